@@ -1,0 +1,16 @@
+"""transcover: the norm-based theory of Transformers, measured, certified and enforced on real models."""
+
+from ._errors import InputError as InputError
+from ._errors import TranscoverError as TranscoverError
+from ._errors import UnsupportedArchitectureError as UnsupportedArchitectureError
+from ._errors import WeightError as WeightError
+from ._results import Interval as Interval
+from ._results import Kind as Kind
+from ._results import Quantity as Quantity
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "TranscoverError", "InputError", "UnsupportedArchitectureError", "WeightError",
+    "Interval", "Kind", "Quantity",
+]

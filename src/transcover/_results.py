@@ -1,0 +1,80 @@
+"""What every number transcover reports *is*: certified, empirical, or an estimate.
+
+Note [result kinds]: a reader of any table, JSON file or DataFrame must be able to tell a
+guaranteed statement (a certified upper bound, or a certified interval that contains the true
+value) from a measurement (an empirical lower bound: a value attained by some input, so the true
+supremum is at least this) and from an estimate (no guarantee in either direction).  Results
+therefore never travel as bare floats.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+
+__all__ = ["Kind", "Interval", "Quantity"]
+
+
+class Kind(str, Enum):
+    """The epistemic status of a reported number."""
+
+    CERTIFIED_INTERVAL = "certified interval"  # lower <= true <= upper, rounding accounted for
+    CERTIFIED_UPPER = "certified upper bound"  # true <= value, guaranteed
+    EMPIRICAL_LOWER = "empirical lower bound"  # attained by a witness: true sup >= value
+    ESTIMATE = "estimate"  # no guarantee in either direction
+    EXACT = "exact"  # computed exactly (up to float64 rounding of a closed form)
+
+
+@dataclass(frozen=True)
+class Interval:
+    """An enclosure ``lower <= value <= upper`` of a real quantity.
+
+    ``kind`` is :attr:`Kind.CERTIFIED_INTERVAL` when both ends are guaranteed (floating-point
+    error included) and :attr:`Kind.ESTIMATE` when both ends are the same unguaranteed estimate
+    (the ``--fast`` mode).
+    """
+
+    lower: float
+    upper: float
+    kind: Kind = Kind.CERTIFIED_INTERVAL
+    method: str = ""
+
+    def __post_init__(self) -> None:
+        if not (self.lower <= self.upper) and not (math.isnan(self.lower) or math.isnan(self.upper)):
+            raise ValueError(f"Interval needs lower <= upper, but got [{self.lower}, {self.upper}]")
+
+    @property
+    def mid(self) -> float:
+        return 0.5 * (self.lower + self.upper)
+
+    @property
+    def relative_gap(self) -> float:
+        """(upper - lower) / upper, and 0 for the zero interval."""
+        if self.upper == 0.0:
+            return 0.0
+        return (self.upper - self.lower) / abs(self.upper)
+
+    def __contains__(self, x: float) -> bool:
+        return self.lower <= x <= self.upper
+
+    def to_dict(self) -> dict[str, float | str]:
+        return {"lower": self.lower, "upper": self.upper}
+
+
+@dataclass(frozen=True)
+class Quantity:
+    """A single reported number with its kind, the formula it comes from, and its assumptions."""
+
+    value: float
+    kind: Kind
+    source: str = ""  # e.g. "THEORY F6" or "Edelman et al. 2022, Lemma 4.2"
+    assumptions: tuple[str, ...] = field(default_factory=tuple)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "value": self.value,
+            "kind": self.kind.value,
+            "source": self.source,
+            "assumptions": list(self.assumptions),
+        }

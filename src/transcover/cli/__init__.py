@@ -1,0 +1,96 @@
+"""The ``transcover`` command line: one thin module per sub-command.
+
+Each command lives in ``transcover/cli/_<name>.py`` and exposes::
+
+    NAME: str                      # the sub-command, e.g. "analyze"
+    HELP: str                      # one line for ``transcover --help``
+    def add_arguments(parser): ... # argparse arguments
+    def run(args) -> int: ...      # does the work through the Python API; returns the exit code
+
+Command modules import nothing heavy at module level (the CLI must start fast); they import the
+API inside ``run``.  Every :class:`~transcover.TranscoverError` (and ``OSError``) becomes one line
+``transcover: error: ...`` on stderr and exit code 2; ``--debug`` re-raises with the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+__all__ = ["main", "build_parser"]
+
+# The order is the order of ``transcover --help``; a module that does not exist is not listed.
+_COMMAND_MODULES = (
+    "_analyze",
+    "_lipschitz",
+    "_perturb",
+    "_bound",
+    "_cover",
+    "_approx",
+    "_advise",
+    "_train",
+    "_experiment",
+    "_report",
+)
+
+
+def _command_modules():
+    for name in _COMMAND_MODULES:
+        try:
+            yield importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as err:
+            if err.name != f"{__name__}.{name}":
+                raise
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict[str, object]]:
+    parser = argparse.ArgumentParser(
+        prog="transcover",
+        description="Certified norms, Lipschitz constants and covering-number bounds of Transformers.",
+    )
+    parser.add_argument("--debug", action="store_true", help="show the full traceback on errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands: dict[str, object] = {}
+    for module in _command_modules():
+        p = sub.add_parser(module.NAME, help=module.HELP, description=module.HELP)
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="show the full traceback on errors")
+        module.add_arguments(p)
+        commands[module.NAME] = module
+    return parser, commands
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from .._errors import TranscoverError
+
+    parser, commands = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(commands[args.command].run(args) or 0)
+    except KeyboardInterrupt:
+        print("transcover: interrupted", file=sys.stderr)
+        return 130
+    except (TranscoverError, OSError) as err:
+        if args.debug:
+            raise
+        print(f"transcover: error: {_one_line(err)}", file=sys.stderr)
+        return 2
+    except Exception as err:  # an internal bug: still one line, but say how to see more
+        if args.debug:
+            raise
+        print(f"transcover: internal error: {type(err).__name__}: {_one_line(err)} "
+              "(rerun with --debug for the traceback)", file=sys.stderr)
+        return 1
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split()) or type(err).__name__
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,28 @@
+"""The seed's decomposition (section 1.2): typed layers and heads, adapters, loading, the reference model."""
+
+from ._functional import attention_forward as attention_forward
+from ._functional import ffn_forward as ffn_forward
+from ._functional import layer_forward as layer_forward
+from ._functional import transformer_forward as transformer_forward
+from ._reference import ReferenceConfig as ReferenceConfig
+from ._reference import ReferenceTransformer as ReferenceTransformer
+from ._reference import reference_spec as reference_spec
+from ._reference import save_reference as save_reference
+from ._spec import Activation as Activation
+from ._spec import AttentionSpec as AttentionSpec
+from ._spec import FFNSpec as FFNSpec
+from ._spec import LayerSequence as LayerSequence
+from ._spec import LayerSpec as LayerSpec
+from ._spec import MLPHeadSpec as MLPHeadSpec
+from ._spec import NormKind as NormKind
+from ._spec import NormSpec as NormSpec
+from ._spec import Placement as Placement
+from ._spec import RopeSpec as RopeSpec
+from ._spec import TransformerSpec as TransformerSpec
+
+__all__ = [
+    "Activation", "AttentionSpec", "FFNSpec", "LayerSequence", "LayerSpec", "MLPHeadSpec",
+    "NormKind", "NormSpec", "Placement", "RopeSpec", "TransformerSpec",
+    "ReferenceConfig", "ReferenceTransformer", "reference_spec", "save_reference",
+    "attention_forward", "ffn_forward", "layer_forward", "transformer_forward",
+]

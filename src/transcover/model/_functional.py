@@ -1,0 +1,125 @@
+"""Forward passes computed from the decomposition alone.
+
+These functions recompute a model's attention, FFN and whole layers from a
+:class:`~transcover.model.TransformerSpec`; the adapter tests compare them with the original
+modules, which is what proves an adapter right.  Later stages (Lipschitz estimates, covering
+estimates) use them as the reference semantics of a spec.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from ._spec import AttentionSpec, FFNSpec, LayerSpec, Placement, RopeSpec, TransformerSpec
+
+__all__ = ["attention_forward", "ffn_forward", "layer_forward", "transformer_forward", "apply_rope"]
+
+
+def apply_rope(x: Tensor, rope: RopeSpec, positions: Tensor) -> Tensor:
+    """Rotate pairs (i, i + d/2) of the last dimension by angle pos * inv_freq (Llama's layout).
+
+    ``x`` is (..., T, d_head); ``positions`` is (T,).
+    """
+    d_head = x.shape[-1]
+    inv = rope.inv_freq(d_head).to(x.dtype)
+    rd = inv.numel() * 2
+    ang = positions.to(x.dtype)[:, None] * inv[None, :]  # (T, rd/2)
+    cos = torch.cat([ang.cos(), ang.cos()], dim=-1)
+    sin = torch.cat([ang.sin(), ang.sin()], dim=-1)
+    xr, xp = x[..., :rd], x[..., rd:]
+    half = rd // 2
+    rotated = torch.cat([-xr[..., half:], xr[..., :half]], dim=-1)
+    return torch.cat([xr * cos + rotated * sin, xp], dim=-1)
+
+
+def attention_scores(attn: AttentionSpec, X: Tensor, h: int) -> Tensor:
+    """Pre-softmax scores of head h on X (..., T, d), using the exact bias folding.
+
+    Without RoPE: ``x~_i A~ x_j^T`` with ``A~ = scale [W_Q; b_Q] W_K^T`` (Note [attention biases]
+    in ``_spec``); ``b_K`` is dropped because it cancels in the softmax.  With RoPE the key bias
+    would not cancel, so the biases are applied as in the model.
+    """
+    Wq, Wk, _, _ = attn.head(h)
+    dt = X.dtype
+    T = X.shape[-2]
+    if attn.rope is None:
+        Xa = torch.cat([X, torch.ones_like(X[..., :1])], dim=-1)
+        q = Xa @ attn.W_Q_augmented(h).to(dt)
+        k = X @ Wk.to(dt)
+    else:
+        g = attn.kv_index(h)
+        q = X @ Wq.to(dt) + (0 if attn.b_Q is None else attn.b_Q[h].to(dt))
+        k = X @ Wk.to(dt) + (0 if attn.b_K is None else attn.b_K[g].to(dt))
+        pos = torch.arange(T)
+        q = apply_rope(q, attn.rope, pos)
+        k = apply_rope(k, attn.rope, pos)
+    scores = attn.softmax_scale * (q @ k.transpose(-1, -2))
+    if attn.causal:
+        mask = torch.ones(T, T, dtype=torch.bool).triu(1)
+        scores = scores.masked_fill(mask, float("-inf"))
+    return scores
+
+
+def attention_forward(attn: AttentionSpec, X: Tensor) -> Tensor:
+    """Multi-head self-attention output (before the residual) on X of shape (..., T, d)."""
+    dt = X.dtype
+    out = None
+    for h in range(attn.n_heads):
+        _, _, Wv, Wo = attn.head(h)
+        P = torch.softmax(attention_scores(attn, X, h), dim=-1)
+        term = (P @ X) @ (Wv.to(dt) @ Wo.to(dt))  # (..., T, d): P X W_OV^h
+        out = term if out is None else out + term
+    bias = attn.effective_output_bias()
+    if bias is not None:
+        out = out + bias.to(dt)
+    return out
+
+
+def ffn_forward(ffn: FFNSpec, X: Tensor) -> Tensor:
+    """The FFN (before the residual) on X of shape (..., d)."""
+    dt = X.dtype
+    u = X @ ffn.W_1.to(dt)
+    if ffn.b_1 is not None:
+        u = u + ffn.b_1.to(dt)
+    if ffn.gated:
+        g = X @ ffn.W_gate.to(dt)
+        if ffn.b_gate is not None:
+            g = g + ffn.b_gate.to(dt)
+        hidden = ffn.activation(g) * u
+    else:
+        hidden = ffn.activation(u)
+    y = hidden @ ffn.W_2.to(dt)
+    if ffn.b_2 is not None:
+        y = y + ffn.b_2.to(dt)
+    return y
+
+
+def layer_forward(layer: LayerSpec, X: Tensor) -> Tensor:
+    """One block, with its residuals and normalisations in their places."""
+    if layer.placement is Placement.PRE:
+        X = X + attention_forward(layer.attention, layer.norm_attn(X))
+        return X + ffn_forward(layer.ffn, layer.norm_ffn(X))
+    X = layer.norm_attn(X + attention_forward(layer.attention, X))
+    return layer.norm_ffn(X + ffn_forward(layer.ffn, X))
+
+
+def transformer_forward(spec: TransformerSpec, X: Tensor, *, with_head: bool = True) -> Tensor:
+    """Input norm, all layers, final norm and MLP head (if present) on embedded input X (..., T, d)."""
+    if spec.input_norm is not None:
+        X = spec.input_norm(X)
+    for layer in spec.layers:
+        X = layer_forward(layer, X)
+    if spec.final_norm is not None:
+        X = spec.final_norm(X)
+    if with_head and spec.head is not None:
+        head = spec.head
+        z = X.mean(dim=-2) if head.readout == "mean" else X[..., 0, :]
+        for i, (W, b) in enumerate(zip(head.weights, head.biases)):
+            z = z @ W.to(z.dtype)
+            if b is not None:
+                z = z + b.to(z.dtype)
+            if i < len(head.weights) - 1:
+                z = head.activation(z)
+        return z
+    return X

@@ -1,0 +1,358 @@
+"""The canonical decomposition of a Transformer (seed section 1.2).
+
+Every adapter turns a real architecture into these typed pieces, and every later stage (norms,
+Lipschitz constants, covering bounds, constraints) reads only these pieces.
+
+Conventions (row vectors, as in the seed and THEORY.md section 2):
+
+* a sequence is ``X`` of shape ``(T, d)``; a linear map is ``x @ W`` with ``W`` of shape
+  ``(d_in, d_out)`` (the transpose of ``torch.nn.Linear.weight``);
+* head ``h`` computes ``softmax(scale * (X W_Q^h + b_Q^h)(X W_K^h + b_K^h)^T) (X W_V^h + b_V^h)``
+  and the heads' outputs, concatenated, go through ``W_O`` (shape ``(H * d_head, d)``), whose
+  row block ``h`` is ``W_O^h`` (shape ``(d_head, d)``);
+* the matrix inside the softmax is ``W_KQ^h = scale * W_Q^h (W_K^h)^T`` (``(d, d)``, rank
+  ``<= d_head``; ``scale = 1/sqrt(d_head)`` unless the model says otherwise), so
+  ``B_KQ = max_h ||W_KQ^h||_2``;
+* the head's value-to-output map is ``W_OV^h = W_V^h W_O^h`` (``(d, d)``, rank ``<= d_head``),
+  so ``B_V = max_h ||W_OV^h||_2``;
+* the FFN is ``W_2^T act(W_1^T x + b_1) + b_2`` written as ``act(x W_1 + b_1) W_2 + b_2``; a
+  gated FFN (Llama) is ``(act(x W_gate + b_gate) * (x W_1 + b_1)) W_2 + b_2``.
+
+Note [attention biases]: with biases, the score of query ``i`` and key ``j`` is
+``(x_i W_Q + b_Q)(x_j W_K + b_K)^T = x_i W_Q W_K^T x_j^T + b_Q W_K^T x_j^T + (terms constant in j)``.
+Softmax is invariant to adding a constant to every score of a row, so ``b_K`` has *no* effect
+and ``b_Q`` acts exactly as a key-dependent term: the scores equal ``x~_i A~ x_j^T`` with the
+homogeneous input ``x~ = [x, 1]`` and ``A~ = scale * [W_Q; b_Q] W_K^T`` of shape ``(d + 1, d)``.
+Likewise, since every softmax row sums to one, the value bias folds into a constant output bias:
+``sum_j p_ij (x_j W_V + b_V) W_O + b_O = (sum_j p_ij x_j) W_OV + (b_V W_O + b_O)``.  The spec
+keeps the raw biases; :func:`AttentionSpec.effective_output_bias` and
+:func:`AttentionSpec.W_Q_augmented` give the exact folded forms, and the recomputation in
+``transcover.model._functional`` uses them, so the adapter tests prove the folding.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "Activation",
+    "NormKind",
+    "Placement",
+    "NormSpec",
+    "RopeSpec",
+    "AttentionSpec",
+    "FFNSpec",
+    "LayerSpec",
+    "MLPHeadSpec",
+    "TransformerSpec",
+    "LayerSequence",
+]
+
+
+class Activation(str, Enum):
+    """Pointwise activation of the FFN (its Lipschitz constant lives in ``transcover.lipschitz``)."""
+
+    RELU = "relu"
+    GELU = "gelu"  # exact, erf-based
+    GELU_TANH = "gelu_tanh"  # GPT-2's "gelu_new" tanh approximation
+    SILU = "silu"  # x * sigmoid(x), Llama's gate activation
+    IDENTITY = "identity"
+
+    def __call__(self, x: Tensor) -> Tensor:
+        if self is Activation.RELU:
+            return torch.relu(x)
+        if self is Activation.GELU:
+            return torch.nn.functional.gelu(x)
+        if self is Activation.GELU_TANH:
+            return torch.nn.functional.gelu(x, approximate="tanh")
+        if self is Activation.SILU:
+            return torch.nn.functional.silu(x)
+        return x
+
+
+class NormKind(str, Enum):
+    """The normalisation map; ``BALL`` is the seed's Pi_norm (THEORY section 2)."""
+
+    LAYERNORM = "layernorm"  # gamma * (x - mean) / sqrt(var + eps) + beta
+    RMSNORM = "rmsnorm"  # gamma * x / sqrt(mean(x^2) + eps)
+    BALL = "ball"  # Pi_norm(x) = x / max(1, ||x||_2), row-wise; 1-Lipschitz
+    NONE = "none"
+
+
+class Placement(str, Enum):
+    """Where a sub-layer's normalisation sits relative to its residual branch."""
+
+    PRE = "pre"  # x + f(norm(x))          (GPT-2, Llama, ViT)
+    POST = "post"  # norm(x + f(x))        (BERT, the seed's Pi_norm o (id + g))
+
+
+@dataclass(frozen=True)
+class NormSpec:
+    kind: NormKind
+    weight: Tensor | None = None  # gamma, shape (d,)
+    bias: Tensor | None = None  # beta, shape (d,)
+    eps: float = 0.0  # the variance floor (LayerNorm / RMSNorm)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        if self.kind is NormKind.NONE:
+            return x
+        if self.kind is NormKind.BALL:
+            norms = x.norm(dim=-1, keepdim=True)
+            return x / torch.clamp(norms, min=1.0)
+        if self.kind is NormKind.LAYERNORM:
+            mu = x.mean(dim=-1, keepdim=True)
+            var = ((x - mu) ** 2).mean(dim=-1, keepdim=True)
+            y = (x - mu) / torch.sqrt(var + self.eps)
+        else:  # RMSNORM
+            y = x / torch.sqrt((x**2).mean(dim=-1, keepdim=True) + self.eps)
+        if self.weight is not None:
+            y = y * self.weight.to(y.dtype)
+        if self.bias is not None:
+            y = y + self.bias.to(y.dtype)
+        return y
+
+    @property
+    def gamma_max_abs(self) -> float:
+        """max_i |gamma_i| (1 when there is no learnable scale)."""
+        return 1.0 if self.weight is None else float(self.weight.abs().max())
+
+    @property
+    def beta_norm(self) -> float:
+        """||beta||_2 (0 when there is no learnable shift)."""
+        return 0.0 if self.bias is None else float(self.bias.double().norm())
+
+
+@dataclass(frozen=True)
+class RopeSpec:
+    """Rotary position embedding applied to queries and keys (Llama).
+
+    With RoPE the matrix inside the softmax depends on the relative position ``i - j``:
+    ``W_Q^h R_{i-j} (W_K^h)^T`` with ``R`` block-diagonal rotations, so B_KQ is a supremum over
+    relative positions (``transcover.norms`` reports it as such).
+    """
+
+    theta: float = 10000.0
+    rotary_dim: int | None = None  # None: the whole head dimension
+    max_position: int = 2048
+
+    def inv_freq(self, d_head: int) -> Tensor:
+        rd = self.rotary_dim or d_head
+        return 1.0 / (self.theta ** (torch.arange(0, rd, 2, dtype=torch.float64) / rd))
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """Multi-head self-attention, per head (shapes in brackets).
+
+    ``W_Q`` [H, d, d_head], ``W_K`` [H_kv, d, d_head], ``W_V`` [H_kv, d, d_head],
+    ``W_O`` [H, d_head, d]; biases ``b_Q`` [H, d_head], ``b_K``/``b_V`` [H_kv, d_head],
+    ``b_O`` [d].  Grouped-query attention: query head ``h`` uses key/value head
+    ``h // (H // H_kv)``.
+    """
+
+    W_Q: Tensor
+    W_K: Tensor
+    W_V: Tensor
+    W_O: Tensor
+    b_Q: Tensor | None = None
+    b_K: Tensor | None = None
+    b_V: Tensor | None = None
+    b_O: Tensor | None = None
+    scale: float | None = None  # None: 1/sqrt(d_head)
+    causal: bool = False
+    rope: RopeSpec | None = None
+
+    @property
+    def n_heads(self) -> int:
+        return self.W_Q.shape[0]
+
+    @property
+    def n_kv_heads(self) -> int:
+        return self.W_K.shape[0]
+
+    @property
+    def d_model(self) -> int:
+        return self.W_Q.shape[1]
+
+    @property
+    def d_head(self) -> int:
+        return self.W_Q.shape[2]
+
+    @property
+    def softmax_scale(self) -> float:
+        return 1.0 / math.sqrt(self.d_head) if self.scale is None else self.scale
+
+    def kv_index(self, h: int) -> int:
+        """The key/value head that query head ``h`` reads (grouped-query attention)."""
+        return h // (self.n_heads // self.n_kv_heads)
+
+    def head(self, h: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """(W_Q^h, W_K^h, W_V^h, W_O^h) for query head h, kv sharing resolved."""
+        g = self.kv_index(h)
+        return self.W_Q[h], self.W_K[g], self.W_V[g], self.W_O[h]
+
+    def W_Q_augmented(self, h: int) -> Tensor:
+        """[W_Q^h; b_Q^h] of shape (d + 1, d_head): the exact query map on x~ = [x, 1].
+
+        See Note [attention biases]: ``b_K`` cancels in the softmax and is not needed.
+        """
+        Wq = self.W_Q[h]
+        if self.b_Q is None:
+            return torch.cat([Wq, torch.zeros_like(Wq[:1])], dim=0)
+        return torch.cat([Wq, self.b_Q[h][None, :].to(Wq.dtype)], dim=0)
+
+    def effective_output_bias(self) -> Tensor | None:
+        """b_O + sum_h b_V^h W_O^h: the constant the attention block adds (Note [attention biases])."""
+        if self.b_V is None and self.b_O is None:
+            return None
+        out = torch.zeros(self.d_model, dtype=torch.float64)
+        if self.b_V is not None:
+            for h in range(self.n_heads):
+                out += self.b_V[self.kv_index(h)].double() @ self.W_O[h].double()
+        if self.b_O is not None:
+            out += self.b_O.double()
+        return out
+
+    def validate(self) -> None:
+        H, d, dh = self.W_Q.shape
+        Hkv = self.W_K.shape[0]
+        checks = {
+            "W_K": (self.W_K, (Hkv, d, dh)),
+            "W_V": (self.W_V, (Hkv, d, dh)),
+            "W_O": (self.W_O, (H, dh, d)),
+            "b_Q": (self.b_Q, (H, dh)),
+            "b_K": (self.b_K, (Hkv, dh)),
+            "b_V": (self.b_V, (Hkv, dh)),
+            "b_O": (self.b_O, (d,)),
+        }
+        for name, (t, shape) in checks.items():
+            if t is not None and tuple(t.shape) != shape:
+                raise ValueError(f"attention {name} has shape {tuple(t.shape)}, expected {shape}")
+        if H % Hkv:
+            raise ValueError(f"n_heads={H} is not a multiple of n_kv_heads={Hkv}")
+
+
+@dataclass(frozen=True)
+class FFNSpec:
+    """Feed-forward block ``act(x W_1 + b_1) W_2 + b_2`` (gated: ``(act(x W_gate + b_gate) * (x W_1 + b_1)) W_2 + b_2``).
+
+    ``W_1`` [d, d_ff], ``b_1`` [d_ff], ``W_2`` [d_ff, d], ``b_2`` [d], ``W_gate`` [d, d_ff].
+    """
+
+    W_1: Tensor
+    W_2: Tensor
+    activation: Activation
+    b_1: Tensor | None = None
+    b_2: Tensor | None = None
+    W_gate: Tensor | None = None
+    b_gate: Tensor | None = None
+
+    @property
+    def d_ff(self) -> int:
+        return self.W_1.shape[1]
+
+    @property
+    def gated(self) -> bool:
+        return self.W_gate is not None
+
+    def validate(self) -> None:
+        d, dff = self.W_1.shape
+        checks = {
+            "W_2": (self.W_2, (dff, d)),
+            "b_1": (self.b_1, (dff,)),
+            "b_2": (self.b_2, (d,)),
+            "W_gate": (self.W_gate, (d, dff)),
+            "b_gate": (self.b_gate, (dff,)),
+        }
+        for name, (t, shape) in checks.items():
+            if t is not None and tuple(t.shape) != shape:
+                raise ValueError(f"FFN {name} has shape {tuple(t.shape)}, expected {shape}")
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """One Transformer block: attention and FFN sub-layers, each with its normalisation.
+
+    ``placement`` PRE: ``x = x + attn(norm_attn(x)); x = x + ffn(norm_ffn(x))``;
+    POST: ``x = norm_attn(x + attn(x)); x = norm_ffn(x + ffn(x))`` -- with ``NormKind.BALL`` this
+    is the seed's ``g_{l+1} = Pi_norm o g_ff o Pi_norm o g_msa o g_l`` (residuals inside g).
+    """
+
+    index: int
+    attention: AttentionSpec
+    ffn: FFNSpec
+    norm_attn: NormSpec
+    norm_ffn: NormSpec
+    placement: Placement
+    names: dict[str, str] = field(default_factory=dict)  # role -> tensor name in the checkpoint
+
+
+@dataclass(frozen=True)
+class MLPHeadSpec:
+    """The MLP head of the Transformer+MLP class (seed section 3): x -> W_L act(... act(W_1 x + b_1) ...) + b_L.
+
+    ``weights[i]`` has shape (d_in_i, d_out_i) (row-vector convention); ``readout`` says how the
+    sequence becomes a vector: "mean" over tokens or "first" token.
+    """
+
+    weights: tuple[Tensor, ...]
+    biases: tuple[Tensor | None, ...]
+    activation: Activation
+    readout: str = "mean"
+
+
+class LayerSequence(Sequence[LayerSpec]):
+    """A lazily materialised sequence of layers: ``seq[i]`` builds layer ``i`` on demand.
+
+    Large checkpoints are read one layer at a time (safetensors are memory-mapped), so a model
+    never needs to sit in memory whole.
+    """
+
+    def __init__(self, n: int, build: Callable[[int], LayerSpec]):
+        self._n = n
+        self._build = build
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self._n))]
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError(f"layer index {i} out of range for {self._n} layers")
+        return self._build(i)
+
+    def __iter__(self) -> Iterator[LayerSpec]:
+        for i in range(self._n):
+            yield self._build(i)
+
+
+@dataclass(frozen=True)
+class TransformerSpec:
+    """A whole model in the seed's decomposition.
+
+    ``embeddings`` holds the matrices outside the decomposition (token / position / patch
+    embeddings, un-embedding, pooler), reported in their own section.
+    """
+
+    arch: str  # adapter name, e.g. "bert", "gpt2", "llama", "vit", "torch_encoder", "reference"
+    name: str  # what the user pointed at (path or model name)
+    d_model: int
+    layers: Sequence[LayerSpec]
+    input_norm: NormSpec | None = None  # applied to the embedded input before layer 0 (BERT's embedding LN, the seed's Pi_norm)
+    final_norm: NormSpec | None = None  # applied after the last layer (GPT-2's ln_f, Llama's norm)
+    head: MLPHeadSpec | None = None
+    embeddings: dict[str, Tensor] = field(default_factory=dict)
+    config: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.layers)

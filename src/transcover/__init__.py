@@ -1,5 +1,6 @@
 """transcover: the norm-based theory of Transformers, measured, certified and enforced on real models."""
 
+from ._api import analyze as analyze
 from ._errors import InputError as InputError
 from ._errors import TranscoverError as TranscoverError
 from ._errors import UnsupportedArchitectureError as UnsupportedArchitectureError
@@ -11,6 +12,7 @@ from ._results import Quantity as Quantity
 __version__ = "0.1.0"
 
 __all__ = [
+    "analyze",
     "TranscoverError", "InputError", "UnsupportedArchitectureError", "WeightError",
     "Interval", "Kind", "Quantity",
 ]

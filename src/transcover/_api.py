@@ -1,0 +1,42 @@
+"""The one-call entry points: point at a model, get typed results."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+__all__ = ["analyze"]
+
+
+def analyze(
+    model=None,
+    *,
+    arch: str | None = None,
+    allow_pickle: bool = False,
+    fast: bool = False,
+    rtol: float = 1e-3,
+    embeddings: bool = True,
+    progress: Callable[[int, int], None] | None = None,
+):
+    """Per-layer, per-head norms of a Transformer as certified intervals (issue 2, seed 2.1).
+
+    Args:
+        model: ``None`` (the bundled all-MiniLM-L6-v2), a short model name, a Hugging Face model
+            directory, a ``.safetensors`` file, an ``nn.Module``, or a ``TransformerSpec``.
+        arch: the architecture of a bare ``.safetensors`` file ("bert", "gpt2", ...).
+        allow_pickle: permit pickled checkpoints (loaded with ``torch.load(weights_only=True)``).
+        fast: Lanczos estimates instead of certified intervals.
+        rtol: target relative gap of each interval.
+
+    Returns:
+        :class:`transcover.norms.AnalysisResult` (``.to_dict()``, ``.to_dataframe()``).
+
+    Example:
+        >>> import transcover
+        >>> result = transcover.analyze()            # doctest: +SKIP
+        >>> result.layers[0].B_KQ.upper              # doctest: +SKIP
+    """
+    from .model import TransformerSpec, load
+    from .norms import analyze_spec
+
+    spec = model if isinstance(model, TransformerSpec) else load(model, arch=arch, allow_pickle=allow_pickle)
+    return analyze_spec(spec, fast=fast, rtol=rtol, embeddings=embeddings, progress=progress)

@@ -1,0 +1,417 @@
+"""``analyze``: per layer and per head, the norms the founding document constrains (seed 2.1).
+
+For every layer of a :class:`~transcover.model.TransformerSpec`:
+
+* ``B_KQ = max_h ||W_KQ^h||_2`` with ``W_KQ^h = scale * W_Q^h (W_K^h)^T`` (the matrix inside the
+  softmax; ``scale = 1/sqrt(d_head)`` by default);
+* ``B_V = max_h ||W_OV^h||_2`` with ``W_OV^h = W_V^h W_O^h`` (the head's value-to-output map);
+  also ``||W_V^h||_2`` per head and ``||W_O||_2``;
+* ``B_W1 = ||W_1||_2``, ``B_W2 = ||W_2||_2``, ``B_b1 = ||b_1||_2``, ``B_b2 = ||b_2||_2``
+  (gated FFNs add ``B_Wgate``);
+* Frobenius and (2,1) norms of every matrix, the normalisation parameters (max|gamma|, ||beta||),
+  and, outside the decomposition, the embedding matrices (with their largest row norm: the input
+  radius of token embeddings).
+
+Every norm is an :class:`~transcover.Interval`: certified (``lower <= true <= upper`` with
+rounding accounted for) by default, or a Lanczos estimate with ``fast=True``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from threadpoolctl import threadpool_limits
+
+from .._results import Interval, Kind
+from ..model._functional import apply_rope
+from ..model._spec import AttentionSpec, LayerSpec, NormSpec, TransformerSpec
+from ._entrywise import (
+    frobenius_interval,
+    l21_interval,
+    product_frobenius_l21,
+    vector_norm_interval,
+)
+from ._spectral import (
+    product_norm_estimate,
+    product_norm_interval,
+    scale_interval,
+    spectral_norm_estimate,
+    spectral_norm_interval,
+)
+
+__all__ = ["MatrixNorms", "HeadNorms", "NormParams", "LayerNorms", "EmbeddingNorms", "AnalysisResult",
+           "analyze_spec", "SCHEMA_VERSION"]
+
+SCHEMA_VERSION = "1.0"
+_ZERO = Interval(0.0, 0.0, Kind.EXACT, "absent")
+
+
+@dataclass(frozen=True)
+class MatrixNorms:
+    """Spectral, Frobenius and (2,1) norms of one matrix (row-vector convention ``x @ W``)."""
+
+    role: str
+    shape: tuple[int, int]
+    spectral: Interval
+    frobenius: Interval
+    l21: Interval
+    tensor: str = ""  # the checkpoint tensor it comes from, if known
+
+    def to_dict(self) -> dict[str, object]:
+        return {"role": self.role, "shape": list(self.shape), "tensor": self.tensor,
+                "spectral": self.spectral.to_dict(), "frobenius": self.frobenius.to_dict(),
+                "l21": self.l21.to_dict()}
+
+
+@dataclass(frozen=True)
+class HeadNorms:
+    head: int
+    B_KQ: Interval  # ||scale W_Q^h W_K^hT||_2 (sup over relative positions with RoPE)
+    B_V: Interval  # ||W_V^h W_O^h||_2
+    W_V: Interval  # ||W_V^h||_2
+    B_KQ_bias: Interval | None = None  # ||scale [W_Q^h; b_Q^h] W_K^hT||_2 on x~ = [x, 1] (Note [attention biases])
+
+    def to_dict(self) -> dict[str, object]:
+        d: dict[str, object] = {"head": self.head, "B_KQ": self.B_KQ.to_dict(), "B_V": self.B_V.to_dict(),
+                                "W_V": self.W_V.to_dict()}
+        if self.B_KQ_bias is not None:
+            d["B_KQ_bias"] = self.B_KQ_bias.to_dict()
+        return d
+
+
+@dataclass(frozen=True)
+class NormParams:
+    """A normalisation layer's kind and the parameters the Lipschitz bounds need (F14)."""
+
+    kind: str
+    gamma_max_abs: float
+    beta_norm: float
+    eps: float
+
+    @classmethod
+    def of(cls, norm: NormSpec | None) -> "NormParams | None":
+        if norm is None:
+            return None
+        return cls(norm.kind.value, norm.gamma_max_abs, norm.beta_norm, norm.eps)
+
+    def to_dict(self) -> dict[str, object]:
+        return {"kind": self.kind, "gamma_max_abs": self.gamma_max_abs, "beta_norm": self.beta_norm,
+                "eps": self.eps}
+
+
+@dataclass(frozen=True)
+class LayerNorms:
+    index: int
+    B_KQ: Interval
+    B_V: Interval
+    B_W1: Interval
+    B_W2: Interval
+    B_b1: Interval
+    B_b2: Interval
+    W_O: Interval
+    B_Wgate: Interval | None
+    B_b_attn: Interval  # ||b_O + sum_h b_V^h W_O^h||_2, the attention block's effective output bias
+    heads: tuple[HeadNorms, ...]
+    matrices: dict[str, MatrixNorms]
+    norm_attn: NormParams
+    norm_ffn: NormParams
+    placement: str
+    rope: bool = False
+
+    def to_dict(self, *, matrices: bool = True) -> dict[str, object]:
+        d: dict[str, object] = {"index": self.index}
+        for key in ("B_KQ", "B_V", "B_W1", "B_W2", "B_b1", "B_b2", "W_O", "B_b_attn"):
+            d[key] = getattr(self, key).to_dict()
+        if self.B_Wgate is not None:
+            d["B_Wgate"] = self.B_Wgate.to_dict()
+        d["heads"] = [h.to_dict() for h in self.heads]
+        d["norm_attn"] = self.norm_attn.to_dict()
+        d["norm_ffn"] = self.norm_ffn.to_dict()
+        d["placement"] = self.placement
+        d["rope"] = self.rope
+        if matrices:
+            d["matrices"] = {k: m.to_dict() for k, m in self.matrices.items()}
+        return d
+
+
+@dataclass(frozen=True)
+class EmbeddingNorms:
+    """A matrix outside the seed's decomposition (embedding, un-embedding, pooler, head)."""
+
+    name: str
+    norms: MatrixNorms
+    max_row_norm: float  # largest ||row||_2: for token embeddings, the radius of the input tokens
+
+    def to_dict(self) -> dict[str, object]:
+        return {"name": self.name, **self.norms.to_dict(), "max_row_norm": self.max_row_norm}
+
+
+@dataclass(frozen=True)
+class AnalysisResult:
+    """The output of ``transcover analyze``; ``to_dict()`` is the versioned JSON schema."""
+
+    model: str
+    arch: str
+    d_model: int
+    n_heads: int
+    d_head: int
+    mode: str  # "certified" or "fast"
+    rtol: float
+    layers: tuple[LayerNorms, ...]
+    embeddings: tuple[EmbeddingNorms, ...] = ()
+    final_norm: NormParams | None = None
+    seconds: float = 0.0
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def kind(self) -> Kind:
+        return Kind.CERTIFIED_INTERVAL if self.mode == "certified" else Kind.ESTIMATE
+
+    def summary(self) -> dict[str, Interval]:
+        """Enclosures of the maxima over layers (max of lowers, max of uppers)."""
+        out = {}
+        for key in ("B_KQ", "B_V", "B_W1", "B_W2", "B_b1", "B_b2"):
+            ivs = [getattr(layer, key) for layer in self.layers]
+            out[key] = Interval(max(i.lower for i in ivs), max(i.upper for i in ivs), ivs[0].kind, "max over layers")
+        return out
+
+    def to_dict(self, *, matrices: bool = True) -> dict[str, object]:
+        return {
+            "schema": "transcover.analyze",
+            "schema_version": SCHEMA_VERSION,
+            "model": self.model,
+            "arch": self.arch,
+            "d_model": self.d_model,
+            "n_layers": len(self.layers),
+            "n_heads": self.n_heads,
+            "d_head": self.d_head,
+            "mode": self.mode,
+            "kind": self.kind.value,
+            "rtol": self.rtol,
+            "seconds": self.seconds,
+            "summary": {k: v.to_dict() for k, v in self.summary().items()},
+            "layers": [layer.to_dict(matrices=matrices) for layer in self.layers],
+            "embeddings": [e.to_dict() for e in self.embeddings],
+            "final_norm": None if self.final_norm is None else self.final_norm.to_dict(),
+            "notes": list(self.notes),
+        }
+
+    def to_dataframe(self):
+        """One row per layer: lower/upper of each bound (pandas)."""
+        import pandas as pd
+
+        rows = []
+        for layer in self.layers:
+            row: dict[str, object] = {"layer": layer.index}
+            for key in ("B_KQ", "B_V", "B_W1", "B_W2", "B_b1", "B_b2", "W_O"):
+                iv = getattr(layer, key)
+                row[f"{key}_lower"], row[f"{key}_upper"] = iv.lower, iv.upper
+            rows.append(row)
+        return pd.DataFrame(rows).set_index("layer")
+
+    def heads_dataframe(self):
+        """One row per (layer, head): B_KQ, B_V and ||W_V^h|| intervals (pandas)."""
+        import pandas as pd
+
+        rows = []
+        for layer in self.layers:
+            for h in layer.heads:
+                rows.append({"layer": layer.index, "head": h.head,
+                             "B_KQ_lower": h.B_KQ.lower, "B_KQ_upper": h.B_KQ.upper,
+                             "B_V_lower": h.B_V.lower, "B_V_upper": h.B_V.upper,
+                             "W_V_lower": h.W_V.lower, "W_V_upper": h.W_V.upper})
+        return pd.DataFrame(rows).set_index(["layer", "head"])
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    return t.detach().to(device="cpu", dtype=torch.float64).numpy()
+
+
+class _Measurer:
+    """Chooses certified or estimated routes once, so the per-layer code reads like the math."""
+
+    def __init__(self, fast: bool, rtol: float):
+        self.fast = fast
+        self.rtol = rtol
+
+    def matrix(self, role: str, W, tensor: str = "") -> MatrixNorms:
+        Wn = W if isinstance(W, np.ndarray) else _np(W)
+        if self.fast:
+            spec = spectral_norm_estimate(Wn, rtol=self.rtol)
+        else:
+            spec = spectral_norm_interval(Wn, rtol=self.rtol)
+        return MatrixNorms(role, tuple(Wn.shape), spec, frobenius_interval(Wn), l21_interval(Wn), tensor)
+
+    def product(self, role: str, A: np.ndarray, B: np.ndarray, scale: float = 1.0) -> MatrixNorms:
+        if self.fast:
+            spec = product_norm_estimate(A, B, rtol=self.rtol)
+        else:
+            spec = product_norm_interval(A, B, rtol=self.rtol)
+        fro, l21 = product_frobenius_l21(A, B)
+        return MatrixNorms(role, (A.shape[0], B.shape[1]), scale_interval(spec, scale),
+                           scale_interval(fro, scale), scale_interval(l21, scale))
+
+
+def _max_interval(ivs: list[Interval], method: str) -> Interval:
+    return Interval(max(i.lower for i in ivs), max(i.upper for i in ivs), ivs[0].kind, method)
+
+
+def _rope_offsets(max_position: int) -> list[int]:
+    """Relative positions at which the RoPE lower bound is evaluated: all small ones, then log-spaced."""
+    small = list(range(0, min(max_position, 32)))
+    big = np.unique(np.geomspace(32, max(max_position - 1, 33), num=32).astype(int)).tolist()
+    return sorted(set(small + [b for b in big if b < max_position]))
+
+
+def _kq_head(attn: AttentionSpec, h: int, m: _Measurer, f64: dict[str, np.ndarray]) -> tuple[Interval, MatrixNorms, Interval | None]:
+    Wq, Wk, _, _ = attn.head(h)
+    g = attn.kv_index(h)
+    A, Bt = f64["W_Q"][h], np.ascontiguousarray(f64["W_K"][g].T)
+    scale = attn.softmax_scale
+    kq = m.product(f"W_KQ.h{h}", A, Bt, scale)
+    if attn.rope is not None:
+        # sup over relative positions Delta of ||W_Q R_Delta W_K^T||: every R_Delta is orthogonal, so
+        # ||W_Q|| ||W_K|| is a certified upper end; certified lower ends at sampled Delta give the lower end.
+        lowers = []
+        for delta in _rope_offsets(attn.rope.max_position):
+            Wq_rot = apply_rope(Wq.double(), attn.rope, torch.full((Wq.shape[0],), float(delta)))
+            iv = (product_norm_estimate if m.fast else product_norm_interval)(_np(Wq_rot), Bt, rtol=m.rtol)
+            lowers.append(iv.lower * scale)
+        q_norm = m.matrix("W_Q", A).spectral
+        k_norm = m.matrix("W_K", f64["W_K"][g]).spectral
+        upper = q_norm.upper * k_norm.upper * scale * (1 + 4 * 2.0**-52)
+        B_KQ = Interval(min(max(lowers), upper), upper, kq.spectral.kind,
+                        "RoPE: sup over relative positions; upper = scale ||W_Q|| ||W_K||")
+    else:
+        B_KQ = kq.spectral
+    B_KQ_bias = None
+    if attn.b_Q is not None and attn.rope is None:
+        aug = m.product(f"W_KQ~.h{h}", _np(attn.W_Q_augmented(h)), Bt, scale)
+        B_KQ_bias = aug.spectral
+    return B_KQ, kq, B_KQ_bias
+
+
+def _head_norms(attn: AttentionSpec, h: int, m: _Measurer, f64: dict[str, np.ndarray],
+                matrices: dict[str, MatrixNorms], names: dict[str, str]) -> HeadNorms:
+    B_KQ, kq, B_KQ_bias = _kq_head(attn, h, m, f64)
+    g = attn.kv_index(h)  # grouped-query heads share W_V^g: measure it once
+    Wv, Wo = f64["W_V"][g], f64["W_O"][h]
+    ov = m.product(f"W_OV.h{h}", Wv, Wo)
+    if f"W_V.h{g}" not in matrices:
+        matrices[f"W_V.h{g}"] = m.matrix(f"W_V.h{g}", Wv, names.get("W_V", ""))
+    matrices[kq.role] = kq
+    matrices[ov.role] = ov
+    return HeadNorms(h, B_KQ, ov.spectral, matrices[f"W_V.h{g}"].spectral, B_KQ_bias)
+
+
+# Note [small problems]: per-head work is a few hundred tiny (d_head-sized) BLAS/LAPACK calls.
+# Multi-threaded BLAS only adds synchronisation to those, and on a busy machine its spinning
+# threads can make each call 100x slower; they run single-threaded, the big Grams do not.
+
+
+def _layer_norms(layer: LayerSpec, m: _Measurer) -> LayerNorms:
+    attn, ffn = layer.attention, layer.ffn
+    names = layer.names
+    matrices: dict[str, MatrixNorms] = {}
+    # one float64 copy of each weight per layer (contiguous: the BLAS calls below are then cheap)
+    f64 = {k: _np(getattr(attn, k)) for k in ("W_Q", "W_K", "W_V", "W_O")}
+    with threadpool_limits(limits=1):  # Note [small problems]
+        heads = [_head_norms(attn, h, m, f64, matrices, names) for h in range(attn.n_heads)]
+    matrices["W_O"] = m.matrix("W_O", f64["W_O"].reshape(-1, attn.d_model), names.get("W_O", ""))
+    matrices["W_1"] = m.matrix("W_1", ffn.W_1, names.get("W_1", ""))
+    matrices["W_2"] = m.matrix("W_2", ffn.W_2, names.get("W_2", ""))
+    B_Wgate = None
+    if ffn.W_gate is not None:
+        matrices["W_gate"] = m.matrix("W_gate", ffn.W_gate, names.get("W_gate", ""))
+        B_Wgate = matrices["W_gate"].spectral
+
+    def bias_norm(b: torch.Tensor | None) -> Interval:
+        return _ZERO if b is None else vector_norm_interval(_np(b))
+
+    b_attn = attn.effective_output_bias()
+    return LayerNorms(
+        index=layer.index,
+        B_KQ=_max_interval([h.B_KQ for h in heads], "max over heads"),
+        B_V=_max_interval([h.B_V for h in heads], "max over heads"),
+        B_W1=matrices["W_1"].spectral,
+        B_W2=matrices["W_2"].spectral,
+        B_b1=bias_norm(ffn.b_1),
+        B_b2=bias_norm(ffn.b_2),
+        W_O=matrices["W_O"].spectral,
+        B_Wgate=B_Wgate,
+        B_b_attn=bias_norm(b_attn),
+        heads=tuple(heads),
+        matrices=matrices,
+        norm_attn=NormParams.of(layer.norm_attn),
+        norm_ffn=NormParams.of(layer.norm_ffn),
+        placement=layer.placement.value,
+        rope=attn.rope is not None,
+    )
+
+
+def analyze_spec(
+    spec: TransformerSpec,
+    *,
+    fast: bool = False,
+    rtol: float = 1e-3,
+    embeddings: bool = True,
+    progress: Callable[[int, int], None] | None = None,
+) -> AnalysisResult:
+    """Measure every layer (and head) of ``spec``: the seed's section 2.1 quantities as intervals.
+
+    Args:
+        spec: the decomposition (``transcover.model.load`` gives one for any supported model).
+        fast: Lanczos/low-rank *estimates* (``Kind.ESTIMATE``) instead of certified intervals.
+        rtol: target relative gap of certified intervals (and stopping tolerance of estimates).
+        embeddings: also measure the matrices outside the decomposition.
+        progress: called as ``progress(done, total)`` after each layer.
+
+    Raises:
+        InputError: ``rtol`` not in (0, 1), or a model without layers.
+    """
+    from .._errors import InputError
+
+    if not (0.0 < rtol < 1.0) or math.isnan(rtol):
+        raise InputError(f"rtol must be in (0, 1), but got rtol={rtol}")
+    n = len(spec.layers)
+    if n == 0:
+        raise InputError(f"model {spec.name!r} has no Transformer layers to analyze")
+    m = _Measurer(fast, rtol)
+    t0 = time.perf_counter()
+    layers = []
+    first = None
+    for i, layer in enumerate(spec.layers):
+        first = first or layer
+        layers.append(_layer_norms(layer, m))
+        if progress is not None:
+            progress(i + 1, n)
+    embs = []
+    if embeddings:
+        for name, E in spec.embeddings.items():
+            if E.ndim != 2:
+                E = E.reshape(E.shape[0], -1)  # e.g. a patch-embedding convolution kernel
+            mat = m.matrix(name, E)
+            embs.append(EmbeddingNorms(name, mat, float(E.double().norm(dim=1).max())))
+    if spec.head is not None:
+        for j, W in enumerate(spec.head.weights):
+            embs.append(EmbeddingNorms(f"mlp_head.{j}", m.matrix(f"mlp_head.{j}", W), float(W.double().norm(dim=1).max())))
+    notes = []
+    if first.attention.rope is not None:
+        notes.append("RoPE: B_KQ is the sup over relative positions; its upper end is scale*||W_Q||*||W_K|| "
+                     "and its gap can exceed rtol")
+    if first.attention.b_Q is not None:
+        notes.append("query biases act through B_KQ_bias on x~=[x,1]; key biases cancel in the softmax")
+    return AnalysisResult(
+        model=spec.name, arch=spec.arch, d_model=spec.d_model, n_heads=first.attention.n_heads,
+        d_head=first.attention.d_head, mode="fast" if fast else "certified", rtol=rtol,
+        layers=tuple(layers), embeddings=tuple(embs), final_norm=NormParams.of(spec.final_norm),
+        seconds=time.perf_counter() - t0, notes=tuple(notes),
+    )

@@ -1,0 +1,332 @@
+"""Certified spectral norms ``||W||_2 = sigma_max(W)`` of matrices and of low-rank products.
+
+Two routes, both returning :class:`~transcover.Interval`:
+
+* :func:`spectral_norm_interval` -- a certified enclosure ``lower <= sigma_max(W) <= upper``.
+  Orient ``W`` tall (m >= n), form the float64 Gram ``G = W^T W`` with its rounding error
+  bounded, estimate its top eigenpair, then (i) the *lower* end is ``||W v|| / ||v||`` for the
+  estimated top eigenvector ``v``, evaluated with its rounding error subtracted -- attained by a
+  witness, so it is below sigma_max whatever the estimate's quality; (ii) the *upper* end is a
+  ``mu`` for which ``mu I - G`` is proven positive semidefinite by a floating-point Cholesky
+  factorisation with an a-posteriori error bound (Note [Cholesky certificate] in ``_certify``).
+  The gap is set by how tightly ``mu`` is placed above the estimate; the default places it at a
+  relative distance far below ``rtol`` and widens it only if the certificate fails.
+* :func:`product_norm_interval` -- the same for ``||A B||_2`` with ``A`` (p, r), ``B`` (r, q),
+  ``r`` small (a head's ``W_Q W_K^T`` or ``W_V W_O``): never forms the p x q product.
+  ``||AB||_2^2 = lambda_max(G_A G_B)`` with ``G_A = A^T A``, ``G_B = B B^T`` (r x r); with a
+  certified upper Cholesky factor ``L L^T >= G_A`` and ``U_B >= G_B``,
+  ``lambda_max(G_A G_B) <= lambda_max(L^T U_B L)`` (congruence and Loewner monotonicity), an
+  explicit r x r symmetric matrix certified as above.  Cost O((p + q) r^2 + r^3) instead of a
+  p x q SVD.
+
+Estimates for ``--fast`` mode (:func:`spectral_norm_estimate`) use Lanczos on ``W^T W`` in float32
+without forming it; they carry ``Kind.ESTIMATE``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from scipy.linalg import eigh
+
+from .._results import Interval, Kind
+from ._certify import certify_lambda_max_at_most, gram_with_error, psd_cholesky_upper
+from ._floating import U64, down, gamma, sqrt_down, sqrt_up, up
+
+__all__ = [
+    "spectral_norm_interval",
+    "product_norm_interval",
+    "spectral_norm_estimate",
+    "product_norm_estimate",
+    "scale_interval",
+]
+
+# Note [slack]: the certificate needs mu strictly above lambda_max of the (perturbed) Gram
+# matrix.  We first try mu = theta (1 + slack) with a slack that is tiny compared with any
+# sensible rtol (the eigen-solver's estimate theta is accurate to ~n u ||G||), and double it
+# until the Cholesky certificate succeeds.  A slack on sigma^2 of s moves sigma by ~s/2.
+_FIRST_SLACK = 1e-9
+
+
+def _as_f64(W) -> np.ndarray:
+    if isinstance(W, torch.Tensor):
+        W = W.detach().to(device="cpu", dtype=torch.float64).numpy()
+    return np.asarray(W, dtype=np.float64)
+
+
+def _pow2_scale(W: np.ndarray) -> tuple[np.ndarray, float]:
+    """Scale W by an exact power of two so that max|W| is in [0.5, 1); return (W_scaled, factor).
+
+    Note [scaling]: the error analysis ignores underflow, which is only sound for entries far from
+    the subnormal range.  Scaling by a power of two is exact (barring underflow of entries ~1e-300
+    times smaller than the largest, whose contribution is covered by the absolute term
+    ``_UNDERFLOW`` added to every Gram error bound).
+    """
+    amax = float(np.abs(W).max(initial=0.0))
+    if amax == 0.0:
+        return W, 1.0
+    e = math.frexp(amax)[1]
+    return np.ldexp(W, -e), math.ldexp(1.0, e)
+
+
+_UNDERFLOW = 1e-290
+
+
+def _lanczos_eigpair(K: np.ndarray, *, tol: float = 1e-13, max_steps: int = 200) -> tuple[float, np.ndarray]:
+    """Top eigenpair of a symmetric K by Lanczos with full reorthogonalisation (float64).
+
+    Only an *estimate*: the certificate does not trust it (Note [slack]); a poor estimate only
+    widens the interval.  Stops when the top Ritz value changes by < tol (relative) over 4 steps.
+    """
+    n = K.shape[0]
+    k_max = min(max_steps, n)
+    Q = np.zeros((k_max + 1, n))
+    q = np.random.default_rng(0).standard_normal(n)
+    Q[0] = q / np.linalg.norm(q)
+    alphas: list[float] = []
+    betas: list[float] = []
+    hist: list[float] = []
+    for j in range(k_max):
+        w = K @ Q[j]
+        alphas.append(float(w @ Q[j]))
+        for _ in range(2):  # full reorthogonalisation, twice ("twice is enough")
+            w -= Q[: j + 1].T @ (Q[: j + 1] @ w)
+        b = float(np.linalg.norm(w))
+        T = np.diag(alphas) + np.diag(betas, 1) + np.diag(betas, -1)
+        evals, evecs = np.linalg.eigh(T)
+        hist.append(float(evals[-1]))
+        done = (b <= 1e-14 * max(abs(evals[-1]), 1e-300) or j + 1 == k_max
+                or (len(hist) > 4 and abs(hist[-1] - hist[-5]) <= tol * abs(hist[-1])))
+        if done:
+            return hist[-1], Q[: j + 1].T @ evecs[:, -1]
+        betas.append(b)
+        Q[j + 1] = w / b
+    raise AssertionError("unreachable")
+
+
+def _top_eigpair(K: np.ndarray) -> tuple[float, np.ndarray]:
+    n = K.shape[0]
+    if n > 256:  # Lanczos: O(k n^2) instead of the O(n^3) tridiagonalisation
+        return _lanczos_eigpair(K)
+    w, V = eigh(K, subset_by_index=[n - 1, n - 1], check_finite=False, driver="evr")
+    if w.size == 0:  # dsyevr can return no eigenvalue for clustered spectra; the full solver cannot
+        w, V = np.linalg.eigh(K)
+        return float(w[-1]), V[:, -1]
+    return float(w[0]), V[:, 0]
+
+
+def _upper_from_certificate(K_hat: np.ndarray, err: float, theta: float, rtol: float) -> tuple[float, bool]:
+    """The smallest mu = theta(1 + slack) + err we can certify, trying slack up to ~rtol."""
+    base = max(theta, 0.0)
+    floor = max(err, 1e-300) + gamma(K_hat.shape[0] + 1) * float(np.abs(np.diag(K_hat)).sum())
+    slack = _FIRST_SLACK
+    while True:
+        mu = up(base * (1.0 + slack) + 2.0 * err + floor * slack / _FIRST_SLACK)
+        if certify_lambda_max_at_most(K_hat, err, mu):
+            return mu, slack <= rtol
+        if slack > 1.0:  # give up tightening: the trace is always a certified bound for PSD K
+            return up(float(np.abs(np.diag(K_hat)).sum()) * (1 + gamma(K_hat.shape[0])) + K_hat.shape[0] * err), False
+        slack *= 8.0
+
+
+def _norm_lower(x: np.ndarray) -> float:
+    """A lower bound on ||x||_2 from float64 evaluation."""
+    v = float(np.sqrt(np.dot(x, x)))
+    return max(0.0, down(v * (1.0 - gamma(x.size + 2))))
+
+
+def _norm_upper(x: np.ndarray) -> float:
+    v = float(np.sqrt(np.dot(x, x)))
+    return up(v * (1.0 + gamma(x.size + 2)))
+
+
+def _fro(X: np.ndarray) -> float:
+    return sqrt_up(float(np.einsum("ij,ij->", X, X)) * (1.0 + gamma(X.size)))
+
+
+def spectral_norm_interval(W, *, rtol: float = 1e-3) -> Interval:
+    """Certified enclosure of ``sigma_max(W)`` (the spectral norm ``||W||_2``).
+
+    .. math::
+
+        \\|W v\\|_2 / \\|v\\|_2 \\;\\le\\; \\sigma_{\\max}(W) \\;\\le\\; \\sqrt{\\mu},
+        \\qquad \\mu I - W^\\top W \\succeq 0 \\text{ (proven by Cholesky)}
+
+    Source: the variational characterisation of sigma_max and the Cholesky certificate of
+    ``_certify`` (Rump 2006; Higham 2002, Thm 10.3); THEORY.md section 2.1 quantities.
+    Assumptions: ``W`` is given exactly by its float values (bf16/fp16/float32 upcast to float64 is
+    exact); no overflow (entries far below 1e150).
+
+    Args:
+        W: a 2-D tensor or array.
+        rtol: the target relative gap ``(upper - lower) / upper``.
+
+    Returns:
+        Interval of kind ``CERTIFIED_INTERVAL`` with ``method`` naming the route.
+
+    Example:
+        >>> import torch
+        >>> iv = spectral_norm_interval(torch.diag(torch.tensor([3.0, 1.0])))
+        >>> iv.lower <= 3.0 <= iv.upper and iv.relative_gap < 1e-6
+        True
+    """
+    W = _as_f64(W)
+    if W.ndim != 2:
+        raise ValueError(f"spectral_norm_interval needs a matrix, but got shape {W.shape}")
+    if W.size == 0:
+        return Interval(0.0, 0.0, Kind.CERTIFIED_INTERVAL, "empty")
+    if W.shape[0] < W.shape[1]:
+        W = W.T  # tall: the Gram matrix is the small side
+    m, n = W.shape
+    if not np.isfinite(W).all():
+        raise ValueError("spectral_norm_interval: matrix has NaN or Inf entries")
+    W, f = _pow2_scale(W)
+    if f == 1.0 and not W.any():
+        return Interval(0.0, 0.0, Kind.CERTIFIED_INTERVAL, "zero matrix")
+    if n == 1:  # a vector: ||w||_2 directly
+        col = W[:, 0]
+        return Interval(_norm_lower(col) * f, _norm_upper(col) * f, Kind.CERTIFIED_INTERVAL, "vector norm")
+    G, err = gram_with_error(W)
+    err += _UNDERFLOW
+    theta, v = _top_eigpair(G)
+    # lower end: a witness vector, rounding error of W v subtracted (|fl(Wv) - Wv| <= gamma_n |W||v|)
+    y = W @ v
+    slack_abs = gamma(n) * _fro(W) * _norm_upper(v)
+    lower = max(0.0, down((_norm_lower(y) - slack_abs) / _norm_upper(v)))
+    mu, _ = _upper_from_certificate(G, err, theta, rtol)
+    upper = max(sqrt_up(mu), lower)
+    return Interval(lower * f, upper * f, Kind.CERTIFIED_INTERVAL, "gram+cholesky certificate")
+
+
+def product_norm_interval(A, B, *, rtol: float = 1e-3) -> Interval:
+    """Certified enclosure of ``||A B||_2`` for ``A`` (p, r), ``B`` (r, q) without forming ``A B``.
+
+    .. math::
+
+        \\|AB\\|_2^2 = \\lambda_{\\max}(G_A G_B) \\le \\lambda_{\\max}(L^\\top U_B L),\\quad
+        L L^\\top \\succeq A^\\top A,\\; U_B \\succeq B B^\\top
+
+    Used for ``W_KQ^h = W_Q^h (W_K^h)^T`` and ``W_OV^h = W_V^h W_O^h`` (rank <= d_head), the
+    structure exploitation asked for by issue 2: an r x r problem instead of a d x d SVD.
+    Lower end: ``||A B z|| / ||z||`` at ``z = B^T L y`` with ``y`` the top eigenvector of
+    ``L^T U_B L``, rounding subtracted.  Same assumptions as :func:`spectral_norm_interval`.
+    """
+    A = _as_f64(A)
+    B = _as_f64(B)
+    if A.ndim != 2 or B.ndim != 2 or A.shape[1] != B.shape[0]:
+        raise ValueError(f"product_norm_interval needs A (p, r) and B (r, q), but got {A.shape} and {B.shape}")
+    if not (np.isfinite(A).all() and np.isfinite(B).all()):
+        raise ValueError("product_norm_interval: a factor has NaN or Inf entries")
+    A, fa = _pow2_scale(A)
+    B, fb = _pow2_scale(B)
+    if not A.any() or not B.any():
+        return Interval(0.0, 0.0, Kind.CERTIFIED_INTERVAL, "zero factor")
+    p, r = A.shape
+    q = B.shape[1]
+    G_A, e_A = gram_with_error(A)  # A^T A, r x r
+    G_B, e_B = gram_with_error(B.T)  # B B^T, r x r
+    e_A += _UNDERFLOW
+    e_B += _UNDERFLOW
+    L = psd_cholesky_upper(G_A, e_A)
+    U_B = G_B.copy()
+    bump = up(e_B + 2 * U64 * (float(np.abs(np.diag(G_B)).max(initial=0.0)) + e_B))
+    U_B[np.diag_indices(r)] += bump
+    P = U_B @ L
+    K = L.T @ P
+    K = 0.5 * (K + K.T)  # exact symmetrisation is not needed for the bound; keeps eigh happy
+    fro_L, fro_P, fro_U = _fro(L), _fro(P), _fro(U_B)
+    # |fl(U L) - U L| <= gamma_r |U||L|;  |fl(L^T P_fl) - L^T P_fl| <= gamma_r |L^T||P_fl|;
+    # symmetrising averages K and K^T, which moves it by at most that much again.
+    err_K = up(2.0 * gamma(r) * (fro_L * fro_P + fro_L * fro_L * fro_U) * (1.0 + gamma(4)))
+    theta, y = _top_eigpair(K)
+    mu, _ = _upper_from_certificate(K, err_K, theta, rtol)
+    upper = sqrt_up(mu)
+    # lower end: witness z = B^T (L y)
+    z = B.T @ (L @ y)
+    t = B @ z
+    w = A @ t
+    z_up = _norm_upper(z)
+    if z_up == 0.0:
+        lower = 0.0
+    else:
+        A_f, B_f = _fro(A), _fro(B)
+        slack_abs = up(A_f * gamma(q) * B_f * z_up + gamma(r) * A_f * _norm_upper(t))
+        lower = max(0.0, down((_norm_lower(w) - slack_abs) / z_up))
+    upper = max(upper, lower)
+    f = fa * fb
+    return Interval(lower * f, upper * f, Kind.CERTIFIED_INTERVAL, "low-rank gram+cholesky certificate")
+
+
+def scale_interval(iv: Interval, c: float) -> Interval:
+    """``c * iv`` for ``c >= 0``, rounded outward (keeps the certificate)."""
+    if c < 0:
+        raise ValueError(f"scale_interval needs c >= 0, but got c={c}")
+    return Interval(max(0.0, down(iv.lower * c)), up(iv.upper * c), iv.kind, iv.method)
+
+
+# ---------------------------------------------------------------------------------------------
+# Estimates (--fast): no certificate, Kind.ESTIMATE.
+
+
+def _lanczos_top(matvec, n: int, dtype, *, tol: float, max_steps: int, seed: int = 0) -> float:
+    """Largest eigenvalue of a symmetric PSD operator by Lanczos with full reorthogonalisation.
+
+    Stops when the top Ritz value moves by less than ``tol`` (relative) over two steps.
+    """
+    g = torch.Generator().manual_seed(seed)
+    k_max = min(max_steps, n)
+    Q = torch.empty(k_max + 1, n, dtype=dtype)
+    q = torch.randn(n, generator=g, dtype=dtype)
+    Q[0] = q / q.norm()
+    alphas, betas = [], []
+    prev = []
+    for j in range(k_max):
+        w = matvec(Q[j])
+        a = torch.dot(w, Q[j])
+        w = w - Q[: j + 1].T @ (Q[: j + 1] @ w)  # full reorthogonalisation (twice is enough)
+        w = w - Q[: j + 1].T @ (Q[: j + 1] @ w)
+        alphas.append(float(a))
+        b = float(w.norm())
+        T = np.diag(alphas) + np.diag(betas, 1) + np.diag(betas, -1)
+        theta = float(np.linalg.eigvalsh(T)[-1])
+        prev.append(theta)
+        if b <= 1e-12 * max(abs(theta), 1e-300) or j + 1 == k_max:
+            return theta
+        if len(prev) >= 3 and abs(prev[-1] - prev[-3]) <= tol * abs(prev[-1]):
+            return theta
+        betas.append(b)
+        Q[j + 1] = w / b
+    return prev[-1]
+
+
+def spectral_norm_estimate(W, *, rtol: float = 1e-3) -> Interval:
+    """Lanczos estimate of ``sigma_max(W)`` in float32 (``--fast``); no guarantee (Kind.ESTIMATE).
+
+    Lanczos on ``W^T W`` (small side) without forming it; stops when the Ritz value settles to
+    ``rtol / 100``.
+    """
+    if isinstance(W, np.ndarray):
+        W = torch.from_numpy(W)
+    W = W.detach().to(torch.float32)
+    if W.shape[0] < W.shape[1]:
+        W = W.T
+    n = W.shape[1]
+    if n <= 64:
+        s = float(torch.linalg.matrix_norm(W.double(), 2))
+    else:
+        lam = _lanczos_top(lambda x: W.T @ (W @ x), n, torch.float32, tol=rtol / 100, max_steps=120)
+        s = math.sqrt(max(lam, 0.0))
+    return Interval(s, s, Kind.ESTIMATE, "lanczos float32")
+
+
+def product_norm_estimate(A, B, *, rtol: float = 1e-3) -> Interval:
+    """Estimate of ``||A B||_2`` from the r x r problem in float64, without certificate."""
+    A = _as_f64(A)
+    B = _as_f64(B)
+    G_A = A.T @ A
+    G_B = B @ B.T
+    lam = float(np.max(np.linalg.eigvals(G_A @ G_B).real))
+    s = math.sqrt(max(lam, 0.0))
+    return Interval(s, s, Kind.ESTIMATE, "low-rank eigenvalues")

@@ -1,0 +1,81 @@
+"""Views of an :class:`~transcover.norms.AnalysisResult`: a rich table, JSON and CSV text."""
+
+from __future__ import annotations
+
+import io
+import json
+
+__all__ = ["render_analysis", "analysis_json", "analysis_csv"]
+
+_LAYER_KEYS = ("B_KQ", "B_V", "W_O", "B_W1", "B_W2", "B_b1", "B_b2")
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.5g}"
+
+
+def render_analysis(result, console, *, heads: bool = False) -> None:
+    """Print the per-layer table (and per-head tables with ``heads=True``) to a rich console."""
+    from rich.table import Table
+
+    what = ("certified upper ends of intervals [lower, upper]" if result.mode == "certified"
+            else "Lanczos ESTIMATES (--fast): not certified")
+    gaps = [getattr(layer, k).relative_gap for layer in result.layers for k in _LAYER_KEYS]
+    gaps += [h.B_KQ.relative_gap for layer in result.layers for h in layer.heads]
+    table = Table(title=f"{result.model}  ({result.arch}, {len(result.layers)} layers, "
+                        f"{result.n_heads} heads x {result.d_head}, d={result.d_model})",
+                  caption=f"{what}; largest relative gap {max(gaps):.1e} (target {result.rtol:g}); "
+                          f"{result.seconds:.2f} s",
+                  caption_justify="left")
+    table.add_column("layer", justify="right")
+    for key in _LAYER_KEYS:
+        table.add_column("‖W_O‖" if key == "W_O" else key, justify="right")
+    for layer in result.layers:
+        table.add_row(str(layer.index), *(_fmt(getattr(layer, k).upper) for k in _LAYER_KEYS))
+    console.print(table)
+    norms = Table(title="normalisation (F14 needs max|γ| and the variance floor eps)")
+    for col in ("layer", "placement", "kind", "attn max|γ|", "attn ‖β‖", "ffn max|γ|", "ffn ‖β‖", "eps"):
+        norms.add_column(col, justify="right")
+    for layer in result.layers:
+        n1, n2 = layer.norm_attn, layer.norm_ffn
+        norms.add_row(str(layer.index), layer.placement, n1.kind, _fmt(n1.gamma_max_abs), _fmt(n1.beta_norm),
+                      _fmt(n2.gamma_max_abs), _fmt(n2.beta_norm), f"{n1.eps:g}")
+    console.print(norms)
+    if heads:
+        for layer in result.layers:
+            t = Table(title=f"layer {layer.index}: per head (lower … upper)")
+            for col in ("head", "B_KQ", "B_V", "‖W_V^h‖"):
+                t.add_column(col, justify="right")
+            has_bias = any(h.B_KQ_bias is not None for h in layer.heads)
+            if has_bias:
+                t.add_column("B_KQ with b_Q", justify="right")
+            for h in layer.heads:
+                cells = [str(h.head)] + [f"{_fmt(iv.lower)} … {_fmt(iv.upper)}" for iv in (h.B_KQ, h.B_V, h.W_V)]
+                if has_bias:
+                    cells.append(_fmt(h.B_KQ_bias.upper) if h.B_KQ_bias is not None else "")
+                t.add_row(*cells)
+            console.print(t)
+    if result.embeddings:
+        t = Table(title="outside the decomposition (embeddings, un-embedding, heads)")
+        for col in ("matrix", "shape", "‖·‖₂", "‖·‖_F", "max row ‖·‖₂"):
+            t.add_column(col, justify="right")
+        for e in result.embeddings:
+            t.add_row(e.name, "×".join(map(str, e.norms.shape)) if e.norms.shape[1] > 1 else str(e.norms.shape[0]), _fmt(e.norms.spectral.upper),
+                      _fmt(e.norms.frobenius.upper), _fmt(e.max_row_norm))
+        console.print(t)
+    from rich.markup import escape
+
+    for note in result.notes:
+        console.print(f"[dim]note: {escape(note)}[/dim]")
+
+
+def analysis_json(result, *, matrices: bool = True) -> str:
+    """The documented, versioned JSON (docs/analyze.md)."""
+    return json.dumps(result.to_dict(matrices=matrices), indent=2, allow_nan=False) + "\n"
+
+
+def analysis_csv(result) -> str:
+    """One row per layer with lower/upper columns (the DataFrame of ``to_dataframe``)."""
+    buf = io.StringIO()
+    result.to_dataframe().to_csv(buf)
+    return buf.getvalue()

@@ -26,3 +26,9 @@ __all__ = [
     "ReferenceConfig", "ReferenceTransformer", "reference_spec", "save_reference",
     "attention_forward", "ffn_forward", "layer_forward", "transformer_forward",
 ]
+from ._load import SUPPORTED_ARCHITECTURES as SUPPORTED_ARCHITECTURES
+from ._load import bundled_model_dir as bundled_model_dir
+from ._load import load as load
+from ._load import spec_from_module as spec_from_module
+
+__all__ += ["SUPPORTED_ARCHITECTURES", "bundled_model_dir", "load", "spec_from_module"]

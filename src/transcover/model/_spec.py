@@ -33,7 +33,7 @@ keeps the raw biases; :func:`AttentionSpec.effective_output_bias` and
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -350,7 +350,7 @@ class TransformerSpec:
     input_norm: NormSpec | None = None  # applied to the embedded input before layer 0 (BERT's embedding LN, the seed's Pi_norm)
     final_norm: NormSpec | None = None  # applied after the last layer (GPT-2's ln_f, Llama's norm)
     head: MLPHeadSpec | None = None
-    embeddings: dict[str, Tensor] = field(default_factory=dict)
+    embeddings: Mapping[str, Tensor] = field(default_factory=dict)  # may be read lazily
     config: dict[str, object] = field(default_factory=dict)
 
     @property

@@ -1,0 +1,155 @@
+"""Pieces every adapter shares: prefix detection, head splitting, norms, activations, layer counts.
+
+Orientation (the spec's row-vector convention, ``x @ W``): a ``torch.nn.Linear`` weight is stored
+``(d_out, d_in)`` and enters the spec transposed; GPT-2's ``Conv1D`` weight is stored ``(d_in, d_out)``
+and enters as it is.  A projection onto ``H`` heads of width ``d_head`` has ``H * d_head`` output
+columns, head ``h`` owning columns ``h*d_head : (h+1)*d_head`` (the ``view(..., H, d_head)`` of every
+HF attention module), so :func:`heads_in` reshapes ``(d, H*d_head)`` to ``(H, d, d_head)`` and
+:func:`heads_out` reshapes the output projection ``(H*d_head, d)`` to ``(H, d_head, d)``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+
+from torch import Tensor
+
+from ..._errors import InputError, UnsupportedArchitectureError
+from .._sources import LazyTensors, TensorSource
+from .._spec import Activation, NormKind, NormSpec
+
+__all__ = [
+    "activation_from_name", "find_prefix", "count_layers", "heads_in", "heads_out", "heads_bias",
+    "linear_weight", "layer_norm", "require", "no_layers", "lazy_embeddings", "transpose",
+    "summary",
+]
+
+# HF ``hidden_act`` strings -> the spec's activations (transformers/activations.py, ACT2CLS):
+# "gelu_new", "gelu_pytorch_tanh" and "gelu_fast" are all 0.5 x (1 + tanh(sqrt(2/pi)(x + 0.044715 x^3))).
+_ACTIVATIONS = {
+    "gelu": Activation.GELU,
+    "gelu_python": Activation.GELU,
+    "gelu_new": Activation.GELU_TANH,
+    "gelu_pytorch_tanh": Activation.GELU_TANH,
+    "gelu_fast": Activation.GELU_TANH,
+    "relu": Activation.RELU,
+    "silu": Activation.SILU,
+    "swish": Activation.SILU,
+    "linear": Activation.IDENTITY,
+}
+
+
+def activation_from_name(name: object, *, arch: str) -> Activation:
+    """The spec activation for an HF ``hidden_act`` / ``activation_function`` value."""
+    act = _ACTIVATIONS.get(str(name).lower()) if isinstance(name, str) else None
+    if act is None:
+        raise UnsupportedArchitectureError(
+            f"{arch}: activation {name!r} has no exact counterpart; supported: {sorted(_ACTIVATIONS)}"
+        )
+    return act
+
+
+def find_prefix(src: TensorSource, suffixes: Iterable[str]) -> tuple[str, str] | None:
+    """``(prefix, suffix)`` such that ``prefix + suffix`` is a key of ``src``, shortest prefix first.
+
+    Checkpoints saved from task heads nest the base model (``bert.``, ``transformer.``, ``model.``,
+    ``vit.``); the prefix is whatever precedes a key suffix the architecture is known to have.
+    """
+    best: tuple[str, str] | None = None
+    for suffix in suffixes:
+        for key in src.keys():
+            if key.endswith(suffix) and (not key[: -len(suffix)] or key[: -len(suffix)].endswith(".")):
+                prefix = key[: -len(suffix)]
+                if best is None or len(prefix) < len(best[0]):
+                    best = (prefix, suffix)
+    return best
+
+
+def count_layers(src: TensorSource, prefix: str, container: str) -> int:
+    """1 + the largest ``i`` with a key ``{prefix}{container}.{i}.*`` (0 when there is none)."""
+    pattern = re.compile(re.escape(prefix + container + ".") + r"(\d+)\.")
+    indices = [int(m.group(1)) for k in src.keys() if (m := pattern.match(k))]
+    return max(indices) + 1 if indices else 0
+
+
+def no_layers(name: str) -> InputError:
+    return InputError(f"model has no Transformer layers: {name}")
+
+
+def require(config: dict, key: str, *, arch: str, name: str) -> object:
+    """``config[key]`` or an InputError saying which configuration field is missing."""
+    if key not in config or config[key] is None:
+        raise InputError(f"{arch} configuration of {name} lacks {key!r}")
+    return config[key]
+
+
+def linear_weight(src: TensorSource, key: str, d_in: int, d_out: int) -> Tensor:
+    """An ``nn.Linear`` weight (stored ``(d_out, d_in)``) in the spec's orientation ``(d_in, d_out)``."""
+    return src.get(key, (d_out, d_in)).T
+
+
+def heads_in(W: Tensor, n_heads: int) -> Tensor:
+    """``(d, H*d_head)`` -> ``(H, d, d_head)``: head h owns columns h*d_head:(h+1)*d_head."""
+    d, width = W.shape
+    return W.reshape(d, n_heads, width // n_heads).permute(1, 0, 2).contiguous()
+
+
+def heads_out(W: Tensor, n_heads: int) -> Tensor:
+    """``(H*d_head, d)`` -> ``(H, d_head, d)``: head h owns rows h*d_head:(h+1)*d_head."""
+    width, d = W.shape
+    return W.reshape(n_heads, width // n_heads, d).contiguous()
+
+
+def heads_bias(b: Tensor | None, n_heads: int) -> Tensor | None:
+    """``(H*d_head,)`` -> ``(H, d_head)``."""
+    return None if b is None else b.reshape(n_heads, -1).contiguous()
+
+
+def layer_norm(
+    src: TensorSource, weight_key: str, bias_key: str | None, d: int, eps: float,
+    kind: NormKind = NormKind.LAYERNORM, *, affine: bool = True,
+) -> NormSpec:
+    """A LayerNorm / RMSNorm; its scale is required when ``affine``, its shift is optional."""
+    weight = src.get(weight_key, (d,)) if affine else src.get_optional(weight_key, (d,))
+    bias = None if bias_key is None else src.get_optional(bias_key, (d,))
+    return NormSpec(kind, weight, bias, float(eps))
+
+
+def lazy_embeddings(
+    src: TensorSource, entries: dict[str, tuple[str, Callable[[Tensor], Tensor] | None]],
+) -> LazyTensors:
+    """The matrices outside the decomposition, read on access; absent keys are left out.
+
+    Every value is 2-D in the row-vector orientation (a token, position or patch maps to a row, or a
+    linear map is ``x @ W``); biases are left out, since ``TransformerSpec.embeddings`` holds matrices.
+
+    ``entries`` maps a role (e.g. ``"token_embedding"``) to ``(key, transform)``; ``transform`` puts
+    the stored tensor in the row-vector orientation (``None``: as stored).
+    """
+
+    def reader(key: str, transform: Callable[[Tensor], Tensor] | None) -> Callable[[], Tensor]:
+        def read() -> Tensor:
+            t = src.get(key)
+            return t if transform is None else transform(t)
+
+        return read
+
+    return LazyTensors({
+        role: (key, reader(key, transform))
+        for role, (key, transform) in entries.items() if key in src
+    })
+
+
+def transpose(t: Tensor) -> Tensor:
+    return t.T
+
+
+def summary(config: dict, src: TensorSource, n: int, H: int, H_kv: int, dh: int, d_ff: int,
+             act: str, prefix: str, embedding_names: dict[str, str]) -> dict[str, object]:
+    """The spec's ``config``: uniform keys every adapter fills, then the source configuration."""
+    return {
+        "n_layers": n, "n_heads": H, "n_kv_heads": H_kv, "d_head": dh, "d_ff": d_ff,
+        "activation": act, "storage_dtype": src.storage_dtype(), "prefix": prefix,
+        "embedding_names": embedding_names, "source_config": config,
+    }

@@ -1,0 +1,161 @@
+"""``torch.nn.TransformerEncoder`` / ``TransformerEncoderLayer`` in the seed's decomposition.
+
+``TransformerEncoderLayer._sa_block`` runs ``nn.MultiheadAttention``: ``in_proj_weight`` is the fused
+``[W_Q; W_K; W_V]`` stored ``(3d, d)`` (``F._in_projection_packed`` chunks its output in three),
+``in_proj_bias`` ``(3d,)``, ``out_proj`` is ``W_O``; heads are ``view(T, H, d_head)`` blocks, scale
+``1/sqrt(d_head)``.  ``_ff_block`` is ``linear2(activation(linear1(x)))``.  Placement:
+``norm_first=True``: ``x + sa(norm1(x))``, ``x + ff(norm2(x))`` (PRE); else
+``norm1(x + sa(x))``, ``norm2(x + ff(x))`` (POST).  ``TransformerEncoder.norm`` is the final norm.
+
+Note [encoder fast path]: in eval mode without gradients, torch may run the fused
+``torch._transformer_encoder_layer_fwd``, which knows only "relu" and "gelu" and computes an
+``nn.GELU(approximate="tanh")`` activation as exact GELU.  The spec follows the module's own
+definition (``_sa_block``/``_ff_block``, the path taken in training), i.e. the tanh GELU.
+
+The module carries what its tensors cannot say (heads, placement, activation, eps); from a
+safetensors file that information comes from the ``transcover_config`` metadata, whose fields are
+those :func:`torch_encoder_config` returns.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..._errors import UnsupportedArchitectureError
+from .._sources import TensorSource
+from .._spec import (
+    Activation, AttentionSpec, FFNSpec, LayerSequence, LayerSpec, Placement, TransformerSpec,
+)
+from ._common import (
+    count_layers, heads_bias, heads_in, heads_out, layer_norm, linear_weight, no_layers, require,
+    summary,
+)
+
+__all__ = ["build_torch_encoder", "torch_encoder_config"]
+
+_ARCH = "torch_encoder"
+
+
+def _activation(fn: object) -> Activation:
+    """The spec activation of a ``TransformerEncoderLayer.activation`` (function, module or string)."""
+    if isinstance(fn, str):
+        table = {"relu": Activation.RELU, "gelu": Activation.GELU}
+        if fn in table:
+            return table[fn]
+    elif fn in (torch.relu, nn.functional.relu) or isinstance(fn, nn.ReLU):
+        return Activation.RELU
+    elif fn is nn.functional.gelu:
+        return Activation.GELU
+    elif isinstance(fn, nn.GELU):
+        return Activation.GELU_TANH if fn.approximate == "tanh" else Activation.GELU
+    elif fn is nn.functional.silu or isinstance(fn, nn.SiLU):
+        return Activation.SILU
+    raise UnsupportedArchitectureError(
+        f"{_ARCH}: activation {fn!r} has no exact counterpart; use relu, gelu or silu"
+    )
+
+
+def torch_encoder_config(module: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, object]]:
+    """(state dict with keys ``layers.N.*`` and ``norm.*``, configuration) of an encoder (layer).
+
+    Raises:
+        UnsupportedArchitectureError: extra key/value biases, zero attention, unequal layers.
+    """
+    if isinstance(module, nn.TransformerEncoderLayer):
+        layers = [module]
+        state = {f"layers.0.{k}": v for k, v in module.state_dict().items()}
+        final = None
+    else:
+        layers = list(module.layers)
+        state = dict(module.state_dict())
+        final = module.norm
+    per_layer = []
+    for layer in layers:
+        sa = layer.self_attn
+        if sa.bias_k is not None or sa.add_zero_attn:
+            raise UnsupportedArchitectureError(
+                f"{_ARCH}: MultiheadAttention with add_bias_kv or add_zero_attn adds a key; not supported"
+            )
+        per_layer.append({
+            "n_heads": int(sa.num_heads), "norm_first": bool(layer.norm_first),
+            "activation": _activation(layer.activation).value,
+            "layer_norm_eps": float(layer.norm1.eps), "layer_norm_eps_2": float(layer.norm2.eps),
+        })
+    if any(p != per_layer[0] for p in per_layer):
+        raise UnsupportedArchitectureError(f"{_ARCH}: layers differ in heads, placement, activation or eps")
+    config: dict[str, object] = dict(per_layer[0]) if per_layer else {}
+    config["n_layers"] = len(layers)
+    config["final_norm_eps"] = None if final is None else float(getattr(final, "eps", 0.0))
+    config["final_norm_kind"] = None if final is None else type(final).__name__
+    return state, config
+
+
+def build_torch_encoder(src: TensorSource, config: dict, name: str) -> TransformerSpec:
+    n = config.get("n_layers")
+    n = count_layers(src, "", "layers") if n is None else int(n)
+    if n == 0:
+        raise no_layers(name)
+    H = int(require(config, "n_heads", arch=_ARCH, name=name))
+    d = src.shape("layers.0.self_attn.in_proj_weight")[1] if "layers.0.self_attn.in_proj_weight" in src \
+        else int(require(config, "d_model", arch=_ARCH, name=name))
+    d_ff = src.shape("layers.0.linear1.weight")[0] if "layers.0.linear1.weight" in src \
+        else int(require(config, "d_ff", arch=_ARCH, name=name))
+    dh = d // H
+    act = Activation(str(require(config, "activation", arch=_ARCH, name=name)))
+    placement = Placement.PRE if config.get("norm_first") else Placement.POST
+    eps1 = float(config.get("layer_norm_eps", 1e-5))
+    eps2 = float(config.get("layer_norm_eps_2", eps1))
+
+    def layer(i: int) -> LayerSpec:
+        p = f"layers.{i}."
+        qkv_w, qkv_b = p + "self_attn.in_proj_weight", p + "self_attn.in_proj_bias"
+        W = src.get(qkv_w, (3 * d, d))  # (3d, d) = [W_Q; W_K; W_V] as nn.Linear weights
+        b = src.get_optional(qkv_b, (3 * d,))
+        names: dict[str, str] = {}
+        heads = {}
+        for j, role in enumerate("QKV"):
+            rows = slice(j * d, (j + 1) * d)
+            heads[role] = (heads_in(W[rows].T, H), heads_bias(None if b is None else b[rows], H))
+            names[f"W_{role}"] = f"{qkv_w}[{j * d}:{(j + 1) * d}, :]"
+            if b is not None:
+                names[f"b_{role}"] = f"{qkv_b}[{j * d}:{(j + 1) * d}]"
+        keys = {
+            "W_O": p + "self_attn.out_proj.weight", "b_O": p + "self_attn.out_proj.bias",
+            "W_1": p + "linear1.weight", "b_1": p + "linear1.bias",
+            "W_2": p + "linear2.weight", "b_2": p + "linear2.bias",
+            "norm_attn.weight": p + "norm1.weight", "norm_attn.bias": p + "norm1.bias",
+            "norm_ffn.weight": p + "norm2.weight", "norm_ffn.bias": p + "norm2.bias",
+        }
+        names.update({r: key for r, key in keys.items() if key in src})
+        attn = AttentionSpec(
+            W_Q=heads["Q"][0], W_K=heads["K"][0], W_V=heads["V"][0],
+            W_O=heads_out(linear_weight(src, keys["W_O"], d, d), H),
+            b_Q=heads["Q"][1], b_K=heads["K"][1], b_V=heads["V"][1],
+            b_O=src.get_optional(keys["b_O"], (d,)),
+        )
+        ffn = FFNSpec(
+            W_1=linear_weight(src, keys["W_1"], d, d_ff), W_2=linear_weight(src, keys["W_2"], d_ff, d),
+            activation=act,
+            b_1=src.get_optional(keys["b_1"], (d_ff,)), b_2=src.get_optional(keys["b_2"], (d,)),
+        )
+        return LayerSpec(
+            index=i, attention=attn, ffn=ffn,
+            norm_attn=layer_norm(src, keys["norm_attn.weight"], keys["norm_attn.bias"], d, eps1, affine=False),
+            norm_ffn=layer_norm(src, keys["norm_ffn.weight"], keys["norm_ffn.bias"], d, eps2, affine=False),
+            placement=placement, names=names,
+        )
+
+    final_norm = None
+    kind = config.get("final_norm_kind")
+    if kind is not None:
+        if kind != "LayerNorm":
+            raise UnsupportedArchitectureError(f"{_ARCH}: final norm {kind} is not supported (LayerNorm is)")
+        final_norm = layer_norm(src, "norm.weight", "norm.bias", d,
+                                float(config.get("final_norm_eps") or 1e-5), affine=False)
+    elif "norm.weight" in src:
+        final_norm = layer_norm(src, "norm.weight", "norm.bias", d, float(config.get("final_norm_eps") or 1e-5))
+    return TransformerSpec(
+        arch=_ARCH, name=name, d_model=d, layers=LayerSequence(n, layer), final_norm=final_norm,
+        config=summary(config, src, n, H, H, dh, d_ff, act.value, "", {}),
+    )

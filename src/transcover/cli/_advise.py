@@ -1,0 +1,55 @@
+"""``transcover advise``: recommend d_m, heads, depth and R for an (s, beta)-sparse target (seed 5.1)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+NAME = "advise"
+HELP = "design advice: MLP width, heads, depth and temperature from approximation + estimation error"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--sparsity", type=int, required=True, help="s = |I|")
+    parser.add_argument("--smoothness", type=float, required=True, help="Hölder exponent beta in (0, 2]")
+    parser.add_argument("--seq-len", type=int, required=True, help="n")
+    parser.add_argument("--n-samples", type=int, required=True, help="N, training samples")
+    parser.add_argument("--delta", type=float, default=0.25, help="coherence of the positional encodings")
+    parser.add_argument("--gamma", type=float, default=1.0, help="read-out injectivity in (0, 1]")
+    parser.add_argument("--holder-constant", type=float, default=1.0)
+    parser.add_argument("--json", metavar="PATH")
+    parser.add_argument("--plot", metavar="PNG", help="the trade-off curve")
+
+
+def run(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from ..approx import advise
+    from ..report import atomic_write_bytes, atomic_write_text
+
+    a = advise(args.sparsity, args.smoothness, args.seq_len, args.n_samples, delta=args.delta,
+               gamma=args.gamma, holder_constant=args.holder_constant)
+    t = Table(title=f"advice for s={a.sparsity}, β={a.smoothness:g}, n={a.seq_len}, N={a.n_samples} (estimates)")
+    t.add_column("choice")
+    t.add_column("value", justify="right")
+    for k, v in (("MLP width d_m", a.d_m), ("interpolation grid per axis", a.grid), ("heads", a.heads),
+                 ("attention layers", a.attention_layers), ("MLP hidden layers", a.mlp_hidden_layers),
+                 ("temperature R", f"{a.R:.2f}"), ("positional dim d_p (random signs, Δ)", a.positional_dim),
+                 ("approximation error", f"{a.approx_error:.4g}"), ("estimation term", f"{a.estimation_error:.4g}")):
+        t.add_row(k, str(v))
+    Console().print(t)
+    if args.plot:
+        import io
+
+        from matplotlib.figure import Figure
+
+        fig = Figure(figsize=(7.5, 5))
+        a.plot(fig.add_subplot())
+        fig.tight_layout()
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=120)
+        atomic_write_bytes(args.plot, buf.getvalue())
+    if args.json:
+        atomic_write_text(args.json, json.dumps(a.to_dict(), indent=2))
+    return 0

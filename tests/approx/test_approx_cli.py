@@ -1,0 +1,53 @@
+"""`transcover approx` and `transcover advise`: outputs, JSON, plots, one-line errors."""
+
+import json
+
+import pytest
+
+from transcover.cli import main
+
+
+def test_approx_construct_json_and_save(tmp_path, capsys):
+    out, st = tmp_path / "c.json", tmp_path / "c.safetensors"
+    rc = main(["approx", "construct", "--seq-len", "6", "--sparsity", "2", "--grid", "3", "--R", "10",
+               "--search", "100", "--json", str(out), "--save", str(st)])
+    assert rc == 0 and st.exists()
+    data = json.loads(out.read_text())
+    dec = data["decomposition"]
+    assert dec["total"]["value"] <= dec["bound"]["total"]["value"]
+    assert data["capacity"]["B_V"] == pytest.approx(1.0)
+
+
+def test_approx_sweep_encodings_failures_and_advise(tmp_path):
+    png, js = tmp_path / "r.png", tmp_path / "r.json"
+    assert main(["approx", "sweep", "--over", "R", "--ns", "8", "--deltas", "0,0.3", "--Rs", "4,8,12,16",
+                 "--plot", str(png), "--json", str(js)]) == 0
+    assert png.read_bytes()[:4] == b"\x89PNG" and json.loads(js.read_text())["fits"]
+    assert main(["approx", "encodings", "--kind", "random", "--n", "16", "--dim", "32", "--json", str(js)]) == 0
+    enc = json.loads(js.read_text())
+    assert enc["delta"] == pytest.approx(float(enc["delta_fraction"].split("/")[0]) / float(enc["delta_fraction"].split("/")[1]))
+    assert main(["approx", "failures", "--mode", "delta", "--json", str(js)]) == 0
+    assert main(["advise", "--sparsity", "2", "--smoothness", "1", "--seq-len", "32", "--n-samples", "100000",
+                 "--json", str(js), "--plot", str(png)]) == 0
+    assert json.loads(js.read_text())["heads"] == 2
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["approx", "construct", "--R", "-1"], "R must be > 0"),
+    (["approx", "construct", "--R", "0"], "R must be > 0"),
+    (["approx", "construct", "--delta", "0.5"], "delta"),
+    (["approx", "construct", "--sparsity", "9", "--seq-len", "4"], "s=9 > n=4"),
+    (["approx", "construct", "--search", "0"], "--search"),
+    (["approx", "encodings", "--delta", "0.7"], "delta"),
+    (["approx", "sweep", "--over", "R", "--Rs", "1,-2"], "R must be > 0"),
+    (["approx", "sweep", "--over", "R", "--deltas", "0.5"], "delta"),
+    (["approx"], "sub-command"),
+    (["advise", "--sparsity", "2", "--smoothness", "1", "--seq-len", "8", "--n-samples", "0"], "n_samples"),
+    (["advise", "--sparsity", "2", "--smoothness", "3", "--seq-len", "8", "--n-samples", "10"], "beta"),
+])
+def test_bad_input_is_one_line_and_nonzero(argv, needle, capsys, tmp_path):
+    js = tmp_path / "never.json"
+    rc = main(argv + (["--json", str(js)] if argv[0] == "advise" else []))
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and needle in err and err.startswith("transcover: error:")
+    assert not js.exists()

@@ -1,0 +1,108 @@
+"""The Lemma H.1 construction: exact recomputation, measured sup-error <= the lemma's bound, decay in R."""
+
+import math
+
+import pytest
+import torch
+
+from transcover import InputError
+from transcover.approx import (
+    attention_rate_sweep, build_construction, construction_capacity, decompose_construction,
+    equiangular_encoding, holder_ridge, off_target_mass_bound, random_sign_encoding, sparse_parity,
+)
+from transcover.model import reference_spec, transformer_forward
+
+EPS = torch.finfo(torch.float64).eps
+
+
+def _embedded(spec, X):
+    T = X.shape[1]
+    return X @ spec.embeddings["input_embedding"] + spec.embeddings["position_embedding"][:T]
+
+
+@pytest.mark.parametrize("norm", ["ball", "none"])
+def test_spec_recomputation_equals_model(norm):
+    c = build_construction(holder_ridge((0, 3, 5), 0.7, seed=2), random_sign_encoding(7, 128, seed=0),
+                           R=8.0, grid=3, gamma=0.8, key_leak=0.05, norm=norm)
+    X = c.inputs(torch.rand(64, 7, dtype=torch.float64) * 2 - 1)
+    spec = reference_spec(c.model)
+    with torch.no_grad():
+        out = c.model(X)
+        torch.testing.assert_close(transformer_forward(spec, _embedded(spec, X)), out, rtol=0, atol=64 * EPS)
+        # Pi_norm must be inactive on the content box, or the construction would not compute its formulas
+        feats = c.model.features(X)
+    if norm == "ball":
+        assert float(feats.norm(dim=-1).max()) <= 1.0 + 8 * EPS
+
+
+def test_off_target_mass_bound_theory_example():
+    # THEORY F16a check: n = 1000, g = 10 -> mass 0.0434 <= 0.0454 (= (n-1) e^{-g})
+    m = off_target_mass_bound(1000, 10.0)
+    assert abs(m - 0.0434) < 5e-5 and m <= 999 * math.exp(-10)
+    logits = torch.full((1000,), -10.0, dtype=torch.float64)
+    logits[0] = 0.0
+    assert abs(1 - float(torch.softmax(logits, 0)[0]) - m) <= 64 * EPS
+
+
+CASES = [  # (n, I, R, encoding, grid, gamma, key_leak, beta)
+    (8, (1, 4), 3.0, ("equi", 0.2), 4, 1.0, 0.0, 1.0),
+    (8, (1, 4), 12.0, ("equi", 0.2), 8, 1.0, 0.1, 1.0),
+    (16, (0, 15), 6.0, ("rand", 96), 6, 0.7, 0.0, 0.5),
+    (12, (5,), 20.0, ("equi", 0.4), 16, 1.0, 0.2, 2.0),
+    (6, (0, 2, 4), 9.0, ("equi", 0.0), 3, 0.9, 0.0, 1.5),
+]
+
+
+@pytest.mark.parametrize("n, I, R, enc, grid, gamma, leak, beta", CASES)
+def test_measured_sup_error_within_lemma_bound(n, I, R, enc, grid, gamma, leak, beta):
+    encoding = equiangular_encoding(n, enc[1]) if enc[0] == "equi" else random_sign_encoding(n, enc[1], seed=3)
+    c = build_construction(holder_ridge(I, beta, seed=0), encoding, R=R, grid=grid, gamma=gamma, key_leak=leak)
+    d = decompose_construction(c, n_random=300, steps=8, n_grid=900)
+    b = d.bound
+    tol = 256 * EPS  # float64 forward passes through O(1) values
+    assert d.readout.value <= max(b.readout_bound) * (1 + 1e-9) + tol
+    assert d.attention.value <= b.attention.value * (1 + 1e-9) + tol
+    assert d.mlp.value <= b.mlp.value * (1 + 1e-9) + tol
+    assert d.total.value <= b.total.value * (1 + 1e-9) + tol
+    assert d.total.value <= d.attention.value + d.mlp.value + tol  # the decomposition (triangle inequality)
+    if 2 * leak <= encoding.delta:  # then the seed's n e^{-R(1-2Δ)} form is a valid, larger bound
+        assert b.attention.value <= b.lemma_attention.value * (1 + 1e-12)
+
+
+def test_attention_error_decays_exponentially_in_R():
+    res = attention_rate_sweep([4, 6, 8, 10, 12, 16, 20], ns=(8, 24), deltas=(0.0, 0.3))
+    for f in res.fits:
+        assert abs(f["fitted_rate"] - f["gap_rate"]) <= 0.01 * f["gap_rate"]
+    for r in res.rows:  # equiangular extremes attain the bound: measured == 2γ m(gap)
+        assert r["measured"] <= r["bound"] * (1 + 1e-6) + 1e-14
+        assert r["measured"] >= r["bound"] * (1 - 1e-6) - 1e-14
+        assert r["bound"] <= r["lemma"]
+    worst = attention_rate_sweep([4, 8, 12, 16, 20, 24], ns=(16,), deltas=(0.2,), lemma_worst_case=True)
+    (f,) = worst.fits
+    assert abs(f["fitted_rate"] - (1 - 2 * 0.2)) <= 0.01  # the lemma's exponent 1 - 2Δ, realised
+
+
+def test_capacity_is_read_from_the_spec():
+    c = build_construction(holder_ridge((1, 2), 1.0), equiangular_encoding(4, 0.1), R=5.0, grid=2, gamma=0.5)
+    cap = construction_capacity(c)
+    assert cap.B_KQ == pytest.approx(5.0 / c.kappa**2, rel=1e-12)  # R, undone by the kappa scaling
+    assert cap.B_V == pytest.approx(0.5, rel=1e-12)  # gamma
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(R=0.0), "R must be > 0"), (dict(R=-1.0), "R must be > 0"), (dict(gamma=1.5), "gamma"),
+    (dict(key_leak=0.5), "key_leak"), (dict(grid=0), "grid"), (dict(norm="layernorm"), "norm"),
+])
+def test_bad_construction_arguments(kwargs, match):
+    args = dict(R=5.0, grid=2) | kwargs
+    with pytest.raises(InputError, match=match):
+        build_construction(holder_ridge((0, 1)), equiangular_encoding(4, 0.1), **args)
+
+
+def test_construction_rejects_wrong_targets_and_encodings():
+    with pytest.raises(InputError, match="Hölder"):
+        build_construction(sparse_parity((0, 1)), equiangular_encoding(4, 0.1), R=5.0, grid=2)
+    with pytest.raises(InputError, match="n > 5"):
+        build_construction(holder_ridge((0, 5)), equiangular_encoding(4, 0.1), R=5.0, grid=2)
+    with pytest.raises(InputError, match="1/2"):
+        build_construction(holder_ridge((0, 1)), equiangular_encoding(4, 0.6), R=5.0, grid=2)

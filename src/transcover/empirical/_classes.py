@@ -1,0 +1,288 @@
+"""Norm-bounded Transformer classes (seed 2.1) as finite random samples of their members.
+
+The class of the reference model (seed 1.2, :class:`~transcover.model.ReferenceTransformer`) with,
+for every layer and head ``h``,
+
+.. math::
+
+    \\|W_{KQ}^h\\|_2 = \\|W_Q^h W_K^{hT}\\|_2/\\sqrt{d_h} \\le B_{KQ},\\quad
+    \\|W_{OV}^h\\|_2 = \\|W_V^h W_O^h\\|_2 \\le B_V,\\quad
+    \\|W_1\\|_2 \\le B_{W1},\\ \\|W_2\\|_2 \\le B_{W2},\\ \\|b_1\\|_2 \\le B_{b1},\\ \\|b_2\\|_2 \\le B_{b2},
+
+and every MLP-head matrix ``||W||_2 <= B_head`` (head biases ``||b||_2 <= B_head_bias``).  A member
+is drawn by taking Gaussian matrices and rescaling them so the constrained norm equals
+``radius * rho``: for the products ``W_KQ`` and ``W_OV`` both factors are multiplied by
+``sqrt(radius * rho / ||product||)``.  The radial factor ``rho`` is
+
+* ``"boundary"``: 1 (on the sphere of the spectral ball, where the class is most spread);
+* ``"uniform"``: ``U``, ``U ~ Uniform(0, 1)``;
+* ``"volume"``: ``U^{1/p}`` with ``p`` the number of entries of the constrained matrix, the radial
+  law of the uniform distribution on a p-dimensional ball (so mostly near the boundary).
+
+Every draw satisfies the constraints (up to float rounding of the rescaling), so any packing of
+the drawn functions is a packing of the class: this is what makes the Monte-Carlo numbers
+*lower* estimates of the class's packing and covering numbers (``_montecarlo``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+
+import torch
+from torch import Tensor
+
+from .._errors import InputError
+from ..model import ReferenceConfig, ReferenceTransformer
+from ..model._spec import Activation
+
+__all__ = ["NormRadii", "RADIAL_LAWS", "ReferenceClassSample", "sample_reference_class", "random_inputs"]
+
+RADIAL_LAWS = ("volume", "uniform", "boundary")
+
+
+@dataclass(frozen=True)
+class NormRadii:
+    """The radii of seed 2.1 (per layer and per head), plus the MLP head's."""
+
+    B_KQ: float = 1.0
+    B_V: float = 1.0
+    B_W1: float = 1.0
+    B_W2: float = 1.0
+    B_b1: float = 1.0
+    B_b2: float = 1.0
+    B_head: float = 1.0  # spectral norm of each MLP-head matrix (F_MLP of seed 3.1)
+    B_head_bias: float = 0.0  # l2 norm of each head bias; 0 keeps the head linear-homogeneous
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            ok = isinstance(v, (int, float)) and math.isfinite(v)
+            positive = f.name.startswith("B_b") or f.name == "B_head_bias"
+            if not ok or (v < 0 if positive else v <= 0):
+                need = ">= 0" if positive else "> 0"
+                raise InputError(f"radius {f.name} must be a finite number {need}, but got {f.name}={v!r}")
+
+    def scaled(self, c: float) -> "NormRadii":
+        """All radii multiplied by ``c`` (the 'norm radius' axis of the asymptotics)."""
+        if not (c > 0 and math.isfinite(c)):
+            raise InputError(f"radius scale must be > 0, but got scale={c!r}")
+        return NormRadii(**{k: v * c for k, v in asdict(self).items()})
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+def _check_radial(radial: str) -> str:
+    if radial not in RADIAL_LAWS:
+        raise InputError(f"radial must be one of {RADIAL_LAWS}, but got radial={radial!r}")
+    return radial
+
+
+def _rho(shape: tuple[int, ...], p: int, radial: str, gen: torch.Generator) -> Tensor:
+    if radial == "boundary":
+        return torch.ones(shape, dtype=torch.float64)
+    U = torch.rand(shape, generator=gen, dtype=torch.float64)
+    return U if radial == "uniform" else U ** (1.0 / p)
+
+
+def _spectral(W: Tensor) -> Tensor:
+    return torch.linalg.matrix_norm(W.double(), ord=2)
+
+
+def _matrix_on_sphere(shape, radius: float, radial: str, gen) -> Tensor:
+    """Gaussian (..., r, c) rescaled so each matrix's spectral norm is radius * rho."""
+    W = torch.randn(shape, generator=gen, dtype=torch.float64)
+    rho = _rho(shape[:-2], shape[-2] * shape[-1], radial, gen)
+    return W * (radius * rho / _spectral(W))[..., None, None]
+
+
+def _vector_on_sphere(shape, radius: float, radial: str, gen) -> Tensor:
+    v = torch.randn(shape, generator=gen, dtype=torch.float64)
+    rho = _rho(shape[:-1], shape[-1], radial, gen)
+    return v * (radius * rho / v.norm(dim=-1))[..., None]
+
+
+def _product_on_sphere(shape_a, shape_b, radius: float, scale: float, radial: str, gen):
+    """Factors A (..., d, e), B (..., e, k) rescaled so ||scale * A @ B||_2 = radius * rho."""
+    A = torch.randn(shape_a, generator=gen, dtype=torch.float64)
+    B = torch.randn(shape_b, generator=gen, dtype=torch.float64)
+    rho = _rho(shape_a[:-2], shape_a[-2] * shape_b[-1], radial, gen)
+    s = _spectral(scale * A @ B)
+    f = torch.sqrt(radius * rho / s)[..., None, None]
+    return A * f, B * f
+
+
+def _check_config(cfg: ReferenceConfig) -> None:
+    problems = []
+    if cfg.attention != "dot":
+        problems.append(f"attention={cfg.attention!r} (only 'dot')")
+    if cfg.norm not in ("ball", "none"):
+        problems.append(f"norm={cfg.norm!r} (only 'ball' or 'none')")
+    if cfg.d_input is not None or cfg.max_len is not None:
+        problems.append("embeddings (d_input/max_len must be None: inputs are d_model rows)")
+    if problems:
+        raise InputError("the Monte-Carlo reference class does not support " + ", ".join(problems))
+
+
+@dataclass(frozen=True)
+class ReferenceClassSample:
+    """M members of the norm-bounded reference class, weights stacked along a leading axis.
+
+    Shapes (m = n_functions, L layers): ``W_Q, W_K, W_V`` (m, L, H, d, dh); ``W_O`` (m, L, H, dh, d);
+    ``W_1`` (m, L, d, dff); ``W_2`` (m, L, dff, d); ``b_1`` (m, L, dff); ``b_2`` (m, L, d);
+    ``head_W[i]`` (m, a_i, a_{i+1}); ``head_b[i]`` (m, a_{i+1}).
+    """
+
+    config: ReferenceConfig
+    radii: NormRadii
+    radial: str
+    seed: int
+    W_Q: Tensor
+    W_K: Tensor
+    W_V: Tensor
+    W_O: Tensor
+    W_1: Tensor
+    W_2: Tensor
+    b_1: Tensor
+    b_2: Tensor
+    head_W: tuple[Tensor, ...]
+    head_b: tuple[Tensor, ...]
+    output: str = "head"  # "head": the MLP's outputs (F_MLP o G_TF); "features": g_L(X), token rows
+
+    @property
+    def n_functions(self) -> int:
+        return self.W_Q.shape[0]
+
+    @property
+    def description(self) -> str:
+        c = self.config
+        return (f"reference class L={c.n_layers} d={c.d_model} H={c.n_heads} d_ff={c.d_ff} "
+                f"head={c.head_hidden}, radii {self.radii.to_dict()}, radial={self.radial}, output={self.output}")
+
+    def model(self, j: int) -> ReferenceTransformer:
+        """Member ``j`` as a :class:`ReferenceTransformer` (for checks and for users)."""
+        m = ReferenceTransformer(self.config).double()
+        with torch.no_grad():
+            for l, blk in enumerate(m.blocks):
+                for name in ("W_Q", "W_K", "W_V", "W_O", "W_1", "W_2"):
+                    getattr(blk, name).copy_(getattr(self, name)[j, l])
+                if blk.b_1 is not None:
+                    blk.b_1.copy_(self.b_1[j, l])
+                    blk.b_2.copy_(self.b_2[j, l])
+            for lin, W, b in zip(m.head, self.head_W, self.head_b):
+                lin.weight.copy_(W[j].T)
+                lin.bias.copy_(b[j])
+        return m
+
+    def evaluate(self, X: Tensor, *, chunk_size: int | None = None) -> Tensor:
+        """All members on the samples ``X`` (n, T, d): outputs (M, n, b), float64.
+
+        With output="features" the result is ``(M, n * T, d)``: each token position counts as a
+        sample, so ``q = 2`` gives the metric ``max_t ||g(X)_t - g'(X)_t||_2`` over all ``n T``
+        positions that the covering bounds of ``transcover.covering`` use (THEORY section 2).
+        """
+        X = _check_inputs(X, self.config.d_model)
+        n, T, d = X.shape
+        cfg = self.config
+        width = max(d, cfg.d_ff, cfg.n_heads * T, *(cfg.head_hidden or (1,)))
+        if chunk_size is None:  # keep the per-chunk activations near 2**24 floats
+            chunk_size = max(1, (1 << 24) // max(1, n * T * width * max(1, cfg.n_heads)))
+        outs = [self._forward(slice(s, s + chunk_size), X) for s in range(0, self.n_functions, chunk_size)]
+        return torch.cat(outs, dim=0)
+
+    def _forward(self, sl: slice, X: Tensor) -> Tensor:
+        cfg = self.config
+        act = Activation(cfg.activation)
+        dh = cfg.head_dim
+
+        def norm(Z: Tensor) -> Tensor:
+            if cfg.norm == "ball":
+                return Z / torch.clamp(Z.norm(dim=-1, keepdim=True), min=1.0)
+            return Z
+
+        m = self.W_Q[sl].shape[0]
+        Z = norm(X).expand(m, *X.shape)  # (m, n, T, d)
+        T = X.shape[1]
+        for l in range(cfg.n_layers):
+            q = torch.einsum("mntd,mhde->mhnte", Z, self.W_Q[sl, l])
+            k = torch.einsum("mntd,mhde->mhnte", Z, self.W_K[sl, l])
+            v = torch.einsum("mntd,mhde->mhnte", Z, self.W_V[sl, l])
+            S = q @ k.transpose(-1, -2) / math.sqrt(dh)  # (m, H, n, T, T)
+            if cfg.causal:
+                S = S.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+            att = torch.einsum("mhnte,mhed->mntd", torch.softmax(S, dim=-1) @ v, self.W_O[sl, l])
+            Z = norm(Z + att)
+            u = torch.einsum("mntd,mdf->mntf", Z, self.W_1[sl, l]) + self.b_1[sl, l][:, None, None, :]
+            ff = torch.einsum("mntf,mfd->mntd", act(u), self.W_2[sl, l]) + self.b_2[sl, l][:, None, None, :]
+            Z = norm(Z + ff)
+        if self.output == "features":  # every token position is a sample: the bounds' metric
+            return Z.reshape(m, -1, Z.shape[-1])
+        z = Z.mean(dim=-2) if cfg.readout == "mean" else Z[..., 0, :]  # (m, n, d)
+        for i, (W, b) in enumerate(zip(self.head_W, self.head_b)):
+            z = torch.einsum("mna,mab->mnb", z, W[sl]) + b[sl][:, None, :]
+            if i < len(self.head_W) - 1:
+                z = act(z)
+        return z
+
+
+def _check_inputs(X: Tensor, d: int) -> Tensor:
+    X = torch.as_tensor(X)
+    if X.ndim != 3 or X.shape[-1] != d or min(X.shape) == 0:
+        raise InputError(f"samples must have shape (n, T, d_model={d}), but got {tuple(X.shape)}")
+    if not bool(torch.isfinite(X).all()):
+        raise InputError("samples contain NaN or Inf")
+    return X.to(torch.float64)
+
+
+def sample_reference_class(config: ReferenceConfig, radii: NormRadii, n_functions: int, *,
+                           radial: str = "volume", seed: int = 0,
+                           output: str = "head") -> ReferenceClassSample:
+    """Draw ``n_functions`` members of the norm-bounded reference class (module docstring).
+
+    Args:
+        config: shape of the reference model (dot attention, Pi_norm or no norm, no embeddings).
+        radii: the spectral radii of seed 2.1 (per layer, per head).
+        n_functions: M >= 1.
+        radial: "volume", "uniform" or "boundary" (module docstring).
+        seed: seed of the draw (reproducible: same seed, same functions).
+        output: "head" (Transformer + MLP, seed 3.1) or "features" (the Transformer g_L alone).
+
+    Raises:
+        InputError: unsupported config, M < 1, an unknown radial law or output.
+    """
+    _check_config(config)
+    if not isinstance(n_functions, int) or n_functions < 1:
+        raise InputError(f"n_functions must be a positive integer, but got n_functions={n_functions!r}")
+    _check_radial(radial)
+    if output not in ("head", "features"):
+        raise InputError(f"output must be 'head' or 'features', but got output={output!r}")
+    gen = torch.Generator().manual_seed(int(seed))
+    M, L, H, d, dh, dff = (n_functions, config.n_layers, config.n_heads, config.d_model,
+                           config.head_dim, config.d_ff)
+    r = radii
+    W_Q, W_K_T = _product_on_sphere((M, L, H, d, dh), (M, L, H, dh, d), r.B_KQ, 1 / math.sqrt(dh), radial, gen)
+    W_V, W_O = _product_on_sphere((M, L, H, d, dh), (M, L, H, dh, d), r.B_V, 1.0, radial, gen)
+    W_1 = _matrix_on_sphere((M, L, d, dff), r.B_W1, radial, gen)
+    W_2 = _matrix_on_sphere((M, L, dff, d), r.B_W2, radial, gen)
+    if config.ffn_bias:
+        b_1 = _vector_on_sphere((M, L, dff), r.B_b1, radial, gen)
+        b_2 = _vector_on_sphere((M, L, d), r.B_b2, radial, gen)
+    else:
+        b_1, b_2 = torch.zeros(M, L, dff, dtype=torch.float64), torch.zeros(M, L, d, dtype=torch.float64)
+    widths = (d, *config.head_hidden, config.n_outputs)
+    head_W = tuple(_matrix_on_sphere((M, a, b), r.B_head, radial, gen) for a, b in zip(widths[:-1], widths[1:]))
+    head_b = tuple(_vector_on_sphere((M, b), r.B_head_bias, radial, gen) for b in widths[1:])
+    return ReferenceClassSample(config, radii, radial, int(seed), W_Q, W_K_T.transpose(-1, -2).contiguous(),
+                                W_V, W_O, W_1, W_2, b_1, b_2, head_W, head_b, output)
+
+
+def random_inputs(n: int, T: int, d: int, *, seed: int = 0, radius: float = 1.0) -> Tensor:
+    """``n`` sequences of ``T`` rows drawn uniformly from the l2 ball of ``radius`` in R^d (float64)."""
+    for name, v in (("n", n), ("T", T), ("d", d)):
+        if not isinstance(v, int) or v < 1:
+            raise InputError(f"{name} must be a positive integer, but got {name}={v!r}")
+    gen = torch.Generator().manual_seed(int(seed))
+    Z = torch.randn(n, T, d, generator=gen, dtype=torch.float64)
+    rho = torch.rand(n, T, 1, generator=gen, dtype=torch.float64) ** (1.0 / d)
+    return Z / Z.norm(dim=-1, keepdim=True) * rho * radius

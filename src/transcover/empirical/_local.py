@@ -1,0 +1,140 @@
+"""A local class: a given (trained) model plus weight perturbations inside norm balls.
+
+.. math::
+
+    F_{loc} = \\{ f_{\\theta + \\Delta} : \\|\\Delta_{role}\\|_2 \\le r_{role} \\text{ for every perturbed role} \\}
+
+Each perturbed tensor of every layer (per head for ``W_Q, W_K, W_V, W_O``) gets a Gaussian
+``Delta`` rescaled to spectral norm ``r * rho`` (biases: l2 norm), ``rho`` the radial law of
+``_classes`` ("volume", "uniform", "boundary").  Its covering number is the *local* covering number
+around the model, the quantity a generalisation argument localised at the trained weights uses;
+the Monte-Carlo estimates of ``_montecarlo`` apply to it unchanged.
+
+Functions are regenerated from ``(seed, j)`` when evaluated, so the sample needs no memory per
+member and evaluating it twice (the uniform search does) gives the same functions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .._errors import InputError
+from ..model import TransformerSpec, transformer_forward
+from ._classes import _check_radial, _matrix_on_sphere, _vector_on_sphere
+
+__all__ = ["LOCAL_ROLES", "LocalClassSample", "sample_local_class"]
+
+LOCAL_ROLES = ("W_Q", "W_K", "W_V", "W_O", "W_1", "W_2", "b_1", "b_2", "head")
+
+
+@dataclass(frozen=True)
+class LocalClassSample:
+    """``n_functions`` perturbations of ``spec`` (member 0 is the model itself if ``include_center``)."""
+
+    spec: TransformerSpec
+    radii: dict[str, float]
+    n_functions: int
+    radial: str = "volume"
+    seed: int = 0
+    include_center: bool = True
+
+    @property
+    def description(self) -> str:
+        return (f"local class around {self.spec.name!r} ({self.spec.arch}, {self.spec.n_layers} layers), "
+                f"radii {self.radii}, radial={self.radial}")
+
+    def member(self, j: int) -> TransformerSpec:
+        """The spec of member ``j`` (deterministic in ``(seed, j)``)."""
+        if self.include_center and j == 0:
+            return self.spec
+        gen = torch.Generator().manual_seed(int(self.seed) * 1_000_003 + j)
+        r = self.radii
+
+        def pert(t: Tensor | None, role: str, per_head: bool = False) -> Tensor | None:
+            if t is None or r.get(role, 0.0) == 0.0:
+                return t
+            # float64: a small perturbation must not be rounded away by a float32 checkpoint
+            if t.ndim == 1:
+                return t.double() + _vector_on_sphere(tuple(t.shape), r[role], self.radial, gen)
+            return t.double() + _matrix_on_sphere(tuple(t.shape), r[role], self.radial, gen)
+
+        layers = []
+        for layer in self.spec.layers:
+            a, f = layer.attention, layer.ffn
+            a2 = dataclasses.replace(a, W_Q=pert(a.W_Q, "W_Q"), W_K=pert(a.W_K, "W_K"),
+                                     W_V=pert(a.W_V, "W_V"), W_O=pert(a.W_O, "W_O"))
+            f2 = dataclasses.replace(f, W_1=pert(f.W_1, "W_1"), W_2=pert(f.W_2, "W_2"),
+                                     b_1=pert(f.b_1, "b_1"), b_2=pert(f.b_2, "b_2"))
+            layers.append(dataclasses.replace(layer, attention=a2, ffn=f2))
+        head = self.spec.head
+        if head is not None and r.get("head", 0.0) > 0.0:
+            head = dataclasses.replace(head, weights=tuple(pert(W, "head") for W in head.weights))
+        return dataclasses.replace(self.spec, layers=layers, head=head)
+
+    def evaluate(self, X: Tensor) -> Tensor:
+        """All members on the embedded samples ``X`` (n, T, d_model): outputs (M, n, b), float64."""
+        X = torch.as_tensor(X)
+        d = self.spec.d_model
+        if X.ndim != 3 or X.shape[-1] != d or min(X.shape) == 0:
+            raise InputError(f"samples must have shape (n, T, d_model={d}), but got {tuple(X.shape)}")
+        X = X.double()
+        outs = []
+        with torch.no_grad():
+            for j in range(self.n_functions):
+                y = transformer_forward(self.member(j), X)
+                outs.append(y.reshape(X.shape[0], -1))
+        return torch.stack(outs)
+
+
+def sample_local_class(model, radii: Mapping[str, float], n_functions: int, *,
+                       radial: str = "volume", seed: int = 0,
+                       include_center: bool = True) -> LocalClassSample:
+    """The class of ``model`` perturbed within the given spectral radii (module docstring).
+
+    Args:
+        model: a :class:`~transcover.model.TransformerSpec` or a
+            :class:`~transcover.model.ReferenceTransformer` (or any module ``transcover.model.load``
+            accepts, once it exists).
+        radii: role -> radius, roles among ``LOCAL_ROLES``; absent roles are not perturbed.
+        n_functions: M >= 1.
+
+    Raises:
+        InputError: an unknown role, a negative or non-finite radius, all radii zero, M < 1.
+    """
+    spec = _as_spec(model)
+    clean = {}
+    for role, v in dict(radii).items():
+        if role not in LOCAL_ROLES:
+            raise InputError(f"unknown perturbation role {role!r}; roles are {LOCAL_ROLES}")
+        if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+            raise InputError(f"radius for {role} must be a finite number >= 0, but got {role}={v!r}")
+        clean[role] = float(v)
+    if not any(v > 0 for v in clean.values()):
+        raise InputError(f"at least one perturbation radius must be > 0, but got radii={dict(radii)}")
+    if not isinstance(n_functions, int) or n_functions < 1:
+        raise InputError(f"n_functions must be a positive integer, but got n_functions={n_functions!r}")
+    return LocalClassSample(spec, clean, n_functions, _check_radial(radial), int(seed), include_center)
+
+
+def _as_spec(model) -> TransformerSpec:
+    if isinstance(model, TransformerSpec):
+        return model
+    from ..model import ReferenceTransformer, reference_spec
+
+    if isinstance(model, ReferenceTransformer):
+        if model.embed is not None or model.pos is not None:
+            raise InputError("the local class evaluates embedded inputs; use a ReferenceTransformer "
+                             "without d_input/max_len, or pass its TransformerSpec")
+        return reference_spec(model)
+    try:
+        from ..model import load
+    except ImportError:
+        raise InputError(f"cannot build a local class from {type(model).__name__}; pass a "
+                         "TransformerSpec or a ReferenceTransformer") from None
+    return load(model)

@@ -1,0 +1,180 @@
+"""Monte-Carlo estimates of a parametric class's covering number on fixed samples (seed 6.1).
+
+Given M functions drawn from a class F (``_classes``, ``_local``) and samples ``{x_i}``, the
+greedy net and the strict packing of the drawn set (``_nets``) give, for the *class*:
+
+.. math::
+
+    \\log|\\text{packing}(\\varepsilon)| \\le \\log N_{ext}(F, \\varepsilon, \\{x_i\\})
+    \\quad\\text{and}\\quad
+    \\log|\\text{net}(\\varepsilon)| \\le \\log P(F, \\varepsilon, \\{x_i\\}),
+
+where ``P(F, eps)`` is the class's eps-packing number.  The first holds because a packing of drawn
+members is a packing of F (strictly 2eps-separated, see ``_nets``); the second because the net's
+centres are strictly eps-separated members of F.  Both are therefore *empirical lower bounds*
+(:attr:`Kind.EMPIRICAL_LOWER`), and both increase with M towards their limits: the net size is
+the usual Monte-Carlo *estimate* of N(eps) (``N_int(eps) <= P(eps)``), and the result records its
+growth with M (checkpoints) so a reader sees whether it has levelled off.  A curve still rising
+at the largest M means the class's covering number is larger than any number reported.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+from torch import Tensor
+
+from .._errors import InputError
+from .._results import Kind, Quantity
+from ._metrics import as_outputs, check_eps, check_q
+from ._nets import IncrementalNet, packing_rtol, torch_threads
+
+__all__ = ["FunctionSample", "MonteCarloCovering", "monte_carlo_covering", "covering_of_outputs",
+           "default_checkpoints"]
+
+
+class FunctionSample(Protocol):
+    """What the Monte-Carlo and uniform estimators need from a sampled class."""
+
+    n_functions: int
+    description: str
+
+    def evaluate(self, X: Tensor) -> Tensor:  # (n, T, d) -> (M, n, b)
+        ...
+
+
+@dataclass(frozen=True)
+class MonteCarloCovering:
+    """Net and packing sizes of M sampled functions, for each eps and each prefix size m <= M.
+
+    ``net_sizes[e][c]`` / ``packing_sizes[e][c]``: sizes for ``eps[e]`` using the first
+    ``checkpoints[c]`` functions.
+    """
+
+    eps: tuple[float, ...]
+    q: float
+    checkpoints: tuple[int, ...]
+    net_sizes: tuple[tuple[int, ...], ...]
+    packing_sizes: tuple[tuple[int, ...], ...]
+    n_samples: int
+    n_outputs: int
+    description: str = ""
+    extra: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def n_functions(self) -> int:
+        return self.checkpoints[-1]
+
+    def log_packing_lower(self, e: int) -> Quantity:
+        """log |net(eps)| at the largest M: a lower bound on the class's log eps-packing number."""
+        return Quantity(math.log(self.net_sizes[e][-1]), Kind.EMPIRICAL_LOWER,
+                        "greedy eps-net of M sampled members: lower bound on log P(F, eps) "
+                        ">= log N_int(F, eps); Monte-Carlo estimate of log N(eps)",
+                        (f"M={self.n_functions} sampled members", "members satisfy the class's constraints"))
+
+    def log_covering_lower(self, e: int) -> Quantity:
+        """log |packing(eps)| at the largest M: a lower bound on the class's log N_ext(eps)."""
+        return Quantity(math.log(self.packing_sizes[e][-1]), Kind.EMPIRICAL_LOWER,
+                        "strict 2eps-packing of M sampled members: lower bound on log N_ext(F, eps)",
+                        (f"M={self.n_functions} sampled members", "members satisfy the class's constraints"))
+
+    def saturated(self, e: int, fraction: float = 0.5) -> bool:
+        """True when the net holds more than ``fraction`` of the sampled functions (eps too small for M)."""
+        return self.net_sizes[e][-1] > fraction * self.n_functions
+
+    def still_growing(self, e: int, rel: float = 0.05) -> bool:
+        """True when the net grew by more than ``rel`` over the last doubling-ish step of M."""
+        s = self.net_sizes[e]
+        return len(s) > 1 and s[-1] > (1.0 + rel) * s[-2]
+
+    def to_dict(self) -> dict[str, object]:
+        rows = []
+        for e, eps in enumerate(self.eps):
+            rows.append({
+                "eps": eps, "net_sizes": list(self.net_sizes[e]), "packing_sizes": list(self.packing_sizes[e]),
+                "log_N_estimate": self.log_packing_lower(e).to_dict(),
+                "log_N_ext_lower": self.log_covering_lower(e).to_dict(),
+                "saturated": self.saturated(e), "still_growing": self.still_growing(e),
+            })
+        return {"q": "inf" if self.q == math.inf else int(self.q), "checkpoints": list(self.checkpoints),
+                "n_samples": self.n_samples, "n_outputs": self.n_outputs, "description": self.description,
+                "rows": rows, **self.extra}
+
+
+def default_checkpoints(M: int) -> tuple[int, ...]:
+    """Roughly geometric prefix sizes 10, 20, 50, 100, ... up to and including M."""
+    out = []
+    base = 1
+    while base <= M:
+        for k in (1, 2, 5):
+            if 10 <= k * base * 10 <= M:
+                out.append(k * base * 10)
+        base *= 10
+    out = sorted(set(c for c in out if c < M)) + [M]
+    return tuple(out)
+
+
+def _check_eps_list(eps: Sequence[float] | float) -> tuple[float, ...]:
+    eps_t = (eps,) if isinstance(eps, (int, float)) else tuple(eps)
+    if not eps_t:
+        raise InputError("need at least one eps")
+    return tuple(check_eps(e) for e in eps_t)
+
+
+def covering_of_outputs(Y, eps: Sequence[float] | float, q: float | str = math.inf, *,
+                        checkpoints: Sequence[int] | None = None, description: str = "",
+                        chunk_size: int = 4096, workers: int | None = None) -> MonteCarloCovering:
+    """Net and packing sizes of the rows of ``Y`` (M, n, b) at each eps, after each prefix size.
+
+    One streaming pass per eps (``IncrementalNet``): no M x M matrix, and the prefix sizes come
+    free because the greedy net is online.
+    """
+    Y = as_outputs(Y)
+    eps_t = _check_eps_list(eps)
+    qf = check_q(q)
+    M, n, b = Y.shape
+    cps = default_checkpoints(M) if checkpoints is None else tuple(sorted(set(int(c) for c in checkpoints)))
+    if not cps or cps[0] < 1 or cps[-1] > M:
+        raise InputError(f"checkpoints must lie in [1, M={M}], but got {list(cps)}")
+    rtol = packing_rtol(Y.dtype, n, b)
+    nets, packs = [], []
+    with torch_threads(workers):
+        for e in eps_t:
+            net = IncrementalNet(e, qf, chunk_size=chunk_size)
+            pack = IncrementalNet(2.0 * e, qf, rtol=rtol, chunk_size=chunk_size)
+            net.add(Y)
+            pack.add(Y)
+            nets.append(tuple(net.size_after(cps)))
+            packs.append(tuple(pack.size_after(cps)))
+    return MonteCarloCovering(eps_t, qf, cps, tuple(nets), tuple(packs), n, b, description)
+
+
+def monte_carlo_covering(sample: FunctionSample, X: Tensor, eps: Sequence[float] | float,
+                         q: float | str = math.inf, *, checkpoints: Sequence[int] | None = None,
+                         workers: int | None = None) -> MonteCarloCovering:
+    """Monte-Carlo lower estimates of ``log N(F, eps, {x_i})`` for a sampled class.
+
+    Args:
+        sample: drawn members (:func:`sample_reference_class`, :func:`sample_local_class`).
+        X: the samples ``(n, T, d)``.
+        eps: one or several accuracies > 0.
+        q: the per-sample output norm (1, 2, inf).
+        checkpoints: prefix sizes m at which the net size is recorded (default: 10, 20, 50, ..., M).
+        workers: torch threads (None: torch's default).
+
+    Returns:
+        :class:`MonteCarloCovering` (both numbers are :attr:`Kind.EMPIRICAL_LOWER` for the class).
+    """
+    eps_t = _check_eps_list(eps)
+    qf = check_q(q)
+    with torch_threads(workers):
+        Y = sample.evaluate(X)
+    res = covering_of_outputs(Y, eps_t, qf, checkpoints=checkpoints,
+                              description=getattr(sample, "description", ""), workers=workers)
+    scale = float(np.asarray(Y.abs().amax()).item())
+    return MonteCarloCovering(res.eps, res.q, res.checkpoints, res.net_sizes, res.packing_sizes,
+                              res.n_samples, res.n_outputs, res.description, {"max_abs_output": scale})

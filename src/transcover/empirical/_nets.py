@@ -1,0 +1,332 @@
+"""Greedy eps-nets and maximal packings of a finite class: upper and lower covering estimates.
+
+For a finite set F (rows of ``Y``, metric ``d_q`` of ``_metrics``) and closed balls:
+
+* ``N_int(eps)``: fewest centres *from F* with every f within ``eps`` of a centre;
+* ``N_ext(eps)``: fewest centres anywhere in the ambient space ``R^{n x b}`` (free centres);
+* ``P(r)``: largest subset of F whose points are pairwise at distance ``> r`` (strictly).
+
+.. math::
+
+    P(2\\varepsilon) \\;\\le\\; N_{ext}(\\varepsilon) \\;\\le\\; N_{int}(\\varepsilon)
+    \\;\\le\\; |\\text{greedy net}(\\varepsilon)| \\;\\le\\; P(\\varepsilon),
+    \\qquad N_{int}(\\varepsilon) \\le N_{ext}(\\varepsilon / 2).
+
+Derivations (standard, e.g. Vershynin, *High-Dimensional Probability*, Lemma 4.2.8, redone here
+for closed balls and *strict* separation):
+
+* Packing lower bound: if ``d(p, p') > 2 eps`` and one closed eps-ball (any centre c) held both,
+  the triangle inequality would give ``d(p, p') <= d(p, c) + d(c, p') <= 2 eps``.  So each point
+  of a strictly-2eps-separated set needs its own centre, for free centres and a fortiori for
+  centres from F.  Strictness matters: the two points ``0`` and ``2 eps`` of the real line are
+  2eps-separated non-strictly and one ball (centre ``eps``) covers both, so a ``>= 2 eps``
+  packing does *not* bound ``N_ext(eps)``; with centres from F it would, but only because 0 and
+  2 eps are then distinct centres anyway -- we use the strict version for both.
+* Greedy net: a point becomes a centre iff it is at distance ``> eps`` from every earlier centre.
+  The result is a cover by centres from F (so ``N_int <= |net|``) whose centres are strictly
+  eps-separated (so ``|net| <= P(eps)``).
+* The greedy net at radius ``2 eps`` is therefore a maximal strictly-2eps-separated subset: the
+  packing this module reports.  Any cover has at least that many centres, so
+  ``packing_size <= net_size`` always (the property test checks it).
+* Factor 2: given a free-centre cover at radius ``eps/2``, replace each ball's centre by any
+  point of F inside it; every point of the ball is then within ``eps`` of it.  Hence
+  ``N_int(eps) <= N_ext(eps/2)``.
+
+Floating point: a net decides ``d <= eps`` on rounded distances (the fast and the naive
+implementations round identically, see ``benchmarks/bench_cover.py``).  A packing claims strict
+separation, which is a certificate, so it demands ``d > r (1 + rtol)`` with ``rtol`` covering the
+rounding of a sum of ``n b`` terms (``4 n b`` units in the last place of the dtype); integer-valued
+data are exact.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from .._errors import InputError
+from .._results import Kind, Quantity
+from ._metrics import DEFAULT_BLOCK_ELEMENTS, as_outputs, check_eps, check_q, distance_matrix
+
+__all__ = [
+    "IncrementalNet", "greedy_net", "maximal_packing", "packing_rtol",
+    "CoveringEstimate", "estimate_covering_number", "torch_threads",
+]
+
+
+class torch_threads:
+    """Context manager: run with ``workers`` torch threads (None: leave torch's setting)."""
+
+    def __init__(self, workers: int | None):
+        if workers is not None and (not isinstance(workers, int) or workers < 1):
+            raise InputError(f"workers must be a positive integer, but got workers={workers!r}")
+        self.workers = workers
+        self._old = torch.get_num_threads()
+
+    def __enter__(self) -> "torch_threads":
+        if self.workers is not None:
+            torch.set_num_threads(self.workers)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        torch.set_num_threads(self._old)
+
+
+def packing_rtol(dtype: torch.dtype, n: int, b: int) -> float:
+    """Relative margin a packing adds to its separation radius (see the module docstring)."""
+    return 4.0 * n * b * torch.finfo(dtype).eps
+
+
+class IncrementalNet:
+    """A greedy net built from a stream of functions, never holding an M x M matrix.
+
+    Point ``j`` (in arrival order) becomes a centre iff ``d_q(y_j, c) > radius`` for every
+    earlier centre ``c`` (``radius * (1 + rtol)`` with ``strict_margin``; see the module notes).
+    Memory: the centres plus one ``chunk x centres`` distance block.
+
+    Note [chunked greedy]: a chunk's points are first compared with the existing centres; the
+    ones still uncovered are compared with each other (one ``u x u`` block) and resolved in
+    arrival order, so the result equals the sequential greedy exactly.
+
+    Args:
+        radius: the net's radius ``eps`` (> 0).
+        q: 1, 2 or inf.
+        rtol: relative margin added to ``radius`` (0 for nets; ``packing_rtol`` for packings).
+        chunk_size: rows compared at once.
+    """
+
+    def __init__(self, radius: float, q: float = math.inf, *, rtol: float = 0.0,
+                 chunk_size: int = 2048, block_elements: int = DEFAULT_BLOCK_ELEMENTS):
+        self.radius = check_eps(radius, "radius")
+        self.q = check_q(q)
+        self.threshold = self.radius * (1.0 + rtol)
+        if not isinstance(chunk_size, int) or chunk_size < 1:
+            raise InputError(f"chunk_size must be a positive integer, but got chunk_size={chunk_size!r}")
+        self.chunk_size = chunk_size
+        self.block_elements = block_elements
+        self._centres: Tensor | None = None  # (capacity, n, b), first _k rows used
+        self._k = 0
+        self._indices: list[int] = []
+        self.n_seen = 0
+
+    @property
+    def size(self) -> int:
+        return self._k
+
+    @property
+    def centres(self) -> Tensor:
+        """The centres' outputs, ``(size, n, b)``."""
+        if self._centres is None:
+            return torch.empty(0)
+        return self._centres[: self._k]
+
+    @property
+    def indices(self) -> np.ndarray:
+        """Arrival indices of the centres (increasing)."""
+        return np.asarray(self._indices, dtype=np.int64)
+
+    def _append(self, rows: Tensor) -> None:
+        if self._centres is None:
+            cap = max(64, rows.shape[0])
+            self._centres = torch.empty((cap, *rows.shape[1:]), dtype=rows.dtype)
+        elif self._k + rows.shape[0] > self._centres.shape[0]:
+            cap = max(2 * self._centres.shape[0], self._k + rows.shape[0])
+            grown = torch.empty((cap, *rows.shape[1:]), dtype=rows.dtype)
+            grown[: self._k] = self._centres[: self._k]
+            self._centres = grown
+        self._centres[self._k: self._k + rows.shape[0]] = rows
+        self._k += rows.shape[0]
+
+    def _uncovered(self, X: Tensor) -> Tensor:
+        """Mask of rows of X farther than the threshold from every current centre."""
+        keep = torch.ones(X.shape[0], dtype=torch.bool)
+        if self._k == 0:
+            return keep
+        _, n, b = X.shape
+        # Centre blocks sized so that the cdist temporary stays inside block_elements.
+        per = max(1, self.block_elements // max(1, X.shape[0] * (1 if b == 1 or self.q == math.inf else n)))
+        for s in range(0, self._k, per):
+            idx = torch.nonzero(keep).flatten()
+            if idx.numel() == 0:
+                break
+            D = distance_matrix(X[idx], self._centres[s: min(self._k, s + per)], self.q,
+                                block_elements=self.block_elements)
+            keep[idx] = (D > self.threshold).all(dim=1)
+        return keep
+
+    def add(self, Y: Tensor) -> Tensor:
+        """Feed the next functions ``(m, n, b)``; returns the mask of those that became centres."""
+        Y = as_outputs(Y)
+        if self._centres is not None and (Y.shape[1:] != self._centres.shape[1:] or Y.dtype != self._centres.dtype):
+            raise InputError(f"outputs of shape {tuple(Y.shape[1:])} / {Y.dtype} do not match the "
+                             f"net's {tuple(self._centres.shape[1:])} / {self._centres.dtype}")
+        new_mask = torch.zeros(Y.shape[0], dtype=torch.bool)
+        for s in range(0, Y.shape[0], self.chunk_size):
+            X = Y[s: s + self.chunk_size]
+            cand = torch.nonzero(self._uncovered(X)).flatten()
+            if cand.numel():
+                close = (distance_matrix(X[cand], X[cand], self.q, block_elements=self.block_elements)
+                         <= self.threshold).numpy()
+                alive = np.ones(cand.numel(), dtype=bool)
+                picks = []
+                for j in range(cand.numel()):  # sequential greedy among the chunk's candidates
+                    if alive[j]:
+                        picks.append(j)
+                        alive &= ~close[j]
+                chosen = cand[torch.as_tensor(picks, dtype=torch.long)]
+                self._append(X[chosen])
+                self._indices.extend((self.n_seen + s + chosen).tolist())
+                new_mask[s + chosen] = True
+        self.n_seen += Y.shape[0]
+        return new_mask
+
+    def size_after(self, counts: Iterable[int]) -> list[int]:
+        """Net size after the first m arrivals, for each m: the net of that prefix (greedy is online)."""
+        idx = self.indices
+        return [int(np.searchsorted(idx, m, side="left")) for m in counts]
+
+
+def _ordered(Y: Tensor, order: Sequence[int] | Tensor | None) -> Tensor:
+    if order is None:
+        return Y
+    order_t = torch.as_tensor(order, dtype=torch.long)
+    if order_t.ndim != 1 or order_t.numel() != Y.shape[0]:
+        raise InputError(f"order must be a permutation of {Y.shape[0]} indices, but got {order_t.numel()}")
+    return Y[order_t]
+
+
+def greedy_net(Y: Tensor, eps: float, q: float = math.inf, *, order=None,
+               chunk_size: int = 2048) -> np.ndarray:
+    """Indices of a greedy eps-net of the rows of ``Y`` (centres from the set).
+
+    ``|result| >= N_int(eps) >= N_ext(eps)`` (module docstring); centres are pairwise ``> eps``.
+
+    Args:
+        Y: outputs ``(M, n, b)`` or ``(M, n)``.
+        eps: radius > 0.
+        q: 1, 2 or inf.
+        order: optional permutation in which points are visited (default: row order).
+
+    Returns:
+        Row indices (into ``Y``) of the centres, in visiting order.
+
+    Example:
+        >>> greedy_net(torch.arange(6.0)[:, None], 0.5).tolist()
+        [0, 1, 2, 3, 4, 5]
+        >>> greedy_net(torch.arange(6.0)[:, None], 1.0).tolist()
+        [0, 2, 4]
+    """
+    Y = as_outputs(Y)
+    net = IncrementalNet(eps, q, chunk_size=chunk_size)
+    net.add(_ordered(Y, order))
+    idx = net.indices
+    return idx if order is None else np.asarray(order, dtype=np.int64)[idx]
+
+
+def maximal_packing(Y: Tensor, eps: float, q: float = math.inf, *, order=None,
+                    chunk_size: int = 2048) -> np.ndarray:
+    """Indices of a maximal set whose points are pairwise at distance ``> 2 eps``.
+
+    Its size is a lower bound on ``N_ext(eps) <= N_int(eps)`` (module docstring: strict
+    separation, with a rounding margin).
+
+    Example:
+        >>> maximal_packing(torch.arange(6.0)[:, None], 0.5).tolist()  # needs distance > 1
+        [0, 2, 4]
+    """
+    Y = as_outputs(Y)
+    rtol = packing_rtol(Y.dtype, Y.shape[1], Y.shape[2])
+    net = IncrementalNet(2.0 * check_eps(eps), q, rtol=rtol, chunk_size=chunk_size)
+    net.add(_ordered(Y, order))
+    idx = net.indices
+    return idx if order is None else np.asarray(order, dtype=np.int64)[idx]
+
+
+@dataclass(frozen=True)
+class CoveringEstimate:
+    """Lower and upper estimates of the covering number of a finite set at one ``eps``.
+
+    ``net_size`` (greedy net, centres from the set) is attained, so ``N_int(eps) <= net_size``
+    is certified for the finite set (up to the rounding of distances); ``packing_size`` (strict
+    2eps-packing) certifies ``packing_size <= N_ext(eps) <= N_int(eps)``.
+    """
+
+    eps: float
+    q: float
+    n_functions: int
+    n_samples: int
+    n_outputs: int
+    net_size: int
+    packing_size: int
+    n_orders: int = 1
+    net_indices: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
+
+    @property
+    def upper(self) -> Quantity:
+        return Quantity(math.log(self.net_size), Kind.CERTIFIED_UPPER,
+                        "greedy eps-net, centres from the set: log N_int(eps) <= log |net|",
+                        ("closed balls", f"metric max_i ||f(x_i)-g(x_i)||_{_qname(self.q)}"))
+
+    @property
+    def lower(self) -> Quantity:
+        return Quantity(math.log(self.packing_size), Kind.EMPIRICAL_LOWER,
+                        "maximal strict 2eps-packing: log N_ext(eps) >= log |packing|",
+                        ("closed balls", "free or internal centres"))
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "eps": self.eps, "q": _qname(self.q), "n_functions": self.n_functions,
+            "n_samples": self.n_samples, "n_outputs": self.n_outputs,
+            "net_size": self.net_size, "packing_size": self.packing_size, "n_orders": self.n_orders,
+            "log_N_upper": self.upper.to_dict(), "log_N_lower": self.lower.to_dict(),
+        }
+
+
+def _qname(q: float) -> str:
+    return "inf" if q == math.inf else str(int(q))
+
+
+def estimate_covering_number(Y, eps: float, q: float | str = math.inf, *, n_orders: int = 1,
+                             seed: int = 0, workers: int | None = None,
+                             chunk_size: int = 2048) -> CoveringEstimate:
+    """Bracket the covering number of a finite class: ``packing <= N_ext <= N_int <= net``.
+
+    Args:
+        Y: outputs ``(M, n, b)`` (or ``(M, n)``) of the M functions on the n samples.
+        eps: accuracy > 0.
+        q: the per-sample norm: 1, 2 or inf.
+        n_orders: visiting orders tried (the first is the row order, the rest seeded random
+            permutations); the smallest net and the largest packing are kept.
+        seed: seed of the permutations.
+        workers: torch threads to use (None: torch's default).
+
+    Returns:
+        A :class:`CoveringEstimate`.
+
+    Raises:
+        InputError: bad shapes, non-finite data, ``eps <= 0``, ``q`` not in {1, 2, inf}.
+    """
+    Y = as_outputs(Y)
+    eps = check_eps(eps)
+    qf = check_q(q)
+    if not isinstance(n_orders, int) or n_orders < 1:
+        raise InputError(f"n_orders must be a positive integer, but got n_orders={n_orders!r}")
+    gen = torch.Generator().manual_seed(seed)
+    best_net: np.ndarray | None = None
+    best_pack = 0
+    with torch_threads(workers):
+        for r in range(n_orders):
+            order = None if r == 0 else torch.randperm(Y.shape[0], generator=gen)
+            net = greedy_net(Y, eps, qf, order=order, chunk_size=chunk_size)
+            pack = maximal_packing(Y, eps, qf, order=order, chunk_size=chunk_size)
+            if best_net is None or len(net) < len(best_net):
+                best_net = net
+            best_pack = max(best_pack, len(pack))
+    assert best_net is not None
+    M, n, b = Y.shape
+    return CoveringEstimate(eps, qf, M, n, b, len(best_net), best_pack, n_orders, best_net)

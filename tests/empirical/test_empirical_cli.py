@@ -1,0 +1,74 @@
+"""``transcover cover``: the three modes end to end, and one-line errors for bad input."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from transcover.cli import main
+
+
+def test_finite_mode_writes_json_and_plot(tmp_path, capsys):
+    np.save(tmp_path / "grid.npy", np.arange(10.0)[:, None])
+    out, png = tmp_path / "r.json", tmp_path / "r.png"
+    rc = main(["cover", "finite", str(tmp_path / "grid.npy"), "--eps", "0.5", "1", "--exact",
+               "--json", str(out), "--plot", str(png)])
+    assert rc == 0
+    rows = json.loads(out.read_text())["rows"]
+    # 10 grid points, spacing 1: N_int(0.5) = 10, N_ext(0.5) = 5 (packing attains it); eps = 1: 4 and 4
+    assert [(r["packing_size"], r["exact_internal"]) for r in rows] == [(5, 10), (4, 4)]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("suffix", [".pt", ".safetensors"])
+def test_finite_mode_reads_torch_formats(tmp_path, suffix):
+    Y = torch.arange(6.0).reshape(6, 1, 1)
+    path = tmp_path / f"y{suffix}"
+    if suffix == ".pt":
+        torch.save({"outputs": Y, "other": Y}, path)
+    else:
+        from safetensors.torch import save_file
+
+        save_file({"outputs": Y}, str(path))
+    out = tmp_path / "r.json"
+    assert main(["cover", "finite", str(path), "--eps", "1", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["rows"][0]["net_size"] == 3  # centres 0, 2, 4
+
+
+def test_reference_and_uniform_modes(tmp_path):
+    out = tmp_path / "mc.json"
+    assert main(["cover", "reference", "--functions", "200", "--layers", "1", "--d-model", "8", "--d-ff", "8",
+                 "--samples", "4", "--seq-len", "2", "--eps", "0.02", "0.05", "0.1", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["checkpoints"][-1] == 200 and len(data["rows"]) == 3
+    assert data["rows"][0]["log_N_estimate"]["kind"] == "empirical lower bound"
+    out2 = tmp_path / "u.json"
+    assert main(["cover", "uniform", "--functions", "60", "--layers", "1", "--d-model", "8", "--d-ff", "8",
+                 "--n", "2", "--pool", "6", "--restarts", "1", "--eps", "0.05", "--json", str(out2)]) == 0
+    assert json.loads(out2.read_text())["rows"][0]["best_packing"] >= 1
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["cover", "finite", "MISSING.npy", "--eps", "1"], "outputs file not found"),
+    (["cover", "finite", "GRID", "--eps", "0"], "--eps must be"),
+    (["cover", "finite", "GRID", "--eps", "1", "--q", "3"], "q must be 1, 2 or inf"),
+    (["cover", "finite", "BAD", "--eps", "1"], "must have shape"),
+    (["cover", "reference", "--functions", "0"], "--functions must be a positive integer"),
+    (["cover", "reference", "--radius", "-1"], "radius scale must be > 0"),
+    (["cover", "reference", "--B_KQ", "0"], "B_KQ must be"),
+    (["cover", "uniform", "--samples", "-3"], "--samples must be a positive integer"),
+])
+def test_bad_input_one_line_exit_2(tmp_path, capsys, argv, match):
+    np.save(tmp_path / "grid.npy", np.arange(4.0)[:, None])
+    np.save(tmp_path / "bad.npy", np.zeros((2, 2, 2, 2)))
+    subst = {"GRID": str(tmp_path / "grid.npy"), "BAD": str(tmp_path / "bad.npy"),
+             "MISSING.npy": str(tmp_path / "missing.npy")}
+    json_path = tmp_path / "never.json"
+    rc = main([subst.get(a, a) for a in argv] + ["--json", str(json_path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    assert len(err) == 1 and err[0].startswith("transcover: error: ") and match in err[0]
+    assert not json_path.exists()

@@ -231,32 +231,50 @@ class AnalysisResult:
 # ---------------------------------------------------------------------------------------------
 
 
-def _np(t: torch.Tensor) -> np.ndarray:
-    return t.detach().to(device="cpu", dtype=torch.float64).numpy()
+def _np(t: torch.Tensor, dtype=torch.float64) -> np.ndarray:
+    return t.detach().to(device="cpu", dtype=dtype).numpy()
+
+
+def _estimate(value: float, method: str) -> Interval:
+    return Interval(value, value, Kind.ESTIMATE, method)
 
 
 class _Measurer:
-    """Chooses certified or estimated routes once, so the per-layer code reads like the math."""
+    """Chooses certified or estimated routes once, so the per-layer code reads like the math.
+
+    Certified mode works on float64 copies; ``--fast`` stays in float32 (no copies) and labels
+    every number, Frobenius and (2,1) norms included, as an estimate.
+    """
 
     def __init__(self, fast: bool, rtol: float):
         self.fast = fast
         self.rtol = rtol
+        self.dtype = torch.float32 if fast else torch.float64
+
+    def array(self, t: torch.Tensor) -> np.ndarray:
+        return _np(t, self.dtype)
 
     def matrix(self, role: str, W, tensor: str = "") -> MatrixNorms:
-        Wn = W if isinstance(W, np.ndarray) else _np(W)
+        Wn = W if isinstance(W, np.ndarray) else self.array(W)
         if self.fast:
-            spec = spectral_norm_estimate(Wn, rtol=self.rtol)
-        else:
-            spec = spectral_norm_interval(Wn, rtol=self.rtol)
+            col = np.sqrt(np.einsum("ij,ij->j", Wn, Wn))
+            return MatrixNorms(role, tuple(Wn.shape), spectral_norm_estimate(Wn, rtol=self.rtol),
+                               _estimate(float(np.sqrt((col * col).sum())), "float32"),
+                               _estimate(float(col.sum()), "float32"), tensor)
+        spec = spectral_norm_interval(Wn, rtol=self.rtol)
         return MatrixNorms(role, tuple(Wn.shape), spec, frobenius_interval(Wn), l21_interval(Wn), tensor)
 
     def product(self, role: str, A: np.ndarray, B: np.ndarray, scale: float = 1.0) -> MatrixNorms:
+        shape = (A.shape[0], B.shape[1])
         if self.fast:
-            spec = product_norm_estimate(A, B, rtol=self.rtol)
-        else:
-            spec = product_norm_interval(A, B, rtol=self.rtol)
+            G_A = A.T @ A
+            col = np.sqrt(np.clip(np.einsum("ij,ij->j", G_A @ B, B), 0.0, None))
+            return MatrixNorms(role, shape, scale_interval(product_norm_estimate(A, B, rtol=self.rtol), scale),
+                               _estimate(float(np.sqrt((col * col).sum())) * scale, "float32"),
+                               _estimate(float(col.sum()) * scale, "float32"))
+        spec = product_norm_interval(A, B, rtol=self.rtol)
         fro, l21 = product_frobenius_l21(A, B)
-        return MatrixNorms(role, (A.shape[0], B.shape[1]), scale_interval(spec, scale),
+        return MatrixNorms(role, shape, scale_interval(spec, scale),
                            scale_interval(fro, scale), scale_interval(l21, scale))
 
 
@@ -283,7 +301,7 @@ def _kq_head(attn: AttentionSpec, h: int, m: _Measurer, f64: dict[str, np.ndarra
         lowers = []
         for delta in _rope_offsets(attn.rope.max_position):
             Wq_rot = apply_rope(Wq.double(), attn.rope, torch.full((Wq.shape[0],), float(delta)))
-            iv = (product_norm_estimate if m.fast else product_norm_interval)(_np(Wq_rot), Bt, rtol=m.rtol)
+            iv = (product_norm_estimate if m.fast else product_norm_interval)(m.array(Wq_rot), Bt, rtol=m.rtol)
             lowers.append(iv.lower * scale)
         q_norm = m.matrix("W_Q", A).spectral
         k_norm = m.matrix("W_K", f64["W_K"][g]).spectral
@@ -294,7 +312,7 @@ def _kq_head(attn: AttentionSpec, h: int, m: _Measurer, f64: dict[str, np.ndarra
         B_KQ = kq.spectral
     B_KQ_bias = None
     if attn.b_Q is not None and attn.rope is None:
-        aug = m.product(f"W_KQ~.h{h}", _np(attn.W_Q_augmented(h)), Bt, scale)
+        aug = m.product(f"W_KQ~.h{h}", m.array(attn.W_Q_augmented(h)), Bt, scale)
         B_KQ_bias = aug.spectral
     return B_KQ, kq, B_KQ_bias
 
@@ -322,7 +340,7 @@ def _layer_norms(layer: LayerSpec, m: _Measurer) -> LayerNorms:
     names = layer.names
     matrices: dict[str, MatrixNorms] = {}
     # one float64 copy of each weight per layer (contiguous: the BLAS calls below are then cheap)
-    f64 = {k: _np(getattr(attn, k)) for k in ("W_Q", "W_K", "W_V", "W_O")}
+    f64 = {k: m.array(getattr(attn, k)) for k in ("W_Q", "W_K", "W_V", "W_O")}
     with threadpool_limits(limits=1):  # Note [small problems]
         heads = [_head_norms(attn, h, m, f64, matrices, names) for h in range(attn.n_heads)]
     matrices["W_O"] = m.matrix("W_O", f64["W_O"].reshape(-1, attn.d_model), names.get("W_O", ""))

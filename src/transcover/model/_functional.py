@@ -64,6 +64,10 @@ def attention_scores(attn: AttentionSpec, X: Tensor, h: int) -> Tensor:
 def attention_forward(attn: AttentionSpec, X: Tensor) -> Tensor:
     """Multi-head self-attention output (before the residual) on X of shape (..., T, d)."""
     dt = X.dtype
+    if attn.kind == "l2":
+        from ..lipschitz import l2_attention_forward  # the L2 variant lives with its bound
+
+        return l2_attention_forward(X, attn.W_Q.to(dt), attn.W_V.to(dt), attn.W_O.to(dt))
     out = None
     for h in range(attn.n_heads):
         _, _, Wv, Wo = attn.head(h)

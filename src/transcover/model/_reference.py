@@ -211,7 +211,7 @@ def reference_spec(model: ReferenceTransformer, name: str = "reference") -> Tran
         b = model.blocks[i]
         attn = AttentionSpec(
             W_Q=b.W_Q.detach(), W_K=b.W_K.detach(), W_V=b.W_V.detach(), W_O=b.W_O.detach(),
-            causal=cfg.causal,
+            causal=cfg.causal, kind=cfg.attention,
         )
         ffn = FFNSpec(
             W_1=b.W_1.detach(), W_2=b.W_2.detach(), activation=act,

@@ -167,6 +167,9 @@ class AttentionSpec:
     scale: float | None = None  # None: 1/sqrt(d_head)
     causal: bool = False
     rope: RopeSpec | None = None
+    # "dot": softmax(scale q k^T); "l2": Kim et al. 2021 L2 attention with W_K = W_Q tied and value
+    # map A_h W_V^h W_O^h, A_h = W_Q^h W_Q^hT / sqrt(d_head) (transcover.lipschitz.l2_attention_forward)
+    kind: str = "dot"
 
     @property
     def n_heads(self) -> int:

@@ -1,0 +1,138 @@
+"""Normalisation maps: LayerNorm, RMSNorm and the seed's Pi_norm (THEORY F14, section 2).
+
+Note [LayerNorm on a variance floor]: write ``z = P x`` (``P = I - 11^T/d`` centres; for RMSNorm
+``P = I``) and ``LN(x) = gamma * psi(||z||) z/||z|| + beta`` with the radial profile
+``psi(t) = t / sqrt(t^2/d + eps)``.  For a radial map, with ``a = ||z||``, ``b = ||w||`` and angle
+``theta``::
+
+    ||F(z) - F(w)||^2 = (psi(a) - psi(b))^2 + 2 psi(a) psi(b) (1 - cos theta)
+    ||z - w||^2       = (a - b)^2           + 2 a b       (1 - cos theta)
+
+so ``Lip <= max(sup psi', sup psi(t)/t)`` over the radii involved -- *without* needing the segment
+between the points to stay in the set.  Here ``psi'(t) = eps/(t^2/d + eps)^{3/2} <= psi(t)/t =
+1/sqrt(t^2/d + eps)``, decreasing in t.  On ``{sigma(x) >= sigma_0}`` (``t = sqrt(d) sigma``)
+this gives ``Lip <= max|gamma| / sqrt(sigma_0^2 + eps)``, and ``sigma_0 = 0`` is F14's global
+bound ``max|gamma| / sqrt(eps)`` (attained as sigma -> 0 for constant gamma).
+"""
+
+from __future__ import annotations
+
+import math
+
+from .._errors import InputError
+from ..model._spec import NormKind
+from ._weights import NormBounds
+
+__all__ = [
+    "layernorm_lipschitz",
+    "rmsnorm_lipschitz",
+    "ball_lipschitz",
+    "norm_lipschitz",
+    "norm_output_radius",
+    "norm_perturbation_coefficients",
+]
+
+
+def layernorm_lipschitz(gamma_max: float, eps: float, sigma_min: float = 0.0) -> float:
+    r"""Lipschitz constant (l2 -> l2, per token) of LayerNorm on ``{x : std(x) >= sigma_min}``.
+
+    .. math::
+
+        \mathrm{Lip}(LN) \le \frac{\max_i|\gamma_i|}{\sqrt{\sigma_0^2 + \varepsilon}}
+
+    Source: THEORY F14 (Jacobian ``diag(gamma)(P - uu^T)/s``), extended to the non-convex set
+    ``{sigma >= sigma_0}`` by the radial-map argument of Note [LayerNorm on a variance floor].
+    Assumptions: every input of this LayerNorm has standard deviation ``>= sigma_min``
+    (``sigma_min = 0``: no assumption, the global constant).
+
+    Args:
+        gamma_max: ``max_i |gamma_i|`` (1 without a learnable scale).
+        eps: the variance floor inside the square root (a model hyperparameter).
+        sigma_min: assumed lower bound on the input's standard deviation.
+
+    Returns:
+        The certified constant.
+
+    Raises:
+        InputError: if ``eps + sigma_min^2 <= 0`` (LayerNorm is then not Lipschitz) or an argument
+            is negative.
+
+    Example:
+        >>> round(layernorm_lipschitz(1.0, 1e-5), 1)
+        316.2
+    """
+    if gamma_max < 0 or eps < 0 or sigma_min < 0 or not math.isfinite(sigma_min):
+        raise InputError(f"LayerNorm bound needs gamma_max, eps, sigma_min >= 0, but got "
+                         f"gamma_max={gamma_max}, eps={eps}, sigma_min={sigma_min}")
+    floor = sigma_min**2 + eps
+    if floor <= 0:
+        raise InputError("LayerNorm with eps=0 is not Lipschitz near constant inputs; "
+                         "give a variance floor sigma_min > 0")
+    return gamma_max / math.sqrt(floor)
+
+
+def rmsnorm_lipschitz(gamma_max: float, eps: float, rms_min: float = 0.0) -> float:
+    r"""Lipschitz constant of RMSNorm on ``{x : rms(x) >= rms_min}``.
+
+    .. math::
+
+        \mathrm{Lip}(RMS) \le \frac{\max_i|\gamma_i|}{\sqrt{\rho_0^2 + \varepsilon}}
+
+    Source: THEORY F14 (RMSNorm: ``P = I``); same radial-map argument as LayerNorm.
+    Assumptions: every input has root-mean-square ``>= rms_min``.
+
+    Raises:
+        InputError: as :func:`layernorm_lipschitz`.
+    """
+    return layernorm_lipschitz(gamma_max, eps, rms_min)
+
+
+def ball_lipschitz() -> float:
+    r"""Pi_norm(x) = x / max(1, ||x||_2) is the metric projection onto a convex set: Lipschitz 1.
+
+    .. math:: \mathrm{Lip}(\Pi_{norm}) = 1
+
+    Source: THEORY section 2 (Edelman et al. 2022).  No assumption.
+    """
+    return 1.0
+
+
+def norm_lipschitz(n: NormBounds, sigma_min: float = 0.0) -> float:
+    """Dispatch on the norm kind; ``sigma_min`` is the floor assumed for LayerNorm/RMSNorm inputs."""
+    if n.kind is NormKind.LAYERNORM:
+        return layernorm_lipschitz(n.gamma_max, n.eps, sigma_min)
+    if n.kind is NormKind.RMSNORM:
+        return rmsnorm_lipschitz(n.gamma_max, n.eps, sigma_min)
+    return 1.0  # BALL (projection) and NONE (identity)
+
+
+def norm_output_radius(n: NormBounds, d: int, radius_in: float) -> float:
+    r"""Bound on every output token's l2 norm.
+
+    .. math::
+
+        \|LN(x)\|_2 \le \max|\gamma|\sqrt d + \|\beta\|_2, \qquad \|\Pi_{norm}(x)\| \le \min(1, r)
+
+    LayerNorm/RMSNorm: the normalised vector has ``||y||^2 = d sigma^2/(sigma^2 + eps) < d``.
+    """
+    if n.kind in (NormKind.LAYERNORM, NormKind.RMSNORM):
+        return n.gamma_max * math.sqrt(d) + n.beta_norm
+    if n.kind is NormKind.BALL:
+        return min(1.0, radius_in)
+    return radius_in
+
+
+def norm_perturbation_coefficients(n: NormBounds, d: int) -> list[tuple[str, float, str]]:
+    r"""Output change of a normalisation when its parameters change, input fixed.
+
+    .. math::
+
+        \|N(x;\gamma,\beta) - N(x;\tilde\gamma,\tilde\beta)\|_2 \le \sqrt d\,\|\gamma-\tilde\gamma\|_\infty
+        + \|\beta - \tilde\beta\|_2
+
+    (``||y||_2 < sqrt(d)`` for the normalised vector).  Returns ``(role, coefficient, norm)``
+    entries; Pi_norm and the identity have no parameters.
+    """
+    if n.kind in (NormKind.LAYERNORM, NormKind.RMSNORM):
+        return [("gamma", math.sqrt(d), "linf"), ("beta", 1.0, "l2")]
+    return []

@@ -1,0 +1,339 @@
+"""Lemma G.3: how far the network's output moves when its weights move (THEORY F6, F7, F8).
+
+Public interface for the covering-number work (issue 4):
+
+    coeffs = perturbation_coefficients(spec, radius=1.0, c_sm=1.0, metric="2,inf")
+    # for every pair of parameter sets W, W~ in the class of ``spec`` (see below) and every input X
+    # with token norms <= radius:
+    #     ||g_L(W)(X) - g_L(W~)(X)|| <= sum_i coeffs.entries[i].coefficient * ||W_i - W~_i||_{entries[i].norm}
+
+Note [the class of a spec]: the coefficients are computed from the spec's per-matrix norms
+(``||W_KQ^h||_2``, ``||W_OV^h||_2``, ``||W_V^h||_2``, ``||W_O||_2``, ``||W_1||_2``, ``||W_2||_2``,
+bias l2 norms, ``max|gamma|``, ``||beta||_2``).  They hold for *every* pair (W, W~) of parameter sets
+of the same architecture whose corresponding norms are all <= the spec's -- the class the
+covering argument ranges over (seed 2.1: ``||W_KQ|| <= B_KQ``, ...).  To bound a specific pair,
+pass the second one as ``other=``: the class of the elementwise maximum contains both
+(:func:`perturbation_bound` does this).
+
+Roles (one entry per matrix the bound charges; ``layer`` is the layer index, -1 for the input norm
+and ``n_layers`` for the final norm):
+
+=============  =========================================================  ==========
+role           matrix                                                      norm
+=============  =========================================================  ==========
+``W_KQ.h``     ``scale W_Q^h W_K^hT`` (the score matrix of head h)          spectral
+``b_KQ.h``     ``scale b_Q^h W_K^hT`` (query bias, if any)                  l2
+``W_OV.h``     ``W_V^h W_O^h`` (the value-to-output map of head h)          spectral
+``b_out``      ``b_O + sum_h b_V^h W_O^h`` (attention output bias, if any)  l2
+``W_1``, ``W_2``, ``W_gate``   FFN matrices                                spectral
+``b_1``, ``b_2``, ``b_gate``   FFN biases                                  l2
+``norm_attn.gamma`` / ``.beta`` (also ``norm_ffn``, ``input_norm``, ``final_norm``)   linf / l2
+=============  =========================================================  ==========
+
+The attention is charged per head through ``W_KQ^h`` and ``W_OV^h`` because the block depends on
+the weights only through them (Note [attention biases] in ``model._spec``); this is the
+parametrisation in which the seed states its constraints (B_KQ, B_V).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+from .._errors import InputError, UnsupportedArchitectureError
+from .._results import Kind, Quantity
+from ..model._spec import NormSpec, TransformerSpec
+from ._compose import _assumptions, build_chain
+from ._weights import ROUNDING_PAD, SpecNorms, class_max, spec_norms, spectral, spectral_product
+
+__all__ = [
+    "CoefficientEntry",
+    "PerturbationCoefficients",
+    "PerturbationBound",
+    "perturbation_coefficients",
+    "perturbation_deltas",
+    "perturbation_bound",
+]
+
+
+@dataclass(frozen=True)
+class CoefficientEntry:
+    """One term ``coefficient * ||W_i - W~_i||_norm`` of Lemma G.3.
+
+    ``coefficient = local * downstream``: ``local`` is the term's factor inside its own stage
+    (F6/F7/F14), ``downstream = prod_{later stages} rho`` the Lipschitz factor of everything after
+    it (F8).
+    """
+
+    layer: int
+    role: str
+    coefficient: float
+    norm: str  # "spectral" | "l2" | "linf"
+    local: float
+    downstream: float
+    stage: str
+
+    @property
+    def key(self) -> tuple[int, str]:
+        return (self.layer, self.role)
+
+
+@dataclass(frozen=True)
+class PerturbationCoefficients:
+    """The coefficients c_i of Lemma G.3 for a class of parameter sets (Note [the class of a spec]).
+
+    ``kind`` is CERTIFIED_UPPER: ``sum_i c_i ||dW_i||`` is a certified upper bound (rounding pad
+    included in each c_i) on ``sup_X ||g_L(W)(X) - g_L(W~)(X)||`` in ``metric``.
+    """
+
+    entries: tuple[CoefficientEntry, ...]
+    metric: str
+    radius: float
+    c_sm: float
+    sigma_min: float
+    seq_len: int | None
+    assumptions: tuple[str, ...]
+    kind: Kind = Kind.CERTIFIED_UPPER
+
+    def coefficient(self, layer: int, role: str) -> float:
+        for e in self.entries:
+            if e.layer == layer and e.role == role:
+                return e.coefficient
+        raise KeyError(f"no coefficient for layer={layer}, role={role!r}")
+
+    def bound(self, deltas: Mapping[tuple[int, str], float]) -> float:
+        """``sum_i c_i * deltas[(layer, role)]``; a role missing from ``deltas`` counts as unchanged."""
+        unknown = set(deltas) - {e.key for e in self.entries}
+        if unknown:
+            raise InputError(f"perturbation given for matrices the bound does not know: {sorted(unknown)[:3]}")
+        return math.fsum(e.coefficient * float(deltas.get(e.key, 0.0)) for e in self.entries)
+
+    def by_layer(self) -> dict[int, list[CoefficientEntry]]:
+        out: dict[int, list[CoefficientEntry]] = {}
+        for e in self.entries:
+            out.setdefault(e.layer, []).append(e)
+        return out
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "kind": self.kind.value, "metric": self.metric, "radius": self.radius, "c_sm": self.c_sm,
+            "sigma_min": self.sigma_min, "seq_len": self.seq_len, "assumptions": list(self.assumptions),
+            "entries": [e.__dict__ | {} for e in self.entries],
+        }
+
+
+def _coefficients_from_norms(norms: SpecNorms, *, radius: float, c_sm: float, metric: str,
+                             seq_len: int | None, sigma_min: float) -> PerturbationCoefficients:
+    if any(L.attention_kind == "l2" for L in norms.layers):
+        raise UnsupportedArchitectureError(
+            "the perturbation lemma is not derived for L2 attention (Kim et al. 2021); "
+            "its input-Lipschitz bounds are available through lipschitz_bounds")
+    stages = build_chain(norms, radius=radius, c_sm=c_sm, metric=metric, seq_len=seq_len, sigma_min=sigma_min)
+    # sup over X of a row-uniform bound in Frobenius is sqrt(T) times the row bound.
+    rows = 1.0 if metric == "2,inf" else math.sqrt(seq_len or 1)
+    pad = 1.0 + ROUNDING_PAD
+    entries = []
+    for k, st in enumerate(stages):
+        downstream = math.prod(s.lipschitz for s in stages[k + 1:])
+        for role, local, nm in st.perturbation:
+            if nm == "unsupported":
+                raise UnsupportedArchitectureError(
+                    "the perturbation lemma is not derived for L2 attention (Kim et al. 2021); "
+                    "input-Lipschitz bounds are available")
+            entries.append(CoefficientEntry(st.layer, role, local * rows * downstream * pad, nm,
+                                            local * rows, downstream, st.name))
+    from ..model._spec import NormKind
+
+    has_ln = any(n.kind in (NormKind.LAYERNORM, NormKind.RMSNORM)
+                 for n in [norms.input_norm, norms.final_norm]
+                 + [m for L in norms.layers for m in (L.norm_attn, L.norm_ffn)])
+    assumptions = _assumptions(metric, radius, c_sm, sigma_min, seq_len, has_ln) + (
+        "both parameter sets lie in the class: every per-matrix norm <= the coefficients' norms",)
+    return PerturbationCoefficients(tuple(entries), metric, float(radius), float(c_sm), float(sigma_min),
+                                    seq_len, assumptions)
+
+
+def perturbation_coefficients(spec: TransformerSpec, *, radius: float = 1.0, c_sm: float = 1.0,
+                              metric: str = "2,inf", seq_len: int | None = None, sigma_min: float = 0.0,
+                              other: TransformerSpec | None = None) -> PerturbationCoefficients:
+    r"""Coefficients c_i of the perturbation lemma G.3 for the class of ``spec``.
+
+    .. math::
+
+        \sup_{\|x_t\|\le R}\|g_L(W)(X) - g_L(\tilde W)(X)\| \le \sum_i c_i \|W_i - \tilde W_i\|,\qquad
+        c_i = \Big(\prod_{s > s(i)} \rho_s\Big)\, c_i^{\mathrm{local}}
+
+    Local coefficients (per stage, at the stage's propagated input radius r):
+    attention ``W_OV.h: r``, ``W_KQ.h: c_sm B_OV^h r^3``, ``b_KQ.h: c_sm B_OV^h r^2``, ``b_out: 1``
+    (THEORY F6); FFN ``W_1: L_sigma B_W2 r``, ``b_1: L_sigma B_W2``, ``W_2: B_W1 r + B_b1``, ``b_2: 1``
+    (F7); norms ``gamma: sqrt(d)`` (linf), ``beta: 1`` (F14); a norm inside a pre-norm branch is
+    multiplied by the branch's Lipschitz constant.  ``rho_s`` are the stage input-Lipschitz constants
+    of :func:`~transcover.lipschitz.lipschitz_bounds` (F8).  In Frobenius every c_i carries an extra
+    ``sqrt(T)`` (the fixed-input terms are row-uniform).
+
+    Source: THEORY F6, F7, F8, F14 (seed Lemma G.3); derivations in ``_attention`` (Note [F6
+    derivation]), ``_ffn`` and ``_normalisation``.
+    Assumptions: input tokens have norm <= ``radius``; both parameter sets are in the class of
+    ``spec`` (Note [the class of a spec]); LayerNorm inputs have std >= ``sigma_min`` if > 0.
+
+    Args:
+        spec: the network whose norms define the class.
+        radius: R, bound on the input tokens' l2 norms (before the input normalisation).
+        c_sm: softmax constant (1 tight, 2 Edelman et al.).
+        metric: ``"2,inf"`` (max over tokens of the l2 norm; T-independent) or ``"fro"``.
+        seq_len: T; required for ``"fro"``.
+        sigma_min: variance floor assumed for every LayerNorm/RMSNorm input (0: none).
+        other: a second network; the class is then the elementwise maximum of both.
+
+    Returns:
+        :class:`PerturbationCoefficients` with one :class:`CoefficientEntry` per charged matrix.
+
+    Raises:
+        InputError: for a non-positive radius / c_sm, a bad metric, a missing seq_len, or ``other``
+            with a different architecture.
+        UnsupportedArchitectureError: for L2 attention (its perturbation lemma is not derived).
+
+    Example:
+        >>> from transcover.model import ReferenceConfig, ReferenceTransformer, reference_spec
+        >>> _ = torch.manual_seed(0)
+        >>> spec = reference_spec(ReferenceTransformer(ReferenceConfig(d_model=8, n_heads=2, n_layers=1, d_ff=16)))
+        >>> c = perturbation_coefficients(spec)
+        >>> sorted({e.role for e in c.entries})[:3]
+        ['W_1', 'W_2', 'W_KQ.0']
+    """
+    norms = spec_norms(spec)
+    if other is not None:
+        norms = class_max(norms, spec_norms(other))
+    return _coefficients_from_norms(norms, radius=radius, c_sm=c_sm, metric=metric, seq_len=seq_len,
+                                    sigma_min=sigma_min)
+
+
+def _diff(a: torch.Tensor | None, b: torch.Tensor | None, what: str) -> torch.Tensor:
+    if a is None and b is None:
+        return torch.zeros(1, dtype=torch.float64)
+    if a is None or b is None:
+        raise InputError(f"one model has {what} and the other does not")
+    if a.shape != b.shape:
+        raise InputError(f"{what} has shape {tuple(a.shape)} in one model and {tuple(b.shape)} in the other")
+    return a.detach().double() - b.detach().double()
+
+
+def _norm_deltas(na: NormSpec | None, nb: NormSpec | None, prefix: str) -> dict[str, float]:
+    if na is None or nb is None:
+        return {}
+    return {f"{prefix}.gamma": float(_diff(na.weight, nb.weight, f"{prefix} weight").abs().max()),
+            f"{prefix}.beta": float(_diff(na.bias, nb.bias, f"{prefix} bias").norm())}
+
+
+def perturbation_deltas(spec_a: TransformerSpec, spec_b: TransformerSpec) -> dict[tuple[int, str], float]:
+    """``||W_i - W~_i||`` in each role's norm (spectral for matrices, l2 biases, linf gamma).
+
+    Raises:
+        InputError: if the architectures differ (layer count, shapes, biases present).
+    """
+    if spec_a.n_layers != spec_b.n_layers or spec_a.d_model != spec_b.d_model:
+        raise InputError(f"the two models have different shapes: {spec_a.n_layers} layers, d_model="
+                         f"{spec_a.d_model} vs {spec_b.n_layers} layers, d_model={spec_b.d_model}")
+    out: dict[tuple[int, str], float] = {}
+    L = spec_a.n_layers
+    for role, v in _norm_deltas(spec_a.input_norm, spec_b.input_norm, "input_norm").items():
+        out[(-1, role)] = v
+    for role, v in _norm_deltas(spec_a.final_norm, spec_b.final_norm, "final_norm").items():
+        out[(L, role)] = v
+    for la, lb in zip(spec_a.layers, spec_b.layers):
+        i = la.index
+        aa, ab = la.attention, lb.attention
+        for name in ("W_Q", "W_K", "W_V", "W_O"):
+            _diff(getattr(aa, name), getattr(ab, name), f"layer {i} {name}")
+        s = aa.softmax_scale
+        for h in range(aa.n_heads):
+            qa, ka, va, oa = (t.double() for t in aa.head(h))
+            qb, kb, vb, ob = (t.double() for t in ab.head(h))
+            same_kq = s == ab.softmax_scale and torch.equal(qa, qb) and torch.equal(ka, kb)
+            if aa.rope is not None and not same_kq:
+                # With RoPE the score matrix is s W_Q R W_K^T for every relative rotation R, so charge
+                # sup_R ||s W_Q R W_K^T - s~ W~_Q R W~_K^T|| <= s ||dW_Q|| max||W_K|| + max(s||W_Q||, s~||W~_Q||) ||dW_K||
+                # (with s = s~, which same-architecture RoPE models have).
+                out[(i, f"W_KQ.{h}")] = (s * spectral(qa - qb) * max(spectral(ka), spectral(kb))
+                                         + max(s * spectral(qa), ab.softmax_scale * spectral(qb)) * spectral(ka - kb))
+                if s != ab.softmax_scale:
+                    raise InputError(f"layer {i}: the two RoPE models use different attention scales")
+                out[(i, f"W_OV.{h}")] = spectral_product(torch.cat([va, -vb], 1), torch.cat([oa, ob], 0))
+                continue
+            # s W_Q W_K^T - s~ W~_Q W~_K^T = [s W_Q, -s~ W~_Q] [W_K, W~_K]^T: rank <= 2 d_head
+            out[(i, f"W_KQ.{h}")] = 0.0 if same_kq else spectral_product(torch.cat([s * qa, -ab.softmax_scale * qb], 1),
+                                                     torch.cat([ka, kb], 1).T)
+            out[(i, f"W_OV.{h}")] = (0.0 if torch.equal(va, vb) and torch.equal(oa, ob) else
+                                     spectral_product(torch.cat([va, -vb], 1), torch.cat([oa, ob], 0)))
+            if aa.b_Q is not None or ab.b_Q is not None:
+                ba = torch.zeros(aa.d_head, dtype=torch.float64) if aa.b_Q is None else aa.b_Q[h].double()
+                bb = torch.zeros(ab.d_head, dtype=torch.float64) if ab.b_Q is None else ab.b_Q[h].double()
+                out[(i, f"b_KQ.{h}")] = float((s * ba @ ka.T - ab.softmax_scale * bb @ kb.T).norm())
+        ea, eb = aa.effective_output_bias(), ab.effective_output_bias()
+        if ea is not None or eb is not None:
+            out[(i, "b_out")] = float(_diff(ea if ea is not None else torch.zeros_like(eb),
+                                            eb if eb is not None else torch.zeros_like(ea), "b_out").norm())
+        fa, fb = la.ffn, lb.ffn
+        for name in ("W_1", "W_2", "W_gate"):
+            out_d = _diff(getattr(fa, name), getattr(fb, name), f"layer {i} {name}")
+            if getattr(fa, name) is not None:
+                out[(i, name)] = spectral(out_d)
+        for name in ("b_1", "b_2", "b_gate"):
+            out_d = _diff(getattr(fa, name), getattr(fb, name), f"layer {i} {name}")
+            if getattr(fa, name) is not None:
+                out[(i, name)] = float(out_d.norm())
+        for nm in ("norm_attn", "norm_ffn"):
+            for role, v in _norm_deltas(getattr(la, nm), getattr(lb, nm), nm).items():
+                out[(i, role)] = v
+    return out
+
+
+@dataclass(frozen=True)
+class PerturbationBound:
+    """Lemma G.3 for a specific pair: the total and each term ``c_i * ||dW_i||``."""
+
+    total: Quantity
+    coefficients: PerturbationCoefficients
+    deltas: dict[tuple[int, str], float]
+
+    def terms(self) -> list[tuple[CoefficientEntry, float, float]]:
+        """(entry, ||dW_i||, c_i ||dW_i||), largest contribution first."""
+        rows = [(e, self.deltas.get(e.key, 0.0), e.coefficient * self.deltas.get(e.key, 0.0))
+                for e in self.coefficients.entries]
+        return sorted(rows, key=lambda r: -r[2])
+
+    def by_layer(self) -> dict[int, float]:
+        out: dict[int, float] = {}
+        for e, _, c in self.terms():
+            out[e.layer] = out.get(e.layer, 0.0) + c
+        return dict(sorted(out.items()))
+
+    def to_dict(self) -> dict[str, object]:
+        return {"total": self.total.to_dict(), "coefficients": self.coefficients.to_dict(),
+                "terms": [{"layer": e.layer, "role": e.role, "coefficient": e.coefficient, "norm": e.norm,
+                           "delta": d, "contribution": c} for e, d, c in self.terms()]}
+
+
+def perturbation_bound(spec_a: TransformerSpec, spec_b: TransformerSpec, *, radius: float = 1.0,
+                       c_sm: float = 1.0, metric: str = "2,inf", seq_len: int | None = None,
+                       sigma_min: float = 0.0) -> PerturbationBound:
+    r"""Certified bound on ``sup_X ||g_L(W_a)(X) - g_L(W_b)(X)||`` (Lemma G.3 for a given pair).
+
+    .. math:: \sum_i c_i\,\|W^a_i - W^b_i\|,\quad c_i \text{ from the class containing both (F8)}
+
+    Source and assumptions: :func:`perturbation_coefficients` with ``other=spec_b``.
+
+    Raises:
+        InputError: mismatched architectures, bad radius / metric / c_sm.
+    """
+    deltas = perturbation_deltas(spec_a, spec_b)
+    coeffs = perturbation_coefficients(spec_a, radius=radius, c_sm=c_sm, metric=metric, seq_len=seq_len,
+                                       sigma_min=sigma_min, other=spec_b)
+    known = {e.key for e in coeffs.entries}
+    deltas = {k: v for k, v in deltas.items() if k in known}
+    total = Quantity(coeffs.bound(deltas), Kind.CERTIFIED_UPPER, "seed Lemma G.3 via THEORY F6, F7, F8, F14",
+                     coeffs.assumptions)
+    return PerturbationBound(total, coeffs, deltas)

@@ -1,0 +1,230 @@
+"""The per-matrix norms every Lipschitz and perturbation bound reads (private).
+
+A *class* of parameter sets is described by one number per matrix (spectral norms), bias
+(l2 norms) and normalisation scale (max |gamma|, ||beta||_2): every parameter set whose norms are
+at most these numbers belongs to it.  Bounds computed from a :class:`LayerNorms` hold for *every*
+member of the class, which is what the covering-number work needs (THEORY F8, F10) and what lets
+:func:`~transcover.lipschitz.perturbation_bound` treat two models symmetrically (the class of the
+elementwise maximum of their norms contains both).
+
+Note [rounding]: spectral norms are the certified upper ends of ``transcover.norms`` intervals
+(Cholesky certificates with rounding accounted for; products ``W_Q W_K^T``, ``W_V W_O`` through
+their low-rank factors).  Bias norms are float64 l2 norms (relative error < d * 1.1e-16).  Every
+certified upper bound is multiplied once by ``1 + ROUNDING_PAD`` (1e-9), which dominates the
+bias-norm error and the float64 rounding of the closed-form arithmetic that follows (a few dozen
+operations at 1.1e-16 each).  This is the certification of rounding, not a test tolerance.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields, replace
+
+import torch
+from torch import Tensor
+
+from .._errors import InputError, UnsupportedArchitectureError
+from ..model._spec import AttentionSpec, FFNSpec, LayerSpec, NormKind, NormSpec, Placement, TransformerSpec
+
+__all__ = [
+    "ROUNDING_PAD", "NormBounds", "LayerNorms", "SpecNorms", "spectral", "spectral_product", "layer_norms", "spec_norms",
+    "class_max", "attention_kind", "check_radius",
+]
+
+ROUNDING_PAD = 1e-9
+
+
+def spectral(W: Tensor) -> float:
+    """Certified upper end of ||W||_2 (``transcover.norms.spectral_norm_interval``, rounding included)."""
+    from ..norms import spectral_norm_interval
+
+    if W.numel() == 0 or not bool(W.any()):
+        return 0.0
+    return float(spectral_norm_interval(W.detach().double(), rtol=1e-6).upper)
+
+
+def spectral_product(A: Tensor, B: Tensor) -> float:
+    """Certified upper end of ||A B||_2 without forming A B (rank <= inner dimension)."""
+    from ..norms import product_norm_interval
+
+    if A.numel() == 0 or B.numel() == 0:
+        return 0.0
+    return float(product_norm_interval(A.detach().double(), B.detach().double(), rtol=1e-6).upper)
+
+
+def _l2(v: Tensor | None) -> float:
+    return 0.0 if v is None else float(v.detach().double().norm())
+
+
+@dataclass(frozen=True)
+class NormBounds:
+    """A normalisation map's class bounds: kind, max|gamma|, ||beta||_2, eps (a fixed hyperparameter)."""
+
+    kind: NormKind
+    gamma_max: float = 1.0
+    beta_norm: float = 0.0
+    eps: float = 0.0
+
+
+@dataclass(frozen=True)
+class LayerNorms:
+    """Class bounds of one layer (per-head lists indexed by query head).
+
+    ``B_KQ[h] = ||scale W_Q^h W_K^hT||_2``, ``B_bKQ[h] = ||scale b_Q^h W_K^hT||_2`` (the only part of
+    the query/key biases that survives the softmax, Note [attention biases] in ``model._spec``),
+    ``B_OV[h] = ||W_V^h W_O^h||_2``, ``B_V[h] = ||W_V^h||_2``, ``B_O = ||W_O||_2`` (stacked
+    ``(H d_head, d)``), ``B_bout = ||b_O + sum_h b_V^h W_O^h||_2``.
+    """
+
+    index: int
+    placement: Placement
+    d_model: int
+    B_KQ: tuple[float, ...]
+    B_bKQ: tuple[float, ...]
+    B_OV: tuple[float, ...]
+    B_V: tuple[float, ...]
+    B_O: float
+    B_bout: float
+    B_W1: float
+    B_W2: float
+    B_b1: float
+    B_b2: float
+    B_Wg: float | None  # gated FFN only
+    B_bg: float
+    activation: str
+    norm_attn: NormBounds
+    norm_ffn: NormBounds
+    attention_kind: str = "dot"  # "dot" or "l2" (Kim et al. 2021)
+    B_Q: tuple[float, ...] = ()  # ||W_Q^h||_2, read by the L2-attention bound only
+    d_head: int = 0
+    has_query_bias: bool = False
+    has_output_bias: bool = False
+    has_b1: bool = False
+    has_b2: bool = False
+    has_bg: bool = False
+
+
+def _norm_bounds(n: NormSpec | None) -> NormBounds:
+    if n is None:
+        return NormBounds(NormKind.NONE)
+    return NormBounds(n.kind, n.gamma_max_abs, n.beta_norm, float(n.eps))
+
+
+def _attention_norms(attn: AttentionSpec) -> dict[str, object]:
+    H = attn.n_heads
+    s = attn.softmax_scale
+    B_KQ, B_bKQ, B_OV, B_V, B_Q = [], [], [], [], []
+    for h in range(H):
+        Wq, Wk, Wv, Wo = (t.detach().double() for t in attn.head(h))
+        if attn.rope is not None:
+            # With RoPE the score matrix is s W_Q R_{i-j} W_K^T for a rotation R: bound it by the
+            # product of norms, valid for every relative position.
+            if attn.b_Q is not None or attn.b_K is not None:
+                raise UnsupportedArchitectureError(
+                    "Lipschitz bounds for RoPE attention with query/key biases are not supported")
+            B_KQ.append(s * spectral(Wq) * spectral(Wk))
+            B_bKQ.append(0.0)
+        else:
+            B_KQ.append(s * spectral_product(Wq, Wk.T))
+            B_bKQ.append(0.0 if attn.b_Q is None else s * _l2(attn.b_Q[h].double() @ Wk.T))
+        B_OV.append(spectral_product(Wv, Wo))
+        B_V.append(spectral(Wv))
+        B_Q.append(spectral(Wq))
+    W_O = attn.W_O.detach().double().reshape(-1, attn.d_model)
+    bias = attn.effective_output_bias()
+    return dict(B_KQ=tuple(B_KQ), B_bKQ=tuple(B_bKQ), B_OV=tuple(B_OV), B_V=tuple(B_V),
+                B_Q=tuple(B_Q), B_O=spectral(W_O), B_bout=_l2(bias))
+
+
+def _ffn_norms(ffn: FFNSpec) -> dict[str, object]:
+    return dict(
+        B_W1=spectral(ffn.W_1), B_W2=spectral(ffn.W_2), B_b1=_l2(ffn.b_1), B_b2=_l2(ffn.b_2),
+        B_Wg=None if ffn.W_gate is None else spectral(ffn.W_gate), B_bg=_l2(ffn.b_gate),
+        activation=ffn.activation.value,
+    )
+
+
+def layer_norms(layer: LayerSpec, attention_kind: str = "dot") -> LayerNorms:
+    """The class bounds of one layer, read from its weights."""
+    return LayerNorms(
+        index=layer.index, placement=layer.placement, d_model=layer.attention.d_model,
+        norm_attn=_norm_bounds(layer.norm_attn), norm_ffn=_norm_bounds(layer.norm_ffn),
+        attention_kind=attention_kind, d_head=layer.attention.d_head,
+        has_query_bias=layer.attention.b_Q is not None and layer.attention.rope is None,
+        has_output_bias=layer.attention.b_V is not None or layer.attention.b_O is not None,
+        has_b1=layer.ffn.b_1 is not None, has_b2=layer.ffn.b_2 is not None,
+        has_bg=layer.ffn.b_gate is not None,
+        **_attention_norms(layer.attention), **_ffn_norms(layer.ffn),
+    )
+
+
+@dataclass(frozen=True)
+class SpecNorms:
+    """Class bounds of a whole network: input norm, layers, final norm."""
+
+    d_model: int
+    input_norm: NormBounds
+    layers: tuple[LayerNorms, ...]
+    final_norm: NormBounds
+
+
+def attention_kind(spec: TransformerSpec) -> str:
+    """'l2' for a reference model built with ReferenceConfig(attention='l2'), else 'dot'."""
+    return str(spec.config.get("attention", "dot")) if isinstance(spec.config, dict) else "dot"
+
+
+def spec_norms(spec: TransformerSpec) -> SpecNorms:
+    """Read every class bound of ``spec`` (one layer at a time, so lazy specs stay lazy)."""
+    kind = attention_kind(spec)
+    return SpecNorms(
+        d_model=spec.d_model, input_norm=_norm_bounds(spec.input_norm),
+        layers=tuple(layer_norms(layer, kind) for layer in spec.layers),
+        final_norm=_norm_bounds(spec.final_norm),
+    )
+
+
+def _architecture(n: SpecNorms) -> tuple:
+    return (n.d_model, n.input_norm.kind, n.input_norm.eps, n.final_norm.kind, n.final_norm.eps,
+            tuple((L.placement, len(L.B_KQ), L.B_Wg is None, L.activation, L.attention_kind,
+                   L.norm_attn.kind, L.norm_attn.eps, L.norm_ffn.kind, L.norm_ffn.eps, L.d_head,
+                   L.has_query_bias, L.has_output_bias, L.has_b1, L.has_b2, L.has_bg)
+                  for L in n.layers))
+
+
+def _max_norm(a: NormBounds, b: NormBounds) -> NormBounds:
+    return replace(a, gamma_max=max(a.gamma_max, b.gamma_max), beta_norm=max(a.beta_norm, b.beta_norm))
+
+
+def class_max(a: SpecNorms, b: SpecNorms) -> SpecNorms:
+    """The smallest class containing both parameter sets (elementwise maximum of every bound).
+
+    Raises:
+        InputError: if the two networks do not have the same architecture.
+    """
+    if _architecture(a) != _architecture(b):
+        raise InputError(
+            "the two models have different architectures (layers, widths, heads, activation or "
+            f"normalisation differ): {len(a.layers)} layers d_model={a.d_model} vs "
+            f"{len(b.layers)} layers d_model={b.d_model}")
+    layers = []
+    for la, lb in zip(a.layers, b.layers):
+        kw = {}
+        for f in fields(LayerNorms):
+            va, vb = getattr(la, f.name), getattr(lb, f.name)
+            if f.name in ("norm_attn", "norm_ffn"):
+                kw[f.name] = _max_norm(va, vb)
+            elif isinstance(va, tuple):
+                kw[f.name] = tuple(max(x, y) for x, y in zip(va, vb))
+            elif isinstance(va, float) and not isinstance(va, bool):
+                kw[f.name] = max(va, vb)
+            else:
+                kw[f.name] = va
+        layers.append(LayerNorms(**kw))
+    return SpecNorms(a.d_model, _max_norm(a.input_norm, b.input_norm), tuple(layers),
+                     _max_norm(a.final_norm, b.final_norm))
+
+
+def check_radius(radius: float, name: str = "radius") -> float:
+    if not isinstance(radius, (int, float)) or not math.isfinite(radius) or radius <= 0:
+        raise InputError(f"{name} must be a finite number > 0, but got {name}={radius!r}")
+    return float(radius)

@@ -1,0 +1,70 @@
+"""The ``lipschitz`` and ``perturb`` commands on saved reference models: tables, JSON, bad input."""
+
+import json
+
+import pytest
+import torch
+
+import lipschitz_testkit  # noqa: F401  (thread setting)
+from transcover.cli import main
+from transcover.model import ReferenceConfig, ReferenceTransformer, save_reference
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    d = tmp_path_factory.mktemp("models")
+    torch.manual_seed(0)
+    cfg = ReferenceConfig(d_model=8, n_heads=2, n_layers=2, d_ff=16)
+    m = ReferenceTransformer(cfg)
+    save_reference(m, d / "a.safetensors")
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    save_reference(m, d / "b.safetensors")
+    save_reference(ReferenceTransformer(ReferenceConfig(d_model=8, n_heads=2, n_layers=3, d_ff=16)), d / "c.safetensors")
+    return d
+
+
+FAST = ["--samples", "2", "--steps", "5", "--seq-len", "3"]
+
+
+def test_lipschitz_command_prints_table_and_writes_json(models, tmp_path, capsys):
+    out = tmp_path / "l.json"
+    assert main(["lipschitz", str(models / "a.safetensors"), "--radius", "2", *FAST, "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "certified" in text and "empirical" in text and "whole" in text
+    data = json.loads(out.read_text())
+    rows = data["table"]
+    assert {r["component"] for r in rows} >= {"attention", "ffn", "layer", "network"}
+    for r in rows:
+        assert r["lower"] is None or r["lower"] <= r["upper"]
+    assert data["bounds"]["upper"]["kind"] == "certified upper bound"
+    assert data["lower"][0]["value"]["kind"] == "empirical lower bound"
+
+
+def test_perturb_command(models, tmp_path, capsys):
+    out = tmp_path / "p.json"
+    assert main(["perturb", str(models / "a.safetensors"), str(models / "b.safetensors"), *FAST,
+                 "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "Lemma G.3" in text and "W_OV.0" in text
+    data = json.loads(out.read_text())
+    assert 0 < data["lower"]["value"]["value"] <= data["bound"]["total"]["value"]
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["lipschitz", "{a}", "--radius", "0"], "--radius"),
+    (["lipschitz", "{a}", "--radius", "-1"], "--radius"),
+    (["lipschitz", "{a}", "--samples", "0"], "--samples"),
+    (["lipschitz", "{a}", "--ln-sigma-min", "-1"], "--ln-sigma-min"),
+    (["lipschitz", "/nonexistent/model.safetensors"], "not found"),
+    (["perturb", "{a}", "{c}"], "different"),
+    (["perturb", "{a}", "/nonexistent/b.safetensors"], "not found"),
+])
+def test_bad_input_is_one_line_and_exit_2(models, tmp_path, capsys, argv, match):
+    out = tmp_path / "never.json"
+    argv = [x.format(a=models / "a.safetensors", c=models / "c.safetensors") for x in argv]
+    assert main([argv[0], *FAST, *argv[1:], "--json", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("transcover: error:") and match in err and "\n" not in err
+    assert not out.exists()

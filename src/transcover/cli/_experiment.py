@@ -1,0 +1,67 @@
+"""``transcover experiment staged``: unconstrained vs tight-from-start vs staged, over seeds."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+NAME = "experiment"
+HELP = "experiments; 'staged': loose early, tight in fine-tuning vs tight from the start vs unconstrained"
+
+_DEFAULT_RADII = "KQ=1,OV=1,W1=1.5,W2=1.5,head=2"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ._train import add_training_arguments
+
+    sub = parser.add_subparsers(dest="experiment", metavar="NAME")
+    s = sub.add_parser("staged", help="the staged-strategy experiment (seed's closing remark)")
+    add_training_arguments(s, epochs=40, n_train=600)
+    s.add_argument("--method", default="project", help="spectral | project | clip | penalty (hard methods pin the final norms)")
+    s.add_argument("--radii", default=_DEFAULT_RADII, help=f"final radii, GROUP=C comma list (default {_DEFAULT_RADII})")
+    s.add_argument("--schedule", default="cosine", help="tightening shape of 'staged': linear | cosine | step")
+    s.add_argument("--loose-factor", type=float, default=8.0, help="staged start radius = factor x target")
+    s.add_argument("--start-fraction", type=float, default=0.3)
+    s.add_argument("--end-fraction", type=float, default=0.8)
+    s.add_argument("--seeds", type=int, default=3, help="number of seeds (0..N-1)")
+    s.add_argument("--out", default="out/staged", help="folder for staged.png and staged.json")
+    s.add_argument("--json", metavar="PATH", help="also write the result JSON here (atomically)")
+
+
+def run(args) -> int:
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from .._errors import InputError
+    from ..constrain import parse_radii
+    from ..report import atomic_write_text
+    from ..train import StagedConfig, staged_experiment
+    from ._train import set_threads, train_config_from_args
+
+    if getattr(args, "experiment", None) != "staged":
+        raise InputError("name an experiment: transcover experiment staged [options]")
+    if args.seeds <= 0:
+        raise InputError(f"seeds must be >= 1, but got seeds={args.seeds}")
+    set_threads(args.threads)
+    from ..constrain import ConstraintConfig
+
+    base = train_config_from_args(args, ConstraintConfig(), 0)
+    config = StagedConfig(seeds=tuple(range(args.seeds)), base=base, method=args.method,
+                          radii=parse_radii(args.radii), loose_factor=args.loose_factor,
+                          start_fraction=args.start_fraction, end_fraction=args.end_fraction, schedule=args.schedule)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    console = Console()
+    if not console.is_terminal:  # keep the table readable in logs and pipes
+        console = Console(width=190)
+    with console.status("training") as status:
+        result = staged_experiment(config, progress=lambda s, seed: status.update(f"training {s}, seed {seed}"))
+    console.print(result.table())
+    fig = result.plot(out / "staged.png")
+    data = json.dumps(result.to_dict(), indent=2)
+    atomic_write_text(out / "staged.json", data)
+    if args.json:
+        atomic_write_text(args.json, data)
+    console.print(f"figure: {fig}; data: {out / 'staged.json'}")
+    return 0

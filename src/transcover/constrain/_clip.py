@@ -1,0 +1,66 @@
+"""Element-wise weight clipping and bias-norm constraints (seed 5.2 "weight clipping", 2.1 B_b).
+
+.. math::
+
+    \\operatorname{clip}_c(W)_{ij} = \\max(-c, \\min(c, W_{ij})),\\qquad
+    \\operatorname{ball}_c(b) = b\\,\\min(1, c/\\|b\\|_2).
+
+Clipping bounds ``||W||_max <= c``, hence ``||W||_2 <= c sqrt(m n)`` (a loose spectral bound:
+``||W||_2 <= ||W||_F <= sqrt(mn) ||W||_max``); it is the WGAN-style constraint the seed names.
+The l2-ball map is the exact projection for the bias constraints ``||b_1|| <= B_b1``,
+``||b_2|| <= B_b2``; :func:`norm_cap` registers it as a parametrization.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+from torch.nn.utils import parametrize
+
+from .._errors import InputError
+from ._spectral import _EPS, check_radius
+
+__all__ = ["clip_weights_", "norm_cap"]
+
+
+@torch.no_grad()
+def clip_weights_(W: Tensor, bound: float) -> Tensor:
+    """Clamp every entry of ``W`` to ``[-bound, bound]`` in place; returns ``W``.
+
+    Example:
+        >>> clip_weights_(torch.tensor([-3.0, 0.5, 2.0]), 1.0).tolist()
+        [-1.0, 0.5, 1.0]
+    """
+    c = check_radius(bound, "bound")
+    return W.clamp_(-c, c)
+
+
+class _NormCap(nn.Module):
+    """Parametrization ``b -> b * min(1, c / ||b||_2)`` (exact, no estimate involved)."""
+
+    def __init__(self, radius: float, like: Tensor):
+        super().__init__()
+        self.register_buffer("radius", torch.tensor(check_radius(radius), dtype=like.dtype, device=like.device))
+
+    def forward(self, b: Tensor) -> Tensor:
+        norm = b.norm(dim=-1, keepdim=True)
+        return b * torch.clamp(self.radius / norm.clamp_min(_EPS), max=1.0)
+
+    def right_inverse(self, b: Tensor) -> Tensor:
+        return b
+
+
+def norm_cap(module: nn.Module, name: str = "bias", radius: float = 1.0) -> nn.Module:
+    """Constrain the vector ``module.<name>`` to the l2 ball of radius ``radius`` (seed 2.1, B_b1/B_b2).
+
+    .. math::  b \\mapsto b \\min(1, c/\\|b\\|_2)
+
+    Raises:
+        InputError: bad radius, or no such tensor.
+    """
+    check_radius(radius)
+    b = getattr(module, name, None)
+    if not isinstance(b, Tensor):
+        raise InputError(f"{type(module).__name__} has no tensor named {name!r}")
+    parametrize.register_parametrization(module, name, _NormCap(radius, b.detach()), unsafe=True)
+    return module

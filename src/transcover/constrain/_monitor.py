@@ -1,0 +1,193 @@
+"""Training monitor: gradient norm, per-group sigma and radius, capacity, losses -> JSONL + CSV + plots.
+
+Seed 6.2 asks to "monitor gradient norms during training".  Each record is one optimiser step
+(or one evaluation) and is appended to ``<path>.jsonl`` and ``<path>.csv`` as it happens, so a
+crashed or interrupted run keeps its history.  Per group, ``sigma.<G>`` is the maximum over layers
+(and heads) of the warm-started estimate of the *effective* weights (:class:`SigmaTracker`, one
+power step per record), and ``radius.<G>`` the largest scheduled radius of the group.
+
+``capacity`` is the product-of-norms Lipschitz proxy of THEORY F8 (:func:`capacity_proxy`), an
+estimate (:data:`CAPACITY_KIND`); it is the factor every covering bound of F9/F10 scales with, not
+itself a generalisation bound.  ``log_covering`` is filled by the caller when it computes the
+certified covering bound (``transcover.covering``, log10 of log N at eps = 0.1), which costs about
+a second and so is logged at evaluations only.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .._errors import InputError
+from ._penalties import SigmaTracker, capacity_proxy
+from ._slots import GROUPS, find_slots
+
+__all__ = ["TrainingMonitor", "grad_norm", "read_history", "plot_history", "CAPACITY_KIND"]
+
+CAPACITY_KIND = "estimate: product-of-norms Lipschitz proxy (THEORY F8), not a certified bound"
+_BASE = ("step", "epoch", "progress", "loss", "grad_norm", "lr", "capacity", "log_covering",
+         "train_loss", "train_acc", "test_loss", "test_acc")
+
+
+def grad_norm(model: nn.Module) -> float:
+    """``||grad||_2`` over every parameter that has a gradient (0 when none has)."""
+    sq = 0.0
+    for p in model.parameters():
+        if p.grad is not None:
+            sq += float(p.grad.detach().double().pow(2).sum())
+    return math.sqrt(sq)
+
+
+class TrainingMonitor:
+    """Appends one record per call of :meth:`log` to ``<prefix>.jsonl`` and ``<prefix>.csv``.
+
+    Args:
+        model: the (possibly constrained) model whose norms are tracked.
+        prefix: output path without suffix; its folder must exist.  ``None``: keep records in memory.
+        radii: a callable returning the current ``{slot key: radius}`` (e.g. ``Constrainer.radii``).
+        resume: append to existing files instead of starting them afresh.
+        keep_until: with ``resume``, drop the records after this step (those written after the
+            checkpoint a run resumes from, so the history has no duplicates) and reload the rest.
+    """
+
+    def __init__(self, model: nn.Module, prefix: str | os.PathLike[str] | None = None, *, radii=None,
+                 resume: bool = False, keep_until: int | None = None):
+        self.slots = find_slots(model)
+        self.tracker = SigmaTracker(self.slots)
+        self.n_layers = 1 + max(s.layer for s in self.slots if s.group != "head")
+        self.groups = [g for g in GROUPS if any(s.group == g for s in self.slots)]
+        self.columns = list(_BASE) + [f"sigma.{g}" for g in self.groups] + [f"radius.{g}" for g in self.groups]
+        self.radii = radii
+        self.records: list[dict[str, float | int | None]] = []
+        self.prefix = None if prefix is None else Path(prefix)
+        if self.prefix is not None:
+            if not self.prefix.parent.exists():
+                raise InputError(f"cannot write the history: folder {self.prefix.parent} does not exist")
+            jsonl, csv_path = self.paths
+            if resume and jsonl.exists():
+                kept = [r for r in read_history(jsonl) if keep_until is None or r["step"] <= keep_until]
+                self.records = kept
+                jsonl.write_text("".join(json.dumps(r) + "\n" for r in kept))
+                csv_path.write_text(",".join(self.columns) + "\n" + "".join(self._csv_row(r) for r in kept))
+            else:
+                jsonl.write_text("")
+                csv_path.write_text(",".join(self.columns) + "\n")
+
+    @property
+    def paths(self) -> tuple[Path, Path]:
+        assert self.prefix is not None
+        return self.prefix.with_suffix(".jsonl"), self.prefix.with_suffix(".csv")
+
+    def norms(self) -> dict[str, float]:
+        """``{"sigma.G": max over layers/heads}`` and ``capacity`` from one warm-started power step."""
+        with torch.no_grad():
+            sig = self.tracker(differentiable=False)
+        out: dict[str, float] = {}
+        for g in self.groups:
+            vals = [float(v.max()) for k, v in sig.items() if k.split(".")[0] == g]
+            out[f"sigma.{g}"] = max(vals)
+        out["capacity"] = capacity_proxy(sig, self.n_layers)
+        return out
+
+    def log(self, **fields: float | int | None) -> dict[str, float | int | None]:
+        """Record ``fields`` (any of the columns) plus the current norms and radii; returns the record."""
+        rec: dict[str, float | int | None] = dict.fromkeys(self.columns)
+        rec.update(self.norms())
+        if self.radii is not None:
+            current = self.radii()
+            for g in self.groups:
+                vals = [v for k, v in current.items() if k.split(".")[0] == g]
+                rec[f"radius.{g}"] = max(vals) if vals else None
+        unknown = set(fields) - set(self.columns)
+        if unknown:
+            raise InputError(f"unknown monitor field(s): {', '.join(sorted(unknown))}")
+        rec.update(fields)
+        self.records.append(rec)
+        if self.prefix is not None:
+            jsonl, csv_path = self.paths
+            with jsonl.open("a") as fh:
+                fh.write(json.dumps(rec) + "\n")
+            with csv_path.open("a") as fh:
+                fh.write(self._csv_row(rec))
+        return rec
+
+    def _csv_row(self, rec: dict) -> str:
+        buf = io.StringIO()
+        csv.writer(buf, lineterminator="\n").writerow(["" if rec.get(c) is None else rec[c] for c in self.columns])
+        return buf.getvalue()
+
+
+def read_history(path: str | os.PathLike[str]) -> list[dict]:
+    """The records of a ``.jsonl`` history file."""
+    path = Path(path)
+    if not path.exists():
+        raise InputError(f"history file {path} does not exist")
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def plot_history(records: Iterable[dict], path: str | os.PathLike[str], title: str = "") -> Path:
+    """Four panels (loss, accuracy, sigma vs radius per group, gradient norm and capacity) -> PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    recs = list(records)
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
+
+    def series(key):
+        pts = [(r["step"], r[key]) for r in recs if r.get(key) is not None]
+        return [p[0] for p in pts], [p[1] for p in pts]
+
+    ax = axes[0, 0]
+    ax.plot(*series("loss"), lw=0.6, alpha=0.5, label="step loss")
+    for key in ("train_loss", "test_loss"):
+        ax.plot(*series(key), marker="o", ms=3, label=key.replace("_", " "))
+    ax.set_yscale("log")
+    ax.set_title("loss")
+    ax.legend(fontsize=8)
+    ax = axes[0, 1]
+    for key in ("train_acc", "test_acc"):
+        ax.plot(*series(key), marker="o", ms=3, label=key.replace("_", " "))
+    ax.set_title("accuracy")
+    ax.legend(fontsize=8)
+    ax = axes[1, 0]
+    groups = [k.split(".", 1)[1] for k in (recs[0] if recs else {}) if k.startswith("sigma.")]
+    for i, g in enumerate(groups):
+        color = f"C{i}"
+        ax.plot(*series(f"sigma.{g}"), color=color, lw=1, label=f"sigma {g}")
+        xs, ys = series(f"radius.{g}")
+        if xs:
+            ax.plot(xs, ys, color=color, ls="--", lw=1)
+    ax.set_yscale("log")
+    ax.set_title("max sigma per group (solid) and radius (dashed)")
+    ax.legend(fontsize=7, ncol=2)
+    ax = axes[1, 1]
+    ax.plot(*series("grad_norm"), lw=0.6, label="grad norm")
+    ax.plot(*series("capacity"), lw=1, label="capacity proxy (F8, estimate)")
+    xs, ys = series("log_covering")
+    if xs:
+        ax.plot(xs, [10.0**y for y in ys], marker="s", ms=3, lw=1, label="log N(0.1), certified (covering)")
+    ax.set_yscale("log")
+    ax.set_title("gradient norm, capacity proxy, covering bound")
+    ax.legend(fontsize=8)
+    for ax in axes.flat:
+        ax.set_xlabel("step")
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    path = Path(path)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    from ..report import atomic_write_bytes
+
+    return atomic_write_bytes(path, buf.getvalue())

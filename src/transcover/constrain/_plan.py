@@ -1,0 +1,232 @@
+"""One object that applies a constraint method, per group and layer, with a radius schedule.
+
+:class:`ConstraintConfig` says *what* (method, radius per group selector, schedule); :func:`constrain`
+finds the model's slots (:func:`find_slots`), registers parametrizations or prepares projections,
+and returns a :class:`Constrainer` that a training loop drives with three calls::
+
+    cons = constrain(model, ConstraintConfig(method="project", radii={"KQ": 2.0, "OV": 2.0}))
+    for step in ...:
+        cons.set_progress(step / n_steps)      # the schedule moves every radius
+        loss = task_loss + cons.penalty()      # 0 unless the method is a soft penalty
+        loss.backward(); opt.step()
+        cons.after_step()                      # hard projection / clipping (no-op otherwise)
+
+Selectors: ``"KQ"`` (every layer), ``"KQ.1"`` (layer 1 only; wins over ``"KQ"``), ``"all"``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+from torch.nn.utils import parametrize
+
+from .._errors import InputError
+from ._clip import clip_weights_, norm_cap
+from ._penalties import SigmaTracker, lipschitz_regulariser, log_spectral_penalty, spectral_hinge_penalty
+from ._product import product_cap
+from ._projection import project_bias_, project_product_, project_spectral_
+from ._schedules import RadiusSchedule
+from ._slots import GROUPS, Slot, find_slots
+from ._spectral import check_radius, spectral_cap
+
+__all__ = ["ConstraintConfig", "Constrainer", "constrain", "METHODS", "parse_radii"]
+
+METHODS = ("none", "spectral", "project", "clip", "penalty", "log_penalty", "lipschitz")
+_SOFT = ("penalty", "log_penalty", "lipschitz")
+
+
+def parse_radii(radii: Mapping[str, float] | str) -> dict[str, float]:
+    """``{"KQ": 2, "W1.0": 3}`` or the string ``"KQ=2,W1.0=3"`` -> validated dict.
+
+    Raises:
+        InputError: unknown group, bad layer index, non-positive radius.
+    """
+    if isinstance(radii, str):
+        pairs = {}
+        for part in filter(None, (p.strip() for p in radii.split(","))):
+            if "=" not in part:
+                raise InputError(f"radius must look like GROUP=VALUE, but got {part!r}")
+            k, v = part.split("=", 1)
+            pairs[k.strip()] = v.strip()
+        radii = pairs
+    out: dict[str, float] = {}
+    for sel, value in radii.items():
+        group, _, layer = sel.partition(".")
+        if group != "all" and group not in GROUPS:
+            raise InputError(f"unknown group {group!r} in {sel!r}; groups are all, {', '.join(GROUPS)}")
+        if layer and not layer.isdigit():
+            raise InputError(f"layer index must be a non-negative integer, but got {sel!r}")
+        out[sel] = check_radius(value, f"radius[{sel}]")
+    return out
+
+
+@dataclass(frozen=True)
+class ConstraintConfig:
+    """What to constrain and how.
+
+    ``radii`` maps selectors to *target* radii; the schedule starts every radius at
+    ``loose_factor * target`` and reaches the target as configured (``schedule="constant"``:
+    the target from the first step, i.e. "tight from the start").
+    """
+
+    method: str = "none"
+    radii: Mapping[str, float] = field(default_factory=dict)
+    schedule: str = "constant"
+    loose_factor: float = 4.0  # c_0 = loose_factor * target: "a wide range early"
+    start_fraction: float = 0.0  # when tightening begins (0.5: the second half is fine-tuning)
+    end_fraction: float = 1.0
+    n_steps: int = 4
+    penalty_weight: float = 1e-2  # lambda of the soft penalties
+    n_power_iterations: int = 1
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise InputError(f"method must be one of {', '.join(METHODS)}, but got method={self.method!r}")
+        object.__setattr__(self, "radii", parse_radii(self.radii))
+        if self.method not in ("none", "log_penalty", "lipschitz") and not self.radii:
+            raise InputError(f"method={self.method!r} needs at least one radius (e.g. KQ=2)")
+        if float(self.loose_factor) < 1.0:
+            raise InputError(f"loose_factor must be >= 1, but got loose_factor={self.loose_factor!r}")
+        if not float(self.penalty_weight) >= 0.0:
+            raise InputError(f"penalty_weight must be >= 0, but got penalty_weight={self.penalty_weight!r}")
+        # Validates kind and fractions once, with a representative target.
+        self.schedule_for(1.0)
+
+    def schedule_for(self, target: float) -> RadiusSchedule:
+        return RadiusSchedule(target=target, start=self.loose_factor * target, kind=self.schedule,
+                              start_fraction=self.start_fraction, end_fraction=self.end_fraction,
+                              n_steps=self.n_steps)
+
+
+def _select(radii: Mapping[str, float], slot: Slot) -> float | None:
+    for sel in (slot.key, slot.group, "all"):
+        if sel in radii:
+            return radii[sel]
+    return None
+
+
+def _raw(module: nn.Module, name: str) -> Tensor:
+    """The trainable tensor behind ``module.<name>`` (the original under a parametrization)."""
+    if parametrize.is_parametrized(module, name):
+        return module.parametrizations[name].original
+    return getattr(module, name)
+
+
+class Constrainer:
+    """Drives one :class:`ConstraintConfig` on one model (see the module docstring)."""
+
+    def __init__(self, model: nn.Module, config: ConstraintConfig):
+        self.model = model
+        self.config = config
+        self.slots = find_slots(model)
+        known = {s.key for s in self.slots} | {s.group for s in self.slots} | {"all"}
+        for sel in config.radii:
+            if sel not in known:
+                raise InputError(f"selector {sel!r} matches nothing in this model; it has {', '.join(sorted(known))}")
+        self.schedules: dict[str, RadiusSchedule] = {}
+        for s in self.slots:
+            target = _select(config.radii, s)
+            if target is not None:
+                self.schedules[s.key] = config.schedule_for(target)
+        self._buffers: dict[str, Tensor] = {}
+        self.progress = 0.0
+        if config.method == "spectral":
+            self._register()
+        self.tracker = None
+        if config.method in _SOFT:
+            # The Lipschitz regulariser needs every norm; the per-radius penalties only the selected ones.
+            tracked = [s for s in self.slots if s.key in self.schedules] if config.method != "lipschitz" and self.schedules else self.slots
+            self.tracker = SigmaTracker(tracked, config.n_power_iterations)
+
+    # -- set-up ---------------------------------------------------------------------------------
+    def _register(self) -> None:
+        for s in self.slots:
+            if s.key not in self.schedules:
+                continue
+            c = self.schedules[s.key](0.0)
+            module, name, _ = s.a
+            if s.kind == "product":
+                state = product_cap(s.a, s.b, c, scale=s.scale)  # type: ignore[arg-type]
+                self._buffers[s.key] = state.radius
+            elif s.kind == "matrix":
+                spectral_cap(module, name, c, n_power_iterations=self.config.n_power_iterations)
+                self._buffers[s.key] = module.parametrizations[name][-1].radius
+            else:
+                norm_cap(module, name, c)
+                self._buffers[s.key] = module.parametrizations[name][-1].radius
+
+    # -- the three calls of a training loop -----------------------------------------------------
+    def radius(self, key: str) -> float | None:
+        sched = self.schedules.get(key)
+        return None if sched is None else sched(self.progress)
+
+    def set_progress(self, progress: float) -> None:
+        """Move every radius to its scheduled value at ``progress`` in [0, 1]."""
+        self.progress = min(max(float(progress), 0.0), 1.0)
+        for key, buf in self._buffers.items():
+            buf.fill_(self.schedules[key](self.progress))
+
+    @torch.no_grad()
+    def after_step(self) -> None:
+        """Hard projection (``project``) or clipping (``clip``) of every scheduled slot; else nothing."""
+        method = self.config.method
+        if method not in ("project", "clip"):
+            return
+        for s in self.slots:
+            c = self.radius(s.key)
+            if c is None:
+                continue
+            tensors = [(_raw(*s.a[:2]), s.a[2])] + ([(_raw(*s.b[:2]), s.b[2])] if s.b is not None else [])
+            if method == "clip":
+                for T, _ in tensors:
+                    clip_weights_(T.data, c)
+            elif s.kind == "product":
+                (TA, la), (TB, lb) = tensors
+                project_product_(la.heads(TA.data), lb.heads(TB.data), c, s.scale)
+            elif s.kind == "matrix":
+                project_spectral_(tensors[0][0].data, c)
+            else:
+                project_bias_(tensors[0][0].data, c)
+
+    def penalty(self) -> Tensor:
+        """The soft term to add to the loss (0 for hard methods), times ``penalty_weight``."""
+        if self.tracker is None:
+            return torch.zeros(())
+        sigmas = self.tracker(differentiable=True)
+        lam = self.config.penalty_weight
+        method = self.config.method
+        if method == "lipschitz":
+            n_layers = 1 + max(s.layer for s in self.slots if s.group != "head")
+            return lam * lipschitz_regulariser(sigmas, n_layers)
+        terms = []
+        for key, sigma in sigmas.items():
+            c = self.radius(key)
+            if method == "penalty" and c is not None:
+                terms.append(spectral_hinge_penalty(sigma, c))
+            elif method == "log_penalty" and (c is not None or not self.config.radii):
+                terms.append(log_spectral_penalty(sigma))
+        return lam * torch.stack(terms).sum() if terms else torch.zeros(())
+
+    def radii(self) -> dict[str, float]:
+        """Current radius per slot key."""
+        return {k: sched(self.progress) for k, sched in self.schedules.items()}
+
+    def step_hook(self, optimizer: torch.optim.Optimizer):
+        """Register :meth:`after_step` as a post-step hook of ``optimizer`` (plain PyTorch loops).
+
+        Returns the hook handle (``handle.remove()`` detaches it).
+        """
+        return optimizer.register_step_post_hook(lambda opt, args, kwargs: self.after_step())
+
+
+def constrain(model: nn.Module, config: ConstraintConfig) -> Constrainer:
+    """Apply ``config`` to ``model`` (parametrizations are registered now) and return the driver.
+
+    Raises:
+        InputError: bad config, or a selector that matches no slot of ``model``.
+        UnsupportedArchitectureError: no supported Transformer layer in ``model``.
+    """
+    return Constrainer(model, config)

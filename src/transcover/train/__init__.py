@@ -1,0 +1,24 @@
+"""Training under norm constraints: tasks (digits, sparse tokens), the loop, checkpoints, experiments."""
+
+from ._checkpoint import load_checkpoint as load_checkpoint
+from ._checkpoint import save_checkpoint as save_checkpoint
+from ._experiment import STRATEGIES as STRATEGIES
+from ._experiment import StagedConfig as StagedConfig
+from ._experiment import StagedResult as StagedResult
+from ._experiment import staged_experiment as staged_experiment
+from ._loop import TrainConfig as TrainConfig
+from ._loop import TrainResult as TrainResult
+from ._loop import build_model as build_model
+from ._loop import evaluate as evaluate
+from ._loop import exact_group_norms as exact_group_norms
+from ._loop import train as train
+from ._tasks import TASKS as TASKS
+from ._tasks import Task as Task
+from ._tasks import load_task as load_task
+
+__all__ = [
+    "Task", "TASKS", "load_task",
+    "TrainConfig", "TrainResult", "train", "build_model", "evaluate", "exact_group_norms",
+    "save_checkpoint", "load_checkpoint",
+    "StagedConfig", "StagedResult", "staged_experiment", "STRATEGIES",
+]

@@ -1,0 +1,83 @@
+"""Checkpoints: weights as safetensors, optimiser tensors via ``torch.save`` (loaded with
+``weights_only=True``), progress as JSON.  Each file is written atomically and ``state.json`` last,
+so a checkpoint folder whose ``state.json`` parses is complete.
+
+The model's ``state_dict`` includes the constraints' buffers (power-iteration vectors ``u``,
+``v`` and the current ``radius``) and the unconstrained ``original`` tensors, so a resumed run
+continues the warm start exactly.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .._errors import InputError
+from ..report import atomic_write_bytes, atomic_write_text
+
+__all__ = ["save_checkpoint", "load_checkpoint", "CHECKPOINT_FILES"]
+
+CHECKPOINT_FILES = ("model.safetensors", "optimizer.pt", "state.json")
+
+
+_EXTRA = "__extra__."
+
+
+def save_checkpoint(folder: str | os.PathLike[str], model: nn.Module, optimizer: torch.optim.Optimizer,
+                    state: dict, extra: dict[str, torch.Tensor] | None = None) -> Path:
+    """Write ``model.safetensors``, ``optimizer.pt`` and ``state.json`` (JSON-able ``state``) into ``folder``.
+
+    ``extra`` tensors (e.g. a penalty's power-iteration vectors) are stored beside the weights and
+    come back from :func:`load_checkpoint` under ``state["extra"]``.
+    """
+    from safetensors.torch import save
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
+    tensors.update({_EXTRA + k: v.detach().contiguous().clone() for k, v in (extra or {}).items()})
+    atomic_write_bytes(folder / "model.safetensors", save(tensors, metadata={"format": "pt"}))
+    buf = io.BytesIO()
+    torch.save(optimizer.state_dict(), buf)
+    atomic_write_bytes(folder / "optimizer.pt", buf.getvalue())
+    atomic_write_text(folder / "state.json", json.dumps(state, indent=1, sort_keys=True))
+    return folder
+
+
+def load_checkpoint(folder: str | os.PathLike[str], model: nn.Module,
+                    optimizer: torch.optim.Optimizer | None = None) -> dict:
+    """Load weights (and optimiser state) from ``folder`` into ``model``; returns the JSON state.
+
+    Raises:
+        InputError: a missing or unreadable file, or weights that do not fit ``model``.
+    """
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    for name in CHECKPOINT_FILES:
+        if not (folder / name).is_file():
+            raise InputError(f"checkpoint file {folder / name} does not exist")
+    try:
+        state = json.loads((folder / "state.json").read_text())
+    except json.JSONDecodeError as err:
+        raise InputError(f"checkpoint state {folder / 'state.json'} is not valid JSON: {err}") from None
+    try:
+        weights = load_file(str(folder / "model.safetensors"))
+    except Exception as err:  # safetensors raises its own error types for corrupt files
+        raise InputError(f"cannot read {folder / 'model.safetensors'}: {err}") from None
+    extra = {k[len(_EXTRA):]: weights.pop(k) for k in list(weights) if k.startswith(_EXTRA)}
+    missing = set(model.state_dict()) ^ set(weights)
+    if missing:
+        raise InputError(f"checkpoint {folder} does not fit the model: tensors {sorted(missing)[:3]} differ")
+    with torch.no_grad():
+        model.load_state_dict(weights)
+    if optimizer is not None:
+        opt_state = torch.load(folder / "optimizer.pt", weights_only=True)
+        optimizer.load_state_dict(opt_state)
+    state["extra"] = extra
+    return state

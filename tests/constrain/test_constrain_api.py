@@ -1,0 +1,155 @@
+"""Public surface: exports, lazy transformers import, bad input, penalties, monitor, hooks."""
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import transcover.constrain as C
+from transcover import InputError, UnsupportedArchitectureError
+from transcover.model import ReferenceConfig, ReferenceTransformer
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _model(scale=1.0, seed=0):
+    torch.manual_seed(seed)
+    return ReferenceTransformer(ReferenceConfig(d_model=8, n_heads=2, n_layers=2, d_ff=12, init_scale=scale,
+                                                head_hidden=(6,)))
+
+
+def test_every_public_name_imports():
+    for name in C.__all__:
+        assert getattr(C, name) is not None, name
+
+
+def test_import_does_not_import_transformers():
+    code = "import sys, transcover.constrain, transcover.train; print('transformers' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(method="spectral", radii={"KQ": 0}), r"radius\[KQ\] must be a finite number > 0, but got radius\[KQ\]=0"),
+    (dict(method="spectral", radii={"QQ": 1}), "unknown group 'QQ'"),
+    (dict(method="spectral", radii={"KQ.x": 1}), "layer index must be a non-negative integer"),
+    (dict(method="spectral"), "needs at least one radius"),
+    (dict(method="magic", radii={"KQ": 1}), "method must be one of"),
+    (dict(method="project", radii={"KQ": 1}, start_fraction=2), r"start_fraction must be in \[0, 1\]"),
+    (dict(method="project", radii={"KQ": 1}, loose_factor=0.5), "loose_factor must be >= 1"),
+    (dict(method="project", radii="KQ"), "radius must look like GROUP=VALUE"),
+])
+def test_bad_configs(kwargs, message):
+    with pytest.raises(InputError, match=message):
+        C.ConstraintConfig(**kwargs)
+
+
+def test_selector_matching_nothing_and_unsupported_model():
+    with pytest.raises(InputError, match="selector 'KQ.7' matches nothing"):
+        C.constrain(_model(), C.ConstraintConfig(method="project", radii={"KQ.7": 1}))
+    with pytest.raises(UnsupportedArchitectureError, match="no constrainable Transformer layer"):
+        C.constrain(torch.nn.Linear(3, 3), C.ConstraintConfig(method="project", radii={"KQ": 1}))
+
+
+def test_layer_selector_wins_over_group():
+    cons = C.constrain(_model(), C.ConstraintConfig(method="project", radii={"KQ": 1, "KQ.1": 0.25, "all": 9}))
+    assert cons.radii()["KQ.0"] == 1 and cons.radii()["KQ.1"] == 0.25 and cons.radii()["W1.0"] == 9
+
+
+def test_spectral_radius_follows_schedule():
+    model = _model(3.0)
+    cons = C.constrain(model, C.ConstraintConfig(method="spectral", radii={"W1": 0.5}, schedule="linear",
+                                                 loose_factor=4.0, start_fraction=0.5))
+    buf = model.blocks[0].parametrizations.W_1[0].radius
+    assert float(buf) == 2.0
+    cons.set_progress(0.75)
+    assert float(buf) == pytest.approx(1.25)
+    cons.set_progress(1.0)
+    assert float(buf) == 0.5
+
+
+def test_hinge_penalty_gradient_pulls_sigma_to_radius():
+    model = _model(3.0)
+    cons = C.constrain(model, C.ConstraintConfig(method="penalty", radii={"W1": 0.5}, penalty_weight=1.0))
+    W = model.blocks[0].W_1
+    before = float(torch.linalg.matrix_norm(W.detach().double(), 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.2)
+    for _ in range(300):
+        opt.zero_grad()
+        cons.penalty().backward()
+        opt.step()
+    S = torch.linalg.svdvals(W.detach().double())
+    # Pulled to the radius from above; each step pushes only the tracked top direction, so the
+    # singular values above c are brought down one after another, never far below c (hinge is 0
+    # inside the ball).
+    assert before > 2 and 0.5 <= float(S[0]) < 0.5 * 1.05
+    assert float(S[1]) > 0.4
+    assert float(C.spectral_hinge_penalty(torch.tensor([0.2, 0.4]), 0.5)) == 0.0
+    assert float(C.log_spectral_penalty(torch.tensor([math.e, 1.0]))) == pytest.approx(1.0)
+
+
+def test_lipschitz_regulariser_matches_formula():
+    sig = {"KQ.0": torch.tensor([1.0, 2.0]), "OV.0": torch.tensor([0.5, 0.25]), "W1.0": torch.tensor(2.0),
+           "W2.0": torch.tensor(3.0), "head.0": torch.tensor(4.0)}
+    # rho = (1 + 0.5 (1 + 2) + 0.25 (1 + 4)) (1 + 2*3) = 3.75 * 7; head adds log 4
+    expected = math.log(3.75 * 7) + math.log(4.0)
+    assert float(C.lipschitz_regulariser(sig, 1)) == pytest.approx(expected, rel=1e-6)
+    model = _model(2.0)
+    cons = C.constrain(model, C.ConstraintConfig(method="lipschitz", penalty_weight=1.0))
+    before = float(cons.penalty().detach())
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for _ in range(20):
+        opt.zero_grad()
+        cons.penalty().backward()
+        opt.step()
+    assert float(cons.penalty().detach()) < before
+
+
+def test_monitor_writes_jsonl_and_csv(tmp_path):
+    model = _model()
+    cons = C.constrain(model, C.ConstraintConfig(method="project", radii={"KQ": 0.1}))
+    cons.after_step()
+    mon = C.TrainingMonitor(model, tmp_path / "h", radii=cons.radii)
+    rec = mon.log(step=1, loss=0.5, grad_norm=2.0)
+    mon.log(step=1, test_acc=0.9)
+    lines = (tmp_path / "h.jsonl").read_text().splitlines()
+    assert len(lines) == 2 and json.loads(lines[1])["test_acc"] == 0.9
+    csv_lines = (tmp_path / "h.csv").read_text().splitlines()
+    assert csv_lines[0].split(",")[:3] == ["step", "epoch", "progress"] and len(csv_lines) == 3
+    assert rec["radius.KQ"] == 0.1 and rec["sigma.KQ"] <= 0.1 * (1 + 1e-3)  # one warm-started step
+    assert C.read_history(tmp_path / "h.jsonl")[0]["loss"] == 0.5
+    with pytest.raises(InputError, match="unknown monitor field"):
+        mon.log(accuracy=1)
+    with pytest.raises(InputError, match="does not exist"):
+        C.TrainingMonitor(model, tmp_path / "missing" / "h")
+
+
+def test_step_hook_and_hf_callback():
+    transformers = pytest.importorskip("transformers")
+    model = _model(3.0)
+    cons = C.constrain(model, C.ConstraintConfig(method="project", radii={"W2": 0.3}, schedule="linear",
+                                                 loose_factor=2.0))
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    handle = cons.step_hook(opt)
+    opt.step()
+    assert float(torch.linalg.matrix_norm(model.blocks[0].W_2.detach().double(), 2)) <= 0.6 * (1 + 1e-5)
+    handle.remove()
+    mon = C.TrainingMonitor(model)
+    cb = C.hf_callback(cons, mon)
+    assert isinstance(cb, transformers.TrainerCallback)
+    state = transformers.TrainerState(global_step=10, max_steps=10)
+    cb.on_train_begin(None, state, None)
+    cb.on_step_begin(None, state, None, model=model)
+    cb.on_step_end(None, state, None, model=model)
+    assert cons.progress == 1.0
+    assert float(torch.linalg.matrix_norm(model.blocks[1].W_2.detach().double(), 2)) <= 0.6 * (1 + 1e-5)
+    assert mon.records[-1]["step"] == 10 and mon.records[-1]["radius.W2"] == 0.3

@@ -1,0 +1,126 @@
+"""Training loop, checkpoints and resume, tasks, the CLI, and a tiny staged experiment."""
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+
+from transcover import InputError
+from transcover.cli import main
+from transcover.constrain import ConstraintConfig
+from transcover.train import StagedConfig, TrainConfig, load_task, staged_experiment, train
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+TINY = TrainConfig(task="digits", n_train=200, epochs=4, batch_size=25, lr=3e-2, d_model=16, n_heads=2,
+                   n_layers=1, d_ff=16, head_hidden=(16,))
+
+
+def test_digits_task_layout():
+    task = load_task("digits", n_train=300, seed=1)
+    assert task.X_train.shape == (300, 8, 8) and task.X_test.shape == (1797 - 300, 8, 8)
+    assert float(task.X_train.max()) <= 1.0 and float(task.X_train.min()) >= 0.0
+    assert set(task.y_train.tolist()) <= set(range(10)) and task.n_outputs == 10
+
+
+def test_sparse_tasks():
+    t = load_task("parity", n_train=64, n_test=32, seq_len=8, sparsity=2, seed=3)
+    assert t.X_train.shape == (64, 8, 1) and t.kind == "classification" and t.n_outputs == 2
+    assert set(t.y_train.tolist()) <= {0, 1}
+    # an I-sparse target: the label is a function of two fixed positions only
+    Z = torch.cat([t.X_train, t.X_test])[..., 0]
+    y = torch.cat([t.y_train, t.y_test])
+    pairs = [(i, j) for i in range(8) for j in range(i + 1, 8)]
+    assert any(bool(((((Z[:, i] * Z[:, j]) + 1) / 2).round().long() == y).all()) for i, j in pairs)
+    h = load_task("holder", n_train=16, n_test=8, seq_len=6, seed=0)
+    assert h.kind == "regression" and h.n_outputs == 1
+
+
+def test_training_learns_and_reports(tmp_path):
+    cfg = replace(TINY, constraint=ConstraintConfig(method="project", radii={"KQ": 1.0, "OV": 1.0, "W1": 2.0}))
+    res = train(cfg, out_dir=tmp_path)
+    assert res.test_acc > 0.2  # chance is 0.1; 32 steps of a 16-wide model reach ~0.3
+    assert res.norms["KQ"] <= 1.0 * (1 + 1e-4) and res.norms["W1"] <= 2.0 * (1 + 1e-4)
+    assert res.capacity.kind.value == "estimate"
+    assert res.bound is None or res.bound.kind.value == "certified upper bound"
+    assert res.lipschitz is None or res.lipschitz.kind.value == "certified upper bound"
+    hist = [json.loads(x) for x in (tmp_path / "history.jsonl").read_text().splitlines()]
+    assert len(hist) == 4 * 8 + 4  # a record per step and one evaluation per epoch
+    assert all(r["grad_norm"] > 0 for r in hist if r["loss"] is not None)
+    assert json.loads(json.dumps(res.to_dict()))["epochs_done"] == 4
+
+
+def test_resume_replays_exactly(tmp_path):
+    from safetensors.torch import load_file
+
+    cfg = replace(TINY, epochs=2, constraint=ConstraintConfig(
+        method="penalty", radii={"W1": 0.5, "KQ": 0.5}, schedule="linear", penalty_weight=0.1))
+    train(cfg, out_dir=tmp_path / "a")
+    train(cfg, out_dir=tmp_path / "b", stop_after=1)
+    with (tmp_path / "b" / "history.jsonl").open("a") as fh:  # a record written after the checkpoint
+        fh.write(json.dumps({"step": 10_000, "loss": 1.0}) + "\n")
+    res = train(cfg, out_dir=tmp_path / "b", resume=True)
+    wa = load_file(str(tmp_path / "a" / "checkpoint" / "model.safetensors"))
+    wb = load_file(str(tmp_path / "b" / "checkpoint" / "model.safetensors"))
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    ha = (tmp_path / "a" / "history.jsonl").read_text().splitlines()
+    hb = (tmp_path / "b" / "history.jsonl").read_text().splitlines()
+    assert len(ha) == len(hb) and [json.loads(x)["loss"] for x in ha] == [json.loads(x)["loss"] for x in hb]
+    assert res.epochs_done == 2 and len(res.history) == len(ha)
+    assert (tmp_path / "a" / "history.csv").read_text() == (tmp_path / "b" / "history.csv").read_text()
+    with pytest.raises(InputError, match="different configuration"):
+        train(replace(cfg, lr=0.5), out_dir=tmp_path / "b", resume=True)
+    with pytest.raises(InputError, match="does not exist"):
+        train(cfg, out_dir=tmp_path / "c", resume=True)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["train", "--epochs", "0"], "epochs must be a positive integer, but got epochs=0"),
+    (["train", "--lr", "-1"], "lr must be a finite number > 0, but got lr=-1"),
+    (["train", "--method", "project", "--radius", "KQ=-2"], r"radius\[KQ\] must be a finite number > 0"),
+    (["train", "--method", "project", "--radius", "XY=2"], "unknown group 'XY'"),
+    (["train", "--method", "project", "--radius", "KQ=2", "--start-fraction", "1.5"], "start_fraction must be in"),
+    (["train", "--task", "cifar"], "task must be one of"),
+    (["experiment", "staged", "--seeds", "0"], "seeds must be >= 1"),
+])
+def test_cli_bad_input_one_line(argv, message, capsys, tmp_path):
+    assert main(argv + (["--out", str(tmp_path / "o")] if argv[0] == "train" else [])) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("transcover: error: ") and "\n" not in err
+    assert pytest.importorskip("re").search(message, err), err
+
+
+def test_cli_train_and_resume(tmp_path, capsys):
+    args = ["train", "--n-train", "100", "--epochs", "2", "--d-model", "8", "--d-ff", "8", "--n-layers", "1",
+            "--method", "spectral", "--radius", "all=1", "--schedule", "cosine", "--start-fraction", "0.5",
+            "--out", str(tmp_path / "run"), "--no-progress"]
+    assert main(args + ["--stop-after", "1"]) == 0
+    assert main(args + ["--resume", "--json", str(tmp_path / "r.json")]) == 0
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["epochs_done"] == 2 and data["config"]["constraint"]["schedule"] == "cosine"
+    for f in ("history.jsonl", "history.csv", "history.png", "checkpoint/state.json"):
+        assert (tmp_path / "run" / f).is_file(), f
+    assert "test accuracy" in capsys.readouterr().out
+
+
+def test_tiny_staged_experiment(tmp_path):
+    base = replace(TINY, n_train=100, epochs=2)
+    cfg = StagedConfig(seeds=(0, 1), base=base, radii={"KQ": 0.5, "W1": 1.0}, loose_factor=4.0)
+    res = staged_experiment(cfg)
+    summ = res.summary()
+    assert set(summ) == {"unconstrained", "tight", "staged"}
+    for name in ("tight", "staged"):  # same final radii, exact projection
+        assert all(r.norms["KQ"] <= 0.5 * (1 + 1e-4) and r.norms["W1"] <= 1.0 * (1 + 1e-4) for r in res.runs[name])
+    assert all(r.norms["W1"] > 1.0 for r in res.runs["unconstrained"])  # so the constraint did bind
+    res.plot(tmp_path / "s.png")
+    assert (tmp_path / "s.png").stat().st_size > 10_000
+    json.dumps(res.to_dict())
+    assert res.table().row_count == 3

@@ -1,0 +1,255 @@
+"""Lemma G.1: splitting the error budget eps across matrices (THEORY F4), in log space.
+
+A cover of a composed class is the product of per-matrix covers; if matrix ``i`` is covered at
+scale ``eps_i`` and moves the output by at most ``c_i`` per unit of its error, the composed cover
+has scale ``sum_i c_i eps_i``.  Any split with ``sum_i c_i eps_i <= eps`` is *sound*; the functions
+here choose the split that minimises the total ``sum_i log N_i(eps_i)``.
+
+Note [log space]: downstream Lipschitz factors are products over layers (``c_i`` of a 48-layer
+model can exceed 1e300), so every quantity is carried as its natural log and combined with
+``logaddexp``; nothing is exponentiated unless it fits in a float64.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .._errors import InputError
+from .._results import Kind
+
+__all__ = ["Allocation", "budget_allocation", "budget_allocation_log", "CoverCost", "allocate_mixed"]
+
+
+def _safe_exp(x: float) -> float:
+    return math.inf if x > 709.0 else math.exp(x)
+
+
+def _logsumexp(x: np.ndarray) -> float:
+    x = np.asarray(x, dtype=np.float64)
+    if x.size == 0:
+        return -math.inf
+    m = float(np.max(x))
+    if m == -math.inf:
+        return -math.inf
+    return m + math.log(float(np.sum(np.exp(x - m))))
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """A split ``eps_i`` of ``eps`` and the total cost ``sum_i log N_i(eps_i)`` it achieves.
+
+    ``log_eps_i`` and ``log_costs`` are natural logs (so ``-inf`` means exactly 0); ``log_total``
+    is the log of the total cost ``sum_i cost_i``; ``log_gamma`` is ``log gamma`` for the pure
+    ``a/eps^2`` case (NaN for a mixed allocation).
+    """
+
+    eps: float
+    log_eps_i: tuple[float, ...]
+    log_costs: tuple[float, ...]
+    log_total: float
+    log_gamma: float = math.nan
+    kind: Kind = Kind.EXACT
+
+    @property
+    def eps_i(self) -> tuple[float, ...]:
+        return tuple(_safe_exp(v) for v in self.log_eps_i)
+
+    @property
+    def total(self) -> float:
+        """``sum_i cost_i`` (``inf`` only if it exceeds float64; use ``log_total`` then)."""
+        return _safe_exp(self.log_total)
+
+    @property
+    def gamma(self) -> float:
+        return _safe_exp(self.log_gamma)
+
+
+def _check_eps(eps: float) -> None:
+    if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):
+        raise InputError(f"eps must be a finite number > 0, but got eps={eps!r}")
+
+
+def budget_allocation_log(log_a: Sequence[float], log_c: Sequence[float], eps: float) -> Allocation:
+    """Lemma G.1 with ``log a_i`` and ``log c_i`` given (see :func:`budget_allocation`).
+
+    ``log_a[i] = -inf`` (a single-point class) gets ``eps_i = 0`` and cost 0; ``log_c[i] = -inf``
+    (a matrix that cannot move the output) gets cost 0 as well.
+    """
+    _check_eps(eps)
+    la = np.asarray(log_a, dtype=np.float64)
+    lc = np.asarray(log_c, dtype=np.float64)
+    if la.shape != lc.shape or la.ndim != 1 or la.size == 0:
+        raise InputError(f"a and c must be non-empty 1-D and of equal length, but got {la.shape} and {lc.shape}")
+    if np.isnan(la).any() or np.isnan(lc).any() or (la == math.inf).any() or (lc == math.inf).any():
+        raise InputError("a and c must be finite and >= 0 (log a, log c must not be NaN or +inf)")
+    live = (la > -math.inf) & (lc > -math.inf)
+    # (a_i c_i^2)^{1/3} in logs; gamma = sum of them.
+    w = np.where(live, (la + 2.0 * lc) / 3.0, -math.inf)
+    log_gamma = _logsumexp(w)
+    log_eps = math.log(eps)
+    # eps_i* = eps (a_i/c_i)^{1/3} / gamma
+    le = np.full(la.shape, -math.inf)
+    le[live] = log_eps + (la[live] - lc[live]) / 3.0 - log_gamma
+    le[lc == -math.inf] = math.inf  # no influence on the output: any scale works
+    # a_i / eps_i^2 = gamma^2 (a_i c_i^2)^{1/3} / eps^2
+    costs = np.where(live, 2.0 * log_gamma + w - 2.0 * log_eps, -math.inf)
+    log_total = 3.0 * log_gamma - 2.0 * log_eps if live.any() else -math.inf
+    return Allocation(float(eps), tuple(map(float, le)), tuple(map(float, costs)), float(log_total),
+                      float(log_gamma) if live.any() else -math.inf)
+
+
+def budget_allocation(a: Sequence[float], c: Sequence[float], eps: float) -> Allocation:
+    """The optimal split of Lemma G.1 in closed form.
+
+    .. math::
+
+        \\min_{\\varepsilon_i>0,\\ \\sum_i c_i\\varepsilon_i=\\varepsilon} \\sum_i \\frac{a_i}{\\varepsilon_i^2}
+        = \\frac{\\gamma^3}{\\varepsilon^2},\\qquad
+        \\varepsilon_i^* = \\frac{\\varepsilon}{\\gamma}\\Big(\\frac{a_i}{c_i}\\Big)^{1/3},\\qquad
+        \\gamma = \\sum_i (a_i c_i^2)^{1/3}
+
+    THEORY F4 (Lemma G.1; the same 2/3-power rule as Bartlett-Foster-Telgarsky 2017 Thm 3.3).
+    Derivation (Lagrange): ``-2 a_i / eps_i^3 + lambda c_i = 0`` gives ``eps_i ∝ (a_i/c_i)^{1/3}``;
+    the objective is convex on the open orthant, so the stationary point is the minimum.
+
+    Args:
+        a: per-matrix costs ``a_i >= 0`` (``log N_i(e) <= a_i / e^2``).
+        c: per-matrix Lipschitz coefficients ``c_i >= 0``.
+        eps: the total budget ``> 0``.
+
+    Returns:
+        :class:`Allocation` (kind EXACT: the closed form of the minimum).
+
+    Raises:
+        InputError: negative or non-finite entries, mismatched lengths, ``eps <= 0``.
+
+    Example:
+        >>> round(budget_allocation([3, 1, 7, .5], [2, 5, 1, .3], 0.1).total, 3)
+        41885.599
+    """
+    a_arr = np.asarray(a, dtype=np.float64)
+    c_arr = np.asarray(c, dtype=np.float64)
+    for name, arr in (("a", a_arr), ("c", c_arr)):
+        if arr.ndim != 1 or not np.isfinite(arr).all() or (arr < 0).any():
+            raise InputError(f"{name} must be a 1-D sequence of finite numbers >= 0, but got {name}={list(arr.ravel())}")
+    with np.errstate(divide="ignore"):
+        return budget_allocation_log(np.log(a_arr), np.log(c_arr), eps)
+
+
+@dataclass(frozen=True)
+class CoverCost:
+    """The covering cost of one matrix (or vector) as a function of its scale ``e``.
+
+    ``form="inverse_square"``: ``log N(e) <= A / e^2`` (norm-based, dimension-free covers, F2/F3);
+    ``form="parametric"``: ``log N(e) <= p log(1 + k / e)`` (Lemma G.2 on a radius-``k/2`` ball).
+    ``log_c`` is the log of the matrix's downstream coefficient.
+    """
+
+    log_c: float
+    form: str
+    log_A: float = -math.inf
+    p: int = 0
+    log_k: float = -math.inf
+
+    def log_cost(self, log_e: float) -> float:
+        if self.form == "inverse_square":
+            return self.log_A - 2.0 * log_e
+        if self.p == 0 or self.log_k == -math.inf:
+            return -math.inf
+        # p log(1 + k/e), in logs: log p + log(log1p(k/e)) with log1p(k/e) = softplus(log k - log e)
+        z = self.log_k - log_e
+        return math.log(self.p) + math.log(float(np.logaddexp(0.0, z)))
+
+
+def _arrays(costs: Sequence[CoverCost]) -> dict[str, np.ndarray]:
+    return {
+        "log_c": np.array([t.log_c for t in costs], dtype=np.float64),
+        "inv": np.array([t.form == "inverse_square" for t in costs]),
+        "log_A": np.array([t.log_A for t in costs], dtype=np.float64),
+        "log_p": np.array([math.log(t.p) if t.p > 0 else -math.inf for t in costs], dtype=np.float64),
+        "log_k": np.array([t.log_k for t in costs], dtype=np.float64),
+    }
+
+
+def _log_eps_at_arrays(ar: dict[str, np.ndarray], log_lam: float) -> np.ndarray:
+    lc, inv = ar["log_c"], ar["inv"]
+    with np.errstate(invalid="ignore"):
+        # inverse square: 2A/e^3 = lambda c
+        e_inv = (math.log(2.0) + ar["log_A"] - log_lam - lc) / 3.0
+        # parametric: p k / (e (e + k)) = lambda c  =>  e = k u / (2 (1 + sqrt(1+u))), u = 4p/(lambda c k)
+        log_u = math.log(4.0) + ar["log_p"] - log_lam - lc - ar["log_k"]
+        log_sqrt1pu = 0.5 * np.logaddexp(0.0, log_u)
+        e_par = ar["log_k"] + log_u - math.log(2.0) - np.logaddexp(0.0, log_sqrt1pu)
+    out = np.where(inv, e_inv, e_par)
+    dead = np.where(inv, ar["log_A"] == -math.inf, (ar["log_p"] == -math.inf) | (ar["log_k"] == -math.inf))
+    out = np.where(dead, -math.inf, out)
+    return np.where(lc == -math.inf, math.inf, out)
+
+
+def allocate_mixed(costs: Sequence[CoverCost], eps: float) -> Allocation:
+    """Lemma G.1 for mixed cost shapes: ``A_i/e^2`` and ``p_i log(1 + k_i/e)`` terms together.
+
+    .. math::
+
+        \\min_{\\sum_i c_i e_i = \\varepsilon} \\sum_i f_i(e_i),\\qquad
+        f_i'(e_i) = -\\lambda c_i
+
+    Every ``f_i`` is convex and decreasing, so the KKT point is the minimum; each ``e_i(lambda)``
+    has a closed form (``(2A/(lambda c))^{1/3}``, or the positive root of
+    ``e^2 + k e - p k/(lambda c) = 0``), and ``lambda`` is found by bisection on ``log lambda``
+    so that ``sum_i c_i e_i <= eps`` holds (the side of the bracket that keeps the split sound).
+    With only ``A/e^2`` terms this reproduces :func:`budget_allocation`.
+
+    Raises:
+        InputError: ``eps <= 0``, an empty list or an unknown form.
+    """
+    _check_eps(eps)
+    if not costs:
+        raise InputError("allocate_mixed needs at least one cost term")
+    for t in costs:
+        if t.form not in ("inverse_square", "parametric"):
+            raise InputError(f"cost form must be 'inverse_square' or 'parametric', but got form={t.form!r}")
+    log_eps = math.log(eps)
+    lc = np.array([t.log_c for t in costs])
+    live = lc > -math.inf  # a term with c_i = 0 cannot move the output and takes no budget
+    if not live.any():
+        raise InputError("allocate_mixed needs at least one term with a coefficient c_i > 0")
+
+    ar = _arrays(costs)
+
+    def excess(log_lam: float) -> float:  # log(sum c_i e_i) - log eps, decreasing in lambda
+        return _logsumexp(lc[live] + _log_eps_at_arrays(ar, log_lam)[live]) - log_eps
+
+    lo, hi = -50.0, 50.0
+    while excess(lo) < 0 and lo > -1e5:
+        lo *= 2
+    while excess(hi) > 0 and hi < 1e5:
+        hi *= 2
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if excess(mid) > 0:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo < 1e-12 * max(1.0, abs(hi)):
+            break
+    # Note [sound side]: hi satisfies sum c_i e_i <= eps up to rounding in logsumexp; shrink by a
+    # relative 1e-12 so the split never exceeds the budget.
+    le = _log_eps_at_arrays(ar, hi) - 1e-12
+    log_costs = np.array([_term_log_cost(t, float(e)) for t, e in zip(costs, le)])
+    return Allocation(float(eps), tuple(map(float, le)), tuple(map(float, log_costs)),
+                      _logsumexp(log_costs))
+
+
+def _term_log_cost(t: CoverCost, log_e: float) -> float:
+    if t.log_c == -math.inf or log_e == math.inf:
+        return -math.inf
+    if t.form == "inverse_square" and t.log_A == -math.inf:
+        return -math.inf  # a single-point class: e = 0 costs nothing
+    if t.form == "parametric" and (t.p == 0 or t.log_k == -math.inf):
+        return -math.inf
+    return t.log_cost(log_e)

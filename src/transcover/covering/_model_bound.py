@@ -1,0 +1,403 @@
+"""From a model's weights to its covering number and generalisation bound (seed 1.1, 2.2, 3).
+
+The one place that reads a :class:`~transcover.model.TransformerSpec`: it takes Lemma G.3's
+coefficients from ``transcover.lipschitz`` (THEORY F6-F8, F14), measures each charged matrix's
+distance from its reference (0, or the initialisation given as a second model), and hands plain
+numbers to the pure bounds of this package (F9, F10, F11, F12).
+
+Note [coefficients in log space]: ``transcover.lipschitz.perturbation_coefficients`` returns
+``c_i = local_i * prod_{later stages} rho_s`` as floats, which overflow to ``inf`` on deep models
+(MiniLM's are already ~1e108 without a LayerNorm floor).  This module therefore builds the same
+stage chain once (``transcover.lipschitz._compose.build_chain``, the chain that function uses)
+and forms ``log c_i = log local_i + sum_{s later} log rho_s + log(1 + pad)``; the test
+``test_covering_model.py::test_log_coefficients_match_lipschitz_api`` checks equality with the
+public API wherever it is finite.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .._errors import InputError
+from .._results import Kind
+from ..model._spec import TransformerSpec
+from ._bft import SpectralComplexity, bft_spectral_complexity
+from ._composite import CompositeCovering, composite_log_covering
+from ._generalisation import GeneralisationBound, generalisation_bound, generalisation_gap
+from ._mlp import mlp_log_covering, mlp_terms
+from ._transformer import NORM_FAMILIES, CoveringCurve, MatrixTerm, TransformerCovering, transformer_log_covering
+
+__all__ = ["ModelBound", "model_terms", "model_bound", "model_covering_curve"]
+
+_PAD = 1e-10  # relative rounding pad on float64 norms (sums of <= 1e6 squares: error < 1e-10)
+
+
+def _group(role: str) -> str:
+    if role.startswith(("W_KQ", "b_KQ", "W_OV", "b_out", "norm_attn")):
+        return "attention"
+    if role.startswith(("W_1", "W_2", "W_gate", "b_1", "b_2", "b_gate", "norm_ffn")):
+        return "ffn"
+    return "norm"
+
+
+def _t(x: torch.Tensor | None) -> torch.Tensor | None:
+    return None if x is None else x.detach().to(torch.float64)
+
+
+def _diff(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
+    if a is None:
+        return None
+    return a if b is None else a - b
+
+
+def _mat_norms(D: torch.Tensor) -> tuple[float, float]:
+    """(||D||_{2,1} = sum of column norms, ||D||_2) of a (..., r, c) batch, padded; per batch item."""
+    l21 = D.norm(dim=-2).sum(dim=-1) * (1 + _PAD)
+    spec = torch.linalg.matrix_norm(D, ord=2) * (1 + _PAD)
+    return l21, spec
+
+
+def _lowrank_spectral(P: torch.Tensor, Q: torch.Tensor) -> torch.Tensor:
+    """``||P Q^T||_2`` for tall (H, d, k) factors via QR (``= ||R_P R_Q^T||_2``), padded."""
+    _, Rp = torch.linalg.qr(P)
+    _, Rq = torch.linalg.qr(Q)
+    return torch.linalg.matrix_norm(Rp @ Rq.transpose(-1, -2), ord=2) * (1 + 1e-8)
+
+
+def _layer_role_norms(layer, ref) -> dict[str, tuple[tuple[int, int], float, float]]:
+    """role -> (shape, distance norm for covering (l21 or vector norm), spectral distance)."""
+    out: dict[str, tuple[tuple[int, int], float, float]] = {}
+    a = layer.attention
+    H, d = a.n_heads, a.d_model
+    kv = torch.tensor([a.kv_index(h) for h in range(H)])
+    s = a.softmax_scale
+    Wq, Wk, Wv, Wo = _t(a.W_Q), _t(a.W_K)[kv], _t(a.W_V)[kv], _t(a.W_O)
+    KQ = s * Wq @ Wk.transpose(-1, -2)  # (H, d, d)
+    OV = Wv @ Wo  # (H, d, d)
+    P_kq, Q_kq, P_ov, Q_ov = s * Wq, Wk, Wv, Wo.transpose(-1, -2)
+    bKQ = None if a.b_Q is None or a.rope is not None else s * torch.einsum("he,hde->hd", _t(a.b_Q), Wk)
+    bout = a.effective_output_bias()
+    if ref is not None:
+        r = ref.attention
+        rs = r.softmax_scale
+        rq, rk, rv, ro = _t(r.W_Q), _t(r.W_K)[kv], _t(r.W_V)[kv], _t(r.W_O)
+        KQ = KQ - rs * rq @ rk.transpose(-1, -2)
+        OV = OV - rv @ ro
+        P_kq, Q_kq = torch.cat([P_kq, -rs * rq], -1), torch.cat([Q_kq, rk], -1)
+        P_ov, Q_ov = torch.cat([P_ov, -rv], -1), torch.cat([Q_ov, ro.transpose(-1, -2)], -1)
+        if bKQ is not None and r.b_Q is not None:
+            bKQ = bKQ - rs * torch.einsum("he,hde->hd", _t(r.b_Q), rk)
+        rb = r.effective_output_bias()
+        if bout is not None and rb is not None:
+            bout = bout - rb
+    kq_l21 = KQ.norm(dim=-2).sum(-1) * (1 + _PAD)
+    ov_l21 = OV.norm(dim=-2).sum(-1) * (1 + _PAD)
+    kq_sp, ov_sp = _lowrank_spectral(P_kq, Q_kq), _lowrank_spectral(P_ov, Q_ov)
+    for h in range(H):
+        out[f"W_KQ.{h}"] = ((d, d), float(kq_l21[h]), float(kq_sp[h]))
+        out[f"W_OV.{h}"] = ((d, d), float(ov_l21[h]), float(ov_sp[h]))
+        if bKQ is not None:
+            v = float(bKQ[h].norm()) * (1 + _PAD)
+            out[f"b_KQ.{h}"] = ((1, d), v, v)
+    if bout is not None:
+        v = float(bout.norm()) * (1 + _PAD)
+        out["b_out"] = ((1, d), v, v)
+    f, rf = layer.ffn, (None if ref is None else ref.ffn)
+    for name in ("W_1", "W_2", "W_gate"):
+        W = _t(getattr(f, name))
+        if W is not None:
+            D = _diff(W, None if rf is None else _t(getattr(rf, name)))
+            l21, sp = _mat_norms(D)
+            out[name] = (tuple(W.shape), float(l21), float(sp))
+    for name in ("b_1", "b_2", "b_gate"):
+        b = _t(getattr(f, name))
+        if b is not None:
+            v = float(_diff(b, None if rf is None else _t(getattr(rf, name))).norm()) * (1 + _PAD)
+            out[name] = ((1, b.numel()), v, v)
+    for nm in ("norm_attn", "norm_ffn"):
+        out.update(_norm_role_norms(getattr(layer, nm), None if ref is None else getattr(ref, nm), nm))
+    return out
+
+
+def _norm_role_norms(n, rn, prefix: str) -> dict[str, tuple[tuple[int, int], float, float]]:
+    out = {}
+    if n is None:
+        return out
+    g = _t(n.weight)
+    if g is not None:
+        v = float(_diff(g, None if rn is None else _t(rn.weight)).abs().max()) * (1 + _PAD)
+        out[f"{prefix}.gamma"] = ((1, g.numel()), v, v)
+    b = _t(n.bias)
+    if b is not None:
+        v = float(_diff(b, None if rn is None else _t(rn.bias)).norm()) * (1 + _PAD)
+        out[f"{prefix}.beta"] = ((1, b.numel()), v, v)
+    return out
+
+
+def _log_coefficients(spec: TransformerSpec, *, radius: float, c_sm: float, sigma_min: float,
+                      other: TransformerSpec | None = None):
+    """[(layer, role, norm, log c_i)] and the chain's last radius (Note [coefficients in log space])."""
+    from ..lipschitz._compose import build_chain
+    from ..lipschitz._weights import ROUNDING_PAD, class_max, spec_norms
+
+    norms = spec_norms(spec)
+    if other is not None:
+        norms = class_max(norms, spec_norms(other))
+    stages = build_chain(norms, radius=radius, c_sm=c_sm, metric="2,inf", seq_len=None,
+                         sigma_min=sigma_min)
+    log_rho = [math.log(s.lipschitz) for s in stages]
+    tail = np.concatenate([np.cumsum(log_rho[::-1])[::-1][1:], [0.0]])  # sum over later stages
+    out = []
+    for k, st in enumerate(stages):
+        for role, local, nm in st.perturbation:
+            if nm == "unsupported":
+                from .._errors import UnsupportedArchitectureError
+
+                raise UnsupportedArchitectureError("the covering bound needs Lemma G.3, which is not derived "
+                                                   "for L2 attention (Kim et al. 2021)")
+            log_local = -math.inf if local == 0 else math.log(local)
+            out.append((st.layer, role, nm, log_local + float(tail[k]) + math.log1p(ROUNDING_PAD)))
+    return out, stages[-1].radius_out
+
+
+def model_terms(spec: TransformerSpec, *, radius: float = 1.0, c_sm: float = 1.0, sigma_min: float = 0.0,
+                reference: TransformerSpec | None = None, other: TransformerSpec | None = None) -> tuple[list[MatrixTerm], float, list[tuple[float, float]]]:
+    """The Transformer's covering terms (one per matrix Lemma G.3 charges), the output radius, and
+    ``(||W||_2, ||W - M||_{2,1})`` of every matrix for the BFT baseline.
+
+    ``other`` enlarges the class to contain a second model too (its norms, elementwise maximum),
+    as ``transcover.lipschitz.perturbation_coefficients(other=...)`` does; used to bound a pair.
+
+    Raises:
+        InputError: ``reference`` with a different architecture.
+    """
+    if reference is not None and (reference.n_layers != spec.n_layers or reference.d_model != spec.d_model):
+        raise InputError(f"reference model has {reference.n_layers} layers, d_model={reference.d_model}; "
+                         f"expected {spec.n_layers} layers, d_model={spec.d_model}")
+    coeffs, out_radius = _log_coefficients(spec, radius=radius, c_sm=c_sm, sigma_min=sigma_min, other=other)
+    norms: dict[tuple[int, str], tuple[tuple[int, int], float, float]] = {}
+    self_spectral: dict[tuple[int, str], float] = {}
+    L = spec.n_layers
+    for i, layer in enumerate(spec.layers):
+        ref = None if reference is None else reference.layers[i]
+        for role, v in _layer_role_norms(layer, ref).items():
+            norms[(i, role)] = v
+        if ref is not None:
+            for role, v in _layer_role_norms(layer, None).items():
+                self_spectral[(i, role)] = v[2]
+    for layer_idx, nm, attr in ((-1, "input_norm", "input_norm"), (L, "final_norm", "final_norm")):
+        rn = None if reference is None else getattr(reference, attr)
+        for role, v in _norm_role_norms(getattr(spec, attr), rn, nm).items():
+            norms[(layer_idx, role)] = v
+    terms, bft_rows = [], []
+    for layer_idx, role, nm, log_c in coeffs:
+        key = (layer_idx, role)
+        if key not in norms:
+            raise InputError(f"no weights found for layer {layer_idx} role {role!r} that Lemma G.3 charges")
+        shape, dist, sp = norms[key]
+        vector = nm != "spectral"
+        terms.append(MatrixTerm(layer=layer_idx, role=role, shape=shape, log_c=log_c, l21=dist,
+                                spectral=sp, vector=vector, group=_group(role)))
+        if not vector:
+            bft_rows.append((self_spectral.get(key, sp), dist))
+    return terms, out_radius, bft_rows
+
+
+@dataclass(frozen=True)
+class ModelBound:
+    """A model's covering bound at ``eps``, its generalisation bounds, the BFT baseline, assumptions."""
+
+    model: str
+    arch: str
+    n_layers: int
+    eps: float
+    seq_len: int
+    family: str
+    covering: TransformerCovering | CompositeCovering
+    transformer: TransformerCovering
+    generalisation: tuple[GeneralisationBound, ...]
+    bft: SpectralComplexity
+    bft_generalisation: tuple[GeneralisationBound, ...]
+    assumptions: tuple[str, ...]
+    kind: Kind = Kind.CERTIFIED_UPPER
+    options: dict[str, object] = field(default_factory=dict)
+    # (eps, n) -> ln log N of the same class (certified, fast): for plots and sample-size searches
+    curve: Callable[[float, float], float] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def log_log_N(self) -> float:
+        return self.covering.log_log_N
+
+    def to_dict(self) -> dict[str, object]:
+        tf = self.transformer
+        return {
+            "model": self.model, "arch": self.arch, "n_layers": self.n_layers, "eps": self.eps,
+            "seq_len": self.seq_len, "family": self.family, "kind": self.kind.value, "options": self.options,
+            "log10_log_N": self.log_log_N / math.log(10), "ln_log_N": self.log_log_N,
+            "with_mlp_head": isinstance(self.covering, CompositeCovering),
+            "transformer": {"eps": tf.eps, "n_points": tf.n_points, "ln_log_N": tf.log_log_N,
+                            "ln_gamma": tf.log_gamma, "ln_eta": tf.log_eta, "ln_eta_tilde": tf.log_eta_tilde,
+                            "contributions": [c.__dict__ for c in tf.contributions]},
+            "generalisation": [{"n": g.n, "gap": g.gap, "log10_gap": g.log_gap / math.log(10), "vacuous": g.vacuous,
+                                "rademacher": g.rademacher.value, "alpha": g.rademacher.alpha,
+                                "concentration": g.concentration} for g in self.generalisation],
+            "bft": {"log10_R_A": self.bft.log_R / math.log(10), "log10_A": self.bft.log_A / math.log(10),
+                    "kind": self.bft.kind.value, "source": self.bft.source,
+                    "generalisation": [{"n": g.n, "log10_gap": g.log_gap / math.log(10), "vacuous": g.vacuous}
+                                       for g in self.bft_generalisation]},
+            "assumptions": list(self.assumptions),
+        }
+
+
+def _check(name: str, v: float) -> None:
+    if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+        raise InputError(f"{name} must be a finite number > 0, but got {name}={v!r}")
+
+
+def _head_parts(spec: TransformerSpec, head_radius: float):
+    from ..lipschitz import activation_lipschitz
+
+    h = spec.head
+    shapes = [tuple(W.shape) for W in h.weights]
+    spectral = [float(torch.linalg.matrix_norm(W.detach().double(), ord=2)) * (1 + _PAD) for W in h.weights]
+    biases = [0.0 if b is None else float(b.detach().double().norm()) * (1 + _PAD) for b in h.biases]
+    return shapes, spectral, biases, activation_lipschitz(h.activation)
+
+
+def _bft_gap(log_A: float, n: float, D: float, delta: float) -> GeneralisationBound:
+    """The gap from BFT's ``A/eps^2`` cover through the same Dudley + concentration steps, in logs.
+
+    F11's closed form ``12 sqrt(A/n) (1 + ln(D sqrt(n) / (3 sqrt(A))))`` when ``alpha* < D``, else
+    the trivial ``4D``; ``A`` may be astronomically large or (a chain of tiny matrices) underflow.
+    """
+    from ._dudley import DudleyBound
+
+    log_s = 0.5 * (log_A - math.log(n))  # ln sqrt(A/n)
+    if log_s == -math.inf:
+        rad = DudleyBound(0.0, 0.0, -math.inf, method="A = 0")
+    elif math.log(3.0) + log_s < math.log(D):
+        lv = math.log(12.0) + log_s + math.log1p(math.log(D) - math.log(3.0) - log_s)
+        rad = DudleyBound(math.exp(lv) if lv < 709 else math.inf, 3.0 * math.exp(log_s), lv,
+                          method="closed form, log N <= A/eps^2")
+    else:
+        rad = DudleyBound(4.0 * D, D, math.log(4.0 * D), method="alpha = D (class too rich at this n)")
+    return generalisation_gap(rad, n, loss_bound=D, delta=delta)
+
+
+def model_covering_curve(terms: Sequence[MatrixTerm], *, family: str, seq_len: int, head=None):
+    """``(eps, n) -> ln log N`` of the whole class on n sequences of length T (certified, fast).
+
+    With a head ``(shapes, spectral, biases, L_act, input_radius)`` it is Theorem G.5's
+    ``log N_MLP(eps/2) + log N_TF(eps/(2C))``.
+    """
+    tf = CoveringCurve(terms, family=family)
+    if head is None:
+        return lambda eps, n: tf(eps, max(1, int(round(n * seq_len))))
+    shapes, spectral, biases, act_l, r0 = head
+    hterms, log_C = mlp_terms(shapes, spectral, biases, input_radius=r0, act_lipschitz=act_l)
+    mlp = CoveringCurve(hterms, family="spectral")
+
+    def curve(eps: float, n: float) -> float:
+        e_tf = math.exp(math.log(eps) - math.log(2.0) - log_C)
+        return float(np.logaddexp(mlp(eps / 2.0, 1), tf(e_tf, max(1, int(round(n * seq_len))))))
+
+    return curve
+
+
+def model_bound(
+    spec: TransformerSpec,
+    *,
+    eps: float = 0.1,
+    n_samples: Sequence[float] = (1e6,),
+    seq_len: int = 128,
+    radius: float = 1.0,
+    c_sm: float = 1.0,
+    family: str = "l21",
+    sigma_min: float = 0.0,
+    reference: TransformerSpec | None = None,
+    loss_lipschitz: float = 1.0,
+    loss_bound: float = 1.0,
+    delta: float = 0.05,
+    terms: tuple | None = None,
+) -> ModelBound:
+    """Covering number at ``eps`` and generalisation gaps at each ``n`` for the class of ``spec``.
+
+    .. math::
+
+        \\log N_\\infty(\\mathcal F, \\varepsilon, n T)\\ \\text{(F9 / F10)}\\ \\to\\
+        \\text{gap}(n) \\le 2\\,\\mathrm{Dudley} + 3b\\sqrt{\\ln(2/\\delta)/(2n)}\\ \\text{(F11)}
+
+    The class: every model of this architecture whose per-matrix spectral norms are at most the
+    spec's (so Lemma G.3's coefficients hold) and whose distances from the reference (0 or
+    ``reference``) are at most the spec's, in the (2,1) norm (``family="l21"``) or the spectral norm
+    (``family="spectral"``).  With an MLP head (reference models) the class is ``F_MLP o G_TF``
+    (Theorem G.5), otherwise ``G_TF`` with a loss that is ``loss_lipschitz``-Lipschitz in the
+    ``max_t ||.||_2`` output norm.  Choices (THEORY section 4): ``c_sm`` (1 tight, 2 Edelman),
+    ``sigma_min`` (LayerNorm variance floor; 0 = the global eps-limited constant), ``family``,
+    ``reference``; Pi_norm vs LayerNorm is the model's own (its NormSpec), reported in the assumptions.
+
+    ``terms``: the output of :func:`model_terms` for the same spec, radius, c_sm, sigma_min and
+    reference, to sweep eps / family / n without re-measuring the weights (the slow part).
+
+    Raises:
+        InputError: non-positive eps, sample sizes, seq_len, radius; unknown family; mismatched reference.
+    """
+    for name, v in (("eps", eps), ("radius", radius), ("c_sm", c_sm), ("loss_lipschitz", loss_lipschitz),
+                    ("loss_bound", loss_bound), ("delta", delta)):
+        _check(name, v)
+    if not n_samples:
+        raise InputError("give at least one sample size")
+    for n in n_samples:
+        _check("n_samples", n)
+    if not isinstance(seq_len, int) or seq_len < 1:
+        raise InputError(f"seq_len must be a positive integer, but got seq_len={seq_len!r}")
+    if family not in NORM_FAMILIES:
+        raise InputError(f"family must be one of {NORM_FAMILIES}, but got family={family!r}")
+    if not (math.isfinite(sigma_min) and sigma_min >= 0):
+        raise InputError(f"sigma_min must be >= 0, but got sigma_min={sigma_min!r}")
+    if terms is None:
+        terms = model_terms(spec, radius=radius, c_sm=c_sm, sigma_min=sigma_min, reference=reference)
+    terms, out_radius, bft_rows = terms
+    n0 = max(1, int(round(n_samples[0] * seq_len)))
+    head = None
+    if spec.head is not None:
+        shapes, spectral, biases, act_l = _head_parts(spec, out_radius)
+        head = (shapes, spectral, biases, act_l, out_radius)
+        mlp = mlp_log_covering(shapes, spectral, biases, eps / 2.0, input_radius=out_radius, act_lipschitz=act_l)
+        covering: TransformerCovering | CompositeCovering = composite_log_covering(terms, mlp, eps, n0, family=family)
+        tf = covering.transformer
+    else:
+        covering = tf = transformer_log_covering(terms, eps, n0, family=family)
+    curve = model_covering_curve(terms, family=family, seq_len=seq_len, head=head)
+    gens = tuple(generalisation_bound(curve, float(n), loss_lipschitz=loss_lipschitz, loss_bound=loss_bound,
+                                      delta=delta) for n in n_samples)
+    width = max(max(t.shape) for t in terms)
+    bft = bft_spectral_complexity([max(s, 1e-300) for s, _ in bft_rows], [b for _, b in bft_rows], width=width,
+                                  input_radius=radius)
+    bft_gens = tuple(_bft_gap(bft.log_A + 2.0 * math.log(loss_lipschitz), float(n), loss_bound, delta)
+                     for n in n_samples)
+    norm_kinds = sorted({str(x.kind.value) for x in [spec.input_norm, spec.final_norm] if x is not None}
+                        | {str(getattr(ly, nm).kind.value) for ly in spec.layers[:1] for nm in ("norm_attn", "norm_ffn")})
+    has_ln = any(k in ("layernorm", "rmsnorm") for k in norm_kinds)
+    assumptions = (
+        f"input tokens have l2 norm <= R={radius:g}; softmax constant c_sm={c_sm:g}",
+        f"normalisation in the model: {', '.join(norm_kinds)}"
+        + ("" if not has_ln else f"; LayerNorm inputs have std >= {sigma_min:g}" if sigma_min > 0
+           else "; LayerNorm: global max|gamma|/sqrt(eps) constant (no variance floor)"),
+        f"norm family {family}: matrices covered by "
+        + {"l21": "F2 ((2,1)-norm, 1/eps^2)", "spectral": "F1 (spectral ball, parameter count)",
+           "best": "F1 or F2, whichever is cheaper per matrix"}[family],
+        f"reference matrices: {'the given initialisation' if reference is not None else 'zero'}",
+        f"n samples of T={seq_len} tokens; loss in [0, {loss_bound:g}], {loss_lipschitz:g}-Lipschitz in the output; delta={delta:g}",
+        "class = all weights with norms <= this model's (bound evaluated at the model's norms, no union over norm grids)",
+        "Lemma G.3 coefficients from transcover.lipschitz (THEORY F6-F8, F14)",
+    ) + (("Theorem G.5: MLP head covered by parameter count (F1)",) if head else ())
+    opts = {"radius": radius, "c_sm": c_sm, "sigma_min": sigma_min, "loss_lipschitz": loss_lipschitz,
+            "loss_bound": loss_bound, "delta": delta, "reference": reference is not None}
+    return ModelBound(spec.name, spec.arch, spec.n_layers, float(eps), seq_len, family, covering, tf, gens, bft,
+                      bft_gens, assumptions, options=opts, curve=curve)

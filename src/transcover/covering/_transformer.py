@@ -1,0 +1,329 @@
+"""The Transformer covering bound (THEORY F9): per-matrix covers + G.3 coefficients + Lemma G.1.
+
+.. math::
+
+    \\log N_\\infty(\\mathcal G_{TF}, \\varepsilon, mT) \\le \\min_{\\sum_i c_i \\varepsilon_i \\le \\varepsilon}
+    \\sum_i \\log N_i(\\varepsilon_i)
+
+Note [why the sum is a cover]: cover the matrices layer by layer, matrix i on the inputs produced
+by the already-chosen cover elements of the layers before it (a tree of covers, Edelman et al.
+2022 multi-layer argument; BFT 2017 Lemma A.7).  By the perturbation inequality of Lemma G.3
+(THEORY F6-F8), ``||g(W) - g(W^)|| <= sum_i c_i eps_i`` on every one of the m*T token positions,
+and the tree has ``prod_i N_i`` leaves.  The N_i are uniform over input sets of size mT, which is
+where ``log(mT)`` enters.
+
+Note [internal covers]: the tree argument feeds cover *centres* into later layers and applies
+Lemma G.3 to them, so every centre must be a member of the class.  F1's volumetric covers are
+internal (a maximal eps-separated subset of the class).  Zhang's F2 cover is not, so it is
+internalised: replace each centre by a class member within eps of it; every member is then within
+2 eps of a chosen one.  The matrix terms therefore pay F2 at scale ``eps_i / 2`` (4x the
+``a/eps^2`` constant).
+
+Note [units]: coefficients ``c_i`` are per unit of *spectral* perturbation, ``||dW_i||_2``.  The
+data-dependent cover controls ``max_t ||x_t dW_i||_2`` instead; for inputs of radius r_i that
+coefficient is ``c_i / r_i`` while the cover's cost scales with ``(r_i ||W_i||_{2,1})^2``; r_i cancels
+in the product the allocation uses, so the bound needs only ``c_i`` and the matrix norms.  This
+relies on every ``c_i`` having the form (input radius of matrix i) x (downstream factor), which is
+how F6-F8 derive them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .._errors import InputError
+from .._results import Kind
+from ._allocation import Allocation, CoverCost, allocate_mixed
+from ._matrix_covers import _zhang_log_factor
+
+__all__ = ["MatrixTerm", "TermContribution", "TransformerCovering", "transformer_log_covering", "CoveringCurve",
+           "NORM_FAMILIES"]
+
+# "l21": norm-based 1/eps^2 covers for matrices (THEORY F2, the seed's G.5 form);
+# "spectral": only spectral norms are trusted, so F1 parameter-count covers (THEORY 4.5).
+# "best": per matrix, whichever of the two is cheaper at its allocated scale (the class is the
+# intersection of both norm balls, so either cover is valid for each matrix).
+NORM_FAMILIES = ("l21", "spectral", "best")
+
+
+@dataclass(frozen=True)
+class MatrixTerm:
+    """One covered object: a matrix (``x -> x W``) or a vector (a bias) of one layer.
+
+    ``l21`` and ``spectral`` are norms of ``W - M`` (M the reference matrix: 0 or the
+    initialisation) and define the class ``{W : norms of W - M <= these}``; ``log_c`` is the log of
+    the G.3 coefficient of this object (per unit spectral / l2 perturbation).
+    """
+
+    layer: int
+    role: str  # e.g. "W_KQ.h3", "W_OV.h3", "W_1", "W_2", "b_1", "b_2", "head.W_0"
+    shape: tuple[int, int]  # (rows, cols); a vector is (1, d)
+    log_c: float
+    l21: float
+    spectral: float
+    vector: bool = False
+    group: str = ""  # "attention" | "ffn" | "head": the eta / eta~ split of Theorem G.5
+
+    @property
+    def name(self) -> str:
+        return f"layer{self.layer}.{self.role}"
+
+
+@dataclass(frozen=True)
+class TermContribution:
+    """How much one matrix adds to ``log N`` at the chosen split."""
+
+    name: str
+    layer: int
+    role: str
+    group: str
+    cover: str  # "inverse_square (F2)" | "parametric (F1)"
+    log_c: float
+    log_eps_i: float
+    log_cost: float
+    share: float  # cost / total
+
+
+@dataclass(frozen=True)
+class TransformerCovering:
+    """``log N_inf(G_TF, eps, n_points)`` with its per-matrix breakdown.
+
+    ``log_log_N`` is ``ln(ln N)``: finite even when ``ln N`` exceeds float64.  ``log_gamma`` is the
+    log of F4's gamma over the inverse-square terms (their leading ``gamma^3/eps^2`` form);
+    ``log_eta`` / ``log_eta_tilde`` split it into attention and FFN groups (Theorem G.5).
+    """
+
+    eps: float
+    n_points: int
+    family: str
+    log_log_N: float
+    contributions: tuple[TermContribution, ...]
+    log_gamma: float
+    log_eta: float
+    log_eta_tilde: float
+    kind: Kind = Kind.CERTIFIED_UPPER
+    assumptions: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def log_N(self) -> float:
+        """``ln N`` (``inf`` only when it exceeds float64; ``log_log_N`` stays finite)."""
+        return math.inf if self.log_log_N > 709.0 else math.exp(self.log_log_N)
+
+    @property
+    def log10_log_N(self) -> float:
+        return self.log_log_N / math.log(10.0)
+
+    def top(self, k: int = 3) -> list[TermContribution]:
+        return sorted(self.contributions, key=lambda t: t.log_cost, reverse=True)[:k]
+
+    def by_layer(self) -> dict[int, float]:
+        """Share of ``log N`` per layer."""
+        out: dict[int, float] = {}
+        for t in self.contributions:
+            out[t.layer] = out.get(t.layer, 0.0) + t.share
+        return out
+
+
+def _lse(x: Sequence[float]) -> float:
+    arr = np.asarray(list(x), dtype=np.float64)
+    if arr.size == 0 or np.max(arr) == -math.inf:
+        return -math.inf
+    m = float(np.max(arr))
+    return m + math.log(float(np.sum(np.exp(arr - m))))
+
+
+def _parametric(terms: Sequence[MatrixTerm], family: str) -> list[bool]:
+    """Which terms get the F1 (parameter-count) cover under a fixed family."""
+    return [t.vector or family == "spectral" for t in terms]
+
+
+def _costs(terms: Sequence[MatrixTerm], par: Sequence[bool], log_eps_ref: Sequence[float], n_points: int) -> list[CoverCost]:
+    out = []
+    for t, pr, le in zip(terms, par, log_eps_ref):
+        if pr:
+            norm = t.l21 if t.vector else t.spectral  # a vector's l2 norm is stored in both fields
+            p = t.shape[0] * t.shape[1]
+            out.append(CoverCost(t.log_c, "parametric", p=p,
+                                 log_k=math.log(2.0 * norm) if norm > 0 else -math.inf))
+        else:
+            if t.l21 <= 0:
+                out.append(CoverCost(t.log_c, "inverse_square"))
+                continue
+            # F2 at scale e/2 (Note [internal covers]): A = 144 a^2 ln(2 ceil(8a/e + 2) N + 1), the log
+            # factor taken at the reference scale.
+            la = math.log(t.l21) + math.log(2.0)
+            log_A = math.log(36.0) + 2.0 * la + math.log(_zhang_log_factor(la - le, n_points))
+            out.append(CoverCost(t.log_c, "inverse_square", log_A=log_A))
+    return out
+
+
+def _term_arrays(terms: Sequence[MatrixTerm], par_list: Sequence[bool]) -> dict[str, np.ndarray]:
+    par = np.array(par_list, dtype=bool)
+    norm = np.array([(t.spectral if (pr and not t.vector) else t.l21) for t, pr in zip(terms, par_list)],
+                    dtype=np.float64)
+    with np.errstate(divide="ignore"):
+        return {
+            "par": par,
+            "log_norm": np.log(norm),
+            "log_p": np.log(np.array([t.shape[0] * t.shape[1] for t in terms], dtype=np.float64)),
+            "log_cols": np.log(np.array([t.shape[1] for t in terms], dtype=np.float64)),
+            "log_c": np.array([t.log_c for t in terms], dtype=np.float64),
+        }
+
+
+def _exact_loglog(ar: dict[str, np.ndarray], log_e: np.ndarray, n_points: int) -> np.ndarray:
+    """``ln ln N_i(e_i)`` per term, vectorised: F2 (with its ``+k`` and log factor) or F1.
+
+    F2 at ``e/2`` (Note [internal covers]): ``(144 a^2/e^2 + k) ln(2 ceil(8a/e + 2) N + 1)``;
+    F1: ``p ln(1 + 2 r/e)`` (norm r).
+    A term with norm 0 or coefficient 0 (or ``e = inf``) costs nothing.
+    """
+    ln = ar["log_norm"]
+    with np.errstate(invalid="ignore", over="ignore"):
+        # F1 (parametric), r = norm: p * softplus(ln(2r) - ln e)
+        par = ar["log_p"] + np.log(np.logaddexp(0.0, math.log(2.0) + ln - log_e))
+        # F2 (inverse square) at scale e/2: a = norm
+        log_ab = ln + math.log(2.0) - log_e
+        log_k = np.logaddexp(math.log(36.0) + 2.0 * log_ab, ar["log_cols"])
+        t = np.logaddexp(math.log(4.0) + log_ab, math.log(2.0))
+        small = t < 36.0
+        ceil_t = np.where(small, np.log(np.ceil(np.exp(np.minimum(t, 36.0)))), t + 1e-15)
+        factor = np.logaddexp(math.log(2.0) + ceil_t + math.log(n_points), 0.0)
+        inv = log_k + np.log(factor)
+    out = np.where(ar["par"], par, inv)
+    dead = (ln == -math.inf) | (ar["log_c"] == -math.inf) | (log_e == math.inf)
+    return np.where(dead, -math.inf, out)
+
+
+def _choose_forms(terms: Sequence[MatrixTerm], family: str, eps: float, n_points: int) -> list[bool]:
+    """F1 or F2 per term; for ``"best"``, the cheaper at the scales of a first F1 allocation."""
+    if family != "best":
+        return _parametric(terms, family)
+    par = _parametric(terms, "spectral")
+    le = np.array(allocate_mixed(_costs(terms, par, [math.log(eps)] * len(terms), n_points), eps).log_eps_i)
+    f1 = _exact_loglog(_term_arrays(terms, par), le, n_points)
+    f2 = _exact_loglog(_term_arrays(terms, _parametric(terms, "l21")), le, n_points)
+    return [t.vector or bool(a <= b) for t, a, b in zip(terms, f1, f2)]
+
+
+def transformer_log_covering(
+    terms: Sequence[MatrixTerm],
+    eps: float,
+    n_points: int,
+    *,
+    family: str = "l21",
+    assumptions: Sequence[str] = (),
+) -> TransformerCovering:
+    """Upper bound on ``log N_inf(G_TF, eps, n_points)`` from per-matrix norms and coefficients.
+
+    .. math::
+
+        \\log N_\\infty(\\mathcal G_{TF},\\varepsilon, mT) \\le \\sum_i \\log N_i(\\varepsilon_i),
+        \\quad \\sum_i c_i\\varepsilon_i \\le \\varepsilon,
+        \\qquad \\approx \\frac{\\gamma^3}{\\varepsilon^2},\\ \\gamma = \\sum_i (a_i c_i^2)^{1/3}
+
+    THEORY F9 (Edelman et al. 2022 multi-layer structure), built from F2 (matrix l_inf cover,
+    internalised at scale e/2: ``a_i = 144 ||W_i - M_i||_{2,1}^2 ln(2 ceil(8 a/e + 2) mT + 1)``) or, for ``family="spectral"``,
+    F1 (``p_i log(1 + 2||W_i - M_i||_2 / e)``); biases always use F1.  The split ``eps_i`` is
+    Lemma G.1's (mixed form: :func:`allocate_mixed`), computed twice so that F2's log factor is
+    evaluated at the allocated scales; the reported value is the *exact* per-matrix bound at the
+    final split, so it is certified whatever the optimiser did.
+
+    Assumptions: the coefficients satisfy Lemma G.3 for every pair of models in the class (they are
+    computed from the class's norm bounds); see Notes [why the sum is a cover] and [units].
+
+    Args:
+        terms: the covered matrices and vectors, with log coefficients and norms.
+        eps: the covering scale ``> 0`` (in the output metric ``max_t ||.||_2`` over mT tokens).
+        n_points: ``m * T``, the number of token positions the cover is uniform over.
+        family: ``"l21"`` (default), ``"spectral"`` or ``"best"`` (per matrix the cheaper of F1
+            and F2 at the scales of a first F1 allocation; then re-allocated).
+        assumptions: extra lines recorded in the result.
+
+    Raises:
+        InputError: bad ``eps``, ``n_points``, ``family``, or no terms.
+    """
+    if family not in NORM_FAMILIES:
+        raise InputError(f"family must be one of {NORM_FAMILIES}, but got family={family!r}")
+    if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):
+        raise InputError(f"eps must be a finite number > 0, but got eps={eps!r}")
+    if not isinstance(n_points, int) or n_points < 1:
+        raise InputError(f"n_points (samples x sequence length) must be a positive integer, but got {n_points!r}")
+    if not terms:
+        raise InputError("transformer_log_covering needs at least one matrix term")
+    for t in terms:
+        if not (t.l21 >= 0 and t.spectral >= 0 and not math.isnan(t.log_c)):
+            raise InputError(f"{t.name}: norms must be >= 0 and the coefficient defined, "
+                             f"but got l21={t.l21}, spectral={t.spectral}, log_c={t.log_c}")
+    log_eps = math.log(eps)
+    par = _choose_forms(terms, family, eps, n_points)
+    alloc: Allocation = allocate_mixed(_costs(terms, par, [log_eps] * len(terms), n_points), eps)
+    alloc = allocate_mixed(_costs(terms, par, alloc.log_eps_i, n_points), eps)
+    # log_costs[i] = ln(ln N_i), so total = ln(sum_i ln N_i) = ln ln N.
+    log_costs = [float(v) for v in _exact_loglog(_term_arrays(terms, par), np.array(alloc.log_eps_i), n_points)]
+    total = _lse(log_costs)
+    contributions = tuple(
+        TermContribution(
+            name=t.name, layer=t.layer, role=t.role, group=t.group,
+            cover="parametric (F1)" if pr else "inverse_square (F2)",
+            log_c=t.log_c, log_eps_i=le, log_cost=lc,
+            share=0.0 if lc == -math.inf else math.exp(lc - total),
+        )
+        for t, pr, le, lc in zip(terms, par, alloc.log_eps_i, log_costs)
+    )
+    # gamma, eta, eta~ of the inverse-square terms: (a_i c_i^2)^{1/3} with a_i at the final split.
+    costs = _costs(terms, par, alloc.log_eps_i, n_points)
+    w = {"attention": [], "ffn": [], "all": []}
+    for t, c in zip(terms, costs):
+        if c.form == "inverse_square" and c.log_A > -math.inf and c.log_c > -math.inf:
+            v = (c.log_A + 2.0 * c.log_c) / 3.0
+            w["all"].append(v)
+            w.setdefault(t.group, []).append(v)
+    base = (f"output metric: max over {n_points} token positions of ||.||_2 (THEORY section 2)",
+            f"norm family: {family}",)
+    return TransformerCovering(
+        eps=float(eps), n_points=n_points, family=family, log_log_N=total,
+        contributions=contributions, log_gamma=_lse(w["all"]), log_eta=_lse(w["attention"]),
+        log_eta_tilde=_lse(w["ffn"]), assumptions=base + tuple(assumptions),
+    )
+
+
+class CoveringCurve:
+    """``eps -> ln ln N(eps)`` for many ``eps`` and sample sizes, fast and still certified.
+
+    Note [fixed splits]: any split with ``sum_i c_i eps_i <= eps`` gives a valid cover, so the
+    fractions ``w_i = eps_i / eps`` of an allocation made at one anchor scale stay valid at every
+    ``eps`` (scaled with it).  The curve computes Lemma G.1's allocation once per half-decade of
+    ``eps`` (cached) and evaluates the exact per-matrix bounds with those fractions: one vectorised
+    pass per call, which is what Dudley's integral and sample-size searches need.
+    """
+
+    def __init__(self, terms: Sequence[MatrixTerm], *, family: str = "l21", anchor_n_points: int = 10**6):
+        if family not in NORM_FAMILIES:
+            raise InputError(f"family must be one of {NORM_FAMILIES}, but got family={family!r}")
+        if not terms:
+            raise InputError("a covering curve needs at least one matrix term")
+        self.terms = tuple(terms)
+        self.family = family
+        self._anchor_n = anchor_n_points
+        self._anchors: dict[float, tuple[np.ndarray, dict[str, np.ndarray]]] = {}
+
+    def _anchor(self, log_eps: float) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        key = round(log_eps / math.log(10.0) * 2.0) / 2.0
+        if key not in self._anchors:
+            eps_anchor = 10.0 ** key
+            cov = transformer_log_covering(self.terms, eps_anchor, self._anchor_n, family=self.family)
+            par = [c.cover.startswith("parametric") for c in cov.contributions]
+            self._anchors[key] = (np.array([t.log_eps_i for t in cov.contributions]) - math.log(eps_anchor),
+                                  _term_arrays(self.terms, par))
+        return self._anchors[key]
+
+    def __call__(self, eps: float, n_points: int) -> float:
+        """``ln ln N(eps)`` on ``n_points`` token positions (a certified upper bound)."""
+        log_eps = math.log(eps)
+        fractions, ar = self._anchor(log_eps)
+        return _lse(_exact_loglog(ar, log_eps + fractions, n_points))

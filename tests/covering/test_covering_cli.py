@@ -1,0 +1,59 @@
+"""``transcover bound``: output, JSON, PNG, and one-line errors for bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from transcover.cli import main
+from transcover.model import ReferenceConfig, ReferenceTransformer, save_reference
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("m") / "ref.safetensors"
+    save_reference(ReferenceTransformer(ReferenceConfig(d_model=8, n_heads=2, n_layers=2, d_ff=16, head_hidden=(8,))), path)
+    return path
+
+
+def test_bound_prints_json_and_plot(model_path, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # rich wraps at the terminal width
+    js, png = tmp_path / "b.json", tmp_path / "b.png"
+    rc = main(["bound", str(model_path), "--eps", "0.1", "--n-samples", "1e6", "1e9", "--seq-len", "16",
+               "--json", str(js), "--plot", str(png), "--top", "3"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "log N_inf(eps=0.1" in out and "assumptions" in out and "Theorem G.5" in out
+    data = json.loads(js.read_text())
+    assert data["with_mlp_head"] is True and math.isfinite(data["ln_log_N"])
+    assert [g["n"] for g in data["generalisation"]] == [1e6, 1e9]
+    shares = [c["share"] for c in data["transformer"]["contributions"]]
+    assert sum(shares) == pytest.approx(1.0, rel=1e-9)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--eps", "0"], "--eps must be"),
+    (["--eps", "-0.1"], "--eps must be"),
+    (["--n-samples", "0"], "--n-samples must be"),
+    (["--seq-len", "0"], "--seq-len must be"),
+    (["--radius", "-1"], "--radius must be"),
+    (["--delta", "1.5"], "--delta must be"),
+    (["--plot", "x.jpg"], "must end in .png"),
+])
+def test_bad_arguments_one_line_exit_2(model_path, tmp_path, capsys, argv, needle):
+    js = tmp_path / "never.json"
+    rc = main(["bound", str(model_path), "--json", str(js), *argv])
+    err = capsys.readouterr().err
+    assert rc == 2 and needle in err and err.count("\n") == 1 and err.startswith("transcover: error:")
+    assert not js.exists()
+
+
+def test_missing_file(tmp_path, capsys):
+    rc = main(["bound", str(tmp_path / "nope.safetensors")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("transcover: error:") and err.count("\n") == 1

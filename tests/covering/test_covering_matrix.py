@@ -1,0 +1,83 @@
+"""Matrix covers (THEORY F2, F3) and BFT's spectral complexity (F12) against direct computations."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from transcover import InputError, Kind
+from transcover.covering import (
+    bft_matrix_log_covering,
+    bft_spectral_complexity,
+    linear_linf_log_covering,
+    matrix_linf_log_covering,
+    spectral_ball_matrix_log_covering,
+)
+
+
+def test_zhang_by_hand():
+    # a = b = eps = 1: ceil(36) * ln(2 * ceil(6) * n + 1)
+    assert linear_linf_log_covering(1.0, 1.0, 1.0, 10).value == pytest.approx(36 * math.log(121), rel=1e-14)
+    v = [linear_linf_log_covering(2.0, 1.0, 0.1, n).value for n in (10, 10**4, 10**8)]
+    assert v[0] < v[1] < v[2] and v[2] / v[1] < 2  # logarithmic in n
+
+
+def test_matrix_cover_dominates_each_column_cover():
+    # a one-column matrix is the scalar class, up to F2's +k term
+    one = matrix_linf_log_covering(2.0, 1.5, 0.1, 1000, 1).value
+    scalar = linear_linf_log_covering(2.0, 1.5, 0.1, 1000).value
+    assert scalar <= one <= scalar + 2 * math.log(2 * math.ceil(4 * 3 / 0.1 + 2) * 1000 + 1)
+
+
+def test_bft_maurey_decomposition_and_rate():
+    """The re-derivation of BFT Lemma 3.2: XA is a convex combination of atoms of norm ab, and the
+    average of k sampled atoms is within ab/sqrt(k) in mean square (Maurey)."""
+    rng = np.random.default_rng(0)
+    n, d, m = 7, 5, 4
+    X = rng.standard_normal((n, d))
+    A = rng.standard_normal((d, m))
+    a, b = float(np.linalg.norm(A, axis=0).sum()), float(np.linalg.norm(X))
+    c = np.linalg.norm(X, axis=0)  # column norms of X
+    alpha = (c[:, None] * np.abs(A)) / (a * b)  # weights of the atoms V_ij = a b (X e_i / c_i) e_j^T
+    assert alpha.sum() <= 1 + 1e-12
+    atoms = np.zeros((d, m, n, m))
+    for i in range(d):
+        for j in range(m):
+            atoms[i, j, :, j] = a * b * X[:, i] / c[i]
+    signs = np.sign(A)
+    recon = np.einsum("ij,ij,ijnk->nk", alpha, signs, atoms)
+    assert np.allclose(recon, X @ A, rtol=0, atol=1e-12 * a * b)
+    assert np.allclose(np.linalg.norm(atoms.reshape(d, m, -1), axis=-1), a * b)
+    # leftover weight split between +V_00 and -V_00 keeps the mean; sample k atoms
+    p = np.concatenate([alpha.ravel(), [(1 - alpha.sum()) / 2] * 2])
+    flat = np.concatenate([(signs[..., None, None] * atoms).reshape(d * m, n, m), atoms[0, :1], -atoms[0, :1]])
+    k, trials = 9, 3000
+    idx = rng.choice(len(p), size=(trials, k), p=p / p.sum())
+    err2 = np.mean([np.sum((flat[row].mean(axis=0) - X @ A) ** 2) for row in idx])
+    assert err2 <= (a * b) ** 2 / k
+    # and the lemma's count for eps = ab/sqrt(k)
+    q = bft_matrix_log_covering(a, b, a * b / math.sqrt(k), d, m)
+    assert q.value == pytest.approx(k * math.log(2 * d * m), rel=1e-9)
+
+
+def test_bft_spectral_complexity_direct():
+    rng = np.random.default_rng(1)
+    mats = [rng.standard_normal((6, 5)), rng.standard_normal((5, 4)), rng.standard_normal((4, 3))]
+    s = [float(np.linalg.norm(M, 2)) for M in mats]
+    l21 = [float(np.linalg.norm(M, axis=0).sum()) for M in mats]
+    rho = [1.0, 0.5, 2.0]
+    R = np.prod([r * x for r, x in zip(rho, s)]) * sum((b / x) ** (2 / 3) for b, x in zip(l21, s)) ** 1.5
+    sc = bft_spectral_complexity(s, l21, rho=rho, width=6, input_radius=2.0, feedforward=True)
+    assert sc.R == pytest.approx(R, rel=1e-12) and sc.kind is Kind.CERTIFIED_UPPER
+    assert math.exp(sc.log_A) == pytest.approx(4.0 * math.log(2 * 36) * R**2, rel=1e-12)
+    assert bft_spectral_complexity(s, l21, width=6).kind is Kind.ESTIMATE
+
+
+def test_spectral_ball_and_bad_inputs():
+    assert spectral_ball_matrix_log_covering(3, 4, 1.0, 0.5).value == pytest.approx(12 * math.log(5), rel=1e-14)
+    with pytest.raises(InputError):
+        matrix_linf_log_covering(1.0, 1.0, 0.1, 0, 3)
+    with pytest.raises(InputError):
+        bft_spectral_complexity([1.0, 0.0], [1.0, 1.0], width=3)

@@ -30,18 +30,22 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 
+def _t(x) -> torch.Tensor:
+    return torch.as_tensor(x)
+
+
 def straightforward(spec) -> dict[tuple[int, str], float]:
     """Form each quantity's matrix and take torch.linalg.matrix_norm(ord=2) (float32)."""
     out = {}
     for layer in spec.layers:
         a, f = layer.attention, layer.ffn
         for h in range(a.n_heads):
-            Wq, Wk, Wv, Wo = a.head(h)
+            Wq, Wk, Wv, Wo = (_t(t) for t in a.head(h))
             out[(layer.index, f"KQ{h}")] = float(torch.linalg.matrix_norm(Wq @ Wk.T * a.softmax_scale, 2))
             out[(layer.index, f"OV{h}")] = float(torch.linalg.matrix_norm(Wv @ Wo, 2))
-        out[(layer.index, "W_O")] = float(torch.linalg.matrix_norm(a.W_O.reshape(-1, a.d_model), 2))
-        out[(layer.index, "W_1")] = float(torch.linalg.matrix_norm(f.W_1, 2))
-        out[(layer.index, "W_2")] = float(torch.linalg.matrix_norm(f.W_2, 2))
+        out[(layer.index, "W_O")] = float(torch.linalg.matrix_norm(_t(a.W_O).reshape(-1, a.d_model), 2))
+        out[(layer.index, "W_1")] = float(torch.linalg.matrix_norm(_t(f.W_1), 2))
+        out[(layer.index, "W_2")] = float(torch.linalg.matrix_norm(_t(f.W_2), 2))
     return out
 
 
@@ -51,12 +55,12 @@ def exact_reference(spec) -> dict[tuple[int, str], float]:
     for layer in spec.layers:
         a, f = layer.attention, layer.ffn
         for h in range(a.n_heads):
-            Wq, Wk, Wv, Wo = (t.double() for t in a.head(h))
+            Wq, Wk, Wv, Wo = (_t(t).double() for t in a.head(h))
             out[(layer.index, f"KQ{h}")] = float(torch.linalg.matrix_norm(Wq @ Wk.T * a.softmax_scale, 2))
             out[(layer.index, f"OV{h}")] = float(torch.linalg.matrix_norm(Wv @ Wo, 2))
-        out[(layer.index, "W_O")] = float(torch.linalg.matrix_norm(a.W_O.double().reshape(-1, a.d_model), 2))
-        out[(layer.index, "W_1")] = float(torch.linalg.matrix_norm(f.W_1.double(), 2))
-        out[(layer.index, "W_2")] = float(torch.linalg.matrix_norm(f.W_2.double(), 2))
+        out[(layer.index, "W_O")] = float(torch.linalg.matrix_norm(_t(a.W_O).double().reshape(-1, a.d_model), 2))
+        out[(layer.index, "W_1")] = float(torch.linalg.matrix_norm(_t(f.W_1).double(), 2))
+        out[(layer.index, "W_2")] = float(torch.linalg.matrix_norm(_t(f.W_2).double(), 2))
     return out
 
 

@@ -24,11 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 from threadpoolctl import threadpool_limits
 
 from .._results import Interval, Kind
-from ..model._functional import apply_rope
 from ..model._spec import AttentionSpec, LayerSpec, NormSpec, TransformerSpec
 from ._entrywise import (
     frobenius_interval,
@@ -42,6 +40,7 @@ from ._spectral import (
     scale_interval,
     spectral_norm_estimate,
     spectral_norm_interval,
+    as_array,
 )
 
 __all__ = ["MatrixNorms", "HeadNorms", "NormParams", "LayerNorms", "EmbeddingNorms", "AnalysisResult",
@@ -231,8 +230,9 @@ class AnalysisResult:
 # ---------------------------------------------------------------------------------------------
 
 
-def _np(t: torch.Tensor, dtype=torch.float64) -> np.ndarray:
-    return t.detach().to(device="cpu", dtype=dtype).numpy()
+def _np(t, dtype=np.float64) -> np.ndarray:
+    """numpy view/copy of a spec array (numpy or torch: torch is never imported by this module)."""
+    return as_array(t, dtype)
 
 
 def _estimate(value: float, method: str) -> Interval:
@@ -249,9 +249,9 @@ class _Measurer:
     def __init__(self, fast: bool, rtol: float):
         self.fast = fast
         self.rtol = rtol
-        self.dtype = torch.float32 if fast else torch.float64
+        self.dtype = np.float32 if fast else np.float64
 
-    def array(self, t: torch.Tensor) -> np.ndarray:
+    def array(self, t) -> np.ndarray:
         return _np(t, self.dtype)
 
     def matrix(self, role: str, W, tensor: str = "") -> MatrixNorms:
@@ -278,6 +278,10 @@ class _Measurer:
                            scale_interval(fro, scale), scale_interval(l21, scale))
 
 
+def _max_row_norm(E: np.ndarray) -> float:
+    return float(np.sqrt(np.einsum("ij,ij->i", E, E, dtype=np.float64).max(initial=0.0)))
+
+
 def _max_interval(ivs: list[Interval], method: str) -> Interval:
     return Interval(max(i.lower for i in ivs), max(i.upper for i in ivs), ivs[0].kind, method)
 
@@ -299,8 +303,12 @@ def _kq_head(attn: AttentionSpec, h: int, m: _Measurer, f64: dict[str, np.ndarra
         # sup over relative positions Delta of ||W_Q R_Delta W_K^T||: every R_Delta is orthogonal, so
         # ||W_Q|| ||W_K|| is a certified upper end; certified lower ends at sampled Delta give the lower end.
         lowers = []
+        from ..model._functional import apply_rope  # RoPE models only (needs torch)
+        import torch
+
+        Wq_t = torch.as_tensor(_np(Wq))
         for delta in _rope_offsets(attn.rope.max_position):
-            Wq_rot = apply_rope(Wq.double(), attn.rope, torch.full((Wq.shape[0],), float(delta)))
+            Wq_rot = apply_rope(Wq_t, attn.rope, torch.full((Wq.shape[0],), float(delta), dtype=torch.float64))
             iv = (product_norm_estimate if m.fast else product_norm_interval)(m.array(Wq_rot), Bt, rtol=m.rtol)
             lowers.append(iv.lower * scale)
         q_norm = m.matrix("W_Q", A).spectral
@@ -330,6 +338,45 @@ def _head_norms(attn: AttentionSpec, h: int, m: _Measurer, f64: dict[str, np.nda
     return HeadNorms(h, B_KQ, ov.spectral, matrices[f"W_V.h{g}"].spectral, B_KQ_bias)
 
 
+def _lowrank_estimates(G_A: np.ndarray, G_B: np.ndarray, B: np.ndarray, scale: float) -> tuple[np.ndarray, ...]:
+    """Batched over heads: ||A_h B_h||_2, ||.||_F, ||.||_{2,1} from G_A = A^T A, G_B = B B^T (estimates)."""
+    lam = np.linalg.eigvals(G_A.astype(np.float64) @ G_B.astype(np.float64)).real.max(axis=-1)
+    sq = np.clip(np.einsum("hij,hij->hj", G_A @ B, B), 0.0, None)  # squared column norms of A B
+    col = np.sqrt(sq)
+    return (np.sqrt(np.clip(lam, 0.0, None)) * scale, np.sqrt(sq.sum(-1)) * scale, col.sum(-1) * scale)
+
+
+def _heads_fast(attn: AttentionSpec, m: _Measurer, arr: dict[str, np.ndarray],
+                matrices: dict[str, MatrixNorms], names: dict[str, str]) -> list[HeadNorms]:
+    """``--fast``: every head of a layer at once (batched r x r problems), all labelled estimates."""
+    H = attn.n_heads
+    kv = [attn.kv_index(h) for h in range(H)]
+    WQ, WK, WV, WO = arr["W_Q"], arr["W_K"][kv], arr["W_V"], arr["W_O"]  # (H,d,r) (H,d,r) (Hkv,d,r) (H,r,d)
+    KT = WK.transpose(0, 2, 1)  # (H, r, d): B = W_K^T
+    G_K = KT @ WK
+    scale = attn.softmax_scale
+    kq = _lowrank_estimates(WQ.transpose(0, 2, 1) @ WQ, G_K, KT, scale)
+    kq_bias = None
+    if attn.b_Q is not None:
+        WQa = np.concatenate([WQ, m.array(attn.b_Q)[:, None, :]], axis=1)  # [W_Q; b_Q] (Note [attention biases])
+        kq_bias = _lowrank_estimates(WQa.transpose(0, 2, 1) @ WQa, G_K, KT, scale)[0]
+    G_V = WV.transpose(0, 2, 1) @ WV  # (Hkv, r, r)
+    ov = _lowrank_estimates(G_V[kv], WO @ WO.transpose(0, 2, 1), WO, 1.0)
+    v_norm = np.sqrt(np.clip(np.linalg.eigvalsh(G_V.astype(np.float64))[:, -1], 0.0, None))
+    d = attn.d_model
+    for g in sorted(set(kv)):
+        matrices[f"W_V.h{g}"] = m.matrix(f"W_V.h{g}", WV[g], names.get("W_V", ""))
+    heads = []
+    for h in range(H):
+        kq_h = [_estimate(float(x[h]), "batched low-rank") for x in kq]
+        ov_h = [_estimate(float(x[h]), "batched low-rank") for x in ov]
+        matrices[f"W_KQ.h{h}"] = MatrixNorms(f"W_KQ.h{h}", (d, d), *kq_h)
+        matrices[f"W_OV.h{h}"] = MatrixNorms(f"W_OV.h{h}", (d, d), *ov_h)
+        bias = None if kq_bias is None else _estimate(float(kq_bias[h]), "batched low-rank")
+        heads.append(HeadNorms(h, kq_h[0], ov_h[0], _estimate(float(v_norm[kv[h]]), "float32 gram"), bias))
+    return heads
+
+
 # Note [small problems]: per-head work is a few hundred tiny (d_head-sized) BLAS/LAPACK calls.
 # Multi-threaded BLAS only adds synchronisation to those, and on a busy machine its spinning
 # threads can make each call 100x slower; they run single-threaded, the big Grams do not.
@@ -342,7 +389,10 @@ def _layer_norms(layer: LayerSpec, m: _Measurer) -> LayerNorms:
     # one float64 copy of each weight per layer (contiguous: the BLAS calls below are then cheap)
     f64 = {k: m.array(getattr(attn, k)) for k in ("W_Q", "W_K", "W_V", "W_O")}
     with threadpool_limits(limits=1):  # Note [small problems]
-        heads = [_head_norms(attn, h, m, f64, matrices, names) for h in range(attn.n_heads)]
+        if m.fast and attn.rope is None:
+            heads = _heads_fast(attn, m, f64, matrices, names)
+        else:
+            heads = [_head_norms(attn, h, m, f64, matrices, names) for h in range(attn.n_heads)]
     matrices["W_O"] = m.matrix("W_O", f64["W_O"].reshape(-1, attn.d_model), names.get("W_O", ""))
     matrices["W_1"] = m.matrix("W_1", ffn.W_1, names.get("W_1", ""))
     matrices["W_2"] = m.matrix("W_2", ffn.W_2, names.get("W_2", ""))
@@ -351,7 +401,7 @@ def _layer_norms(layer: LayerSpec, m: _Measurer) -> LayerNorms:
         matrices["W_gate"] = m.matrix("W_gate", ffn.W_gate, names.get("W_gate", ""))
         B_Wgate = matrices["W_gate"].spectral
 
-    def bias_norm(b: torch.Tensor | None) -> Interval:
+    def bias_norm(b) -> Interval:
         return _ZERO if b is None else vector_norm_interval(_np(b))
 
     b_attn = attn.effective_output_bias()
@@ -414,13 +464,14 @@ def analyze_spec(
     embs = []
     if embeddings:
         for name, E in spec.embeddings.items():
+            E = m.array(E)
             if E.ndim != 2:
                 E = E.reshape(E.shape[0], -1)  # e.g. a patch-embedding convolution kernel
-            mat = m.matrix(name, E)
-            embs.append(EmbeddingNorms(name, mat, float(E.double().norm(dim=1).max())))
+            embs.append(EmbeddingNorms(name, m.matrix(name, E), _max_row_norm(E)))
     if spec.head is not None:
         for j, W in enumerate(spec.head.weights):
-            embs.append(EmbeddingNorms(f"mlp_head.{j}", m.matrix(f"mlp_head.{j}", W), float(W.double().norm(dim=1).max())))
+            W = m.array(W)
+            embs.append(EmbeddingNorms(f"mlp_head.{j}", m.matrix(f"mlp_head.{j}", W), _max_row_norm(W)))
     notes = []
     if first.attention.rope is not None:
         notes.append("RoPE: B_KQ is the sup over relative positions; its upper end is scale*||W_Q||*||W_K|| "

@@ -29,9 +29,12 @@ def gram_with_error(W: np.ndarray) -> tuple[np.ndarray, float]:
     Error: ``|fl(G) - G| <= gamma_m |W|^T |W|``, and ``|| |W|^T|W| ||_2 <= ||W||_F^2``.
     """
     m = W.shape[0]
-    Wf = np.asfortranarray(W)
-    G = blas.dsyrk(1.0, Wf, trans=1, lower=0)  # upper triangle of W^T W
-    G = np.triu(G) + np.triu(G, 1).T
+    if W.flags.c_contiguous:  # W^T is then Fortran-ordered: G = (W^T)(W^T)^T without a copy
+        G = blas.dsyrk(1.0, W.T, trans=0, lower=0)
+    else:
+        G = blas.dsyrk(1.0, np.asfortranarray(W), trans=1, lower=0)
+    G = np.triu(G)  # dsyrk fills the upper triangle; mirror it
+    G += np.triu(G, 1).T
     fro2 = float(np.einsum("ij,ij->", W, W))
     fro2 = up(fro2 * (1.0 + gamma(W.size)))
     return G, up(gamma(m) * fro2)

@@ -150,3 +150,16 @@ def test_invalid_rtol_is_a_clear_error():
     spec = _random_spec(0, 4, 1, 2, 1, 3, False, False)
     with pytest.raises(InputError, match="rtol"):
         analyze_spec(spec, rtol=0.0)
+
+
+def test_float32_arrays_from_files_are_enclosed_in_float64():
+    """Specs read from files hold float32 numpy arrays: every certified sum must still be float64."""
+    from transcover.norms import frobenius_interval, l21_interval
+
+    rng = np.random.default_rng(5)
+    W = rng.standard_normal((384, 1536)).astype(np.float32)
+    W64 = W.astype(np.float64)
+    exact_l21 = float(np.sqrt((W64 * W64).sum(axis=0)).sum())
+    exact_fro = float(np.sqrt((W64 * W64).sum()))
+    l21, fro = l21_interval(W), frobenius_interval(W)
+    assert l21.lower <= exact_l21 <= l21.upper and fro.lower <= exact_fro <= fro.upper

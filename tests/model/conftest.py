@@ -13,11 +13,23 @@ def _assert_close(actual: torch.Tensor, expected: torch.Tensor, n: int, dtype: t
     ``n`` is the longest inner-product length in the computation (d or d_ff); ``dtype`` is the
     lowest precision the *reference* computes in (HF computes some pieces in float32 on purpose).
     """
+    # A spec read from files holds numpy arrays; compare them as tensors (no copy, no rounding).
+    actual, expected = torch.as_tensor(actual), torch.as_tensor(expected)
     assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)}"
     scale = 1.0 + float(expected.abs().max())
     tol = 100 * n * torch.finfo(dtype).eps * scale
     err = float((actual.double() - expected.double()).abs().max())
     assert err <= tol, f"{what}: max error {err:.3e} > tolerance {tol:.3e}"
+
+
+def as_tensor(x) -> torch.Tensor:
+    """A spec array as a tensor: specs read from files hold numpy arrays, modules' specs tensors."""
+    return torch.as_tensor(x)
+
+
+def tensors_equal(a, b) -> bool:
+    """``torch.equal`` for numpy arrays and tensors alike (same shape, dtype and values)."""
+    return torch.equal(as_tensor(a), as_tensor(b))
 
 
 @pytest.fixture

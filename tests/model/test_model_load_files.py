@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import randomize
+from conftest import as_tensor, randomize, tensors_equal
 from safetensors.torch import load_file, save_file
 
 from transcover import InputError, UnsupportedArchitectureError, WeightError
@@ -45,8 +45,8 @@ def _copy(src, dst, tensors=None, config=None):
 def _layers_equal(a, b):
     for la, lb in zip(a.layers, b.layers, strict=True):
         for name in ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_O"):
-            assert torch.equal(getattr(la.attention, name), getattr(lb.attention, name)), name
-        assert torch.equal(la.ffn.W_1, lb.ffn.W_1) and torch.equal(la.norm_ffn.weight, lb.norm_ffn.weight)
+            assert tensors_equal(getattr(la.attention, name), getattr(lb.attention, name)), name
+        assert tensors_equal(la.ffn.W_1, lb.ffn.W_1) and tensors_equal(la.norm_ffn.weight, lb.norm_ffn.weight)
 
 
 def test_sharded_checkpoint_round_trip(bert_dir, tmp_path):
@@ -71,10 +71,10 @@ def test_half_precision_checkpoints_upcast_exactly(bert_dir, dtype, tmp_path, as
     spec = load(half)
     assert spec.config["storage_dtype"] == str(dtype).removeprefix("torch.")
     layer = spec.layers[1]
-    assert layer.attention.W_Q.dtype == torch.float32
+    assert as_tensor(layer.attention.W_Q).dtype == torch.float32
     stored = model.encoder.layer[1].attention.self.query.weight.detach()
     # the upcast is exact: the float32 spec holds the half-precision values themselves
-    assert torch.equal(layer.attention.W_Q.double(), stored.T.reshape(D, H, D // H).permute(1, 0, 2))
+    assert tensors_equal(as_tensor(layer.attention.W_Q).double(), stored.T.reshape(D, H, D // H).permute(1, 0, 2))
     X = torch.randn(2, 5, D, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         hidden = model.encoder(model.embeddings.LayerNorm(X)).last_hidden_state

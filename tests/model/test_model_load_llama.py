@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import randomize
+from conftest import as_tensor, randomize, tensors_equal
 
 from transcover.model import (
     Activation, NormKind, attention_forward, ffn_forward, layer_forward, load, transformer_forward,
@@ -96,5 +96,5 @@ def test_llama_whole_model_matches_hf(llama, assert_close):
         hidden = model.model(inputs_embeds=X).last_hidden_state
     assert_close(transformer_forward(spec, X), hidden, L * DFF, torch.float32, what="model")
     # the untied LM head is kept, un-embedding as x @ W
-    assert torch.equal(spec.embeddings["unembedding"], model.lm_head.weight.detach().T)
+    assert tensors_equal(spec.embeddings["unembedding"], model.lm_head.weight.detach().T)
     assert spec.layers[1].names["W_gate"] == "model.layers.1.mlp.gate_proj.weight"

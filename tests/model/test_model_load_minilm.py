@@ -13,6 +13,7 @@ import sys
 
 import pytest
 import torch
+from conftest import as_tensor, tensors_equal
 
 from transcover.model import bundled_model_dir, layer_forward, load, transformer_forward
 
@@ -29,7 +30,7 @@ def test_bundled_names(source):
     assert (spec.arch, spec.n_layers, spec.d_model) == ("bert", 6, 384)
     assert spec.config["n_heads"] == 12 and spec.config["d_ff"] == 1536
     assert spec.config["storage_dtype"] == "float32"
-    assert spec.layers[0].attention.W_Q.dtype == torch.float32
+    assert as_tensor(spec.layers[0].attention.W_Q).dtype == torch.float32
 
 
 def test_bundled_first_layer_and_last_hidden_state(minilm, assert_close):

@@ -14,7 +14,7 @@ import json
 
 import pytest
 import torch
-from conftest import randomize
+from conftest import as_tensor, randomize, tensors_equal
 from safetensors.torch import save_file
 from torch import nn
 
@@ -92,8 +92,8 @@ def test_reference_model_from_file_and_module(norm, causal, tmp_path, assert_clo
     for spec in (load(path), load(model)):
         assert spec.arch == "reference" and spec.n_layers == 2
         for got, ref in zip(spec.layers, expected.layers):
-            assert torch.equal(got.attention.W_Q, ref.attention.W_Q) and got.attention.W_Q.dtype == torch.float64
-            assert torch.equal(got.ffn.W_2, ref.ffn.W_2)
+            assert tensors_equal(got.attention.W_Q, ref.attention.W_Q) and as_tensor(got.attention.W_Q).dtype == torch.float64
+            assert tensors_equal(got.ffn.W_2, ref.ffn.W_2)
         with torch.no_grad():
             assert_close(transformer_forward(spec, X), model(X), 24 * 2, what="reference with head")
             assert_close(transformer_forward(spec, X, with_head=False), model.features(X), 24 * 2,

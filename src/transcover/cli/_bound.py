@@ -95,8 +95,8 @@ def run(args: argparse.Namespace) -> int:
     from ..report import atomic_write_text
 
     _validate(args)
-    spec = load(args.model, arch=args.arch, allow_pickle=args.allow_pickle)
-    reference = None if args.reference is None else load(args.reference, arch=args.arch, allow_pickle=args.allow_pickle)
+    spec = load(args.model, arch=args.arch, allow_pickle=args.allow_pickle).to_torch()
+    reference = None if args.reference is None else load(args.reference, arch=args.arch, allow_pickle=args.allow_pickle).to_torch()
     result = model_bound(spec, eps=args.eps, n_samples=tuple(args.n_samples), seq_len=args.seq_len,
                          radius=args.radius, c_sm=args.c_sm, family=args.family, sigma_min=args.sigma_min,
                          reference=reference, loss_lipschitz=args.loss_lipschitz, loss_bound=args.loss_bound,

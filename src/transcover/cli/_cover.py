@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
                     raise InputError(f"--perturb expects ROLE=RADIUS, but got {item!r}") from None
             from ..model import load
 
-            spec = load(args.model, arch=args.arch)
+            spec = load(args.model, arch=args.arch).to_torch()
             sample = E.sample_local_class(spec, radii, args.functions, radial=args.radial, seed=args.seed)
             d_model = spec.d_model
         X = E.random_inputs(args.samples, args.seq_len, d_model, seed=args.seed + 1)

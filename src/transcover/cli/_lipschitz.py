@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     from ..report import atomic_write_text
 
     check_common(args)
-    spec = load(args.model, arch=args.arch, allow_pickle=args.allow_pickle)
+    spec = load(args.model, arch=args.arch, allow_pickle=args.allow_pickle).to_torch()
     small_threads(spec.d_model, args.seq_len)
     seq = args.seq_len if args.metric == "fro" or _needs_seq_len(spec) else None
     bounds = compose(spec_norms(spec), radius=args.radius, c_sm=args.c_sm, metric=args.metric, seq_len=seq,

@@ -33,8 +33,8 @@ def run(args: argparse.Namespace) -> int:
     check_common(args)
     if args.top < 0:
         raise InputError(f"--top must be >= 0, but got --top={args.top}")
-    a = load(args.model_a, arch=args.arch, allow_pickle=args.allow_pickle)
-    b = load(args.model_b, arch=args.arch, allow_pickle=args.allow_pickle)
+    a = load(args.model_a, arch=args.arch, allow_pickle=args.allow_pickle).to_torch()
+    b = load(args.model_b, arch=args.arch, allow_pickle=args.allow_pickle).to_torch()
     small_threads(a.d_model, args.seq_len)
     seq = args.seq_len if args.metric == "fro" else None
     bound = perturbation_bound(a, b, radius=args.radius, c_sm=args.c_sm, metric=args.metric, seq_len=seq,

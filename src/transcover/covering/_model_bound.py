@@ -176,6 +176,9 @@ def model_terms(spec: TransformerSpec, *, radius: float = 1.0, c_sm: float = 1.0
     Raises:
         InputError: ``reference`` with a different architecture.
     """
+    spec = spec.to_torch()  # specs loaded from files hold numpy arrays
+    reference = None if reference is None else reference.to_torch()
+    other = None if other is None else other.to_torch()
     if reference is not None and (reference.n_layers != spec.n_layers or reference.d_model != spec.d_model):
         raise InputError(f"reference model has {reference.n_layers} layers, d_model={reference.d_model}; "
                          f"expected {spec.n_layers} layers, d_model={spec.d_model}")

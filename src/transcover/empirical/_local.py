@@ -137,4 +137,4 @@ def _as_spec(model) -> TransformerSpec:
     except ImportError:
         raise InputError(f"cannot build a local class from {type(model).__name__}; pass a "
                          "TransformerSpec or a ReferenceTransformer") from None
-    return load(model)
+    return load(model).to_torch()

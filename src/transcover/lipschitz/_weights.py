@@ -175,6 +175,7 @@ def attention_kind(spec: TransformerSpec) -> str:
 
 def spec_norms(spec: TransformerSpec) -> SpecNorms:
     """Read every class bound of ``spec`` (one layer at a time, so lazy specs stay lazy)."""
+    spec = spec.to_torch()  # specs loaded from files hold numpy arrays
     kind = attention_kind(spec)
     return SpecNorms(
         d_model=spec.d_model, input_norm=_norm_bounds(spec.input_norm),

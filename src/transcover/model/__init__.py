@@ -1,13 +1,18 @@
-"""The seed's decomposition (section 1.2): typed layers and heads, adapters, loading, the reference model."""
+"""The seed's decomposition (section 1.2): typed layers and heads, adapters, loading, the reference model.
+
+Importing this package does not import torch (Note [no torch on the file path] in ``_arrays``): the
+torch module :class:`ReferenceTransformer` and its helpers are resolved on first access
+(``__getattr__`` below).
+"""
+
+from typing import Any
 
 from ._functional import attention_forward as attention_forward
 from ._functional import ffn_forward as ffn_forward
 from ._functional import layer_forward as layer_forward
 from ._functional import transformer_forward as transformer_forward
-from ._reference import ReferenceConfig as ReferenceConfig
-from ._reference import ReferenceTransformer as ReferenceTransformer
-from ._reference import reference_spec as reference_spec
-from ._reference import save_reference as save_reference
+from ._convert import as_torch as as_torch
+from ._reference_spec import ReferenceConfig as ReferenceConfig
 from ._spec import Activation as Activation
 from ._spec import AttentionSpec as AttentionSpec
 from ._spec import FFNSpec as FFNSpec
@@ -24,7 +29,7 @@ __all__ = [
     "Activation", "AttentionSpec", "FFNSpec", "LayerSequence", "LayerSpec", "MLPHeadSpec",
     "NormKind", "NormSpec", "Placement", "RopeSpec", "TransformerSpec",
     "ReferenceConfig", "ReferenceTransformer", "reference_spec", "save_reference",
-    "attention_forward", "ffn_forward", "layer_forward", "transformer_forward",
+    "attention_forward", "ffn_forward", "layer_forward", "transformer_forward", "as_torch",
 ]
 from ._load import SUPPORTED_ARCHITECTURES as SUPPORTED_ARCHITECTURES
 from ._load import bundled_model_dir as bundled_model_dir
@@ -32,3 +37,14 @@ from ._load import load as load
 from ._load import spec_from_module as spec_from_module
 
 __all__ += ["SUPPORTED_ARCHITECTURES", "bundled_model_dir", "load", "spec_from_module"]
+
+_TORCH_NAMES = ("ReferenceTransformer", "reference_spec", "save_reference")
+
+
+def __getattr__(name: str) -> Any:
+    """The torch-backed names (``ReferenceTransformer``, ``reference_spec``, ``save_reference``), imported on use."""
+    if name in _TORCH_NAMES:
+        from . import _reference
+
+        return getattr(_reference, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

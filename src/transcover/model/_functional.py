@@ -4,16 +4,27 @@ These functions recompute a model's attention, FFN and whole layers from a
 :class:`~transcover.model.TransformerSpec`; the adapter tests compare them with the original
 modules, which is what proves an adapter right.  Later stages (Lipschitz estimates, covering
 estimates) use them as the reference semantics of a spec.
+
+They compute in torch, in the dtype of ``X``; a spec read from files holds numpy arrays, which are
+converted here (:func:`~transcover.model._arrays.to_tensor`).  torch is imported inside the
+functions: ``transcover.norms`` imports :func:`apply_rope` on the CLI's start-up path.
 """
 
 from __future__ import annotations
 
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING
 
+from ._arrays import to_tensor
 from ._spec import AttentionSpec, FFNSpec, LayerSpec, Placement, RopeSpec, TransformerSpec
 
+if TYPE_CHECKING:
+    from torch import Tensor
+
 __all__ = ["attention_forward", "ffn_forward", "layer_forward", "transformer_forward", "apply_rope"]
+
+
+def _w(W, X):  # noqa: ANN001, ANN202  (a spec array as a tensor of X's dtype)
+    return to_tensor(W, X)
 
 
 def apply_rope(x: Tensor, rope: RopeSpec, positions: Tensor) -> Tensor:
@@ -21,6 +32,8 @@ def apply_rope(x: Tensor, rope: RopeSpec, positions: Tensor) -> Tensor:
 
     ``x`` is (..., T, d_head); ``positions`` is (T,).
     """
+    import torch
+
     d_head = x.shape[-1]
     inv = rope.inv_freq(d_head).to(x.dtype)
     rd = inv.numel() * 2
@@ -40,17 +53,18 @@ def attention_scores(attn: AttentionSpec, X: Tensor, h: int) -> Tensor:
     in ``_spec``); ``b_K`` is dropped because it cancels in the softmax.  With RoPE the key bias
     would not cancel, so the biases are applied as in the model.
     """
+    import torch
+
     Wq, Wk, _, _ = attn.head(h)
-    dt = X.dtype
     T = X.shape[-2]
     if attn.rope is None:
         Xa = torch.cat([X, torch.ones_like(X[..., :1])], dim=-1)
-        q = Xa @ attn.W_Q_augmented(h).to(dt)
-        k = X @ Wk.to(dt)
+        q = Xa @ _w(attn.W_Q_augmented(h), X)
+        k = X @ _w(Wk, X)
     else:
         g = attn.kv_index(h)
-        q = X @ Wq.to(dt) + (0 if attn.b_Q is None else attn.b_Q[h].to(dt))
-        k = X @ Wk.to(dt) + (0 if attn.b_K is None else attn.b_K[g].to(dt))
+        q = X @ _w(Wq, X) + (0 if attn.b_Q is None else _w(attn.b_Q[h], X))
+        k = X @ _w(Wk, X) + (0 if attn.b_K is None else _w(attn.b_K[g], X))
         pos = torch.arange(T)
         q = apply_rope(q, attn.rope, pos)
         k = apply_rope(k, attn.rope, pos)
@@ -63,39 +77,39 @@ def attention_scores(attn: AttentionSpec, X: Tensor, h: int) -> Tensor:
 
 def attention_forward(attn: AttentionSpec, X: Tensor) -> Tensor:
     """Multi-head self-attention output (before the residual) on X of shape (..., T, d)."""
-    dt = X.dtype
+    import torch
+
     if attn.kind == "l2":
         from ..lipschitz import l2_attention_forward  # the L2 variant lives with its bound
 
-        return l2_attention_forward(X, attn.W_Q.to(dt), attn.W_V.to(dt), attn.W_O.to(dt))
+        return l2_attention_forward(X, _w(attn.W_Q, X), _w(attn.W_V, X), _w(attn.W_O, X))
     out = None
     for h in range(attn.n_heads):
         _, _, Wv, Wo = attn.head(h)
         P = torch.softmax(attention_scores(attn, X, h), dim=-1)
-        term = (P @ X) @ (Wv.to(dt) @ Wo.to(dt))  # (..., T, d): P X W_OV^h
+        term = (P @ X) @ (_w(Wv, X) @ _w(Wo, X))  # (..., T, d): P X W_OV^h
         out = term if out is None else out + term
     bias = attn.effective_output_bias()
     if bias is not None:
-        out = out + bias.to(dt)
+        out = out + _w(bias, X)
     return out
 
 
 def ffn_forward(ffn: FFNSpec, X: Tensor) -> Tensor:
     """The FFN (before the residual) on X of shape (..., d)."""
-    dt = X.dtype
-    u = X @ ffn.W_1.to(dt)
+    u = X @ _w(ffn.W_1, X)
     if ffn.b_1 is not None:
-        u = u + ffn.b_1.to(dt)
+        u = u + _w(ffn.b_1, X)
     if ffn.gated:
-        g = X @ ffn.W_gate.to(dt)
+        g = X @ _w(ffn.W_gate, X)
         if ffn.b_gate is not None:
-            g = g + ffn.b_gate.to(dt)
+            g = g + _w(ffn.b_gate, X)
         hidden = ffn.activation(g) * u
     else:
         hidden = ffn.activation(u)
-    y = hidden @ ffn.W_2.to(dt)
+    y = hidden @ _w(ffn.W_2, X)
     if ffn.b_2 is not None:
-        y = y + ffn.b_2.to(dt)
+        y = y + _w(ffn.b_2, X)
     return y
 
 
@@ -120,9 +134,9 @@ def transformer_forward(spec: TransformerSpec, X: Tensor, *, with_head: bool = T
         head = spec.head
         z = X.mean(dim=-2) if head.readout == "mean" else X[..., 0, :]
         for i, (W, b) in enumerate(zip(head.weights, head.biases)):
-            z = z @ W.to(z.dtype)
+            z = z @ _w(W, z)
             if b is not None:
-                z = z + b.to(z.dtype)
+                z = z + _w(b, z)
             if i < len(head.weights) - 1:
                 z = head.activation(z)
         return z

@@ -4,9 +4,10 @@ What can be loaded (see :func:`load`): the bundled all-MiniLM-L6-v2, a Hugging F
 (``config.json`` + ``model.safetensors`` or shards + ``model.safetensors.index.json``), a bare
 ``.safetensors`` file, a pickled checkpoint when explicitly allowed, or a live ``nn.Module``.
 
-Note [start-up cost]: the file path imports only torch, safetensors and json (plus this package):
-never ``transformers`` and never the bundled model's own package, whose directory is found with
-``importlib.util.find_spec`` (which does not import it).  The CLI's start-up time depends on it.
+Note [start-up cost]: the file path imports only numpy and json (plus this package): never torch
+(Note [no torch on the file path] in ``_arrays``), never ``transformers`` and never the bundled
+model's own package, whose directory is found with ``importlib.util.find_spec`` (which does not
+import it).  The CLI's start-up time depends on it.  Modules and pickles import torch when given.
 """
 
 from __future__ import annotations
@@ -14,17 +15,25 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import sys
 from pathlib import Path
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING
 
 from .._errors import InputError, UnsupportedArchitectureError
 from ._adapters import SUPPORTED_ARCHITECTURES, adapter_for, arch_from_config
 from ._sources import StateDictSource, TensorSource, open_safetensors
 from ._spec import TransformerSpec
 
+if TYPE_CHECKING:
+    from torch import nn
+
 __all__ = ["load", "spec_from_module", "bundled_model_dir", "SUPPORTED_ARCHITECTURES"]
+
+
+def _is_module(obj: object) -> bool:
+    """Whether ``obj`` is an ``nn.Module``; an object can only be one if torch is already imported."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(obj, torch.nn.Module)
 
 BUNDLED_NAME = "sentence-transformers/all-MiniLM-L6-v2"
 _BUNDLED_ALIASES = {"all-minilm-l6-v2", "minilm", BUNDLED_NAME.lower()}
@@ -65,8 +74,8 @@ def load(
         UnsupportedArchitectureError: no adapter for the architecture (the message lists them).
         WeightError: (when a layer is read) a missing tensor, a wrong shape, NaN/Inf, integer dtype.
     """
-    if isinstance(source, nn.Module):
-        return spec_from_module(source, arch=arch)
+    if _is_module(source):
+        return spec_from_module(source, arch=arch)  # type: ignore[arg-type]
     if source is None or (isinstance(source, str) and source.lower() in _BUNDLED_ALIASES
                           and not Path(source).exists()):
         return _load_directory(bundled_model_dir(), arch, allow_pickle, name=BUNDLED_NAME)
@@ -108,6 +117,8 @@ def spec_from_module(module: nn.Module, *, arch: str | None = None) -> Transform
             cannot represent exactly (e.g. scaled RoPE, relative position scores, cross-attention).
         InputError: the module has no Transformer layers.
     """
+    from torch import nn
+
     from ._adapters._torch_encoder import build_torch_encoder, torch_encoder_config
     from ._reference import ReferenceTransformer, reference_spec
 
@@ -186,6 +197,8 @@ def _load_pickle(path: Path, allow_pickle: bool) -> _PickledSource:
         raise InputError(_PICKLE_REFUSED.format(path=path))
     if not path.is_file():
         raise InputError(f"checkpoint file not found: {path}")
+    import torch
+
     try:
         obj = torch.load(path, weights_only=True, map_location="cpu")
     except Exception as err:  # unpickling errors come in many types; all mean "unreadable file"

@@ -18,91 +18,17 @@ parametrize them directly.
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import asdict, dataclass, field
+from functools import reduce
 from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
-from ._spec import (
-    Activation,
-    AttentionSpec,
-    FFNSpec,
-    LayerSpec,
-    MLPHeadSpec,
-    NormKind,
-    NormSpec,
-    Placement,
-    TransformerSpec,
-)
+from ._reference_spec import ReferenceConfig, build_reference_spec
+from ._spec import Activation, TransformerSpec
 
 __all__ = ["ReferenceConfig", "ReferenceTransformer", "save_reference", "reference_spec"]
-
-_NORMS = {"ball": NormKind.BALL, "layernorm": NormKind.LAYERNORM, "none": NormKind.NONE}
-
-
-@dataclass(frozen=True)
-class ReferenceConfig:
-    """Shape and choices of the reference model.
-
-    Every field is a choice the theory cares about; defaults are small enough for exhaustive tests.
-    """
-
-    d_model: int = 32
-    n_heads: int = 2
-    n_layers: int = 2
-    d_ff: int = 64
-    d_head: int | None = None  # None: d_model // n_heads
-    activation: str = "relu"  # relu | gelu | gelu_tanh | silu
-    # Pi_norm ("ball") is the seed's choice and keeps every layer's input in the unit ball (B_X = 1);
-    # "layernorm" gives the common practice, "none" the bare residual stream.
-    norm: str = "ball"
-    # "dot": softmax(X W_KQ X^T); "l2": Kim et al. 2021 L2 attention with W_K = W_Q (globally Lipschitz).
-    attention: str = "dot"
-    d_input: int | None = None  # None: inputs are already d_model-dimensional, no embedding
-    max_len: int | None = None  # learned positional embedding of this many positions, if set
-    head_hidden: tuple[int, ...] = (64,)  # widths of the MLP head's hidden layers (d_m); () for none
-    n_outputs: int = 1
-    readout: str = "mean"  # "mean" over tokens or "first" token
-    ffn_bias: bool = True
-    causal: bool = False
-    init_scale: float = 1.0  # multiplies the default initialisation (for random norm sweeps)
-
-    def __post_init__(self) -> None:
-        problems = []
-        for name in ("d_model", "n_heads", "n_layers", "d_ff", "n_outputs"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v <= 0:
-                problems.append(f"{name} must be a positive integer, but got {name}={v!r}")
-        if self.d_head is None and self.d_model % max(self.n_heads, 1):
-            problems.append(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; set d_head")
-        if self.activation not in {a.value for a in Activation}:
-            problems.append(f"unknown activation={self.activation!r}")
-        if self.norm not in _NORMS:
-            problems.append(f"norm must be one of {sorted(_NORMS)}, but got norm={self.norm!r}")
-        if self.attention not in ("dot", "l2"):
-            problems.append(f"attention must be 'dot' or 'l2', but got attention={self.attention!r}")
-        if self.readout not in ("mean", "first"):
-            problems.append(f"readout must be 'mean' or 'first', but got readout={self.readout!r}")
-        if problems:
-            raise ValueError("; ".join(problems))
-        object.__setattr__(self, "head_hidden", tuple(self.head_hidden))
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_head or self.d_model // self.n_heads
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> "ReferenceConfig":
-        data = json.loads(text)
-        data["head_hidden"] = tuple(data.get("head_hidden", ()))
-        return cls(**data)
-
 
 class _Block(nn.Module):
     def __init__(self, cfg: ReferenceConfig):
@@ -194,55 +120,20 @@ class ReferenceTransformer(nn.Module):
         return z
 
 
-def _norm_spec(cfg: ReferenceConfig, ln: nn.LayerNorm | None) -> NormSpec:
-    kind = _NORMS[cfg.norm]
-    if kind is NormKind.LAYERNORM:
-        assert ln is not None
-        return NormSpec(kind, ln.weight.detach(), ln.bias.detach(), float(ln.eps))
-    return NormSpec(kind)
-
-
 def reference_spec(model: ReferenceTransformer, name: str = "reference") -> TransformerSpec:
-    """The decomposition of a :class:`ReferenceTransformer` (its parameters, detached)."""
-    cfg = model.cfg
-    act = Activation(cfg.activation)
+    """The decomposition of a :class:`ReferenceTransformer`: its parameters themselves, detached.
 
-    def layer(i: int) -> LayerSpec:
-        b = model.blocks[i]
-        attn = AttentionSpec(
-            W_Q=b.W_Q.detach(), W_K=b.W_K.detach(), W_V=b.W_V.detach(), W_O=b.W_O.detach(),
-            causal=cfg.causal, kind=cfg.attention,
-        )
-        ffn = FFNSpec(
-            W_1=b.W_1.detach(), W_2=b.W_2.detach(), activation=act,
-            b_1=None if b.b_1 is None else b.b_1.detach(),
-            b_2=None if b.b_2 is None else b.b_2.detach(),
-        )
-        prefix = f"blocks.{i}."
-        names = {k: prefix + k for k in ("W_Q", "W_K", "W_V", "W_O", "W_1", "W_2", "b_1", "b_2")}
-        return LayerSpec(
-            index=i, attention=attn, ffn=ffn,
-            norm_attn=_norm_spec(cfg, getattr(b, "ln_attn", None)),
-            norm_ffn=_norm_spec(cfg, getattr(b, "ln_ffn", None)),
-            placement=Placement.POST, names=names,
-        )
+    Parameters are read as attributes (not from ``state_dict()``), so a parametrized weight
+    (``transcover.constrain``) enters the spec as the value the module computes with.
+    """
 
-    head = MLPHeadSpec(
-        weights=tuple(lin.weight.detach().T for lin in model.head),
-        biases=tuple(None if lin.bias is None else lin.bias.detach() for lin in model.head),
-        activation=act, readout=cfg.readout,
-    )
-    embeddings: dict[str, Tensor] = {}
-    if model.embed is not None:
-        embeddings["input_embedding"] = model.embed.weight.detach().T
-    if model.pos is not None:
-        embeddings["position_embedding"] = model.pos.detach()
-    layers = [layer(i) for i in range(cfg.n_layers)]
-    return TransformerSpec(
-        arch="reference", name=name, d_model=cfg.d_model, layers=layers, head=head,
-        input_norm=NormSpec(NormKind.BALL) if cfg.norm == "ball" else None,
-        embeddings=embeddings, config=json.loads(cfg.to_json()),
-    )
+    def get(key: str) -> Tensor:
+        return reduce(getattr, key.split("."), model).detach()
+
+    def eps(i: int, which: str) -> float:
+        return float(getattr(model.blocks[i], f"ln_{which}").eps)
+
+    return build_reference_spec(model.cfg, get, name, eps)
 
 
 def save_reference(model: ReferenceTransformer, path: str | Path) -> Path:

@@ -10,10 +10,11 @@ where a tensor is checked before any later stage sees it:
 * bfloat16 and float16 are upcast to float32 (exact: every bf16/fp16 number is a float32 number);
   float32 and float64 are kept as they are.
 
-Safetensors files are opened eagerly with ``safe_open`` (memory-mapped), which parses and checks
-each header, so a truncated or corrupted file is reported when the model is loaded rather than when
-its first layer is read.  This module imports only torch, safetensors and json: it is on the CLI's
-start-up path.
+Safetensors files are parsed here (``_safetensors``: header, offsets, sizes checked when the model is
+loaded, so a truncated or corrupted file is reported then rather than when its first layer is read)
+and memory-mapped with numpy: a file source gives numpy arrays (float32 or float64) and never
+imports torch (Note [no torch on the file path] in ``_arrays``).  A state dict source (live modules,
+pickles) gives torch tensors.
 """
 
 from __future__ import annotations
@@ -21,17 +22,19 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import Tensor
+import numpy as np
 
 from .._errors import InputError, WeightError
+from ._arrays import dtype_name, is_floating, is_tensor
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 __all__ = ["TensorSource", "SafetensorsSource", "StateDictSource", "LazyTensors", "open_safetensors"]
 
-_UPCAST = {torch.bfloat16: torch.float32, torch.float16: torch.float32}
-_KEPT = (torch.float32, torch.float64)
-
+_FLOAT_NAMES = {"float64", "float32", "float16", "bfloat16"}
 
 class TensorSource:
     """A named collection of tensors read one at a time, with validation (see the module docstring)."""
@@ -70,15 +73,16 @@ class TensorSource:
         """The dtype of the first floating tensor as stored (e.g. "float32", "bfloat16")."""
         for k in self.keys():
             dt = self._dtype(k)
-            if dt is not None and dt.is_floating_point:
-                return str(dt).removeprefix("torch.")
+            if dt is not None and (dt in _FLOAT_NAMES or dt.startswith("float")):
+                return dt
         return "unknown"
 
-    def _dtype(self, key: str) -> torch.dtype | None:
+    def _dtype(self, key: str) -> str | None:
+        """The stored dtype's name in torch's spelling ("float32", "bfloat16", "int64", ...)."""
         return None
 
-    def get(self, key: str, shape: tuple[int, ...] | None = None) -> Tensor:
-        """The validated floating tensor ``key`` (bf16/fp16 upcast to float32).
+    def get(self, key: str, shape: tuple[int, ...] | None = None) -> Any:
+        """The validated floating array ``key`` (bf16/fp16 upcast to float32): numpy from files, torch from a state dict.
 
         Raises:
             WeightError: ``key`` is missing, has another shape than ``shape``, an integer dtype,
@@ -93,26 +97,39 @@ class TensorSource:
                     f"tensor {key!r} in {self.where(key)} has shape {list(got)}, but the model's "
                     f"configuration implies {list(shape)}"
                 )
-        t = self._raw(key)
-        if not t.is_floating_point():
+        stored = self._dtype(key)
+        if stored is not None and not (stored in _FLOAT_NAMES or stored.startswith("float")):
             raise WeightError(
-                f"tensor {key!r} in {self.where(key)} has dtype {str(t.dtype).removeprefix('torch.')}, "
+                f"tensor {key!r} in {self.where(key)} has dtype {stored}, "
                 "but a floating-point weight is expected"
             )
-        if t.dtype in _UPCAST:
-            t = t.to(_UPCAST[t.dtype])
-        elif t.dtype not in _KEPT:
-            t = t.to(torch.float64)  # float8 and other exotic floats: float64 holds them exactly
+        t = self._raw(key)
+        if not is_floating(t):
+            raise WeightError(
+                f"tensor {key!r} in {self.where(key)} has dtype {dtype_name(t)}, "
+                "but a floating-point weight is expected"
+            )
         # Note [finite check]: NaN and +-Inf survive summation (inf - inf = NaN), so a finite sum
         # proves every entry finite in one pass without a boolean copy; a non-finite sum (possibly
         # an overflow of finite entries) falls back to the exact elementwise count.
-        if not bool(torch.isfinite(t.sum())) and (bad := int((~torch.isfinite(t)).sum())):
+        if is_tensor(t):
+            import torch
+
+            if t.dtype in (torch.bfloat16, torch.float16):
+                t = t.to(torch.float32)  # exact: every bf16/fp16 number is a float32 number
+            elif t.dtype not in (torch.float32, torch.float64):
+                t = t.to(torch.float64)  # float8 and other exotic floats: float64 holds them exactly
+            bad = 0 if bool(torch.isfinite(t.sum())) else int((~torch.isfinite(t)).sum())
+        else:
+            with np.errstate(over="ignore", invalid="ignore"):
+                bad = 0 if np.isfinite(t.sum()) else int(t.size - np.count_nonzero(np.isfinite(t)))
+        if bad:
             raise WeightError(
                 f"tensor {key!r} in {self.where(key)} holds {bad} non-finite value(s) (NaN/Inf)"
             )
         return t
 
-    def get_optional(self, key: str, shape: tuple[int, ...] | None = None) -> Tensor | None:
+    def get_optional(self, key: str, shape: tuple[int, ...] | None = None) -> Any:
         """Like :meth:`get`, but ``None`` when ``key`` is absent (optional biases)."""
         return self.get(key, shape) if key in self else None
 
@@ -121,24 +138,19 @@ class SafetensorsSource(TensorSource):
     """One or more safetensors files, memory-mapped; tensor ``k`` lives in ``files[owner[k]]``."""
 
     def __init__(self, files: list[Path], name: str, index_file: Path | None = None):
-        from safetensors import safe_open
+        from ._safetensors import SafetensorsFile
 
         self.name = name
         self.files = list(files)
         self._index_file = index_file
-        self._handles = []
+        self._handles: list[SafetensorsFile] = []
         self._owner: dict[str, int] = {}
         for i, path in enumerate(self.files):
             if not path.is_file():
                 raise InputError(f"safetensors file not found: {path}")
-            try:
-                handle = safe_open(str(path), framework="pt")
-                keys = list(handle.keys())
-            except Exception as err:  # safetensors raises its own SafetensorError (not exported)
-                reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-                raise InputError(f"cannot read safetensors file {path}: {reason}") from err
+            handle = SafetensorsFile(path)  # InputError "cannot read safetensors file ..." if damaged
             self._handles.append(handle)
-            for k in keys:
+            for k in handle.keys():
                 self._owner.setdefault(k, i)
 
     def keys(self) -> list[str]:
@@ -152,27 +164,16 @@ class SafetensorsSource(TensorSource):
         return str(self.files[0]) if len(self.files) == 1 else self.name
 
     def shape(self, key: str) -> tuple[int, ...]:
-        return tuple(self._handles[self._owner[key]].get_slice(key).get_shape())
+        return self._handles[self._owner[key]].shape(key)
 
-    def _dtype(self, key: str) -> torch.dtype | None:
-        code = self._handles[self._owner[key]].get_slice(key).get_dtype()
-        return _SAFETENSORS_DTYPES.get(code)
+    def _dtype(self, key: str) -> str | None:
+        return self._handles[self._owner[key]].dtype_name(key)
 
-    def _raw(self, key: str) -> Tensor:
-        try:
-            return self._handles[self._owner[key]].get_tensor(key)
-        except Exception as err:
-            raise InputError(f"cannot read tensor {key!r} from {self.where(key)}: {err}") from err
+    def _raw(self, key: str) -> Any:
+        return self._handles[self._owner[key]].get(key)
 
     def metadata(self) -> dict[str, str]:
-        return dict(self._handles[0].metadata() or {}) if self._handles else {}
-
-
-_SAFETENSORS_DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-    "BOOL": torch.bool,
-}
+        return dict(self._handles[0].metadata) if self._handles else {}
 
 
 class StateDictSource(TensorSource):
@@ -180,7 +181,7 @@ class StateDictSource(TensorSource):
 
     def __init__(self, tensors: Mapping[str, object], name: str):
         self.name = name
-        self._tensors = {k: v for k, v in tensors.items() if isinstance(v, Tensor)}
+        self._tensors = {k: v for k, v in tensors.items() if is_tensor(v)}
 
     def keys(self) -> list[str]:
         return list(self._tensors)
@@ -188,8 +189,8 @@ class StateDictSource(TensorSource):
     def shape(self, key: str) -> tuple[int, ...]:
         return tuple(self._tensors[key].shape)
 
-    def _dtype(self, key: str) -> torch.dtype | None:
-        return self._tensors[key].dtype
+    def _dtype(self, key: str) -> str | None:
+        return dtype_name(self._tensors[key])
 
     def _raw(self, key: str) -> Tensor:
         # detach: the spec must never carry autograd history of a live module
@@ -211,7 +212,7 @@ def open_safetensors(path: Path) -> SafetensorsSource:
     return SafetensorsSource([path], name=str(path))
 
 
-class LazyTensors(Mapping[str, Tensor]):
+class LazyTensors(Mapping[str, Any]):
     """A read-only mapping role -> tensor whose values are read (and validated) on access.
 
     ``names`` maps each role to the checkpoint tensor it comes from, for reports.  Used for
@@ -219,14 +220,14 @@ class LazyTensors(Mapping[str, Tensor]):
     matrices unless a later stage asks for them.
     """
 
-    def __init__(self, entries: dict[str, tuple[str, Callable[[], Tensor]]]):
+    def __init__(self, entries: dict[str, tuple[str, Callable[[], Any]]]):
         self._entries = entries
 
     @property
     def names(self) -> dict[str, str]:
         return {role: name for role, (name, _) in self._entries.items()}
 
-    def __getitem__(self, role: str) -> Tensor:
+    def __getitem__(self, role: str) -> Any:
         return self._entries[role][1]()
 
     def __iter__(self) -> Iterator[str]:

@@ -28,6 +28,13 @@ Likewise, since every softmax row sums to one, the value bias folds into a const
 keeps the raw biases; :func:`AttentionSpec.effective_output_bias` and
 :func:`AttentionSpec.W_Q_augmented` give the exact folded forms, and the recomputation in
 ``transcover.model._functional`` uses them, so the adapter tests prove the folding.
+
+Arrays (annotated ``Tensor``) are numpy arrays for a model read from files and torch tensors for a
+live module (Note [no torch on the file path] in ``_arrays``); everything the analysis reads here
+(shapes, indexing, :meth:`AttentionSpec.W_Q_augmented`, :meth:`AttentionSpec.effective_output_bias`,
+:attr:`NormSpec.gamma_max_abs`) works on both without importing torch, while the forward-pass
+methods (``Activation.__call__``, ``NormSpec.__call__``, ``RopeSpec.inv_freq``) import torch and
+convert numpy weights to the input's dtype.  :meth:`TransformerSpec.to_torch` converts a whole spec.
 """
 
 from __future__ import annotations
@@ -36,9 +43,14 @@ import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import Tensor
+import numpy as np
+
+from ._arrays import concat, is_tensor, max_abs, norm2_f64, to_tensor
+
+if TYPE_CHECKING:  # Note [no torch on the file path] in ``_arrays``: torch is imported lazily
+    from torch import Tensor
 
 __all__ = [
     "Activation",
@@ -65,6 +77,8 @@ class Activation(str, Enum):
     IDENTITY = "identity"
 
     def __call__(self, x: Tensor) -> Tensor:
+        import torch  # forward passes only
+
         if self is Activation.RELU:
             return torch.relu(x)
         if self is Activation.GELU:
@@ -100,6 +114,8 @@ class NormSpec:
     eps: float = 0.0  # the variance floor (LayerNorm / RMSNorm)
 
     def __call__(self, x: Tensor) -> Tensor:
+        import torch  # forward passes only
+
         if self.kind is NormKind.NONE:
             return x
         if self.kind is NormKind.BALL:
@@ -112,20 +128,20 @@ class NormSpec:
         else:  # RMSNORM
             y = x / torch.sqrt((x**2).mean(dim=-1, keepdim=True) + self.eps)
         if self.weight is not None:
-            y = y * self.weight.to(y.dtype)
+            y = y * to_tensor(self.weight, y)
         if self.bias is not None:
-            y = y + self.bias.to(y.dtype)
+            y = y + to_tensor(self.bias, y)
         return y
 
     @property
     def gamma_max_abs(self) -> float:
         """max_i |gamma_i| (1 when there is no learnable scale)."""
-        return 1.0 if self.weight is None else float(self.weight.abs().max())
+        return 1.0 if self.weight is None else max_abs(self.weight)
 
     @property
     def beta_norm(self) -> float:
         """||beta||_2 (0 when there is no learnable shift)."""
-        return 0.0 if self.bias is None else float(self.bias.double().norm())
+        return 0.0 if self.bias is None else norm2_f64(self.bias)
 
 
 @dataclass(frozen=True)
@@ -142,6 +158,8 @@ class RopeSpec:
     max_position: int = 2048
 
     def inv_freq(self, d_head: int) -> Tensor:
+        import torch  # RoPE forward passes only
+
         rd = self.rotary_dim or d_head
         return 1.0 / (self.theta ** (torch.arange(0, rd, 2, dtype=torch.float64) / rd))
 
@@ -207,19 +225,34 @@ class AttentionSpec:
         """
         Wq = self.W_Q[h]
         if self.b_Q is None:
-            return torch.cat([Wq, torch.zeros_like(Wq[:1])], dim=0)
-        return torch.cat([Wq, self.b_Q[h][None, :].to(Wq.dtype)], dim=0)
+            return concat([Wq, Wq[:1] * 0], axis=0)
+        bq = self.b_Q[h][None, :]
+        bq = to_tensor(bq, Wq) if is_tensor(Wq) else np.asarray(bq, dtype=Wq.dtype)
+        return concat([Wq, bq], axis=0)
 
-    def effective_output_bias(self) -> Tensor | None:
-        """b_O + sum_h b_V^h W_O^h: the constant the attention block adds (Note [attention biases])."""
+    def effective_output_bias(self) -> Any:
+        """b_O + sum_h b_V^h W_O^h in float64: the constant the attention block adds (Note [attention biases]).
+
+        A torch tensor when ``W_O`` is one, else a numpy array; ``None`` without biases.
+        """
         if self.b_V is None and self.b_O is None:
             return None
+        if not is_tensor(self.W_O):
+            out_np = np.zeros(self.d_model, dtype=np.float64)
+            if self.b_V is not None:
+                for h in range(self.n_heads):
+                    out_np += np.asarray(self.b_V[self.kv_index(h)], np.float64) @ np.asarray(self.W_O[h], np.float64)
+            if self.b_O is not None:
+                out_np += np.asarray(self.b_O, np.float64)
+            return out_np
+        import torch
+
         out = torch.zeros(self.d_model, dtype=torch.float64)
         if self.b_V is not None:
             for h in range(self.n_heads):
-                out += self.b_V[self.kv_index(h)].double() @ self.W_O[h].double()
+                out += to_tensor(self.b_V[self.kv_index(h)], dtype=torch.float64) @ self.W_O[h].double()
         if self.b_O is not None:
-            out += self.b_O.double()
+            out += to_tensor(self.b_O, dtype=torch.float64)
         return out
 
     def validate(self) -> None:
@@ -359,3 +392,9 @@ class TransformerSpec:
     @property
     def n_layers(self) -> int:
         return len(self.layers)
+
+    def to_torch(self, dtype: Any = None) -> TransformerSpec:
+        """The same spec with every array a torch tensor (imports torch); see ``_convert.as_torch``."""
+        from ._convert import as_torch
+
+        return as_torch(self, dtype)

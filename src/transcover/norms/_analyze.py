@@ -255,7 +255,7 @@ class _Measurer:
         return _np(t, self.dtype)
 
     def matrix(self, role: str, W, tensor: str = "") -> MatrixNorms:
-        Wn = W if isinstance(W, np.ndarray) else self.array(W)
+        Wn = self.array(W)  # float32 arrays from files must become float64 before certified sums
         if self.fast:
             col = np.sqrt(np.einsum("ij,ij->j", Wn, Wn))
             return MatrixNorms(role, tuple(Wn.shape), spectral_norm_estimate(Wn, rtol=self.rtol),

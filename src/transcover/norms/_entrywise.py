@@ -36,6 +36,7 @@ def frobenius_interval(W: np.ndarray) -> Interval:
 
 def l21_interval(W: np.ndarray) -> Interval:
     """``||W||_{2,1} = sum_j ||W[:, j]||_2`` for ``x @ W`` (sum over output units), enclosed."""
+    W = np.asarray(W, dtype=np.float64)  # the error bound below is for float64 sums
     col = np.sqrt(np.einsum("ij,ij->j", W, W))
     return _enclose(float(col.sum()), gamma(W.shape[0] + W.shape[1] + 2), "float64 column norms")
 
@@ -47,7 +48,8 @@ def _col_sq_norms_of_product(A: np.ndarray, B: np.ndarray) -> tuple[np.ndarray, 
     ``||A||_F^2 ||B[:, j]||^2``; with gamma over the three nested sums the absolute error of
     entry j is at most ``gamma_(p + 2r) ||A||_F^2 ||B[:, j]||^2``.
     """
-    B = np.ascontiguousarray(B)
+    A = np.asarray(A, dtype=np.float64)
+    B = np.ascontiguousarray(B, dtype=np.float64)
     G = A.T @ A
     sq = np.einsum("ij,ij->j", G @ B, B)
     a2 = float(np.einsum("ij,ij->", A, A))

@@ -6,18 +6,23 @@ and enters as it is.  A projection onto ``H`` heads of width ``d_head`` has ``H 
 columns, head ``h`` owning columns ``h*d_head : (h+1)*d_head`` (the ``view(..., H, d_head)`` of every
 HF attention module), so :func:`heads_in` reshapes ``(d, H*d_head)`` to ``(H, d, d_head)`` and
 :func:`heads_out` reshapes the output projection ``(H*d_head, d)`` to ``(H, d_head, d)``.
+
+Arrays are numpy (files) or torch (modules) alike; the helpers use only operations both have
+(``.T``, ``.reshape``, slicing) or the backend-neutral ones of ``.._arrays``.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
-
-from torch import Tensor
+from typing import Any
 
 from ..._errors import InputError, UnsupportedArchitectureError
+from .._arrays import contiguous, permute
 from .._sources import LazyTensors, TensorSource
 from .._spec import Activation, NormKind, NormSpec
+
+Tensor = Any  # a numpy array (files) or a torch tensor (modules)
 
 __all__ = [
     "activation_from_name", "find_prefix", "count_layers", "heads_in", "heads_out", "heads_bias",
@@ -92,18 +97,18 @@ def linear_weight(src: TensorSource, key: str, d_in: int, d_out: int) -> Tensor:
 def heads_in(W: Tensor, n_heads: int) -> Tensor:
     """``(d, H*d_head)`` -> ``(H, d, d_head)``: head h owns columns h*d_head:(h+1)*d_head."""
     d, width = W.shape
-    return W.reshape(d, n_heads, width // n_heads).permute(1, 0, 2).contiguous()
+    return permute(W.reshape(d, n_heads, width // n_heads), 1, 0, 2)
 
 
 def heads_out(W: Tensor, n_heads: int) -> Tensor:
     """``(H*d_head, d)`` -> ``(H, d_head, d)``: head h owns rows h*d_head:(h+1)*d_head."""
     width, d = W.shape
-    return W.reshape(n_heads, width // n_heads, d).contiguous()
+    return contiguous(W.reshape(n_heads, width // n_heads, d))
 
 
 def heads_bias(b: Tensor | None, n_heads: int) -> Tensor | None:
     """``(H*d_head,)`` -> ``(H, d_head)``."""
-    return None if b is None else b.reshape(n_heads, -1).contiguous()
+    return None if b is None else contiguous(b.reshape(n_heads, -1))
 
 
 def layer_norm(

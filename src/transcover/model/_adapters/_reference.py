@@ -2,19 +2,19 @@
 
 ``save_reference`` writes the module's ``state_dict`` with ``transcover_arch="reference"`` and the
 :class:`~transcover.model.ReferenceConfig` as JSON in ``transcover_config``.  The weights are
-already in the decomposition's layout, so the adapter rebuilds the module from its configuration,
-fills it with the validated tensors and hands it to :func:`~transcover.model.reference_spec`, the one
-definition of the reference model's spec.
+already in the decomposition's layout, so the adapter reads each parameter (validated, with the
+shape the configuration implies) and hands them to
+:func:`~transcover.model._reference_spec.build_reference_spec`, the one definition of the reference
+model's spec (shared with ``reference_spec(module)``); no module is built and torch is not imported.
 """
 
 from __future__ import annotations
 
 import json
 
-import torch
-
 from ..._errors import InputError
-from .._reference import ReferenceConfig, ReferenceTransformer, reference_spec
+from .._arrays import astype_like_storage
+from .._reference_spec import ReferenceConfig, build_reference_spec, reference_shapes
 from .._sources import TensorSource
 from .._spec import TransformerSpec
 from ._common import no_layers
@@ -29,13 +29,13 @@ def build_reference(src: TensorSource, config: dict, name: str) -> TransformerSp
         cfg = ReferenceConfig.from_json(json.dumps(config))
     except (TypeError, ValueError) as err:
         raise InputError(f"reference configuration of {name} is invalid: {err}") from err
-    # Build in the stored precision: loading float64 weights into float32 parameters would round them.
-    dtype = torch.float64 if src.storage_dtype() == "float64" else torch.float32
-    with torch.device("meta"):
-        model = ReferenceTransformer(cfg)
-    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    tensors = {k: src.get(k, shape).to(dtype) for k, shape in expected.items()}
-    model = model.to_empty(device="cpu").to(dtype)
-    model.load_state_dict(tensors, strict=True)
-    model.eval()
-    return reference_spec(model, name=name)
+    # Keep the stored precision: float64 weights stay float64, everything else becomes float32
+    # (as the module, built in that dtype, would hold them).
+    dtype = "float64" if src.storage_dtype() == "float64" else "float32"
+    shapes = reference_shapes(cfg)
+    tensors = {k: astype_like_storage(src.get(k, shape), dtype) for k, shape in shapes.items()}
+    extra = sorted(set(src.keys()) - set(shapes))
+    if extra:
+        raise InputError(f"reference checkpoint {name} holds tensors its configuration does not define: "
+                         f"{', '.join(extra[:5])}")
+    return build_reference_spec(cfg, tensors.__getitem__, name)

@@ -19,8 +19,7 @@ those :func:`torch_encoder_config` returns.
 
 from __future__ import annotations
 
-import torch
-from torch import nn
+from typing import TYPE_CHECKING
 
 from ..._errors import UnsupportedArchitectureError
 from .._sources import TensorSource
@@ -32,6 +31,10 @@ from ._common import (
     summary,
 )
 
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
 __all__ = ["build_torch_encoder", "torch_encoder_config"]
 
 _ARCH = "torch_encoder"
@@ -39,6 +42,9 @@ _ARCH = "torch_encoder"
 
 def _activation(fn: object) -> Activation:
     """The spec activation of a ``TransformerEncoderLayer.activation`` (function, module or string)."""
+    import torch
+    from torch import nn
+
     if isinstance(fn, str):
         table = {"relu": Activation.RELU, "gelu": Activation.GELU}
         if fn in table:
@@ -62,6 +68,8 @@ def torch_encoder_config(module: nn.Module) -> tuple[dict[str, torch.Tensor], di
     Raises:
         UnsupportedArchitectureError: extra key/value biases, zero attention, unequal layers.
     """
+    from torch import nn
+
     if isinstance(module, nn.TransformerEncoderLayer):
         layers = [module]
         state = {f"layers.0.{k}": v for k, v in module.state_dict().items()}

@@ -1,0 +1,130 @@
+"""A torch-free safetensors reader: the header parsed and checked here, the data memory-mapped by numpy.
+
+The format (https://github.com/huggingface/safetensors, "Format"): 8 bytes, an unsigned little-endian
+64-bit ``N``; ``N`` bytes of UTF-8 JSON mapping each tensor name to ``{"dtype", "shape",
+"data_offsets": [begin, end]}`` (offsets relative to the byte after the header) plus an optional
+``"__metadata__"`` string-to-string map; then the data, little-endian, row-major.  The checks mirror
+the reference implementation's (``SafeTensors::read_metadata``): the header fits in the file, is a
+JSON object, every entry's byte span equals ``prod(shape) * itemsize``, and the spans tile the data
+region exactly, without gaps or overlaps.  Any failure is an :class:`~transcover.InputError`
+naming the file, raised when the file is opened (i.e. at ``load()`` time).
+
+Decoding: F64 / F32 are views of the mapping (copy-on-write, so writable without touching the file);
+F16 is widened with numpy (exact); BF16 is the upper half of a float32, so ``uint16 << 16`` viewed as
+float32 is exact.  Integer and boolean tensors are reported by dtype (the caller refuses them as
+weights).  Float8 tensors, rare in checkpoints, are decoded by safetensors' torch backend (the only
+case that imports torch).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import mmap
+from pathlib import Path
+
+import numpy as np
+
+from .._errors import InputError
+
+__all__ = ["SafetensorsFile"]
+
+# safetensors dtype code -> (numpy dtype of the stored bytes, torch's name of the dtype)
+_DTYPES: dict[str, tuple[str | None, str]] = {
+    "F64": ("<f8", "float64"), "F32": ("<f4", "float32"), "F16": ("<f2", "float16"),
+    "BF16": ("<u2", "bfloat16"),
+    "I64": ("<i8", "int64"), "I32": ("<i4", "int32"), "I16": ("<i2", "int16"), "I8": ("i1", "int8"),
+    "U64": ("<u8", "uint64"), "U32": ("<u4", "uint32"), "U16": ("<u2", "uint16"), "U8": ("u1", "uint8"),
+    "BOOL": ("?", "bool"),
+    "F8_E4M3": (None, "float8_e4m3fn"), "F8_E5M2": (None, "float8_e5m2"),
+}
+_ITEMSIZE = {"F8_E4M3": 1, "F8_E5M2": 1}
+_MAX_HEADER = 100_000_000  # the reference implementation's limit
+
+
+class SafetensorsFile:
+    """One ``.safetensors`` file: header checked on construction, tensors read on :meth:`get`."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        try:
+            with open(self.path, "rb") as f:
+                size = f.seek(0, 2)
+                if size < 8:
+                    raise ValueError(f"file of {size} bytes is shorter than the 8-byte header length")
+                f.seek(0)
+                n = int.from_bytes(f.read(8), "little")
+                if n > _MAX_HEADER or 8 + n > size:
+                    raise ValueError(f"header length {n} does not fit in a file of {size} bytes")
+                header = json.loads(f.read(n).decode("utf-8"))
+                if not isinstance(header, dict):
+                    raise ValueError("header is not a JSON object")
+                meta = header.pop("__metadata__", None) or {}
+                if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+                    raise ValueError("__metadata__ is not a map of strings")
+                self.metadata: dict[str, str] = meta
+                self._start = 8 + n
+                self._entries = self._check(header, size - self._start)
+                # An empty mapping cannot be memory-mapped; a file holding no data needs none.
+                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) if size > self._start else None
+        except (OSError, ValueError, UnicodeDecodeError) as err:
+            raise InputError(f"cannot read safetensors file {self.path}: {err}") from err
+
+    @staticmethod
+    def _check(header: dict, data_size: int) -> dict[str, tuple[str, tuple[int, ...], int, int]]:
+        entries: dict[str, tuple[str, tuple[int, ...], int, int]] = {}
+        for key, info in header.items():
+            if not isinstance(info, dict):
+                raise ValueError(f"entry {key!r} is not an object")
+            dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+            if dtype not in _DTYPES:
+                raise ValueError(f"tensor {key!r} has unknown dtype {dtype!r}")
+            if not (isinstance(shape, list) and all(isinstance(s, int) and s >= 0 for s in shape)):
+                raise ValueError(f"tensor {key!r} has invalid shape {shape!r}")
+            if not (isinstance(offsets, list) and len(offsets) == 2
+                    and all(isinstance(o, int) and o >= 0 for o in offsets) and offsets[0] <= offsets[1]):
+                raise ValueError(f"tensor {key!r} has invalid data_offsets {offsets!r}")
+            np_dtype = _DTYPES[dtype][0]
+            itemsize = _ITEMSIZE[dtype] if np_dtype is None else np.dtype(np_dtype).itemsize
+            if offsets[1] - offsets[0] != math.prod(shape) * itemsize:
+                raise ValueError(f"tensor {key!r}: data_offsets {offsets} do not match shape {shape} of {dtype}")
+            entries[key] = (dtype, tuple(shape), offsets[0], offsets[1])
+        end = 0
+        for key, (_, _, begin, stop) in sorted(entries.items(), key=lambda kv: (kv[1][2], kv[1][3])):
+            if begin != end:
+                raise ValueError(f"tensor {key!r} starts at byte {begin}, expected {end} (gap or overlap)")
+            end = stop
+        if end != data_size:
+            raise ValueError(f"the tensors end at byte {end} of a data region of {data_size} bytes (truncated?)")
+        return entries
+
+    def keys(self) -> list[str]:
+        return list(self._entries)
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        return self._entries[key][1]
+
+    def dtype_name(self, key: str) -> str:
+        return _DTYPES[self._entries[key][0]][1]
+
+    def get(self, key: str) -> np.ndarray:
+        """Tensor ``key`` as a numpy array: float64/float32 kept, float16/bfloat16 widened to float32."""
+        dtype, shape, begin, stop = self._entries[key]
+        np_dtype = _DTYPES[dtype][0]
+        if np_dtype is None:  # float8: rare; torch decodes it exactly into float64
+            from safetensors import safe_open
+
+            with safe_open(str(self.path), framework="pt") as handle:
+                return handle.get_tensor(key).double().numpy()
+        count = math.prod(shape)
+        if count == 0 or self._map is None:
+            raw = np.zeros(shape, dtype=np_dtype)
+        else:
+            raw = np.frombuffer(self._map, dtype=np_dtype, count=count, offset=self._start + begin).reshape(shape)
+        if dtype == "BF16":
+            return (raw.astype(np.uint32) << 16).view(np.float32)
+        if dtype == "F16":
+            return raw.astype(np.float32)
+        if not raw.dtype.isnative:  # big-endian machines
+            raw = raw.astype(raw.dtype.newbyteorder("="))
+        return raw

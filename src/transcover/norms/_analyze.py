@@ -29,8 +29,7 @@ from threadpoolctl import threadpool_limits
 from .._results import Interval, Kind
 from ..model._spec import AttentionSpec, LayerSpec, NormSpec, TransformerSpec
 from ._entrywise import (
-    frobenius_interval,
-    l21_interval,
+    frobenius_l21_intervals,
     product_frobenius_l21,
     vector_norm_interval,
 )
@@ -41,7 +40,9 @@ from ._spectral import (
     spectral_norm_estimate,
     spectral_norm_interval,
     as_array,
+    in_safe_range,
 )
+from ._certify import batched_gram_with_error
 
 __all__ = ["MatrixNorms", "HeadNorms", "NormParams", "LayerNorms", "EmbeddingNorms", "AnalysisResult",
            "analyze_spec", "SCHEMA_VERSION"]
@@ -254,17 +255,18 @@ class _Measurer:
     def array(self, t) -> np.ndarray:
         return _np(t, self.dtype)
 
-    def matrix(self, role: str, W, tensor: str = "") -> MatrixNorms:
+    def matrix(self, role: str, W, tensor: str = "", gram: tuple[np.ndarray, float] | None = None) -> MatrixNorms:
         Wn = self.array(W)  # float32 arrays from files must become float64 before certified sums
         if self.fast:
             col = np.sqrt(np.einsum("ij,ij->j", Wn, Wn))
             return MatrixNorms(role, tuple(Wn.shape), spectral_norm_estimate(Wn, rtol=self.rtol),
                                _estimate(float(np.sqrt((col * col).sum())), "float32"),
                                _estimate(float(col.sum()), "float32"), tensor)
-        spec = spectral_norm_interval(Wn, rtol=self.rtol)
-        return MatrixNorms(role, tuple(Wn.shape), spec, frobenius_interval(Wn), l21_interval(Wn), tensor)
+        spec = spectral_norm_interval(Wn, rtol=self.rtol, gram=gram)
+        return MatrixNorms(role, tuple(Wn.shape), spec, *frobenius_l21_intervals(Wn), tensor)
 
-    def product(self, role: str, A: np.ndarray, B: np.ndarray, scale: float = 1.0) -> MatrixNorms:
+    def product(self, role: str, A: np.ndarray, B: np.ndarray, scale: float = 1.0,
+                grams: tuple[np.ndarray, float, np.ndarray, float] | None = None) -> MatrixNorms:
         shape = (A.shape[0], B.shape[1])
         if self.fast:
             G_A = A.T @ A
@@ -272,7 +274,7 @@ class _Measurer:
             return MatrixNorms(role, shape, scale_interval(product_norm_estimate(A, B, rtol=self.rtol), scale),
                                _estimate(float(np.sqrt((col * col).sum())) * scale, "float32"),
                                _estimate(float(col.sum()) * scale, "float32"))
-        spec = product_norm_interval(A, B, rtol=self.rtol)
+        spec = product_norm_interval(A, B, rtol=self.rtol, grams=grams)
         fro, l21 = product_frobenius_l21(A, B)
         return MatrixNorms(role, shape, scale_interval(spec, scale),
                            scale_interval(fro, scale), scale_interval(l21, scale))
@@ -298,7 +300,8 @@ def _kq_head(attn: AttentionSpec, h: int, m: _Measurer, f64: dict[str, np.ndarra
     g = attn.kv_index(h)
     A, Bt = f64["W_Q"][h], np.ascontiguousarray(f64["W_K"][g].T)
     scale = attn.softmax_scale
-    kq = m.product(f"W_KQ.h{h}", A, Bt, scale)
+    grams = None if "G_Q" not in f64 else (f64["G_Q"][h], f64["e_Q"][h], f64["G_K"][g], f64["e_K"][g])
+    kq = m.product(f"W_KQ.h{h}", A, Bt, scale, grams=grams)
     if attn.rope is not None:
         # sup over relative positions Delta of ||W_Q R_Delta W_K^T||: every R_Delta is orthogonal, so
         # ||W_Q|| ||W_K|| is a certified upper end; certified lower ends at sampled Delta give the lower end.
@@ -320,7 +323,8 @@ def _kq_head(attn: AttentionSpec, h: int, m: _Measurer, f64: dict[str, np.ndarra
         B_KQ = kq.spectral
     B_KQ_bias = None
     if attn.b_Q is not None and attn.rope is None:
-        aug = m.product(f"W_KQ~.h{h}", m.array(attn.W_Q_augmented(h)), Bt, scale)
+        grams = None if "G_Qa" not in f64 else (f64["G_Qa"][h], f64["e_Qa"][h], f64["G_K"][g], f64["e_K"][g])
+        aug = m.product(f"W_KQ~.h{h}", m.array(attn.W_Q_augmented(h)), Bt, scale, grams=grams)
         B_KQ_bias = aug.spectral
     return B_KQ, kq, B_KQ_bias
 
@@ -330,9 +334,12 @@ def _head_norms(attn: AttentionSpec, h: int, m: _Measurer, f64: dict[str, np.nda
     B_KQ, kq, B_KQ_bias = _kq_head(attn, h, m, f64)
     g = attn.kv_index(h)  # grouped-query heads share W_V^g: measure it once
     Wv, Wo = f64["W_V"][g], f64["W_O"][h]
-    ov = m.product(f"W_OV.h{h}", Wv, Wo)
+    batched = "G_V" in f64
+    ov = m.product(f"W_OV.h{h}", Wv, Wo,
+                   grams=(f64["G_V"][g], f64["e_V"][g], f64["G_O"][h], f64["e_O"][h]) if batched else None)
     if f"W_V.h{g}" not in matrices:
-        matrices[f"W_V.h{g}"] = m.matrix(f"W_V.h{g}", Wv, names.get("W_V", ""))
+        matrices[f"W_V.h{g}"] = m.matrix(f"W_V.h{g}", Wv, names.get("W_V", ""),
+                                         gram=(f64["G_V"][g], f64["e_V"][g]) if batched else None)
     matrices[kq.role] = kq
     matrices[ov.role] = ov
     return HeadNorms(h, B_KQ, ov.spectral, matrices[f"W_V.h{g}"].spectral, B_KQ_bias)
@@ -388,6 +395,16 @@ def _layer_norms(layer: LayerSpec, m: _Measurer) -> LayerNorms:
     matrices: dict[str, MatrixNorms] = {}
     # one float64 copy of each weight per layer (contiguous: the BLAS calls below are then cheap)
     f64 = {k: m.array(getattr(attn, k)) for k in ("W_Q", "W_K", "W_V", "W_O")}
+    if not m.fast and in_safe_range(*f64.values()):
+        # every head's d_head x d_head Gram in four batched products (Note [small problems])
+        for key, W in (("Q", f64["W_Q"]), ("K", f64["W_K"]), ("V", f64["W_V"]),
+                       ("O", np.ascontiguousarray(f64["W_O"].transpose(0, 2, 1)))):
+            f64[f"G_{key}"], f64[f"e_{key}"] = batched_gram_with_error(W)
+        if attn.b_Q is not None and attn.rope is None:  # [W_Q; b_Q] on x~ = [x, 1] (Note [attention biases])
+            b_Q = m.array(attn.b_Q)
+            if in_safe_range(b_Q):
+                WQa = np.concatenate([f64["W_Q"], b_Q[:, None, :]], axis=1)
+                f64["G_Qa"], f64["e_Qa"] = batched_gram_with_error(WQa)
     with threadpool_limits(limits=1):  # Note [small problems]
         if m.fast and attn.rope is None:
             heads = _heads_fast(attn, m, f64, matrices, names)

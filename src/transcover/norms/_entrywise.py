@@ -13,7 +13,7 @@ import numpy as np
 from .._results import Interval, Kind
 from ._floating import down, gamma, sqrt_down, sqrt_up, up
 
-__all__ = ["frobenius_interval", "l21_interval", "product_frobenius_interval", "product_l21_interval",
+__all__ = ["frobenius_interval", "l21_interval", "frobenius_l21_intervals", "product_frobenius_interval", "product_l21_interval",
            "product_frobenius_l21", "vector_norm_interval"]
 
 
@@ -39,6 +39,19 @@ def l21_interval(W: np.ndarray) -> Interval:
     W = np.asarray(W, dtype=np.float64)  # the error bound below is for float64 sums
     col = np.sqrt(np.einsum("ij,ij->j", W, W))
     return _enclose(float(col.sum()), gamma(W.shape[0] + W.shape[1] + 2), "float64 column norms")
+
+
+def frobenius_l21_intervals(W: np.ndarray) -> tuple[Interval, Interval]:
+    """(``||W||_F``, ``||W||_{2,1}``) from one pass of column sums of squares (float64).
+
+    Column j's sum of m squares has relative error <= gamma_m; the Frobenius norm sums the n
+    column sums (gamma_(m+n) in all), the (2,1) norm their square roots (gamma_(m+n+2)).
+    """
+    W = np.asarray(W, dtype=np.float64)
+    col_sq = np.einsum("ij,ij->j", W, W)
+    fro = _enclose(float(np.sqrt(col_sq.sum())), gamma(W.shape[0] + W.shape[1] + 2), "float64 sum of squares")
+    l21 = _enclose(float(np.sqrt(col_sq).sum()), gamma(W.shape[0] + W.shape[1] + 2), "float64 column norms")
+    return fro, l21
 
 
 def _col_sq_norms_of_product(A: np.ndarray, B: np.ndarray) -> tuple[np.ndarray, float]:

@@ -62,7 +62,7 @@ def _as_f64(W) -> np.ndarray:
     return as_array(W, np.float64)
 
 
-def _pow2_scale(W: np.ndarray) -> tuple[np.ndarray, float]:
+def _pow2_scale(W: np.ndarray, amax: float | None = None) -> tuple[np.ndarray, float]:
     """Scale W by an exact power of two so that max|W| is in [0.5, 1); return (W_scaled, factor).
 
     Note [scaling]: the error analysis ignores underflow, which is only sound for entries far from
@@ -70,8 +70,9 @@ def _pow2_scale(W: np.ndarray) -> tuple[np.ndarray, float]:
     times smaller than the largest, whose contribution is covered by the absolute term
     ``_UNDERFLOW`` added to every Gram error bound).
     """
-    amax = max(float(W.max(initial=0.0)), -float(W.min(initial=0.0)))  # no |W| copy
-    if amax == 0.0:
+    if amax is None:
+        amax = max(float(W.max(initial=0.0)), -float(W.min(initial=0.0)))  # no |W| copy
+    if amax == 0.0 or 2.0**-300 <= amax <= 2.0**300:  # squares can neither overflow nor lose mass
         return W, 1.0
     e = math.frexp(amax)[1]
     return np.ldexp(W, -e), math.ldexp(1.0, e)
@@ -156,7 +157,7 @@ def _fro(X: np.ndarray) -> float:
     return sqrt_up(float(np.einsum("ij,ij->", X, X)) * (1.0 + gamma(X.size)))
 
 
-def spectral_norm_interval(W, *, rtol: float = 1e-3) -> Interval:
+def spectral_norm_interval(W, *, rtol: float = 1e-3, gram: tuple[np.ndarray, float] | None = None) -> Interval:
     """Certified enclosure of ``sigma_max(W)`` (the spectral norm ``||W||_2``).
 
     .. math::
@@ -172,6 +173,9 @@ def spectral_norm_interval(W, *, rtol: float = 1e-3) -> Interval:
     Args:
         W: a 2-D tensor or array.
         rtol: the target relative gap ``(upper - lower) / upper``.
+        gram: optionally ``(G, err)`` with ``G`` the float64 Gram of the *small side* of ``W`` and
+            ``err >= ||G - exact||_2`` (e.g. from a batched computation); then ``W`` must be in the
+            safe range of :func:`in_safe_range`.
 
     Returns:
         Interval of kind ``CERTIFIED_INTERVAL`` with ``method`` naming the route.
@@ -190,27 +194,47 @@ def spectral_norm_interval(W, *, rtol: float = 1e-3) -> Interval:
     if W.shape[0] < W.shape[1]:
         W = W.T  # tall: the Gram matrix is the small side
     m, n = W.shape
-    if not np.isfinite(W).all():
+    wmax, wmin = float(W.max()), float(W.min())  # NaN and Inf show up here: no separate pass
+    if not (math.isfinite(wmax) and math.isfinite(wmin)):
         raise ValueError("spectral_norm_interval: matrix has NaN or Inf entries")
-    W, f = _pow2_scale(W)
-    if f == 1.0 and not W.any():
+    if gram is not None and gram[0].shape != (n, n):
+        gram = None  # a Gram of the other side (W was wide): compute the small one here
+    if gram is not None:
+        f = 1.0
+        G, err = gram
+    else:
+        W, f = _pow2_scale(W, max(wmax, -wmin))
+    if max(wmax, -wmin) == 0.0:
         return Interval(0.0, 0.0, Kind.CERTIFIED_INTERVAL, "zero matrix")
     if n == 1:  # a vector: ||w||_2 directly
         col = W[:, 0]
         return Interval(_norm_lower(col) * f, _norm_upper(col) * f, Kind.CERTIFIED_INTERVAL, "vector norm")
-    G, err = gram_with_error(W)
+    if gram is None:
+        G, err = gram_with_error(W)
     err += _UNDERFLOW
     theta, v = _top_eigpair(G)
     # lower end: a witness vector, rounding error of W v subtracted (|fl(Wv) - Wv| <= gamma_n |W||v|)
     y = W @ v
-    slack_abs = gamma(n) * _fro(W) * _norm_upper(v)
+    # ||W||_F^2 = trace(W^T W) <= trace(fl(G)) / (1 - gamma_m): no extra pass over W
+    fro_W = sqrt_up(float(np.trace(G)) * (1.0 + 2.0 * gamma(m)) + n * err)
+    slack_abs = gamma(n) * fro_W * _norm_upper(v)
     lower = max(0.0, down((_norm_lower(y) - slack_abs) / _norm_upper(v)))
     mu, _ = _upper_from_certificate(G, err, theta, rtol)
     upper = max(sqrt_up(mu), lower)
     return Interval(lower * f, upper * f, Kind.CERTIFIED_INTERVAL, "gram+cholesky certificate")
 
 
-def product_norm_interval(A, B, *, rtol: float = 1e-3) -> Interval:
+def in_safe_range(*arrays: np.ndarray) -> bool:
+    """True when no power-of-two rescaling is needed (Note [scaling]): max|x| in [2^-300, 2^300]."""
+    for a in arrays:
+        amax = max(float(a.max(initial=0.0)), -float(a.min(initial=0.0)))
+        if amax != 0.0 and not (2.0**-300 <= amax <= 2.0**300):
+            return False
+    return True
+
+
+def product_norm_interval(A, B, *, rtol: float = 1e-3,
+                          grams: tuple[np.ndarray, float, np.ndarray, float] | None = None) -> Interval:
     """Certified enclosure of ``||A B||_2`` for ``A`` (p, r), ``B`` (r, q) without forming ``A B``.
 
     .. math::
@@ -222,6 +246,8 @@ def product_norm_interval(A, B, *, rtol: float = 1e-3) -> Interval:
     structure exploitation asked for by issue 2: an r x r problem instead of a d x d SVD.
     Lower end: ``||A B z|| / ||z||`` at ``z = B^T L y`` with ``y`` the top eigenvector of
     ``L^T U_B L``, rounding subtracted.  Same assumptions as :func:`spectral_norm_interval`.
+    ``grams`` optionally gives ``(G_A, e_A, G_B, e_B)`` computed elsewhere (batched over heads),
+    with errors bounded as in ``_certify``; the factors must then be :func:`in_safe_range`.
     """
     A = _as_f64(A)
     B = _as_f64(B)
@@ -229,14 +255,20 @@ def product_norm_interval(A, B, *, rtol: float = 1e-3) -> Interval:
         raise ValueError(f"product_norm_interval needs A (p, r) and B (r, q), but got {A.shape} and {B.shape}")
     if not (np.isfinite(A).all() and np.isfinite(B).all()):
         raise ValueError("product_norm_interval: a factor has NaN or Inf entries")
-    A, fa = _pow2_scale(A)
-    B, fb = _pow2_scale(B)
+    if grams is None:
+        A, fa = _pow2_scale(A)
+        B, fb = _pow2_scale(B)
+    else:
+        fa = fb = 1.0
     if not A.any() or not B.any():
         return Interval(0.0, 0.0, Kind.CERTIFIED_INTERVAL, "zero factor")
     p, r = A.shape
     q = B.shape[1]
-    G_A, e_A = gram_with_error(A)  # A^T A, r x r
-    G_B, e_B = gram_with_error(B.T)  # B B^T, r x r
+    if grams is None:
+        G_A, e_A = gram_with_error(A)  # A^T A, r x r
+        G_B, e_B = gram_with_error(B.T)  # B B^T, r x r
+    else:
+        G_A, e_A, G_B, e_B = grams
     e_A += _UNDERFLOW
     e_B += _UNDERFLOW
     L = psd_cholesky_upper(G_A, e_A)

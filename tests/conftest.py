@@ -13,3 +13,18 @@ settings.register_profile("ci", derandomize=True, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("dev", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """Every test model is tiny: one intra-op thread avoids OpenMP oversubscription on the 2-core CI
+    machine (measured 10-70x slower with two threads when the other core is busy).  Restored after."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -13,13 +13,6 @@ from transcover import InputError, UnsupportedArchitectureError
 from transcover.model import ReferenceConfig, ReferenceTransformer
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def _model(scale=1.0, seed=0):
     torch.manual_seed(seed)

@@ -11,13 +11,6 @@ from transcover.constrain import ConstraintConfig, constrain, constrained_tensor
 from transcover.model import ReferenceConfig, ReferenceTransformer
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def _model(name):
     """(model, input, radius): radii below the initial norms so every group is capped."""

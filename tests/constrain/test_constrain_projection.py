@@ -20,13 +20,6 @@ from transcover.constrain import (
 from transcover.model import ReferenceConfig, ReferenceTransformer
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def _exact(slot):
     """Exact norms of a slot (per head for products), float64 SVD."""

@@ -20,13 +20,6 @@ from transcover.constrain import (
 )
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def _sigma(W):
     return torch.linalg.matrix_norm(W.detach().double(), 2)

@@ -78,13 +78,3 @@ def randomize(model: torch.nn.Module, seed: int = 0, std: float = 0.3) -> torch.
 @pytest.fixture
 def randomized():
     return randomize
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models: one intra-op thread avoids OpenMP oversubscription on the shared 2-core CI
-    machine (measured 10-25x slower layer reads with 2 threads under load); restored afterwards."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)

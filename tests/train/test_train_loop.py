@@ -12,13 +12,6 @@ from transcover.constrain import ConstraintConfig
 from transcover.train import StagedConfig, TrainConfig, load_task, staged_experiment, train
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 TINY = TrainConfig(task="digits", n_train=200, epochs=4, batch_size=25, lr=3e-2, d_model=16, n_heads=2,
                    n_layers=1, d_ff=16, head_hidden=(16,))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import as_tensor, randomize, tensors_equal
+from conftest import randomize, tensors_equal
 
 from transcover.model import (
     Activation, NormKind, attention_forward, ffn_forward, layer_forward, load, transformer_forward,

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 import torch
-from conftest import as_tensor, tensors_equal
+from conftest import as_tensor
 
 from transcover.model import bundled_model_dir, layer_forward, load, transformer_forward
 

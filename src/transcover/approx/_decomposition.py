@@ -16,7 +16,6 @@ bounds on the true suprema, to be compared with the certified budget of
 from __future__ import annotations
 
 import itertools
-import math
 from dataclasses import dataclass
 
 import torch

@@ -21,7 +21,7 @@ import torch
 
 from .._errors import InputError
 from ._construction import Construction, build_construction
-from ._decomposition import attention_candidates, decompose_construction
+from ._decomposition import attention_candidates
 from ._encodings import equiangular_encoding
 from ._targets import SparseTarget, holder_ridge
 from ._threads import single_thread

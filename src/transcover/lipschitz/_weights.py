@@ -20,7 +20,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields, replace
 
-import torch
 from torch import Tensor
 
 from .._errors import InputError, UnsupportedArchitectureError

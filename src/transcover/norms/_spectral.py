@@ -32,7 +32,7 @@ from scipy.linalg import eigh, eigh_tridiagonal
 
 from .._results import Interval, Kind
 from ._certify import certify_lambda_max_at_most, gram_with_error, psd_cholesky_upper
-from ._floating import U64, down, gamma, sqrt_down, sqrt_up, up
+from ._floating import U64, down, gamma, sqrt_up, up
 
 __all__ = [
     "spectral_norm_interval",

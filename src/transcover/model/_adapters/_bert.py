@@ -18,10 +18,11 @@ from __future__ import annotations
 
 from ..._errors import UnsupportedArchitectureError
 from .._sources import TensorSource
-from .._spec import AttentionSpec, FFNSpec, LayerSequence, LayerSpec, Placement, TransformerSpec
+from .._spec import LayerSequence, LayerSpec, Placement, TransformerSpec
 from ._common import (
-    activation_from_name, count_layers, find_prefix, heads_bias, heads_in, heads_out, layer_norm,
-    lazy_embeddings, linear_weight, no_layers, require, summary, transpose,
+    separate_projections_layer,
+    activation_from_name, count_layers, find_prefix, layer_norm,
+    lazy_embeddings, no_layers, require, summary, transpose,
 )
 
 __all__ = ["build_bert"]
@@ -66,30 +67,8 @@ def build_bert(src: TensorSource, config: dict, name: str) -> TransformerSpec:
 
     def layer(i: int) -> LayerSpec:
         names = {role: prefix + _LAYER.format(i=i) + key for role, key in _ROLES.items()}
-        k = names.get
-        attn = AttentionSpec(
-            W_Q=heads_in(linear_weight(src, k("W_Q"), d, H * dh), H),
-            W_K=heads_in(linear_weight(src, k("W_K"), d, H * dh), H),
-            W_V=heads_in(linear_weight(src, k("W_V"), d, H * dh), H),
-            W_O=heads_out(linear_weight(src, k("W_O"), H * dh, d), H),
-            b_Q=heads_bias(src.get_optional(k("b_Q"), (H * dh,)), H),
-            b_K=heads_bias(src.get_optional(k("b_K"), (H * dh,)), H),
-            b_V=heads_bias(src.get_optional(k("b_V"), (H * dh,)), H),
-            b_O=src.get_optional(k("b_O"), (d,)),
-            causal=causal,
-        )
-        ffn = FFNSpec(
-            W_1=linear_weight(src, k("W_1"), d, d_ff), W_2=linear_weight(src, k("W_2"), d_ff, d),
-            activation=act,
-            b_1=src.get_optional(k("b_1"), (d_ff,)), b_2=src.get_optional(k("b_2"), (d,)),
-        )
-        return LayerSpec(
-            index=i, attention=attn, ffn=ffn,
-            norm_attn=layer_norm(src, k("norm_attn.weight"), k("norm_attn.bias"), d, eps),
-            norm_ffn=layer_norm(src, k("norm_ffn.weight"), k("norm_ffn.bias"), d, eps),
-            placement=Placement.POST,
-            names={r: v for r, v in names.items() if v in src},
-        )
+        return separate_projections_layer(src, names, i, d=d, H=H, dh=dh, d_ff=d_ff, act=act, eps=eps,
+                                          placement=Placement.POST, causal=causal)
 
     emb = prefix + "embeddings."
     embeddings = lazy_embeddings(src, {

@@ -20,7 +20,7 @@ from typing import Any
 from ..._errors import InputError, UnsupportedArchitectureError
 from .._arrays import contiguous, permute
 from .._sources import LazyTensors, TensorSource
-from .._spec import Activation, NormKind, NormSpec
+from .._spec import Activation, AttentionSpec, FFNSpec, LayerSpec, NormKind, NormSpec, Placement
 
 Tensor = Any  # a numpy array (files) or a torch tensor (modules)
 
@@ -158,3 +158,39 @@ def summary(config: dict, src: TensorSource, n: int, H: int, H_kv: int, dh: int,
         "activation": act, "storage_dtype": src.storage_dtype(), "prefix": prefix,
         "embedding_names": embedding_names, "source_config": config,
     }
+
+
+def separate_projections_layer(
+    src: TensorSource, names: dict[str, str], i: int, *, d: int, H: int, dh: int, d_ff: int,
+    act: Activation, eps: float, placement: Placement, causal: bool = False,
+) -> LayerSpec:
+    """A block with separate q/k/v/o ``nn.Linear`` projections (biases optional), an un-gated FFN
+    and LayerNorms: BERT (post-norm) and ViT (pre-norm) differ only in ``names`` and ``placement``.
+
+    ``names`` maps the roles W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, W_1, W_2, b_1, b_2,
+    norm_attn.weight/.bias, norm_ffn.weight/.bias to checkpoint tensor names.
+    """
+    k = names.__getitem__
+    attn = AttentionSpec(
+        W_Q=heads_in(linear_weight(src, k("W_Q"), d, H * dh), H),
+        W_K=heads_in(linear_weight(src, k("W_K"), d, H * dh), H),
+        W_V=heads_in(linear_weight(src, k("W_V"), d, H * dh), H),
+        W_O=heads_out(linear_weight(src, k("W_O"), H * dh, d), H),
+        b_Q=heads_bias(src.get_optional(k("b_Q"), (H * dh,)), H),
+        b_K=heads_bias(src.get_optional(k("b_K"), (H * dh,)), H),
+        b_V=heads_bias(src.get_optional(k("b_V"), (H * dh,)), H),
+        b_O=src.get_optional(k("b_O"), (d,)),
+        causal=causal,
+    )
+    ffn = FFNSpec(
+        W_1=linear_weight(src, k("W_1"), d, d_ff), W_2=linear_weight(src, k("W_2"), d_ff, d),
+        activation=act,
+        b_1=src.get_optional(k("b_1"), (d_ff,)), b_2=src.get_optional(k("b_2"), (d,)),
+    )
+    return LayerSpec(
+        index=i, attention=attn, ffn=ffn,
+        norm_attn=layer_norm(src, k("norm_attn.weight"), k("norm_attn.bias"), d, eps),
+        norm_ffn=layer_norm(src, k("norm_ffn.weight"), k("norm_ffn.bias"), d, eps),
+        placement=placement,
+        names={r: v for r, v in names.items() if v in src},
+    )

@@ -56,17 +56,24 @@ def _diff(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None
 
 
 def _mat_norms(D: torch.Tensor) -> tuple[float, float]:
-    """(||D||_{2,1} = sum of column norms, ||D||_2) of a (..., r, c) batch, padded; per batch item."""
-    l21 = D.norm(dim=-2).sum(dim=-1) * (1 + _PAD)
-    spec = torch.linalg.matrix_norm(D, ord=2) * (1 + _PAD)
+    """(||D||_{2,1} = sum of column norms, ||D||_2): certified upper ends (``transcover.norms``)."""
+    from ..norms import l21_interval, spectral_norm_interval
+
+    Dn = D.detach().double().numpy()
+    return l21_interval(Dn).upper, spectral_norm_interval(Dn).upper
+
+
+def _lowrank_norms(P: torch.Tensor, Q: torch.Tensor) -> tuple[list[float], list[float]]:
+    """Per head h: certified upper ends of ``||P_h Q_h^T||_{2,1}`` and ``||P_h Q_h^T||_2`` for tall
+    (H, d, k) factors, without forming the d x d products (``transcover.norms`` low-rank routes)."""
+    from ..norms import product_l21_interval, product_norm_interval
+
+    l21, spec = [], []
+    for Ph, Qh in zip(P.detach().double().numpy(), Q.detach().double().numpy()):
+        Bt = Qh.T.copy()
+        l21.append(product_l21_interval(Ph, Bt).upper)
+        spec.append(product_norm_interval(Ph, Bt).upper)
     return l21, spec
-
-
-def _lowrank_spectral(P: torch.Tensor, Q: torch.Tensor) -> torch.Tensor:
-    """``||P Q^T||_2`` for tall (H, d, k) factors via QR (``= ||R_P R_Q^T||_2``), padded."""
-    _, Rp = torch.linalg.qr(P)
-    _, Rq = torch.linalg.qr(Q)
-    return torch.linalg.matrix_norm(Rp @ Rq.transpose(-1, -2), ord=2) * (1 + 1e-8)
 
 
 def _layer_role_norms(layer, ref) -> dict[str, tuple[tuple[int, int], float, float]]:
@@ -77,8 +84,6 @@ def _layer_role_norms(layer, ref) -> dict[str, tuple[tuple[int, int], float, flo
     kv = torch.tensor([a.kv_index(h) for h in range(H)])
     s = a.softmax_scale
     Wq, Wk, Wv, Wo = _t(a.W_Q), _t(a.W_K)[kv], _t(a.W_V)[kv], _t(a.W_O)
-    KQ = s * Wq @ Wk.transpose(-1, -2)  # (H, d, d)
-    OV = Wv @ Wo  # (H, d, d)
     P_kq, Q_kq, P_ov, Q_ov = s * Wq, Wk, Wv, Wo.transpose(-1, -2)
     bKQ = None if a.b_Q is None or a.rope is not None else s * torch.einsum("he,hde->hd", _t(a.b_Q), Wk)
     bout = a.effective_output_bias()
@@ -86,8 +91,7 @@ def _layer_role_norms(layer, ref) -> dict[str, tuple[tuple[int, int], float, flo
         r = ref.attention
         rs = r.softmax_scale
         rq, rk, rv, ro = _t(r.W_Q), _t(r.W_K)[kv], _t(r.W_V)[kv], _t(r.W_O)
-        KQ = KQ - rs * rq @ rk.transpose(-1, -2)
-        OV = OV - rv @ ro
+        # differences of products are products of concatenated factors (rank <= 2 d_head)
         P_kq, Q_kq = torch.cat([P_kq, -rs * rq], -1), torch.cat([Q_kq, rk], -1)
         P_ov, Q_ov = torch.cat([P_ov, -rv], -1), torch.cat([Q_ov, ro.transpose(-1, -2)], -1)
         if bKQ is not None and r.b_Q is not None:
@@ -95,9 +99,8 @@ def _layer_role_norms(layer, ref) -> dict[str, tuple[tuple[int, int], float, flo
         rb = r.effective_output_bias()
         if bout is not None and rb is not None:
             bout = bout - rb
-    kq_l21 = KQ.norm(dim=-2).sum(-1) * (1 + _PAD)
-    ov_l21 = OV.norm(dim=-2).sum(-1) * (1 + _PAD)
-    kq_sp, ov_sp = _lowrank_spectral(P_kq, Q_kq), _lowrank_spectral(P_ov, Q_ov)
+    kq_l21, kq_sp = _lowrank_norms(P_kq, Q_kq)
+    ov_l21, ov_sp = _lowrank_norms(P_ov, Q_ov)
     for h in range(H):
         out[f"W_KQ.{h}"] = ((d, d), float(kq_l21[h]), float(kq_sp[h]))
         out[f"W_OV.{h}"] = ((d, d), float(ov_l21[h]), float(ov_sp[h]))
@@ -267,7 +270,9 @@ def _head_parts(spec: TransformerSpec, head_radius: float):
 
     h = spec.head
     shapes = [tuple(W.shape) for W in h.weights]
-    spectral = [float(torch.linalg.matrix_norm(W.detach().double(), ord=2)) * (1 + _PAD) for W in h.weights]
+    from ..norms import spectral_norm_interval
+
+    spectral = [spectral_norm_interval(W).upper for W in h.weights]
     biases = [0.0 if b is None else float(b.detach().double().norm()) * (1 + _PAD) for b in h.biases]
     return shapes, spectral, biases, activation_lipschitz(h.activation)
 

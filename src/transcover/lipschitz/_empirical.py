@@ -23,10 +23,9 @@ from torch import Tensor
 
 from .._errors import InputError
 from .._results import Kind, Quantity
-from ..model._functional import attention_forward, ffn_forward
+from ..model._functional import attention_forward, ffn_forward, layer_forward, transformer_forward
 from ..model._spec import LayerSpec, NormKind, NormSpec, Placement, TransformerSpec
-from ._l2_attention import l2_attention_forward
-from ._weights import attention_kind, check_radius
+from ._weights import check_radius
 
 __all__ = [
     "LowerEstimate",
@@ -62,61 +61,46 @@ def _metric_norm(Y: Tensor, metric: str) -> Tensor:
     return Y.flatten(-2).norm(dim=-1)
 
 
-# -- forward passes that know L2 attention and record LayerNorm input spreads ------------------
+# -- forward passes that record LayerNorm input spreads -------------------------------------------
+def _tracking(track: list | None) -> Callable[[NormSpec, Tensor], Tensor]:
+    """An ``apply_norm`` for the model's forward passes that records each LayerNorm/RMSNorm input's
+    smallest spread (std, or RMS) into ``track`` before normalising."""
+
+    def apply(n: NormSpec, X: Tensor) -> Tensor:
+        if track is not None and n.kind is NormKind.LAYERNORM:
+            track.append(X.std(dim=-1, unbiased=False).amin(dim=-1))
+        elif track is not None and n.kind is NormKind.RMSNORM:
+            track.append(X.pow(2).mean(-1).sqrt().amin(dim=-1))
+        return n(X)
+
+    return apply
+
+
 def _norm_apply(n: NormSpec | None, X: Tensor, track: list | None) -> Tensor:
-    if n is None:
-        return X
-    if track is not None and n.kind is NormKind.LAYERNORM:
-        track.append(X.std(dim=-1, unbiased=False).amin(dim=-1))
-    elif track is not None and n.kind is NormKind.RMSNORM:
-        track.append(X.pow(2).mean(-1).sqrt().amin(dim=-1))
-    return n(X)
-
-
-def _attn_apply(layer: LayerSpec, X: Tensor, kind: str) -> Tensor:
-    a = layer.attention
-    if kind == "l2":
-        dt = X.dtype
-        return l2_attention_forward(X, a.W_Q.to(dt), a.W_V.to(dt), a.W_O.to(dt))
-    return attention_forward(a, X)
-
-
-def _layer_apply(layer: LayerSpec, X: Tensor, kind: str, track: list | None) -> Tensor:
-    if layer.placement is Placement.PRE:
-        X = X + _attn_apply(layer, _norm_apply(layer.norm_attn, X, track), kind)
-        return X + ffn_forward(layer.ffn, _norm_apply(layer.norm_ffn, X, track))
-    X = _norm_apply(layer.norm_attn, X + _attn_apply(layer, X, kind), track)
-    return _norm_apply(layer.norm_ffn, X + ffn_forward(layer.ffn, X), track)
-
-
-def _network_apply(spec: TransformerSpec, X: Tensor, track: list | None, kind: str,
-                   layers: list[LayerSpec] | None = None) -> Tensor:
-    X = _norm_apply(spec.input_norm, X, track)
-    for layer in (spec.layers if layers is None else layers):
-        X = _layer_apply(layer, X, kind, track)
-    return _norm_apply(spec.final_norm, X, track)
+    return X if n is None else _tracking(track)(n, X)
 
 
 def stage_functions(spec: TransformerSpec) -> dict[tuple[int, str], Fn]:
     """The map of every stage of :func:`~transcover.lipschitz.lipschitz_bounds`'s chain, every
     layer (``(i, "layer")``) and the network (``(-2, "network")``), keyed like the chain."""
-    kind = attention_kind(spec)
     L = spec.n_layers
     layers = list(spec.layers)  # materialise a lazy LayerSequence once, not on every forward
     out: dict[tuple[int, str], Fn] = {
         (-1, "input_norm"): lambda X, t: _norm_apply(spec.input_norm, X, t),
         (L, "final_norm"): lambda X, t: _norm_apply(spec.final_norm, X, t),
-        (-2, "network"): lambda X, t: _network_apply(spec, X, t, kind, layers),
+        (-2, "network"): lambda X, t: transformer_forward(spec, X, with_head=False, apply_norm=_tracking(t),
+                                                          layers=layers),
     }
     for i, layer in enumerate(layers):
-        out[(i, "layer")] = lambda X, t, lay=layer: _layer_apply(lay, X, kind, t)
+        out[(i, "layer")] = lambda X, t, lay=layer: layer_forward(lay, X, apply_norm=_tracking(t))
         if layer.placement is Placement.POST:
-            out[(i, "attention")] = lambda X, t, lay=layer: X + _attn_apply(lay, X, kind)
+            out[(i, "attention")] = lambda X, t, lay=layer: X + attention_forward(lay.attention, X)
             out[(i, "norm_attn")] = lambda X, t, lay=layer: _norm_apply(lay.norm_attn, X, t)
             out[(i, "ffn")] = lambda X, t, lay=layer: X + ffn_forward(lay.ffn, X)
             out[(i, "norm_ffn")] = lambda X, t, lay=layer: _norm_apply(lay.norm_ffn, X, t)
         else:
-            out[(i, "attention")] = lambda X, t, lay=layer: X + _attn_apply(lay, _norm_apply(lay.norm_attn, X, t), kind)
+            out[(i, "attention")] = lambda X, t, lay=layer: X + attention_forward(
+                lay.attention, _norm_apply(lay.norm_attn, X, t))
             out[(i, "ffn")] = lambda X, t, lay=layer: X + ffn_forward(lay.ffn, _norm_apply(lay.norm_ffn, X, t))
     return out
 

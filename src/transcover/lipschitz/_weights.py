@@ -143,12 +143,12 @@ def _ffn_norms(ffn: FFNSpec) -> dict[str, object]:
     )
 
 
-def layer_norms(layer: LayerSpec, attention_kind: str = "dot") -> LayerNorms:
+def layer_norms(layer: LayerSpec) -> LayerNorms:
     """The class bounds of one layer, read from its weights."""
     return LayerNorms(
         index=layer.index, placement=layer.placement, d_model=layer.attention.d_model,
         norm_attn=_norm_bounds(layer.norm_attn), norm_ffn=_norm_bounds(layer.norm_ffn),
-        attention_kind=attention_kind, d_head=layer.attention.d_head,
+        attention_kind=layer.attention.kind, d_head=layer.attention.d_head,
         has_query_bias=layer.attention.b_Q is not None and layer.attention.rope is None,
         has_output_bias=layer.attention.b_V is not None or layer.attention.b_O is not None,
         has_b1=layer.ffn.b_1 is not None, has_b2=layer.ffn.b_2 is not None,
@@ -168,17 +168,16 @@ class SpecNorms:
 
 
 def attention_kind(spec: TransformerSpec) -> str:
-    """'l2' for a reference model built with ReferenceConfig(attention='l2'), else 'dot'."""
-    return str(spec.config.get("attention", "dot")) if isinstance(spec.config, dict) else "dot"
+    """'l2' when the spec's attention is Kim et al.'s L2 attention (``AttentionSpec.kind``), else 'dot'."""
+    return "l2" if any(layer.attention.kind == "l2" for layer in spec.layers) else "dot"
 
 
 def spec_norms(spec: TransformerSpec) -> SpecNorms:
     """Read every class bound of ``spec`` (one layer at a time, so lazy specs stay lazy)."""
     spec = spec.to_torch()  # specs loaded from files hold numpy arrays
-    kind = attention_kind(spec)
     return SpecNorms(
         d_model=spec.d_model, input_norm=_norm_bounds(spec.input_norm),
-        layers=tuple(layer_norms(layer, kind) for layer in spec.layers),
+        layers=tuple(layer_norms(layer) for layer in spec.layers),
         final_norm=_norm_bounds(spec.final_norm),
     )
 

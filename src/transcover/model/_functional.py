@@ -12,10 +12,11 @@ functions: ``transcover.norms`` imports :func:`apply_rope` on the CLI's start-up
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from ._arrays import to_tensor
-from ._spec import AttentionSpec, FFNSpec, LayerSpec, Placement, RopeSpec, TransformerSpec
+from ._spec import AttentionSpec, FFNSpec, LayerSpec, NormSpec, Placement, RopeSpec, TransformerSpec
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -113,23 +114,37 @@ def ffn_forward(ffn: FFNSpec, X: Tensor) -> Tensor:
     return y
 
 
-def layer_forward(layer: LayerSpec, X: Tensor) -> Tensor:
-    """One block, with its residuals and normalisations in their places."""
+def _apply_norm(norm: NormSpec, X: Tensor) -> Tensor:
+    return norm(X)
+
+
+def layer_forward(layer: LayerSpec, X: Tensor, *,
+                  apply_norm: Callable[[NormSpec, Tensor], Tensor] = _apply_norm) -> Tensor:
+    """One block, with its residuals and normalisations in their places.
+
+    ``apply_norm(norm, X)`` evaluates each normalisation; callers that must observe the inputs of
+    the norms (the Lipschitz searches record LayerNorm input spreads) pass their own.
+    """
     if layer.placement is Placement.PRE:
-        X = X + attention_forward(layer.attention, layer.norm_attn(X))
-        return X + ffn_forward(layer.ffn, layer.norm_ffn(X))
-    X = layer.norm_attn(X + attention_forward(layer.attention, X))
-    return layer.norm_ffn(X + ffn_forward(layer.ffn, X))
+        X = X + attention_forward(layer.attention, apply_norm(layer.norm_attn, X))
+        return X + ffn_forward(layer.ffn, apply_norm(layer.norm_ffn, X))
+    X = apply_norm(layer.norm_attn, X + attention_forward(layer.attention, X))
+    return apply_norm(layer.norm_ffn, X + ffn_forward(layer.ffn, X))
 
 
-def transformer_forward(spec: TransformerSpec, X: Tensor, *, with_head: bool = True) -> Tensor:
-    """Input norm, all layers, final norm and MLP head (if present) on embedded input X (..., T, d)."""
+def transformer_forward(spec: TransformerSpec, X: Tensor, *, with_head: bool = True,
+                        apply_norm: Callable[[NormSpec, Tensor], Tensor] = _apply_norm,
+                        layers: Sequence[LayerSpec] | None = None) -> Tensor:
+    """Input norm, all layers, final norm and MLP head (if present) on embedded input X (..., T, d).
+
+    ``layers`` replaces ``spec.layers`` (e.g. a materialised copy of a lazy sequence).
+    """
     if spec.input_norm is not None:
-        X = spec.input_norm(X)
-    for layer in spec.layers:
-        X = layer_forward(layer, X)
+        X = apply_norm(spec.input_norm, X)
+    for layer in spec.layers if layers is None else layers:
+        X = layer_forward(layer, X, apply_norm=apply_norm)
     if spec.final_norm is not None:
-        X = spec.final_norm(X)
+        X = apply_norm(spec.final_norm, X)
     if with_head and spec.head is not None:
         head = spec.head
         z = X.mean(dim=-2) if head.readout == "mean" else X[..., 0, :]

@@ -24,7 +24,7 @@ from torch import Tensor
 from .._errors import InputError
 from .._results import Kind, Quantity
 from ..model._functional import attention_forward, ffn_forward, layer_forward, transformer_forward
-from ..model._spec import LayerSpec, NormKind, NormSpec, Placement, TransformerSpec
+from ..model._spec import NormKind, NormSpec, Placement, TransformerSpec
 from ._weights import check_radius
 
 __all__ = [

@@ -194,3 +194,22 @@ def separate_projections_layer(
         placement=placement,
         names={r: v for r, v in names.items() if v in src},
     )
+
+
+def split_fused_qkv(W, b, H: int, *, w_name: str, b_name: str, stacked_rows: bool) -> tuple[dict, dict[str, str]]:
+    """Per-head (W, b) for Q, K and V out of one fused projection, and their checkpoint names.
+
+    ``stacked_rows=False``: ``W`` is GPT-2's Conv1D ``(d, 3d) = [W_Q | W_K | W_V]`` (already
+    ``x @ W``); ``True``: ``W`` is ``nn.MultiheadAttention.in_proj_weight``, ``(3d, d)`` with the
+    three ``nn.Linear`` weights stacked, which are transposed into the ``x @ W`` convention.
+    """
+    d = W.shape[1] if stacked_rows else W.shape[0]
+    parts, names = {}, {}
+    for j, role in enumerate("QKV"):
+        sl = slice(j * d, (j + 1) * d)
+        Wj = W[sl].T if stacked_rows else W[:, sl]
+        parts[role] = (heads_in(Wj, H), heads_bias(None if b is None else b[sl], H))
+        names[f"W_{role}"] = f"{w_name}[{j * d}:{(j + 1) * d}, :]" if stacked_rows else f"{w_name}[:, {j * d}:{(j + 1) * d}]"
+        if b is not None:
+            names[f"b_{role}"] = f"{b_name}[{j * d}:{(j + 1) * d}]"
+    return parts, names

@@ -22,7 +22,8 @@ from ..._errors import UnsupportedArchitectureError
 from .._sources import TensorSource
 from .._spec import AttentionSpec, FFNSpec, LayerSequence, LayerSpec, Placement, TransformerSpec
 from ._common import (
-    activation_from_name, count_layers, find_prefix, heads_bias, heads_in, heads_out, layer_norm,
+    split_fused_qkv,
+    activation_from_name, count_layers, find_prefix, heads_out, layer_norm,
     lazy_embeddings, no_layers, require, summary,
 )
 
@@ -66,14 +67,7 @@ def build_gpt2(src: TensorSource, config: dict, name: str) -> TransformerSpec:
         qkv_w, qkv_b = p + "attn.c_attn.weight", p + "attn.c_attn.bias"
         W = src.get(qkv_w, (d, 3 * d))  # (d, 3d) = [W_Q | W_K | W_V]
         b = src.get_optional(qkv_b, (3 * d,))
-        names: dict[str, str] = {}
-        parts = {}
-        for j, role in enumerate("QKV"):
-            cols = slice(j * d, (j + 1) * d)
-            parts[role] = (heads_in(W[:, cols], H), heads_bias(None if b is None else b[cols], H))
-            names[f"W_{role}"] = f"{qkv_w}[:, {j * d}:{(j + 1) * d}]"
-            if b is not None:
-                names[f"b_{role}"] = f"{qkv_b}[{j * d}:{(j + 1) * d}]"
+        parts, names = split_fused_qkv(W, b, H, w_name=qkv_w, b_name=qkv_b, stacked_rows=False)
         keys = {
             "W_O": p + "attn.c_proj.weight", "b_O": p + "attn.c_proj.bias",
             "W_1": p + "mlp.c_fc.weight", "b_1": p + "mlp.c_fc.bias",

@@ -27,7 +27,8 @@ from .._spec import (
     Activation, AttentionSpec, FFNSpec, LayerSequence, LayerSpec, Placement, TransformerSpec,
 )
 from ._common import (
-    count_layers, heads_bias, heads_in, heads_out, layer_norm, linear_weight, no_layers, require,
+    split_fused_qkv,
+    count_layers, heads_out, layer_norm, linear_weight, no_layers, require,
     summary,
 )
 
@@ -120,14 +121,7 @@ def build_torch_encoder(src: TensorSource, config: dict, name: str) -> Transform
         qkv_w, qkv_b = p + "self_attn.in_proj_weight", p + "self_attn.in_proj_bias"
         W = src.get(qkv_w, (3 * d, d))  # (3d, d) = [W_Q; W_K; W_V] as nn.Linear weights
         b = src.get_optional(qkv_b, (3 * d,))
-        names: dict[str, str] = {}
-        heads = {}
-        for j, role in enumerate("QKV"):
-            rows = slice(j * d, (j + 1) * d)
-            heads[role] = (heads_in(W[rows].T, H), heads_bias(None if b is None else b[rows], H))
-            names[f"W_{role}"] = f"{qkv_w}[{j * d}:{(j + 1) * d}, :]"
-            if b is not None:
-                names[f"b_{role}"] = f"{qkv_b}[{j * d}:{(j + 1) * d}]"
+        heads, names = split_fused_qkv(W, b, H, w_name=qkv_w, b_name=qkv_b, stacked_rows=True)
         keys = {
             "W_O": p + "self_attn.out_proj.weight", "b_O": p + "self_attn.out_proj.bias",
             "W_1": p + "linear1.weight", "b_1": p + "linear1.bias",

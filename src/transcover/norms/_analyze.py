@@ -275,7 +275,7 @@ class _Measurer:
                                _estimate(float(np.sqrt((col * col).sum())) * scale, "float32"),
                                _estimate(float(col.sum()) * scale, "float32"))
         spec = product_norm_interval(A, B, rtol=self.rtol, grams=grams)
-        fro, l21 = product_frobenius_l21(A, B)
+        fro, l21 = product_frobenius_l21(A, B, None if grams is None else grams[0])  # reuse A^T A
         return MatrixNorms(role, shape, scale_interval(spec, scale),
                            scale_interval(fro, scale), scale_interval(l21, scale))
 

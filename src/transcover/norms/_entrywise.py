@@ -54,16 +54,17 @@ def frobenius_l21_intervals(W: np.ndarray) -> tuple[Interval, Interval]:
     return fro, l21
 
 
-def _col_sq_norms_of_product(A: np.ndarray, B: np.ndarray) -> tuple[np.ndarray, float]:
+def _col_sq_norms_of_product(A: np.ndarray, B: np.ndarray, G_A: np.ndarray | None = None) -> tuple[np.ndarray, float]:
     """Squared column norms of ``A B`` via ``diag(B^T (A^T A) B)`` and an absolute error bound.
 
     Each entry is a sum of products of non-negative-in-magnitude terms bounded by
     ``||A||_F^2 ||B[:, j]||^2``; with gamma over the three nested sums the absolute error of
-    entry j is at most ``gamma_(p + 2r) ||A||_F^2 ||B[:, j]||^2``.
+    entry j is at most ``gamma_(p + 2r) ||A||_F^2 ||B[:, j]||^2``.  ``G_A`` may be a float64
+    ``A^T A`` computed elsewhere by a conventional product (the same gamma_p bound holds).
     """
     A = np.asarray(A, dtype=np.float64)
     B = np.ascontiguousarray(B, dtype=np.float64)
-    G = A.T @ A
+    G = A.T @ A if G_A is None else G_A
     sq = np.einsum("ij,ij->j", G @ B, B)
     a2 = float(np.einsum("ij,ij->", A, A))
     bj2 = np.einsum("ij,ij->j", B, B)
@@ -71,9 +72,9 @@ def _col_sq_norms_of_product(A: np.ndarray, B: np.ndarray) -> tuple[np.ndarray, 
     return sq, err
 
 
-def product_frobenius_l21(A: np.ndarray, B: np.ndarray) -> tuple[Interval, Interval]:
-    """(``||A B||_F``, ``||A B||_{2,1}``) sharing one Gram computation."""
-    sq, err = _col_sq_norms_of_product(A, B)
+def product_frobenius_l21(A: np.ndarray, B: np.ndarray, G_A: np.ndarray | None = None) -> tuple[Interval, Interval]:
+    """(``||A B||_F``, ``||A B||_{2,1}``) sharing one Gram computation (``G_A = A^T A`` if given)."""
+    sq, err = _col_sq_norms_of_product(A, B, G_A)
     return _fro_from(sq, err), _l21_from(sq, err)
 
 

@@ -347,7 +347,12 @@ def _head_norms(attn: AttentionSpec, h: int, m: _Measurer, f64: dict[str, np.nda
 
 def _lowrank_estimates(G_A: np.ndarray, G_B: np.ndarray, B: np.ndarray, scale: float) -> tuple[np.ndarray, ...]:
     """Batched over heads: ||A_h B_h||_2, ||.||_F, ||.||_{2,1} from G_A = A^T A, G_B = B B^T (estimates)."""
-    lam = np.linalg.eigvals(G_A.astype(np.float64) @ G_B.astype(np.float64)).real.max(axis=-1)
+    G_A64, G_B64 = G_A.astype(np.float64), G_B.astype(np.float64)
+    try:  # lambda(G_A G_B) = lambda(L^T G_A L) with G_B = L L^T: a symmetric, cheaper eigen-problem
+        L = np.linalg.cholesky(G_B64)
+        lam = np.linalg.eigvalsh(L.transpose(0, 2, 1) @ G_A64 @ L)[:, -1]
+    except np.linalg.LinAlgError:  # a rank-deficient head: the general solver
+        lam = np.linalg.eigvals(G_A64 @ G_B64).real.max(axis=-1)
     sq = np.clip(np.einsum("hij,hij->hj", G_A @ B, B), 0.0, None)  # squared column norms of A B
     col = np.sqrt(sq)
     return (np.sqrt(np.clip(lam, 0.0, None)) * scale, np.sqrt(sq.sum(-1)) * scale, col.sum(-1) * scale)

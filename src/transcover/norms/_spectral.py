@@ -169,7 +169,7 @@ def spectral_norm_interval(W, *, rtol: float = 1e-3, gram: tuple[np.ndarray, flo
         \\qquad \\mu I - W^\\top W \\succeq 0 \\text{ (proven by Cholesky)}
 
     Source: the variational characterisation of sigma_max and the Cholesky certificate of
-    ``_certify`` (Rump 2006; Higham 2002, Thm 10.3); THEORY.md section 2.1 quantities.
+    ``_certify`` (Rump 2006; Higham 2002, Thm 10.3); seed section 2.1 quantities.
     Assumptions: ``W`` is given exactly by its float values (bf16/fp16/float32 upcast to float64 is
     exact); no overflow (entries far below 1e150).
 

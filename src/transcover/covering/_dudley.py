@@ -145,4 +145,5 @@ def dudley_entropy_integral(
 
 
 def _exp(x: float) -> float:
-    return math.inf if x > 709.0 else math.exp(x)
+    """``exp(x)`` rounded up (libm's exp is within one ulp): the value is an upper bound."""
+    return math.inf if x > 709.0 else math.nextafter(math.exp(x), math.inf)

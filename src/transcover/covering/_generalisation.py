@@ -100,7 +100,8 @@ def _fmt_raw(ln_value: float) -> str:
 def _clipped(n: float, raw_log_gap: float, rademacher: DudleyBound, conc: float, delta: float, b: float,
              assumptions: tuple[str, ...]) -> GeneralisationBound:
     """Note [trivial gap bound]: report ``min(raw, b)``, flag ``raw >= b`` as vacuous."""
-    raw_gap = math.inf if raw_log_gap > 709 else math.exp(raw_log_gap)
+    # exp rounded up (libm is within one ulp): the raw value stays an upper bound of its formula
+    raw_gap = math.inf if raw_log_gap > 709 else math.nextafter(math.exp(raw_log_gap), math.inf)
     vacuous = raw_gap >= b
     gap, log_gap = (b, math.log(b)) if vacuous else (raw_gap, raw_log_gap)
     return GeneralisationBound(n, gap, log_gap, rademacher, conc, delta, b, vacuous, raw_gap, raw_log_gap,

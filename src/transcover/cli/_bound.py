@@ -13,6 +13,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="HF model directory, .safetensors file, or short name (default: the bundled all-MiniLM-L6-v2)")
     p.add_argument("--arch", default=None, help="architecture of a bare .safetensors file")
     p.add_argument("--allow-pickle", action="store_true", help="load pickled checkpoints (.bin/.pt)")
+    p.add_argument("--strict", action="store_true",
+                   help="refuse a checkpoint with tensors inside a layer that the architecture does not define "
+                        "(default: warn, naming each)")
     p.add_argument("--eps", type=float, default=0.1, help="covering scale eps (default 0.1)")
     p.add_argument("--n-samples", type=float, nargs="+", default=[1e6],
                    help="training-set sizes n for the generalisation bound (default 1e6)")
@@ -95,8 +98,9 @@ def run(args: argparse.Namespace) -> int:
     from ..report import atomic_write_text
 
     _validate(args)
-    spec = load(args.model, arch=args.arch, allow_pickle=args.allow_pickle).to_torch()
-    reference = None if args.reference is None else load(args.reference, arch=args.arch, allow_pickle=args.allow_pickle).to_torch()
+    spec = load(args.model, arch=args.arch, allow_pickle=args.allow_pickle, strict=args.strict).to_torch()
+    reference = None if args.reference is None else load(args.reference, arch=args.arch, allow_pickle=args.allow_pickle,
+                                                         strict=args.strict).to_torch()
     result = model_bound(spec, eps=args.eps, n_samples=tuple(args.n_samples), seq_len=args.seq_len,
                          radius=args.radius, c_sm=args.c_sm, family=args.family, sigma_min=args.sigma_min,
                          reference=reference, loss_lipschitz=args.loss_lipschitz, loss_bound=args.loss_bound,
@@ -108,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
                                    delta=args.delta)
     data = _json_safe(result.to_dict())
     data["n_needed_for_gap"] = {"target_gap": target, "n": n_needed if math.isfinite(n_needed) else "> 1e300"}
+    data["warnings"] = list(spec.warnings) + ([] if reference is None else list(reference.warnings))
     # Render and build every output before writing any, so an error leaves nothing half-written.
     outputs = []
     if args.json:

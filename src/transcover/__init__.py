@@ -9,6 +9,7 @@ from ._errors import UnsupportedArchitectureError as UnsupportedArchitectureErro
 from ._errors import WeightError as WeightError
 from ._results import Interval as Interval
 from ._results import Kind as Kind
+from ._results import ClippedQuantity as ClippedQuantity
 from ._results import Quantity as Quantity
 
 __version__ = "0.1.0"
@@ -16,5 +17,5 @@ __version__ = "0.1.0"
 __all__ = [
     "analyze", "load",
     "TranscoverError", "InputError", "UnsupportedArchitectureError", "WeightError", "TranscoverWarning",
-    "Interval", "Kind", "Quantity",
+    "Interval", "Kind", "Quantity", "ClippedQuantity",
 ]

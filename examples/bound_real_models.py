@@ -32,26 +32,30 @@ def summarise(name: str, spec, terms, *, eps: float, seq_len: int, sigma_min: fl
     out = {
         "model": name, "sigma_min": sigma_min, "family": family, "seconds": round(time.perf_counter() - t0, 1),
         "log10_log_N": _log10(b.log_log_N),
-        "gap": {f"{g.n:.0e}": {"log10_gap": _log10(g.log_gap), "vacuous": g.vacuous} for g in b.generalisation},
+        "gap": {f"{g.n:.0e}": {"gap": g.gap, "log10_raw_gap": _log10(g.raw_log_gap), "vacuous": g.vacuous}
+                for g in b.generalisation},
         "n_needed_gap_0.1": n_needed,
         "top3": [{"matrix": c.name, "share": c.share, "log10_c": _log10(c.log_c)} for c in top],
         "by_layer": b.transformer.by_layer(),
         "bft_log10_R_A": _log10(b.bft.log_R),
         "bft_log10_A": _log10(b.bft.log_A),
         "ours_log10_A_equiv": _log10(b.log_log_N + 2 * math.log(eps)),
-        "bft_gap": {f"{g.n:.0e}": {"log10_gap": _log10(g.log_gap), "vacuous": g.vacuous} for g in b.bft_generalisation},
+        "bft_gap": {f"{g.n:.0e}": {"gap": g.gap, "log10_raw_gap": _log10(g.raw_log_gap), "vacuous": g.vacuous}
+                    for g in b.bft_generalisation},
     }
     print(f"\n== {name}  (family={family}, sigma_min={sigma_min:g}, T={seq_len}, {out['seconds']} s)")
     print(f"  log N_inf(eps={eps:g}) <= 10^{out['log10_log_N']:.2f}")
     for n, g in out["gap"].items():
-        print(f"  gap bound at n={n}: 10^{g['log10_gap']:.2f}{' (vacuous)' if g['vacuous'] else ''}")
+        print(f"  gap bound at n={n}: {g['gap']:.4g}" + (f" (vacuous: trivial bound; raw formula 10^{g['log10_raw_gap']:.2f})"
+                                                         if g["vacuous"] else ""))
     print(f"  n needed for gap <= 0.1: {n_needed:.3g}")
     for c in out["top3"]:
         print(f"  top: {c['matrix']:<24} share {c['share']:.2%}  log10 c_i {c['log10_c']:.1f}")
     print(f"  BFT: log10 R_A = {out['bft_log10_R_A']:.2f}, log10 A_BFT = {out['bft_log10_A']:.2f} "
           f"vs ours log10(eps^2 log N) = {out['ours_log10_A_equiv']:.2f}")
     for n, g in out["bft_gap"].items():
-        print(f"  BFT-baseline gap at n={n}: 10^{g['log10_gap']:.2f}{' (vacuous)' if g['vacuous'] else ''}")
+        print(f"  BFT-baseline gap at n={n}: {g['gap']:.4g}" + (f" (vacuous; raw 10^{g['log10_raw_gap']:.2f})"
+                                                                 if g["vacuous"] else ""))
     return out
 
 

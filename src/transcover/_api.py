@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-__all__ = ["analyze"]
+__all__ = ["analyze", "load"]
 
 
 def analyze(
@@ -12,6 +12,7 @@ def analyze(
     *,
     arch: str | None = None,
     allow_pickle: bool = False,
+    strict: bool = False,
     fast: bool = False,
     rtol: float = 1e-3,
     embeddings: bool = True,
@@ -24,6 +25,8 @@ def analyze(
             directory, a ``.safetensors`` file, an ``nn.Module``, or a ``TransformerSpec``.
         arch: the architecture of a bare ``.safetensors`` file ("bert", "gpt2", ...).
         allow_pickle: permit pickled checkpoints (loaded with ``torch.load(weights_only=True)``).
+        strict: refuse (InputError) a checkpoint with tensors inside a layer that the architecture
+            does not define; by default each is a :class:`~transcover.TranscoverWarning`.
         fast: Lanczos estimates instead of certified intervals.
         rtol: target relative gap of each interval.
 
@@ -38,5 +41,17 @@ def analyze(
     from .model import TransformerSpec, load
     from .norms import analyze_spec
 
-    spec = model if isinstance(model, TransformerSpec) else load(model, arch=arch, allow_pickle=allow_pickle)
+    spec = model if isinstance(model, TransformerSpec) else load(model, arch=arch, allow_pickle=allow_pickle,
+                                                                 strict=strict)
     return analyze_spec(spec, fast=fast, rtol=rtol, embeddings=embeddings, progress=progress)
+
+
+def load(source=None, *, arch: str | None = None, allow_pickle: bool = False, strict: bool = False):
+    """A model's decomposition: :func:`transcover.model.load` (see there for every argument).
+
+    ``strict=True`` refuses a checkpoint holding tensors inside a layer that the architecture does
+    not define (they could change the function); by default each is warned about.
+    """
+    from .model import load as _load
+
+    return _load(source, arch=arch, allow_pickle=allow_pickle, strict=strict)

@@ -7,7 +7,9 @@ exits non-zero; ``--debug`` shows the traceback.
 
 from __future__ import annotations
 
-__all__ = ["TranscoverError", "InputError", "UnsupportedArchitectureError", "WeightError"]
+import re
+
+__all__ = ["TranscoverError", "InputError", "UnsupportedArchitectureError", "WeightError", "TranscoverWarning"]
 
 
 class TranscoverError(ValueError):
@@ -24,3 +26,21 @@ class UnsupportedArchitectureError(TranscoverError):
 
 class WeightError(TranscoverError):
     """A tensor is missing, has the wrong shape, or holds NaN/Inf; the message names it."""
+
+
+class TranscoverWarning(UserWarning):
+    """Something the user should know that does not stop the computation (one line, naming it).
+
+    E.g. a checkpoint tensor inside a layer that no adapter role reads.  The CLI prints each as
+    ``transcover: warning: ...`` on stderr; ``strict=True`` / ``--strict`` turns the loader's into errors.
+    """
+
+
+# ANSI escape sequences (torch colours parts of its messages) and every other control character
+_ANSI = re.compile(r"\x1b(\[[0-?]*[ -/]*[@-~]|[@-Z\\-_])")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def clean_line(text: str) -> str:
+    """``text`` for a terminal: escape sequences and control characters removed, whitespace collapsed."""
+    return " ".join(_CONTROL.sub(" ", _ANSI.sub("", text)).split())

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from enum import Enum
 
-__all__ = ["Kind", "Interval", "Quantity"]
+__all__ = ["Kind", "Interval", "Quantity", "ClippedQuantity"]
 
 
 class Kind(str, Enum):
@@ -78,3 +78,26 @@ class Quantity:
             "source": self.source,
             "assumptions": list(self.assumptions),
         }
+
+
+@dataclass(frozen=True)
+class ClippedQuantity(Quantity):
+    """A certified upper bound reported as ``min(raw, trivial)``, with the raw value kept and labelled.
+
+    ``trivial`` is a bound that holds without any computation (e.g. the range ``b`` of a ``[0, b]``
+    loss bounds every generalisation gap); ``vacuous`` says the computed ``raw`` did not beat it, so
+    ``value`` then carries no information.  ``note`` says why, for tables.
+    """
+
+    raw: float = math.nan
+    trivial: float = math.inf
+    note: str = ""
+
+    @property
+    def vacuous(self) -> bool:
+        return not (self.raw < self.trivial)
+
+    def to_dict(self) -> dict[str, object]:
+        raw = self.raw if math.isfinite(self.raw) else str(self.raw)
+        return {**super().to_dict(), "raw": raw, "trivial": self.trivial, "vacuous": self.vacuous,
+                "note": self.note}

@@ -115,5 +115,15 @@ def test_tiny_staged_experiment(tmp_path):
     assert all(r.norms["W1"] > 1.0 for r in res.runs["unconstrained"])  # so the constraint did bind
     res.plot(tmp_path / "s.png")
     assert (tmp_path / "s.png").stat().st_size > 10_000
-    json.dumps(res.to_dict())
-    assert res.table().row_count == 3
+    data = json.loads(json.dumps(res.to_dict()))
+    table = res.table()
+    assert table.row_count == 3
+    # issue 10 defect 11: the gap bound never exceeds the loss range [0, 1]; a vacuous one says so
+    for name, m in data["summary"].items():
+        assert m["bound"][0] <= 1.0, name
+        assert "bound_raw" in m and "bound_vacuous" in m
+    for r in (r for runs in res.runs.values() for r in runs):
+        assert r.bound.value <= 1.0 and r.bound.value == min(r.bound.raw, 1.0)
+        assert r.bound.vacuous == (r.bound.raw >= 1.0) and r.bound.to_dict()["vacuous"] == r.bound.vacuous
+    if all(r.bound.vacuous for runs in res.runs.values() for r in runs):
+        assert "vacuous for every strategy" in table.caption and "vacuous" in data["notes"]["bound_note"]

@@ -17,7 +17,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 from collections.abc import Sequence
+
+from .._errors import TranscoverWarning, clean_line
 
 __all__ = ["main", "build_parser"]
 
@@ -71,7 +74,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(commands[args.command].run(args) or 0)
+        with warnings.catch_warnings():
+            # every TranscoverWarning is shown (one line each), however often the same text recurs
+            warnings.simplefilter("always", TranscoverWarning)
+            warnings.showwarning = _show_warning
+            return int(commands[args.command].run(args) or 0)
     except KeyboardInterrupt:
         print("transcover: interrupted", file=sys.stderr)
         return 130
@@ -88,8 +95,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
-def _one_line(err: BaseException) -> str:
-    return " ".join(str(err).split()) or type(err).__name__
+_SHOW_OTHER = warnings.showwarning
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """``transcover: warning: <one line>`` on stderr for transcover's own warnings; others as Python shows them."""
+    if issubclass(category, TranscoverWarning):
+        print(f"transcover: warning: {_one_line(message)}", file=sys.stderr)
+    else:
+        _SHOW_OTHER(message, category, filename, lineno, file, line)
+
+
+def _one_line(err: BaseException | Warning | str) -> str:
+    """The message on one line: escape sequences and control characters removed, whitespace collapsed."""
+    return clean_line(str(err)) or type(err).__name__
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -16,6 +16,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                 "torch_encoder, reference)")
     p.add_argument("--allow-pickle", action="store_true",
                    help="load pickled checkpoints (.bin/.pt) with torch.load(weights_only=True)")
+    p.add_argument("--strict", action="store_true",
+                   help="refuse a checkpoint with tensors inside a layer that the architecture does not define "
+                        "(default: warn, naming each)")
     p.add_argument("--fast", action="store_true", help="Lanczos estimates instead of certified intervals")
     p.add_argument("--rtol", type=float, default=1e-3, help="target relative gap of each interval (default 1e-3)")
     p.add_argument("--heads", action="store_true", help="also print per-head tables")
@@ -51,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
             bar.update(task, completed=done, total=total)
 
     try:
-        result = analyze(args.model, arch=args.arch, allow_pickle=args.allow_pickle, fast=args.fast,
+        result = analyze(args.model, arch=args.arch, allow_pickle=args.allow_pickle, strict=args.strict, fast=args.fast,
                          rtol=args.rtol, embeddings=not args.no_embeddings, progress=progress)
     finally:
         if bar is not None:

@@ -13,6 +13,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="HF model directory, .safetensors file, or short name (default: the bundled all-MiniLM-L6-v2)")
     p.add_argument("--arch", default=None, help="architecture of a bare .safetensors file")
     p.add_argument("--allow-pickle", action="store_true", help="load pickled checkpoints (.bin/.pt)")
+    p.add_argument("--strict", action="store_true",
+                   help="refuse a checkpoint with tensors inside a layer that the architecture does not define "
+                        "(default: warn, naming each)")
     p.add_argument("--eps", type=float, default=0.1, help="covering scale eps (default 0.1)")
     p.add_argument("--n-samples", type=float, nargs="+", default=[1e6],
                    help="training-set sizes n for the generalisation bound (default 1e6)")
@@ -95,8 +98,9 @@ def run(args: argparse.Namespace) -> int:
     from ..report import atomic_write_text
 
     _validate(args)
-    spec = load(args.model, arch=args.arch, allow_pickle=args.allow_pickle).to_torch()
-    reference = None if args.reference is None else load(args.reference, arch=args.arch, allow_pickle=args.allow_pickle).to_torch()
+    spec = load(args.model, arch=args.arch, allow_pickle=args.allow_pickle, strict=args.strict).to_torch()
+    reference = None if args.reference is None else load(args.reference, arch=args.arch, allow_pickle=args.allow_pickle,
+                                                         strict=args.strict).to_torch()
     result = model_bound(spec, eps=args.eps, n_samples=tuple(args.n_samples), seq_len=args.seq_len,
                          radius=args.radius, c_sm=args.c_sm, family=args.family, sigma_min=args.sigma_min,
                          reference=reference, loss_lipschitz=args.loss_lipschitz, loss_bound=args.loss_bound,
@@ -108,6 +112,7 @@ def run(args: argparse.Namespace) -> int:
                                    delta=args.delta)
     data = _json_safe(result.to_dict())
     data["n_needed_for_gap"] = {"target_gap": target, "n": n_needed if math.isfinite(n_needed) else "> 1e300"}
+    data["warnings"] = list(spec.warnings) + ([] if reference is None else list(reference.warnings))
     # Render and build every output before writing any, so an error leaves nothing half-written.
     outputs = []
     if args.json:
@@ -144,12 +149,18 @@ def _render(result, terms, n_needed: float, target: float, top: int) -> None:
                   f"({cov.mlp.n_params} params, C = {_fmt_log(cov.log_C)}); Transformer log N(eps/2C) <= "
                   f"{_fmt_log(cov.transformer.log_log_N)}; 4C^2(eta+eta~)^3/eps^2 = {_fmt_log(cov.log_leading)}")
     t = Table(title="generalisation gap (w.p. >= 1 - delta)")
-    for col in ("n", "gap bound", "Rademacher", "vacuous", "BFT-baseline gap"):
+    for col in ("n", "gap bound (reported)", "raw formula", "Rademacher", "vacuous", "BFT-baseline gap"):
         t.add_column(col, justify="right")
+    b_loss = result.generalisation[0].loss_bound
     for g, b in zip(result.generalisation, result.bft_generalisation):
-        t.add_row(f"{g.n:.3g}", _fmt_log(g.log_gap), f"{g.rademacher.value:.4g}", "yes" if g.vacuous else "no",
-                  _fmt_log(b.log_gap) + (" (vacuous)" if b.vacuous else ""))
+        t.add_row(f"{g.n:.3g}", _fmt_log(g.log_gap) + (" (trivial)" if g.vacuous else ""), _fmt_log(g.raw_log_gap),
+                  f"{g.rademacher.value:.4g}" + (" (trivial 4b)" if g.rademacher.trivial else ""),
+                  "yes" if g.vacuous else "no",
+                  _fmt_log(b.log_gap) + (f" (vacuous, raw {_fmt_log(b.raw_log_gap)})" if b.vacuous else ""))
     con.print(t)
+    if any(g.vacuous for g in result.generalisation):
+        con.print(f"vacuous: the bound's formula is >= the loss range b = {b_loss:g} (a [0, b] loss never has a "
+                  f"larger gap), so the reported gap is the trivial b; the raw formula is shown for comparison only")
     con.print(f"n needed for a gap <= {target:g}: {n_needed:.3g}" if math.isfinite(n_needed)
               else f"n needed for a gap <= {target:g}: more than 1e300")
     con.print("BFT baseline (an estimate, not a bound here: BFT's theorem covers feed-forward chains; the "
@@ -194,8 +205,9 @@ def _plot(result, curve, n_needed: float, target: float, args) -> bytes:
     hi = max(12.0, (math.log10(n_needed) + 1) if math.isfinite(n_needed) else 40.0)
     ns = np.logspace(2, hi, 25)
     gaps = np.array([generalisation_bound(curve, float(n), loss_lipschitz=args.loss_lipschitz,
-                                          loss_bound=args.loss_bound, delta=args.delta, n_grid=150).log_gap
+                                          loss_bound=args.loss_bound, delta=args.delta, n_grid=150).raw_log_gap
                      for n in ns]) / math.log(10)
+    reported = np.minimum(gaps, math.log10(args.loss_bound))
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
     a1.plot(eps, loglog, "o-", ms=3)
     a1.set_xscale("log")
@@ -204,7 +216,8 @@ def _plot(result, curve, n_needed: float, target: float, args) -> bytes:
     a1.set_title(f"covering bound, n={n0:.3g}, T={result.seq_len}")
     a1.axvline(result.eps, color="grey", ls=":", label=f"eps={result.eps:g}")
     a1.legend()
-    a2.plot(ns, gaps, "o-", ms=3, label="certified gap bound")
+    a2.plot(ns, reported, "o-", ms=3, label="certified gap bound (reported: min(formula, b))")
+    a2.plot(ns, gaps, ":", color="grey", label="raw formula (vacuous above b)")
     a2.axhline(math.log10(args.loss_bound), color="red", ls="--", label="trivial (loss bound b)")
     a2.axhline(math.log10(target), color="grey", ls=":", label=f"target {target:g}")
     a2.set_xscale("log")

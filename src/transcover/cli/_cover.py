@@ -58,6 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     lo = sub.add_parser("local", help="Monte Carlo over a model plus weight perturbations (local covering number)")
     lo.add_argument("model", help="model file or directory (anything transcover.model.load reads)")
     lo.add_argument("--arch", default=None)
+    lo.add_argument("--strict", action="store_true", help="refuse unexpected tensors inside a layer (default: warn)")
     lo.add_argument("--perturb", nargs="+", default=["W_1=0.05", "W_2=0.05"], metavar="ROLE=R",
                     help="spectral radius per role (W_Q W_K W_V W_O W_1 W_2 b_1 b_2 head)")
     lo.add_argument("--radial", default="volume")
@@ -154,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
                     raise InputError(f"--perturb expects ROLE=RADIUS, but got {item!r}") from None
             from ..model import load
 
-            spec = load(args.model, arch=args.arch).to_torch()
+            spec = load(args.model, arch=args.arch, strict=args.strict).to_torch()
             sample = E.sample_local_class(spec, radii, args.functions, radial=args.radial, seed=args.seed)
             d_model = spec.d_model
         X = E.random_inputs(args.samples, args.seq_len, d_model, seed=args.seed + 1)
@@ -167,6 +168,8 @@ def run(args: argparse.Namespace) -> int:
             table.add_row(f"{eps:g}", str(mc.packing_sizes[e][-1]), str(mc.net_sizes[e][-1]),
                           f"{mc.log_packing_lower(e).value:.3f}", note)
         payload = {"mode": args.mode, **mc.to_dict()}
+        if args.mode == "local":
+            payload["warnings"] = list(spec.warnings)
         try:
             fit = E.fit_eps_growth(*E.usable_points(mc))
             payload["eps_growth_fit"] = fit.to_dict()

@@ -12,6 +12,9 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     """Options shared with ``perturb``: domain, metric, constants, search effort, output."""
     p.add_argument("--arch", default=None, help="architecture of a bare .safetensors file")
     p.add_argument("--allow-pickle", action="store_true", help="load pickled checkpoints with weights_only=True")
+    p.add_argument("--strict", action="store_true",
+                   help="refuse a checkpoint with tensors inside a layer that the architecture does not define "
+                        "(default: warn, naming each)")
     p.add_argument("--radius", type=float, default=1.0,
                    help="R: every input token (embedded, before the input norm) has l2 norm <= R (default 1)")
     p.add_argument("--metric", choices=("2,inf", "fro"), default="2,inf",
@@ -68,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     from ..report import atomic_write_text
 
     check_common(args)
-    spec = load(args.model, arch=args.arch, allow_pickle=args.allow_pickle).to_torch()
+    spec = load(args.model, arch=args.arch, allow_pickle=args.allow_pickle, strict=args.strict).to_torch()
     small_threads(spec.d_model, args.seq_len)
     seq = args.seq_len if args.metric == "fro" or _needs_seq_len(spec) else None
     bounds = compose(spec_norms(spec), radius=args.radius, c_sm=args.c_sm, metric=args.metric, seq_len=seq,
@@ -109,7 +112,8 @@ def run(args: argparse.Namespace) -> int:
                   "'network, worst R': the plain product with every stage on the largest radius")
     if args.json:
         payload = {
-            "schema": "transcover.lipschitz/1", "model": spec.name, "bounds": bounds.to_dict(),
+            "schema": "transcover.lipschitz/1", "model": spec.name, "warnings": list(spec.warnings),
+            "bounds": bounds.to_dict(),
             "lower": [{"layer": k[0], "name": k[1], **v.to_dict()} for k, v in lower.items()],
             "table": [{"kind": k, "layer": layer, "component": n, "radius_in": r, "upper": up, "lower": lw,
                        "ratio": None if not lw else up / lw} for k, layer, n, r, up, lw in rows],

@@ -33,8 +33,8 @@ def run(args: argparse.Namespace) -> int:
     check_common(args)
     if args.top < 0:
         raise InputError(f"--top must be >= 0, but got --top={args.top}")
-    a = load(args.model_a, arch=args.arch, allow_pickle=args.allow_pickle).to_torch()
-    b = load(args.model_b, arch=args.arch, allow_pickle=args.allow_pickle).to_torch()
+    a = load(args.model_a, arch=args.arch, allow_pickle=args.allow_pickle, strict=args.strict).to_torch()
+    b = load(args.model_b, arch=args.arch, allow_pickle=args.allow_pickle, strict=args.strict).to_torch()
     small_threads(a.d_model, args.seq_len)
     seq = args.seq_len if args.metric == "fro" else None
     bound = perturbation_bound(a, b, radius=args.radius, c_sm=args.c_sm, metric=args.metric, seq_len=seq,
@@ -64,6 +64,7 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"  assumption: {asm}")
     if args.json:
         payload = {"schema": "transcover.perturb/1", "model_a": a.name, "model_b": b.name,
+                   "warnings": list(a.warnings) + list(b.warnings),
                    "bound": bound.to_dict(), "lower": low.to_dict(), "ratio": up / lw if lw > 0 else None}
         atomic_write_text(args.json, json.dumps(payload, indent=2, default=str))
         print(f"wrote {args.json}", file=sys.stderr)

@@ -121,9 +121,12 @@ def run(args) -> int:
     if result.covering is not None:
         t.add_row("log10 log N(eps=0.1) (transcover.covering)", f"{result.covering.value:.4g}", result.covering.kind.value)
     if result.bound is not None:
-        vac = " (vacuous)" if "vacuous (>= loss range)" in result.bound.assumptions else ""
-        t.add_row(f"gap bound (transcover.covering){vac}", f"{result.bound.value:.4g}",
-                  result.bound.kind.value)
+        vacuous = getattr(result.bound, "vacuous", False)
+        raw = getattr(result.bound, "raw", result.bound.value)
+        t.add_row("gap bound (transcover.covering)" + (" (vacuous: the trivial loss range)" if vacuous else ""),
+                  f"{result.bound.value:.4g}", result.bound.kind.value)
+        t.add_row("  raw formula (before the clip at the loss range)", f"{raw:.4g}",
+                  "not a bound above the loss range" if vacuous else result.bound.kind.value)
     console.print(t)
     console.print(f"history: {out / 'history.jsonl'}, {out / 'history.csv'}, {out / 'history.png'}; "
                   f"checkpoint: {out / 'checkpoint'}")

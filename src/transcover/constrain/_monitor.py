@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from .._errors import InputError
+from ..report import atomic_write_text
 from ._penalties import SigmaTracker, capacity_proxy
 from ._slots import GROUPS, find_slots
 
@@ -75,11 +76,11 @@ class TrainingMonitor:
             if resume and jsonl.exists():
                 kept = [r for r in read_history(jsonl) if keep_until is None or r["step"] <= keep_until]
                 self.records = kept
-                jsonl.write_text("".join(json.dumps(r) + "\n" for r in kept))
-                csv_path.write_text(",".join(self.columns) + "\n" + "".join(self._csv_row(r) for r in kept))
+                atomic_write_text(jsonl, "".join(json.dumps(r) + "\n" for r in kept))
+                atomic_write_text(csv_path, ",".join(self.columns) + "\n" + "".join(self._csv_row(r) for r in kept))
             else:
-                jsonl.write_text("")
-                csv_path.write_text(",".join(self.columns) + "\n")
+                atomic_write_text(jsonl, "")
+                atomic_write_text(csv_path, ",".join(self.columns) + "\n")
 
     @property
     def paths(self) -> tuple[Path, Path]:

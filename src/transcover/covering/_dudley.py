@@ -26,13 +26,18 @@ __all__ = ["DudleyBound", "dudley_inverse_square", "dudley_entropy_integral"]
 
 @dataclass(frozen=True)
 class DudleyBound:
-    """A Rademacher-complexity upper bound, the ``alpha`` it was taken at and its log."""
+    """A Rademacher-complexity upper bound, the ``alpha`` it was taken at and its log.
+
+    ``trivial``: the infimum sits at ``alpha = D``, where the bound is ``4D`` whatever the class:
+    the covering numbers were too large to help, so the value says nothing about the weights.
+    """
 
     value: float
     alpha: float
     log_value: float
     kind: Kind = Kind.CERTIFIED_UPPER
     method: str = ""
+    trivial: bool = False
 
 
 def _check(m: float, D: float) -> None:
@@ -77,7 +82,8 @@ def dudley_inverse_square(A: float, m: float, D: float, alpha: float | None = No
     elif not (math.isfinite(alpha) and 0 < alpha <= D):
         raise InputError(f"alpha must be in (0, D={D:g}], but got alpha={alpha!r}")
     value = 4.0 * alpha + 12.0 * s * math.log(D / alpha)
-    return DudleyBound(value, float(alpha), math.log(value), method="closed form, log N <= A/eps^2")
+    return DudleyBound(value, float(alpha), math.log(value), method="closed form, log N <= A/eps^2",
+                       trivial=alpha >= D)
 
 
 def dudley_entropy_integral(
@@ -134,8 +140,10 @@ def dudley_entropy_integral(
     cand = np.append(cand, math.log(4.0 * D))  # alpha = D
     k = int(np.argmin(cand))
     lv = float(cand[k])
-    return DudleyBound(_exp(lv), float(eps[k]), lv, method=f"left Riemann sum, {n_grid} points, alpha minimised")
+    return DudleyBound(_exp(lv), float(eps[k]), lv, method=f"left Riemann sum, {n_grid} points, alpha minimised",
+                       trivial=k == len(cand) - 1)
 
 
 def _exp(x: float) -> float:
-    return math.inf if x > 709.0 else math.exp(x)
+    """``exp(x)`` rounded up (libm's exp is within one ulp): the value is an upper bound."""
+    return math.inf if x > 709.0 else math.nextafter(math.exp(x), math.inf)

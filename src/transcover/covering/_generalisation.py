@@ -9,6 +9,14 @@ for a loss with values in ``[0, b]`` (Bartlett-Mendelson 2002; Mohri et al., Fou
 Thm 3.3 scaled by b).  The loss class is covered directly: an ``L_loss``-Lipschitz loss (in the
 l2 norm of the output) gives ``log N(l o F, eps) <= log N(F, eps / L_loss)`` (THEORY F11, vector
 outputs), and its ``L2(P_n)`` diameter is at most ``b``.
+
+Note [trivial gap bound]: a loss in ``[0, b]`` has ``E loss - empirical loss <= b`` for every
+function and every sample, so ``b`` is itself a certified gap bound (and ``b`` a certified bound
+on the expected loss).  The formula above can exceed it by far (a rich class gives Dudley's
+trivial ``4D = 4b`` Rademacher term, so ``2 * 4b + concentration``: 8.0 for b = 1).  The
+*reported* ``gap`` is therefore ``min(raw, b)``, ``vacuous`` says that the formula did not beat
+``b`` (the reported number then carries no information), and ``raw_gap`` keeps the formula's own
+value, labelled as such, for comparisons between classes.
 """
 
 from __future__ import annotations
@@ -31,8 +39,10 @@ __all__ = ["GeneralisationBound", "concentration_term", "generalisation_gap", "g
 class GeneralisationBound:
     """``gap`` bounds ``E loss - empirical loss`` uniformly over the class, w.p. ``>= 1 - delta``.
 
-    ``vacuous`` is True when the gap is at least ``b`` (the trivial bound); ``log_gap`` keeps
-    the size of a vacuous bound readable.
+    ``gap = min(raw_gap, b)`` (Note [trivial gap bound]): never above the loss range.
+    ``raw_gap`` / ``raw_log_gap`` are ``2 R + concentration`` before that clip (``raw_log_gap``
+    stays finite when ``raw_gap`` overflows); ``vacuous`` is True when ``raw_gap >= b``, i.e. the
+    reported ``gap`` is the trivial bound ``b``.
     """
 
     n: float
@@ -43,8 +53,59 @@ class GeneralisationBound:
     delta: float
     loss_bound: float
     vacuous: bool
+    raw_gap: float
+    raw_log_gap: float
     kind: Kind = Kind.CERTIFIED_UPPER
     assumptions: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def note(self) -> str:
+        """One line for tables and JSON: what the reported number means."""
+        if not self.vacuous:
+            return f"certified gap bound {self.gap:.4g} < loss range b={self.loss_bound:g}"
+        why = (" (Dudley's infimum at alpha = D: the Rademacher term is its trivial 4b, independent of the "
+               "weights)" if self.rademacher.trivial else "")
+        return (f"vacuous: the formula gives {_fmt_raw(self.raw_log_gap)} >= loss range b={self.loss_bound:g}; "
+                f"reported as the trivial bound b{why}")
+
+    def test_loss_bound(self, empirical_loss: float) -> float:
+        """``min(empirical_loss + gap, b)``: a certified bound on the expected loss (w.p. >= 1 - delta).
+
+        Raises:
+            InputError: ``empirical_loss`` outside ``[0, b]``.
+        """
+        if not (math.isfinite(empirical_loss) and 0.0 <= empirical_loss <= self.loss_bound):
+            raise InputError(f"empirical_loss must be in [0, b={self.loss_bound:g}], but got {empirical_loss!r}")
+        # rounding up: fl(a + g) may fall below a + g, so step one ulp up before clipping at b
+        return min(math.nextafter(empirical_loss + self.gap, math.inf), self.loss_bound)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "n": self.n, "gap": self.gap, "log10_gap": self.log_gap / math.log(10),
+            "raw_gap": self.raw_gap if math.isfinite(self.raw_gap) else str(self.raw_gap),
+            "log10_raw_gap": self.raw_log_gap / math.log(10), "vacuous": self.vacuous,
+            "trivial_bound": self.loss_bound, "note": self.note, "kind": self.kind.value,
+            "rademacher": self.rademacher.value if math.isfinite(self.rademacher.value) else str(self.rademacher.value),
+            "rademacher_trivial": self.rademacher.trivial, "alpha": self.rademacher.alpha,
+            "concentration": self.concentration, "delta": self.delta,
+        }
+
+
+def _fmt_raw(ln_value: float) -> str:
+    if ln_value < math.log(1e6):
+        return f"{math.exp(ln_value):.4g}"
+    return f"10^{ln_value / math.log(10):.2f}"
+
+
+def _clipped(n: float, raw_log_gap: float, rademacher: DudleyBound, conc: float, delta: float, b: float,
+             assumptions: tuple[str, ...]) -> GeneralisationBound:
+    """Note [trivial gap bound]: report ``min(raw, b)``, flag ``raw >= b`` as vacuous."""
+    # exp rounded up (libm is within one ulp): the raw value stays an upper bound of its formula
+    raw_gap = math.inf if raw_log_gap > 709 else math.nextafter(math.exp(raw_log_gap), math.inf)
+    vacuous = raw_gap >= b
+    gap, log_gap = (b, math.log(b)) if vacuous else (raw_gap, raw_log_gap)
+    return GeneralisationBound(n, gap, log_gap, rademacher, conc, delta, b, vacuous, raw_gap, raw_log_gap,
+                               assumptions=assumptions)
 
 
 def _pos(**values: float) -> None:
@@ -65,10 +126,11 @@ def generalisation_gap(rademacher: DudleyBound, n: float, *, loss_bound: float =
                        delta: float = 0.05) -> GeneralisationBound:
     """``2 R_n(l o F) + 3 b sqrt(ln(2/delta)/(2n))`` from a Rademacher bound of the loss class."""
     conc = concentration_term(n, loss_bound=loss_bound, delta=delta)
-    log_gap = float(np.logaddexp(math.log(2.0) + rademacher.log_value, math.log(conc)))
-    gap = math.inf if log_gap > 709 else math.exp(log_gap)
-    return GeneralisationBound(n, gap, log_gap, rademacher, conc, delta, loss_bound, gap >= loss_bound,
-                               assumptions=(f"loss in [0, {loss_bound:g}]", f"delta = {delta:g}"))
+    # logaddexp rounds to nearest; one ulp up keeps the raw value an upper bound of its formula
+    log_gap = math.nextafter(float(np.logaddexp(math.log(2.0) + rademacher.log_value, math.log(conc))), math.inf)
+    return _clipped(n, log_gap, rademacher, conc, delta, loss_bound,
+                    (f"loss in [0, {loss_bound:g}]", f"delta = {delta:g}",
+                     f"gap reported as min(formula, b={loss_bound:g}): a [0, b] loss never has a larger gap"))
 
 
 def generalisation_bound(
@@ -104,8 +166,8 @@ def generalisation_bound(
         raise InputError(f"delta must be in (0, 1), but got delta={delta!r}")
     rad = dudley_entropy_integral(lambda e: loglog_covering(e / loss_lipschitz, n), n, loss_bound, n_grid=n_grid)
     out = generalisation_gap(rad, n, loss_bound=loss_bound, delta=delta)
-    return GeneralisationBound(out.n, out.gap, out.log_gap, out.rademacher, out.concentration, delta, loss_bound,
-                               out.vacuous, assumptions=out.assumptions + (f"loss {loss_lipschitz:g}-Lipschitz in the output",))
+    return _clipped(out.n, out.raw_log_gap, out.rademacher, out.concentration, delta, loss_bound,
+                    out.assumptions + (f"loss {loss_lipschitz:g}-Lipschitz in the output",))
 
 
 def sample_size_for_gap(
@@ -122,9 +184,10 @@ def sample_size_for_gap(
 
     Bisection on ``log10 n``: the gap bound falls with n (the ``1/sqrt n`` factors dominate the
     ``log(nT)`` growth of the covering bound).  The returned n satisfies the target (checked).
+    A target ``>= loss_bound`` is met by the trivial bound at any n (returns 1).
 
     Raises:
-        InputError: ``target_gap <= 0`` or ``>= loss_bound`` is allowed but must be > 0.
+        InputError: ``target_gap <= 0``.
     """
     _pos(target_gap=target_gap)
 

@@ -13,15 +13,15 @@ import it).  The CLI's start-up time depends on it.  Modules and pickles import 
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .._errors import InputError, UnsupportedArchitectureError
+from .._errors import InputError, TranscoverWarning, UnsupportedArchitectureError, clean_line
 from ._adapters import SUPPORTED_ARCHITECTURES, adapter_for, arch_from_config
-from ._sources import StateDictSource, TensorSource, open_safetensors
+from ._sources import StateDictSource, TensorSource, open_safetensors, parse_json, shard_paths
 from ._spec import TransformerSpec
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ def bundled_model_dir() -> Path:
 
 def load(
     source: str | os.PathLike | nn.Module | None = None, *, arch: str | None = None,
-    allow_pickle: bool = False,
+    allow_pickle: bool = False, strict: bool = False,
 ) -> TransformerSpec:
     """A model's decomposition (seed section 1.2), its layers read lazily, one at a time.
 
@@ -65,17 +65,36 @@ def load(
         arch: the adapter (one of :data:`SUPPORTED_ARCHITECTURES`); needed for a bare file without
             a ``config.json`` model_type or transcover metadata, otherwise a cross-check.
         allow_pickle: allow ``torch.load(path, weights_only=True)`` of a pickled checkpoint.
+        strict: refuse a checkpoint with tensors inside a layer that the architecture does not
+            define (known harmless buffers excepted, see each adapter).  Without it each such tensor
+            is a :class:`~transcover.TranscoverWarning` and a line of ``spec.warnings``.
 
     Returns:
         The spec; ``spec.layers[i]`` reads and validates layer ``i``'s tensors when accessed.
 
     Raises:
-        InputError: missing path, unreadable or corrupted file, refused pickle, no layers.
+        InputError: missing path, unreadable or corrupted file, refused pickle, no layers, a shard
+            index naming a file outside the model's folder, a config nested too deeply, unexpected
+            layer tensors under ``strict``.
         UnsupportedArchitectureError: no adapter for the architecture (the message lists them).
         WeightError: (when a layer is read) a missing tensor, a wrong shape, NaN/Inf, integer dtype.
     """
+    return _finish(_load_any(source, arch, allow_pickle), strict)
+
+
+def _finish(spec: TransformerSpec, strict: bool) -> TransformerSpec:
+    """Refuse (``strict``) or warn about what the adapter noticed but could represent."""
+    if spec.warnings and strict:
+        more = f"; and {len(spec.warnings) - 3} more" if len(spec.warnings) > 3 else ""
+        raise InputError(f"refused (strict): {'; '.join(spec.warnings[:3])}{more}")
+    for line in spec.warnings:
+        warnings.warn(line, TranscoverWarning, stacklevel=3)
+    return spec
+
+
+def _load_any(source, arch: str | None, allow_pickle: bool) -> TransformerSpec:
     if _is_module(source):
-        return spec_from_module(source, arch=arch)  # type: ignore[arg-type]
+        return _spec_from_module(source, arch=arch)  # type: ignore[arg-type]
     if source is None or (isinstance(source, str) and source.lower() in _BUNDLED_ALIASES
                           and not Path(source).exists()):
         return _load_directory(bundled_model_dir(), arch, allow_pickle, name=BUNDLED_NAME)
@@ -98,7 +117,7 @@ def load(
     )
 
 
-def spec_from_module(module: nn.Module, *, arch: str | None = None) -> TransformerSpec:
+def spec_from_module(module: nn.Module, *, arch: str | None = None, strict: bool = False) -> TransformerSpec:
     """The decomposition of a live module (its tensors are read from ``state_dict()``, detached).
 
     HF models are recognised by their ``config.model_type`` (transformers is never imported here);
@@ -108,6 +127,7 @@ def spec_from_module(module: nn.Module, *, arch: str | None = None) -> Transform
         module: an HF BERT / GPT-2 / Llama / ViT model (base or with a task head),
             ``torch.nn.TransformerEncoder`` or ``TransformerEncoderLayer``, or a ``ReferenceTransformer``.
         arch: optional cross-check of the architecture (an InputError when it contradicts the module).
+        strict: refuse unexpected tensors inside a layer (see :func:`load`) instead of warning.
 
     Returns:
         The spec; tensors that need no reshaping share storage with the module's parameters.
@@ -115,8 +135,12 @@ def spec_from_module(module: nn.Module, *, arch: str | None = None) -> Transform
     Raises:
         UnsupportedArchitectureError: the module is none of the above, or uses a variant the spec
             cannot represent exactly (e.g. scaled RoPE, relative position scores, cross-attention).
-        InputError: the module has no Transformer layers.
+        InputError: the module has no Transformer layers; unexpected layer tensors under ``strict``.
     """
+    return _finish(_spec_from_module(module, arch=arch), strict)
+
+
+def _spec_from_module(module: nn.Module, *, arch: str | None = None) -> TransformerSpec:
     from torch import nn
 
     from ._adapters._torch_encoder import build_torch_encoder, torch_encoder_config
@@ -148,9 +172,10 @@ def spec_from_module(module: nn.Module, *, arch: str | None = None) -> Transform
 
 def _read_json(path: Path) -> dict:
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
+        text = path.read_text()
+    except OSError as err:
         raise InputError(f"cannot read {path}: {err}") from err
+    data = parse_json(text, str(path))
     if not isinstance(data, dict):
         raise InputError(f"{path} does not hold a JSON object")
     return data
@@ -170,11 +195,11 @@ def _load_directory(path: Path, arch: str | None, allow_pickle: bool, name: str)
     if len(others) == 1:
         return _build(open_safetensors(others[0]), config, arch, name, bare=None)
     if (path / "pytorch_model.bin.index.json").is_file():
-        index = _read_json(path / "pytorch_model.bin.index.json").get("weight_map", {})
-        shards = list(dict.fromkeys(index.values()))
+        index_file = path / "pytorch_model.bin.index.json"
+        shards = shard_paths(index_file, _read_json(index_file))
         tensors: dict[str, object] = {}
         for shard in shards:
-            tensors.update(_load_pickle(path / shard, allow_pickle).tensors())
+            tensors.update(_load_pickle(shard, allow_pickle).tensors())
         return _build(StateDictSource(tensors, name), config, arch, name, bare=None)
     pickles = [path / "pytorch_model.bin"] if (path / "pytorch_model.bin").is_file() else \
         sorted(p for p in path.iterdir() if p.suffix in _PICKLE_SUFFIXES)
@@ -202,8 +227,8 @@ def _load_pickle(path: Path, allow_pickle: bool) -> _PickledSource:
     try:
         obj = torch.load(path, weights_only=True, map_location="cpu")
     except Exception as err:  # unpickling errors come in many types; all mean "unreadable file"
-        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise InputError(f"cannot read pickled checkpoint {path}: {reason}") from err
+        raise InputError(f"cannot read pickled checkpoint {path}: {_pickle_reason(err)}; "
+                         "convert it to .safetensors (safetensors.torch.save_file) to load it without pickle") from err
     # Lightning / training-script checkpoints nest the weights one level down.
     for key in ("state_dict", "model", "module", "model_state_dict"):
         if isinstance(obj, dict) and isinstance(obj.get(key), dict):
@@ -214,6 +239,25 @@ def _load_pickle(path: Path, allow_pickle: bool) -> _PickledSource:
     return _PickledSource(obj, str(path))
 
 
+def _pickle_reason(err: BaseException) -> str:
+    """One clean line out of torch's multi-line, colour-coded unpickling message.
+
+    torch's "Weights only load failed" text starts with advice to disable ``weights_only`` (which
+    would run arbitrary code) and carries the actual cause on a later ``WeightsUnpickler error:``
+    line; that cause, first sentence only, is what the user needs.
+    """
+    lines = [clean_line(line) for line in str(err).splitlines()]
+    lines = [line for line in lines if line]
+    if not lines:
+        return type(err).__name__
+    for line in lines:
+        if line.startswith("WeightsUnpickler error:"):
+            cause = line[len("WeightsUnpickler error:"):].strip()
+            cause = cause.split(". ")[0].rstrip(".")
+            return f"weights_only unpickling refused it ({cause})"
+    return lines[0][:300]
+
+
 def _build(
     src: TensorSource, config: dict | None, arch: str | None, name: str, *, bare: Path | None,
 ) -> TransformerSpec:
@@ -221,10 +265,9 @@ def _build(
     meta = src.metadata()
     meta_arch = meta.get("transcover_arch")
     if config is None and "transcover_config" in meta:
-        try:
-            config = json.loads(meta["transcover_config"])
-        except ValueError as err:
-            raise InputError(f"transcover_config metadata of {name} is not JSON: {err}") from err
+        config = parse_json(meta["transcover_config"], f"transcover_config metadata of {name}")
+        if not isinstance(config, dict):
+            raise InputError(f"transcover_config metadata of {name} is not a JSON object")
     if arch is not None:
         chosen, adapter = adapter_for(arch)
         stated = meta_arch or (config and (config.get("model_type") or None))

@@ -67,6 +67,9 @@ class SafetensorsFile:
                 self._entries = self._check(header, size - self._start)
                 # An empty mapping cannot be memory-mapped; a file holding no data needs none.
                 self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) if size > self._start else None
+        except RecursionError:
+            raise InputError(f"cannot read safetensors file {self.path}: its JSON header is nested too "
+                             "deeply") from None
         except (OSError, ValueError, UnicodeDecodeError) as err:
             raise InputError(f"cannot read safetensors file {self.path}: {err}") from err
 

@@ -32,7 +32,13 @@ from ._arrays import dtype_name, is_floating, is_tensor
 if TYPE_CHECKING:
     from torch import Tensor
 
-__all__ = ["TensorSource", "SafetensorsSource", "StateDictSource", "LazyTensors", "open_safetensors"]
+__all__ = ["TensorSource", "SafetensorsSource", "StateDictSource", "LazyTensors", "open_safetensors",
+           "parse_json", "shard_paths", "MAX_JSON_DEPTH"]
+
+#: Deepest nesting accepted in a config / index / metadata JSON (HF configs nest 3-4 levels).  Deeper
+#: documents are refused: Python's parser and every later recursive walk (json.dumps of the config
+#: into a result) would otherwise end in RecursionError.
+MAX_JSON_DEPTH = 64
 
 _FLOAT_NAMES = {"float64", "float32", "float16", "bfloat16"}
 
@@ -197,18 +203,79 @@ class StateDictSource(TensorSource):
         return self._tensors[key].detach()
 
 
+def parse_json(text: str, where: str) -> Any:
+    """``json.loads`` with one-line :class:`InputError` for invalid or too deeply nested documents.
+
+    Raises:
+        InputError: not JSON, or nested deeper than :data:`MAX_JSON_DEPTH` (checked without recursion;
+            a document deep enough to exhaust the parser's own recursion is reported the same way).
+    """
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise InputError(f"{where} is nested deeper than {MAX_JSON_DEPTH} levels; refused") from None
+    except ValueError as err:
+        raise InputError(f"{where} is not valid JSON: {err}") from err
+    stack = [(data, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, (dict, list)):
+            if depth > MAX_JSON_DEPTH:
+                raise InputError(f"{where} is nested deeper than {MAX_JSON_DEPTH} levels; refused")
+            stack.extend((v, depth + 1) for v in (node.values() if isinstance(node, dict) else node))
+    return data
+
+
+def shard_paths(index_file: Path, index: object) -> list[Path]:
+    """The shard files a ``*.index.json`` names, each checked to stay inside the index's folder.
+
+    Only plain relative names are followed: an absolute path, a ``..`` component, or a name whose
+    resolved path (symlinks followed) leaves the folder is refused, so an index cannot make the
+    loader read a file elsewhere on the machine.  One exception keeps the Hugging Face cache
+    working: in ``<repo>/snapshots/<revision>/`` the files are symlinks into ``<repo>/blobs/``,
+    which is accepted as inside.
+
+    Raises:
+        InputError: no ``weight_map`` object, no shards, a non-string shard name, or a shard outside.
+    """
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict):
+        raise InputError(f"shard index {index_file} has no weight_map object")
+    names = list(dict.fromkeys(weight_map.values()))
+    if not names:
+        raise InputError(f"shard index {index_file} lists no files")
+    folder = index_file.parent.resolve()
+    roots = [folder]
+    if folder.parent.name == "snapshots":
+        roots.append(folder.parent.parent / "blobs")
+    out = []
+    for name in names:
+        if not isinstance(name, str) or not name:
+            raise InputError(f"shard index {index_file} names a shard {name!r} that is not a file name")
+        rel = Path(name)
+        if rel.is_absolute() or rel.drive or ".." in rel.parts or "\\" in name:
+            raise InputError(f"shard index {index_file} names {name!r}, outside the model folder {folder}; refused")
+        resolved = (folder / rel).resolve()
+        if not any(resolved.is_relative_to(r) for r in roots):
+            raise InputError(f"shard index {index_file} names {name!r}, which resolves to {resolved}, outside "
+                             f"the model folder {folder}; refused")
+        out.append(index_file.parent / rel)
+    return out
+
+
 def open_safetensors(path: Path) -> SafetensorsSource:
-    """A single ``.safetensors`` file, or the shards listed by a ``*.safetensors.index.json``."""
+    """A single ``.safetensors`` file, or the shards listed by a ``*.safetensors.index.json``.
+
+    Raises:
+        InputError: unreadable index or file; a shard outside the index's folder (see :func:`shard_paths`).
+    """
     if path.name.endswith(".index.json"):
         try:
-            index = json.loads(path.read_text())
-            weight_map = index["weight_map"]
-        except (OSError, ValueError, KeyError, TypeError) as err:
+            text = path.read_text()
+        except OSError as err:
             raise InputError(f"cannot read shard index {path}: {err}") from err
-        shards = list(dict.fromkeys(weight_map.values()))
-        if not shards:
-            raise InputError(f"shard index {path} lists no files")
-        return SafetensorsSource([path.parent / s for s in shards], name=str(path.parent), index_file=path)
+        shards = shard_paths(path, parse_json(text, f"shard index {path}"))
+        return SafetensorsSource(shards, name=str(path.parent), index_file=path)
     return SafetensorsSource([path], name=str(path))
 
 

@@ -388,6 +388,8 @@ class TransformerSpec:
     head: MLPHeadSpec | None = None
     embeddings: Mapping[str, Tensor] = field(default_factory=dict)  # may be read lazily
     config: dict[str, object] = field(default_factory=dict)
+    # one line each: what the loader noticed but did not refuse (e.g. unexpected tensors in a layer)
+    warnings: tuple[str, ...] = ()
 
     @property
     def n_layers(self) -> int:

@@ -167,6 +167,7 @@ class AnalysisResult:
     final_norm: NormParams | None = None
     seconds: float = 0.0
     notes: tuple[str, ...] = field(default_factory=tuple)
+    warnings: tuple[str, ...] = ()  # the loader's (spec.warnings), e.g. unexpected tensors in a layer
 
     @property
     def kind(self) -> Kind:
@@ -199,6 +200,7 @@ class AnalysisResult:
             "embeddings": [e.to_dict() for e in self.embeddings],
             "final_norm": None if self.final_norm is None else self.final_norm.to_dict(),
             "notes": list(self.notes),
+            "warnings": list(self.warnings),
         }
 
     def to_dataframe(self):
@@ -504,5 +506,5 @@ def analyze_spec(
         model=spec.name, arch=spec.arch, d_model=spec.d_model, n_heads=first.attention.n_heads,
         d_head=first.attention.d_head, mode="fast" if fast else "certified", rtol=rtol,
         layers=tuple(layers), embeddings=tuple(embs), final_norm=NormParams.of(spec.final_norm),
-        seconds=time.perf_counter() - t0, notes=tuple(notes),
+        seconds=time.perf_counter() - t0, notes=tuple(notes), warnings=tuple(spec.warnings),
     )

@@ -85,7 +85,11 @@ class StagedResult:
             if all(r.lipschitz is not None for r in runs):
                 metrics["lipschitz"] = [math.log10(r.lipschitz.value) for r in runs]
             if all(r.bound is not None for r in runs):
-                metrics["bound"] = [math.log10(r.bound.value) for r in runs]
+                # the reported bound is clipped at the loss range (Note [trivial gap bound]); the raw
+                # formula is kept apart, labelled, and is not a usable bound where it exceeds that range
+                metrics["bound"] = [r.bound.value for r in runs]
+                metrics["bound_raw"] = [math.log10(_raw(r.bound)) for r in runs]
+                metrics["bound_vacuous"] = [float(_vacuous(r.bound)) for r in runs]
             if all(r.covering is not None for r in runs):
                 metrics["covering"] = [r.covering.value for r in runs]
             for g in runs[0].norms:
@@ -101,31 +105,69 @@ class StagedResult:
             "runs": {s: [r.to_dict() for r in rs] for s, rs in self.runs.items()},
             "notes": {"capacity": "log10 of the F8 product-of-norms proxy (estimate)",
                       "lipschitz": "log10 of the certified input-Lipschitz bound of g_L (transcover.lipschitz)",
-                      "bound": "log10 of the certified generalisation-gap bound at n = n_train for a [0,1] "
-                               "1-Lipschitz loss (transcover.covering.model_bound); >= 0 means vacuous",
+                      "bound": "certified generalisation-gap bound at n = n_train for a [0,1] 1-Lipschitz "
+                               "loss (transcover.covering.model_bound), reported as min(formula, 1): a [0,1] "
+                               "loss never has a gap above 1",
+                      "bound_raw": "log10 of the bound's formula before that clip (not a usable bound when "
+                                   ">= 0, i.e. vacuous)",
+                      "bound_vacuous": "fraction of seeds whose bound is vacuous (formula >= loss range)",
+                      "bound_note": self.bound_note(),
                       "covering": "log10 of log N_inf(eps=0.1) of the class (transcover.covering.model_bound)"},
         }
 
+    def bound_note(self) -> str:
+        """Whether the gap bounds say anything, and why identical values are identical."""
+        bounds = [r.bound for runs in self.runs.values() for r in runs]
+        if not bounds or any(b is None for b in bounds):
+            return "no generalisation bound (transcover.covering unavailable)"
+        if not all(_vacuous(b) for b in bounds):
+            vac = sum(_vacuous(b) for b in bounds)
+            return f"{vac} of {len(bounds)} runs have a vacuous gap bound (formula >= loss range, reported as 1)"
+        raws = {round(math.log10(_raw(b)), 12) for b in bounds}
+        same = len(raws) == 1
+        why = ""
+        if all("alpha = D" in getattr(b, "note", "") for b in bounds):
+            why = (" Dudley's infimum sits at alpha = D for every run: the Rademacher term is its trivial 4b, "
+                   "independent of the weights, and the concentration term depends on n only")
+        return ("gap bound vacuous for every strategy and seed: the formula is >= the loss range 1, so the "
+                "reported bound is the trivial 1" + (f"; the raw formula is the same 10^{raws.pop():.3f} for all "
+                                                    "runs, so it cannot rank the strategies" if same else "")
+                + ("." if not why else f".{why}.") + " Compare the classes by log10 logN(.1).")
+
     def table(self):
-        """A rich Table: one row per strategy, mean ± std over seeds; final norms as max per group."""
+        """A rich Table: one row per strategy, mean ± std over seeds; final norms as max per group.
+
+        The gap bound column shows the reported (clipped) bound, marked vacuous where the formula
+        did not beat the loss range; the caption says so when that holds for every strategy.
+        """
         from rich.table import Table
 
         summ = self.summary()
         first = next(iter(summ.values()))
-        cols = ["test_acc", "train_acc", "gap", "test_loss", "capacity"] + [c for c in ("lipschitz", "covering", "bound") if c in first]
+        cols = ["test_acc", "train_acc", "gap", "test_loss", "capacity"] + [c for c in ("lipschitz", "covering") if c in first]
         # biases are in the JSON; the table keeps the matrices' norms (what the radii pin down)
         norm_cols = [k for k in first if k.startswith("norm.") and k not in ("norm.b1", "norm.b2")]
         t = Table(title=f"staged strategy, {len(self.config.seeds)} seeds (mean ± std)")
         t.add_column("strategy")
         labels = {"test_acc": "test acc", "train_acc": "train acc", "gap": "gap (acc)", "test_loss": "test loss",
-                  "capacity": "log10 F8 proxy", "lipschitz": "log10 Lip(g_L)", "covering": "log10 logN(.1)",
-                  "bound": "log10 gap bound"}
+                  "capacity": "log10 F8 proxy", "lipschitz": "log10 Lip(g_L)", "covering": "log10 logN(.1)"}
         for c in cols:
             t.add_column(labels.get(c, c), justify="right")
+        has_bound = "bound" in first
+        if has_bound:
+            t.add_column("gap bound (reported; raw formula)", justify="right")
         t.add_column("final norms " + "/".join(c[5:] for c in norm_cols), justify="right")
         for name, m in summ.items():
-            t.add_row(name, *[f"{m[c][0]:.3f}±{m[c][1]:.3f}" for c in cols],
+            bound = []
+            if has_bound:
+                vac, raw = m["bound_vacuous"][0], m["bound_raw"][0]
+                shown = "1 (vacuous)" if vac == 1.0 else f"{m['bound'][0]:.3f}±{m['bound'][1]:.3f}" + (
+                    f" ({vac:.0%} vacuous)" if vac > 0 else "")
+                bound = [f"{shown}; raw 10^{raw:.3f}"]
+            t.add_row(name, *[f"{m[c][0]:.3f}±{m[c][1]:.3f}" for c in cols], *bound,
                       "/".join(f"{m[c][0]:.2f}" for c in norm_cols))
+        if has_bound:
+            t.caption = self.bound_note()
         return t
 
     def plot(self, path: str | Path) -> Path:
@@ -175,6 +217,15 @@ class StagedResult:
         fig.savefig(buf, format="png", dpi=110)
         plt.close(fig)
         return atomic_write_bytes(path, buf.getvalue())
+
+
+def _raw(q) -> float:
+    """The unclipped value of a bound (a plain Quantity is its own raw value)."""
+    return getattr(q, "raw", q.value)
+
+
+def _vacuous(q) -> bool:
+    return bool(getattr(q, "vacuous", False))
 
 
 def staged_experiment(config: StagedConfig = StagedConfig(), *, progress=None) -> StagedResult:

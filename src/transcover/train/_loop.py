@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from .._errors import InputError
-from .._results import Kind, Quantity
+from .._results import ClippedQuantity, Kind, Quantity
 from ..constrain import ConstraintConfig, TrainingMonitor, constrain, find_slots, grad_norm
 from ..constrain._spectral import check_radius
 from ..model import ReferenceConfig, ReferenceTransformer
@@ -211,7 +211,8 @@ def _generalisation_bound(model: ReferenceTransformer, task: Task) -> tuple[Quan
     mb = model_bound(_plain_spec(model), eps=0.1, n_samples=(float(n),), seq_len=task.seq_len)
     g = mb.generalisation[0]
     notes = (*g.assumptions, f"n = {n}", "vacuous (>= loss range)" if g.vacuous else "non-vacuous")
-    gap = Quantity(g.gap, g.kind, "transcover.covering.model_bound (THEORY F9/F10/F11)", notes)
+    gap = ClippedQuantity(g.gap, g.kind, "transcover.covering.model_bound (THEORY F9/F10/F11)", notes,
+                          raw=g.raw_gap, trivial=g.loss_bound, note=g.note)
     cov = Quantity(mb.log_log_N / math.log(10), mb.kind, "log10 log N_inf(eps=0.1), transcover.covering.model_bound",
                    mb.assumptions)
     return gap, cov

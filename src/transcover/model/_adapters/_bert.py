@@ -22,7 +22,7 @@ from .._spec import LayerSequence, LayerSpec, Placement, TransformerSpec
 from ._common import (
     separate_projections_layer,
     activation_from_name, count_layers, find_prefix, layer_norm,
-    lazy_embeddings, no_layers, require, summary, transpose,
+    lazy_embeddings, no_layers, require, summary, transpose, unexpected_layer_tensors,
 )
 
 __all__ = ["build_bert"]
@@ -83,5 +83,6 @@ def build_bert(src: TensorSource, config: dict, name: str) -> TransformerSpec:
         arch=arch, name=name, d_model=d, layers=LayerSequence(n, layer), input_norm=input_norm,
         embeddings=embeddings,  # type: ignore[arg-type]  # a read-on-access Mapping
         config=summary(config, src, n, H, H, dh, d_ff, act.value, prefix, embeddings.names),
+        warnings=unexpected_layer_tensors(src, prefix, "encoder.layer", n, _ROLES.values(), arch=arch, name=name),
     )
 

@@ -27,7 +27,7 @@ Tensor = Any  # a numpy array (files) or a torch tensor (modules)
 __all__ = [
     "activation_from_name", "find_prefix", "count_layers", "heads_in", "heads_out", "heads_bias",
     "linear_weight", "layer_norm", "require", "no_layers", "lazy_embeddings", "transpose",
-    "summary",
+    "summary", "unexpected_layer_tensors",
 ]
 
 # HF ``hidden_act`` strings -> the spec's activations (transformers/activations.py, ACT2CLS):
@@ -213,3 +213,35 @@ def split_fused_qkv(W, b, H: int, *, w_name: str, b_name: str, stacked_rows: boo
         if b is not None:
             names[f"b_{role}"] = f"{b_name}[{j * d}:{(j + 1) * d}]"
     return parts, names
+
+
+def unexpected_layer_tensors(
+    src: TensorSource, prefix: str, container: str, n_layers: int, expected: Iterable[str],
+    harmless: Iterable[str] = (), *, arch: str, name: str,
+) -> tuple[str, ...]:
+    """One warning line per tensor inside a layer that the adapter does not read.
+
+    A key ``{prefix}{container}.{i}.{rest}`` is unexpected when ``rest`` is none of ``expected``
+    (the adapter's roles) and matches none of the ``harmless`` regular expressions (buffers an
+    architecture is known to store and not to need, e.g. GPT-2's causal-mask ``attn.bias``), or
+    when ``i`` is beyond the ``n_layers`` the configuration declares.  Such a tensor is ignored by
+    the decomposition; if the model it came from used it (an extra gate, an extra layer), the
+    spec's function differs from the model's, so it must not pass silently.  Tensors outside the
+    layers (embeddings, pooler, task heads) are not part of the decomposition and not checked here.
+    """
+    pattern = re.compile(re.escape(prefix + container + ".") + r"(\d+)\.(.+)")
+    expected = set(expected)
+    harmless_re = [re.compile(h) for h in harmless]
+    out = []
+    for key in src.keys():
+        m = pattern.fullmatch(key)
+        if m is None:
+            continue
+        i, rest = int(m.group(1)), m.group(2)
+        if i >= n_layers:
+            out.append(f"unexpected tensor {key!r} in {src.where(key)}: layer {i} is beyond the {n_layers} "
+                       f"layers the {arch} configuration of {name} declares; it is ignored")
+        elif rest not in expected and not any(h.fullmatch(rest) for h in harmless_re):
+            out.append(f"unexpected tensor {key!r} in {src.where(key)}: no {arch} layer role reads it, so the "
+                       f"analysed function ignores it (it would differ if the model uses it)")
+    return tuple(out)

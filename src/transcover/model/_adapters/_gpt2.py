@@ -24,10 +24,14 @@ from .._spec import AttentionSpec, FFNSpec, LayerSequence, LayerSpec, Placement,
 from ._common import (
     split_fused_qkv,
     activation_from_name, count_layers, find_prefix, heads_out, layer_norm,
-    lazy_embeddings, no_layers, require, summary,
+    lazy_embeddings, no_layers, require, summary, unexpected_layer_tensors,
 )
 
 __all__ = ["build_gpt2"]
+
+_LAYER_KEYS = ("attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", "attn.c_proj.bias",
+               "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias",
+               "ln_1.weight", "ln_1.bias", "ln_2.weight", "ln_2.bias")
 
 
 def _first(config: dict, *keys: str) -> object:
@@ -104,4 +108,7 @@ def build_gpt2(src: TensorSource, config: dict, name: str) -> TransformerSpec:
         arch=arch, name=name, d_model=d, layers=LayerSequence(n, layer), final_norm=final_norm,
         embeddings=embeddings,  # type: ignore[arg-type]  # a read-on-access Mapping
         config=summary(config, src, n, H, H, dh, d_ff, act.value, prefix, embeddings.names),
+        # attn.bias / attn.masked_bias: the causal-mask buffers older checkpoints store (causal=True here)
+        warnings=unexpected_layer_tensors(src, prefix, "h", n, _LAYER_KEYS, (r"attn\.(masked_)?bias",),
+                                          arch=arch, name=name),
     )

@@ -27,7 +27,7 @@ from .._spec import (
 )
 from ._common import (
     activation_from_name, count_layers, find_prefix, heads_bias, heads_in, heads_out, layer_norm,
-    lazy_embeddings, linear_weight, no_layers, require, summary, transpose,
+    lazy_embeddings, linear_weight, no_layers, require, summary, transpose, unexpected_layer_tensors,
 )
 
 __all__ = ["build_llama"]
@@ -132,4 +132,7 @@ def build_llama(src: TensorSource, config: dict, name: str) -> TransformerSpec:
         arch=arch, name=name, d_model=d, layers=LayerSequence(n, layer), final_norm=final_norm,
         embeddings=embeddings,  # type: ignore[arg-type]  # a read-on-access Mapping
         config=out,
+        # older checkpoints store RoPE's inv_freq buffer; the spec recomputes it from rope_theta
+        warnings=unexpected_layer_tensors(src, prefix, "layers", n, _ROLES.values(),
+                                          (r"self_attn\.rotary_emb\.inv_freq",), arch=arch, name=name),
     )

@@ -29,7 +29,7 @@ from .._spec import (
 from ._common import (
     split_fused_qkv,
     count_layers, heads_out, layer_norm, linear_weight, no_layers, require,
-    summary,
+    summary, unexpected_layer_tensors,
 )
 
 if TYPE_CHECKING:
@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 __all__ = ["build_torch_encoder", "torch_encoder_config"]
 
 _ARCH = "torch_encoder"
+_LAYER_KEYS = tuple(f"{m}.{p}" for m in ("self_attn.out_proj", "linear1", "linear2", "norm1", "norm2")
+                    for p in ("weight", "bias")) + ("self_attn.in_proj_weight", "self_attn.in_proj_bias")
 
 
 def _activation(fn: object) -> Activation:
@@ -160,4 +162,5 @@ def build_torch_encoder(src: TensorSource, config: dict, name: str) -> Transform
     return TransformerSpec(
         arch=_ARCH, name=name, d_model=d, layers=LayerSequence(n, layer), final_norm=final_norm,
         config=summary(config, src, n, H, H, dh, d_ff, act.value, "", {}),
+        warnings=unexpected_layer_tensors(src, "", "layers", n, _LAYER_KEYS, arch=_ARCH, name=name),
     )

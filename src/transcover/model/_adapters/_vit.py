@@ -24,7 +24,7 @@ from .._spec import LayerSequence, LayerSpec, Placement, TransformerSpec
 from ._common import (
     separate_projections_layer,
     activation_from_name, find_prefix, count_layers, layer_norm,
-    lazy_embeddings, no_layers, require, summary, transpose,
+    lazy_embeddings, no_layers, require, summary, transpose, unexpected_layer_tensors,
 )
 
 __all__ = ["build_vit"]
@@ -92,4 +92,5 @@ def build_vit(src: TensorSource, config: dict, name: str) -> TransformerSpec:
         arch=arch, name=name, d_model=d, layers=LayerSequence(n, layer), final_norm=final_norm,
         embeddings=embeddings,  # type: ignore[arg-type]  # a read-on-access Mapping
         config=summary(config, src, n, H, H, dh, d_ff, act.value, prefix, embeddings.names),
+        warnings=unexpected_layer_tensors(src, prefix, container, n, roles.values(), arch=arch, name=name),
     )

@@ -1,0 +1,124 @@
+"""Issue 10, defect 13: every file transcover writes respects the umask (Note [file modes] in report._io).
+
+``mkstemp`` creates 0600 files and ``os.replace`` keeps that mode, so before the fix every JSON,
+CSV, PNG and checkpoint came out 0600 whatever the umask.  A new file must get ``0o666 & ~umask``;
+an overwritten one keeps its own bits; a failed write leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from contextlib import contextmanager
+
+import pytest
+import torch
+
+from transcover.cli import main
+from transcover.model import ReferenceConfig, ReferenceTransformer, save_reference
+from transcover.report import _io, atomic_write_bytes, atomic_write_text
+
+UMASKS = [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)]
+
+
+@contextmanager
+def umask(value: int):
+    old = os.umask(value)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def mode(path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("m") / "ref.safetensors"
+    save_reference(ReferenceTransformer(ReferenceConfig(d_model=8, n_heads=2, n_layers=1, d_ff=8,
+                                                        head_hidden=(8,))), path)
+    return path
+
+
+@pytest.mark.parametrize("mask, expected", UMASKS)
+def test_new_files_follow_the_umask(tmp_path, mask, expected):
+    with umask(mask):
+        atomic_write_text(tmp_path / "a.json", "{}")
+        atomic_write_bytes(tmp_path / "b.png", b"\x89PNG")
+        # the reference: what a plain open() creates under the same umask
+        with open(tmp_path / "plain", "w"):
+            pass
+    assert mode(tmp_path / "plain") == expected
+    assert mode(tmp_path / "a.json") == expected and mode(tmp_path / "b.png") == expected
+
+
+def test_current_umask_without_proc(monkeypatch):
+    with umask(0o027):
+        assert _io.current_umask() == 0o027
+
+        def no_proc(*args, **kwargs):
+            raise OSError("no /proc here")
+
+        monkeypatch.setattr(_io, "open", no_proc, raising=False)
+        assert _io.current_umask() == 0o027
+        assert os.umask(0o027) == 0o027  # the fallback restored it
+
+
+def test_overwrite_keeps_the_existing_mode(tmp_path):
+    path = tmp_path / "r.json"
+    with umask(0o022):
+        atomic_write_text(path, "1")
+        os.chmod(path, 0o640)
+        atomic_write_text(path, "2")
+    assert mode(path) == 0o640 and path.read_text() == "2"
+
+
+def test_failed_write_leaves_nothing(tmp_path, monkeypatch):
+    old = tmp_path / "old.json"
+    atomic_write_text(old, "kept")
+
+    def fail(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(_io.os, "replace", fail)
+    with pytest.raises(OSError):
+        atomic_write_text(tmp_path / "new.json", "x")
+    with pytest.raises(OSError):
+        atomic_write_text(old, "lost")
+    monkeypatch.undo()
+    with pytest.raises(TypeError):
+        atomic_write_bytes(tmp_path / "typed.bin", "not bytes")  # type: ignore[arg-type]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old.json"] and old.read_text() == "kept"
+
+
+@pytest.mark.parametrize("mask, expected", UMASKS)
+def test_cli_json_and_csv_follow_the_umask(model_path, tmp_path, mask, expected):
+    csv, ajs = tmp_path / "a.csv", tmp_path / "a.json"
+    with umask(mask):
+        assert main(["analyze", str(model_path), "--fast", "--quiet", "--json", str(ajs), "--csv", str(csv)]) == 0
+    assert (mode(ajs), mode(csv)) == (expected, expected)
+
+
+def test_cli_png_follows_the_umask(model_path, tmp_path):
+    js, png = tmp_path / "b.json", tmp_path / "b.png"
+    with umask(0o002):  # the slow command once, under the umask that differs most from mkstemp's 0600
+        assert main(["bound", str(model_path), "--n-samples", "100", "--seq-len", "4", "--quiet",
+                     "--json", str(js), "--plot", str(png)]) == 0
+    assert (mode(js), mode(png)) == (0o664, 0o664)
+
+
+def test_training_outputs_and_checkpoints_follow_the_umask(tmp_path):
+    mask, expected = 0o002, 0o664
+    out = tmp_path / "run"
+    with umask(mask):
+        assert main(["train", "--n-train", "60", "--epochs", "1", "--d-model", "8", "--d-ff", "8",
+                     "--n-layers", "1", "--out", str(out), "--no-progress", "--json", str(tmp_path / "r.json")]) == 0
+        save_reference(ReferenceTransformer(ReferenceConfig(d_model=4, n_heads=1, n_layers=1, d_ff=4)),
+                       tmp_path / "ref.safetensors")
+    written = [out / f for f in ("history.jsonl", "history.csv", "history.png", "checkpoint/model.safetensors",
+                                 "checkpoint/optimizer.pt", "checkpoint/state.json")]
+    written += [tmp_path / "r.json", tmp_path / "ref.safetensors"]
+    assert {str(p): mode(p) for p in written} == {str(p): expected for p in written}

@@ -45,7 +45,8 @@ from torch import Tensor
 from ._layout import HeadLayout
 from ._spectral import check_radius
 
-__all__ = ["project_spectral_", "project_product_", "project_bias_", "rounding_of", "certified_sigma"]
+__all__ = ["project_spectral_", "project_product_", "project_bias_", "rounding_of", "certified_sigma",
+           "radius_floor"]
 
 _REL_FLOOR = 4e-9
 _NEAR = 1e-6
@@ -56,6 +57,16 @@ def rounding_of(dtype: torch.dtype) -> tuple[float, float]:
     """``(u, eta)``: unit roundoff ``eps/2`` and half the subnormal spacing of ``dtype`` (round to nearest)."""
     fi = torch.finfo(dtype)
     return float(fi.eps) / 2.0, float(fi.smallest_normal) * float(fi.eps) / 2.0
+
+
+def radius_floor(radius: Tensor) -> float:
+    """A float64 number ``<= c`` for any real ``c`` whose rounding to ``radius.dtype`` is ``radius``.
+
+    A cap stores its radius in the parameter dtype; round to nearest gives ``|fl(c) - c| <= u |c|``,
+    so ``c >= fl(c) (1 - u)`` (one more float64 ulp of slack for the product itself).
+    """
+    u, _ = rounding_of(radius.dtype)
+    return float(radius) * (1.0 - u - 2.0**-52)
 
 
 def certified_sigma(W: Tensor) -> float:

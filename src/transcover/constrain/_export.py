@@ -26,7 +26,7 @@ from ._product import _ProductCapFactor
 from ._projection import project_bias_, project_product_, project_spectral_, radius_floor
 from ._spectral import _SpectralCap
 
-__all__ = ["strip_constraints", "export_plain", "constrained_tensors"]
+__all__ = ["strip_constraints", "export_plain", "constrained_tensors", "save_plain"]
 
 _OURS = (_SpectralCap, _ProductCapFactor, _NormCap)
 
@@ -123,3 +123,48 @@ def export_plain(model: nn.Module, *, certify: bool = True) -> nn.Module:
     replica = copy.deepcopy(model)
     _unshare_parametrized_classes(replica)
     return strip_constraints(replica, certify=certify)
+
+
+def _plain_save_pretrained(model: nn.Module, save_directory, *args, **kwargs):
+    """``save_pretrained`` of the certified plain export of ``model`` (Note [plain checkpoints])."""
+    kwargs.pop("state_dict", None)  # the caller's would carry parametrization keys: use the plain one
+    plain = export_plain(model)
+    plain.__dict__.pop("save_pretrained", None)
+    return type(plain).save_pretrained(plain, save_directory, *args, **kwargs)
+
+
+def _load_plain_into_constrained(module, state_dict, prefix, local_metadata, strict, missing_keys,
+                                 unexpected_keys, error_msgs) -> None:
+    """Load-state-dict pre-hook: a plain ``<path>.<name>`` feeds ``<path>.parametrizations.<name>.original``."""
+    for path, m in module.named_modules(prefix=prefix.rstrip(".")):
+        if not parametrize.is_parametrized(m):
+            continue
+        for name in m.parametrizations:
+            base = f"{path}." if path else ""
+            plain, original = f"{base}{name}", f"{base}parametrizations.{name}.original"
+            if plain in state_dict and original not in state_dict:
+                state_dict[original] = state_dict.pop(plain)
+
+
+def save_plain(model: nn.Module) -> nn.Module:
+    """Make ``model.save_pretrained`` write the certified plain export; let plain checkpoints load back.
+
+    Note [plain checkpoints]: a parametrized model's ``state_dict`` holds
+    ``...parametrizations.<name>.original`` keys that ``from_pretrained`` does not know, so it
+    silently re-initialises those weights (outputs differed by 77 in issue 10).  This installs, on
+    this instance only, a ``save_pretrained`` that saves :func:`export_plain` of the model (plain
+    weights, certified against every cap's radius, Note [certified export]) -- which is what
+    ``transformers.Trainer.save_model`` and its checkpoints call -- and a load-state-dict pre-hook
+    that maps plain keys onto the unconstrained tensors, so ``resume_from_checkpoint`` restores
+    the same function (a cap leaves a weight already inside its ball unchanged).  Idempotent;
+    models without ``save_pretrained`` only get the load hook.  Returns ``model``.
+    """
+    import types
+
+    if getattr(model, "_transcover_plain_save", False):
+        return model
+    if hasattr(type(model), "save_pretrained"):
+        model.save_pretrained = types.MethodType(_plain_save_pretrained, model)
+    model.register_load_state_dict_pre_hook(_load_plain_into_constrained)
+    model._transcover_plain_save = True
+    return model

@@ -65,10 +65,11 @@ class TrainingMonitor:
         resume: append to existing files instead of starting them afresh.
         keep_until: with ``resume``, drop the records after this step (those written after the
             checkpoint a run resumes from, so the history has no duplicates) and reload the rest.
+        ratios: record ``ratio.<G> = sigma / c`` (the radii bound sigma; not for entrywise clipping).
     """
 
     def __init__(self, model: nn.Module, prefix: str | os.PathLike[str] | None = None, *, radii=None,
-                 resume: bool = False, keep_until: int | None = None):
+                 resume: bool = False, keep_until: int | None = None, ratios: bool = True):
         self.model = model
         self.slots = find_slots(model)
         self.n_layers = 1 + max(s.layer for s in self.slots if s.group != "head")
@@ -76,6 +77,7 @@ class TrainingMonitor:
         self.columns = (list(_BASE) + [f"sigma.{g}" for g in self.groups] + [f"radius.{g}" for g in self.groups]
                         + [f"ratio.{g}" for g in self.groups])
         self.radii = radii
+        self.ratios = ratios
         self._snapshot: dict[str, float | None] | None = None
         self.records: list[dict[str, float | int | None]] = []
         self.prefix = None if prefix is None else Path(prefix)
@@ -110,7 +112,7 @@ class TrainingMonitor:
             radii = [current[k] for k in keys if k in current]
             out[f"radius.{g}"] = max(radii) if radii else None
             ratios = [float(sig[k].max()) / current[k] for k in keys if k in current]
-            out[f"ratio.{g}"] = max(ratios) if ratios else None
+            out[f"ratio.{g}"] = max(ratios) if ratios and self.ratios else None
         out["capacity"] = capacity_proxy(sig, self.n_layers)  # reads the matrix groups only
         return out
 

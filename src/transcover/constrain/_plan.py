@@ -36,6 +36,7 @@ __all__ = ["ConstraintConfig", "Constrainer", "constrain", "METHODS", "parse_rad
 
 METHODS = ("none", "spectral", "project", "clip", "penalty", "log_penalty", "lipschitz")
 _SOFT = ("penalty", "log_penalty", "lipschitz")
+SIGMA_METHODS = ("spectral", "project", "penalty")  # whose radius is a bound on sigma (clip's is entrywise)
 
 
 def parse_radii(radii: Mapping[str, float] | str) -> dict[str, float]:
@@ -140,6 +141,11 @@ class Constrainer:
             # The Lipschitz regulariser needs every norm; the per-radius penalties only the selected ones.
             tracked = [s for s in self.slots if s.key in self.schedules] if config.method != "lipschitz" and self.schedules else self.slots
             self.tracker = SigmaTracker(tracked, config.n_power_iterations)
+
+    @property
+    def bounds_sigma(self) -> bool:
+        """Whether the radii are targets for sigma (so ``sigma / c`` is the exceedance to report)."""
+        return self.config.method in SIGMA_METHODS
 
     # -- set-up ---------------------------------------------------------------------------------
     def _register(self) -> None:

@@ -12,7 +12,9 @@ HELP = "train on digits or a sparse-token task under norm constraints (staged sc
 def add_constraint_arguments(p: argparse.ArgumentParser, *, with_method_default: str = "none") -> None:
     """Arguments shared with ``transcover experiment``."""
     p.add_argument("--method", default=with_method_default,
-                   help="none | spectral (parametrization) | project (exact SVD after each step) | clip | "
+                   help="none | spectral (power-iteration cap: sigma exceeds the radius during training, "
+                        "measured up to ~1.3x, reported; projected exactly at the end) | "
+                        "project (exact SVD after each step, certified) | clip | "
                         "penalty (hinge) | log_penalty | lipschitz (F8 regulariser)")
     p.add_argument("--radius", action="append", default=[], metavar="GROUP=C",
                    help="target radius per group (KQ OV W1 W2 b1 b2 head all; KQ.1 for one layer); repeatable")

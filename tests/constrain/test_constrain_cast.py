@@ -101,3 +101,23 @@ def test_bf16_training_steps_stay_certified():
                 assert vector_norm_interval(s.value().detach().double().numpy()).upper <= 0.7
                 checks += 1
     assert checks >= 4 * 8
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), n=st.integers(1, 200), dtype=st.sampled_from(DTYPES),
+       frac=st.floats(0.05, 0.999999))
+def test_norm_cap_value_certified_below_radius(seed, n, dtype, frac):
+    """The bias cap's value (the forward's bias) has certified norm <= c; float32 gave c (1 + 1.5e-7)."""
+    from torch import nn
+
+    from transcover.constrain import norm_cap
+
+    lin = nn.Linear(3, n).to(dtype)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        lin.bias.copy_(torch.randn(n, generator=g, dtype=torch.float64) * 3)
+    c = frac * float(lin.bias.detach().double().norm())
+    norm_cap(lin, "bias", c)
+    value = lin.bias.detach()
+    assert value.dtype == dtype
+    assert vector_norm_interval(value.double().numpy()).upper <= c

@@ -105,7 +105,7 @@ def constraint_warnings(result) -> list[str]:
             end = (f"the final model was projected exactly: certified sigma/c <= {_up(row['ratio'])}"
                    if row["finalized"] and row["ratio"] is not None and row["ratio"] <= 1.0
                    else f"final sigma/c = {_up(row['ratio'] if row['ratio'] is not None else row['sigma'] / row['target'])}")
-            lines.append(f"warning: {g} exceeded its target during training: max sigma/c = {during:.4f} at step "
+            lines.append(f"warning: {g} exceeded its target during training: max sigma/c = {_up(during)} at step "
                          f"{row['max_ratio_step']} (exact sigma of the weights used in the forward pass); {end}")
         elif row["ratio"] is not None and row["ratio"] > 1.0:
             lines.append(f"warning: {g} ends above its target: certified sigma/c = {_up(row['ratio'])}")

@@ -40,9 +40,12 @@ class _NormCap(nn.Module):
 
     Note [rounding-safe ball]: computed naively in float32 the capped vector's norm came out at
     ``c (1 + 1.5e-7)`` (issue 10, digits at lr 5e-2).  The norm is taken in float64 and the factor
-    aims at ``c' = fl(c) (1 - 4u)`` (``u`` the dtype's unit roundoff): ``fl(c) <= c (1 + u)``,
-    casting the factor and multiplying each entry add at most ``u`` each, so the stored product
-    has norm ``<= c (1 + u)^3 (1 - 4u) < c``.  A vector inside that ball is returned unchanged.
+    aims at ``c' = fl(c) (1 - 6u - 4 (n + 2) 2^-53)``: ``u`` is the dtype's unit roundoff, the last
+    term twice the float64 norm's error bound (so a certificate can see the margin).  Since
+    ``fl(c) <= c (1 + u)`` and casting the factor and multiplying each entry add at most ``u``
+    each, the stored vector has norm ``<= fl(c) (1 - 4u) < c``, below the radius a certified
+    export checks (``fl(c) (1 - u)``, Note [certified export]).  A vector inside that ball is
+    returned unchanged.
     """
 
     def __init__(self, radius: float, like: Tensor):
@@ -52,7 +55,8 @@ class _NormCap(nn.Module):
     def forward(self, b: Tensor) -> Tensor:
         u = float(torch.finfo(b.dtype).eps) / 2.0
         norm = b.double().norm(dim=-1, keepdim=True)
-        factor = torch.clamp(self.radius.double() * (1.0 - 4.0 * u) / norm.clamp_min(_EPS), max=1.0)
+        shrink = 1.0 - 6.0 * u - 4.0 * (b.shape[-1] + 2) * 2.0**-53
+        factor = torch.clamp(self.radius.double() * shrink / norm.clamp_min(_EPS), max=1.0)
         return b * factor.to(b.dtype)
 
     def right_inverse(self, b: Tensor) -> Tensor:

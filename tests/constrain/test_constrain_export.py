@@ -43,11 +43,21 @@ def _out(model, x):
     return y if isinstance(y, torch.Tensor) else y.last_hidden_state
 
 
+def _certified_within(model, c):
+    """Every slot of ``model`` has certified norm <= c (transcover.norms on the stored values)."""
+    from transcover.constrain import find_slots
+    from transcover.constrain._measure import certified_slot_norm, forward_weights
+
+    with forward_weights(model):
+        worst = max(certified_slot_norm(s) / c for s in find_slots(model))
+    return worst <= 1.0, worst
+
+
 @pytest.mark.parametrize("name", ["reference", "torch", "bert", "gpt2", "vit"])
 def test_export_keeps_outputs(name):
     model, x, c = _model(name)
     original = copy.deepcopy(model).eval()
-    constrain(model, ConstraintConfig(method="spectral", radii={"all": c}))
+    cons = constrain(model, ConstraintConfig(method="spectral", radii={"all": c}))
     model.train()
     opt = torch.optim.SGD(model.parameters(), lr=1e-2)
     for _ in range(5):
@@ -58,7 +68,7 @@ def test_export_keeps_outputs(name):
     model.eval()
     with torch.no_grad():
         y = _out(model, x)
-        plain = export_plain(model)
+        plain = export_plain(model, certify=False)
         y_plain = _out(plain.eval(), x)
         y_orig = _out(original, x)
     assert constrained_tensors(plain) == []
@@ -69,6 +79,16 @@ def test_export_keeps_outputs(name):
     assert len(constrained_tensors(model)) > 0  # export copied; the model keeps its constraints
     with torch.no_grad():
         assert torch.equal(_out(model, x), y)  # ... and still computes with them
+    # Issue 10, defect 8: the default export certifies every cap (power iteration alone may overshoot).
+    ok, worst = _certified_within(export_plain(model), c)
+    assert ok, worst
+    # After finalize the caps hold, certified, and the certified export is the same function bit for bit.
+    cons.finalize()
+    ok, worst = _certified_within(model, c)
+    assert ok, worst
+    with torch.no_grad():
+        y_final = _out(model, x)
+        assert torch.equal(_out(export_plain(model).eval(), x), y_final)
 
 
 def test_state_dict_round_trip_and_strip_in_place():
@@ -86,6 +106,6 @@ def test_state_dict_round_trip_and_strip_in_place():
     a.eval()
     b.eval()
     assert torch.equal(a(x), b(x))  # originals and power-iteration buffers both travel
-    strip_constraints(a)
+    strip_constraints(a, certify=False)
     assert constrained_tensors(a) == []
     assert torch.equal(a(x), b(x))

@@ -12,7 +12,9 @@ HELP = "train on digits or a sparse-token task under norm constraints (staged sc
 def add_constraint_arguments(p: argparse.ArgumentParser, *, with_method_default: str = "none") -> None:
     """Arguments shared with ``transcover experiment``."""
     p.add_argument("--method", default=with_method_default,
-                   help="none | spectral (parametrization) | project (exact SVD after each step) | clip | "
+                   help="none | spectral (power-iteration cap: sigma exceeds the radius during training, "
+                        "measured up to ~1.3x, reported; projected exactly at the end) | "
+                        "project (exact SVD after each step, certified) | clip | "
                         "penalty (hinge) | log_penalty | lipschitz (F8 regulariser)")
     p.add_argument("--radius", action="append", default=[], metavar="GROUP=C",
                    help="target radius per group (KQ OV W1 W2 b1 b2 head all; KQ.1 for one layer); repeatable")
@@ -87,6 +89,29 @@ def set_threads(n: int) -> None:
     torch.set_num_threads(n)
 
 
+def _up(x: float, digits: int = 6) -> str:
+    """``x`` rounded *up* to ``digits`` decimals: an upper bound stays an upper bound when printed."""
+    import math
+
+    return f"{math.ceil(x * 10**digits) / 10**digits:.{digits}f}"
+
+
+def constraint_warnings(result) -> list[str]:
+    """One line per group whose forward weights exceeded the target (sigma / c > 1) during or after training."""
+    lines = []
+    for g, row in result.exceeded.items():
+        during = row.get("max_ratio")
+        if during is not None and during > 1.0:
+            end = (f"the final model was projected exactly: certified sigma/c <= {_up(row['ratio'])}"
+                   if row["finalized"] and row["ratio"] is not None and row["ratio"] <= 1.0
+                   else f"final sigma/c = {_up(row['ratio'] if row['ratio'] is not None else row['sigma'] / row['target'])}")
+            lines.append(f"warning: {g} exceeded its target during training: max sigma/c = {_up(during)} at step "
+                         f"{row['max_ratio_step']} (exact sigma of the weights used in the forward pass); {end}")
+        elif row["ratio"] is not None and row["ratio"] > 1.0:
+            lines.append(f"warning: {g} ends above its target: certified sigma/c = {_up(row['ratio'])}")
+    return lines
+
+
 def run(args) -> int:
     from pathlib import Path
 
@@ -107,27 +132,41 @@ def run(args) -> int:
     t = Table(title=f"transcover train: {config.task} ({result.task_source})")
     t.add_column("quantity")
     t.add_column("value", justify="right")
+    t.add_column("target", justify="right")
+    t.add_column("ratio", justify="right")
     t.add_column("kind")
     for label, v in (("train loss", result.train_loss), ("test loss", result.test_loss),
                      ("train accuracy", result.train_acc), ("test accuracy", result.test_acc),
                      ("generalisation gap", result.gap)):
         if v is not None:
-            t.add_row(label, f"{v:.4f}", "measured")
+            t.add_row(label, f"{v:.4f}", "", "", "measured")
     for g, v in result.norms.items():
-        t.add_row(f"max norm {g}", f"{v:.4f}", "exact (l2 norm)" if g in ("b1", "b2") else "exact (float64 SVD)")
-    t.add_row("capacity proxy (F8)", f"{result.capacity.value:.4g}", result.capacity.kind.value)
+        kind = "exact (l2 norm)" if g in ("b1", "b2") else "exact (float64 SVD)"
+        row = result.constraints.get(g)
+        if row is None:
+            t.add_row(f"max norm {g}", f"{v:.4f}", "", "", kind)
+            continue
+        ratio = row["ratio"]
+        certified = ratio is not None and ratio <= 1.0
+        t.add_row(f"max norm {g}", f"{v:.4f}", f"{row['target']:.6g}", "" if ratio is None else _up(ratio),
+                  kind + (f"; certified <= {_up(row['certified'])} <= target" if certified else
+                          f"; certified upper {_up(row['certified'])}"))
+    t.add_row("capacity proxy (F8)", f"{result.capacity.value:.4g}", "", "", result.capacity.kind.value)
     if result.lipschitz is not None:
-        t.add_row("Lip(g_L) (transcover.lipschitz)", f"{result.lipschitz.value:.4g}", result.lipschitz.kind.value)
+        t.add_row("Lip(g_L) (transcover.lipschitz)", f"{result.lipschitz.value:.4g}", "", "", result.lipschitz.kind.value)
     if result.covering is not None:
-        t.add_row("log10 log N(eps=0.1) (transcover.covering)", f"{result.covering.value:.4g}", result.covering.kind.value)
+        t.add_row("log10 log N(eps=0.1) (transcover.covering)", f"{result.covering.value:.4g}", "", "",
+                  result.covering.kind.value)
     if result.bound is not None:
         vacuous = getattr(result.bound, "vacuous", False)
         raw = getattr(result.bound, "raw", result.bound.value)
         t.add_row("gap bound (transcover.covering)" + (" (vacuous: the trivial loss range)" if vacuous else ""),
-                  f"{result.bound.value:.4g}", result.bound.kind.value)
-        t.add_row("  raw formula (before the clip at the loss range)", f"{raw:.4g}",
+                  f"{result.bound.value:.4g}", "", "", result.bound.kind.value)
+        t.add_row("  raw formula (before the clip at the loss range)", f"{raw:.4g}", "", "",
                   "not a bound above the loss range" if vacuous else result.bound.kind.value)
     console.print(t)
+    for line in constraint_warnings(result):
+        console.print(line, markup=False, highlight=False)
     console.print(f"history: {out / 'history.jsonl'}, {out / 'history.csv'}, {out / 'history.png'}; "
                   f"checkpoint: {out / 'checkpoint'}")
     if args.json:

@@ -4,16 +4,29 @@
 ``transformers.TrainerCallback`` only when :func:`hf_callback` is first called.  For a plain
 PyTorch loop use :meth:`Constrainer.step_hook` (an optimiser post-step hook) and
 :class:`TrainingMonitor` directly.
+
+Note [step progress]: optimiser step ``k`` (0-based) of ``N`` runs at progress ``k / (N - 1)``,
+the convention of ``transcover.train``: the first step uses the loose radius, the last one the
+target, exactly.  The Trainer's ``global_step`` counts *completed* steps, so at ``on_step_begin``
+it is ``k``; the radius set there serves the step's forward (spectral caps) and the projection
+after it (``on_step_end``).  (Issue 10, defect 10: the previous ``global_step / max_steps`` left
+a 40-step run at 1.1x the target.)
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
 
+from ._export import save_plain
 from ._monitor import TrainingMonitor, grad_norm
 from ._plan import Constrainer
 
-__all__ = ["hf_callback"]
+__all__ = ["hf_callback", "step_progress"]
+
+
+def step_progress(step: int, max_steps: int) -> float:
+    """Training progress of 0-based optimiser step ``step`` out of ``max_steps`` (Note [step progress])."""
+    return step / (max_steps - 1) if max_steps > 1 else 1.0
 
 
 @lru_cache(maxsize=1)
@@ -21,39 +34,47 @@ def _callback_class():
     from transformers import TrainerCallback
 
     class TranscoverCallback(TrainerCallback):
-        """Moves the radii with ``global_step / max_steps``, projects after each optimiser step,
-        and logs norms with the monitor.  Soft penalties must be added to the loss by the user's
-        ``compute_loss`` (a callback cannot change the loss)."""
+        """Moves the radii per optimiser step (Note [step progress]), projects after each step, logs
+        the weights each step's forward used, certifies the targets at the end
+        (:meth:`Constrainer.finalize`) and makes ``save_model`` / checkpoints write the plain,
+        certified model (:func:`save_plain`).  Soft penalties must be added to the loss by the
+        user's ``compute_loss`` (a callback cannot change the loss)."""
 
         def __init__(self, constrainer: Constrainer | None, monitor: TrainingMonitor | None):
             self.constrainer = constrainer
             self.monitor = monitor
             if monitor is not None and constrainer is not None and monitor.radii is None:
                 monitor.radii = constrainer.radii
-
-        def _progress(self, state) -> float:
-            return state.global_step / state.max_steps if state.max_steps else 0.0
+                monitor.ratios = constrainer.bounds_sigma
+            self._grad = None
 
         def on_train_begin(self, args, state, control, **kwargs):
             if self.constrainer is not None:
-                self.constrainer.set_progress(0.0)
+                save_plain(self.constrainer.model)
+                self.constrainer.set_progress(step_progress(state.global_step, state.max_steps))
 
         def on_step_begin(self, args, state, control, **kwargs):
-            # The radius of this step, so that the projection after it uses the same one.
             if self.constrainer is not None:
-                self.constrainer.set_progress(self._progress(state))
+                self.constrainer.set_progress(step_progress(state.global_step, state.max_steps))
 
         def on_pre_optimizer_step(self, args, state, control, **kwargs):
             model = kwargs.get("model")
-            if self.monitor is not None and model is not None:
-                self._grad = grad_norm(model)
+            if self.monitor is not None:
+                if model is not None:
+                    self._grad = grad_norm(model)
+                self.monitor.snapshot()  # after backward, before the step: the forward's weights
 
         def on_step_end(self, args, state, control, **kwargs):
             if self.constrainer is not None:
                 self.constrainer.after_step()
             if self.monitor is not None:
-                self.monitor.log(step=state.global_step, epoch=state.epoch, progress=self._progress(state),
-                                 grad_norm=getattr(self, "_grad", None))
+                progress = self.constrainer.progress if self.constrainer is not None else None
+                self.monitor.log(step=state.global_step, epoch=state.epoch, progress=progress, grad_norm=self._grad)
+
+        def on_train_end(self, args, state, control, **kwargs):
+            # Only a run that reached its last step ends at the targets (Note [step progress]).
+            if self.constrainer is not None and state.max_steps and state.global_step >= state.max_steps:
+                self.constrainer.finalize()
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if self.monitor is not None and logs:
@@ -75,5 +96,7 @@ def hf_callback(constrainer: Constrainer | None = None, monitor: TrainingMonitor
 
         trainer = Trainer(model=model, args=args, train_dataset=ds,
                           callbacks=[hf_callback(constrain(model, cfg), TrainingMonitor(model, "out/run"))])
+        trainer.train()          # the last step runs at the target radius; finalize() certifies it
+        trainer.save_model(out)  # plain weights (no parametrizations), reload with from_pretrained
     """
     return _callback_class()(constrainer, monitor)

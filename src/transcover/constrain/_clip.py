@@ -36,15 +36,28 @@ def clip_weights_(W: Tensor, bound: float) -> Tensor:
 
 
 class _NormCap(nn.Module):
-    """Parametrization ``b -> b * min(1, c / ||b||_2)`` (exact, no estimate involved)."""
+    """Parametrization ``b -> b * min(1, c' / ||b||_2)`` (no estimate involved).
+
+    Note [rounding-safe ball]: computed naively in float32 the capped vector's norm came out at
+    ``c (1 + 1.5e-7)`` (issue 10, digits at lr 5e-2).  The norm is taken in float64 and the factor
+    aims at ``c' = fl(c) (1 - 6u - 4 (n + 2) 2^-53)``: ``u`` is the dtype's unit roundoff, the last
+    term twice the float64 norm's error bound (so a certificate can see the margin).  Since
+    ``fl(c) <= c (1 + u)`` and casting the factor and multiplying each entry add at most ``u``
+    each, the stored vector has norm ``<= fl(c) (1 - 4u) < c``, below the radius a certified
+    export checks (``fl(c) (1 - u)``, Note [certified export]).  A vector inside that ball is
+    returned unchanged.
+    """
 
     def __init__(self, radius: float, like: Tensor):
         super().__init__()
         self.register_buffer("radius", torch.tensor(check_radius(radius), dtype=like.dtype, device=like.device))
 
     def forward(self, b: Tensor) -> Tensor:
-        norm = b.norm(dim=-1, keepdim=True)
-        return b * torch.clamp(self.radius / norm.clamp_min(_EPS), max=1.0)
+        u = float(torch.finfo(b.dtype).eps) / 2.0
+        norm = b.double().norm(dim=-1, keepdim=True)
+        shrink = 1.0 - 6.0 * u - 4.0 * (b.shape[-1] + 2) * 2.0**-53
+        factor = torch.clamp(self.radius.double() * shrink / norm.clamp_min(_EPS), max=1.0)
+        return b * factor.to(b.dtype)
 
     def right_inverse(self, b: Tensor) -> Tensor:
         return b

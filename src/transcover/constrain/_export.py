@@ -1,5 +1,12 @@
 """Remove constraints, or export a plain model computing the same function (cf. torchlip ``vanilla_export``).
 
+Note [certified export]: a spectral or product cap only *estimates* sigma (power iteration), so its
+value can sit above its radius (sigma/c up to 1.31 measured in digits training, issue 10).  By
+default the exported tensors are therefore certified against each cap's radius with
+``transcover.norms`` and, where the certificate exceeds it, projected exactly
+(:func:`project_spectral_` & co., certified after the cast).  A model whose caps already hold
+(e.g. after :meth:`Constrainer.finalize`) is exported bit for bit; ``certify=False`` always is.
+
 Note [strip order]: a product constraint reads its partner's unconstrained tensor, so removing
 parametrizations one at a time would change what the remaining ones compute.  Every constrained
 value is therefore computed first (in eval mode: no power-iteration update, so the values are the
@@ -16,9 +23,10 @@ from torch.nn.utils import parametrize
 
 from ._clip import _NormCap
 from ._product import _ProductCapFactor
+from ._projection import project_bias_, project_product_, project_spectral_, radius_floor
 from ._spectral import _SpectralCap
 
-__all__ = ["strip_constraints", "export_plain", "constrained_tensors"]
+__all__ = ["strip_constraints", "export_plain", "constrained_tensors", "save_plain"]
 
 _OURS = (_SpectralCap, _ProductCapFactor, _NormCap)
 
@@ -35,21 +43,52 @@ def constrained_tensors(model: nn.Module, *, only_transcover: bool = True) -> li
     return found
 
 
+def _caps(targets: list[tuple[nn.Module, str]]) -> list[tuple]:
+    """What each of transcover's caps on ``targets`` promises: ``(kind, refs, radius, scale)``."""
+    caps = []
+    for m, n in targets:
+        for p in m.parametrizations[n]:
+            if isinstance(p, _SpectralCap):
+                caps.append(("matrix", ((m, n, None),), radius_floor(p.radius), 1.0))
+            elif isinstance(p, _NormCap) and m.parametrizations[n].original.dim() == 1:
+                caps.append(("vector", ((m, n, None),), radius_floor(p.radius), 1.0))
+            elif isinstance(p, _ProductCapFactor) and "a" in p.sides:
+                st = p.state
+                caps.append(("product", (st.refs["a"], st.refs["b"]), radius_floor(st.radius), st.scale))
+    return caps
+
+
+def _enforce(caps: list[tuple]) -> None:
+    """Project every plain tensor whose certified norm exceeds its cap's radius (Note [certified export])."""
+    for kind, refs, radius, scale in caps:
+        if kind == "product":
+            (ma, na, la), (mb, nb, lb) = refs
+            project_product_(la.heads(getattr(ma, na).data), lb.heads(getattr(mb, nb).data), radius, scale)
+        elif kind == "matrix":
+            project_spectral_(getattr(refs[0][0], refs[0][1]).data, radius)
+        else:
+            project_bias_(getattr(refs[0][0], refs[0][1]).data, radius)
+
+
 @torch.no_grad()
-def strip_constraints(model: nn.Module, *, only_transcover: bool = True) -> nn.Module:
+def strip_constraints(model: nn.Module, *, only_transcover: bool = True, certify: bool = True) -> nn.Module:
     """Replace every constrained tensor by its constrained value, in place; returns ``model``.
 
-    The model then computes, in eval mode, exactly what it computed before in eval mode (the
-    values are copied bit for bit).  Training-mode power-iteration updates are gone with the
-    parametrizations.
+    With ``certify=False`` the model then computes, in eval mode, exactly what it computed before in
+    eval mode (the values are copied bit for bit).  With ``certify=True`` (default) every value
+    whose certified norm exceeds its cap's radius is then projected onto the ball (Note [certified
+    export]), so the plain model satisfies every cap's promise, certified.  Training-mode
+    power-iteration updates are gone with the parametrizations.
     """
     targets = constrained_tensors(model, only_transcover=only_transcover)
+    caps = _caps(targets) if certify else []
     was_training = model.training
     model.eval()
     values = [getattr(m, n).detach().clone() for m, n in targets]
     for (m, n), value in zip(targets, values):
         parametrize.remove_parametrizations(m, n, leave_parametrized=False)
         getattr(m, n).copy_(value)
+    _enforce(caps)
     model.train(was_training)
     return model
 
@@ -69,8 +108,9 @@ def _unshare_parametrized_classes(model: nn.Module) -> None:
             m.__class__ = type(cls.__name__, cls.__bases__, dict(cls.__dict__))
 
 
-def export_plain(model: nn.Module) -> nn.Module:
-    """A deep copy of ``model`` without transcover's constraints, computing the same function.
+def export_plain(model: nn.Module, *, certify: bool = True) -> nn.Module:
+    """A deep copy of ``model`` without transcover's constraints, computing the same function
+    (the projected one where a cap did not hold, unless ``certify=False``; Note [certified export]).
 
     Example:
         >>> from transcover.constrain import spectral_cap
@@ -82,4 +122,49 @@ def export_plain(model: nn.Module) -> nn.Module:
     """
     replica = copy.deepcopy(model)
     _unshare_parametrized_classes(replica)
-    return strip_constraints(replica)
+    return strip_constraints(replica, certify=certify)
+
+
+def _plain_save_pretrained(model: nn.Module, save_directory, *args, **kwargs):
+    """``save_pretrained`` of the certified plain export of ``model`` (Note [plain checkpoints])."""
+    kwargs.pop("state_dict", None)  # the caller's would carry parametrization keys: use the plain one
+    plain = export_plain(model)
+    plain.__dict__.pop("save_pretrained", None)
+    return type(plain).save_pretrained(plain, save_directory, *args, **kwargs)
+
+
+def _load_plain_into_constrained(module, state_dict, prefix, local_metadata, strict, missing_keys,
+                                 unexpected_keys, error_msgs) -> None:
+    """Load-state-dict pre-hook: a plain ``<path>.<name>`` feeds ``<path>.parametrizations.<name>.original``."""
+    for path, m in module.named_modules(prefix=prefix.rstrip(".")):
+        if not parametrize.is_parametrized(m):
+            continue
+        for name in m.parametrizations:
+            base = f"{path}." if path else ""
+            plain, original = f"{base}{name}", f"{base}parametrizations.{name}.original"
+            if plain in state_dict and original not in state_dict:
+                state_dict[original] = state_dict.pop(plain)
+
+
+def save_plain(model: nn.Module) -> nn.Module:
+    """Make ``model.save_pretrained`` write the certified plain export; let plain checkpoints load back.
+
+    Note [plain checkpoints]: a parametrized model's ``state_dict`` holds
+    ``...parametrizations.<name>.original`` keys that ``from_pretrained`` does not know, so it
+    silently re-initialises those weights (outputs differed by 77 in issue 10).  This installs, on
+    this instance only, a ``save_pretrained`` that saves :func:`export_plain` of the model (plain
+    weights, certified against every cap's radius, Note [certified export]) -- which is what
+    ``transformers.Trainer.save_model`` and its checkpoints call -- and a load-state-dict pre-hook
+    that maps plain keys onto the unconstrained tensors, so ``resume_from_checkpoint`` restores
+    the same function (a cap leaves a weight already inside its ball unchanged).  Idempotent;
+    models without ``save_pretrained`` only get the load hook.  Returns ``model``.
+    """
+    import types
+
+    if getattr(model, "_transcover_plain_save", False):
+        return model
+    if hasattr(type(model), "save_pretrained"):
+        model.save_pretrained = types.MethodType(_plain_save_pretrained, model)
+    model.register_load_state_dict_pre_hook(_load_plain_into_constrained)
+    model._transcover_plain_save = True
+    return model

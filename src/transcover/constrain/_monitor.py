@@ -3,8 +3,16 @@
 Seed 6.2 asks to "monitor gradient norms during training".  Each record is one optimiser step
 (or one evaluation) and is appended to ``<path>.jsonl`` and ``<path>.csv`` as it happens, so a
 crashed or interrupted run keeps its history.  Per group, ``sigma.<G>`` is the maximum over layers
-(and heads) of the warm-started estimate of the *effective* weights (:class:`SigmaTracker`, one
-power step per record), and ``radius.<G>`` the largest scheduled radius of the group.
+(and heads) of the *exact* norm (float64 SVD; ``_measure``) of the weights the forward pass used,
+``radius.<G>`` the largest scheduled radius (the target c at that step) and ``ratio.<G>`` the
+largest ``sigma / c`` over the group's constrained slots.  A ratio above 1 is the cap exceeded
+(issue 10, defect 8: the power-iteration ``spectral`` cap reached 1.31 on digits).
+
+Note [forward weights]: a training loop calls :meth:`TrainingMonitor.snapshot` after ``backward``
+and before the optimiser step; the parametrized values read then in eval mode are bit for bit the
+ones the step's forward used (caps refined their power-iteration vectors in that forward and no
+one touched them since).  :meth:`TrainingMonitor.log` uses that snapshot, or measures the current
+weights when there is none (e.g. at evaluations).
 
 ``capacity`` is the product-of-norms Lipschitz proxy of THEORY F8 (:func:`capacity_proxy`), an
 estimate (:data:`CAPACITY_KIND`); it is the factor every covering bound of F9/F10 scales with, not
@@ -23,12 +31,12 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-import torch
 from torch import nn
 
 from .._errors import InputError
 from ..report import atomic_write_text
-from ._penalties import SigmaTracker, capacity_proxy
+from ._measure import exact_slot_norms, forward_weights
+from ._penalties import capacity_proxy
 from ._slots import GROUPS, find_slots
 
 __all__ = ["TrainingMonitor", "grad_norm", "read_history", "plot_history", "CAPACITY_KIND"]
@@ -57,16 +65,20 @@ class TrainingMonitor:
         resume: append to existing files instead of starting them afresh.
         keep_until: with ``resume``, drop the records after this step (those written after the
             checkpoint a run resumes from, so the history has no duplicates) and reload the rest.
+        ratios: record ``ratio.<G> = sigma / c`` (the radii bound sigma; not for entrywise clipping).
     """
 
     def __init__(self, model: nn.Module, prefix: str | os.PathLike[str] | None = None, *, radii=None,
-                 resume: bool = False, keep_until: int | None = None):
+                 resume: bool = False, keep_until: int | None = None, ratios: bool = True):
+        self.model = model
         self.slots = find_slots(model)
-        self.tracker = SigmaTracker(self.slots)
         self.n_layers = 1 + max(s.layer for s in self.slots if s.group != "head")
         self.groups = [g for g in GROUPS if any(s.group == g for s in self.slots)]
-        self.columns = list(_BASE) + [f"sigma.{g}" for g in self.groups] + [f"radius.{g}" for g in self.groups]
+        self.columns = (list(_BASE) + [f"sigma.{g}" for g in self.groups] + [f"radius.{g}" for g in self.groups]
+                        + [f"ratio.{g}" for g in self.groups])
         self.radii = radii
+        self.ratios = ratios
+        self._snapshot: dict[str, float | None] | None = None
         self.records: list[dict[str, float | int | None]] = []
         self.prefix = None if prefix is None else Path(prefix)
         if self.prefix is not None:
@@ -87,26 +99,32 @@ class TrainingMonitor:
         assert self.prefix is not None
         return self.prefix.with_suffix(".jsonl"), self.prefix.with_suffix(".csv")
 
-    def norms(self) -> dict[str, float]:
-        """``{"sigma.G": max over layers/heads}`` and ``capacity`` from one warm-started power step."""
-        with torch.no_grad():
-            sig = self.tracker(differentiable=False)
-        out: dict[str, float] = {}
+    def norms(self) -> dict[str, float | None]:
+        """Per group: max exact ``sigma`` of the current forward weights, radius, max ``sigma / c``;
+        and ``capacity`` (THEORY F8 from the same exact norms)."""
+        with forward_weights(self.model):
+            sig = {s.key: exact_slot_norms(s) for s in self.slots}
+        current = self.radii() if self.radii is not None else {}
+        out: dict[str, float | None] = {}
         for g in self.groups:
-            vals = [float(v.max()) for k, v in sig.items() if k.split(".")[0] == g]
-            out[f"sigma.{g}"] = max(vals)
-        out["capacity"] = capacity_proxy(sig, self.n_layers)
+            keys = [s.key for s in self.slots if s.group == g]
+            out[f"sigma.{g}"] = max(float(sig[k].max()) for k in keys)
+            radii = [current[k] for k in keys if k in current]
+            out[f"radius.{g}"] = max(radii) if radii else None
+            ratios = [float(sig[k].max()) / current[k] for k in keys if k in current]
+            out[f"ratio.{g}"] = max(ratios) if ratios and self.ratios else None
+        out["capacity"] = capacity_proxy(sig, self.n_layers)  # reads the matrix groups only
         return out
 
+    def snapshot(self) -> None:
+        """Measure the weights the current step's forward used (Note [forward weights])."""
+        self._snapshot = self.norms()
+
     def log(self, **fields: float | int | None) -> dict[str, float | int | None]:
-        """Record ``fields`` (any of the columns) plus the current norms and radii; returns the record."""
+        """Record ``fields`` (any of the columns) plus the norms, radii and ratios; returns the record."""
         rec: dict[str, float | int | None] = dict.fromkeys(self.columns)
-        rec.update(self.norms())
-        if self.radii is not None:
-            current = self.radii()
-            for g in self.groups:
-                vals = [v for k, v in current.items() if k.split(".")[0] == g]
-                rec[f"radius.{g}"] = max(vals) if vals else None
+        rec.update(self._snapshot if self._snapshot is not None else self.norms())
+        self._snapshot = None
         unknown = set(fields) - set(self.columns)
         if unknown:
             raise InputError(f"unknown monitor field(s): {', '.join(sorted(unknown))}")
@@ -119,6 +137,15 @@ class TrainingMonitor:
             with csv_path.open("a") as fh:
                 fh.write(self._csv_row(rec))
         return rec
+
+    def max_ratios(self) -> dict[str, tuple[float, int | None]]:
+        """Per group, the largest ``sigma / c`` recorded so far and the step where it occurred."""
+        out: dict[str, tuple[float, int | None]] = {}
+        for g in self.groups:
+            vals = [(r[f"ratio.{g}"], r.get("step")) for r in self.records if r.get(f"ratio.{g}") is not None]
+            if vals:
+                out[g] = max(vals, key=lambda t: t[0])
+        return out
 
     def _csv_row(self, rec: dict) -> str:
         buf = io.StringIO()

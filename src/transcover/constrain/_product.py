@@ -109,8 +109,9 @@ def product_cap(
     .. math::  A_h \\mapsto f_h A_h,\\; B_h \\mapsto f_h B_h,\\quad f_h = \\sqrt{\\min(1, c/\\hat\\sigma_h)}
 
     Seed 2.1 (``B_KQ``, ``B_V`` are norms of products).  ``hat sigma_h`` is a warm-started power
-    iteration estimate, a lower estimate of the true norm: the guarantee is exact only once the
-    iteration has converged (use :func:`transcover.constrain.project_product_` for an exact one).
+    iteration estimate, a lower estimate of the true norm: the product exceeds ``c`` while the
+    estimate lags (KQ up to 1.27 c in digits training, README.md); use
+    :func:`transcover.constrain.project_product_` for a certified guarantee.
 
     Args:
         a: ``(module, tensor name, layout)`` of the left factor (W_Q^h or W_V^h), each head

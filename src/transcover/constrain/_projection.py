@@ -1,4 +1,4 @@
-"""Hard projections applied after each optimiser step: exact, by SVD (seed 5.2).
+"""Hard projections applied after each optimiser step: exact, by SVD, certified after the cast (seed 5.2).
 
 .. math::
 
@@ -7,13 +7,37 @@
 the Frobenius-nearest matrix with ``||W||_2 <= c`` (Eckart--Young--Mirsky applied to the singular
 values above c).  For a per-head product ``M_h = scale A_h B_h^T`` the projection shrinks both
 factors only along the offending singular directions (Note [product projection]), so that
-``||scale A'_h B'^T_h||_2 = min(sigma_h, c)`` exactly while everything else is left as it was.
+``||scale A'_h B'^T_h||_2 = min(sigma_h, c)`` while everything else is left as it was.
 
-All computations run in float64 and are written back in the parameter's dtype, so the projected
-norm is ``c`` up to the rounding of that final cast (``~ sqrt(m n) * eps(dtype) * c``).
+Note [cast margin]: the projection is computed in float64 and written back in the parameter's
+dtype, and that rounding can push sigma above c (bf16: sigma/c up to 1.0035 measured before this
+note existed).  Rounding to a dtype with unit roundoff ``u`` (``eps/2``) and subnormal half-spacing
+``eta`` moves each entry by at most ``u |w_ij| + eta``, so
+
+.. math::
+
+    \\|\\mathrm{fl}(W) - W\\|_2 \\le \\|\\mathrm{fl}(W) - W\\|_F \\le u \\|W\\|_F + \\eta \\sqrt{mn}
+    \\quad\\Rightarrow\\quad
+    \\sigma(\\mathrm{fl}(P_{c'}(W))) \\le c' + u \\|P_{c'}(W)\\|_F + \\eta\\sqrt{mn},
+
+and for a product ``s (A + dA)(B + dB)^T`` the error is at most
+``s (e_A ||B||_2 + ||A||_2 e_B + e_A e_B)`` with ``e_X = u ||X||_F + eta sqrt(size)``.  We project to
+``c' = c - margin``: first with the typical margin ``2 u c`` (rounding errors rarely align), and if
+the certified norm of the *stored* weights (``transcover.norms``, Gram + Cholesky certificate, kind
+certified) still exceeds ``c``, with the proven margin above, then doubling it.  Every margin adds
+``_REL_FLOOR * c``, which covers the certificate's own slack (~1e-9 relative) and the float64
+reconstruction error (~1e-15 relative).  So after a projection the certified norm of what is
+stored is ``<= c`` for float64, float32, fp16 and bf16 parameters alike.
+
+Note [boundary check]: a matrix whose float64 SVD gives ``sigma_max <= c (1 - 1e-6)`` is left as is
+(the float64 SVD's error is ~1e-15 relative, nine orders of magnitude smaller); one closer to ``c``
+is certified as stored and projected only if the certificate exceeds ``c``.
 """
 
 from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -21,14 +45,71 @@ from torch import Tensor
 from ._layout import HeadLayout
 from ._spectral import check_radius
 
-__all__ = ["project_spectral_", "project_product_", "project_bias_"]
+__all__ = ["project_spectral_", "project_product_", "project_bias_", "rounding_of", "certified_sigma",
+           "radius_floor"]
+
+_REL_FLOOR = 4e-9
+_NEAR = 1e-6
+_MAX_DOUBLINGS = 60
+
+
+def rounding_of(dtype: torch.dtype) -> tuple[float, float]:
+    """``(u, eta)``: unit roundoff ``eps/2`` and half the subnormal spacing of ``dtype`` (round to nearest)."""
+    fi = torch.finfo(dtype)
+    return float(fi.eps) / 2.0, float(fi.smallest_normal) * float(fi.eps) / 2.0
+
+
+def radius_floor(radius: Tensor) -> float:
+    """A float64 number ``<= c`` for any real ``c`` whose rounding to ``radius.dtype`` is ``radius``.
+
+    A cap stores its radius in the parameter dtype; round to nearest gives ``|fl(c) - c| <= u |c|``,
+    so ``c >= fl(c) (1 - u)`` (one more float64 ulp of slack for the product itself).
+    """
+    u, _ = rounding_of(radius.dtype)
+    return float(radius) * (1.0 - u - 2.0**-52)
+
+
+def certified_sigma(W: Tensor) -> float:
+    """Certified upper bound on ``||W||_2`` of a stored matrix (its float values upcast exactly)."""
+    from ..norms import spectral_norm_interval
+
+    return spectral_norm_interval(W.detach().cpu()).upper
+
+
+def certified_product_sigma(A: Tensor, B: Tensor, scale: float) -> float:
+    """Certified upper bound on ``||scale A B^T||_2`` for stored factors ``A`` (m, k), ``B`` (n, k)."""
+    from ..norms import product_norm_interval, scale_interval
+
+    iv = product_norm_interval(A.detach().cpu(), B.detach().cpu().transpose(-1, -2))
+    return scale_interval(iv, float(scale)).upper
+
+
+def certified_vector_norm(b: Tensor) -> float:
+    from ..norms import vector_norm_interval
+
+    return vector_norm_interval(b.detach().cpu().double().numpy()).upper
+
+
+def _shrink_until_certified(write: Callable[[float], None], certify: Callable[[], float], c: float,
+                            typical: float, proven: float) -> None:
+    """Write the projection at ``c - margin`` for growing margins until the certified norm is ``<= c``."""
+    floor = _REL_FLOOR * c
+    margins = [typical + floor, proven + floor]
+    margins += [margins[-1] * 2.0**k for k in range(1, _MAX_DOUBLINGS)]
+    for m in margins:
+        write(max(c - m, 0.0))
+        if certify() <= c:
+            return
+    raise RuntimeError(f"internal error: could not certify a projection to radius {c}")  # not reached: c' = 0 is 0
 
 
 @torch.no_grad()
 def project_spectral_(W: Tensor, radius: float) -> Tensor:
-    """Clip the singular values of ``W`` (..., m, n) above ``radius``, in place.
+    """Clip the singular values of ``W`` (..., m, n) to ``radius``, in place, certified after the cast.
 
-    .. math::  W \\leftarrow U \\min(S, c) V^T
+    .. math::  W \\leftarrow \\mathrm{fl}(U \\min(S, c') V^T),\\quad c' = c - \\text{margin}
+
+    (Note [cast margin]): afterwards the certified ``||W||_2`` of every stored matrix is ``<= c``.
 
     Args:
         W: a matrix or a stack of matrices (each projected on its own).
@@ -43,33 +124,56 @@ def project_spectral_(W: Tensor, radius: float) -> Tensor:
     Example:
         >>> W = torch.diag(torch.tensor([3.0, 0.5]))
         >>> _ = project_spectral_(W, 1.0)
-        >>> W.diagonal().tolist()
+        >>> [round(x, 6) for x in W.diagonal().tolist()]
         [1.0, 0.5]
     """
     c = check_radius(radius)
     W64 = W.detach().double()
     U, S, Vh = torch.linalg.svd(W64, full_matrices=False)
     before = S[..., 0].clone()
-    if bool((S > c).any()):
-        W.copy_((U * S.clamp(max=c)[..., None, :]) @ Vh)
+    u, eta = rounding_of(W.dtype)
+    for idx in itertools.product(*map(range, W.shape[:-2])):
+        s_max = float(before[idx])
+        if s_max <= c * (1.0 - _NEAR):
+            continue
+        Wi = W[idx]
+        if s_max <= c and certified_sigma(Wi) <= c:
+            continue
+        Ui, Si, Vhi = U[idx], S[idx], Vh[idx]
+        fro = float(Si.clamp(max=c).norm())  # ||P_c'(W)||_F <= this for every c' <= c
+        proven = u * fro + eta * (Wi.numel() ** 0.5)
+
+        def write(ck: float, Wi=Wi, Ui=Ui, Si=Si, Vhi=Vhi) -> None:
+            Wi.copy_((Ui * Si.clamp(max=ck)[None, :]) @ Vhi)
+
+        _shrink_until_certified(write, lambda Wi=Wi: certified_sigma(Wi), c, 2.0 * u * c, proven)
     return before
+
+
+def _product_projection(A64: Tensor, B64: Tensor, scale: float):
+    """QR of both factors and SVD of the small core (Note [product projection]), per head."""
+    Qa, Ra = torch.linalg.qr(A64)
+    Qb, Rb = torch.linalg.qr(B64)
+    Uc, S, Vch = torch.linalg.svd(scale * Ra @ Rb.transpose(-1, -2), full_matrices=False)
+    return Qa @ Uc, S, Qb @ Vch.transpose(-1, -2)
 
 
 @torch.no_grad()
 def project_product_(A: Tensor, B: Tensor, radius: float, scale: float = 1.0) -> Tensor:
-    """Make ``||scale * A_h B_h^T||_2 <= radius`` for every head, in place, exactly.
+    """Make ``||scale * A_h B_h^T||_2 <= radius`` for every head, in place, certified after the cast.
 
     Note [product projection]: with thin QR ``A = Q_a R_a``, ``B = Q_b R_b`` and the SVD of the
     small core ``scale R_a R_b^T = U_c S V_c^T``, the product is ``M = U S V^T`` with
-    ``U = Q_a U_c``, ``V = Q_b V_c``.  Setting ``D = diag(1 - sqrt(min(1, c/S)))``,
+    ``U = Q_a U_c``, ``V = Q_b V_c``.  Setting ``D = diag(1 - sqrt(min(1, c'/S)))``,
 
     .. math::
 
         A' = (I - U D U^T) A,\\qquad B' = (I - V D V^T) B
-        \\;\\Rightarrow\\; \\text{scale}\\,A' B'^T = U\\,\\min(S, c)\\,V^T .
+        \\;\\Rightarrow\\; \\text{scale}\\,A' B'^T = U\\,\\min(S, c')\\,V^T .
 
-    Only the directions whose singular value exceeds c move, symmetrically in both factors.
-    Cost O(H (d k^2 + k^3)), never forming the (d, d) product.
+    Only the directions whose singular value exceeds c' move, symmetrically in both factors;
+    ``c' = c - margin`` (Note [cast margin]) so that the certified norm of the stored factors'
+    product is ``<= c``.  Cost O(H (d k^2 + k^3)), never forming the (d, d) product.
 
     Args:
         A: (H, m, k) left factors (e.g. W_Q^h), a view into the parameter is fine.
@@ -82,29 +186,52 @@ def project_product_(A: Tensor, B: Tensor, radius: float, scale: float = 1.0) ->
     """
     c = check_radius(radius)
     A64, B64 = A.detach().double(), B.detach().double()
-    Qa, Ra = torch.linalg.qr(A64)
-    Qb, Rb = torch.linalg.qr(B64)
-    Uc, S, Vch = torch.linalg.svd(scale * Ra @ Rb.transpose(-1, -2), full_matrices=False)
+    U, S, V = _product_projection(A64, B64, scale)
     before = S[..., 0].clone()
-    if bool((S > c).any()):
-        D = 1.0 - torch.sqrt(torch.clamp(c / S.clamp_min(1e-300), max=1.0))  # (H, r)
-        U = Qa @ Uc
-        V = Qb @ Vch.transpose(-1, -2)
-        A.copy_(A64 - U @ (D[..., :, None] * (U.transpose(-1, -2) @ A64)))
-        B.copy_(B64 - V @ (D[..., :, None] * (V.transpose(-1, -2) @ B64)))
+    u, eta = rounding_of(A.dtype)
+    u_b, eta_b = rounding_of(B.dtype)
+    for h in range(A.shape[0]):
+        s_max = float(before[h])
+        if s_max <= c * (1.0 - _NEAR):
+            continue
+        if s_max <= c and certified_product_sigma(A[h], B[h], scale) <= c:
+            continue
+        a64, b64, Uh, Sh, Vhh = A64[h], B64[h], U[h], S[h], V[h]
+        e_a = u * float(a64.norm()) + eta * a64.numel() ** 0.5
+        e_b = u_b * float(b64.norm()) + eta_b * b64.numel() ** 0.5
+        na, nb = float(torch.linalg.matrix_norm(a64, 2)), float(torch.linalg.matrix_norm(b64, 2))
+        proven = abs(scale) * (e_a * nb + na * e_b + e_a * e_b) * (1.0 + 1e-6)
+
+        def write(ck: float, h=h, a64=a64, b64=b64, Uh=Uh, Sh=Sh, Vhh=Vhh) -> None:
+            D = 1.0 - torch.sqrt(torch.clamp(ck / Sh.clamp_min(1e-300), max=1.0))
+            A[h].copy_(a64 - Uh @ (D[:, None] * (Uh.T @ a64)))
+            B[h].copy_(b64 - Vhh @ (D[:, None] * (Vhh.T @ b64)))
+
+        _shrink_until_certified(write, lambda h=h: certified_product_sigma(A[h], B[h], scale), c,
+                                2.0 * max(u, u_b) * c, proven)
     return before
 
 
 @torch.no_grad()
 def project_bias_(b: Tensor, radius: float) -> Tensor:
-    """``b <- b * min(1, c / ||b||_2)`` in place (exact projection onto the l2 ball; seed 2.1 B_b).
+    """``b <- fl(b * c'/||b||_2)`` in place when ``||b|| > c``: the l2-ball projection (seed 2.1 B_b),
+    with ``c'`` below ``c`` by the cast margin (``u c + eta sqrt(n)``, Note [cast margin]) so that
+    the certified norm of the stored vector is ``<= c``.
 
     Returns the norm before projection.
     """
     c = check_radius(radius)
-    norm = b.detach().double().norm()
-    if float(norm) > c:
-        b.mul_((c / norm).to(b.dtype))
+    b64 = b.detach().double()
+    norm = b64.norm()
+    n = float(norm)
+    if n > c * (1.0 - _NEAR) and not (n <= c and certified_vector_norm(b) <= c):
+        u, eta = rounding_of(b.dtype)
+        proven = u * c + eta * b.numel() ** 0.5
+
+        def write(ck: float) -> None:
+            b.copy_(b64 * (ck / n))
+
+        _shrink_until_certified(write, lambda: certified_vector_norm(b), c, 2.0 * u * c, proven)
     return norm
 
 

@@ -9,6 +9,7 @@ from ._experiment import staged_experiment as staged_experiment
 from ._loop import TrainConfig as TrainConfig
 from ._loop import TrainResult as TrainResult
 from ._loop import build_model as build_model
+from ._loop import constraint_report as constraint_report
 from ._loop import evaluate as evaluate
 from ._loop import exact_group_norms as exact_group_norms
 from ._loop import train as train
@@ -18,7 +19,7 @@ from ._tasks import load_task as load_task
 
 __all__ = [
     "Task", "TASKS", "load_task",
-    "TrainConfig", "TrainResult", "train", "build_model", "evaluate", "exact_group_norms",
+    "TrainConfig", "TrainResult", "train", "build_model", "evaluate", "exact_group_norms", "constraint_report",
     "save_checkpoint", "load_checkpoint",
     "StagedConfig", "StagedResult", "staged_experiment", "STRATEGIES",
 ]

@@ -18,13 +18,14 @@ from torch import Tensor, nn
 
 from .._errors import InputError
 from .._results import ClippedQuantity, Kind, Quantity
-from ..constrain import ConstraintConfig, TrainingMonitor, constrain, find_slots, grad_norm
+from ..constrain import ConstraintConfig, Constrainer, TrainingMonitor, constrain, find_slots, grad_norm
 from ..constrain._spectral import check_radius
 from ..model import ReferenceConfig, ReferenceTransformer
 from ._checkpoint import load_checkpoint, save_checkpoint
 from ._tasks import Task, load_task
 
-__all__ = ["TrainConfig", "TrainResult", "train", "build_model", "exact_group_norms", "evaluate"]
+__all__ = ["TrainConfig", "TrainResult", "train", "build_model", "exact_group_norms", "evaluate",
+           "constraint_report"]
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,15 @@ class TrainResult:
     covering: Quantity | None = None  # log10 log N_inf(F, eps=0.1, n T) of the same class (certified upper)
     history: list[dict] = field(default_factory=list, repr=False)
     task_source: str = ""
+    # group -> target, exact sigma, certified sigma and ratio of the final forward weights, the largest
+    # sigma/c seen during training and its step, whether finalize() ran (see constraint_report)
+    constraints: dict[str, dict] = field(default_factory=dict)
+
+    @property
+    def exceeded(self) -> dict[str, dict]:
+        """The groups whose forward weights went above their target at some point (ratio > 1)."""
+        return {g: r for g, r in self.constraints.items()
+                if max(r.get("max_ratio") or 0.0, r.get("ratio") or 0.0) > 1.0}
 
     @property
     def gap(self) -> float:
@@ -109,6 +119,7 @@ class TrainResult:
             "lipschitz": None if self.lipschitz is None else self.lipschitz.to_dict(),
             "bound": None if self.bound is None else self.bound.to_dict(),
             "covering": None if self.covering is None else self.covering.to_dict(), "task_source": self.task_source,
+            "constraints": self.constraints,
         }
 
 
@@ -142,20 +153,46 @@ def evaluate(model: nn.Module, X: Tensor, y: Tensor, task: Task, batch: int = 10
 
 @torch.no_grad()
 def exact_group_norms(model: nn.Module) -> dict[str, float]:
-    """Per group, the max over layers and heads of the exact norm (float64 SVD; l2 norm for biases)."""
+    """Per group, the max over layers and heads of the exact norm (float64 SVD; l2 norm for biases)
+    of the weights the forward pass uses (eval mode)."""
+    from ..constrain._measure import exact_slot_norms, forward_weights
+
     out: dict[str, float] = {}
-    was = model.training
-    model.eval()
-    for s in find_slots(model):
-        if s.kind == "product":
-            A, B = s.value("a").double(), s.value("b").double()
-            v = float(torch.linalg.matrix_norm(s.scale * A @ B.transpose(-1, -2), 2).max())
-        elif s.kind == "matrix":
-            v = float(torch.linalg.matrix_norm(s.value().double(), 2).max())
-        else:
-            v = float(s.value().double().norm())
-        out[s.group] = max(out.get(s.group, 0.0), v)
-    model.train(was)
+    with forward_weights(model):
+        for s in find_slots(model):
+            out[s.group] = max(out.get(s.group, 0.0), float(exact_slot_norms(s).max()))
+    return out
+
+
+def constraint_report(model: nn.Module, cons: Constrainer, monitor: TrainingMonitor | None,
+                      finalized: bool) -> dict[str, dict]:
+    """Per constrained group: ``target`` (the radius now), ``sigma`` (exact, float64), ``certified``
+    (``transcover.norms`` upper bound) and ``ratio = certified / target`` of the final forward
+    weights, ``max_ratio`` / ``max_ratio_step`` (the largest exact ``sigma / c`` of the forward
+    weights during training, from the monitor), ``finalized`` (exact projection at the end ran),
+    ``kind``.  Ratios are given only when the radii bound sigma (not for entrywise clipping).
+    Per group the slot with the largest ratio is reported.
+    """
+    from ..constrain._measure import certified_slot_norm, exact_slot_norms, forward_weights
+
+    radii = cons.radii()
+    seen = monitor.max_ratios() if monitor is not None else {}
+    out: dict[str, dict] = {}
+    with forward_weights(model):
+        for s in cons.slots:
+            c = radii.get(s.key)
+            if c is None:
+                continue
+            sigma = float(exact_slot_norms(s).max())
+            cert = certified_slot_norm(s)
+            row = {"target": c, "sigma": sigma, "certified": cert,
+                   "ratio": cert / c if cons.bounds_sigma else None,
+                   "max_ratio": seen.get(s.group, (None, None))[0], "max_ratio_step": seen.get(s.group, (None, None))[1],
+                   "finalized": finalized,
+                   "kind": "sigma exact (float64 SVD), certified upper (transcover.norms); ratio = certified / target"}
+            best = out.get(s.group)
+            if best is None or (row["ratio"] or 0.0) > (best["ratio"] or 0.0):
+                out[s.group] = row
     return out
 
 
@@ -252,10 +289,10 @@ def train(config: TrainConfig, *, out_dir: str | Path | None = None, resume: boo
         start_epoch, step = int(state["epoch"]), int(state["step"])
         extra_state = state["extra"]
     monitor = TrainingMonitor(model, None if out is None else out / "history", radii=cons.radii, resume=resume,
-                              keep_until=step)
-    # Note [exact resume]: the penalty's and the monitor's power-iteration vectors travel with the
-    # checkpoint, so a resumed run logs and trains exactly as an uninterrupted one.
-    trackers = {"monitor": monitor.tracker} | ({"penalty": cons.tracker} if cons.tracker is not None else {})
+                              keep_until=step, ratios=cons.bounds_sigma)
+    # Note [exact resume]: the penalty's power-iteration vectors travel with the checkpoint, so a
+    # resumed run trains exactly as an uninterrupted one (the monitor's norms are exact: no state).
+    trackers = {"penalty": cons.tracker} if cons.tracker is not None else {}
     if resume:
         for name, tracker in trackers.items():
             part = {k[len(name) + 1:]: v for k, v in extra_state.items() if k.startswith(name + ".")}
@@ -279,6 +316,7 @@ def train(config: TrainConfig, *, out_dir: str | Path | None = None, resume: boo
                 opt.zero_grad(set_to_none=True)
                 total_loss.backward()
                 gn = grad_norm(model)
+                monitor.snapshot()  # the weights this step's forward used (Note [forward weights])
                 opt.step()
                 cons.after_step()
                 step += 1
@@ -301,6 +339,14 @@ def train(config: TrainConfig, *, out_dir: str | Path | None = None, resume: boo
     finally:
         if bar is not None:
             bar[0].stop()
+    # Issue 10, defect 8: a finished run ends with the exact, certified projection onto the targets
+    # (the power-iteration cap only estimates sigma); the saved checkpoint is the certified model.
+    finalized = last == config.epochs and cons.config.method in ("spectral", "project")
+    if finalized:
+        cons.finalize()
+        if out is not None:
+            save_checkpoint(out / "checkpoint", model, opt, {"epoch": last, "step": step, "config": config.to_dict()},
+                            extra={f"{name}.{k}": v for name, t in trackers.items() for k, v in t.state_dict().items()})
     tr_loss, tr_acc = evaluate(model, task.X_train, task.y_train, task)
     te_loss, te_acc = evaluate(model, task.X_test, task.y_test, task)
     bound, covering = _generalisation_bound(model, task)
@@ -309,6 +355,7 @@ def train(config: TrainConfig, *, out_dir: str | Path | None = None, resume: boo
         test_acc=te_acc, norms=exact_group_norms(model), capacity=_exact_capacity(model),
         lipschitz=_certified_lipschitz(model), bound=bound, covering=covering,
         history=monitor.records, task_source=task.source,
+        constraints=constraint_report(model, cons, monitor, finalized),
     )
 
 

@@ -1,0 +1,137 @@
+"""Issue 10, defect 10: the HF callback under a real ``transformers.Trainer`` (tiny random models, CPU).
+
+(i) optimiser step k of N runs at the schedule's value for progress k / (N - 1), so the last step is at
+the target exactly, and the final weights are certified (transcover.norms) within it;
+(ii) ``trainer.save_model()`` writes plain weights that ``from_pretrained`` reloads to the same function
+(no ``parametrizations`` keys, nothing newly initialised).
+"""
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+
+from transcover.constrain import ConstraintConfig, TrainingMonitor, constrain, find_slots, hf_callback  # noqa: E402
+from transcover.constrain._measure import certified_slot_norm, forward_weights  # noqa: E402
+
+N_STEPS = 6
+TARGET = 0.05
+
+
+class _Data(torch.utils.data.Dataset):
+    def __init__(self, n=16, seq=6, vocab=40, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        self.ids = torch.randint(1, vocab, (n, seq), generator=g)
+        self.labels = (self.ids.sum(1) % 2).long()
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i], "attention_mask": torch.ones_like(self.ids[i]), "labels": self.labels[i]}
+
+
+def _model(kind):
+    torch.manual_seed(0)
+    if kind == "bert":
+        cfg = transformers.BertConfig(hidden_size=16, num_attention_heads=2, num_hidden_layers=2, intermediate_size=32,
+                                      vocab_size=40, max_position_embeddings=16, num_labels=2,
+                                      hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+        return transformers.BertForSequenceClassification(cfg)
+    cfg = transformers.GPT2Config(n_embd=16, n_head=2, n_layer=2, vocab_size=40, n_positions=16, num_labels=2,
+                                  pad_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    return transformers.GPT2ForSequenceClassification(cfg)
+
+
+class _Spy(transformers.TrainerCallback):
+    """Runs after transcover's callback: records the radius each step ran at and the certified norms."""
+
+    def __init__(self, cons):
+        self.cons, self.progress, self.radii, self.certified = cons, [], [], []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.progress.append(self.cons.progress)
+        self.radii.append(self.cons.radii())
+        with forward_weights(self.cons.model):
+            self.certified.append({s.key: certified_slot_norm(s) for s in self.cons.slots})
+
+
+def _train(tmp_path, kind, method):
+    model = _model(kind)
+    cons = constrain(model, ConstraintConfig(method=method, radii={"all": TARGET}, schedule="linear",
+                                             loose_factor=3.0))
+    spy = _Spy(cons)
+    monitor = TrainingMonitor(model)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "run"), max_steps=N_STEPS, per_device_train_batch_size=4, learning_rate=5e-2,
+        report_to=[], save_strategy="no", logging_strategy="no", use_cpu=True, disable_tqdm=True, seed=0)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=_Data(),
+                                   callbacks=[hf_callback(cons, monitor), spy])
+    trainer.train()
+    return model, cons, spy, monitor, trainer
+
+
+def test_radius_per_step_and_target_reached_at_the_end(tmp_path):
+    model, cons, spy, monitor, _ = _train(tmp_path, "bert", "project")
+    assert spy.progress == [k / (N_STEPS - 1) for k in range(N_STEPS)]
+    for k, radii in enumerate(spy.radii):
+        expected = cons.schedules["W1.0"](k / (N_STEPS - 1))
+        assert all(r == pytest.approx(expected, rel=1e-15) for r in radii.values())
+        # the projection after step k used that step's radius: certified within it
+        assert max(c / radii[key] for key, c in spy.certified[k].items()) <= 1.0
+    assert all(r == TARGET for r in spy.radii[-1].values())  # the last step is at the target exactly
+    with forward_weights(model):
+        assert max(certified_slot_norm(s) for s in find_slots(model)) <= TARGET
+    assert [r["step"] for r in monitor.records] == list(range(1, N_STEPS + 1))
+    assert monitor.records[-1]["radius.W1"] == TARGET
+
+
+@pytest.fixture(scope="module")
+def spectral_runs(tmp_path_factory):
+    """One spectral Trainer run per architecture, shared by the saving tests (they do not train)."""
+    return {kind: _train(tmp_path_factory.mktemp(kind), kind, "spectral") for kind in ("bert", "gpt2")}
+
+
+@pytest.mark.parametrize("kind", ["bert", "gpt2"])
+def test_save_model_reloads_to_the_same_function(tmp_path, kind, spectral_runs):
+    model, cons, _, _, trainer = spectral_runs[kind]
+    with forward_weights(model):  # on_train_end finalized: the spectral caps hold, certified
+        assert max(certified_slot_norm(s) for s in find_slots(model)) <= TARGET
+    out = tmp_path / "saved"
+    trainer.save_model(str(out))
+    from safetensors import safe_open
+
+    with safe_open(str(out / "model.safetensors"), "pt") as fh:
+        keys = list(fh.keys())
+    assert keys and not any("parametrizations" in k for k in keys)
+    reloaded, info = type(model).from_pretrained(str(out), output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    ids = _Data(n=5, seed=1).ids
+    model.eval()
+    reloaded.eval()
+    with torch.no_grad():
+        y, y2 = model(input_ids=ids).logits, reloaded(input_ids=ids).logits
+    assert float((y - y2).abs().max()) <= 8 * torch.finfo(torch.float32).eps * max(1.0, float(y.abs().max()))
+    assert len(find_slots(model)) and cons.config.method == "spectral"  # the trained model keeps its caps
+
+
+def test_checkpoint_resume_loads_plain_weights(tmp_path, spectral_runs):
+    """Trainer checkpoints are plain too; loading one into the constrained model restores the function."""
+    model, cons, _, _, trainer = spectral_runs["bert"]
+    trainer.save_model(str(tmp_path / "ckpt"))
+    twin = _model("bert")
+    constrain(twin, ConstraintConfig(method="spectral", radii={"all": TARGET}))
+    from safetensors.torch import load_file
+
+    from transcover.constrain import save_plain
+
+    save_plain(twin)
+    state = load_file(str(tmp_path / "ckpt" / "model.safetensors"))
+    result = twin.load_state_dict(state, strict=False)
+    assert not [k for k in result.missing_keys if k.endswith("original")]
+    ids = _Data(n=4, seed=2).ids
+    model.eval()
+    twin.eval()
+    with torch.no_grad():
+        assert float((model(input_ids=ids).logits - twin(input_ids=ids).logits).abs().max()) <= 1e-6

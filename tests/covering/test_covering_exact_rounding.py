@@ -150,3 +150,17 @@ def test_rounding_argument_is_checked():
 
     with pytest.raises(InputError, match="rounding must be"):
         box_log_covering_linf(2, 1.0, 0.5, rounding="sideways")
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.one_of(st.floats(-20.0, 60.0), st.floats(690.0, 2000.0), st.integers(-5, 40).map(float),
+                 st.sampled_from([math.log(k) for k in (3, 6, 10, 1 / 3, 0.1)])),
+       st.integers(1, 10**9))
+def test_zhang_log_factor_from_logs_rounds_up(log_x, n):
+    from transcover.covering._matrix_covers import _zhang_log_factor, matrix_linf_loglog
+
+    x = mpmath.exp(mp_exact(log_x))  # the float log taken at its exact value
+    L = 2 * int(mpmath.ceil(4 * x + 2)) * n + 1
+    assert mp_exact(_zhang_log_factor(log_x, n)) >= mpmath.log(L)
+    ll = matrix_linf_loglog(log_x, 0.0, 0.0, n, 3)
+    assert mp_exact(ll) >= mpmath.log(36 * x**2 + 3) + mpmath.log(mpmath.log(L))

@@ -50,12 +50,27 @@ def _zhang_log_arg(ab_over_eps: Enclosure, n_points: int) -> Enclosure:
     return exact(2 * n_points, prec) * inner + exact(1, prec)
 
 
+_U = 2.0**-53  # unit roundoff of float64
+
+
+def _pad_up(x: float) -> float:
+    """``x > 0`` from a libm ``exp``/``log`` (error below 1 ulp = 2u relative; glibc's documented
+    maximum), moved above the true value with a 4x margin."""
+    return math.nextafter(x * (1.0 + 8.0 * _U), math.inf)
+
+
 def _zhang_log_factor(log_ab_over_eps: float, n_points: int) -> float:
     """``ln(2 ceil(4ab/eps + 2) n + 1)`` (the log(n) factor of Zhang 2002 Thm 4), rounded up.
 
-    ``ab/eps = exp(log_ab_over_eps)`` with the float taken at its exact value; the ceiling is taken
-    of an upper enclosure, so a quotient rounded just below an integer cannot lose a unit.
+    ``ab/eps = exp(log_ab_over_eps)``, the float taken at its exact value; the ceiling is taken of
+    an upper bound, so a quotient rounded just below an integer cannot lose a unit.  Called once per
+    matrix and allocation step, so floats with outward pads (``_pad_up``) while ``exp`` cannot
+    overflow, exact decimal enclosures beyond.
     """
+    if log_ab_over_eps < 700.0:
+        x_hi = _pad_up(math.exp(log_ab_over_eps))
+        inner = math.ceil(math.nextafter(4.0 * x_hi + 2.0, math.inf))  # an int: exact from here on
+        return _pad_up(math.log(2 * inner * n_points + 1))
     return round_log(lambda prec: _zhang_log_arg(exact(log_ab_over_eps, prec).exp(), n_points).ln(), "up")
 
 

@@ -20,6 +20,7 @@ the precision doubles until both ends round to the same float64, which terminate
 from __future__ import annotations
 
 import decimal
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,7 +33,9 @@ ROUNDINGS = ("nearest", "up", "down")
 _PREC = 40  # decimal digits: ample for a float64 result, whose own precision is ~17 digits
 
 
+@functools.lru_cache(maxsize=64)
 def _ctx(prec: int, rounding: str) -> decimal.Context:
+    """A decimal context (cached: building one costs more than an ln; callers never modify it)."""
     return decimal.Context(prec=prec, rounding=rounding, Emax=decimal.MAX_EMAX, Emin=decimal.MIN_EMIN,
                            traps=[decimal.InvalidOperation, decimal.DivisionByZero, decimal.Overflow])
 

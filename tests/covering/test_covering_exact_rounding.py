@@ -164,3 +164,24 @@ def test_zhang_log_factor_from_logs_rounds_up(log_x, n):
     assert mp_exact(_zhang_log_factor(log_x, n)) >= mpmath.log(L)
     ll = matrix_linf_loglog(log_x, 0.0, 0.0, n, 3)
     assert mp_exact(ll) >= mpmath.log(36 * x**2 + 3) + mpmath.log(mpmath.log(L))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.one_of(decimals, thirds, dyadics), st.one_of(st.floats(-8.0, 3.0), st.sampled_from([0.0, -math.log(3.0), -math.log(6.0)])),
+       st.integers(1, 10**6), st.integers(1, 8), st.integers(1, 8), st.booleans())
+def test_vectorised_matrix_costs_round_up(norm, log_e, n, rows, cols, parametric):
+    """``_transformer._exact_loglog`` (the per-matrix costs of the model bound) against mpmath."""
+    import numpy as np
+
+    from transcover.covering._transformer import MatrixTerm, _exact_loglog, _term_arrays
+
+    term = MatrixTerm(0, "W", (rows, cols), 0.0, norm, norm)
+    got = float(_exact_loglog(_term_arrays([term], [parametric]), np.array([log_e]), n)[0])
+    e = mpmath.exp(mp_exact(log_e))
+    if parametric:  # F1: p ln(1 + 2r/e)
+        ref = mpmath.log(rows * cols * mpmath.log(1 + 2 * mp_exact(norm) / e))
+    else:  # F2 at e/2: (36 ab^2 + k) ln(2 ceil(4ab + 2) N + 1), ab = 2a/e
+        ab = 2 * mp_exact(norm) / e
+        L = 2 * int(mpmath.ceil(4 * ab + 2)) * n + 1
+        ref = mpmath.log(36 * ab**2 + cols) + mpmath.log(mpmath.log(L))
+    assert mp_exact(got) >= ref

@@ -122,7 +122,7 @@ def boundary_sets(draw):
     return Y, q, r
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(boundary_sets())
 def test_within_is_exact(data):
     from transcover.empirical._predicates import certainly_beyond, certainly_within, within
@@ -195,3 +195,16 @@ def test_integers_beyond_2_53_refused():
     with pytest.raises(InputError, match="2\\^53"):
         estimate_covering_number(Y, 1.0)
     assert estimate_covering_number(torch.tensor([[0], [2**53]], dtype=torch.int64), 2.0**53).net_size == 1
+
+
+def test_many_ties_are_decided_exactly_and_in_chunks(monkeypatch):
+    """A float32 lattice at its own spacing: every neighbour is a tie, resolved exactly in small blocks."""
+    from transcover.empirical import _predicates
+
+    monkeypatch.setattr(_predicates, "_PAIR_BLOCK", 8)
+    Y = (torch.arange(300, dtype=torch.float32) * 0.5)[:, None]
+    assert greedy_net(Y, 0.5).tolist() == list(range(0, 300, 2))  # a centre covers the next point, a tie
+    assert len(maximal_packing(Y, 0.25)) == 150  # strictly > 0.5 apart: every other point
+    lattice = torch.tensor([[[i * 0.5, j * 0.5]] for i in range(5) for j in range(5)], dtype=torch.float32)
+    for q in QS:
+        assert greedy_net(lattice, 0.5, q).tolist() == exact_greedy(lattice, 0.5, q)

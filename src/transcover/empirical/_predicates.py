@@ -12,8 +12,9 @@ Note [three stages]: (1) the blocked ``torch.cdist`` distance ``D`` in the data'
 ``d <= r`` and ``D > hi`` proves ``d > r``, with ``lo, hi`` values of that dtype computed exactly
 from ``r``.  (2) The rare pairs left in ``(lo, hi]`` are recomputed per sample in float64 (numpy)
 and decided the same way.  (3) The samples still undecided (true near-ties, e.g. integer data at an
-integer radius) are decided in ``Fraction`` arithmetic: ``max|x - y| <= r``, ``sum|x - y| <= r`` or
-``sum (x - y)^2 <= r^2``.
+integer radius) are decided exactly: entries of the flat l_inf metric by Knuth's TwoSum, vectorised
+(:func:`_exact_abs_le`), sums in ``Fraction`` arithmetic (``sum|x - y| <= r``,
+``sum (x - y)^2 <= r^2``).
 
 Note [error bound]: a per-sample distance over ``m`` terms (``m = 1`` for the flattened l_inf
 metric, ``m = b`` otherwise) is a difference, an absolute value or square, a sum of ``m`` terms
@@ -122,7 +123,10 @@ def within(A: Tensor, B: Tensor, q: float, r: float, *,
         undecided |= torch.isinf(D)
     if bool(undecided.any()):
         i, j = torch.nonzero(undecided, as_tuple=True)
-        close[i, j] = torch.from_numpy(within_pairs(A[i], B[j], q, r))
+        step = max(1, _PAIR_BLOCK // (n * b))  # gathered rows stay inside the stage-2 budget
+        for s in range(0, i.numel(), step):
+            ii, jj = i[s:s + step], j[s:s + step]
+            close[ii, jj] = torch.from_numpy(within_pairs(A[ii], B[jj], q, r))
     return close
 
 
@@ -133,32 +137,61 @@ def within_pairs(A: Tensor, B: Tensor, q: float, r: float) -> np.ndarray:
     if r == math.inf:
         out[:] = True
         return out
-    if _flat(q, b):  # l_inf of the flattened rows: each entry is its own "sample" of one term
-        A, B, n, b = A.reshape(m, n * b, 1), B.reshape(m, n * b, 1), n * b, 1
+    flat = _flat(q, b)
     lo, hi, inf_is_far = band(r, torch.float64, _terms(q, b))
     rows = max(1, _PAIR_BLOCK // (n * b))
     for s in range(0, m, rows):
         x = A[s:s + rows].to(torch.float64).numpy()
         y = B[s:s + rows].to(torch.float64).numpy()
+        if flat:  # l_inf of the flattened rows: every entry decides on its own
+            x, y = x.reshape(len(x), -1), y.reshape(len(y), -1)
         with np.errstate(over="ignore", invalid="ignore"):
-            diff = np.abs(x - y)  # (m', n, b)
-            per = diff[..., 0] if b == 1 else (diff.sum(-1) if q == 1.0 else np.sqrt((diff * diff).sum(-1)))
+            diff = np.abs(x - y)
+            per = diff if flat else (diff.sum(-1) if q == 1.0 else np.sqrt((diff * diff).sum(-1)))
+        near = per <= lo
         far = per > hi
         if not inf_is_far:
             far &= np.isfinite(per)
-        near = per <= lo
-        verdict = ~far.any(axis=1) & near.all(axis=1)
-        for p in np.flatnonzero(~far.any(axis=1) & ~near.all(axis=1)):
-            todo = np.flatnonzero(~near[p])
-            verdict[p] = all(_exact_le(x[p, i], y[p, i], q, r) for i in todo)
-        out[s:s + rows] = verdict
+        todo = ~near & ~far
+        if todo.any():
+            if flat:
+                near[todo] = _exact_abs_le(x[todo], y[todo], r)
+            else:
+                for p, i in zip(*np.nonzero(todo)):
+                    near[p, i] = _exact_le(x[p, i], y[p, i], q, r)
+        out[s:s + rows] = near.all(axis=1)
     return out
+
+
+_SAFE = 2.0**-900  # above this, TwoSum's intermediates stay normal (no underflow, flushed or not)
+
+
+def _exact_abs_le(x: np.ndarray, y: np.ndarray, r: float) -> np.ndarray:
+    """``|x - y| <= r`` elementwise and exactly (stage 3, flat metric).
+
+    Knuth's TwoSum gives ``x - y = s + e`` exactly with ``s = fl(x - y)`` (round to nearest, no
+    overflow or underflow).  Rounding is monotone and ``r`` is a float, so ``|s| < r`` implies
+    ``|x - y| < r`` and ``|s| > r`` implies ``|x - y| > r``; at ``|s| = r`` the sign of ``e``
+    against ``s`` decides.  Entries outside TwoSum's safe range go to ``Fraction``.
+    """
+    with np.errstate(over="ignore", invalid="ignore"):
+        s = x - y
+        bb = s - x
+        e = (x - (s - bb)) + (-y - bb)
+    a = np.abs(s)
+    ok = np.isfinite(s) & np.isfinite(e) & (r >= _SAFE)
+    for v in (x, y):
+        ok &= (v == 0) | (np.abs(v) >= _SAFE)
+    verdict = (a < r) | ((a == r) & (np.sign(s) * np.sign(e) <= 0))
+    for k in np.flatnonzero(~ok):
+        verdict[k] = _exact_le(x[k:k + 1], y[k:k + 1], math.inf, r)
+    return verdict
 
 
 def _exact_le(x: np.ndarray, y: np.ndarray, q: float, r: float) -> bool:
     """``||x - y||_q <= r`` for two float64 vectors, in exact rational arithmetic (stage 3)."""
     R = Fraction(r)
-    d = [abs(Fraction(float(u)) - Fraction(float(v))) for u, v in zip(x.tolist(), y.tolist())]
+    d = [abs(Fraction(float(u)) - Fraction(float(v))) for u, v in zip(np.ravel(x).tolist(), np.ravel(y).tolist())]
     if len(d) == 1 or q == math.inf:
         return max(d) <= R
     if q == 1.0:

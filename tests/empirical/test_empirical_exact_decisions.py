@@ -80,7 +80,8 @@ def test_float32_unit_grid_below_one():
     assert estimate_covering_number(Y, 1.0).net_size == 5  # at eps = 1 exactly, neighbours are covered
 
 
-def test_cli_finite_prints_eps_and_net(tmp_path, capsys):
+def test_cli_finite_prints_eps_and_net(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "250")  # rich wraps narrow tables; the row must stay one line
     np.save(tmp_path / "y.npy", np.arange(10, dtype=np.float32)[:, None])
     assert main(["cover", "finite", str(tmp_path / "y.npy"), "--eps", "0.999999999", "--exact"]) == 0
     row = [ln for ln in capsys.readouterr().out.splitlines() if "0.999999999" in ln]
@@ -208,3 +209,18 @@ def test_many_ties_are_decided_exactly_and_in_chunks(monkeypatch):
     lattice = torch.tensor([[[i * 0.5, j * 0.5]] for i in range(5) for j in range(5)], dtype=torch.float32)
     for q in QS:
         assert greedy_net(lattice, 0.5, q).tolist() == exact_greedy(lattice, 0.5, q)
+
+
+@pytest.mark.parametrize("mode", ["reference", "uniform"])
+def test_cli_class_modes_print_eps_in_full(mode, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "250")
+    extra = ["--n", "2", "--pool", "4", "--restarts", "1"] if mode == "uniform" else []
+    assert main(["cover", mode, "--functions", "20", "--layers", "1", "--d-model", "8", "--d-ff", "8",
+                 "--samples", "2", "--seq-len", "2", "--eps", "0.0500000001", *extra]) == 0
+    assert "0.0500000001" in capsys.readouterr().out
+
+
+def test_integer_data_exact():
+    Y = torch.arange(10, dtype=torch.int64)[:, None]
+    assert estimate_covering_number(Y, 0.999999999).net_size == 10
+    assert estimate_covering_number(Y, 1.0).net_size == 5

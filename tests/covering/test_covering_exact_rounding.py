@@ -167,7 +167,8 @@ def test_zhang_log_factor_from_logs_rounds_up(log_x, n):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.one_of(decimals, thirds, dyadics), st.one_of(st.floats(-8.0, 3.0), st.sampled_from([0.0, -math.log(3.0), -math.log(6.0)])),
+@given(st.one_of(decimals, thirds, dyadics),
+       st.one_of(st.floats(-8.0, 3.0), st.sampled_from([0.0, -math.log(3.0), -math.log(6.0)])),
        st.integers(1, 10**6), st.integers(1, 8), st.integers(1, 8), st.booleans())
 def test_vectorised_matrix_costs_round_up(norm, log_e, n, rows, cols, parametric):
     """``_transformer._exact_loglog`` (the per-matrix costs of the model bound) against mpmath."""

@@ -112,8 +112,9 @@ def boundary_sets(draw):
     scale = draw(st.sampled_from([1.0, 1 / 3, 0.1, 1e3, 2.0**-20]))
     vals = draw(st.lists(st.integers(-6, 6), min_size=M * n * b, max_size=M * n * b))
     jitter = draw(st.lists(st.floats(-0.49, 0.49), min_size=M * n * b, max_size=M * n * b))
-    Y = ((torch.tensor(vals, dtype=torch.float64) + torch.tensor(jitter, dtype=torch.float64) * draw(st.sampled_from([0.0, 1e-3])))
-         * scale).reshape(M, n, b).to(dtype)
+    spread = draw(st.sampled_from([0.0, 1e-3]))  # 0: integer lattice (many exact ties)
+    base = torch.tensor(vals, dtype=torch.float64) + torch.tensor(jitter, dtype=torch.float64) * spread
+    Y = (base * scale).reshape(M, n, b).to(dtype)
     i, j = draw(st.integers(0, M - 1)), draw(st.integers(0, M - 1))
     d = exact_distance(Y[i], Y[j], q)
     r = float(d) if not (q == 2.0 and b > 1) else math.sqrt(float(d))

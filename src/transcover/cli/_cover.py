@@ -68,6 +68,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _common(lo, eps_default=[0.001, 0.003, 0.01, 0.03])
 
 
+def _fmt_eps(e: float) -> str:
+    """eps as the shortest string that reads back to the same float (0.999999999, not "1")."""
+    return repr(float(e))
+
+
 def _positive_int(name: str, v: int) -> None:
     from .._errors import InputError
 
@@ -131,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
         for e in args.eps:
             est = E.estimate_covering_number(Y, e, args.q, n_orders=args.orders, seed=args.seed, workers=args.workers)
             d = est.to_dict()
-            cells = [f"{e:g}", str(est.packing_size), str(est.net_size),
+            cells = [_fmt_eps(e), str(est.packing_size), str(est.net_size),
                      f"[{est.lower.value:.3f}, {est.upper.value:.3f}]"]
             if args.exact:
                 d["exact_internal"] = E.exact_covering_number(Y, e, args.q)
@@ -165,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
             table.add_column(c, justify="right")
         for e, eps in enumerate(mc.eps):
             note = "saturated" if mc.saturated(e) else ("still growing with M" if mc.still_growing(e) else "")
-            table.add_row(f"{eps:g}", str(mc.packing_sizes[e][-1]), str(mc.net_sizes[e][-1]),
+            table.add_row(_fmt_eps(eps), str(mc.packing_sizes[e][-1]), str(mc.net_sizes[e][-1]),
                           f"{mc.log_packing_lower(e).value:.3f}", note)
         payload = {"mode": args.mode, **mc.to_dict()}
         if args.mode == "local":
@@ -200,7 +205,7 @@ def run(args: argparse.Namespace) -> int:
                                             restarts=args.restarts, pool_size=args.pool, seed=args.seed,
                                             workers=args.workers)
             rows.append(res.to_dict())
-            table.add_row(f"{e:g}", str(list(res.random_packings)), str(list(res.greedy_packings)),
+            table.add_row(_fmt_eps(e), str(list(res.random_packings)), str(list(res.greedy_packings)),
                           str(res.best_packing))
         payload = {"mode": "uniform", "rows": rows}
         import math
@@ -236,7 +241,7 @@ def _figure_bytes(eps, upper, lower, label) -> bytes:
     ax.plot(eps, lower, "v--", label=f"{label}: packing / random")
     ax.set_xscale("log")
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # labelled minor ticks overlap
-    ax.set_xticks(list(eps), [f"{e:g}" for e in eps])
+    ax.set_xticks(list(eps), [_fmt_eps(e) for e in eps])
     ax.set_xlabel("eps")
     ax.set_ylabel("log N(eps)")
     ax.legend(fontsize=8)

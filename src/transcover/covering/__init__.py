@@ -16,6 +16,7 @@ from ._ball import ball_log_covering as ball_log_covering
 from ._ball import ball_log_covering_simple as ball_log_covering_simple
 from ._ball import ball_log_packing_lower as ball_log_packing_lower
 from ._ball import box_log_covering as box_log_covering
+from ._ball import box_linf_centres_per_axis as box_linf_centres_per_axis
 from ._ball import box_log_covering_linf as box_log_covering_linf
 from ._bft import SpectralComplexity as SpectralComplexity
 from ._bft import bft_margin_term as bft_margin_term
@@ -52,7 +53,7 @@ from ._transformer import transformer_log_covering as transformer_log_covering
 __all__ = [
     "Allocation", "CoverCost", "allocate_mixed", "budget_allocation", "budget_allocation_log",
     "ball_log_covering", "ball_log_covering_simple", "ball_log_packing_lower", "box_log_covering",
-    "box_log_covering_linf",
+    "box_log_covering_linf", "box_linf_centres_per_axis",
     "SpectralComplexity", "bft_margin_term", "bft_spectral_complexity",
     "CompositeCovering", "composite_log_covering", "g5_leading_log",
     "DudleyBound", "dudley_entropy_integral", "dudley_inverse_square",

@@ -15,10 +15,12 @@ lemma statements, so nothing below relies on a recalled matrix constant:
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 from .._errors import InputError
 from .._results import Kind, Quantity
 from ._ball import ball_log_covering
+from ._outward import Enclosure, exact, round_log
 
 __all__ = [
     "linear_linf_log_covering",
@@ -41,25 +43,35 @@ def _count(**values: int) -> None:
             raise InputError(f"{name} must be a positive integer, but got {name}={v!r}")
 
 
-def _log_ceil_term(log_x: float) -> float:
-    """``log ceil(x)`` for ``x = exp(log_x)``, exact while ceil matters, the log itself beyond."""
-    if log_x > 36.0:  # x > 4e15: ceil changes x by < 1 ulp-ish relative 2e-16
-        return log_x + 1e-15
-    return math.log(max(1.0, math.ceil(math.exp(log_x))))
+def _zhang_log_arg(ab_over_eps: Enclosure, n_points: int) -> Enclosure:
+    """``L = 2 ceil(4ab/eps + 2) n + 1``, the argument of Zhang's log factor, enclosed."""
+    prec = ab_over_eps.prec
+    inner = (exact(4, prec) * ab_over_eps + exact(2, prec)).ceil()
+    return exact(2 * n_points, prec) * inner + exact(1, prec)
+
+
+_U = 2.0**-53  # unit roundoff of float64
+
+
+def _pad_up(x: float) -> float:
+    """``x > 0`` from a libm ``exp``/``log`` (error below 1 ulp = 2u relative; glibc's documented
+    maximum), moved above the true value with a 4x margin."""
+    return math.nextafter(x * (1.0 + 8.0 * _U), math.inf)
 
 
 def _zhang_log_factor(log_ab_over_eps: float, n_points: int) -> float:
-    """``ln(2 ceil(4ab/eps + 2) n + 1)`` (the log(n) factor of Zhang 2002 Thm 4)."""
-    log_x = math.log(4.0) + log_ab_over_eps
-    inner = float(math.log(2.0) + _log_ceil_term(float(_logaddexp(log_x, math.log(2.0)))) + math.log(n_points))
-    return float(_logaddexp(inner, 0.0))
+    """``ln(2 ceil(4ab/eps + 2) n + 1)`` (the log(n) factor of Zhang 2002 Thm 4), rounded up.
 
-
-def _logaddexp(a: float, b: float) -> float:
-    m = max(a, b)
-    if m == -math.inf:
-        return -math.inf
-    return m + math.log(math.exp(a - m) + math.exp(b - m))
+    ``ab/eps = exp(log_ab_over_eps)``, the float taken at its exact value; the ceiling is taken of
+    an upper bound, so a quotient rounded just below an integer cannot lose a unit.  Called once per
+    matrix and allocation step, so floats with outward pads (``_pad_up``) while ``exp`` cannot
+    overflow, exact decimal enclosures beyond.
+    """
+    if log_ab_over_eps < 700.0:
+        x_hi = _pad_up(math.exp(log_ab_over_eps))
+        inner = math.ceil(math.nextafter(4.0 * x_hi + 2.0, math.inf))  # an int: exact from here on
+        return _pad_up(math.log(2 * inner * n_points + 1))
+    return round_log(lambda prec: _zhang_log_arg(exact(log_ab_over_eps, prec).exp(), n_points).ln(), "up")
 
 
 def linear_linf_log_covering(a: float, b: float, eps: float, n_points: int) -> Quantity:
@@ -79,20 +91,28 @@ def linear_linf_log_covering(a: float, b: float, eps: float, n_points: int) -> Q
     """
     _pos(a=a, b=b, eps=eps)
     _count(n_points=n_points)
-    log_ab = math.log(a) + math.log(b) - math.log(eps)
-    k = math.exp(_log_ceil_term(math.log(36.0) + 2.0 * log_ab))
-    value = k * _zhang_log_factor(log_ab, n_points)
+    ab = Fraction(a) * Fraction(b) / Fraction(eps)  # exact: the ceilings below see the true ratio
+    k = math.ceil(36 * ab * ab)
+    value = round_log(lambda prec: exact(k, prec) * _zhang_log_arg(exact(ab, prec), n_points).ln(), "up")
     return Quantity(value, Kind.CERTIFIED_UPPER, "Zhang 2002 Thm 4; THEORY F2",
-                    (f"||w||_2 <= {a:g}, ||x||_2 <= {b:g}, n = {n_points}",))
+                    (f"||w||_2 <= {a!r}, ||x||_2 <= {b!r}, n = {n_points}", "rounded up (exact rational arithmetic)"))
 
 
 def matrix_linf_loglog(log_a: float, log_b: float, log_eps: float, n_points: int, n_cols: int) -> float:
-    """``ln ln N`` of :func:`matrix_linf_log_covering`, from logs (never overflows)."""
+    """``ln ln N`` of :func:`matrix_linf_log_covering`, from logs (never overflows), rounded up.
+
+    The three logs are taken at their exact float values; ``ab/eps = exp(log_a + log_b - log_eps)``
+    is enclosed and every step rounds outward (Note [directed decimals] in ``_outward``).
+    """
     if log_a == -math.inf:
         return -math.inf
-    log_ab = log_a + log_b - log_eps
-    log_k = _logaddexp(math.log(36.0) + 2.0 * log_ab, math.log(n_cols))
-    return log_k + math.log(_zhang_log_factor(log_ab, n_points))
+
+    def evaluate(prec: int) -> Enclosure:
+        ab = (exact(log_a, prec) + exact(log_b, prec) - exact(log_eps, prec)).exp()
+        coef = exact(36, prec) * ab * ab + exact(n_cols, prec)
+        return coef.ln() + _zhang_log_arg(ab, n_points).ln().ln()
+
+    return round_log(evaluate, "up")
 
 
 def matrix_linf_log_covering(a: float, b: float, eps: float, n_points: int, n_cols: int) -> Quantity:
@@ -119,10 +139,17 @@ def matrix_linf_log_covering(a: float, b: float, eps: float, n_points: int, n_co
     """
     _pos(a=a, b=b, eps=eps)
     _count(n_points=n_points, n_cols=n_cols)
-    value = math.exp(matrix_linf_loglog(math.log(a), math.log(b), math.log(eps), n_points, n_cols))
+    ab = Fraction(a) * Fraction(b) / Fraction(eps)
+
+    def evaluate(prec: int) -> Enclosure:
+        coef = exact(36 * ab * ab + n_cols, prec)
+        return coef * _zhang_log_arg(exact(ab, prec), n_points).ln()
+
+    value = round_log(evaluate, "up")
     return Quantity(value, Kind.CERTIFIED_UPPER,
                     "derived from Zhang 2002 Thm 4 column by column (THEORY F2, matrix version)",
-                    (f"||W||_(2,1) <= {a:g} (per-column norms fixed), ||x||_2 <= {b:g}, n = {n_points}",))
+                    (f"||W||_(2,1) <= {a!r} (per-column norms fixed), ||x||_2 <= {b!r}, n = {n_points}",
+                     "rounded up (exact rational arithmetic)"))
 
 
 def bft_matrix_log_covering(a: float, b: float, eps: float, d: int, m: int) -> Quantity:
@@ -148,10 +175,12 @@ def bft_matrix_log_covering(a: float, b: float, eps: float, d: int, m: int) -> Q
     """
     _pos(a=a, b=b, eps=eps)
     _count(d=d, m=m)
-    log_k = _log_ceil_term(2.0 * (math.log(a) + math.log(b) - math.log(eps)))
-    value = math.exp(log_k) * math.log(2.0 * d * m)
+    ab = Fraction(a) * Fraction(b) / Fraction(eps)
+    k = math.ceil(ab * ab)  # exact: a ratio just above an integer needs the next one
+    value = round_log(lambda prec: exact(k, prec) * exact(2 * d * m, prec).ln(), "up")
     return Quantity(value, Kind.CERTIFIED_UPPER, "Bartlett-Foster-Telgarsky 2017 Lemma 3.2 (re-derived); THEORY F3",
-                    (f"||A||_(2,1) <= {a:g}, ||X||_F <= {b:g}, Frobenius metric over all rows",))
+                    (f"||A||_(2,1) <= {a!r}, ||X||_F <= {b!r}, Frobenius metric over all rows",
+                     "rounded up (exact rational arithmetic)"))
 
 
 def spectral_ball_matrix_log_covering(rows: int, cols: int, radius: float, eps: float) -> Quantity:
@@ -167,4 +196,4 @@ def spectral_ball_matrix_log_covering(rows: int, cols: int, radius: float, eps: 
     _count(rows=rows, cols=cols)
     q = ball_log_covering(rows * cols, radius, eps)
     return Quantity(q.value, Kind.CERTIFIED_UPPER, "THEORY F1 (Lemma G.2) on the spectral ball",
-                    (f"||W||_2 <= {radius:g}, {rows}x{cols}",))
+                    (f"||W||_2 <= {radius!r}, {rows}x{cols}", "rounded up (exact rational arithmetic)"))

@@ -190,11 +190,18 @@ def _exact_loglog(ar: dict[str, np.ndarray], log_e: np.ndarray, n_points: int) -
         log_ab = ln + math.log(2.0) - log_e
         log_k = np.logaddexp(math.log(36.0) + 2.0 * log_ab, ar["log_cols"])
         t = np.logaddexp(math.log(4.0) + log_ab, math.log(2.0))
+        # Note [ceil of a rounded log]: t carries a few ulps of error (absolute up to ~1e-13 for
+        # t ~ 700), so exp(t) may land just below an integer the true 4x + 2 reaches: pad by 1e-12
+        # relative before the ceiling (issue 10, defect 6); beyond t = 36, ceil adds < e^-36.
         small = t < 36.0
-        ceil_t = np.where(small, np.log(np.ceil(np.exp(np.minimum(t, 36.0)))), t + 1e-15)
+        pad = 1.0 + 1e-12
+        ceil_t = np.where(small, np.log(np.ceil(np.exp(np.minimum(t, 36.0)) * pad)), t * pad + 1e-15)
         factor = np.logaddexp(math.log(2.0) + ceil_t + math.log(n_points), 0.0)
         inv = log_k + np.log(factor)
+    # each entry above carries a few ulps of error; 1e-12 (relative, plus absolute) moves it above
+    # the true ln ln N_i (issue 10: rounding goes in the direction of the claim)
     out = np.where(ar["par"], par, inv)
+    out = out + (np.abs(out) + 1.0) * 1e-12
     dead = (ln == -math.inf) | (ar["log_c"] == -math.inf) | (log_e == math.inf)
     return np.where(dead, -math.inf, out)
 

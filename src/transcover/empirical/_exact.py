@@ -26,7 +26,8 @@ import math
 import numpy as np
 
 from .._errors import InputError
-from ._metrics import as_outputs, check_eps, check_q, distance_matrix
+from ._metrics import as_outputs, check_eps, check_q
+from ._predicates import within
 
 __all__ = ["exact_covering_number", "MAX_EXACT_INTERNAL", "MAX_EXACT_EXTERNAL"]
 
@@ -37,6 +38,9 @@ MAX_EXACT_EXTERNAL = 16  # backtracking colouring is exponential in M
 def exact_covering_number(Y, eps: float, q: float | str = math.inf, *,
                           centres: str = "internal") -> int:
     """The exact covering number of the rows of ``Y`` at ``eps`` (closed balls).
+
+    Every comparison ``d <= eps`` / ``d > 2 eps`` is decided exactly for the stored data and the
+    float64 ``eps`` (``_predicates``), so ties at the radius are neither lost nor invented.
 
     Args:
         Y: outputs ``(M, n, b)`` or ``(M, n)``.
@@ -61,12 +65,11 @@ def exact_covering_number(Y, eps: float, q: float | str = math.inf, *,
     eps = check_eps(eps)
     qf = check_q(q)
     M, n, b = Y.shape
-    D = distance_matrix(Y.double(), Y.double(), qf).numpy()
     if centres == "internal":
         if M > MAX_EXACT_INTERNAL:
             raise InputError(f"exact internal covering numbers are limited to {MAX_EXACT_INTERNAL} "
                              f"functions, but got M={M}")
-        return _set_cover(D <= eps)
+        return _set_cover(within(Y, Y, qf, eps).numpy())
     if centres == "external":
         if not (qf == math.inf or b == 1):
             raise InputError("exact external covering numbers need q=inf or scalar outputs (b=1), "
@@ -74,7 +77,7 @@ def exact_covering_number(Y, eps: float, q: float | str = math.inf, *,
         if M > MAX_EXACT_EXTERNAL:
             raise InputError(f"exact external covering numbers are limited to {MAX_EXACT_EXTERNAL} "
                              f"functions, but got M={M}")
-        return _chromatic_number(D > 2.0 * eps)
+        return _chromatic_number(~within(Y, Y, qf, 2.0 * eps).numpy())
     raise InputError(f"centres must be 'internal' or 'external', but got centres={centres!r}")
 
 
@@ -83,11 +86,15 @@ def _set_cover(covers: np.ndarray) -> int:
     from scipy.optimize import Bounds, LinearConstraint, milp
 
     M = covers.shape[0]
+    # mip_rel_gap=0: HiGHS's default 1e-4 gap would let it stop above the optimum for large M
     res = milp(c=np.ones(M), constraints=LinearConstraint(covers.astype(float), lb=1.0, ub=np.inf),
-               integrality=np.ones(M), bounds=Bounds(0, 1))
+               integrality=np.ones(M), bounds=Bounds(0, 1), options={"mip_rel_gap": 0.0})
     if not res.success:  # cannot happen: z = 1 is feasible; keep the reason if it ever does
         raise RuntimeError(f"milp failed: {res.message}")
-    return int(round(res.fun))
+    chosen = res.x > 0.5
+    if not covers[:, chosen].any(axis=1).all():  # the answer must be a cover, checked exactly
+        raise RuntimeError("milp returned a set that is not a cover")
+    return int(chosen.sum())
 
 
 def _chromatic_number(conflict: np.ndarray) -> int:

@@ -63,10 +63,12 @@ def as_outputs(Y: object, name: str = "outputs") -> Tensor:
     """Validate a finite class's outputs and return them as a ``(M, n, b)`` floating tensor.
 
     Accepts a torch tensor or anything ``torch.as_tensor`` takes (numpy arrays).  Integer data
-    becomes float64 (exact for small integers, which the closed-form tests rely on).
+    becomes float64, float16 and bfloat16 become float32: both conversions are exact, so the
+    exact distance decisions of ``_predicates`` are about the data as given.
 
     Raises:
-        InputError: wrong number of dimensions, an empty axis, or a NaN/Inf entry.
+        InputError: wrong number of dimensions, an empty axis, a NaN/Inf entry, or an integer
+            beyond 2^53 in magnitude (float64 could not hold it exactly).
     """
     try:
         T = torch.as_tensor(Y)
@@ -83,6 +85,8 @@ def as_outputs(Y: object, name: str = "outputs") -> Tensor:
     if T.is_complex() or T.dtype == torch.bool:
         raise InputError(f"{name} must be real-valued, but got dtype {T.dtype}")
     if not T.is_floating_point():
+        if bool(((T > 2**53) | (T < -2**53)).any()):
+            raise InputError(f"{name} has integers beyond 2^53 in magnitude, which float64 cannot hold exactly")
         T = T.to(torch.float64)
     elif T.dtype in (torch.float16, torch.bfloat16):
         T = T.to(torch.float32)

@@ -31,7 +31,7 @@ from torch import Tensor
 from .._errors import InputError
 from .._results import Kind, Quantity
 from ._metrics import as_outputs, check_eps, check_q
-from ._nets import IncrementalNet, packing_rtol, torch_threads
+from ._nets import IncrementalNet, torch_threads
 
 __all__ = ["FunctionSample", "MonteCarloCovering", "monte_carlo_covering", "covering_of_outputs",
            "default_checkpoints"]
@@ -140,12 +140,11 @@ def covering_of_outputs(Y, eps: Sequence[float] | float, q: float | str = math.i
     cps = default_checkpoints(M) if checkpoints is None else tuple(sorted(set(int(c) for c in checkpoints)))
     if not cps or cps[0] < 1 or cps[-1] > M:
         raise InputError(f"checkpoints must lie in [1, M={M}], but got {list(cps)}")
-    rtol = packing_rtol(Y.dtype, n, b)
     nets, packs = [], []
     with torch_threads(workers):
         for e in eps_t:
             net = IncrementalNet(e, qf, chunk_size=chunk_size)
-            pack = IncrementalNet(2.0 * e, qf, rtol=rtol, chunk_size=chunk_size)
+            pack = IncrementalNet(2.0 * e, qf, chunk_size=chunk_size)
             net.add(Y)
             pack.add(Y)
             nets.append(tuple(net.size_after(cps)))

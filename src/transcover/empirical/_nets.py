@@ -32,11 +32,11 @@ for closed balls and *strict* separation):
   point of F inside it; every point of the ball is then within ``eps`` of it.  Hence
   ``N_int(eps) <= N_ext(eps/2)``.
 
-Floating point: a net decides ``d <= eps`` on rounded distances (the fast and the naive
-implementations round identically, see ``benchmarks/bench_cover.py``).  A packing claims strict
-separation, which is a certificate, so it demands ``d > r (1 + rtol)`` with ``rtol`` covering the
-rounding of a sum of ``n b`` terms (``4 n b`` units in the last place of the dtype); integer-valued
-data are exact.
+Floating point: every decision ``d <= r`` is the exact one for the real numbers the stored floats
+stand for (``_predicates``: a certified float filter, then float64, then rational arithmetic for
+near-ties), whatever the data's dtype (float16, bfloat16 and float32 are held as float32, integers
+as float64).  So the net is a true eps-cover by strictly eps-separated points and the packing truly
+strictly 2eps-separated: the chain above holds for the stored data, not only up to rounding.
 """
 
 from __future__ import annotations
@@ -51,10 +51,11 @@ from torch import Tensor
 
 from .._errors import InputError
 from .._results import Kind, Quantity
-from ._metrics import DEFAULT_BLOCK_ELEMENTS, as_outputs, check_eps, check_q, distance_matrix
+from ._metrics import DEFAULT_BLOCK_ELEMENTS, as_outputs, check_eps, check_q
+from ._predicates import within
 
 __all__ = [
-    "IncrementalNet", "greedy_net", "maximal_packing", "packing_rtol",
+    "IncrementalNet", "greedy_net", "maximal_packing",
     "CoveringEstimate", "estimate_covering_number", "torch_threads",
 ]
 
@@ -77,16 +78,11 @@ class torch_threads:
         torch.set_num_threads(self._old)
 
 
-def packing_rtol(dtype: torch.dtype, n: int, b: int) -> float:
-    """Relative margin a packing adds to its separation radius (see the module docstring)."""
-    return 4.0 * n * b * torch.finfo(dtype).eps
-
-
 class IncrementalNet:
     """A greedy net built from a stream of functions, never holding an M x M matrix.
 
     Point ``j`` (in arrival order) becomes a centre iff ``d_q(y_j, c) > radius`` for every
-    earlier centre ``c`` (``radius * (1 + rtol)`` with ``strict_margin``; see the module notes).
+    earlier centre ``c``, decided exactly (module notes).
     Memory: the centres plus one ``chunk x centres`` distance block.
 
     Note [chunked greedy]: a chunk's points are first compared with the existing centres; the
@@ -94,17 +90,15 @@ class IncrementalNet:
     arrival order, so the result equals the sequential greedy exactly.
 
     Args:
-        radius: the net's radius ``eps`` (> 0).
+        radius: the net's radius ``eps`` (> 0; ``inf`` gives one centre, as ``2 eps`` may overflow).
         q: 1, 2 or inf.
-        rtol: relative margin added to ``radius`` (0 for nets; ``packing_rtol`` for packings).
         chunk_size: rows compared at once.
     """
 
-    def __init__(self, radius: float, q: float = math.inf, *, rtol: float = 0.0,
+    def __init__(self, radius: float, q: float = math.inf, *,
                  chunk_size: int = 2048, block_elements: int = DEFAULT_BLOCK_ELEMENTS):
-        self.radius = check_eps(radius, "radius")
+        self.radius = math.inf if radius == math.inf else check_eps(radius, "radius")
         self.q = check_q(q)
-        self.threshold = self.radius * (1.0 + rtol)
         if not isinstance(chunk_size, int) or chunk_size < 1:
             raise InputError(f"chunk_size must be a positive integer, but got chunk_size={chunk_size!r}")
         self.chunk_size = chunk_size
@@ -143,7 +137,7 @@ class IncrementalNet:
         self._k += rows.shape[0]
 
     def _uncovered(self, X: Tensor) -> Tensor:
-        """Mask of rows of X farther than the threshold from every current centre."""
+        """Mask of rows of X farther than the radius from every current centre."""
         keep = torch.ones(X.shape[0], dtype=torch.bool)
         if self._k == 0:
             return keep
@@ -154,9 +148,9 @@ class IncrementalNet:
             idx = torch.nonzero(keep).flatten()
             if idx.numel() == 0:
                 break
-            D = distance_matrix(X[idx], self._centres[s: min(self._k, s + per)], self.q,
-                                block_elements=self.block_elements)
-            keep[idx] = (D > self.threshold).all(dim=1)
+            close = within(X[idx], self._centres[s: min(self._k, s + per)], self.q, self.radius,
+                           block_elements=self.block_elements)
+            keep[idx] = ~close.any(dim=1)
         return keep
 
     def add(self, Y: Tensor) -> Tensor:
@@ -170,8 +164,8 @@ class IncrementalNet:
             X = Y[s: s + self.chunk_size]
             cand = torch.nonzero(self._uncovered(X)).flatten()
             if cand.numel():
-                close = (distance_matrix(X[cand], X[cand], self.q, block_elements=self.block_elements)
-                         <= self.threshold).numpy()
+                close = within(X[cand], X[cand], self.q, self.radius,
+                               block_elements=self.block_elements).numpy()
                 alive = np.ones(cand.numel(), dtype=bool)
                 picks = []
                 for j in range(cand.numel()):  # sequential greedy among the chunk's candidates
@@ -233,15 +227,14 @@ def maximal_packing(Y: Tensor, eps: float, q: float = math.inf, *, order=None,
     """Indices of a maximal set whose points are pairwise at distance ``> 2 eps``.
 
     Its size is a lower bound on ``N_ext(eps) <= N_int(eps)`` (module docstring: strict
-    separation, with a rounding margin).
+    separation, decided exactly).
 
     Example:
         >>> maximal_packing(torch.arange(6.0)[:, None], 0.5).tolist()  # needs distance > 1
         [0, 2, 4]
     """
     Y = as_outputs(Y)
-    rtol = packing_rtol(Y.dtype, Y.shape[1], Y.shape[2])
-    net = IncrementalNet(2.0 * check_eps(eps), q, rtol=rtol, chunk_size=chunk_size)
+    net = IncrementalNet(2.0 * check_eps(eps), q, chunk_size=chunk_size)
     net.add(_ordered(Y, order))
     idx = net.indices
     return idx if order is None else np.asarray(order, dtype=np.int64)[idx]
@@ -252,7 +245,7 @@ class CoveringEstimate:
     """Lower and upper estimates of the covering number of a finite set at one ``eps``.
 
     ``net_size`` (greedy net, centres from the set) is attained, so ``N_int(eps) <= net_size``
-    is certified for the finite set (up to the rounding of distances); ``packing_size`` (strict
+    is certified for the finite set (every ``d <= eps`` decided exactly); ``packing_size`` (strict
     2eps-packing) certifies ``packing_size <= N_ext(eps) <= N_int(eps)``.
     """
 

@@ -33,9 +33,10 @@ from torch import Tensor
 
 from .._errors import InputError
 from .._results import Kind, Quantity
-from ._metrics import check_eps, check_q, distance_matrix
+from ._metrics import as_outputs, check_eps, check_q, distance_matrix
 from ._montecarlo import FunctionSample
-from ._nets import packing_rtol, torch_threads
+from ._nets import torch_threads
+from ._predicates import certainly_beyond
 
 __all__ = ["UniformSearchResult", "uniform_covering_search", "MAX_FUNCTIONS"]
 
@@ -81,8 +82,8 @@ def _packing_of_matrix(far: np.ndarray) -> int:
     return k
 
 
-def _score(D: Tensor, thr: float) -> tuple[int, int]:
-    far = (D > thr).numpy()
+def _score(D: Tensor, r: float, terms: int) -> tuple[int, int]:
+    far = certainly_beyond(D, r, terms).numpy()
     return _packing_of_matrix(far), int(far.sum())
 
 
@@ -120,19 +121,21 @@ def uniform_covering_search(sample: FunctionSample, n: int, eps: float, q: float
     with torch_threads(workers):
         for r in range(restarts):
             pool = input_sampler(pool_size, seed * 7919 + r)
-            Y = sample.evaluate(pool)  # (M, P, b)
-            thr = 2.0 * eps * (1.0 + packing_rtol(Y.dtype, n, Y.shape[2]))
+            Y = as_outputs(sample.evaluate(pool))  # (M, P, b)
+            # per-sample distances, so one sample's term count; pairs within rounding of 2 eps
+            # count as not separated (conservative: the packing stays strict)
+            terms = 1 if (qf == math.inf or Y.shape[2] == 1) else Y.shape[2]
             per = [distance_matrix(Y[:, i:i + 1], Y[:, i:i + 1], qf) for i in range(pool_size)]
             D_rand = torch.stack(per[:n]).amax(dim=0)
-            rand_p.append(_score(D_rand, thr)[0])
+            rand_p.append(_score(D_rand, 2.0 * eps, terms)[0])
             D = torch.zeros(M, M, dtype=Y.dtype)
             chosen: list[int] = []
             for _ in range(n):
-                scores = [(_score(torch.maximum(D, per[i]), thr), i) for i in range(pool_size) if i not in chosen]
+                scores = [(_score(torch.maximum(D, per[i]), 2.0 * eps, terms), i) for i in range(pool_size) if i not in chosen]
                 (_, _), i_best = max(scores)
                 chosen.append(i_best)
                 D = torch.maximum(D, per[i_best])
-            g = _score(D, thr)[0]
+            g = _score(D, 2.0 * eps, terms)[0]
             greedy_p.append(g)
             for p, idx in ((rand_p[-1], list(range(n))), (g, chosen)):
                 if p > best:

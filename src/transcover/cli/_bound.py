@@ -142,7 +142,7 @@ def _render(result, terms, n_needed: float, target: float, top: int) -> None:
     con = Console()
     cov = result.covering
     con.print(f"[bold]{result.model}[/bold] ({result.arch}, {result.n_layers} layers): "
-              f"log N_inf(eps={result.eps:g}, n={result.transformer.n_points // result.seq_len:g} x T={result.seq_len}) "
+              f"log N_inf(eps={result.eps!r}, n={result.transformer.n_points // result.seq_len:g} x T={result.seq_len}) "
               f"<= {_fmt_log(cov.log_log_N)}  [{result.kind.value}]")
     if isinstance(cov, CompositeCovering):
         con.print(f"  Theorem G.5: MLP head log N(eps/2) <= {_fmt_log(cov.mlp.log_log_N)} "
@@ -214,7 +214,7 @@ def _plot(result, curve, n_needed: float, target: float, args) -> bytes:
     a1.set_xlabel("eps")
     a1.set_ylabel("log10 (log N_inf(eps))")
     a1.set_title(f"covering bound, n={n0:.3g}, T={result.seq_len}")
-    a1.axvline(result.eps, color="grey", ls=":", label=f"eps={result.eps:g}")
+    a1.axvline(result.eps, color="grey", ls=":", label=f"eps={result.eps!r}")
     a1.legend()
     a2.plot(ns, reported, "o-", ms=3, label="certified gap bound (reported: min(formula, b))")
     a2.plot(ns, gaps, ":", color="grey", label="raw formula (vacuous above b)")

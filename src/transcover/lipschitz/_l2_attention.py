@@ -126,8 +126,8 @@ def l2_attention_lipschitz(B_Q: list[float], B_V: list[float], B_O: float, d_hea
     ``||[2 P_ij ||u_j - ubar_i|| ||u_i - u_j||]_ij||_F <= sqrt(N) max_i b_i <= 2 sqrt(N) w``.
     Heads: ``F = [g_1 W_V^1 ... g_H W_V^H] W_O`` gives the first form (rows of the concatenation
     move by ``sqrt(sum_h Lip_h^2 ||W_V^h||^2)``); ``F = sum_h g_h W_V^h W_O^h`` gives the second.
-    Kim et al.'s own ``Lip_2`` constant ``sqrt(N)(4w + 1)`` is never smaller than ``c_F``; an
-    earlier form here (and in Kim et al.'s statement) had ``||W_Q^h||_2^2`` inside the root, false.
+    Kim et al.'s own ``Lip_2`` constant ``sqrt(N)(4w + 1)`` is never smaller than ``c_F``.  An
+    earlier form here had ``||W_Q^h||_2^2`` inside the root (degree 1 in ``W_Q``): false (issue 10).
 
     Args:
         B_Q, B_V: per head ``||W_Q^h||_2``, ``||W_V^h||_2``.

@@ -225,3 +225,34 @@ def test_cli_certified_upper_is_above_its_empirical_lower_on_the_reproduction(me
         assert measured <= rows[name]["upper"]
         assert rows[name]["lower"] <= rows[name]["upper"]
     assert rows["attention"]["lower"] > 15.0  # the CLI's own search reaches the steep region
+
+
+def test_output_radius_used_by_composition_holds():
+    # ||F(X)_i|| <= sum_h ||W_Q^h||^2 / sqrt(d_h) ||W_V^h W_O^h|| max_j ||x_j||: the attention stage's
+    # radius_out (post-norm, no norm) must contain r + that, on inputs pushed to maximise the ratio.
+    from transcover.lipschitz._compose import build_chain
+    from transcover.lipschitz._weights import spec_norms
+
+    torch.manual_seed(5)
+    cfg = ReferenceConfig(d_model=4, n_heads=2, n_layers=1, d_ff=4, norm="none", attention="l2", head_hidden=())
+    model = ReferenceTransformer(cfg).double()
+    with torch.no_grad():
+        model.blocks[0].W_Q.mul_(3.0)
+    spec = reference_spec(model)
+    b = model.blocks[0]
+    for r in (0.1, 1.0, 10.0):
+        stage = next(s for s in build_chain(spec_norms(spec), radius=r, c_sm=1.0, metric="2,inf", seq_len=5,
+                                            sigma_min=0.0) if s.name == "attention")
+        X = torch.randn(64, 5, 4, dtype=torch.float64).requires_grad_(True)
+        opt = torch.optim.Adam([X], lr=0.05 * r)
+        for _ in range(40):
+            Xr = r * X / X.norm(dim=-1, keepdim=True)  # every token on the sphere of radius r
+            out = l2_attention_forward(Xr, b.W_Q, b.W_V, b.W_O).norm(dim=-1).amax(-1)
+            opt.zero_grad()
+            (-out.sum()).backward()
+            opt.step()
+        # known witness: all tokens equal to x, so P averages x to x and F(X)_i = x sum_h M_h
+        M = sum(b.W_Q[h] @ b.W_Q[h].T / math.sqrt(cfg.head_dim) @ b.W_V[h] @ b.W_O[h] for h in range(2))
+        equal = r * float(torch.linalg.matrix_norm(M.detach(), 2))
+        reached = max(float(out.detach().max()), equal)
+        assert equal > 0 and reached <= stage.radius_out - r

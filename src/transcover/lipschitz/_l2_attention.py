@@ -10,7 +10,8 @@ Head ``h`` with tied query/key map ``W_Q^h`` (d x d_h) and value map ``W_V^h``:
 and the block outputs ``sum_h f^h(X) W_O^h`` (= ``[f^1 ... f^H] W_O``).  Kim et al. write
 ``sqrt(D/H)`` for the head dimension; here it is ``d_h`` (equal when ``d_h = d / H``).  Tying
 ``W_K = W_Q`` is what makes the map Lipschitz (their Thm 3.2); dot-product attention is not
-(their Thm 3.1, THEORY F13).
+(their Thm 3.1, THEORY F13).  ``W_Q`` enters twice (scores and ``A_h``), so the Lipschitz constant
+has degree 2 in ``W_Q^h``: :func:`l2_attention_lipschitz` derives it (THEORY F13, corrected).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Dot-product vs L2 self-attention: Lipschitz constant against the input radius R (Kim et al. 2021).
 
 Same weights for both (L2 attention ties W_K = W_Q).  For each R: the certified upper bound
-(THEORY F6 for dot-product attention on token norms <= R; Kim et al. Thm 3.2 for L2 attention, no
-radius assumption) and the empirical lower bound (power iteration + projected ascent over input
+(THEORY F6 for dot-product attention on token norms <= R; THEORY F13 corrected, after Kim et al.
+Thm 3.2, for L2 attention, no radius assumption) and the empirical lower bound (power iteration + projected ascent over input
 pairs), in the Frobenius metric on N-token sequences (the metric of Kim et al.'s Lip_2).
 
 Usage: python benchmarks/lipschitz_vs_radius.py [out/lipschitz_vs_radius.png] [--quick]
@@ -40,7 +40,7 @@ def main() -> None:
     dummy_ffn = FFNSpec(torch.zeros(d, 1, dtype=torch.float64), torch.zeros(1, d, dtype=torch.float64), Activation.RELU)
     n = layer_norms(LayerSpec(0, attn, dummy_ffn, NormSpec(NormKind.NONE), NormSpec(NormKind.NONE), Placement.POST))
     l2_upper = l2_attention_lipschitz([spectral(w) for w in W_Q], [spectral(w) for w in W_V],
-                                      spectral(W_O.reshape(-1, d)), dh, N, metric="fro")
+                                      spectral(W_O.reshape(-1, d)), dh, N, metric="fro", B_OV=list(n.B_OV))
     radii = [0.25, 1, 4, 16] if args.quick else [0.125, 0.25, 0.5, 1, 2, 4, 8, 16, 32]
     steps, samples = (15, 3) if args.quick else (40, 6)
     rows = []
@@ -69,7 +69,7 @@ def main() -> None:
     R = [r[0] for r in rows]
     ax.loglog(R, [r[2] for r in rows], "--", color="C0", label="dot-product: certified upper (F6)")
     ax.loglog(R, [r[1] for r in rows], "o-", color="C0", label="dot-product: empirical lower")
-    ax.loglog(R, [r[4] for r in rows], "--", color="C3", label="L2 (tied $W_Q=W_K$): certified upper (Kim Thm 3.2)")
+    ax.loglog(R, [r[4] for r in rows], "--", color="C3", label="L2 (tied $W_Q=W_K$): certified upper (F13)")
     ax.loglog(R, [r[3] for r in rows], "s-", color="C3", label="L2: empirical lower")
     ax.set_xlabel("input radius R (token l2 norm)")
     ax.set_ylabel(f"Lipschitz constant (Frobenius, N={N})")

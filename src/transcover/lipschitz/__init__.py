@@ -22,6 +22,7 @@ from ._empirical import perturbation_lower as perturbation_lower
 from ._ffn import ffn_lipschitz as ffn_lipschitz
 from ._ffn import ffn_output_radius as ffn_output_radius
 from ._ffn import ffn_perturbation_coefficients as ffn_perturbation_coefficients
+from ._l2_attention import l2_attention_constants as l2_attention_constants
 from ._l2_attention import l2_attention_forward as l2_attention_forward
 from ._l2_attention import l2_attention_lipschitz as l2_attention_lipschitz
 from ._l2_attention import phi_inverse as phi_inverse
@@ -41,7 +42,7 @@ __all__ = [
     "head_lipschitz", "attention_lipschitz", "attention_output_radius", "attention_perturbation_coefficients",
     "ffn_lipschitz", "ffn_output_radius", "ffn_perturbation_coefficients",
     "layernorm_lipschitz", "rmsnorm_lipschitz", "ball_lipschitz", "norm_output_radius",
-    "l2_attention_forward", "l2_attention_lipschitz", "phi_inverse",
+    "l2_attention_constants", "l2_attention_forward", "l2_attention_lipschitz", "phi_inverse",
     "Stage", "NetworkLipschitz", "lipschitz_bounds",
     "CoefficientEntry", "PerturbationCoefficients", "PerturbationBound",
     "perturbation_coefficients", "perturbation_deltas", "perturbation_bound",

@@ -7,7 +7,7 @@ exits non-zero; ``--debug`` shows the traceback.
 
 from __future__ import annotations
 
-__all__ = ["TranscoverError", "InputError", "UnsupportedArchitectureError", "WeightError"]
+__all__ = ["TranscoverError", "InputError", "UnsupportedArchitectureError", "WeightError", "CertificateViolation"]
 
 
 class TranscoverError(ValueError):
@@ -24,3 +24,12 @@ class UnsupportedArchitectureError(TranscoverError):
 
 class WeightError(TranscoverError):
     """A tensor is missing, has the wrong shape, or holds NaN/Inf; the message names it."""
+
+
+class CertificateViolation(RuntimeError):
+    """A measured lower value exceeds the certified upper bound it sits beside: a false certificate.
+
+    Not a :class:`TranscoverError`: the user did nothing wrong, the bound (or its implementation) is
+    wrong.  The CLI reports it as an internal error (one line, exit code 1), never as a table row.
+    Raised by :func:`transcover._results.check_certified`.
+    """

@@ -17,7 +17,7 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metric", choices=("2,inf", "fro"), default="2,inf",
                    help="max over tokens of the l2 norm (T-independent) or Frobenius over --seq-len tokens")
     p.add_argument("--seq-len", type=int, default=8, help="tokens per sampled input (and T for --metric fro)")
-    p.add_argument("--c-sm", type=float, default=1.0, help="softmax constant (1 tight, 2 Edelman et al.)")
+    p.add_argument("--c-sm", type=float, default=1.0, help="softmax constant >= 1 (1 proven and tight, the default; 2 Edelman et al.)")
     p.add_argument("--ln-sigma-min", type=float, default=0.0,
                    help="assume every LayerNorm input has std >= this (0: the global, eps-limited constant)")
     p.add_argument("--samples", type=int, default=6, help="random starting inputs per search (default 6)")
@@ -38,8 +38,9 @@ def check_common(args: argparse.Namespace) -> None:
 
     if not (args.radius > 0 and args.radius < float("inf")):
         raise InputError(f"--radius must be a finite number > 0, but got --radius={args.radius}")
-    if not args.c_sm > 0:
-        raise InputError(f"--c-sm must be > 0, but got --c-sm={args.c_sm}")
+    from ..lipschitz._attention import check_c_sm
+
+    check_c_sm(args.c_sm, "--c-sm")
     if not args.ln_sigma_min >= 0:
         raise InputError(f"--ln-sigma-min must be >= 0, but got --ln-sigma-min={args.ln_sigma_min}")
     for flag, v, lo in (("--seq-len", args.seq_len, 1), ("--samples", args.samples, 1), ("--steps", args.steps, 0)):

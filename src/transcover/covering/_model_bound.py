@@ -355,7 +355,10 @@ def model_bound(
     Raises:
         InputError: non-positive eps, sample sizes, seq_len, radius; unknown family; mismatched reference.
     """
-    for name, v in (("eps", eps), ("radius", radius), ("c_sm", c_sm), ("loss_lipschitz", loss_lipschitz),
+    from ..lipschitz._attention import check_c_sm
+
+    check_c_sm(c_sm)
+    for name, v in (("eps", eps), ("radius", radius), ("loss_lipschitz", loss_lipschitz),
                     ("loss_bound", loss_bound), ("delta", delta)):
         _check(name, v)
     if not n_samples:

@@ -62,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from .._results import check_certified
     from ..lipschitz._compose import compose
     from ..lipschitz._empirical import lipschitz_lower
     from ..lipschitz._weights import spec_norms
@@ -93,6 +94,10 @@ def run(args: argparse.Namespace) -> int:
     rows.append(("network", -2, "network, worst R", args.radius, bounds.upper_uniform.value,
                  None if lo is None else lo.value.value))
 
+    # Every row is a theorem lower <= upper: a violation is a false certificate, never a table row.
+    for _, layer, name, _, up, lw in rows:
+        if lw is not None:
+            check_certified(f"Lipschitz constant of {name} (layer {layer})", up, lw)
     console = Console()
     table = Table(title=f"Lipschitz constants of {spec.name} ({args.metric}, R={args.radius:g})")
     for col in ("layer", "component", "input radius", "certified upper", "empirical lower", "upper/lower"):

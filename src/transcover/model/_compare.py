@@ -135,11 +135,13 @@ def structural_differences(spec_a: TransformerSpec, spec_b: TransformerSpec, *,
 
 
 def require_same_structure(spec_a: TransformerSpec, spec_b: TransformerSpec, *,
-                           action: str = "bound the change between", include_head: bool = False) -> None:
+                           message: str = "cannot bound the change between models that differ in",
+                           include_head: bool = False) -> None:
     """Raise one clear :class:`~transcover._errors.InputError` if the specs differ structurally.
 
     The message names the first difference (and how many more there are), e.g. ``cannot bound the
-    change between models that differ in masking: layer 0 causal=True vs False``.
+    change between models that differ in masking: layer 0 causal=True vs False``; ``message`` is
+    the text before the difference.
 
     Raises:
         InputError: :func:`structural_differences` is not empty.
@@ -149,4 +151,4 @@ def require_same_structure(spec_a: TransformerSpec, spec_b: TransformerSpec, *,
     diffs = structural_differences(spec_a, spec_b, include_head=include_head)
     if diffs:
         more = f" (and {len(diffs) - 1} more difference{'s' if len(diffs) > 2 else ''})" if len(diffs) > 1 else ""
-        raise InputError(f"cannot {action} models that differ in {diffs[0]}{more}")
+        raise InputError(f"{message} {diffs[0]}{more}")

@@ -157,11 +157,14 @@ def test_input_and_final_norm_and_rope_details_are_structural():
     e = _attn(a, **{k: getattr(a.layers[0].attention, k)[..., :2] for k in ("W_Q", "W_K", "W_V")},
               W_O=a.layers[0].attention.W_O[:, :2])
     assert any(x.startswith("head dimension: layer 0") for x in structural_differences(a, e))
-    with pytest.raises(InputError, match="head dimension"):
-        perturbation_bound(a, e)
+    with pytest.raises(InputError, match=r"differ in rotary position embedding: .* \(and 3 more differences\)"):
+        perturbation_bound(a, e)  # the rotary width follows the head dimension, so both are named
     # fields the forward pass never reads are not differences
-    f = _attn(replace(a, name="other", arch="x", config={"k": 1}), rope=RopeSpec(theta=10.0, max_position=7))
+    f = _attn(replace(a, name="other", arch="x", config={"k": 1}), rope=RopeSpec(theta=10.0, max_position=7,
+                                                                                  rotary_dim=a.layers[0].attention.d_head))
     assert structural_differences(a, f) == []
+    g = _attn(a, rope=RopeSpec(theta=10.0, rotary_dim=2))
+    assert structural_differences(a, g)[0] == "rotary position embedding: layer 0 theta=10.0, rotary_dim=4 vs theta=10.0, rotary_dim=2"
 
 
 def test_refused_from_the_command_line(tmp_path, capsys):

@@ -52,10 +52,10 @@ def _norm_diffs(na: NormSpec | None, nb: NormSpec | None, where: str) -> list[st
     return []
 
 
-def _rope_key(rope) -> str:
+def _rope_key(rope, d_head: int) -> str:
     if rope is None:
         return "none"
-    return f"theta={float(rope.theta)!r}, rotary_dim={rope.rotary_dim}"
+    return f"theta={float(rope.theta)!r}, rotary_dim={rope.rotary_dim or d_head}"  # None: the whole head
 
 
 def _layer_diffs(la, lb, i: int) -> list[str]:
@@ -69,8 +69,9 @@ def _layer_diffs(la, lb, i: int) -> list[str]:
         out.append(f"attention kind: layer {i} {aa.kind} vs {ab.kind}")
     if bool(aa.causal) != bool(ab.causal):
         out.append(f"masking: layer {i} causal={bool(aa.causal)} vs {bool(ab.causal)}")
-    if _rope_key(aa.rope) != _rope_key(ab.rope):
-        out.append(f"rotary position embedding: layer {i} {_rope_key(aa.rope)} vs {_rope_key(ab.rope)}")
+    ra, rb = _rope_key(aa.rope, aa.d_head), _rope_key(ab.rope, ab.d_head)
+    if ra != rb:
+        out.append(f"rotary position embedding: layer {i} {ra} vs {rb}")
     if aa.n_heads != ab.n_heads:
         out.append(f"number of heads: layer {i} {aa.n_heads} vs {ab.n_heads}")
     if aa.d_head != ab.d_head and (aa.rope is not None or ab.rope is not None or "l2" in (aa.kind, ab.kind)):

@@ -120,7 +120,6 @@ STRUCTURAL = {
     "norm placement": lambda s: _layers(s, lambda la: replace(la, placement=Placement.PRE)),
     "normalisation kind": lambda s: _second_layer_only(s, lambda la: replace(
         la, norm_ffn=replace(la.norm_ffn, kind=NormKind.RMSNORM))),
-    "normalisation eps": lambda s: _second_layer_only(s, lambda la: replace(la, norm_attn=replace(la.norm_attn, eps=0.2))),
     "attention kind": lambda s: _attn(s, kind="l2"),
     "rotary position embedding": lambda s: _attn(s, rope=RopeSpec(theta=10.0)),
     "activation": lambda s: _ffn(s, activation=Activation.GELU),
@@ -150,7 +149,7 @@ def test_input_and_final_norm_and_rope_details_are_structural():
     b = replace(a, final_norm=NormSpec(NormKind.NONE))
     assert structural_differences(a, b) == ["normalisation kind: final_norm rmsnorm vs none"]
     c = replace(a, input_norm=replace(a.input_norm, eps=1e-5))
-    assert structural_differences(a, c) == ["normalisation eps: input_norm eps=0.1 vs 1e-05"]
+    assert structural_differences(a, c) == []  # charged by its own term (test_eps_change_*)
     d = _attn(a, rope=RopeSpec(theta=10000.0))
     assert structural_differences(a, d)[0].startswith("rotary position embedding: layer 0 theta=10.0")
     # RoPE rotates inside the head dimension, so a different d_head is structural there
@@ -218,12 +217,14 @@ BOUNDED = {
     "gamma missing": lambda s: _layers(s, lambda la: replace(la, norm_attn=replace(la.norm_attn, weight=None,
                                                                                    bias=None))),
     "identity norm as None": lambda s: replace(s, final_norm=None),
+    "normalisation eps": lambda s: replace(_layers(s, lambda la: replace(la, norm_attn=replace(la.norm_attn, eps=0.25))),
+                                           final_norm=replace(s.final_norm, eps=4.0)),
 }
 
 
 @pytest.mark.parametrize("kind", sorted(BOUNDED))
 def test_charged_layout_differences_are_bounded(kind):
-    a = random_spec(3, **(TIGHT_LN if kind == "gamma missing" else TIGHT))
+    a = random_spec(3, **(TIGHT_LN if kind in ("gamma missing", "normalisation eps") else TIGHT))
     if kind == "identity norm as None":
         a = replace(a, final_norm=NormSpec(NormKind.NONE))
     b = BOUNDED[kind](_moved(a, 4, 0.02 if kind == "identity norm as None" else 1e-4))
@@ -338,3 +339,86 @@ def test_numpy_and_torch_backends_give_the_same_bound(mixed):
     got = perturbation_bound(torch_a, b32).total.value
     want = perturbation_bound(*(s.to_torch() for s in (torch_a, b32))).total.value
     assert got == want and math.isfinite(got)
+
+
+# -- LayerNorm / RMSNorm eps: bounded by its own term (Note [eps change]) -------------------------------
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(e1=st.floats(1e-8, 10.0), ratio=st.one_of(st.floats(1.0 + 1e-9, 1.0 + 1e-6), st.floats(1.0, 1e4)))
+def test_eps_change_bound_is_the_supremum(e1, ratio):
+    """Closed form against a brute-force float64 supremum over the variance v (dense log grid, then
+    golden-section refinement): never below it, and attained to 1e-9 relative (it is the sup)."""
+    from scipy.optimize import minimize_scalar
+
+    from transcover.lipschitz._normalisation import eps_change_bound
+
+    e2 = e1 * ratio
+    got = eps_change_bound(e1, e2)
+    assert got == eps_change_bound(e2, e1)
+
+    def f(logv):
+        v = math.exp(logv)
+        # the difference written without cancellation: (e2 - e1) v^(1/2) / (s1 s2 (s1 + s2)), s = sqrt(v + e)
+        s1, s2 = math.sqrt(v + e1), math.sqrt(v + e2)
+        return (e2 - e1) * math.sqrt(v) / (s1 * s2 * (s1 + s2))
+
+    grid = np.linspace(math.log(e1) - 30, math.log(e2) + 30, 4001)
+    k = int(np.argmax([f(x) for x in grid]))
+    res = minimize_scalar(lambda x: -f(x), bounds=(grid[max(k - 1, 0)], grid[min(k + 1, len(grid) - 1)]),
+                          method="bounded", options={"xatol": 1e-12})
+    brute = max(f(grid[k]), -res.fun)
+    assert brute <= got * (1 + 1e-12)
+    assert got <= brute * (1 + 1e-9)
+
+
+def test_eps_change_bound_edge_cases():
+    from transcover.lipschitz._normalisation import eps_change_bound
+
+    assert eps_change_bound(0.1, 0.1) == 0.0
+    assert eps_change_bound(0.0, 1e-5) == 1.0  # sup over v of sqrt(v/(v+e)) - 1 -> 1 as v -> 0
+    assert eps_change_bound(1.0, 8.0) == pytest.approx(1.0 / math.sqrt(7.0), rel=1e-15)  # k^(1/3) = 2
+    with pytest.raises(InputError, match="eps"):
+        eps_change_bound(-1.0, 1.0)
+
+
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
+def test_eps_only_pairs_bound_the_adversarial_change(norm):
+    """Same weights, every variance floor different: the bound is the eps terms alone (> 0) and holds
+    against the float64 adversary, including near-constant inputs where the floors matter most."""
+    a = random_spec(21, norm=norm, eps=0.5, final_norm=True, L=1)
+    b = replace(_layers(a, lambda la: replace(la, norm_attn=replace(la.norm_attn, eps=1.0),
+                                              norm_ffn=replace(la.norm_ffn, eps=0.25))),
+                input_norm=replace(a.input_norm, eps=2.0), final_norm=replace(a.final_norm, eps=0.3))
+    bound = perturbation_bound(a, b, radius=1.0)
+    assert {e.key[1] for e, d, c in bound.terms() if c > 0} == {"input_norm.eps", "norm_attn.eps",
+                                                               "norm_ffn.eps", "final_norm.eps"}
+    for radius in (0.05, 1.0):
+        measured = _adversarial_gap(a, b, radius=radius)
+        assert 0 < measured <= perturbation_bound(a, b, radius=radius).total.value
+    # the final norm alone (eps 0.5 vs 0.05): nothing downstream, and the closed form is the exact
+    # supremum -- the adversary reaches it to 1e-3 (1 - 1e-8 measured), so an inflated eps term, or
+    # one below the truth, would show here
+    c = replace(a, final_norm=replace(a.final_norm, eps=0.05))
+    bound = perturbation_bound(a, c, radius=1.0).total.value
+    measured = _adversarial_gap(a, c, radius=1.0, restarts=10, steps=150)
+    assert (1 - 1e-3) * bound <= measured <= bound
+
+
+def test_eps_term_is_linear_in_gamma_and_in_its_own_delta():
+    """Homogeneity: scaling every gamma by lam scales the eps term's local coefficient by lam;
+    the closed form's delta does not depend on gamma at all."""
+    a = random_spec(22, norm="layernorm", eps=0.1, L=1, input_norm=False)
+    b = _layers(a, lambda la: replace(la, norm_ffn=replace(la.norm_ffn, eps=0.3)))
+
+    def scaled(spec, lam):
+        return _layers(spec, lambda la: replace(la, norm_attn=replace(la.norm_attn, weight=lam * la.norm_attn.weight),
+                                                norm_ffn=replace(la.norm_ffn, weight=lam * la.norm_ffn.weight)))
+
+    def eps_entry(lam):
+        c = perturbation_coefficients(scaled(a, lam), other=scaled(b, lam))
+        return next(e for e in c.entries if e.role == "norm_ffn.eps")
+
+    base = eps_entry(1.0)
+    for lam in (0.5, 3.0):
+        assert eps_entry(lam).local == pytest.approx(lam * base.local, rel=1e-12)
+        assert perturbation_deltas(scaled(a, lam), scaled(b, lam))[(0, "norm_ffn.eps")] == \
+            perturbation_deltas(a, b)[(0, "norm_ffn.eps")]

@@ -28,6 +28,7 @@ role           matrix                                                      norm
 ``W_1``, ``W_2``, ``W_gate``   FFN matrices                                spectral
 ``b_1``, ``b_2``, ``b_gate``   FFN biases                                  l2
 ``norm_attn.gamma`` / ``.beta`` (also ``norm_ffn``, ``input_norm``, ``final_norm``)   linf / l2
+``norm_attn.eps``  two models with different variance floors: charged        eps (``eps_change_bound``)
 =============  =========================================================  ==========
 
 The attention is charged per head through ``W_KQ^h`` and ``W_OV^h`` because the block depends on
@@ -48,6 +49,7 @@ from .._results import Kind, Quantity
 from ..model._arrays import to_tensor
 from ..model._spec import NormSpec, TransformerSpec
 from ._compose import _assumptions, build_chain
+from ._normalisation import eps_change_bound
 from ._weights import ROUNDING_PAD, SpecNorms, class_max, spec_norms, spectral, spectral_product
 
 __all__ = [
@@ -170,7 +172,8 @@ def perturbation_coefficients(spec: TransformerSpec, *, radius: float = 1.0, c_s
     Local coefficients (per stage, at the stage's propagated input radius r):
     attention ``W_OV.h: r``, ``W_KQ.h: c_sm B_OV^h r^3``, ``b_KQ.h: c_sm B_OV^h r^2``, ``b_out: 1``
     (THEORY F6); FFN ``W_1: L_sigma B_W2 r``, ``b_1: L_sigma B_W2``, ``W_2: B_W1 r + B_b1``, ``b_2: 1``
-    (F7); norms ``gamma: sqrt(d)`` (linf), ``beta: 1`` (F14); a norm inside a pre-norm branch is
+    (F7); norms ``gamma: sqrt(d)`` (linf), ``beta: 1`` (F14), ``eps: max|gamma| sqrt(d)`` against
+    ``eps_change_bound`` when the class spans two variance floors (Note [eps change]); a norm inside a pre-norm branch is
     multiplied by the branch's Lipschitz constant.  ``rho_s`` are the stage input-Lipschitz constants
     of :func:`~transcover.lipschitz.lipschitz_bounds` (F8).  In Frobenius every c_i carries an extra
     ``sqrt(T)`` (the fixed-input terms are row-uniform).
@@ -235,13 +238,17 @@ def _diff(a, b, what: str, fill: float = 0.0) -> torch.Tensor:  # noqa: ANN001
 
 
 def _norm_deltas(na: NormSpec | None, nb: NormSpec | None, prefix: str) -> dict[str, float]:
-    """``||gamma - gamma~||_inf`` and ``||beta - beta~||_2`` of a LayerNorm/RMSNorm (no parameters otherwise)."""
+    """``||gamma - gamma~||_inf``, ``||beta - beta~||_2`` and, for different variance floors, the
+    :func:`eps_change_bound` of a LayerNorm/RMSNorm (no parameters otherwise)."""
     from ..model._spec import NormKind
 
     if na is None or nb is None or na.kind not in (NormKind.LAYERNORM, NormKind.RMSNORM):
         return {}
-    return {f"{prefix}.gamma": float(_diff(na.weight, nb.weight, f"{prefix} weight", 1.0).abs().max()),
-            f"{prefix}.beta": float(_diff(na.bias, nb.bias, f"{prefix} bias").norm())}
+    out = {f"{prefix}.gamma": float(_diff(na.weight, nb.weight, f"{prefix} weight", 1.0).abs().max()),
+           f"{prefix}.beta": float(_diff(na.bias, nb.bias, f"{prefix} bias").norm())}
+    if float(na.eps) != float(nb.eps):  # Note [eps change] in ``_normalisation``
+        out[f"{prefix}.eps"] = eps_change_bound(na.eps, nb.eps)
+    return out
 
 
 def _kq_delta(aa, ab, h: int) -> float:  # noqa: ANN001

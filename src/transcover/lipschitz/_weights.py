@@ -67,12 +67,17 @@ def _l2(v: Tensor | None) -> float:
 
 @dataclass(frozen=True)
 class NormBounds:
-    """A normalisation map's class bounds: kind, max|gamma|, ||beta||_2, eps (a fixed hyperparameter)."""
+    """A normalisation map's class bounds: kind, max|gamma|, ||beta||_2, and the range of eps."""
 
     kind: NormKind
     gamma_max: float = 1.0
     beta_norm: float = 0.0
-    eps: float = 0.0
+    eps: float = 0.0  # the smallest eps of the class (the largest Lipschitz constant)
+    eps_hi: float | None = None  # the largest eps of a class of two models (None: eps only)
+
+    @property
+    def eps_max(self) -> float:
+        return self.eps if self.eps_hi is None else self.eps_hi
 
 
 @dataclass(frozen=True)
@@ -196,14 +201,17 @@ def _architecture(n: SpecNorms) -> tuple:
     """What two classes must share to have a common superclass (a backstop for
     ``model.require_same_structure``; the head dimension and bias presence may differ, Note
     [structural differences] in ``model._compare``)."""
-    return (n.d_model, n.input_norm.kind, n.input_norm.eps, n.final_norm.kind, n.final_norm.eps,
+    return (n.d_model, n.input_norm.kind, n.final_norm.kind,
             tuple((L.placement, len(L.B_KQ), L.B_Wg is None, L.activation, L.attention_kind,
-                   L.norm_attn.kind, L.norm_attn.eps, L.norm_ffn.kind, L.norm_ffn.eps)
+                   L.norm_attn.kind, L.norm_ffn.kind)
                   for L in n.layers))
 
 
 def _max_norm(a: NormBounds, b: NormBounds) -> NormBounds:
-    return replace(a, gamma_max=max(a.gamma_max, b.gamma_max), beta_norm=max(a.beta_norm, b.beta_norm))
+    """The class of both: larger scale and shift, eps over [min, max] (Note [eps change] in ``_normalisation``)."""
+    lo, hi = min(a.eps, b.eps), max(a.eps_max, b.eps_max)
+    return replace(a, gamma_max=max(a.gamma_max, b.gamma_max), beta_norm=max(a.beta_norm, b.beta_norm),
+                   eps=lo, eps_hi=None if hi == lo else hi)
 
 
 def class_max(a: SpecNorms, b: SpecNorms) -> SpecNorms:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["TranscoverError", "InputError", "UnsupportedArchitectureError", "WeightError", "TranscoverWarning"]
+__all__ = ["TranscoverError", "InputError", "UnsupportedArchitectureError", "WeightError", "TranscoverWarning",
+           "CertificateViolation"]
 
 
 class TranscoverError(ValueError):
@@ -44,3 +45,12 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 def clean_line(text: str) -> str:
     """``text`` for a terminal: escape sequences and control characters removed, whitespace collapsed."""
     return " ".join(_CONTROL.sub(" ", _ANSI.sub("", text)).split())
+
+
+class CertificateViolation(RuntimeError):
+    """A measured lower value exceeds the certified upper bound it sits beside: a false certificate.
+
+    Not a :class:`TranscoverError`: the user did nothing wrong, the bound (or its implementation) is
+    wrong.  The CLI reports it as an internal error (one line, exit code 1), never as a table row.
+    Raised by :func:`transcover._results.check_certified`.
+    """

@@ -13,7 +13,9 @@ import math
 from dataclasses import dataclass, field
 from enum import Enum
 
-__all__ = ["Kind", "Interval", "Quantity", "ClippedQuantity"]
+import numpy as np
+
+__all__ = ["Kind", "Interval", "Quantity", "ClippedQuantity", "check_certified", "certificate_tolerance"]
 
 
 class Kind(str, Enum):
@@ -101,3 +103,37 @@ class ClippedQuantity(Quantity):
         raw = self.raw if math.isfinite(self.raw) else str(self.raw)
         return {**super().to_dict(), "raw": raw, "trivial": self.trivial, "vacuous": self.vacuous,
                 "note": self.note}
+
+
+def certificate_tolerance(dtype: object = np.float64, ulps: int = 8) -> float:
+    """Relative slack ``ulps * unit roundoff`` of ``dtype`` (float64: 8 * 2^-53 = 8.9e-16).
+
+    Note [certificate check]: the empirical side of every comparison is a float64 evaluation (the
+    witnesses of ``transcover.lipschitz``, the output changes of ``perturb``) or an exact integer
+    (net and packing sizes), while every certified upper value already carries its own rounding
+    pad (Note [rounding] in ``lipschitz._weights``).  A correct pair therefore never differs by more
+    than the rounding of the final comparison itself, a few units in the last place; anything above
+    that is a false certificate, not noise.
+    """
+    return ulps * float(np.finfo(np.dtype(dtype)).eps) / 2.0
+
+
+def check_certified(what: str, upper: float, lower: float, *, dtype: object = np.float64, ulps: int = 8) -> None:
+    """Raise :class:`~transcover._errors.CertificateViolation` when ``lower > upper`` beyond rounding.
+
+    ``upper`` is a certified upper bound and ``lower`` a value attained by a witness (an empirical
+    lower bound) of the same quantity ``what``; ``lower <= upper`` is then a theorem, and a
+    violation means the certificate is false (Note [certificate check]).  The allowed slack is
+    ``certificate_tolerance(dtype, ulps) * max(|upper|, |lower|)``.  A NaN on either side or an
+    infinite upper value is not a violation (nothing is claimed).
+    """
+    from ._errors import CertificateViolation
+
+    up, lo = float(upper), float(lower)
+    if math.isnan(up) or math.isnan(lo) or up == math.inf:
+        return
+    if lo > up + certificate_tolerance(dtype, ulps) * max(abs(up), abs(lo)):
+        raise CertificateViolation(
+            f"false certificate: the measured {what} is {lo:.17g}, above its certified upper bound {up:.17g} "
+            f"(ratio {lo / up if up > 0 else math.inf:.6g}); this is a bug in transcover, please report it "
+            "with the command that produced it")

@@ -58,7 +58,7 @@ def test_perturb_command(models, tmp_path, capsys):
     (["lipschitz", "{a}", "--samples", "0"], "--samples"),
     (["lipschitz", "{a}", "--ln-sigma-min", "-1"], "--ln-sigma-min"),
     (["lipschitz", "/nonexistent/model.safetensors"], "not found"),
-    (["perturb", "{a}", "{c}"], "different"),
+    (["perturb", "{a}", "{c}"], "differ in depth: 2 layers vs 3"),
     (["perturb", "{a}", "/nonexistent/b.safetensors"], "not found"),
 ])
 def test_bad_input_is_one_line_and_exit_2(models, tmp_path, capsys, argv, match):

@@ -21,7 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="training-set sizes n for the generalisation bound (default 1e6)")
     p.add_argument("--seq-len", type=int, default=128, help="sequence length T (enters as log(nT); default 128)")
     p.add_argument("--radius", type=float, default=1.0, help="bound R on input token norms (default 1)")
-    p.add_argument("--c-sm", type=float, default=1.0, help="softmax constant: 1 (tight, default) or 2 (Edelman)")
+    p.add_argument("--c-sm", type=float, default=1.0, help="softmax constant >= 1: 1 (proven and tight, default) or 2 (Edelman)")
     p.add_argument("--family", choices=("l21", "spectral", "best"), default="l21",
                    help="l21: (2,1)-norm covers, 1/eps^2 (default, the seed's form); spectral: parameter-count "
                         "covers (dimension-dependent); best: the cheaper of the two per matrix")
@@ -43,7 +43,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _validate(args: argparse.Namespace) -> None:
     from .._errors import InputError
 
-    for flag, v in (("--eps", args.eps), ("--radius", args.radius), ("--c-sm", args.c_sm),
+    from ..lipschitz._attention import check_c_sm
+
+    check_c_sm(args.c_sm, "--c-sm")
+    for flag, v in (("--eps", args.eps), ("--radius", args.radius),
                     ("--loss-lipschitz", args.loss_lipschitz), ("--loss-bound", args.loss_bound)):
         if not (v > 0 and v < float("inf")):
             raise InputError(f"{flag} must be a finite number > 0, but got {flag}={v}")

@@ -120,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
 
     from .. import empirical as E
     from .._errors import InputError
+    from .._results import check_certified
     from ..report import atomic_write_text
 
     _check(args)
@@ -135,11 +136,17 @@ def run(args: argparse.Namespace) -> int:
         rows = []
         for e in args.eps:
             est = E.estimate_covering_number(Y, e, args.q, n_orders=args.orders, seed=args.seed, workers=args.workers)
+            # packing <= N_ext <= N_int <= net (the net is a certificate, the packing a witness)
+            check_certified(f"covering number at eps={e!r} (packing vs net)", est.net_size, est.packing_size)
             d = est.to_dict()
             cells = [_fmt_eps(e), str(est.packing_size), str(est.net_size),
                      f"[{est.lower.value:.3f}, {est.upper.value:.3f}]"]
             if args.exact:
                 d["exact_internal"] = E.exact_covering_number(Y, e, args.q)
+                check_certified(f"internal covering number at eps={e!r} (exact vs net)", est.net_size,
+                                d["exact_internal"])
+                check_certified(f"covering number at eps={e!r} (packing vs exact)", d["exact_internal"],
+                                est.packing_size)
                 cells.append(str(d["exact_internal"]))
             rows.append(d)
             table.add_row(*cells)

@@ -20,7 +20,7 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metric", choices=("2,inf", "fro"), default="2,inf",
                    help="max over tokens of the l2 norm (T-independent) or Frobenius over --seq-len tokens")
     p.add_argument("--seq-len", type=int, default=8, help="tokens per sampled input (and T for --metric fro)")
-    p.add_argument("--c-sm", type=float, default=1.0, help="softmax constant (1 tight, 2 Edelman et al.)")
+    p.add_argument("--c-sm", type=float, default=1.0, help="softmax constant >= 1 (1 proven and tight, the default; 2 Edelman et al.)")
     p.add_argument("--ln-sigma-min", type=float, default=0.0,
                    help="assume every LayerNorm input has std >= this (0: the global, eps-limited constant)")
     p.add_argument("--samples", type=int, default=6, help="random starting inputs per search (default 6)")
@@ -41,8 +41,9 @@ def check_common(args: argparse.Namespace) -> None:
 
     if not (args.radius > 0 and args.radius < float("inf")):
         raise InputError(f"--radius must be a finite number > 0, but got --radius={args.radius}")
-    if not args.c_sm > 0:
-        raise InputError(f"--c-sm must be > 0, but got --c-sm={args.c_sm}")
+    from ..lipschitz._attention import check_c_sm
+
+    check_c_sm(args.c_sm, "--c-sm")
     if not args.ln_sigma_min >= 0:
         raise InputError(f"--ln-sigma-min must be >= 0, but got --ln-sigma-min={args.ln_sigma_min}")
     for flag, v, lo in (("--seq-len", args.seq_len, 1), ("--samples", args.samples, 1), ("--steps", args.steps, 0)):
@@ -64,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from .._results import check_certified
     from ..lipschitz._compose import compose
     from ..lipschitz._empirical import lipschitz_lower
     from ..lipschitz._weights import spec_norms
@@ -95,6 +97,10 @@ def run(args: argparse.Namespace) -> int:
     rows.append(("network", -2, "network, worst R", args.radius, bounds.upper_uniform.value,
                  None if lo is None else lo.value.value))
 
+    # Every row is a theorem lower <= upper: a violation is a false certificate, never a table row.
+    for _, layer, name, _, up, lw in rows:
+        if lw is not None:
+            check_certified(f"Lipschitz constant of {name} (layer {layer})", up, lw)
     console = Console()
     table = Table(title=f"Lipschitz constants of {spec.name} ({args.metric}, R={args.radius:g})")
     for col in ("layer", "component", "input radius", "certified upper", "empirical lower", "upper/lower"):

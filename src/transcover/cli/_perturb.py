@@ -25,8 +25,9 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from .._errors import InputError
+    from .._results import check_certified
     from ..lipschitz import perturbation_bound, perturbation_lower
-    from ..model import load
+    from ..model import load, require_same_structure
     from ..report import atomic_write_text
     from ._lipschitz import check_common, small_threads
 
@@ -35,14 +36,17 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--top must be >= 0, but got --top={args.top}")
     a = load(args.model_a, arch=args.arch, allow_pickle=args.allow_pickle, strict=args.strict).to_torch()
     b = load(args.model_b, arch=args.arch, allow_pickle=args.allow_pickle, strict=args.strict).to_torch()
+    # Lemma G.3 charges weight distances only: refuse before any search (Note [structural differences])
+    require_same_structure(a, b)
     small_threads(a.d_model, args.seq_len)
     seq = args.seq_len if args.metric == "fro" else None
     bound = perturbation_bound(a, b, radius=args.radius, c_sm=args.c_sm, metric=args.metric, seq_len=seq,
                                sigma_min=args.ln_sigma_min)
     low = perturbation_lower(a, b, radius=args.radius, metric=args.metric, seq_len=args.seq_len,
                              sigma_min=args.ln_sigma_min, n_samples=args.samples, n_steps=args.steps, seed=args.seed)
-    console = Console()
     up, lw = bound.total.value, low.value.value
+    check_certified(f"output change ||g(A)(X) - g(B)(X)||_{args.metric} (Lemma G.3)", up, lw)
+    console = Console()
     console.print(f"sup_X ||g(A)(X) - g(B)(X)||_{args.metric} over token norms <= {args.radius:g}:")
     console.print(f"  certified upper (Lemma G.3): {up:.6g}")
     console.print(f"  measured lower (max over {args.samples} ascended inputs of {args.seq_len} tokens): {lw:.6g}")

@@ -46,7 +46,10 @@ def _group(role: str) -> str:
 
 
 def _t(x: torch.Tensor | None) -> torch.Tensor | None:
-    return None if x is None else x.detach().to(torch.float64)
+    """float64 torch tensor of a spec array of either backend (numpy from files, torch from modules)."""
+    from ..model._arrays import to_tensor
+
+    return None if x is None else to_tensor(x, dtype=torch.float64).detach()
 
 
 def _diff(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
@@ -90,7 +93,8 @@ def _layer_role_norms(layer, ref) -> dict[str, tuple[tuple[int, int], float, flo
     if ref is not None:
         r = ref.attention
         rs = r.softmax_scale
-        rq, rk, rv, ro = _t(r.W_Q), _t(r.W_K)[kv], _t(r.W_V)[kv], _t(r.W_O)
+        rkv = torch.tensor([r.kv_index(h) for h in range(H)])  # the reference's own grouped-query layout
+        rq, rk, rv, ro = _t(r.W_Q), _t(r.W_K)[rkv], _t(r.W_V)[rkv], _t(r.W_O)
         # differences of products are products of concatenated factors (rank <= 2 d_head)
         P_kq, Q_kq = torch.cat([P_kq, -rs * rq], -1), torch.cat([Q_kq, rk], -1)
         P_ov, Q_ov = torch.cat([P_ov, -rv], -1), torch.cat([Q_ov, ro.transpose(-1, -2)], -1)
@@ -177,14 +181,18 @@ def model_terms(spec: TransformerSpec, *, radius: float = 1.0, c_sm: float = 1.0
     as ``transcover.lipschitz.perturbation_coefficients(other=...)`` does; used to bound a pair.
 
     Raises:
-        InputError: ``reference`` with a different architecture.
+        InputError: ``reference`` or ``other`` with a different structure
+            (:func:`~transcover.model.structural_differences`).
     """
     spec = spec.to_torch()  # specs loaded from files hold numpy arrays
     reference = None if reference is None else reference.to_torch()
     other = None if other is None else other.to_torch()
-    if reference is not None and (reference.n_layers != spec.n_layers or reference.d_model != spec.d_model):
-        raise InputError(f"reference model has {reference.n_layers} layers, d_model={reference.d_model}; "
-                         f"expected {spec.n_layers} layers, d_model={spec.d_model}")
+    from ..model._compare import require_same_structure
+
+    if reference is not None:  # Note [structural differences] in ``model._compare``
+        require_same_structure(spec, reference, message="the reference model differs from the model in")
+    if other is not None:
+        require_same_structure(spec, other, message="cannot bound a class containing two models that differ in")
     coeffs, out_radius = _log_coefficients(spec, radius=radius, c_sm=c_sm, sigma_min=sigma_min, other=other)
     norms: dict[tuple[int, str], tuple[tuple[int, int], float, float]] = {}
     self_spectral: dict[tuple[int, str], float] = {}
@@ -270,7 +278,9 @@ def _head_parts(spec: TransformerSpec, head_radius: float):
     from ..norms import spectral_norm_interval
 
     spectral = [spectral_norm_interval(W).upper for W in h.weights]
-    biases = [0.0 if b is None else float(b.detach().double().norm()) * (1 + _PAD) for b in h.biases]
+    from ..model._arrays import norm2_f64
+
+    biases = [0.0 if b is None else norm2_f64(b) * (1 + _PAD) for b in h.biases]
     return shapes, spectral, biases, activation_lipschitz(h.activation)
 
 
@@ -353,7 +363,10 @@ def model_bound(
     Raises:
         InputError: non-positive eps, sample sizes, seq_len, radius; unknown family; mismatched reference.
     """
-    for name, v in (("eps", eps), ("radius", radius), ("c_sm", c_sm), ("loss_lipschitz", loss_lipschitz),
+    from ..lipschitz._attention import check_c_sm
+
+    check_c_sm(c_sm)
+    for name, v in (("eps", eps), ("radius", radius), ("loss_lipschitz", loss_lipschitz),
                     ("loss_bound", loss_bound), ("delta", delta)):
         _check(name, v)
     if not n_samples:

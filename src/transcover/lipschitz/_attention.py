@@ -43,6 +43,7 @@ from collections.abc import Sequence
 from .._errors import InputError
 
 __all__ = [
+    "check_c_sm",
     "head_lipschitz",
     "attention_lipschitz",
     "attention_output_radius",
@@ -59,6 +60,24 @@ def _check_metric(metric: str, seq_len: int | None) -> float:
             raise InputError(f"metric='fro' needs a sequence length seq_len > 0, but got seq_len={seq_len!r}")
         return math.sqrt(seq_len)
     raise InputError(f"metric must be '2,inf' or 'fro', but got metric={metric!r}")
+
+
+def check_c_sm(c_sm: float, name: str = "c_sm") -> float:
+    """Validate a softmax constant for a certified bound: a finite number >= 1.
+
+    THEORY F5 proves ``||sm(a) - sm(b)||_1 <= ||a - b||_inf`` and shows the constant 1 is attained
+    in the limit, so every ``c_sm >= 1`` (2 is Edelman et al.'s) gives a true bound and every
+    ``c_sm < 1`` would be an assumption the softmax violates: a rank-2 head then exceeds the bound
+    (19.4 measured against 11 certified at ``c_sm = 0.5``, issue 10).  ``name`` is how the caller
+    spells the argument (``--c-sm`` on the command line).
+
+    Raises:
+        InputError: ``c_sm`` not a finite number >= 1.
+    """
+    if isinstance(c_sm, bool) or not isinstance(c_sm, (int, float)) or not math.isfinite(c_sm) or c_sm < 1.0:
+        raise InputError(f"{name} must be a finite number >= 1 (THEORY F5: 1 is the proven, tight softmax "
+                         f"constant; a smaller one gives no certificate), but got {name}={c_sm!r}")
+    return float(c_sm)
 
 
 def head_lipschitz(B_out: float, B_KQ: float, radius: float, *, c_sm: float = 1.0, B_bKQ: float = 0.0,
@@ -91,14 +110,15 @@ def head_lipschitz(B_out: float, B_KQ: float, radius: float, *, c_sm: float = 1.
         The certified constant (before the rounding pad, which the composition applies once).
 
     Raises:
-        InputError: for a bad metric, a missing seq_len or a non-positive radius / c_sm.
+        InputError: for a bad metric, a missing seq_len, a non-positive radius or ``c_sm < 1``.
 
     Example:
         >>> head_lipschitz(1.0, 1.0, 1.0, c_sm=2.0)
         5.0
     """
-    if radius <= 0 or c_sm <= 0:
-        raise InputError(f"radius and c_sm must be > 0, but got radius={radius}, c_sm={c_sm}")
+    if radius <= 0:
+        raise InputError(f"radius must be > 0, but got radius={radius}")
+    check_c_sm(c_sm)
     rt = _check_metric(metric, seq_len)
     if metric == "2,inf":
         return B_out * (1.0 + c_sm * radius * (2.0 * B_KQ * radius + B_bKQ))
@@ -165,6 +185,7 @@ def attention_perturbation_coefficients(B_OV: Sequence[float], radius: float, *,
     Returns:
         ``(role, coefficient, norm)`` entries: roles ``W_OV.h``, ``W_KQ.h``, ``b_KQ.h``, ``b_out``.
     """
+    check_c_sm(c_sm)
     R = radius
     out: list[tuple[str, float, str]] = []
     for h, b in enumerate(B_OV):

@@ -29,6 +29,7 @@ from ..model._spec import NormKind, Placement
 from ._attention import (
     _check_metric,
     attention_lipschitz,
+    check_c_sm,
     attention_output_radius,
     attention_perturbation_coefficients,
 )
@@ -175,8 +176,7 @@ def build_chain(norms: SpecNorms, *, radius: float, c_sm: float, metric: str, se
     """The stage chain of a network class (see module docstring); ``fixed_radius`` forces one
     radius on every radius-dependent stage (the uniform composition)."""
     check_radius(radius)
-    if not (c_sm > 0 and math.isfinite(c_sm)):
-        raise InputError(f"c_sm must be a finite number > 0, but got c_sm={c_sm!r}")
+    check_c_sm(c_sm)
     if not (sigma_min >= 0 and math.isfinite(sigma_min)):
         raise InputError(f"sigma_min must be >= 0, but got sigma_min={sigma_min!r}")
     _check_metric(metric, seq_len)
@@ -237,7 +237,7 @@ def lipschitz_bounds(spec, *, radius: float = 1.0, c_sm: float = 1.0, metric: st
     Args:
         spec: a :class:`~transcover.model.TransformerSpec`.
         radius: R > 0.
-        c_sm: softmax constant (F5; 1 is tight).
+        c_sm: softmax constant >= 1 (F5: 1 is proven and tight; 2 is Edelman et al.'s).
         metric: ``"2,inf"`` or ``"fro"``.
         seq_len: T (required for ``"fro"`` and for L2 attention).
         sigma_min: LayerNorm variance floor sigma_0 >= 0.
@@ -247,7 +247,7 @@ def lipschitz_bounds(spec, *, radius: float = 1.0, c_sm: float = 1.0, metric: st
         everywhere; ``.stages``; ``.layer_upper(i)``).
 
     Raises:
-        InputError: non-positive radius or c_sm, bad metric, missing seq_len, eps = 0 LayerNorm
+        InputError: non-positive radius, ``c_sm < 1``, bad metric, missing seq_len, eps = 0 LayerNorm
             without a floor.
     """
     from ._weights import spec_norms

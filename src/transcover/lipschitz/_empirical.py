@@ -22,10 +22,10 @@ import torch
 from torch import Tensor
 
 from .._errors import InputError
-from .._results import Kind, Quantity
+from .._results import Kind, Quantity, check_certified
 from ..model._functional import attention_forward, ffn_forward, layer_forward, transformer_forward
 from ..model._spec import NormKind, NormSpec, Placement, TransformerSpec
-from ._weights import check_radius
+from ._weights import ROUNDING_PAD, check_radius
 
 __all__ = [
     "LowerEstimate",
@@ -320,6 +320,10 @@ def lipschitz_lower(spec: TransformerSpec, bounds, *, metric: str | None = None,
     Returns:
         ``{(layer, name): LowerEstimate}`` with names as in ``bounds.stages``, plus
         ``(i, "layer")`` and ``(-2, "network")``.
+
+    Raises:
+        CertificateViolation: a lower estimate above its certified upper value (searched in the
+            bound's own metric): a false certificate, never returned as a result.
     """
     _check_sizes(n_samples, n_steps, seq_len)
     metric = metric or bounds.metric
@@ -360,7 +364,21 @@ def lipschitz_lower(spec: TransformerSpec, bounds, *, metric: str | None = None,
     out[(-2, "network")] = network_lipschitz_lower(spec, radius=bounds.radius, metric=metric,
                                                    seq_len=seq_len, sigma_min=sig, n_samples=n_samples,
                                                    n_steps=n_steps, seed=seed + 5000)
+    if metric == bounds.metric:
+        _check_against(bounds, out)
     return out
+
+
+def _check_against(bounds, lower: dict[tuple[int, str], LowerEstimate]) -> None:  # noqa: ANN001
+    """Every lower estimate <= its certified upper value, or CertificateViolation (Note [certificate check])."""
+    pad = 1.0 + ROUNDING_PAD
+    uppers = {(s.layer, s.name): s.lipschitz * pad for s in bounds.stages}
+    uppers.update({(i, "layer"): bounds.layer_upper(i).value for i in range(bounds.n_layers)})
+    uppers[(-2, "network")] = bounds.upper.value
+    for key, est in lower.items():
+        if key in uppers:
+            what = "network g_L" if key[0] == -2 else f"{key[1]} of layer {key[0]}"
+            check_certified(f"Lipschitz constant of {what} ({bounds.metric})", uppers[key], est.value.value)
 
 
 def _spread_starts(seed: int, T: int, d: int, spread: float, radius: float, *, centred: bool) -> Tensor:

@@ -30,6 +30,7 @@ __all__ = [
     "norm_lipschitz",
     "norm_output_radius",
     "norm_perturbation_coefficients",
+    "eps_change_bound",
 ]
 
 
@@ -122,6 +123,41 @@ def norm_output_radius(n: NormBounds, d: int, radius_in: float) -> float:
     return radius_in
 
 
+def eps_change_bound(eps_a: float, eps_b: float) -> float:
+    r"""``sup_{v >= 0} |sqrt(v/(v + eps_a)) - sqrt(v/(v + eps_b))|``: how far a change of the variance
+    floor moves a normalised vector, per unit ``sqrt(d) max|gamma|``.
+
+    .. math::
+
+        \|N_{arepsilon_a}(x) - N_{arepsilon_b}(x)\|_2 \le \max_i|\gamma_i|\sqrt d\;
+        rac{k^{1/3} - 1}{\sqrt{k^{2/3} + k^{1/3} + 1}},\qquad k = rac{\max(arepsilon_a, arepsilon_b)}{\min(arepsilon_a, arepsilon_b)}
+
+    Note [eps change]: at a fixed input, LayerNorm (``v`` = variance of x, ``z = x - mean``) and
+    RMSNorm (``v`` = mean square, ``z = x``) both output ``gamma * z / sqrt(v + eps) + beta`` with
+    ``||z|| = sqrt(d v)``, so the change is at most ``max|gamma| sqrt(d) f(v)`` with
+    ``f(v) = sqrt(v/(v+e1)) - sqrt(v/(v+e2))`` (``e1 < e2``).  Writing ``a = e1/v`` and
+    ``k = e2/e1``, ``f = (1+a)^{-1/2} - (1+ka)^{-1/2}``; its derivative vanishes where
+    ``k^{2/3}(1+a) = 1+ka``, i.e. ``a* = (k^{1/3}+1)/k^{2/3}``, where ``1 + k a* = S =
+    k^{2/3}+k^{1/3}+1`` and ``1 + a* = S/k^{2/3}``, giving the maximum ``(k^{1/3}-1)/sqrt(S)`` (f
+    vanishes at both ends, a = 0 and a -> inf).  With ``e1 = 0`` the supremum is 1 (k -> inf).
+    ``k^{1/3} - 1`` is formed as ``expm1(log1p(k-1)/3)``, accurate to a few ulps even for k near 1
+    (the caller's rounding pad covers the rest).  The test compares it with a brute-force supremum.
+
+    Raises:
+        InputError: a negative or non-finite eps.
+    """
+    lo, hi = sorted((float(eps_a), float(eps_b)))
+    if lo < 0 or not math.isfinite(hi):
+        raise InputError(f"eps must be finite and >= 0, but got eps={eps_a!r} and {eps_b!r}")
+    if lo == hi:
+        return 0.0
+    if lo == 0.0:
+        return 1.0
+    c = math.expm1(math.log1p((hi - lo) / lo) / 3.0)  # k^{1/3} - 1
+    k13 = 1.0 + c
+    return min(1.0, c / math.sqrt(k13 * k13 + k13 + 1.0))
+
+
 def norm_perturbation_coefficients(n: NormBounds, d: int) -> list[tuple[str, float, str]]:
     r"""Output change of a normalisation when its parameters change, input fixed.
 
@@ -131,8 +167,13 @@ def norm_perturbation_coefficients(n: NormBounds, d: int) -> list[tuple[str, flo
         + \|\beta - \tilde\beta\|_2
 
     (``||y||_2 < sqrt(d)`` for the normalised vector).  Returns ``(role, coefficient, norm)``
-    entries; Pi_norm and the identity have no parameters.
+    entries; Pi_norm and the identity have no parameters.  A class whose eps ranges over
+    ``[n.eps, n.eps_max]`` (two models with different variance floors) adds the role ``eps`` with
+    coefficient ``max|gamma| sqrt(d)``, charged against :func:`eps_change_bound` (Note [eps change]).
     """
     if n.kind in (NormKind.LAYERNORM, NormKind.RMSNORM):
-        return [("gamma", math.sqrt(d), "linf"), ("beta", 1.0, "l2")]
+        out = [("gamma", math.sqrt(d), "linf"), ("beta", 1.0, "l2")]
+        if n.eps_max > n.eps:
+            out.append(("eps", n.gamma_max * math.sqrt(d), "eps"))
+        return out
     return []

@@ -28,6 +28,7 @@ role           matrix                                                      norm
 ``W_1``, ``W_2``, ``W_gate``   FFN matrices                                spectral
 ``b_1``, ``b_2``, ``b_gate``   FFN biases                                  l2
 ``norm_attn.gamma`` / ``.beta`` (also ``norm_ffn``, ``input_norm``, ``final_norm``)   linf / l2
+``norm_attn.eps``  two models with different variance floors: charged        eps (``eps_change_bound``)
 =============  =========================================================  ==========
 
 The attention is charged per head through ``W_KQ^h`` and ``W_OV^h`` because the block depends on
@@ -45,8 +46,10 @@ import torch
 
 from .._errors import InputError, UnsupportedArchitectureError
 from .._results import Kind, Quantity
+from ..model._arrays import to_tensor
 from ..model._spec import NormSpec, TransformerSpec
 from ._compose import _assumptions, build_chain
+from ._normalisation import eps_change_bound
 from ._weights import ROUNDING_PAD, SpecNorms, class_max, spec_norms, spectral, spectral_product
 
 __all__ = [
@@ -169,7 +172,8 @@ def perturbation_coefficients(spec: TransformerSpec, *, radius: float = 1.0, c_s
     Local coefficients (per stage, at the stage's propagated input radius r):
     attention ``W_OV.h: r``, ``W_KQ.h: c_sm B_OV^h r^3``, ``b_KQ.h: c_sm B_OV^h r^2``, ``b_out: 1``
     (THEORY F6); FFN ``W_1: L_sigma B_W2 r``, ``b_1: L_sigma B_W2``, ``W_2: B_W1 r + B_b1``, ``b_2: 1``
-    (F7); norms ``gamma: sqrt(d)`` (linf), ``beta: 1`` (F14); a norm inside a pre-norm branch is
+    (F7); norms ``gamma: sqrt(d)`` (linf), ``beta: 1`` (F14), ``eps: max|gamma| sqrt(d)`` against
+    ``eps_change_bound`` when the class spans two variance floors (Note [eps change]); a norm inside a pre-norm branch is
     multiplied by the branch's Lipschitz constant.  ``rho_s`` are the stage input-Lipschitz constants
     of :func:`~transcover.lipschitz.lipschitz_bounds` (F8).  In Frobenius every c_i carries an extra
     ``sqrt(T)`` (the fixed-input terms are row-uniform).
@@ -182,7 +186,7 @@ def perturbation_coefficients(spec: TransformerSpec, *, radius: float = 1.0, c_s
     Args:
         spec: the network whose norms define the class.
         radius: R, bound on the input tokens' l2 norms (before the input normalisation).
-        c_sm: softmax constant (1 tight, 2 Edelman et al.).
+        c_sm: softmax constant >= 1 (1 proven and tight, F5; 2 Edelman et al.).
         metric: ``"2,inf"`` (max over tokens of the l2 norm; T-independent) or ``"fro"``.
         seq_len: T; required for ``"fro"``.
         sigma_min: variance floor assumed for every LayerNorm/RMSNorm input (0: none).
@@ -192,8 +196,8 @@ def perturbation_coefficients(spec: TransformerSpec, *, radius: float = 1.0, c_s
         :class:`PerturbationCoefficients` with one :class:`CoefficientEntry` per charged matrix.
 
     Raises:
-        InputError: for a non-positive radius / c_sm, a bad metric, a missing seq_len, or ``other``
-            with a different architecture.
+        InputError: for a non-positive radius, ``c_sm < 1``, a bad metric, a missing seq_len, or
+            ``other`` with a different structure (Note [structural differences] in ``model._compare``).
         UnsupportedArchitectureError: for L2 attention (its perturbation lemma is not derived).
 
     Example:
@@ -204,6 +208,10 @@ def perturbation_coefficients(spec: TransformerSpec, *, radius: float = 1.0, c_s
         >>> sorted({e.role for e in c.entries})[:3]
         ['W_1', 'W_2', 'W_KQ.0']
     """
+    if other is not None:
+        from ..model._compare import require_same_structure
+
+        require_same_structure(spec, other)
     norms = spec_norms(spec)
     if other is not None:
         norms = class_max(norms, spec_norms(other))
@@ -211,80 +219,102 @@ def perturbation_coefficients(spec: TransformerSpec, *, radius: float = 1.0, c_s
                                     sigma_min=sigma_min)
 
 
-def _diff(a: torch.Tensor | None, b: torch.Tensor | None, what: str) -> torch.Tensor:
+def _f64(x) -> torch.Tensor:  # noqa: ANN001  (a spec array of either backend, as float64 torch)
+    return to_tensor(x, dtype=torch.float64).detach()
+
+
+def _diff(a, b, what: str, fill: float = 0.0) -> torch.Tensor:  # noqa: ANN001
+    """``a - b`` in float64; a missing array stands for the constant ``fill`` (0 for biases and beta,
+    1 for gamma), which is what the forward pass computes without it (Note [structural differences])."""
     if a is None and b is None:
         return torch.zeros(1, dtype=torch.float64)
-    if a is None or b is None:
-        raise InputError(f"one model has {what} and the other does not")
-    if a.shape != b.shape:
-        raise InputError(f"{what} has shape {tuple(a.shape)} in one model and {tuple(b.shape)} in the other")
-    return a.detach().double() - b.detach().double()
+    ta = None if a is None else _f64(a)
+    tb = None if b is None else _f64(b)
+    ta = torch.full_like(tb, fill) if ta is None else ta
+    tb = torch.full_like(ta, fill) if tb is None else tb
+    if ta.shape != tb.shape:
+        raise InputError(f"{what} has shape {tuple(ta.shape)} in one model and {tuple(tb.shape)} in the other")
+    return ta - tb
 
 
 def _norm_deltas(na: NormSpec | None, nb: NormSpec | None, prefix: str) -> dict[str, float]:
-    if na is None or nb is None:
+    """``||gamma - gamma~||_inf``, ``||beta - beta~||_2`` and, for different variance floors, the
+    :func:`eps_change_bound` of a LayerNorm/RMSNorm (no parameters otherwise)."""
+    from ..model._spec import NormKind
+
+    if na is None or nb is None or na.kind not in (NormKind.LAYERNORM, NormKind.RMSNORM):
         return {}
-    return {f"{prefix}.gamma": float(_diff(na.weight, nb.weight, f"{prefix} weight").abs().max()),
-            f"{prefix}.beta": float(_diff(na.bias, nb.bias, f"{prefix} bias").norm())}
+    out = {f"{prefix}.gamma": float(_diff(na.weight, nb.weight, f"{prefix} weight", 1.0).abs().max()),
+           f"{prefix}.beta": float(_diff(na.bias, nb.bias, f"{prefix} bias").norm())}
+    if float(na.eps) != float(nb.eps):  # Note [eps change] in ``_normalisation``
+        out[f"{prefix}.eps"] = eps_change_bound(na.eps, nb.eps)
+    return out
+
+
+def _kq_delta(aa, ab, h: int) -> float:  # noqa: ANN001
+    """Certified upper end of ``sup_R ||s W_Q^h R W_K^hT - s~ W~_Q^h R W~_K^hT||_2`` (R = I without RoPE)."""
+    s, st = aa.softmax_scale, ab.softmax_scale
+    qa, ka, _, _ = (_f64(t) for t in aa.head(h))
+    qb, kb, _, _ = (_f64(t) for t in ab.head(h))
+    if s == st and qa.shape == qb.shape and torch.equal(qa, qb) and torch.equal(ka, kb):
+        return 0.0
+    if aa.rope is not None:
+        # With RoPE the score matrix is s W_Q R W_K^T for every relative rotation R (||R|| = 1, the same
+        # R in both models: same RoPE and d_head, Note [structural differences]), and
+        # s Q R K^T - s~ Q~ R K~^T = (s Q - s~ Q~) R K^T + s~ Q~ R (K - K~)^T.
+        return spectral(s * qa - st * qb) * spectral(ka) + st * spectral(qb) * spectral(ka - kb)
+    # s W_Q W_K^T - s~ W~_Q W~_K^T = [s W_Q, -s~ W~_Q] [W_K, W~_K]^T: rank <= 2 d_head, any head layout
+    return spectral_product(torch.cat([s * qa, -st * qb], 1), torch.cat([ka, kb], 1).T)
+
+
+def _attention_deltas(aa, ab, i: int) -> dict[tuple[int, str], float]:  # noqa: ANN001
+    out: dict[tuple[int, str], float] = {}
+    s, st = aa.softmax_scale, ab.softmax_scale
+    for h in range(aa.n_heads):
+        out[(i, f"W_KQ.{h}")] = _kq_delta(aa, ab, h)
+        _, ka, va, oa = (_f64(t) for t in aa.head(h))
+        _, kb, vb, ob = (_f64(t) for t in ab.head(h))
+        same_ov = va.shape == vb.shape and torch.equal(va, vb) and torch.equal(oa, ob)
+        out[(i, f"W_OV.{h}")] = 0.0 if same_ov else spectral_product(torch.cat([va, -vb], 1), torch.cat([oa, ob], 0))
+        if aa.rope is None and (aa.b_Q is not None or ab.b_Q is not None):
+            # b_K cancels in the softmax; s b_Q W_K^T is the query bias's only effect (Note [attention biases])
+            ba = torch.zeros(ka.shape[1], dtype=torch.float64) if aa.b_Q is None else _f64(aa.b_Q[h])
+            bb = torch.zeros(kb.shape[1], dtype=torch.float64) if ab.b_Q is None else _f64(ab.b_Q[h])
+            out[(i, f"b_KQ.{h}")] = float((s * ba @ ka.T - st * bb @ kb.T).norm())
+    ea, eb = aa.effective_output_bias(), ab.effective_output_bias()
+    if ea is not None or eb is not None:
+        out[(i, "b_out")] = float(_diff(ea, eb, f"layer {i} b_out").norm())
+    return out
 
 
 def perturbation_deltas(spec_a: TransformerSpec, spec_b: TransformerSpec) -> dict[tuple[int, str], float]:
     """``||W_i - W~_i||`` in each role's norm (spectral for matrices, l2 biases, linf gamma).
 
+    Either backend (numpy arrays from files, torch tensors from modules).  A bias or normalisation
+    scale present in one model only is compared with zeros (ones for gamma), which is what the
+    other model's forward pass uses (Note [structural differences] in ``model._compare``).
+
     Raises:
-        InputError: if the architectures differ (layer count, shapes, biases present).
+        InputError: if the two specs differ structurally (:func:`~transcover.model.structural_differences`).
     """
-    if spec_a.n_layers != spec_b.n_layers or spec_a.d_model != spec_b.d_model:
-        raise InputError(f"the two models have different shapes: {spec_a.n_layers} layers, d_model="
-                         f"{spec_a.d_model} vs {spec_b.n_layers} layers, d_model={spec_b.d_model}")
+    from ..model._compare import require_same_structure
+
+    require_same_structure(spec_a, spec_b)
     out: dict[tuple[int, str], float] = {}
     L = spec_a.n_layers
     for role, v in _norm_deltas(spec_a.input_norm, spec_b.input_norm, "input_norm").items():
         out[(-1, role)] = v
     for role, v in _norm_deltas(spec_a.final_norm, spec_b.final_norm, "final_norm").items():
         out[(L, role)] = v
-    for la, lb in zip(spec_a.layers, spec_b.layers):
-        i = la.index
-        aa, ab = la.attention, lb.attention
-        for name in ("W_Q", "W_K", "W_V", "W_O"):
-            _diff(getattr(aa, name), getattr(ab, name), f"layer {i} {name}")
-        s = aa.softmax_scale
-        for h in range(aa.n_heads):
-            qa, ka, va, oa = (t.double() for t in aa.head(h))
-            qb, kb, vb, ob = (t.double() for t in ab.head(h))
-            same_kq = s == ab.softmax_scale and torch.equal(qa, qb) and torch.equal(ka, kb)
-            if aa.rope is not None and not same_kq:
-                # With RoPE the score matrix is s W_Q R W_K^T for every relative rotation R, so charge
-                # sup_R ||s W_Q R W_K^T - s~ W~_Q R W~_K^T|| <= s ||dW_Q|| max||W_K|| + max(s||W_Q||, s~||W~_Q||) ||dW_K||
-                # (with s = s~, which same-architecture RoPE models have).
-                out[(i, f"W_KQ.{h}")] = (s * spectral(qa - qb) * max(spectral(ka), spectral(kb))
-                                         + max(s * spectral(qa), ab.softmax_scale * spectral(qb)) * spectral(ka - kb))
-                if s != ab.softmax_scale:
-                    raise InputError(f"layer {i}: the two RoPE models use different attention scales")
-                out[(i, f"W_OV.{h}")] = spectral_product(torch.cat([va, -vb], 1), torch.cat([oa, ob], 0))
-                continue
-            # s W_Q W_K^T - s~ W~_Q W~_K^T = [s W_Q, -s~ W~_Q] [W_K, W~_K]^T: rank <= 2 d_head
-            out[(i, f"W_KQ.{h}")] = 0.0 if same_kq else spectral_product(torch.cat([s * qa, -ab.softmax_scale * qb], 1),
-                                                     torch.cat([ka, kb], 1).T)
-            out[(i, f"W_OV.{h}")] = (0.0 if torch.equal(va, vb) and torch.equal(oa, ob) else
-                                     spectral_product(torch.cat([va, -vb], 1), torch.cat([oa, ob], 0)))
-            if aa.b_Q is not None or ab.b_Q is not None:
-                ba = torch.zeros(aa.d_head, dtype=torch.float64) if aa.b_Q is None else aa.b_Q[h].double()
-                bb = torch.zeros(ab.d_head, dtype=torch.float64) if ab.b_Q is None else ab.b_Q[h].double()
-                out[(i, f"b_KQ.{h}")] = float((s * ba @ ka.T - ab.softmax_scale * bb @ kb.T).norm())
-        ea, eb = aa.effective_output_bias(), ab.effective_output_bias()
-        if ea is not None or eb is not None:
-            out[(i, "b_out")] = float(_diff(ea if ea is not None else torch.zeros_like(eb),
-                                            eb if eb is not None else torch.zeros_like(ea), "b_out").norm())
+    for i, (la, lb) in enumerate(zip(spec_a.layers, spec_b.layers)):
+        out.update(_attention_deltas(la.attention, lb.attention, i))
         fa, fb = la.ffn, lb.ffn
         for name in ("W_1", "W_2", "W_gate"):
-            out_d = _diff(getattr(fa, name), getattr(fb, name), f"layer {i} {name}")
             if getattr(fa, name) is not None:
-                out[(i, name)] = spectral(out_d)
+                out[(i, name)] = spectral(_diff(getattr(fa, name), getattr(fb, name), f"layer {i} {name}"))
         for name in ("b_1", "b_2", "b_gate"):
-            out_d = _diff(getattr(fa, name), getattr(fb, name), f"layer {i} {name}")
-            if getattr(fa, name) is not None:
-                out[(i, name)] = float(out_d.norm())
+            if getattr(fa, name) is not None or getattr(fb, name) is not None:
+                out[(i, name)] = float(_diff(getattr(fa, name), getattr(fb, name), f"layer {i} {name}").norm())
         for nm in ("norm_attn", "norm_ffn"):
             for role, v in _norm_deltas(getattr(la, nm), getattr(lb, nm), nm).items():
                 out[(i, role)] = v
@@ -326,13 +356,20 @@ def perturbation_bound(spec_a: TransformerSpec, spec_b: TransformerSpec, *, radi
 
     Source and assumptions: :func:`perturbation_coefficients` with ``other=spec_b``.
 
+    Both specs may hold numpy arrays (read from files) or torch tensors (live modules).
+
     Raises:
-        InputError: mismatched architectures, bad radius / metric / c_sm.
+        InputError: structurally different models (:func:`~transcover.model.structural_differences`:
+            masking, norm kind / placement / eps, activation, attention kind, RoPE, head count, ...),
+            bad radius / metric, ``c_sm < 1``.
     """
     deltas = perturbation_deltas(spec_a, spec_b)
     coeffs = perturbation_coefficients(spec_a, radius=radius, c_sm=c_sm, metric=metric, seq_len=seq_len,
                                        sigma_min=sigma_min, other=spec_b)
     known = {e.key for e in coeffs.entries}
+    uncharged = sorted(k for k, v in deltas.items() if k not in known and v != 0.0)
+    if uncharged:  # a changed matrix the lemma has no coefficient for: the bound would be false
+        raise RuntimeError(f"internal error: perturbation lemma has no coefficient for changed {uncharged[:3]}")
     deltas = {k: v for k, v in deltas.items() if k in known}
     total = Quantity(coeffs.bound(deltas), Kind.CERTIFIED_UPPER, "seed Lemma G.3 via THEORY F6, F7, F8, F14",
                      coeffs.assumptions)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, fields, replace
 from torch import Tensor
 
 from .._errors import InputError, UnsupportedArchitectureError
+from ..model._arrays import to_tensor
 from ..model._spec import AttentionSpec, FFNSpec, LayerSpec, NormKind, NormSpec, Placement, TransformerSpec
 
 __all__ = [
@@ -33,36 +34,50 @@ __all__ = [
 ROUNDING_PAD = 1e-9
 
 
+def _f64(W) -> Tensor:  # noqa: ANN001
+    """A float64 torch copy of a spec array of either backend (numpy from files, torch from modules)."""
+    import torch
+
+    return to_tensor(W, dtype=torch.float64).detach()
+
+
 def spectral(W: Tensor) -> float:
     """Certified upper end of ||W||_2 (``transcover.norms.spectral_norm_interval``, rounding included)."""
     from ..norms import spectral_norm_interval
 
+    W = _f64(W)
     if W.numel() == 0 or not bool(W.any()):
         return 0.0
-    return float(spectral_norm_interval(W.detach().double(), rtol=1e-6).upper)
+    return float(spectral_norm_interval(W, rtol=1e-6).upper)
 
 
 def spectral_product(A: Tensor, B: Tensor) -> float:
     """Certified upper end of ||A B||_2 without forming A B (rank <= inner dimension)."""
     from ..norms import product_norm_interval
 
+    A, B = _f64(A), _f64(B)
     if A.numel() == 0 or B.numel() == 0:
         return 0.0
-    return float(product_norm_interval(A.detach().double(), B.detach().double(), rtol=1e-6).upper)
+    return float(product_norm_interval(A, B, rtol=1e-6).upper)
 
 
 def _l2(v: Tensor | None) -> float:
-    return 0.0 if v is None else float(v.detach().double().norm())
+    return 0.0 if v is None else float(_f64(v).norm())
 
 
 @dataclass(frozen=True)
 class NormBounds:
-    """A normalisation map's class bounds: kind, max|gamma|, ||beta||_2, eps (a fixed hyperparameter)."""
+    """A normalisation map's class bounds: kind, max|gamma|, ||beta||_2, and the range of eps."""
 
     kind: NormKind
     gamma_max: float = 1.0
     beta_norm: float = 0.0
-    eps: float = 0.0
+    eps: float = 0.0  # the smallest eps of the class (the largest Lipschitz constant)
+    eps_hi: float | None = None  # the largest eps of a class of two models (None: eps only)
+
+    @property
+    def eps_max(self) -> float:
+        return self.eps if self.eps_hi is None else self.eps_hi
 
 
 @dataclass(frozen=True)
@@ -114,7 +129,7 @@ def _attention_norms(attn: AttentionSpec) -> dict[str, object]:
     s = attn.softmax_scale
     B_KQ, B_bKQ, B_OV, B_V, B_Q = [], [], [], [], []
     for h in range(H):
-        Wq, Wk, Wv, Wo = (t.detach().double() for t in attn.head(h))
+        Wq, Wk, Wv, Wo = (_f64(t) for t in attn.head(h))
         if attn.rope is not None:
             # With RoPE the score matrix is s W_Q R_{i-j} W_K^T for a rotation R: bound it by the
             # product of norms, valid for every relative position.
@@ -125,11 +140,11 @@ def _attention_norms(attn: AttentionSpec) -> dict[str, object]:
             B_bKQ.append(0.0)
         else:
             B_KQ.append(s * spectral_product(Wq, Wk.T))
-            B_bKQ.append(0.0 if attn.b_Q is None else s * _l2(attn.b_Q[h].double() @ Wk.T))
+            B_bKQ.append(0.0 if attn.b_Q is None else s * _l2(_f64(attn.b_Q[h]) @ Wk.T))
         B_OV.append(spectral_product(Wv, Wo))
         B_V.append(spectral(Wv))
         B_Q.append(spectral(Wq))
-    W_O = attn.W_O.detach().double().reshape(-1, attn.d_model)
+    W_O = _f64(attn.W_O).reshape(-1, attn.d_model)
     bias = attn.effective_output_bias()
     return dict(B_KQ=tuple(B_KQ), B_bKQ=tuple(B_bKQ), B_OV=tuple(B_OV), B_V=tuple(B_V),
                 B_Q=tuple(B_Q), B_O=spectral(W_O), B_bout=_l2(bias))
@@ -183,15 +198,20 @@ def spec_norms(spec: TransformerSpec) -> SpecNorms:
 
 
 def _architecture(n: SpecNorms) -> tuple:
-    return (n.d_model, n.input_norm.kind, n.input_norm.eps, n.final_norm.kind, n.final_norm.eps,
+    """What two classes must share to have a common superclass (a backstop for
+    ``model.require_same_structure``; the head dimension and bias presence may differ, Note
+    [structural differences] in ``model._compare``)."""
+    return (n.d_model, n.input_norm.kind, n.final_norm.kind,
             tuple((L.placement, len(L.B_KQ), L.B_Wg is None, L.activation, L.attention_kind,
-                   L.norm_attn.kind, L.norm_attn.eps, L.norm_ffn.kind, L.norm_ffn.eps, L.d_head,
-                   L.has_query_bias, L.has_output_bias, L.has_b1, L.has_b2, L.has_bg)
+                   L.norm_attn.kind, L.norm_ffn.kind)
                   for L in n.layers))
 
 
 def _max_norm(a: NormBounds, b: NormBounds) -> NormBounds:
-    return replace(a, gamma_max=max(a.gamma_max, b.gamma_max), beta_norm=max(a.beta_norm, b.beta_norm))
+    """The class of both: larger scale and shift, eps over [min, max] (Note [eps change] in ``_normalisation``)."""
+    lo, hi = min(a.eps, b.eps), max(a.eps_max, b.eps_max)
+    return replace(a, gamma_max=max(a.gamma_max, b.gamma_max), beta_norm=max(a.beta_norm, b.beta_norm),
+                   eps=lo, eps_hi=None if hi == lo else hi)
 
 
 def class_max(a: SpecNorms, b: SpecNorms) -> SpecNorms:
@@ -212,6 +232,8 @@ def class_max(a: SpecNorms, b: SpecNorms) -> SpecNorms:
             va, vb = getattr(la, f.name), getattr(lb, f.name)
             if f.name in ("norm_attn", "norm_ffn"):
                 kw[f.name] = _max_norm(va, vb)
+            elif f.name.startswith("has_"):  # a bias in either model is charged (absent = zero)
+                kw[f.name] = va or vb
             elif isinstance(va, tuple):
                 kw[f.name] = tuple(max(x, y) for x, y in zip(va, vb))
             elif isinstance(va, float) and not isinstance(va, bool):

@@ -11,6 +11,8 @@ from ._functional import attention_forward as attention_forward
 from ._functional import ffn_forward as ffn_forward
 from ._functional import layer_forward as layer_forward
 from ._functional import transformer_forward as transformer_forward
+from ._compare import require_same_structure as require_same_structure
+from ._compare import structural_differences as structural_differences
 from ._convert import as_torch as as_torch
 from ._reference_spec import ReferenceConfig as ReferenceConfig
 from ._spec import Activation as Activation
@@ -30,6 +32,7 @@ __all__ = [
     "NormKind", "NormSpec", "Placement", "RopeSpec", "TransformerSpec",
     "ReferenceConfig", "ReferenceTransformer", "reference_spec", "save_reference",
     "attention_forward", "ffn_forward", "layer_forward", "transformer_forward", "as_torch",
+    "structural_differences", "require_same_structure",
 ]
 from ._load import SUPPORTED_ARCHITECTURES as SUPPORTED_ARCHITECTURES
 from ._load import bundled_model_dir as bundled_model_dir

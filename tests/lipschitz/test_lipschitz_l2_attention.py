@@ -256,3 +256,25 @@ def test_output_radius_used_by_composition_holds():
         equal = r * float(torch.linalg.matrix_norm(M.detach(), 2))
         reached = max(float(out.detach().max()), equal)
         assert equal > 0 and reached <= stage.radius_out - r
+
+
+def test_l2_spec_refuses_fields_the_l2_map_does_not_compute():
+    """Note [L2 attention fields]: a causal / RoPE / biased / untied L2 spec would be computed and
+    bounded as another function; it is refused where every forward and bound reads it."""
+    from transcover.model._spec import AttentionSpec, RopeSpec
+
+    with pytest.raises(ValueError, match="causal"):
+        ReferenceConfig(d_model=4, n_heads=1, n_layers=1, d_ff=4, attention="l2", causal=True)
+    spec = reference_spec(ReferenceTransformer(ReferenceConfig(d_model=4, n_heads=1, n_layers=1, d_ff=4,
+                                                               attention="l2")))
+    a = spec.layers[0].attention
+    assert torch.equal(a.W_K, a.W_Q)  # the spec states the tie the forward computes
+    g = torch.Generator().manual_seed(0)
+    W, W_O = torch.randn(1, 4, 2, generator=g), torch.randn(1, 2, 4, generator=g)
+    for kwargs, match in [({"causal": True}, "causal masking"), ({"rope": RopeSpec(theta=10000.0)}, "RoPE"),
+                          ({"scale": 0.5}, "softmax scale"), ({"b_O": torch.zeros(4)}, "biases")]:
+        with pytest.raises(ValueError, match=match):
+            AttentionSpec(W, W, W, W_O, kind="l2", **kwargs)
+    with pytest.raises(ValueError, match="W_K different"):
+        AttentionSpec(W, W + 1, W, W_O, kind="l2")
+    AttentionSpec(W, W.clone(), W, W_O, kind="l2")  # tied by value: accepted

@@ -120,7 +120,10 @@ STRUCTURAL = {
     "norm placement": lambda s: _layers(s, lambda la: replace(la, placement=Placement.PRE)),
     "normalisation kind": lambda s: _second_layer_only(s, lambda la: replace(
         la, norm_ffn=replace(la.norm_ffn, kind=NormKind.RMSNORM))),
-    "attention kind": lambda s: _attn(s, kind="l2"),
+    # a valid L2 spec (Note [L2 attention fields]: W_K tied, no biases, scale, mask or RoPE)
+    "attention kind": lambda s: _layers(s, lambda la: replace(la, attention=replace(
+        la.attention, kind="l2", W_K=la.attention.W_Q, b_Q=None, b_K=None, b_V=None, b_O=None,
+        scale=None, causal=False, rope=None))),
     "rotary position embedding": lambda s: _attn(s, rope=RopeSpec(theta=10.0)),
     "activation": lambda s: _ffn(s, activation=Activation.GELU),
     "gated FFN": lambda s: _ffn(s, W_gate=s.layers[0].ffn.W_1.clone()),

@@ -73,6 +73,8 @@ class ReferenceConfig:
             problems.append(f"norm must be one of {sorted(_NORMS)}, but got norm={self.norm!r}")
         if self.attention not in ("dot", "l2"):
             problems.append(f"attention must be 'dot' or 'l2', but got attention={self.attention!r}")
+        if self.attention == "l2" and self.causal:
+            problems.append("attention='l2' has no causal form (Kim et al. 2021); use causal=False")
         if self.readout not in ("mean", "first"):
             problems.append(f"readout must be 'mean' or 'first', but got readout={self.readout!r}")
         if problems:
@@ -137,7 +139,9 @@ def build_reference_spec(
     def layer(i: int) -> LayerSpec:
         p = f"blocks.{i}."
         attn = AttentionSpec(
-            W_Q=get(p + "W_Q"), W_K=get(p + "W_K"), W_V=get(p + "W_V"), W_O=get(p + "W_O"),
+            # L2 attention ties W_K to W_Q (its stored W_K is unused): Note [L2 attention fields]
+            W_Q=get(p + "W_Q"), W_K=get(p + ("W_Q" if cfg.attention == "l2" else "W_K")),
+            W_V=get(p + "W_V"), W_O=get(p + "W_O"),
             causal=cfg.causal, kind=cfg.attention,
         )
         ffn = FFNSpec(

@@ -164,6 +164,13 @@ class RopeSpec:
         return 1.0 / (self.theta ** (torch.arange(0, rd, 2, dtype=torch.float64) / rd))
 
 
+def _float64(x: Any) -> np.ndarray:
+    """A float64 numpy copy of a torch tensor or numpy array (for exact comparisons)."""
+    if is_tensor(x):
+        return x.detach().to("cpu").double().numpy()
+    return np.asarray(x, dtype=np.float64)
+
+
 @dataclass(frozen=True)
 class AttentionSpec:
     """Multi-head self-attention, per head (shapes in brackets).
@@ -188,6 +195,34 @@ class AttentionSpec:
     # "dot": softmax(scale q k^T); "l2": Kim et al. 2021 L2 attention with W_K = W_Q tied and value
     # map A_h W_V^h W_O^h, A_h = W_Q^h W_Q^hT / sqrt(d_head) (transcover.lipschitz.l2_attention_forward)
     kind: str = "dot"
+
+    def __post_init__(self) -> None:
+        if self.kind == "l2":
+            self._check_l2()
+
+    def _check_l2(self) -> None:
+        """Refuse every field the L2 map does not compute (Note [L2 attention fields]).
+
+        Note [L2 attention fields]: ``l2_attention_forward`` computes exactly
+        ``sum_h softmax(-||x_i W_Q^h - x_j W_Q^h||^2 / sqrt(d_head)) X A_h W_V^h W_O^h``: no mask, no
+        RoPE, no biases, no other softmax scale, no grouped heads, and W_K tied to W_Q.  A spec that
+        asks for any of these would be silently computed (and bounded) as a different function, so
+        it is refused here, where every forward and every bound reads it.
+        """
+        asked = [name for name, on in (
+            ("causal masking", self.causal), ("RoPE", self.rope is not None),
+            ("a softmax scale", self.scale is not None),
+            ("biases", any(b is not None for b in (self.b_Q, self.b_K, self.b_V, self.b_O))),
+            ("grouped-query heads", self.W_K.shape[0] != self.W_Q.shape[0]),
+        ) if on]
+        if not asked and self.W_K is not self.W_Q:
+            tied = tuple(self.W_K.shape) == tuple(self.W_Q.shape) and bool(
+                np.array_equal(_float64(self.W_K), _float64(self.W_Q)))
+            if not tied:
+                asked.append("a key matrix W_K different from W_Q (L2 attention ties them)")
+        if asked:
+            raise ValueError("L2 attention (Kim et al. 2021) computes none of: " + ", ".join(asked)
+                             + "; refused rather than computed as another function")
 
     @property
     def n_heads(self) -> int:

@@ -129,8 +129,8 @@ def eps_change_bound(eps_a: float, eps_b: float) -> float:
 
     .. math::
 
-        \|N_{arepsilon_a}(x) - N_{arepsilon_b}(x)\|_2 \le \max_i|\gamma_i|\sqrt d\;
-        rac{k^{1/3} - 1}{\sqrt{k^{2/3} + k^{1/3} + 1}},\qquad k = rac{\max(arepsilon_a, arepsilon_b)}{\min(arepsilon_a, arepsilon_b)}
+        \|N_{\varepsilon_a}(x) - N_{\varepsilon_b}(x)\|_2 \le \max_i|\gamma_i|\sqrt d\;
+        \frac{k^{1/3} - 1}{\sqrt{k^{2/3} + k^{1/3} + 1}},\qquad k = \frac{\max(\varepsilon_a, \varepsilon_b)}{\min(\varepsilon_a, \varepsilon_b)}
 
     Note [eps change]: at a fixed input, LayerNorm (``v`` = variance of x, ``z = x - mean``) and
     RMSNorm (``v`` = mean square, ``z = x``) both output ``gamma * z / sqrt(v + eps) + beta`` with

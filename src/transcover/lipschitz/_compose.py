@@ -113,7 +113,9 @@ def _attention_block(L: LayerNorms, r: float, c_sm: float, metric: str, seq_len:
     if L.attention_kind == "l2":
         if seq_len is None:
             raise InputError("L2 attention's bound depends on the sequence length: give seq_len")
-        lip = l2_attention_lipschitz(list(L.B_Q), list(L.B_V), L.B_O, L.d_head, seq_len, metric=metric)
+        lip = l2_attention_lipschitz(list(L.B_Q), list(L.B_V), L.B_O, L.d_head, seq_len, metric=metric,
+                                     B_OV=list(L.B_OV))
+        # ||f_i|| <= sum_h ||A_h W_V^h W_O^h|| ||sum_j P_ij x_j|| and the P-average stays in the r-ball.
         gain = sum(q * q / math.sqrt(L.d_head) * ov for q, ov in zip(L.B_Q, L.B_OV))
         # Parameter perturbation of L2 attention is not derived here; the chain marks it unavailable.
         return lip, r * gain + L.B_bout, [("l2_attention", math.inf, "unsupported")]
@@ -207,8 +209,8 @@ def compose(norms: SpecNorms, *, radius: float = 1.0, c_sm: float = 1.0, metric:
                  + [m for L in norms.layers for m in (L.norm_attn, L.norm_ffn)])
     assumptions = _assumptions(metric, radius, c_sm, sigma_min, seq_len, has_ln)
     if any(L.attention_kind == "l2" for L in norms.layers):
-        assumptions += (f"L2 attention: sequences of N={seq_len} tokens (Kim et al. 2021 Thm 3.2, "
-                        "no radius assumption)",)
+        assumptions += (f"L2 attention: sequences of N={seq_len} tokens (THEORY F13 corrected, after Kim "
+                        "et al. 2021 Thm 3.2; no radius assumption)",)
     pad = 1.0 + ROUNDING_PAD
     up = Quantity(math.prod(s.lipschitz for s in stages) * pad, Kind.CERTIFIED_UPPER,
                   "THEORY F8 with propagated radii (F6, F7, F14)", assumptions)
@@ -227,7 +229,7 @@ def lipschitz_bounds(spec, *, radius: float = 1.0, c_sm: float = 1.0, metric: st
         \|g_L(X) - g_L(X')\| \le \Big(\prod_s \rho_s(r_s)\Big)\|X - X'\|,\quad \|x_t\|, \|x'_t\| \le R
 
     Source: THEORY F8 composing F6 (attention), F7 (FFN), F14 (LayerNorm/RMSNorm), Pi_norm (1),
-    residuals (+1), and Kim et al. 2021 Thm 3.2 for L2 attention.
+    residuals (+1), and F13 (corrected Kim et al. 2021 Thm 3.2) for L2 attention.
     Assumptions: token norms <= ``radius``; ``metric`` ``"2,inf"`` (T-independent) or ``"fro"``
     with ``seq_len``; LayerNorm inputs with std >= ``sigma_min`` when ``sigma_min > 0``
     (otherwise the global, eps-limited constant).

@@ -337,7 +337,7 @@ def attack_output_radius(f, *, T: int, d: int, dom: Domain, restarts: int = 8, s
         r = torch.linalg.vector_norm(f(X, sp), dim=-1).amax(-1)
         ok = dom.valid(X, sp) & torch.isfinite(r)
         if bool(ok.any()):
-            best = max(best, float(r[ok].max()))
+            best = max(best, float(r.detach()[ok].max()))
         if step == steps:
             break
         opt.zero_grad()

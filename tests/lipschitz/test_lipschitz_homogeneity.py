@@ -43,7 +43,8 @@ def _close(ratio: float, expected: float, n_norms: int) -> bool:
 def _attention_bound(attn, radius, metric, T):
     n = layer_norms(_layer_with(attn))
     if attn.kind == "l2":
-        return l2_attention_lipschitz(list(n.B_Q), list(n.B_V), n.B_O, n.d_head, T, metric=metric)
+        return l2_attention_lipschitz(list(n.B_Q), list(n.B_V), n.B_O, n.d_head, T, metric=metric,
+                                      B_OV=list(n.B_OV))
     return attention_lipschitz(n.B_OV, n.B_KQ, radius, B_bKQ=n.B_bKQ, B_V=n.B_V, B_O=n.B_O, metric=metric,
                                seq_len=T)
 

@@ -229,14 +229,18 @@ class Witness:
 
 
 def _starts(g: torch.Generator, n: int, T: int, d: int, dom: Domain) -> tuple[Tensor, Tensor, Tensor]:
-    """(X, unit direction U, log-distance s) for n restarts of four kinds."""
+    """(X, unit direction U, log-distance s) for n restarts of five kinds."""
     R = dom.radius
     X = torch.randn(n, T, d, generator=g, dtype=F64)
     X = X / torch.linalg.vector_norm(X, dim=-1, keepdim=True) * R
-    kind = torch.arange(n) % 4
+    kind = torch.arange(n) % 5
     X[kind == 1] *= torch.rand(int((kind == 1).sum()), T, 1, generator=g, dtype=F64)  # inside the ball
     X[kind == 2] = X[kind == 2][:, :1].expand(-1, T, -1).clone()  # one token repeated, at norm R
     X[kind == 3] *= 0.05  # small tokens (near the centre, where softmax is flat)
+    # nearly constant rows: a LayerNorm's constant is approached at inputs of tiny spread
+    k4 = int((kind == 4).sum())
+    X[kind == 4] = 0.5 * R * torch.rand(k4, T, 1, generator=g, dtype=F64) / math.sqrt(d) + 1e-3 * R / math.sqrt(
+        d) * torch.randn(k4, T, d, generator=g, dtype=F64)
     U = torch.randn(n, T, d, generator=g, dtype=F64)
     U = U / torch.linalg.vector_norm(U.flatten(-2), dim=-1)[:, None, None]
     logd = torch.where(torch.arange(n) % 3 == 0, math.log(R), math.log(1e-4 * R))  # far or near pairs
@@ -259,7 +263,7 @@ def _jacobian_directions(f, X: Tensor, metric: str, g: torch.Generator, n_iter: 
     B, T, d = X.shape
     out = []
     for b in range(B):
-        J = torch.autograd.functional.jacobian(lambda Z: f(Z[None], None)[0], X[b].detach())
+        J = torch.autograd.functional.jacobian(lambda Z: f(Z[None], None)[0], X[b].detach(), vectorize=True)
         Tout, dout = J.shape[0], J.shape[1]
         Jt = J.reshape(Tout, dout, T * d)  # output token, output coordinate, flattened input
         if metric == "fro":

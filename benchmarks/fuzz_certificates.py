@@ -70,7 +70,7 @@ def main() -> int:
           f"time: {time.monotonic() - t0:.0f} s   (restarts {args.restarts}, steps {args.steps})")
     print(f"{'bound kind':<28}{'max measured/bound':>20}")
     for kind in sorted(worst):
-        print(f"{kind:<28}{worst[kind][0]:>20.6f}")
+        print(f"{kind:<28}{worst[kind][0]:>20.9f}")
     for kind, measured, bound, c in bad[:20]:
         print(f"VIOLATION {kind}: measured {measured!r} > certified {bound!r} on {c}")
     return 1 if bad else 0

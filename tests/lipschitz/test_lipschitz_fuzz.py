@@ -10,6 +10,7 @@ measurement's own float64 rounding.  The longer run is ``benchmarks/fuzz_certifi
 
 import math
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -41,6 +42,24 @@ def cases(draw):
 def test_no_certified_bound_is_beaten_by_the_attacker(c):
     checks = run_case(c, restarts=3, steps=12)
     assert checks and not violations(checks), (c, violations(checks))
+
+
+FIXED = [  # every kind at least once, whatever hypothesis draws
+    Case(seed=1, norm="layernorm", sigma_min=0.2, placement="post", biases=True),
+    Case(seed=2, norm="rmsnorm", sigma_min=0.1, placement="pre", gated=True, act="silu", metric="fro"),
+    Case(seed=3, kind="l2", norm="none", metric="fro", scale=2.0),
+    Case(seed=4, gqa=True, rope=True, causal=True, biases=True, dtype="bfloat16", norm="ball", metric="fro"),
+    Case(seed=5, causal=True, biases=True, dtype="float32", norm="layernorm", placement="pre", act="gelu_tanh"),
+]
+
+
+@pytest.mark.parametrize("c", FIXED, ids=lambda c: f"{c.kind}-{c.norm}-{c.metric}-{c.dtype}")
+def test_fixed_cases_of_every_kind(c):
+    checks = run_case(c, restarts=3, steps=12)
+    kinds = {k for k, *_ in checks}
+    assert {"stage", "radius", "layer", "network"} <= kinds
+    assert ("G.3" in kinds) == (c.kind == "dot")
+    assert not violations(checks), violations(checks)
 
 
 def test_reference_forward_is_the_projects_forward():

@@ -34,6 +34,7 @@ def draw(rng: random.Random, seed: int) -> Case:
         sigma_min=rng.uniform(0.05, 0.8) if floor else 0.0, L=rng.choice([1, 1, 2]),
         final_norm=rng.random() < 0.3, perturb=rng.choice([1e-4, 1e-2, 0.3]),
         dtype=rng.choice(["float64", "float32", "bfloat16"]), T=rng.choice([2, 3, 4]),
+        qk=rng.choice([1.0, 1.0, 4.0, 12.0]),
     )
 
 

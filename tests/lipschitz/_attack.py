@@ -396,11 +396,12 @@ def fuzz_spec(seed: int, *, d: int = 6, H: int = 2, Hkv: int | None = None, dh: 
               L: int = 1, norm: str = "ball", placement: str = "post", act: str = "relu", gated: bool = False,
               biases: bool = False, causal: bool = False, rope: bool = False, kind: str = "dot",
               scale: float = 1.0, eps: float = 0.05, input_norm: bool = True, final_norm: bool = False,
-              dtype: torch.dtype = F64):
+              dtype: torch.dtype = F64, qk_scale: float = 1.0):
     """A small random TransformerSpec; weights stored in ``dtype`` (the spec's exact values).
 
     L2 attention (Kim et al.) ties ``W_K = W_Q`` and has no biases, mask or RoPE; GQA uses ``Hkv``
-    key/value heads.
+    key/value heads.  ``qk_scale`` multiplies W_Q and W_K only (sharp softmax: where a bound with
+    the wrong exponent in ||W_Q|| shows, issue 10 item 1).
     """
     from transcover.model import (
         Activation, AttentionSpec, FFNSpec, LayerSpec, NormKind, NormSpec, Placement, RopeSpec, TransformerSpec,
@@ -422,10 +423,10 @@ def fuzz_spec(seed: int, *, d: int = 6, H: int = 2, Hkv: int | None = None, dh: 
 
     layers = []
     for i in range(L):
-        Wq = rnd(H, d, dh)
+        Wq = (rnd(H, d, dh).double() * qk_scale).to(dtype)
         bias = biases and kind == "dot"
         attn = AttentionSpec(
-            W_Q=Wq, W_K=Wq.clone() if kind == "l2" else rnd(Hkv, d, dh), W_V=rnd(Hkv, d, dh), W_O=rnd(H, dh, d),
+            W_Q=Wq, W_K=Wq.clone() if kind == "l2" else (rnd(Hkv, d, dh).double() * qk_scale).to(dtype), W_V=rnd(Hkv, d, dh), W_O=rnd(H, dh, d),
             b_Q=rnd(H, dh) if bias else None, b_K=rnd(Hkv, dh) if bias and not rope else None,
             b_V=rnd(Hkv, dh) if bias else None, b_O=rnd(d) if bias else None,
             causal=causal and kind == "dot", rope=RopeSpec(theta=10.0) if rope and kind == "dot" else None,

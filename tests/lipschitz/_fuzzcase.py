@@ -44,13 +44,14 @@ class Case:
     perturb: float = 1e-2
     dtype: str = "float64"  # float64 | float32 | bfloat16: how the weights are stored
     T: int = 3
+    qk: float = 1.0  # extra factor on W_Q and W_K
 
     def spec(self):
         return fuzz_spec(self.seed, H=4 if self.gqa else 2, Hkv=2 if self.gqa else None, L=self.L, norm=self.norm,
                          placement=self.placement, act=self.act, gated=self.gated, biases=self.biases,
                          causal=self.causal, rope=self.rope, kind=self.kind, scale=self.scale,
                          eps=0.05 if self.sigma_min == 0 else 1e-4, final_norm=self.final_norm,
-                         dtype=getattr(torch, self.dtype))
+                         dtype=getattr(torch, self.dtype), qk_scale=self.qk)
 
 
 def perturbed(spec, seed: int, size: float):

@@ -34,6 +34,7 @@ def cases(draw):
         metric=draw(st.sampled_from(["2,inf", "fro"])), radius=draw(st.floats(0.3, 3.0)),
         scale=draw(st.floats(0.5, 2.5)), sigma_min=draw(st.floats(0.05, 0.5)) if floor else 0.0,
         perturb=draw(st.sampled_from([1e-3, 0.1])), dtype=draw(st.sampled_from(["float64", "float32", "bfloat16"])),
+        qk=draw(st.sampled_from([1.0, 4.0, 12.0])),
     )
 
 
@@ -48,6 +49,7 @@ FIXED = [  # every kind at least once, whatever hypothesis draws
     Case(seed=1, norm="layernorm", sigma_min=0.2, placement="post", biases=True),
     Case(seed=2, norm="rmsnorm", sigma_min=0.1, placement="pre", gated=True, act="silu", metric="fro"),
     Case(seed=3, kind="l2", norm="none", metric="fro", scale=2.0),
+    Case(seed=6, kind="l2", norm="ball", metric="2,inf", qk=12.0),  # sharp L2 softmax (issue 10 item 1)
     Case(seed=4, gqa=True, rope=True, causal=True, biases=True, dtype="bfloat16", norm="ball", metric="fro"),
     Case(seed=5, causal=True, biases=True, dtype="float32", norm="layernorm", placement="pre", act="gelu_tanh"),
 ]

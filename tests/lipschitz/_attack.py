@@ -264,6 +264,9 @@ def _jacobian_directions(f, X: Tensor, metric: str, g: torch.Generator, n_iter: 
     out = []
     for b in range(B):
         J = torch.autograd.functional.jacobian(lambda Z: f(Z[None], None)[0], X[b].detach(), vectorize=True)
+        if not bool(torch.isfinite(J).all()):  # overflowed scores: no direction from here
+            out.append(torch.randn(T, d, generator=g, dtype=F64))
+            continue
         Tout, dout = J.shape[0], J.shape[1]
         Jt = J.reshape(Tout, dout, T * d)  # output token, output coordinate, flattened input
         if metric == "fro":
@@ -283,7 +286,7 @@ def _jacobian_directions(f, X: Tensor, metric: str, g: torch.Generator, n_iter: 
                 G = (JV[t] / rows[t].clamp_min(1e-300)) @ Jt[t]
                 V = G.reshape(T, d)
                 V = V / torch.linalg.vector_norm(V, dim=-1, keepdim=True).clamp_min(1e-300)
-        out.append(bestV)
+        out.append(bestV if bestV is not None else torch.randn(T, d, generator=g, dtype=F64))
     return torch.stack(out)
 
 

@@ -52,7 +52,7 @@ def layernorm_lipschitz(gamma_max: float, eps: float, sigma_min: float = 0.0) ->
         sigma_min: assumed lower bound on the input's standard deviation.
 
     Returns:
-        The certified constant.
+        The certified constant, rounded up (Note [outward rounding]).
 
     Raises:
         InputError: if ``eps + sigma_min^2 <= 0`` (LayerNorm is then not Lipschitz) or an argument
@@ -69,7 +69,14 @@ def layernorm_lipschitz(gamma_max: float, eps: float, sigma_min: float = 0.0) ->
     if floor <= 0:
         raise InputError("LayerNorm with eps=0 is not Lipschitz near constant inputs; "
                          "give a variance floor sigma_min > 0")
-    return gamma_max / math.sqrt(floor)
+    # Note [outward rounding]: sigma_0^2, the sum, the square root and the division each round to
+    # nearest (relative error <= u = 2^-53 apiece, so < 3.5 u in all), and for constant gamma the
+    # value is attained, so a round-to-nearest result can sit an ulp *below* the true constant.
+    # Four ulps up (>= 4 u relative for any normal float) put it above.
+    value = gamma_max / math.sqrt(floor)
+    for _ in range(4 if value > 0 else 0):  # 0 (gamma = 0) is exact
+        value = math.nextafter(value, math.inf)
+    return value
 
 
 def rmsnorm_lipschitz(gamma_max: float, eps: float, rms_min: float = 0.0) -> float:

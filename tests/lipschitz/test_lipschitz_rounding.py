@@ -1,0 +1,45 @@
+"""Rounding direction of the closed-form certified constants, against 200-bit arithmetic (mpmath).
+
+The LayerNorm / RMSNorm constant ``max|gamma| / sqrt(sigma_0^2 + eps)`` is attained (constant gamma,
+an input at the floor), so a value rounded to nearest can be a false certificate by an ulp: before
+the fix, half of random inputs came out below the exact value.
+"""
+
+import math
+import random
+
+import mpmath
+
+from transcover.lipschitz import activation_lipschitz, layernorm_lipschitz, rmsnorm_lipschitz
+
+mpmath.mp.prec = 200
+
+
+def test_norm_constants_are_rounded_up():
+    rng = random.Random(0)
+    for _ in range(1000):
+        g, eps, s0 = rng.uniform(1e-3, 5.0), 10 ** rng.uniform(-12, 1), rng.choice([0.0, rng.uniform(0, 3)])
+        exact = mpmath.mpf(g) / mpmath.sqrt(mpmath.mpf(s0) ** 2 + mpmath.mpf(eps))
+        for fn in (layernorm_lipschitz, rmsnorm_lipschitz):
+            v = fn(g, eps, s0)
+            assert mpmath.mpf(v) >= exact, (fn.__name__, g, eps, s0)
+            assert v <= float(exact) * (1 + 1e-15)  # and by a few ulps only
+    assert layernorm_lipschitz(0.0, 1e-5) == 0.0
+
+
+def test_activation_constants_are_rounded_up():
+    """sup |sigma'| from mpmath's root of sigma'' (GELU: closed form), below the certified constant."""
+    exact = {
+        "relu": mpmath.mpf(1), "identity": mpmath.mpf(1),
+        "gelu": mpmath.ncdf(mpmath.sqrt(2)) + 1 / (mpmath.e * mpmath.sqrt(mpmath.pi)),
+    }
+    sig = lambda x: 1 / (1 + mpmath.exp(-x))  # noqa: E731
+    silu_d = lambda x: sig(x) * (1 + x * (1 - sig(x)))  # noqa: E731
+    exact["silu"] = silu_d(mpmath.findroot(lambda x: mpmath.diff(silu_d, x), 2.4))
+    k = mpmath.sqrt(2 / mpmath.pi)
+    gt = lambda x: 0.5 * x * (1 + mpmath.tanh(k * (x + mpmath.mpf("0.044715") * x**3)))  # noqa: E731
+    gt_d = lambda x: mpmath.diff(gt, x)  # noqa: E731
+    exact["gelu_tanh"] = gt_d(mpmath.findroot(lambda x: mpmath.diff(gt, x, 2), 1.5))
+    for name, value in exact.items():
+        assert mpmath.mpf(activation_lipschitz(name)) >= value, name
+        assert math.isclose(activation_lipschitz(name), float(value), rel_tol=2e-9), name

@@ -80,6 +80,22 @@ def check_c_sm(c_sm: float, name: str = "c_sm") -> float:
     return float(c_sm)
 
 
+_U = 2.0 ** -53  # unit roundoff of float64
+
+
+def _round_up(x, n_ops: int):
+    """``x`` (a float64 result of at most ``n_ops`` roundings of a formula increasing in its inputs)
+    moved above the exact value of the formula: Note [rounding the attention constants].
+
+    Note [rounding the attention constants]: each of the ``n_ops`` float64 operations has relative
+    error <= u, so the computed value is >= (exact)(1 - u)^n_ops >= (exact)(1 - (n_ops + 1) u) for
+    n_ops u << 1.  Multiplying by ``1 + (2 n_ops + 4) u`` (itself rounded, relative error <= u)
+    lands above the exact value.  Works on Python floats and on float64 tensors (the penalties of
+    ``transcover.constrain`` differentiate through it).
+    """
+    return x * (1.0 + (2 * n_ops + 4) * _U)
+
+
 def head_lipschitz(B_out: float, B_KQ: float, radius: float, *, c_sm: float = 1.0, B_bKQ: float = 0.0,
                    metric: str = "2,inf", seq_len: int | None = None) -> float:
     r"""Input-Lipschitz bound of one dot-product attention head on rows of norm <= R.
@@ -107,13 +123,13 @@ def head_lipschitz(B_out: float, B_KQ: float, radius: float, *, c_sm: float = 1.
         seq_len: T, required for ``"fro"``.
 
     Returns:
-        The certified constant (before the rounding pad, which the composition applies once).
+        The certified constant, rounded up (Note [rounding the attention constants]).
 
     Raises:
         InputError: for a bad metric, a missing seq_len, a non-positive radius or ``c_sm < 1``.
 
     Example:
-        >>> head_lipschitz(1.0, 1.0, 1.0, c_sm=2.0)
+        >>> round(head_lipschitz(1.0, 1.0, 1.0, c_sm=2.0), 12)
         5.0
     """
     if radius <= 0:
@@ -121,8 +137,8 @@ def head_lipschitz(B_out: float, B_KQ: float, radius: float, *, c_sm: float = 1.
     check_c_sm(c_sm)
     rt = _check_metric(metric, seq_len)
     if metric == "2,inf":
-        return B_out * (1.0 + c_sm * radius * (2.0 * B_KQ * radius + B_bKQ))
-    return B_out * (rt + c_sm * radius * (B_KQ * radius * (1.0 + rt) + rt * B_bKQ))
+        return _round_up(B_out * (1.0 + c_sm * radius * (2.0 * B_KQ * radius + B_bKQ)), 7)
+    return _round_up(B_out * (rt + c_sm * radius * (B_KQ * radius * (1.0 + rt) + rt * B_bKQ)), 10)
 
 
 def attention_lipschitz(B_OV: Sequence[float], B_KQ: Sequence[float], radius: float, *,
@@ -143,11 +159,14 @@ def attention_lipschitz(B_OV: Sequence[float], B_KQ: Sequence[float], radius: fl
     H = len(B_OV)
     bq = list(B_bKQ) if B_bKQ is not None else [0.0] * H
     kw = dict(c_sm=c_sm, metric=metric, seq_len=seq_len)
-    per_head = sum(head_lipschitz(B_OV[h], B_KQ[h], radius, B_bKQ=bq[h], **kw) for h in range(H))
+    # each head's constant is already rounded up; the H - 1 additions (and the squares, the root and
+    # the product of the second form) are covered by one more upward step (Note [rounding the
+    # attention constants])
+    per_head = _round_up(sum(head_lipschitz(B_OV[h], B_KQ[h], radius, B_bKQ=bq[h], **kw) for h in range(H)), H)
     if B_V is None or B_O is None:
         return per_head
-    concat = B_O * math.sqrt(sum(head_lipschitz(B_V[h], B_KQ[h], radius, B_bKQ=bq[h], **kw) ** 2
-                                 for h in range(H)))
+    concat = _round_up(B_O * math.sqrt(sum(head_lipschitz(B_V[h], B_KQ[h], radius, B_bKQ=bq[h], **kw) ** 2
+                                           for h in range(H))), 2 * H + 2)
     return min(per_head, concat)
 
 

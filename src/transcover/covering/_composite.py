@@ -86,7 +86,9 @@ def composite_log_covering(
     if eps_tf == 0.0:
         raise InputError(f"the head's Lipschitz constant (log C = {log_C:.1f}) leaves no budget for the Transformer")
     tf = transformer_log_covering(transformer_terms, eps_tf, n_points, family=family)
+    # logaddexp rounds to nearest: a relative pad of 1e-15 and one step up keep the sum an upper bound
     total = float(np.logaddexp(mlp_at_half_eps.log_log_N, tf.log_log_N))
+    total = math.nextafter(total + (abs(total) + 1.0) * 1e-15, math.inf)
     leading = (g5_leading_log(log_C, tf.log_eta, tf.log_eta_tilde, eps)
                if tf.log_gamma > -math.inf else -math.inf)
     return CompositeCovering(float(eps), total, mlp_at_half_eps, tf, log_C, leading,

@@ -333,7 +333,8 @@ def model_covering_curve(terms: Sequence[MatrixTerm], *, family: str, seq_len: i
 
     def curve(eps: float, n: float) -> float:
         e_tf = math.nextafter(math.exp(math.log(eps) - math.log(2.0) - log_C) * (1.0 - 1e-15), 0.0)  # rounded down
-        return float(np.logaddexp(mlp(eps / 2.0, 1), tf(e_tf, max(1, int(round(n * seq_len))))))
+        v = float(np.logaddexp(mlp(eps / 2.0, 1), tf(e_tf, max(1, int(round(n * seq_len))))))
+        return math.nextafter(v + (abs(v) + 1.0) * 1e-15, math.inf)  # rounded up, as in composite_log_covering
 
     return curve
 

@@ -136,6 +136,16 @@ def _lse(x: Sequence[float]) -> float:
     return m + math.log(float(np.sum(np.exp(arr - m))))
 
 
+def _lse_up(x: Sequence[float]) -> float:
+    """``ln sum_i exp(x_i)`` rounded up: the float sum of k terms errs by < (k + 4) u relative
+    (u = 2^-53; exp, log and the additions), so pad by that in the log before one step up."""
+    v = _lse(x)
+    if not math.isfinite(v):
+        return v
+    k = len(x)
+    return math.nextafter(v + (abs(v) + 1.0) * (k + 4) * 2.3e-16, math.inf)
+
+
 def _parametric(terms: Sequence[MatrixTerm], family: str) -> list[bool]:
     """Which terms get the F1 (parameter-count) cover under a fixed family."""
     return [t.vector or family == "spectral" for t in terms]
@@ -301,7 +311,7 @@ def transformer_log_covering(
         log_eps_i = _allocate(terms, par, eps, n_points)
     # log_costs[i] = ln(ln N_i), so total = ln(sum_i ln N_i) = ln ln N.
     log_costs = [float(v) for v in _exact_loglog(_term_arrays(terms, par), log_eps_i, n_points)]
-    total = _lse(log_costs)
+    total = _lse_up(log_costs)  # ln of sum_i ln N_i, each term already rounded up
     contributions = tuple(
         TermContribution(
             name=t.name, layer=t.layer, role=t.role, group=t.group,
@@ -370,4 +380,4 @@ class CoveringCurve:
         # exp(log_eps_i) <= eps w_i (1 + 1e-13), inside the 1e-12 margin of the anchor's certificate
         le = log_eps + fractions
         le = le - (np.abs(le) + 1.0) * 1e-15
-        return _lse(_exact_loglog(ar, le, n_points))
+        return _lse_up(_exact_loglog(ar, le, n_points))

@@ -276,3 +276,15 @@ def test_min_covers_are_never_below_the_monte_carlo_estimate():
                            max(t.l21, math.sqrt(t.shape[1] * min(t.shape)) * t.spectral),
                            t.spectral, vector=t.vector) for t in terms]
         assert est <= transformer_log_covering(wide, eps, 6, family="best").log_N
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.integers(1, 400), st.floats(-3, 3), st.sampled_from(["l21", "spectral", "best"]))
+def test_total_is_rounded_up_over_many_terms(k, log_c, fam):
+    """ln(sum_i ln N_i) as reported is >= the exact log-sum of the reported per-matrix terms."""
+    terms = [MatrixTerm(i // 4, f"W{i}", (16, 16), log_c + 0.01 * (i % 7), 2.0 + 0.1 * (i % 3), 1.0)
+             for i in range(k)]
+    cov = transformer_log_covering(terms, 0.1, 1000, family=fam)
+    with mpmath.workdps(60):
+        exact = mpmath.log(mpmath.fsum(mpmath.exp(mpmath.mpf(c.log_cost)) for c in cov.contributions))
+    assert mpmath.mpf(cov.log_log_N) >= exact

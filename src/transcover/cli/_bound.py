@@ -10,21 +10,25 @@ HELP = "log covering number at eps, generalisation bound at n samples, and where
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", default=None,
-                   help="HF model directory, .safetensors file, or short name (default: the bundled all-MiniLM-L6-v2)")
+                   help="HF model directory, .safetensors file, a `transcover train` checkpoint folder (n and T "
+                        "default to its task's), or short name (default: the bundled all-MiniLM-L6-v2)")
     p.add_argument("--arch", default=None, help="architecture of a bare .safetensors file")
     p.add_argument("--allow-pickle", action="store_true", help="load pickled checkpoints (.bin/.pt)")
     p.add_argument("--strict", action="store_true",
                    help="refuse a checkpoint with tensors inside a layer that the architecture does not define "
                         "(default: warn, naming each)")
     p.add_argument("--eps", type=float, default=0.1, help="covering scale eps (default 0.1)")
-    p.add_argument("--n-samples", type=float, nargs="+", default=[1e6],
-                   help="training-set sizes n for the generalisation bound (default 1e6)")
-    p.add_argument("--seq-len", type=int, default=128, help="sequence length T (enters as log(nT); default 128)")
+    p.add_argument("--n-samples", type=float, nargs="+", default=None,
+                   help="training-set sizes n for the generalisation bound (default 1e6; a training "
+                        "checkpoint: its n_train)")
+    p.add_argument("--seq-len", type=int, default=None,
+                   help="sequence length T (enters as log(nT); default 128; a training checkpoint: its task's)")
     p.add_argument("--radius", type=float, default=1.0, help="bound R on input token norms (default 1)")
     p.add_argument("--c-sm", type=float, default=1.0, help="softmax constant >= 1: 1 (proven and tight, default) or 2 (Edelman)")
-    p.add_argument("--family", choices=("l21", "spectral", "best"), default="l21",
-                   help="l21: (2,1)-norm covers, 1/eps^2 (default, the seed's form); spectral: parameter-count "
-                        "covers (dimension-dependent); best: the cheaper of the two per matrix")
+    p.add_argument("--family", choices=("auto", "l21", "spectral", "best"), default="auto",
+                   help="auto (default): compute every route below and report the smallest certified log N; "
+                        "l21: (2,1)-norm covers, 1/eps^2 (the seed's form); spectral: parameter-count covers "
+                        "(dimension-dependent); best: the cheaper of the two per matrix inside Lemma G.1")
     p.add_argument("--sigma-min", type=float, default=0.0,
                    help="assumed floor on every LayerNorm input's std (0: global max|gamma|/sqrt(eps) constant)")
     p.add_argument("--reference", default=None, metavar="MODEL",
@@ -50,10 +54,10 @@ def _validate(args: argparse.Namespace) -> None:
                     ("--loss-lipschitz", args.loss_lipschitz), ("--loss-bound", args.loss_bound)):
         if not (v > 0 and v < float("inf")):
             raise InputError(f"{flag} must be a finite number > 0, but got {flag}={v}")
-    for n in args.n_samples:
+    for n in args.n_samples or ():
         if not (n >= 1 and n < float("inf")):
             raise InputError(f"--n-samples must be >= 1, but got --n-samples={n}")
-    if args.seq_len < 1:
+    if args.seq_len is not None and args.seq_len < 1:
         raise InputError(f"--seq-len must be >= 1, but got --seq-len={args.seq_len}")
     if not (0 < args.delta < 1):
         raise InputError(f"--delta must be in (0, 1), but got --delta={args.delta}")
@@ -96,12 +100,22 @@ def run(args: argparse.Namespace) -> int:
     import math
     import sys
 
-    from ..covering import model_bound, sample_size_for_gap
+    from ..covering import diagnose, model_bound, sample_size_for_gap
     from ..model import load
     from ..report import atomic_write_text
 
     _validate(args)
-    spec = load(args.model, arch=args.arch, allow_pickle=args.allow_pickle, strict=args.strict).to_torch()
+    from ..train import checkpoint_spec, is_train_checkpoint
+
+    if args.model is not None and is_train_checkpoint(args.model):
+        spec, n_train, seq_len = checkpoint_spec(args.model)
+        spec = spec.to_torch()
+        args.n_samples = args.n_samples or [float(n_train)]
+        args.seq_len = args.seq_len or seq_len
+    else:
+        spec = load(args.model, arch=args.arch, allow_pickle=args.allow_pickle, strict=args.strict).to_torch()
+    args.n_samples = args.n_samples or [1e6]
+    args.seq_len = args.seq_len or 128
     reference = None if args.reference is None else load(args.reference, arch=args.arch, allow_pickle=args.allow_pickle,
                                                          strict=args.strict).to_torch()
     result = model_bound(spec, eps=args.eps, n_samples=tuple(args.n_samples), seq_len=args.seq_len,
@@ -115,6 +129,8 @@ def run(args: argparse.Namespace) -> int:
                                    delta=args.delta)
     data = _json_safe(result.to_dict())
     data["n_needed_for_gap"] = {"target_gap": target, "n": n_needed if math.isfinite(n_needed) else "> 1e300"}
+    diagnosis = diagnose(result)
+    data["diagnosis"] = _json_safe(diagnosis.to_dict())
     data["warnings"] = list(spec.warnings) + ([] if reference is None else list(reference.warnings))
     # Render and build every output before writing any, so an error leaves nothing half-written.
     outputs = []
@@ -122,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
         outputs.append(("json", args.json, json.dumps(data, indent=2, default=str, allow_nan=False)))
     png = _plot(result, curve, n_needed, target, args) if args.plot else None
     if not args.quiet:
-        _render(result, terms, n_needed, target, args.top)
+        _render(result, terms, n_needed, target, args.top, diagnosis)
     for _, path, text in outputs:
         atomic_write_text(path, text)
         print(f"wrote {path}", file=sys.stderr)
@@ -134,7 +150,7 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _render(result, terms, n_needed: float, target: float, top: int) -> None:
+def _render(result, terms, n_needed: float, target: float, top: int, diagnosis) -> None:
     import math
 
     from rich.console import Console
@@ -147,6 +163,11 @@ def _render(result, terms, n_needed: float, target: float, top: int) -> None:
     con.print(f"[bold]{result.model}[/bold] ({result.arch}, {result.n_layers} layers): "
               f"log N_inf(eps={result.eps!r}, n={result.transformer.n_points // result.seq_len:g} x T={result.seq_len}) "
               f"<= {_fmt_log(cov.log_log_N)}  [{result.kind.value}]")
+    if result.routes:
+        others = ", ".join(f"{k} {_fmt_log(v)}" for k, v in result.routes.items())
+        con.print(f"  route: {result.route}" + (" (family auto: the smallest certified log N of the routes "
+                                                 if result.family == "auto" else " (routes for comparison: ")
+                  + others + ")")
     if isinstance(cov, CompositeCovering):
         con.print(f"  Theorem G.5: MLP head log N(eps/2) <= {_fmt_log(cov.mlp.log_log_N)} "
                   f"({cov.mlp.n_params} params, C = {_fmt_log(cov.log_C)}); Transformer log N(eps/2C) <= "
@@ -166,6 +187,14 @@ def _render(result, terms, n_needed: float, target: float, top: int) -> None:
                   f"larger gap), so the reported gap is the trivial b; the raw formula is shown for comparison only")
     con.print(f"n needed for a gap <= {target:g}: {n_needed:.3g}" if math.isfinite(n_needed)
               else f"n needed for a gap <= {target:g}: more than 1e300")
+    if diagnosis.vacuous:
+        dom = ", ".join(f"n={g.n:.3g}: {d}" for g, d in zip(result.generalisation, diagnosis.dominant_term))
+        con.print(f"[bold]why vacuous[/bold]: dominant gap term ({dom}); largest shares of the Transformer's log N: "
+                  + ", ".join(f"{m} {s:.1%} ({c.split()[0]})" for m, _, c, s, _ in diagnosis.top)
+                  + "; by layer: " + ", ".join(f"{ly}: {s:.1%}" for ly, s in diagnosis.layers[:3]))
+        con.print("[bold]what would tighten it[/bold] (advice):")
+        for tip in diagnosis.suggestions:
+            con.print(f"  - {tip}")
     con.print("BFT baseline (an estimate, not a bound here: BFT's theorem covers feed-forward chains; the "
               "Transformer's matrices are treated as one chain without residuals, LayerNorm or softmax)")
     con.print(f"BFT spectral complexity R_A = {_fmt_log(result.bft.log_R)} [{result.bft.kind.value}]; "

@@ -24,6 +24,8 @@ from ._bft import bft_spectral_complexity as bft_spectral_complexity
 from ._composite import CompositeCovering as CompositeCovering
 from ._composite import composite_log_covering as composite_log_covering
 from ._composite import g5_leading_log as g5_leading_log
+from ._diagnosis import Diagnosis as Diagnosis
+from ._diagnosis import diagnose as diagnose
 from ._dudley import DudleyBound as DudleyBound
 from ._dudley import dudley_entropy_integral as dudley_entropy_integral
 from ._dudley import dudley_inverse_square as dudley_inverse_square
@@ -43,6 +45,7 @@ from ._model_bound import ModelBound as ModelBound
 from ._model_bound import model_bound as model_bound
 from ._model_bound import model_covering_curve as model_covering_curve
 from ._model_bound import model_terms as model_terms
+from ._model_bound import MODEL_FAMILIES as MODEL_FAMILIES
 from ._transformer import NORM_FAMILIES as NORM_FAMILIES
 from ._transformer import CoveringCurve as CoveringCurve
 from ._transformer import MatrixTerm as MatrixTerm
@@ -56,13 +59,13 @@ __all__ = [
     "box_log_covering_linf", "box_linf_centres_per_axis",
     "SpectralComplexity", "bft_margin_term", "bft_spectral_complexity",
     "CompositeCovering", "composite_log_covering", "g5_leading_log",
-    "DudleyBound", "dudley_entropy_integral", "dudley_inverse_square",
+    "Diagnosis", "diagnose", "DudleyBound", "dudley_entropy_integral", "dudley_inverse_square",
     "GeneralisationBound", "concentration_term", "generalisation_bound", "generalisation_gap",
     "sample_size_for_gap",
     "bft_matrix_log_covering", "linear_linf_log_covering", "matrix_linf_log_covering",
     "spectral_ball_matrix_log_covering",
     "MLPCovering", "mlp_log_covering", "mlp_terms",
-    "ModelBound", "model_bound", "model_covering_curve", "model_terms",
+    "ModelBound", "model_bound", "model_covering_curve", "model_terms", "MODEL_FAMILIES",
     "NORM_FAMILIES", "CoveringCurve", "MatrixTerm", "TermContribution", "TransformerCovering",
     "transformer_log_covering",
 ]

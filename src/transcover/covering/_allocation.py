@@ -20,8 +20,10 @@ import numpy as np
 
 from .._errors import InputError
 from .._results import Kind
+from ._outward import exact
 
-__all__ = ["Allocation", "budget_allocation", "budget_allocation_log", "CoverCost", "allocate_mixed"]
+__all__ = ["Allocation", "budget_allocation", "budget_allocation_log", "CoverCost", "allocate_mixed",
+           "budget_holds", "fit_to_budget"]
 
 
 def _safe_exp(x: float) -> float:
@@ -237,12 +239,63 @@ def allocate_mixed(costs: Sequence[CoverCost], eps: float) -> Allocation:
             hi = mid
         if hi - lo < 1e-12 * max(1.0, abs(hi)):
             break
-    # Note [sound side]: hi satisfies sum c_i e_i <= eps up to rounding in logsumexp; shrink by a
-    # relative 1e-12 so the split never exceeds the budget.
-    le = _log_eps_at_arrays(ar, hi) - 1e-12
+    # Note [sound side]: hi satisfies sum c_i e_i <= eps up to rounding in logsumexp (and the
+    # bracket may have stopped short on absurd inputs); fit_to_budget checks the sum exactly and
+    # shrinks the split until it holds, so the returned split never exceeds the budget.
+    le = fit_to_budget(lc, _log_eps_at_arrays(ar, hi) - 1e-12, eps)
     log_costs = np.array([_term_log_cost(t, float(e)) for t, e in zip(costs, le)])
     return Allocation(float(eps), tuple(map(float, le)), tuple(map(float, log_costs)),
                       _logsumexp(log_costs))
+
+
+def budget_holds(log_c: Sequence[float], log_eps_i: Sequence[float], eps: float) -> bool:
+    """Whether ``sum_i exp(log_c_i + log_eps_i) <= eps`` holds for the *real* numbers the floats denote.
+
+    Lemma G.1's soundness condition (THEORY F4) decided exactly: every float is a dyadic rational,
+    the sum ``log_c_i + log_eps_i`` and ``exp`` run on outward-rounded decimal enclosures
+    (``_outward``), and the check passes only when the enclosure's upper end is ``<= eps``.  A term
+    with ``c_i = 0`` (``log_c = -inf``) moves nothing and is skipped, whatever its ``eps_i``
+    (``+inf`` included); a term with ``eps_i = 0`` adds 0.  Decimal exponents reach ``10^(10^18)``,
+    so ``c_i ~ e^(10^5)`` is harmless.
+    """
+    lc = [float(v) for v in log_c]
+    le = [float(v) for v in log_eps_i]
+    if len(lc) != len(le):
+        raise InputError(f"log_c and log_eps_i must have equal lengths, but got {len(lc)} and {len(le)}")
+    total = exact(0)
+    for c, e in zip(lc, le):
+        if c == -math.inf or e == -math.inf:
+            continue
+        if math.isnan(c) or math.isnan(e) or c == math.inf or e == math.inf:
+            return False
+        total = total + (exact(c) + exact(e)).exp()
+    return total.hi <= exact(eps).lo
+
+
+def fit_to_budget(log_c: Sequence[float], log_eps_i: Sequence[float], eps: float) -> np.ndarray:
+    """``log_eps_i`` shrunk by a common factor until :func:`budget_holds` certifies the split.
+
+    The shrink starts at ``1e-12`` (relative) and doubles; the float rounding of ``log_eps_i - s``
+    is harmless because the check is made on the returned floats themselves.
+    """
+    lc = np.asarray(log_c, dtype=np.float64)
+    le = np.asarray(log_eps_i, dtype=np.float64).copy()
+    live = lc > -math.inf
+    le[~live & (le == math.inf)] = math.inf  # c_i = 0: any scale, the budget is untouched
+    shrink = 0.0
+    step = 1e-12
+    while not budget_holds(lc, le, eps):
+        if not np.isfinite(le[live & (le > -math.inf)]).all():
+            raise InputError("the split has a non-finite scale for a term with c_i > 0; cannot meet the budget")
+        # excess in logs (float estimate): shrink by at least that, and by a doubling pad
+        ex = _logsumexp(lc[live] + le[live]) - math.log(eps)
+        s = max(step, ex if math.isfinite(ex) else step)
+        le[live] = le[live] - s
+        shrink += s
+        step *= 2.0
+        if shrink > 1e3:
+            raise InputError("cannot fit the split to the budget (coefficients out of range)")
+    return le
 
 
 def _term_log_cost(t: CoverCost, log_e: float) -> float:

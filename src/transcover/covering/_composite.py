@@ -81,11 +81,14 @@ def composite_log_covering(
     if not math.isclose(mlp_at_half_eps.eps, eps / 2.0, rel_tol=1e-12):
         raise InputError(f"the MLP cover must be at eps/2 = {eps / 2:g}, but got eps={mlp_at_half_eps.eps:g}")
     log_C = mlp_at_half_eps.log_C
-    eps_tf = math.exp(math.log(eps) - math.log(2.0) - log_C)
+    # exp and log round to nearest: step down so eps_tf never exceeds eps / (2C) (the split's budget)
+    eps_tf = math.nextafter(math.exp(math.log(eps) - math.log(2.0) - log_C) * (1.0 - 1e-15), 0.0)
     if eps_tf == 0.0:
         raise InputError(f"the head's Lipschitz constant (log C = {log_C:.1f}) leaves no budget for the Transformer")
     tf = transformer_log_covering(transformer_terms, eps_tf, n_points, family=family)
+    # logaddexp rounds to nearest: a relative pad of 1e-15 and one step up keep the sum an upper bound
     total = float(np.logaddexp(mlp_at_half_eps.log_log_N, tf.log_log_N))
+    total = math.nextafter(total + (abs(total) + 1.0) * 1e-15, math.inf)
     leading = (g5_leading_log(log_C, tf.log_eta, tf.log_eta_tilde, eps)
                if tf.log_gamma > -math.inf else -math.inf)
     return CompositeCovering(float(eps), total, mlp_at_half_eps, tf, log_C, leading,

@@ -32,7 +32,10 @@ from ._generalisation import GeneralisationBound, generalisation_bound, generali
 from ._mlp import mlp_log_covering, mlp_terms
 from ._transformer import NORM_FAMILIES, CoveringCurve, MatrixTerm, TransformerCovering, transformer_log_covering
 
-__all__ = ["ModelBound", "model_terms", "model_bound", "model_covering_curve"]
+__all__ = ["ModelBound", "model_terms", "model_bound", "model_covering_curve", "MODEL_FAMILIES"]
+
+# the families of ``transformer_log_covering`` and "auto": all of them, the smallest reported
+MODEL_FAMILIES = (*NORM_FAMILIES, "auto")
 
 _PAD = 1e-10  # relative rounding pad on float64 norms (sums of <= 1e6 squares: error < 1e-10)
 
@@ -242,6 +245,10 @@ class ModelBound:
     options: dict[str, object] = field(default_factory=dict)
     # (eps, n) -> ln log N of the same class (certified, fast): for plots and sample-size searches
     curve: Callable[[float, float], float] | None = field(default=None, repr=False, compare=False)
+    # the cover family whose log N at eps is reported (the smallest of ``routes`` for family="auto")
+    route: str = ""
+    # family -> ln log N at eps: every certified route, computed for comparison (Note [routes])
+    routes: dict[str, float] = field(default_factory=dict)
 
     @property
     def log_log_N(self) -> float:
@@ -251,7 +258,9 @@ class ModelBound:
         tf = self.transformer
         return {
             "model": self.model, "arch": self.arch, "n_layers": self.n_layers, "eps": self.eps,
-            "seq_len": self.seq_len, "family": self.family, "kind": self.kind.value, "options": self.options,
+            "seq_len": self.seq_len, "family": self.family, "route": self.route or self.family,
+            "routes_log10_log_N": {k: v / math.log(10) for k, v in self.routes.items()},
+            "kind": self.kind.value, "options": self.options,
             "log10_log_N": self.log_log_N / math.log(10), "ln_log_N": self.log_log_N,
             "with_mlp_head": isinstance(self.covering, CompositeCovering),
             "transformer": {"eps": tf.eps, "n_points": tf.n_points, "ln_log_N": tf.log_log_N,
@@ -309,8 +318,12 @@ def model_covering_curve(terms: Sequence[MatrixTerm], *, family: str, seq_len: i
     """``(eps, n) -> ln log N`` of the whole class on n sequences of length T (certified, fast).
 
     With a head ``(shapes, spectral, biases, L_act, input_radius)`` it is Theorem G.5's
-    ``log N_MLP(eps/2) + log N_TF(eps/(2C))``.
+    ``log N_MLP(eps/2) + log N_TF(eps/(2C))``.  ``family="auto"``: the pointwise minimum of the
+    three families' curves (Note [routes]: each bounds the covering number of the same class).
     """
+    if family == "auto":
+        curves = [model_covering_curve(terms, family=f, seq_len=seq_len, head=head) for f in NORM_FAMILIES]
+        return lambda eps, n: min(c(eps, n) for c in curves)
     tf = CoveringCurve(terms, family=family)
     if head is None:
         return lambda eps, n: tf(eps, max(1, int(round(n * seq_len))))
@@ -319,8 +332,9 @@ def model_covering_curve(terms: Sequence[MatrixTerm], *, family: str, seq_len: i
     mlp = CoveringCurve(hterms, family="spectral")
 
     def curve(eps: float, n: float) -> float:
-        e_tf = math.exp(math.log(eps) - math.log(2.0) - log_C)
-        return float(np.logaddexp(mlp(eps / 2.0, 1), tf(e_tf, max(1, int(round(n * seq_len))))))
+        e_tf = math.nextafter(math.exp(math.log(eps) - math.log(2.0) - log_C) * (1.0 - 1e-15), 0.0)  # rounded down
+        v = float(np.logaddexp(mlp(eps / 2.0, 1), tf(e_tf, max(1, int(round(n * seq_len))))))
+        return math.nextafter(v + (abs(v) + 1.0) * 1e-15, math.inf)  # rounded up, as in composite_log_covering
 
     return curve
 
@@ -333,7 +347,7 @@ def model_bound(
     seq_len: int = 128,
     radius: float = 1.0,
     c_sm: float = 1.0,
-    family: str = "l21",
+    family: str = "auto",
     sigma_min: float = 0.0,
     reference: TransformerSpec | None = None,
     loss_lipschitz: float = 1.0,
@@ -350,8 +364,11 @@ def model_bound(
 
     The class: every model of this architecture whose per-matrix spectral norms are at most the
     spec's (so Lemma G.3's coefficients hold) and whose distances from the reference (0 or
-    ``reference``) are at most the spec's, in the (2,1) norm (``family="l21"``) or the spectral norm
-    (``family="spectral"``).  With an MLP head (reference models) the class is ``F_MLP o G_TF``
+    ``reference``) are at most the spec's, in the (2,1) norm and the spectral norm.  The matrices
+    are covered by F2 (``family="l21"``), F1 on the spectral ball (``"spectral"``), the cheaper of
+    the two per matrix inside Lemma G.1 (``"best"``), or all three computed and the smallest
+    reported (``"auto"``, the default; ``route`` names the one reported, ``routes`` lists all,
+    Note [routes]).  With an MLP head (reference models) the class is ``F_MLP o G_TF``
     (Theorem G.5), otherwise ``G_TF`` with a loss that is ``loss_lipschitz``-Lipschitz in the
     ``max_t ||.||_2`` output norm.  Choices (THEORY section 4): ``c_sm`` (1 tight, 2 Edelman),
     ``sigma_min`` (LayerNorm variance floor; 0 = the global eps-limited constant), ``family``,
@@ -375,8 +392,8 @@ def model_bound(
         _check("n_samples", n)
     if not isinstance(seq_len, int) or seq_len < 1:
         raise InputError(f"seq_len must be a positive integer, but got seq_len={seq_len!r}")
-    if family not in NORM_FAMILIES:
-        raise InputError(f"family must be one of {NORM_FAMILIES}, but got family={family!r}")
+    if family not in MODEL_FAMILIES:
+        raise InputError(f"family must be one of {MODEL_FAMILIES}, but got family={family!r}")
     if not (math.isfinite(sigma_min) and sigma_min >= 0):
         raise InputError(f"sigma_min must be >= 0, but got sigma_min={sigma_min!r}")
     if terms is None:
@@ -384,14 +401,25 @@ def model_bound(
     terms, out_radius, bft_rows = terms
     n0 = max(1, int(round(n_samples[0] * seq_len)))
     head = None
+    mlp = None
     if spec.head is not None:
         shapes, spectral, biases, act_l = _head_parts(spec, out_radius)
         head = (shapes, spectral, biases, act_l, out_radius)
         mlp = mlp_log_covering(shapes, spectral, biases, eps / 2.0, input_radius=out_radius, act_lipschitz=act_l)
-        covering: TransformerCovering | CompositeCovering = composite_log_covering(terms, mlp, eps, n0, family=family)
-        tf = covering.transformer
-    else:
-        covering = tf = transformer_log_covering(terms, eps, n0, family=family)
+
+    def cover(fam: str) -> TransformerCovering | CompositeCovering:
+        if mlp is not None:
+            return composite_log_covering(terms, mlp, eps, n0, family=fam)
+        return transformer_log_covering(terms, eps, n0, family=fam)
+
+    # Note [routes]: every family bounds the covering number of the same class (all matrices whose
+    # norms, (2,1) and spectral, are at most the model's), so each is certified and the smallest
+    # may be reported; "auto" does that, at eps and pointwise along the Dudley curve.
+    covers = {fam: cover(fam) for fam in NORM_FAMILIES}
+    routes = {fam: c.log_log_N for fam, c in covers.items()}
+    route = min(NORM_FAMILIES, key=lambda f: (routes[f], f != "best")) if family == "auto" else family
+    covering = covers[route]
+    tf = covering.transformer if isinstance(covering, CompositeCovering) else covering
     curve = model_covering_curve(terms, family=family, seq_len=seq_len, head=head)
     gens = tuple(generalisation_bound(curve, float(n), loss_lipschitz=loss_lipschitz, loss_bound=loss_bound,
                                       delta=delta) for n in n_samples)
@@ -408,9 +436,10 @@ def model_bound(
         f"normalisation in the model: {', '.join(norm_kinds)}"
         + ("" if not has_ln else f"; LayerNorm inputs have std >= {sigma_min:g}" if sigma_min > 0
            else "; LayerNorm: global max|gamma|/sqrt(eps) constant (no variance floor)"),
-        f"norm family {family}: matrices covered by "
+        (f"norm family auto (route {route}, the smallest certified log N of {', '.join(NORM_FAMILIES)}): "
+         if family == "auto" else f"norm family {family}: matrices covered by ")
         + {"l21": "F2 ((2,1)-norm, 1/eps^2)", "spectral": "F1 (spectral ball, parameter count)",
-           "best": "F1 or F2, whichever is cheaper per matrix"}[family],
+           "best": "F1 or F2, whichever is cheaper per matrix at its own scale (Lemma G.1 over both)"}[route],
         f"reference matrices: {'the given initialisation' if reference is not None else 'zero'}",
         f"n samples of T={seq_len} tokens; loss in [0, {loss_bound:g}], {loss_lipschitz:g}-Lipschitz in the output; delta={delta:g}",
         "class = all weights with norms <= this model's (bound evaluated at the model's norms, no union over norm grids)",
@@ -419,4 +448,4 @@ def model_bound(
     opts = {"radius": radius, "c_sm": c_sm, "sigma_min": sigma_min, "loss_lipschitz": loss_lipschitz,
             "loss_bound": loss_bound, "delta": delta, "reference": reference is not None}
     return ModelBound(spec.name, spec.arch, spec.n_layers, float(eps), seq_len, family, covering, tf, gens, bft,
-                      bft_gens, assumptions, options=opts, curve=curve)
+                      bft_gens, assumptions, options=opts, curve=curve, route=route, routes=routes)

@@ -37,7 +37,7 @@ import numpy as np
 
 from .._errors import InputError
 from .._results import Kind
-from ._allocation import Allocation, CoverCost, allocate_mixed
+from ._allocation import CoverCost, allocate_mixed, fit_to_budget
 from ._matrix_covers import _zhang_log_factor
 
 __all__ = ["MatrixTerm", "TermContribution", "TransformerCovering", "transformer_log_covering", "CoveringCurve",
@@ -136,6 +136,16 @@ def _lse(x: Sequence[float]) -> float:
     return m + math.log(float(np.sum(np.exp(arr - m))))
 
 
+def _lse_up(x: Sequence[float]) -> float:
+    """``ln sum_i exp(x_i)`` rounded up: the float sum of k terms errs by < (k + 4) u relative
+    (u = 2^-53; exp, log and the additions), so pad by that in the log before one step up."""
+    v = _lse(x)
+    if not math.isfinite(v):
+        return v
+    k = len(x)
+    return math.nextafter(v + (abs(v) + 1.0) * (k + 4) * 2.3e-16, math.inf)
+
+
 def _parametric(terms: Sequence[MatrixTerm], family: str) -> list[bool]:
     """Which terms get the F1 (parameter-count) cover under a fixed family."""
     return [t.vector or family == "spectral" for t in terms]
@@ -206,15 +216,43 @@ def _exact_loglog(ar: dict[str, np.ndarray], log_e: np.ndarray, n_points: int) -
     return np.where(dead, -math.inf, out)
 
 
-def _choose_forms(terms: Sequence[MatrixTerm], family: str, eps: float, n_points: int) -> list[bool]:
-    """F1 or F2 per term; for ``"best"``, the cheaper at the scales of a first F1 allocation."""
-    if family != "best":
-        return _parametric(terms, family)
-    par = _parametric(terms, "spectral")
-    le = np.array(allocate_mixed(_costs(terms, par, [math.log(eps)] * len(terms), n_points), eps).log_eps_i)
-    f1 = _exact_loglog(_term_arrays(terms, par), le, n_points)
-    f2 = _exact_loglog(_term_arrays(terms, _parametric(terms, "l21")), le, n_points)
-    return [t.vector or bool(a <= b) for t, a, b in zip(terms, f1, f2)]
+def _allocate(terms: Sequence[MatrixTerm], par: Sequence[bool], eps: float, n_points: int) -> np.ndarray:
+    """Lemma G.1's split for fixed cover forms: allocated twice, so that F2's log factor is taken
+    at the allocated scales (the second pass); the split is certified to meet the budget."""
+    alloc = allocate_mixed(_costs(terms, par, [math.log(eps)] * len(terms), n_points), eps)
+    alloc = allocate_mixed(_costs(terms, par, alloc.log_eps_i, n_points), eps)
+    return np.array(alloc.log_eps_i)
+
+
+def _min_cover_split(terms: Sequence[MatrixTerm], eps: float, n_points: int) -> tuple[list[bool], np.ndarray]:
+    """Forms and split for ``min(F1, F2)`` per matrix inside Lemma G.1 (issue 12 item 3).
+
+    Note [min of two covers]: each matrix may use whichever cover is cheaper at its own scale, so
+    the objective is ``sum_i min(f1_i(e_i), f2_i(e_i))``; a minimum of convex functions is not
+    convex, but for a *fixed* choice of forms it is (``allocate_mixed``).  Alternate: allocate for
+    the current forms, then give each matrix the form that is cheaper at its allocated scale;
+    neither step increases the total (the re-allocation is optimal for the new forms, whose total
+    at the old split is already no larger), so the loop stops.  It runs from two starts, all-F1 (the
+    ``spectral`` family) and all-F2 (``l21``), so its result is never worse than either family.
+    Whatever the search returns, the reported value is the exact per-matrix bound at a split that
+    :func:`~transcover.covering._allocation.budget_holds` certified, so it is a valid cover.
+    """
+    a1 = _term_arrays(terms, _parametric(terms, "spectral"))
+    a2 = _term_arrays(terms, _parametric(terms, "l21"))
+    best: tuple[float, list[bool], np.ndarray] | None = None
+    for start in ("l21", "spectral"):
+        par = _parametric(terms, start)
+        seen: set[tuple[bool, ...]] = set()
+        while tuple(par) not in seen:
+            seen.add(tuple(par))
+            le = _allocate(terms, par, eps, n_points)
+            f1, f2 = _exact_loglog(a1, le, n_points), _exact_loglog(a2, le, n_points)
+            par = [t.vector or bool(x <= y) for t, x, y in zip(terms, f1, f2)]
+            total = _lse(np.where(par, f1, f2))
+            if best is None or total < best[0]:
+                best = (total, list(par), le)
+    assert best is not None
+    return best[1], best[2]
 
 
 def transformer_log_covering(
@@ -248,7 +286,7 @@ def transformer_log_covering(
         eps: the covering scale ``> 0`` (in the output metric ``max_t ||.||_2`` over mT tokens).
         n_points: ``m * T``, the number of token positions the cover is uniform over.
         family: ``"l21"`` (default), ``"spectral"`` or ``"best"`` (per matrix the cheaper of F1
-            and F2 at the scales of a first F1 allocation; then re-allocated).
+            and F2 at its own allocated scale, the split searched as in Note [min of two covers]).
         assumptions: extra lines recorded in the result.
 
     Raises:
@@ -266,13 +304,14 @@ def transformer_log_covering(
         if not (t.l21 >= 0 and t.spectral >= 0 and not math.isnan(t.log_c)):
             raise InputError(f"{t.name}: norms must be >= 0 and the coefficient defined, "
                              f"but got l21={t.l21}, spectral={t.spectral}, log_c={t.log_c}")
-    log_eps = math.log(eps)
-    par = _choose_forms(terms, family, eps, n_points)
-    alloc: Allocation = allocate_mixed(_costs(terms, par, [log_eps] * len(terms), n_points), eps)
-    alloc = allocate_mixed(_costs(terms, par, alloc.log_eps_i, n_points), eps)
+    if family == "best":
+        par, log_eps_i = _min_cover_split(terms, eps, n_points)
+    else:
+        par = _parametric(terms, family)
+        log_eps_i = _allocate(terms, par, eps, n_points)
     # log_costs[i] = ln(ln N_i), so total = ln(sum_i ln N_i) = ln ln N.
-    log_costs = [float(v) for v in _exact_loglog(_term_arrays(terms, par), np.array(alloc.log_eps_i), n_points)]
-    total = _lse(log_costs)
+    log_costs = [float(v) for v in _exact_loglog(_term_arrays(terms, par), log_eps_i, n_points)]
+    total = _lse_up(log_costs)  # ln of sum_i ln N_i, each term already rounded up
     contributions = tuple(
         TermContribution(
             name=t.name, layer=t.layer, role=t.role, group=t.group,
@@ -280,10 +319,10 @@ def transformer_log_covering(
             log_c=t.log_c, log_eps_i=le, log_cost=lc,
             share=0.0 if lc == -math.inf else math.exp(lc - total),
         )
-        for t, pr, le, lc in zip(terms, par, alloc.log_eps_i, log_costs)
+        for t, pr, le, lc in zip(terms, par, map(float, log_eps_i), log_costs)
     )
     # gamma, eta, eta~ of the inverse-square terms: (a_i c_i^2)^{1/3} with a_i at the final split.
-    costs = _costs(terms, par, alloc.log_eps_i, n_points)
+    costs = _costs(terms, par, log_eps_i, n_points)
     w = {"attention": [], "ffn": [], "all": []}
     for t, c in zip(terms, costs):
         if c.form == "inverse_square" and c.log_A > -math.inf and c.log_c > -math.inf:
@@ -325,12 +364,20 @@ class CoveringCurve:
             eps_anchor = 10.0 ** key
             cov = transformer_log_covering(self.terms, eps_anchor, self._anchor_n, family=self.family)
             par = [c.cover.startswith("parametric") for c in cov.contributions]
-            self._anchors[key] = (np.array([t.log_eps_i for t in cov.contributions]) - math.log(eps_anchor),
-                                  _term_arrays(self.terms, par))
+            fractions = np.array([t.log_eps_i for t in cov.contributions]) - math.log(eps_anchor)
+            # Note [fixed splits]: certify sum_i c_i w_i <= 1 - 1e-12 for the rounded fractions, which
+            # leaves room for the rounding of log(eps) + log w_i in __call__ (see there)
+            log_c = [t.log_c for t in self.terms]
+            fractions = fit_to_budget(log_c, fractions, 1.0 - 1e-12)
+            self._anchors[key] = (fractions, _term_arrays(self.terms, par))
         return self._anchors[key]
 
     def __call__(self, eps: float, n_points: int) -> float:
         """``ln ln N(eps)`` on ``n_points`` token positions (a certified upper bound)."""
         log_eps = math.log(eps)
         fractions, ar = self._anchor(log_eps)
-        return _lse(_exact_loglog(ar, log_eps + fractions, n_points))
+        # fl(log eps) errs by < 1 ulp and the sum by < 1/2 ulp: a pad of 1e-15 (|x| + 1) keeps every
+        # exp(log_eps_i) <= eps w_i (1 + 1e-13), inside the 1e-12 margin of the anchor's certificate
+        le = log_eps + fractions
+        le = le - (np.abs(le) + 1.0) * 1e-15
+        return _lse_up(_exact_loglog(ar, le, n_points))

@@ -9,6 +9,8 @@ from ._experiment import staged_experiment as staged_experiment
 from ._loop import TrainConfig as TrainConfig
 from ._loop import TrainResult as TrainResult
 from ._loop import build_model as build_model
+from ._loop import checkpoint_spec as checkpoint_spec
+from ._loop import is_train_checkpoint as is_train_checkpoint
 from ._loop import constraint_report as constraint_report
 from ._loop import evaluate as evaluate
 from ._loop import exact_group_norms as exact_group_norms
@@ -20,6 +22,6 @@ from ._tasks import load_task as load_task
 __all__ = [
     "Task", "TASKS", "load_task",
     "TrainConfig", "TrainResult", "train", "build_model", "evaluate", "exact_group_norms", "constraint_report",
-    "save_checkpoint", "load_checkpoint",
+    "save_checkpoint", "load_checkpoint", "checkpoint_spec", "is_train_checkpoint",
     "StagedConfig", "StagedResult", "staged_experiment", "STRATEGIES",
 ]

@@ -367,3 +367,36 @@ def _progress_bar(enabled: bool, total: int, done: int):
     p = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
     p.start()
     return p, p.add_task("training", total=total, completed=done)
+
+
+def is_train_checkpoint(path: str | Path) -> bool:
+    """Whether ``path`` is a folder written by :func:`train` (``state.json`` with a training config)."""
+    p = Path(path)
+    return p.is_dir() and (p / "state.json").is_file() and (p / "model.safetensors").is_file()
+
+
+def checkpoint_spec(folder: str | Path):
+    """The plain (exported) model of a training checkpoint, as a spec, and its task's ``(n_train, T)``.
+
+    Rebuilds the model from the checkpoint's own config (same seed, task and constraints), loads
+    the weights and exports the plain model with the caps certified (``export_plain``), exactly the
+    model whose bound :func:`train` reports; ``transcover bound CHECKPOINT`` uses it.
+
+    Raises:
+        InputError: a folder without a readable training state, or weights that do not fit.
+    """
+    import json
+
+    folder = Path(folder)
+    try:
+        state = json.loads((folder / "state.json").read_text())
+        config = TrainConfig.from_dict(state["config"])
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as err:
+        raise InputError(f"{folder} is not a transcover training checkpoint (state.json: {err})") from None
+    task = load_task(config.task, n_train=config.n_train, n_test=config.n_test, seq_len=config.seq_len,
+                     sparsity=config.sparsity, seed=config.seed)
+    model = build_model(config, task)
+    constrain(model, config.constraint)
+    load_checkpoint(folder, model)
+    spec = _plain_spec(model)
+    return spec, int(task.X_train.shape[0]), int(task.seq_len)

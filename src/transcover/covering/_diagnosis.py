@@ -1,0 +1,117 @@
+"""Why a generalisation bound is vacuous, and which option would tighten it (issue 12 item 6).
+
+A vacuous bound (``raw gap >= b``, Note [trivial gap bound] in ``_generalisation``) is still
+informative if it says *where* it comes from.  The gap is ``2 R + concentration`` (THEORY F11);
+``R`` is Dudley's integral of ``sqrt(log N(eps))``, and ``log N`` is a sum over matrices
+(THEORY F9, Lemma G.1).  :func:`diagnose` reads those pieces off a :class:`ModelBound`: which of
+the two gap terms dominates, the matrices and layers with the largest share of ``log N``, each
+certified route's value, and the sample size at which the same class gets a non-vacuous bound.
+Every number it reports is one the bound already computed or a certified bound of the same kind
+(the sample-size search uses the same covering curve); the suggestions are labelled as advice.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from ._generalisation import sample_size_for_gap
+
+__all__ = ["Diagnosis", "diagnose"]
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """What dominates a covering/generalisation bound and what would tighten it.
+
+    ``dominant_term``: per sample size, ``"rademacher"`` (the covering term ``2R``) or
+    ``"concentration"`` (``3b sqrt(ln(2/delta)/(2n))``).  ``top``: ``(matrix, layer, cover, share
+    of log N, log10 c_i)`` of the largest contributions.  ``layers``: share of ``log N`` per layer.
+    ``routes``: ``log10 log N`` at eps per cover family.  ``n_non_vacuous``: the smallest n (to 1 %
+    in log10) whose certified gap is below the loss range, ``inf`` if none up to 1e300; ``None``
+    when the bound is not vacuous (nothing to search).
+    ``suggestions``: advice, one line each (not certified claims).
+    """
+
+    vacuous: bool
+    dominant_term: tuple[str, ...]
+    top: tuple[tuple[str, int, str, float, float], ...]
+    layers: tuple[tuple[int, float], ...]
+    routes: dict[str, float]
+    route: str
+    n_non_vacuous: float | None
+    suggestions: tuple[str, ...] = field(default_factory=tuple)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "vacuous": self.vacuous, "dominant_term": list(self.dominant_term), "route": self.route,
+            "routes_log10_log_N": dict(self.routes),
+            "top": [{"matrix": m, "layer": ly, "cover": c, "share": s, "log10_c": lc} for m, ly, c, s, lc in self.top],
+            "layers": [{"layer": ly, "share": s} for ly, s in self.layers],
+            "n_non_vacuous": (None if self.n_non_vacuous is None else self.n_non_vacuous
+                              if math.isfinite(self.n_non_vacuous) else "> 1e300"),
+            "suggestions": list(self.suggestions),
+        }
+
+
+def _fmt(ln_value: float) -> str:
+    return f"10^{ln_value / math.log(10):.2f}"
+
+
+def diagnose(result, *, top: int = 3, n_grid: int = 150) -> Diagnosis:
+    """Read a :class:`~transcover.covering.ModelBound` for the terms that dominate it.
+
+    Args:
+        result: the output of :func:`~transcover.covering.model_bound`.
+        top: how many matrices to name.
+        n_grid: Dudley quadrature points for the sample-size search.
+    """
+    gens = result.generalisation
+    vacuous = any(g.vacuous for g in gens)
+    dom = tuple("rademacher" if 2.0 * g.rademacher.value >= g.concentration else "concentration" for g in gens)
+    tf = result.transformer
+    cons = sorted(tf.contributions, key=lambda c: c.log_cost, reverse=True)[:top]
+    top_rows = tuple((c.name, c.layer, c.cover, c.share, c.log_c / math.log(10)) for c in cons)
+    layers = tuple(sorted(tf.by_layer().items(), key=lambda kv: kv[1], reverse=True))
+    routes = {k: v / math.log(10) for k, v in result.routes.items()}
+    route = result.route or result.family
+    b = gens[0].loss_bound
+    opts = result.options
+    L_loss, delta = float(opts.get("loss_lipschitz", 1.0)), float(opts.get("delta", 0.05))
+    n_nv: float | None = None  # searched only for a vacuous bound (the search costs ~15 Dudley integrals)
+    if vacuous and result.curve is not None:
+        # just below b: the reported gap is min(raw, b), so "< b" means the formula itself is below b
+        n_nv = sample_size_for_gap(result.curve, b * (1.0 - 1e-6), loss_lipschitz=L_loss, loss_bound=b,
+                                   delta=delta, n_grid=n_grid)
+    tips: list[str] = []
+    if vacuous:
+        n_max = max(g.n for g in gens)
+        if n_nv is not None and math.isfinite(n_nv):
+            tips.append(f"more data: the same class has a non-vacuous certified gap from n ~ {n_nv:.3g} "
+                        f"(now n <= {n_max:.3g}); log N grows only as log(nT)")
+        else:
+            tips.append("more data alone does not help: no n up to 1e300 gives a gap below the loss range")
+        if all(d == "concentration" for d in dom):
+            tips.append("the concentration term 3b sqrt(ln(2/delta)/(2n)) alone exceeds the loss range: only n helps")
+    best = min(routes, key=routes.get) if routes else route
+    if routes and routes[best] < routes.get(route, math.inf):
+        tips.append(f"family: --family {best} gives log N = 10^{routes[best]:.2f} instead of 10^{routes[route]:.2f}")
+    if cons:
+        names = ", ".join(f"{c.name} ({c.share:.0%})" for c in cons)
+        if all(c.cover.startswith("parametric") for c in cons):
+            tips.append(f"constraints / size: the largest terms {names} are parameter-count covers "
+                        "p ln(1 + 2B/eps_i): fewer parameters (smaller or sparser matrices) shrink them "
+                        "most; norm caps and smaller downstream constants act only through the log")
+        else:
+            tips.append(f"constraints: the largest terms {names} are norm-based covers ~ (c_i ||W||_(2,1))^2/eps^2: "
+                        "train under norm caps (transcover train --method project --radius GROUP=C) "
+                        "or lower the downstream constants c_i")
+    if float(opts.get("sigma_min", 0.0)) == 0.0 and "LayerNorm: global" in " ".join(result.assumptions):
+        worst = max((c.log_c for c in tf.contributions if c.log_c > -math.inf), default=-math.inf)
+        tips.append("LayerNorm: every c_i carries the global constant max|gamma|/sqrt(eps) (largest c_i = "
+                    f"{_fmt(worst) if math.isfinite(worst) else 'n/a'}); certified local constants at the data "
+                    "(--data, issue 12 item 1) or an assumed floor --sigma-min would shrink it")
+    if not opts.get("reference", False):
+        tips.append("reference: --reference INIT measures distances from the initialisation instead of 0 "
+                    "(a smaller ball when training moved the weights little)")
+    return Diagnosis(vacuous, dom, top_rows, layers, routes, route, n_nv, tuple(tips))

@@ -1,0 +1,91 @@
+"""``transcover bound``: the default route, the vacuity diagnosis, and training checkpoints as input
+(issue 12 item 6)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from transcover.cli import main
+from transcover.covering import diagnose, generalisation_bound, model_bound
+from transcover.model import ReferenceConfig, ReferenceTransformer, reference_spec
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    from transcover.train import TrainConfig, train
+
+    out = tmp_path_factory.mktemp("run")
+    cfg = TrainConfig(task="digits", epochs=1, d_model=8, n_heads=2, n_layers=1, d_ff=16, head_hidden=(8,))
+    res = train(cfg, out_dir=out)
+    return out / "checkpoint", res
+
+
+def test_bound_reads_a_training_checkpoint_and_reports_the_route(checkpoint, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    folder, res = checkpoint
+    js = tmp_path / "b.json"
+    assert main(["bound", str(folder), "--json", str(js), "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    data = json.loads(js.read_text())
+    # n and T come from the checkpoint's task: digits, 1200 training images of 8 rows
+    assert [g["n"] for g in data["generalisation"]] == [1200.0] and data["seq_len"] == 8
+    routes = data["routes_log10_log_N"]
+    assert data["family"] == "auto" and set(routes) == {"l21", "spectral", "best"}
+    assert data["log10_log_N"] == pytest.approx(min(routes.values()), abs=1e-12)
+    assert routes[data["route"]] == min(routes.values())
+    assert "route: " + data["route"] in out
+    # the same number train reports for its own model (same class, same default route)
+    assert data["log10_log_N"] == pytest.approx(res.covering.value, abs=1e-9)
+    # the old default is one option away
+    js2 = tmp_path / "l21.json"
+    assert main(["bound", str(folder), "--family", "l21", "--json", str(js2), "--quiet"]) == 0
+    assert json.loads(js2.read_text())["log10_log_N"] == pytest.approx(routes["l21"], abs=1e-12)
+
+
+def test_vacuous_bound_says_what_dominates_and_what_would_help(checkpoint, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    folder, _ = checkpoint
+    js = tmp_path / "b.json"
+    assert main(["bound", str(folder), "--json", str(js)]) == 0
+    out = capsys.readouterr().out
+    data = json.loads(js.read_text())
+    assert data["generalisation"][0]["vacuous"] is True  # n = 1200 is far too few for this class
+    d = data["diagnosis"]
+    assert d["vacuous"] is True and d["dominant_term"] == ["rademacher"]
+    shares = [r["share"] for r in d["top"]]
+    assert shares == sorted(shares, reverse=True) and shares[0] > 0
+    assert any(s.startswith("more data") for s in d["suggestions"])
+    assert "why vacuous" in out and "what would tighten it" in out
+    # the clipped-gap reporting is untouched: reported gap = loss range, raw formula above it
+    g = data["generalisation"][0]
+    assert g["gap"] == 1.0 and g["raw_gap"] >= 1.0 and "vacuous" in g["note"]
+
+
+def test_diagnosis_sample_size_really_is_non_vacuous():
+    torch.manual_seed(1)
+    spec = reference_spec(ReferenceTransformer(ReferenceConfig(d_model=4, n_heads=1, n_layers=1, d_ff=4,
+                                                               head_hidden=())))
+    mb = model_bound(spec, eps=0.1, n_samples=(100.0,), seq_len=4)
+    d = diagnose(mb)
+    assert d.vacuous and math.isfinite(d.n_non_vacuous)
+    at = generalisation_bound(mb.curve, d.n_non_vacuous, n_grid=150)
+    below = generalisation_bound(mb.curve, d.n_non_vacuous / 1.1, n_grid=150)
+    assert not at.vacuous and below.vacuous  # the threshold, to the search's 1 % in log10
+    assert d.to_dict()["n_non_vacuous"] == d.n_non_vacuous
+    # at 10x that n the bound is non-vacuous: nothing to search, no advice to collect more data
+    from transcover.covering import model_terms
+
+    ok = diagnose(model_bound(spec, eps=0.1, n_samples=(10 * d.n_non_vacuous,), seq_len=4, terms=model_terms(spec)))
+    assert not ok.vacuous and ok.n_non_vacuous is None and not any(s.startswith("more data") for s in ok.suggestions)
+
+
+def test_non_checkpoint_folder_is_one_line_exit_2(tmp_path, capsys):
+    (tmp_path / "state.json").write_text("{not json")
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    rc = main(["bound", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("transcover: error:") and err.count("\n") == 1

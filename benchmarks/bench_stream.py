@@ -1,9 +1,9 @@
 """Peak RSS of ``transcover analyze`` on a generated, sharded, bf16 Llama-shaped checkpoint (issue 14).
 
-The checkpoint (default: Llama-3.2-1B widths, 27 layers, untied 128256 x 2048 embeddings: 4.33 GB of
+The checkpoint (default: Llama-3.2-1B widths with 16 heads of 128 (4 key/value heads), 27 layers, untied 128256 x 2048 embeddings: 4.33 GB of
 bf16 in 3 shards) is written tensor by tensor by ``transcover.scale._synthetic`` (header first, then
 each tensor's bytes generated in 16 MiB chunks), never held in memory.  ``analyze`` runs in a child
-process; its peak RSS is ``ru_maxrss`` of that child (``os.wait4``).
+process; its peak RSS is the child's own ``VmHWM`` (``/proc/self/status``, printed as it exits).
 
 The bound of the issue is "<= 3 x the largest tensor + 300 MB".  The largest tensor (the embedding)
 is stated two ways: as stored (bf16, 2 bytes/entry) and as decoded (float32, 4 bytes/entry, which
@@ -28,18 +28,22 @@ from pathlib import Path
 MB = 1e6
 
 
+# ru_maxrss of a child (os.wait4) would also count the forked image of this process before exec;
+# VmHWM in /proc/self/status covers the analysing program's own address space only.
+PEAK = ("import sys, re; from transcover.cli import main; rc = main(sys.argv[1:]); "
+        "print('VmHWM_kB', re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1), "
+        "file=sys.stderr); sys.exit(rc)")
+
+
 def run_analyze(model: Path, src: str, extra: list[str]) -> tuple[float, float, int, str]:
     """(peak RSS bytes, seconds, exit code, stderr tail) of one ``transcover analyze`` child."""
     env = dict(os.environ, PYTHONPATH=src, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     t0 = time.perf_counter()
-    with tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen([sys.executable, "-m", "transcover.cli", "analyze", str(model), "--quiet", *extra],
-                                env=env, stdout=subprocess.DEVNULL, stderr=err)
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        err.seek(0)
-        tail = err.read().decode(errors="replace")[-400:]
-    return usage.ru_maxrss * 1024.0, time.perf_counter() - t0, proc.returncode, tail
+    proc = subprocess.run([sys.executable, "-c", PEAK, "analyze", str(model), "--quiet", *extra], env=env,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    secs = time.perf_counter() - t0
+    peak = float(proc.stderr.rsplit("VmHWM_kB", 1)[1].split()[0]) * 1024 if "VmHWM_kB" in proc.stderr else float("nan")
+    return peak, secs, proc.returncode, proc.stderr[-400:]
 
 
 def main() -> int:
@@ -48,8 +52,8 @@ def main() -> int:
     p.add_argument("--hidden", type=int, default=2048)
     p.add_argument("--intermediate", type=int, default=8192)
     p.add_argument("--layers", type=int, default=27)
-    p.add_argument("--heads", type=int, default=32)
-    p.add_argument("--kv-heads", type=int, default=8)
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--kv-heads", type=int, default=4)
     p.add_argument("--vocab", type=int, default=128256)
     p.add_argument("--shard-gb", type=float, default=2.0)
     p.add_argument("--fast", action="store_true", help="analyze --fast (estimates) instead of certified")

@@ -85,6 +85,7 @@ class ResultStore:
             raise self._corrupt(f"schema {schema!r}, expected {STORE_SCHEMA!r}")
 
     def _corrupt(self, why: str) -> StoreError:
+        why = " ".join(why.split())[:300]
         return StoreError(f"results store {self.path} is corrupt and was not used ({why}); "
                           "move it away or pass another --store")
 

@@ -46,20 +46,25 @@ class ItemResult:
 class SweepReport:
     results: list[ItemResult] = field(default_factory=list)  # in the order of the items
 
+    def _unique(self) -> list[ItemResult]:
+        return list({r.item.key: r for r in self.results}.values())
+
     @property
     def computed(self) -> int:
-        return sum(r.ok and not r.reused for r in self.results)
+        """Distinct items computed (and committed) in this run."""
+        return sum(r.ok and not r.reused for r in self._unique())
 
     @property
     def reused(self) -> int:
-        return sum(r.reused for r in self.results)
+        """Distinct items read back from the store."""
+        return sum(r.reused for r in self._unique())
 
     @property
     def failed(self) -> list[ItemResult]:
         return [r for r in self.results if not r.ok]
 
     def summary(self) -> str:
-        n = len(self.results)
+        n = len(self._unique())
         return (f"{n} item(s): {self.computed} computed, {self.reused} reused from the store, "
                 f"{len(self.failed)} failed")
 

@@ -127,3 +127,21 @@ def test_cli_corrupt_store_and_missing_ray_are_one_line_exit_2(run_dir, tmp_path
                            "--store", str(tmp_path / "s.sqlite")], env=env, capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
     assert "pip install 'transcover[ray]'" in proc.stderr
+
+
+def _dies_on_three(i):
+    if i == 3:
+        import os
+
+        os._exit(9)  # a worker killed mid-item (as by the OOM killer)
+    return {"i": i}
+
+
+def test_a_dying_worker_fails_only_its_own_item():
+    from transcover.scale import Item
+
+    items = [Item(f"k{i}", f"item {i}", i) for i in range(7)]
+    report = sweep(items, _dies_on_three, backend="process", workers=2)
+    assert [r.ok for r in report.results] == [i != 3 for i in range(7)]
+    assert "worker process died" in report.results[3].value
+    assert [r.value for r in report.results if r.ok] == [{"i": i} for i in range(7) if i != 3]

@@ -71,7 +71,11 @@ def analysis_items(models: list[str], options: dict[str, Any], hash_mode: str = 
     """One item per model; the key covers the files (Note [quick fingerprint]) and the options."""
     items = []
     for m in models:
-        key = item_key("analyze", fingerprint(m, hash_mode), options)
+        try:
+            fp = fingerprint(m, hash_mode)
+        except OSError as err:  # unreadable: the item gets a key of its own and fails when analysed
+            fp = f"unreadable:{m}:{err}"
+        key = item_key("analyze", fp, options)
         items.append(Item(key, m, {"model": m, **options}))
     return items
 

@@ -72,36 +72,46 @@ def _serial(fn, jobs, workers, threads, options) -> Iterator[tuple[int, Outcome]
         yield i, run_item(fn, payload, threads)
 
 
-def _process(fn, jobs, workers, threads, options) -> Iterator[tuple[int, Outcome]]:
-    import multiprocessing as mp
+def _pool_round(fn, jobs, workers, threads, ctx, lost: list) -> Iterator[tuple[int, Outcome]]:
+    """One process pool over ``jobs``; the jobs a dying worker took down are appended to ``lost``."""
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
     from concurrent.futures.process import BrokenProcessPool
 
-    method = options.get("start_method") or "spawn"
-    ctx = mp.get_context(method)
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
+                             initargs=(threads,)) as pool:
+        futures = {pool.submit(run_item, fn, payload, threads): (k, i, payload)
+                   for k, (i, payload) in enumerate(jobs)}
+        while futures:
+            done, _ = wait(futures, return_when=FIRST_COMPLETED)
+            for fut in done:
+                k, i, payload = futures.pop(fut)
+                try:
+                    outcome = fut.result()
+                except BrokenProcessPool:
+                    lost.append((k, i, payload))
+                    continue
+                yield i, outcome
+
+
+def _process(fn, jobs, workers, threads, options) -> Iterator[tuple[int, Outcome]]:
+    import multiprocessing as mp
+
+    ctx = mp.get_context(options.get("start_method") or "spawn")
     pending = list(jobs)
     while pending:
-        with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
-                                 initargs=(threads,)) as pool:
-            futures = {pool.submit(run_item, fn, payload, threads): (i, payload) for i, payload in pending}
-            pending = []
-            broken = False
-            while futures:
-                done, _ = wait(futures, return_when=FIRST_COMPLETED)
-                for fut in done:
-                    i, payload = futures.pop(fut)
-                    try:
-                        yield i, fut.result()
-                    except BrokenProcessPool:
-                        # A worker died (killed, out of memory): its item fails, the others are retried
-                        # in a fresh pool; an item that kills every pool it meets fails alone.
-                        if not broken:
-                            yield i, Outcome(False, "worker process died (killed or out of memory)", 0.0)
-                            broken = True
-                        else:
-                            pending.append((i, payload))
-            if broken:
-                continue
+        lost: list = []
+        yield from _pool_round(fn, pending, workers, threads, ctx, lost)
+        lost.sort()
+        # Note [a dying worker]: when a worker dies (killed, out of memory) every unfinished item of
+        # the pool fails with it.  The pool hands out items in submission order, so the culprit is
+        # among the first workers + 1 unfinished ones: each of those is retried alone in its own
+        # one-worker pool (the culprit then fails by itself), the rest go back to a normal pool.
+        suspects, pending = lost[: workers + 1], [(i, payload) for _, i, payload in lost[workers + 1:]]
+        for _, i, payload in suspects:
+            alone: list = []
+            yield from _pool_round(fn, [(i, payload)], 1, threads, ctx, alone)
+            if alone:
+                yield i, Outcome(False, "worker process died (killed or out of memory)", 0.0)
 
 
 def _ray(fn, jobs, workers, threads, options) -> Iterator[tuple[int, Outcome]]:

@@ -29,10 +29,13 @@ SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 
 def make_run(root: Path, n: int, d: int, layers: int, vocab: int) -> None:
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    config = GPT2Config(n_embd=d, n_layer=layers, n_head=max(1, d // 64), vocab_size=vocab, n_positions=256)
+    config = GPT2Config(n_embd=d, n_layer=layers, n_head=max(1, d // 64), vocab_size=vocab, n_positions=256,
+                        bos_token_id=0, eos_token_id=0)
     for k in range(n):
         torch.manual_seed(k)
         GPT2LMHeadModel(config).save_pretrained(root / f"checkpoint-{(k + 1) * 100}", safe_serialization=True)

@@ -72,3 +72,17 @@ def test_peak_rss_does_not_grow_with_the_number_of_layers(tmp_path):
     layer_f32 = 2 * 12 * 512 * 512 * 4 / 2  # one layer's weights decoded to float32 (~6.3 MB)
     assert growth < 0.25 * extra, f"peak RSS grew by {growth / 1e6:.1f} MB for {extra / 1e6:.1f} MB more checkpoint"
     assert growth < 2 * layer_f32 + 8e6
+
+
+def test_certified_embedding_needs_no_float64_copy(tmp_path):
+    """The certified norms of a large embedding cost its float32 decoding plus O(block), not 3x it.
+
+    Before issue 14: float32 decoding + a float64 copy (+ the resident mapped pages), ~3.5x the float32 size.
+    """
+    vocab, d = 200_000, 128
+    model = write_gpt2_checkpoint(tmp_path / "m", d=d, layers=1, heads=2, vocab=vocab, positions=16, dtype="BF16")
+    with_emb = peak_rss_of(["analyze", str(model), "--quiet"])
+    without = peak_rss_of(["analyze", str(model), "--quiet", "--no-embeddings"])
+    f32 = vocab * d * 4
+    extra = with_emb - without
+    assert extra < 1.25 * f32 + 40e6, f"the embedding cost {extra / 1e6:.0f} MB for {f32 / 1e6:.0f} MB of float32"

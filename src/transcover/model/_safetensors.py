@@ -10,7 +10,7 @@ region exactly, without gaps or overlaps.  Any failure is an :class:`~transcover
 naming the file, raised when the file is opened (i.e. at ``load()`` time).
 
 Decoding: every tensor is read with ``readinto`` into a fresh array of its decoded dtype
-(Note [no mapping]): F64 / F32 straight into it; F16 and BF16 in chunks of at most ``_CHUNK`` bytes,
+(Note [no mapping]): F64 / F32 straight into it; F16 and BF16 in chunks of at most ``_CHUNK`` bytes (8 MiB),
 each widened into its slice of the float32 result: F16 with numpy (exact), BF16 as the upper half
 of a float32 (``uint16 << 16`` viewed as float32, exact).  So decoding a tensor needs its float32
 size plus one chunk, never a uint32 or float32 temporary of the whole tensor.  Integer and boolean tensors are reported by dtype (the caller refuses them as
@@ -41,7 +41,7 @@ _DTYPES: dict[str, tuple[str | None, str]] = {
 }
 _ITEMSIZE = {"F8_E4M3": 1, "F8_E5M2": 1}
 _MAX_HEADER = 100_000_000  # the reference implementation's limit
-_CHUNK = 1 << 24  # bytes of half-precision data widened per step (16 MiB)
+_CHUNK = 1 << 23  # bytes of half-precision data widened per step (8 MiB)
 
 # Note [no mapping]: an earlier version memory-mapped each file and returned views of the mapping.
 # Every page a view touched then stayed resident and counted in the process's RSS (file-backed

@@ -30,7 +30,7 @@ from ._spectral import _UNDERFLOW, _norm_upper, _top_eigpair, _upper_from_certif
 
 __all__ = ["blocked_matrix_norms", "BLOCK_BYTES"]
 
-BLOCK_BYTES = 1 << 24  # float64 bytes of one block (16 MiB)
+BLOCK_BYTES = 1 << 23  # float64 bytes of one block (8 MiB)
 
 
 def _blocks(W: np.ndarray, rows: int):
@@ -77,10 +77,10 @@ def blocked_matrix_norms(E: np.ndarray, *, rtol: float = 1e-3, block_bytes: int 
             B = np.ldexp(B, -e)  # exact (Note [scaling] in _spectral)
         Gb = blas.dsyrk(1.0, B.T, trans=0, lower=0)  # B^T is Fortran-ordered: no copy
         G += np.triu(Gb)
-        sq = B * B
-        col_sq += sq.sum(axis=0)
-        row_sq[i * rows: i * rows + B.shape[0]] = sq.sum(axis=1)
-        fro2 += float(sq.sum())
+        col_sq += np.einsum("ij,ij->j", B, B)  # no squared copy of the block
+        rs = np.einsum("ij,ij->i", B, B)
+        row_sq[i * rows: i * rows + B.shape[0]] = rs
+        fro2 += float(rs.sum())
     G += np.triu(G, 1).T
     f = math.ldexp(1.0, e)
     steps = m + nb

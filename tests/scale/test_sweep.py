@@ -11,7 +11,7 @@ from transcover import InputError
 from transcover.cli import main
 from transcover.scale import ResultStore, sweep
 from transcover.scale._analyze import analysis_items, analyze_item, expand_models, parse_step, sweep_rows
-from transcover.scale._synthetic import write_gpt2_checkpoint
+from transcover.scale._synthetic import write_gpt2_checkpoint, write_llama_checkpoint
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 OPTIONS = {"arch": None, "allow_pickle": False, "fast": False, "rtol": 1e-3, "embeddings": True}
@@ -22,6 +22,9 @@ def run_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("run")
     for step in (30, 10, 20):
         write_gpt2_checkpoint(root / f"checkpoint-{step}", d=32, layers=1, heads=2, vocab=64, positions=16, seed=step)
+    # a bf16, sharded, grouped-query RoPE model too: the torch-using path must agree across backends
+    write_llama_checkpoint(root / "checkpoint-40", hidden=32, intermediate=64, layers=2, heads=4, kv_heads=2,
+                           vocab=64, shard_bytes=6000, seed=4)
     return root
 
 
@@ -34,9 +37,10 @@ def test_serial_process_pool_and_ray_give_identical_rows(run_dir):
     serial = sweep(items, analyze_item, backend="serial")
     pool = sweep(items, analyze_item, backend="process", workers=2)
     ray = sweep(items, analyze_item, backend="ray", workers=2)  # a local Ray: ray.init(num_cpus=2)
-    assert serial.computed == pool.computed == ray.computed == 3
+    assert serial.computed == pool.computed == ray.computed == 4
     assert _rows(serial) == _rows(pool) == _rows(ray)  # bit for bit (floats are written with repr)
-    assert [r["step"] for r in sweep_rows(serial)] == [10, 20, 30]
+    assert [r["step"] for r in sweep_rows(serial)] == [10, 20, 30, 40]
+    assert [r["arch"] for r in sweep_rows(serial)] == ["gpt2"] * 3 + ["llama"]
 
 
 def test_resume_reuses_finished_items_and_no_resume_recomputes(run_dir, tmp_path):
@@ -44,10 +48,10 @@ def test_resume_reuses_finished_items_and_no_resume_recomputes(run_dir, tmp_path
     with ResultStore(tmp_path / "s.sqlite") as store:
         first = sweep(items[:2], analyze_item, store=store)
         again = sweep(items, analyze_item, store=store)
-        assert (first.computed, again.reused, again.computed) == (2, 2, 1)
+        assert (first.computed, again.reused, again.computed) == (2, 2, 2)
         assert _rows(again) == _rows(sweep(items, analyze_item))
         fresh = sweep(items, analyze_item, store=store, resume=False)
-        assert (fresh.reused, fresh.computed, len(store)) == (0, 3, 3)
+        assert (fresh.reused, fresh.computed, len(store)) == (0, 4, 4)
 
 
 def test_options_are_part_of_the_key(run_dir):
@@ -97,7 +101,7 @@ def test_parse_step():
 
 
 def test_cli_sweep_writes_rows_figure_and_reports_failures(run_dir, tmp_path, capsys):
-    bad = tmp_path / "checkpoint-40"
+    bad = tmp_path / "checkpoint-50"
     bad.mkdir()
     (bad / "config.json").write_text("{not json")
     models = [str(p) for p in sorted(run_dir.iterdir())] + [str(bad)]
@@ -106,12 +110,12 @@ def test_cli_sweep_writes_rows_figure_and_reports_failures(run_dir, tmp_path, ca
                "--figure", str(fig), "--quiet"])
     err = capsys.readouterr().err
     assert rc == 1  # documented: some item failed, the others were written
-    assert "FAILED" in err and "checkpoint-40" in err and "1 failed" in err
+    assert "FAILED" in err and "checkpoint-50" in err and "1 failed" in err
     data = json.loads(out.read_text())
-    assert [r["step"] for r in data["rows"]] == [10, 20, 30] and data["counts"]["failed"] == 1
-    assert csv.read_text().count("\n") == 4 and fig.read_bytes()[:4] == b"\x89PNG"
+    assert [r["step"] for r in data["rows"]] == [10, 20, 30, 40] and data["counts"]["failed"] == 1
+    assert csv.read_text().count("\n") == 5 and fig.read_bytes()[:4] == b"\x89PNG"
     rc = main(["analyze", str(run_dir), "--store", str(tmp_path / "s.sqlite"), "--quiet"])
-    assert rc == 0 and "0 computed, 3 reused" in capsys.readouterr().err
+    assert rc == 0 and "0 computed, 4 reused" in capsys.readouterr().err
 
 
 def test_cli_corrupt_store_and_missing_ray_are_one_line_exit_2(run_dir, tmp_path):

@@ -149,3 +149,22 @@ def test_a_dying_worker_fails_only_its_own_item():
     assert [r.ok for r in report.results] == [i != 3 for i in range(7)]
     assert "worker process died" in report.results[3].value
     assert [r.value for r in report.results if r.ok] == [{"i": i} for i in range(7) if i != 3]
+
+
+def test_quick_keys_follow_mtimes_and_full_keys_follow_bytes(tmp_path):
+    import os
+
+    from transcover.scale import fingerprint
+
+    ckpt = write_gpt2_checkpoint(tmp_path / "c", d=32, layers=1, heads=2, vocab=64, positions=16)
+    quick, full = fingerprint(ckpt), fingerprint(ckpt, "full")
+    (ckpt / "optimizer.pt").write_bytes(b"training state, not weights")
+    assert (fingerprint(ckpt), fingerprint(ckpt, "full")) == (quick, full)
+    weights = ckpt / "model.safetensors"
+    st = weights.stat()
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # same bytes, new mtime (a copy)
+    assert fingerprint(ckpt) != quick and fingerprint(ckpt, "full") == full
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1  # one bit of one weight, header and size unchanged
+    weights.write_bytes(bytes(data))
+    assert fingerprint(ckpt, "full") != full

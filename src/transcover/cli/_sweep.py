@@ -18,6 +18,8 @@ def run_sweep(args: argparse.Namespace, models: list[str]) -> int:
 
     if args.workers < 1 or args.threads < 1:
         raise InputError(f"--workers and --threads must be >= 1, but got {args.workers} and {args.threads}")
+    if args.ray_address and args.backend != "ray":
+        raise InputError("--ray-address needs --backend ray")
     if args.heads:
         raise InputError("--heads prints one model's per-head tables; it does not apply to a sweep")
     options = {"arch": args.arch, "allow_pickle": args.allow_pickle, "fast": args.fast, "rtol": args.rtol,

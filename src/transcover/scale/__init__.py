@@ -4,7 +4,8 @@
   committed to a :class:`ResultStore` as it finishes; re-running skips finished items.
 * backends: ``"serial"``, ``"process"`` (local spawned processes), ``"ray"`` (``transcover[ray]``).
 * keys: :func:`item_key` of a :func:`fingerprint` of the input files and the options.
-* ``transcover analyze RUN_DIR/checkpoint-*`` uses them (``_analyze``).
+* ``transcover analyze RUN_DIR/checkpoint-*`` uses them (``_analyze``), and so do the seeds of
+  ``transcover experiment staged --workers N`` (``_train.train_runner``).
 """
 
 from ._backends import BACKENDS, Outcome, run_item

@@ -1,4 +1,11 @@
-"""``transcover analyze [MODEL]``: certified per-layer, per-head norms (issue 2)."""
+"""``transcover analyze [MODEL ...]``: certified per-layer, per-head norms (issue 2); sweeps (issue 14).
+
+One model: the per-layer table.  Several models, or a run directory of ``checkpoint-<step>``
+folders: a sweep (``transcover.scale``) -- one row per model, a time series over the steps, a
+results store that makes a re-run resume, and ``--workers`` / ``--backend ray`` for parallelism.
+A sweep's failed items (unreadable, half-written checkpoints) are listed one line each; the others
+complete and are written; the exit code is then 1 (0 when every item succeeded, 2 for bad input).
+"""
 
 from __future__ import annotations
 
@@ -9,9 +16,10 @@ HELP = "per-layer and per-head norms B_KQ, B_V, B_W1, B_W2, B_b1, B_b2 as certif
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", nargs="?", default=None,
+    p.add_argument("model", nargs="*", default=None,
                    help="HF model directory, .safetensors file, or short name (default: the bundled "
-                        "all-MiniLM-L6-v2)")
+                        "all-MiniLM-L6-v2); several, or a run directory of checkpoint-<step> folders, "
+                        "make a sweep")
     p.add_argument("--arch", default=None, help="architecture of a bare .safetensors file (bert, gpt2, llama, vit, "
                                                 "torch_encoder, reference)")
     p.add_argument("--allow-pickle", action="store_true",
@@ -26,6 +34,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="PATH", default=None, help="write the versioned JSON result")
     p.add_argument("--csv", metavar="PATH", default=None, help="write one row per layer as CSV")
     p.add_argument("--quiet", action="store_true", help="print no table (with --json/--csv)")
+    g = p.add_argument_group("sweeps (several models)")
+    g.add_argument("--workers", type=int, default=1, help="models analysed in parallel (default 1)")
+    g.add_argument("--backend", choices=("local", "ray"), default="local",
+                   help="local: this process (1 worker) or a pool of spawned processes; ray: a Ray cluster "
+                        "(pip install 'transcover[ray]')")
+    g.add_argument("--ray-address", default=None, help="ray.init(address=...) of an existing cluster (default: a local Ray)")
+    g.add_argument("--threads", type=int, default=1, help="BLAS threads per model (default 1; results do not depend on the backend)")
+    g.add_argument("--store", default="transcover-results.sqlite",
+                   help="SQLite results store; finished models are committed one by one (default ./transcover-results.sqlite)")
+    g.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
+                   help="reuse finished models from the store (default); --no-resume recomputes them")
+    g.add_argument("--hash", choices=("quick", "full"), default="quick",
+                   help="input keys: quick = headers, sizes and mtimes of the weights; full = every byte")
+    g.add_argument("--figure", metavar="PATH", default=None, help="write the time-series figure (PNG/PDF/SVG)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -39,6 +61,16 @@ def run(args: argparse.Namespace) -> int:
 
     if not (0.0 < args.rtol < 1.0):
         raise InputError(f"--rtol must be in (0, 1), but got --rtol={args.rtol}")
+    from ..scale._analyze import expand_models
+
+    models = expand_models(list(args.model or []))
+    if len(models) > 1 or len(models) != len(args.model or []):
+        from ._sweep import run_sweep
+
+        return run_sweep(args, models)
+    if args.figure:
+        raise InputError("--figure needs several models (a sweep)")
+    args.model = models[0] if models else None
     console = Console()
     err_console = Console(stderr=True)
     progress = None

@@ -26,6 +26,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--seeds", type=int, default=3, help="number of seeds (0..N-1)")
     s.add_argument("--out", default="out/staged", help="folder for staged.png and staged.json")
     s.add_argument("--json", metavar="PATH", help="also write the result JSON here (atomically)")
+    g = s.add_argument_group("parallel, resumable seeds (transcover.scale)")
+    g.add_argument("--workers", type=int, default=1, help="training runs in parallel (default 1: in this process)")
+    g.add_argument("--backend", choices=("local", "ray"), default="local",
+                   help="local: spawned processes; ray: a Ray cluster (pip install 'transcover[ray]')")
+    g.add_argument("--ray-address", default=None, help="ray.init(address=...) (default: a local Ray)")
+    g.add_argument("--store", default=None, help="SQLite results store: finished runs are kept and reused on a re-run")
+    g.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
+                   help="with --store: reuse finished runs (default)")
 
 
 def run(args) -> int:
@@ -55,8 +63,24 @@ def run(args) -> int:
     console = Console()
     if not console.is_terminal:  # keep the table readable in logs and pipes
         console = Console(width=190)
-    with console.status("training") as status:
-        result = staged_experiment(config, progress=lambda s, seed: status.update(f"training {s}, seed {seed}"))
+    if args.workers < 1:
+        raise InputError(f"--workers must be >= 1, but got --workers={args.workers}")
+    runner, store = None, None
+    if args.workers > 1 or args.backend == "ray" or args.store:
+        from ..scale import ResultStore
+        from ..scale._train import train_runner
+
+        store = ResultStore(args.store) if args.store else None
+        backend = "ray" if args.backend == "ray" else ("process" if args.workers > 1 else "serial")
+        runner = train_runner(store=store, backend=backend, workers=args.workers, threads=args.threads,
+                              resume=args.resume, options={"address": args.ray_address})
+    try:
+        with console.status("training") as status:
+            result = staged_experiment(config, runner=runner,
+                                       progress=lambda s, seed: status.update(f"training {s}, seed {seed}"))
+    finally:
+        if store is not None:
+            store.close()
     console.print(result.table())
     fig = result.plot(out / "staged.png")
     data = json.dumps(result.to_dict(), indent=2)

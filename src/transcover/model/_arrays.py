@@ -1,6 +1,6 @@
 """Backend-neutral helpers: a spec's arrays are numpy arrays (read from files) or torch tensors.
 
-Note [no torch on the file path]: models read from files carry numpy arrays (memory-mapped
+Note [no torch on the file path]: models read from files carry numpy arrays (read from
 safetensors), so ``transcover analyze`` never imports torch, which alone costs about 1.7 s of
 start-up.  Live modules and pickles carry torch tensors.  These helpers work on both without
 importing torch: an object can only be a torch tensor when torch has already been imported, so

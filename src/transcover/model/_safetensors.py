@@ -1,4 +1,4 @@
-"""A torch-free safetensors reader: the header parsed and checked here, the data memory-mapped by numpy.
+"""A torch-free safetensors reader: the header parsed and checked here, the data read per tensor into numpy.
 
 The format (https://github.com/huggingface/safetensors, "Format"): 8 bytes, an unsigned little-endian
 64-bit ``N``; ``N`` bytes of UTF-8 JSON mapping each tensor name to ``{"dtype", "shape",
@@ -9,9 +9,11 @@ JSON object, every entry's byte span equals ``prod(shape) * itemsize``, and the 
 region exactly, without gaps or overlaps.  Any failure is an :class:`~transcover.InputError`
 naming the file, raised when the file is opened (i.e. at ``load()`` time).
 
-Decoding: F64 / F32 are views of the mapping (copy-on-write, so writable without touching the file);
-F16 is widened with numpy (exact); BF16 is the upper half of a float32, so ``uint16 << 16`` viewed as
-float32 is exact.  Integer and boolean tensors are reported by dtype (the caller refuses them as
+Decoding: every tensor is read with ``readinto`` into a fresh array of its decoded dtype
+(Note [no mapping]): F64 / F32 straight into it; F16 and BF16 in chunks of at most ``_CHUNK`` bytes (8 MiB),
+each widened into its slice of the float32 result: F16 with numpy (exact), BF16 as the upper half
+of a float32 (``uint16 << 16`` viewed as float32, exact).  So decoding a tensor needs its float32
+size plus one chunk, never a uint32 or float32 temporary of the whole tensor.  Integer and boolean tensors are reported by dtype (the caller refuses them as
 weights).  Float8 tensors, rare in checkpoints, are decoded by safetensors' torch backend (the only
 case that imports torch).
 """
@@ -20,7 +22,6 @@ from __future__ import annotations
 
 import json
 import math
-import mmap
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +41,13 @@ _DTYPES: dict[str, tuple[str | None, str]] = {
 }
 _ITEMSIZE = {"F8_E4M3": 1, "F8_E5M2": 1}
 _MAX_HEADER = 100_000_000  # the reference implementation's limit
+_CHUNK = 1 << 23  # bytes of half-precision data widened per step (8 MiB)
+
+# Note [no mapping]: an earlier version memory-mapped each file and returned views of the mapping.
+# Every page a view touched then stayed resident and counted in the process's RSS (file-backed
+# pages are only dropped under memory pressure), so analysing a sharded checkpoint layer by layer
+# still grew the RSS to the size of the checkpoint.  Reading each tensor into its own array costs
+# the same copy from the page cache, and the memory is returned when the array is dropped.
 
 
 class SafetensorsFile:
@@ -65,8 +73,7 @@ class SafetensorsFile:
                 self.metadata: dict[str, str] = meta
                 self._start = 8 + n
                 self._entries = self._check(header, size - self._start)
-                # An empty mapping cannot be memory-mapped; a file holding no data needs none.
-                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) if size > self._start else None
+                self._size = size
         except RecursionError:
             raise InputError(f"cannot read safetensors file {self.path}: its JSON header is nested too "
                              "deeply") from None
@@ -110,8 +117,13 @@ class SafetensorsFile:
     def dtype_name(self, key: str) -> str:
         return _DTYPES[self._entries[key][0]][1]
 
+    def nbytes(self, key: str) -> int:
+        """Bytes of ``key`` as stored."""
+        _, _, begin, stop = self._entries[key]
+        return stop - begin
+
     def get(self, key: str) -> np.ndarray:
-        """Tensor ``key`` as a numpy array: float64/float32 kept, float16/bfloat16 widened to float32."""
+        """Tensor ``key`` as a fresh numpy array: float64/float32 kept, float16/bfloat16 widened to float32."""
         dtype, shape, begin, stop = self._entries[key]
         np_dtype = _DTYPES[dtype][0]
         if np_dtype is None:  # float8: rare; torch decodes it exactly into float64
@@ -120,14 +132,44 @@ class SafetensorsFile:
             with safe_open(str(self.path), framework="pt") as handle:
                 return handle.get_tensor(key).double().numpy()
         count = math.prod(shape)
-        if count == 0 or self._map is None:
-            raw = np.zeros(shape, dtype=np_dtype)
-        else:
-            raw = np.frombuffer(self._map, dtype=np_dtype, count=count, offset=self._start + begin).reshape(shape)
-        if dtype == "BF16":
-            return (raw.astype(np.uint32) << 16).view(np.float32)
-        if dtype == "F16":
-            return raw.astype(np.float32)
-        if not raw.dtype.isnative:  # big-endian machines
-            raw = raw.astype(raw.dtype.newbyteorder("="))
-        return raw
+        half = dtype in ("BF16", "F16")
+        out = np.empty(count, dtype=np.float32 if half else np_dtype)
+        if count:
+            try:
+                with open(self.path, "rb") as f:
+                    if self._size != f.seek(0, 2):
+                        raise OSError("the file changed size since it was opened")
+                    f.seek(self._start + begin)
+                    if half:
+                        self._read_widened(f, out, dtype)
+                    else:
+                        self._read_exact(f, out.view(np.uint8))
+            except OSError as err:
+                raise InputError(f"cannot read tensor {key!r} from {self.path}: {err}") from err
+        out = out.reshape(shape)
+        if not half and not out.dtype.isnative:  # big-endian machines
+            out = out.astype(out.dtype.newbyteorder("="))
+        return out
+
+    @staticmethod
+    def _read_exact(f, buf: np.ndarray) -> None:
+        view = memoryview(buf)
+        done = 0
+        while done < len(view):
+            n = f.readinto(view[done:])
+            if not n:
+                raise OSError(f"unexpected end of file after {done} of {len(view)} bytes")
+            done += n
+
+    def _read_widened(self, f, out: np.ndarray, dtype: str) -> None:
+        """Read half-precision values chunk by chunk, each widened into its slice of ``out`` (exact)."""
+        step = _CHUNK // 2
+        raw = np.empty(min(step, out.size), dtype="<u2")
+        for lo in range(0, out.size, step):
+            part = raw[: min(step, out.size - lo)]
+            self._read_exact(f, part.view(np.uint8))
+            if dtype == "BF16":
+                dst = out[lo: lo + part.size].view(np.uint32)
+                np.left_shift(part, 16, out=dst, dtype=np.uint32)
+            else:
+                out[lo: lo + part.size] = part.view("<f2")

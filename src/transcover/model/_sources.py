@@ -12,7 +12,7 @@ where a tensor is checked before any later stage sees it:
 
 Safetensors files are parsed here (``_safetensors``: header, offsets, sizes checked when the model is
 loaded, so a truncated or corrupted file is reported then rather than when its first layer is read)
-and memory-mapped with numpy: a file source gives numpy arrays (float32 or float64) and never
+and read tensor by tensor into numpy arrays (Note [no mapping] in ``_safetensors``): a file source gives numpy arrays (float32 or float64) and never
 imports torch (Note [no torch on the file path] in ``_arrays``).  A state dict source (live modules,
 pickles) gives torch tensors.
 """
@@ -141,7 +141,7 @@ class TensorSource:
 
 
 class SafetensorsSource(TensorSource):
-    """One or more safetensors files, memory-mapped; tensor ``k`` lives in ``files[owner[k]]``."""
+    """One or more safetensors files, read tensor by tensor; tensor ``k`` lives in ``files[owner[k]]``."""
 
     def __init__(self, files: list[Path], name: str, index_file: Path | None = None):
         from ._safetensors import SafetensorsFile

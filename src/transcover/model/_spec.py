@@ -381,8 +381,8 @@ class MLPHeadSpec:
 class LayerSequence(Sequence[LayerSpec]):
     """A lazily materialised sequence of layers: ``seq[i]`` builds layer ``i`` on demand.
 
-    Large checkpoints are read one layer at a time (safetensors are memory-mapped), so a model
-    never needs to sit in memory whole.
+    Large checkpoints are read one layer at a time (each tensor into its own array, released with
+    its layer), so a model never needs to sit in memory whole.
     """
 
     def __init__(self, n: int, build: Callable[[int], LayerSpec]):

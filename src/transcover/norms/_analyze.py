@@ -43,6 +43,7 @@ from ._spectral import (
     in_safe_range,
 )
 from ._certify import batched_gram_with_error
+from ._blocked import BLOCK_BYTES, blocked_matrix_norms
 
 __all__ = ["MatrixNorms", "HeadNorms", "NormParams", "LayerNorms", "EmbeddingNorms", "AnalysisResult",
            "analyze_spec", "SCHEMA_VERSION"]
@@ -282,6 +283,21 @@ class _Measurer:
                            scale_interval(fro, scale), scale_interval(l21, scale))
 
 
+def _embedding_norms(name: str, E, m: _Measurer) -> EmbeddingNorms:
+    """A matrix outside the decomposition; large numpy ones in row blocks (Note [large matrices])."""
+    if not m.fast and isinstance(E, np.ndarray) and E.size * 8 > BLOCK_BYTES:
+        spec, fro, l21, max_row = blocked_matrix_norms(E, rtol=m.rtol)
+        return EmbeddingNorms(name, MatrixNorms(name, tuple(E.shape), spec, fro, l21), max_row)
+    E = m.array(E)
+    return EmbeddingNorms(name, m.matrix(name, E), _max_row_norm(E))
+
+
+# Note [large matrices]: the token embedding (and an untied un-embedding) is the largest tensor of
+# most checkpoints.  The certified route on a float64 copy would hold 8 bytes per entry on top of
+# the float32 decoding; ``blocked_matrix_norms`` visits it in row blocks instead, so its peak is the
+# decoded matrix, one block and the small-side Gram.  ``--fast`` stays in float32 (no copy).
+
+
 def _max_row_norm(E: np.ndarray) -> float:
     return float(np.sqrt(np.einsum("ij,ij->i", E, E, dtype=np.float64).max(initial=0.0)))
 
@@ -479,32 +495,39 @@ def analyze_spec(
     m = _Measurer(fast, rtol)
     t0 = time.perf_counter()
     layers = []
-    first = None
+    # Note [one layer at a time]: spec.layers builds each layer on access and nothing here keeps a
+    # LayerSpec past its iteration (only these facts about the first one), so the decoded weights
+    # of layer i are released before layer i + 1 is read (issue 14, streaming analysis).
+    first: dict[str, object] = {}
     for i, layer in enumerate(spec.layers):
-        first = first or layer
+        if not first:
+            a = layer.attention
+            first = {"rope": a.rope is not None, "b_Q": a.b_Q is not None, "H": a.n_heads, "dh": a.d_head}
         layers.append(_layer_norms(layer, m))
+        del layer
         if progress is not None:
             progress(i + 1, n)
     embs = []
     if embeddings:
-        for name, E in spec.embeddings.items():
-            E = m.array(E)
+        for name in list(spec.embeddings):
+            E = spec.embeddings[name]  # read now, released after its norms
             if E.ndim != 2:
                 E = E.reshape(E.shape[0], -1)  # e.g. a patch-embedding convolution kernel
-            embs.append(EmbeddingNorms(name, m.matrix(name, E), _max_row_norm(E)))
+            embs.append(_embedding_norms(name, E, m))
+            del E
     if spec.head is not None:
         for j, W in enumerate(spec.head.weights):
             W = m.array(W)
             embs.append(EmbeddingNorms(f"mlp_head.{j}", m.matrix(f"mlp_head.{j}", W), _max_row_norm(W)))
     notes = []
-    if first.attention.rope is not None:
+    if first["rope"]:
         notes.append("RoPE: B_KQ is the sup over relative positions; its upper end is scale*||W_Q||*||W_K|| "
                      "and its gap can exceed rtol")
-    if first.attention.b_Q is not None:
+    if first["b_Q"]:
         notes.append("query biases act through B_KQ_bias on x~=[x,1]; key biases cancel in the softmax")
     return AnalysisResult(
-        model=spec.name, arch=spec.arch, d_model=spec.d_model, n_heads=first.attention.n_heads,
-        d_head=first.attention.d_head, mode="fast" if fast else "certified", rtol=rtol,
+        model=spec.name, arch=spec.arch, d_model=spec.d_model, n_heads=int(first["H"]),
+        d_head=int(first["dh"]), mode="fast" if fast else "certified", rtol=rtol,
         layers=tuple(layers), embeddings=tuple(embs), final_norm=NormParams.of(spec.final_norm),
         seconds=time.perf_counter() - t0, notes=tuple(notes), warnings=tuple(spec.warnings),
     )

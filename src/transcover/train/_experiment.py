@@ -228,14 +228,23 @@ def _vacuous(q) -> bool:
     return bool(getattr(q, "vacuous", False))
 
 
-def staged_experiment(config: StagedConfig = StagedConfig(), *, progress=None) -> StagedResult:
-    """Run every strategy for every seed (``progress(strategy, seed)`` is called before each run)."""
-    runs: dict[str, list[TrainResult]] = {}
-    for name in STRATEGIES:
-        base = config.strategy(name)
-        runs[name] = []
-        for seed in config.seeds:
+def staged_experiment(config: StagedConfig = StagedConfig(), *, progress=None, runner=None) -> StagedResult:
+    """Run every strategy for every seed (``progress(strategy, seed)`` is called before each run).
+
+    ``runner``, if given, receives the list of every run's :class:`TrainConfig` and returns their
+    :class:`TrainResult` in the same order (``transcover.scale.train_runner``: parallel and resumable
+    seeds); by default the runs go one after another in this process.
+    """
+    jobs = [(name, replace(config.strategy(name), seed=seed)) for name in STRATEGIES for seed in config.seeds]
+    if runner is None:
+        results = []
+        for name, cfg in jobs:
             if progress is not None:
-                progress(name, seed)
-            runs[name].append(train(replace(base, seed=seed)))
+                progress(name, cfg.seed)
+            results.append(train(cfg))
+    else:
+        results = list(runner([cfg for _, cfg in jobs]))
+    runs: dict[str, list[TrainResult]] = {name: [] for name in STRATEGIES}
+    for (name, _), result in zip(jobs, results):
+        runs[name].append(result)
     return StagedResult(config, runs)

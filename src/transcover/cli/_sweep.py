@@ -1,0 +1,70 @@
+"""The sweep half of ``transcover analyze`` (several models): not a command of its own."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def run_sweep(args: argparse.Namespace, models: list[str]) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from .._errors import InputError
+    from ..report import atomic_write_text
+    from ..scale import ResultStore, sweep
+    from ..scale._analyze import analysis_items, analyze_item, plot_sweep, rows_csv, sweep_json, sweep_rows
+
+    if args.workers < 1 or args.threads < 1:
+        raise InputError(f"--workers and --threads must be >= 1, but got {args.workers} and {args.threads}")
+    if args.ray_address and args.backend != "ray":
+        raise InputError("--ray-address needs --backend ray")
+    if args.heads:
+        raise InputError("--heads prints one model's per-head tables; it does not apply to a sweep")
+    options = {"arch": args.arch, "allow_pickle": args.allow_pickle, "fast": args.fast, "rtol": args.rtol,
+               "embeddings": not args.no_embeddings}
+    backend = "ray" if args.backend == "ray" else ("process" if args.workers > 1 else "serial")
+    if backend == "ray":  # fail before hashing or opening anything
+        from ..scale._backends import RAY_MISSING
+
+        try:
+            import ray  # noqa: F401
+        except ImportError as err:
+            raise InputError(RAY_MISSING) from err
+    items = analysis_items(models, options, args.hash)
+    err = Console(stderr=True)
+    done = [0]
+
+    def on_result(r) -> None:
+        done[0] += 1
+        state = "reused" if r.reused else ("ok" if r.ok else "FAILED")
+        line = f"[{done[0]}/{len(items)}] {state} {r.item.label}"
+        print(line if r.ok else f"{line}: {r.value}", file=sys.stderr, flush=True)
+
+    with ResultStore(args.store) as store:
+        report = sweep(items, analyze_item, store=store, backend=backend, workers=args.workers,
+                       threads=args.threads, resume=args.resume, options={"address": args.ray_address},
+                       on_result=on_result)
+    rows = sweep_rows(report)
+    outputs = []
+    if args.json:
+        outputs.append((args.json, json.dumps(sweep_json(report, rows), indent=2)))
+    if args.csv:
+        outputs.append((args.csv, rows_csv(rows)))
+    if not args.quiet and rows:
+        kind = rows[0]["kind"]
+        table = Table(title=f"analyze sweep: max over layers ({kind}: \\[lower, upper])")
+        for col in ("step", "model", "B_KQ", "B_V", "B_W1", "B_W2"):
+            table.add_column(col, justify="right" if col != "model" else "left")
+        for row in rows:
+            table.add_row("" if row["step"] is None else str(row["step"]), row["model"],
+                          *(f"[{row[k + '_lower']:.4g}, {row[k + '_upper']:.4g}]" for k in ("B_KQ", "B_V", "B_W1", "B_W2")))
+        Console().print(table)
+    for path, text in outputs:
+        atomic_write_text(path, text)
+        print(f"wrote {path}", file=sys.stderr)
+    if args.figure and rows:
+        print(f"wrote {plot_sweep(rows, args.figure)}", file=sys.stderr)
+    print(f"sweep: {report.summary()}; store {args.store}", file=sys.stderr)
+    return 1 if report.failed else 0

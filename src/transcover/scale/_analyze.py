@@ -1,0 +1,147 @@
+"""``analyze`` over many checkpoints: items, rows, the time series and its figure.
+
+A training run's checkpoints (``RUN_DIR/checkpoint-<step>``) become one item each; every item is a
+full ``analyze`` (its JSON, without matrices and without the wall-clock time, which would differ
+between runs and break the bit-for-bit comparison of backends).  The rows of the sweep are the
+per-model maxima over layers (``AnalysisResult.summary``) with the step parsed from the path.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from pathlib import Path
+from typing import Any
+
+from .._errors import InputError
+from ._keys import fingerprint, item_key
+from ._sweep import Item, SweepReport
+
+__all__ = ["analyze_item", "expand_models", "parse_step", "analysis_items", "sweep_rows", "rows_csv",
+           "sweep_json", "plot_sweep", "BOUNDS"]
+
+BOUNDS = ("B_KQ", "B_V", "B_W1", "B_W2", "B_b1", "B_b2")
+_STEP = re.compile(r"(?:checkpoint|ckpt|step|global_step|epoch)[-_=]?(\d+)", re.IGNORECASE)
+_WEIGHTS = ("config.json", "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+
+
+def analyze_item(payload: dict[str, Any]) -> dict[str, Any]:
+    """One model's analysis as JSON data (the item function of an analyze sweep)."""
+    from .._api import analyze
+
+    result = analyze(payload["model"], arch=payload.get("arch"), allow_pickle=payload.get("allow_pickle", False),
+                     fast=payload.get("fast", False), rtol=payload.get("rtol", 1e-3),
+                     embeddings=payload.get("embeddings", True))
+    data = result.to_dict(matrices=False)
+    data.pop("seconds", None)  # wall-clock time: kept by the store beside the value, not in it
+    return data
+
+
+def parse_step(model: str) -> int | None:
+    """The training step in a checkpoint's path (``checkpoint-1200``, ``step_300``, ...), innermost first."""
+    for part in reversed(Path(model).parts):
+        m = _STEP.search(part)
+        if m:
+            return int(m.group(1))
+    return None
+
+
+def _is_model_dir(path: Path) -> bool:
+    return any((path / name).is_file() for name in _WEIGHTS) or any(path.glob("*.safetensors"))
+
+
+def expand_models(models: list[str]) -> list[str]:
+    """Paths as given, except that a run directory (no weights of its own, ``checkpoint-*`` inside)
+    becomes its checkpoints, ordered by step."""
+    out: list[str] = []
+    for m in models:
+        p = Path(m).expanduser()
+        if p.is_dir() and not _is_model_dir(p):
+            subs = [q for q in p.iterdir() if q.is_dir() and parse_step(q.name) is not None]
+            if not subs:
+                raise InputError(f"{p} holds no model weights and no checkpoint-<step> folders")
+            out += [str(q) for q in sorted(subs, key=lambda q: (parse_step(q.name), q.name))]
+        else:
+            out.append(m)
+    return out
+
+
+def analysis_items(models: list[str], options: dict[str, Any], hash_mode: str = "quick") -> list[Item]:
+    """One item per model; the key covers the files (Note [quick fingerprint]) and the options."""
+    items = []
+    for m in models:
+        try:
+            fp = fingerprint(m, hash_mode)
+        except OSError as err:  # unreadable: the item gets a key of its own and fails when analysed
+            fp = f"unreadable:{m}:{err}"
+        key = item_key("analyze", fp, options)
+        items.append(Item(key, m, {"model": m, **options}))
+    return items
+
+
+def sweep_rows(report: SweepReport) -> list[dict[str, Any]]:
+    """One row per finished model: step, sizes and the lower/upper ends of each bound's max over layers."""
+    rows = []
+    for r in report.results:
+        if not r.ok:
+            continue
+        d = r.value
+        row: dict[str, Any] = {"model": r.item.label, "step": parse_step(r.item.label), "arch": d["arch"],
+                               "n_layers": d["n_layers"], "d_model": d["d_model"], "kind": d["kind"]}
+        for key in BOUNDS:
+            iv = d["summary"][key]
+            row[f"{key}_lower"], row[f"{key}_upper"] = iv["lower"], iv["upper"]
+        rows.append(row)
+    if rows and all(row["step"] is not None for row in rows):
+        rows.sort(key=lambda row: row["step"])
+    return rows
+
+
+def rows_csv(rows: list[dict[str, Any]]) -> str:
+    buf = io.StringIO()
+    if rows:
+        w = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
+        w.writeheader()
+        for row in rows:
+            w.writerow({k: repr(v) if isinstance(v, float) else v for k, v in row.items()})
+    return buf.getvalue()
+
+
+def sweep_json(report: SweepReport, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "schema": "transcover.sweep", "schema_version": "1.0", "command": "analyze",
+        "counts": {"items": len(report.results), "computed": report.computed, "reused": report.reused,
+                   "failed": len(report.failed)},
+        "rows": rows,
+        "failures": [{"model": r.item.label, "error": r.value} for r in report.failed],
+        "results": [{"model": r.item.label, "key": r.item.key, "result": r.value}
+                    for r in report.results if r.ok],
+    }
+
+
+def plot_sweep(rows: list[dict[str, Any]], path: str) -> Path:
+    """The time series: each bound's certified upper end (and lower end, dashed) against the step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ..report import atomic_write_bytes
+
+    steps = [row["step"] for row in rows]
+    x = steps if rows and all(s is not None for s in steps) else list(range(len(rows)))
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for key in ("B_KQ", "B_V", "B_W1", "B_W2"):
+        line, = ax.plot(x, [row[f"{key}_upper"] for row in rows], marker="o", ms=3, label=key)
+        ax.plot(x, [row[f"{key}_lower"] for row in rows], ls="--", lw=0.8, color=line.get_color())
+    ax.set_yscale("log")
+    ax.set_xlabel("training step" if x is steps else "checkpoint")
+    ax.set_ylabel("max over layers (upper solid, lower dashed)")
+    ax.set_title("transcover analyze: norms over training")
+    ax.legend(loc="best", fontsize=8)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format=Path(path).suffix.lstrip(".") or "png", dpi=120)
+    plt.close(fig)
+    return atomic_write_bytes(path, buf.getvalue())

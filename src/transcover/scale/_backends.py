@@ -1,0 +1,177 @@
+"""Where a sweep's items run: in this process, in a local process pool, or on a Ray cluster.
+
+Every backend calls the same :func:`run_item` on each payload and yields ``(index, Outcome)`` as
+items finish, in any order; the sweep commits each outcome as it arrives.
+
+Note [bit for bit]: a result must not depend on the backend.  :func:`run_item` runs the item's
+function with BLAS/OpenMP limited to ``threads`` (default 1) threads in every backend -- serial
+included -- since a multi-threaded BLAS may split a reduction differently and change the last bits;
+the value is serialised to JSON (``repr`` of floats: exact) inside the worker, so the text the store
+receives is the same whichever process produced it.  Workers start by ``spawn`` (or
+``forkserver``), never ``fork``: a forked copy of a parent holding BLAS thread pools or a Ray
+client is not safe.
+
+Ray is optional (``pip install 'transcover[ray]'``); without it ``backend="ray"`` is one
+:class:`~transcover.InputError` line naming the extra.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .._errors import InputError
+
+__all__ = ["Outcome", "run_item", "BACKENDS", "run_backend", "RAY_MISSING"]
+
+BACKENDS = ("serial", "process", "ray")
+RAY_MISSING = "the Ray backend needs Ray: pip install 'transcover[ray]' (ray>=2.9)"
+_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    ok: bool
+    value: str  # JSON text of the result, or a one-line error message
+    seconds: float
+
+
+def _one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+def run_item(fn: Callable[[Any], Any], payload: Any, threads: int = 1) -> Outcome:
+    """``fn(payload)`` with ``threads`` BLAS threads, as JSON text; an exception becomes a failed outcome."""
+    from threadpoolctl import threadpool_limits
+
+    t0 = time.perf_counter()
+    try:
+        with threadpool_limits(limits=threads):
+            value = fn(payload)
+        text = json.dumps(value, sort_keys=True, allow_nan=False)
+    except Exception as err:  # an item's failure is reported per item; the sweep goes on
+        return Outcome(False, _one_line(err), time.perf_counter() - t0)
+    return Outcome(True, text, time.perf_counter() - t0)
+
+
+def _init_worker(threads: int) -> None:
+    for var in _THREAD_VARS:  # for libraries the worker imports later (torch reads it at import)
+        os.environ[var] = str(threads)
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=threads)
+
+
+def _serial(fn, jobs, workers, threads, options) -> Iterator[tuple[int, Outcome]]:
+    for i, payload in jobs:
+        yield i, run_item(fn, payload, threads)
+
+
+def _pool_round(fn, jobs, workers, threads, ctx, lost: list) -> Iterator[tuple[int, Outcome]]:
+    """One process pool over ``jobs``; the jobs a dying worker took down are appended to ``lost``."""
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+    from concurrent.futures.process import BrokenProcessPool
+
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
+                             initargs=(threads,)) as pool:
+        futures = {pool.submit(run_item, fn, payload, threads): (k, i, payload)
+                   for k, (i, payload) in enumerate(jobs)}
+        while futures:
+            done, _ = wait(futures, return_when=FIRST_COMPLETED)
+            for fut in done:
+                k, i, payload = futures.pop(fut)
+                try:
+                    outcome = fut.result()
+                except BrokenProcessPool:
+                    lost.append((k, i, payload))
+                    continue
+                yield i, outcome
+
+
+def _process(fn, jobs, workers, threads, options) -> Iterator[tuple[int, Outcome]]:
+    import multiprocessing as mp
+
+    ctx = mp.get_context(options.get("start_method") or "spawn")
+    pending = list(jobs)
+    while pending:
+        lost: list = []
+        yield from _pool_round(fn, pending, workers, threads, ctx, lost)
+        lost.sort()
+        # Note [a dying worker]: when a worker dies (killed, out of memory) every unfinished item of
+        # the pool fails with it.  The pool hands out items in submission order, so the culprit is
+        # among the first workers + 1 unfinished ones: each of those is retried alone in its own
+        # one-worker pool (the culprit then fails by itself), the rest go back to a normal pool.
+        suspects, pending = lost[: workers + 1], [(i, payload) for _, i, payload in lost[workers + 1:]]
+        for _, i, payload in suspects:
+            alone: list = []
+            yield from _pool_round(fn, [(i, payload)], 1, threads, ctx, alone)
+            if alone:
+                yield i, Outcome(False, "worker process died (killed or out of memory)", 0.0)
+
+
+def _ray(fn, jobs, workers, threads, options) -> Iterator[tuple[int, Outcome]]:
+    try:
+        import ray
+    except ImportError as err:
+        raise InputError(RAY_MISSING) from err
+    started = False
+    if not ray.is_initialized():
+        env = {var: str(threads) for var in _THREAD_VARS}
+        if os.environ.get("PYTHONPATH"):
+            env["PYTHONPATH"] = os.environ["PYTHONPATH"]
+        kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
+                                  "runtime_env": {"env_vars": env}}
+        address = options.get("address")
+        if address:
+            kwargs["address"] = address
+        else:
+            kwargs["num_cpus"] = workers
+        ray.init(**kwargs)
+        started = True
+    try:
+        remote = ray.remote(num_cpus=1, max_retries=0)(run_item)
+        queue = list(jobs)
+        inflight: dict[Any, int] = {}
+        limit = max(1, 2 * workers)
+        while queue or inflight:
+            while queue and len(inflight) < limit:
+                i, payload = queue.pop(0)
+                inflight[remote.remote(fn, payload, threads)] = i
+            ready, _ = ray.wait(list(inflight), num_returns=1)
+            for ref in ready:
+                i = inflight.pop(ref)
+                try:
+                    yield i, ray.get(ref)
+                except Exception as err:  # the task's worker died
+                    yield i, Outcome(False, _one_line(err), 0.0)
+    finally:
+        if started:
+            ray.shutdown()
+
+
+_RUNNERS = {"serial": _serial, "process": _process, "ray": _ray}
+
+
+def run_backend(backend: str, fn: Callable[[Any], Any], jobs: Sequence[tuple[int, Any]], *, workers: int = 1,
+                threads: int = 1, options: dict[str, Any] | None = None) -> Iterator[tuple[int, Outcome]]:
+    """Run ``fn`` on each ``(index, payload)`` of ``jobs``; yield ``(index, Outcome)`` as items finish.
+
+    Raises:
+        InputError: an unknown backend, ``workers < 1`` or ``threads < 1``, or Ray requested but
+            not installed.
+    """
+    if backend not in _RUNNERS:
+        raise InputError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if workers < 1 or threads < 1:
+        raise InputError(f"workers and threads must be >= 1, but got workers={workers}, threads={threads}")
+    if backend == "ray":
+        try:
+            import ray  # noqa: F401  (checked before any work starts)
+        except ImportError as err:
+            raise InputError(RAY_MISSING) from err
+    return _RUNNERS[backend](fn, list(jobs), workers, threads, dict(options or {}))

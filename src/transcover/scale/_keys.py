@@ -1,0 +1,93 @@
+"""Keys of sweep items: a hash of the input's files and of the options that shape the result.
+
+Note [quick fingerprint]: hashing every byte of a large checkpoint costs as much I/O as analysing
+it, so by default (``"quick"``) a weights file is identified by its name, size, modification time
+(nanoseconds) and, for safetensors, its whole header (every tensor's name, dtype, shape and
+offsets); JSON files (config, shard index) are hashed whole.  A rewritten checkpoint gets a new
+key (new mtime or size), as does a half-written one once it is completed; a copy with a new mtime is
+recomputed, which is the safe direction.  ``"full"`` hashes every byte (streamed, 1 MiB at a time)
+for content-addressed keys that survive copies.
+
+Only the files the loader reads count: ``config.json``, ``*.safetensors``,
+``*.safetensors.index.json`` and, without safetensors, pickled ``.bin/.pt/.pth/.ckpt`` weights; a
+training run's ``optimizer.pt`` or logs beside them do not change the key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+__all__ = ["fingerprint", "item_key", "model_files"]
+
+_PICKLES = (".bin", ".pt", ".pth", ".ckpt")
+_SKIP = {"optimizer.pt", "scheduler.pt", "rng_state.pth", "training_args.bin", "scaler.pt"}
+
+
+def model_files(path: Path) -> list[Path]:
+    """The files a load of ``path`` reads (directory, weights file or shard index), sorted."""
+    if path.is_dir():
+        names = sorted(p for p in path.iterdir() if p.is_file())
+        st = [p for p in names if p.name == "config.json" or p.name.endswith((".safetensors", ".safetensors.index.json"))]
+        if not any(p.name.endswith(".safetensors") for p in st):
+            st += [p for p in names if p.suffix in _PICKLES and p.name not in _SKIP]
+            st += [p for p in names if p.name.endswith(".bin.index.json")]
+        return sorted(st)
+    files = [path]
+    if path.name.endswith(".index.json"):
+        try:
+            shards = json.loads(path.read_text()).get("weight_map", {}).values()
+            files += [path.parent / s for s in dict.fromkeys(shards)]
+        except (OSError, ValueError, AttributeError):
+            pass  # the load reports a broken index; the key still covers the index's bytes
+    if (path.parent / "config.json").is_file():
+        files.append(path.parent / "config.json")
+    return sorted(set(files))
+
+
+def _hash_file(h: "hashlib._Hash", path: Path, mode: str) -> None:
+    st = path.stat()
+    h.update(f"{path.name}\0{st.st_size}\0".encode())
+    if mode == "full" or path.suffix == ".json":
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+        return
+    h.update(f"{st.st_mtime_ns}\0".encode())
+    if path.suffix == ".safetensors" and st.st_size >= 8:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            n = int.from_bytes(head, "little")
+            h.update(head)
+            if 8 + n <= st.st_size and n <= 100_000_000:
+                h.update(f.read(n))
+
+
+def fingerprint(model: str | os.PathLike | None, mode: str = "quick") -> str:
+    """A hex digest of the files ``model`` loads (Note [quick fingerprint]); a name for non-paths."""
+    h = hashlib.sha256(f"fingerprint/{mode}\0".encode())
+    path = None if model is None else Path(model).expanduser()
+    if path is None or not path.exists():
+        from ..model._load import bundled_model_dir
+
+        if model is None or str(model).lower() in {"all-minilm-l6-v2", "minilm",
+                                                  "sentence-transformers/all-minilm-l6-v2"}:
+            path = bundled_model_dir()
+        else:
+            h.update(f"missing:{model}".encode())  # the item will fail; its key must still be stable
+            return h.hexdigest()
+    for f in model_files(path.resolve()):
+        _hash_file(h, f, mode)
+    return h.hexdigest()
+
+
+def item_key(kind: str, fingerprint_hex: str, options: dict[str, Any]) -> str:
+    """The key of one item: what is computed (``kind`` and its ``options``) on which input."""
+    from .. import __version__
+
+    blob = json.dumps({"kind": kind, "input": fingerprint_hex, "options": options, "transcover": __version__},
+                      sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()

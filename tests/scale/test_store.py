@@ -1,0 +1,63 @@
+"""The results store (issue 14, item 3): committed rows come back verified; a corrupt store is refused."""
+
+import sqlite3
+
+import pytest
+
+from transcover import InputError
+from transcover.scale import ResultStore, StoreError
+
+
+def test_rows_round_trip_and_survive_reopening(tmp_path):
+    path = tmp_path / "r.sqlite"
+    with ResultStore(path, run="a") as s:
+        s.put("k1", "model-1", '{"x": 1.5}', 0.25)
+        s.put("k2", "model-2", '{"x": 2.5}', 0.5)
+    with ResultStore(path, run="b") as s:
+        assert len(s) == 2 and s.get("k3") is None
+        got = s.get("k1")
+        assert (got.label, got.value, got.seconds, got.run) == ("model-1", '{"x": 1.5}', 0.25, "a")
+
+
+def test_a_tampered_row_fails_its_checksum(tmp_path):
+    path = tmp_path / "r.sqlite"
+    with ResultStore(path) as s:
+        s.put("k1", "m", '{"x": 1.5}', 0.1)
+    db = sqlite3.connect(path)
+    db.execute("UPDATE results SET value = '{\"x\": 9.5}' WHERE key = 'k1'")
+    db.commit()
+    db.close()
+    with ResultStore(path) as s, pytest.raises(StoreError, match="fails its checksum"):
+        s.get("k1")
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "flipped"])
+def test_a_damaged_file_is_detected_on_open(tmp_path, damage):
+    path = tmp_path / "r.sqlite"
+    with ResultStore(path) as s:
+        for i in range(300):  # several pages, so truncation and flips hit real structure
+            s.put(f"k{i}", f"m{i}", '{"x": %d, "pad": "%s"}' % (i, "y" * 200), 0.1)
+    data = bytearray(path.read_bytes())
+    if damage == "garbage":
+        path.write_bytes(b"this is not a database" * 100)
+    elif damage == "truncated":
+        path.write_bytes(bytes(data[: len(data) // 2]))
+    else:
+        for at in range(4096 + 100, len(data), 4096):  # one byte in the body of every page after the first
+            data[at] ^= 0xFF
+        path.write_bytes(bytes(data))
+    with pytest.raises(StoreError, match="corrupt and was not used") as info:
+        ResultStore(path)
+    assert isinstance(info.value, InputError)  # the CLI prints it as one line, exit code 2
+    assert "\n" not in str(info.value)
+
+
+def test_a_foreign_sqlite_file_is_not_trusted(tmp_path):
+    path = tmp_path / "other.sqlite"
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    db.execute("INSERT INTO meta VALUES ('schema', 'something-else/9')")
+    db.commit()
+    db.close()
+    with pytest.raises(StoreError, match="schema"):
+        ResultStore(path)

@@ -1,0 +1,170 @@
+"""Sweeps (issue 14, items 2-4): same rows on every backend, resume, per-item failures, the CLI."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from transcover import InputError
+from transcover.cli import main
+from transcover.scale import ResultStore, sweep
+from transcover.scale._analyze import analysis_items, analyze_item, expand_models, parse_step, sweep_rows
+from transcover.scale._synthetic import write_gpt2_checkpoint, write_llama_checkpoint
+
+SRC = str(Path(__file__).resolve().parents[2] / "src")
+OPTIONS = {"arch": None, "allow_pickle": False, "fast": False, "rtol": 1e-3, "embeddings": True}
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("run")
+    for step in (30, 10, 20):
+        write_gpt2_checkpoint(root / f"checkpoint-{step}", d=32, layers=1, heads=2, vocab=64, positions=16, seed=step)
+    # a bf16, sharded, grouped-query RoPE model too: the torch-using path must agree across backends
+    write_llama_checkpoint(root / "checkpoint-40", hidden=32, intermediate=64, layers=2, heads=4, kv_heads=2,
+                           vocab=64, shard_bytes=6000, seed=4)
+    return root
+
+
+def _rows(report):
+    return json.dumps([r.value for r in report.results], sort_keys=True)
+
+
+def test_serial_process_pool_and_ray_give_identical_rows(run_dir):
+    items = analysis_items(expand_models([str(run_dir)]), OPTIONS)
+    serial = sweep(items, analyze_item, backend="serial")
+    pool = sweep(items, analyze_item, backend="process", workers=2)
+    ray = sweep(items, analyze_item, backend="ray", workers=2)  # a local Ray: ray.init(num_cpus=2)
+    assert serial.computed == pool.computed == ray.computed == 4
+    assert _rows(serial) == _rows(pool) == _rows(ray)  # bit for bit (floats are written with repr)
+    assert [r["step"] for r in sweep_rows(serial)] == [10, 20, 30, 40]
+    assert [r["arch"] for r in sweep_rows(serial)] == ["gpt2"] * 3 + ["llama"]
+
+
+def test_resume_reuses_finished_items_and_no_resume_recomputes(run_dir, tmp_path):
+    items = analysis_items(expand_models([str(run_dir)]), OPTIONS)
+    with ResultStore(tmp_path / "s.sqlite") as store:
+        first = sweep(items[:2], analyze_item, store=store)
+        again = sweep(items, analyze_item, store=store)
+        assert (first.computed, again.reused, again.computed) == (2, 2, 2)
+        assert _rows(again) == _rows(sweep(items, analyze_item))
+        fresh = sweep(items, analyze_item, store=store, resume=False)
+        assert (fresh.reused, fresh.computed, len(store)) == (0, 4, 4)
+
+
+def test_options_are_part_of_the_key(run_dir):
+    models = expand_models([str(run_dir)])
+    a = analysis_items(models, OPTIONS)
+    b = analysis_items(models, {**OPTIONS, "rtol": 1e-4})
+    assert not {i.key for i in a} & {i.key for i in b}
+
+
+def test_rewriting_a_checkpoint_changes_its_key(tmp_path):
+    ckpt = write_gpt2_checkpoint(tmp_path / "checkpoint-1", d=32, layers=1, heads=2, vocab=64, positions=16)
+    before = analysis_items([str(ckpt)], OPTIONS)[0].key
+    write_gpt2_checkpoint(ckpt, d=32, layers=1, heads=2, vocab=64, positions=16, seed=5)
+    assert analysis_items([str(ckpt)], OPTIONS)[0].key != before
+
+
+def test_broken_checkpoints_fail_alone(run_dir, tmp_path):
+    bad = tmp_path / "checkpoint-99"
+    bad.mkdir()
+    good = run_dir / "checkpoint-10"
+    (bad / "config.json").write_text((good / "config.json").read_text())
+    (bad / "model.safetensors").write_bytes((good / "model.safetensors").read_bytes()[:5000])  # half-written
+    models = [str(good), str(bad), str(tmp_path / "missing"), str(run_dir / "checkpoint-20")]
+    report = sweep(analysis_items(models, OPTIONS), analyze_item, backend="process", workers=2)
+    assert [r.ok for r in report.results] == [True, False, False, True]
+    assert "truncated" in report.failed[0].value or "does not fit" in report.failed[0].value
+    assert "not found" in report.failed[1].value
+
+
+def test_duplicate_items_are_computed_once(run_dir):
+    items = analysis_items([str(run_dir / "checkpoint-10")] * 3, OPTIONS)
+    report = sweep(items, analyze_item)
+    assert report.computed == 1 and len(report.results) == 3
+
+
+def test_ray_missing_is_one_line_naming_the_extra(run_dir, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # "import ray" now raises ImportError
+    items = analysis_items([str(run_dir / "checkpoint-10")], OPTIONS)
+    with pytest.raises(InputError, match=r"pip install 'transcover\[ray\]'"):
+        sweep(items, analyze_item, backend="ray")
+
+
+def test_parse_step():
+    assert parse_step("/runs/a/checkpoint-1200") == 1200
+    assert parse_step("/runs/step_30/model.safetensors") == 30
+    assert parse_step("/models/gpt2") is None
+
+
+def test_cli_sweep_writes_rows_figure_and_reports_failures(run_dir, tmp_path, capsys):
+    bad = tmp_path / "checkpoint-50"
+    bad.mkdir()
+    (bad / "config.json").write_text("{not json")
+    models = [str(p) for p in sorted(run_dir.iterdir())] + [str(bad)]
+    out, csv, fig = tmp_path / "o.json", tmp_path / "o.csv", tmp_path / "o.png"
+    rc = main(["analyze", *models, "--store", str(tmp_path / "s.sqlite"), "--json", str(out), "--csv", str(csv),
+               "--figure", str(fig), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 1  # documented: some item failed, the others were written
+    assert "FAILED" in err and "checkpoint-50" in err and "1 failed" in err
+    data = json.loads(out.read_text())
+    assert [r["step"] for r in data["rows"]] == [10, 20, 30, 40] and data["counts"]["failed"] == 1
+    assert csv.read_text().count("\n") == 5 and fig.read_bytes()[:4] == b"\x89PNG"
+    rc = main(["analyze", str(run_dir), "--store", str(tmp_path / "s.sqlite"), "--quiet"])
+    assert rc == 0 and "0 computed, 4 reused" in capsys.readouterr().err
+
+
+def test_cli_corrupt_store_and_missing_ray_are_one_line_exit_2(run_dir, tmp_path):
+    store = tmp_path / "bad.sqlite"
+    store.write_bytes(b"\x00" * 5000)
+    env = {"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run([sys.executable, "-m", "transcover.cli", "analyze", str(run_dir), "--store", str(store)],
+                          env=env, capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert "is corrupt and was not used" in proc.stderr
+    hide_ray = "import sys; sys.modules['ray'] = None; from transcover.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc = subprocess.run([sys.executable, "-c", hide_ray, "analyze", str(run_dir), "--backend", "ray",
+                           "--store", str(tmp_path / "s.sqlite")], env=env, capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert "pip install 'transcover[ray]'" in proc.stderr
+
+
+def _dies_on_three(i):
+    if i == 3:
+        import os
+
+        os._exit(9)  # a worker killed mid-item (as by the OOM killer)
+    return {"i": i}
+
+
+def test_a_dying_worker_fails_only_its_own_item():
+    from transcover.scale import Item
+
+    items = [Item(f"k{i}", f"item {i}", i) for i in range(7)]
+    report = sweep(items, _dies_on_three, backend="process", workers=2)
+    assert [r.ok for r in report.results] == [i != 3 for i in range(7)]
+    assert "worker process died" in report.results[3].value
+    assert [r.value for r in report.results if r.ok] == [{"i": i} for i in range(7) if i != 3]
+
+
+def test_quick_keys_follow_mtimes_and_full_keys_follow_bytes(tmp_path):
+    import os
+
+    from transcover.scale import fingerprint
+
+    ckpt = write_gpt2_checkpoint(tmp_path / "c", d=32, layers=1, heads=2, vocab=64, positions=16)
+    quick, full = fingerprint(ckpt), fingerprint(ckpt, "full")
+    (ckpt / "optimizer.pt").write_bytes(b"training state, not weights")
+    assert (fingerprint(ckpt), fingerprint(ckpt, "full")) == (quick, full)
+    weights = ckpt / "model.safetensors"
+    st = weights.stat()
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # same bytes, new mtime (a copy)
+    assert fingerprint(ckpt) != quick and fingerprint(ckpt, "full") == full
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1  # one bit of one weight, header and size unchanged
+    weights.write_bytes(bytes(data))
+    assert fingerprint(ckpt, "full") != full

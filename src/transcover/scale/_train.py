@@ -31,9 +31,15 @@ def train_item(payload: dict[str, Any]) -> dict[str, Any]:
 
 
 def _quantity(d: dict | None):
-    from .._results import Kind, Quantity
+    """A :class:`Quantity` back from its ``to_dict`` (a :class:`ClippedQuantity` keeps raw, trivial, note)."""
+    from .._results import ClippedQuantity, Kind, Quantity
 
-    return None if d is None else Quantity(d["value"], Kind(d["kind"]), d["source"], tuple(d["assumptions"]))
+    if d is None:
+        return None
+    args = (d["value"], Kind(d["kind"]), d["source"], tuple(d["assumptions"]))
+    if "raw" in d:
+        return ClippedQuantity(*args, raw=float(d["raw"]), trivial=float(d["trivial"]), note=d.get("note", ""))
+    return Quantity(*args)
 
 
 def train_result_from_value(value: dict[str, Any]):
@@ -45,7 +51,8 @@ def train_result_from_value(value: dict[str, Any]):
                        train_loss=r["train_loss"], test_loss=r["test_loss"], train_acc=r["train_acc"],
                        test_acc=r["test_acc"], norms=r["norms"], capacity=_quantity(r["capacity"]),
                        lipschitz=_quantity(r["lipschitz"]), bound=_quantity(r["bound"]),
-                       covering=_quantity(r["covering"]), history=value["history"], task_source=r["task_source"])
+                       covering=_quantity(r["covering"]), history=value["history"], task_source=r["task_source"],
+                       constraints=r.get("constraints", {}))
 
 
 def train_runner(*, store: ResultStore | None = None, backend: str = "serial", workers: int = 1, threads: int = 1,

@@ -16,8 +16,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n-samples", type=int, required=True, help="N, training samples")
     parser.add_argument("--delta", type=float, default=0.25, help="coherence of the positional encodings")
     parser.add_argument("--gamma", type=float, default=1.0, help="read-out injectivity in (0, 1]")
-    parser.add_argument("--holder-constant", type=float, default=1.0)
-    parser.add_argument("--json", metavar="PATH")
+    parser.add_argument("--holder-constant", type=float, default=1.0, help="Hölder constant L of the target")
+    parser.add_argument("--json", metavar="PATH", help="write the advice as JSON")
     parser.add_argument("--plot", metavar="PNG", help="the trade-off curve")
 
 

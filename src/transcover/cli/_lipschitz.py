@@ -21,11 +21,14 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                    help="max over tokens of the l2 norm (T-independent) or Frobenius over --seq-len tokens")
     p.add_argument("--seq-len", type=int, default=8, help="tokens per sampled input (and T for --metric fro)")
     p.add_argument("--c-sm", type=float, default=1.0, help="softmax constant >= 1 (1 proven and tight, the default; 2 Edelman et al.)")
-    p.add_argument("--ln-sigma-min", type=float, default=0.0,
+    p.add_argument("--sigma-min", dest="ln_sigma_min", type=float, default=0.0,
                    help="assume every LayerNorm input has std >= this (0: the global, eps-limited constant)")
+    from ._conventions import add_deprecated_alias
+
+    add_deprecated_alias(p, "--ln-sigma-min", "--sigma-min", "ln_sigma_min", type=float)
     p.add_argument("--samples", type=int, default=6, help="random starting inputs per search (default 6)")
     p.add_argument("--steps", type=int, default=30, help="ascent steps per search (default 30)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="random seed of the lower-estimate search")
     p.add_argument("--json", metavar="PATH", default=None, help="write the result as JSON")
 
 
@@ -45,7 +48,7 @@ def check_common(args: argparse.Namespace) -> None:
 
     check_c_sm(args.c_sm, "--c-sm")
     if not args.ln_sigma_min >= 0:
-        raise InputError(f"--ln-sigma-min must be >= 0, but got --ln-sigma-min={args.ln_sigma_min}")
+        raise InputError(f"--sigma-min must be >= 0, but got --sigma-min={args.ln_sigma_min}")
     for flag, v, lo in (("--seq-len", args.seq_len, 1), ("--samples", args.samples, 1), ("--steps", args.steps, 0)):
         if v < lo:
             raise InputError(f"{flag} must be >= {lo}, but got {flag}={v}")

@@ -31,14 +31,14 @@ def add_training_arguments(p: argparse.ArgumentParser, *, epochs: int = 30, n_tr
     p.add_argument("--n-test", type=int, default=1000, help="test samples (sparse tasks)")
     p.add_argument("--seq-len", type=int, default=16, help="sequence length (sparse tasks)")
     p.add_argument("--sparsity", type=int, default=2, help="|I| (sparse tasks)")
-    p.add_argument("--epochs", type=int, default=epochs)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--weight-decay", type=float, default=0.0)
-    p.add_argument("--d-model", type=int, default=32)
-    p.add_argument("--n-heads", type=int, default=2)
-    p.add_argument("--n-layers", type=int, default=2)
-    p.add_argument("--d-ff", type=int, default=64)
+    p.add_argument("--epochs", type=int, default=epochs, help="passes over the training set")
+    p.add_argument("--batch-size", type=int, default=64, help="examples per step")
+    p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
+    p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
+    p.add_argument("--d-model", type=int, default=32, help="model width d")
+    p.add_argument("--n-heads", type=int, default=2, help="attention heads per layer")
+    p.add_argument("--n-layers", type=int, default=2, help="Transformer layers")
+    p.add_argument("--d-ff", type=int, default=64, help="FFN hidden width")
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (1 is fastest for these small models on a shared machine)")
 
@@ -46,7 +46,7 @@ def add_training_arguments(p: argparse.ArgumentParser, *, epochs: int = 30, n_tr
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_training_arguments(parser)
     add_constraint_arguments(parser)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="random seed (data split, initialisation)")
     parser.add_argument("--bound-every", type=int, default=0, metavar="EPOCHS",
                         help="log the certified covering bound every EPOCHS epochs (about 1 s each; 0: only at the end)")
     parser.add_argument("--out", default="out/train", help="folder for history.jsonl/.csv/.png and checkpoint/")

@@ -75,7 +75,7 @@ def analysis_json(result, *, matrices: bool = True) -> str:
 
 
 def analysis_csv(result) -> str:
-    """One row per layer with lower/upper columns (the DataFrame of ``to_dataframe``)."""
+    """One row per layer with lower/upper columns of every per-layer quantity (``layers_dataframe``)."""
     buf = io.StringIO()
-    result.to_dataframe().to_csv(buf)
+    result.layers_dataframe().to_csv(buf)
     return buf.getvalue()

@@ -147,21 +147,21 @@ def _analysis(d: ReportData) -> str:
         keys.append("B_Wgate")
     rows = []
     for layer in a.layers:
-        row = [str(layer.index)]
-        for k in keys:
-            iv = getattr(layer, k)
-            row.append("–" if iv is None else f"{fmt(iv.lower)} … {fmt(iv.upper)}")
-        rows.append(row)
-    layer_table = table(["layer"] + [("‖W_O‖₂" if k == "W_O" else k) for k in keys], rows,
-                        numeric=[True] * (len(keys) + 1), raw=True,
-                        caption=f"per layer: certified intervals [lower … upper] {kind_badge(a.kind)}; "
+        ivs = [getattr(layer, k) for k in keys]
+        gaps = [iv.relative_gap for iv in ivs if iv is not None]
+        rows.append([str(layer.index)] + ["–" if iv is None else fmt(iv.upper, 6) for iv in ivs]
+                    + [f"{max(gaps):.1e}"])
+    layer_table = table(["layer"] + [("‖W_O‖₂" if k == "W_O" else k) for k in keys] + ["max rel. gap"], rows,
+                        numeric=[True] * (len(keys) + 2), raw=True,
+                        caption=f"per layer: upper ends of certified intervals {kind_badge(a.kind)} (the lower "
+                                "ends are within the last column's relative gap; both in the matrix table); "
                                 "B_KQ, B_V are the maxima over heads, B_b_attn = ‖b_O + Σ_h b_V^h W_O^h‖₂")
     mrows = []
     for layer in a.layers:
         for role, m in layer.matrices.items():
             mrows.append((str(layer.index), text(role), f"<code>{text(m.tensor)}</code>" if m.tensor else "–",
                           "×".join(map(str, m.shape)),
-                          *(f"{fmt(iv.lower)} … {fmt(iv.upper)}" for iv in (m.spectral, m.frobenius, m.l21)),
+                          *(f"{fmt(iv.lower, 8)} … {fmt(iv.upper, 8)}" for iv in (m.spectral, m.frobenius, m.l21)),
                           kind_badge(m.spectral.kind)))
     for e in a.embeddings:
         m = e.norms

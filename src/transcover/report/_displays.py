@@ -101,8 +101,8 @@ class LipschitzDisplay:
     @classmethod
     def from_bounds(cls, bounds, lower: dict | None = None, *, model: str = "") -> "LipschitzDisplay":
         lower = lower or {}
-        short = {"input_norm": "in-norm", "attention": "attn", "norm_attn": "norm1", "ffn": "ffn",
-                 "norm_ffn": "norm2", "final_norm": "out-norm"}
+        short = {"input_norm": "norm", "attention": "attn", "norm_attn": "norm1", "ffn": "ffn",
+                 "norm_ffn": "norm2", "final_norm": "norm"}
         labels, up, lo = [], [], []
         for s in bounds.stages:
             labels.append(f"{layer_label(s.layer, bounds.n_layers)}·{short.get(s.name, s.name)}")
@@ -126,7 +126,7 @@ class LipschitzDisplay:
         a.set_ylabel(r"Lipschitz constant $L$")
         a.set_title(r"per stage: certified upper $\geq L \geq$ empirical lower" +
                     (f" — {self.title}" if self.title else ""), fontsize=10)
-        a.legend(fontsize=8)
+        a.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # outside: bars reach the top
         a.grid(axis="y", alpha=0.3)
         self.figure_, self.ax_ = fig, a
         return self
@@ -139,6 +139,7 @@ class BoundDisplay:
     layers: list[str]
     groups: list[str]
     shares: np.ndarray  # (layers, groups), fractions of the Transformer's log N
+    log10_parts: np.ndarray  # (layers, groups): log10 of the sum of log N_i over the cell (-inf: empty)
     top_names: list[str]
     top_log10: np.ndarray  # log10 of each top matrix's log N_i
     title: str = ""
@@ -151,27 +152,37 @@ class BoundDisplay:
         layer_ids = sorted({t.layer for t in terms})
         groups = sorted({t.group for t in terms})
         shares = np.zeros((len(layer_ids), len(groups)))
+        ln_parts = np.full((len(layer_ids), len(groups)), -np.inf)
         for t in terms:
-            shares[layer_ids.index(t.layer), groups.index(t.group)] += t.share
+            i, j = layer_ids.index(t.layer), groups.index(t.group)
+            shares[i, j] += t.share
+            ln_parts[i, j] = np.logaddexp(ln_parts[i, j], t.log_cost)
         best = sorted(terms, key=lambda t: t.log_cost, reverse=True)[:top]
-        return cls([layer_label(i, result.n_layers) for i in layer_ids], groups, shares,
+        return cls([layer_label(i, result.n_layers) for i in layer_ids], groups, shares, ln_parts / math.log(10),
                    [t.name for t in best], np.array([t.log_cost / math.log(10) for t in best]),
                    f"{result.model}, eps={result.eps:g}")
 
     def plot(self, ax=None) -> "BoundDisplay":
         fig, (a1, a2) = _axes(ax, 2, (12.0, 4.2))
+        # log N spans hundreds of decades between layers (later layers' errors are amplified by fewer
+        # Lipschitz factors), so a linear share axis shows one bar; log10 of each cell's log N shows all
         y = np.arange(len(self.layers))
-        left = np.zeros(len(self.layers))
+        width = 0.8 / max(1, len(self.groups))
         for j, g in enumerate(self.groups):
-            a1.barh(y, 100 * self.shares[:, j], left=100 * left, label=g, color=f"C{j}")
-            left += self.shares[:, j]
+            vals = np.where(np.isfinite(self.log10_parts[:, j]), self.log10_parts[:, j], np.nan)
+            a1.barh(y + (j - (len(self.groups) - 1) / 2) * width, vals, height=width, label=g, color=f"C{j}")
+        total = self.shares.sum(axis=1)
+        xmax = np.nanmax(np.where(np.isfinite(self.log10_parts), self.log10_parts, np.nan))
+        for i, s in enumerate(total):
+            a1.text(xmax * 1.02, i, f"{100 * s:.3g}%", va="center", fontsize=7)
+        a1.set_xlim(right=xmax * 1.22)
         a1.set_yticks(y)
         a1.set_yticklabels(self.layers)
         a1.invert_yaxis()
-        a1.set_xlabel(r"share of $\log N$ (%)")
+        a1.set_xlabel(r"$\log_{10} \sum_i \log N_i$ over the layer's matrices of a group")
         a1.set_ylabel("layer")
-        a1.set_title(r"share of $\log \mathcal{N}_\infty(\varepsilon)$ by layer and group", fontsize=10)
-        a1.legend(fontsize=7, loc="lower right")
+        a1.set_title(r"$\log \mathcal{N}_\infty(\varepsilon)$ by layer and group (text: share)", fontsize=10)
+        a1.legend(fontsize=7, loc="lower left")
         y2 = np.arange(len(self.top_names))
         a2.barh(y2, self.top_log10, color="C3")
         a2.set_yticks(y2)

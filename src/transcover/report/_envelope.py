@@ -90,7 +90,7 @@ def envelope(payload: dict, *, schema: str, schema_version: str, inputs=(), argv
         "schema_version": schema_version,
         "tool": "transcover",
         "tool_version": __version__,
-        "command_line": list(sys.argv if argv is None else argv),
+        "command_line": ["transcover", *sys.argv[1:]] if argv is None else list(argv),
         "inputs": input_hashes(*inputs),
     }
     body = {k: v for k, v in payload.items() if k not in ("schema", "schema_version")}

@@ -71,7 +71,10 @@ def compute_report(model=None, *, arch=None, allow_pickle=False, strict=False, o
     timings: dict[str, float] = {}
     t = time.perf_counter()
     tracker.step("loading the model")
-    spec = load(model, arch=arch, allow_pickle=allow_pickle, strict=strict)
+    from ..model import TransformerSpec
+
+    spec = model if isinstance(model, TransformerSpec) else load(model, arch=arch, allow_pickle=allow_pickle,
+                                                                 strict=strict)
     records = None
     if history is not None:
         from ..constrain import read_history
@@ -123,7 +126,8 @@ def _model_card(d: ReportData) -> str:
             ("FFN width d_ff", fmt(cfg.get("d_ff"))), ("activation", text(cfg.get("activation", "?"))),
             ("stored dtype", text(cfg.get("storage_dtype", "?"))),
             ("normalisation", text(f"{a.layers[0].norm_attn.kind}, {a.layers[0].placement}")),
-            ("source", text("bundled all-MiniLM-L6-v2 package" if d.source is None else d.source))]
+            ("source", text("bundled all-MiniLM-L6-v2 package" if d.source is None
+                             else getattr(d.source, "name", d.source)))]
     parts = [table(("property", "value"), rows, raw=True)]
     if d.inputs:
         parts.append(table(("input file", "bytes", "SHA-256"),
@@ -138,7 +142,7 @@ def _model_card(d: ReportData) -> str:
 def _analysis(d: ReportData) -> str:
     a = d.analysis
     disp = AnalysisDisplay.from_result(a)
-    disp.model = plain(a.model)
+    disp.model = ""  # the page's title names the model
     head = html_figure(_svg(disp), f"Per-layer × per-head norms {kind_badge(a.kind)}: the upper ends of "
                        f"certified intervals (target relative gap {a.rtol:g}; rounding accounted for). "
                        "B_KQ includes the softmax scale 1/√d_head.")

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ._figures import pyplot
+from ._html import plain
 
 __all__ = ["AnalysisDisplay", "LipschitzDisplay", "BoundDisplay", "CoveringDisplay", "HistoryDisplay",
            "layer_label"]
@@ -83,6 +84,8 @@ class AnalysisDisplay:
                     for j in range(H):
                         a.text(j, i, f"{M[i, j]:.3g}", ha="center", va="center", fontsize=6.5,
                                color="black" if M[i, j] > mid else "white")
+        if ax is None and self.model:
+            fig.suptitle(plain(self.model), fontsize=11)
         self.figure_, self.ax_ = fig, axes
         return self
 
@@ -261,7 +264,7 @@ class HistoryDisplay:
                     continue
                 group = k.split(".", 1)[-1]
                 color = f"C{sorted({x.split('.', 1)[-1] for x in ks}).index(group) % 10}" if "." in k else f"C{i}"
-                a.plot(xs, ys, lw=1, ls="--" if k.startswith("radius.") else "-", color=color, label=k)
+                a.plot(xs, ys, lw=1, ls="--" if k.startswith("radius.") else "-", color=color, label=plain(k, 30))
                 drawn = True
             if drawn and log and all(v > 0 for k in ks for v in self._series(k)[1]):
                 a.set_yscale("log")

@@ -59,8 +59,9 @@ def input_hashes(*sources) -> list[dict[str, object]]:
     for src in sources:
         path = _model_path(src)
         if path is None:
-            if src is not None:
-                out.append({"path": str(src), "sha256": None, "bytes": None})
+            if src is not None:  # an in-memory model (spec, module) or a hub name: named, not hashed
+                name = src if isinstance(src, (str, os.PathLike)) else getattr(src, "name", type(src).__name__)
+                out.append({"path": str(name), "sha256": None, "bytes": None})
             continue
         files = ([path] if path.is_file()
                  else sorted(f for f in path.iterdir() if f.is_file() and f.name.endswith(_MODEL_FILES)))

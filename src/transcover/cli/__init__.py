@@ -54,7 +54,7 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
         default = action.default
-        if ("default" in text.lower() or default in (None, False, argparse.SUPPRESS)
+        if ("default" in text.lower() or any(default is v for v in (None, False, argparse.SUPPRESS))
                 or (isinstance(default, (list, tuple)) and not default) or not action.option_strings):
             return text
         return f"{text} (default: %(default)s)"
@@ -113,7 +113,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             # every TranscoverWarning is shown (one line each), however often the same text recurs
             warnings.simplefilter("always", TranscoverWarning)
             warnings.showwarning = _show_warning
-            return int(commands[args.command].run(args) or 0)
+            try:
+                return int(commands[args.command].run(args) or 0)
+            finally:
+                from ..report._progress import close_all
+
+                close_all()  # a bar left open by an error must not draw over the message
     except KeyboardInterrupt:
         print("transcover: interrupted", file=sys.stderr)
         return 130

@@ -37,7 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top", type=int, default=10, help="matrices in the breakdown table (default 10)")
     p.add_argument("--json", metavar="PATH", default=None, help="write the result as JSON")
     p.add_argument("--plot", metavar="PATH", default=None, help="write a PNG: log N(eps) and the bound against n")
-    p.add_argument("--quiet", action="store_true", help="print no tables")
+    p.add_argument("--quiet", action="store_true", help="print no tables and no progress")
 
 
 def _validate(args: argparse.Namespace) -> None:
@@ -92,18 +92,20 @@ def _fmt_log(ln_value: float) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
     import math
     import sys
 
     from ..covering import model_bound, sample_size_for_gap
     from ..model import load
-    from ..report import atomic_write_text
+    from ..report import atomic_write_text, start_progress
 
     _validate(args)
+    tracker = start_progress(quiet=args.quiet)
+    tracker.step("loading the model")
     spec = load(args.model, arch=args.arch, allow_pickle=args.allow_pickle, strict=args.strict).to_torch()
     reference = None if args.reference is None else load(args.reference, arch=args.arch, allow_pickle=args.allow_pickle,
                                                          strict=args.strict).to_torch()
+    tracker.step("covering number and generalisation bound")
     result = model_bound(spec, eps=args.eps, n_samples=tuple(args.n_samples), seq_len=args.seq_len,
                          radius=args.radius, c_sm=args.c_sm, family=args.family, sigma_min=args.sigma_min,
                          reference=reference, loss_lipschitz=args.loss_lipschitz, loss_bound=args.loss_bound,
@@ -119,8 +121,15 @@ def run(args: argparse.Namespace) -> int:
     # Render and build every output before writing any, so an error leaves nothing half-written.
     outputs = []
     if args.json:
-        outputs.append(("json", args.json, json.dumps(data, indent=2, default=str, allow_nan=False)))
+        from ..report import envelope_json
+
+        outputs.append(("json", args.json, envelope_json(data, schema="transcover.bound", schema_version="1",
+                                                         inputs=[args.model] + ([args.reference] if args.reference
+                                                                                else []))))
+    if args.plot:
+        tracker.step("plotting")
     png = _plot(result, curve, n_needed, target, args) if args.plot else None
+    tracker.close()
     if not args.quiet:
         _render(result, terms, n_needed, target, args.top)
     for _, path, text in outputs:
@@ -175,13 +184,16 @@ def _render(result, terms, n_needed: float, target: float, top: int) -> None:
     lt.add_column("layer", justify="right")
     lt.add_column("share", justify="right")
     for layer, share in sorted(result.transformer.by_layer().items()):
-        lt.add_row(str(layer), f"{share:.3%}")
+        lt.add_row({-1: "input (embedding norm)"}.get(layer, str(layer)), f"{share:.3%}")
     con.print(lt)
     mt = Table(title=f"largest {top} contributions")
     for col in ("matrix", "group", "cover", "log10 c_i", "eps_i", "log N_i", "share"):
-        mt.add_column(col, justify="right")
+        # names fold instead of being cut to "layer0.W…" on an 80-column terminal
+        mt.add_column(col, justify="left" if col in ("matrix", "group", "cover") else "right",
+                      overflow="fold", min_width=14 if col == "matrix" else None)
     for c in sorted(terms, key=lambda c: c.log_cost, reverse=True)[:top]:
-        mt.add_row(c.name, c.group, c.cover, f"{c.log_c / math.log(10):.2f}", _fmt_log(c.log_eps_i)
+        mt.add_row(c.name.replace("layer-1.", "input."), c.group, c.cover, f"{c.log_c / math.log(10):.2f}",
+                   _fmt_log(c.log_eps_i)
                    if c.log_eps_i > -700 else f"10^{c.log_eps_i / math.log(10):.1f}", _fmt_log(c.log_cost),
                    f"{c.share:.3%}")
     con.print(mt)

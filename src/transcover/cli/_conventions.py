@@ -13,11 +13,10 @@ class _Deprecated(argparse.Action):
         super().__init__(option_strings, dest, **kwargs)
 
     def __call__(self, parser, namespace, values, option_string=None):
-        import warnings
+        import sys
 
-        from .._errors import TranscoverWarning
-
-        warnings.warn(f"{option_string} is deprecated; use {self.new}", TranscoverWarning, stacklevel=2)
+        # parsing happens before main() routes warnings, so the line is printed in the CLI's own form
+        print(f"transcover: warning: {option_string} is deprecated; use {self.new}", file=sys.stderr)
         setattr(namespace, self.dest, values)
 
 

@@ -18,6 +18,7 @@ def _common(p: argparse.ArgumentParser, *, eps_default: list[float] | None) -> N
     p.add_argument("--workers", type=int, default=None, help="torch threads to use (default: torch's)")
     p.add_argument("--json", metavar="PATH", default=None, help="write the result as JSON")
     p.add_argument("--plot", metavar="PATH", default=None, help="write a PNG of log N against eps")
+    p.add_argument("--quiet", action="store_true", help="no progress display")
 
 
 def _class_args(p: argparse.ArgumentParser) -> None:
@@ -112,7 +113,6 @@ def _reference_sample(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
     import sys
 
     from rich.console import Console
@@ -121,11 +121,13 @@ def run(args: argparse.Namespace) -> int:
     from .. import empirical as E
     from .._errors import InputError
     from .._results import check_certified
-    from ..report import atomic_write_text
+    from ..report import atomic_write_text, envelope_json, start_progress
 
     _check(args)
     console = Console()
     qn = "inf" if args.q == float("inf") else str(int(args.q))
+    tracker = start_progress(quiet=args.quiet)
+    tracker.step(f"cover {args.mode}")
     fig_data = None
     if args.mode == "finite":
         Y = E.load_outputs(args.outputs, key=args.key)
@@ -171,6 +173,7 @@ def run(args: argparse.Namespace) -> int:
             sample = E.sample_local_class(spec, radii, args.functions, radial=args.radial, seed=args.seed)
             d_model = spec.d_model
         X = E.random_inputs(args.samples, args.seq_len, d_model, seed=args.seed + 1)
+        tracker.step(f"Monte Carlo covering ({args.functions} functions)")
         mc = E.monte_carlo_covering(sample, X, args.eps, args.q, workers=args.workers)
         table = Table(title=f"{sample.description}\nM={mc.n_functions}, n={args.samples} x T={args.seq_len}, q={qn}")
         for c in ("eps", "packing (lower N_ext)", "net (lower packing no.)", "log N estimate", "note"):
@@ -207,7 +210,9 @@ def run(args: argparse.Namespace) -> int:
         for c in ("eps", "random-set packings", "greedy-set packings", "best (lower N_inf(F,eps,n))"):
             table.add_column(c, justify="right")
         rows = []
+        tracker.step("uniform search over sample sets", total=len(args.eps))
         for e in args.eps:
+            tracker.update(len(rows), len(args.eps))
             res = E.uniform_covering_search(sample, args.n, e, args.q, input_sampler=sampler,
                                             restarts=args.restarts, pool_size=args.pool, seed=args.seed,
                                             workers=args.workers)
@@ -220,8 +225,11 @@ def run(args: argparse.Namespace) -> int:
         fig_data = (list(args.eps), [math.log(r["best_packing"]) for r in rows],
                     [math.log(max(r["random_packings"])) for r in rows], "uniform")
     # Render everything before writing anything: an error leaves no half-written outputs.
-    text = json.dumps(payload, indent=2, default=str) if args.json else None
+    source = getattr(args, "outputs", None) or getattr(args, "model", None)
+    text = (envelope_json(payload, schema=f"transcover.cover.{args.mode}", schema_version="1",
+                          inputs=[source] if source else []) if args.json else None)
     png = _figure_bytes(*fig_data) if args.plot else None
+    tracker.close()
     console.print(table)
     if text is not None:
         atomic_write_text(args.json, text)

@@ -30,6 +30,7 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=30, help="ascent steps per search (default 30)")
     p.add_argument("--seed", type=int, default=0, help="random seed of the lower-estimate search")
     p.add_argument("--json", metavar="PATH", default=None, help="write the result as JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress display")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -61,7 +62,6 @@ def _fmt(x: float | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
     import sys
 
     import torch
@@ -73,10 +73,13 @@ def run(args: argparse.Namespace) -> int:
     from ..lipschitz._empirical import lipschitz_lower
     from ..lipschitz._weights import spec_norms
     from ..model import load
-    from ..report import atomic_write_text
+    from ..report import atomic_write_text, start_progress
 
     check_common(args)
+    tracker = start_progress(quiet=args.quiet)
+    tracker.step("loading the model")
     spec = load(args.model, arch=args.arch, allow_pickle=args.allow_pickle, strict=args.strict).to_torch()
+    tracker.step("certified upper bounds")
     small_threads(spec.d_model, args.seq_len)
     seq = args.seq_len if args.metric == "fro" or _needs_seq_len(spec) else None
     bounds = compose(spec_norms(spec), radius=args.radius, c_sm=args.c_sm, metric=args.metric, seq_len=seq,
@@ -84,8 +87,10 @@ def run(args: argparse.Namespace) -> int:
     lower = {}
     if not args.no_lower:
         torch.manual_seed(args.seed)
+        tracker.step(f"empirical lower search ({args.samples} starts x {args.steps} steps per stage)")
         lower = lipschitz_lower(spec, bounds, seq_len=args.seq_len, n_samples=args.samples, n_steps=args.steps,
                                 seed=args.seed)
+    tracker.close()
     rows = []
     for s in bounds.stages:
         lo = lower.get((s.layer, s.name))
@@ -109,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     for col in ("layer", "component", "input radius", "certified upper", "empirical lower", "upper/lower"):
         table.add_column(col, justify="right" if col not in ("component",) else "left")
     for kind, layer, name, r, up, lw in rows:
-        label = {-1: "in", -2: "all", spec.n_layers: "out"}.get(layer, str(layer))
+        label = {-1: "input", -2: "all", spec.n_layers: "output"}.get(layer, str(layer))
         ratio = None if not lw else up / lw
         table.add_row(label, name if kind != "layer" else "[bold]whole layer[/bold]", _fmt(r), _fmt(up), _fmt(lw),
                       _fmt(ratio))
@@ -121,13 +126,16 @@ def run(args: argparse.Namespace) -> int:
                   "'network, worst R': the plain product with every stage on the largest radius")
     if args.json:
         payload = {
-            "schema": "transcover.lipschitz/1", "model": spec.name, "warnings": list(spec.warnings),
+            "model": spec.name, "warnings": list(spec.warnings),
             "bounds": bounds.to_dict(),
             "lower": [{"layer": k[0], "name": k[1], **v.to_dict()} for k, v in lower.items()],
             "table": [{"kind": k, "layer": layer, "component": n, "radius_in": r, "upper": up, "lower": lw,
                        "ratio": None if not lw else up / lw} for k, layer, n, r, up, lw in rows],
         }
-        atomic_write_text(args.json, json.dumps(payload, indent=2, default=str))
+        from ..report import envelope_json
+
+        atomic_write_text(args.json, envelope_json(payload, schema="transcover.lipschitz", schema_version="1",
+                                                   inputs=[args.model]))
         print(f"wrote {args.json}", file=sys.stderr)
     return 0
 

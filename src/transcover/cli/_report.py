@@ -28,6 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-lower", action="store_true", help="skip the empirical lower Lipschitz estimates")
     p.add_argument("--lower-samples", type=int, default=1, help="random starts per lower-estimate search")
     p.add_argument("--lower-steps", type=int, default=3, help="ascent steps per lower-estimate search")
+    p.add_argument("--lower-stages", action="store_true",
+                   help="also search every stage (attention, FFN, norms) for lower estimates: much slower")
     p.add_argument("--quiet", action="store_true", help="no progress display")
 
 
@@ -54,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
         if path is not None and not Path(path).is_file():
             raise InputError(f"{flag}={path}: no such file")
     options = ReportOptions(radius=args.radius, eps=args.eps, n_samples=args.n_samples, seq_len=args.seq_len,
-                            lower=not args.no_lower, lower_samples=args.lower_samples, lower_steps=args.lower_steps)
+                            lower=not args.no_lower, lower_samples=args.lower_samples, lower_steps=args.lower_steps,
+                            lower_stages=args.lower_stages)
     with progress(quiet=args.quiet) as tracker:
         data = compute_report(args.model, arch=args.arch, allow_pickle=args.allow_pickle, strict=args.strict,
                               options=options, history=args.history, data=args.data, tracker=tracker)

@@ -6,7 +6,9 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-__all__ = ["progress", "Tracker"]
+__all__ = ["progress", "start_progress", "close_all", "Tracker"]
+
+_OPEN: list = []  # bars started by start_progress and not yet closed (main() closes them on errors)
 
 
 class Tracker:
@@ -28,6 +30,14 @@ class Tracker:
         if self._bar is not None and self._task is not None:
             self._bar.update(self._task, completed=done, total=total)
 
+    def close(self) -> None:
+        """Remove the bar from the terminal (idempotent)."""
+        if self._bar is not None:
+            self._bar.stop()
+            if self._bar in _OPEN:
+                _OPEN.remove(self._bar)
+            self._bar = None
+
     def callback(self) -> Callable[[int, int], None] | None:
         """``progress(done, total)`` for APIs that take one, or ``None`` when silent."""
         return None if self._bar is None else self.update
@@ -40,6 +50,31 @@ def _is_terminal(stream) -> bool:
         return False
 
 
+def _bar(stream):
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    return Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                    TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
+                    console=Console(file=stream), transient=True)
+
+
+def start_progress(*, quiet: bool = False, stream=None) -> Tracker:
+    """A started :class:`Tracker` (call ``close()``; the CLI's ``main`` closes any left open)."""
+    stream = sys.stderr if stream is None else stream
+    if quiet or not _is_terminal(stream):
+        return Tracker()
+    bar = _bar(stream)
+    bar.start()
+    _OPEN.append(bar)
+    return Tracker(bar)
+
+
+def close_all() -> None:
+    while _OPEN:
+        _OPEN.pop().stop()
+
+
 @contextmanager
 def progress(*, quiet: bool = False, stream=None) -> Iterator[Tracker]:
     """A :class:`Tracker` that draws on ``stream`` (stderr) only if it is a terminal and not quiet."""
@@ -47,11 +82,5 @@ def progress(*, quiet: bool = False, stream=None) -> Iterator[Tracker]:
     if quiet or not _is_terminal(stream):
         yield Tracker()
         return
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-    bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                   TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
-                   console=Console(file=stream), transient=True)
-    with bar:
+    with _bar(stream) as bar:
         yield Tracker(bar)

@@ -51,8 +51,12 @@ def test_help_shows_defaults(capsys):
 
 
 def test_version_and_python_m(tmp_path):
+    import os
+
+    src = str(Path(transcover.__file__).resolve().parents[1])  # the package under test, wherever it lives
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
     run = subprocess.run([sys.executable, "-m", "transcover", "--version"], capture_output=True, text=True,
-                         cwd=tmp_path, timeout=120)
+                         cwd=tmp_path, timeout=120, env=env)
     assert run.returncode == 0 and run.stdout.strip() == f"transcover {transcover.__version__}"
 
 

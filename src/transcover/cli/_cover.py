@@ -257,8 +257,8 @@ def _figure_bytes(eps, upper, lower, label) -> bytes:
     ax.set_xscale("log")
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # labelled minor ticks overlap
     ax.set_xticks(list(eps), [_fmt_eps(e) for e in eps])
-    ax.set_xlabel("eps")
-    ax.set_ylabel("log N(eps)")
+    ax.set_xlabel(r"$\varepsilon$")
+    ax.set_ylabel(r"$\log N(\varepsilon)$")
     ax.legend(fontsize=8)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")

@@ -38,6 +38,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="HF model directory, .safetensors file or short name (default: the bundled all-MiniLM-L6-v2)")
     add_model_arguments(p)
     p.add_argument("--no-lower", action="store_true", help="certified bounds only (skip the empirical search)")
+    p.add_argument("--plot", metavar="PATH", default=None,
+                   help="write certified upper vs empirical lower per stage and layer (.png, .svg or .pdf)")
 
 
 def check_common(args: argparse.Namespace) -> None:
@@ -76,6 +78,10 @@ def run(args: argparse.Namespace) -> int:
     from ..report import atomic_write_text, start_progress
 
     check_common(args)
+    if getattr(args, "plot", None):
+        from ..report import check_output_path
+
+        check_output_path(args.plot, "--plot", (".png", ".svg", ".pdf"))
     tracker = start_progress(quiet=args.quiet)
     tracker.step("loading the model")
     spec = load(args.model, arch=args.arch, allow_pickle=args.allow_pickle, strict=args.strict).to_torch()
@@ -137,6 +143,14 @@ def run(args: argparse.Namespace) -> int:
         atomic_write_text(args.json, envelope_json(payload, schema="transcover.lipschitz", schema_version="1",
                                                    inputs=[args.model]))
         print(f"wrote {args.json}", file=sys.stderr)
+    if args.plot:
+        from ..report import atomic_write_bytes
+        from ..report._figures import pyplot, save_figure
+
+        fig = bounds.plot(lower=lower).figure_
+        atomic_write_bytes(args.plot, save_figure(fig, args.plot))
+        pyplot().close(fig)
+        print(f"wrote {args.plot}", file=sys.stderr)
     return 0
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 NAME = "advise"
 HELP = "design advice: MLP width, heads, depth and temperature from approximation + estimation error"
@@ -51,5 +50,7 @@ def run(args) -> int:
         fig.savefig(buf, format="png", dpi=120)
         atomic_write_bytes(args.plot, buf.getvalue())
     if args.json:
-        atomic_write_text(args.json, json.dumps(a.to_dict(), indent=2))
+        from ..report import envelope_json
+
+        atomic_write_text(args.json, envelope_json(a.to_dict(), schema="transcover.advise", schema_version="1"))
     return 0

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 NAME = "approx"
 HELP = "approximation lab: build the Lemma H.1 Transformer, decompose its error, sweep rates"
@@ -79,7 +78,10 @@ def _write_outputs(args, data: dict, display=None) -> None:
         fig.savefig(buf, format="png", dpi=120)
         atomic_write_bytes(args.plot, buf.getvalue())
     if getattr(args, "json", None):
-        atomic_write_text(args.json, json.dumps(data, indent=2, default=str))
+        from ..report import envelope_json
+
+        schema = f"transcover.approx.{getattr(args, 'approx_command', '')}"
+        atomic_write_text(args.json, envelope_json(data, schema=schema, schema_version="1"))
 
 
 def _construct(args) -> int:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 NAME = "train"
 HELP = "train on digits or a sparse-token task under norm constraints (staged schedules, monitoring, resume)"
@@ -170,5 +169,7 @@ def run(args) -> int:
     console.print(f"history: {out / 'history.jsonl'}, {out / 'history.csv'}, {out / 'history.png'}; "
                   f"checkpoint: {out / 'checkpoint'}")
     if args.json:
-        atomic_write_text(args.json, json.dumps(result.to_dict(), indent=2))
+        from ..report import envelope_json
+
+        atomic_write_text(args.json, envelope_json(result.to_dict(), schema="transcover.train", schema_version="1"))
     return 0

@@ -88,8 +88,8 @@ def test_hostile_model_and_tensor_names_render_as_text(tmp_path):
     assert f"{shown}$\\mathbf{{x}}$</svg>.W_V" in text  # a tensor name (matrix table)
     assert "unexpected tensor " + shown in text  # a loader warning
     assert "\x00" not in html and "\x1b" not in html
-    # the SVGs close exactly as often as they open: a name never ends a figure early
-    assert html.count("<svg") == html.count("</svg>") - text.count("</svg>")
+    # the SVGs close exactly as often as they open: a name's "</svg>" is text, never a closing tag
+    assert html.count("<svg") == html.count("</svg>") == _figures(html) == 5 and "</svg>" in text
 
 
 def _figures(html: str) -> int:

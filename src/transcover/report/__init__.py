@@ -25,4 +25,5 @@ from ._progress import progress as progress
 from ._progress import start_progress as start_progress
 
 __all__ += ["AnalysisDisplay", "BoundDisplay", "CoveringDisplay", "HistoryDisplay", "LipschitzDisplay",
-            "envelope", "envelope_json", "file_sha256", "input_hashes", "check_output_path", "progress", "start_progress"]
+            "envelope", "envelope_json", "file_sha256", "input_hashes", "check_output_path", "progress",
+            "start_progress"]

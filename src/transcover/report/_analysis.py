@@ -33,7 +33,8 @@ def render_analysis(result, console, *, heads: bool = False) -> None:
     for layer in result.layers:
         table.add_row(str(layer.index), *(_fmt(getattr(layer, k).upper) for k in _LAYER_KEYS))
     console.print(table)
-    norms = Table(title="normalisation: max|γ|, ‖β‖ of the attention and FFN sub-layers' norms, variance floor eps")
+    norms = Table(title="normalisation: max|γ|, ‖β‖ of the attention and FFN sub-layers' norms, "
+                        "variance floor eps")
     for col in ("layer", "placement", "kind", "attn max|γ|", "attn ‖β‖", "ffn max|γ|", "ffn ‖β‖", "eps"):
         norms.add_column(col, justify="right")
     for layer in result.layers:

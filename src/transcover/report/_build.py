@@ -173,7 +173,8 @@ def _analysis(d: ReportData) -> str:
         mrows.append(("embeddings", text(e.name), "–", "×".join(map(str, m.shape)),
                       *(f"{fmt(iv.lower)} … {fmt(iv.upper)}" for iv in (m.spectral, m.frobenius, m.l21)),
                       kind_badge(m.spectral.kind)))
-    matrix_table = table(("layer", "matrix", "tensor", "shape", "‖·‖₂", "‖·‖_F", "‖·‖_{2,1}", "kind"), mrows,
+    matrix_table = table(("layer", "matrix", "tensor", "shape", "‖·‖₂", "‖·‖_F", "‖·‖_{2,1}", "kind"),
+                         mrows,
                          raw=True, numeric=(True, False, False, True, True, True, True, False),
                          caption="every matrix: spectral, Frobenius and (2,1) norms (row-vector convention "
                                  "x @ W; (2,1) = sum of column norms)")
@@ -207,7 +208,8 @@ def _lipschitz(d: ReportData) -> str:
     rows.append(("all", "network", b.radius, b.upper.value, lv, None if not lv else b.upper.value / lv))
     tab = table(("layer", "component", "input radius", "certified upper", "empirical lower", "upper / lower"),
                 rows, numeric=(True, False, True, True, True, True),
-                caption=f"global Lipschitz constants, metric (2,∞) (max over tokens of ‖·‖₂), input tokens with "
+                caption=f"global Lipschitz constants, metric (2,∞) (max over tokens of ‖·‖₂), input tokens "
+                        "with "
                         f"‖x‖₂ ≤ R = {b.radius:g}; layer 'input' is the embedding LayerNorm before layer 0")
     assumptions = "".join(f"<li>{text(x)}</li>" for x in b.upper.assumptions)
     return section("lipschitz", "Lipschitz constants (global)", fig, tab,

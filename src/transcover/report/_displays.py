@@ -263,7 +263,8 @@ class HistoryDisplay:
         keys = sorted({k for r in self.records for k in r})
         panels = (("loss", [k for k in keys if "loss" in k], True),
                   ("accuracy", [k for k in keys if k.endswith("acc")], False),
-                  (r"$\max_\ell \sigma$ per group (—) and radius (- -)", [k for k in keys if k.startswith(("sigma.", "radius."))], True),
+                  (r"$\max_\ell \sigma$ per group (—) and radius (- -)",
+                   [k for k in keys if k.startswith(("sigma.", "radius."))], True),
                   ("gradient norm, capacity (estimate)", [k for k in keys if k in ("grad_norm", "capacity")], True))
         for a, (title, ks, log) in zip(axes, panels):
             drawn = False

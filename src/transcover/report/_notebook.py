@@ -56,8 +56,8 @@ def matrices_dataframe(result):
             rows.append(_row(layer.index, "layer", role, m.tensor, m.shape, (m.spectral, m.frobenius, m.l21)))
         d = result.d_model
         for role, iv in (("b_1", layer.B_b1), ("b_2", layer.B_b2), ("b_attn", layer.B_b_attn)):
-            rows.append(_row(layer.index, "layer", role, "", (1, d if role != "b_1" else layer.matrices["W_1"].shape[1]),
-                             (iv, iv, None)))
+            width = layer.matrices["W_1"].shape[1] if role == "b_1" else d
+            rows.append(_row(layer.index, "layer", role, "", (1, width), (iv, iv, None)))
     for e in result.embeddings:
         m = e.norms
         rows.append(_row(pd.NA, "embeddings", e.name, m.tensor, m.shape, (m.spectral, m.frobenius, m.l21)))

@@ -32,10 +32,11 @@ def layer_label(layer: int, n_layers: int | None = None) -> str:
     return str(layer)
 
 
-def _axes(ax, n: int, figsize):
+def _axes(ax, n: int, figsize, width_ratios=None):
     plt = pyplot()
     if ax is None:
-        fig, axes = plt.subplots(1, n, figsize=figsize, squeeze=False)
+        kw = {} if width_ratios is None else {"gridspec_kw": {"width_ratios": list(width_ratios)}}
+        fig, axes = plt.subplots(1, n, figsize=figsize, squeeze=False, **kw)
         return fig, list(axes[0])
     axes = list(np.atleast_1d(ax))
     if len(axes) != n:
@@ -126,27 +127,37 @@ class LipschitzDisplay:
     from_result = from_bounds
 
     def plot(self, ax=None) -> "LipschitzDisplay":
-        fig, (a,) = _axes(ax, 1, (max(8.0, 0.32 * len(self.labels) + 2), 3.8))
-        x = np.arange(len(self.labels))
-        a.bar(x - 0.2, self.upper, width=0.4, color="C0", label="certified upper (F6/F7/F8/F14)")
-        if np.isfinite(self.lower).any():
-            a.bar(x + 0.2, np.where(np.isfinite(self.lower), self.lower, 0.0), width=0.4, color="C1",
-                  label="empirical lower (witness pair)")
-        a.set_yscale("log")
-        a.set_xticks(x)
-        a.set_xticklabels(self.labels, rotation=70, fontsize=7)
-        a.set_ylabel(r"Lipschitz constant $L$")
-        a.set_title(r"per stage, layer and network: certified upper $\geq L \geq$ empirical lower" +
-                    (f" — {self.title}" if self.title else ""), fontsize=10)
-        a.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))  # outside: bars reach the top
-        a.grid(axis="y", alpha=0.3)
-        self.figure_, self.ax_ = fig, a
+        """Two panels: the stages (left) and the whole layers and network (right), each on its own
+        log axis: the network's product bound is ~100 decades above any stage and would flatten them."""
+        split = next((k for k, lab in enumerate(self.labels) if lab.startswith("layer ")), len(self.labels))
+        n_left, n_right = split, max(1, len(self.labels) - split)
+        fig, axes = _axes(ax, 2, (max(9.0, 0.3 * len(self.labels) + 3), 3.8), width_ratios=(n_left, n_right + 2))
+        for a, sl in zip(axes, (slice(0, split), slice(split, None))):
+            labels, up, lo = self.labels[sl], self.upper[sl], self.lower[sl]
+            x = np.arange(len(labels))
+            a.bar(x - 0.2, up, width=0.4, color="C0", label="certified upper (F6/F7/F8/F14)")
+            if np.isfinite(lo).any():
+                a.bar(x + 0.2, np.where(np.isfinite(lo), lo, np.nan), width=0.4, color="C1",
+                      label="empirical lower (witness pair)")
+            a.set_yscale("log")
+            a.set_xticks(x)
+            a.set_xticklabels(labels, rotation=70, fontsize=7)
+            a.grid(axis="y", alpha=0.3)
+        axes[0].set_ylabel(r"Lipschitz constant $L$")
+        axes[0].set_title(r"per stage: certified upper $\geq L$", fontsize=10)
+        axes[1].set_title(r"layers, network: upper $\geq L \geq$ lower", fontsize=10)
+        handles, names = axes[1].get_legend_handles_labels()
+        fig.legend(handles, names, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2)
+        if ax is None and self.title:
+            fig.suptitle(plain(self.title), fontsize=10)
+        self.figure_, self.ax_ = fig, axes
         return self
 
 
 @dataclass
 class BoundDisplay:
-    """Where ``log N`` comes from: share per layer (stacked by group) and the largest matrices."""
+    """Where ``log N`` comes from: per layer and group (log10 of the summed log N_i, share as text),
+    and the largest matrices."""
 
     layers: list[str]
     groups: list[str]
@@ -194,7 +205,7 @@ class BoundDisplay:
         a1.set_xlabel(r"$\log_{10} \sum_i \log N_i$ over the layer's matrices of a group")
         a1.set_ylabel("layer")
         a1.set_title(r"$\log \mathcal{N}_\infty(\varepsilon)$ by layer and group (text: share)", fontsize=10)
-        a1.legend(fontsize=7, loc="lower left")
+        a1.legend(fontsize=7, loc="upper left", bbox_to_anchor=(0.0, -0.2), ncol=3)  # below: bars fill the box
         y2 = np.arange(len(self.top_names))
         a2.barh(y2, self.top_log10, color="C3")
         a2.set_yticks(y2)

@@ -68,9 +68,9 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[object]], *, caption: 
           numeric: Sequence[bool] | None = None, raw: bool = False) -> str:
     """A plain ``<table>``; cells are formatted by :func:`fmt` (``raw=True``: cells are trusted HTML)."""
     numeric = numeric or [False] * len(headers)
-    out = ["<table>"]
-    if caption:
-        out.append(f"<caption>{caption}</caption>")
+    # the caption sits above the table, not inside it: a <caption> is only as wide as a narrow table
+    out = [f'<p class="tcap">{caption}</p>'] if caption else []
+    out.append("<table>")
     out.append("<thead><tr>" + "".join(f"<th>{text(h)}</th>" for h in headers) + "</tr></thead><tbody>")
     for row in rows:
         cells = []
@@ -98,7 +98,7 @@ h1{font-size:1.6em;margin-bottom:.2em}h2{border-bottom:1px solid #ccc;padding-bo
 table{border-collapse:collapse;margin:.6em 0 1em;font-size:.86em}
 th,td{border:1px solid #d5d5d5;padding:.2em .5em;vertical-align:top}th{background:#f2f2f2;text-align:left}
 td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
-caption{caption-side:top;text-align:left;font-size:.95em;color:#444;padding-bottom:.3em}
+.tcap{font-size:.88em;color:#444;margin:.8em 0 .2em}
 figure.plot{margin:.8em 0}figure.plot svg{max-width:100%;height:auto}figcaption{font-size:.85em;color:#444}
 .kind{font-size:.78em;padding:.05em .4em;border-radius:.3em;white-space:nowrap}
 .cert{background:#dcefdc}.emp{background:#fde9cc}.est{background:#eee}.exact{background:#dde8f7}

@@ -146,8 +146,8 @@ class LipschitzDisplay:
         axes[0].set_ylabel(r"Lipschitz constant $L$")
         axes[0].set_title(r"per stage: certified upper $\geq L$", fontsize=10)
         axes[1].set_title(r"layers, network: upper $\geq L \geq$ lower", fontsize=10)
-        handles, names = axes[1].get_legend_handles_labels()
-        fig.legend(handles, names, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2)
+        # right of the plots: bars reach the top of both panels, tick labels fill the bottom
+        axes[1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0))
         if ax is None and self.title:
             fig.suptitle(plain(self.title), fontsize=10)
         self.figure_, self.ax_ = fig, axes

@@ -17,7 +17,7 @@ class _Deprecated(argparse.Action):
 
         # parsing happens before main() routes warnings, so the line is printed in the CLI's own form
         print(f"transcover: warning: {option_string} is deprecated; use {self.new}", file=sys.stderr)
-        setattr(namespace, self.dest, values)
+        setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
 
 
 def add_deprecated_alias(p: argparse.ArgumentParser, old: str, new: str, dest: str, **kwargs) -> None:

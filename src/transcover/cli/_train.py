@@ -52,7 +52,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint")
     parser.add_argument("--stop-after", type=int, default=None, metavar="EPOCHS",
                         help="run at most this many epochs now (continue later with --resume)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--quiet", dest="no_progress", action="store_true", help="no progress bar")
+    from ._conventions import add_deprecated_alias
+
+    add_deprecated_alias(parser, "--no-progress", "--quiet", "no_progress", nargs=0, const=True)
     parser.add_argument("--json", metavar="PATH", help="write the final result as JSON (atomically)")
 
 

@@ -186,13 +186,17 @@ def _render(result, terms, n_needed: float, target: float, top: int) -> None:
     for layer, share in sorted(result.transformer.by_layer().items()):
         lt.add_row({-1: "input (embedding norm)"}.get(layer, str(layer)), f"{share:.3%}")
     con.print(lt)
-    mt = Table(title=f"largest {top} contributions")
+    from rich import box
+
+    # 80 columns: light borders, the cover as its formula number, names never cut to "layer0.W…"
+    mt = Table(title=f"largest {top} contributions (cover: F1 parameter count, F2 (2,1)-norm)",
+               box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True)
     for col in ("matrix", "group", "cover", "log10 c_i", "eps_i", "log N_i", "share"):
-        # names fold instead of being cut to "layer0.W…" on an 80-column terminal
         mt.add_column(col, justify="left" if col in ("matrix", "group", "cover") else "right",
-                      overflow="fold", min_width=14 if col == "matrix" else None)
+                      overflow="fold", no_wrap=True)
     for c in sorted(terms, key=lambda c: c.log_cost, reverse=True)[:top]:
-        mt.add_row(c.name.replace("layer-1.", "input."), c.group, c.cover, f"{c.log_c / math.log(10):.2f}",
+        cover = c.cover[c.cover.rfind("(") + 1:].rstrip(")") if "(" in c.cover else c.cover
+        mt.add_row(c.name.replace("layer-1.", "input."), c.group, cover, f"{c.log_c / math.log(10):.2f}",
                    _fmt_log(c.log_eps_i)
                    if c.log_eps_i > -700 else f"10^{c.log_eps_i / math.log(10):.1f}", _fmt_log(c.log_cost),
                    f"{c.share:.3%}")

@@ -77,8 +77,12 @@ def test_hostile_model_and_tensor_names_render_as_text(tmp_path):
     html = render_report(data)
     page = _parse(html)
     tags = {t for t, _ in page.tags}
-    assert not tags & {"script", "img", "iframe", "object", "embed", "link", "base", "form", "meta"} - {"meta"}
+    assert not tags & {"script", "iframe", "object", "embed", "link", "base", "form", "svg"}
     assert [t for t, _ in page.tags].count("meta") == 3  # charset, viewport, CSP: nothing injected
+    imgs = [dict(attrs) for t, attrs in page.tags if t == "img"]
+    assert len(imgs) == _figures(html) == 5  # the report's own figures, and no <img> from a name
+    assert all(set(a) == {"src", "width", "height", "alt"} and a["src"].startswith("data:image/png;base64,")
+               for a in imgs)
     handlers = [(t, k) for t, attrs in page.tags for k, _ in attrs if k.lower().startswith("on")]
     assert not handlers
     assert not any(v and "javascript:" in v.lower() for _, attrs in page.tags for _, v in attrs)
@@ -88,12 +92,11 @@ def test_hostile_model_and_tensor_names_render_as_text(tmp_path):
     assert f"{shown}$\\mathbf{{x}}$</svg>.W_V" in text  # a tensor name (matrix table)
     assert "unexpected tensor " + shown in text  # a loader warning
     assert "\x00" not in html and "\x1b" not in html
-    # the SVGs close exactly as often as they open: a name's "</svg>" is text, never a closing tag
-    assert html.count("<svg") == html.count("</svg>") == _figures(html) == 5 and "</svg>" in text
+    assert "</svg>" in text and "<svg" not in html  # a name's "</svg>" is text, never a tag
 
 
 def _figures(html: str) -> int:
-    return len(re.findall(r"<figure class=\"plot\"><svg", html))
+    return len(re.findall(r"<figure class=\"plot\"><img src=\"data:image/png;base64,", html))
 
 
 @pytest.fixture(scope="module")
@@ -112,11 +115,11 @@ def test_minilm_report_is_self_contained_and_small(minilm_report):
     assert _figures(html) == 4  # heatmaps, Lipschitz bars, log N breakdown, covering curve
     page = _parse(html)
     tags = {t for t, _ in page.tags}
-    assert "script" not in tags and "link" not in tags and "img" not in tags
-    urls = [v for _, attrs in page.tags for k, v in attrs if k in ("src", "href") and v and not v.startswith("#")]
-    assert not urls  # no external resource of any kind
-    assert not re.search(r"url\((?!#)", html) and "@import" not in html and "http://" not in html.replace(
-        "http://www.w3.org/", "")  # SVG namespaces are names, not fetches
+    assert "script" not in tags and "link" not in tags
+    urls = [v for _, attrs in page.tags for k, v in attrs if k in ("src", "href")
+            and v and not v.startswith(("#", "data:image/png;base64,"))]
+    assert not urls  # no external resource of any kind: figures are inline data
+    assert not re.search(r"url\(", html) and "@import" not in html and "http:" not in html and "https:" not in html
     for label in ("certified interval", "certified upper bound", "empirical lower bound", "assumptions"):
         assert label in html
     assert seconds < 600
@@ -135,12 +138,13 @@ def test_minilm_report_opens_in_chromium_without_console_messages(minilm_report,
     assert run.returncode == 0, run.stderr[-2000:]
     console = [line for line in run.stderr.splitlines() if ":CONSOLE" in line]
     assert not console, console  # no error, no CSP violation (a blocked fetch or script), nothing
-    assert run.stdout.count("<svg") == html.count("<svg")
+    assert run.stdout.count("<img") == html.count("<img") == 4
     # Timing and drawing: a copy without the CSP gets a probe that records, at the load event, the
     # time since navigation started and how many figures have a non-empty box on screen.
-    probe = ("<script>addEventListener('load',()=>{const s=[...document.querySelectorAll('figure.plot svg')];"
-             "document.body.dataset.loadMs=performance.now();document.body.dataset.drawn="
-             "s.filter(e=>{const r=e.getBoundingClientRect();return r.width>50&&r.height>50}).length;"
+    probe = ("<script>addEventListener('load',()=>{const s=[...document.querySelectorAll('figure.plot img')];"
+             "document.body.dataset.loadMs=performance.now();document.body.dataset.drawn=s.filter(e=>{"
+             "const r=e.getBoundingClientRect();return e.complete&&e.naturalWidth>100&&r.width>50&&r.height>50})"
+             ".length;"
              "document.body.dataset.figures=s.length})</script>")
     timed = tmp_path / "timed.html"
     timed.write_text(re.sub(r"<meta http-equiv=\"Content-Security-Policy\"[^>]*>", "", html)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 
 __all__ = ["pyplot", "figure_svg", "figure_png", "save_figure"]
 
@@ -27,7 +28,9 @@ def figure_svg(fig) -> str:
     with matplotlib.rc_context({"svg.fonttype": "path", "svg.hashsalt": "transcover"}):
         fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
     text = buf.getvalue()
-    return text[text.index("<svg"):]
+    text = text[text.index("<svg"):]
+    # the RDF metadata block only names namespaces (purl.org, creativecommons.org): nothing to keep
+    return re.sub(r' xmlns:(?:dc|cc|rdf)="[^"]*"', "", re.sub(r"<metadata>.*?</metadata>\s*", "", text, flags=re.S))
 
 
 def figure_png(fig, dpi: int = 110) -> bytes:

@@ -87,7 +87,7 @@ def section(anchor: str, title: str, *parts: str) -> str:
 
 
 def figure(svg: str, caption: str) -> str:
-    """An inline SVG figure (matplotlib's own output, which escapes its text) with an escaped caption."""
+    """A figure (an inline data-URI ``<img>`` or SVG made here, never from outside text) with a caption."""
     return f'<figure class="plot">{svg}<figcaption>{caption}</figcaption></figure>'
 
 
@@ -99,7 +99,7 @@ table{border-collapse:collapse;margin:.6em 0 1em;font-size:.86em}
 th,td{border:1px solid #d5d5d5;padding:.2em .5em;vertical-align:top}th{background:#f2f2f2;text-align:left}
 td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 .tcap{font-size:.88em;color:#444;margin:.8em 0 .2em}
-figure.plot{margin:.8em 0}figure.plot svg{max-width:100%;height:auto}figcaption{font-size:.85em;color:#444}
+figure.plot{margin:.8em 0}figure.plot svg,figure.plot img{max-width:100%;height:auto}figcaption{font-size:.85em;color:#444}
 .kind{font-size:.78em;padding:.05em .4em;border-radius:.3em;white-space:nowrap}
 .cert{background:#dcefdc}.emp{background:#fde9cc}.est{background:#eee}.exact{background:#dde8f7}
 .note{color:#555;font-size:.9em}.warn{color:#8a4b00}nav a{margin-right:1em}

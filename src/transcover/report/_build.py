@@ -211,7 +211,7 @@ def _analysis(d: ReportData) -> str:
 
 def _lipschitz(d: ReportData) -> str:
     b, lower, o = d.bounds, d.lower, d.options
-    disp = LipschitzDisplay.from_bounds(b, lower, model=plain(d.model, 40))
+    disp = LipschitzDisplay.from_bounds(b, lower)  # the page's title names the model
     where = "every stage, layer and the network" if o.lower_stages else "whole layers and the network"
     how = (f"empirical lower on {where}: best of {o.lower_samples} random start(s) and {o.lower_steps} ascent "
            f"steps on T={o.lower_seq_len} tokens (fast settings: a first look, far from tight; `transcover "

@@ -149,7 +149,7 @@ class LipschitzDisplay:
         # right of the plots: bars reach the top of both panels, tick labels fill the bottom
         axes[1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0))
         if ax is None and self.title:
-            fig.suptitle(plain(self.title), fontsize=10)
+            fig.suptitle(plain(self.title), fontsize=10, y=1.04)  # above the panel titles
         self.figure_, self.ax_ = fig, axes
         return self
 
@@ -213,6 +213,8 @@ class BoundDisplay:
         a2.invert_yaxis()
         a2.set_xlabel(r"$\log_{10} \log N_i$ (certified upper)")
         a2.set_title("largest contributions (matrices)", fontsize=10)
+        if ax is None:
+            fig.subplots_adjust(wspace=0.45)  # room for the matrix names between the panels
         self.figure_, self.ax_ = fig, (a1, a2)
         return self
 

@@ -86,7 +86,7 @@ class AnalysisDisplay:
                         a.text(j, i, f"{M[i, j]:.3g}", ha="center", va="center", fontsize=6.5,
                                color="black" if M[i, j] > mid else "white")
         if ax is None and self.model:
-            fig.suptitle(plain(self.model), fontsize=11)
+            fig.suptitle(plain(self.model), fontsize=11, y=1.06)  # above the two-line panel titles
         self.figure_, self.ax_ = fig, axes
         return self
 

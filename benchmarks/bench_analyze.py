@@ -74,6 +74,12 @@ def timed(fn, repeat: int = 1):
     return best, value
 
 
+def weightwatcher_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("weightwatcher") is not None
+
+
 def run_weightwatcher(module) -> float:
     import logging
 
@@ -170,6 +176,10 @@ def main() -> None:
     ap.add_argument("--skip-ww", action="store_true", help="skip WeightWatcher (if not installed)")
     args = ap.parse_args()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    if not args.skip_ww and not weightwatcher_available():
+        # optional comparison: without the package the benchmark still measures transcover
+        print("WeightWatcher is not installed (pip install 'transcover[bench]'): skipping its comparison")
+        args.skip_ww = True
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models:
             bench_model(name, tmp, args.skip_ww)

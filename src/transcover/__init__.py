@@ -1,6 +1,7 @@
 """transcover: the norm-based theory of Transformers, measured, certified and enforced on real models."""
 
 from ._api import analyze as analyze
+from ._api import describe as describe
 from ._api import load as load
 from ._errors import InputError as InputError
 from ._errors import TranscoverError as TranscoverError
@@ -15,7 +16,7 @@ from ._results import Quantity as Quantity
 __version__ = "0.1.0"
 
 __all__ = [
-    "analyze", "load",
+    "analyze", "describe", "load",
     "TranscoverError", "InputError", "UnsupportedArchitectureError", "WeightError", "TranscoverWarning",
     "Interval", "Kind", "Quantity", "ClippedQuantity",
 ]

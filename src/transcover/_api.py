@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-__all__ = ["analyze", "load"]
+__all__ = ["analyze", "load", "describe"]
 
 
 def analyze(
@@ -55,3 +55,17 @@ def load(source=None, *, arch: str | None = None, allow_pickle: bool = False, st
     from .model import load as _load
 
     return _load(source, arch=arch, allow_pickle=allow_pickle, strict=strict)
+
+
+def describe(model=None, *, arch: str | None = None, allow_pickle: bool = False, strict: bool = False):
+    """Dry run of :func:`analyze`: which checkpoint tensor plays which role, nothing measured.
+
+    Returns:
+        :class:`transcover.report.Description` (``print()`` it, or ``.to_dataframe()``).
+    """
+    from .model import TransformerSpec, load
+    from .report._describe import describe_spec
+
+    spec = model if isinstance(model, TransformerSpec) else load(model, arch=arch, allow_pickle=allow_pickle,
+                                                                 strict=strict)
+    return describe_spec(spec)

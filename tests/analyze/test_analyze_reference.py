@@ -104,9 +104,10 @@ def test_reference_model_summary_and_dataframe():
     model = ReferenceTransformer(ReferenceConfig(d_model=16, n_heads=4, n_layers=3, d_ff=32, d_input=5, max_len=7))
     res = analyze_spec(reference_spec(model))
     assert len(res.layers) == 3 and res.kind is Kind.CERTIFIED_INTERVAL
-    df = res.to_dataframe()
+    df = res.layers_dataframe()
     assert list(df.index) == [0, 1, 2]
     assert (df["B_KQ_lower"] <= df["B_KQ_upper"]).all()
+    assert {"B_b_attn_lower", "B_b_attn_upper"} <= set(df.columns)
     assert res.heads_dataframe().shape[0] == 12
     summary = res.summary()
     assert summary["B_W1"].upper == max(layer.B_W1.upper for layer in res.layers)

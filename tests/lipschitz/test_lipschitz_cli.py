@@ -56,7 +56,7 @@ def test_perturb_command(models, tmp_path, capsys):
     (["lipschitz", "{a}", "--radius", "0"], "--radius"),
     (["lipschitz", "{a}", "--radius", "-1"], "--radius"),
     (["lipschitz", "{a}", "--samples", "0"], "--samples"),
-    (["lipschitz", "{a}", "--ln-sigma-min", "-1"], "--ln-sigma-min"),
+    (["lipschitz", "{a}", "--sigma-min", "-1"], "--sigma-min"),
     (["lipschitz", "/nonexistent/model.safetensors"], "not found"),
     (["perturb", "{a}", "{c}"], "differ in depth: 2 layers vs 3"),
     (["perturb", "{a}", "/nonexistent/b.safetensors"], "not found"),

@@ -115,7 +115,7 @@ def test_training_outputs_and_checkpoints_follow_the_umask(tmp_path):
     out = tmp_path / "run"
     with umask(mask):
         assert main(["train", "--n-train", "60", "--epochs", "1", "--d-model", "8", "--d-ff", "8",
-                     "--n-layers", "1", "--out", str(out), "--no-progress", "--json", str(tmp_path / "r.json")]) == 0
+                     "--n-layers", "1", "--out", str(out), "--quiet", "--json", str(tmp_path / "r.json")]) == 0
         save_reference(ReferenceTransformer(ReferenceConfig(d_model=4, n_heads=1, n_layers=1, d_ff=4)),
                        tmp_path / "ref.safetensors")
     written = [out / f for f in ("history.jsonl", "history.csv", "history.png", "checkpoint/model.safetensors",

@@ -48,11 +48,46 @@ def _command_modules():
                 raise
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Every option's help ends with its default, unless the text already states one."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if ("default" in text.lower() or any(default is v for v in (None, False, argparse.SUPPRESS))
+                or (isinstance(default, (list, tuple)) and not default) or not action.option_strings):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with defaults in the help and "did you mean" for a mistyped command or choice."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        import difflib
+        import re
+
+        m = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if m:
+            choices = re.findall(r"'([^']*)'", m.group(2))
+            close = difflib.get_close_matches(m.group(1), choices, n=1, cutoff=0.6)
+            if close:
+                message += f"; did you mean '{close[0]}'?"
+        super().error(message)
+
+
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, object]]:
-    parser = argparse.ArgumentParser(
+    from .. import __version__
+
+    parser = _Parser(
         prog="transcover",
         description="Certified norms, Lipschitz constants and covering-number bounds of Transformers.",
     )
+    parser.add_argument("--version", action="version", version=f"transcover {__version__}")
     parser.add_argument("--debug", action="store_true", help="show the full traceback on errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands: dict[str, object] = {}
@@ -78,7 +113,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             # every TranscoverWarning is shown (one line each), however often the same text recurs
             warnings.simplefilter("always", TranscoverWarning)
             warnings.showwarning = _show_warning
-            return int(commands[args.command].run(args) or 0)
+            try:
+                return int(commands[args.command].run(args) or 0)
+            finally:
+                from ..report._progress import close_all
+
+                close_all()  # a bar left open by an error must not draw over the message
     except KeyboardInterrupt:
         print("transcover: interrupted", file=sys.stderr)
         return 130

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 NAME = "advise"
 HELP = "design advice: MLP width, heads, depth and temperature from approximation + estimation error"
@@ -16,8 +15,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n-samples", type=int, required=True, help="N, training samples")
     parser.add_argument("--delta", type=float, default=0.25, help="coherence of the positional encodings")
     parser.add_argument("--gamma", type=float, default=1.0, help="read-out injectivity in (0, 1]")
-    parser.add_argument("--holder-constant", type=float, default=1.0)
-    parser.add_argument("--json", metavar="PATH")
+    parser.add_argument("--holder-constant", type=float, default=1.0, help="Hölder constant L of the target")
+    parser.add_argument("--json", metavar="PATH", help="write the advice as JSON")
     parser.add_argument("--plot", metavar="PNG", help="the trade-off curve")
 
 
@@ -51,5 +50,7 @@ def run(args) -> int:
         fig.savefig(buf, format="png", dpi=120)
         atomic_write_bytes(args.plot, buf.getvalue())
     if args.json:
-        atomic_write_text(args.json, json.dumps(a.to_dict(), indent=2))
+        from ..report import envelope_json
+
+        atomic_write_text(args.json, envelope_json(a.to_dict(), schema="transcover.advise", schema_version="1"))
     return 0

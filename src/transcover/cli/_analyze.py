@@ -33,7 +33,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-embeddings", action="store_true", help="skip the matrices outside the decomposition")
     p.add_argument("--json", metavar="PATH", default=None, help="write the versioned JSON result")
     p.add_argument("--csv", metavar="PATH", default=None, help="write one row per layer as CSV")
-    p.add_argument("--quiet", action="store_true", help="print no table (with --json/--csv)")
+    p.add_argument("--plot", metavar="PATH", default=None,
+                   help="write per-layer x per-head heatmaps of B_KQ and B_V (.png, .svg or .pdf)")
+    p.add_argument("--describe", action="store_true",
+                   help="dry run: list which checkpoint tensor plays which role, measure nothing")
+    p.add_argument("--quiet", action="store_true", help="print no table and no progress (with --json/--csv/--plot)")
     g = p.add_argument_group("sweeps (several models)")
     g.add_argument("--workers", type=int, default=1, help="models analysed in parallel (default 1)")
     g.add_argument("--backend", choices=("local", "ray"), default="local",
@@ -55,12 +59,17 @@ def run(args: argparse.Namespace) -> int:
 
     from rich.console import Console
 
-    from .._api import analyze
+    from .._api import analyze, describe
     from .._errors import InputError
-    from ..report import analysis_csv, analysis_json, atomic_write_text, render_analysis
+    from ..report import (analysis_csv, atomic_write_bytes, check_output_path, envelope_json,
+                          progress, render_analysis)
 
     if not (0.0 < args.rtol < 1.0):
         raise InputError(f"--rtol must be in (0, 1), but got --rtol={args.rtol}")
+    for flag, path, suffixes in (("--json", args.json, ()), ("--csv", args.csv, ()),
+                                 ("--plot", args.plot, (".png", ".svg", ".pdf"))):
+        if path is not None:
+            check_output_path(path, flag, suffixes)
     from ..scale._analyze import expand_models
 
     models = expand_models(list(args.model or []))
@@ -71,35 +80,32 @@ def run(args: argparse.Namespace) -> int:
     if args.figure:
         raise InputError("--figure needs several models (a sweep)")
     args.model = models[0] if models else None
+    if args.describe:
+        print(describe(args.model, arch=args.arch, allow_pickle=args.allow_pickle, strict=args.strict))
+        return 0
     console = Console()
-    err_console = Console(stderr=True)
-    progress = None
-    bar = None
-    if err_console.is_terminal:
-        from rich.progress import Progress
-
-        bar = Progress(console=err_console, transient=True)
-        task = bar.add_task("analyzing layers", total=None)
-        bar.start()
-
-        def progress(done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total)
-
-    try:
-        result = analyze(args.model, arch=args.arch, allow_pickle=args.allow_pickle, strict=args.strict, fast=args.fast,
-                         rtol=args.rtol, embeddings=not args.no_embeddings, progress=progress)
-    finally:
-        if bar is not None:
-            bar.stop()
+    with progress(quiet=args.quiet) as tracker:
+        tracker.step("analyzing layers")
+        result = analyze(args.model, arch=args.arch, allow_pickle=args.allow_pickle, strict=args.strict,
+                         fast=args.fast, rtol=args.rtol, embeddings=not args.no_embeddings,
+                         progress=tracker.callback())
     # Render everything before writing anything, so an error leaves no half-written outputs.
     outputs = []
     if args.json:
-        outputs.append((args.json, analysis_json(result)))
+        outputs.append((args.json, envelope_json(result.to_dict(), schema="transcover.analyze",
+                                                 schema_version=result.to_dict(matrices=False)["schema_version"],
+                                                 inputs=[args.model]).encode()))
     if args.csv:
-        outputs.append((args.csv, analysis_csv(result)))
+        outputs.append((args.csv, analysis_csv(result).encode()))
+    if args.plot:
+        from ..report._figures import pyplot, save_figure
+
+        fig = result.plot().figure_
+        outputs.append((args.plot, save_figure(fig, args.plot)))
+        pyplot().close(fig)
     if not args.quiet:
         render_analysis(result, console, heads=args.heads)
-    for path, text in outputs:
-        atomic_write_text(path, text)
+    for path, data in outputs:
+        atomic_write_bytes(path, data)
         print(f"wrote {path}", file=sys.stderr)
     return 0

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 NAME = "approx"
 HELP = "approximation lab: build the Lemma H.1 Transformer, decompose its error, sweep rates"
@@ -29,11 +28,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     c.add_argument("--key-leak", type=float, default=0.0, help="content cross-term in the keys, in [0, 1/2)")
     c.add_argument("--norm", default="ball", help="ball (the seed's Pi_norm) | none")
     c.add_argument("--search", type=int, default=1000, help="random + adversarial inputs for the sup search")
-    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--seed", type=int, default=0, help="random seed of the sup search")
     c.add_argument("--save", metavar="SAFETENSORS", help="save the model (transcover.model.save_reference)")
     _common(c)
     s = sub.add_parser("sweep", help="rate checks: attention error vs R, or MLP error vs d_m")
-    s.add_argument("--over", choices=("R", "dm"), required=True)
+    s.add_argument("--over", choices=("R", "dm"), required=True,
+                   help="R: attention error against the logit scale R; dm: MLP error against the width d_m")
     s.add_argument("--ns", default="16", help="comma list of n (--over R)")
     s.add_argument("--deltas", default="0,0.2,0.4", help="comma list of Delta (--over R)")
     s.add_argument("--Rs", default="2,4,6,8,10,14,18,24,30", help="comma list of R (--over R)")
@@ -46,10 +46,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     e.add_argument("--dim", type=int, default=64, help="d_p")
     e.add_argument("--delta", type=float, default=0.25, help="target Delta (equiangular: the value)")
     e.add_argument("--failure-prob", type=float, default=0.01, help="delta of F16b")
-    e.add_argument("--seed", type=int, default=0)
-    e.add_argument("--json", metavar="PATH")
+    e.add_argument("--seed", type=int, default=0, help="random seed of the random encodings")
+    e.add_argument("--json", metavar="PATH", help="write the result as JSON")
     f = sub.add_parser("failures", help="when assumptions fail (seed 7.2): weak | delta | shift")
-    f.add_argument("--mode", choices=("weak", "delta", "shift"), required=True)
+    f.add_argument("--mode", choices=("weak", "delta", "shift"), required=True,
+                   help="which assumption fails: weak gamma, large Delta, or a shifted input distribution")
     _common(f)
 
 
@@ -77,7 +78,10 @@ def _write_outputs(args, data: dict, display=None) -> None:
         fig.savefig(buf, format="png", dpi=120)
         atomic_write_bytes(args.plot, buf.getvalue())
     if getattr(args, "json", None):
-        atomic_write_text(args.json, json.dumps(data, indent=2, default=str))
+        from ..report import envelope_json
+
+        schema = f"transcover.approx.{getattr(args, 'approx_command', '')}"
+        atomic_write_text(args.json, envelope_json(data, schema=schema, schema_version="1"))
 
 
 def _construct(args) -> int:

@@ -41,7 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top", type=int, default=10, help="matrices in the breakdown table (default 10)")
     p.add_argument("--json", metavar="PATH", default=None, help="write the result as JSON")
     p.add_argument("--plot", metavar="PATH", default=None, help="write a PNG: log N(eps) and the bound against n")
-    p.add_argument("--quiet", action="store_true", help="print no tables")
+    p.add_argument("--quiet", action="store_true", help="print no tables and no progress")
 
 
 def _validate(args: argparse.Namespace) -> None:
@@ -96,15 +96,16 @@ def _fmt_log(ln_value: float) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
     import math
     import sys
 
     from ..covering import diagnose, model_bound, sample_size_for_gap
     from ..model import load
-    from ..report import atomic_write_text
+    from ..report import atomic_write_text, start_progress
 
     _validate(args)
+    tracker = start_progress(quiet=args.quiet)
+    tracker.step("loading the model")
     from ..train import checkpoint_spec, is_train_checkpoint
 
     if args.model is not None and is_train_checkpoint(args.model):
@@ -118,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
     args.seq_len = args.seq_len or 128
     reference = None if args.reference is None else load(args.reference, arch=args.arch, allow_pickle=args.allow_pickle,
                                                          strict=args.strict).to_torch()
+    tracker.step("covering number and generalisation bound")
     result = model_bound(spec, eps=args.eps, n_samples=tuple(args.n_samples), seq_len=args.seq_len,
                          radius=args.radius, c_sm=args.c_sm, family=args.family, sigma_min=args.sigma_min,
                          reference=reference, loss_lipschitz=args.loss_lipschitz, loss_bound=args.loss_bound,
@@ -135,8 +137,15 @@ def run(args: argparse.Namespace) -> int:
     # Render and build every output before writing any, so an error leaves nothing half-written.
     outputs = []
     if args.json:
-        outputs.append(("json", args.json, json.dumps(data, indent=2, default=str, allow_nan=False)))
+        from ..report import envelope_json
+
+        outputs.append(("json", args.json, envelope_json(data, schema="transcover.bound", schema_version="1",
+                                                         inputs=[args.model] + ([args.reference] if args.reference
+                                                                                else []))))
+    if args.plot:
+        tracker.step("plotting")
     png = _plot(result, curve, n_needed, target, args) if args.plot else None
+    tracker.close()
     if not args.quiet:
         _render(result, terms, n_needed, target, args.top, diagnosis)
     for _, path, text in outputs:
@@ -204,13 +213,20 @@ def _render(result, terms, n_needed: float, target: float, top: int, diagnosis) 
     lt.add_column("layer", justify="right")
     lt.add_column("share", justify="right")
     for layer, share in sorted(result.transformer.by_layer().items()):
-        lt.add_row(str(layer), f"{share:.3%}")
+        lt.add_row({-1: "input (embedding norm)"}.get(layer, str(layer)), f"{share:.3%}")
     con.print(lt)
-    mt = Table(title=f"largest {top} contributions")
+    from rich import box
+
+    # 80 columns: light borders, the cover as its formula number, names never cut to "layer0.W…"
+    mt = Table(title=f"largest {top} contributions (cover: F1 parameter count, F2 (2,1)-norm)",
+               box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True)
     for col in ("matrix", "group", "cover", "log10 c_i", "eps_i", "log N_i", "share"):
-        mt.add_column(col, justify="right")
+        mt.add_column(col, justify="left" if col in ("matrix", "group", "cover") else "right",
+                      overflow="fold", no_wrap=True)
     for c in sorted(terms, key=lambda c: c.log_cost, reverse=True)[:top]:
-        mt.add_row(c.name, c.group, c.cover, f"{c.log_c / math.log(10):.2f}", _fmt_log(c.log_eps_i)
+        cover = c.cover[c.cover.rfind("(") + 1:].rstrip(")") if "(" in c.cover else c.cover
+        mt.add_row(c.name.replace("layer-1.", "input."), c.group, cover, f"{c.log_c / math.log(10):.2f}",
+                   _fmt_log(c.log_eps_i)
                    if c.log_eps_i > -700 else f"10^{c.log_eps_i / math.log(10):.1f}", _fmt_log(c.log_cost),
                    f"{c.share:.3%}")
     con.print(mt)
@@ -243,18 +259,18 @@ def _plot(result, curve, n_needed: float, target: float, args) -> bytes:
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
     a1.plot(eps, loglog, "o-", ms=3)
     a1.set_xscale("log")
-    a1.set_xlabel("eps")
-    a1.set_ylabel("log10 (log N_inf(eps))")
-    a1.set_title(f"covering bound, n={n0:.3g}, T={result.seq_len}")
-    a1.axvline(result.eps, color="grey", ls=":", label=f"eps={result.eps!r}")
+    a1.set_xlabel(r"$\varepsilon$")
+    a1.set_ylabel(r"$\log_{10}\,\log \mathcal{N}_\infty(\varepsilon)$")
+    a1.set_title(f"covering bound, $n$={n0:.3g}, $T$={result.seq_len}")
+    a1.axvline(result.eps, color="grey", ls=":", label=rf"$\varepsilon$={result.eps!r}")
     a1.legend()
     a2.plot(ns, reported, "o-", ms=3, label="certified gap bound (reported: min(formula, b))")
     a2.plot(ns, gaps, ":", color="grey", label="raw formula (vacuous above b)")
     a2.axhline(math.log10(args.loss_bound), color="red", ls="--", label="trivial (loss bound b)")
     a2.axhline(math.log10(target), color="grey", ls=":", label=f"target {target:g}")
     a2.set_xscale("log")
-    a2.set_xlabel("n (training sequences)")
-    a2.set_ylabel("log10 gap bound")
+    a2.set_xlabel("$n$ (training sequences)")
+    a2.set_ylabel(r"$\log_{10}$ gap bound")
     a2.set_title("generalisation gap vs n")
     a2.legend()
     fig.suptitle(f"{result.model} ({result.arch}, {result.n_layers} layers), family={result.family}")

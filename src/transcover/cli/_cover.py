@@ -18,14 +18,15 @@ def _common(p: argparse.ArgumentParser, *, eps_default: list[float] | None) -> N
     p.add_argument("--workers", type=int, default=None, help="torch threads to use (default: torch's)")
     p.add_argument("--json", metavar="PATH", default=None, help="write the result as JSON")
     p.add_argument("--plot", metavar="PATH", default=None, help="write a PNG of log N against eps")
+    p.add_argument("--quiet", action="store_true", help="no progress display")
 
 
 def _class_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("reference class (seed 1.2 model under the seed 2.1 constraints)")
-    g.add_argument("--layers", type=int, default=2)
-    g.add_argument("--d-model", type=int, default=16)
-    g.add_argument("--heads", type=int, default=2)
-    g.add_argument("--d-ff", type=int, default=32)
+    g.add_argument("--layers", type=int, default=2, help="Transformer layers L")
+    g.add_argument("--d-model", type=int, default=16, help="model width d")
+    g.add_argument("--heads", type=int, default=2, help="attention heads per layer")
+    g.add_argument("--d-ff", type=int, default=32, help="FFN hidden width")
     g.add_argument("--head-hidden", type=int, nargs="*", default=[16], help="MLP head widths (none: linear head)")
     g.add_argument("--n-outputs", type=int, default=1, help="MLP head outputs b (default 1)")
     g.add_argument("--radius", type=float, default=1.0, help="multiplies every radius below (default 1)")
@@ -52,19 +53,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     u = sub.add_parser("uniform", help="lower estimate of the uniform covering number by sample-set search")
     _class_args(u)
     u.add_argument("--n", type=int, default=4, help="sample-set size n (default 4)")
-    u.add_argument("--restarts", type=int, default=3)
+    u.add_argument("--restarts", type=int, default=3, help="independent sample-set searches (best kept)")
     u.add_argument("--pool", type=int, default=64, help="candidate inputs per restart (default 64)")
     _common(u, eps_default=[0.05])
     lo = sub.add_parser("local", help="Monte Carlo over a model plus weight perturbations (local covering number)")
     lo.add_argument("model", help="model file or directory (anything transcover.model.load reads)")
-    lo.add_argument("--arch", default=None)
+    lo.add_argument("--arch", default=None, help="architecture of a bare .safetensors file")
     lo.add_argument("--strict", action="store_true", help="refuse unexpected tensors inside a layer (default: warn)")
     lo.add_argument("--perturb", nargs="+", default=["W_1=0.05", "W_2=0.05"], metavar="ROLE=R",
                     help="spectral radius per role (W_Q W_K W_V W_O W_1 W_2 b_1 b_2 head)")
-    lo.add_argument("--radial", default="volume")
-    lo.add_argument("--functions", type=int, default=500)
-    lo.add_argument("--samples", type=int, default=8)
-    lo.add_argument("--seq-len", type=int, default=4)
+    lo.add_argument("--radial", default="volume", help="radial law of the perturbations: volume | uniform | boundary")
+    lo.add_argument("--functions", type=int, default=500, help="sampled perturbed models M")
+    lo.add_argument("--samples", type=int, default=8, help="input sequences n")
+    lo.add_argument("--seq-len", type=int, default=4, help="tokens per sequence T")
     _common(lo, eps_default=[0.001, 0.003, 0.01, 0.03])
 
 
@@ -112,7 +113,6 @@ def _reference_sample(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
     import sys
 
     from rich.console import Console
@@ -121,11 +121,13 @@ def run(args: argparse.Namespace) -> int:
     from .. import empirical as E
     from .._errors import InputError
     from .._results import check_certified
-    from ..report import atomic_write_text
+    from ..report import atomic_write_text, envelope_json, start_progress
 
     _check(args)
     console = Console()
     qn = "inf" if args.q == float("inf") else str(int(args.q))
+    tracker = start_progress(quiet=args.quiet)
+    tracker.step(f"cover {args.mode}")
     fig_data = None
     if args.mode == "finite":
         Y = E.load_outputs(args.outputs, key=args.key)
@@ -171,6 +173,7 @@ def run(args: argparse.Namespace) -> int:
             sample = E.sample_local_class(spec, radii, args.functions, radial=args.radial, seed=args.seed)
             d_model = spec.d_model
         X = E.random_inputs(args.samples, args.seq_len, d_model, seed=args.seed + 1)
+        tracker.step(f"Monte Carlo covering ({args.functions} functions)")
         mc = E.monte_carlo_covering(sample, X, args.eps, args.q, workers=args.workers)
         table = Table(title=f"{sample.description}\nM={mc.n_functions}, n={args.samples} x T={args.seq_len}, q={qn}")
         for c in ("eps", "packing (lower N_ext)", "net (lower packing no.)", "log N estimate", "note"):
@@ -207,7 +210,9 @@ def run(args: argparse.Namespace) -> int:
         for c in ("eps", "random-set packings", "greedy-set packings", "best (lower N_inf(F,eps,n))"):
             table.add_column(c, justify="right")
         rows = []
+        tracker.step("uniform search over sample sets", total=len(args.eps))
         for e in args.eps:
+            tracker.update(len(rows), len(args.eps))
             res = E.uniform_covering_search(sample, args.n, e, args.q, input_sampler=sampler,
                                             restarts=args.restarts, pool_size=args.pool, seed=args.seed,
                                             workers=args.workers)
@@ -220,8 +225,11 @@ def run(args: argparse.Namespace) -> int:
         fig_data = (list(args.eps), [math.log(r["best_packing"]) for r in rows],
                     [math.log(max(r["random_packings"])) for r in rows], "uniform")
     # Render everything before writing anything: an error leaves no half-written outputs.
-    text = json.dumps(payload, indent=2, default=str) if args.json else None
+    source = getattr(args, "outputs", None) or getattr(args, "model", None)
+    text = (envelope_json(payload, schema=f"transcover.cover.{args.mode}", schema_version="1",
+                          inputs=[source] if source else []) if args.json else None)
     png = _figure_bytes(*fig_data) if args.plot else None
+    tracker.close()
     console.print(table)
     if text is not None:
         atomic_write_text(args.json, text)
@@ -249,8 +257,8 @@ def _figure_bytes(eps, upper, lower, label) -> bytes:
     ax.set_xscale("log")
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # labelled minor ticks overlap
     ax.set_xticks(list(eps), [_fmt_eps(e) for e in eps])
-    ax.set_xlabel("eps")
-    ax.set_ylabel("log N(eps)")
+    ax.set_xlabel(r"$\varepsilon$")
+    ax.set_ylabel(r"$\log N(\varepsilon)$")
     ax.legend(fontsize=8)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")

@@ -18,11 +18,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s = sub.add_parser("staged", help="the staged-strategy experiment (seed's closing remark)")
     add_training_arguments(s, epochs=40, n_train=600)
     s.add_argument("--method", default="project", help="spectral | project | clip | penalty (hard methods pin the final norms)")
-    s.add_argument("--radii", default=_DEFAULT_RADII, help=f"final radii, GROUP=C comma list (default {_DEFAULT_RADII})")
+    s.add_argument("--radius", action="append", default=[], metavar="GROUP=C",
+                   help=f"final radius per group, repeatable, as in `train` (default {_DEFAULT_RADII})")
+    from ._conventions import add_deprecated_alias
+
+    add_deprecated_alias(s, "--radii", "--radius GROUP=C", "radii")
     s.add_argument("--schedule", default="cosine", help="tightening shape of 'staged': linear | cosine | step")
     s.add_argument("--loose-factor", type=float, default=8.0, help="staged start radius = factor x target")
-    s.add_argument("--start-fraction", type=float, default=0.3)
-    s.add_argument("--end-fraction", type=float, default=0.8)
+    s.add_argument("--start-fraction", type=float, default=0.3, help="staged: tightening starts at this fraction of training")
+    s.add_argument("--end-fraction", type=float, default=0.8, help="staged: the target radius is reached at this fraction")
     s.add_argument("--seeds", type=int, default=3, help="number of seeds (0..N-1)")
     s.add_argument("--out", default="out/staged", help="folder for staged.png and staged.json")
     s.add_argument("--json", metavar="PATH", help="also write the result JSON here (atomically)")
@@ -56,7 +60,7 @@ def run(args) -> int:
 
     base = train_config_from_args(args, ConstraintConfig(), 0)
     config = StagedConfig(seeds=tuple(range(args.seeds)), base=base, method=args.method,
-                          radii=parse_radii(args.radii), loose_factor=args.loose_factor,
+                          radii=parse_radii(_radii(args)), loose_factor=args.loose_factor,
                           start_fraction=args.start_fraction, end_fraction=args.end_fraction, schedule=args.schedule)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -89,3 +93,10 @@ def run(args) -> int:
         atomic_write_text(args.json, data)
     console.print(f"figure: {fig}; data: {out / 'staged.json'}")
     return 0
+
+
+def _radii(args) -> str:
+    """``--radius`` (repeatable, comma lists allowed) or the deprecated ``--radii`` comma list."""
+    if args.radius:
+        return ",".join(args.radius)
+    return getattr(args, "radii", None) or _DEFAULT_RADII

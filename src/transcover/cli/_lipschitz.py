@@ -21,12 +21,16 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                    help="max over tokens of the l2 norm (T-independent) or Frobenius over --seq-len tokens")
     p.add_argument("--seq-len", type=int, default=8, help="tokens per sampled input (and T for --metric fro)")
     p.add_argument("--c-sm", type=float, default=1.0, help="softmax constant >= 1 (1 proven and tight, the default; 2 Edelman et al.)")
-    p.add_argument("--ln-sigma-min", type=float, default=0.0,
+    p.add_argument("--sigma-min", dest="ln_sigma_min", type=float, default=0.0,
                    help="assume every LayerNorm input has std >= this (0: the global, eps-limited constant)")
+    from ._conventions import add_deprecated_alias
+
+    add_deprecated_alias(p, "--ln-sigma-min", "--sigma-min", "ln_sigma_min", type=float)
     p.add_argument("--samples", type=int, default=6, help="random starting inputs per search (default 6)")
     p.add_argument("--steps", type=int, default=30, help="ascent steps per search (default 30)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="random seed of the lower-estimate search")
     p.add_argument("--json", metavar="PATH", default=None, help="write the result as JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress display")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -34,6 +38,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="HF model directory, .safetensors file or short name (default: the bundled all-MiniLM-L6-v2)")
     add_model_arguments(p)
     p.add_argument("--no-lower", action="store_true", help="certified bounds only (skip the empirical search)")
+    p.add_argument("--plot", metavar="PATH", default=None,
+                   help="write certified upper vs empirical lower per stage and layer (.png, .svg or .pdf)")
 
 
 def check_common(args: argparse.Namespace) -> None:
@@ -45,7 +51,7 @@ def check_common(args: argparse.Namespace) -> None:
 
     check_c_sm(args.c_sm, "--c-sm")
     if not args.ln_sigma_min >= 0:
-        raise InputError(f"--ln-sigma-min must be >= 0, but got --ln-sigma-min={args.ln_sigma_min}")
+        raise InputError(f"--sigma-min must be >= 0, but got --sigma-min={args.ln_sigma_min}")
     for flag, v, lo in (("--seq-len", args.seq_len, 1), ("--samples", args.samples, 1), ("--steps", args.steps, 0)):
         if v < lo:
             raise InputError(f"{flag} must be >= {lo}, but got {flag}={v}")
@@ -58,7 +64,6 @@ def _fmt(x: float | None) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
     import sys
 
     import torch
@@ -70,10 +75,17 @@ def run(args: argparse.Namespace) -> int:
     from ..lipschitz._empirical import lipschitz_lower
     from ..lipschitz._weights import spec_norms
     from ..model import load
-    from ..report import atomic_write_text
+    from ..report import atomic_write_text, start_progress
 
     check_common(args)
+    if getattr(args, "plot", None):
+        from ..report import check_output_path
+
+        check_output_path(args.plot, "--plot", (".png", ".svg", ".pdf"))
+    tracker = start_progress(quiet=args.quiet)
+    tracker.step("loading the model")
     spec = load(args.model, arch=args.arch, allow_pickle=args.allow_pickle, strict=args.strict).to_torch()
+    tracker.step("certified upper bounds")
     small_threads(spec.d_model, args.seq_len)
     seq = args.seq_len if args.metric == "fro" or _needs_seq_len(spec) else None
     bounds = compose(spec_norms(spec), radius=args.radius, c_sm=args.c_sm, metric=args.metric, seq_len=seq,
@@ -81,8 +93,10 @@ def run(args: argparse.Namespace) -> int:
     lower = {}
     if not args.no_lower:
         torch.manual_seed(args.seed)
+        tracker.step(f"empirical lower search ({args.samples} starts x {args.steps} steps per stage)")
         lower = lipschitz_lower(spec, bounds, seq_len=args.seq_len, n_samples=args.samples, n_steps=args.steps,
                                 seed=args.seed)
+    tracker.close()
     rows = []
     for s in bounds.stages:
         lo = lower.get((s.layer, s.name))
@@ -106,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     for col in ("layer", "component", "input radius", "certified upper", "empirical lower", "upper/lower"):
         table.add_column(col, justify="right" if col not in ("component",) else "left")
     for kind, layer, name, r, up, lw in rows:
-        label = {-1: "in", -2: "all", spec.n_layers: "out"}.get(layer, str(layer))
+        label = {-1: "input", -2: "all", spec.n_layers: "output"}.get(layer, str(layer))
         ratio = None if not lw else up / lw
         table.add_row(label, name if kind != "layer" else "[bold]whole layer[/bold]", _fmt(r), _fmt(up), _fmt(lw),
                       _fmt(ratio))
@@ -118,14 +132,25 @@ def run(args: argparse.Namespace) -> int:
                   "'network, worst R': the plain product with every stage on the largest radius")
     if args.json:
         payload = {
-            "schema": "transcover.lipschitz/1", "model": spec.name, "warnings": list(spec.warnings),
+            "model": spec.name, "warnings": list(spec.warnings),
             "bounds": bounds.to_dict(),
             "lower": [{"layer": k[0], "name": k[1], **v.to_dict()} for k, v in lower.items()],
             "table": [{"kind": k, "layer": layer, "component": n, "radius_in": r, "upper": up, "lower": lw,
                        "ratio": None if not lw else up / lw} for k, layer, n, r, up, lw in rows],
         }
-        atomic_write_text(args.json, json.dumps(payload, indent=2, default=str))
+        from ..report import envelope_json
+
+        atomic_write_text(args.json, envelope_json(payload, schema="transcover.lipschitz", schema_version="1",
+                                                   inputs=[args.model]))
         print(f"wrote {args.json}", file=sys.stderr)
+    if args.plot:
+        from ..report import atomic_write_bytes
+        from ..report._figures import pyplot, save_figure
+
+        fig = bounds.plot(lower=lower).figure_
+        atomic_write_bytes(args.plot, save_figure(fig, args.plot))
+        pyplot().close(fig)
+        print(f"wrote {args.plot}", file=sys.stderr)
     return 0
 
 

@@ -18,7 +18,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
     import sys
 
     from rich.console import Console
@@ -28,22 +27,27 @@ def run(args: argparse.Namespace) -> int:
     from .._results import check_certified
     from ..lipschitz import perturbation_bound, perturbation_lower
     from ..model import load, require_same_structure
-    from ..report import atomic_write_text
+    from ..report import atomic_write_text, start_progress
     from ._lipschitz import check_common, small_threads
 
     check_common(args)
     if args.top < 0:
         raise InputError(f"--top must be >= 0, but got --top={args.top}")
+    tracker = start_progress(quiet=args.quiet)
+    tracker.step("loading the models")
     a = load(args.model_a, arch=args.arch, allow_pickle=args.allow_pickle, strict=args.strict).to_torch()
     b = load(args.model_b, arch=args.arch, allow_pickle=args.allow_pickle, strict=args.strict).to_torch()
     # Lemma G.3 charges weight distances only: refuse before any search (Note [structural differences])
     require_same_structure(a, b)
     small_threads(a.d_model, args.seq_len)
     seq = args.seq_len if args.metric == "fro" else None
+    tracker.step("certified bound (Lemma G.3)")
     bound = perturbation_bound(a, b, radius=args.radius, c_sm=args.c_sm, metric=args.metric, seq_len=seq,
                                sigma_min=args.ln_sigma_min)
+    tracker.step(f"measured lower ({args.samples} starts x {args.steps} steps)")
     low = perturbation_lower(a, b, radius=args.radius, metric=args.metric, seq_len=args.seq_len,
                              sigma_min=args.ln_sigma_min, n_samples=args.samples, n_steps=args.steps, seed=args.seed)
+    tracker.close()
     up, lw = bound.total.value, low.value.value
     check_certified(f"output change ||g(A)(X) - g(B)(X)||_{args.metric} (Lemma G.3)", up, lw)
     console = Console()
@@ -67,9 +71,12 @@ def run(args: argparse.Namespace) -> int:
     for asm in bound.total.assumptions:
         console.print(f"  assumption: {asm}")
     if args.json:
-        payload = {"schema": "transcover.perturb/1", "model_a": a.name, "model_b": b.name,
+        payload = {"model_a": a.name, "model_b": b.name,
                    "warnings": list(a.warnings) + list(b.warnings),
                    "bound": bound.to_dict(), "lower": low.to_dict(), "ratio": up / lw if lw > 0 else None}
-        atomic_write_text(args.json, json.dumps(payload, indent=2, default=str))
+        from ..report import envelope_json
+
+        atomic_write_text(args.json, envelope_json(payload, schema="transcover.perturb", schema_version="1",
+                                                   inputs=[args.model_a, args.model_b]))
         print(f"wrote {args.json}", file=sys.stderr)
     return 0

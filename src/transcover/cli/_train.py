@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 NAME = "train"
 HELP = "train on digits or a sparse-token task under norm constraints (staged schedules, monitoring, resume)"
@@ -31,14 +30,14 @@ def add_training_arguments(p: argparse.ArgumentParser, *, epochs: int = 30, n_tr
     p.add_argument("--n-test", type=int, default=1000, help="test samples (sparse tasks)")
     p.add_argument("--seq-len", type=int, default=16, help="sequence length (sparse tasks)")
     p.add_argument("--sparsity", type=int, default=2, help="|I| (sparse tasks)")
-    p.add_argument("--epochs", type=int, default=epochs)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--weight-decay", type=float, default=0.0)
-    p.add_argument("--d-model", type=int, default=32)
-    p.add_argument("--n-heads", type=int, default=2)
-    p.add_argument("--n-layers", type=int, default=2)
-    p.add_argument("--d-ff", type=int, default=64)
+    p.add_argument("--epochs", type=int, default=epochs, help="passes over the training set")
+    p.add_argument("--batch-size", type=int, default=64, help="examples per step")
+    p.add_argument("--lr", type=float, default=3e-3, help="AdamW learning rate")
+    p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
+    p.add_argument("--d-model", type=int, default=32, help="model width d")
+    p.add_argument("--n-heads", type=int, default=2, help="attention heads per layer")
+    p.add_argument("--n-layers", type=int, default=2, help="Transformer layers")
+    p.add_argument("--d-ff", type=int, default=64, help="FFN hidden width")
     p.add_argument("--threads", type=int, default=1,
                    help="torch CPU threads (1 is fastest for these small models on a shared machine)")
 
@@ -46,14 +45,17 @@ def add_training_arguments(p: argparse.ArgumentParser, *, epochs: int = 30, n_tr
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_training_arguments(parser)
     add_constraint_arguments(parser)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="random seed (data split, initialisation)")
     parser.add_argument("--bound-every", type=int, default=0, metavar="EPOCHS",
                         help="log the certified covering bound every EPOCHS epochs (about 1 s each; 0: only at the end)")
     parser.add_argument("--out", default="out/train", help="folder for history.jsonl/.csv/.png and checkpoint/")
     parser.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint")
     parser.add_argument("--stop-after", type=int, default=None, metavar="EPOCHS",
                         help="run at most this many epochs now (continue later with --resume)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--quiet", dest="no_progress", action="store_true", help="no progress bar")
+    from ._conventions import add_deprecated_alias
+
+    add_deprecated_alias(parser, "--no-progress", "--quiet", "no_progress", nargs=0, const=True)
     parser.add_argument("--json", metavar="PATH", help="write the final result as JSON (atomically)")
 
 
@@ -170,5 +172,7 @@ def run(args) -> int:
     console.print(f"history: {out / 'history.jsonl'}, {out / 'history.csv'}, {out / 'history.png'}; "
                   f"checkpoint: {out / 'checkpoint'}")
     if args.json:
-        atomic_write_text(args.json, json.dumps(result.to_dict(), indent=2))
+        from ..report import envelope_json
+
+        atomic_write_text(args.json, envelope_json(result.to_dict(), schema="transcover.train", schema_version="1"))
     return 0

@@ -254,6 +254,16 @@ class ModelBound:
     def log_log_N(self) -> float:
         return self.covering.log_log_N
 
+    def __repr__(self) -> str:
+        return (f"<ModelBound {self.model!r} ({self.arch}, {self.n_layers} layers): log N(eps={self.eps:g}) <= "
+                f"10^{self.log_log_N / math.log(10):.4g} ({self.kind.value}); .to_dict(), .plot()>")
+
+    def plot(self, ax=None):
+        """Where log N comes from (by layer, group and matrix): :class:`transcover.report.BoundDisplay`."""
+        from ..report._displays import BoundDisplay
+
+        return BoundDisplay.from_result(self).plot(ax=ax)
+
     def to_dict(self) -> dict[str, object]:
         tf = self.transformer
         return {

@@ -79,6 +79,17 @@ class NetworkLipschitz:
         value = math.prod(s.lipschitz for s in self.stages if s.layer == index) * (1.0 + ROUNDING_PAD)
         return Quantity(value, Kind.CERTIFIED_UPPER, "THEORY F6, F7, F8, F14", self.upper.assumptions)
 
+    def __repr__(self) -> str:
+        return (f"<NetworkLipschitz: {self.n_layers} layers, {len(self.stages)} stages, metric {self.metric}, "
+                f"R={self.radius:g}; upper {self.upper.value:.4g} ({self.upper.kind.value}); .stages, .to_dict()>")
+
+    def plot(self, ax=None, lower: dict | None = None):
+        """Certified upper (and, given ``lower`` from ``lipschitz_lower``, empirical lower) per stage,
+        layer and network: :class:`transcover.report.LipschitzDisplay` (returned, ``figure_`` set)."""
+        from ..report._displays import LipschitzDisplay
+
+        return LipschitzDisplay.from_bounds(self, lower).plot(ax=ax)
+
     def to_dict(self) -> dict[str, object]:
         return {
             "metric": self.metric, "radius": self.radius, "c_sm": self.c_sm,

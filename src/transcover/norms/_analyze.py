@@ -205,17 +205,34 @@ class AnalysisResult:
         }
 
     def to_dataframe(self):
-        """One row per layer: lower/upper of each bound (pandas)."""
-        import pandas as pd
+        """One row per matrix with every norm (spectral, Frobenius, (2,1): lower and upper) and its kind."""
+        from ..report._notebook import matrices_dataframe
 
-        rows = []
-        for layer in self.layers:
-            row: dict[str, object] = {"layer": layer.index}
-            for key in ("B_KQ", "B_V", "B_W1", "B_W2", "B_b1", "B_b2", "W_O"):
-                iv = getattr(layer, key)
-                row[f"{key}_lower"], row[f"{key}_upper"] = iv.lower, iv.upper
-            rows.append(row)
-        return pd.DataFrame(rows).set_index("layer")
+        return matrices_dataframe(self)
+
+    def layers_dataframe(self):
+        """One row per layer: every per-layer quantity (B_Wgate, B_b_attn included), lower and upper."""
+        from ..report._notebook import layers_dataframe
+
+        return layers_dataframe(self)
+
+    get_summary = layers_dataframe  # the name WeightWatcher users look for
+
+    def plot(self, ax=None):
+        """Per-layer x per-head heatmaps of B_KQ and B_V: :class:`transcover.report.AnalysisDisplay`."""
+        from ..report._displays import AnalysisDisplay
+
+        return AnalysisDisplay.from_result(self).plot(ax=ax)
+
+    def __repr__(self) -> str:
+        from ..report._notebook import analysis_repr
+
+        return analysis_repr(self)
+
+    def _repr_html_(self) -> str:
+        from ..report._notebook import analysis_repr_html
+
+        return analysis_repr_html(self)
 
     def heads_dataframe(self):
         """One row per (layer, head): B_KQ, B_V and ||W_V^h|| intervals (pandas)."""

@@ -10,3 +10,20 @@ from ._analysis import analysis_json as analysis_json
 from ._analysis import render_analysis as render_analysis
 
 __all__ += ["analysis_csv", "analysis_json", "render_analysis"]
+
+from ._displays import AnalysisDisplay as AnalysisDisplay
+from ._displays import BoundDisplay as BoundDisplay
+from ._displays import CoveringDisplay as CoveringDisplay
+from ._displays import HistoryDisplay as HistoryDisplay
+from ._displays import LipschitzDisplay as LipschitzDisplay
+from ._envelope import envelope as envelope
+from ._envelope import envelope_json as envelope_json
+from ._envelope import file_sha256 as file_sha256
+from ._envelope import input_hashes as input_hashes
+from ._paths import check_output_path as check_output_path
+from ._progress import progress as progress
+from ._progress import start_progress as start_progress
+
+__all__ += ["AnalysisDisplay", "BoundDisplay", "CoveringDisplay", "HistoryDisplay", "LipschitzDisplay",
+            "envelope", "envelope_json", "file_sha256", "input_hashes", "check_output_path", "progress",
+            "start_progress"]

@@ -16,6 +16,7 @@ def _fmt(x: float) -> str:
 
 def render_analysis(result, console, *, heads: bool = False) -> None:
     """Print the per-layer table (and per-head tables with ``heads=True``) to a rich console."""
+    from rich import box
     from rich.table import Table
 
     what = ("upper ends of certified intervals \\[lower, upper]" if result.mode == "certified"
@@ -26,15 +27,16 @@ def render_analysis(result, console, *, heads: bool = False) -> None:
                         f"{result.n_heads} heads x {result.d_head}, d={result.d_model})",
                   caption=f"{what}; largest relative gap {max(gaps):.1e} (target {result.rtol:g}); "
                           f"{result.seconds:.2f} s",
-                  caption_justify="left")
+                  caption_justify="left", box=box.SIMPLE_HEAD)  # light borders: 80 columns suffice
     table.add_column("layer", justify="right")
     for key in _LAYER_KEYS:
         table.add_column("‖W_O‖" if key == "W_O" else key, justify="right")
     for layer in result.layers:
         table.add_row(str(layer.index), *(_fmt(getattr(layer, k).upper) for k in _LAYER_KEYS))
     console.print(table)
-    norms = Table(title="normalisation (attention / FFN sub-layer): max|γ|, ‖β‖ and the variance floor eps")
-    for col in ("layer", "where", "kind", "max|γ|", "‖β‖", "max|γ|", "‖β‖", "eps"):
+    norms = Table(title="normalisation: max|γ|, ‖β‖ of the attention and FFN sub-layers' norms, "
+                        "variance floor eps", box=box.SIMPLE_HEAD)
+    for col in ("layer", "placement", "kind", "attn max|γ|", "attn ‖β‖", "ffn max|γ|", "ffn ‖β‖", "eps"):
         norms.add_column(col, justify="right")
     for layer in result.layers:
         n1, n2 = layer.norm_attn, layer.norm_ffn
@@ -75,7 +77,7 @@ def analysis_json(result, *, matrices: bool = True) -> str:
 
 
 def analysis_csv(result) -> str:
-    """One row per layer with lower/upper columns (the DataFrame of ``to_dataframe``)."""
+    """One row per layer with lower/upper columns of every per-layer quantity (``layers_dataframe``)."""
     buf = io.StringIO()
-    result.to_dataframe().to_csv(buf)
+    result.layers_dataframe().to_csv(buf)
     return buf.getvalue()

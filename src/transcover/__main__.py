@@ -1,0 +1,7 @@
+"""``python -m transcover``: the command line (same as the ``transcover`` script)."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

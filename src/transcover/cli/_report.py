@@ -1,0 +1,68 @@
+"""``transcover report [MODEL] -o report.html``: one self-contained HTML page of everything (issue 13)."""
+
+from __future__ import annotations
+
+import argparse
+
+NAME = "report"
+HELP = "one self-contained HTML report: model card, certified norms, Lipschitz constants, covering bound"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", nargs="?", default=None,
+                   help="HF model directory, .safetensors file or short name (default: the bundled all-MiniLM-L6-v2)")
+    p.add_argument("-o", "--output", default="report.html", metavar="PATH", help="the HTML file to write")
+    p.add_argument("--arch", default=None, help="architecture of a bare .safetensors file")
+    p.add_argument("--allow-pickle", action="store_true", help="load pickled checkpoints with weights_only=True")
+    p.add_argument("--strict", action="store_true",
+                   help="refuse a checkpoint with tensors inside a layer that the architecture does not define")
+    p.add_argument("--data", default=None, metavar="PATH",
+                   help="inputs for the at-the-data section (hashed into the report; the section is shown "
+                        "when local bounds are available)")
+    p.add_argument("--history", default=None, metavar="PATH",
+                   help="a training history.jsonl (from `transcover train`): adds the training-monitor plots")
+    p.add_argument("--radius", type=float, default=1.0, help="bound R on input token norms")
+    p.add_argument("--eps", type=float, default=0.1, help="covering scale eps")
+    p.add_argument("--n-samples", type=float, default=1e6, help="training-set size n of the generalisation bound")
+    p.add_argument("--seq-len", type=int, default=128, help="sequence length T of the covering bound")
+    p.add_argument("--no-lower", action="store_true", help="skip the empirical lower Lipschitz estimates")
+    p.add_argument("--lower-samples", type=int, default=1, help="random starts per lower-estimate search")
+    p.add_argument("--lower-steps", type=int, default=3, help="ascent steps per lower-estimate search")
+    p.add_argument("--lower-stages", action="store_true",
+                   help="also search every stage (attention, FFN, norms) for lower estimates: much slower")
+    p.add_argument("--quiet", action="store_true", help="no progress display")
+
+
+def run(args: argparse.Namespace) -> int:
+    import sys
+
+    from .._errors import InputError
+    from ..report import atomic_write_text, check_output_path, progress
+    from ..report._build import ReportOptions, compute_report, render_report
+
+    check_output_path(args.output, "--output", (".html", ".htm"))
+    for flag, v in (("--radius", args.radius), ("--eps", args.eps)):
+        if not (0 < v < float("inf")):
+            raise InputError(f"{flag} must be a finite number > 0, but got {flag}={v}")
+    if not args.n_samples >= 1:
+        raise InputError(f"--n-samples must be >= 1, but got --n-samples={args.n_samples}")
+    for flag, v, lo in (("--seq-len", args.seq_len, 1), ("--lower-samples", args.lower_samples, 1),
+                        ("--lower-steps", args.lower_steps, 0)):
+        if v < lo:
+            raise InputError(f"{flag} must be >= {lo}, but got {flag}={v}")
+    from pathlib import Path
+
+    for flag, path in (("--data", args.data), ("--history", args.history)):
+        if path is not None and not Path(path).is_file():
+            raise InputError(f"{flag}={path}: no such file")
+    options = ReportOptions(radius=args.radius, eps=args.eps, n_samples=args.n_samples, seq_len=args.seq_len,
+                            lower=not args.no_lower, lower_samples=args.lower_samples, lower_steps=args.lower_steps,
+                            lower_stages=args.lower_stages)
+    with progress(quiet=args.quiet) as tracker:
+        data = compute_report(args.model, arch=args.arch, allow_pickle=args.allow_pickle, strict=args.strict,
+                              options=options, history=args.history, data=args.data, tracker=tracker)
+        tracker.step("rendering the figures")
+        html = render_report(data)
+    atomic_write_text(args.output, html)
+    print(f"wrote {args.output} ({len(html.encode()) / 1e6:.2f} MB)", file=sys.stderr)
+    return 0

@@ -1,0 +1,319 @@
+"""``transcover report``: compute what the report shows (analyze, Lipschitz, model bound), then
+render one self-contained HTML page (:mod:`._html`) with inline SVG figures (:mod:`._displays`).
+
+The empirical lower Lipschitz estimates are the slow part (a gradient search per stage); the
+report runs them with few starts and steps (``ReportOptions``), says so next to the numbers, and
+``lower=False`` skips them.  Local (at-the-data) bounds are an optional block: pass ``local`` (any
+object with ``to_dict()`` holding ``rows``) and the page gets a section for it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+from ._displays import (AnalysisDisplay, BoundDisplay, CoveringDisplay, HistoryDisplay, LipschitzDisplay,
+                        layer_label)
+from ._figures import figure_png, pyplot
+from ._html import fmt, kind_badge, page, plain, section, table, text
+from ._html import figure as html_figure
+from ._progress import Tracker
+
+__all__ = ["ReportOptions", "ReportData", "compute_report", "render_report"]
+
+
+@dataclass(frozen=True)
+class ReportOptions:
+    radius: float = 1.0  # token-norm bound R of the global Lipschitz and covering bounds
+    eps: float = 0.1
+    n_samples: float = 1e6
+    seq_len: int = 128  # T of the covering bound
+    lower: bool = True
+    lower_samples: int = 1  # fast settings: the report is a first look, not a search campaign
+    lower_steps: int = 3
+    lower_seq_len: int = 4
+    lower_stages: bool = False  # per-stage searches too (32 on MiniLM instead of 7: minutes, not seconds)
+    seed: int = 0
+    rtol: float = 1e-3
+
+
+@dataclass
+class ReportData:
+    model: str
+    source: object
+    analysis: object
+    bounds: object
+    lower: dict
+    bound: object
+    spec_config: dict
+    inputs: list
+    options: ReportOptions
+    history: list | None = None
+    history_path: str | None = None
+    local: object = None
+    data_path: str | None = None
+    timings: dict = field(default_factory=dict)
+    warnings: tuple = ()
+
+
+def compute_report(model=None, *, arch=None, allow_pickle=False, strict=False, options=ReportOptions(),
+                   history=None, data=None, local=None, tracker: Tracker | None = None) -> ReportData:
+    """Everything the report shows, computed once (``tracker`` shows the phases on a terminal)."""
+    from ..covering import model_bound
+    from ..lipschitz._compose import compose
+    from ..lipschitz._empirical import lipschitz_lower
+    from ..lipschitz._weights import attention_kind, spec_norms
+    from ..model import load
+    from ..norms import analyze_spec
+    from ._envelope import input_hashes
+
+    tracker = tracker or Tracker()
+    timings: dict[str, float] = {}
+    t = time.perf_counter()
+    tracker.step("loading the model")
+    from ..model import TransformerSpec
+
+    spec = model if isinstance(model, TransformerSpec) else load(model, arch=arch, allow_pickle=allow_pickle,
+                                                                 strict=strict)
+    records = None
+    if history is not None:
+        from ..constrain import read_history
+
+        records = read_history(history)
+    timings["load"] = time.perf_counter() - t
+    t = time.perf_counter()
+    tracker.step("certified norms (analyze)", total=len(spec.layers))
+    analysis = analyze_spec(spec, rtol=options.rtol, progress=tracker.callback())
+    timings["analyze"] = time.perf_counter() - t
+    t = time.perf_counter()
+    tracker.step("certified Lipschitz constants")
+    ts = spec.to_torch()
+    seq = options.lower_seq_len if attention_kind(ts) == "l2" else None
+    bounds = compose(spec_norms(ts), radius=options.radius, c_sm=1.0, metric="2,inf", seq_len=seq, sigma_min=0.0)
+    timings["lipschitz upper"] = time.perf_counter() - t
+    lower = {}
+    if options.lower:
+        t = time.perf_counter()
+        tracker.step(f"empirical lower Lipschitz ({options.lower_samples} start(s), {options.lower_steps} steps)")
+        import torch
+
+        threads = torch.get_num_threads()
+        if ts.d_model * options.lower_seq_len < 4096:
+            # small forwards: one thread, as `transcover lipschitz` does; with a busy second core the
+            # pool's synchronisation made this search 15x slower (1049 s instead of ~70 s on MiniLM)
+            torch.set_num_threads(1)
+        try:
+            lower = lipschitz_lower(ts, bounds, seq_len=options.lower_seq_len, n_samples=options.lower_samples,
+                                    n_steps=options.lower_steps, seed=options.seed, stages=options.lower_stages)
+        finally:
+            torch.set_num_threads(threads)
+        timings["lipschitz lower"] = time.perf_counter() - t
+    t = time.perf_counter()
+    tracker.step("covering number and generalisation bound")
+    bound = model_bound(ts, eps=options.eps, n_samples=(options.n_samples,), seq_len=options.seq_len,
+                        radius=options.radius)
+    timings["bound"] = time.perf_counter() - t
+    inputs = input_hashes(model, *([history] if history is not None else []),
+                          *([data] if data is not None else []))
+    return ReportData(spec.name, model, analysis, bounds, lower, bound, dict(spec.config), inputs, options,
+                      records, None if history is None else str(history), local,
+                      None if data is None else str(data), timings, tuple(spec.warnings))
+
+
+def _svg(display, **kw) -> str:
+    """The display drawn as an inline ``<img>`` of a base64 PNG (150 dpi, shown at 100 dpi).
+
+    Inline SVG with text as paths was tried first: Chromium took 0.6-1.4 s to lay out the four
+    MiniLM figures (the page without them: 0.35 s); a PNG decodes in milliseconds, renders the same
+    everywhere, and needs no font.
+    """
+    import base64
+
+    display.plot(**kw)
+    fig = display.figure_
+    try:
+        data = figure_png(fig, dpi=150)
+    finally:
+        pyplot().close(fig)
+    width, height = _png_size(data)
+    return (f'<img src="data:image/png;base64,{base64.b64encode(data).decode("ascii")}" '
+            f'width="{round(width / 1.5)}" height="{round(height / 1.5)}" alt="figure">')
+
+
+def _png_size(data: bytes) -> tuple[int, int]:
+    """Width and height from the PNG header (IHDR: bytes 16-24, big-endian)."""
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+def _model_card(d: ReportData) -> str:
+    a, cfg = d.analysis, d.spec_config
+    rows = [("model", text(d.model)), ("architecture", text(a.arch)), ("layers", fmt(len(a.layers))),
+            ("d_model", fmt(a.d_model)), ("heads × d_head", f"{a.n_heads} × {a.d_head}"),
+            ("FFN width d_ff", fmt(cfg.get("d_ff"))), ("activation", text(cfg.get("activation", "?"))),
+            ("stored dtype", text(cfg.get("storage_dtype", "?"))),
+            ("normalisation", text(f"{a.layers[0].norm_attn.kind}, {a.layers[0].placement}")),
+            ("source", text("bundled all-MiniLM-L6-v2 package" if d.source is None
+                             else getattr(d.source, "name", d.source)))]
+    parts = [table(("property", "value"), rows, raw=True)]
+    if d.inputs:
+        parts.append(table(("input file", "bytes", "SHA-256"),
+                           [(f"<code>{text(i['path'])}</code>", fmt(i["bytes"]), f"<code>{text(i['sha256'])}</code>")
+                            for i in d.inputs], raw=True, numeric=(False, True, False),
+                           caption="files read (hashes identify exactly the weights measured)"))
+    for w in d.warnings:
+        parts.append(f'<p class="warn">loader warning: {text(w)}</p>')
+    return section("model", "Model card", *parts)
+
+
+def _analysis(d: ReportData) -> str:
+    a = d.analysis
+    disp = AnalysisDisplay.from_result(a)
+    disp.model = ""  # the page's title names the model
+    head = html_figure(_svg(disp), f"Per-layer × per-head norms {kind_badge(a.kind)}: the upper ends of "
+                       f"certified intervals (target relative gap {a.rtol:g}; rounding accounted for). "
+                       "B_KQ includes the softmax scale 1/√d_head.")
+    keys = ["B_KQ", "B_V", "W_O", "B_W1", "B_W2", "B_b1", "B_b2", "B_b_attn"]
+    if any(layer.B_Wgate is not None for layer in a.layers):
+        keys.append("B_Wgate")
+    rows = []
+    for layer in a.layers:
+        ivs = [getattr(layer, k) for k in keys]
+        gaps = [iv.relative_gap for iv in ivs if iv is not None]
+        rows.append([str(layer.index)] + ["–" if iv is None else fmt(iv.upper, 6) for iv in ivs]
+                    + [f"{max(gaps):.1e}"])
+    layer_table = table(["layer"] + [("‖W_O‖₂" if k == "W_O" else k) for k in keys] + ["max rel. gap"], rows,
+                        numeric=[True] * (len(keys) + 2), raw=True,
+                        caption=f"per layer: upper ends of certified intervals {kind_badge(a.kind)} (the lower "
+                                "ends are within the last column's relative gap; both in the matrix table); "
+                                "B_KQ, B_V are the maxima over heads, B_b_attn = ‖b_O + Σ_h b_V^h W_O^h‖₂")
+    mrows = []
+    for layer in a.layers:
+        for role, m in layer.matrices.items():
+            mrows.append((str(layer.index), text(role), f"<code>{text(m.tensor)}</code>" if m.tensor else "–",
+                          "×".join(map(str, m.shape)),
+                          *(f"{fmt(iv.lower, 8)} … {fmt(iv.upper, 8)}" for iv in (m.spectral, m.frobenius, m.l21)),
+                          kind_badge(m.spectral.kind)))
+    for e in a.embeddings:
+        m = e.norms
+        mrows.append(("embeddings", text(e.name), "–", "×".join(map(str, m.shape)),
+                      *(f"{fmt(iv.lower)} … {fmt(iv.upper)}" for iv in (m.spectral, m.frobenius, m.l21)),
+                      kind_badge(m.spectral.kind)))
+    matrix_table = table(("layer", "matrix", "tensor", "shape", "‖·‖₂", "‖·‖_F", "‖·‖_{2,1}", "kind"),
+                         mrows,
+                         raw=True, numeric=(True, False, False, True, True, True, True, False),
+                         caption="every matrix: spectral, Frobenius and (2,1) norms (row-vector convention "
+                                 "x @ W; (2,1) = sum of column norms)")
+    notes = "".join(f'<p class="note">note: {text(n)}</p>' for n in a.notes)
+    return section("norms", "Certified norms (analyze)", head, layer_table,
+                   f"<details><summary>all {len(mrows)} matrices</summary>{matrix_table}</details>", notes)
+
+
+def _lipschitz(d: ReportData) -> str:
+    b, lower, o = d.bounds, d.lower, d.options
+    disp = LipschitzDisplay.from_bounds(b, lower)  # the page's title names the model
+    where = "every stage, layer and the network" if o.lower_stages else "whole layers and the network"
+    how = (f"empirical lower on {where}: best of {o.lower_samples} random start(s) and {o.lower_steps} ascent "
+           f"steps on T={o.lower_seq_len} tokens (fast settings: a first look, far from tight; `transcover "
+           "lipschitz` searches harder)" if o.lower else "empirical lower estimates skipped (--no-lower)")
+    fig = html_figure(_svg(disp), f"certified upper {kind_badge('certified upper bound')} vs "
+                      f"{kind_badge('empirical lower bound')}; {text(how)}")
+    rows = []
+    for s in b.stages:
+        lo = lower.get((s.layer, s.name))
+        lv = None if lo is None else lo.value.value
+        rows.append((layer_label(s.layer, b.n_layers), s.name, s.radius_in, s.lipschitz, lv,
+                     None if not lv else s.lipschitz / lv))
+    for i in range(b.n_layers):
+        lo = lower.get((i, "layer"))
+        lv = None if lo is None else lo.value.value
+        up = b.layer_upper(i).value
+        rows.append((str(i), "whole layer", None, up, lv, None if not lv else up / lv))
+    lo = lower.get((-2, "network"))
+    lv = None if lo is None else lo.value.value
+    rows.append(("all", "network", b.radius, b.upper.value, lv, None if not lv else b.upper.value / lv))
+    tab = table(("layer", "component", "input radius", "certified upper", "empirical lower", "upper / lower"),
+                rows, numeric=(True, False, True, True, True, True),
+                caption=f"global Lipschitz constants, metric (2,∞) (max over tokens of ‖·‖₂), input tokens "
+                        "with "
+                        f"‖x‖₂ ≤ R = {b.radius:g}; layer 'input' is the embedding LayerNorm before layer 0")
+    assumptions = "".join(f"<li>{text(x)}</li>" for x in b.upper.assumptions)
+    return section("lipschitz", "Lipschitz constants (global)", fig, tab,
+                   f"<p>assumptions of the certified upper bounds:</p><ul>{assumptions}</ul>")
+
+
+def _local(d: ReportData) -> str:
+    """The optional at-the-data block: rendered from ``local.to_dict()`` (``rows``, ``assumptions``)."""
+    if d.local is None:
+        if d.data_path is None:
+            return ""
+        return section("local", "Lipschitz constants at the data",
+                       f'<p class="note">data {text(d.data_path)} given, but this build computes no local '
+                       "bounds; the global bounds above hold on every input with token norms ≤ R.</p>")
+    info = d.local.to_dict() if hasattr(d.local, "to_dict") else dict(d.local)
+    rows = list(info.get("rows", []))
+    headers = list(rows[0]) if rows else []
+    parts = [table(headers, [[r.get(h) for h in headers] for r in rows],
+                   numeric=[isinstance(rows[0].get(h), (int, float)) for h in headers],
+                   caption=text(info.get("caption", "local bounds at the data")))]
+    parts += [f"<p>assumption: {text(a)}</p>" for a in info.get("assumptions", [])]
+    return section("local", "Lipschitz constants at the data", *parts)
+
+
+def _bound(d: ReportData) -> str:
+    r = d.bound
+    tf = r.transformer
+    bd = BoundDisplay.from_result(r)
+    bd.top_names = [plain(n, 40) for n in bd.top_names]
+    bd.title = plain(bd.title)
+    cov = CoveringDisplay.from_result(r)
+    cov.title = plain(cov.title)
+    figs = [html_figure(_svg(bd), f"where log N comes from {kind_badge(r.kind)}: per layer and group, log10 of "
+                                  "the summed log N_i with each layer's share of the total as text (left), and the "
+                                  "largest terms log N_i (right)"),
+            html_figure(_svg(cov), f"the certified covering bound against ε {kind_badge(r.kind)}")]
+    by_layer = sorted(tf.by_layer().items())
+    t_layers = table(("layer", "share of log N"), [(layer_label(k, r.n_layers), f"{100 * v:.3g} %")
+                                                   for k, v in by_layer],
+                     numeric=(False, True), caption="share of the Transformer's log N per layer")
+    top = sorted(tf.contributions, key=lambda c: c.log_cost, reverse=True)[:15]
+    t_top = table(("matrix", "layer", "group", "cover", "log₁₀ log N_i", "share"),
+                  [(c.name, layer_label(c.layer, r.n_layers), c.group, c.cover, c.log_cost / math.log(10),
+                    f"{100 * c.share:.3g} %") for c in top],
+                  numeric=(False, True, False, False, True, True), caption="largest 15 contributions")
+    g_rows = [(f"{g.n:.3g}", f"{g.gap:.4g}", g.raw_log_gap / math.log(10), g.vacuous) for g in r.generalisation]
+    t_gen = table(("n", "gap bound (reported)", "log₁₀ raw formula", "vacuous (≥ loss range b)"), g_rows,
+                  numeric=(True, True, True, False),
+                  caption=f"generalisation gap, w.p. ≥ 1 − δ {kind_badge(r.kind)}")
+    head = (f"<p>log N_∞(ε = {fmt(r.eps)}, n = {fmt(r.generalisation[0].n)} × T = {r.seq_len}) ≤ "
+            f"10^{fmt(r.log_log_N / math.log(10), 4)} {kind_badge(r.kind)}, family {text(r.family)}</p>")
+    assumptions = "".join(f"<li>{text(x)}</li>" for x in r.assumptions)
+    return section("bound", "Covering number and generalisation bound", head, *figs, t_layers, t_top, t_gen,
+                   f"<p>assumptions:</p><ul>{assumptions}</ul>")
+
+
+def _history(d: ReportData) -> str:
+    if d.history is None:
+        return ""
+    disp = HistoryDisplay(d.history, plain(d.history_path or ""))
+    return section("history", "Training monitor",
+                   html_figure(_svg(disp), f"from {text(d.history_path)} ({len(d.history)} records); "
+                               "sigma: exact largest singular values per group; capacity: an estimate (F8)"))
+
+
+def render_report(d: ReportData) -> str:
+    """The HTML text of the report (deterministic for the same data)."""
+    from .. import __version__
+
+    body = [f'<p class="note">transcover {text(__version__)}; every number carries its kind: '
+            f'{kind_badge("certified interval")} {kind_badge("certified upper bound")} '
+            f'{kind_badge("empirical lower bound")} {kind_badge("estimate")}. Timings: '
+            + text(", ".join(f"{k} {v:.1f} s" for k, v in d.timings.items())) + "</p>",
+            _model_card(d), _analysis(d), _lipschitz(d), _local(d), _bound(d), _history(d)]
+    nav = [("model", "model"), ("norms", "norms"), ("lipschitz", "Lipschitz")]
+    if "id=\"local\"" in body[4]:
+        nav.append(("local", "local"))
+    nav.append(("bound", "bound"))
+    if d.history is not None:
+        nav.append(("history", "training"))
+    return page(f"transcover report: {d.model}", [b for b in body if b], nav)

@@ -1,0 +1,104 @@
+"""One JSON envelope for every command's output: schema, tool version, command line, inputs' hashes.
+
+The envelope *adds* keys around a command's payload (the payload's own keys stay where they
+were, so readers of the older files keep working): ``schema`` and ``schema_version`` name the
+payload's layout, ``tool`` and ``tool_version`` the program that wrote it, ``command_line`` how
+it was called and ``inputs`` the SHA-256 of every file read (a model directory lists its weight
+and config files), so a result can be traced to exactly the weights it measured.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+__all__ = ["envelope", "envelope_json", "input_hashes", "file_sha256"]
+
+_MODEL_FILES = (".safetensors", ".json", ".bin", ".pt", ".pth", ".index.json")
+_HASH_CACHE: dict[tuple[str, int, int], str] = {}
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """SHA-256 of a file's bytes (cached per path, size and mtime within a process)."""
+    p = Path(path)
+    st = p.stat()
+    key = (str(p.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _HASH_CACHE:
+        h = hashlib.sha256()
+        with open(p, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+        _HASH_CACHE[key] = h.hexdigest()
+    return _HASH_CACHE[key]
+
+
+def _model_path(source) -> Path | None:
+    if source is None:
+        from ..model import bundled_model_dir
+
+        try:
+            return bundled_model_dir()
+        except Exception:  # the bundled package missing: nothing to hash
+            return None
+    if isinstance(source, (str, os.PathLike)) and Path(source).exists():
+        return Path(source)
+    return None
+
+
+def input_hashes(*sources) -> list[dict[str, object]]:
+    """``[{"path", "sha256", "bytes"}]`` for each file a source names (``None``: the bundled model).
+
+    A directory contributes its model files (weights, configs; not sub-folders); a name that is
+    not a path (an in-memory model, a hub name) is listed with ``sha256: null``.
+    """
+    out: list[dict[str, object]] = []
+    for src in sources:
+        path = _model_path(src)
+        if path is None:
+            if src is not None:  # an in-memory model (spec, module) or a hub name: named, not hashed
+                name = src if isinstance(src, (str, os.PathLike)) else getattr(src, "name", type(src).__name__)
+                out.append({"path": str(name), "sha256": None, "bytes": None})
+            continue
+        files = ([path] if path.is_file()
+                 else sorted(f for f in path.iterdir() if f.is_file() and f.name.endswith(_MODEL_FILES)))
+        for f in files:
+            out.append({"path": str(f), "sha256": file_sha256(f), "bytes": f.stat().st_size})
+    return out
+
+
+def _safe(obj):
+    """Strict JSON: non-finite floats become strings ("inf", "nan"), as the payloads already do."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    if isinstance(obj, dict):
+        return {str(k): _safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_safe(v) for v in obj]
+    return obj
+
+
+def envelope(payload: dict, *, schema: str, schema_version: str, inputs=(), argv=None) -> dict:
+    """``payload`` wrapped: the envelope's keys first, then the payload's (which win on a clash
+    only for ``schema``/``schema_version`` when the payload already names its own)."""
+    from .. import __version__
+
+    head = {
+        "schema": schema,
+        "schema_version": schema_version,
+        "tool": "transcover",
+        "tool_version": __version__,
+        "command_line": ["transcover", *sys.argv[1:]] if argv is None else list(argv),
+        "inputs": input_hashes(*inputs),
+    }
+    body = {k: v for k, v in payload.items() if k not in ("schema", "schema_version")}
+    return {**head, **body}
+
+
+def envelope_json(payload: dict, *, schema: str, schema_version: str, inputs=(), argv=None) -> str:
+    """The envelope as strict JSON text (``allow_nan=False``; other objects through ``str``)."""
+    data = _safe(envelope(payload, schema=schema, schema_version=schema_version, inputs=inputs, argv=argv))
+    return json.dumps(data, indent=2, default=str, allow_nan=False) + "\n"

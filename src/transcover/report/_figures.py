@@ -1,0 +1,51 @@
+"""Matplotlib without a display: a lazily imported pyplot on the Agg backend, figures as inline SVG."""
+
+from __future__ import annotations
+
+import io
+import re
+
+__all__ = ["pyplot", "figure_svg", "figure_png", "save_figure"]
+
+
+def pyplot():
+    """``matplotlib.pyplot`` on a non-interactive backend (imported on first use only)."""
+    import matplotlib
+
+    if matplotlib.get_backend().lower() not in ("agg", "svg", "pdf", "module://matplotlib_inline.backend_inline"):
+        matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def figure_svg(fig) -> str:
+    """The figure as an ``<svg>`` element for inline HTML (no XML prolog, no external fonts: text
+    is drawn as paths, so the file renders the same everywhere and no font is fetched)."""
+    import matplotlib
+
+    buf = io.StringIO()
+    with matplotlib.rc_context({"svg.fonttype": "path", "svg.hashsalt": "transcover"}):
+        fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
+    text = buf.getvalue()
+    text = text[text.index("<svg"):]
+    # the RDF metadata block only names namespaces (purl.org, creativecommons.org): nothing to keep
+    return re.sub(r' xmlns:(?:dc|cc|rdf)="[^"]*"', "", re.sub(r"<metadata>.*?</metadata>\s*", "", text, flags=re.S))
+
+
+def figure_png(fig, dpi: int = 110) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
+    return buf.getvalue()
+
+
+def save_figure(fig, path) -> bytes:
+    """The figure's bytes for ``path`` by its extension (.png, .svg or .pdf)."""
+    from .._errors import InputError
+
+    suffix = str(path).lower().rsplit(".", 1)[-1]
+    if suffix not in ("png", "svg", "pdf"):
+        raise InputError(f"a figure path must end in .png, .svg or .pdf, but got {path}")
+    buf = io.BytesIO()
+    fig.savefig(buf, format=suffix, dpi=110, bbox_inches="tight")
+    return buf.getvalue()

@@ -1,0 +1,134 @@
+"""Issue 13, points 2-5: one spelling per concept, help with defaults, envelopes, figures, notebooks."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import transcover
+from transcover.cli import build_parser, main
+from transcover.model import ReferenceConfig, ReferenceTransformer, save_reference
+from transcover.report import envelope, file_sha256
+
+
+@pytest.fixture(scope="module")
+def ref_file(tmp_path_factory) -> Path:
+    torch.manual_seed(0)
+    model = ReferenceTransformer(ReferenceConfig(d_model=16, n_heads=2, n_layers=2, d_ff=24))
+    return save_reference(model, tmp_path_factory.mktemp("ref") / "ref.safetensors")
+
+
+def _options(parser: argparse.ArgumentParser, path=()):
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _options(sub, (*path, name))
+        elif action.option_strings:
+            yield path, action
+
+
+def test_every_option_has_a_help_line_and_one_spelling():
+    parser, _ = build_parser()
+    missing = [(" ".join(p), a.option_strings) for p, a in _options(parser) if a.help is None]
+    assert not missing  # `approx sweep --over` had none
+    shown = {s for p, a in _options(parser) if a.help is not argparse.SUPPRESS for s in a.option_strings}
+    assert "--ln-sigma-min" not in shown and "--radii" not in shown  # kept as hidden aliases only
+    assert "--sigma-min" in shown
+
+
+def test_help_shows_defaults(capsys):
+    with pytest.raises(SystemExit):
+        main(["lipschitz", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "lower-estimate search (default: 0)" in out  # --seed had no help and no default shown
+    assert "(default: False)" not in out
+
+
+def test_version_and_python_m(tmp_path):
+    import os
+
+    src = str(Path(transcover.__file__).resolve().parents[1])  # the package under test, wherever it lives
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run([sys.executable, "-m", "transcover", "--version"], capture_output=True, text=True,
+                         cwd=tmp_path, timeout=120, env=env)
+    assert run.returncode == 0 and run.stdout.strip() == f"transcover {transcover.__version__}"
+
+
+def test_mistyped_command_gets_a_suggestion(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["analyse"])
+    assert exc.value.code == 2
+    assert "did you mean 'analyze'?" in capsys.readouterr().err
+
+
+def test_deprecated_alias_still_works_and_says_so(ref_file, capsys):
+    assert main(["lipschitz", str(ref_file), "--ln-sigma-min", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert "--ln-sigma-min is deprecated; use --sigma-min" in err
+    assert "--sigma-min must be >= 0" in err
+
+
+def test_output_folder_checked_before_computing(ref_file, tmp_path, capsys):
+    missing = tmp_path / "nope" / "a.json"
+    assert main(["analyze", str(ref_file), "--json", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert "folder" in err and "does not exist" in err and "B_KQ" not in err
+    assert main(["report", str(ref_file), "-o", str(tmp_path / "nope" / "r.html")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_json_envelope_names_the_tool_the_command_and_the_weights(ref_file, tmp_path):
+    js = tmp_path / "a.json"
+    assert main(["analyze", str(ref_file), "--quiet", "--json", str(js)]) == 0
+    data = json.loads(js.read_text())
+    assert data["schema"] == "transcover.analyze" and data["schema_version"] == "1.0"  # unchanged
+    assert data["tool"] == "transcover" and data["tool_version"] == transcover.__version__
+    assert data["command_line"][0] == "transcover"
+    assert data["inputs"] == [{"path": str(ref_file), "sha256": file_sha256(ref_file),
+                               "bytes": ref_file.stat().st_size}]
+    assert len(data["layers"]) == 2  # the payload keeps its keys
+    wrapped = envelope({"schema": "old", "x": 1}, schema="s", schema_version="2", argv=["a"])
+    assert wrapped["schema"] == "s" and wrapped["x"] == 1 and wrapped["command_line"] == ["a"]
+
+
+def test_analyze_plot_and_describe(ref_file, tmp_path, capsys):
+    png, svg = tmp_path / "h.png", tmp_path / "h.svg"
+    assert main(["analyze", str(ref_file), "--quiet", "--plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["analyze", str(ref_file), "--quiet", "--plot", str(svg)]) == 0
+    assert b"<svg" in svg.read_bytes()
+    assert main(["analyze", str(ref_file), "--plot", str(tmp_path / "h.gif")]) == 2
+    capsys.readouterr()
+    assert main(["analyze", str(ref_file), "--describe"]) == 0
+    out = capsys.readouterr().out
+    assert "layer 0" in out and "W_Q" in out and "B_KQ" not in out  # a mapping, nothing measured
+
+
+def test_notebook_views(ref_file):
+    r = transcover.analyze(str(ref_file))
+    text = repr(r)
+    assert len(text.splitlines()) <= 5 and len(text) < 600  # was the whole dataclass tree
+    assert "<table>" in r._repr_html_() and "certified interval" in r._repr_html_()
+    df = r.to_dataframe()
+    per_layer = sum(len(layer.matrices) + 3 for layer in r.layers)  # + b_1, b_2, b_attn
+    assert len(df) == per_layer + len(r.embeddings)
+    assert {"b_attn", "W_1", "W_KQ.h0", "W_OV.h1"} <= set(df["matrix"])
+    assert (df["spectral_lower"] <= df["spectral_upper"]).all()
+    summary = r.layers_dataframe()
+    assert {"B_b_attn_upper", "B_W1_upper", "max_relative_gap"} <= set(summary.columns)
+    assert r.get_summary().equals(summary)
+    d = transcover.describe(str(ref_file))
+    assert any(role == "W_Q" for _, role, _ in d.rows) and len(repr(d).splitlines()) == 1
+    disp = r.plot()
+    assert disp.figure_ is not None and len(disp.ax_) == 2
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2)
+    assert r.plot(ax=axes).figure_ is fig  # scikit-learn style: draws on the axes given
+    plt.close("all")

@@ -1,0 +1,157 @@
+"""`transcover report`: a self-contained page that opens in a browser, and names shown as text.
+
+The browser test needs a Chromium binary (`.ci/run` installs it); without one it is skipped and
+says so.  The hostile-names test needs no browser: it parses the HTML.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shutil
+import subprocess
+import time
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+import torch
+
+from transcover.cli import main
+from transcover.model import ReferenceConfig, ReferenceTransformer, reference_spec
+from transcover.report._build import ReportOptions, compute_report, render_report
+
+HOSTILE = "<script>alert(1)</script>\"'&\x00\x07\x1b[31m<img src=x onerror=alert(2)>$\\mathbf{x}$</svg>"
+_BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "headless_shell")
+
+
+def _chromium() -> str | None:
+    return next((p for p in map(shutil.which, _BROWSERS) if p), None)
+
+
+class _Collect(HTMLParser):
+    """Every start tag with its attributes, and the text the page shows."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.tags: list[tuple[str, list]] = []
+        self.data: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, attrs))
+
+    def handle_startendtag(self, tag, attrs):
+        self.tags.append((tag, attrs))
+
+    def handle_data(self, data):
+        self.data.append(data)
+
+
+def _parse(html: str) -> _Collect:
+    p = _Collect()
+    p.feed(html)
+    p.close()
+    return p
+
+
+def _hostile_spec():
+    torch.manual_seed(0)
+    spec = reference_spec(ReferenceTransformer(ReferenceConfig(d_model=8, n_heads=2, n_layers=2, d_ff=16,
+                                                               d_input=3, max_len=5)))
+    layers = [dataclasses.replace(layer, names={role: f"{HOSTILE}.{role}" for role in
+                                                ("W_Q", "W_K", "W_V", "W_O", "W_1", "W_2")})
+              for layer in spec.layers]
+    emb = {HOSTILE: next(iter(spec.embeddings.values()))} if spec.embeddings else {}
+    return dataclasses.replace(spec, name=HOSTILE, layers=layers, embeddings=emb,
+                               warnings=(f"unexpected tensor {HOSTILE}",))
+
+
+def test_hostile_model_and_tensor_names_render_as_text(tmp_path):
+    spec = _hostile_spec()
+    history = tmp_path / "h.jsonl"
+    history.write_text('{"step": 0, "loss": 1.0, "sigma.' + HOSTILE.replace("\\", "\\\\").replace('"', '\\"')
+                       .replace("\x00", "\\u0000").replace("\x07", "\\u0007").replace("\x1b", "\\u001b")
+                       + '": 0.5}\n{"step": 1, "loss": 0.5}\n')
+    # names never reach the lower-estimate search, so the slow part is skipped here
+    data = compute_report(spec, options=ReportOptions(lower=False, seq_len=4), history=history)
+    html = render_report(data)
+    page = _parse(html)
+    tags = {t for t, _ in page.tags}
+    assert not tags & {"script", "iframe", "object", "embed", "link", "base", "form", "svg"}
+    assert [t for t, _ in page.tags].count("meta") == 3  # charset, viewport, CSP: nothing injected
+    imgs = [dict(attrs) for t, attrs in page.tags if t == "img"]
+    assert len(imgs) == _figures(html) == 5  # the report's own figures, and no <img> from a name
+    assert all(set(a) == {"src", "width", "height", "alt"} and a["src"].startswith("data:image/png;base64,")
+               for a in imgs)
+    handlers = [(t, k) for t, attrs in page.tags for k, _ in attrs if k.lower().startswith("on")]
+    assert not handlers
+    assert not any(v and "javascript:" in v.lower() for _, attrs in page.tags for _, v in attrs)
+    text = "".join(page.data)
+    shown = "<script>alert(1)</script>\"'&\\x00\\x07\\x1b[31m<img src=x onerror=alert(2)>"
+    assert shown in text  # the model name, as text, control characters made visible
+    assert f"{shown}$\\mathbf{{x}}$</svg>.W_V" in text  # a tensor name (matrix table)
+    assert "unexpected tensor " + shown in text  # a loader warning
+    assert "\x00" not in html and "\x1b" not in html
+    assert "</svg>" in text and "<svg" not in html  # a name's "</svg>" is text, never a tag
+
+
+def _figures(html: str) -> int:
+    return len(re.findall(r"<figure class=\"plot\"><img src=\"data:image/png;base64,", html))
+
+
+@pytest.fixture(scope="module")
+def minilm_report(tmp_path_factory) -> tuple[Path, float]:
+    out = tmp_path_factory.mktemp("report") / "minilm.html"
+    t0 = time.perf_counter()
+    assert main(["report", "-o", str(out), "--quiet", "--lower-steps", "1"]) == 0
+    return out, time.perf_counter() - t0
+
+
+@pytest.mark.slow
+def test_minilm_report_is_self_contained_and_small(minilm_report):
+    path, seconds = minilm_report
+    html = path.read_text(encoding="utf-8")
+    assert path.stat().st_size < 5_000_000
+    assert _figures(html) == 4  # heatmaps, Lipschitz bars, log N breakdown, covering curve
+    page = _parse(html)
+    tags = {t for t, _ in page.tags}
+    assert "script" not in tags and "link" not in tags
+    urls = [v for _, attrs in page.tags for k, v in attrs if k in ("src", "href")
+            and v and not v.startswith(("#", "data:image/png;base64,"))]
+    assert not urls  # no external resource of any kind: figures are inline data
+    assert not re.search(r"url\(", html) and "@import" not in html and "http:" not in html and "https:" not in html
+    for label in ("certified interval", "certified upper bound", "empirical lower bound", "assumptions"):
+        assert label in html
+    assert seconds < 600
+
+
+@pytest.mark.slow
+def test_minilm_report_opens_in_chromium_without_console_messages(minilm_report, tmp_path):
+    browser = _chromium()
+    if browser is None:
+        pytest.skip("no Chromium binary found (apt-get install chromium; .ci/run installs it)")
+    path, _ = minilm_report
+    html = path.read_text(encoding="utf-8")
+    flags = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-extensions",
+             f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr", "--v=0"]
+    run = subprocess.run([*flags, "--dump-dom", path.as_uri()], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    console = [line for line in run.stderr.splitlines() if ":CONSOLE" in line]
+    assert not console, console  # no error, no CSP violation (a blocked fetch or script), nothing
+    assert run.stdout.count("<img") == html.count("<img") == 4
+    # Timing and drawing: a copy without the CSP gets a probe that records, at the load event, the
+    # time since navigation started and how many figures have a non-empty box on screen.
+    probe = ("<script>addEventListener('load',()=>{const s=[...document.querySelectorAll('figure.plot img')];"
+             "document.body.dataset.loadMs=performance.now();document.body.dataset.drawn=s.filter(e=>{"
+             "const r=e.getBoundingClientRect();return e.complete&&e.naturalWidth>100&&r.width>50&&r.height>50})"
+             ".length;"
+             "document.body.dataset.figures=s.length})</script>")
+    timed = tmp_path / "timed.html"
+    timed.write_text(re.sub(r"<meta http-equiv=\"Content-Security-Policy\"[^>]*>", "", html)
+                     .replace("</body>", probe + "</body>"), encoding="utf-8")
+    run = subprocess.run([*flags, "--dump-dom", timed.as_uri()], capture_output=True, text=True, timeout=120)
+    body = re.search(r"<body[^>]*>", run.stdout).group(0)
+    load_ms = float(re.search(r'data-load-ms="([\d.]+)"', body).group(1))
+    drawn = int(re.search(r'data-drawn="(\d+)"', body).group(1))
+    assert drawn == _figures(html) == 4
+    assert load_ms < 2000, f"the report took {load_ms:.0f} ms to load"

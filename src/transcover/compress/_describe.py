@@ -1,0 +1,163 @@
+"""A prefix-free description of a quantised reference Transformer, and its exact length in bits.
+
+The code (fixed before any data is seen; THEORY F18) is, in this order:
+
+1. the architecture: its index in a finite menu of :class:`~transcover.model.ReferenceConfig`
+   (``ceil(log2 |menu|)`` bits, a uniform prior over the menu);
+2. for every parameter tensor of that architecture, in ``state_dict`` order (the shapes are known
+   from step 1):
+
+   * the level count ``m >= 0`` as Elias gamma of ``m + 1`` (``m = 0``: the tensor is zero, nothing follows);
+   * the scale index ``k`` of ``s_k = 2^{k/8}`` as Elias gamma of ``zigzag(k) + 1``;
+   * the integers ``Q + m`` (alphabet ``2m + 1``) in the two-part enumerative code of
+     ``transcover.compress._codes`` (composition, then rank among sequences with it).
+
+Every field is self-delimiting or has a length fixed by fields before it, so the code is
+prefix-free and Kraft's inequality gives the prior ``2^{-L}``.  Sparsity is paid for only through
+the enumerative code: a tensor that is mostly 0 costs about ``p H(counts / p)`` bits, not
+``p log2(2m + 1)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..model import ReferenceConfig, ReferenceTransformer
+from ._codes import (
+    BitReader,
+    BitWriter,
+    enumerative_length,
+    fixed_width,
+    gamma_length,
+    read_enumerative,
+    unzigzag,
+    write_enumerative,
+    zigzag,
+)
+from ._quantise import dequantise
+
+__all__ = ["QuantisedTensor", "ModelDescription", "parameter_shapes", "encode", "decode", "description_bits",
+           "materialise", "fixed_length_bits"]
+
+
+@dataclass(frozen=True)
+class QuantisedTensor:
+    """One parameter tensor: ``s_k Q`` with ``Q`` in ``{-m..m}`` (``m = 0``: all zero)."""
+
+    name: str
+    m: int
+    k: int
+    Q: Tensor  # int64, the parameter's shape
+
+    def __post_init__(self) -> None:
+        if self.m < 0 or (self.m and int(self.Q.abs().max()) > self.m):
+            raise ValueError(f"{self.name}: integers must lie in [-m, m] with m >= 0, but m={self.m}")
+        if self.m == 0 and bool(self.Q.any()):
+            raise ValueError(f"{self.name}: m=0 describes a zero tensor, but Q has non-zeros")
+
+    @property
+    def nonzeros(self) -> int:
+        return int((self.Q != 0).sum())
+
+    def header_bits(self) -> int:
+        return gamma_length(self.m + 1) + (gamma_length(zigzag(self.k) + 1) if self.m else 0)
+
+    def payload_bits(self) -> int:
+        if self.m == 0:
+            return 0
+        K = 2 * self.m + 1
+        counts = torch.bincount((self.Q + self.m).flatten(), minlength=K).tolist()
+        return enumerative_length(counts)
+
+    def bits(self) -> int:
+        return self.header_bits() + self.payload_bits()
+
+
+@dataclass(frozen=True)
+class ModelDescription:
+    """A quantised model: an architecture from a menu and one :class:`QuantisedTensor` per parameter."""
+
+    menu: tuple[ReferenceConfig, ...]
+    arch: int
+    tensors: tuple[QuantisedTensor, ...]
+
+    def architecture_bits(self) -> int:
+        return fixed_width(len(self.menu))
+
+    def bits_per_tensor(self) -> dict[str, int]:
+        return {t.name: t.bits() for t in self.tensors}
+
+
+def parameter_shapes(config: ReferenceConfig) -> list[tuple[str, tuple[int, ...]]]:
+    """``(name, shape)`` of every parameter of the architecture, in ``state_dict`` order."""
+    with torch.random.fork_rng():
+        model = ReferenceTransformer(config)
+    return [(name, tuple(v.shape)) for name, v in model.state_dict().items()]
+
+
+def description_bits(desc: ModelDescription) -> int:
+    """The exact length of :func:`encode` ``(desc)``, counted without encoding."""
+    return desc.architecture_bits() + sum(t.bits() for t in desc.tensors)
+
+
+def fixed_length_bits(desc: ModelDescription) -> int:
+    """Length of the same model under a code without entropy coding: each integer in
+    ``ceil(log2(2m + 1))`` bits (headers and architecture as in :func:`encode`); for comparison."""
+    total = desc.architecture_bits()
+    for t in desc.tensors:
+        total += t.header_bits() + (t.Q.numel() * fixed_width(2 * t.m + 1) if t.m else 0)
+    return total
+
+
+def encode(desc: ModelDescription) -> BitWriter:
+    """The codeword of ``desc`` (see the module docstring)."""
+    shapes = parameter_shapes(desc.menu[desc.arch])
+    if [(t.name, tuple(t.Q.shape)) for t in desc.tensors] != shapes:
+        raise ValueError("the tensors do not match the architecture's parameters (names, shapes, order)")
+    w = BitWriter()
+    w.fixed(desc.arch, desc.architecture_bits())
+    for t in desc.tensors:
+        w.gamma(t.m + 1)
+        if t.m:
+            w.gamma(zigzag(t.k) + 1)
+            write_enumerative(w, (t.Q + t.m).flatten().tolist(), 2 * t.m + 1)
+    return w
+
+
+def decode(bits: list[int], menu: tuple[ReferenceConfig, ...]) -> ModelDescription:
+    """Inverse of :func:`encode` for the same menu; raises ``ValueError`` on a malformed codeword."""
+    r = BitReader(bits)
+    arch = r.fixed(fixed_width(len(menu)))
+    if arch >= len(menu):
+        raise ValueError(f"architecture index {arch} outside the menu of {len(menu)}")
+    tensors = []
+    for name, shape in parameter_shapes(menu[arch]):
+        m = r.gamma() - 1
+        if m == 0:
+            tensors.append(QuantisedTensor(name, 0, 0, torch.zeros(shape, dtype=torch.int64)))
+            continue
+        k = unzigzag(r.gamma() - 1)
+        p = 1
+        for s in shape:
+            p *= s
+        symbols = read_enumerative(r, p, 2 * m + 1)
+        Q = torch.tensor(symbols, dtype=torch.int64).reshape(shape) - m
+        tensors.append(QuantisedTensor(name, m, k, Q))
+    if r.pos != len(bits):
+        raise ValueError(f"{len(bits) - r.pos} bits left after the last tensor")
+    return ModelDescription(menu, arch, tuple(tensors))
+
+
+def materialise(desc: ModelDescription, dtype: torch.dtype = torch.float64) -> ReferenceTransformer:
+    """The model the description denotes: architecture ``menu[arch]``, weights ``s_k Q``, in ``dtype``.
+
+    This is the function whose training error and test error the finite-class bound is about.
+    """
+    with torch.random.fork_rng():
+        model = ReferenceTransformer(desc.menu[desc.arch]).to(dtype)
+    state = {t.name: dequantise(t.Q, t.k, dtype) for t in desc.tensors}
+    model.load_state_dict(state)
+    return model.eval()

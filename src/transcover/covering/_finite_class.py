@@ -25,6 +25,7 @@ formula: floating-point rounding is accounted for and always goes up (Note [upwa
 from __future__ import annotations
 
 import math
+import struct
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -84,35 +85,50 @@ def binary_kl(q: float, p: float) -> float:
 def _kl_with_error(q: float, p: float) -> tuple[float, float]:
     """``kl(q || p)`` in float64 and a bound on its absolute rounding error.
 
-    The value is ``q (ln q - ln p) + (1 - q)(log1p(-q) - log1p(-p))``: four logarithms (each
-    within 2 ulp of its exact value, the argument ``-p`` being exact), two subtractions, two
-    products and a sum, plus the rounding of ``1 - q``.  Each of these errors is at most
-    ``2^-51`` times the magnitude of an intermediate, so ``16 * 2^-52 * (sum of |intermediates| + 1)``
-    bounds the total error of the computed value (the ``+ 1`` absorbs the logarithms' arguments).
+    The value is ``a + b`` with ``a = q log1p((q - p)/p)`` (or ``q log(q/p)`` when ``q < p/2``,
+    where ``|log(q/p)| > 0.69`` absorbs the rounding of the ratio) and
+    ``b = (1 - q) log1p((p - q)/(1 - p))``.  Written with ``log1p`` of the relative change, each
+    term is computed to a few ulp *of itself* (``q - p`` is exact when p and q are within a factor
+    2 and otherwise within 1 ulp, as is ``1 - p``; the divisions, products and ``log``/``log1p``
+    (within 2 ulp on glibc) add at most 2 ulp each).  So each term carries at most ``8 * 2^-52`` of
+    its magnitude and the sum one more ulp: ``16 * 2^-52 * (|a| + |b|)`` bounds the error even when
+    ``a`` and ``b`` cancel (p close to q), which is what keeps the inversion tight.  The ``1e-300``
+    absorbs subnormal ``q`` (relative precision lost, absolute error below 1e-305).
     """
     if p == 0.0:
         return (0.0, 0.0) if q == 0.0 else (math.inf, 0.0)
     if p == 1.0:
         return (0.0, 0.0) if q == 1.0 else (math.inf, 0.0)
     r = 1.0 - q
-    a = q * (math.log(q) - math.log(p)) if q > 0.0 else 0.0
-    b = r * (math.log1p(-q) - math.log1p(-p)) if r > 0.0 else 0.0
-    mag = abs(a) + abs(b)
-    if q > 0.0:
-        mag += q * (abs(math.log(q)) + abs(math.log(p)))
-    if r > 0.0:
-        mag += r * (abs(math.log1p(-q)) + abs(math.log1p(-p)))
-    return a + b, 16.0 * _EPS * (mag + 1.0)
+    if q == 0.0:
+        a = 0.0
+    elif q < 0.5 * p:
+        a = q * math.log(q / p)
+    else:
+        a = q * math.log1p((q - p) / p)
+    b = r * math.log1p((p - q) / (1.0 - p)) if r > 0.0 else 0.0
+    return a + b, 16.0 * _EPS * (abs(a) + abs(b)) + 1e-300
 
 
-def kl_inverse_upper(q: float, c: float, *, max_iter: int = 200) -> float:
+def _bits(x: float) -> int:
+    """The IEEE-754 bit pattern of a float >= 0 as an integer: order-preserving on [0, inf]."""
+    return struct.unpack("<q", struct.pack("<d", x))[0]
+
+
+def _from_bits(i: int) -> float:
+    return struct.unpack("<d", struct.pack("<q", i))[0]
+
+
+def kl_inverse_upper(q: float, c: float) -> float:
     """A certified upper bound on ``sup{p in [q, 1] : kl(q || p) <= c}`` (the upper kl inverse).
 
     .. math::
 
         \\mathrm{kl}^{-1}(q, c) = \\sup\\{p \\in [q, 1] : \\mathrm{kl}(q \\| p) \\le c\\}.
 
-    Bisection on ``[q, 1]`` in float64 keeps ``hi`` *certified infeasible*: a point moves to ``hi``
+    Bisection on ``[q, 1]`` over the float64 numbers themselves (their bit patterns are ordered
+    integers, so at most 64 steps reach adjacent floats, even near 1e-300) keeps ``hi``
+    *certified infeasible*: a point moves to ``hi``
     only when its computed ``kl`` minus the rounding-error bound of ``_kl_with_error`` still
     exceeds ``c``.  ``kl(q || .)`` is continuous and increasing on ``[q, 1]``, so the exact
     supremum is below every certified-infeasible point, and the returned ``hi`` is at least the
@@ -137,17 +153,15 @@ def kl_inverse_upper(q: float, c: float, *, max_iter: int = 200) -> float:
         raise InputError(f"c must be a number >= 0, but got c={c!r}")
     if q >= 1.0 or c == math.inf:
         return 1.0
-    lo, hi = q, 1.0
-    for _ in range(max_iter):
-        mid = lo + 0.5 * (hi - lo)
-        if mid <= lo or mid >= hi:
-            break
-        value, err = _kl_with_error(q, mid)
+    lo, hi = _bits(q), _bits(1.0)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        value, err = _kl_with_error(q, _from_bits(mid))
         if value - err > c:
             hi = mid
         else:
             lo = mid
-    return hi
+    return _from_bits(hi)
 
 
 def occam_complexity(description_bits: float, n: int, delta: float) -> float:

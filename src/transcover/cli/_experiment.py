@@ -6,7 +6,8 @@ import argparse
 import json
 
 NAME = "experiment"
-HELP = "experiments; 'staged': loose early, tight in fine-tuning vs tight from the start vs unconstrained"
+HELP = ("experiments; 'staged': loose early, tight in fine-tuning vs tight from the start vs unconstrained; "
+        "'nonvacuous': certified finite-class bounds for trained Transformers")
 
 _DEFAULT_RADII = "KQ=1,OV=1,W1=1.5,W2=1.5,head=2"
 
@@ -26,6 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--seeds", type=int, default=3, help="number of seeds (0..N-1)")
     s.add_argument("--out", default="out/staged", help="folder for staged.png and staged.json")
     s.add_argument("--json", metavar="PATH", help="also write the result JSON here (atomically)")
+    from ._nonvacuous import add_nonvacuous_parser
+
+    add_nonvacuous_parser(sub)
 
 
 def run(args) -> int:
@@ -39,8 +43,12 @@ def run(args) -> int:
     from ..train import StagedConfig, staged_experiment
     from ._train import set_threads, train_config_from_args
 
+    if getattr(args, "experiment", None) == "nonvacuous":
+        from ._nonvacuous import run_nonvacuous
+
+        return run_nonvacuous(args)
     if getattr(args, "experiment", None) != "staged":
-        raise InputError("name an experiment: transcover experiment staged [options]")
+        raise InputError("name an experiment: transcover experiment staged|nonvacuous [options]")
     if args.seeds <= 0:
         raise InputError(f"seeds must be >= 1, but got seeds={args.seeds}")
     set_threads(args.threads)

@@ -39,6 +39,7 @@ from ..compress import (
     QuantisedTensor,
     best_scale_index,
     description_bits,
+    encode,
     fake_quantise,
     fixed_length_bits,
     materialise,
@@ -248,6 +249,8 @@ class NonvacuousCase:
     bits_per_tensor: dict[str, int]
     nonzeros_per_tensor: dict[str, int]
     levels_per_tensor: dict[str, int]
+    sizes_per_tensor: dict[str, int]
+    codeword: str  # the described model itself, hex of its bits (zero-padded to whole bytes)
     architecture_bits: int
     fixed_length_bits: int  # the same model without the entropy code (comparison, not used in the bound)
     float_test_error: float  # the unquantised trained model (measured, for comparison)
@@ -273,6 +276,9 @@ class NonvacuousCase:
                                  "architecture": self.architecture_bits, "per_tensor": self.bits_per_tensor},
             "fixed_length_code_bits": self.fixed_length_bits,
             "nonzeros_per_tensor": self.nonzeros_per_tensor, "levels_per_tensor": self.levels_per_tensor,
+            "sizes_per_tensor": self.sizes_per_tensor,
+            "codeword": {"hex": self.codeword, "bits": self.total_bits,
+                         "decode": "transcover.compress.decode(bits, ARCHITECTURE_MENUS[task])"},
             "seconds": self.seconds, "config": self.config,
         }
 
@@ -301,6 +307,8 @@ def run_case(config: NonvacuousConfig, progress: Callable[[str], None] | None = 
         task=config.task, n_train=config.n_train, n_test=int(X_te.shape[0]),
         arch=asdict(menu[config.arch]), bound=bound, test_mistakes=mistakes(desc, X_te, y_te),
         bits_per_tensor=desc.bits_per_tensor(), nonzeros_per_tensor={t.name: t.nonzeros for t in desc.tensors},
-        levels_per_tensor={t.name: 2 * t.m + 1 for t in desc.tensors}, architecture_bits=desc.architecture_bits(),
+        levels_per_tensor={t.name: 2 * t.m + 1 for t in desc.tensors},
+        sizes_per_tensor={t.name: t.Q.numel() for t in desc.tensors}, codeword=encode(desc).to_bytes().hex(),
+        architecture_bits=desc.architecture_bits(),
         fixed_length_bits=fixed_length_bits(desc), float_test_error=float_err,
         seconds=time.perf_counter() - t0, config=asdict(config))

@@ -88,11 +88,13 @@ class NonvacuousConfig:
     l1: float = 1e-3  # weight of sum |theta| (per sample loss scale)
     levels: int = 1  # m of the fine-tuning grid: 2m+1 levels (1: ternary, 3: ~3 bits, 7: ~4 bits)
     greedy_passes: int = 2  # rounds of per-matrix level/scale search on the bound
+    restarts: int = 3  # float-training seeds tried at most (see _float_model)
+    variant: str = "L1 + QAT + entropy code"  # a label for tables (ablations change l1 / qat_epochs)
 
     def __post_init__(self) -> None:
         if self.task not in NONVACUOUS_TASKS:
             raise InputError(f"task must be one of {', '.join(NONVACUOUS_TASKS)}, but got task={self.task!r}")
-        for name in ("n_train", "n_test", "batch_size", "levels"):
+        for name in ("n_train", "n_test", "batch_size", "levels", "restarts"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise InputError(f"{name} must be a positive integer, but got {name}={v!r}")
@@ -255,6 +257,7 @@ class NonvacuousCase:
     fixed_length_bits: int  # the same model without the entropy code (comparison, not used in the bound)
     float_test_error: float  # the unquantised trained model (measured, for comparison)
     seconds: float
+    restarts_used: int
     config: dict = field(default_factory=dict)
 
     @property
@@ -279,8 +282,34 @@ class NonvacuousCase:
             "sizes_per_tensor": self.sizes_per_tensor,
             "codeword": {"hex": self.codeword, "bits": self.total_bits,
                          "decode": "transcover.compress.decode(bits, ARCHITECTURE_MENUS[task])"},
-            "seconds": self.seconds, "config": self.config,
+            "seconds": self.seconds, "restarts_used": self.restarts_used, "config": self.config,
         }
+
+
+def _float_model(config: NonvacuousConfig, menu: tuple[ReferenceConfig, ...], X: Tensor, y: Tensor,
+                 say: Callable[[str], None]) -> tuple[ReferenceTransformer, int]:
+    """Float training with up to ``config.restarts`` seeds, keeping the lowest training error.
+
+    Restarts stop at the first model whose training error is within 0.02 of the task's noise
+    floor (sparse majority can stall on a one-token solution with 25 % error).  Choosing among
+    restarts by training error is allowed: the bound is uniform over every describable model.
+    """
+    floor = _NOISE if config.task == "majority-noise" else 0.0
+    best, best_err = None, math.inf
+    for r in range(config.restarts):
+        seed = config.seed + 1000 * r
+        torch.manual_seed(seed)
+        model = ReferenceTransformer(menu[config.arch]).double()
+        say(f"{config.task} n={config.n_train}: float training (restart {r})")
+        _fit(model, X, y, epochs=config.float_epochs, lr=config.lr, l1=config.l1, batch_size=config.batch_size,
+             seed=seed)
+        with torch.no_grad():
+            err = float((model(X).argmax(-1) != y).double().mean())
+        if err < best_err:
+            best, best_err = model, err
+        if best_err <= floor + 0.02:
+            return best, r + 1
+    return best, config.restarts
 
 
 def run_case(config: NonvacuousConfig, progress: Callable[[str], None] | None = None) -> NonvacuousCase:
@@ -289,10 +318,7 @@ def run_case(config: NonvacuousConfig, progress: Callable[[str], None] | None = 
     say = progress or (lambda _msg: None)
     X, y, X_te, y_te = task_data(config.task, config.n_train, config.n_test, config.seed)
     menu = ARCHITECTURE_MENUS[config.task]
-    torch.manual_seed(config.seed)
-    model = ReferenceTransformer(menu[config.arch]).double()
-    say(f"{config.task} n={config.n_train}: float training")
-    _fit(model, X, y, epochs=config.float_epochs, lr=config.lr, l1=config.l1, batch_size=config.batch_size, seed=config.seed)
+    model, restarts = _float_model(config, menu, X, y, say)
     with torch.no_grad():
         float_err = float((model(X_te).argmax(-1) != y_te).double().mean())
     grid = {name: (config.levels, best_scale_index(w, config.levels)) for name, w in model.named_parameters()}
@@ -311,4 +337,4 @@ def run_case(config: NonvacuousConfig, progress: Callable[[str], None] | None = 
         sizes_per_tensor={t.name: t.Q.numel() for t in desc.tensors}, codeword=encode(desc).to_bytes().hex(),
         architecture_bits=desc.architecture_bits(),
         fixed_length_bits=fixed_length_bits(desc), float_test_error=float_err,
-        seconds=time.perf_counter() - t0, config=asdict(config))
+        seconds=time.perf_counter() - t0, restarts_used=restarts, config=asdict(config))

@@ -153,7 +153,9 @@ def test_decode_rejects_malformed_words():
     with pytest.raises(ValueError):
         decode(word[:-3], MENU)
     with pytest.raises(ValueError):  # index 3 of a 3-entry menu
-        decode([1, 1] + word[2:], MENU)
+        decode(word[:2] + [1, 1] + word[4:], MENU)
+    with pytest.raises(ValueError):  # another code version
+        decode([1 - word[0]] + word[1:], MENU)
 
 
 def test_encode_rejects_tensors_that_do_not_match_the_architecture():

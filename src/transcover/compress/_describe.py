@@ -2,6 +2,9 @@
 
 The code (fixed before any data is seen; THEORY F18) is, in this order:
 
+0. the code version in 2 bits (:data:`CODE_VERSION`): the models were tuned on the same data
+   while up to four designs of this code (menus, grids) were tried, so the bound pays for a
+   union over four codes rather than pretending the final one was fixed in advance;
 1. the architecture: its index in a finite menu of :class:`~transcover.model.ReferenceConfig`
    (``ceil(log2 |menu|)`` bits, a uniform prior over the menu);
 2. for every parameter tensor of that architecture, in ``state_dict`` order (the shapes are known
@@ -39,8 +42,12 @@ from ._codes import (
 )
 from ._quantise import dequantise
 
-__all__ = ["QuantisedTensor", "ModelDescription", "parameter_shapes", "encode", "decode", "description_bits",
+__all__ = ["CODE_VERSION", "VERSION_BITS", "QuantisedTensor", "ModelDescription", "parameter_shapes", "encode", "decode", "description_bits",
            "materialise", "fixed_length_bits"]
+
+
+CODE_VERSION = 1  # 0: a 4-entry menu; 1: this one (8 entries). At most 3 (step 0 of the module docstring)
+VERSION_BITS = 2
 
 
 @dataclass(frozen=True)
@@ -85,7 +92,8 @@ class ModelDescription:
     tensors: tuple[QuantisedTensor, ...]
 
     def architecture_bits(self) -> int:
-        return fixed_width(len(self.menu))
+        """The code version and the architecture's index in the menu."""
+        return VERSION_BITS + fixed_width(len(self.menu))
 
     def bits_per_tensor(self) -> dict[str, int]:
         return {t.name: t.bits() for t in self.tensors}
@@ -118,7 +126,8 @@ def encode(desc: ModelDescription) -> BitWriter:
     if [(t.name, tuple(t.Q.shape)) for t in desc.tensors] != shapes:
         raise ValueError("the tensors do not match the architecture's parameters (names, shapes, order)")
     w = BitWriter()
-    w.fixed(desc.arch, desc.architecture_bits())
+    w.fixed(CODE_VERSION, VERSION_BITS)
+    w.fixed(desc.arch, fixed_width(len(desc.menu)))
     for t in desc.tensors:
         w.gamma(t.m + 1)
         if t.m:
@@ -130,6 +139,9 @@ def encode(desc: ModelDescription) -> BitWriter:
 def decode(bits: list[int], menu: tuple[ReferenceConfig, ...]) -> ModelDescription:
     """Inverse of :func:`encode` for the same menu; raises ``ValueError`` on a malformed codeword."""
     r = BitReader(bits)
+    version = r.fixed(VERSION_BITS)
+    if version != CODE_VERSION:
+        raise ValueError(f"code version {version} is not this decoder's {CODE_VERSION}")
     arch = r.fixed(fixed_width(len(menu)))
     if arch >= len(menu):
         raise ValueError(f"architecture index {arch} outside the menu of {len(menu)}")

@@ -331,7 +331,9 @@ def run_case(config: NonvacuousConfig, progress: Callable[[str], None] | None = 
     grid = _fit(model, X, y, epochs=config.finetune_epochs, lr=config.lr / 3, l1=config.l1, batch_size=config.batch_size,
                 seed=config.seed + 1, grid=grid)
     desc = describe(model, menu, config.arch, grid)
-    say(f"{config.task} n={config.n_train}: searching levels and scales on the bound")
+    search = min(config.search_samples, config.n_train)
+    say(f"{config.task} n={config.n_train}: searching levels and scales on the bound (after fine-tuning: "
+        f"{mistakes(desc, X[:search], y[:search]) / search:.4f} train error, {description_bits(desc)} bits)")
     desc = _greedy(desc, model, X, y, config.delta, config.greedy_passes, config.search_samples)
     bound = occam_bounds(mistakes(desc, X, y), config.n_train, description_bits(desc), config.delta)
     return NonvacuousCase(

@@ -94,7 +94,7 @@ class NonvacuousResult:
                 row.append(f"{c.bits_per_tensor[name]} / {c.levels_per_tensor[name]} / "
                            f"{c.nonzeros_per_tensor[name]} of {c.sizes_per_tensor[name]}")
             t.add_row(name, *row)
-        t.add_row("architecture (menu index)", *(f"{c.architecture_bits}" for c in self.cases))
+        t.add_row("code version + architecture (menu index)", *(f"{c.architecture_bits}" for c in self.cases))
         return t
 
     def plot(self, path: str | Path) -> Path:

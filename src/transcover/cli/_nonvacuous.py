@@ -5,8 +5,6 @@ Registered as a sub-experiment by ``_experiment`` (``add_nonvacuous_parser`` / `
 
 from __future__ import annotations
 
-import argparse
-
 HELP = ("train small Transformers on sparse majority and digits, quantise and code them, and print the "
         "certified finite-class (kl Occam) bound beside the measured test error")
 

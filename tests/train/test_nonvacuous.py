@@ -91,3 +91,25 @@ def test_config_rejects_bad_values():
     for kw in ({"task": "nope"}, {"n_train": 0}, {"arch": 99}, {"delta": 0.0}, {"task": "digits", "n_train": 5000}):
         with pytest.raises(InputError):
             NonvacuousConfig(**kw)
+
+
+def test_greedy_and_pruning_never_worsen_the_exact_bound():
+    from transcover.compress import best_scale_index
+    from transcover.model import ReferenceTransformer
+    from transcover.train._nonvacuous import _greedy, _prune, describe
+    from transcover.covering import occam_bounds
+
+    X, y, _, _ = task_data("majority", 300, 10, 3)
+    menu = ARCHITECTURE_MENUS["majority"]
+    torch.manual_seed(0)
+    model = ReferenceTransformer(menu[1]).double()
+    grid = {name: (3, best_scale_index(w, 3)) for name, w in model.named_parameters()}
+    desc = describe(model, menu, 1, grid)
+
+    def kl(d):
+        return occam_bounds(mistakes(d, X, y), 300, description_bits(d), 0.05).kl
+
+    g = _greedy(desc, model, X, y, 0.05, 1, search_samples=300)  # scores on all n: exact
+    p = _prune(g, model, X, y, 0.05, search_samples=300, max_evals=20)
+    assert kl(p) <= kl(g) <= kl(desc)
+    assert description_bits(p) <= description_bits(desc)

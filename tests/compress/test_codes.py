@@ -146,6 +146,23 @@ def test_model_code_round_trip_and_counted_length_is_the_real_length(arch, seed)
     assert fixed_length_bits(desc) >= 0
 
 
+@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("seed", range(3))
+def test_both_payload_modes_round_trip_with_exact_lengths(shared, seed, monkeypatch):
+    desc = _random_description(1, seed, density=0.5)
+    per_tensor = sum(t.payload_bits() for t in desc.tensors)
+    together = sum(desc.shared_payload_bits().values())
+    assert desc.shared() == (together < per_tensor)
+    monkeypatch.setattr(ModelDescription, "shared", lambda self: shared)
+    word = encode(desc)
+    headers = sum(t.header_bits() for t in desc.tensors)
+    assert len(word) == description_bits(desc) == desc.architecture_bits() + headers + 1 + (
+        together if shared else per_tensor)
+    back = decode(word.bits, MENU)
+    for a, b in zip(desc.tensors, back.tensors, strict=True):
+        assert a.m == b.m and torch.equal(a.Q, b.Q)
+
+
 def test_decode_rejects_malformed_words():
     word = encode(_random_description(0, 0)).bits
     with pytest.raises(ValueError):

@@ -8,12 +8,14 @@ The code (fixed before any data is seen; THEORY F18) is, in this order:
 1. the architecture: its index in a finite menu of :class:`~transcover.model.ReferenceConfig`
    (``ceil(log2 |menu|)`` bits, a uniform prior over the menu);
 2. for every parameter tensor of that architecture, in ``state_dict`` order (the shapes are known
-   from step 1):
-
-   * the level count ``m >= 0`` as Elias gamma of ``m + 1`` (``m = 0``: the tensor is zero, nothing follows);
-   * the scale index ``k`` of ``s_k = 2^{k/8}`` as Elias gamma of ``zigzag(k) + 1``;
-   * the integers ``Q + m`` (alphabet ``2m + 1``) in the two-part enumerative code of
-     ``transcover.compress._codes`` (composition, then rank among sequences with it).
+   from step 1), its header: the level count ``m >= 0`` as Elias gamma of ``m + 1`` (``m = 0``: the
+   tensor is zero) and, if ``m > 0``, the scale index ``k`` of ``s_k = 2^{k/8}`` as Elias gamma of
+   ``zigzag(k) + 1``;
+3. one bit choosing how the integers are coded, then the integers ``Q + m`` (alphabet ``2m + 1``)
+   in the two-part enumerative code of ``transcover.compress._codes``: bit 0, each tensor with its
+   own composition; bit 1, one composition per level count ``m``, shared by the concatenation of
+   every tensor with that ``m`` (a histogram costs about ``(2m) log2 p`` bits, which small tensors
+   should not pay one by one).  The encoder takes the shorter.
 
 Every field is self-delimiting or has a length fixed by fields before it, so the code is
 prefix-free and Kraft's inequality gives the prior ``2^{-L}``.  Sparsity is paid for only through
@@ -23,6 +25,7 @@ the enumerative code: a tensor that is mostly 0 costs about ``p H(counts / p)`` 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -46,7 +49,8 @@ __all__ = ["CODE_VERSION", "VERSION_BITS", "QuantisedTensor", "ModelDescription"
            "materialise", "fixed_length_bits"]
 
 
-CODE_VERSION = 1  # 0: a 4-entry menu; 1: this one (8 entries). At most 3 (step 0 of the module docstring)
+# 0: a 4-entry menu; 1: 8 entries, per-tensor compositions only; 2: this one.  At most 3 (step 0 above).
+CODE_VERSION = 2
 VERSION_BITS = 2
 
 
@@ -95,8 +99,38 @@ class ModelDescription:
         """The code version and the architecture's index in the menu."""
         return VERSION_BITS + fixed_width(len(self.menu))
 
+    def groups(self) -> dict[int, list[int]]:
+        """Indices of the tensors with each level count ``m > 0``, ``m`` ascending."""
+        out: dict[int, list[int]] = {}
+        for i, t in enumerate(self.tensors):
+            if t.m:
+                out.setdefault(t.m, []).append(i)
+        return dict(sorted(out.items()))
+
+    def shared_payload_bits(self) -> dict[int, int]:
+        """Per level count m: the enumerative code length of all its tensors' integers together."""
+        out = {}
+        for m, idx in self.groups().items():
+            Q = torch.cat([self.tensors[i].Q.flatten() for i in idx]) + m
+            out[m] = enumerative_length(torch.bincount(Q, minlength=2 * m + 1).tolist())
+        return out
+
+    def shared(self) -> bool:
+        """Whether the shared-composition payload (mode bit 1) is the shorter one."""
+        return sum(self.shared_payload_bits().values()) < sum(t.payload_bits() for t in self.tensors)
+
     def bits_per_tensor(self) -> dict[str, int]:
-        return {t.name: t.bits() for t in self.tensors}
+        """Every part of the codeword but the version and architecture, in bits; they sum exactly.
+
+        Each tensor's entry is its header, plus its own payload when the per-tensor mode is chosen;
+        in the shared mode the payloads appear as one entry per level count."""
+        shared = self.shared()
+        out = {t.name: t.header_bits() + (0 if shared else t.payload_bits()) for t in self.tensors}
+        out["(payload mode bit)"] = 1
+        if shared:
+            for m, bits in self.shared_payload_bits().items():
+                out[f"(integers of every {2 * m + 1}-level tensor, one code)"] = bits
+        return out
 
 
 def parameter_shapes(config: ReferenceConfig) -> list[tuple[str, tuple[int, ...]]]:
@@ -108,7 +142,7 @@ def parameter_shapes(config: ReferenceConfig) -> list[tuple[str, tuple[int, ...]
 
 def description_bits(desc: ModelDescription) -> int:
     """The exact length of :func:`encode` ``(desc)``, counted without encoding."""
-    return desc.architecture_bits() + sum(t.bits() for t in desc.tensors)
+    return desc.architecture_bits() + sum(desc.bits_per_tensor().values())
 
 
 def fixed_length_bits(desc: ModelDescription) -> int:
@@ -132,7 +166,16 @@ def encode(desc: ModelDescription) -> BitWriter:
         w.gamma(t.m + 1)
         if t.m:
             w.gamma(zigzag(t.k) + 1)
-            write_enumerative(w, (t.Q + t.m).flatten().tolist(), 2 * t.m + 1)
+    shared = desc.shared()
+    w.fixed(int(shared), 1)
+    if shared:
+        for m, idx in desc.groups().items():
+            symbols = torch.cat([desc.tensors[i].Q.flatten() for i in idx]) + m
+            write_enumerative(w, symbols.tolist(), 2 * m + 1)
+    else:
+        for t in desc.tensors:
+            if t.m:
+                write_enumerative(w, (t.Q + t.m).flatten().tolist(), 2 * t.m + 1)
     return w
 
 
@@ -145,19 +188,29 @@ def decode(bits: list[int], menu: tuple[ReferenceConfig, ...]) -> ModelDescripti
     arch = r.fixed(fixed_width(len(menu)))
     if arch >= len(menu):
         raise ValueError(f"architecture index {arch} outside the menu of {len(menu)}")
-    tensors = []
-    for name, shape in parameter_shapes(menu[arch]):
+    shapes = parameter_shapes(menu[arch])
+    headers = []
+    for _name, _shape in shapes:
         m = r.gamma() - 1
+        headers.append((m, unzigzag(r.gamma() - 1) if m else 0))
+    sizes = [math.prod(shape) for _, shape in shapes]
+    integers: list[list[int] | None] = [None] * len(shapes)
+    if r.fixed(1):
+        for m in sorted({m for m, _ in headers if m}):
+            idx = [i for i, (mi, _) in enumerate(headers) if mi == m]
+            symbols = read_enumerative(r, sum(sizes[i] for i in idx), 2 * m + 1)
+            for i in idx:
+                integers[i], symbols = symbols[: sizes[i]], symbols[sizes[i] :]
+    else:
+        for i, (m, _) in enumerate(headers):
+            if m:
+                integers[i] = read_enumerative(r, sizes[i], 2 * m + 1)
+    tensors = []
+    for (name, shape), (m, k), ints in zip(shapes, headers, integers):
         if m == 0:
             tensors.append(QuantisedTensor(name, 0, 0, torch.zeros(shape, dtype=torch.int64)))
-            continue
-        k = unzigzag(r.gamma() - 1)
-        p = 1
-        for s in shape:
-            p *= s
-        symbols = read_enumerative(r, p, 2 * m + 1)
-        Q = torch.tensor(symbols, dtype=torch.int64).reshape(shape) - m
-        tensors.append(QuantisedTensor(name, m, k, Q))
+        else:
+            tensors.append(QuantisedTensor(name, m, k, torch.tensor(ints, dtype=torch.int64).reshape(shape) - m))
     if r.pos != len(bits):
         raise ValueError(f"{len(bits) - r.pos} bits left after the last tensor")
     return ModelDescription(menu, arch, tuple(tensors))

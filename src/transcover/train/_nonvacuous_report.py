@@ -79,7 +79,8 @@ class NonvacuousResult:
         """Bits, levels and non-zeros per matrix for every case."""
         from rich.table import Table
 
-        t = Table(title="description per matrix: bits (exact) / levels 2m+1 / non-zeros of size")
+        t = Table(title="description per matrix: bits (exact; its header, plus its integers when each tensor is "
+                        "coded on its own) / levels 2m+1 / non-zeros of size")
         t.add_column("matrix")
         for c in self.cases:
             t.add_column(f"{c.task}\nn={c.n_train}", justify="right")
@@ -92,8 +93,11 @@ class NonvacuousResult:
                 if name not in c.bits_per_tensor:
                     row.append("")
                     continue
-                row.append(f"{c.bits_per_tensor[name]} / {c.levels_per_tensor[name]} / "
-                           f"{c.nonzeros_per_tensor[name]} of {c.sizes_per_tensor[name]}")
+                if name in c.levels_per_tensor:
+                    row.append(f"{c.bits_per_tensor[name]} / {c.levels_per_tensor[name]} / "
+                               f"{c.nonzeros_per_tensor[name]} of {c.sizes_per_tensor[name]}")
+                else:  # a part of the code that is no single matrix (mode bit, a shared payload)
+                    row.append(f"{c.bits_per_tensor[name]}")
             t.add_row(name, *row)
         t.add_row("code version + architecture (menu index)", *(f"{c.architecture_bits}" for c in self.cases))
         return t

@@ -19,7 +19,8 @@ FULL_PLAN: tuple[NonvacuousConfig, ...] = (
     NonvacuousConfig(task="majority", n_train=100_000),
     # ternary fine-tuning of the noisy task loses accuracy (then _finetune retries); start at 7 levels
     NonvacuousConfig(task="majority-noise", n_train=100_000, levels=3),
-    NonvacuousConfig(task="digits", n_train=1_437, n_test=360, arch=1, epochs=200, qat_epochs=100, l1=3e-3, levels=3),
+    # digits: the 4-wide model at 15 levels gave the best bound of the settings tried (see the README)
+    NonvacuousConfig(task="digits", n_train=1_437, n_test=360, arch=0, epochs=200, qat_epochs=150, l1=3e-4, levels=7),
 )
 # Seconds: a small sparse-majority run whose bound is still below 1 (tests, smoke checks).
 QUICK_PLAN: tuple[NonvacuousConfig, ...] = (

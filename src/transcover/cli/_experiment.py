@@ -6,7 +6,8 @@ import argparse
 import json
 
 NAME = "experiment"
-HELP = "experiments; 'staged': loose early, tight in fine-tuning vs tight from the start vs unconstrained"
+HELP = ("experiments; 'staged': loose early, tight in fine-tuning vs tight from the start vs unconstrained; "
+        "'nonvacuous': certified finite-class bounds for trained Transformers")
 
 _DEFAULT_RADII = "KQ=1,OV=1,W1=1.5,W2=1.5,head=2"
 
@@ -39,6 +40,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
                    help="with --store: reuse finished runs (default)")
 
+    from ._nonvacuous import add_nonvacuous_parser
+
+    add_nonvacuous_parser(sub)
+
 
 def run(args) -> int:
     from pathlib import Path
@@ -51,8 +56,12 @@ def run(args) -> int:
     from ..train import StagedConfig, staged_experiment
     from ._train import set_threads, train_config_from_args
 
+    if getattr(args, "experiment", None) == "nonvacuous":
+        from ._nonvacuous import run_nonvacuous
+
+        return run_nonvacuous(args)
     if getattr(args, "experiment", None) != "staged":
-        raise InputError("name an experiment: transcover experiment staged [options]")
+        raise InputError("name an experiment: transcover experiment staged|nonvacuous [options]")
     if args.seeds <= 0:
         raise InputError(f"seeds must be >= 1, but got seeds={args.seeds}")
     set_threads(args.threads)

@@ -29,6 +29,15 @@ from ._diagnosis import diagnose as diagnose
 from ._dudley import DudleyBound as DudleyBound
 from ._dudley import dudley_entropy_integral as dudley_entropy_integral
 from ._dudley import dudley_inverse_square as dudley_inverse_square
+from ._finite_class import OccamBound as OccamBound
+from ._finite_class import binary_kl as binary_kl
+from ._finite_class import catoni_occam_bound as catoni_occam_bound
+from ._finite_class import error_rate_upper as error_rate_upper
+from ._finite_class import kl_inverse_upper as kl_inverse_upper
+from ._finite_class import kl_occam_bound as kl_occam_bound
+from ._finite_class import occam_bounds as occam_bounds
+from ._finite_class import occam_complexity as occam_complexity
+from ._finite_class import sqrt_occam_bound as sqrt_occam_bound
 from ._generalisation import GeneralisationBound as GeneralisationBound
 from ._generalisation import concentration_term as concentration_term
 from ._generalisation import generalisation_bound as generalisation_bound
@@ -60,6 +69,8 @@ __all__ = [
     "SpectralComplexity", "bft_margin_term", "bft_spectral_complexity",
     "CompositeCovering", "composite_log_covering", "g5_leading_log",
     "Diagnosis", "diagnose", "DudleyBound", "dudley_entropy_integral", "dudley_inverse_square",
+    "OccamBound", "binary_kl", "catoni_occam_bound", "error_rate_upper", "kl_inverse_upper", "kl_occam_bound",
+    "occam_bounds", "occam_complexity", "sqrt_occam_bound",
     "GeneralisationBound", "concentration_term", "generalisation_bound", "generalisation_gap",
     "sample_size_for_gap",
     "bft_matrix_log_covering", "linear_linf_log_covering", "matrix_linf_log_covering",

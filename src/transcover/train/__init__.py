@@ -15,6 +15,11 @@ from ._loop import constraint_report as constraint_report
 from ._loop import evaluate as evaluate
 from ._loop import exact_group_norms as exact_group_norms
 from ._loop import train as train
+from ._nonvacuous import NonvacuousCase as NonvacuousCase
+from ._nonvacuous import NonvacuousConfig as NonvacuousConfig
+from ._nonvacuous import run_case as run_nonvacuous_case
+from ._nonvacuous_report import NonvacuousResult as NonvacuousResult
+from ._nonvacuous_report import nonvacuous_experiment as nonvacuous_experiment
 from ._tasks import TASKS as TASKS
 from ._tasks import Task as Task
 from ._tasks import load_task as load_task
@@ -24,4 +29,5 @@ __all__ = [
     "TrainConfig", "TrainResult", "train", "build_model", "evaluate", "exact_group_norms", "constraint_report",
     "save_checkpoint", "load_checkpoint", "checkpoint_spec", "is_train_checkpoint",
     "StagedConfig", "StagedResult", "staged_experiment", "STRATEGIES",
+    "NonvacuousConfig", "NonvacuousCase", "NonvacuousResult", "nonvacuous_experiment", "run_nonvacuous_case",
 ]

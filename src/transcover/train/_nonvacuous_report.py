@@ -1,0 +1,144 @@
+"""The ``experiment nonvacuous`` plan, its result, the tables and the figure (bound and test error against n)."""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from ._nonvacuous import NonvacuousCase, NonvacuousConfig, run_case
+
+__all__ = ["FULL_PLAN", "QUICK_PLAN", "ABLATION_PLAN", "NonvacuousResult", "nonvacuous_experiment"]
+
+# The runs behind the issue's claims (about 20 min on 2 shared cores; see the README).
+FULL_PLAN: tuple[NonvacuousConfig, ...] = (
+    NonvacuousConfig(task="majority", n_train=1_000),
+    NonvacuousConfig(task="majority", n_train=10_000),
+    NonvacuousConfig(task="majority", n_train=100_000),
+    # ternary fine-tuning of the noisy task loses accuracy (then _finetune retries); start at 7 levels
+    NonvacuousConfig(task="majority-noise", n_train=100_000, levels=3),
+    # digits: the 4-wide model at 15 levels gave the best bound of the settings tried (see the README)
+    NonvacuousConfig(task="digits", n_train=1_437, n_test=360, arch=0, epochs=200, qat_epochs=150, l1=3e-4, levels=7),
+)
+# Seconds: a small sparse-majority run whose bound is still below 1 (tests, smoke checks).
+QUICK_PLAN: tuple[NonvacuousConfig, ...] = (
+    NonvacuousConfig(task="majority", n_train=1_000, n_test=20_000, epochs=25, qat_epochs=8, greedy_passes=1),
+)
+
+# What moves the bound (sparse majority, n = 1e4): each variant removes one ingredient; the
+# fixed-length column of every row shows the same model without the entropy code.
+ABLATION_PLAN: tuple[NonvacuousConfig, ...] = (
+    NonvacuousConfig(task="majority", n_train=10_000),
+    NonvacuousConfig(task="majority", n_train=10_000, l1=0.0, variant="no L1 (QAT + entropy code)"),
+    NonvacuousConfig(task="majority", n_train=10_000, qat_epochs=0, variant="no QAT (L1, post-training quantisation)"),
+    NonvacuousConfig(task="majority", n_train=10_000, levels=7, variant="L1 + QAT at 15 levels (~4 bits)"),
+)
+
+_LABELS = {
+    "train": "train error of the quantised model (exact)",
+    "test": "test error (measured, fresh samples)",
+    "kl": "kl bound (certified upper)",
+    "catoni": "Catoni bound (certified upper)",
+    "sqrt": "square-root bound (certified upper)",
+}
+
+
+@dataclass(frozen=True)
+class NonvacuousResult:
+    """Every case of the plan; each bound holds with probability >= 1 - delta on its own."""
+
+    cases: tuple[NonvacuousCase, ...]
+    seconds: float
+
+    def to_dict(self) -> dict:
+        return {
+            "experiment": "nonvacuous",
+            "route": "finite-class (Occam) bound on the quantised model, THEORY F18",
+            "labels": _LABELS,
+            "cases": [c.to_dict() for c in self.cases],
+            "seconds": self.seconds,
+        }
+
+    def table(self):
+        from rich.table import Table
+
+        t = Table(title="finite-class bounds for trained Transformers (delta = 0.05 per row; every bit counted)")
+        for col in ("task", "variant", "n", "train err\n(exact)", "test err\n(measured)", "float model\ntest err (meas.)",
+                    "bits total\n(entropy code)", "bits\n(fixed-length)", "kl bound\n(certified)",
+                    "Catoni\n(certified)", "sqrt bound\n(certified)", "s"):
+            t.add_column(col, justify="right")
+        for c in self.cases:
+            b = c.bound
+            t.add_row(c.task, c.config.get("variant", ""), f"{c.n_train}", f"{b.train_error:.4f}", f"{c.test_error:.4f} (of {c.n_test})",
+                      f"{c.float_test_error:.4f}", f"{c.total_bits}", f"{c.fixed_length_bits}", f"{b.kl:.4f}",
+                      f"{b.catoni:.4f}", f"{b.sqrt:.4f}", f"{c.seconds:.0f}")
+        return t
+
+    def matrix_table(self):
+        """Bits, levels and non-zeros per matrix for every case."""
+        from rich.table import Table
+
+        t = Table(title="description per matrix: bits (exact; its header, plus its integers when each tensor is "
+                        "coded on its own) / levels 2m+1 / non-zeros of size")
+        t.add_column("matrix")
+        for c in self.cases:
+            t.add_column(f"{c.task}\nn={c.n_train}", justify="right")
+        names = list(self.cases[0].bits_per_tensor) if self.cases else []
+        for c in self.cases[1:]:
+            names += [n for n in c.bits_per_tensor if n not in names]
+        for name in names:
+            row = []
+            for c in self.cases:
+                if name not in c.bits_per_tensor:
+                    row.append("")
+                    continue
+                if name in c.levels_per_tensor:
+                    row.append(f"{c.bits_per_tensor[name]} / {c.levels_per_tensor[name]} / "
+                               f"{c.nonzeros_per_tensor[name]} of {c.sizes_per_tensor[name]}")
+                else:  # a part of the code that is no single matrix (mode bit, a shared payload)
+                    row.append(f"{c.bits_per_tensor[name]}")
+            t.add_row(name, *row)
+        t.add_row("code version + architecture (menu index)", *(f"{c.architecture_bits}" for c in self.cases))
+        return t
+
+    def plot(self, path: str | Path) -> Path:
+        """Certified bounds and measured test error against n, written atomically as PNG."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        from ..report import atomic_write_bytes
+
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        markers = {"majority": "o", "majority-noise": "s", "digits": "D"}
+        for task in dict.fromkeys(c.task for c in self.cases):
+            cs = sorted((c for c in self.cases if c.task == task), key=lambda c: c.n_train)
+            n = [c.n_train for c in cs]
+            mk = markers.get(task, "o")
+            ax.plot(n, [c.bound.kl for c in cs], marker=mk, color="C0", label=f"{task}: kl bound (certified)")
+            ax.plot(n, [c.bound.sqrt for c in cs], marker=mk, color="C1", ls="--",
+                    label=f"{task}: sqrt bound (certified)")
+            ax.plot(n, [c.test_error for c in cs], marker=mk, color="C2", ls=":", label=f"{task}: test error (measured)")
+        ax.axhline(0.5, color="grey", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_xlabel("training samples n")
+        ax.set_ylabel("0-1 error")
+        ax.set_ylim(0, 1)
+        ax.set_title("finite-class bound of the quantised Transformer vs measured test error")
+        ax.legend(fontsize=7)
+        buf = io.BytesIO()
+        fig.tight_layout()
+        fig.savefig(buf, format="png", dpi=120)
+        plt.close(fig)
+        return atomic_write_bytes(path, buf.getvalue())
+
+
+def nonvacuous_experiment(plan: tuple[NonvacuousConfig, ...] = FULL_PLAN, *, seed: int | None = None,
+                          progress: Callable[[str], None] | None = None) -> NonvacuousResult:
+    """Run every case of ``plan`` (optionally all with one ``seed``) and collect the results."""
+    t0 = time.perf_counter()
+    cases = tuple(run_case(cfg if seed is None else replace(cfg, seed=seed), progress) for cfg in plan)
+    return NonvacuousResult(cases, time.perf_counter() - t0)

@@ -1,0 +1,199 @@
+"""The model code of THEORY F18: real coders, exact lengths, round trips, Kraft's inequality."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from fractions import Fraction
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from transcover.compress import (
+    BitReader,
+    BitWriter,
+    ModelDescription,
+    QuantisedTensor,
+    decode,
+    dequantise,
+    description_bits,
+    encode,
+    enumerative_length,
+    fake_quantise,
+    fixed_length_bits,
+    gamma_length,
+    materialise,
+    parameter_shapes,
+    quantise,
+    scale_of,
+)
+from transcover.compress._codes import (
+    composition_count,
+    composition_rank,
+    composition_unrank,
+    multinomial,
+    read_enumerative,
+    unzigzag,
+    write_enumerative,
+    zigzag,
+)
+from transcover.model import ReferenceConfig
+
+MENU = (
+    ReferenceConfig(d_model=4, n_heads=1, n_layers=1, d_ff=4, head_hidden=(), d_input=1, max_len=6, n_outputs=2,
+                    norm="none"),
+    ReferenceConfig(d_model=4, n_heads=2, n_layers=2, d_ff=3, d_head=2, head_hidden=(3,), d_input=2, max_len=5,
+                    n_outputs=3, norm="none", readout="first"),
+    ReferenceConfig(d_model=2, n_heads=1, n_layers=1, d_ff=2, head_hidden=(), d_input=1, max_len=4, n_outputs=2,
+                    norm="ball"),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 10**12), min_size=1, max_size=20))
+def test_gamma_round_trip_and_length(values):
+    w = BitWriter()
+    for v in values:
+        w.gamma(v)
+    assert len(w) == sum(gamma_length(v) for v in values) == sum(2 * math.floor(math.log2(v)) + 1 for v in values)
+    r = BitReader(w.bits)
+    assert [r.gamma() for _ in values] == values and r.pos == len(w)
+
+
+def test_gamma_is_prefix_free_and_kraft():
+    words = []
+    for k in range(1, 200):
+        w = BitWriter()
+        w.gamma(k)
+        words.append("".join(map(str, w.bits)))
+    assert not any(a != b and b.startswith(a) for a, b in itertools.permutations(words, 2))
+    assert sum(Fraction(1, 2 ** len(x)) for x in words) <= 1
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(1, 5), st.data())
+def test_enumerative_round_trip_and_exact_length(K, data):
+    seq = data.draw(st.lists(st.integers(0, K - 1), max_size=60))
+    w = BitWriter()
+    write_enumerative(w, seq, K)
+    counts = [seq.count(a) for a in range(K)]
+    assert len(w) == enumerative_length(counts)
+    assert len(w) == math.ceil(math.log2(composition_count(len(seq), K))) + math.ceil(math.log2(multinomial(counts)))
+    r = BitReader(w.bits)
+    assert read_enumerative(r, len(seq), K) == seq and r.pos == len(w)
+
+
+@pytest.mark.parametrize("p,K", [(0, 3), (1, 1), (4, 3), (6, 2), (5, 4)])
+def test_enumerative_code_is_a_bijection_with_kraft_sum_at_most_one(p, K):
+    """Brute force over every sequence: distinct codewords, none a prefix of another, Kraft <= 1."""
+    words = set()
+    kraft = Fraction(0)
+    for seq in itertools.product(range(K), repeat=p):
+        w = BitWriter()
+        write_enumerative(w, list(seq), K)
+        words.add("".join(map(str, w.bits)))
+        kraft += Fraction(1, 2 ** len(w))
+    assert len(words) == K**p and kraft <= 1
+    assert not any(a != b and b.startswith(a) for a, b in itertools.permutations(words, 2))
+
+
+@pytest.mark.parametrize("p,K", [(0, 1), (3, 1), (5, 3), (7, 4)])
+def test_composition_rank_is_a_bijection(p, K):
+    comps = [list(c) for c in itertools.product(range(p + 1), repeat=K) if sum(c) == p]
+    ranks = sorted(composition_rank(c) for c in comps)
+    assert ranks == list(range(composition_count(p, K)))
+    assert all(composition_unrank(composition_rank(c), p, K) == c for c in comps)
+
+
+def test_zigzag():
+    assert [zigzag(k) for k in (0, -1, 1, -2, 2)] == [0, 1, 2, 3, 4]
+    assert all(unzigzag(zigzag(k)) == k for k in range(-50, 50))
+
+
+def test_sparse_tensors_are_cheap_under_the_entropy_code():
+    # 1 % non-zeros among 1000 ternary symbols: far below 1000 log2(3) bits
+    assert enumerative_length([990, 5, 5]) < 0.15 * 1000 * math.log2(3)
+
+
+def _random_description(arch: int, seed: int, density: float = 0.3) -> ModelDescription:
+    g = torch.Generator().manual_seed(seed)
+    tensors = []
+    for name, shape in parameter_shapes(MENU[arch]):
+        m = int(torch.randint(0, 4, (1,), generator=g))
+        Q = torch.randint(-m, m + 1, shape, generator=g) * (torch.rand(shape, generator=g) < density)
+        if m == 0 or not Q.any():
+            tensors.append(QuantisedTensor(name, 0, 0, torch.zeros(shape, dtype=torch.int64)))
+        else:
+            tensors.append(QuantisedTensor(name, m, int(torch.randint(-40, 10, (1,), generator=g)), Q))
+    return ModelDescription(MENU, arch, tuple(tensors))
+
+
+@pytest.mark.parametrize("arch", range(len(MENU)))
+@pytest.mark.parametrize("seed", range(4))
+def test_model_code_round_trip_and_counted_length_is_the_real_length(arch, seed):
+    desc = _random_description(arch, seed)
+    word = encode(desc)
+    assert len(word) == description_bits(desc)
+    assert len(word) == desc.architecture_bits() + sum(desc.bits_per_tensor().values())
+    back = decode(word.bits, MENU)
+    assert back.arch == arch
+    for a, b in zip(desc.tensors, back.tensors, strict=True):
+        assert (a.name, a.m) == (b.name, b.m) and torch.equal(a.Q, b.Q) and (a.m == 0 or a.k == b.k)
+    X = torch.randn(3, MENU[arch].max_len, MENU[arch].d_input, dtype=torch.float64)
+    assert torch.equal(materialise(desc)(X), materialise(back)(X))
+    assert fixed_length_bits(desc) >= 0
+
+
+@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("seed", range(3))
+def test_both_payload_modes_round_trip_with_exact_lengths(shared, seed, monkeypatch):
+    desc = _random_description(1, seed, density=0.5)
+    per_tensor = sum(t.payload_bits() for t in desc.tensors)
+    together = sum(desc.shared_payload_bits().values())
+    assert desc.shared() == (together < per_tensor)
+    monkeypatch.setattr(ModelDescription, "shared", lambda self: shared)
+    word = encode(desc)
+    headers = sum(t.header_bits() for t in desc.tensors)
+    assert len(word) == description_bits(desc) == desc.architecture_bits() + headers + 1 + (
+        together if shared else per_tensor)
+    back = decode(word.bits, MENU)
+    for a, b in zip(desc.tensors, back.tensors, strict=True):
+        assert a.m == b.m and torch.equal(a.Q, b.Q)
+
+
+def test_decode_rejects_malformed_words():
+    word = encode(_random_description(0, 0)).bits
+    with pytest.raises(ValueError):
+        decode(word + [0], MENU)
+    with pytest.raises(ValueError):
+        decode(word[:-3], MENU)
+    with pytest.raises(ValueError):  # index 3 of a 3-entry menu
+        decode(word[:2] + [1, 1] + word[4:], MENU)
+    with pytest.raises(ValueError):  # another code version
+        decode([1 - word[0]] + word[1:], MENU)
+
+
+def test_encode_rejects_tensors_that_do_not_match_the_architecture():
+    desc = _random_description(0, 1)
+    with pytest.raises(ValueError):
+        encode(ModelDescription(MENU, 1, desc.tensors))
+    with pytest.raises(ValueError):
+        QuantisedTensor("w", 1, 0, torch.tensor([2]))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 7), st.integers(-30, 10), st.integers(0, 2**31 - 1))
+def test_quantiser_error_and_straight_through_gradient(m, k, seed):
+    W = torch.randn(5, 7, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * scale_of(k) * m / 2
+    Q = quantise(W, m, k)
+    assert int(Q.abs().max()) <= m
+    inside = W.abs() <= m * scale_of(k)
+    err = (W - dequantise(Q, k)).abs()
+    assert bool((err[inside] <= scale_of(k) / 2 * (1 + 1e-12)).all())
+    W.requires_grad_(True)
+    out = fake_quantise(W, m, k)
+    assert torch.equal(out.detach(), dequantise(Q, k))
+    out.sum().backward()
+    assert torch.equal(W.grad, torch.ones_like(W))

@@ -1,0 +1,162 @@
+"""Finite-class (Occam) bounds of THEORY F18: the certified kl inversion against 60-digit references."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import mpmath
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from transcover._errors import InputError
+from transcover.covering import (
+    binary_kl,
+    catoni_occam_bound,
+    error_rate_upper,
+    kl_inverse_upper,
+    kl_occam_bound,
+    occam_bounds,
+    occam_complexity,
+    sqrt_occam_bound,
+)
+
+mpmath.mp.dps = 50
+
+probs = st.one_of(st.sampled_from([0.0, 1e-300, 1e-9, 0.5, 1 - 1e-12]), st.floats(0.0, 1.0))
+complexities = st.one_of(st.sampled_from([0.0, 1e-300, 1e-12, 50.0]), st.floats(0.0, 10.0))
+
+
+def _kl_mp(q, p):
+    q, p = mpmath.mpf(q), mpmath.mpf(p)
+    if p >= 1:
+        return mpmath.mpf(0) if q >= 1 else mpmath.inf
+    a = q * (mpmath.log(q) - mpmath.log(p)) if q > 0 else mpmath.mpf(0)
+    b = (1 - q) * (mpmath.log1p(-q) - mpmath.log1p(-p)) if q < 1 else mpmath.mpf(0)
+    return a + b
+
+
+def _kl_inverse_mp(q, c):
+    """sup{p in [q, 1]: kl(q||p) <= c} to within 2^-160, by bisection at 50 digits (independent of the code)."""
+    q, c = mpmath.mpf(q), mpmath.mpf(c)
+    if q >= 1:
+        return mpmath.mpf(1)
+    lo, hi = q, mpmath.mpf(1)
+    for _ in range(160):
+        mid = (lo + hi) / 2
+        if _kl_mp(q, mid) > c:
+            hi = mid
+        else:
+            lo = mid
+    return lo
+
+
+@settings(max_examples=60, deadline=None)
+@given(q=probs, c=complexities)
+def test_kl_inverse_is_certified_and_tight_against_a_50_digit_reference(q, c):
+    got = kl_inverse_upper(q, c)
+    ref = _kl_inverse_mp(q, c)
+    assert q <= got <= 1.0
+    # certified: kl(q || got) >= c exactly (50 digits), so got is at or above the supremum
+    assert got == 1.0 or _kl_mp(q, got) >= c
+    # tight: rounding slack of a few hundred ulp at most (bisection to adjacent floats)
+    assert mpmath.mpf(got) - ref <= 1e-12 + 1e-9 * ref
+
+
+@settings(max_examples=80, deadline=None)
+@given(q=probs, c=complexities, dq=st.floats(0.0, 0.5), dc=st.floats(0.0, 2.0))
+def test_kl_inverse_is_monotone(q, c, dq, dc):
+    q2 = min(1.0, q + dq)
+    assert kl_inverse_upper(q, c) <= kl_inverse_upper(q2, c) + 1e-12
+    assert kl_inverse_upper(q, c) <= kl_inverse_upper(q, c + dc)
+
+
+@pytest.mark.parametrize("c", [1e-8, 1e-3, 0.1, math.log(2), 3.0])
+def test_kl_inverse_at_zero_error_is_one_minus_exp(c):
+    exact = -math.expm1(-c)
+    got = kl_inverse_upper(0.0, c)
+    assert got >= exact and got - exact <= 64 * math.ulp(exact)
+
+
+def test_binary_kl_matches_reference():
+    for q, p in [(0.1, 0.5), (0.0, 0.3), (0.9, 0.95), (1e-6, 1e-3)]:
+        assert math.isclose(binary_kl(q, p), float(_kl_mp(q, p)), rel_tol=1e-13, abs_tol=1e-300)
+    assert binary_kl(0.5, 0.0) == math.inf and binary_kl(0.5, 1.0) == math.inf and binary_kl(0.0, 0.0) == 0.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(bits=st.floats(0.0, 1e6), n=st.integers(1, 10**7), delta=st.floats(1e-12, 0.999))
+def test_complexity_is_rounded_up(bits, n, delta):
+    exact = (mpmath.mpf(bits) * mpmath.log(2) + mpmath.log(1 / mpmath.mpf(delta))) / n
+    got = occam_complexity(bits, n, delta)
+    assert mpmath.mpf(got) >= exact and mpmath.mpf(got) <= exact * (1 + 1e-13) + 1e-300
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 10**9), data=st.data())
+def test_error_rate_is_rounded_up(n, data):
+    k = data.draw(st.integers(0, n))
+    q = error_rate_upper(k, n)
+    assert Fraction(q) >= Fraction(k, n) and q - k / n <= math.ulp(k / n)
+
+
+@settings(max_examples=60, deadline=None)
+@given(q=st.floats(0.0, 1.0), bits=st.integers(0, 100_000), n=st.integers(1, 10**6))
+def test_kl_is_tightest_catoni_and_sqrt_are_above_it(q, bits, n):
+    grid = (0.5, 1.0, 2.0, 4.0)
+    kl_same_delta = kl_occam_bound(q, bits, n, 0.05 / len(grid))  # Catoni spends delta/|grid| per C
+    assert catoni_occam_bound(q, bits, n, 0.05, C=grid) >= kl_same_delta - 1e-12
+    # Pinsker: kl(q||p) >= 2 (p - q)^2, so the kl inverse is at most q + sqrt(c / 2)
+    assert sqrt_occam_bound(q, bits, n, 0.05) >= kl_occam_bound(q, bits, n, 0.05) - 1e-12
+    for b in (catoni_occam_bound(q, bits, n, 0.05), sqrt_occam_bound(q, bits, n, 0.05), kl_occam_bound(q, bits, n, 0.05)):
+        assert q <= b <= 1.0
+
+
+def test_catoni_matches_its_formula_at_one_c():
+    q, bits, n, delta, C = 0.02, 500, 10_000, 0.05, 3.0
+    c = (mpmath.mpf(bits) * mpmath.log(2) + mpmath.log(1 / mpmath.mpf(delta))) / n
+    exact = (1 - mpmath.exp(-C * mpmath.mpf(q) - c)) / (1 - mpmath.exp(-C))
+    got = catoni_occam_bound(q, bits, n, delta, C=C)
+    assert mpmath.mpf(got) >= exact and mpmath.mpf(got) - exact <= 1e-13
+
+
+def test_numbers_of_the_issue_scale():
+    # THEORY F18's rough scale: ~6 kbit, 1% training error, n = 1e5 -> about 0.04-0.07
+    b = kl_occam_bound(0.01, 6000, 100_000, 0.05)
+    assert 0.04 <= b <= 0.07
+    r = occam_bounds(0, 1000, 300, 0.05)
+    assert r.kl < r.sqrt and r.kl == kl_inverse_upper(0.0, occam_complexity(300, 1000, 0.05))
+
+
+def test_occam_bound_holds_over_a_finite_class_by_simulation():
+    """A finite class of 64 threshold rules on U[0,1] with label noise; true errors are exact.
+
+    Over 300 seeded draws of n = 200 samples, the fraction of draws in which *some* rule's kl bound
+    is below its true error must be at most delta = 0.05 (uniform convergence over the class, each
+    rule coded in 6 bits).  Binomial(300, 0.05) exceeds 27 with probability < 1e-3.
+    """
+    g = torch.Generator().manual_seed(0)
+    thresholds = torch.linspace(0.0, 1.0, 64, dtype=torch.float64)
+    noise = 0.2
+    # rule t: predict 1 iff x > t; data y = 1{x > 0.5} flipped w.p. noise.  True error is exact:
+    true_err = noise + (1 - 2 * noise) * (thresholds - 0.5).abs()
+    failures = 0
+    for _ in range(300):
+        x = torch.rand(200, generator=g, dtype=torch.float64)
+        y = (x > 0.5) ^ (torch.rand(200, generator=g, dtype=torch.float64) < noise)
+        wrong = ((x[None, :] > thresholds[:, None]) != y[None, :]).sum(dim=1)
+        bounds = [kl_occam_bound(error_rate_upper(int(k), 200), 6, 200, 0.05) for k in wrong]
+        failures += any(b < float(e) for b, e in zip(bounds, true_err))
+    assert failures <= 27
+
+
+@pytest.mark.parametrize("call", [
+    lambda: kl_inverse_upper(1.5, 0.1), lambda: kl_inverse_upper(0.1, -1.0), lambda: kl_inverse_upper(math.nan, 0.1),
+    lambda: occam_complexity(-1, 10, 0.05), lambda: occam_complexity(10, 0, 0.05), lambda: occam_complexity(10, 5, 1.0),
+    lambda: error_rate_upper(6, 5), lambda: catoni_occam_bound(0.1, 10, 10, 0.05, C=()),
+])
+def test_bad_input_raises(call):
+    with pytest.raises(InputError):
+        call()

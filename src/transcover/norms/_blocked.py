@@ -43,7 +43,7 @@ def blocked_matrix_norms(E: np.ndarray, *, rtol: float = 1e-3, block_bytes: int 
     """(``||E||_2``, ``||E||_F``, ``||E||_{2,1}``, max row norm) of a 2-D float array, in row blocks.
 
     The spectral enclosure is the certificate of ``spectral_norm_interval`` (witness lower end,
-    Cholesky-certified upper end of the Gram's top eigenvalue, THEORY section 2.1 quantities); the
+    Cholesky-certified upper end of the Gram's top eigenvalue, seed 2.1 quantities); the
     Frobenius and (2,1) enclosures are those of ``frobenius_l21_intervals`` (the (2,1) norm sums the
     column norms of ``x @ E``); the max row norm is a float64 evaluation (like ``_max_row_norm``).
 

@@ -286,7 +286,10 @@ def _bound(d: ReportData) -> str:
                   numeric=(True, True, True, False),
                   caption=f"generalisation gap, w.p. ≥ 1 − δ {kind_badge(r.kind)}")
     head = (f"<p>log N_∞(ε = {fmt(r.eps)}, n = {fmt(r.generalisation[0].n)} × T = {r.seq_len}) ≤ "
-            f"10^{fmt(r.log_log_N / math.log(10), 4)} {kind_badge(r.kind)}, family {text(r.family)}</p>")
+            f"10^{fmt(r.log_log_N / math.log(10), 4)} {kind_badge(r.kind)}, family {text(r.family)}"
+            + (f" (route {text(r.route)}; every route: "
+               + ", ".join(f"{text(k)} 10^{fmt(v / math.log(10), 4)}" for k, v in sorted(r.routes.items()))
+               + ")" if r.route else "") + "</p>")
     assumptions = "".join(f"<li>{text(x)}</li>" for x in r.assumptions)
     return section("bound", "Covering number and generalisation bound", head, *figs, t_layers, t_top, t_gen,
                    f"<p>assumptions:</p><ul>{assumptions}</ul>")

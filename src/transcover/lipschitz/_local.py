@@ -209,7 +209,11 @@ def layer_local(layer: LayerSpec, X: Tensor, rho: float, *, cache: dict | None =
         product = (1 + a.upper * comps["norm_attn"]) * (1 + Lffn * comps["norm_ffn"])
         att_in, att_rho, n_in = Y, ry, comps["norm_attn"]
     product *= 1 + ROUNDING_PAD
-    min_sigma = float(torch.cat([s1, s2]).min())
+    floors = []
+    for n, s_ in ((layer.norm_attn, s1), (layer.norm_ffn, s2)):
+        if n is not None and n.kind in (NormKind.LAYERNORM, NormKind.RMSNORM):
+            floors.append(torch.sqrt(torch.clamp(s_ * s_ - float(n.eps), min=0.0)))
+    min_sigma = float(torch.cat(floors).min()) if floors else math.inf  # the variance floor without eps
     jp = jb = math.inf
     if jacobian:
         jp, jb = _jacobian_route(layer, att_in, att_rho, n_in, H, rh, X1, r1, X2 if layer.placement is Placement.POST else None,
@@ -218,7 +222,7 @@ def layer_local(layer: LayerSpec, X: Tensor, rho: float, *, cache: dict | None =
 
 
 def _jacobian_route(layer, att_in, att_rho, n_in, H, rh, X1, r1, X2, r2, s1, s2, hn, nW1, nW2, rho):  # noqa: ANN001, ANN202, PLR0913
-    from ._local_attention import attention_query_terms
+    from ._local_attention import attention_query_terms, mixed_head_terms
 
     post = layer.placement is Placement.POST
     ffn = layer.ffn
@@ -247,7 +251,8 @@ def _jacobian_route(layer, att_in, att_rho, n_in, H, rh, X1, r1, X2, r2, s1, s2,
     nO = hn["O"]
     t0, _ = attention_query_terms(layer.attention, att_in, 0.0, norms=hn)
     tb, _ = attention_query_terms(layer.attention, att_in, att_rho, norms=hn)
-    point = float((nM + nMO * t0 * n_in).max()) * (1 + ROUNDING_PAD)
+    mixed0 = mixed_head_terms(layer.attention, att_in, 0.0, MO, 0.0, hn)
+    point = float((nM + torch.minimum(nMO * t0, mixed0) * n_in).max()) * (1 + ROUNDING_PAD)
     # drift of M over the ball (Note [layer Jacobian route])
     g1 = layer.norm_attn.gamma_max_abs if layer.norm_attn is not None else 1.0
     g2 = layer.norm_ffn.gamma_max_abs if layer.norm_ffn is not None else 1.0
@@ -274,7 +279,9 @@ def _jacobian_route(layer, att_in, att_rho, n_in, H, rh, X1, r1, X2, r2, s1, s2,
         n_in_ball = n_in
     if not torch.isfinite(torch.as_tensor(drift)).all():
         return point, math.inf
-    ball = float((nM + drift + (nMO + drift * nO) * tb * n_in_ball).max()) * (1 + ROUNDING_PAD)
+    mixed = mixed_head_terms(layer.attention, att_in, att_rho, MO, drift, hn)
+    att = torch.minimum((nMO + drift * nO) * tb, mixed)
+    ball = float((nM + drift + att * n_in_ball).max()) * (1 + ROUNDING_PAD)
     return point, ball
 
 

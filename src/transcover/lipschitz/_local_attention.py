@@ -85,10 +85,12 @@ def attention_weights_f64(attn: AttentionSpec, X: Tensor) -> list[Tensor]:
 
 
 def attention_query_terms(attn: AttentionSpec, X: Tensor, rho: float, *,
-                          norms: dict | None = None) -> tuple[Tensor, float]:
+                          norms: dict | None = None, want_sum: bool = False):
     """``(sum_h L_{h,i}^2)^{1/2}`` per query on ``B(X, rho)`` (Note [local attention bound]) and max Delta.
 
     ``norms`` caches the certified per-head matrix norms of the spec (they do not depend on X).
+    With ``want_sum`` also the heads-summed form ``sum_h (||W_OV^h|| + S_OV (S_G + ||q_i|| + ||G|| rho))``
+    (the triangle inequality over heads, with ``W_O`` inside each head), a third return value.
     """
     check_local_attention(attn)
     X = X.detach().double()
@@ -97,6 +99,7 @@ def attention_query_terms(attn: AttentionSpec, X: Tensor, rho: float, *,
     Xa = torch.cat([X, torch.ones(T, 1, dtype=torch.float64)], dim=1)
     norms = head_norms(attn) if norms is None else norms
     total = torch.zeros(T, dtype=torch.float64)
+    summed = torch.zeros(T, dtype=torch.float64)
     max_delta = 0.0
     Ps = attention_weights_f64(attn, X)
     for h in range(attn.n_heads):
@@ -123,18 +126,27 @@ def attention_query_terms(attn: AttentionSpec, X: Tensor, rho: float, *,
         SG = torch.sqrt((P * w * (Gy + nG * rho) ** 2).sum(dim=1))
         L = nV + SV * (SG + qn + nG * rho)
         total = total + L * L
-    return torch.sqrt(total) * (1.0 + DATA_PAD), max_delta
+        if want_sum:  # the same three terms with W_OV^h = W_V^h W_O^h in place of W_V^h, heads summed
+            nOV = norms["OV"][h]
+            OVy = (Y @ (Wv @ _f64(attn.W_O[h]))).norm(dim=-1)
+            SOV = torch.sqrt((P * w * (OVy + nOV * rho) ** 2).sum(dim=1))
+            summed = summed + nOV + SOV * (SG + qn + nG * rho)
+    concat = torch.sqrt(total) * (1.0 + DATA_PAD)
+    if want_sum:
+        return concat, max_delta, summed * (1.0 + DATA_PAD)
+    return concat, max_delta
 
 
 def head_norms(attn: AttentionSpec) -> dict:
     """Certified ||W_V^h||, ||scale W_Q^h W_K^hT|| and ||W_O|| (``transcover.norms``, rounding included)."""
-    V, G = [], []
+    V, G, OV = [], [], []
     for h in range(attn.n_heads):
-        Wq, Wk, Wv, _ = attn.head(h)
+        Wq, Wk, Wv, Wo = attn.head(h)
         V.append(spectral(Wv) * (1.0 + ROUNDING_PAD))
+        OV.append(spectral_product(Wv, Wo) * (1.0 + ROUNDING_PAD))
         G.append(attn.softmax_scale * spectral_product(Wq, _f64(Wk).T) * (1.0 + ROUNDING_PAD))
     W_O = _f64(attn.W_O).reshape(-1, attn.d_model)
-    return {"V": V, "G": G, "O": spectral(W_O) * (1.0 + ROUNDING_PAD)}
+    return {"V": V, "G": G, "OV": OV, "O": spectral(W_O) * (1.0 + ROUNDING_PAD)}
 
 
 def attention_local_bound(attn: AttentionSpec, X: Tensor, rho: float, *, norms: dict | None = None) -> AttentionLocal:
@@ -142,7 +154,8 @@ def attention_local_bound(attn: AttentionSpec, X: Tensor, rho: float, *, norms: 
 
     .. math::
 
-        \mathrm{Lip}_{B(X,\rho)} \le \|W_O\|_2 \max_i \Big(\sum_h L_{h,i}^2\Big)^{1/2},\quad
+        \mathrm{Lip}_{B(X,\rho)} \le \max_i \min\Big(\|W_O\|_2 \Big(\sum_h L_{h,i}^2\Big)^{1/2},
+        \sum_h L^{OV}_{h,i}\Big),\quad
         L_{h,i} = \|W_V^h\| + S_V (S_G + \|q_i\| + \|G\|\rho)
 
     Source: THEORY F17 (exact Jacobian), Note [local attention bound]; F5's softmax constant 1 is
@@ -152,7 +165,66 @@ def attention_local_bound(attn: AttentionSpec, X: Tensor, rho: float, *, norms: 
     if not (rho >= 0 and math.isfinite(rho)):
         raise InputError(f"rho must be a finite number >= 0, but got rho={rho}")
     norms = head_norms(attn) if norms is None else norms
-    terms, dmax = attention_query_terms(attn, X, rho, norms=norms)
-    per_query = norms["O"] * terms * (1.0 + ROUNDING_PAD)
+    terms, dmax, summed = attention_query_terms(attn, X, rho, norms=norms, want_sum=True)
+    per_query = torch.minimum(norms["O"] * terms, summed) * (1.0 + ROUNDING_PAD)
     linear = norms["O"] * math.sqrt(sum(v * v for v in norms["V"]))
     return AttentionLocal(float(per_query.max()), per_query, terms, linear, norms["O"], dmax)
+
+
+def mixed_head_terms(attn: AttentionSpec, X: Tensor, rho: float, MO: Tensor, drift: float, norms: dict) -> Tensor:
+    r"""Per-query ``sum_h (||M_i W_OV^hT|| + S^M_h (S_G + ||q_i|| + ||G|| rho))``: the heads-summed
+    attention terms seen through a per-token matrix ``M_i`` (the layer's norms and FFN), on the ball.
+
+    ``MO`` is ``M_i W_O^T`` at the data point, (T, d, H d_head); on the ball ``M_i`` moves by at most
+    ``drift`` in spectral norm, so ``||M'_i C y|| <= ||M_i C y|| + drift ||C y||`` for every vector.
+    ``||M_i W_O^hT W_V^hT||`` comes from the Gram eigenvalues ``lambda_max(L^T A^T A L)``,
+    ``W_V^hT W_V^h = L L^T`` (Cholesky), padded like ``_local._sym_top``.  Source: Note [local
+    attention bound] (heads-summed form) and Note [layer Jacobian route] in ``_local``.
+    """
+    X = X.detach().double()
+    T, d = X.shape
+    Xa = torch.cat([X, torch.ones(T, 1, dtype=torch.float64)], dim=1)
+    c = X.mean(dim=0, keepdim=True)
+    dh = attn.d_head
+    out = torch.zeros(T, dtype=torch.float64)
+    Ps = attention_weights_f64(attn, X)
+    for h in range(attn.n_heads):
+        Wq, Wk, Wv, Wo = (_f64(W) for W in attn.head(h))
+        Wqa = _f64(attn.W_Q_augmented(h))
+        sc = attn.softmax_scale
+        nG, nOV = norms["G"][h], norms["OV"][h]
+        P = Ps[h]
+        A = MO[:, :, h * dh:(h + 1) * dh]  # (T, d, dh): M_i W_O^hT
+        gram_v = Wv.T @ Wv + 1e-300 * torch.eye(dh, dtype=torch.float64)
+        try:
+            Lc = torch.linalg.cholesky(gram_v)
+        except RuntimeError:  # a singular W_V: fall back to the product of norms
+            Lc = None
+        if Lc is None:
+            nMOV = _sym_top_small(A) * norms["V"][h]
+        else:
+            K = Lc.T @ (A.transpose(1, 2) @ A) @ Lc
+            fro2 = (A * A).sum(dim=(1, 2)) * float((Wv * Wv).sum())
+            nMOV = torch.sqrt(torch.linalg.eigvalsh(K)[:, -1].clamp(min=0.0) + 1e-9 * fro2)
+        q = sc * (Xa @ Wqa) @ Wk.T
+        qn = q.norm(dim=1)
+        Gc = (sc * ((X - c) @ Wk) @ Wq.T).norm(dim=1)
+        delta = rho * (Gc[None, :] + qn[:, None] + nG * rho)
+        if attn.causal:
+            delta = delta.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), 0.0)
+        w = torch.exp(delta + delta.max(dim=1).values[:, None])
+        Y = X[None, :, :] - (P @ X)[:, None, :]
+        Vy = Y @ Wv  # (T_i, T_j, dh)
+        MOVy = torch.einsum("ide,ije->ijd", A, Vy).norm(dim=-1)
+        OVy = (Vy @ Wo).norm(dim=-1)
+        Gy = (sc * (Y @ Wk) @ Wq.T).norm(dim=-1)
+        n_here = nMOV + drift * nOV
+        S = torch.sqrt((P * w * (MOVy + drift * OVy + n_here * rho) ** 2).sum(dim=1))
+        SG = torch.sqrt((P * w * (Gy + nG * rho) ** 2).sum(dim=1))
+        out = out + n_here + S * (SG + qn + nG * rho)
+    return out * (1.0 + DATA_PAD)
+
+
+def _sym_top_small(A: Tensor) -> Tensor:
+    G = A.transpose(1, 2) @ A
+    return torch.sqrt(torch.linalg.eigvalsh(G)[:, -1].clamp(min=0.0) + 1e-9 * (A * A).sum(dim=(1, 2)))

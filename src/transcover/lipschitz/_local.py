@@ -177,6 +177,7 @@ def layer_local(layer: LayerSpec, X: Tensor, rho: float, *, cache: dict | None =
     Lsig = activation_lipschitz(ffn.activation)
     Lffn = Lsig * nW1 * nW2 * (1 + ROUNDING_PAD)
     comps, radii = {}, {}
+    scratch: dict = {}
     pad = lambda r, Y: r * (1 + 1e-12) + 1e-13 * float(Y.norm(dim=1).max())  # noqa: E731  (centre rounding)
     if layer.placement is Placement.POST:
         a = attention_local_bound(layer.attention, X, rho, norms=hn)
@@ -186,12 +187,20 @@ def layer_local(layer: LayerSpec, X: Tensor, rho: float, *, cache: dict | None =
         H = layer.norm_attn(X1)
         rh = pad(float(n1.max()) * r1, H)
         X2 = H + ffn_forward(ffn, H)
-        r2 = pad((1 + Lffn) * rh, X2)
+        ffn_res = 1 + Lffn
+        if jacobian:  # the FFN block's own point + drift constant (Note [layer Jacobian route])
+            scratch["ffn"] = _ffn_point(ffn, H)
+            nIF = _sym_top(scratch["ffn"][4]) * (1 + GRAM_PAD) + 1e-9 * (1 + Lffn)
+            colmax = float(scratch["ffn"][0].norm(dim=0).max())
+            dF = nW1 * nW2 * second_derivative_sup(ffn.activation) * colmax * rh
+            ffn_res = min(ffn_res, float(nIF.max()) + dF)
+        r2 = pad(ffn_res * rh, X2)
         n2, s2 = norm_local(layer.norm_ffn, X2, r2)
         out = layer.norm_ffn(X2)
         comps = {"attention": a.upper, "norm_attn": float(n1.max()), "ffn": Lffn, "norm_ffn": float(n2.max())}
         radii = {"attention": rho, "norm_attn": r1, "ffn": rh, "norm_ffn": r2}
-        product = (1 + a.upper) * comps["norm_attn"] * (1 + Lffn) * comps["norm_ffn"]
+        comps["ffn_residual"] = ffn_res
+        product = (1 + a.upper) * comps["norm_attn"] * ffn_res * comps["norm_ffn"]
         att_in, att_rho, n_in = X, rho, 1.0
     else:
         n1, s1 = norm_local(layer.norm_attn, X, rho)
@@ -217,19 +226,24 @@ def layer_local(layer: LayerSpec, X: Tensor, rho: float, *, cache: dict | None =
     jp = jb = math.inf
     if jacobian:
         jp, jb = _jacobian_route(layer, att_in, att_rho, n_in, H, rh, X1, r1, X2 if layer.placement is Placement.POST else None,
-                                 r2 if layer.placement is Placement.POST else None, s1, s2, hn, nW1, nW2, rho)
+                                 r2 if layer.placement is Placement.POST else None, s1, s2, hn, nW1, nW2, rho, scratch)
     return LayerLocal(layer.index, rho, comps, radii, product, jp, jb, out.detach(), min_sigma)
 
 
-def _jacobian_route(layer, att_in, att_rho, n_in, H, rh, X1, r1, X2, r2, s1, s2, hn, nW1, nW2, rho):  # noqa: ANN001, ANN202, PLR0913
+def _ffn_point(ffn, H):  # noqa: ANN001, ANN202
+    """(W_1, W_2, sigma'(z), F, I + F) at the FFN's input points, float64."""
+    W1, W2, slope = _ffn_parts(ffn, H)
+    F = (W2.T[None] * slope[:, None, :]) @ W1.T  # (T, d, d): W_2^T diag(sigma') W_1^T
+    return W1, W2, slope, F, torch.eye(H.shape[1], dtype=torch.float64) + F
+
+
+def _jacobian_route(layer, att_in, att_rho, n_in, H, rh, X1, r1, X2, r2, s1, s2, hn, nW1, nW2, rho, scratch):  # noqa: ANN001, ANN202, PLR0913
     from ._local_attention import attention_query_terms, mixed_head_terms
 
     post = layer.placement is Placement.POST
     ffn = layer.ffn
     T, d = H.shape
-    W1, W2, slope = _ffn_parts(ffn, H)
-    F = (W2.T[None] * slope[:, None, :]) @ W1.T  # (T, d, d): W_2^T diag(sigma') W_1^T
-    IF = torch.eye(d, dtype=torch.float64) + F
+    W1, W2, slope, F, IF = scratch["ffn"] if "ffn" in scratch else _ffn_point(ffn, H)
     D1 = _norm_jacobians(layer.norm_attn, X1) if post else None
     if post:
         D2 = _norm_jacobians(layer.norm_ffn, X2)

@@ -63,7 +63,7 @@ def _stage_fns(layer):  # noqa: ANN001, ANN202
 def _stage_local(ll, placement: Placement) -> dict[str, float]:  # noqa: ANN001
     c = ll.components
     if placement is Placement.POST:
-        return {"attention": 1 + c["attention"], "norm_attn": c["norm_attn"], "ffn": 1 + c["ffn"],
+        return {"attention": 1 + c["attention"], "norm_attn": c["norm_attn"], "ffn": c.get("ffn_residual", 1 + c["ffn"]),
                 "norm_ffn": c["norm_ffn"]}
     return {"attention": 1 + c["attention"] * c["norm_attn"], "ffn": 1 + c["ffn"] * c["norm_ffn"]}
 

@@ -171,7 +171,7 @@ def test_cli_bad_input_one_line_exit_2_nothing_written(tmp_path, make, rho, need
         data = str(tmp_path / "d.npy")
         np.save(data, make())
     out = tmp_path / "out.json"
-    r = _cli("--data", data, "--rho", rho, "--json", str(out), "--limit", "1", tmp=tmp_path)
+    r = _cli("--data", data, f"--rho={rho}", "--json", str(out), "--limit", "1", tmp=tmp_path)
     assert r.returncode == 2, r.stderr
     lines = [x for x in r.stderr.strip().splitlines() if x.strip()]
     assert len(lines) == 1 and needle.lower() in lines[0].lower(), r.stderr

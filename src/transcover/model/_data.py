@@ -116,15 +116,15 @@ def sklearn_sentences(min_words: int = 4) -> list[str]:
         prose = []
         for line in path.read_text(encoding="utf-8").splitlines():
             s = line.strip()
-            if not s or s.startswith((".. ", ":", "=", "-", "*", "|", "+", "#")) or re.fullmatch(r"[=\-~^*+ ]+", s):
+            if not s or s.startswith((".. ", ":", "=", "-", "*", "|", "+", "#", ">>>", "...")) or re.fullmatch(r"[=\-~^*+ ]+", s):
                 prose.append("\n")
                 continue
             prose.append(s)
-        text = re.sub(r"\s+", " ", " ".join(prose).replace(" \n ", "\n"))
-        for sent in re.split(r"(?<=[.!?])\s+(?=[A-Z])", text):
-            sent = sent.strip()
-            if len(sent.split()) >= min_words and re.search(r"[a-z]{3}", sent):
-                out.append(sent)
+        for para in " ".join(prose).split("\n"):  # markup lines end paragraphs (and headings)
+            for sent in re.split(r"(?<=[.!?])\s+(?=[A-Z])", re.sub(r"\s+", " ", para)):
+                sent = sent.strip()
+                if len(sent.split()) >= min_words and re.search(r"[a-z]{3}", sent):
+                    out.append(sent)
     return out
 
 

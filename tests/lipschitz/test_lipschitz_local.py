@@ -156,20 +156,57 @@ def _cli(*args: str, tmp: Path) -> subprocess.CompletedProcess:
                           text=True, env=env, cwd=tmp, timeout=300)
 
 
-@pytest.mark.parametrize("make, rho, needle", [
-    (None, "0", "--rho"), (None, "nan", "--rho"), (None, "-1e-3", "--rho"), (None, "1e-3,x", "--rho"),
-    (lambda: np.zeros((2, 4, 7)), "1e-3", "shape"),
-    (lambda: np.array([[1, 2, 40000]]), "1e-3", "vocabulary"),
-    (lambda: np.zeros((0, 3), dtype=np.int64), "1e-3", "empty"),
-    (lambda: np.ones((1, 600), dtype=np.int64), "1e-3", "positions"),
-    (lambda: np.array([["a", "b"]]), "1e-3", "dtype"),
-    (lambda: np.full((1, 3, 384), np.nan), "1e-3", "NaN"),
-])
-def test_cli_bad_input_one_line_exit_2_nothing_written(tmp_path, make, rho, needle):
-    data = "sklearn-descr"
-    if make is not None:
-        data = str(tmp_path / "d.npy")
-        np.save(data, make())
+@pytest.fixture(scope="module")
+def minilm():
+    from transcover.model import load
+
+    return load(None).to_torch(torch.float64)
+
+
+BAD_DATA = [
+    (lambda: np.zeros((2, 4, 7)), "shape"),
+    (lambda: np.array([[1, 2, 40000]]), "vocabulary"),
+    (lambda: np.array([[-1, 2]]), "vocabulary"),
+    (lambda: np.zeros((0, 3), dtype=np.int64), "empty"),
+    (lambda: np.ones((1, 600), dtype=np.int64), "positions"),
+    (lambda: np.ones((1, 600, 384)), "positions"),
+    (lambda: np.array([["a", "b"]]), "dtype"),
+    (lambda: np.full((1, 3, 384), np.nan), "nan"),
+]
+
+
+@pytest.mark.parametrize("make, needle", BAD_DATA)
+def test_bad_data_is_refused_with_a_clear_line(tmp_path, minilm, make, needle):
+    from transcover.model._data import load_inputs
+
+    path = tmp_path / "d.npy"
+    np.save(path, make())
+    with pytest.raises(InputError) as e:
+        load_inputs(minilm, str(path))
+    assert needle in str(e.value).lower() and "\n" not in str(e.value)
+
+
+def test_texts_empty_missing_and_mismatched_tokenizer(tmp_path, minilm):
+    from transcover.model._data import load_inputs, tokenize_texts
+
+    (tmp_path / "e.txt").write_text("\n  \n")
+    for data in (str(tmp_path / "e.txt"), str(tmp_path / "nope.npy"), str(tmp_path / "x.csv")):
+        with pytest.raises(InputError):
+            load_inputs(minilm, data)
+    small = dataclasses.replace(minilm, embeddings={**dict(minilm.embeddings),
+                                                    "token_embedding": minilm.embeddings["token_embedding"][:1000]})
+    with pytest.raises(InputError, match="do not match"):
+        tokenize_texts(small, ["a sentence"])
+    (tmp_path / "t.txt").write_text("The iris dataset has three classes.\nAnother line of text here.\n")
+    seqs = load_inputs(minilm, str(tmp_path / "t.txt"))
+    assert len(seqs) == 2 and seqs[0].shape[1] == 384 and seqs[0].shape[0] < 20  # no padding to 128
+
+
+@pytest.mark.parametrize("data, rho, needle", [("sklearn-descr", "-1e-3", "--rho"), ("sklearn-descr", "inf", "--rho"),
+                                               ("bad.npy", "1e-3", "vocabulary")])
+def test_cli_bad_input_one_line_exit_2_nothing_written(tmp_path, data, rho, needle):
+    if data == "bad.npy":
+        np.save(tmp_path / data, np.array([[1, 2, 40000]]))
     out = tmp_path / "out.json"
     r = _cli("--data", data, f"--rho={rho}", "--json", str(out), "--limit", "1", tmp=tmp_path)
     assert r.returncode == 2, r.stderr
@@ -178,19 +215,11 @@ def test_cli_bad_input_one_line_exit_2_nothing_written(tmp_path, make, rho, need
     assert not out.exists()
 
 
-def test_cli_empty_text_and_missing_file(tmp_path):
-    (tmp_path / "e.txt").write_text("\n  \n")
-    for data in (str(tmp_path / "e.txt"), str(tmp_path / "nope.npy")):
-        r = _cli("--data", data, "--rho", "1e-3", tmp=tmp_path)
-        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
-
-
-def test_real_minilm_sentences_one_layer_sound():
-    from transcover.model import load
+def test_real_minilm_sentences_one_layer_sound(minilm):
     from transcover.model._data import load_inputs, sklearn_sentences
 
     assert len(sklearn_sentences()) >= 150
-    spec = load(None).to_torch(torch.float64)
+    spec = minilm
     seqs = load_inputs(spec, "sklearn-descr", max_len=8, limit=2)
     assert all(s.shape[0] <= 8 and s.shape[1] == 384 for s in seqs)
     layer = spec.layers[0]

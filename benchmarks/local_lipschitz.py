@@ -41,6 +41,7 @@ def main() -> None:
     ap.add_argument("--max-len", type=int, default=32)
     ap.add_argument("--lower-iter", type=int, default=15)
     ap.add_argument("--out", default="out")
+    ap.add_argument("--rhos", default=",".join(f"{r:g}" for r in RHOS), help="factors of the median token norm")
     a = ap.parse_args()
     torch.set_num_threads(2)
     spec = load(None).to_torch(torch.float64)
@@ -60,7 +61,8 @@ def main() -> None:
                                                n_iter=a.lower_iter)[0] for x in per_layer_inputs[i])
         times[("lower", i)] = time.perf_counter() - t
     cache: dict = {}
-    for f in RHOS:
+    rhos = [float(r) for r in a.rhos.split(",")]
+    for f in rhos:
         for i, layer in enumerate(layers):
             t = time.perf_counter()
             up = pt = prod = 0.0
@@ -80,7 +82,7 @@ def main() -> None:
     wl = max(jacobian_operator_norm(lambda Z: transformer_forward(spec, Z, with_head=False), s, metric="2,inf",
                                     n_iter=a.lower_iter)[0] for s in sub)
     t_low = time.perf_counter() - t
-    for f in RHOS:
+    for f in rhos:
         t = time.perf_counter()
         up = max(network_local(spec, s, f * float(s.norm(dim=1).median()), cache=cache).upper for s in sub)
         dt = time.perf_counter() - t

@@ -40,6 +40,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-lower", action="store_true", help="certified bounds only (skip the empirical search)")
     p.add_argument("--plot", metavar="PATH", default=None,
                    help="write certified upper vs empirical lower per stage and layer (.png, .svg or .pdf)")
+    p.add_argument("--data", default=None,
+                   help="local constants at real inputs: token ids (.npy int (n, T)), embeddings (.npy float "
+                        "(n, T, d)), texts (.txt, one per line, the model's tokenizer) or 'sklearn-descr' "
+                        "(sentences of scikit-learn's dataset descriptions)")
+    p.add_argument("--rho", default="1e-3",
+                   help="ball radius (per token, l2) around the data, comma-separated for a sweep; with "
+                        "--rho-relative a factor of each layer's median token norm (default 1e-3)")
+    p.add_argument("--rho-relative", action="store_true", help="read --rho as factors of the median token norm")
+    p.add_argument("--max-len", type=int, default=32, help="truncate texts to this many tokens (default 32)")
+    p.add_argument("--limit", type=int, default=None, help="use only the first N sequences of --data")
 
 
 def check_common(args: argparse.Namespace) -> None:
@@ -82,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
         from ..report import check_output_path
 
         check_output_path(args.plot, "--plot", (".png", ".svg", ".pdf"))
+    if args.data is not None:
+        return run_local(args)
     tracker = start_progress(quiet=args.quiet)
     tracker.step("loading the model")
     spec = load(args.model, arch=args.arch, allow_pickle=args.allow_pickle, strict=args.strict).to_torch()
@@ -167,3 +179,67 @@ def _needs_seq_len(spec) -> bool:
     from ..lipschitz._weights import attention_kind
 
     return attention_kind(spec) == "l2"
+
+
+def parse_rhos(text: str) -> list[float]:
+    """``--rho`` as a list of finite numbers > 0 (one clear line otherwise)."""
+    import math
+
+    from .._errors import InputError
+
+    out = []
+    for part in str(text).split(","):
+        try:
+            v = float(part)
+        except ValueError:
+            raise InputError(f"--rho must be numbers > 0 separated by commas, but got --rho={text}") from None
+        if not (v > 0 and math.isfinite(v)):
+            raise InputError(f"--rho must be finite and > 0, but got {part.strip()} in --rho={text}")
+        out.append(v)
+    return out
+
+
+def run_local(args: argparse.Namespace) -> int:
+    """``--data``: certified local constants on balls around real inputs (issue 12), every check
+    (rho, data, tokenizer) done before anything is computed or written."""
+    import sys
+
+    import torch
+    from rich.console import Console
+    from rich.table import Table
+
+    from .._errors import InputError
+    from ..lipschitz._local_report import local_table
+    from ..model import load
+    from ..model._data import load_inputs
+    from ..report import atomic_write_text
+
+    rhos = parse_rhos(args.rho)
+    for flag, v in (("--max-len", args.max_len), ("--limit", args.limit)):
+        if v is not None and v < 1:
+            raise InputError(f"{flag} must be >= 1, but got {flag}={v}")
+    spec = load(args.model, arch=args.arch, allow_pickle=args.allow_pickle, strict=args.strict).to_torch(torch.float64)
+    seqs = load_inputs(spec, args.data, max_len=args.max_len, limit=args.limit)
+    rows = local_table(spec, seqs, rhos, lower=not args.no_lower, relative=args.rho_relative,
+                       lower_iter=max(args.steps // 2, 5))
+    console = Console()
+    table = Table(title=f"Local Lipschitz constants of {spec.name} at {len(seqs)} sequences ((2,inf) metric)")
+    for col in ("rho", "layer", "component", "global (R)", "domain (sigma0)", "local (rho)", "lower", "local/lower"):
+        table.add_column(col, justify="left" if col == "component" else "right")
+    for r in rows:
+        table.add_row(f"{r.rho_factor:g}", str(r.layer), r.component, _fmt(r.global_upper), _fmt(r.domain_upper),
+                      _fmt(r.local_upper), _fmt(r.lower), _fmt(r.ratio))
+    console.print(table)
+    console.print("  certified upper bounds (THEORY F14, F17; rounding padded); local = on the ball of radius rho "
+                  "around each sequence's hidden states" + (" (rho x median token norm)" if args.rho_relative else "")
+                  + "; lower = (2,inf) Jacobian norm at the data point")
+    if args.json:
+        from ..report import envelope_json
+
+        payload = {"model": spec.name, "n_sequences": len(seqs),
+                   "rho": rhos, "rho_relative": bool(args.rho_relative), "rows": [r.to_dict() for r in rows]}
+        data_input = [args.data] if args.data != "sklearn-descr" else []
+        atomic_write_text(args.json, envelope_json(payload, schema="transcover.lipschitz.local", schema_version="1",
+                                                   inputs=[args.model, *data_input]))
+        print(f"wrote {args.json}", file=sys.stderr)
+    return 0

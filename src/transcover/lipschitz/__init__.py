@@ -26,6 +26,10 @@ from ._l2_attention import l2_attention_constants as l2_attention_constants
 from ._l2_attention import l2_attention_forward as l2_attention_forward
 from ._l2_attention import l2_attention_lipschitz as l2_attention_lipschitz
 from ._l2_attention import phi_inverse as phi_inverse
+from ._local import layer_local as layer_local
+from ._local import network_local as network_local
+from ._local import norm_local as norm_local
+from ._local_attention import attention_local_bound as attention_local_bound
 from ._normalisation import ball_lipschitz as ball_lipschitz
 from ._normalisation import layernorm_lipschitz as layernorm_lipschitz
 from ._normalisation import norm_output_radius as norm_output_radius
@@ -48,4 +52,5 @@ __all__ = [
     "perturbation_coefficients", "perturbation_deltas", "perturbation_bound",
     "LowerEstimate", "function_lipschitz_lower", "jacobian_operator_norm", "lipschitz_lower", "network_lipschitz_lower",
     "perturbation_lower",
+    "norm_local", "attention_local_bound", "layer_local", "network_local",
 ]

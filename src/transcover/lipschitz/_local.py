@@ -1,0 +1,347 @@
+"""Certified Lipschitz constants on a ball around real data (issue 12; THEORY F14, F17).
+
+The ball is ``B(X, rho) = {X' : ||x'_t - x_t||_2 <= rho for every token t}``, the metric (2,inf).
+Every constant below bounds the operator norm of the Jacobian at *every* point of the ball; the
+ball is convex, so the mean-value theorem turns that into a Lipschitz constant on it.
+
+Note [local norm floor].  For LayerNorm ``sigma(x) = ||P x|| / sqrt(d)`` (``P`` centres, a
+projection), so ``sigma(x') >= sigma(x) - ||P(x' - x)||/sqrt(d) >= sigma(x) - rho/sqrt(d)`` per
+token; RMSNorm likewise with ``P = I``.  With ``s_t = sqrt((sigma_t - rho/sqrt d)_+^2 + eps)``,
+F14's ``||J|| <= max|gamma| / s`` holds at every point of the token's ball (convex: no radial
+argument is needed), and the (2,inf) constant of a per-token map is the max over tokens.  The
+Jacobian ``D(x) = diag(gamma)(P - u u^T)/s`` moves on the ball by at most
+``3 max|gamma| r / (sqrt(d) s_t^2)``: ``|d(1/s)| <= 1/(sqrt(d) s^2)`` per unit step and
+``du = (P - u u^T) dx / (sqrt(d) s)`` with ``||u|| < 1`` give ``||dD|| <= max|gamma| (1 + 2)/(sqrt(d) s^2)``.
+
+Note [layer Jacobian route].  Post-LN: ``J_ij = M_i (delta_ij I + dattn_i/dx_j)`` with the
+per-token ``M_i = D2_i (I + F_i) D1_i``, ``F_i = W_2^T diag(sigma'(z_i)) W_1^T``; pre-LN:
+``M_i = I + F_i D2_i`` and the attention sees ``D1_j dx_j``.  Row ``i`` of ``J dX`` is at most
+``||M_i|| + ||M_i W_O^T|| (sum_h L_{h,i}^2)^{1/2} n_1`` (Note [local attention bound]; ``n_1`` = 1
+post-LN, the sup of ``||D1_j||`` pre-LN), which avoids the product ``||D2|| ||I+F|| ||D1||``.
+On the ball ``M_i`` moves by at most (telescoping) ``dD2 (||I+F||+dF) sD1 + ||D2|| dF sD1 +
+||D2|| ||I+F|| dD1`` with ``dF <= ||W_1|| ||W_2|| sup|sigma''| max_k ||W_1[:, k]|| r_ffn``.
+``||M_i||`` and ``||M_i W_O^T||`` come from float64 eigenvalues of the Gram matrices, padded by
+``GRAM_PAD`` relative plus the matmul rounding (``n u`` times the absolute-value products).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from .._errors import InputError
+from .._results import Kind, Quantity
+from ..model._arrays import to_tensor
+from ..model._spec import Activation, LayerSpec, NormKind, NormSpec, Placement, TransformerSpec
+from ._activations import activation_lipschitz
+from ._local_attention import DATA_PAD, attention_local_bound, head_norms
+from ._weights import ROUNDING_PAD, spectral
+
+__all__ = ["norm_local", "LayerLocal", "layer_local", "NetworkLocal", "network_local", "second_derivative_sup"]
+
+GRAM_PAD = 1e-9
+_U = 2.0**-53
+
+
+def _f64(W) -> Tensor:  # noqa: ANN001
+    return to_tensor(W, dtype=torch.float64).detach()
+
+
+def check_rho(rho: float) -> float:
+    rho = float(rho)
+    if not (rho > 0 and math.isfinite(rho)):
+        raise InputError(f"rho must be a finite number > 0, but got rho={rho!r}")
+    return rho
+
+
+def second_derivative_sup(act: Activation) -> float:
+    """sup |sigma''| (GELU: phi(x)(2 - x^2) peaks at 0, 2/sqrt(2 pi); SiLU: 1/2 at 0; GELU-tanh:
+    0.798 by the same shape, padded to 0.8; identity 0; ReLU: infinite, the drift is then unbounded)."""
+    act = Activation(act)
+    return {Activation.GELU: 2.0 / math.sqrt(2.0 * math.pi) * (1 + ROUNDING_PAD), Activation.SILU: 0.5 * (1 + ROUNDING_PAD),
+            Activation.GELU_TANH: 0.8, Activation.IDENTITY: 0.0}.get(act, math.inf)
+
+
+def norm_local(norm: NormSpec | None, X: Tensor, rho: float) -> tuple[Tensor, Tensor]:
+    r"""Per-token local constants of a normalisation on ``B(X, rho)`` and the certified floors ``s_t``.
+
+    .. math:: \mathrm{Lip}_t \le \frac{\max|\gamma|}{\sqrt{(\sigma(x_t) - \rho/\sqrt d)_+^2 + \varepsilon}}
+
+    Source: THEORY F14, F17; Note [local norm floor].  Assumptions: each token moves by ``<= rho``.
+    Returns ``(lip, s)`` of shape (T,); ``s`` is ``inf`` for Pi_norm / identity (constant 1).
+    """
+    T, d = X.shape
+    if norm is None or norm.kind in (NormKind.NONE, NormKind.BALL):
+        return torch.ones(T, dtype=torch.float64), torch.full((T,), math.inf, dtype=torch.float64)
+    X = X.double()
+    Z = X - X.mean(dim=1, keepdim=True) if norm.kind is NormKind.LAYERNORM else X
+    sigma = Z.norm(dim=1) / math.sqrt(d) * (1.0 - DATA_PAD)
+    floor = torch.clamp(sigma - rho / math.sqrt(d) * (1.0 + 1e-15), min=0.0)
+    s = torch.sqrt(floor * floor + float(norm.eps)) * (1.0 - DATA_PAD)
+    if bool((s <= 0).any()):
+        raise InputError("a normalisation with eps=0 is not Lipschitz on a ball reaching a constant token; "
+                         "use a smaller rho")
+    return norm.gamma_max_abs / s * (1.0 + ROUNDING_PAD), s
+
+
+def _norm_jacobians(norm: NormSpec | None, X: Tensor) -> Tensor:
+    """The per-token Jacobians ``diag(gamma)(P - u u^T)/s`` (column convention), float64 (T, d, d)."""
+    T, d = X.shape
+    eye = torch.eye(d, dtype=torch.float64).expand(T, d, d)
+    if norm is None or norm.kind in (NormKind.NONE,):
+        return eye.clone()
+    if norm.kind is NormKind.BALL:
+        raise InputError("the layer Jacobian route does not cover Pi_norm; use the product route")
+    lay = norm.kind is NormKind.LAYERNORM
+    Z = X - X.mean(dim=1, keepdim=True) if lay else X
+    s = torch.sqrt((Z * Z).mean(dim=1) + float(norm.eps))
+    u = Z / (math.sqrt(d) * s[:, None])
+    P = eye - (1.0 / d if lay else 0.0)
+    J = (P - u[:, :, None] * u[:, None, :]) / s[:, None, None]
+    if norm.weight is not None:
+        J = _f64(norm.weight)[None, :, None] * J
+    return J
+
+
+def _sym_top(B: Tensor) -> Tensor:
+    """Largest singular value of each (..., m, n) matrix from the Gram eigenvalues, padded upward."""
+    G = B.transpose(-1, -2) @ B if B.shape[-1] <= B.shape[-2] else B @ B.transpose(-1, -2)
+    lam = torch.linalg.eigvalsh(G)[..., -1].clamp(min=0.0)
+    fro2 = (B * B).sum(dim=(-1, -2))
+    # eigvalsh is backward stable: error <= c n u ||G||; pad by GRAM_PAD of the Frobenius mass.
+    return torch.sqrt(lam + GRAM_PAD * fro2)
+
+
+@dataclass
+class LayerLocal:
+    """Local certified constants of one layer on ``B(X, rho)`` (values include rounding pads)."""
+
+    index: int
+    rho: float
+    components: dict[str, float]  # name -> local certified constant of that component
+    radii: dict[str, float]  # name -> ball radius at that component's input
+    product: float  # composition of the components' local constants
+    jacobian_point: float  # block bound of the Jacobian at X (rho -> 0)
+    jacobian_ball: float  # Jacobian route on the ball (point + drift)
+    out: Tensor = field(repr=False)  # the layer's output at X (float64)
+    min_sigma: float = math.inf
+
+    @property
+    def upper(self) -> float:
+        return min(self.product, self.jacobian_ball)
+
+    def quantity(self) -> Quantity:
+        return Quantity(self.upper, Kind.CERTIFIED_UPPER, "THEORY F14, F17 (local, issue 12)",
+                        (f"every token within rho={self.rho:.6g} (l2) of the data point", "metric (2,inf)",
+                         "float64 evaluation with rounding pads (Note [rounding], GRAM_PAD)"))
+
+
+def _ffn_parts(ffn, Y: Tensor):  # noqa: ANN001, ANN202
+    W1, W2 = _f64(ffn.W_1), _f64(ffn.W_2)
+    z = Y @ W1 + (0 if ffn.b_1 is None else _f64(ffn.b_1))
+    zz = z.detach().clone().requires_grad_(True)
+    (slope,) = torch.autograd.grad(ffn.activation(zz).sum(), zz)
+    return W1, W2, slope
+
+
+def layer_local(layer: LayerSpec, X: Tensor, rho: float, *, cache: dict | None = None,
+                jacobian: bool = True) -> LayerLocal:
+    r"""Certified local constants of one layer on ``B(X, rho)``: per component, product route and
+    Jacobian route (Note [layer Jacobian route]); the layer's constant is the smaller route.
+
+    .. math:: \mathrm{Lip}_{B(X,\rho)}(g) \le \min\Big(\prod_c L_c,\ \max_i\, \|M_i\| + \|M_i W_O^\top\| n_1
+              \big(\textstyle\sum_h L_{h,i}^2\big)^{1/2} + \text{drift}\Big)
+
+    Source: THEORY F14, F17; Notes [local norm floor], [local attention bound], [layer Jacobian
+    route].  Assumptions: every token within ``rho`` of ``X``; dot attention without RoPE.
+    """
+    from ..model._functional import attention_forward, ffn_forward
+
+    if rho < 0 or not math.isfinite(rho):
+        raise InputError(f"rho must be a finite number >= 0, but got rho={rho!r}")
+    X = X.detach().double()
+    T, d = X.shape
+    cache = {} if cache is None else cache
+    key = ("norms", layer.index)
+    if key not in cache:
+        f = layer.ffn
+        cache[key] = (head_norms(layer.attention), spectral(f.W_1) * (1 + ROUNDING_PAD),
+                      spectral(f.W_2) * (1 + ROUNDING_PAD))
+    hn, nW1, nW2 = cache[key]
+    ffn = layer.ffn
+    if ffn.gated:
+        raise InputError("local bounds do not cover gated FFNs yet")
+    Lsig = activation_lipschitz(ffn.activation)
+    Lffn = Lsig * nW1 * nW2 * (1 + ROUNDING_PAD)
+    comps, radii = {}, {}
+    scratch: dict = {}
+    pad = lambda r, Y: r * (1 + 1e-12) + 1e-13 * float(Y.norm(dim=1).max())  # noqa: E731  (centre rounding)
+    if layer.placement is Placement.POST:
+        a = attention_local_bound(layer.attention, X, rho, norms=hn)
+        X1 = X + attention_forward(layer.attention, X)
+        r1 = pad((1 + a.upper) * rho, X1)
+        n1, s1 = norm_local(layer.norm_attn, X1, r1)
+        H = layer.norm_attn(X1)
+        rh = pad(float(n1.max()) * r1, H)
+        X2 = H + ffn_forward(ffn, H)
+        ffn_res = 1 + Lffn
+        if jacobian:  # the FFN block's own point + drift constant (Note [layer Jacobian route])
+            scratch["ffn"] = _ffn_point(ffn, H)
+            nIF = _sym_top(scratch["ffn"][4]) * (1 + GRAM_PAD) + 1e-9 * (1 + Lffn)
+            colmax = float(scratch["ffn"][0].norm(dim=0).max())
+            dF = nW1 * nW2 * second_derivative_sup(ffn.activation) * colmax * rh
+            ffn_res = min(ffn_res, float(nIF.max()) + dF)
+        r2 = pad(ffn_res * rh, X2)
+        n2, s2 = norm_local(layer.norm_ffn, X2, r2)
+        out = layer.norm_ffn(X2)
+        comps = {"attention": a.upper, "norm_attn": float(n1.max()), "ffn": Lffn, "norm_ffn": float(n2.max())}
+        radii = {"attention": rho, "norm_attn": r1, "ffn": rh, "norm_ffn": r2}
+        comps["ffn_residual"] = ffn_res
+        product = (1 + a.upper) * comps["norm_attn"] * ffn_res * comps["norm_ffn"]
+        att_in, att_rho, n_in = X, rho, 1.0
+    else:
+        n1, s1 = norm_local(layer.norm_attn, X, rho)
+        Y = layer.norm_attn(X)
+        ry = pad(float(n1.max()) * rho, Y)
+        a = attention_local_bound(layer.attention, Y, ry, norms=hn)
+        X1 = X + attention_forward(layer.attention, Y)
+        r1 = pad((1 + a.upper * float(n1.max())) * rho, X1)
+        n2, s2 = norm_local(layer.norm_ffn, X1, r1)
+        H = layer.norm_ffn(X1)
+        rh = pad(float(n2.max()) * r1, H)
+        out = X1 + ffn_forward(ffn, H)
+        comps = {"norm_attn": float(n1.max()), "attention": a.upper, "norm_ffn": float(n2.max()), "ffn": Lffn}
+        radii = {"norm_attn": rho, "attention": ry, "norm_ffn": r1, "ffn": rh}
+        product = (1 + a.upper * comps["norm_attn"]) * (1 + Lffn * comps["norm_ffn"])
+        att_in, att_rho, n_in = Y, ry, comps["norm_attn"]
+    product *= 1 + ROUNDING_PAD
+    floors = []
+    for n, s_ in ((layer.norm_attn, s1), (layer.norm_ffn, s2)):
+        if n is not None and n.kind in (NormKind.LAYERNORM, NormKind.RMSNORM):
+            floors.append(torch.sqrt(torch.clamp(s_ * s_ - float(n.eps), min=0.0)))
+    min_sigma = float(torch.cat(floors).min()) if floors else math.inf  # the variance floor without eps
+    jp = jb = math.inf
+    if jacobian:
+        jp, jb = _jacobian_route(layer, att_in, att_rho, n_in, H, rh, X1, r1, X2 if layer.placement is Placement.POST else None,
+                                 r2 if layer.placement is Placement.POST else None, s1, s2, hn, nW1, nW2, rho, scratch)
+    return LayerLocal(layer.index, rho, comps, radii, product, jp, jb, out.detach(), min_sigma)
+
+
+def _ffn_point(ffn, H):  # noqa: ANN001, ANN202
+    """(W_1, W_2, sigma'(z), F, I + F) at the FFN's input points, float64."""
+    W1, W2, slope = _ffn_parts(ffn, H)
+    F = (W2.T[None] * slope[:, None, :]) @ W1.T  # (T, d, d): W_2^T diag(sigma') W_1^T
+    return W1, W2, slope, F, torch.eye(H.shape[1], dtype=torch.float64) + F
+
+
+def _jacobian_route(layer, att_in, att_rho, n_in, H, rh, X1, r1, X2, r2, s1, s2, hn, nW1, nW2, rho, scratch):  # noqa: ANN001, ANN202, PLR0913
+    from ._local_attention import attention_query_terms, mixed_head_terms
+
+    post = layer.placement is Placement.POST
+    ffn = layer.ffn
+    T, d = H.shape
+    W1, W2, slope, F, IF = scratch["ffn"] if "ffn" in scratch else _ffn_point(ffn, H)
+    D1 = _norm_jacobians(layer.norm_attn, X1) if post else None
+    if post:
+        D2 = _norm_jacobians(layer.norm_ffn, X2)
+        M = D2 @ IF @ D1
+    else:
+        D2 = _norm_jacobians(layer.norm_ffn, X1)
+        M = torch.eye(d, dtype=torch.float64) + F @ D2
+    W_O = _f64(layer.attention.W_O).reshape(-1, d)  # (H dh, d), attn = concat(g) @ W_O
+    MO = M @ W_O.T[None]  # column convention: M_i W_O^T
+    # matmul rounding (Higham: |fl(AB) - AB| <= n u |A||B|, chained): bounded in Frobenius norm by
+    # n u ||A||_F ||B||_F ..., n the longest inner dimension (Frobenius dominates the spectral error).
+    fro = lambda A: float(A.norm(dim=(-2, -1)).max()) if A.dim() == 3 else float(A.norm())  # noqa: E731
+    n_in_mm = W1.shape[1] + 2 * d + 2
+    fF = fro(W2) * float(slope.abs().max()) * fro(W1)
+    fD = (fro(D1) if post else 1.0) * fro(D2)
+    mm = 4 * n_in_mm * _U * (math.sqrt(d) + fF) * max(fD, 1.0) * (1.0 + math.sqrt(d))
+    nM = _sym_top(M) * (1 + GRAM_PAD) + mm
+    nMO = _sym_top(MO) * (1 + GRAM_PAD) + mm * fro(W_O) * 2
+    nO = hn["O"]
+    t0, _ = attention_query_terms(layer.attention, att_in, 0.0, norms=hn)
+    tb, _ = attention_query_terms(layer.attention, att_in, att_rho, norms=hn)
+    mixed0 = mixed_head_terms(layer.attention, att_in, 0.0, MO, 0.0, hn)
+    point = float((nM + torch.minimum(nMO * t0, mixed0) * n_in).max()) * (1 + ROUNDING_PAD)
+    # drift of M over the ball (Note [layer Jacobian route])
+    g1 = layer.norm_attn.gamma_max_abs if layer.norm_attn is not None else 1.0
+    g2 = layer.norm_ffn.gamma_max_abs if layer.norm_ffn is not None else 1.0
+    sq = math.sqrt(d)
+    s1m, s2m = float(s1.min()), float(s2.min())
+    colmax = float(W1.norm(dim=0).max())
+    dF = nW1 * nW2 * second_derivative_sup(ffn.activation) * colmax * rh
+    nIF = _sym_top(IF) * (1 + GRAM_PAD) + mm
+    if post:
+        # the FFN's own local constant (point + drift) gives a tighter certified radius at norm_ffn
+        r2 = min(r2, float((nIF.max() + dF)) * rh * (1 + 1e-12) + 1e-13 * float(X2.norm(dim=1).max()))
+        s2 = norm_local(layer.norm_ffn, X2, r2)[1]
+        s2m = float(s2.min())
+        sD1, sD2 = g1 / s1m, g2 / s2m
+        dD1 = 3 * g1 * r1 / (sq * s1m * s1m) if math.isfinite(s1m) else 0.0
+        dD2 = 3 * g2 * r2 / (sq * s2m * s2m) if math.isfinite(s2m) else 0.0
+        nD2 = _sym_top(D2) * (1 + GRAM_PAD)
+        drift = dD2 * (nIF + dF) * sD1 + nD2 * dF * sD1 + nD2 * nIF * dD1
+        n_in_ball = 1.0
+    else:
+        sD2 = g2 / s2m
+        dD2 = 3 * g2 * r1 / (sq * s2m * s2m) if math.isfinite(s2m) else 0.0
+        drift = dF * sD2 + (nW1 * nW2 * activation_lipschitz(ffn.activation)) * dD2
+        n_in_ball = n_in
+    if not torch.isfinite(torch.as_tensor(drift)).all():
+        return point, math.inf
+    mixed = mixed_head_terms(layer.attention, att_in, att_rho, MO, drift, hn)
+    att = torch.minimum((nMO + drift * nO) * tb, mixed)
+    ball = float((nM + drift + att * n_in_ball).max()) * (1 + ROUNDING_PAD)
+    return point, ball
+
+
+@dataclass
+class NetworkLocal:
+    """Per-layer local constants along the data path and the whole network's product bound."""
+
+    rho: float
+    input_norm: float
+    layers: list[LayerLocal]
+    final_norm: float
+    upper: float
+
+    def quantity(self) -> Quantity:
+        return Quantity(self.upper, Kind.CERTIFIED_UPPER, "THEORY F8, F14, F17 (local composition, issue 12)",
+                        (f"every embedded token within rho={self.rho:.6g} (l2) of the data point",
+                         "metric (2,inf)", "product of per-layer local constants along the data path"))
+
+
+def network_local(spec: TransformerSpec, X: Tensor, rho: float, *, cache: dict | None = None,
+                  jacobian: bool = True) -> NetworkLocal:
+    r"""Whole network on ``B(X, rho)`` (X: embedded tokens before the input norm), by composition:
+    ``g_l(B(Y_l, r_l)) subset B(g_l(Y_l), L_l r_l + pad)`` and ``Lip <= prod_l L_l``.
+
+    Source: THEORY F8 (composition), F17.  The head (if any) is not included.
+    """
+    rho = check_rho(rho)
+    cache = {} if cache is None else cache
+    X = X.detach().double()
+    lip_in = 1.0
+    r = rho
+    if spec.input_norm is not None:
+        n0, _ = norm_local(spec.input_norm, X, rho)
+        lip_in = float(n0.max())
+        X = spec.input_norm(X)
+        r = lip_in * rho * (1 + 1e-12) + 1e-13 * float(X.norm(dim=1).max())
+    total = lip_in
+    layers = []
+    for layer in spec.layers:
+        ll = layer_local(layer, X, r, cache=cache, jacobian=jacobian)
+        layers.append(ll)
+        total *= ll.upper
+        X = ll.out
+        r = ll.upper * r * (1 + 1e-12) + 1e-13 * float(X.norm(dim=1).max())
+    lip_out = 1.0
+    if spec.final_norm is not None:
+        lip_out = float(norm_local(spec.final_norm, X, r)[0].max())
+        total *= lip_out
+    return NetworkLocal(rho, lip_in, layers, lip_out, total * (1 + ROUNDING_PAD))

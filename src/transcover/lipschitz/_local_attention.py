@@ -1,0 +1,230 @@
+"""Dot-product attention on a ball around real data: certified local Lipschitz bounds (THEORY F17).
+
+Note [local attention bound].  Column convention, one head, query ``i``: the head's output before
+``W_O`` is ``g_i = W_V^T sum_j P_ij x_j`` with scores ``s_ij = scale x~_i^T W~_Q W_K^T x_j``
+(``x~ = [x, 1]``: the query bias folded as in Note [attention biases] of ``model._spec``; the
+value bias is a constant and drops out of every difference).  Write ``G = scale W_Q W_K^T``
+(``d x d``), ``q_i = scale W_K W~_Q^T x~_i`` (the gradient of ``s_ij`` in ``x_j``),
+``y_j = x_j - xbar_i`` with ``xbar_i = sum_k P_ik x_k``.  Since ``sum_j P_ij y_j = 0``,
+``d g_i = W_V^T [ sum_j P_ij dx_j + Sigma_i G^T dx_i + sum_j P_ij y_j q_i^T dx_j ]`` with
+``Sigma_i = sum_j P_ij y_j y_j^T`` (THEORY F17's Jacobian).  For ``||dx_j|| <= 1`` for all j:
+
+    ||d g_i|| <= ||W_V|| + ||sum_j P_ij (W_V^T y_j)(G y_j)^T|| + ||q_i|| sum_j P_ij ||W_V^T y_j||
+             <= ||W_V|| + S_V S_G + ||q_i|| S_V,     S_B^2 = sum_j P_ij ||B y_j||^2
+
+(Cauchy-Schwarz for the rank-one sum, Jensen for the last term).  All heads together:
+``attn_i = W_O^T concat_h(g_i^h)``, so ``||d attn_i|| <= ||W_O|| (sum_h L_{h,i}^2)^{1/2}``.
+
+On the ball ``X' = X + E`` with ``||e_j|| <= rho``: softmax is invariant under a shift of a row of
+scores, so with any fixed ``c`` the weights are ``softmax_j(x~'_i^T M (x'_j - c))``, ``M = scale
+W~_Q W_K^T``.  The shifted score moves by ``e_i^T G (x_j - c) + q_i^T e_j + e_i^T G e_j``, at most
+``Delta_ij = rho (||G (x_j - c)|| + ||q_i|| + ||G|| rho)`` (``c`` = token mean: the centred
+radius).  Then ``P'_ij <= P_ij exp(Delta_ij + max_k Delta_ik) =: P_ij w_ij``.  A weighted
+variance is at most the second moment about any point, so with ``c_i = xbar_i`` (fixed):
+``S'_B^2 <= sum_j P'_ij ||B (x'_j - xbar_i)||^2 <= sum_j P_ij w_ij (||B y_j|| + ||B|| rho)^2``;
+``||q'_i|| <= ||q_i|| + ||G|| rho``.  These bound the Jacobian's (2,inf) norm at every point of
+the ball, which is convex, so the mean-value theorem makes them Lipschitz constants on it.  At
+``rho = 0`` the formula is the block bound at the point.  Causal masks: ``P_ij = 0`` off the
+allowed keys, and the sums run over them only (the argument is unchanged).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .._errors import InputError
+from ..model._arrays import to_tensor
+from ..model._spec import AttentionSpec
+from ._weights import ROUNDING_PAD, spectral, spectral_product
+
+__all__ = ["AttentionLocal", "attention_weights_f64", "attention_local_bound", "attention_query_terms"]
+
+# float64 evaluation of the data-dependent terms (softmax, norms of T x d products): relative
+# error a few hundred ulps at most for d <= 1e5; padded by this factor (far above it).
+DATA_PAD = 1e-10
+
+
+def _f64(W) -> Tensor:  # noqa: ANN001
+    return to_tensor(W, dtype=torch.float64).detach()
+
+
+@dataclass(frozen=True)
+class AttentionLocal:
+    """Local constant of the attention map (no residual) on ``B(X, rho)`` in the (2,inf) metric.
+
+    ``per_query`` is ``||W_O|| (sum_h L_{h,i}^2)^{1/2}`` for each query; ``head_terms`` the
+    ``(sum_h L_{h,i}^2)^{1/2}`` before ``||W_O||`` (the layer's Jacobian route multiplies them by
+    ``||M_i W_O^T||`` instead); ``linear`` the W_V-linear part ``||W_O|| (sum_h ||W_V^h||^2)^{1/2}``.
+    """
+
+    upper: float
+    per_query: Tensor
+    head_terms: Tensor
+    linear: float
+    B_O: float
+    max_delta: float  # largest score movement bound Delta_i on the ball
+
+
+def check_local_attention(attn: AttentionSpec) -> None:
+    """The local bound covers dot-product attention without RoPE (with or without biases, causal or not)."""
+    if attn.kind != "dot":
+        raise InputError("local attention bounds cover dot-product attention only (not L2 attention)")
+    if attn.rope is not None:
+        raise InputError("local attention bounds do not cover RoPE yet (the scores depend on positions)")
+
+
+def attention_weights_f64(attn: AttentionSpec, X: Tensor) -> list[Tensor]:
+    """The softmax matrices ``P^h`` (T, T) of every head at X, float64."""
+    from ..model._functional import attention_scores
+
+    return [torch.softmax(attention_scores(attn, X, h), dim=-1) for h in range(attn.n_heads)]
+
+
+def attention_query_terms(attn: AttentionSpec, X: Tensor, rho: float, *,
+                          norms: dict | None = None, want_sum: bool = False):
+    """``(sum_h L_{h,i}^2)^{1/2}`` per query on ``B(X, rho)`` (Note [local attention bound]) and max Delta.
+
+    ``norms`` caches the certified per-head matrix norms of the spec (they do not depend on X).
+    With ``want_sum`` also the heads-summed form ``sum_h (||W_OV^h|| + S_OV (S_G + ||q_i|| + ||G|| rho))``
+    (the triangle inequality over heads, with ``W_O`` inside each head), a third return value.
+    """
+    check_local_attention(attn)
+    X = X.detach().double()
+    T, d = X.shape
+    c = X.mean(dim=0, keepdim=True)
+    Xa = torch.cat([X, torch.ones(T, 1, dtype=torch.float64)], dim=1)
+    norms = head_norms(attn) if norms is None else norms
+    total = torch.zeros(T, dtype=torch.float64)
+    summed = torch.zeros(T, dtype=torch.float64)
+    max_delta = 0.0
+    Ps = attention_weights_f64(attn, X)
+    for h in range(attn.n_heads):
+        Wq, Wk, Wv, _ = (_f64(W) for W in attn.head(h))
+        Wqa = _f64(attn.W_Q_augmented(h))
+        sc = attn.softmax_scale
+        nV, nG = norms["V"][h], norms["G"][h]
+        P = Ps[h]
+        q = sc * (Xa @ Wqa) @ Wk.T  # (T, d): q_i as rows
+        qn = q.norm(dim=1)
+        # ||G (x_j - c)|| with G = sc W_Q W_K^T: (x_j - c)^T G^T = sc (x_j - c) W_K W_Q^T (row form)
+        Gc = (sc * ((X - c) @ Wk) @ Wq.T).norm(dim=1)
+        delta = rho * (Gc[None, :] + qn[:, None] + nG * rho)  # Delta_ij (T, T)
+        if attn.causal:
+            delta = delta.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), 0.0)
+        dmax = delta.max(dim=1).values
+        w = torch.exp(delta + dmax[:, None])
+        max_delta = max(max_delta, float(dmax.max()))
+        xbar = P @ X  # (T, d)
+        Y = X[None, :, :] - xbar[:, None, :]  # (T_i, T_j, d)
+        Vy = (Y @ Wv).norm(dim=-1)  # ||W_V^T y_j|| for each query i
+        Gy = (sc * (Y @ Wk) @ Wq.T).norm(dim=-1)  # ||G y_j||
+        SV = torch.sqrt((P * w * (Vy + nV * rho) ** 2).sum(dim=1))
+        SG = torch.sqrt((P * w * (Gy + nG * rho) ** 2).sum(dim=1))
+        L = nV + SV * (SG + qn + nG * rho)
+        total = total + L * L
+        if want_sum:  # the same three terms with W_OV^h = W_V^h W_O^h in place of W_V^h, heads summed
+            nOV = norms["OV"][h]
+            OVy = (Y @ (Wv @ _f64(attn.W_O[h]))).norm(dim=-1)
+            SOV = torch.sqrt((P * w * (OVy + nOV * rho) ** 2).sum(dim=1))
+            summed = summed + nOV + SOV * (SG + qn + nG * rho)
+    concat = torch.sqrt(total) * (1.0 + DATA_PAD)
+    if want_sum:
+        return concat, max_delta, summed * (1.0 + DATA_PAD)
+    return concat, max_delta
+
+
+def head_norms(attn: AttentionSpec) -> dict:
+    """Certified ||W_V^h||, ||scale W_Q^h W_K^hT|| and ||W_O|| (``transcover.norms``, rounding included)."""
+    V, G, OV = [], [], []
+    for h in range(attn.n_heads):
+        Wq, Wk, Wv, Wo = attn.head(h)
+        V.append(spectral(Wv) * (1.0 + ROUNDING_PAD))
+        OV.append(spectral_product(Wv, Wo) * (1.0 + ROUNDING_PAD))
+        G.append(attn.softmax_scale * spectral_product(Wq, _f64(Wk).T) * (1.0 + ROUNDING_PAD))
+    W_O = _f64(attn.W_O).reshape(-1, attn.d_model)
+    return {"V": V, "G": G, "OV": OV, "O": spectral(W_O) * (1.0 + ROUNDING_PAD)}
+
+
+def attention_local_bound(attn: AttentionSpec, X: Tensor, rho: float, *, norms: dict | None = None) -> AttentionLocal:
+    r"""Certified Lipschitz constant of multi-head attention (no residual) on the ball ``B(X, rho)``.
+
+    .. math::
+
+        \mathrm{Lip}_{B(X,\rho)} \le \max_i \min\Big(\|W_O\|_2 \Big(\sum_h L_{h,i}^2\Big)^{1/2},
+        \sum_h L^{OV}_{h,i}\Big),\quad
+        L_{h,i} = \|W_V^h\| + S_V (S_G + \|q_i\| + \|G\|\rho)
+
+    Source: THEORY F17 (exact Jacobian), Note [local attention bound]; F5's softmax constant 1 is
+    implicit in the exact Jacobian.  Metric (2,inf).  Assumptions: every token of the input lies
+    within ``rho`` (l2) of the corresponding token of ``X``; dot-product attention without RoPE.
+    """
+    if not (rho >= 0 and math.isfinite(rho)):
+        raise InputError(f"rho must be a finite number >= 0, but got rho={rho}")
+    norms = head_norms(attn) if norms is None else norms
+    terms, dmax, summed = attention_query_terms(attn, X, rho, norms=norms, want_sum=True)
+    per_query = torch.minimum(norms["O"] * terms, summed) * (1.0 + ROUNDING_PAD)
+    linear = norms["O"] * math.sqrt(sum(v * v for v in norms["V"]))
+    return AttentionLocal(float(per_query.max()), per_query, terms, linear, norms["O"], dmax)
+
+
+def mixed_head_terms(attn: AttentionSpec, X: Tensor, rho: float, MO: Tensor, drift: float, norms: dict) -> Tensor:
+    r"""Per-query ``sum_h (||M_i W_OV^hT|| + S^M_h (S_G + ||q_i|| + ||G|| rho))``: the heads-summed
+    attention terms seen through a per-token matrix ``M_i`` (the layer's norms and FFN), on the ball.
+
+    ``MO`` is ``M_i W_O^T`` at the data point, (T, d, H d_head); on the ball ``M_i`` moves by at most
+    ``drift`` in spectral norm, so ``||M'_i C y|| <= ||M_i C y|| + drift ||C y||`` for every vector.
+    ``||M_i W_O^hT W_V^hT||`` comes from the Gram eigenvalues ``lambda_max(L^T A^T A L)``,
+    ``W_V^hT W_V^h = L L^T`` (Cholesky), padded like ``_local._sym_top``.  Source: Note [local
+    attention bound] (heads-summed form) and Note [layer Jacobian route] in ``_local``.
+    """
+    X = X.detach().double()
+    T, d = X.shape
+    Xa = torch.cat([X, torch.ones(T, 1, dtype=torch.float64)], dim=1)
+    c = X.mean(dim=0, keepdim=True)
+    dh = attn.d_head
+    out = torch.zeros(T, dtype=torch.float64)
+    Ps = attention_weights_f64(attn, X)
+    for h in range(attn.n_heads):
+        Wq, Wk, Wv, Wo = (_f64(W) for W in attn.head(h))
+        Wqa = _f64(attn.W_Q_augmented(h))
+        sc = attn.softmax_scale
+        nG, nOV = norms["G"][h], norms["OV"][h]
+        P = Ps[h]
+        A = MO[:, :, h * dh:(h + 1) * dh]  # (T, d, dh): M_i W_O^hT
+        gram_v = Wv.T @ Wv + 1e-300 * torch.eye(dh, dtype=torch.float64)
+        try:
+            Lc = torch.linalg.cholesky(gram_v)
+        except RuntimeError:  # a singular W_V: fall back to the product of norms
+            Lc = None
+        if Lc is None:
+            nMOV = _sym_top_small(A) * norms["V"][h]
+        else:
+            K = Lc.T @ (A.transpose(1, 2) @ A) @ Lc
+            fro2 = (A * A).sum(dim=(1, 2)) * float((Wv * Wv).sum())
+            nMOV = torch.sqrt(torch.linalg.eigvalsh(K)[:, -1].clamp(min=0.0) + 1e-9 * fro2)
+        q = sc * (Xa @ Wqa) @ Wk.T
+        qn = q.norm(dim=1)
+        Gc = (sc * ((X - c) @ Wk) @ Wq.T).norm(dim=1)
+        delta = rho * (Gc[None, :] + qn[:, None] + nG * rho)
+        if attn.causal:
+            delta = delta.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), 0.0)
+        w = torch.exp(delta + delta.max(dim=1).values[:, None])
+        Y = X[None, :, :] - (P @ X)[:, None, :]
+        Vy = Y @ Wv  # (T_i, T_j, dh)
+        MOVy = torch.einsum("ide,ije->ijd", A, Vy).norm(dim=-1)
+        OVy = (Vy @ Wo).norm(dim=-1)
+        Gy = (sc * (Y @ Wk) @ Wq.T).norm(dim=-1)
+        n_here = nMOV + drift * nOV
+        S = torch.sqrt((P * w * (MOVy + drift * OVy + n_here * rho) ** 2).sum(dim=1))
+        SG = torch.sqrt((P * w * (Gy + nG * rho) ** 2).sum(dim=1))
+        out = out + n_here + S * (SG + qn + nG * rho)
+    return out * (1.0 + DATA_PAD)
+
+
+def _sym_top_small(A: Tensor) -> Tensor:
+    G = A.transpose(1, 2) @ A
+    return torch.sqrt(torch.linalg.eigvalsh(G)[:, -1].clamp(min=0.0) + 1e-9 * (A * A).sum(dim=(1, 2)))

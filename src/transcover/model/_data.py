@@ -1,0 +1,183 @@
+"""Real inputs for the local bounds: token ids, embeddings or texts -> embedded sequences (issue 12).
+
+``load_inputs(spec, source)`` returns a list of float64 ``(T, d)`` tensors: the embedded tokens a
+model's first stage (its input norm, then layer 0) receives.  Sources:
+
+* ``.npy`` of integers ``(n, T)``: token ids, embedded with the model's tables;
+* ``.npy`` of floats ``(n, T, d)`` (or ``(T, d)``): embeddings, used as they are;
+* ``.txt``: one text per line, tokenised with the model's own ``tokenizer.json``;
+* ``sklearn-descr``: sentences of the dataset descriptions scikit-learn ships
+  (``sklearn/datasets/descr/*.rst``), real English text that needs no download.
+
+Embedding (BERT): word + position + token type 0; the embedding LayerNorm is the spec's
+``input_norm`` and is applied by the network, not here.  Every malformed input raises
+:class:`~transcover._errors.InputError` with one line naming the problem.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+
+from .._errors import InputError
+from ._spec import TransformerSpec
+
+__all__ = ["load_inputs", "sklearn_sentences", "tokenize_texts", "embed_ids", "SKLEARN_DESCR"]
+
+SKLEARN_DESCR = "sklearn-descr"
+
+
+def _max_positions(spec: TransformerSpec) -> int | None:
+    pos = spec.embeddings.get("position_embedding") if "position_embedding" in spec.embeddings else None
+    return None if pos is None else int(pos.shape[0])
+
+
+def embed_ids(spec: TransformerSpec, ids: np.ndarray) -> list:
+    """Token-id rows -> embedded sequences (float64 torch tensors, one per row)."""
+    import torch
+
+    if "token_embedding" not in spec.embeddings:
+        raise InputError(f"{spec.name} has no token embedding table; give embeddings (.npy float, (n, T, d))")
+    E = spec.embeddings["token_embedding"]
+    vocab = int(E.shape[0])
+    rows = [np.asarray(r) for r in ids]
+    if not rows or any(r.size == 0 for r in rows):
+        raise InputError("the data is empty (no sequences, or an empty sequence)")
+    lo, hi = min(int(r.min()) for r in rows), max(int(r.max()) for r in rows)
+    if lo < 0 or hi >= vocab:
+        raise InputError(f"token ids must lie in [0, {vocab - 1}] (the model's vocabulary), but got ids in [{lo}, {hi}]")
+    n_pos = _max_positions(spec)
+    longest = max(r.size for r in rows)
+    if n_pos is not None and longest > n_pos:
+        raise InputError(f"a sequence has {longest} tokens, more than the model allows ({n_pos} positions)")
+    Et = torch.as_tensor(np.asarray(E), dtype=torch.float64)
+    P = spec.embeddings.get("position_embedding") if "position_embedding" in spec.embeddings else None
+    S = spec.embeddings.get("token_type_embedding") if "token_type_embedding" in spec.embeddings else None
+    out = []
+    for r in rows:
+        X = Et[torch.as_tensor(r.astype(np.int64))]
+        if P is not None:
+            X = X + torch.as_tensor(np.asarray(P[: r.size]), dtype=torch.float64)
+        if S is not None:
+            X = X + torch.as_tensor(np.asarray(S[0]), dtype=torch.float64)[None, :]
+        out.append(X)
+    return out
+
+
+def _tokenizer_file(spec: TransformerSpec) -> Path:
+    from ._load import BUNDLED_NAME, bundled_model_dir
+
+    base = bundled_model_dir() if spec.name == BUNDLED_NAME else Path(spec.name)
+    if base.is_file():
+        base = base.parent
+    path = base / "tokenizer.json"
+    if not path.exists():
+        raise InputError(f"no tokenizer.json beside the model {spec.name}; give token ids or embeddings (.npy)")
+    return path
+
+
+def tokenize_texts(spec: TransformerSpec, texts: list[str], max_len: int | None = None) -> list[np.ndarray]:
+    """Tokenise with the model's own ``tokenizer.json`` (special tokens added), truncated to ``max_len``."""
+    from tokenizers import Tokenizer
+
+    texts = [t for t in (s.strip() for s in texts) if t]
+    if not texts:
+        raise InputError("the data is empty (no non-blank line of text)")
+    tok = Tokenizer.from_file(str(_tokenizer_file(spec)))
+    vocab = int(spec.embeddings["token_embedding"].shape[0]) if "token_embedding" in spec.embeddings else None
+    if vocab is not None and tok.get_vocab_size() != vocab:
+        raise InputError(f"the tokenizer has {tok.get_vocab_size()} tokens but the model's vocabulary has {vocab}: "
+                         "they do not match")
+    n_pos = _max_positions(spec)
+    limit = max_len if max_len is not None else n_pos
+    tok.no_padding()  # the checkpoint's tokenizer may pad to a fixed length; pads are not data
+    if limit is not None:
+        tok.enable_truncation(max_length=limit)
+    return [np.asarray(e.ids, dtype=np.int64) for e in tok.encode_batch(texts)]
+
+
+def sklearn_sentences(min_words: int = 4) -> list[str]:
+    """Sentences of scikit-learn's dataset descriptions (``sklearn/datasets/descr/*.rst``), in a fixed order.
+
+    Lines of markup (tables, directives, headings, references) are dropped; the prose is split at
+    sentence ends and sentences with fewer than ``min_words`` words are skipped.
+    """
+    import importlib.util
+
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or not spec.submodule_search_locations:
+        raise InputError("scikit-learn is not installed: --data sklearn-descr needs its dataset descriptions")
+    folder = Path(list(spec.submodule_search_locations)[0]) / "datasets" / "descr"
+    out: list[str] = []
+    for path in sorted(folder.glob("*.rst")):
+        prose = []
+        for line in path.read_text(encoding="utf-8").splitlines():
+            s = line.strip()
+            if not s or s.startswith((".. ", ":", "=", "-", "*", "|", "+", "#", ">>>", "...")) or re.fullmatch(r"[=\-~^*+ ]+", s):
+                prose.append("\n")
+                continue
+            prose.append(s)
+        for para in " ".join(prose).split("\n"):  # markup lines end paragraphs (and headings)
+            for sent in re.split(r"(?<=[.!?])\s+(?=[A-Z])", re.sub(r"\s+", " ", para)):
+                sent = sent.strip()
+                if len(sent.split()) >= min_words and re.search(r"[a-z]{3}", sent):
+                    out.append(sent)
+    return out
+
+
+def load_inputs(spec: TransformerSpec, source: str, *, max_len: int | None = None, limit: int | None = None) -> list:
+    """Embedded sequences (float64 ``(T, d)`` tensors) from ``source`` (see the module docstring)."""
+    import torch
+
+    if source == SKLEARN_DESCR:
+        texts = sklearn_sentences()
+        ids = tokenize_texts(spec, texts[:limit] if limit else texts, max_len or 32)
+        return embed_ids(spec, ids)
+    path = Path(source)
+    if not path.exists():
+        raise InputError(f"--data: no such file: {source}")
+    if path.suffix == ".txt":
+        try:
+            texts = path.read_text(encoding="utf-8").splitlines()
+        except UnicodeDecodeError:
+            raise InputError(f"--data: {source} is not UTF-8 text") from None
+        ids = tokenize_texts(spec, texts, max_len)
+        return embed_ids(spec, ids[:limit] if limit else ids)
+    if path.suffix != ".npy":
+        raise InputError(f"--data must be a .npy array, a .txt file or {SKLEARN_DESCR}, but got {source}")
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except (ValueError, OSError) as e:
+        raise InputError(f"--data: cannot read {source} as a numpy array ({e})") from None
+    if arr.size == 0:
+        raise InputError("the data is empty (an array with no entries)")
+    if limit:
+        arr = arr[:limit]
+    if np.issubdtype(arr.dtype, np.integer):
+        if arr.ndim == 1:
+            arr = arr[None]
+        if arr.ndim != 2:
+            raise InputError(f"token ids must have shape (n, T), but got {arr.shape}")
+        return embed_ids(spec, list(arr))
+    if not np.issubdtype(arr.dtype, np.floating):
+        raise InputError(f"--data arrays must be integer token ids or float embeddings, but got dtype {arr.dtype}")
+    if arr.ndim == 2:
+        arr = arr[None]
+    if arr.ndim != 3 or arr.shape[-1] != spec.d_model:
+        raise InputError(f"embeddings must have shape (n, T, {spec.d_model}) for this model, but got {arr.shape}")
+    if not np.isfinite(arr).all():
+        raise InputError("the embeddings contain NaN or infinite values")
+    n_pos = _max_positions(spec)
+    if n_pos is not None and arr.shape[1] > n_pos:
+        raise InputError(f"a sequence has {arr.shape[1]} tokens, more than the model allows ({n_pos} positions)")
+    return [torch.as_tensor(a, dtype=torch.float64) for a in arr]
+
+
+def median_token_norm(seqs: list) -> float:
+    """Median l2 norm of the tokens (the scale of the rho sweep)."""
+    import torch
+
+    return float(torch.cat([s.norm(dim=1) for s in seqs]).median()) if seqs else math.nan

@@ -155,3 +155,27 @@ def test_minilm_report_opens_in_chromium_without_console_messages(minilm_report,
     drawn = int(re.search(r'data-drawn="(\d+)"', body).group(1))
     assert drawn == _figures(html) == 4
     assert load_ms < 2000, f"the report took {load_ms:.0f} ms to load"
+
+
+def test_report_with_data_has_the_local_section(tmp_path):
+    """``report --data``: certified local constants at the data (THEORY F17) as their own section; a
+    bad ``--rho`` is one line, exit 2, no file."""
+    import numpy as np
+
+    from transcover.cli import main
+    from transcover.model import save_reference
+
+    torch.manual_seed(0)
+    model = ReferenceTransformer(ReferenceConfig(d_model=8, n_heads=2, n_layers=2, d_ff=16, norm="layernorm"))
+    save_reference(model, tmp_path / "m.safetensors")
+    X = np.random.default_rng(0).normal(size=(2, 5, 8))
+    np.save(tmp_path / "x.npy", X)
+    out = tmp_path / "r.html"
+    assert main(["report", str(tmp_path / "m.safetensors"), "--data", str(tmp_path / "x.npy"), "--rho", "1e-3",
+                 "--quiet", "--no-lower", "-o", str(out)]) == 0
+    html = out.read_text()
+    assert 'id="local"' in html and "Lipschitz constants at the data" in html and "local_upper" in html
+    assert "given, but this build computes no local" not in html
+    assert main(["report", str(tmp_path / "m.safetensors"), "--data", str(tmp_path / "x.npy"), "--rho", "0",
+                 "--quiet", "-o", str(tmp_path / "never.html")]) == 2
+    assert not (tmp_path / "never.html").exists()

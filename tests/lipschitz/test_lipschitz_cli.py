@@ -68,3 +68,21 @@ def test_bad_input_is_one_line_and_exit_2(models, tmp_path, capsys, argv, match)
     err = capsys.readouterr().err.strip()
     assert err.startswith("transcover: error:") and match in err and "\n" not in err
     assert not out.exists()
+
+
+def test_perturb_plot_draws_the_bound_per_layer_and_the_measured_change(models, tmp_path, capsys):
+    """``perturb --plot``: PerturbationDisplay (display style) written atomically as PNG; the API's
+    ``PerturbationBound.plot`` returns the display with its figure."""
+    out = tmp_path / "p.png"
+    assert main(["perturb", str(models / "a.safetensors"), str(models / "b.safetensors"), *FAST,
+                 "--quiet", "--plot", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from transcover.lipschitz import perturbation_bound
+    from transcover.model import load
+
+    bound = perturbation_bound(load(str(models / "a.safetensors")), load(str(models / "b.safetensors")))
+    disp = bound.plot(lower=0.5 * bound.total.value, n_layers=2)
+    assert disp.figure_ is not None and len(disp.ax_) == 2
+    assert disp.total == bound.total.value and sum(disp.contributions) > 0
+    assert main(["perturb", str(models / "a.safetensors"), str(models / "b.safetensors"), *FAST,
+                 "--plot", str(tmp_path / "p.txt")]) == 2  # refused before computing

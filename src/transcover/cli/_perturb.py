@@ -15,6 +15,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model_b", help="second model with the same architecture (e.g. a fine-tuned version)")
     add_model_arguments(p)
     p.add_argument("--top", type=int, default=10, help="print the largest TOP terms c_i ||dW_i|| (default 10)")
+    p.add_argument("--plot", metavar="PATH", default=None,
+                   help="write the bound per layer and the total beside the measured change (.png, .svg or .pdf)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -33,6 +35,10 @@ def run(args: argparse.Namespace) -> int:
     check_common(args)
     if args.top < 0:
         raise InputError(f"--top must be >= 0, but got --top={args.top}")
+    if args.plot:
+        from ..report import check_output_path
+
+        check_output_path(args.plot, "--plot", (".png", ".svg", ".pdf"))
     tracker = start_progress(quiet=args.quiet)
     tracker.step("loading the models")
     a = load(args.model_a, arch=args.arch, allow_pickle=args.allow_pickle, strict=args.strict).to_torch()
@@ -70,6 +76,14 @@ def run(args: argparse.Namespace) -> int:
         console.print(terms)
     for asm in bound.total.assumptions:
         console.print(f"  assumption: {asm}")
+    if args.plot:
+        from ..report import atomic_write_bytes
+        from ..report._figures import pyplot, save_figure
+
+        fig = bound.plot(lower=lw, n_layers=a.n_layers).figure_
+        atomic_write_bytes(args.plot, save_figure(fig, args.plot))
+        pyplot().close(fig)
+        print(f"wrote {args.plot}", file=sys.stderr)
     if args.json:
         payload = {"model_a": a.name, "model_b": b.name,
                    "warnings": list(a.warnings) + list(b.warnings),

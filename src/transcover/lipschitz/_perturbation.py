@@ -341,6 +341,13 @@ class PerturbationBound:
             out[e.layer] = out.get(e.layer, 0.0) + c
         return dict(sorted(out.items()))
 
+    def plot(self, ax=None, lower: float | None = None, *, n_layers: int | None = None):
+        """Per-layer contributions and the total beside ``lower`` (a measured change), as
+        :class:`transcover.report.PerturbationDisplay` (returned, ``figure_`` set)."""
+        from ..report._displays import PerturbationDisplay
+
+        return PerturbationDisplay.from_result(self, lower, n_layers=n_layers).plot(ax=ax)
+
     def to_dict(self) -> dict[str, object]:
         return {"total": self.total.to_dict(), "coefficients": self.coefficients.to_dict(),
                 "terms": [{"layer": e.layer, "role": e.role, "coefficient": e.coefficient, "norm": e.norm,

@@ -16,6 +16,7 @@ from ._displays import BoundDisplay as BoundDisplay
 from ._displays import CoveringDisplay as CoveringDisplay
 from ._displays import HistoryDisplay as HistoryDisplay
 from ._displays import LipschitzDisplay as LipschitzDisplay
+from ._displays import PerturbationDisplay as PerturbationDisplay
 from ._envelope import envelope as envelope
 from ._envelope import envelope_json as envelope_json
 from ._envelope import file_sha256 as file_sha256
@@ -25,5 +26,5 @@ from ._progress import progress as progress
 from ._progress import start_progress as start_progress
 
 __all__ += ["AnalysisDisplay", "BoundDisplay", "CoveringDisplay", "HistoryDisplay", "LipschitzDisplay",
-            "envelope", "envelope_json", "file_sha256", "input_hashes", "check_output_path", "progress",
+            "PerturbationDisplay", "envelope", "envelope_json", "file_sha256", "input_hashes", "check_output_path", "progress",
             "start_progress"]

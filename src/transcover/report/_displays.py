@@ -17,8 +17,8 @@ import numpy as np
 from ._figures import pyplot
 from ._html import plain
 
-__all__ = ["AnalysisDisplay", "LipschitzDisplay", "BoundDisplay", "CoveringDisplay", "HistoryDisplay",
-           "layer_label"]
+__all__ = ["AnalysisDisplay", "LipschitzDisplay", "PerturbationDisplay", "BoundDisplay", "CoveringDisplay",
+           "HistoryDisplay", "layer_label"]
 
 
 def layer_label(layer: int, n_layers: int | None = None) -> str:
@@ -150,6 +150,53 @@ class LipschitzDisplay:
         axes[1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0))
         if ax is None and self.title:
             fig.suptitle(plain(self.title), fontsize=10, y=1.04)  # above the panel titles
+        self.figure_, self.ax_ = fig, axes
+        return self
+
+
+@dataclass
+class PerturbationDisplay:
+    """Lemma G.3: the certified bound's contribution per layer (sum of c_i ||dW_i||), and the total
+    beside the measured output change (an empirical lower bound of the same supremum)."""
+
+    layers: list[str]
+    contributions: np.ndarray
+    total: float
+    lower: float = math.nan  # NaN when no change was measured
+    title: str = ""
+    figure_: object = field(default=None, repr=False)
+    ax_: object = field(default=None, repr=False)
+
+    @classmethod
+    def from_result(cls, bound, lower: float | None = None, *, n_layers: int | None = None,
+                    model: str = "") -> "PerturbationDisplay":
+        by_layer = bound.by_layer()
+        labels = [layer_label(k, n_layers) for k in by_layer]
+        return cls(labels, np.array(list(by_layer.values()), float), float(bound.total.value),
+                   math.nan if lower is None else float(lower), model)
+
+    def plot(self, ax=None) -> "PerturbationDisplay":
+        fig, axes = _axes(ax, 2, (9.0, 3.6), width_ratios=(max(len(self.layers), 2), 2))
+        x = np.arange(len(self.layers))
+        pos = np.where(self.contributions > 0, self.contributions, np.nan)
+        axes[0].bar(x, pos, color="C0", label="certified upper (Lemma G.3, F6-F8)")
+        axes[0].set_yscale("log")
+        axes[0].set_xticks(x)
+        axes[0].set_xticklabels(self.layers, fontsize=8)
+        axes[0].set_xlabel("layer")
+        axes[0].set_ylabel(r"$\sum_i c_i \|\Delta W_i\|$")
+        axes[0].set_title("bound per layer", fontsize=10)
+        axes[0].grid(axis="y", alpha=0.3)
+        vals = [self.total] + ([self.lower] if math.isfinite(self.lower) and self.lower > 0 else [])
+        names = ["certified upper", "measured lower"][: len(vals)]
+        axes[1].bar(np.arange(len(vals)), vals, color=["C0", "C1"][: len(vals)])
+        axes[1].set_yscale("log")
+        axes[1].set_xticks(np.arange(len(vals)))
+        axes[1].set_xticklabels(names, fontsize=8)
+        axes[1].set_title(r"$\sup_X \|g_A(X) - g_B(X)\|$", fontsize=10)
+        axes[1].grid(axis="y", alpha=0.3)
+        if ax is None and self.title:
+            fig.suptitle(plain(self.title), fontsize=10, y=1.04)
         self.figure_, self.ax_ = fig, axes
         return self
 

@@ -132,3 +132,36 @@ def test_notebook_views(ref_file):
     fig, axes = plt.subplots(1, 2)
     assert r.plot(ax=axes).figure_ is fig  # scikit-learn style: draws on the axes given
     plt.close("all")
+
+
+def _stderr_of(argv: list[str], *, terminal: bool) -> str:
+    """stderr of ``python -m transcover ARGV``, attached to a pseudo-terminal or to a pipe."""
+    import os
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "transcover", *argv]
+    if not terminal:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=300).stderr
+    master, slave = os.openpty()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=slave, stdin=subprocess.DEVNULL)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 4096)
+        except OSError:  # the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    proc.wait(timeout=300)
+    os.close(master)
+    return b"".join(chunks).decode("utf-8", "replace")
+
+
+def test_approx_shows_progress_on_a_terminal_only():
+    argv = ["approx", "encodings", "--n", "8", "--dim", "8"]
+    assert "approx encodings" in _stderr_of(argv, terminal=True)
+    assert "approx encodings" not in _stderr_of(argv, terminal=False)
+    assert "approx encodings" not in _stderr_of([*argv, "--quiet"], terminal=True)

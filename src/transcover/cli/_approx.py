@@ -11,6 +11,17 @@ HELP = "approximation lab: build the Lemma H.1 Transformer, decompose its error,
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="PATH", help="write the result as JSON (atomically)")
     p.add_argument("--plot", metavar="PNG", help="write a figure")
+    p.add_argument("--quiet", action="store_true", help="no progress display")
+
+
+def _console(args):
+    """The console of the results: the progress display is closed first (it only covers the work)."""
+    from rich.console import Console
+
+    tracker = getattr(args, "tracker", None)
+    if tracker is not None:
+        tracker.close()
+    return Console()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,6 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     e.add_argument("--failure-prob", type=float, default=0.01, help="delta of F16b")
     e.add_argument("--seed", type=int, default=0, help="random seed of the random encodings")
     e.add_argument("--json", metavar="PATH", help="write the result as JSON")
+    e.add_argument("--quiet", action="store_true", help="no progress display")
     f = sub.add_parser("failures", help="when assumptions fail (seed 7.2): weak | delta | shift")
     f.add_argument("--mode", choices=("weak", "delta", "shift"), required=True,
                    help="which assumption fails: weak gamma, large Delta, or a shifted input distribution")
@@ -85,7 +97,6 @@ def _write_outputs(args, data: dict, display=None) -> None:
 
 
 def _construct(args) -> int:
-    from rich.console import Console
     from rich.table import Table
 
     from .. import approx
@@ -114,7 +125,7 @@ def _construct(args) -> int:
     t.add_row("  lemma form n e^{-R(1-2Δ)}·…", "", f"{b.lemma_attention.value:.4g}")
     t.add_row("MLP part |f(ψ)-h|", f"{d.mlp.value:.4g}", f"{b.mlp.value:.4g}")
     t.add_row("total |F-g*|", f"{d.total.value:.4g}", f"{b.total.value:.4g}")
-    console = Console()
+    console = _console(args)
     console.print(t)
     console.print(f"capacity: B_KQ={cap.B_KQ:.4g}  B_V={cap.B_V:.4g}  head Lipschitz<= {cap.head_lipschitz:.4g}  "
                   f"params={cap.n_params} (non-zero {cap.n_nonzero})  heads={c.s}  head widths={c.mlp.widths}")
@@ -131,13 +142,11 @@ def _construct(args) -> int:
 
 
 def _sweep(args) -> int:
-    from rich.console import Console
     from rich.table import Table
 
     from .. import approx
     from .._errors import InputError
 
-    console = Console()
     if args.over == "R":
         ns = [int(x) for x in _floats(args.ns, "--ns")]
         res = approx.attention_rate_sweep(_floats(args.Rs, "--Rs"), ns, _floats(args.deltas, "--deltas"),
@@ -149,6 +158,7 @@ def _sweep(args) -> int:
             t.add_row(str(f["n"]), f"{f['delta']:.3g}", f"{f['key_leak']:.3g}", f"{f['fitted_rate']:.4f}",
                       f"{f['gap_rate']:.4f}", f"{f['lemma_rate']:.4f}")
         worst = max(r["measured"] / r["bound"] for r in res.rows)
+        console = _console(args)
         console.print(t)
         console.print(f"max measured/bound over {len(res.rows)} points: {worst:.6f}")
     else:
@@ -165,6 +175,7 @@ def _sweep(args) -> int:
             t.add_column(col, justify="right")
         for f in res.fits:
             t.add_row(f"{f['beta']:g}", str(f["s"]), f"{f['fitted_exponent']:.3f}", f"{f['theory_exponent']:.3f}")
+        console = _console(args)
         console.print(t)
         console.print(f"max measured/bound: {max(r['measured'] / r['bound'] for r in res.rows):.4f}")
     _write_outputs(args, res.to_dict(), res)
@@ -172,7 +183,6 @@ def _sweep(args) -> int:
 
 
 def _encodings(args) -> int:
-    from rich.console import Console
 
     from .. import approx
     from .._errors import InputError
@@ -183,7 +193,7 @@ def _encodings(args) -> int:
     need = approx.random_sign_dimension(max(args.n, 2), args.delta, args.failure_prob) if args.delta > 0 else None
     floor = approx.welch_bound(enc.n, enc.dim)
     frac = f" = {enc.delta_fraction}" if enc.delta_fraction is not None else ""
-    Console().print(f"{enc.family}: n={enc.n}, d_p={enc.dim}, Δ={enc.delta:.6g}{frac} ({enc.kind.value}); "
+    _console(args).print(f"{enc.family}: n={enc.n}, d_p={enc.dim}, Δ={enc.delta:.6g}{frac} ({enc.kind.value}); "
                     f"Welch floor for (n, d_p): {floor:.4g}; Δ<{args.delta:g} needs d_p>={approx.welch_dimension(args.n, args.delta)} "
                     f"(any design, Welch) and d_p>={need} (random signs, prob>={1 - args.failure_prob:g}, F16b)")
     data = {"family": enc.family, "n": enc.n, "dim": enc.dim, "delta": enc.delta,
@@ -195,7 +205,6 @@ def _encodings(args) -> int:
 
 
 def _failures(args) -> int:
-    from rich.console import Console
 
     from .. import approx
 
@@ -205,7 +214,7 @@ def _failures(args) -> int:
         res = approx.delta_to_half_curve([0.0, 0.1, 0.2, 0.3, 0.4, 0.45, 0.49])
     else:
         res = approx.shift_curve([0.0, 0.05, 0.1, 0.2, 0.5, 1.0])
-    console = Console()
+    console = _console(args)
     console.print(res.name)
     for r in res.rows:
         console.print("  " + "  ".join(f"{k}={v:.4g}" for k, v in r.items()))
@@ -219,4 +228,11 @@ def run(args) -> int:
     handlers = {"construct": _construct, "sweep": _sweep, "encodings": _encodings, "failures": _failures}
     if args.approx_command is None:
         raise InputError("approx needs a sub-command: construct | sweep | encodings | failures")
-    return handlers[args.approx_command](args)
+    from ..report import start_progress
+
+    args.tracker = start_progress(quiet=args.quiet)  # a spinner while computing; closed by _console
+    args.tracker.step(f"approx {args.approx_command}")
+    try:
+        return handlers[args.approx_command](args)
+    finally:
+        args.tracker.close()

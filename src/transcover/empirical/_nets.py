@@ -41,9 +41,11 @@ strictly 2eps-separated: the chain above holds for the stored data, not only up 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 import numpy as np
 import torch
@@ -52,7 +54,7 @@ from torch import Tensor
 from .._errors import InputError
 from .._results import Kind, Quantity
 from ._metrics import DEFAULT_BLOCK_ELEMENTS, as_outputs, check_eps, check_q
-from ._predicates import within
+from ._predicates import _round_to, within, within_rows
 
 __all__ = [
     "IncrementalNet", "greedy_net", "maximal_packing",
@@ -78,16 +80,56 @@ class torch_threads:
         torch.set_num_threads(self._old)
 
 
+_ROUNDS = 3  # nearest-first exact checks per row before a block's remaining candidates are checked at once
+
+
+@functools.lru_cache(maxsize=256)
+def _gram_filter(r: float, dtype: torch.dtype, dim: int, w: int) -> tuple[float, float, float] | None:
+    """``(c, T, big)`` of the Gram-matrix filter (Note [Gram filter]), or None if it cannot be sound.
+
+    ``c <= 1 - kappa`` scales the squared norms, ``T >= w r^2 + eta`` is the threshold, rows with a
+    computed squared norm ``>= big`` are never pruned.  All three are values of ``dtype``.
+    """
+    fi = torch.finfo(dtype)
+    u = Fraction(fi.eps) / 2
+    k = 2 * dim + 8
+    if k * u >= Fraction(1, 8):
+        return None
+    kappa = 2 * k * u / (1 - k * u)
+    eta = 8 * (dim + 4) * Fraction(fi.tiny)
+    R = Fraction(r)
+    c = _round_to(1 - kappa, dtype, up=False)
+    T = _round_to(w * R * R + eta, dtype, up=True)
+    return c, T, fi.max / 8
+
+
 class IncrementalNet:
     """A greedy net built from a stream of functions, never holding an M x M matrix.
 
     Point ``j`` (in arrival order) becomes a centre iff ``d_q(y_j, c) > radius`` for every
     earlier centre ``c``, decided exactly (module notes).
-    Memory: the centres plus one ``chunk x centres`` distance block.
+    Memory: the centres plus one ``chunk x centres`` block.
 
     Note [chunked greedy]: a chunk's points are first compared with the existing centres; the
-    ones still uncovered are compared with each other (one ``u x u`` block) and resolved in
-    arrival order, so the result equals the sequential greedy exactly.
+    ones still uncovered are compared with each other and resolved in arrival order (a point
+    becomes a centre iff it is farther than the radius from every earlier pick of the chunk), so
+    the result equals the sequential greedy exactly.
+
+    Note [Gram filter]: with ``w = n b`` for the flat l_inf metric (q = inf or b = 1) and
+    ``w = n`` otherwise, ``d_q(x, y) >= ||x - y||_F / sqrt(w)`` (the largest of ``w`` per-entry
+    or per-sample norms is at least their root mean square, and ``||.||_1 >= ||.||_2``).  The
+    squared Frobenius distances of a chunk to all centres come from one matrix product,
+    ``S = c nu_x + c nu_y - 2 x.y`` (``nu`` the computed squared norms, ``c <= 1 - kappa``).  With
+    ``D = n b`` terms and unit roundoff ``u``, the norms and the dot product carry relative errors
+    ``gamma_D`` (Higham, Lemma 3.1 and eq. 3.5; any order, FMA or not, since
+    ``|x.y| <= |x| |y| <= (|x|^2 + |y|^2)/2``) and the two additions ``gamma_2``, so
+    ``S <= ||x - y||^2 + (|x|^2 + |y|^2)((1 - kappa)(1 + u)(1 + gamma_D) - 1 + gamma_D
+    + 2 gamma_2 (1 + gamma_D)) + eta``; ``kappa = 2 gamma_(2D+8)`` (twice what is needed) makes the
+    bracket negative, and ``eta = 8 (D + 4) tiny`` covers underflow, flushed or gradual.  Hence
+    ``S > T >= w r^2 + eta`` proves ``d_q > r``: such pairs are dropped, never wrongly.  Rows
+    whose squared norm is ``>= max/8`` (where a product could overflow) get NaN and are never
+    dropped.  Every other pair is decided exactly by ``_predicates``, nearest-first (smallest
+    ``S``), so a covered point usually costs one exact check.
 
     Args:
         radius: the net's radius ``eps`` (> 0; ``inf`` gives one centre, as ``2 eps`` may overflow).
@@ -104,6 +146,7 @@ class IncrementalNet:
         self.chunk_size = chunk_size
         self.block_elements = block_elements
         self._centres: Tensor | None = None  # (capacity, n, b), first _k rows used
+        self._scaled: Tensor | None = None  # (capacity,) c * squared norms of the centres
         self._k = 0
         self._indices: list[int] = []
         self.n_seen = 0
@@ -124,25 +167,90 @@ class IncrementalNet:
         """Arrival indices of the centres (increasing)."""
         return np.asarray(self._indices, dtype=np.int64)
 
+    def _filter(self, X: Tensor) -> tuple[float, float, float] | None:
+        if self.radius == math.inf:
+            return None
+        _, n, b = X.shape
+        return _gram_filter(self.radius, X.dtype, n * b, n * b if (self.q == math.inf or b == 1) else n)
+
+    def _scale(self, F: Tensor, filt: tuple[float, float, float]) -> Tensor:
+        """``c * nu`` per row of the flattened rows F; NaN where the filter must not prune."""
+        nu = (F * F).sum(dim=1)
+        out = nu * filt[0]
+        out[~(nu < filt[2])] = math.nan
+        return out
+
     def _append(self, rows: Tensor) -> None:
         if self._centres is None:
             cap = max(64, rows.shape[0])
             self._centres = torch.empty((cap, *rows.shape[1:]), dtype=rows.dtype)
+            self._scaled = torch.empty(cap, dtype=rows.dtype)
         elif self._k + rows.shape[0] > self._centres.shape[0]:
             cap = max(2 * self._centres.shape[0], self._k + rows.shape[0])
             grown = torch.empty((cap, *rows.shape[1:]), dtype=rows.dtype)
             grown[: self._k] = self._centres[: self._k]
             self._centres = grown
+            scaled = torch.empty(cap, dtype=rows.dtype)
+            scaled[: self._k] = self._scaled[: self._k]
+            self._scaled = scaled
+        filt = self._filter(rows)
+        if filt is not None:
+            self._scaled[self._k: self._k + rows.shape[0]] = self._scale(rows.reshape(rows.shape[0], -1), filt)
         self._centres[self._k: self._k + rows.shape[0]] = rows
         self._k += rows.shape[0]
 
+    def _candidates(self, sx: Tensor, Xf: Tensor, sy: Tensor, Yf: Tensor, T: float) -> Tensor:
+        """Filter values ``S`` (Note [Gram filter]): ``inf`` where ``d > radius`` is proved, NaN -> -inf."""
+        S = torch.addmm(sx[:, None] + sy[None, :], Xf, Yf.T, alpha=-2)
+        S.masked_fill_(S > T, math.inf)
+        return torch.nan_to_num(S, nan=-math.inf, posinf=math.inf, neginf=-math.inf)
+
     def _uncovered(self, X: Tensor) -> Tensor:
         """Mask of rows of X farther than the radius from every current centre."""
-        keep = torch.ones(X.shape[0], dtype=torch.bool)
+        m, n, b = X.shape
+        keep = torch.ones(m, dtype=torch.bool)
         if self._k == 0:
             return keep
+        filt = self._filter(X)
+        if filt is None:
+            return self._uncovered_plain(X, keep)
+        assert self._centres is not None and self._scaled is not None
+        Xf = X.reshape(m, -1)
+        sx = self._scale(Xf, filt)
+        C = self._centres
+        Cf = C.reshape(C.shape[0], -1)
+        per = max(1, self.block_elements // m)
+        for s in range(0, self._k, per):
+            e = min(self._k, s + per)
+            rows = torch.nonzero(keep).flatten()
+            if rows.numel() == 0:
+                break
+            S = self._candidates(sx[rows], Xf[rows], self._scaled[s:e], Cf[s:e], filt[1])
+            for _ in range(_ROUNDS):  # nearest-first: a covered point is usually settled at once
+                v, j = S.min(dim=1)
+                live = torch.nonzero(v < math.inf).flatten()
+                if live.numel() == 0:
+                    break
+                ok = torch.from_numpy(within_rows(X[rows[live]], C[s + j[live]], self.q, self.radius))
+                keep[rows[live[ok]]] = False
+                S[live[ok]] = math.inf
+                S[live[~ok], j[live[~ok]]] = math.inf
+            left = S < math.inf
+            rem = torch.nonzero(left.any(dim=1)).flatten()
+            if rem.numel() == 0:
+                continue
+            ii, jj = torch.nonzero(left[rem], as_tuple=True)
+            if 4 * ii.numel() < rem.numel() * (e - s):
+                ok = torch.from_numpy(within_rows(X[rows[rem[ii]]], C[s + jj], self.q, self.radius))
+                keep[rows[rem[ii[ok]]]] = False
+            else:
+                close = within(X[rows[rem]], C[s:e], self.q, self.radius, block_elements=self.block_elements)
+                keep[rows[rem[close.any(dim=1)]]] = False
+        return keep
+
+    def _uncovered_plain(self, X: Tensor, keep: Tensor) -> Tensor:
+        """Without the filter (infinite radius, or dimensions beyond its error analysis)."""
         _, n, b = X.shape
-        # Centre blocks sized so that the cdist temporary stays inside block_elements.
         per = max(1, self.block_elements // max(1, X.shape[0] * (1 if b == 1 or self.q == math.inf else n)))
         for s in range(0, self._k, per):
             idx = torch.nonzero(keep).flatten()
@@ -152,6 +260,31 @@ class IncrementalNet:
                            block_elements=self.block_elements)
             keep[idx] = ~close.any(dim=1)
         return keep
+
+    def _resolve(self, X: Tensor) -> list[int]:
+        """Exact sequential greedy among a chunk's uncovered points X, in order: the picks."""
+        u, n, b = X.shape
+        filt = self._filter(X)
+        if filt is None:
+            near = within(X, X, self.q, self.radius, block_elements=self.block_elements).numpy()
+            exact = True
+        else:
+            Xf = X.reshape(u, -1)
+            sx = self._scale(Xf, filt)
+            near = (self._candidates(sx, Xf, sx, Xf, filt[1]) < math.inf).numpy()
+            exact = False
+        alive = np.ones(u, dtype=bool)
+        picks = []
+        for j in range(u):
+            if not alive[j]:
+                continue
+            picks.append(j)
+            others = np.flatnonzero(alive[j + 1:] & near[j, j + 1:]) + (j + 1)
+            if others.size and not exact:
+                ok = within_rows(X[j].expand(others.size, n, b), X[torch.from_numpy(others)], self.q, self.radius)
+                others = others[ok]
+            alive[others] = False
+        return picks
 
     def add(self, Y: Tensor) -> Tensor:
         """Feed the next functions ``(m, n, b)``; returns the mask of those that became centres."""
@@ -164,14 +297,7 @@ class IncrementalNet:
             X = Y[s: s + self.chunk_size]
             cand = torch.nonzero(self._uncovered(X)).flatten()
             if cand.numel():
-                close = within(X[cand], X[cand], self.q, self.radius,
-                               block_elements=self.block_elements).numpy()
-                alive = np.ones(cand.numel(), dtype=bool)
-                picks = []
-                for j in range(cand.numel()):  # sequential greedy among the chunk's candidates
-                    if alive[j]:
-                        picks.append(j)
-                        alive &= ~close[j]
+                picks = self._resolve(X[cand])
                 chosen = cand[torch.as_tensor(picks, dtype=torch.long)]
                 self._append(X[chosen])
                 self._indices.extend((self.n_seen + s + chosen).tolist())

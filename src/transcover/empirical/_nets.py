@@ -199,11 +199,9 @@ class IncrementalNet:
         self._centres[self._k: self._k + rows.shape[0]] = rows
         self._k += rows.shape[0]
 
-    def _candidates(self, sx: Tensor, Xf: Tensor, sy: Tensor, Yf: Tensor, T: float) -> Tensor:
-        """Filter values ``S`` (Note [Gram filter]): ``inf`` where ``d > radius`` is proved, NaN -> -inf."""
-        S = torch.addmm(sx[:, None] + sy[None, :], Xf, Yf.T, alpha=-2)
-        S.masked_fill_(S > T, math.inf)
-        return torch.nan_to_num(S, nan=-math.inf, posinf=math.inf, neginf=-math.inf)
+    def _gram(self, sx: Tensor, Xf: Tensor, sy: Tensor, Yf: Tensor) -> Tensor:
+        """Filter values ``S`` (Note [Gram filter]): ``S > T`` proves ``d > radius``; NaN proves nothing."""
+        return torch.addmm(sx[:, None] + sy[None, :], Xf, Yf.T, alpha=-2)
 
     def _uncovered(self, X: Tensor) -> Tensor:
         """Mask of rows of X farther than the radius from every current centre."""
@@ -215,6 +213,7 @@ class IncrementalNet:
         if filt is None:
             return self._uncovered_plain(X, keep)
         assert self._centres is not None and self._scaled is not None
+        T = filt[1]
         Xf = X.reshape(m, -1)
         sx = self._scale(Xf, filt)
         C = self._centres
@@ -225,27 +224,27 @@ class IncrementalNet:
             rows = torch.nonzero(keep).flatten()
             if rows.numel() == 0:
                 break
-            S = self._candidates(sx[rows], Xf[rows], self._scaled[s:e], Cf[s:e], filt[1])
+            P = self._gram(sx[rows], Xf[rows], self._scaled[s:e], Cf[s:e])
+            prow = torch.arange(rows.numel())
             for _ in range(_ROUNDS):  # nearest-first: a covered point is usually settled at once
-                v, j = S.min(dim=1)
-                live = torch.nonzero(v < math.inf).flatten()
-                if live.numel() == 0:
+                j = torch.from_numpy(P.numpy().argmin(axis=1))  # numpy's argmin is vectorised; NaN first
+                live = torch.nonzero(~(P.gather(1, j[:, None]).squeeze(1) > T)).flatten()
+                ok = torch.from_numpy(within_rows(X[rows[prow[live]]], C[s + j[live]], self.q, self.radius))
+                keep[rows[prow[live[ok]]]] = False
+                bad = live[~ok]
+                P, prow = P[bad], prow[bad]
+                P[torch.arange(bad.numel()), j[bad]] = math.inf
+                if bad.numel() == 0:
                     break
-                ok = torch.from_numpy(within_rows(X[rows[live]], C[s + j[live]], self.q, self.radius))
-                keep[rows[live[ok]]] = False
-                S[live[ok]] = math.inf
-                S[live[~ok], j[live[~ok]]] = math.inf
-            left = S < math.inf
-            rem = torch.nonzero(left.any(dim=1)).flatten()
-            if rem.numel() == 0:
+            if prow.numel() == 0:
                 continue
-            ii, jj = torch.nonzero(left[rem], as_tuple=True)
-            if 4 * ii.numel() < rem.numel() * (e - s):
-                ok = torch.from_numpy(within_rows(X[rows[rem[ii]]], C[s + jj], self.q, self.radius))
-                keep[rows[rem[ii[ok]]]] = False
+            ii, jj = torch.nonzero(~(P > T), as_tuple=True)
+            if 4 * ii.numel() < prow.numel() * (e - s):
+                ok = torch.from_numpy(within_rows(X[rows[prow[ii]]], C[s + jj], self.q, self.radius))
+                keep[rows[prow[ii[ok]]]] = False
             else:
-                close = within(X[rows[rem]], C[s:e], self.q, self.radius, block_elements=self.block_elements)
-                keep[rows[rem[close.any(dim=1)]]] = False
+                close = within(X[rows[prow]], C[s:e], self.q, self.radius, block_elements=self.block_elements)
+                keep[rows[prow[close.any(dim=1)]]] = False
         return keep
 
     def _uncovered_plain(self, X: Tensor, keep: Tensor) -> Tensor:
@@ -271,7 +270,7 @@ class IncrementalNet:
         else:
             Xf = X.reshape(u, -1)
             sx = self._scale(Xf, filt)
-            near = (self._candidates(sx, Xf, sx, Xf, filt[1]) < math.inf).numpy()
+            near = (~(self._gram(sx, Xf, sx, Xf) > filt[1])).numpy()
             exact = False
         alive = np.ones(u, dtype=bool)
         picks = []

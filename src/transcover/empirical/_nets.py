@@ -365,6 +365,16 @@ def maximal_packing(Y: Tensor, eps: float, q: float = math.inf, *, order=None,
     return idx if order is None else np.asarray(order, dtype=np.int64)[idx]
 
 
+def _net_and_packing(Y: Tensor, eps: float, q: float, chunk_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """The greedy eps-net and the greedy 2eps-net (the packing) in one pass over the chunks of Y."""
+    net = IncrementalNet(eps, q, chunk_size=chunk_size)
+    pack = IncrementalNet(2.0 * eps, q, chunk_size=chunk_size)
+    for s in range(0, Y.shape[0], chunk_size):
+        net.add(Y[s:s + chunk_size])
+        pack.add(Y[s:s + chunk_size])
+    return net.indices, pack.indices
+
+
 @dataclass(frozen=True)
 class CoveringEstimate:
     """Lower and upper estimates of the covering number of a finite set at one ``eps``.
@@ -440,8 +450,9 @@ def estimate_covering_number(Y, eps: float, q: float | str = math.inf, *, n_orde
     with torch_threads(workers):
         for r in range(n_orders):
             order = None if r == 0 else torch.randperm(Y.shape[0], generator=gen)
-            net = greedy_net(Y, eps, qf, order=order, chunk_size=chunk_size)
-            pack = maximal_packing(Y, eps, qf, order=order, chunk_size=chunk_size)
+            net, pack = _net_and_packing(_ordered(Y, order), eps, qf, chunk_size)
+            if order is not None:
+                net, pack = order.numpy()[net], order.numpy()[pack]
             if best_net is None or len(net) < len(best_net):
                 best_net = net
             best_pack = max(best_pack, len(pack))

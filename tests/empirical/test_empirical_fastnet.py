@@ -140,3 +140,17 @@ def test_many_centres_many_blocks():
         net.add(Y)
         assert net.indices.tolist() == sequential_greedy(Y, 0.3, q)
         assert net.size > 40
+
+
+def test_reduced_precision_matmul_turns_the_filter_off():
+    """With bf16/tf32 float32 products allowed, the Gram filter's bound is void: it must not run."""
+    old = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("medium")
+        net = IncrementalNet(0.5, math.inf)
+        assert net._filter(torch.zeros(3, 2, 1)) is None
+        Y = torch.rand(200, 3, 2, generator=torch.Generator().manual_seed(2))
+        assert greedy_net(Y, 0.3, 2.0).tolist() == sequential_greedy(Y, 0.3, 2.0)
+    finally:
+        torch.set_float32_matmul_precision(old)
+    assert IncrementalNet(0.5, math.inf)._filter(torch.zeros(3, 2, 1)) is not None

@@ -37,6 +37,12 @@ stand for (``_predicates``: a certified float filter, then float64, then rationa
 near-ties), whatever the data's dtype (float16, bfloat16 and float32 are held as float32, integers
 as float64).  So the net is a true eps-cover by strictly eps-separated points and the packing truly
 strictly 2eps-separated: the chain above holds for the stored data, not only up to rounding.
+
+Speed (issue 14): a chunk of points meets all current centres in one matrix product, which gives a
+certified lower bound on every distance (Note [Gram filter] of :class:`IncrementalNet`); only the
+pairs it cannot rule out are decided exactly, nearest first.  The chunk's own order is then
+resolved by the exact sequential greedy among its uncovered points, so the centres are those of
+the one-point-at-a-time greedy.
 """
 
 from __future__ import annotations
@@ -101,6 +107,15 @@ def _gram_filter(r: float, dtype: torch.dtype, dim: int, w: int) -> tuple[float,
     c = _round_to(1 - kappa, dtype, up=False)
     T = _round_to(w * R * R + eta, dtype, up=True)
     return c, T, fi.max / 8
+
+
+def _ieee_float32_matmul() -> bool:
+    """False when torch may run float32 products in bf16/tf32: the filter's error bound would not hold."""
+    if torch.get_float32_matmul_precision() != "highest":
+        return False
+    settings = [getattr(torch.backends, "fp32_precision", "none"),
+                getattr(getattr(torch.backends.mkldnn, "matmul", None), "fp32_precision", "none")]
+    return all(v in ("none", "ieee") for v in settings)
 
 
 class IncrementalNet:
@@ -168,7 +183,7 @@ class IncrementalNet:
         return np.asarray(self._indices, dtype=np.int64)
 
     def _filter(self, X: Tensor) -> tuple[float, float, float] | None:
-        if self.radius == math.inf:
+        if self.radius == math.inf or (X.dtype == torch.float32 and not _ieee_float32_matmul()):
             return None
         _, n, b = X.shape
         return _gram_filter(self.radius, X.dtype, n * b, n * b if (self.q == math.inf or b == 1) else n)

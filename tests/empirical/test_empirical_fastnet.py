@@ -154,3 +154,26 @@ def test_reduced_precision_matmul_turns_the_filter_off():
     finally:
         torch.set_float32_matmul_precision(old)
     assert IncrementalNet(0.5, math.inf)._filter(torch.zeros(3, 2, 1)) is not None
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64])
+def test_sketch_guess_path_equals_sequential(dtype, monkeypatch):
+    """Blocks of >= 64 centres first try the sketch-nearest centre (checked exactly), then the filter."""
+    calls = []
+    original = IncrementalNet._guess
+
+    def counting(self, *args):
+        ok = original(self, *args)
+        calls.append((int(ok.sum()), ok.numel()))
+        return ok
+
+    monkeypatch.setattr(IncrementalNet, "_guess", counting)
+    gen = torch.Generator().manual_seed(8)
+    Y = torch.rand(700, 3, 2, generator=gen).to(dtype)
+    Yw = as_outputs(Y)
+    for q in QS:
+        for r in (0.2, 0.25):
+            net = IncrementalNet(r, q, chunk_size=64, block_elements=64 * 100)
+            net.add(Y)
+            assert net.indices.tolist() == sequential_greedy(Yw, r, q)
+    assert sum(c[0] for c in calls) > 0 and any(c[0] < c[1] for c in calls)  # settled some, not all

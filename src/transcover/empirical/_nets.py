@@ -86,6 +86,8 @@ class torch_threads:
         torch.set_num_threads(self._old)
 
 
+_SKETCH_DIM = 16  # random projection used only to guess a covering centre (the guess is then checked exactly)
+_SKETCH_FROM = 64  # centres in a block from which the guess pays for itself
 _ROUNDS = 3  # nearest-first exact checks per row before a block's remaining candidates are checked at once
 
 
@@ -162,6 +164,8 @@ class IncrementalNet:
         self.block_elements = block_elements
         self._centres: Tensor | None = None  # (capacity, n, b), first _k rows used
         self._scaled: Tensor | None = None  # (capacity,) c * squared norms of the centres
+        self._proj: Tensor | None = None  # (n b, _SKETCH_DIM) fixed Gaussian projection
+        self._sketch: Tensor | None = None  # (capacity, _SKETCH_DIM + 1) projected centres, then their squared norm
         self._k = 0
         self._indices: list[int] = []
         self.n_seen = 0
@@ -200,6 +204,9 @@ class IncrementalNet:
             cap = max(64, rows.shape[0])
             self._centres = torch.empty((cap, *rows.shape[1:]), dtype=rows.dtype)
             self._scaled = torch.empty(cap, dtype=rows.dtype)
+            self._sketch = torch.empty(cap, _SKETCH_DIM + 1, dtype=rows.dtype)
+            gen = torch.Generator().manual_seed(0)
+            self._proj = torch.randn(rows[0].numel(), _SKETCH_DIM, generator=gen, dtype=torch.float64).to(rows.dtype)
         elif self._k + rows.shape[0] > self._centres.shape[0]:
             cap = max(2 * self._centres.shape[0], self._k + rows.shape[0])
             grown = torch.empty((cap, *rows.shape[1:]), dtype=rows.dtype)
@@ -208,11 +215,28 @@ class IncrementalNet:
             scaled = torch.empty(cap, dtype=rows.dtype)
             scaled[: self._k] = self._scaled[: self._k]
             self._scaled = scaled
+            sketch = torch.empty(cap, _SKETCH_DIM + 1, dtype=rows.dtype)
+            sketch[: self._k] = self._sketch[: self._k]
+            self._sketch = sketch
         filt = self._filter(rows)
         if filt is not None:
             self._scaled[self._k: self._k + rows.shape[0]] = self._scale(rows.reshape(rows.shape[0], -1), filt)
+        self._sketch[self._k: self._k + rows.shape[0]] = self._project(rows.reshape(rows.shape[0], -1))
         self._centres[self._k: self._k + rows.shape[0]] = rows
         self._k += rows.shape[0]
+
+    def _project(self, F: Tensor) -> Tensor:
+        """Rows ``[F R, |F R|^2]``: a sketch whose distances only rank centres (never decide)."""
+        Z = F @ self._proj
+        return torch.cat([Z, (Z * Z).sum(dim=1, keepdim=True)], dim=1)
+
+    def _guess(self, X: Tensor, Xf: Tensor, rows: Tensor, s: int, e: int) -> Tensor:
+        """Rows (of ``rows``) exactly within the radius of the sketch-nearest centre in ``[s, e)``."""
+        Z = self._project(Xf[rows])
+        K = self._sketch[s:e]
+        S = torch.addmm(Z[:, -1:] + K[None, :, -1], Z[:, :-1], K[:, :-1].T, alpha=-2)
+        j = torch.from_numpy(S.numpy().argmin(axis=1))
+        return torch.from_numpy(within_rows(X[rows], self._centres[s + j], self.q, self.radius))
 
     def _gram(self, sx: Tensor, Xf: Tensor, sy: Tensor, Yf: Tensor) -> Tensor:
         """Filter values ``S`` (Note [Gram filter]): ``S > T`` proves ``d > radius``; NaN proves nothing."""
@@ -239,6 +263,12 @@ class IncrementalNet:
             rows = torch.nonzero(keep).flatten()
             if rows.numel() == 0:
                 break
+            if e - s >= _SKETCH_FROM:  # most points are covered: a cheap guess, checked exactly, settles them
+                ok = self._guess(X, Xf, rows, s, e)
+                keep[rows[ok]] = False
+                rows = rows[~ok]
+                if rows.numel() == 0:
+                    break
             P = self._gram(sx[rows], Xf[rows], self._scaled[s:e], Cf[s:e])
             prow = torch.arange(rows.numel())
             for _ in range(_ROUNDS):  # nearest-first: a covered point is usually settled at once

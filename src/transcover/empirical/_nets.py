@@ -47,11 +47,9 @@ the one-point-at-a-time greedy.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from fractions import Fraction
 
 import numpy as np
 import torch
@@ -60,7 +58,7 @@ from torch import Tensor
 from .._errors import InputError
 from .._results import Kind, Quantity
 from ._metrics import DEFAULT_BLOCK_ELEMENTS, as_outputs, check_eps, check_q
-from ._predicates import _round_to, within, within_rows
+from ._predicates import gram_filter, ieee_float32_matmul, within, within_rows
 
 __all__ = [
     "IncrementalNet", "greedy_net", "maximal_packing",
@@ -89,35 +87,6 @@ class torch_threads:
 _SKETCH_DIM = 16  # random projection used only to guess a covering centre (the guess is then checked exactly)
 _SKETCH_FROM = 64  # centres in a block from which the guess pays for itself
 _ROUNDS = 3  # nearest-first exact checks per row before a block's remaining candidates are checked at once
-
-
-@functools.lru_cache(maxsize=256)
-def _gram_filter(r: float, dtype: torch.dtype, dim: int, w: int) -> tuple[float, float, float] | None:
-    """``(c, T, big)`` of the Gram-matrix filter (Note [Gram filter]), or None if it cannot be sound.
-
-    ``c <= 1 - kappa`` scales the squared norms, ``T >= w r^2 + eta`` is the threshold, rows with a
-    computed squared norm ``>= big`` are never pruned.  All three are values of ``dtype``.
-    """
-    fi = torch.finfo(dtype)
-    u = Fraction(fi.eps) / 2
-    k = 2 * dim + 8
-    if k * u >= Fraction(1, 8):
-        return None
-    kappa = 2 * k * u / (1 - k * u)
-    eta = 8 * (dim + 4) * Fraction(fi.tiny)
-    R = Fraction(r)
-    c = _round_to(1 - kappa, dtype, up=False)
-    T = _round_to(w * R * R + eta, dtype, up=True)
-    return c, T, fi.max / 8
-
-
-def _ieee_float32_matmul() -> bool:
-    """False when torch may run float32 products in bf16/tf32: the filter's error bound would not hold."""
-    if torch.get_float32_matmul_precision() != "highest":
-        return False
-    settings = [getattr(torch.backends, "fp32_precision", "none"),
-                getattr(getattr(torch.backends.mkldnn, "matmul", None), "fp32_precision", "none")]
-    return all(v in ("none", "ieee") for v in settings)
 
 
 class IncrementalNet:
@@ -165,7 +134,7 @@ class IncrementalNet:
         self._centres: Tensor | None = None  # (capacity, n, b), first _k rows used
         self._scaled: Tensor | None = None  # (capacity,) c * squared norms of the centres
         self._proj: Tensor | None = None  # (n b, _SKETCH_DIM) fixed Gaussian projection
-        self._sketch: Tensor | None = None  # (capacity, _SKETCH_DIM + 1) projected centres, then their squared norm
+        self._sketch: Tensor | None = None  # (capacity, _SKETCH_DIM + 1) rows [-2 z, |z|^2], z = projected centre
         self._k = 0
         self._indices: list[int] = []
         self.n_seen = 0
@@ -187,10 +156,10 @@ class IncrementalNet:
         return np.asarray(self._indices, dtype=np.int64)
 
     def _filter(self, X: Tensor) -> tuple[float, float, float] | None:
-        if self.radius == math.inf or (X.dtype == torch.float32 and not _ieee_float32_matmul()):
+        if self.radius == math.inf or (X.dtype == torch.float32 and not ieee_float32_matmul()):
             return None
         _, n, b = X.shape
-        return _gram_filter(self.radius, X.dtype, n * b, n * b if (self.q == math.inf or b == 1) else n)
+        return gram_filter(self.radius, X.dtype, n * b, n * b if (self.q == math.inf or b == 1) else n)
 
     def _scale(self, F: Tensor, filt: tuple[float, float, float]) -> Tensor:
         """``c * nu`` per row of the flattened rows F; NaN where the filter must not prune."""
@@ -221,21 +190,20 @@ class IncrementalNet:
         filt = self._filter(rows)
         if filt is not None:
             self._scaled[self._k: self._k + rows.shape[0]] = self._scale(rows.reshape(rows.shape[0], -1), filt)
-        self._sketch[self._k: self._k + rows.shape[0]] = self._project(rows.reshape(rows.shape[0], -1))
+        Z = self._project(rows.reshape(rows.shape[0], -1))
+        self._sketch[self._k: self._k + rows.shape[0]] = torch.cat([-2 * Z, (Z * Z).sum(dim=1, keepdim=True)], dim=1)
         self._centres[self._k: self._k + rows.shape[0]] = rows
         self._k += rows.shape[0]
 
     def _project(self, F: Tensor) -> Tensor:
-        """Rows ``[F R, |F R|^2]``: a sketch whose distances only rank centres (never decide)."""
-        Z = F @ self._proj
-        return torch.cat([Z, (Z * Z).sum(dim=1, keepdim=True)], dim=1)
+        """``F R``: a sketch whose distances only rank centres (they never decide anything)."""
+        return F @ self._proj
 
     def _guess(self, X: Tensor, Xf: Tensor, rows: Tensor, s: int, e: int) -> Tensor:
         """Rows (of ``rows``) exactly within the radius of the sketch-nearest centre in ``[s, e)``."""
         Z = self._project(Xf[rows])
-        K = self._sketch[s:e]
-        S = torch.addmm(Z[:, -1:] + K[None, :, -1], Z[:, :-1], K[:, :-1].T, alpha=-2)
-        j = torch.from_numpy(S.numpy().argmin(axis=1))
+        Z1 = torch.cat([Z, torch.ones(Z.shape[0], 1, dtype=Z.dtype)], dim=1)
+        j = torch.from_numpy((Z1 @ self._sketch[s:e].T).numpy().argmin(axis=1))  # |z - k|^2 - |z|^2
         return torch.from_numpy(within_rows(X[rows], self._centres[s + j], self.q, self.radius))
 
     def _gram(self, sx: Tensor, Xf: Tensor, sy: Tensor, Yf: Tensor) -> Tensor:

@@ -39,7 +39,7 @@ from torch import Tensor
 
 from ._metrics import DEFAULT_BLOCK_ELEMENTS, distance_matrix
 
-__all__ = ["within", "within_rows", "within_pairs", "certainly_within", "certainly_beyond", "band"]
+__all__ = ["within", "within_rows", "within_pairs", "gram_filter", "ieee_float32_matmul", "certainly_within", "certainly_beyond", "band"]
 
 _PAIR_BLOCK = 1 << 20  # float64 elements per stage-2 block
 
@@ -84,6 +84,35 @@ def band(r: float, dtype: torch.dtype, terms: int) -> tuple[float, float, bool]:
     lo = _round_to((R - abs_) / (1 + rel), dtype, up=False)
     hi = _round_to((R + abs_) / (1 - rel), dtype, up=True)
     return lo, hi, hi <= math.sqrt(fi.max) / 2
+
+
+@functools.lru_cache(maxsize=256)
+def gram_filter(r: float, dtype: torch.dtype, dim: int, w: int) -> tuple[float, float, float] | None:
+    """``(c, T, big)`` of the Gram-matrix filter (``_nets``, Note [Gram filter]), or None if unsound.
+
+    ``c <= 1 - kappa`` scales the squared norms, ``T >= w r^2 + eta`` is the threshold, rows with a
+    computed squared norm ``>= big`` are never pruned.  All three are values of ``dtype``.
+    """
+    fi = torch.finfo(dtype)
+    u = Fraction(fi.eps) / 2
+    k = 2 * dim + 8
+    if k * u >= Fraction(1, 8):
+        return None
+    kappa = 2 * k * u / (1 - k * u)
+    eta = 8 * (dim + 4) * Fraction(fi.tiny)
+    R = Fraction(r)
+    c = _round_to(1 - kappa, dtype, up=False)
+    T = _round_to(w * R * R + eta, dtype, up=True)
+    return c, T, fi.max / 8
+
+
+def ieee_float32_matmul() -> bool:
+    """False when torch may run float32 products in bf16/tf32: the filter's error bound would not hold."""
+    if torch.get_float32_matmul_precision() != "highest":
+        return False
+    settings = [getattr(torch.backends, "fp32_precision", "none"),
+                getattr(getattr(torch.backends.mkldnn, "matmul", None), "fp32_precision", "none")]
+    return all(v in ("none", "ieee") for v in settings)
 
 
 def certainly_within(D: Tensor, r: float, terms: int) -> Tensor:

@@ -201,7 +201,7 @@ class IncrementalNet:
 
     def _guess(self, X: Tensor, Xf: Tensor, rows: Tensor, s: int, e: int) -> Tensor:
         """Rows (of ``rows``) exactly within the radius of the sketch-nearest centre in ``[s, e)``."""
-        Z = self._project(Xf[rows])
+        Z = self._project(Xf if rows.numel() == Xf.shape[0] else Xf[rows])
         Z1 = torch.cat([Z, torch.ones(Z.shape[0], 1, dtype=Z.dtype)], dim=1)
         j = torch.from_numpy((Z1 @ self._sketch[s:e].T).numpy().argmin(axis=1))  # |z - k|^2 - |z|^2
         return torch.from_numpy(within_rows(X[rows], self._centres[s + j], self.q, self.radius))
@@ -237,7 +237,8 @@ class IncrementalNet:
                 rows = rows[~ok]
                 if rows.numel() == 0:
                     break
-            P = self._gram(sx[rows], Xf[rows], self._scaled[s:e], Cf[s:e])
+            whole = rows.numel() == m  # no gathered copies while every row is still open
+            P = self._gram(sx if whole else sx[rows], Xf if whole else Xf[rows], self._scaled[s:e], Cf[s:e])
             prow = torch.arange(rows.numel())
             for _ in range(_ROUNDS):  # nearest-first: a covered point is usually settled at once
                 j = torch.from_numpy(P.numpy().argmin(axis=1))  # numpy's argmin is vectorised; NaN first

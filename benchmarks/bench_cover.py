@@ -1,23 +1,26 @@
-"""Benchmark: transcover's chunked greedy eps-net against the straightforward one (issue 5).
+"""Benchmark: transcover's blocked greedy eps-net against the straightforward chunked greedy (issue 14).
 
-    python benchmarks/bench_cover.py [--M 100000] [--naive-M 20000] [--eps 0.3] [--json out/bench_cover.json]
+    OMP_NUM_THREADS=1 python benchmarks/bench_cover.py [--M 100000] [--eps 0.3] [--q inf] [--json out.json]
 
-Data: M functions whose outputs on n = 32 samples with b = 8 outputs (n*b = 256) lie on a smooth
-3-dimensional manifold, ``tanh(Z A)`` with ``Z ~ U[-1, 1]^3`` and a Gaussian ``A`` (3 x 256): the
-net size then grows slowly with M, like a real class's.  ``eps`` = 0.3 in ``q = inf`` gives about
-1 000 centres.
+Data: M functions whose outputs on n = 32 samples with b = 8 outputs (n*b = 256, float32) lie on a
+smooth 3-dimensional manifold, ``tanh(Z A)`` with ``Z ~ U[-1, 1]^3`` and a Gaussian ``A``
+(3 x 256).  ``eps = 0.3`` in ``q = inf`` gives about 1 000 centres at M = 10^5.
 
-* transcover: ``IncrementalNet`` (blocked ``torch.cdist`` against the current centres only;
-  memory O(M n b + K n b)).
-* naive: all pairwise distances (one ``M x M`` float32 matrix: 40 GB at M = 100 000, more than
-  this machine's memory), then the sequential greedy.  Same distance kernel, same decisions: the
-  script checks that both return the same centres.
+The baseline is the strongest straightforward implementation, not an all-pairs matrix: for each
+point in order, the distance to every current centre (a preallocated centres array) in one
+vectorised numpy call, and the point is appended when the minimum is ``> eps``.  Same greedy order,
+so the centres must be identical (the script checks it; the baseline compares in float32, where
+numpy casts ``eps``, so on near-ties it could differ -- transcover's decisions are exact).
 
-Each variant runs in its own subprocess (a fresh interpreter, so peaks do not mix) and reports its
-wall time and peak resident memory (``resource.getrusage(RUSAGE_SELF).ru_maxrss``).  The naive
-subprocesses run under ``RLIMIT_AS`` (``--mem-limit-gib``) so the 40 GB attempt fails cleanly
-instead of taking the machine down.  The naive time at M is extrapolated from ``--naive-M`` as
-``t_dist (M/m)^2 + t_greedy (M/m)(K_M/K_m)``.
+1. Net alone, in this process, side by side: wall time of each, the ratio, identical centres, and
+   each variant's peak resident memory (``VmHWM`` after resetting it through
+   ``/proc/self/clear_refs``; it includes the data and the loaded libraries).
+2. Net + packing, whole processes: ``transcover cover finite`` (the CLI's ``main``, imports
+   included) on the same data saved as .npy against a process running the baseline for the eps-net
+   and the 2eps-net; wall time, and each child's own ``VmHWM`` at its end.
+
+Run with one thread (``--threads 1``, the default); the load average is printed, as other jobs
+may share the machine.
 """
 
 from __future__ import annotations
@@ -26,146 +29,180 @@ import argparse
 import json
 import math
 import os
-import resource
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+
+import numpy as np
 
 N_SAMPLES, N_OUT, INTRINSIC = 32, 8, 3
 
 
-def make_data(M: int, seed: int = 0):
+def make_data(M: int, seed: int = 0) -> np.ndarray:
     import torch
 
     g = torch.Generator().manual_seed(seed)
     Z = torch.rand(M, INTRINSIC, generator=g) * 2 - 1
     A = torch.randn(INTRINSIC, N_SAMPLES * N_OUT, generator=g)
-    return torch.tanh(Z @ A).reshape(M, N_SAMPLES, N_OUT)  # float32
+    return torch.tanh(Z @ A).reshape(M, N_SAMPLES, N_OUT).numpy()  # float32
 
 
-def naive_net(Y, eps: float, q: float):
-    """Straightforward: the full M x M distance matrix, then greedy over it."""
-    import torch
-
+def baseline_net(Y: np.ndarray, eps: float, q: float) -> list[int]:
+    """The straightforward chunked greedy: one vectorised distance-to-all-centres call per point."""
     M, n, b = Y.shape
-    t0 = time.perf_counter()
-    if q == math.inf or b == 1:
-        D = torch.cdist(Y.reshape(M, n * b), Y.reshape(M, n * b), p=math.inf)
-    else:
-        D = torch.zeros(M, M, dtype=Y.dtype)
-        for i in range(n):
-            torch.maximum(D, torch.cdist(Y[:, i], Y[:, i], p=q, compute_mode="donot_use_mm_for_euclid_dist"), out=D)
-    t1 = time.perf_counter()
-    covered = torch.zeros(M, dtype=torch.bool)
+    flat = q == math.inf or b == 1
+    X = Y.reshape(M, n * b) if flat else Y
+    C = np.empty_like(X)  # centres, first k rows used (no reallocation)
+    k = 0
     centres = []
     for i in range(M):
-        if not covered[i]:
-            centres.append(i)
-            covered |= D[i] <= eps
-    return centres, t1 - t0, time.perf_counter() - t1
+        if k:
+            diff = np.abs(C[:k] - X[i])
+            if flat:
+                d = diff.max(axis=1)
+            elif q == 1.0:
+                d = diff.sum(axis=2).max(axis=1)
+            else:
+                d = np.sqrt((diff * diff).sum(axis=2)).max(axis=1)
+            if d.min() <= eps:
+                continue
+        C[k] = X[i]
+        k += 1
+        centres.append(i)
+    return centres
 
 
-def child(args: argparse.Namespace) -> None:
+def transcover_net(Y: np.ndarray, eps: float, q: float) -> list[int]:
     import torch
 
-    from transcover.empirical import IncrementalNet
+    from transcover.empirical import greedy_net
 
-    torch.set_num_threads(args.threads)
-    Y = make_data(args.M)
-    base_rss = _rss_now_kib()
-    out: dict[str, object] = {"variant": args.child, "M": args.M, "base_rss_mib": base_rss / 1024}
-    try:
-        t0 = time.perf_counter()
-        if args.child == "fast":
-            net = IncrementalNet(args.eps, args.q)
-            net.add(Y)
-            centres = net.indices.tolist()
-            out.update(seconds=time.perf_counter() - t0)
-        else:
-            centres, t_dist, t_greedy = naive_net(Y, args.eps, args.q)
-            out.update(seconds=t_dist + t_greedy, seconds_distances=t_dist, seconds_greedy=t_greedy)
-        out.update(net_size=len(centres), centres_hash=hash(tuple(centres)), status="ok")
-    except (MemoryError, RuntimeError) as err:  # torch reports a failed allocation as RuntimeError
-        out.update(status="out of memory", error=" ".join(str(err).split())[:200])
-    out["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps(out))
+    return greedy_net(torch.from_numpy(Y), eps, q).tolist()
 
 
-def _rss_now_kib() -> float:
+def _reset_peak() -> None:
+    with open("/proc/self/clear_refs", "w") as fh:  # "5" resets VmHWM to the current RSS (Linux >= 4.0)
+        fh.write("5")
+
+
+def _status_mib(field: str) -> float:
     with open("/proc/self/status") as fh:
         for line in fh:
-            if line.startswith("VmRSS:"):
-                return float(line.split()[1])
+            if line.startswith(field + ":"):
+                return float(line.split()[1]) / 1024
     return float("nan")
 
 
-def run_child(variant: str, M: int, args: argparse.Namespace, mem_limit: int | None) -> dict:
-    cmd = [sys.executable, __file__, "--child", variant, "--M", str(M), "--eps", str(args.eps),
-           "--q", str(args.q), "--threads", str(args.threads)]
+def timed(fn, *args) -> tuple[list[int], float, float]:
+    _reset_peak()
+    t0 = time.perf_counter()
+    out = fn(*args)
+    return out, time.perf_counter() - t0, _status_mib("VmHWM")
 
-    def limit() -> None:
-        if mem_limit is not None:
-            resource.setrlimit(resource.RLIMIT_AS, (mem_limit, mem_limit))
 
-    proc = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=limit)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"variant": variant, "M": M, "status": f"failed (exit {proc.returncode}): {tail[:200]}"}
-    return json.loads(lines[-1])
+def child_baseline(path: str, eps: float, q: float) -> None:
+    """A whole process: load, baseline eps-net and 2eps-net (the packing), print the sizes."""
+    Y = np.load(path)
+    net = baseline_net(Y, eps, q)
+    pack = baseline_net(Y, 2 * eps, q)
+    print(json.dumps({"net": len(net), "packing": len(pack), "peak_rss_mib": _status_mib("VmHWM")}))
+
+
+def child_cli(argv: list[str]) -> None:
+    """A whole process: ``transcover cover ...`` as the CLI runs it, then this process's peak RSS."""
+    from transcover.cli import main as cli_main
+
+    rc = cli_main(argv)
+    print(json.dumps({"peak_rss_mib": _status_mib("VmHWM")}), file=sys.stderr)
+    sys.exit(rc)
+
+
+def run_process(cmd: list[str], threads: int) -> dict:
+    """Wall time, exit code and output of one whole process (it prints its own VmHWM)."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads),
+               OPENBLAS_NUM_THREADS=str(threads))
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, text=True, env=env)
+        _, status, _ = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t0
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        return {"seconds": wall, "rc": proc.returncode,
+                "stdout": out.read().strip()[-2000:], "stderr": err.read().strip()[-500:]}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--M", type=int, default=100_000)
-    p.add_argument("--naive-M", type=int, default=20_000)
     p.add_argument("--eps", type=float, default=0.3)
     p.add_argument("--q", type=float, default=math.inf)
-    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    p.add_argument("--mem-limit-gib", type=float, default=16.0, help="RLIMIT_AS of the naive subprocesses")
+    p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", default=None)
-    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    args = p.parse_args()
-    if args.child:
-        child(args)
+    p.add_argument("--child-baseline", default=None, help=argparse.SUPPRESS)
+    if sys.argv[1:2] == ["--child-cli"]:
+        child_cli(sys.argv[2:])
         return
-    limit = int(args.mem_limit_gib * 2**30)
-    M, m = args.M, args.naive_M
-    print(f"M={M}, n*b={N_SAMPLES * N_OUT} (n={N_SAMPLES}, b={N_OUT}), q={args.q}, eps={args.eps}, "
-          f"threads={args.threads}")
-    print(f"naive M x M float32 matrix at M={M}: {M * M * 4 / 1e9:.1f} GB "
-          f"(naive subprocess limit {args.mem_limit_gib:g} GiB of address space)")
-    res = {
-        "fast_M": run_child("fast", M, args, None),
-        "naive_M": run_child("naive", M, args, limit),
-        "fast_m": run_child("fast", m, args, None),
-        "naive_m": run_child("naive", m, args, limit),
-    }
-    for k, r in res.items():
-        extra = "" if r.get("status") != "ok" else (f"  time {r['seconds']:8.2f} s  centres {r['net_size']:5d}  "
-                                                     f"peak RSS {r['peak_rss_mib']:7.0f} MiB")
-        print(f"{r['variant']:>5} M={r['M']:>6}: {r.get('status')}{extra}"
-              + ("" if r.get("status") == "ok" else f"  {r.get('error', '')}"))
-    f, nm, fm = res["fast_M"], res["naive_m"], res["fast_m"]
-    summary: dict[str, object] = {"results": res}
-    if nm.get("status") == "ok" and fm.get("status") == "ok":
-        same = nm["centres_hash"] == fm["centres_hash"] and nm["net_size"] == fm["net_size"]
-        summary["same_centres_at_naive_M"] = same
-        summary["speedup_at_naive_M"] = nm["seconds"] / fm["seconds"]
-        print(f"at M={m}: identical centres: {same}; speed-up {nm['seconds'] / fm['seconds']:.1f}x; "
-              f"peak RSS naive {nm['peak_rss_mib']:.0f} MiB vs transcover {fm['peak_rss_mib']:.0f} MiB")
-        if f.get("status") == "ok":
-            r = M / m
-            t_ext = nm["seconds_distances"] * r**2 + nm["seconds_greedy"] * r * f["net_size"] / max(1, nm["net_size"])
-            summary["naive_extrapolated_seconds_at_M"] = t_ext
-            summary["speedup_extrapolated_at_M"] = t_ext / f["seconds"]
-            print(f"at M={M}: naive extrapolated {t_ext:.0f} s (and {M * M * 4 / 2**30:.1f} GiB matrix) vs transcover "
-                  f"{f['seconds']:.1f} s, peak RSS {f['peak_rss_mib']:.0f} MiB: speed-up "
-                  f"{t_ext / f['seconds']:.0f}x")
+    args = p.parse_args()
+    if args.child_baseline:
+        child_baseline(args.child_baseline, args.eps, args.q)
+        return
+    import torch
+
+    torch.set_num_threads(args.threads)
+    Y = make_data(args.M)
+    qn = "inf" if args.q == math.inf else str(int(args.q))
+    print(f"M={args.M}, n*b={N_SAMPLES * N_OUT} (n={N_SAMPLES}, b={N_OUT}), float32, q={qn}, eps={args.eps}, "
+          f"threads={args.threads}, load average before: {os.getloadavg()}")
+    res: dict[str, object] = {"M": args.M, "eps": args.eps, "q": qn, "threads": args.threads,
+                              "load_before": os.getloadavg()}
+
+    # 1. net alone, same process, side by side
+    fast, t_fast, hwm_fast = timed(transcover_net, Y, args.eps, args.q)
+    base, t_base, hwm_base = timed(baseline_net, Y, args.eps, args.q)
+    same = fast == base
+    res["net"] = {"transcover_s": t_fast, "baseline_s": t_base, "speedup": t_base / t_fast,
+                  "centres": len(fast), "baseline_centres": len(base), "identical_centres": same,
+                  "peak_rss_mib_transcover": hwm_fast, "peak_rss_mib_baseline": hwm_base}
+    print(f"net alone (same process): transcover {t_fast:.2f} s, baseline chunked greedy {t_base:.2f} s, "
+          f"speed-up {t_base / t_fast:.1f}x; centres {len(fast)} vs {len(base)}, identical: {same}")
+    print(f"  peak RSS (VmHWM, includes data {Y.nbytes / 2**20:.0f} MiB and libraries): "
+          f"transcover {hwm_fast:.0f} MiB, baseline {hwm_base:.0f} MiB")
+
+    # 2. net + packing, whole processes
+    with tempfile.TemporaryDirectory() as tmp:
+        path = str(Path(tmp) / "outputs.npy")
+        np.save(path, Y)
+        cli = [sys.executable, __file__, "--child-cli", "cover", "finite", path, "--eps", repr(args.eps),
+               "--q", qn, "--workers", str(args.threads), "--quiet", "--json", str(Path(tmp) / "cover.json")]
+        r_cli = run_process(cli, args.threads)
+        if r_cli["rc"] == 0:
+            row = json.loads((Path(tmp) / "cover.json").read_text())
+            row = row.get("result", row)["rows"][0]
+            r_cli.update(net=row["net_size"], packing=row["packing_size"],
+                         **json.loads(r_cli["stderr"].splitlines()[-1]))
+        r_base = run_process([sys.executable, __file__, "--child-baseline", path, "--eps", repr(args.eps),
+                              "--q", str(args.q)], args.threads)
+        if r_base["rc"] == 0:
+            r_base.update(json.loads(r_base["stdout"].splitlines()[-1]))
+    for name, r in (("transcover CLI", r_cli), ("baseline", r_base)):
+        if r["rc"] != 0:
+            sys.exit(f"{name} process failed (exit {r['rc']}): {r['stderr'][-300:]}")
+    res["net_and_packing_process"] = {"transcover_cli": r_cli, "baseline": r_base,
+                                      "speedup": r_base["seconds"] / r_cli["seconds"]}
+    print(f"net + packing, whole process: `transcover cover finite` {r_cli['seconds']:.2f} s "
+          f"(net {r_cli.get('net')}, packing {r_cli.get('packing')}, peak RSS {r_cli['peak_rss_mib']:.0f} MiB, "
+          f"rc {r_cli['rc']}), baseline {r_base['seconds']:.2f} s (net {r_base.get('net')}, packing "
+          f"{r_base.get('packing')}, peak RSS {r_base['peak_rss_mib']:.0f} MiB): speed-up "
+          f"{r_base['seconds'] / r_cli['seconds']:.1f}x")
+    res["load_after"] = os.getloadavg()
+    print(f"load average after: {os.getloadavg()} (2 cores shared with other jobs)")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(summary, indent=2))
+        Path(args.json).write_text(json.dumps(res, indent=2, default=str))
 
 
 if __name__ == "__main__":

@@ -37,6 +37,12 @@ stand for (``_predicates``: a certified float filter, then float64, then rationa
 near-ties), whatever the data's dtype (float16, bfloat16 and float32 are held as float32, integers
 as float64).  So the net is a true eps-cover by strictly eps-separated points and the packing truly
 strictly 2eps-separated: the chain above holds for the stored data, not only up to rounding.
+
+Speed (issue 14): a chunk of points meets all current centres in one matrix product, which gives a
+certified lower bound on every distance (Note [Gram filter] of :class:`IncrementalNet`); only the
+pairs it cannot rule out are decided exactly, nearest first.  The chunk's own order is then
+resolved by the exact sequential greedy among its uncovered points, so the centres are those of
+the one-point-at-a-time greedy.
 """
 
 from __future__ import annotations
@@ -52,7 +58,7 @@ from torch import Tensor
 from .._errors import InputError
 from .._results import Kind, Quantity
 from ._metrics import DEFAULT_BLOCK_ELEMENTS, as_outputs, check_eps, check_q
-from ._predicates import within
+from ._predicates import gram_filter, ieee_float32_matmul, within, within_rows
 
 __all__ = [
     "IncrementalNet", "greedy_net", "maximal_packing",
@@ -78,16 +84,38 @@ class torch_threads:
         torch.set_num_threads(self._old)
 
 
+_SKETCH_DIM = 16  # random projection used only to guess a covering centre (the guess is then checked exactly)
+_SKETCH_FROM = 64  # centres in a block from which the guess pays for itself
+_ROUNDS = 3  # nearest-first exact checks per row before a block's remaining candidates are checked at once
+
+
 class IncrementalNet:
     """A greedy net built from a stream of functions, never holding an M x M matrix.
 
     Point ``j`` (in arrival order) becomes a centre iff ``d_q(y_j, c) > radius`` for every
     earlier centre ``c``, decided exactly (module notes).
-    Memory: the centres plus one ``chunk x centres`` distance block.
+    Memory: the centres plus one ``chunk x centres`` block.
 
     Note [chunked greedy]: a chunk's points are first compared with the existing centres; the
-    ones still uncovered are compared with each other (one ``u x u`` block) and resolved in
-    arrival order, so the result equals the sequential greedy exactly.
+    ones still uncovered are compared with each other and resolved in arrival order (a point
+    becomes a centre iff it is farther than the radius from every earlier pick of the chunk), so
+    the result equals the sequential greedy exactly.
+
+    Note [Gram filter]: with ``w = n b`` for the flat l_inf metric (q = inf or b = 1) and
+    ``w = n`` otherwise, ``d_q(x, y) >= ||x - y||_F / sqrt(w)`` (the largest of ``w`` per-entry
+    or per-sample norms is at least their root mean square, and ``||.||_1 >= ||.||_2``).  The
+    squared Frobenius distances of a chunk to all centres come from one matrix product,
+    ``S = c nu_x + c nu_y - 2 x.y`` (``nu`` the computed squared norms, ``c <= 1 - kappa``).  With
+    ``D = n b`` terms and unit roundoff ``u``, the norms and the dot product carry relative errors
+    ``gamma_D`` (Higham, Lemma 3.1 and eq. 3.5; any order, FMA or not, since
+    ``|x.y| <= |x| |y| <= (|x|^2 + |y|^2)/2``) and the two additions ``gamma_2``, so
+    ``S <= ||x - y||^2 + (|x|^2 + |y|^2)((1 - kappa)(1 + u)(1 + gamma_D) - 1 + gamma_D
+    + 2 gamma_2 (1 + gamma_D)) + eta``; ``kappa = 2 gamma_(2D+8)`` (twice what is needed) makes the
+    bracket negative, and ``eta = 8 (D + 4) tiny`` covers underflow, flushed or gradual.  Hence
+    ``S > T >= w r^2 + eta`` proves ``d_q > r``: such pairs are dropped, never wrongly.  Rows
+    whose squared norm is ``>= max/8`` (where a product could overflow) get NaN and are never
+    dropped.  Every other pair is decided exactly by ``_predicates``, nearest-first (smallest
+    ``S``), so a covered point usually costs one exact check.
 
     Args:
         radius: the net's radius ``eps`` (> 0; ``inf`` gives one centre, as ``2 eps`` may overflow).
@@ -104,6 +132,9 @@ class IncrementalNet:
         self.chunk_size = chunk_size
         self.block_elements = block_elements
         self._centres: Tensor | None = None  # (capacity, n, b), first _k rows used
+        self._scaled: Tensor | None = None  # (capacity,) c * squared norms of the centres
+        self._proj: Tensor | None = None  # (n b, _SKETCH_DIM) fixed Gaussian projection
+        self._sketch: Tensor | None = None  # (capacity, _SKETCH_DIM + 1) rows [-2 z, |z|^2], z = projected centre
         self._k = 0
         self._indices: list[int] = []
         self.n_seen = 0
@@ -124,25 +155,115 @@ class IncrementalNet:
         """Arrival indices of the centres (increasing)."""
         return np.asarray(self._indices, dtype=np.int64)
 
+    def _filter(self, X: Tensor) -> tuple[float, float, float] | None:
+        if self.radius == math.inf or (X.dtype == torch.float32 and not ieee_float32_matmul()):
+            return None
+        _, n, b = X.shape
+        return gram_filter(self.radius, X.dtype, n * b, n * b if (self.q == math.inf or b == 1) else n)
+
+    def _scale(self, F: Tensor, filt: tuple[float, float, float]) -> Tensor:
+        """``c * nu`` per row of the flattened rows F; NaN where the filter must not prune."""
+        nu = (F * F).sum(dim=1)
+        out = nu * filt[0]
+        out[~(nu < filt[2])] = math.nan
+        return out
+
     def _append(self, rows: Tensor) -> None:
         if self._centres is None:
             cap = max(64, rows.shape[0])
             self._centres = torch.empty((cap, *rows.shape[1:]), dtype=rows.dtype)
+            self._scaled = torch.empty(cap, dtype=rows.dtype)
+            self._sketch = torch.empty(cap, _SKETCH_DIM + 1, dtype=rows.dtype)
+            gen = torch.Generator().manual_seed(0)
+            self._proj = torch.randn(rows[0].numel(), _SKETCH_DIM, generator=gen, dtype=torch.float64).to(rows.dtype)
         elif self._k + rows.shape[0] > self._centres.shape[0]:
             cap = max(2 * self._centres.shape[0], self._k + rows.shape[0])
             grown = torch.empty((cap, *rows.shape[1:]), dtype=rows.dtype)
             grown[: self._k] = self._centres[: self._k]
             self._centres = grown
+            scaled = torch.empty(cap, dtype=rows.dtype)
+            scaled[: self._k] = self._scaled[: self._k]
+            self._scaled = scaled
+            sketch = torch.empty(cap, _SKETCH_DIM + 1, dtype=rows.dtype)
+            sketch[: self._k] = self._sketch[: self._k]
+            self._sketch = sketch
+        filt = self._filter(rows)
+        if filt is not None:
+            self._scaled[self._k: self._k + rows.shape[0]] = self._scale(rows.reshape(rows.shape[0], -1), filt)
+        Z = self._project(rows.reshape(rows.shape[0], -1))
+        self._sketch[self._k: self._k + rows.shape[0]] = torch.cat([-2 * Z, (Z * Z).sum(dim=1, keepdim=True)], dim=1)
         self._centres[self._k: self._k + rows.shape[0]] = rows
         self._k += rows.shape[0]
 
+    def _project(self, F: Tensor) -> Tensor:
+        """``F R``: a sketch whose distances only rank centres (they never decide anything)."""
+        return F @ self._proj
+
+    def _guess(self, X: Tensor, Xf: Tensor, rows: Tensor, s: int, e: int) -> Tensor:
+        """Rows (of ``rows``) exactly within the radius of the sketch-nearest centre in ``[s, e)``."""
+        Z = self._project(Xf if rows.numel() == Xf.shape[0] else Xf[rows])
+        Z1 = torch.cat([Z, torch.ones(Z.shape[0], 1, dtype=Z.dtype)], dim=1)
+        j = torch.from_numpy((Z1 @ self._sketch[s:e].T).numpy().argmin(axis=1))  # |z - k|^2 - |z|^2
+        return torch.from_numpy(within_rows(X[rows], self._centres[s + j], self.q, self.radius))
+
+    def _gram(self, sx: Tensor, Xf: Tensor, sy: Tensor, Yf: Tensor) -> Tensor:
+        """Filter values ``S`` (Note [Gram filter]): ``S > T`` proves ``d > radius``; NaN proves nothing."""
+        return torch.addmm(sx[:, None] + sy[None, :], Xf, Yf.T, alpha=-2)
+
     def _uncovered(self, X: Tensor) -> Tensor:
         """Mask of rows of X farther than the radius from every current centre."""
-        keep = torch.ones(X.shape[0], dtype=torch.bool)
+        m, n, b = X.shape
+        keep = torch.ones(m, dtype=torch.bool)
         if self._k == 0:
             return keep
+        filt = self._filter(X)
+        if filt is None:
+            return self._uncovered_plain(X, keep)
+        assert self._centres is not None and self._scaled is not None
+        T = filt[1]
+        Xf = X.reshape(m, -1)
+        sx = self._scale(Xf, filt)
+        C = self._centres
+        Cf = C.reshape(C.shape[0], -1)
+        per = max(1, self.block_elements // m)
+        for s in range(0, self._k, per):
+            e = min(self._k, s + per)
+            rows = torch.nonzero(keep).flatten()
+            if rows.numel() == 0:
+                break
+            if e - s >= _SKETCH_FROM:  # most points are covered: a cheap guess, checked exactly, settles them
+                ok = self._guess(X, Xf, rows, s, e)
+                keep[rows[ok]] = False
+                rows = rows[~ok]
+                if rows.numel() == 0:
+                    break
+            whole = rows.numel() == m  # no gathered copies while every row is still open
+            P = self._gram(sx if whole else sx[rows], Xf if whole else Xf[rows], self._scaled[s:e], Cf[s:e])
+            prow = torch.arange(rows.numel())
+            for _ in range(_ROUNDS):  # nearest-first: a covered point is usually settled at once
+                j = torch.from_numpy(P.numpy().argmin(axis=1))  # numpy's argmin is vectorised; NaN first
+                live = torch.nonzero(~(P.gather(1, j[:, None]).squeeze(1) > T)).flatten()
+                ok = torch.from_numpy(within_rows(X[rows[prow[live]]], C[s + j[live]], self.q, self.radius))
+                keep[rows[prow[live[ok]]]] = False
+                bad = live[~ok]
+                P, prow = P[bad], prow[bad]
+                P[torch.arange(bad.numel()), j[bad]] = math.inf
+                if bad.numel() == 0:
+                    break
+            if prow.numel() == 0:
+                continue
+            ii, jj = torch.nonzero(~(P > T), as_tuple=True)
+            if 4 * ii.numel() < prow.numel() * (e - s):
+                ok = torch.from_numpy(within_rows(X[rows[prow[ii]]], C[s + jj], self.q, self.radius))
+                keep[rows[prow[ii[ok]]]] = False
+            else:
+                close = within(X[rows[prow]], C[s:e], self.q, self.radius, block_elements=self.block_elements)
+                keep[rows[prow[close.any(dim=1)]]] = False
+        return keep
+
+    def _uncovered_plain(self, X: Tensor, keep: Tensor) -> Tensor:
+        """Without the filter (infinite radius, or dimensions beyond its error analysis)."""
         _, n, b = X.shape
-        # Centre blocks sized so that the cdist temporary stays inside block_elements.
         per = max(1, self.block_elements // max(1, X.shape[0] * (1 if b == 1 or self.q == math.inf else n)))
         for s in range(0, self._k, per):
             idx = torch.nonzero(keep).flatten()
@@ -152,6 +273,31 @@ class IncrementalNet:
                            block_elements=self.block_elements)
             keep[idx] = ~close.any(dim=1)
         return keep
+
+    def _resolve(self, X: Tensor) -> list[int]:
+        """Exact sequential greedy among a chunk's uncovered points X, in order: the picks."""
+        u, n, b = X.shape
+        filt = self._filter(X)
+        if filt is None:
+            near = within(X, X, self.q, self.radius, block_elements=self.block_elements).numpy()
+            exact = True
+        else:
+            Xf = X.reshape(u, -1)
+            sx = self._scale(Xf, filt)
+            near = (~(self._gram(sx, Xf, sx, Xf) > filt[1])).numpy()
+            exact = False
+        alive = np.ones(u, dtype=bool)
+        picks = []
+        for j in range(u):
+            if not alive[j]:
+                continue
+            picks.append(j)
+            others = np.flatnonzero(alive[j + 1:] & near[j, j + 1:]) + (j + 1)
+            if others.size and not exact:
+                ok = within_rows(X[j].expand(others.size, n, b), X[torch.from_numpy(others)], self.q, self.radius)
+                others = others[ok]
+            alive[others] = False
+        return picks
 
     def add(self, Y: Tensor) -> Tensor:
         """Feed the next functions ``(m, n, b)``; returns the mask of those that became centres."""
@@ -164,14 +310,7 @@ class IncrementalNet:
             X = Y[s: s + self.chunk_size]
             cand = torch.nonzero(self._uncovered(X)).flatten()
             if cand.numel():
-                close = within(X[cand], X[cand], self.q, self.radius,
-                               block_elements=self.block_elements).numpy()
-                alive = np.ones(cand.numel(), dtype=bool)
-                picks = []
-                for j in range(cand.numel()):  # sequential greedy among the chunk's candidates
-                    if alive[j]:
-                        picks.append(j)
-                        alive &= ~close[j]
+                picks = self._resolve(X[cand])
                 chosen = cand[torch.as_tensor(picks, dtype=torch.long)]
                 self._append(X[chosen])
                 self._indices.extend((self.n_seen + s + chosen).tolist())
@@ -238,6 +377,16 @@ def maximal_packing(Y: Tensor, eps: float, q: float = math.inf, *, order=None,
     net.add(_ordered(Y, order))
     idx = net.indices
     return idx if order is None else np.asarray(order, dtype=np.int64)[idx]
+
+
+def _net_and_packing(Y: Tensor, eps: float, q: float, chunk_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """The greedy eps-net and the greedy 2eps-net (the packing) in one pass over the chunks of Y."""
+    net = IncrementalNet(eps, q, chunk_size=chunk_size)
+    pack = IncrementalNet(2.0 * eps, q, chunk_size=chunk_size)
+    for s in range(0, Y.shape[0], chunk_size):
+        net.add(Y[s:s + chunk_size])
+        pack.add(Y[s:s + chunk_size])
+    return net.indices, pack.indices
 
 
 @dataclass(frozen=True)
@@ -315,8 +464,9 @@ def estimate_covering_number(Y, eps: float, q: float | str = math.inf, *, n_orde
     with torch_threads(workers):
         for r in range(n_orders):
             order = None if r == 0 else torch.randperm(Y.shape[0], generator=gen)
-            net = greedy_net(Y, eps, qf, order=order, chunk_size=chunk_size)
-            pack = maximal_packing(Y, eps, qf, order=order, chunk_size=chunk_size)
+            net, pack = _net_and_packing(_ordered(Y, order), eps, qf, chunk_size)
+            if order is not None:
+                net, pack = order.numpy()[net], order.numpy()[pack]
             if best_net is None or len(net) < len(best_net):
                 best_net = net
             best_pack = max(best_pack, len(pack))

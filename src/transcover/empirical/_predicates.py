@@ -39,7 +39,7 @@ from torch import Tensor
 
 from ._metrics import DEFAULT_BLOCK_ELEMENTS, distance_matrix
 
-__all__ = ["within", "within_pairs", "certainly_within", "certainly_beyond", "band"]
+__all__ = ["within", "within_rows", "within_pairs", "gram_filter", "ieee_float32_matmul", "certainly_within", "certainly_beyond", "band"]
 
 _PAIR_BLOCK = 1 << 20  # float64 elements per stage-2 block
 
@@ -86,6 +86,35 @@ def band(r: float, dtype: torch.dtype, terms: int) -> tuple[float, float, bool]:
     return lo, hi, hi <= math.sqrt(fi.max) / 2
 
 
+@functools.lru_cache(maxsize=256)
+def gram_filter(r: float, dtype: torch.dtype, dim: int, w: int) -> tuple[float, float, float] | None:
+    """``(c, T, big)`` of the Gram-matrix filter (``_nets``, Note [Gram filter]), or None if unsound.
+
+    ``c <= 1 - kappa`` scales the squared norms, ``T >= w r^2 + eta`` is the threshold, rows with a
+    computed squared norm ``>= big`` are never pruned.  All three are values of ``dtype``.
+    """
+    fi = torch.finfo(dtype)
+    u = Fraction(fi.eps) / 2
+    k = 2 * dim + 8
+    if k * u >= Fraction(1, 8):
+        return None
+    kappa = 2 * k * u / (1 - k * u)
+    eta = 8 * (dim + 4) * Fraction(fi.tiny)
+    R = Fraction(r)
+    c = _round_to(1 - kappa, dtype, up=False)
+    T = _round_to(w * R * R + eta, dtype, up=True)
+    return c, T, fi.max / 8
+
+
+def ieee_float32_matmul() -> bool:
+    """False when torch may run float32 products in bf16/tf32: the filter's error bound would not hold."""
+    if torch.get_float32_matmul_precision() != "highest":
+        return False
+    settings = [getattr(torch.backends, "fp32_precision", "none"),
+                getattr(getattr(torch.backends.mkldnn, "matmul", None), "fp32_precision", "none")]
+    return all(v in ("none", "ieee") for v in settings)
+
+
 def certainly_within(D: Tensor, r: float, terms: int) -> Tensor:
     """Entries of a computed distance block that are provably ``<= r`` (stage 1 only)."""
     if r == math.inf:
@@ -128,6 +157,38 @@ def within(A: Tensor, B: Tensor, q: float, r: float, *,
             ii, jj = i[s:s + step], j[s:s + step]
             close[ii, jj] = torch.from_numpy(within_pairs(A[ii], B[jj], q, r))
     return close
+
+
+def within_rows(A: Tensor, B: Tensor, q: float, r: float) -> np.ndarray:
+    """Exactly ``d_q(A_i, B_i) <= r`` for row-aligned pairs ``(m, n, b)``: all three stages.
+
+    Stage 1 computes each pair's distance in the data's dtype the way ``cdist`` does (difference,
+    absolute value or square, a sum of ``b`` terms, a root), so the bound of Note [error bound]
+    and its ``band`` hold; the pairs in the band go to :func:`within_pairs`.
+    """
+    m, n, b = A.shape
+    if r == math.inf:
+        return np.ones(m, dtype=bool)
+    out = np.empty(m, dtype=bool)
+    lo, hi, inf_is_far = band(r, A.dtype, _terms(q, b))
+    rows = max(1, _PAIR_BLOCK // (n * b))
+    for s in range(0, m, rows):
+        diff = (A[s:s + rows] - B[s:s + rows]).abs()
+        if _flat(q, b):
+            D = diff.reshape(diff.shape[0], -1).amax(dim=1)
+        elif q == 1.0:
+            D = diff.sum(dim=2).amax(dim=1)
+        else:
+            D = (diff * diff).sum(dim=2).sqrt().amax(dim=1)
+        close = D <= lo
+        undecided = (D > lo) & (D <= hi)
+        if not inf_is_far:
+            undecided |= torch.isinf(D)
+        if bool(undecided.any()):
+            idx = torch.nonzero(undecided).flatten() + s
+            close[idx - s] = torch.from_numpy(within_pairs(A[idx], B[idx], q, r))
+        out[s:s + rows] = close.numpy()
+    return out
 
 
 def within_pairs(A: Tensor, B: Tensor, q: float, r: float) -> np.ndarray:

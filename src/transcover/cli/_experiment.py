@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 NAME = "experiment"
 HELP = ("experiments; 'staged': loose early, tight in fine-tuning vs tight from the start vs unconstrained; "
@@ -96,7 +95,9 @@ def run(args) -> int:
             store.close()
     console.print(result.table())
     fig = result.plot(out / "staged.png")
-    data = json.dumps(result.to_dict(), indent=2)
+    from ..report import envelope_json
+
+    data = envelope_json(result.to_dict(), schema="transcover.experiment.staged", schema_version="1")
     atomic_write_text(out / "staged.json", data)
     if args.json:
         atomic_write_text(args.json, data)

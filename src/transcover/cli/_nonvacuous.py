@@ -61,7 +61,6 @@ def _plan(args):
 
 
 def run_nonvacuous(args) -> int:
-    import json
     from pathlib import Path
 
     from rich.console import Console
@@ -85,7 +84,9 @@ def run_nonvacuous(args) -> int:
     console.print(result.table())
     console.print(result.matrix_table())
     out.mkdir(parents=True, exist_ok=True)
-    data = json.dumps(result.to_dict(), indent=2)
+    from ..report import envelope_json
+
+    data = envelope_json(result.to_dict(), schema="transcover.experiment.nonvacuous", schema_version="1")
     atomic_write_text(out / "nonvacuous.json", data)
     fig = result.plot(out / "nonvacuous.png")
     if args.json:

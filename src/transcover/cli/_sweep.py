@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 
@@ -49,7 +48,11 @@ def run_sweep(args: argparse.Namespace, models: list[str]) -> int:
     rows = sweep_rows(report)
     outputs = []
     if args.json:
-        outputs.append((args.json, json.dumps(sweep_json(report, rows), indent=2)))
+        from ..report import envelope_json
+
+        # no input hashes here: a sweep's inputs may be many large checkpoints; the store's keys name them
+        outputs.append((args.json, envelope_json(sweep_json(report, rows), schema="transcover.analyze.sweep",
+                                                 schema_version="1")))
     if args.csv:
         outputs.append((args.csv, rows_csv(rows)))
     if not args.quiet and rows:

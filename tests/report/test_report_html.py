@@ -103,7 +103,9 @@ def _figures(html: str) -> int:
 def minilm_report(tmp_path_factory) -> tuple[Path, float]:
     out = tmp_path_factory.mktemp("report") / "minilm.html"
     t0 = time.perf_counter()
-    assert main(["report", "-o", str(out), "--quiet", "--lower-steps", "1"]) == 0
+    # with data (issue 13): certified local constants at two real sentences add the at-the-data section
+    assert main(["report", "-o", str(out), "--quiet", "--lower-steps", "1", "--data", "sklearn-descr",
+                 "--limit", "2", "--rho", "1e-4"]) == 0
     return out, time.perf_counter() - t0
 
 
@@ -122,6 +124,7 @@ def test_minilm_report_is_self_contained_and_small(minilm_report):
     assert not re.search(r"url\(", html) and "@import" not in html and "http:" not in html and "https:" not in html
     for label in ("certified interval", "certified upper bound", "empirical lower bound", "assumptions"):
         assert label in html
+    assert 'id="local"' in html and "local_upper" in html  # the data's section, computed
     assert seconds < 600
 
 

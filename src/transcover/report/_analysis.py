@@ -10,6 +10,10 @@ __all__ = ["render_analysis", "analysis_json", "analysis_csv"]
 _LAYER_KEYS = ("B_KQ", "B_V", "W_O", "B_W1", "B_W2", "B_b1", "B_b2")
 
 
+# kinds as table cells: the full names do not fit 80 columns beside six numbers
+_NORM_SHORT = {"layernorm": "LN", "rmsnorm": "RMS", "ball": "Π", "none": "none"}
+
+
 def _fmt(x: float) -> str:
     return f"{x:.5g}"
 
@@ -35,12 +39,14 @@ def render_analysis(result, console, *, heads: bool = False) -> None:
         table.add_row(str(layer.index), *(_fmt(getattr(layer, k).upper) for k in _LAYER_KEYS))
     console.print(table)
     norms = Table(title="normalisation: max|γ|, ‖β‖ of the attention and FFN sub-layers' norms, "
-                        "variance floor eps", box=box.SIMPLE_HEAD)
-    for col in ("layer", "placement", "kind", "attn max|γ|", "attn ‖β‖", "ffn max|γ|", "ffn ‖β‖", "eps"):
+                        "variance floor eps", box=box.SIMPLE_HEAD,
+                  caption="kind: LN LayerNorm, RMS RMSNorm, Π row-wise unit-ball projection", caption_justify="left")
+    for col in ("layer", "pre/post", "kind", "attn max|γ|", "attn ‖β‖", "ffn max|γ|", "ffn ‖β‖", "eps"):
         norms.add_column(col, justify="right")
     for layer in result.layers:
         n1, n2 = layer.norm_attn, layer.norm_ffn
-        norms.add_row(str(layer.index), layer.placement, n1.kind, _fmt(n1.gamma_max_abs), _fmt(n1.beta_norm),
+        norms.add_row(str(layer.index), layer.placement, _NORM_SHORT.get(n1.kind, n1.kind),
+                      _fmt(n1.gamma_max_abs), _fmt(n1.beta_norm),
                       _fmt(n2.gamma_max_abs), _fmt(n2.beta_norm), f"{n1.eps:g}")
     console.print(norms)
     if heads:

@@ -228,5 +228,6 @@ def test_real_minilm_sentences_one_layer_sound(minilm):
         rho = 1e-4 * float(Y.norm(dim=1).median())
         ll = layer_local(layer, Y, rho)
         lo = adversary(lambda Z: layer_forward(layer, Z), Y, rho, restarts=2, steps=15)
-        assert 1.0 < lo <= ll.upper
+        assert lo > 1.0  # the search found a real slope on real text
+        assert lo <= ll.upper  # and the certified local bound holds against it
         assert ll.jacobian_point < 30 * lo  # the Jacobian route at the point is within ~10x on real text

@@ -164,6 +164,11 @@ class RopeSpec:
         return 1.0 / (self.theta ** (torch.arange(0, rd, 2, dtype=torch.float64) / rd))
 
 
+def _vecmat(v: Any, W: Any) -> Any:
+    """``v @ W`` for a vector and a matrix, or member by member for stacks ``(M, k)`` and ``(M, k, n)``."""
+    return v @ W if v.ndim == 1 else (v[..., None, :] @ W)[..., 0, :]
+
+
 def _float64(x: Any) -> np.ndarray:
     """A float64 numpy copy of a torch tensor or numpy array (for exact comparisons)."""
     if is_tensor(x):
@@ -178,7 +183,8 @@ class AttentionSpec:
     ``W_Q`` [H, d, d_head], ``W_K`` [H_kv, d, d_head], ``W_V`` [H_kv, d, d_head],
     ``W_O`` [H, d_head, d]; biases ``b_Q`` [H, d_head], ``b_K``/``b_V`` [H_kv, d_head],
     ``b_O`` [d].  Grouped-query attention: query head ``h`` uses key/value head
-    ``h // (H // H_kv)``.
+    ``h // (H // H_kv)``.  Shapes are read from the trailing axes, so the arrays of a member stack
+    (one leading axis M, Note [member stacks] in ``_functional``) are read the same way.
     """
 
     W_Q: Tensor
@@ -226,19 +232,19 @@ class AttentionSpec:
 
     @property
     def n_heads(self) -> int:
-        return self.W_Q.shape[0]
+        return self.W_Q.shape[-3]
 
     @property
     def n_kv_heads(self) -> int:
-        return self.W_K.shape[0]
+        return self.W_K.shape[-3]
 
     @property
     def d_model(self) -> int:
-        return self.W_Q.shape[1]
+        return self.W_Q.shape[-2]
 
     @property
     def d_head(self) -> int:
-        return self.W_Q.shape[2]
+        return self.W_Q.shape[-1]
 
     @property
     def softmax_scale(self) -> float:
@@ -251,41 +257,45 @@ class AttentionSpec:
     def head(self, h: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """(W_Q^h, W_K^h, W_V^h, W_O^h) for query head h, kv sharing resolved."""
         g = self.kv_index(h)
-        return self.W_Q[h], self.W_K[g], self.W_V[g], self.W_O[h]
+        return self.W_Q[..., h, :, :], self.W_K[..., g, :, :], self.W_V[..., g, :, :], self.W_O[..., h, :, :]
 
     def W_Q_augmented(self, h: int) -> Tensor:
         """[W_Q^h; b_Q^h] of shape (d + 1, d_head): the exact query map on x~ = [x, 1].
 
         See Note [attention biases]: ``b_K`` cancels in the softmax and is not needed.
         """
-        Wq = self.W_Q[h]
+        Wq = self.W_Q[..., h, :, :]
         if self.b_Q is None:
-            return concat([Wq, Wq[:1] * 0], axis=0)
-        bq = self.b_Q[h][None, :]
+            return concat([Wq, Wq[..., :1, :] * 0], axis=-2)
+        bq = self.b_Q[..., h, None, :]
         bq = to_tensor(bq, Wq) if is_tensor(Wq) else np.asarray(bq, dtype=Wq.dtype)
-        return concat([Wq, bq], axis=0)
+        return concat([Wq, bq], axis=-2)
 
     def effective_output_bias(self) -> Any:
         """b_O + sum_h b_V^h W_O^h in float64: the constant the attention block adds (Note [attention biases]).
 
-        A torch tensor when ``W_O`` is one, else a numpy array; ``None`` without biases.
+        A torch tensor when ``W_O`` is one, else a numpy array; ``None`` without biases.  Shape
+        ``(d,)``, or ``(M, d)`` for a member stack.
         """
         if self.b_V is None and self.b_O is None:
             return None
+        lead = tuple(self.W_O.shape[:-3])
         if not is_tensor(self.W_O):
-            out_np = np.zeros(self.d_model, dtype=np.float64)
+            out_np = np.zeros(lead + (self.d_model,), dtype=np.float64)
             if self.b_V is not None:
                 for h in range(self.n_heads):
-                    out_np += np.asarray(self.b_V[self.kv_index(h)], np.float64) @ np.asarray(self.W_O[h], np.float64)
+                    out_np += _vecmat(np.asarray(self.b_V[..., self.kv_index(h), :], np.float64),
+                                      np.asarray(self.W_O[..., h, :, :], np.float64))
             if self.b_O is not None:
                 out_np += np.asarray(self.b_O, np.float64)
             return out_np
         import torch
 
-        out = torch.zeros(self.d_model, dtype=torch.float64)
+        out = torch.zeros(lead + (self.d_model,), dtype=torch.float64)
         if self.b_V is not None:
             for h in range(self.n_heads):
-                out += to_tensor(self.b_V[self.kv_index(h)], dtype=torch.float64) @ self.W_O[h].double()
+                out += _vecmat(to_tensor(self.b_V[..., self.kv_index(h), :], dtype=torch.float64),
+                               self.W_O[..., h, :, :].double())
         if self.b_O is not None:
             out += to_tensor(self.b_O, dtype=torch.float64)
         return out

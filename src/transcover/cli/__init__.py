@@ -81,7 +81,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, object]]:
-    from .. import __version__
+    from .._version import __version__
 
     parser = _Parser(
         prog="transcover",

@@ -54,3 +54,8 @@ __all__ = [
     "perturbation_lower",
     "norm_local", "attention_local_bound", "layer_local", "network_local",
 ]
+
+# Note [callable modules] in transcover._entry: transcover.lipschitz(...) calls the API function of that name
+from .._entry import make_callable as _make_callable  # noqa: E402
+
+_make_callable(__name__)

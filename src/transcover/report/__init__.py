@@ -28,3 +28,9 @@ from ._progress import start_progress as start_progress
 __all__ += ["AnalysisDisplay", "BoundDisplay", "CoveringDisplay", "HistoryDisplay", "LipschitzDisplay",
             "PerturbationDisplay", "envelope", "envelope_json", "file_sha256", "input_hashes", "check_output_path", "progress",
             "start_progress"]
+
+from ._describe import Description as Description
+from ._describe import describe_spec as describe_spec
+from . import _register  # noqa: F401,E402  (the views result methods ask for: Note [views] in transcover._views)
+
+__all__ += ["Description", "describe_spec"]

@@ -34,6 +34,18 @@ def _bound_plot(result, ax=None):
     return BoundDisplay.from_result(result).plot(ax=ax)
 
 
+def _staged_table(result):
+    from ._staged import staged_table
+
+    return staged_table(result)
+
+
+def _staged_plot_file(result, path):
+    from ._staged import write_staged_plot
+
+    return write_staged_plot(result, path)
+
+
 def _notebook(name: str):
     def view(result):
         from . import _notebook
@@ -52,3 +64,5 @@ register_view("analysis.layers_dataframe", _notebook("layers_dataframe"))
 register_view("lipschitz.plot", _lipschitz_plot)
 register_view("perturbation.plot", _perturbation_plot)
 register_view("bound.plot", _bound_plot)
+register_view("staged.table", _staged_table)
+register_view("staged.plot_file", _staged_plot_file)

@@ -111,17 +111,21 @@ def test_cover(models, tmp_path, mode, api, argv):
     _same(r, cli)
 
 
-def test_approx_construct_and_its_config(tmp_path):
-    options = dict(seq_len=6, sparsity=1, grid=3, search=20, pos_dim=8)
-    r = transcover.approx(**options)
+def test_approx_construct(tmp_path):
+    r = transcover.approx(seq_len=6, sparsity=1, grid=3, search=20, pos_dim=8)
+    _same(r, _cli_json(tmp_path, ["approx", "construct", "--seq-len", "6", "--sparsity", "1", "--grid", "3",
+                                  "--search", "20", "--pos-dim", "8", "--quiet"]))
+
+
+def test_approx_construct_config_names_the_parameters_only(tmp_path):
+    """Regression (issue 11): the JSON ``config`` held --json's own path, the CLI's bookkeeping
+    (command, debug, quiet) and ``"<transcover.report._progress.Tracker object at 0x...>"``."""
     cli = _cli_json(tmp_path, ["approx", "construct", "--seq-len", "6", "--sparsity", "1", "--grid", "3",
                                "--search", "20", "--pos-dim", "8", "--quiet"])
-    _same(r, cli)
-    # the config names the construction's parameters: not the output path, not a progress object
-    # (it held --json's path and "<...Tracker object at 0x...>" before issue 11)
-    assert "json" not in cli["config"] and "tracker" not in cli["config"] and "quiet" not in cli["config"]
-    assert all(isinstance(v, (int, float, str, list)) for v in cli["config"].values())
-    assert cli["config"]["seq_len"] == 6 and cli["config"]["search"] == 20
+    config = cli["config"]
+    assert not {"json", "plot", "save", "quiet", "tracker", "debug", "command", "approx_command"} & set(config)
+    assert all(not isinstance(v, str) or " object at 0x" not in v for v in config.values())
+    assert config["seq_len"] == 6 and config["search"] == 20 and config["R"] == 20.0
 
 
 def test_approx_encodings(tmp_path):

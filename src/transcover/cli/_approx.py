@@ -110,7 +110,7 @@ def _construct(args) -> int:
 def _sweep(args) -> int:
     from .._api import approx
     from .._errors import InputError
-    from ..report import sweep_line, sweep_table
+    from ..report import rate_sweep_line, rate_sweep_table
 
     if args.over == "R":
         res = approx("sweep", over="R", Rs=_floats(args.Rs, "--Rs"), ns=[int(x) for x in _floats(args.ns, "--ns")],
@@ -125,8 +125,8 @@ def _sweep(args) -> int:
                 raise InputError(f"--cases must look like 'beta:s,beta:s', but got {item!r}") from None
         res = approx("sweep", over="dm", cases=cases)
     console = _console(args)
-    console.print(sweep_table(res, args.over))
-    console.print(sweep_line(res, args.over))
+    console.print(rate_sweep_table(res, args.over))
+    console.print(rate_sweep_line(res, args.over))
     _write_outputs(args, res.to_dict(), res)
     return 0
 

@@ -14,8 +14,9 @@ __all__ = ["atomic_write_bytes", "atomic_write_text"]
 from ._analysis import analysis_csv as analysis_csv
 from ._analysis import analysis_json as analysis_json
 from ._analysis import render_analysis as render_analysis
+from ._analysis import analysis_sweep_table as analysis_sweep_table
 
-__all__ += ["analysis_csv", "analysis_json", "render_analysis"]
+__all__ += ["analysis_csv", "analysis_json", "render_analysis", "analysis_sweep_table"]
 
 from ._displays import AnalysisDisplay as AnalysisDisplay
 from ._displays import BoundDisplay as BoundDisplay
@@ -42,8 +43,8 @@ from ._approx import capacity_line as capacity_line
 from ._approx import construct_table as construct_table
 from ._approx import encodings_line as encodings_line
 from ._approx import failures_lines as failures_lines
-from ._approx import sweep_line as sweep_line
-from ._approx import sweep_table as sweep_table
+from ._approx import rate_sweep_line as rate_sweep_line
+from ._approx import rate_sweep_table as rate_sweep_table
 from ._cover import EmpiricalCoveringDisplay as EmpiricalCoveringDisplay
 from ._cover import cover_table as cover_table
 from ._describe import Description as Description
@@ -56,7 +57,7 @@ from ._train import constraint_warnings as constraint_warnings
 from ._train import train_table as train_table
 
 __all__ += ["advice_table", "axes_png", "capacity_line", "construct_table", "encodings_line", "failures_lines",
-            "sweep_line", "sweep_table", "EmpiricalCoveringDisplay", "cover_table", "Description", "describe_spec",
+            "rate_sweep_line", "rate_sweep_table", "EmpiricalCoveringDisplay", "cover_table", "Description", "describe_spec",
             "display_bytes", "StagedDisplay", "staged_table", "TrainingDisplay", "constraint_warnings", "train_table"]
 
 from ._build import ReportOptions as ReportOptions

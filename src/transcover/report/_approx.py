@@ -6,7 +6,7 @@ Tables as rich renderables and lines of text; figures of results that draw thems
 
 from __future__ import annotations
 
-__all__ = ["construct_table", "capacity_line", "sweep_table", "sweep_line", "encodings_line", "failures_lines",
+__all__ = ["construct_table", "capacity_line", "rate_sweep_table", "rate_sweep_line", "encodings_line", "failures_lines",
            "advice_table", "axes_png"]
 
 
@@ -35,7 +35,7 @@ def capacity_line(result) -> str:
             f"params={cap.n_params} (non-zero {cap.n_nonzero})  heads={c.s}  head widths={c.mlp.widths}")
 
 
-def sweep_table(res, over: str):
+def rate_sweep_table(res, over: str):
     """Rate checks: fitted decay rates in R (``over="R"``) or fitted exponents in d_m (``"dm"``)."""
     from rich.table import Table
 
@@ -55,7 +55,7 @@ def sweep_table(res, over: str):
     return t
 
 
-def sweep_line(res, over: str) -> str:
+def rate_sweep_line(res, over: str) -> str:
     worst = max(r["measured"] / r["bound"] for r in res.rows)
     if over == "R":
         return f"max measured/bound over {len(res.rows)} points: {worst:.6f}"

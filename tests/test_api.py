@@ -34,6 +34,9 @@ def models(tmp_path_factory):
     save_reference(ReferenceTransformer(cfg), d / "a.safetensors")
     torch.manual_seed(1)
     save_reference(ReferenceTransformer(cfg), d / "b.safetensors")
+    torch.manual_seed(2)  # one small layer: the Lipschitz lower search runs per stage
+    save_reference(ReferenceTransformer(ReferenceConfig(d_model=4, n_heads=1, n_layers=1, d_ff=8, head_hidden=(4,))),
+                   d / "one.safetensors")
     np.save(d / "points.npy", np.random.default_rng(0).standard_normal((30, 5, 2)))
     return d
 
@@ -70,7 +73,7 @@ def test_analyze(models, tmp_path):
 
 
 def test_lipschitz(models, tmp_path):
-    path = str(models / "a.safetensors")
+    path = str(models / "one.safetensors")
     r = transcover.lipschitz(path, samples=1, steps=2, seed=3, radius=2.0)
     assert r.lower and r.upper.kind.value == "certified upper bound"
     _same(r, _cli_json(tmp_path, ["lipschitz", path, "--samples", "1", "--steps", "2", "--seed", "3",
@@ -86,9 +89,9 @@ def test_perturb(models, tmp_path):
 
 def test_bound(models, tmp_path):
     a, b = str(models / "a.safetensors"), str(models / "b.safetensors")
-    r = transcover.bound(a, eps=0.2, n_samples=[1e5, 1e7], seq_len=16, reference=b)
+    r = transcover.bound(a, eps=0.2, n_samples=[1e5, 1e7], seq_len=16, reference=b, family="l21")
     _same(r, _cli_json(tmp_path, ["bound", a, "--eps", "0.2", "--n-samples", "1e5", "1e7", "--seq-len", "16",
-                                  "--reference", b, "--quiet"]))
+                                  "--reference", b, "--family", "l21", "--quiet"]))
 
 
 @pytest.mark.parametrize("mode, api, argv", [
@@ -141,11 +144,11 @@ def test_advise(tmp_path):
 
 
 def test_train(tmp_path):
-    fields = dict(task="majority", sparsity=3, seq_len=8, epochs=1, n_train=48, n_test=24, d_model=8, n_heads=2,
+    fields = dict(task="majority", sparsity=3, seq_len=8, epochs=1, n_train=32, n_test=16, d_model=8, n_heads=2,
                   n_layers=1, d_ff=16, batch_size=16)
     r = transcover.train(**fields, method="project", radii="KQ=1,W1=1.5")
     cli = _cli_json(tmp_path, ["train", "--task", "majority", "--sparsity", "3", "--seq-len", "8", "--epochs", "1",
-                               "--n-train", "48", "--n-test", "24", "--d-model", "8", "--n-heads", "2",
+                               "--n-train", "32", "--n-test", "16", "--d-model", "8", "--n-heads", "2",
                                "--n-layers", "1", "--d-ff", "16", "--batch-size", "16", "--method", "project",
                                "--radius", "KQ=1", "--radius", "W1=1.5", "--out", str(tmp_path / "run"),
                                "--quiet"])

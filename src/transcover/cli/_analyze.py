@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
 
     from .._api import analyze, describe
     from .._errors import InputError
-    from ..report import (analysis_csv, atomic_write_bytes, check_output_path, envelope_json,
+    from ..report import (analysis_csv, atomic_write_bytes, check_output_path, display_bytes, envelope_json,
                           progress, render_analysis)
 
     if not (0.0 < args.rtol < 1.0):
@@ -98,11 +98,7 @@ def run(args: argparse.Namespace) -> int:
     if args.csv:
         outputs.append((args.csv, analysis_csv(result).encode()))
     if args.plot:
-        from ..report._figures import pyplot, save_figure
-
-        fig = result.plot().figure_
-        outputs.append((args.plot, save_figure(fig, args.plot)))
-        pyplot().close(fig)
+        outputs.append((args.plot, display_bytes(result.plot(), args.plot)))
     if not args.quiet:
         render_analysis(result, console, heads=args.heads)
     for path, data in outputs:

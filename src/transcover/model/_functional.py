@@ -73,6 +73,13 @@ def attention_scores(attn: AttentionSpec, X: Tensor, h: int) -> Tensor:
     if attn.causal:
         mask = torch.ones(T, T, dtype=torch.bool).triu(1)
         scores = scores.masked_fill(mask, float("-inf"))
+    if attn.window is not None:
+        # Note [window mask]: key j is hidden from query i when j <= i - window (HF's
+        # ``sliding_window_overlay``: visible iff j > i - window); every row keeps its diagonal, so
+        # no row is empty.  The global attention bounds (THEORY F5-F6) only use that each row of P
+        # is a probability vector over some non-empty key set, so they hold for any such row mask.
+        far = torch.ones(T, T, dtype=torch.bool).tril(-attn.window)
+        scores = scores.masked_fill(far, float("-inf"))
     return scores
 
 

@@ -19,8 +19,10 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .._errors import InputError, TranscoverWarning, UnsupportedArchitectureError, clean_line
+from .._errors import InputError, TranscoverWarning, clean_line
 from ._adapters import SUPPORTED_ARCHITECTURES, adapter_for, arch_from_config
+from ._adapters._refused import OutsideDecompositionError
+from ._adapters._registry import PARTS
 from ._sources import StateDictSource, TensorSource, open_safetensors, parse_json, shard_paths
 from ._spec import TransformerSpec
 
@@ -162,8 +164,8 @@ def _spec_from_module(module: nn.Module, *, arch: str | None = None) -> Transfor
         name_or_path = config.get("_name_or_path")
         label = f"{name} ({name_or_path})" if name_or_path else name
         return _build(StateDictSource(module.state_dict(), label), config, arch, label, bare=None)
-    raise UnsupportedArchitectureError(
-        f"unsupported module {name}; supported: HF BERT/GPT-2/Llama/ViT models, "
+    raise OutsideDecompositionError(
+        f"unsupported module {name}; supported: HF models of the families in `transcover analyze --list-archs`, "
         f"torch.nn.TransformerEncoder(Layer), ReferenceTransformer (archs: {', '.join(SUPPORTED_ARCHITECTURES)})"
     )
 
@@ -271,7 +273,7 @@ def _build(
     if arch is not None:
         chosen, adapter = adapter_for(arch)
         stated = meta_arch or (config and (config.get("model_type") or None))
-        if stated and adapter_for(str(stated))[0] != chosen:
+        if stated and adapter_for(str(stated))[0] != chosen and chosen not in PARTS.get(adapter_for(str(stated))[0], ()):
             raise InputError(f"arch={arch!r} contradicts the checkpoint, which says {stated!r} ({name})")
     elif meta_arch:
         chosen, adapter = adapter_for(meta_arch)

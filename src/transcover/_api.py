@@ -31,7 +31,10 @@ def analyze(
         rtol: target relative gap of each interval.
 
     Returns:
-        :class:`transcover.norms.AnalysisResult` (``.to_dict()``, ``.to_dataframe()``).
+        :class:`transcover.norms.AnalysisResult` (``.to_dict()``, ``.to_dataframe()``); for an
+        architecture outside every adapter (and no ``arch``), a
+        :class:`transcover.norms._per_matrix.PerMatrixResult`: certified norms of each 2-D weight on
+        its own, labelled as outside the decomposition.
 
     Example:
         >>> import transcover
@@ -39,10 +42,19 @@ def analyze(
         >>> result.layers[0].B_KQ.upper              # doctest: +SKIP
     """
     from .model import TransformerSpec, load
+    from .model._adapters._refused import OutsideDecompositionError
     from .norms import analyze_spec
 
-    spec = model if isinstance(model, TransformerSpec) else load(model, arch=arch, allow_pickle=allow_pickle,
-                                                                 strict=strict)
+    try:
+        spec = model if isinstance(model, TransformerSpec) else load(model, arch=arch, allow_pickle=allow_pickle,
+                                                                     strict=strict)
+    except OutsideDecompositionError as err:
+        # an architecture no adapter reads: every 2-D weight on its own (issue 15, item 3)
+        if model is None or fast or arch is not None:
+            raise
+        from .norms._per_matrix import per_matrix_norms
+
+        return per_matrix_norms(model, rtol=rtol, note=f"{err}; per-matrix norms only")
     return analyze_spec(spec, fast=fast, rtol=rtol, embeddings=embeddings, progress=progress)
 
 

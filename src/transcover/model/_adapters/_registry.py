@@ -71,7 +71,9 @@ def _unsupported(what: str) -> UnsupportedArchitectureError:
     # OutsideDecompositionError: analyze falls back to per-matrix norms for an unknown architecture
     return OutsideDecompositionError(
         f"unsupported architecture {what}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-        f" (also {', '.join(f'{k}->{v}' for k, v in ARCH_ALIASES.items())})"
+        f" (also {', '.join(f'{k}->{v}' for k, v in ARCH_ALIASES.items())}); name the roles of its "
+        "tensors in a mapping file (--roles roles.json, or transcover_roles.json beside the weights) "
+        "for the full analysis; `transcover analyze` alone reports per-matrix norms"
     )
 
 

@@ -17,6 +17,7 @@ def analyze(
     rtol: float = 1e-3,
     embeddings: bool = True,
     progress: Callable[[int, int], None] | None = None,
+    per_matrix: bool = True,
 ):
     """Per-layer, per-head norms of a Transformer as certified intervals (issue 2, seed 2.1).
 
@@ -29,6 +30,7 @@ def analyze(
             does not define; by default each is a :class:`~transcover.TranscoverWarning`.
         fast: Lanczos estimates instead of certified intervals.
         rtol: target relative gap of each interval.
+        per_matrix: for an architecture outside every adapter, return per-matrix norms (else refuse).
 
     Returns:
         :class:`transcover.norms.AnalysisResult` (``.to_dict()``, ``.to_dataframe()``); for an
@@ -50,7 +52,7 @@ def analyze(
                                                                      strict=strict)
     except OutsideDecompositionError as err:
         # an architecture no adapter reads: every 2-D weight on its own (issue 15, item 3)
-        if model is None or fast or arch is not None:
+        if model is None or fast or arch is not None or not per_matrix:
             raise
         from .norms._per_matrix import per_matrix_norms
 

@@ -52,11 +52,12 @@ def analyze(
                                                                      strict=strict)
     except OutsideDecompositionError as err:
         # an architecture no adapter reads: every 2-D weight on its own (issue 15, item 3)
-        if model is None or fast or arch is not None or not per_matrix:
+        if model is None or arch is not None or not per_matrix:
             raise
         from .norms._per_matrix import per_matrix_norms
 
-        return per_matrix_norms(model, rtol=rtol, note=f"{err}; per-matrix norms only")
+        note = f"{err}; per-matrix norms only" + ("; --fast has no per-matrix route, so these are certified" if fast else "")
+        return per_matrix_norms(model, rtol=rtol, note=note)
     return analyze_spec(spec, fast=fast, rtol=rtol, embeddings=embeddings, progress=progress)
 
 

@@ -107,11 +107,17 @@ def test_unknown_file_per_matrix_and_cli(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "note: unsupported architecture 'mystery'" in text and "outside the decomposition" in text
     doc = json.loads(out_json.read_text())
-    assert doc["payload"]["schema"] == "transcover.analyze.per_matrix" if "payload" in doc else True
+    assert doc["schema"] == "transcover.analyze.per_matrix" and "outside the decomposition" in doc["scope"]
+    assert [m["name"] for m in doc["matrices"]] == [x.name for x in r.matrices]
     assert main(["lipschitz", str(path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "unsupported architecture 'mystery'" in err[0] and "--roles" in err[0]
     assert main(["analyze", str(path), "--plot", str(tmp_path / "x.png")]) == 2
+    capsys.readouterr()
+    assert main(["analyze", str(path), "--fast", "--quiet", "--csv", str(tmp_path / "pm.csv")]) == 0
+    lines = (tmp_path / "pm.csv").read_text().splitlines()
+    assert len(lines) == 3 and lines[0].startswith("name,shape,orientation,kind,spectral_lower")
+    assert all(",certified" in line for line in lines[1:])
 
 
 def _llama(transformers_mod, window: int | None = None):
@@ -169,13 +175,14 @@ def test_renamed_llama_via_roles_file_matches_the_llama_adapter(transformers_mod
     assert main(["analyze", str(path), "--roles", str(tmp_path / "roles.json"), "--no-embeddings", "--quiet",
                  "--json", str(out)]) == 0
     got = json.loads(out.read_text())
-    got = got.get("payload", got)
     assert _numbers(got["layers"]) == _numbers(ref.to_dict()["layers"])  # identical certified intervals
     from transcover.model import transformer_forward
 
     X = torch.randn(1, 7, D, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     a, b = load(path, roles=ROLES).to_torch(torch.float64), load(tmp_path / "hf").to_torch(torch.float64)
     assert torch.equal(transformer_forward(a, X), transformer_forward(b, X))
+    assert main(["analyze", str(path), "--roles", str(tmp_path / "roles.json"), "--describe"]) == 0
+    assert "blk.1.ff.gate.weight" in capsys.readouterr().out
     # transcover_roles.json beside the weights: every command reads the layout
     (tmp_path / "transcover_roles.json").write_text(json.dumps(ROLES))
     assert load(path).arch == "mapped"

@@ -186,3 +186,25 @@ def test_config_contradicting_the_tensors_is_refused(transformers_mod, tmp_path)
     (path / "config.json").write_text(json.dumps({**cfg, "dim": 2 * D, "n_heads": H}))
     with pytest.raises(InputError, match=r"says hidden size 32, but .* has input width 16"):
         load(path)
+
+
+@pytest.mark.parametrize("family", ["clip_text", "distilbert"])
+def test_certified_lipschitz_bound_survives_the_adversarial_search(transformers_mod, family):
+    """The network bound of a new family (QuickGELU + causal pre-norm; post-norm) against float64 ascent.
+
+    ``lipschitz_lower`` raises CertificateViolation when a searched ratio exceeds the certified
+    stage or network bound (each searched inside its own certified domain).
+    """
+    from transcover.lipschitz import lipschitz_bounds, lipschitz_lower
+
+    if family == "clip_text":
+        model = _build(transformers_mod, "CLIPTextConfig", "CLIPTextModel", 5, hidden_size=D, num_attention_heads=H,
+                       intermediate_size=DFF, num_hidden_layers=1, vocab_size=V, max_position_embeddings=20,
+                       bos_token_id=0, eos_token_id=1, pad_token_id=1)
+    else:
+        model = _build(transformers_mod, "DistilBertConfig", "DistilBertModel", 3, dim=D, n_heads=H, hidden_dim=DFF,
+                       n_layers=1, vocab_size=V, max_position_embeddings=20)
+    spec = load(model).to_torch(torch.float64)
+    bounds = lipschitz_bounds(spec, radius=1.0)
+    lower = lipschitz_lower(spec, bounds, seq_len=5, n_samples=2, n_steps=8, seed=2)
+    assert 0 < lower[(-2, "network")].value.value <= bounds.upper.value

@@ -90,15 +90,15 @@ def run(args: argparse.Namespace) -> int:
     if args.figure:
         raise InputError("--figure needs several models (a sweep)")
     args.model = models[0] if models else None
-    if args.describe:
-        print(describe(args.model, arch=args.arch, allow_pickle=args.allow_pickle, strict=args.strict))
-        return 0
-    console = Console()
     model = args.model
     if args.roles is not None:
         from ..model import load
 
         model = load(args.model, arch=args.arch, allow_pickle=args.allow_pickle, strict=args.strict, roles=args.roles)
+    if args.describe:
+        print(describe(model, arch=args.arch, allow_pickle=args.allow_pickle, strict=args.strict))
+        return 0
+    console = Console()
     with progress(quiet=args.quiet) as tracker:
         tracker.step("analyzing layers")
         result = analyze(model, arch=args.arch, allow_pickle=args.allow_pickle, strict=args.strict,

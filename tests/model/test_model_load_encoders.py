@@ -45,19 +45,36 @@ def _check_layers(spec, hidden_states, assert_close, what, last_is_normed: bool 
 
 
 def _enclose_svd(spec):
-    """Certified intervals of every layer matrix enclose float64 SVD / exact entrywise norms."""
-    for layer in spec.layers:
-        for W in (layer.ffn.W_1, layer.ffn.W_2, layer.attention.W_Q[0], layer.attention.W_O[1]):
+    """``analyze``'s certified intervals enclose float64 SVD / exact norms (the checks of tests/analyze)."""
+    from transcover.norms import analyze_spec
+
+    eps = np.finfo(np.float64).eps
+
+    def encloses(iv, exact: float, n: int) -> bool:
+        tol = 10 * n * eps * max(exact, 1e-300)  # the float64 reference's own error
+        return iv.lower <= exact + tol and iv.upper >= exact - tol
+
+    def norm2(M) -> float:
+        return float(np.linalg.svd(np.asarray(torch.as_tensor(M).double()), compute_uv=False)[0])
+
+    res = analyze_spec(spec, embeddings=False)
+    for got, L in zip(res.layers, spec.layers):
+        a, f = L.attention, L.ffn
+        t = [torch.as_tensor(x).double() for x in (a.W_Q, a.W_K, a.W_V, a.W_O)]
+        kq = [norm2(t[0][h] @ t[1][a.kv_index(h)].T * a.softmax_scale) for h in range(a.n_heads)]
+        ov = [norm2(t[2][a.kv_index(h)] @ t[3][h]) for h in range(a.n_heads)]
+        for h, hn in enumerate(got.heads):
+            assert encloses(hn.B_KQ, kq[h], D) and encloses(hn.B_V, ov[h], D)
+        assert encloses(got.B_KQ, max(kq), D) and encloses(got.B_V, max(ov), D)
+        assert encloses(got.B_W1, norm2(f.W_1), DFF) and encloses(got.B_W2, norm2(f.W_2), DFF)
+        W1 = np.asarray(torch.as_tensor(f.W_1).double())
+        assert encloses(got.matrices["W_1"].frobenius, float(np.sqrt((W1 * W1).sum())), W1.size)
+        assert encloses(got.matrices["W_1"].l21, float(np.sqrt((W1 * W1).sum(axis=0)).sum()), W1.size)
+        for W in (f.W_1, a.W_Q[0]):  # and the public certifiers on the spec's own matrices
             W = np.asarray(torch.as_tensor(W).double())
-            s = float(np.linalg.svd(W, compute_uv=False)[0])
-            iv = spectral_norm_interval(W)
-            assert iv.lower <= s * (1 + 1e-12) and s <= iv.upper * (1 + 1e-12)
-            f = float(np.sqrt((W * W).sum()))
-            fi = frobenius_interval(W)
-            assert fi.lower <= f * (1 + 1e-12) and f <= fi.upper * (1 + 1e-12)
-            l21 = float(np.sqrt((W * W).sum(axis=0)).sum())
-            li = l21_interval(W)
-            assert li.lower <= l21 * (1 + 1e-12) and l21 <= li.upper * (1 + 1e-12)
+            assert encloses(spectral_norm_interval(W), norm2(W), W.shape[0])
+            assert encloses(frobenius_interval(W), float(np.sqrt((W * W).sum())), W.size)
+            assert encloses(l21_interval(W), float(np.sqrt((W * W).sum(axis=0)).sum()), W.size)
 
 
 @pytest.mark.parametrize("via", ["directory", "module"])

@@ -86,6 +86,7 @@ def _unknown_file(tmp_path: Path) -> Path:
     tensors = {"tok_embeddings.weight": torch.randn(V, D, generator=g), "mix.0.proj.weight": torch.randn(D, 2 * D, generator=g),
                "mix.0.proj.bias": torch.randn(D, generator=g), "mix.0.conv.weight": torch.randn(D, D, 3, generator=g)}
     tensors = {k: v.to(torch.bfloat16) for k, v in tensors.items()}
+    tensors["mix.position_ids"] = torch.arange(8).reshape(1, 8)  # an integer buffer: skipped, not refused
     save_file(tensors, tmp_path / "model.safetensors")
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "mystery"}))
     return tmp_path
@@ -102,6 +103,7 @@ def test_unknown_file_per_matrix_and_cli(tmp_path, capsys):
     _encloses(rows["tok_embeddings.weight"], t["tok_embeddings.weight"])
     _encloses(rows["mix.0.proj.weight"], t["mix.0.proj.weight"].T)
     assert rows["mix.0.proj.weight"].orientation.startswith("linear (assumed")
+    assert "mix.position_ids (1, 8) int64" in r.skipped
     out_json = tmp_path / "pm.json"
     assert main(["analyze", str(path), "--json", str(out_json)]) == 0
     text = capsys.readouterr().out

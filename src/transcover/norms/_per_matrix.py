@@ -14,7 +14,8 @@ the (2,1) norm does: it is ``sum_j ||W[:, j]||_2`` for ``x @ W`` (a sum over out
 file a tensor whose name says embed/wte/wpe) enter as stored (a token maps to a row).  From a
 module the class says which; from a file, a tensor that is not an embedding is taken to be an
 ``nn.Linear`` weight, and the row says so (``orientation="linear (assumed from the file)"``).
-Tensors of other ranks (biases, norm scales, convolution kernels) are counted and listed as skipped.
+Tensors of other ranks (biases, norm scales, convolution kernels) and integer buffers (position
+ids) are listed as skipped.
 """
 
 from __future__ import annotations
@@ -175,8 +176,10 @@ def per_matrix_norms(model, *, rtol: float = 1e-3, note: str | None = None) -> P
         label, skipped = str(path), []
         for key in src.keys():
             shape = tuple(src.shape(key))
-            if len(shape) != 2:
-                skipped.append(f"{key} {shape}")
+            dtype = src._dtype(key) or "float"
+            if len(shape) != 2 or not dtype.startswith(("float", "bfloat")):
+                # integer buffers (position ids, masks) are not weights
+                skipped.append(f"{key} {shape}" + ("" if dtype.startswith(("float", "bfloat")) else f" {dtype}"))
                 continue
             t = src.get(key)
             embedding = bool(_EMBEDDING_NAME.search(key))

@@ -61,15 +61,16 @@ def analyze(
     return analyze_spec(spec, fast=fast, rtol=rtol, embeddings=embeddings, progress=progress)
 
 
-def load(source=None, *, arch: str | None = None, allow_pickle: bool = False, strict: bool = False):
+def load(source=None, *, arch: str | None = None, allow_pickle: bool = False, strict: bool = False, roles=None):
     """A model's decomposition: :func:`transcover.model.load` (see there for every argument).
 
     ``strict=True`` refuses a checkpoint holding tensors inside a layer that the architecture does
-    not define (they could change the function); by default each is warned about.
+    not define (they could change the function); by default each is warned about.  ``roles``: a
+    mapping file (path or dict) naming the tensors of a layout no adapter knows (docs/architectures.md).
     """
     from .model import load as _load
 
-    return _load(source, arch=arch, allow_pickle=allow_pickle, strict=strict)
+    return _load(source, arch=arch, allow_pickle=allow_pickle, strict=strict, roles=roles)
 
 
 def describe(model=None, *, arch: str | None = None, allow_pickle: bool = False, strict: bool = False):

@@ -217,9 +217,9 @@ def test_list_archs_is_the_readme_table(capsys):
     assert printed == table
     for family in ("distilbert", "clip_text", "clip_vision", "whisper", "deberta_v2", "per-matrix", "mapped"):
         assert f"| `{family}` |" in table
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "README.md").read_text()  # regenerate with scripts/support_table.py
     block = readme.split("<!-- support-table:start -->\n")[1].split("<!-- support-table:end -->")[0]
-    assert block == table, "README's support table differs from `transcover analyze --list-archs`"
+    assert block == table, "README table is stale: run PYTHONPATH=src python scripts/support_table.py"
 
 
 def test_sliding_window_is_structural_and_bounds_hold_beyond_the_window(transformers_mod):

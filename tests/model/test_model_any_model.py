@@ -240,3 +240,28 @@ def test_sliding_window_is_structural_and_bounds_hold_beyond_the_window(transfor
         # raises CertificateViolation if any searched lower value exceeds its certified stage bound
         lower = lipschitz_lower(spec, bounds, seq_len=8, n_samples=2, n_steps=15, seed=1, stages=False)
         assert 0 < lower[(-2, "network")].value.value <= bounds.upper.value
+
+
+def test_g3_on_windowed_models_holds_beyond_the_window(transformers_mod):
+    """Lemma G.3 between two windowed models (same window, nearby weights), mapped from live modules:
+    the certified bound dominates the measured change on sequences longer than the window."""
+    from transcover.lipschitz import perturbation_bound, perturbation_lower
+
+    hf_roles = {**ROLES, "layers": "model.layers.{i}.", "window": 3,
+                "roles": {"W_Q": "self_attn.q_proj.weight", "W_K": "self_attn.k_proj.weight",
+                          "W_V": "self_attn.v_proj.weight", "W_O": "self_attn.o_proj.weight",
+                          "W_gate": "mlp.gate_proj.weight", "W_1": "mlp.up_proj.weight", "W_2": "mlp.down_proj.weight",
+                          "norm_attn.weight": "input_layernorm.weight",
+                          "norm_ffn.weight": "post_attention_layernorm.weight"},
+                "final_norm": {"weight": "model.norm.weight"}, "embeddings": {}}
+    a = _llama(transformers_mod).double()
+    b = _llama(transformers_mod).double()
+    g = torch.Generator().manual_seed(9)
+    with torch.no_grad():
+        for p in b.parameters():
+            p.add_(1e-2 * torch.randn(p.shape, generator=g, dtype=torch.float64))
+    spec_a, spec_b = load(a, roles=hf_roles), load(b, roles=hf_roles)
+    assert spec_a.layers[1].attention.window == 3
+    bound = perturbation_bound(spec_a, spec_b, radius=1.0)
+    lower = perturbation_lower(spec_a, spec_b, radius=1.0, seq_len=7, n_samples=2, n_steps=10, seed=3)
+    assert 0 < lower.value.value <= bound.total.value

@@ -189,6 +189,8 @@ def test_renamed_llama_via_roles_file_matches_the_llama_adapter(transformers_mod
     (tmp_path / "transcover_roles.json").write_text(json.dumps(ROLES))
     assert load(path).arch == "mapped"
     capsys.readouterr()
+    assert main(["analyze", str(path), str(path), "--roles", str(tmp_path / "roles.json")]) == 2
+    assert "--roles applies to one model" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("bad, message", [

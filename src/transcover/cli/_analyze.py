@@ -84,6 +84,9 @@ def run(args: argparse.Namespace) -> int:
 
     models = expand_models(list(args.model or []))
     if len(models) > 1 or len(models) != len(args.model or []):
+        if args.roles is not None:
+            raise InputError("--roles applies to one model; for a sweep put transcover_roles.json beside each "
+                             "checkpoint's weights")
         from ._sweep import run_sweep
 
         return run_sweep(args, models)

@@ -52,8 +52,7 @@ import torch
 from torch import Tensor
 
 from .._errors import InputError
-from ..model._arrays import to_tensor
-from ..model._spec import LayerSpec, NormKind, NormSpec, Placement
+from ..model import Activation, LayerSpec, NormKind, NormSpec, Placement, attention_forward, ffn_forward
 from ._weights import ROUNDING_PAD, spectral
 
 __all__ = ["LayerJacobian", "layer_jacobian", "row_norm_lower", "gelu_second_sup"]
@@ -67,7 +66,7 @@ _U = 2.0**-53
 
 
 def _f64(W) -> Tensor:  # noqa: ANN001
-    return to_tensor(W, dtype=torch.float64).detach()
+    return torch.as_tensor(W, dtype=torch.float64).detach()
 
 
 def _sym_top(B: Tensor) -> Tensor:
@@ -195,16 +194,19 @@ class LayerJacobian:
 
 def _head_data(attn, Xin: Tensor):  # noqa: ANN001, ANN202
     """Per head: P, y (T, T, d), q (T, d), Wq, Wk, Wv, Wo (float64)."""
-    from ..model._functional import attention_scores
-
     T, d = Xin.shape
     Xa = torch.cat([Xin, torch.ones(T, 1, dtype=torch.float64)], dim=1)
     out = []
     for h in range(attn.n_heads):
         Wq, Wk, Wv, Wo = (_f64(W) for W in attn.head(h))
-        P = torch.softmax(attention_scores(attn, Xin, h), dim=-1)
+        Wqa = _f64(attn.W_Q_augmented(h))
+        # the scores with the query bias folded in; the key bias is constant per row (softmax drops it)
+        scores = attn.softmax_scale * (Xa @ Wqa) @ (Xin @ Wk).T
+        if attn.causal:
+            scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+        P = torch.softmax(scores, dim=-1)
         Y = Xin[None, :, :] - (P @ Xin)[:, None, :]
-        q = attn.softmax_scale * (Xa @ _f64(attn.W_Q_augmented(h))) @ Wk.T
+        q = attn.softmax_scale * (Xa @ Wqa) @ Wk.T
         out.append((P, Y, q, Wq, Wk, Wv, Wo))
     return out
 
@@ -221,8 +223,6 @@ def layer_jacobian(layer: LayerSpec, X: Tensor, r: float, *, keep_blocks: bool =
     (``_row_block_norms``).  Assumptions: dot attention without RoPE,
     non-gated FFN whose ``sup|sigma''|`` is finite, every token within ``r`` of X.
     """
-    from ..model._functional import ffn_forward
-    from ._local import second_derivative_sup
 
     ffn, attn = layer.ffn, layer.attention
     if ffn.gated:
@@ -233,8 +233,6 @@ def layer_jacobian(layer: LayerSpec, X: Tensor, r: float, *, keep_blocks: bool =
     norms = _weight_norms(layer) if norms is None else norms
     W1, W2 = _f64(ffn.W_1), _f64(ffn.W_2)
     b1 = 0 if ffn.b_1 is None else _f64(ffn.b_1)
-    from ..model._functional import attention_forward
-
     if post:
         Xin = X
         D1 = None
@@ -426,8 +424,6 @@ def _ffn_drift(ffn, z: Tensor, rh: Tensor, norms: dict, curv: float) -> Tensor: 
     ``|sigma'(z'_k) - sigma'(z_k)| <= c_k = sup_{[z_k - h_k, z_k + h_k]} |sigma''| h_k``, ``h_k = n_k rh``,
     and ``||W_2^T diag(delta) W_1^T|| <= (lambda_max(W_2^T diag(c) W_2) lambda_max(W_1 diag(c) W_1^T))^{1/2}``.
     GELU gets the per-unit interval sup (``gelu2_sup``), other activations the global one."""
-    from ..model._spec import Activation
-
     glob = curv * rh
     if Activation(ffn.activation) is not Activation.GELU:
         return glob

@@ -55,7 +55,7 @@ from .._errors import InputError
 from ..model import Activation, LayerSpec, NormKind, NormSpec, Placement, attention_forward, ffn_forward
 from ._weights import ROUNDING_PAD, spectral
 
-__all__ = ["LayerJacobian", "layer_jacobian", "row_norm_lower", "gelu_second_sup"]
+__all__ = ["LayerJacobian", "layer_jacobian", "layer_jacobians", "certified_spectral", "gelu2_sup", "row_norm_lower", "gelu_second_sup"]
 
 GRAM_PAD = 1e-9
 # float64 evaluation of the blocks: each entry is a sum of at most K products; |error| <= K u
@@ -211,9 +211,10 @@ def _head_data(attn, Xin: Tensor):  # noqa: ANN001, ANN202
     return out
 
 
-def layer_jacobian(layer: LayerSpec, X: Tensor, r: float, *, keep_blocks: bool = False,
-                   norms: dict | None = None, head_norms_: dict | None = None, exact: int = 8) -> LayerJacobian:
-    r"""Certified (2,inf) bound of one layer's Jacobian at every point of ``B(X, r)``.
+def layer_jacobians(layer: LayerSpec, X: Tensor, radii, *, keep_blocks: bool = False,  # noqa: ANN001
+                    norms: dict | None = None, head_norms_: dict | None = None, exact: int = 8) -> list[LayerJacobian]:
+    r"""Certified (2,inf) bound of one layer's Jacobian at every point of ``B(X, r)``, for each ``r``
+    in ``radii`` (the blocks at X are computed once).
 
     .. math:: \|J(X')\|_{(2,\infty)} \le \max_i \Big(\sum_j \|J_{ij}(X)\|_2 + \mathrm{drift}_i(r)\Big)
 
@@ -267,15 +268,6 @@ def layer_jacobian(layer: LayerSpec, X: Tensor, r: float, *, keep_blocks: bool =
     from ._local_attention import attention_local_bound, head_norms
 
     hn = head_norms(attn) if head_norms_ is None else head_norms_
-    if post:
-        ry = float(r)
-    else:
-        d1, sup1 = _norm_drift(layer.norm_attn, sig1, torch.full((T,), float(r), dtype=torch.float64), d)
-        ry = float(r * torch.minimum(sup1, _sym_top(D1) + d1).max()) * (1 + 1e-12)
-    dQ = _attention_drift(heads, ry, norms, attn.softmax_scale)  # (H, T)
-    nV = torch.tensor(norms["V"], dtype=torch.float64)[:, None]
-    dA_alone = torch.minimum((torch.tensor(hn["OV"], dtype=torch.float64)[:, None] * dQ).sum(dim=0),
-                             hn["O"] * torch.sqrt(((nV * dQ) ** 2).sum(dim=0)))
     point_rows = torch.zeros(T, dtype=torch.float64)
     att_point = torch.zeros(T, dtype=torch.float64)
     kept = torch.zeros(T, T, d, d, dtype=torch.float64) if keep_blocks else None
@@ -289,12 +281,35 @@ def layer_jacobian(layer: LayerSpec, X: Tensor, r: float, *, keep_blocks: bool =
         if kept is not None:
             kept[i] = Bi
         point_rows[i] = (_row_block_norms(Bi, exact) + block_pad).sum()
-    # the attention alone on its input ball: exact at the point plus its drift, or the older bound
-    attention_rows = torch.minimum(attention_local_bound(attn, Xin, ry, norms=hn).per_query,
-                                   (att_point + dA_alone) * (1 + ROUNDING_PAD))
-    drift, parts = _drift(layer, X, z.detach(), r, post, dQ, heads, M, IF, F, Da if post else D1, Db,
-                          (siga, sa) if post else (sig1, s1), (sigb, sb), S1, attention_rows, norms)
-    return LayerJacobian(point_rows * (1 + ROUNDING_PAD), drift, kept, attention_rows, parts)
+    out = []
+    for r in radii:
+        if post:
+            ry = float(r)
+        else:
+            d1, sup1 = _norm_drift(layer.norm_attn, sig1, torch.full((T,), float(r), dtype=torch.float64), d)
+            ry = float(r * torch.minimum(sup1, _sym_top(D1) + d1).max()) * (1 + 1e-12)
+        dQ = _attention_drift(heads, ry, norms, attn.softmax_scale)  # (H, T)
+        nV = torch.tensor(norms["V"], dtype=torch.float64)[:, None]
+        dA_alone = torch.minimum((torch.tensor(hn["OV"], dtype=torch.float64)[:, None] * dQ).sum(dim=0),
+                                 hn["O"] * torch.sqrt(((nV * dQ) ** 2).sum(dim=0)))
+        # the attention alone on its input ball: exact at the point plus its drift, or the older bound
+        attention_rows = torch.minimum(attention_local_bound(attn, Xin, ry, norms=hn).per_query,
+                                       (att_point + dA_alone) * (1 + ROUNDING_PAD))
+        drift, parts = _drift(layer, X, z.detach(), r, post, dQ, heads, M, IF, F, Da if post else D1, Db,
+                              (siga, sa) if post else (sig1, s1), (sigb, sb), S1, attention_rows, norms)
+        out.append(LayerJacobian(point_rows * (1 + ROUNDING_PAD), drift, kept, attention_rows, parts))
+    return out
+
+
+def layer_jacobian(layer: LayerSpec, X: Tensor, r: float, **kw) -> LayerJacobian:
+    r"""Certified (2,inf) bound of one layer's Jacobian at every point of ``B(X, r)``.
+
+    .. math:: \|J(X')\|_{(2,\infty)} \le \max_i \Big(\sum_j \|J_{ij}(X)\|_2 + \mathrm{drift}_i(r)\Big)
+
+    Source: THEORY F17, Notes [exact layer Jacobian], [Jacobian drift]; see ``layer_jacobians``.
+    """
+    return layer_jacobians(layer, X, [r], **kw)[0]
+
 
 
 def _attention_row(heads, Mi: Tensor, i: int, scale: float) -> Tensor:  # noqa: ANN001

@@ -281,13 +281,14 @@ def layer_jacobians(layer: LayerSpec, X: Tensor, radii, *, keep_blocks: bool = F
         if kept is not None:
             kept[i] = Bi
         point_rows[i] = (_row_block_norms(Bi, exact) + block_pad).sum()
+    memo = _Memo()
     out = []
     for r in radii:
         if post:
             ry = float(r)
         else:
             d1, sup1 = _norm_drift(layer.norm_attn, sig1, torch.full((T,), float(r), dtype=torch.float64), d)
-            ry = float(r * torch.minimum(sup1, _sym_top(D1) + d1).max()) * (1 + 1e-12)
+            ry = float(r * torch.minimum(sup1, memo("D1", D1) + d1).max()) * (1 + 1e-12)
         dQ = _attention_drift(heads, ry, norms, attn.softmax_scale)  # (H, T)
         nV = torch.tensor(norms["V"], dtype=torch.float64)[:, None]
         dA_alone = torch.minimum((torch.tensor(hn["OV"], dtype=torch.float64)[:, None] * dQ).sum(dim=0),
@@ -295,7 +296,7 @@ def layer_jacobians(layer: LayerSpec, X: Tensor, radii, *, keep_blocks: bool = F
         # the attention alone on its input ball: exact at the point plus its drift, or the older bound
         attention_rows = torch.minimum(attention_local_bound(attn, Xin, ry, norms=hn).per_query,
                                        (att_point + dA_alone) * (1 + ROUNDING_PAD))
-        drift, parts = _drift(layer, X, z.detach(), r, post, dQ, heads, M, IF, F, Da if post else D1, Db,
+        drift, parts = _drift(memo, layer, X, z.detach(), r, post, dQ, heads, M, IF, F, Da if post else D1, Db,
                               (siga, sa) if post else (sig1, s1), (sigb, sb), S1, attention_rows, norms)
         out.append(LayerJacobian(point_rows * (1 + ROUNDING_PAD), drift, kept, attention_rows, parts))
     return out
@@ -310,6 +311,18 @@ def layer_jacobian(layer: LayerSpec, X: Tensor, r: float, **kw) -> LayerJacobian
     """
     return layer_jacobians(layer, X, [r], **kw)[0]
 
+
+
+class _Memo:
+    """Certified norms of the r-independent per-token matrices, computed once per layer call."""
+
+    def __init__(self) -> None:
+        self.store: dict = {}
+
+    def __call__(self, name: str, A: Tensor) -> Tensor:
+        if name not in self.store:
+            self.store[name] = _sym_top(A)
+        return self.store[name]
 
 
 def _attention_row(heads, Mi: Tensor, i: int, scale: float) -> Tensor:  # noqa: ANN001
@@ -379,7 +392,7 @@ def _attention_drift(heads, r: float, norms: dict, scale: float) -> Tensor:  # n
     return torch.stack(out)
 
 
-def _drift(layer, X, z, r, post, dQ, heads, M, IF, F, D1, Db, nA, nB, S1, att_rows, norms):  # noqa: ANN001, ANN202, PLR0913
+def _drift(memo, layer, X, z, r, post, dQ, heads, M, IF, F, D1, Db, nA, nB, S1, att_rows, norms):  # noqa: ANN001, ANN202, PLR0913
     """Per-token drift bound of the row operator over ``B(X, r)`` and the per-term maxima."""
     T, d = X.shape
     attn, ffn = layer.attention, layer.ffn
@@ -387,19 +400,19 @@ def _drift(layer, X, z, r, post, dQ, heads, M, IF, F, D1, Db, nA, nB, S1, att_ro
 
     rr = torch.full((T,), float(r), dtype=torch.float64)
     curv = second_derivative_sup(ffn.activation) * norms["ffn_curv"]
-    nIF = _sym_top(IF)
-    nM = _sym_top(M)
+    nIF = memo("IF", IF)
+    nM = memo("M", M)
     if post:
         siga, _ = nA
         sigb, _ = nB
         r1 = rr * (1 + att_rows) * (1 + 1e-12)
         dDa, supDa = _norm_drift(layer.norm_attn, siga, r1, d)
-        nDa = _sym_top(D1)
+        nDa = memo("D1", D1)
         rh = r1 * torch.minimum(supDa, nDa + dDa)
         dF = _ffn_drift(ffn, z, rh, norms, curv)
         r2 = rh * (nIF + dF) * (1 + 1e-12)
         dDb, _ = _norm_drift(layer.norm_ffn, sigb, r2, d)
-        nDb = _sym_top(Db)
+        nDb = memo("Db", Db)
         dM = dDb * (nIF + dF) * (nDa + dDa) + nDb * dF * (nDa + dDa) + nDb * nIF * dDa
         a_in = att_rows
         dA_scale = torch.ones(T, dtype=torch.float64)
@@ -408,19 +421,21 @@ def _drift(layer, X, z, r, post, dQ, heads, M, IF, F, D1, Db, nA, nB, S1, att_ro
         sig1, _ = nA
         sigb, _ = nB
         d1, sup1 = _norm_drift(layer.norm_attn, sig1, rr, d)
-        nD1 = _sym_top(D1)
+        nD1 = memo("D1", D1)
         sup1 = torch.minimum(sup1, nD1 + d1)
         ry = float(r * sup1.max()) * (1 + 1e-12)
         r1 = rr + att_rows * ry
         dDb, supDb = _norm_drift(layer.norm_ffn, sigb, r1, d)
-        nDb = _sym_top(Db)
+        nDb = memo("Db", Db)
         rh = r1 * torch.minimum(supDb, nDb + dDb)
         dF = _ffn_drift(ffn, z, rh, norms, curv)
-        nF = _sym_top(F)
+        nF = memo("F", F)
         dM = dF * (nDb + dDb) + nF * dDb
         a_in = att_rows * float(sup1.max())
         dA_scale = torch.full((T,), float(sup1.max()), dtype=torch.float64)
-    MOV, MO = _mixed_norms(M, heads, norms)
+    if "mixed" not in memo.store:
+        memo.store["mixed"] = _mixed_norms(M, heads, norms)
+    MOV, MO = memo.store["mixed"]
     summed = (MOV * dQ).sum(dim=0)
     concat = MO * torch.sqrt(((torch.tensor(norms["V"], dtype=torch.float64)[:, None] * dQ) ** 2).sum(dim=0))
     dA = torch.minimum(summed, concat) * dA_scale

@@ -39,12 +39,12 @@ from transcover.report import atomic_write_bytes, atomic_write_text  # noqa: E40
 RHOS = (1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
 
 
-def per_layer(spec, seqs, rhos, log) -> list[dict]:  # noqa: ANN001
+def per_layer(spec, seqs, rhos, log, n_layers=None) -> list[dict]:  # noqa: ANN001
     rows = []
-    norms = [(_weight_norms(L), head_norms(L.attention)) for L in spec.layers]
+    norms = [(_weight_norms(L), head_norms(L.attention)) for L in list(spec.layers)[:n_layers]]
     for k, s in enumerate(seqs):
         X = spec.input_norm(s.double())
-        for li, L in enumerate(spec.layers):
+        for li, L in enumerate(list(spec.layers)[:n_layers]):
             med = float(X.norm(dim=1).median())
             t = time.perf_counter()
             ljs = layer_jacobians(L, X, [f * med for f in rhos], keep_blocks=True, norms=norms[li][0],
@@ -67,6 +67,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=150)
     ap.add_argument("--skip", type=int, default=0, help="start at this sentence")
     ap.add_argument("--whole-n", type=int, default=20)
+    ap.add_argument("--layers", type=int, default=None, help="only the first LAYERS layers (a subset run)")
     ap.add_argument("--max-len", type=int, default=32)
     ap.add_argument("--out", default="docs/results")
     ap.add_argument("--rhos", default=",".join(f"{r:g}" for r in RHOS), help="factors of the median token norm")
@@ -76,7 +77,7 @@ def main() -> None:
     seqs = load_inputs(spec, "sklearn-descr", max_len=a.max_len, limit=a.skip + a.n)[a.skip:]
     rhos = [float(r) for r in a.rhos.split(",")]
     t0 = time.perf_counter()
-    rows = per_layer(spec, seqs, rhos, lambda m: print(m, flush=True))
+    rows = per_layer(spec, seqs, rhos, lambda m: print(m, flush=True), a.layers)
     t_layers = time.perf_counter() - t0
     whole = []
     if a.whole_n > 0:

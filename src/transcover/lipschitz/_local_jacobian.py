@@ -400,6 +400,9 @@ def _drift(memo, layer, X, z, r, post, dQ, heads, M, IF, F, D1, Db, nA, nB, S1, 
 
     rr = torch.full((T,), float(r), dtype=torch.float64)
     curv = second_derivative_sup(ffn.activation) * norms["ffn_curv"]
+    from ._activations import activation_lipschitz
+
+    lffn = activation_lipschitz(ffn.activation) * norms["W1"] * norms["W2"] * (1 + ROUNDING_PAD) ** 2
     nIF = memo("IF", IF)
     nM = memo("M", M)
     if post:
@@ -410,7 +413,7 @@ def _drift(memo, layer, X, z, r, post, dQ, heads, M, IF, F, D1, Db, nA, nB, S1, 
         nDa = memo("D1", D1)
         rh = r1 * torch.minimum(supDa, nDa + dDa)
         dF = _ffn_drift(ffn, z, rh, norms, curv)
-        r2 = rh * (nIF + dF) * (1 + 1e-12)
+        r2 = rh * torch.minimum(nIF + dF, torch.full_like(rh, 1 + lffn)) * (1 + 1e-12)
         dDb, _ = _norm_drift(layer.norm_ffn, sigb, r2, d)
         nDb = memo("Db", Db)
         dM = dDb * (nIF + dF) * (nDa + dDa) + nDb * dF * (nDa + dDa) + nDb * nIF * dDa
@@ -453,13 +456,23 @@ def _ffn_drift(ffn, z: Tensor, rh: Tensor, norms: dict, curv: float) -> Tensor: 
     """Per token ``||F'_t - F_t||`` on the FFN input balls of radii ``rh`` (Note [Jacobian drift]):
     ``|sigma'(z'_k) - sigma'(z_k)| <= c_k = sup_{[z_k - h_k, z_k + h_k]} |sigma''| h_k``, ``h_k = n_k rh``,
     and ``||W_2^T diag(delta) W_1^T|| <= (lambda_max(W_2^T diag(c) W_2) lambda_max(W_1 diag(c) W_1^T))^{1/2}``.
-    GELU gets the per-unit interval sup (``gelu2_sup``), other activations the global one."""
-    glob = curv * rh
-    if Activation(ffn.activation) is not Activation.GELU:
+    GELU gets the per-unit interval sup (``gelu2_sup``), other activations the global one.  Every
+    ``c_k`` is also capped by the range of ``sigma'`` (GELU: ``GELU'(sqrt 2) - GELU'(-sqrt 2) = erf(1) +
+    2 sqrt(2) phi(sqrt 2)``, the extrema of ``GELU' = Phi + z phi``; otherwise ``2 sup|sigma'|``), and
+    the whole bound by that range times ``||W_1|| ||W_2||``."""
+    from ._activations import activation_lipschitz
+
+    act = Activation(ffn.activation)
+    if act is Activation.GELU:
+        cap = (math.erf(1.0) + 2 * math.sqrt(2) * math.exp(-1.0) / math.sqrt(2 * math.pi)) * (1 + 1e-9)
+    else:
+        cap = 2 * activation_lipschitz(act)
+    glob = torch.minimum(curv * rh, torch.full_like(rh, cap * norms["W1"] * norms["W2"] * (1 + ROUNDING_PAD)))
+    if act is not Activation.GELU:
         return glob
     W1, W2 = _f64(ffn.W_1), _f64(ffn.W_2)
     half = norms["n1"][None, :] * rh[:, None]
-    c = gelu2_sup(z - half, z + half) * half * (1 + ROUNDING_PAD)
+    c = torch.clamp(gelu2_sup(z - half, z + half) * half * (1 + ROUNDING_PAD), max=cap)
     l2 = certified_lmax((W2.T[None] * c[:, None, :]) @ W2[None])
     l1 = certified_lmax((W1[None] * c[:, None, :]) @ W1.T[None])
     fro = float(W1.norm() * W2.norm()) * float(c.max())

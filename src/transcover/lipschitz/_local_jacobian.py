@@ -270,6 +270,7 @@ def layer_jacobians(layer: LayerSpec, X: Tensor, radii, *, keep_blocks: bool = F
     hn = head_norms(attn) if head_norms_ is None else head_norms_
     point_rows = torch.zeros(T, dtype=torch.float64)
     att_point = torch.zeros(T, dtype=torch.float64)
+    h_point = torch.full((T,), math.inf, dtype=torch.float64)
     kept = torch.zeros(T, T, d, d, dtype=torch.float64) if keep_blocks else None
     for i in range(T):
         Ai = _attention_row(heads, eye, i, attn.softmax_scale)
@@ -281,6 +282,10 @@ def layer_jacobians(layer: LayerSpec, X: Tensor, radii, *, keep_blocks: bool = F
         if kept is not None:
             kept[i] = Bi
         point_rows[i] = (_row_block_norms(Bi, exact) + block_pad).sum()
+        if post:  # the first stage's row constant nu_i(D1_i (E_i + A_i)): radii and drift use it
+            Ni = _attention_row(heads, Da[i], i, attn.softmax_scale)
+            Ni[i] += Da[i]
+            h_point[i] = (_row_block_norms(Ni, exact) + block_pad).sum()
     memo = _Memo()
     out = []
     for r in radii:
@@ -297,7 +302,8 @@ def layer_jacobians(layer: LayerSpec, X: Tensor, radii, *, keep_blocks: bool = F
         attention_rows = torch.minimum(attention_local_bound(attn, Xin, ry, norms=hn).per_query,
                                        (att_point + dA_alone) * (1 + ROUNDING_PAD))
         drift, parts = _drift(memo, layer, X, z.detach(), r, post, dQ, heads, M, IF, F, Da if post else D1, Db,
-                              (siga, sa) if post else (sig1, s1), (sigb, sb), S1, attention_rows, norms)
+                              (siga, sa) if post else (sig1, s1), (sigb, sb), S1, attention_rows, norms,
+                              h_point * (1 + ROUNDING_PAD), dA_alone)
         out.append(LayerJacobian(point_rows * (1 + ROUNDING_PAD), drift, kept, attention_rows, parts))
     return out
 
@@ -392,7 +398,7 @@ def _attention_drift(heads, r: float, norms: dict, scale: float) -> Tensor:  # n
     return torch.stack(out)
 
 
-def _drift(memo, layer, X, z, r, post, dQ, heads, M, IF, F, D1, Db, nA, nB, S1, att_rows, norms):  # noqa: ANN001, ANN202, PLR0913
+def _drift(memo, layer, X, z, r, post, dQ, heads, M, IF, F, D1, Db, nA, nB, S1, att_rows, norms, h_point, dA_alone):  # noqa: ANN001, ANN202, PLR0913
     """Per-token drift bound of the row operator over ``B(X, r)`` and the per-term maxima."""
     T, d = X.shape
     attn, ffn = layer.attention, layer.ffn
@@ -411,12 +417,16 @@ def _drift(memo, layer, X, z, r, post, dQ, heads, M, IF, F, D1, Db, nA, nB, S1, 
         r1 = rr * (1 + att_rows) * (1 + 1e-12)
         dDa, supDa = _norm_drift(layer.norm_attn, siga, r1, d)
         nDa = memo("D1", D1)
-        rh = r1 * torch.minimum(supDa, nDa + dDa)
+        # sup over the ball of nu_i(D1'(E + A')) <= nu_i(D1(E + A)) + dD1 (1 + a_i) + ||D1|| dA
+        h = h_point + dDa * (1 + att_rows) + nDa * dA_alone
+        rh = torch.minimum(r1 * torch.minimum(supDa, nDa + dDa), rr * h) * (1 + 1e-12)
         dF = _ffn_drift(ffn, z, rh, norms, curv)
         r2 = rh * torch.minimum(nIF + dF, torch.full_like(rh, 1 + lffn)) * (1 + 1e-12)
         dDb, _ = _norm_drift(layer.norm_ffn, sigb, r2, d)
         nDb = memo("Db", Db)
-        dM = dDb * (nIF + dF) * (nDa + dDa) + nDb * dF * (nDa + dDa) + nDb * nIF * dDa
+        hb = torch.minimum(h, (nDa + dDa) * (1 + att_rows))  # sup nu_i(D1'(E + A'))
+        dM = None  # the post-LN drift of M (E + A') is bounded term by term below
+        dMA = (dDb * (nIF + dF) + nDb * dF) * hb + nDb * nIF * dDa * (1 + att_rows)
         a_in = att_rows
         dA_scale = torch.ones(T, dtype=torch.float64)
         ry = float(r)
@@ -442,8 +452,13 @@ def _drift(memo, layer, X, z, r, post, dQ, heads, M, IF, F, D1, Db, nA, nB, S1, 
     summed = (MOV * dQ).sum(dim=0)
     concat = MO * torch.sqrt(((torch.tensor(norms["V"], dtype=torch.float64)[:, None] * dQ) ** 2).sum(dim=0))
     dA = torch.minimum(summed, concat) * dA_scale
-    drift = dM * (1 + a_in) + dA
-    parts = {"norm_ffn/ffn/norm_attn (dM)": float((dM * (1 + a_in)).max()), "attention (dA)": float(dA.max())}
+    if post:
+        parts = {"norm_ffn (dD2)": float((dDb * (nIF + dF) * hb).max()), "ffn (dF)": float((nDb * dF * hb).max()),
+                 "norm_attn (dD1)": float((nDb * nIF * dDa * (1 + att_rows)).max()), "attention (dA)": float(dA.max())}
+    else:
+        dMA = dM * (1 + a_in)
+        parts = {"norm_ffn/ffn (dM)": float(dMA.max()), "attention (dA)": float(dA.max())}
+    drift = dMA + dA
     if not post:  # M_i A_i (D1' - D1): the pre-LN input norm moves under the attention
         extra = nM * att_rows * float(d1.max())
         drift = drift + extra

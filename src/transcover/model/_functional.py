@@ -134,14 +134,22 @@ def apply_rope(x: Tensor, rope: RopeSpec, positions: Tensor) -> Tensor:
     return torch.cat([xr * cos + rotated * sin, xp], dim=-1)
 
 
-def _mask(scores: Tensor, causal: bool, key_mask: Tensor | None) -> Tensor:
-    """Scores ``(..., T, T)`` with the future (causal) and the keys ``key_mask`` forbids at -inf."""
+def _mask(scores: Tensor, causal: bool, key_mask: Tensor | None, window: int | None = None) -> Tensor:
+    """Scores ``(..., T, T)`` with the future (causal), keys beyond a sliding ``window`` and the keys
+    ``key_mask`` forbids at -inf."""
     import torch
 
+    T = scores.shape[-1]
     if causal:
-        T = scores.shape[-1]
         future = torch.ones(T, T, dtype=torch.bool, device=scores.device).triu(1)
         scores = scores.masked_fill(future, float("-inf"))
+    if window is not None:
+        # Note [window mask]: key j is hidden from query i when j <= i - window (HF's
+        # ``sliding_window_overlay``: visible iff j > i - window); every row keeps its diagonal, so
+        # no row is empty.  The global attention bounds (THEORY F5-F6) only use that each row of P
+        # is a probability vector over some non-empty key set, so they hold for any such row mask.
+        far = torch.ones(T, T, dtype=torch.bool, device=scores.device).tril(-window)
+        scores = scores.masked_fill(far, float("-inf"))
     if key_mask is not None:
         scores = scores.masked_fill(~key_mask[..., None, :], float("-inf"))
     return scores
@@ -172,7 +180,7 @@ def attention_scores(attn: AttentionSpec, X: Tensor, h: int, *, key_mask: Tensor
         pos = torch.arange(T, device=X.device)
         q = apply_rope(q, attn.rope, pos)
         k = apply_rope(k, attn.rope, pos)
-    return _mask(attn.softmax_scale * (q @ k.transpose(-1, -2)), attn.causal, key_mask)
+    return _mask(attn.softmax_scale * (q @ k.transpose(-1, -2)), attn.causal, key_mask, attn.window)
 
 
 def l2_attention_forward(X: Tensor, W_Q: Tensor, W_V: Tensor, W_O: Tensor, *, key_mask: Tensor | None = None,

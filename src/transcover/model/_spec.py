@@ -67,6 +67,10 @@ __all__ = [
 ]
 
 
+#: The slope of CLIP's QuickGELU, ``x * sigmoid(1.702 x)`` (transformers ``QuickGELUActivation``).
+QUICK_GELU_SLOPE = 1.702
+
+
 class Activation(str, Enum):
     """Pointwise activation of the FFN (its Lipschitz constant lives in ``transcover.lipschitz``)."""
 
@@ -74,6 +78,7 @@ class Activation(str, Enum):
     GELU = "gelu"  # exact, erf-based
     GELU_TANH = "gelu_tanh"  # GPT-2's "gelu_new" tanh approximation
     SILU = "silu"  # x * sigmoid(x), Llama's gate activation
+    QUICK_GELU = "quick_gelu"  # x * sigmoid(1.702 x) = silu(1.702 x) / 1.702, CLIP's activation
     IDENTITY = "identity"
 
     def __call__(self, x: Tensor) -> Tensor:
@@ -87,6 +92,8 @@ class Activation(str, Enum):
             return torch.nn.functional.gelu(x, approximate="tanh")
         if self is Activation.SILU:
             return torch.nn.functional.silu(x)
+        if self is Activation.QUICK_GELU:
+            return x * torch.sigmoid(QUICK_GELU_SLOPE * x)
         return x
 
 
@@ -198,11 +205,18 @@ class AttentionSpec:
     scale: float | None = None  # None: 1/sqrt(d_head)
     causal: bool = False
     rope: RopeSpec | None = None
+    # Sliding-window attention (Mistral, Qwen2's upper layers): with ``window = w`` query i sees only
+    # keys j with i - w < j (and j <= i when causal); None: no window.  Note [window mask] in
+    # ``transcover.model._functional``.
+    window: int | None = None
     # "dot": softmax(scale q k^T); "l2": Kim et al. 2021 L2 attention with W_K = W_Q tied and value
     # map A_h W_V^h W_O^h, A_h = W_Q^h W_Q^hT / sqrt(d_head) (transcover.lipschitz.l2_attention_forward)
     kind: str = "dot"
 
     def __post_init__(self) -> None:
+        if self.window is not None and (isinstance(self.window, bool) or not isinstance(self.window, int)
+                                        or self.window < 1):
+            raise ValueError(f"attention window must be a positive integer, but got {self.window!r}")
         if self.kind == "l2":
             self._check_l2()
 
@@ -217,6 +231,7 @@ class AttentionSpec:
         """
         asked = [name for name, on in (
             ("causal masking", self.causal), ("RoPE", self.rope is not None),
+            ("a sliding window", self.window is not None),
             ("a softmax scale", self.scale is not None),
             ("biases", any(b is not None for b in (self.b_Q, self.b_K, self.b_V, self.b_O))),
             ("grouped-query heads", self.W_K.shape[0] != self.W_Q.shape[0]),

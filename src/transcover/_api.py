@@ -53,6 +53,7 @@ def analyze(
     rtol: float = 1e-3,
     embeddings: bool = True,
     progress: Callable[[int, int], None] | None = None,
+    per_matrix: bool = True,
 ):
     """Per-layer, per-head norms of a Transformer as certified intervals (issue 2, seed 2.1).
 
@@ -65,9 +66,13 @@ def analyze(
             does not define; by default each is a :class:`~transcover.TranscoverWarning`.
         fast: Lanczos estimates instead of certified intervals.
         rtol: target relative gap of each interval.
+        per_matrix: for an architecture outside every adapter, return per-matrix norms (else refuse).
 
     Returns:
-        :class:`transcover.norms.AnalysisResult` (``.to_dict()``, ``.to_dataframe()``).
+        :class:`transcover.norms.AnalysisResult` (``.to_dict()``, ``.to_dataframe()``); for an
+        architecture outside every adapter (and no ``arch``), a
+        :class:`transcover.norms._per_matrix.PerMatrixResult`: certified norms of each 2-D weight on
+        its own, labelled as outside the decomposition.
 
     Example:
         >>> import transcover
@@ -75,22 +80,33 @@ def analyze(
         >>> result.layers[0].B_KQ.upper              # doctest: +SKIP
     """
     from .model import TransformerSpec, load
+    from .model import OutsideDecompositionError
     from .norms import analyze_spec
 
-    spec = model if isinstance(model, TransformerSpec) else load(model, arch=arch, allow_pickle=allow_pickle,
-                                                                 strict=strict)
+    try:
+        spec = model if isinstance(model, TransformerSpec) else load(model, arch=arch, allow_pickle=allow_pickle,
+                                                                     strict=strict)
+    except OutsideDecompositionError as err:
+        # an architecture no adapter reads: every 2-D weight on its own (issue 15, item 3)
+        if model is None or arch is not None or not per_matrix:
+            raise
+        from .norms import per_matrix_norms
+
+        note = f"{err}; per-matrix norms only" + ("; --fast has no per-matrix route, so these are certified" if fast else "")
+        return per_matrix_norms(model, rtol=rtol, note=note)
     return analyze_spec(spec, fast=fast, rtol=rtol, embeddings=embeddings, progress=progress)
 
 
-def load(source=None, *, arch: str | None = None, allow_pickle: bool = False, strict: bool = False):
+def load(source=None, *, arch: str | None = None, allow_pickle: bool = False, strict: bool = False, roles=None):
     """A model's decomposition: :func:`transcover.model.load` (see there for every argument).
 
     ``strict=True`` refuses a checkpoint holding tensors inside a layer that the architecture does
-    not define (they could change the function); by default each is warned about.
+    not define (they could change the function); by default each is warned about.  ``roles``: a
+    mapping file (path or dict) naming the tensors of a layout no adapter knows (docs/architectures.md).
     """
     from .model import load as _load
 
-    return _load(source, arch=arch, allow_pickle=allow_pickle, strict=strict)
+    return _load(source, arch=arch, allow_pickle=allow_pickle, strict=strict, roles=roles)
 
 
 def describe(model=None, *, arch: str | None = None, allow_pickle: bool = False, strict: bool = False):

@@ -37,6 +37,9 @@ def models(tmp_path_factory):
     torch.manual_seed(2)  # one small layer: the Lipschitz lower search runs per stage
     save_reference(ReferenceTransformer(ReferenceConfig(d_model=4, n_heads=1, n_layers=1, d_ff=8, head_hidden=(4,))),
                    d / "one.safetensors")
+    torch.manual_seed(3)  # LayerNorm: the local (at-the-data) route's Jacobians cover it, not Pi_norm
+    save_reference(ReferenceTransformer(ReferenceConfig(d_model=4, n_heads=1, n_layers=1, d_ff=8, head_hidden=(4,),
+                                                        norm="layernorm")), d / "ln.safetensors")
     np.save(d / "points.npy", np.random.default_rng(0).standard_normal((30, 5, 2)))
     return d
 
@@ -78,6 +81,15 @@ def test_lipschitz(models, tmp_path):
     assert r.lower and r.upper.kind.value == "certified upper bound"
     _same(r, _cli_json(tmp_path, ["lipschitz", path, "--samples", "1", "--steps", "2", "--seed", "3",
                                   "--radius", "2", "--quiet"]))
+
+
+def test_lipschitz_at_the_data(models, tmp_path):
+    path, data = str(models / "ln.safetensors"), models / "emb.npy"
+    np.save(data, np.random.default_rng(1).standard_normal((2, 3, 4)))
+    r = transcover.lipschitz(path, data=str(data), rho=[1e-3, 1e-2], rho_relative=True, steps=2)
+    assert r.rows and all(row.local_upper >= row.lower for row in r.rows if row.lower is not None)
+    _same(r, _cli_json(tmp_path, ["lipschitz", path, "--data", str(data), "--rho", "1e-3,1e-2", "--rho-relative",
+                                  "--steps", "2", "--quiet"]))
 
 
 def test_perturb(models, tmp_path):

@@ -126,6 +126,13 @@ def test_cover(models, tmp_path, mode, api, argv):
     _same(r, cli)
 
 
+def test_cover_takes_an_array_too(models):
+    Y = np.load(models / "points.npy")
+    a = transcover.cover(Y, eps=[0.5]).to_dict()
+    b = transcover.cover(str(models / "points.npy"), eps=[0.5]).to_dict()
+    assert a["rows"] == b["rows"] and a["file"] == "<array (30, 5, 2)>"
+
+
 def test_approx_construct(tmp_path):
     r = transcover.approx(seq_len=6, sparsity=1, grid=3, search=20, pos_dim=8)
     _same(r, _cli_json(tmp_path, ["approx", "construct", "--seq-len", "6", "--sparsity", "1", "--grid", "3",

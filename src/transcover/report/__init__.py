@@ -50,6 +50,7 @@ from ._cover import cover_table as cover_table
 from ._describe import Description as Description
 from ._describe import describe_spec as describe_spec
 from ._figures import display_bytes as display_bytes
+from ._local import local_block as local_block
 from ._staged import StagedDisplay as StagedDisplay
 from ._staged import staged_table as staged_table
 from ._train import TrainingDisplay as TrainingDisplay
@@ -58,7 +59,7 @@ from ._train import train_table as train_table
 
 __all__ += ["advice_table", "axes_png", "capacity_line", "construct_table", "encodings_line", "failures_lines",
             "rate_sweep_line", "rate_sweep_table", "EmpiricalCoveringDisplay", "cover_table", "Description", "describe_spec",
-            "display_bytes", "StagedDisplay", "staged_table", "TrainingDisplay", "constraint_warnings", "train_table"]
+            "display_bytes", "local_block", "StagedDisplay", "staged_table", "TrainingDisplay", "constraint_warnings", "train_table"]
 
 from ._build import ReportOptions as ReportOptions
 from ._build import compute_report as compute_report

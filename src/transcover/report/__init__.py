@@ -37,6 +37,10 @@ __all__ += ["AnalysisDisplay", "BoundDisplay", "CoveringDisplay", "HistoryDispla
             "PerturbationDisplay", "envelope", "envelope_json", "file_sha256", "input_hashes", "check_output_path",
             "progress", "start_progress", "close_progress_bars"]
 
+from ._approx import AdviceDisplay as AdviceDisplay
+from ._approx import AttentionRateDisplay as AttentionRateDisplay
+from ._approx import FailureCurveDisplay as FailureCurveDisplay
+from ._approx import MLPRateDisplay as MLPRateDisplay
 from ._approx import advice_table as advice_table
 from ._approx import axes_png as axes_png
 from ._approx import capacity_line as capacity_line
@@ -50,15 +54,16 @@ from ._cover import cover_table as cover_table
 from ._describe import Description as Description
 from ._describe import describe_spec as describe_spec
 from ._figures import display_bytes as display_bytes
+from ._local import local_block as local_block
 from ._staged import StagedDisplay as StagedDisplay
 from ._staged import staged_table as staged_table
 from ._train import TrainingDisplay as TrainingDisplay
 from ._train import constraint_warnings as constraint_warnings
 from ._train import train_table as train_table
 
-__all__ += ["advice_table", "axes_png", "capacity_line", "construct_table", "encodings_line", "failures_lines",
+__all__ += ["AdviceDisplay", "AttentionRateDisplay", "FailureCurveDisplay", "MLPRateDisplay", "advice_table", "axes_png", "capacity_line", "construct_table", "encodings_line", "failures_lines",
             "rate_sweep_line", "rate_sweep_table", "EmpiricalCoveringDisplay", "cover_table", "Description", "describe_spec",
-            "display_bytes", "StagedDisplay", "staged_table", "TrainingDisplay", "constraint_warnings", "train_table"]
+            "display_bytes", "local_block", "StagedDisplay", "staged_table", "TrainingDisplay", "constraint_warnings", "train_table"]
 
 from ._build import ReportOptions as ReportOptions
 from ._build import compute_report as compute_report

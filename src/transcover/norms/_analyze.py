@@ -24,9 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
-from threadpoolctl import threadpool_limits
 
 from .._results import Interval, Kind
+from .._threads import limit_threads
 from ..model._spec import AttentionSpec, LayerSpec, NormSpec, TransformerSpec
 from ._entrywise import (
     frobenius_l21_intervals,
@@ -424,9 +424,8 @@ def _heads_fast(attn: AttentionSpec, m: _Measurer, arr: dict[str, np.ndarray],
     return heads
 
 
-# Note [small problems]: per-head work is a few hundred tiny (d_head-sized) BLAS/LAPACK calls.
-# Multi-threaded BLAS only adds synchronisation to those, and on a busy machine its spinning
-# threads can make each call 100x slower; they run single-threaded, the big Grams do not.
+# Per-head work is a few hundred tiny (d_head-sized) BLAS/LAPACK calls: they run single-threaded,
+# the big Grams do not (Note [small problems] in ``transcover._threads``).
 
 
 def _layer_norms(layer: LayerSpec, m: _Measurer) -> LayerNorms:
@@ -445,7 +444,7 @@ def _layer_norms(layer: LayerSpec, m: _Measurer) -> LayerNorms:
             if in_safe_range(b_Q):
                 WQa = np.concatenate([f64["W_Q"], b_Q[:, None, :]], axis=1)
                 f64["G_Qa"], f64["e_Qa"] = batched_gram_with_error(WQa)
-    with threadpool_limits(limits=1):  # Note [small problems]
+    with limit_threads(1, torch=False):  # Note [small problems] in ``transcover._threads``
         if m.fast and attn.rope is None:
             heads = _heads_fast(attn, m, f64, matrices, names)
         else:

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._errors import InputError, UnsupportedArchitectureError
-from .._results import Kind, Quantity
+from .._results import Kind, Quantity, as_dict
 from ..model._spec import TransformerSpec
 from ..norms._model import ModelNorms, measure_model
 from ._compose import _assumptions, build_chain
@@ -125,11 +125,7 @@ class PerturbationCoefficients:
         return out
 
     def to_dict(self) -> dict[str, object]:
-        return {
-            "kind": self.kind.value, "metric": self.metric, "radius": self.radius, "c_sm": self.c_sm,
-            "sigma_min": self.sigma_min, "seq_len": self.seq_len, "assumptions": list(self.assumptions),
-            "entries": [e.__dict__ | {} for e in self.entries],
-        }
+        return as_dict(self)
 
 
 def _coefficients_from_norms(norms: ClassBounds, *, radius: float, c_sm: float, metric: str,
@@ -332,9 +328,9 @@ class PerturbationBound:
         return PerturbationDisplay.from_result(self, lower, n_layers=n_layers).plot(ax=ax)
 
     def to_dict(self) -> dict[str, object]:
-        return {"total": self.total.to_dict(), "coefficients": self.coefficients.to_dict(),
-                "terms": [{"layer": e.layer, "role": e.role, "coefficient": e.coefficient, "norm": e.norm,
-                           "delta": d, "contribution": c} for e, d, c in self.terms()]}
+        return as_dict(self, exclude=("deltas",),
+                       terms=[{"layer": e.layer, "role": e.role, "coefficient": e.coefficient, "norm": e.norm,
+                               "delta": d, "contribution": c} for e, d, c in self.terms()])
 
 
 def perturbation_bound(spec_a: TransformerSpec, spec_b: TransformerSpec, *, radius: float = 1.0,

@@ -369,13 +369,15 @@ def measure_model(spec: TransformerSpec, *, reference: TransformerSpec | None = 
     reference = None if reference is None else reference.to_torch()
     if reference is not None:  # before any measurement: a mismatch is the user's, named in one line
         require_same_structure(spec, reference)
-    layers = tuple(_layer(layer, entrywise) for layer in spec.layers)
     distances: dict[tuple[int, str], Distance] = {}
+    layers = []
+    # one pass over the layers (a lazy spec decodes each layer once, Note [one layer at a time] in _analyze)
+    for i, layer in enumerate(spec.layers):
+        layers.append(_layer(layer, entrywise))
+        if reference is not None:
+            distances.update(_layer_distances(layer, reference.layers[i], entrywise))
     if reference is not None:
-        L = spec.n_layers
         distances.update(_norm_distances(spec.input_norm, reference.input_norm, -1, "input_norm"))
-        distances.update(_norm_distances(spec.final_norm, reference.final_norm, L, "final_norm"))
-        for la, lb in zip(spec.layers, reference.layers):
-            distances.update(_layer_distances(la, lb, entrywise))
-    return ModelNorms(spec.name, spec.d_model, layers, NormMeasure.of(spec.input_norm), NormMeasure.of(spec.final_norm),
+        distances.update(_norm_distances(spec.final_norm, reference.final_norm, spec.n_layers, "final_norm"))
+    return ModelNorms(spec.name, spec.d_model, tuple(layers), NormMeasure.of(spec.input_norm), NormMeasure.of(spec.final_norm),
                       distances, None if reference is None else reference.name, entrywise)

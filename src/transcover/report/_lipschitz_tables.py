@@ -13,13 +13,15 @@ def _fmt(x: float | None) -> str:
 def lipschitz_rows(bounds, lower: dict, n_layers: int) -> list[tuple]:
     """``(kind, layer, component, input radius, certified upper, empirical lower)`` per stage, layer and
     network; the stage uppers carry the chain's rounding pad (as ``NetworkLipschitz.to_dict``)."""
-    from ..lipschitz._weights import ROUNDING_PAD
+    from .._results import rounding_pad
+
+    pad = rounding_pad()  # the chain's pad (``lipschitz``'s ROUNDING_PAD), as in NetworkLipschitz.to_dict
 
     def low(key):
         lo = lower.get(key)
         return None if lo is None else lo.value.value
 
-    rows = [("stage", s.layer, s.name, s.radius_in, s.lipschitz * (1 + ROUNDING_PAD), low((s.layer, s.name)))
+    rows = [("stage", s.layer, s.name, s.radius_in, s.lipschitz * (1 + pad), low((s.layer, s.name)))
             for s in bounds.stages]
     rows += [("layer", i, "layer", None, bounds.layer_upper(i).value, low((i, "layer"))) for i in range(n_layers)]
     rows.append(("network", -2, "network", bounds.radius, bounds.upper.value, low((-2, "network"))))

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from .._errors import InputError
-from .._results import Kind, rounding_pad
+from .._results import Kind, as_dict, rounding_pad
 from ..model._spec import TransformerSpec
 from ..norms import ModelNorms, measure_model
 from ._bft import SpectralComplexity, bft_spectral_complexity
@@ -224,22 +224,19 @@ class ModelBound:
 
     def to_dict(self) -> dict[str, object]:
         tf = self.transformer
-        return {
-            "model": self.model, "arch": self.arch, "n_layers": self.n_layers, "eps": self.eps,
-            "seq_len": self.seq_len, "family": self.family, "route": self.route or self.family,
-            "routes_log10_log_N": {k: v / math.log(10) for k, v in self.routes.items()},
-            "kind": self.kind.value, "options": self.options,
-            "log10_log_N": self.log_log_N / math.log(10), "ln_log_N": self.log_log_N,
-            "with_mlp_head": isinstance(self.covering, CompositeCovering),
-            "transformer": {"eps": tf.eps, "n_points": tf.n_points, "ln_log_N": tf.log_log_N,
-                            "ln_gamma": tf.log_gamma, "ln_eta": tf.log_eta, "ln_eta_tilde": tf.log_eta_tilde,
-                            "contributions": [c.__dict__ for c in tf.contributions]},
-            "generalisation": [g.to_dict() for g in self.generalisation],
-            "bft": {"log10_R_A": self.bft.log_R / math.log(10), "log10_A": self.bft.log_A / math.log(10),
-                    "kind": self.bft.kind.value, "source": self.bft.source,
-                    "generalisation": [g.to_dict() for g in self.bft_generalisation]},
-            "assumptions": list(self.assumptions),
-        }
+        return as_dict(
+            self, exclude=("covering", "bft_generalisation", "curve", "routes"),
+            route=self.route or self.family,
+            routes_log10_log_N={k: v / math.log(10) for k, v in self.routes.items()},
+            log10_log_N=self.log_log_N / math.log(10), ln_log_N=self.log_log_N,
+            with_mlp_head=isinstance(self.covering, CompositeCovering),
+            transformer={"eps": tf.eps, "n_points": tf.n_points, "ln_log_N": tf.log_log_N,
+                         "ln_gamma": tf.log_gamma, "ln_eta": tf.log_eta, "ln_eta_tilde": tf.log_eta_tilde,
+                         "contributions": [as_dict(c) for c in tf.contributions]},
+            bft={"log10_R_A": self.bft.log_R / math.log(10), "log10_A": self.bft.log_A / math.log(10),
+                 "kind": self.bft.kind.value, "source": self.bft.source,
+                 "generalisation": [g.to_dict() for g in self.bft_generalisation]},
+        )
 
 
 def _check(name: str, v: float) -> None:

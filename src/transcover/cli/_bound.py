@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     from ..covering import diagnose, model_bound, sample_size_for_gap
     from ..model import load
     from ..report import atomic_write_text, start_progress
-    from ..report._bound_tables import bound_payload, bound_png, render_bound
+    from ..report import bound_payload, bound_png, render_bound
 
     _validate(args)
     tracker = start_progress(quiet=args.quiet)

@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     from ..lipschitz import lipschitz_bounds, lipschitz_lower
     from ..model import load
     from ..report import atomic_write_text, start_progress
-    from ..report._lipschitz_tables import lipschitz_payload, lipschitz_rows, render_lipschitz
+    from ..report import lipschitz_payload, lipschitz_rows, render_lipschitz
 
     check_common(args)
     if getattr(args, "plot", None):

@@ -27,7 +27,7 @@ def run(args: argparse.Namespace) -> int:
     from ..lipschitz import PerturbConfig, perturbation_bound, perturbation_lower
     from ..model import load, require_same_structure
     from ..report import atomic_write_text, start_progress
-    from ..report._lipschitz_tables import perturb_payload, render_perturb
+    from ..report import perturb_payload, render_perturb
     from ._lipschitz import check_common, config_from_args, small_threads
 
     check_common(args)

@@ -47,7 +47,7 @@ import numpy as np
 from .._errors import InputError, UnsupportedArchitectureError
 from .._results import Kind, Quantity, as_dict
 from ..model._spec import TransformerSpec
-from ..norms._model import ModelNorms, measure_model
+from ..norms import ModelNorms, measure_model
 from ._compose import _assumptions, build_chain
 from ._normalisation import eps_change_bound
 from ._weights import ROUNDING_PAD, ClassBounds, class_max, spec_norms

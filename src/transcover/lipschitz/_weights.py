@@ -24,7 +24,7 @@ from dataclasses import dataclass, fields, replace
 from .._errors import InputError, check_radius
 from .._results import rounding_pad
 from ..model._spec import NormKind, Placement, TransformerSpec
-from ..norms._model import LayerMeasure, ModelNorms, NormMeasure, measure_model
+from ..norms import LayerMeasure, ModelNorms, NormMeasure, matrix_interval, measure_layer, measure_model, product_interval
 
 __all__ = [
     "ROUNDING_PAD", "NormBounds", "LayerBounds", "ClassBounds", "spectral", "spectral_product", "class_bounds",
@@ -36,16 +36,12 @@ ROUNDING_PAD = rounding_pad()
 
 def spectral(W) -> float:  # noqa: ANN001
     """Certified upper end of ||W||_2 (``transcover.norms.spectral_norm_interval``, rounding included)."""
-    from ..norms._model import _spec
-
-    return float(_spec(W).upper)
+    return float(matrix_interval(W).upper)
 
 
 def spectral_product(A, B) -> float:  # noqa: ANN001
     """Certified upper end of ||A B||_2 without forming A B (rank <= inner dimension)."""
-    from ..norms._model import _prod
-
-    return float(_prod(A, B).upper)
+    return float(product_interval(A, B).upper)
 
 
 @dataclass(frozen=True)
@@ -129,9 +125,7 @@ def layer_bounds(m: LayerMeasure) -> LayerBounds:
 
 def layer_norms(layer) -> LayerBounds:  # noqa: ANN001
     """The class bounds of one layer spec (measures it: ``norms.measure_model`` on that layer alone)."""
-    from ..norms._model import _layer
-
-    return layer_bounds(_layer(layer, False))
+    return layer_bounds(measure_layer(layer))
 
 
 @dataclass(frozen=True)

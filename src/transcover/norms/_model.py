@@ -33,10 +33,11 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from .._results import Interval, Kind, as_dict
-from ..model._spec import AttentionSpec, FFNSpec, LayerSpec, NormKind, NormSpec, Placement, TransformerSpec
+from ..model import AttentionSpec, FFNSpec, LayerSpec, NormKind, NormSpec, Placement, TransformerSpec
 from . import _entrywise, _spectral
 
-__all__ = ["HeadMeasure", "NormMeasure", "Distance", "LayerMeasure", "ModelNorms", "measure_model"]
+__all__ = ["HeadMeasure", "NormMeasure", "Distance", "LayerMeasure", "ModelNorms", "measure_model", "measure_layer",
+           "matrix_interval", "product_interval"]
 
 _ZERO = Interval(0.0, 0.0, Kind.EXACT, "absent")
 
@@ -163,9 +164,11 @@ class ModelNorms:
 def _t(x):  # noqa: ANN001, ANN202  (a spec array of either backend -> float64 torch)
     import torch
 
-    from ..model._arrays import to_tensor
-
-    return None if x is None else to_tensor(x, dtype=torch.float64).detach()
+    if x is None:
+        return None
+    if isinstance(x, torch.Tensor):
+        return x.detach().to(torch.float64)
+    return torch.from_numpy(np.array(x, dtype=np.float64))  # a writable copy
 
 
 def _np(x) -> np.ndarray:  # noqa: ANN001
@@ -173,14 +176,17 @@ def _np(x) -> np.ndarray:  # noqa: ANN001
     return np.ascontiguousarray(_spectral.as_array(x, np.float64))
 
 
-def _spec(W) -> Interval:  # noqa: ANN001
+def matrix_interval(W) -> Interval:  # noqa: ANN001
+    """Certified ``||W||_2`` by the one route ``measure_model`` uses (float64 contiguous copy, Cholesky
+    certificate); the zero-size matrix has norm 0."""
     W = _np(W)
     if W.size == 0:
         return Interval(0.0, 0.0, Kind.CERTIFIED_INTERVAL, "empty")
     return _spectral.spectral_norm_interval(W, rtol=1e-6)
 
 
-def _prod(A, B) -> Interval:  # noqa: ANN001
+def product_interval(A, B) -> Interval:  # noqa: ANN001
+    """Certified ``||A B||_2`` by the one low-rank route ``measure_model`` uses (``AB`` never formed)."""
     A, B = _np(A), _np(B)
     if A.size == 0 or B.size == 0:
         return Interval(0.0, 0.0, Kind.CERTIFIED_INTERVAL, "empty")
@@ -193,8 +199,8 @@ def _l2(v) -> float | None:  # noqa: ANN001
 
 def _heads(a: AttentionSpec, entrywise: bool) -> tuple[HeadMeasure, ...]:
     s = a.softmax_scale
-    W_V = {g: _spec(_t(a.W_V[g])) for g in sorted({a.kv_index(h) for h in range(a.n_heads)})}
-    W_K = {} if a.rope is None else {g: _spec(_t(a.W_K[g])) for g in W_V}
+    W_V = {g: matrix_interval(_t(a.W_V[g])) for g in sorted({a.kv_index(h) for h in range(a.n_heads)})}
+    W_K = {} if a.rope is None else {g: matrix_interval(_t(a.W_K[g])) for g in W_V}
     if a.rope is not None and (a.b_Q is not None or a.b_K is not None):
         from .._errors import UnsupportedArchitectureError
 
@@ -205,7 +211,7 @@ def _heads(a: AttentionSpec, entrywise: bool) -> tuple[HeadMeasure, ...]:
         Wq, Wk, Wv, Wo = (_t(x) for x in a.head(h))
         Kt = Wk.T
         bqk = None if a.b_Q is None or a.rope is not None else float((_t(a.b_Q[h]) @ Kt).norm())
-        head = HeadMeasure(h, g, None if a.rope is not None else _prod(Wq, Kt), _prod(Wv, Wo), _spec(Wq),
+        head = HeadMeasure(h, g, None if a.rope is not None else product_interval(Wq, Kt), product_interval(Wv, Wo), matrix_interval(Wq),
                            W_V[g], W_K.get(g), bqk)
         if entrywise:
             if a.rope is None:
@@ -218,15 +224,16 @@ def _heads(a: AttentionSpec, entrywise: bool) -> tuple[HeadMeasure, ...]:
     return tuple(out)
 
 
-def _layer(layer: LayerSpec, entrywise: bool) -> LayerMeasure:
+def measure_layer(layer: LayerSpec, entrywise: bool = False) -> LayerMeasure:
+    """Every norm of one layer (the per-layer step of :func:`measure_model`)."""
     a, f = layer.attention, layer.ffn
     mats = {"W_1": f.W_1, "W_2": f.W_2, "W_gate": f.W_gate}
-    spectral = {k: None if W is None else _spec(_t(W)) for k, W in mats.items()}
+    spectral = {k: None if W is None else matrix_interval(_t(W)) for k, W in mats.items()}
     l21 = {k: _entrywise.l21_interval(_np(W)) for k, W in mats.items() if W is not None} if entrywise else {}
     return LayerMeasure(
         index=layer.index, placement=layer.placement, d_model=a.d_model, d_head=a.d_head,
         scale=a.softmax_scale, rope=a.rope is not None, attention_kind=a.kind, activation=f.activation.value,
-        heads=_heads(a, entrywise), W_O=_spec(_t(a.W_O).reshape(-1, a.d_model)),
+        heads=_heads(a, entrywise), W_O=matrix_interval(_t(a.W_O).reshape(-1, a.d_model)),
         W_1=spectral["W_1"], W_2=spectral["W_2"], W_gate=spectral["W_gate"],
         shapes={k: tuple(W.shape) for k, W in mats.items() if W is not None},
         b_out=_l2(a.effective_output_bias()), b_1=_l2(f.b_1), b_2=_l2(f.b_2), b_gate=_l2(f.b_gate),
@@ -272,12 +279,12 @@ def _kq_distance(aa: AttentionSpec, ab: AttentionSpec, h: int, entrywise: bool) 
     if aa.rope is not None:
         # s Q R K^T - s~ Q~ R K~^T = (s Q - s~ Q~) R K^T + s~ Q~ R (K - K~)^T with ||R|| = 1 (the same R
         # in both models: same RoPE and d_head, Note [structural differences]).
-        sp = (_spec(s * qa - st * qb).upper * _spec(ka).upper + st * _spec(qb).upper * _spec(ka - kb).upper)
+        sp = (matrix_interval(s * qa - st * qb).upper * matrix_interval(ka).upper + st * matrix_interval(qb).upper * matrix_interval(ka - kb).upper)
         sp = _spectral.up(sp * (1 + 4 * 2.0**-52))
         return Distance("spectral", sp, _rope_l21(sp, qa.shape[0], 2 * qa.shape[1]) if entrywise else None)
     P, Q = torch.cat([s * qa, -st * qb], 1), torch.cat([ka, kb], 1).T
     l21 = _entrywise.product_l21_interval(_np(P), _np(Q)).upper if entrywise else None
-    return Distance("spectral", _prod(P, Q).upper, l21)
+    return Distance("spectral", product_interval(P, Q).upper, l21)
 
 
 def _attention_distances(aa: AttentionSpec, ab: AttentionSpec, i: int, entrywise: bool) -> dict:
@@ -294,7 +301,7 @@ def _attention_distances(aa: AttentionSpec, ab: AttentionSpec, i: int, entrywise
         else:
             P, Q = torch.cat([va, -vb], 1), torch.cat([oa, ob], 0)
             out[(i, f"W_OV.{h}")] = Distance(
-                "spectral", _prod(P, Q).upper, _entrywise.product_l21_interval(_np(P), _np(Q)).upper if entrywise else None)
+                "spectral", product_interval(P, Q).upper, _entrywise.product_l21_interval(_np(P), _np(Q)).upper if entrywise else None)
         if aa.rope is None and (aa.b_Q is not None or ab.b_Q is not None):
             # b_K cancels in the softmax; s b_Q W_K^T is the query bias's only effect (Note [attention biases])
             ba = torch.zeros(ka.shape[1], dtype=torch.float64) if aa.b_Q is None else _t(aa.b_Q[h])
@@ -311,7 +318,7 @@ def _ffn_distances(fa: FFNSpec, fb: FFNSpec, i: int, entrywise: bool) -> dict:
     for name in ("W_1", "W_2", "W_gate"):
         if getattr(fa, name) is not None:
             D = _diff(getattr(fa, name), getattr(fb, name), f"layer {i} {name}")
-            out[(i, name)] = Distance("spectral", _spec(D).upper,
+            out[(i, name)] = Distance("spectral", matrix_interval(D).upper,
                                       _entrywise.l21_interval(_np(D)).upper if entrywise else None)
     for name in ("b_1", "b_2", "b_gate"):
         if getattr(fa, name) is not None or getattr(fb, name) is not None:
@@ -363,7 +370,7 @@ def measure_model(spec: TransformerSpec, *, reference: TransformerSpec | None = 
         InputError: ``reference`` with a different structure (``model.require_same_structure``).
         UnsupportedArchitectureError: RoPE attention with query/key biases.
     """
-    from ..model._compare import require_same_structure
+    from ..model import require_same_structure
 
     spec = spec.to_torch()  # one backend for every route (numpy specs from files; lazy layers stay lazy)
     reference = None if reference is None else reference.to_torch()
@@ -373,7 +380,7 @@ def measure_model(spec: TransformerSpec, *, reference: TransformerSpec | None = 
     layers = []
     # one pass over the layers (a lazy spec decodes each layer once, Note [one layer at a time] in _analyze)
     for i, layer in enumerate(spec.layers):
-        layers.append(_layer(layer, entrywise))
+        layers.append(measure_layer(layer, entrywise))
         if reference is not None:
             distances.update(_layer_distances(layer, reference.layers[i], entrywise))
     if reference is not None:

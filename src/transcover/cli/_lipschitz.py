@@ -86,12 +86,6 @@ def check_common(args: argparse.Namespace) -> None:
             raise InputError(f"{flag} must be >= {lo}, but got {flag}={v}")
 
 
-def _fmt(x: float | None) -> str:
-    if x is None:
-        return "-"
-    return f"{x:.4g}"
-
-
 def run(args: argparse.Namespace) -> int:
     import sys
 
@@ -140,12 +134,9 @@ def run(args: argparse.Namespace) -> int:
                                                    inputs=[args.model]))
         print(f"wrote {args.json}", file=sys.stderr)
     if args.plot:
-        from ..report import atomic_write_bytes
-        from ..report._figures import pyplot, save_figure
+        from ..report import atomic_write_bytes, figure_bytes
 
-        fig = bounds.plot(lower=lower).figure_
-        atomic_write_bytes(args.plot, save_figure(fig, args.plot))
-        pyplot().close(fig)
+        atomic_write_bytes(args.plot, figure_bytes(bounds.plot(lower=lower).figure_, args.plot))
         print(f"wrote {args.plot}", file=sys.stderr)
     return 0
 
@@ -189,14 +180,11 @@ def run_local(args: argparse.Namespace) -> int:
     import sys
 
     import torch
-    from rich.console import Console
-    from rich.table import Table
 
     from .._errors import InputError
-    from ..lipschitz._local_report import local_table
-    from ..model import load
-    from ..model._data import load_inputs
-    from ..report import atomic_write_text
+    from ..lipschitz import local_table
+    from ..model import load, load_inputs
+    from ..report import atomic_write_text, local_payload, render_local
 
     rhos = parse_rhos(args.rho)
     for flag, v in (("--max-len", args.max_len), ("--limit", args.limit)):
@@ -206,22 +194,11 @@ def run_local(args: argparse.Namespace) -> int:
     seqs = load_inputs(spec, args.data, max_len=args.max_len, limit=args.limit)
     rows = local_table(spec, seqs, rhos, lower=not args.no_lower, relative=args.rho_relative,
                        lower_iter=max(args.steps // 2, 5))
-    console = Console()
-    table = Table(title=f"Local Lipschitz constants of {spec.name} at {len(seqs)} sequences ((2,inf) metric)")
-    for col in ("rho", "layer", "component", "global (R)", "domain (sigma0)", "local (rho)", "lower", "local/lower"):
-        table.add_column(col, justify="left" if col == "component" else "right")
-    for r in rows:
-        table.add_row(f"{r.rho_factor:g}", str(r.layer), r.component, _fmt(r.global_upper), _fmt(r.domain_upper),
-                      _fmt(r.local_upper), _fmt(r.lower), _fmt(r.ratio))
-    console.print(table)
-    console.print("  certified upper bounds (THEORY F14, F17; rounding padded); local = on the ball of radius rho "
-                  "around each sequence's hidden states" + (" (rho x median token norm)" if args.rho_relative else "")
-                  + "; lower = (2,inf) Jacobian norm at the data point")
+    render_local(spec.name, len(seqs), rows, bool(args.rho_relative))
     if args.json:
         from ..report import envelope_json
 
-        payload = {"model": spec.name, "n_sequences": len(seqs),
-                   "rho": rhos, "rho_relative": bool(args.rho_relative), "rows": [r.to_dict() for r in rows]}
+        payload = local_payload(spec.name, len(seqs), rhos, bool(args.rho_relative), rows)
         data_input = [args.data] if args.data != "sklearn-descr" else []
         atomic_write_text(args.json, envelope_json(payload, schema="transcover.lipschitz.local", schema_version="1",
                                                    inputs=[args.model, *data_input]))

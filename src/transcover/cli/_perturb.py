@@ -55,12 +55,9 @@ def run(args: argparse.Namespace) -> int:
     check_certified(f"output change ||g(A)(X) - g(B)(X)||_{cfg.metric} (Lemma G.3)", up, lw)
     render_perturb(bound, cfg.metric, cfg.radius, cfg.samples, cfg.seq_len, lw, a.n_layers, args.top)
     if args.plot:
-        from ..report import atomic_write_bytes
-        from ..report._figures import pyplot, save_figure
+        from ..report import atomic_write_bytes, figure_bytes
 
-        fig = bound.plot(lower=lw, n_layers=a.n_layers).figure_
-        atomic_write_bytes(args.plot, save_figure(fig, args.plot))
-        pyplot().close(fig)
+        atomic_write_bytes(args.plot, figure_bytes(bound.plot(lower=lw, n_layers=a.n_layers).figure_, args.plot))
         print(f"wrote {args.plot}", file=sys.stderr)
     if args.json:
         from ..report import envelope_json

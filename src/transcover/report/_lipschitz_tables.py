@@ -3,7 +3,8 @@ calls these; the numbers come from ``transcover.lipschitz``)."""
 
 from __future__ import annotations
 
-__all__ = ["lipschitz_rows", "render_lipschitz", "lipschitz_payload", "render_perturb", "perturb_payload"]
+__all__ = ["lipschitz_rows", "render_lipschitz", "lipschitz_payload", "render_perturb", "perturb_payload",
+           "render_local", "local_payload", "figure_bytes"]
 
 
 def _fmt(x: float | None) -> str:
@@ -94,3 +95,36 @@ def perturb_payload(a, b, bound, low) -> dict[str, object]:
     up, lw = bound.total.value, low.value.value
     return {"model_a": a.name, "model_b": b.name, "warnings": list(a.warnings) + list(b.warnings),
             "bound": bound.to_dict(), "lower": low.to_dict(), "ratio": up / lw if lw > 0 else None}
+
+
+def render_local(name: str, n_sequences: int, rows: list, rho_relative: bool) -> None:
+    """The table of ``transcover lipschitz --data`` (local constants at real inputs, issue 12)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    table = Table(title=f"Local Lipschitz constants of {name} at {n_sequences} sequences ((2,inf) metric)")
+    for col in ("rho", "layer", "component", "global (R)", "domain (sigma0)", "local (rho)", "lower", "local/lower"):
+        table.add_column(col, justify="left" if col == "component" else "right")
+    for r in rows:
+        table.add_row(f"{r.rho_factor:g}", str(r.layer), r.component, _fmt(r.global_upper), _fmt(r.domain_upper),
+                      _fmt(r.local_upper), _fmt(r.lower), _fmt(r.ratio))
+    console.print(table)
+    console.print("  certified upper bounds (THEORY F14, F17; rounding padded); local = on the ball of radius rho "
+                  "around each sequence's hidden states" + (" (rho x median token norm)" if rho_relative else "")
+                  + "; lower = (2,inf) Jacobian norm at the data point")
+
+
+def local_payload(name: str, n_sequences: int, rhos: list[float], rho_relative: bool, rows: list) -> dict[str, object]:
+    """The JSON body of ``transcover lipschitz --data`` (schema ``transcover.lipschitz.local`` 1)."""
+    return {"model": name, "n_sequences": n_sequences, "rho": rhos, "rho_relative": rho_relative,
+            "rows": [r.to_dict() for r in rows]}
+
+
+def figure_bytes(fig, path: str) -> bytes:
+    """``fig`` encoded for ``path``'s suffix (.png, .svg, .pdf), and closed."""
+    from ._figures import pyplot, save_figure
+
+    data = save_figure(fig, path)
+    pyplot().close(fig)
+    return data

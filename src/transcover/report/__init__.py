@@ -18,6 +18,22 @@ from ._analysis import analysis_sweep_table as analysis_sweep_table
 
 __all__ += ["analysis_csv", "analysis_json", "render_analysis", "analysis_sweep_table"]
 
+from ._bound_tables import bound_payload as bound_payload
+from ._bound_tables import bound_png as bound_png
+from ._bound_tables import render_bound as render_bound
+from ._lipschitz_tables import figure_bytes as figure_bytes
+from ._lipschitz_tables import lipschitz_payload as lipschitz_payload
+from ._lipschitz_tables import local_payload as local_payload
+from ._lipschitz_tables import render_local as render_local
+from ._lipschitz_tables import lipschitz_rows as lipschitz_rows
+from ._lipschitz_tables import perturb_payload as perturb_payload
+from ._lipschitz_tables import render_lipschitz as render_lipschitz
+from ._lipschitz_tables import render_perturb as render_perturb
+
+__all__ += ["bound_payload", "bound_png", "render_bound", "figure_bytes", "local_payload", "render_local",
+            "lipschitz_payload", "lipschitz_rows", "perturb_payload",
+            "render_lipschitz", "render_perturb"]
+
 from ._displays import AnalysisDisplay as AnalysisDisplay
 from ._displays import BoundDisplay as BoundDisplay
 from ._displays import CoveringDisplay as CoveringDisplay

@@ -10,15 +10,38 @@ HELP = "estimate covering numbers: eps-nets and packings of finite sets, Monte C
 _DEFAULT_EPS = [0.01, 0.02, 0.05, 0.1, 0.2, 0.5]
 
 
-def _common(p: argparse.ArgumentParser, *, eps_default: list[float] | None) -> None:
+def _common(p: argparse.ArgumentParser, *, eps_default: list[float] | None, scale: bool = False) -> None:
     p.add_argument("--eps", type=float, nargs="+", default=eps_default, required=eps_default is None,
                    help="accuracies > 0" + ("" if eps_default is None else f" (default {eps_default})"))
     p.add_argument("--q", default="inf", help="per-sample output norm: 1, 2 or inf (default inf)")
     p.add_argument("--seed", type=int, default=0, help="seed of every random choice (default 0)")
-    p.add_argument("--workers", type=int, default=None, help="torch threads to use (default: torch's)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads to use (default: torch's; 1 per worker with --workers)")
+    if scale:
+        _scale_args(p)
+    else:  # --workers meant torch threads before the parallel backends (issue 14)
+        from ._conventions import add_deprecated_alias
+
+        add_deprecated_alias(p, "--workers", "--threads", "threads", type=int)
     p.add_argument("--json", metavar="PATH", default=None, help="write the result as JSON")
     p.add_argument("--plot", metavar="PATH", default=None, help="write a PNG of log N against eps")
     p.add_argument("--quiet", action="store_true", help="no progress display")
+
+
+def _scale_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("parallel, resumable members (transcover.scale; --workers was torch threads: "
+                             "that is --threads now)")
+    g.add_argument("--workers", type=int, default=1,
+                   help="processes evaluating chunks of members in parallel (default 1: in this process)")
+    g.add_argument("--backend", choices=("local", "serial", "process", "ray"), default="local",
+                   help="local: this process, or spawned processes with --workers > 1; ray: a Ray cluster "
+                        "(pip install 'transcover[ray]'); results are the same bit for bit")
+    g.add_argument("--ray-address", default=None, help="ray.init(address=...) (default: a local Ray)")
+    g.add_argument("--store", default=None, help="SQLite results store: finished chunks are kept and reused")
+    g.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
+                   help="with --store: reuse finished chunks (default); --no-resume recomputes them")
+    g.add_argument("--chunk-blocks", type=int, default=1,
+                   help="seed blocks (256 members each) per stored chunk (default 1)")
 
 
 def _class_args(p: argparse.ArgumentParser) -> None:
@@ -49,7 +72,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _common(f, eps_default=None)
     r = sub.add_parser("reference", help="Monte Carlo over the norm-bounded reference class")
     _class_args(r)
-    _common(r, eps_default=_DEFAULT_EPS)
+    _common(r, eps_default=_DEFAULT_EPS, scale=True)
     u = sub.add_parser("uniform", help="lower estimate of the uniform covering number by sample-set search")
     _class_args(u)
     u.add_argument("--n", type=int, default=4, help="sample-set size n (default 4)")
@@ -87,16 +110,16 @@ def _check(args: argparse.Namespace) -> None:
     for e in args.eps:
         check_eps(e, "--eps")
     args.q = check_q(args.q)
-    if args.workers is not None:
-        _positive_int("workers", args.workers)
+    if args.threads is not None:
+        _positive_int("threads", args.threads)
     for name in ("functions", "samples", "seq_len", "n", "restarts", "pool", "orders", "layers",
-                 "d_model", "heads", "d_ff", "n_outputs"):
+                 "d_model", "heads", "d_ff", "n_outputs", "workers", "chunk_blocks"):
         if hasattr(args, name):
             _positive_int(name.replace("_", "-"), getattr(args, name))
 
 
-def _reference_sample(args: argparse.Namespace):
-    from ..empirical import NormRadii, sample_reference_class
+def _reference_class(args: argparse.Namespace):
+    from ..empirical import NormRadii
     from ..model import ReferenceConfig
 
     try:
@@ -108,8 +131,55 @@ def _reference_sample(args: argparse.Namespace):
         raise InputError(str(err)) from None
     radii = NormRadii(B_KQ=args.B_KQ, B_V=args.B_V, B_W1=args.B_W1, B_W2=args.B_W2, B_b1=args.B_b1,
                       B_b2=args.B_b2, B_head=args.B_head).scaled(args.radius)
+    return cfg, radii
+
+
+def _reference_sample(args: argparse.Namespace):
+    from ..empirical import sample_reference_class
+
+    cfg, radii = _reference_class(args)
     return cfg, sample_reference_class(cfg, radii, args.functions, radial=args.radial, seed=args.seed,
                                        output=args.output)
+
+
+def _reference_scaled(args: argparse.Namespace, X):
+    """``cover reference``: the block-seeded class, chunks of members on the chosen backend (issue 14)."""
+    import sys
+
+    from .._errors import InputError
+    from ..scale import ResultStore
+    from ..scale._montecarlo import monte_carlo_reference
+
+    backend = {"local": "process" if args.workers > 1 else "serial"}.get(args.backend, args.backend)
+    if args.ray_address and backend != "ray":
+        raise InputError("--ray-address needs --backend ray")
+    if backend == "ray":  # fail before any work starts
+        from ..scale._backends import RAY_MISSING
+
+        try:
+            import ray  # noqa: F401
+        except ImportError as err:
+            raise InputError(RAY_MISSING) from err
+    cfg, radii = _reference_class(args)
+
+    counts = {"computed": 0, "reused": 0}
+
+    def on_result(r) -> None:
+        counts["reused" if r.reused else "computed"] += r.ok
+
+    store = ResultStore(args.store) if args.store else None
+    try:
+        mc = monte_carlo_reference(cfg, radii, X, args.functions, args.eps, args.q, seed=args.seed,
+                                   radial=args.radial, output=args.output, chunk_blocks=args.chunk_blocks,
+                                   store=store, backend=backend, workers=args.workers, threads=args.threads or 1,
+                                   resume=args.resume, options={"address": args.ray_address}, on_result=on_result)
+    finally:
+        if store is not None:
+            store.close()
+    if store is not None:
+        print(f"chunks: {counts['computed']} computed, {counts['reused']} reused from the store {args.store}",
+              file=sys.stderr)
+    return mc
 
 
 def run(args: argparse.Namespace) -> int:
@@ -137,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
             table.add_column(c, justify="right")
         rows = []
         for e in args.eps:
-            est = E.estimate_covering_number(Y, e, args.q, n_orders=args.orders, seed=args.seed, workers=args.workers)
+            est = E.estimate_covering_number(Y, e, args.q, n_orders=args.orders, seed=args.seed, workers=args.threads)
             # packing <= N_ext <= N_int <= net (the net is a certificate, the packing a witness)
             check_certified(f"covering number at eps={e!r} (packing vs net)", est.net_size, est.packing_size)
             d = est.to_dict()
@@ -157,8 +227,7 @@ def run(args: argparse.Namespace) -> int:
                     [r["log_N_lower"]["value"] for r in rows], str(args.outputs))
     elif args.mode in ("reference", "local"):
         if args.mode == "reference":
-            cfg, sample = _reference_sample(args)
-            d_model = cfg.d_model
+            d_model = _reference_class(args)[0].d_model
         else:
             radii = {}
             for item in args.perturb:
@@ -174,8 +243,11 @@ def run(args: argparse.Namespace) -> int:
             d_model = spec.d_model
         X = E.random_inputs(args.samples, args.seq_len, d_model, seed=args.seed + 1)
         tracker.step(f"Monte Carlo covering ({args.functions} functions)")
-        mc = E.monte_carlo_covering(sample, X, args.eps, args.q, workers=args.workers)
-        table = Table(title=f"{sample.description}\nM={mc.n_functions}, n={args.samples} x T={args.seq_len}, q={qn}")
+        if args.mode == "reference":
+            mc = _reference_scaled(args, X)
+        else:
+            mc = E.monte_carlo_covering(sample, X, args.eps, args.q, workers=args.threads)
+        table = Table(title=f"{mc.description}\nM={mc.n_functions}, n={args.samples} x T={args.seq_len}, q={qn}")
         for c in ("eps", "packing (lower N_ext)", "net (lower packing no.)", "log N estimate", "note"):
             table.add_column(c, justify="right")
         for e, eps in enumerate(mc.eps):
@@ -215,7 +287,7 @@ def run(args: argparse.Namespace) -> int:
             tracker.update(len(rows), len(args.eps))
             res = E.uniform_covering_search(sample, args.n, e, args.q, input_sampler=sampler,
                                             restarts=args.restarts, pool_size=args.pool, seed=args.seed,
-                                            workers=args.workers)
+                                            workers=args.threads)
             rows.append(res.to_dict())
             table.add_row(_fmt_eps(e), str(list(res.random_packings)), str(list(res.greedy_packings)),
                           str(res.best_packing))

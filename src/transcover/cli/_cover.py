@@ -29,18 +29,10 @@ def _common(p: argparse.ArgumentParser, *, eps_default: list[float] | None, scal
 
 
 def _scale_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("parallel, resumable members (transcover.scale; --workers was torch threads: "
-                             "that is --threads now)")
-    g.add_argument("--workers", type=int, default=1,
-                   help="processes evaluating chunks of members in parallel (default 1: in this process)")
-    g.add_argument("--backend", choices=("local", "serial", "process", "ray"), default="local",
-                   help="local: this process, or spawned processes with --workers > 1; ray: a Ray cluster "
-                        "(pip install 'transcover[ray]'); results are the same bit for bit")
-    g.add_argument("--ray-address", default=None, help="ray.init(address=...) (default: a local Ray)")
-    g.add_argument("--store", default=None, help="SQLite results store: finished chunks are kept and reused")
-    g.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
-                   help="with --store: reuse finished chunks (default); --no-resume recomputes them")
-    g.add_argument("--chunk-blocks", type=int, default=1,
+    from ._scaleopts import add_scale_arguments
+
+    add_scale_arguments(p, "chunks of members")  # --workers was torch threads before: --threads now
+    p.add_argument("--chunk-blocks", type=int, default=1,
                    help="seed blocks (256 members each) per stored chunk (default 1)")
 
 
@@ -146,20 +138,10 @@ def _reference_scaled(args: argparse.Namespace, X):
     """``cover reference``: the block-seeded class, chunks of members on the chosen backend (issue 14)."""
     import sys
 
-    from .._errors import InputError
-    from ..scale import ResultStore
     from ..scale._montecarlo import monte_carlo_reference
+    from ._scaleopts import open_store, scale_backend
 
-    backend = {"local": "process" if args.workers > 1 else "serial"}.get(args.backend, args.backend)
-    if args.ray_address and backend != "ray":
-        raise InputError("--ray-address needs --backend ray")
-    if backend == "ray":  # fail before any work starts
-        from ..scale._backends import RAY_MISSING
-
-        try:
-            import ray  # noqa: F401
-        except ImportError as err:
-            raise InputError(RAY_MISSING) from err
+    backend = scale_backend(args)  # every check before any work starts
     cfg, radii = _reference_class(args)
 
     counts = {"computed": 0, "reused": 0}
@@ -167,7 +149,7 @@ def _reference_scaled(args: argparse.Namespace, X):
     def on_result(r) -> None:
         counts["reused" if r.reused else "computed"] += r.ok
 
-    store = ResultStore(args.store) if args.store else None
+    store = open_store(args)
     try:
         mc = monte_carlo_reference(cfg, radii, X, args.functions, args.eps, args.q, seed=args.seed,
                                    radial=args.radial, output=args.output, chunk_blocks=args.chunk_blocks,

@@ -56,7 +56,8 @@ def _summary(out: dict, serial_items: float, startup: float) -> None:
     rest = out["1 worker"]["seconds"] - serial_items
     out["1 worker"]["item seconds"] = round(serial_items, 2)
     out["ratio"] = round(out["1 worker"]["seconds"] / out["2 workers"]["seconds"], 2)
-    out["expected on 2 free cores (start-up as measured)"] = round((serial_items + rest) / (startup + serial_items / 2 + rest), 2)
+    expected = (serial_items + rest) / (startup + serial_items / 2 + rest)
+    out["expected on 2 free cores (start-up as measured)"] = round(expected, 2)
 
 
 def bench_montecarlo(functions: int, startup: float) -> dict:

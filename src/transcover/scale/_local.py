@@ -94,7 +94,8 @@ def local_example(payload: dict[str, Any]) -> dict[str, Any]:
             for i, layer in enumerate(spec.layers):
                 fns = {"layer": (lambda lay: (lambda Z: layer_forward(lay, Z)))(layer), **_stage_fns(layer)}
                 for name, fn in fns.items():
-                    v = jacobian_operator_norm(fn, stage_inputs[i][name], metric="2,inf", n_iter=payload["lower_iter"])[0]
+                    v, _ = jacobian_operator_norm(fn, stage_inputs[i][name], metric="2,inf",
+                                                  n_iter=payload["lower_iter"])
                     lows.append([i, name, _hex(v)])
         per_rho = []
         cache: dict = {}

@@ -16,7 +16,7 @@ def _common(p: argparse.ArgumentParser, *, eps_default: list[float] | None, scal
     p.add_argument("--q", default="inf", help="per-sample output norm: 1, 2 or inf (default inf)")
     p.add_argument("--seed", type=int, default=0, help="seed of every random choice (default 0)")
     p.add_argument("--threads", type=int, default=None,
-                   help="torch threads to use (default: torch's; 1 per worker with --workers)")
+                   help="torch threads per worker (default 1)" if scale else "torch threads to use (default: torch's)")
     if scale:
         _scale_args(p)
     else:  # --workers meant torch threads before the parallel backends (issue 14)
@@ -31,8 +31,9 @@ def _common(p: argparse.ArgumentParser, *, eps_default: list[float] | None, scal
 def _scale_args(p: argparse.ArgumentParser) -> None:
     from ._scaleopts import add_scale_arguments
 
-    add_scale_arguments(p, "chunks of members")  # --workers was torch threads before: --threads now
-    p.add_argument("--chunk-blocks", type=int, default=1,
+    g = add_scale_arguments(p, "chunks of members", note="; torch threads, which --workers meant before, "
+                                                           "are --threads")
+    g.add_argument("--chunk-blocks", type=int, default=1,
                    help="seed blocks (256 members each) per stored chunk (default 1)")
 
 

@@ -12,11 +12,12 @@ import argparse
 __all__ = ["add_scale_arguments", "scale_backend", "scale_requested", "open_store"]
 
 
-def add_scale_arguments(p: argparse.ArgumentParser, items: str, *, threads: bool = False) -> None:
-    """Add the options to ``p`` in their own group; ``items`` names what runs in parallel."""
+def add_scale_arguments(p: argparse.ArgumentParser, items: str, *, threads: bool = False,
+                        note: str = "") -> argparse._ArgumentGroup:
+    """Add the options to ``p`` in their own group (returned); ``items`` names what runs in parallel."""
     g = p.add_argument_group(f"parallel, resumable {items} (transcover.scale)")
     g.add_argument("--workers", type=int, default=1,
-                   help=f"processes working on {items} in parallel (default 1: in this process)")
+                   help=f"processes working on {items} in parallel (default 1: in this process){note}")
     g.add_argument("--backend", choices=("local", "serial", "process", "ray"), default="local",
                    help="local: this process, or spawned processes with --workers > 1; ray: a Ray cluster "
                         "(pip install 'transcover[ray]'); the results are the same bit for bit")
@@ -26,6 +27,7 @@ def add_scale_arguments(p: argparse.ArgumentParser, items: str, *, threads: bool
                    help=f"with --store: reuse finished {items} (default); --no-resume recomputes them")
     if threads:
         g.add_argument("--threads", type=int, default=1, help="torch threads per worker (default 1)")
+    return g
 
 
 def scale_requested(args: argparse.Namespace) -> bool:

@@ -10,7 +10,7 @@ HELP = "estimate covering numbers: eps-nets and packings of finite sets, Monte C
 _DEFAULT_EPS = [0.01, 0.02, 0.05, 0.1, 0.2, 0.5]
 
 
-def _common(p: argparse.ArgumentParser, *, eps_default: list[float] | None, scale: bool = False) -> None:
+def _common(p: argparse.ArgumentParser, *, eps_default: list[float] | None, scale: str = "") -> None:
     p.add_argument("--eps", type=float, nargs="+", default=eps_default, required=eps_default is None,
                    help="accuracies > 0" + ("" if eps_default is None else f" (default {eps_default})"))
     p.add_argument("--q", default="inf", help="per-sample output norm: 1, 2 or inf (default inf)")
@@ -18,7 +18,7 @@ def _common(p: argparse.ArgumentParser, *, eps_default: list[float] | None, scal
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads per worker (default 1)" if scale else "torch threads to use (default: torch's)")
     if scale:
-        _scale_args(p)
+        _scale_args(p, scale)
     else:  # --workers meant torch threads before the parallel backends (issue 14)
         from ._conventions import add_deprecated_alias
 
@@ -28,13 +28,16 @@ def _common(p: argparse.ArgumentParser, *, eps_default: list[float] | None, scal
     p.add_argument("--quiet", action="store_true", help="no progress display")
 
 
-def _scale_args(p: argparse.ArgumentParser) -> None:
+def _scale_args(p: argparse.ArgumentParser, mode: str) -> None:
     from ._scaleopts import add_scale_arguments
 
     g = add_scale_arguments(p, "chunks of members", note="; torch threads, which --workers meant before, "
                                                            "are --threads")
-    g.add_argument("--chunk-blocks", type=int, default=1,
-                   help="seed blocks (256 members each) per stored chunk (default 1)")
+    if mode == "reference":
+        g.add_argument("--chunk-blocks", type=int, default=1,
+                       help="seed blocks (256 members each) per stored chunk (default 1)")
+    else:
+        g.add_argument("--chunk", type=int, default=64, help="members per stored chunk (default 64)")
 
 
 def _class_args(p: argparse.ArgumentParser) -> None:
@@ -65,7 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _common(f, eps_default=None)
     r = sub.add_parser("reference", help="Monte Carlo over the norm-bounded reference class")
     _class_args(r)
-    _common(r, eps_default=_DEFAULT_EPS, scale=True)
+    _common(r, eps_default=_DEFAULT_EPS, scale="reference")
     u = sub.add_parser("uniform", help="lower estimate of the uniform covering number by sample-set search")
     _class_args(u)
     u.add_argument("--n", type=int, default=4, help="sample-set size n (default 4)")
@@ -82,7 +85,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     lo.add_argument("--functions", type=int, default=500, help="sampled perturbed models M")
     lo.add_argument("--samples", type=int, default=8, help="input sequences n")
     lo.add_argument("--seq-len", type=int, default=4, help="tokens per sequence T")
-    _common(lo, eps_default=[0.001, 0.003, 0.01, 0.03])
+    _common(lo, eps_default=[0.001, 0.003, 0.01, 0.03], scale="local")
 
 
 def _fmt_eps(e: float) -> str:
@@ -106,7 +109,7 @@ def _check(args: argparse.Namespace) -> None:
     if args.threads is not None:
         _positive_int("threads", args.threads)
     for name in ("functions", "samples", "seq_len", "n", "restarts", "pool", "orders", "layers",
-                 "d_model", "heads", "d_ff", "n_outputs", "workers", "chunk_blocks"):
+                 "d_model", "heads", "d_ff", "n_outputs", "workers", "chunk_blocks", "chunk"):
         if hasattr(args, name):
             _positive_int(name.replace("_", "-"), getattr(args, name))
 
@@ -156,6 +159,40 @@ def _reference_scaled(args: argparse.Namespace, X):
                                    radial=args.radial, output=args.output, chunk_blocks=args.chunk_blocks,
                                    store=store, backend=backend, workers=args.workers, threads=args.threads or 1,
                                    resume=args.resume, options={"address": args.ray_address}, on_result=on_result)
+    finally:
+        if store is not None:
+            store.close()
+    if store is not None:
+        print(f"chunks: {counts['computed']} computed, {counts['reused']} reused from the store {args.store}",
+              file=sys.stderr)
+    return mc
+
+
+def _scale_requested(args: argparse.Namespace) -> bool:
+    from ._scaleopts import scale_requested
+
+    return scale_requested(args)
+
+
+def _local_scaled(args: argparse.Namespace, radii: dict, X):
+    """``cover local`` with chunks of members on a backend: the numbers of the serial run, bit for bit."""
+    import sys
+
+    from ..scale._montecarlo import monte_carlo_local
+    from ._scaleopts import open_store, scale_backend
+
+    backend = scale_backend(args)
+    counts = {"computed": 0, "reused": 0}
+
+    def on_result(r) -> None:
+        counts["reused" if r.reused else "computed"] += r.ok
+
+    store = open_store(args)
+    try:
+        mc, _ = monte_carlo_local(args.model, radii, X, args.functions, args.eps, args.q, seed=args.seed,
+                                  radial=args.radial, arch=args.arch, strict=args.strict, chunk=args.chunk,
+                                  store=store, backend=backend, workers=args.workers, threads=args.threads or 1,
+                                  resume=args.resume, options={"address": args.ray_address}, on_result=on_result)
     finally:
         if store is not None:
             store.close()
@@ -228,6 +265,8 @@ def run(args: argparse.Namespace) -> int:
         tracker.step(f"Monte Carlo covering ({args.functions} functions)")
         if args.mode == "reference":
             mc = _reference_scaled(args, X)
+        elif _scale_requested(args):  # chunks of perturbed models as resumable items (issue 14)
+            mc = _local_scaled(args, radii, X)
         else:
             mc = E.monte_carlo_covering(sample, X, args.eps, args.q, workers=args.threads)
         table = Table(title=f"{mc.description}\nM={mc.n_functions}, n={args.samples} x T={args.seq_len}, q={qn}")

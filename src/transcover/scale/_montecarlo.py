@@ -33,23 +33,26 @@ from ._keys import item_key
 from ._store import ResultStore
 from ._sweep import Item, sweep
 
-__all__ = ["encode_array", "decode_array", "reference_items", "montecarlo_chunk", "monte_carlo_reference"]
+__all__ = ["encode_array", "decode_array", "reference_items", "montecarlo_chunk", "monte_carlo_reference",
+           "local_class_chunk", "monte_carlo_local"]
 
 
 def encode_array(a: np.ndarray) -> dict[str, Any]:
-    """An array as JSON data that reads back bit for bit (float64, little endian, base64)."""
-    a = np.ascontiguousarray(a, dtype="<f8")
-    return {"dtype": "<f8", "shape": list(a.shape), "b64": base64.b64encode(a.tobytes()).decode("ascii")}
+    """An array as JSON data that reads back bit for bit (float32 or float64, little endian, base64)."""
+    dtype = "<f4" if np.asarray(a).dtype == np.float32 else "<f8"
+    a = np.ascontiguousarray(a, dtype=dtype)
+    return {"dtype": dtype, "shape": list(a.shape), "b64": base64.b64encode(a.tobytes()).decode("ascii")}
 
 
 def decode_array(d: dict[str, Any]) -> np.ndarray:
-    if d.get("dtype") != "<f8":
-        raise InputError(f"stored outputs have dtype {d.get('dtype')!r}, expected '<f8'")
+    if d.get("dtype") not in ("<f4", "<f8"):
+        raise InputError(f"stored outputs have dtype {d.get('dtype')!r}, expected '<f4' or '<f8'")
     raw = base64.b64decode(d["b64"].encode("ascii"), validate=True)
     shape = tuple(int(s) for s in d["shape"])
-    if len(raw) != 8 * math.prod(shape):
-        raise InputError(f"stored outputs hold {len(raw)} bytes, not the {8 * math.prod(shape)} of shape {shape}")
-    return np.frombuffer(raw, dtype="<f8").reshape(shape)
+    size = np.dtype(d["dtype"]).itemsize * math.prod(shape)
+    if len(raw) != size:
+        raise InputError(f"stored outputs hold {len(raw)} bytes, not the {size} of shape {shape}")
+    return np.frombuffer(raw, dtype=d["dtype"]).reshape(shape)
 
 
 def montecarlo_chunk(payload: dict[str, Any]) -> dict[str, Any]:
@@ -144,3 +147,77 @@ def monte_carlo_reference(config, radii, X: torch.Tensor, n_functions: int, eps:
              "draw": "seed blocks (member j depends only on (seed, j))"}
     return MonteCarloCovering(res.eps, res.q, res.checkpoints, res.net_sizes, res.packing_sizes, res.n_samples,
                               res.n_outputs, res.description, extra)
+
+
+_SPECS: dict[tuple, Any] = {}  # per process: (fingerprint, model, arch, strict) -> spec
+
+
+def local_class_chunk(payload: dict[str, Any]) -> dict[str, Any]:
+    """Members ``[start, stop)`` of a local class (a model plus weight perturbations) on the samples.
+
+    Member j is ``LocalClassSample.member(j)``, regenerated from ``(seed, j)``: the rows equal those
+    of ``LocalClassSample.evaluate`` for the whole class, whatever the chunking.
+    """
+    from ..empirical import sample_local_class
+    from ..empirical._nets import torch_threads
+    from ..model import load, transformer_forward
+
+    key = (payload["fingerprint"], payload["model"], payload["arch"], payload["strict"])
+    if key not in _SPECS:
+        _SPECS.clear()
+        _SPECS[key] = load(payload["model"], arch=payload["arch"], strict=payload["strict"]).to_torch()
+    sample = sample_local_class(_SPECS[key], payload["radii"], payload["stop"], radial=payload["radial"],
+                                seed=payload["seed"])
+    X = payload["X"].double()
+    with torch_threads(int(payload.get("threads", 1))), torch.no_grad():
+        Y = torch.stack([transformer_forward(sample.member(j), X).reshape(X.shape[0], -1)
+                         for j in range(payload["start"], payload["stop"])])
+    Y = Y.detach().numpy()  # its own dtype: the greedy decides on the stored floats as they are
+    return {"start": payload["start"], "stop": payload["stop"], "outputs": encode_array(Y),
+            "max_abs": float(np.abs(Y).max())}
+
+
+def monte_carlo_local(model: str, radii: dict[str, float], X: torch.Tensor, n_functions: int,
+                      eps: Sequence[float] | float, q: float | str = math.inf, *, seed: int = 0,
+                      radial: str = "volume", arch: str | None = None, strict: bool = False, chunk: int = 64,
+                      store: ResultStore | None = None, backend: str = "serial", workers: int = 1, threads: int = 1,
+                      resume: bool = True, options: dict[str, Any] | None = None, on_result: Callable | None = None):
+    """``monte_carlo_covering(sample_local_class(load(model), radii, M, ...), X, ...)`` with chunks of
+    ``chunk`` members as sweep items on any backend; the same numbers bit for bit (same threads).
+
+    Raises:
+        InputError: bad options (checked before any chunk runs), or a chunk that failed.
+    """
+    from ..empirical import MonteCarloCovering, covering_of_outputs, sample_local_class
+    from ..model import load
+    from ._keys import fingerprint
+
+    for name, v in (("n_functions", n_functions), ("chunk", chunk), ("threads", threads)):
+        if not isinstance(v, int) or v < 1:
+            raise InputError(f"{name} must be a positive integer, but got {name}={v!r}")
+    spec = load(model, arch=arch, strict=strict).to_torch()
+    description = sample_local_class(spec, radii, 1, radial=radial, seed=seed).description  # checks radii
+    fp = fingerprint(model)
+    Xb = np.ascontiguousarray(X.detach().to(torch.float64).numpy(), dtype="<f8")
+    digest = hashlib.sha256(json.dumps({"model": fp, "radii": {k: float(v) for k, v in sorted(radii.items())},
+                                        "radial": radial, "seed": int(seed), "arch": arch, "strict": strict,
+                                        "X_shape": list(Xb.shape), "X": hashlib.sha256(Xb.tobytes()).hexdigest()},
+                                       sort_keys=True).encode()).hexdigest()
+    items = []
+    for c, start in enumerate(range(0, n_functions, chunk)):
+        stop = min(n_functions, start + chunk)
+        items.append(Item(item_key("montecarlo-local", digest, {"start": start, "stop": stop}),
+                          f"chunk {c} (members {start}..{stop - 1})",
+                          {"model": model, "fingerprint": fp, "arch": arch, "strict": strict, "radii": dict(radii),
+                           "radial": radial, "seed": int(seed), "X": X.detach(), "start": start, "stop": stop,
+                           "threads": threads}))
+    report = sweep(items, local_class_chunk, store=store, backend=backend, workers=workers, threads=threads,
+                   resume=resume, options=options, on_result=on_result)
+    if report.failed:
+        bad = report.failed[0]
+        raise InputError(f"{len(report.failed)} Monte-Carlo chunk(s) failed; first: {bad.item.label}: {bad.value}")
+    Y = np.concatenate([decode_array(r.value["outputs"]) for r in report.results], axis=0)
+    res = covering_of_outputs(torch.from_numpy(Y.copy()), eps, q, description=description, workers=threads)
+    scale = max(float(r.value["max_abs"]) for r in report.results)
+    return MonteCarloCovering(res.eps, res.q, res.checkpoints, res.net_sizes, res.packing_sizes, res.n_samples,
+                              res.n_outputs, res.description, {"max_abs_output": scale}), spec

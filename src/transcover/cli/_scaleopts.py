@@ -46,7 +46,7 @@ def scale_backend(args: argparse.Namespace) -> str:
     if args.ray_address and backend != "ray":
         raise InputError("--ray-address needs --backend ray")
     if backend == "ray":
-        from ..scale._backends import RAY_MISSING
+        from ..scale import RAY_MISSING
 
         try:
             import ray  # noqa: F401
@@ -66,7 +66,7 @@ def local_rows_from_args(args: argparse.Namespace, spec, seqs: list, rhos: list[
     gives, resumable from ``--store`` and computed by ``--workers`` processes."""
     import sys
 
-    from ..scale._local import local_rows
+    from ..scale import local_rows
 
     counts = {"computed": 0, "reused": 0}
 

@@ -11,15 +11,17 @@
   sequence per item).
 """
 
-from ._backends import BACKENDS, Outcome, run_item
+from ._backends import BACKENDS, RAY_MISSING, Outcome, run_item
 from ._keys import fingerprint, item_key
 from ._store import ResultStore, StoreError
 from ._sweep import Item, ItemResult, SweepReport, sweep
 
 __all__ = ["sweep", "Item", "ItemResult", "SweepReport", "ResultStore", "StoreError", "fingerprint",
-           "item_key", "BACKENDS", "Outcome", "run_item", "monte_carlo_reference", "local_rows", "local_items"]
+           "item_key", "BACKENDS", "RAY_MISSING", "Outcome", "run_item", "monte_carlo_reference", "monte_carlo_local",
+           "local_rows", "local_items"]
 
-_LAZY = {"monte_carlo_reference": "._montecarlo", "local_rows": "._local", "local_items": "._local"}
+_LAZY = {"monte_carlo_reference": "._montecarlo", "monte_carlo_local": "._montecarlo", "local_rows": "._local",
+         "local_items": "._local"}
 
 
 def __getattr__(name: str):

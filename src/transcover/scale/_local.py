@@ -80,7 +80,7 @@ def _stage_inputs(spec, X: torch.Tensor) -> list[dict[str, torch.Tensor]]:
 
 def local_example(payload: dict[str, Any]) -> dict[str, Any]:
     """One sequence's share of ``local_table`` (the item function; module docstring)."""
-    from ..empirical._nets import torch_threads
+    from ..empirical import torch_threads
     from ..lipschitz import jacobian_operator_norm, layer_local
     from ..lipschitz._local_report import _stage_fns, _stage_local
     from ..model import layer_forward

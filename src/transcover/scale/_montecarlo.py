@@ -57,8 +57,7 @@ def decode_array(d: dict[str, Any]) -> np.ndarray:
 
 def montecarlo_chunk(payload: dict[str, Any]) -> dict[str, Any]:
     """One chunk's outputs (the item function of a Monte-Carlo class): members ``[start, stop)``."""
-    from ..empirical._montecarlo import reference_block_outputs
-    from ..empirical._nets import torch_threads
+    from ..empirical import reference_block_outputs, torch_threads
 
     with torch_threads(int(payload.get("threads", 1))), torch.no_grad():
         Y = reference_block_outputs(payload["config"], payload["radii"], payload["X"], payload["start"],
@@ -81,7 +80,7 @@ def reference_items(config, radii, X: torch.Tensor, n_functions: int, *, seed: i
                     output: str = "head", chunk_blocks: int = 1, threads: int = 1,
                     block: int | None = None) -> list[Item]:
     """The chunks of a block-seeded reference class as sweep items, in member order."""
-    from ..empirical._montecarlo import SEED_BLOCK
+    from ..empirical import SEED_BLOCK
 
     block = SEED_BLOCK if block is None else block
     for name, v in (("n_functions", n_functions), ("chunk_blocks", chunk_blocks), ("threads", threads),
@@ -125,8 +124,7 @@ def monte_carlo_reference(config, radii, X: torch.Tensor, n_functions: int, eps:
     Raises:
         InputError: bad options, or a chunk that failed (the message names it).
     """
-    from ..empirical import MonteCarloCovering, covering_of_outputs, sample_reference_class
-    from ..empirical._montecarlo import SEED_BLOCK
+    from ..empirical import SEED_BLOCK, MonteCarloCovering, covering_of_outputs, sample_reference_class
 
     # every class check (config, radii, radial law, output) before any chunk runs
     description = sample_reference_class(config, radii, 1, radial=radial, seed=seed, output=output).description
@@ -158,8 +156,7 @@ def local_class_chunk(payload: dict[str, Any]) -> dict[str, Any]:
     Member j is ``LocalClassSample.member(j)``, regenerated from ``(seed, j)``: the rows equal those
     of ``LocalClassSample.evaluate`` for the whole class, whatever the chunking.
     """
-    from ..empirical import sample_local_class
-    from ..empirical._nets import torch_threads
+    from ..empirical import sample_local_class, torch_threads
     from ..model import load, transformer_forward
 
     key = (payload["fingerprint"], payload["model"], payload["arch"], payload["strict"])

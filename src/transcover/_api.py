@@ -80,7 +80,7 @@ def analyze(
         >>> result.layers[0].B_KQ.upper              # doctest: +SKIP
     """
     from .model import TransformerSpec, load
-    from .model._adapters._refused import OutsideDecompositionError
+    from .model import OutsideDecompositionError
     from .norms import analyze_spec
 
     try:
@@ -90,7 +90,7 @@ def analyze(
         # an architecture no adapter reads: every 2-D weight on its own (issue 15, item 3)
         if model is None or arch is not None or not per_matrix:
             raise
-        from .norms._per_matrix import per_matrix_norms
+        from .norms import per_matrix_norms
 
         note = f"{err}; per-matrix norms only" + ("; --fast has no per-matrix route, so these are certified" if fast else "")
         return per_matrix_norms(model, rtol=rtol, note=note)

@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
                           progress, render_analysis)
 
     if args.list_archs:
-        from ..model._adapters._support import support_table
+        from ..model import support_table
 
         print(support_table(), end="")
         return 0
@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         result = analyze(model, arch=args.arch, allow_pickle=args.allow_pickle, strict=args.strict,
                          fast=args.fast, rtol=args.rtol, embeddings=not args.no_embeddings,
                          progress=tracker.callback())
-    from ..norms._per_matrix import PerMatrixResult
+    from ..norms import PerMatrixResult
 
     if isinstance(result, PerMatrixResult):
         from ._per_matrix import finish_per_matrix

@@ -31,7 +31,7 @@ def finish_per_matrix(args: argparse.Namespace, result, console) -> int:
     """Render (unless ``--quiet``) and write ``--json``/``--csv``; ``--plot``/``--heads`` need the decomposition."""
     from rich.table import Table
 
-    from ..norms._per_matrix import PER_MATRIX_SCHEMA
+    from ..norms import PER_MATRIX_SCHEMA
     from ..report import atomic_write_bytes, envelope_json
 
     if args.plot or args.heads:

@@ -23,6 +23,10 @@ from ._members import stack_members as stack_members
 from ._compare import require_same_structure as require_same_structure
 from ._compare import structural_differences as structural_differences
 from ._convert import as_torch as as_torch
+from ._adapters._refused import OutsideDecompositionError as OutsideDecompositionError
+from ._adapters._support import support_table as support_table
+from ._sources import StateDictSource as StateDictSource
+from ._sources import open_safetensors as open_safetensors
 from ._reference_spec import ReferenceConfig as ReferenceConfig
 from ._spec import Activation as Activation
 from ._spec import AttentionSpec as AttentionSpec
@@ -43,6 +47,7 @@ __all__ = [
     "ForwardHooks", "attention_forward", "ffn_forward", "head_forward", "l2_attention_forward", "layer_forward",
     "norm_forward", "transformer_forward", "stack_members", "as_torch",
     "structural_differences", "require_same_structure",
+    "OutsideDecompositionError", "support_table", "StateDictSource", "open_safetensors",
 ]
 from ._load import SUPPORTED_ARCHITECTURES as SUPPORTED_ARCHITECTURES
 from ._load import bundled_model_dir as bundled_model_dir

@@ -124,7 +124,7 @@ def _module_entries(module) -> list[tuple[str, object, str]]:
 
 
 def _file_source(path: Path):
-    from ..model._sources import open_safetensors
+    from ..model import open_safetensors
 
     if path.is_dir():
         for candidate in ("model.safetensors", "model.safetensors.index.json"):
@@ -160,7 +160,7 @@ def per_matrix_norms(model, *, rtol: float = 1e-3, note: str | None = None) -> P
     t0 = time.perf_counter()
     rows: list[MatrixRow] = []
     if hasattr(model, "named_modules"):
-        from ..model._sources import StateDictSource
+        from ..model import StateDictSource
 
         entries, skipped = _module_entries(model)
         label = type(model).__name__

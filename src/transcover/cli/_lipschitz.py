@@ -64,6 +64,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rho-relative", action="store_true", help="read --rho as factors of the median token norm")
     p.add_argument("--max-len", type=int, default=32, help="truncate texts to this many tokens (default 32)")
     p.add_argument("--limit", type=int, default=None, help="use only the first N sequences of --data")
+    from ._scaleopts import add_scale_arguments
+
+    add_scale_arguments(p, "sequences of --data", threads=True)
 
 
 def config_from_args(args: argparse.Namespace, cls: type = LipschitzConfig) -> LipschitzConfig:
@@ -187,13 +190,21 @@ def run_local(args: argparse.Namespace) -> int:
     from ..report import atomic_write_text, local_payload, render_local
 
     rhos = parse_rhos(args.rho)
+    from ._scaleopts import scale_backend, scale_requested
+
+    backend = scale_backend(args) if scale_requested(args) else None  # checked before anything loads
     for flag, v in (("--max-len", args.max_len), ("--limit", args.limit)):
         if v is not None and v < 1:
             raise InputError(f"{flag} must be >= 1, but got {flag}={v}")
     spec = load(args.model, arch=args.arch, allow_pickle=args.allow_pickle, strict=args.strict).to_torch(torch.float64)
     seqs = load_inputs(spec, args.data, max_len=args.max_len, limit=args.limit)
-    rows = local_table(spec, seqs, rhos, lower=not args.no_lower, relative=args.rho_relative,
-                       lower_iter=max(args.steps // 2, 5))
+    if backend is not None:  # one sequence per item, in parallel and resumable (issue 14)
+        from ._scaleopts import local_rows_from_args
+
+        rows = local_rows_from_args(args, spec, seqs, rhos, backend)
+    else:
+        rows = local_table(spec, seqs, rhos, lower=not args.no_lower, relative=args.rho_relative,
+                           lower_iter=max(args.steps // 2, 5))
     render_local(spec.name, len(seqs), rows, bool(args.rho_relative))
     if args.json:
         from ..report import envelope_json

@@ -155,7 +155,7 @@ def test_both_payload_modes_round_trip_with_exact_lengths(shared, seed, monkeypa
     assert desc.shared() == (together < per_tensor)
     monkeypatch.setattr(ModelDescription, "shared", lambda self: shared)
     word = encode(desc)
-    headers = sum(t.header_bits() for t in desc.tensors)
+    headers = sum(desc.header_bits())
     assert len(word) == description_bits(desc) == desc.architecture_bits() + headers + 1 + (
         together if shared else per_tensor)
     back = decode(word.bits, MENU)
@@ -197,3 +197,29 @@ def test_quantiser_error_and_straight_through_gradient(m, k, seed):
     assert torch.equal(out.detach(), dequantise(Q, k))
     out.sum().backward()
     assert torch.equal(W.grad, torch.ones_like(W))
+
+
+@pytest.mark.parametrize("version", [2, 3])
+@pytest.mark.parametrize("seed", range(3))
+def test_both_header_versions_round_trip_with_exact_lengths(version, seed, monkeypatch):
+    desc = _random_description(1, seed, density=0.5)
+    monkeypatch.setattr(ModelDescription, "version", lambda self: version)
+    word = encode(desc)
+    assert word.bits[:2] == [version >> 1, version & 1]
+    assert len(word) == description_bits(desc) == desc.architecture_bits() + sum(desc.header_bits(version)) + 1 + (
+        sum(desc.shared_payload_bits().values()) if desc.shared() else sum(t.payload_bits() for t in desc.tensors))
+    back = decode(word.bits, MENU)
+    for a, b in zip(desc.tensors, back.tensors, strict=True):
+        assert (a.m, a.m and a.k) == (b.m, b.m and b.k) and torch.equal(a.Q, b.Q)
+
+
+def test_delta_headers_are_chosen_when_shorter_and_pay_little_for_shared_grids():
+    # every tensor on the same grid and nearby scales (what QAT produces): version 3 costs 1 bit for
+    # m and a few for k per tensor, version 2 pays m and the absolute k every time
+    desc = _random_description(1, 0, density=0.5)
+    tensors = tuple(QuantisedTensor(t.name, 7, -20 + (i % 3), torch.clamp(t.Q, -7, 7))
+                    for i, t in enumerate(desc.tensors))
+    same = ModelDescription(desc.menu, desc.arch, tensors)
+    assert same.version() == 3
+    assert sum(same.header_bits(3)) < sum(same.header_bits(2)) - 8 * len(tensors)
+    assert description_bits(same) == len(encode(same))

@@ -92,6 +92,7 @@ class NonvacuousConfig:
     l1: float = 1e-3  # weight of sum |theta| (per sample loss scale)
     levels: int = 1  # m of the fine-tuning grid: 2m+1 levels (1: ternary, 3: ~3 bits, 7: ~4 bits)
     all_levels: bool = False  # fine-tune at every grid of _finetune, not only until one is accurate enough
+    prior_split: float = 0.0  # > 0: data-dependent prior, this share of the training set codes a reference (F20)
     greedy_passes: int = 2  # rounds of per-matrix level/scale search on the bound
     restarts: int = 3  # float-training seeds tried at most (see _float_model)
     search_samples: int = 5_000  # training samples that score the greedy search's candidates
@@ -116,6 +117,8 @@ class NonvacuousConfig:
             raise InputError(f"delta must be in (0, 1), but got delta={self.delta!r}")
         if not (self.lr > 0 and math.isfinite(self.lr)) or not (self.l1 >= 0 and math.isfinite(self.l1)):
             raise InputError(f"lr must be > 0 and l1 >= 0, but got lr={self.lr!r}, l1={self.l1!r}")
+        if not (isinstance(self.prior_split, float) and 0.0 <= self.prior_split <= 0.9):
+            raise InputError(f"prior_split must be a float in [0, 0.9], but got prior_split={self.prior_split!r}")
         if self.task == "digits" and not 0 < self.n_train < 1797:
             raise InputError(f"digits has 1797 images: n_train must be in [1, 1796], but got {self.n_train}")
 
@@ -155,7 +158,8 @@ def task_data(task: str, n_train: int, n_test: int, seed: int) -> tuple[Tensor, 
 
 # -- training -----------------------------------------------------------------------------------
 def _fit(model: ReferenceTransformer, X: Tensor, y: Tensor, *, epochs: int, lr: float, l1: float,
-         batch_size: int, seed: int, grid: dict[str, tuple[int, int]] | None = None) -> dict[str, tuple[int, int]] | None:
+         batch_size: int, seed: int, grid: dict[str, tuple[int, int]] | None = None,
+         refit_scales: bool = True) -> dict[str, tuple[int, int]] | None:
     """Adam on cross-entropy + ``l1 * sum|theta|``; with ``grid`` (name -> (m, k)) the forward pass
     uses the fake-quantised weights and the scales are re-fitted after every epoch.
 
@@ -183,7 +187,7 @@ def _fit(model: ReferenceTransformer, X: Tensor, y: Tensor, *, epochs: int, lr: 
             loss.backward()
             opt.step()
         sched.step()
-        if grid is not None:
+        if grid is not None and refit_scales:
             grid = {name: (m, best_scale_index(params[name], m)) for name, (m, _) in grid.items()}
     return grid
 
@@ -315,6 +319,7 @@ class NonvacuousCase:
     finetune_levels: int  # levels 2m+1 of the fine-tuning grid that was kept (see _finetune)
     config: dict = field(default_factory=dict)
     covering: dict | None = None  # the covering/Dudley margin bound of the same quantised model (F19)
+    split: dict | None = None  # the data-dependent prior (F20): halves, reference codeword, changes
     perturbation: dict | None = None  # G.3: the quantised model's outputs against the trained float model's
 
     @property
@@ -342,6 +347,7 @@ class NonvacuousCase:
             "seconds": self.seconds, "restarts_used": self.restarts_used,
             "finetune_levels": self.finetune_levels, "config": self.config,
             "covering_bound": self.covering, "quantisation_perturbation": self.perturbation,
+            "data_dependent_prior": self.split,
         }
 
 
@@ -409,6 +415,10 @@ def _finetune(model: ReferenceTransformer, config: NonvacuousConfig, menu: tuple
 
 def run_case(config: NonvacuousConfig, progress: Callable[[str], None] | None = None) -> NonvacuousCase:
     """Train, sparsify, quantise, describe and bound one model (see the module docstring)."""
+    if config.prior_split:
+        from ._nonvacuous_split import run_split_case
+
+        return run_split_case(config, progress)
     t0 = time.perf_counter()
     say = progress or (lambda _msg: None)
     X, y, X_te, y_te = task_data(config.task, config.n_train, config.n_test, config.seed)
@@ -423,6 +433,19 @@ def run_case(config: NonvacuousConfig, progress: Callable[[str], None] | None = 
         say(f"{config.task} n={config.n_train}: pruning single weights on the bound")
         desc = _prune(desc, model, X, y, config.delta, config.search_samples)
     bound = occam_bounds(mistakes(desc, X, y), config.n_train, description_bits(desc), config.delta)
+    pairs = {"float model (before QAT)": trained, "QAT weights (rounded to the code)": model.state_dict()}
+    return finish_case(config, desc, bound, encode(desc).to_bytes().hex(), pairs, (X, y, X_te, y_te),
+                       t0=t0, restarts=restarts, levels=levels, float_err=float_err, say=say)
+
+
+def finish_case(config: NonvacuousConfig, desc: ModelDescription, bound: OccamBound, codeword: str,
+                pairs: dict[str, dict[str, Tensor]], data: tuple[Tensor, Tensor, Tensor, Tensor], *, t0: float,
+                restarts: int, levels: int, float_err: float, say: Callable[[str], None],
+                split: dict | None = None) -> NonvacuousCase:
+    """The case record: the finite-class ``bound``, the covering/Dudley bound of the same model on all
+    training samples (F19; its class prior does not depend on the data) and G.3 against ``pairs``."""
+    X, y, X_te, y_te = data
+    menu = ARCHITECTURE_MENUS[config.task]
     say(f"{config.task} n={config.n_train}: covering/Dudley bound and G.3 of the quantised model")
     quantised = materialise(desc, torch.float64)
     xi = INPUT_TOKEN_NORM[config.task]
@@ -432,14 +455,12 @@ def run_case(config: NonvacuousConfig, progress: Callable[[str], None] | None = 
         arch=asdict(menu[config.arch]), bound=bound, test_mistakes=mistakes(desc, X_te, y_te),
         bits_per_tensor=desc.bits_per_tensor(), nonzeros_per_tensor={t.name: t.nonzeros for t in desc.tensors},
         levels_per_tensor={t.name: 2 * t.m + 1 for t in desc.tensors},
-        sizes_per_tensor={t.name: t.Q.numel() for t in desc.tensors}, codeword=encode(desc).to_bytes().hex(),
+        sizes_per_tensor={t.name: t.Q.numel() for t in desc.tensors}, codeword=codeword,
         architecture_bits=desc.architecture_bits(),
         fixed_length_bits=fixed_length_bits(desc), float_test_error=float_err,
         seconds=time.perf_counter() - t0, restarts_used=restarts, finetune_levels=2 * levels + 1,
         config=asdict(config), covering=cover.to_dict(),
-        perturbation=quantisation_perturbation(
-            {"float model (before QAT)": trained, "QAT weights (rounded to the code)": model.state_dict()},
-            quantised, config.task, X_te, xi))
+        perturbation=quantisation_perturbation(pairs, quantised, config.task, X_te, xi), split=split)
 
 
 def _domain(task: str, X_te: Tensor) -> tuple[Tensor, str]:

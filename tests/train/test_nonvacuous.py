@@ -75,7 +75,7 @@ def test_cli_quick_writes_json_and_figure(tmp_path, monkeypatch, capsys):
 
 @pytest.mark.parametrize("argv", [
     ["--tasks", "parity"], ["--n", "0"], ["--n", "ten"], ["--delta", "1.5"], ["--quick", "--tasks", "digits"],
-    ["--json", "/no/such/folder/r.json"],
+    ["--json", "/no/such/folder/r.json"], ["--jobs", "0"],
 ])
 def test_cli_bad_input_is_one_line_exit_2_nothing_written(argv, tmp_path, capsys):
     out = tmp_path / "nv"
@@ -160,3 +160,16 @@ def test_split_prior_reference_never_sees_the_bound_half(monkeypatch):
     model = decode_delta([(raw[i >> 3] >> (7 - (i & 7))) & 1 for i in range(a.total_bits)], ref)
     X, y, _, _ = real("majority", 400, 2000, 0)
     assert mistakes(model, X[200:], y[200:]) == a.bound.mistakes
+
+
+def test_jobs_give_the_same_cases_as_one_process():
+    from transcover.train._nonvacuous_report import nonvacuous_experiment
+
+    plan = (NonvacuousConfig(task="majority", n_train=200, n_test=1000, epochs=2, qat_epochs=1, greedy_passes=0,
+                             restarts=1),
+            NonvacuousConfig(task="majority", n_train=300, n_test=1000, epochs=2, qat_epochs=1, greedy_passes=0,
+                             restarts=1, seed=1))
+    one, two = nonvacuous_experiment(plan), nonvacuous_experiment(plan, jobs=2)
+    for a, b in zip(one.cases, two.cases, strict=True):
+        assert (a.n_train, a.codeword, a.bound, a.test_mistakes) == (b.n_train, b.codeword, b.bound, b.test_mistakes)
+        assert a.covering == b.covering

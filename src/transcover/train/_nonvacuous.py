@@ -320,6 +320,7 @@ class NonvacuousCase:
     config: dict = field(default_factory=dict)
     covering: dict | None = None  # the covering/Dudley margin bound of the same quantised model (F19)
     split: dict | None = None  # the data-dependent prior (F20): halves, reference codeword, changes
+    cpu_seconds: float = 0.0  # process CPU time (one thread: the wall time on an idle core)
     perturbation: dict | None = None  # G.3: the quantised model's outputs against the trained float model's
 
     @property
@@ -344,7 +345,7 @@ class NonvacuousCase:
             "sizes_per_tensor": self.sizes_per_tensor,
             "codeword": {"hex": self.codeword, "bits": self.total_bits,
                          "decode": "transcover.compress.decode(bits, ARCHITECTURE_MENUS[task])"},
-            "seconds": self.seconds, "restarts_used": self.restarts_used,
+            "seconds": self.seconds, "cpu_seconds": self.cpu_seconds, "restarts_used": self.restarts_used,
             "finetune_levels": self.finetune_levels, "config": self.config,
             "covering_bound": self.covering, "quantisation_perturbation": self.perturbation,
             "data_dependent_prior": self.split,
@@ -419,7 +420,7 @@ def run_case(config: NonvacuousConfig, progress: Callable[[str], None] | None = 
         from ._nonvacuous_split import run_split_case
 
         return run_split_case(config, progress)
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     say = progress or (lambda _msg: None)
     X, y, X_te, y_te = task_data(config.task, config.n_train, config.n_test, config.seed)
     menu = ARCHITECTURE_MENUS[config.task]
@@ -435,13 +436,13 @@ def run_case(config: NonvacuousConfig, progress: Callable[[str], None] | None = 
     bound = occam_bounds(mistakes(desc, X, y), config.n_train, description_bits(desc), config.delta)
     pairs = {"float model (before QAT)": trained, "QAT weights (rounded to the code)": model.state_dict()}
     return finish_case(config, desc, bound, encode(desc).to_bytes().hex(), pairs, (X, y, X_te, y_te),
-                       t0=t0, restarts=restarts, levels=levels, float_err=float_err, say=say)
+                       t0=t0, restarts=restarts, levels=levels, float_err=float_err, say=say, cpu0=cpu0)
 
 
 def finish_case(config: NonvacuousConfig, desc: ModelDescription, bound: OccamBound, codeword: str,
                 pairs: dict[str, dict[str, Tensor]], data: tuple[Tensor, Tensor, Tensor, Tensor], *, t0: float,
                 restarts: int, levels: int, float_err: float, say: Callable[[str], None],
-                split: dict | None = None) -> NonvacuousCase:
+                split: dict | None = None, cpu0: float = 0.0) -> NonvacuousCase:
     """The case record: the finite-class ``bound``, the covering/Dudley bound of the same model on all
     training samples (F19; its class prior does not depend on the data) and G.3 against ``pairs``."""
     X, y, X_te, y_te = data
@@ -460,7 +461,8 @@ def finish_case(config: NonvacuousConfig, desc: ModelDescription, bound: OccamBo
         fixed_length_bits=fixed_length_bits(desc), float_test_error=float_err,
         seconds=time.perf_counter() - t0, restarts_used=restarts, finetune_levels=2 * levels + 1,
         config=asdict(config), covering=cover.to_dict(),
-        perturbation=quantisation_perturbation(pairs, quantised, config.task, X_te, xi), split=split)
+        perturbation=quantisation_perturbation(pairs, quantised, config.task, X_te, xi), split=split,
+        cpu_seconds=time.process_time() - cpu0)
 
 
 def _domain(task: str, X_te: Tensor) -> tuple[Tensor, str]:

@@ -86,7 +86,7 @@ def _revert(desc: ModelDescription, ref: ModelDescription, X: Tensor, y: Tensor,
 
 def run_split_case(config: NonvacuousConfig, progress: Callable[[str], None] | None = None) -> NonvacuousCase:
     """Steps 1-3 of the module docstring; the case's ``bound`` is the kl bound on B with the relative code."""
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     say = progress or (lambda _msg: None)
     X, y, X_te, y_te = task_data(config.task, config.n_train, config.n_test, config.seed)
     menu = ARCHITECTURE_MENUS[config.task]
@@ -119,4 +119,5 @@ def run_split_case(config: NonvacuousConfig, progress: Callable[[str], None] | N
              "kind": "kl bound on B; the code is built from A only (data-dependent prior, THEORY F20)"}
     pairs = {"float model trained on A": trained, "fine-tuned weights (A and B)": tuned.state_dict()}
     return finish_case(config, desc, bound, encode_delta(desc, ref).to_bytes().hex(), pairs, (X, y, X_te, y_te),
-                       t0=t0, restarts=restarts, levels=levels, float_err=float_err, say=say, split=split)
+                       t0=t0, restarts=restarts, levels=levels, float_err=float_err, say=say, split=split,
+                       cpu0=cpu0)

@@ -14,6 +14,8 @@ The spec's gated FFN is ``(act(x W_gate) * (x W_1)) W_2``, so ``W_gate = gate_pr
 key/value head ``h // (H / H_kv)``, the spec's ``kv_index``), scale ``head_dim ** -0.5``, RoPE with
 ``rotate_half`` on the whole head dimension and ``inv_freq = theta^(-2i/head_dim)``
 (``LlamaRotaryEmbedding.compute_default_rope_parameters``), which is ``RopeSpec``'s layout.
+Sliding-window attention (Mistral; Qwen2 layers ``>= max_window_layers`` when
+``use_sliding_window``; ``layer_types`` when the config lists them) is the spec's ``window`` mask.
 Only the "default" RoPE type is exact in the spec; scaled variants (llama3, linear, yarn, ...)
 change the frequencies and are refused rather than approximated.
 """
@@ -29,6 +31,7 @@ from ._common import (
     activation_from_name, count_layers, find_prefix, heads_bias, heads_in, heads_out, layer_norm,
     lazy_embeddings, linear_weight, no_layers, require, summary, transpose, unexpected_layer_tensors,
 )
+from ._windows import sliding_windows
 
 __all__ = ["build_llama"]
 
@@ -85,6 +88,8 @@ def build_llama(src: TensorSource, config: dict, name: str) -> TransformerSpec:
     attn_bias = bool(config.get("attention_bias", False))
     mlp_bias = bool(config.get("mlp_bias", False))
 
+    windows = sliding_windows(config, n, arch=arch, name=name)
+
     def layer(i: int) -> LayerSpec:
         names = {role: f"{prefix}layers.{i}.{key}" for role, key in _ROLES.items()}
 
@@ -100,7 +105,7 @@ def build_llama(src: TensorSource, config: dict, name: str) -> TransformerSpec:
             b_K=heads_bias(bias("b_K", (H_kv * dh,), attn_bias), H_kv),
             b_V=heads_bias(bias("b_V", (H_kv * dh,), attn_bias), H_kv),
             b_O=bias("b_O", (d,), attn_bias),
-            causal=True, rope=rope,
+            causal=True, rope=rope, window=windows[i],
         )
         ffn = FFNSpec(
             W_1=linear_weight(src, names["W_1"], d, d_ff), W_2=linear_weight(src, names["W_2"], d_ff, d),
@@ -125,9 +130,8 @@ def build_llama(src: TensorSource, config: dict, name: str) -> TransformerSpec:
     final_norm = layer_norm(src, prefix + "norm.weight", None, d, eps, NormKind.RMSNORM)
     out = summary(config, src, n, H, H_kv, dh, d_ff, act.value, prefix, embeddings.names)
     out["rope_theta"] = rope.theta
-    if config.get("sliding_window") is not None and config.get("use_sliding_window", True):
-        # Sliding-window attention only differs from full causal attention beyond the window.
-        out["sliding_window"] = config["sliding_window"]
+    if any(w is not None for w in windows):
+        out["sliding_window"] = next(w for w in windows if w is not None)
     return TransformerSpec(
         arch=arch, name=name, d_model=d, layers=LayerSequence(n, layer), final_norm=final_norm,
         embeddings=embeddings,  # type: ignore[arg-type]  # a read-on-access Mapping

@@ -44,7 +44,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     # model <-> lipschitz cycle (l2_attention_forward moves into model)
     ("constrain/_monitor.py", "report"): "spine (file) / forward (writer): atomic writer from transcover/_io.py",
     ("train/_checkpoint.py", "report"): "forward: atomic writer from transcover/_io.py (one-line import)",
-    ("train/_nonvacuous_report.py", "report"): "nonvac12: atomic writer from transcover/_io.py (one-line import)",
     ("scale/_analyze.py", "report"): "scale14: atomic writer from transcover/_io.py (one-line import)",
     ("scale/_analyze.py", "_api"): "scale14: call norms.analyze_spec on a loaded spec instead of the API",
     # spine: ModelNorms / public lipschitz API replace the private imports below
@@ -90,9 +89,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("norms/_analyze.py", "model._functional"): "spine: RoPE handled once, public",
     ("norms/_analyze.py", "model._spec"): "spine: model exports the spec types",
     ("scale/_keys.py", "model._load"): "scale14: model.bundled_model_dir (public)",
-    ("train/_nonvacuous.py", "covering._finite_class"): "nonvac12: covering exports OccamBound/occam_bounds",
-    ("cli/_nonvacuous.py", "train._nonvacuous"): "nonvac12: train exports the plans and task names",
-    ("cli/_nonvacuous.py", "train._nonvacuous_report"): "nonvac12: train exports the plans and task names",
     ("cli/_analyze.py", "scale._analyze"): "scale14: scale exports expand_models",
     ("cli/_sweep.py", "scale._analyze"): "scale14: scale exports the sweep helpers",
     ("cli/_sweep.py", "scale._backends"): "scale14: scale exports RAY_MISSING",

@@ -59,10 +59,10 @@ def test_the_entropy_code_beats_the_fixed_length_code_on_the_sparse_model(case):
 
 
 def test_cli_quick_writes_json_and_figure(tmp_path, monkeypatch, capsys):
-    import transcover.train._nonvacuous_report as report
+    import transcover.train as train_pkg
 
     tiny = NonvacuousConfig(task="majority", n_train=200, n_test=2000, epochs=2, qat_epochs=1, greedy_passes=1)
-    monkeypatch.setattr(report, "QUICK_PLAN", (tiny,))
+    monkeypatch.setattr(train_pkg, "QUICK_PLAN", (tiny,))
     out = tmp_path / "nv"
     assert main(["experiment", "nonvacuous", "--quick", "--out", str(out), "--json", str(tmp_path / "r.json")]) == 0
     data = json.loads((out / "nonvacuous.json").read_text())

@@ -31,8 +31,7 @@ def _plan(args):
     from dataclasses import replace
 
     from .._errors import InputError
-    from ..train._nonvacuous import NONVACUOUS_TASKS
-    from ..train._nonvacuous_report import ABLATION_PLAN, FULL_PLAN, QUICK_PLAN
+    from ..train import ABLATION_PLAN, FULL_PLAN, NONVACUOUS_TASKS, QUICK_PLAN
 
     if args.quick and args.ablation:
         raise InputError("choose one of --quick and --ablation")
@@ -68,7 +67,7 @@ def run_nonvacuous(args) -> int:
     from rich.console import Console
 
     from ..report import atomic_write_text
-    from ..train._nonvacuous_report import nonvacuous_experiment
+    from ..train import nonvacuous_experiment
     from ._train import set_threads
 
     plan = _plan(args)

@@ -46,8 +46,7 @@ from ..compress import (
     quantise,
     scale_of,
 )
-from ..covering._data_route import covering_margin_bound, margin_change_bound, margins, pair_norms
-from ..covering._finite_class import OccamBound, occam_bounds
+from ..covering import OccamBound, covering_margin_bound, margin_change_bound, margins, occam_bounds, pair_norms
 from ..model import ReferenceConfig, ReferenceTransformer
 
 __all__ = ["NONVACUOUS_TASKS", "ARCHITECTURE_MENUS", "NonvacuousConfig", "NonvacuousCase", "run_case"]

@@ -122,7 +122,7 @@ class NonvacuousResult:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        from ..report import atomic_write_bytes
+        from .._io import atomic_write_bytes
 
         fig, ax = plt.subplots(figsize=(7, 4.5))
         markers = {"majority": "o", "majority-noise": "s", "digits": "D"}

@@ -21,9 +21,17 @@ from dataclasses import replace
 import torch
 from torch import Tensor
 
-from ..compress import ModelDescription, QuantisedTensor, delta_bits, encode, encode_delta, materialise, quantise
-from ..compress._delta import changed_entries
-from ..covering._finite_class import occam_bounds
+from ..compress import (
+    ModelDescription,
+    QuantisedTensor,
+    changed_entries,
+    delta_bits,
+    encode,
+    encode_delta,
+    materialise,
+    quantise,
+)
+from ..covering import occam_bounds
 from ._nonvacuous import (
     ARCHITECTURE_MENUS,
     NonvacuousCase,

@@ -19,9 +19,9 @@ FULL_PLAN: tuple[NonvacuousConfig, ...] = (
     NonvacuousConfig(task="majority", n_train=100_000),
     # ternary fine-tuning of the noisy task loses accuracy (then _finetune retries); start at 7 levels
     NonvacuousConfig(task="majority-noise", n_train=100_000, levels=3),
-    # digits: the 4-wide model; fine-tuned at 7 and at 15 levels, the one with the smaller bound kept
-    NonvacuousConfig(task="digits", n_train=1_437, n_test=360, arch=0, epochs=200, qat_epochs=150, l1=3e-4, levels=3,
-                     all_levels=True),
+    # digits: the 4-wide model at 15 levels (fine-tuning at 7 levels too and keeping the grid with the smaller
+    # kl bound before the per-matrix search ended at 0.62 instead of 0.57: the search undoes the coarse grid's gain)
+    NonvacuousConfig(task="digits", n_train=1_437, n_test=360, arch=0, epochs=200, qat_epochs=150, l1=3e-4, levels=7),
     # digits with a data-dependent prior (F20): a reference from half the images, the bound on the other half
     NonvacuousConfig(task="digits", n_train=1_437, n_test=360, arch=0, epochs=200, qat_epochs=150, l1=3e-4, levels=7,
                      prior_split=0.5, variant="data-dependent prior (F20)"),
@@ -124,7 +124,7 @@ class NonvacuousResult:
 
         from .._io import atomic_write_bytes
 
-        fig, ax = plt.subplots(figsize=(7, 4.5))
+        fig, ax = plt.subplots(figsize=(10, 4.5))
         markers = {"majority": "o", "majority-noise": "s", "digits": "D"}
 
         def series(c: NonvacuousCase) -> str:
@@ -147,7 +147,7 @@ class NonvacuousResult:
         ax.set_ylabel("0-1 error")
         ax.set_ylim(0, 1)
         ax.set_title("certified bounds of the quantised Transformer vs measured test error")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=6, loc="center left", bbox_to_anchor=(1.01, 0.5))  # outside: the curves fill the axes
         buf = io.BytesIO()
         fig.tight_layout()
         fig.savefig(buf, format="png", dpi=120)

@@ -68,7 +68,6 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("norms/_analyze.py", "model._functional"): "spine: RoPE handled once, public",
     ("norms/_analyze.py", "model._spec"): "spine: model exports the spec types",
     ("scale/_keys.py", "model._load"): "scale14: model.bundled_model_dir (public)",
-    ("train/_nonvacuous.py", "covering._finite_class"): "nonvac12: covering exports OccamBound/occam_bounds",
     ("scale/_local.py", "lipschitz._local_report"): "scale14/local12: local_table's per-sequence split "
 }
 

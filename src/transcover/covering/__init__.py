@@ -29,6 +29,11 @@ from ._diagnosis import diagnose as diagnose
 from ._dudley import DudleyBound as DudleyBound
 from ._dudley import dudley_entropy_integral as dudley_entropy_integral
 from ._dudley import dudley_inverse_square as dudley_inverse_square
+from ._data_route import DataRouteBound as DataRouteBound
+from ._data_route import covering_margin_bound as covering_margin_bound
+from ._data_route import margin_change_bound as margin_change_bound
+from ._data_route import margins as margins
+from ._data_route import pair_norms as pair_norms
 from ._finite_class import OccamBound as OccamBound
 from ._finite_class import binary_kl as binary_kl
 from ._finite_class import catoni_occam_bound as catoni_occam_bound
@@ -70,6 +75,7 @@ __all__ = [
     "SpectralComplexity", "bft_margin_term", "bft_spectral_complexity",
     "CompositeCovering", "composite_log_covering", "g5_leading_log",
     "Diagnosis", "diagnose", "DudleyBound", "dudley_entropy_integral", "dudley_inverse_square",
+    "DataRouteBound", "covering_margin_bound", "margin_change_bound", "margins", "pair_norms",
     "OccamBound", "binary_kl", "catoni_occam_bound", "error_rate_upper", "kl_inverse_upper", "kl_occam_bound",
     "occam_bounds", "occam_complexity", "sqrt_occam_bound",
     "GeneralisationBound", "concentration_term", "generalisation_bound", "generalisation_gap",

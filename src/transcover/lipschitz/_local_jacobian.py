@@ -271,6 +271,7 @@ def layer_jacobians(layer: LayerSpec, X: Tensor, radii, *, keep_blocks: bool = F
     point_rows = torch.zeros(T, dtype=torch.float64)
     att_point = torch.zeros(T, dtype=torch.float64)
     h_point = torch.full((T,), math.inf, dtype=torch.float64)
+    g_point = torch.full((T,), math.inf, dtype=torch.float64)
     kept = torch.zeros(T, T, d, d, dtype=torch.float64) if keep_blocks else None
     for i in range(T):
         Ai = _attention_row(heads, eye, i, attn.softmax_scale)
@@ -286,6 +287,10 @@ def layer_jacobians(layer: LayerSpec, X: Tensor, radii, *, keep_blocks: bool = F
             Ni = _attention_row(heads, Da[i], i, attn.softmax_scale)
             Ni[i] += Da[i]
             h_point[i] = (_row_block_norms(Ni, exact) + block_pad).sum()
+            # the second stage's row constant nu_i((I + F_i) D1_i (E_i + A_i)) (the FFN residual's output)
+            Gi = _attention_row(heads, IF[i] @ Da[i], i, attn.softmax_scale)
+            Gi[i] += IF[i] @ Da[i]
+            g_point[i] = (_row_block_norms(Gi, exact) + block_pad * (1 + float(F[i].norm()))).sum()
     memo = _Memo()
     out = []
     for r in radii:
@@ -303,7 +308,7 @@ def layer_jacobians(layer: LayerSpec, X: Tensor, radii, *, keep_blocks: bool = F
                                        (att_point + dA_alone) * (1 + ROUNDING_PAD))
         drift, parts = _drift(memo, layer, X, z.detach(), r, post, dQ, heads, M, IF, F, Da if post else D1, Db,
                               (siga, sa) if post else (sig1, s1), (sigb, sb), S1, attention_rows, norms,
-                              h_point * (1 + ROUNDING_PAD), dA_alone)
+                              h_point * (1 + ROUNDING_PAD), dA_alone, g_point * (1 + ROUNDING_PAD))
         out.append(LayerJacobian(point_rows * (1 + ROUNDING_PAD), drift, kept, attention_rows, parts))
     return out
 
@@ -398,7 +403,7 @@ def _attention_drift(heads, r: float, norms: dict, scale: float) -> Tensor:  # n
     return torch.stack(out)
 
 
-def _drift(memo, layer, X, z, r, post, dQ, heads, M, IF, F, D1, Db, nA, nB, S1, att_rows, norms, h_point, dA_alone):  # noqa: ANN001, ANN202, PLR0913
+def _drift(memo, layer, X, z, r, post, dQ, heads, M, IF, F, D1, Db, nA, nB, S1, att_rows, norms, h_point, dA_alone, g_point):  # noqa: ANN001, ANN202, PLR0913
     """Per-token drift bound of the row operator over ``B(X, r)`` and the per-term maxima."""
     T, d = X.shape
     attn, ffn = layer.attention, layer.ffn
@@ -421,12 +426,16 @@ def _drift(memo, layer, X, z, r, post, dQ, heads, M, IF, F, D1, Db, nA, nB, S1, 
         h = h_point + dDa * (1 + att_rows) + nDa * dA_alone
         rh = torch.minimum(r1 * torch.minimum(supDa, nDa + dDa), rr * h) * (1 + 1e-12)
         dF = _ffn_drift(ffn, z, rh, norms, curv)
-        r2 = rh * torch.minimum(nIF + dF, torch.full_like(rh, 1 + lffn)) * (1 + 1e-12)
+        hb0 = torch.minimum(h, (nDa + dDa) * (1 + att_rows))
+        # sup over the ball of nu_i((I+F')D1'(E + A')) <= g_i + ||dF|| h' + ||I+F|| (dD1 (1 + a_i) + ||D1|| dA)
+        gb = torch.minimum(g_point + dF * hb0 + nIF * (dDa * (1 + att_rows) + nDa * dA_alone),
+                           torch.minimum(nIF + dF, torch.full_like(rh, 1 + lffn)) * hb0)
+        r2 = torch.minimum(rh * torch.minimum(nIF + dF, torch.full_like(rh, 1 + lffn)), rr * gb) * (1 + 1e-12)
         dDb, _ = _norm_drift(layer.norm_ffn, sigb, r2, d)
         nDb = memo("Db", Db)
         hb = torch.minimum(h, (nDa + dDa) * (1 + att_rows))  # sup nu_i(D1'(E + A'))
         dM = None  # the post-LN drift of M (E + A') is bounded term by term below
-        dMA = (dDb * (nIF + dF) + nDb * dF) * hb + nDb * nIF * dDa * (1 + att_rows)
+        dMA = dDb * torch.minimum(gb, (nIF + dF) * hb) + nDb * dF * hb + nDb * nIF * dDa * (1 + att_rows)
         a_in = att_rows
         dA_scale = torch.ones(T, dtype=torch.float64)
         ry = float(r)
@@ -453,7 +462,7 @@ def _drift(memo, layer, X, z, r, post, dQ, heads, M, IF, F, D1, Db, nA, nB, S1, 
     concat = MO * torch.sqrt(((torch.tensor(norms["V"], dtype=torch.float64)[:, None] * dQ) ** 2).sum(dim=0))
     dA = torch.minimum(summed, concat) * dA_scale
     if post:
-        parts = {"norm_ffn (dD2)": float((dDb * (nIF + dF) * hb).max()), "ffn (dF)": float((nDb * dF * hb).max()),
+        parts = {"norm_ffn (dD2)": float((dDb * torch.minimum(gb, (nIF + dF) * hb)).max()), "ffn (dF)": float((nDb * dF * hb).max()),
                  "norm_attn (dD1)": float((nDb * nIF * dDa * (1 + att_rows)).max()), "attention (dA)": float(dA.max())}
     else:
         dMA = dM * (1 + a_in)

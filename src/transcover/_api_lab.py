@@ -76,8 +76,8 @@ def cover(source=None, *, mode: str | None = None, eps: Sequence[float] | float 
         _positive(name, v)
     step = progress.step if progress is not None else (lambda *a, **k: None)
     if mode == "finite":
-        Y = source if not isinstance(source, (str, bytes)) and hasattr(source, "shape") else E.load_outputs(source, key=key)
-        Y = E.as_outputs(Y)
+        in_memory = hasattr(source, "shape") and not isinstance(source, (str, bytes))
+        Y = E.as_outputs(source if in_memory else E.load_outputs(source, key=key))
         ests, exacts = [], []
         for e in eps:
             est = E.estimate_covering_number(Y, e, q, n_orders=orders, seed=seed, workers=workers)
@@ -89,8 +89,9 @@ def cover(source=None, *, mode: str | None = None, eps: Sequence[float] | float 
                 check_certified(f"internal covering number at eps={e!r} (exact vs net)", est.net_size, x)
                 check_certified(f"covering number at eps={e!r} (packing vs exact)", x, est.packing_size)
                 exacts.append(x)
-        return CoverResult("finite", tuple(eps), q, None if not isinstance(source, (str, bytes)) and hasattr(
-            source, "shape") else str(source), "", tuple(Y.shape), tuple(ests), tuple(exacts) if exact else None)
+        label = f"<array {tuple(Y.shape)}>" if in_memory else str(source)
+        return CoverResult("finite", tuple(eps), q, label, "", tuple(Y.shape), tuple(ests),
+                           tuple(exacts) if exact else None)
     if mode == "local":
         from .model import load
 

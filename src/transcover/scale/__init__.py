@@ -17,8 +17,16 @@ from ._store import ResultStore, StoreError
 from ._sweep import Item, ItemResult, SweepReport, sweep
 
 __all__ = ["sweep", "Item", "ItemResult", "SweepReport", "ResultStore", "StoreError", "fingerprint",
-           "item_key", "BACKENDS", "RAY_MISSING", "Outcome", "run_item", "monte_carlo_reference", "monte_carlo_local",
+           "item_key", "BACKENDS", "Outcome", "run_item", "monte_carlo_reference", "monte_carlo_local",
            "local_rows", "local_items"]
+
+# what `transcover analyze` (sweeps) and `experiment staged --workers` use: exported here so the
+# CLI imports no private module of this package (issue 11; tests/test_layering.py)
+from ._analyze import analysis_items, analyze_item, expand_models, plot_sweep, rows_csv, sweep_json, sweep_rows  # noqa: E402
+from ._train import train_runner  # noqa: E402
+
+__all__ += ["analysis_items", "analyze_item", "expand_models", "plot_sweep", "rows_csv", "sweep_json", "sweep_rows",
+            "RAY_MISSING", "train_runner"]
 
 _LAZY = {"monte_carlo_reference": "._montecarlo", "monte_carlo_local": "._montecarlo", "local_rows": "._local",
          "local_items": "._local"}

@@ -59,6 +59,7 @@ from ._model_bound import ModelBound as ModelBound
 from ._model_bound import model_bound as model_bound
 from ._model_bound import model_covering_curve as model_covering_curve
 from ._model_bound import model_terms as model_terms
+from ._model_bound import BoundConfig as BoundConfig
 from ._model_bound import MODEL_FAMILIES as MODEL_FAMILIES
 from ._transformer import NORM_FAMILIES as NORM_FAMILIES
 from ._transformer import CoveringCurve as CoveringCurve
@@ -82,7 +83,7 @@ __all__ = [
     "bft_matrix_log_covering", "linear_linf_log_covering", "matrix_linf_log_covering",
     "spectral_ball_matrix_log_covering",
     "MLPCovering", "mlp_log_covering", "mlp_terms",
-    "ModelBound", "model_bound", "model_covering_curve", "model_terms", "MODEL_FAMILIES",
+    "BoundConfig", "ModelBound", "model_bound", "model_covering_curve", "model_terms", "MODEL_FAMILIES",
     "NORM_FAMILIES", "CoveringCurve", "MatrixTerm", "TermContribution", "TransformerCovering",
     "transformer_log_covering",
 ]

@@ -163,22 +163,14 @@ def attention_scores(attn: AttentionSpec, X: Tensor, h: int, *, key_mask: Tensor
     would not cancel, so the biases are applied as in the model.  ``key_mask`` (``(..., T)``
     bool): the keys each query may read (True); None reads all.
     """
-    return _scores(attn, X, h, key_mask, _augmented(attn, X))
-
-
-def _augmented(attn: AttentionSpec, X: Tensor) -> Tensor | None:
-    """``[X, 1]``, the homogeneous rows the folded query map reads (None with RoPE)."""
-    import torch
-
-    return torch.cat([X, torch.ones_like(X[..., :1])], dim=-1) if attn.rope is None else None
-
-
-def _scores(attn: AttentionSpec, X: Tensor, h: int, key_mask: Tensor | None, Xa: Tensor | None) -> Tensor:
     import torch
 
     Wq, Wk, _, _ = attn.head(h)
     T = X.shape[-2]
     if attn.rope is None:
+        # [X, 1] per head, not once per block: sharing it would change the order in which the
+        # heads' gradients reach X, and with it the Lipschitz searches' ascent paths bit by bit
+        Xa = torch.cat([X, torch.ones_like(X[..., :1])], dim=-1)
         q = _linear(Xa, attn.W_Q_augmented(h))
         k = _linear(X, Wk)
     else:
@@ -255,11 +247,10 @@ def attention_forward(attn: AttentionSpec, X: Tensor, *, key_mask: Tensor | None
                                     key_mask=key_mask, layer=layer, hooks=hooks)
     on_probs = None if hooks is None else hooks.on_attention_probs
     on_head = None if hooks is None else hooks.on_head_output
-    Xa = _augmented(attn, X)  # once for all heads
     out = None
     for h in range(attn.n_heads):
         _, _, Wv, Wo = attn.head(h)
-        P = _call(on_probs, torch.softmax(_scores(attn, X, h, key_mask, Xa), dim=-1), layer, h)
+        P = _call(on_probs, torch.softmax(attention_scores(attn, X, h, key_mask=key_mask), dim=-1), layer, h)
         W_OV = to_tensor(Wv, X) @ to_tensor(Wo, X)  # (d, d), or (M, d, d) stacked
         term = _call(on_head, _linear(P @ X, W_OV), layer, h)  # (..., T, d): P X W_OV^h
         out = term if out is None else out + term

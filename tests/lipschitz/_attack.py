@@ -127,6 +127,9 @@ def ref_ffn(m, X: Tensor) -> Tensor:  # noqa: ANN001
 
 
 def ref_layer(layer, X: Tensor, spreads: list | None = None) -> Tensor:  # noqa: ANN001
+    if layer.residual.value == "parallel":  # GPT-NeoX: both branches read the block's input
+        return (X + ref_attention(layer.attention, ref_norm(layer.norm_attn, X, spreads))
+                + ref_ffn(layer.ffn, ref_norm(layer.norm_ffn, X, spreads)))
     if layer.placement.value == "pre":
         X = X + ref_attention(layer.attention, ref_norm(layer.norm_attn, X, spreads))
         return X + ref_ffn(layer.ffn, ref_norm(layer.norm_ffn, X, spreads))
@@ -151,7 +154,7 @@ def ref_stage(spec, layer_index: int, name: str) -> Callable[[Tensor, list | Non
     if name == "final_norm":
         return lambda X, s: ref_norm(spec.final_norm, X, s)
     lay = spec.layers[layer_index]
-    if name == "layer":
+    if name in ("layer", "parallel"):  # a parallel-residual layer is one stage of the chain
         return lambda X, s: ref_layer(lay, X, s)
     if name in ("norm_attn", "norm_ffn"):
         return lambda X, s: ref_norm(getattr(lay, name), X, s)
@@ -399,12 +402,15 @@ def fuzz_spec(seed: int, *, d: int = 6, H: int = 2, Hkv: int | None = None, dh: 
               L: int = 1, norm: str = "ball", placement: str = "post", act: str = "relu", gated: bool = False,
               biases: bool = False, causal: bool = False, rope: bool = False, kind: str = "dot",
               scale: float = 1.0, eps: float = 0.05, input_norm: bool = True, final_norm: bool = False,
-              dtype: torch.dtype = F64, qk_scale: float = 1.0):
+              dtype: torch.dtype = F64, qk_scale: float = 1.0, residual: str = "sequential",
+              rope_biases: bool = False, rotary_dim: int | None = None):
     """A small random TransformerSpec; weights stored in ``dtype`` (the spec's exact values).
 
     L2 attention (Kim et al.) ties ``W_K = W_Q`` and has no biases, mask or RoPE; GQA uses ``Hkv``
     key/value heads.  ``qk_scale`` multiplies W_Q and W_K only (sharp softmax: where a bound with
-    the wrong exponent in ||W_Q|| shows, issue 10 item 1).
+    the wrong exponent in ||W_Q|| shows, issue 10 item 1).  ``residual="parallel"`` builds pre-norm
+    parallel-residual layers (GPT-NeoX); ``rope_biases`` keeps the query/key biases under RoPE (also
+    GPT-NeoX) and ``rotary_dim`` rotates only that many leading coordinates of each head (partial rotary).
     """
     from transcover.model import (
         Activation, AttentionSpec, FFNSpec, LayerSpec, NormKind, NormSpec, Placement, RopeSpec, TransformerSpec,
@@ -430,16 +436,16 @@ def fuzz_spec(seed: int, *, d: int = 6, H: int = 2, Hkv: int | None = None, dh: 
         bias = biases and kind == "dot"
         attn = AttentionSpec(
             W_Q=Wq, W_K=Wq.clone() if kind == "l2" else (rnd(Hkv, d, dh).double() * qk_scale).to(dtype), W_V=rnd(Hkv, d, dh), W_O=rnd(H, dh, d),
-            b_Q=rnd(H, dh) if bias else None, b_K=rnd(Hkv, dh) if bias and not rope else None,
+            b_Q=rnd(H, dh) if bias else None, b_K=rnd(Hkv, dh) if bias and (rope_biases or not rope) else None,
             b_V=rnd(Hkv, dh) if bias else None, b_O=rnd(d) if bias else None,
-            causal=causal and kind == "dot", rope=RopeSpec(theta=10.0) if rope and kind == "dot" else None,
-            kind=kind)
-        if attn.rope is not None and attn.b_Q is not None:  # the bounds refuse RoPE with query/key biases
+            causal=causal and kind == "dot",
+            rope=RopeSpec(theta=10.0, rotary_dim=rotary_dim) if rope and kind == "dot" else None, kind=kind)
+        if attn.rope is not None and attn.b_Q is not None and not rope_biases:  # G.3 refuses RoPE with q/k biases
             attn = AttentionSpec(**{**attn.__dict__, "b_Q": None})
         ffn = FFNSpec(W_1=rnd(d, dff), W_2=rnd(dff, d), activation=Activation(act),
                       b_1=rnd(dff) if biases else None, b_2=rnd(d) if biases else None,
                       W_gate=rnd(d, dff) if gated else None, b_gate=rnd(dff) if gated and biases else None)
-        layers.append(LayerSpec(i, attn, ffn, nrm(norm), nrm(norm), Placement(placement)))
+        layers.append(LayerSpec(i, attn, ffn, nrm(norm), nrm(norm), Placement(placement), residual=residual))
     return TransformerSpec(arch="fuzz", name=f"fuzz{seed}", d_model=d, layers=layers,
                            input_norm=nrm(norm) if input_norm else None,
                            final_norm=nrm(norm) if final_norm else None)

@@ -169,7 +169,7 @@ def _log_coefficients(spec: TransformerSpec, *, radius: float, c_sm: float, sigm
                 from .._errors import UnsupportedArchitectureError
 
                 raise UnsupportedArchitectureError("the covering bound needs Lemma G.3, which is not derived "
-                                                   "for L2 attention (Kim et al. 2021)")
+                                                   f"for {role} (layer {st.layer})")
             log_local = -math.inf if local == 0 else math.log(local)
             out.append((st.layer, role, nm, log_local + float(tail[k]) + math.log1p(ROUNDING_PAD)))
     return out, stages[-1].radius_out

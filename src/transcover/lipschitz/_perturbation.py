@@ -142,9 +142,9 @@ def _coefficients_from_norms(norms: SpecNorms, *, radius: float, c_sm: float, me
     for k, st in enumerate(stages):
         downstream = math.prod(s.lipschitz for s in stages[k + 1:])
         for role, local, nm in st.perturbation:
-            if nm == "unsupported":
+            if nm == "unsupported":  # the role names what the lemma is not derived for
                 raise UnsupportedArchitectureError(
-                    "the perturbation lemma is not derived for L2 attention (Kim et al. 2021); "
+                    f"the perturbation lemma is not derived for {role} (layer {st.layer}); "
                     "input-Lipschitz bounds are available")
             entries.append(CoefficientEntry(st.layer, role, local * rows * downstream * pad, nm,
                                             local * rows, downstream, st.name))

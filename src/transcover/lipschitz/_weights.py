@@ -116,6 +116,8 @@ class LayerNorms:
     has_b1: bool = False
     has_b2: bool = False
     has_bg: bool = False
+    residual: str = "sequential"  # "parallel": x + attn(N_1 x) + ffn(N_2 x), THEORY F19
+    has_rope_qk_bias: bool = False  # RoPE with query/key biases: Lemma G.3 is not derived (refused)
 
 
 def _norm_bounds(n: NormSpec | None) -> NormBounds:
@@ -133,11 +135,16 @@ def _attention_norms(attn: AttentionSpec) -> dict[str, object]:
         if attn.rope is not None:
             # With RoPE the score matrix is s W_Q R_{i-j} W_K^T for a rotation R: bound it by the
             # product of norms, valid for every relative position.
-            if attn.b_Q is not None or attn.b_K is not None:
-                raise UnsupportedArchitectureError(
-                    "Lipschitz bounds for RoPE attention with query/key biases are not supported")
-            B_KQ.append(s * spectral(Wq) * spectral(Wk))
-            B_bKQ.append(0.0)
+            # With biases (GPT-NeoX) s_ij = s (x_i W_Q + b_Q) R (x_j W_K + b_K)^T, and
+            # |s_ij - s'_ij| <= s||W_Q|| (||W_K|| r + ||b_K||) ||dx_i|| + s||W_K|| (||W_Q|| r + ||b_Q||) ||dx_j||,
+            # which F6's "2 B_KQ r + ||b||" dominates with ||b|| = s (||W_Q|| ||b_K|| + ||b_Q|| ||W_K||), in
+            # both metrics (THEORY F6, RoPE with biases).
+            nq, nk = spectral(Wq), spectral(Wk)
+            B_KQ.append(s * nq * nk)
+            g = attn.kv_index(h)
+            bq = 0.0 if attn.b_Q is None else _l2(attn.b_Q[h])
+            bk = 0.0 if attn.b_K is None else _l2(attn.b_K[g])
+            B_bKQ.append(s * (nq * bk + bq * nk))
         else:
             B_KQ.append(s * spectral_product(Wq, Wk.T))
             B_bKQ.append(0.0 if attn.b_Q is None else s * _l2(_f64(attn.b_Q[h]) @ Wk.T))
@@ -167,7 +174,9 @@ def layer_norms(layer: LayerSpec) -> LayerNorms:
         has_query_bias=layer.attention.b_Q is not None and layer.attention.rope is None,
         has_output_bias=layer.attention.b_V is not None or layer.attention.b_O is not None,
         has_b1=layer.ffn.b_1 is not None, has_b2=layer.ffn.b_2 is not None,
-        has_bg=layer.ffn.b_gate is not None,
+        has_bg=layer.ffn.b_gate is not None, residual=layer.residual.value,
+        has_rope_qk_bias=layer.attention.rope is not None and (layer.attention.b_Q is not None
+                                                               or layer.attention.b_K is not None),
         **_attention_norms(layer.attention), **_ffn_norms(layer.ffn),
     )
 
@@ -202,7 +211,7 @@ def _architecture(n: SpecNorms) -> tuple:
     ``model.require_same_structure``; the head dimension and bias presence may differ, Note
     [structural differences] in ``model._compare``)."""
     return (n.d_model, n.input_norm.kind, n.final_norm.kind,
-            tuple((L.placement, len(L.B_KQ), L.B_Wg is None, L.activation, L.attention_kind,
+            tuple((L.placement, L.residual, len(L.B_KQ), L.B_Wg is None, L.activation, L.attention_kind,
                    L.norm_attn.kind, L.norm_ffn.kind)
                   for L in n.layers))
 

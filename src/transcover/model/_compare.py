@@ -26,7 +26,7 @@ Differences that are *not* structural, because the bound already accounts for th
   ``transcover.lipschitz._normalisation``);
 * fields the forward pass never reads: names, ``arch``, ``config``, embeddings, ``RopeSpec.max_position``.
 
-Structural (refused): width, depth, norm placement, norm kind, attention kind (dot-product vs L2), causal masking, RoPE presence / base / rotary dimension, the
+Structural (refused): width, depth, norm placement, sequential vs parallel residual, norm kind, attention kind (dot-product vs L2), causal masking, RoPE presence / base / rotary dimension, the
 head dimension under RoPE or L2 attention, the number of query heads, activation, gated vs plain
 FFN, FFN width and, when the MLP head is part of the compared function, the head's layout.
 """
@@ -59,6 +59,8 @@ def _layer_diffs(la, lb, i: int) -> list[str]:
     out: list[str] = []
     if la.placement is not lb.placement:
         out.append(f"norm placement: layer {i} {la.placement.value} vs {lb.placement.value}")
+    if la.residual is not lb.residual:
+        out.append(f"residual: layer {i} {la.residual.value} vs {lb.residual.value}")
     out += _norm_diffs(la.norm_attn, lb.norm_attn, f"layer {i} norm_attn")
     out += _norm_diffs(la.norm_ffn, lb.norm_ffn, f"layer {i} norm_ffn")
     aa, ab = la.attention, lb.attention

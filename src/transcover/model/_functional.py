@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from ._arrays import to_tensor
-from ._spec import AttentionSpec, FFNSpec, LayerSpec, NormSpec, Placement, RopeSpec, TransformerSpec
+from ._spec import AttentionSpec, FFNSpec, LayerSpec, NormSpec, Placement, Residual, RopeSpec, TransformerSpec
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -125,6 +125,9 @@ def layer_forward(layer: LayerSpec, X: Tensor, *,
     ``apply_norm(norm, X)`` evaluates each normalisation; callers that must observe the inputs of
     the norms (the Lipschitz searches record LayerNorm input spreads) pass their own.
     """
+    if layer.residual is Residual.PARALLEL:  # both branches read the block's input (THEORY F19)
+        return (X + attention_forward(layer.attention, apply_norm(layer.norm_attn, X))
+                + ffn_forward(layer.ffn, apply_norm(layer.norm_ffn, X)))
     if layer.placement is Placement.PRE:
         X = X + attention_forward(layer.attention, apply_norm(layer.norm_attn, X))
         return X + ffn_forward(layer.ffn, apply_norm(layer.norm_ffn, X))

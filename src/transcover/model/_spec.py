@@ -56,6 +56,7 @@ __all__ = [
     "Activation",
     "NormKind",
     "Placement",
+    "Residual",
     "NormSpec",
     "RopeSpec",
     "AttentionSpec",
@@ -104,6 +105,13 @@ class Placement(str, Enum):
 
     PRE = "pre"  # x + f(norm(x))          (GPT-2, Llama, ViT)
     POST = "post"  # norm(x + f(x))        (BERT, the seed's Pi_norm o (id + g))
+
+
+class Residual(str, Enum):
+    """How a block's two branches meet the residual stream (THEORY F19 for PARALLEL)."""
+
+    SEQUENTIAL = "sequential"  # x -> y = x + attn(.) -> y + ffn(.)   (the seed's composition)
+    PARALLEL = "parallel"  # x -> x + attn(N_1 x) + ffn(N_2 x)          (GPT-NeoX/Pythia, GPT-J, Falcon)
 
 
 @dataclass(frozen=True)
@@ -353,6 +361,8 @@ class LayerSpec:
     ``placement`` PRE: ``x = x + attn(norm_attn(x)); x = x + ffn(norm_ffn(x))``;
     POST: ``x = norm_attn(x + attn(x)); x = norm_ffn(x + ffn(x))`` -- with ``NormKind.BALL`` this
     is the seed's ``g_{l+1} = Pi_norm o g_ff o Pi_norm o g_msa o g_l`` (residuals inside g).
+    ``residual`` PARALLEL (pre-norm only): ``x = x + attn(norm_attn(x)) + ffn(norm_ffn(x))``, both
+    branches reading the block's input (GPT-NeoX/Pythia, GPT-J, Falcon; THEORY F19).
     """
 
     index: int
@@ -362,6 +372,13 @@ class LayerSpec:
     norm_ffn: NormSpec
     placement: Placement
     names: dict[str, str] = field(default_factory=dict)  # role -> tensor name in the checkpoint
+    residual: Residual = Residual.SEQUENTIAL
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "residual", Residual(self.residual))  # "parallel" -> Residual.PARALLEL
+        if self.residual is Residual.PARALLEL and self.placement is not Placement.PRE:
+            raise ValueError(f"layer {self.index}: a parallel residual needs pre-norm placement "
+                             f"(x + attn(N_1 x) + ffn(N_2 x)), not {self.placement.value}")
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from .._sources import TensorSource
 from .._spec import TransformerSpec
 from ._bert import build_bert
 from ._gpt2 import build_gpt2
+from ._gpt_neox import build_gpt_neox
 from ._llama import build_llama
 from ._reference import build_reference
 from ._torch_encoder import build_torch_encoder
@@ -26,6 +27,7 @@ Adapter = Callable[[TensorSource, dict, str], TransformerSpec]
 _ADAPTERS: dict[str, Adapter] = {
     "bert": build_bert,
     "gpt2": build_gpt2,
+    "gpt_neox": build_gpt_neox,
     "llama": build_llama,
     "vit": build_vit,
     "torch_encoder": build_torch_encoder,
@@ -45,7 +47,7 @@ ARCH_ALIASES: dict[str, str] = {
 }
 
 # config["architectures"] class-name stems, for configs without model_type.
-_CLASS_STEMS = (("Bert", "bert"), ("Roberta", "bert"), ("GPT2", "gpt2"), ("Llama", "llama"),
+_CLASS_STEMS = (("Bert", "bert"), ("Roberta", "bert"), ("GPT2", "gpt2"), ("GPTNeoX", "gpt_neox"), ("Llama", "llama"),
                 ("Mistral", "llama"), ("Qwen2", "llama"), ("ViT", "vit"))
 
 

@@ -78,12 +78,13 @@ def ref_norm(n, X: Tensor, spreads: list | None = None) -> Tensor:  # noqa: ANN0
     return y
 
 
-def _rope(x: Tensor, theta: float, rotary_dim: int | None) -> Tensor:
-    """Rotate (x_k, x_{k+half}) as the complex number x_k + i x_{k+half} by pos * theta^(-2k/rd)."""
+def _rope(x: Tensor, theta: float, rotary_dim: int | None, inv_freq: tuple | None = None) -> Tensor:
+    """Rotate (x_k, x_{k+half}) as the complex number x_k + i x_{k+half} by pos * theta^(-2k/rd)
+    (or by pos * inv_freq[k] for scaled RoPE)."""
     T, dh = x.shape[-2], x.shape[-1]
     rd = rotary_dim or dh
     half = rd // 2
-    inv = theta ** (-2.0 * torch.arange(half, dtype=F64) / rd)
+    inv = theta ** (-2.0 * torch.arange(half, dtype=F64) / rd) if inv_freq is None else torch.tensor(inv_freq, dtype=F64)
     ang = torch.arange(T, dtype=F64)[:, None] * inv[None, :]
     z = torch.complex(x[..., :half], x[..., half:rd]) * torch.polar(torch.ones_like(ang), ang)
     return torch.cat([z.real, z.imag, x[..., rd:]], dim=-1)
@@ -106,10 +107,18 @@ def ref_attention(a, X: Tensor) -> Tensor:  # noqa: ANN001
         q = X @ Wq + (0.0 if a.b_Q is None else _f(a.b_Q[h]))
         k = X @ _f(a.W_K[g]) + (0.0 if a.b_K is None else _f(a.b_K[g]))
         v = X @ _f(a.W_V[g]) + (0.0 if a.b_V is None else _f(a.b_V[g]))
+        for n, which in ((a.q_norm, "q"), (a.k_norm, "k")):  # per-head RMSNorm before RoPE (Qwen3)
+            if n is not None:
+                u = q if which == "q" else k
+                u = _f(n.weight) * u * torch.rsqrt(u.pow(2).mean(-1, keepdim=True) + n.eps)
+                q, k = (u, k) if which == "q" else (q, u)
         if a.rope is not None:
-            q, k = _rope(q, a.rope.theta, a.rope.rotary_dim), _rope(k, a.rope.theta, a.rope.rotary_dim)
+            fr = getattr(a.rope, "inv_freq_values", None)
+            q, k = _rope(q, a.rope.theta, a.rope.rotary_dim, fr), _rope(k, a.rope.theta, a.rope.rotary_dim, fr)
         scale = a.scale if a.scale is not None else 1.0 / math.sqrt(dh)
         s = scale * q @ k.transpose(-1, -2)
+        if getattr(a, "softcap", None) is not None:  # Gemma 2's logit soft-capping
+            s = a.softcap * torch.tanh(s / a.softcap)
         if a.causal:
             s = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), -math.inf)
         out = out + torch.softmax(s, dim=-1) @ v @ Wo
@@ -403,7 +412,8 @@ def fuzz_spec(seed: int, *, d: int = 6, H: int = 2, Hkv: int | None = None, dh: 
               biases: bool = False, causal: bool = False, rope: bool = False, kind: str = "dot",
               scale: float = 1.0, eps: float = 0.05, input_norm: bool = True, final_norm: bool = False,
               dtype: torch.dtype = F64, qk_scale: float = 1.0, residual: str = "sequential",
-              rope_biases: bool = False, rotary_dim: int | None = None):
+              rope_biases: bool = False, rotary_dim: int | None = None, qk_norm: bool = False,
+              qk_eps: float = 1e-3, softcap: float | None = None):
     """A small random TransformerSpec; weights stored in ``dtype`` (the spec's exact values).
 
     L2 attention (Kim et al.) ties ``W_K = W_Q`` and has no biases, mask or RoPE; GQA uses ``Hkv``
@@ -411,6 +421,8 @@ def fuzz_spec(seed: int, *, d: int = 6, H: int = 2, Hkv: int | None = None, dh: 
     the wrong exponent in ||W_Q|| shows, issue 10 item 1).  ``residual="parallel"`` builds pre-norm
     parallel-residual layers (GPT-NeoX); ``rope_biases`` keeps the query/key biases under RoPE (also
     GPT-NeoX) and ``rotary_dim`` rotates only that many leading coordinates of each head (partial rotary).
+    ``qk_norm`` adds Qwen3's per-head RMSNorm (variance floor ``qk_eps``) on queries and keys;
+    ``softcap`` Gemma 2's ``c tanh(s / c)`` on the scores (key biases dropped: the bounds refuse them).
     """
     from transcover.model import (
         Activation, AttentionSpec, FFNSpec, LayerSpec, NormKind, NormSpec, Placement, RopeSpec, TransformerSpec,
@@ -442,6 +454,13 @@ def fuzz_spec(seed: int, *, d: int = 6, H: int = 2, Hkv: int | None = None, dh: 
             rope=RopeSpec(theta=10.0, rotary_dim=rotary_dim) if rope and kind == "dot" else None, kind=kind)
         if attn.rope is not None and attn.b_Q is not None and not rope_biases:  # G.3 refuses RoPE with q/k biases
             attn = AttentionSpec(**{**attn.__dict__, "b_Q": None})
+        if qk_norm and kind == "dot":
+            def qkn():
+                return NormSpec(NormKind.RMSNORM, (1.0 + 0.5 * torch.randn(dh, generator=g, dtype=F64)).to(dtype),
+                                None, qk_eps)
+            attn = AttentionSpec(**{**attn.__dict__, "q_norm": qkn(), "k_norm": qkn()})
+        if softcap is not None and kind == "dot":
+            attn = AttentionSpec(**{**attn.__dict__, "softcap": softcap, "b_K": None})
         ffn = FFNSpec(W_1=rnd(d, dff), W_2=rnd(dff, d), activation=Activation(act),
                       b_1=rnd(dff) if biases else None, b_2=rnd(d) if biases else None,
                       W_gate=rnd(d, dff) if gated else None, b_gate=rnd(dff) if gated and biases else None)

@@ -118,6 +118,19 @@ class LayerNorms:
     has_bg: bool = False
     residual: str = "sequential"  # "parallel": x + attn(N_1 x) + ffn(N_2 x), THEORY F19
     has_rope_qk_bias: bool = False  # RoPE with query/key biases: Lemma G.3 is not derived (refused)
+    # query/key normalisation (THEORY F21): per query head ||W_K^h||, ||b_Q^h||, ||b_K^h||, and each
+    # norm's max|gamma|/sqrt(eps) (Lipschitz) and max|gamma| sqrt(d_head) (output size); all "larger is
+    # worse", so class_max's elementwise maximum is the class of both
+    has_q_norm: bool = False
+    has_k_norm: bool = False
+    B_K: tuple[float, ...] = ()
+    B_bQ: tuple[float, ...] = ()
+    B_bK: tuple[float, ...] = ()
+    qn_lip: float = 0.0
+    qn_out: float = 0.0
+    kn_lip: float = 0.0
+    kn_out: float = 0.0
+    softmax_scale: float = 0.0  # s, read with the norms above
 
 
 def _norm_bounds(n: NormSpec | None) -> NormBounds:
@@ -127,6 +140,9 @@ def _norm_bounds(n: NormSpec | None) -> NormBounds:
 
 
 def _attention_norms(attn: AttentionSpec) -> dict[str, object]:
+    if attn.softcap is not None and attn.b_K is not None:
+        # c tanh(s / c) does not let the key bias cancel, and F6/F22 drop it (THEORY F22)
+        raise UnsupportedArchitectureError("soft-capped attention with a key bias is not bounded (THEORY F22)")
     H = attn.n_heads
     s = attn.softmax_scale
     B_KQ, B_bKQ, B_OV, B_V, B_Q = [], [], [], [], []
@@ -154,7 +170,30 @@ def _attention_norms(attn: AttentionSpec) -> dict[str, object]:
     W_O = _f64(attn.W_O).reshape(-1, attn.d_model)
     bias = attn.effective_output_bias()
     return dict(B_KQ=tuple(B_KQ), B_bKQ=tuple(B_bKQ), B_OV=tuple(B_OV), B_V=tuple(B_V),
-                B_Q=tuple(B_Q), B_O=spectral(W_O), B_bout=_l2(bias))
+                B_Q=tuple(B_Q), B_O=spectral(W_O), B_bout=_l2(bias), **_qk_norms(attn))
+
+
+def _qk_norms(attn: AttentionSpec) -> dict[str, object]:
+    """The F21 inputs of a layer with query/key normalisation (empty without it)."""
+    if attn.q_norm is None and attn.k_norm is None:
+        return {}
+    from ._normalisation import rmsnorm_lipschitz
+
+    out: dict[str, object] = dict(has_q_norm=attn.q_norm is not None, has_k_norm=attn.k_norm is not None,
+                                  softmax_scale=attn.softmax_scale)
+    for side, n in (("q", attn.q_norm), ("k", attn.k_norm)):
+        if n is None:
+            continue
+        if n.kind is not NormKind.RMSNORM or n.bias is not None:
+            raise UnsupportedArchitectureError(f"query/key normalisation of kind {n.kind.value} with a shift: "
+                                               "only RMSNorm (THEORY F21) is bounded")
+        out[f"{side}n_lip"] = rmsnorm_lipschitz(n.gamma_max_abs, float(n.eps))
+        out[f"{side}n_out"] = n.gamma_max_abs * math.sqrt(attn.d_head)
+    H = attn.n_heads
+    out["B_K"] = tuple(spectral(_f64(attn.W_K[attn.kv_index(h)])) for h in range(H))
+    out["B_bQ"] = tuple(0.0 if attn.b_Q is None else _l2(attn.b_Q[h]) for h in range(H))
+    out["B_bK"] = tuple(0.0 if attn.b_K is None else _l2(attn.b_K[attn.kv_index(h)]) for h in range(H))
+    return out
 
 
 def _ffn_norms(ffn: FFNSpec) -> dict[str, object]:
@@ -175,8 +214,8 @@ def layer_norms(layer: LayerSpec) -> LayerNorms:
         has_output_bias=layer.attention.b_V is not None or layer.attention.b_O is not None,
         has_b1=layer.ffn.b_1 is not None, has_b2=layer.ffn.b_2 is not None,
         has_bg=layer.ffn.b_gate is not None, residual=layer.residual.value,
-        has_rope_qk_bias=layer.attention.rope is not None and (layer.attention.b_Q is not None
-                                                               or layer.attention.b_K is not None),
+        has_rope_qk_bias=layer.attention.rope is not None and layer.attention.q_norm is None
+        and layer.attention.k_norm is None and (layer.attention.b_Q is not None or layer.attention.b_K is not None),
         **_attention_norms(layer.attention), **_ffn_norms(layer.ffn),
     )
 
@@ -211,7 +250,7 @@ def _architecture(n: SpecNorms) -> tuple:
     ``model.require_same_structure``; the head dimension and bias presence may differ, Note
     [structural differences] in ``model._compare``)."""
     return (n.d_model, n.input_norm.kind, n.final_norm.kind,
-            tuple((L.placement, L.residual, len(L.B_KQ), L.B_Wg is None, L.activation, L.attention_kind,
+            tuple((L.placement, L.residual, L.has_q_norm, L.has_k_norm, len(L.B_KQ), L.B_Wg is None, L.activation, L.attention_kind,
                    L.norm_attn.kind, L.norm_ffn.kind)
                   for L in n.layers))
 

@@ -51,14 +51,14 @@ def attention_scores(attn: AttentionSpec, X: Tensor, h: int) -> Tensor:
     """Pre-softmax scores of head h on X (..., T, d), using the exact bias folding.
 
     Without RoPE: ``x~_i A~ x_j^T`` with ``A~ = scale [W_Q; b_Q] W_K^T`` (Note [attention biases]
-    in ``_spec``); ``b_K`` is dropped because it cancels in the softmax.  With RoPE the key bias
-    would not cancel, so the biases are applied as in the model.
+    in ``_spec``); ``b_K`` is dropped because it cancels in the softmax.  With RoPE, query/key
+    normalisation or soft-capping the key bias would not cancel, so the biases are applied as in the model.
     """
     import torch
 
     Wq, Wk, _, _ = attn.head(h)
     T = X.shape[-2]
-    if attn.rope is None:
+    if attn.rope is None and attn.q_norm is None and attn.k_norm is None and attn.softcap is None:
         Xa = torch.cat([X, torch.ones_like(X[..., :1])], dim=-1)
         q = Xa @ _w(attn.W_Q_augmented(h), X)
         k = X @ _w(Wk, X)
@@ -66,10 +66,17 @@ def attention_scores(attn: AttentionSpec, X: Tensor, h: int) -> Tensor:
         g = attn.kv_index(h)
         q = X @ _w(Wq, X) + (0 if attn.b_Q is None else _w(attn.b_Q[h], X))
         k = X @ _w(Wk, X) + (0 if attn.b_K is None else _w(attn.b_K[g], X))
-        pos = torch.arange(T)
-        q = apply_rope(q, attn.rope, pos)
-        k = apply_rope(k, attn.rope, pos)
+        if attn.q_norm is not None:  # per-head RMSNorm before the rotation (Qwen3; THEORY F21)
+            q = attn.q_norm(q)
+        if attn.k_norm is not None:
+            k = attn.k_norm(k)
+        if attn.rope is not None:
+            pos = torch.arange(T)
+            q = apply_rope(q, attn.rope, pos)
+            k = apply_rope(k, attn.rope, pos)
     scores = attn.softmax_scale * (q @ k.transpose(-1, -2))
+    if attn.softcap is not None:  # Gemma 2: c tanh(s / c), before the mask (THEORY F22)
+        scores = attn.softcap * torch.tanh(scores / attn.softcap)
     if attn.causal:
         mask = torch.ones(T, T, dtype=torch.bool).triu(1)
         scores = scores.masked_fill(mask, float("-inf"))

@@ -20,17 +20,17 @@ rotates only the first ``rotary_ndims = int(d_head * partial_rotary_factor)`` co
 head with ``rotate_half`` on them and ``inv_freq = theta^(-2i/rotary_ndims)``: the spec's
 ``RopeSpec(rotary_dim=rotary_ndims)`` layout.  Biases on q, k and v enter *before* the rotation,
 which the forward (``_functional.attention_scores``) applies as the model does.
-MLP: ``dense_4h_to_h(act(dense_h_to_4h(x)))``.  Only the "default" RoPE type is exact here;
-scaled frequencies are refused.
+MLP: ``dense_4h_to_h(act(dense_h_to_4h(x)))``.  Scaled RoPE types as in ``_rope_scaling`` (THEORY F20).
 """
 
 from __future__ import annotations
 
 from ..._errors import UnsupportedArchitectureError
 from .._arrays import contiguous, permute
+from .._rope_scaling import rope_from_config
 from .._sources import TensorSource
 from .._spec import (
-    AttentionSpec, FFNSpec, LayerSequence, LayerSpec, Placement, Residual, RopeSpec, TransformerSpec,
+    AttentionSpec, FFNSpec, LayerSequence, LayerSpec, Placement, Residual, TransformerSpec,
 )
 from ._common import (
     activation_from_name, count_layers, find_prefix, heads_out, layer_norm, lazy_embeddings, linear_weight,
@@ -49,26 +49,6 @@ _LAYER_KEYS = {
 }
 # buffers older checkpoints store and the spec recomputes (causal mask, RoPE frequencies)
 _HARMLESS = (r"attention\.(masked_)?bias", r"attention\.rotary_emb\.inv_freq")
-
-
-def _rope(config: dict, arch: str, dh: int) -> RopeSpec:
-    """RoPE from ``rope_parameters`` (transformers 5) or ``rotary_pct``/``rotary_emb_base`` (4.x)."""
-    params = config.get("rope_parameters") or {}
-    scaling = config.get("rope_scaling") or {}
-    rope_type = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
-    if rope_type != "default":
-        raise UnsupportedArchitectureError(
-            f"{arch}: rope_type={rope_type!r} rescales the RoPE frequencies, which the spec's RopeSpec "
-            "cannot represent exactly; only 'default' is supported")
-    factor = params.get("partial_rotary_factor", config.get("partial_rotary_factor", config.get("rotary_pct", 1.0)))
-    theta = params.get("rope_theta", config.get("rope_theta", config.get("rotary_emb_base", 10000.0)))
-    rd = int(dh * float(factor))
-    if rd < 2 or rd % 2:
-        raise UnsupportedArchitectureError(
-            f"{arch}: partial rotary factor {factor!r} gives {rd} rotated coordinates of a {dh}-wide head; "
-            "the rotation needs an even number >= 2")
-    return RopeSpec(theta=float(theta), rotary_dim=None if rd == dh else rd,
-                    max_position=int(config.get("max_position_embeddings") or 2048))
 
 
 def _split_interleaved(W, b, H: int, dh: int):  # noqa: ANN001, ANN202
@@ -93,7 +73,9 @@ def build_gpt_neox(src: TensorSource, config: dict, name: str) -> TransformerSpe
     d_ff = int(config.get("intermediate_size") or 4 * d)
     eps = float(config.get("layer_norm_eps", 1e-5))
     act = activation_from_name(config.get("hidden_act", "gelu"), arch=arch)
-    rope = _rope(config, arch, dh)
+    # transformers 4.x spells the rotary fraction and base rotary_pct / rotary_emb_base
+    rope, score_factor = rope_from_config(config, arch, dh, default_factor=float(config.get("rotary_pct", 1.0)),
+                                          default_theta=float(config.get("rotary_emb_base", 10000.0)))
     residual = Residual.PARALLEL if config.get("use_parallel_residual", True) else Residual.SEQUENTIAL
     found = find_prefix(src, ["layers.0.attention.query_key_value.weight", "embed_in.weight"])
     prefix = found[0] if found else ""
@@ -110,7 +92,7 @@ def build_gpt_neox(src: TensorSource, config: dict, name: str) -> TransformerSpe
         attn = AttentionSpec(
             W_Q=Wq, W_K=Wk, W_V=Wv, W_O=heads_out(linear_weight(src, names["W_O"], d, d), H),
             b_Q=bq, b_K=bk, b_V=bv, b_O=src.get_optional(names["b_O"], (d,)),
-            causal=True, rope=rope,
+            causal=True, rope=rope, scale=None if score_factor == 1.0 else score_factor / dh ** 0.5,
         )
         ffn = FFNSpec(
             W_1=linear_weight(src, names["W_1"], d, d_ff), W_2=linear_weight(src, names["W_2"], d_ff, d),

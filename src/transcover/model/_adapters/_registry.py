@@ -44,11 +44,12 @@ ARCH_ALIASES: dict[str, str] = {
     "roberta": "bert",
     "mistral": "llama",
     "qwen2": "llama",
+    "qwen3": "llama",  # + per-head query/key RMSNorm, read by the Llama adapter (THEORY F21)
 }
 
 # config["architectures"] class-name stems, for configs without model_type.
 _CLASS_STEMS = (("Bert", "bert"), ("Roberta", "bert"), ("GPT2", "gpt2"), ("GPTNeoX", "gpt_neox"), ("Llama", "llama"),
-                ("Mistral", "llama"), ("Qwen2", "llama"), ("ViT", "vit"))
+                ("Mistral", "llama"), ("Qwen2", "llama"), ("Qwen3For", "llama"), ("ViT", "vit"))
 
 
 def _unsupported(what: str) -> UnsupportedArchitectureError:

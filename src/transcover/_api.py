@@ -1,10 +1,46 @@
-"""The one-call entry points: point at a model, get typed results."""
+"""The one-call entry points: point at a model, get typed results.
+
+The public API mirrors the CLI: ``transcover.analyze``, ``.lipschitz``, ``.perturb``, ``.bound``,
+``.cover``, ``.approx``, ``.advise``, ``.train`` take the command's options as keyword arguments
+(same names, same defaults) and return the result objects whose ``to_dict()`` is the payload of
+the command's ``--json``.  ``lipschitz``, ``approx`` and ``train`` are also subpackages; calling
+the subpackage calls the function here (Note [callable modules] in ``transcover._entry``).
+Every function imports its subpackages on first call, so ``import transcover`` stays fast.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Sequence
+from contextlib import contextmanager
 
-__all__ = ["analyze", "load", "describe"]
+from ._entry import register_entry
+
+__all__ = ["analyze", "load", "describe", "lipschitz", "perturb", "bound", "cover", "approx", "advise", "train"]
+
+
+def _spec(model, *, arch=None, allow_pickle=False, strict=False):
+    """``model`` as a TransformerSpec (anything :func:`transcover.model.load` reads, or a spec)."""
+    from .model import TransformerSpec
+    from .model import load as _load
+
+    return model if isinstance(model, TransformerSpec) else _load(model, arch=arch, allow_pickle=allow_pickle,
+                                                                   strict=strict)
+
+
+@contextmanager
+def _small_threads(d_model: int, seq_len: int):
+    """One intra-op torch thread for small forwards, as the CLI runs them (the pool's synchronisation
+    costs more than the work on a shared machine); the caller's setting is restored afterwards."""
+    import torch
+
+    before = torch.get_num_threads()
+    if d_model * seq_len < 4096:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def analyze(
@@ -17,6 +53,7 @@ def analyze(
     rtol: float = 1e-3,
     embeddings: bool = True,
     progress: Callable[[int, int], None] | None = None,
+    per_matrix: bool = True,
 ):
     """Per-layer, per-head norms of a Transformer as certified intervals (issue 2, seed 2.1).
 
@@ -29,9 +66,13 @@ def analyze(
             does not define; by default each is a :class:`~transcover.TranscoverWarning`.
         fast: Lanczos estimates instead of certified intervals.
         rtol: target relative gap of each interval.
+        per_matrix: for an architecture outside every adapter, return per-matrix norms (else refuse).
 
     Returns:
-        :class:`transcover.norms.AnalysisResult` (``.to_dict()``, ``.to_dataframe()``).
+        :class:`transcover.norms.AnalysisResult` (``.to_dict()``, ``.to_dataframe()``); for an
+        architecture outside every adapter (and no ``arch``), a
+        :class:`transcover.norms._per_matrix.PerMatrixResult`: certified norms of each 2-D weight on
+        its own, labelled as outside the decomposition.
 
     Example:
         >>> import transcover
@@ -39,22 +80,33 @@ def analyze(
         >>> result.layers[0].B_KQ.upper              # doctest: +SKIP
     """
     from .model import TransformerSpec, load
+    from .model import OutsideDecompositionError
     from .norms import analyze_spec
 
-    spec = model if isinstance(model, TransformerSpec) else load(model, arch=arch, allow_pickle=allow_pickle,
-                                                                 strict=strict)
+    try:
+        spec = model if isinstance(model, TransformerSpec) else load(model, arch=arch, allow_pickle=allow_pickle,
+                                                                     strict=strict)
+    except OutsideDecompositionError as err:
+        # an architecture no adapter reads: every 2-D weight on its own (issue 15, item 3)
+        if model is None or arch is not None or not per_matrix:
+            raise
+        from .norms import per_matrix_norms
+
+        note = f"{err}; per-matrix norms only" + ("; --fast has no per-matrix route, so these are certified" if fast else "")
+        return per_matrix_norms(model, rtol=rtol, note=note)
     return analyze_spec(spec, fast=fast, rtol=rtol, embeddings=embeddings, progress=progress)
 
 
-def load(source=None, *, arch: str | None = None, allow_pickle: bool = False, strict: bool = False):
+def load(source=None, *, arch: str | None = None, allow_pickle: bool = False, strict: bool = False, roles=None):
     """A model's decomposition: :func:`transcover.model.load` (see there for every argument).
 
     ``strict=True`` refuses a checkpoint holding tensors inside a layer that the architecture does
-    not define (they could change the function); by default each is warned about.
+    not define (they could change the function); by default each is warned about.  ``roles``: a
+    mapping file (path or dict) naming the tensors of a layout no adapter knows (docs/architectures.md).
     """
     from .model import load as _load
 
-    return _load(source, arch=arch, allow_pickle=allow_pickle, strict=strict)
+    return _load(source, arch=arch, allow_pickle=allow_pickle, strict=strict, roles=roles)
 
 
 def describe(model=None, *, arch: str | None = None, allow_pickle: bool = False, strict: bool = False):
@@ -64,8 +116,134 @@ def describe(model=None, *, arch: str | None = None, allow_pickle: bool = False,
         :class:`transcover.report.Description` (``print()`` it, or ``.to_dataframe()``).
     """
     from .model import TransformerSpec, load
-    from .report._describe import describe_spec
+    from .report import describe_spec
 
     spec = model if isinstance(model, TransformerSpec) else load(model, arch=arch, allow_pickle=allow_pickle,
                                                                  strict=strict)
     return describe_spec(spec)
+
+
+def lipschitz(model=None, *, arch: str | None = None, allow_pickle: bool = False, strict: bool = False,
+              radius: float = 1.0, metric: str = "2,inf", seq_len: int = 8, c_sm: float = 1.0,
+              sigma_min: float = 0.0, samples: int = 6, steps: int = 30, seed: int = 0, lower: bool = True):
+    """Certified upper Lipschitz constants per stage, layer and network, beside empirical lower ones
+    (``transcover lipschitz``; THEORY F6, F7, F8, F13, F14).
+
+    Args:
+        model: as in :func:`analyze`.
+        radius: R, every input token (before the input norm) has l2 norm <= R.
+        metric: ``"2,inf"`` (max over tokens, T-independent) or ``"fro"`` (over ``seq_len`` tokens).
+        seq_len: tokens per searched input (and T for ``"fro"`` and for L2 attention).
+        c_sm: softmax constant >= 1 (1 is proven and tight).
+        sigma_min: assumed floor of every LayerNorm input's std (0: the global constant).
+        samples, steps, seed: the lower-estimate search (random starts, ascent steps).
+        lower: ``False`` skips the search (certified bounds only).
+
+    Returns:
+        :class:`transcover._api_results.LipschitzResult` (``.bounds``, ``.lower``, ``.to_dict()``, ``.plot()``).
+
+    Example:
+        >>> import transcover
+        >>> r = transcover.lipschitz(samples=1, steps=2)     # doctest: +SKIP
+        >>> r.upper.value, r.upper.kind.value                # doctest: +SKIP
+        >>> transcover.lipschitz.lipschitz_bounds            # the subpackage is still a package
+        <function lipschitz_bounds at ...>
+    """
+    import torch
+
+    from ._api_results import LipschitzResult
+    from ._errors import InputError
+    from .lipschitz import lipschitz_bounds, lipschitz_lower
+
+    for flag, v, lo in (("seq_len", seq_len, 1), ("samples", samples, 1), ("steps", steps, 0)):
+        if v < lo:
+            raise InputError(f"{flag} must be >= {lo}, but got {flag}={v}")
+    spec = _spec(model, arch=arch, allow_pickle=allow_pickle, strict=strict).to_torch()
+    l2 = any(layer.attention.kind == "l2" for layer in spec.layers)
+    with _small_threads(spec.d_model, seq_len):
+        bounds = lipschitz_bounds(spec, radius=radius, c_sm=c_sm, metric=metric,
+                                  seq_len=seq_len if metric == "fro" or l2 else None, sigma_min=sigma_min)
+        found = {}
+        if lower:
+            torch.manual_seed(seed)
+            found = lipschitz_lower(spec, bounds, seq_len=seq_len, n_samples=samples, n_steps=steps, seed=seed)
+    return LipschitzResult(spec.name, bounds, found, tuple(spec.warnings))
+
+
+def perturb(model_a, model_b, *, arch: str | None = None, allow_pickle: bool = False, strict: bool = False,
+            radius: float = 1.0, metric: str = "2,inf", seq_len: int = 8, c_sm: float = 1.0,
+            sigma_min: float = 0.0, samples: int = 6, steps: int = 30, seed: int = 0):
+    """How far two same-architecture models' outputs can differ: Lemma G.3's certified bound
+    ``sum_i c_i ||W_i^A - W_i^B||`` beside the change a search measures (``transcover perturb``).
+
+    Options as in :func:`lipschitz`.  Models that differ in structure (not only in weights) are
+    refused with :class:`~transcover.InputError`.
+
+    Returns:
+        :class:`transcover._api_results.PerturbResult` (``.bound``, ``.lower``, ``.ratio``, ``.to_dict()``).
+
+    Example:
+        >>> import transcover
+        >>> r = transcover.perturb("gpt2-a", "gpt2-b", samples=1, steps=2)   # doctest: +SKIP
+        >>> r.bound.total.value >= r.lower.value.value                     # doctest: +SKIP
+        True
+    """
+    from ._api_results import PerturbResult
+    from ._results import check_certified
+    from .lipschitz import perturbation_bound, perturbation_lower
+    from .model import require_same_structure
+
+    a = _spec(model_a, arch=arch, allow_pickle=allow_pickle, strict=strict).to_torch()
+    b = _spec(model_b, arch=arch, allow_pickle=allow_pickle, strict=strict).to_torch()
+    require_same_structure(a, b)  # Lemma G.3 charges weight distances only
+    with _small_threads(a.d_model, seq_len):
+        bound_ = perturbation_bound(a, b, radius=radius, c_sm=c_sm, metric=metric,
+                                    seq_len=seq_len if metric == "fro" else None, sigma_min=sigma_min)
+        low = perturbation_lower(a, b, radius=radius, metric=metric, seq_len=seq_len, sigma_min=sigma_min,
+                                 n_samples=samples, n_steps=steps, seed=seed)
+    check_certified(f"output change ||g(A)(X) - g(B)(X)||_{metric} (Lemma G.3)", bound_.total.value, low.value.value)
+    return PerturbResult(a.name, b.name, bound_, low, a.n_layers, tuple(a.warnings) + tuple(b.warnings))
+
+
+def bound(model=None, *, arch: str | None = None, allow_pickle: bool = False, strict: bool = False,
+          eps: float = 0.1, n_samples: Sequence[float] | float | None = None, seq_len: int | None = None,
+          radius: float = 1.0, c_sm: float = 1.0, family: str = "auto", sigma_min: float = 0.0,
+          reference=None, loss_lipschitz: float = 1.0, loss_bound: float = 1.0, delta: float = 0.05):
+    """Certified log covering number at ``eps`` and generalisation bounds at ``n_samples``
+    (``transcover bound``; THEORY F9-F12, Lemma G.1).
+
+    ``model`` may also be a ``transcover train`` checkpoint folder; ``n_samples`` and ``seq_len``
+    then default to its task's (otherwise to 1e6 and 128).  ``reference``: a model (path or spec)
+    whose weights the distances are measured from instead of 0.
+
+    Returns:
+        :class:`transcover.covering.ModelBound` (``.log_log_N``, ``.generalisation``, ``.to_dict()``, ``.plot()``).
+
+    Example:
+        >>> import transcover
+        >>> b = transcover.bound(eps=0.1, n_samples=[1e6])    # doctest: +SKIP
+        >>> b.generalisation[0].bound.kind.value              # doctest: +SKIP
+        'certified upper bound'
+    """
+    from .covering import model_bound
+    from .train import checkpoint_spec, is_train_checkpoint
+
+    if isinstance(n_samples, (int, float)):
+        n_samples = [n_samples]
+    if isinstance(model, (str, os.PathLike)) and is_train_checkpoint(model):
+        spec, n_train, task_len = checkpoint_spec(model)
+        n_samples = n_samples or [float(n_train)]
+        seq_len = seq_len or task_len
+    else:
+        spec = _spec(model, arch=arch, allow_pickle=allow_pickle, strict=strict)
+    ref = None if reference is None else _spec(reference, arch=arch, allow_pickle=allow_pickle, strict=strict).to_torch()
+    return model_bound(spec.to_torch(), eps=eps, n_samples=tuple(n_samples or [1e6]), seq_len=seq_len or 128,
+                       radius=radius, c_sm=c_sm, family=family, sigma_min=sigma_min, reference=ref,
+                       loss_lipschitz=loss_lipschitz, loss_bound=loss_bound, delta=delta)
+
+
+from ._api_lab import advise, approx, cover, train  # noqa: E402  (the lab half: same conventions)
+
+for _name in ("analyze", "lipschitz", "perturb", "bound", "cover", "approx", "advise", "train"):
+    register_entry(_name, globals()[_name])
+del _name

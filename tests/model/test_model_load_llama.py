@@ -27,10 +27,22 @@ VARIANTS = {
     "llama_gqa": ("LlamaConfig", "LlamaForCausalLM", {}),
     "llama_biases": ("LlamaConfig", "LlamaForCausalLM", {"attention_bias": True, "mlp_bias": True}),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),  # q/k/v biases, no o bias: read by presence
-    # Mistral's sliding window (here 4 < T) is outside the spec: recorded in config, and the model
-    # comparison below runs on a sequence no longer than the window
+    # Mistral's sliding window (here 4 < T): the spec's window mask, compared on sequences longer
+    # than the window
     "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": 4}),
+    # Qwen2 windows only the layers >= max_window_layers (here layer 1)
+    "qwen2_window": ("Qwen2Config", "Qwen2ForCausalLM", {"use_sliding_window": True, "sliding_window": 3,
+                                                         "max_window_layers": 1}),
 }
+WINDOWS = {"mistral": (4, 4), "qwen2_window": (None, 3)}
+
+
+def _mask(T: int, window: int | None) -> torch.Tensor:
+    """HF's additive (1, 1, T, T) mask: causal, and key j hidden from query i when j <= i - window."""
+    hide = torch.ones(T, T, dtype=torch.bool).triu(1)
+    if window is not None:
+        hide |= torch.ones(T, T, dtype=torch.bool).tril(-window)
+    return torch.zeros(T, T, dtype=torch.float64).masked_fill(hide, float("-inf"))[None, None]
 
 
 @pytest.fixture(scope="module", params=list(VARIANTS))
@@ -70,17 +82,20 @@ def test_llama_layers_match_hf(llama, via, assert_close):
             a = layer.attention
             assert (a.n_heads, a.n_kv_heads, a.d_head) == (H, H_KV, D // H)
             assert a.causal and a.rope is not None and a.rope.theta == THETA
-            assert (a.b_Q is not None) == (variant in ("llama_biases", "qwen2"))
+            assert (a.b_Q is not None) == (variant in ("llama_biases", "qwen2", "qwen2_window"))
             assert (a.b_O is not None) == (variant == "llama_biases")
             assert layer.ffn.gated and layer.ffn.activation is Activation.SILU
             X = torch.randn(2, T, D, dtype=torch.float64)
-            assert_close(attention_forward(a, X), hf.self_attn(X, position_embeddings=cos_sin, attention_mask=None)[0], D,
+            window = WINDOWS.get(variant, (None,) * L)[i]
+            assert a.window == window
+            mask = _mask(T, window)
+            assert_close(attention_forward(a, X), hf.self_attn(X, position_embeddings=cos_sin, attention_mask=mask)[0], D,
                          what=f"attention {i}")
             assert_close(ffn_forward(layer.ffn, X), hf.mlp(X), DFF, what=f"ffn {i}")
             assert layer.norm_attn.kind is NormKind.RMSNORM
             assert_close(layer.norm_attn(X), hf.input_layernorm(X), D, torch.float32, what="rms 1")
             assert_close(layer.norm_ffn(X), hf.post_attention_layernorm(X), D, torch.float32, what="rms 2")
-            out = hf(X, attention_mask=None, position_embeddings=cos_sin)
+            out = hf(X, attention_mask=mask, position_embeddings=cos_sin)
             out = out[0] if isinstance(out, tuple) else out
             assert_close(layer_forward(layer, X), out, DFF, torch.float32, what=f"layer {i}")
 
@@ -88,9 +103,9 @@ def test_llama_layers_match_hf(llama, via, assert_close):
 def test_llama_whole_model_matches_hf(llama, assert_close):
     model, path, variant = llama
     spec = load(path)
-    n = 4 if variant == "mistral" else T
-    if variant == "mistral":
-        assert spec.config["sliding_window"] == 4
+    n = T  # longer than every window: the window mask is exercised
+    if variant in WINDOWS:
+        assert spec.config["sliding_window"] == max(w for w in WINDOWS[variant] if w is not None)
     X = torch.randn(2, n, D, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         hidden = model.model(inputs_embeds=X).last_hidden_state

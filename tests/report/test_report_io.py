@@ -1,4 +1,4 @@
-"""Issue 10, defect 13: every file transcover writes respects the umask (Note [file modes] in report._io).
+"""Issue 10, defect 13: every file transcover writes respects the umask (Note [file modes] in transcover._io).
 
 ``mkstemp`` creates 0600 files and ``os.replace`` keeps that mode, so before the fix every JSON,
 CSV, PNG and checkpoint came out 0600 whatever the umask.  A new file must get ``0o666 & ~umask``;
@@ -16,7 +16,8 @@ import torch
 
 from transcover.cli import main
 from transcover.model import ReferenceConfig, ReferenceTransformer, save_reference
-from transcover.report import _io, atomic_write_bytes, atomic_write_text
+from transcover import _io  # the writer itself (report re-exports it)
+from transcover.report import atomic_write_bytes, atomic_write_text
 
 UMASKS = [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)]
 

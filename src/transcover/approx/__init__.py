@@ -74,3 +74,8 @@ __all__ = [
     "Advice", "advise", "simplicial_widths",
     "FailureCurve", "delta_to_half_curve", "shift_curve", "weak_dependence_curve",
 ]
+
+# Note [callable modules] in transcover._entry: transcover.approx(...) calls the API function of that name
+from .._entry import make_callable as _make_callable  # noqa: E402
+
+_make_callable(__name__)

@@ -31,7 +31,7 @@ from torch import Tensor
 
 from .._errors import InputError
 from .._results import Kind, Quantity
-from ..model import ReferenceConfig, ReferenceTransformer
+from ..model import ForwardHooks, NormKind, NormSpec, ReferenceConfig, ReferenceTransformer, transformer_forward
 from ._targets import SparseTarget, make_sparse_task, sparse_target
 from ._threads import single_thread
 
@@ -40,44 +40,23 @@ __all__ = ["TrainedDecomposition", "forward_with_attention", "decompose_trained"
 
 def forward_with_attention(model: ReferenceTransformer, X: Tensor, key_mask: Tensor | None = None
                            ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
-    """``model(X)`` recomputed with the attention probabilities exposed (dot attention only).
+    """``model(X)`` with the attention probabilities and the heads' outputs recorded (dot attention).
 
+    The model's own forward pass (:func:`~transcover.model.transformer_forward` on
+    ``model.functional_spec()``), observed through :class:`~transcover.model.ForwardHooks`.
     ``key_mask`` (B, T) bool: keys allowed (True) for every head and query; None keeps all.
     Returns ``(output (B, n_outputs), probs per layer (B, H, T, T), head outputs per layer
     (B, H, T, d) = P X W_OV^h)``.
     """
-    cfg = model.cfg
-    if cfg.attention != "dot":
+    if model.cfg.attention != "dot":
         raise InputError("forward_with_attention supports dot attention only")
-    Xe = model.embed(X) if model.embed is not None else X
-    if model.pos is not None:
-        Xe = Xe + model.pos[: Xe.shape[-2]]
-    if cfg.norm == "ball":
-        Xe = Xe / torch.clamp(Xe.norm(dim=-1, keepdim=True), min=1.0)
-    probs, outs = [], []
-    H = Xe
-    for b in model.blocks:
-        q = torch.einsum("btd,hde->bhte", H, b.W_Q)
-        k = torch.einsum("btd,hde->bhte", H, b.W_K)
-        v = torch.einsum("btd,hde->bhte", H, b.W_V)
-        scores = q @ k.transpose(-1, -2) / math.sqrt(cfg.head_dim)
-        T = H.shape[-2]
-        if cfg.causal:
-            scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
-        if key_mask is not None:
-            scores = scores.masked_fill(~key_mask[:, None, None, :], float("-inf"))
-        P = torch.softmax(scores, dim=-1)
-        heads = torch.einsum("bhte,hed->bhtd", P @ v, b.W_O)  # per head, after W_O
-        probs.append(P)
-        outs.append(heads)
-        H = model._norm(H + heads.sum(dim=1), b, "attn")
-        H = model._norm(H + model._ffn(H, b), b, "ffn")
-    z = H.mean(dim=-2) if cfg.readout == "mean" else H[..., 0, :]
-    for i, lin in enumerate(model.head):
-        z = lin(z)
-        if i < len(model.head) - 1:
-            z = model.act(z)
-    return z, probs, outs
+    L = model.cfg.n_layers
+    probs: list[list[Tensor]] = [[] for _ in range(L)]
+    outs: list[list[Tensor]] = [[] for _ in range(L)]
+    hooks = ForwardHooks(on_attention_probs=lambda layer, h, P: probs[layer].append(P),
+                         on_head_output=lambda layer, h, Y: outs[layer].append(Y))
+    z = transformer_forward(model.functional_spec(), model.embed_inputs(X), key_mask=key_mask, hooks=hooks)
+    return z, [torch.stack(p, dim=1) for p in probs], [torch.stack(o, dim=1) for o in outs]
 
 
 @dataclass(frozen=True)
@@ -136,11 +115,9 @@ def decompose_trained(model: ReferenceTransformer, target: SparseTarget, X: Tens
         L_head = math.prod(_spec_norm(lin.weight) for lin in model.head)
         L_post = L_ffn * L_head
         # values after W_O: x_j W_V^h W_O^h, and their diameter per head
-        Xe = model.embed(X) if model.embed is not None else X
-        if model.pos is not None:
-            Xe = Xe + model.pos[:T]
+        Xe = model.embed_inputs(X)
         if cfg.norm == "ball":
-            Xe = Xe / torch.clamp(Xe.norm(dim=-1, keepdim=True), min=1.0)
+            Xe = NormSpec(NormKind.BALL)(Xe)
         V = torch.einsum("btd,hde,hef->bhtf", Xe, b.W_V, b.W_O)  # (B, H, T, d)
         diam = torch.cdist(V, V).amax(dim=(-1, -2))  # (B, H)
         off = 1.0 - mass  # (B, H, T)

@@ -81,7 +81,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, object]]:
-    from .. import __version__
+    from .._version import __version__
 
     parser = _Parser(
         prog="transcover",
@@ -116,9 +116,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             try:
                 return int(commands[args.command].run(args) or 0)
             finally:
-                from ..report._progress import close_all
+                from ..report import close_progress_bars
 
-                close_all()  # a bar left open by an error must not draw over the message
+                close_progress_bars()  # a bar left open by an error must not draw over the message
     except KeyboardInterrupt:
         print("transcover: interrupted", file=sys.stderr)
         return 130

@@ -22,35 +22,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     from rich.console import Console
-    from rich.table import Table
 
-    from ..approx import advise
-    from ..report import atomic_write_bytes, atomic_write_text
+    from .._api import advise
+    from ..report import advice_table, atomic_write_bytes, atomic_write_text, axes_png, envelope_json
 
     a = advise(args.sparsity, args.smoothness, args.seq_len, args.n_samples, delta=args.delta,
                gamma=args.gamma, holder_constant=args.holder_constant)
-    t = Table(title=f"advice for s={a.sparsity}, β={a.smoothness:g}, n={a.seq_len}, N={a.n_samples} (estimates)")
-    t.add_column("choice")
-    t.add_column("value", justify="right")
-    for k, v in (("MLP width d_m", a.d_m), ("interpolation grid per axis", a.grid), ("heads", a.heads),
-                 ("attention layers", a.attention_layers), ("MLP hidden layers", a.mlp_hidden_layers),
-                 ("temperature R", f"{a.R:.2f}"), ("positional dim d_p (random signs, Δ)", a.positional_dim),
-                 ("approximation error", f"{a.approx_error:.4g}"), ("estimation term", f"{a.estimation_error:.4g}")):
-        t.add_row(k, str(v))
-    Console().print(t)
+    Console().print(advice_table(a))
     if args.plot:
-        import io
-
-        from matplotlib.figure import Figure
-
-        fig = Figure(figsize=(7.5, 5))
-        a.plot(fig.add_subplot())
-        fig.tight_layout()
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=120)
-        atomic_write_bytes(args.plot, buf.getvalue())
+        atomic_write_bytes(args.plot, axes_png(a))
     if args.json:
-        from ..report import envelope_json
-
         atomic_write_text(args.json, envelope_json(a.to_dict(), schema="transcover.advise", schema_version="1"))
     return 0

@@ -22,6 +22,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "make a sweep")
     p.add_argument("--arch", default=None, help="architecture of a bare .safetensors file (bert, gpt2, llama, vit, "
                                                 "torch_encoder, reference)")
+    p.add_argument("--roles", metavar="JSON", default=None,
+                   help="a mapping file naming the role of each tensor of a layout no adapter knows "
+                        "(docs/architectures.md); transcover_roles.json beside the weights is read by default")
+    p.add_argument("--list-archs", action="store_true",
+                   help="print what is supported, per family and per feature, and exit")
     p.add_argument("--allow-pickle", action="store_true",
                    help="load pickled checkpoints (.bin/.pt) with torch.load(weights_only=True)")
     p.add_argument("--strict", action="store_true",
@@ -61,9 +66,14 @@ def run(args: argparse.Namespace) -> int:
 
     from .._api import analyze, describe
     from .._errors import InputError
-    from ..report import (analysis_csv, atomic_write_bytes, check_output_path, envelope_json,
+    from ..report import (analysis_csv, atomic_write_bytes, check_output_path, display_bytes, envelope_json,
                           progress, render_analysis)
 
+    if args.list_archs:
+        from ..model import support_table
+
+        print(support_table(), end="")
+        return 0
     if not (0.0 < args.rtol < 1.0):
         raise InputError(f"--rtol must be in (0, 1), but got --rtol={args.rtol}")
     for flag, path, suffixes in (("--json", args.json, ()), ("--csv", args.csv, ()),
@@ -74,21 +84,35 @@ def run(args: argparse.Namespace) -> int:
 
     models = expand_models(list(args.model or []))
     if len(models) > 1 or len(models) != len(args.model or []):
+        if args.roles is not None:
+            raise InputError("--roles applies to one model; for a sweep put transcover_roles.json beside each "
+                             "checkpoint's weights")
         from ._sweep import run_sweep
 
         return run_sweep(args, models)
     if args.figure:
         raise InputError("--figure needs several models (a sweep)")
     args.model = models[0] if models else None
+    model = args.model
+    if args.roles is not None:
+        from ..model import load
+
+        model = load(args.model, arch=args.arch, allow_pickle=args.allow_pickle, strict=args.strict, roles=args.roles)
     if args.describe:
-        print(describe(args.model, arch=args.arch, allow_pickle=args.allow_pickle, strict=args.strict))
+        print(describe(model, arch=args.arch, allow_pickle=args.allow_pickle, strict=args.strict))
         return 0
     console = Console()
     with progress(quiet=args.quiet) as tracker:
         tracker.step("analyzing layers")
-        result = analyze(args.model, arch=args.arch, allow_pickle=args.allow_pickle, strict=args.strict,
+        result = analyze(model, arch=args.arch, allow_pickle=args.allow_pickle, strict=args.strict,
                          fast=args.fast, rtol=args.rtol, embeddings=not args.no_embeddings,
                          progress=tracker.callback())
+    from ..norms import PerMatrixResult
+
+    if isinstance(result, PerMatrixResult):
+        from ._per_matrix import finish_per_matrix
+
+        return finish_per_matrix(args, result, console)
     # Render everything before writing anything, so an error leaves no half-written outputs.
     outputs = []
     if args.json:
@@ -98,11 +122,7 @@ def run(args: argparse.Namespace) -> int:
     if args.csv:
         outputs.append((args.csv, analysis_csv(result).encode()))
     if args.plot:
-        from ..report._figures import pyplot, save_figure
-
-        fig = result.plot().figure_
-        outputs.append((args.plot, save_figure(fig, args.plot)))
-        pyplot().close(fig)
+        outputs.append((args.plot, display_bytes(result.plot(), args.plot)))
     if not args.quiet:
         render_analysis(result, console, heads=args.heads)
     for path, data in outputs:

@@ -76,91 +76,45 @@ def _floats(text: str, name: str) -> list[float]:
 
 
 def _write_outputs(args, data: dict, display=None) -> None:
-    from ..report import atomic_write_bytes, atomic_write_text
+    from ..report import atomic_write_bytes, atomic_write_text, axes_png, envelope_json
 
     if getattr(args, "plot", None) and display is not None:
-        import io
-
-        from matplotlib.figure import Figure
-
-        fig = Figure(figsize=(7.5, 5))
-        display.plot(fig.add_subplot())
-        fig.tight_layout()
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=120)
-        atomic_write_bytes(args.plot, buf.getvalue())
+        atomic_write_bytes(args.plot, axes_png(display))
     if getattr(args, "json", None):
-        from ..report import envelope_json
-
         schema = f"transcover.approx.{getattr(args, 'approx_command', '')}"
         atomic_write_text(args.json, envelope_json(data, schema=schema, schema_version="1"))
 
 
+_CONSTRUCT_OPTIONS = ("seq_len", "sparsity", "smoothness", "R", "encoding", "delta", "pos_dim", "grid", "gamma",
+                      "key_leak", "norm", "search", "seed")
+
+
 def _construct(args) -> int:
-    from rich.table import Table
+    from .._api import approx
+    from ..report import capacity_line, construct_table
 
-    from .. import approx
-    from .._errors import InputError
-
-    if args.search <= 0:
-        raise InputError(f"--search must be > 0, but got --search={args.search}")
-    if args.sparsity > args.seq_len:
-        raise InputError(f"sparsity s must be <= seq_len n, but got s={args.sparsity} > n={args.seq_len}")
-    if args.encoding == "equiangular" and not (0.0 <= args.delta < 0.5):
-        raise InputError(f"--delta must be in [0, 1/2), but got --delta={args.delta}")
-    target = approx.sparse_target("holder", args.seq_len, sparsity=args.sparsity, beta=args.smoothness, seed=args.seed)
-    enc = approx.make_encoding(args.encoding, args.seq_len, dim=args.pos_dim, delta=args.delta, seed=args.seed)
-    c = approx.build_construction(target, enc, R=args.R, grid=args.grid, gamma=args.gamma,
-                                  key_leak=args.key_leak, norm=args.norm)
-    d = approx.decompose_construction(c, n_random=args.search, seed=args.seed)
-    cap = approx.construction_capacity(c)
-    b = d.bound
-    t = Table(title=f"Lemma H.1 construction: n={c.n}, I={target.indices}, Δ={enc.delta:.4g} ({enc.family}), "
-                    f"R={c.R:g}, d_m={c.mlp.width}")
-    t.add_column("part")
-    t.add_column("measured sup (empirical lower)", justify="right")
-    t.add_column("bound (certified upper)", justify="right")
-    t.add_row("attention read-out ||ψ̂-ψ||∞", f"{d.readout.value:.4g}", f"{max(b.readout_bound):.4g}")
-    t.add_row("attention part |f(ψ̂)-f(ψ)|", f"{d.attention.value:.4g}", f"{b.attention.value:.4g}")
-    t.add_row("  lemma form n e^{-R(1-2Δ)}·…", "", f"{b.lemma_attention.value:.4g}")
-    t.add_row("MLP part |f(ψ)-h|", f"{d.mlp.value:.4g}", f"{b.mlp.value:.4g}")
-    t.add_row("total |F-g*|", f"{d.total.value:.4g}", f"{b.total.value:.4g}")
+    # the config names the construction's parameters only (not output paths or the progress display)
+    res = approx("construct", **{k: getattr(args, k) for k in _CONSTRUCT_OPTIONS})
     console = _console(args)
-    console.print(t)
-    console.print(f"capacity: B_KQ={cap.B_KQ:.4g}  B_V={cap.B_V:.4g}  head Lipschitz<= {cap.head_lipschitz:.4g}  "
-                  f"params={cap.n_params} (non-zero {cap.n_nonzero})  heads={c.s}  head widths={c.mlp.widths}")
+    console.print(construct_table(res))
+    console.print(capacity_line(res))
     if args.save:
         from ..model import save_reference
 
-        save_reference(c.model, args.save)
+        save_reference(res.construction.model, args.save)
         console.print(f"saved {args.save}")
-    data = {"config": vars(args) | {"indices": list(target.indices), "delta_exact": enc.delta},
-            "decomposition": d.to_dict(), "capacity": cap.to_dict()}
-    data["config"].pop("func", None)
-    _write_outputs(args, data)
+    _write_outputs(args, res.to_dict())
     return 0
 
 
 def _sweep(args) -> int:
-    from rich.table import Table
-
-    from .. import approx
+    from .._api import approx
     from .._errors import InputError
+    from ..report import rate_sweep_line, rate_sweep_table
 
     if args.over == "R":
-        ns = [int(x) for x in _floats(args.ns, "--ns")]
-        res = approx.attention_rate_sweep(_floats(args.Rs, "--Rs"), ns, _floats(args.deltas, "--deltas"),
-                                          lemma_worst_case=args.lemma_worst_case)
-        t = Table(title="attention error: fitted decay rate in R")
-        for col in ("n", "Δ", "λ", "fitted rate", "gap rate 1-Δ-2λ", "lemma rate 1-2Δ"):
-            t.add_column(col, justify="right")
-        for f in res.fits:
-            t.add_row(str(f["n"]), f"{f['delta']:.3g}", f"{f['key_leak']:.3g}", f"{f['fitted_rate']:.4f}",
-                      f"{f['gap_rate']:.4f}", f"{f['lemma_rate']:.4f}")
-        worst = max(r["measured"] / r["bound"] for r in res.rows)
-        console = _console(args)
-        console.print(t)
-        console.print(f"max measured/bound over {len(res.rows)} points: {worst:.6f}")
+        res = approx("sweep", over="R", Rs=_floats(args.Rs, "--Rs"), ns=[int(x) for x in _floats(args.ns, "--ns")],
+                     deltas=_floats(args.deltas, "--deltas"), lemma_worst_case=args.lemma_worst_case)
     else:
         cases = []
         for item in args.cases.split(","):
@@ -169,55 +123,33 @@ def _sweep(args) -> int:
                 cases.append((float(b), int(s)))
             except ValueError:
                 raise InputError(f"--cases must look like 'beta:s,beta:s', but got {item!r}") from None
-        res = approx.mlp_rate_sweep(cases)
-        t = Table(title="MLP error vs d_m: fitted exponent against -β/s")
-        for col in ("β", "s", "fitted exponent", "-β/s"):
-            t.add_column(col, justify="right")
-        for f in res.fits:
-            t.add_row(f"{f['beta']:g}", str(f["s"]), f"{f['fitted_exponent']:.3f}", f"{f['theory_exponent']:.3f}")
-        console = _console(args)
-        console.print(t)
-        console.print(f"max measured/bound: {max(r['measured'] / r['bound'] for r in res.rows):.4f}")
+        res = approx("sweep", over="dm", cases=cases)
+    console = _console(args)
+    console.print(rate_sweep_table(res, args.over))
+    console.print(rate_sweep_line(res, args.over))
     _write_outputs(args, res.to_dict(), res)
     return 0
 
 
 def _encodings(args) -> int:
+    from .._api import approx
+    from ..report import encodings_line
 
-    from .. import approx
-    from .._errors import InputError
-
-    if not (0.0 <= args.delta < 0.5):
-        raise InputError(f"--delta must be in [0, 1/2), but got --delta={args.delta}")
-    enc = approx.make_encoding(args.kind, args.n, dim=args.dim, delta=args.delta, seed=args.seed)
-    need = approx.random_sign_dimension(max(args.n, 2), args.delta, args.failure_prob) if args.delta > 0 else None
-    floor = approx.welch_bound(enc.n, enc.dim)
-    frac = f" = {enc.delta_fraction}" if enc.delta_fraction is not None else ""
-    _console(args).print(f"{enc.family}: n={enc.n}, d_p={enc.dim}, Δ={enc.delta:.6g}{frac} ({enc.kind.value}); "
-                    f"Welch floor for (n, d_p): {floor:.4g}; Δ<{args.delta:g} needs d_p>={approx.welch_dimension(args.n, args.delta)} "
-                    f"(any design, Welch) and d_p>={need} (random signs, prob>={1 - args.failure_prob:g}, F16b)")
-    data = {"family": enc.family, "n": enc.n, "dim": enc.dim, "delta": enc.delta,
-            "delta_fraction": None if enc.delta_fraction is None else str(enc.delta_fraction),
-            "welch_bound": floor, "target_delta": args.delta, "random_sign_dimension": need,
-            "welch_dimension": approx.welch_dimension(args.n, args.delta)}
-    _write_outputs(args, data)
+    res = approx("encodings", kind=args.kind, n=args.n, dim=args.dim, delta=args.delta,
+                 failure_prob=args.failure_prob, seed=args.seed)
+    _console(args).print(encodings_line(res))
+    _write_outputs(args, res.to_dict())
     return 0
 
 
 def _failures(args) -> int:
+    from .._api import approx
+    from ..report import failures_lines
 
-    from .. import approx
-
-    if args.mode == "weak":
-        res = approx.weak_dependence_curve([0.0, 0.01, 0.03, 0.1, 0.3, 1.0])
-    elif args.mode == "delta":
-        res = approx.delta_to_half_curve([0.0, 0.1, 0.2, 0.3, 0.4, 0.45, 0.49])
-    else:
-        res = approx.shift_curve([0.0, 0.05, 0.1, 0.2, 0.5, 1.0])
+    res = approx("failures", mode=args.mode)
     console = _console(args)
-    console.print(res.name)
-    for r in res.rows:
-        console.print("  " + "  ".join(f"{k}={v:.4g}" for k, v in r.items()))
+    for line in failures_lines(res):
+        console.print(line)
     _write_outputs(args, res.to_dict(), res)
     return 0
 

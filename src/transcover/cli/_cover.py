@@ -69,11 +69,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _common(lo, eps_default=[0.001, 0.003, 0.01, 0.03])
 
 
-def _fmt_eps(e: float) -> str:
-    """eps as the shortest string that reads back to the same float (0.999999999, not "1")."""
-    return repr(float(e))
-
-
 def _positive_int(name: str, v: int) -> None:
     from .._errors import InputError
 
@@ -82,7 +77,7 @@ def _positive_int(name: str, v: int) -> None:
 
 
 def _check(args: argparse.Namespace) -> None:
-    from ..empirical._metrics import check_eps, check_q
+    from ..empirical import check_eps, check_q
 
     for e in args.eps:
         check_eps(e, "--eps")
@@ -95,172 +90,62 @@ def _check(args: argparse.Namespace) -> None:
             _positive_int(name.replace("_", "-"), getattr(args, name))
 
 
-def _reference_sample(args: argparse.Namespace):
-    from ..empirical import NormRadii, sample_reference_class
-    from ..model import ReferenceConfig
+def _perturb_radii(items: list[str]) -> dict[str, float]:
+    from .._errors import InputError
 
-    try:
-        cfg = ReferenceConfig(d_model=args.d_model, n_heads=args.heads, n_layers=args.layers, d_ff=args.d_ff,
-                              head_hidden=tuple(args.head_hidden), n_outputs=args.n_outputs)
-    except ValueError as err:
-        from .._errors import InputError
+    radii = {}
+    for item in items:
+        role, _, val = item.partition("=")
+        try:
+            radii[role] = float(val)
+        except ValueError:
+            raise InputError(f"--perturb expects ROLE=RADIUS, but got {item!r}") from None
+    return radii
 
-        raise InputError(str(err)) from None
-    radii = NormRadii(B_KQ=args.B_KQ, B_V=args.B_V, B_W1=args.B_W1, B_W2=args.B_W2, B_b1=args.B_b1,
-                      B_b2=args.B_b2, B_head=args.B_head).scaled(args.radius)
-    return cfg, sample_reference_class(cfg, radii, args.functions, radial=args.radial, seed=args.seed,
-                                       output=args.output)
+
+def _call(args: argparse.Namespace, tracker):
+    """``transcover.cover`` with this command line's options."""
+    from .._api import cover
+
+    common = dict(eps=args.eps, q=args.q, seed=args.seed, workers=args.workers, progress=tracker)
+    if args.mode == "finite":
+        return cover(args.outputs, mode="finite", key=args.key, orders=args.orders, exact=args.exact, **common)
+    sampling = dict(radial=args.radial, functions=args.functions, **common)
+    if args.mode == "local":
+        return cover(args.model, mode="local", arch=args.arch, strict=args.strict,
+                     perturb=_perturb_radii(args.perturb), samples=args.samples, seq_len=args.seq_len, **sampling)
+    cls = dict(layers=args.layers, d_model=args.d_model, heads=args.heads, d_ff=args.d_ff,
+               head_hidden=tuple(args.head_hidden), n_outputs=args.n_outputs, radius=args.radius,
+               radii={k: getattr(args, k) for k in ("B_KQ", "B_V", "B_W1", "B_W2", "B_b1", "B_b2", "B_head")},
+               output=args.output, seq_len=args.seq_len, **sampling)
+    if args.mode == "uniform":
+        return cover(mode="uniform", n=args.n, restarts=args.restarts, pool=args.pool, **cls)
+    return cover(mode="reference", samples=args.samples, **cls)
 
 
 def run(args: argparse.Namespace) -> int:
     import sys
 
     from rich.console import Console
-    from rich.table import Table
 
-    from .. import empirical as E
-    from .._errors import InputError
-    from .._results import check_certified
-    from ..report import atomic_write_text, envelope_json, start_progress
+    from ..report import (EmpiricalCoveringDisplay, atomic_write_bytes, atomic_write_text, cover_table,
+                          display_bytes, envelope_json, start_progress)
 
     _check(args)
-    console = Console()
-    qn = "inf" if args.q == float("inf") else str(int(args.q))
     tracker = start_progress(quiet=args.quiet)
     tracker.step(f"cover {args.mode}")
-    fig_data = None
-    if args.mode == "finite":
-        Y = E.load_outputs(args.outputs, key=args.key)
-        table = Table(title=f"{args.outputs}: M={Y.shape[0]} functions, n={Y.shape[1]} samples, "
-                            f"b={Y.shape[2]} outputs, q={qn}")
-        for c in ("eps", "packing (lower)", "net (upper)", "log N in") + (("exact N_int",) if args.exact else ()):
-            table.add_column(c, justify="right")
-        rows = []
-        for e in args.eps:
-            est = E.estimate_covering_number(Y, e, args.q, n_orders=args.orders, seed=args.seed, workers=args.workers)
-            # packing <= N_ext <= N_int <= net (the net is a certificate, the packing a witness)
-            check_certified(f"covering number at eps={e!r} (packing vs net)", est.net_size, est.packing_size)
-            d = est.to_dict()
-            cells = [_fmt_eps(e), str(est.packing_size), str(est.net_size),
-                     f"[{est.lower.value:.3f}, {est.upper.value:.3f}]"]
-            if args.exact:
-                d["exact_internal"] = E.exact_covering_number(Y, e, args.q)
-                check_certified(f"internal covering number at eps={e!r} (exact vs net)", est.net_size,
-                                d["exact_internal"])
-                check_certified(f"covering number at eps={e!r} (packing vs exact)", d["exact_internal"],
-                                est.packing_size)
-                cells.append(str(d["exact_internal"]))
-            rows.append(d)
-            table.add_row(*cells)
-        payload: dict[str, object] = {"mode": "finite", "file": str(args.outputs), "rows": rows}
-        fig_data = ([r["eps"] for r in rows], [r["log_N_upper"]["value"] for r in rows],
-                    [r["log_N_lower"]["value"] for r in rows], str(args.outputs))
-    elif args.mode in ("reference", "local"):
-        if args.mode == "reference":
-            cfg, sample = _reference_sample(args)
-            d_model = cfg.d_model
-        else:
-            radii = {}
-            for item in args.perturb:
-                role, _, val = item.partition("=")
-                try:
-                    radii[role] = float(val)
-                except ValueError:
-                    raise InputError(f"--perturb expects ROLE=RADIUS, but got {item!r}") from None
-            from ..model import load
-
-            spec = load(args.model, arch=args.arch, strict=args.strict).to_torch()
-            sample = E.sample_local_class(spec, radii, args.functions, radial=args.radial, seed=args.seed)
-            d_model = spec.d_model
-        X = E.random_inputs(args.samples, args.seq_len, d_model, seed=args.seed + 1)
-        tracker.step(f"Monte Carlo covering ({args.functions} functions)")
-        mc = E.monte_carlo_covering(sample, X, args.eps, args.q, workers=args.workers)
-        table = Table(title=f"{sample.description}\nM={mc.n_functions}, n={args.samples} x T={args.seq_len}, q={qn}")
-        for c in ("eps", "packing (lower N_ext)", "net (lower packing no.)", "log N estimate", "note"):
-            table.add_column(c, justify="right")
-        for e, eps in enumerate(mc.eps):
-            note = "saturated" if mc.saturated(e) else ("still growing with M" if mc.still_growing(e) else "")
-            table.add_row(_fmt_eps(eps), str(mc.packing_sizes[e][-1]), str(mc.net_sizes[e][-1]),
-                          f"{mc.log_packing_lower(e).value:.3f}", note)
-        payload = {"mode": args.mode, **mc.to_dict()}
-        if args.mode == "local":
-            payload["warnings"] = list(spec.warnings)
-        try:
-            fit = E.fit_eps_growth(*E.usable_points(mc))
-            payload["eps_growth_fit"] = fit.to_dict()
-            table.caption = (f"fitted log N ~ eps^-{fit.alpha:.2f} (norm-based bound: eps^-2); "
-                             f"log N ~ {fit.p_eff:.1f} log(1/eps) (parameter counting)")
-        except InputError as err:
-            table.caption = f"no growth fit: {err}"
-        import numpy as np
-
-        fig_data = (list(mc.eps), list(np.log([s[-1] for s in mc.net_sizes])),
-                    list(np.log([s[-1] for s in mc.packing_sizes])), args.mode)
-    else:  # uniform
-        cfg, sample = _reference_sample(args)
-        if args.functions > E._uniform.MAX_FUNCTIONS:
-            raise InputError(f"--functions must be <= {E._uniform.MAX_FUNCTIONS} for the uniform search, "
-                             f"but got --functions={args.functions}")
-        T = args.seq_len
-
-        def sampler(count: int, seed: int):
-            return E.random_inputs(count, T, cfg.d_model, seed=seed)
-
-        table = Table(title=f"{sample.description}\nuniform search: n={args.n}, M={args.functions}, q={qn}")
-        for c in ("eps", "random-set packings", "greedy-set packings", "best (lower N_inf(F,eps,n))"):
-            table.add_column(c, justify="right")
-        rows = []
-        tracker.step("uniform search over sample sets", total=len(args.eps))
-        for e in args.eps:
-            tracker.update(len(rows), len(args.eps))
-            res = E.uniform_covering_search(sample, args.n, e, args.q, input_sampler=sampler,
-                                            restarts=args.restarts, pool_size=args.pool, seed=args.seed,
-                                            workers=args.workers)
-            rows.append(res.to_dict())
-            table.add_row(_fmt_eps(e), str(list(res.random_packings)), str(list(res.greedy_packings)),
-                          str(res.best_packing))
-        payload = {"mode": "uniform", "rows": rows}
-        import math
-
-        fig_data = (list(args.eps), [math.log(r["best_packing"]) for r in rows],
-                    [math.log(max(r["random_packings"])) for r in rows], "uniform")
+    result = _call(args, tracker)
     # Render everything before writing anything: an error leaves no half-written outputs.
     source = getattr(args, "outputs", None) or getattr(args, "model", None)
-    text = (envelope_json(payload, schema=f"transcover.cover.{args.mode}", schema_version="1",
+    text = (envelope_json(result.to_dict(), schema=f"transcover.cover.{args.mode}", schema_version="1",
                           inputs=[source] if source else []) if args.json else None)
-    png = _figure_bytes(*fig_data) if args.plot else None
+    png = display_bytes(EmpiricalCoveringDisplay.from_result(result).plot(), args.plot, fmt="png") if args.plot else None
     tracker.close()
-    console.print(table)
+    Console().print(cover_table(result))
     if text is not None:
         atomic_write_text(args.json, text)
         print(f"wrote {args.json}", file=sys.stderr)
     if png is not None:
-        from ..report import atomic_write_bytes
-
         atomic_write_bytes(args.plot, png)
         print(f"wrote {args.plot}", file=sys.stderr)
     return 0
-
-
-def _figure_bytes(eps, upper, lower, label) -> bytes:
-    import io
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import matplotlib.ticker
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(eps, upper, "o-", label=f"{label}: net / best")
-    ax.plot(eps, lower, "v--", label=f"{label}: packing / random")
-    ax.set_xscale("log")
-    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # labelled minor ticks overlap
-    ax.set_xticks(list(eps), [_fmt_eps(e) for e in eps])
-    ax.set_xlabel(r"$\varepsilon$")
-    ax.set_ylabel(r"$\log N(\varepsilon)$")
-    ax.legend(fontsize=8)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    return buf.getvalue()

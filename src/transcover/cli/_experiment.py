@@ -93,10 +93,11 @@ def run(args) -> int:
     finally:
         if store is not None:
             store.close()
-    console.print(result.table())
-    fig = result.plot(out / "staged.png")
-    from ..report import envelope_json
+    from ..report import StagedDisplay, atomic_write_bytes, display_bytes, envelope_json, staged_table
 
+    console.print(staged_table(result))
+    fig = atomic_write_bytes(out / "staged.png", display_bytes(StagedDisplay.from_result(result).plot(),
+                                                               out / "staged.png", fmt="png"))
     data = envelope_json(result.to_dict(), schema="transcover.experiment.staged", schema_version="1")
     atomic_write_text(out / "staged.json", data)
     if args.json:

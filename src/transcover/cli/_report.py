@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
 
     from .._errors import InputError
     from ..report import atomic_write_text, check_output_path, progress
-    from ..report._build import ReportOptions, compute_report, render_report
+    from ..report import ReportOptions, compute_report, render_report
 
     check_output_path(args.output, "--output", (".html", ".htm"))
     for flag, v in (("--radius", args.radius), ("--eps", args.eps)):
@@ -84,9 +84,8 @@ def _local_bounds(args: argparse.Namespace) -> dict:
     import torch
 
     from .._errors import InputError
-    from ..lipschitz._local_report import local_table
-    from ..model import load
-    from ..model._data import load_inputs
+    from ..lipschitz import local_table
+    from ..model import load, load_inputs
     from ._lipschitz import parse_rhos
 
     rhos = parse_rhos(args.rho)

@@ -8,10 +8,9 @@ import sys
 
 def run_sweep(args: argparse.Namespace, models: list[str]) -> int:
     from rich.console import Console
-    from rich.table import Table
 
     from .._errors import InputError
-    from ..report import atomic_write_text
+    from ..report import atomic_write_text, analysis_sweep_table
     from ..scale import ResultStore, sweep
     from ..scale._analyze import analysis_items, analyze_item, plot_sweep, rows_csv, sweep_json, sweep_rows
 
@@ -56,14 +55,7 @@ def run_sweep(args: argparse.Namespace, models: list[str]) -> int:
     if args.csv:
         outputs.append((args.csv, rows_csv(rows)))
     if not args.quiet and rows:
-        kind = rows[0]["kind"]
-        table = Table(title=f"analyze sweep: max over layers ({kind}: \\[lower, upper])")
-        for col in ("step", "model", "B_KQ", "B_V", "B_W1", "B_W2"):
-            table.add_column(col, justify="right" if col != "model" else "left")
-        for row in rows:
-            table.add_row("" if row["step"] is None else str(row["step"]), row["model"],
-                          *(f"[{row[k + '_lower']:.4g}, {row[k + '_upper']:.4g}]" for k in ("B_KQ", "B_V", "B_W1", "B_W2")))
-        Console().print(table)
+        Console().print(analysis_sweep_table(rows))
     for path, text in outputs:
         atomic_write_text(path, text)
         print(f"wrote {path}", file=sys.stderr)

@@ -91,88 +91,28 @@ def set_threads(n: int) -> None:
     torch.set_num_threads(n)
 
 
-def _up(x: float, digits: int = 6) -> str:
-    """``x`` rounded *up* to ``digits`` decimals: an upper bound stays an upper bound when printed."""
-    import math
-
-    return f"{math.ceil(x * 10**digits) / 10**digits:.{digits}f}"
-
-
-def constraint_warnings(result) -> list[str]:
-    """One line per group whose forward weights exceeded the target (sigma / c > 1) during or after training."""
-    lines = []
-    for g, row in result.exceeded.items():
-        during = row.get("max_ratio")
-        if during is not None and during > 1.0:
-            end = (f"the final model was projected exactly: certified sigma/c <= {_up(row['ratio'])}"
-                   if row["finalized"] and row["ratio"] is not None and row["ratio"] <= 1.0
-                   else f"final sigma/c = {_up(row['ratio'] if row['ratio'] is not None else row['sigma'] / row['target'])}")
-            lines.append(f"warning: {g} exceeded its target during training: max sigma/c = {_up(during)} at step "
-                         f"{row['max_ratio_step']} (exact sigma of the weights used in the forward pass); {end}")
-        elif row["ratio"] is not None and row["ratio"] > 1.0:
-            lines.append(f"warning: {g} ends above its target: certified sigma/c = {_up(row['ratio'])}")
-    return lines
-
-
 def run(args) -> int:
     from pathlib import Path
 
     from rich.console import Console
-    from rich.table import Table
 
-    from ..constrain import plot_history
-    from ..report import atomic_write_text
-    from ..train import train
+    from .._api import train
+    from ..report import (TrainingDisplay, atomic_write_bytes, atomic_write_text, constraint_warnings,
+                          display_bytes, envelope_json, train_table)
 
     set_threads(args.threads)
     config = train_config_from_args(args, constraint_from_args(args), args.seed)
     out = Path(args.out)
     result = train(config, out_dir=out, resume=args.resume, progress=not args.no_progress,
                    stop_after=args.stop_after)
-    plot_history(result.history, out / "history.png", title=f"{config.task}, method={config.constraint.method}")
+    figure = TrainingDisplay.from_result(result, f"{config.task}, method={config.constraint.method}").plot()
+    atomic_write_bytes(out / "history.png", display_bytes(figure, out / "history.png", fmt="png"))
     console = Console()
-    t = Table(title=f"transcover train: {config.task} ({result.task_source})")
-    t.add_column("quantity")
-    t.add_column("value", justify="right")
-    t.add_column("target", justify="right")
-    t.add_column("ratio", justify="right")
-    t.add_column("kind")
-    for label, v in (("train loss", result.train_loss), ("test loss", result.test_loss),
-                     ("train accuracy", result.train_acc), ("test accuracy", result.test_acc),
-                     ("generalisation gap", result.gap)):
-        if v is not None:
-            t.add_row(label, f"{v:.4f}", "", "", "measured")
-    for g, v in result.norms.items():
-        kind = "exact (l2 norm)" if g in ("b1", "b2") else "exact (float64 SVD)"
-        row = result.constraints.get(g)
-        if row is None:
-            t.add_row(f"max norm {g}", f"{v:.4f}", "", "", kind)
-            continue
-        ratio = row["ratio"]
-        certified = ratio is not None and ratio <= 1.0
-        t.add_row(f"max norm {g}", f"{v:.4f}", f"{row['target']:.6g}", "" if ratio is None else _up(ratio),
-                  kind + (f"; certified <= {_up(row['certified'])} <= target" if certified else
-                          f"; certified upper {_up(row['certified'])}"))
-    t.add_row("capacity proxy (F8)", f"{result.capacity.value:.4g}", "", "", result.capacity.kind.value)
-    if result.lipschitz is not None:
-        t.add_row("Lip(g_L) (transcover.lipschitz)", f"{result.lipschitz.value:.4g}", "", "", result.lipschitz.kind.value)
-    if result.covering is not None:
-        t.add_row("log10 log N(eps=0.1) (transcover.covering)", f"{result.covering.value:.4g}", "", "",
-                  result.covering.kind.value)
-    if result.bound is not None:
-        vacuous = getattr(result.bound, "vacuous", False)
-        raw = getattr(result.bound, "raw", result.bound.value)
-        t.add_row("gap bound (transcover.covering)" + (" (vacuous: the trivial loss range)" if vacuous else ""),
-                  f"{result.bound.value:.4g}", "", "", result.bound.kind.value)
-        t.add_row("  raw formula (before the clip at the loss range)", f"{raw:.4g}", "", "",
-                  "not a bound above the loss range" if vacuous else result.bound.kind.value)
-    console.print(t)
+    console.print(train_table(result, config.task))
     for line in constraint_warnings(result):
         console.print(line, markup=False, highlight=False)
     console.print(f"history: {out / 'history.jsonl'}, {out / 'history.csv'}, {out / 'history.png'}; "
                   f"checkpoint: {out / 'checkpoint'}")
     if args.json:
-        from ..report import envelope_json
-
         atomic_write_text(args.json, envelope_json(result.to_dict(), schema="transcover.train", schema_version="1"))
     return 0

@@ -260,9 +260,9 @@ class ModelBound:
 
     def plot(self, ax=None):
         """Where log N comes from (by layer, group and matrix): :class:`transcover.report.BoundDisplay`."""
-        from ..report._displays import BoundDisplay
+        from .._views import render
 
-        return BoundDisplay.from_result(self).plot(ax=ax)
+        return render("bound.plot", self, ax=ax)
 
     def to_dict(self) -> dict[str, object]:
         tf = self.transformer

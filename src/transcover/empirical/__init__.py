@@ -26,6 +26,8 @@ from ._local import LOCAL_ROLES as LOCAL_ROLES
 from ._local import LocalClassSample as LocalClassSample
 from ._local import sample_local_class as sample_local_class
 from ._metrics import as_outputs as as_outputs
+from ._metrics import check_eps as check_eps
+from ._metrics import check_q as check_q
 from ._metrics import distance_matrix as distance_matrix
 from ._metrics import sample_distance as sample_distance
 from ._montecarlo import MonteCarloCovering as MonteCarloCovering
@@ -36,17 +38,18 @@ from ._nets import IncrementalNet as IncrementalNet
 from ._nets import estimate_covering_number as estimate_covering_number
 from ._nets import greedy_net as greedy_net
 from ._nets import maximal_packing as maximal_packing
+from ._uniform import MAX_FUNCTIONS as MAX_FUNCTIONS
 from ._uniform import UniformSearchResult as UniformSearchResult
 from ._uniform import uniform_covering_search as uniform_covering_search
 
 __all__ = [
-    "as_outputs", "distance_matrix", "sample_distance",
+    "as_outputs", "check_eps", "check_q", "distance_matrix", "sample_distance",
     "CoveringEstimate", "IncrementalNet", "estimate_covering_number", "greedy_net", "maximal_packing",
     "exact_covering_number", "load_outputs",
     "NormRadii", "RADIAL_LAWS", "ReferenceClassSample", "random_inputs", "sample_reference_class",
     "LOCAL_ROLES", "LocalClassSample", "sample_local_class",
     "MonteCarloCovering", "covering_of_outputs", "monte_carlo_covering",
-    "UniformSearchResult", "uniform_covering_search",
+    "MAX_FUNCTIONS", "UniformSearchResult", "uniform_covering_search",
     "CoveringCurveDisplay", "EpsGrowthFit", "LineFit", "fit_eps_growth", "fit_line", "fit_power_growth",
     "usable_points",
 ]

@@ -33,8 +33,20 @@ import torch
 from torch import Tensor
 
 from .._errors import InputError
-from ..model import ReferenceConfig, ReferenceTransformer
-from ..model._spec import Activation
+from ..model import (
+    Activation,
+    AttentionSpec,
+    FFNSpec,
+    LayerSpec,
+    MLPHeadSpec,
+    NormKind,
+    NormSpec,
+    Placement,
+    ReferenceConfig,
+    ReferenceTransformer,
+    TransformerSpec,
+    transformer_forward,
+)
 
 __all__ = ["NormRadii", "RADIAL_LAWS", "ReferenceClassSample", "sample_reference_class", "random_inputs"]
 
@@ -191,39 +203,31 @@ class ReferenceClassSample:
         outs = [self._forward(slice(s, s + chunk_size), X) for s in range(0, self.n_functions, chunk_size)]
         return torch.cat(outs, dim=0)
 
-    def _forward(self, sl: slice, X: Tensor) -> Tensor:
+    def stacked_spec(self, members: slice = slice(None)) -> TransformerSpec:
+        """The members ``members`` as one member-stacked spec (Note [member stacks] in
+        ``transcover.model``): the reference model's decomposition with a leading member axis."""
         cfg = self.config
         act = Activation(cfg.activation)
-        dh = cfg.head_dim
+        kind = NormKind.BALL if cfg.norm == "ball" else NormKind.NONE
+        layers = [LayerSpec(
+            index=l,
+            attention=AttentionSpec(W_Q=self.W_Q[members, l], W_K=self.W_K[members, l], W_V=self.W_V[members, l],
+                                    W_O=self.W_O[members, l], causal=cfg.causal),
+            ffn=FFNSpec(W_1=self.W_1[members, l], W_2=self.W_2[members, l], activation=act,
+                        b_1=self.b_1[members, l], b_2=self.b_2[members, l]),
+            norm_attn=NormSpec(kind), norm_ffn=NormSpec(kind), placement=Placement.POST,
+        ) for l in range(cfg.n_layers)]
+        head = MLPHeadSpec(weights=tuple(W[members] for W in self.head_W),
+                           biases=tuple(b[members] for b in self.head_b), activation=act, readout=cfg.readout)
+        return TransformerSpec(arch="reference", name=self.description, d_model=cfg.d_model, layers=layers,
+                               input_norm=NormSpec(kind) if kind is NormKind.BALL else None, head=head)
 
-        def norm(Z: Tensor) -> Tensor:
-            if cfg.norm == "ball":
-                return Z / torch.clamp(Z.norm(dim=-1, keepdim=True), min=1.0)
-            return Z
-
-        m = self.W_Q[sl].shape[0]
-        Z = norm(X).expand(m, *X.shape)  # (m, n, T, d)
-        T = X.shape[1]
-        for l in range(cfg.n_layers):
-            q = torch.einsum("mntd,mhde->mhnte", Z, self.W_Q[sl, l])
-            k = torch.einsum("mntd,mhde->mhnte", Z, self.W_K[sl, l])
-            v = torch.einsum("mntd,mhde->mhnte", Z, self.W_V[sl, l])
-            S = q @ k.transpose(-1, -2) / math.sqrt(dh)  # (m, H, n, T, T)
-            if cfg.causal:
-                S = S.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
-            att = torch.einsum("mhnte,mhed->mntd", torch.softmax(S, dim=-1) @ v, self.W_O[sl, l])
-            Z = norm(Z + att)
-            u = torch.einsum("mntd,mdf->mntf", Z, self.W_1[sl, l]) + self.b_1[sl, l][:, None, None, :]
-            ff = torch.einsum("mntf,mfd->mntd", act(u), self.W_2[sl, l]) + self.b_2[sl, l][:, None, None, :]
-            Z = norm(Z + ff)
+    def _forward(self, sl: slice, X: Tensor) -> Tensor:
+        """Members ``sl`` on ``X`` (n, T, d): one batched forward pass over the member axis."""
+        Z = transformer_forward(self.stacked_spec(sl), X[None], with_head=self.output == "head")
         if self.output == "features":  # every token position is a sample: the bounds' metric
-            return Z.reshape(m, -1, Z.shape[-1])
-        z = Z.mean(dim=-2) if cfg.readout == "mean" else Z[..., 0, :]  # (m, n, d)
-        for i, (W, b) in enumerate(zip(self.head_W, self.head_b)):
-            z = torch.einsum("mna,mab->mnb", z, W[sl]) + b[sl][:, None, :]
-            if i < len(self.head_W) - 1:
-                z = act(z)
-        return z
+            return Z.reshape(Z.shape[0], -1, Z.shape[-1])
+        return Z
 
 
 def _check_inputs(X: Tensor, d: int) -> Tensor:

@@ -30,6 +30,7 @@ from ._local import layer_local as layer_local
 from ._local import network_local as network_local
 from ._local import norm_local as norm_local
 from ._local_attention import attention_local_bound as attention_local_bound
+from ._local_report import local_table as local_table
 from ._normalisation import ball_lipschitz as ball_lipschitz
 from ._normalisation import layernorm_lipschitz as layernorm_lipschitz
 from ._normalisation import norm_output_radius as norm_output_radius
@@ -52,5 +53,10 @@ __all__ = [
     "perturbation_coefficients", "perturbation_deltas", "perturbation_bound",
     "LowerEstimate", "function_lipschitz_lower", "jacobian_operator_norm", "lipschitz_lower", "network_lipschitz_lower",
     "perturbation_lower",
-    "norm_local", "attention_local_bound", "layer_local", "network_local",
+    "norm_local", "attention_local_bound", "layer_local", "network_local", "local_table",
 ]
+
+# Note [callable modules] in transcover._entry: transcover.lipschitz(...) calls the API function of that name
+from .._entry import make_callable as _make_callable  # noqa: E402
+
+_make_callable(__name__)

@@ -13,6 +13,8 @@ Derivations (each checked in tests against a fine grid and a scipy optimiser):
   = 1.128904...``, min ``-0.128904...``; L = 1.1289.
 * SiLU ``x sigmoid(x)``: ``sigma'' = s(1-s)(2 + x(1 - 2s))`` vanishes at the root ``x* ~ 2.3994`` of
   ``2 + x(1 - 2 s(x)) = 0``; L = ``sigma'(x*) = 1.0998...`` (the minimum is ``1 - L``).
+* QuickGELU ``x sigmoid(a x)``, ``a = 1.702`` (CLIP): it is ``silu(a x) / a``, so its derivative is
+  ``silu'(a x)`` and L equals SiLU's 1.0998...; it is ``x s(x)`` with ``s = sigmoid(a x)`` in [0, 1].
 * GELU-tanh: no closed form; the maximiser of ``sigma'`` is the root of ``sigma''`` in [1, 3]
   (brentq on the analytic second derivative), L = 1.128993...
 """
@@ -22,7 +24,7 @@ from __future__ import annotations
 import math
 from functools import cache
 
-from ..model._spec import Activation
+from ..model._spec import QUICK_GELU_SLOPE, Activation
 
 __all__ = ["activation_lipschitz", "activation_gain", "activation_derivative"]
 
@@ -46,6 +48,8 @@ def activation_derivative(act: Activation | str, x: float) -> float:
     if act is Activation.SILU:
         s = _sigmoid(x)
         return s * (1.0 + x * (1.0 - s))
+    if act is Activation.QUICK_GELU:  # d/dx [silu(a x) / a] = silu'(a x)
+        return activation_derivative(Activation.SILU, QUICK_GELU_SLOPE * x)
     t = math.tanh(_K * (x + _C * x**3))
     return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * _K * (1.0 + 3.0 * _C * x * x)
 
@@ -67,6 +71,8 @@ def _sup_derivative(act: Activation) -> float:
         return 1.0
     if act is Activation.GELU:
         return 0.5 * math.erfc(-1.0) + 1.0 / (math.e * math.sqrt(math.pi))
+    if act is Activation.QUICK_GELU:  # quick_gelu'(x) = silu'(1.702 x): the same supremum
+        return _sup_derivative(Activation.SILU)
     if act is Activation.SILU:
         x_star = brentq(lambda x: 2.0 + x * (1.0 - 2.0 * _sigmoid(x)), 1.0, 4.0, xtol=1e-15, rtol=1e-15)
     else:

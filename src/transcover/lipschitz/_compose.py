@@ -88,9 +88,9 @@ class NetworkLipschitz:
     def plot(self, ax=None, lower: dict | None = None):
         """Certified upper (and, given ``lower`` from ``lipschitz_lower``, empirical lower) per stage,
         layer and network: :class:`transcover.report.LipschitzDisplay` (returned, ``figure_`` set)."""
-        from ..report._displays import LipschitzDisplay
+        from .._views import render
 
-        return LipschitzDisplay.from_bounds(self, lower).plot(ax=ax)
+        return render("lipschitz.plot", self, ax=ax, lower=lower)
 
     def to_dict(self) -> dict[str, object]:
         return {

@@ -23,8 +23,18 @@ from torch import Tensor
 
 from .._errors import InputError
 from .._results import Kind, Quantity, check_certified
-from ..model._functional import attention_forward, ffn_forward, layer_forward, transformer_forward
-from ..model._spec import NormKind, NormSpec, Placement, TransformerSpec
+from ..model import (
+    ForwardHooks,
+    NormKind,
+    NormSpec,
+    Placement,
+    TransformerSpec,
+    attention_forward,
+    ffn_forward,
+    layer_forward,
+    norm_forward,
+    transformer_forward,
+)
 from ._weights import ROUNDING_PAD, check_radius
 
 __all__ = [
@@ -62,22 +72,28 @@ def _metric_norm(Y: Tensor, metric: str) -> Tensor:
 
 
 # -- forward passes that record LayerNorm input spreads -------------------------------------------
-def _tracking(track: list | None) -> Callable[[NormSpec, Tensor], Tensor]:
-    """An ``apply_norm`` for the model's forward passes that records each LayerNorm/RMSNorm input's
-    smallest spread (std, or RMS) into ``track`` before normalising."""
+def _record_spread(track: list, n: NormSpec, X: Tensor) -> None:
+    """Append the smallest spread (std for LayerNorm, RMS for RMSNorm) of ``n``'s input rows."""
+    if n.kind is NormKind.LAYERNORM:
+        track.append(X.std(dim=-1, unbiased=False).amin(dim=-1))
+    elif n.kind is NormKind.RMSNORM:
+        track.append(X.pow(2).mean(-1).sqrt().amin(dim=-1))
 
-    def apply(n: NormSpec, X: Tensor) -> Tensor:
-        if track is not None and n.kind is NormKind.LAYERNORM:
-            track.append(X.std(dim=-1, unbiased=False).amin(dim=-1))
-        elif track is not None and n.kind is NormKind.RMSNORM:
-            track.append(X.pow(2).mean(-1).sqrt().amin(dim=-1))
-        return n(X)
 
-    return apply
+def _tracking(track: list | None) -> ForwardHooks | None:
+    """Hooks for the model's forward pass that record every LayerNorm/RMSNorm input's smallest
+    spread into ``track`` (the normalisations themselves are left as they are)."""
+    if track is None:
+        return None
+    return ForwardHooks(on_norm=lambda site, n, X: _record_spread(track, n, X))
 
 
 def _norm_apply(n: NormSpec | None, X: Tensor, track: list | None) -> Tensor:
-    return X if n is None else _tracking(track)(n, X)
+    if n is None:
+        return X
+    if track is not None:
+        _record_spread(track, n, X)
+    return norm_forward(n, X)
 
 
 def stage_functions(spec: TransformerSpec) -> dict[tuple[int, str], Fn]:
@@ -88,11 +104,11 @@ def stage_functions(spec: TransformerSpec) -> dict[tuple[int, str], Fn]:
     out: dict[tuple[int, str], Fn] = {
         (-1, "input_norm"): lambda X, t: _norm_apply(spec.input_norm, X, t),
         (L, "final_norm"): lambda X, t: _norm_apply(spec.final_norm, X, t),
-        (-2, "network"): lambda X, t: transformer_forward(spec, X, with_head=False, apply_norm=_tracking(t),
+        (-2, "network"): lambda X, t: transformer_forward(spec, X, with_head=False, hooks=_tracking(t),
                                                           layers=layers),
     }
     for i, layer in enumerate(layers):
-        out[(i, "layer")] = lambda X, t, lay=layer: layer_forward(lay, X, apply_norm=_tracking(t))
+        out[(i, "layer")] = lambda X, t, lay=layer: layer_forward(lay, X, hooks=_tracking(t))
         if layer.residual.value == "parallel":  # the whole layer is the chain's one stage (F19)
             out[(i, "parallel")] = out[(i, "layer")]
         elif layer.placement is Placement.POST:

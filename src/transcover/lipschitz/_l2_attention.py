@@ -12,43 +12,18 @@ and the block outputs ``sum_h f^h(X) W_O^h`` (= ``[f^1 ... f^H] W_O``).  Kim et 
 ``W_K = W_Q`` is what makes the map Lipschitz (their Thm 3.2); dot-product attention is not
 (their Thm 3.1, THEORY F13).  ``W_Q`` enters twice (scores and ``A_h``), so the Lipschitz constant
 has degree 2 in ``W_Q^h``: :func:`l2_attention_lipschitz` derives it (THEORY F13, corrected).
+The map itself is computed by :func:`transcover.model.l2_attention_forward`, part of the one forward
+pass in ``model``; this module keeps the bound.
 """
 
 from __future__ import annotations
 
 import math
 
-import torch
-from torch import Tensor
-
 from .._errors import InputError
+from ..model import l2_attention_forward  # the forward is model's (one forward pass); re-exported here
 
 __all__ = ["l2_attention_forward", "phi_inverse", "l2_attention_constants", "l2_attention_lipschitz"]
-
-
-def l2_attention_forward(X: Tensor, W_Q: Tensor, W_V: Tensor, W_O: Tensor) -> Tensor:
-    """Multi-head L2 self-attention (no residual), Kim et al. 2021 eq. (L2-MHA).
-
-    Args:
-        X: ``(B, T, d)`` (or ``(T, d)``).
-        W_Q: ``(H, d, d_h)``, tied query/key map.
-        W_V: ``(H, d, d_h)``.
-        W_O: ``(H, d_h, d)``.
-
-    Returns:
-        ``(B, T, d)`` (or ``(T, d)``): ``sum_h softmax(-||x_i W_Q^h - x_j W_Q^h||^2/sqrt(d_h)) X A_h W_V^h W_O^h``.
-    """
-    dh = W_Q.shape[-1]
-    q = torch.einsum("...td,hde->...hte", X, W_Q)  # (B, H, T, dh)
-    # ||q_i - q_j||^2 = ||q_i||^2 - 2 q_i.q_j + ||q_j||^2; the ||q_i||^2 term is constant in j and
-    # cancels in the softmax, but keeping the exact distance costs nothing and mirrors the paper.
-    sq = (q * q).sum(-1)
-    dist2 = sq[..., :, None] - 2.0 * q @ q.transpose(-1, -2) + sq[..., None, :]
-    P = torch.softmax(-dist2 / math.sqrt(dh), dim=-1)  # (B, H, T, T)
-    A = W_Q @ W_Q.transpose(-1, -2) / math.sqrt(dh)  # (H, d, d)
-    value_map = A @ W_V @ W_O  # (H, d, d): A_h W_V^h W_O^h
-    PX = torch.einsum("...hts,...sd->...htd", P, X)  # (B, H, T, d)
-    return torch.einsum("...htd,hde->...te", PX, value_map)
 
 
 def phi_inverse(y: float) -> float:

@@ -35,7 +35,7 @@ from torch import Tensor
 from .._errors import InputError
 from .._results import Kind, Quantity
 from ..model._arrays import to_tensor
-from ..model._spec import Activation, LayerSpec, NormKind, NormSpec, Placement, TransformerSpec
+from ..model._spec import QUICK_GELU_SLOPE, Activation, LayerSpec, NormKind, NormSpec, Placement, TransformerSpec
 from ._activations import activation_lipschitz
 from ._local_attention import DATA_PAD, attention_local_bound, head_norms
 from ._weights import ROUNDING_PAD, spectral
@@ -59,10 +59,13 @@ def check_rho(rho: float) -> float:
 
 def second_derivative_sup(act: Activation) -> float:
     """sup |sigma''| (GELU: phi(x)(2 - x^2) peaks at 0, 2/sqrt(2 pi); SiLU: 1/2 at 0; GELU-tanh:
-    0.798 by the same shape, padded to 0.8; identity 0; ReLU: infinite, the drift is then unbounded)."""
+    0.798 by the same shape, padded to 0.8; QuickGELU: 1.702 / 2; identity 0; ReLU: infinite, the drift is then
+    unbounded)."""
     act = Activation(act)
     return {Activation.GELU: 2.0 / math.sqrt(2.0 * math.pi) * (1 + ROUNDING_PAD), Activation.SILU: 0.5 * (1 + ROUNDING_PAD),
-            Activation.GELU_TANH: 0.8, Activation.IDENTITY: 0.0}.get(act, math.inf)
+            Activation.GELU_TANH: 0.8, Activation.IDENTITY: 0.0,
+            # quick_gelu''(x) = a silu''(a x), a = 1.702
+            Activation.QUICK_GELU: 0.5 * QUICK_GELU_SLOPE * (1 + ROUNDING_PAD)}.get(act, math.inf)
 
 
 def norm_local(norm: NormSpec | None, X: Tensor, rho: float) -> tuple[Tensor, Tensor]:

@@ -344,9 +344,9 @@ class PerturbationBound:
     def plot(self, ax=None, lower: float | None = None, *, n_layers: int | None = None):
         """Per-layer contributions and the total beside ``lower`` (a measured change), as
         :class:`transcover.report.PerturbationDisplay` (returned, ``figure_`` set)."""
-        from ..report._displays import PerturbationDisplay
+        from .._views import render
 
-        return PerturbationDisplay.from_result(self, lower, n_layers=n_layers).plot(ax=ax)
+        return render("perturbation.plot", self, ax=ax, lower=lower, n_layers=n_layers)
 
     def to_dict(self) -> dict[str, object]:
         return {"total": self.total.to_dict(), "coefficients": self.coefficients.to_dict(),

@@ -1,4 +1,8 @@
-"""The seed's decomposition (section 1.2): typed layers and heads, adapters, loading, the reference model.
+"""The seed's decomposition (section 1.2): typed layers and heads, adapters, loading, the reference model,
+and the one forward pass that evaluates a spec (``_functional``).
+
+``model`` is the ground floor: it imports no other transcover package (only ``_errors``, ``_io``),
+so every package may build on it.
 
 Importing this package does not import torch (Note [no torch on the file path] in ``_arrays``): the
 torch module :class:`ReferenceTransformer` and its helpers are resolved on first access
@@ -7,13 +11,22 @@ torch module :class:`ReferenceTransformer` and its helpers are resolved on first
 
 from typing import Any
 
+from ._functional import ForwardHooks as ForwardHooks
 from ._functional import attention_forward as attention_forward
 from ._functional import ffn_forward as ffn_forward
+from ._functional import head_forward as head_forward
+from ._functional import l2_attention_forward as l2_attention_forward
 from ._functional import layer_forward as layer_forward
+from ._functional import norm_forward as norm_forward
 from ._functional import transformer_forward as transformer_forward
+from ._members import stack_members as stack_members
 from ._compare import require_same_structure as require_same_structure
 from ._compare import structural_differences as structural_differences
 from ._convert import as_torch as as_torch
+from ._adapters._refused import OutsideDecompositionError as OutsideDecompositionError
+from ._adapters._support import support_table as support_table
+from ._sources import StateDictSource as StateDictSource
+from ._sources import open_safetensors as open_safetensors
 from ._reference_spec import ReferenceConfig as ReferenceConfig
 from ._spec import Activation as Activation
 from ._spec import AttentionSpec as AttentionSpec
@@ -32,15 +45,19 @@ __all__ = [
     "Activation", "AttentionSpec", "FFNSpec", "LayerSequence", "LayerSpec", "MLPHeadSpec",
     "NormKind", "NormSpec", "Placement", "Residual", "RopeSpec", "TransformerSpec",
     "ReferenceConfig", "ReferenceTransformer", "reference_spec", "save_reference",
-    "attention_forward", "ffn_forward", "layer_forward", "transformer_forward", "as_torch",
+    "ForwardHooks", "attention_forward", "ffn_forward", "head_forward", "l2_attention_forward", "layer_forward",
+    "norm_forward", "transformer_forward", "stack_members", "as_torch",
     "structural_differences", "require_same_structure",
+    "OutsideDecompositionError", "support_table", "StateDictSource", "open_safetensors",
 ]
 from ._load import SUPPORTED_ARCHITECTURES as SUPPORTED_ARCHITECTURES
 from ._load import bundled_model_dir as bundled_model_dir
 from ._load import load as load
 from ._load import spec_from_module as spec_from_module
 
-__all__ += ["SUPPORTED_ARCHITECTURES", "bundled_model_dir", "load", "spec_from_module"]
+from ._data import load_inputs as load_inputs
+
+__all__ += ["SUPPORTED_ARCHITECTURES", "bundled_model_dir", "load", "spec_from_module", "load_inputs"]
 
 _TORCH_NAMES = ("ReferenceTransformer", "reference_spec", "save_reference")
 

@@ -26,7 +26,7 @@ Differences that are *not* structural, because the bound already accounts for th
   ``transcover.lipschitz._normalisation``);
 * fields the forward pass never reads: names, ``arch``, ``config``, embeddings, ``RopeSpec.max_position``.
 
-Structural (refused): width, depth, norm placement, sequential vs parallel residual, query/key normalisation, the soft-capping constant, norm kind, attention kind (dot-product vs L2), causal masking, RoPE presence / base / rotary dimension, the
+Structural (refused): width, depth, norm placement, sequential vs parallel residual, query/key normalisation, the soft-capping constant, norm kind, attention kind (dot-product vs L2), causal masking, sliding-window size, RoPE presence / base / rotary dimension / scaled frequencies, the
 head dimension under RoPE or L2 attention, the number of query heads, activation, gated vs plain
 FFN, FFN width and, when the MLP head is part of the compared function, the head's layout.
 """
@@ -71,6 +71,8 @@ def _layer_diffs(la, lb, i: int) -> list[str]:
         out.append(f"attention kind: layer {i} {aa.kind} vs {ab.kind}")
     if bool(aa.causal) != bool(ab.causal):
         out.append(f"masking: layer {i} causal={bool(aa.causal)} vs {bool(ab.causal)}")
+    if aa.window != ab.window:
+        out.append(f"masking: layer {i} sliding window={aa.window} vs {ab.window}")
     ra, rb = _rope_key(aa.rope, aa.d_head), _rope_key(ab.rope, ab.d_head)
     if ra != rb:
         out.append(f"rotary position embedding: layer {i} {ra[:80]} vs {rb[:80]}")

@@ -1,31 +1,119 @@
-"""Forward passes computed from the decomposition alone.
+"""The one forward pass: every model transcover evaluates is computed by these functions.
 
-These functions recompute a model's attention, FFN and whole layers from a
-:class:`~transcover.model.TransformerSpec`; the adapter tests compare them with the original
-modules, which is what proves an adapter right.  Later stages (Lipschitz estimates, covering
-estimates) use them as the reference semantics of a spec.
+They compute a model's attention, FFN, whole layers and head from a
+:class:`~transcover.model.TransformerSpec` alone.  The adapter tests compare them with the original
+modules, which is what proves an adapter right; the reference module
+(:class:`~transcover.model.ReferenceTransformer`) computes with them, the Lipschitz searches, the
+Monte-Carlo classes and the approximation lab evaluate models through them.  Extensions of a block
+(a parallel residual, a normalisation of queries and keys) belong in :func:`layer_forward` and
+:func:`attention_scores`, the one place each structure is written down.
 
 They compute in torch, in the dtype of ``X``; a spec read from files holds numpy arrays, which are
 converted here (:func:`~transcover.model._arrays.to_tensor`).  torch is imported inside the
 functions: ``transcover.norms`` imports :func:`apply_rope` on the CLI's start-up path.
+
+Note [member stacks]: a spec's arrays may carry one leading *member* axis ``M``
+(:func:`stack_members`; e.g. ``W_Q`` of shape ``(M, H, d, d_head)``): then ``X`` is
+``(M or 1, batch..., T, d)`` and member ``m``'s weights act on ``X[m]`` (or on the shared ``X[0]``).
+Every piece reads its shapes from the trailing axes and :func:`_w` lifts a stacked array so that
+it broadcasts against ``X``; a spec without a member axis takes exactly the operations it always
+took, so a single model's numbers do not depend on stacks existing.
+
+Note [hooks]: :class:`ForwardHooks` lets a caller observe or replace the values the forward passes
+through its normalisations and its attention probabilities, without a second copy of the forward.
+Without hooks (``hooks=None``) nothing extra is computed.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from ._arrays import to_tensor
-from ._spec import AttentionSpec, FFNSpec, LayerSpec, NormSpec, Placement, Residual, RopeSpec, TransformerSpec
+from ._spec import (
+    AttentionSpec,
+    FFNSpec,
+    LayerSpec,
+    MLPHeadSpec,
+    NormSpec,
+    Placement,
+    Residual,
+    RopeSpec,
+    TransformerSpec,
+)
 
 if TYPE_CHECKING:
     from torch import Tensor
 
-__all__ = ["attention_forward", "ffn_forward", "layer_forward", "transformer_forward", "apply_rope"]
+__all__ = [
+    "ForwardHooks", "attention_forward", "ffn_forward", "layer_forward", "transformer_forward",
+    "head_forward", "norm_forward", "l2_attention_forward", "apply_rope", "attention_scores",
+]
+
+NormSite = tuple[int, str]  # (layer, name) as in lipschitz's chain: (-1, "input_norm"), (i, "norm_attn"), ...
 
 
-def _w(W, X):  # noqa: ANN001, ANN202  (a spec array as a tensor of X's dtype)
-    return to_tensor(W, X)
+@dataclass(frozen=True)
+class ForwardHooks:
+    """Callbacks that observe or replace values inside :func:`transformer_forward` (Note [hooks]).
+
+    Each returns ``None`` to leave the forward as it is, or a tensor of the same shape that takes
+    the place of the value it was shown.
+
+    * ``on_norm(site, norm, X)``: ``X`` is the input of the normalisation at ``site``
+      (``(-1, "input_norm")``, ``(i, "norm_attn")``, ``(i, "norm_ffn")``, ``(L, "final_norm")``);
+      a returned tensor is used as the normalisation's *output*.
+    * ``on_attention_probs(layer, head, P)``: ``P`` (``(..., T, T)``, rows summing to 1) is the
+      attention of one head after the softmax (and its masks); a returned tensor is used instead.
+    * ``on_head_output(layer, head, Y)``: ``Y`` (``(..., T, d)``) is the head's contribution
+      ``P X W_OV^h`` before the heads are summed and the output bias added.
+
+    Example:
+        >>> seen = []
+        >>> hooks = ForwardHooks(on_attention_probs=lambda layer, h, P: seen.append((layer, h)))
+    """
+
+    on_norm: Callable[[NormSite, NormSpec, Tensor], Tensor | None] | None = None
+    on_attention_probs: Callable[[int, int, Tensor], Tensor | None] | None = None
+    on_head_output: Callable[[int, int, Tensor], Tensor | None] | None = None
+
+
+def _call(hook: Callable[..., Any] | None, value: Tensor, *key: Any) -> Tensor:
+    if hook is None:
+        return value
+    out = hook(*key, value)
+    return value if out is None else out
+
+
+def _w(W: Any, X: Tensor, base: int = 2) -> Tensor:
+    """A spec array (its own rank ``base``: 2 for a matrix, 1 for a vector) as a tensor of X's
+    dtype; a stacked array ``(M, ...)`` gets singleton axes so it broadcasts against ``X``
+    (Note [member stacks])."""
+    t = to_tensor(W, X)
+    if t.ndim == base:
+        return t
+    ones = X.ndim - t.ndim
+    if t.ndim != base + 1 or ones < 0:
+        raise ValueError(f"a stacked array of shape {tuple(t.shape)} does not broadcast against input "
+                         f"{tuple(X.shape)}: stacked models take X of shape (M or 1, batch..., T, d)")
+    return t.reshape(t.shape[:1] + (1,) * ones + t.shape[1:])
+
+
+def _linear(X: Tensor, W: Any) -> Tensor:
+    """``X @ W`` for a spec matrix ``W`` (converted to X's dtype).
+
+    A stacked ``W`` (M, a, b) multiplies each member's rows of ``X`` (M or 1, batch..., a), folded
+    into one matrix per member: one batched product of M matrices, where broadcasting would make
+    one tiny product per member and sequence (Note [member stacks]).
+    """
+    t = to_tensor(W, X)
+    if t.ndim == 2:
+        return X @ t
+    M, _, b = t.shape
+    rows = X.reshape(X.shape[0], -1, X.shape[-1])  # (M or 1, batch * T, a)
+    return (rows @ t).reshape((M,) + tuple(X.shape[1:-1]) + (b,))
 
 
 def apply_rope(x: Tensor, rope: RopeSpec, positions: Tensor) -> Tensor:
@@ -36,7 +124,7 @@ def apply_rope(x: Tensor, rope: RopeSpec, positions: Tensor) -> Tensor:
     import torch
 
     d_head = x.shape[-1]
-    inv = rope.inv_freq(d_head).to(x.dtype)
+    inv = rope.inv_freq(d_head).to(device=x.device, dtype=x.dtype)
     rd = inv.numel() * 2
     ang = positions.to(x.dtype)[:, None] * inv[None, :]  # (T, rd/2)
     cos = torch.cat([ang.cos(), ang.cos()], dim=-1)
@@ -47,122 +135,239 @@ def apply_rope(x: Tensor, rope: RopeSpec, positions: Tensor) -> Tensor:
     return torch.cat([xr * cos + rotated * sin, xp], dim=-1)
 
 
-def attention_scores(attn: AttentionSpec, X: Tensor, h: int) -> Tensor:
-    """Pre-softmax scores of head h on X (..., T, d), using the exact bias folding.
+def _mask(scores: Tensor, causal: bool, key_mask: Tensor | None, window: int | None = None) -> Tensor:
+    """Scores ``(..., T, T)`` with the future (causal), keys beyond a sliding ``window`` and the keys
+    ``key_mask`` forbids at -inf."""
+    import torch
+
+    T = scores.shape[-1]
+    if causal:
+        future = torch.ones(T, T, dtype=torch.bool, device=scores.device).triu(1)
+        scores = scores.masked_fill(future, float("-inf"))
+    if window is not None:
+        # Note [window mask]: key j is hidden from query i when j <= i - window (HF's
+        # ``sliding_window_overlay``: visible iff j > i - window); every row keeps its diagonal, so
+        # no row is empty.  The global attention bounds (THEORY F5-F6) only use that each row of P
+        # is a probability vector over some non-empty key set, so they hold for any such row mask.
+        far = torch.ones(T, T, dtype=torch.bool, device=scores.device).tril(-window)
+        scores = scores.masked_fill(far, float("-inf"))
+    if key_mask is not None:
+        scores = scores.masked_fill(~key_mask[..., None, :], float("-inf"))
+    return scores
+
+
+def attention_scores(attn: AttentionSpec, X: Tensor, h: int, *, key_mask: Tensor | None = None) -> Tensor:
+    """Pre-softmax scores of head h on X (..., T, d), using the exact bias folding, masks applied.
 
     Without RoPE: ``x~_i A~ x_j^T`` with ``A~ = scale [W_Q; b_Q] W_K^T`` (Note [attention biases]
     in ``_spec``); ``b_K`` is dropped because it cancels in the softmax.  With RoPE, query/key
-    normalisation or soft-capping the key bias would not cancel, so the biases are applied as in the model.
+    normalisation or soft-capping the key bias would not cancel, so the biases are applied as in the
+    model.  ``key_mask`` (``(..., T)`` bool): the keys each query may read (True); None reads all.
     """
+    return _scores(attn, X, h, key_mask, _augmented(attn, X))
+
+
+def _augmented(attn: AttentionSpec, X: Tensor) -> Tensor | None:
+    """``[X, 1]``, the homogeneous rows the folded query map reads (None with RoPE, query/key
+    normalisation or soft-capping, where the key bias does not cancel)."""
+    import torch
+
+    folded = attn.rope is None and attn.q_norm is None and attn.k_norm is None and attn.softcap is None
+    return torch.cat([X, torch.ones_like(X[..., :1])], dim=-1) if folded else None
+
+
+def _scores(attn: AttentionSpec, X: Tensor, h: int, key_mask: Tensor | None, Xa: Tensor | None) -> Tensor:
     import torch
 
     Wq, Wk, _, _ = attn.head(h)
     T = X.shape[-2]
-    if attn.rope is None and attn.q_norm is None and attn.k_norm is None and attn.softcap is None:
-        Xa = torch.cat([X, torch.ones_like(X[..., :1])], dim=-1)
-        q = Xa @ _w(attn.W_Q_augmented(h), X)
-        k = X @ _w(Wk, X)
+    if Xa is not None:
+        q = _linear(Xa, attn.W_Q_augmented(h))
+        k = _linear(X, Wk)
     else:
         g = attn.kv_index(h)
-        q = X @ _w(Wq, X) + (0 if attn.b_Q is None else _w(attn.b_Q[h], X))
-        k = X @ _w(Wk, X) + (0 if attn.b_K is None else _w(attn.b_K[g], X))
+        q = _linear(X, Wq) + (0 if attn.b_Q is None else _w(attn.b_Q[..., h, :], X, 1))
+        k = _linear(X, Wk) + (0 if attn.b_K is None else _w(attn.b_K[..., g, :], X, 1))
         if attn.q_norm is not None:  # per-head RMSNorm before the rotation (Qwen3; THEORY F21)
-            q = attn.q_norm(q)
+            q = norm_forward(attn.q_norm, q)
         if attn.k_norm is not None:
-            k = attn.k_norm(k)
+            k = norm_forward(attn.k_norm, k)
         if attn.rope is not None:
-            pos = torch.arange(T)
+            pos = torch.arange(T, device=X.device)
             q = apply_rope(q, attn.rope, pos)
             k = apply_rope(k, attn.rope, pos)
     scores = attn.softmax_scale * (q @ k.transpose(-1, -2))
     if attn.softcap is not None:  # Gemma 2: c tanh(s / c), before the mask (THEORY F22)
         scores = attn.softcap * torch.tanh(scores / attn.softcap)
-    if attn.causal:
-        mask = torch.ones(T, T, dtype=torch.bool).triu(1)
-        scores = scores.masked_fill(mask, float("-inf"))
-    return scores
+    return _mask(scores, attn.causal, key_mask, attn.window)
 
 
-def attention_forward(attn: AttentionSpec, X: Tensor) -> Tensor:
-    """Multi-head self-attention output (before the residual) on X of shape (..., T, d)."""
+def l2_attention_forward(X: Tensor, W_Q: Tensor, W_V: Tensor, W_O: Tensor, *, key_mask: Tensor | None = None,
+                         layer: int = 0, hooks: ForwardHooks | None = None) -> Tensor:
+    """Multi-head L2 self-attention (no residual), Kim, Papamakarios, Mnih 2021 eq. (L2-MHA).
+
+    .. math::
+
+        \\sum_h \\mathrm{softmax}_j\\big(-\\|x_i W_Q^h - x_j W_Q^h\\|_2^2/\\sqrt{d_h}\\big)\\, X A_h W_V^h W_O^h,
+        \\qquad A_h = W_Q^h W_Q^{hT}/\\sqrt{d_h}
+
+    Its Lipschitz bound is :func:`transcover.lipschitz.l2_attention_lipschitz` (THEORY F13).
+
+    Args:
+        X: ``(B, T, d)`` (or ``(T, d)``); ``(M or 1, B, T, d)`` for a member stack.
+        W_Q: ``(H, d, d_h)``, tied query/key map (``(M, H, d, d_h)`` stacked).
+        W_V: ``(H, d, d_h)``.
+        W_O: ``(H, d_h, d)``.
+        key_mask, layer, hooks: as in :func:`attention_forward`.
+
+    Returns:
+        ``(B, T, d)`` (or ``(T, d)``, or ``(M, B, T, d)``).
+    """
+    import torch
+
+    dh = W_Q.shape[-1]
+    m = "m" if W_Q.ndim == 4 else ""  # Note [member stacks]: einsum names the member axis
+    if m:
+        X = X.expand(W_Q.shape[0], *X.shape[1:])
+    q = torch.einsum(f"{m}...td,{m}hde->{m}...hte", X, W_Q)  # (B, H, T, dh)
+    # ||q_i - q_j||^2 = ||q_i||^2 - 2 q_i.q_j + ||q_j||^2; the ||q_i||^2 term is constant in j and
+    # cancels in the softmax, but keeping the exact distance costs nothing and mirrors the paper.
+    sq = (q * q).sum(-1)
+    dist2 = sq[..., :, None] - 2.0 * q @ q.transpose(-1, -2) + sq[..., None, :]
+    scores = -dist2 / math.sqrt(dh)
+    if key_mask is not None:
+        scores = scores.masked_fill(~key_mask[..., None, None, :], float("-inf"))
+    P = torch.softmax(scores, dim=-1)  # (B, H, T, T)
+    if hooks is not None and hooks.on_attention_probs is not None:
+        P = torch.stack([_call(hooks.on_attention_probs, P[..., h, :, :], layer, h)
+                         for h in range(P.shape[-3])], dim=-3)
+    A = W_Q @ W_Q.transpose(-1, -2) / math.sqrt(dh)  # (H, d, d)
+    value_map = A @ W_V @ W_O  # (H, d, d): A_h W_V^h W_O^h
+    PX = torch.einsum("...hts,...sd->...htd", P, X)  # (B, H, T, d)
+    if hooks is None or hooks.on_head_output is None:
+        return torch.einsum(f"{m}...htd,{m}hde->{m}...te", PX, value_map)
+    heads = torch.einsum(f"{m}...htd,{m}hde->{m}...hte", PX, value_map)  # (B, H, T, d)
+    return sum(_call(hooks.on_head_output, heads[..., h, :, :], layer, h) for h in range(heads.shape[-3]))
+
+
+def attention_forward(attn: AttentionSpec, X: Tensor, *, key_mask: Tensor | None = None, layer: int = 0,
+                      hooks: ForwardHooks | None = None) -> Tensor:
+    """Multi-head self-attention output (before the residual) on X of shape (..., T, d).
+
+    ``sum_h softmax(scores_h) X W_OV^h + b`` with the folded output bias ``b``
+    (:meth:`AttentionSpec.effective_output_bias`); L2 attention goes to :func:`l2_attention_forward`.
+    ``key_mask`` (``(..., T)`` bool) hides keys from every query (a query with no key left gets
+    NaN); ``layer`` is the index the hooks are told.
+    """
     import torch
 
     if attn.kind == "l2":
-        from ..lipschitz import l2_attention_forward  # the L2 variant lives with its bound
-
-        return l2_attention_forward(X, _w(attn.W_Q, X), _w(attn.W_V, X), _w(attn.W_O, X))
+        return l2_attention_forward(X, to_tensor(attn.W_Q, X), to_tensor(attn.W_V, X), to_tensor(attn.W_O, X),
+                                    key_mask=key_mask, layer=layer, hooks=hooks)
+    on_probs = None if hooks is None else hooks.on_attention_probs
+    on_head = None if hooks is None else hooks.on_head_output
+    Xa = _augmented(attn, X)  # once for all heads
     out = None
     for h in range(attn.n_heads):
         _, _, Wv, Wo = attn.head(h)
-        P = torch.softmax(attention_scores(attn, X, h), dim=-1)
-        term = (P @ X) @ (_w(Wv, X) @ _w(Wo, X))  # (..., T, d): P X W_OV^h
+        P = _call(on_probs, torch.softmax(_scores(attn, X, h, key_mask, Xa), dim=-1), layer, h)
+        W_OV = to_tensor(Wv, X) @ to_tensor(Wo, X)  # (d, d), or (M, d, d) stacked
+        term = _call(on_head, _linear(P @ X, W_OV), layer, h)  # (..., T, d): P X W_OV^h
         out = term if out is None else out + term
     bias = attn.effective_output_bias()
     if bias is not None:
-        out = out + _w(bias, X)
+        out = out + _w(bias, X, 1)
     return out
 
 
 def ffn_forward(ffn: FFNSpec, X: Tensor) -> Tensor:
     """The FFN (before the residual) on X of shape (..., d)."""
-    u = X @ _w(ffn.W_1, X)
+    u = _linear(X, ffn.W_1)
     if ffn.b_1 is not None:
-        u = u + _w(ffn.b_1, X)
+        u = u + _w(ffn.b_1, X, 1)
     if ffn.gated:
-        g = X @ _w(ffn.W_gate, X)
+        g = _linear(X, ffn.W_gate)
         if ffn.b_gate is not None:
-            g = g + _w(ffn.b_gate, X)
+            g = g + _w(ffn.b_gate, X, 1)
         hidden = ffn.activation(g) * u
     else:
         hidden = ffn.activation(u)
-    y = hidden @ _w(ffn.W_2, X)
+    y = _linear(hidden, ffn.W_2)
     if ffn.b_2 is not None:
-        y = y + _w(ffn.b_2, X)
+        y = y + _w(ffn.b_2, X, 1)
     return y
 
 
-def _apply_norm(norm: NormSpec, X: Tensor) -> Tensor:
-    return norm(X)
+def norm_forward(norm: NormSpec, X: Tensor) -> Tensor:
+    """``norm(X)``; a stacked scale and shift ``(M, d)`` are lifted to broadcast against X first."""
+    stacked = [v is not None and v.ndim == 2 for v in (norm.weight, norm.bias)]
+    if not any(stacked):
+        return norm(X)
+    lift = lambda v: None if v is None else _w(v, X, 1)  # noqa: E731
+    return NormSpec(norm.kind, lift(norm.weight), lift(norm.bias), norm.eps)(X)
 
 
-def layer_forward(layer: LayerSpec, X: Tensor, *,
-                  apply_norm: Callable[[NormSpec, Tensor], Tensor] = _apply_norm) -> Tensor:
-    """One block, with its residuals and normalisations in their places.
+def _norm(norm: NormSpec, X: Tensor, site: NormSite, hooks: ForwardHooks | None) -> Tensor:
+    if hooks is not None and hooks.on_norm is not None:
+        out = hooks.on_norm(site, norm, X)
+        if out is not None:
+            return out
+    return norm_forward(norm, X)
 
-    ``apply_norm(norm, X)`` evaluates each normalisation; callers that must observe the inputs of
-    the norms (the Lipschitz searches record LayerNorm input spreads) pass their own.
+
+def layer_forward(layer: LayerSpec, X: Tensor, *, key_mask: Tensor | None = None,
+                  hooks: ForwardHooks | None = None) -> Tensor:
+    """One block, with its residuals and normalisations in their places (``LayerSpec.placement``).
+
+    The hooks are told ``layer.index`` (norm sites ``(layer.index, "norm_attn" | "norm_ffn")``).
     """
+    i = layer.index
+
+    def attend(Z: Tensor) -> Tensor:
+        return attention_forward(layer.attention, Z, key_mask=key_mask, layer=i, hooks=hooks)
+
     if layer.residual is Residual.PARALLEL:  # both branches read the block's input (THEORY F19)
-        return (X + attention_forward(layer.attention, apply_norm(layer.norm_attn, X))
-                + ffn_forward(layer.ffn, apply_norm(layer.norm_ffn, X)))
+        return (X + attend(_norm(layer.norm_attn, X, (i, "norm_attn"), hooks))
+                + ffn_forward(layer.ffn, _norm(layer.norm_ffn, X, (i, "norm_ffn"), hooks)))
     if layer.placement is Placement.PRE:
-        X = X + attention_forward(layer.attention, apply_norm(layer.norm_attn, X))
-        return X + ffn_forward(layer.ffn, apply_norm(layer.norm_ffn, X))
-    X = apply_norm(layer.norm_attn, X + attention_forward(layer.attention, X))
-    return apply_norm(layer.norm_ffn, X + ffn_forward(layer.ffn, X))
+        X = X + attend(_norm(layer.norm_attn, X, (i, "norm_attn"), hooks))
+        return X + ffn_forward(layer.ffn, _norm(layer.norm_ffn, X, (i, "norm_ffn"), hooks))
+    X = _norm(layer.norm_attn, X + attend(X), (i, "norm_attn"), hooks)
+    return _norm(layer.norm_ffn, X + ffn_forward(layer.ffn, X), (i, "norm_ffn"), hooks)
+
+
+def head_forward(head: MLPHeadSpec, X: Tensor) -> Tensor:
+    """The MLP head on the sequence X (..., T, d): read-out (mean or first token), then the MLP."""
+    z = X.mean(dim=-2) if head.readout == "mean" else X[..., 0, :]
+    for i, (W, b) in enumerate(zip(head.weights, head.biases)):
+        z = _linear(z, W)
+        if b is not None:
+            z = z + _w(b, z, 1)
+        if i < len(head.weights) - 1:
+            z = head.activation(z)
+    return z
 
 
 def transformer_forward(spec: TransformerSpec, X: Tensor, *, with_head: bool = True,
-                        apply_norm: Callable[[NormSpec, Tensor], Tensor] = _apply_norm,
+                        key_mask: Tensor | None = None, hooks: ForwardHooks | None = None,
                         layers: Sequence[LayerSpec] | None = None) -> Tensor:
     """Input norm, all layers, final norm and MLP head (if present) on embedded input X (..., T, d).
 
-    ``layers`` replaces ``spec.layers`` (e.g. a materialised copy of a lazy sequence).
+    Args:
+        spec: the model; its arrays may carry a member axis (Note [member stacks]).
+        X: ``(..., T, d)``; ``(M or 1, batch..., T, d)`` for a member stack.
+        with_head: apply ``spec.head`` (else return the token rows of ``g_L``).
+        key_mask: ``(..., T)`` bool, keys every query may read (padding); None reads all.
+        hooks: observe or replace norms and attention (Note [hooks]).
+        layers: replaces ``spec.layers`` (e.g. a materialised copy of a lazy sequence).
     """
+    layers = spec.layers if layers is None else layers
     if spec.input_norm is not None:
-        X = apply_norm(spec.input_norm, X)
-    for layer in spec.layers if layers is None else layers:
-        X = layer_forward(layer, X, apply_norm=apply_norm)
+        X = _norm(spec.input_norm, X, (-1, "input_norm"), hooks)
+    for layer in layers:
+        X = layer_forward(layer, X, key_mask=key_mask, hooks=hooks)
     if spec.final_norm is not None:
-        X = apply_norm(spec.final_norm, X)
+        X = _norm(spec.final_norm, X, (len(layers), "final_norm"), hooks)
     if with_head and spec.head is not None:
-        head = spec.head
-        z = X.mean(dim=-2) if head.readout == "mean" else X[..., 0, :]
-        for i, (W, b) in enumerate(zip(head.weights, head.biases)):
-            z = z @ _w(W, z)
-            if b is not None:
-                z = z + _w(b, z)
-            if i < len(head.weights) - 1:
-                z = head.activation(z)
-        return z
+        return head_forward(spec.head, X)
     return X

@@ -19,8 +19,11 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .._errors import InputError, TranscoverWarning, UnsupportedArchitectureError, clean_line
+from .._errors import InputError, TranscoverWarning, clean_line
 from ._adapters import SUPPORTED_ARCHITECTURES, adapter_for, arch_from_config
+from ._adapters._mapped import build_mapped
+from ._adapters._refused import OutsideDecompositionError
+from ._adapters._registry import PARTS
 from ._sources import StateDictSource, TensorSource, open_safetensors, parse_json, shard_paths
 from ._spec import TransformerSpec
 
@@ -52,7 +55,7 @@ def bundled_model_dir() -> Path:
 
 def load(
     source: str | os.PathLike | nn.Module | None = None, *, arch: str | None = None,
-    allow_pickle: bool = False, strict: bool = False,
+    allow_pickle: bool = False, strict: bool = False, roles: str | os.PathLike | dict | None = None,
 ) -> TransformerSpec:
     """A model's decomposition (seed section 1.2), its layers read lazily, one at a time.
 
@@ -68,6 +71,8 @@ def load(
         strict: refuse a checkpoint with tensors inside a layer that the architecture does not
             define (known harmless buffers excepted, see each adapter).  Without it each such tensor
             is a :class:`~transcover.TranscoverWarning` and a line of ``spec.warnings``.
+        roles: a mapping file (path or dict, ``_adapters._mapped``) naming the role of each tensor of
+            a layout no adapter knows; a directory's ``transcover_roles.json`` is used when present.
 
     Returns:
         The spec; ``spec.layers[i]`` reads and validates layer ``i``'s tensors when accessed.
@@ -79,7 +84,9 @@ def load(
         UnsupportedArchitectureError: no adapter for the architecture (the message lists them).
         WeightError: (when a layer is read) a missing tensor, a wrong shape, NaN/Inf, integer dtype.
     """
-    return _finish(_load_any(source, arch, allow_pickle), strict)
+    if roles is not None and arch is not None:
+        raise InputError("pass either arch= or roles= (a roles mapping describes the architecture itself)")
+    return _finish(_load_any(source, arch, allow_pickle, _read_roles(roles)), strict)
 
 
 def _finish(spec: TransformerSpec, strict: bool) -> TransformerSpec:
@@ -92,25 +99,40 @@ def _finish(spec: TransformerSpec, strict: bool) -> TransformerSpec:
     return spec
 
 
-def _load_any(source, arch: str | None, allow_pickle: bool) -> TransformerSpec:
+def _read_roles(roles) -> dict | None:
+    """The roles mapping as a dict (read from a JSON file when a path is given)."""
+    if roles is None or isinstance(roles, dict):
+        return roles
+    path = Path(roles).expanduser()
+    if not path.is_file():
+        raise InputError(f"roles mapping file not found: {path}")
+    return _read_json(path)
+
+
+def _load_any(source, arch: str | None, allow_pickle: bool, mapping: dict | None = None) -> TransformerSpec:
     if _is_module(source):
+        if mapping is not None:
+            name = type(source).__name__
+            return build_mapped(StateDictSource(source.state_dict(), name), mapping, name)
         return _spec_from_module(source, arch=arch)  # type: ignore[arg-type]
     if source is None or (isinstance(source, str) and source.lower() in _BUNDLED_ALIASES
                           and not Path(source).exists()):
-        return _load_directory(bundled_model_dir(), arch, allow_pickle, name=BUNDLED_NAME)
+        return _load_directory(bundled_model_dir(), arch, allow_pickle, name=BUNDLED_NAME, mapping=mapping)
     if not isinstance(source, (str, os.PathLike)):
         raise InputError(f"cannot load a {type(source).__name__}: pass a path, a model name or an nn.Module")
     path = Path(source).expanduser()
     if not path.exists():
         raise InputError(f"model path not found: {path} (only local files are read; nothing is downloaded)")
     if path.is_dir():
-        return _load_directory(path, arch, allow_pickle, name=str(path))
+        return _load_directory(path, arch, allow_pickle, name=str(path), mapping=mapping)
     if path.name == "config.json":
-        return _load_directory(path.parent, arch, allow_pickle, name=str(path.parent))
+        return _load_directory(path.parent, arch, allow_pickle, name=str(path.parent), mapping=mapping)
+    mapping = _roles_beside(path.parent, arch, mapping)
     if path.suffix == ".safetensors" or path.name.endswith(".safetensors.index.json"):
-        return _build(open_safetensors(path), _config_beside(path), arch, str(path), bare=path)
+        return _build(open_safetensors(path), _config_beside(path), arch, str(path), bare=path, mapping=mapping)
     if path.suffix in _PICKLE_SUFFIXES:
-        return _build(_load_pickle(path, allow_pickle), _config_beside(path), arch, str(path), bare=path)
+        return _build(_load_pickle(path, allow_pickle), _config_beside(path), arch, str(path), bare=path,
+                      mapping=mapping)
     raise InputError(
         f"unrecognised model file {path}: expected a directory, .safetensors, .safetensors.index.json "
         "or (with allow_pickle) .bin/.pt/.pth/.ckpt"
@@ -162,9 +184,11 @@ def _spec_from_module(module: nn.Module, *, arch: str | None = None) -> Transfor
         name_or_path = config.get("_name_or_path")
         label = f"{name} ({name_or_path})" if name_or_path else name
         return _build(StateDictSource(module.state_dict(), label), config, arch, label, bare=None)
-    raise UnsupportedArchitectureError(
-        f"unsupported module {name}; supported: HF BERT/GPT-2/Llama/ViT models, "
-        f"torch.nn.TransformerEncoder(Layer), ReferenceTransformer (archs: {', '.join(SUPPORTED_ARCHITECTURES)})"
+    raise OutsideDecompositionError(
+        f"unsupported module {name}; supported: HF models of the families in `transcover analyze --list-archs`, "
+        f"torch.nn.TransformerEncoder(Layer), ReferenceTransformer (archs: {', '.join(SUPPORTED_ARCHITECTURES)}); "
+        "name the roles of its tensors with a mapping file (load(module, roles=...), --roles) for the full "
+        "analysis; `analyze` alone reports per-matrix norms"
     )
 
 
@@ -186,25 +210,37 @@ def _config_beside(path: Path) -> dict | None:
     return _read_json(config) if config.is_file() else None
 
 
-def _load_directory(path: Path, arch: str | None, allow_pickle: bool, name: str) -> TransformerSpec:
+ROLES_FILE = "transcover_roles.json"
+
+
+def _roles_beside(folder: Path, arch: str | None, mapping: dict | None) -> dict | None:
+    """The explicit mapping, else ``transcover_roles.json`` in ``folder`` (unless ``arch`` is given)."""
+    if mapping is not None or arch is not None or not (folder / ROLES_FILE).is_file():
+        return mapping
+    return _read_json(folder / ROLES_FILE)
+
+
+def _load_directory(path: Path, arch: str | None, allow_pickle: bool, name: str,
+                    mapping: dict | None = None) -> TransformerSpec:
+    mapping = _roles_beside(path, arch, mapping)
     config = _read_json(path / "config.json") if (path / "config.json").is_file() else None
     for candidate in ("model.safetensors", "model.safetensors.index.json"):
         if (path / candidate).is_file():
-            return _build(open_safetensors(path / candidate), config, arch, name, bare=None)
+            return _build(open_safetensors(path / candidate), config, arch, name, bare=None, mapping=mapping)
     others = sorted(path.glob("*.safetensors"))
     if len(others) == 1:
-        return _build(open_safetensors(others[0]), config, arch, name, bare=None)
+        return _build(open_safetensors(others[0]), config, arch, name, bare=None, mapping=mapping)
     if (path / "pytorch_model.bin.index.json").is_file():
         index_file = path / "pytorch_model.bin.index.json"
         shards = shard_paths(index_file, _read_json(index_file))
         tensors: dict[str, object] = {}
         for shard in shards:
             tensors.update(_load_pickle(shard, allow_pickle).tensors())
-        return _build(StateDictSource(tensors, name), config, arch, name, bare=None)
+        return _build(StateDictSource(tensors, name), config, arch, name, bare=None, mapping=mapping)
     pickles = [path / "pytorch_model.bin"] if (path / "pytorch_model.bin").is_file() else \
         sorted(p for p in path.iterdir() if p.suffix in _PICKLE_SUFFIXES)
     if len(pickles) == 1:
-        return _build(_load_pickle(pickles[0], allow_pickle), config, arch, name, bare=None)
+        return _build(_load_pickle(pickles[0], allow_pickle), config, arch, name, bare=None, mapping=mapping)
     raise InputError(
         f"no model weights in {path}: expected model.safetensors, model.safetensors.index.json, "
         "one *.safetensors file, or (with allow_pickle) pytorch_model.bin"
@@ -260,8 +296,11 @@ def _pickle_reason(err: BaseException) -> str:
 
 def _build(
     src: TensorSource, config: dict | None, arch: str | None, name: str, *, bare: Path | None,
+    mapping: dict | None = None,
 ) -> TransformerSpec:
-    """Resolve the architecture and its configuration, then run the adapter."""
+    """Resolve the architecture and its configuration, then run the adapter (or the roles mapping)."""
+    if mapping is not None:
+        return build_mapped(src, mapping, name)
     meta = src.metadata()
     meta_arch = meta.get("transcover_arch")
     if config is None and "transcover_config" in meta:
@@ -271,7 +310,7 @@ def _build(
     if arch is not None:
         chosen, adapter = adapter_for(arch)
         stated = meta_arch or (config and (config.get("model_type") or None))
-        if stated and adapter_for(str(stated))[0] != chosen:
+        if stated and adapter_for(str(stated))[0] != chosen and chosen not in PARTS.get(adapter_for(str(stated))[0], ()):
             raise InputError(f"arch={arch!r} contradicts the checkpoint, which says {stated!r} ({name})")
     elif meta_arch:
         chosen, adapter = adapter_for(meta_arch)

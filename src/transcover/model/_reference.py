@@ -13,7 +13,9 @@ the Transformer+MLP class ``F_MLP o G_TF`` of seed section 3.
 
 The weights are stored in the decomposition's own layout (``W_Q`` is ``(H, d, d_head)``, ...), so
 the spec is the module's parameters themselves and constraints (``transcover.constrain``) can
-parametrize them directly.
+parametrize them directly.  The module only holds the parameters: its numbers are computed by
+:func:`~transcover.model.transformer_forward` on :meth:`ReferenceTransformer.functional_spec`, the one
+forward pass every other part of transcover evaluates a spec with.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from ._functional import transformer_forward
 from ._reference_spec import ReferenceConfig, build_reference_spec
-from ._spec import Activation, TransformerSpec
+from ._spec import TransformerSpec
 
 __all__ = ["ReferenceConfig", "ReferenceTransformer", "save_reference", "reference_spec"]
 
@@ -66,58 +69,40 @@ class ReferenceTransformer(nn.Module):
         self.blocks = nn.ModuleList(_Block(cfg) for _ in range(cfg.n_layers))
         widths = (d, *cfg.head_hidden, cfg.n_outputs)
         self.head = nn.ModuleList(nn.Linear(a, b) for a, b in zip(widths[:-1], widths[1:]))
-        self.act = Activation(cfg.activation)
 
-    # -- pieces ---------------------------------------------------------------------------------
-    def _norm(self, X: Tensor, block: _Block, which: str) -> Tensor:
-        if self.cfg.norm == "ball":
-            return X / torch.clamp(X.norm(dim=-1, keepdim=True), min=1.0)
-        if self.cfg.norm == "layernorm":
-            return getattr(block, f"ln_{which}")(X)
-        return X
-
-    def _attention(self, X: Tensor, b: _Block) -> Tensor:
-        B, T, d = X.shape
-        dh = self.cfg.head_dim
-        if self.cfg.attention == "l2":
-            from ..lipschitz import l2_attention_forward  # the L2 variant lives with its bound
-
-            return l2_attention_forward(X, b.W_Q, b.W_V, b.W_O)
-        q = torch.einsum("btd,hde->bhte", X, b.W_Q)  # (B, H, T, dh)
-        k = torch.einsum("btd,hde->bhte", X, b.W_K)
-        v = torch.einsum("btd,hde->bhte", X, b.W_V)
-        scores = q @ k.transpose(-1, -2) / math.sqrt(dh)  # (B, H, T, T)
-        if self.cfg.causal:
-            mask = torch.ones(T, T, dtype=torch.bool, device=X.device).triu(1)
-            scores = scores.masked_fill(mask, float("-inf"))
-        heads = torch.softmax(scores, dim=-1) @ v  # (B, H, T, dh)
-        return torch.einsum("bhte,hed->btd", heads, b.W_O)
-
-    def _ffn(self, X: Tensor, b: _Block) -> Tensor:
-        u = X @ b.W_1 + (b.b_1 if b.b_1 is not None else 0)
-        return self.act(u) @ b.W_2 + (b.b_2 if b.b_2 is not None else 0)
-
-    def features(self, X: Tensor) -> Tensor:
-        """The Transformer part g_L(X): (B, T, d_model), every row in the unit ball when norm='ball'."""
+    def embed_inputs(self, X: Tensor) -> Tensor:
+        """The rows the decomposition reads: the input embedding and positions, when present."""
         if self.embed is not None:
             X = self.embed(X)
         if self.pos is not None:
             X = X + self.pos[: X.shape[-2]]
-        if self.cfg.norm == "ball":
-            X = X / torch.clamp(X.norm(dim=-1, keepdim=True), min=1.0)
-        for b in self.blocks:
-            X = self._norm(X + self._attention(X, b), b, "attn")
-            X = self._norm(X + self._ffn(X, b), b, "ffn")
         return X
 
+    def functional_spec(self) -> TransformerSpec:
+        """The spec :meth:`forward` evaluates: the parameters themselves, *not* detached, so
+        gradients flow through :func:`~transcover.model.transformer_forward` into the module.
+
+        Each parameter is read once (a parametrized weight, ``transcover.constrain``, computes its
+        value on every read); :func:`reference_spec` is the detached counterpart.
+        """
+        read: dict[str, Tensor] = {}
+
+        def get(key: str) -> Tensor:
+            if key not in read:
+                read[key] = reduce(getattr, key.split("."), self)
+            return read[key]
+
+        return build_reference_spec(self.cfg, get, "reference", self._eps)
+
+    def _eps(self, i: int, which: str) -> float:
+        return float(getattr(self.blocks[i], f"ln_{which}").eps)
+
+    def features(self, X: Tensor) -> Tensor:
+        """The Transformer part g_L(X): (B, T, d_model), every row in the unit ball when norm='ball'."""
+        return transformer_forward(self.functional_spec(), self.embed_inputs(X), with_head=False)
+
     def forward(self, X: Tensor) -> Tensor:
-        z = self.features(X)
-        z = z.mean(dim=-2) if self.cfg.readout == "mean" else z[..., 0, :]
-        for i, lin in enumerate(self.head):
-            z = lin(z)
-            if i < len(self.head) - 1:
-                z = self.act(z)
-        return z
+        return transformer_forward(self.functional_spec(), self.embed_inputs(X))
 
 
 def reference_spec(model: ReferenceTransformer, name: str = "reference") -> TransformerSpec:
@@ -130,17 +115,14 @@ def reference_spec(model: ReferenceTransformer, name: str = "reference") -> Tran
     def get(key: str) -> Tensor:
         return reduce(getattr, key.split("."), model).detach()
 
-    def eps(i: int, which: str) -> float:
-        return float(getattr(model.blocks[i], f"ln_{which}").eps)
-
-    return build_reference_spec(model.cfg, get, name, eps)
+    return build_reference_spec(model.cfg, get, name, model._eps)
 
 
 def save_reference(model: ReferenceTransformer, path: str | Path) -> Path:
     """Save as safetensors with the config in the metadata, atomically."""
     from safetensors.torch import save
 
-    from ..report import atomic_write_bytes
+    from .._io import atomic_write_bytes
 
     tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
     meta = {"format": "pt", "transcover_arch": "reference", "transcover_config": model.cfg.to_json()}

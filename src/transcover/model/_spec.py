@@ -68,6 +68,10 @@ __all__ = [
 ]
 
 
+#: The slope of CLIP's QuickGELU, ``x * sigmoid(1.702 x)`` (transformers ``QuickGELUActivation``).
+QUICK_GELU_SLOPE = 1.702
+
+
 class Activation(str, Enum):
     """Pointwise activation of the FFN (its Lipschitz constant lives in ``transcover.lipschitz``)."""
 
@@ -75,6 +79,7 @@ class Activation(str, Enum):
     GELU = "gelu"  # exact, erf-based
     GELU_TANH = "gelu_tanh"  # GPT-2's "gelu_new" tanh approximation
     SILU = "silu"  # x * sigmoid(x), Llama's gate activation
+    QUICK_GELU = "quick_gelu"  # x * sigmoid(1.702 x) = silu(1.702 x) / 1.702, CLIP's activation
     IDENTITY = "identity"
 
     def __call__(self, x: Tensor) -> Tensor:
@@ -88,6 +93,8 @@ class Activation(str, Enum):
             return torch.nn.functional.gelu(x, approximate="tanh")
         if self is Activation.SILU:
             return torch.nn.functional.silu(x)
+        if self is Activation.QUICK_GELU:
+            return x * torch.sigmoid(QUICK_GELU_SLOPE * x)
         return x
 
 
@@ -179,6 +186,11 @@ class RopeSpec:
         return 1.0 / (self.theta ** (torch.arange(0, rd, 2, dtype=torch.float64) / rd))
 
 
+def _vecmat(v: Any, W: Any) -> Any:
+    """``v @ W`` for a vector and a matrix, or member by member for stacks ``(M, k)`` and ``(M, k, n)``."""
+    return v @ W if v.ndim == 1 else (v[..., None, :] @ W)[..., 0, :]
+
+
 def _float64(x: Any) -> np.ndarray:
     """A float64 numpy copy of a torch tensor or numpy array (for exact comparisons)."""
     if is_tensor(x):
@@ -193,7 +205,8 @@ class AttentionSpec:
     ``W_Q`` [H, d, d_head], ``W_K`` [H_kv, d, d_head], ``W_V`` [H_kv, d, d_head],
     ``W_O`` [H, d_head, d]; biases ``b_Q`` [H, d_head], ``b_K``/``b_V`` [H_kv, d_head],
     ``b_O`` [d].  Grouped-query attention: query head ``h`` uses key/value head
-    ``h // (H // H_kv)``.
+    ``h // (H // H_kv)``.  Shapes are read from the trailing axes, so the arrays of a member stack
+    (one leading axis M, Note [member stacks] in ``_functional``) are read the same way.
     """
 
     W_Q: Tensor
@@ -207,6 +220,10 @@ class AttentionSpec:
     scale: float | None = None  # None: 1/sqrt(d_head)
     causal: bool = False
     rope: RopeSpec | None = None
+    # Sliding-window attention (Mistral, Qwen2's upper layers): with ``window = w`` query i sees only
+    # keys j with i - w < j (and j <= i when causal); None: no window.  Note [window mask] in
+    # ``transcover.model._functional``.
+    window: int | None = None
     # "dot": softmax(scale q k^T); "l2": Kim et al. 2021 L2 attention with W_K = W_Q tied and value
     # map A_h W_V^h W_O^h, A_h = W_Q^h W_Q^hT / sqrt(d_head) (transcover.lipschitz.l2_attention_forward)
     kind: str = "dot"
@@ -219,6 +236,9 @@ class AttentionSpec:
     softcap: float | None = None
 
     def __post_init__(self) -> None:
+        if self.window is not None and (isinstance(self.window, bool) or not isinstance(self.window, int)
+                                        or self.window < 1):
+            raise ValueError(f"attention window must be a positive integer, but got {self.window!r}")
         if self.kind == "l2":
             self._check_l2()
 
@@ -233,6 +253,7 @@ class AttentionSpec:
         """
         asked = [name for name, on in (
             ("causal masking", self.causal), ("RoPE", self.rope is not None),
+            ("a sliding window", self.window is not None),
             ("a softmax scale", self.scale is not None),
             ("biases", any(b is not None for b in (self.b_Q, self.b_K, self.b_V, self.b_O))),
             ("grouped-query heads", self.W_K.shape[0] != self.W_Q.shape[0]),
@@ -250,19 +271,19 @@ class AttentionSpec:
 
     @property
     def n_heads(self) -> int:
-        return self.W_Q.shape[0]
+        return self.W_Q.shape[-3]
 
     @property
     def n_kv_heads(self) -> int:
-        return self.W_K.shape[0]
+        return self.W_K.shape[-3]
 
     @property
     def d_model(self) -> int:
-        return self.W_Q.shape[1]
+        return self.W_Q.shape[-2]
 
     @property
     def d_head(self) -> int:
-        return self.W_Q.shape[2]
+        return self.W_Q.shape[-1]
 
     @property
     def softmax_scale(self) -> float:
@@ -275,41 +296,45 @@ class AttentionSpec:
     def head(self, h: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """(W_Q^h, W_K^h, W_V^h, W_O^h) for query head h, kv sharing resolved."""
         g = self.kv_index(h)
-        return self.W_Q[h], self.W_K[g], self.W_V[g], self.W_O[h]
+        return self.W_Q[..., h, :, :], self.W_K[..., g, :, :], self.W_V[..., g, :, :], self.W_O[..., h, :, :]
 
     def W_Q_augmented(self, h: int) -> Tensor:
         """[W_Q^h; b_Q^h] of shape (d + 1, d_head): the exact query map on x~ = [x, 1].
 
         See Note [attention biases]: ``b_K`` cancels in the softmax and is not needed.
         """
-        Wq = self.W_Q[h]
+        Wq = self.W_Q[..., h, :, :]
         if self.b_Q is None:
-            return concat([Wq, Wq[:1] * 0], axis=0)
-        bq = self.b_Q[h][None, :]
+            return concat([Wq, Wq[..., :1, :] * 0], axis=-2)
+        bq = self.b_Q[..., h, None, :]
         bq = to_tensor(bq, Wq) if is_tensor(Wq) else np.asarray(bq, dtype=Wq.dtype)
-        return concat([Wq, bq], axis=0)
+        return concat([Wq, bq], axis=-2)
 
     def effective_output_bias(self) -> Any:
         """b_O + sum_h b_V^h W_O^h in float64: the constant the attention block adds (Note [attention biases]).
 
-        A torch tensor when ``W_O`` is one, else a numpy array; ``None`` without biases.
+        A torch tensor when ``W_O`` is one, else a numpy array; ``None`` without biases.  Shape
+        ``(d,)``, or ``(M, d)`` for a member stack.
         """
         if self.b_V is None and self.b_O is None:
             return None
+        lead = tuple(self.W_O.shape[:-3])
         if not is_tensor(self.W_O):
-            out_np = np.zeros(self.d_model, dtype=np.float64)
+            out_np = np.zeros(lead + (self.d_model,), dtype=np.float64)
             if self.b_V is not None:
                 for h in range(self.n_heads):
-                    out_np += np.asarray(self.b_V[self.kv_index(h)], np.float64) @ np.asarray(self.W_O[h], np.float64)
+                    out_np += _vecmat(np.asarray(self.b_V[..., self.kv_index(h), :], np.float64),
+                                      np.asarray(self.W_O[..., h, :, :], np.float64))
             if self.b_O is not None:
                 out_np += np.asarray(self.b_O, np.float64)
             return out_np
         import torch
 
-        out = torch.zeros(self.d_model, dtype=torch.float64)
+        out = torch.zeros(lead + (self.d_model,), dtype=torch.float64)
         if self.b_V is not None:
             for h in range(self.n_heads):
-                out += to_tensor(self.b_V[self.kv_index(h)], dtype=torch.float64) @ self.W_O[h].double()
+                out += _vecmat(to_tensor(self.b_V[..., self.kv_index(h), :], dtype=torch.float64),
+                               self.W_O[..., h, :, :].double())
         if self.b_O is not None:
             out += to_tensor(self.b_O, dtype=torch.float64)
         return out

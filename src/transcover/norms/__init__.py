@@ -30,3 +30,9 @@ __all__ += [
     "NormParams", "analyze_spec", "frobenius_interval", "l21_interval", "product_frobenius_interval",
     "product_l21_interval", "vector_norm_interval",
 ]
+
+from ._per_matrix import PER_MATRIX_SCHEMA as PER_MATRIX_SCHEMA
+from ._per_matrix import PerMatrixResult as PerMatrixResult
+from ._per_matrix import per_matrix_norms as per_matrix_norms
+
+__all__ += ["PER_MATRIX_SCHEMA", "PerMatrixResult", "per_matrix_norms"]

@@ -206,33 +206,33 @@ class AnalysisResult:
 
     def to_dataframe(self):
         """One row per matrix with every norm (spectral, Frobenius, (2,1): lower and upper) and its kind."""
-        from ..report._notebook import matrices_dataframe
+        from .._views import render
 
-        return matrices_dataframe(self)
+        return render("analysis.matrices_dataframe", self)
 
     def layers_dataframe(self):
         """One row per layer: every per-layer quantity (B_Wgate, B_b_attn included), lower and upper."""
-        from ..report._notebook import layers_dataframe
+        from .._views import render
 
-        return layers_dataframe(self)
+        return render("analysis.layers_dataframe", self)
 
     get_summary = layers_dataframe  # the name WeightWatcher users look for
 
     def plot(self, ax=None):
         """Per-layer x per-head heatmaps of B_KQ and B_V: :class:`transcover.report.AnalysisDisplay`."""
-        from ..report._displays import AnalysisDisplay
+        from .._views import render
 
-        return AnalysisDisplay.from_result(self).plot(ax=ax)
+        return render("analysis.plot", self, ax=ax)
 
     def __repr__(self) -> str:
-        from ..report._notebook import analysis_repr
+        from .._views import render
 
-        return analysis_repr(self)
+        return render("analysis.repr", self)
 
     def _repr_html_(self) -> str:
-        from ..report._notebook import analysis_repr_html
+        from .._views import render
 
-        return analysis_repr_html(self)
+        return render("analysis.repr_html", self)
 
     def heads_dataframe(self):
         """One row per (layer, head): B_KQ, B_V and ||W_V^h|| intervals (pandas)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import json
 
-__all__ = ["render_analysis", "analysis_json", "analysis_csv"]
+__all__ = ["render_analysis", "analysis_json", "analysis_csv", "analysis_sweep_table"]
 
 _LAYER_KEYS = ("B_KQ", "B_V", "W_O", "B_W1", "B_W2", "B_b1", "B_b2")
 
@@ -87,3 +87,18 @@ def analysis_csv(result) -> str:
     buf = io.StringIO()
     result.layers_dataframe().to_csv(buf)
     return buf.getvalue()
+
+
+def analysis_sweep_table(rows: list[dict]):
+    """An analyze sweep (``transcover analyze A B ...``): one row per model, the maxima over layers
+    as ``[lower, upper]`` of their kind (a rich Table)."""
+    from rich.table import Table
+
+    kind = rows[0]["kind"]
+    table = Table(title=f"analyze sweep: max over layers ({kind}: \\[lower, upper])")
+    for col in ("step", "model", "B_KQ", "B_V", "B_W1", "B_W2"):
+        table.add_column(col, justify="right" if col != "model" else "left")
+    for row in rows:
+        table.add_row("" if row["step"] is None else str(row["step"]), row["model"],
+                      *(f"[{row[k + '_lower']:.4g}, {row[k + '_upper']:.4g}]" for k in ("B_KQ", "B_V", "B_W1", "B_W2")))
+    return table

@@ -306,7 +306,7 @@ def _history(d: ReportData) -> str:
 
 def render_report(d: ReportData) -> str:
     """The HTML text of the report (deterministic for the same data)."""
-    from .. import __version__
+    from .._version import __version__
 
     body = [f'<p class="note">transcover {text(__version__)}; every number carries its kind: '
             f'{kind_badge("certified interval")} {kind_badge("certified upper bound")} '

@@ -84,7 +84,7 @@ def _safe(obj):
 def envelope(payload: dict, *, schema: str, schema_version: str, inputs=(), argv=None) -> dict:
     """``payload`` wrapped: the envelope's keys first, then the payload's (which win on a clash
     only for ``schema``/``schema_version`` when the payload already names its own)."""
-    from .. import __version__
+    from .._version import __version__
 
     head = {
         "schema": schema,

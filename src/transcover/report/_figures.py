@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import re
 
-__all__ = ["pyplot", "figure_svg", "figure_png", "save_figure"]
+__all__ = ["pyplot", "figure_svg", "figure_png", "save_figure", "display_bytes"]
 
 
 def pyplot():
@@ -49,3 +49,17 @@ def save_figure(fig, path) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format=suffix, dpi=110, bbox_inches="tight")
     return buf.getvalue()
+
+
+def display_bytes(display, path, *, fmt: str | None = None, dpi: int = 110) -> bytes:
+    """A drawn display's figure as the bytes of ``path``'s format (.png, .svg or .pdf; ``fmt``
+    forces one), the figure closed afterwards: what a command writes for ``--plot``."""
+    fig = display.figure_
+    try:
+        if fmt is None:
+            return save_figure(fig, path)
+        buf = io.BytesIO()
+        fig.savefig(buf, format=fmt, dpi=dpi, bbox_inches="tight")
+        return buf.getvalue()
+    finally:
+        pyplot().close(fig)

@@ -1,86 +1,12 @@
-"""Atomic output: a file is either written whole or not at all, with the permissions users expect.
+"""Atomic output, re-exported: the writer lives in ``transcover._io``, below every package.
 
-Note [file modes]: ``tempfile.mkstemp`` creates its file with mode 0600 whatever the umask, and
-``os.replace`` keeps the temporary file's mode, so without care every result would be readable by
-its owner only (issue 10, defect 13).  The rule here is the one ``cp``, ``sed -i`` and editors
-follow:
-
-* a new file gets ``0o666 & ~umask`` (0644 under the usual umask 022, 0664 under 002, 0600 under
-  077): exactly what ``open(path, "w")`` would have given it;
-* overwriting an existing regular file keeps that file's permission bits (a result the user made
-  group-readable, or private, stays so).
-
-The umask cannot be read without setting it (``os.umask(0)`` then restoring it), and that swap is
-racy when threads create files meanwhile; Linux reports it in ``/proc/self/status`` ("Umask:"),
-which is read first, and the swap (under a lock) is only the fallback elsewhere.
+``model`` saves checkpoints with it and ``model`` is the ground floor (it imports no other
+transcover package), so the writer cannot live in ``report``, the sink; ``report`` keeps its
+names for its own callers.
 """
 
-from __future__ import annotations
-
-import os
-import stat
-import tempfile
-import threading
-from pathlib import Path
+from .._io import atomic_write_bytes as atomic_write_bytes
+from .._io import atomic_write_text as atomic_write_text
+from .._io import current_umask as current_umask
 
 __all__ = ["atomic_write_text", "atomic_write_bytes", "current_umask"]
-
-_UMASK_LOCK = threading.Lock()
-
-
-def current_umask() -> int:
-    """The process umask, read without changing it where the OS allows (Note [file modes])."""
-    try:
-        with open("/proc/self/status", encoding="ascii", errors="replace") as fh:
-            for line in fh:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    with _UMASK_LOCK:
-        old = os.umask(0o022)
-        os.umask(old)
-    return old
-
-
-def _target_mode(path: Path) -> int:
-    """Permission bits for ``path``: an existing regular file's own, else ``0o666 & ~umask``."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        st = None
-    if st is not None and stat.S_ISREG(st.st_mode):
-        return stat.S_IMODE(st.st_mode)
-    return 0o666 & ~current_umask()
-
-
-def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
-    """Write ``data`` to ``path`` through a temporary file in the same folder and a rename.
-
-    A crash or an error before the rename leaves any earlier file at ``path`` untouched and no
-    partial file behind.  The file's mode follows Note [file modes]: ``0o666 & ~umask`` for a new
-    file, the old file's permission bits when one is replaced.
-    """
-    path = Path(path)
-    if path.parent and not path.parent.exists():
-        from .._errors import InputError
-
-        raise InputError(f"cannot write {path}: folder {path.parent} does not exist")
-    mode = _target_mode(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            os.chmod(fh.fileno() if os.chmod in os.supports_fd else tmp, mode)  # mkstemp's 0600 would survive the rename
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
-
-
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
-    return atomic_write_bytes(path, text.encode("utf-8"))

@@ -32,7 +32,7 @@ def analyze_item(payload: dict[str, Any]) -> dict[str, Any]:
 
     result = analyze(payload["model"], arch=payload.get("arch"), allow_pickle=payload.get("allow_pickle", False),
                      fast=payload.get("fast", False), rtol=payload.get("rtol", 1e-3),
-                     embeddings=payload.get("embeddings", True))
+                     embeddings=payload.get("embeddings", True), per_matrix=False)  # a sweep row needs the layers
     data = result.to_dict(matrices=False)
     data.pop("seconds", None)  # wall-clock time: kept by the store beside the value, not in it
     return data

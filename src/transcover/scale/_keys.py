@@ -86,7 +86,7 @@ def fingerprint(model: str | os.PathLike | None, mode: str = "quick") -> str:
 
 def item_key(kind: str, fingerprint_hex: str, options: dict[str, Any]) -> str:
     """The key of one item: what is computed (``kind`` and its ``options``) on which input."""
-    from .. import __version__
+    from .._version import __version__
 
     blob = json.dumps({"kind": kind, "input": fingerprint_hex, "options": options, "transcover": __version__},
                       sort_keys=True)

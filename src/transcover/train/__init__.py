@@ -31,3 +31,8 @@ __all__ = [
     "StagedConfig", "StagedResult", "staged_experiment", "STRATEGIES",
     "NonvacuousConfig", "NonvacuousCase", "NonvacuousResult", "nonvacuous_experiment", "run_nonvacuous_case",
 ]
+
+# Note [callable modules] in transcover._entry: transcover.train(...) calls the API function of that name
+from .._entry import make_callable as _make_callable  # noqa: E402
+
+_make_callable(__name__)

@@ -15,7 +15,6 @@ Lipschitz bound of the Transformer part.  The claim under test: ``staged`` keeps
 
 from __future__ import annotations
 
-import io
 import math
 import statistics
 from dataclasses import dataclass, field, replace
@@ -135,88 +134,17 @@ class StagedResult:
                 + ("." if not why else f".{why}.") + " Compare the classes by log10 logN(.1).")
 
     def table(self):
-        """A rich Table: one row per strategy, mean ± std over seeds; final norms as max per group.
+        """A rich Table: one row per strategy, mean ± std over seeds (``transcover.report.staged_table``)."""
+        from .._views import render
 
-        The gap bound column shows the reported (clipped) bound, marked vacuous where the formula
-        did not beat the loss range; the caption says so when that holds for every strategy.
-        """
-        from rich.table import Table
-
-        summ = self.summary()
-        first = next(iter(summ.values()))
-        cols = ["test_acc", "train_acc", "gap", "test_loss", "capacity"] + [c for c in ("lipschitz", "covering") if c in first]
-        # biases are in the JSON; the table keeps the matrices' norms (what the radii pin down)
-        norm_cols = [k for k in first if k.startswith("norm.") and k not in ("norm.b1", "norm.b2")]
-        t = Table(title=f"staged strategy, {len(self.config.seeds)} seeds (mean ± std)")
-        t.add_column("strategy")
-        labels = {"test_acc": "test acc", "train_acc": "train acc", "gap": "gap (acc)", "test_loss": "test loss",
-                  "capacity": "log10 F8 proxy", "lipschitz": "log10 Lip(g_L)", "covering": "log10 logN(.1)"}
-        for c in cols:
-            t.add_column(labels.get(c, c), justify="right")
-        has_bound = "bound" in first
-        if has_bound:
-            t.add_column("gap bound (reported; raw formula)", justify="right")
-        t.add_column("final norms " + "/".join(c[5:] for c in norm_cols), justify="right")
-        for name, m in summ.items():
-            bound = []
-            if has_bound:
-                vac, raw = m["bound_vacuous"][0], m["bound_raw"][0]
-                shown = "1 (vacuous)" if vac == 1.0 else f"{m['bound'][0]:.3f}±{m['bound'][1]:.3f}" + (
-                    f" ({vac:.0%} vacuous)" if vac > 0 else "")
-                bound = [f"{shown}; raw 10^{raw:.3f}"]
-            t.add_row(name, *[f"{m[c][0]:.3f}±{m[c][1]:.3f}" for c in cols], *bound,
-                      "/".join(f"{m[c][0]:.2f}" for c in norm_cols))
-        if has_bound:
-            t.caption = self.bound_note()
-        return t
+        return render("staged.table", self)
 
     def plot(self, path: str | Path) -> Path:
-        """Test accuracy over training (mean over seeds), final accuracy and gap, radius of KQ."""
-        import matplotlib
+        """Accuracy per epoch, final accuracy and gap, sigma of KQ against its radius, written to
+        ``path`` (PNG): :class:`transcover.report.StagedDisplay`."""
+        from .._views import render
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        from ..report import atomic_write_bytes
-
-        fig, axes = plt.subplots(1, 4, figsize=(17, 4), gridspec_kw={"width_ratios": [3, 1.3, 1.3, 3]})
-        summ = self.summary()
-        for i, (name, runs) in enumerate(self.runs.items()):
-            curves = [[(r["epoch"], r["test_acc"]) for r in run.history if r.get("test_acc") is not None]
-                      for run in runs]
-            epochs = [e for e, _ in curves[0]]
-            mean = [statistics.fmean(c[j][1] for c in curves) for j in range(len(epochs))]
-            axes[0].plot(epochs, mean, color=f"C{i}", label=name)
-            tr = [[(r["epoch"], r["train_acc"]) for r in run.history if r.get("train_acc") is not None] for run in runs]
-            axes[0].plot(epochs, [statistics.fmean(c[j][1] for c in tr) for j in range(len(epochs))],
-                         color=f"C{i}", ls=":", lw=1)
-            radius = [(r["step"], r["radius.KQ"]) for r in runs[0].history if r.get("radius.KQ") is not None]
-            sigma = [(r["step"], r["sigma.KQ"]) for r in runs[0].history if r.get("loss") is not None]
-            axes[3].plot([s for s, _ in sigma], [v for _, v in sigma], color=f"C{i}", lw=1, label=f"{name} sigma KQ")
-            if radius:
-                axes[3].plot([s for s, _ in radius], [v for _, v in radius], color=f"C{i}", ls="--", lw=1)
-        names = list(summ)
-        for j, n in enumerate(names):
-            for ax, key in ((axes[1], "test_acc"), (axes[2], "gap")):
-                ax.errorbar([j], [summ[n][key][0]], yerr=[summ[n][key][1]], fmt="o", color=f"C{j}", capsize=4)
-                ax.scatter([j] * len(self.runs[n]), [getattr(r, key) for r in self.runs[n]], color=f"C{j}",
-                           s=8, alpha=0.5)
-        for ax, title in ((axes[1], "final test accuracy"), (axes[2], "gap (train - test acc.)")):
-            ax.set_xticks(range(len(names)), names, rotation=20)
-            ax.set_xlim(-0.5, len(names) - 0.5)
-            ax.set_title(title)
-        axes[0].set_title("accuracy per epoch (solid test, dotted train)")
-        axes[0].set_xlabel("epoch")
-        axes[0].legend(fontsize=8)
-        axes[3].set_yscale("log")
-        axes[3].set_xlabel("step")
-        axes[3].set_title("max ||W_KQ^h|| (solid, seed 0) and radius (dashed)")
-        axes[3].legend(fontsize=7)
-        fig.tight_layout()
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=110)
-        plt.close(fig)
-        return atomic_write_bytes(path, buf.getvalue())
+        return render("staged.plot_file", self, path)
 
 
 def _raw(q) -> float:

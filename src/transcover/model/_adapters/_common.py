@@ -41,6 +41,7 @@ _ACTIVATIONS = {
     "relu": Activation.RELU,
     "silu": Activation.SILU,
     "swish": Activation.SILU,
+    "quick_gelu": Activation.QUICK_GELU,  # x * sigmoid(1.702 x) (QuickGELUActivation, CLIP)
     "linear": Activation.IDENTITY,
 }
 

@@ -16,6 +16,8 @@ key/value head ``h // (H / H_kv)``, the spec's ``kv_index``), scale ``head_dim *
 (``LlamaRotaryEmbedding.compute_default_rope_parameters``), which is ``RopeSpec``'s layout.
 Qwen3 adds ``q_norm``/``k_norm``: an RMSNorm over each head's ``head_dim`` coordinates of the
 projected queries and keys, before RoPE (the spec's ``AttentionSpec.q_norm``/``k_norm``, THEORY F21).
+Sliding-window attention (Mistral; Qwen2 layers ``>= max_window_layers`` when
+``use_sliding_window``; ``layer_types`` when the config lists them) is the spec's ``window`` mask.
 RoPE types "default", "linear", "llama3" and "yarn" set fixed frequencies (``_rope_scaling``,
 THEORY F20); "dynamic" and "longrope" depend on the sequence length and are refused.
 """
@@ -32,6 +34,7 @@ from ._common import (
     activation_from_name, count_layers, find_prefix, heads_bias, heads_in, heads_out, layer_norm,
     lazy_embeddings, linear_weight, no_layers, require, summary, transpose, unexpected_layer_tensors,
 )
+from ._windows import sliding_windows
 
 __all__ = ["build_llama"]
 
@@ -75,6 +78,8 @@ def build_llama(src: TensorSource, config: dict, name: str) -> TransformerSpec:
     attn_bias = bool(config.get("attention_bias", False))
     mlp_bias = bool(config.get("mlp_bias", False))
 
+    windows = sliding_windows(config, n, arch=arch, name=name)
+
     def qk_names(i: int) -> dict[str, str]:
         return {f"{s}_norm.weight": f"{prefix}layers.{i}.self_attn.{s}_norm.weight" for s in "qk"} if qk_norm else {}
 
@@ -93,7 +98,8 @@ def build_llama(src: TensorSource, config: dict, name: str) -> TransformerSpec:
             b_K=heads_bias(bias("b_K", (H_kv * dh,), attn_bias), H_kv),
             b_V=heads_bias(bias("b_V", (H_kv * dh,), attn_bias), H_kv),
             b_O=bias("b_O", (d,), attn_bias),
-            causal=True, rope=rope, scale=None if score_factor == 1.0 else score_factor / dh ** 0.5,
+            causal=True, rope=rope, window=windows[i],
+            scale=None if score_factor == 1.0 else score_factor / dh ** 0.5,
             q_norm=layer_norm(src, f"{prefix}layers.{i}.self_attn.q_norm.weight", None, dh, eps, NormKind.RMSNORM)
             if qk_norm else None,
             k_norm=layer_norm(src, f"{prefix}layers.{i}.self_attn.k_norm.weight", None, dh, eps, NormKind.RMSNORM)
@@ -122,9 +128,8 @@ def build_llama(src: TensorSource, config: dict, name: str) -> TransformerSpec:
     final_norm = layer_norm(src, prefix + "norm.weight", None, d, eps, NormKind.RMSNORM)
     out = summary(config, src, n, H, H_kv, dh, d_ff, act.value, prefix, embeddings.names)
     out["rope_theta"] = rope.theta
-    if config.get("sliding_window") is not None and config.get("use_sliding_window", True):
-        # Sliding-window attention only differs from full causal attention beyond the window.
-        out["sliding_window"] = config["sliding_window"]
+    if any(w is not None for w in windows):
+        out["sliding_window"] = next(w for w in windows if w is not None)
     return TransformerSpec(
         arch=arch, name=name, d_model=d, layers=LayerSequence(n, layer), final_norm=final_norm,
         embeddings=embeddings,  # type: ignore[arg-type]  # a read-on-access Mapping

@@ -13,25 +13,33 @@ from ..._errors import UnsupportedArchitectureError
 from .._sources import TensorSource
 from .._spec import TransformerSpec
 from ._bert import build_bert
+from ._encoders import build_clip, build_clip_text, build_clip_vision, build_distilbert, build_whisper_encoder
 from ._gpt2 import build_gpt2
 from ._gpt_neox import build_gpt_neox
 from ._llama import build_llama
 from ._reference import build_reference
+from ._refused import OutsideDecompositionError, build_deberta_v2
 from ._torch_encoder import build_torch_encoder
 from ._vit import build_vit
 
-__all__ = ["SUPPORTED_ARCHITECTURES", "ARCH_ALIASES", "adapter_for", "arch_from_config"]
+__all__ = ["SUPPORTED_ARCHITECTURES", "ARCH_ALIASES", "PARTS", "adapter_for", "arch_from_config"]
 
 Adapter = Callable[[TensorSource, dict, str], TransformerSpec]
 
 _ADAPTERS: dict[str, Adapter] = {
     "bert": build_bert,
     "gpt2": build_gpt2,
-    "gpt_neox": build_gpt_neox,
     "llama": build_llama,
     "vit": build_vit,
     "torch_encoder": build_torch_encoder,
     "reference": build_reference,
+    "distilbert": build_distilbert,
+    "clip_text": build_clip_text,
+    "clip_vision": build_clip_vision,
+    "clip": build_clip,
+    "whisper": build_whisper_encoder,
+    "deberta_v2": build_deberta_v2,
+    "gpt_neox": build_gpt_neox,
 }
 
 #: The adapter names :func:`transcover.model.load` accepts as ``arch=``.
@@ -44,18 +52,31 @@ ARCH_ALIASES: dict[str, str] = {
     "roberta": "bert",
     "mistral": "llama",
     "qwen2": "llama",
+    "xlm_roberta": "bert",  # XLMRobertaLayer is BertLayer; only the vocabulary differs
+    "clip_text_model": "clip_text",  # CLIPTextConfig.model_type
+    "clip_vision_model": "clip_vision",
+    "deberta": "deberta_v2",  # DeBERTa v1 has the same disentangled attention
     "qwen3": "llama",  # + per-head query/key RMSNorm, read by the Llama adapter (THEORY F21)
 }
 
+#: Adapters that read one part of a checkpoint whose configuration names the whole model:
+#: ``arch="clip_text"`` on a ``model_type="clip"`` checkpoint is a choice, not a contradiction.
+PARTS: dict[str, tuple[str, ...]] = {"clip": ("clip_text", "clip_vision")}
+
 # config["architectures"] class-name stems, for configs without model_type.
 _CLASS_STEMS = (("Bert", "bert"), ("Roberta", "bert"), ("GPT2", "gpt2"), ("GPTNeoX", "gpt_neox"), ("Llama", "llama"),
-                ("Mistral", "llama"), ("Qwen2", "llama"), ("Qwen3For", "llama"), ("ViT", "vit"))
+                ("Mistral", "llama"), ("Qwen2", "llama"), ("Qwen3For", "llama"), ("ViT", "vit"), ("XLMRoberta", "bert"),
+                ("DistilBert", "distilbert"), ("CLIPText", "clip_text"), ("CLIPVision", "clip_vision"),
+                ("CLIP", "clip"), ("Whisper", "whisper"), ("DebertaV2", "deberta_v2"), ("Deberta", "deberta_v2"))
 
 
 def _unsupported(what: str) -> UnsupportedArchitectureError:
-    return UnsupportedArchitectureError(
+    # OutsideDecompositionError: analyze falls back to per-matrix norms for an unknown architecture
+    return OutsideDecompositionError(
         f"unsupported architecture {what}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-        f" (also {', '.join(f'{k}->{v}' for k, v in ARCH_ALIASES.items())})"
+        f" (also {', '.join(f'{k}->{v}' for k, v in ARCH_ALIASES.items())}); name the roles of its "
+        "tensors in a mapping file (--roles roles.json, or transcover_roles.json beside the weights) "
+        "for the full analysis; `transcover analyze` alone reports per-matrix norms"
     )
 
 

@@ -1,0 +1,63 @@
+"""``transcover analyze`` of a model outside every adapter: the per-matrix table, JSON and CSV.
+
+The note saying why (the loader's one line) and the scope ("outside the decomposition") come
+first, so no reader takes these numbers for the per-head quantities of a supported architecture.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import sys
+
+from .._errors import InputError
+
+__all__ = ["finish_per_matrix"]
+
+
+def _csv(result) -> str:
+    out = io.StringIO()
+    w = csv.writer(out)
+    w.writerow(["name", "shape", "orientation", "kind"] + [f"{k}_{e}" for k in ("spectral", "frobenius", "l21")
+                                                          for e in ("lower", "upper")])
+    for m in result.matrices:
+        w.writerow([m.name, "x".join(map(str, m.shape)), m.orientation, result.kind.value]
+                   + [repr(getattr(getattr(m, k), e)) for k in ("spectral", "frobenius", "l21") for e in ("lower", "upper")])
+    return out.getvalue()
+
+
+def finish_per_matrix(args: argparse.Namespace, result, console) -> int:
+    """Render (unless ``--quiet``) and write ``--json``/``--csv``; ``--plot``/``--heads`` need the decomposition."""
+    from rich.table import Table
+
+    from ..norms import PER_MATRIX_SCHEMA
+    from ..report import atomic_write_bytes, envelope_json
+
+    if args.plot or args.heads:
+        raise InputError(f"{'--plot' if args.plot else '--heads'} needs the decomposition (per-head norms); "
+                         f"{result.model} is outside it: {result.notes[0]}")
+    outputs = []
+    if args.json:
+        outputs.append((args.json, envelope_json(result.to_dict(), schema=PER_MATRIX_SCHEMA, schema_version="1.0",
+                                                 inputs=[args.model]).encode()))
+    if args.csv:
+        outputs.append((args.csv, _csv(result).encode()))
+    if not args.quiet:
+        for note in result.notes:
+            console.print(f"note: {note}", highlight=False, markup=False)
+        table = Table(title=f"{result.model}: certified norms per matrix ({len(result.matrices)} matrices)")
+        for col in ("matrix", "shape", "x @ W from", "‖W‖₂", "‖W‖_F", "‖W‖₂,₁"):
+            table.add_column(col, justify="left" if col in ("matrix", "x @ W from") else "right")
+        for m in result.matrices:
+            table.add_row(m.name, "x".join(map(str, m.shape)), m.orientation,
+                          *(f"[{getattr(m, k).lower:.5g}, {getattr(m, k).upper:.5g}]"
+                            for k in ("spectral", "frobenius", "l21")))
+        console.print(table)
+        if result.skipped:
+            console.print(f"skipped {len(result.skipped)} tensors that are not 2-D weights (biases, norm scales, "
+                          "kernels)", highlight=False, markup=False)
+    for path, data in outputs:
+        atomic_write_bytes(path, data)
+        print(f"wrote {path}", file=sys.stderr)
+    return 0

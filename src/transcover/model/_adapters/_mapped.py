@@ -1,0 +1,182 @@
+"""A layout no adapter knows, read through a mapping file that names the role of each tensor.
+
+The file (JSON; ``--roles roles.json``, ``load(..., roles=...)``, or ``transcover_roles.json``
+beside the weights) describes blocks of the decomposition's form (separate q/k/v/o projections,
+an FFN, gated or not, two norms per layer)::
+
+    {
+      "layers": "blocks.{i}.",              # the prefix of layer i's tensors ({i} = 0, 1, ...)
+      "n_heads": 4, "n_kv_heads": 2,        # n_kv_heads, d_head optional (d_head = width / n_heads)
+      "placement": "pre",                   # or "post"
+      "norm": "rmsnorm", "eps": 1e-5,       # or "layernorm"
+      "activation": "silu",                 # an HF hidden_act name (gelu, gelu_new, relu, silu, ...)
+      "causal": true, "rope_theta": 10000.0, "max_position": 2048, "window": null,
+      "orientation": "linear",              # "linear": weights stored (d_out, d_in); "conv1d": (d_in, d_out)
+      "roles": {"W_Q": "attn.wq.weight", "W_K": "attn.wk.weight", "W_V": "attn.wv.weight",
+                "W_O": "attn.wo.weight", "W_gate": "ffn.w1.weight", "W_1": "ffn.w3.weight",
+                "W_2": "ffn.w2.weight", "norm_attn.weight": "attn_norm.weight",
+                "norm_ffn.weight": "ffn_norm.weight"},
+      "final_norm": {"weight": "norm.weight"},   # optional; "input_norm" likewise
+      "embeddings": {"token_embedding": "tok.weight"}
+    }
+
+A role's value is a tensor name relative to the layer prefix, or ``"re:<regex>"``, which must match
+exactly one of that layer's tensor names (full match).  Roles: ``W_Q W_K W_V W_O W_1 W_2`` (required),
+``W_gate``, the biases ``b_Q b_K b_V b_O b_1 b_2 b_gate`` and ``norm_attn.weight/.bias``,
+``norm_ffn.weight/.bias`` (optional).  Everything the forward pass reads is named by the file:
+nothing is guessed, and a tensor inside a layer that no role names is a warning (``strict``: refused).
+"""
+
+from __future__ import annotations
+
+import re
+
+from ..._errors import InputError
+from .._sources import TensorSource
+from .._spec import (
+    AttentionSpec, FFNSpec, LayerSequence, LayerSpec, NormKind, NormSpec, Placement, RopeSpec, TransformerSpec,
+)
+from ._common import activation_from_name, heads_bias, heads_in, heads_out, lazy_embeddings, summary
+
+__all__ = ["build_mapped", "ROLE_NAMES"]
+
+_REQUIRED = ("W_Q", "W_K", "W_V", "W_O", "W_1", "W_2")
+ROLE_NAMES = _REQUIRED + ("W_gate", "b_Q", "b_K", "b_V", "b_O", "b_1", "b_2", "b_gate",
+                          "norm_attn.weight", "norm_attn.bias", "norm_ffn.weight", "norm_ffn.bias")
+_KEYS = {"layers", "n_layers", "n_heads", "n_kv_heads", "d_head", "placement", "norm", "eps", "activation",
+         "causal", "rope_theta", "max_position", "window", "orientation", "roles", "input_norm", "final_norm",
+         "embeddings", "scale"}
+
+
+def _bad(name: str, what: str) -> InputError:
+    return InputError(f"roles mapping for {name}: {what}")
+
+
+def _enum(cls, value: object, field: str, name: str):
+    try:
+        return cls(value)
+    except ValueError:
+        raise _bad(name, f"{field}={value!r}; expected one of {[m.value for m in cls]}") from None
+
+
+def _layer_names(src: TensorSource, prefix: str, roles: dict[str, str], name: str) -> dict[str, str]:
+    """role -> full tensor name in layer ``prefix`` (exact names, or ``re:`` patterns matching one key)."""
+    out = {}
+    under = [k[len(prefix):] for k in src.keys() if k.startswith(prefix)]
+    for role, rel in roles.items():
+        if rel.startswith("re:"):
+            pat = re.compile(rel[3:])
+            hits = [k for k in under if pat.fullmatch(k)]
+            if len(hits) != 1:
+                raise _bad(name, f"role {role} pattern {rel[3:]!r} matches {len(hits)} tensors under {prefix!r} "
+                                 f"(it must match exactly one){': ' + ', '.join(hits[:4]) if hits else ''}")
+            out[role] = prefix + hits[0]
+        else:
+            out[role] = prefix + rel
+    return out
+
+
+def _norm(src: TensorSource, entry: object, d: int, kind: NormKind, eps: float, name: str) -> NormSpec | None:
+    if entry is None:
+        return None
+    if not isinstance(entry, dict) or "weight" not in entry:
+        raise _bad(name, f"a norm entry must be {{'weight': name, 'bias': name?}}, got {entry!r}")
+    bias = entry.get("bias")
+    return NormSpec(kind, src.get(entry["weight"], (d,)), None if bias is None else src.get(bias, (d,)), eps)
+
+
+def build_mapped(src: TensorSource, config: dict, name: str) -> TransformerSpec:
+    """The spec of a checkpoint laid out as the mapping ``config`` says (module docstring)."""
+    arch = "mapped"
+    unknown = sorted(set(config) - _KEYS)
+    if unknown:
+        raise _bad(name, f"unknown field(s) {unknown}; known: {sorted(_KEYS)}")
+    roles = config.get("roles")
+    if not isinstance(roles, dict) or not all(isinstance(v, str) for v in roles.values()):
+        raise _bad(name, "'roles' must map role names to tensor names")
+    missing = [r for r in _REQUIRED if r not in roles]
+    extra = sorted(set(roles) - set(ROLE_NAMES))
+    if missing or extra:
+        raise _bad(name, f"missing roles {missing}" if missing else f"unknown roles {extra}; known: {list(ROLE_NAMES)}")
+    pattern = config.get("layers")
+    if not isinstance(pattern, str) or "{i}" not in pattern:
+        raise _bad(name, "'layers' must be a prefix pattern containing {i}, e.g. \"blocks.{i}.\"")
+    regex = re.compile(re.escape(pattern).replace(re.escape("{i}"), r"(\d+)"))
+    found = {int(m.group(1)) for k in src.keys() if (m := regex.match(k))}
+    n = int(config.get("n_layers") or (max(found) + 1 if found else 0))
+    if n == 0 or sorted(found) != list(range(n)):
+        raise _bad(name, f"layer prefix {pattern!r} matches layers {sorted(found)[:8]} of {name}; expected 0..{n - 1}")
+    H = config.get("n_heads")
+    H = H if isinstance(H, int) and not isinstance(H, bool) else 0
+    if H <= 0:
+        raise _bad(name, "'n_heads' (a positive integer) is required: it cannot be read from the tensors")
+    H_kv = config.get("n_kv_heads") or H
+    if not isinstance(H_kv, int) or H_kv <= 0 or H % H_kv:
+        raise _bad(name, f"'n_kv_heads'={H_kv!r} must be a positive divisor of n_heads={H}")
+    conv1d = {"linear": False, "conv1d": True}.get(config.get("orientation", "linear"))
+    if conv1d is None:
+        raise _bad(name, f"'orientation' must be 'linear' or 'conv1d', got {config.get('orientation')!r}")
+    first = _layer_names(src, pattern.format(i=0), {"W_Q": roles["W_Q"]}, name)["W_Q"]
+    if first not in src:
+        raise _bad(name, f"role W_Q names {first!r}, which is not in the checkpoint")
+    q_shape = tuple(src.shape(first))
+    d, width = (q_shape if conv1d else q_shape[::-1]) if len(q_shape) == 2 else (0, 0)
+    dh = int(config.get("d_head") or (width // H if H else 0))
+    if d == 0 or dh * H != width:
+        raise _bad(name, f"W_Q {first!r} has shape {list(q_shape)}, which is not {H} heads of width d_head")
+    d_ff_key = _layer_names(src, pattern.format(i=0), {"W_1": roles["W_1"]}, name)["W_1"]
+    d_ff = (src.shape(d_ff_key)[1] if conv1d else src.shape(d_ff_key)[0]) if d_ff_key in src else 0
+    act = activation_from_name(config.get("activation", "gelu"), arch=arch)
+    placement = _enum(Placement, config.get("placement", "pre"), "placement", name)
+    kind = _enum(NormKind, config.get("norm", "layernorm"), "norm", name)
+    eps = float(config.get("eps", 1e-5))
+    rope = None if config.get("rope_theta") is None else RopeSpec(
+        theta=float(config["rope_theta"]), max_position=int(config.get("max_position") or 2048))
+
+    def w(key: str, d_in: int, d_out: int):
+        return src.get(key, (d_in, d_out)) if conv1d else src.get(key, (d_out, d_in)).T
+
+    def layer(i: int) -> LayerSpec:
+        names = _layer_names(src, pattern.format(i=i), roles, name)
+
+        def opt(role: str, shape: tuple[int, ...]):
+            return src.get(names[role], shape) if role in names else None
+
+        def norm(which: str) -> NormSpec:
+            if f"{which}.weight" not in names and f"{which}.bias" not in names:
+                return NormSpec(NormKind.NONE)
+            return NormSpec(kind, opt(f"{which}.weight", (d,)), opt(f"{which}.bias", (d,)), eps)
+
+        attn = AttentionSpec(
+            W_Q=heads_in(w(names["W_Q"], d, H * dh), H), W_K=heads_in(w(names["W_K"], d, H_kv * dh), H_kv),
+            W_V=heads_in(w(names["W_V"], d, H_kv * dh), H_kv), W_O=heads_out(w(names["W_O"], H * dh, d), H),
+            b_Q=heads_bias(opt("b_Q", (H * dh,)), H), b_K=heads_bias(opt("b_K", (H_kv * dh,)), H_kv),
+            b_V=heads_bias(opt("b_V", (H_kv * dh,)), H_kv), b_O=opt("b_O", (d,)),
+            scale=None if config.get("scale") is None else float(config["scale"]),
+            causal=bool(config.get("causal", False)), rope=rope,
+            window=None if config.get("window") is None else int(config["window"]),
+        )
+        ffn = FFNSpec(
+            W_1=w(names["W_1"], d, d_ff), W_2=w(names["W_2"], d_ff, d), activation=act,
+            W_gate=w(names["W_gate"], d, d_ff) if "W_gate" in names else None,
+            b_1=opt("b_1", (d_ff,)), b_2=opt("b_2", (d,)), b_gate=opt("b_gate", (d_ff,)),
+        )
+        return LayerSpec(index=i, attention=attn, ffn=ffn, norm_attn=norm("norm_attn"), norm_ffn=norm("norm_ffn"),
+                         placement=placement, names=dict(names))
+
+    emb = config.get("embeddings") or {}
+    embeddings = lazy_embeddings(src, {role: (key, None) for role, key in emb.items()})
+    layer0 = set(_layer_names(src, pattern.format(i=0), roles, name).values())
+    read = {k[len(pattern.format(i=0)):] for k in layer0}
+    stray = sorted(k for k in src.keys() if k.startswith(pattern.format(i=0)) and k not in layer0)
+    warnings = tuple(f"unexpected tensor {k!r} in {src.where(k)}: no role of the mapping names it, so the analysed "
+                     "function ignores it (it would differ if the model uses it)" for k in stray)
+    return TransformerSpec(
+        arch=arch, name=name, d_model=d, layers=LayerSequence(n, layer),
+        input_norm=_norm(src, config.get("input_norm"), d, kind, eps, name),
+        final_norm=_norm(src, config.get("final_norm"), d, kind, eps, name),
+        embeddings=embeddings,  # type: ignore[arg-type]
+        config={**summary({"roles_mapping": config}, src, n, H, H_kv, dh, d_ff, act.value, "", embeddings.names),
+                "roles_read_per_layer": sorted(read)},
+        warnings=warnings,
+    )

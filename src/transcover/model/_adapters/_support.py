@@ -1,0 +1,122 @@
+"""What is supported, per family and per feature: the one source of ``analyze --list-archs`` and the README table.
+
+Each adapter family registers itself with :func:`register_family` (the HF ``model_type`` values it
+reads, what the decomposition covers), then every feature with :func:`register_feature`: a
+feature is either *supported* (read exactly into the spec) or *refused* (with what would be needed).
+Adapters added later (new families, new features of an existing family) call the same two
+functions from their own modules; the README's table is :func:`support_table` verbatim (a test
+compares them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["Family", "register_family", "register_feature", "families", "support_table"]
+
+
+@dataclass
+class Family:
+    """One adapter family: which checkpoints it reads and what it does with each feature."""
+
+    name: str  # the adapter name (``arch=``)
+    model_types: tuple[str, ...]  # HF model_type values read by this adapter
+    covered: str  # what of the model is inside the decomposition
+    supported: list[str] = field(default_factory=list)
+    refused: list[tuple[str, str]] = field(default_factory=list)  # (feature, what would be needed)
+
+
+_FAMILIES: dict[str, Family] = {}
+
+
+def register_family(name: str, model_types: tuple[str, ...], covered: str) -> Family:
+    """Add (or return) a family; registering one twice keeps the first description."""
+    return _FAMILIES.setdefault(name, Family(name, tuple(model_types), covered))
+
+
+def register_feature(family: str, feature: str, *, refused: str | None = None) -> None:
+    """Record ``feature`` of ``family`` as supported, or as refused with what would be needed."""
+    fam = _FAMILIES[family]
+    if refused is None:
+        # a feature an adapter learnt to read is no longer refused
+        fam.refused = [(f, r) for f, r in fam.refused if f != feature]
+        if feature not in fam.supported:
+            fam.supported.append(feature)
+    else:
+        fam.refused = [(f, r) for f, r in fam.refused if f != feature] + [(feature, refused)]
+
+
+def families() -> list[Family]:
+    return list(_FAMILIES.values())
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def support_table() -> str:
+    """The support table in Markdown: one row per family (supported features, refused features)."""
+    lines = ["| family (`--arch`) | HF `model_type` | covered by the decomposition | supported features | "
+             "refused (what would be needed) |",
+             "|---|---|---|---|---|"]
+    for fam in families():
+        refused = "; ".join(f"{f}: {r}" for f, r in fam.refused) or "-"
+        lines.append(" | ".join([
+            f"| `{fam.name}`", ", ".join(fam.model_types) or "-", _cell(fam.covered),
+            _cell(", ".join(fam.supported) or "-"), _cell(refused) + " |",
+        ]))
+    return "\n".join(lines) + "\n"
+
+
+# -- the families of this package's adapters -----------------------------------------------------
+
+def _register_builtin() -> None:
+    rope_scaling = "the scaled frequencies as B_KQ's supremum over relative positions"
+    for name, types, covered, yes, no in (
+        ("bert", ("bert", "roberta", "xlm-roberta"), "all layers; embedding LayerNorm as input norm",
+         ["post-norm LayerNorm", "q/k/v/o biases", "absolute positions (outside)", "encoder or is_decoder (causal)"],
+         [("relative position_embedding_type", "relative-position score terms per head"),
+          ("cross-attention", "a second input sequence in every bound")]),
+        ("distilbert", ("distilbert",), "all layers; embedding LayerNorm as input norm",
+         ["post-norm LayerNorm", "q/k/v/o biases"], []),
+        ("gpt2", ("gpt2",), "all layers and ln_f",
+         ["pre-norm LayerNorm", "fused c_attn (Conv1D)", "causal", "scale_attn_by_inverse_layer_idx"],
+         [("cross-attention", "a second input sequence in every bound")]),
+        ("llama", ("llama", "mistral", "qwen2"), "all layers and the final RMSNorm",
+         ["pre-norm RMSNorm", "grouped-query attention", "RoPE (default)", "gated SiLU FFN",
+          "q/k/v/o and MLP biases", "sliding-window attention (a mask)"],
+         [("rope scaling (llama3, linear, dynamic, yarn)", rope_scaling),
+          ("partial rotary", "RoPE on part of the head dimension"),
+          ("query/key normalisation", "B_KQ from what the normalisation guarantees")]),
+        ("vit", ("vit",), "all layers and the final LayerNorm",
+         ["pre-norm LayerNorm", "q/k/v/o biases", "patch projection (outside)"], []),
+        ("clip_text", ("clip", "clip_text_model"), "text tower: all layers and final_layer_norm",
+         ["pre-norm LayerNorm", "causal", "quick_gelu", "q/k/v/o biases"], []),
+        ("clip_vision", ("clip", "clip_vision_model"), "vision tower: pre_layrnorm (input norm) and all layers",
+         ["pre-norm LayerNorm", "quick_gelu", "q/k/v/o biases", "patch projection (outside)"],
+         [("post_layernorm", "acts on the pooled class token only, not on the hidden states")]),
+        ("whisper", ("whisper",), "encoder layers and encoder.layer_norm",
+         ["pre-norm LayerNorm", "q/v/o biases (k without)", "conv front-end kernels (outside, per matrix)"],
+         [("decoder", "cross-attention to the encoder output"),
+          ("conv front-end in the bounds", "Lipschitz constants of the two GELU convolutions")]),
+        ("deberta_v2", ("deberta-v2", "deberta"), "none (per-matrix norms only)", [],
+         [("disentangled attention", "per-head norms of the content-to-position and position-to-content maps "
+                                     "over the relative embeddings, and their terms in the attention bound")]),
+        ("torch_encoder", ("-",), "torch.nn.TransformerEncoder(Layer): all layers and its norm",
+         ["pre- or post-norm", "fused in_proj", "relu/gelu/silu"],
+         [("add_bias_kv / add_zero_attn", "an extra key in every softmax")]),
+        ("reference", ("-",), "transcover's ReferenceTransformer", ["everything it defines"], []),
+        ("mapped", ("-",), "any layout whose roles a mapping file names (`--roles`)",
+         ["the llama/bert/gpt2-style blocks named by the file"], []),
+        ("per-matrix", ("any",), "no decomposition: every 2-D weight on its own (`analyze` only)",
+         ["certified spectral, Frobenius and (2,1) norms per matrix"],
+         [("Lipschitz, G.3, covering bounds", "the architecture: name its roles with a mapping file")]),
+    ):
+        register_family(name, types, covered)
+        for feature in yes:
+            register_feature(name, feature)
+        for feature, need in no:
+            register_feature(name, feature, refused=need)
+
+
+_register_builtin()

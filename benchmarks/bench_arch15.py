@@ -1,4 +1,4 @@
-"""``transcover analyze`` (and ``lipschitz``) on random-weight, sharded, bf16 checkpoints of today's
+"""``transcover analyze`` (and ``lipschitz --no-lower``, the certified bounds) on random-weight, sharded, bf16 checkpoints of today's
 shapes (issue 15): Pythia-410M (GPT-NeoX: parallel residual, rotary_pct 0.25, biases) and
 Llama-3.2-1B (llama3 rope scaling, GQA 32:8).  Weights are written tensor by tensor by
 ``transcover.scale._synthetic`` (never held in memory); each command runs in a child process whose
@@ -87,7 +87,7 @@ def main() -> int:
         else:
             info = write_llama32(root, layers=args.layers or 16)
         print(f"{args.which}: {info['bytes'] / GB:.2f} GB of bf16 in {info['shards']} shards at {root}")
-        for cmd in (["analyze"], ["lipschitz"]):
+        for cmd in (["analyze"], ["lipschitz", "--no-lower"]):
             peak, secs, rc, tail = run_analyze(root, args.src, []) if cmd == ["analyze"] else _run(cmd, root, args.src)
             print(f"  {cmd[0]:9s} rc={rc} {secs:7.1f} s  peak RSS {peak / 1e6:7.0f} MB" + ("" if rc == 0 else f"  {tail}"))
     finally:
@@ -106,7 +106,7 @@ def _run(cmd: list[str], root: Path, src: str):
 
     env = dict(os.environ, PYTHONPATH=src, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", PEAK, *cmd, str(root), "--quiet"], env=env,
+    proc = subprocess.run([sys.executable, "-c", PEAK, cmd[0], str(root), "--quiet", *cmd[1:]], env=env,
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     secs = time.perf_counter() - t0
     peak = float(proc.stderr.rsplit("VmHWM_kB", 1)[1].split()[0]) * 1024 if "VmHWM_kB" in proc.stderr else float("nan")

@@ -18,7 +18,7 @@ from ._gpt2 import build_gpt2
 from ._gpt_neox import build_gpt_neox
 from ._llama import build_llama
 from ._reference import build_reference
-from ._refused import OutsideDecompositionError, build_deberta_v2
+from ._refused import OutsideDecompositionError, build_deberta_v2, build_moe
 from ._torch_encoder import build_torch_encoder
 from ._vit import build_vit
 
@@ -40,6 +40,7 @@ _ADAPTERS: dict[str, Adapter] = {
     "whisper": build_whisper_encoder,
     "deberta_v2": build_deberta_v2,
     "gpt_neox": build_gpt_neox,
+    "moe": build_moe,  # recognised and refused: top-k routing is discontinuous (THEORY F23)
 }
 
 #: The adapter names :func:`transcover.model.load` accepts as ``arch=``.
@@ -57,6 +58,9 @@ ARCH_ALIASES: dict[str, str] = {
     "clip_vision_model": "clip_vision",
     "deberta": "deberta_v2",  # DeBERTa v1 has the same disentangled attention
     "qwen3": "llama",  # + per-head query/key RMSNorm, read by the Llama adapter (THEORY F21)
+    "mixtral": "moe",
+    "qwen2_moe": "moe",
+    "qwen3_moe": "moe",
 }
 
 #: Adapters that read one part of a checkpoint whose configuration names the whole model:

@@ -16,6 +16,7 @@ from ._bert import build_bert
 from ._encoders import build_clip, build_clip_text, build_clip_vision, build_distilbert, build_whisper_encoder
 from ._gpt2 import build_gpt2
 from ._gpt_neox import build_gpt_neox
+from ._gptj import build_gptj
 from ._llama import build_llama
 from ._reference import build_reference
 from ._refused import OutsideDecompositionError, build_deberta_v2, build_moe
@@ -40,6 +41,7 @@ _ADAPTERS: dict[str, Adapter] = {
     "whisper": build_whisper_encoder,
     "deberta_v2": build_deberta_v2,
     "gpt_neox": build_gpt_neox,
+    "gptj": build_gptj,
     "moe": build_moe,  # recognised and refused: top-k routing is discontinuous (THEORY F23)
 }
 
@@ -68,7 +70,7 @@ ARCH_ALIASES: dict[str, str] = {
 PARTS: dict[str, tuple[str, ...]] = {"clip": ("clip_text", "clip_vision")}
 
 # config["architectures"] class-name stems, for configs without model_type.
-_CLASS_STEMS = (("Bert", "bert"), ("Roberta", "bert"), ("GPT2", "gpt2"), ("GPTNeoX", "gpt_neox"), ("Llama", "llama"),
+_CLASS_STEMS = (("Bert", "bert"), ("Roberta", "bert"), ("GPT2", "gpt2"), ("GPTNeoX", "gpt_neox"), ("GPTJ", "gptj"), ("Llama", "llama"),
                 ("Mistral", "llama"), ("Qwen2", "llama"), ("Qwen3For", "llama"), ("ViT", "vit"), ("XLMRoberta", "bert"),
                 ("DistilBert", "distilbert"), ("CLIPText", "clip_text"), ("CLIPVision", "clip_vision"),
                 ("CLIP", "clip"), ("Whisper", "whisper"), ("DebertaV2", "deberta_v2"), ("Deberta", "deberta_v2"))

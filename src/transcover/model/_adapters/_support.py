@@ -94,6 +94,9 @@ def _register_builtin() -> None:
           "q/k/v/o biases (under RoPE: inputs certified, F20)", "rope scaling: linear, llama3, yarn (F20)"],
          [("G.3 and covering with q/k biases under RoPE", "perturbation terms for the biases inside the rotation"),
           ("rope scaling dynamic, longrope", "frequencies fixed for every sequence length")]),
+        ("gptj", ("gptj",), "all layers and ln_f",
+         ["parallel residual with one LayerNorm (F19)", "interleaved partial rotary (rotary_dim, exact column permutation)",
+          "MLP biases"], []),
         ("moe", ("mixtral", "qwen2_moe", "qwen3_moe"), "none (per-matrix norms only)", [],
          [("top-k routed experts", "a Lipschitz bound of a discontinuous map does not exist (THEORY F23): "
                                    "a dense router, or inputs away from the switching set")]),

@@ -37,6 +37,9 @@ def models(tmp_path_factory):
     torch.manual_seed(2)  # one small layer: the Lipschitz lower search runs per stage
     save_reference(ReferenceTransformer(ReferenceConfig(d_model=4, n_heads=1, n_layers=1, d_ff=8, head_hidden=(4,))),
                    d / "one.safetensors")
+    torch.manual_seed(3)  # LayerNorm: the local (at-the-data) route's Jacobians cover it, not Pi_norm
+    save_reference(ReferenceTransformer(ReferenceConfig(d_model=4, n_heads=1, n_layers=1, d_ff=8, head_hidden=(4,),
+                                                        norm="layernorm")), d / "ln.safetensors")
     np.save(d / "points.npy", np.random.default_rng(0).standard_normal((30, 5, 2)))
     return d
 
@@ -80,6 +83,15 @@ def test_lipschitz(models, tmp_path):
                                   "--radius", "2", "--quiet"]))
 
 
+def test_lipschitz_at_the_data(models, tmp_path):
+    path, data = str(models / "ln.safetensors"), models / "emb.npy"
+    np.save(data, np.random.default_rng(1).standard_normal((2, 3, 4)))
+    r = transcover.lipschitz(path, data=str(data), rho=[1e-3, 1e-2], rho_relative=True, steps=2)
+    assert r.rows and all(row.local_upper >= row.lower for row in r.rows if row.lower is not None)
+    _same(r, _cli_json(tmp_path, ["lipschitz", path, "--data", str(data), "--rho", "1e-3,1e-2", "--rho-relative",
+                                  "--steps", "2", "--quiet"]))
+
+
 def test_perturb(models, tmp_path):
     a, b = str(models / "a.safetensors"), str(models / "b.safetensors")
     r = transcover.perturb(a, b, samples=1, steps=2)
@@ -112,6 +124,13 @@ def test_cover(models, tmp_path, mode, api, argv):
     r = transcover.cover(source, mode=mode, **api)
     cli = _cli_json(tmp_path, ["cover", mode, *([source] if source else []), *argv, "--quiet"])
     _same(r, cli)
+
+
+def test_cover_takes_an_array_too(models):
+    Y = np.load(models / "points.npy")
+    a = transcover.cover(Y, eps=[0.5]).to_dict()
+    b = transcover.cover(str(models / "points.npy"), eps=[0.5]).to_dict()
+    assert a["rows"] == b["rows"] and a["file"] == "<array (30, 5, 2)>"
 
 
 def test_approx_construct(tmp_path):

@@ -125,9 +125,12 @@ def describe(model=None, *, arch: str | None = None, allow_pickle: bool = False,
 
 def lipschitz(model=None, *, arch: str | None = None, allow_pickle: bool = False, strict: bool = False,
               radius: float = 1.0, metric: str = "2,inf", seq_len: int = 8, c_sm: float = 1.0,
-              sigma_min: float = 0.0, samples: int = 6, steps: int = 30, seed: int = 0, lower: bool = True):
+              sigma_min: float = 0.0, samples: int = 6, steps: int = 30, seed: int = 0, lower: bool = True,
+              data=None, rho: float | Sequence[float] = 1e-3, rho_relative: bool = False, max_len: int = 32,
+              limit: int | None = None):
     """Certified upper Lipschitz constants per stage, layer and network, beside empirical lower ones
-    (``transcover lipschitz``; THEORY F6, F7, F8, F13, F14).
+    (``transcover lipschitz``; THEORY F6, F7, F8, F13, F14); with ``data``, certified local constants
+    on balls of radius ``rho`` around real inputs (``transcover lipschitz --data``; THEORY F17).
 
     Args:
         model: as in :func:`analyze`.
@@ -138,9 +141,14 @@ def lipschitz(model=None, *, arch: str | None = None, allow_pickle: bool = False
         sigma_min: assumed floor of every LayerNorm input's std (0: the global constant).
         samples, steps, seed: the lower-estimate search (random starts, ascent steps).
         lower: ``False`` skips the search (certified bounds only).
+        data: token ids (.npy int (n, T)), embeddings (.npy float (n, T, d)), texts (.txt, the model's
+            tokenizer) or ``"sklearn-descr"``; ``rho`` one radius or several (per token, l2; factors
+            of each layer's median token norm with ``rho_relative``), ``max_len`` truncates texts,
+            ``limit`` keeps the first sequences.
 
     Returns:
-        :class:`transcover._api_results.LipschitzResult` (``.bounds``, ``.lower``, ``.to_dict()``, ``.plot()``).
+        :class:`transcover._api_results.LipschitzResult` (``.bounds``, ``.lower``, ``.to_dict()``,
+        ``.plot()``), or with ``data`` a :class:`transcover._api_results.LocalLipschitzResult`.
 
     Example:
         >>> import transcover
@@ -158,6 +166,9 @@ def lipschitz(model=None, *, arch: str | None = None, allow_pickle: bool = False
     for flag, v, lo in (("seq_len", seq_len, 1), ("samples", samples, 1), ("steps", steps, 0)):
         if v < lo:
             raise InputError(f"{flag} must be >= {lo}, but got {flag}={v}")
+    if data is not None:
+        return _lipschitz_local(model, data, arch=arch, allow_pickle=allow_pickle, strict=strict, rho=rho,
+                                rho_relative=rho_relative, max_len=max_len, limit=limit, lower=lower, steps=steps)
     spec = _spec(model, arch=arch, allow_pickle=allow_pickle, strict=strict).to_torch()
     l2 = any(layer.attention.kind == "l2" for layer in spec.layers)
     with _small_threads(spec.d_model, seq_len):
@@ -168,6 +179,30 @@ def lipschitz(model=None, *, arch: str | None = None, allow_pickle: bool = False
             torch.manual_seed(seed)
             found = lipschitz_lower(spec, bounds, seq_len=seq_len, n_samples=samples, n_steps=steps, seed=seed)
     return LipschitzResult(spec.name, bounds, found, tuple(spec.warnings))
+
+
+def _lipschitz_local(model, data, *, arch, allow_pickle, strict, rho, rho_relative, max_len, limit, lower, steps):
+    """The ``data`` route of :func:`lipschitz`: every check (rho, data, tokenizer) before any work."""
+    import math
+
+    import torch
+
+    from ._api_results import LocalLipschitzResult
+    from ._errors import InputError
+    from .lipschitz import local_table
+    from .model import load_inputs
+
+    rhos = [float(rho)] if isinstance(rho, (int, float)) else [float(r) for r in rho]
+    for r in rhos:
+        if not (r > 0 and math.isfinite(r)):
+            raise InputError(f"rho must be finite and > 0, but got rho={r}")
+    for flag, v in (("max_len", max_len), ("limit", limit)):
+        if v is not None and v < 1:
+            raise InputError(f"{flag} must be >= 1, but got {flag}={v}")
+    spec = _spec(model, arch=arch, allow_pickle=allow_pickle, strict=strict).to_torch(torch.float64)
+    seqs = load_inputs(spec, data, max_len=max_len, limit=limit)
+    rows = local_table(spec, seqs, rhos, lower=lower, relative=rho_relative, lower_iter=max(steps // 2, 5))
+    return LocalLipschitzResult(spec.name, len(seqs), tuple(rhos), bool(rho_relative), tuple(rows))
 
 
 def perturb(model_a, model_b, *, arch: str | None = None, allow_pickle: bool = False, strict: bool = False,

@@ -76,8 +76,8 @@ def cover(source=None, *, mode: str | None = None, eps: Sequence[float] | float 
         _positive(name, v)
     step = progress.step if progress is not None else (lambda *a, **k: None)
     if mode == "finite":
-        Y = source if not isinstance(source, (str, bytes)) and hasattr(source, "shape") else E.load_outputs(source, key=key)
-        Y = E.as_outputs(Y)
+        in_memory = hasattr(source, "shape") and not isinstance(source, (str, bytes))
+        Y = E.as_outputs(source if in_memory else E.load_outputs(source, key=key))
         ests, exacts = [], []
         for e in eps:
             est = E.estimate_covering_number(Y, e, q, n_orders=orders, seed=seed, workers=workers)
@@ -89,8 +89,9 @@ def cover(source=None, *, mode: str | None = None, eps: Sequence[float] | float 
                 check_certified(f"internal covering number at eps={e!r} (exact vs net)", est.net_size, x)
                 check_certified(f"covering number at eps={e!r} (packing vs exact)", x, est.packing_size)
                 exacts.append(x)
-        return CoverResult("finite", tuple(eps), q, None if not isinstance(source, (str, bytes)) and hasattr(
-            source, "shape") else str(source), "", tuple(Y.shape), tuple(ests), tuple(exacts) if exact else None)
+        label = f"<array {tuple(Y.shape)}>" if in_memory else str(source)
+        return CoverResult("finite", tuple(eps), q, label, "", tuple(Y.shape), tuple(ests),
+                           tuple(exacts) if exact else None)
     if mode == "local":
         from .model import load
 
@@ -111,7 +112,9 @@ def cover(source=None, *, mode: str | None = None, eps: Sequence[float] | float 
         if bad:
             raise InputError(f"radii names must be among {', '.join(_RADII)}, but got {', '.join(bad)}")
         norm_radii = E.NormRadii(**{k: float(given.get(k, 1.0)) for k in _RADII}).scaled(radius)
-        sample = E.sample_reference_class(cfg, norm_radii, functions, radial=radial, seed=seed, output=output)
+        # the reference mode draws its members in seed blocks below: one member here checks the class
+        sample = E.sample_reference_class(cfg, norm_radii, functions if mode == "uniform" else 1, radial=radial,
+                                          seed=seed, output=output)
         width, warnings = cfg.d_model, ()
     if mode == "uniform":
         if functions > E.MAX_FUNCTIONS:
@@ -132,7 +135,13 @@ def cover(source=None, *, mode: str | None = None, eps: Sequence[float] | float 
                            searches=tuple(searches))
     X = E.random_inputs(samples, seq_len, width, seed=seed + 1)
     step(f"Monte Carlo covering ({functions} functions)")
-    mc = E.monte_carlo_covering(sample, X, eps, q, workers=workers)
+    if mode == "reference":  # members in seed blocks, as `cover reference` on any backend (issue 14)
+        from .scale import monte_carlo_reference
+
+        mc = monte_carlo_reference(cfg, norm_radii, X, functions, eps, q, seed=seed, radial=radial, output=output,
+                                   threads=workers or 1)
+    else:
+        mc = E.monte_carlo_covering(sample, X, eps, q, workers=workers)
     fit, fit_error = None, ""
     try:
         fit = E.fit_eps_growth(*E.usable_points(mc))

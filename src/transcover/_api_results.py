@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["LipschitzResult", "PerturbResult", "CoverResult", "ApproxResult", "EncodingsResult"]
+__all__ = ["LipschitzResult", "LocalLipschitzResult", "PerturbResult", "CoverResult", "ApproxResult", "EncodingsResult"]
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,23 @@ class LipschitzResult:
     def plot(self, ax=None):
         """Certified upper beside empirical lower per stage, layer and network (``LipschitzDisplay``)."""
         return self.bounds.plot(ax=ax, lower=self.lower)
+
+
+@dataclass(frozen=True)
+class LocalLipschitzResult:
+    """Certified local Lipschitz constants at real inputs (THEORY F17): one row per rho, layer and
+    component, the max over the sequences, beside the global and domain bounds and the Jacobian
+    norm at the data point (an empirical lower bound)."""
+
+    model: str
+    n_sequences: int
+    rho: tuple[float, ...]
+    rho_relative: bool
+    rows: tuple = ()
+
+    def to_dict(self) -> dict[str, object]:
+        return {"model": self.model, "n_sequences": self.n_sequences, "rho": list(self.rho),
+                "rho_relative": self.rho_relative, "rows": [r.to_dict() for r in self.rows]}
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 __all__ = ["TranscoverError", "InputError", "UnsupportedArchitectureError", "WeightError", "TranscoverWarning",
-           "CertificateViolation"]
+           "CertificateViolation", "check_radius"]
 
 
 class TranscoverError(ValueError):
@@ -54,3 +54,17 @@ class CertificateViolation(RuntimeError):
     wrong.  The CLI reports it as an internal error (one line, exit code 1), never as a table row.
     Raised by :func:`transcover._results.check_certified`.
     """
+
+
+def check_radius(radius: float, name: str = "radius") -> float:
+    """``float(radius)``, or :class:`InputError` naming ``name`` when it is not a finite number > 0.
+
+    The one check of every radius, bound and positive scale argument (lipschitz, constrain, train).
+    """
+    try:
+        r = float(radius)
+    except (TypeError, ValueError):
+        raise InputError(f"{name} must be a finite number > 0, but got {name}={radius!r}") from None
+    if not (r > 0.0) or r == float("inf"):
+        raise InputError(f"{name} must be a finite number > 0, but got {name}={radius!r}")
+    return r

@@ -9,13 +9,69 @@ therefore never travel as bare floats.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from enum import Enum
 
 import numpy as np
 
-__all__ = ["Kind", "Interval", "Quantity", "ClippedQuantity", "check_certified", "certificate_tolerance"]
+__all__ = ["Kind", "Interval", "Quantity", "ClippedQuantity", "check_certified", "certificate_tolerance",
+           "as_dict", "rounding_pad"]
+
+
+def _plain(v: object) -> object:
+    """A JSON-ready value: enums by value, dataclasses through their ``to_dict``, containers recursively."""
+    if isinstance(v, Enum):
+        return v.value
+    if hasattr(v, "to_dict") and not isinstance(v, type):
+        return v.to_dict()
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):
+        return as_dict(v)
+    if isinstance(v, dict):
+        return {(k.value if isinstance(k, Enum) else k): _plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    return v
+
+
+def as_dict(obj: object, *, exclude: tuple[str, ...] = (), **override: object) -> dict[str, object]:
+    """The one serialiser of results: a dataclass's fields as a JSON-ready dict, ``kind`` always kept.
+
+    Note [result dicts]: every result's ``to_dict`` goes through here, so a number never leaves
+    without its kind (Note [result kinds]): a ``kind`` attribute (field or property) is written as
+    its value even when it is not a field.  ``exclude`` drops fields; ``override`` replaces or adds
+    entries (already JSON-ready, e.g. a derived list).
+    """
+    out: dict[str, object] = {}
+    for f in dataclasses.fields(obj):
+        if f.name in exclude or f.name in override:
+            continue
+        out[f.name] = _plain(getattr(obj, f.name))
+    out.update(override)
+    if "kind" not in out and "kind" not in exclude:
+        kind = getattr(obj, "kind", None)
+        if kind is not None:
+            out["kind"] = _plain(kind)
+    return out
+
+
+def rounding_pad(dtype: object = np.float64, terms: int = 0) -> float:
+    """The one relative rounding pad of certified arithmetic in ``dtype`` (float64: 1e-9).
+
+    Note [rounding pad]: a certified upper value computed by a closed form in floating point (a
+    product of stage constants, a float64 vector norm, a scaled spectral bound) is multiplied once
+    by ``1 + rounding_pad()``.  The pad dominates ``2^20`` roundings of the unit roundoff ``u`` of
+    ``dtype`` (``2^20 u = 1.2e-10`` in float64), rounded up to a power of ten: far more operations
+    than any closed form here performs, and the relative error ``gamma_n = n u / (1 - n u)`` of a
+    sum of ``n <= 4.5e6`` non-negative terms (a squared norm).  ``terms`` asks for a sum of more
+    terms than that: the pad is then ``2 gamma_terms``.  Every certified computation in transcover
+    is float64 (weights of any storage dtype upcast exactly), so ``dtype`` is float64 in practice.
+    """
+    u = float(np.finfo(np.dtype(dtype)).eps) / 2.0
+    base = 10.0 ** math.ceil(math.log10(2.0**20 * u))
+    ku = terms * u
+    return base if ku == 0.0 else max(base, 2.0 * ku / (1.0 - ku))
 
 
 class Kind(str, Enum):
@@ -61,7 +117,7 @@ class Interval:
         return self.lower <= x <= self.upper
 
     def to_dict(self) -> dict[str, float | str]:
-        return {"lower": self.lower, "upper": self.upper}
+        return as_dict(self, exclude=("method",))
 
 
 @dataclass(frozen=True)
@@ -74,12 +130,7 @@ class Quantity:
     assumptions: tuple[str, ...] = field(default_factory=tuple)
 
     def to_dict(self) -> dict[str, object]:
-        return {
-            "value": self.value,
-            "kind": self.kind.value,
-            "source": self.source,
-            "assumptions": list(self.assumptions),
-        }
+        return as_dict(self)
 
 
 @dataclass(frozen=True)
@@ -101,8 +152,7 @@ class ClippedQuantity(Quantity):
 
     def to_dict(self) -> dict[str, object]:
         raw = self.raw if math.isfinite(self.raw) else str(self.raw)
-        return {**super().to_dict(), "raw": raw, "trivial": self.trivial, "vacuous": self.vacuous,
-                "note": self.note}
+        return as_dict(self, raw=raw, vacuous=self.vacuous)
 
 
 def certificate_tolerance(dtype: object = np.float64, ulps: int = 8) -> float:

@@ -17,9 +17,12 @@ from transcover.compress import (
     ModelDescription,
     QuantisedTensor,
     decode,
+    decode_delta,
+    delta_bits,
     dequantise,
     description_bits,
     encode,
+    encode_delta,
     enumerative_length,
     fake_quantise,
     fixed_length_bits,
@@ -155,7 +158,7 @@ def test_both_payload_modes_round_trip_with_exact_lengths(shared, seed, monkeypa
     assert desc.shared() == (together < per_tensor)
     monkeypatch.setattr(ModelDescription, "shared", lambda self: shared)
     word = encode(desc)
-    headers = sum(t.header_bits() for t in desc.tensors)
+    headers = sum(desc.header_bits())
     assert len(word) == description_bits(desc) == desc.architecture_bits() + headers + 1 + (
         together if shared else per_tensor)
     back = decode(word.bits, MENU)
@@ -197,3 +200,61 @@ def test_quantiser_error_and_straight_through_gradient(m, k, seed):
     assert torch.equal(out.detach(), dequantise(Q, k))
     out.sum().backward()
     assert torch.equal(W.grad, torch.ones_like(W))
+
+
+@pytest.mark.parametrize("version", [2, 3])
+@pytest.mark.parametrize("seed", range(3))
+def test_both_header_versions_round_trip_with_exact_lengths(version, seed, monkeypatch):
+    desc = _random_description(1, seed, density=0.5)
+    monkeypatch.setattr(ModelDescription, "version", lambda self: version)
+    word = encode(desc)
+    assert word.bits[:2] == [version >> 1, version & 1]
+    assert len(word) == description_bits(desc) == desc.architecture_bits() + sum(desc.header_bits(version)) + 1 + (
+        sum(desc.shared_payload_bits().values()) if desc.shared() else sum(t.payload_bits() for t in desc.tensors))
+    back = decode(word.bits, MENU)
+    for a, b in zip(desc.tensors, back.tensors, strict=True):
+        assert (a.m, a.m and a.k) == (b.m, b.m and b.k) and torch.equal(a.Q, b.Q)
+
+
+def test_delta_headers_are_chosen_when_shorter_and_pay_little_for_shared_grids():
+    # every tensor on the same grid and nearby scales (what QAT produces): version 3 costs 1 bit for
+    # m and a few for k per tensor, version 2 pays m and the absolute k every time
+    desc = _random_description(1, 0, density=0.5)
+    tensors = tuple(QuantisedTensor(t.name, 7, -20 + (i % 3), torch.clamp(t.Q, -7, 7))
+                    for i, t in enumerate(desc.tensors))
+    same = ModelDescription(desc.menu, desc.arch, tensors)
+    assert same.version() == 3
+    assert sum(same.header_bits(3)) < sum(same.header_bits(2)) - 8 * len(tensors)
+    assert description_bits(same) == len(encode(same))
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("changes", [0, 1, 7, 60])
+def test_delta_code_round_trips_with_exact_length(seed, changes):
+    ref = _random_description(1, seed, density=0.5)
+    g = torch.Generator().manual_seed(seed + 100)
+    tensors = []
+    for t in ref.tensors:
+        Q = t.Q.clone().flatten()
+        if t.m:
+            for i in torch.randperm(Q.numel(), generator=g)[: changes // 4 + (changes > 0)].tolist():
+                Q[i] = int(torch.randint(-t.m, t.m + 1, (1,), generator=g))
+        tensors.append(QuantisedTensor(t.name, t.m, t.k, Q.reshape(t.Q.shape)))
+    model = ModelDescription(ref.menu, ref.arch, tuple(tensors))
+    word = encode_delta(model, ref)
+    assert len(word) == delta_bits(model, ref) <= 1 + description_bits(model)
+    back = decode_delta(word.bits, ref)
+    for a, b in zip(model.tensors, back.tensors, strict=True):
+        assert a.m == b.m and torch.equal(a.Q, b.Q)
+    if changes == 0:  # the reference itself: flag, gamma(1), the empty subset
+        assert word.bits == [1, 1]
+
+
+def test_delta_code_falls_back_to_the_full_code_off_the_reference_grid():
+    ref = _random_description(1, 0, density=0.5)
+    other = _random_description(1, 1, density=0.5)
+    word = encode_delta(other, ref)
+    assert word.bits[0] == 0 and len(word) == 1 + description_bits(other)
+    assert all(torch.equal(a.Q, b.Q) for a, b in zip(other.tensors, decode_delta(word.bits, ref).tensors))
+    with pytest.raises(ValueError):
+        decode_delta(word.bits + [1], ref)

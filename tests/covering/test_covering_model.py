@@ -21,8 +21,7 @@ from transcover.covering import (
     model_terms,
     transformer_log_covering,
 )
-from transcover.covering._model_bound import _layer_role_norms, _norm_role_norms
-from transcover.lipschitz import perturbation_coefficients
+from transcover.lipschitz import perturbation_coefficients, perturbation_deltas
 from transcover.model import ReferenceConfig, ReferenceTransformer, reference_spec, transformer_forward
 
 
@@ -37,15 +36,8 @@ def _pair(seed: int, rel: float, **cfg):
 
 
 def _deltas(sa, sb) -> dict[tuple[int, str], float]:
-    """||W_i - W~_i|| in each role's norm, from explicit float64 differences."""
-    out = {}
-    for la, lb in zip(sa.layers, sb.layers):
-        for role, (_, _, d) in _layer_role_norms(la, lb).items():
-            out[(la.index, role)] = d
-    for idx, name in ((-1, "input_norm"), (sa.n_layers, "final_norm")):
-        for role, (_, _, d) in _norm_role_norms(getattr(sa, name), getattr(sb, name), name).items():
-            out[(idx, role)] = d
-    return out
+    """||W_i - W~_i|| in each role's norm, from explicit float64 differences (the public measurement)."""
+    return perturbation_deltas(sa, sb)
 
 
 def _tokens(gen: torch.Generator, B: int, T: int, d: int, R: float) -> torch.Tensor:

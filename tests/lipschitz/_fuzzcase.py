@@ -45,11 +45,11 @@ class Case:
     dtype: str = "float64"  # float64 | float32 | bfloat16: how the weights are stored
     T: int = 3
     qk: float = 1.0  # extra factor on W_Q and W_K
-    residual: str = "sequential"  # "parallel": x + attn(N_1 x) + ffn(N_2 x) (THEORY F19)
+    residual: str = "sequential"  # "parallel": x + attn(N_1 x) + ffn(N_2 x) (THEORY F21)
     rope_biases: bool = False  # query/key biases kept under RoPE (GPT-NeoX); G.3 refuses them
     rotary_dim: int | None = None  # partial rotary: only the first rotary_dim coordinates rotate
-    qk_norm: bool = False  # Qwen3's per-head RMSNorm of queries and keys (THEORY F21); G.3 refuses it
-    softcap: float | None = None  # Gemma 2's attention-logit soft-capping c tanh(s / c) (THEORY F22)
+    qk_norm: bool = False  # Qwen3's per-head RMSNorm of queries and keys (THEORY F23); G.3 refuses it
+    softcap: float | None = None  # Gemma 2's attention-logit soft-capping c tanh(s / c) (THEORY F24)
 
     def spec(self):
         return fuzz_spec(self.seed, H=4 if self.gqa else 2, Hkv=2 if self.gqa else None, L=self.L, norm=self.norm,

@@ -29,10 +29,10 @@ def cases(draw):
     norm = draw(st.sampled_from(["layernorm", "rmsnorm", "ball", "none"]))
     floor = norm in ("layernorm", "rmsnorm") and draw(st.booleans())
     placement = draw(st.sampled_from(["post", "pre"]))
-    # GPT-NeoX: the parallel residual (pre-norm only, F19) and RoPE that keeps its query/key biases (F20)
+    # GPT-NeoX: the parallel residual (pre-norm only, F21) and RoPE that keeps its query/key biases (F22)
     parallel = placement == "pre" and draw(st.booleans())
     rope_biases = draw(st.booleans())
-    # Qwen3's per-head q/k RMSNorm (F21) and Gemma 2's soft-capping (F22), dot-product attention only
+    # Qwen3's per-head q/k RMSNorm (F23) and Gemma 2's soft-capping (F24), dot-product attention only
     qk_norm = kind == "dot" and draw(st.booleans())
     softcap = draw(st.sampled_from([None, None, 0.5, 3.0])) if kind == "dot" else None
     return Case(

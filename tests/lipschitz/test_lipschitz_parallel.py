@@ -1,8 +1,8 @@
-"""The parallel residual x + attn(N_1 x) + ffn(N_2 x) (THEORY F19) and RoPE with query/key biases (F20).
+"""The parallel residual x + attn(N_1 x) + ffn(N_2 x) (THEORY F21) and RoPE with query/key biases (F22).
 
 Soundness: the independent attacker (``_attack``: float64 reference forward, projected ascent over
 pairs, Jacobian power iteration) against every certified stage, layer, network and G.3 value on
-random parallel-residual models; an exact case where the F19 constant is attained; homogeneity of
+random parallel-residual models; an exact case where the F21 constant is attained; homogeneity of
 the bound in the weights whose exponent is known; the refusals where a bound is not derived.
 """
 
@@ -45,7 +45,7 @@ def test_forward_is_the_independent_reference():
 
 def test_parallel_stage_is_the_f19_sum_and_beats_the_sequential_product():
     # Pi_norm keeps every branch radius at <= 1 in both layouts and a plain FFN's constant does not
-    # depend on the radius, so the parallel constant is exactly the F19 sum of the sequential pieces.
+    # depend on the radius, so the parallel constant is exactly the F21 sum of the sequential pieces.
     spec = fuzz_spec(5, norm="ball", placement="pre", biases=True, residual="parallel", L=1)
     par = lipschitz_bounds(spec, radius=1.5)
     seq = lipschitz_bounds(_as_sequential(spec), radius=1.5)
@@ -85,9 +85,9 @@ def test_the_f19_constant_is_attained(a, b):
     spec, exact = _aligned(a, b, 3)
     bounds = lipschitz_bounds(spec, radius=1.0)
     st = next(s for s in bounds.stages if s.name == "parallel")
-    # certified >= exact, and within the spectral certificates' rtol (1e-6) of it: no slack in F19 here
+    # certified >= exact, and within the spectral certificates' rtol (1e-6) of it: no slack in F21 here
     assert exact <= st.lipschitz <= exact * (1 + 1e-5)
-    # the sequential composition of the same weights would claim (1 + a)(1 + b): F19 is strictly tighter
+    # the sequential composition of the same weights would claim (1 + a)(1 + b): F21 is strictly tighter
     seq = next(s for s in lipschitz_bounds(_as_sequential(spec), radius=1.0).stages if s.name == "ffn")
     assert seq.lipschitz * (1 + a) > st.lipschitz * (1 + 0.5 * min(a, b))
     w = attack_pairs(ref_stage(spec, 0, "parallel"), T=3, d=4, dom=Domain(1.0), metric="2,inf",
@@ -99,7 +99,7 @@ def test_the_f19_constant_is_attained(a, b):
 @pytest.mark.parametrize("which", ["W_2", "W_V"])
 def test_bound_is_homogeneous_of_degree_one_in_each_branch(which):
     """Scaling W_2 by lam scales L_F by lam (F7), scaling W_V scales L_A by lam (F6 is linear in
-    B_OV, B_V): the F19 constant minus the other branch and the 1 is exactly linear in lam, and the
+    B_OV, B_V): the F21 constant minus the other branch and the 1 is exactly linear in lam, and the
     attacker's measured constant grows at least linearly too (within the bound)."""
     base = fuzz_spec(11, norm="none", placement="pre", biases=True, residual="parallel", L=1, act="relu")
 
@@ -162,7 +162,7 @@ def test_rope_with_query_key_biases_is_certified_for_inputs_and_refused_for_g3()
 
 
 def test_rope_bias_term_is_needed():
-    """Without the F20 bias term the score bound misses b_K's effect.  With W_K = 0 and a large key
+    """Without the F22 bias term the score bound misses b_K's effect.  With W_K = 0 and a large key
     bias the scores are s (x_i W_Q) R_{j-i} b_K^T: B_KQ = 0, yet under RoPE they still move with x_i
     differently for each key, so the attacker beats the bias-free constant, never the certified one."""
     spec = fuzz_spec(9, norm="none", placement="pre", biases=True, rope=True, rope_biases=True,

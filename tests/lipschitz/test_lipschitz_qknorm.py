@@ -1,4 +1,4 @@
-"""Attention with per-head query/key RMSNorm (Qwen3, THEORY F21): forward, soundness, homogeneity, refusals."""
+"""Attention with per-head query/key RMSNorm (Qwen3, THEORY F23): forward, soundness, homogeneity, refusals."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def test_forward_is_the_independent_reference():
 
 
 def test_scores_are_bounded_by_the_normalisation_whatever_the_weights():
-    """|s_ij| <= s max|gamma_q| max|gamma_k| d_head (F21) while ||W_Q W_K^T|| grows like lam^2."""
+    """|s_ij| <= s max|gamma_q| max|gamma_k| d_head (F23) while ||W_Q W_K^T|| grows like lam^2."""
     spec = fuzz_spec(2, norm="none", placement="pre", qk_norm=True, rope=True)
     a = spec.layers[0].attention
     dh = a.d_head
@@ -60,13 +60,13 @@ FIXED = [
 def test_no_qknorm_certificate_is_beaten_by_the_attacker(c):
     checks = run_case(c, restarts=3, steps=12)
     kinds = {k for k, *_ in checks}
-    assert {"stage", "layer", "network"} <= kinds and "G.3" not in kinds  # G.3 refused (F21)
+    assert {"stage", "layer", "network"} <= kinds and "G.3" not in kinds  # G.3 refused (F23)
     assert not violations(checks), violations(checks)
 
 
 def test_the_norms_amplification_is_charged():
-    """W_K = 0 and a unit key bias: without the norms F6/F20 allow 7.36 on this head, yet the RMSNorm's
-    slope max|gamma|/sqrt(eps) near 0 lets the attacker reach 40.3; the F21 bound (4227) holds."""
+    """W_K = 0 and a unit key bias: without the norms F6/F22 allow 7.36 on this head, yet the RMSNorm's
+    slope max|gamma|/sqrt(eps) near 0 lets the attacker reach 40.3; the F23 bound (4227) holds."""
     spec = fuzz_spec(9, norm="none", placement="pre", biases=True, rope=True, rope_biases=True, qk_norm=True,
                      qk_eps=1e-4)
     lay = spec.layers[0]

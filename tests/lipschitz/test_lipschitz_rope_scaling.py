@@ -1,4 +1,4 @@
-"""Scaled RoPE (THEORY F20): the bounds take the supremum over every rotation, so they hold for any
+"""Scaled RoPE (THEORY F22): the bounds take the supremum over every rotation, so they hold for any
 fixed frequencies; checked against the independent attacker with Llama 3's and YaRN's frequencies."""
 
 from __future__ import annotations

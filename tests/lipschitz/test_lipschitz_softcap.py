@@ -1,4 +1,4 @@
-"""Attention-logit soft-capping c tanh(s / c) (Gemma 2, THEORY F22): forward against HF, soundness, refusals."""
+"""Attention-logit soft-capping c tanh(s / c) (Gemma 2, THEORY F24): forward against HF, soundness, refusals."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def test_forward_matches_hf_gemma2_attention():
 
 
 def test_constants_are_f6_and_hold_against_the_attacker():
-    """F22: the cap is 1-Lipschitz, so the certified constants are F6's, and hold for capped scores."""
+    """F24: the cap is 1-Lipschitz, so the certified constants are F6's, and hold for capped scores."""
     spec = fuzz_spec(3, norm="none", placement="pre", softcap=0.7, qk_scale=6.0, biases=True)
     plain = replace(spec, layers=[replace(lay, attention=replace(lay.attention, softcap=None)) for lay in spec.layers])
     capped = lipschitz_bounds(spec, radius=1.5)

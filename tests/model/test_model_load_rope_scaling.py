@@ -1,4 +1,4 @@
-"""Scaled RoPE (linear, Llama 3 "llama3", YaRN) and its refusals (dynamic, longrope): THEORY F20.
+"""Scaled RoPE (linear, Llama 3 "llama3", YaRN) and its refusals (dynamic, longrope): THEORY F22.
 
 Frequencies against transformers' own ``ROPE_INIT_FUNCTIONS`` (computed there in float32, here in
 float64: float32's relative tolerance), then a Llama-3.2-1B-shaped model (llama3 scaling with

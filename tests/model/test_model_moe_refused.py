@@ -1,5 +1,5 @@
 """Mixture-of-experts models (Mixtral) are recognised and refused for every bound with the reason
-(THEORY F23: top-k routing is discontinuous); ``analyze`` still reports their matrices one by one."""
+(THEORY F25: top-k routing is discontinuous); ``analyze`` still reports their matrices one by one."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def mixtral(tmp_path_factory, transformers_mod):
 def test_moe_is_refused_with_the_reason(mixtral):
     model, path = mixtral
     for source in (path, model):
-        with pytest.raises(UnsupportedArchitectureError, match="top-k experts.*discontinuous.*F23"):
+        with pytest.raises(UnsupportedArchitectureError, match="top-k experts.*discontinuous.*F25"):
             load(source)
 
 

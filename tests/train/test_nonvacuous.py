@@ -59,10 +59,10 @@ def test_the_entropy_code_beats_the_fixed_length_code_on_the_sparse_model(case):
 
 
 def test_cli_quick_writes_json_and_figure(tmp_path, monkeypatch, capsys):
-    import transcover.train._nonvacuous_report as report
+    import transcover.train as train_pkg
 
     tiny = NonvacuousConfig(task="majority", n_train=200, n_test=2000, epochs=2, qat_epochs=1, greedy_passes=1)
-    monkeypatch.setattr(report, "QUICK_PLAN", (tiny,))
+    monkeypatch.setattr(train_pkg, "QUICK_PLAN", (tiny,))
     out = tmp_path / "nv"
     assert main(["experiment", "nonvacuous", "--quick", "--out", str(out), "--json", str(tmp_path / "r.json")]) == 0
     data = json.loads((out / "nonvacuous.json").read_text())
@@ -75,7 +75,7 @@ def test_cli_quick_writes_json_and_figure(tmp_path, monkeypatch, capsys):
 
 @pytest.mark.parametrize("argv", [
     ["--tasks", "parity"], ["--n", "0"], ["--n", "ten"], ["--delta", "1.5"], ["--quick", "--tasks", "digits"],
-    ["--json", "/no/such/folder/r.json"],
+    ["--json", "/no/such/folder/r.json"], ["--jobs", "0"],
 ])
 def test_cli_bad_input_is_one_line_exit_2_nothing_written(argv, tmp_path, capsys):
     out = tmp_path / "nv"
@@ -88,7 +88,8 @@ def test_cli_bad_input_is_one_line_exit_2_nothing_written(argv, tmp_path, capsys
 def test_config_rejects_bad_values():
     from transcover._errors import InputError
 
-    for kw in ({"task": "nope"}, {"n_train": 0}, {"arch": 99}, {"delta": 0.0}, {"task": "digits", "n_train": 5000}):
+    for kw in ({"task": "nope"}, {"n_train": 0}, {"arch": 99}, {"delta": 0.0}, {"task": "digits", "n_train": 5000},
+               {"prior_split": 0.95}, {"prior_split": 1}):
         with pytest.raises(InputError):
             NonvacuousConfig(**kw)
 
@@ -113,3 +114,62 @@ def test_greedy_and_pruning_never_worsen_the_exact_bound():
     p = _prune(g, model, X, y, 0.05, search_samples=300, max_evals=20)
     assert kl(p) <= kl(g) <= kl(desc)
     assert description_bits(p) <= description_bits(desc)
+
+
+def test_case_reports_the_covering_bound_and_g3_of_the_described_model(case):
+    from transcover.covering._data_route import covering_margin_bound
+
+    _, desc = _decoded(case)
+    X, y, _, _ = task_data(TINY.task, TINY.n_train, TINY.n_test, TINY.seed)
+    again = covering_margin_bound(materialise(desc), X, y, menu_size=len(ARCHITECTURE_MENUS[TINY.task]), xi=1.0)
+    assert case.covering["value"] == again.value and case.covering["kind"] == "certified upper bound"
+    for entry in case.perturbation.values():  # the exact sup over all 2^16 inputs is below the certificate
+        assert entry["measured"]["value"] <= entry["bound"]["value"]
+        assert entry["measured"]["how"].startswith("max over all 2^16 inputs")
+
+
+SPLIT = NonvacuousConfig(task="majority", n_train=400, n_test=2000, epochs=3, qat_epochs=2, greedy_passes=0,
+                         restarts=1, prior_split=0.5)
+
+
+def test_split_prior_reference_never_sees_the_bound_half(monkeypatch):
+    # flipping every label of B must leave the reference (the prior) unchanged, and the bound is on B
+    import transcover.train._nonvacuous_split as split_mod
+    from transcover.compress import decode_delta
+
+    torch.set_num_threads(1)
+    a = run_case(SPLIT)
+    real = split_mod.task_data
+
+    def flipped(task, n_train, n_test, seed):
+        X, y, Xt, yt = real(task, n_train, n_test, seed)
+        y = y.clone()
+        y[200:] = 1 - y[200:]
+        return X, y, Xt, yt
+
+    monkeypatch.setattr(split_mod, "task_data", flipped)
+    b = run_case(SPLIT)
+    assert a.split["reference_codeword"] == b.split["reference_codeword"]
+    assert a.bound.n == a.split["n_bound"] == 200 and a.split["n_prior"] == 200
+    assert b.bound.train_error != a.bound.train_error
+    # the codeword is the model whose errors on B the bound counts
+    ref_raw = bytes.fromhex(a.split["reference_codeword"]["hex"])
+    ref = decode([(ref_raw[i >> 3] >> (7 - (i & 7))) & 1 for i in range(a.split["reference_codeword"]["bits"])],
+                 ARCHITECTURE_MENUS["majority"])
+    raw = bytes.fromhex(a.codeword)
+    model = decode_delta([(raw[i >> 3] >> (7 - (i & 7))) & 1 for i in range(a.total_bits)], ref)
+    X, y, _, _ = real("majority", 400, 2000, 0)
+    assert mistakes(model, X[200:], y[200:]) == a.bound.mistakes
+
+
+def test_jobs_give_the_same_cases_as_one_process():
+    from transcover.train._nonvacuous_report import nonvacuous_experiment
+
+    plan = (NonvacuousConfig(task="majority", n_train=200, n_test=1000, epochs=2, qat_epochs=1, greedy_passes=0,
+                             restarts=1),
+            NonvacuousConfig(task="majority", n_train=300, n_test=1000, epochs=2, qat_epochs=1, greedy_passes=0,
+                             restarts=1, seed=1))
+    one, two = nonvacuous_experiment(plan), nonvacuous_experiment(plan, jobs=2)
+    for a, b in zip(one.cases, two.cases, strict=True):
+        assert (a.n_train, a.codeword, a.bound, a.test_mistakes) == (b.n_train, b.codeword, b.bound, b.test_mistakes)
+        assert a.covering == b.covering

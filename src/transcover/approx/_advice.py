@@ -93,21 +93,12 @@ class Advice:
         return d
 
     def plot(self, ax=None):
-        """approximation, estimation and total against d_m (log-log), optimum marked; returns self."""
-        import matplotlib.pyplot as plt
+        """approximation, estimation and total against d_m (log-log), optimum marked, on ``ax`` (the
+        current axes by default; :class:`transcover.report.AdviceDisplay`); returns self."""
+        from .._views import render
 
-        ax = ax or plt.gca()
-        d = [c["d_m"] for c in self.curve]
-        ax.loglog(d, [c["approx"] for c in self.curve], "-o", ms=3, label="approximation (attention + MLP)")
-        ax.loglog(d, [c["estimation"] for c in self.curve], "-s", ms=3, label="estimation (covering → Dudley)")
-        ax.loglog(d, [c["total"] for c in self.curve], "-k", lw=2, label="total")
-        ax.axvline(self.d_m, color="r", ls="--", label=f"advice: d_m={self.d_m}, R={self.R:.1f}")
-        ax.set_xlabel("MLP width d_m")
-        ax.set_ylabel("error (estimate)")
-        ax.set_title(f"trade-off: s={self.sparsity}, β={self.smoothness:g}, n={self.seq_len}, N={self.n_samples}")
-        ax.legend(fontsize=7)
+        render("advice.plot", self, ax=ax)
         return self
-
 
 def advise(sparsity: int, smoothness: float, seq_len: int, n_samples: int, *, delta: float = 0.25,
            gamma: float = 1.0, holder_constant: float = 1.0, max_width: int = 200_000) -> Advice:

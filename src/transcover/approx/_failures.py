@@ -41,23 +41,12 @@ class FailureCurve:
         return {"name": self.name, "x_label": self.x_label, "rows": list(self.rows)}
 
     def plot(self, ax=None):
-        """every column except ``x`` against x (bounds dashed, measured solid); returns ``self``."""
-        import matplotlib.pyplot as plt
+        """every column except ``x`` against x (bounds dashed, measured solid), on ``ax`` (the current
+        axes by default; :class:`transcover.report.FailureCurveDisplay`); returns ``self``."""
+        from .._views import render
 
-        ax = ax or plt.gca()
-        x = [r["x"] for r in self.rows]
-        for key in self.rows[0]:
-            if key == "x":
-                continue
-            style = "--" if "bound" in key else "-o"
-            ax.plot(x, [r[key] for r in self.rows], style, ms=3, label=key)
-        ax.set_yscale("log")
-        ax.set_xlabel(self.x_label)
-        ax.set_ylabel("sup error")
-        ax.set_title(self.name)
-        ax.legend(fontsize=7)
+        render("failure_curve.plot", self, ax=ax)
         return self
-
 
 def _default_construction(n: int = 12, s: int = 2, R: float = 20.0, grid: int = 8, delta: float = 0.2,
                           key_leak: float = 0.0) -> Construction:

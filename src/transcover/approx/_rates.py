@@ -49,24 +49,11 @@ class AttentionRate:
         return {"rows": list(self.rows), "fits": list(self.fits)}
 
     def plot(self, ax=None):
-        """measured (markers) and both bounds (lines) against R, log scale; returns ``self``."""
-        import matplotlib.pyplot as plt
+        """measured (markers) and both bounds (lines) against R, log scale, on ``ax`` (the current axes
+        by default; :class:`transcover.report.AttentionRateDisplay`); returns ``self``."""
+        from .._views import render
 
-        ax = ax or plt.gca()
-        keys = sorted({(r["n"], r["delta"], r["key_leak"]) for r in self.rows})
-        colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-        for i, key in enumerate(keys):
-            rs = [r for r in self.rows if (r["n"], r["delta"], r["key_leak"]) == key]
-            R = [r["R"] for r in rs]
-            col = colors[i % len(colors)]
-            ax.semilogy(R, [r["measured"] for r in rs], "o", color=col,
-                        label=f"measured n={key[0]:.0f} Δ={key[1]:.2f} λ={key[2]:.2f}")
-            ax.semilogy(R, [r["bound"] for r in rs], "-", color=col, lw=1)
-            ax.semilogy(R, [r["lemma"] for r in rs], ":", color=col, lw=1)
-        ax.set_xlabel("temperature R")
-        ax.set_ylabel("sup read-out error ||ψ̂ − ψ||∞")
-        ax.set_title("attention error: measured (o), 2γ·m(gap) (—), lemma 2γ·n·e^{−R(1−2Δ)} (···)")
-        ax.legend(fontsize=7)
+        render("attention_rate.plot", self, ax=ax)
         return self
 
 
@@ -129,22 +116,11 @@ class MLPRate:
         return {"rows": list(self.rows), "fits": list(self.fits)}
 
     def plot(self, ax=None):
-        """measured sup error (markers) and bound (lines) against d_m, log-log; returns ``self``."""
-        import matplotlib.pyplot as plt
+        """measured sup error (markers) and bound (lines) against d_m, log-log, on ``ax`` (the current
+        axes by default; :class:`transcover.report.MLPRateDisplay`); returns ``self``."""
+        from .._views import render
 
-        ax = ax or plt.gca()
-        colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-        for i, f in enumerate(self.fits):
-            rs = [r for r in self.rows if (r["beta"], r["s"]) == (f["beta"], f["s"])]
-            col = colors[i % len(colors)]
-            d = [r["d_m"] for r in rs]
-            ax.loglog(d, [r["measured"] for r in rs], "o", color=col,
-                      label=f"β={f['beta']:g}, s={f['s']:.0f}: fitted {f['fitted_exponent']:.2f} vs −β/s={f['theory_exponent']:.2f}")
-            ax.loglog(d, [r["bound"] for r in rs], "-", color=col, lw=1)
-        ax.set_xlabel("MLP width d_m")
-        ax.set_ylabel("sup |f − h|")
-        ax.set_title("MLP error: measured (o) and (L/max(1,β))(2/γ)^β(√s/N)^β (—)")
-        ax.legend(fontsize=7)
+        render("mlp_rate.plot", self, ax=ax)
         return self
 
 

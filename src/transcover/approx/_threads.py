@@ -5,15 +5,13 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-import torch
+from .._threads import limit_threads
 
 
 @contextlib.contextmanager
 def single_thread() -> Iterator[None]:
-    """Temporarily ``torch.set_num_threads(1)``; the previous setting is restored on exit."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    """One torch intra-op thread for the block (``transcover._threads.limit_threads``); restored on exit."""
+    import torch  # noqa: F401  (limit_threads sets torch's pool only once torch is imported)
+
+    with limit_threads(1, blas=False):
         yield
-    finally:
-        torch.set_num_threads(old)

@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
                                  ("--plot", args.plot, (".png", ".svg", ".pdf"))):
         if path is not None:
             check_output_path(path, flag, suffixes)
-    from ..scale._analyze import expand_models
+    from ..scale import expand_models
 
     models = expand_models(list(args.model or []))
     if len(models) > 1 or len(models) != len(args.model or []):

@@ -10,15 +10,34 @@ HELP = "estimate covering numbers: eps-nets and packings of finite sets, Monte C
 _DEFAULT_EPS = [0.01, 0.02, 0.05, 0.1, 0.2, 0.5]
 
 
-def _common(p: argparse.ArgumentParser, *, eps_default: list[float] | None) -> None:
+def _common(p: argparse.ArgumentParser, *, eps_default: list[float] | None, scale: str = "") -> None:
     p.add_argument("--eps", type=float, nargs="+", default=eps_default, required=eps_default is None,
                    help="accuracies > 0" + ("" if eps_default is None else f" (default {eps_default})"))
     p.add_argument("--q", default="inf", help="per-sample output norm: 1, 2 or inf (default inf)")
     p.add_argument("--seed", type=int, default=0, help="seed of every random choice (default 0)")
-    p.add_argument("--workers", type=int, default=None, help="torch threads to use (default: torch's)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads per worker (default 1)" if scale else "torch threads to use (default: torch's)")
+    if scale:
+        _scale_args(p, scale)
+    else:  # --workers meant torch threads before the parallel backends (issue 14)
+        from ._conventions import add_deprecated_alias
+
+        add_deprecated_alias(p, "--workers", "--threads", "threads", type=int)
     p.add_argument("--json", metavar="PATH", default=None, help="write the result as JSON")
     p.add_argument("--plot", metavar="PATH", default=None, help="write a PNG of log N against eps")
     p.add_argument("--quiet", action="store_true", help="no progress display")
+
+
+def _scale_args(p: argparse.ArgumentParser, mode: str) -> None:
+    from ._scaleopts import add_scale_arguments
+
+    g = add_scale_arguments(p, "chunks of members", note="; torch threads, which --workers meant before, "
+                                                           "are --threads")
+    if mode == "reference":
+        g.add_argument("--chunk-blocks", type=int, default=1,
+                       help="seed blocks (256 members each) per stored chunk (default 1)")
+    else:
+        g.add_argument("--chunk", type=int, default=64, help="members per stored chunk (default 64)")
 
 
 def _class_args(p: argparse.ArgumentParser) -> None:
@@ -49,7 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _common(f, eps_default=None)
     r = sub.add_parser("reference", help="Monte Carlo over the norm-bounded reference class")
     _class_args(r)
-    _common(r, eps_default=_DEFAULT_EPS)
+    _common(r, eps_default=_DEFAULT_EPS, scale="reference")
     u = sub.add_parser("uniform", help="lower estimate of the uniform covering number by sample-set search")
     _class_args(u)
     u.add_argument("--n", type=int, default=4, help="sample-set size n (default 4)")
@@ -66,7 +85,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     lo.add_argument("--functions", type=int, default=500, help="sampled perturbed models M")
     lo.add_argument("--samples", type=int, default=8, help="input sequences n")
     lo.add_argument("--seq-len", type=int, default=4, help="tokens per sequence T")
-    _common(lo, eps_default=[0.001, 0.003, 0.01, 0.03])
+    _common(lo, eps_default=[0.001, 0.003, 0.01, 0.03], scale="local")
 
 
 def _positive_int(name: str, v: int) -> None:
@@ -82,10 +101,10 @@ def _check(args: argparse.Namespace) -> None:
     for e in args.eps:
         check_eps(e, "--eps")
     args.q = check_q(args.q)
-    if args.workers is not None:
-        _positive_int("workers", args.workers)
+    if args.threads is not None:
+        _positive_int("threads", args.threads)
     for name in ("functions", "samples", "seq_len", "n", "restarts", "pool", "orders", "layers",
-                 "d_model", "heads", "d_ff", "n_outputs"):
+                 "d_model", "heads", "d_ff", "n_outputs", "workers", "chunk_blocks", "chunk"):
         if hasattr(args, name):
             _positive_int(name.replace("_", "-"), getattr(args, name))
 
@@ -107,7 +126,9 @@ def _call(args: argparse.Namespace, tracker):
     """``transcover.cover`` with this command line's options."""
     from .._api import cover
 
-    common = dict(eps=args.eps, q=args.q, seed=args.seed, workers=args.workers, progress=tracker)
+    if args.mode == "reference" or (args.mode == "local" and _scale_requested(args)):
+        return _scaled_result(args, tracker)  # chunks of members as resumable items (issue 14)
+    common = dict(eps=args.eps, q=args.q, seed=args.seed, workers=args.threads, progress=tracker)
     if args.mode == "finite":
         return cover(args.outputs, mode="finite", key=args.key, orders=args.orders, exact=args.exact, **common)
     sampling = dict(radial=args.radial, functions=args.functions, **common)
@@ -121,6 +142,81 @@ def _call(args: argparse.Namespace, tracker):
     if args.mode == "uniform":
         return cover(mode="uniform", n=args.n, restarts=args.restarts, pool=args.pool, **cls)
     return cover(mode="reference", samples=args.samples, **cls)
+
+
+def _scale_requested(args: argparse.Namespace) -> bool:
+    from ._scaleopts import scale_requested
+
+    return scale_requested(args)
+
+
+def _scaled_result(args: argparse.Namespace, tracker):
+    """``cover reference`` (always: its members are drawn in seed blocks, so every backend and worker
+    count gives the serial numbers) and ``cover local`` with --workers/--backend/--store: chunks of
+    members on the chosen backend through ``transcover.scale``, as a ``CoverResult``."""
+    import sys
+
+    from .. import empirical as E
+    from .._api_results import CoverResult
+    from .._errors import InputError
+    from ..scale import monte_carlo_local, monte_carlo_reference
+    from ._scaleopts import open_store, scale_backend
+
+    backend = scale_backend(args)  # every check before any work starts
+    counts = {"computed": 0, "reused": 0}
+
+    def on_result(r) -> None:
+        counts["reused" if r.reused else "computed"] += r.ok
+
+    run = dict(backend=backend, workers=args.workers, threads=args.threads or 1, resume=args.resume,
+               options={"address": args.ray_address}, on_result=on_result)
+    warnings: tuple[str, ...] = ()
+    if args.mode == "reference":
+        from ..model import ReferenceConfig
+
+        try:
+            cfg = ReferenceConfig(d_model=args.d_model, n_heads=args.heads, n_layers=args.layers, d_ff=args.d_ff,
+                                  head_hidden=tuple(args.head_hidden), n_outputs=args.n_outputs)
+        except ValueError as err:
+            raise InputError(str(err)) from None
+        radii = E.NormRadii(**{k: getattr(args, k) for k in ("B_KQ", "B_V", "B_W1", "B_W2", "B_b1", "B_b2",
+                                                             "B_head")}).scaled(args.radius)
+        X = E.random_inputs(args.samples, args.seq_len, cfg.d_model, seed=args.seed + 1)
+        tracker.step(f"Monte Carlo covering ({args.functions} functions)")
+        store = open_store(args)
+        try:
+            mc = monte_carlo_reference(cfg, radii, X, args.functions, args.eps, args.q, seed=args.seed,
+                                       radial=args.radial, output=args.output, chunk_blocks=args.chunk_blocks,
+                                       store=store, **run)
+        finally:
+            if store is not None:
+                store.close()
+    else:
+        from ..model import load
+
+        spec = load(args.model, arch=args.arch, strict=args.strict).to_torch()
+        warnings = tuple(spec.warnings)
+        X = E.random_inputs(args.samples, args.seq_len, spec.d_model, seed=args.seed + 1)
+        tracker.step(f"Monte Carlo covering ({args.functions} functions)")
+        store = open_store(args)
+        try:
+            mc, _ = monte_carlo_local(args.model, _perturb_radii(args.perturb), X, args.functions, args.eps, args.q,
+                                      seed=args.seed, radial=args.radial, arch=args.arch, strict=args.strict,
+                                      chunk=args.chunk, store=store, **run)
+        finally:
+            if store is not None:
+                store.close()
+    if store is not None:
+        print(f"chunks: {counts['computed']} computed, {counts['reused']} reused from the store {args.store}",
+              file=sys.stderr)
+    fit, fit_error = None, ""
+    try:
+        fit = E.fit_eps_growth(*E.usable_points(mc))
+    except InputError as err:
+        fit_error = str(err)
+    return CoverResult(args.mode, tuple(mc.eps), mc.q, None if args.mode == "reference" else str(args.model),
+                       mc.description, (args.functions, args.samples, args.seq_len), monte_carlo=mc, fit=fit,
+                       fit_error=fit_error, warnings=warnings)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -79,8 +79,7 @@ def run(args) -> int:
         raise InputError(f"--workers must be >= 1, but got --workers={args.workers}")
     runner, store = None, None
     if args.workers > 1 or args.backend == "ray" or args.store:
-        from ..scale import ResultStore
-        from ..scale._train import train_runner
+        from ..scale import ResultStore, train_runner
 
         store = ResultStore(args.store) if args.store else None
         backend = "ray" if args.backend == "ray" else ("process" if args.workers > 1 else "serial")

@@ -1,8 +1,16 @@
-"""``transcover lipschitz [MODEL]``: certified upper and measured lower Lipschitz constants (issue 3)."""
+"""``transcover lipschitz [MODEL]``: certified upper and measured lower Lipschitz constants (issue 3).
+
+Parses the command line into a :class:`~transcover.lipschitz.LipschitzConfig` (whose fields hold
+every default), calls ``transcover.lipschitz``, renders through ``transcover.report``.
+"""
 
 from __future__ import annotations
 
 import argparse
+
+from ..lipschitz import LipschitzConfig
+
+_D = LipschitzConfig()  # the defaults, read by the help texts below
 
 NAME = "lipschitz"
 HELP = "per-layer, per-component Lipschitz constants: certified upper bound, empirical lower bound, ratio"
@@ -15,20 +23,26 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strict", action="store_true",
                    help="refuse a checkpoint with tensors inside a layer that the architecture does not define "
                         "(default: warn, naming each)")
-    p.add_argument("--radius", type=float, default=1.0,
-                   help="R: every input token (embedded, before the input norm) has l2 norm <= R (default 1)")
-    p.add_argument("--metric", choices=("2,inf", "fro"), default="2,inf",
-                   help="max over tokens of the l2 norm (T-independent) or Frobenius over --seq-len tokens")
-    p.add_argument("--seq-len", type=int, default=8, help="tokens per sampled input (and T for --metric fro)")
-    p.add_argument("--c-sm", type=float, default=1.0, help="softmax constant >= 1 (1 proven and tight, the default; 2 Edelman et al.)")
-    p.add_argument("--sigma-min", dest="ln_sigma_min", type=float, default=0.0,
-                   help="assume every LayerNorm input has std >= this (0: the global, eps-limited constant)")
+    p.add_argument("--radius", type=float, default=_D.radius,
+                   help=f"R: every input token (embedded, before the input norm) has l2 norm <= R (default {_D.radius:g})")
+    p.add_argument("--metric", choices=("2,inf", "fro"), default=_D.metric,
+                   help="max over tokens of the l2 norm (T-independent) or Frobenius over --seq-len tokens "
+                        f"(default {_D.metric})")
+    p.add_argument("--seq-len", type=int, default=_D.seq_len,
+                   help=f"tokens per sampled input (and T for --metric fro; default {_D.seq_len})")
+    p.add_argument("--c-sm", type=float, default=_D.c_sm,
+                   help=f"softmax constant >= 1 (1 proven and tight; 2 Edelman et al.; default {_D.c_sm:g})")
+    p.add_argument("--sigma-min", dest="ln_sigma_min", type=float, default=_D.sigma_min,
+                   help="assume every LayerNorm input has std >= this (0: the global, eps-limited constant; "
+                        f"default {_D.sigma_min:g})")
     from ._conventions import add_deprecated_alias
 
     add_deprecated_alias(p, "--ln-sigma-min", "--sigma-min", "ln_sigma_min", type=float)
-    p.add_argument("--samples", type=int, default=6, help="random starting inputs per search (default 6)")
-    p.add_argument("--steps", type=int, default=30, help="ascent steps per search (default 30)")
-    p.add_argument("--seed", type=int, default=0, help="random seed of the lower-estimate search")
+    p.add_argument("--samples", type=int, default=_D.samples,
+                   help=f"random starting inputs per search (default {_D.samples})")
+    p.add_argument("--steps", type=int, default=_D.steps, help=f"ascent steps per search (default {_D.steps})")
+    p.add_argument("--seed", type=int, default=_D.seed,
+                   help=f"random seed of the lower-estimate search (default {_D.seed})")
     p.add_argument("--json", metavar="PATH", default=None, help="write the result as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress display")
 
@@ -50,14 +64,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rho-relative", action="store_true", help="read --rho as factors of the median token norm")
     p.add_argument("--max-len", type=int, default=32, help="truncate texts to this many tokens (default 32)")
     p.add_argument("--limit", type=int, default=None, help="use only the first N sequences of --data")
+    from ._scaleopts import add_scale_arguments
+
+    add_scale_arguments(p, "sequences of --data", threads=True)
+
+
+def config_from_args(args: argparse.Namespace, cls: type = LipschitzConfig) -> LipschitzConfig:
+    """The config of a parsed (and checked) command line."""
+    return cls(radius=args.radius, metric=args.metric, seq_len=args.seq_len, c_sm=args.c_sm,
+               sigma_min=args.ln_sigma_min, samples=args.samples, steps=args.steps, seed=args.seed)
 
 
 def check_common(args: argparse.Namespace) -> None:
-    from .._errors import InputError
+    from .._errors import InputError, check_radius
 
-    if not (args.radius > 0 and args.radius < float("inf")):
-        raise InputError(f"--radius must be a finite number > 0, but got --radius={args.radius}")
-    from ..lipschitz._attention import check_c_sm
+    check_radius(args.radius, "--radius")
+    from ..lipschitz import check_c_sm
 
     check_c_sm(args.c_sm, "--c-sm")
     if not args.ln_sigma_min >= 0:
@@ -67,25 +89,16 @@ def check_common(args: argparse.Namespace) -> None:
             raise InputError(f"{flag} must be >= {lo}, but got {flag}={v}")
 
 
-def _fmt(x: float | None) -> str:
-    if x is None:
-        return "-"
-    return f"{x:.4g}"
-
-
 def run(args: argparse.Namespace) -> int:
     import sys
 
     import torch
-    from rich.console import Console
-    from rich.table import Table
 
     from .._results import check_certified
-    from ..lipschitz._compose import compose
-    from ..lipschitz._empirical import lipschitz_lower
-    from ..lipschitz._weights import spec_norms
+    from ..lipschitz import lipschitz_bounds, lipschitz_lower
     from ..model import load
     from ..report import atomic_write_text, start_progress
+    from ..report import lipschitz_payload, lipschitz_rows, render_lipschitz
 
     check_common(args)
     if getattr(args, "plot", None):
@@ -94,91 +107,56 @@ def run(args: argparse.Namespace) -> int:
         check_output_path(args.plot, "--plot", (".png", ".svg", ".pdf"))
     if args.data is not None:
         return run_local(args)
+    cfg = config_from_args(args)
     tracker = start_progress(quiet=args.quiet)
     tracker.step("loading the model")
     spec = load(args.model, arch=args.arch, allow_pickle=args.allow_pickle, strict=args.strict).to_torch()
     tracker.step("certified upper bounds")
-    small_threads(spec.d_model, args.seq_len)
-    seq = args.seq_len if args.metric == "fro" or _needs_seq_len(spec) else None
-    bounds = compose(spec_norms(spec), radius=args.radius, c_sm=args.c_sm, metric=args.metric, seq_len=seq,
-                     sigma_min=args.ln_sigma_min)
+    small_threads(spec.d_model, cfg.seq_len)
+    seq = cfg.seq_len if cfg.metric == "fro" or _needs_seq_len(spec) else None
+    bounds = lipschitz_bounds(spec, radius=cfg.radius, c_sm=cfg.c_sm, metric=cfg.metric, seq_len=seq,
+                     sigma_min=cfg.sigma_min)
     lower = {}
     if not args.no_lower:
-        torch.manual_seed(args.seed)
-        tracker.step(f"empirical lower search ({args.samples} starts x {args.steps} steps per stage)")
-        lower = lipschitz_lower(spec, bounds, seq_len=args.seq_len, n_samples=args.samples, n_steps=args.steps,
-                                seed=args.seed)
+        torch.manual_seed(cfg.seed)
+        tracker.step(f"empirical lower search ({cfg.samples} starts x {cfg.steps} steps per stage)")
+        lower = lipschitz_lower(spec, bounds, seq_len=cfg.seq_len, n_samples=cfg.samples, n_steps=cfg.steps,
+                                seed=cfg.seed)
     tracker.close()
-    rows = []
-    for s in bounds.stages:
-        lo = lower.get((s.layer, s.name))
-        rows.append(("stage", s.layer, s.name, s.radius_in, s.lipschitz * (1 + 1e-9),
-                     None if lo is None else lo.value.value))
-    for i in range(spec.n_layers):
-        lo = lower.get((i, "layer"))
-        rows.append(("layer", i, "layer", None, bounds.layer_upper(i).value, None if lo is None else lo.value.value))
-    lo = lower.get((-2, "network"))
-    rows.append(("network", -2, "network", args.radius, bounds.upper.value,
-                 None if lo is None else lo.value.value))
-    rows.append(("network", -2, "network, worst R", args.radius, bounds.upper_uniform.value,
-                 None if lo is None else lo.value.value))
-
+    rows = lipschitz_rows(bounds, lower, spec.n_layers)
     # Every row is a theorem lower <= upper: a violation is a false certificate, never a table row.
     for _, layer, name, _, up, lw in rows:
         if lw is not None:
             check_certified(f"Lipschitz constant of {name} (layer {layer})", up, lw)
-    console = Console()
-    table = Table(title=f"Lipschitz constants of {spec.name} ({args.metric}, R={args.radius:g})")
-    for col in ("layer", "component", "input radius", "certified upper", "empirical lower", "upper/lower"):
-        table.add_column(col, justify="right" if col not in ("component",) else "left")
-    for kind, layer, name, r, up, lw in rows:
-        label = {-1: "input", -2: "all", spec.n_layers: "output"}.get(layer, str(layer))
-        ratio = None if not lw else up / lw
-        table.add_row(label, name if kind != "layer" else "[bold]whole layer[/bold]", _fmt(r), _fmt(up), _fmt(lw),
-                      _fmt(ratio))
-    console.print(table)
-    for a in bounds.upper.assumptions:
-        console.print(f"  assumption: {a}")
-    console.print("  upper: certified (THEORY F6/F7/F8/F14, rounding included); lower: attained by input "
-                  "pairs inside the domain (each stage searched on its own certified input radius); "
-                  "'network, worst R': the plain product with every stage on the largest radius")
+    render_lipschitz(spec.name, bounds, rows, spec.n_layers)
     if args.json:
-        payload = {
-            "model": spec.name, "warnings": list(spec.warnings),
-            "bounds": bounds.to_dict(),
-            "lower": [{"layer": k[0], "name": k[1], **v.to_dict()} for k, v in lower.items()],
-            "table": [{"kind": k, "layer": layer, "component": n, "radius_in": r, "upper": up, "lower": lw,
-                       "ratio": None if not lw else up / lw} for k, layer, n, r, up, lw in rows],
-        }
         from ..report import envelope_json
 
-        atomic_write_text(args.json, envelope_json(payload, schema="transcover.lipschitz", schema_version="1",
+        atomic_write_text(args.json, envelope_json(lipschitz_payload(spec, bounds, lower, rows),
+                                                   schema="transcover.lipschitz", schema_version="1",
                                                    inputs=[args.model]))
         print(f"wrote {args.json}", file=sys.stderr)
     if args.plot:
-        from ..report import atomic_write_bytes
-        from ..report._figures import pyplot, save_figure
+        from ..report import atomic_write_bytes, figure_bytes
 
-        fig = bounds.plot(lower=lower).figure_
-        atomic_write_bytes(args.plot, save_figure(fig, args.plot))
-        pyplot().close(fig)
+        atomic_write_bytes(args.plot, figure_bytes(bounds.plot(lower=lower).figure_, args.plot))
         print(f"wrote {args.plot}", file=sys.stderr)
     return 0
 
 
 def small_threads(d_model: int, seq_len: int) -> None:
-    """One intra-op thread for small models: the pool's synchronisation costs more than the work
-    (measured 70x slower forwards of a d=8 model on a loaded 2-core machine)."""
-    import torch
+    """One intra-op thread for the rest of the command when the model is small (Note [small problems]
+    in ``transcover._threads``: measured 70x slower forwards of a d=8 model on a loaded 2-core machine)."""
+    from .._threads import small_problem
 
-    if d_model * seq_len < 4096:
+    if small_problem(d_model, seq_len):
+        import torch
+
         torch.set_num_threads(1)
 
 
 def _needs_seq_len(spec) -> bool:
-    from ..lipschitz._weights import attention_kind
-
-    return attention_kind(spec) == "l2"
+    return any(layer.attention.kind == "l2" for layer in spec.layers)
 
 
 def parse_rhos(text: str) -> list[float]:
@@ -205,39 +183,33 @@ def run_local(args: argparse.Namespace) -> int:
     import sys
 
     import torch
-    from rich.console import Console
-    from rich.table import Table
 
     from .._errors import InputError
-    from ..lipschitz._local_report import local_table
-    from ..model import load
-    from ..model._data import load_inputs
-    from ..report import atomic_write_text
+    from ..lipschitz import local_table
+    from ..model import load, load_inputs
+    from ..report import atomic_write_text, local_payload, render_local
 
     rhos = parse_rhos(args.rho)
+    from ._scaleopts import scale_backend, scale_requested
+
+    backend = scale_backend(args) if scale_requested(args) else None  # checked before anything loads
     for flag, v in (("--max-len", args.max_len), ("--limit", args.limit)):
         if v is not None and v < 1:
             raise InputError(f"{flag} must be >= 1, but got {flag}={v}")
     spec = load(args.model, arch=args.arch, allow_pickle=args.allow_pickle, strict=args.strict).to_torch(torch.float64)
     seqs = load_inputs(spec, args.data, max_len=args.max_len, limit=args.limit)
-    rows = local_table(spec, seqs, rhos, lower=not args.no_lower, relative=args.rho_relative,
-                       lower_iter=max(args.steps // 2, 5))
-    console = Console()
-    table = Table(title=f"Local Lipschitz constants of {spec.name} at {len(seqs)} sequences ((2,inf) metric)")
-    for col in ("rho", "layer", "component", "global (R)", "domain (sigma0)", "local (rho)", "lower", "local/lower"):
-        table.add_column(col, justify="left" if col == "component" else "right")
-    for r in rows:
-        table.add_row(f"{r.rho_factor:g}", str(r.layer), r.component, _fmt(r.global_upper), _fmt(r.domain_upper),
-                      _fmt(r.local_upper), _fmt(r.lower), _fmt(r.ratio))
-    console.print(table)
-    console.print("  certified upper bounds (THEORY F14, F17; rounding padded); local = on the ball of radius rho "
-                  "around each sequence's hidden states" + (" (rho x median token norm)" if args.rho_relative else "")
-                  + "; lower = (2,inf) Jacobian norm at the data point")
+    if backend is not None:  # one sequence per item, in parallel and resumable (issue 14)
+        from ._scaleopts import local_rows_from_args
+
+        rows = local_rows_from_args(args, spec, seqs, rhos, backend)
+    else:
+        rows = local_table(spec, seqs, rhos, lower=not args.no_lower, relative=args.rho_relative,
+                           lower_iter=max(args.steps // 2, 5))
+    render_local(spec.name, len(seqs), rows, bool(args.rho_relative))
     if args.json:
         from ..report import envelope_json
 
-        payload = {"model": spec.name, "n_sequences": len(seqs),
-                   "rho": rhos, "rho_relative": bool(args.rho_relative), "rows": [r.to_dict() for r in rows]}
+        payload = local_payload(spec.name, len(seqs), rhos, bool(args.rho_relative), rows)
         data_input = [args.data] if args.data != "sklearn-descr" else []
         atomic_write_text(args.json, envelope_json(payload, schema="transcover.lipschitz.local", schema_version="1",
                                                    inputs=[args.model, *data_input]))

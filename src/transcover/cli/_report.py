@@ -79,28 +79,20 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _local_bounds(args: argparse.Namespace) -> dict:
-    """The at-the-data block: certified local constants (``transcover.lipschitz`` local route, THEORY
+    """The at-the-data block: certified local constants (``transcover.lipschitz(data=...)``, THEORY
     F17) on balls around the first ``--limit`` sequences of ``--data``, every input check first."""
-    import torch
-
-    from .._errors import InputError
-    from ..lipschitz import local_table
-    from ..model import load, load_inputs
+    from .._api import lipschitz
+    from ..report import local_block
     from ._lipschitz import parse_rhos
 
     rhos = parse_rhos(args.rho)
     for flag, v in (("--max-len", args.max_len), ("--limit", args.limit)):
         if v < 1:
+            from .._errors import InputError
+
             raise InputError(f"{flag} must be >= 1, but got {flag}={v}")
-    spec = load(args.model, arch=args.arch, allow_pickle=args.allow_pickle, strict=args.strict).to_torch(torch.float64)
-    seqs = load_inputs(spec, args.data, max_len=args.max_len, limit=args.limit)
-    rows = local_table(spec, seqs, rhos, lower=not args.no_lower, relative=True)
-    return {
-        "rows": [r.to_dict() for r in rows],
-        "caption": (f"certified local upper bounds at {len(seqs)} sequences of {args.data} ((2,inf) metric), "
-                    "rho as a factor of each layer's median token norm; global (radius R) and domain "
-                    "(sigma >= sigma_0) bounds beside them; lower = the Jacobian norm at the data point "
-                    "(empirical lower bound)"),
-        "assumptions": ["every token of the input moves by at most rho (l2) around the data",
-                        "float64 evaluation with rounding pads (THEORY F14, F17)"],
-    }
+    # lower_iter 15 as before: steps=30 gives max(30 // 2, 5)
+    result = lipschitz(args.model, arch=args.arch, allow_pickle=args.allow_pickle, strict=args.strict,
+                       data=args.data, rho=rhos, rho_relative=True, max_len=args.max_len, limit=args.limit,
+                       lower=not args.no_lower, steps=30)
+    return local_block(result, args.data)

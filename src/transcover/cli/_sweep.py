@@ -11,8 +11,8 @@ def run_sweep(args: argparse.Namespace, models: list[str]) -> int:
 
     from .._errors import InputError
     from ..report import atomic_write_text, analysis_sweep_table
-    from ..scale import ResultStore, sweep
-    from ..scale._analyze import analysis_items, analyze_item, plot_sweep, rows_csv, sweep_json, sweep_rows
+    from ..scale import (ResultStore, analysis_items, analyze_item, plot_sweep, rows_csv, sweep, sweep_json,
+                         sweep_rows)
 
     if args.workers < 1 or args.threads < 1:
         raise InputError(f"--workers and --threads must be >= 1, but got {args.workers} and {args.threads}")
@@ -24,7 +24,7 @@ def run_sweep(args: argparse.Namespace, models: list[str]) -> int:
                "embeddings": not args.no_embeddings}
     backend = "ray" if args.backend == "ray" else ("process" if args.workers > 1 else "serial")
     if backend == "ray":  # fail before hashing or opening anything
-        from ..scale._backends import RAY_MISSING
+        from ..scale import RAY_MISSING
 
         try:
             import ray  # noqa: F401

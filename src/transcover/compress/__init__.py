@@ -9,6 +9,10 @@ from ._codes import BitReader as BitReader
 from ._codes import BitWriter as BitWriter
 from ._codes import enumerative_length as enumerative_length
 from ._codes import gamma_length as gamma_length
+from ._delta import changed_entries as changed_entries
+from ._delta import decode_delta as decode_delta
+from ._delta import delta_bits as delta_bits
+from ._delta import encode_delta as encode_delta
 from ._describe import ModelDescription as ModelDescription
 from ._describe import QuantisedTensor as QuantisedTensor
 from ._describe import decode as decode
@@ -26,6 +30,7 @@ from ._quantise import scale_of as scale_of
 
 __all__ = [
     "BitReader", "BitWriter", "enumerative_length", "gamma_length",
+    "changed_entries", "decode_delta", "delta_bits", "encode_delta",
     "ModelDescription", "QuantisedTensor", "decode", "description_bits", "encode", "fixed_length_bits",
     "materialise", "parameter_shapes",
     "SCALE_STEPS_PER_OCTAVE", "best_scale_index", "dequantise", "fake_quantise", "quantise", "scale_of",

@@ -2,15 +2,20 @@
 
 The code (fixed before any data is seen; THEORY F18) is, in this order:
 
-0. the code version in 2 bits (:data:`CODE_VERSION`): the models were tuned on the same data
-   while up to four designs of this code (menus, grids) were tried, so the bound pays for a
-   union over four codes rather than pretending the final one was fixed in advance;
+0. the code version in 2 bits: the models were tuned on the same data while up to four designs
+   of this code (menus, grids, headers) were tried, so the bound pays for a union over four codes
+   rather than pretending the final one was fixed in advance.  Versions 2 and 3 are decodable and
+   differ only in step 2; the encoder writes the shorter (:data:`CODE_VERSIONS`);
 1. the architecture: its index in a finite menu of :class:`~transcover.model.ReferenceConfig`
    (``ceil(log2 |menu|)`` bits, a uniform prior over the menu);
 2. for every parameter tensor of that architecture, in ``state_dict`` order (the shapes are known
    from step 1), its header: the level count ``m >= 0`` as Elias gamma of ``m + 1`` (``m = 0``: the
    tensor is zero) and, if ``m > 0``, the scale index ``k`` of ``s_k = 2^{k/8}`` as Elias gamma of
-   ``zigzag(k) + 1``;
+   ``zigzag(k) + 1`` (version 2); version 3 codes both as differences to the previous tensor's
+   (Elias gamma of ``zigzag(m - m_prev) + 1`` with ``m_prev = 1`` before the first tensor, and of
+   ``zigzag(k - k_prev) + 1`` with ``k_prev`` the last non-zero tensor's scale, 0 before the
+   first): neighbouring matrices share their grid and a similar scale, so a header costs a few
+   bits instead of ~16 (the "fewer, shared per-matrix scales" of issue 12);
 3. one bit choosing how the integers are coded, then the integers ``Q + m`` (alphabet ``2m + 1``)
    in the two-part enumerative code of ``transcover.compress._codes``: bit 0, each tensor with its
    own composition; bit 1, one composition per level count ``m``, shared by the concatenation of
@@ -49,9 +54,27 @@ __all__ = ["CODE_VERSION", "VERSION_BITS", "QuantisedTensor", "ModelDescription"
            "materialise", "fixed_length_bits"]
 
 
-# 0: a 4-entry menu; 1: 8 entries, per-tensor compositions only; 2: this one.  At most 3 (step 0 above).
-CODE_VERSION = 2
+# 0: a 4-entry menu; 1: 8 entries, per-tensor compositions only; 2: absolute headers; 3: delta headers.
+# No more are possible in 2 bits (step 0 above).
+CODE_VERSIONS = (2, 3)
+CODE_VERSION = 3  # the newest; kept for callers that name one
 VERSION_BITS = 2
+
+
+def _header_fields(tensors, version: int) -> list[list[int]]:  # noqa: ANN001
+    """Per tensor, the integers >= 1 its header writes in Elias gamma (see the module docstring)."""
+    out, prev_m, prev_k = [], 1, 0
+    for t in tensors:
+        if version == 2:
+            out.append([t.m + 1] + ([zigzag(t.k) + 1] if t.m else []))
+            continue
+        fields = [zigzag(t.m - prev_m) + 1]
+        if t.m:
+            fields.append(zigzag(t.k - prev_k) + 1)
+            prev_k = t.k
+        prev_m = t.m
+        out.append(fields)
+    return out
 
 
 @dataclass(frozen=True)
@@ -95,6 +118,15 @@ class ModelDescription:
     arch: int
     tensors: tuple[QuantisedTensor, ...]
 
+    def header_bits(self, version: int | None = None) -> list[int]:
+        """Each tensor's header length in code ``version`` (default: the one the encoder writes)."""
+        version = self.version() if version is None else version
+        return [sum(gamma_length(f) for f in fields) for fields in _header_fields(self.tensors, version)]
+
+    def version(self) -> int:
+        """The code version with the shorter headers (3 on ties)."""
+        return min(CODE_VERSIONS, key=lambda v: (sum(self.header_bits(v)), -v))
+
     def architecture_bits(self) -> int:
         """The code version and the architecture's index in the menu."""
         return VERSION_BITS + fixed_width(len(self.menu))
@@ -125,7 +157,7 @@ class ModelDescription:
         Each tensor's entry is its header, plus its own payload when the per-tensor mode is chosen;
         in the shared mode the payloads appear as one entry per level count."""
         shared = self.shared()
-        out = {t.name: t.header_bits() + (0 if shared else t.payload_bits()) for t in self.tensors}
+        out = {t.name: h + (0 if shared else t.payload_bits()) for t, h in zip(self.tensors, self.header_bits())}
         out["(payload mode bit)"] = 1
         if shared:
             for m, bits in self.shared_payload_bits().items():
@@ -148,9 +180,9 @@ def description_bits(desc: ModelDescription) -> int:
 def fixed_length_bits(desc: ModelDescription) -> int:
     """Length of the same model under a code without entropy coding: each integer in
     ``ceil(log2(2m + 1))`` bits (headers and architecture as in :func:`encode`); for comparison."""
-    total = desc.architecture_bits()
+    total = desc.architecture_bits() + sum(desc.header_bits())
     for t in desc.tensors:
-        total += t.header_bits() + (t.Q.numel() * fixed_width(2 * t.m + 1) if t.m else 0)
+        total += t.Q.numel() * fixed_width(2 * t.m + 1) if t.m else 0
     return total
 
 
@@ -160,12 +192,12 @@ def encode(desc: ModelDescription) -> BitWriter:
     if [(t.name, tuple(t.Q.shape)) for t in desc.tensors] != shapes:
         raise ValueError("the tensors do not match the architecture's parameters (names, shapes, order)")
     w = BitWriter()
-    w.fixed(CODE_VERSION, VERSION_BITS)
+    version = desc.version()
+    w.fixed(version, VERSION_BITS)
     w.fixed(desc.arch, fixed_width(len(desc.menu)))
-    for t in desc.tensors:
-        w.gamma(t.m + 1)
-        if t.m:
-            w.gamma(zigzag(t.k) + 1)
+    for fields in _header_fields(desc.tensors, version):
+        for f in fields:
+            w.gamma(f)
     shared = desc.shared()
     w.fixed(int(shared), 1)
     if shared:
@@ -183,16 +215,24 @@ def decode(bits: list[int], menu: tuple[ReferenceConfig, ...]) -> ModelDescripti
     """Inverse of :func:`encode` for the same menu; raises ``ValueError`` on a malformed codeword."""
     r = BitReader(bits)
     version = r.fixed(VERSION_BITS)
-    if version != CODE_VERSION:
-        raise ValueError(f"code version {version} is not this decoder's {CODE_VERSION}")
+    if version not in CODE_VERSIONS:
+        raise ValueError(f"code version {version} is not one of this decoder's {CODE_VERSIONS}")
     arch = r.fixed(fixed_width(len(menu)))
     if arch >= len(menu):
         raise ValueError(f"architecture index {arch} outside the menu of {len(menu)}")
     shapes = parameter_shapes(menu[arch])
-    headers = []
+    headers, prev_m, prev_k = [], 1, 0
     for _name, _shape in shapes:
-        m = r.gamma() - 1
-        headers.append((m, unzigzag(r.gamma() - 1) if m else 0))
+        if version == 2:
+            m = r.gamma() - 1
+            headers.append((m, unzigzag(r.gamma() - 1) if m else 0))
+            continue
+        m = prev_m + unzigzag(r.gamma() - 1)
+        if m < 0:
+            raise ValueError(f"negative level count m={m} in a header")
+        k = prev_k + unzigzag(r.gamma() - 1) if m else 0
+        headers.append((m, k))
+        prev_m, prev_k = m, (k if m else prev_k)
     sizes = [math.prod(shape) for _, shape in shapes]
     integers: list[list[int] | None] = [None] * len(shapes)
     if r.fixed(1):

@@ -34,7 +34,7 @@ from pathlib import Path
 from torch import nn
 
 from .._errors import InputError
-from ..report import atomic_write_text
+from .._io import atomic_write_text
 from ._measure import exact_slot_norms, forward_weights
 from ._penalties import capacity_proxy
 from ._slots import GROUPS, find_slots
@@ -216,6 +216,6 @@ def plot_history(records: Iterable[dict], path: str | os.PathLike[str], title: s
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
-    from ..report import atomic_write_bytes
+    from .._io import atomic_write_bytes
 
     return atomic_write_bytes(path, buf.getvalue())

@@ -104,20 +104,16 @@ def layer_lipschitz_factor(
     it never exceeds.  Assumes rows of the layer input in the ball of radius ``R`` (1 under
     Pi_norm), an ``L_act``-Lipschitz activation, the softmax constant ``c_sm`` (F5: 1 is tight).
 
-    The attention factor comes from ``transcover.lipschitz.attention_lipschitz`` (the Lipschitz
-    package's F6 bound, which is plain arithmetic and so differentiable on tensors) when that
-    package is importable, else from the same formula written here.
+    The attention factor is ``transcover.lipschitz.attention_lipschitz`` (the Lipschitz package's
+    F6 bound, plain arithmetic and so differentiable on tensors): F6 is written in one place.
 
     Args:
         B_KQ, B_OV: per-head norms ``(H,)``; B_W1, B_W2: scalars.  Tensors, so the factor is
         differentiable when they are.
     """
-    try:
-        from ..lipschitz import attention_lipschitz
-    except ImportError:
-        attn = 1.0 + (B_OV * (1.0 + 2.0 * c_sm * B_KQ * R * R)).sum()
-    else:
-        attn = 1.0 + attention_lipschitz(list(B_OV.unbind()), list(B_KQ.unbind()), R, c_sm=c_sm)
+    from ..lipschitz import attention_lipschitz
+
+    attn = 1.0 + attention_lipschitz(list(B_OV.unbind()), list(B_KQ.unbind()), R, c_sm=c_sm)
     ffn = 1.0 + L_act * B_W1 * B_W2
     return attn * ffn
 

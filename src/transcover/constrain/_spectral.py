@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
-from .._errors import InputError
+from .._errors import InputError, check_radius
 
 __all__ = [
     "power_iteration", "product_power_iteration", "spectral_cap", "remove_spectral_cap",
@@ -28,17 +28,6 @@ __all__ = [
 
 _EPS = 1e-12
 _WARMUP_ITERATIONS = 15
-
-
-def check_radius(radius: float, name: str = "radius") -> float:
-    """Return ``float(radius)`` or raise :class:`InputError` when it is not a finite positive number."""
-    try:
-        r = float(radius)
-    except (TypeError, ValueError):
-        raise InputError(f"{name} must be a positive number, but got {name}={radius!r}") from None
-    if not (r > 0.0) or r == float("inf"):
-        raise InputError(f"{name} must be a finite number > 0, but got {name}={radius!r}")
-    return r
 
 
 def _normalize(x: Tensor) -> Tensor:

@@ -29,6 +29,11 @@ from ._diagnosis import diagnose as diagnose
 from ._dudley import DudleyBound as DudleyBound
 from ._dudley import dudley_entropy_integral as dudley_entropy_integral
 from ._dudley import dudley_inverse_square as dudley_inverse_square
+from ._data_route import DataRouteBound as DataRouteBound
+from ._data_route import covering_margin_bound as covering_margin_bound
+from ._data_route import margin_change_bound as margin_change_bound
+from ._data_route import margins as margins
+from ._data_route import pair_norms as pair_norms
 from ._finite_class import OccamBound as OccamBound
 from ._finite_class import binary_kl as binary_kl
 from ._finite_class import catoni_occam_bound as catoni_occam_bound
@@ -54,6 +59,7 @@ from ._model_bound import ModelBound as ModelBound
 from ._model_bound import model_bound as model_bound
 from ._model_bound import model_covering_curve as model_covering_curve
 from ._model_bound import model_terms as model_terms
+from ._model_bound import BoundConfig as BoundConfig
 from ._model_bound import MODEL_FAMILIES as MODEL_FAMILIES
 from ._transformer import NORM_FAMILIES as NORM_FAMILIES
 from ._transformer import CoveringCurve as CoveringCurve
@@ -69,6 +75,7 @@ __all__ = [
     "SpectralComplexity", "bft_margin_term", "bft_spectral_complexity",
     "CompositeCovering", "composite_log_covering", "g5_leading_log",
     "Diagnosis", "diagnose", "DudleyBound", "dudley_entropy_integral", "dudley_inverse_square",
+    "DataRouteBound", "covering_margin_bound", "margin_change_bound", "margins", "pair_norms",
     "OccamBound", "binary_kl", "catoni_occam_bound", "error_rate_upper", "kl_inverse_upper", "kl_occam_bound",
     "occam_bounds", "occam_complexity", "sqrt_occam_bound",
     "GeneralisationBound", "concentration_term", "generalisation_bound", "generalisation_gap",
@@ -76,7 +83,7 @@ __all__ = [
     "bft_matrix_log_covering", "linear_linf_log_covering", "matrix_linf_log_covering",
     "spectral_ball_matrix_log_covering",
     "MLPCovering", "mlp_log_covering", "mlp_terms",
-    "ModelBound", "model_bound", "model_covering_curve", "model_terms", "MODEL_FAMILIES",
+    "BoundConfig", "ModelBound", "model_bound", "model_covering_curve", "model_terms", "MODEL_FAMILIES",
     "NORM_FAMILIES", "CoveringCurve", "MatrixTerm", "TermContribution", "TransformerCovering",
     "transformer_log_covering",
 ]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from .._results import as_dict
 from ._generalisation import sample_size_for_gap
 
 __all__ = ["Diagnosis", "diagnose"]
@@ -43,15 +44,13 @@ class Diagnosis:
     suggestions: tuple[str, ...] = field(default_factory=tuple)
 
     def to_dict(self) -> dict[str, object]:
-        return {
-            "vacuous": self.vacuous, "dominant_term": list(self.dominant_term), "route": self.route,
-            "routes_log10_log_N": dict(self.routes),
-            "top": [{"matrix": m, "layer": ly, "cover": c, "share": s, "log10_c": lc} for m, ly, c, s, lc in self.top],
-            "layers": [{"layer": ly, "share": s} for ly, s in self.layers],
-            "n_non_vacuous": (None if self.n_non_vacuous is None else self.n_non_vacuous
-                              if math.isfinite(self.n_non_vacuous) else "> 1e300"),
-            "suggestions": list(self.suggestions),
-        }
+        return as_dict(
+            self, exclude=("routes",), routes_log10_log_N=dict(self.routes),
+            top=[{"matrix": m, "layer": ly, "cover": c, "share": s, "log10_c": lc} for m, ly, c, s, lc in self.top],
+            layers=[{"layer": ly, "share": s} for ly, s in self.layers],
+            n_non_vacuous=(None if self.n_non_vacuous is None else self.n_non_vacuous
+                           if math.isfinite(self.n_non_vacuous) else "> 1e300"),
+        )
 
 
 def _fmt(ln_value: float) -> str:

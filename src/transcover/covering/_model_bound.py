@@ -1,43 +1,81 @@
 """From a model's weights to its covering number and generalisation bound (seed 1.1, 2.2, 3).
 
-The one place that reads a :class:`~transcover.model.TransformerSpec`: it takes Lemma G.3's
-coefficients from ``transcover.lipschitz`` (THEORY F6-F8, F14), measures each charged matrix's
-distance from its reference (0, or the initialisation given as a second model), and hands plain
-numbers to the pure bounds of this package (F9, F10, F11, F12).
-
-Note [coefficients in log space]: ``transcover.lipschitz.perturbation_coefficients`` returns
-``c_i = local_i * prod_{later stages} rho_s`` as floats, which overflow to ``inf`` on deep models
-(MiniLM's are already ~1e108 without a LayerNorm floor).  This module therefore builds the same
-stage chain once (``transcover.lipschitz._compose.build_chain``, the chain that function uses)
-and forms ``log c_i = log local_i + sum_{s later} log rho_s + log(1 + pad)``; the test
-``test_covering_model.py::test_log_coefficients_match_lipschitz_api`` checks equality with the
-public API wherever it is finite.
+The one place that turns a :class:`~transcover.model.TransformerSpec` into covering terms: one
+measurement of its norms (``transcover.norms.measure_model``, with the distances from a reference
+when one is given: 0, or the initialisation as a second model), Lemma G.3's coefficients in log
+space from ``transcover.lipschitz.log_perturbation_coefficients`` (THEORY F6-F8, F14; Note [log
+space] there: the coefficients overflow float64 on deep models), and plain numbers handed to the
+pure bounds of this package (F9, F10, F11, F12).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
-import torch
 
 from .._errors import InputError
-from .._results import Kind
+from .._results import Kind, as_dict, rounding_pad
 from ..model._spec import TransformerSpec
+from ..norms import ModelNorms, measure_model
 from ._bft import SpectralComplexity, bft_spectral_complexity
 from ._composite import CompositeCovering, composite_log_covering
 from ._generalisation import GeneralisationBound, generalisation_bound, generalisation_gap
 from ._mlp import mlp_log_covering, mlp_terms
 from ._transformer import NORM_FAMILIES, CoveringCurve, MatrixTerm, TransformerCovering, transformer_log_covering
 
-__all__ = ["ModelBound", "model_terms", "model_bound", "model_covering_curve", "MODEL_FAMILIES"]
+__all__ = ["BoundConfig", "ModelBound", "model_terms", "model_bound", "model_covering_curve", "MODEL_FAMILIES"]
 
 # the families of ``transformer_log_covering`` and "auto": all of them, the smallest reported
 MODEL_FAMILIES = (*NORM_FAMILIES, "auto")
 
-_PAD = 1e-10  # relative rounding pad on float64 norms (sums of <= 1e6 squares: error < 1e-10)
+_PAD = rounding_pad()  # relative pad on float64 vector norms (Note [rounding pad] in ``_results``)
+
+
+@dataclass(frozen=True)
+class BoundConfig:
+    """Every choice of :func:`model_bound` (and ``transcover bound``), with its default in one place.
+
+    ``eps``: covering scale; ``n_samples``: training-set sizes n; ``seq_len``: T; ``radius``: R,
+    bound on input token norms; ``c_sm``: softmax constant (1 proven and tight, 2 Edelman);
+    ``family``: "auto", "l21", "spectral" or "best" (Note [routes]); ``sigma_min``: LayerNorm
+    variance floor (0: the global eps-limited constant); the loss is ``loss_lipschitz``-Lipschitz
+    with values in ``[0, loss_bound]``; ``delta``: failure probability.
+    """
+
+    eps: float = 0.1
+    n_samples: tuple[float, ...] = (1e6,)
+    seq_len: int = 128
+    radius: float = 1.0
+    c_sm: float = 1.0
+    family: str = "auto"
+    sigma_min: float = 0.0
+    loss_lipschitz: float = 1.0
+    loss_bound: float = 1.0
+    delta: float = 0.05
+
+    def checked(self) -> "BoundConfig":
+        """``self`` with ``n_samples`` a tuple of floats, or InputError naming the bad field."""
+        from ..lipschitz import check_c_sm
+
+        check_c_sm(self.c_sm)
+        for name in ("eps", "radius", "loss_lipschitz", "loss_bound", "delta"):
+            _check(name, getattr(self, name))
+        n_samples = (self.n_samples,) if isinstance(self.n_samples, (int, float)) else tuple(self.n_samples)
+        if not n_samples:
+            raise InputError("give at least one sample size")
+        for n in n_samples:
+            _check("n_samples", n)
+        if not isinstance(self.seq_len, int) or self.seq_len < 1:
+            raise InputError(f"seq_len must be a positive integer, but got seq_len={self.seq_len!r}")
+        if self.family not in MODEL_FAMILIES:
+            raise InputError(f"family must be one of {MODEL_FAMILIES}, but got family={self.family!r}")
+        if not (math.isfinite(self.sigma_min) and self.sigma_min >= 0):
+            raise InputError(f"sigma_min must be >= 0, but got sigma_min={self.sigma_min!r}")
+        return replace(self, n_samples=n_samples)
 
 
 def _group(role: str) -> str:
@@ -48,181 +86,101 @@ def _group(role: str) -> str:
     return "norm"
 
 
-def _t(x: torch.Tensor | None) -> torch.Tensor | None:
-    """float64 torch tensor of a spec array of either backend (numpy from files, torch from modules)."""
-    from ..model._arrays import to_tensor
-
-    return None if x is None else to_tensor(x, dtype=torch.float64).detach()
+_Row = tuple[tuple[int, int], float, float]  # (shape, distance for covering: (2,1) or vector norm, spectral)
 
 
-def _diff(a: torch.Tensor | None, b: torch.Tensor | None) -> torch.Tensor | None:
-    if a is None:
-        return None
-    return a if b is None else a - b
+def _vector(n: int, v: float) -> _Row:
+    v = v * (1 + _PAD)
+    return ((1, n), v, v)
 
 
-def _mat_norms(D: torch.Tensor) -> tuple[float, float]:
-    """(||D||_{2,1} = sum of column norms, ||D||_2): certified upper ends (``transcover.norms``)."""
-    from ..norms import l21_interval, spectral_norm_interval
-
-    Dn = D.detach().double().numpy()
-    return l21_interval(Dn).upper, spectral_norm_interval(Dn).upper
-
-
-def _lowrank_norms(P: torch.Tensor, Q: torch.Tensor) -> tuple[list[float], list[float]]:
-    """Per head h: certified upper ends of ``||P_h Q_h^T||_{2,1}`` and ``||P_h Q_h^T||_2`` for tall
-    (H, d, k) factors, without forming the d x d products (``transcover.norms`` low-rank routes)."""
-    from ..norms import product_l21_interval, product_norm_interval
-
-    l21, spec = [], []
-    for Ph, Qh in zip(P.detach().double().numpy(), Q.detach().double().numpy()):
-        Bt = Qh.T.copy()
-        l21.append(product_l21_interval(Ph, Bt).upper)
-        spec.append(product_norm_interval(Ph, Bt).upper)
-    return l21, spec
-
-
-def _layer_role_norms(layer, ref) -> dict[str, tuple[tuple[int, int], float, float]]:
-    """role -> (shape, distance norm for covering (l21 or vector norm), spectral distance)."""
-    out: dict[str, tuple[tuple[int, int], float, float]] = {}
-    a = layer.attention
-    H, d = a.n_heads, a.d_model
-    kv = torch.tensor([a.kv_index(h) for h in range(H)])
-    s = a.softmax_scale
-    Wq, Wk, Wv, Wo = _t(a.W_Q), _t(a.W_K)[kv], _t(a.W_V)[kv], _t(a.W_O)
-    P_kq, Q_kq, P_ov, Q_ov = s * Wq, Wk, Wv, Wo.transpose(-1, -2)
-    bKQ = None if a.b_Q is None or a.rope is not None else s * torch.einsum("he,hde->hd", _t(a.b_Q), Wk)
-    bout = a.effective_output_bias()
-    if ref is not None:
-        r = ref.attention
-        rs = r.softmax_scale
-        rkv = torch.tensor([r.kv_index(h) for h in range(H)])  # the reference's own grouped-query layout
-        rq, rk, rv, ro = _t(r.W_Q), _t(r.W_K)[rkv], _t(r.W_V)[rkv], _t(r.W_O)
-        # differences of products are products of concatenated factors (rank <= 2 d_head)
-        P_kq, Q_kq = torch.cat([P_kq, -rs * rq], -1), torch.cat([Q_kq, rk], -1)
-        P_ov, Q_ov = torch.cat([P_ov, -rv], -1), torch.cat([Q_ov, ro.transpose(-1, -2)], -1)
-        if bKQ is not None and r.b_Q is not None:
-            bKQ = bKQ - rs * torch.einsum("he,hde->hd", _t(r.b_Q), rk)
-        rb = r.effective_output_bias()
-        if bout is not None and rb is not None:
-            bout = bout - rb
-    kq_l21, kq_sp = _lowrank_norms(P_kq, Q_kq)
-    ov_l21, ov_sp = _lowrank_norms(P_ov, Q_ov)
-    for h in range(H):
-        out[f"W_KQ.{h}"] = ((d, d), float(kq_l21[h]), float(kq_sp[h]))
-        out[f"W_OV.{h}"] = ((d, d), float(ov_l21[h]), float(ov_sp[h]))
-        if bKQ is not None:
-            v = float(bKQ[h].norm()) * (1 + _PAD)
-            out[f"b_KQ.{h}"] = ((1, d), v, v)
-    if bout is not None:
-        v = float(bout.norm()) * (1 + _PAD)
-        out["b_out"] = ((1, d), v, v)
-    f, rf = layer.ffn, (None if ref is None else ref.ffn)
-    for name in ("W_1", "W_2", "W_gate"):
-        W = _t(getattr(f, name))
-        if W is not None:
-            D = _diff(W, None if rf is None else _t(getattr(rf, name)))
-            l21, sp = _mat_norms(D)
-            out[name] = (tuple(W.shape), float(l21), float(sp))
-    for name in ("b_1", "b_2", "b_gate"):
-        b = _t(getattr(f, name))
-        if b is not None:
-            v = float(_diff(b, None if rf is None else _t(getattr(rf, name))).norm()) * (1 + _PAD)
-            out[name] = ((1, b.numel()), v, v)
-    for nm in ("norm_attn", "norm_ffn"):
-        out.update(_norm_role_norms(getattr(layer, nm), None if ref is None else getattr(ref, nm), nm))
+def _self_norms(norms: ModelNorms) -> dict[tuple[int, str], _Row]:
+    """(layer, role) -> the role's norms as distances from 0 (no reference), read from one measurement."""
+    out: dict[tuple[int, str], _Row] = {}
+    for m in norms.layers:
+        i, d = m.index, m.d_model
+        for h in m.heads:
+            out[(i, f"W_KQ.{h.head}")] = ((d, d), h.l21_KQ.upper, h.W_KQ(m.scale).upper)
+            out[(i, f"W_OV.{h.head}")] = ((d, d), h.l21_OV.upper, h.W_OV.upper)
+            if h.b_QK is not None:
+                out[(i, f"b_KQ.{h.head}")] = _vector(d, m.scale * h.b_QK)
+        if m.b_out is not None:
+            out[(i, "b_out")] = _vector(d, m.b_out)
+        for name in ("W_1", "W_2", "W_gate"):
+            if name in m.shapes:
+                out[(i, name)] = (m.shapes[name], m.l21[name].upper, getattr(m, name).upper)
+        for name, W in (("b_1", "W_1"), ("b_2", "W_2"), ("b_gate", "W_gate")):
+            if getattr(m, name) is not None:
+                out[(i, name)] = _vector(m.shapes[W][1], getattr(m, name))
+        out.update(_norm_rows(i, "norm_attn", m.norm_attn, d))
+        out.update(_norm_rows(i, "norm_ffn", m.norm_ffn, d))
+    out.update(_norm_rows(-1, "input_norm", norms.input_norm, norms.d_model))
+    out.update(_norm_rows(norms.n_layers, "final_norm", norms.final_norm, norms.d_model))
     return out
 
 
-def _norm_role_norms(n, rn, prefix: str) -> dict[str, tuple[tuple[int, int], float, float]]:
+def _norm_rows(i: int, prefix: str, n, d: int) -> dict[tuple[int, str], _Row]:  # noqa: ANN001
     out = {}
-    if n is None:
-        return out
-    g = _t(n.weight)
-    if g is not None:
-        v = float(_diff(g, None if rn is None else _t(rn.weight)).abs().max()) * (1 + _PAD)
-        out[f"{prefix}.gamma"] = ((1, g.numel()), v, v)
-    b = _t(n.bias)
-    if b is not None:
-        v = float(_diff(b, None if rn is None else _t(rn.bias)).norm()) * (1 + _PAD)
-        out[f"{prefix}.beta"] = ((1, b.numel()), v, v)
+    if n.gamma_max is not None:
+        out[(i, f"{prefix}.gamma")] = _vector(d, n.gamma_max)
+    if n.beta_norm is not None:
+        out[(i, f"{prefix}.beta")] = _vector(d, n.beta_norm)
     return out
 
 
-def _log_coefficients(spec: TransformerSpec, *, radius: float, c_sm: float, sigma_min: float,
-                      other: TransformerSpec | None = None):
-    """[(layer, role, norm, log c_i)] and the chain's last radius (Note [coefficients in log space])."""
-    from ..lipschitz._compose import build_chain
-    from ..lipschitz._weights import ROUNDING_PAD, class_max, spec_norms
-
-    norms = spec_norms(spec)
-    if other is not None:
-        norms = class_max(norms, spec_norms(other))
-    stages = build_chain(norms, radius=radius, c_sm=c_sm, metric="2,inf", seq_len=None,
-                         sigma_min=sigma_min)
-    log_rho = [math.log(s.lipschitz) for s in stages]
-    tail = np.concatenate([np.cumsum(log_rho[::-1])[::-1][1:], [0.0]])  # sum over later stages
-    out = []
-    for k, st in enumerate(stages):
-        for role, local, nm in st.perturbation:
-            if nm == "unsupported":
-                from .._errors import UnsupportedArchitectureError
-
-                raise UnsupportedArchitectureError("the covering bound needs Lemma G.3, which is not derived "
-                                                   f"for {role} (layer {st.layer})")
-            log_local = -math.inf if local == 0 else math.log(local)
-            out.append((st.layer, role, nm, log_local + float(tail[k]) + math.log1p(ROUNDING_PAD)))
-    return out, stages[-1].radius_out
+def _distance_rows(norms: ModelNorms, own: dict[tuple[int, str], _Row]) -> dict[tuple[int, str], _Row]:
+    """(layer, role) -> the distances from the reference, shaped as the model's own rows."""
+    out = {}
+    for key, dist in norms.distances.items():
+        if key not in own or dist.norm == "eps":
+            continue
+        shape = own[key][0]
+        out[key] = (shape, dist.l21, dist.value) if dist.norm == "spectral" else _vector(shape[1], dist.value)
+    return out
 
 
 def model_terms(spec: TransformerSpec, *, radius: float = 1.0, c_sm: float = 1.0, sigma_min: float = 0.0,
-                reference: TransformerSpec | None = None, other: TransformerSpec | None = None) -> tuple[list[MatrixTerm], float, list[tuple[float, float]]]:
+                reference: TransformerSpec | None = None, other: TransformerSpec | ModelNorms | None = None,
+                norms: ModelNorms | None = None) -> tuple[list[MatrixTerm], float, list[tuple[float, float]]]:
     """The Transformer's covering terms (one per matrix Lemma G.3 charges), the output radius, and
     ``(||W||_2, ||W - M||_{2,1})`` of every matrix for the BFT baseline.
 
     ``other`` enlarges the class to contain a second model too (its norms, elementwise maximum),
     as ``transcover.lipschitz.perturbation_coefficients(other=...)`` does; used to bound a pair.
+    ``norms``: ``measure_model(spec, reference=reference, entrywise=True)`` if already measured.
 
     Raises:
         InputError: ``reference`` or ``other`` with a different structure
             (:func:`~transcover.model.structural_differences`).
     """
-    spec = spec.to_torch()  # specs loaded from files hold numpy arrays
-    reference = None if reference is None else reference.to_torch()
-    other = None if other is None else other.to_torch()
+    from ..lipschitz import class_bounds, class_max, log_perturbation_coefficients
     from ..model._compare import require_same_structure
 
     if reference is not None:  # Note [structural differences] in ``model._compare``
         require_same_structure(spec, reference, message="the reference model differs from the model in")
-    if other is not None:
+    if other is not None and not isinstance(other, ModelNorms):
         require_same_structure(spec, other, message="cannot bound a class containing two models that differ in")
-    coeffs, out_radius = _log_coefficients(spec, radius=radius, c_sm=c_sm, sigma_min=sigma_min, other=other)
-    norms: dict[tuple[int, str], tuple[tuple[int, int], float, float]] = {}
-    self_spectral: dict[tuple[int, str], float] = {}
-    L = spec.n_layers
-    for i, layer in enumerate(spec.layers):
-        ref = None if reference is None else reference.layers[i]
-        for role, v in _layer_role_norms(layer, ref).items():
-            norms[(i, role)] = v
-        if ref is not None:
-            for role, v in _layer_role_norms(layer, None).items():
-                self_spectral[(i, role)] = v[2]
-    for layer_idx, nm, attr in ((-1, "input_norm", "input_norm"), (L, "final_norm", "final_norm")):
-        rn = None if reference is None else getattr(reference, attr)
-        for role, v in _norm_role_norms(getattr(spec, attr), rn, nm).items():
-            norms[(layer_idx, role)] = v
+        other = measure_model(other)
+    if norms is None:
+        norms = measure_model(spec, reference=reference, entrywise=True)
+    bounds = class_bounds(norms)
+    if other is not None:
+        bounds = class_max(bounds, class_bounds(other))
+    coeffs = log_perturbation_coefficients(bounds, radius=radius, c_sm=c_sm, sigma_min=sigma_min)
+    own = _self_norms(norms)
+    rows = own if reference is None else _distance_rows(norms, own)
     terms, bft_rows = [], []
-    for layer_idx, role, nm, log_c in coeffs:
-        key = (layer_idx, role)
-        if key not in norms:
-            raise InputError(f"no weights found for layer {layer_idx} role {role!r} that Lemma G.3 charges")
-        shape, dist, sp = norms[key]
-        vector = nm != "spectral"
-        terms.append(MatrixTerm(layer=layer_idx, role=role, shape=shape, log_c=log_c, l21=dist,
-                                spectral=sp, vector=vector, group=_group(role)))
+    for c in coeffs.entries:
+        key = (c.layer, c.role)
+        if key not in rows:
+            raise InputError(f"no weights found for layer {c.layer} role {c.role!r} that Lemma G.3 charges")
+        shape, dist, sp = rows[key]
+        vector = c.norm != "spectral"
+        terms.append(MatrixTerm(layer=c.layer, role=c.role, shape=shape, log_c=c.log_c, l21=dist,
+                                spectral=sp, vector=vector, group=_group(c.role)))
         if not vector:
-            bft_rows.append((self_spectral.get(key, sp), dist))
-    return terms, out_radius, bft_rows
+            bft_rows.append((own[key][2], dist))
+    return terms, coeffs.radius_out, bft_rows
 
 
 @dataclass(frozen=True)
@@ -266,22 +224,19 @@ class ModelBound:
 
     def to_dict(self) -> dict[str, object]:
         tf = self.transformer
-        return {
-            "model": self.model, "arch": self.arch, "n_layers": self.n_layers, "eps": self.eps,
-            "seq_len": self.seq_len, "family": self.family, "route": self.route or self.family,
-            "routes_log10_log_N": {k: v / math.log(10) for k, v in self.routes.items()},
-            "kind": self.kind.value, "options": self.options,
-            "log10_log_N": self.log_log_N / math.log(10), "ln_log_N": self.log_log_N,
-            "with_mlp_head": isinstance(self.covering, CompositeCovering),
-            "transformer": {"eps": tf.eps, "n_points": tf.n_points, "ln_log_N": tf.log_log_N,
-                            "ln_gamma": tf.log_gamma, "ln_eta": tf.log_eta, "ln_eta_tilde": tf.log_eta_tilde,
-                            "contributions": [c.__dict__ for c in tf.contributions]},
-            "generalisation": [g.to_dict() for g in self.generalisation],
-            "bft": {"log10_R_A": self.bft.log_R / math.log(10), "log10_A": self.bft.log_A / math.log(10),
-                    "kind": self.bft.kind.value, "source": self.bft.source,
-                    "generalisation": [g.to_dict() for g in self.bft_generalisation]},
-            "assumptions": list(self.assumptions),
-        }
+        return as_dict(
+            self, exclude=("covering", "bft_generalisation", "curve", "routes"),
+            route=self.route or self.family,
+            routes_log10_log_N={k: v / math.log(10) for k, v in self.routes.items()},
+            log10_log_N=self.log_log_N / math.log(10), ln_log_N=self.log_log_N,
+            with_mlp_head=isinstance(self.covering, CompositeCovering),
+            transformer={"eps": tf.eps, "n_points": tf.n_points, "ln_log_N": tf.log_log_N,
+                         "ln_gamma": tf.log_gamma, "ln_eta": tf.log_eta, "ln_eta_tilde": tf.log_eta_tilde,
+                         "contributions": [as_dict(c) for c in tf.contributions]},
+            bft={"log10_R_A": self.bft.log_R / math.log(10), "log10_A": self.bft.log_A / math.log(10),
+                 "kind": self.bft.kind.value, "source": self.bft.source,
+                 "generalisation": [g.to_dict() for g in self.bft_generalisation]},
+        )
 
 
 def _check(name: str, v: float) -> None:
@@ -349,22 +304,8 @@ def model_covering_curve(terms: Sequence[MatrixTerm], *, family: str, seq_len: i
     return curve
 
 
-def model_bound(
-    spec: TransformerSpec,
-    *,
-    eps: float = 0.1,
-    n_samples: Sequence[float] = (1e6,),
-    seq_len: int = 128,
-    radius: float = 1.0,
-    c_sm: float = 1.0,
-    family: str = "auto",
-    sigma_min: float = 0.0,
-    reference: TransformerSpec | None = None,
-    loss_lipschitz: float = 1.0,
-    loss_bound: float = 1.0,
-    delta: float = 0.05,
-    terms: tuple | None = None,
-) -> ModelBound:
+def model_bound(spec: TransformerSpec, config: BoundConfig | None = None, *, reference: TransformerSpec | None = None,
+                terms: tuple | None = None, norms: ModelNorms | None = None, **options: object) -> ModelBound:
     """Covering number at ``eps`` and generalisation gaps at each ``n`` for the class of ``spec``.
 
     .. math::
@@ -380,34 +321,33 @@ def model_bound(
     reported (``"auto"``, the default; ``route`` names the one reported, ``routes`` lists all,
     Note [routes]).  With an MLP head (reference models) the class is ``F_MLP o G_TF``
     (Theorem G.5), otherwise ``G_TF`` with a loss that is ``loss_lipschitz``-Lipschitz in the
-    ``max_t ||.||_2`` output norm.  Choices (THEORY section 4): ``c_sm`` (1 tight, 2 Edelman),
-    ``sigma_min`` (LayerNorm variance floor; 0 = the global eps-limited constant), ``family``,
-    ``reference``; Pi_norm vs LayerNorm is the model's own (its NormSpec), reported in the assumptions.
+    ``max_t ||.||_2`` output norm.  Choices (THEORY section 4, :class:`BoundConfig`): ``c_sm`` (1
+    tight, 2 Edelman), ``sigma_min`` (LayerNorm variance floor; 0 = the global eps-limited
+    constant), ``family``, ``reference``; Pi_norm vs LayerNorm is the model's own (its NormSpec),
+    reported in the assumptions.
 
-    ``terms``: the output of :func:`model_terms` for the same spec, radius, c_sm, sigma_min and
-    reference, to sweep eps / family / n without re-measuring the weights (the slow part).
+    Args:
+        spec: the model.
+        config: every numeric choice (:class:`BoundConfig`; default: its defaults).
+        reference: the initialisation the distances are measured from (default: 0).
+        terms: the output of :func:`model_terms` for the same spec, radius, c_sm, sigma_min and
+            reference, to sweep eps / family / n without re-measuring the weights (the slow part).
+        norms: ``measure_model(spec, reference=reference, entrywise=True)``, measured once and shared
+            (e.g. with ``transcover.lipschitz.lipschitz_bounds``).
+        options: single :class:`BoundConfig` fields overriding ``config`` (``eps=0.05``).
 
     Raises:
         InputError: non-positive eps, sample sizes, seq_len, radius; unknown family; mismatched reference.
     """
-    from ..lipschitz._attention import check_c_sm
-
-    check_c_sm(c_sm)
-    for name, v in (("eps", eps), ("radius", radius), ("loss_lipschitz", loss_lipschitz),
-                    ("loss_bound", loss_bound), ("delta", delta)):
-        _check(name, v)
-    if not n_samples:
-        raise InputError("give at least one sample size")
-    for n in n_samples:
-        _check("n_samples", n)
-    if not isinstance(seq_len, int) or seq_len < 1:
-        raise InputError(f"seq_len must be a positive integer, but got seq_len={seq_len!r}")
-    if family not in MODEL_FAMILIES:
-        raise InputError(f"family must be one of {MODEL_FAMILIES}, but got family={family!r}")
-    if not (math.isfinite(sigma_min) and sigma_min >= 0):
-        raise InputError(f"sigma_min must be >= 0, but got sigma_min={sigma_min!r}")
+    unknown = set(options) - {f.name for f in dataclasses.fields(BoundConfig)}
+    if unknown:
+        raise TypeError(f"model_bound() got unexpected keyword arguments {sorted(unknown)}")
+    cfg = replace(config or BoundConfig(), **options).checked()
+    eps, n_samples, seq_len, radius, family = cfg.eps, cfg.n_samples, cfg.seq_len, cfg.radius, cfg.family
+    loss_lipschitz, loss_bound, delta = cfg.loss_lipschitz, cfg.loss_bound, cfg.delta
+    c_sm, sigma_min = cfg.c_sm, cfg.sigma_min
     if terms is None:
-        terms = model_terms(spec, radius=radius, c_sm=c_sm, sigma_min=sigma_min, reference=reference)
+        terms = model_terms(spec, radius=radius, c_sm=c_sm, sigma_min=sigma_min, reference=reference, norms=norms)
     terms, out_radius, bft_rows = terms
     n0 = max(1, int(round(n_samples[0] * seq_len)))
     head = None

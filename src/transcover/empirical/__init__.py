@@ -33,11 +33,15 @@ from ._metrics import sample_distance as sample_distance
 from ._montecarlo import MonteCarloCovering as MonteCarloCovering
 from ._montecarlo import covering_of_outputs as covering_of_outputs
 from ._montecarlo import monte_carlo_covering as monte_carlo_covering
+from ._montecarlo import SEED_BLOCK as SEED_BLOCK
+from ._montecarlo import block_seed as block_seed
+from ._montecarlo import reference_block_outputs as reference_block_outputs
 from ._nets import CoveringEstimate as CoveringEstimate
 from ._nets import IncrementalNet as IncrementalNet
 from ._nets import estimate_covering_number as estimate_covering_number
 from ._nets import greedy_net as greedy_net
 from ._nets import maximal_packing as maximal_packing
+from ._nets import torch_threads as torch_threads
 from ._uniform import MAX_FUNCTIONS as MAX_FUNCTIONS
 from ._uniform import UniformSearchResult as UniformSearchResult
 from ._uniform import uniform_covering_search as uniform_covering_search
@@ -45,10 +49,12 @@ from ._uniform import uniform_covering_search as uniform_covering_search
 __all__ = [
     "as_outputs", "check_eps", "check_q", "distance_matrix", "sample_distance",
     "CoveringEstimate", "IncrementalNet", "estimate_covering_number", "greedy_net", "maximal_packing",
+    "torch_threads",
     "exact_covering_number", "load_outputs",
     "NormRadii", "RADIAL_LAWS", "ReferenceClassSample", "random_inputs", "sample_reference_class",
     "LOCAL_ROLES", "LocalClassSample", "sample_local_class",
     "MonteCarloCovering", "covering_of_outputs", "monte_carlo_covering",
+    "SEED_BLOCK", "block_seed", "reference_block_outputs",
     "MAX_FUNCTIONS", "UniformSearchResult", "uniform_covering_search",
     "CoveringCurveDisplay", "EpsGrowthFit", "LineFit", "fit_eps_growth", "fit_line", "fit_power_growth",
     "usable_points",

@@ -16,6 +16,16 @@ centres are strictly eps-separated members of F.  Both are therefore *empirical 
 the usual Monte-Carlo *estimate* of N(eps) (``N_int(eps) <= P(eps)``), and the result records its
 growth with M (checkpoints) so a reader sees whether it has levelled off.  A curve still rising
 at the largest M means the class's covering number is larger than any number reported.
+
+Note [seed blocks]: :func:`sample_reference_class` draws all M members from one generator, tensor
+by tensor, so member j's weights depend on M and the whole draw must sit in one process.  For
+classes split across processes (``transcover.scale``) the members are instead drawn in *seed
+blocks* of ``SEED_BLOCK`` members: block ``k`` is ``sample_reference_class(..., SEED_BLOCK,
+seed=block_seed(seed, k))`` evaluated on its own, and member ``j`` is row ``j mod SEED_BLOCK`` of
+block ``j // SEED_BLOCK``.  Member j then depends only on ``(seed, j)`` -- not on M, on how the
+members are chunked, or on which process evaluates them -- so every chunking and backend gives the
+same outputs bit for bit, and the first m members of a larger draw are the draw of size m.  It is
+a different (equally valid) draw from the one-generator sample of the same seed.
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
+import torch
 from torch import Tensor
 
 from .._errors import InputError
@@ -34,7 +45,9 @@ from ._metrics import as_outputs, check_eps, check_q
 from ._nets import IncrementalNet, torch_threads
 
 __all__ = ["FunctionSample", "MonteCarloCovering", "monte_carlo_covering", "covering_of_outputs",
-           "default_checkpoints"]
+           "default_checkpoints", "SEED_BLOCK", "block_seed", "reference_block_outputs"]
+
+SEED_BLOCK = 256  # members per seed block (Note [seed blocks]); changing it changes every block draw
 
 
 class FunctionSample(Protocol):
@@ -177,3 +190,38 @@ def monte_carlo_covering(sample: FunctionSample, X: Tensor, eps: Sequence[float]
     scale = float(np.asarray(Y.abs().amax()).item())
     return MonteCarloCovering(res.eps, res.q, res.checkpoints, res.net_sizes, res.packing_sizes,
                               res.n_samples, res.n_outputs, res.description, {"max_abs_output": scale})
+
+
+def block_seed(seed: int, block: int) -> int:
+    """The seed of block ``block`` of a draw with ``seed`` (Note [seed blocks]): 63 bits of
+    ``numpy.random.SeedSequence((seed, block))``, so distinct ``(seed, block)`` give unrelated streams."""
+    if not isinstance(seed, (int, np.integer)) or not isinstance(block, (int, np.integer)) or block < 0:
+        raise InputError(f"seed must be an integer and block >= 0, but got seed={seed!r}, block={block!r}")
+    entropy = (int(seed) % (1 << 64), int(block))  # SeedSequence takes non-negative words
+    return int(np.random.SeedSequence(entropy).generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
+
+
+def reference_block_outputs(config, radii, X: Tensor, start: int, stop: int, *, seed: int = 0,
+                            radial: str = "volume", output: str = "head",
+                            block_size: int = SEED_BLOCK) -> Tensor:
+    """Outputs ``(stop - start, n, b)`` (float64) of members ``start <= j < stop`` of the block-seeded
+    reference class (Note [seed blocks]) on the samples ``X`` (n, T, d).
+
+    Each block overlapping the range is drawn whole and evaluated alone, then sliced, so a
+    member's outputs do not depend on the range it is asked for in.
+
+    Raises:
+        InputError: an empty or negative range, or anything :func:`sample_reference_class` refuses.
+    """
+    from ._classes import sample_reference_class
+
+    if not (0 <= start < stop) or not isinstance(block_size, int) or block_size < 1:
+        raise InputError(f"need 0 <= start < stop and block_size >= 1, but got start={start}, stop={stop}, "
+                         f"block_size={block_size}")
+    outs = []
+    for k in range(start // block_size, (stop - 1) // block_size + 1):
+        sample = sample_reference_class(config, radii, block_size, radial=radial, seed=block_seed(seed, k),
+                                        output=output)
+        lo, hi = max(start, k * block_size), min(stop, (k + 1) * block_size)
+        outs.append(sample.evaluate(X)[lo - k * block_size: hi - k * block_size])
+    return torch.cat(outs, dim=0)

@@ -9,8 +9,12 @@ from ._activations import activation_lipschitz as activation_lipschitz
 from ._attention import attention_lipschitz as attention_lipschitz
 from ._attention import attention_output_radius as attention_output_radius
 from ._attention import attention_perturbation_coefficients as attention_perturbation_coefficients
+from ._attention import check_c_sm as check_c_sm
 from ._attention import head_lipschitz as head_lipschitz
 from ._compose import NetworkLipschitz as NetworkLipschitz
+from ._compose import compose as compose
+from ._config import LipschitzConfig as LipschitzConfig
+from ._config import PerturbConfig as PerturbConfig
 from ._compose import Stage as Stage
 from ._compose import lipschitz_bounds as lipschitz_bounds
 from ._empirical import LowerEstimate as LowerEstimate
@@ -41,6 +45,15 @@ from ._perturbation import PerturbationCoefficients as PerturbationCoefficients
 from ._perturbation import perturbation_bound as perturbation_bound
 from ._perturbation import perturbation_coefficients as perturbation_coefficients
 from ._perturbation import perturbation_deltas as perturbation_deltas
+from ._perturbation import LogCoefficient as LogCoefficient
+from ._perturbation import LogCoefficients as LogCoefficients
+from ._perturbation import deltas_from_norms as deltas_from_norms
+from ._perturbation import log_perturbation_coefficients as log_perturbation_coefficients
+from ._weights import ClassBounds as ClassBounds
+from ._weights import LayerBounds as LayerBounds
+from ._weights import NormBounds as NormBounds
+from ._weights import class_bounds as class_bounds
+from ._weights import class_max as class_max
 
 __all__ = [
     "activation_gain", "activation_lipschitz",
@@ -48,9 +61,11 @@ __all__ = [
     "ffn_lipschitz", "ffn_output_radius", "ffn_perturbation_coefficients",
     "layernorm_lipschitz", "rmsnorm_lipschitz", "ball_lipschitz", "norm_output_radius",
     "l2_attention_constants", "l2_attention_forward", "l2_attention_lipschitz", "phi_inverse",
-    "Stage", "NetworkLipschitz", "lipschitz_bounds",
+    "Stage", "NetworkLipschitz", "lipschitz_bounds", "compose", "LipschitzConfig", "PerturbConfig",
     "CoefficientEntry", "PerturbationCoefficients", "PerturbationBound",
     "perturbation_coefficients", "perturbation_deltas", "perturbation_bound",
+    "LogCoefficient", "LogCoefficients", "log_perturbation_coefficients", "deltas_from_norms",
+    "ClassBounds", "LayerBounds", "NormBounds", "class_bounds", "class_max", "check_c_sm",
     "LowerEstimate", "function_lipschitz_lower", "jacobian_operator_norm", "lipschitz_lower", "network_lipschitz_lower",
     "perturbation_lower",
     "norm_local", "attention_local_bound", "layer_local", "network_local", "local_table",

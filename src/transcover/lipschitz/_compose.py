@@ -13,6 +13,11 @@ Then (F8, telescoping ``S(θ;U) - S(θ~;U~) = [S(θ;U) - S(θ;U~)] + [S(θ;U~) -
 
     Lip(network) <= prod_s rho_s,      ||g(θ)(X) - g(θ~)(X)|| <= sum_s (prod_{t > s} rho_t) delta_s.
 
+Note [log space]: stage constants are moderate, but their products are not (MiniLM's Lemma G.3
+coefficients are ~1e108 without a LayerNorm floor and deeper models overflow float64), so
+products over the chain are formed as sums of :attr:`Stage.log_lipschitz`
+(:func:`~transcover.lipschitz.log_perturbation_coefficients`).
+
 Note [radius propagation]: bounding each stage on its *own* propagated radius is the tighter
 composition; :attr:`NetworkLipschitz.upper_uniform` is the plain product that instead bounds
 every radius-dependent stage on the worst radius of the chain.  Both are certified.
@@ -38,7 +43,7 @@ from ._l2_attention import l2_attention_lipschitz
 from ._parallel import parallel_stage
 from ._qknorm import qknorm_layer_kq
 from ._normalisation import norm_lipschitz, norm_output_radius, norm_perturbation_coefficients
-from ._weights import ROUNDING_PAD, LayerNorms, NormBounds, SpecNorms, check_radius
+from ._weights import ROUNDING_PAD, ClassBounds, LayerBounds, NormBounds, check_radius, spec_norms
 
 __all__ = ["Stage", "NetworkLipschitz", "build_chain", "compose", "lipschitz_bounds"]
 
@@ -57,6 +62,11 @@ class Stage:
     components: dict[str, float] = field(default_factory=dict)
     source: str = ""
     branch_radius: float = 0.0  # the radius the attention/FFN branch was bounded on
+
+    @property
+    def log_lipschitz(self) -> float:
+        """``ln rho_s``: the chain composes in log space (Note [log space])."""
+        return math.log(self.lipschitz)
 
 
 @dataclass(frozen=True)
@@ -122,7 +132,7 @@ def _norm_stage(layer: int, name: str, n: NormBounds, d: int, r: float, sigma_mi
     return Stage(layer, name, r, norm_output_radius(n, d, r), L, coeffs, {name: L}, "THEORY F14 / section 2")
 
 
-def _attention_block(L: LayerNorms, r: float, c_sm: float, metric: str, seq_len: int | None) -> tuple[float, float, list]:
+def _attention_block(L: LayerBounds, r: float, c_sm: float, metric: str, seq_len: int | None) -> tuple[float, float, list]:
     """(Lipschitz of the branch, output radius of the branch, perturbation coefficients) on radius r."""
     if L.attention_kind == "l2":
         if seq_len is None:
@@ -141,12 +151,12 @@ def _attention_block(L: LayerNorms, r: float, c_sm: float, metric: str, seq_len:
                                                  has_output_bias=L.has_output_bias)
     if L.has_rope_qk_bias:  # F6's R^3 ||dW_KQ|| term assumes the scores are x_i W_Q R W_K^T x_j^T
         coeffs = [("RoPE attention with query/key biases", math.inf, "unsupported")]
-    if L.has_q_norm or L.has_k_norm:  # the scores are not a function of W_Q W_K^T (THEORY F21)
+    if L.has_q_norm or L.has_k_norm:  # the scores are not a function of W_Q W_K^T (THEORY F23)
         coeffs = [("query/key normalisation", math.inf, "unsupported")]
     return lip, rad, coeffs
 
 
-def _ffn_block(L: LayerNorms, r: float) -> tuple[float, float, list]:
+def _ffn_block(L: LayerBounds, r: float) -> tuple[float, float, list]:
     kw = dict(B_b1=L.B_b1, B_Wg=L.B_Wg, B_bg=L.B_bg)
     lip = ffn_lipschitz(L.B_W1, L.B_W2, L.activation, radius=r, **kw)
     rad = ffn_output_radius(L.B_W1, L.B_W2, L.activation, r, B_b2=L.B_b2, **kw)
@@ -155,12 +165,12 @@ def _ffn_block(L: LayerNorms, r: float) -> tuple[float, float, list]:
     return lip, rad, coeffs
 
 
-def _layer_stages(L: LayerNorms, r: float, c_sm: float, metric: str, seq_len: int | None,
+def _layer_stages(L: LayerBounds, r: float, c_sm: float, metric: str, seq_len: int | None,
                   sigma_min: float, fixed_radius: float | None) -> list[Stage]:
     d = L.d_model
     rr = (lambda x: fixed_radius) if fixed_radius is not None else (lambda x: x)
     stages: list[Stage] = []
-    if L.residual == "parallel":  # x + attn(N_1 x) + ffn(N_2 x): one stage (THEORY F19)
+    if L.residual == "parallel":  # x + attn(N_1 x) + ffn(N_2 x): one stage (THEORY F21)
         return [parallel_stage(L, r, rr, _norm_stage, _attention_block, _ffn_block, sigma_min=sigma_min,
                                c_sm=c_sm, metric=metric, seq_len=seq_len)]
     if L.placement is Placement.POST:
@@ -192,7 +202,7 @@ def _layer_stages(L: LayerNorms, r: float, c_sm: float, metric: str, seq_len: in
     return stages
 
 
-def build_chain(norms: SpecNorms, *, radius: float, c_sm: float, metric: str, seq_len: int | None,
+def build_chain(norms: ClassBounds, *, radius: float, c_sm: float, metric: str, seq_len: int | None,
                 sigma_min: float, fixed_radius: float | None = None) -> list[Stage]:
     """The stage chain of a network class (see module docstring); ``fixed_radius`` forces one
     radius on every radius-dependent stage (the uniform composition)."""
@@ -211,7 +221,7 @@ def build_chain(norms: SpecNorms, *, radius: float, c_sm: float, metric: str, se
     return stages
 
 
-def compose(norms: SpecNorms, *, radius: float = 1.0, c_sm: float = 1.0, metric: str = "2,inf",
+def compose(norms: ClassBounds, *, radius: float = 1.0, c_sm: float = 1.0, metric: str = "2,inf",
             seq_len: int | None = None, sigma_min: float = 0.0) -> NetworkLipschitz:
     r"""Certified input-Lipschitz bound of the network, propagated and uniform (THEORY F8).
 
@@ -256,7 +266,8 @@ def lipschitz_bounds(spec, *, radius: float = 1.0, c_sm: float = 1.0, metric: st
     (otherwise the global, eps-limited constant).
 
     Args:
-        spec: a :class:`~transcover.model.TransformerSpec`.
+        spec: a :class:`~transcover.model.TransformerSpec`, or its :class:`~transcover.norms.ModelNorms`
+            (measured once, e.g. shared with a covering bound).
         radius: R > 0.
         c_sm: softmax constant >= 1 (F5: 1 is proven and tight; 2 is Edelman et al.'s).
         metric: ``"2,inf"`` or ``"fro"``.
@@ -271,8 +282,6 @@ def lipschitz_bounds(spec, *, radius: float = 1.0, c_sm: float = 1.0, metric: st
         InputError: non-positive radius, ``c_sm < 1``, bad metric, missing seq_len, eps = 0 LayerNorm
             without a floor.
     """
-    from ._weights import spec_norms
-
     check_radius(radius)
     return compose(spec_norms(spec), radius=radius, c_sm=c_sm, metric=metric, seq_len=seq_len,
                    sigma_min=sigma_min)

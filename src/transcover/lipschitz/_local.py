@@ -131,6 +131,9 @@ class LayerLocal:
     jacobian_ball: float  # Jacobian route on the ball (point + drift)
     out: Tensor = field(repr=False)  # the layer's output at X (float64)
     min_sigma: float = math.inf
+    exact_point: float = math.inf  # exact-Jacobian route at X (certified block sums)
+    exact_ball: float = math.inf  # exact-Jacobian route on the ball (point + drift)
+    drift_parts: dict = field(default_factory=dict)  # where the exact route's drift sits
 
     @property
     def upper(self) -> float:
@@ -167,7 +170,7 @@ def layer_local(layer: LayerSpec, X: Tensor, rho: float, *, cache: dict | None =
         raise InputError(f"rho must be a finite number >= 0, but got rho={rho!r}")
     if layer.residual.value == "parallel":
         raise InputError(f"local bounds (THEORY F17) are not derived for the parallel residual of layer "
-                         f"{layer.index} (F19); its global bounds are available (lipschitz without --data)")
+                         f"{layer.index} (F21); its global bounds are available (lipschitz without --data)")
     X = X.detach().double()
     T, d = X.shape
     cache = {} if cache is None else cache
@@ -230,10 +233,31 @@ def layer_local(layer: LayerSpec, X: Tensor, rho: float, *, cache: dict | None =
             floors.append(torch.sqrt(torch.clamp(s_ * s_ - float(n.eps), min=0.0)))
     min_sigma = float(torch.cat(floors).min()) if floors else math.inf  # the variance floor without eps
     jp = jb = math.inf
+    ep = eb = math.inf
+    parts: dict = {}
     if jacobian:
         jp, jb = _jacobian_route(layer, att_in, att_rho, n_in, H, rh, X1, r1, X2 if layer.placement is Placement.POST else None,
                                  r2 if layer.placement is Placement.POST else None, s1, s2, hn, nW1, nW2, rho, scratch)
-    return LayerLocal(layer.index, rho, comps, radii, product, jp, jb, out.detach(), min_sigma)
+        ep, eb, parts = _exact_route(layer, X, rho, cache, hn)
+    return LayerLocal(layer.index, rho, comps, radii, product, min(jp, ep), min(jb, eb), out.detach(), min_sigma,
+                      ep, eb, parts)
+
+
+def _exact_route(layer: LayerSpec, X: Tensor, rho: float, cache: dict, hn: dict) -> tuple[float, float, dict]:
+    """The exact-Jacobian route (``_local_jacobian``): (point, ball, drift parts); inf where it does
+    not apply (Pi_norm, gated FFN, RoPE, L2 attention)."""
+    from ._local_jacobian import _weight_norms, layer_jacobian
+
+    if layer.attention.kind != "dot" or layer.attention.rope is not None or layer.ffn.gated:
+        return math.inf, math.inf, {}
+    key = ("exact_norms", layer.index)
+    try:
+        if key not in cache:
+            cache[key] = _weight_norms(layer)
+        lj = layer_jacobian(layer, X, rho, norms=cache[key], head_norms_=hn)
+    except InputError:
+        return math.inf, math.inf, {}
+    return lj.point, lj.ball, lj.parts
 
 
 def _ffn_point(ffn, H):  # noqa: ANN001, ANN202

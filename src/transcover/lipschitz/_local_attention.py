@@ -76,9 +76,9 @@ def check_local_attention(attn: AttentionSpec) -> None:
     if attn.rope is not None:
         raise InputError("local attention bounds do not cover RoPE yet (the scores depend on positions)")
     if attn.softcap is not None:
-        raise InputError("local attention bounds do not cover soft-capped scores yet (THEORY F22)")
+        raise InputError("local attention bounds do not cover soft-capped scores yet (THEORY F24)")
     if attn.q_norm is not None or attn.k_norm is not None:
-        raise InputError("local attention bounds do not cover query/key normalisation yet (THEORY F21)")
+        raise InputError("local attention bounds do not cover query/key normalisation yet (THEORY F23)")
 
 
 def attention_weights_f64(attn: AttentionSpec, X: Tensor) -> list[Tensor]:

@@ -1,4 +1,4 @@
-"""The parallel-residual block ``x + attn(N_1 x) + ffn(N_2 x)`` (GPT-NeoX/Pythia, GPT-J, Falcon): THEORY F19.
+"""The parallel-residual block ``x + attn(N_1 x) + ffn(N_2 x)`` (GPT-NeoX/Pythia, GPT-J, Falcon): THEORY F21.
 
 Note [parallel residual].  The sequential pre-norm layer is the composition of two residual maps,
 ``y = x + A(N_1 x)``, ``z = y + F(N_2 y)``, and F8 multiplies their constants.  The parallel block
@@ -41,7 +41,7 @@ def parallel_residual_lipschitz(L_attn: float, L_norm_attn: float, L_ffn: float,
 
     .. math:: \mathrm{Lip} \le 1 + L_A L_{N_1} + L_F L_{N_2}
 
-    Source: THEORY F19 (Note [parallel residual]); ``L_A`` from F6 on the radius of ``N_1``'s
+    Source: THEORY F21 (Note [parallel residual]); ``L_A`` from F6 on the radius of ``N_1``'s
     outputs, ``L_F`` from F7 on the radius of ``N_2``'s, ``L_N`` from F14.  Assumptions: those of
     the four constants (each valid on the radius its branch reads).  The float64 rounding of these
     four operations is covered by the chain's one ``1 + ROUNDING_PAD`` (Note [rounding] in ``_weights``).
@@ -59,7 +59,7 @@ def parallel_residual_lipschitz(L_attn: float, L_norm_attn: float, L_ffn: float,
 
 def parallel_stage(L: Any, r: float, rr: Callable[[float], float], norm_stage: Callable, attention_block: Callable,
                    ffn_block: Callable, *, sigma_min: float, c_sm: float, metric: str, seq_len: int | None):
-    """The chain's one stage for a parallel-residual layer (F19), built from the pieces ``_compose``
+    """The chain's one stage for a parallel-residual layer (F21), built from the pieces ``_compose``
     uses for the sequential layers: ``norm_stage(layer, name, bounds, d, r, sigma_min)``,
     ``attention_block(L, r, c_sm, metric, seq_len)`` and ``ffn_block(L, r)`` each return the branch's
     (Lipschitz, output radius, perturbation coefficients); ``rr`` maps a radius to the one the branch
@@ -76,5 +76,5 @@ def parallel_stage(L: Any, r: float, rr: Callable[[float], float], norm_stage: C
     lip = parallel_residual_lipschitz(la, n1.lipschitz, lf, n2.lipschitz)
     return Stage(L.index, "parallel", r, r + rad_a + rad_f, lip, tuple(coeffs),
                  {"attention": la, "norm_attn": n1.lipschitz, "ffn": lf, "norm_ffn": n2.lipschitz},
-                 "THEORY F19: 1 + F6 o F14 + F7 o F14 (parallel residual)",
+                 "THEORY F21: 1 + F6 o F14 + F7 o F14 (parallel residual)",
                  max(rr(n1.radius_out), rr(n2.radius_out)))

@@ -42,15 +42,15 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import torch
+import numpy as np
 
 from .._errors import InputError, UnsupportedArchitectureError
-from .._results import Kind, Quantity
-from ..model._arrays import to_tensor
-from ..model._spec import NormSpec, TransformerSpec
+from .._results import Kind, Quantity, as_dict
+from ..model._spec import TransformerSpec
+from ..norms import ModelNorms, measure_model
 from ._compose import _assumptions, build_chain
 from ._normalisation import eps_change_bound
-from ._weights import ROUNDING_PAD, SpecNorms, class_max, spec_norms, spectral, spectral_product
+from ._weights import ROUNDING_PAD, ClassBounds, class_max, spec_norms
 
 __all__ = [
     "CoefficientEntry",
@@ -59,6 +59,10 @@ __all__ = [
     "perturbation_coefficients",
     "perturbation_deltas",
     "perturbation_bound",
+    "LogCoefficient",
+    "LogCoefficients",
+    "log_perturbation_coefficients",
+    "deltas_from_norms",
 ]
 
 
@@ -121,14 +125,10 @@ class PerturbationCoefficients:
         return out
 
     def to_dict(self) -> dict[str, object]:
-        return {
-            "kind": self.kind.value, "metric": self.metric, "radius": self.radius, "c_sm": self.c_sm,
-            "sigma_min": self.sigma_min, "seq_len": self.seq_len, "assumptions": list(self.assumptions),
-            "entries": [e.__dict__ | {} for e in self.entries],
-        }
+        return as_dict(self)
 
 
-def _coefficients_from_norms(norms: SpecNorms, *, radius: float, c_sm: float, metric: str,
+def _coefficients_from_norms(norms: ClassBounds, *, radius: float, c_sm: float, metric: str,
                              seq_len: int | None, sigma_min: float) -> PerturbationCoefficients:
     if any(L.attention_kind == "l2" for L in norms.layers):
         raise UnsupportedArchitectureError(
@@ -184,13 +184,13 @@ def perturbation_coefficients(spec: TransformerSpec, *, radius: float = 1.0, c_s
     ``spec`` (Note [the class of a spec]); LayerNorm inputs have std >= ``sigma_min`` if > 0.
 
     Args:
-        spec: the network whose norms define the class.
+        spec: the network whose norms define the class, or its :class:`~transcover.norms.ModelNorms`.
         radius: R, bound on the input tokens' l2 norms (before the input normalisation).
         c_sm: softmax constant >= 1 (1 proven and tight, F5; 2 Edelman et al.).
         metric: ``"2,inf"`` (max over tokens of the l2 norm; T-independent) or ``"fro"``.
         seq_len: T; required for ``"fro"``.
         sigma_min: variance floor assumed for every LayerNorm/RMSNorm input (0: none).
-        other: a second network; the class is then the elementwise maximum of both.
+        other: a second network (or its ModelNorms); the class is then the elementwise maximum of both.
 
     Returns:
         :class:`PerturbationCoefficients` with one :class:`CoefficientEntry` per charged matrix.
@@ -202,13 +202,14 @@ def perturbation_coefficients(spec: TransformerSpec, *, radius: float = 1.0, c_s
 
     Example:
         >>> from transcover.model import ReferenceConfig, ReferenceTransformer, reference_spec
+        >>> import torch
         >>> _ = torch.manual_seed(0)
         >>> spec = reference_spec(ReferenceTransformer(ReferenceConfig(d_model=8, n_heads=2, n_layers=1, d_ff=16)))
         >>> c = perturbation_coefficients(spec)
         >>> sorted({e.role for e in c.entries})[:3]
         ['W_1', 'W_2', 'W_KQ.0']
     """
-    if other is not None:
+    if other is not None and not isinstance(other, ModelNorms):
         from ..model._compare import require_same_structure
 
         require_same_structure(spec, other)
@@ -219,71 +220,69 @@ def perturbation_coefficients(spec: TransformerSpec, *, radius: float = 1.0, c_s
                                     sigma_min=sigma_min)
 
 
-def _f64(x) -> torch.Tensor:  # noqa: ANN001  (a spec array of either backend, as float64 torch)
-    return to_tensor(x, dtype=torch.float64).detach()
+@dataclass(frozen=True)
+class LogCoefficient:
+    """``ln c_i`` of one Lemma G.3 term (``c_i`` itself overflows on deep models, Note [log space])."""
+
+    layer: int
+    role: str
+    norm: str
+    log_c: float
 
 
-def _diff(a, b, what: str, fill: float = 0.0) -> torch.Tensor:  # noqa: ANN001
-    """``a - b`` in float64; a missing array stands for the constant ``fill`` (0 for biases and beta,
-    1 for gamma), which is what the forward pass computes without it (Note [structural differences])."""
-    if a is None and b is None:
-        return torch.zeros(1, dtype=torch.float64)
-    ta = None if a is None else _f64(a)
-    tb = None if b is None else _f64(b)
-    ta = torch.full_like(tb, fill) if ta is None else ta
-    tb = torch.full_like(ta, fill) if tb is None else tb
-    if ta.shape != tb.shape:
-        raise InputError(f"{what} has shape {tuple(ta.shape)} in one model and {tuple(tb.shape)} in the other")
-    return ta - tb
+@dataclass(frozen=True)
+class LogCoefficients:
+    """Lemma G.3's coefficients in log space, and the radius of the chain's output (metric (2, inf))."""
+
+    entries: tuple[LogCoefficient, ...]
+    radius_out: float
+    kind: Kind = Kind.CERTIFIED_UPPER
 
 
-def _norm_deltas(na: NormSpec | None, nb: NormSpec | None, prefix: str) -> dict[str, float]:
-    """``||gamma - gamma~||_inf``, ``||beta - beta~||_2`` and, for different variance floors, the
-    :func:`eps_change_bound` of a LayerNorm/RMSNorm (no parameters otherwise)."""
-    from ..model._spec import NormKind
+def log_perturbation_coefficients(norms: ClassBounds | ModelNorms | TransformerSpec, *, radius: float = 1.0,
+                                  c_sm: float = 1.0, sigma_min: float = 0.0) -> LogCoefficients:
+    r"""``ln c_i`` of :func:`perturbation_coefficients` (metric (2, inf)), finite where ``c_i`` overflows.
 
-    if na is None or nb is None or na.kind not in (NormKind.LAYERNORM, NormKind.RMSNORM):
-        return {}
-    out = {f"{prefix}.gamma": float(_diff(na.weight, nb.weight, f"{prefix} weight", 1.0).abs().max()),
-           f"{prefix}.beta": float(_diff(na.bias, nb.bias, f"{prefix} bias").norm())}
-    if float(na.eps) != float(nb.eps):  # Note [eps change] in ``_normalisation``
-        out[f"{prefix}.eps"] = eps_change_bound(na.eps, nb.eps)
-    return out
+    .. math:: \ln c_i = \ln c_i^{\mathrm{local}} + \sum_{s > s(i)} \ln \rho_s + \ln(1 + \mathrm{pad})
 
+    Source: THEORY F6, F7, F8, F14 as in :func:`perturbation_coefficients` (the same stage chain,
+    summed in log space, Note [log space] in ``_compose``).  Assumptions: as there.
 
-def _kq_delta(aa, ab, h: int) -> float:  # noqa: ANN001
-    """Certified upper end of ``sup_R ||s W_Q^h R W_K^hT - s~ W~_Q^h R W~_K^hT||_2`` (R = I without RoPE)."""
-    s, st = aa.softmax_scale, ab.softmax_scale
-    qa, ka, _, _ = (_f64(t) for t in aa.head(h))
-    qb, kb, _, _ = (_f64(t) for t in ab.head(h))
-    if s == st and qa.shape == qb.shape and torch.equal(qa, qb) and torch.equal(ka, kb):
-        return 0.0
-    if aa.rope is not None:
-        # With RoPE the score matrix is s W_Q R W_K^T for every relative rotation R (||R|| = 1, the same
-        # R in both models: same RoPE and d_head, Note [structural differences]), and
-        # s Q R K^T - s~ Q~ R K~^T = (s Q - s~ Q~) R K^T + s~ Q~ R (K - K~)^T.
-        return spectral(s * qa - st * qb) * spectral(ka) + st * spectral(qb) * spectral(ka - kb)
-    # s W_Q W_K^T - s~ W~_Q W~_K^T = [s W_Q, -s~ W~_Q] [W_K, W~_K]^T: rank <= 2 d_head, any head layout
-    return spectral_product(torch.cat([s * qa, -st * qb], 1), torch.cat([ka, kb], 1).T)
+    Raises:
+        UnsupportedArchitectureError: L2 attention (its perturbation lemma is not derived).
+    """
+    bounds = norms if isinstance(norms, ClassBounds) else spec_norms(norms)
+    stages = build_chain(bounds, radius=radius, c_sm=c_sm, metric="2,inf", seq_len=None, sigma_min=sigma_min)
+    log_rho = [s.log_lipschitz for s in stages]
+    tail = np.concatenate([np.cumsum(log_rho[::-1])[::-1][1:], [0.0]])  # sum over later stages
+    out = []
+    for k, st in enumerate(stages):
+        for role, local, nm in st.perturbation:
+            if nm == "unsupported":
+                raise UnsupportedArchitectureError("the covering bound needs Lemma G.3, which is not derived "
+                                                   f"for {role} (layer {st.layer})")
+            log_local = -math.inf if local == 0 else math.log(local)
+            out.append(LogCoefficient(st.layer, role, nm, log_local + float(tail[k]) + math.log1p(ROUNDING_PAD)))
+    return LogCoefficients(tuple(out), stages[-1].radius_out)
 
 
-def _attention_deltas(aa, ab, i: int) -> dict[tuple[int, str], float]:  # noqa: ANN001
-    out: dict[tuple[int, str], float] = {}
-    s, st = aa.softmax_scale, ab.softmax_scale
-    for h in range(aa.n_heads):
-        out[(i, f"W_KQ.{h}")] = _kq_delta(aa, ab, h)
-        _, ka, va, oa = (_f64(t) for t in aa.head(h))
-        _, kb, vb, ob = (_f64(t) for t in ab.head(h))
-        same_ov = va.shape == vb.shape and torch.equal(va, vb) and torch.equal(oa, ob)
-        out[(i, f"W_OV.{h}")] = 0.0 if same_ov else spectral_product(torch.cat([va, -vb], 1), torch.cat([oa, ob], 0))
-        if aa.rope is None and (aa.b_Q is not None or ab.b_Q is not None):
-            # b_K cancels in the softmax; s b_Q W_K^T is the query bias's only effect (Note [attention biases])
-            ba = torch.zeros(ka.shape[1], dtype=torch.float64) if aa.b_Q is None else _f64(aa.b_Q[h])
-            bb = torch.zeros(kb.shape[1], dtype=torch.float64) if ab.b_Q is None else _f64(ab.b_Q[h])
-            out[(i, f"b_KQ.{h}")] = float((s * ba @ ka.T - st * bb @ kb.T).norm())
-    ea, eb = aa.effective_output_bias(), ab.effective_output_bias()
-    if ea is not None or eb is not None:
-        out[(i, "b_out")] = float(_diff(ea, eb, f"layer {i} b_out").norm())
+def _own_eps(norms: ModelNorms, layer: int, prefix: str) -> float:
+    if layer == -1:
+        return norms.input_norm.eps
+    if layer == norms.n_layers:
+        return norms.final_norm.eps
+    return getattr(norms.layers[layer], prefix).eps
+
+
+def deltas_from_norms(norms: ModelNorms) -> dict[tuple[int, str], float]:
+    """``||W_i - W~_i||`` of every role from a measurement with a reference (``measure_model(a, reference=b)``);
+    a changed variance floor becomes its :func:`eps_change_bound` (Note [eps change])."""
+    out = {}
+    for (layer, role), d in norms.distances.items():
+        if d.norm == "eps":
+            out[(layer, role)] = eps_change_bound(_own_eps(norms, layer, role.split(".")[0]), d.value)
+        else:
+            out[(layer, role)] = d.value
     return out
 
 
@@ -293,32 +292,12 @@ def perturbation_deltas(spec_a: TransformerSpec, spec_b: TransformerSpec) -> dic
     Either backend (numpy arrays from files, torch tensors from modules).  A bias or normalisation
     scale present in one model only is compared with zeros (ones for gamma), which is what the
     other model's forward pass uses (Note [structural differences] in ``model._compare``).
+    Measured by :func:`transcover.norms.measure_model` (Note [distances] there).
 
     Raises:
         InputError: if the two specs differ structurally (:func:`~transcover.model.structural_differences`).
     """
-    from ..model._compare import require_same_structure
-
-    require_same_structure(spec_a, spec_b)
-    out: dict[tuple[int, str], float] = {}
-    L = spec_a.n_layers
-    for role, v in _norm_deltas(spec_a.input_norm, spec_b.input_norm, "input_norm").items():
-        out[(-1, role)] = v
-    for role, v in _norm_deltas(spec_a.final_norm, spec_b.final_norm, "final_norm").items():
-        out[(L, role)] = v
-    for i, (la, lb) in enumerate(zip(spec_a.layers, spec_b.layers)):
-        out.update(_attention_deltas(la.attention, lb.attention, i))
-        fa, fb = la.ffn, lb.ffn
-        for name in ("W_1", "W_2", "W_gate"):
-            if getattr(fa, name) is not None:
-                out[(i, name)] = spectral(_diff(getattr(fa, name), getattr(fb, name), f"layer {i} {name}"))
-        for name in ("b_1", "b_2", "b_gate"):
-            if getattr(fa, name) is not None or getattr(fb, name) is not None:
-                out[(i, name)] = float(_diff(getattr(fa, name), getattr(fb, name), f"layer {i} {name}").norm())
-        for nm in ("norm_attn", "norm_ffn"):
-            for role, v in _norm_deltas(getattr(la, nm), getattr(lb, nm), nm).items():
-                out[(i, role)] = v
-    return out
+    return deltas_from_norms(measure_model(spec_a, reference=spec_b))
 
 
 @dataclass(frozen=True)
@@ -349,9 +328,9 @@ class PerturbationBound:
         return render("perturbation.plot", self, ax=ax, lower=lower, n_layers=n_layers)
 
     def to_dict(self) -> dict[str, object]:
-        return {"total": self.total.to_dict(), "coefficients": self.coefficients.to_dict(),
-                "terms": [{"layer": e.layer, "role": e.role, "coefficient": e.coefficient, "norm": e.norm,
-                           "delta": d, "contribution": c} for e, d, c in self.terms()]}
+        return as_dict(self, exclude=("deltas",),
+                       terms=[{"layer": e.layer, "role": e.role, "coefficient": e.coefficient, "norm": e.norm,
+                               "delta": d, "contribution": c} for e, d, c in self.terms()])
 
 
 def perturbation_bound(spec_a: TransformerSpec, spec_b: TransformerSpec, *, radius: float = 1.0,
@@ -370,9 +349,10 @@ def perturbation_bound(spec_a: TransformerSpec, spec_b: TransformerSpec, *, radi
             masking, norm kind / placement / eps, activation, attention kind, RoPE, head count, ...),
             bad radius / metric, ``c_sm < 1``.
     """
-    deltas = perturbation_deltas(spec_a, spec_b)
-    coeffs = perturbation_coefficients(spec_a, radius=radius, c_sm=c_sm, metric=metric, seq_len=seq_len,
-                                       sigma_min=sigma_min, other=spec_b)
+    na = measure_model(spec_a, reference=spec_b)  # a's norms and its distances from b, measured once
+    deltas = deltas_from_norms(na)
+    coeffs = perturbation_coefficients(na, radius=radius, c_sm=c_sm, metric=metric, seq_len=seq_len,
+                                       sigma_min=sigma_min, other=measure_model(spec_b))
     known = {e.key for e in coeffs.entries}
     uncharged = sorted(k for k, v in deltas.items() if k not in known and v != 0.0)
     if uncharged:  # a changed matrix the lemma has no coefficient for: the bound would be false

@@ -1,4 +1,4 @@
-"""Attention with normalised queries and keys (Qwen3, Gemma 3): THEORY F21.
+"""Attention with normalised queries and keys (Qwen3, Gemma 3): THEORY F23.
 
 Note [query/key normalisation].  Head h scores query i against key j as
 ``s_ij = s q_i R_{j-i} k_j^T`` with ``q_i = N_q(x_i W_Q + b_Q)``, ``k_j = N_k(x_j W_K + b_K)``, where
@@ -56,7 +56,7 @@ def score_difference_terms(scale: float, q: tuple[float, float], k: tuple[float,
 
     .. math:: a = s\,L_q K_{max},\qquad c = s\,Q_{max} L_k
 
-    ``q`` and ``k`` are :func:`side_bounds`'s ``(size, Lipschitz)`` pairs.  Source: THEORY F21.
+    ``q`` and ``k`` are :func:`side_bounds`'s ``(size, Lipschitz)`` pairs.  Source: THEORY F23.
     """
     (q_max, l_q), (k_max, l_k) = q, k
     return scale * l_q * k_max, scale * q_max * l_k
@@ -72,7 +72,7 @@ def qknorm_effective_kq(terms: Sequence[tuple[float, float]], radius: float) -> 
 
 def score_magnitude_bound(scale: float, q_max: float, k_max: float) -> float:
     r"""``|s_ij| <= s Q_max K_max`` (Cauchy-Schwarz, ``||R|| = 1``): with both norms
-    ``s max|gamma_q| max|gamma_k| d_head``, whatever the weights and the input.  Source: THEORY F21."""
+    ``s max|gamma_q| max|gamma_k| d_head``, whatever the weights and the input.  Source: THEORY F23."""
     return scale * q_max * k_max
 
 

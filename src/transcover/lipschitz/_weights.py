@@ -1,18 +1,20 @@
-"""The per-matrix norms every Lipschitz and perturbation bound reads (private).
+"""The class bounds every Lipschitz and perturbation bound reads, from ``norms.ModelNorms`` (private).
 
 A *class* of parameter sets is described by one number per matrix (spectral norms), bias
 (l2 norms) and normalisation scale (max |gamma|, ||beta||_2): every parameter set whose norms are
-at most these numbers belongs to it.  Bounds computed from a :class:`LayerNorms` hold for *every*
+at most these numbers belongs to it.  Bounds computed from a :class:`LayerBounds` hold for *every*
 member of the class, which is what the covering-number work needs (THEORY F8, F10) and what lets
 :func:`~transcover.lipschitz.perturbation_bound` treat two models symmetrically (the class of the
-elementwise maximum of their norms contains both).
+elementwise maximum of their norms contains both).  The numbers are read from one measurement,
+:func:`transcover.norms.measure_model` (Note [one route per matrix] there); nothing here measures.
 
 Note [rounding]: spectral norms are the certified upper ends of ``transcover.norms`` intervals
 (Cholesky certificates with rounding accounted for; products ``W_Q W_K^T``, ``W_V W_O`` through
 their low-rank factors).  Bias norms are float64 l2 norms (relative error < d * 1.1e-16).  Every
-certified upper bound is multiplied once by ``1 + ROUNDING_PAD`` (1e-9), which dominates the
-bias-norm error and the float64 rounding of the closed-form arithmetic that follows (a few dozen
-operations at 1.1e-16 each).  This is the certification of rounding, not a test tolerance.
+certified upper bound is multiplied once by ``1 + ROUNDING_PAD`` (``transcover._results.rounding_pad``,
+1e-9 for float64 arithmetic), which dominates the bias-norm error, the softmax scale's product
+with the score norm, and the float64 rounding of the closed-form arithmetic that follows (a few
+dozen operations at 1.1e-16 each).  This is the certification of rounding, not a test tolerance.
 """
 
 from __future__ import annotations
@@ -20,49 +22,27 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields, replace
 
-from torch import Tensor
-
-from .._errors import InputError, UnsupportedArchitectureError
-from ..model._arrays import to_tensor
-from ..model._spec import AttentionSpec, FFNSpec, LayerSpec, NormKind, NormSpec, Placement, TransformerSpec
+from .._errors import InputError, UnsupportedArchitectureError, check_radius
+from .._results import rounding_pad
+from ..model._spec import NormKind, Placement, TransformerSpec
+from ..norms import LayerMeasure, ModelNorms, NormMeasure, matrix_interval, measure_layer, measure_model, product_interval
 
 __all__ = [
-    "ROUNDING_PAD", "NormBounds", "LayerNorms", "SpecNorms", "spectral", "spectral_product", "layer_norms", "spec_norms",
-    "class_max", "attention_kind", "check_radius",
+    "ROUNDING_PAD", "NormBounds", "LayerBounds", "ClassBounds", "spectral", "spectral_product", "class_bounds",
+    "spec_norms", "class_max", "attention_kind", "check_radius",
 ]
 
-ROUNDING_PAD = 1e-9
+ROUNDING_PAD = rounding_pad()
 
 
-def _f64(W) -> Tensor:  # noqa: ANN001
-    """A float64 torch copy of a spec array of either backend (numpy from files, torch from modules)."""
-    import torch
-
-    return to_tensor(W, dtype=torch.float64).detach()
-
-
-def spectral(W: Tensor) -> float:
+def spectral(W) -> float:  # noqa: ANN001
     """Certified upper end of ||W||_2 (``transcover.norms.spectral_norm_interval``, rounding included)."""
-    from ..norms import spectral_norm_interval
-
-    W = _f64(W)
-    if W.numel() == 0 or not bool(W.any()):
-        return 0.0
-    return float(spectral_norm_interval(W, rtol=1e-6).upper)
+    return float(matrix_interval(W).upper)
 
 
-def spectral_product(A: Tensor, B: Tensor) -> float:
+def spectral_product(A, B) -> float:  # noqa: ANN001
     """Certified upper end of ||A B||_2 without forming A B (rank <= inner dimension)."""
-    from ..norms import product_norm_interval
-
-    A, B = _f64(A), _f64(B)
-    if A.numel() == 0 or B.numel() == 0:
-        return 0.0
-    return float(product_norm_interval(A, B, rtol=1e-6).upper)
-
-
-def _l2(v: Tensor | None) -> float:
-    return 0.0 if v is None else float(_f64(v).norm())
+    return float(product_interval(A, B).upper)
 
 
 @dataclass(frozen=True)
@@ -81,7 +61,7 @@ class NormBounds:
 
 
 @dataclass(frozen=True)
-class LayerNorms:
+class LayerBounds:
     """Class bounds of one layer (per-head lists indexed by query head).
 
     ``B_KQ[h] = ||scale W_Q^h W_K^hT||_2``, ``B_bKQ[h] = ||scale b_Q^h W_K^hT||_2`` (the only part of
@@ -116,9 +96,9 @@ class LayerNorms:
     has_b1: bool = False
     has_b2: bool = False
     has_bg: bool = False
-    residual: str = "sequential"  # "parallel": x + attn(N_1 x) + ffn(N_2 x), THEORY F19
+    residual: str = "sequential"  # "parallel": x + attn(N_1 x) + ffn(N_2 x), THEORY F21
     has_rope_qk_bias: bool = False  # RoPE with query/key biases: Lemma G.3 is not derived (refused)
-    # query/key normalisation (THEORY F21): per query head ||W_K^h||, ||b_Q^h||, ||b_K^h||, and each
+    # query/key normalisation (THEORY F23): per query head ||W_K^h||, ||b_Q^h||, ||b_K^h||, and each
     # norm's max|gamma|/sqrt(eps) (Lipschitz) and max|gamma| sqrt(d_head) (output size); all "larger is
     # worse", so class_max's elementwise maximum is the class of both
     has_q_norm: bool = False
@@ -133,100 +113,78 @@ class LayerNorms:
     softmax_scale: float = 0.0  # s, read with the norms above
 
 
-def _norm_bounds(n: NormSpec | None) -> NormBounds:
-    if n is None:
+def _norm_bounds(n: NormMeasure) -> NormBounds:
+    if n.kind is NormKind.NONE:
         return NormBounds(NormKind.NONE)
-    return NormBounds(n.kind, n.gamma_max_abs, n.beta_norm, float(n.eps))
+    return NormBounds(n.kind, 1.0 if n.gamma_max is None else n.gamma_max,
+                      0.0 if n.beta_norm is None else n.beta_norm, n.eps)
 
 
-def _attention_norms(attn: AttentionSpec) -> dict[str, object]:
-    if attn.softcap is not None and attn.b_K is not None:
-        # c tanh(s / c) does not let the key bias cancel, and F6/F22 drop it (THEORY F22)
-        raise UnsupportedArchitectureError("soft-capped attention with a key bias is not bounded (THEORY F22)")
-    H = attn.n_heads
-    s = attn.softmax_scale
-    B_KQ, B_bKQ, B_OV, B_V, B_Q = [], [], [], [], []
-    for h in range(H):
-        Wq, Wk, Wv, Wo = (_f64(t) for t in attn.head(h))
-        if attn.rope is not None:
-            # With RoPE the score matrix is s W_Q R_{i-j} W_K^T for a rotation R: bound it by the
-            # product of norms, valid for every relative position.
-            # With biases (GPT-NeoX) s_ij = s (x_i W_Q + b_Q) R (x_j W_K + b_K)^T, and
-            # |s_ij - s'_ij| <= s||W_Q|| (||W_K|| r + ||b_K||) ||dx_i|| + s||W_K|| (||W_Q|| r + ||b_Q||) ||dx_j||,
-            # which F6's "2 B_KQ r + ||b||" dominates with ||b|| = s (||W_Q|| ||b_K|| + ||b_Q|| ||W_K||), in
-            # both metrics (THEORY F6, RoPE with biases).
-            nq, nk = spectral(Wq), spectral(Wk)
-            B_KQ.append(s * nq * nk)
-            g = attn.kv_index(h)
-            bq = 0.0 if attn.b_Q is None else _l2(attn.b_Q[h])
-            bk = 0.0 if attn.b_K is None else _l2(attn.b_K[g])
-            B_bKQ.append(s * (nq * bk + bq * nk))
-        else:
-            B_KQ.append(s * spectral_product(Wq, Wk.T))
-            B_bKQ.append(0.0 if attn.b_Q is None else s * _l2(_f64(attn.b_Q[h]) @ Wk.T))
-        B_OV.append(spectral_product(Wv, Wo))
-        B_V.append(spectral(Wv))
-        B_Q.append(spectral(Wq))
-    W_O = _f64(attn.W_O).reshape(-1, attn.d_model)
-    bias = attn.effective_output_bias()
-    return dict(B_KQ=tuple(B_KQ), B_bKQ=tuple(B_bKQ), B_OV=tuple(B_OV), B_V=tuple(B_V),
-                B_Q=tuple(B_Q), B_O=spectral(W_O), B_bout=_l2(bias), **_qk_norms(attn))
+def layer_bounds(m: LayerMeasure) -> LayerBounds:
+    """The class bounds of one measured layer (``s * ||W_Q W_K^T||`` and ``s ||b_Q W_K^T||`` in float64,
+    covered by ``ROUNDING_PAD``; RoPE: ``s ||W_Q|| ||W_K||``, valid for every relative position).
+
+    RoPE with query/key biases (GPT-NeoX): ``s_ij = s (x_i W_Q + b_Q) R (x_j W_K + b_K)^T`` and
+    ``|s_ij - s'_ij| <= s||W_Q|| (||W_K|| r + ||b_K||) ||dx_i|| + s||W_K|| (||W_Q|| r + ||b_Q||) ||dx_j||``,
+    which F6's ``2 B_KQ r + ||b||`` dominates with ``||b|| = s (||W_Q|| ||b_K|| + ||b_Q|| ||W_K||)`` in both
+    metrics (THEORY F22).
+    """
+    s = m.scale
+    kq = tuple(s * h.W_QK.upper if h.W_QK is not None else s * h.W_Q.upper * h.W_K.upper for h in m.heads)
+    if m.rope and m.q_norm is None and m.k_norm is None:
+        bkq = tuple(s * (h.W_Q.upper * (h.b_K or 0.0) + (h.b_Q or 0.0) * h.W_K.upper) for h in m.heads)
+    else:
+        bkq = tuple(0.0 if h.b_QK is None else s * h.b_QK for h in m.heads)
+    return LayerBounds(
+        index=m.index, placement=m.placement, d_model=m.d_model,
+        B_KQ=kq, B_bKQ=bkq,
+        B_OV=tuple(h.W_OV.upper for h in m.heads), B_V=tuple(h.W_V.upper for h in m.heads),
+        B_O=m.W_O.upper, B_bout=m.b_out or 0.0,
+        B_W1=m.W_1.upper, B_W2=m.W_2.upper, B_b1=m.b_1 or 0.0, B_b2=m.b_2 or 0.0,
+        B_Wg=None if m.W_gate is None else m.W_gate.upper, B_bg=m.b_gate or 0.0, activation=m.activation,
+        norm_attn=_norm_bounds(m.norm_attn), norm_ffn=_norm_bounds(m.norm_ffn),
+        attention_kind=m.attention_kind, B_Q=tuple(h.W_Q.upper for h in m.heads), d_head=m.d_head,
+        has_query_bias=m.has_query_bias, has_output_bias=m.b_out is not None,
+        has_b1=m.b_1 is not None, has_b2=m.b_2 is not None, has_bg=m.b_gate is not None,
+        residual=m.residual, has_rope_qk_bias=m.has_rope_qk_bias, **_qk_norm_bounds(m),
+    )
 
 
-def _qk_norms(attn: AttentionSpec) -> dict[str, object]:
-    """The F21 inputs of a layer with query/key normalisation (empty without it)."""
-    if attn.q_norm is None and attn.k_norm is None:
+def _qk_norm_bounds(m: LayerMeasure) -> dict[str, object]:
+    """The F23 inputs of a layer with query/key normalisation (empty without it)."""
+    if m.q_norm is None and m.k_norm is None:
         return {}
     from ._normalisation import rmsnorm_lipschitz
 
-    out: dict[str, object] = dict(has_q_norm=attn.q_norm is not None, has_k_norm=attn.k_norm is not None,
-                                  softmax_scale=attn.softmax_scale)
-    for side, n in (("q", attn.q_norm), ("k", attn.k_norm)):
+    out: dict[str, object] = dict(has_q_norm=m.q_norm is not None, has_k_norm=m.k_norm is not None,
+                                  softmax_scale=m.scale)
+    for side, n in (("q", m.q_norm), ("k", m.k_norm)):
         if n is None:
             continue
-        if n.kind is not NormKind.RMSNORM or n.bias is not None:
+        if n.kind is not NormKind.RMSNORM or n.beta_norm is not None:
             raise UnsupportedArchitectureError(f"query/key normalisation of kind {n.kind.value} with a shift: "
-                                               "only RMSNorm (THEORY F21) is bounded")
-        out[f"{side}n_lip"] = rmsnorm_lipschitz(n.gamma_max_abs, float(n.eps))
-        out[f"{side}n_out"] = n.gamma_max_abs * math.sqrt(attn.d_head)
-    H = attn.n_heads
-    out["B_K"] = tuple(spectral(_f64(attn.W_K[attn.kv_index(h)])) for h in range(H))
-    out["B_bQ"] = tuple(0.0 if attn.b_Q is None else _l2(attn.b_Q[h]) for h in range(H))
-    out["B_bK"] = tuple(0.0 if attn.b_K is None else _l2(attn.b_K[attn.kv_index(h)]) for h in range(H))
+                                               "only RMSNorm (THEORY F23) is bounded")
+        g = 1.0 if n.gamma_max is None else n.gamma_max
+        out[f"{side}n_lip"] = rmsnorm_lipschitz(g, n.eps)
+        out[f"{side}n_out"] = g * math.sqrt(m.d_head)
+    out["B_K"] = tuple(h.W_K.upper for h in m.heads)
+    out["B_bQ"] = tuple(h.b_Q or 0.0 for h in m.heads)
+    out["B_bK"] = tuple(h.b_K or 0.0 for h in m.heads)
     return out
 
 
-def _ffn_norms(ffn: FFNSpec) -> dict[str, object]:
-    return dict(
-        B_W1=spectral(ffn.W_1), B_W2=spectral(ffn.W_2), B_b1=_l2(ffn.b_1), B_b2=_l2(ffn.b_2),
-        B_Wg=None if ffn.W_gate is None else spectral(ffn.W_gate), B_bg=_l2(ffn.b_gate),
-        activation=ffn.activation.value,
-    )
-
-
-def layer_norms(layer: LayerSpec) -> LayerNorms:
-    """The class bounds of one layer, read from its weights."""
-    return LayerNorms(
-        index=layer.index, placement=layer.placement, d_model=layer.attention.d_model,
-        norm_attn=_norm_bounds(layer.norm_attn), norm_ffn=_norm_bounds(layer.norm_ffn),
-        attention_kind=layer.attention.kind, d_head=layer.attention.d_head,
-        has_query_bias=layer.attention.b_Q is not None and layer.attention.rope is None,
-        has_output_bias=layer.attention.b_V is not None or layer.attention.b_O is not None,
-        has_b1=layer.ffn.b_1 is not None, has_b2=layer.ffn.b_2 is not None,
-        has_bg=layer.ffn.b_gate is not None, residual=layer.residual.value,
-        has_rope_qk_bias=layer.attention.rope is not None and layer.attention.q_norm is None
-        and layer.attention.k_norm is None and (layer.attention.b_Q is not None or layer.attention.b_K is not None),
-        **_attention_norms(layer.attention), **_ffn_norms(layer.ffn),
-    )
+def layer_norms(layer) -> LayerBounds:  # noqa: ANN001
+    """The class bounds of one layer spec (measures it: ``norms.measure_model`` on that layer alone)."""
+    return layer_bounds(measure_layer(layer))
 
 
 @dataclass(frozen=True)
-class SpecNorms:
+class ClassBounds:
     """Class bounds of a whole network: input norm, layers, final norm."""
 
     d_model: int
     input_norm: NormBounds
-    layers: tuple[LayerNorms, ...]
+    layers: tuple[LayerBounds, ...]
     final_norm: NormBounds
 
 
@@ -235,17 +193,19 @@ def attention_kind(spec: TransformerSpec) -> str:
     return "l2" if any(layer.attention.kind == "l2" for layer in spec.layers) else "dot"
 
 
-def spec_norms(spec: TransformerSpec) -> SpecNorms:
-    """Read every class bound of ``spec`` (one layer at a time, so lazy specs stay lazy)."""
-    spec = spec.to_torch()  # specs loaded from files hold numpy arrays
-    return SpecNorms(
-        d_model=spec.d_model, input_norm=_norm_bounds(spec.input_norm),
-        layers=tuple(layer_norms(layer) for layer in spec.layers),
-        final_norm=_norm_bounds(spec.final_norm),
-    )
+def class_bounds(norms: ModelNorms) -> ClassBounds:
+    """The class of one measured model: every parameter set whose norms are at most these."""
+    return ClassBounds(d_model=norms.d_model, input_norm=_norm_bounds(norms.input_norm),
+                       layers=tuple(layer_bounds(m) for m in norms.layers),
+                       final_norm=_norm_bounds(norms.final_norm))
 
 
-def _architecture(n: SpecNorms) -> tuple:
+def spec_norms(spec: TransformerSpec | ModelNorms) -> ClassBounds:
+    """The class bounds of ``spec`` (measured once by ``norms.measure_model``), or of a measurement."""
+    return class_bounds(spec if isinstance(spec, ModelNorms) else measure_model(spec))
+
+
+def _architecture(n: ClassBounds) -> tuple:
     """What two classes must share to have a common superclass (a backstop for
     ``model.require_same_structure``; the head dimension and bias presence may differ, Note
     [structural differences] in ``model._compare``)."""
@@ -262,7 +222,7 @@ def _max_norm(a: NormBounds, b: NormBounds) -> NormBounds:
                    eps=lo, eps_hi=None if hi == lo else hi)
 
 
-def class_max(a: SpecNorms, b: SpecNorms) -> SpecNorms:
+def class_max(a: ClassBounds, b: ClassBounds) -> ClassBounds:
     """The smallest class containing both parameter sets (elementwise maximum of every bound).
 
     Raises:
@@ -276,7 +236,7 @@ def class_max(a: SpecNorms, b: SpecNorms) -> SpecNorms:
     layers = []
     for la, lb in zip(a.layers, b.layers):
         kw = {}
-        for f in fields(LayerNorms):
+        for f in fields(LayerBounds):
             va, vb = getattr(la, f.name), getattr(lb, f.name)
             if f.name in ("norm_attn", "norm_ffn"):
                 kw[f.name] = _max_norm(va, vb)
@@ -288,12 +248,6 @@ def class_max(a: SpecNorms, b: SpecNorms) -> SpecNorms:
                 kw[f.name] = max(va, vb)
             else:
                 kw[f.name] = va
-        layers.append(LayerNorms(**kw))
-    return SpecNorms(a.d_model, _max_norm(a.input_norm, b.input_norm), tuple(layers),
+        layers.append(LayerBounds(**kw))
+    return ClassBounds(a.d_model, _max_norm(a.input_norm, b.input_norm), tuple(layers),
                      _max_norm(a.final_norm, b.final_norm))
-
-
-def check_radius(radius: float, name: str = "radius") -> float:
-    if not isinstance(radius, (int, float)) or not math.isfinite(radius) or radius <= 0:
-        raise InputError(f"{name} must be a finite number > 0, but got {name}={radius!r}")
-    return float(radius)

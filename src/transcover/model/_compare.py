@@ -53,7 +53,7 @@ def _rope_key(rope, d_head: int) -> str:
     if rope is None:
         return "none"
     key = f"theta={float(rope.theta)!r}, rotary_dim={rope.rotary_dim or d_head}"  # None: the whole head
-    if rope.inv_freq_values is not None:  # scaled RoPE (THEORY F20): the frequencies are compared themselves
+    if rope.inv_freq_values is not None:  # scaled RoPE (THEORY F22): the frequencies are compared themselves
         key += ", scaled frequencies " + ",".join(repr(float(v)) for v in rope.inv_freq_values)
     return key
 

@@ -164,31 +164,23 @@ def attention_scores(attn: AttentionSpec, X: Tensor, h: int, *, key_mask: Tensor
     normalisation or soft-capping the key bias would not cancel, so the biases are applied as in the
     model.  ``key_mask`` (``(..., T)`` bool): the keys each query may read (True); None reads all.
     """
-    return _scores(attn, X, h, key_mask, _augmented(attn, X))
-
-
-def _augmented(attn: AttentionSpec, X: Tensor) -> Tensor | None:
-    """``[X, 1]``, the homogeneous rows the folded query map reads (None with RoPE, query/key
-    normalisation or soft-capping, where the key bias does not cancel)."""
-    import torch
-
-    folded = attn.rope is None and attn.q_norm is None and attn.k_norm is None and attn.softcap is None
-    return torch.cat([X, torch.ones_like(X[..., :1])], dim=-1) if folded else None
-
-
-def _scores(attn: AttentionSpec, X: Tensor, h: int, key_mask: Tensor | None, Xa: Tensor | None) -> Tensor:
     import torch
 
     Wq, Wk, _, _ = attn.head(h)
     T = X.shape[-2]
-    if Xa is not None:
+    # the key bias cancels (and [X, 1] folds the query bias) only without RoPE, query/key
+    # normalisation and soft-capping
+    if attn.rope is None and attn.q_norm is None and attn.k_norm is None and attn.softcap is None:
+        # [X, 1] per head, not once per block: sharing it would change the order in which the
+        # heads' gradients reach X, and with it the Lipschitz searches' ascent paths bit by bit
+        Xa = torch.cat([X, torch.ones_like(X[..., :1])], dim=-1)
         q = _linear(Xa, attn.W_Q_augmented(h))
         k = _linear(X, Wk)
     else:
         g = attn.kv_index(h)
         q = _linear(X, Wq) + (0 if attn.b_Q is None else _w(attn.b_Q[..., h, :], X, 1))
         k = _linear(X, Wk) + (0 if attn.b_K is None else _w(attn.b_K[..., g, :], X, 1))
-        if attn.q_norm is not None:  # per-head RMSNorm before the rotation (Qwen3; THEORY F21)
+        if attn.q_norm is not None:  # per-head RMSNorm before the rotation (Qwen3; THEORY F23)
             q = norm_forward(attn.q_norm, q)
         if attn.k_norm is not None:
             k = norm_forward(attn.k_norm, k)
@@ -197,7 +189,7 @@ def _scores(attn: AttentionSpec, X: Tensor, h: int, key_mask: Tensor | None, Xa:
             q = apply_rope(q, attn.rope, pos)
             k = apply_rope(k, attn.rope, pos)
     scores = attn.softmax_scale * (q @ k.transpose(-1, -2))
-    if attn.softcap is not None:  # Gemma 2: c tanh(s / c), before the mask (THEORY F22)
+    if attn.softcap is not None:  # Gemma 2: c tanh(s / c), before the mask (THEORY F24)
         scores = attn.softcap * torch.tanh(scores / attn.softcap)
     return _mask(scores, attn.causal, key_mask, attn.window)
 
@@ -266,11 +258,10 @@ def attention_forward(attn: AttentionSpec, X: Tensor, *, key_mask: Tensor | None
                                     key_mask=key_mask, layer=layer, hooks=hooks)
     on_probs = None if hooks is None else hooks.on_attention_probs
     on_head = None if hooks is None else hooks.on_head_output
-    Xa = _augmented(attn, X)  # once for all heads
     out = None
     for h in range(attn.n_heads):
         _, _, Wv, Wo = attn.head(h)
-        P = _call(on_probs, torch.softmax(_scores(attn, X, h, key_mask, Xa), dim=-1), layer, h)
+        P = _call(on_probs, torch.softmax(attention_scores(attn, X, h, key_mask=key_mask), dim=-1), layer, h)
         W_OV = to_tensor(Wv, X) @ to_tensor(Wo, X)  # (d, d), or (M, d, d) stacked
         term = _call(on_head, _linear(P @ X, W_OV), layer, h)  # (..., T, d): P X W_OV^h
         out = term if out is None else out + term
@@ -326,7 +317,7 @@ def layer_forward(layer: LayerSpec, X: Tensor, *, key_mask: Tensor | None = None
     def attend(Z: Tensor) -> Tensor:
         return attention_forward(layer.attention, Z, key_mask=key_mask, layer=i, hooks=hooks)
 
-    if layer.residual is Residual.PARALLEL:  # both branches read the block's input (THEORY F19)
+    if layer.residual is Residual.PARALLEL:  # both branches read the block's input (THEORY F21)
         return (X + attend(_norm(layer.norm_attn, X, (i, "norm_attn"), hooks))
                 + ffn_forward(layer.ffn, _norm(layer.norm_ffn, X, (i, "norm_ffn"), hooks)))
     if layer.placement is Placement.PRE:

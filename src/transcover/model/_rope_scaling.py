@@ -1,4 +1,4 @@
-"""RoPE frequencies from an HF configuration: default, partial, and the scaled types (THEORY F20).
+"""RoPE frequencies from an HF configuration: default, partial, and the scaled types (THEORY F22).
 
 The rotation of position t turns coordinate pair k of the rotated width r by ``t * inv_freq[k]``.
 "default" is ``inv_freq[k] = theta^(-2k/r)``; the scaled types change these numbers once, from the

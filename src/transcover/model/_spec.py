@@ -115,7 +115,7 @@ class Placement(str, Enum):
 
 
 class Residual(str, Enum):
-    """How a block's two branches meet the residual stream (THEORY F19 for PARALLEL)."""
+    """How a block's two branches meet the residual stream (THEORY F21 for PARALLEL)."""
 
     SEQUENTIAL = "sequential"  # x -> y = x + attn(.) -> y + ffn(.)   (the seed's composition)
     PARALLEL = "parallel"  # x -> x + attn(N_1 x) + ffn(N_2 x)          (GPT-NeoX/Pythia, GPT-J, Falcon)
@@ -171,7 +171,7 @@ class RopeSpec:
     theta: float = 10000.0
     rotary_dim: int | None = None  # None: the whole head dimension
     max_position: int = 2048
-    # Scaled RoPE (linear, Llama 3 "llama3", YaRN; THEORY F20): the frequencies, one per rotated pair,
+    # Scaled RoPE (linear, Llama 3 "llama3", YaRN; THEORY F22): the frequencies, one per rotated pair,
     # computed once from the configuration (``_rope_scaling``).  None: theta^(-2k/rotary_dim).
     inv_freq_values: tuple[float, ...] | None = None
 
@@ -227,12 +227,12 @@ class AttentionSpec:
     # "dot": softmax(scale q k^T); "l2": Kim et al. 2021 L2 attention with W_K = W_Q tied and value
     # map A_h W_V^h W_O^h, A_h = W_Q^h W_Q^hT / sqrt(d_head) (transcover.lipschitz.l2_attention_forward)
     kind: str = "dot"
-    # Query/key normalisation (Qwen3, Gemma 3; THEORY F21): RMSNorm over each head's d_head
+    # Query/key normalisation (Qwen3, Gemma 3; THEORY F23): RMSNorm over each head's d_head
     # coordinates of q = x W_Q + b_Q (resp. k), gamma of shape (d_head,) shared by the heads, applied
     # before RoPE.  None: no normalisation (as before).
     q_norm: NormSpec | None = None
     k_norm: NormSpec | None = None
-    # Attention-logit soft-capping (Gemma 2; THEORY F22): scores -> c tanh(scores / c), before the mask.
+    # Attention-logit soft-capping (Gemma 2; THEORY F24): scores -> c tanh(scores / c), before the mask.
     softcap: float | None = None
 
     def __post_init__(self) -> None:
@@ -409,7 +409,7 @@ class LayerSpec:
     POST: ``x = norm_attn(x + attn(x)); x = norm_ffn(x + ffn(x))`` -- with ``NormKind.BALL`` this
     is the seed's ``g_{l+1} = Pi_norm o g_ff o Pi_norm o g_msa o g_l`` (residuals inside g).
     ``residual`` PARALLEL (pre-norm only): ``x = x + attn(norm_attn(x)) + ffn(norm_ffn(x))``, both
-    branches reading the block's input (GPT-NeoX/Pythia, GPT-J, Falcon; THEORY F19).
+    branches reading the block's input (GPT-NeoX/Pythia, GPT-J, Falcon; THEORY F21).
     """
 
     index: int

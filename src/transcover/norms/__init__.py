@@ -19,6 +19,15 @@ from ._analyze import LayerNorms as LayerNorms
 from ._analyze import MatrixNorms as MatrixNorms
 from ._analyze import NormParams as NormParams
 from ._analyze import analyze_spec as analyze_spec
+from ._model import Distance as Distance
+from ._model import HeadMeasure as HeadMeasure
+from ._model import LayerMeasure as LayerMeasure
+from ._model import ModelNorms as ModelNorms
+from ._model import NormMeasure as NormMeasure
+from ._model import matrix_interval as matrix_interval
+from ._model import measure_layer as measure_layer
+from ._model import measure_model as measure_model
+from ._model import product_interval as product_interval
 from ._entrywise import frobenius_interval as frobenius_interval
 from ._entrywise import l21_interval as l21_interval
 from ._entrywise import product_frobenius_interval as product_frobenius_interval
@@ -29,6 +38,8 @@ __all__ += [
     "SCHEMA_VERSION", "AnalysisResult", "EmbeddingNorms", "HeadNorms", "LayerNorms", "MatrixNorms",
     "NormParams", "analyze_spec", "frobenius_interval", "l21_interval", "product_frobenius_interval",
     "product_l21_interval", "vector_norm_interval",
+    "Distance", "HeadMeasure", "LayerMeasure", "ModelNorms", "NormMeasure", "measure_model",
+    "measure_layer", "matrix_interval", "product_interval",
 ]
 
 from ._per_matrix import PER_MATRIX_SCHEMA as PER_MATRIX_SCHEMA

@@ -24,9 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
-from threadpoolctl import threadpool_limits
 
-from .._results import Interval, Kind
+from .._results import Interval, Kind, as_dict
+from .._threads import limit_threads
 from ..model._spec import AttentionSpec, LayerSpec, NormSpec, TransformerSpec
 from ._entrywise import (
     frobenius_l21_intervals,
@@ -64,9 +64,7 @@ class MatrixNorms:
     tensor: str = ""  # the checkpoint tensor it comes from, if known
 
     def to_dict(self) -> dict[str, object]:
-        return {"role": self.role, "shape": list(self.shape), "tensor": self.tensor,
-                "spectral": self.spectral.to_dict(), "frobenius": self.frobenius.to_dict(),
-                "l21": self.l21.to_dict()}
+        return as_dict(self)
 
 
 @dataclass(frozen=True)
@@ -78,11 +76,7 @@ class HeadNorms:
     B_KQ_bias: Interval | None = None  # ||scale [W_Q^h; b_Q^h] W_K^hT||_2 on x~ = [x, 1] (Note [attention biases])
 
     def to_dict(self) -> dict[str, object]:
-        d: dict[str, object] = {"head": self.head, "B_KQ": self.B_KQ.to_dict(), "B_V": self.B_V.to_dict(),
-                                "W_V": self.W_V.to_dict()}
-        if self.B_KQ_bias is not None:
-            d["B_KQ_bias"] = self.B_KQ_bias.to_dict()
-        return d
+        return as_dict(self, exclude=("B_KQ_bias",) if self.B_KQ_bias is None else ())
 
 
 @dataclass(frozen=True)
@@ -101,8 +95,7 @@ class NormParams:
         return cls(norm.kind.value, norm.gamma_max_abs, norm.beta_norm, norm.eps)
 
     def to_dict(self) -> dict[str, object]:
-        return {"kind": self.kind, "gamma_max_abs": self.gamma_max_abs, "beta_norm": self.beta_norm,
-                "eps": self.eps}
+        return as_dict(self)
 
 
 @dataclass(frozen=True)
@@ -125,19 +118,8 @@ class LayerNorms:
     rope: bool = False
 
     def to_dict(self, *, matrices: bool = True) -> dict[str, object]:
-        d: dict[str, object] = {"index": self.index}
-        for key in ("B_KQ", "B_V", "B_W1", "B_W2", "B_b1", "B_b2", "W_O", "B_b_attn"):
-            d[key] = getattr(self, key).to_dict()
-        if self.B_Wgate is not None:
-            d["B_Wgate"] = self.B_Wgate.to_dict()
-        d["heads"] = [h.to_dict() for h in self.heads]
-        d["norm_attn"] = self.norm_attn.to_dict()
-        d["norm_ffn"] = self.norm_ffn.to_dict()
-        d["placement"] = self.placement
-        d["rope"] = self.rope
-        if matrices:
-            d["matrices"] = {k: m.to_dict() for k, m in self.matrices.items()}
-        return d
+        return as_dict(self, exclude=(() if self.B_Wgate is not None else ("B_Wgate",))
+                       + (() if matrices else ("matrices",)))
 
 
 @dataclass(frozen=True)
@@ -149,7 +131,7 @@ class EmbeddingNorms:
     max_row_norm: float  # largest ||row||_2: for token embeddings, the radius of the input tokens
 
     def to_dict(self) -> dict[str, object]:
-        return {"name": self.name, **self.norms.to_dict(), "max_row_norm": self.max_row_norm}
+        return as_dict(self, exclude=("norms",), **self.norms.to_dict())
 
 
 @dataclass(frozen=True)
@@ -424,9 +406,8 @@ def _heads_fast(attn: AttentionSpec, m: _Measurer, arr: dict[str, np.ndarray],
     return heads
 
 
-# Note [small problems]: per-head work is a few hundred tiny (d_head-sized) BLAS/LAPACK calls.
-# Multi-threaded BLAS only adds synchronisation to those, and on a busy machine its spinning
-# threads can make each call 100x slower; they run single-threaded, the big Grams do not.
+# Per-head work is a few hundred tiny (d_head-sized) BLAS/LAPACK calls: they run single-threaded,
+# the big Grams do not (Note [small problems] in ``transcover._threads``).
 
 
 def _layer_norms(layer: LayerSpec, m: _Measurer) -> LayerNorms:
@@ -445,7 +426,7 @@ def _layer_norms(layer: LayerSpec, m: _Measurer) -> LayerNorms:
             if in_safe_range(b_Q):
                 WQa = np.concatenate([f64["W_Q"], b_Q[:, None, :]], axis=1)
                 f64["G_Qa"], f64["e_Qa"] = batched_gram_with_error(WQa)
-    with threadpool_limits(limits=1):  # Note [small problems]
+    with limit_threads(1, torch=False):  # Note [small problems] in ``transcover._threads``
         if m.fast and attn.rope is None:
             heads = _heads_fast(attn, m, f64, matrices, names)
         else:
@@ -516,7 +497,7 @@ def analyze_spec(
     # LayerSpec past its iteration (only these facts about the first one), so the decoded weights
     # of layer i are released before layer i + 1 is read (issue 14, streaming analysis).
     first: dict[str, object] = {}
-    qk_scores = 0.0  # THEORY F21: with query/key RMSNorm every score is <= s max|gamma_q| max|gamma_k| d_head
+    qk_scores = 0.0  # THEORY F23: with query/key RMSNorm every score is <= s max|gamma_q| max|gamma_k| d_head
     for i, layer in enumerate(spec.layers):
         if not first:
             a = layer.attention
@@ -549,10 +530,10 @@ def analyze_spec(
     if first["b_Q"] and not first["rope"]:
         notes.append("query biases act through B_KQ_bias on x~=[x,1]; key biases cancel in the softmax")
     if first["parallel"]:
-        notes.append("parallel residual: each layer is x + attn(LN1 x) + ffn(LN2 x) (THEORY F19)")
+        notes.append("parallel residual: each layer is x + attn(LN1 x) + ffn(LN2 x) (THEORY F21)")
     if qk_scores > 0:
         notes.append("query/key RMSNorm: B_KQ = ||scale W_Q W_K^T|| does not bound the scores; every score is "
-                     f"<= scale*max|gamma_q|*max|gamma_k|*d_head <= {qk_scores:.4g} (THEORY F21)")
+                     f"<= scale*max|gamma_q|*max|gamma_k|*d_head <= {qk_scores:.4g} (THEORY F23)")
     return AnalysisResult(
         model=spec.name, arch=spec.arch, d_model=spec.d_model, n_heads=int(first["H"]),
         d_head=int(first["dh"]), mode="fast" if fast else "certified", rtol=rtol,

@@ -18,6 +18,22 @@ from ._analysis import analysis_sweep_table as analysis_sweep_table
 
 __all__ += ["analysis_csv", "analysis_json", "render_analysis", "analysis_sweep_table"]
 
+from ._bound_tables import bound_payload as bound_payload
+from ._bound_tables import bound_png as bound_png
+from ._bound_tables import render_bound as render_bound
+from ._lipschitz_tables import figure_bytes as figure_bytes
+from ._lipschitz_tables import lipschitz_payload as lipschitz_payload
+from ._lipschitz_tables import local_payload as local_payload
+from ._lipschitz_tables import render_local as render_local
+from ._lipschitz_tables import lipschitz_rows as lipschitz_rows
+from ._lipschitz_tables import perturb_payload as perturb_payload
+from ._lipschitz_tables import render_lipschitz as render_lipschitz
+from ._lipschitz_tables import render_perturb as render_perturb
+
+__all__ += ["bound_payload", "bound_png", "render_bound", "figure_bytes", "local_payload", "render_local",
+            "lipschitz_payload", "lipschitz_rows", "perturb_payload",
+            "render_lipschitz", "render_perturb"]
+
 from ._displays import AnalysisDisplay as AnalysisDisplay
 from ._displays import BoundDisplay as BoundDisplay
 from ._displays import CoveringDisplay as CoveringDisplay
@@ -37,6 +53,10 @@ __all__ += ["AnalysisDisplay", "BoundDisplay", "CoveringDisplay", "HistoryDispla
             "PerturbationDisplay", "envelope", "envelope_json", "file_sha256", "input_hashes", "check_output_path",
             "progress", "start_progress", "close_progress_bars"]
 
+from ._approx import AdviceDisplay as AdviceDisplay
+from ._approx import AttentionRateDisplay as AttentionRateDisplay
+from ._approx import FailureCurveDisplay as FailureCurveDisplay
+from ._approx import MLPRateDisplay as MLPRateDisplay
 from ._approx import advice_table as advice_table
 from ._approx import axes_png as axes_png
 from ._approx import capacity_line as capacity_line
@@ -50,15 +70,16 @@ from ._cover import cover_table as cover_table
 from ._describe import Description as Description
 from ._describe import describe_spec as describe_spec
 from ._figures import display_bytes as display_bytes
+from ._local import local_block as local_block
 from ._staged import StagedDisplay as StagedDisplay
 from ._staged import staged_table as staged_table
 from ._train import TrainingDisplay as TrainingDisplay
 from ._train import constraint_warnings as constraint_warnings
 from ._train import train_table as train_table
 
-__all__ += ["advice_table", "axes_png", "capacity_line", "construct_table", "encodings_line", "failures_lines",
+__all__ += ["AdviceDisplay", "AttentionRateDisplay", "FailureCurveDisplay", "MLPRateDisplay", "advice_table", "axes_png", "capacity_line", "construct_table", "encodings_line", "failures_lines",
             "rate_sweep_line", "rate_sweep_table", "EmpiricalCoveringDisplay", "cover_table", "Description", "describe_spec",
-            "display_bytes", "StagedDisplay", "staged_table", "TrainingDisplay", "constraint_warnings", "train_table"]
+            "display_bytes", "local_block", "StagedDisplay", "staged_table", "TrainingDisplay", "constraint_warnings", "train_table"]
 
 from ._build import ReportOptions as ReportOptions
 from ._build import compute_report as compute_report

@@ -6,7 +6,9 @@ Tables as rich renderables and lines of text; figures of results that draw thems
 
 from __future__ import annotations
 
-__all__ = ["construct_table", "capacity_line", "rate_sweep_table", "rate_sweep_line", "encodings_line", "failures_lines",
+from dataclasses import dataclass, field
+
+__all__ = ["AdviceDisplay", "FailureCurveDisplay", "AttentionRateDisplay", "MLPRateDisplay", "construct_table", "capacity_line", "rate_sweep_table", "rate_sweep_line", "encodings_line", "failures_lines",
            "advice_table", "axes_png"]
 
 
@@ -101,3 +103,139 @@ def axes_png(result, *, figsize=(7.5, 5), dpi: int = 120) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
     return buf.getvalue()
+
+
+def _target_axis(ax):
+    """``ax``, or the current axes of pyplot (where the approximation lab's results always drew)."""
+    if ax is not None:
+        return ax
+    from ._figures import pyplot
+
+    return pyplot().gca()
+
+
+def _color(i: int) -> str:
+    return f"C{i}"  # the current property cycle, wrapping as matplotlib does
+
+
+@dataclass
+class AdviceDisplay:
+    """Design advice (estimates): approximation, estimation and total error against d_m, log-log,
+    the advised d_m marked."""
+
+    curve: list[dict]
+    d_m: int
+    R: float
+    title: str
+    figure_: object = field(default=None, repr=False)
+    ax_: object = field(default=None, repr=False)
+
+    @classmethod
+    def from_result(cls, a) -> "AdviceDisplay":
+        return cls(list(a.curve), a.d_m, a.R,
+                   f"trade-off: s={a.sparsity}, β={a.smoothness:g}, n={a.seq_len}, N={a.n_samples}")
+
+    def plot(self, ax=None) -> "AdviceDisplay":
+        ax = _target_axis(ax)
+        d = [c["d_m"] for c in self.curve]
+        ax.loglog(d, [c["approx"] for c in self.curve], "-o", ms=3, label="approximation (attention + MLP)")
+        ax.loglog(d, [c["estimation"] for c in self.curve], "-s", ms=3, label="estimation (covering → Dudley)")
+        ax.loglog(d, [c["total"] for c in self.curve], "-k", lw=2, label="total")
+        ax.axvline(self.d_m, color="r", ls="--", label=f"advice: d_m={self.d_m}, R={self.R:.1f}")
+        ax.set_xlabel("MLP width d_m")
+        ax.set_ylabel("error (estimate)")
+        ax.set_title(self.title)
+        ax.legend(fontsize=7)
+        self.figure_, self.ax_ = ax.figure, ax
+        return self
+
+
+@dataclass
+class FailureCurveDisplay:
+    """When an assumption fails (seed 7.2): every column against x, bounds dashed, measured solid."""
+
+    name: str
+    x_label: str
+    rows: list[dict]
+    figure_: object = field(default=None, repr=False)
+    ax_: object = field(default=None, repr=False)
+
+    @classmethod
+    def from_result(cls, res) -> "FailureCurveDisplay":
+        return cls(res.name, res.x_label, list(res.rows))
+
+    def plot(self, ax=None) -> "FailureCurveDisplay":
+        ax = _target_axis(ax)
+        x = [r["x"] for r in self.rows]
+        for key in self.rows[0]:
+            if key == "x":
+                continue
+            ax.plot(x, [r[key] for r in self.rows], "--" if "bound" in key else "-o", ms=3, label=key)
+        ax.set_yscale("log")
+        ax.set_xlabel(self.x_label)
+        ax.set_ylabel("sup error")
+        ax.set_title(self.name)
+        ax.legend(fontsize=7)
+        self.figure_, self.ax_ = ax.figure, ax
+        return self
+
+
+@dataclass
+class AttentionRateDisplay:
+    """Attention read-out error against R: measured sup (markers, empirical lower) beside the gap
+    bound 2γ·m(gap) (solid) and the lemma's form (dotted), one colour per (n, Δ, λ)."""
+
+    rows: list[dict]
+    figure_: object = field(default=None, repr=False)
+    ax_: object = field(default=None, repr=False)
+
+    @classmethod
+    def from_result(cls, res) -> "AttentionRateDisplay":
+        return cls(list(res.rows))
+
+    def plot(self, ax=None) -> "AttentionRateDisplay":
+        ax = _target_axis(ax)
+        keys = sorted({(r["n"], r["delta"], r["key_leak"]) for r in self.rows})
+        for i, key in enumerate(keys):
+            rs = [r for r in self.rows if (r["n"], r["delta"], r["key_leak"]) == key]
+            R = [r["R"] for r in rs]
+            ax.semilogy(R, [r["measured"] for r in rs], "o", color=_color(i),
+                        label=f"measured n={key[0]:.0f} Δ={key[1]:.2f} λ={key[2]:.2f}")
+            ax.semilogy(R, [r["bound"] for r in rs], "-", color=_color(i), lw=1)
+            ax.semilogy(R, [r["lemma"] for r in rs], ":", color=_color(i), lw=1)
+        ax.set_xlabel("temperature R")
+        ax.set_ylabel("sup read-out error ||ψ̂ − ψ||∞")
+        ax.set_title("attention error: measured (o), 2γ·m(gap) (—), lemma 2γ·n·e^{−R(1−2Δ)} (···)")
+        ax.legend(fontsize=7)
+        self.figure_, self.ax_ = ax.figure, ax
+        return self
+
+
+@dataclass
+class MLPRateDisplay:
+    """MLP error against d_m, log-log: measured sup (markers) and the bound (lines) per (β, s)."""
+
+    rows: list[dict]
+    fits: list[dict]
+    figure_: object = field(default=None, repr=False)
+    ax_: object = field(default=None, repr=False)
+
+    @classmethod
+    def from_result(cls, res) -> "MLPRateDisplay":
+        return cls(list(res.rows), list(res.fits))
+
+    def plot(self, ax=None) -> "MLPRateDisplay":
+        ax = _target_axis(ax)
+        for i, f in enumerate(self.fits):
+            rs = [r for r in self.rows if (r["beta"], r["s"]) == (f["beta"], f["s"])]
+            d = [r["d_m"] for r in rs]
+            ax.loglog(d, [r["measured"] for r in rs], "o", color=_color(i),
+                      label=f"β={f['beta']:g}, s={f['s']:.0f}: fitted {f['fitted_exponent']:.2f} "
+                            f"vs −β/s={f['theory_exponent']:.2f}")
+            ax.loglog(d, [r["bound"] for r in rs], "-", color=_color(i), lw=1)
+        ax.set_xlabel("MLP width d_m")
+        ax.set_ylabel("sup |f − h|")
+        ax.set_title("MLP error: measured (o) and (L/max(1,β))(2/γ)^β(√s/N)^β (—)")
+        ax.legend(fontsize=7)
+        self.figure_, self.ax_ = ax.figure, ax
+        return self

@@ -60,12 +60,10 @@ class ReportData:
 def compute_report(model=None, *, arch=None, allow_pickle=False, strict=False, options=ReportOptions(),
                    history=None, data=None, local=None, tracker: Tracker | None = None) -> ReportData:
     """Everything the report shows, computed once (``tracker`` shows the phases on a terminal)."""
-    from ..covering import model_bound
-    from ..lipschitz._compose import compose
-    from ..lipschitz._empirical import lipschitz_lower
-    from ..lipschitz._weights import attention_kind, spec_norms
+    from ..covering import BoundConfig, model_bound
+    from ..lipschitz import compose, lipschitz_lower, spec_norms
     from ..model import load
-    from ..norms import analyze_spec
+    from ..norms import analyze_spec, measure_model
     from ._envelope import input_hashes
 
     tracker = tracker or Tracker()
@@ -89,30 +87,25 @@ def compute_report(model=None, *, arch=None, allow_pickle=False, strict=False, o
     t = time.perf_counter()
     tracker.step("certified Lipschitz constants")
     ts = spec.to_torch()
-    seq = options.lower_seq_len if attention_kind(ts) == "l2" else None
-    bounds = compose(spec_norms(ts), radius=options.radius, c_sm=1.0, metric="2,inf", seq_len=seq, sigma_min=0.0)
+    seq = options.lower_seq_len if any(layer.attention.kind == "l2" for layer in ts.layers) else None
+    norms = measure_model(ts, entrywise=True)  # measured once: the Lipschitz chain and the covering bound read it
+    bounds = compose(spec_norms(norms), radius=options.radius, c_sm=1.0, metric="2,inf", seq_len=seq, sigma_min=0.0)
     timings["lipschitz upper"] = time.perf_counter() - t
     lower = {}
     if options.lower:
         t = time.perf_counter()
         tracker.step(f"empirical lower Lipschitz ({options.lower_samples} start(s), {options.lower_steps} steps)")
-        import torch
+        from .._threads import limit_threads, small_problem
 
-        threads = torch.get_num_threads()
-        if ts.d_model * options.lower_seq_len < 4096:
-            # small forwards: one thread, as `transcover lipschitz` does; with a busy second core the
-            # pool's synchronisation made this search 15x slower (1049 s instead of ~70 s on MiniLM)
-            torch.set_num_threads(1)
-        try:
+        # small forwards: one thread, as `transcover lipschitz` does (Note [small problems])
+        with limit_threads(1 if small_problem(ts.d_model, options.lower_seq_len) else None, blas=False):
             lower = lipschitz_lower(ts, bounds, seq_len=options.lower_seq_len, n_samples=options.lower_samples,
                                     n_steps=options.lower_steps, seed=options.seed, stages=options.lower_stages)
-        finally:
-            torch.set_num_threads(threads)
         timings["lipschitz lower"] = time.perf_counter() - t
     t = time.perf_counter()
     tracker.step("covering number and generalisation bound")
-    bound = model_bound(ts, eps=options.eps, n_samples=(options.n_samples,), seq_len=options.seq_len,
-                        radius=options.radius)
+    bound = model_bound(ts, BoundConfig(eps=options.eps, n_samples=(options.n_samples,), seq_len=options.seq_len,
+                                        radius=options.radius), norms=norms)
     timings["bound"] = time.perf_counter() - t
     inputs = input_hashes(model, *([history] if history is not None else []),
                           *([data] if data is not None else []))

@@ -46,6 +46,16 @@ def _staged_plot_file(result, path):
     return write_staged_plot(result, path)
 
 
+def _approx_display(name: str):
+    def view(result, ax=None):
+        from . import _approx
+
+        return getattr(_approx, name).from_result(result).plot(ax=ax)
+
+    view.__name__ = name
+    return view
+
+
 def _notebook(name: str):
     def view(result):
         from . import _notebook
@@ -66,3 +76,7 @@ register_view("perturbation.plot", _perturbation_plot)
 register_view("bound.plot", _bound_plot)
 register_view("staged.table", _staged_table)
 register_view("staged.plot_file", _staged_plot_file)
+register_view("advice.plot", _approx_display("AdviceDisplay"))
+register_view("failure_curve.plot", _approx_display("FailureCurveDisplay"))
+register_view("attention_rate.plot", _approx_display("AttentionRateDisplay"))
+register_view("mlp_rate.plot", _approx_display("MLPRateDisplay"))

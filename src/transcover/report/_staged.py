@@ -52,7 +52,7 @@ def staged_table(result):
 @dataclass
 class StagedDisplay:
     """Four panels: accuracy per epoch (mean over seeds; solid test, dotted train), final test
-    accuracy and gap per strategy (mean ± std, seeds as dots), and seed 0's max ||W_KQ^h|| against
+    accuracy and gap per strategy (mean ± std, seeds as dots), and the first seed's max ||W_KQ^h|| against
     the scheduled radius."""
 
     result: object
@@ -98,7 +98,7 @@ class StagedDisplay:
         axes[0].legend(fontsize=8)
         axes[3].set_yscale("log")
         axes[3].set_xlabel("step")
-        axes[3].set_title("max ||W_KQ^h|| (solid, seed 0) and radius (dashed)")
+        axes[3].set_title("max ||W_KQ^h|| (solid, first seed) and radius (dashed)")
         axes[3].legend(fontsize=7)
         if ax is None:
             fig.tight_layout()

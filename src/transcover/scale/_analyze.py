@@ -127,7 +127,7 @@ def plot_sweep(rows: list[dict[str, Any]], path: str) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ..report import atomic_write_bytes
+    from .._io import atomic_write_bytes
 
     steps = [row["step"] for row in rows]
     x = steps if rows and all(s is not None for s in steps) else list(range(len(rows)))

@@ -15,9 +15,13 @@ from ._loop import constraint_report as constraint_report
 from ._loop import evaluate as evaluate
 from ._loop import exact_group_norms as exact_group_norms
 from ._loop import train as train
+from ._nonvacuous import NONVACUOUS_TASKS as NONVACUOUS_TASKS
 from ._nonvacuous import NonvacuousCase as NonvacuousCase
 from ._nonvacuous import NonvacuousConfig as NonvacuousConfig
 from ._nonvacuous import run_case as run_nonvacuous_case
+from ._nonvacuous_report import ABLATION_PLAN as ABLATION_PLAN
+from ._nonvacuous_report import FULL_PLAN as FULL_PLAN
+from ._nonvacuous_report import QUICK_PLAN as QUICK_PLAN
 from ._nonvacuous_report import NonvacuousResult as NonvacuousResult
 from ._nonvacuous_report import nonvacuous_experiment as nonvacuous_experiment
 from ._tasks import TASKS as TASKS
@@ -30,6 +34,7 @@ __all__ = [
     "save_checkpoint", "load_checkpoint", "checkpoint_spec", "is_train_checkpoint",
     "StagedConfig", "StagedResult", "staged_experiment", "STRATEGIES",
     "NonvacuousConfig", "NonvacuousCase", "NonvacuousResult", "nonvacuous_experiment", "run_nonvacuous_case",
+    "NONVACUOUS_TASKS", "FULL_PLAN", "QUICK_PLAN", "ABLATION_PLAN",
 ]
 
 # Note [callable modules] in transcover._entry: transcover.train(...) calls the API function of that name

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from .._errors import InputError
-from ..report import atomic_write_bytes, atomic_write_text
+from .._io import atomic_write_bytes, atomic_write_text
 
 __all__ = ["save_checkpoint", "load_checkpoint", "CHECKPOINT_FILES"]
 

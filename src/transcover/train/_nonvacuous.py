@@ -46,13 +46,15 @@ from ..compress import (
     quantise,
     scale_of,
 )
-from ..covering._finite_class import OccamBound, occam_bounds
+from ..covering import OccamBound, covering_margin_bound, margin_change_bound, margins, occam_bounds, pair_norms
 from ..model import ReferenceConfig, ReferenceTransformer
 
 __all__ = ["NONVACUOUS_TASKS", "ARCHITECTURE_MENUS", "NonvacuousConfig", "NonvacuousCase", "run_case"]
 
 NONVACUOUS_TASKS = ("majority", "majority-noise", "digits")
 _SEQ_LEN, _SPARSITY, _NOISE = 16, 3, 0.1
+# l2 norm bound of an input token, the covering route's domain: +-1 scalars; 8 pixels in [0, 1]
+INPUT_TOKEN_NORM = {"majority": 1.0, "majority-noise": 1.0, "digits": math.sqrt(8.0)}
 
 
 def _menu(d_input: int, max_len: int, n_outputs: int) -> tuple[ReferenceConfig, ...]:
@@ -88,6 +90,8 @@ class NonvacuousConfig:
     lr: float = 1e-2
     l1: float = 1e-3  # weight of sum |theta| (per sample loss scale)
     levels: int = 1  # m of the fine-tuning grid: 2m+1 levels (1: ternary, 3: ~3 bits, 7: ~4 bits)
+    all_levels: bool = False  # fine-tune at every grid of _finetune, not only until one is accurate enough
+    prior_split: float = 0.0  # > 0: data-dependent prior, this share of the training set codes a reference (F20)
     greedy_passes: int = 2  # rounds of per-matrix level/scale search on the bound
     restarts: int = 3  # float-training seeds tried at most (see _float_model)
     search_samples: int = 5_000  # training samples that score the greedy search's candidates
@@ -112,6 +116,8 @@ class NonvacuousConfig:
             raise InputError(f"delta must be in (0, 1), but got delta={self.delta!r}")
         if not (self.lr > 0 and math.isfinite(self.lr)) or not (self.l1 >= 0 and math.isfinite(self.l1)):
             raise InputError(f"lr must be > 0 and l1 >= 0, but got lr={self.lr!r}, l1={self.l1!r}")
+        if not (isinstance(self.prior_split, float) and 0.0 <= self.prior_split <= 0.9):
+            raise InputError(f"prior_split must be a float in [0, 0.9], but got prior_split={self.prior_split!r}")
         if self.task == "digits" and not 0 < self.n_train < 1797:
             raise InputError(f"digits has 1797 images: n_train must be in [1, 1796], but got {self.n_train}")
 
@@ -151,7 +157,8 @@ def task_data(task: str, n_train: int, n_test: int, seed: int) -> tuple[Tensor, 
 
 # -- training -----------------------------------------------------------------------------------
 def _fit(model: ReferenceTransformer, X: Tensor, y: Tensor, *, epochs: int, lr: float, l1: float,
-         batch_size: int, seed: int, grid: dict[str, tuple[int, int]] | None = None) -> dict[str, tuple[int, int]] | None:
+         batch_size: int, seed: int, grid: dict[str, tuple[int, int]] | None = None,
+         refit_scales: bool = True) -> dict[str, tuple[int, int]] | None:
     """Adam on cross-entropy + ``l1 * sum|theta|``; with ``grid`` (name -> (m, k)) the forward pass
     uses the fake-quantised weights and the scales are re-fitted after every epoch.
 
@@ -179,7 +186,7 @@ def _fit(model: ReferenceTransformer, X: Tensor, y: Tensor, *, epochs: int, lr: 
             loss.backward()
             opt.step()
         sched.step()
-        if grid is not None:
+        if grid is not None and refit_scales:
             grid = {name: (m, best_scale_index(params[name], m)) for name, (m, _) in grid.items()}
     return grid
 
@@ -310,6 +317,10 @@ class NonvacuousCase:
     restarts_used: int
     finetune_levels: int  # levels 2m+1 of the fine-tuning grid that was kept (see _finetune)
     config: dict = field(default_factory=dict)
+    covering: dict | None = None  # the covering/Dudley margin bound of the same quantised model (F19)
+    split: dict | None = None  # the data-dependent prior (F20): halves, reference codeword, changes
+    cpu_seconds: float = 0.0  # process CPU time (one thread: the wall time on an idle core)
+    perturbation: dict | None = None  # G.3: the quantised model's outputs against the trained float model's
 
     @property
     def test_error(self) -> float:
@@ -333,8 +344,10 @@ class NonvacuousCase:
             "sizes_per_tensor": self.sizes_per_tensor,
             "codeword": {"hex": self.codeword, "bits": self.total_bits,
                          "decode": "transcover.compress.decode(bits, ARCHITECTURE_MENUS[task])"},
-            "seconds": self.seconds, "restarts_used": self.restarts_used,
+            "seconds": self.seconds, "cpu_seconds": self.cpu_seconds, "restarts_used": self.restarts_used,
             "finetune_levels": self.finetune_levels, "config": self.config,
+            "covering_bound": self.covering, "quantisation_perturbation": self.perturbation,
+            "data_dependent_prior": self.split,
         }
 
 
@@ -369,9 +382,11 @@ def _finetune(model: ReferenceTransformer, config: NonvacuousConfig, menu: tuple
     """Quantisation-aware fine-tuning at ``config.levels``, retried at 3 and 7 if that loses accuracy.
 
     Ternary fine-tuning of the noisy task stalled at twice the float model's error; the retry
-    from the same float weights at a finer grid fixes it.  The first grid whose quantised model is
-    within 0.02 of the float model's training error (on the search subsample) is kept, else the
-    best; ``model`` is left holding the fine-tuned weights of the one returned.
+    from the same float weights at a finer grid fixes it.  The grids are tried coarse to fine and
+    stop at the first whose quantised model is within 0.02 of the float model's training error (on
+    the search subsample; ``config.all_levels`` tries every grid); of those tried, the one with the
+    smallest kl bound is kept (on digits the finer grid's lower error cost more bits than it saved).
+    ``model`` is left holding the fine-tuned weights of the one returned.
     """
     search = min(config.search_samples, config.n_train)
     Xs, ys = X[:search], y[:search]
@@ -387,11 +402,12 @@ def _finetune(model: ReferenceTransformer, config: NonvacuousConfig, menu: tuple
                     batch_size=config.batch_size, seed=config.seed + 1, grid=grid)
         desc = describe(model, menu, config.arch, grid)
         err = mistakes(desc, Xs, ys) / search
-        say(f"{config.task} n={config.n_train}: {2 * levels + 1} levels: {err:.4f} train error, "
-            f"{description_bits(desc)} bits")
-        if best is None or err < best[0]:
-            best = (err, desc, levels, {k: v.clone() for k, v in model.state_dict().items()})
-        if err <= target:
+        bits = description_bits(desc)
+        score = occam_bounds(min(config.n_train, round(err * config.n_train)), config.n_train, bits, config.delta).kl
+        say(f"{config.task} n={config.n_train}: {2 * levels + 1} levels: {err:.4f} train error, {bits} bits")
+        if best is None or score < best[0]:
+            best = (score, desc, levels, {k: v.clone() for k, v in model.state_dict().items()})
+        if err <= target and not config.all_levels:
             break
     model.load_state_dict(best[3])
     return best[1], best[2]
@@ -399,26 +415,90 @@ def _finetune(model: ReferenceTransformer, config: NonvacuousConfig, menu: tuple
 
 def run_case(config: NonvacuousConfig, progress: Callable[[str], None] | None = None) -> NonvacuousCase:
     """Train, sparsify, quantise, describe and bound one model (see the module docstring)."""
-    t0 = time.perf_counter()
+    if config.prior_split:
+        from ._nonvacuous_split import run_split_case
+
+        return run_split_case(config, progress)
+    t0, cpu0 = time.perf_counter(), time.process_time()
     say = progress or (lambda _msg: None)
     X, y, X_te, y_te = task_data(config.task, config.n_train, config.n_test, config.seed)
     menu = ARCHITECTURE_MENUS[config.task]
     model, restarts = _float_model(config, menu, X, y, say)
     with torch.no_grad():
         float_err = float((model(X_te).argmax(-1) != y_te).double().mean())
+    trained = {k: v.detach().clone() for k, v in model.state_dict().items()}
     desc, levels = _finetune(model, config, menu, X, y, say)
     desc = _greedy(desc, model, X, y, config.delta, config.greedy_passes, config.search_samples)
     if config.greedy_passes:
         say(f"{config.task} n={config.n_train}: pruning single weights on the bound")
         desc = _prune(desc, model, X, y, config.delta, config.search_samples)
     bound = occam_bounds(mistakes(desc, X, y), config.n_train, description_bits(desc), config.delta)
+    pairs = {"float model (before QAT)": trained, "QAT weights (rounded to the code)": model.state_dict()}
+    return finish_case(config, desc, bound, encode(desc).to_bytes().hex(), pairs, (X, y, X_te, y_te),
+                       t0=t0, restarts=restarts, levels=levels, float_err=float_err, say=say, cpu0=cpu0)
+
+
+def finish_case(config: NonvacuousConfig, desc: ModelDescription, bound: OccamBound, codeword: str,
+                pairs: dict[str, dict[str, Tensor]], data: tuple[Tensor, Tensor, Tensor, Tensor], *, t0: float,
+                restarts: int, levels: int, float_err: float, say: Callable[[str], None],
+                split: dict | None = None, cpu0: float = 0.0) -> NonvacuousCase:
+    """The case record: the finite-class ``bound``, the covering/Dudley bound of the same model on all
+    training samples (F19; its class prior does not depend on the data) and G.3 against ``pairs``."""
+    X, y, X_te, y_te = data
+    menu = ARCHITECTURE_MENUS[config.task]
+    say(f"{config.task} n={config.n_train}: covering/Dudley bound and G.3 of the quantised model")
+    quantised = materialise(desc, torch.float64)
+    xi = INPUT_TOKEN_NORM[config.task]
+    cover = covering_margin_bound(quantised, X, y, menu_size=len(menu), xi=xi, delta=config.delta)
     return NonvacuousCase(
         task=config.task, n_train=config.n_train, n_test=int(X_te.shape[0]),
         arch=asdict(menu[config.arch]), bound=bound, test_mistakes=mistakes(desc, X_te, y_te),
         bits_per_tensor=desc.bits_per_tensor(), nonzeros_per_tensor={t.name: t.nonzeros for t in desc.tensors},
         levels_per_tensor={t.name: 2 * t.m + 1 for t in desc.tensors},
-        sizes_per_tensor={t.name: t.Q.numel() for t in desc.tensors}, codeword=encode(desc).to_bytes().hex(),
+        sizes_per_tensor={t.name: t.Q.numel() for t in desc.tensors}, codeword=codeword,
         architecture_bits=desc.architecture_bits(),
         fixed_length_bits=fixed_length_bits(desc), float_test_error=float_err,
         seconds=time.perf_counter() - t0, restarts_used=restarts, finetune_levels=2 * levels + 1,
-        config=asdict(config))
+        config=asdict(config), covering=cover.to_dict(),
+        perturbation=quantisation_perturbation(pairs, quantised, config.task, X_te, xi), split=split,
+        cpu_seconds=time.process_time() - cpu0)
+
+
+def _domain(task: str, X_te: Tensor) -> tuple[Tensor, str]:
+    """Every input of a sparse task (2^16 sign sequences: the sup is exact), else the test inputs."""
+    if task == "digits":
+        return X_te.double(), "max over the test inputs (empirical lower bound on the sup)"
+    codes = torch.arange(2**_SEQ_LEN)
+    bits = (codes[:, None] >> torch.arange(_SEQ_LEN)) & 1
+    return (2.0 * bits - 1.0).double()[:, :, None], "max over all 2^16 inputs (the exact sup, float64)"
+
+
+@torch.no_grad()
+def quantisation_perturbation(pairs: dict[str, dict[str, Tensor]], quantised: ReferenceTransformer, task: str,
+                              X_te: Tensor, xi: float) -> dict:
+    """G.3 for each pair (a float model, the quantised model): a certified bound on how far any logit
+    difference ``z_a - z_b`` moves on every input of the domain (F19 step 1 with the two models' own
+    norms), beside the largest change over the domain (exact for the sparse tasks: all 2^16 inputs)
+    and the share of test inputs whose float-model margin exceeds the bound (there the quantised
+    model provably predicts the same class)."""
+    cfg = quantised.cfg
+    dom, how = _domain(task, X_te)
+    zq = torch.cat([quantised(dom[s : s + 8192]) for s in range(0, dom.shape[0], 8192)])
+    out = {}
+    for label, state in pairs.items():
+        N, D = pair_norms(cfg, state, quantised.state_dict())
+        bound = margin_change_bound(cfg, N, D, xi)
+        float_model = ReferenceTransformer(cfg).double()
+        float_model.load_state_dict(state)
+        zf = torch.cat([float_model(dom[s : s + 8192]) for s in range(0, dom.shape[0], 8192)])
+        dz = zq - zf
+        measured = float((dz[:, :, None] - dz[:, None, :]).abs().amax())
+        agree = float((margins(float_model, X_te, float_model(X_te.double()).argmax(-1)) > bound).double().mean())
+        out[label] = {
+            "bound": {"value": bound, "kind": Kind.CERTIFIED_UPPER.value,
+                      "what": "sup over the input domain of max_{a != b} |change of z_a - z_b|",
+                      "source": "seed Lemma G.3, THEORY F19 step 1 (pair norms)"},
+            "measured": {"value": measured, "kind": Kind.EMPIRICAL_LOWER.value, "how": how},
+            "certified_agreement_on_test": {"value": agree, "kind": Kind.EXACT.value,
+                                            "what": "share of test inputs whose float margin exceeds the bound"}}
+    return out

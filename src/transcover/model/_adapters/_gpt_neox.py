@@ -10,7 +10,7 @@ transformers ``models/gpt_neox/modeling_gpt_neox.py``: ``GPTNeoXLayer`` is pre-n
     \\text{sequential:}\\quad Y = X + \\mathrm{Attn}(\\mathrm{LN}_1 X),\\; Z = Y + \\mathrm{MLP}(\\mathrm{LN}_2 Y),
 
 (``LN_1 = input_layernorm``, ``LN_2 = post_attention_layernorm``) and ``final_layer_norm`` follows
-the last layer.  The spec's ``LayerSpec.residual`` says which (THEORY F19 for the parallel block).
+the last layer.  The spec's ``LayerSpec.residual`` says which (THEORY F21 for the parallel block).
 
 Attention: ``query_key_value`` is one ``nn.Linear(d, 3d)`` whose output is viewed as
 ``(H, 3 * d_head)`` and chunked into q, k, v *per head*: output row ``h*3*d_head + j*d_head + c``
@@ -20,7 +20,7 @@ rotates only the first ``rotary_ndims = int(d_head * partial_rotary_factor)`` co
 head with ``rotate_half`` on them and ``inv_freq = theta^(-2i/rotary_ndims)``: the spec's
 ``RopeSpec(rotary_dim=rotary_ndims)`` layout.  Biases on q, k and v enter *before* the rotation,
 which the forward (``_functional.attention_scores``) applies as the model does.
-MLP: ``dense_4h_to_h(act(dense_h_to_4h(x)))``.  Scaled RoPE types as in ``_rope_scaling`` (THEORY F20).
+MLP: ``dense_4h_to_h(act(dense_h_to_4h(x)))``.  Scaled RoPE types as in ``_rope_scaling`` (THEORY F22).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """GPT-J in the seed's decomposition: parallel residual with one LayerNorm, interleaved partial rotary.
 
 transformers ``models/gptj/modeling_gptj.py``: ``GPTJBlock`` computes
-``Z = X + Attn(LN_1 X) + MLP(LN_1 X)`` -- the parallel residual of THEORY F19 with both branches
+``Z = X + Attn(LN_1 X) + MLP(LN_1 X)`` -- the parallel residual of THEORY F21 with both branches
 reading the same ``ln_1`` (the spec's ``norm_attn`` and ``norm_ffn`` are that one norm), causal,
 scale ``d_head ** -0.5``, separate bias-free ``q_proj``/``k_proj``/``v_proj``/``out_proj``, and
 ``fc_out(gelu_new(fc_in(x)))`` with biases; ``ln_f`` follows the last block.

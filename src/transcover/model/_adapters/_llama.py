@@ -15,11 +15,11 @@ key/value head ``h // (H / H_kv)``, the spec's ``kv_index``), scale ``head_dim *
 ``rotate_half`` on the whole head dimension and ``inv_freq = theta^(-2i/head_dim)``
 (``LlamaRotaryEmbedding.compute_default_rope_parameters``), which is ``RopeSpec``'s layout.
 Qwen3 adds ``q_norm``/``k_norm``: an RMSNorm over each head's ``head_dim`` coordinates of the
-projected queries and keys, before RoPE (the spec's ``AttentionSpec.q_norm``/``k_norm``, THEORY F21).
+projected queries and keys, before RoPE (the spec's ``AttentionSpec.q_norm``/``k_norm``, THEORY F23).
 Sliding-window attention (Mistral; Qwen2 layers ``>= max_window_layers`` when
 ``use_sliding_window``; ``layer_types`` when the config lists them) is the spec's ``window`` mask.
 RoPE types "default", "linear", "llama3" and "yarn" set fixed frequencies (``_rope_scaling``,
-THEORY F20); "dynamic" and "longrope" depend on the sequence length and are refused.
+THEORY F22); "dynamic" and "longrope" depend on the sequence length and are refused.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def build_llama(src: TensorSource, config: dict, name: str) -> TransformerSpec:
     rope, score_factor = rope_from_config(config, arch, dh)  # YaRN's m^2 multiplies every score
     found = find_prefix(src, ["layers.0.self_attn.q_proj.weight", "embed_tokens.weight"])
     prefix = found[0] if found else ""
-    # Qwen3 normalises each head's query and key (RMSNorm over head_dim, before RoPE; THEORY F21);
+    # Qwen3 normalises each head's query and key (RMSNorm over head_dim, before RoPE; THEORY F23);
     # OLMo 2 normalises the whole projection, which the spec does not express.
     qk_norm = prefix + "layers.0.self_attn.q_norm.weight" in src
     if qk_norm and src.shape(prefix + "layers.0.self_attn.q_norm.weight") != (dh,):

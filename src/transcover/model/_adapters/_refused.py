@@ -45,10 +45,10 @@ def build_deberta_v2(src: TensorSource, config: dict, name: str) -> TransformerS
     )
 
 
-#: Mixture-of-experts FFNs with top-k routing (Mixtral, Qwen-MoE): THEORY F23.
+#: Mixture-of-experts FFNs with top-k routing (Mixtral, Qwen-MoE): THEORY F25.
 MOE_REASON = (
     "its FFN routes each token to the top-k experts, and when the selected set changes an expert's "
-    "weight jumps from 0, so the block is discontinuous and has no Lipschitz constant (THEORY F23); "
+    "weight jumps from 0, so the block is discontinuous and has no Lipschitz constant (THEORY F25); "
     "a bound would need a dense router or inputs away from the switching set"
 )
 

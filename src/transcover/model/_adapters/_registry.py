@@ -42,7 +42,7 @@ _ADAPTERS: dict[str, Adapter] = {
     "deberta_v2": build_deberta_v2,
     "gpt_neox": build_gpt_neox,
     "gptj": build_gptj,
-    "moe": build_moe,  # recognised and refused: top-k routing is discontinuous (THEORY F23)
+    "moe": build_moe,  # recognised and refused: top-k routing is discontinuous (THEORY F25)
 }
 
 #: The adapter names :func:`transcover.model.load` accepts as ``arch=``.
@@ -59,7 +59,7 @@ ARCH_ALIASES: dict[str, str] = {
     "clip_text_model": "clip_text",  # CLIPTextConfig.model_type
     "clip_vision_model": "clip_vision",
     "deberta": "deberta_v2",  # DeBERTa v1 has the same disentangled attention
-    "qwen3": "llama",  # + per-head query/key RMSNorm, read by the Llama adapter (THEORY F21)
+    "qwen3": "llama",  # + per-head query/key RMSNorm, read by the Llama adapter (THEORY F23)
     "mixtral": "moe",
     "qwen2_moe": "moe",
     "qwen3_moe": "moe",

@@ -1,0 +1,507 @@
+"""A layer's exact Jacobian at the data and its certified drift over a ball (issue 12; THEORY F17).
+
+Note [exact layer Jacobian].  Column convention, one layer, tokens ``i`` (output) and ``j``
+(input).  Per head ``h`` (weights in the spec's row convention): ``P`` the softmax matrix,
+``xbar_i = sum_j P_ij x_j``, ``y_ij = x_j - xbar_i``, ``q_i = scale W_K W~_Q^T x~_i`` (the
+gradient of ``s_ij`` in ``x_j``), ``G = scale W_Q W_K^T`` (``ds_ij/dx_i = G x_j`` up to a constant
+that the softmax drops), ``W_OV = W_V W_O``.  The attention Jacobian is
+
+    A_ij = sum_h W_OV^T [ P_ij (I + y_ij q_i^T) + delta_ij Sigma_i G^T ],
+    Sigma_i = sum_k P_ik y_ik y_ik^T
+
+(``sum_k P_ik y_ik = 0`` removes every term constant in ``k``).  Post-LN: ``J_ij = M_i (delta_ij I
++ A_ij)`` with ``M_i = D2_i (I + F_i) D1_i``; pre-LN: ``J_ij = M_i (delta_ij I + A_ij(Y) D1_j)``
+with ``M_i = I + F_i D2_i`` and ``Y`` the normalised input; ``F_i = W_2^T diag(sigma'(z_i)) W_1^T``,
+``D`` the normalisations' Jacobians.  The blocks are built from ``C_i^h = M_i W_OV^hT`` (the heads
+combined through ``W_O`` inside every block, never summed as norms) and the certified (2,inf) norm
+at X is ``max_i sum_j ||J_ij||_2`` (triangle inequality over the input tokens, each ``||dx_j|| <= 1``),
+each ``||J_ij||_2`` from the float64 Gram eigenvalues, padded (``_sym_top``).
+
+Note [Jacobian drift].  For ``X'`` in ``B(X, r)`` (every token moved by ``<= r``) the row operator
+``nu_i(J) = sup_{||v_j|| <= 1} ||sum_j J_ij v_j||`` obeys ``nu_i(J') <= nu_i(J) + nu_i(J' - J)``,
+and ``J' - J = (M'_i - M_i)(E_i + A'_i) + M_i (A'_i - A_i)`` (post-LN).  Bounds, per token:
+
+* LayerNorm/RMSNorm: ``||dD|| <= 2 max|gamma| ||dx|| / (sqrt(d) s^2)`` along any direction (with
+  ``u = P x/(sqrt(d) s)``, ``ds = u.(P dx)/sqrt(d)``, ``du = (I - u u^T) P dx/(sqrt(d) s)``:
+  ``||dD|| <= max|gamma| ||dx|| |u| (3 - |u|^2)/(sqrt(d) s^2)`` and ``|u| <= 1``); integrated over the
+  segment with the certified floor ``s >= s_floor`` (Note [local norm floor]).
+* FFN: ``|sigma'(z') - sigma'(z)| <= sup|sigma''| |z' - z|`` and ``|z'_k - z_k| <= ||W_1[:, k]|| r_h``,
+  so ``||F' - F|| <= sup|sigma''| r_h ||diag(n)^{1/2} W_2|| ||W_1 diag(n)^{1/2}||``, ``n_k = ||W_1[:, k]||``
+  (``||A^T diag(c) B|| <= ||diag(c)^{1/2} A|| ||diag(c)^{1/2} B||`` for ``c >= 0``; signs of the
+  difference only shrink it).
+* softmax: the shifted score change is ``e_i^T G y_ij + q_i^T e_j + e_i^T G e_j``, at most
+  ``Delta_ij = r (||G y_ij|| + ||q_i|| + ||G|| r)``; hence ``|P'_ij - P_ij| <= P_ij (exp(Delta_ij +
+  max_k Delta_ik) - 1) =: P_ij eps_ij``.  With ``m_i = r + sum_j P_ij eps_ij ||y_ij||`` (the weighted
+  mean's move), ``||y'_ij - y_ij|| <= r + m_i`` and ``||q'_i - q_i|| <= ||G|| r``, each head's inner
+  operator ``Q_ij = P_ij (I + y_ij q_i^T) + delta_ij Sigma_i G^T`` moves in ``nu_i`` by at most
+  ``sum_j P eps + sum_j [P eps ||y'|| ||q'|| + P ||dy|| ||q'|| + P ||y|| ||dq||] + ||G|| ||dSigma_i||``,
+  ``||dSigma_i|| <= sum_j [P eps ||y'||^2 + P (||y'|| + ||y||) ||dy||]``.
+* heads: ``nu_i(M_i (A' - A)) <= min(sum_h ||M_i W_OV^hT|| dQ_h, ||M_i W_O^T|| (sum_h ||W_V^h||^2 dQ_h^2)^{1/2})``.
+
+Every bound is ``sup`` over the whole ball (the radii at the inner stages come from certified
+local constants), so ``max_i (sum_j ||J_ij|| + drift_i)`` bounds the Jacobian's (2,inf) norm at every
+point of the convex ball: a Lipschitz constant on it (mean-value theorem).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .._errors import InputError
+from ..model import Activation, LayerSpec, NormKind, NormSpec, Placement, attention_forward, ffn_forward
+from ._weights import ROUNDING_PAD, spectral
+
+__all__ = ["LayerJacobian", "layer_jacobian", "layer_jacobians", "certified_spectral", "gelu2_sup", "row_norm_lower", "gelu_second_sup"]
+
+GRAM_PAD = 1e-9
+# float64 evaluation of the blocks: each entry is a sum of at most K products; |error| <= K u
+# sum|terms|, and the spectral error <= Frobenius error <= K u ||A||_F ||B||_F per product.  The
+# pad below is that bound with K <= 4 (d + d_ff + H d_head + T) and a factor 4 for the chained
+# products, applied to the Frobenius norms of the factors (Higham, Accuracy and Stability, 3.5).
+_U = 2.0**-53
+
+
+def _f64(W) -> Tensor:  # noqa: ANN001
+    return torch.as_tensor(W, dtype=torch.float64).detach()
+
+
+def _sym_top(B: Tensor) -> Tensor:
+    """Certified largest singular value of each (n, m, k) matrix (``certified_spectral`` on the
+    smaller side)."""
+    return certified_spectral(B if B.shape[-1] <= B.shape[-2] else B.transpose(-1, -2))
+
+
+_LADDER = (1e-3, 1e-2, 5e-2, 0.25, 1.0)
+
+
+def certified_spectral(B: Tensor, *, iters: int = 12) -> Tensor:
+    """Certified upper bounds on ``||B_k||_2`` for a batch (n, m, d), cheaper than eigvalsh.
+
+    Power iteration on ``G = B^T B`` gives ``lambda_lo``; ``mu = lambda_lo (1 + delta)`` (delta from a
+    ladder) is certified when the Cholesky factorisation of ``mu I - G`` succeeds: then ``mu I - G +
+    E`` is positive semi-definite with ``||E|| <= (d + 1) d u mu`` (Demmel's backward error, the
+    diagonal of ``mu I - G`` is ``<= mu``), so ``lambda_max(G) <= mu (1 + 2 (d + 1) d u)``.  The
+    Gram's own rounding, ``<= d u ||B||_F^2``, is covered by ``GRAM_PAD`` of the Frobenius mass.
+    A batch element no ladder step certifies gets its Frobenius norm."""
+    G = B.transpose(1, 2) @ B
+    fro2 = G.diagonal(dim1=1, dim2=2).sum(-1)
+    return torch.sqrt(certified_lmax(G) + GRAM_PAD * fro2) * (1 + GRAM_PAD)
+
+
+def certified_lmax(G: Tensor, *, iters: int = 12) -> Tensor:
+    """Certified upper bounds on ``lambda_max`` of a batch of symmetric PSD (n, d, d) matrices, as
+    evaluated (power iteration, then the Cholesky test of ``certified_spectral``); trace fallback."""
+    n, _, d = G.shape
+    fro2 = G.diagonal(dim1=1, dim2=2).sum(-1)
+    v = torch.ones(n, d, dtype=torch.float64) / math.sqrt(d) + 1e-3 * torch.arange(d, dtype=torch.float64) / d
+    for _ in range(iters):
+        v = (G @ v[:, :, None])[:, :, 0]
+        v = v / v.norm(dim=1, keepdim=True).clamp(min=1e-300)
+    lam = ((G @ v[:, :, None])[:, :, 0] * v).sum(-1).clamp(min=0.0)
+    out = fro2.clone()
+    todo = torch.ones(n, dtype=torch.bool)
+    eye = torch.eye(d, dtype=torch.float64)
+    for delta in _LADDER:
+        idx = todo.nonzero()[:, 0]
+        if idx.numel() == 0:
+            break
+        mu = lam[idx] * (1 + delta) + 1e-300
+        _, info = torch.linalg.cholesky_ex(mu[:, None, None] * eye - G[idx])
+        ok = info == 0
+        out[idx[ok]] = torch.minimum(mu[ok] * (1 + 2 * (d + 1) * d * _U), fro2[idx[ok]])
+        todo[idx[ok]] = False
+    return out
+
+
+def gelu2_sup(a: Tensor, b: Tensor) -> Tensor:
+    """sup of ``|GELU''|`` on each interval ``[a, b]``: ``GELU'' = phi(z)(2 - z^2)`` has its extrema at
+    ``z = 0`` (``2 phi(0)``) and ``z = +-2`` (``2 phi(2)``) and is monotone in between, so the sup is
+    the largest of the endpoint values and of the extrema inside (padded for float64 rounding)."""
+    g = lambda z: torch.exp(-0.5 * z * z) / math.sqrt(2 * math.pi) * (2 - z * z)  # noqa: E731
+    out = torch.maximum(g(a).abs(), g(b).abs())
+    zero = (a <= 0) & (b >= 0)
+    two = ((a <= 2) & (b >= 2)) | ((a <= -2) & (b >= -2))
+    out = torch.where(zero, torch.full_like(out, 2 / math.sqrt(2 * math.pi)), out)
+    out = torch.where(two, torch.maximum(out, torch.full_like(out, 2 * math.exp(-2) / math.sqrt(2 * math.pi))), out)
+    return out * (1 + 1e-12) + 1e-300
+
+
+def gelu_second_sup() -> float:
+    """sup|GELU''| = 2 phi(0) = 2/sqrt(2 pi): GELU'' = phi(z)(2 - z^2), extrema at z = 0, +-2."""
+    return 2.0 / math.sqrt(2.0 * math.pi) * (1 + ROUNDING_PAD)
+
+
+def _norm_parts(norm: NormSpec | None, X: Tensor):  # noqa: ANN202
+    """(D (T, d, d) Jacobians, s (T,) with s^2 = sigma^2 + eps, sigma (T,), gamma_max, kind) at X."""
+    T, d = X.shape
+    eye = torch.eye(d, dtype=torch.float64)
+    if norm is None or norm.kind is NormKind.NONE:
+        return eye.expand(T, d, d).clone(), None, None, 1.0
+    if norm.kind is NormKind.BALL:
+        raise InputError("the exact-Jacobian route does not cover Pi_norm; the product route does")
+    lay = norm.kind is NormKind.LAYERNORM
+    Z = X - X.mean(dim=1, keepdim=True) if lay else X
+    sigma = Z.norm(dim=1) / math.sqrt(d)
+    s = torch.sqrt(sigma * sigma + float(norm.eps))
+    u = Z / (math.sqrt(d) * s[:, None])
+    P = eye - (1.0 / d if lay else 0.0)
+    D = (P[None] - u[:, :, None] * u[:, None, :]) / s[:, None, None]
+    if norm.weight is not None:
+        D = _f64(norm.weight)[None, :, None] * D
+    return D, s, sigma, norm.gamma_max_abs
+
+
+def _floor(norm: NormSpec, sigma: Tensor, r: Tensor, d: int) -> Tensor:
+    """Certified per-token ``s`` floor on the balls of radii ``r`` (Note [local norm floor])."""
+    d_sqrt = math.sqrt(d)
+    f = torch.clamp(sigma * (1 - 1e-12) - r / d_sqrt * (1 + 1e-12), min=0.0)
+    return torch.sqrt(f * f + float(norm.eps)) * (1 - 1e-12)
+
+
+def _norm_drift(norm: NormSpec | None, sigma: Tensor | None, r: Tensor, d: int) -> tuple[Tensor, Tensor]:
+    """(``sup ||D'|| - ||D||`` bound, sup ||D'|| bound by the floor) per token on balls of radii r."""
+    if sigma is None:
+        return torch.zeros_like(r), torch.ones_like(r)
+    s_f = _floor(norm, sigma, r, d)
+    g = norm.gamma_max_abs * (1 + ROUNDING_PAD)
+    if bool((s_f <= 0).any()):
+        return torch.full_like(r, math.inf), torch.full_like(r, math.inf)
+    return 2.0 * g * r / (math.sqrt(d) * s_f * s_f), g / s_f
+
+
+@dataclass
+class LayerJacobian:
+    """The exact-Jacobian route for one layer: certified row sums at X and over ``B(X, r)``."""
+
+    point_rows: Tensor  # (T,) certified upper bound on nu_i(J(X)) (block sums)
+    drift_rows: Tensor  # (T,) certified bound on sup over the ball of nu_i(J(X') - J(X))
+    blocks: Tensor | None  # (T, T, d, d) J_ij at X (only when asked)
+    attention_rows: Tensor  # (T,) sup on the ball of nu_i(A) (attention alone)
+    parts: dict  # per-term maxima of the drift (where the gap sits)
+
+    @property
+    def point(self) -> float:
+        return float(self.point_rows.max())
+
+    @property
+    def ball(self) -> float:
+        return float((self.point_rows + self.drift_rows).max()) * (1 + ROUNDING_PAD)
+
+
+def _head_data(attn, Xin: Tensor):  # noqa: ANN001, ANN202
+    """Per head: P, y (T, T, d), q (T, d), Wq, Wk, Wv, Wo (float64)."""
+    T, d = Xin.shape
+    Xa = torch.cat([Xin, torch.ones(T, 1, dtype=torch.float64)], dim=1)
+    out = []
+    for h in range(attn.n_heads):
+        Wq, Wk, Wv, Wo = (_f64(W) for W in attn.head(h))
+        Wqa = _f64(attn.W_Q_augmented(h))
+        # the scores with the query bias folded in; the key bias is constant per row (softmax drops it)
+        scores = attn.softmax_scale * (Xa @ Wqa) @ (Xin @ Wk).T
+        if attn.causal:
+            scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+        P = torch.softmax(scores, dim=-1)
+        Y = Xin[None, :, :] - (P @ Xin)[:, None, :]
+        q = attn.softmax_scale * (Xa @ Wqa) @ Wk.T
+        out.append((P, Y, q, Wq, Wk, Wv, Wo))
+    return out
+
+
+def layer_jacobians(layer: LayerSpec, X: Tensor, radii, *, keep_blocks: bool = False,  # noqa: ANN001
+                    norms: dict | None = None, head_norms_: dict | None = None, exact: int = 8) -> list[LayerJacobian]:
+    r"""Certified (2,inf) bound of one layer's Jacobian at every point of ``B(X, r)``, for each ``r``
+    in ``radii`` (the blocks at X are computed once).
+
+    .. math:: \|J(X')\|_{(2,\infty)} \le \max_i \Big(\sum_j \|J_{ij}(X)\|_2 + \mathrm{drift}_i(r)\Big)
+
+    Source: THEORY F17, Notes [exact layer Jacobian], [Jacobian drift].  ``attention_rows`` are
+    computed here: certified per-query bounds of ``nu_i(A)`` on the attention's input ball
+    (``attention_local_bound``; radius ``r`` post-LN, ``r max_j sup||D1_j||`` pre-LN).  ``exact`` blocks per row get certified spectral norms, the rest their Frobenius norms
+    (``_row_block_norms``).  Assumptions: dot attention without RoPE,
+    non-gated FFN whose ``sup|sigma''|`` is finite, every token within ``r`` of X.
+    """
+
+    ffn, attn = layer.ffn, layer.attention
+    if ffn.gated:
+        raise InputError("the exact-Jacobian route does not cover gated FFNs")
+    X = X.detach().double()
+    T, d = X.shape
+    post = layer.placement is Placement.POST
+    norms = _weight_norms(layer) if norms is None else norms
+    W1, W2 = _f64(ffn.W_1), _f64(ffn.W_2)
+    b1 = 0 if ffn.b_1 is None else _f64(ffn.b_1)
+    if post:
+        Xin = X
+        D1 = None
+        S1 = X + attention_forward(attn, X)
+        Da, sa, siga, _ = _norm_parts(layer.norm_attn, S1)
+        H = layer.norm_attn(S1) if layer.norm_attn is not None else S1
+        S2 = H + ffn_forward(ffn, H)
+        Db, sb, sigb, _ = _norm_parts(layer.norm_ffn, S2)
+    else:
+        D1, s1, sig1, _ = _norm_parts(layer.norm_attn, X)
+        Xin = layer.norm_attn(X) if layer.norm_attn is not None else X
+        S1 = X + attention_forward(attn, Xin)
+        Db, sb, sigb, _ = _norm_parts(layer.norm_ffn, S1)
+        H = layer.norm_ffn(S1) if layer.norm_ffn is not None else S1
+    z = (H @ W1 + b1).clone().requires_grad_(True)
+    (slope,) = torch.autograd.grad(ffn.activation(z).sum(), z)
+    F = (W2.T[None] * slope.detach()[:, None, :]) @ W1.T  # (T, d, d)
+    eye = torch.eye(d, dtype=torch.float64)
+    IF = eye + F
+    M = Db @ IF @ Da if post else eye + F @ Db
+    heads = _head_data(attn, Xin)
+    # -- the exact blocks and their certified norms, one output token at a time --------------------
+    fro = lambda A: float(A.norm(dim=(-2, -1)).max()) if A.dim() == 3 else float(A.norm())  # noqa: E731
+    K = 4 * (d + W1.shape[1] + attn.n_heads * attn.d_head + T)
+    ymax = max(float(hd[1].norm(dim=-1).max()) for hd in heads)
+    qmax = max(float(hd[2].norm(dim=-1).max()) for hd in heads)
+    fV = sum(fro(hd[5]) * fro(hd[6]) for hd in heads)
+    fM = fro(M) + 4 * K * _U * (fro(Db) * (math.sqrt(d) + fro(W2) * float(slope.abs().max()) * fro(W1))
+                                * (fro(Da) if post else 1.0) + math.sqrt(d))
+    fD1 = 1.0 if post else fro(D1)
+    block_pad = 4 * K * _U * fM * (1 + fV * (1 + ymax * qmax + ymax * ymax * max(norms["G"])) * fD1)
+    from ._local_attention import attention_local_bound, head_norms
+
+    hn = head_norms(attn) if head_norms_ is None else head_norms_
+    point_rows = torch.zeros(T, dtype=torch.float64)
+    att_point = torch.zeros(T, dtype=torch.float64)
+    kept = torch.zeros(T, T, d, d, dtype=torch.float64) if keep_blocks else None
+    for i in range(T):
+        Ai = _attention_row(heads, eye, i, attn.softmax_scale)
+        att_point[i] = (_row_block_norms(Ai, exact) + block_pad).sum()
+        Bi = _attention_row(heads, M[i], i, attn.softmax_scale)
+        if not post:
+            Bi = Bi @ D1  # the attention sees D1_j dx_j; the residual does not
+        Bi[i] += M[i]
+        if kept is not None:
+            kept[i] = Bi
+        point_rows[i] = (_row_block_norms(Bi, exact) + block_pad).sum()
+    memo = _Memo()
+    out = []
+    for r in radii:
+        if post:
+            ry = float(r)
+        else:
+            d1, sup1 = _norm_drift(layer.norm_attn, sig1, torch.full((T,), float(r), dtype=torch.float64), d)
+            ry = float(r * torch.minimum(sup1, memo("D1", D1) + d1).max()) * (1 + 1e-12)
+        dQ = _attention_drift(heads, ry, norms, attn.softmax_scale)  # (H, T)
+        nV = torch.tensor(norms["V"], dtype=torch.float64)[:, None]
+        dA_alone = torch.minimum((torch.tensor(hn["OV"], dtype=torch.float64)[:, None] * dQ).sum(dim=0),
+                                 hn["O"] * torch.sqrt(((nV * dQ) ** 2).sum(dim=0)))
+        # the attention alone on its input ball: exact at the point plus its drift, or the older bound
+        attention_rows = torch.minimum(attention_local_bound(attn, Xin, ry, norms=hn).per_query,
+                                       (att_point + dA_alone) * (1 + ROUNDING_PAD))
+        drift, parts = _drift(memo, layer, X, z.detach(), r, post, dQ, heads, M, IF, F, Da if post else D1, Db,
+                              (siga, sa) if post else (sig1, s1), (sigb, sb), S1, attention_rows, norms)
+        out.append(LayerJacobian(point_rows * (1 + ROUNDING_PAD), drift, kept, attention_rows, parts))
+    return out
+
+
+def layer_jacobian(layer: LayerSpec, X: Tensor, r: float, **kw) -> LayerJacobian:
+    r"""Certified (2,inf) bound of one layer's Jacobian at every point of ``B(X, r)``.
+
+    .. math:: \|J(X')\|_{(2,\infty)} \le \max_i \Big(\sum_j \|J_{ij}(X)\|_2 + \mathrm{drift}_i(r)\Big)
+
+    Source: THEORY F17, Notes [exact layer Jacobian], [Jacobian drift]; see ``layer_jacobians``.
+    """
+    return layer_jacobians(layer, X, [r], **kw)[0]
+
+
+
+class _Memo:
+    """Certified norms of the r-independent per-token matrices, computed once per layer call."""
+
+    def __init__(self) -> None:
+        self.store: dict = {}
+
+    def __call__(self, name: str, A: Tensor) -> Tensor:
+        if name not in self.store:
+            self.store[name] = _sym_top(A)
+        return self.store[name]
+
+
+def _attention_row(heads, Mi: Tensor, i: int, scale: float) -> Tensor:  # noqa: ANN001
+    """Blocks ``M_i A_ij`` (T, d, d) of output token ``i`` (Note [exact layer Jacobian])."""
+    T, d = heads[0][2].shape[0], Mi.shape[0]
+    Bi = torch.zeros(T, d, Mi.shape[1], dtype=torch.float64)
+    diag = torch.zeros(d, Mi.shape[1], dtype=torch.float64)
+    for P, Y, q, Wq, Wk, Wv, Wo in heads:
+        MO = Mi @ Wo.T  # (d, dh)
+        C = MO @ Wv.T  # (d, d): M_i W_OV^hT
+        p = P[i]
+        Vy = Y[i] @ Wv  # (T, dh): W_V^T y_ij as rows
+        U = Vy @ MO.T  # (T, d): C y_ij
+        Bi += p[:, None, None] * C[None] + (p[:, None] * U)[:, :, None] * q[i][None, None, :]
+        Gy = scale * (Y[i] @ Wk) @ Wq.T  # (T, d): (G y_ij)^T as rows
+        diag += MO @ ((p[:, None] * Vy).T @ Gy)  # M_i W_OV^T Sigma_i G^T
+    Bi[i] += diag
+    return Bi
+
+
+def _row_block_norms(Bi: Tensor, exact: int) -> Tensor:
+    """Certified ``||J_ij||_2`` for one output row: the ``exact`` blocks largest in Frobenius norm
+    by ``certified_spectral``, the others by their Frobenius norm (an upper bound)."""
+    fro = Bi.norm(dim=(1, 2)) * (1 + 1e-12)
+    if exact >= Bi.shape[0]:
+        return certified_spectral(Bi)
+    top = fro.topk(exact).indices
+    fro[top] = certified_spectral(Bi[top])
+    return fro
+
+
+def _weight_norms(layer: LayerSpec) -> dict:
+    """Certified weight norms the drift uses (they do not depend on the data)."""
+    ffn, attn = layer.ffn, layer.attention
+    W1, W2 = _f64(ffn.W_1), _f64(ffn.W_2)
+    n = W1.norm(dim=0) * (1 + 1e-12)
+    G, V = [], []
+    for h in range(attn.n_heads):
+        Wq, Wk, Wv, _ = (_f64(W) for W in attn.head(h))
+        G.append(attn.softmax_scale * spectral(Wq @ Wk.T) * (1 + ROUNDING_PAD) * (1 + 1e-12))
+        V.append(spectral(Wv) * (1 + ROUNDING_PAD))
+    ffn_curv = spectral(n.sqrt()[:, None] * W2) * spectral(W1 * n.sqrt()[None, :]) * (1 + ROUNDING_PAD) ** 2
+    return {"G": G, "V": V, "ffn_curv": ffn_curv, "n1": n, "O": spectral(_f64(attn.W_O).reshape(-1, attn.d_model)),
+            "W1": spectral(W1), "W2": spectral(W2)}
+
+
+def _attention_drift(heads, r: float, norms: dict, scale: float) -> Tensor:  # noqa: ANN001
+    """(H, T): per head and query the bound on ``nu_i(Q'^h - Q^h)`` over ``B(X, r)`` (Note [Jacobian drift])."""
+    out = []
+    for h, (P, Y, q, Wq, Wk, _, _) in enumerate(heads):
+        nG = norms["G"][h]
+        yn = Y.norm(dim=-1)  # (T_i, T_j)
+        qn = q.norm(dim=-1)
+        Gy = ((Y @ Wk) @ Wq.T).norm(dim=-1) * scale * (1 + 1e-12)
+        delta = r * (Gy + qn[:, None] * (1 + 1e-12) + nG * r)
+        delta = torch.where(P > 0, delta, torch.zeros_like(delta))  # masked keys keep P' = 0
+        eps = torch.expm1(delta + delta.max(dim=1, keepdim=True).values) * (1 + 1e-12)
+        dP = P * eps
+        m = r + (dP * yn).sum(dim=1)  # the weighted mean's move, (T,)
+        dy = r + m[:, None]
+        yp = yn + dy
+        qp = qn + nG * r
+        term_a = dP.sum(dim=1)
+        term_b = (dP * yp).sum(dim=1) * qp + (P * dy).sum(dim=1) * qp + (P * yn).sum(dim=1) * nG * r
+        dSigma = (dP * yp * yp).sum(dim=1) + (P * (yp + yn) * dy).sum(dim=1)
+        out.append((term_a + term_b + nG * dSigma) * (1 + 1e-10))
+    return torch.stack(out)
+
+
+def _drift(memo, layer, X, z, r, post, dQ, heads, M, IF, F, D1, Db, nA, nB, S1, att_rows, norms):  # noqa: ANN001, ANN202, PLR0913
+    """Per-token drift bound of the row operator over ``B(X, r)`` and the per-term maxima."""
+    T, d = X.shape
+    attn, ffn = layer.attention, layer.ffn
+    from ._local import second_derivative_sup
+
+    rr = torch.full((T,), float(r), dtype=torch.float64)
+    curv = second_derivative_sup(ffn.activation) * norms["ffn_curv"]
+    nIF = memo("IF", IF)
+    nM = memo("M", M)
+    if post:
+        siga, _ = nA
+        sigb, _ = nB
+        r1 = rr * (1 + att_rows) * (1 + 1e-12)
+        dDa, supDa = _norm_drift(layer.norm_attn, siga, r1, d)
+        nDa = memo("D1", D1)
+        rh = r1 * torch.minimum(supDa, nDa + dDa)
+        dF = _ffn_drift(ffn, z, rh, norms, curv)
+        r2 = rh * (nIF + dF) * (1 + 1e-12)
+        dDb, _ = _norm_drift(layer.norm_ffn, sigb, r2, d)
+        nDb = memo("Db", Db)
+        dM = dDb * (nIF + dF) * (nDa + dDa) + nDb * dF * (nDa + dDa) + nDb * nIF * dDa
+        a_in = att_rows
+        dA_scale = torch.ones(T, dtype=torch.float64)
+        ry = float(r)
+    else:
+        sig1, _ = nA
+        sigb, _ = nB
+        d1, sup1 = _norm_drift(layer.norm_attn, sig1, rr, d)
+        nD1 = memo("D1", D1)
+        sup1 = torch.minimum(sup1, nD1 + d1)
+        ry = float(r * sup1.max()) * (1 + 1e-12)
+        r1 = rr + att_rows * ry
+        dDb, supDb = _norm_drift(layer.norm_ffn, sigb, r1, d)
+        nDb = memo("Db", Db)
+        rh = r1 * torch.minimum(supDb, nDb + dDb)
+        dF = _ffn_drift(ffn, z, rh, norms, curv)
+        nF = memo("F", F)
+        dM = dF * (nDb + dDb) + nF * dDb
+        a_in = att_rows * float(sup1.max())
+        dA_scale = torch.full((T,), float(sup1.max()), dtype=torch.float64)
+    if "mixed" not in memo.store:
+        memo.store["mixed"] = _mixed_norms(M, heads, norms)
+    MOV, MO = memo.store["mixed"]
+    summed = (MOV * dQ).sum(dim=0)
+    concat = MO * torch.sqrt(((torch.tensor(norms["V"], dtype=torch.float64)[:, None] * dQ) ** 2).sum(dim=0))
+    dA = torch.minimum(summed, concat) * dA_scale
+    drift = dM * (1 + a_in) + dA
+    parts = {"norm_ffn/ffn/norm_attn (dM)": float((dM * (1 + a_in)).max()), "attention (dA)": float(dA.max())}
+    if not post:  # M_i A_i (D1' - D1): the pre-LN input norm moves under the attention
+        extra = nM * att_rows * float(d1.max())
+        drift = drift + extra
+        parts["norm_attn (pre, dD1)"] = float(extra.max())
+    drift = torch.where(torch.isfinite(drift), drift, torch.full_like(drift, math.inf))
+    return drift * (1 + ROUNDING_PAD), parts
+
+
+def _ffn_drift(ffn, z: Tensor, rh: Tensor, norms: dict, curv: float) -> Tensor:  # noqa: ANN001
+    """Per token ``||F'_t - F_t||`` on the FFN input balls of radii ``rh`` (Note [Jacobian drift]):
+    ``|sigma'(z'_k) - sigma'(z_k)| <= c_k = sup_{[z_k - h_k, z_k + h_k]} |sigma''| h_k``, ``h_k = n_k rh``,
+    and ``||W_2^T diag(delta) W_1^T|| <= (lambda_max(W_2^T diag(c) W_2) lambda_max(W_1 diag(c) W_1^T))^{1/2}``.
+    GELU gets the per-unit interval sup (``gelu2_sup``), other activations the global one."""
+    glob = curv * rh
+    if Activation(ffn.activation) is not Activation.GELU:
+        return glob
+    W1, W2 = _f64(ffn.W_1), _f64(ffn.W_2)
+    half = norms["n1"][None, :] * rh[:, None]
+    c = gelu2_sup(z - half, z + half) * half * (1 + ROUNDING_PAD)
+    l2 = certified_lmax((W2.T[None] * c[:, None, :]) @ W2[None])
+    l1 = certified_lmax((W1[None] * c[:, None, :]) @ W1.T[None])
+    fro = float(W1.norm() * W2.norm()) * float(c.max())
+    return torch.minimum(glob, torch.sqrt(l1 * l2) * (1 + GRAM_PAD) + GRAM_PAD * fro)
+
+
+def _mixed_norms(M: Tensor, heads, norms: dict) -> tuple[Tensor, Tensor]:  # noqa: ANN001
+    """(H, T) certified ``||M_i W_OV^hT||`` and (T,) ``||M_i W_O^T||`` (Gram eigenvalues, padded).
+
+    ``||A W_V^T||^2 = lambda_max(L^T A^T A L)`` with ``W_V^T W_V = L L^T`` (Cholesky, d_head x d_head);
+    a singular ``W_V`` falls back to ``||A|| ||W_V||``."""
+    Wo_all = torch.cat([hd[6] for hd in heads], dim=0)  # (H dh, d)
+    MO = _sym_top(M @ Wo_all.T[None])
+    out = []
+    for h, (_, _, _, _, _, Wv, Wo) in enumerate(heads):
+        A = M @ Wo.T[None]  # (T, d, dh)
+        try:
+            Lc = torch.linalg.cholesky(Wv.T @ Wv)
+        except RuntimeError:
+            out.append(_sym_top(A) * norms["V"][h])
+            continue
+        K = Lc.T[None] @ (A.transpose(1, 2) @ A) @ Lc[None]
+        fro2 = (A * A).sum(dim=(1, 2)) * float((Wv * Wv).sum())
+        out.append(torch.sqrt(torch.linalg.eigvalsh(K)[:, -1].clamp(min=0.0) + GRAM_PAD * fro2) * (1 + GRAM_PAD))
+    return torch.stack(out), MO
+
+
+def row_norm_lower(blocks: Tensor, *, iters: int = 30, restarts: int = 3, seed: int = 0) -> Tensor:
+    """Per output token, an attained value of ``nu_i(J) = max_{||v_j|| <= 1} ||sum_j J_ij v_j||``
+    (alternating maximisation: ``v_j = J_ij^T u/||J_ij^T u||``, ``u`` the normalised image; each step
+    cannot decrease it).  A lower estimate of the (2,inf) norm of ``J`` (kind: empirical lower)."""
+    T, _, d, _ = blocks.shape
+    g = torch.Generator().manual_seed(seed)
+    best = torch.zeros(T, dtype=torch.float64)
+    for k in range(restarts):
+        u = torch.randn(T, d, generator=g, dtype=torch.float64)
+        u = u / u.norm(dim=-1, keepdim=True).clamp(min=1e-300)
+        for _ in range(iters):
+            v = torch.einsum("ia,ijab->ijb", u, blocks)
+            v = v / v.norm(dim=-1, keepdim=True).clamp(min=1e-300)
+            w = torch.einsum("ijab,ijb->ia", blocks, v)
+            val = w.norm(dim=-1)
+            best = torch.maximum(best, val)
+            u = w / val[:, None].clamp(min=1e-300)
+    return best

@@ -1,0 +1,406 @@
+"""``measure_model``: every norm a bound reads, measured once per matrix (issue 11).
+
+The Lipschitz chain (``transcover.lipschitz``), the perturbation lemma G.3, the covering terms
+(``transcover.covering``) and the constrained-training monitors all read the same few numbers of
+a model: per head ``||W_Q^h W_K^hT||_2`` and ``||W_V^h W_O^h||_2``, ``||W_V^h||_2``, ``||W_Q^h||_2``,
+the stacked ``||W_O||_2``, the FFN's ``||W_1||_2``, ``||W_2||_2``, ``||W_gate||_2``, the bias and
+normalisation norms, and, when the model is compared with a reference (an initialisation, or the
+second model of ``perturb``), the distances ``||W_i - W~_i||``.  :class:`ModelNorms` holds them as
+certified :class:`~transcover.Interval` s (spectral norms: the Cholesky certificates of
+``_spectral``) or float64 vector norms, and every consumer reads them from here instead of
+measuring again.
+
+Note [one route per matrix]: each certified spectral norm is computed by exactly one call of
+:func:`~transcover.norms.spectral_norm_interval` or :func:`~transcover.norms.product_norm_interval`
+(a test counts them).  The score matrix is measured unscaled, ``W_Q^h W_K^hT``; the softmax scale
+``s`` is applied by the reader (``s * upper`` inside a chain that carries a rounding pad, or
+:meth:`HeadMeasure.W_KQ`, rounded outward).  With RoPE the score matrix is
+``s W_Q^h R_Delta W_K^hT`` for every relative rotation; it is bounded once, by
+``s ||W_Q^h|| ||W_K^h||`` (every ``R_Delta`` is orthogonal), and its distances likewise
+(:func:`_kq_distance`).
+
+Note [distances]: a matrix present in both models is compared directly; a bias or normalisation
+scale present in one model only is compared with zeros (ones for gamma), which is what the other
+model's forward pass uses (Note [structural differences] in ``model._compare``).  Differences of
+products are products of concatenated factors (rank <= 2 d_head), so no d x d matrix is formed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from .._results import Interval, Kind, as_dict
+from ..model import AttentionSpec, FFNSpec, LayerSpec, NormKind, NormSpec, Placement, TransformerSpec
+from . import _entrywise, _spectral
+
+__all__ = ["HeadMeasure", "NormMeasure", "Distance", "LayerMeasure", "ModelNorms", "measure_model", "measure_layer",
+           "matrix_interval", "product_interval"]
+
+_ZERO = Interval(0.0, 0.0, Kind.EXACT, "absent")
+
+
+@dataclass(frozen=True)
+class HeadMeasure:
+    """One query head ``h`` (reading key/value head ``kv``): certified spectral norms, unscaled.
+
+    ``W_QK = ||W_Q^h W_K^kvT||_2`` (None with RoPE: then ``W_Q`` and ``W_K`` bound it),
+    ``W_OV = ||W_V^kv W_O^h||_2``, ``b_QK = ||b_Q^h W_K^kvT||_2`` (float64; None without a query
+    bias or with RoPE), and with ``entrywise`` the (2,1) norms of ``s W_Q^h W_K^kvT`` and ``W_OV``.
+    """
+
+    head: int
+    kv: int
+    W_QK: Interval | None
+    W_OV: Interval
+    W_Q: Interval
+    W_V: Interval
+    W_K: Interval | None = None  # RoPE or query/key normalisation only
+    b_QK: float | None = None
+    b_Q: float | None = None  # ||b_Q^h||, ||b_K^kv|| (RoPE or query/key normalisation: THEORY F22, F23)
+    b_K: float | None = None
+    l21_KQ: Interval | None = None
+    l21_OV: Interval | None = None
+
+    def W_KQ(self, scale: float) -> Interval:
+        """``||scale W_Q^h W_K^hT||_2`` (sup over relative positions with RoPE), rounded outward."""
+        if self.W_QK is not None:
+            if math.frexp(scale)[0] == 0.5:  # a power of two: the product is exact, no rounding to direct
+                return Interval(self.W_QK.lower * scale, self.W_QK.upper * scale, self.W_QK.kind, self.W_QK.method)
+            return _spectral.scale_interval(self.W_QK, scale)
+        upper = _spectral.up(_spectral.up(scale * self.W_Q.upper) * self.W_K.upper)
+        return Interval(0.0, upper, Kind.CERTIFIED_INTERVAL, "RoPE: scale ||W_Q|| ||W_K||")
+
+
+@dataclass(frozen=True)
+class NormMeasure:
+    """A normalisation map: kind, ``max|gamma|`` and ``||beta||_2`` (None: no such parameter), eps."""
+
+    kind: NormKind
+    gamma_max: float | None
+    beta_norm: float | None
+    eps: float
+
+    @classmethod
+    def of(cls, n: NormSpec | None) -> "NormMeasure":
+        if n is None:
+            return cls(NormKind.NONE, None, None, 0.0)
+        return cls(n.kind, None if n.weight is None else n.gamma_max_abs,
+                   None if n.bias is None else n.beta_norm, float(n.eps))
+
+
+@dataclass(frozen=True)
+class Distance:
+    """``||W_i - W~_i||`` of one role in ``norm`` ("spectral": certified upper end; "l2", "linf":
+    float64), with ``l21`` (certified upper end of the (2,1) norm) for matrices when measured
+    ``entrywise``.  A normalisation's changed variance floor is ``norm="eps"`` with ``value`` the
+    reference's eps (``transcover.lipschitz`` turns the pair into its ``eps_change_bound``)."""
+
+    norm: str
+    value: float
+    l21: float | None = None
+
+
+@dataclass(frozen=True)
+class LayerMeasure:
+    """Every norm of one layer (see the module docstring); ``b_*`` are float64 l2 norms, None when absent."""
+
+    index: int
+    placement: Placement
+    d_model: int
+    d_head: int
+    scale: float
+    rope: bool
+    attention_kind: str
+    activation: str
+    heads: tuple[HeadMeasure, ...]
+    W_O: Interval
+    W_1: Interval
+    W_2: Interval
+    W_gate: Interval | None
+    shapes: dict[str, tuple[int, int]]
+    b_out: float | None
+    b_1: float | None
+    b_2: float | None
+    b_gate: float | None
+    norm_attn: NormMeasure
+    norm_ffn: NormMeasure
+    has_query_bias: bool
+    l21: dict[str, Interval] = field(default_factory=dict)  # W_1, W_2, W_gate (entrywise only)
+    residual: str = "sequential"  # "parallel": x + attn(N_1 x) + ffn(N_2 x) (THEORY F21)
+    q_norm: NormMeasure | None = None  # query/key RMSNorm per head (THEORY F23)
+    k_norm: NormMeasure | None = None
+    has_rope_qk_bias: bool = False  # RoPE with query/key biases and no q/k norm: G.3 refused (F22)
+
+    @property
+    def n_heads(self) -> int:
+        return len(self.heads)
+
+
+@dataclass(frozen=True)
+class ModelNorms:
+    """A model's norms, measured once (``measure_model``), and its distances from a reference.
+
+    ``distances`` maps ``(layer, role)`` to :class:`Distance` (layer -1: the input norm,
+    ``n_layers``: the final norm; roles as in ``transcover.lipschitz.perturbation_coefficients``);
+    it is empty without a reference.
+    """
+
+    name: str
+    d_model: int
+    layers: tuple[LayerMeasure, ...]
+    input_norm: NormMeasure
+    final_norm: NormMeasure
+    distances: dict[tuple[int, str], Distance] = field(default_factory=dict)
+    reference: str | None = None
+    entrywise: bool = False
+    kind: Kind = Kind.CERTIFIED_INTERVAL
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.layers)
+
+    def to_dict(self) -> dict[str, object]:
+        return as_dict(self, distances=[{"layer": k[0], "role": k[1], **as_dict(v)}
+                                        for k, v in self.distances.items()])
+
+
+def _t(x):  # noqa: ANN001, ANN202  (a spec array of either backend -> float64 torch)
+    import torch
+
+    if x is None:
+        return None
+    if isinstance(x, torch.Tensor):
+        return x.detach().to(torch.float64)
+    return torch.from_numpy(np.array(x, dtype=np.float64))  # a writable copy
+
+
+def _np(x) -> np.ndarray:  # noqa: ANN001
+    """A contiguous float64 numpy copy (one memory layout for every certificate call)."""
+    return np.ascontiguousarray(_spectral.as_array(x, np.float64))
+
+
+def matrix_interval(W) -> Interval:  # noqa: ANN001
+    """Certified ``||W||_2`` by the one route ``measure_model`` uses (float64 contiguous copy, Cholesky
+    certificate); the zero-size matrix has norm 0."""
+    W = _np(W)
+    if W.size == 0:
+        return Interval(0.0, 0.0, Kind.CERTIFIED_INTERVAL, "empty")
+    return _spectral.spectral_norm_interval(W, rtol=1e-6)
+
+
+def product_interval(A, B) -> Interval:  # noqa: ANN001
+    """Certified ``||A B||_2`` by the one low-rank route ``measure_model`` uses (``AB`` never formed)."""
+    A, B = _np(A), _np(B)
+    if A.size == 0 or B.size == 0:
+        return Interval(0.0, 0.0, Kind.CERTIFIED_INTERVAL, "empty")
+    return _spectral.product_norm_interval(A, B, rtol=1e-6)
+
+
+def _l2(v) -> float | None:  # noqa: ANN001
+    return None if v is None else float(_t(v).norm())
+
+
+def _heads(a: AttentionSpec, entrywise: bool) -> tuple[HeadMeasure, ...]:
+    s = a.softmax_scale
+    W_V = {g: matrix_interval(_t(a.W_V[g])) for g in sorted({a.kv_index(h) for h in range(a.n_heads)})}
+    # the key map's own norm is read where the scores are not x_i W_Q W_K^T x_j^T: RoPE (sup over the
+    # rotations) and query/key normalisation (THEORY F22, F23)
+    split = a.rope is not None or a.q_norm is not None or a.k_norm is not None
+    W_K = {g: matrix_interval(_t(a.W_K[g])) for g in W_V} if split else {}
+    if a.softcap is not None and a.b_K is not None:
+        from .._errors import UnsupportedArchitectureError
+
+        # c tanh(s / c) does not let the key bias cancel, which F6 (and so F24) uses
+        raise UnsupportedArchitectureError("soft-capped attention with a key bias is not bounded (THEORY F24)")
+    out = []
+    for h in range(a.n_heads):
+        g = a.kv_index(h)
+        Wq, Wk, Wv, Wo = (_t(x) for x in a.head(h))
+        Kt = Wk.T
+        bqk = None if a.b_Q is None or a.rope is not None else float((_t(a.b_Q[h]) @ Kt).norm())
+        head = HeadMeasure(h, g, None if a.rope is not None else product_interval(Wq, Kt), product_interval(Wv, Wo), matrix_interval(Wq),
+                           W_V[g], W_K.get(g), bqk,
+                           _l2(a.b_Q[h]) if split and a.b_Q is not None else None,
+                           _l2(a.b_K[g]) if split and a.b_K is not None else None)
+        if entrywise:
+            if a.rope is None:
+                l21_kq = _entrywise.product_l21_interval(_np(s * Wq), _np(Kt))
+            else:  # every relative rotation at once (see _rope_l21)
+                up = _rope_l21(head.W_KQ(s).upper, a.d_model, a.d_head)
+                l21_kq = Interval(0.0, up, Kind.CERTIFIED_INTERVAL, "RoPE: sqrt(d d_head) x spectral bound")
+            head = replace(head, l21_KQ=l21_kq, l21_OV=_entrywise.product_l21_interval(_np(Wv), _np(Wo)))
+        out.append(head)
+    return tuple(out)
+
+
+def measure_layer(layer: LayerSpec, entrywise: bool = False) -> LayerMeasure:
+    """Every norm of one layer (the per-layer step of :func:`measure_model`)."""
+    a, f = layer.attention, layer.ffn
+    mats = {"W_1": f.W_1, "W_2": f.W_2, "W_gate": f.W_gate}
+    spectral = {k: None if W is None else matrix_interval(_t(W)) for k, W in mats.items()}
+    l21 = {k: _entrywise.l21_interval(_np(W)) for k, W in mats.items() if W is not None} if entrywise else {}
+    return LayerMeasure(
+        index=layer.index, placement=layer.placement, d_model=a.d_model, d_head=a.d_head,
+        scale=a.softmax_scale, rope=a.rope is not None, attention_kind=a.kind, activation=f.activation.value,
+        heads=_heads(a, entrywise), W_O=matrix_interval(_t(a.W_O).reshape(-1, a.d_model)),
+        W_1=spectral["W_1"], W_2=spectral["W_2"], W_gate=spectral["W_gate"],
+        shapes={k: tuple(W.shape) for k, W in mats.items() if W is not None},
+        b_out=_l2(a.effective_output_bias()), b_1=_l2(f.b_1), b_2=_l2(f.b_2), b_gate=_l2(f.b_gate),
+        norm_attn=NormMeasure.of(layer.norm_attn), norm_ffn=NormMeasure.of(layer.norm_ffn),
+        has_query_bias=a.b_Q is not None and a.rope is None, l21=l21, residual=layer.residual.value,
+        q_norm=None if a.q_norm is None else NormMeasure.of(a.q_norm),
+        k_norm=None if a.k_norm is None else NormMeasure.of(a.k_norm),
+        has_rope_qk_bias=a.rope is not None and a.q_norm is None and a.k_norm is None
+        and (a.b_Q is not None or a.b_K is not None),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# distances from a reference (Note [distances])
+
+
+def _diff(a, b, what: str, fill: float = 0.0):  # noqa: ANN001, ANN202
+    import torch
+
+    from .._errors import InputError
+
+    if a is None and b is None:
+        return torch.zeros(1, dtype=torch.float64)
+    ta, tb = _t(a), _t(b)
+    ta = torch.full_like(tb, fill) if ta is None else ta
+    tb = torch.full_like(ta, fill) if tb is None else tb
+    if ta.shape != tb.shape:
+        raise InputError(f"{what} has shape {tuple(ta.shape)} in one model and {tuple(tb.shape)} in the other")
+    return ta - tb
+
+
+def _rope_l21(spectral_upper: float, d: int, rank: int) -> float:
+    """``||M||_{2,1} <= sqrt(d) ||M||_F <= sqrt(d rank) ||M||_2`` for a d x d matrix of rank <= ``rank``:
+    the (2,1) norm is not rotation invariant, so with RoPE it is bounded through the spectral norm,
+    which holds for every relative rotation at once."""
+    return _spectral.up(_spectral.up(float(np.sqrt(d * min(d, rank))) * (1 + 2.0**-52)) * spectral_upper)
+
+
+def _kq_distance(aa: AttentionSpec, ab: AttentionSpec, h: int, entrywise: bool) -> Distance:
+    """Certified ``sup_R ||s W_Q^h R W_K^hT - s~ W~_Q^h R W~_K^hT||_2`` (R = I without RoPE)."""
+    import torch
+
+    s, st = aa.softmax_scale, ab.softmax_scale
+    qa, ka, qb, kb = _t(aa.W_Q[h]), _t(aa.W_K[aa.kv_index(h)]), _t(ab.W_Q[h]), _t(ab.W_K[ab.kv_index(h)])
+    if s == st and qa.shape == qb.shape and torch.equal(qa, qb) and torch.equal(ka, kb):
+        return Distance("spectral", 0.0, 0.0 if entrywise else None)
+    if aa.rope is not None:
+        # s Q R K^T - s~ Q~ R K~^T = (s Q - s~ Q~) R K^T + s~ Q~ R (K - K~)^T with ||R|| = 1 (the same R
+        # in both models: same RoPE and d_head, Note [structural differences]).
+        sp = (matrix_interval(s * qa - st * qb).upper * matrix_interval(ka).upper + st * matrix_interval(qb).upper * matrix_interval(ka - kb).upper)
+        sp = _spectral.up(sp * (1 + 4 * 2.0**-52))
+        return Distance("spectral", sp, _rope_l21(sp, qa.shape[0], 2 * qa.shape[1]) if entrywise else None)
+    P, Q = torch.cat([s * qa, -st * qb], 1), torch.cat([ka, kb], 1).T
+    l21 = _entrywise.product_l21_interval(_np(P), _np(Q)).upper if entrywise else None
+    return Distance("spectral", product_interval(P, Q).upper, l21)
+
+
+def _attention_distances(aa: AttentionSpec, ab: AttentionSpec, i: int, entrywise: bool) -> dict:
+    import torch
+
+    out: dict[tuple[int, str], Distance] = {}
+    s, st = aa.softmax_scale, ab.softmax_scale
+    for h in range(aa.n_heads):
+        out[(i, f"W_KQ.{h}")] = _kq_distance(aa, ab, h, entrywise)
+        _, ka, va, oa = (_t(x) for x in aa.head(h))
+        _, kb, vb, ob = (_t(x) for x in ab.head(h))
+        if va.shape == vb.shape and torch.equal(va, vb) and torch.equal(oa, ob):
+            out[(i, f"W_OV.{h}")] = Distance("spectral", 0.0, 0.0 if entrywise else None)
+        else:
+            P, Q = torch.cat([va, -vb], 1), torch.cat([oa, ob], 0)
+            out[(i, f"W_OV.{h}")] = Distance(
+                "spectral", product_interval(P, Q).upper, _entrywise.product_l21_interval(_np(P), _np(Q)).upper if entrywise else None)
+        if aa.rope is None and (aa.b_Q is not None or ab.b_Q is not None):
+            # b_K cancels in the softmax; s b_Q W_K^T is the query bias's only effect (Note [attention biases])
+            ba = torch.zeros(ka.shape[1], dtype=torch.float64) if aa.b_Q is None else _t(aa.b_Q[h])
+            bb = torch.zeros(kb.shape[1], dtype=torch.float64) if ab.b_Q is None else _t(ab.b_Q[h])
+            out[(i, f"b_KQ.{h}")] = Distance("l2", float((s * ba @ ka.T - st * bb @ kb.T).norm()))
+    ea, eb = aa.effective_output_bias(), ab.effective_output_bias()
+    if ea is not None or eb is not None:
+        out[(i, "b_out")] = Distance("l2", float(_diff(ea, eb, f"layer {i} b_out").norm()))
+    return out
+
+
+def _ffn_distances(fa: FFNSpec, fb: FFNSpec, i: int, entrywise: bool) -> dict:
+    out: dict[tuple[int, str], Distance] = {}
+    for name in ("W_1", "W_2", "W_gate"):
+        if getattr(fa, name) is not None:
+            D = _diff(getattr(fa, name), getattr(fb, name), f"layer {i} {name}")
+            out[(i, name)] = Distance("spectral", matrix_interval(D).upper,
+                                      _entrywise.l21_interval(_np(D)).upper if entrywise else None)
+    for name in ("b_1", "b_2", "b_gate"):
+        if getattr(fa, name) is not None or getattr(fb, name) is not None:
+            out[(i, name)] = Distance("l2", float(_diff(getattr(fa, name), getattr(fb, name), f"layer {i} {name}").norm()))
+    return out
+
+
+def _norm_distances(na: NormSpec | None, nb: NormSpec | None, i: int, prefix: str) -> dict:
+    """``||gamma - gamma~||_inf``, ``||beta - beta~||_2`` and, for different variance floors, the
+    eps change bound of a LayerNorm/RMSNorm (no parameters otherwise)."""
+    if na is None or nb is None or na.kind not in (NormKind.LAYERNORM, NormKind.RMSNORM):
+        return {}
+    out = {(i, f"{prefix}.gamma"): Distance("linf", float(_diff(na.weight, nb.weight, f"{prefix} weight", 1.0).abs().max())),
+           (i, f"{prefix}.beta"): Distance("l2", float(_diff(na.bias, nb.bias, f"{prefix} bias").norm()))}
+    if float(na.eps) != float(nb.eps):  # Note [eps change] in ``lipschitz._normalisation``
+        out[(i, f"{prefix}.eps")] = Distance("eps", float(nb.eps))  # the reference's variance floor
+    return out
+
+
+def _layer_distances(la: LayerSpec, lb: LayerSpec, entrywise: bool) -> dict:
+    i = la.index
+    out = _attention_distances(la.attention, lb.attention, i, entrywise)
+    out.update(_ffn_distances(la.ffn, lb.ffn, i, entrywise))
+    for nm in ("norm_attn", "norm_ffn"):
+        out.update(_norm_distances(getattr(la, nm), getattr(lb, nm), i, nm))
+    return out
+
+
+def measure_model(spec: TransformerSpec, *, reference: TransformerSpec | None = None,
+                  entrywise: bool = False) -> ModelNorms:
+    """Measure every norm of ``spec`` once, and its distances from ``reference`` if given.
+
+    .. math::
+
+        \\|W\\|_2 \\in [\\ell, u] \\text{ (Cholesky certificate, seed 2.1)},\\qquad
+        \\|AB\\|_2 \\in [\\ell, u] \\text{ (low-rank route, rank} \\le d_{head})
+
+    Source: :func:`~transcover.norms.spectral_norm_interval` and
+    :func:`~transcover.norms.product_norm_interval` (one call per matrix, Note [one route per
+    matrix]); distances as in Note [distances].  Assumptions: the weights are given exactly by
+    their float values (bf16/fp16/float32 upcast to float64 is exact).
+
+    Args:
+        spec: the model (numpy or torch arrays; read one layer at a time).
+        reference: a model of the same structure; ``distances`` then holds ``||W_i - W~_i||``.
+        entrywise: also the (2,1) norms the covering bounds need (F2).
+
+    Raises:
+        InputError: ``reference`` with a different structure (``model.require_same_structure``).
+        UnsupportedArchitectureError: RoPE attention with query/key biases.
+    """
+    from ..model import require_same_structure
+
+    spec = spec.to_torch()  # one backend for every route (numpy specs from files; lazy layers stay lazy)
+    reference = None if reference is None else reference.to_torch()
+    if reference is not None:  # before any measurement: a mismatch is the user's, named in one line
+        require_same_structure(spec, reference)
+    distances: dict[tuple[int, str], Distance] = {}
+    layers = []
+    # one pass over the layers (a lazy spec decodes each layer once, Note [one layer at a time] in _analyze)
+    for i, layer in enumerate(spec.layers):
+        layers.append(measure_layer(layer, entrywise))
+        if reference is not None:
+            distances.update(_layer_distances(layer, reference.layers[i], entrywise))
+    if reference is not None:
+        distances.update(_norm_distances(spec.input_norm, reference.input_norm, -1, "input_norm"))
+        distances.update(_norm_distances(spec.final_norm, reference.final_norm, spec.n_layers, "final_norm"))
+    return ModelNorms(spec.name, spec.d_model, tuple(layers), NormMeasure.of(spec.input_norm), NormMeasure.of(spec.final_norm),
+                      distances, None if reference is None else reference.name, entrywise)

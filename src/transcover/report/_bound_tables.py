@@ -1,0 +1,165 @@
+"""Tables, figure and JSON payload of ``transcover bound`` (the CLI only parses and calls these)."""
+
+from __future__ import annotations
+
+__all__ = ["json_safe", "fmt_log", "bound_payload", "render_bound", "bound_png"]
+
+
+def json_safe(obj):
+    """Strict JSON: non-finite floats (a zero-coefficient matrix's eps_i = inf) become strings."""
+    import math
+
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+def fmt_log(ln_value: float) -> str:
+    """A number given by its natural log, printed as a float or as 10^x."""
+    import math
+
+    if ln_value == -math.inf:
+        return "0"
+    if ln_value < math.log(1e6):
+        return f"{math.exp(ln_value):.4g}"
+    return f"10^{ln_value / math.log(10):.2f}"
+
+
+def bound_payload(result, diagnosis, n_needed: float, target: float, warnings: list[str]) -> dict[str, object]:
+    """The JSON body of ``transcover bound`` (strict JSON: non-finite floats as strings)."""
+    import math
+
+    data = json_safe(result.to_dict())
+    data["n_needed_for_gap"] = {"target_gap": target, "n": n_needed if math.isfinite(n_needed) else "> 1e300"}
+    data["diagnosis"] = json_safe(diagnosis.to_dict())
+    data["warnings"] = list(warnings)
+    return data
+
+
+def render_bound(result, terms, n_needed: float, target: float, top: int, diagnosis) -> None:
+    import math
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from ..covering import CompositeCovering
+
+    con = Console()
+    cov = result.covering
+    con.print(f"[bold]{result.model}[/bold] ({result.arch}, {result.n_layers} layers): "
+              f"log N_inf(eps={result.eps!r}, n={result.transformer.n_points // result.seq_len:g} x T={result.seq_len}) "
+              f"<= {fmt_log(cov.log_log_N)}  [{result.kind.value}]")
+    if result.routes:
+        others = ", ".join(f"{k} {fmt_log(v)}" for k, v in result.routes.items())
+        con.print(f"  route: {result.route}" + (" (family auto: the smallest certified log N of the routes "
+                                                 if result.family == "auto" else " (routes for comparison: ")
+                  + others + ")")
+    if isinstance(cov, CompositeCovering):
+        con.print(f"  Theorem G.5: MLP head log N(eps/2) <= {fmt_log(cov.mlp.log_log_N)} "
+                  f"({cov.mlp.n_params} params, C = {fmt_log(cov.log_C)}); Transformer log N(eps/2C) <= "
+                  f"{fmt_log(cov.transformer.log_log_N)}; 4C^2(eta+eta~)^3/eps^2 = {fmt_log(cov.log_leading)}")
+    t = Table(title="generalisation gap (w.p. >= 1 - delta)")
+    for col in ("n", "gap bound (reported)", "raw formula", "Rademacher", "vacuous", "BFT-baseline gap"):
+        t.add_column(col, justify="right")
+    b_loss = result.generalisation[0].loss_bound
+    for g, b in zip(result.generalisation, result.bft_generalisation):
+        t.add_row(f"{g.n:.3g}", fmt_log(g.log_gap) + (" (trivial)" if g.vacuous else ""), fmt_log(g.raw_log_gap),
+                  f"{g.rademacher.value:.4g}" + (" (trivial 4b)" if g.rademacher.trivial else ""),
+                  "yes" if g.vacuous else "no",
+                  fmt_log(b.log_gap) + (f" (vacuous, raw {fmt_log(b.raw_log_gap)})" if b.vacuous else ""))
+    con.print(t)
+    if any(g.vacuous for g in result.generalisation):
+        con.print(f"vacuous: the bound's formula is >= the loss range b = {b_loss:g} (a [0, b] loss never has a "
+                  f"larger gap), so the reported gap is the trivial b; the raw formula is shown for comparison only")
+    con.print(f"n needed for a gap <= {target:g}: {n_needed:.3g}" if math.isfinite(n_needed)
+              else f"n needed for a gap <= {target:g}: more than 1e300")
+    if diagnosis.vacuous:
+        dom = ", ".join(f"n={g.n:.3g}: {d}" for g, d in zip(result.generalisation, diagnosis.dominant_term))
+        con.print(f"[bold]why vacuous[/bold]: dominant gap term ({dom}); largest shares of the Transformer's log N: "
+                  + ", ".join(f"{m} {s:.1%} ({c.split()[0]})" for m, _, c, s, _ in diagnosis.top)
+                  + "; by layer: " + ", ".join(f"{ly}: {s:.1%}" for ly, s in diagnosis.layers[:3]))
+        con.print("[bold]what would tighten it[/bold] (advice):")
+        for tip in diagnosis.suggestions:
+            con.print(f"  - {tip}")
+    con.print("BFT baseline (an estimate, not a bound here: BFT's theorem covers feed-forward chains; the "
+              "Transformer's matrices are treated as one chain without residuals, LayerNorm or softmax)")
+    con.print(f"BFT spectral complexity R_A = {fmt_log(result.bft.log_R)} [{result.bft.kind.value}]; "
+              f"BFT log N ~ A/eps^2 with A = {fmt_log(result.bft.log_A)}, "
+              f"ours at eps: log N * eps^2 = {fmt_log(cov.log_log_N + 2 * math.log(result.eps))}")
+    lt = Table(title="share of the Transformer's log N by layer")
+    lt.add_column("layer", justify="right")
+    lt.add_column("share", justify="right")
+    for layer, share in sorted(result.transformer.by_layer().items()):
+        lt.add_row({-1: "input (embedding norm)"}.get(layer, str(layer)), f"{share:.3%}")
+    con.print(lt)
+    from rich import box
+
+    # 80 columns: light borders, the cover as its formula number, names never cut to "layer0.W…"
+    mt = Table(title=f"largest {top} contributions (cover: F1 parameter count, F2 (2,1)-norm)",
+               box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True)
+    for col in ("matrix", "group", "cover", "log10 c_i", "eps_i", "log N_i", "share"):
+        mt.add_column(col, justify="left" if col in ("matrix", "group", "cover") else "right",
+                      overflow="fold", no_wrap=True)
+    for c in sorted(terms, key=lambda c: c.log_cost, reverse=True)[:top]:
+        cover = c.cover[c.cover.rfind("(") + 1:].rstrip(")") if "(" in c.cover else c.cover
+        mt.add_row(c.name.replace("layer-1.", "input."), c.group, cover, f"{c.log_c / math.log(10):.2f}",
+                   fmt_log(c.log_eps_i)
+                   if c.log_eps_i > -700 else f"10^{c.log_eps_i / math.log(10):.1f}", fmt_log(c.log_cost),
+                   f"{c.share:.3%}")
+    con.print(mt)
+    con.print("[bold]assumptions[/bold]")
+    for a in result.assumptions:
+        con.print(f"  - {a}")
+
+
+def bound_png(result, curve, n_needed: float, target: float) -> bytes:
+    """PNG bytes: log N(eps) at the first n, and the gap bound against n (loss and delta from the result)."""
+    import io
+    import math
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from ..covering import generalisation_bound
+
+    opts = result.options
+    loss_lipschitz, loss_bound, delta = opts["loss_lipschitz"], opts["loss_bound"], opts["delta"]
+    n0 = result.generalisation[0].n
+    eps = np.logspace(-3, 1, 41) * result.eps
+    loglog = np.array([curve(float(e), n0) for e in eps]) / math.log(10)
+    hi = max(12.0, (math.log10(n_needed) + 1) if math.isfinite(n_needed) else 40.0)
+    ns = np.logspace(2, hi, 25)
+    gaps = np.array([generalisation_bound(curve, float(n), loss_lipschitz=loss_lipschitz,
+                                          loss_bound=loss_bound, delta=delta, n_grid=150).raw_log_gap
+                     for n in ns]) / math.log(10)
+    reported = np.minimum(gaps, math.log10(loss_bound))
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    a1.plot(eps, loglog, "o-", ms=3)
+    a1.set_xscale("log")
+    a1.set_xlabel(r"$\varepsilon$")
+    a1.set_ylabel(r"$\log_{10}\,\log \mathcal{N}_\infty(\varepsilon)$")
+    a1.set_title(f"covering bound, $n$={n0:.3g}, $T$={result.seq_len}")
+    a1.axvline(result.eps, color="grey", ls=":", label=rf"$\varepsilon$={result.eps!r}")
+    a1.legend()
+    a2.plot(ns, reported, "o-", ms=3, label="certified gap bound (reported: min(formula, b))")
+    a2.plot(ns, gaps, ":", color="grey", label="raw formula (vacuous above b)")
+    a2.axhline(math.log10(loss_bound), color="red", ls="--", label="trivial (loss bound b)")
+    a2.axhline(math.log10(target), color="grey", ls=":", label=f"target {target:g}")
+    a2.set_xscale("log")
+    a2.set_xlabel("$n$ (training sequences)")
+    a2.set_ylabel(r"$\log_{10}$ gap bound")
+    a2.set_title("generalisation gap vs n")
+    a2.legend()
+    fig.suptitle(f"{result.model} ({result.arch}, {result.n_layers} layers), family={result.family}")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    return buf.getvalue()

@@ -1,0 +1,130 @@
+"""Tables and JSON payloads of ``transcover lipschitz`` and ``transcover perturb`` (the CLI parses and
+calls these; the numbers come from ``transcover.lipschitz``)."""
+
+from __future__ import annotations
+
+__all__ = ["lipschitz_rows", "render_lipschitz", "lipschitz_payload", "render_perturb", "perturb_payload",
+           "render_local", "local_payload", "figure_bytes"]
+
+
+def _fmt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.4g}"
+
+
+def lipschitz_rows(bounds, lower: dict, n_layers: int) -> list[tuple]:
+    """``(kind, layer, component, input radius, certified upper, empirical lower)`` per stage, layer and
+    network; the stage uppers carry the chain's rounding pad (as ``NetworkLipschitz.to_dict``)."""
+    from .._results import rounding_pad
+
+    pad = rounding_pad()  # the chain's pad (``lipschitz``'s ROUNDING_PAD), as in NetworkLipschitz.to_dict
+
+    def low(key):
+        lo = lower.get(key)
+        return None if lo is None else lo.value.value
+
+    rows = [("stage", s.layer, s.name, s.radius_in, s.lipschitz * (1 + pad), low((s.layer, s.name)))
+            for s in bounds.stages]
+    rows += [("layer", i, "layer", None, bounds.layer_upper(i).value, low((i, "layer"))) for i in range(n_layers)]
+    rows.append(("network", -2, "network", bounds.radius, bounds.upper.value, low((-2, "network"))))
+    rows.append(("network", -2, "network, worst R", bounds.radius, bounds.upper_uniform.value, low((-2, "network"))))
+    return rows
+
+
+def render_lipschitz(name: str, bounds, rows: list[tuple], n_layers: int) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    table = Table(title=f"Lipschitz constants of {name} ({bounds.metric}, R={bounds.radius:g})")
+    for col in ("layer", "component", "input radius", "certified upper", "empirical lower", "upper/lower"):
+        table.add_column(col, justify="right" if col not in ("component",) else "left")
+    for kind, layer, comp, r, up, lw in rows:
+        label = {-1: "input", -2: "all", n_layers: "output"}.get(layer, str(layer))
+        ratio = None if not lw else up / lw
+        table.add_row(label, comp if kind != "layer" else "[bold]whole layer[/bold]", _fmt(r), _fmt(up), _fmt(lw),
+                      _fmt(ratio))
+    console.print(table)
+    for a in bounds.upper.assumptions:
+        console.print(f"  assumption: {a}")
+    console.print("  upper: certified (THEORY F6/F7/F8/F14, rounding included); lower: attained by input "
+                  "pairs inside the domain (each stage searched on its own certified input radius); "
+                  "'network, worst R': the plain product with every stage on the largest radius")
+
+
+def lipschitz_payload(spec, bounds, lower: dict, rows: list[tuple]) -> dict[str, object]:
+    """The JSON body of ``transcover lipschitz`` (schema ``transcover.lipschitz`` 1)."""
+    return {
+        "model": spec.name, "warnings": list(spec.warnings),
+        "bounds": bounds.to_dict(),
+        "lower": [{"layer": k[0], "name": k[1], **v.to_dict()} for k, v in lower.items()],
+        "table": [{"kind": k, "layer": layer, "component": n, "radius_in": r, "upper": up, "lower": lw,
+                   "ratio": None if not lw else up / lw} for k, layer, n, r, up, lw in rows],
+    }
+
+
+def render_perturb(bound, metric: str, radius: float, samples: int, seq_len: int, lower: float, n_layers: int,
+                   top: int) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    up = bound.total.value
+    console = Console()
+    console.print(f"sup_X ||g(A)(X) - g(B)(X)||_{metric} over token norms <= {radius:g}:")
+    console.print(f"  certified upper (Lemma G.3): {up:.6g}")
+    console.print(f"  measured lower (max over {samples} ascended inputs of {seq_len} tokens): {lower:.6g}")
+    console.print(f"  upper / lower: {up / lower:.4g}" if lower > 0 else "  upper / lower: - (no change measured)")
+    per_layer = Table(title="bound per layer (sum of c_i ||dW_i||)")
+    per_layer.add_column("layer", justify="right")
+    per_layer.add_column("contribution", justify="right")
+    for layer, c in bound.by_layer().items():
+        per_layer.add_row({-1: "in", n_layers: "out"}.get(layer, str(layer)), f"{c:.4g}")
+    console.print(per_layer)
+    if top:
+        terms = Table(title=f"largest {top} terms")
+        for col in ("layer", "matrix", "norm", "c_i", "||dW_i||", "c_i ||dW_i||"):
+            terms.add_column(col, justify="right" if col not in ("matrix", "norm") else "left")
+        for e, d, c in bound.terms()[:top]:
+            terms.add_row(str(e.layer), e.role, e.norm, f"{e.coefficient:.4g}", f"{d:.4g}", f"{c:.4g}")
+        console.print(terms)
+    for asm in bound.total.assumptions:
+        console.print(f"  assumption: {asm}")
+
+
+def perturb_payload(a, b, bound, low) -> dict[str, object]:
+    """The JSON body of ``transcover perturb`` (schema ``transcover.perturb`` 1)."""
+    up, lw = bound.total.value, low.value.value
+    return {"model_a": a.name, "model_b": b.name, "warnings": list(a.warnings) + list(b.warnings),
+            "bound": bound.to_dict(), "lower": low.to_dict(), "ratio": up / lw if lw > 0 else None}
+
+
+def render_local(name: str, n_sequences: int, rows: list, rho_relative: bool) -> None:
+    """The table of ``transcover lipschitz --data`` (local constants at real inputs, issue 12)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    table = Table(title=f"Local Lipschitz constants of {name} at {n_sequences} sequences ((2,inf) metric)")
+    for col in ("rho", "layer", "component", "global (R)", "domain (sigma0)", "local (rho)", "lower", "local/lower"):
+        table.add_column(col, justify="left" if col == "component" else "right")
+    for r in rows:
+        table.add_row(f"{r.rho_factor:g}", str(r.layer), r.component, _fmt(r.global_upper), _fmt(r.domain_upper),
+                      _fmt(r.local_upper), _fmt(r.lower), _fmt(r.ratio))
+    console.print(table)
+    console.print("  certified upper bounds (THEORY F14, F17; rounding padded); local = on the ball of radius rho "
+                  "around each sequence's hidden states" + (" (rho x median token norm)" if rho_relative else "")
+                  + "; lower = (2,inf) Jacobian norm at the data point")
+
+
+def local_payload(name: str, n_sequences: int, rhos: list[float], rho_relative: bool, rows: list) -> dict[str, object]:
+    """The JSON body of ``transcover lipschitz --data`` (schema ``transcover.lipschitz.local`` 1)."""
+    return {"model": name, "n_sequences": n_sequences, "rho": rhos, "rho_relative": rho_relative,
+            "rows": [r.to_dict() for r in rows]}
+
+
+def figure_bytes(fig, path: str) -> bytes:
+    """``fig`` encoded for ``path``'s suffix (.png, .svg, .pdf), and closed."""
+    from ._figures import pyplot, save_figure
+
+    data = save_figure(fig, path)
+    pyplot().close(fig)
+    return data

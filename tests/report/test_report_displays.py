@@ -1,0 +1,68 @@
+"""report's displays of the lab's results: each draws what the result holds, on the given axis or a
+new figure, and result methods (``Advice.plot`` ...) reach them through the view registry."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import transcover
+from transcover.report import (AdviceDisplay, AttentionRateDisplay, EmpiricalCoveringDisplay, FailureCurveDisplay,
+                               MLPRateDisplay, TrainingDisplay, axes_png, display_bytes)
+from transcover.report._figures import pyplot
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    yield
+    pyplot().close("all")
+
+
+def test_advice_plot_draws_the_curve_on_the_given_axis():
+    a = transcover.advise(2, 1.0, 16, 10_000)
+    fig, ax = pyplot().subplots()
+    assert a.plot(ax) is a  # the result method returns the result, as before
+    ys = [line.get_ydata() for line in ax.get_lines()]
+    assert np.allclose(ys[0], [c["approx"] for c in a.curve]) and np.allclose(ys[2], [c["total"] for c in a.curve])
+    assert ax.get_lines()[3].get_xdata()[0] == a.d_m  # the advised width is marked
+    disp = AdviceDisplay.from_result(a).plot()
+    assert disp.ax_ is not None and axes_png(a).startswith(PNG)
+
+
+def test_rate_and_failure_displays_plot_every_row():
+    res = transcover.approx("sweep", over="R", Rs=[2, 4, 6], ns=[4], deltas=[0.0, 0.2])
+    d = AttentionRateDisplay.from_result(res).plot()
+    measured = [line for line in d.ax_.get_lines() if line.get_marker() == "o"]
+    assert len(measured) == 2 and sum(len(line.get_xdata()) for line in measured) == len(res.rows)
+    fake_mlp = type("R", (), {"rows": [{"beta": 1.0, "s": 1, "d_m": 4, "measured": 0.1, "bound": 0.2},
+                                       {"beta": 1.0, "s": 1, "d_m": 8, "measured": 0.05, "bound": 0.1}],
+                              "fits": [{"beta": 1.0, "s": 1, "fitted_exponent": -1.0, "theory_exponent": -1.0}]})()
+    m = MLPRateDisplay.from_result(fake_mlp).plot(pyplot().subplots()[1])  # ax=None draws on the current axes
+    assert list(m.ax_.get_lines()[0].get_ydata()) == [0.1, 0.05]
+    curve = type("C", (), {"name": "n", "x_label": "x", "rows": [{"x": 0.0, "sup": 1.0, "bound": 2.0},
+                                                                 {"x": 1.0, "sup": 3.0, "bound": 4.0}]})()
+    f = FailureCurveDisplay.from_result(curve).plot(pyplot().subplots()[1])
+    assert [line.get_linestyle() for line in f.ax_.get_lines()] == ["-", "--"]
+
+
+def test_cover_display_from_a_finite_result():
+    Y = np.random.default_rng(0).standard_normal((20, 4, 2))
+    r = transcover.cover(Y, eps=[0.5, 1.0])
+    d = EmpiricalCoveringDisplay.from_result(r).plot()
+    rows = r.to_dict()["rows"]
+    assert list(d.upper) == [row["log_N_upper"]["value"] for row in rows]
+    assert all(lo <= up for lo, up in zip(d.lower, d.upper))
+    assert display_bytes(d, "x.png").startswith(PNG)
+
+
+def test_training_display_draws_sigma_against_radius():
+    records = [{"step": s, "loss": 1.0 / (s + 1), "grad_norm": 1.0, "capacity": 2.0, "sigma.KQ": 1.5 - 0.1 * s,
+                "radius.KQ": 1.0} for s in range(5)]
+    d = TrainingDisplay(records, "t").plot()
+    sigma = [line for line in d.ax_[2].get_lines() if line.get_label() == "sigma KQ"]
+    assert len(sigma) == 1 and math.isclose(sigma[0].get_ydata()[-1], 1.1)
+    assert display_bytes(d, "h.png", fmt="png").startswith(PNG)

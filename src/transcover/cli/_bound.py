@@ -13,7 +13,7 @@ from ..covering import BoundConfig
 
 NAME = "bound"
 HELP = "log covering number at eps, generalisation bound at n samples, and where it comes from"
-_D = BoundConfig()  # the defaults, read by the help texts below
+_D = BoundConfig()  # the defaults (the help formatter shows each as "(default: ...)"; n and T name theirs)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -25,31 +25,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strict", action="store_true",
                    help="refuse a checkpoint with tensors inside a layer that the architecture does not define "
                         "(default: warn, naming each)")
-    p.add_argument("--eps", type=float, default=_D.eps, help=f"covering scale eps (default {_D.eps:g})")
+    p.add_argument("--eps", type=float, default=_D.eps, help="covering scale eps")
     p.add_argument("--n-samples", type=float, nargs="+", default=None,
                    help=f"training-set sizes n for the generalisation bound (default {_D.n_samples[0]:g}; a training "
                         "checkpoint: its n_train)")
     p.add_argument("--seq-len", type=int, default=None,
                    help=f"sequence length T (enters as log(nT); default {_D.seq_len}; a training checkpoint: its task's)")
     p.add_argument("--radius", type=float, default=_D.radius,
-                   help=f"bound R on input token norms (default {_D.radius:g})")
+                   help="bound R on input token norms")
     p.add_argument("--c-sm", type=float, default=_D.c_sm,
-                   help=f"softmax constant >= 1: 1 (proven and tight) or 2 (Edelman); default {_D.c_sm:g}")
+                   help="softmax constant >= 1: 1 (proven and tight) or 2 (Edelman)")
     p.add_argument("--family", choices=("auto", "l21", "spectral", "best"), default=_D.family,
-                   help=f"auto: compute every route below and report the smallest certified log N; "
+                   help="auto: compute every route below and report the smallest certified log N; "
                         "l21: (2,1)-norm covers, 1/eps^2 (the seed's form); spectral: parameter-count covers "
-                        "(dimension-dependent); best: the cheaper of the two per matrix inside Lemma G.1 "
-                        f"(default {_D.family})")
+                        "(dimension-dependent); best: the cheaper of the two per matrix inside Lemma G.1")
     p.add_argument("--sigma-min", type=float, default=_D.sigma_min,
-                   help="assumed floor on every LayerNorm input's std (0: global max|gamma|/sqrt(eps) constant; "
-                        f"default {_D.sigma_min:g})")
+                   help="assumed floor on every LayerNorm input's std (0: global max|gamma|/sqrt(eps) constant)")
     p.add_argument("--reference", default=None, metavar="MODEL",
                    help="initialisation: measure distances from this model's weights instead of from 0")
     p.add_argument("--loss-lipschitz", type=float, default=_D.loss_lipschitz,
-                   help=f"Lipschitz constant of the loss (default {_D.loss_lipschitz:g})")
+                   help="Lipschitz constant of the loss")
     p.add_argument("--loss-bound", type=float, default=_D.loss_bound,
-                   help=f"the loss takes values in [0, b] (default {_D.loss_bound:g})")
-    p.add_argument("--delta", type=float, default=_D.delta, help=f"failure probability (default {_D.delta:g})")
+                   help="the loss takes values in [0, b]")
+    p.add_argument("--delta", type=float, default=_D.delta, help="failure probability")
     p.add_argument("--target-gap", type=float, default=None,
                    help="also report the n needed for a gap <= this (default: 0.1 * loss bound)")
     p.add_argument("--top", type=int, default=10, help="matrices in the breakdown table (default 10)")

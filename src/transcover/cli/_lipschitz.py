@@ -10,7 +10,7 @@ import argparse
 
 from ..lipschitz import LipschitzConfig
 
-_D = LipschitzConfig()  # the defaults, read by the help texts below
+_D = LipschitzConfig()  # the defaults (the help formatter shows each as "(default: ...)")
 
 NAME = "lipschitz"
 HELP = "per-layer, per-component Lipschitz constants: certified upper bound, empirical lower bound, ratio"
@@ -24,25 +24,23 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                    help="refuse a checkpoint with tensors inside a layer that the architecture does not define "
                         "(default: warn, naming each)")
     p.add_argument("--radius", type=float, default=_D.radius,
-                   help=f"R: every input token (embedded, before the input norm) has l2 norm <= R (default {_D.radius:g})")
+                   help="R: every input token (embedded, before the input norm) has l2 norm <= R")
     p.add_argument("--metric", choices=("2,inf", "fro"), default=_D.metric,
-                   help="max over tokens of the l2 norm (T-independent) or Frobenius over --seq-len tokens "
-                        f"(default {_D.metric})")
+                   help="max over tokens of the l2 norm (T-independent) or Frobenius over --seq-len tokens")
     p.add_argument("--seq-len", type=int, default=_D.seq_len,
-                   help=f"tokens per sampled input (and T for --metric fro; default {_D.seq_len})")
+                   help="tokens per sampled input (and T for --metric fro)")
     p.add_argument("--c-sm", type=float, default=_D.c_sm,
-                   help=f"softmax constant >= 1 (1 proven and tight; 2 Edelman et al.; default {_D.c_sm:g})")
+                   help="softmax constant >= 1 (1 proven and tight; 2 Edelman et al.)")
     p.add_argument("--sigma-min", dest="ln_sigma_min", type=float, default=_D.sigma_min,
-                   help="assume every LayerNorm input has std >= this (0: the global, eps-limited constant; "
-                        f"default {_D.sigma_min:g})")
+                   help="assume every LayerNorm input has std >= this (0: the global, eps-limited constant)")
     from ._conventions import add_deprecated_alias
 
     add_deprecated_alias(p, "--ln-sigma-min", "--sigma-min", "ln_sigma_min", type=float)
     p.add_argument("--samples", type=int, default=_D.samples,
-                   help=f"random starting inputs per search (default {_D.samples})")
-    p.add_argument("--steps", type=int, default=_D.steps, help=f"ascent steps per search (default {_D.steps})")
+                   help="random starting inputs per search")
+    p.add_argument("--steps", type=int, default=_D.steps, help="ascent steps per search")
     p.add_argument("--seed", type=int, default=_D.seed,
-                   help=f"random seed of the lower-estimate search (default {_D.seed})")
+                   help="random seed of the lower-estimate search")
     p.add_argument("--json", metavar="PATH", default=None, help="write the result as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress display")
 

@@ -61,7 +61,7 @@ def compute_report(model=None, *, arch=None, allow_pickle=False, strict=False, o
                    history=None, data=None, local=None, tracker: Tracker | None = None) -> ReportData:
     """Everything the report shows, computed once (``tracker`` shows the phases on a terminal)."""
     from ..covering import BoundConfig, model_bound
-    from ..lipschitz import compose, lipschitz_lower, spec_norms
+    from ..lipschitz import class_bounds, compose, lipschitz_lower
     from ..model import load
     from ..norms import analyze_spec, measure_model
     from ._envelope import input_hashes
@@ -89,7 +89,7 @@ def compute_report(model=None, *, arch=None, allow_pickle=False, strict=False, o
     ts = spec.to_torch()
     seq = options.lower_seq_len if any(layer.attention.kind == "l2" for layer in ts.layers) else None
     norms = measure_model(ts, entrywise=True)  # measured once: the Lipschitz chain and the covering bound read it
-    bounds = compose(spec_norms(norms), radius=options.radius, c_sm=1.0, metric="2,inf", seq_len=seq, sigma_min=0.0)
+    bounds = compose(class_bounds(norms), radius=options.radius, c_sm=1.0, metric="2,inf", seq_len=seq, sigma_min=0.0)
     timings["lipschitz upper"] = time.perf_counter() - t
     lower = {}
     if options.lower:

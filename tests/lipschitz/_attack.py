@@ -78,12 +78,13 @@ def ref_norm(n, X: Tensor, spreads: list | None = None) -> Tensor:  # noqa: ANN0
     return y
 
 
-def _rope(x: Tensor, theta: float, rotary_dim: int | None) -> Tensor:
-    """Rotate (x_k, x_{k+half}) as the complex number x_k + i x_{k+half} by pos * theta^(-2k/rd)."""
+def _rope(x: Tensor, theta: float, rotary_dim: int | None, inv_freq: tuple | None = None) -> Tensor:
+    """Rotate (x_k, x_{k+half}) as the complex number x_k + i x_{k+half} by pos * theta^(-2k/rd)
+    (or by pos * inv_freq[k] for scaled RoPE)."""
     T, dh = x.shape[-2], x.shape[-1]
     rd = rotary_dim or dh
     half = rd // 2
-    inv = theta ** (-2.0 * torch.arange(half, dtype=F64) / rd)
+    inv = theta ** (-2.0 * torch.arange(half, dtype=F64) / rd) if inv_freq is None else torch.tensor(inv_freq, dtype=F64)
     ang = torch.arange(T, dtype=F64)[:, None] * inv[None, :]
     z = torch.complex(x[..., :half], x[..., half:rd]) * torch.polar(torch.ones_like(ang), ang)
     return torch.cat([z.real, z.imag, x[..., rd:]], dim=-1)
@@ -106,10 +107,18 @@ def ref_attention(a, X: Tensor) -> Tensor:  # noqa: ANN001
         q = X @ Wq + (0.0 if a.b_Q is None else _f(a.b_Q[h]))
         k = X @ _f(a.W_K[g]) + (0.0 if a.b_K is None else _f(a.b_K[g]))
         v = X @ _f(a.W_V[g]) + (0.0 if a.b_V is None else _f(a.b_V[g]))
+        for n, which in ((a.q_norm, "q"), (a.k_norm, "k")):  # per-head RMSNorm before RoPE (Qwen3)
+            if n is not None:
+                u = q if which == "q" else k
+                u = _f(n.weight) * u * torch.rsqrt(u.pow(2).mean(-1, keepdim=True) + n.eps)
+                q, k = (u, k) if which == "q" else (q, u)
         if a.rope is not None:
-            q, k = _rope(q, a.rope.theta, a.rope.rotary_dim), _rope(k, a.rope.theta, a.rope.rotary_dim)
+            fr = getattr(a.rope, "inv_freq_values", None)
+            q, k = _rope(q, a.rope.theta, a.rope.rotary_dim, fr), _rope(k, a.rope.theta, a.rope.rotary_dim, fr)
         scale = a.scale if a.scale is not None else 1.0 / math.sqrt(dh)
         s = scale * q @ k.transpose(-1, -2)
+        if getattr(a, "softcap", None) is not None:  # Gemma 2's logit soft-capping
+            s = a.softcap * torch.tanh(s / a.softcap)
         if a.causal:
             s = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), -math.inf)
         out = out + torch.softmax(s, dim=-1) @ v @ Wo
@@ -127,6 +136,9 @@ def ref_ffn(m, X: Tensor) -> Tensor:  # noqa: ANN001
 
 
 def ref_layer(layer, X: Tensor, spreads: list | None = None) -> Tensor:  # noqa: ANN001
+    if layer.residual.value == "parallel":  # GPT-NeoX: both branches read the block's input
+        return (X + ref_attention(layer.attention, ref_norm(layer.norm_attn, X, spreads))
+                + ref_ffn(layer.ffn, ref_norm(layer.norm_ffn, X, spreads)))
     if layer.placement.value == "pre":
         X = X + ref_attention(layer.attention, ref_norm(layer.norm_attn, X, spreads))
         return X + ref_ffn(layer.ffn, ref_norm(layer.norm_ffn, X, spreads))
@@ -151,7 +163,7 @@ def ref_stage(spec, layer_index: int, name: str) -> Callable[[Tensor, list | Non
     if name == "final_norm":
         return lambda X, s: ref_norm(spec.final_norm, X, s)
     lay = spec.layers[layer_index]
-    if name == "layer":
+    if name in ("layer", "parallel"):  # a parallel-residual layer is one stage of the chain
         return lambda X, s: ref_layer(lay, X, s)
     if name in ("norm_attn", "norm_ffn"):
         return lambda X, s: ref_norm(getattr(lay, name), X, s)
@@ -399,12 +411,18 @@ def fuzz_spec(seed: int, *, d: int = 6, H: int = 2, Hkv: int | None = None, dh: 
               L: int = 1, norm: str = "ball", placement: str = "post", act: str = "relu", gated: bool = False,
               biases: bool = False, causal: bool = False, rope: bool = False, kind: str = "dot",
               scale: float = 1.0, eps: float = 0.05, input_norm: bool = True, final_norm: bool = False,
-              dtype: torch.dtype = F64, qk_scale: float = 1.0):
+              dtype: torch.dtype = F64, qk_scale: float = 1.0, residual: str = "sequential",
+              rope_biases: bool = False, rotary_dim: int | None = None, qk_norm: bool = False,
+              qk_eps: float = 1e-3, softcap: float | None = None):
     """A small random TransformerSpec; weights stored in ``dtype`` (the spec's exact values).
 
     L2 attention (Kim et al.) ties ``W_K = W_Q`` and has no biases, mask or RoPE; GQA uses ``Hkv``
     key/value heads.  ``qk_scale`` multiplies W_Q and W_K only (sharp softmax: where a bound with
-    the wrong exponent in ||W_Q|| shows, issue 10 item 1).
+    the wrong exponent in ||W_Q|| shows, issue 10 item 1).  ``residual="parallel"`` builds pre-norm
+    parallel-residual layers (GPT-NeoX); ``rope_biases`` keeps the query/key biases under RoPE (also
+    GPT-NeoX) and ``rotary_dim`` rotates only that many leading coordinates of each head (partial rotary).
+    ``qk_norm`` adds Qwen3's per-head RMSNorm (variance floor ``qk_eps``) on queries and keys;
+    ``softcap`` Gemma 2's ``c tanh(s / c)`` on the scores (key biases dropped: the bounds refuse them).
     """
     from transcover.model import (
         Activation, AttentionSpec, FFNSpec, LayerSpec, NormKind, NormSpec, Placement, RopeSpec, TransformerSpec,
@@ -430,16 +448,23 @@ def fuzz_spec(seed: int, *, d: int = 6, H: int = 2, Hkv: int | None = None, dh: 
         bias = biases and kind == "dot"
         attn = AttentionSpec(
             W_Q=Wq, W_K=Wq.clone() if kind == "l2" else (rnd(Hkv, d, dh).double() * qk_scale).to(dtype), W_V=rnd(Hkv, d, dh), W_O=rnd(H, dh, d),
-            b_Q=rnd(H, dh) if bias else None, b_K=rnd(Hkv, dh) if bias and not rope else None,
+            b_Q=rnd(H, dh) if bias else None, b_K=rnd(Hkv, dh) if bias and (rope_biases or not rope) else None,
             b_V=rnd(Hkv, dh) if bias else None, b_O=rnd(d) if bias else None,
-            causal=causal and kind == "dot", rope=RopeSpec(theta=10.0) if rope and kind == "dot" else None,
-            kind=kind)
-        if attn.rope is not None and attn.b_Q is not None:  # the bounds refuse RoPE with query/key biases
+            causal=causal and kind == "dot",
+            rope=RopeSpec(theta=10.0, rotary_dim=rotary_dim) if rope and kind == "dot" else None, kind=kind)
+        if attn.rope is not None and attn.b_Q is not None and not rope_biases:  # G.3 refuses RoPE with q/k biases
             attn = AttentionSpec(**{**attn.__dict__, "b_Q": None})
+        if qk_norm and kind == "dot":
+            def qkn():
+                return NormSpec(NormKind.RMSNORM, (1.0 + 0.5 * torch.randn(dh, generator=g, dtype=F64)).to(dtype),
+                                None, qk_eps)
+            attn = AttentionSpec(**{**attn.__dict__, "q_norm": qkn(), "k_norm": qkn()})
+        if softcap is not None and kind == "dot":
+            attn = AttentionSpec(**{**attn.__dict__, "softcap": softcap, "b_K": None})
         ffn = FFNSpec(W_1=rnd(d, dff), W_2=rnd(dff, d), activation=Activation(act),
                       b_1=rnd(dff) if biases else None, b_2=rnd(d) if biases else None,
                       W_gate=rnd(d, dff) if gated else None, b_gate=rnd(dff) if gated and biases else None)
-        layers.append(LayerSpec(i, attn, ffn, nrm(norm), nrm(norm), Placement(placement)))
+        layers.append(LayerSpec(i, attn, ffn, nrm(norm), nrm(norm), Placement(placement), residual=residual))
     return TransformerSpec(arch="fuzz", name=f"fuzz{seed}", d_model=d, layers=layers,
                            input_norm=nrm(norm) if input_norm else None,
                            final_norm=nrm(norm) if final_norm else None)

@@ -45,13 +45,20 @@ class Case:
     dtype: str = "float64"  # float64 | float32 | bfloat16: how the weights are stored
     T: int = 3
     qk: float = 1.0  # extra factor on W_Q and W_K
+    residual: str = "sequential"  # "parallel": x + attn(N_1 x) + ffn(N_2 x) (THEORY F21)
+    rope_biases: bool = False  # query/key biases kept under RoPE (GPT-NeoX); G.3 refuses them
+    rotary_dim: int | None = None  # partial rotary: only the first rotary_dim coordinates rotate
+    qk_norm: bool = False  # Qwen3's per-head RMSNorm of queries and keys (THEORY F23); G.3 refuses it
+    softcap: float | None = None  # Gemma 2's attention-logit soft-capping c tanh(s / c) (THEORY F24)
 
     def spec(self):
         return fuzz_spec(self.seed, H=4 if self.gqa else 2, Hkv=2 if self.gqa else None, L=self.L, norm=self.norm,
                          placement=self.placement, act=self.act, gated=self.gated, biases=self.biases,
                          causal=self.causal, rope=self.rope, kind=self.kind, scale=self.scale,
                          eps=0.05 if self.sigma_min == 0 else 1e-4, final_norm=self.final_norm,
-                         dtype=getattr(torch, self.dtype), qk_scale=self.qk)
+                         dtype=getattr(torch, self.dtype), qk_scale=self.qk, residual=self.residual,
+                         rope_biases=self.rope_biases, rotary_dim=self.rotary_dim, qk_norm=self.qk_norm,
+                         softcap=self.softcap)
 
 
 def perturbed(spec, seed: int, size: float):
@@ -125,7 +132,8 @@ def run_case(c: Case, *, restarts: int = 4, steps: int = 20) -> list[tuple[str, 
             pb = perturbation_bound(spec, other, radius=c.radius, metric=m, seq_len=T if m == "fro" else None,
                                     sigma_min=c.sigma_min)
         except UnsupportedArchitectureError:
-            assert c.kind == "l2"  # G.3 is not derived for L2 attention and says so
+            # G.3 is not derived for these and says so
+            assert c.kind == "l2" or (c.rope_biases and c.rope and c.biases) or c.qk_norm
         else:
             w = attack_gap(ref_stage(spec, 0, "network"), ref_stage(other, 0, "network"), T=T, d=d,
                            dom=dom(c.radius), metric=m, restarts=restarts, steps=steps, seed=seed + 400)

@@ -1,7 +1,8 @@
 """Bounded-time fuzz of every certified bound kind against the independent attacker (``_attack``).
 
 Hypothesis draws the architecture (attention kind dot/L2, norms LN/RMSNorm/none/Pi_norm, placement,
-activation, gated FFN, biases, causal mask, GQA, RoPE), the metric ((2,inf) or Frobenius), the radius,
+sequential or parallel residual, activation, gated FFN, biases, causal mask, GQA, RoPE with or
+without query/key biases, query/key RMSNorm, soft-capping), the metric ((2,inf) or Frobenius), the radius,
 the LayerNorm floor, the perturbation size of a G.3 pair, and the storage dtype of the weights
 (float64, float32, bf16: certified values must be rounded up whatever the dtype).  Every check of
 ``_fuzzcase.run_case`` must hold: no measured value above its certified bound beyond the
@@ -27,8 +28,16 @@ def cases(draw):
     kind = draw(st.sampled_from(["dot", "dot", "l2"]))
     norm = draw(st.sampled_from(["layernorm", "rmsnorm", "ball", "none"]))
     floor = norm in ("layernorm", "rmsnorm") and draw(st.booleans())
+    placement = draw(st.sampled_from(["post", "pre"]))
+    # GPT-NeoX: the parallel residual (pre-norm only, F21) and RoPE that keeps its query/key biases (F22)
+    parallel = placement == "pre" and draw(st.booleans())
+    rope_biases = draw(st.booleans())
+    # Qwen3's per-head q/k RMSNorm (F23) and Gemma 2's soft-capping (F24), dot-product attention only
+    qk_norm = kind == "dot" and draw(st.booleans())
+    softcap = draw(st.sampled_from([None, None, 0.5, 3.0])) if kind == "dot" else None
     return Case(
-        seed=draw(st.integers(0, 10_000)), kind=kind, norm=norm, placement=draw(st.sampled_from(["post", "pre"])),
+        seed=draw(st.integers(0, 10_000)), kind=kind, norm=norm, placement=placement,
+        residual="parallel" if parallel else "sequential", rope_biases=rope_biases, qk_norm=qk_norm, softcap=softcap,
         act=draw(st.sampled_from(["relu", "gelu", "gelu_tanh", "silu", "identity"])), gated=draw(st.booleans()),
         biases=draw(st.booleans()), causal=draw(st.booleans()), rope=draw(st.booleans()), gqa=draw(st.booleans()),
         metric=draw(st.sampled_from(["2,inf", "fro"])), radius=draw(st.floats(0.3, 3.0)),

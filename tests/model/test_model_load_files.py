@@ -218,9 +218,9 @@ def test_layers_are_read_lazily_and_validated_on_access(bert_dir, tmp_path, asse
 
 @pytest.mark.parametrize("config, message", [
     ({"model_type": "llama", "hidden_size": 8, "num_attention_heads": 2, "intermediate_size": 16,
-      "rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}}, "rope_type='llama3'"),
+      "rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}}, "'llama3' lacks 'low_freq_factor'"),
     ({"model_type": "llama", "hidden_size": 8, "num_attention_heads": 2, "intermediate_size": 16,
-      "rope_scaling": {"type": "linear", "factor": 2.0}}, "rope_type='linear'"),
+      "rope_scaling": {"type": "dynamic", "factor": 2.0}}, "rope_type='dynamic'"),
     ({"model_type": "bert", "hidden_size": 8, "num_attention_heads": 2, "intermediate_size": 16,
       "position_embedding_type": "relative_key"}, "position_embedding_type='relative_key'"),
     ({"model_type": "gpt2", "n_embd": 8, "n_head": 2, "add_cross_attention": True}, "cross-attention"),
@@ -241,4 +241,4 @@ def test_public_names_resolve():
     for name in model.__all__:
         assert getattr(model, name) is not None, name
     assert SUPPORTED_ARCHITECTURES[:6] == ("bert", "gpt2", "llama", "vit", "torch_encoder", "reference")
-    assert {"distilbert", "clip_text", "clip_vision", "whisper", "deberta_v2"} <= set(SUPPORTED_ARCHITECTURES)
+    assert {"distilbert", "clip_text", "clip_vision", "whisper", "deberta_v2", "gpt_neox"} <= set(SUPPORTED_ARCHITECTURES)

@@ -40,6 +40,8 @@ from ._attention import (
 )
 from ._ffn import ffn_lipschitz, ffn_output_radius, ffn_perturbation_coefficients
 from ._l2_attention import l2_attention_lipschitz
+from ._parallel import parallel_stage
+from ._qknorm import qknorm_layer_kq
 from ._normalisation import norm_lipschitz, norm_output_radius, norm_perturbation_coefficients
 from ._weights import ROUNDING_PAD, ClassBounds, LayerBounds, NormBounds, check_radius, spec_norms
 
@@ -52,7 +54,7 @@ class Stage:
     ``n_layers`` for the final norm; ``components`` holds the pieces' own constants."""
 
     layer: int
-    name: str  # "input_norm" | "attention" | "norm_attn" | "ffn" | "norm_ffn" | "final_norm"
+    name: str  # "input_norm" | "attention" | "norm_attn" | "ffn" | "norm_ffn" | "parallel" | "final_norm"
     radius_in: float
     radius_out: float
     lipschitz: float
@@ -140,12 +142,17 @@ def _attention_block(L: LayerBounds, r: float, c_sm: float, metric: str, seq_len
         # ||f_i|| <= sum_h ||A_h W_V^h W_O^h|| ||sum_j P_ij x_j|| and the P-average stays in the r-ball.
         gain = sum(q * q / math.sqrt(L.d_head) * ov for q, ov in zip(L.B_Q, L.B_OV))
         # Parameter perturbation of L2 attention is not derived here; the chain marks it unavailable.
-        return lip, r * gain + L.B_bout, [("l2_attention", math.inf, "unsupported")]
-    lip = attention_lipschitz(L.B_OV, L.B_KQ, r, c_sm=c_sm, B_bKQ=L.B_bKQ, B_V=L.B_V, B_O=L.B_O,
+        return lip, r * gain + L.B_bout, [("L2 attention (Kim et al. 2021)", math.inf, "unsupported")]
+    B_KQ, B_bKQ = (L.B_KQ, L.B_bKQ) if not (L.has_q_norm or L.has_k_norm) else qknorm_layer_kq(L, r)
+    lip = attention_lipschitz(L.B_OV, B_KQ, r, c_sm=c_sm, B_bKQ=B_bKQ, B_V=L.B_V, B_O=L.B_O,
                               metric=metric, seq_len=seq_len)
     rad = attention_output_radius(L.B_OV, r, B_V=L.B_V, B_O=L.B_O, B_bout=L.B_bout)
     coeffs = attention_perturbation_coefficients(L.B_OV, r, c_sm=c_sm, has_query_bias=L.has_query_bias,
                                                  has_output_bias=L.has_output_bias)
+    if L.has_rope_qk_bias:  # F6's R^3 ||dW_KQ|| term assumes the scores are x_i W_Q R W_K^T x_j^T
+        coeffs = [("RoPE attention with query/key biases", math.inf, "unsupported")]
+    if L.has_q_norm or L.has_k_norm:  # the scores are not a function of W_Q W_K^T (THEORY F23)
+        coeffs = [("query/key normalisation", math.inf, "unsupported")]
     return lip, rad, coeffs
 
 
@@ -163,6 +170,9 @@ def _layer_stages(L: LayerBounds, r: float, c_sm: float, metric: str, seq_len: i
     d = L.d_model
     rr = (lambda x: fixed_radius) if fixed_radius is not None else (lambda x: x)
     stages: list[Stage] = []
+    if L.residual == "parallel":  # x + attn(N_1 x) + ffn(N_2 x): one stage (THEORY F21)
+        return [parallel_stage(L, r, rr, _norm_stage, _attention_block, _ffn_block, sigma_min=sigma_min,
+                               c_sm=c_sm, metric=metric, seq_len=seq_len)]
     if L.placement is Placement.POST:
         # x -> N_a(x + attn(x)) -> N_f(y + ffn(y))
         lip, rad, co = _attention_block(L, rr(r), c_sm, metric, seq_len)

@@ -109,7 +109,9 @@ def stage_functions(spec: TransformerSpec) -> dict[tuple[int, str], Fn]:
     }
     for i, layer in enumerate(layers):
         out[(i, "layer")] = lambda X, t, lay=layer: layer_forward(lay, X, hooks=_tracking(t))
-        if layer.placement is Placement.POST:
+        if layer.residual.value == "parallel":  # the whole layer is the chain's one stage (F21)
+            out[(i, "parallel")] = out[(i, "layer")]
+        elif layer.placement is Placement.POST:
             out[(i, "attention")] = lambda X, t, lay=layer: X + attention_forward(lay.attention, X)
             out[(i, "norm_attn")] = lambda X, t, lay=layer: _norm_apply(lay.norm_attn, X, t)
             out[(i, "ffn")] = lambda X, t, lay=layer: X + ffn_forward(lay.ffn, X)

@@ -168,6 +168,9 @@ def layer_local(layer: LayerSpec, X: Tensor, rho: float, *, cache: dict | None =
 
     if rho < 0 or not math.isfinite(rho):
         raise InputError(f"rho must be a finite number >= 0, but got rho={rho!r}")
+    if layer.residual.value == "parallel":
+        raise InputError(f"local bounds (THEORY F17) are not derived for the parallel residual of layer "
+                         f"{layer.index} (F21); its global bounds are available (lipschitz without --data)")
     X = X.detach().double()
     T, d = X.shape
     cache = {} if cache is None else cache

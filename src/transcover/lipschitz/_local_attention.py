@@ -75,6 +75,10 @@ def check_local_attention(attn: AttentionSpec) -> None:
         raise InputError("local attention bounds cover dot-product attention only (not L2 attention)")
     if attn.rope is not None:
         raise InputError("local attention bounds do not cover RoPE yet (the scores depend on positions)")
+    if attn.softcap is not None:
+        raise InputError("local attention bounds do not cover soft-capped scores yet (THEORY F24)")
+    if attn.q_norm is not None or attn.k_norm is not None:
+        raise InputError("local attention bounds do not cover query/key normalisation yet (THEORY F23)")
 
 
 def attention_weights_f64(attn: AttentionSpec, X: Tensor) -> list[Tensor]:

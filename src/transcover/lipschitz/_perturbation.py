@@ -142,9 +142,9 @@ def _coefficients_from_norms(norms: ClassBounds, *, radius: float, c_sm: float, 
     for k, st in enumerate(stages):
         downstream = math.prod(s.lipschitz for s in stages[k + 1:])
         for role, local, nm in st.perturbation:
-            if nm == "unsupported":
+            if nm == "unsupported":  # the role names what the lemma is not derived for
                 raise UnsupportedArchitectureError(
-                    "the perturbation lemma is not derived for L2 attention (Kim et al. 2021); "
+                    f"the perturbation lemma is not derived for {role} (layer {st.layer}); "
                     "input-Lipschitz bounds are available")
             entries.append(CoefficientEntry(st.layer, role, local * rows * downstream * pad, nm,
                                             local * rows, downstream, st.name))
@@ -260,7 +260,7 @@ def log_perturbation_coefficients(norms: ClassBounds | ModelNorms | TransformerS
         for role, local, nm in st.perturbation:
             if nm == "unsupported":
                 raise UnsupportedArchitectureError("the covering bound needs Lemma G.3, which is not derived "
-                                                   "for L2 attention (Kim et al. 2021)")
+                                                   f"for {role} (layer {st.layer})")
             log_local = -math.inf if local == 0 else math.log(local)
             out.append(LogCoefficient(st.layer, role, nm, log_local + float(tail[k]) + math.log1p(ROUNDING_PAD)))
     return LogCoefficients(tuple(out), stages[-1].radius_out)

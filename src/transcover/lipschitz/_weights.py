@@ -19,9 +19,10 @@ dozen operations at 1.1e-16 each).  This is the certification of rounding, not a
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields, replace
 
-from .._errors import InputError, check_radius
+from .._errors import InputError, UnsupportedArchitectureError, check_radius
 from .._results import rounding_pad
 from ..model._spec import NormKind, Placement, TransformerSpec
 from ..norms import LayerMeasure, ModelNorms, NormMeasure, matrix_interval, measure_layer, measure_model, product_interval
@@ -95,6 +96,21 @@ class LayerBounds:
     has_b1: bool = False
     has_b2: bool = False
     has_bg: bool = False
+    residual: str = "sequential"  # "parallel": x + attn(N_1 x) + ffn(N_2 x), THEORY F21
+    has_rope_qk_bias: bool = False  # RoPE with query/key biases: Lemma G.3 is not derived (refused)
+    # query/key normalisation (THEORY F23): per query head ||W_K^h||, ||b_Q^h||, ||b_K^h||, and each
+    # norm's max|gamma|/sqrt(eps) (Lipschitz) and max|gamma| sqrt(d_head) (output size); all "larger is
+    # worse", so class_max's elementwise maximum is the class of both
+    has_q_norm: bool = False
+    has_k_norm: bool = False
+    B_K: tuple[float, ...] = ()
+    B_bQ: tuple[float, ...] = ()
+    B_bK: tuple[float, ...] = ()
+    qn_lip: float = 0.0
+    qn_out: float = 0.0
+    kn_lip: float = 0.0
+    kn_out: float = 0.0
+    softmax_scale: float = 0.0  # s, read with the norms above
 
 
 def _norm_bounds(n: NormMeasure) -> NormBounds:
@@ -106,12 +122,22 @@ def _norm_bounds(n: NormMeasure) -> NormBounds:
 
 def layer_bounds(m: LayerMeasure) -> LayerBounds:
     """The class bounds of one measured layer (``s * ||W_Q W_K^T||`` and ``s ||b_Q W_K^T||`` in float64,
-    covered by ``ROUNDING_PAD``; RoPE: ``s ||W_Q|| ||W_K||``, valid for every relative position)."""
+    covered by ``ROUNDING_PAD``; RoPE: ``s ||W_Q|| ||W_K||``, valid for every relative position).
+
+    RoPE with query/key biases (GPT-NeoX): ``s_ij = s (x_i W_Q + b_Q) R (x_j W_K + b_K)^T`` and
+    ``|s_ij - s'_ij| <= s||W_Q|| (||W_K|| r + ||b_K||) ||dx_i|| + s||W_K|| (||W_Q|| r + ||b_Q||) ||dx_j||``,
+    which F6's ``2 B_KQ r + ||b||`` dominates with ``||b|| = s (||W_Q|| ||b_K|| + ||b_Q|| ||W_K||)`` in both
+    metrics (THEORY F22).
+    """
     s = m.scale
     kq = tuple(s * h.W_QK.upper if h.W_QK is not None else s * h.W_Q.upper * h.W_K.upper for h in m.heads)
+    if m.rope and m.q_norm is None and m.k_norm is None:
+        bkq = tuple(s * (h.W_Q.upper * (h.b_K or 0.0) + (h.b_Q or 0.0) * h.W_K.upper) for h in m.heads)
+    else:
+        bkq = tuple(0.0 if h.b_QK is None else s * h.b_QK for h in m.heads)
     return LayerBounds(
         index=m.index, placement=m.placement, d_model=m.d_model,
-        B_KQ=kq, B_bKQ=tuple(0.0 if h.b_QK is None else s * h.b_QK for h in m.heads),
+        B_KQ=kq, B_bKQ=bkq,
         B_OV=tuple(h.W_OV.upper for h in m.heads), B_V=tuple(h.W_V.upper for h in m.heads),
         B_O=m.W_O.upper, B_bout=m.b_out or 0.0,
         B_W1=m.W_1.upper, B_W2=m.W_2.upper, B_b1=m.b_1 or 0.0, B_b2=m.b_2 or 0.0,
@@ -120,7 +146,31 @@ def layer_bounds(m: LayerMeasure) -> LayerBounds:
         attention_kind=m.attention_kind, B_Q=tuple(h.W_Q.upper for h in m.heads), d_head=m.d_head,
         has_query_bias=m.has_query_bias, has_output_bias=m.b_out is not None,
         has_b1=m.b_1 is not None, has_b2=m.b_2 is not None, has_bg=m.b_gate is not None,
+        residual=m.residual, has_rope_qk_bias=m.has_rope_qk_bias, **_qk_norm_bounds(m),
     )
+
+
+def _qk_norm_bounds(m: LayerMeasure) -> dict[str, object]:
+    """The F23 inputs of a layer with query/key normalisation (empty without it)."""
+    if m.q_norm is None and m.k_norm is None:
+        return {}
+    from ._normalisation import rmsnorm_lipschitz
+
+    out: dict[str, object] = dict(has_q_norm=m.q_norm is not None, has_k_norm=m.k_norm is not None,
+                                  softmax_scale=m.scale)
+    for side, n in (("q", m.q_norm), ("k", m.k_norm)):
+        if n is None:
+            continue
+        if n.kind is not NormKind.RMSNORM or n.beta_norm is not None:
+            raise UnsupportedArchitectureError(f"query/key normalisation of kind {n.kind.value} with a shift: "
+                                               "only RMSNorm (THEORY F23) is bounded")
+        g = 1.0 if n.gamma_max is None else n.gamma_max
+        out[f"{side}n_lip"] = rmsnorm_lipschitz(g, n.eps)
+        out[f"{side}n_out"] = g * math.sqrt(m.d_head)
+    out["B_K"] = tuple(h.W_K.upper for h in m.heads)
+    out["B_bQ"] = tuple(h.b_Q or 0.0 for h in m.heads)
+    out["B_bK"] = tuple(h.b_K or 0.0 for h in m.heads)
+    return out
 
 
 def layer_norms(layer) -> LayerBounds:  # noqa: ANN001
@@ -160,7 +210,7 @@ def _architecture(n: ClassBounds) -> tuple:
     ``model.require_same_structure``; the head dimension and bias presence may differ, Note
     [structural differences] in ``model._compare``)."""
     return (n.d_model, n.input_norm.kind, n.final_norm.kind,
-            tuple((L.placement, len(L.B_KQ), L.B_Wg is None, L.activation, L.attention_kind,
+            tuple((L.placement, L.residual, L.has_q_norm, L.has_k_norm, len(L.B_KQ), L.B_Wg is None, L.activation, L.attention_kind,
                    L.norm_attn.kind, L.norm_ffn.kind)
                   for L in n.layers))
 

@@ -26,7 +26,7 @@ Differences that are *not* structural, because the bound already accounts for th
   ``transcover.lipschitz._normalisation``);
 * fields the forward pass never reads: names, ``arch``, ``config``, embeddings, ``RopeSpec.max_position``.
 
-Structural (refused): width, depth, norm placement, norm kind, attention kind (dot-product vs L2), causal masking, sliding-window size, RoPE presence / base / rotary dimension, the
+Structural (refused): width, depth, norm placement, sequential vs parallel residual, query/key normalisation, the soft-capping constant, norm kind, attention kind (dot-product vs L2), causal masking, sliding-window size, RoPE presence / base / rotary dimension / scaled frequencies, the
 head dimension under RoPE or L2 attention, the number of query heads, activation, gated vs plain
 FFN, FFN width and, when the MLP head is part of the compared function, the head's layout.
 """
@@ -52,13 +52,18 @@ def _norm_diffs(na: NormSpec | None, nb: NormSpec | None, where: str) -> list[st
 def _rope_key(rope, d_head: int) -> str:
     if rope is None:
         return "none"
-    return f"theta={float(rope.theta)!r}, rotary_dim={rope.rotary_dim or d_head}"  # None: the whole head
+    key = f"theta={float(rope.theta)!r}, rotary_dim={rope.rotary_dim or d_head}"  # None: the whole head
+    if rope.inv_freq_values is not None:  # scaled RoPE (THEORY F22): the frequencies are compared themselves
+        key += ", scaled frequencies " + ",".join(repr(float(v)) for v in rope.inv_freq_values)
+    return key
 
 
 def _layer_diffs(la, lb, i: int) -> list[str]:
     out: list[str] = []
     if la.placement is not lb.placement:
         out.append(f"norm placement: layer {i} {la.placement.value} vs {lb.placement.value}")
+    if la.residual is not lb.residual:
+        out.append(f"residual: layer {i} {la.residual.value} vs {lb.residual.value}")
     out += _norm_diffs(la.norm_attn, lb.norm_attn, f"layer {i} norm_attn")
     out += _norm_diffs(la.norm_ffn, lb.norm_ffn, f"layer {i} norm_ffn")
     aa, ab = la.attention, lb.attention
@@ -70,7 +75,13 @@ def _layer_diffs(la, lb, i: int) -> list[str]:
         out.append(f"masking: layer {i} sliding window={aa.window} vs {ab.window}")
     ra, rb = _rope_key(aa.rope, aa.d_head), _rope_key(ab.rope, ab.d_head)
     if ra != rb:
-        out.append(f"rotary position embedding: layer {i} {ra} vs {rb}")
+        out.append(f"rotary position embedding: layer {i} {ra[:80]} vs {rb[:80]}")
+    qa = tuple(n is not None for n in (aa.q_norm, aa.k_norm))
+    qb = tuple(n is not None for n in (ab.q_norm, ab.k_norm))
+    if qa != qb:
+        out.append(f"query/key normalisation: layer {i} (q, k) {qa} vs {qb}")
+    if aa.softcap != ab.softcap:
+        out.append(f"attention soft-capping: layer {i} {aa.softcap} vs {ab.softcap}")
     if aa.n_heads != ab.n_heads:
         out.append(f"number of heads: layer {i} {aa.n_heads} vs {ab.n_heads}")
     if aa.d_head != ab.d_head and (aa.rope is not None or ab.rope is not None or "l2" in (aa.kind, ab.kind)):

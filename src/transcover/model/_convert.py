@@ -29,7 +29,8 @@ def _norm(n: NormSpec | None, dtype: Any) -> NormSpec | None:
 def _layer(layer: LayerSpec, dtype: Any) -> LayerSpec:
     a = layer.attention
     attn = replace(a, **{f: _t(getattr(a, f), dtype) for f in
-                         ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")})
+                         ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")},
+                   q_norm=_norm(a.q_norm, dtype), k_norm=_norm(a.k_norm, dtype))
     f = layer.ffn
     ffn = replace(f, **{k: _t(getattr(f, k), dtype) for k in ("W_1", "W_2", "b_1", "b_2", "W_gate", "b_gate")})
     return replace(layer, attention=attn, ffn=ffn, norm_attn=_norm(layer.norm_attn, dtype),

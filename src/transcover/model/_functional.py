@@ -39,6 +39,7 @@ from ._spec import (
     MLPHeadSpec,
     NormSpec,
     Placement,
+    Residual,
     RopeSpec,
     TransformerSpec,
 )
@@ -159,15 +160,17 @@ def attention_scores(attn: AttentionSpec, X: Tensor, h: int, *, key_mask: Tensor
     """Pre-softmax scores of head h on X (..., T, d), using the exact bias folding, masks applied.
 
     Without RoPE: ``x~_i A~ x_j^T`` with ``A~ = scale [W_Q; b_Q] W_K^T`` (Note [attention biases]
-    in ``_spec``); ``b_K`` is dropped because it cancels in the softmax.  With RoPE the key bias
-    would not cancel, so the biases are applied as in the model.  ``key_mask`` (``(..., T)``
-    bool): the keys each query may read (True); None reads all.
+    in ``_spec``); ``b_K`` is dropped because it cancels in the softmax.  With RoPE, query/key
+    normalisation or soft-capping the key bias would not cancel, so the biases are applied as in the
+    model.  ``key_mask`` (``(..., T)`` bool): the keys each query may read (True); None reads all.
     """
     import torch
 
     Wq, Wk, _, _ = attn.head(h)
     T = X.shape[-2]
-    if attn.rope is None:
+    # the key bias cancels (and [X, 1] folds the query bias) only without RoPE, query/key
+    # normalisation and soft-capping
+    if attn.rope is None and attn.q_norm is None and attn.k_norm is None and attn.softcap is None:
         # [X, 1] per head, not once per block: sharing it would change the order in which the
         # heads' gradients reach X, and with it the Lipschitz searches' ascent paths bit by bit
         Xa = torch.cat([X, torch.ones_like(X[..., :1])], dim=-1)
@@ -177,10 +180,18 @@ def attention_scores(attn: AttentionSpec, X: Tensor, h: int, *, key_mask: Tensor
         g = attn.kv_index(h)
         q = _linear(X, Wq) + (0 if attn.b_Q is None else _w(attn.b_Q[..., h, :], X, 1))
         k = _linear(X, Wk) + (0 if attn.b_K is None else _w(attn.b_K[..., g, :], X, 1))
-        pos = torch.arange(T, device=X.device)
-        q = apply_rope(q, attn.rope, pos)
-        k = apply_rope(k, attn.rope, pos)
-    return _mask(attn.softmax_scale * (q @ k.transpose(-1, -2)), attn.causal, key_mask, attn.window)
+        if attn.q_norm is not None:  # per-head RMSNorm before the rotation (Qwen3; THEORY F23)
+            q = norm_forward(attn.q_norm, q)
+        if attn.k_norm is not None:
+            k = norm_forward(attn.k_norm, k)
+        if attn.rope is not None:
+            pos = torch.arange(T, device=X.device)
+            q = apply_rope(q, attn.rope, pos)
+            k = apply_rope(k, attn.rope, pos)
+    scores = attn.softmax_scale * (q @ k.transpose(-1, -2))
+    if attn.softcap is not None:  # Gemma 2: c tanh(s / c), before the mask (THEORY F24)
+        scores = attn.softcap * torch.tanh(scores / attn.softcap)
+    return _mask(scores, attn.causal, key_mask, attn.window)
 
 
 def l2_attention_forward(X: Tensor, W_Q: Tensor, W_V: Tensor, W_O: Tensor, *, key_mask: Tensor | None = None,
@@ -306,6 +317,9 @@ def layer_forward(layer: LayerSpec, X: Tensor, *, key_mask: Tensor | None = None
     def attend(Z: Tensor) -> Tensor:
         return attention_forward(layer.attention, Z, key_mask=key_mask, layer=i, hooks=hooks)
 
+    if layer.residual is Residual.PARALLEL:  # both branches read the block's input (THEORY F21)
+        return (X + attend(_norm(layer.norm_attn, X, (i, "norm_attn"), hooks))
+                + ffn_forward(layer.ffn, _norm(layer.norm_ffn, X, (i, "norm_ffn"), hooks)))
     if layer.placement is Placement.PRE:
         X = X + attend(_norm(layer.norm_attn, X, (i, "norm_attn"), hooks))
         return X + ffn_forward(layer.ffn, _norm(layer.norm_ffn, X, (i, "norm_ffn"), hooks))

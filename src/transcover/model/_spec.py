@@ -56,6 +56,7 @@ __all__ = [
     "Activation",
     "NormKind",
     "Placement",
+    "Residual",
     "NormSpec",
     "RopeSpec",
     "AttentionSpec",
@@ -113,6 +114,13 @@ class Placement(str, Enum):
     POST = "post"  # norm(x + f(x))        (BERT, the seed's Pi_norm o (id + g))
 
 
+class Residual(str, Enum):
+    """How a block's two branches meet the residual stream (THEORY F21 for PARALLEL)."""
+
+    SEQUENTIAL = "sequential"  # x -> y = x + attn(.) -> y + ffn(.)   (the seed's composition)
+    PARALLEL = "parallel"  # x -> x + attn(N_1 x) + ffn(N_2 x)          (GPT-NeoX/Pythia, GPT-J, Falcon)
+
+
 @dataclass(frozen=True)
 class NormSpec:
     kind: NormKind
@@ -163,11 +171,18 @@ class RopeSpec:
     theta: float = 10000.0
     rotary_dim: int | None = None  # None: the whole head dimension
     max_position: int = 2048
+    # Scaled RoPE (linear, Llama 3 "llama3", YaRN; THEORY F22): the frequencies, one per rotated pair,
+    # computed once from the configuration (``_rope_scaling``).  None: theta^(-2k/rotary_dim).
+    inv_freq_values: tuple[float, ...] | None = None
 
     def inv_freq(self, d_head: int) -> Tensor:
         import torch  # RoPE forward passes only
 
         rd = self.rotary_dim or d_head
+        if self.inv_freq_values is not None:
+            if 2 * len(self.inv_freq_values) != rd:
+                raise ValueError(f"RoPE has {len(self.inv_freq_values)} frequencies for {rd} rotated coordinates")
+            return torch.tensor(self.inv_freq_values, dtype=torch.float64)
         return 1.0 / (self.theta ** (torch.arange(0, rd, 2, dtype=torch.float64) / rd))
 
 
@@ -212,6 +227,13 @@ class AttentionSpec:
     # "dot": softmax(scale q k^T); "l2": Kim et al. 2021 L2 attention with W_K = W_Q tied and value
     # map A_h W_V^h W_O^h, A_h = W_Q^h W_Q^hT / sqrt(d_head) (transcover.lipschitz.l2_attention_forward)
     kind: str = "dot"
+    # Query/key normalisation (Qwen3, Gemma 3; THEORY F23): RMSNorm over each head's d_head
+    # coordinates of q = x W_Q + b_Q (resp. k), gamma of shape (d_head,) shared by the heads, applied
+    # before RoPE.  None: no normalisation (as before).
+    q_norm: NormSpec | None = None
+    k_norm: NormSpec | None = None
+    # Attention-logit soft-capping (Gemma 2; THEORY F24): scores -> c tanh(scores / c), before the mask.
+    softcap: float | None = None
 
     def __post_init__(self) -> None:
         if self.window is not None and (isinstance(self.window, bool) or not isinstance(self.window, int)
@@ -235,6 +257,8 @@ class AttentionSpec:
             ("a softmax scale", self.scale is not None),
             ("biases", any(b is not None for b in (self.b_Q, self.b_K, self.b_V, self.b_O))),
             ("grouped-query heads", self.W_K.shape[0] != self.W_Q.shape[0]),
+            ("query/key normalisation", self.q_norm is not None or self.k_norm is not None),
+            ("soft-capping", self.softcap is not None),
         ) if on]
         if not asked and self.W_K is not self.W_Q:
             tied = tuple(self.W_K.shape) == tuple(self.W_Q.shape) and bool(
@@ -330,8 +354,14 @@ class AttentionSpec:
         for name, (t, shape) in checks.items():
             if t is not None and tuple(t.shape) != shape:
                 raise ValueError(f"attention {name} has shape {tuple(t.shape)}, expected {shape}")
+        for name, n in (("q_norm", self.q_norm), ("k_norm", self.k_norm)):
+            if n is not None and n.weight is not None and tuple(n.weight.shape) != (dh,):
+                raise ValueError(f"attention {name} weight has shape {tuple(n.weight.shape)}, expected {(dh,)} "
+                                 "(one RMSNorm per head over d_head)")
         if H % Hkv:
             raise ValueError(f"n_heads={H} is not a multiple of n_kv_heads={Hkv}")
+        if self.softcap is not None and not (math.isfinite(self.softcap) and self.softcap > 0):
+            raise ValueError(f"attention softcap must be a finite number > 0, got {self.softcap!r}")
 
 
 @dataclass(frozen=True)
@@ -378,6 +408,8 @@ class LayerSpec:
     ``placement`` PRE: ``x = x + attn(norm_attn(x)); x = x + ffn(norm_ffn(x))``;
     POST: ``x = norm_attn(x + attn(x)); x = norm_ffn(x + ffn(x))`` -- with ``NormKind.BALL`` this
     is the seed's ``g_{l+1} = Pi_norm o g_ff o Pi_norm o g_msa o g_l`` (residuals inside g).
+    ``residual`` PARALLEL (pre-norm only): ``x = x + attn(norm_attn(x)) + ffn(norm_ffn(x))``, both
+    branches reading the block's input (GPT-NeoX/Pythia, GPT-J, Falcon; THEORY F21).
     """
 
     index: int
@@ -387,6 +419,13 @@ class LayerSpec:
     norm_ffn: NormSpec
     placement: Placement
     names: dict[str, str] = field(default_factory=dict)  # role -> tensor name in the checkpoint
+    residual: Residual = Residual.SEQUENTIAL
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "residual", Residual(self.residual))  # "parallel" -> Residual.PARALLEL
+        if self.residual is Residual.PARALLEL and self.placement is not Placement.PRE:
+            raise ValueError(f"layer {self.index}: a parallel residual needs pre-norm placement "
+                             f"(x + attn(N_1 x) + ffn(N_2 x)), not {self.placement.value}")
 
 
 @dataclass(frozen=True)

@@ -497,10 +497,16 @@ def analyze_spec(
     # LayerSpec past its iteration (only these facts about the first one), so the decoded weights
     # of layer i are released before layer i + 1 is read (issue 14, streaming analysis).
     first: dict[str, object] = {}
+    qk_scores = 0.0  # THEORY F23: with query/key RMSNorm every score is <= s max|gamma_q| max|gamma_k| d_head
     for i, layer in enumerate(spec.layers):
         if not first:
             a = layer.attention
-            first = {"rope": a.rope is not None, "b_Q": a.b_Q is not None, "H": a.n_heads, "dh": a.d_head}
+            first = {"rope": a.rope is not None, "b_Q": a.b_Q is not None, "H": a.n_heads, "dh": a.d_head,
+                     "parallel": layer.residual.value == "parallel"}
+        a = layer.attention
+        if a.q_norm is not None and a.k_norm is not None:
+            qk_scores = max(qk_scores, a.softmax_scale * a.q_norm.gamma_max_abs * a.k_norm.gamma_max_abs
+                            * a.d_head * (1 + 8 * 2.0**-52))
         layers.append(_layer_norms(layer, m))
         del layer
         if progress is not None:
@@ -521,8 +527,13 @@ def analyze_spec(
     if first["rope"]:
         notes.append("RoPE: B_KQ is the sup over relative positions; its upper end is scale*||W_Q||*||W_K|| "
                      "and its gap can exceed rtol")
-    if first["b_Q"]:
+    if first["b_Q"] and not first["rope"]:
         notes.append("query biases act through B_KQ_bias on x~=[x,1]; key biases cancel in the softmax")
+    if first["parallel"]:
+        notes.append("parallel residual: each layer is x + attn(LN1 x) + ffn(LN2 x) (THEORY F21)")
+    if qk_scores > 0:
+        notes.append("query/key RMSNorm: B_KQ = ||scale W_Q W_K^T|| does not bound the scores; every score is "
+                     f"<= scale*max|gamma_q|*max|gamma_k|*d_head <= {qk_scores:.4g} (THEORY F23)")
     return AnalysisResult(
         model=spec.name, arch=spec.arch, d_model=spec.d_model, n_heads=int(first["H"]),
         d_head=int(first["dh"]), mode="fast" if fast else "certified", rtol=rtol,

@@ -57,8 +57,10 @@ class HeadMeasure:
     W_OV: Interval
     W_Q: Interval
     W_V: Interval
-    W_K: Interval | None = None  # RoPE only
+    W_K: Interval | None = None  # RoPE or query/key normalisation only
     b_QK: float | None = None
+    b_Q: float | None = None  # ||b_Q^h||, ||b_K^kv|| (RoPE or query/key normalisation: THEORY F22, F23)
+    b_K: float | None = None
     l21_KQ: Interval | None = None
     l21_OV: Interval | None = None
 
@@ -127,6 +129,10 @@ class LayerMeasure:
     norm_ffn: NormMeasure
     has_query_bias: bool
     l21: dict[str, Interval] = field(default_factory=dict)  # W_1, W_2, W_gate (entrywise only)
+    residual: str = "sequential"  # "parallel": x + attn(N_1 x) + ffn(N_2 x) (THEORY F21)
+    q_norm: NormMeasure | None = None  # query/key RMSNorm per head (THEORY F23)
+    k_norm: NormMeasure | None = None
+    has_rope_qk_bias: bool = False  # RoPE with query/key biases and no q/k norm: G.3 refused (F22)
 
     @property
     def n_heads(self) -> int:
@@ -200,11 +206,15 @@ def _l2(v) -> float | None:  # noqa: ANN001
 def _heads(a: AttentionSpec, entrywise: bool) -> tuple[HeadMeasure, ...]:
     s = a.softmax_scale
     W_V = {g: matrix_interval(_t(a.W_V[g])) for g in sorted({a.kv_index(h) for h in range(a.n_heads)})}
-    W_K = {} if a.rope is None else {g: matrix_interval(_t(a.W_K[g])) for g in W_V}
-    if a.rope is not None and (a.b_Q is not None or a.b_K is not None):
+    # the key map's own norm is read where the scores are not x_i W_Q W_K^T x_j^T: RoPE (sup over the
+    # rotations) and query/key normalisation (THEORY F22, F23)
+    split = a.rope is not None or a.q_norm is not None or a.k_norm is not None
+    W_K = {g: matrix_interval(_t(a.W_K[g])) for g in W_V} if split else {}
+    if a.softcap is not None and a.b_K is not None:
         from .._errors import UnsupportedArchitectureError
 
-        raise UnsupportedArchitectureError("bounds for RoPE attention with query/key biases are not supported")
+        # c tanh(s / c) does not let the key bias cancel, which F6 (and so F24) uses
+        raise UnsupportedArchitectureError("soft-capped attention with a key bias is not bounded (THEORY F24)")
     out = []
     for h in range(a.n_heads):
         g = a.kv_index(h)
@@ -212,7 +222,9 @@ def _heads(a: AttentionSpec, entrywise: bool) -> tuple[HeadMeasure, ...]:
         Kt = Wk.T
         bqk = None if a.b_Q is None or a.rope is not None else float((_t(a.b_Q[h]) @ Kt).norm())
         head = HeadMeasure(h, g, None if a.rope is not None else product_interval(Wq, Kt), product_interval(Wv, Wo), matrix_interval(Wq),
-                           W_V[g], W_K.get(g), bqk)
+                           W_V[g], W_K.get(g), bqk,
+                           _l2(a.b_Q[h]) if split and a.b_Q is not None else None,
+                           _l2(a.b_K[g]) if split and a.b_K is not None else None)
         if entrywise:
             if a.rope is None:
                 l21_kq = _entrywise.product_l21_interval(_np(s * Wq), _np(Kt))
@@ -238,7 +250,11 @@ def measure_layer(layer: LayerSpec, entrywise: bool = False) -> LayerMeasure:
         shapes={k: tuple(W.shape) for k, W in mats.items() if W is not None},
         b_out=_l2(a.effective_output_bias()), b_1=_l2(f.b_1), b_2=_l2(f.b_2), b_gate=_l2(f.b_gate),
         norm_attn=NormMeasure.of(layer.norm_attn), norm_ffn=NormMeasure.of(layer.norm_ffn),
-        has_query_bias=a.b_Q is not None and a.rope is None, l21=l21,
+        has_query_bias=a.b_Q is not None and a.rope is None, l21=l21, residual=layer.residual.value,
+        q_norm=None if a.q_norm is None else NormMeasure.of(a.q_norm),
+        k_norm=None if a.k_norm is None else NormMeasure.of(a.k_norm),
+        has_rope_qk_bias=a.rope is not None and a.q_norm is None and a.k_norm is None
+        and (a.b_Q is not None or a.b_K is not None),
     )
 
 

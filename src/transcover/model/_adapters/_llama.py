@@ -14,18 +14,21 @@ The spec's gated FFN is ``(act(x W_gate) * (x W_1)) W_2``, so ``W_gate = gate_pr
 key/value head ``h // (H / H_kv)``, the spec's ``kv_index``), scale ``head_dim ** -0.5``, RoPE with
 ``rotate_half`` on the whole head dimension and ``inv_freq = theta^(-2i/head_dim)``
 (``LlamaRotaryEmbedding.compute_default_rope_parameters``), which is ``RopeSpec``'s layout.
+Qwen3 adds ``q_norm``/``k_norm``: an RMSNorm over each head's ``head_dim`` coordinates of the
+projected queries and keys, before RoPE (the spec's ``AttentionSpec.q_norm``/``k_norm``, THEORY F23).
 Sliding-window attention (Mistral; Qwen2 layers ``>= max_window_layers`` when
 ``use_sliding_window``; ``layer_types`` when the config lists them) is the spec's ``window`` mask.
-Only the "default" RoPE type is exact in the spec; scaled variants (llama3, linear, yarn, ...)
-change the frequencies and are refused rather than approximated.
+RoPE types "default", "linear", "llama3" and "yarn" set fixed frequencies (``_rope_scaling``,
+THEORY F22); "dynamic" and "longrope" depend on the sequence length and are refused.
 """
 
 from __future__ import annotations
 
 from ..._errors import UnsupportedArchitectureError
+from .._rope_scaling import rope_from_config
 from .._sources import TensorSource
 from .._spec import (
-    AttentionSpec, FFNSpec, LayerSequence, LayerSpec, NormKind, Placement, RopeSpec, TransformerSpec,
+    AttentionSpec, FFNSpec, LayerSequence, LayerSpec, NormKind, Placement, TransformerSpec,
 )
 from ._common import (
     activation_from_name, count_layers, find_prefix, heads_bias, heads_in, heads_out, layer_norm,
@@ -48,24 +51,6 @@ _ROLES = {
 }
 
 
-def _rope(config: dict, arch: str, dh: int) -> RopeSpec:
-    """RoPE from ``rope_parameters`` (transformers 5) or ``rope_theta``/``rope_scaling`` (4.x)."""
-    params = config.get("rope_parameters") or {}
-    scaling = config.get("rope_scaling") or {}
-    rope_type = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
-    if rope_type != "default":
-        raise UnsupportedArchitectureError(
-            f"{arch}: rope_type={rope_type!r} rescales the RoPE frequencies, which the spec's RopeSpec "
-            "cannot represent exactly; only 'default' is supported"
-        )
-    factor = params.get("partial_rotary_factor", config.get("partial_rotary_factor", 1.0))
-    if factor not in (None, 1, 1.0):
-        raise UnsupportedArchitectureError(f"{arch}: partial_rotary_factor={factor!r} is not supported")
-    theta = params.get("rope_theta", config.get("rope_theta", 10000.0))
-    return RopeSpec(theta=float(theta), rotary_dim=None,
-                    max_position=int(config.get("max_position_embeddings") or 2048))
-
-
 def build_llama(src: TensorSource, config: dict, name: str) -> TransformerSpec:
     arch = "llama"
     d = int(require(config, "hidden_size", arch=arch, name=name))
@@ -75,11 +60,16 @@ def build_llama(src: TensorSource, config: dict, name: str) -> TransformerSpec:
     d_ff = int(require(config, "intermediate_size", arch=arch, name=name))
     eps = float(config.get("rms_norm_eps", 1e-6))
     act = activation_from_name(config.get("hidden_act", "silu"), arch=arch)
-    rope = _rope(config, arch, dh)
+    rope, score_factor = rope_from_config(config, arch, dh)  # YaRN's m^2 multiplies every score
     found = find_prefix(src, ["layers.0.self_attn.q_proj.weight", "embed_tokens.weight"])
     prefix = found[0] if found else ""
-    if any(k.startswith(prefix + "layers.0.self_attn.q_norm") for k in src.keys()):
-        raise UnsupportedArchitectureError(f"{arch}: query/key normalisation (q_norm, k_norm) is not supported")
+    # Qwen3 normalises each head's query and key (RMSNorm over head_dim, before RoPE; THEORY F23);
+    # OLMo 2 normalises the whole projection, which the spec does not express.
+    qk_norm = prefix + "layers.0.self_attn.q_norm.weight" in src
+    if qk_norm and src.shape(prefix + "layers.0.self_attn.q_norm.weight") != (dh,):
+        raise UnsupportedArchitectureError(
+            f"{arch}: q_norm of shape {src.shape(prefix + 'layers.0.self_attn.q_norm.weight')} normalises more than "
+            f"one head (d_head={dh}); only per-head query/key normalisation (Qwen3) is supported")
     n = config.get("num_hidden_layers")
     n = count_layers(src, prefix, "layers") if n is None else int(n)
     if n == 0:
@@ -89,6 +79,9 @@ def build_llama(src: TensorSource, config: dict, name: str) -> TransformerSpec:
     mlp_bias = bool(config.get("mlp_bias", False))
 
     windows = sliding_windows(config, n, arch=arch, name=name)
+
+    def qk_names(i: int) -> dict[str, str]:
+        return {f"{s}_norm.weight": f"{prefix}layers.{i}.self_attn.{s}_norm.weight" for s in "qk"} if qk_norm else {}
 
     def layer(i: int) -> LayerSpec:
         names = {role: f"{prefix}layers.{i}.{key}" for role, key in _ROLES.items()}
@@ -106,6 +99,11 @@ def build_llama(src: TensorSource, config: dict, name: str) -> TransformerSpec:
             b_V=heads_bias(bias("b_V", (H_kv * dh,), attn_bias), H_kv),
             b_O=bias("b_O", (d,), attn_bias),
             causal=True, rope=rope, window=windows[i],
+            scale=None if score_factor == 1.0 else score_factor / dh ** 0.5,
+            q_norm=layer_norm(src, f"{prefix}layers.{i}.self_attn.q_norm.weight", None, dh, eps, NormKind.RMSNORM)
+            if qk_norm else None,
+            k_norm=layer_norm(src, f"{prefix}layers.{i}.self_attn.k_norm.weight", None, dh, eps, NormKind.RMSNORM)
+            if qk_norm else None,
         )
         ffn = FFNSpec(
             W_1=linear_weight(src, names["W_1"], d, d_ff), W_2=linear_weight(src, names["W_2"], d_ff, d),
@@ -118,7 +116,7 @@ def build_llama(src: TensorSource, config: dict, name: str) -> TransformerSpec:
             norm_attn=layer_norm(src, names["norm_attn.weight"], None, d, eps, NormKind.RMSNORM),
             norm_ffn=layer_norm(src, names["norm_ffn.weight"], None, d, eps, NormKind.RMSNORM),
             placement=Placement.PRE,
-            names={r: v for r, v in names.items() if v in src},
+            names={r: v for r, v in {**names, **qk_names(i)}.items() if v in src},
         )
 
     # LlamaForCausalLM keeps lm_head beside ``model.``; its weight (V, d) un-embeds as x @ W^T.
@@ -137,6 +135,7 @@ def build_llama(src: TensorSource, config: dict, name: str) -> TransformerSpec:
         embeddings=embeddings,  # type: ignore[arg-type]  # a read-on-access Mapping
         config=out,
         # older checkpoints store RoPE's inv_freq buffer; the spec recomputes it from rope_theta
-        warnings=unexpected_layer_tensors(src, prefix, "layers", n, _ROLES.values(),
+        warnings=unexpected_layer_tensors(src, prefix, "layers", n, [*_ROLES.values(), *(
+            ["self_attn.q_norm.weight", "self_attn.k_norm.weight"] if qk_norm else [])],
                                           (r"self_attn\.rotary_emb\.inv_freq",), arch=arch, name=name),
     )

@@ -15,9 +15,11 @@ from .._spec import TransformerSpec
 from ._bert import build_bert
 from ._encoders import build_clip, build_clip_text, build_clip_vision, build_distilbert, build_whisper_encoder
 from ._gpt2 import build_gpt2
+from ._gpt_neox import build_gpt_neox
+from ._gptj import build_gptj
 from ._llama import build_llama
 from ._reference import build_reference
-from ._refused import OutsideDecompositionError, build_deberta_v2
+from ._refused import OutsideDecompositionError, build_deberta_v2, build_moe
 from ._torch_encoder import build_torch_encoder
 from ._vit import build_vit
 
@@ -38,6 +40,9 @@ _ADAPTERS: dict[str, Adapter] = {
     "clip": build_clip,
     "whisper": build_whisper_encoder,
     "deberta_v2": build_deberta_v2,
+    "gpt_neox": build_gpt_neox,
+    "gptj": build_gptj,
+    "moe": build_moe,  # recognised and refused: top-k routing is discontinuous (THEORY F25)
 }
 
 #: The adapter names :func:`transcover.model.load` accepts as ``arch=``.
@@ -54,6 +59,10 @@ ARCH_ALIASES: dict[str, str] = {
     "clip_text_model": "clip_text",  # CLIPTextConfig.model_type
     "clip_vision_model": "clip_vision",
     "deberta": "deberta_v2",  # DeBERTa v1 has the same disentangled attention
+    "qwen3": "llama",  # + per-head query/key RMSNorm, read by the Llama adapter (THEORY F23)
+    "mixtral": "moe",
+    "qwen2_moe": "moe",
+    "qwen3_moe": "moe",
 }
 
 #: Adapters that read one part of a checkpoint whose configuration names the whole model:
@@ -61,8 +70,8 @@ ARCH_ALIASES: dict[str, str] = {
 PARTS: dict[str, tuple[str, ...]] = {"clip": ("clip_text", "clip_vision")}
 
 # config["architectures"] class-name stems, for configs without model_type.
-_CLASS_STEMS = (("Bert", "bert"), ("Roberta", "bert"), ("GPT2", "gpt2"), ("Llama", "llama"),
-                ("Mistral", "llama"), ("Qwen2", "llama"), ("ViT", "vit"), ("XLMRoberta", "bert"),
+_CLASS_STEMS = (("Bert", "bert"), ("Roberta", "bert"), ("GPT2", "gpt2"), ("GPTNeoX", "gpt_neox"), ("GPTJ", "gptj"), ("Llama", "llama"),
+                ("Mistral", "llama"), ("Qwen2", "llama"), ("Qwen3For", "llama"), ("ViT", "vit"), ("XLMRoberta", "bert"),
                 ("DistilBert", "distilbert"), ("CLIPText", "clip_text"), ("CLIPVision", "clip_vision"),
                 ("CLIP", "clip"), ("Whisper", "whisper"), ("DebertaV2", "deberta_v2"), ("Deberta", "deberta_v2"))
 

@@ -1,0 +1,87 @@
+"""Attention with normalised queries and keys (Qwen3, Gemma 3): THEORY F23.
+
+Note [query/key normalisation].  Head h scores query i against key j as
+``s_ij = s q_i R_{j-i} k_j^T`` with ``q_i = N_q(x_i W_Q + b_Q)``, ``k_j = N_k(x_j W_K + b_K)``, where
+``N`` is an RMSNorm over the head's ``d_head`` coordinates (``gamma * u / sqrt(mean(u^2) + eps)``)
+and ``R`` the RoPE rotation (the identity without RoPE; orthogonal, partial or not).  The F6
+argument goes through with the score difference bounded by what the normalisation guarantees
+instead of by ``||W_Q W_K^T||``:
+
+* *size*: ``||N(u)||_2 = ||gamma * u / rms_eps(u)|| <= max|gamma| ||u|| / sqrt(||u||^2/d_head + eps)
+  < max|gamma| sqrt(d_head)`` for every ``u`` (F14's output radius over ``d_head`` coordinates).  So
+  ``Q_max = max|gamma_q| sqrt(d_head)`` with the norm, ``||W_Q|| r + ||b_Q||`` without (rows of
+  norm <= r); the same for keys.  Every score obeys ``|s_ij| <= s Q_max K_max``.
+* *Lipschitz*: ``||q_i - q'_i|| <= L_{N_q} ||W_Q|| ||x_i - x'_i||`` with F14's global RMSNorm constant
+  ``L_N = max|gamma| / sqrt(eps)`` (the query projections can come arbitrarily close to 0, so no
+  variance floor is assumed); ``L_{N_q} = 1`` without the norm.  Hence, splitting
+  ``q_i R k_j^T - q'_i R k'_j^T = (q_i - q'_i) R k_j^T + q'_i R (k_j - k'_j)^T``,
+
+      |s_ij - s'_ij| <= a ||dx_i|| + c ||dx_j||,   a = s L_{N_q} ||W_Q|| K_max,   c = s Q_max L_{N_k} ||W_K||.
+
+F6 bounds the same difference by ``B_KQ r (||dx_i|| + ||dx_j||) + ||b|| ||dx_j||`` and uses it as
+``2 B_KQ r + ||b||`` in (2,inf) and ``B_KQ r (1 + sqrt T) + sqrt(T) ||b||`` in Frobenius (a coefficient
+of ``||dx_i||`` counted once, of ``||dx_j||`` sqrt(T) times).  Choosing ``B_KQ := a / r`` and
+``||b|| := max(c - a, 0)`` makes both F6 forms at least ``a + c`` resp. ``a + sqrt(T) c`` (if
+``c >= a`` they are ``a + c`` and ``a + sqrt(T) c``; otherwise ``2a >= a + c`` and
+``a (1 + sqrt T) >= a + sqrt(T) c``), so F6's constants with these two numbers are certified for
+the normalised head.  With both norms the score Lipschitz part ``a + c`` no longer grows with the
+radius: the head's constant grows like ``r`` (through the values), not ``r^2``.
+
+Lemma G.3 is not derived for this block (the scores are not a function of ``W_Q W_K^T``): refused.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from .._errors import InputError
+
+__all__ = ["side_bounds", "score_difference_terms", "qknorm_effective_kq", "qknorm_layer_kq", "score_magnitude_bound"]
+
+
+def side_bounds(B_W: float, B_b: float, radius: float, norm_lip: float | None, norm_out: float | None) -> tuple[float, float]:
+    """(size bound, Lipschitz constant) of one side ``x -> N(x W + b)`` of the scores on rows of norm
+    <= radius: ``(max|gamma| sqrt(d_head), L_N ||W||)`` with the norm (``norm_lip = max|gamma|/sqrt(eps)``,
+    ``norm_out = max|gamma| sqrt(d_head)``), ``(||W|| r + ||b||, ||W||)`` without (``None``)."""
+    if norm_lip is None:
+        return B_W * radius + B_b, B_W
+    if not (math.isfinite(norm_lip) and norm_lip >= 0):
+        raise InputError("query/key normalisation with eps = 0 is not Lipschitz near 0 (F14): no bound")
+    return norm_out, norm_lip * B_W
+
+
+def score_difference_terms(scale: float, q: tuple[float, float], k: tuple[float, float]) -> tuple[float, float]:
+    r"""``(a, c)`` with ``|s_ij - s'_ij| <= a ||dx_i|| + c ||dx_j||`` (Note [query/key normalisation]).
+
+    .. math:: a = s\,L_q K_{max},\qquad c = s\,Q_{max} L_k
+
+    ``q`` and ``k`` are :func:`side_bounds`'s ``(size, Lipschitz)`` pairs.  Source: THEORY F23.
+    """
+    (q_max, l_q), (k_max, l_k) = q, k
+    return scale * l_q * k_max, scale * q_max * l_k
+
+
+def qknorm_effective_kq(terms: Sequence[tuple[float, float]], radius: float) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per head ``(B_KQ, B_bKQ)`` that make F6's constants certified for the normalised scores:
+    ``B_KQ = a / r``, ``B_bKQ = max(c - a, 0)`` (Note [query/key normalisation])."""
+    if radius <= 0:
+        raise InputError(f"radius must be > 0, but got radius={radius}")
+    return (tuple(a / radius for a, _ in terms), tuple(max(c - a, 0.0) for a, c in terms))
+
+
+def score_magnitude_bound(scale: float, q_max: float, k_max: float) -> float:
+    r"""``|s_ij| <= s Q_max K_max`` (Cauchy-Schwarz, ``||R|| = 1``): with both norms
+    ``s max|gamma_q| max|gamma_k| d_head``, whatever the weights and the input.  Source: THEORY F23."""
+    return scale * q_max * k_max
+
+
+def qknorm_layer_kq(L, radius: float) -> tuple[tuple[float, ...], tuple[float, ...]]:  # noqa: ANN001
+    """F6's ``(B_KQ, B_bKQ)`` per head for a layer's class bounds (``_weights.LayerNorms``) with
+    query/key normalisation, on rows of norm <= ``radius`` (the attention branch's input)."""
+    terms = []
+    for h in range(len(L.B_OV)):
+        q = side_bounds(L.B_Q[h], L.B_bQ[h], radius, L.qn_lip if L.has_q_norm else None, L.qn_out)
+        k = side_bounds(L.B_K[h], L.B_bK[h], radius, L.kn_lip if L.has_k_norm else None, L.kn_out)
+        terms.append(score_difference_terms(L.softmax_scale, q, k))
+    return qknorm_effective_kq(terms, radius)

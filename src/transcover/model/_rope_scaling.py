@@ -1,0 +1,142 @@
+"""RoPE frequencies from an HF configuration: default, partial, and the scaled types (THEORY F22).
+
+The rotation of position t turns coordinate pair k of the rotated width r by ``t * inv_freq[k]``.
+"default" is ``inv_freq[k] = theta^(-2k/r)``; the scaled types change these numbers once, from the
+configuration, independently of the input (transformers ``modeling_rope_utils``):
+
+* "linear" (position interpolation): ``inv_freq / factor``;
+* "llama3" (Llama 3.1-3.3): wavelengths ``2 pi / inv_freq`` above ``L / low_freq_factor`` are divided
+  by ``factor``, below ``L / high_freq_factor`` kept, and in between blended with
+  ``s = (L / wavelen - low) / (high - low)``: ``(1 - s) inv_freq / factor + s inv_freq``
+  (``L = original_max_position_embeddings``);
+* "yarn": per pair a ramp between interpolation (``inv_freq / factor``) and extrapolation
+  (``inv_freq``) over the correction range of ``beta_fast``/``beta_slow``, and an *attention factor*
+  m that multiplies cos and sin, i.e. the rotated coordinates of q and k.  With the whole head
+  rotated every score is multiplied by m^2, which the spec carries in the softmax scale; with a
+  partial rotation m would scale only some coordinates, and is refused.
+
+"dynamic" (NTK) and "longrope" choose their frequencies from the *current sequence length* once it
+exceeds the trained one, so the function of a sequence depends on its length beyond the spec's fixed
+frequencies: refused.  Every value is computed in float64 here (HF computes them in float32); a
+spec is then an exact statement of the float64 formula, and the round-trip tests compare with
+float32's tolerance where HF's float32 frequencies enter.
+
+numpy only: adapters run on the file path without torch (Note [no torch on the file path]).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .._errors import UnsupportedArchitectureError
+from ._spec import RopeSpec
+
+__all__ = ["rope_from_config"]
+
+_POSITION_DEPENDENT = {
+    "dynamic": "NTK-aware dynamic scaling recomputes the frequencies from each sequence's length",
+    "longrope": "LongRoPE switches between short and long factors by sequence length",
+}
+
+
+def _parameters(config: dict) -> dict:
+    """transformers 5 ``rope_parameters``, or the 4.x ``rope_theta``/``rope_scaling`` pair, merged."""
+    params = dict(config.get("rope_scaling") or {})
+    params.update(config.get("rope_parameters") or {})
+    if "type" in params and "rope_type" not in params:
+        params["rope_type"] = params["type"]
+    return params
+
+
+def _llama3(inv: np.ndarray, p: dict, arch: str) -> np.ndarray:
+    try:
+        factor, low, high = float(p["factor"]), float(p["low_freq_factor"]), float(p["high_freq_factor"])
+        old = float(p["original_max_position_embeddings"])
+    except KeyError as e:
+        raise UnsupportedArchitectureError(f"{arch}: rope_type 'llama3' lacks {e.args[0]!r}") from None
+    wavelen = 2 * math.pi / inv
+    out = np.where(wavelen > old / low, inv / factor, inv)
+    smooth = (old / wavelen - low) / (high - low)
+    medium = ~(wavelen < old / high) & ~(wavelen > old / low)
+    return np.where(medium, (1 - smooth) * out / factor + smooth * out, out)
+
+
+def _yarn(theta: float, r: int, p: dict, config: dict, arch: str) -> tuple[np.ndarray, float]:
+    try:
+        old = float(p["original_max_position_embeddings"])
+    except KeyError:
+        raise UnsupportedArchitectureError(f"{arch}: rope_type 'yarn' lacks 'original_max_position_embeddings'") from None
+    factor = p.get("factor")
+    factor = float(config["max_position_embeddings"]) / old if factor is None else float(factor)
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention = p.get("attention_factor")
+    if attention is None:
+        ms, ms_all = p.get("mscale"), p.get("mscale_all_dim")
+        attention = mscale(factor, ms) / mscale(factor, ms_all) if (ms and ms_all) else mscale(factor)
+    fast, slow = float(p.get("beta_fast") or 32), float(p.get("beta_slow") or 1)
+
+    def correction_dim(rotations: float) -> float:
+        return r * math.log(old / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    lo, hi = correction_dim(fast), correction_dim(slow)
+    if p.get("truncate", True):
+        lo, hi = math.floor(lo), math.ceil(hi)
+    lo, hi = max(lo, 0), min(hi, r - 1)
+    if lo == hi:
+        hi += 0.001  # HF's guard against a zero-width ramp
+    ramp = np.clip((np.arange(r // 2, dtype=np.float64) - lo) / (hi - lo), 0.0, 1.0)
+    pos = theta ** (np.arange(0, r, 2, dtype=np.float64) / r)
+    extrapolation = 1.0 - ramp
+    inv = (1.0 / (factor * pos)) * (1 - extrapolation) + (1.0 / pos) * extrapolation
+    return inv, float(attention)
+
+
+def rope_from_config(config: dict, arch: str, d_head: int, *, default_factor: float = 1.0,
+                     default_theta: float = 10000.0) -> tuple[RopeSpec, float]:
+    """``(RopeSpec, score factor)`` for an HF configuration: the rotation, and the number every
+    score is multiplied by (YaRN's m^2, else 1), which the adapter puts into the softmax scale.
+
+    Raises:
+        UnsupportedArchitectureError: a position-dependent or unknown rope type, an odd or empty
+            rotated width, or YaRN's attention factor with a partial rotation.
+    """
+    p = _parameters(config)
+    rope_type = str(p.get("rope_type") or "default")
+    factor_r = float(p.get("partial_rotary_factor", config.get("partial_rotary_factor", default_factor)))
+    theta = float(p.get("rope_theta", config.get("rope_theta", default_theta)))
+    r = int(d_head * factor_r)
+    if r < 2 or r % 2:
+        raise UnsupportedArchitectureError(
+            f"{arch}: partial rotary factor {factor_r!r} gives {r} rotated coordinates of a {d_head}-wide head; "
+            "the rotation needs an even number >= 2")
+    if rope_type in _POSITION_DEPENDENT:
+        raise UnsupportedArchitectureError(
+            f"{arch}: rope_type={rope_type!r} is refused: {_POSITION_DEPENDENT[rope_type]}, so the function "
+            "of a sequence depends on its length beyond fixed frequencies (supported: default, linear, llama3, yarn)")
+    base = theta ** (-np.arange(0, r, 2, dtype=np.float64) / r)
+    score = 1.0
+    if rope_type == "default":
+        inv = None
+    elif rope_type == "linear":
+        inv = base / float(p["factor"])
+    elif rope_type == "llama3":
+        inv = _llama3(base, p, arch)
+    elif rope_type == "yarn":
+        inv, m = _yarn(theta, r, p, config, arch)
+        if m != 1.0 and r != d_head:
+            raise UnsupportedArchitectureError(
+                f"{arch}: YaRN's attention factor {m:g} with a partial rotation scales only some coordinates "
+                "of q and k; not representable in the spec")
+        score = m * m
+    else:
+        raise UnsupportedArchitectureError(
+            f"{arch}: rope_type={rope_type!r} has no exact counterpart; supported: default, linear, llama3, yarn")
+    rope = RopeSpec(theta=theta, rotary_dim=None if r == d_head else r,
+                    max_position=int(config.get("max_position_embeddings") or 2048),
+                    inv_freq_values=None if inv is None else tuple(float(v) for v in inv))
+    return rope, score

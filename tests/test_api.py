@@ -106,6 +106,24 @@ def test_bound(models, tmp_path):
                                   "--reference", b, "--family", "l21", "--quiet"]))
 
 
+def test_config_objects_and_options_are_one_thing(models):
+    """The CLI's defaults live in the config dataclasses: a config and the same fields as options agree."""
+    from transcover.covering import BoundConfig
+    from transcover.lipschitz import LipschitzConfig
+
+    a = str(models / "a.safetensors")
+    cfg = BoundConfig(eps=0.3, n_samples=(1e4,), seq_len=8, family="l21")
+    assert transcover.bound(a, cfg).to_dict() == transcover.bound(a, eps=0.3, n_samples=1e4, seq_len=8,
+                                                                   family="l21").to_dict()
+    one = str(models / "one.safetensors")
+    r = transcover.lipschitz(one, LipschitzConfig(radius=3.0), lower=False)
+    assert r.bounds.to_dict() == transcover.lipschitz(one, radius=3.0, lower=False).bounds.to_dict()
+    with pytest.raises(transcover.InputError, match="no option epz"):
+        transcover.bound(a, epz=0.1)
+    with pytest.raises(transcover.InputError, match="config must be a LipschitzConfig"):
+        transcover.lipschitz(one, cfg)
+
+
 @pytest.mark.parametrize("mode, api, argv", [
     ("finite", dict(eps=[0.5, 1.0]), ["--eps", "0.5", "1.0"]),
     ("reference", dict(functions=12, samples=3, seq_len=2, layers=1, d_model=4, heads=1, d_ff=8, eps=[0.2, 0.5],

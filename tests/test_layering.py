@@ -226,3 +226,38 @@ def test_the_parser_sees_every_form(tmp_path, monkeypatch, source, expected):
     f = pkg / "covering" / "_x.py"
     f.write_text(source)
     assert [target for target, _ in _imports(f, pkg)] == [expected]
+
+
+def test_every_imported_name_exists():
+    """Every ``from <transcover module> import name`` names something that module has.
+
+    Most imports across packages are function-local (the CLI must start fast), so a name that a
+    merge renamed or stopped exporting only fails when that path runs (issue 11's merges broke
+    ``transcover report`` this way: ``report/_build.py`` imported ``lipschitz.spec_norms`` after it
+    left ``lipschitz.__init__``).  This reads every import statement and resolves it now.
+    """
+    import importlib
+
+    bad = []
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(SRC)
+        package = ["transcover", *rel.with_suffix("").parts[:-1]]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if node.level == 0:
+                if not (node.module == "transcover" or (node.module or "").startswith("transcover.")):
+                    continue
+                module = node.module
+            else:
+                base = package[: len(package) - (node.level - 1)]
+                module = ".".join(base + ([node.module] if node.module else []))
+            found = importlib.import_module(module)
+            for alias in node.names:
+                if alias.name == "*" or hasattr(found, alias.name):
+                    continue
+                try:
+                    importlib.import_module(f"{module}.{alias.name}")
+                except ModuleNotFoundError:
+                    bad.append(f"{rel}:{node.lineno}: {module} has no {alias.name}")
+    assert not bad, "imports of names that do not exist:\n" + "\n".join(bad)

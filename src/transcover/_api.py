@@ -28,6 +28,22 @@ def _spec(model, *, arch=None, allow_pickle=False, strict=False):
                                                                    strict=strict)
 
 
+def _config(cls, config, options: dict):
+    """``config`` (default: ``cls()``, whose fields hold every default) with ``options`` overriding
+    single fields; an unknown option is one clear line naming the fields there are."""
+    from dataclasses import fields, replace
+
+    from ._errors import InputError
+
+    names = [f.name for f in fields(cls)]
+    unknown = sorted(set(options) - set(names))
+    if unknown:
+        raise InputError(f"no option {', '.join(unknown)}; the options are {', '.join(names)}")
+    if config is not None and not isinstance(config, cls):
+        raise InputError(f"config must be a {cls.__name__}, but got {type(config).__name__}")
+    return replace(config if config is not None else cls(), **options)
+
+
 @contextmanager
 def _small_threads(d_model: int, seq_len: int):
     """One intra-op torch thread for small forwards, as the CLI runs them (the pool's synchronisation
@@ -123,23 +139,19 @@ def describe(model=None, *, arch: str | None = None, allow_pickle: bool = False,
     return describe_spec(spec)
 
 
-def lipschitz(model=None, *, arch: str | None = None, allow_pickle: bool = False, strict: bool = False,
-              radius: float = 1.0, metric: str = "2,inf", seq_len: int = 8, c_sm: float = 1.0,
-              sigma_min: float = 0.0, samples: int = 6, steps: int = 30, seed: int = 0, lower: bool = True,
-              data=None, rho: float | Sequence[float] = 1e-3, rho_relative: bool = False, max_len: int = 32,
-              limit: int | None = None):
+def lipschitz(model=None, config=None, *, arch: str | None = None, allow_pickle: bool = False, strict: bool = False,
+              lower: bool = True, data=None, rho: float | Sequence[float] = 1e-3, rho_relative: bool = False,
+              max_len: int = 32, limit: int | None = None, **options):
     """Certified upper Lipschitz constants per stage, layer and network, beside empirical lower ones
     (``transcover lipschitz``; THEORY F6, F7, F8, F13, F14); with ``data``, certified local constants
     on balls of radius ``rho`` around real inputs (``transcover lipschitz --data``; THEORY F17).
 
     Args:
         model: as in :func:`analyze`.
-        radius: R, every input token (before the input norm) has l2 norm <= R.
-        metric: ``"2,inf"`` (max over tokens, T-independent) or ``"fro"`` (over ``seq_len`` tokens).
-        seq_len: tokens per searched input (and T for ``"fro"`` and for L2 attention).
-        c_sm: softmax constant >= 1 (1 is proven and tight).
-        sigma_min: assumed floor of every LayerNorm input's std (0: the global constant).
-        samples, steps, seed: the lower-estimate search (random starts, ascent steps).
+        config: a :class:`transcover.lipschitz.LipschitzConfig` (the CLI's choices and their defaults:
+            ``radius`` R of the input tokens, ``metric`` "2,inf" or "fro", ``seq_len``, ``c_sm``,
+            ``sigma_min``, and the lower search's ``samples``, ``steps``, ``seed``); ``options``
+            override single fields (``transcover.lipschitz(radius=4.1)``).
         lower: ``False`` skips the search (certified bounds only).
         data: token ids (.npy int (n, T)), embeddings (.npy float (n, T, d)), texts (.txt, the model's
             tokenizer) or ``"sklearn-descr"``; ``rho`` one radius or several (per token, l2; factors
@@ -160,24 +172,22 @@ def lipschitz(model=None, *, arch: str | None = None, allow_pickle: bool = False
     import torch
 
     from ._api_results import LipschitzResult
-    from ._errors import InputError
-    from .lipschitz import lipschitz_bounds, lipschitz_lower
+    from .lipschitz import LipschitzConfig, lipschitz_bounds, lipschitz_lower
 
-    for flag, v, lo in (("seq_len", seq_len, 1), ("samples", samples, 1), ("steps", steps, 0)):
-        if v < lo:
-            raise InputError(f"{flag} must be >= {lo}, but got {flag}={v}")
+    cfg = _config(LipschitzConfig, config, options)
     if data is not None:
         return _lipschitz_local(model, data, arch=arch, allow_pickle=allow_pickle, strict=strict, rho=rho,
-                                rho_relative=rho_relative, max_len=max_len, limit=limit, lower=lower, steps=steps)
+                                rho_relative=rho_relative, max_len=max_len, limit=limit, lower=lower, steps=cfg.steps)
     spec = _spec(model, arch=arch, allow_pickle=allow_pickle, strict=strict).to_torch()
     l2 = any(layer.attention.kind == "l2" for layer in spec.layers)
-    with _small_threads(spec.d_model, seq_len):
-        bounds = lipschitz_bounds(spec, radius=radius, c_sm=c_sm, metric=metric,
-                                  seq_len=seq_len if metric == "fro" or l2 else None, sigma_min=sigma_min)
+    with _small_threads(spec.d_model, cfg.seq_len):
+        bounds = lipschitz_bounds(spec, radius=cfg.radius, c_sm=cfg.c_sm, metric=cfg.metric,
+                                  seq_len=cfg.seq_len if cfg.metric == "fro" or l2 else None, sigma_min=cfg.sigma_min)
         found = {}
         if lower:
-            torch.manual_seed(seed)
-            found = lipschitz_lower(spec, bounds, seq_len=seq_len, n_samples=samples, n_steps=steps, seed=seed)
+            torch.manual_seed(cfg.seed)
+            found = lipschitz_lower(spec, bounds, seq_len=cfg.seq_len, n_samples=cfg.samples, n_steps=cfg.steps,
+                                    seed=cfg.seed)
     return LipschitzResult(spec.name, bounds, found, tuple(spec.warnings))
 
 
@@ -205,14 +215,14 @@ def _lipschitz_local(model, data, *, arch, allow_pickle, strict, rho, rho_relati
     return LocalLipschitzResult(spec.name, len(seqs), tuple(rhos), bool(rho_relative), tuple(rows))
 
 
-def perturb(model_a, model_b, *, arch: str | None = None, allow_pickle: bool = False, strict: bool = False,
-            radius: float = 1.0, metric: str = "2,inf", seq_len: int = 8, c_sm: float = 1.0,
-            sigma_min: float = 0.0, samples: int = 6, steps: int = 30, seed: int = 0):
+def perturb(model_a, model_b, config=None, *, arch: str | None = None, allow_pickle: bool = False,
+            strict: bool = False, **options):
     """How far two same-architecture models' outputs can differ: Lemma G.3's certified bound
     ``sum_i c_i ||W_i^A - W_i^B||`` beside the change a search measures (``transcover perturb``).
 
-    Options as in :func:`lipschitz`.  Models that differ in structure (not only in weights) are
-    refused with :class:`~transcover.InputError`.
+    ``config``: a :class:`transcover.lipschitz.PerturbConfig` (the fields of :func:`lipschitz`'s
+    config); ``options`` override single fields.  Models that differ in structure (not only in
+    weights) are refused with :class:`~transcover.InputError`.
 
     Returns:
         :class:`transcover._api_results.PerturbResult` (``.bound``, ``.lower``, ``.ratio``, ``.to_dict()``).
@@ -225,31 +235,33 @@ def perturb(model_a, model_b, *, arch: str | None = None, allow_pickle: bool = F
     """
     from ._api_results import PerturbResult
     from ._results import check_certified
-    from .lipschitz import perturbation_bound, perturbation_lower
+    from .lipschitz import PerturbConfig, perturbation_bound, perturbation_lower
     from .model import require_same_structure
 
+    cfg = _config(PerturbConfig, config, options)
     a = _spec(model_a, arch=arch, allow_pickle=allow_pickle, strict=strict).to_torch()
     b = _spec(model_b, arch=arch, allow_pickle=allow_pickle, strict=strict).to_torch()
     require_same_structure(a, b)  # Lemma G.3 charges weight distances only
-    with _small_threads(a.d_model, seq_len):
-        bound_ = perturbation_bound(a, b, radius=radius, c_sm=c_sm, metric=metric,
-                                    seq_len=seq_len if metric == "fro" else None, sigma_min=sigma_min)
-        low = perturbation_lower(a, b, radius=radius, metric=metric, seq_len=seq_len, sigma_min=sigma_min,
-                                 n_samples=samples, n_steps=steps, seed=seed)
-    check_certified(f"output change ||g(A)(X) - g(B)(X)||_{metric} (Lemma G.3)", bound_.total.value, low.value.value)
+    with _small_threads(a.d_model, cfg.seq_len):
+        bound_ = perturbation_bound(a, b, **cfg.bound_options())
+        low = perturbation_lower(a, b, radius=cfg.radius, metric=cfg.metric, seq_len=cfg.seq_len,
+                                 sigma_min=cfg.sigma_min, n_samples=cfg.samples, n_steps=cfg.steps, seed=cfg.seed)
+    check_certified(f"output change ||g(A)(X) - g(B)(X)||_{cfg.metric} (Lemma G.3)", bound_.total.value,
+                    low.value.value)
     return PerturbResult(a.name, b.name, bound_, low, a.n_layers, tuple(a.warnings) + tuple(b.warnings))
 
 
-def bound(model=None, *, arch: str | None = None, allow_pickle: bool = False, strict: bool = False,
-          eps: float = 0.1, n_samples: Sequence[float] | float | None = None, seq_len: int | None = None,
-          radius: float = 1.0, c_sm: float = 1.0, family: str = "auto", sigma_min: float = 0.0,
-          reference=None, loss_lipschitz: float = 1.0, loss_bound: float = 1.0, delta: float = 0.05):
+def bound(model=None, config=None, *, arch: str | None = None, allow_pickle: bool = False, strict: bool = False,
+          reference=None, **options):
     """Certified log covering number at ``eps`` and generalisation bounds at ``n_samples``
     (``transcover bound``; THEORY F9-F12, Lemma G.1).
 
-    ``model`` may also be a ``transcover train`` checkpoint folder; ``n_samples`` and ``seq_len``
-    then default to its task's (otherwise to 1e6 and 128).  ``reference``: a model (path or spec)
-    whose weights the distances are measured from instead of 0.
+    ``config``: a :class:`transcover.covering.BoundConfig` (``eps``, ``n_samples``, ``seq_len``,
+    ``radius``, ``c_sm``, ``family``, ``sigma_min``, ``loss_lipschitz``, ``loss_bound``, ``delta``,
+    with the CLI's defaults); ``options`` override single fields.  ``model`` may also be a
+    ``transcover train`` checkpoint folder: ``n_samples`` and ``seq_len`` then default to its
+    task's.  ``reference``: a model (path or spec) whose weights the distances are measured from
+    instead of 0.
 
     Returns:
         :class:`transcover.covering.ModelBound` (``.log_log_N``, ``.generalisation``, ``.to_dict()``, ``.plot()``).
@@ -260,21 +272,19 @@ def bound(model=None, *, arch: str | None = None, allow_pickle: bool = False, st
         >>> b.generalisation[0].bound.kind.value              # doctest: +SKIP
         'certified upper bound'
     """
-    from .covering import model_bound
+    from .covering import BoundConfig, model_bound
     from .train import checkpoint_spec, is_train_checkpoint
 
-    if isinstance(n_samples, (int, float)):
-        n_samples = [n_samples]
     if isinstance(model, (str, os.PathLike)) and is_train_checkpoint(model):
         spec, n_train, task_len = checkpoint_spec(model)
-        n_samples = n_samples or [float(n_train)]
-        seq_len = seq_len or task_len
+        given = set(options) | ({"n_samples", "seq_len"} if config is not None else set())
+        options = {**({} if "n_samples" in given else {"n_samples": (float(n_train),)}),
+                   **({} if "seq_len" in given else {"seq_len": task_len}), **options}
     else:
         spec = _spec(model, arch=arch, allow_pickle=allow_pickle, strict=strict)
+    cfg = _config(BoundConfig, config, options)
     ref = None if reference is None else _spec(reference, arch=arch, allow_pickle=allow_pickle, strict=strict).to_torch()
-    return model_bound(spec.to_torch(), eps=eps, n_samples=tuple(n_samples or [1e6]), seq_len=seq_len or 128,
-                       radius=radius, c_sm=c_sm, family=family, sigma_min=sigma_min, reference=ref,
-                       loss_lipschitz=loss_lipschitz, loss_bound=loss_bound, delta=delta)
+    return model_bound(spec.to_torch(), cfg, reference=ref)
 
 
 from ._api_lab import advise, approx, cover, train  # noqa: E402  (the lab half: same conventions)

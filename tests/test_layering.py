@@ -40,35 +40,6 @@ LEVELS: dict[str, int] = {
 
 # (importing file, imported module) -> owner and what removes it.  Temporary: see the module docstring.
 ALLOWED: dict[tuple[str, str], str] = {
-    # scale14: the analyze sweep calls the public API (one level up) for each model
-    ("scale/_analyze.py", "_api"): "scale14: call norms.analyze_spec on a loaded spec instead of the API",
-    # spine: ModelNorms / public lipschitz API replace the private imports below
-    ("covering/_model_bound.py", "model._arrays"): "spine: norms/model public helpers",
-    ("covering/_model_bound.py", "model._compare"): "spine: model.require_same_structure (public)",
-    ("covering/_model_bound.py", "model._spec"): "spine: model.TransformerSpec (public)",
-    ("train/_loop.py", "constrain._measure"): "spine: constrain/_measure exports (train/_loop call sites)",
-    ("train/_loop.py", "constrain._penalties"): "spine: capacity_proxy public in constrain",
-    ("train/_loop.py", "constrain._spectral"): "spine: check_radius once, ground floor",
-    # every lower package reads model's spec types and array helpers from private modules today;
-    # model's __init__ exports them once forward/spine settle model's public surface
-    ("lipschitz/_activations.py", "model._spec"): "spine: model exports Activation",
-    ("lipschitz/_compose.py", "model._spec"): "spine: model exports NormKind/Placement",
-    ("lipschitz/_local.py", "model._arrays"): "local12: public model helpers",
-    ("lipschitz/_local.py", "model._functional"): "local12/forward: public functional forward",
-    ("lipschitz/_local.py", "model._spec"): "local12: model exports the spec types",
-    ("lipschitz/_local_attention.py", "model._arrays"): "local12: public model helpers",
-    ("lipschitz/_local_attention.py", "model._functional"): "local12/forward: public functional forward",
-    ("lipschitz/_local_attention.py", "model._spec"): "local12: model exports the spec types",
-    ("lipschitz/_local_report.py", "model._functional"): "local12/forward: public functional forward",
-    ("lipschitz/_local_report.py", "model._spec"): "local12: model exports the spec types",
-    ("lipschitz/_normalisation.py", "model._spec"): "spine: model exports NormKind",
-    ("lipschitz/_perturbation.py", "model._compare"): "spine: model.require_same_structure (public)",
-    ("lipschitz/_perturbation.py", "model._spec"): "spine: model exports the spec types",
-    ("lipschitz/_weights.py", "model._spec"): "spine: model exports the spec types",
-    ("norms/_analyze.py", "model._functional"): "spine: RoPE handled once, public",
-    ("norms/_analyze.py", "model._spec"): "spine: model exports the spec types",
-    ("scale/_keys.py", "model._load"): "scale14: model.bundled_model_dir (public)",
-    ("scale/_local.py", "lipschitz._local_report"): "scale14/local12: local_table's per-sequence split "
 }
 
 

@@ -19,6 +19,9 @@ from ._monitor import TrainingMonitor as TrainingMonitor
 from ._monitor import grad_norm as grad_norm
 from ._monitor import plot_history as plot_history
 from ._monitor import read_history as read_history
+from ._measure import certified_slot_norm as certified_slot_norm
+from ._measure import exact_slot_norms as exact_slot_norms
+from ._measure import forward_weights as forward_weights
 from ._penalties import SigmaTracker as SigmaTracker
 from ._penalties import capacity_proxy as capacity_proxy
 from ._penalties import layer_lipschitz_factor as layer_lipschitz_factor
@@ -45,6 +48,7 @@ from ._spectral import remove_spectral_cap as remove_spectral_cap
 from ._spectral import spectral_cap as spectral_cap
 
 __all__ = [
+    "certified_slot_norm", "exact_slot_norms", "forward_weights",
     "spectral_cap", "remove_spectral_cap", "product_cap", "norm_cap", "HeadLayout",
     "power_iteration", "product_power_iteration",
     "project_spectral_", "project_product_", "project_bias_", "clip_weights_",

@@ -19,7 +19,7 @@ import numpy as np
 
 from .._errors import InputError
 from .._results import Kind, as_dict, rounding_pad
-from ..model._spec import TransformerSpec
+from ..model import TransformerSpec
 from ..norms import ModelNorms, measure_model
 from ._bft import SpectralComplexity, bft_spectral_complexity
 from ._composite import CompositeCovering, composite_log_covering
@@ -154,7 +154,7 @@ def model_terms(spec: TransformerSpec, *, radius: float = 1.0, c_sm: float = 1.0
             (:func:`~transcover.model.structural_differences`).
     """
     from ..lipschitz import class_bounds, class_max, log_perturbation_coefficients
-    from ..model._compare import require_same_structure
+    from ..model import require_same_structure
 
     if reference is not None:  # Note [structural differences] in ``model._compare``
         require_same_structure(spec, reference, message="the reference model differs from the model in")
@@ -252,7 +252,7 @@ def _head_parts(spec: TransformerSpec, head_radius: float):
     from ..norms import spectral_norm_interval
 
     spectral = [spectral_norm_interval(W).upper for W in h.weights]
-    from ..model._arrays import norm2_f64
+    from ..model import norm2_f64
 
     biases = [0.0 if b is None else norm2_f64(b) * (1 + _PAD) for b in h.biases]
     return shapes, spectral, biases, activation_lipschitz(h.activation)

@@ -75,3 +75,9 @@ __all__ = [
 from .._entry import make_callable as _make_callable  # noqa: E402
 
 _make_callable(__name__)
+
+from ._local_report import LocalRow as LocalRow  # noqa: E402
+from ._local_report import stage_functions as stage_functions  # noqa: E402
+from ._local_report import stage_local_constants as stage_local_constants  # noqa: E402
+
+__all__ += ["LocalRow", "stage_functions", "stage_local_constants"]

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 from functools import cache
 
-from ..model._spec import QUICK_GELU_SLOPE, Activation
+from ..model import QUICK_GELU_SLOPE, Activation
 
 __all__ = ["activation_lipschitz", "activation_gain", "activation_derivative"]
 

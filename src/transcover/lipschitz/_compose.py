@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from .._errors import InputError
 from .._results import Kind, Quantity
-from ..model._spec import NormKind, Placement
+from ..model import NormKind, Placement
 from ._attention import (
     _check_metric,
     attention_lipschitz,

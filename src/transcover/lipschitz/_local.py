@@ -34,8 +34,8 @@ from torch import Tensor
 
 from .._errors import InputError
 from .._results import Kind, Quantity
-from ..model._arrays import to_tensor
-from ..model._spec import QUICK_GELU_SLOPE, Activation, LayerSpec, NormKind, NormSpec, Placement, TransformerSpec
+from ..model import to_tensor
+from ..model import QUICK_GELU_SLOPE, Activation, LayerSpec, NormKind, NormSpec, Placement, TransformerSpec
 from ._activations import activation_lipschitz
 from ._local_attention import DATA_PAD, attention_local_bound, head_norms
 from ._weights import ROUNDING_PAD, spectral
@@ -164,7 +164,7 @@ def layer_local(layer: LayerSpec, X: Tensor, rho: float, *, cache: dict | None =
     Source: THEORY F14, F17; Notes [local norm floor], [local attention bound], [layer Jacobian
     route].  Assumptions: every token within ``rho`` of ``X``; dot attention without RoPE.
     """
-    from ..model._functional import attention_forward, ffn_forward
+    from ..model import attention_forward, ffn_forward
 
     if rho < 0 or not math.isfinite(rho):
         raise InputError(f"rho must be a finite number >= 0, but got rho={rho!r}")

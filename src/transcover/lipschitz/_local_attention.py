@@ -37,8 +37,8 @@ import torch
 from torch import Tensor
 
 from .._errors import InputError
-from ..model._arrays import to_tensor
-from ..model._spec import AttentionSpec
+from ..model import to_tensor
+from ..model import AttentionSpec
 from ._weights import ROUNDING_PAD, spectral, spectral_product
 
 __all__ = ["AttentionLocal", "attention_weights_f64", "attention_local_bound", "attention_query_terms"]
@@ -83,7 +83,7 @@ def check_local_attention(attn: AttentionSpec) -> None:
 
 def attention_weights_f64(attn: AttentionSpec, X: Tensor) -> list[Tensor]:
     """The softmax matrices ``P^h`` (T, T) of every head at X, float64."""
-    from ..model._functional import attention_scores
+    from ..model import attention_scores
 
     return [torch.softmax(attention_scores(attn, X, h), dim=-1) for h in range(attn.n_heads)]
 

@@ -14,11 +14,10 @@ import math
 import time
 from dataclasses import dataclass
 
-import torch
 
 from .._results import check_certified
-from ..model._functional import attention_forward, ffn_forward, layer_forward
-from ..model._spec import Placement, TransformerSpec
+from ..model import attention_forward, ffn_forward, layer_forward
+from ..model import Placement, TransformerSpec
 from ._compose import compose
 from ._empirical import jacobian_operator_norm
 from ._local import layer_local
@@ -49,7 +48,7 @@ class LocalRow:
                 "ratio": self.ratio}
 
 
-def _stage_fns(layer):  # noqa: ANN001, ANN202
+def stage_functions(layer):  # noqa: ANN001, ANN202
     """The maps the chain's stages compute, named like ``compose``'s stages."""
     if layer.placement is Placement.POST:
         return {"attention": lambda X: X + attention_forward(layer.attention, X),
@@ -60,7 +59,7 @@ def _stage_fns(layer):  # noqa: ANN001, ANN202
             "ffn": lambda X: X + ffn_forward(layer.ffn, layer.norm_ffn(X))}
 
 
-def _stage_local(ll, placement: Placement) -> dict[str, float]:  # noqa: ANN001
+def stage_local_constants(ll, placement: Placement) -> dict[str, float]:  # noqa: ANN001
     c = ll.components
     if placement is Placement.POST:
         return {"attention": 1 + c["attention"], "norm_attn": c["norm_attn"], "ffn": c.get("ffn_residual", 1 + c["ffn"]),
@@ -100,7 +99,7 @@ def local_table(spec: TransformerSpec, seqs: list, rho_factors: list[float], *, 
     lows: dict[tuple[int, str], float] = {}
     if lower:
         for i, layer in enumerate(layers):
-            fns = {"layer": (lambda lay: (lambda X: layer_forward(lay, X)))(layer), **_stage_fns(layer)}
+            fns = {"layer": (lambda lay: (lambda X: layer_forward(lay, X)))(layer), **stage_functions(layer)}
             for name, fn in fns.items():
                 lows[(i, name)] = max(jacobian_operator_norm(fn, ins[name], metric="2,inf", n_iter=lower_iter)[0]
                                       for ins in stage_inputs[i])
@@ -117,7 +116,7 @@ def local_table(spec: TransformerSpec, seqs: list, rho_factors: list[float], *, 
                 rho = f * float(X.norm(dim=1).median()) if relative else f
                 ll = layer_local(layer, X, rho, cache=cache, jacobian=jacobian)
                 sig0 = min(sig0, ll.min_sigma)
-                for name, v in {**_stage_local(ll, layer.placement), "layer": ll.upper}.items():
+                for name, v in {**stage_local_constants(ll, layer.placement), "layer": ll.upper}.items():
                     best[(i, name)] = max(best.get((i, name), 0.0), v)
                 point[i] = max(point.get(i, 0.0), ll.jacobian_point)
             if timings is not None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 
 from .._errors import InputError
-from ..model._spec import NormKind
+from ..model import NormKind
 from ._weights import NormBounds
 
 __all__ = [

@@ -46,7 +46,7 @@ import numpy as np
 
 from .._errors import InputError, UnsupportedArchitectureError
 from .._results import Kind, Quantity, as_dict
-from ..model._spec import TransformerSpec
+from ..model import TransformerSpec
 from ..norms import ModelNorms, measure_model
 from ._compose import _assumptions, build_chain
 from ._normalisation import eps_change_bound
@@ -148,7 +148,7 @@ def _coefficients_from_norms(norms: ClassBounds, *, radius: float, c_sm: float, 
                     "input-Lipschitz bounds are available")
             entries.append(CoefficientEntry(st.layer, role, local * rows * downstream * pad, nm,
                                             local * rows, downstream, st.name))
-    from ..model._spec import NormKind
+    from ..model import NormKind
 
     has_ln = any(n.kind in (NormKind.LAYERNORM, NormKind.RMSNORM)
                  for n in [norms.input_norm, norms.final_norm]
@@ -210,7 +210,7 @@ def perturbation_coefficients(spec: TransformerSpec, *, radius: float = 1.0, c_s
         ['W_1', 'W_2', 'W_KQ.0']
     """
     if other is not None and not isinstance(other, ModelNorms):
-        from ..model._compare import require_same_structure
+        from ..model import require_same_structure
 
         require_same_structure(spec, other)
     norms = spec_norms(spec)

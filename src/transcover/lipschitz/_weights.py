@@ -24,7 +24,7 @@ from dataclasses import dataclass, fields, replace
 
 from .._errors import InputError, UnsupportedArchitectureError, check_radius
 from .._results import rounding_pad
-from ..model._spec import NormKind, Placement, TransformerSpec
+from ..model import NormKind, Placement, TransformerSpec
 from ..norms import LayerMeasure, ModelNorms, NormMeasure, matrix_interval, measure_layer, measure_model, product_interval
 
 __all__ = [

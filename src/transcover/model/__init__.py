@@ -23,6 +23,11 @@ from ._members import stack_members as stack_members
 from ._compare import require_same_structure as require_same_structure
 from ._compare import structural_differences as structural_differences
 from ._convert import as_torch as as_torch
+from ._arrays import norm2_f64 as norm2_f64
+from ._arrays import to_tensor as to_tensor
+from ._functional import apply_rope as apply_rope
+from ._functional import attention_scores as attention_scores
+from ._spec import QUICK_GELU_SLOPE as QUICK_GELU_SLOPE
 from ._adapters._refused import OutsideDecompositionError as OutsideDecompositionError
 from ._adapters._support import support_table as support_table
 from ._sources import StateDictSource as StateDictSource
@@ -48,7 +53,8 @@ __all__ = [
     "ForwardHooks", "attention_forward", "ffn_forward", "head_forward", "l2_attention_forward", "layer_forward",
     "norm_forward", "transformer_forward", "stack_members", "as_torch",
     "structural_differences", "require_same_structure",
-    "OutsideDecompositionError", "support_table", "StateDictSource", "open_safetensors",
+    "OutsideDecompositionError", "support_table", "norm2_f64", "to_tensor", "apply_rope", "attention_scores",
+    "QUICK_GELU_SLOPE", "StateDictSource", "open_safetensors",
 ]
 from ._load import SUPPORTED_ARCHITECTURES as SUPPORTED_ARCHITECTURES
 from ._load import bundled_model_dir as bundled_model_dir

@@ -27,7 +27,7 @@ import numpy as np
 
 from .._results import Interval, Kind, as_dict
 from .._threads import limit_threads
-from ..model._spec import AttentionSpec, LayerSpec, NormSpec, TransformerSpec
+from ..model import AttentionSpec, LayerSpec, NormSpec, TransformerSpec
 from ._entrywise import (
     frobenius_l21_intervals,
     product_frobenius_l21,
@@ -323,7 +323,7 @@ def _kq_head(attn: AttentionSpec, h: int, m: _Measurer, f64: dict[str, np.ndarra
         # sup over relative positions Delta of ||W_Q R_Delta W_K^T||: every R_Delta is orthogonal, so
         # ||W_Q|| ||W_K|| is a certified upper end; certified lower ends at sampled Delta give the lower end.
         lowers = []
-        from ..model._functional import apply_rope  # RoPE models only (needs torch)
+        from ..model import apply_rope  # RoPE models only (needs torch)
         import torch
 
         Wq_t = torch.as_tensor(_np(Wq))

@@ -28,11 +28,13 @@ _WEIGHTS = ("config.json", "model.safetensors", "model.safetensors.index.json", 
 
 def analyze_item(payload: dict[str, Any]) -> dict[str, Any]:
     """One model's analysis as JSON data (the item function of an analyze sweep)."""
-    from .._api import analyze
+    from ..model import load
+    from ..norms import analyze_spec
 
-    result = analyze(payload["model"], arch=payload.get("arch"), allow_pickle=payload.get("allow_pickle", False),
-                     fast=payload.get("fast", False), rtol=payload.get("rtol", 1e-3),
-                     embeddings=payload.get("embeddings", True), per_matrix=False)  # a sweep row needs the layers
+    # a sweep row needs the layers: an architecture outside every adapter is refused (no per-matrix route)
+    spec = load(payload["model"], arch=payload.get("arch"), allow_pickle=payload.get("allow_pickle", False))
+    result = analyze_spec(spec, fast=payload.get("fast", False), rtol=payload.get("rtol", 1e-3),
+                          embeddings=payload.get("embeddings", True))
     data = result.to_dict(matrices=False)
     data.pop("seconds", None)  # wall-clock time: kept by the store beside the value, not in it
     return data

@@ -71,7 +71,7 @@ def fingerprint(model: str | os.PathLike | None, mode: str = "quick") -> str:
     h = hashlib.sha256(f"fingerprint/{mode}\0".encode())
     path = None if model is None else Path(model).expanduser()
     if path is None or not path.exists():
-        from ..model._load import bundled_model_dir
+        from ..model import bundled_model_dir
 
         if model is None or str(model).lower() in {"all-minilm-l6-v2", "minilm",
                                                   "sentence-transformers/all-minilm-l6-v2"}:

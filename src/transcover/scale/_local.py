@@ -82,7 +82,7 @@ def local_example(payload: dict[str, Any]) -> dict[str, Any]:
     """One sequence's share of ``local_table`` (the item function; module docstring)."""
     from ..empirical import torch_threads
     from ..lipschitz import jacobian_operator_norm, layer_local
-    from ..lipschitz._local_report import _stage_fns, _stage_local
+    from ..lipschitz import stage_functions, stage_local_constants
     from ..model import layer_forward
 
     with torch_threads(int(payload.get("threads", 1))):
@@ -92,7 +92,7 @@ def local_example(payload: dict[str, Any]) -> dict[str, Any]:
         lows = []
         if payload["lower"]:
             for i, layer in enumerate(spec.layers):
-                fns = {"layer": (lambda lay: (lambda Z: layer_forward(lay, Z)))(layer), **_stage_fns(layer)}
+                fns = {"layer": (lambda lay: (lambda Z: layer_forward(lay, Z)))(layer), **stage_functions(layer)}
                 for name, fn in fns.items():
                     v, _ = jacobian_operator_norm(fn, stage_inputs[i][name], metric="2,inf",
                                                   n_iter=payload["lower_iter"])
@@ -106,7 +106,7 @@ def local_example(payload: dict[str, Any]) -> dict[str, Any]:
                 rho = f * float(Z.norm(dim=1).median()) if payload["relative"] else f
                 ll = layer_local(layer, Z, rho, cache=cache, jacobian=payload["jacobian"])
                 sigma = min(sigma, ll.min_sigma)
-                for name, v in {**_stage_local(ll, layer.placement), "layer": ll.upper}.items():
+                for name, v in {**stage_local_constants(ll, layer.placement), "layer": ll.upper}.items():
                     stages.append([i, name, _hex(v)])
                 points.append(_hex(ll.jacobian_point))
             per_rho.append({"stages": stages, "points": points, "min_sigma": _hex(sigma)})
@@ -117,7 +117,7 @@ def merge_local(spec, parts: Sequence[dict[str, Any]], rhos: Sequence[float], *,
     """The rows of ``local_table`` from the items' values, in order (module docstring)."""
     from .._results import check_certified
     from ..lipschitz import lipschitz_bounds
-    from ..lipschitz._local_report import LocalRow
+    from ..lipschitz import LocalRow
 
     if not parts:
         raise InputError("the data is empty (no sequences)")

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from .._errors import InputError
 from .._results import ClippedQuantity, Kind, Quantity
 from ..constrain import ConstraintConfig, Constrainer, TrainingMonitor, constrain, find_slots, grad_norm
-from ..constrain._spectral import check_radius
+from .._errors import check_radius
 from ..model import ReferenceConfig, ReferenceTransformer
 from ._checkpoint import load_checkpoint, save_checkpoint
 from ._tasks import Task, load_task
@@ -155,7 +155,7 @@ def evaluate(model: nn.Module, X: Tensor, y: Tensor, task: Task, batch: int = 10
 def exact_group_norms(model: nn.Module) -> dict[str, float]:
     """Per group, the max over layers and heads of the exact norm (float64 SVD; l2 norm for biases)
     of the weights the forward pass uses (eval mode)."""
-    from ..constrain._measure import exact_slot_norms, forward_weights
+    from ..constrain import exact_slot_norms, forward_weights
 
     out: dict[str, float] = {}
     with forward_weights(model):
@@ -173,7 +173,7 @@ def constraint_report(model: nn.Module, cons: Constrainer, monitor: TrainingMoni
     ``kind``.  Ratios are given only when the radii bound sigma (not for entrywise clipping).
     Per group the slot with the largest ratio is reported.
     """
-    from ..constrain._measure import certified_slot_norm, exact_slot_norms, forward_weights
+    from ..constrain import certified_slot_norm, exact_slot_norms, forward_weights
 
     radii = cons.radii()
     seen = monitor.max_ratios() if monitor is not None else {}
@@ -197,7 +197,7 @@ def constraint_report(model: nn.Module, cons: Constrainer, monitor: TrainingMoni
 
 
 def _exact_capacity(model: ReferenceTransformer) -> Quantity:
-    from ..constrain._penalties import capacity_proxy
+    from ..constrain import capacity_proxy
 
     sig: dict[str, Tensor] = {}
     with torch.no_grad():

@@ -7,66 +7,89 @@ Theorem G.5 (``_mlp``, ``_composite``), Dudley and generalisation (F11, ``_dudle
 (``_model_bound``).  Everything is carried in log space.
 """
 
-from ._allocation import Allocation as Allocation
-from ._allocation import CoverCost as CoverCost
-from ._allocation import allocate_mixed as allocate_mixed
-from ._allocation import budget_allocation as budget_allocation
-from ._allocation import budget_allocation_log as budget_allocation_log
-from ._ball import ball_log_covering as ball_log_covering
-from ._ball import ball_log_covering_simple as ball_log_covering_simple
-from ._ball import ball_log_packing_lower as ball_log_packing_lower
-from ._ball import box_log_covering as box_log_covering
-from ._ball import box_linf_centres_per_axis as box_linf_centres_per_axis
-from ._ball import box_log_covering_linf as box_log_covering_linf
-from ._bft import SpectralComplexity as SpectralComplexity
-from ._bft import bft_margin_term as bft_margin_term
-from ._bft import bft_spectral_complexity as bft_spectral_complexity
-from ._composite import CompositeCovering as CompositeCovering
-from ._composite import composite_log_covering as composite_log_covering
-from ._composite import g5_leading_log as g5_leading_log
-from ._diagnosis import Diagnosis as Diagnosis
-from ._diagnosis import diagnose as diagnose
-from ._dudley import DudleyBound as DudleyBound
-from ._dudley import dudley_entropy_integral as dudley_entropy_integral
-from ._dudley import dudley_inverse_square as dudley_inverse_square
-from ._data_route import DataRouteBound as DataRouteBound
-from ._data_route import covering_margin_bound as covering_margin_bound
-from ._data_route import margin_change_bound as margin_change_bound
-from ._data_route import margins as margins
-from ._data_route import pair_norms as pair_norms
-from ._finite_class import OccamBound as OccamBound
-from ._finite_class import binary_kl as binary_kl
-from ._finite_class import catoni_occam_bound as catoni_occam_bound
-from ._finite_class import error_rate_upper as error_rate_upper
-from ._finite_class import kl_inverse_upper as kl_inverse_upper
-from ._finite_class import kl_occam_bound as kl_occam_bound
-from ._finite_class import occam_bounds as occam_bounds
-from ._finite_class import occam_complexity as occam_complexity
-from ._finite_class import sqrt_occam_bound as sqrt_occam_bound
-from ._generalisation import GeneralisationBound as GeneralisationBound
-from ._generalisation import concentration_term as concentration_term
-from ._generalisation import generalisation_bound as generalisation_bound
-from ._generalisation import generalisation_gap as generalisation_gap
-from ._generalisation import sample_size_for_gap as sample_size_for_gap
-from ._matrix_covers import bft_matrix_log_covering as bft_matrix_log_covering
-from ._matrix_covers import linear_linf_log_covering as linear_linf_log_covering
-from ._matrix_covers import matrix_linf_log_covering as matrix_linf_log_covering
-from ._matrix_covers import spectral_ball_matrix_log_covering as spectral_ball_matrix_log_covering
-from ._mlp import MLPCovering as MLPCovering
-from ._mlp import mlp_log_covering as mlp_log_covering
-from ._mlp import mlp_terms as mlp_terms
-from ._model_bound import ModelBound as ModelBound
-from ._model_bound import model_bound as model_bound
-from ._model_bound import model_covering_curve as model_covering_curve
-from ._model_bound import model_terms as model_terms
-from ._model_bound import BoundConfig as BoundConfig
-from ._model_bound import MODEL_FAMILIES as MODEL_FAMILIES
-from ._transformer import NORM_FAMILIES as NORM_FAMILIES
-from ._transformer import CoveringCurve as CoveringCurve
-from ._transformer import MatrixTerm as MatrixTerm
-from ._transformer import TermContribution as TermContribution
-from ._transformer import TransformerCovering as TransformerCovering
-from ._transformer import transformer_log_covering as transformer_log_covering
+_LAZY = {
+    "Allocation": "._allocation",
+    "CoverCost": "._allocation",
+    "allocate_mixed": "._allocation",
+    "budget_allocation": "._allocation",
+    "budget_allocation_log": "._allocation",
+    "ball_log_covering": "._ball",
+    "ball_log_covering_simple": "._ball",
+    "ball_log_packing_lower": "._ball",
+    "box_log_covering": "._ball",
+    "box_linf_centres_per_axis": "._ball",
+    "box_log_covering_linf": "._ball",
+    "SpectralComplexity": "._bft",
+    "bft_margin_term": "._bft",
+    "bft_spectral_complexity": "._bft",
+    "CompositeCovering": "._composite",
+    "composite_log_covering": "._composite",
+    "g5_leading_log": "._composite",
+    "Diagnosis": "._diagnosis",
+    "diagnose": "._diagnosis",
+    "DudleyBound": "._dudley",
+    "dudley_entropy_integral": "._dudley",
+    "dudley_inverse_square": "._dudley",
+    "DataRouteBound": "._data_route",
+    "covering_margin_bound": "._data_route",
+    "margin_change_bound": "._data_route",
+    "margins": "._data_route",
+    "pair_norms": "._data_route",
+    "OccamBound": "._finite_class",
+    "binary_kl": "._finite_class",
+    "catoni_occam_bound": "._finite_class",
+    "error_rate_upper": "._finite_class",
+    "kl_inverse_upper": "._finite_class",
+    "kl_occam_bound": "._finite_class",
+    "occam_bounds": "._finite_class",
+    "occam_complexity": "._finite_class",
+    "sqrt_occam_bound": "._finite_class",
+    "GeneralisationBound": "._generalisation",
+    "concentration_term": "._generalisation",
+    "generalisation_bound": "._generalisation",
+    "generalisation_gap": "._generalisation",
+    "sample_size_for_gap": "._generalisation",
+    "bft_matrix_log_covering": "._matrix_covers",
+    "linear_linf_log_covering": "._matrix_covers",
+    "matrix_linf_log_covering": "._matrix_covers",
+    "spectral_ball_matrix_log_covering": "._matrix_covers",
+    "MLPCovering": "._mlp",
+    "mlp_log_covering": "._mlp",
+    "mlp_terms": "._mlp",
+    "ModelBound": "._model_bound",
+    "model_bound": "._model_bound",
+    "model_covering_curve": "._model_bound",
+    "model_terms": "._model_bound",
+    "BoundConfig": "._model_bound",
+    "MODEL_FAMILIES": "._model_bound",
+    "NORM_FAMILIES": "._transformer",
+    "CoveringCurve": "._transformer",
+    "MatrixTerm": "._transformer",
+    "TermContribution": "._transformer",
+    "TransformerCovering": "._transformer",
+    "transformer_log_covering": "._transformer",
+}
+
+
+def __getattr__(name: str):
+    """Names are imported from their module on first use (Note [lazy package] below)."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import import_module
+
+    value = getattr(import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
+# Note [lazy package]: importing the package imports none of its modules, so a light caller (the
+# CLI's parser reading a config's defaults, `transcover analyze`) does not pay for torch.
+
 
 __all__ = [
     "Allocation", "CoverCost", "allocate_mixed", "budget_allocation", "budget_allocation_log",

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from contextlib import contextmanager
 
 from ._entry import register_entry
 
@@ -44,19 +43,16 @@ def _config(cls, config, options: dict):
     return replace(config if config is not None else cls(), **options)
 
 
-@contextmanager
 def _small_threads(d_model: int, seq_len: int):
-    """One intra-op torch thread for small forwards, as the CLI runs them (the pool's synchronisation
-    costs more than the work on a shared machine); the caller's setting is restored afterwards."""
-    import torch
+    """One intra-op torch thread for small forwards, as the CLI runs them (Note [small problems] in
+    ``transcover._threads``); the caller's setting is restored afterwards."""
+    from contextlib import nullcontext
 
-    before = torch.get_num_threads()
-    if d_model * seq_len < 4096:
-        torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+    import torch  # noqa: F401  (limit_threads sets torch's pool only once torch is imported)
+
+    from ._threads import limit_threads, small_problem
+
+    return limit_threads(1, blas=False) if small_problem(d_model, seq_len) else nullcontext()
 
 
 def analyze(

@@ -13,7 +13,9 @@ import contextlib
 import sys
 from collections.abc import Iterator
 
-__all__ = ["limit_threads", "small_problem"]
+__all__ = ["limit_threads", "small_problem", "set_torch_threads", "init_worker_threads", "THREAD_VARS"]
+
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
 
 _SMALL = 4096  # d_model * seq_len below which one intra-op thread is faster (Note [small problems])
 
@@ -44,3 +46,27 @@ def limit_threads(n: int | None = 1, *, blas: bool = True, torch: bool = True) -
             tm.set_num_threads(n)
             stack.callback(tm.set_num_threads, old)
         yield
+
+
+def set_torch_threads(n: int) -> None:
+    """Set torch's intra-op pool to ``n`` threads for the rest of the process (a CLI command, a worker)."""
+    from ._errors import InputError
+
+    if not isinstance(n, int) or n < 1:
+        raise InputError(f"threads must be >= 1, but got threads={n!r}")
+    import torch
+
+    torch.set_num_threads(n)
+
+
+def init_worker_threads(n: int) -> None:
+    """A fresh worker process: ``n`` threads in every BLAS pool now and in libraries it imports later
+    (they read the environment variables at import)."""
+    import os
+
+    for var in THREAD_VARS:
+        os.environ[var] = str(n)
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=n)
+

@@ -145,12 +145,10 @@ def run(args: argparse.Namespace) -> int:
 def small_threads(d_model: int, seq_len: int) -> None:
     """One intra-op thread for the rest of the command when the model is small (Note [small problems]
     in ``transcover._threads``: measured 70x slower forwards of a d=8 model on a loaded 2-core machine)."""
-    from .._threads import small_problem
+    from .._threads import set_torch_threads, small_problem
 
     if small_problem(d_model, seq_len):
-        import torch
-
-        torch.set_num_threads(1)
+        set_torch_threads(1)
 
 
 def _needs_seq_len(spec) -> bool:

@@ -82,13 +82,9 @@ def train_config_from_args(args, constraint, seed: int):
 
 
 def set_threads(n: int) -> None:
-    from .._errors import InputError
+    from .._threads import set_torch_threads
 
-    if n <= 0:
-        raise InputError(f"threads must be >= 1, but got threads={n}")
-    import torch
-
-    torch.set_num_threads(n)
+    set_torch_threads(n)
 
 
 def run(args) -> int:

@@ -73,15 +73,16 @@ class torch_threads:
         if workers is not None and (not isinstance(workers, int) or workers < 1):
             raise InputError(f"workers must be a positive integer, but got workers={workers!r}")
         self.workers = workers
-        self._old = torch.get_num_threads()
 
     def __enter__(self) -> "torch_threads":
-        if self.workers is not None:
-            torch.set_num_threads(self.workers)
+        from .._threads import limit_threads
+
+        self._block = limit_threads(self.workers, blas=False)  # the one thread-limit helper
+        self._block.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        torch.set_num_threads(self._old)
+        self._block.__exit__(*exc)
 
 
 _SKETCH_DIM = 16  # random projection used only to guess a covering centre (the guess is then checked exactly)

@@ -30,7 +30,7 @@ __all__ = ["Outcome", "run_item", "BACKENDS", "run_backend", "RAY_MISSING"]
 
 BACKENDS = ("serial", "process", "ray")
 RAY_MISSING = "the Ray backend needs Ray: pip install 'transcover[ray]' (ray>=2.9)"
-_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS")
+from .._threads import THREAD_VARS as _THREAD_VARS
 
 
 @dataclass(frozen=True)
@@ -47,11 +47,11 @@ def _one_line(err: BaseException) -> str:
 
 def run_item(fn: Callable[[Any], Any], payload: Any, threads: int = 1) -> Outcome:
     """``fn(payload)`` with ``threads`` BLAS threads, as JSON text; an exception becomes a failed outcome."""
-    from threadpoolctl import threadpool_limits
+    from .._threads import limit_threads
 
     t0 = time.perf_counter()
     try:
-        with threadpool_limits(limits=threads):
+        with limit_threads(threads, torch=False):
             value = fn(payload)
         text = json.dumps(value, sort_keys=True, allow_nan=False)
     except Exception as err:  # an item's failure is reported per item; the sweep goes on
@@ -60,11 +60,9 @@ def run_item(fn: Callable[[Any], Any], payload: Any, threads: int = 1) -> Outcom
 
 
 def _init_worker(threads: int) -> None:
-    for var in _THREAD_VARS:  # for libraries the worker imports later (torch reads it at import)
-        os.environ[var] = str(threads)
-    from threadpoolctl import threadpool_limits
+    from .._threads import init_worker_threads
 
-    threadpool_limits(limits=threads)
+    init_worker_threads(threads)
 
 
 def _serial(fn, jobs, workers, threads, options) -> Iterator[tuple[int, Outcome]]:

@@ -21,11 +21,10 @@ __all__ = ["train_item", "train_result_from_value", "train_runner"]
 
 def train_item(payload: dict[str, Any]) -> dict[str, Any]:
     """Train one configuration (the item function of a seeds sweep)."""
-    import torch
-
+    from .._threads import set_torch_threads
     from ..train import TrainConfig, train
 
-    torch.set_num_threads(int(payload.get("threads", 1)))
+    set_torch_threads(int(payload.get("threads", 1)))
     result = train(TrainConfig.from_dict(payload["config"]))
     return {"result": result.to_dict(), "history": result.history}
 

@@ -164,9 +164,9 @@ def _g3(case: NonvacuousCase) -> str:
 
 
 def _run_one(cfg: NonvacuousConfig) -> NonvacuousCase:
-    import torch
+    from .._threads import set_torch_threads
 
-    torch.set_num_threads(1)
+    set_torch_threads(1)
     return run_case(cfg)
 
 

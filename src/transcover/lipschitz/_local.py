@@ -153,8 +153,16 @@ def _ffn_parts(ffn, Y: Tensor):  # noqa: ANN001, ANN202
     return W1, W2, slope
 
 
+# Note [exact route budget]: the exact-Jacobian route (``_local_jacobian``) forms the T x T blocks of
+# d x d matrices of a layer at X and certifies their norms: its cost grows as T^2 d^2 (MiniLM at 32
+# tokens: minutes per layer and sentence on 2 cores, and ``layer_local`` is called once per rho).
+# By default it runs when T*d is at most this many entries; ``exact=True`` forces it, and
+# ``benchmarks/local_lipschitz.py`` calls ``layer_jacobians`` for every rho at once.
+EXACT_ROUTE_MAX = 4096
+
+
 def layer_local(layer: LayerSpec, X: Tensor, rho: float, *, cache: dict | None = None,
-                jacobian: bool = True) -> LayerLocal:
+                jacobian: bool = True, exact: bool | None = None) -> LayerLocal:
     r"""Certified local constants of one layer on ``B(X, rho)``: per component, product route and
     Jacobian route (Note [layer Jacobian route]); the layer's constant is the smaller route.
 
@@ -163,6 +171,8 @@ def layer_local(layer: LayerSpec, X: Tensor, rho: float, *, cache: dict | None =
 
     Source: THEORY F14, F17; Notes [local norm floor], [local attention bound], [layer Jacobian
     route].  Assumptions: every token within ``rho`` of ``X``; dot attention without RoPE.
+    ``exact``: also the exact-Jacobian route (THEORY F17; None: when T*d <= ``EXACT_ROUTE_MAX``,
+    Note [exact route budget]).
     """
     from ..model import attention_forward, ffn_forward
 
@@ -238,7 +248,8 @@ def layer_local(layer: LayerSpec, X: Tensor, rho: float, *, cache: dict | None =
     if jacobian:
         jp, jb = _jacobian_route(layer, att_in, att_rho, n_in, H, rh, X1, r1, X2 if layer.placement is Placement.POST else None,
                                  r2 if layer.placement is Placement.POST else None, s1, s2, hn, nW1, nW2, rho, scratch)
-        ep, eb, parts = _exact_route(layer, X, rho, cache, hn)
+        if exact or (exact is None and X.shape[-2] * X.shape[-1] <= EXACT_ROUTE_MAX):
+            ep, eb, parts = _exact_route(layer, X, rho, cache, hn)
     return LayerLocal(layer.index, rho, comps, radii, product, min(jp, ep), min(jb, eb), out.detach(), min_sigma,
                       ep, eb, parts)
 

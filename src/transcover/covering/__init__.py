@@ -71,24 +71,10 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
-    """Names are imported from their module on first use (Note [lazy package] below)."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from importlib import import_module
+# Note [lazy package] in transcover._lazy: importing the package imports none of these modules.
+from .._lazy import lazy_attributes as _lazy_attributes  # noqa: E402
 
-    value = getattr(import_module(module, __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
-
-
-# Note [lazy package]: importing the package imports none of its modules, so a light caller (the
-# CLI's parser reading a config's defaults, `transcover analyze`) does not pay for torch.
+__getattr__, __dir__ = _lazy_attributes(__name__, _LAZY)
 
 
 __all__ = [

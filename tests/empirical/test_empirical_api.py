@@ -9,7 +9,8 @@ matplotlib.use("Agg")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-import transcover.empirical as E  # noqa: E402
+import transcover.empirical as E
+import transcover.report as R  # noqa: E402
 
 
 def test_every_public_name_imports():
@@ -24,7 +25,7 @@ def test_display_plots_estimate_lower_and_bound():
     Y = torch.arange(50, dtype=torch.float64)[:, None]
     mc = E.covering_of_outputs(Y, (1.0, 3.0, 10.0))
     eps = np.array([1.0, 3.0, 10.0])
-    disp = E.CoveringCurveDisplay.from_result(mc, "grid", bound=(eps, np.log([50.0, 50.0, 50.0])))
+    disp = R.CoveringCurveDisplay.from_result(mc, "grid", bound=(eps, np.log([50.0, 50.0, 50.0])))
     fig, ax = plt.subplots()
     assert disp.plot(ax) is disp and disp.ax is ax
     ys = [line.get_ydata() for line in ax.get_lines()]

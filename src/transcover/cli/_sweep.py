@@ -10,8 +10,8 @@ def run_sweep(args: argparse.Namespace, models: list[str]) -> int:
     from rich.console import Console
 
     from .._errors import InputError
-    from ..report import atomic_write_text, analysis_sweep_table
-    from ..scale import (ResultStore, analysis_items, analyze_item, plot_sweep, rows_csv, sweep, sweep_json,
+    from ..report import analysis_sweep_table, atomic_write_text, plot_sweep
+    from ..scale import (ResultStore, analysis_items, analyze_item, rows_csv, sweep, sweep_json,
                          sweep_rows)
 
     if args.workers < 1 or args.threads < 1:

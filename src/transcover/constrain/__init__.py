@@ -17,7 +17,6 @@ from ._layout import HeadLayout as HeadLayout
 from ._monitor import CAPACITY_KIND as CAPACITY_KIND
 from ._monitor import TrainingMonitor as TrainingMonitor
 from ._monitor import grad_norm as grad_norm
-from ._monitor import plot_history as plot_history
 from ._monitor import read_history as read_history
 from ._measure import certified_slot_norm as certified_slot_norm
 from ._measure import exact_slot_norms as exact_slot_norms
@@ -58,6 +57,6 @@ __all__ = [
     "Slot", "find_slots", "GROUPS",
     "ConstraintConfig", "Constrainer", "constrain", "parse_radii", "METHODS",
     "strip_constraints", "export_plain", "constrained_tensors", "save_plain",
-    "TrainingMonitor", "grad_norm", "read_history", "plot_history", "CAPACITY_KIND",
+    "TrainingMonitor", "grad_norm", "read_history", "CAPACITY_KIND",
     "hf_callback",
 ]

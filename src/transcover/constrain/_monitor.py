@@ -28,7 +28,6 @@ import io
 import json
 import math
 import os
-from collections.abc import Iterable
 from pathlib import Path
 
 from torch import nn
@@ -39,7 +38,7 @@ from ._measure import exact_slot_norms, forward_weights
 from ._penalties import capacity_proxy
 from ._slots import GROUPS, find_slots
 
-__all__ = ["TrainingMonitor", "grad_norm", "read_history", "plot_history", "CAPACITY_KIND"]
+__all__ = ["TrainingMonitor", "grad_norm", "read_history", "CAPACITY_KIND"]
 
 CAPACITY_KIND = "estimate: product-of-norms Lipschitz proxy (THEORY F8), not a certified bound"
 _BASE = ("step", "epoch", "progress", "loss", "grad_norm", "lr", "capacity", "log_covering",
@@ -159,63 +158,3 @@ def read_history(path: str | os.PathLike[str]) -> list[dict]:
     if not path.exists():
         raise InputError(f"history file {path} does not exist")
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def plot_history(records: Iterable[dict], path: str | os.PathLike[str], title: str = "") -> Path:
-    """Four panels (loss, accuracy, sigma vs radius per group, gradient norm and capacity) -> PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    recs = list(records)
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
-
-    def series(key):
-        pts = [(r["step"], r[key]) for r in recs if r.get(key) is not None]
-        return [p[0] for p in pts], [p[1] for p in pts]
-
-    ax = axes[0, 0]
-    ax.plot(*series("loss"), lw=0.6, alpha=0.5, label="step loss")
-    for key in ("train_loss", "test_loss"):
-        ax.plot(*series(key), marker="o", ms=3, label=key.replace("_", " "))
-    ax.set_yscale("log")
-    ax.set_title("loss")
-    ax.legend(fontsize=8)
-    ax = axes[0, 1]
-    for key in ("train_acc", "test_acc"):
-        ax.plot(*series(key), marker="o", ms=3, label=key.replace("_", " "))
-    ax.set_title("accuracy")
-    ax.legend(fontsize=8)
-    ax = axes[1, 0]
-    groups = [k.split(".", 1)[1] for k in (recs[0] if recs else {}) if k.startswith("sigma.")]
-    for i, g in enumerate(groups):
-        color = f"C{i}"
-        ax.plot(*series(f"sigma.{g}"), color=color, lw=1, label=f"sigma {g}")
-        xs, ys = series(f"radius.{g}")
-        if xs:
-            ax.plot(xs, ys, color=color, ls="--", lw=1)
-    ax.set_yscale("log")
-    ax.set_title("max sigma per group (solid) and radius (dashed)")
-    ax.legend(fontsize=7, ncol=2)
-    ax = axes[1, 1]
-    ax.plot(*series("grad_norm"), lw=0.6, label="grad norm")
-    ax.plot(*series("capacity"), lw=1, label="capacity proxy (F8, estimate)")
-    xs, ys = series("log_covering")
-    if xs:
-        ax.plot(xs, [10.0**y for y in ys], marker="s", ms=3, lw=1, label="log N(0.1), certified (covering)")
-    ax.set_yscale("log")
-    ax.set_title("gradient norm, capacity proxy, covering bound")
-    ax.legend(fontsize=8)
-    for ax in axes.flat:
-        ax.set_xlabel("step")
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    path = Path(path)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    from .._io import atomic_write_bytes
-
-    return atomic_write_bytes(path, buf.getvalue())

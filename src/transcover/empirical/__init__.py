@@ -8,7 +8,6 @@ classes: :func:`sample_reference_class` / :func:`sample_local_class` draw member
 ``_asymptotics`` fits compare growth rates with the bounds'.
 """
 
-from ._asymptotics import CoveringCurveDisplay as CoveringCurveDisplay
 from ._asymptotics import EpsGrowthFit as EpsGrowthFit
 from ._asymptotics import LineFit as LineFit
 from ._asymptotics import fit_eps_growth as fit_eps_growth
@@ -56,6 +55,6 @@ __all__ = [
     "MonteCarloCovering", "covering_of_outputs", "monte_carlo_covering",
     "SEED_BLOCK", "block_seed", "reference_block_outputs",
     "MAX_FUNCTIONS", "UniformSearchResult", "uniform_covering_search",
-    "CoveringCurveDisplay", "EpsGrowthFit", "LineFit", "fit_eps_growth", "fit_line", "fit_power_growth",
+    "EpsGrowthFit", "LineFit", "fit_eps_growth", "fit_line", "fit_power_growth",
     "usable_points",
 ]

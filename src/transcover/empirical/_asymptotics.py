@@ -34,7 +34,7 @@ from .._errors import InputError
 from ._montecarlo import MonteCarloCovering
 
 __all__ = ["LineFit", "EpsGrowthFit", "fit_line", "fit_eps_growth", "fit_power_growth",
-           "usable_points", "CoveringCurveDisplay"]
+           "usable_points"]
 
 
 @dataclass(frozen=True)
@@ -122,43 +122,3 @@ def fit_power_growth(x: Sequence[float], log_N: Sequence[float]) -> LineFit:
         raise InputError("x values must be > 0 for a power-law fit")
     keep = l > 0
     return fit_line(np.log(xa[keep]), np.log(l[keep]))
-
-
-@dataclass
-class CoveringCurveDisplay:
-    """log N(eps): Monte-Carlo estimate (net), lower bound (packing) and, where given, a bound."""
-
-    eps: np.ndarray
-    log_net: np.ndarray
-    log_packing: np.ndarray
-    label: str = ""
-    bound_eps: np.ndarray | None = None
-    log_bound: np.ndarray | None = None
-    ax: object = None
-
-    @classmethod
-    def from_result(cls, mc: MonteCarloCovering, label: str = "", bound=None) -> "CoveringCurveDisplay":
-        eps = np.asarray(mc.eps)
-        net = np.log([s[-1] for s in mc.net_sizes])
-        pack = np.log([s[-1] for s in mc.packing_sizes])
-        be = lb = None
-        if bound is not None:
-            be, lb = np.asarray(bound[0], float), np.asarray(bound[1], float)
-        return cls(eps, net, pack, label, be, lb)
-
-    def plot(self, ax=None, *, color=None) -> "CoveringCurveDisplay":
-        import matplotlib.pyplot as plt
-
-        if ax is None:
-            _, ax = plt.subplots()
-        (line,) = ax.plot(self.eps, self.log_net, "o-", color=color, label=f"{self.label} estimate (net)")
-        c = line.get_color()
-        ax.plot(self.eps, self.log_packing, "v--", color=c, alpha=0.7, label=f"{self.label} lower (packing)")
-        if self.log_bound is not None:
-            ax.plot(self.bound_eps, self.log_bound, ":", color=c, lw=2, label=f"{self.label} bound")
-        ax.set_xscale("log")
-        ax.set_yscale("symlog", linthresh=1.0)
-        ax.set_xlabel("eps")
-        ax.set_ylabel("log N(eps)")
-        self.ax = ax
-        return self

@@ -15,8 +15,11 @@ from ._analysis import analysis_csv as analysis_csv
 from ._analysis import analysis_json as analysis_json
 from ._analysis import render_analysis as render_analysis
 from ._analysis import analysis_sweep_table as analysis_sweep_table
+from ._analysis import plot_sweep as plot_sweep
+from ._cover import CoveringCurveDisplay as CoveringCurveDisplay
+from ._nonvacuous import write_nonvacuous_plot as write_nonvacuous_plot
 
-__all__ += ["analysis_csv", "analysis_json", "render_analysis", "analysis_sweep_table"]
+__all__ += ["analysis_csv", "analysis_json", "render_analysis", "analysis_sweep_table", "plot_sweep", "CoveringCurveDisplay", "write_nonvacuous_plot"]
 
 from ._bound_tables import bound_payload as bound_payload
 from ._bound_tables import bound_png as bound_png

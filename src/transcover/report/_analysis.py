@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import io
 import json
+from pathlib import Path
 
-__all__ = ["render_analysis", "analysis_json", "analysis_csv", "analysis_sweep_table"]
+__all__ = ["render_analysis", "analysis_json", "analysis_csv", "analysis_sweep_table", "plot_sweep"]
 
 _LAYER_KEYS = ("B_KQ", "B_V", "W_O", "B_W1", "B_W2", "B_b1", "B_b2")
 
@@ -102,3 +103,30 @@ def analysis_sweep_table(rows: list[dict]):
         table.add_row("" if row["step"] is None else str(row["step"]), row["model"],
                       *(f"[{row[k + '_lower']:.4g}, {row[k + '_upper']:.4g}]" for k in ("B_KQ", "B_V", "B_W1", "B_W2")))
     return table
+
+
+def plot_sweep(rows: list[dict], path: str):
+    """The time series: each bound's certified upper end (and lower end, dashed) against the step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from .._io import atomic_write_bytes
+
+    steps = [row["step"] for row in rows]
+    x = steps if rows and all(s is not None for s in steps) else list(range(len(rows)))
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for key in ("B_KQ", "B_V", "B_W1", "B_W2"):
+        line, = ax.plot(x, [row[f"{key}_upper"] for row in rows], marker="o", ms=3, label=key)
+        ax.plot(x, [row[f"{key}_lower"] for row in rows], ls="--", lw=0.8, color=line.get_color())
+    ax.set_yscale("log")
+    ax.set_xlabel("training step" if x is steps else "checkpoint")
+    ax.set_ylabel("max over layers (upper solid, lower dashed)")
+    ax.set_title("transcover analyze: norms over training")
+    ax.legend(loc="best", fontsize=8)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format=Path(path).suffix.lstrip(".") or "png", dpi=120)
+    plt.close(fig)
+    return atomic_write_bytes(path, buf.getvalue())

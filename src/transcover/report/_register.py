@@ -40,6 +40,12 @@ def _staged_table(result):
     return staged_table(result)
 
 
+def _nonvacuous_plot_file(result, path):
+    from ._nonvacuous import write_nonvacuous_plot
+
+    return write_nonvacuous_plot(result, path)
+
+
 def _staged_plot_file(result, path):
     from ._staged import write_staged_plot
 
@@ -76,6 +82,7 @@ register_view("perturbation.plot", _perturbation_plot)
 register_view("bound.plot", _bound_plot)
 register_view("staged.table", _staged_table)
 register_view("staged.plot_file", _staged_plot_file)
+register_view("nonvacuous.plot_file", _nonvacuous_plot_file)
 register_view("advice.plot", _approx_display("AdviceDisplay"))
 register_view("failure_curve.plot", _approx_display("FailureCurveDisplay"))
 register_view("attention_rate.plot", _approx_display("AttentionRateDisplay"))

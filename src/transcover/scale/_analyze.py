@@ -19,7 +19,7 @@ from ._keys import fingerprint, item_key
 from ._sweep import Item, SweepReport
 
 __all__ = ["analyze_item", "expand_models", "parse_step", "analysis_items", "sweep_rows", "rows_csv",
-           "sweep_json", "plot_sweep", "BOUNDS"]
+           "sweep_json", "BOUNDS"]
 
 BOUNDS = ("B_KQ", "B_V", "B_W1", "B_W2", "B_b1", "B_b2")
 _STEP = re.compile(r"(?:checkpoint|ckpt|step|global_step|epoch)[-_=]?(\d+)", re.IGNORECASE)
@@ -120,30 +120,3 @@ def sweep_json(report: SweepReport, rows: list[dict[str, Any]]) -> dict[str, Any
         "results": [{"model": r.item.label, "key": r.item.key, "result": r.value}
                     for r in report.results if r.ok],
     }
-
-
-def plot_sweep(rows: list[dict[str, Any]], path: str) -> Path:
-    """The time series: each bound's certified upper end (and lower end, dashed) against the step."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from .._io import atomic_write_bytes
-
-    steps = [row["step"] for row in rows]
-    x = steps if rows and all(s is not None for s in steps) else list(range(len(rows)))
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for key in ("B_KQ", "B_V", "B_W1", "B_W2"):
-        line, = ax.plot(x, [row[f"{key}_upper"] for row in rows], marker="o", ms=3, label=key)
-        ax.plot(x, [row[f"{key}_lower"] for row in rows], ls="--", lw=0.8, color=line.get_color())
-    ax.set_yscale("log")
-    ax.set_xlabel("training step" if x is steps else "checkpoint")
-    ax.set_ylabel("max over layers (upper solid, lower dashed)")
-    ax.set_title("transcover analyze: norms over training")
-    ax.legend(loc="best", fontsize=8)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format=Path(path).suffix.lstrip(".") or "png", dpi=120)
-    plt.close(fig)
-    return atomic_write_bytes(path, buf.getvalue())

@@ -66,3 +66,21 @@ def test_training_display_draws_sigma_against_radius():
     sigma = [line for line in d.ax_[2].get_lines() if line.get_label() == "sigma KQ"]
     assert len(sigma) == 1 and math.isclose(sigma[0].get_ydata()[-1], 1.1)
     assert display_bytes(d, "h.png", fmt="png").startswith(PNG)
+
+
+def test_nonvacuous_figure_is_drawn_by_report_for_the_result(tmp_path):
+    """The experiment's result asks report for its figure (Note [views]); one line per series,
+    the covering bound only where every case has one, and a real PNG written atomically."""
+    from types import SimpleNamespace
+
+    from transcover.train._nonvacuous_report import NonvacuousResult
+
+    def case(n, kl, cov):
+        return SimpleNamespace(task="majority", split=None, n_train=n, test_error=0.01,
+                               bound=SimpleNamespace(kl=kl, sqrt=2 * kl), covering=cov)
+
+    cases = [case(1000, 0.3, None), case(10000, 0.02, {"value": 0.7})]
+    result = NonvacuousResult(cases=tuple(cases), seconds=0.0)
+    out = result.plot(tmp_path / "nv.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["nv.png"]  # nothing half-written beside it

@@ -38,7 +38,9 @@ def test_json_and_csv_follow_the_schema(ref_file, tmp_path, capsys):
     assert data["kind"] == "certified interval" and len(data["layers"]) == 2
     for layer in data["layers"]:
         for key in ("B_KQ", "B_V", "B_W1", "B_W2", "B_b1", "B_b2"):
-            assert set(layer[key]) == {"lower", "upper"} and layer[key]["lower"] <= layer[key]["upper"]
+            # every interval names its kind (issue 11: one serialiser, kind always kept)
+            assert set(layer[key]) == {"lower", "upper", "kind"} and layer[key]["lower"] <= layer[key]["upper"]
+            assert layer[key]["kind"] == "certified interval"
         assert len(layer["heads"]) == 2
         for head in layer["heads"]:
             assert {"B_KQ", "B_V"} <= set(head)

@@ -56,6 +56,7 @@ _LAZY = {
     "class_bounds": "._weights",
     "class_max": "._weights",
     "LocalRow": "._local_report",
+    "assemble_local_rows": "._local_report",
     "stage_functions": "._local_report",
     "stage_local_constants": "._local_report",
 }
@@ -89,4 +90,4 @@ from .._entry import make_callable as _make_callable  # noqa: E402
 _make_callable(__name__)
 
 
-__all__ += ["LocalRow", "stage_functions", "stage_local_constants"]
+__all__ += ["LocalRow", "assemble_local_rows", "stage_functions", "stage_local_constants"]

@@ -23,7 +23,7 @@ from ._empirical import jacobian_operator_norm
 from ._local import layer_local
 from ._weights import spec_norms
 
-__all__ = ["LocalRow", "local_table"]
+__all__ = ["LocalRow", "local_table", "assemble_local_rows"]
 
 
 @dataclass
@@ -122,15 +122,26 @@ def local_table(spec: TransformerSpec, seqs: list, rho_factors: list[float], *, 
             if timings is not None:
                 timings[(f, i)] = time.perf_counter() - t0
         dom = compose(norms, radius=R, sigma_min=max(sig0, 0.0)) if math.isfinite(sig0) else glob
-        gstage = {(s.layer, s.name): s.lipschitz for s in glob.stages}
-        dstage = {(s.layer, s.name): s.lipschitz for s in dom.stages}
-        for (i, name), v in best.items():
-            if name == "layer":
-                g, dv = glob.layer_upper(i).value, dom.layer_upper(i).value
-            else:
-                g, dv = gstage.get((i, name), math.nan), dstage.get((i, name), math.nan)
-            lo = lows.get((i, name), math.nan)
-            if lower:
-                check_certified(f"local Lipschitz constant of {name} (layer {i})", v, lo)
-            rows.append(LocalRow(f, i, name, g, dv, v, lo, point.get(i, math.nan) if name == "layer" else math.nan))
+        rows += assemble_local_rows(f, best, point, lows, glob, dom, lower=lower)
+    return rows
+
+
+def assemble_local_rows(rho_factor: float, best: dict, point: dict, lows: dict, glob, dom, *,  # noqa: ANN001
+                        lower: bool) -> list[LocalRow]:
+    """One rho's rows: each (layer, component)'s local constant (``best``, the max over sequences)
+    beside the global (``glob``, radius R) and domain (``dom``, sigma >= sigma_0) constants and the
+    lower estimate, which must not exceed it (``check_certified``).  Shared by :func:`local_table`
+    and the per-sequence items of ``transcover.scale`` so both give the same rows."""
+    gstage = {(s.layer, s.name): s.lipschitz for s in glob.stages}
+    dstage = {(s.layer, s.name): s.lipschitz for s in dom.stages}
+    rows = []
+    for (i, name), v in best.items():
+        if name == "layer":
+            g, dv = glob.layer_upper(i).value, dom.layer_upper(i).value
+        else:
+            g, dv = gstage.get((i, name), math.nan), dstage.get((i, name), math.nan)
+        lo = lows.get((i, name), math.nan)
+        if lower:
+            check_certified(f"local Lipschitz constant of {name} (layer {i})", v, lo)
+        rows.append(LocalRow(rho_factor, i, name, g, dv, v, lo, point.get(i, math.nan) if name == "layer" else math.nan))
     return rows

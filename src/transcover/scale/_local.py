@@ -115,9 +115,7 @@ def local_example(payload: dict[str, Any]) -> dict[str, Any]:
 
 def merge_local(spec, parts: Sequence[dict[str, Any]], rhos: Sequence[float], *, lower: bool = True) -> list:
     """The rows of ``local_table`` from the items' values, in order (module docstring)."""
-    from .._results import check_certified
-    from ..lipschitz import lipschitz_bounds
-    from ..lipschitz import LocalRow
+    from ..lipschitz import assemble_local_rows, lipschitz_bounds
 
     if not parts:
         raise InputError("the data is empty (no sequences)")
@@ -127,7 +125,6 @@ def merge_local(spec, parts: Sequence[dict[str, Any]], rhos: Sequence[float], *,
     if lower:
         for j, (i, name, _) in enumerate(parts[0]["lows"]):
             lows[(i, name)] = max(_unhex(p["lows"][j][2]) for p in parts)
-    gstage = {(s.layer, s.name): s.lipschitz for s in glob.stages}
     rows = []
     for r, f in enumerate(rhos):
         best: dict[tuple[int, str], float] = {}
@@ -143,16 +140,7 @@ def merge_local(spec, parts: Sequence[dict[str, Any]], rhos: Sequence[float], *,
         for p in parts:
             sig0 = min(sig0, _unhex(p["per_rho"][r]["min_sigma"]))
         dom = lipschitz_bounds(spec, radius=R, sigma_min=max(sig0, 0.0)) if math.isfinite(sig0) else glob
-        dstage = {(s.layer, s.name): s.lipschitz for s in dom.stages}
-        for (i, name), v in best.items():
-            if name == "layer":
-                g, dv = glob.layer_upper(i).value, dom.layer_upper(i).value
-            else:
-                g, dv = gstage.get((i, name), math.nan), dstage.get((i, name), math.nan)
-            lo = lows.get((i, name), math.nan)
-            if lower:
-                check_certified(f"local Lipschitz constant of {name} (layer {i})", v, lo)
-            rows.append(LocalRow(f, i, name, g, dv, v, lo, point.get(i, math.nan) if name == "layer" else math.nan))
+        rows += assemble_local_rows(f, best, point, lows, glob, dom, lower=lower)
     return rows
 
 

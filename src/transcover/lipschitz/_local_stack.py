@@ -50,8 +50,9 @@ __all__ = ["StackLocal", "stack_local", "stack_jacobian", "stack_lower", "STACK_
 
 _U = 2.0**-53
 # the default of ``network_local(route="auto")``: the stack route's cost grows as T^2 d^3 per stage
-# (MiniLM, 10 tokens: about a minute on 2 cores), so by default it runs when T*d is at most this.
-STACK_ROUTE_MAX = 4096
+# plus the per-layer drift machinery (MiniLM at 7 tokens: minutes on 2 cores), so by default it
+# runs when T*d is at most this (small models); ``route="stack"`` forces it.
+STACK_ROUTE_MAX = 1024
 _CHUNK = 512
 
 
@@ -435,7 +436,7 @@ def stack_lower(spec: TransformerSpec, X: Tensor, rho: float, *, restarts: int =
     # attained by the computed J; the exact one is within its rounding bound
     best = max(float(row_norm_lower(blocks, iters=iters, restarts=restarts, seed=seed).max()) - blocks_err, 0.0)
     n24 = lambda Z: Z.norm(dim=-1).max()  # noqa: E731
-    clip = lambda D: D * torch.clamp(rho / D.norm(dim=-1, keepdim=True).clamp(min=1e-300), max=1.0)  # noqa: E731
+    clip = lambda D: D * torch.clamp(rho * (1 - 1e-12) / D.norm(dim=-1, keepdim=True).clamp(min=1e-300), max=1.0)  # noqa: E731
     g = torch.Generator().manual_seed(seed)
     for k in range(restarts):
         C = clip(torch.randn(X.shape, generator=g, dtype=torch.float64) * rho)
@@ -449,7 +450,7 @@ def stack_lower(spec: TransformerSpec, X: Tensor, rho: float, *, restarts: int =
                 B.copy_(clip(B))
             num, den = n24(fn(X + A) - fn(X + B)), n24(A - B)
             ratio = num / den
-            if torch.isfinite(ratio) and float(den) > 1e-9 * rho:
+            if bool(torch.isfinite(ratio)) and float(den.detach()) > 1e-9 * rho:
                 best = max(best, float(ratio.detach()))
             opt.zero_grad()
             (-ratio).backward()

@@ -139,3 +139,16 @@ def test_network_local_takes_the_smaller_route():
     assert both.upper < 0.5 * only.upper
     with pytest.raises(InputError, match="route"):
         network_local(spec, X, 1e-5, route="exact")
+
+
+def test_local_table_whole_network_row():
+    """``lipschitz --data --whole-network``: one whole-network row per rho, its route named, the
+    lower estimate below it and the local bound below the global one."""
+    from transcover.lipschitz._local_report import local_table
+
+    spec = random_spec(13, act="gelu", L=2, norm="layernorm", placement="post")
+    seqs = [_X(3), _X(4, T=3)]
+    rows = local_table(spec, seqs, [1e-5], lower_iter=5, whole="auto")
+    net = [r for r in rows if r.layer == -1]
+    assert len(net) == 1 and net[0].component == "network (stack)"
+    assert 0 < net[0].lower <= net[0].local_upper < net[0].global_upper

@@ -69,9 +69,9 @@ def main() -> None:
             print(f"sentence {k} T={X.shape[0]} rho {f:g}: point {r.point:.4g} drift {r.drift:.4g} "
                   f"stack {r.stack:.4g} product {r.product:.4g} -> {r.route}; lower {lo:.4g}; "
                   f"ratio {r.upper / lo:.4g} [{r.seconds:.0f}s wall, {r.cpu_seconds:.0f}s cpu]", flush=True)
-        lt = time.perf_counter() - t
+        lt, lc = time.perf_counter() - t, time.process_time() - c
         for row in rows[-len(factors):]:
-            row["lower_seconds"] = lt
+            row["lower_seconds"], row["lower_cpu_seconds"] = lt, lc
         atomic_write_text(os.path.join(a.out, "local_stack.json"), json.dumps({"rows": rows}, indent=1))
 
 

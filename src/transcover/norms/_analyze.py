@@ -44,6 +44,7 @@ from ._spectral import (
 )
 from ._certify import batched_gram_with_error
 from ._blocked import BLOCK_BYTES, blocked_matrix_norms
+from ._model import HeadMeasure, LayerMeasure, ModelNorms, NormMeasure, layer_arrays, measure_layer
 
 __all__ = ["MatrixNorms", "HeadNorms", "NormParams", "LayerNorms", "EmbeddingNorms", "AnalysisResult",
            "analyze_spec", "SCHEMA_VERSION"]
@@ -151,6 +152,8 @@ class AnalysisResult:
     seconds: float = 0.0
     notes: tuple[str, ...] = field(default_factory=tuple)
     warnings: tuple[str, ...] = ()  # the loader's (spec.warnings), e.g. unexpected tensors in a layer
+    # the certified measurement this result is a view of (None with --fast); not part of the JSON schema
+    norms: ModelNorms | None = field(default=None, repr=False, compare=False)
 
     @property
     def kind(self) -> Kind:
@@ -347,16 +350,43 @@ def _kq_head(attn: AttentionSpec, h: int, m: _Measurer, f64: dict[str, np.ndarra
 
 
 def _head_norms(attn: AttentionSpec, h: int, m: _Measurer, f64: dict[str, np.ndarray],
-                matrices: dict[str, MatrixNorms], names: dict[str, str]) -> HeadNorms:
-    B_KQ, kq, B_KQ_bias = _kq_head(attn, h, m, f64)
-    g = attn.kv_index(h)  # grouped-query heads share W_V^g: measure it once
+                matrices: dict[str, MatrixNorms], names: dict[str, str], hm: HeadMeasure) -> HeadNorms:
+    """Head ``h`` as ``analyze`` shows it: the certified spectral norms are ``measure_layer``'s
+    (``hm``, Note [one engine] in ``_model``); only the Frobenius and (2,1) norms, the augmented
+    query-bias matrix and, with RoPE, the sup over relative positions are added here."""
+    g = attn.kv_index(h)  # grouped-query heads share W_V^g: one entry
+    d, scale = attn.d_model, attn.softmax_scale
+    A, Bt = f64["W_Q"][h], np.ascontiguousarray(f64["W_K"][g].T)
     Wv, Wo = f64["W_V"][g], f64["W_O"][h]
-    batched = "G_V" in f64
-    ov = m.product(f"W_OV.h{h}", Wv, Wo,
-                   grams=(f64["G_V"][g], f64["e_V"][g], f64["G_O"][h], f64["e_O"][h]) if batched else None)
+    batched = "G_Q" in f64
+    if attn.rope is not None:
+        B_KQ, kq, B_KQ_bias = _kq_head(attn, h, m, f64)
+    else:
+        fro, l21 = product_frobenius_l21(A, Bt, f64["G_Q"][h] if batched else None)
+        B_KQ = hm.W_KQ(scale)
+        kq = MatrixNorms(f"W_KQ.h{h}", (d, d), B_KQ, scale_interval(fro, scale), scale_interval(l21, scale))
+        B_KQ_bias = None
+        if attn.b_Q is not None:
+            grams = None if "G_Qa" not in f64 else (f64["G_Qa"][h], f64["e_Qa"][h], f64["G_K"][g], f64["e_K"][g])
+            aug = product_norm_interval(m.array(attn.W_Q_augmented(h)), Bt, rtol=m.rtol, grams=grams)
+            B_KQ_bias = scale_interval(aug, scale)
+    ov = MatrixNorms(f"W_OV.h{h}", (d, d), hm.W_OV, *product_frobenius_l21(Wv, Wo, f64["G_V"][g] if batched else None))
     if f"W_V.h{g}" not in matrices:
-        matrices[f"W_V.h{g}"] = m.matrix(f"W_V.h{g}", Wv, names.get("W_V", ""),
-                                         gram=(f64["G_V"][g], f64["e_V"][g]) if batched else None)
+        matrices[f"W_V.h{g}"] = MatrixNorms(f"W_V.h{g}", tuple(Wv.shape), hm.W_V, *frobenius_l21_intervals(Wv),
+                                            names.get("W_V", ""))
+    matrices[kq.role] = kq
+    matrices[ov.role] = ov
+    return HeadNorms(h, B_KQ, hm.W_OV, hm.W_V, B_KQ_bias)
+
+
+def _head_norms_fast_rope(attn: AttentionSpec, h: int, m: _Measurer, f64: dict[str, np.ndarray],
+                          matrices: dict[str, MatrixNorms], names: dict[str, str]) -> HeadNorms:
+    """``--fast`` with RoPE: estimates head by head (the batched estimates know no rotations)."""
+    B_KQ, kq, B_KQ_bias = _kq_head(attn, h, m, f64)
+    g = attn.kv_index(h)
+    ov = m.product(f"W_OV.h{h}", f64["W_V"][g], f64["W_O"][h])
+    if f"W_V.h{g}" not in matrices:
+        matrices[f"W_V.h{g}"] = m.matrix(f"W_V.h{g}", f64["W_V"][g], names.get("W_V", ""))
     matrices[kq.role] = kq
     matrices[ov.role] = ov
     return HeadNorms(h, B_KQ, ov.spectral, matrices[f"W_V.h{g}"].spectral, B_KQ_bias)
@@ -410,33 +440,43 @@ def _heads_fast(attn: AttentionSpec, m: _Measurer, arr: dict[str, np.ndarray],
 # the big Grams do not (Note [small problems] in ``transcover._threads``).
 
 
-def _layer_norms(layer: LayerSpec, m: _Measurer) -> LayerNorms:
+def _layer_norms(layer: LayerSpec, m: _Measurer, entrywise: bool = False) -> tuple[LayerNorms, LayerMeasure | None]:
+    """One layer as ``analyze`` shows it and, in certified mode, the :class:`LayerMeasure` it is a
+    view of (``--fast`` estimates are no certified measurement: None)."""
     attn, ffn = layer.attention, layer.ffn
     names = layer.names
     matrices: dict[str, MatrixNorms] = {}
-    # one float64 copy of each weight per layer (contiguous: the BLAS calls below are then cheap)
-    f64 = {k: m.array(getattr(attn, k)) for k in ("W_Q", "W_K", "W_V", "W_O")}
-    if not m.fast and in_safe_range(*f64.values()):
-        # every head's d_head x d_head Gram in four batched products (Note [small problems])
-        for key, W in (("Q", f64["W_Q"]), ("K", f64["W_K"]), ("V", f64["W_V"]),
-                       ("O", np.ascontiguousarray(f64["W_O"].transpose(0, 2, 1)))):
-            f64[f"G_{key}"], f64[f"e_{key}"] = batched_gram_with_error(W)
-        if attn.b_Q is not None and attn.rope is None:  # [W_Q; b_Q] on x~ = [x, 1] (Note [attention biases])
+    lm = None
+    if m.fast:
+        f64 = {k: m.array(getattr(attn, k)) for k in ("W_Q", "W_K", "W_V", "W_O")}  # float32, no copies
+    else:
+        f64 = layer_arrays(attn)  # the engine's arrays and batched Grams (Note [one engine] in _model)
+        if attn.b_Q is not None and attn.rope is None and "G_Q" in f64:  # [W_Q; b_Q] on x~ = [x, 1]
             b_Q = m.array(attn.b_Q)
             if in_safe_range(b_Q):
                 WQa = np.concatenate([f64["W_Q"], b_Q[:, None, :]], axis=1)
                 f64["G_Qa"], f64["e_Qa"] = batched_gram_with_error(WQa)
+        lm = measure_layer(layer, entrywise, arrays=f64)
     with limit_threads(1, torch=False):  # Note [small problems] in ``transcover._threads``
         if m.fast and attn.rope is None:
             heads = _heads_fast(attn, m, f64, matrices, names)
+        elif m.fast:
+            heads = [_head_norms_fast_rope(attn, h, m, f64, matrices, names) for h in range(attn.n_heads)]
         else:
-            heads = [_head_norms(attn, h, m, f64, matrices, names) for h in range(attn.n_heads)]
-    matrices["W_O"] = m.matrix("W_O", f64["W_O"].reshape(-1, attn.d_model), names.get("W_O", ""))
-    matrices["W_1"] = m.matrix("W_1", ffn.W_1, names.get("W_1", ""))
-    matrices["W_2"] = m.matrix("W_2", ffn.W_2, names.get("W_2", ""))
+            heads = [_head_norms(attn, h, m, f64, matrices, names, lm.heads[h]) for h in range(attn.n_heads)]
+
+    def matrix(role: str, W, spectral: Interval | None) -> MatrixNorms:
+        if spectral is None:  # --fast
+            return m.matrix(role, W, names.get(role, ""))
+        Wn = m.array(W)
+        return MatrixNorms(role, tuple(Wn.shape), spectral, *frobenius_l21_intervals(Wn), names.get(role, ""))
+
+    matrices["W_O"] = matrix("W_O", f64["W_O"].reshape(-1, attn.d_model), None if lm is None else lm.W_O)
+    matrices["W_1"] = matrix("W_1", f64.get("W_1", ffn.W_1), None if lm is None else lm.W_1)
+    matrices["W_2"] = matrix("W_2", f64.get("W_2", ffn.W_2), None if lm is None else lm.W_2)
     B_Wgate = None
     if ffn.W_gate is not None:
-        matrices["W_gate"] = m.matrix("W_gate", ffn.W_gate, names.get("W_gate", ""))
+        matrices["W_gate"] = matrix("W_gate", f64.get("W_gate", ffn.W_gate), None if lm is None else lm.W_gate)
         B_Wgate = matrices["W_gate"].spectral
 
     def bias_norm(b) -> Interval:
@@ -460,7 +500,7 @@ def _layer_norms(layer: LayerSpec, m: _Measurer) -> LayerNorms:
         norm_ffn=NormParams.of(layer.norm_ffn),
         placement=layer.placement.value,
         rope=attn.rope is not None,
-    )
+    ), lm
 
 
 def analyze_spec(
@@ -470,6 +510,7 @@ def analyze_spec(
     rtol: float = 1e-3,
     embeddings: bool = True,
     progress: Callable[[int, int], None] | None = None,
+    entrywise: bool = False,
 ) -> AnalysisResult:
     """Measure every layer (and head) of ``spec``: the seed's section 2.1 quantities as intervals.
 
@@ -479,6 +520,11 @@ def analyze_spec(
         rtol: target relative gap of certified intervals (and stopping tolerance of estimates).
         embeddings: also measure the matrices outside the decomposition.
         progress: called as ``progress(done, total)`` after each layer.
+        entrywise: also the (2,1) norms the covering bounds read, in ``result.norms``.
+
+    Certified mode is a view of :func:`~transcover.norms.measure_model`'s engine (Note [one engine]
+    in ``_model``): ``result.norms`` is the :class:`~transcover.norms.ModelNorms` every spectral
+    interval shown was read from, for the Lipschitz and covering bounds to reuse (``report`` does).
 
     Raises:
         InputError: ``rtol`` not in (0, 1), or a model without layers.
@@ -492,7 +538,7 @@ def analyze_spec(
         raise InputError(f"model {spec.name!r} has no Transformer layers to analyze")
     m = _Measurer(fast, rtol)
     t0 = time.perf_counter()
-    layers = []
+    layers, measures = [], []
     # Note [one layer at a time]: spec.layers builds each layer on access and nothing here keeps a
     # LayerSpec past its iteration (only these facts about the first one), so the decoded weights
     # of layer i are released before layer i + 1 is read (issue 14, streaming analysis).
@@ -507,7 +553,9 @@ def analyze_spec(
         if a.q_norm is not None and a.k_norm is not None:
             qk_scores = max(qk_scores, a.softmax_scale * a.q_norm.gamma_max_abs * a.k_norm.gamma_max_abs
                             * a.d_head * (1 + 8 * 2.0**-52))
-        layers.append(_layer_norms(layer, m))
+        view, lm = _layer_norms(layer, m, entrywise)
+        layers.append(view)
+        measures.append(lm)
         del layer
         if progress is not None:
             progress(i + 1, n)
@@ -539,4 +587,6 @@ def analyze_spec(
         d_head=int(first["dh"]), mode="fast" if fast else "certified", rtol=rtol,
         layers=tuple(layers), embeddings=tuple(embs), final_norm=NormParams.of(spec.final_norm),
         seconds=time.perf_counter() - t0, notes=tuple(notes), warnings=tuple(spec.warnings),
+        norms=None if fast else ModelNorms(spec.name, spec.d_model, tuple(measures), NormMeasure.of(spec.input_norm),
+                                           NormMeasure.of(spec.final_norm), entrywise=entrywise),
     )

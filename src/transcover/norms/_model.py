@@ -210,7 +210,8 @@ def product_interval(A, B) -> Interval:  # noqa: ANN001
 
 
 def _l2(v) -> float | None:  # noqa: ANN001
-    return None if v is None else float(_t(v).norm())
+    """``||v||_2`` in float64 (numpy: ``analyze`` of a file never imports torch)."""
+    return None if v is None else float(np.linalg.norm(_spectral.as_array(v, np.float64).ravel()))
 
 
 def layer_arrays(a: AttentionSpec) -> dict[str, np.ndarray]:
@@ -265,7 +266,7 @@ def _heads(a: AttentionSpec, entrywise: bool, arr: dict[str, np.ndarray]) -> tup
         Kt = np.ascontiguousarray(arr["W_K"][g].T)
         bqk = None
         if a.b_Q is not None and a.rope is None:
-            bqk = float((_t(a.b_Q[h]) @ _t(a.W_K[g]).T).norm())
+            bqk = _l2(_spectral.as_array(a.b_Q[h], np.float64) @ Kt)
         W_QK = None if a.rope is not None else _pair(Wq, Kt, _gram(arr, "Q", h), _gram(arr, "K", g))
         head = HeadMeasure(h, g, W_QK, _pair(Wv, Wo, _gram(arr, "V", g), _gram(arr, "O", h)),
                            _single(Wq, _gram(arr, "Q", h)), W_V[g], W_K.get(g), bqk,

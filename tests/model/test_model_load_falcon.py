@@ -96,3 +96,18 @@ def test_alibi_and_contradicting_configs_are_refused_in_one_line(transformers_mo
         with pytest.raises(UnsupportedArchitectureError) as e:
             load(tmp_path)
         assert word in str(e.value) and "\n" not in str(e.value)
+
+
+def test_falcon_lipschitz_is_certified_and_g3_runs_or_refuses(transformers_mod):
+    """The bound holds against the project's adversarial search on its own domain (a
+    CertificateViolation otherwise); G.3 runs without biases and refuses q/k biases under RoPE (F22)."""
+    from transcover.lipschitz import lipschitz_bounds, lipschitz_lower, perturbation_coefficients
+
+    spec = load(_model(transformers_mod, CASES["new_gqa_two_ln"][0]))
+    bounds = lipschitz_bounds(spec, radius=1.0)
+    low = lipschitz_lower(spec, bounds, seq_len=4, n_samples=1, n_steps=5, stages=False)
+    assert 0 < low[(-2, "network")].value.value <= bounds.upper.value
+    assert perturbation_coefficients(spec).entries
+    with pytest.raises(UnsupportedArchitectureError) as e:
+        perturbation_coefficients(load(_model(transformers_mod, CASES["old_mqa_parallel_bias"][0])))
+    assert "\n" not in str(e.value)

@@ -85,3 +85,18 @@ def test_clip_qkv_is_refused_in_one_line(olmo, tmp_path):
     with pytest.raises(UnsupportedArchitectureError) as e:
         load(tmp_path)
     assert "clip_qkv" in str(e.value) and "1-Lipschitz" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_olmo_lipschitz_is_certified_and_g3_runs_or_refuses(transformers_mod):
+    """Bound vs the adversarial search (CertificateViolation if a lower value exceeded it); G.3 runs
+    without biases and refuses q/k biases under RoPE (F22)."""
+    from transcover.lipschitz import lipschitz_bounds, lipschitz_lower, perturbation_coefficients
+
+    spec = load(_model(transformers_mod))
+    bounds = lipschitz_bounds(spec, radius=1.0)
+    low = lipschitz_lower(spec, bounds, seq_len=4, n_samples=1, n_steps=5, stages=False)
+    assert 0 < low[(-2, "network")].value.value <= bounds.upper.value
+    assert perturbation_coefficients(spec).entries
+    with pytest.raises(UnsupportedArchitectureError) as e:
+        perturbation_coefficients(load(_model(transformers_mod, attention_bias=True)))
+    assert "\n" not in str(e.value)

@@ -318,7 +318,7 @@ def _kq_head(attn: AttentionSpec, h: int, m: _Measurer, f64: dict[str, np.ndarra
         if f"|W_K|.h{g}" not in f64:  # grouped-query heads share the key head: measure it once
             f64[f"|W_K|.h{g}"] = spectral_norm_interval(f64["W_K"][g], gram=None if grams is None else grams[2:])
         norms = (spectral_norm_interval(A, gram=None if grams is None else grams[:2]), f64[f"|W_K|.h{g}"])
-        B_KQ = rope_kq_interval(A, f64["W_K"][g], attn.rope, scale, rtol=m.rtol, grams=grams, norms=norms)
+        B_KQ = rope_kq_interval(A, f64["W_K"][g], attn.rope, scale, grams=grams, norms=norms)
     else:
         B_KQ = kq.spectral
     B_KQ_bias = None

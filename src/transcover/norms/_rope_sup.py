@@ -19,8 +19,9 @@ over every integer ``|delta| <= P - 1`` (P = ``max_position``) as a certified in
   ``||W_Q R W_K^T|| = ||S_Q R S_K||`` because ``W = U S`` with U having orthonormal columns, so all
   offsets cost one batched product and one batched SVD of ``d_head``-sized matrices instead of one
   ``d x d_head`` certified product each.  Only the offset with the largest estimate is certified,
-  by :func:`product_norm_interval` on the rotated ``W_Q`` with the rounding of the rotation itself
-  subtracted (the rotated matrix is computed, not exact: :func:`_rotation_slack`).
+  by a witness ``z = W_K S_K^+ v`` (v the core's top right singular vector there), evaluated in
+  float64 with its rounding subtracted (:func:`_witness_lower`) and with the rounding of the rotation
+  itself subtracted (the rotated matrix is computed, not exact: :func:`_rotation_slack`).
 
 The estimate only *chooses* the offset; the witness and both upper bounds do not trust it.
 """
@@ -71,18 +72,49 @@ def rotate_columns(W: np.ndarray, inv: np.ndarray, cos: np.ndarray, sin: np.ndar
     return np.concatenate([a * c - b * s, b * c + a * s, W[..., 2 * half:]], axis=-1)
 
 
-def _sym_sqrt(G: np.ndarray) -> np.ndarray:
-    """The PSD square root of a (float64, nearly PSD) Gram matrix: an estimate's factor only."""
+def _sym_sqrt(G: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(S, S^+)``: the PSD square root of a (float64, nearly PSD) Gram matrix and its pseudo-inverse
+    (an estimate's factors only: nothing certified rests on them)."""
     lam, V = np.linalg.eigh(G)
-    return (V * np.sqrt(np.clip(lam, 0.0, None))) @ V.T
+    root = np.sqrt(np.clip(lam, 0.0, None))
+    inv = np.divide(1.0, root, out=np.zeros_like(root), where=root > root.max(initial=0.0) * 1e-12)
+    return (V * root) @ V.T, (V * inv) @ V.T
 
 
-def _core_estimates(G_Q: np.ndarray, G_K: np.ndarray, inv: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """``||W_Q R_delta W_K^T||_2`` for every offset from the ``d_head x d_head`` Grams (estimates)."""
-    S_Q, S_K = _sym_sqrt(G_Q), _sym_sqrt(G_K)
+def _core_estimates(G_Q: np.ndarray, G_K: np.ndarray, inv: np.ndarray,
+                    offsets: np.ndarray) -> tuple[np.ndarray, int, np.ndarray]:
+    """``||W_Q R_delta W_K^T||_2`` estimated at every offset from the ``d_head x d_head`` Grams, the
+    index of the largest, and a witness direction there: ``z = W_K w`` with ``w = S_K^+ v`` (v the top
+    right singular vector of ``S_Q R S_K``) reaches ``||W_Q R W_K^T z|| = sigma_max ||z||``."""
+    (S_Q, _), (S_K, S_K_pinv) = _sym_sqrt(G_Q), _sym_sqrt(G_K)
     cos, sin = _cos_sin(inv, offsets)
     M = rotate_columns(np.broadcast_to(S_Q, (offsets.size,) + S_Q.shape), inv, cos, sin) @ S_K
-    return np.linalg.svd(M, compute_uv=False)[:, 0]
+    sig = np.sqrt(np.clip(np.linalg.eigvalsh(M.transpose(0, 2, 1) @ M)[:, -1], 0.0, None))
+    best = int(np.argmax(sig))
+    v = np.linalg.svd(M[best])[2][0]
+    return sig, best, S_K_pinv @ v
+
+
+def _witness_lower(A: np.ndarray, Bt: np.ndarray, z: np.ndarray) -> float:
+    """A certified lower bound on ``||A Bt z|| / ||z||`` for float64 ``A`` (d, r), ``Bt`` (r, d).
+
+    ``t = fl(Bt z)`` errs by ``<= gamma_d ||Bt||_F ||z||`` and ``fl(A t)`` by ``<= gamma_r ||A||_F ||t||``
+    (Higham eq. 3.5 with Cauchy-Schwarz), so ``||A Bt z|| >= ||fl(A t)|| - gamma_r ||A||_F ||t|| -
+    ||A||_F gamma_d ||Bt||_F ||z||``.
+    """
+    z_up = _norm_up(z)
+    if z_up == 0.0:
+        return 0.0
+    t = Bt @ z
+    y = A @ t
+    A_f, B_f = _fro_upper(A), _fro_upper(Bt)
+    slack = up(A_f * gamma(Bt.shape[1]) * B_f * z_up + gamma(A.shape[1]) * A_f * _norm_up(t))
+    low = down(math.sqrt(float(y @ y)) * (1 - gamma(y.size + 2)))
+    return max(0.0, down((low - slack) / z_up))
+
+
+def _norm_up(x: np.ndarray) -> float:
+    return up(math.sqrt(float(x @ x)) * (1 + gamma(x.size + 2)))
 
 
 def _rotation_slack(W_fro: float, W_norm: float, inv: np.ndarray, delta: int) -> float:
@@ -129,7 +161,7 @@ def _split_upper(Wq: np.ndarray, Wk: np.ndarray, inv: np.ndarray, max_position: 
     return total
 
 
-def rope_kq_interval(Wq: np.ndarray, Wk: np.ndarray, rope, scale: float, *, rtol: float = 1e-3,
+def rope_kq_interval(Wq: np.ndarray, Wk: np.ndarray, rope, scale: float, *,
                      grams: tuple[np.ndarray, float, np.ndarray, float] | None = None,
                      norms: tuple[Interval, Interval] | None = None) -> Interval:
     """Certified enclosure of ``B_KQ = sup_{|delta| < P} ||s W_Q R_delta W_K^T||_2`` (THEORY F22).
@@ -157,10 +189,11 @@ def rope_kq_interval(Wq: np.ndarray, Wk: np.ndarray, rope, scale: float, *, rtol
     G_Q = grams[0] if grams is not None else Wq.T @ Wq
     G_K = grams[2] if grams is not None else Wk.T @ Wk
     offsets = rope_offsets(P)
-    delta = int(offsets[int(np.argmax(_core_estimates(G_Q, G_K, inv, offsets)))])
+    _, best, w = _core_estimates(G_Q, G_K, inv, offsets)
+    delta = int(offsets[best])
     cos, sin = _cos_sin(inv, np.array([delta]))
     Wq_rot = rotate_columns(Wq, inv, cos[0], sin[0])
-    witness = product_norm_interval(Wq_rot, np.ascontiguousarray(Wk.T), rtol=rtol).lower
+    witness = _witness_lower(Wq_rot, np.ascontiguousarray(Wk.T), Wk @ w)
     lower = max(0.0, down(witness - up(_rotation_slack(_fro_upper(Wq), q_up, inv, delta) * k_up)))
     lower, upper = down(lower * scale), up(upper * scale)
     return Interval(min(lower, upper), upper, Kind.CERTIFIED_INTERVAL,
@@ -174,6 +207,6 @@ def rope_kq_estimate(Wq: np.ndarray, Wk: np.ndarray, rope, scale: float) -> Inte
     Wq, Wk = np.asarray(Wq, np.float64), np.asarray(Wk, np.float64)
     inv = rope_inv_freq(rope, Wq.shape[1])
     G_Q, G_K = Wq.T @ Wq, Wk.T @ Wk
-    low = float(_core_estimates(G_Q, G_K, inv, rope_offsets(int(rope.max_position))).max()) * scale
+    low = float(_core_estimates(G_Q, G_K, inv, rope_offsets(int(rope.max_position)))[0].max()) * scale
     high = math.sqrt(max(float(np.linalg.eigvalsh(G_Q)[-1]), 0.0) * max(float(np.linalg.eigvalsh(G_K)[-1]), 0.0))
     return Interval(low, max(low, high * scale), Kind.ESTIMATE, "RoPE: core estimates over sampled offsets")

@@ -42,6 +42,7 @@ from ._spectral import (
     in_safe_range,
 )
 from ._certify import batched_gram_with_error
+from ._rope_sup import rope_kq_estimate, rope_kq_interval
 from ._blocked import BLOCK_BYTES, blocked_matrix_norms
 from ._model import HeadMeasure, LayerMeasure, ModelNorms, NormMeasure, layer_arrays, measure_layer
 from ._analysis_types import (SCHEMA_VERSION, AnalysisResult, EmbeddingNorms, HeadNorms, LayerNorms, MatrixNorms,
@@ -127,37 +128,19 @@ def _max_interval(ivs: list[Interval], method: str) -> Interval:
     return Interval(max(i.lower for i in ivs), max(i.upper for i in ivs), ivs[0].kind, method)
 
 
-def _rope_offsets(max_position: int) -> list[int]:
-    """Relative positions at which the RoPE lower bound is evaluated: all small ones, then log-spaced."""
-    small = list(range(0, min(max_position, 32)))
-    big = np.unique(np.geomspace(32, max(max_position - 1, 33), num=32).astype(int)).tolist()
-    return sorted(set(small + [b for b in big if b < max_position]))
-
-
 def _kq_head(attn: AttentionSpec, h: int, m: _Measurer, f64: dict[str, np.ndarray]) -> tuple[Interval, MatrixNorms, Interval | None]:
-    Wq, Wk, _, _ = attn.head(h)
     g = attn.kv_index(h)
     A, Bt = f64["W_Q"][h], np.ascontiguousarray(f64["W_K"][g].T)
     scale = attn.softmax_scale
     grams = None if "G_Q" not in f64 else (f64["G_Q"][h], f64["e_Q"][h], f64["G_K"][g], f64["e_K"][g])
     kq = m.product(f"W_KQ.h{h}", A, Bt, scale, grams=grams)
-    if attn.rope is not None:
-        # sup over relative positions Delta of ||W_Q R_Delta W_K^T||: every R_Delta is orthogonal, so
-        # ||W_Q|| ||W_K|| is a certified upper end; certified lower ends at sampled Delta give the lower end.
-        lowers = []
-        from ..model import apply_rope  # RoPE models only (needs torch)
-        import torch
-
-        Wq_t = torch.as_tensor(_np(Wq))
-        for delta in _rope_offsets(attn.rope.max_position):
-            Wq_rot = apply_rope(Wq_t, attn.rope, torch.full((Wq.shape[0],), float(delta), dtype=torch.float64))
-            iv = (product_norm_estimate if m.fast else product_norm_interval)(m.array(Wq_rot), Bt, rtol=m.rtol)
-            lowers.append(iv.lower * scale)
-        q_norm = m.matrix("W_Q", A).spectral
-        k_norm = m.matrix("W_K", f64["W_K"][g]).spectral
-        upper = q_norm.upper * k_norm.upper * scale * (1 + 4 * 2.0**-52)
-        B_KQ = Interval(min(max(lowers), upper), upper, kq.spectral.kind,
-                        "RoPE: sup over relative positions; upper = scale ||W_Q|| ||W_K||")
+    if attn.rope is not None and m.fast:
+        B_KQ = rope_kq_estimate(A, f64["W_K"][g], attn.rope, scale)
+    elif attn.rope is not None:  # the sup over relative positions (Note [RoPE supremum] in _rope_sup)
+        if f"|W_K|.h{g}" not in f64:  # grouped-query heads share the key head: measure it once
+            f64[f"|W_K|.h{g}"] = spectral_norm_interval(f64["W_K"][g], gram=None if grams is None else grams[2:])
+        norms = (spectral_norm_interval(A, gram=None if grams is None else grams[:2]), f64[f"|W_K|.h{g}"])
+        B_KQ = rope_kq_interval(A, f64["W_K"][g], attn.rope, scale, grams=grams, norms=norms)
     else:
         B_KQ = kq.spectral
     B_KQ_bias = None
@@ -392,8 +375,9 @@ def analyze_spec(
             embs.append(EmbeddingNorms(f"mlp_head.{j}", m.matrix(f"mlp_head.{j}", W), _max_row_norm(W)))
     notes = []
     if first["rope"]:
-        notes.append("RoPE: B_KQ is the sup over relative positions; its upper end is scale*||W_Q||*||W_K|| "
-                     "and its gap can exceed rtol")
+        notes.append("RoPE: B_KQ is the sup over relative positions |delta| < max_position; its upper end is "
+                     "the smaller of scale*||W_Q||*||W_K|| and a slow/fast-plane split (THEORY F22), and its gap "
+                     "can exceed rtol")
     if first["b_Q"] and not first["rope"]:
         notes.append("query biases act through B_KQ_bias on x~=[x,1]; key biases cancel in the softmax")
     if first["parallel"]:

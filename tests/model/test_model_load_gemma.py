@@ -201,3 +201,24 @@ def test_support_table_lists_the_families():
     for mt in ("gemma", "gemma2", "gemma3_text", "gemma3"):
         assert adapter_for(mt)[0] == "gemma"
     assert adapter_for("olmo2")[0] == "olmo2"
+
+
+@pytest.mark.parametrize("family", ["gemma2", "llama"])
+def test_covering_terms_on_rmsnorm_models(models, transformers_mod, family):
+    """Regression: the covering bound's terms raised "no weights found for role 'norm_attn.beta'" on
+    every RMSNorm model (Llama included): an RMSNorm has no shift, so beta is fixed and not covered.
+    Gemma 2's post-norm gains are covered like the other gains."""
+    from transcover.covering._model_bound import model_terms
+
+    if family == "llama":
+        cfg = transformers_mod.LlamaConfig(hidden_size=D, num_hidden_layers=1, num_attention_heads=H,
+                                           intermediate_size=DFF, vocab_size=V)
+        spec = load(randomize(transformers_mod.LlamaForCausalLM(cfg), seed=2).double())
+    else:
+        spec = load(models[family][0])
+    terms = model_terms(spec)[0]
+    roles = {t.role for t in terms}
+    assert not any(r.endswith(".beta") for r in roles) and "norm_attn.gamma" in roles
+    if family == "gemma2":
+        assert {"post_norm_attn.gamma", "post_norm_ffn.gamma"} <= roles
+        assert all(t.group == "attention" for t in terms if t.role.startswith("post_norm_attn"))

@@ -175,6 +175,10 @@ def model_terms(spec: TransformerSpec, *, radius: float = 1.0, c_sm: float = 1.0
     terms, bft_rows = [], []
     for c in coeffs.entries:
         key = (c.layer, c.role)
+        if key not in own and c.role.endswith(".beta"):
+            # an RMSNorm (or a LayerNorm without shift) has no beta: it is fixed at 0 for the whole
+            # class, so nothing is covered for it (F14 charges ||d beta|| = 0)
+            continue
         if key not in rows:
             raise InputError(f"no weights found for layer {c.layer} role {c.role!r} that Lemma G.3 charges")
         shape, dist, sp = rows[key]

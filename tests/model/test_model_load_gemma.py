@@ -153,13 +153,16 @@ def test_certified_intervals_enclose_float64_svd(models, family):
     from transcover.norms._analyze import _rope_offsets
 
     spec = load(models[family][0]).to_torch(torch.float64)
+    # Gemma 3: a sliding and a global layer (their rotations differ); one layer elsewhere (analyze's
+    # supremum over relative positions costs ~1 s a layer)
+    spec = replace(spec, layers=list(spec.layers)[:2 if family == "gemma3" else 1])
     res = analyze_spec(spec, embeddings=False)
     eps = np.finfo(np.float64).eps
 
     def n2(M) -> float:
         return float(np.linalg.svd(np.asarray(M.detach().double()), compute_uv=False)[0])
 
-    for got, lay in list(zip(res.layers, spec.layers))[:2]:  # a sliding and a global layer
+    for got, lay in zip(res.layers, spec.layers):
         a, f = lay.attention, lay.ffn
         for h, hn in enumerate(got.heads):
             Wq, Wk, Wv, Wo = (t.double() for t in a.head(h))
@@ -222,3 +225,34 @@ def test_covering_terms_on_rmsnorm_models(models, transformers_mod, family):
     if family == "gemma2":
         assert {"post_norm_attn.gamma", "post_norm_ffn.gamma"} <= roles
         assert all(t.group == "attention" for t in terms if t.role.startswith("post_norm_attn"))
+
+
+def test_embedding_scale_is_rounded_as_hf():
+    """HF multiplies by ``tensor(sqrt(d))`` (a float32 buffer) cast to the weights' dtype: the
+    adapter's normaliser is the same number for every stored dtype."""
+    from transcover.model._adapters._gemma import round_to_dtype
+
+    for d in (32, 2048, 2304, 3072, 3840, 5376):
+        buf = torch.tensor(d ** 0.5)
+        assert round_to_dtype(round_to_dtype(d ** 0.5, "float32"), "float32") == float(buf)
+        for name, dt in (("bfloat16", torch.bfloat16), ("float16", torch.float16)):
+            assert round_to_dtype(round_to_dtype(d ** 0.5, "float32"), name) == float(buf.to(dt)), (d, name)
+
+
+def test_gemma3_multimodal_checkpoint_reads_its_text_tower(transformers_mod, tmp_path, assert_close):
+    tc = dict(hidden_size=D, num_hidden_layers=2, num_attention_heads=H, num_key_value_heads=H_KV, head_dim=DH,
+              intermediate_size=DFF, vocab_size=300, sliding_window=4, query_pre_attn_scalar=20)
+    vc = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+              patch_size=14)
+    cfg = transformers_mod.Gemma3Config(text_config=tc, vision_config=vc, mm_tokens_per_image=4, image_token_index=299,
+                                        boi_token_index=297, eoi_token_index=298)
+    torch.manual_seed(0)
+    m = randomize(transformers_mod.Gemma3ForConditionalGeneration(cfg), seed=5).double().eval()
+    m.save_pretrained(tmp_path)
+    X = torch.randn(1, 5, D, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        ref = m.model.language_model(inputs_embeds=X).last_hidden_state
+    for src in (m, tmp_path):
+        spec = load(src)
+        assert spec.arch == "gemma" and spec.n_layers == 2 and not spec.warnings
+        assert_close(transformer_forward(spec, X), ref, 2 * DFF, torch.float32, what="gemma3 text tower")

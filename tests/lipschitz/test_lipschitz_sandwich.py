@@ -302,3 +302,34 @@ def test_gelu_tanh_constant_against_mpmath():
     got = activation_lipschitz("gelu_tanh")
     assert float(exact) <= got <= float(exact) * (1 + 1e-8)
     assert -float(d1(-x_star)) < got  # the minimum of the derivative is smaller in modulus
+
+
+def test_spec_structure_of_branch_output_norms():
+    from transcover.lipschitz import lipschitz_lower
+    from transcover.model import Residual, stack_members, structural_differences
+
+    spec = sandwich_spec(31, L=1)
+    lay = spec.layers[0]
+    with pytest.raises(ValueError, match="F26"):
+        replace(lay, placement=Placement.POST)
+    with pytest.raises(ValueError, match="F26"):
+        replace(lay, residual=Residual.PARALLEL)
+    bad = replace(lay.attention, q_norm=NormSpec(NormKind.RMSNORM, torch.ones(3, dtype=F64), None, 1e-3))
+    with pytest.raises(ValueError, match="q_norm"):
+        bad.validate()
+    with pytest.raises(ValueError, match="qk_norm_scope"):
+        replace(lay.attention, qk_norm_scope="heads").validate()
+    bare = replace(spec, layers=[replace(lay, post_norm_ffn=None)])
+    assert any("post_norm_ffn" in s for s in structural_differences(spec, bare))
+    # a member stack keeps every member's post norms (not the first member's)
+    other = sandwich_spec(37, L=1)
+    X = torch.randn(1, 3, 6, dtype=F64, generator=torch.Generator().manual_seed(8))
+    out = transformer_forward(stack_members([spec, other]), X[None])
+    for k, s in enumerate((spec, other)):
+        assert float((out[k] - transformer_forward(s, X)).abs().max()) <= 1e3 * EPS64 * (1 + float(out[k].abs().max()))
+    # the empirical lower estimators search the same stage maps (post norms included), below the bounds
+    b = lipschitz_bounds(spec, radius=1.0)
+    low = lipschitz_lower(spec, b, seq_len=3, n_samples=2, n_steps=5)
+    for st in b.stages:
+        if (st.layer, st.name) in low:
+            assert low[(st.layer, st.name)].value.value <= st.lipschitz

@@ -63,7 +63,8 @@ class ForwardHooks:
     the place of the value it was shown.
 
     * ``on_norm(site, norm, X)``: ``X`` is the input of the normalisation at ``site``
-      (``(-1, "input_norm")``, ``(i, "norm_attn")``, ``(i, "norm_ffn")``, ``(L, "final_norm")``);
+      (``(-1, "input_norm")``, ``(i, "norm_attn")``, ``(i, "norm_ffn")``, ``(i, "post_norm_attn")``,
+      ``(i, "post_norm_ffn")``, ``(L, "final_norm")``);
       a returned tensor is used as the normalisation's *output*.
     * ``on_attention_probs(layer, head, P)``: ``P`` (``(..., T, T)``, rows summing to 1) is the
       attention of one head after the softmax (and its masks); a returned tensor is used instead.

@@ -333,3 +333,28 @@ def test_spec_structure_of_branch_output_norms():
     for st in b.stages:
         if (st.layer, st.name) in low:
             assert low[(st.layer, st.name)].value.value <= st.lipschitz
+
+
+def test_analyze_score_note_reads_the_normalised_width():
+    """analyze's note bounds every score by scale max|gamma_q| max|gamma_k| times the normalised
+    width: d_head per head (Qwen3), sqrt(H d_head) sqrt(H_kv d_head) for OLMo 2's whole projection.
+    With the mass in one query and one key head the scores exceed the per-head number."""
+    import re
+
+    from transcover.model._functional import attention_scores
+    from transcover.norms import analyze_spec
+
+    spec = _joint(41, eps=1e-10, one_head=True)
+    a = spec.layers[0].attention
+    W_K = a.W_K.clone()
+    W_K[1:] = 1e-6 * W_K[1:]
+    ones = lambda n: replace(n, weight=torch.ones_like(n.weight))  # noqa: E731
+    a = replace(a, W_K=W_K, q_norm=ones(a.q_norm), k_norm=ones(a.k_norm), rope=None)
+    spec = replace(spec, layers=[replace(spec.layers[0], attention=a)])
+    note = next(n for n in analyze_spec(spec, embeddings=False).notes if "query/key RMSNorm" in n)
+    bound = float(re.search(r"<= ([0-9.e+-]+) \(THEORY F23\)", note).group(1))
+    X = torch.randn(8, 1, 6, dtype=F64, generator=torch.Generator().manual_seed(3)).expand(8, 2, 6)  # q_i, k_i aligned
+    S = attention_scores(a, X, 0)
+    top = float(S[torch.isfinite(S)].abs().max())  # the causal mask's -inf entries are not scores
+    per_head = a.softmax_scale * a.d_head
+    assert per_head < top <= bound * (1 + 1e-3), (per_head, top, bound)

@@ -357,4 +357,4 @@ def test_analyze_score_note_reads_the_normalised_width():
     S = attention_scores(a, X, 0)
     top = float(S[torch.isfinite(S)].abs().max())  # the causal mask's -inf entries are not scores
     per_head = a.softmax_scale * a.d_head
-    assert per_head < top <= bound * (1 + 1e-3), (per_head, top, bound)
+    assert per_head < top <= bound, (per_head, top, bound)  # the printed number is rounded up

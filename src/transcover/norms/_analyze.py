@@ -463,6 +463,14 @@ def _layer_norms(layer: LayerSpec, m: _Measurer) -> LayerNorms:
     )
 
 
+def _up4(x: float) -> str:
+    """``x`` printed with 4 significant digits, rounded *up* (a printed bound must stay a bound)."""
+    if not (x > 0 and math.isfinite(x)):
+        return f"{x:.4g}"
+    unit = 10.0 ** (math.floor(math.log10(x)) - 3)
+    return f"{math.ceil(x * (1 + 1e-12) / unit) * unit:.4g}"
+
+
 def analyze_spec(
     spec: TransformerSpec,
     *,
@@ -537,7 +545,7 @@ def analyze_spec(
         notes.append("parallel residual: each layer is x + attn(LN1 x) + ffn(LN2 x) (THEORY F21)")
     if qk_scores > 0:
         notes.append("query/key RMSNorm: B_KQ = ||scale W_Q W_K^T|| does not bound the scores; every score is "
-                     f"<= scale*max|gamma_q|*max|gamma_k|*(normalised width) <= {qk_scores:.4g} (THEORY F23)")
+                     f"<= scale*max|gamma_q|*max|gamma_k|*(normalised width) <= {_up4(qk_scores)} (THEORY F23)")
     if first["post"]:
         notes.append("branch-output norms: each sub-layer is x + N_post(f(N_pre x)) (THEORY F26); the "
                      "post norms' gains are not in the per-layer columns")

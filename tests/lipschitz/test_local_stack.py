@@ -116,9 +116,14 @@ def test_point_limit_and_monotone_in_rho():
     assert 0 <= excess[0] <= excess[1] and excess[0] <= 0.1 * excess[1] + 1e-6
 
 
-@pytest.mark.parametrize("bad", [dict(norm="ball"), dict(gated=True, norm="layernorm")])
+@pytest.mark.parametrize("bad", [dict(norm="ball"), dict(gated=True, norm="layernorm"), dict(norm="rmsnorm", post=True)])
 def test_outside_the_route_is_one_clear_error(bad):
-    spec = random_spec(1, act="gelu", L=1, **bad)
+    bad = dict(bad)
+    post = bad.pop("post", False)
+    spec = random_spec(1, act="gelu", L=1, placement="pre" if post else "post", **bad)
+    if post:  # a Gemma-style branch-output norm (THEORY F26): not in the stack route's tangent map
+        layer = dataclasses.replace(spec.layers[0], post_norm_attn=spec.layers[0].norm_attn)
+        spec = dataclasses.replace(spec, layers=[layer])
     with pytest.raises(InputError, match="stack route|Pi_norm"):
         stack_local(spec, _X(1), [1e-3])
     with pytest.raises(InputError, match="rho"):

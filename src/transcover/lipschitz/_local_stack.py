@@ -144,9 +144,10 @@ class _LayerLin:
         attn, ffn = layer.attention, layer.ffn
         if layer.residual.value == "parallel" or ffn.gated or attn.kind != "dot" or attn.rope is not None \
                 or attn.q_norm is not None or attn.k_norm is not None or attn.softcap is not None \
-                or attn.window is not None:
-            raise InputError(f"the stack route (THEORY F30) covers sequential layers with plain dot attention and "
-                             f"a non-gated FFN; layer {layer.index} is outside it (the product route applies)")
+                or attn.window is not None or getattr(layer, "post_norm_attn", None) is not None \
+                or getattr(layer, "post_norm_ffn", None) is not None:
+            raise InputError(f"the stack route (THEORY F30) covers sequential layers with plain dot attention, a "
+                             f"non-gated FFN and no branch-output norm; layer {layer.index} is outside it")
         T, d = X.shape
         eye = torch.eye(d, dtype=torch.float64)
         post = layer.placement is Placement.POST

@@ -184,6 +184,8 @@ class LayerJacobian:
     parts: dict  # per-term maxima of the drift (where the gap sits)
     radius: float = math.nan  # the ball's radius r (every token within r of X)
     stage_radii: dict = field(default_factory=dict)  # stage name -> (T,) certified radius at its output
+    lower_rows: Tensor | None = None  # (T,) attained row norms at X (empirical lower; NaN: not searched)
+    lower_V: tuple | None = None  # (token, V) attaining the largest of them
 
     @property
     def output_radii(self) -> Tensor:
@@ -229,7 +231,7 @@ BLOCKS_ROUTE_MAX = 256
 
 def layer_jacobians(layer: LayerSpec, X: Tensor, radii, *, keep_blocks: bool = False,  # noqa: ANN001
                     norms: dict | None = None, head_norms_: dict | None = None, exact: int = 8,
-                    route: str = "auto") -> list[LayerJacobian]:
+                    route: str = "auto", lower: int = 0) -> list[LayerJacobian]:
     r"""Certified (2,inf) bound of one layer's Jacobian at every point of ``B(X, r)``, for each ``r``
     in ``radii``: the rows route (``_local_rows.layer_rows``, no T^2 d^2 blocks) and/or the blocks
     route (``route``: "rows", "blocks" or "auto", Note [exact route budget]); with both, the
@@ -242,7 +244,7 @@ def layer_jacobians(layer: LayerSpec, X: Tensor, radii, *, keep_blocks: bool = F
     if route != "blocks":
         from ._local_rows import layer_rows
 
-        rows = layer_rows(layer, X, radii, norms=norms, head_norms_=head_norms_)
+        rows = layer_rows(layer, X, radii, norms=norms, head_norms_=head_norms_, lower=lower)
     if not use_blocks:
         return rows
     blocks = _blocks_route(layer, X, radii, keep_blocks=keep_blocks, norms=norms, head_norms_=head_norms_, exact=exact)
@@ -262,6 +264,7 @@ def _smaller(a: LayerJacobian, b: LayerJacobian) -> LayerJacobian:
                         torch.minimum(a.attention_rows, b.attention_rows), parts)
     out.radius = a.radius
     out.stage_radii = a.stage_radii or b.stage_radii
+    out.lower_rows, out.lower_V = a.lower_rows, a.lower_V
     return out
 
 

@@ -283,7 +283,7 @@ def _ln_drift(norm, sigma: Tensor | None, r: Tensor, d: int):  # noqa: ANN001, A
 
 
 def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,  # noqa: ANN001, PLR0915
-               head_norms_: dict | None = None) -> list[LayerJacobian]:
+               head_norms_: dict | None = None, lower: int = 0) -> list[LayerJacobian]:
     r"""Certified (2,inf) bound of one layer's Jacobian at every point of ``B(X, r)`` for each ``r``,
     without forming the ``T^2`` blocks (Notes [weighted row Gram], [stage radii], [FFN drift by the
     Hadamard Gram]).
@@ -292,7 +292,9 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
               + \mathrm{drift}_i(r)
 
     Source: THEORY F17, F17b-F17d.  Returns ``LayerJacobian`` objects (``blocks`` None) whose
-    ``output_radii`` are the certified per-token radii of the layer's output on the ball.
+    ``output_radii`` are the certified per-token radii of the layer's output on the ball.  ``lower``:
+    also an attained row norm (``row_lower``, empirical lower) for that many tokens with the largest
+    certified point rows, in ``lower_rows`` (NaN elsewhere) with the best ``V`` in ``lower_V``.
     Assumptions: dot attention without RoPE, non-gated FFN, every token within ``r`` of X.
     """
     from ._local import second_derivative_sup
@@ -383,6 +385,18 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
         point = _nu(Sc, ec, wsum)
         nM = _spectral_err(M, eM)
         nFg = _spectral_err(F * _gamma_vec(layer.norm_ffn, d)[None, None, :], eF * g2)
+    low = None
+    if lower:
+        top = point.topk(min(lower, T)).indices.tolist()
+        v0 = torch.randn(T, d, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+        for _ in range(30):  # top eigenvectors of the row Grams: the alternating search's first start
+            v0 = (Sc @ v0[:, :, None])[:, :, 0]
+            v0 = v0 / v0.norm(dim=1, keepdim=True).clamp(min=1e-300)
+        vals, Vs = row_lower(heads, Wo_all, Bii, M, N, top, init=v0)
+        low = torch.full((T,), math.nan, dtype=torch.float64)
+        low[top] = vals
+        k = int(vals.argmax())
+        low_best = (top[k], Vs[k])
     MOh, MO = _head_output_norms(M, eM, heads, T)
     Oh, _ = _head_output_norms(None, None, heads, T)
     Oall = torch.full((T,), nO, dtype=torch.float64)
@@ -456,6 +470,8 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
         lj = LayerJacobian(point * (1 + ROUNDING_PAD), drift, None, att_rows, parts)
         lj.radius = r
         lj.stage_radii = stage
+        if low is not None:
+            lj.lower_rows, lj.lower_V = low, low_best
         out.append(lj)
     return out
 
@@ -465,3 +481,57 @@ def _gamma_vec(norm, d: int) -> Tensor:  # noqa: ANN001
     if norm is None or norm.weight is None:
         return torch.ones(d, dtype=torch.float64)
     return _f64(norm.weight).abs() * (1 + ROUNDING_PAD)
+
+
+def row_lower(heads, Wo_all: Tensor, Bii: Tensor, M: Tensor, N: Tensor | None, tokens, *,  # noqa: ANN001
+              iters: int = 20, restarts: int = 2, seed: int = 0, init: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """For each token ``i`` in ``tokens``, an attained value of ``nu_i(J) = max_{||v_j|| <= 1} ||sum_j J_ij
+    v_j||`` and its ``V`` (T, d), with ``J_ij = M_i B_ij`` applied through its factors (no blocks):
+    alternating maximisation ``v_j = J_ij^T u / ||J_ij^T u||``, ``u`` the normalised image, each step
+    non-decreasing; restarts from ``init[i]`` (e.g. a top eigenvector of the row Gram) and random
+    ``u``.  Kind: empirical lower (the caller re-evaluates the best ``V`` through autograd)."""
+    T, d = Bii.shape[0], Bii.shape[1]
+    dh = heads[0][5].shape[1]
+    g = torch.Generator().manual_seed(seed)
+    vals, Vs = [], []
+    for i in tokens:
+        P = torch.stack([hd[0][i] for hd in heads])  # (H, T)
+        Vy = torch.stack([hd[1][i] @ hd[5] for hd in heads])  # (H, T, dh)
+        Q = torch.stack([hd[2][i] for hd in heads])  # (H, d)
+        Wv = torch.stack([hd[5] for hd in heads])  # (H, d, dh)
+        off = P.clone()
+        off[:, i] = 0.0
+
+        def fwd(V: Tensor) -> Tensor:
+            X = V if N is None else (N @ V[:, :, None])[:, :, 0]
+            s = torch.einsum("hd,hda->ha", off @ X, Wv)  # W_V^T sum_j P_ij x_j
+            s = s + torch.einsum("hj,hj,hja->ha", off, (X @ Q.T).T, Vy)  # sum_j P_ij (q_i . x_j) v_ij
+            return M[i] @ (Bii[i] @ V[i] + Wo_all.T @ s.reshape(-1))
+
+        def bwd(u: Tensor) -> Tensor:
+            z = M[i].T @ u
+            x = (Wo_all @ z).reshape(len(heads), dh)  # (H, dh)
+            a = torch.einsum("hda,ha->hd", Wv, x)  # W_V x_h
+            c = torch.einsum("hja,ha->hj", Vy, x)  # v_ij . x_h
+            G = torch.einsum("hj,hd->jd", off, a) + torch.einsum("hj,hj,hd->jd", off, c, Q)
+            if N is not None:
+                G = (N.transpose(1, 2) @ G[:, :, None])[:, :, 0]
+            G[i] = G[i] + Bii[i].T @ z
+            return G
+
+        best, bestV = -1.0, None
+        starts = ([init[i]] if init is not None else []) + [torch.randn(d, generator=g, dtype=torch.float64)
+                                                            for _ in range(restarts)]
+        for u in starts:
+            u = u / u.norm().clamp(min=1e-300)
+            for _ in range(iters):
+                G = bwd(u)
+                V = G / G.norm(dim=1, keepdim=True).clamp(min=1e-300)
+                y = fwd(V)
+                val = float(y.norm())
+                if val > best:
+                    best, bestV = val, V
+                u = y / max(val, 1e-300)
+        vals.append(best)
+        Vs.append(bestV)
+    return torch.tensor(vals, dtype=torch.float64), torch.stack(Vs)

@@ -45,7 +45,7 @@ RHOS = (1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
 def _attained(L, X, token: int, V) -> float:  # noqa: ANN001
     """``||sum_j J_ij v_j||`` for output token ``token`` through autograd (one JVP of the layer):
     the structured search's value re-evaluated independently of its factors."""
-    _, dy = torch.func.jvp(lambda Z: layer_forward(L, Z), (X,), (V,))
+    _, dy = torch.autograd.functional.jvp(lambda Z: layer_forward(L, Z), (X,), (V,))
     return float(dy[token].norm())
 
 

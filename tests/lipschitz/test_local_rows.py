@@ -171,3 +171,21 @@ def test_regression_exact_route_runs_above_4096_entries():
     ll = layer_local(layer, X, 1e-6)
     assert math.isfinite(ll.exact_ball)
     assert ll.upper <= ll.exact_ball
+
+
+@pytest.mark.parametrize("case", [CASES[1], CASES[5]])
+def test_structured_lower_is_attained_by_autograd(case):
+    """``row_lower`` works through the factors; its best V, pushed through an autograd JVP of the
+    layer, attains the reported value, which no certified row exceeds and which matches the
+    alternating search on the explicit blocks."""
+    spec = random_spec(9, act="gelu", **case)
+    layer = spec.layers[0]
+    X = _X(4, T=5)
+    lj = layer_rows(layer, X, [1e-3], lower=5)[0]
+    i, V = lj.lower_V
+    _, dy = torch.autograd.functional.jvp(lambda Z: layer_forward(layer, Z), (X,), (V,))
+    assert bool((V.norm(dim=1) <= 1 + 1e-12).all())
+    assert float(dy[i].norm()) == pytest.approx(float(lj.lower_rows[i]), rel=1e-10)
+    assert bool((lj.lower_rows <= lj.point_rows).all())
+    ref = row_norm_lower(_blocks(layer, X))
+    assert float(lj.lower_rows.max()) >= 0.99 * float(ref.max())

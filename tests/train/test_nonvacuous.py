@@ -193,3 +193,25 @@ def test_jobs_give_the_same_cases_as_one_process():
     for a, b in zip(one.cases, two.cases, strict=True):
         assert (a.n_train, a.codeword, a.bound, a.test_mistakes) == (b.n_train, b.codeword, b.bound, b.test_mistakes)
         assert a.covering == b.covering
+
+
+def test_local_search_moves_stay_on_the_grid():
+    from transcover.train._nonvacuous_search import _moves
+
+    for m in (1, 2, 3, 7):
+        for q in range(-m, m + 1):
+            moves = _moves(q, m)
+            assert moves and q not in moves and all(abs(v) <= m for v in moves)
+            assert len(set(moves)) == len(moves)
+            assert (0 in moves) == (q != 0)
+
+
+def test_one_shared_scale_gives_every_tensor_the_same_grid():
+    from transcover.train._nonvacuous import _grid
+
+    torch.manual_seed(0)
+    params = {"a": torch.randn(4, 4), "b": 10 * torch.randn(3), "c": 0.1 * torch.randn(2, 2)}
+    own = _grid(params, dict.fromkeys(params, 3), False)
+    one = _grid(params, dict.fromkeys(params, 3), True)
+    assert len({k for _, k in one.values()}) == 1 and {m for m, _ in one.values()} == {3}
+    assert len({k for _, k in own.values()}) == 3  # scales 10 and 0.1 apart: one per matrix differs

@@ -153,12 +153,11 @@ def _ffn_parts(ffn, Y: Tensor):  # noqa: ANN001, ANN202
     return W1, W2, slope
 
 
-# Note [exact route budget]: the exact-Jacobian route (``_local_jacobian``) forms the T x T blocks of
-# d x d matrices of a layer at X and certifies their norms: its cost grows as T^2 d^2 (MiniLM at 32
-# tokens: minutes per layer and sentence on 2 cores, and ``layer_local`` is called once per rho).
-# By default it runs when T*d is at most this many entries; ``exact=True`` forces it, and
-# ``benchmarks/local_lipschitz.py`` calls ``layer_jacobians`` for every rho at once.
-EXACT_ROUTE_MAX = 4096
+# Note [exact route default]: the exact-Jacobian route (``_local_jacobian.layer_jacobians``) now runs
+# by its rows route (``_local_rows``: per-token d x d Grams, no T^2 d^2 blocks; about a second per
+# layer for a 32-token MiniLM sentence on 2 cores), so it is the default up to this many entries
+# T*d (32 tokens at width 384 and well beyond); ``exact=True`` forces it, ``exact=False`` skips it.
+EXACT_ROUTE_MAX = 65536
 
 
 def layer_local(layer: LayerSpec, X: Tensor, rho: float, *, cache: dict | None = None,
@@ -172,7 +171,7 @@ def layer_local(layer: LayerSpec, X: Tensor, rho: float, *, cache: dict | None =
     Source: THEORY F14, F17; Notes [local norm floor], [local attention bound], [layer Jacobian
     route].  Assumptions: every token within ``rho`` of ``X``; dot attention without RoPE.
     ``exact``: also the exact-Jacobian route (THEORY F17; None: when T*d <= ``EXACT_ROUTE_MAX``,
-    Note [exact route budget]).
+    Note [exact route default]).
     """
     from ..model import attention_forward, ffn_forward
 

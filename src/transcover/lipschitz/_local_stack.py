@@ -331,8 +331,20 @@ def _stage_local(st: _Stage, radii: list[float], norms: dict) -> tuple[float, li
         from ._local_attention import head_norms
 
         norms[key] = (_weight_norms(st.spec), head_norms(st.spec.attention))
-    ljs = layer_jacobians(st.spec, st.x, radii, norms=norms[key][0], head_norms_=norms[key][1])
-    return ljs[0].point, [float(lj.drift_rows.max()) for lj in ljs], [lj.ball for lj in ljs]
+    call = lambda rs: layer_jacobians(st.spec, st.x, rs, norms=norms[key][0], head_norms_=norms[key][1])  # noqa: E731
+    try:
+        ljs = call(radii)
+    except RuntimeError:  # a radius so large that the layer's drift machinery overflows: no bound there
+        ljs = []
+        for r in radii:
+            try:
+                ljs.append(call([r])[0])
+            except RuntimeError:
+                ljs.append(None)
+    pt = next((lj.point for lj in ljs if lj is not None), None)
+    pt = call([0.0])[0].point if pt is None else pt
+    return (pt, [math.inf if lj is None else float(lj.drift_rows.max()) for lj in ljs],
+            [math.inf if lj is None else lj.ball for lj in ljs])
 
 
 def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain_exact: int = 4,  # noqa: ANN001

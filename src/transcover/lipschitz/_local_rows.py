@@ -250,13 +250,13 @@ def _head_output_norms(M: Tensor | None, eM: Tensor | None, heads, T: int) -> tu
     known to within ``eM`` (spectral), the product adds ``gamma_d ||M||_F ||W_O^h||_F``."""
     Wo_all = torch.cat([hd[6] for hd in heads], dim=0)
     dh = heads[0][6].shape[0]
-    if M is None:
-        MO = Wo_all.T[None].expand(T, *Wo_all.T.shape)
-        err = lambda W: 0.0  # noqa: E731
-    else:
-        MO = M @ Wo_all.T[None]
-        nM = M.norm(dim=(1, 2))
-        err = lambda W: 4 * (M.shape[1] + 2) * _U * nM * float(W.norm()) + eM * float(W.norm())  # noqa: E731
+    if M is None:  # the same for every token: certify once
+        eye = torch.eye(Wo_all.shape[1], dtype=torch.float64)[None]
+        per, full = _head_output_norms(eye, torch.zeros(1, dtype=torch.float64), heads, 1)
+        return per.expand(len(heads), T), full.expand(T)
+    MO = M @ Wo_all.T[None]
+    nM = M.norm(dim=(1, 2))
+    err = lambda W: 4 * (M.shape[1] + 2) * _U * nM * float(W.norm()) + eM * float(W.norm())  # noqa: E731
     per = torch.stack([certified_spectral(MO[:, :, h * dh:(h + 1) * dh]) + err(Wo_all[h * dh:(h + 1) * dh])
                        for h in range(len(heads))])
     return per * (1 + 1e-12), (certified_spectral(MO) + err(Wo_all)) * (1 + 1e-12)

@@ -108,6 +108,18 @@ def _register_builtin() -> None:
         ("gptj", ("gptj",), "all layers and ln_f",
          ["parallel residual with one LayerNorm (F21)", "interleaved partial rotary (rotary_dim, exact column permutation)",
           "MLP biases"], []),
+        ("falcon", ("falcon", "RefinedWeb", "RefinedWebModel"), "all layers and ln_f",
+         ["parallel residual with one or two LayerNorms (F21)", "sequential residual (parallel_attn=False)",
+          "multi-query and grouped-query attention (new_decoder_architecture)", "RoPE (default)",
+          "rope scaling: linear, llama3, yarn (F22)", "q/k/v/o and MLP biases (bias=True; under RoPE: inputs certified, F22)"],
+         [("alibi", "the per-head linear bias in |i - j| in B_KQ and in the attention Lipschitz bound"),
+          ("rope scaling dynamic, longrope", "frequencies fixed for every sequence length")]),
+        ("olmo", ("olmo",), "all layers and the final norm",
+         ["non-parametric LayerNorm (no gamma/beta)", "grouped-query attention", "RoPE (default)", "gated SiLU FFN",
+          "q/k/v/o biases (attention_bias)", "rope scaling: linear, llama3, yarn (F22)"],
+         [("clip_qkv", "the clamp of q, k, v to [-c, c] in the spec's attention (1-Lipschitz elementwise; "
+                       "scores then <= s c^2 d_head)"),
+          ("OLMo 2 (olmo2)", "query/key RMSNorm over all heads and post-norms")]),
         ("moe", ("mixtral", "qwen2_moe", "qwen3_moe"), "none (per-matrix norms only)", [],
          [("top-k routed experts", "a Lipschitz bound of a discontinuous map does not exist (THEORY F25): "
                                    "a dense router, or inputs away from the switching set")]),

@@ -21,7 +21,7 @@ from ._gpt_neox import build_gpt_neox
 from ._gptj import build_gptj
 from ._llama import build_llama
 from ._olmo1 import build_olmo1
-from ._olmo2 import build_olmo2
+from ._olmo import build_olmo2
 from ._reference import build_reference
 from ._refused import OutsideDecompositionError, build_deberta_v2, build_moe
 from ._torch_encoder import build_torch_encoder

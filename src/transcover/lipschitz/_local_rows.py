@@ -465,9 +465,13 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
             total = torch.minimum(point + sum(terms.values()), (nM + dM) * A)
             stage = {"attention": ry * torch.ones(T, dtype=torch.float64), "norm_ffn": r1, "ffn": rh}
         total = torch.where(torch.isfinite(total), total, torch.full_like(total, math.inf))
-        drift = torch.clamp(total * (1 + ROUNDING_PAD) - point * (1 + ROUNDING_PAD), min=0.0)
+        # drift_rows bounds sup nu_i(J' - J) (the telescoped terms; _local_stack relies on it), the
+        # capped total bounds sup nu_i(J') and may be smaller than point + drift
+        drift = sum(terms.values())
+        drift = torch.where(torch.isfinite(drift), drift, torch.full_like(drift, math.inf)) * (1 + ROUNDING_PAD)
         parts = {k: float(v.max()) for k, v in terms.items()}
-        lj = LayerJacobian(point * (1 + ROUNDING_PAD), drift, None, att_rows, parts)
+        lj = LayerJacobian(point * (1 + ROUNDING_PAD), drift, None, att_rows, parts,
+                           ball_rows=total * (1 + ROUNDING_PAD))
         lj.radius = r
         lj.stage_radii = stage
         if low is not None:

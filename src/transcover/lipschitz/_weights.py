@@ -97,7 +97,7 @@ class LayerBounds:
     has_b2: bool = False
     has_bg: bool = False
     residual: str = "sequential"  # "parallel": x + attn(N_1 x) + ffn(N_2 x), THEORY F21
-    has_rope_qk_bias: bool = False  # RoPE with query/key biases: Lemma G.3 is not derived (refused)
+    has_rope_qk_bias: bool = False  # RoPE with query/key biases: G.3 charges the split scores (F22)
     # query/key normalisation (THEORY F23): per query head ||W_K^h||, ||b_Q^h||, ||b_K^h||, and each
     # norm's max|gamma|/sqrt(eps) (Lipschitz) and max|gamma| sqrt(d_head) (output size); all "larger is
     # worse", so class_max's elementwise maximum is the class of both
@@ -111,6 +111,14 @@ class LayerBounds:
     kn_lip: float = 0.0
     kn_out: float = 0.0
     softmax_scale: float = 0.0  # s, read with the norms above
+    # Note [split scores] in ``norms._model``: G.3 charges W_Q, W_K, b_Q, b_K one by one (RoPE with
+    # query/key biases, query/key normalisation); the biases present in either model of the class
+    has_b_Q: bool = False
+    has_b_K: bool = False
+
+    @property
+    def split_scores(self) -> bool:
+        return self.has_rope_qk_bias or self.has_q_norm or self.has_k_norm
 
 
 def _norm_bounds(n: NormMeasure) -> NormBounds:
@@ -151,13 +159,15 @@ def layer_bounds(m: LayerMeasure) -> LayerBounds:
 
 
 def _qk_norm_bounds(m: LayerMeasure) -> dict[str, object]:
-    """The F23 inputs of a layer with query/key normalisation (empty without it)."""
-    if m.q_norm is None and m.k_norm is None:
+    """The F22/F23 inputs of a layer with RoPE or query/key normalisation (empty without both): the
+    key map's and the biases' own norms, and each query/key norm's Lipschitz constant and output size."""
+    if not m.rope and m.q_norm is None and m.k_norm is None:
         return {}
     from ._normalisation import rmsnorm_lipschitz
 
     out: dict[str, object] = dict(has_q_norm=m.q_norm is not None, has_k_norm=m.k_norm is not None,
-                                  softmax_scale=m.scale)
+                                  softmax_scale=m.scale, has_b_Q=any(h.b_Q is not None for h in m.heads),
+                                  has_b_K=any(h.b_K is not None for h in m.heads))
     for side, n in (("q", m.q_norm), ("k", m.k_norm)):
         if n is None:
             continue

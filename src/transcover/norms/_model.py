@@ -19,6 +19,12 @@ Note [one route per matrix]: each certified spectral norm is computed by exactly
 ``s ||W_Q^h|| ||W_K^h||`` (every ``R_Delta`` is orthogonal), and its distances likewise
 (:func:`_kq_distance`).
 
+Note [split scores]: where the scores are not ``x~_i A~ x_j^T`` with the folded ``A~`` (RoPE with
+query/key biases, THEORY F22; query/key normalisation, F23), Lemma G.3 charges the pieces of the
+scores one by one: per query head ``W_Q^h``, ``W_K^kv`` (spectral), ``b_Q^h``, ``b_K^kv`` (l2) and the
+norms' scales ``q_norm.gamma``, ``k_norm.gamma`` (linf), instead of ``W_KQ.h`` and ``b_KQ.h``; the
+two models of a pair must then share the softmax scale and the norms' eps (refused otherwise).
+
 Note [distances]: a matrix present in both models is compared directly; a bias or normalisation
 scale present in one model only is compared with zeros (ones for gamma), which is what the other
 model's forward pass uses (Note [structural differences] in ``model._compare``).  Differences of
@@ -63,6 +69,9 @@ class HeadMeasure:
     b_K: float | None = None
     l21_KQ: Interval | None = None
     l21_OV: Interval | None = None
+    # (2,1) norms of W_Q^h and W_K^kv (entrywise, split scores only: Note [split scores])
+    l21_Q: Interval | None = None
+    l21_K: Interval | None = None
 
     def W_KQ(self, scale: float) -> Interval:
         """``||scale W_Q^h W_K^hT||_2`` (sup over relative positions with RoPE), rounded outward."""
@@ -132,11 +141,16 @@ class LayerMeasure:
     residual: str = "sequential"  # "parallel": x + attn(N_1 x) + ffn(N_2 x) (THEORY F21)
     q_norm: NormMeasure | None = None  # query/key RMSNorm per head (THEORY F23)
     k_norm: NormMeasure | None = None
-    has_rope_qk_bias: bool = False  # RoPE with query/key biases and no q/k norm: G.3 refused (F22)
+    has_rope_qk_bias: bool = False  # RoPE with query/key biases and no q/k norm (F22)
 
     @property
     def n_heads(self) -> int:
         return len(self.heads)
+
+    @property
+    def split_scores(self) -> bool:
+        """G.3 charges W_Q, W_K, b_Q, b_K (and the q/k norm scales) one by one: Note [split scores]."""
+        return self.has_rope_qk_bias or self.q_norm is not None or self.k_norm is not None
 
 
 @dataclass(frozen=True)
@@ -226,6 +240,8 @@ def _heads(a: AttentionSpec, entrywise: bool) -> tuple[HeadMeasure, ...]:
                            _l2(a.b_Q[h]) if split and a.b_Q is not None else None,
                            _l2(a.b_K[g]) if split and a.b_K is not None else None)
         if entrywise:
+            if split:
+                head = replace(head, l21_Q=_entrywise.l21_interval(_np(Wq)), l21_K=_entrywise.l21_interval(_np(Wk)))
             if a.rope is None:
                 l21_kq = _entrywise.product_l21_interval(_np(s * Wq), _np(Kt))
             else:  # every relative rotation at once (see _rope_l21)
@@ -303,13 +319,55 @@ def _kq_distance(aa: AttentionSpec, ab: AttentionSpec, h: int, entrywise: bool) 
     return Distance("spectral", product_interval(P, Q).upper, l21)
 
 
+def split_scores(a: AttentionSpec) -> bool:
+    """Whether the scores are not a function of ``W_Q W_K^T`` and the folded query bias: RoPE with
+    query/key biases (THEORY F22) or query/key normalisation (F23); Note [split scores]."""
+    return (a.rope is not None and (a.b_Q is not None or a.b_K is not None)) or a.q_norm is not None \
+        or a.k_norm is not None
+
+
+def _split_distances(aa: AttentionSpec, ab: AttentionSpec, i: int, entrywise: bool) -> dict:
+    """Note [split scores]: ``||dW_Q^h||``, ``||dW_K^kv||`` (spectral), ``||db_Q^h||``, ``||db_K^kv||``
+    (l2, absent = zeros) per query head, and ``||d gamma||_inf`` of the query/key norms."""
+    from .._errors import InputError
+
+    if aa.softmax_scale != ab.softmax_scale:
+        raise InputError(f"layer {i}: the two models' softmax scales differ ({aa.softmax_scale!r} vs "
+                         f"{ab.softmax_scale!r}) under RoPE with query/key biases or query/key normalisation, "
+                         "where Lemma G.3 charges W_Q and W_K separately (THEORY F22/F23): not bounded")
+    out: dict[tuple[int, str], Distance] = {}
+    for h in range(aa.n_heads):
+        for role, ma, mb in (("W_Q", aa.W_Q[h], ab.W_Q[h]), ("W_K", aa.W_K[aa.kv_index(h)], ab.W_K[ab.kv_index(h)])):
+            D = _diff(ma, mb, f"layer {i} {role} head {h}")
+            out[(i, f"{role}.{h}")] = Distance("spectral", matrix_interval(D).upper,
+                                               _entrywise.l21_interval(_np(D)).upper if entrywise else None)
+        for role, ba, bb, g in (("b_Q", aa.b_Q, ab.b_Q, h), ("b_K", aa.b_K, ab.b_K, aa.kv_index(h))):
+            if ba is not None or bb is not None:
+                va = None if ba is None else ba[g]
+                vb = None if bb is None else bb[g]
+                out[(i, f"{role}.{h}")] = Distance("l2", float(_diff(va, vb, f"layer {i} {role} head {h}").norm()))
+    for role, na, nb in (("q_norm", aa.q_norm, ab.q_norm), ("k_norm", aa.k_norm, ab.k_norm)):
+        if na is None:
+            continue
+        if float(na.eps) != float(nb.eps):
+            raise InputError(f"layer {i}: the two models' {role} variance floors differ ({na.eps!r} vs "
+                             f"{nb.eps!r}); Lemma G.3 for query/key normalisation (THEORY F23) needs one eps")
+        out[(i, f"{role}.gamma")] = Distance(
+            "linf", float(_diff(na.weight, nb.weight, f"layer {i} {role} weight", 1.0).abs().max()))
+    return out
+
+
 def _attention_distances(aa: AttentionSpec, ab: AttentionSpec, i: int, entrywise: bool) -> dict:
     import torch
 
     out: dict[tuple[int, str], Distance] = {}
     s, st = aa.softmax_scale, ab.softmax_scale
+    split = split_scores(aa) or split_scores(ab)
+    if split:
+        out.update(_split_distances(aa, ab, i, entrywise))
     for h in range(aa.n_heads):
-        out[(i, f"W_KQ.{h}")] = _kq_distance(aa, ab, h, entrywise)
+        if not split:
+            out[(i, f"W_KQ.{h}")] = _kq_distance(aa, ab, h, entrywise)
         _, ka, va, oa = (_t(x) for x in aa.head(h))
         _, kb, vb, ob = (_t(x) for x in ab.head(h))
         if va.shape == vb.shape and torch.equal(va, vb) and torch.equal(oa, ob):
@@ -318,7 +376,7 @@ def _attention_distances(aa: AttentionSpec, ab: AttentionSpec, i: int, entrywise
             P, Q = torch.cat([va, -vb], 1), torch.cat([oa, ob], 0)
             out[(i, f"W_OV.{h}")] = Distance(
                 "spectral", product_interval(P, Q).upper, _entrywise.product_l21_interval(_np(P), _np(Q)).upper if entrywise else None)
-        if aa.rope is None and (aa.b_Q is not None or ab.b_Q is not None):
+        if not split and aa.rope is None and (aa.b_Q is not None or ab.b_Q is not None):
             # b_K cancels in the softmax; s b_Q W_K^T is the query bias's only effect (Note [attention biases])
             ba = torch.zeros(ka.shape[1], dtype=torch.float64) if aa.b_Q is None else _t(aa.b_Q[h])
             bb = torch.zeros(kb.shape[1], dtype=torch.float64) if ab.b_Q is None else _t(ab.b_Q[h])

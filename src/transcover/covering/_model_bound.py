@@ -19,7 +19,7 @@ import numpy as np
 
 from .._errors import InputError
 from .._results import Kind, as_dict, rounding_pad
-from ..model import TransformerSpec
+from ..model import NormKind, TransformerSpec
 from ..norms import ModelNorms, measure_model
 from ._bft import SpectralComplexity, bft_spectral_complexity
 from ._composite import CompositeCovering, composite_log_covering
@@ -128,11 +128,13 @@ def _self_norms(norms: ModelNorms) -> dict[tuple[int, str], _Row]:
 
 
 def _norm_rows(i: int, prefix: str, n, d: int) -> dict[tuple[int, str], _Row]:  # noqa: ANN001
+    """A LayerNorm/RMSNorm's scale and shift rows.  Lemma G.3 charges both whether or not the model has
+    them (F14), so an absent one is its fixed value: a shift of norm 0 (costs nothing), a scale of ones."""
     out = {}
-    if n.gamma_max is not None:
-        out[(i, f"{prefix}.gamma")] = _vector(d, n.gamma_max)
-    if n.beta_norm is not None:
-        out[(i, f"{prefix}.beta")] = _vector(d, n.beta_norm)
+    if n.gamma_max is not None or n.kind in (NormKind.LAYERNORM, NormKind.RMSNORM):
+        out[(i, f"{prefix}.gamma")] = _vector(d, 1.0 if n.gamma_max is None else n.gamma_max)
+    if n.beta_norm is not None or n.kind in (NormKind.LAYERNORM, NormKind.RMSNORM):
+        out[(i, f"{prefix}.beta")] = _vector(d, 0.0 if n.beta_norm is None else n.beta_norm)
     return out
 
 

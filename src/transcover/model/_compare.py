@@ -13,7 +13,9 @@ models (``transcover.lipschitz.perturbation_bound`` and ``perturbation_coefficie
 Differences that are *not* structural, because the bound already accounts for them exactly:
 
 * the softmax ``scale`` (without RoPE it sits inside ``W_KQ^h = scale W_Q^h W_K^hT``, whose
-  distance is charged; with RoPE it is charged through ``||scale W_Q - scale~ W~_Q||``);
+  distance is charged; with RoPE it is charged through ``||scale W_Q - scale~ W~_Q||``), except
+  with RoPE and query/key biases or query/key normalisation, where Lemma G.3 charges W_Q and W_K
+  separately and a changed scale is refused by the measurement (Note [split scores] in ``norms._model``);
 * grouped-query sharing and, without RoPE, the head dimension: the attention block depends on the
   weights only through the per-query-head ``W_KQ^h``, ``b_KQ^h``, ``W_OV^h`` and the folded output
   bias (Note [attention biases] in ``_spec``), all ``d x d`` or ``d``-sized whatever the layout;

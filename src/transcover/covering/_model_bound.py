@@ -79,7 +79,8 @@ class BoundConfig:
 
 
 def _group(role: str) -> str:
-    if role.startswith(("W_KQ", "b_KQ", "W_OV", "b_out", "norm_attn", "W_Q", "W_K", "b_Q", "b_K", "q_norm", "k_norm")):
+    if role.startswith(("W_KQ", "b_KQ", "W_OV", "b_out", "norm_attn", "W_Q", "W_K", "b_Q", "b_K", "q_norm", "k_norm",
+                        "pos_bias")):
         return "attention"
     if role.startswith(("W_1", "W_2", "W_gate", "b_1", "b_2", "b_gate", "norm_ffn")):
         return "ffn"
@@ -109,6 +110,8 @@ def _self_norms(norms: ModelNorms) -> dict[tuple[int, str], _Row]:
                 out[(i, f"W_K.{h.head}")] = ((d, m.d_head), h.l21_K.upper, h.W_K.upper)
                 for role, v in (("b_Q", h.b_Q), ("b_K", h.b_K)):
                     out[(i, f"{role}.{h.head}")] = _vector(m.d_head, v or 0.0)
+        for h, v in enumerate(m.pos_bias_heads or ()):  # T5's table, head h's column (F28)
+            out[(i, f"pos_bias.{h}")] = _vector(m.pos_bias_buckets, v)
         for role, n in (("q_norm", m.q_norm), ("k_norm", m.k_norm)):
             if n is not None:  # no scale: the fixed ones, covered as a vector of norm 1
                 out[(i, f"{role}.gamma")] = _vector(m.d_head, 1.0 if n.gamma_max is None else n.gamma_max)

@@ -37,6 +37,7 @@ from ._attention import (
     check_c_sm,
     attention_output_radius,
     attention_perturbation_coefficients,
+    relative_bias_perturbation_coefficients,
 )
 from ._ffn import ffn_lipschitz, ffn_output_radius, ffn_perturbation_coefficients
 from ._l2_attention import l2_attention_lipschitz
@@ -151,6 +152,8 @@ def _attention_block(L: LayerBounds, r: float, c_sm: float, metric: str, seq_len
                                                  has_output_bias=L.has_output_bias)
     if L.split_scores:  # the scores are not a function of W_Q W_K^T: charged piece by piece (F22, F23)
         coeffs = split_perturbation_coefficients(L, r, c_sm)
+    if L.has_pos_bias:  # an input-independent score term: |ds_ij| gains |dB_ij| (THEORY F28)
+        coeffs = list(coeffs) + relative_bias_perturbation_coefficients(L.B_OV, r, c_sm=c_sm)
     return lip, rad, coeffs
 
 

@@ -115,6 +115,7 @@ class LayerBounds:
     # query/key biases, query/key normalisation); the biases present in either model of the class
     has_b_Q: bool = False
     has_b_K: bool = False
+    has_pos_bias: bool = False  # T5's relative position bias: G.3 charges its table per head (F28)
 
     @property
     def split_scores(self) -> bool:
@@ -154,7 +155,8 @@ def layer_bounds(m: LayerMeasure) -> LayerBounds:
         attention_kind=m.attention_kind, B_Q=tuple(h.W_Q.upper for h in m.heads), d_head=m.d_head,
         has_query_bias=m.has_query_bias, has_output_bias=m.b_out is not None,
         has_b1=m.b_1 is not None, has_b2=m.b_2 is not None, has_bg=m.b_gate is not None,
-        residual=m.residual, has_rope_qk_bias=m.has_rope_qk_bias, **_qk_norm_bounds(m),
+        residual=m.residual, has_rope_qk_bias=m.has_rope_qk_bias, has_pos_bias=m.pos_bias_heads is not None,
+        **_qk_norm_bounds(m),
     )
 
 

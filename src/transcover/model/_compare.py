@@ -28,7 +28,7 @@ Differences that are *not* structural, because the bound already accounts for th
   ``transcover.lipschitz._normalisation``);
 * fields the forward pass never reads: names, ``arch``, ``config``, embeddings, ``RopeSpec.max_position``.
 
-Structural (refused): width, depth, norm placement, sequential vs parallel residual, query/key normalisation, the soft-capping constant, norm kind, attention kind (dot-product vs L2), causal masking, sliding-window size, RoPE presence / base / rotary dimension / scaled frequencies, the
+Structural (refused): T5's relative position bias presence and bucketing (its table is charged), width, depth, norm placement, sequential vs parallel residual, query/key normalisation, the soft-capping constant, norm kind, attention kind (dot-product vs L2), causal masking, sliding-window size, RoPE presence / base / rotary dimension / scaled frequencies, the
 head dimension under RoPE or L2 attention, the number of query heads, activation, gated vs plain
 FFN, FFN width and, when the MLP head is part of the compared function, the head's layout.
 """
@@ -82,6 +82,10 @@ def _layer_diffs(la, lb, i: int) -> list[str]:
     qb = tuple(n is not None for n in (ab.q_norm, ab.k_norm))
     if qa != qb:
         out.append(f"query/key normalisation: layer {i} (q, k) {qa} vs {qb}")
+    pa, pb = (None if x is None else (x.num_buckets, x.max_distance, x.bidirectional)
+              for x in (aa.position_bias, ab.position_bias))
+    if pa != pb:  # the tables' values are charged by G.3; presence and bucketing are the function's shape
+        out.append(f"relative position bias (buckets, max distance, bidirectional): layer {i} {pa} vs {pb}")
     if aa.softcap != ab.softcap:
         out.append(f"attention soft-capping: layer {i} {aa.softcap} vs {ab.softcap}")
     if aa.n_heads != ab.n_heads:

@@ -30,7 +30,9 @@ def _layer(layer: LayerSpec, dtype: Any) -> LayerSpec:
     a = layer.attention
     attn = replace(a, **{f: _t(getattr(a, f), dtype) for f in
                          ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")},
-                   q_norm=_norm(a.q_norm, dtype), k_norm=_norm(a.k_norm, dtype))
+                   q_norm=_norm(a.q_norm, dtype), k_norm=_norm(a.k_norm, dtype),
+                   position_bias=None if a.position_bias is None else replace(
+                       a.position_bias, table=_t(a.position_bias.table, dtype)))
     f = layer.ffn
     ffn = replace(f, **{k: _t(getattr(f, k), dtype) for k in ("W_1", "W_2", "b_1", "b_2", "W_gate", "b_gate")})
     return replace(layer, attention=attn, ffn=ffn, norm_attn=_norm(layer.norm_attn, dtype),

@@ -189,6 +189,8 @@ def attention_scores(attn: AttentionSpec, X: Tensor, h: int, *, key_mask: Tensor
             q = apply_rope(q, attn.rope, pos)
             k = apply_rope(k, attn.rope, pos)
     scores = attn.softmax_scale * (q @ k.transpose(-1, -2))
+    if attn.position_bias is not None:  # T5: an input-independent bias per (i, j) and head (THEORY F28)
+        scores = scores + attn.position_bias.bias(T, h, scores)
     if attn.softcap is not None:  # Gemma 2: c tanh(s / c), before the mask (THEORY F24)
         scores = attn.softcap * torch.tanh(scores / attn.softcap)
     return _mask(scores, attn.causal, key_mask, attn.window)

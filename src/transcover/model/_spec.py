@@ -59,6 +59,7 @@ __all__ = [
     "Residual",
     "NormSpec",
     "RopeSpec",
+    "RelativeBiasSpec",
     "AttentionSpec",
     "FFNSpec",
     "LayerSpec",
@@ -186,6 +187,51 @@ class RopeSpec:
         return 1.0 / (self.theta ** (torch.arange(0, rd, 2, dtype=torch.float64) / rd))
 
 
+@dataclass(frozen=True)
+class RelativeBiasSpec:
+    """T5's relative position bias (THEORY F28): head h's score of query i and key j gains
+    ``table[bucket(j - i), h]``, a number that depends on the positions only, not on the input.
+
+    ``bucket`` is T5's logarithmic bucketing (``T5Attention._relative_position_bucket``): with
+    ``bidirectional`` half the buckets are for keys after the query; offsets below half the
+    remaining buckets get a bucket each, larger ones share logarithmically spaced buckets up to
+    ``max_distance``.  T5 computes the table once, in layer 0, and every layer adds the same bias.
+    """
+
+    table: Tensor  # (num_buckets, H)
+    max_distance: int = 128
+    bidirectional: bool = True
+
+    @property
+    def num_buckets(self) -> int:
+        return self.table.shape[-2]
+
+    def buckets(self, T: int) -> Tensor:
+        """The (T, T) bucket index of every (query i, key j), T5's bucketing of ``j - i``."""
+        import torch
+
+        rel = torch.arange(T)[None, :] - torch.arange(T)[:, None]  # j - i
+        n = self.num_buckets
+        out = torch.zeros_like(rel)
+        if self.bidirectional:
+            n //= 2
+            out = out + (rel > 0).long() * n
+            rel = rel.abs()
+        else:
+            rel = -torch.clamp(rel, max=0)
+        exact = n // 2
+        # float32 logarithm, as T5 computes it, so that the bucket boundaries are T5's own
+        far = exact + (torch.log(rel.float() / exact) / math.log(self.max_distance / exact)
+                       * (n - exact)).to(torch.long)
+        far = torch.clamp(far, max=n - 1)
+        return out + torch.where(rel < exact, rel, far)
+
+    def bias(self, T: int, h: int, like: Tensor) -> Tensor:
+        """Head h's (T, T) additive score bias, in ``like``'s dtype (a stack: ``(M, 1.., T, T)``)."""
+        t = to_tensor(self.table, like)[..., self.buckets(T).to(like.device), h]  # (..., T, T)
+        return t if t.ndim == 2 else t.reshape(t.shape[:1] + (1,) * (like.ndim - 3) + t.shape[1:])
+
+
 def _vecmat(v: Any, W: Any) -> Any:
     """``v @ W`` for a vector and a matrix, or member by member for stacks ``(M, k)`` and ``(M, k, n)``."""
     return v @ W if v.ndim == 1 else (v[..., None, :] @ W)[..., 0, :]
@@ -234,6 +280,9 @@ class AttentionSpec:
     k_norm: NormSpec | None = None
     # Attention-logit soft-capping (Gemma 2; THEORY F24): scores -> c tanh(scores / c), before the mask.
     softcap: float | None = None
+    # T5's relative position bias (THEORY F28): an input-independent term added to every score after
+    # the scale, before soft-capping and the mask.  None: no such term (as before).
+    position_bias: RelativeBiasSpec | None = None
 
     def __post_init__(self) -> None:
         if self.window is not None and (isinstance(self.window, bool) or not isinstance(self.window, int)
@@ -259,6 +308,7 @@ class AttentionSpec:
             ("grouped-query heads", self.W_K.shape[0] != self.W_Q.shape[0]),
             ("query/key normalisation", self.q_norm is not None or self.k_norm is not None),
             ("soft-capping", self.softcap is not None),
+            ("a relative position bias", self.position_bias is not None),
         ) if on]
         if not asked and self.W_K is not self.W_Q:
             tied = tuple(self.W_K.shape) == tuple(self.W_Q.shape) and bool(
@@ -360,6 +410,9 @@ class AttentionSpec:
                                  "(one RMSNorm per head over d_head)")
         if H % Hkv:
             raise ValueError(f"n_heads={H} is not a multiple of n_kv_heads={Hkv}")
+        if self.position_bias is not None and tuple(self.position_bias.table.shape)[1:] != (H,):
+            raise ValueError(f"relative position bias table has shape {tuple(self.position_bias.table.shape)}, "
+                             f"expected (num_buckets, {H})")
         if self.softcap is not None and not (math.isfinite(self.softcap) and self.softcap > 0):
             raise ValueError(f"attention softcap must be a finite number > 0, got {self.softcap!r}")
 

@@ -142,10 +142,18 @@ class LayerMeasure:
     q_norm: NormMeasure | None = None  # query/key RMSNorm per head (THEORY F23)
     k_norm: NormMeasure | None = None
     has_rope_qk_bias: bool = False  # RoPE with query/key biases and no q/k norm (F22)
+    # T5's relative position bias (THEORY F28): max |table[:, h]| per head (float64, exact); None without
+    pos_bias_heads: tuple[float, ...] | None = None
+    pos_bias_buckets: int = 0
 
     @property
     def n_heads(self) -> int:
         return len(self.heads)
+
+    @property
+    def pos_bias(self) -> float | None:
+        """max |B_ij| over every head and offset: how far T5's relative bias shifts any score (F28)."""
+        return None if self.pos_bias_heads is None else max(self.pos_bias_heads)
 
     @property
     def split_scores(self) -> bool:
@@ -271,6 +279,9 @@ def measure_layer(layer: LayerSpec, entrywise: bool = False) -> LayerMeasure:
         k_norm=None if a.k_norm is None else NormMeasure.of(a.k_norm),
         has_rope_qk_bias=a.rope is not None and a.q_norm is None and a.k_norm is None
         and (a.b_Q is not None or a.b_K is not None),
+        pos_bias_heads=None if a.position_bias is None
+        else tuple(float(v) for v in _t(a.position_bias.table).abs().amax(dim=0)),
+        pos_bias_buckets=0 if a.position_bias is None else a.position_bias.num_buckets,
     )
 
 
@@ -381,6 +392,10 @@ def _attention_distances(aa: AttentionSpec, ab: AttentionSpec, i: int, entrywise
             ba = torch.zeros(ka.shape[1], dtype=torch.float64) if aa.b_Q is None else _t(aa.b_Q[h])
             bb = torch.zeros(kb.shape[1], dtype=torch.float64) if ab.b_Q is None else _t(ab.b_Q[h])
             out[(i, f"b_KQ.{h}")] = Distance("l2", float((s * ba @ ka.T - st * bb @ kb.T).norm()))
+    if aa.position_bias is not None:  # T5 (THEORY F28): max over offsets of the bias change, per head
+        dB = (_t(aa.position_bias.table) - _t(ab.position_bias.table)).abs().amax(dim=0)
+        for h in range(aa.n_heads):
+            out[(i, f"pos_bias.{h}")] = Distance("linf", float(dB[h]))
     ea, eb = aa.effective_output_bias(), ab.effective_output_bias()
     if ea is not None or eb is not None:
         out[(i, "b_out")] = Distance("l2", float(_diff(ea, eb, f"layer {i} b_out").norm()))

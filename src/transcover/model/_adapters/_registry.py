@@ -19,6 +19,7 @@ from ._gpt_neox import build_gpt_neox
 from ._gptj import build_gptj
 from ._llama import build_llama
 from ._reference import build_reference
+from ._t5 import build_t5
 from ._refused import OutsideDecompositionError, build_deberta_v2, build_moe
 from ._torch_encoder import build_torch_encoder
 from ._vit import build_vit
@@ -42,6 +43,7 @@ _ADAPTERS: dict[str, Adapter] = {
     "deberta_v2": build_deberta_v2,
     "gpt_neox": build_gpt_neox,
     "gptj": build_gptj,
+    "t5": build_t5,  # the encoder (THEORY F28)
     "moe": build_moe,  # recognised and refused: top-k routing is discontinuous (THEORY F25)
 }
 
@@ -60,6 +62,7 @@ ARCH_ALIASES: dict[str, str] = {
     "clip_vision_model": "clip_vision",
     "deberta": "deberta_v2",  # DeBERTa v1 has the same disentangled attention
     "qwen3": "llama",  # + per-head query/key RMSNorm, read by the Llama adapter (THEORY F23)
+    "mt5": "t5",  # T5 v1.1's blocks
     "mixtral": "moe",
     "qwen2_moe": "moe",
     "qwen3_moe": "moe",
@@ -73,7 +76,7 @@ PARTS: dict[str, tuple[str, ...]] = {"clip": ("clip_text", "clip_vision")}
 _CLASS_STEMS = (("Bert", "bert"), ("Roberta", "bert"), ("GPT2", "gpt2"), ("GPTNeoX", "gpt_neox"), ("GPTJ", "gptj"), ("Llama", "llama"),
                 ("Mistral", "llama"), ("Qwen2", "llama"), ("Qwen3For", "llama"), ("ViT", "vit"), ("XLMRoberta", "bert"),
                 ("DistilBert", "distilbert"), ("CLIPText", "clip_text"), ("CLIPVision", "clip_vision"),
-                ("CLIP", "clip"), ("Whisper", "whisper"), ("DebertaV2", "deberta_v2"), ("Deberta", "deberta_v2"))
+                ("CLIP", "clip"), ("Whisper", "whisper"), ("DebertaV2", "deberta_v2"), ("Deberta", "deberta_v2"), ("T5", "t5"), ("MT5", "t5"))
 
 
 def _unsupported(what: str) -> UnsupportedArchitectureError:

@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from ._arrays import to_tensor
-from ._spec import LayerSequence, LayerSpec, MLPHeadSpec, NormSpec, TransformerSpec
+from ._spec import FFNSpec, LayerSequence, LayerSpec, MLPHeadSpec, MoESpec, NormSpec, TransformerSpec
 
 __all__ = ["as_torch"]
 
@@ -26,6 +26,13 @@ def _norm(n: NormSpec | None, dtype: Any) -> NormSpec | None:
     return None if n is None else replace(n, weight=_t(n.weight, dtype), bias=_t(n.bias, dtype))
 
 
+def _ffn(f: FFNSpec | MoESpec, dtype: Any) -> FFNSpec | MoESpec:
+    if isinstance(f, MoESpec):
+        return replace(f, **{k: _t(getattr(f, k), dtype) for k in ("W_router", "W_1", "W_2", "W_gate", "shared_gate")},
+                       shared=None if f.shared is None else _ffn(f.shared, dtype))
+    return replace(f, **{k: _t(getattr(f, k), dtype) for k in ("W_1", "W_2", "b_1", "b_2", "W_gate", "b_gate")})
+
+
 def _layer(layer: LayerSpec, dtype: Any) -> LayerSpec:
     a = layer.attention
     attn = replace(a, **{f: _t(getattr(a, f), dtype) for f in
@@ -33,8 +40,7 @@ def _layer(layer: LayerSpec, dtype: Any) -> LayerSpec:
                    q_norm=_norm(a.q_norm, dtype), k_norm=_norm(a.k_norm, dtype),
                    position_bias=None if a.position_bias is None else replace(
                        a.position_bias, table=_t(a.position_bias.table, dtype)))
-    f = layer.ffn
-    ffn = replace(f, **{k: _t(getattr(f, k), dtype) for k in ("W_1", "W_2", "b_1", "b_2", "W_gate", "b_gate")})
+    ffn = _ffn(layer.ffn, dtype)
     return replace(layer, attention=attn, ffn=ffn, norm_attn=_norm(layer.norm_attn, dtype),
                    norm_ffn=_norm(layer.norm_ffn, dtype))
 

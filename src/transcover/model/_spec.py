@@ -62,6 +62,7 @@ __all__ = [
     "RelativeBiasSpec",
     "AttentionSpec",
     "FFNSpec",
+    "MoESpec",
     "LayerSpec",
     "MLPHeadSpec",
     "TransformerSpec",
@@ -455,6 +456,61 @@ class FFNSpec:
 
 
 @dataclass(frozen=True)
+class MoESpec:
+    """A mixture-of-experts FFN with top-k routing (Mixtral, Qwen2-MoE, Qwen3-MoE; THEORY F25, F29).
+
+    ``p = softmax(x W_router)`` over the ``E`` experts; the ``top_k`` largest ``p_e`` are kept (and
+    divided by their sum when ``normalize_topk``: Mixtral always, Qwen-MoE by ``norm_topk_prob``),
+    and the block outputs ``sum_{e in top_k} p_e FFN_e(x)`` with ``FFN_e`` the gated FFN
+    ``(act(x W_gate[e]) * (x W_1[e])) W_2[e]``, plus ``sigmoid(x . shared_gate) * shared(x)`` when a
+    shared expert exists (Qwen2-MoE; without ``shared_gate`` it is added ungated).
+
+    ``W_router`` [d, E], ``W_1``/``W_gate`` [E, d, d_ff], ``W_2`` [E, d_ff, d], ``shared_gate`` [d].
+    The selection is discontinuous in x, so no Lipschitz/G.3/covering bound exists (F25); norms do.
+    """
+
+    W_router: Tensor
+    W_1: Tensor
+    W_2: Tensor
+    activation: Activation
+    top_k: int
+    W_gate: Tensor | None = None
+    normalize_topk: bool = True
+    shared: FFNSpec | None = None
+    shared_gate: Tensor | None = None
+
+    @property
+    def n_experts(self) -> int:
+        return self.W_router.shape[-1]
+
+    @property
+    def d_ff(self) -> int:
+        return self.W_1.shape[-1]
+
+    @property
+    def gated(self) -> bool:
+        return self.W_gate is not None
+
+    def expert(self, e: int) -> FFNSpec:
+        """Expert e as a plain FFN."""
+        return FFNSpec(self.W_1[e], self.W_2[e], self.activation,
+                       W_gate=None if self.W_gate is None else self.W_gate[e])
+
+    def validate(self) -> None:
+        d, E = self.W_router.shape
+        dff = self.W_1.shape[-1]
+        checks = {"W_1": (self.W_1, (E, d, dff)), "W_2": (self.W_2, (E, dff, d)),
+                  "W_gate": (self.W_gate, (E, d, dff)), "shared_gate": (self.shared_gate, (d,))}
+        for name, (t, shape) in checks.items():
+            if t is not None and tuple(t.shape) != shape:
+                raise ValueError(f"MoE {name} has shape {tuple(t.shape)}, expected {shape}")
+        if not 1 <= self.top_k <= E:
+            raise ValueError(f"MoE top_k={self.top_k} must be between 1 and the {E} experts")
+        if self.shared is not None:
+            self.shared.validate()
+
+
+@dataclass(frozen=True)
 class LayerSpec:
     """One Transformer block: attention and FFN sub-layers, each with its normalisation.
 
@@ -467,7 +523,7 @@ class LayerSpec:
 
     index: int
     attention: AttentionSpec
-    ffn: FFNSpec
+    ffn: FFNSpec | MoESpec  # MoESpec: mixture of experts (norms only, THEORY F25)
     norm_attn: NormSpec
     norm_ffn: NormSpec
     placement: Placement

@@ -27,7 +27,7 @@ import numpy as np
 
 from .._results import Interval, Kind, as_dict
 from .._threads import limit_threads
-from ..model import AttentionSpec, LayerSpec, NormSpec, TransformerSpec
+from ..model import AttentionSpec, LayerSpec, MoESpec, NormSpec, TransformerSpec
 from ._entrywise import (
     frobenius_l21_intervals,
     product_frobenius_l21,
@@ -410,6 +410,25 @@ def _heads_fast(attn: AttentionSpec, m: _Measurer, arr: dict[str, np.ndarray],
 # the big Grams do not (Note [small problems] in ``transcover._threads``).
 
 
+def _moe_norms(moe: MoESpec, m: _Measurer, matrices: dict[str, MatrixNorms],
+               names: dict[str, str]) -> tuple[Interval, Interval, Interval | None]:
+    """Certified norms of every expert's matrices (``expert.e.W_1`` ...), the router and a shared
+    expert, into ``matrices``; returns (B_W1, B_W2, B_Wgate), each the max over the experts (F25)."""
+    for e in range(moe.n_experts):
+        for role in ("W_1", "W_2", "W_gate"):
+            W = getattr(moe, role)
+            if W is not None:
+                matrices[f"expert.{e}.{role}"] = m.matrix(f"expert.{e}.{role}", W[e], names.get(
+                    "experts.down" if role == "W_2" else "experts.gate_up", "") + f"[{e}]")
+    matrices["router"] = m.matrix("router", moe.W_router, names.get("router", ""))
+    if moe.shared is not None:
+        for role in ("W_1", "W_2", "W_gate"):
+            matrices[f"shared.{role}"] = m.matrix(f"shared.{role}", getattr(moe.shared, role))
+    best = {role: _max_interval([matrices[f"expert.{e}.{role}"].spectral for e in range(moe.n_experts)],
+                                "max over experts") for role in ("W_1", "W_2", "W_gate") if getattr(moe, role) is not None}
+    return best["W_1"], best["W_2"], best.get("W_gate")
+
+
 def _layer_norms(layer: LayerSpec, m: _Measurer) -> LayerNorms:
     attn, ffn = layer.attention, layer.ffn
     names = layer.names
@@ -432,12 +451,15 @@ def _layer_norms(layer: LayerSpec, m: _Measurer) -> LayerNorms:
         else:
             heads = [_head_norms(attn, h, m, f64, matrices, names) for h in range(attn.n_heads)]
     matrices["W_O"] = m.matrix("W_O", f64["W_O"].reshape(-1, attn.d_model), names.get("W_O", ""))
-    matrices["W_1"] = m.matrix("W_1", ffn.W_1, names.get("W_1", ""))
-    matrices["W_2"] = m.matrix("W_2", ffn.W_2, names.get("W_2", ""))
-    B_Wgate = None
-    if ffn.W_gate is not None:
-        matrices["W_gate"] = m.matrix("W_gate", ffn.W_gate, names.get("W_gate", ""))
-        B_Wgate = matrices["W_gate"].spectral
+    if isinstance(ffn, MoESpec):
+        B_W1, B_W2, B_Wgate = _moe_norms(ffn, m, matrices, names)
+    else:
+        matrices["W_1"] = m.matrix("W_1", ffn.W_1, names.get("W_1", ""))
+        matrices["W_2"] = m.matrix("W_2", ffn.W_2, names.get("W_2", ""))
+        B_W1, B_W2, B_Wgate = matrices["W_1"].spectral, matrices["W_2"].spectral, None
+        if ffn.W_gate is not None:
+            matrices["W_gate"] = m.matrix("W_gate", ffn.W_gate, names.get("W_gate", ""))
+            B_Wgate = matrices["W_gate"].spectral
 
     def bias_norm(b) -> Interval:
         return _ZERO if b is None else vector_norm_interval(_np(b))
@@ -447,10 +469,10 @@ def _layer_norms(layer: LayerSpec, m: _Measurer) -> LayerNorms:
         index=layer.index,
         B_KQ=_max_interval([h.B_KQ for h in heads], "max over heads"),
         B_V=_max_interval([h.B_V for h in heads], "max over heads"),
-        B_W1=matrices["W_1"].spectral,
-        B_W2=matrices["W_2"].spectral,
-        B_b1=bias_norm(ffn.b_1),
-        B_b2=bias_norm(ffn.b_2),
+        B_W1=B_W1,
+        B_W2=B_W2,
+        B_b1=bias_norm(getattr(ffn, "b_1", None)),
+        B_b2=bias_norm(getattr(ffn, "b_2", None)),
         W_O=matrices["W_O"].spectral,
         B_Wgate=B_Wgate,
         B_b_attn=bias_norm(b_attn),
@@ -497,6 +519,7 @@ def analyze_spec(
     # LayerSpec past its iteration (only these facts about the first one), so the decoded weights
     # of layer i are released before layer i + 1 is read (issue 14, streaming analysis).
     first: dict[str, object] = {}
+    moe_layers = 0
     qk_scores = 0.0  # THEORY F23: with query/key RMSNorm every score is <= s max|gamma_q| max|gamma_k| d_head
     for i, layer in enumerate(spec.layers):
         if not first:
@@ -507,6 +530,7 @@ def analyze_spec(
         if a.q_norm is not None and a.k_norm is not None:
             qk_scores = max(qk_scores, a.softmax_scale * a.q_norm.gamma_max_abs * a.k_norm.gamma_max_abs
                             * a.d_head * (1 + 8 * 2.0**-52))
+        moe_layers += isinstance(layer.ffn, MoESpec)
         layers.append(_layer_norms(layer, m))
         del layer
         if progress is not None:
@@ -531,6 +555,10 @@ def analyze_spec(
         notes.append("query biases act through B_KQ_bias on x~=[x,1]; key biases cancel in the softmax")
     if first["parallel"]:
         notes.append("parallel residual: each layer is x + attn(LN1 x) + ffn(LN2 x) (THEORY F21)")
+    if moe_layers:
+        notes.append(f"mixture of experts in {moe_layers} layer(s): B_W1, B_W2, B_Wgate are the max over experts; "
+                     "per-expert and router norms are in the matrices; no Lipschitz, G.3 or covering bound "
+                     "exists for top-k routing (THEORY F25)")
     if qk_scores > 0:
         notes.append("query/key RMSNorm: B_KQ = ||scale W_Q W_K^T|| does not bound the scores; every score is "
                      f"<= scale*max|gamma_q|*max|gamma_k|*d_head <= {qk_scores:.4g} (THEORY F23)")

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from .._results import Interval, Kind, as_dict
-from ..model import AttentionSpec, FFNSpec, LayerSpec, NormKind, NormSpec, Placement, TransformerSpec
+from ..model import AttentionSpec, FFNSpec, LayerSpec, MoESpec, NormKind, NormSpec, Placement, TransformerSpec
 from . import _entrywise, _spectral
 
 __all__ = ["HeadMeasure", "NormMeasure", "Distance", "LayerMeasure", "ModelNorms", "measure_model", "measure_layer",
@@ -261,8 +261,19 @@ def _heads(a: AttentionSpec, entrywise: bool) -> tuple[HeadMeasure, ...]:
 
 
 def measure_layer(layer: LayerSpec, entrywise: bool = False) -> LayerMeasure:
-    """Every norm of one layer (the per-layer step of :func:`measure_model`)."""
+    """Every norm of one layer (the per-layer step of :func:`measure_model`).
+
+    Raises:
+        UnsupportedArchitectureError: a mixture-of-experts FFN (every consumer of these norms is a
+            bound that needs a Lipschitz constant, which top-k routing does not have: THEORY F25).
+    """
     a, f = layer.attention, layer.ffn
+    if isinstance(f, MoESpec):
+        from .._errors import UnsupportedArchitectureError
+        from ..model._adapters._refused import MOE_REASON
+
+        raise UnsupportedArchitectureError(f"layer {layer.index} is a mixture of experts: {MOE_REASON}; "
+                                           "`analyze` reports its per-expert norms")
     mats = {"W_1": f.W_1, "W_2": f.W_2, "W_gate": f.W_gate}
     spectral = {k: None if W is None else matrix_interval(_t(W)) for k, W in mats.items()}
     l21 = {k: _entrywise.l21_interval(_np(W)) for k, W in mats.items() if W is not None} if entrywise else {}

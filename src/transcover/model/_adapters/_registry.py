@@ -20,7 +20,8 @@ from ._gptj import build_gptj
 from ._llama import build_llama
 from ._reference import build_reference
 from ._t5 import build_t5
-from ._refused import OutsideDecompositionError, build_deberta_v2, build_moe
+from ._moe import build_moe
+from ._refused import OutsideDecompositionError, build_deberta_v2
 from ._torch_encoder import build_torch_encoder
 from ._vit import build_vit
 
@@ -44,7 +45,7 @@ _ADAPTERS: dict[str, Adapter] = {
     "gpt_neox": build_gpt_neox,
     "gptj": build_gptj,
     "t5": build_t5,  # the encoder (THEORY F28)
-    "moe": build_moe,  # recognised and refused: top-k routing is discontinuous (THEORY F25)
+    "moe": build_moe,  # norms per expert; bounds refused: top-k routing is discontinuous (THEORY F25)
 }
 
 #: The adapter names :func:`transcover.model.load` accepts as ``arch=``.

@@ -97,9 +97,12 @@ def _register_builtin() -> None:
         ("gptj", ("gptj",), "all layers and ln_f",
          ["parallel residual with one LayerNorm (F21)", "interleaved partial rotary (rotary_dim, exact column permutation)",
           "MLP biases"], []),
-        ("moe", ("mixtral", "qwen2_moe", "qwen3_moe"), "none (per-matrix norms only)", [],
-         [("top-k routed experts", "a Lipschitz bound of a discontinuous map does not exist (THEORY F25): "
-                                   "a dense router, or inputs away from the switching set")]),
+        ("moe", ("mixtral", "qwen2_moe", "qwen3_moe"), "all layers (forward and norms); no bound needing a Lipschitz constant",
+         ["Llama attention (GQA, RoPE, Qwen3 q/k norm)", "top-k routed gated experts (forward exact)",
+          "per-expert and router norms (analyze)", "Qwen2-MoE shared expert with sigmoid gate", "dense mlp_only_layers",
+          "checkpoint layouts: stacked experts, mlp.experts.<e>, block_sparse_moe.experts.<e>"],
+         [("Lipschitz, G.3 and covering bounds", "a Lipschitz bound of a discontinuous map does not exist (THEORY F25): "
+                                                 "a dense router, or inputs away from the switching set")]),
         ("t5", ("t5", "mt5"), "encoder: all blocks and encoder.final_layer_norm",
          ["pre-norm RMSNorm without shift", "unscaled attention (scale 1)",
           "relative position bias shared from layer 0 (F28)", "ReLU FFN", "gated-GELU FFN (v1.1, mT5, Flan-T5)"],

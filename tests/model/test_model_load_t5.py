@@ -121,3 +121,14 @@ def test_bucketing_is_structural_and_per_block_tables_are_refused(t5_models, tmp
     save_file(tensors, str(tmp_path / "model.safetensors"))
     with pytest.raises(UnsupportedArchitectureError, match="per-block relative position bias"):
         load(tmp_path)
+
+
+def test_analyze_notes_the_score_shift(t5_models):
+    from transcover.norms import analyze_spec
+
+    enc, _, _ = t5_models
+    spec = load(enc)
+    res = analyze_spec(spec, embeddings=False)
+    top = float(torch.as_tensor(spec.layers[0].attention.position_bias.table).abs().max())
+    note = next(n for n in res.notes if "relative position bias" in n)
+    assert f"{top:.4g}" in note and "F28" in note

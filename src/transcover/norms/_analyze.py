@@ -520,6 +520,7 @@ def analyze_spec(
     # of layer i are released before layer i + 1 is read (issue 14, streaming analysis).
     first: dict[str, object] = {}
     moe_layers = 0
+    pos_bias = -1.0  # max |relative position bias| (T5), -1: none
     qk_scores = 0.0  # THEORY F23: with query/key RMSNorm every score is <= s max|gamma_q| max|gamma_k| d_head
     for i, layer in enumerate(spec.layers):
         if not first:
@@ -531,6 +532,8 @@ def analyze_spec(
             qk_scores = max(qk_scores, a.softmax_scale * a.q_norm.gamma_max_abs * a.k_norm.gamma_max_abs
                             * a.d_head * (1 + 8 * 2.0**-52))
         moe_layers += isinstance(layer.ffn, MoESpec)
+        if a.position_bias is not None:  # T5 (THEORY F28): exact max of the table, every layer's scores shift by it
+            pos_bias = max(pos_bias, float(np.max(np.abs(_np(a.position_bias.table)))))
         layers.append(_layer_norms(layer, m))
         del layer
         if progress is not None:
@@ -555,6 +558,9 @@ def analyze_spec(
         notes.append("query biases act through B_KQ_bias on x~=[x,1]; key biases cancel in the softmax")
     if first["parallel"]:
         notes.append("parallel residual: each layer is x + attn(LN1 x) + ffn(LN2 x) (THEORY F21)")
+    if pos_bias >= 0:
+        notes.append(f"relative position bias (T5): every score is x_i W_KQ x_j^T shifted by at most max|B| = "
+                     f"{pos_bias:.4g}; the Lipschitz constants do not depend on it, G.3 charges its changes (THEORY F28)")
     if moe_layers:
         notes.append(f"mixture of experts in {moe_layers} layer(s): B_W1, B_W2, B_Wgate are the max over experts; "
                      "per-expert and router norms are in the matrices; no Lipschitz, G.3 or covering bound "

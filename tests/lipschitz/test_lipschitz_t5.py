@@ -99,3 +99,20 @@ def test_local_bounds_refuse_the_relative_bias():
     spec = _t5(L=1)
     with pytest.raises(InputError, match="relative position bias"):
         layer_local(spec.layers[0], torch.randn(3, 6, dtype=F64), 0.1)
+
+
+def test_covering_is_finite_and_covers_the_table():
+    import math
+
+    from transcover.covering import transformer_log_covering
+    from transcover.covering._model_bound import model_terms
+
+    a = _t5(seed=6)
+    terms, _, _ = model_terms(a)
+    roles = {t.role for t in terms}
+    assert {"pos_bias.0", "pos_bias.1"} <= roles
+    cov = transformer_log_covering(terms, 0.1, 128 * 1000, family="l21")
+    assert math.isfinite(cov.log_log_N)
+    b = _with_table(a, a.layers[0].attention.position_bias.table * 1.5)
+    terms_ref, _, _ = model_terms(a, reference=b)
+    assert {"pos_bias.0"} <= {t.role for t in terms_ref}

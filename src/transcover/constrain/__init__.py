@@ -16,9 +16,12 @@ from ._export import strip_constraints as strip_constraints
 from ._layout import HeadLayout as HeadLayout
 from ._monitor import CAPACITY_KIND as CAPACITY_KIND
 from ._monitor import TrainingMonitor as TrainingMonitor
+from ._monitor import certified_record as certified_record
 from ._monitor import grad_norm as grad_norm
 from ._monitor import read_history as read_history
+from ._measure import certified_model_norms as certified_model_norms
 from ._measure import certified_slot_norm as certified_slot_norm
+from ._measure import certified_slot_uppers as certified_slot_uppers
 from ._measure import exact_slot_norms as exact_slot_norms
 from ._measure import forward_weights as forward_weights
 from ._penalties import SigmaTracker as SigmaTracker
@@ -47,7 +50,8 @@ from ._spectral import remove_spectral_cap as remove_spectral_cap
 from ._spectral import spectral_cap as spectral_cap
 
 __all__ = [
-    "certified_slot_norm", "exact_slot_norms", "forward_weights",
+    "certified_slot_norm", "exact_slot_norms", "forward_weights", "certified_model_norms", "certified_slot_uppers",
+    "certified_record",
     "spectral_cap", "remove_spectral_cap", "product_cap", "norm_cap", "HeadLayout",
     "power_iteration", "product_power_iteration",
     "project_spectral_", "project_product_", "project_bias_", "clip_weights_",

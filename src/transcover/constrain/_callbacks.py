@@ -83,8 +83,8 @@ def _callback_class():
                     fields["train_loss"] = logs["loss"]
                 if "eval_loss" in logs:
                     fields["test_loss"] = logs["eval_loss"]
-                if fields:
-                    self.monitor.log(step=state.global_step, epoch=state.epoch, **fields)
+                if fields:  # an evaluation also certifies (Note [certified columns] in ``_monitor``)
+                    self.monitor.log(step=state.global_step, epoch=state.epoch, certify="eval_loss" in logs, **fields)
 
     return TranscoverCallback
 

@@ -8,8 +8,16 @@ the optimiser step), and what evaluation and export use.
 * :func:`exact_slot_norms`: float64 SVD (products through the QR core of Note [product
   projection], O(d k^2) per head, never forming the d x d product); kind *exact* up to float64
   rounding (~1e-15 relative), not a certificate.
-* :func:`certified_slot_norm`: ``transcover.norms`` (Gram + Cholesky certificates), a certified
-  upper bound on the stored values (upcast to float64 exactly).
+* :func:`certified_model_norms` / :func:`certified_slot_uppers`: what the monitors and the training
+  result call *certified*: ``transcover.norms.measure_model`` on the spec of the module's forward
+  weights (``model.spec_from_module`` of a plain, detached copy; float64 inside ``measure_model``),
+  the same measurement ``transcover analyze``/``bound`` make of a saved model (Note [one engine] in
+  ``norms._model``).  One source of truth: the history never certifies a matrix any other way.
+* :func:`certified_slot_norm`: the per-slot certificate :meth:`Constrainer.finalize` checks its
+  projections with (one slot at a time, re-measured after each retry; not recorded anywhere).
+
+The exact norms are training signals (penalties, projections, the per-step monitor columns
+``sigma.<G>``), never certificates.
 """
 
 from __future__ import annotations
@@ -19,10 +27,12 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
+from .._results import rounding_pad
 from ._projection import certified_product_sigma, certified_sigma, certified_vector_norm
 from ._slots import Slot
 
-__all__ = ["forward_weights", "exact_slot_norms", "certified_slot_norm", "product_sigmas"]
+__all__ = ["forward_weights", "exact_slot_norms", "certified_slot_norm", "product_sigmas", "certified_model_norms",
+           "certified_slot_uppers"]
 
 
 @contextmanager
@@ -65,3 +75,52 @@ def certified_slot_norm(slot: Slot) -> float:
             return certified_sigma(W)
         return max(certified_sigma(Wi) for Wi in W.reshape(-1, *W.shape[-2:]))
     return certified_vector_norm(slot.value())
+
+
+def certified_model_norms(model: nn.Module):  # -> transcover.norms.ModelNorms
+    """``measure_model`` of the weights ``model`` computes with (eval-mode values of every cap).
+
+    A plain deep copy (``export_plain(certify=False)``: the caps' values, nothing projected) goes
+    through the module adapter of ``transcover.model.spec_from_module``, so the live parameters are
+    never touched.  Returns the :class:`~transcover.norms.ModelNorms` and, for an MLP head, its
+    matrices' certified intervals (``norms.matrix_interval``) as a tuple.
+    """
+    from ..model import spec_from_module
+    from ..norms import matrix_interval, measure_model
+    from ._export import export_plain
+
+    with forward_weights(model):
+        plain = export_plain(model, certify=False).eval()
+    spec = spec_from_module(plain)
+    head = () if spec.head is None else tuple(matrix_interval(W) for W in spec.head.weights)
+    return measure_model(spec), head
+
+
+def _bias_upper(b: float | None, n: int) -> float:
+    """A certified upper end of ``||b||_2`` from its float64 value: one rounding pad (Note
+    [rounding pad] in ``transcover._results``: a float64 vector norm)."""
+    return 0.0 if b is None else b * (1.0 + rounding_pad(terms=n + 2))
+
+
+def certified_slot_uppers(model: nn.Module, slots: list[Slot], measured=None) -> dict[str, float]:  # noqa: ANN001
+    """Per slot key, the certified upper end of its largest norm (max over heads), read from
+    :func:`certified_model_norms` (or ``measured``, its result): ``KQ`` from ``HeadMeasure.W_KQ``
+    (scaled by the layer's softmax scale), ``OV`` from ``W_OV``, ``W1``/``W2`` from ``W_1``/``W_2``,
+    biases from ``b_1``/``b_2`` rounded up, ``head`` from the MLP head's matrices."""
+    norms, head = certified_model_norms(model) if measured is None else measured
+    out: dict[str, float] = {}
+    for s in slots:
+        if s.group == "head":
+            out[s.key] = head[s.layer].upper
+            continue
+        L = norms.layers[s.layer]
+        if s.group == "KQ":
+            out[s.key] = max(h.W_KQ(L.scale).upper for h in L.heads)
+        elif s.group == "OV":
+            out[s.key] = max(h.W_OV.upper for h in L.heads)
+        elif s.group in ("W1", "W2"):
+            out[s.key] = (L.W_1 if s.group == "W1" else L.W_2).upper
+        else:
+            n = L.shapes["W_1"][1] if s.group == "b1" else L.d_model
+            out[s.key] = _bias_upper(L.b_1 if s.group == "b1" else L.b_2, n)
+    return out

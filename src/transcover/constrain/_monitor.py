@@ -14,6 +14,15 @@ ones the step's forward used (caps refined their power-iteration vectors in that
 one touched them since).  :meth:`TrainingMonitor.log` uses that snapshot, or measures the current
 weights when there is none (e.g. at evaluations).
 
+Note [certified columns]: the per-step ``sigma.<G>`` are exact float64 norms, training signals
+(what the penalties and projections act on), not certificates.  What the history calls *certified*
+comes from one place: ``log(certify=True)`` (the training loop does it at every evaluation) runs
+``transcover.norms.measure_model`` on the spec of the module's forward weights
+(:func:`~transcover.constrain.certified_model_norms`) and records ``certified.<G>`` (the largest
+certified upper end over the group's layers and heads, in the CSV too) and ``certified_norms``
+(JSONL only: per layer the certified intervals of every head's ``W_KQ`` and ``W_OV`` and of
+``W_1``, ``W_2``, with the bias norms), kind *certified interval*.
+
 ``capacity`` is the product-of-norms Lipschitz proxy of THEORY F8 (:func:`capacity_proxy`), an
 estimate (:data:`CAPACITY_KIND`); it is the factor every covering bound of F9/F10 scales with, not
 itself a generalisation bound.  ``log_covering`` is filled by the caller when it computes the
@@ -34,11 +43,11 @@ from torch import nn
 
 from .._errors import InputError
 from .._io import atomic_write_text
-from ._measure import exact_slot_norms, forward_weights
+from ._measure import certified_model_norms, certified_slot_uppers, exact_slot_norms, forward_weights
 from ._penalties import capacity_proxy
 from ._slots import GROUPS, find_slots
 
-__all__ = ["TrainingMonitor", "grad_norm", "read_history", "CAPACITY_KIND"]
+__all__ = ["TrainingMonitor", "grad_norm", "read_history", "certified_record", "CAPACITY_KIND"]
 
 CAPACITY_KIND = "estimate: product-of-norms Lipschitz proxy (THEORY F8), not a certified bound"
 _BASE = ("step", "epoch", "progress", "loss", "grad_norm", "lr", "capacity", "log_covering",
@@ -74,7 +83,7 @@ class TrainingMonitor:
         self.n_layers = 1 + max(s.layer for s in self.slots if s.group != "head")
         self.groups = [g for g in GROUPS if any(s.group == g for s in self.slots)]
         self.columns = (list(_BASE) + [f"sigma.{g}" for g in self.groups] + [f"radius.{g}" for g in self.groups]
-                        + [f"ratio.{g}" for g in self.groups])
+                        + [f"ratio.{g}" for g in self.groups] + [f"certified.{g}" for g in self.groups])
         self.radii = radii
         self.ratios = ratios
         self._snapshot: dict[str, float | None] | None = None
@@ -119,14 +128,26 @@ class TrainingMonitor:
         """Measure the weights the current step's forward used (Note [forward weights])."""
         self._snapshot = self.norms()
 
-    def log(self, **fields: float | int | None) -> dict[str, float | int | None]:
-        """Record ``fields`` (any of the columns) plus the norms, radii and ratios; returns the record."""
-        rec: dict[str, float | int | None] = dict.fromkeys(self.columns)
-        rec.update(self._snapshot if self._snapshot is not None else self.norms())
-        self._snapshot = None
+    def certified(self) -> dict[str, object]:
+        """The certified columns of the current weights (Note [certified columns])."""
+        measured = certified_model_norms(self.model)
+        uppers = certified_slot_uppers(self.model, self.slots, measured)
+        out: dict[str, object] = {f"certified.{g}": max(v for k, v in uppers.items() if k.split(".")[0] == g)
+                                  for g in self.groups}
+        out["certified_norms"] = certified_record(measured[0])
+        return out
+
+    def log(self, certify: bool = False, **fields: float | int | None) -> dict[str, float | int | None]:
+        """Record ``fields`` (any of the columns) plus the norms, radii and ratios; returns the record.
+        ``certify``: also the certified columns (``measure_model``; Note [certified columns])."""
         unknown = set(fields) - set(self.columns)
         if unknown:
             raise InputError(f"unknown monitor field(s): {', '.join(sorted(unknown))}")
+        rec: dict[str, float | int | None] = dict.fromkeys(self.columns)
+        rec.update(self._snapshot if self._snapshot is not None else self.norms())
+        self._snapshot = None
+        if certify:
+            rec.update(self.certified())  # type: ignore[arg-type]
         rec.update(fields)
         self.records.append(rec)
         if self.prefix is not None:
@@ -150,6 +171,19 @@ class TrainingMonitor:
         buf = io.StringIO()
         csv.writer(buf, lineterminator="\n").writerow(["" if rec.get(c) is None else rec[c] for c in self.columns])
         return buf.getvalue()
+
+
+def certified_record(norms) -> dict[str, object]:  # noqa: ANN001  (a transcover.norms.ModelNorms)
+    """The JSON form of a measurement's certified intervals the history keeps, per layer:
+    ``W_KQ`` and ``W_OV`` per head (``[lower, upper]``, ``W_KQ`` with the softmax scale), ``W_1``,
+    ``W_2`` and the float64 bias norms ``b_1``, ``b_2``."""
+    def pair(iv) -> list[float]:  # noqa: ANN001
+        return [iv.lower, iv.upper]
+
+    return {"kind": norms.kind.value, "source": "transcover.norms.measure_model",
+            "layers": [{"layer": L.index, "W_KQ": [pair(h.W_KQ(L.scale)) for h in L.heads],
+                        "W_OV": [pair(h.W_OV) for h in L.heads], "W_1": pair(L.W_1), "W_2": pair(L.W_2),
+                        "b_1": L.b_1, "b_2": L.b_2} for L in norms.layers]}
 
 
 def read_history(path: str | os.PathLike[str]) -> list[dict]:

@@ -138,6 +138,11 @@ def layer_bounds(m: LayerMeasure) -> LayerBounds:
     which F6's ``2 B_KQ r + ||b||`` dominates with ``||b|| = s (||W_Q|| ||b_K|| + ||b_Q|| ||W_K||)`` in both
     metrics (THEORY F22).
     """
+    if m.experts is not None:  # measured expert by expert, but no Lipschitz constant exists (F25)
+        from ..model._adapters._refused import MOE_REASON
+
+        raise UnsupportedArchitectureError(f"layer {m.index} is a mixture of experts: {MOE_REASON}; "
+                                           "`analyze` reports its per-expert norms")
     s = m.scale
     kq = tuple(s * h.W_QK.upper if h.W_QK is not None else s * h.W_Q.upper * h.W_K.upper for h in m.heads)
     if m.rope and m.q_norm is None and m.k_norm is None:

@@ -21,13 +21,12 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import numpy as np
 
-from .._results import Interval, Kind, as_dict
+from .._results import Interval, Kind
 from .._threads import limit_threads
-from ..model import AttentionSpec, LayerSpec, MoESpec, NormSpec, TransformerSpec
+from ..model import AttentionSpec, LayerSpec, MoESpec, TransformerSpec
 from ._entrywise import (
     frobenius_l21_intervals,
     product_frobenius_l21,
@@ -43,192 +42,16 @@ from ._spectral import (
     in_safe_range,
 )
 from ._certify import batched_gram_with_error
+from ._rope_sup import rope_kq_estimate, rope_kq_interval
 from ._blocked import BLOCK_BYTES, blocked_matrix_norms
+from ._model import HeadMeasure, LayerMeasure, ModelNorms, NormMeasure, layer_arrays, measure_layer
+from ._analysis_types import (SCHEMA_VERSION, AnalysisResult, EmbeddingNorms, HeadNorms, LayerNorms, MatrixNorms,
+                              NormParams)
+
+_ZERO = Interval(0.0, 0.0, Kind.EXACT, "absent")
 
 __all__ = ["MatrixNorms", "HeadNorms", "NormParams", "LayerNorms", "EmbeddingNorms", "AnalysisResult",
            "analyze_spec", "SCHEMA_VERSION"]
-
-SCHEMA_VERSION = "1.0"
-_ZERO = Interval(0.0, 0.0, Kind.EXACT, "absent")
-
-
-@dataclass(frozen=True)
-class MatrixNorms:
-    """Spectral, Frobenius and (2,1) norms of one matrix (row-vector convention ``x @ W``)."""
-
-    role: str
-    shape: tuple[int, int]
-    spectral: Interval
-    frobenius: Interval
-    l21: Interval
-    tensor: str = ""  # the checkpoint tensor it comes from, if known
-
-    def to_dict(self) -> dict[str, object]:
-        return as_dict(self)
-
-
-@dataclass(frozen=True)
-class HeadNorms:
-    head: int
-    B_KQ: Interval  # ||scale W_Q^h W_K^hT||_2 (sup over relative positions with RoPE)
-    B_V: Interval  # ||W_V^h W_O^h||_2
-    W_V: Interval  # ||W_V^h||_2
-    B_KQ_bias: Interval | None = None  # ||scale [W_Q^h; b_Q^h] W_K^hT||_2 on x~ = [x, 1] (Note [attention biases])
-
-    def to_dict(self) -> dict[str, object]:
-        return as_dict(self, exclude=("B_KQ_bias",) if self.B_KQ_bias is None else ())
-
-
-@dataclass(frozen=True)
-class NormParams:
-    """A normalisation layer's kind and the parameters the Lipschitz bounds need (F14)."""
-
-    kind: str
-    gamma_max_abs: float
-    beta_norm: float
-    eps: float
-
-    @classmethod
-    def of(cls, norm: NormSpec | None) -> "NormParams | None":
-        if norm is None:
-            return None
-        return cls(norm.kind.value, norm.gamma_max_abs, norm.beta_norm, norm.eps)
-
-    def to_dict(self) -> dict[str, object]:
-        return as_dict(self)
-
-
-@dataclass(frozen=True)
-class LayerNorms:
-    index: int
-    B_KQ: Interval
-    B_V: Interval
-    B_W1: Interval
-    B_W2: Interval
-    B_b1: Interval
-    B_b2: Interval
-    W_O: Interval
-    B_Wgate: Interval | None
-    B_b_attn: Interval  # ||b_O + sum_h b_V^h W_O^h||_2, the attention block's effective output bias
-    heads: tuple[HeadNorms, ...]
-    matrices: dict[str, MatrixNorms]
-    norm_attn: NormParams
-    norm_ffn: NormParams
-    placement: str
-    rope: bool = False
-
-    def to_dict(self, *, matrices: bool = True) -> dict[str, object]:
-        return as_dict(self, exclude=(() if self.B_Wgate is not None else ("B_Wgate",))
-                       + (() if matrices else ("matrices",)))
-
-
-@dataclass(frozen=True)
-class EmbeddingNorms:
-    """A matrix outside the seed's decomposition (embedding, un-embedding, pooler, head)."""
-
-    name: str
-    norms: MatrixNorms
-    max_row_norm: float  # largest ||row||_2: for token embeddings, the radius of the input tokens
-
-    def to_dict(self) -> dict[str, object]:
-        return as_dict(self, exclude=("norms",), **self.norms.to_dict())
-
-
-@dataclass(frozen=True)
-class AnalysisResult:
-    """The output of ``transcover analyze``; ``to_dict()`` is the versioned JSON schema."""
-
-    model: str
-    arch: str
-    d_model: int
-    n_heads: int
-    d_head: int
-    mode: str  # "certified" or "fast"
-    rtol: float
-    layers: tuple[LayerNorms, ...]
-    embeddings: tuple[EmbeddingNorms, ...] = ()
-    final_norm: NormParams | None = None
-    seconds: float = 0.0
-    notes: tuple[str, ...] = field(default_factory=tuple)
-    warnings: tuple[str, ...] = ()  # the loader's (spec.warnings), e.g. unexpected tensors in a layer
-
-    @property
-    def kind(self) -> Kind:
-        return Kind.CERTIFIED_INTERVAL if self.mode == "certified" else Kind.ESTIMATE
-
-    def summary(self) -> dict[str, Interval]:
-        """Enclosures of the maxima over layers (max of lowers, max of uppers)."""
-        out = {}
-        for key in ("B_KQ", "B_V", "B_W1", "B_W2", "B_b1", "B_b2"):
-            ivs = [getattr(layer, key) for layer in self.layers]
-            out[key] = Interval(max(i.lower for i in ivs), max(i.upper for i in ivs), ivs[0].kind, "max over layers")
-        return out
-
-    def to_dict(self, *, matrices: bool = True) -> dict[str, object]:
-        return {
-            "schema": "transcover.analyze",
-            "schema_version": SCHEMA_VERSION,
-            "model": self.model,
-            "arch": self.arch,
-            "d_model": self.d_model,
-            "n_layers": len(self.layers),
-            "n_heads": self.n_heads,
-            "d_head": self.d_head,
-            "mode": self.mode,
-            "kind": self.kind.value,
-            "rtol": self.rtol,
-            "seconds": self.seconds,
-            "summary": {k: v.to_dict() for k, v in self.summary().items()},
-            "layers": [layer.to_dict(matrices=matrices) for layer in self.layers],
-            "embeddings": [e.to_dict() for e in self.embeddings],
-            "final_norm": None if self.final_norm is None else self.final_norm.to_dict(),
-            "notes": list(self.notes),
-            "warnings": list(self.warnings),
-        }
-
-    def to_dataframe(self):
-        """One row per matrix with every norm (spectral, Frobenius, (2,1): lower and upper) and its kind."""
-        from .._views import render
-
-        return render("analysis.matrices_dataframe", self)
-
-    def layers_dataframe(self):
-        """One row per layer: every per-layer quantity (B_Wgate, B_b_attn included), lower and upper."""
-        from .._views import render
-
-        return render("analysis.layers_dataframe", self)
-
-    get_summary = layers_dataframe  # the name WeightWatcher users look for
-
-    def plot(self, ax=None):
-        """Per-layer x per-head heatmaps of B_KQ and B_V: :class:`transcover.report.AnalysisDisplay`."""
-        from .._views import render
-
-        return render("analysis.plot", self, ax=ax)
-
-    def __repr__(self) -> str:
-        from .._views import render
-
-        return render("analysis.repr", self)
-
-    def _repr_html_(self) -> str:
-        from .._views import render
-
-        return render("analysis.repr_html", self)
-
-    def heads_dataframe(self):
-        """One row per (layer, head): B_KQ, B_V and ||W_V^h|| intervals (pandas)."""
-        import pandas as pd
-
-        rows = []
-        for layer in self.layers:
-            for h in layer.heads:
-                rows.append({"layer": layer.index, "head": h.head,
-                             "B_KQ_lower": h.B_KQ.lower, "B_KQ_upper": h.B_KQ.upper,
-                             "B_V_lower": h.B_V.lower, "B_V_upper": h.B_V.upper,
-                             "W_V_lower": h.W_V.lower, "W_V_upper": h.W_V.upper})
-        return pd.DataFrame(rows).set_index(["layer", "head"])
-
 
 # ---------------------------------------------------------------------------------------------
 
@@ -305,37 +128,19 @@ def _max_interval(ivs: list[Interval], method: str) -> Interval:
     return Interval(max(i.lower for i in ivs), max(i.upper for i in ivs), ivs[0].kind, method)
 
 
-def _rope_offsets(max_position: int) -> list[int]:
-    """Relative positions at which the RoPE lower bound is evaluated: all small ones, then log-spaced."""
-    small = list(range(0, min(max_position, 32)))
-    big = np.unique(np.geomspace(32, max(max_position - 1, 33), num=32).astype(int)).tolist()
-    return sorted(set(small + [b for b in big if b < max_position]))
-
-
 def _kq_head(attn: AttentionSpec, h: int, m: _Measurer, f64: dict[str, np.ndarray]) -> tuple[Interval, MatrixNorms, Interval | None]:
-    Wq, Wk, _, _ = attn.head(h)
     g = attn.kv_index(h)
     A, Bt = f64["W_Q"][h], np.ascontiguousarray(f64["W_K"][g].T)
     scale = attn.softmax_scale
     grams = None if "G_Q" not in f64 else (f64["G_Q"][h], f64["e_Q"][h], f64["G_K"][g], f64["e_K"][g])
     kq = m.product(f"W_KQ.h{h}", A, Bt, scale, grams=grams)
-    if attn.rope is not None:
-        # sup over relative positions Delta of ||W_Q R_Delta W_K^T||: every R_Delta is orthogonal, so
-        # ||W_Q|| ||W_K|| is a certified upper end; certified lower ends at sampled Delta give the lower end.
-        lowers = []
-        from ..model import apply_rope  # RoPE models only (needs torch)
-        import torch
-
-        Wq_t = torch.as_tensor(_np(Wq))
-        for delta in _rope_offsets(attn.rope.max_position):
-            Wq_rot = apply_rope(Wq_t, attn.rope, torch.full((Wq.shape[0],), float(delta), dtype=torch.float64))
-            iv = (product_norm_estimate if m.fast else product_norm_interval)(m.array(Wq_rot), Bt, rtol=m.rtol)
-            lowers.append(iv.lower * scale)
-        q_norm = m.matrix("W_Q", A).spectral
-        k_norm = m.matrix("W_K", f64["W_K"][g]).spectral
-        upper = q_norm.upper * k_norm.upper * scale * (1 + 4 * 2.0**-52)
-        B_KQ = Interval(min(max(lowers), upper), upper, kq.spectral.kind,
-                        "RoPE: sup over relative positions; upper = scale ||W_Q|| ||W_K||")
+    if attn.rope is not None and m.fast:
+        B_KQ = rope_kq_estimate(A, f64["W_K"][g], attn.rope, scale)
+    elif attn.rope is not None:  # the sup over relative positions (Note [RoPE supremum] in _rope_sup)
+        if f"|W_K|.h{g}" not in f64:  # grouped-query heads share the key head: measure it once
+            f64[f"|W_K|.h{g}"] = spectral_norm_interval(f64["W_K"][g], gram=None if grams is None else grams[2:])
+        norms = (spectral_norm_interval(A, gram=None if grams is None else grams[:2]), f64[f"|W_K|.h{g}"])
+        B_KQ = rope_kq_interval(A, f64["W_K"][g], attn.rope, scale, grams=grams, norms=norms)
     else:
         B_KQ = kq.spectral
     B_KQ_bias = None
@@ -347,16 +152,43 @@ def _kq_head(attn: AttentionSpec, h: int, m: _Measurer, f64: dict[str, np.ndarra
 
 
 def _head_norms(attn: AttentionSpec, h: int, m: _Measurer, f64: dict[str, np.ndarray],
-                matrices: dict[str, MatrixNorms], names: dict[str, str]) -> HeadNorms:
-    B_KQ, kq, B_KQ_bias = _kq_head(attn, h, m, f64)
-    g = attn.kv_index(h)  # grouped-query heads share W_V^g: measure it once
+                matrices: dict[str, MatrixNorms], names: dict[str, str], hm: HeadMeasure) -> HeadNorms:
+    """Head ``h`` as ``analyze`` shows it: the certified spectral norms are ``measure_layer``'s
+    (``hm``, Note [one engine] in ``_model``); only the Frobenius and (2,1) norms, the augmented
+    query-bias matrix and, with RoPE, the sup over relative positions are added here."""
+    g = attn.kv_index(h)  # grouped-query heads share W_V^g: one entry
+    d, scale = attn.d_model, attn.softmax_scale
+    A, Bt = f64["W_Q"][h], np.ascontiguousarray(f64["W_K"][g].T)
     Wv, Wo = f64["W_V"][g], f64["W_O"][h]
-    batched = "G_V" in f64
-    ov = m.product(f"W_OV.h{h}", Wv, Wo,
-                   grams=(f64["G_V"][g], f64["e_V"][g], f64["G_O"][h], f64["e_O"][h]) if batched else None)
+    batched = "G_Q" in f64
+    if attn.rope is not None:
+        B_KQ, kq, B_KQ_bias = _kq_head(attn, h, m, f64)
+    else:
+        fro, l21 = product_frobenius_l21(A, Bt, f64["G_Q"][h] if batched else None)
+        B_KQ = hm.W_KQ(scale)
+        kq = MatrixNorms(f"W_KQ.h{h}", (d, d), B_KQ, scale_interval(fro, scale), scale_interval(l21, scale))
+        B_KQ_bias = None
+        if attn.b_Q is not None:
+            grams = None if "G_Qa" not in f64 else (f64["G_Qa"][h], f64["e_Qa"][h], f64["G_K"][g], f64["e_K"][g])
+            aug = product_norm_interval(m.array(attn.W_Q_augmented(h)), Bt, rtol=m.rtol, grams=grams)
+            B_KQ_bias = scale_interval(aug, scale)
+    ov = MatrixNorms(f"W_OV.h{h}", (d, d), hm.W_OV, *product_frobenius_l21(Wv, Wo, f64["G_V"][g] if batched else None))
     if f"W_V.h{g}" not in matrices:
-        matrices[f"W_V.h{g}"] = m.matrix(f"W_V.h{g}", Wv, names.get("W_V", ""),
-                                         gram=(f64["G_V"][g], f64["e_V"][g]) if batched else None)
+        matrices[f"W_V.h{g}"] = MatrixNorms(f"W_V.h{g}", tuple(Wv.shape), hm.W_V, *frobenius_l21_intervals(Wv),
+                                            names.get("W_V", ""))
+    matrices[kq.role] = kq
+    matrices[ov.role] = ov
+    return HeadNorms(h, B_KQ, hm.W_OV, hm.W_V, B_KQ_bias)
+
+
+def _head_norms_fast_rope(attn: AttentionSpec, h: int, m: _Measurer, f64: dict[str, np.ndarray],
+                          matrices: dict[str, MatrixNorms], names: dict[str, str]) -> HeadNorms:
+    """``--fast`` with RoPE: estimates head by head (the batched estimates know no rotations)."""
+    B_KQ, kq, B_KQ_bias = _kq_head(attn, h, m, f64)
+    g = attn.kv_index(h)
+    ov = m.product(f"W_OV.h{h}", f64["W_V"][g], f64["W_O"][h])
+    if f"W_V.h{g}" not in matrices:
+        matrices[f"W_V.h{g}"] = m.matrix(f"W_V.h{g}", f64["W_V"][g], names.get("W_V", ""))
     matrices[kq.role] = kq
     matrices[ov.role] = ov
     return HeadNorms(h, B_KQ, ov.spectral, matrices[f"W_V.h{g}"].spectral, B_KQ_bias)
@@ -410,55 +242,67 @@ def _heads_fast(attn: AttentionSpec, m: _Measurer, arr: dict[str, np.ndarray],
 # the big Grams do not (Note [small problems] in ``transcover._threads``).
 
 
-def _moe_norms(moe: MoESpec, m: _Measurer, matrices: dict[str, MatrixNorms],
-               names: dict[str, str]) -> tuple[Interval, Interval, Interval | None]:
-    """Certified norms of every expert's matrices (``expert.e.W_1`` ...), the router and a shared
-    expert, into ``matrices``; returns (B_W1, B_W2, B_Wgate), each the max over the experts (F25)."""
+def _moe_norms(moe: MoESpec, matrix, matrices: dict[str, MatrixNorms],  # noqa: ANN001
+               lm: LayerMeasure | None) -> tuple[Interval, Interval, Interval | None]:
+    """Every expert's matrices (``expert.e.W_1`` ...), the router and a shared expert into ``matrices``
+    (certified: the intervals ``measure_layer`` measured, ``lm.experts``); returns (B_W1, B_W2, B_Wgate),
+    each the max over the experts (THEORY F29)."""
+    own = {} if lm is None else lm.experts
     for e in range(moe.n_experts):
         for role in ("W_1", "W_2", "W_gate"):
             W = getattr(moe, role)
             if W is not None:
-                matrices[f"expert.{e}.{role}"] = m.matrix(f"expert.{e}.{role}", W[e], names.get(
-                    "experts.down" if role == "W_2" else "experts.gate_up", "") + f"[{e}]")
-    matrices["router"] = m.matrix("router", moe.W_router, names.get("router", ""))
+                key = f"expert.{e}.{role}"
+                matrices[key] = matrix(key, W[e], own.get(key))
+    matrices["router"] = matrix("router", moe.W_router, own.get("router"))
     if moe.shared is not None:
         for role in ("W_1", "W_2", "W_gate"):
-            matrices[f"shared.{role}"] = m.matrix(f"shared.{role}", getattr(moe.shared, role))
+            matrices[f"shared.{role}"] = matrix(f"shared.{role}", getattr(moe.shared, role), own.get(f"shared.{role}"))
     best = {role: _max_interval([matrices[f"expert.{e}.{role}"].spectral for e in range(moe.n_experts)],
                                 "max over experts") for role in ("W_1", "W_2", "W_gate") if getattr(moe, role) is not None}
     return best["W_1"], best["W_2"], best.get("W_gate")
 
 
-def _layer_norms(layer: LayerSpec, m: _Measurer) -> LayerNorms:
+def _layer_norms(layer: LayerSpec, m: _Measurer, entrywise: bool = False) -> tuple[LayerNorms, LayerMeasure | None]:
+    """One layer as ``analyze`` shows it and, in certified mode, the :class:`LayerMeasure` it is a
+    view of (``--fast`` estimates are no certified measurement: None)."""
     attn, ffn = layer.attention, layer.ffn
     names = layer.names
     matrices: dict[str, MatrixNorms] = {}
-    # one float64 copy of each weight per layer (contiguous: the BLAS calls below are then cheap)
-    f64 = {k: m.array(getattr(attn, k)) for k in ("W_Q", "W_K", "W_V", "W_O")}
-    if not m.fast and in_safe_range(*f64.values()):
-        # every head's d_head x d_head Gram in four batched products (Note [small problems])
-        for key, W in (("Q", f64["W_Q"]), ("K", f64["W_K"]), ("V", f64["W_V"]),
-                       ("O", np.ascontiguousarray(f64["W_O"].transpose(0, 2, 1)))):
-            f64[f"G_{key}"], f64[f"e_{key}"] = batched_gram_with_error(W)
-        if attn.b_Q is not None and attn.rope is None:  # [W_Q; b_Q] on x~ = [x, 1] (Note [attention biases])
+    lm = None
+    if m.fast:
+        f64 = {k: m.array(getattr(attn, k)) for k in ("W_Q", "W_K", "W_V", "W_O")}  # float32, no copies
+    else:
+        f64 = layer_arrays(attn)  # the engine's arrays and batched Grams (Note [one engine] in _model)
+        if attn.b_Q is not None and attn.rope is None and "G_Q" in f64:  # [W_Q; b_Q] on x~ = [x, 1]
             b_Q = m.array(attn.b_Q)
             if in_safe_range(b_Q):
                 WQa = np.concatenate([f64["W_Q"], b_Q[:, None, :]], axis=1)
                 f64["G_Qa"], f64["e_Qa"] = batched_gram_with_error(WQa)
+        lm = measure_layer(layer, entrywise, arrays=f64)
     with limit_threads(1, torch=False):  # Note [small problems] in ``transcover._threads``
         if m.fast and attn.rope is None:
             heads = _heads_fast(attn, m, f64, matrices, names)
+        elif m.fast:
+            heads = [_head_norms_fast_rope(attn, h, m, f64, matrices, names) for h in range(attn.n_heads)]
         else:
-            heads = [_head_norms(attn, h, m, f64, matrices, names) for h in range(attn.n_heads)]
-    matrices["W_O"] = m.matrix("W_O", f64["W_O"].reshape(-1, attn.d_model), names.get("W_O", ""))
+            heads = [_head_norms(attn, h, m, f64, matrices, names, lm.heads[h]) for h in range(attn.n_heads)]
+
+    def matrix(role: str, W, spectral: Interval | None) -> MatrixNorms:
+        if spectral is None:  # --fast
+            return m.matrix(role, W, names.get(role, ""))
+        Wn = m.array(W)
+        return MatrixNorms(role, tuple(Wn.shape), spectral, *frobenius_l21_intervals(Wn), names.get(role, ""))
+
+    matrices["W_O"] = matrix("W_O", f64["W_O"].reshape(-1, attn.d_model), None if lm is None else lm.W_O)
     if isinstance(ffn, MoESpec):
-        B_W1, B_W2, B_Wgate = _moe_norms(ffn, m, matrices, names)
+        B_W1, B_W2, B_Wgate = _moe_norms(ffn, matrix, matrices, lm)
     else:
-        matrices["W_1"] = m.matrix("W_1", ffn.W_1, names.get("W_1", ""))
-        matrices["W_2"] = m.matrix("W_2", ffn.W_2, names.get("W_2", ""))
+        matrices["W_1"] = matrix("W_1", f64.get("W_1", ffn.W_1), None if lm is None else lm.W_1)
+        matrices["W_2"] = matrix("W_2", f64.get("W_2", ffn.W_2), None if lm is None else lm.W_2)
         B_W1, B_W2, B_Wgate = matrices["W_1"].spectral, matrices["W_2"].spectral, None
         if ffn.W_gate is not None:
-            matrices["W_gate"] = m.matrix("W_gate", ffn.W_gate, names.get("W_gate", ""))
+            matrices["W_gate"] = matrix("W_gate", f64.get("W_gate", ffn.W_gate), None if lm is None else lm.W_gate)
             B_Wgate = matrices["W_gate"].spectral
 
     def bias_norm(b) -> Interval:
@@ -482,7 +326,7 @@ def _layer_norms(layer: LayerSpec, m: _Measurer) -> LayerNorms:
         norm_ffn=NormParams.of(layer.norm_ffn),
         placement=layer.placement.value,
         rope=attn.rope is not None,
-    )
+    ), lm
 
 
 def analyze_spec(
@@ -492,6 +336,7 @@ def analyze_spec(
     rtol: float = 1e-3,
     embeddings: bool = True,
     progress: Callable[[int, int], None] | None = None,
+    entrywise: bool = False,
 ) -> AnalysisResult:
     """Measure every layer (and head) of ``spec``: the seed's section 2.1 quantities as intervals.
 
@@ -501,6 +346,11 @@ def analyze_spec(
         rtol: target relative gap of certified intervals (and stopping tolerance of estimates).
         embeddings: also measure the matrices outside the decomposition.
         progress: called as ``progress(done, total)`` after each layer.
+        entrywise: also the (2,1) norms the covering bounds read, in ``result.norms``.
+
+    Certified mode is a view of :func:`~transcover.norms.measure_model`'s engine (Note [one engine]
+    in ``_model``): ``result.norms`` is the :class:`~transcover.norms.ModelNorms` every spectral
+    interval shown was read from, for the Lipschitz and covering bounds to reuse (``report`` does).
 
     Raises:
         InputError: ``rtol`` not in (0, 1), or a model without layers.
@@ -514,7 +364,7 @@ def analyze_spec(
         raise InputError(f"model {spec.name!r} has no Transformer layers to analyze")
     m = _Measurer(fast, rtol)
     t0 = time.perf_counter()
-    layers = []
+    layers, measures = [], []
     # Note [one layer at a time]: spec.layers builds each layer on access and nothing here keeps a
     # LayerSpec past its iteration (only these facts about the first one), so the decoded weights
     # of layer i are released before layer i + 1 is read (issue 14, streaming analysis).
@@ -534,7 +384,9 @@ def analyze_spec(
         moe_layers += isinstance(layer.ffn, MoESpec)
         if a.position_bias is not None:  # T5 (THEORY F28): exact max of the table, every layer's scores shift by it
             pos_bias = max(pos_bias, float(np.max(np.abs(_np(a.position_bias.table)))))
-        layers.append(_layer_norms(layer, m))
+        view, lm = _layer_norms(layer, m, entrywise)
+        layers.append(view)
+        measures.append(lm)
         del layer
         if progress is not None:
             progress(i + 1, n)
@@ -552,8 +404,9 @@ def analyze_spec(
             embs.append(EmbeddingNorms(f"mlp_head.{j}", m.matrix(f"mlp_head.{j}", W), _max_row_norm(W)))
     notes = []
     if first["rope"]:
-        notes.append("RoPE: B_KQ is the sup over relative positions; its upper end is scale*||W_Q||*||W_K|| "
-                     "and its gap can exceed rtol")
+        notes.append("RoPE: B_KQ is the sup over relative positions |delta| < max_position; its upper end is "
+                     "the smaller of scale*||W_Q||*||W_K|| and a slow/fast-plane split (THEORY F22), and its gap "
+                     "can exceed rtol")
     if first["b_Q"] and not first["rope"]:
         notes.append("query biases act through B_KQ_bias on x~=[x,1]; key biases cancel in the softmax")
     if first["parallel"]:
@@ -573,4 +426,6 @@ def analyze_spec(
         d_head=int(first["dh"]), mode="fast" if fast else "certified", rtol=rtol,
         layers=tuple(layers), embeddings=tuple(embs), final_norm=NormParams.of(spec.final_norm),
         seconds=time.perf_counter() - t0, notes=tuple(notes), warnings=tuple(spec.warnings),
+        norms=None if fast else ModelNorms(spec.name, spec.d_model, tuple(measures), NormMeasure.of(spec.input_norm),
+                                           NormMeasure.of(spec.final_norm), entrywise=entrywise),
     )

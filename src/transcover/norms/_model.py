@@ -29,6 +29,15 @@ Note [distances]: a matrix present in both models is compared directly; a bias o
 scale present in one model only is compared with zeros (ones for gamma), which is what the other
 model's forward pass uses (Note [structural differences] in ``model._compare``).  Differences of
 products are products of concatenated factors (rank <= 2 d_head), so no d x d matrix is formed.
+
+Note [one engine]: this module is the only place the certified norms of a model's matrices are
+measured.  Per layer, :func:`layer_arrays` makes one float64 copy of the attention weights and
+every head's ``d_head x d_head`` Gram in four batched products (with the error bound of
+``_certify.batched_gram_with_error``); every head's certificate reuses them.  ``transcover
+analyze`` (``_analyze.analyze_spec``) is a view of the same :class:`LayerMeasure` s, adding only
+what it alone shows (Frobenius and (2,1) norms of every matrix, the augmented query-bias matrix,
+the embeddings); the Lipschitz chain, the covering terms, ``bound``, ``report`` and the training
+monitors (``constrain.TrainingMonitor``) read the same numbers.
 """
 
 from __future__ import annotations
@@ -41,9 +50,10 @@ import numpy as np
 from .._results import Interval, Kind, as_dict
 from ..model import AttentionSpec, FFNSpec, LayerSpec, MoESpec, NormKind, NormSpec, Placement, TransformerSpec
 from . import _entrywise, _spectral
+from ._certify import batched_gram_with_error
 
 __all__ = ["HeadMeasure", "NormMeasure", "Distance", "LayerMeasure", "ModelNorms", "measure_model", "measure_layer",
-           "matrix_interval", "product_interval"]
+           "matrix_interval", "product_interval", "layer_arrays"]
 
 _ZERO = Interval(0.0, 0.0, Kind.EXACT, "absent")
 
@@ -145,6 +155,9 @@ class LayerMeasure:
     # T5's relative position bias (THEORY F28): max |table[:, h]| per head (float64, exact); None without
     pos_bias_heads: tuple[float, ...] | None = None
     pos_bias_buckets: int = 0
+    # mixture of experts (THEORY F29): every expert's, the router's and a shared expert's certified ||.||_2
+    # ("expert.e.W_1", "router", "shared.W_2", ...); None for a dense FFN.  W_1, W_2, W_gate are the maxima.
+    experts: dict[str, Interval] | None = None
 
     @property
     def n_heads(self) -> int:
@@ -222,16 +235,50 @@ def product_interval(A, B) -> Interval:  # noqa: ANN001
 
 
 def _l2(v) -> float | None:  # noqa: ANN001
-    return None if v is None else float(_t(v).norm())
+    """``||v||_2`` in float64 (numpy: ``analyze`` of a file never imports torch)."""
+    return None if v is None else float(np.linalg.norm(_spectral.as_array(v, np.float64).ravel()))
 
 
-def _heads(a: AttentionSpec, entrywise: bool) -> tuple[HeadMeasure, ...]:
+def layer_arrays(a: AttentionSpec) -> dict[str, np.ndarray]:
+    """Float64 copies of one layer's attention weights and, batched over heads, every head's
+    ``d_head x d_head`` Gram with its error bound (Note [one engine]).
+
+    Keys ``W_Q``, ``W_K``, ``W_V``, ``W_O`` (stacked per head) and, when no power-of-two rescaling is
+    needed (``in_safe_range``), ``G_Q``/``e_Q`` ... ``G_O``/``e_O`` (``W_O`` read as ``W_O^hT``).
+    """
+    arr = {k: _spectral.as_array(getattr(a, k), np.float64) for k in ("W_Q", "W_K", "W_V", "W_O")}
+    if _spectral.in_safe_range(*arr.values()):
+        for key, W in (("Q", arr["W_Q"]), ("K", arr["W_K"]), ("V", arr["W_V"]),
+                       ("O", np.ascontiguousarray(arr["W_O"].transpose(0, 2, 1)))):
+            arr[f"G_{key}"], arr[f"e_{key}"] = batched_gram_with_error(W)
+    return arr
+
+
+def _gram(arr: dict[str, np.ndarray], key: str, i: int) -> tuple[np.ndarray, float] | None:
+    return (arr[f"G_{key}"][i], float(arr[f"e_{key}"][i])) if f"G_{key}" in arr else None
+
+
+def _single(W: np.ndarray, gram: tuple[np.ndarray, float] | None) -> Interval:
+    if W.size == 0:
+        return Interval(0.0, 0.0, Kind.CERTIFIED_INTERVAL, "empty")
+    return _spectral.spectral_norm_interval(W, rtol=1e-6, gram=gram)
+
+
+def _pair(A: np.ndarray, B: np.ndarray, ga, gb) -> Interval:  # noqa: ANN001
+    if A.size == 0 or B.size == 0:
+        return Interval(0.0, 0.0, Kind.CERTIFIED_INTERVAL, "empty")
+    grams = None if ga is None or gb is None else (*ga, *gb)
+    return _spectral.product_norm_interval(A, B, rtol=1e-6, grams=grams)
+
+
+def _heads(a: AttentionSpec, entrywise: bool, arr: dict[str, np.ndarray]) -> tuple[HeadMeasure, ...]:
     s = a.softmax_scale
-    W_V = {g: matrix_interval(_t(a.W_V[g])) for g in sorted({a.kv_index(h) for h in range(a.n_heads)})}
+    kvs = sorted({a.kv_index(h) for h in range(a.n_heads)})
+    W_V = {g: _single(arr["W_V"][g], _gram(arr, "V", g)) for g in kvs}
     # the key map's own norm is read where the scores are not x_i W_Q W_K^T x_j^T: RoPE (sup over the
     # rotations) and query/key normalisation (THEORY F22, F23)
     split = a.rope is not None or a.q_norm is not None or a.k_norm is not None
-    W_K = {g: matrix_interval(_t(a.W_K[g])) for g in W_V} if split else {}
+    W_K = {g: _single(arr["W_K"][g], _gram(arr, "K", g)) for g in kvs} if split else {}
     if a.softcap is not None and a.b_K is not None:
         from .._errors import UnsupportedArchitectureError
 
@@ -240,18 +287,21 @@ def _heads(a: AttentionSpec, entrywise: bool) -> tuple[HeadMeasure, ...]:
     out = []
     for h in range(a.n_heads):
         g = a.kv_index(h)
-        Wq, Wk, Wv, Wo = (_t(x) for x in a.head(h))
-        Kt = Wk.T
-        bqk = None if a.b_Q is None or a.rope is not None else float((_t(a.b_Q[h]) @ Kt).norm())
-        head = HeadMeasure(h, g, None if a.rope is not None else product_interval(Wq, Kt), product_interval(Wv, Wo), matrix_interval(Wq),
-                           W_V[g], W_K.get(g), bqk,
+        Wq, Wv, Wo = arr["W_Q"][h], arr["W_V"][g], arr["W_O"][h]
+        Kt = np.ascontiguousarray(arr["W_K"][g].T)
+        bqk = None
+        if a.b_Q is not None and a.rope is None:
+            bqk = _l2(_spectral.as_array(a.b_Q[h], np.float64) @ Kt)
+        W_QK = None if a.rope is not None else _pair(Wq, Kt, _gram(arr, "Q", h), _gram(arr, "K", g))
+        head = HeadMeasure(h, g, W_QK, _pair(Wv, Wo, _gram(arr, "V", g), _gram(arr, "O", h)),
+                           _single(Wq, _gram(arr, "Q", h)), W_V[g], W_K.get(g), bqk,
                            _l2(a.b_Q[h]) if split and a.b_Q is not None else None,
                            _l2(a.b_K[g]) if split and a.b_K is not None else None)
         if entrywise:
             if split:
-                head = replace(head, l21_Q=_entrywise.l21_interval(_np(Wq)), l21_K=_entrywise.l21_interval(_np(Wk)))
+                head = replace(head, l21_Q=_entrywise.l21_interval(Wq), l21_K=_entrywise.l21_interval(arr["W_K"][g]))
             if a.rope is None:
-                l21_kq = _entrywise.product_l21_interval(_np(s * Wq), _np(Kt))
+                l21_kq = _entrywise.product_l21_interval(_np(s * Wq), Kt)
             else:  # every relative rotation at once (see _rope_l21)
                 up = _rope_l21(head.W_KQ(s).upper, a.d_model, a.d_head)
                 l21_kq = Interval(0.0, up, Kind.CERTIFIED_INTERVAL, "RoPE: sqrt(d d_head) x spectral bound")
@@ -260,30 +310,71 @@ def _heads(a: AttentionSpec, entrywise: bool) -> tuple[HeadMeasure, ...]:
     return tuple(out)
 
 
-def measure_layer(layer: LayerSpec, entrywise: bool = False) -> LayerMeasure:
+def _moe_intervals(moe: MoESpec, entrywise: bool) -> tuple[dict, dict, dict, dict[str, Interval]]:
+    """A mixture of experts' (spectral, l21, shapes) of W_1, W_2, W_gate, each the max over the experts
+    (``max_e ||W_e||`` lies in ``[max_e lower_e, max_e upper_e]``), and every expert's, the router's and a
+    shared expert's own certified interval (THEORY F29)."""
+    own: dict[str, Interval] = {}
+    spectral: dict[str, Interval | None] = {}
+    l21: dict[str, Interval] = {}
+    shapes: dict[str, tuple[int, int]] = {}
+    for role in ("W_1", "W_2", "W_gate"):
+        W = getattr(moe, role)
+        if W is None:
+            spectral[role] = None
+            continue
+        ivs = []
+        for e in range(moe.n_experts):
+            We = _np(W[e])
+            own[f"expert.{e}.{role}"] = iv = matrix_interval(We)
+            ivs.append((iv, _entrywise.l21_interval(We) if entrywise else None))
+        shapes[role] = tuple(W.shape[1:])
+        spectral[role] = Interval(max(i.lower for i, _ in ivs), max(i.upper for i, _ in ivs),
+                                  Kind.CERTIFIED_INTERVAL, "max over experts")
+        if entrywise:
+            l21[role] = Interval(max(x.lower for _, x in ivs), max(x.upper for _, x in ivs),
+                                 Kind.CERTIFIED_INTERVAL, "max over experts")
+    own["router"] = matrix_interval(_np(moe.W_router))
+    if moe.shared is not None:
+        for role in ("W_1", "W_2", "W_gate"):
+            own[f"shared.{role}"] = matrix_interval(_np(getattr(moe.shared, role)))
+    return spectral, l21, shapes, own
+
+
+def measure_layer(layer: LayerSpec, entrywise: bool = False, *,
+                  arrays: dict[str, np.ndarray] | None = None) -> LayerMeasure:
     """Every norm of one layer (the per-layer step of :func:`measure_model`).
 
-    Raises:
-        UnsupportedArchitectureError: a mixture-of-experts FFN (every consumer of these norms is a
-            bound that needs a Lipschitz constant, which top-k routing does not have: THEORY F25).
+    ``arrays``: the layer's :func:`layer_arrays`, when the caller needs them afterwards too
+    (``analyze`` reads the Grams again for the Frobenius and (2,1) norms); computed here otherwise.
+    A mixture-of-experts FFN is measured expert by expert (``LayerMeasure.experts``; W_1, W_2, W_gate
+    the maxima); every bound built on it refuses (``lipschitz._weights``, THEORY F25).
     """
     a, f = layer.attention, layer.ffn
+    arr = layer_arrays(a) if arrays is None else arrays
     if isinstance(f, MoESpec):
-        from .._errors import UnsupportedArchitectureError
-        from ..model._adapters._refused import MOE_REASON
-
-        raise UnsupportedArchitectureError(f"layer {layer.index} is a mixture of experts: {MOE_REASON}; "
-                                           "`analyze` reports its per-expert norms")
+        spectral, l21, shapes, experts = _moe_intervals(f, entrywise)
+        return _layer_measure(layer, entrywise, arr, spectral, l21, shapes, experts)
     mats = {"W_1": f.W_1, "W_2": f.W_2, "W_gate": f.W_gate}
-    spectral = {k: None if W is None else matrix_interval(_t(W)) for k, W in mats.items()}
-    l21 = {k: _entrywise.l21_interval(_np(W)) for k, W in mats.items() if W is not None} if entrywise else {}
+    for k, W in mats.items():  # one contiguous float64 copy each, left in ``arr`` for the caller
+        if W is not None and k not in arr:
+            arr[k] = _np(W)
+    spectral = {k: None if W is None else matrix_interval(arr[k]) for k, W in mats.items()}
+    l21 = {k: _entrywise.l21_interval(arr[k]) for k, W in mats.items() if W is not None} if entrywise else {}
+    return _layer_measure(layer, entrywise, arr, spectral, l21,
+                          {k: tuple(W.shape) for k, W in mats.items() if W is not None}, None)
+
+
+def _layer_measure(layer: LayerSpec, entrywise: bool, arr: dict, spectral: dict, l21: dict, shapes: dict,
+                   experts: dict[str, Interval] | None) -> LayerMeasure:
+    a, f = layer.attention, layer.ffn
     return LayerMeasure(
         index=layer.index, placement=layer.placement, d_model=a.d_model, d_head=a.d_head,
         scale=a.softmax_scale, rope=a.rope is not None, attention_kind=a.kind, activation=f.activation.value,
-        heads=_heads(a, entrywise), W_O=matrix_interval(_t(a.W_O).reshape(-1, a.d_model)),
-        W_1=spectral["W_1"], W_2=spectral["W_2"], W_gate=spectral["W_gate"],
-        shapes={k: tuple(W.shape) for k, W in mats.items() if W is not None},
-        b_out=_l2(a.effective_output_bias()), b_1=_l2(f.b_1), b_2=_l2(f.b_2), b_gate=_l2(f.b_gate),
+        heads=_heads(a, entrywise, arr), W_O=matrix_interval(arr["W_O"].reshape(-1, a.d_model)),
+        W_1=spectral["W_1"], W_2=spectral["W_2"], W_gate=spectral["W_gate"], shapes=shapes, experts=experts,
+        b_out=_l2(a.effective_output_bias()), b_1=_l2(getattr(f, "b_1", None)), b_2=_l2(getattr(f, "b_2", None)),
+        b_gate=_l2(getattr(f, "b_gate", None)),
         norm_attn=NormMeasure.of(layer.norm_attn), norm_ffn=NormMeasure.of(layer.norm_ffn),
         has_query_bias=a.b_Q is not None and a.rope is None, l21=l21, residual=layer.residual.value,
         q_norm=None if a.q_norm is None else NormMeasure.of(a.q_norm),

@@ -63,7 +63,7 @@ def compute_report(model=None, *, arch=None, allow_pickle=False, strict=False, o
     from ..covering import BoundConfig, model_bound
     from ..lipschitz import class_bounds, compose, lipschitz_lower
     from ..model import load
-    from ..norms import analyze_spec, measure_model
+    from ..norms import analyze_spec
     from ._envelope import input_hashes
 
     tracker = tracker or Tracker()
@@ -82,13 +82,15 @@ def compute_report(model=None, *, arch=None, allow_pickle=False, strict=False, o
     timings["load"] = time.perf_counter() - t
     t = time.perf_counter()
     tracker.step("certified norms (analyze)", total=len(spec.layers))
-    analysis = analyze_spec(spec, rtol=options.rtol, progress=tracker.callback())
+    # one measurement (Note [one engine] in ``norms._model``): the tables show it, the Lipschitz chain
+    # and the covering bound read ``analysis.norms``
+    analysis = analyze_spec(spec, rtol=options.rtol, progress=tracker.callback(), entrywise=True)
     timings["analyze"] = time.perf_counter() - t
     t = time.perf_counter()
     tracker.step("certified Lipschitz constants")
     ts = spec.to_torch()
     seq = options.lower_seq_len if any(layer.attention.kind == "l2" for layer in ts.layers) else None
-    norms = measure_model(ts, entrywise=True)  # measured once: the Lipschitz chain and the covering bound read it
+    norms = analysis.norms
     bounds = compose(class_bounds(norms), radius=options.radius, c_sm=1.0, metric="2,inf", seq_len=seq, sigma_min=0.0)
     timings["lipschitz upper"] = time.perf_counter() - t
     lower = {}

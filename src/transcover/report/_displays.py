@@ -323,8 +323,8 @@ class HistoryDisplay:
         keys = sorted({k for r in self.records for k in r})
         panels = (("loss", [k for k in keys if "loss" in k], True),
                   ("accuracy", [k for k in keys if k.endswith("acc")], False),
-                  (r"$\max_\ell \sigma$ per group (—) and radius (- -)",
-                   [k for k in keys if k.startswith(("sigma.", "radius."))], True),
+                  (r"$\max_\ell \sigma$ per group (—), radius (- -), certified (▲)",
+                   [k for k in keys if k.startswith(("sigma.", "radius.", "certified."))], True),
                   ("gradient norm, capacity (estimate)", [k for k in keys if k in ("grad_norm", "capacity")], True))
         for a, (title, ks, log) in zip(axes, panels):
             drawn = False
@@ -334,7 +334,9 @@ class HistoryDisplay:
                     continue
                 group = k.split(".", 1)[-1]
                 color = f"C{sorted({x.split('.', 1)[-1] for x in ks}).index(group) % 10}" if "." in k else f"C{i}"
-                a.plot(xs, ys, lw=1, ls="--" if k.startswith("radius.") else "-", color=color, label=plain(k, 30))
+                certified = k.startswith("certified.")  # certified upper ends, at evaluations only: markers
+                a.plot(xs, ys, lw=1, ls="none" if certified else "--" if k.startswith("radius.") else "-",
+                       marker="^" if certified else None, color=color, label=plain(k, 30))
                 drawn = True
             if drawn and log and all(v > 0 for k in ks for v in self._series(k)[1]):
                 a.set_yscale("log")

@@ -123,8 +123,11 @@ class TrainingDisplay:
             xs, ys = self._series(f"radius.{g}")
             if xs:
                 a.plot(xs, ys, color=f"C{i}", ls="--", lw=1)
+            xs, ys = self._series(f"certified.{g}")  # measure_model at evaluations (Note [certified columns])
+            if xs:
+                a.plot(xs, ys, color=f"C{i}", ls="none", marker="^", ms=4)
         a.set_yscale("log")
-        a.set_title("max sigma per group (solid) and radius (dashed)")
+        a.set_title("max sigma per group (solid), radius (dashed), certified upper (triangles)")
         a.legend(fontsize=7, ncol=2)
         a = axes[3]
         a.plot(*self._series("grad_norm"), lw=0.6, label="grad norm")

@@ -167,16 +167,17 @@ def exact_group_norms(model: nn.Module) -> dict[str, float]:
 def constraint_report(model: nn.Module, cons: Constrainer, monitor: TrainingMonitor | None,
                       finalized: bool) -> dict[str, dict]:
     """Per constrained group: ``target`` (the radius now), ``sigma`` (exact, float64), ``certified``
-    (``transcover.norms`` upper bound) and ``ratio = certified / target`` of the final forward
+    (upper end from ``transcover.norms.measure_model``, the monitor's certified columns' source) and ``ratio = certified / target`` of the final forward
     weights, ``max_ratio`` / ``max_ratio_step`` (the largest exact ``sigma / c`` of the forward
     weights during training, from the monitor), ``finalized`` (exact projection at the end ran),
     ``kind``.  Ratios are given only when the radii bound sigma (not for entrywise clipping).
     Per group the slot with the largest ratio is reported.
     """
-    from ..constrain import certified_slot_norm, exact_slot_norms, forward_weights
+    from ..constrain import certified_slot_uppers, exact_slot_norms, forward_weights
 
     radii = cons.radii()
     seen = monitor.max_ratios() if monitor is not None else {}
+    certified = certified_slot_uppers(model, cons.slots)  # one measure_model of the forward weights
     out: dict[str, dict] = {}
     with forward_weights(model):
         for s in cons.slots:
@@ -184,12 +185,13 @@ def constraint_report(model: nn.Module, cons: Constrainer, monitor: TrainingMoni
             if c is None:
                 continue
             sigma = float(exact_slot_norms(s).max())
-            cert = certified_slot_norm(s)
+            cert = certified[s.key]
             row = {"target": c, "sigma": sigma, "certified": cert,
                    "ratio": cert / c if cons.bounds_sigma else None,
                    "max_ratio": seen.get(s.group, (None, None))[0], "max_ratio_step": seen.get(s.group, (None, None))[1],
                    "finalized": finalized,
-                   "kind": "sigma exact (float64 SVD), certified upper (transcover.norms); ratio = certified / target"}
+                   "kind": "sigma exact (float64 SVD), certified upper (transcover.norms.measure_model); "
+                           "ratio = certified / target"}
             best = out.get(s.group)
             if best is None or (row["ratio"] or 0.0) > (best["ratio"] or 0.0):
                 out[s.group] = row
@@ -331,7 +333,7 @@ def train(config: TrainConfig, *, out_dir: str | Path | None = None, resume: boo
                 cov_q = _generalisation_bound(model, task)[1]
                 cov = None if cov_q is None else cov_q.value
             monitor.log(step=step, epoch=epoch + 1, progress=cons.progress, train_loss=tr_loss,
-                        train_acc=tr_acc, test_loss=te_loss, test_acc=te_acc, log_covering=cov)
+                        train_acc=tr_acc, test_loss=te_loss, test_acc=te_acc, log_covering=cov, certify=True)
             if out is not None:
                 save_checkpoint(out / "checkpoint", model, opt,
                                 {"epoch": epoch + 1, "step": step, "config": config.to_dict()},

@@ -27,7 +27,7 @@ Tensor = Any  # a numpy array (files) or a torch tensor (modules)
 __all__ = [
     "activation_from_name", "find_prefix", "count_layers", "heads_in", "heads_out", "heads_bias",
     "linear_weight", "layer_norm", "require", "no_layers", "lazy_embeddings", "transpose",
-    "summary", "unexpected_layer_tensors",
+    "summary", "unexpected_layer_tensors", "grouped_qkv", "outer_prefix", "present", "layer_count", "plain_ffn",
 ]
 
 # HF ``hidden_act`` strings -> the spec's activations (transformers/activations.py, ACT2CLS):
@@ -246,3 +246,57 @@ def unexpected_layer_tensors(
             out.append(f"unexpected tensor {key!r} in {src.where(key)}: no {arch} layer role reads it, so the "
                        f"analysed function ignores it (it would differ if the model uses it)")
     return tuple(out)
+
+
+# -- helpers shared by the decoder adapters (GPT-NeoX, GPT-J, Falcon, OLMo) ----------------------
+
+
+def grouped_qkv(W: Tensor, b: Tensor | None, n_kv: int, dh: int) -> tuple[tuple[Tensor, Tensor | None], ...]:
+    """``((W_Q, b_Q), (W_K, b_K), (W_V, b_V))`` from a fused projection laid out per key/value group.
+
+    ``W`` is ``(d, n_kv * (m + 2) * dh)`` in the ``x @ W`` orientation (``b`` its bias) whose columns
+    are, for each group g, ``m`` query heads, then g's key head, then g's value head, each ``dh`` wide:
+    query head ``g*m + j`` reads key/value head ``g`` (the spec's ``kv_index``).  This one layout is
+    GPT-NeoX's interleaved ``(H, 3, dh)`` (``n_kv = H``, ``m = 1``), Falcon's old fused ``(H, 3, dh)``,
+    its multi-query ``[q_0..q_{H-1}, k, v]`` (``n_kv = 1``, ``m = H``) and its new decoder's grouped
+    ``(n_kv, H/n_kv + 2, dh)`` view.  Returns ``(H, d, dh)`` / ``(n_kv, d, dh)`` weights and
+    ``(H, dh)`` / ``(n_kv, dh)`` biases.
+    """
+    d, width = W.shape
+    m = width // (n_kv * dh) - 2
+    W4 = W.reshape(d, n_kv, m + 2, dh)
+    b3 = None if b is None else b.reshape(n_kv, m + 2, dh)
+    q = (permute(W4[:, :, :m, :].reshape(d, n_kv * m, dh), 1, 0, 2),
+         None if b3 is None else contiguous(b3[:, :m, :].reshape(n_kv * m, dh)))
+    k = (permute(W4[:, :, m, :], 1, 0, 2), None if b3 is None else contiguous(b3[:, m, :]))
+    v = (permute(W4[:, :, m + 1, :], 1, 0, 2), None if b3 is None else contiguous(b3[:, m + 1, :]))
+    return q, k, v
+
+
+def outer_prefix(prefix: str, inner: str) -> str:
+    """The prefix of a task model's own tensors (``lm_head``) beside its base model ``inner``
+    (``"transformer."``, ``"model."``): ``prefix`` without that trailing component."""
+    return prefix[: -len(inner)] if prefix.endswith(inner) else prefix
+
+
+def present(names: dict[str, str], src: TensorSource) -> dict[str, str]:
+    """The role -> tensor-name entries whose tensor the checkpoint has (a layer's ``names``)."""
+    return {role: key for role, key in names.items() if key in src}
+
+
+def layer_count(config: dict, key: str, src: TensorSource, prefix: str, container: str, name: str) -> int:
+    """The configuration's layer count (``key``), else the layers the checkpoint holds; none -> InputError."""
+    n = config.get(key)
+    n = count_layers(src, prefix, container) if n is None else int(n)
+    if n == 0:
+        raise no_layers(name)
+    return n
+
+
+def plain_ffn(src: TensorSource, names: dict[str, str], d: int, d_ff: int, act: Activation) -> FFNSpec:
+    """``act(x W_1 + b_1) W_2 + b_2`` from the ``nn.Linear`` roles W_1, W_2 (biases b_1, b_2 optional)."""
+    return FFNSpec(
+        W_1=linear_weight(src, names["W_1"], d, d_ff), W_2=linear_weight(src, names["W_2"], d_ff, d),
+        activation=act, b_1=src.get_optional(names["b_1"], (d_ff,)) if "b_1" in names else None,
+        b_2=src.get_optional(names["b_2"], (d,)) if "b_2" in names else None,
+    )

@@ -13,11 +13,13 @@ from ..._errors import UnsupportedArchitectureError
 from .._sources import TensorSource
 from .._spec import TransformerSpec
 from ._bert import build_bert
+from ._falcon import build_falcon
 from ._encoders import build_clip, build_clip_text, build_clip_vision, build_distilbert, build_whisper_encoder
 from ._gpt2 import build_gpt2
 from ._gpt_neox import build_gpt_neox
 from ._gptj import build_gptj
 from ._llama import build_llama
+from ._olmo1 import build_olmo1
 from ._reference import build_reference
 from ._t5 import build_t5
 from ._moe import build_moe
@@ -44,6 +46,8 @@ _ADAPTERS: dict[str, Adapter] = {
     "deberta_v2": build_deberta_v2,
     "gpt_neox": build_gpt_neox,
     "gptj": build_gptj,
+    "falcon": build_falcon,
+    "olmo": build_olmo1,  # OLMo 1: non-parametric LayerNorm (OLMo 2 is another block)
     "t5": build_t5,  # the encoder (THEORY F28)
     "moe": build_moe,  # norms per expert; bounds refused: top-k routing is discontinuous (THEORY F25)
 }
@@ -63,6 +67,8 @@ ARCH_ALIASES: dict[str, str] = {
     "clip_vision_model": "clip_vision",
     "deberta": "deberta_v2",  # DeBERTa v1 has the same disentangled attention
     "qwen3": "llama",  # + per-head query/key RMSNorm, read by the Llama adapter (THEORY F23)
+    "refinedweb": "falcon",  # the RW checkpoints Falcon-7B/40B were first published with
+    "refinedwebmodel": "falcon",
     "mt5": "t5",  # T5 v1.1's blocks
     "mixtral": "moe",
     "qwen2_moe": "moe",
@@ -74,7 +80,8 @@ ARCH_ALIASES: dict[str, str] = {
 PARTS: dict[str, tuple[str, ...]] = {"clip": ("clip_text", "clip_vision")}
 
 # config["architectures"] class-name stems, for configs without model_type.
-_CLASS_STEMS = (("Bert", "bert"), ("Roberta", "bert"), ("GPT2", "gpt2"), ("GPTNeoX", "gpt_neox"), ("GPTJ", "gptj"), ("Llama", "llama"),
+_CLASS_STEMS = (("Bert", "bert"), ("Roberta", "bert"), ("GPT2", "gpt2"), ("GPTNeoX", "gpt_neox"), ("GPTJ", "gptj"), ("Falcon", "falcon"),
+                ("OlmoFor", "olmo"), ("Llama", "llama"),
                 ("Mistral", "llama"), ("Qwen2", "llama"), ("Qwen3For", "llama"), ("ViT", "vit"), ("XLMRoberta", "bert"),
                 ("DistilBert", "distilbert"), ("CLIPText", "clip_text"), ("CLIPVision", "clip_vision"),
                 ("CLIP", "clip"), ("Whisper", "whisper"), ("DebertaV2", "deberta_v2"), ("Deberta", "deberta_v2"), ("T5", "t5"), ("MT5", "t5"))

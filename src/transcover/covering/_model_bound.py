@@ -19,7 +19,7 @@ import numpy as np
 
 from .._errors import InputError
 from .._results import Kind, as_dict, rounding_pad
-from ..model import NormKind, TransformerSpec
+from ..model import TransformerSpec
 from ..norms import ModelNorms, measure_model
 from ._bft import SpectralComplexity, bft_spectral_complexity
 from ._composite import CompositeCovering, composite_log_covering
@@ -79,10 +79,10 @@ class BoundConfig:
 
 
 def _group(role: str) -> str:
-    if role.startswith(("W_KQ", "b_KQ", "W_OV", "b_out", "norm_attn", "W_Q", "W_K", "b_Q", "b_K", "q_norm", "k_norm",
-                        "pos_bias")):
+    if role.startswith(("W_KQ", "b_KQ", "W_OV", "b_out", "norm_attn", "post_norm_attn", "W_Q", "W_K", "b_Q", "b_K",
+                        "q_norm", "k_norm", "pos_bias")):
         return "attention"
-    if role.startswith(("W_1", "W_2", "W_gate", "b_1", "b_2", "b_gate", "norm_ffn")):
+    if role.startswith(("W_1", "W_2", "W_gate", "b_1", "b_2", "b_gate", "norm_ffn", "post_norm_ffn")):
         return "ffn"
     return "norm"
 
@@ -112,9 +112,12 @@ def _self_norms(norms: ModelNorms) -> dict[tuple[int, str], _Row]:
                     out[(i, f"{role}.{h.head}")] = _vector(m.d_head, v or 0.0)
         for h, v in enumerate(m.pos_bias_heads or ()):  # T5's table, head h's column (F28)
             out[(i, f"pos_bias.{h}")] = _vector(m.pos_bias_buckets, v)
+        joint = getattr(m, "qk_norm_scope", "head") == "all"  # OLMo 2: one scale over the whole projection
+        widths = {"q_norm": m.d_head * (m.n_heads if joint else 1),
+                  "k_norm": m.d_head * (len({h.kv for h in m.heads}) if joint else 1)}
         for role, n in (("q_norm", m.q_norm), ("k_norm", m.k_norm)):
             if n is not None:  # no scale: the fixed ones, covered as a vector of norm 1
-                out[(i, f"{role}.gamma")] = _vector(m.d_head, 1.0 if n.gamma_max is None else n.gamma_max)
+                out[(i, f"{role}.gamma")] = _vector(widths[role], 1.0 if n.gamma_max is None else n.gamma_max)
         if m.b_out is not None:
             out[(i, "b_out")] = _vector(d, m.b_out)
         for name in ("W_1", "W_2", "W_gate"):
@@ -125,19 +128,20 @@ def _self_norms(norms: ModelNorms) -> dict[tuple[int, str], _Row]:
                 out[(i, name)] = _vector(m.shapes[W][1], getattr(m, name))
         out.update(_norm_rows(i, "norm_attn", m.norm_attn, d))
         out.update(_norm_rows(i, "norm_ffn", m.norm_ffn, d))
+        for site in ("post_norm_attn", "post_norm_ffn"):  # branch-output norms (THEORY F26)
+            if getattr(m, site) is not None:
+                out.update(_norm_rows(i, site, getattr(m, site), d))
     out.update(_norm_rows(-1, "input_norm", norms.input_norm, norms.d_model))
     out.update(_norm_rows(norms.n_layers, "final_norm", norms.final_norm, norms.d_model))
     return out
 
 
 def _norm_rows(i: int, prefix: str, n, d: int) -> dict[tuple[int, str], _Row]:  # noqa: ANN001
-    """A LayerNorm/RMSNorm's scale and shift rows.  Lemma G.3 charges both whether or not the model has
-    them (F14), so an absent one is its fixed value: a shift of norm 0 (costs nothing), a scale of ones."""
     out = {}
-    if n.gamma_max is not None or n.kind in (NormKind.LAYERNORM, NormKind.RMSNORM):
-        out[(i, f"{prefix}.gamma")] = _vector(d, 1.0 if n.gamma_max is None else n.gamma_max)
-    if n.beta_norm is not None or n.kind in (NormKind.LAYERNORM, NormKind.RMSNORM):
-        out[(i, f"{prefix}.beta")] = _vector(d, 0.0 if n.beta_norm is None else n.beta_norm)
+    if n.gamma_max is not None:
+        out[(i, f"{prefix}.gamma")] = _vector(d, n.gamma_max)
+    if n.beta_norm is not None:
+        out[(i, f"{prefix}.beta")] = _vector(d, n.beta_norm)
     return out
 
 
@@ -185,6 +189,10 @@ def model_terms(spec: TransformerSpec, *, radius: float = 1.0, c_sm: float = 1.0
     terms, bft_rows = [], []
     for c in coeffs.entries:
         key = (c.layer, c.role)
+        if key not in own and c.role.endswith((".beta", ".gamma")):
+            # an RMSNorm (or a LayerNorm without shift) has no beta, a non-parametric norm no gamma:
+            # fixed at 0 (1) for the whole class, so nothing is covered for it (F14 charges 0)
+            continue
         if key not in rows:
             raise InputError(f"no weights found for layer {c.layer} role {c.role!r} that Lemma G.3 charges")
         shape, dist, sp = rows[key]

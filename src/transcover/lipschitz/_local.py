@@ -181,6 +181,9 @@ def layer_local(layer: LayerSpec, X: Tensor, rho: float, *, cache: dict | None =
     if layer.residual.value == "parallel":
         raise InputError(f"local bounds (THEORY F17) are not derived for the parallel residual of layer "
                          f"{layer.index} (F21); its global bounds are available (lipschitz without --data)")
+    if layer.post_norm_attn is not None or layer.post_norm_ffn is not None:
+        raise InputError(f"local bounds (THEORY F17) are not derived for the branch-output norms of layer "
+                         f"{layer.index} (F26); its global bounds are available (lipschitz without --data)")
     X = X.detach().double()
     T, d = X.shape
     cache = {} if cache is None else cache

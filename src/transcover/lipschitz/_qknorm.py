@@ -47,6 +47,15 @@ query head, with ``A_h = c_sm B_OV^h r s``: ``W_Q.h: A_h K_max L_q r``, ``b_Q.h:
 shared by the heads) ``q_norm.gamma: sum_h A_h K_max sqrt(d_head)``, ``k_norm.gamma: sum_h A_h
 Q_max sqrt(d_head)``; ``b_out: 1``.  The same formula, with ``L = 1`` and no gamma terms, is G.3 for
 RoPE with query/key biases (``R`` orthogonal, the same in both models).
+
+Note [whole-projection q/k norm].  OLMo 2 normalises the whole projection ``u = x W_all + b_all``
+(all H heads' ``H d_head`` coordinates, keys over ``H_kv d_head``) and then splits it: head h reads
+``q_h = P_h N(u)`` with ``P_h`` a coordinate projection (norm 1).  Both facts above survive with the
+whole width: ``||q_h|| <= ||N(u)|| < max|gamma| sqrt(H d_head)``, and ``||q_h - q'_h|| <= L_N ||u - u'||
+<= L_N ||W_all|| ||dx||`` with ``||W_all||_2 <= sqrt(sum_h ||W^h||_2^2)`` (``W_all = [W^1 ... W^H]``
+column blocks).  So F23's constants hold with ``Q_max = max|gamma_q| sqrt(H d_head)`` and ``||W_Q||``
+replaced by that bound (``_weights._joint_qk_bounds``): sqrt(H) times a per-head norm's size, which is
+what one RMSNorm across the heads guarantees (a single head may carry all the mass).
 """
 
 from __future__ import annotations
@@ -126,9 +135,13 @@ def split_perturbation_coefficients(L, radius: float, c_sm: float) -> list[tuple
         model of the class has them), ``W_OV.h``, ``q_norm.gamma``, ``k_norm.gamma`` (linf), ``b_out``.
     """
     r, s = radius, L.softmax_scale
-    root = math.sqrt(L.d_head)
+    joint = getattr(L, "qk_joint", False)
+    # the normalised width: d_head per head, or the whole projection (OLMo 2; at most H d_head for keys too)
+    root = math.sqrt(L.d_head * (len(L.B_OV) if joint else 1))
     out: list[tuple[str, float, str]] = []
     g_q = g_k = 0.0
+    if joint:
+        return _joint_split(L, r, c_sm, root)
     for h, b_ov in enumerate(L.B_OV):
         q_max = side_bounds(L.B_Q[h], L.B_bQ[h], r, L.qn_lip if L.has_q_norm else None, L.qn_out)[0]
         k_max = side_bounds(L.B_K[h], L.B_bK[h], r, L.kn_lip if L.has_k_norm else None, L.kn_out)[0]
@@ -148,6 +161,40 @@ def split_perturbation_coefficients(L, radius: float, c_sm: float) -> list[tuple
         out.append(("q_norm.gamma", g_q, "linf"))
     if L.has_k_norm:
         out.append(("k_norm.gamma", g_k, "linf"))
+    if L.has_output_bias:
+        out.append(("b_out", 1.0, "l2"))
+    return out
+
+
+def _joint_split(L, r: float, c_sm: float, root: float) -> list[tuple[str, float, str]]:  # noqa: ANN001
+    """Note [split G.3] with the norms over the whole projection (OLMo 2, Note [whole-projection q/k
+    norm]): head h's query is ``P_h N(x W_all + b_all)``, so ``||dq_h|| <= L_q (r ||dW_all|| + ||db_all||)
+    + sqrt(H d_head) ||dg||_inf`` with ``||dW_all|| <= sum_h' ||dW_Q^h'||`` (column blocks), the same for
+    keys (``sum`` over the query heads' key heads, each counted once per query head that reads it, at
+    least ``||dW_K,all||``).  Every head's score therefore depends on every head's W_Q: each ``W_Q.h'``
+    carries ``sum_h A_h K_max L_q r``."""
+    tot_q = tot_k = 0.0
+    out: list[tuple[str, float, str]] = []
+    for h, b_ov in enumerate(L.B_OV):
+        q_max = side_bounds(L.B_Q[h], L.B_bQ[h], r, L.qn_lip if L.has_q_norm else None, L.qn_out)[0]
+        k_max = side_bounds(L.B_K[h], L.B_bK[h], r, L.kn_lip if L.has_k_norm else None, L.kn_out)[0]
+        a = c_sm * b_ov * r * L.softmax_scale
+        tot_q += a * k_max
+        tot_k += a * q_max
+        out.append((f"W_OV.{h}", r, "spectral"))
+    l_q = L.qn_lip if L.has_q_norm else 1.0
+    l_k = L.kn_lip if L.has_k_norm else 1.0
+    for h in range(len(L.B_OV)):
+        out.append((f"W_Q.{h}", tot_q * l_q * r, "spectral"))
+        out.append((f"W_K.{h}", tot_k * l_k * r, "spectral"))
+        if L.has_b_Q:
+            out.append((f"b_Q.{h}", tot_q * l_q, "l2"))
+        if L.has_b_K:
+            out.append((f"b_K.{h}", tot_k * l_k, "l2"))
+    if L.has_q_norm:
+        out.append(("q_norm.gamma", tot_q * root, "linf"))
+    if L.has_k_norm:
+        out.append(("k_norm.gamma", tot_k * root, "linf"))
     if L.has_output_bias:
         out.append(("b_out", 1.0, "l2"))
     return out

@@ -42,7 +42,8 @@ def _layer(layer: LayerSpec, dtype: Any) -> LayerSpec:
                        a.position_bias, table=_t(a.position_bias.table, dtype)))
     ffn = _ffn(layer.ffn, dtype)
     return replace(layer, attention=attn, ffn=ffn, norm_attn=_norm(layer.norm_attn, dtype),
-                   norm_ffn=_norm(layer.norm_ffn, dtype))
+                   norm_ffn=_norm(layer.norm_ffn, dtype), post_norm_attn=_norm(layer.post_norm_attn, dtype),
+                   post_norm_ffn=_norm(layer.post_norm_ffn, dtype))
 
 
 class _MappedTensors(Mapping[str, Any]):

@@ -329,6 +329,14 @@ def _layer_norms(layer: LayerSpec, m: _Measurer, entrywise: bool = False) -> tup
     ), lm
 
 
+def _up4(x: float) -> str:
+    """``x`` printed with 4 significant digits, rounded *up* (a printed bound must stay a bound)."""
+    if not (x > 0 and math.isfinite(x)):
+        return f"{x:.4g}"
+    unit = 10.0 ** (math.floor(math.log10(x)) - 3)
+    return f"{math.ceil(x * (1 + 1e-12) / unit) * unit:.4g}"
+
+
 def analyze_spec(
     spec: TransformerSpec,
     *,
@@ -376,11 +384,15 @@ def analyze_spec(
         if not first:
             a = layer.attention
             first = {"rope": a.rope is not None, "b_Q": a.b_Q is not None, "H": a.n_heads, "dh": a.d_head,
-                     "parallel": layer.residual.value == "parallel"}
+                     "parallel": layer.residual.value == "parallel",
+                     "post": layer.post_norm_attn is not None or layer.post_norm_ffn is not None}
         a = layer.attention
         if a.q_norm is not None and a.k_norm is not None:
+            # a norm over the whole projection bounds one head's query by max|gamma| sqrt(H d_head) only
+            # (Note [whole-projection q/k norm] in lipschitz._qknorm)
+            width = math.sqrt(a.n_heads * a.n_kv_heads) if a.qk_norm_scope == "all" else 1.0
             qk_scores = max(qk_scores, a.softmax_scale * a.q_norm.gamma_max_abs * a.k_norm.gamma_max_abs
-                            * a.d_head * (1 + 8 * 2.0**-52))
+                            * a.d_head * width * (1 + 12 * 2.0**-52))
         moe_layers += isinstance(layer.ffn, MoESpec)
         if a.position_bias is not None:  # T5 (THEORY F28): exact max of the table, every layer's scores shift by it
             pos_bias = max(pos_bias, float(np.max(np.abs(_np(a.position_bias.table)))))
@@ -420,7 +432,10 @@ def analyze_spec(
                      "exists for top-k routing (THEORY F25)")
     if qk_scores > 0:
         notes.append("query/key RMSNorm: B_KQ = ||scale W_Q W_K^T|| does not bound the scores; every score is "
-                     f"<= scale*max|gamma_q|*max|gamma_k|*d_head <= {qk_scores:.4g} (THEORY F23)")
+                     f"<= scale*max|gamma_q|*max|gamma_k|*(normalised width) <= {_up4(qk_scores)} (THEORY F23)")
+    if first["post"]:
+        notes.append("branch-output norms: each sub-layer is x + N_post(f(N_pre x)) (THEORY F26); the "
+                     "post norms' gains are not in the per-layer columns")
     return AnalysisResult(
         model=spec.name, arch=spec.arch, d_model=spec.d_model, n_heads=int(first["H"]),
         d_head=int(first["dh"]), mode="fast" if fast else "certified", rtol=rtol,

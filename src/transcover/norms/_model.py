@@ -159,6 +159,9 @@ class LayerMeasure:
     # mixture of experts (THEORY F29): every expert's, the router's and a shared expert's certified ||.||_2
     # ("expert.e.W_1", "router", "shared.W_2", ...); None for a dense FFN.  W_1, W_2, W_gate are the maxima.
     experts: dict[str, Interval] | None = None
+    qk_norm_scope: str = "head"  # "all": q/k RMSNorm over the whole projection (OLMo 2; F23)
+    post_norm_attn: NormMeasure | None = None  # a norm on the branch output, x + N_post(f(N_pre x)) (F26)
+    post_norm_ffn: NormMeasure | None = None
 
     @property
     def n_heads(self) -> int:
@@ -356,6 +359,9 @@ def _layer_measure(layer: LayerSpec, entrywise: bool, arr: dict, spectral: dict,
         pos_bias_heads=None if a.position_bias is None
         else tuple(float(v) for v in _t(a.position_bias.table).abs().amax(dim=0)),
         pos_bias_buckets=0 if a.position_bias is None else a.position_bias.num_buckets,
+        qk_norm_scope=a.qk_norm_scope,
+        post_norm_attn=None if layer.post_norm_attn is None else NormMeasure.of(layer.post_norm_attn),
+        post_norm_ffn=None if layer.post_norm_ffn is None else NormMeasure.of(layer.post_norm_ffn),
     )
 
 
@@ -467,7 +473,7 @@ def _layer_distances(la: LayerSpec, lb: LayerSpec, entrywise: bool) -> dict:
     i = la.index
     out = _attention_distances(la.attention, lb.attention, i, entrywise)
     out.update(_ffn_distances(la.ffn, lb.ffn, i, entrywise))
-    for nm in ("norm_attn", "norm_ffn"):
+    for nm in ("norm_attn", "norm_ffn", "post_norm_attn", "post_norm_ffn"):
         out.update(_norm_distances(getattr(la, nm), getattr(lb, nm), i, nm))
     return out
 

@@ -28,6 +28,7 @@ __all__ = [
     "activation_from_name", "find_prefix", "count_layers", "heads_in", "heads_out", "heads_bias",
     "linear_weight", "layer_norm", "require", "no_layers", "lazy_embeddings", "transpose",
     "summary", "unexpected_layer_tensors", "grouped_qkv", "outer_prefix", "present", "layer_count", "plain_ffn",
+    "DECODER_ROLES", "decoder_attention", "gated_ffn",
 ]
 
 # HF ``hidden_act`` strings -> the spec's activations (transformers/activations.py, ACT2CLS):
@@ -299,4 +300,50 @@ def plain_ffn(src: TensorSource, names: dict[str, str], d: int, d_ff: int, act: 
         W_1=linear_weight(src, names["W_1"], d, d_ff), W_2=linear_weight(src, names["W_2"], d_ff, d),
         activation=act, b_1=src.get_optional(names["b_1"], (d_ff,)) if "b_1" in names else None,
         b_2=src.get_optional(names["b_2"], (d,)) if "b_2" in names else None,
+    )
+
+
+#: The per-layer tensor names of a Llama-style decoder block (q/k/v/o projections, gated MLP), shared
+#: by the Gemma and OLMo 2 adapters; each adds its own normalisation names.
+DECODER_ROLES = {
+    "W_Q": "self_attn.q_proj.weight", "b_Q": "self_attn.q_proj.bias",
+    "W_K": "self_attn.k_proj.weight", "b_K": "self_attn.k_proj.bias",
+    "W_V": "self_attn.v_proj.weight", "b_V": "self_attn.v_proj.bias",
+    "W_O": "self_attn.o_proj.weight", "b_O": "self_attn.o_proj.bias",
+    "W_gate": "mlp.gate_proj.weight", "b_gate": "mlp.gate_proj.bias",
+    "W_1": "mlp.up_proj.weight", "b_1": "mlp.up_proj.bias",
+    "W_2": "mlp.down_proj.weight", "b_2": "mlp.down_proj.bias",
+}
+
+
+def _maybe(src: TensorSource, key: str, shape: tuple[int, ...], required: bool) -> Tensor | None:
+    return src.get(key, shape) if required else src.get_optional(key, shape)
+
+
+def decoder_attention(src: TensorSource, names: dict[str, str], *, d: int, H: int, H_kv: int, dh: int,
+                      bias: bool, **fields: Any) -> AttentionSpec:
+    """Grouped-query attention from separate ``nn.Linear`` q/k/v/o projections (``names``: role ->
+    tensor name, roles as in :data:`DECODER_ROLES`); biases required when ``bias``, else read if
+    present.  ``fields`` are the remaining :class:`AttentionSpec` fields (causal, rope, scale, ...)."""
+    return AttentionSpec(
+        W_Q=heads_in(linear_weight(src, names["W_Q"], d, H * dh), H),
+        W_K=heads_in(linear_weight(src, names["W_K"], d, H_kv * dh), H_kv),
+        W_V=heads_in(linear_weight(src, names["W_V"], d, H_kv * dh), H_kv),
+        W_O=heads_out(linear_weight(src, names["W_O"], H * dh, d), H),
+        b_Q=heads_bias(_maybe(src, names["b_Q"], (H * dh,), bias), H),
+        b_K=heads_bias(_maybe(src, names["b_K"], (H_kv * dh,), bias), H_kv),
+        b_V=heads_bias(_maybe(src, names["b_V"], (H_kv * dh,), bias), H_kv),
+        b_O=_maybe(src, names["b_O"], (d,), bias),
+        **fields,
+    )
+
+
+def gated_ffn(src: TensorSource, names: dict[str, str], *, d: int, d_ff: int, act: Activation,
+              bias: bool) -> FFNSpec:
+    """``(act(x W_gate + b_gate) * (x W_1 + b_1)) W_2 + b_2`` from gate/up/down ``nn.Linear`` weights."""
+    return FFNSpec(
+        W_1=linear_weight(src, names["W_1"], d, d_ff), W_2=linear_weight(src, names["W_2"], d_ff, d),
+        W_gate=linear_weight(src, names["W_gate"], d, d_ff), activation=act,
+        b_1=_maybe(src, names["b_1"], (d_ff,), bias), b_2=_maybe(src, names["b_2"], (d,), bias),
+        b_gate=_maybe(src, names["b_gate"], (d_ff,), bias),
     )

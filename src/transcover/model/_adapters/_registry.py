@@ -15,11 +15,13 @@ from .._spec import TransformerSpec
 from ._bert import build_bert
 from ._falcon import build_falcon
 from ._encoders import build_clip, build_clip_text, build_clip_vision, build_distilbert, build_whisper_encoder
+from ._gemma import build_gemma
 from ._gpt2 import build_gpt2
 from ._gpt_neox import build_gpt_neox
 from ._gptj import build_gptj
 from ._llama import build_llama
 from ._olmo1 import build_olmo1
+from ._olmo import build_olmo2
 from ._reference import build_reference
 from ._t5 import build_t5
 from ._moe import build_moe
@@ -48,8 +50,10 @@ _ADAPTERS: dict[str, Adapter] = {
     "gptj": build_gptj,
     "falcon": build_falcon,
     "olmo": build_olmo1,  # OLMo 1: non-parametric LayerNorm (OLMo 2 is another block)
-    "t5": build_t5,  # the encoder (THEORY F28)
     "moe": build_moe,  # norms per expert; bounds refused: top-k routing is discontinuous (THEORY F25)
+    "gemma": build_gemma,  # Gemma 1/2/3 text: (1 + gamma) RMSNorm, GeGLU, sandwich norms (THEORY F26)
+    "olmo2": build_olmo2,  # post-norms inside the residual, whole-projection q/k norm (F23, F26)
+    "t5": build_t5,  # the encoder (THEORY F28)
 }
 
 #: The adapter names :func:`transcover.model.load` accepts as ``arch=``.
@@ -73,6 +77,9 @@ ARCH_ALIASES: dict[str, str] = {
     "mixtral": "moe",
     "qwen2_moe": "moe",
     "qwen3_moe": "moe",
+    "gemma2": "gemma",
+    "gemma3_text": "gemma",
+    "gemma3": "gemma",  # the multimodal checkpoint: its text tower (text_config)
 }
 
 #: Adapters that read one part of a checkpoint whose configuration names the whole model:
@@ -84,7 +91,8 @@ _CLASS_STEMS = (("Bert", "bert"), ("Roberta", "bert"), ("GPT2", "gpt2"), ("GPTNe
                 ("OlmoFor", "olmo"), ("Llama", "llama"),
                 ("Mistral", "llama"), ("Qwen2", "llama"), ("Qwen3For", "llama"), ("ViT", "vit"), ("XLMRoberta", "bert"),
                 ("DistilBert", "distilbert"), ("CLIPText", "clip_text"), ("CLIPVision", "clip_vision"),
-                ("CLIP", "clip"), ("Whisper", "whisper"), ("DebertaV2", "deberta_v2"), ("Deberta", "deberta_v2"), ("T5", "t5"), ("MT5", "t5"))
+                ("CLIP", "clip"), ("Whisper", "whisper"), ("Gemma", "gemma"), ("Olmo2", "olmo2"), ("DebertaV2", "deberta_v2"), ("Deberta", "deberta_v2"),
+                ("T5", "t5"), ("MT5", "t5"))
 
 
 def _unsupported(what: str) -> UnsupportedArchitectureError:

@@ -116,3 +116,14 @@ def test_covering_is_finite_and_covers_the_table():
     b = _with_table(a, a.layers[0].attention.position_bias.table * 1.5)
     terms_ref, _, _ = model_terms(a, reference=b)
     assert {"pos_bias.0"} <= {t.role for t in terms_ref}
+
+
+def test_member_stacks_carry_each_members_table():
+    from transcover.model import stack_members
+
+    a = _t5(seed=7, L=1)
+    b = _with_table(a, a.layers[0].attention.position_bias.table * -2.0)
+    X = torch.randn(1, 2, 5, 6, dtype=F64, generator=torch.Generator().manual_seed(4))
+    out = transformer_forward(stack_members([a, b]), X)
+    for m, spec in enumerate((a, b)):
+        assert torch.allclose(out[m], transformer_forward(spec, X[0]), rtol=0, atol=1e-12)

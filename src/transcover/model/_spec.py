@@ -426,7 +426,7 @@ class AttentionSpec:
                                     else "(one RMSNorm per head over d_head)"))
         if H % Hkv:
             raise ValueError(f"n_heads={H} is not a multiple of n_kv_heads={Hkv}")
-        if self.position_bias is not None and tuple(self.position_bias.table.shape)[1:] != (H,):
+        if self.position_bias is not None and tuple(self.position_bias.table.shape)[-1:] != (H,):
             raise ValueError(f"relative position bias table has shape {tuple(self.position_bias.table.shape)}, "
                              f"expected (num_buckets, {H})")
         if self.softcap is not None and not (math.isfinite(self.softcap) and self.softcap > 0):

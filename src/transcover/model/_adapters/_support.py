@@ -118,8 +118,7 @@ def _register_builtin() -> None:
          ["non-parametric LayerNorm (no gamma/beta)", "grouped-query attention", "RoPE (default)", "gated SiLU FFN",
           "q/k/v/o biases (attention_bias)", "rope scaling: linear, llama3, yarn (F22)"],
          [("clip_qkv", "the clamp of q, k, v to [-c, c] in the spec's attention (1-Lipschitz elementwise; "
-                       "scores then <= s c^2 d_head)"),
-          ("OLMo 2 (olmo2)", "query/key RMSNorm over all heads and post-norms")]),
+                       "scores then <= s c^2 d_head)")]),
         ("moe", ("mixtral", "qwen2_moe", "qwen3_moe"), "all layers (forward and norms); no bound needing a Lipschitz constant",
          ["Llama attention (GQA, RoPE, Qwen3 q/k norm)", "top-k routed gated experts (forward exact)",
           "per-expert and router norms (analyze)", "Qwen2-MoE shared expert with sigmoid gate", "dense mlp_only_layers",

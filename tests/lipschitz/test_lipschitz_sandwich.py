@@ -260,8 +260,18 @@ def test_joint_qk_norm_forward_and_certificate():
     w = attack_pairs(lambda Z, s: Z + _ref_joint_attention(a, Z), T=3, d=6, dom=Domain(1.0), metric="2,inf",
                      restarts=4, steps=20, seed=6)
     assert w.ratio - w.slack <= st.lipschitz
-    with pytest.raises(UnsupportedArchitectureError, match="query/key normalisation"):
-        perturbation_coefficients(spec)
+    # G.3 with the joint norm (F23 addendum, _qknorm._joint_split): move W_Q, W_K and both scales
+    g = torch.Generator().manual_seed(3)
+    b = replace(a, W_Q=a.W_Q + 0.1 * torch.randn(a.W_Q.shape, generator=g, dtype=F64),
+                W_K=a.W_K + 0.1 * torch.randn(a.W_K.shape, generator=g, dtype=F64),
+                q_norm=replace(a.q_norm, weight=a.q_norm.weight + 0.2 * torch.randn(16, generator=g, dtype=F64)),
+                k_norm=replace(a.k_norm, weight=a.k_norm.weight + 0.2 * torch.randn(8, generator=g, dtype=F64)))
+    other = replace(spec, layers=[replace(spec.layers[0], attention=b)])
+    pb = perturbation_bound(spec, other, radius=1.0)
+    assert {"W_Q.3", "q_norm.gamma", "k_norm.gamma"} <= {e.role for e, _, c in pb.terms() if c > 0}
+    gap = attack_gap(lambda Z, s: Z + _ref_joint_attention(a, Z), lambda Z, s: Z + _ref_joint_attention(b, Z),
+                     T=3, d=6, dom=Domain(1.0), metric="2,inf", restarts=4, steps=20, seed=7)
+    assert 0 < gap.ratio - gap.slack <= pb.total.value
 
 
 def test_joint_size_bound_needs_the_whole_width():

@@ -9,6 +9,11 @@ process whose own peak RSS (``VmHWM``) is reported.
 
     PYTHONPATH=src python benchmarks/bench_archs.py                     # every shape
     PYTHONPATH=src python benchmarks/bench_archs.py --only pythia-410m --fast
+    ... --src /path/to/other/src --keep /tmp/ckpts   # the same files analysed by another checkout
+
+Each line also gives the child's CPU time (user + sys, ``getrusage``) and the 1-minute load average
+before and after it: on a shared machine the wall time alone says little.  The shapes run one after
+the other, never two analyses at once.
 """
 
 from __future__ import annotations
@@ -16,7 +21,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -25,9 +32,32 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_stream import MB, run_analyze  # noqa: E402
+from bench_stream import MB  # noqa: E402
 
 GB = 1e9
+
+# the child prints its own peak RSS (VmHWM, its address space only) and CPU time as it exits
+_CHILD = ("import sys, re, resource; from transcover.cli import main; rc = main(sys.argv[1:]); "
+          "u = resource.getrusage(resource.RUSAGE_SELF); "
+          "print('VmHWM_kB', re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read()).group(1), "
+          "'CPU_s', u.ru_utime + u.ru_stime, file=sys.stderr); sys.exit(rc)")
+
+
+def run_analyze(model: Path, src: str, extra: list[str]) -> dict:
+    """Wall and CPU seconds, peak RSS, exit code and load averages of one ``analyze`` child."""
+    env = dict(os.environ, PYTHONPATH=src, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    load0 = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", _CHILD, "analyze", str(model), "--quiet", *extra], env=env,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    secs = time.perf_counter() - t0
+    tail = proc.stderr.rsplit("VmHWM_kB", 1)
+    peak = cpu = float("nan")
+    if len(tail) == 2:
+        fields = tail[1].split()
+        peak, cpu = float(fields[0]) * 1024, float(fields[2])
+    return {"rss": peak, "wall": secs, "cpu": cpu, "rc": proc.returncode, "tail": proc.stderr[-400:],
+            "load": (load0, os.getloadavg()[0])}
 
 
 def _configs() -> dict:
@@ -93,26 +123,34 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", action="append", help="run only these shapes (repeatable)")
     p.add_argument("--fast", action="store_true", help="analyze --fast (estimates) instead of certified")
-    p.add_argument("--keep", default=None, help="write the checkpoints here and keep them")
+    p.add_argument("--keep", default=None, help="write the checkpoints here and keep them (reused if there)")
+    p.add_argument("--src", default=None, help="analyse with this source tree (PYTHONPATH) instead of ours")
     args = p.parse_args()
     configs = _configs()
     names = args.only or list(configs)
-    src = str(Path(__file__).resolve().parents[1] / "src")
+    src = args.src or str(Path(__file__).resolve().parents[1] / "src")
     base = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="tc_archs_", dir="/tmp"))
     failed = 0
     try:
         for name in names:
             root = base / name
             t0 = time.perf_counter()
-            info = write_checkpoint(root, configs[name])
+            info_file = root / "bench_info.json"
+            if args.keep and info_file.exists():
+                info = json.loads(info_file.read_text())
+            else:
+                info = write_checkpoint(root, configs[name])
+                info_file.write_text(json.dumps(info))
             gen = time.perf_counter() - t0
-            rss, secs, rc, tail = run_analyze(root, src, ["--fast"] if args.fast else [])
+            r = run_analyze(root, src, ["--fast"] if args.fast else [])
             limit = 3 * info["largest_bytes"] + 300 * MB
             print(f"{name:14s} {info['bytes'] / GB:5.2f} GB bf16 in {info['shards']} shard(s), {info['tensors']} tensors "
-                  f"(written {gen:.0f} s) | analyze{' --fast' if args.fast else ''}: exit {rc}, {secs:.1f} s, "
-                  f"peak RSS {rss / MB:.0f} MB (3 x largest + 300 MB = {limit / MB:.0f} MB)")
-            if rc:
-                print("   ", " | ".join(tail.strip().splitlines()[-3:]), file=sys.stderr)
+                  f"(ready in {gen:.0f} s) | analyze{' --fast' if args.fast else ''}: exit {r['rc']}, "
+                  f"wall {r['wall']:.1f} s, CPU {r['cpu']:.1f} s, peak RSS {r['rss'] / MB:.0f} MB "
+                  f"(3 x largest + 300 MB = {limit / MB:.0f} MB), load {r['load'][0]:.2f} -> {r['load'][1]:.2f}",
+                  flush=True)
+            if r["rc"]:
+                print("   ", " | ".join(r["tail"].strip().splitlines()[-3:]), file=sys.stderr)
                 failed += 1
             if not args.keep:
                 shutil.rmtree(root, ignore_errors=True)

@@ -18,11 +18,13 @@ from transcover.compress import (
     QuantisedTensor,
     decode,
     decode_delta,
+    decode_fixed,
     delta_bits,
     dequantise,
     description_bits,
     encode,
     encode_delta,
+    encode_fixed,
     enumerative_length,
     fake_quantise,
     fixed_length_bits,
@@ -258,3 +260,25 @@ def test_delta_code_falls_back_to_the_full_code_off_the_reference_grid():
     assert all(torch.equal(a.Q, b.Q) for a, b in zip(other.tensors, decode_delta(word.bits, ref).tensors))
     with pytest.raises(ValueError):
         decode_delta(word.bits + [1], ref)
+
+
+@pytest.mark.parametrize("arch", range(len(MENU)))
+@pytest.mark.parametrize("seed", range(3))
+def test_fixed_length_code_round_trips_with_its_counted_length_and_is_prefix_free(arch, seed):
+    desc = _random_description(arch, seed)
+    word = encode_fixed(desc)
+    assert len(word) == fixed_length_bits(desc)
+    back = decode_fixed(word.bits, MENU)
+    for a, b in zip(desc.tensors, back.tensors, strict=True):
+        assert (a.name, a.m) == (b.name, b.m) and torch.equal(a.Q, b.Q) and (a.m == 0 or a.k == b.k)
+    # the decoder reads field by field and stops where the word ends: no codeword extends another
+    with pytest.raises(ValueError, match="left after"):
+        decode_fixed(word.bits + [0], MENU)
+    with pytest.raises(ValueError):
+        decode_fixed(word.bits[:-1], MENU)
+
+
+def test_fixed_length_code_pays_for_every_integer_and_the_entropy_code_for_the_non_zeros():
+    desc = _random_description(1, 0, density=0.05)
+    full = sum(t.Q.numel() * math.ceil(math.log2(2 * t.m + 1)) for t in desc.tensors if t.m)
+    assert fixed_length_bits(desc) == desc.architecture_bits() + sum(desc.header_bits()) + full

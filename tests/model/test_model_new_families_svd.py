@@ -46,7 +46,7 @@ def _norm2(M) -> float:
 
 @pytest.mark.parametrize("name", ["gpt_neox", "gptj", "qwen3", "llama3_scaled"])
 def test_certified_intervals_enclose_float64_svd(transformers_mod, name):
-    from transcover.norms._analyze import _rope_offsets
+    from transcover.norms._rope_sup import rope_offsets
 
     torch.manual_seed(0)
     spec = load(randomize(_build(transformers_mod, name), seed=1).double().eval()).to_torch(torch.float64)
@@ -55,7 +55,7 @@ def test_certified_intervals_enclose_float64_svd(transformers_mod, name):
         a, f = L.attention, L.ffn
         for h, hn in enumerate(got.heads):
             Wq, Wk, Wv, Wo = (t.double() for t in a.head(h))
-            offsets = _rope_offsets(a.rope.max_position)
+            offsets = rope_offsets(a.rope.max_position).tolist()
             vals = []
             for delta in offsets + list(range(0, 40, 3)):
                 Wq_rot = apply_rope(Wq, a.rope, torch.full((Wq.shape[0],), float(delta), dtype=torch.float64))

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
 
 from transcover.cli import main
-from transcover.compress import decode, description_bits, encode, materialise
+from transcover.compress import decode, decode_fixed, description_bits, encode, fixed_length_bits, materialise
 from transcover.covering import error_rate_upper, kl_occam_bound, sqrt_occam_bound
 from transcover.train._nonvacuous import ARCHITECTURE_MENUS, NonvacuousConfig, mistakes, run_case, task_data
+from transcover.train._nonvacuous_search import search_refine
 
 TINY = NonvacuousConfig(task="majority", n_train=400, n_test=20_000, epochs=15, qat_epochs=5, greedy_passes=1)
 
@@ -114,6 +116,24 @@ def test_greedy_and_pruning_never_worsen_the_exact_bound():
     p = _prune(g, model, X, y, 0.05, search_samples=300, max_evals=20)
     assert kl(p) <= kl(g) <= kl(desc)
     assert description_bits(p) <= description_bits(desc)
+    r = search_refine(p, X, y, 0.05, search_samples=300, passes=1)
+    assert kl(r) <= kl(p) and description_bits(r) <= description_bits(p)
+    # the moves keep every tensor's level count (or empty it) and shift a scale by at most 2 steps a sweep
+    for a, b in zip(p.tensors, r.tensors, strict=True):
+        assert b.m in (0, a.m) and (b.m == 0 or abs(b.k - a.k) <= 2)
+        assert a.m or not b.Q.any()  # a zero tensor stays zero
+
+
+def test_a_case_bounded_with_the_fixed_length_code_pays_that_code_and_decodes_from_it():
+    fixed = run_case(replace(TINY, code="fixed", greedy_passes=0, refine_passes=1, variant="fixed"))
+    raw = bytes.fromhex(fixed.codeword)
+    bits = [(raw[i >> 3] >> (7 - (i & 7))) & 1 for i in range(fixed.total_bits)]
+    desc = decode_fixed(bits, ARCHITECTURE_MENUS["majority"])
+    assert fixed_length_bits(desc) == fixed.total_bits == fixed.fixed_length_bits
+    assert fixed.total_bits == fixed.architecture_bits + sum(fixed.bits_per_tensor.values())
+    X, y, _, _ = task_data(TINY.task, TINY.n_train, TINY.n_test, TINY.seed)
+    assert mistakes(desc, X, y) == fixed.bound.mistakes
+    assert fixed.test_error <= fixed.bound.kl
 
 
 def test_case_reports_the_covering_bound_and_g3_of_the_described_model(case):
@@ -173,3 +193,25 @@ def test_jobs_give_the_same_cases_as_one_process():
     for a, b in zip(one.cases, two.cases, strict=True):
         assert (a.n_train, a.codeword, a.bound, a.test_mistakes) == (b.n_train, b.codeword, b.bound, b.test_mistakes)
         assert a.covering == b.covering
+
+
+def test_local_search_moves_stay_on_the_grid():
+    from transcover.train._nonvacuous_search import _moves
+
+    for m in (1, 2, 3, 7):
+        for q in range(-m, m + 1):
+            moves = _moves(q, m)
+            assert moves and q not in moves and all(abs(v) <= m for v in moves)
+            assert len(set(moves)) == len(moves)
+            assert (0 in moves) == (q != 0)
+
+
+def test_one_shared_scale_gives_every_tensor_the_same_grid():
+    from transcover.train._nonvacuous import _grid
+
+    torch.manual_seed(0)
+    params = {"a": torch.randn(4, 4), "b": 10 * torch.randn(3), "c": 0.1 * torch.randn(2, 2)}
+    own = _grid(params, dict.fromkeys(params, 3), False)
+    one = _grid(params, dict.fromkeys(params, 3), True)
+    assert len({k for _, k in one.values()}) == 1 and {m for m, _ in one.values()} == {3}
+    assert len({k for _, k in own.values()}) == 3  # scales 10 and 0.1 apart: one per matrix differs

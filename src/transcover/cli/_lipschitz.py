@@ -62,6 +62,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rho-relative", action="store_true", help="read --rho as factors of the median token norm")
     p.add_argument("--max-len", type=int, default=32, help="truncate texts to this many tokens (default 32)")
     p.add_argument("--limit", type=int, default=None, help="use only the first N sequences of --data")
+    p.add_argument("--whole-network", choices=("auto", "product", "stack"), default=None,
+                   help="with --data: also the whole network's local constant per rho, by the product of the "
+                        "layers' constants or the exact stack Jacobian + drift (THEORY F30; costs T^2 d^3 per "
+                        "layer), the smaller kept; 'auto' runs the stack route on small inputs only")
     from ._scaleopts import add_scale_arguments
 
     add_scale_arguments(p, "sequences of --data", threads=True)
@@ -192,6 +196,9 @@ def run_local(args: argparse.Namespace) -> int:
     for flag, v in (("--max-len", args.max_len), ("--limit", args.limit)):
         if v is not None and v < 1:
             raise InputError(f"{flag} must be >= 1, but got {flag}={v}")
+    whole = getattr(args, "whole_network", None)
+    if backend is not None and whole is not None:
+        raise InputError("--whole-network is computed in one process; drop the scale options to use it")
     spec = load(args.model, arch=args.arch, allow_pickle=args.allow_pickle, strict=args.strict).to_torch(torch.float64)
     seqs = load_inputs(spec, args.data, max_len=args.max_len, limit=args.limit)
     if backend is not None:  # one sequence per item, in parallel and resumable (issue 14)
@@ -200,7 +207,7 @@ def run_local(args: argparse.Namespace) -> int:
         rows = local_rows_from_args(args, spec, seqs, rhos, backend)
     else:
         rows = local_table(spec, seqs, rhos, lower=not args.no_lower, relative=args.rho_relative,
-                           lower_iter=max(args.steps // 2, 5))
+                           lower_iter=max(args.steps // 2, 5), whole=whole)
     render_local(spec.name, len(seqs), rows, bool(args.rho_relative))
     if args.json:
         from ..report import envelope_json

@@ -14,6 +14,8 @@ from ._delta import decode_delta as decode_delta
 from ._delta import delta_bits as delta_bits
 from ._delta import encode_delta as encode_delta
 from ._describe import ModelDescription as ModelDescription
+from ._fixed import decode_fixed as decode_fixed
+from ._fixed import encode_fixed as encode_fixed
 from ._describe import QuantisedTensor as QuantisedTensor
 from ._describe import decode as decode
 from ._describe import description_bits as description_bits
@@ -31,7 +33,7 @@ from ._quantise import scale_of as scale_of
 __all__ = [
     "BitReader", "BitWriter", "enumerative_length", "gamma_length",
     "changed_entries", "decode_delta", "delta_bits", "encode_delta",
-    "ModelDescription", "QuantisedTensor", "decode", "description_bits", "encode", "fixed_length_bits",
+    "ModelDescription", "QuantisedTensor", "decode", "decode_fixed", "encode_fixed", "description_bits", "encode", "fixed_length_bits",
     "materialise", "parameter_shapes",
     "SCALE_STEPS_PER_OCTAVE", "best_scale_index", "dequantise", "fake_quantise", "quantise", "scale_of",
 ]

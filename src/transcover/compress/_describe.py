@@ -211,18 +211,10 @@ def encode(desc: ModelDescription) -> BitWriter:
     return w
 
 
-def decode(bits: list[int], menu: tuple[ReferenceConfig, ...]) -> ModelDescription:
-    """Inverse of :func:`encode` for the same menu; raises ``ValueError`` on a malformed codeword."""
-    r = BitReader(bits)
-    version = r.fixed(VERSION_BITS)
-    if version not in CODE_VERSIONS:
-        raise ValueError(f"code version {version} is not one of this decoder's {CODE_VERSIONS}")
-    arch = r.fixed(fixed_width(len(menu)))
-    if arch >= len(menu):
-        raise ValueError(f"architecture index {arch} outside the menu of {len(menu)}")
-    shapes = parameter_shapes(menu[arch])
+def read_headers(r: BitReader, count: int, version: int) -> list[tuple[int, int]]:
+    """``(m, k)`` of ``count`` tensors as :func:`_header_fields` wrote them in code ``version``."""
     headers, prev_m, prev_k = [], 1, 0
-    for _name, _shape in shapes:
+    for _ in range(count):
         if version == 2:
             m = r.gamma() - 1
             headers.append((m, unzigzag(r.gamma() - 1) if m else 0))
@@ -233,6 +225,20 @@ def decode(bits: list[int], menu: tuple[ReferenceConfig, ...]) -> ModelDescripti
         k = prev_k + unzigzag(r.gamma() - 1) if m else 0
         headers.append((m, k))
         prev_m, prev_k = m, (k if m else prev_k)
+    return headers
+
+
+def decode(bits: list[int], menu: tuple[ReferenceConfig, ...]) -> ModelDescription:
+    """Inverse of :func:`encode` for the same menu; raises ``ValueError`` on a malformed codeword."""
+    r = BitReader(bits)
+    version = r.fixed(VERSION_BITS)
+    if version not in CODE_VERSIONS:
+        raise ValueError(f"code version {version} is not one of this decoder's {CODE_VERSIONS}")
+    arch = r.fixed(fixed_width(len(menu)))
+    if arch >= len(menu):
+        raise ValueError(f"architecture index {arch} outside the menu of {len(menu)}")
+    shapes = parameter_shapes(menu[arch])
+    headers = read_headers(r, len(shapes), version)
     sizes = [math.prod(shape) for _, shape in shapes]
     integers: list[list[int] | None] = [None] * len(shapes)
     if r.fixed(1):

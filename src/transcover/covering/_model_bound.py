@@ -79,9 +79,9 @@ class BoundConfig:
 
 
 def _group(role: str) -> str:
-    if role.startswith(("W_KQ", "b_KQ", "W_OV", "b_out", "norm_attn")):
+    if role.startswith(("W_KQ", "b_KQ", "W_OV", "b_out", "norm_attn", "post_norm_attn")):
         return "attention"
-    if role.startswith(("W_1", "W_2", "W_gate", "b_1", "b_2", "b_gate", "norm_ffn")):
+    if role.startswith(("W_1", "W_2", "W_gate", "b_1", "b_2", "b_gate", "norm_ffn", "post_norm_ffn")):
         return "ffn"
     return "norm"
 
@@ -114,6 +114,9 @@ def _self_norms(norms: ModelNorms) -> dict[tuple[int, str], _Row]:
                 out[(i, name)] = _vector(m.shapes[W][1], getattr(m, name))
         out.update(_norm_rows(i, "norm_attn", m.norm_attn, d))
         out.update(_norm_rows(i, "norm_ffn", m.norm_ffn, d))
+        for site in ("post_norm_attn", "post_norm_ffn"):  # branch-output norms (THEORY F26)
+            if getattr(m, site) is not None:
+                out.update(_norm_rows(i, site, getattr(m, site), d))
     out.update(_norm_rows(-1, "input_norm", norms.input_norm, norms.d_model))
     out.update(_norm_rows(norms.n_layers, "final_norm", norms.final_norm, norms.d_model))
     return out
@@ -172,6 +175,10 @@ def model_terms(spec: TransformerSpec, *, radius: float = 1.0, c_sm: float = 1.0
     terms, bft_rows = [], []
     for c in coeffs.entries:
         key = (c.layer, c.role)
+        if key not in own and c.role.endswith(".beta"):
+            # an RMSNorm (or a LayerNorm without shift) has no beta: it is fixed at 0 for the whole
+            # class, so nothing is covered for it (F14 charges ||d beta|| = 0)
+            continue
         if key not in rows:
             raise InputError(f"no weights found for layer {c.layer} role {c.role!r} that Lemma G.3 charges")
         shape, dist, sp = rows[key]

@@ -59,6 +59,9 @@ _LAZY = {
     "assemble_local_rows": "._local_report",
     "stage_functions": "._local_report",
     "stage_local_constants": "._local_report",
+    "StackLocal": "._local_stack",
+    "stack_local": "._local_stack",
+    "stack_lower": "._local_stack",
 }
 
 
@@ -91,3 +94,4 @@ _make_callable(__name__)
 
 
 __all__ += ["LocalRow", "assemble_local_rows", "stage_functions", "stage_local_constants"]
+__all__ += ["StackLocal", "stack_local", "stack_lower"]

@@ -41,6 +41,7 @@ from ._attention import (
 from ._ffn import ffn_lipschitz, ffn_output_radius, ffn_perturbation_coefficients
 from ._l2_attention import l2_attention_lipschitz
 from ._parallel import parallel_stage
+from ._sandwich import post_normed_branch, sandwich_residual_lipschitz
 from ._qknorm import qknorm_layer_kq
 from ._normalisation import norm_lipschitz, norm_output_radius, norm_perturbation_coefficients
 from ._weights import ROUNDING_PAD, ClassBounds, LayerBounds, NormBounds, check_radius, spec_norms
@@ -186,18 +187,26 @@ def _layer_stages(L: LayerBounds, r: float, c_sm: float, metric: str, seq_len: i
         stages.append(_norm_stage(L.index, "norm_ffn", L.norm_ffn, d, y + rad, sigma_min))
         return stages
     # PRE: x -> x + attn(N_a(x)) -> u + ffn(N_f(u)); the norm's perturbation passes through the branch.
-    for name, norm, block in (("attention", L.norm_attn, "attn"), ("ffn", L.norm_ffn, "ffn")):
-        ns = _norm_stage(L.index, "norm_" + ("attn" if block == "attn" else "ffn"), norm, d, r, sigma_min)
+    # A branch-output norm (Gemma 2/3, OLMo 2) wraps the branch: x + N_post(attn(N_a x)) (THEORY F26).
+    for name, norm, post, block in (("attention", L.norm_attn, L.post_norm_attn, "attn"),
+                                    ("ffn", L.norm_ffn, L.post_norm_ffn, "ffn")):
+        ns = _norm_stage(L.index, "norm_" + block, norm, d, r, sigma_min)
         rn = ns.radius_out
         if block == "attn":
             lip, rad, co = _attention_block(L, rr(rn), c_sm, metric, seq_len)
         else:
             lip, rad, co = _ffn_block(L, rr(rn))
         co = list(co) + [(role, c * lip, nm) for role, c, nm in ns.perturbation]
-        stages.append(Stage(L.index, name, r, r + rad, 1.0 + lip * ns.lipschitz, tuple(co),
-                            {name: lip, ns.name: ns.lipschitz},
-                            ("THEORY F6" if block == "attn" else "THEORY F7") + " o F14, +1 residual",
-                            rr(rn)))
+        parts = {name: lip, ns.name: ns.lipschitz}
+        source = ("THEORY F6" if block == "attn" else "THEORY F7") + " o F14, +1 residual"
+        rho = 1.0 + lip * ns.lipschitz
+        if post is not None:
+            ps = _norm_stage(L.index, "post_norm_" + block, post, d, rad, sigma_min)
+            _, rad, co = post_normed_branch(ps, lip * ns.lipschitz, co)
+            rho = sandwich_residual_lipschitz(lip, ns.lipschitz, ps.lipschitz)
+            parts[ps.name] = ps.lipschitz
+            source = "THEORY F26: 1 + F14 o " + source.split(" o ")[0].removeprefix("THEORY ") + " o F14"
+        stages.append(Stage(L.index, name, r, r + rad, rho, tuple(co), parts, source, rr(rn)))
         r = r + rad
     return stages
 
@@ -235,9 +244,9 @@ def compose(norms: ClassBounds, *, radius: float = 1.0, c_sm: float = 1.0, metri
     r_max = max(s.branch_radius for s in stages)
     uniform = build_chain(norms, radius=radius, c_sm=c_sm, metric=metric, seq_len=seq_len,
                           sigma_min=sigma_min, fixed_radius=r_max)
-    has_ln = any(n.kind in (NormKind.LAYERNORM, NormKind.RMSNORM)
+    has_ln = any(n is not None and n.kind in (NormKind.LAYERNORM, NormKind.RMSNORM)
                  for n in [norms.input_norm, norms.final_norm]
-                 + [m for L in norms.layers for m in (L.norm_attn, L.norm_ffn)])
+                 + [m for L in norms.layers for m in (L.norm_attn, L.norm_ffn, L.post_norm_attn, L.post_norm_ffn)])
     assumptions = _assumptions(metric, radius, c_sm, sigma_min, seq_len, has_ln)
     if any(L.attention_kind == "l2" for L in norms.layers):
         assumptions += (f"L2 attention: sequences of N={seq_len} tokens (THEORY F13 corrected, after Kim "

@@ -116,10 +116,11 @@ def stage_functions(spec: TransformerSpec) -> dict[tuple[int, str], Fn]:
             out[(i, "norm_attn")] = lambda X, t, lay=layer: _norm_apply(lay.norm_attn, X, t)
             out[(i, "ffn")] = lambda X, t, lay=layer: X + ffn_forward(lay.ffn, X)
             out[(i, "norm_ffn")] = lambda X, t, lay=layer: _norm_apply(lay.norm_ffn, X, t)
-        else:
-            out[(i, "attention")] = lambda X, t, lay=layer: X + attention_forward(
-                lay.attention, _norm_apply(lay.norm_attn, X, t))
-            out[(i, "ffn")] = lambda X, t, lay=layer: X + ffn_forward(lay.ffn, _norm_apply(lay.norm_ffn, X, t))
+        else:  # a branch-output norm (Gemma 2/3, OLMo 2; F26) is part of its residual stage
+            out[(i, "attention")] = lambda X, t, lay=layer: X + _norm_apply(lay.post_norm_attn, attention_forward(
+                lay.attention, _norm_apply(lay.norm_attn, X, t)), t)
+            out[(i, "ffn")] = lambda X, t, lay=layer: X + _norm_apply(
+                lay.post_norm_ffn, ffn_forward(lay.ffn, _norm_apply(lay.norm_ffn, X, t)), t)
     return out
 
 

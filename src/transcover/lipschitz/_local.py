@@ -153,12 +153,11 @@ def _ffn_parts(ffn, Y: Tensor):  # noqa: ANN001, ANN202
     return W1, W2, slope
 
 
-# Note [exact route budget]: the exact-Jacobian route (``_local_jacobian``) forms the T x T blocks of
-# d x d matrices of a layer at X and certifies their norms: its cost grows as T^2 d^2 (MiniLM at 32
-# tokens: minutes per layer and sentence on 2 cores, and ``layer_local`` is called once per rho).
-# By default it runs when T*d is at most this many entries; ``exact=True`` forces it, and
-# ``benchmarks/local_lipschitz.py`` calls ``layer_jacobians`` for every rho at once.
-EXACT_ROUTE_MAX = 4096
+# Note [exact route default]: the exact-Jacobian route (``_local_jacobian.layer_jacobians``) now runs
+# by its rows route (``_local_rows``: per-token d x d Grams, no T^2 d^2 blocks; about a second per
+# layer for a 32-token MiniLM sentence on 2 cores), so it is the default up to this many entries
+# T*d (32 tokens at width 384 and well beyond); ``exact=True`` forces it, ``exact=False`` skips it.
+EXACT_ROUTE_MAX = 65536
 
 
 def layer_local(layer: LayerSpec, X: Tensor, rho: float, *, cache: dict | None = None,
@@ -172,7 +171,7 @@ def layer_local(layer: LayerSpec, X: Tensor, rho: float, *, cache: dict | None =
     Source: THEORY F14, F17; Notes [local norm floor], [local attention bound], [layer Jacobian
     route].  Assumptions: every token within ``rho`` of ``X``; dot attention without RoPE.
     ``exact``: also the exact-Jacobian route (THEORY F17; None: when T*d <= ``EXACT_ROUTE_MAX``,
-    Note [exact route budget]).
+    Note [exact route default]).
     """
     from ..model import attention_forward, ffn_forward
 
@@ -181,6 +180,9 @@ def layer_local(layer: LayerSpec, X: Tensor, rho: float, *, cache: dict | None =
     if layer.residual.value == "parallel":
         raise InputError(f"local bounds (THEORY F17) are not derived for the parallel residual of layer "
                          f"{layer.index} (F21); its global bounds are available (lipschitz without --data)")
+    if layer.post_norm_attn is not None or layer.post_norm_ffn is not None:
+        raise InputError(f"local bounds (THEORY F17) are not derived for the branch-output norms of layer "
+                         f"{layer.index} (F26); its global bounds are available (lipschitz without --data)")
     X = X.detach().double()
     T, d = X.shape
     cache = {} if cache is None else cache
@@ -349,23 +351,46 @@ class NetworkLocal:
     layers: list[LayerLocal]
     final_norm: float
     upper: float
+    product: float = math.nan  # the product route (per-layer local constants)
+    stack: float = math.inf  # the whole-stack route (THEORY F30), inf when not run
+
+    @property
+    def route(self) -> str:
+        return "stack" if self.stack < self.product else "product"
 
     def quantity(self) -> Quantity:
-        return Quantity(self.upper, Kind.CERTIFIED_UPPER, "THEORY F8, F14, F17 (local composition, issue 12)",
+        how = ("exact stack Jacobian at the data + telescoped drift (THEORY F30)" if self.route == "stack"
+               else "product of per-layer local constants along the data path")
+        return Quantity(self.upper, Kind.CERTIFIED_UPPER, "THEORY F8, F14, F17, F30 (local, issue 12)",
                         (f"every embedded token within rho={self.rho:.6g} (l2) of the data point",
-                         "metric (2,inf)", "product of per-layer local constants along the data path"))
+                         "metric (2,inf)", f"route: {how}"))
 
 
 def network_local(spec: TransformerSpec, X: Tensor, rho: float, *, cache: dict | None = None,
-                  jacobian: bool = True) -> NetworkLocal:
+                  jacobian: bool = True, route: str = "auto") -> NetworkLocal:
     r"""Whole network on ``B(X, rho)`` (X: embedded tokens before the input norm), by composition:
-    ``g_l(B(Y_l, r_l)) subset B(g_l(Y_l), L_l r_l + pad)`` and ``Lip <= prod_l L_l``.
+    ``g_l(B(Y_l, r_l)) subset B(g_l(Y_l), L_l r_l + pad)`` and ``Lip <= prod_l L_l``; and by the
+    whole stack's exact Jacobian plus its drift (``lipschitz._local_stack``, THEORY F30); ``upper``
+    is the smaller (``route`` on the result says which won).
 
-    Source: THEORY F8 (composition), F17.  The head (if any) is not included.
+    ``route``: ``"product"``, ``"stack"`` (both routes, the stack one forced), ``"auto"`` (the stack
+    route too when T*d <= ``STACK_ROUTE_MAX``: it costs T^2 d^3 per layer).
+    Source: THEORY F8 (composition), F17, F30.  The head (if any) is not included.
     """
+    from ._local_stack import STACK_ROUTE_MAX, stack_local
+
+    if route not in ("auto", "product", "stack"):
+        raise InputError(f"route must be 'auto', 'product' or 'stack', but got route={route!r}")
     rho = check_rho(rho)
     cache = {} if cache is None else cache
     X = X.detach().double()
+    stack = math.inf
+    if route == "stack" or (route == "auto" and X.shape[-2] * X.shape[-1] <= STACK_ROUTE_MAX):
+        try:
+            stack = stack_local(spec, X, [rho], norms=cache.setdefault("stack_norms", {}))[0].upper
+        except InputError:
+            if route == "stack":
+                raise
     lip_in = 1.0
     r = rho
     if spec.input_norm is not None:
@@ -385,4 +410,5 @@ def network_local(spec: TransformerSpec, X: Tensor, rho: float, *, cache: dict |
     if spec.final_norm is not None:
         lip_out = float(norm_local(spec.final_norm, X, r)[0].max())
         total *= lip_out
-    return NetworkLocal(rho, lip_in, layers, lip_out, total * (1 + ROUNDING_PAD))
+    product = total * (1 + ROUNDING_PAD)
+    return NetworkLocal(rho, lip_in, layers, lip_out, min(product, stack), product, stack)

@@ -46,7 +46,7 @@ point of the convex ball: a Lipschitz constant on it (mean-value theorem).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -182,6 +182,17 @@ class LayerJacobian:
     blocks: Tensor | None  # (T, T, d, d) J_ij at X (only when asked)
     attention_rows: Tensor  # (T,) sup on the ball of nu_i(A) (attention alone)
     parts: dict  # per-term maxima of the drift (where the gap sits)
+    radius: float = math.nan  # the ball's radius r (every token within r of X)
+    stage_radii: dict = field(default_factory=dict)  # stage name -> (T,) certified radius at its output
+    lower_rows: Tensor | None = None  # (T,) attained row norms at X (empirical lower; NaN: not searched)
+    lower_V: tuple | None = None  # (token, V) attaining the largest of them
+
+    @property
+    def output_radii(self) -> Tensor:
+        """(T,) certified ``sup_{X' in B(X, r)} ||f(X')_i - f(X)_i||``: ``r`` times the row bound on
+        the ball (mean-value theorem on the convex ball), rounding included; for whole-network
+        composition (``_local_stack``)."""
+        return self.radius * (self.point_rows + self.drift_rows) * (1 + ROUNDING_PAD)
 
     @property
     def point(self) -> float:
@@ -211,8 +222,54 @@ def _head_data(attn, Xin: Tensor):  # noqa: ANN001, ANN202
     return out
 
 
+# Note [exact route budget]: the blocks route forms T^2 blocks of d x d (T^2 d^2 entries and their
+# certified norms); the rows route (``_local_rows``) never does.  Both are certified; by default the
+# rows route runs and the blocks route joins it (the smaller bound per token is kept) when the
+# blocks are asked for or T*d is at most this many entries.
+BLOCKS_ROUTE_MAX = 256
+
+
 def layer_jacobians(layer: LayerSpec, X: Tensor, radii, *, keep_blocks: bool = False,  # noqa: ANN001
-                    norms: dict | None = None, head_norms_: dict | None = None, exact: int = 8) -> list[LayerJacobian]:
+                    norms: dict | None = None, head_norms_: dict | None = None, exact: int = 8,
+                    route: str = "auto", lower: int = 0) -> list[LayerJacobian]:
+    r"""Certified (2,inf) bound of one layer's Jacobian at every point of ``B(X, r)``, for each ``r``
+    in ``radii``: the rows route (``_local_rows.layer_rows``, no T^2 d^2 blocks) and/or the blocks
+    route (``route``: "rows", "blocks" or "auto", Note [exact route budget]); with both, the
+    smaller bound per token.  Source: THEORY F17, F17b-F17d; see ``_blocks_route``."""
+    if route not in ("auto", "rows", "blocks"):
+        raise InputError(f"route must be 'auto', 'rows' or 'blocks', but got {route!r}")
+    X = X.detach().double()
+    use_blocks = route == "blocks" or (route == "auto" and (keep_blocks or X.shape[0] * X.shape[1] <= BLOCKS_ROUTE_MAX))
+    rows = None
+    if route != "blocks":
+        from ._local_rows import layer_rows
+
+        rows = layer_rows(layer, X, radii, norms=norms, head_norms_=head_norms_, lower=lower)
+    if not use_blocks:
+        return rows
+    blocks = _blocks_route(layer, X, radii, keep_blocks=keep_blocks, norms=norms, head_norms_=head_norms_, exact=exact)
+    for r, b in zip(radii, blocks):
+        b.radius = float(r)
+    if rows is None:
+        return blocks
+    return [_smaller(a, b) for a, b in zip(rows, blocks)]
+
+
+def _smaller(a: LayerJacobian, b: LayerJacobian) -> LayerJacobian:
+    """Per token the smaller point bound and the smaller ball bound of two certified routes."""
+    point = torch.minimum(a.point_rows, b.point_rows)
+    total = torch.minimum(a.point_rows + a.drift_rows, b.point_rows + b.drift_rows)
+    parts = a.parts if a.ball <= b.ball else b.parts
+    out = LayerJacobian(point, torch.clamp(total - point, min=0.0), b.blocks if b.blocks is not None else a.blocks,
+                        torch.minimum(a.attention_rows, b.attention_rows), parts)
+    out.radius = a.radius
+    out.stage_radii = a.stage_radii or b.stage_radii
+    out.lower_rows, out.lower_V = a.lower_rows, a.lower_V
+    return out
+
+
+def _blocks_route(layer: LayerSpec, X: Tensor, radii, *, keep_blocks: bool = False,  # noqa: ANN001
+                  norms: dict | None = None, head_norms_: dict | None = None, exact: int = 8) -> list[LayerJacobian]:
     r"""Certified (2,inf) bound of one layer's Jacobian at every point of ``B(X, r)``, for each ``r``
     in ``radii`` (the blocks at X are computed once).
 

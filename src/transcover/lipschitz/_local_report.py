@@ -69,10 +69,11 @@ def stage_local_constants(ll, placement: Placement) -> dict[str, float]:  # noqa
 
 def local_table(spec: TransformerSpec, seqs: list, rho_factors: list[float], *, lower_iter: int = 15,
                 jacobian: bool = True, lower: bool = True, relative: bool = True,
-                timings: dict | None = None) -> list[LocalRow]:
+                timings: dict | None = None, whole: str | None = None) -> list[LocalRow]:
     """Per-layer and per-component rows for every ``rho`` (a factor of each stage's median token
     norm when ``relative``, else absolute), max over the sequences (each layer's ball is centred at
-    the data's hidden states, the layer's input on the data path)."""
+    the data's hidden states, the layer's input on the data path).  ``whole`` (a ``network_local``
+    route): also one whole-network row per rho (layer -1, component ``network (<route that won>)``)."""
     layers = list(spec.layers)
     points = [spec.input_norm(X.double()) if spec.input_norm is not None else X.double() for X in seqs]
     stage_inputs: list[list[dict]] = []  # per layer, per sequence: stage name -> its input
@@ -123,7 +124,28 @@ def local_table(spec: TransformerSpec, seqs: list, rho_factors: list[float], *, 
                 timings[(f, i)] = time.perf_counter() - t0
         dom = compose(norms, radius=R, sigma_min=max(sig0, 0.0)) if math.isfinite(sig0) else glob
         rows += assemble_local_rows(f, best, point, lows, glob, dom, lower=lower)
+        if whole is not None:
+            rows.append(_network_row(spec, seqs, f, relative, whole, glob, dom, lower, cache))
     return rows
+
+
+def _network_row(spec, seqs, f, relative, whole, glob, dom, lower, cache) -> LocalRow:  # noqa: ANN001
+    """The whole network on the balls around the embedded sequences (``network_local``, THEORY F30):
+    max over sequences; the lower estimate is ``stack_lower`` at the same points."""
+    from ._local import network_local
+    from ._local_stack import stack_lower
+
+    up, lo, routes = 0.0, 0.0, set()
+    for X in seqs:
+        rho = f * float(X.double().norm(dim=1).median()) if relative else f
+        nl = network_local(spec, X, rho, cache=cache, route=whole)
+        up, routes = max(up, nl.upper), routes | {nl.route}
+        if lower:
+            lo = max(lo, stack_lower(spec, X, rho, restarts=2, steps=10))
+    if lower:
+        check_certified("local Lipschitz constant of the whole network", up, lo)
+    return LocalRow(f, -1, f"network ({'/'.join(sorted(routes))})", glob.upper.value, dom.upper.value, up,
+                    lo if lower else math.nan)
 
 
 def assemble_local_rows(rho_factor: float, best: dict, point: dict, lows: dict, glob, dom, *,  # noqa: ANN001

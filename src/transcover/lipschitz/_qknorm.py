@@ -28,6 +28,15 @@ the normalised head.  With both norms the score Lipschitz part ``a + c`` no long
 radius: the head's constant grows like ``r`` (through the values), not ``r^2``.
 
 Lemma G.3 is not derived for this block (the scores are not a function of ``W_Q W_K^T``): refused.
+
+Note [whole-projection q/k norm].  OLMo 2 normalises the whole projection ``u = x W_all + b_all``
+(all H heads' ``H d_head`` coordinates, keys over ``H_kv d_head``) and then splits it: head h reads
+``q_h = P_h N(u)`` with ``P_h`` a coordinate projection (norm 1).  Both facts above survive with the
+whole width: ``||q_h|| <= ||N(u)|| < max|gamma| sqrt(H d_head)``, and ``||q_h - q'_h|| <= L_N ||u - u'||
+<= L_N ||W_all|| ||dx||`` with ``||W_all||_2 <= sqrt(sum_h ||W^h||_2^2)`` (``W_all = [W^1 ... W^H]``
+column blocks).  So F23's constants hold with ``Q_max = max|gamma_q| sqrt(H d_head)`` and ``||W_Q||``
+replaced by that bound (``_weights._joint_qk_bounds``): sqrt(H) times a per-head norm's size, which is
+what one RMSNorm across the heads guarantees (a single head may carry all the mass).
 """
 
 from __future__ import annotations

@@ -111,6 +111,10 @@ class LayerBounds:
     kn_lip: float = 0.0
     kn_out: float = 0.0
     softmax_scale: float = 0.0  # s, read with the norms above
+    qk_joint: bool = False  # q/k norms over the whole projection (OLMo 2): B_Q, B_K are then its norm bound
+    # a norm on the branch output, x + N_post(f(N_pre x)) (Gemma 2/3, OLMo 2; THEORY F26); None: none
+    post_norm_attn: NormBounds | None = None
+    post_norm_ffn: NormBounds | None = None
 
 
 def _norm_bounds(n: NormMeasure) -> NormBounds:
@@ -130,12 +134,13 @@ def layer_bounds(m: LayerMeasure) -> LayerBounds:
     metrics (THEORY F22).
     """
     s = m.scale
+    post = {k: None if getattr(m, k) is None else _norm_bounds(getattr(m, k)) for k in ("post_norm_attn", "post_norm_ffn")}
     kq = tuple(s * h.W_QK.upper if h.W_QK is not None else s * h.W_Q.upper * h.W_K.upper for h in m.heads)
     if m.rope and m.q_norm is None and m.k_norm is None:
         bkq = tuple(s * (h.W_Q.upper * (h.b_K or 0.0) + (h.b_Q or 0.0) * h.W_K.upper) for h in m.heads)
     else:
         bkq = tuple(0.0 if h.b_QK is None else s * h.b_QK for h in m.heads)
-    return LayerBounds(
+    fields_ = dict(
         index=m.index, placement=m.placement, d_model=m.d_model,
         B_KQ=kq, B_bKQ=bkq,
         B_OV=tuple(h.W_OV.upper for h in m.heads), B_V=tuple(h.W_V.upper for h in m.heads),
@@ -146,8 +151,10 @@ def layer_bounds(m: LayerMeasure) -> LayerBounds:
         attention_kind=m.attention_kind, B_Q=tuple(h.W_Q.upper for h in m.heads), d_head=m.d_head,
         has_query_bias=m.has_query_bias, has_output_bias=m.b_out is not None,
         has_b1=m.b_1 is not None, has_b2=m.b_2 is not None, has_bg=m.b_gate is not None,
-        residual=m.residual, has_rope_qk_bias=m.has_rope_qk_bias, **_qk_norm_bounds(m),
+        residual=m.residual, has_rope_qk_bias=m.has_rope_qk_bias, **post,
     )
+    fields_.update(_qk_norm_bounds(m))  # may replace B_Q (whole-projection norms)
+    return LayerBounds(**fields_)
 
 
 def _qk_norm_bounds(m: LayerMeasure) -> dict[str, object]:
@@ -170,7 +177,29 @@ def _qk_norm_bounds(m: LayerMeasure) -> dict[str, object]:
     out["B_K"] = tuple(h.W_K.upper for h in m.heads)
     out["B_bQ"] = tuple(h.b_Q or 0.0 for h in m.heads)
     out["B_bK"] = tuple(h.b_K or 0.0 for h in m.heads)
+    if m.qk_norm_scope == "all":
+        out.update(_joint_qk_bounds(m, out))
     return out
+
+
+def _joint_qk_bounds(m: LayerMeasure, out: dict) -> dict[str, object]:
+    """F23 with the norm over the whole projection (OLMo 2; Note [whole-projection q/k norm] in ``_qknorm``).
+
+    Head h reads coordinates ``P_h`` of ``N(x W_all + b_all)``: ``||P_h N(u)|| <= ||N(u)|| < max|gamma|
+    sqrt(H d_head)`` and ``||P_h (N(u) - N(u'))|| <= L_N ||W_all|| ||dx||`` with ``||W_all||_2 <=
+    sqrt(sum_g ||W^g||_2^2)`` (the heads' column blocks).  So F23's per-head inputs are the size bound
+    over the whole width and this norm bound for every head."""
+    H, dh = len(m.heads), m.d_head
+    groups = {h.kv: h.W_K.upper for h in m.heads}
+    up = 1.0 + (H + 4) * 2.0 ** -52  # the float64 rounding of H squares, their sum and the root
+    b_q = math.sqrt(sum(h.W_Q.upper ** 2 for h in m.heads)) * up
+    b_k = math.sqrt(sum(v * v for v in groups.values())) * up
+    res: dict[str, object] = dict(qk_joint=True, B_Q=(b_q,) * H, B_K=(b_k,) * H)
+    if m.q_norm is not None:
+        res["qn_out"] = out["qn_out"] * math.sqrt(H)
+    if m.k_norm is not None:
+        res["kn_out"] = out["kn_out"] * math.sqrt(len(groups))
+    return res
 
 
 def layer_norms(layer) -> LayerBounds:  # noqa: ANN001
@@ -210,8 +239,9 @@ def _architecture(n: ClassBounds) -> tuple:
     ``model.require_same_structure``; the head dimension and bias presence may differ, Note
     [structural differences] in ``model._compare``)."""
     return (n.d_model, n.input_norm.kind, n.final_norm.kind,
-            tuple((L.placement, L.residual, L.has_q_norm, L.has_k_norm, len(L.B_KQ), L.B_Wg is None, L.activation, L.attention_kind,
-                   L.norm_attn.kind, L.norm_ffn.kind)
+            tuple((L.placement, L.residual, L.has_q_norm, L.has_k_norm, L.qk_joint, len(L.B_KQ), L.B_Wg is None, L.activation,
+                   L.attention_kind, L.norm_attn.kind, L.norm_ffn.kind,
+                   *(None if n is None else n.kind for n in (L.post_norm_attn, L.post_norm_ffn)))
                   for L in n.layers))
 
 
@@ -240,6 +270,8 @@ def class_max(a: ClassBounds, b: ClassBounds) -> ClassBounds:
             va, vb = getattr(la, f.name), getattr(lb, f.name)
             if f.name in ("norm_attn", "norm_ffn"):
                 kw[f.name] = _max_norm(va, vb)
+            elif f.name in ("post_norm_attn", "post_norm_ffn"):  # both present or both absent (_architecture)
+                kw[f.name] = None if va is None else _max_norm(va, vb)
             elif f.name.startswith("has_"):  # a bias in either model is charged (absent = zero)
                 kw[f.name] = va or vb
             elif isinstance(va, tuple):

@@ -26,7 +26,7 @@ Differences that are *not* structural, because the bound already accounts for th
   ``transcover.lipschitz._normalisation``);
 * fields the forward pass never reads: names, ``arch``, ``config``, embeddings, ``RopeSpec.max_position``.
 
-Structural (refused): width, depth, norm placement, sequential vs parallel residual, query/key normalisation, the soft-capping constant, norm kind, attention kind (dot-product vs L2), causal masking, sliding-window size, RoPE presence / base / rotary dimension / scaled frequencies, the
+Structural (refused): width, depth, norm placement, sequential vs parallel residual, query/key normalisation (and its scope), branch-output norms (F26), the soft-capping constant, norm kind, attention kind (dot-product vs L2), causal masking, sliding-window size, RoPE presence / base / rotary dimension / scaled frequencies, the
 head dimension under RoPE or L2 attention, the number of query heads, activation, gated vs plain
 FFN, FFN width and, when the MLP head is part of the compared function, the head's layout.
 """
@@ -66,6 +66,8 @@ def _layer_diffs(la, lb, i: int) -> list[str]:
         out.append(f"residual: layer {i} {la.residual.value} vs {lb.residual.value}")
     out += _norm_diffs(la.norm_attn, lb.norm_attn, f"layer {i} norm_attn")
     out += _norm_diffs(la.norm_ffn, lb.norm_ffn, f"layer {i} norm_ffn")
+    for site in ("post_norm_attn", "post_norm_ffn"):  # branch-output norms (THEORY F26)
+        out += _norm_diffs(getattr(la, site), getattr(lb, site), f"layer {i} {site}")
     aa, ab = la.attention, lb.attention
     if aa.kind != ab.kind:
         out.append(f"attention kind: layer {i} {aa.kind} vs {ab.kind}")
@@ -80,6 +82,8 @@ def _layer_diffs(la, lb, i: int) -> list[str]:
     qb = tuple(n is not None for n in (ab.q_norm, ab.k_norm))
     if qa != qb:
         out.append(f"query/key normalisation: layer {i} (q, k) {qa} vs {qb}")
+    if any(qa) and aa.qk_norm_scope != ab.qk_norm_scope:
+        out.append(f"query/key normalisation scope: layer {i} {aa.qk_norm_scope} vs {ab.qk_norm_scope}")
     if aa.softcap != ab.softcap:
         out.append(f"attention soft-capping: layer {i} {aa.softcap} vs {ab.softcap}")
     if aa.n_heads != ab.n_heads:

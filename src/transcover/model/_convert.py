@@ -34,7 +34,8 @@ def _layer(layer: LayerSpec, dtype: Any) -> LayerSpec:
     f = layer.ffn
     ffn = replace(f, **{k: _t(getattr(f, k), dtype) for k in ("W_1", "W_2", "b_1", "b_2", "W_gate", "b_gate")})
     return replace(layer, attention=attn, ffn=ffn, norm_attn=_norm(layer.norm_attn, dtype),
-                   norm_ffn=_norm(layer.norm_ffn, dtype))
+                   norm_ffn=_norm(layer.norm_ffn, dtype), post_norm_attn=_norm(layer.post_norm_attn, dtype),
+                   post_norm_ffn=_norm(layer.post_norm_ffn, dtype))
 
 
 class _MappedTensors(Mapping[str, Any]):

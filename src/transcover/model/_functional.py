@@ -63,7 +63,8 @@ class ForwardHooks:
     the place of the value it was shown.
 
     * ``on_norm(site, norm, X)``: ``X`` is the input of the normalisation at ``site``
-      (``(-1, "input_norm")``, ``(i, "norm_attn")``, ``(i, "norm_ffn")``, ``(L, "final_norm")``);
+      (``(-1, "input_norm")``, ``(i, "norm_attn")``, ``(i, "norm_ffn")``, ``(i, "post_norm_attn")``,
+      ``(i, "post_norm_ffn")``, ``(L, "final_norm")``);
       a returned tensor is used as the normalisation's *output*.
     * ``on_attention_probs(layer, head, P)``: ``P`` (``(..., T, T)``, rows summing to 1) is the
       attention of one head after the softmax (and its masks); a returned tensor is used instead.
@@ -178,12 +179,16 @@ def attention_scores(attn: AttentionSpec, X: Tensor, h: int, *, key_mask: Tensor
         k = _linear(X, Wk)
     else:
         g = attn.kv_index(h)
-        q = _linear(X, Wq) + (0 if attn.b_Q is None else _w(attn.b_Q[..., h, :], X, 1))
-        k = _linear(X, Wk) + (0 if attn.b_K is None else _w(attn.b_K[..., g, :], X, 1))
-        if attn.q_norm is not None:  # per-head RMSNorm before the rotation (Qwen3; THEORY F23)
-            q = norm_forward(attn.q_norm, q)
-        if attn.k_norm is not None:
-            k = norm_forward(attn.k_norm, k)
+        if attn.qk_norm_scope == "all":  # OLMo 2: one RMSNorm over every head's coordinates (F23)
+            q = _joint_normalised(X, attn.W_Q, attn.b_Q, attn.q_norm, h)
+            k = _joint_normalised(X, attn.W_K, attn.b_K, attn.k_norm, g)
+        else:
+            q = _linear(X, Wq) + (0 if attn.b_Q is None else _w(attn.b_Q[..., h, :], X, 1))
+            k = _linear(X, Wk) + (0 if attn.b_K is None else _w(attn.b_K[..., g, :], X, 1))
+            if attn.q_norm is not None:  # per-head RMSNorm before the rotation (Qwen3; THEORY F23)
+                q = norm_forward(attn.q_norm, q)
+            if attn.k_norm is not None:
+                k = norm_forward(attn.k_norm, k)
         if attn.rope is not None:
             pos = torch.arange(T, device=X.device)
             q = apply_rope(q, attn.rope, pos)
@@ -192,6 +197,20 @@ def attention_scores(attn: AttentionSpec, X: Tensor, h: int, *, key_mask: Tensor
     if attn.softcap is not None:  # Gemma 2: c tanh(s / c), before the mask (THEORY F24)
         scores = attn.softcap * torch.tanh(scores / attn.softcap)
     return _mask(scores, attn.causal, key_mask, attn.window)
+
+
+def _joint_normalised(X: Tensor, W: Any, b: Any, norm: NormSpec | None, h: int) -> Tensor:
+    """Head ``h``'s columns of ``norm(X W_all + b_all)``, the norm over all heads' coordinates at once
+    (OLMo 2's q_norm/k_norm act on the whole projection before it is split into heads)."""
+    t = to_tensor(W, X)  # (..., H, d, d_head)
+    n_heads, dh = t.shape[-3], t.shape[-1]
+    full = t.movedim(-3, -2).reshape(t.shape[:-3] + (t.shape[-2], n_heads * dh))  # (..., d, H * d_head)
+    u = _linear(X, full)
+    if b is not None:
+        u = u + _w(to_tensor(b, X).reshape(tuple(b.shape[:-2]) + (n_heads * dh,)), X, 1)
+    if norm is not None:
+        u = norm_forward(norm, u)
+    return u[..., h * dh:(h + 1) * dh]
 
 
 def l2_attention_forward(X: Tensor, W_Q: Tensor, W_V: Tensor, W_O: Tensor, *, key_mask: Tensor | None = None,
@@ -321,8 +340,12 @@ def layer_forward(layer: LayerSpec, X: Tensor, *, key_mask: Tensor | None = None
         return (X + attend(_norm(layer.norm_attn, X, (i, "norm_attn"), hooks))
                 + ffn_forward(layer.ffn, _norm(layer.norm_ffn, X, (i, "norm_ffn"), hooks)))
     if layer.placement is Placement.PRE:
-        X = X + attend(_norm(layer.norm_attn, X, (i, "norm_attn"), hooks))
-        return X + ffn_forward(layer.ffn, _norm(layer.norm_ffn, X, (i, "norm_ffn"), hooks))
+        def post(site: str, Y: Tensor) -> Tensor:  # Gemma 2/3, OLMo 2: a norm on the branch output (F26)
+            norm = getattr(layer, site)
+            return Y if norm is None else _norm(norm, Y, (i, site), hooks)
+
+        X = X + post("post_norm_attn", attend(_norm(layer.norm_attn, X, (i, "norm_attn"), hooks)))
+        return X + post("post_norm_ffn", ffn_forward(layer.ffn, _norm(layer.norm_ffn, X, (i, "norm_ffn"), hooks)))
     X = _norm(layer.norm_attn, X + attend(X), (i, "norm_attn"), hooks)
     return _norm(layer.norm_ffn, X + ffn_forward(layer.ffn, X), (i, "norm_ffn"), hooks)
 

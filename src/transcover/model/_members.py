@@ -75,7 +75,9 @@ def _stack_layer(layers: list[LayerSpec], i: int) -> LayerSpec:
     return replace(layers[0], attention=_stack_attention([lay.attention for lay in layers], f"{where} attention"),
                    ffn=_stack_dataclass([lay.ffn for lay in layers], f"{where} FFN"),
                    norm_attn=_stack_norm([lay.norm_attn for lay in layers], f"{where} norm_attn"),
-                   norm_ffn=_stack_norm([lay.norm_ffn for lay in layers], f"{where} norm_ffn"))
+                   norm_ffn=_stack_norm([lay.norm_ffn for lay in layers], f"{where} norm_ffn"),
+                   post_norm_attn=_stack_norm([lay.post_norm_attn for lay in layers], f"{where} post_norm_attn"),
+                   post_norm_ffn=_stack_norm([lay.post_norm_ffn for lay in layers], f"{where} post_norm_ffn"))
 
 
 def _stack_head(heads: list[MLPHeadSpec | None]) -> MLPHeadSpec | None:

@@ -123,6 +123,13 @@ class Residual(str, Enum):
 
 @dataclass(frozen=True)
 class NormSpec:
+    """A normalisation; ``weight`` is the *gain* that multiplies the normalised vector.
+
+    Gemma's RMSNorm multiplies by ``1 + gamma`` (its checkpoints store gamma around 0): its adapter
+    stores the gain ``1 + gamma`` here (formed in float64), so every bound reads ``max|1 + gamma|``
+    and two models' gains differ by exactly their gammas' difference (THEORY F26).
+    """
+
     kind: NormKind
     weight: Tensor | None = None  # gamma, shape (d,)
     bias: Tensor | None = None  # beta, shape (d,)
@@ -234,6 +241,9 @@ class AttentionSpec:
     k_norm: NormSpec | None = None
     # Attention-logit soft-capping (Gemma 2; THEORY F24): scores -> c tanh(scores / c), before the mask.
     softcap: float | None = None
+    # Which coordinates q_norm/k_norm normalise together: "head" (each head's d_head, Qwen3, Gemma 3) or
+    # "all" (the whole projection, H * d_head for queries and H_kv * d_head for keys, OLMo 2; F23).
+    qk_norm_scope: str = "head"
 
     def __post_init__(self) -> None:
         if self.window is not None and (isinstance(self.window, bool) or not isinstance(self.window, int)
@@ -354,10 +364,15 @@ class AttentionSpec:
         for name, (t, shape) in checks.items():
             if t is not None and tuple(t.shape) != shape:
                 raise ValueError(f"attention {name} has shape {tuple(t.shape)}, expected {shape}")
-        for name, n in (("q_norm", self.q_norm), ("k_norm", self.k_norm)):
-            if n is not None and n.weight is not None and tuple(n.weight.shape) != (dh,):
-                raise ValueError(f"attention {name} weight has shape {tuple(n.weight.shape)}, expected {(dh,)} "
-                                 "(one RMSNorm per head over d_head)")
+        if self.qk_norm_scope not in ("head", "all"):
+            raise ValueError(f"attention qk_norm_scope must be 'head' or 'all', got {self.qk_norm_scope!r}")
+        joint = self.qk_norm_scope == "all"
+        for name, n, heads in (("q_norm", self.q_norm, H), ("k_norm", self.k_norm, Hkv)):
+            want = (heads * dh,) if joint else (dh,)
+            if n is not None and n.weight is not None and tuple(n.weight.shape) != want:
+                raise ValueError(f"attention {name} weight has shape {tuple(n.weight.shape)}, expected {want} "
+                                 + ("(one RMSNorm over the whole projection)" if joint
+                                    else "(one RMSNorm per head over d_head)"))
         if H % Hkv:
             raise ValueError(f"n_heads={H} is not a multiple of n_kv_heads={Hkv}")
         if self.softcap is not None and not (math.isfinite(self.softcap) and self.softcap > 0):
@@ -410,6 +425,9 @@ class LayerSpec:
     is the seed's ``g_{l+1} = Pi_norm o g_ff o Pi_norm o g_msa o g_l`` (residuals inside g).
     ``residual`` PARALLEL (pre-norm only): ``x = x + attn(norm_attn(x)) + ffn(norm_ffn(x))``, both
     branches reading the block's input (GPT-NeoX/Pythia, GPT-J, Falcon; THEORY F21).
+    ``post_norm_attn`` / ``post_norm_ffn`` (pre-norm, sequential only; THEORY F26): a normalisation of
+    the branch's output inside the residual, ``x + post(attn(norm_attn(x)))`` -- Gemma 2/3's sandwich
+    norms; OLMo 2 has ``norm_attn``/``norm_ffn`` of kind NONE and only these.  None: as before.
     """
 
     index: int
@@ -420,12 +438,18 @@ class LayerSpec:
     placement: Placement
     names: dict[str, str] = field(default_factory=dict)  # role -> tensor name in the checkpoint
     residual: Residual = Residual.SEQUENTIAL
+    post_norm_attn: NormSpec | None = None
+    post_norm_ffn: NormSpec | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "residual", Residual(self.residual))  # "parallel" -> Residual.PARALLEL
         if self.residual is Residual.PARALLEL and self.placement is not Placement.PRE:
             raise ValueError(f"layer {self.index}: a parallel residual needs pre-norm placement "
                              f"(x + attn(N_1 x) + ffn(N_2 x)), not {self.placement.value}")
+        if (self.post_norm_attn is not None or self.post_norm_ffn is not None) and (
+                self.placement is not Placement.PRE or self.residual is not Residual.SEQUENTIAL):
+            raise ValueError(f"layer {self.index}: branch-output norms (x + N_post(f(N_pre x)), THEORY F26) need "
+                             "pre-norm placement and a sequential residual")
 
 
 @dataclass(frozen=True)

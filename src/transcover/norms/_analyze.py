@@ -42,6 +42,7 @@ from ._spectral import (
     in_safe_range,
 )
 from ._certify import batched_gram_with_error
+from ._rope_sup import rope_kq_estimate, rope_kq_interval
 from ._blocked import BLOCK_BYTES, blocked_matrix_norms
 from ._model import HeadMeasure, LayerMeasure, ModelNorms, NormMeasure, layer_arrays, measure_layer
 from ._analysis_types import (SCHEMA_VERSION, AnalysisResult, EmbeddingNorms, HeadNorms, LayerNorms, MatrixNorms,
@@ -127,37 +128,19 @@ def _max_interval(ivs: list[Interval], method: str) -> Interval:
     return Interval(max(i.lower for i in ivs), max(i.upper for i in ivs), ivs[0].kind, method)
 
 
-def _rope_offsets(max_position: int) -> list[int]:
-    """Relative positions at which the RoPE lower bound is evaluated: all small ones, then log-spaced."""
-    small = list(range(0, min(max_position, 32)))
-    big = np.unique(np.geomspace(32, max(max_position - 1, 33), num=32).astype(int)).tolist()
-    return sorted(set(small + [b for b in big if b < max_position]))
-
-
 def _kq_head(attn: AttentionSpec, h: int, m: _Measurer, f64: dict[str, np.ndarray]) -> tuple[Interval, MatrixNorms, Interval | None]:
-    Wq, Wk, _, _ = attn.head(h)
     g = attn.kv_index(h)
     A, Bt = f64["W_Q"][h], np.ascontiguousarray(f64["W_K"][g].T)
     scale = attn.softmax_scale
     grams = None if "G_Q" not in f64 else (f64["G_Q"][h], f64["e_Q"][h], f64["G_K"][g], f64["e_K"][g])
     kq = m.product(f"W_KQ.h{h}", A, Bt, scale, grams=grams)
-    if attn.rope is not None:
-        # sup over relative positions Delta of ||W_Q R_Delta W_K^T||: every R_Delta is orthogonal, so
-        # ||W_Q|| ||W_K|| is a certified upper end; certified lower ends at sampled Delta give the lower end.
-        lowers = []
-        from ..model import apply_rope  # RoPE models only (needs torch)
-        import torch
-
-        Wq_t = torch.as_tensor(_np(Wq))
-        for delta in _rope_offsets(attn.rope.max_position):
-            Wq_rot = apply_rope(Wq_t, attn.rope, torch.full((Wq.shape[0],), float(delta), dtype=torch.float64))
-            iv = (product_norm_estimate if m.fast else product_norm_interval)(m.array(Wq_rot), Bt, rtol=m.rtol)
-            lowers.append(iv.lower * scale)
-        q_norm = m.matrix("W_Q", A).spectral
-        k_norm = m.matrix("W_K", f64["W_K"][g]).spectral
-        upper = q_norm.upper * k_norm.upper * scale * (1 + 4 * 2.0**-52)
-        B_KQ = Interval(min(max(lowers), upper), upper, kq.spectral.kind,
-                        "RoPE: sup over relative positions; upper = scale ||W_Q|| ||W_K||")
+    if attn.rope is not None and m.fast:
+        B_KQ = rope_kq_estimate(A, f64["W_K"][g], attn.rope, scale)
+    elif attn.rope is not None:  # the sup over relative positions (Note [RoPE supremum] in _rope_sup)
+        if f"|W_K|.h{g}" not in f64:  # grouped-query heads share the key head: measure it once
+            f64[f"|W_K|.h{g}"] = spectral_norm_interval(f64["W_K"][g], gram=None if grams is None else grams[2:])
+        norms = (spectral_norm_interval(A, gram=None if grams is None else grams[:2]), f64[f"|W_K|.h{g}"])
+        B_KQ = rope_kq_interval(A, f64["W_K"][g], attn.rope, scale, grams=grams, norms=norms)
     else:
         B_KQ = kq.spectral
     B_KQ_bias = None
@@ -322,6 +305,14 @@ def _layer_norms(layer: LayerSpec, m: _Measurer, entrywise: bool = False) -> tup
     ), lm
 
 
+def _up4(x: float) -> str:
+    """``x`` printed with 4 significant digits, rounded *up* (a printed bound must stay a bound)."""
+    if not (x > 0 and math.isfinite(x)):
+        return f"{x:.4g}"
+    unit = 10.0 ** (math.floor(math.log10(x)) - 3)
+    return f"{math.ceil(x * (1 + 1e-12) / unit) * unit:.4g}"
+
+
 def analyze_spec(
     spec: TransformerSpec,
     *,
@@ -367,11 +358,15 @@ def analyze_spec(
         if not first:
             a = layer.attention
             first = {"rope": a.rope is not None, "b_Q": a.b_Q is not None, "H": a.n_heads, "dh": a.d_head,
-                     "parallel": layer.residual.value == "parallel"}
+                     "parallel": layer.residual.value == "parallel",
+                     "post": layer.post_norm_attn is not None or layer.post_norm_ffn is not None}
         a = layer.attention
         if a.q_norm is not None and a.k_norm is not None:
+            # a norm over the whole projection bounds one head's query by max|gamma| sqrt(H d_head) only
+            # (Note [whole-projection q/k norm] in lipschitz._qknorm)
+            width = math.sqrt(a.n_heads * a.n_kv_heads) if a.qk_norm_scope == "all" else 1.0
             qk_scores = max(qk_scores, a.softmax_scale * a.q_norm.gamma_max_abs * a.k_norm.gamma_max_abs
-                            * a.d_head * (1 + 8 * 2.0**-52))
+                            * a.d_head * width * (1 + 12 * 2.0**-52))
         view, lm = _layer_norms(layer, m, entrywise)
         layers.append(view)
         measures.append(lm)
@@ -392,15 +387,19 @@ def analyze_spec(
             embs.append(EmbeddingNorms(f"mlp_head.{j}", m.matrix(f"mlp_head.{j}", W), _max_row_norm(W)))
     notes = []
     if first["rope"]:
-        notes.append("RoPE: B_KQ is the sup over relative positions; its upper end is scale*||W_Q||*||W_K|| "
-                     "and its gap can exceed rtol")
+        notes.append("RoPE: B_KQ is the sup over relative positions |delta| < max_position; its upper end is "
+                     "the smaller of scale*||W_Q||*||W_K|| and a slow/fast-plane split (THEORY F22), and its gap "
+                     "can exceed rtol")
     if first["b_Q"] and not first["rope"]:
         notes.append("query biases act through B_KQ_bias on x~=[x,1]; key biases cancel in the softmax")
     if first["parallel"]:
         notes.append("parallel residual: each layer is x + attn(LN1 x) + ffn(LN2 x) (THEORY F21)")
     if qk_scores > 0:
         notes.append("query/key RMSNorm: B_KQ = ||scale W_Q W_K^T|| does not bound the scores; every score is "
-                     f"<= scale*max|gamma_q|*max|gamma_k|*d_head <= {qk_scores:.4g} (THEORY F23)")
+                     f"<= scale*max|gamma_q|*max|gamma_k|*(normalised width) <= {_up4(qk_scores)} (THEORY F23)")
+    if first["post"]:
+        notes.append("branch-output norms: each sub-layer is x + N_post(f(N_pre x)) (THEORY F26); the "
+                     "post norms' gains are not in the per-layer columns")
     return AnalysisResult(
         model=spec.name, arch=spec.arch, d_model=spec.d_model, n_heads=int(first["H"]),
         d_head=int(first["dh"]), mode="fast" if fast else "certified", rtol=rtol,

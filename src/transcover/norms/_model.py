@@ -143,6 +143,9 @@ class LayerMeasure:
     q_norm: NormMeasure | None = None  # query/key RMSNorm per head (THEORY F23)
     k_norm: NormMeasure | None = None
     has_rope_qk_bias: bool = False  # RoPE with query/key biases and no q/k norm: G.3 refused (F22)
+    qk_norm_scope: str = "head"  # "all": q/k RMSNorm over the whole projection (OLMo 2; F23)
+    post_norm_attn: NormMeasure | None = None  # a norm on the branch output, x + N_post(f(N_pre x)) (F26)
+    post_norm_ffn: NormMeasure | None = None
 
     @property
     def n_heads(self) -> int:
@@ -313,6 +316,9 @@ def measure_layer(layer: LayerSpec, entrywise: bool = False, *,
         k_norm=None if a.k_norm is None else NormMeasure.of(a.k_norm),
         has_rope_qk_bias=a.rope is not None and a.q_norm is None and a.k_norm is None
         and (a.b_Q is not None or a.b_K is not None),
+        qk_norm_scope=a.qk_norm_scope,
+        post_norm_attn=None if layer.post_norm_attn is None else NormMeasure.of(layer.post_norm_attn),
+        post_norm_ffn=None if layer.post_norm_ffn is None else NormMeasure.of(layer.post_norm_ffn),
     )
 
 
@@ -416,7 +422,7 @@ def _layer_distances(la: LayerSpec, lb: LayerSpec, entrywise: bool) -> dict:
     i = la.index
     out = _attention_distances(la.attention, lb.attention, i, entrywise)
     out.update(_ffn_distances(la.ffn, lb.ffn, i, entrywise))
-    for nm in ("norm_attn", "norm_ffn"):
+    for nm in ("norm_attn", "norm_ffn", "post_norm_attn", "post_norm_ffn"):
         out.update(_norm_distances(getattr(la, nm), getattr(lb, nm), i, nm))
     return out
 

@@ -107,7 +107,7 @@ def render_local(name: str, n_sequences: int, rows: list, rho_relative: bool) ->
     for col in ("rho", "layer", "component", "global (R)", "domain (sigma0)", "local (rho)", "lower", "local/lower"):
         table.add_column(col, justify="left" if col == "component" else "right")
     for r in rows:
-        table.add_row(f"{r.rho_factor:g}", str(r.layer), r.component, _fmt(r.global_upper), _fmt(r.domain_upper),
+        table.add_row(f"{r.rho_factor:g}", str(r.layer) if r.layer >= 0 else "all", r.component, _fmt(r.global_upper), _fmt(r.domain_upper),
                       _fmt(r.local_upper), _fmt(r.lower), _fmt(r.ratio))
     console.print(table)
     console.print("  certified upper bounds (THEORY F14, F17; rounding padded); local = on the ball of radius rho "

@@ -36,20 +36,22 @@ from .._errors import InputError
 from .._results import Kind
 from ..compress import (
     ModelDescription,
-    QuantisedTensor,
     best_scale_index,
-    description_bits,
     encode,
+    encode_fixed,
     fake_quantise,
     fixed_length_bits,
     materialise,
-    quantise,
-    scale_of,
 )
 from ..covering import OccamBound, covering_margin_bound, margin_change_bound, margins, occam_bounds, pair_norms
 from ..model import ReferenceConfig, ReferenceTransformer
+from ._nonvacuous_search import CODES, describe, mistakes, search_greedy, search_prune, search_refine
 
-__all__ = ["NONVACUOUS_TASKS", "ARCHITECTURE_MENUS", "NonvacuousConfig", "NonvacuousCase", "run_case"]
+# the search steps under the names the data-dependent-prior variant and the tests use
+_greedy, _prune = search_greedy, search_prune
+
+__all__ = ["NONVACUOUS_TASKS", "ARCHITECTURE_MENUS", "NonvacuousConfig", "NonvacuousCase", "run_case", "describe",
+           "mistakes"]
 
 NONVACUOUS_TASKS = ("majority", "majority-noise", "digits")
 _SEQ_LEN, _SPARSITY, _NOISE = 16, 3, 0.1
@@ -96,6 +98,10 @@ class NonvacuousConfig:
     restarts: int = 3  # float-training seeds tried at most (see _float_model)
     search_samples: int = 5_000  # training samples that score the greedy search's candidates
     variant: str = "L1 + QAT + entropy code"  # a label for tables (ablations change l1 / qat_epochs)
+    code: str = "entropy"  # the model code the search scores and the bound pays: "entropy" or "fixed" (length)
+    finer_retries: bool = True  # retry fine-tuning at 7 and 15 levels when `levels` loses accuracy (see _finetune)
+    shared_scale: bool = False  # one grid scale for every matrix instead of one per matrix (ablation)
+    refine_passes: int = 0  # sweeps of single-integer coordinate descent on the bound (search_refine)
 
     def __post_init__(self) -> None:
         if self.task not in NONVACUOUS_TASKS:
@@ -104,9 +110,9 @@ class NonvacuousConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise InputError(f"{name} must be a positive integer, but got {name}={v!r}")
-        for name in ("epochs", "qat_epochs", "greedy_passes"):
+        for name in ("epochs", "qat_epochs", "greedy_passes", "refine_passes"):
             v = getattr(self, name)
-            if v is None and name != "greedy_passes":
+            if v is None and name in ("epochs", "qat_epochs"):
                 continue
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise InputError(f"{name} must be an integer >= 0, but got {name}={v!r}")
@@ -118,6 +124,8 @@ class NonvacuousConfig:
             raise InputError(f"lr must be > 0 and l1 >= 0, but got lr={self.lr!r}, l1={self.l1!r}")
         if not (isinstance(self.prior_split, float) and 0.0 <= self.prior_split <= 0.9):
             raise InputError(f"prior_split must be a float in [0, 0.9], but got prior_split={self.prior_split!r}")
+        if self.code not in CODES:
+            raise InputError(f"code must be one of {', '.join(CODES)}, but got code={self.code!r}")
         if self.task == "digits" and not 0 < self.n_train < 1797:
             raise InputError(f"digits has 1797 images: n_train must be in [1, 1796], but got {self.n_train}")
 
@@ -158,7 +166,7 @@ def task_data(task: str, n_train: int, n_test: int, seed: int) -> tuple[Tensor, 
 # -- training -----------------------------------------------------------------------------------
 def _fit(model: ReferenceTransformer, X: Tensor, y: Tensor, *, epochs: int, lr: float, l1: float,
          batch_size: int, seed: int, grid: dict[str, tuple[int, int]] | None = None,
-         refit_scales: bool = True) -> dict[str, tuple[int, int]] | None:
+         refit_scales: bool = True, shared_scale: bool = False) -> dict[str, tuple[int, int]] | None:
     """Adam on cross-entropy + ``l1 * sum|theta|``; with ``grid`` (name -> (m, k)) the forward pass
     uses the fake-quantised weights and the scales are re-fitted after every epoch.
 
@@ -187,112 +195,8 @@ def _fit(model: ReferenceTransformer, X: Tensor, y: Tensor, *, epochs: int, lr: 
             opt.step()
         sched.step()
         if grid is not None and refit_scales:
-            grid = {name: (m, best_scale_index(params[name], m)) for name, (m, _) in grid.items()}
+            grid = _grid(params, {name: m for name, (m, _) in grid.items()}, shared_scale)
     return grid
-
-
-def describe(model: ReferenceTransformer, menu: tuple[ReferenceConfig, ...], arch: int,
-             grid: dict[str, tuple[int, int]]) -> ModelDescription:
-    """Quantise every parameter of ``model`` on its ``(m, k)`` grid; an all-zero tensor gets m = 0."""
-    tensors = []
-    for name, w in model.state_dict().items():
-        m, k = grid[name]
-        Q = quantise(w, m, k)
-        if m == 0 or not bool(Q.any()):
-            tensors.append(QuantisedTensor(name, 0, 0, torch.zeros_like(Q)))
-        else:
-            tensors.append(QuantisedTensor(name, m, k, Q))
-    return ModelDescription(menu, arch, tuple(tensors))
-
-
-@torch.no_grad()
-def mistakes(desc: ModelDescription, X: Tensor, y: Tensor, batch: int = 8192) -> int:
-    """Exact count of 0-1 errors of the described model (float64 forward, argmax, first index on ties)."""
-    model = materialise(desc, torch.float64)
-    wrong = 0
-    for s in range(0, X.shape[0], batch):
-        wrong += int((model(X[s : s + batch].double()).argmax(dim=-1) != y[s : s + batch]).sum())
-    return wrong
-
-
-def _greedy(desc: ModelDescription, model: ReferenceTransformer, X: Tensor, y: Tensor, delta: float,
-            passes: int, search_samples: int) -> ModelDescription:
-    """Coordinate search over (m, k) per matrix minimising the kl bound of the quantised model.
-
-    Allowed by the uniformity of the Occam bound over every describable model (module docstring).
-    The search scores a candidate by its error on the first ``search_samples`` training samples (a
-    heuristic: the reported bound always uses the exact count on all ``n``).
-    """
-    n = X.shape[0]
-    Xs, ys = X[:search_samples], y[:search_samples]
-
-    def score(d: ModelDescription) -> float:
-        wrong = mistakes(d, Xs, ys)
-        return occam_bounds(min(n, round(wrong * n / Xs.shape[0])), n, description_bits(d), delta).kl
-
-    state = model.state_dict()
-    best, best_score = desc, score(desc)
-    for _ in range(passes):
-        improved = False
-        for i, t in enumerate(best.tensors):
-            w = state[t.name]
-            for m in range(0, max(t.m, 1) + 1):
-                base_k = best_scale_index(w, m)
-                for k in ((0,) if m == 0 else (base_k, base_k + 2, base_k + 4, base_k + 8)):
-                    Q = quantise(w, m, k)
-                    qt = QuantisedTensor(t.name, 0, 0, torch.zeros_like(Q)) if m == 0 or not Q.any() \
-                        else QuantisedTensor(t.name, m, k, Q)
-                    cand = replace(best, tensors=best.tensors[:i] + (qt,) + best.tensors[i + 1 :])
-                    s = score(cand)
-                    if s < best_score:
-                        best, best_score, improved = cand, s, True
-        if not improved:
-            break
-    return best
-
-
-def _with_zeros(t: QuantisedTensor, flat: list[int]) -> QuantisedTensor:
-    Q = t.Q.clone().flatten()
-    Q[flat] = 0
-    Q = Q.reshape(t.Q.shape)
-    return QuantisedTensor(t.name, 0, 0, Q) if not Q.any() else QuantisedTensor(t.name, t.m, t.k, Q)
-
-
-def _prune(desc: ModelDescription, model: ReferenceTransformer, X: Tensor, y: Tensor, delta: float,
-           search_samples: int, max_evals: int = 60) -> ModelDescription:
-    """Zero the non-zero integers whose weights are smallest relative to their scale, in chunks,
-    while the kl bound (scored as in :func:`_greedy`) improves; a rejected chunk is halved."""
-    n = X.shape[0]
-    Xs, ys = X[:search_samples], y[:search_samples]
-
-    def score(d: ModelDescription) -> float:
-        return occam_bounds(min(n, round(mistakes(d, Xs, ys) * n / Xs.shape[0])), n, description_bits(d), delta).kl
-
-    state = model.state_dict()
-    order = []
-    for i, t in enumerate(desc.tensors):
-        if t.m:
-            w = state[t.name].flatten().abs() / scale_of(t.k)
-            order += [(float(w[j]), i, j) for j in torch.nonzero(t.Q.flatten()).flatten().tolist()]
-    order.sort()
-    best, best_score = desc, score(desc)
-    pos, chunk, evals = 0, max(1, len(order) // 16), 0
-    while pos < len(order) and evals < max_evals:
-        by_tensor: dict[int, list[int]] = {}
-        for _, i, j in order[pos : pos + chunk]:
-            by_tensor.setdefault(i, []).append(j)
-        tensors = list(best.tensors)
-        for i, flat in by_tensor.items():
-            tensors[i] = _with_zeros(tensors[i], flat)
-        cand = replace(best, tensors=tuple(tensors))
-        s, evals = score(cand), evals + 1
-        if s < best_score:
-            best, best_score, pos = cand, s, pos + chunk
-        elif chunk > 1:
-            chunk //= 2
-        else:
-            pos += 1
-    return best
 
 
 @dataclass(frozen=True)
@@ -343,12 +247,23 @@ class NonvacuousCase:
             "nonzeros_per_tensor": self.nonzeros_per_tensor, "levels_per_tensor": self.levels_per_tensor,
             "sizes_per_tensor": self.sizes_per_tensor,
             "codeword": {"hex": self.codeword, "bits": self.total_bits,
-                         "decode": "transcover.compress.decode(bits, ARCHITECTURE_MENUS[task])"},
+                         "decode": f"transcover.compress.{'decode_fixed' if self.config.get('code') == 'fixed' else 'decode'}"
+                                   "(bits, ARCHITECTURE_MENUS[task])"},
             "seconds": self.seconds, "cpu_seconds": self.cpu_seconds, "restarts_used": self.restarts_used,
             "finetune_levels": self.finetune_levels, "config": self.config,
             "covering_bound": self.covering, "quantisation_perturbation": self.perturbation,
             "data_dependent_prior": self.split,
         }
+
+
+def _grid(params: dict[str, Tensor], levels: dict[str, int], shared_scale: bool) -> dict[str, tuple[int, int]]:
+    """Each tensor's ``(m, k)``: its own best scale, or with ``shared_scale`` the best one scale for
+    all tensors together (they then share one level count, the fine-tuning grid's)."""
+    if not shared_scale:
+        return {name: (m, best_scale_index(params[name], m)) for name, m in levels.items()}
+    m = max(levels.values())
+    k = best_scale_index(torch.cat([params[name].detach().flatten() for name in levels]), m)
+    return {name: (m, k) for name in levels}
 
 
 def _float_model(config: NonvacuousConfig, menu: tuple[ReferenceConfig, ...], X: Tensor, y: Tensor,
@@ -394,17 +309,20 @@ def _finetune(model: ReferenceTransformer, config: NonvacuousConfig, menu: tuple
         target = float((model(Xs).argmax(-1) != ys).double().mean()) + 0.02
     start = {k: v.clone() for k, v in model.state_dict().items()}
     best = None
-    for levels in sorted({config.levels, *(m for m in (3, 7) if m > config.levels)}):
+    bits = CODES[config.code]
+    finer = (3, 7) if config.finer_retries else ()
+    for levels in sorted({config.levels, *(m for m in finer if m > config.levels)}):
         model.load_state_dict(start)
-        grid = {name: (levels, best_scale_index(w, levels)) for name, w in model.named_parameters()}
+        params = dict(model.named_parameters())
+        grid = _grid(params, dict.fromkeys(params, levels), config.shared_scale)
         say(f"{config.task} n={config.n_train}: quantisation-aware fine-tuning, {2 * levels + 1} levels")
         grid = _fit(model, X, y, epochs=config.finetune_epochs, lr=config.lr / 3, l1=config.l1,
-                    batch_size=config.batch_size, seed=config.seed + 1, grid=grid)
+                    batch_size=config.batch_size, seed=config.seed + 1, grid=grid, shared_scale=config.shared_scale)
         desc = describe(model, menu, config.arch, grid)
         err = mistakes(desc, Xs, ys) / search
-        bits = description_bits(desc)
-        score = occam_bounds(min(config.n_train, round(err * config.n_train)), config.n_train, bits, config.delta).kl
-        say(f"{config.task} n={config.n_train}: {2 * levels + 1} levels: {err:.4f} train error, {bits} bits")
+        length = bits(desc)
+        score = occam_bounds(min(config.n_train, round(err * config.n_train)), config.n_train, length, config.delta).kl
+        say(f"{config.task} n={config.n_train}: {2 * levels + 1} levels: {err:.4f} train error, {length} bits")
         if best is None or score < best[0]:
             best = (score, desc, levels, {k: v.clone() for k, v in model.state_dict().items()})
         if err <= target and not config.all_levels:
@@ -428,13 +346,19 @@ def run_case(config: NonvacuousConfig, progress: Callable[[str], None] | None = 
         float_err = float((model(X_te).argmax(-1) != y_te).double().mean())
     trained = {k: v.detach().clone() for k, v in model.state_dict().items()}
     desc, levels = _finetune(model, config, menu, X, y, say)
-    desc = _greedy(desc, model, X, y, config.delta, config.greedy_passes, config.search_samples)
+    bits = CODES[config.code]
+    desc = search_greedy(desc, model, X, y, config.delta, config.greedy_passes, config.search_samples, bits,
+                         config.shared_scale)
     if config.greedy_passes:
         say(f"{config.task} n={config.n_train}: pruning single weights on the bound")
-        desc = _prune(desc, model, X, y, config.delta, config.search_samples)
-    bound = occam_bounds(mistakes(desc, X, y), config.n_train, description_bits(desc), config.delta)
+        desc = search_prune(desc, model, X, y, config.delta, config.search_samples, bits=bits)
+    if config.refine_passes:
+        say(f"{config.task} n={config.n_train}: single-integer descent on the bound")
+        desc = search_refine(desc, X, y, config.delta, config.search_samples, config.refine_passes, bits)
+    bound = occam_bounds(mistakes(desc, X, y), config.n_train, bits(desc), config.delta)
     pairs = {"float model (before QAT)": trained, "QAT weights (rounded to the code)": model.state_dict()}
-    return finish_case(config, desc, bound, encode(desc).to_bytes().hex(), pairs, (X, y, X_te, y_te),
+    word = encode(desc) if config.code == "entropy" else encode_fixed(desc)
+    return finish_case(config, desc, bound, word.to_bytes().hex(), pairs, (X, y, X_te, y_te),
                        t0=t0, restarts=restarts, levels=levels, float_err=float_err, say=say, cpu0=cpu0)
 
 
@@ -453,7 +377,7 @@ def finish_case(config: NonvacuousConfig, desc: ModelDescription, bound: OccamBo
     return NonvacuousCase(
         task=config.task, n_train=config.n_train, n_test=int(X_te.shape[0]),
         arch=asdict(menu[config.arch]), bound=bound, test_mistakes=mistakes(desc, X_te, y_te),
-        bits_per_tensor=desc.bits_per_tensor(), nonzeros_per_tensor={t.name: t.nonzeros for t in desc.tensors},
+        bits_per_tensor=_bits_per_tensor(desc, config.code), nonzeros_per_tensor={t.name: t.nonzeros for t in desc.tensors},
         levels_per_tensor={t.name: 2 * t.m + 1 for t in desc.tensors},
         sizes_per_tensor={t.name: t.Q.numel() for t in desc.tensors}, codeword=codeword,
         architecture_bits=desc.architecture_bits(),
@@ -462,6 +386,14 @@ def finish_case(config: NonvacuousConfig, desc: ModelDescription, bound: OccamBo
         config=asdict(config), covering=cover.to_dict(),
         perturbation=quantisation_perturbation(pairs, quantised, config.task, X_te, xi), split=split,
         cpu_seconds=time.process_time() - cpu0)
+
+
+def _bits_per_tensor(desc: ModelDescription, code: str) -> dict[str, int]:
+    """Every part of the case's codeword but the version and architecture, in bits (they sum exactly)."""
+    if code == "entropy":
+        return desc.bits_per_tensor()
+    return {t.name: h + (t.Q.numel() * (2 * t.m).bit_length() if t.m else 0)
+            for t, h in zip(desc.tensors, desc.header_bits())}
 
 
 def _domain(task: str, X_te: Tensor) -> tuple[Tensor, str]:

@@ -27,7 +27,8 @@ Tensor = Any  # a numpy array (files) or a torch tensor (modules)
 __all__ = [
     "activation_from_name", "find_prefix", "count_layers", "heads_in", "heads_out", "heads_bias",
     "linear_weight", "layer_norm", "require", "no_layers", "lazy_embeddings", "transpose",
-    "summary", "unexpected_layer_tensors",
+    "summary", "unexpected_layer_tensors", "grouped_qkv", "outer_prefix", "present", "layer_count", "plain_ffn",
+    "DECODER_ROLES", "decoder_attention", "gated_ffn",
 ]
 
 # HF ``hidden_act`` strings -> the spec's activations (transformers/activations.py, ACT2CLS):
@@ -246,3 +247,103 @@ def unexpected_layer_tensors(
             out.append(f"unexpected tensor {key!r} in {src.where(key)}: no {arch} layer role reads it, so the "
                        f"analysed function ignores it (it would differ if the model uses it)")
     return tuple(out)
+
+
+# -- helpers shared by the decoder adapters (GPT-NeoX, GPT-J, Falcon, OLMo) ----------------------
+
+
+def grouped_qkv(W: Tensor, b: Tensor | None, n_kv: int, dh: int) -> tuple[tuple[Tensor, Tensor | None], ...]:
+    """``((W_Q, b_Q), (W_K, b_K), (W_V, b_V))`` from a fused projection laid out per key/value group.
+
+    ``W`` is ``(d, n_kv * (m + 2) * dh)`` in the ``x @ W`` orientation (``b`` its bias) whose columns
+    are, for each group g, ``m`` query heads, then g's key head, then g's value head, each ``dh`` wide:
+    query head ``g*m + j`` reads key/value head ``g`` (the spec's ``kv_index``).  This one layout is
+    GPT-NeoX's interleaved ``(H, 3, dh)`` (``n_kv = H``, ``m = 1``), Falcon's old fused ``(H, 3, dh)``,
+    its multi-query ``[q_0..q_{H-1}, k, v]`` (``n_kv = 1``, ``m = H``) and its new decoder's grouped
+    ``(n_kv, H/n_kv + 2, dh)`` view.  Returns ``(H, d, dh)`` / ``(n_kv, d, dh)`` weights and
+    ``(H, dh)`` / ``(n_kv, dh)`` biases.
+    """
+    d, width = W.shape
+    m = width // (n_kv * dh) - 2
+    W4 = W.reshape(d, n_kv, m + 2, dh)
+    b3 = None if b is None else b.reshape(n_kv, m + 2, dh)
+    q = (permute(W4[:, :, :m, :].reshape(d, n_kv * m, dh), 1, 0, 2),
+         None if b3 is None else contiguous(b3[:, :m, :].reshape(n_kv * m, dh)))
+    k = (permute(W4[:, :, m, :], 1, 0, 2), None if b3 is None else contiguous(b3[:, m, :]))
+    v = (permute(W4[:, :, m + 1, :], 1, 0, 2), None if b3 is None else contiguous(b3[:, m + 1, :]))
+    return q, k, v
+
+
+def outer_prefix(prefix: str, inner: str) -> str:
+    """The prefix of a task model's own tensors (``lm_head``) beside its base model ``inner``
+    (``"transformer."``, ``"model."``): ``prefix`` without that trailing component."""
+    return prefix[: -len(inner)] if prefix.endswith(inner) else prefix
+
+
+def present(names: dict[str, str], src: TensorSource) -> dict[str, str]:
+    """The role -> tensor-name entries whose tensor the checkpoint has (a layer's ``names``)."""
+    return {role: key for role, key in names.items() if key in src}
+
+
+def layer_count(config: dict, key: str, src: TensorSource, prefix: str, container: str, name: str) -> int:
+    """The configuration's layer count (``key``), else the layers the checkpoint holds; none -> InputError."""
+    n = config.get(key)
+    n = count_layers(src, prefix, container) if n is None else int(n)
+    if n == 0:
+        raise no_layers(name)
+    return n
+
+
+def plain_ffn(src: TensorSource, names: dict[str, str], d: int, d_ff: int, act: Activation) -> FFNSpec:
+    """``act(x W_1 + b_1) W_2 + b_2`` from the ``nn.Linear`` roles W_1, W_2 (biases b_1, b_2 optional)."""
+    return FFNSpec(
+        W_1=linear_weight(src, names["W_1"], d, d_ff), W_2=linear_weight(src, names["W_2"], d_ff, d),
+        activation=act, b_1=src.get_optional(names["b_1"], (d_ff,)) if "b_1" in names else None,
+        b_2=src.get_optional(names["b_2"], (d,)) if "b_2" in names else None,
+    )
+
+
+#: The per-layer tensor names of a Llama-style decoder block (q/k/v/o projections, gated MLP), shared
+#: by the Gemma and OLMo 2 adapters; each adds its own normalisation names.
+DECODER_ROLES = {
+    "W_Q": "self_attn.q_proj.weight", "b_Q": "self_attn.q_proj.bias",
+    "W_K": "self_attn.k_proj.weight", "b_K": "self_attn.k_proj.bias",
+    "W_V": "self_attn.v_proj.weight", "b_V": "self_attn.v_proj.bias",
+    "W_O": "self_attn.o_proj.weight", "b_O": "self_attn.o_proj.bias",
+    "W_gate": "mlp.gate_proj.weight", "b_gate": "mlp.gate_proj.bias",
+    "W_1": "mlp.up_proj.weight", "b_1": "mlp.up_proj.bias",
+    "W_2": "mlp.down_proj.weight", "b_2": "mlp.down_proj.bias",
+}
+
+
+def _maybe(src: TensorSource, key: str, shape: tuple[int, ...], required: bool) -> Tensor | None:
+    return src.get(key, shape) if required else src.get_optional(key, shape)
+
+
+def decoder_attention(src: TensorSource, names: dict[str, str], *, d: int, H: int, H_kv: int, dh: int,
+                      bias: bool, **fields: Any) -> AttentionSpec:
+    """Grouped-query attention from separate ``nn.Linear`` q/k/v/o projections (``names``: role ->
+    tensor name, roles as in :data:`DECODER_ROLES`); biases required when ``bias``, else read if
+    present.  ``fields`` are the remaining :class:`AttentionSpec` fields (causal, rope, scale, ...)."""
+    return AttentionSpec(
+        W_Q=heads_in(linear_weight(src, names["W_Q"], d, H * dh), H),
+        W_K=heads_in(linear_weight(src, names["W_K"], d, H_kv * dh), H_kv),
+        W_V=heads_in(linear_weight(src, names["W_V"], d, H_kv * dh), H_kv),
+        W_O=heads_out(linear_weight(src, names["W_O"], H * dh, d), H),
+        b_Q=heads_bias(_maybe(src, names["b_Q"], (H * dh,), bias), H),
+        b_K=heads_bias(_maybe(src, names["b_K"], (H_kv * dh,), bias), H_kv),
+        b_V=heads_bias(_maybe(src, names["b_V"], (H_kv * dh,), bias), H_kv),
+        b_O=_maybe(src, names["b_O"], (d,), bias),
+        **fields,
+    )
+
+
+def gated_ffn(src: TensorSource, names: dict[str, str], *, d: int, d_ff: int, act: Activation,
+              bias: bool) -> FFNSpec:
+    """``(act(x W_gate + b_gate) * (x W_1 + b_1)) W_2 + b_2`` from gate/up/down ``nn.Linear`` weights."""
+    return FFNSpec(
+        W_1=linear_weight(src, names["W_1"], d, d_ff), W_2=linear_weight(src, names["W_2"], d_ff, d),
+        W_gate=linear_weight(src, names["W_gate"], d, d_ff), activation=act,
+        b_1=_maybe(src, names["b_1"], (d_ff,), bias), b_2=_maybe(src, names["b_2"], (d,), bias),
+        b_gate=_maybe(src, names["b_gate"], (d_ff,), bias),
+    )

@@ -26,15 +26,12 @@ MLP: ``dense_4h_to_h(act(dense_h_to_4h(x)))``.  Scaled RoPE types as in ``_rope_
 from __future__ import annotations
 
 from ..._errors import UnsupportedArchitectureError
-from .._arrays import contiguous, permute
 from .._rope_scaling import rope_from_config
 from .._sources import TensorSource
-from .._spec import (
-    AttentionSpec, FFNSpec, LayerSequence, LayerSpec, Placement, Residual, TransformerSpec,
-)
+from .._spec import AttentionSpec, LayerSequence, LayerSpec, Placement, Residual, TransformerSpec
 from ._common import (
-    activation_from_name, count_layers, find_prefix, heads_out, layer_norm, lazy_embeddings, linear_weight,
-    no_layers, require, summary, transpose, unexpected_layer_tensors,
+    activation_from_name, find_prefix, grouped_qkv, heads_out, layer_count, layer_norm, lazy_embeddings,
+    linear_weight, outer_prefix, plain_ffn, present, require, summary, transpose, unexpected_layer_tensors,
 )
 
 __all__ = ["build_gpt_neox"]
@@ -49,18 +46,6 @@ _LAYER_KEYS = {
 }
 # buffers older checkpoints store and the spec recomputes (causal mask, RoPE frequencies)
 _HARMLESS = (r"attention\.(masked_)?bias", r"attention\.rotary_emb\.inv_freq")
-
-
-def _split_interleaved(W, b, H: int, dh: int):  # noqa: ANN001, ANN202
-    """Per-head Q, K, V (``(H, d, d_head)``) and biases (``(H, d_head)``) from the interleaved fused
-    projection ``W`` of shape ``(d, 3d)`` (x @ W orientation) and bias ``(3d,)``."""
-    d = W.shape[0]
-    W4 = W.reshape(d, H, 3, dh)
-    b3 = None if b is None else b.reshape(H, 3, dh)
-    parts = []
-    for j in range(3):
-        parts.append((contiguous(permute(W4[:, :, j, :], 1, 0, 2)), None if b3 is None else contiguous(b3[:, j, :])))
-    return parts
 
 
 def build_gpt_neox(src: TensorSource, config: dict, name: str) -> TransformerSpec:
@@ -79,36 +64,29 @@ def build_gpt_neox(src: TensorSource, config: dict, name: str) -> TransformerSpe
     residual = Residual.PARALLEL if config.get("use_parallel_residual", True) else Residual.SEQUENTIAL
     found = find_prefix(src, ["layers.0.attention.query_key_value.weight", "embed_in.weight"])
     prefix = found[0] if found else ""
-    n = config.get("num_hidden_layers")
-    n = count_layers(src, prefix, "layers") if n is None else int(n)
-    if n == 0:
-        raise no_layers(name)
+    n = layer_count(config, "num_hidden_layers", src, prefix, "layers", name)
 
     def layer(i: int) -> LayerSpec:
         names = {role: f"{prefix}layers.{i}.{key}" for role, key in _LAYER_KEYS.items()}
         W = linear_weight(src, names["W_QKV"], d, 3 * d)
         b = src.get_optional(names["b_QKV"], (3 * d,))
-        (Wq, bq), (Wk, bk), (Wv, bv) = _split_interleaved(W, b, H, dh)
+        (Wq, bq), (Wk, bk), (Wv, bv) = grouped_qkv(W, b, H, dh)  # interleaved (H, 3, d_head)
         attn = AttentionSpec(
             W_Q=Wq, W_K=Wk, W_V=Wv, W_O=heads_out(linear_weight(src, names["W_O"], d, d), H),
             b_Q=bq, b_K=bk, b_V=bv, b_O=src.get_optional(names["b_O"], (d,)),
             causal=True, rope=rope, scale=None if score_factor == 1.0 else score_factor / dh ** 0.5,
         )
-        ffn = FFNSpec(
-            W_1=linear_weight(src, names["W_1"], d, d_ff), W_2=linear_weight(src, names["W_2"], d_ff, d),
-            activation=act, b_1=src.get_optional(names["b_1"], (d_ff,)), b_2=src.get_optional(names["b_2"], (d,)),
-        )
         return LayerSpec(
-            index=i, attention=attn, ffn=ffn,
+            index=i, attention=attn, ffn=plain_ffn(src, names, d, d_ff, act),
             norm_attn=layer_norm(src, names["norm_attn.weight"], names["norm_attn.bias"], d, eps),
             norm_ffn=layer_norm(src, names["norm_ffn.weight"], names["norm_ffn.bias"], d, eps),
             placement=Placement.PRE, residual=residual,
-            names={r: v for r, v in names.items() if v in src},
+            names=present(names, src),
         )
 
     # GPTNeoXForCausalLM keeps its LM head beside ``gpt_neox.`` (``embed_out`` in Pythia's checkpoints,
     # ``lm_head`` as transformers 5 saves it); its weight (V, d) un-embeds as x @ W^T.
-    outer = prefix[: -len("gpt_neox.")] if prefix.endswith("gpt_neox.") else prefix
+    outer = outer_prefix(prefix, "gpt_neox.")
     head = next((outer + k for k in ("embed_out.weight", "lm_head.weight") if outer + k in src), outer + "embed_out.weight")
     embeddings = lazy_embeddings(src, {
         "token_embedding": (prefix + "embed_in.weight", None),

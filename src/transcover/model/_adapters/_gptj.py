@@ -22,12 +22,10 @@ import numpy as np
 from ..._errors import UnsupportedArchitectureError
 from .._arrays import contiguous
 from .._sources import TensorSource
-from .._spec import (
-    AttentionSpec, FFNSpec, LayerSequence, LayerSpec, Placement, Residual, RopeSpec, TransformerSpec,
-)
+from .._spec import AttentionSpec, LayerSequence, LayerSpec, Placement, Residual, RopeSpec, TransformerSpec
 from ._common import (
-    activation_from_name, count_layers, find_prefix, heads_in, heads_out, layer_norm, lazy_embeddings,
-    linear_weight, no_layers, require, summary, transpose, unexpected_layer_tensors,
+    activation_from_name, find_prefix, heads_in, heads_out, layer_count, layer_norm, lazy_embeddings,
+    linear_weight, outer_prefix, plain_ffn, present, require, summary, transpose, unexpected_layer_tensors,
 )
 
 __all__ = ["build_gptj"]
@@ -65,10 +63,7 @@ def build_gptj(src: TensorSource, config: dict, name: str) -> TransformerSpec:
                     max_position=int(config.get("n_positions") or 2048))
     found = find_prefix(src, ["h.0.attn.q_proj.weight", "wte.weight"])
     prefix = found[0] if found else ""
-    n = config.get("n_layer")
-    n = count_layers(src, prefix, "h") if n is None else int(n)
-    if n == 0:
-        raise no_layers(name)
+    n = layer_count(config, "n_layer", src, prefix, "h", name)
 
     def layer(i: int) -> LayerSpec:
         names = {role: f"{prefix}h.{i}.{key}" for role, key in _LAYER_KEYS.items()}
@@ -78,14 +73,11 @@ def build_gptj(src: TensorSource, config: dict, name: str) -> TransformerSpec:
             W_V=heads_in(linear_weight(src, names["W_V"], d, d), H),
             W_O=heads_out(linear_weight(src, names["W_O"], d, d), H), causal=True, rope=rope,
         )
-        ffn = FFNSpec(W_1=linear_weight(src, names["W_1"], d, d_ff), W_2=linear_weight(src, names["W_2"], d_ff, d),
-                      activation=act, b_1=src.get_optional(names["b_1"], (d_ff,)),
-                      b_2=src.get_optional(names["b_2"], (d,)))
         norm = layer_norm(src, names["norm.weight"], names["norm.bias"], d, eps)
-        return LayerSpec(index=i, attention=attn, ffn=ffn, norm_attn=norm, norm_ffn=norm, placement=Placement.PRE,
-                         residual=Residual.PARALLEL, names={r: v for r, v in names.items() if v in src})
+        return LayerSpec(index=i, attention=attn, ffn=plain_ffn(src, names, d, d_ff, act), norm_attn=norm,
+                         norm_ffn=norm, placement=Placement.PRE, residual=Residual.PARALLEL, names=present(names, src))
 
-    outer = prefix[: -len("transformer.")] if prefix.endswith("transformer.") else prefix
+    outer = outer_prefix(prefix, "transformer.")
     embeddings = lazy_embeddings(src, {"token_embedding": (prefix + "wte.weight", None),
                                        "unembedding": (outer + "lm_head.weight", transpose)})
     final_norm = layer_norm(src, prefix + "ln_f.weight", prefix + "ln_f.bias", d, eps)

@@ -13,11 +13,15 @@ from ..._errors import UnsupportedArchitectureError
 from .._sources import TensorSource
 from .._spec import TransformerSpec
 from ._bert import build_bert
+from ._falcon import build_falcon
 from ._encoders import build_clip, build_clip_text, build_clip_vision, build_distilbert, build_whisper_encoder
+from ._gemma import build_gemma
 from ._gpt2 import build_gpt2
 from ._gpt_neox import build_gpt_neox
 from ._gptj import build_gptj
 from ._llama import build_llama
+from ._olmo1 import build_olmo1
+from ._olmo import build_olmo2
 from ._reference import build_reference
 from ._refused import OutsideDecompositionError, build_deberta_v2, build_moe
 from ._torch_encoder import build_torch_encoder
@@ -42,7 +46,11 @@ _ADAPTERS: dict[str, Adapter] = {
     "deberta_v2": build_deberta_v2,
     "gpt_neox": build_gpt_neox,
     "gptj": build_gptj,
+    "falcon": build_falcon,
+    "olmo": build_olmo1,  # OLMo 1: non-parametric LayerNorm (OLMo 2 is another block)
     "moe": build_moe,  # recognised and refused: top-k routing is discontinuous (THEORY F25)
+    "gemma": build_gemma,  # Gemma 1/2/3 text: (1 + gamma) RMSNorm, GeGLU, sandwich norms (THEORY F26)
+    "olmo2": build_olmo2,  # post-norms inside the residual, whole-projection q/k norm (F23, F26)
 }
 
 #: The adapter names :func:`transcover.model.load` accepts as ``arch=``.
@@ -60,9 +68,14 @@ ARCH_ALIASES: dict[str, str] = {
     "clip_vision_model": "clip_vision",
     "deberta": "deberta_v2",  # DeBERTa v1 has the same disentangled attention
     "qwen3": "llama",  # + per-head query/key RMSNorm, read by the Llama adapter (THEORY F23)
+    "refinedweb": "falcon",  # the RW checkpoints Falcon-7B/40B were first published with
+    "refinedwebmodel": "falcon",
     "mixtral": "moe",
     "qwen2_moe": "moe",
     "qwen3_moe": "moe",
+    "gemma2": "gemma",
+    "gemma3_text": "gemma",
+    "gemma3": "gemma",  # the multimodal checkpoint: its text tower (text_config)
 }
 
 #: Adapters that read one part of a checkpoint whose configuration names the whole model:
@@ -70,10 +83,11 @@ ARCH_ALIASES: dict[str, str] = {
 PARTS: dict[str, tuple[str, ...]] = {"clip": ("clip_text", "clip_vision")}
 
 # config["architectures"] class-name stems, for configs without model_type.
-_CLASS_STEMS = (("Bert", "bert"), ("Roberta", "bert"), ("GPT2", "gpt2"), ("GPTNeoX", "gpt_neox"), ("GPTJ", "gptj"), ("Llama", "llama"),
+_CLASS_STEMS = (("Bert", "bert"), ("Roberta", "bert"), ("GPT2", "gpt2"), ("GPTNeoX", "gpt_neox"), ("GPTJ", "gptj"), ("Falcon", "falcon"),
+                ("OlmoFor", "olmo"), ("Llama", "llama"),
                 ("Mistral", "llama"), ("Qwen2", "llama"), ("Qwen3For", "llama"), ("ViT", "vit"), ("XLMRoberta", "bert"),
                 ("DistilBert", "distilbert"), ("CLIPText", "clip_text"), ("CLIPVision", "clip_vision"),
-                ("CLIP", "clip"), ("Whisper", "whisper"), ("DebertaV2", "deberta_v2"), ("Deberta", "deberta_v2"))
+                ("CLIP", "clip"), ("Whisper", "whisper"), ("Gemma", "gemma"), ("Olmo2", "olmo2"), ("DebertaV2", "deberta_v2"), ("Deberta", "deberta_v2"))
 
 
 def _unsupported(what: str) -> UnsupportedArchitectureError:

@@ -1,0 +1,537 @@
+"""The exact-Jacobian local route without the T^2 d^2 blocks (issue 12; THEORY F17, F17b-F17d).
+
+Note [weighted row Gram].  Row ``i`` of a layer Jacobian is the operator ``v -> sum_j J_ij v_j``;
+its (2,inf) norm is ``nu_i(J) = sup_{||v_j|| <= 1} ||sum_j J_ij v_j||``.  For any weights
+``w_j > 0``, ``sum_j J_ij v_j = sum_j (J_ij / sqrt(w_j)) (sqrt(w_j) v_j)`` and
+``||(sqrt(w_j) v_j)_j||^2 <= sum_j w_j``, so
+
+    nu_i(J)^2 <= lambda_max(sum_j J_ij J_ij^T / w_j) * sum_j w_j,
+
+which with ``w_j = ||J_ij||`` is at most ``(sum_j ||J_ij||)^2`` (the block-sum bound) and with
+better weights smaller.  ``J_ij = M_i B_ij`` with a per-token ``M_i`` (norms and FFN), so the Gram
+is ``M_i S_i M_i^T``, ``S_i = sum_j B_ij B_ij^T / w_j``; ``S_i`` is assembled in the head space
+(``H d_head`` wide) from rank-one pieces, never from the blocks:
+``B_ij = delta_ij I + W_O^T Z_ij N_j``, head block ``Z^h_ij = P_ij W_V^T (I + y_ij q_i^T)`` for
+``j != i`` (``N_j = I`` post-LN, ``D1_j`` pre-LN, then ``N_j N_j^T <= ||N_j||^2 I``), so block
+``(h, h')`` of ``sum_{j != i} Z_ij Z_ij^T / w_j`` is
+``sum_j c_j P^h P^h' [V_h^T V_h' + (V_h^T q^h') v^h'^T + v^h (V_h'^T q^h)^T + (q^h . q^h') v^h v^h'^T]``
+(``v^h = V_h^T y^h_ij``, ``c_j = ||N_j||^2 / w_j``); the diagonal block ``B_ii`` (with the
+``Sigma_i G^T`` term) is formed exactly.  Each stage's row constant at X is the same bound with the
+token-wise maps applied so far (post-LN: ``S``, ``D1 S D1^T``, ``(I+F) D1 S D1^T (I+F)^T``, and
+``D2 (.) D2^T``); every Gram gets its float64 rounding added (``_sandwich``).
+
+Note [stage radii].  On ``B(X, r)`` the stage outputs move per token by at most ``r`` times the sup
+of that stage's row constant over the ball (mean-value theorem on the convex ball), and that sup is
+the row constant at X plus the drift of the stage's Jacobian: so each radius is ``r nu_i + O(r^2)``,
+a first-order term from the exact linear map at X and a certified second-order remainder, never a
+product of stage norms.  The LayerNorm floors are per token with those radii.
+
+Note [FFN drift by the Hadamard Gram].  ``F(h) = W_2^T diag(sigma'(W_1^T h + b)) W_1^T``; for
+``||h' - h|| <= rh`` and unit ``u, v``: ``u^T (F' - F) v = sum_k sigma''(xi_k) (w1_k . dh)(w2_k . u)
+(w1_k . v)`` (one mean value per unit), and by Cauchy-Schwarz
+``|.| <= s2 (sum_k (w1_k . dh)^2)^{1/2} (sum_k (w2_k . u)^2 (w1_k . v)^2)^{1/2}
+       <= s2 ||W_1|| rh  lambda_max(K)^{1/2}``,
+``s2 = sup|sigma''|``, ``K_kl = (w2_k . w2_l)(w1_k . w1_l)`` (the Gram of the ``w2_k (x) w1_k``, so
+``sum_k ((w2_k (x) w1_k) . (u (x) v))^2 <= lambda_max(K)``).  A single ``dh`` cannot move every unit
+by ``||w1_k|| rh`` at once; this bound uses that (the per-unit one does not).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from ..model import Activation, LayerSpec, Placement, attention_forward, ffn_forward
+from ._local_jacobian import (
+    LayerJacobian, _f64, _floor, _head_data, _norm_parts, _weight_norms,
+    certified_lmax, certified_spectral,
+)
+from ._weights import ROUNDING_PAD
+
+__all__ = ["layer_rows", "ffn_drift_constant", "row_weights"]
+
+_U = 2.0**-53
+
+
+def ffn_drift_constant(ffn, *, centred: bool = False) -> float:  # noqa: ANN001
+    r"""Certified ``kappa`` with ``||F(h') - F(h)||_2 <= kappa ||h' - h||`` for every pair (Note [FFN drift
+    by the Hadamard Gram]): the smaller of the two pairings of Cauchy-Schwarz,
+
+    .. math:: \kappa = \sup|\sigma''| \min\Big(\|W_1\|\,\lambda_{\max}\big((W_2W_2^\top)\odot(W_1^\top W_1)\big)^{1/2},\
+              \|W_2\|\,\lambda_{\max}\big((W_1^\top W_1)\odot(W_1^\top W_1)\big)^{1/2}\Big)
+
+    ``centred``: the bound on ``||P (F(h') - F(h))||`` with ``P = I - 11^T/d`` (``w2_k`` replaced by
+    ``P w2_k``), what a following LayerNorm sees.  Source: THEORY F17c.  Assumptions: non-gated FFN,
+    ``sup|sigma''|`` finite (inf for ReLU)."""
+    from ._local import second_derivative_sup
+
+    s2 = second_derivative_sup(ffn.activation)
+    if not math.isfinite(s2):
+        return math.inf
+    if s2 == 0.0:
+        return 0.0
+    W1, W2 = _f64(ffn.W_1), _f64(ffn.W_2)
+    if centred:
+        W2 = W2 - W2.mean(dim=1, keepdim=True)  # rows P w2_k (the rounding is inside the pads below)
+    G1, G2 = W1.T @ W1, W2 @ W2.T
+
+    def lam(K: Tensor, pad_mass: float) -> float:
+        # each Gram entry within (d + 2) u of its sums of |terms|; the Hadamard product and the
+        # centring add a few u more: 4 (d + 8) u of the Frobenius mass of the factors' squares
+        return float(certified_lmax(K[None])[0]) + 4 * (W1.shape[0] + 8) * _U * pad_mass
+
+    f1, f2 = float((W1 * W1).sum()), float((W2 * W2).sum())
+    a = float(certified_spectral(W1[None])[0]) * math.sqrt(lam(G2 * G1, f1 * f2))
+    b = float(certified_spectral(W2[None])[0]) * (1 + 8 * W2.shape[1] * _U) * math.sqrt(lam(G1 * G1, f1 * f1))
+    return s2 * min(a, b) * (1 + ROUNDING_PAD)
+
+
+def row_weights(heads, T: int, nO: float, nN: Tensor | None = None) -> Tensor:  # noqa: ANN001
+    """(T, T) positive weights ``w_ij`` for Note [weighted row Gram]: a cheap upper-bound proxy of
+    ``||B_ij||`` (any positive weights give a valid bound; these make it close to the block sum)."""
+    w = torch.zeros(T, T, dtype=torch.float64)
+    for P, Y, q, _, _, Wv, _ in heads:
+        vn = (Y @ Wv).norm(dim=-1)
+        w = w + P * (float(torch.linalg.matrix_norm(Wv, 2)) + vn * q.norm(dim=-1)[:, None])
+    w = nO * w
+    if nN is not None:
+        w = w * nN[None, :]
+    w = w + torch.eye(T, dtype=torch.float64)
+    return w.clamp(min=1e-12 * float(w.max()))
+
+
+def _head_gram(heads, c: Tensor) -> tuple[Tensor, Tensor]:  # noqa: ANN001
+    """(T, H dh, H dh) ``sum_j c_ij Z_ij Z_ij^T`` with the diagonal ``j = i`` excluded by ``c`` (Note
+    [weighted row Gram]) and (T,) a bound on the float64 rounding of each (spectral norm)."""
+    H = len(heads)
+    T = c.shape[0]
+    dh = heads[0][5].shape[1]
+    P = torch.stack([hd[0] for hd in heads])  # (H, T, T)
+    V = torch.stack([hd[1] @ hd[5] for hd in heads])  # (H, T, T, dh): v^h_ij
+    Q = torch.stack([hd[2] for hd in heads])  # (H, T, d)
+    Wv = torch.stack([hd[5] for hd in heads])  # (H, d, dh)
+    VV = torch.einsum("hda,kdb->hkab", Wv, Wv)
+    a = torch.einsum("hda,kid->hkia", Wv, Q)  # V_h^T q^k_i
+    qq = torch.einsum("hid,kid->hki", Q, Q)
+    cPP = c[None, None] * P[:, None] * P[None, :]  # (H, H, T, T)
+    coef = cPP.sum(-1)  # (H, H, T)
+    U = torch.einsum("hkij,kija->hkia", cPP, V)  # sum_j c P^h P^k v^k_ij
+    Wt = (P[..., None] * V).permute(1, 2, 0, 3).reshape(T, T, H * dh)  # [i, j]: concat_h P^h_ij v^h_ij
+    VVt = (Wt.transpose(1, 2) * c[:, None, :]) @ Wt  # (T, H dh, H dh)
+    VVt = VVt.reshape(T, H, dh, H, dh)
+    S = coef.permute(2, 0, 1)[:, :, None, :, None] * VV.permute(0, 2, 1, 3)[None]
+    S = S + torch.einsum("hkia,hkib->ihakb", a, U)
+    S = S + torch.einsum("khib,khia->ihakb", a, U)
+    S = S + qq.permute(2, 0, 1)[:, :, None, :, None] * VVt
+    S = S.reshape(T, H * dh, H * dh)
+    # rounding: each entry a sum of <= 4 (T + d) products; the Frobenius mass of |terms| is at most
+    # sum_j c_j (sum_h P^h (||V_h||_F + ||v^h|| ||q^h||))^2
+    mass = torch.zeros(T, T, dtype=torch.float64)
+    for h in range(H):
+        mass = mass + P[h] * (float(Wv[h].norm()) + V[h].norm(dim=-1) * Q[h].norm(dim=-1)[:, None])
+    err = 8 * (T + Wv.shape[1] + 4) * _U * (c * mass * mass).sum(dim=1)
+    return S, err
+
+
+def _diag_blocks(heads, Wo_all: Tensor, N: Tensor | None, T: int, d: int, scale: float) -> tuple[Tensor, Tensor]:  # noqa: ANN001
+    """(T, d, d) the exact diagonal blocks ``B_ii = I + W_O^T Z_ii N_i`` (with ``Sigma_i G^T``) and
+    (T,) a bound on their float64 rounding (spectral norm)."""
+    Zs = []
+    idx = torch.arange(T)
+    for P, Y, q, Wq, Wk, Wv, Wo in heads:
+        v = Y @ Wv  # (T, T, dh)
+        pii = P[idx, idx]
+        vii = v[idx, idx]  # (T, dh)
+        Z = pii[:, None, None] * (Wv.T[None] + vii[:, :, None] * q[:, None, :])  # (T, dh, d)
+        g = scale * (Y @ Wk) @ Wq.T  # (T, T, d): rows (G y_ik)^T
+        Z = Z + torch.einsum("ik,ika,ikd->iad", P, v, g)
+        Zs.append(Z)
+    Z = torch.cat(Zs, dim=1)  # (T, H dh, d)
+    B = Wo_all.T[None] @ Z
+    nZ = Z.norm(dim=(1, 2))
+    # every entry of Z a sum of <= T + 2 products, of W_O^T Z of H dh more (Higham 3.5), N likewise
+    err = 4 * (T + d + Wo_all.shape[0] + 4) * _U * float(Wo_all.norm()) * nZ
+    if N is not None:
+        err = err * N.norm(dim=(1, 2)) + 4 * (d + 2) * _U * B.norm(dim=(1, 2)) * N.norm(dim=(1, 2))
+        B = B @ N
+    return B + torch.eye(d, dtype=torch.float64)[None], err
+
+
+def _sandwich(A: Tensor, S: Tensor, err: Tensor, eA: Tensor) -> tuple[Tensor, Tensor]:
+    """``A S A^T`` per token and its rounding bound: ``A`` is known to within ``eA`` (spectral),
+    ``S`` to within ``err``; the float64 product adds ``gamma_{2d} ||A||_F^2 ||S||_F``."""
+    out = A @ S @ A.transpose(1, 2)
+    nA = A.norm(dim=(1, 2))
+    nS = S.norm(dim=(1, 2))
+    new = (nA + eA) ** 2 * err + (2 * nA + eA) * eA * nS + 4 * (A.shape[1] + 2) * _U * nA * nA * nS
+    return out, new
+
+
+def _centre(S: Tensor) -> Tensor:
+    """``P S P`` with ``P = I - 11^T/d`` (exact up to rounding far below the pads of ``_sandwich``)."""
+    S = S - S.mean(dim=1, keepdim=True)
+    return S - S.mean(dim=2, keepdim=True)
+
+
+def _nu(S: Tensor, err: Tensor, wsum: Tensor) -> Tensor:
+    """Certified ``sqrt((lambda_max(S) + err) sum_j w_j)`` per token."""
+    return torch.sqrt((certified_lmax(S) + err) * wsum) * (1 + 1e-12)
+
+
+def _norm_apply(D: Tensor, A: Tensor) -> Tensor:
+    return D @ A
+
+
+def _lmax_weighted(R: Tensor, wts: Tensor) -> Tensor:
+    """(T,) certified ``lambda_max(sum_j wts_ij r_ij r_ij^T)`` for rows ``R`` (T, T, m), ``wts >= 0``,
+    from the T x T Gram (backward-stable eigvalsh, padded by ``1e-9`` of the trace like ``_sym_top``)."""
+    Rs = R * torch.sqrt(wts)[..., None]
+    K = Rs @ Rs.transpose(1, 2)
+    tr = K.diagonal(dim1=1, dim2=2).sum(-1)
+    return (torch.linalg.eigvalsh(K)[:, -1].clamp(min=0.0) + 1e-9 * tr) * (1 + 1e-9)
+
+
+def _lmax_gram(K: Tensor, wts: Tensor) -> Tensor:
+    """``_lmax_weighted`` from the stored Grams ``K[i, j, k] = r_ij . r_ik``."""
+    sw = torch.sqrt(wts)
+    Kw = K * sw[:, :, None] * sw[:, None, :]
+    tr = Kw.diagonal(dim1=1, dim2=2).sum(-1)
+    return (torch.linalg.eigvalsh(Kw)[:, -1].clamp(min=0.0) + 1e-9 * tr) * (1 + 1e-9)
+
+
+class _HeadMoments:
+    """Radius-free per-head, per-query Grams and norms the attention drift uses (Note [attention drift rows])."""
+
+    def __init__(self, heads, scale: float) -> None:  # noqa: ANN001
+        self.rows = []
+        for P, Y, q, Wq, Wk, Wv, _ in heads:
+            V = Y @ Wv
+            Gy = scale * (Y @ Wk) @ Wq.T
+            KY, KV, KG = (R @ R.transpose(1, 2) for R in (Y, V, Gy))
+            self.rows.append({"P": P, "yn": Y.norm(dim=-1), "qn": q.norm(dim=-1), "vn": V.norm(dim=-1),
+                              "gn": Gy.norm(dim=-1), "KY": KY, "KV": KV, "KG": KG,
+                              "lV": _lmax_gram(KV, P), "lG": _lmax_gram(KG, P)})
+
+
+def attention_drift_rows(mom: _HeadMoments, r: float, norms: dict) -> Tensor:
+    r"""(H, T): per head and query, a certified bound on ``nu_i(Z'^h - Z^h)`` over ``B(X, r)``, ``Z^h_ij
+    = W_V^T Q^h_ij`` the head's Jacobian blocks before ``W_O`` (Note [attention drift rows]).
+
+    Source: THEORY F17d.  Assumptions: every token within ``r`` of X; dot attention without RoPE."""
+    out = []
+    for h, m in enumerate(mom.rows):
+        P, nG, nV = m["P"], norms["G"][h], norms["V"][h]
+        delta = r * (m["gn"] * (1 + 1e-12) + m["qn"][:, None] * (1 + 1e-12) + nG * r) * (1 + 1e-12)
+        delta = torch.where(P > 0, delta, torch.zeros_like(delta))  # masked keys keep P' = 0
+        mbar = (P * delta).sum(dim=1)
+        lse = torch.log((P * torch.exp(delta)).sum(dim=1))
+        eps = torch.maximum(torch.expm1(delta + mbar[:, None]), delta + lse[:, None]) * (1 + 1e-10)
+        a = P * eps
+        sa = a.sum(dim=1)
+        # the mean's move: sum_j dP_j y_j = (1/Z) sum_j P_j (e^{delta_j} - 1) y_j (sum_j P_j y_j = 0),
+        # 1/Z <= e^{mbar} (Jensen), Cauchy-Schwarz with sum_j P_j = 1
+        et = torch.expm1(delta) * (1 + 1e-10)
+        mv = r + torch.exp(mbar) * torch.minimum((P * et * m["yn"]).sum(dim=1), torch.sqrt(_lmax_gram(m["KY"], P * et * et)))
+        dy = r + mv
+        qp = m["qn"] + nG * r
+        t1 = nV * sa
+        t2 = (a * (m["vn"] + nV * dy[:, None])).sum(dim=1) * qp + nV * dy * qp + (P * m["vn"]).sum(dim=1) * nG * r
+        t3 = ((torch.sqrt(_lmax_gram(m["KV"], a)) + nV * dy * torch.sqrt(sa))
+              * (torch.sqrt(_lmax_gram(m["KG"], a)) + nG * dy * torch.sqrt(sa))
+              + nV * dy * (torch.sqrt(m["lG"]) + nG * dy) + torch.sqrt(m["lV"]) * nG * dy)
+        out.append((t1 + t2 + t3) * (1 + 1e-10))
+    return torch.stack(out)
+
+
+def _head_output_norms(M: Tensor | None, eM: Tensor | None, heads, T: int) -> tuple[Tensor, Tensor]:  # noqa: ANN001
+    """(H, T) certified ``||M_i W_O^hT||`` and (T,) ``||M_i W_O^T||`` (``M = I`` when None); ``M`` is
+    known to within ``eM`` (spectral), the product adds ``gamma_d ||M||_F ||W_O^h||_F``."""
+    Wo_all = torch.cat([hd[6] for hd in heads], dim=0)
+    dh = heads[0][6].shape[0]
+    if M is None:
+        MO = Wo_all.T[None].expand(T, *Wo_all.T.shape)
+        err = lambda W: 0.0  # noqa: E731
+    else:
+        MO = M @ Wo_all.T[None]
+        nM = M.norm(dim=(1, 2))
+        err = lambda W: 4 * (M.shape[1] + 2) * _U * nM * float(W.norm()) + eM * float(W.norm())  # noqa: E731
+    per = torch.stack([certified_spectral(MO[:, :, h * dh:(h + 1) * dh]) + err(Wo_all[h * dh:(h + 1) * dh])
+                       for h in range(len(heads))])
+    return per * (1 + 1e-12), (certified_spectral(MO) + err(Wo_all)) * (1 + 1e-12)
+
+
+def _spectral_err(A: Tensor, eA: Tensor | float = 0.0) -> Tensor:
+    """Certified ``||A_t||_2`` per token for a matrix known to within ``eA``."""
+    return certified_spectral(A) + eA
+
+
+def _heads_combined(per_head: Tensor, concat: Tensor, dZ: Tensor) -> Tensor:
+    """``nu_i(M W_O^T concat_h dZ^h) <= min(sum_h ||M W_O^hT|| dZ_h, ||M W_O^T|| (sum_h dZ_h^2)^{1/2})``."""
+    return torch.minimum((per_head * dZ).sum(dim=0), concat * torch.sqrt((dZ * dZ).sum(dim=0)))
+
+
+def _ln_drift(norm, sigma: Tensor | None, r: Tensor, d: int):  # noqa: ANN001, ANN202
+    """(``e``, ``s_floor``): ``||Delta((P - u u^T)/s)|| <= e = 2 r/(sqrt(d) s_f^2)`` per token on balls of
+    radii ``r`` (Note [Jacobian drift], norm), ``gamma`` left out; no norm: (0, inf)."""
+    if sigma is None:
+        return torch.zeros_like(r), torch.full_like(r, math.inf)
+    sf = _floor(norm, sigma, r, d)
+    e = 2.0 * r / (math.sqrt(d) * sf * sf) * (1 + 1e-12)
+    return torch.where(sf > 0, e, torch.full_like(e, math.inf)), sf
+
+
+def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,  # noqa: ANN001, PLR0915
+               head_norms_: dict | None = None, lower: int = 0) -> list[LayerJacobian]:
+    r"""Certified (2,inf) bound of one layer's Jacobian at every point of ``B(X, r)`` for each ``r``,
+    without forming the ``T^2`` blocks (Notes [weighted row Gram], [stage radii], [FFN drift by the
+    Hadamard Gram]).
+
+    .. math:: \nu_i(J(X')) \le \Big(\lambda_{\max}\big(M_iS_iM_i^\top\big)\textstyle\sum_j w_{ij}\Big)^{1/2}
+              + \mathrm{drift}_i(r)
+
+    Source: THEORY F17, F17b-F17d.  Returns ``LayerJacobian`` objects (``blocks`` None) whose
+    ``output_radii`` are the certified per-token radii of the layer's output on the ball.  ``lower``:
+    also an attained row norm (``row_lower``, empirical lower) for that many tokens with the largest
+    certified point rows, in ``lower_rows`` (NaN elsewhere) with the best ``V`` in ``lower_V``.
+    Assumptions: dot attention without RoPE, non-gated FFN, every token within ``r`` of X.
+    """
+    from ._local import second_derivative_sup
+    from ._local_attention import attention_local_bound, head_norms
+
+    from .._errors import InputError
+    from ._local_attention import check_local_attention
+
+    ffn, attn = layer.ffn, layer.attention
+    if ffn.gated:
+        raise InputError("the exact-Jacobian route does not cover gated FFNs")
+    check_local_attention(attn)
+    X = X.detach().double()
+    T, d = X.shape
+    post = layer.placement is Placement.POST
+    norms = _weight_norms(layer) if norms is None else norms
+    hn = head_norms(attn) if head_norms_ is None else head_norms_
+    W1, W2 = _f64(ffn.W_1), _f64(ffn.W_2)
+    b1 = 0 if ffn.b_1 is None else _f64(ffn.b_1)
+    if post:
+        Xin = X
+        S1 = X + attention_forward(attn, X)
+        D1, s1, sig1, _ = _norm_parts(layer.norm_attn, S1)
+        H = layer.norm_attn(S1) if layer.norm_attn is not None else S1
+        S2 = H + ffn_forward(ffn, H)
+        D2, s2, sig2, _ = _norm_parts(layer.norm_ffn, S2)
+    else:
+        D1, s1, sig1, _ = _norm_parts(layer.norm_attn, X)
+        Xin = layer.norm_attn(X) if layer.norm_attn is not None else X
+        S1 = X + attention_forward(attn, Xin)
+        D2, s2, sig2, _ = _norm_parts(layer.norm_ffn, S1)
+        H = layer.norm_ffn(S1) if layer.norm_ffn is not None else S1
+    gam = lambda n: 1.0 if n is None or n.weight is None else n.gamma_max_abs * (1 + ROUNDING_PAD)  # noqa: E731
+    g1, g2 = gam(layer.norm_attn), gam(layer.norm_ffn)
+    nrm = lambda g, s: torch.ones(T, dtype=torch.float64) if s is None else g / s * (1 + 1e-12)  # noqa: E731
+    nD1, nD2 = nrm(g1, s1), nrm(g2, s2)  # ||D|| <= max|gamma|/s: ||P - u u^T|| <= 1
+    eD = lambda D: 4 * (d + 8) * _U * D.norm(dim=(1, 2))  # noqa: E731  (u, s and the entries)
+    z = (H @ W1 + b1).clone().requires_grad_(True)
+    (slope,) = torch.autograd.grad(ffn.activation(z).sum(), z)
+    slope = slope.detach()
+    F = (W2.T[None] * slope[:, None, :]) @ W1.T  # (T, d, d)
+    eF = 4 * (W1.shape[1] + 8) * _U * float(W1.norm() * W2.norm()) * (slope.abs().max(dim=1).values + 1.0)
+    eye = torch.eye(d, dtype=torch.float64)
+    heads = _head_data(attn, Xin)
+    Wo_all = torch.cat([hd[6] for hd in heads], dim=0)  # (H dh, d)
+    nO = float(hn["O"])
+    # -- Note [weighted row Gram]: S_i and the stage row constants at X ------------------------------
+    N = None if post else D1
+    nN = None if post else nD1
+    w = row_weights(heads, T, nO, nN)
+    c = (nN[None, :] ** 2 if nN is not None else torch.ones(T, T, dtype=torch.float64)) / w
+    c = c * (1 - torch.eye(T, dtype=torch.float64))
+    Sh, errh = _head_gram(heads, c)
+    S0, err0 = _sandwich(Wo_all.T.expand(T, d, Wo_all.shape[0]), Sh, errh, torch.zeros(T, dtype=torch.float64))
+    Bii, eB = _diag_blocks(heads, Wo_all, N, T, d, attn.softmax_scale)
+    wii = w.diagonal()
+    S0 = S0 + Bii @ Bii.transpose(1, 2) / wii[:, None, None]
+    nB = Bii.norm(dim=(1, 2))
+    err0 = err0 + ((2 * nB + eB) * eB + 4 * (d + 2) * _U * nB * nB) / wii
+    wsum = w.sum(dim=1) * (1 + 1e-12)
+    a_pt = _nu(S0, err0, wsum)
+    lay = lambda n: n is not None and n.kind.value == "layernorm"  # noqa: E731  (a centring norm follows)
+    if post:
+        # the next norm only sees P dx (Note [local norm floor]): its radius is the centred row constant
+        aP_pt = _nu(_centre(S0), err0 + 4 * (d + 2) * _U * S0.norm(dim=(1, 2)), wsum) if lay(layer.norm_attn) else a_pt
+        Sa, ea = _sandwich(D1, S0, err0, eD(D1))
+        h_pt = _nu(Sa, ea, wsum)
+        IF = eye + F
+        Sb, eb = _sandwich(IF, Sa, ea, eF)
+        g_pt = _nu(_centre(Sb), eb + 4 * (d + 2) * _U * Sb.norm(dim=(1, 2)), wsum) if lay(layer.norm_ffn) else _nu(Sb, eb, wsum)
+        Sc, ec = _sandwich(D2, Sb, eb, eD(D2))
+        point = _nu(Sc, ec, wsum)
+        nIF = _spectral_err(IF, eF)
+        D2IF = D2 @ IF
+        eD2IF = eD(D2) * (nIF + eF) + nD2 * eF + 4 * (d + 2) * _U * D2.norm(dim=(1, 2)) * IF.norm(dim=(1, 2))
+        nD2IFg = _spectral_err(D2IF * _gamma_vec(layer.norm_attn, d)[None, None, :], eD2IF * g1)
+        D1Oh, D1O = _head_output_norms(D1, eD(D1), heads, T)
+        IFD1 = IF @ D1
+        IFD1Oh, IFD1O = _head_output_norms(IFD1, eF * (nD1 + eD(D1)) + nIF * eD(D1)
+                                           + 4 * (d + 2) * _U * IF.norm(dim=(1, 2)) * D1.norm(dim=(1, 2)), heads, T)
+        M = D2IF @ D1
+        eM = eD2IF * (nD1 + eD(D1)) + (nD2 * nIF) * eD(D1) + 4 * (d + 2) * _U * D2IF.norm(dim=(1, 2)) * D1.norm(dim=(1, 2))
+    else:
+        M = eye + F @ D2
+        eM = eF * nD2 + (F.norm(dim=(1, 2)) + eF) * eD(D2) \
+            + 4 * (d + 2) * _U * F.norm(dim=(1, 2)) * D2.norm(dim=(1, 2))
+        Sc, ec = _sandwich(M, S0, err0, eM)
+        point = _nu(Sc, ec, wsum)
+        nM = _spectral_err(M, eM)
+        nFg = _spectral_err(F * _gamma_vec(layer.norm_ffn, d)[None, None, :], eF * g2)
+    low = None
+    if lower:
+        top = point.topk(min(lower, T)).indices.tolist()
+        v0 = torch.randn(T, d, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+        for _ in range(30):  # top eigenvectors of the row Grams: the alternating search's first start
+            v0 = (Sc @ v0[:, :, None])[:, :, 0]
+            v0 = v0 / v0.norm(dim=1, keepdim=True).clamp(min=1e-300)
+        vals, Vs = row_lower(heads, Wo_all, Bii, M, N, top, init=v0)
+        low = torch.full((T,), math.nan, dtype=torch.float64)
+        low[top] = vals
+        k = int(vals.argmax())
+        low_best = (top[k], Vs[k])
+    MOh, MO = _head_output_norms(M, eM, heads, T)
+    Oh, _ = _head_output_norms(None, None, heads, T)
+    Oall = torch.full((T,), nO, dtype=torch.float64)
+    mom = _HeadMoments(heads, attn.softmax_scale)
+    s2nd = second_derivative_sup(ffn.activation)
+    if "kappa" not in norms:
+        norms["kappa"] = ffn_drift_constant(ffn)
+        norms["kappaP"] = ffn_drift_constant(ffn, centred=True) if lay(layer.norm_ffn) else norms["kappa"]
+    kappa = norms["kappaP"] if post else norms["kappa"]
+    from ._activations import activation_lipschitz
+
+    gelu_range = (math.erf(1.0) + 2 * math.sqrt(2) * math.exp(-1.0) / math.sqrt(2 * math.pi)) * (1 + 1e-9)
+    cap = (gelu_range if Activation(ffn.activation) is Activation.GELU
+           else 2 * activation_lipschitz(ffn.activation)) * norms["W1"] * norms["W2"] * (1 + ROUNDING_PAD)
+    lffn = activation_lipschitz(ffn.activation) * norms["W1"] * norms["W2"] * (1 + ROUNDING_PAD) ** 2
+
+    def dF_of(rh: Tensor) -> Tensor:
+        return torch.minimum(torch.minimum(kappa * rh, s2nd * norms["ffn_curv"] * rh), torch.full_like(rh, cap))
+
+    out = []
+    for r in radii:
+        r = float(r)
+        rr = torch.full((T,), r, dtype=torch.float64)
+        if post:
+            dZ = attention_drift_rows(mom, r, norms)
+            dB = _heads_combined(Oh, Oall, dZ)
+            A = a_pt + dB
+            AP = aP_pt + dB  # ||P W_O^hT|| <= ||W_O^hT||
+            att_rows = A + 1  # nu_i(A') <= nu_i(B') + 1
+            r1 = rr * AP * (1 + 1e-12)
+            e1, sf1 = _ln_drift(layer.norm_attn, sig1, r1, d)
+            # Delta D1 = Delta D1 P: it acts on P B' (centred), whose rows are at most AP
+            Hs = torch.minimum(h_pt + g1 * e1 * AP + _heads_combined(D1Oh, D1O, dZ), g1 / sf1 * AP if sig1 is not None else A)
+            rh = rr * Hs * (1 + 1e-12)
+            dF = dF_of(rh)
+            # centred (P (I+F') D1' B'): ||P dF|| <= kappaP rh, ||P X|| <= ||X||
+            Gs = torch.minimum(g_pt + dF * Hs + nIF * g1 * e1 * AP + _heads_combined(IFD1Oh, IFD1O, dZ), (nIF + dF) * Hs)
+            Gs = torch.minimum(Gs, (1 + lffn) * Hs)
+            r2 = rr * Gs * (1 + 1e-12)
+            e2, sf2 = _ln_drift(layer.norm_ffn, sig2, r2, d)
+            mixed = _heads_combined(MOh, MO, dZ)
+            terms = {"norm_ffn (dD2)": g2 * e2 * Gs, "ffn (dF)": nD2 * dF * Hs,
+                     "norm_attn (dD1)": nD2IFg * e1 * AP, "attention (dA)": mixed}
+            total = point + sum(terms.values())
+            if sig2 is not None:
+                total = torch.minimum(total, g2 / sf2 * Gs)
+            stage = {"attention": r1, "norm_attn": rh, "ffn": r2}
+        else:
+            e1, sf1 = _ln_drift(layer.norm_attn, sig1, rr, d)
+            sD1 = torch.minimum(g1 / sf1, nD1 + g1 * e1) if sig1 is not None else torch.ones(T, dtype=torch.float64)
+            ry = r * float(sD1.max()) * (1 + 1e-12)
+            dZ = attention_drift_rows(mom, ry, norms)
+            dA = _heads_combined(Oh, Oall, dZ)
+            att_rows = attention_local_bound(attn, Xin, ry, norms=hn).per_query
+            mD1, mE1 = float(sD1.max()), float((g1 * e1).max())
+            dB = dA * mD1 + att_rows * mE1
+            A = torch.minimum(a_pt + dB, 1 + att_rows * mD1)
+            r1 = rr * A * (1 + 1e-12)
+            e2, sf2 = _ln_drift(layer.norm_ffn, sig2, r1, d)
+            sD2 = torch.minimum(g2 / sf2, nD2 + g2 * e2) if sig2 is not None else torch.ones(T, dtype=torch.float64)
+            rh = r1 * sD2 * (1 + 1e-12)
+            dF = dF_of(rh)
+            dM = dF * sD2 + nFg * e2
+            terms = {"norm_ffn/ffn (dM)": dM * A, "attention (dA)": _heads_combined(MOh, MO, dZ) * mD1,
+                     "norm_attn (pre, dD1)": nM * att_rows * mE1}
+            total = torch.minimum(point + sum(terms.values()), (nM + dM) * A)
+            stage = {"attention": ry * torch.ones(T, dtype=torch.float64), "norm_ffn": r1, "ffn": rh}
+        total = torch.where(torch.isfinite(total), total, torch.full_like(total, math.inf))
+        drift = torch.clamp(total * (1 + ROUNDING_PAD) - point * (1 + ROUNDING_PAD), min=0.0)
+        parts = {k: float(v.max()) for k, v in terms.items()}
+        lj = LayerJacobian(point * (1 + ROUNDING_PAD), drift, None, att_rows, parts)
+        lj.radius = r
+        lj.stage_radii = stage
+        if low is not None:
+            lj.lower_rows, lj.lower_V = low, low_best
+        out.append(lj)
+    return out
+
+
+def _gamma_vec(norm, d: int) -> Tensor:  # noqa: ANN001
+    """|gamma| padded (ones without a scale)."""
+    if norm is None or norm.weight is None:
+        return torch.ones(d, dtype=torch.float64)
+    return _f64(norm.weight).abs() * (1 + ROUNDING_PAD)
+
+
+def row_lower(heads, Wo_all: Tensor, Bii: Tensor, M: Tensor, N: Tensor | None, tokens, *,  # noqa: ANN001
+              iters: int = 20, restarts: int = 2, seed: int = 0, init: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """For each token ``i`` in ``tokens``, an attained value of ``nu_i(J) = max_{||v_j|| <= 1} ||sum_j J_ij
+    v_j||`` and its ``V`` (T, d), with ``J_ij = M_i B_ij`` applied through its factors (no blocks):
+    alternating maximisation ``v_j = J_ij^T u / ||J_ij^T u||``, ``u`` the normalised image, each step
+    non-decreasing; restarts from ``init[i]`` (e.g. a top eigenvector of the row Gram) and random
+    ``u``.  Kind: empirical lower (the caller re-evaluates the best ``V`` through autograd)."""
+    T, d = Bii.shape[0], Bii.shape[1]
+    dh = heads[0][5].shape[1]
+    g = torch.Generator().manual_seed(seed)
+    vals, Vs = [], []
+    for i in tokens:
+        P = torch.stack([hd[0][i] for hd in heads])  # (H, T)
+        Vy = torch.stack([hd[1][i] @ hd[5] for hd in heads])  # (H, T, dh)
+        Q = torch.stack([hd[2][i] for hd in heads])  # (H, d)
+        Wv = torch.stack([hd[5] for hd in heads])  # (H, d, dh)
+        off = P.clone()
+        off[:, i] = 0.0
+
+        def fwd(V: Tensor) -> Tensor:
+            X = V if N is None else (N @ V[:, :, None])[:, :, 0]
+            s = torch.einsum("hd,hda->ha", off @ X, Wv)  # W_V^T sum_j P_ij x_j
+            s = s + torch.einsum("hj,hj,hja->ha", off, (X @ Q.T).T, Vy)  # sum_j P_ij (q_i . x_j) v_ij
+            return M[i] @ (Bii[i] @ V[i] + Wo_all.T @ s.reshape(-1))
+
+        def bwd(u: Tensor) -> Tensor:
+            z = M[i].T @ u
+            x = (Wo_all @ z).reshape(len(heads), dh)  # (H, dh)
+            a = torch.einsum("hda,ha->hd", Wv, x)  # W_V x_h
+            c = torch.einsum("hja,ha->hj", Vy, x)  # v_ij . x_h
+            G = torch.einsum("hj,hd->jd", off, a) + torch.einsum("hj,hj,hd->jd", off, c, Q)
+            if N is not None:
+                G = (N.transpose(1, 2) @ G[:, :, None])[:, :, 0]
+            G[i] = G[i] + Bii[i].T @ z
+            return G
+
+        best, bestV = -1.0, None
+        starts = ([init[i]] if init is not None else []) + [torch.randn(d, generator=g, dtype=torch.float64)
+                                                            for _ in range(restarts)]
+        for u in starts:
+            u = u / u.norm().clamp(min=1e-300)
+            for _ in range(iters):
+                G = bwd(u)
+                V = G / G.norm(dim=1, keepdim=True).clamp(min=1e-300)
+                y = fwd(V)
+                val = float(y.norm())
+                if val > best:
+                    best, bestV = val, V
+                u = y / max(val, 1e-300)
+        vals.append(best)
+        Vs.append(bestV)
+    return torch.tensor(vals, dtype=torch.float64), torch.stack(Vs)

@@ -1,0 +1,188 @@
+"""Gemma 1, Gemma 2 and Gemma 3 (text) in the seed's decomposition.
+
+transformers ``models/gemma*/modeling_gemma*.py``.  What differs from Llama's block:
+
+* ``GemmaRMSNorm`` multiplies by ``1 + weight`` (its checkpoints store gamma around 0): the spec's
+  ``NormSpec.weight`` is the gain, so the adapter stores ``1 + gamma`` formed in float64 (every bound
+  then reads ``max|1 + gamma|``; THEORY F26).  This includes Gemma 3's ``q_norm``/``k_norm``.
+* the MLP is GeGLU: ``down(gelu_tanh(gate x) * up x)`` (``hidden_act`` in Gemma 1,
+  ``hidden_activation`` in Gemma 2/3, both "gelu_pytorch_tanh"), the spec's gated FFN.
+* the embedded input is ``embed_tokens(ids) * sqrt(d)`` (the normaliser rounded to float32, HF's
+  buffer, then to the weights' dtype, as ``embed_scale.to(weight.dtype)``): ``token_embedding`` is the scaled table, so the
+  decomposition's input is the scaled embedding.
+* Gemma 2/3 ("sandwich" norms, THEORY F26): ``x + post_attention_layernorm(attn(input_layernorm x))``,
+  then ``y + post_feedforward_layernorm(mlp(pre_feedforward_layernorm y))`` -- the spec's
+  ``post_norm_attn``/``post_norm_ffn``.  In Gemma 1 ``post_attention_layernorm`` is the pre-FFN norm.
+* scores scaled by ``query_pre_attn_scalar ** -0.5`` (Gemma 2/3; Gemma 1 ``head_dim ** -0.5``),
+  soft-capped by ``attn_logit_softcapping`` (Gemma 2; THEORY F24), alternating sliding-window and
+  global layers (``layer_types``; defaults: Gemma 2 every other layer, Gemma 3 five of six), and
+  Gemma 3's per-head q/k RMSNorm (F23) and per-layer RoPE bases (``rope_parameters`` per layer type,
+  or the older ``rope_theta``/``rope_local_base_freq``).
+* ``final_logit_softcapping`` acts on the logits after the un-embedding, outside ``g_L``: recorded
+  in the spec's config, not part of any bound (``c tanh(z / c)`` is 1-Lipschitz and bounded by c, so
+  it never increases a Lipschitz constant of the logits).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..._errors import InputError, UnsupportedArchitectureError
+from .._arrays import is_tensor
+from .._rope_scaling import rope_from_config
+from .._sources import TensorSource
+from .._spec import LayerSequence, LayerSpec, NormKind, NormSpec, Placement, TransformerSpec
+from ._common import (
+    DECODER_ROLES, activation_from_name, count_layers, decoder_attention, find_prefix, gated_ffn,
+    lazy_embeddings, no_layers, require, summary, unexpected_layer_tensors,
+)
+from ._windows import sliding_windows
+
+__all__ = ["build_gemma", "offset_gain", "round_to_dtype"]
+
+_SANDWICH = ("gemma2", "gemma3", "gemma3_text")
+
+
+def offset_gain(gamma):  # noqa: ANN001, ANN201  (numpy or torch, like every adapter array)
+    """``1 + gamma`` in float64: Gemma's RMSNorm gain (exact up to one float64 rounding, covered by the
+    bounds' rounding pad)."""
+    if is_tensor(gamma):
+        import torch
+
+        return gamma.detach().to(torch.float64) + 1.0
+    return np.asarray(gamma, dtype=np.float64) + 1.0
+
+
+def round_to_dtype(value: float, dtype: str) -> float:
+    """``value`` rounded to nearest in the stored dtype (float64, float32, float16 or bfloat16), as
+    HF's ``embed_scale.to(weight.dtype)`` does before the multiplication."""
+    if dtype == "float64":
+        return float(value)
+    if dtype == "float16":
+        return float(np.float16(value))
+    x = np.array([value], dtype=np.float32)
+    if dtype == "bfloat16":  # round to nearest even on the top 16 bits of the float32 pattern
+        bits = x.view(np.uint32)
+        bits = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
+        x = bits.view(np.float32)
+    return float(x[0])
+
+
+def _gemma_norm(src: TensorSource, key: str, d: int, eps: float) -> NormSpec:
+    return NormSpec(NormKind.RMSNORM, offset_gain(src.get(key, (d,))), None, float(eps))
+
+
+def _layer_types(config: dict, model_type: str, n: int) -> dict:
+    """The config with ``layer_types`` filled in as HF's config classes do when it is absent."""
+    if config.get("layer_types") or model_type not in _SANDWICH or config.get("sliding_window") is None:
+        return config
+    pattern = 2 if model_type == "gemma2" else int(config.get("sliding_window_pattern") or 6)
+    return {**config, "layer_types": ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]}
+
+
+def _ropes(config: dict, model_type: str, dh: int) -> dict[str, tuple]:
+    """(RopeSpec, score factor) per layer type: Gemma 3 rotates sliding and global layers with
+    different bases (and may scale only the global ones); Gemma 1/2 use one rotation everywhere."""
+    if not model_type.startswith("gemma3"):
+        rope = rope_from_config(config, "gemma", dh)
+        return {"full_attention": rope, "sliding_attention": rope}
+    params = config.get("rope_parameters") or {}
+    if "full_attention" in params or "sliding_attention" in params:
+        full = {"rope_type": "default", "rope_theta": 1_000_000.0, **(params.get("full_attention") or {})}
+        local = {"rope_type": "default", "rope_theta": 10_000.0, **(params.get("sliding_attention") or {})}
+    else:  # transformers 4 layout: rope_theta (+ rope_scaling) global, rope_local_base_freq local
+        full = {"rope_type": "default", **(config.get("rope_scaling") or {}),
+                "rope_theta": float(config.get("rope_theta") or 1_000_000.0)}
+        local = {"rope_type": "default", "rope_theta": float(config.get("rope_local_base_freq") or 10_000.0)}
+    bare = {k: v for k, v in config.items() if k not in ("rope_parameters", "rope_scaling", "rope_theta")}
+    return {t: rope_from_config({**bare, "rope_parameters": p}, "gemma", dh)
+            for t, p in (("full_attention", full), ("sliding_attention", local))}
+
+
+def build_gemma(src: TensorSource, config: dict, name: str) -> TransformerSpec:
+    arch = "gemma"
+    if isinstance(config.get("text_config"), dict):  # Gemma3ForConditionalGeneration: the text tower
+        config = {**config["text_config"], "model_type": config["text_config"].get("model_type", "gemma3_text")}
+    stems = " ".join(str(c) for c in config.get("architectures") or [])
+    model_type = str(config.get("model_type")
+                     or ("gemma3_text" if "Gemma3" in stems else "gemma2" if "Gemma2" in stems else "gemma"))
+    d = int(require(config, "hidden_size", arch=arch, name=name))
+    H = int(require(config, "num_attention_heads", arch=arch, name=name))
+    H_kv = int(config.get("num_key_value_heads") or H)
+    dh = int(config.get("head_dim") or d // H)
+    d_ff = int(require(config, "intermediate_size", arch=arch, name=name))
+    eps = float(config.get("rms_norm_eps", 1e-6))
+    sandwich = model_type in _SANDWICH
+    act_name = config.get("hidden_activation") if sandwich else config.get("hidden_act")
+    act = activation_from_name(act_name or "gelu_pytorch_tanh", arch=arch)
+    if config.get("use_bidirectional_attention"):
+        raise UnsupportedArchitectureError(
+            f"{arch}: use_bidirectional_attention (Gemma 3 as an encoder) is refused: its sliding window is "
+            "symmetric around the query, which the spec's window mask (keys j > i - w) does not express")
+    found = find_prefix(src, ["layers.0.self_attn.q_proj.weight", "embed_tokens.weight"])
+    prefix = found[0] if found else ""
+    n = config.get("num_hidden_layers")
+    n = count_layers(src, prefix, "layers") if n is None else int(n)
+    if n == 0:
+        raise no_layers(name)
+    if sandwich and f"{prefix}layers.0.pre_feedforward_layernorm.weight" not in src:
+        raise InputError(f"{arch}: {model_type} configuration of {name} but no pre_feedforward_layernorm in "
+                         "layer 0: the checkpoint does not have the sandwich norms its configuration declares")
+    qk_norm = f"{prefix}layers.0.self_attn.q_norm.weight" in src
+    config = _layer_types(config, model_type, n)
+    windows = sliding_windows(config, n, arch=arch, name=name)
+    ropes = _ropes(config, model_type, dh)
+    qpas = config.get("query_pre_attn_scalar") if sandwich else None
+    softcap = config.get("attn_logit_softcapping")
+    attn_bias = bool(config.get("attention_bias", False))
+    norms = {"norm_attn": "input_layernorm.weight"}
+    if sandwich:
+        norms.update(post_norm_attn="post_attention_layernorm.weight", norm_ffn="pre_feedforward_layernorm.weight",
+                     post_norm_ffn="post_feedforward_layernorm.weight")
+    else:
+        norms["norm_ffn"] = "post_attention_layernorm.weight"
+    qk_roles = {"q_norm.weight": "self_attn.q_norm.weight", "k_norm.weight": "self_attn.k_norm.weight"} if qk_norm else {}
+    roles = {**DECODER_ROLES, **{f"{k}.weight": v for k, v in norms.items()}, **qk_roles}
+
+    def layer(i: int) -> LayerSpec:
+        names = {role: f"{prefix}layers.{i}.{key}" for role, key in roles.items()}
+        rope, factor = ropes["sliding_attention" if windows[i] is not None else "full_attention"]
+        base = dh ** -0.5 if qpas is None else float(qpas) ** -0.5
+        attn = decoder_attention(
+            src, names, d=d, H=H, H_kv=H_kv, dh=dh, bias=attn_bias, causal=True, rope=rope, window=windows[i],
+            scale=None if (qpas is None and factor == 1.0) else factor * base,
+            softcap=None if softcap is None else float(softcap),
+            q_norm=_gemma_norm(src, names["q_norm.weight"], dh, eps) if qk_norm else None,
+            k_norm=_gemma_norm(src, names["k_norm.weight"], dh, eps) if qk_norm else None)
+        ffn = gated_ffn(src, names, d=d, d_ff=d_ff, act=act, bias=False)
+        built = {k: _gemma_norm(src, names[f"{k}.weight"], d, eps) for k in norms}
+        return LayerSpec(index=i, attention=attn, ffn=ffn, placement=Placement.PRE,
+                         names={r: v for r, v in names.items() if v in src}, **built)
+
+    # HF keeps sqrt(d) in a float32 buffer and casts it to the weights' dtype before multiplying
+    storage = src.storage_dtype()
+    normaliser = round_to_dtype(round_to_dtype(d ** 0.5, "float32"), storage if storage in ("float16", "bfloat16") else "float32")
+
+    def scaled(E):  # noqa: ANN001, ANN202  (the embedded input is embed_tokens(ids) * sqrt(d))
+        return (E.detach().double() if is_tensor(E) else np.asarray(E, np.float64)) * normaliser
+
+    outer = prefix[: -len("model.")] if prefix.endswith("model.") else prefix
+    embeddings = lazy_embeddings(src, {
+        "token_embedding": (prefix + "embed_tokens.weight", scaled),
+        "unembedding": (outer + "lm_head.weight", lambda t: t.T),
+    })
+    out = summary(config, src, n, H, H_kv, dh, d_ff, act.value, prefix, embeddings.names)
+    out.update(model_type=model_type, embedding_scale=normaliser, sandwich_norms=sandwich,
+               final_logit_softcapping=config.get("final_logit_softcapping"),
+               rope_theta=ropes["full_attention"][0].theta)
+    if any(w is not None for w in windows):
+        out["sliding_window"] = next(w for w in windows if w is not None)
+        out["rope_local_theta"] = ropes["sliding_attention"][0].theta
+    return TransformerSpec(
+        arch=arch, name=name, d_model=d, layers=LayerSequence(n, layer),
+        final_norm=_gemma_norm(src, prefix + "norm.weight", d, eps),
+        embeddings=embeddings,  # type: ignore[arg-type]  # a read-on-access Mapping
+        config=out,
+        warnings=unexpected_layer_tensors(src, prefix, "layers", n, roles.values(),
+                                          (r"self_attn\.rotary_emb\.inv_freq",), arch=arch, name=name),
+    )

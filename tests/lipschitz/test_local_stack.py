@@ -1,0 +1,154 @@
+"""The whole stack's local route (issue 12, ``lipschitz._local_stack``, THEORY F30): the Jacobian
+blocks against autograd, the certified point bound against float64 SVDs, the telescoped drift
+against the Jacobian's measured change in the ball, an adversary inside the ball, homogeneity.
+
+The adversary is ``test_lipschitz_local``'s (float64 Adam ascent on the pair ratio inside the ball
+and the Jacobian norm at random points of it, restarts) on the whole network without its head.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from lipschitz_testkit import random_spec
+from test_lipschitz_local import _clip, adversary
+from transcover._errors import InputError
+from transcover.lipschitz._local_jacobian import row_norm_lower
+from transcover.lipschitz._local_stack import stack_jacobian, stack_local, stack_lower
+from transcover.model._functional import transformer_forward
+
+CASES = [dict(norm="layernorm", placement="post"), dict(norm="layernorm", placement="pre", final_norm=True, biases=True),
+         dict(norm="rmsnorm", placement="pre", causal=True, biases=True), dict(norm="rmsnorm", placement="post", causal=True)]
+
+
+def _X(seed: int, T: int = 4, d: int = 6) -> torch.Tensor:
+    return torch.randn(T, d, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def _net(spec):  # noqa: ANN001, ANN202
+    return lambda Z: transformer_forward(spec, Z, with_head=False)
+
+
+def _jac(spec, X: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+    return torch.autograd.functional.jacobian(_net(spec), X).permute(0, 2, 1, 3)  # (i, j, d_out, d_in)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_blocks_are_the_autograd_jacobian_and_the_point_bound_is_certified(case):
+    spec = random_spec(5, act="gelu", L=3, **case)
+    X = _X(2)
+    J = _jac(spec, X)
+    B, err = stack_jacobian(spec, X)
+    # float64 chains of O(1) factors of size <= 8: a few hundred ulps of the largest entry
+    assert float((J - B).abs().max()) <= 1e-12 * max(1.0, float(J.abs().max()))
+    exact = float(torch.linalg.matrix_norm(J, ord=2).sum(dim=1).max())  # max_i sum_j ||J_ij|| by SVD
+    point = stack_local(spec, X, [1e-6])[0].point
+    # the rounding bound covers the actual error and stays a small share of the bound
+    assert float(torch.linalg.matrix_norm(J - B, ord=2).sum(dim=1).max()) <= err <= 1e-5 * point
+    assert exact <= point <= exact * 1.3
+    assert float(row_norm_lower(J).max()) <= point
+
+
+@settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), case=st.sampled_from(CASES), rho=st.sampled_from([1e-5, 1e-4, 4e-4]))
+def test_whole_network_bound_is_never_beaten(seed, case, rho):
+    spec = random_spec(seed, act="gelu", L=2, **case)
+    X = _X(seed)
+    r = stack_local(spec, X, [rho])[0]
+    lo = adversary(_net(spec), X, rho, restarts=2, steps=20, seed=seed)
+    # each route on its own is a certificate
+    assert lo <= r.stack * (1 + 1e-12) and lo <= r.product * (1 + 1e-12), (lo, r.stack, r.product)
+    assert stack_lower(spec, X, rho, restarts=1, steps=8, seed=seed) <= r.upper * (1 + 1e-12)
+    assert r.point <= r.stack and r.upper == min(r.stack, r.product)
+
+
+def test_drift_bounds_the_change_of_the_jacobian_in_the_ball():
+    """sup_B ||J(y) - J(x)|| <= drift: attained (2,inf) norms of J(y) - J(x) at random corners of the
+    ball and along the Jacobian's own maximising direction (every token at distance rho)."""
+    spec = random_spec(11, act="gelu", L=3, norm="layernorm", placement="post", biases=True)
+    X = _X(4)
+    J0 = _jac(spec, X)
+    g = torch.Generator().manual_seed(0)
+    for rho in (1e-5, 1e-4):
+        r = stack_local(spec, X, [rho])[0]
+        dirs = [torch.randn(X.shape, generator=g, dtype=torch.float64) for _ in range(3)]
+        from transcover.lipschitz._empirical import jacobian_operator_norm
+
+        dirs.append(jacobian_operator_norm(_net(spec), X, metric="2,inf", n_iter=10)[1])
+        worst = 0.0
+        for D in dirs:
+            for sgn in (1.0, -1.0):
+                Y = X + _clip(sgn * D / D.norm(dim=-1, keepdim=True) * rho, rho)
+                worst = max(worst, float(row_norm_lower(_jac(spec, Y) - J0).max()))
+        assert 0 < worst <= r.drift, (rho, worst, r.drift)
+
+
+def test_homogeneity_in_the_last_norm():
+    """Post-LN: scaling the last layer's output LayerNorm (gamma, beta) by lam scales the network by
+    lam, so the Jacobian, its drift and both routes scale by lam."""
+    spec = random_spec(21, act="gelu", L=2, norm="layernorm", placement="post")
+    X = _X(6)
+    base = stack_local(spec, X, [1e-4])[0]
+    for lam in (0.25, 4.0):
+        last = spec.layers[-1]
+        n = last.norm_ffn
+        new = dataclasses.replace(last, norm_ffn=dataclasses.replace(n, weight=n.weight * lam, bias=n.bias * lam))
+        scaled = dataclasses.replace(spec, layers=[*spec.layers[:-1], new])
+        b = stack_local(scaled, X, [1e-4])[0]
+        for f in ("point", "drift", "stack", "product"):
+            assert getattr(b, f) == pytest.approx(lam * getattr(base, f), rel=1e-7), f
+
+
+def test_point_limit_and_monotone_in_rho():
+    spec = random_spec(8, act="gelu", L=2, norm="layernorm", placement="pre", biases=True)
+    X = _X(7)
+    rs = stack_local(spec, X, [1e-12, 1e-5, 1e-4, 1e-3])
+    assert [r.stack for r in rs] == sorted(r.stack for r in rs)
+    assert rs[0].stack == pytest.approx(rs[0].point, rel=1e-6)
+    # the radius reaching the last stage is carried by the prefix's exact norm; the prefix's own
+    # drift (second order) shrinks with rho
+    excess = [r.radii[-1] / (r.rho * r.prefix_norms[-1]) - 1 for r in rs[1:3]]
+    assert 0 <= excess[0] <= excess[1] and excess[0] <= 0.1 * excess[1] + 1e-6
+
+
+@pytest.mark.parametrize("bad", [dict(norm="ball"), dict(gated=True, norm="layernorm")])
+def test_outside_the_route_is_one_clear_error(bad):
+    spec = random_spec(1, act="gelu", L=1, **bad)
+    with pytest.raises(InputError, match="stack route|Pi_norm"):
+        stack_local(spec, _X(1), [1e-3])
+    with pytest.raises(InputError, match="rho"):
+        stack_local(random_spec(1, act="gelu", L=1, norm="layernorm"), _X(1), [0.0])
+
+
+def test_network_local_takes_the_smaller_route():
+    """Regression (issue 12): the whole network was only bounded by the product of per-layer local
+    constants; ``network_local`` now also runs the stack route and keeps the smaller."""
+    from transcover.lipschitz._local import network_local
+
+    spec = random_spec(13, act="gelu", L=3, norm="layernorm", placement="post")
+    X = _X(3)
+    both = network_local(spec, X, 1e-5)
+    only = network_local(spec, X, 1e-5, route="product")
+    assert both.route == "stack" and both.stack < both.product == pytest.approx(only.upper)
+    assert both.upper == both.stack == pytest.approx(stack_local(spec, X, [1e-5])[0].upper)
+    assert both.upper < 0.5 * only.upper
+    with pytest.raises(InputError, match="route"):
+        network_local(spec, X, 1e-5, route="exact")
+
+
+def test_local_table_whole_network_row():
+    """``lipschitz --data --whole-network``: one whole-network row per rho, its route named, the
+    lower estimate below it and the local bound below the global one."""
+    from transcover.lipschitz._local_report import local_table
+
+    spec = random_spec(13, act="gelu", L=2, norm="layernorm", placement="post")
+    seqs = [_X(3), _X(4, T=3)]
+    rows = local_table(spec, seqs, [1e-5], lower_iter=5, whole="auto")
+    net = [r for r in rows if r.layer == -1]
+    assert len(net) == 1 and net[0].component == "network (stack)"
+    assert 0 < net[0].lower <= net[0].local_upper < net[0].global_upper

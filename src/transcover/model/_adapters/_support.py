@@ -118,8 +118,7 @@ def _register_builtin() -> None:
          ["non-parametric LayerNorm (no gamma/beta)", "grouped-query attention", "RoPE (default)", "gated SiLU FFN",
           "q/k/v/o biases (attention_bias)", "rope scaling: linear, llama3, yarn (F22)"],
          [("clip_qkv", "the clamp of q, k, v to [-c, c] in the spec's attention (1-Lipschitz elementwise; "
-                       "scores then <= s c^2 d_head)"),
-          ("OLMo 2 (olmo2)", "query/key RMSNorm over all heads and post-norms")]),
+                       "scores then <= s c^2 d_head)")]),
         ("moe", ("mixtral", "qwen2_moe", "qwen3_moe"), "none (per-matrix norms only)", [],
          [("top-k routed experts", "a Lipschitz bound of a discontinuous map does not exist (THEORY F25): "
                                    "a dense router, or inputs away from the switching set")]),

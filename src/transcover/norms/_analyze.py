@@ -139,7 +139,10 @@ def _kq_head(attn: AttentionSpec, h: int, m: _Measurer, f64: dict[str, np.ndarra
     elif attn.rope is not None:  # the sup over relative positions (Note [RoPE supremum] in _rope_sup)
         if f"|W_K|.h{g}" not in f64:  # grouped-query heads share the key head: measure it once
             f64[f"|W_K|.h{g}"] = spectral_norm_interval(f64["W_K"][g], gram=None if grams is None else grams[2:])
-        norms = (spectral_norm_interval(A, gram=None if grams is None else grams[:2]), f64[f"|W_K|.h{g}"])
+        W_Q = f64.get(f"|W_Q|.h{h}")  # measure_layer's, when this is the certified view (_head_norms)
+        if W_Q is None:
+            W_Q = spectral_norm_interval(A, gram=None if grams is None else grams[:2])
+        norms = (W_Q, f64[f"|W_K|.h{g}"])
         B_KQ = rope_kq_interval(A, f64["W_K"][g], attn.rope, scale, grams=grams, norms=norms)
     else:
         B_KQ = kq.spectral
@@ -161,7 +164,9 @@ def _head_norms(attn: AttentionSpec, h: int, m: _Measurer, f64: dict[str, np.nda
     A, Bt = f64["W_Q"][h], np.ascontiguousarray(f64["W_K"][g].T)
     Wv, Wo = f64["W_V"][g], f64["W_O"][h]
     batched = "G_Q" in f64
-    if attn.rope is not None:
+    if attn.rope is not None:  # ||W_Q^h|| and ||W_K^g|| as measure_layer certified them: not again
+        f64[f"|W_Q|.h{h}"] = hm.W_Q
+        f64.setdefault(f"|W_K|.h{g}", hm.W_K)
         B_KQ, kq, B_KQ_bias = _kq_head(attn, h, m, f64)
     else:
         fro, l21 = product_frobenius_l21(A, Bt, f64["G_Q"][h] if batched else None)

@@ -331,10 +331,12 @@ def measure_layer(layer: LayerSpec, entrywise: bool = False, *,
         spectral, l21, shapes, experts = moe_intervals(f, entrywise)
         return _layer_measure(layer, entrywise, arr, spectral, l21, shapes, experts)
     mats = {"W_1": f.W_1, "W_2": f.W_2, "W_gate": f.W_gate}
-    for k, W in mats.items():  # one contiguous float64 copy each, left in ``arr`` for the caller
+    # one float64 copy each, in the checkpoint's memory order (a transposed view stays Fortran-ordered:
+    # the Gram's dsyrk reads it as is, no transposing copy), left in ``arr`` for the caller
+    for k, W in mats.items():
         if W is not None and k not in arr:
-            arr[k] = _np(W)
-    spectral = {k: None if W is None else matrix_interval(arr[k]) for k, W in mats.items()}
+            arr[k] = _spectral.as_array(W, np.float64)
+    spectral = {k: None if W is None else _single(arr[k], None) for k, W in mats.items()}
     l21 = {k: _entrywise.l21_interval(arr[k]) for k, W in mats.items() if W is not None} if entrywise else {}
     return _layer_measure(layer, entrywise, arr, spectral, l21,
                           {k: tuple(W.shape) for k, W in mats.items() if W is not None}, None)

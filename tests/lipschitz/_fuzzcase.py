@@ -46,9 +46,9 @@ class Case:
     T: int = 3
     qk: float = 1.0  # extra factor on W_Q and W_K
     residual: str = "sequential"  # "parallel": x + attn(N_1 x) + ffn(N_2 x) (THEORY F21)
-    rope_biases: bool = False  # query/key biases kept under RoPE (GPT-NeoX); G.3 refuses them
+    rope_biases: bool = False  # query/key biases kept under RoPE (GPT-NeoX); G.3 splits the scores (F22)
     rotary_dim: int | None = None  # partial rotary: only the first rotary_dim coordinates rotate
-    qk_norm: bool = False  # Qwen3's per-head RMSNorm of queries and keys (THEORY F23); G.3 refuses it
+    qk_norm: bool = False  # Qwen3's per-head RMSNorm of queries and keys (THEORY F23)
     softcap: float | None = None  # Gemma 2's attention-logit soft-capping c tanh(s / c) (THEORY F24)
 
     def spec(self):
@@ -78,7 +78,8 @@ def perturbed(spec, seed: int, size: float):
         a, m = lay.attention, lay.ffn
         Wq = mv(a.W_Q)
         attn = replace(a, W_Q=Wq, W_K=Wq.clone() if a.kind == "l2" else mv(a.W_K), W_V=mv(a.W_V), W_O=mv(a.W_O),
-                       b_Q=mv(a.b_Q), b_K=mv(a.b_K), b_V=mv(a.b_V), b_O=mv(a.b_O))
+                       b_Q=mv(a.b_Q), b_K=mv(a.b_K), b_V=mv(a.b_V), b_O=mv(a.b_O), q_norm=norm(a.q_norm),
+                       k_norm=norm(a.k_norm))
         ffn = replace(m, W_1=mv(m.W_1), W_2=mv(m.W_2), b_1=mv(m.b_1), b_2=mv(m.b_2), W_gate=mv(m.W_gate),
                       b_gate=mv(m.b_gate))
         layers.append(replace(lay, attention=attn, ffn=ffn, norm_attn=norm(lay.norm_attn), norm_ffn=norm(lay.norm_ffn)))
@@ -132,8 +133,7 @@ def run_case(c: Case, *, restarts: int = 4, steps: int = 20) -> list[tuple[str, 
             pb = perturbation_bound(spec, other, radius=c.radius, metric=m, seq_len=T if m == "fro" else None,
                                     sigma_min=c.sigma_min)
         except UnsupportedArchitectureError:
-            # G.3 is not derived for these and says so
-            assert c.kind == "l2" or (c.rope_biases and c.rope and c.biases) or c.qk_norm
+            assert c.kind == "l2"  # G.3 is not derived for L2 attention and says so
         else:
             w = attack_gap(ref_stage(spec, 0, "network"), ref_stage(other, 0, "network"), T=T, d=d,
                            dom=dom(c.radius), metric=m, restarts=restarts, steps=steps, seed=seed + 400)

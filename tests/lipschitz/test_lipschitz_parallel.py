@@ -143,22 +143,22 @@ def test_no_parallel_certificate_is_beaten_by_the_attacker(c):
     checks = run_case(c, restarts=3, steps=12)
     kinds = {k for k, *_ in checks}
     assert {"stage", "layer", "network", "radius"} <= kinds
-    assert ("G.3" in kinds) != (c.rope_biases and c.rope)  # certified, or refused for RoPE with q/k biases
+    assert "G.3" in kinds  # RoPE with q/k biases included (THEORY F22, split scores)
     assert not violations(checks), violations(checks)
 
 
-def test_rope_with_query_key_biases_is_certified_for_inputs_and_refused_for_g3():
+def test_rope_with_query_key_biases_is_certified_for_inputs_and_g3():
     spec = fuzz_spec(7, norm="layernorm", placement="pre", biases=True, rope=True, rope_biases=True, rotary_dim=2,
                      residual="parallel", causal=True)
     assert spec.layers[0].attention.b_K is not None  # the case GPT-NeoX has (they do not cancel under RoPE)
     bounds = lipschitz_bounds(spec, radius=1.0)
     assert math.isfinite(bounds.upper.value)
-    with pytest.raises(UnsupportedArchitectureError, match="RoPE attention with query/key biases"):
-        perturbation_coefficients(spec)
+    roles = {e.role for e in perturbation_coefficients(spec).entries if e.layer == 0}
+    assert {"W_Q.0", "W_K.1", "b_Q.0", "b_K.1", "W_OV.0"} <= roles and not any(r.startswith("W_KQ") for r in roles)
     from transcover.covering._model_bound import model_terms
 
-    with pytest.raises(UnsupportedArchitectureError, match="RoPE attention with query/key biases"):
-        model_terms(spec)
+    terms, radius, _ = model_terms(spec)
+    assert {"W_Q.0", "b_K.1"} <= {t.role for t in terms} and all(math.isfinite(t.log_c) for t in terms)
 
 
 def test_rope_bias_term_is_needed():

@@ -166,14 +166,14 @@ def test_no_sandwich_certificate_is_beaten(pre, metric):
     T, d, R = 3, spec.d_model, 1.5
     seq = T if metric == "fro" else None
     b = lipschitz_bounds(spec, radius=R, metric=metric, seq_len=seq)
-    kw = dict(T=T, d=d, metric=metric, restarts=3, steps=12)
+    kw = dict(T=T, d=d, metric=metric, restarts=3, steps=8)
     for k, st in enumerate(b.stages):
         if st.name not in ("attention", "ffn"):
             continue
         f = ref_stage(spec, st.layer, st.name)
         w = attack_pairs(f, dom=Domain(st.radius_in), seed=k, **kw)
         assert w.ratio - w.slack <= st.lipschitz, (st.layer, st.name, w.ratio, st.lipschitz)
-        r = attack_output_radius(f, T=T, d=d, dom=Domain(st.radius_in), restarts=3, steps=12, seed=k)
+        r = attack_output_radius(f, T=T, d=d, dom=Domain(st.radius_in), restarts=2, steps=8, seed=k)
         assert r <= st.radius_out * (1 + 1e-12)
     w = attack_pairs(ref_stage(spec, 0, "network"), dom=Domain(R), seed=99, **kw)
     assert w.ratio - w.slack <= b.upper.value
@@ -189,7 +189,7 @@ def test_no_sandwich_certificate_is_beaten(pre, metric):
     roles = {e.role for e in pb.coefficients.entries}
     assert {"post_norm_attn.gamma", "post_norm_ffn.gamma"} <= roles
     gap = attack_gap(ref_stage(spec, 0, "network"), ref_stage(other, 0, "network"), T=T, d=d, dom=Domain(R),
-                     metric=metric, restarts=3, steps=12, seed=3)
+                     metric=metric, restarts=3, steps=10, seed=3)
     assert 0 < gap.ratio - gap.slack <= pb.total.value
 
 
@@ -260,8 +260,18 @@ def test_joint_qk_norm_forward_and_certificate():
     w = attack_pairs(lambda Z, s: Z + _ref_joint_attention(a, Z), T=3, d=6, dom=Domain(1.0), metric="2,inf",
                      restarts=4, steps=20, seed=6)
     assert w.ratio - w.slack <= st.lipschitz
-    with pytest.raises(UnsupportedArchitectureError, match="query/key normalisation"):
-        perturbation_coefficients(spec)
+    # G.3 with the joint norm (F23 addendum, _qknorm._joint_split): move W_Q, W_K and both scales
+    g = torch.Generator().manual_seed(3)
+    b = replace(a, W_Q=a.W_Q + 0.1 * torch.randn(a.W_Q.shape, generator=g, dtype=F64),
+                W_K=a.W_K + 0.1 * torch.randn(a.W_K.shape, generator=g, dtype=F64),
+                q_norm=replace(a.q_norm, weight=a.q_norm.weight + 0.2 * torch.randn(16, generator=g, dtype=F64)),
+                k_norm=replace(a.k_norm, weight=a.k_norm.weight + 0.2 * torch.randn(8, generator=g, dtype=F64)))
+    other = replace(spec, layers=[replace(spec.layers[0], attention=b)])
+    pb = perturbation_bound(spec, other, radius=1.0)
+    assert {"W_Q.3", "q_norm.gamma", "k_norm.gamma"} <= {e.role for e, _, c in pb.terms() if c > 0}
+    gap = attack_gap(lambda Z, s: Z + _ref_joint_attention(a, Z), lambda Z, s: Z + _ref_joint_attention(b, Z),
+                     T=3, d=6, dom=Domain(1.0), metric="2,inf", restarts=4, steps=20, seed=7)
+    assert 0 < gap.ratio - gap.slack <= pb.total.value
 
 
 def test_joint_size_bound_needs_the_whole_width():

@@ -189,3 +189,20 @@ def test_structured_lower_is_attained_by_autograd(case):
     assert bool((lj.lower_rows <= lj.point_rows).all())
     ref = row_norm_lower(_blocks(layer, X))
     assert float(lj.lower_rows.max()) >= 0.99 * float(ref.max())
+
+
+@pytest.mark.parametrize("case", [CASES[2], CASES[4]])
+def test_drift_rows_bound_the_jacobian_change(case):
+    """``drift_rows`` bounds sup over the ball of nu_i(J(X') - J(X)) itself (the whole-network route
+    composes it), not only the ball bound minus the point bound."""
+    spec = random_spec(13, act="gelu", **case)
+    layer = spec.layers[0]
+    X = _X(5)
+    J0 = _blocks(layer, X)
+    g = torch.Generator().manual_seed(3)
+    for r in (1e-2, 0.2):
+        lj = layer_jacobian(layer, X, r)
+        for _ in range(4):
+            E = torch.randn(X.shape, generator=g, dtype=torch.float64)
+            E = E / E.norm(dim=1, keepdim=True) * r
+            assert bool((row_norm_lower(_blocks(layer, X + E) - J0) <= lj.drift_rows * (1 + 1e-9)).all())

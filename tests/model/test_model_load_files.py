@@ -178,9 +178,9 @@ def test_integer_weight_refused(bert_dir, tmp_path):
 
 def test_unknown_architecture_lists_supported(bert_dir, tmp_path):
     _, path = bert_dir
-    config = json.loads((path / "config.json").read_text()) | {"model_type": "t5"}
-    with pytest.raises(UnsupportedArchitectureError, match="'t5'.*" + ", ".join(SUPPORTED_ARCHITECTURES)):
-        load(_copy(path, tmp_path / "t5", config=config))
+    config = json.loads((path / "config.json").read_text()) | {"model_type": "bart"}
+    with pytest.raises(UnsupportedArchitectureError, match="'bart'.*" + ", ".join(SUPPORTED_ARCHITECTURES)):
+        load(_copy(path, tmp_path / "bart", config=config))
     with pytest.raises(UnsupportedArchitectureError, match="unsupported module Linear"):
         load(torch.nn.Linear(3, 3))
     with pytest.raises(UnsupportedArchitectureError, match="'mamba'"):

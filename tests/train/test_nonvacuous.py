@@ -125,7 +125,8 @@ def test_greedy_and_pruning_never_worsen_the_exact_bound():
 
 
 def test_a_case_bounded_with_the_fixed_length_code_pays_that_code_and_decodes_from_it():
-    fixed = run_case(replace(TINY, code="fixed", greedy_passes=0, refine_passes=1, variant="fixed"))
+    fixed = run_case(replace(TINY, code="fixed", epochs=6, qat_epochs=2, n_test=5_000, restarts=1,
+                             greedy_passes=0, refine_passes=1, variant="fixed"))
     raw = bytes.fromhex(fixed.codeword)
     bits = [(raw[i >> 3] >> (7 - (i & 7))) & 1 for i in range(fixed.total_bits)]
     desc = decode_fixed(bits, ARCHITECTURE_MENUS["majority"])

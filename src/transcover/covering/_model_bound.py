@@ -79,7 +79,8 @@ class BoundConfig:
 
 
 def _group(role: str) -> str:
-    if role.startswith(("W_KQ", "b_KQ", "W_OV", "b_out", "norm_attn", "post_norm_attn")):
+    if role.startswith(("W_KQ", "b_KQ", "W_OV", "b_out", "norm_attn", "post_norm_attn", "W_Q", "W_K", "b_Q", "b_K",
+                        "q_norm", "k_norm", "pos_bias")):
         return "attention"
     if role.startswith(("W_1", "W_2", "W_gate", "b_1", "b_2", "b_gate", "norm_ffn", "post_norm_ffn")):
         return "ffn"
@@ -104,6 +105,19 @@ def _self_norms(norms: ModelNorms) -> dict[tuple[int, str], _Row]:
             out[(i, f"W_OV.{h.head}")] = ((d, d), h.l21_OV.upper, h.W_OV.upper)
             if h.b_QK is not None:
                 out[(i, f"b_KQ.{h.head}")] = _vector(d, m.scale * h.b_QK)
+            if m.split_scores:  # W_Q, W_K, b_Q, b_K charged one by one (Note [split scores] in norms._model)
+                out[(i, f"W_Q.{h.head}")] = ((d, m.d_head), h.l21_Q.upper, h.W_Q.upper)
+                out[(i, f"W_K.{h.head}")] = ((d, m.d_head), h.l21_K.upper, h.W_K.upper)
+                for role, v in (("b_Q", h.b_Q), ("b_K", h.b_K)):
+                    out[(i, f"{role}.{h.head}")] = _vector(m.d_head, v or 0.0)
+        for h, v in enumerate(m.pos_bias_heads or ()):  # T5's table, head h's column (F28)
+            out[(i, f"pos_bias.{h}")] = _vector(m.pos_bias_buckets, v)
+        joint = getattr(m, "qk_norm_scope", "head") == "all"  # OLMo 2: one scale over the whole projection
+        widths = {"q_norm": m.d_head * (m.n_heads if joint else 1),
+                  "k_norm": m.d_head * (len({h.kv for h in m.heads}) if joint else 1)}
+        for role, n in (("q_norm", m.q_norm), ("k_norm", m.k_norm)):
+            if n is not None:  # no scale: the fixed ones, covered as a vector of norm 1
+                out[(i, f"{role}.gamma")] = _vector(widths[role], 1.0 if n.gamma_max is None else n.gamma_max)
         if m.b_out is not None:
             out[(i, "b_out")] = _vector(d, m.b_out)
         for name in ("W_1", "W_2", "W_gate"):
@@ -175,9 +189,9 @@ def model_terms(spec: TransformerSpec, *, radius: float = 1.0, c_sm: float = 1.0
     terms, bft_rows = [], []
     for c in coeffs.entries:
         key = (c.layer, c.role)
-        if key not in own and c.role.endswith(".beta"):
-            # an RMSNorm (or a LayerNorm without shift) has no beta: it is fixed at 0 for the whole
-            # class, so nothing is covered for it (F14 charges ||d beta|| = 0)
+        if key not in own and c.role.endswith((".beta", ".gamma")):
+            # an RMSNorm (or a LayerNorm without shift) has no beta, a non-parametric norm no gamma:
+            # fixed at 0 (1) for the whole class, so nothing is covered for it (F14 charges 0)
             continue
         if key not in rows:
             raise InputError(f"no weights found for layer {c.layer} role {c.role!r} that Lemma G.3 charges")

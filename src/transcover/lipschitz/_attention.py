@@ -48,6 +48,7 @@ __all__ = [
     "attention_lipschitz",
     "attention_output_radius",
     "attention_perturbation_coefficients",
+    "relative_bias_perturbation_coefficients",
 ]
 
 
@@ -215,3 +216,23 @@ def attention_perturbation_coefficients(B_OV: Sequence[float], radius: float, *,
     if has_output_bias:
         out.append(("b_out", 1.0, "l2"))
     return out
+
+
+def relative_bias_perturbation_coefficients(B_OV: Sequence[float], radius: float, *,
+                                            c_sm: float = 1.0) -> list[tuple[str, float, str]]:
+    r"""Lemma G.3's terms for an additive, input-independent score bias (T5's relative position bias).
+
+    .. math::
+
+        \|\Delta f_h\|_{2,\infty} \mathrel{+}= c_{sm} B_{OV}^h R \max_{i,j} |\Delta B^h_{ij}|
+
+    Source: THEORY F28 (F6's fixed-input step: ``|s_ij - s~_ij|`` gains ``|dB_ij|``, and the
+    softmax moves by at most ``c_sm max_j |ds_ij|`` in l1, F5).  ``max_ij |dB^h_ij|`` is at most the
+    largest change of head h's column of the bucket table (every ``B_ij`` is a table entry).
+    Assumptions: rows of norm ``<= radius``; ``B_OV^h`` bounds both parameter sets; the same bucketing.
+
+    Returns:
+        ``(f"pos_bias.{h}", c_sm B_OV^h R, "linf")`` per head.
+    """
+    check_c_sm(c_sm)
+    return [(f"pos_bias.{h}", c_sm * b * radius, "linf") for h, b in enumerate(B_OV)]

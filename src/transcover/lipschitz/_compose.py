@@ -37,12 +37,13 @@ from ._attention import (
     check_c_sm,
     attention_output_radius,
     attention_perturbation_coefficients,
+    relative_bias_perturbation_coefficients,
 )
 from ._ffn import ffn_lipschitz, ffn_output_radius, ffn_perturbation_coefficients
 from ._l2_attention import l2_attention_lipschitz
 from ._parallel import parallel_stage
 from ._sandwich import post_normed_branch, sandwich_residual_lipschitz
-from ._qknorm import qknorm_layer_kq
+from ._qknorm import qknorm_layer_kq, split_perturbation_coefficients
 from ._normalisation import norm_lipschitz, norm_output_radius, norm_perturbation_coefficients
 from ._weights import ROUNDING_PAD, ClassBounds, LayerBounds, NormBounds, check_radius, spec_norms
 
@@ -150,10 +151,10 @@ def _attention_block(L: LayerBounds, r: float, c_sm: float, metric: str, seq_len
     rad = attention_output_radius(L.B_OV, r, B_V=L.B_V, B_O=L.B_O, B_bout=L.B_bout)
     coeffs = attention_perturbation_coefficients(L.B_OV, r, c_sm=c_sm, has_query_bias=L.has_query_bias,
                                                  has_output_bias=L.has_output_bias)
-    if L.has_rope_qk_bias:  # F6's R^3 ||dW_KQ|| term assumes the scores are x_i W_Q R W_K^T x_j^T
-        coeffs = [("RoPE attention with query/key biases", math.inf, "unsupported")]
-    if L.has_q_norm or L.has_k_norm:  # the scores are not a function of W_Q W_K^T (THEORY F23)
-        coeffs = [("query/key normalisation", math.inf, "unsupported")]
+    if L.split_scores:  # the scores are not a function of W_Q W_K^T: charged piece by piece (F22, F23)
+        coeffs = split_perturbation_coefficients(L, r, c_sm)
+    if L.has_pos_bias:  # an input-independent score term: |ds_ij| gains |dB_ij| (THEORY F28)
+        coeffs = list(coeffs) + relative_bias_perturbation_coefficients(L.B_OV, r, c_sm=c_sm)
     return lip, rad, coeffs
 
 

@@ -79,6 +79,8 @@ def check_local_attention(attn: AttentionSpec) -> None:
         raise InputError("local attention bounds do not cover soft-capped scores yet (THEORY F24)")
     if attn.q_norm is not None or attn.k_norm is not None:
         raise InputError("local attention bounds do not cover query/key normalisation yet (THEORY F23)")
+    if attn.position_bias is not None:
+        raise InputError("local attention bounds do not cover a relative position bias yet (T5; THEORY F28)")
 
 
 def attention_weights_f64(attn: AttentionSpec, X: Tensor) -> list[Tensor]:

@@ -184,6 +184,7 @@ class LayerJacobian:
     parts: dict  # per-term maxima of the drift (where the gap sits)
     radius: float = math.nan  # the ball's radius r (every token within r of X)
     stage_radii: dict = field(default_factory=dict)  # stage name -> (T,) certified radius at its output
+    ball_rows: Tensor | None = None  # (T,) certified sup over the ball of nu_i(J) when below point + drift (caps)
     lower_rows: Tensor | None = None  # (T,) attained row norms at X (empirical lower; NaN: not searched)
     lower_V: tuple | None = None  # (token, V) attaining the largest of them
 
@@ -192,15 +193,21 @@ class LayerJacobian:
         """(T,) certified ``sup_{X' in B(X, r)} ||f(X')_i - f(X)_i||``: ``r`` times the row bound on
         the ball (mean-value theorem on the convex ball), rounding included; for whole-network
         composition (``_local_stack``)."""
-        return self.radius * (self.point_rows + self.drift_rows) * (1 + ROUNDING_PAD)
+        return self.radius * self.total_rows * (1 + ROUNDING_PAD)
 
     @property
     def point(self) -> float:
         return float(self.point_rows.max())
 
     @property
+    def total_rows(self) -> Tensor:
+        """(T,) certified sup over the ball of ``nu_i(J(X'))``: ``point + drift`` or the capped ``ball_rows``."""
+        total = self.point_rows + self.drift_rows
+        return total if self.ball_rows is None else torch.minimum(total, self.ball_rows)
+
+    @property
     def ball(self) -> float:
-        return float((self.point_rows + self.drift_rows).max()) * (1 + ROUNDING_PAD)
+        return float(self.total_rows.max()) * (1 + ROUNDING_PAD)
 
 
 def _head_data(attn, Xin: Tensor):  # noqa: ANN001, ANN202
@@ -257,11 +264,12 @@ def layer_jacobians(layer: LayerSpec, X: Tensor, radii, *, keep_blocks: bool = F
 
 def _smaller(a: LayerJacobian, b: LayerJacobian) -> LayerJacobian:
     """Per token the smaller point bound and the smaller ball bound of two certified routes."""
+    # both drifts bound the same sup of nu_i(J' - J): the smaller one does too
     point = torch.minimum(a.point_rows, b.point_rows)
-    total = torch.minimum(a.point_rows + a.drift_rows, b.point_rows + b.drift_rows)
     parts = a.parts if a.ball <= b.ball else b.parts
-    out = LayerJacobian(point, torch.clamp(total - point, min=0.0), b.blocks if b.blocks is not None else a.blocks,
-                        torch.minimum(a.attention_rows, b.attention_rows), parts)
+    out = LayerJacobian(point, torch.minimum(a.drift_rows, b.drift_rows), b.blocks if b.blocks is not None else a.blocks,
+                        torch.minimum(a.attention_rows, b.attention_rows), parts,
+                        ball_rows=torch.minimum(a.total_rows, b.total_rows))
     out.radius = a.radius
     out.stage_radii = a.stage_radii or b.stage_radii
     out.lower_rows, out.lower_V = a.lower_rows, a.lower_V

@@ -250,13 +250,13 @@ def _head_output_norms(M: Tensor | None, eM: Tensor | None, heads, T: int) -> tu
     known to within ``eM`` (spectral), the product adds ``gamma_d ||M||_F ||W_O^h||_F``."""
     Wo_all = torch.cat([hd[6] for hd in heads], dim=0)
     dh = heads[0][6].shape[0]
-    if M is None:
-        MO = Wo_all.T[None].expand(T, *Wo_all.T.shape)
-        err = lambda W: 0.0  # noqa: E731
-    else:
-        MO = M @ Wo_all.T[None]
-        nM = M.norm(dim=(1, 2))
-        err = lambda W: 4 * (M.shape[1] + 2) * _U * nM * float(W.norm()) + eM * float(W.norm())  # noqa: E731
+    if M is None:  # the same for every token: certify once
+        eye = torch.eye(Wo_all.shape[1], dtype=torch.float64)[None]
+        per, full = _head_output_norms(eye, torch.zeros(1, dtype=torch.float64), heads, 1)
+        return per.expand(len(heads), T), full.expand(T)
+    MO = M @ Wo_all.T[None]
+    nM = M.norm(dim=(1, 2))
+    err = lambda W: 4 * (M.shape[1] + 2) * _U * nM * float(W.norm()) + eM * float(W.norm())  # noqa: E731
     per = torch.stack([certified_spectral(MO[:, :, h * dh:(h + 1) * dh]) + err(Wo_all[h * dh:(h + 1) * dh])
                        for h in range(len(heads))])
     return per * (1 + 1e-12), (certified_spectral(MO) + err(Wo_all)) * (1 + 1e-12)
@@ -465,9 +465,13 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
             total = torch.minimum(point + sum(terms.values()), (nM + dM) * A)
             stage = {"attention": ry * torch.ones(T, dtype=torch.float64), "norm_ffn": r1, "ffn": rh}
         total = torch.where(torch.isfinite(total), total, torch.full_like(total, math.inf))
-        drift = torch.clamp(total * (1 + ROUNDING_PAD) - point * (1 + ROUNDING_PAD), min=0.0)
+        # drift_rows bounds sup nu_i(J' - J) (the telescoped terms; _local_stack relies on it), the
+        # capped total bounds sup nu_i(J') and may be smaller than point + drift
+        drift = sum(terms.values())
+        drift = torch.where(torch.isfinite(drift), drift, torch.full_like(drift, math.inf)) * (1 + ROUNDING_PAD)
         parts = {k: float(v.max()) for k, v in terms.items()}
-        lj = LayerJacobian(point * (1 + ROUNDING_PAD), drift, None, att_rows, parts)
+        lj = LayerJacobian(point * (1 + ROUNDING_PAD), drift, None, att_rows, parts,
+                           ball_rows=total * (1 + ROUNDING_PAD))
         lj.radius = r
         lj.stage_radii = stage
         if low is not None:

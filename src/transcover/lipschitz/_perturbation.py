@@ -29,6 +29,10 @@ role           matrix                                                      norm
 ``b_1``, ``b_2``, ``b_gate``   FFN biases                                  l2
 ``norm_attn.gamma`` / ``.beta`` (also ``norm_ffn``, ``input_norm``, ``final_norm``)   linf / l2
 ``norm_attn.eps``  two models with different variance floors: charged        eps (``eps_change_bound``)
+``W_Q.h``, ``W_K.h``  split scores only (RoPE with q/k biases, q/k norm):      spectral
+                      replace ``W_KQ.h``/``b_KQ.h`` (Note [split G.3])
+``b_Q.h``, ``b_K.h``  query/key biases of the split scores                     l2
+``q_norm.gamma``, ``k_norm.gamma``  the query/key norms' scales (per layer)     linf
 =============  =========================================================  ==========
 
 The attention is charged per head through ``W_KQ^h`` and ``W_OV^h`` because the block depends on

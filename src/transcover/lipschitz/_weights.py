@@ -97,7 +97,7 @@ class LayerBounds:
     has_b2: bool = False
     has_bg: bool = False
     residual: str = "sequential"  # "parallel": x + attn(N_1 x) + ffn(N_2 x), THEORY F21
-    has_rope_qk_bias: bool = False  # RoPE with query/key biases: Lemma G.3 is not derived (refused)
+    has_rope_qk_bias: bool = False  # RoPE with query/key biases: G.3 charges the split scores (F22)
     # query/key normalisation (THEORY F23): per query head ||W_K^h||, ||b_Q^h||, ||b_K^h||, and each
     # norm's max|gamma|/sqrt(eps) (Lipschitz) and max|gamma| sqrt(d_head) (output size); all "larger is
     # worse", so class_max's elementwise maximum is the class of both
@@ -111,6 +111,15 @@ class LayerBounds:
     kn_lip: float = 0.0
     kn_out: float = 0.0
     softmax_scale: float = 0.0  # s, read with the norms above
+    # Note [split scores] in ``norms._model``: G.3 charges W_Q, W_K, b_Q, b_K one by one (RoPE with
+    # query/key biases, query/key normalisation); the biases present in either model of the class
+    has_b_Q: bool = False
+    has_b_K: bool = False
+    has_pos_bias: bool = False  # T5's relative position bias: G.3 charges its table per head (F28)
+
+    @property
+    def split_scores(self) -> bool:
+        return self.has_rope_qk_bias or self.has_q_norm or self.has_k_norm
     qk_joint: bool = False  # q/k norms over the whole projection (OLMo 2): B_Q, B_K are then its norm bound
     # a norm on the branch output, x + N_post(f(N_pre x)) (Gemma 2/3, OLMo 2; THEORY F26); None: none
     post_norm_attn: NormBounds | None = None
@@ -133,6 +142,11 @@ def layer_bounds(m: LayerMeasure) -> LayerBounds:
     which F6's ``2 B_KQ r + ||b||`` dominates with ``||b|| = s (||W_Q|| ||b_K|| + ||b_Q|| ||W_K||)`` in both
     metrics (THEORY F22).
     """
+    if m.experts is not None:  # measured expert by expert, but no Lipschitz constant exists (F25)
+        from ..model._adapters._refused import MOE_REASON
+
+        raise UnsupportedArchitectureError(f"layer {m.index} is a mixture of experts: {MOE_REASON}; "
+                                           "`analyze` reports its per-expert norms")
     s = m.scale
     post = {k: None if getattr(m, k) is None else _norm_bounds(getattr(m, k)) for k in ("post_norm_attn", "post_norm_ffn")}
     kq = tuple(s * h.W_QK.upper if h.W_QK is not None else s * h.W_Q.upper * h.W_K.upper for h in m.heads)
@@ -151,20 +165,22 @@ def layer_bounds(m: LayerMeasure) -> LayerBounds:
         attention_kind=m.attention_kind, B_Q=tuple(h.W_Q.upper for h in m.heads), d_head=m.d_head,
         has_query_bias=m.has_query_bias, has_output_bias=m.b_out is not None,
         has_b1=m.b_1 is not None, has_b2=m.b_2 is not None, has_bg=m.b_gate is not None,
-        residual=m.residual, has_rope_qk_bias=m.has_rope_qk_bias, **post,
+        residual=m.residual, has_rope_qk_bias=m.has_rope_qk_bias, has_pos_bias=m.pos_bias_heads is not None, **post,
     )
     fields_.update(_qk_norm_bounds(m))  # may replace B_Q (whole-projection norms)
     return LayerBounds(**fields_)
 
 
 def _qk_norm_bounds(m: LayerMeasure) -> dict[str, object]:
-    """The F23 inputs of a layer with query/key normalisation (empty without it)."""
-    if m.q_norm is None and m.k_norm is None:
+    """The F22/F23 inputs of a layer with RoPE or query/key normalisation (empty without both): the
+    key map's and the biases' own norms, and each query/key norm's Lipschitz constant and output size."""
+    if not m.rope and m.q_norm is None and m.k_norm is None:
         return {}
     from ._normalisation import rmsnorm_lipschitz
 
     out: dict[str, object] = dict(has_q_norm=m.q_norm is not None, has_k_norm=m.k_norm is not None,
-                                  softmax_scale=m.scale)
+                                  softmax_scale=m.scale, has_b_Q=any(h.b_Q is not None for h in m.heads),
+                                  has_b_K=any(h.b_K is not None for h in m.heads))
     for side, n in (("q", m.q_norm), ("k", m.k_norm)):
         if n is None:
             continue

@@ -43,12 +43,14 @@ from ._spec import NormKind as NormKind
 from ._spec import NormSpec as NormSpec
 from ._spec import Placement as Placement
 from ._spec import Residual as Residual
+from ._spec import MoESpec as MoESpec
+from ._spec import RelativeBiasSpec as RelativeBiasSpec
 from ._spec import RopeSpec as RopeSpec
 from ._spec import TransformerSpec as TransformerSpec
 
 __all__ = [
     "Activation", "AttentionSpec", "FFNSpec", "LayerSequence", "LayerSpec", "MLPHeadSpec",
-    "NormKind", "NormSpec", "Placement", "Residual", "RopeSpec", "TransformerSpec",
+    "NormKind", "NormSpec", "Placement", "Residual", "MoESpec", "RelativeBiasSpec", "RopeSpec", "TransformerSpec",
     "ReferenceConfig", "ReferenceTransformer", "reference_spec", "save_reference",
     "ForwardHooks", "attention_forward", "ffn_forward", "head_forward", "l2_attention_forward", "layer_forward",
     "norm_forward", "transformer_forward", "stack_members", "as_torch",

@@ -13,7 +13,9 @@ models (``transcover.lipschitz.perturbation_bound`` and ``perturbation_coefficie
 Differences that are *not* structural, because the bound already accounts for them exactly:
 
 * the softmax ``scale`` (without RoPE it sits inside ``W_KQ^h = scale W_Q^h W_K^hT``, whose
-  distance is charged; with RoPE it is charged through ``||scale W_Q - scale~ W~_Q||``);
+  distance is charged; with RoPE it is charged through ``||scale W_Q - scale~ W~_Q||``), except
+  with RoPE and query/key biases or query/key normalisation, where Lemma G.3 charges W_Q and W_K
+  separately and a changed scale is refused by the measurement (Note [split scores] in ``norms._model``);
 * grouped-query sharing and, without RoPE, the head dimension: the attention block depends on the
   weights only through the per-query-head ``W_KQ^h``, ``b_KQ^h``, ``W_OV^h`` and the folded output
   bias (Note [attention biases] in ``_spec``), all ``d x d`` or ``d``-sized whatever the layout;
@@ -26,7 +28,7 @@ Differences that are *not* structural, because the bound already accounts for th
   ``transcover.lipschitz._normalisation``);
 * fields the forward pass never reads: names, ``arch``, ``config``, embeddings, ``RopeSpec.max_position``.
 
-Structural (refused): width, depth, norm placement, sequential vs parallel residual, query/key normalisation (and its scope), branch-output norms (F26), the soft-capping constant, norm kind, attention kind (dot-product vs L2), causal masking, sliding-window size, RoPE presence / base / rotary dimension / scaled frequencies, the
+Structural (refused): T5's relative position bias presence and bucketing (its table is charged), width, depth, norm placement, sequential vs parallel residual, query/key normalisation (and its scope), branch-output norms (F26), the soft-capping constant, norm kind, attention kind (dot-product vs L2), causal masking, sliding-window size, RoPE presence / base / rotary dimension / scaled frequencies, the
 head dimension under RoPE or L2 attention, the number of query heads, activation, gated vs plain
 FFN, FFN width and, when the MLP head is part of the compared function, the head's layout.
 """
@@ -82,6 +84,10 @@ def _layer_diffs(la, lb, i: int) -> list[str]:
     qb = tuple(n is not None for n in (ab.q_norm, ab.k_norm))
     if qa != qb:
         out.append(f"query/key normalisation: layer {i} (q, k) {qa} vs {qb}")
+    pa, pb = (None if x is None else (x.num_buckets, x.max_distance, x.bidirectional)
+              for x in (aa.position_bias, ab.position_bias))
+    if pa != pb:  # the tables' values are charged by G.3; presence and bucketing are the function's shape
+        out.append(f"relative position bias (buckets, max distance, bidirectional): layer {i} {pa} vs {pb}")
     if any(qa) and aa.qk_norm_scope != ab.qk_norm_scope:
         out.append(f"query/key normalisation scope: layer {i} {aa.qk_norm_scope} vs {ab.qk_norm_scope}")
     if aa.softcap != ab.softcap:

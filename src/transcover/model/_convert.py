@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from ._arrays import to_tensor
-from ._spec import LayerSequence, LayerSpec, MLPHeadSpec, NormSpec, TransformerSpec
+from ._spec import FFNSpec, LayerSequence, LayerSpec, MLPHeadSpec, MoESpec, NormSpec, TransformerSpec
 
 __all__ = ["as_torch"]
 
@@ -26,13 +26,21 @@ def _norm(n: NormSpec | None, dtype: Any) -> NormSpec | None:
     return None if n is None else replace(n, weight=_t(n.weight, dtype), bias=_t(n.bias, dtype))
 
 
+def _ffn(f: FFNSpec | MoESpec, dtype: Any) -> FFNSpec | MoESpec:
+    if isinstance(f, MoESpec):
+        return replace(f, **{k: _t(getattr(f, k), dtype) for k in ("W_router", "W_1", "W_2", "W_gate", "shared_gate")},
+                       shared=None if f.shared is None else _ffn(f.shared, dtype))
+    return replace(f, **{k: _t(getattr(f, k), dtype) for k in ("W_1", "W_2", "b_1", "b_2", "W_gate", "b_gate")})
+
+
 def _layer(layer: LayerSpec, dtype: Any) -> LayerSpec:
     a = layer.attention
     attn = replace(a, **{f: _t(getattr(a, f), dtype) for f in
                          ("W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O")},
-                   q_norm=_norm(a.q_norm, dtype), k_norm=_norm(a.k_norm, dtype))
-    f = layer.ffn
-    ffn = replace(f, **{k: _t(getattr(f, k), dtype) for k in ("W_1", "W_2", "b_1", "b_2", "W_gate", "b_gate")})
+                   q_norm=_norm(a.q_norm, dtype), k_norm=_norm(a.k_norm, dtype),
+                   position_bias=None if a.position_bias is None else replace(
+                       a.position_bias, table=_t(a.position_bias.table, dtype)))
+    ffn = _ffn(layer.ffn, dtype)
     return replace(layer, attention=attn, ffn=ffn, norm_attn=_norm(layer.norm_attn, dtype),
                    norm_ffn=_norm(layer.norm_ffn, dtype), post_norm_attn=_norm(layer.post_norm_attn, dtype),
                    post_norm_ffn=_norm(layer.post_norm_ffn, dtype))

@@ -37,6 +37,7 @@ from ._spec import (
     FFNSpec,
     LayerSpec,
     MLPHeadSpec,
+    MoESpec,
     NormSpec,
     Placement,
     Residual,
@@ -49,7 +50,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ForwardHooks", "attention_forward", "ffn_forward", "layer_forward", "transformer_forward",
-    "head_forward", "norm_forward", "l2_attention_forward", "apply_rope", "attention_scores",
+    "head_forward", "moe_forward", "norm_forward", "l2_attention_forward", "apply_rope", "attention_scores",
 ]
 
 NormSite = tuple[int, str]  # (layer, name) as in lipschitz's chain: (-1, "input_norm"), (i, "norm_attn"), ...
@@ -194,6 +195,8 @@ def attention_scores(attn: AttentionSpec, X: Tensor, h: int, *, key_mask: Tensor
             q = apply_rope(q, attn.rope, pos)
             k = apply_rope(k, attn.rope, pos)
     scores = attn.softmax_scale * (q @ k.transpose(-1, -2))
+    if attn.position_bias is not None:  # T5: an input-independent bias per (i, j) and head (THEORY F28)
+        scores = scores + attn.position_bias.bias(T, h, scores)
     if attn.softcap is not None:  # Gemma 2: c tanh(s / c), before the mask (THEORY F24)
         scores = attn.softcap * torch.tanh(scores / attn.softcap)
     return _mask(scores, attn.causal, key_mask, attn.window)
@@ -290,8 +293,37 @@ def attention_forward(attn: AttentionSpec, X: Tensor, *, key_mask: Tensor | None
     return out
 
 
-def ffn_forward(ffn: FFNSpec, X: Tensor) -> Tensor:
-    """The FFN (before the residual) on X of shape (..., d)."""
+def moe_forward(moe: MoESpec, X: Tensor) -> Tensor:
+    """A mixture-of-experts FFN (before the residual) on X (..., d), with its top-k routing.
+
+    Every expert is evaluated on every token and weighted by its routing weight, which is 0 for an
+    expert not among the token's top k: the same sum as HF's dispatch, in one code path.
+    """
+    import torch
+
+    if to_tensor(moe.W_router, X).ndim != 2:
+        raise ValueError("mixture-of-experts layers are not evaluated as member stacks")
+    p = torch.softmax(_linear(X, moe.W_router), dim=-1)  # (..., E)
+    top, idx = torch.topk(p, moe.top_k, dim=-1)
+    if moe.normalize_topk:
+        top = top / top.sum(dim=-1, keepdim=True)
+    weight = torch.zeros_like(p).scatter(-1, idx, top)  # the routing weight of every expert, 0 if unselected
+    out = None
+    for e in range(moe.n_experts):
+        term = weight[..., e:e + 1] * ffn_forward(moe.expert(e), X)
+        out = term if out is None else out + term
+    if moe.shared is not None:
+        shared = ffn_forward(moe.shared, X)
+        if moe.shared_gate is not None:
+            shared = torch.sigmoid(X @ to_tensor(moe.shared_gate, X)[:, None]) * shared
+        out = out + shared
+    return out
+
+
+def ffn_forward(ffn: FFNSpec | MoESpec, X: Tensor) -> Tensor:
+    """The FFN (before the residual) on X of shape (..., d); a mixture of experts routes (:func:`moe_forward`)."""
+    if isinstance(ffn, MoESpec):
+        return moe_forward(ffn, X)
     u = _linear(X, ffn.W_1)
     if ffn.b_1 is not None:
         u = u + _w(ffn.b_1, X, 1)

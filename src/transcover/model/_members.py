@@ -62,10 +62,16 @@ def _stack_norm(norms: list[NormSpec | None], where: str) -> NormSpec | None:
 
 
 def _stack_attention(attns: list[AttentionSpec], where: str) -> AttentionSpec:
+    over = {}
+    biases = [a.position_bias for a in attns]
+    if any(b is not None for b in biases):  # T5's tables are arrays of their own: stacked (M, buckets, H)
+        if any(b is None for b in biases):
+            raise InputError(f"cannot stack the members: {where} relative position bias is present in some only")
+        over["position_bias"] = _stack_dataclass(biases, f"{where} position_bias")
     if attns[0].kind == "l2":  # W_K is W_Q (Note [L2 attention fields]): one stacked array for both
         W_Q = _stack_arrays([a.W_Q for a in attns], f"{where} W_Q")
-        return _stack_dataclass(attns, where, W_Q=W_Q, W_K=W_Q)
-    return _stack_dataclass(attns, where)
+        return _stack_dataclass(attns, where, W_Q=W_Q, W_K=W_Q, **over)
+    return _stack_dataclass(attns, where, **over)
 
 
 def _stack_layer(layers: list[LayerSpec], i: int) -> LayerSpec:

@@ -59,8 +59,10 @@ __all__ = [
     "Residual",
     "NormSpec",
     "RopeSpec",
+    "RelativeBiasSpec",
     "AttentionSpec",
     "FFNSpec",
+    "MoESpec",
     "LayerSpec",
     "MLPHeadSpec",
     "TransformerSpec",
@@ -193,6 +195,51 @@ class RopeSpec:
         return 1.0 / (self.theta ** (torch.arange(0, rd, 2, dtype=torch.float64) / rd))
 
 
+@dataclass(frozen=True)
+class RelativeBiasSpec:
+    """T5's relative position bias (THEORY F28): head h's score of query i and key j gains
+    ``table[bucket(j - i), h]``, a number that depends on the positions only, not on the input.
+
+    ``bucket`` is T5's logarithmic bucketing (``T5Attention._relative_position_bucket``): with
+    ``bidirectional`` half the buckets are for keys after the query; offsets below half the
+    remaining buckets get a bucket each, larger ones share logarithmically spaced buckets up to
+    ``max_distance``.  T5 computes the table once, in layer 0, and every layer adds the same bias.
+    """
+
+    table: Tensor  # (num_buckets, H)
+    max_distance: int = 128
+    bidirectional: bool = True
+
+    @property
+    def num_buckets(self) -> int:
+        return self.table.shape[-2]
+
+    def buckets(self, T: int) -> Tensor:
+        """The (T, T) bucket index of every (query i, key j), T5's bucketing of ``j - i``."""
+        import torch
+
+        rel = torch.arange(T)[None, :] - torch.arange(T)[:, None]  # j - i
+        n = self.num_buckets
+        out = torch.zeros_like(rel)
+        if self.bidirectional:
+            n //= 2
+            out = out + (rel > 0).long() * n
+            rel = rel.abs()
+        else:
+            rel = -torch.clamp(rel, max=0)
+        exact = n // 2
+        # float32 logarithm, as T5 computes it, so that the bucket boundaries are T5's own
+        far = exact + (torch.log(rel.float() / exact) / math.log(self.max_distance / exact)
+                       * (n - exact)).to(torch.long)
+        far = torch.clamp(far, max=n - 1)
+        return out + torch.where(rel < exact, rel, far)
+
+    def bias(self, T: int, h: int, like: Tensor) -> Tensor:
+        """Head h's (T, T) additive score bias, in ``like``'s dtype (a stack: ``(M, 1.., T, T)``)."""
+        t = to_tensor(self.table, like)[..., self.buckets(T).to(like.device), h]  # (..., T, T)
+        return t if t.ndim == 2 else t.reshape(t.shape[:1] + (1,) * (like.ndim - 3) + t.shape[1:])
+
+
 def _vecmat(v: Any, W: Any) -> Any:
     """``v @ W`` for a vector and a matrix, or member by member for stacks ``(M, k)`` and ``(M, k, n)``."""
     return v @ W if v.ndim == 1 else (v[..., None, :] @ W)[..., 0, :]
@@ -241,6 +288,9 @@ class AttentionSpec:
     k_norm: NormSpec | None = None
     # Attention-logit soft-capping (Gemma 2; THEORY F24): scores -> c tanh(scores / c), before the mask.
     softcap: float | None = None
+    # T5's relative position bias (THEORY F28): an input-independent term added to every score after
+    # the scale, before soft-capping and the mask.  None: no such term (as before).
+    position_bias: RelativeBiasSpec | None = None
     # Which coordinates q_norm/k_norm normalise together: "head" (each head's d_head, Qwen3, Gemma 3) or
     # "all" (the whole projection, H * d_head for queries and H_kv * d_head for keys, OLMo 2; F23).
     qk_norm_scope: str = "head"
@@ -269,6 +319,7 @@ class AttentionSpec:
             ("grouped-query heads", self.W_K.shape[0] != self.W_Q.shape[0]),
             ("query/key normalisation", self.q_norm is not None or self.k_norm is not None),
             ("soft-capping", self.softcap is not None),
+            ("a relative position bias", self.position_bias is not None),
         ) if on]
         if not asked and self.W_K is not self.W_Q:
             tied = tuple(self.W_K.shape) == tuple(self.W_Q.shape) and bool(
@@ -375,6 +426,9 @@ class AttentionSpec:
                                     else "(one RMSNorm per head over d_head)"))
         if H % Hkv:
             raise ValueError(f"n_heads={H} is not a multiple of n_kv_heads={Hkv}")
+        if self.position_bias is not None and tuple(self.position_bias.table.shape)[-1:] != (H,):
+            raise ValueError(f"relative position bias table has shape {tuple(self.position_bias.table.shape)}, "
+                             f"expected (num_buckets, {H})")
         if self.softcap is not None and not (math.isfinite(self.softcap) and self.softcap > 0):
             raise ValueError(f"attention softcap must be a finite number > 0, got {self.softcap!r}")
 
@@ -417,6 +471,61 @@ class FFNSpec:
 
 
 @dataclass(frozen=True)
+class MoESpec:
+    """A mixture-of-experts FFN with top-k routing (Mixtral, Qwen2-MoE, Qwen3-MoE; THEORY F25, F29).
+
+    ``p = softmax(x W_router)`` over the ``E`` experts; the ``top_k`` largest ``p_e`` are kept (and
+    divided by their sum when ``normalize_topk``: Mixtral always, Qwen-MoE by ``norm_topk_prob``),
+    and the block outputs ``sum_{e in top_k} p_e FFN_e(x)`` with ``FFN_e`` the gated FFN
+    ``(act(x W_gate[e]) * (x W_1[e])) W_2[e]``, plus ``sigmoid(x . shared_gate) * shared(x)`` when a
+    shared expert exists (Qwen2-MoE; without ``shared_gate`` it is added ungated).
+
+    ``W_router`` [d, E], ``W_1``/``W_gate`` [E, d, d_ff], ``W_2`` [E, d_ff, d], ``shared_gate`` [d].
+    The selection is discontinuous in x, so no Lipschitz/G.3/covering bound exists (F25); norms do.
+    """
+
+    W_router: Tensor
+    W_1: Tensor
+    W_2: Tensor
+    activation: Activation
+    top_k: int
+    W_gate: Tensor | None = None
+    normalize_topk: bool = True
+    shared: FFNSpec | None = None
+    shared_gate: Tensor | None = None
+
+    @property
+    def n_experts(self) -> int:
+        return self.W_router.shape[-1]
+
+    @property
+    def d_ff(self) -> int:
+        return self.W_1.shape[-1]
+
+    @property
+    def gated(self) -> bool:
+        return self.W_gate is not None
+
+    def expert(self, e: int) -> FFNSpec:
+        """Expert e as a plain FFN."""
+        return FFNSpec(self.W_1[e], self.W_2[e], self.activation,
+                       W_gate=None if self.W_gate is None else self.W_gate[e])
+
+    def validate(self) -> None:
+        d, E = self.W_router.shape
+        dff = self.W_1.shape[-1]
+        checks = {"W_1": (self.W_1, (E, d, dff)), "W_2": (self.W_2, (E, dff, d)),
+                  "W_gate": (self.W_gate, (E, d, dff)), "shared_gate": (self.shared_gate, (d,))}
+        for name, (t, shape) in checks.items():
+            if t is not None and tuple(t.shape) != shape:
+                raise ValueError(f"MoE {name} has shape {tuple(t.shape)}, expected {shape}")
+        if not 1 <= self.top_k <= E:
+            raise ValueError(f"MoE top_k={self.top_k} must be between 1 and the {E} experts")
+        if self.shared is not None:
+            self.shared.validate()
+
+
+@dataclass(frozen=True)
 class LayerSpec:
     """One Transformer block: attention and FFN sub-layers, each with its normalisation.
 
@@ -432,7 +541,7 @@ class LayerSpec:
 
     index: int
     attention: AttentionSpec
-    ffn: FFNSpec
+    ffn: FFNSpec | MoESpec  # MoESpec: mixture of experts (norms only, THEORY F25)
     norm_attn: NormSpec
     norm_ffn: NormSpec
     placement: Placement

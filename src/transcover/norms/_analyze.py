@@ -26,7 +26,7 @@ import numpy as np
 
 from .._results import Interval, Kind
 from .._threads import limit_threads
-from ..model import AttentionSpec, LayerSpec, TransformerSpec
+from ..model import AttentionSpec, LayerSpec, MoESpec, TransformerSpec
 from ._entrywise import (
     frobenius_l21_intervals,
     product_frobenius_l21,
@@ -139,7 +139,10 @@ def _kq_head(attn: AttentionSpec, h: int, m: _Measurer, f64: dict[str, np.ndarra
     elif attn.rope is not None:  # the sup over relative positions (Note [RoPE supremum] in _rope_sup)
         if f"|W_K|.h{g}" not in f64:  # grouped-query heads share the key head: measure it once
             f64[f"|W_K|.h{g}"] = spectral_norm_interval(f64["W_K"][g], gram=None if grams is None else grams[2:])
-        norms = (spectral_norm_interval(A, gram=None if grams is None else grams[:2]), f64[f"|W_K|.h{g}"])
+        W_Q = f64.get(f"|W_Q|.h{h}")  # measure_layer's, when this is the certified view (_head_norms)
+        if W_Q is None:
+            W_Q = spectral_norm_interval(A, gram=None if grams is None else grams[:2])
+        norms = (W_Q, f64[f"|W_K|.h{g}"])
         B_KQ = rope_kq_interval(A, f64["W_K"][g], attn.rope, scale, grams=grams, norms=norms)
     else:
         B_KQ = kq.spectral
@@ -161,7 +164,9 @@ def _head_norms(attn: AttentionSpec, h: int, m: _Measurer, f64: dict[str, np.nda
     A, Bt = f64["W_Q"][h], np.ascontiguousarray(f64["W_K"][g].T)
     Wv, Wo = f64["W_V"][g], f64["W_O"][h]
     batched = "G_Q" in f64
-    if attn.rope is not None:
+    if attn.rope is not None:  # ||W_Q^h|| and ||W_K^g|| as measure_layer certified them: not again
+        f64[f"|W_Q|.h{h}"] = hm.W_Q
+        f64.setdefault(f"|W_K|.h{g}", hm.W_K)
         B_KQ, kq, B_KQ_bias = _kq_head(attn, h, m, f64)
     else:
         fro, l21 = product_frobenius_l21(A, Bt, f64["G_Q"][h] if batched else None)
@@ -242,6 +247,27 @@ def _heads_fast(attn: AttentionSpec, m: _Measurer, arr: dict[str, np.ndarray],
 # the big Grams do not (Note [small problems] in ``transcover._threads``).
 
 
+def _moe_norms(moe: MoESpec, matrix, matrices: dict[str, MatrixNorms],  # noqa: ANN001
+               lm: LayerMeasure | None) -> tuple[Interval, Interval, Interval | None]:
+    """Every expert's matrices (``expert.e.W_1`` ...), the router and a shared expert into ``matrices``
+    (certified: the intervals ``measure_layer`` measured, ``lm.experts``); returns (B_W1, B_W2, B_Wgate),
+    each the max over the experts (THEORY F29)."""
+    own = {} if lm is None else lm.experts
+    for e in range(moe.n_experts):
+        for role in ("W_1", "W_2", "W_gate"):
+            W = getattr(moe, role)
+            if W is not None:
+                key = f"expert.{e}.{role}"
+                matrices[key] = matrix(key, W[e], own.get(key))
+    matrices["router"] = matrix("router", moe.W_router, own.get("router"))
+    if moe.shared is not None:
+        for role in ("W_1", "W_2", "W_gate"):
+            matrices[f"shared.{role}"] = matrix(f"shared.{role}", getattr(moe.shared, role), own.get(f"shared.{role}"))
+    best = {role: _max_interval([matrices[f"expert.{e}.{role}"].spectral for e in range(moe.n_experts)],
+                                "max over experts") for role in ("W_1", "W_2", "W_gate") if getattr(moe, role) is not None}
+    return best["W_1"], best["W_2"], best.get("W_gate")
+
+
 def _layer_norms(layer: LayerSpec, m: _Measurer, entrywise: bool = False) -> tuple[LayerNorms, LayerMeasure | None]:
     """One layer as ``analyze`` shows it and, in certified mode, the :class:`LayerMeasure` it is a
     view of (``--fast`` estimates are no certified measurement: None)."""
@@ -274,12 +300,15 @@ def _layer_norms(layer: LayerSpec, m: _Measurer, entrywise: bool = False) -> tup
         return MatrixNorms(role, tuple(Wn.shape), spectral, *frobenius_l21_intervals(Wn), names.get(role, ""))
 
     matrices["W_O"] = matrix("W_O", f64["W_O"].reshape(-1, attn.d_model), None if lm is None else lm.W_O)
-    matrices["W_1"] = matrix("W_1", f64.get("W_1", ffn.W_1), None if lm is None else lm.W_1)
-    matrices["W_2"] = matrix("W_2", f64.get("W_2", ffn.W_2), None if lm is None else lm.W_2)
-    B_Wgate = None
-    if ffn.W_gate is not None:
-        matrices["W_gate"] = matrix("W_gate", f64.get("W_gate", ffn.W_gate), None if lm is None else lm.W_gate)
-        B_Wgate = matrices["W_gate"].spectral
+    if isinstance(ffn, MoESpec):
+        B_W1, B_W2, B_Wgate = _moe_norms(ffn, matrix, matrices, lm)
+    else:
+        matrices["W_1"] = matrix("W_1", f64.get("W_1", ffn.W_1), None if lm is None else lm.W_1)
+        matrices["W_2"] = matrix("W_2", f64.get("W_2", ffn.W_2), None if lm is None else lm.W_2)
+        B_W1, B_W2, B_Wgate = matrices["W_1"].spectral, matrices["W_2"].spectral, None
+        if ffn.W_gate is not None:
+            matrices["W_gate"] = matrix("W_gate", f64.get("W_gate", ffn.W_gate), None if lm is None else lm.W_gate)
+            B_Wgate = matrices["W_gate"].spectral
 
     def bias_norm(b) -> Interval:
         return _ZERO if b is None else vector_norm_interval(_np(b))
@@ -289,10 +318,10 @@ def _layer_norms(layer: LayerSpec, m: _Measurer, entrywise: bool = False) -> tup
         index=layer.index,
         B_KQ=_max_interval([h.B_KQ for h in heads], "max over heads"),
         B_V=_max_interval([h.B_V for h in heads], "max over heads"),
-        B_W1=matrices["W_1"].spectral,
-        B_W2=matrices["W_2"].spectral,
-        B_b1=bias_norm(ffn.b_1),
-        B_b2=bias_norm(ffn.b_2),
+        B_W1=B_W1,
+        B_W2=B_W2,
+        B_b1=bias_norm(getattr(ffn, "b_1", None)),
+        B_b2=bias_norm(getattr(ffn, "b_2", None)),
         W_O=matrices["W_O"].spectral,
         B_Wgate=B_Wgate,
         B_b_attn=bias_norm(b_attn),
@@ -353,6 +382,8 @@ def analyze_spec(
     # LayerSpec past its iteration (only these facts about the first one), so the decoded weights
     # of layer i are released before layer i + 1 is read (issue 14, streaming analysis).
     first: dict[str, object] = {}
+    moe_layers = 0
+    pos_bias = -1.0  # max |relative position bias| (T5), -1: none
     qk_scores = 0.0  # THEORY F23: with query/key RMSNorm every score is <= s max|gamma_q| max|gamma_k| d_head
     for i, layer in enumerate(spec.layers):
         if not first:
@@ -367,6 +398,9 @@ def analyze_spec(
             width = math.sqrt(a.n_heads * a.n_kv_heads) if a.qk_norm_scope == "all" else 1.0
             qk_scores = max(qk_scores, a.softmax_scale * a.q_norm.gamma_max_abs * a.k_norm.gamma_max_abs
                             * a.d_head * width * (1 + 12 * 2.0**-52))
+        moe_layers += isinstance(layer.ffn, MoESpec)
+        if a.position_bias is not None:  # T5 (THEORY F28): exact max of the table, every layer's scores shift by it
+            pos_bias = max(pos_bias, float(np.max(np.abs(_np(a.position_bias.table)))))
         view, lm = _layer_norms(layer, m, entrywise)
         layers.append(view)
         measures.append(lm)
@@ -394,6 +428,13 @@ def analyze_spec(
         notes.append("query biases act through B_KQ_bias on x~=[x,1]; key biases cancel in the softmax")
     if first["parallel"]:
         notes.append("parallel residual: each layer is x + attn(LN1 x) + ffn(LN2 x) (THEORY F21)")
+    if pos_bias >= 0:
+        notes.append(f"relative position bias (T5): every score is x_i W_KQ x_j^T shifted by at most max|B| = "
+                     f"{pos_bias:.4g}; the Lipschitz constants do not depend on it, G.3 charges its changes (THEORY F28)")
+    if moe_layers:
+        notes.append(f"mixture of experts in {moe_layers} layer(s): B_W1, B_W2, B_Wgate are the max over experts; "
+                     "per-expert and router norms are in the matrices; no Lipschitz, G.3 or covering bound "
+                     "exists for top-k routing (THEORY F25)")
     if qk_scores > 0:
         notes.append("query/key RMSNorm: B_KQ = ||scale W_Q W_K^T|| does not bound the scores; every score is "
                      f"<= scale*max|gamma_q|*max|gamma_k|*(normalised width) <= {_up4(qk_scores)} (THEORY F23)")

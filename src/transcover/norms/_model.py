@@ -19,6 +19,12 @@ Note [one route per matrix]: each certified spectral norm is computed by exactly
 ``s ||W_Q^h|| ||W_K^h||`` (every ``R_Delta`` is orthogonal), and its distances likewise
 (:func:`_kq_distance`).
 
+Note [split scores]: where the scores are not ``x~_i A~ x_j^T`` with the folded ``A~`` (RoPE with
+query/key biases, THEORY F22; query/key normalisation, F23), Lemma G.3 charges the pieces of the
+scores one by one: per query head ``W_Q^h``, ``W_K^kv`` (spectral), ``b_Q^h``, ``b_K^kv`` (l2) and the
+norms' scales ``q_norm.gamma``, ``k_norm.gamma`` (linf), instead of ``W_KQ.h`` and ``b_KQ.h``; the
+two models of a pair must then share the softmax scale and the norms' eps (refused otherwise).
+
 Note [distances]: a matrix present in both models is compared directly; a bias or normalisation
 scale present in one model only is compared with zeros (ones for gamma), which is what the other
 model's forward pass uses (Note [structural differences] in ``model._compare``).  Differences of
@@ -42,9 +48,10 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from .._results import Interval, Kind, as_dict
-from ..model import AttentionSpec, FFNSpec, LayerSpec, NormKind, NormSpec, Placement, TransformerSpec
+from ..model import AttentionSpec, FFNSpec, LayerSpec, MoESpec, NormKind, NormSpec, Placement, TransformerSpec
 from . import _entrywise, _spectral
 from ._certify import batched_gram_with_error
+from ._model_parts import split_distances, split_scores
 
 __all__ = ["HeadMeasure", "NormMeasure", "Distance", "LayerMeasure", "ModelNorms", "measure_model", "measure_layer",
            "matrix_interval", "product_interval", "layer_arrays"]
@@ -73,6 +80,9 @@ class HeadMeasure:
     b_K: float | None = None
     l21_KQ: Interval | None = None
     l21_OV: Interval | None = None
+    # (2,1) norms of W_Q^h and W_K^kv (entrywise, split scores only: Note [split scores])
+    l21_Q: Interval | None = None
+    l21_K: Interval | None = None
 
     def W_KQ(self, scale: float) -> Interval:
         """``||scale W_Q^h W_K^hT||_2`` (sup over relative positions with RoPE), rounded outward."""
@@ -142,7 +152,13 @@ class LayerMeasure:
     residual: str = "sequential"  # "parallel": x + attn(N_1 x) + ffn(N_2 x) (THEORY F21)
     q_norm: NormMeasure | None = None  # query/key RMSNorm per head (THEORY F23)
     k_norm: NormMeasure | None = None
-    has_rope_qk_bias: bool = False  # RoPE with query/key biases and no q/k norm: G.3 refused (F22)
+    has_rope_qk_bias: bool = False  # RoPE with query/key biases and no q/k norm (F22)
+    # T5's relative position bias (THEORY F28): max |table[:, h]| per head (float64, exact); None without
+    pos_bias_heads: tuple[float, ...] | None = None
+    pos_bias_buckets: int = 0
+    # mixture of experts (THEORY F29): every expert's, the router's and a shared expert's certified ||.||_2
+    # ("expert.e.W_1", "router", "shared.W_2", ...); None for a dense FFN.  W_1, W_2, W_gate are the maxima.
+    experts: dict[str, Interval] | None = None
     qk_norm_scope: str = "head"  # "all": q/k RMSNorm over the whole projection (OLMo 2; F23)
     post_norm_attn: NormMeasure | None = None  # a norm on the branch output, x + N_post(f(N_pre x)) (F26)
     post_norm_ffn: NormMeasure | None = None
@@ -150,6 +166,16 @@ class LayerMeasure:
     @property
     def n_heads(self) -> int:
         return len(self.heads)
+
+    @property
+    def pos_bias(self) -> float | None:
+        """max |B_ij| over every head and offset: how far T5's relative bias shifts any score (F28)."""
+        return None if self.pos_bias_heads is None else max(self.pos_bias_heads)
+
+    @property
+    def split_scores(self) -> bool:
+        """G.3 charges W_Q, W_K, b_Q, b_K (and the q/k norm scales) one by one: Note [split scores]."""
+        return self.has_rope_qk_bias or self.q_norm is not None or self.k_norm is not None
 
 
 @dataclass(frozen=True)
@@ -276,6 +302,8 @@ def _heads(a: AttentionSpec, entrywise: bool, arr: dict[str, np.ndarray]) -> tup
                            _l2(a.b_Q[h]) if split and a.b_Q is not None else None,
                            _l2(a.b_K[g]) if split and a.b_K is not None else None)
         if entrywise:
+            if split:
+                head = replace(head, l21_Q=_entrywise.l21_interval(Wq), l21_K=_entrywise.l21_interval(arr["W_K"][g]))
             if a.rope is None:
                 l21_kq = _entrywise.product_l21_interval(_np(s * Wq), Kt)
             else:  # every relative rotation at once (see _rope_l21)
@@ -292,28 +320,47 @@ def measure_layer(layer: LayerSpec, entrywise: bool = False, *,
 
     ``arrays``: the layer's :func:`layer_arrays`, when the caller needs them afterwards too
     (``analyze`` reads the Grams again for the Frobenius and (2,1) norms); computed here otherwise.
+    A mixture-of-experts FFN is measured expert by expert (``LayerMeasure.experts``; W_1, W_2, W_gate
+    the maxima); every bound built on it refuses (``lipschitz._weights``, THEORY F25).
     """
     a, f = layer.attention, layer.ffn
     arr = layer_arrays(a) if arrays is None else arrays
+    if isinstance(f, MoESpec):
+        from ._model_parts import moe_intervals
+
+        spectral, l21, shapes, experts = moe_intervals(f, entrywise)
+        return _layer_measure(layer, entrywise, arr, spectral, l21, shapes, experts)
     mats = {"W_1": f.W_1, "W_2": f.W_2, "W_gate": f.W_gate}
-    for k, W in mats.items():  # one contiguous float64 copy each, left in ``arr`` for the caller
+    # one float64 copy each, in the checkpoint's memory order (a transposed view stays Fortran-ordered:
+    # the Gram's dsyrk reads it as is, no transposing copy), left in ``arr`` for the caller
+    for k, W in mats.items():
         if W is not None and k not in arr:
-            arr[k] = _np(W)
-    spectral = {k: None if W is None else matrix_interval(arr[k]) for k, W in mats.items()}
+            arr[k] = _spectral.as_array(W, np.float64)
+    spectral = {k: None if W is None else _single(arr[k], None) for k, W in mats.items()}
     l21 = {k: _entrywise.l21_interval(arr[k]) for k, W in mats.items() if W is not None} if entrywise else {}
+    return _layer_measure(layer, entrywise, arr, spectral, l21,
+                          {k: tuple(W.shape) for k, W in mats.items() if W is not None}, None)
+
+
+def _layer_measure(layer: LayerSpec, entrywise: bool, arr: dict, spectral: dict, l21: dict, shapes: dict,
+                   experts: dict[str, Interval] | None) -> LayerMeasure:
+    a, f = layer.attention, layer.ffn
     return LayerMeasure(
         index=layer.index, placement=layer.placement, d_model=a.d_model, d_head=a.d_head,
         scale=a.softmax_scale, rope=a.rope is not None, attention_kind=a.kind, activation=f.activation.value,
         heads=_heads(a, entrywise, arr), W_O=matrix_interval(arr["W_O"].reshape(-1, a.d_model)),
-        W_1=spectral["W_1"], W_2=spectral["W_2"], W_gate=spectral["W_gate"],
-        shapes={k: tuple(W.shape) for k, W in mats.items() if W is not None},
-        b_out=_l2(a.effective_output_bias()), b_1=_l2(f.b_1), b_2=_l2(f.b_2), b_gate=_l2(f.b_gate),
+        W_1=spectral["W_1"], W_2=spectral["W_2"], W_gate=spectral["W_gate"], shapes=shapes, experts=experts,
+        b_out=_l2(a.effective_output_bias()), b_1=_l2(getattr(f, "b_1", None)), b_2=_l2(getattr(f, "b_2", None)),
+        b_gate=_l2(getattr(f, "b_gate", None)),
         norm_attn=NormMeasure.of(layer.norm_attn), norm_ffn=NormMeasure.of(layer.norm_ffn),
         has_query_bias=a.b_Q is not None and a.rope is None, l21=l21, residual=layer.residual.value,
         q_norm=None if a.q_norm is None else NormMeasure.of(a.q_norm),
         k_norm=None if a.k_norm is None else NormMeasure.of(a.k_norm),
         has_rope_qk_bias=a.rope is not None and a.q_norm is None and a.k_norm is None
         and (a.b_Q is not None or a.b_K is not None),
+        pos_bias_heads=None if a.position_bias is None
+        else tuple(float(v) for v in _t(a.position_bias.table).abs().amax(dim=0)),
+        pos_bias_buckets=0 if a.position_bias is None else a.position_bias.num_buckets,
         qk_norm_scope=a.qk_norm_scope,
         post_norm_attn=None if layer.post_norm_attn is None else NormMeasure.of(layer.post_norm_attn),
         post_norm_ffn=None if layer.post_norm_ffn is None else NormMeasure.of(layer.post_norm_ffn),
@@ -370,8 +417,12 @@ def _attention_distances(aa: AttentionSpec, ab: AttentionSpec, i: int, entrywise
 
     out: dict[tuple[int, str], Distance] = {}
     s, st = aa.softmax_scale, ab.softmax_scale
+    split = split_scores(aa) or split_scores(ab)
+    if split:
+        out.update(split_distances(aa, ab, i, entrywise))
     for h in range(aa.n_heads):
-        out[(i, f"W_KQ.{h}")] = _kq_distance(aa, ab, h, entrywise)
+        if not split:
+            out[(i, f"W_KQ.{h}")] = _kq_distance(aa, ab, h, entrywise)
         _, ka, va, oa = (_t(x) for x in aa.head(h))
         _, kb, vb, ob = (_t(x) for x in ab.head(h))
         if va.shape == vb.shape and torch.equal(va, vb) and torch.equal(oa, ob):
@@ -380,11 +431,15 @@ def _attention_distances(aa: AttentionSpec, ab: AttentionSpec, i: int, entrywise
             P, Q = torch.cat([va, -vb], 1), torch.cat([oa, ob], 0)
             out[(i, f"W_OV.{h}")] = Distance(
                 "spectral", product_interval(P, Q).upper, _entrywise.product_l21_interval(_np(P), _np(Q)).upper if entrywise else None)
-        if aa.rope is None and (aa.b_Q is not None or ab.b_Q is not None):
+        if not split and aa.rope is None and (aa.b_Q is not None or ab.b_Q is not None):
             # b_K cancels in the softmax; s b_Q W_K^T is the query bias's only effect (Note [attention biases])
             ba = torch.zeros(ka.shape[1], dtype=torch.float64) if aa.b_Q is None else _t(aa.b_Q[h])
             bb = torch.zeros(kb.shape[1], dtype=torch.float64) if ab.b_Q is None else _t(ab.b_Q[h])
             out[(i, f"b_KQ.{h}")] = Distance("l2", float((s * ba @ ka.T - st * bb @ kb.T).norm()))
+    if aa.position_bias is not None:  # T5 (THEORY F28): max over offsets of the bias change, per head
+        dB = (_t(aa.position_bias.table) - _t(ab.position_bias.table)).abs().amax(dim=0)
+        for h in range(aa.n_heads):
+            out[(i, f"pos_bias.{h}")] = Distance("linf", float(dB[h]))
     ea, eb = aa.effective_output_bias(), ab.effective_output_bias()
     if ea is not None or eb is not None:
         out[(i, "b_out")] = Distance("l2", float(_diff(ea, eb, f"layer {i} b_out").norm()))

@@ -16,8 +16,8 @@ Attention: separate ``q/k/v/o_proj`` (biases when ``attention_bias``), grouped-q
 ``clip_qkv = c`` clamps every coordinate of the projected q, k and v to ``[-c, c]``.  The clamp is
 1-Lipschitz elementwise (so it could only shrink every Lipschitz constant and bound every score by
 ``s c^2 d_head``), but the spec's attention does not compute it, so a spec would be another function:
-refused with one line rather than approximated.  OLMo 2 (``olmo2``, query/key RMSNorm over all heads
-and post-norms) is a different block and is not read here.
+refused with one line rather than approximated.  OLMo 2 (``olmo2``: post-norms, query/key RMSNorm
+over the whole projection) is another block, read by ``_olmo``.
 """
 
 from __future__ import annotations

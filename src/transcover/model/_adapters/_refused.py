@@ -12,7 +12,7 @@ from ..._errors import UnsupportedArchitectureError
 from .._sources import TensorSource
 from .._spec import TransformerSpec
 
-__all__ = ["OutsideDecompositionError", "build_deberta_v2", "DEBERTA_REASON", "build_moe", "MOE_REASON"]
+__all__ = ["OutsideDecompositionError", "build_deberta_v2", "DEBERTA_REASON", "MOE_REASON"]
 
 
 class OutsideDecompositionError(UnsupportedArchitectureError):
@@ -45,13 +45,10 @@ def build_deberta_v2(src: TensorSource, config: dict, name: str) -> TransformerS
     )
 
 
-#: Mixture-of-experts FFNs with top-k routing (Mixtral, Qwen-MoE): THEORY F25.
+#: Mixture-of-experts FFNs with top-k routing (Mixtral, Qwen-MoE): THEORY F25.  Read by the MoE
+#: adapter (``_moe``); every bound that needs a Lipschitz constant refuses with this line.
 MOE_REASON = (
     "its FFN routes each token to the top-k experts, and when the selected set changes an expert's "
     "weight jumps from 0, so the block is discontinuous and has no Lipschitz constant (THEORY F25); "
     "a bound would need a dense router or inputs away from the switching set"
 )
-
-
-def build_moe(src: TensorSource, config: dict, name: str) -> TransformerSpec:
-    raise OutsideDecompositionError(f"{config.get('model_type', 'moe')}: {MOE_REASON}; refused ({name})")

@@ -23,7 +23,9 @@ from ._llama import build_llama
 from ._olmo1 import build_olmo1
 from ._olmo import build_olmo2
 from ._reference import build_reference
-from ._refused import OutsideDecompositionError, build_deberta_v2, build_moe
+from ._t5 import build_t5
+from ._moe import build_moe
+from ._refused import OutsideDecompositionError, build_deberta_v2
 from ._torch_encoder import build_torch_encoder
 from ._vit import build_vit
 
@@ -48,9 +50,10 @@ _ADAPTERS: dict[str, Adapter] = {
     "gptj": build_gptj,
     "falcon": build_falcon,
     "olmo": build_olmo1,  # OLMo 1: non-parametric LayerNorm (OLMo 2 is another block)
-    "moe": build_moe,  # recognised and refused: top-k routing is discontinuous (THEORY F25)
+    "moe": build_moe,  # norms per expert; bounds refused: top-k routing is discontinuous (THEORY F25)
     "gemma": build_gemma,  # Gemma 1/2/3 text: (1 + gamma) RMSNorm, GeGLU, sandwich norms (THEORY F26)
     "olmo2": build_olmo2,  # post-norms inside the residual, whole-projection q/k norm (F23, F26)
+    "t5": build_t5,  # the encoder (THEORY F28)
 }
 
 #: The adapter names :func:`transcover.model.load` accepts as ``arch=``.
@@ -70,6 +73,7 @@ ARCH_ALIASES: dict[str, str] = {
     "qwen3": "llama",  # + per-head query/key RMSNorm, read by the Llama adapter (THEORY F23)
     "refinedweb": "falcon",  # the RW checkpoints Falcon-7B/40B were first published with
     "refinedwebmodel": "falcon",
+    "mt5": "t5",  # T5 v1.1's blocks
     "mixtral": "moe",
     "qwen2_moe": "moe",
     "qwen3_moe": "moe",
@@ -87,7 +91,8 @@ _CLASS_STEMS = (("Bert", "bert"), ("Roberta", "bert"), ("GPT2", "gpt2"), ("GPTNe
                 ("OlmoFor", "olmo"), ("Llama", "llama"),
                 ("Mistral", "llama"), ("Qwen2", "llama"), ("Qwen3For", "llama"), ("ViT", "vit"), ("XLMRoberta", "bert"),
                 ("DistilBert", "distilbert"), ("CLIPText", "clip_text"), ("CLIPVision", "clip_vision"),
-                ("CLIP", "clip"), ("Whisper", "whisper"), ("Gemma", "gemma"), ("Olmo2", "olmo2"), ("DebertaV2", "deberta_v2"), ("Deberta", "deberta_v2"))
+                ("CLIP", "clip"), ("Whisper", "whisper"), ("Gemma", "gemma"), ("Olmo2", "olmo2"), ("DebertaV2", "deberta_v2"), ("Deberta", "deberta_v2"),
+                ("T5", "t5"), ("MT5", "t5"))
 
 
 def _unsupported(what: str) -> UnsupportedArchitectureError:

@@ -1,0 +1,107 @@
+"""Mixture-of-experts decoders (Mixtral, Qwen2-MoE with a shared expert, Qwen3-MoE): the decomposition's
+forward, with the same top-k routing, reproduces HF's module in float64; ``analyze`` reports per-expert
+and router norms as certified intervals that enclose float64 SVD; every bound that needs a Lipschitz
+constant refuses in one line (THEORY F25: top-k routing is discontinuous).
+
+HF reference points (transformers 5): model <-> ``XModel(inputs_embeds=X).last_hidden_state``; the
+router's softmax is computed in float32 (``router_logits.float()``) and the RMSNorms' variance too,
+so float32's tolerance.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from transcover import UnsupportedArchitectureError
+from transcover.cli import main
+from transcover.model import MoESpec, load, transformer_forward
+from transcover.norms import analyze_spec
+
+D, FF, E, K, T = 16, 24, 4, 2, 7
+
+
+def _configs(tm):
+    common = dict(experts_implementation="eager", hidden_size=D, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                  vocab_size=32, max_position_embeddings=16, num_experts_per_tok=K)
+    return {
+        "mixtral": (tm.MixtralConfig(intermediate_size=FF, num_local_experts=E, **common), tm.MixtralModel),
+        "qwen2_moe": (tm.Qwen2MoeConfig(intermediate_size=20, moe_intermediate_size=FF, num_experts=E,
+                                        shared_expert_intermediate_size=12, norm_topk_prob=False,
+                                        decoder_sparse_step=1, mlp_only_layers=[1], **common), tm.Qwen2MoeModel),
+        "qwen3_moe": (tm.Qwen3MoeConfig(intermediate_size=20, moe_intermediate_size=FF, num_experts=E,
+                                        norm_topk_prob=True, head_dim=8, **common), tm.Qwen3MoeModel),
+    }
+
+
+@pytest.fixture(scope="module")
+def moe_models(transformers_mod, tmp_path_factory):
+    from conftest import randomize
+
+    out = {}
+    for k, (cfg, cls) in _configs(transformers_mod).items():
+        torch.manual_seed(0)
+        model = randomize(cls(cfg), seed=4).double().eval()
+        path = tmp_path_factory.mktemp(k)
+        model.save_pretrained(path)
+        out[k] = (model, path)
+    return out
+
+
+@pytest.mark.parametrize("kind", ["mixtral", "qwen2_moe", "qwen3_moe"])
+@pytest.mark.parametrize("via", ["module", "files"])
+def test_moe_forward_matches_hf(moe_models, kind, via, assert_close):
+    model, path = moe_models[kind]
+    spec = load(model if via == "module" else path)
+    assert spec.arch == "moe" and spec.n_layers == 2 and not spec.warnings
+    moe = spec.layers[0].ffn
+    assert isinstance(moe, MoESpec) and moe.n_experts == E and moe.top_k == K and moe.d_ff == FF
+    assert (moe.shared is not None) == (kind == "qwen2_moe")
+    assert isinstance(spec.layers[1].ffn, MoESpec) != (kind == "qwen2_moe")  # mlp_only_layers=[1]: dense
+    X = torch.randn(2, T, D, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = model(inputs_embeds=X).last_hidden_state
+    assert_close(transformer_forward(spec, X), ref, FF, torch.float32, what=f"{kind} {via}")
+    # the routing matters: every expert with equal weight is another function
+    dense = spec.layers[0].ffn.__class__(**{**spec.layers[0].ffn.__dict__, "top_k": E, "normalize_topk": True})
+    from dataclasses import replace
+
+    other = replace(spec, layers=[replace(spec.layers[0], ffn=dense), spec.layers[1]])
+    assert float((transformer_forward(other, X) - ref).abs().max()) > 1e-4
+
+
+def test_per_expert_norms_are_certified_and_enclose_svd(moe_models):
+    model, _ = moe_models["qwen2_moe"]
+    spec = load(model)
+    res = analyze_spec(spec, rtol=1e-3, embeddings=False)
+    lay, moe = res.layers[0], spec.layers[0].ffn
+    for e in range(E):
+        for role in ("W_1", "W_2", "W_gate"):
+            iv = lay.matrices[f"expert.{e}.{role}"].spectral
+            exact = float(torch.linalg.matrix_norm(torch.as_tensor(getattr(moe, role)[e]).double(), 2))
+            assert iv.kind.value.startswith("certified") and iv.lower <= exact <= iv.upper, (e, role)
+    for name, W in (("router", moe.W_router), ("shared.W_1", moe.shared.W_1)):
+        exact = float(torch.linalg.matrix_norm(torch.as_tensor(W).double(), 2))
+        assert lay.matrices[name].spectral.lower <= exact <= lay.matrices[name].spectral.upper
+    assert lay.B_W2.upper == max(lay.matrices[f"expert.{e}.W_2"].spectral.upper for e in range(E))
+    assert any("mixture of experts" in n and "F25" in n for n in res.notes)
+
+
+def test_moe_bounds_refuse_in_one_line_and_analyze_reports_experts(moe_models, tmp_path, capsys):
+    model, path = moe_models["mixtral"]
+    from transcover.lipschitz import lipschitz_bounds
+
+    with pytest.raises(UnsupportedArchitectureError, match="top-k experts.*discontinuous.*F25.*dense router"):
+        lipschitz_bounds(load(model))
+    assert main(["lipschitz", str(path), "--no-lower", "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "discontinuous" in err[0], err
+    out = tmp_path / "a.json"
+    assert main(["analyze", str(path), "--quiet", "--json", str(out)]) == 0
+    capsys.readouterr()
+    doc = json.loads(out.read_text())
+    assert doc["schema"] != "transcover.analyze.per_matrix"
+    text = json.dumps(doc)
+    assert "expert.3.W_gate" in text and "router" in text

@@ -91,7 +91,7 @@ class _AttnLin:
     """Row-convention tangent map of dot-product attention at Xin (heads batched, biases folded)."""
 
     def __init__(self, attn, Xin: Tensor) -> None:  # noqa: ANN001
-        from ..model._functional import attention_scores
+        from ..model import attention_scores
 
         T, d = Xin.shape
         sc = attn.softmax_scale
@@ -139,7 +139,7 @@ class _LayerLin:
     or ``(dX_i + dA(D1 dX)_i) M_i^T`` (pre-LN: ``M = I + F D2``); Note [exact layer Jacobian]."""
 
     def __init__(self, layer, X: Tensor) -> None:  # noqa: ANN001
-        from ..model._functional import attention_forward
+        from ..model import attention_forward
 
         attn, ffn = layer.attention, layer.ffn
         if layer.residual.value == "parallel" or ffn.gated or attn.kind != "dot" or attn.rope is not None \
@@ -198,7 +198,7 @@ class _LayerLin:
 
 
 def _ffn(ffn, H: Tensor) -> Tensor:  # noqa: ANN001
-    from ..model._functional import ffn_forward
+    from ..model import ffn_forward
 
     return ffn_forward(ffn, H)
 
@@ -216,7 +216,7 @@ class _Stage:
 
 
 def _stages(spec: TransformerSpec, X: Tensor) -> tuple[list[_Stage], Tensor]:
-    from ..model._functional import layer_forward
+    from ..model import layer_forward
 
     out, Z = [], X.detach().double()
     for name, n in (("input_norm", spec.input_norm),):
@@ -439,7 +439,7 @@ def stack_lower(spec: TransformerSpec, X: Tensor, rho: float, *, restarts: int =
     the larger of the attained (2,inf) norm of the exact Jacobian at X (``row_norm_lower`` on its
     blocks, alternating maximisation with restarts) and a float64 Adam ascent on the pair ratio
     ``||f(a) - f(b)|| / ||a - b||`` over pairs in the ball (restarts).  Kind: empirical lower."""
-    from ..model._functional import transformer_forward
+    from ..model import transformer_forward
     from ._empirical import jacobian_operator_norm
 
     X = X.detach().double()

@@ -143,7 +143,7 @@ def layer_bounds(m: LayerMeasure) -> LayerBounds:
     metrics (THEORY F22).
     """
     if m.experts is not None:  # measured expert by expert, but no Lipschitz constant exists (F25)
-        from ..model._adapters._refused import MOE_REASON
+        from ..model import MOE_REASON
 
         raise UnsupportedArchitectureError(f"layer {m.index} is a mixture of experts: {MOE_REASON}; "
                                            "`analyze` reports its per-expert norms")

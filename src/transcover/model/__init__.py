@@ -28,6 +28,7 @@ from ._arrays import to_tensor as to_tensor
 from ._functional import apply_rope as apply_rope
 from ._functional import attention_scores as attention_scores
 from ._spec import QUICK_GELU_SLOPE as QUICK_GELU_SLOPE
+from ._adapters._refused import MOE_REASON as MOE_REASON
 from ._adapters._refused import OutsideDecompositionError as OutsideDecompositionError
 from ._adapters._support import support_table as support_table
 from ._sources import StateDictSource as StateDictSource
@@ -55,7 +56,7 @@ __all__ = [
     "ForwardHooks", "attention_forward", "ffn_forward", "head_forward", "l2_attention_forward", "layer_forward",
     "norm_forward", "transformer_forward", "stack_members", "as_torch",
     "structural_differences", "require_same_structure",
-    "OutsideDecompositionError", "support_table", "norm2_f64", "to_tensor", "apply_rope", "attention_scores",
+    "OutsideDecompositionError", "MOE_REASON", "support_table", "norm2_f64", "to_tensor", "apply_rope", "attention_scores",
     "QUICK_GELU_SLOPE", "StateDictSource", "open_safetensors",
 ]
 from ._load import SUPPORTED_ARCHITECTURES as SUPPORTED_ARCHITECTURES

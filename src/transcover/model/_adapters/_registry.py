@@ -22,6 +22,7 @@ from ._gptj import build_gptj
 from ._llama import build_llama
 from ._olmo1 import build_olmo1
 from ._olmo import build_olmo2
+from ._phi import build_phi, build_phi3
 from ._reference import build_reference
 from ._t5 import build_t5
 from ._moe import build_moe
@@ -54,6 +55,8 @@ _ADAPTERS: dict[str, Adapter] = {
     "gemma": build_gemma,  # Gemma 1/2/3 text: (1 + gamma) RMSNorm, GeGLU, sandwich norms (THEORY F26)
     "olmo2": build_olmo2,  # post-norms inside the residual, whole-projection q/k norm (F23, F26)
     "t5": build_t5,  # the encoder (THEORY F28)
+    "phi": build_phi,  # Phi-1/1.5/2: parallel residual with one LayerNorm (F21), partial rotary
+    "phi3": build_phi3,  # refused: fused qkv_proj/gate_up_proj (per-matrix norms only)
 }
 
 #: The adapter names :func:`transcover.model.load` accepts as ``arch=``.
@@ -92,7 +95,7 @@ _CLASS_STEMS = (("Bert", "bert"), ("Roberta", "bert"), ("GPT2", "gpt2"), ("GPTNe
                 ("Mistral", "llama"), ("Qwen2", "llama"), ("Qwen3For", "llama"), ("ViT", "vit"), ("XLMRoberta", "bert"),
                 ("DistilBert", "distilbert"), ("CLIPText", "clip_text"), ("CLIPVision", "clip_vision"),
                 ("CLIP", "clip"), ("Whisper", "whisper"), ("Gemma", "gemma"), ("Olmo2", "olmo2"), ("DebertaV2", "deberta_v2"), ("Deberta", "deberta_v2"),
-                ("T5", "t5"), ("MT5", "t5"))
+                ("T5", "t5"), ("MT5", "t5"), ("Phi3", "phi3"), ("PhiFor", "phi"), ("PhiModel", "phi"))
 
 
 def _unsupported(what: str) -> UnsupportedArchitectureError:

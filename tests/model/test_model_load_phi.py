@@ -18,7 +18,7 @@ import pytest
 import torch
 from conftest import randomize, tensors_equal
 
-from transcover import UnsupportedArchitectureError
+from transcover import UnsupportedArchitectureError, WeightError
 from transcover.model import Residual, apply_rope, layer_forward, load, transformer_forward
 from transcover.norms import analyze_spec
 
@@ -134,3 +134,20 @@ def test_phi_is_in_the_support_table_and_found_by_class_name():
     assert {"| `phi`", "| `phi3`"} <= rows
     assert arch_from_config({"architectures": ["PhiForCausalLM"]}, "x") == "phi"
     assert arch_from_config({"architectures": ["Phi3ForCausalLM"]}, "x") == "phi3"
+
+
+def test_transformers4_config_and_contradicting_heads(transformers_mod, tmp_path):
+    """A 4.x config.json (top-level partial_rotary_factor and rope_theta, rope_scaling null) rotates the
+    same width; a num_key_value_heads that contradicts the k_proj tensor is refused, not reshaped."""
+    model = _model(transformers_mod, 2, 0.25)
+    model.save_pretrained(tmp_path)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    old = {k: v for k, v in cfg.items() if k != "rope_parameters"}
+    old.update(partial_rotary_factor=0.25, rope_theta=THETA, rope_scaling=None)
+    (tmp_path / "config.json").write_text(json.dumps(old))
+    rope = load(tmp_path).layers[0].attention.rope
+    assert (rope.rotary_dim, rope.theta) == (2, THETA)
+    (tmp_path / "config.json").write_text(json.dumps({**cfg, "num_key_value_heads": H}))
+    with pytest.raises(WeightError) as e:
+        _ = load(tmp_path).layers[0]
+    assert "k_proj" in str(e.value) and "\n" not in str(e.value)

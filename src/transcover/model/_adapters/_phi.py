@@ -56,9 +56,9 @@ QK_LAYERNORM_REASON = (
 #: Why Phi-3 is refused: it is a Llama block, but its checkpoints fuse the projections.
 PHI3_REASON = (
     "Phi-3 (model_type 'phi3') is refused: its Llama-like block stores fused self_attn.qkv_proj "
-    "([Q; K; V] rows) and mlp.gate_up_proj ([gate; up] rows) tensors, which the llama adapter does not split, "
-    "and its longrope scaling depends on the sequence length; reading it would need those splits onto the "
-    "llama spec (longrope stays refused)"
+    "([Q; K; V] rows) and mlp.gate_up_proj ([gate; up] rows) tensors, which the llama adapter does not split "
+    "(its 128k variants' longrope scaling also depends on the sequence length); reading it would need those "
+    "splits onto the llama spec, with longrope still refused"
 )
 
 # buffers some checkpoints store and the spec recomputes

@@ -151,3 +151,30 @@ def test_transformers4_config_and_contradicting_heads(transformers_mod, tmp_path
     with pytest.raises(WeightError) as e:
         _ = load(tmp_path).layers[0]
     assert "k_proj" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_phi_layer_bounds_beat_an_independent_attacker(transformers_mod):
+    """Per parallel layer (one LayerNorm, RoPE with q/k biases, GQA): float64 projected ascent on
+    ||f(X) - f(Y)|| / ||X - Y|| through the attacker's own forward (tests/lipschitz/_attack, checked
+    equal to the decomposition's forward here) over pairs with rows of norm <= the layer's input
+    radius and LayerNorm spread >= sigma_min stays below the certified layer constant."""
+    import sys
+    from pathlib import Path
+
+    helpers = str(Path(__file__).resolve().parents[1] / "lipschitz")
+    if helpers not in sys.path:  # the lipschitz tests' attacker, imported as they import it
+        sys.path.insert(0, helpers)
+    from _attack import Domain, attack_pairs, ref_network, ref_stage
+
+    from transcover.lipschitz import lipschitz_bounds
+
+    spec = load(_model(transformers_mod, 2, 0.25)).to_torch(torch.float64)
+    X = torch.randn(4, D, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    assert float((ref_network(spec, X) - transformer_forward(spec, X)).abs().max()) <= 1e3 * DFF * EPS
+    sigma = 0.5
+    bounds = lipschitz_bounds(spec, radius=8.0, sigma_min=sigma)
+    for i in range(L):
+        r0 = next(s.radius_in for s in bounds.stages if s.layer == i)
+        w = attack_pairs(ref_stage(spec, i, "layer"), T=4, d=D, dom=Domain(r0, sigma), metric="2,inf",
+                         restarts=4, steps=20, seed=i)
+        assert 0 < w.ratio - w.slack <= bounds.layer_upper(i).value, i

@@ -178,3 +178,21 @@ def test_phi_layer_bounds_beat_an_independent_attacker(transformers_mod):
         w = attack_pairs(ref_stage(spec, i, "layer"), T=4, d=D, dom=Domain(r0, sigma), metric="2,inf",
                          restarts=4, steps=20, seed=i)
         assert 0 < w.ratio - w.slack <= bounds.layer_upper(i).value, i
+
+
+def test_dynamic_ntk_phi_matches_hf_beyond_the_original_length(transformers_mod, assert_close):
+    """rope_from_config's dynamic NTK (THEORY F22): the spec recomputes the frequencies per length as
+    PhiRotaryEmbedding does, so T = 12 > max_position_embeddings = 8 still matches (float32: HF's table)."""
+    cfg = transformers_mod.PhiConfig(
+        hidden_size=D, num_attention_heads=H, num_key_value_heads=2, num_hidden_layers=L, intermediate_size=DFF,
+        vocab_size=V, max_position_embeddings=8, attn_implementation="sdpa", bos_token_id=0, eos_token_id=0,
+        pad_token_id=0, rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": THETA,
+                                         "partial_rotary_factor": 0.5})
+    torch.manual_seed(0)
+    model = randomize(transformers_mod.PhiForCausalLM(cfg), seed=5).double().eval()
+    spec = load(model)
+    for t in (6, 12):
+        X = torch.randn(1, t, D, dtype=torch.float64, generator=torch.Generator().manual_seed(t))
+        with torch.no_grad():
+            hidden = model.model(inputs_embeds=X).last_hidden_state
+        assert_close(transformer_forward(spec, X), hidden, L * DFF, torch.float32, what=f"T={t}")

@@ -20,15 +20,18 @@ operator norm give ``sup_B ||J(y) - J(x)|| <= sum_s Sbar_s dJ_s(r_s) ||P_s(x)||`
   (mean-value inequality along the segment; the prefix's own drift is the second-order remainder);
 * suffixes: ``Sbar_s = min(||S_s(x)|| + dS_s, prod_{m>s} B_m)``, ``dS_s <= dS_{s+1} B_{s+1} + ||S_{s+1}(x)|| dJ_{s+1}``.
 
-Note [stack rounding].  One stage applied in float64 to the columns ``K`` errs, per column, by at
-most ``gamma_k A_s ||K_col||`` (Higham 3.5: ``|fl(AB) - AB| <= gamma_k |A||B|``, every factor's
-absolute value bounded by its Frobenius norm; ``A_s`` in ``_StageLin.abs_bound``), hence by
-``sqrt(T) gamma_k A_s ||K||_F`` in the (2,inf) operator norm (sum over input tokens of the
-Frobenius norms of the error blocks, Cauchy-Schwarz).  Accumulated, ``||Jhat - J|| <= sum_s
-||S_s|| sqrt(T) gamma_k A_s ||Khat_{s-1}||_F`` with ``||S_s||`` bounded by ``prod_{m>s} B_m``.
-The forward states and the per-stage factors are those float64 computes at the centre; the radii
-carry ``network_local``'s centre pad (``1e-13`` of the token norms), the other stages' rounding is
-that of ``_local_jacobian`` (same convention).
+Note [stack rounding].  Each stage's map applied in float64 to the computed columns ``K`` is one
+expression tree of +, -, x and division by the stage's factors (the factors are those float64
+computes at the centre, the convention of F17).  Expanding ``fl`` op by op, every monomial carries
+at most ``k`` factors ``(1 + delta)``, ``|delta| <= u`` (``k``: the longest chain of roundings, inner
+sums included, whatever their order), so ``|fl(L K) - L K| <= gamma_k |L|(|K|)`` entrywise, where
+``|L|(|K|)`` is the *abs evaluation*: the same tree on the absolute values of the computed operands,
+every subtraction an addition (``apply(..., absval=True)``; a layer's ``M_i`` is built inside the
+tree, so its own products are included).  The abs evaluation is itself computed in float64 on
+non-negative numbers, hence within ``1/(1 - gamma)`` of its exact value.  The (2,inf) norm of the
+error matrix is at most ``max_i sum_j ||E_ij||_F`` (``_local_error``).  The stage errors are carried to
+the end by the later stages' certified point norms, ``||Phat_{s+1} - P_{s+1}|| <= p_s ||Phat_s - P_s||
++ e_s`` (suffixes: rows, ``C_{s-1} = C_s J_s``).  THEORY F30 item 3.
 """
 
 from __future__ import annotations
@@ -290,8 +293,8 @@ def _row_blocks(C: Tensor) -> Tensor:
 
 def stack_jacobian(spec: TransformerSpec, X: Tensor) -> tuple[Tensor, float]:
     """The whole stack's Jacobian at X as blocks (T, T, d, d) (``J_ij = d out_i / d x_j``) and a
-    bound on its float64 error in the (2,inf) operator norm (Note [stack rounding], with the
-    per-stage factors bounded by their Frobenius-type ``abs_bound``), via ``stack_local``."""
+    bound on its float64 error in the (2,inf) operator norm (Note [stack rounding]: per stage
+    ``gamma_k`` times the abs evaluation on the computed operands), via ``stack_local``."""
     r = stack_local(spec, X, [1e-300], keep_jacobian=True)[0]
     return r.jacobian, r.rounding
 

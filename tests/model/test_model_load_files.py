@@ -220,7 +220,7 @@ def test_layers_are_read_lazily_and_validated_on_access(bert_dir, tmp_path, asse
     ({"model_type": "llama", "hidden_size": 8, "num_attention_heads": 2, "intermediate_size": 16,
       "rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0}}, "'llama3' lacks 'low_freq_factor'"),
     ({"model_type": "llama", "hidden_size": 8, "num_attention_heads": 2, "intermediate_size": 16,
-      "rope_scaling": {"type": "dynamic", "factor": 2.0}}, "rope_type='dynamic'"),
+      "rope_scaling": {"type": "longrope", "factor": 2.0}}, "rope_type='longrope'"),
     ({"model_type": "bert", "hidden_size": 8, "num_attention_heads": 2, "intermediate_size": 16,
       "position_embedding_type": "relative_key"}, "position_embedding_type='relative_key'"),
     ({"model_type": "gpt2", "n_embd": 8, "n_head": 2, "add_cross_attention": True}, "cross-attention"),

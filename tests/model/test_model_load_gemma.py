@@ -256,3 +256,16 @@ def test_gemma3_multimodal_checkpoint_reads_its_text_tower(transformers_mod, tmp
         spec = load(src)
         assert spec.arch == "gemma" and spec.n_layers == 2 and not spec.warnings
         assert_close(transformer_forward(spec, X), ref, 2 * DFF, torch.float32, what="gemma3 text tower")
+
+
+def test_gemma3_scaling_only_global_layers_lengthens_every_layers_offsets():
+    """Dynamic NTK scaling on Gemma 3's global layers accepts sequences of factor x L0 tokens; the
+    sliding layers' B_KQ supremum must range over those offsets too (it used to stop at L0)."""
+    from transcover.model._adapters._gemma import _ropes
+
+    cfg = {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}, "max_position_embeddings": 32,
+           "rope_theta": 1e6, "rope_local_base_freq": 1e4}
+    ropes = _ropes(cfg, "gemma3_text", 16)
+    assert ropes["full_attention"][0].dynamic == (2.0, 32)
+    assert ropes["sliding_attention"][0].dynamic is None
+    assert ropes["full_attention"][0].max_position == ropes["sliding_attention"][0].max_position == 64

@@ -123,7 +123,7 @@ def test_parallel_is_not_the_sequential_function(neox):
 
 
 def test_scaled_rope_and_odd_rotary_width_are_refused(transformers_mod):
-    """dynamic NTK scaling depends on the sequence length; 0.375 * 8 = 3 rotated coordinates cannot pair up."""
+    """LongRoPE switches factor lists by sequence length; 0.375 * 8 = 3 rotated coordinates cannot pair up."""
     torch.manual_seed(0)
     model = transformers_mod.GPTNeoXModel(_config(transformers_mod, True, 0.25))
     cfg = model.config.to_dict()
@@ -131,7 +131,7 @@ def test_scaled_rope_and_odd_rotary_width_are_refused(transformers_mod):
     from transcover.model._sources import StateDictSource
 
     src = StateDictSource(model.state_dict(), "tiny")
-    for bad, what in (({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": THETA}}, "sequence"),
+    for bad, what in (({"rope_parameters": {"rope_type": "longrope", "factor": 2.0, "rope_theta": THETA}}, "sequence"),
                       ({"rope_parameters": {"rope_type": "default", "rope_theta": THETA,
                                             "partial_rotary_factor": 0.375}}, "partial rotary")):
         with pytest.raises(UnsupportedArchitectureError, match=what):

@@ -1,4 +1,5 @@
-"""Scaled RoPE (linear, Llama 3 "llama3", YaRN) and its refusals (dynamic, longrope): THEORY F22.
+"""Scaled RoPE (linear, Llama 3 "llama3", YaRN; dynamic NTK in test_model_rope_dynamic) and its
+refusals (longrope): THEORY F22.
 
 Frequencies against transformers' own ``ROPE_INIT_FUNCTIONS`` (computed there in float32, here in
 float64: float32's relative tolerance), then a Llama-3.2-1B-shaped model (llama3 scaling with
@@ -93,12 +94,19 @@ def test_scaled_and_default_rope_are_structurally_different(scaled):
     assert any("rotary position embedding" in line for line in structural_differences(spec, plain))
 
 
-@pytest.mark.parametrize("rope_type", ["dynamic", "longrope", "su_rope_unknown"])
+@pytest.mark.parametrize("rope_type", ["longrope", "su_rope_unknown"])
 def test_length_dependent_or_unknown_rope_is_refused(rope_type):
     cfg = {"hidden_size": D, "num_attention_heads": H, "max_position_embeddings": 256,
            "rope_parameters": {"rope_type": rope_type, "factor": 2.0, "rope_theta": 10000.0}}
-    with pytest.raises(UnsupportedArchitectureError, match=rope_type if rope_type != "dynamic" else "length"):
+    with pytest.raises(UnsupportedArchitectureError, match=rope_type):
         rope_from_config(cfg, "llama", DH)
+
+
+def test_dynamic_without_factor_or_below_one_is_refused():
+    for params in ({"rope_type": "dynamic"}, {"rope_type": "dynamic", "factor": 0.5}):
+        cfg = {"max_position_embeddings": 16, "rope_parameters": {**params, "rope_theta": 10000.0}}
+        with pytest.raises(UnsupportedArchitectureError, match="dynamic"):
+            rope_from_config(cfg, "llama", DH)
 
 
 def test_yarn_factor_with_partial_rotation_is_refused():

@@ -57,6 +57,8 @@ def _rope_key(rope, d_head: int) -> str:
     key = f"theta={float(rope.theta)!r}, rotary_dim={rope.rotary_dim or d_head}"  # None: the whole head
     if rope.inv_freq_values is not None:  # scaled RoPE (THEORY F22): the frequencies are compared themselves
         key += ", scaled frequencies " + ",".join(repr(float(v)) for v in rope.inv_freq_values)
+    if getattr(rope, "dynamic", None) is not None:  # dynamic NTK: the frequencies follow the length
+        key += f", dynamic factor {float(rope.dynamic[0])!r} above {int(rope.dynamic[1])}"
     return key
 
 

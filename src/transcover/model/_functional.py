@@ -121,12 +121,14 @@ def _linear(X: Tensor, W: Any) -> Tensor:
 def apply_rope(x: Tensor, rope: RopeSpec, positions: Tensor) -> Tensor:
     """Rotate pairs (i, i + d/2) of the last dimension by angle pos * inv_freq (Llama's layout).
 
-    ``x`` is (..., T, d_head); ``positions`` is (T,).
+    ``x`` is (..., T, d_head); ``positions`` is (T,).  Dynamic NTK scaling (THEORY F22) takes its
+    frequencies from the sequence length ``max(positions) + 1``, as HF does.
     """
     import torch
 
     d_head = x.shape[-1]
-    inv = rope.inv_freq(d_head).to(device=x.device, dtype=x.dtype)
+    T = int(positions.max()) + 1 if positions.numel() else 0
+    inv = rope.inv_freq(d_head, T).to(device=x.device, dtype=x.dtype)
     rd = inv.numel() * 2
     ang = positions.to(x.dtype)[:, None] * inv[None, :]  # (T, rd/2)
     cos = torch.cat([ang.cos(), ang.cos()], dim=-1)

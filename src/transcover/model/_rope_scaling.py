@@ -15,9 +15,14 @@ configuration, independently of the input (transformers ``modeling_rope_utils``)
   rotated every score is multiplied by m^2, which the spec carries in the softmax scale; with a
   partial rotation m would scale only some coordinates, and is refused.
 
-"dynamic" (NTK) and "longrope" choose their frequencies from the *current sequence length* once it
-exceeds the trained one, so the function of a sequence depends on its length beyond the spec's fixed
-frequencies: refused.  Every value is computed in float64 here (HF computes them in float32); a
+"dynamic" (NTK, ``_compute_dynamic_ntk_parameters``) chooses its frequencies from the *current
+sequence length* T once it exceeds ``L0 = max_position_embeddings``: base
+``theta (factor T / L0 - factor + 1)^(r / (r - 2))``.  The spec carries ``(factor, L0)``
+(``RopeSpec.dynamic``) and the forward recomputes the frequencies for each T; the bounds hold for
+every ``T <= factor L0``, the spec's ``max_position`` (THEORY F22, "dynamic scaling").  HF caches
+the frequencies of the longest sequence seen until one shorter than L0 arrives; the spec is the
+function of a fresh model (each sequence with its own length).  "longrope" switches between two
+factor lists by length: refused.  Every value is computed in float64 here (HF computes them in float32); a
 spec is then an exact statement of the float64 formula, and the round-trip tests compare with
 float32's tolerance where HF's float32 frequencies enter.
 
@@ -36,7 +41,6 @@ from ._spec import RopeSpec
 __all__ = ["rope_from_config"]
 
 _POSITION_DEPENDENT = {
-    "dynamic": "NTK-aware dynamic scaling recomputes the frequencies from each sequence's length",
     "longrope": "LongRoPE switches between short and long factors by sequence length",
 }
 
@@ -96,6 +100,18 @@ def _yarn(theta: float, r: int, p: dict, config: dict, arch: str) -> tuple[np.nd
     return inv, float(attention)
 
 
+def _dynamic(p: dict, L0: int, r: int, arch: str) -> tuple[float, int]:
+    """``(factor, L0)`` of dynamic NTK scaling; HF's original length is ``max_position_embeddings``."""
+    if p.get("factor") is None:
+        raise UnsupportedArchitectureError(f"{arch}: rope_type 'dynamic' lacks 'factor'")
+    factor = float(p["factor"])
+    if not factor >= 1.0 or r < 4:
+        raise UnsupportedArchitectureError(
+            f"{arch}: rope_type 'dynamic' needs factor >= 1 and >= 4 rotated coordinates "
+            f"(got factor {factor!r}, {r} coordinates; the base's exponent is r / (r - 2))")
+    return factor, L0
+
+
 def rope_from_config(config: dict, arch: str, d_head: int, *, default_factor: float = 1.0,
                      default_theta: float = 10000.0) -> tuple[RopeSpec, float]:
     """``(RopeSpec, score factor)`` for an HF configuration: the rotation, and the number every
@@ -117,11 +133,16 @@ def rope_from_config(config: dict, arch: str, d_head: int, *, default_factor: fl
     if rope_type in _POSITION_DEPENDENT:
         raise UnsupportedArchitectureError(
             f"{arch}: rope_type={rope_type!r} is refused: {_POSITION_DEPENDENT[rope_type]}, so the function "
-            "of a sequence depends on its length beyond fixed frequencies (supported: default, linear, llama3, yarn)")
+            "of a sequence depends on its length beyond fixed frequencies (supported: default, linear, llama3, yarn, dynamic)")
     base = theta ** (-np.arange(0, r, 2, dtype=np.float64) / r)
     score = 1.0
+    max_position = int(config.get("max_position_embeddings") or 2048)
+    dynamic = None
     if rope_type == "default":
         inv = None
+    elif rope_type == "dynamic":
+        dynamic, inv = _dynamic(p, max_position, r, arch), None
+        max_position = int(math.floor(dynamic[0] * dynamic[1]))  # the bounds' range: T <= factor L0
     elif rope_type == "linear":
         inv = base / float(p["factor"])
     elif rope_type == "llama3":
@@ -135,8 +156,8 @@ def rope_from_config(config: dict, arch: str, d_head: int, *, default_factor: fl
         score = m * m
     else:
         raise UnsupportedArchitectureError(
-            f"{arch}: rope_type={rope_type!r} has no exact counterpart; supported: default, linear, llama3, yarn")
+            f"{arch}: rope_type={rope_type!r} has no exact counterpart; supported: default, linear, llama3, yarn, dynamic")
     rope = RopeSpec(theta=theta, rotary_dim=None if r == d_head else r,
-                    max_position=int(config.get("max_position_embeddings") or 2048),
+                    max_position=max_position, dynamic=dynamic,
                     inv_freq_values=None if inv is None else tuple(float(v) for v in inv))
     return rope, score

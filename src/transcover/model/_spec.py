@@ -183,11 +183,27 @@ class RopeSpec:
     # Scaled RoPE (linear, Llama 3 "llama3", YaRN; THEORY F22): the frequencies, one per rotated pair,
     # computed once from the configuration (``_rope_scaling``).  None: theta^(-2k/rotary_dim).
     inv_freq_values: tuple[float, ...] | None = None
+    # Dynamic NTK scaling (THEORY F22 "dynamic scaling"): (factor, original length L0).  A sequence of
+    # length T > L0 uses theta * (factor T / L0 - factor + 1)^(r / (r - 2)) as its base, so the
+    # frequencies are a function of T (``inv_freq(d_head, T)``); None: fixed frequencies.
+    dynamic: tuple[float, int] | None = None
 
-    def inv_freq(self, d_head: int) -> Tensor:
+    def dynamic_theta(self, d_head: int, T: int) -> float:
+        """The base a sequence of length T rotates with (``theta`` itself unless dynamic and T > L0)."""
+        if self.dynamic is None or T <= self.dynamic[1]:
+            return float(self.theta)
+        factor, L0 = self.dynamic
+        rd = self.rotary_dim or d_head
+        return float(self.theta) * (factor * T / L0 - (factor - 1)) ** (rd / (rd - 2))
+
+    def inv_freq(self, d_head: int, T: int | None = None) -> Tensor:
+        """The per-plane frequencies; with dynamic scaling those of a sequence of length T (None:
+        the unscaled ones, i.e. any T <= L0)."""
         import torch  # RoPE forward passes only
 
         rd = self.rotary_dim or d_head
+        if self.dynamic is not None and T is not None:
+            return 1.0 / (self.dynamic_theta(d_head, T) ** (torch.arange(0, rd, 2, dtype=torch.float64) / rd))
         if self.inv_freq_values is not None:
             if 2 * len(self.inv_freq_values) != rd:
                 raise ValueError(f"RoPE has {len(self.inv_freq_values)} frequencies for {rd} rotated coordinates")

@@ -13,7 +13,9 @@ over every integer ``|delta| <= P - 1`` (P = ``max_position``) as a certified in
   ``||R_S - I|| = max_k 2|sin(delta theta_k / 2)| <= (P - 1) max_{k in S} theta_k``, so
   ``s (||W_Q,S W_K,S^T|| + ||W_Q,S|| ||W_K,S|| (P - 1) max theta_S + ||W_Q,F|| ||W_K,F||)``.
   U2 is the tighter one when the unrotated part (partial rotary, Pythia) or the slow planes
-  (Llama 3's scaled low frequencies) carry structure the plain product bound ignores.
+  (Llama 3's scaled low frequencies) carry structure the plain product bound ignores.  With
+  dynamic NTK scaling the frequencies depend on the sequence length T; the upper end must hold for
+  every ``T <= P`` and is U1 alone (U2 at one T is not a bound for the others).
 * *lower end*: a witness at one offset.  Every sampled offset (:func:`rope_offsets`) is *estimated*
   at once on ``d_head x d_head`` cores: with ``G = W^T W = S^2`` (S the symmetric square root),
   ``||W_Q R W_K^T|| = ||S_Q R S_K||`` because ``W = U S`` with U having orthonormal columns, so all
@@ -48,9 +50,12 @@ def rope_offsets(max_position: int) -> np.ndarray:
     return np.array(sorted(set(small + [b for b in big if b < max_position])), dtype=np.int64)
 
 
-def rope_inv_freq(rope, d_head: int) -> np.ndarray:
-    """The per-plane frequencies ``theta_k`` in float64 (numpy twin of ``RopeSpec.inv_freq``)."""
+def rope_inv_freq(rope, d_head: int, T: int | None = None) -> np.ndarray:
+    """The per-plane frequencies ``theta_k`` in float64 (numpy twin of ``RopeSpec.inv_freq``); with
+    dynamic scaling those of a sequence of length T (None: unscaled)."""
     rd = rope.rotary_dim or d_head
+    if getattr(rope, "dynamic", None) is not None and T is not None:
+        return 1.0 / (rope.dynamic_theta(d_head, T) ** (np.arange(0, rd, 2, dtype=np.float64) / rd))
     if rope.inv_freq_values is not None:
         if 2 * len(rope.inv_freq_values) != rd:
             raise ValueError(f"RoPE has {len(rope.inv_freq_values)} frequencies for {rd} rotated coordinates")
@@ -179,13 +184,17 @@ def rope_kq_interval(Wq: np.ndarray, Wk: np.ndarray, rope, scale: float, *,
         norms: optionally certified ``(||W_Q||, ||W_K||)`` intervals already measured.
     """
     d_head = Wq.shape[1]
-    inv = rope_inv_freq(rope, d_head)
     P = int(rope.max_position)
+    # dynamic scaling: the witness uses the frequencies of one valid length, T = P (its offsets
+    # |delta| < P all occur in such a sequence); the upper end must hold for the whole family of
+    # lengths T <= P, which U1 does (rotation-independent) and U2, taken at one T, does not
+    dynamic = getattr(rope, "dynamic", None) is not None
+    inv = rope_inv_freq(rope, d_head, P)
     if norms is None:
         norms = (spectral_norm_interval(Wq, gram=None if grams is None else grams[:2]),
                  spectral_norm_interval(Wk, gram=None if grams is None else grams[2:]))
     q_up, k_up = norms[0].upper, norms[1].upper
-    upper = min(up(q_up * k_up), _split_upper(Wq, Wk, inv, P, grams))
+    upper = up(q_up * k_up) if dynamic else min(up(q_up * k_up), _split_upper(Wq, Wk, inv, P, grams))
     G_Q = grams[0] if grams is not None else Wq.T @ Wq
     G_K = grams[2] if grams is not None else Wk.T @ Wk
     offsets = rope_offsets(P)
@@ -196,16 +205,17 @@ def rope_kq_interval(Wq: np.ndarray, Wk: np.ndarray, rope, scale: float, *,
     witness = _witness_lower(Wq_rot, np.ascontiguousarray(Wk.T), Wk @ w)
     lower = max(0.0, down(witness - up(_rotation_slack(_fro_upper(Wq), q_up, inv, delta) * k_up)))
     lower, upper = down(lower * scale), up(upper * scale)
+    how = ("dynamic NTK, every length T <= P: upper s||W_Q||||W_K||" if dynamic
+           else "upper min(s||W_Q||||W_K||, slow/fast split)")
     return Interval(min(lower, upper), upper, Kind.CERTIFIED_INTERVAL,
-                    f"RoPE: sup over |delta| < {P}; upper min(s||W_Q||||W_K||, slow/fast split), "
-                    f"lower a witness at delta={delta}")
+                    f"RoPE: sup over |delta| < {P}; {how}, lower a witness at delta={delta}")
 
 
 def rope_kq_estimate(Wq: np.ndarray, Wk: np.ndarray, rope, scale: float) -> Interval:
     """``--fast``: the largest core estimate over the sampled offsets, and ``s ||W_Q|| ||W_K||``
     estimated (both ``Kind.ESTIMATE``)."""
     Wq, Wk = np.asarray(Wq, np.float64), np.asarray(Wk, np.float64)
-    inv = rope_inv_freq(rope, Wq.shape[1])
+    inv = rope_inv_freq(rope, Wq.shape[1], int(rope.max_position))
     G_Q, G_K = Wq.T @ Wq, Wk.T @ Wk
     low = float(_core_estimates(G_Q, G_K, inv, rope_offsets(int(rope.max_position)))[0].max()) * scale
     high = math.sqrt(max(float(np.linalg.eigvalsh(G_Q)[-1]), 0.0) * max(float(np.linalg.eigvalsh(G_K)[-1]), 0.0))

@@ -25,6 +25,8 @@ transformers ``models/gemma*/modeling_gemma*.py``.  What differs from Llama's bl
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from ..._errors import InputError, UnsupportedArchitectureError
@@ -95,8 +97,13 @@ def _ropes(config: dict, model_type: str, dh: int) -> dict[str, tuple]:
                 "rope_theta": float(config.get("rope_theta") or 1_000_000.0)}
         local = {"rope_type": "default", "rope_theta": float(config.get("rope_local_base_freq") or 10_000.0)}
     bare = {k: v for k, v in config.items() if k not in ("rope_parameters", "rope_scaling", "rope_theta")}
-    return {t: rope_from_config({**bare, "rope_parameters": p}, "gemma", dh)
-            for t, p in (("full_attention", full), ("sliding_attention", local))}
+    ropes = {t: rope_from_config({**bare, "rope_parameters": p}, "gemma", dh)
+             for t, p in (("full_attention", full), ("sliding_attention", local))}
+    # Scaling only the global layers (e.g. dynamic NTK) lengthens their context; every layer's B_KQ
+    # supremum must then range over the same, longer, set of offsets, or the sliding layers' would
+    # cover only part of the sequences the model accepts.
+    longest = max(rope.max_position for rope, _ in ropes.values())
+    return {t: (replace(rope, max_position=longest), score) for t, (rope, score) in ropes.items()}
 
 
 def build_gemma(src: TensorSource, config: dict, name: str) -> TransformerSpec:

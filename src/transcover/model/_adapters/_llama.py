@@ -19,7 +19,8 @@ projected queries and keys, before RoPE (the spec's ``AttentionSpec.q_norm``/``k
 Sliding-window attention (Mistral; Qwen2 layers ``>= max_window_layers`` when
 ``use_sliding_window``; ``layer_types`` when the config lists them) is the spec's ``window`` mask.
 RoPE types "default", "linear", "llama3" and "yarn" set fixed frequencies (``_rope_scaling``,
-THEORY F22); "dynamic" and "longrope" depend on the sequence length and are refused.
+THEORY F22); "dynamic" (NTK) recomputes them from each sequence's length in the forward, and
+"longrope" (two factor lists switched by length) is refused.
 """
 
 from __future__ import annotations

@@ -188,17 +188,27 @@ def _lmax_weighted(R: Tensor, wts: Tensor) -> Tensor:
     """(T,) certified ``lambda_max(sum_j wts_ij r_ij r_ij^T)`` for rows ``R`` (T, T, m), ``wts >= 0``,
     from the T x T Gram (backward-stable eigvalsh, padded by ``1e-9`` of the trace like ``_sym_top``)."""
     Rs = R * torch.sqrt(wts)[..., None]
-    K = Rs @ Rs.transpose(1, 2)
-    tr = K.diagonal(dim1=1, dim2=2).sum(-1)
-    return (torch.linalg.eigvalsh(K)[:, -1].clamp(min=0.0) + 1e-9 * tr) * (1 + 1e-9)
+    return _top_padded(Rs @ Rs.transpose(1, 2))
 
 
 def _lmax_gram(K: Tensor, wts: Tensor) -> Tensor:
     """``_lmax_weighted`` from the stored Grams ``K[i, j, k] = r_ij . r_ik``."""
     sw = torch.sqrt(wts)
-    Kw = K * sw[:, :, None] * sw[:, None, :]
-    tr = Kw.diagonal(dim1=1, dim2=2).sum(-1)
-    return (torch.linalg.eigvalsh(Kw)[:, -1].clamp(min=0.0) + 1e-9 * tr) * (1 + 1e-9)
+    return _top_padded(K * sw[:, :, None] * sw[:, None, :])
+
+
+def _top_padded(K: Tensor) -> Tensor:
+    """(T,) padded top eigenvalue of each PSD Gram; a Gram with a non-finite entry (weights or norms
+    overflowed at a large radius) gets the certified ``inf`` instead of reaching eigvalsh, which
+    cannot take it."""
+    out = torch.full(K.shape[:1], math.inf, dtype=K.dtype)
+    ok = torch.isfinite(K).all(dim=2).all(dim=1)
+    if bool(ok.any()):
+        Kf = K[ok]
+        tr = Kf.diagonal(dim1=1, dim2=2).sum(-1)
+        top = (torch.linalg.eigvalsh(Kf)[:, -1].clamp(min=0.0) + 1e-9 * tr) * (1 + 1e-9)
+        out[ok] = torch.where(torch.isfinite(top), top, torch.full_like(top, math.inf))
+    return out
 
 
 class _HeadMoments:
@@ -241,7 +251,8 @@ def attention_drift_rows(mom: _HeadMoments, r: float, norms: dict) -> Tensor:
         t3 = ((torch.sqrt(_lmax_gram(m["KV"], a)) + nV * dy * torch.sqrt(sa))
               * (torch.sqrt(_lmax_gram(m["KG"], a)) + nG * dy * torch.sqrt(sa))
               + nV * dy * (torch.sqrt(m["lG"]) + nG * dy) + torch.sqrt(m["lV"]) * nG * dy)
-        out.append((t1 + t2 + t3) * (1 + 1e-10))
+        # an overflowed term times a zero weight is nan; the bound there is the certified inf
+        out.append(torch.nan_to_num((t1 + t2 + t3) * (1 + 1e-10), nan=math.inf, posinf=math.inf))
     return torch.stack(out)
 
 

@@ -20,15 +20,18 @@ operator norm give ``sup_B ||J(y) - J(x)|| <= sum_s Sbar_s dJ_s(r_s) ||P_s(x)||`
   (mean-value inequality along the segment; the prefix's own drift is the second-order remainder);
 * suffixes: ``Sbar_s = min(||S_s(x)|| + dS_s, prod_{m>s} B_m)``, ``dS_s <= dS_{s+1} B_{s+1} + ||S_{s+1}(x)|| dJ_{s+1}``.
 
-Note [stack rounding].  One stage applied in float64 to the columns ``K`` errs, per column, by at
-most ``gamma_k A_s ||K_col||`` (Higham 3.5: ``|fl(AB) - AB| <= gamma_k |A||B|``, every factor's
-absolute value bounded by its Frobenius norm; ``A_s`` in ``_StageLin.abs_bound``), hence by
-``sqrt(T) gamma_k A_s ||K||_F`` in the (2,inf) operator norm (sum over input tokens of the
-Frobenius norms of the error blocks, Cauchy-Schwarz).  Accumulated, ``||Jhat - J|| <= sum_s
-||S_s|| sqrt(T) gamma_k A_s ||Khat_{s-1}||_F`` with ``||S_s||`` bounded by ``prod_{m>s} B_m``.
-The forward states and the per-stage factors are those float64 computes at the centre; the radii
-carry ``network_local``'s centre pad (``1e-13`` of the token norms), the other stages' rounding is
-that of ``_local_jacobian`` (same convention).
+Note [stack rounding].  Each stage's map applied in float64 to the computed columns ``K`` is one
+expression tree of +, -, x and division by the stage's factors (the factors are those float64
+computes at the centre, the convention of F17).  Expanding ``fl`` op by op, every monomial carries
+at most ``k`` factors ``(1 + delta)``, ``|delta| <= u`` (``k``: the longest chain of roundings, inner
+sums included, whatever their order), so ``|fl(L K) - L K| <= gamma_k |L|(|K|)`` entrywise, where
+``|L|(|K|)`` is the *abs evaluation*: the same tree on the absolute values of the computed operands,
+every subtraction an addition (``apply(..., absval=True)``; a layer's ``M_i`` is built inside the
+tree, so its own products are included).  The abs evaluation is itself computed in float64 on
+non-negative numbers, hence within ``1/(1 - gamma)`` of its exact value.  The (2,inf) norm of the
+error matrix is at most ``max_i sum_j ||E_ij||_F`` (``_local_error``).  The stage errors are carried to
+the end by the later stages' certified point norms, ``||Phat_{s+1} - P_{s+1}|| <= p_s ||Phat_s - P_s||
++ e_s`` (suffixes: rows, ``C_{s-1} = C_s J_s``).  THEORY F30 item 3.
 """
 
 from __future__ import annotations
@@ -74,17 +77,19 @@ class _NormLin:
         self.g = torch.ones(d, dtype=torch.float64) if norm.weight is None else _f64(norm.weight)
         self.sigma = Zc.norm(dim=1) / math.sqrt(d)
         self.norm = norm
-        self.abs_bound = float((self.g.abs().max() * (math.sqrt(d) + 3) / self.s.min()))
+        self.k = 8 * d + 8
 
-    def _core(self, r: Tensor) -> Tensor:
-        rc = r - r.mean(dim=-1, keepdim=True) if self.lay else r
-        return (rc - self.u * (r * self.u).sum(dim=-1, keepdim=True)) / self.s[:, None]
+    def _core(self, r: Tensor, absval: bool = False) -> Tensor:
+        # absval: the same expression tree on |operands|, every subtraction an addition (Note [stack rounding])
+        sg, u = (1.0, self.u.abs()) if absval else (-1.0, self.u)
+        rc = r + sg * r.mean(dim=-1, keepdim=True) if self.lay else r
+        return (rc + sg * u * (r * u).sum(dim=-1, keepdim=True)) / self.s[:, None]
 
-    def apply(self, K: Tensor) -> Tensor:
-        return self.g * self._core(K)
+    def apply(self, K: Tensor, absval: bool = False) -> Tensor:
+        return (self.g.abs() if absval else self.g) * self._core(K, absval)
 
-    def apply_t(self, C: Tensor) -> Tensor:
-        return self._core(self.g * C)
+    def apply_t(self, C: Tensor, absval: bool = False) -> Tensor:
+        return self._core((self.g.abs() if absval else self.g) * C, absval)
 
 
 class _AttnLin:
@@ -105,33 +110,39 @@ class _AttnLin:
         self.W3 = torch.cat([sc * cat(h[0] for h in hs), cat(h[1] for h in hs), cat(h[2] for h in hs)], dim=1)
         self.Wo = torch.cat([h[3] for h in hs], dim=0)  # (H dh, d)
         self.H, self.dh = attn.n_heads, hs[0][0].shape[1]
-        fro = lambda A: float(A.norm())  # noqa: E731
-        self.abs_bound = fro(self.Wo) * fro(self.W3) * (
-            (1 + math.sqrt(T)) * (fro(self.K) + fro(self.Q)) * fro(self.V) + fro(self.P))
+        # the absolute values of the factors, for the abs evaluation (Note [stack rounding])
+        self.aQ, self.aK, self.aV, self.aW3, self.aWo = (A.abs() for A in (self.Q, self.K, self.V, self.W3, self.Wo))
 
     def _split(self, Z: Tensor) -> tuple[Tensor, ...]:
         N, T, _ = Z.shape
         Z = Z.reshape(N, T, 3, self.H, self.dh).permute(2, 0, 3, 1, 4)  # (3, N, H, T, dh)
         return Z[0], Z[1], Z[2]
 
-    def apply(self, dX: Tensor) -> Tensor:
-        dQ, dK, dV = self._split(dX @ self.W3)
-        ds = dQ @ self.K.transpose(-1, -2) + self.Q @ dK.transpose(-1, -2)
-        dP = self.P * (ds - (self.P * ds).sum(dim=-1, keepdim=True))
-        dO = dP @ self.V + self.P @ dV  # (N, H, T, dh)
-        N, _, T, _ = dO.shape
-        return dO.permute(0, 2, 1, 3).reshape(N, T, -1) @ self.Wo
+    def _f(self, absval: bool) -> tuple:
+        if absval:
+            return self.aQ, self.aK, self.aV, self.aW3, self.aWo, 1.0
+        return self.Q, self.K, self.V, self.W3, self.Wo, -1.0
 
-    def apply_t(self, C: Tensor) -> Tensor:
+    def apply(self, dX: Tensor, absval: bool = False) -> Tensor:
+        Q, K, V, W3, Wo, sg = self._f(absval)
+        dQ, dK, dV = self._split(dX @ W3)
+        ds = dQ @ K.transpose(-1, -2) + Q @ dK.transpose(-1, -2)
+        dP = self.P * (ds + sg * (self.P * ds).sum(dim=-1, keepdim=True))
+        dO = dP @ V + self.P @ dV  # (N, H, T, dh)
+        N, _, T, _ = dO.shape
+        return dO.permute(0, 2, 1, 3).reshape(N, T, -1) @ Wo
+
+    def apply_t(self, C: Tensor, absval: bool = False) -> Tensor:
+        Q, K, V, W3, Wo, sg = self._f(absval)
         N, T, _ = C.shape
-        gO = (C @ self.Wo.T).reshape(N, T, self.H, self.dh).permute(0, 2, 1, 3)
-        gdP = gO @ self.V.transpose(-1, -2)
+        gO = (C @ Wo.T).reshape(N, T, self.H, self.dh).permute(0, 2, 1, 3)
+        gdP = gO @ V.transpose(-1, -2)
         gV = self.P.transpose(-1, -2) @ gO
-        gds = self.P * (gdP - (self.P * gdP).sum(dim=-1, keepdim=True))
-        gQ = gds @ self.K
-        gK = gds.transpose(-1, -2) @ self.Q
+        gds = self.P * (gdP + sg * (self.P * gdP).sum(dim=-1, keepdim=True))
+        gQ = gds @ K
+        gK = gds.transpose(-1, -2) @ Q
         G = torch.stack([gQ, gK, gV]).permute(1, 3, 0, 2, 4).reshape(N, T, -1)
-        return G @ self.W3.T
+        return G @ W3.T
 
 
 class _LayerLin:
@@ -152,7 +163,7 @@ class _LayerLin:
         eye = torch.eye(d, dtype=torch.float64)
         post = layer.placement is Placement.POST
         ident = lambda n, Z: None if n is None or n.kind is NormKind.NONE else _NormLin(n, Z)  # noqa: E731
-        dmat = lambda nl: eye.expand(T, d, d) if nl is None else nl.apply(eye[:, None, :].expand(d, T, d)).permute(1, 2, 0)  # noqa: E731
+        dmat = lambda nl, a=False: eye.expand(T, d, d) if nl is None else nl.apply(eye[:, None, :].expand(d, T, d), a).permute(1, 2, 0)  # noqa: E731
         if post:
             self.n1 = None
             Xin = X
@@ -170,31 +181,30 @@ class _LayerLin:
         z = (H @ W1 + (0 if ffn.b_1 is None else _f64(ffn.b_1))).clone().requires_grad_(True)
         (slope,) = torch.autograd.grad(ffn.activation(z).sum(), z)
         F = (W2.T[None] * slope.detach()[:, None, :]) @ W1.T  # column convention (T, d, d)
+        Fa = (W2.T.abs()[None] * slope.detach().abs()[:, None, :]) @ W1.T.abs()
         if post:
             S2 = H + _ffn(ffn, H)
             nb = ident(layer.norm_ffn, S2)
             M = dmat(nb) @ (eye + F) @ dmat(na)
+            Ma = dmat(nb, True) @ (eye + Fa) @ dmat(na, True)
         else:
             M = eye + F @ dmat(nb)
+            Ma = eye + Fa @ dmat(nb, True)
         self.Mt = M.transpose(1, 2).contiguous()
+        # M's own construction is part of the expression tree whose abs evaluation bounds the rounding
+        self.Mat = Ma.transpose(1, 2).contiguous()
         self.att = _AttnLin(attn, Xin)
-        fro = float(M.norm(dim=(1, 2)).max())
-        n1b = 1.0 if self.n1 is None else self.n1.abs_bound
-        fD = lambda nl: math.sqrt(d) if nl is None else nl.abs_bound  # noqa: E731
-        fF = float(W2.norm() * slope.abs().max() * W1.norm())
-        # the absolute-value chain's norm (Note [stack rounding]): applying M, and M's own products
-        m_err = fD(nb) * (math.sqrt(d) + fF) * (fD(na) if post else 1.0)
-        self.abs_bound = (fro + m_err) * (1 + n1b * self.att.abs_bound)
+        # longest chain of roundings through one application (M's construction included), generously
         self.k = 8 * (d + T + self.att.H * self.att.dh + W1.shape[1]) + 8
 
-    def apply(self, K: Tensor) -> Tensor:
-        A = self.att.apply(K if self.n1 is None else self.n1.apply(K))
-        return torch.einsum("nti,tij->ntj", K + A, self.Mt)
+    def apply(self, K: Tensor, absval: bool = False) -> Tensor:
+        A = self.att.apply(K if self.n1 is None else self.n1.apply(K, absval), absval)
+        return torch.einsum("nti,tij->ntj", K + A, self.Mat if absval else self.Mt)
 
-    def apply_t(self, C: Tensor) -> Tensor:
-        G = torch.einsum("ntj,tij->nti", C, self.Mt)
-        A = self.att.apply_t(G)
-        return G + (A if self.n1 is None else self.n1.apply_t(A))
+    def apply_t(self, C: Tensor, absval: bool = False) -> Tensor:
+        G = torch.einsum("ntj,tij->nti", C, self.Mat if absval else self.Mt)
+        A = self.att.apply_t(G, absval)
+        return G + (A if self.n1 is None else self.n1.apply_t(A, absval))
 
 
 def _ffn(ffn, H: Tensor) -> Tensor:  # noqa: ANN001
@@ -241,6 +251,20 @@ def _gamma(k: int) -> float:
     return k * _U / (1 - k * _U)
 
 
+def _local_error(st: _Stage, K: Tensor, *, cols: bool) -> float:
+    """Bound on the (2,inf) operator norm of ``fl(L_s K) - L_s K`` (columns, ``cols``) or of the transposed
+    map applied to rows: ``gamma_k`` times the abs evaluation of the stage on ``|K|``, padded for the
+    abs evaluation's own (downward) rounding; per block Frobenius, summed over input tokens
+    (Note [stack rounding])."""
+    fn = st.lin.apply if cols else st.lin.apply_t
+    A = _chunked(lambda Z: fn(Z.abs(), True), K)
+    blocks = _col_blocks(A) if cols else _row_blocks(A)
+    nb = blocks.shape[2] * blocks.shape[3] + blocks.shape[1]
+    per_row = blocks.norm(dim=(2, 3)).sum(dim=1).max()
+    g = _gamma(st.k)
+    return float(per_row) * g / (1 - _gamma(st.k + nb)) * (1 + 1e-12)
+
+
 def certified_rows(blocks: Tensor, exact: int = 8) -> Tensor:
     r"""Per output token ``i``, a certified upper bound on ``sum_j ||B_ij||_2`` for blocks (T, T, m, k):
     the ``exact`` blocks of each row largest in Frobenius norm by ``certified_spectral``, the others by
@@ -269,8 +293,8 @@ def _row_blocks(C: Tensor) -> Tensor:
 
 def stack_jacobian(spec: TransformerSpec, X: Tensor) -> tuple[Tensor, float]:
     """The whole stack's Jacobian at X as blocks (T, T, d, d) (``J_ij = d out_i / d x_j``) and a
-    bound on its float64 error in the (2,inf) operator norm (Note [stack rounding], with the
-    per-stage factors bounded by their Frobenius-type ``abs_bound``), via ``stack_local``."""
+    bound on its float64 error in the (2,inf) operator norm (Note [stack rounding]: per stage
+    ``gamma_k`` times the abs evaluation on the computed operands), via ``stack_local``."""
     r = stack_local(spec, X, [1e-300], keep_jacobian=True)[0]
     return r.jacobian, r.rounding
 
@@ -390,7 +414,7 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
         radii.append(r_s)
         dP = [ba[k] * dP[k] + dj[k] * pre[s] for k in range(nr)]
         prod = [prod[k] * ba[k] for k in range(nr)]
-        loc_err.append(math.sqrt(T) * _gamma(st.k) * st.lin.abs_bound * float(K.norm()))
+        loc_err.append(_local_error(st, K, cols=True))
         K = _chunked(st.lin.apply, K)
         rows = certified_rows(_col_blocks(K), exact if s == n - 1 else chain_exact)
         # error of the computed prefix: the stages' errors carried by the later stages' point bounds
@@ -406,7 +430,7 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
     C = torch.eye(T * d, dtype=torch.float64).reshape(T * d, T, d)
     s_err: list[float] = []
     for s in range(n - 1, 0, -1):
-        s_err.append(math.sqrt(T) * _gamma(stages[s].k) * stages[s].lin.abs_bound * float(C.norm()))
+        s_err.append(_local_error(stages[s], C, cols=False))
         C = _chunked(stages[s].lin.apply_t, C)  # rows of S_{s-1}
         # applied after the errors: S_{s-1} = J_{n-1} ... J_s, the error of step m carried by J_{s..m-1}
         steps = list(range(n - 1, s - 1, -1))

@@ -32,7 +32,7 @@ from .._spec import (
     AttentionSpec, FFNSpec, LayerSequence, LayerSpec, NormKind, Placement, TransformerSpec,
 )
 from ._common import (
-    activation_from_name, count_layers, find_prefix, heads_bias, heads_in, heads_out, layer_norm,
+    DECODER_ROLES, activation_from_name, count_layers, find_prefix, heads_bias, heads_in, heads_out, layer_norm,
     lazy_embeddings, linear_weight, no_layers, require, summary, transpose, unexpected_layer_tensors,
 )
 from ._windows import sliding_windows
@@ -40,13 +40,7 @@ from ._windows import sliding_windows
 __all__ = ["build_llama"]
 
 _ROLES = {
-    "W_Q": "self_attn.q_proj.weight", "b_Q": "self_attn.q_proj.bias",
-    "W_K": "self_attn.k_proj.weight", "b_K": "self_attn.k_proj.bias",
-    "W_V": "self_attn.v_proj.weight", "b_V": "self_attn.v_proj.bias",
-    "W_O": "self_attn.o_proj.weight", "b_O": "self_attn.o_proj.bias",
-    "W_gate": "mlp.gate_proj.weight", "b_gate": "mlp.gate_proj.bias",
-    "W_1": "mlp.up_proj.weight", "b_1": "mlp.up_proj.bias",
-    "W_2": "mlp.down_proj.weight", "b_2": "mlp.down_proj.bias",
+    **DECODER_ROLES,
     "norm_attn.weight": "input_layernorm.weight",
     "norm_ffn.weight": "post_attention_layernorm.weight",
 }

@@ -186,8 +186,9 @@ def fixed_length_bits(desc: ModelDescription) -> int:
     return total
 
 
-def encode(desc: ModelDescription) -> BitWriter:
-    """The codeword of ``desc`` (see the module docstring)."""
+def write_preamble(desc: ModelDescription) -> BitWriter:
+    """A writer holding the part every model code shares: version, architecture index and the
+    tensors' ``(m, k)`` headers (the payload that follows is the code's own)."""
     shapes = parameter_shapes(desc.menu[desc.arch])
     if [(t.name, tuple(t.Q.shape)) for t in desc.tensors] != shapes:
         raise ValueError("the tensors do not match the architecture's parameters (names, shapes, order)")
@@ -198,6 +199,26 @@ def encode(desc: ModelDescription) -> BitWriter:
     for fields in _header_fields(desc.tensors, version):
         for f in fields:
             w.gamma(f)
+    return w
+
+
+def read_preamble(bits: list[int], menu: tuple[ReferenceConfig, ...]):  # noqa: ANN201
+    """Inverse of :func:`write_preamble`: ``(reader, version, arch, shapes, headers)``, the reader
+    positioned at the payload; raises ``ValueError`` on a malformed preamble."""
+    r = BitReader(bits)
+    version = r.fixed(VERSION_BITS)
+    if version not in CODE_VERSIONS:
+        raise ValueError(f"code version {version} is not one of this decoder's {CODE_VERSIONS}")
+    arch = r.fixed(fixed_width(len(menu)))
+    if arch >= len(menu):
+        raise ValueError(f"architecture index {arch} outside the menu of {len(menu)}")
+    shapes = parameter_shapes(menu[arch])
+    return r, version, arch, shapes, read_headers(r, len(shapes), version)
+
+
+def encode(desc: ModelDescription) -> BitWriter:
+    """The codeword of ``desc`` (see the module docstring)."""
+    w = write_preamble(desc)
     shared = desc.shared()
     w.fixed(int(shared), 1)
     if shared:
@@ -230,15 +251,7 @@ def read_headers(r: BitReader, count: int, version: int) -> list[tuple[int, int]
 
 def decode(bits: list[int], menu: tuple[ReferenceConfig, ...]) -> ModelDescription:
     """Inverse of :func:`encode` for the same menu; raises ``ValueError`` on a malformed codeword."""
-    r = BitReader(bits)
-    version = r.fixed(VERSION_BITS)
-    if version not in CODE_VERSIONS:
-        raise ValueError(f"code version {version} is not one of this decoder's {CODE_VERSIONS}")
-    arch = r.fixed(fixed_width(len(menu)))
-    if arch >= len(menu):
-        raise ValueError(f"architecture index {arch} outside the menu of {len(menu)}")
-    shapes = parameter_shapes(menu[arch])
-    headers = read_headers(r, len(shapes), version)
+    r, version, arch, shapes, headers = read_preamble(bits, menu)
     sizes = [math.prod(shape) for _, shape in shapes]
     integers: list[list[int] | None] = [None] * len(shapes)
     if r.fixed(1):

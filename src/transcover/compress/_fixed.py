@@ -15,32 +15,15 @@ import math
 import torch
 
 from ..model import ReferenceConfig
-from ._codes import BitReader, BitWriter, fixed_width
-from ._describe import (
-    CODE_VERSIONS,
-    VERSION_BITS,
-    ModelDescription,
-    QuantisedTensor,
-    _header_fields,
-    parameter_shapes,
-    read_headers,
-)
+from ._codes import BitWriter, fixed_width
+from ._describe import ModelDescription, QuantisedTensor, read_preamble, write_preamble
 
 __all__ = ["encode_fixed", "decode_fixed"]
 
 
 def encode_fixed(desc: ModelDescription) -> BitWriter:
     """The fixed-length codeword of ``desc`` (see the module docstring)."""
-    shapes = parameter_shapes(desc.menu[desc.arch])
-    if [(t.name, tuple(t.Q.shape)) for t in desc.tensors] != shapes:
-        raise ValueError("the tensors do not match the architecture's parameters (names, shapes, order)")
-    w = BitWriter()
-    version = desc.version()
-    w.fixed(version, VERSION_BITS)
-    w.fixed(desc.arch, fixed_width(len(desc.menu)))
-    for fields in _header_fields(desc.tensors, version):
-        for f in fields:
-            w.gamma(f)
+    w = write_preamble(desc)
     for t in desc.tensors:
         if t.m:
             width = fixed_width(2 * t.m + 1)
@@ -51,15 +34,7 @@ def encode_fixed(desc: ModelDescription) -> BitWriter:
 
 def decode_fixed(bits: list[int], menu: tuple[ReferenceConfig, ...]) -> ModelDescription:
     """Inverse of :func:`encode_fixed` for the same menu; raises ``ValueError`` on a malformed word."""
-    r = BitReader(bits)
-    version = r.fixed(VERSION_BITS)
-    if version not in CODE_VERSIONS:
-        raise ValueError(f"code version {version} is not one of this decoder's {CODE_VERSIONS}")
-    arch = r.fixed(fixed_width(len(menu)))
-    if arch >= len(menu):
-        raise ValueError(f"architecture index {arch} outside the menu of {len(menu)}")
-    shapes = parameter_shapes(menu[arch])
-    headers = read_headers(r, len(shapes), version)
+    r, version, arch, shapes, headers = read_preamble(bits, menu)
     tensors = []
     for (name, shape), (m, k) in zip(shapes, headers):
         if m == 0:

@@ -216,3 +216,61 @@ def test_one_shared_scale_gives_every_tensor_the_same_grid():
     one = _grid(params, dict.fromkeys(params, 3), True)
     assert len({k for _, k in one.values()}) == 1 and {m for m, _ in one.values()} == {3}
     assert len({k for _, k in own.values()}) == 3  # scales 10 and 0.1 apart: one per matrix differs
+
+
+def _random_description(menu, arch, seed, m=3):
+    from transcover.compress import best_scale_index
+    from transcover.model import ReferenceTransformer
+    from transcover.train._nonvacuous import describe
+
+    torch.manual_seed(seed)
+    model = ReferenceTransformer(menu[arch]).double()
+    return describe(model, menu, arch, {n: (m, best_scale_index(w, m)) for n, w in model.named_parameters()})
+
+
+@pytest.mark.parametrize("arch", [0, 2, 5])
+def test_rescaling_pairs_shift_scales_without_changing_the_function(arch):
+    from transcover.train._nonvacuous_search import _rescaling_groups, _shifted
+
+    menu = ARCHITECTURE_MENUS["digits"]
+    X, _, _, _ = task_data("digits", 64, 10, 0)
+    desc = _random_description(menu, arch, arch)
+    with torch.no_grad():
+        base = materialise(desc)(X)
+        groups = _rescaling_groups(menu[arch])
+        assert len(groups) == 3 * menu[arch].n_layers
+        for g, j in zip(groups, (5, -7, 11, 3, -2, 9)):
+            moved = _shifted(desc, g, j)
+            assert all(torch.equal(a.Q, b.Q) and a.m == b.m for a, b in zip(moved.tensors, desc.tensors))
+            # float64: the logits agree to rounding (a few ulps per product of two rescaled scales)
+            assert torch.allclose(materialise(moved)(X), base, rtol=1e-12, atol=1e-12)
+            # control: moving one side of the pair alone does change the function
+            up = replace(desc, tensors=tuple(replace(t, k=t.k + j) if t.name in g[0] else t for t in desc.tensors))
+            assert not torch.allclose(materialise(up)(X), base, rtol=1e-6, atol=1e-6)
+
+
+def test_gelu_has_no_ffn_rescaling_pair():
+    from transcover.train._nonvacuous_search import _rescaling_groups
+
+    cfg = replace(ARCHITECTURE_MENUS["digits"][0], activation="gelu")
+    assert all("W_1" not in g[0][0] for g in _rescaling_groups(cfg))
+
+
+def test_scale_alignment_shortens_the_headers_of_the_same_model():
+    from transcover.covering import occam_bounds
+    from transcover.train._nonvacuous_search import search_align
+
+    menu = ARCHITECTURE_MENUS["digits"]
+    X, y, _, _ = task_data("digits", 200, 10, 0)
+    desc = _random_description(menu, 0, 7)
+    desc = replace(desc, tensors=tuple(replace(t, k=t.k + (9 if t.name.endswith(("W_Q", "W_V")) else 0))
+                                       for t in desc.tensors))  # scales far from their neighbours'
+    aligned = search_align(desc, X, y, 0.05, search_samples=200)
+    assert description_bits(aligned) < description_bits(desc)
+    assert all(torch.equal(a.Q, b.Q) and a.m == b.m for a, b in zip(aligned.tensors, desc.tensors))
+    assert mistakes(aligned, X, y) == mistakes(desc, X, y)
+    assert (occam_bounds(mistakes(aligned, X, y), 200, description_bits(aligned), 0.05).kl
+            <= occam_bounds(mistakes(desc, X, y), 200, description_bits(desc), 0.05).kl)
+    # the codeword of the aligned model decodes to it with the fixed menu alone
+    again = decode(encode(aligned).bits, menu)
+    assert [(t.m, t.k) for t in again.tensors] == [(t.m, t.k) for t in aligned.tensors]

@@ -45,7 +45,7 @@ from ..compress import (
 )
 from ..covering import OccamBound, covering_margin_bound, margin_change_bound, margins, occam_bounds, pair_norms
 from ..model import ReferenceConfig, ReferenceTransformer
-from ._nonvacuous_search import CODES, describe, mistakes, search_greedy, search_prune, search_refine
+from ._nonvacuous_search import CODES, describe, mistakes, search_align, search_greedy, search_prune, search_refine
 
 # the search steps under the names the data-dependent-prior variant and the tests use
 _greedy, _prune = search_greedy, search_prune
@@ -102,6 +102,8 @@ class NonvacuousConfig:
     finer_retries: bool = True  # retry fine-tuning at 7 and 15 levels when `levels` loses accuracy (see _finetune)
     shared_scale: bool = False  # one grid scale for every matrix instead of one per matrix (ablation)
     refine_passes: int = 0  # sweeps of single-integer coordinate descent on the bound (search_refine)
+    qat_lr: float | None = None  # Adam step of the quantisation-aware fine-tuning; None: lr / 3
+    align_scales: bool = False  # shift the scales of rescaling pairs (W_Q/W_K, ...) for shorter headers (search_align)
 
     def __post_init__(self) -> None:
         if self.task not in NONVACUOUS_TASKS:
@@ -122,6 +124,8 @@ class NonvacuousConfig:
             raise InputError(f"delta must be in (0, 1), but got delta={self.delta!r}")
         if not (self.lr > 0 and math.isfinite(self.lr)) or not (self.l1 >= 0 and math.isfinite(self.l1)):
             raise InputError(f"lr must be > 0 and l1 >= 0, but got lr={self.lr!r}, l1={self.l1!r}")
+        if self.qat_lr is not None and not (self.qat_lr > 0 and math.isfinite(self.qat_lr)):
+            raise InputError(f"qat_lr must be > 0 (or None: lr / 3), but got qat_lr={self.qat_lr!r}")
         if not (isinstance(self.prior_split, float) and 0.0 <= self.prior_split <= 0.9):
             raise InputError(f"prior_split must be a float in [0, 0.9], but got prior_split={self.prior_split!r}")
         if self.code not in CODES:
@@ -137,6 +141,10 @@ class NonvacuousConfig:
     @property
     def finetune_epochs(self) -> int:
         return self.qat_epochs if self.qat_epochs is not None else max(2, self.float_epochs // 2)
+
+    @property
+    def finetune_lr(self) -> float:
+        return self.qat_lr if self.qat_lr is not None else self.lr / 3
 
 
 # -- data ---------------------------------------------------------------------------------------
@@ -316,7 +324,7 @@ def _finetune(model: ReferenceTransformer, config: NonvacuousConfig, menu: tuple
         params = dict(model.named_parameters())
         grid = _grid(params, dict.fromkeys(params, levels), config.shared_scale)
         say(f"{config.task} n={config.n_train}: quantisation-aware fine-tuning, {2 * levels + 1} levels")
-        grid = _fit(model, X, y, epochs=config.finetune_epochs, lr=config.lr / 3, l1=config.l1,
+        grid = _fit(model, X, y, epochs=config.finetune_epochs, lr=config.finetune_lr, l1=config.l1,
                     batch_size=config.batch_size, seed=config.seed + 1, grid=grid, shared_scale=config.shared_scale)
         desc = describe(model, menu, config.arch, grid)
         err = mistakes(desc, Xs, ys) / search
@@ -355,6 +363,8 @@ def run_case(config: NonvacuousConfig, progress: Callable[[str], None] | None = 
     if config.refine_passes:
         say(f"{config.task} n={config.n_train}: single-integer descent on the bound")
         desc = search_refine(desc, X, y, config.delta, config.search_samples, config.refine_passes, bits)
+    if config.align_scales:
+        desc = search_align(desc, X, y, config.delta, config.search_samples, bits)
     bound = occam_bounds(mistakes(desc, X, y), config.n_train, bits(desc), config.delta)
     pairs = {"float model (before QAT)": trained, "QAT weights (rounded to the code)": model.state_dict()}
     word = encode(desc) if config.code == "entropy" else encode_fixed(desc)

@@ -274,3 +274,57 @@ def test_scale_alignment_shortens_the_headers_of_the_same_model():
     # the codeword of the aligned model decodes to it with the fixed menu alone
     again = decode(encode(aligned).bits, menu)
     assert [(t.m, t.k) for t in again.tensors] == [(t.m, t.k) for t in aligned.tensors]
+
+
+TINY_DIGITS = NonvacuousConfig(task="digits", n_train=100, n_test=50, arch=0, epochs=2, qat_epochs=2, qat_lr=1e-2,
+                               levels=3, restarts=1, greedy_passes=1, refine_passes=1, search_samples=100,
+                               align_scales=True)
+
+
+def _check_digits_case(row_or_case, config):
+    """The codeword decodes with the fixed digits menu alone, to the model whose errors the bound counts."""
+    hexword, bits_total, mist = row_or_case
+    raw = bytes.fromhex(hexword)
+    bits = [(raw[i >> 3] >> (7 - (i & 7))) & 1 for i in range(bits_total)]
+    desc = decode(bits, ARCHITECTURE_MENUS["digits"])
+    assert encode(desc).bits == bits and description_bits(desc) == bits_total
+    X, y, _, _ = task_data("digits", config.n_train, config.n_test, config.seed)
+    assert mistakes(desc, X, y) == mist
+    return desc
+
+
+def test_the_digits_prior_is_pinned_and_no_training_choice_reaches_the_code():
+    from transcover.compress import SCALE_STEPS_PER_OCTAVE
+    from transcover.compress._describe import CODE_VERSIONS, VERSION_BITS
+
+    # the prior (menu, grids, code versions) as it was fixed before the digits runs; changing any of
+    # these after looking at the digits results would make the Occam bound's prior data-dependent
+    menu = [(c.d_model, c.n_heads, c.n_layers, c.d_ff, c.readout, c.norm, c.activation, c.d_input, c.max_len,
+             c.n_outputs) for c in ARCHITECTURE_MENUS["digits"]]
+    assert menu == [(d, h, l, f, r, "none", "relu", 8, 8, 10) for r in ("mean", "first")
+                    for d, h, l, f in ((4, 1, 1, 4), (8, 1, 1, 8), (8, 2, 2, 16), (16, 2, 1, 32))]
+    assert (SCALE_STEPS_PER_OCTAVE, CODE_VERSIONS, VERSION_BITS) == (8, (2, 3), 2)
+    # two runs that differ only in how the model is found (QAT step, L1, grid, scale alignment,
+    # search): both are paid with the same fixed code and decode from it with nothing but the menu
+    torch.set_num_threads(1)
+    # (TINY_DIGITS itself is the CLI test's run)
+    for cfg in (replace(TINY_DIGITS, qat_lr=None, l1=1e-2, levels=1, align_scales=False, refine_passes=0),):
+        c = run_case(cfg)
+        _check_digits_case((c.codeword, c.total_bits, c.bound.mistakes), cfg)
+        assert c.architecture_bits == 2 + 3 and c.bound.description_bits == c.total_bits
+        assert c.bound.kl == kl_occam_bound(error_rate_upper(c.bound.mistakes, cfg.n_train), c.total_bits,
+                                            cfg.n_train, cfg.delta)
+
+
+def test_cli_digits_prints_the_bound_of_its_decodable_codeword(tmp_path, monkeypatch, capsys):
+    import transcover.train as train_pkg
+
+    monkeypatch.setattr(train_pkg, "FULL_PLAN", (TINY_DIGITS,))
+    out = tmp_path / "nv"
+    assert main(["experiment", "nonvacuous", "--tasks", "digits", "--out", str(out)]) == 0
+    row = json.loads((out / "nonvacuous.json").read_text())["cases"][0]
+    assert row["config"]["qat_lr"] == 1e-2 and row["config"]["align_scales"] is True
+    _check_digits_case((row["codeword"]["hex"], row["codeword"]["bits"], row["mistakes"]), TINY_DIGITS)
+    kl = kl_occam_bound(error_rate_upper(row["mistakes"], row["n"]), row["codeword"]["bits"], row["n"], 0.05)
+    assert row["kl_bound"]["value"] == kl
+    assert f"{kl:.4f}" in capsys.readouterr().out

@@ -31,7 +31,7 @@ from .._sources import TensorSource
 from .._spec import LayerSequence, LayerSpec, NormKind, Placement, TransformerSpec
 from ._common import (
     DECODER_ROLES, activation_from_name, count_layers, decoder_attention, find_prefix, gated_ffn, layer_norm,
-    lazy_embeddings, no_layers, require, summary, transpose, unexpected_layer_tensors,
+    lm_embeddings, no_layers, require, summary, unexpected_layer_tensors,
 )
 from ._windows import sliding_windows
 
@@ -96,11 +96,7 @@ def build_llama(src: TensorSource, config: dict, name: str) -> TransformerSpec:
         )
 
     # LlamaForCausalLM keeps lm_head beside ``model.``; its weight (V, d) un-embeds as x @ W^T.
-    outer = prefix[: -len("model.")] if prefix.endswith("model.") else prefix
-    embeddings = lazy_embeddings(src, {
-        "token_embedding": (prefix + "embed_tokens.weight", None),
-        "unembedding": (outer + "lm_head.weight", transpose),
-    })
+    embeddings = lm_embeddings(src, prefix, "model.", "embed_tokens.weight")
     final_norm = layer_norm(src, prefix + "norm.weight", None, d, eps, NormKind.RMSNORM)
     out = summary(config, src, n, H, H_kv, dh, d_ff, act.value, prefix, embeddings.names)
     out["rope_theta"] = rope.theta

@@ -19,7 +19,7 @@ from .._sources import TensorSource
 from .._spec import LayerSequence, LayerSpec, NormKind, NormSpec, Placement, TransformerSpec
 from ._common import (
     DECODER_ROLES, activation_from_name, count_layers, decoder_attention, find_prefix, gated_ffn, layer_norm,
-    lazy_embeddings, no_layers, require, summary, transpose, unexpected_layer_tensors,
+    lm_embeddings, no_layers, require, summary, unexpected_layer_tensors,
 )
 
 __all__ = ["build_olmo2"]
@@ -64,11 +64,7 @@ def build_olmo2(src: TensorSource, config: dict, name: str) -> TransformerSpec:
             names={r: v for r, v in names.items() if v in src},
         )
 
-    outer = prefix[: -len("model.")] if prefix.endswith("model.") else prefix
-    embeddings = lazy_embeddings(src, {
-        "token_embedding": (prefix + "embed_tokens.weight", None),
-        "unembedding": (outer + "lm_head.weight", transpose),
-    })
+    embeddings = lm_embeddings(src, prefix, "model.", "embed_tokens.weight")
     out = summary(config, src, n, H, H_kv, dh, d_ff, act.value, prefix, embeddings.names)
     out.update(rope_theta=rope.theta, qk_norm_scope="all", post_norms_only=True)
     return TransformerSpec(

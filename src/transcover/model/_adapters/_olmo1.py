@@ -27,8 +27,8 @@ from .._rope_scaling import rope_from_config
 from .._sources import TensorSource
 from .._spec import AttentionSpec, FFNSpec, LayerSequence, LayerSpec, NormKind, NormSpec, Placement, TransformerSpec
 from ._common import (
-    activation_from_name, find_prefix, heads_bias, heads_in, heads_out, layer_count, lazy_embeddings, linear_weight,
-    outer_prefix, present, require, summary, transpose, unexpected_layer_tensors,
+    activation_from_name, find_prefix, heads_bias, heads_in, heads_out, layer_count, linear_weight, lm_embeddings,
+    present, require, summary, unexpected_layer_tensors,
 )
 
 __all__ = ["build_olmo1", "CLIP_QKV_REASON"]
@@ -86,8 +86,7 @@ def build_olmo1(src: TensorSource, config: dict, name: str) -> TransformerSpec:
         return LayerSpec(index=i, attention=attn, ffn=ffn, norm_attn=norm, norm_ffn=norm, placement=Placement.PRE,
                          names=present(names, src))
 
-    embeddings = lazy_embeddings(src, {"token_embedding": (prefix + "embed_tokens.weight", None),
-                                       "unembedding": (outer_prefix(prefix, "model.") + "lm_head.weight", transpose)})
+    embeddings = lm_embeddings(src, prefix, "model.", "embed_tokens.weight")
     out = summary(config, src, n, H, H_kv, dh, d_ff, act.value, prefix, embeddings.names)
     out["rope_theta"] = rope.theta
     return TransformerSpec(

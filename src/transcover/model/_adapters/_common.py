@@ -280,6 +280,17 @@ def outer_prefix(prefix: str, inner: str) -> str:
     return prefix[: -len(inner)] if prefix.endswith(inner) else prefix
 
 
+def decoder_dims(config: dict, *, arch: str, name: str) -> tuple[int, int, int, int, int]:
+    """``(d, H, H_kv, d_head, d_ff)`` of a Llama-style decoder configuration: ``hidden_size``,
+    ``num_attention_heads``, ``intermediate_size`` required; ``num_key_value_heads`` defaults to H
+    (multi-head), ``head_dim`` to ``d // H``."""
+    d = int(require(config, "hidden_size", arch=arch, name=name))
+    H = int(require(config, "num_attention_heads", arch=arch, name=name))
+    H_kv = int(config.get("num_key_value_heads") or H)
+    dh = int(config.get("head_dim") or d // H)
+    return d, H, H_kv, dh, int(require(config, "intermediate_size", arch=arch, name=name))
+
+
 def lm_embeddings(src: TensorSource, prefix: str, inner: str, token: str) -> LazyTensors:
     """A causal LM's token embedding ``prefix + token`` and its un-embedding ``lm_head.weight`` (V, d),
     kept beside the base model ``inner`` (:func:`outer_prefix`) and read as ``x @ W^T``."""

@@ -164,3 +164,52 @@ def test_sweep_is_monotone_and_keeps_the_order():
 def test_bad_radius_is_one_clear_error(rho):
     with pytest.raises(InputError, match="rho must be"):
         ball_lower(torch.tanh, torch.ones(2, 3, dtype=torch.float64), rho)
+
+
+@pytest.mark.parametrize("placement", ["post", "pre"])
+def test_local_table_ball_lower_beside_the_point_lower(placement, capsys, monkeypatch):
+    """``local_table(ball=...)``: every row searched on its own certified input ball carries the point
+    lower and a ball lower at least as large (checked against the row's certificate inside), the
+    components' balls mapped to the stage functions' inputs (pre-LN stages start at their norm); the
+    table prints both columns."""
+    from transcover.lipschitz._local_report import local_table
+    from transcover.report import render_local
+
+    monkeypatch.setenv("COLUMNS", "200")  # rich wraps the headers at 80 columns
+    spec = random_spec(13, act="gelu", L=1, norm="layernorm", placement=placement, scale=1.5)
+    seqs = [torch.randn(3, 6, generator=torch.Generator().manual_seed(3), dtype=torch.float64)]
+    kw = dict(steps=2, restarts=0, pair_steps=1, pair_restarts=0)
+    base = local_table(spec, seqs, [1e-2, 0.3], lower_iter=5)
+    rows = local_table(spec, seqs, [1e-2, 0.3], lower_iter=5, ball=kw, ball_components=True)
+    assert [(r.rho_factor, r.layer, r.component) for r in rows] == [(r.rho_factor, r.layer, r.component) for r in base]
+    for r, b in zip(rows, base):
+        assert r.local_upper == b.local_upper and r.point_lower == b.lower
+        assert r.point_lower <= r.lower <= r.local_upper * (1 + 1e-12)
+        assert r.to_dict()["point_lower"] == r.point_lower
+    big = [r for r in rows if r.rho_factor == 0.3 and r.component == "layer"]
+    assert any(r.lower > 1.01 * r.point_lower for r in big)  # a ball of 0.3 x the token norm moves the Jacobian
+    render_local("random13", 1, rows, True)
+    out = capsys.readouterr().out
+    assert "ball lower" in out and "point lower" in out
+    # without ball: the old table, one lower column
+    render_local("random13", 1, base, True)
+    assert "ball lower" not in capsys.readouterr().out
+
+
+def test_cli_ball_lower_with_scale_options_is_one_line(tmp_path):
+    """``--ball-lower`` runs in one process: with the scale options it is refused before anything loads
+    (exit 2, one line, nothing written)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parents[2] / "src"
+    env = {**os.environ, "PYTHONPATH": str(src), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    out = tmp_path / "o.json"
+    r = subprocess.run([sys.executable, "-m", "transcover.cli", "lipschitz", "--data", "sklearn-descr", "--limit", "1",
+                        "--ball-lower", "layers", "--workers", "2", "--json", str(out)],
+                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    lines = [x for x in r.stderr.strip().splitlines() if x.strip()]
+    assert r.returncode == 2 and len(lines) == 1 and "--ball-lower" in lines[0], r.stderr
+    assert not out.exists()

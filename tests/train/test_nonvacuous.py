@@ -91,7 +91,8 @@ def test_config_rejects_bad_values():
     from transcover._errors import InputError
 
     for kw in ({"task": "nope"}, {"n_train": 0}, {"arch": 99}, {"delta": 0.0}, {"task": "digits", "n_train": 5000},
-               {"prior_split": 0.95}, {"prior_split": 1}):
+               {"prior_split": 0.95}, {"prior_split": 1}, {"qat_lr": 0.0}, {"qat_lr": float("nan")},
+               {"finetune_candidates": 0}):
         with pytest.raises(InputError):
             NonvacuousConfig(**kw)
 

@@ -104,11 +104,12 @@ class NonvacuousConfig:
     refine_passes: int = 0  # sweeps of single-integer coordinate descent on the bound (search_refine)
     qat_lr: float | None = None  # Adam step of the quantisation-aware fine-tuning; None: lr / 3
     align_scales: bool = False  # shift the scales of rescaling pairs (W_Q/W_K, ...) for shorter headers (search_align)
+    finetune_candidates: int = 1  # fine-tune and search from this many float restarts (best first), keep the best bound
 
     def __post_init__(self) -> None:
         if self.task not in NONVACUOUS_TASKS:
             raise InputError(f"task must be one of {', '.join(NONVACUOUS_TASKS)}, but got task={self.task!r}")
-        for name in ("n_train", "n_test", "batch_size", "levels", "restarts", "search_samples"):
+        for name in ("n_train", "n_test", "batch_size", "levels", "restarts", "search_samples", "finetune_candidates"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise InputError(f"{name} must be a positive integer, but got {name}={v!r}")
@@ -274,16 +275,16 @@ def _grid(params: dict[str, Tensor], levels: dict[str, int], shared_scale: bool)
     return {name: (m, k) for name in levels}
 
 
-def _float_model(config: NonvacuousConfig, menu: tuple[ReferenceConfig, ...], X: Tensor, y: Tensor,
-                 say: Callable[[str], None]) -> tuple[ReferenceTransformer, int]:
-    """Float training with up to ``config.restarts`` seeds, keeping the lowest training error.
+def _float_models(config: NonvacuousConfig, menu: tuple[ReferenceConfig, ...], X: Tensor, y: Tensor,
+                  say: Callable[[str], None]) -> list[ReferenceTransformer]:
+    """Float training with up to ``config.restarts`` seeds; the models, lowest training error first.
 
     Restarts stop at the first model whose training error is within 0.02 of the task's noise
     floor (sparse majority can stall on a one-token solution with 25 % error).  Choosing among
     restarts by training error is allowed: the bound is uniform over every describable model.
     """
     floor = _NOISE if config.task == "majority-noise" else 0.0
-    best, best_err = None, math.inf
+    runs: list[tuple[float, int, ReferenceTransformer]] = []
     for r in range(config.restarts):
         seed = config.seed + 1000 * r
         torch.manual_seed(seed)
@@ -293,11 +294,17 @@ def _float_model(config: NonvacuousConfig, menu: tuple[ReferenceConfig, ...], X:
              seed=seed)
         with torch.no_grad():
             err = float((model(X).argmax(-1) != y).double().mean())
-        if err < best_err:
-            best, best_err = model, err
-        if best_err <= floor + 0.02:
-            return best, r + 1
-    return best, config.restarts
+        runs.append((err, r, model))
+        if err <= floor + 0.02:
+            break
+    return [model for _, _, model in sorted(runs, key=lambda run: run[:2])]
+
+
+def _float_model(config: NonvacuousConfig, menu: tuple[ReferenceConfig, ...], X: Tensor, y: Tensor,
+                 say: Callable[[str], None]) -> tuple[ReferenceTransformer, int]:
+    """The float model of :func:`_float_models` with the lowest training error, and the restarts run."""
+    models = _float_models(config, menu, X, y, say)
+    return models[0], len(models)
 
 
 def _finetune(model: ReferenceTransformer, config: NonvacuousConfig, menu: tuple[ReferenceConfig, ...], X: Tensor,
@@ -349,24 +356,30 @@ def run_case(config: NonvacuousConfig, progress: Callable[[str], None] | None = 
     say = progress or (lambda _msg: None)
     X, y, X_te, y_te = task_data(config.task, config.n_train, config.n_test, config.seed)
     menu = ARCHITECTURE_MENUS[config.task]
-    model, restarts = _float_model(config, menu, X, y, say)
-    with torch.no_grad():
-        float_err = float((model(X_te).argmax(-1) != y_te).double().mean())
-    trained = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    desc, levels = _finetune(model, config, menu, X, y, say)
-    bits = CODES[config.code]
-    desc = search_greedy(desc, model, X, y, config.delta, config.greedy_passes, config.search_samples, bits,
-                         config.shared_scale)
-    if config.greedy_passes:
-        say(f"{config.task} n={config.n_train}: pruning single weights on the bound")
-        desc = search_prune(desc, model, X, y, config.delta, config.search_samples, bits=bits)
+    models = _float_models(config, menu, X, y, say)
+    restarts, bits, best = len(models), CODES[config.code], None
+    for i, model in enumerate(models[: config.finetune_candidates]):
+        with torch.no_grad():
+            float_err = float((model(X_te).argmax(-1) != y_te).double().mean())
+        trained = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        desc, levels = _finetune(model, config, menu, X, y, say)
+        desc = search_greedy(desc, model, X, y, config.delta, config.greedy_passes, config.search_samples, bits,
+                             config.shared_scale)
+        if config.greedy_passes:
+            say(f"{config.task} n={config.n_train}: pruning single weights on the bound")
+            desc = search_prune(desc, model, X, y, config.delta, config.search_samples, bits=bits)
+        kl = occam_bounds(mistakes(desc, X, y), config.n_train, bits(desc), config.delta).kl
+        say(f"{config.task} n={config.n_train}: float model {i}: kl bound {kl:.4f} before the local search")
+        if best is None or kl < best[0]:
+            best = (kl, desc, levels, float_err, trained, {k: v.clone() for k, v in model.state_dict().items()})
+    _, desc, levels, float_err, trained, qat_state = best
     if config.refine_passes:
         say(f"{config.task} n={config.n_train}: single-integer descent on the bound")
         desc = search_refine(desc, X, y, config.delta, config.search_samples, config.refine_passes, bits)
     if config.align_scales:
         desc = search_align(desc, X, y, config.delta, config.search_samples, bits)
     bound = occam_bounds(mistakes(desc, X, y), config.n_train, bits(desc), config.delta)
-    pairs = {"float model (before QAT)": trained, "QAT weights (rounded to the code)": model.state_dict()}
+    pairs = {"float model (before QAT)": trained, "QAT weights (rounded to the code)": qat_state}
     word = encode(desc) if config.code == "entropy" else encode_fixed(desc)
     return finish_case(config, desc, bound, word.to_bytes().hex(), pairs, (X, y, X_te, y_te),
                        t0=t0, restarts=restarts, levels=levels, float_err=float_err, say=say, cpu0=cpu0)

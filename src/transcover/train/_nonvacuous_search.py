@@ -71,25 +71,6 @@ def _scorer(X: Tensor, y: Tensor, delta: float, search_samples: int, bits: Bits)
     return score
 
 
-def _tiebreak_scorer(X: Tensor, y: Tensor, delta: float, search_samples: int,
-                     bits: Bits) -> Callable[[ModelDescription], tuple[float, float]]:
-    """``(kl bound, cross-entropy)`` of a described model, compared lexicographically: the bound
-    first, and among models with the same bound (most single-integer moves change no prediction)
-    the smaller summed cross-entropy, so a descent can cross the 0-1 loss's plateaus towards the
-    moves that do flip a mistake.  The cross-entropy only orders ties; the bound never rises."""
-    n = X.shape[0]
-    Xs, ys = X[:search_samples].double(), y[:search_samples]
-
-    @torch.no_grad()
-    def score(d: ModelDescription) -> tuple[float, float]:
-        logits = materialise(d, torch.float64)(Xs)
-        wrong = int((logits.argmax(dim=-1) != ys).sum())
-        ce = float(torch.nn.functional.cross_entropy(logits, ys, reduction="sum"))
-        return occam_bounds(min(n, round(wrong * n / Xs.shape[0])), n, bits(d), delta).kl, ce
-
-    return score
-
-
 def _zero_or(t: QuantisedTensor, Q: Tensor) -> QuantisedTensor:
     return QuantisedTensor(t.name, 0, 0, torch.zeros_like(Q)) if not Q.any() else QuantisedTensor(t.name, t.m, t.k, Q)
 
@@ -171,7 +152,7 @@ def _moves(q: int, m: int) -> list[int]:
 
 
 def search_refine(desc: ModelDescription, X: Tensor, y: Tensor, delta: float, search_samples: int,
-                  passes: int, bits: Bits = description_bits, tiebreak: bool = False) -> ModelDescription:
+                  passes: int, bits: Bits = description_bits) -> ModelDescription:
     """Local search on the bound over the described model's integers and scales (first improvement).
 
     A sweep tries, for every integer of every non-zero tensor, the values of :func:`_moves` (the
@@ -182,7 +163,7 @@ def search_refine(desc: ModelDescription, X: Tensor, y: Tensor, delta: float, se
     weighs both exactly (digits: 218 integers, a sweep is about 600 forward passes over 1437
     images).  The float weights play no part: this searches the code's own models directly.
     """
-    score = (_tiebreak_scorer if tiebreak else _scorer)(X, y, delta, search_samples, bits)
+    score = _scorer(X, y, delta, search_samples, bits)
     best, best_score = desc, score(desc)
 
     def put(i: int, t: QuantisedTensor) -> ModelDescription:

@@ -329,3 +329,12 @@ def test_cli_digits_prints_the_bound_of_its_decodable_codeword(tmp_path, monkeyp
     kl = kl_occam_bound(error_rate_upper(row["mistakes"], row["n"]), row["codeword"]["bits"], row["n"], 0.05)
     assert row["kl_bound"]["value"] == kl
     assert f"{kl:.4f}" in capsys.readouterr().out
+
+
+def test_more_finetune_candidates_never_raise_the_bound_before_the_local_search():
+    torch.set_num_threads(1)
+    base = replace(TINY_DIGITS, refine_passes=0, align_scales=False, restarts=2)
+    one, two = run_case(base), run_case(replace(base, finetune_candidates=2))
+    assert one.restarts_used == two.restarts_used == 2
+    assert two.bound.kl <= one.bound.kl
+    _check_digits_case((two.codeword, two.total_bits, two.bound.mistakes), base)

@@ -103,7 +103,7 @@ class NonvacuousConfig:
     shared_scale: bool = False  # one grid scale for every matrix instead of one per matrix (ablation)
     refine_passes: int = 0  # sweeps of single-integer coordinate descent on the bound (search_refine)
     qat_lr: float | None = None  # Adam step of the quantisation-aware fine-tuning; None: lr / 3
-    align_scales: bool = False  # shift the scales of rescaling pairs (W_Q/W_K, ...) for shorter headers (search_align)
+    align_scales: bool = False  # re-express the same model with a shorter code (search_align), alternating with refine
     finetune_candidates: int = 1  # fine-tune and search from this many float restarts (best first), keep the best bound
 
     def __post_init__(self) -> None:
@@ -373,9 +373,14 @@ def run_case(config: NonvacuousConfig, progress: Callable[[str], None] | None = 
         if best is None or kl < best[0]:
             best = (kl, desc, levels, float_err, trained, {k: v.clone() for k, v in model.state_dict().items()})
     _, desc, levels, float_err, trained, qat_state = best
-    if config.refine_passes:
-        say(f"{config.task} n={config.n_train}: single-integer descent on the bound")
-        desc = search_refine(desc, X, y, config.delta, config.search_samples, config.refine_passes, bits)
+    # the re-expression of search_align changes the code lengths the local search weighs (a tensor
+    # moved to a larger grid may now take larger integers), so the two alternate: twice, then align
+    for _ in range(2 if config.align_scales and config.refine_passes else 1):
+        if config.align_scales:
+            desc = search_align(desc, X, y, config.delta, config.search_samples, bits)
+        if config.refine_passes:
+            say(f"{config.task} n={config.n_train}: single-integer descent on the bound")
+            desc = search_refine(desc, X, y, config.delta, config.search_samples, config.refine_passes, bits)
     if config.align_scales:
         desc = search_align(desc, X, y, config.delta, config.search_samples, bits)
     bound = occam_bounds(mistakes(desc, X, y), config.n_train, bits(desc), config.delta)

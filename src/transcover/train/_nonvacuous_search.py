@@ -222,17 +222,29 @@ def _shifted(desc: ModelDescription, group: tuple[tuple[str, ...], tuple[str, ..
     return replace(desc, tensors=tensors)
 
 
+def _relevelled(desc: ModelDescription, i: int, m: int) -> ModelDescription:
+    t = desc.tensors[i]
+    return replace(desc, tensors=desc.tensors[:i] + (QuantisedTensor(t.name, m, t.k, t.Q),) + desc.tensors[i + 1 :])
+
+
 def search_align(desc: ModelDescription, X: Tensor, y: Tensor, delta: float, search_samples: int,
                  bits: Bits = description_bits, span: int = 24, rounds: int = 3) -> ModelDescription:
-    """Shorter headers for the same function: move the grid scales of the rescaling pairs of
-    :func:`_rescaling_groups` against each other so that neighbouring tensors' scale indices
-    agree (the delta headers of code version 3 then cost a bit or two instead of ~8).
+    """The same function under a shorter codeword: two kinds of moves that keep every weight.
 
-    Coordinate descent over one shift ``j in [-span, span]`` per pair on the code length; the
-    shifted model computes the same function in exact arithmetic, and the (strictly shorter) result
-    is kept only if its kl bound, scored like every other step on the model as the code decodes it
-    (float64 rounding included), is not higher.  Zero tensors (``m = 0``) have no scale and stay."""
+    1. Move the grid scales of the rescaling pairs of :func:`_rescaling_groups` against each other
+       (``j in [-span, span]`` steps), so that neighbouring tensors' scale indices agree: the delta
+       headers of code version 3 then cost a bit or two instead of ~8.
+    2. Give a non-zero tensor another level count ``m' >= max|Q|`` (up to the largest ``m`` of the
+       model): the weights ``s_k Q`` are unchanged, and tensors with one ``m`` share one composition
+       in the payload and a 1-bit ``m`` header, so a tensor whose integers fit a smaller grid can be
+       cheaper on the common one.
+
+    Coordinate descent on the code length.  Move 2 is exact; move 1 is exact in real arithmetic,
+    so the (strictly shorter) result is kept only if its kl bound, scored like every other step on
+    the model as the code decodes it (float64 rounding included), is not higher.  Zero tensors
+    (``m = 0``) have no scale and stay as they are."""
     groups = _rescaling_groups(desc.menu[desc.arch])
+    top = max((t.m for t in desc.tensors), default=0)
     best, best_len = desc, bits(desc)
     for _ in range(rounds):
         improved = False
@@ -241,6 +253,16 @@ def search_align(desc: ModelDescription, X: Tensor, y: Tensor, delta: float, sea
                 if not j:
                     continue
                 cand = _shifted(best, g, j)
+                length = bits(cand)
+                if length < best_len:
+                    best, best_len, improved = cand, length, True
+        for i, t in enumerate(best.tensors):
+            if not t.m:
+                continue
+            for m in range(int(t.Q.abs().max()), top + 1):
+                if m == best.tensors[i].m:
+                    continue
+                cand = _relevelled(best, i, m)
                 length = bits(cand)
                 if length < best_len:
                     best, best_len, improved = cand, length, True

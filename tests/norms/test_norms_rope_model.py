@@ -137,3 +137,16 @@ def test_the_bounds_state_the_sequence_length_the_sup_covers():
     plain = dataclasses.replace(spec, layers=[dataclasses.replace(spec.layers[0], attention=dataclasses.replace(
         a, rope=None))])
     assert not any("RoPE" in x for x in lipschitz_bounds(plain).upper.assumptions)
+
+
+def test_a_sequence_longer_than_the_rope_context_is_refused():
+    """The sup covers offsets below max_position only: a longer seq_len gets one clear InputError (a
+    bound that silently covered longer sequences would be a false certificate)."""
+    from transcover._errors import InputError
+
+    spec = _spec(4)
+    lipschitz_bounds(spec, seq_len=P)  # at the context length: fine
+    with pytest.raises(InputError, match=f"exceeds the RoPE model's max_position={P}"):
+        lipschitz_bounds(spec, seq_len=P + 1)
+    with pytest.raises(InputError, match="max_position"):
+        perturbation_bound(spec, spec, radius=1.0, seq_len=P + 1)

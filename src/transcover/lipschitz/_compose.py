@@ -127,6 +127,9 @@ def _assumptions(metric: str, radius: float, c_sm: float, sigma_min: float, seq_
                    else "LayerNorm/RMSNorm: global constant max|gamma|/sqrt(eps), no variance floor")
     P = min((L.rope_positions for L in layers if L.rope_positions is not None), default=None)
     if P is not None:  # B_KQ is the sup over the relative offsets of such sequences (THEORY F22)
+        if seq_len is not None and seq_len > P:
+            raise InputError(f"seq_len={seq_len} exceeds the RoPE model's max_position={P}: its score-matrix "
+                             "bound covers relative offsets below max_position only")
         out.append(f"RoPE: sequences of at most max_position={P} tokens")
     return tuple(out)
 

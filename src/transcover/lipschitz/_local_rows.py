@@ -48,11 +48,14 @@ from ._local_jacobian import (
     LayerJacobian, _f64, _floor, _head_data, _norm_parts, _weight_norms,
     certified_lmax, certified_spectral,
 )
+from ._local_sharp import chi_bound, ffn_unit_drift, head_moves, score_moves, softmax_envelope, visible_diameter
 from ._weights import ROUNDING_PAD
 
 __all__ = ["layer_rows", "ffn_drift_constant", "row_weights"]
 
 _U = 2.0**-53
+# F31e: sub-balls per radius for the stage radii (the right Riemann sum of the stage sups); cost x RIEMANN_STEPS
+RIEMANN_STEPS = 2
 
 
 def ffn_drift_constant(ffn, *, centred: bool = False) -> float:  # noqa: ANN001
@@ -212,7 +215,8 @@ def _top_padded(K: Tensor) -> Tensor:
 
 
 class _HeadMoments:
-    """Radius-free per-head, per-query Grams and norms the attention drift uses (Note [attention drift rows])."""
+    """Radius-free per-head, per-query Grams and norms the attention drift uses (Note [attention drift rows]),
+    and per query the diameters of the visible keys' values and score gradients (F31)."""
 
     def __init__(self, heads, scale: float) -> None:  # noqa: ANN001
         self.rows = []
@@ -220,37 +224,48 @@ class _HeadMoments:
             V = Y @ Wv
             Gy = scale * (Y @ Wk) @ Wq.T
             KY, KV, KG = (R @ R.transpose(1, 2) for R in (Y, V, Gy))
+            # differences of the rows of Y[0], V[0], Gy[0] are x_j - x_k, W_V^T (x_j - x_k), G (x_j - x_k):
+            # the same for every query, so one pairwise table serves all rows
+            vis = P > 0
             self.rows.append({"P": P, "yn": Y.norm(dim=-1), "qn": q.norm(dim=-1), "vn": V.norm(dim=-1),
                               "gn": Gy.norm(dim=-1), "KY": KY, "KV": KV, "KG": KG,
-                              "lV": _lmax_gram(KV, P), "lG": _lmax_gram(KG, P)})
+                              "lV": _lmax_gram(KV, P), "lG": _lmax_gram(KG, P), "lY": _lmax_gram(KY, P),
+                              "dY": visible_diameter(Y[0], vis), "dV": visible_diameter(V[0], vis),
+                              "dG": visible_diameter(Gy[0], vis)})
 
 
 def attention_drift_rows(mom: _HeadMoments, r: float, norms: dict) -> Tensor:
     r"""(H, T): per head and query, a certified bound on ``nu_i(Z'^h - Z^h)`` over ``B(X, r)``, ``Z^h_ij
     = W_V^T Q^h_ij`` the head's Jacobian blocks before ``W_O`` (Note [attention drift rows]).
 
-    Source: THEORY F17d.  Assumptions: every token within ``r`` of X; dot attention without RoPE."""
+    Source: THEORY F17d, with F31a's envelope (``|P'_j - P_j| <= min(P_j eps_j, a_j)``) and F31c's
+    per-key move of ``y_j``: ``y'_j - y_j = (e_j - sum_k P'_k e_k) - sum_k (P'_k - P_k) y_k``, so
+    ``||dy_j|| <= 2 r (1 - lo_j) + m2`` with ``m2`` the mean's softmax part.  Assumptions: every token
+    within ``r`` of X; dot attention without RoPE."""
     out = []
     for h, m in enumerate(mom.rows):
         P, nG, nV = m["P"], norms["G"][h], norms["V"][h]
-        delta = r * (m["gn"] * (1 + 1e-12) + m["qn"][:, None] * (1 + 1e-12) + nG * r) * (1 + 1e-12)
-        delta = torch.where(P > 0, delta, torch.zeros_like(delta))  # masked keys keep P' = 0
+        delta, osc = score_moves(m, r, nG)
         mbar = (P * delta).sum(dim=1)
         lse = torch.log((P * torch.exp(delta)).sum(dim=1))
         eps = torch.maximum(torch.expm1(delta + mbar[:, None]), delta + lse[:, None]) * (1 + 1e-10)
-        a = P * eps
+        env, lo, tv = softmax_envelope(P, delta, osc)
+        a = torch.minimum(P * eps, env)
         sa = a.sum(dim=1)
-        # the mean's move: sum_j dP_j y_j = (1/Z) sum_j P_j (e^{delta_j} - 1) y_j (sum_j P_j y_j = 0),
-        # 1/Z <= e^{mbar} (Jensen), Cauchy-Schwarz with sum_j P_j = 1
+        # the mean's softmax part: sum_j dP_j y_j = (1/Z) sum_j P_j (e^{delta_j} - 1) y_j (sum_j P_j y_j = 0),
+        # 1/Z <= e^{mbar} (Jensen), Cauchy-Schwarz with sum_j P_j = 1; or |dP_j| <= a_j; or TV times the diameter
         et = torch.expm1(delta) * (1 + 1e-10)
-        mv = r + torch.exp(mbar) * torch.minimum((P * et * m["yn"]).sum(dim=1), torch.sqrt(_lmax_gram(m["KY"], P * et * et)))
-        dy = r + mv
+        m2 = torch.exp(mbar) * torch.minimum((P * et * m["yn"]).sum(dim=1), torch.sqrt(_lmax_gram(m["KY"], P * et * et)))
+        m2 = torch.minimum(torch.minimum(m2, (a * m["yn"]).sum(dim=1)), tv * m["dY"])
+        m2 = torch.minimum(m2, chi_bound(m, r, nG, delta) * torch.sqrt(m["lY"]))
+        dy = (2 * r * (1 - lo) * (1 + 1e-12) + m2[:, None]) * (1 + 1e-12)  # (T, T): ||y'_ij - y_ij||
+        dyP = torch.sqrt((P * dy * dy).sum(dim=1))
+        dya = torch.sqrt((a * dy * dy).sum(dim=1))
         qp = m["qn"] + nG * r
         t1 = nV * sa
-        t2 = (a * (m["vn"] + nV * dy[:, None])).sum(dim=1) * qp + nV * dy * qp + (P * m["vn"]).sum(dim=1) * nG * r
-        t3 = ((torch.sqrt(_lmax_gram(m["KV"], a)) + nV * dy * torch.sqrt(sa))
-              * (torch.sqrt(_lmax_gram(m["KG"], a)) + nG * dy * torch.sqrt(sa))
-              + nV * dy * (torch.sqrt(m["lG"]) + nG * dy) + torch.sqrt(m["lV"]) * nG * dy)
+        t2 = (a * (m["vn"] + nV * dy)).sum(dim=1) * qp + nV * (P * dy).sum(dim=1) * qp + (P * m["vn"]).sum(dim=1) * nG * r
+        t3 = ((torch.sqrt(_lmax_gram(m["KV"], a)) + nV * dya) * (torch.sqrt(_lmax_gram(m["KG"], a)) + nG * dya)
+              + nV * dyP * (torch.sqrt(m["lG"]) + nG * dyP) + torch.sqrt(m["lV"]) * nG * dyP)
         # an overflowed term times a zero weight is nan; the bound there is the certified inf
         out.append(torch.nan_to_num((t1 + t2 + t3) * (1 + 1e-10), nan=math.inf, posinf=math.inf))
     return torch.stack(out)
@@ -424,29 +439,56 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
            else 2 * activation_lipschitz(ffn.activation)) * norms["W1"] * norms["W2"] * (1 + ROUNDING_PAD)
     lffn = activation_lipschitz(ffn.activation) * norms["W1"] * norms["W2"] * (1 + ROUNDING_PAD) ** 2
 
-    def dF_of(rh: Tensor) -> Tensor:
-        return torch.minimum(torch.minimum(kappa * rh, s2nd * norms["ffn_curv"] * rh), torch.full_like(rh, cap))
+    zd = z.detach()
+    unit_cache: dict = {}
 
-    out = []
-    for r in radii:
-        r = float(r)
+    def units(rh: Tensor) -> tuple[Tensor, Tensor]:
+        key = id(rh)
+        if key not in unit_cache:
+            unit_cache.clear()
+            unit_cache[key] = (rh, ffn_unit_drift(ffn, zd, norms["n1"], rh))
+        return unit_cache[key][1]
+
+    def dF_of(rh: Tensor) -> Tensor:
+        glob = torch.minimum(torch.minimum(kappa * rh, s2nd * norms["ffn_curv"] * rh), torch.full_like(rh, cap))
+        return torch.minimum(glob, units(rh)[0])
+
+    def dF_half(rh: Tensor) -> Tensor:
+        """``int_0^1 sup ||F(h + t dh) - F(h)|| dt`` for ``||dh|| <= rh``: the linear bounds halve, the cap stays."""
+        glob = torch.minimum(torch.minimum(kappa * rh, s2nd * norms["ffn_curv"] * rh) / 2, torch.full_like(rh, cap))
+        return torch.minimum(glob, units(rh)[1])
+
+    def one(r: float, subs: list) -> tuple[LayerJacobian, dict]:
         rr = torch.full((T,), r, dtype=torch.float64)
+
+        def riemann(name: str, sup_r: Tensor) -> Tensor:
+            """F31e: a stage's move is ``int_0^1 nu(J_s(X + tE)) ||E|| dt``, and for ``t`` in ``[t_k, t_{k+1}]`` the
+            point lies in ``B(X, t_{k+1} r)``: r times the mean of the stage sups at ``t_k r`` (right Riemann sum)."""
+            return r * sum([s[name] for s in subs] + [sup_r]) / (len(subs) + 1)
+
         if post:
             dZ = attention_drift_rows(mom, r, norms)
             dB = _heads_combined(Oh, Oall, dZ)
             A = a_pt + dB
             AP = aP_pt + dB  # ||P W_O^hT|| <= ||W_O^hT||
             att_rows = A + 1  # nu_i(A') <= nu_i(B') + 1
-            r1 = rr * AP * (1 + 1e-12)
+            # F31b: the smaller of r times the Jacobian sup and the sublayer's own move (residual + attention)
+            r1 = torch.minimum(riemann("AP", AP), rr + _heads_combined(Oh, Oall, head_moves(mom, r, norms))) * (1 + 1e-12)
             e1, sf1 = _ln_drift(layer.norm_attn, sig1, r1, d)
             # Delta D1 = Delta D1 P: it acts on P B' (centred), whose rows are at most AP
             Hs = torch.minimum(h_pt + g1 * e1 * AP + _heads_combined(D1Oh, D1O, dZ), g1 / sf1 * AP if sig1 is not None else A)
-            rh = rr * Hs * (1 + 1e-12)
+            rh = riemann("Hs", Hs)
+            if sig1 is not None:  # ||D1'|| <= max|gamma|/s_floor on the ball of radius r1
+                rh = torch.minimum(rh, g1 / sf1 * r1)
+            else:
+                rh = torch.minimum(rh, r1)
+            rh = rh * (1 + 1e-12)
             dF = dF_of(rh)
             # centred (P (I+F') D1' B'): ||P dF|| <= kappaP rh, ||P X|| <= ||X||
             Gs = torch.minimum(g_pt + dF * Hs + nIF * g1 * e1 * AP + _heads_combined(IFD1Oh, IFD1O, dZ), (nIF + dF) * Hs)
             Gs = torch.minimum(Gs, (1 + lffn) * Hs)
-            r2 = rr * Gs * (1 + 1e-12)
+            # F31b: S2' - S2 = (I + F) dh + int_0^1 (F(h + t dh) - F(h)) dh dt, the remainder <= dF(rh)/2 rh
+            r2 = torch.minimum(riemann("Gs", Gs), (nIF + dF_half(rh)).clamp(max=1 + lffn) * rh) * (1 + 1e-12)
             e2, sf2 = _ln_drift(layer.norm_ffn, sig2, r2, d)
             mixed = _heads_combined(MOh, MO, dZ)
             terms = {"norm_ffn (dD2)": g2 * e2 * Gs, "ffn (dF)": nD2 * dF * Hs,
@@ -455,6 +497,7 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
             if sig2 is not None:
                 total = torch.minimum(total, g2 / sf2 * Gs)
             stage = {"attention": r1, "norm_attn": rh, "ffn": r2}
+            sups = {"AP": AP, "Hs": Hs, "Gs": Gs}
         else:
             e1, sf1 = _ln_drift(layer.norm_attn, sig1, rr, d)
             sD1 = torch.minimum(g1 / sf1, nD1 + g1 * e1) if sig1 is not None else torch.ones(T, dtype=torch.float64)
@@ -465,7 +508,8 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
             mD1, mE1 = float(sD1.max()), float((g1 * e1).max())
             dB = dA * mD1 + att_rows * mE1
             A = torch.minimum(a_pt + dB, 1 + att_rows * mD1)
-            r1 = rr * A * (1 + 1e-12)
+            # F31b: the residual plus the attention's own move on its input ball of radius ry
+            r1 = torch.minimum(riemann("A", A), rr + _heads_combined(Oh, Oall, head_moves(mom, ry, norms))) * (1 + 1e-12)
             e2, sf2 = _ln_drift(layer.norm_ffn, sig2, r1, d)
             sD2 = torch.minimum(g2 / sf2, nD2 + g2 * e2) if sig2 is not None else torch.ones(T, dtype=torch.float64)
             rh = r1 * sD2 * (1 + 1e-12)
@@ -475,6 +519,7 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
                      "norm_attn (pre, dD1)": nM * att_rows * mE1}
             total = torch.minimum(point + sum(terms.values()), (nM + dM) * A)
             stage = {"attention": ry * torch.ones(T, dtype=torch.float64), "norm_ffn": r1, "ffn": rh}
+            sups = {"A": A}
         total = torch.where(torch.isfinite(total), total, torch.full_like(total, math.inf))
         # drift_rows bounds sup nu_i(J' - J) (the telescoped terms; _local_stack relies on it), the
         # capped total bounds sup nu_i(J') and may be smaller than point + drift
@@ -487,7 +532,13 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
         lj.stage_radii = stage
         if low is not None:
             lj.lower_rows, lj.lower_V = low, low_best
-        out.append(lj)
+        return lj, sups
+
+    out = []
+    for r in radii:
+        r = float(r)
+        subs = [one(k * r / RIEMANN_STEPS, [])[1] for k in range(1, RIEMANN_STEPS)]
+        out.append(one(r, subs)[0])
     return out
 
 

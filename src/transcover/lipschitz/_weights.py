@@ -116,6 +116,7 @@ class LayerBounds:
     has_b_Q: bool = False
     has_b_K: bool = False
     has_pos_bias: bool = False  # T5's relative position bias: G.3 charges its table per head (F28)
+    rope_positions: int | None = None  # RoPE: B_KQ is the sup over offsets below this (THEORY F22)
 
     @property
     def split_scores(self) -> bool:
@@ -135,7 +136,9 @@ def _norm_bounds(n: NormMeasure) -> NormBounds:
 
 def layer_bounds(m: LayerMeasure) -> LayerBounds:
     """The class bounds of one measured layer (``s * ||W_Q W_K^T||`` and ``s ||b_Q W_K^T||`` in float64,
-    covered by ``ROUNDING_PAD``; RoPE: ``s ||W_Q|| ||W_K||``, valid for every relative position).
+    covered by ``ROUNDING_PAD``; RoPE: ``s sup_{|delta| < P} ||W_Q R_delta W_K^T||``, the certified sup over
+    every relative position of a sequence of at most P = max_position tokens, Note [RoPE score matrix]
+    in ``norms._model``).
 
     RoPE with query/key biases (GPT-NeoX): ``s_ij = s (x_i W_Q + b_Q) R (x_j W_K + b_K)^T`` and
     ``|s_ij - s'_ij| <= s||W_Q|| (||W_K|| r + ||b_K||) ||dx_i|| + s||W_K|| (||W_Q|| r + ||b_Q||) ||dx_j||``,
@@ -149,7 +152,7 @@ def layer_bounds(m: LayerMeasure) -> LayerBounds:
                                            "`analyze` reports its per-expert norms")
     s = m.scale
     post = {k: None if getattr(m, k) is None else _norm_bounds(getattr(m, k)) for k in ("post_norm_attn", "post_norm_ffn")}
-    kq = tuple(s * h.W_QK.upper if h.W_QK is not None else s * h.W_Q.upper * h.W_K.upper for h in m.heads)
+    kq = tuple(s * h.W_QK.upper for h in m.heads)
     if m.rope and m.q_norm is None and m.k_norm is None:
         bkq = tuple(s * (h.W_Q.upper * (h.b_K or 0.0) + (h.b_Q or 0.0) * h.W_K.upper) for h in m.heads)
     else:
@@ -166,6 +169,7 @@ def layer_bounds(m: LayerMeasure) -> LayerBounds:
         has_query_bias=m.has_query_bias, has_output_bias=m.b_out is not None,
         has_b1=m.b_1 is not None, has_b2=m.b_2 is not None, has_bg=m.b_gate is not None,
         residual=m.residual, has_rope_qk_bias=m.has_rope_qk_bias, has_pos_bias=m.pos_bias_heads is not None, **post,
+        rope_positions=m.rope_positions,
     )
     fields_.update(_qk_norm_bounds(m))  # may replace B_Q (whole-projection norms)
     return LayerBounds(**fields_)
@@ -288,6 +292,8 @@ def class_max(a: ClassBounds, b: ClassBounds) -> ClassBounds:
                 kw[f.name] = _max_norm(va, vb)
             elif f.name in ("post_norm_attn", "post_norm_ffn"):  # both present or both absent (_architecture)
                 kw[f.name] = None if va is None else _max_norm(va, vb)
+            elif f.name == "rope_positions":  # B_KQ of each model holds below its own P: both below the smaller
+                kw[f.name] = min((v for v in (va, vb) if v is not None), default=None)
             elif f.name.startswith("has_"):  # a bias in either model is charged (absent = zero)
                 kw[f.name] = va or vb
             elif isinstance(va, tuple):

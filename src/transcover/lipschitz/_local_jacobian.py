@@ -101,12 +101,13 @@ def certified_lmax(G: Tensor, *, iters: int = 12, start: Tensor | None = None) -
     return certified_lmax_vec(G, start=start)[0]
 
 
-def _candidate(G: Tensor, start: Tensor | None, steps: int) -> tuple[Tensor, Tensor, Tensor]:
+def _candidate(G: Tensor, start: Tensor | None, steps: int, rounds: int = 3) -> tuple[Tensor, Tensor, Tensor]:
     """(theta, res, x): the top Ritz value, a residual-based pad and the Ritz vector per matrix.
     Small matrices: eigh; larger: a block Krylov space of ``steps`` blocks of ``KRYLOV_BLOCK``
     vectors (full reorthogonalisation) from ``start`` (default a fixed vector) and fixed random
-    vectors, then Rayleigh-Ritz with the stored products ``G Q``.  Only a candidate: nothing here is
-    certified, the Cholesky test is."""
+    vectors, Rayleigh-Ritz with the stored products ``G Q``; the matrices whose Ritz residual is
+    above ``1e-9 theta`` restart from their top Ritz block, up to ``rounds`` times.  Only a
+    candidate: nothing here is certified, the Cholesky test is."""
     n, _, d = G.shape
     if d <= 64:
         ev, V = torch.linalg.eigh(G)
@@ -115,6 +116,23 @@ def _candidate(G: Tensor, start: Tensor | None, steps: int) -> tuple[Tensor, Ten
     V = torch.randn(d, b, generator=torch.Generator().manual_seed(0), dtype=G.dtype).expand(n, d, b).clone()
     V[:, :, 0] = (torch.ones(n, d, dtype=G.dtype) / math.sqrt(d) + 1e-3 * torch.arange(d, dtype=G.dtype) / d
                   if start is None else start)
+    th = torch.zeros(n, dtype=G.dtype)
+    pad = torch.zeros(n, dtype=G.dtype)
+    x = torch.zeros(n, d, dtype=G.dtype)
+    idx = torch.arange(n)
+    for _ in range(rounds):
+        Gi = G if idx.numel() == n else G[idx]
+        t, p, Vb = _block_krylov(Gi, V, steps)
+        th[idx], pad[idx], x[idx] = t, p, Vb[:, :, -1]
+        more = p > 1e-9 * t
+        if not bool(more.any()):
+            break
+        idx, V = idx[more], Vb[more]
+    return th, pad, x
+
+
+def _block_krylov(G: Tensor, V: Tensor, steps: int) -> tuple[Tensor, Tensor, Tensor]:
+    """One block-Krylov Rayleigh-Ritz pass: (theta, pad, top Ritz block (n, d, b), largest last)."""
     V, _ = torch.linalg.qr(V)
     Qs, Ws = [], []
     for j in range(steps):
@@ -134,7 +152,8 @@ def _candidate(G: Tensor, start: Tensor | None, steps: int) -> tuple[Tensor, Ten
     x = Q @ y
     res = (W @ y - th[:, -1, None, None] * x).norm(dim=(1, 2))
     gap = (th[:, -1] - th[:, -2]).clamp(min=1e-300)
-    return th[:, -1].clamp(min=0.0), torch.minimum(res, 4 * res * res / gap), x[:, :, 0]
+    top = Q @ Y[:, :, -V.shape[2]:]
+    return th[:, -1].clamp(min=0.0), torch.minimum(res, 4 * res * res / gap), top
 
 
 def certified_lmax_vec(G: Tensor, *, start: Tensor | None = None, steps: int = KRYLOV_STEPS) -> tuple[Tensor, Tensor]:

@@ -14,7 +14,8 @@ autograd JVP of the layer), and the ball lower (``_local_lower.ball_lower_sweep`
 point witness: ascent of the Jacobian row norm over centres in the ball and of the pair ratio over
 pairs in the ball), both values every Lipschitz constant on the ball is at least.  Wall and CPU
 (user+sys) seconds of the certification are recorded per layer and sentence, the ball lower's wall
-seconds apart (``lower_seconds``).  Ratios
+seconds apart (``lower_seconds``); ``--workers 2`` (default) runs the sentences in two
+one-thread processes, and the JSON/log give the CPU of all processes and the load average.  Ratios
 are per sentence (upper and lower at the same point), then the max over sentences.  The whole
 network: the composed bound (``network_local``) against the Jacobian norm on ``--whole-n`` sentences.
 Writes local_lipschitz.json, local_lipschitz_ratio.png and local_lipschitz.md under ``--out``.

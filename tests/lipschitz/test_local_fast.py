@@ -16,8 +16,8 @@ from lipschitz_testkit import random_spec
 from transcover.lipschitz._local_jacobian import (
     _head_data, _norm_parts, certified_lmax, certified_lmax_vec, certified_spectral, row_norm_lower,
 )
-from transcover.lipschitz._local_rows import _chain_output_norms, layer_rows
-from transcover.lipschitz._local_struct import NormJac
+from transcover.lipschitz._local_rows import layer_rows
+from transcover.lipschitz._local_struct import NormJac, _chain_output_norms
 from transcover.model._functional import layer_forward
 
 _U = 2.0**-53

@@ -48,7 +48,7 @@ from ._local_jacobian import (
     LayerJacobian, _f64, _floor, _head_data, _norm_parts, _weight_norms,
     certified_lmax, certified_lmax_vec, certified_spectral,
 )
-from ._local_struct import NormJac
+from ._local_struct import NormJac, _chain_output_norms
 from ._weights import ROUNDING_PAD
 
 __all__ = ["layer_rows", "ffn_drift_constant", "row_weights"]
@@ -274,38 +274,6 @@ def _head_output_norms(M: Tensor | None, eM: Tensor | None, heads, T: int) -> tu
     per = torch.stack([certified_spectral(MO[:, :, h * dh:(h + 1) * dh]) + err(Wo_all[h * dh:(h + 1) * dh])
                        for h in range(len(heads))])
     return per * (1 + 1e-12), (certified_spectral(MO) + err(Wo_all)) * (1 + 1e-12)
-
-
-def _chain_output_norms(n1, IF: Tensor, n2, nIF: Tensor, heads, errs) -> list:  # noqa: ANN001
-    """Post-LN: ``[(H, T), (T,)]`` certified ``||M W_O^hT||`` and ``||M W_O^T||`` for ``M = D1``,
-    ``(I + F) D1`` and ``D2 (I + F) D1``, from one chain ``D1 W_O^T -> (I + F) . -> D2 .`` (one dense
-    product instead of three; Note [factored norm Jacobian]).  ``errs``: per ``M`` the bound on its
-    factored value against the true one (spectral); each product's rounding is added per head
-    (``gamma_d ||I + F||_F ||X||_F`` for the dense one, F32 for the factored ones)."""
-    Wo_all = torch.cat([hd[6] for hd in heads], dim=0)  # (H dh, d)
-    H, dh = len(heads), heads[0][6].shape[0]
-    T, d = IF.shape[0], IF.shape[1]
-    hf = lambda Xs: Xs.reshape(T, d, H, dh).norm(dim=(1, 3)).T  # noqa: E731  (H, T) per-head Frobenius
-    nWh = Wo_all.reshape(H, dh, d).norm(dim=(1, 2))[:, None]  # (H, 1)
-    nW = float(Wo_all.norm())
-    X1, _ = n1.left(Wo_all.T.expand(T, d, H * dh))
-    r1h = 4 * (d + 8) * _U * n1.amax[None, :] * nWh
-    r1 = 4 * (d + 8) * _U * n1.amax * nW
-    X2 = IF @ X1
-    nIFf = IF.norm(dim=(1, 2))
-    g = (d + 2) * _U / (1 - (d + 2) * _U)
-    r2h = nIF[None, :] * r1h + g * nIFf[None, :] * hf(X1)
-    r2 = nIF * r1 + g * nIFf * X1.norm(dim=(1, 2))
-    X3, _ = n2.left(X2)
-    nD2 = n2.amax * (1 + 1e-12)  # ||diag(a) (I - Q Q^T)|| <= max|a| (1 + |e . u|)
-    r3h = nD2[None, :] * r2h + 4 * (d + 8) * _U * n2.amax[None, :] * hf(X2)
-    r3 = nD2 * r2 + 4 * (d + 8) * _U * n2.amax * X2.norm(dim=(1, 2))
-    out = []
-    for Xc, (rh, rf), e in zip((X1, X2, X3), ((r1h, r1), (r2h, r2), (r3h, r3)), errs):
-        per = certified_spectral(Xc.reshape(T, d, H, dh).permute(2, 0, 1, 3).reshape(H * T, d, dh)).reshape(H, T)
-        per = (per + rh + e[None, :] * nWh) * (1 + 1e-12)
-        out.append((per, (certified_spectral(Xc) + rf + e * nW) * (1 + 1e-12)))
-    return out
 
 
 def _spectral_err(A: Tensor, eA: Tensor | float = 0.0) -> Tensor:

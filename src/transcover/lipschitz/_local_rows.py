@@ -46,9 +46,10 @@ from torch import Tensor
 from ..model import Activation, LayerSpec, Placement, attention_forward, ffn_forward
 from ._local_jacobian import (
     LayerJacobian, _f64, _floor, _head_data, _norm_parts, _weight_norms,
-    certified_lmax, certified_spectral,
+    certified_lmax, certified_lmax_vec, certified_spectral,
 )
 from ._local_sharp import chi_bound, ffn_unit_drift, head_moves, score_moves, softmax_envelope, visible_diameter
+from ._local_struct import NormJac, _chain_output_norms
 from ._weights import ROUNDING_PAD
 
 __all__ = ["layer_rows", "ffn_drift_constant", "row_weights"]
@@ -178,9 +179,11 @@ def _centre(S: Tensor) -> Tensor:
     return S - S.mean(dim=2, keepdim=True)
 
 
-def _nu(S: Tensor, err: Tensor, wsum: Tensor) -> Tensor:
-    """Certified ``sqrt((lambda_max(S) + err) sum_j w_j)`` per token."""
-    return torch.sqrt((certified_lmax(S) + err) * wsum) * (1 + 1e-12)
+def _nu(S: Tensor, err: Tensor, wsum: Tensor, start: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Certified ``sqrt((lambda_max(S) + err) sum_j w_j)`` per token, and the candidate top
+    eigenvectors of ``S`` (warm starts for the next stage's Gram, F32)."""
+    lam, x = certified_lmax_vec(S, start=start)
+    return torch.sqrt((lam + err) * wsum) * (1 + 1e-12), x
 
 
 def _norm_apply(D: Tensor, A: Tensor) -> Tensor:
@@ -343,10 +346,12 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
     if post:
         Xin = X
         S1 = X + attention_forward(attn, X)
-        D1, s1, sig1, _ = _norm_parts(layer.norm_attn, S1)
+        n1 = NormJac(layer.norm_attn, S1)  # Note [factored norm Jacobian]: D1, D2 never formed
+        s1, sig1 = n1.s, n1.sigma
         H = layer.norm_attn(S1) if layer.norm_attn is not None else S1
         S2 = H + ffn_forward(ffn, H)
-        D2, s2, sig2, _ = _norm_parts(layer.norm_ffn, S2)
+        n2 = NormJac(layer.norm_ffn, S2)
+        s2, sig2 = n2.s, n2.sigma
     else:
         D1, s1, sig1, _ = _norm_parts(layer.norm_attn, X)
         Xin = layer.norm_attn(X) if layer.norm_attn is not None else X
@@ -381,49 +386,54 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
     nB = Bii.norm(dim=(1, 2))
     err0 = err0 + ((2 * nB + eB) * eB + 4 * (d + 2) * _U * nB * nB) / wii
     wsum = w.sum(dim=1) * (1 + 1e-12)
-    a_pt = _nu(S0, err0, wsum)
+    a_pt, x0 = _nu(S0, err0, wsum)
     lay = lambda n: n is not None and n.kind.value == "layernorm"  # noqa: E731  (a centring norm follows)
+    cen = lambda v: v - v.mean(dim=1, keepdim=True)  # noqa: E731
     if post:
+        # every Gram's candidate starts from the previous stage's Ritz vector mapped forward (F32)
         # the next norm only sees P dx (Note [local norm floor]): its radius is the centred row constant
-        aP_pt = _nu(_centre(S0), err0 + 4 * (d + 2) * _U * S0.norm(dim=(1, 2)), wsum) if lay(layer.norm_attn) else a_pt
-        Sa, ea = _sandwich(D1, S0, err0, eD(D1))
-        h_pt = _nu(Sa, ea, wsum)
-        IF = eye + F
+        aP_pt = _nu(_centre(S0), err0 + 4 * (d + 2) * _U * S0.norm(dim=(1, 2)), wsum, cen(x0))[0] \
+            if lay(layer.norm_attn) else a_pt
+        Sa, ea = n1.sandwich(S0, err0)
+        h_pt, xa = _nu(Sa, ea, wsum, n1.left(x0[:, :, None])[0][:, :, 0])
+        IF = F
+        IF.diagonal(dim1=1, dim2=2).add_(1.0)  # I + F in place (F itself is not used again post-LN)
         Sb, eb = _sandwich(IF, Sa, ea, eF)
-        g_pt = _nu(_centre(Sb), eb + 4 * (d + 2) * _U * Sb.norm(dim=(1, 2)), wsum) if lay(layer.norm_ffn) else _nu(Sb, eb, wsum)
-        Sc, ec = _sandwich(D2, Sb, eb, eD(D2))
-        point = _nu(Sc, ec, wsum)
+        xb = (IF @ xa[:, :, None])[:, :, 0]
+        g_pt = (_nu(_centre(Sb), eb + 4 * (d + 2) * _U * Sb.norm(dim=(1, 2)), wsum, cen(xb)) if lay(layer.norm_ffn)
+                else _nu(Sb, eb, wsum, xb))[0]
+        Sc, ec = n2.sandwich(Sb, eb)
+        point, xc = _nu(Sc, ec, wsum, n2.left(xb[:, :, None])[0][:, :, 0])
         nIF = _spectral_err(IF, eF)
-        D2IF = D2 @ IF
-        eD2IF = eD(D2) * (nIF + eF) + nD2 * eF + 4 * (d + 2) * _U * D2.norm(dim=(1, 2)) * IF.norm(dim=(1, 2))
-        nD2IFg = _spectral_err(D2IF * _gamma_vec(layer.norm_attn, d)[None, None, :], eD2IF * g1)
-        D1Oh, D1O = _head_output_norms(D1, eD(D1), heads, T)
-        IFD1 = IF @ D1
-        IFD1Oh, IFD1O = _head_output_norms(IFD1, eF * (nD1 + eD(D1)) + nIF * eD(D1)
-                                           + 4 * (d + 2) * _U * IF.norm(dim=(1, 2)) * D1.norm(dim=(1, 2)), heads, T)
-        M = D2IF @ D1
-        eM = eD2IF * (nD1 + eD(D1)) + (nD2 * nIF) * eD(D1) + 4 * (d + 2) * _U * D2IF.norm(dim=(1, 2)) * D1.norm(dim=(1, 2))
+        D2IF, rD2IF = n2.left(IF)
+        eD2IF = n2.err * (nIF + eF) + nD2 * eF  # the factored D2 against the true one, F's error
+        nD2IFg = _spectral_err(D2IF * _gamma_vec(layer.norm_attn, d)[None, None, :], (eD2IF + rD2IF) * g1)
+        eIFD1 = eF * (nD1 + n1.err) + nIF * n1.err
+        eM = eD2IF * (nD1 + n1.err) + (nD2 * nIF) * n1.err
+        (D1Oh, D1O), (IFD1Oh, IFD1O), (MOh, MO) = _chain_output_norms(n1, IF, n2, nIF, heads, (n1.err, eIFD1, eM))
+        M = None
     else:
         M = eye + F @ D2
         eM = eF * nD2 + (F.norm(dim=(1, 2)) + eF) * eD(D2) \
             + 4 * (d + 2) * _U * F.norm(dim=(1, 2)) * D2.norm(dim=(1, 2))
         Sc, ec = _sandwich(M, S0, err0, eM)
-        point = _nu(Sc, ec, wsum)
+        point, xc = _nu(Sc, ec, wsum)
         nM = _spectral_err(M, eM)
         nFg = _spectral_err(F * _gamma_vec(layer.norm_ffn, d)[None, None, :], eF * g2)
     low = None
     if lower:
         top = point.topk(min(lower, T)).indices.tolist()
-        v0 = torch.randn(T, d, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-        for _ in range(30):  # top eigenvectors of the row Grams: the alternating search's first start
-            v0 = (Sc @ v0[:, :, None])[:, :, 0]
-            v0 = v0 / v0.norm(dim=1, keepdim=True).clamp(min=1e-300)
-        vals, Vs = row_lower(heads, Wo_all, Bii, M, N, top, init=v0)
+        if M is None:  # post-LN: form M_i = D2_i (I + F_i) D1_i only for the searched tokens
+            it = torch.tensor(top)
+            M = dict(zip(top, n2.dense(it) @ IF[it] @ n1.dense(it)))
+        # the Ritz vectors of the row Grams (top eigenvectors): the alternating search's first start
+        vals, Vs = row_lower(heads, Wo_all, Bii, M, N, top, init=xc)
         low = torch.full((T,), math.nan, dtype=torch.float64)
         low[top] = vals
         k = int(vals.argmax())
         low_best = (top[k], Vs[k])
-    MOh, MO = _head_output_norms(M, eM, heads, T)
+    if not post:
+        MOh, MO = _head_output_norms(M, eM, heads, T)
     Oh, _ = _head_output_norms(None, None, heads, T)
     Oall = torch.full((T,), nO, dtype=torch.float64)
     mom = _HeadMoments(heads, attn.softmax_scale)
@@ -557,7 +567,7 @@ def row_lower(heads, Wo_all: Tensor, Bii: Tensor, M: Tensor, N: Tensor | None, t
     alternating maximisation ``v_j = J_ij^T u / ||J_ij^T u||``, ``u`` the normalised image, each step
     non-decreasing; restarts from ``init[i]`` (e.g. a top eigenvector of the row Gram) and random
     ``u``.  Kind: empirical lower (the caller re-evaluates the best ``V`` through autograd)."""
-    T, d = Bii.shape[0], Bii.shape[1]
+    d = Bii.shape[1]
     dh = heads[0][5].shape[1]
     g = torch.Generator().manual_seed(seed)
     vals, Vs = [], []

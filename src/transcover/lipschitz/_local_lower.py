@@ -234,6 +234,10 @@ def ball_lower(fn: Fn, X: Tensor, rho: float, *, steps: int = 6, restarts: int =
     pbest = [0.0, int(token), None, None]
     if pair_steps > 0 or pair_restarts > 0:
         Xc, Vb, tb = best[2], best[3], best[1]
+        # rows of V that the Jacobian left at zero (a flat ReLU region, say) get a random direction, so
+        # the pairs still separate there
+        R = _unit_rows(torch.randn(X.shape, generator=g, dtype=torch.float64))
+        Vb = torch.where(Vb.norm(dim=-1, keepdim=True) > 0.5, Vb, R)
         pstarts = [(rho * Vb, -rho * Vb, 0.05 * rho),  # antipodal along the best direction
                    (Xc - X, Xc - X - 1e-2 * rho * Vb, 1e-3 * rho)]  # a close pair at the best centre
         for _ in range(pair_restarts):

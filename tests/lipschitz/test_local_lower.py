@@ -213,3 +213,12 @@ def test_cli_ball_lower_with_scale_options_is_one_line(tmp_path):
     lines = [x for x in r.stderr.strip().splitlines() if x.strip()]
     assert r.returncode == 2 and len(lines) == 1 and "--ball-lower" in lines[0], r.stderr
     assert not out.exists()
+
+
+def test_flat_relu_region_still_finds_a_slope():
+    """ReLU with every coordinate negative: J(X) = 0 (point lower 0) and no second derivative to
+    follow, but a coordinate within rho of 0 makes the constant on the ball 1; the pair search, started
+    off the zero rows, finds a positive ratio (at most 1)."""
+    X = -0.2 - 0.3 * torch.rand(3, 4, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    r = ball_lower(torch.relu, X, 1.0, steps=2, pair_steps=10)
+    assert r.point == 0.0 and 0.3 < r.value <= 1.0 + 1e-12, r

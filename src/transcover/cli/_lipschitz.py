@@ -218,8 +218,8 @@ def run_local(args: argparse.Namespace) -> int:
 
         rows = local_rows_from_args(args, spec, seqs, rhos, backend)
     else:
-        ball = None if ball_mode == "off" else dict(steps=args.ball_steps, restarts=0, pair_steps=max(args.ball_steps - 1, 1),
-                                                    pair_restarts=0, seed=args.seed)
+        ball = None if ball_mode == "off" else dict(steps=args.ball_steps, restarts=0, pair_restarts=0,
+                                                    pair_steps=max(args.ball_steps - 1, 1), seed=args.seed)
         rows = local_table(spec, seqs, rhos, lower=not args.no_lower, relative=args.rho_relative,
                            lower_iter=max(args.steps // 2, 5), whole=whole, ball=ball,
                            ball_components=ball_mode == "all")

@@ -234,6 +234,10 @@ def ball_lower(fn: Fn, X: Tensor, rho: float, *, steps: int = 6, restarts: int =
     pbest = [0.0, int(token), None, None]
     if pair_steps > 0 or pair_restarts > 0:
         Xc, Vb, tb = best[2], best[3], best[1]
+        # rows of V that the Jacobian left at zero (a flat ReLU region, say) get a random direction, so
+        # the pairs still separate there
+        R = _unit_rows(torch.randn(X.shape, generator=g, dtype=torch.float64))
+        Vb = torch.where(Vb.norm(dim=-1, keepdim=True) > 0.5, Vb, R)
         pstarts = [(rho * Vb, -rho * Vb, 0.05 * rho),  # antipodal along the best direction
                    (Xc - X, Xc - X - 1e-2 * rho * Vb, 1e-3 * rho)]  # a close pair at the best centre
         for _ in range(pair_restarts):
@@ -249,23 +253,37 @@ def ball_lower(fn: Fn, X: Tensor, rho: float, *, steps: int = 6, restarts: int =
     return BallLower(value, rho, method, int(tok), float(point), jac, pbest[0], c, dr, time.perf_counter() - t0)
 
 
-def ball_lower_sweep(fn: Fn, X: Tensor, rhos, *, init: tuple | None = None, **kw) -> list[BallLower]:  # noqa: ANN001
+def ball_lower_sweep(fn: Fn, X: Tensor, rhos, *, init: tuple | None = None, adaptive: bool = True,  # noqa: ANN001
+                     **kw) -> list[BallLower]:
     """:func:`ball_lower` for increasing radii, each started at the previous ball's best centre
     stretched to the new radius (``X + (rho_k / rho_{k-1}) (X' - X)``, inside the new ball) and never
     below the previous value (the balls are nested: a witness of a smaller ball is one of the larger).
     ``init``: a point witness (value, token, V) at X to start from (e.g. the rows route's
-    ``row_lower``), else :func:`point_lower`.  Returned in the order of ``rhos``."""
+    ``row_lower``), else :func:`point_lower`.  ``adaptive``: a radius whose predecessor gained under
+    1 % over the point value (the Jacobian barely moves there, the stretched centre is already near
+    the maximiser) gets one centre step, and the steps saved go to the largest radius, where the
+    Jacobian norm is multimodal (measured on MiniLM at 0.1 x the token norm: 18-23 -> 25-28 at the
+    same cost).  Returned in the order of ``rhos``."""
     X = X.detach().double()
     p, tk, V = point_lower(fn, X, seed=kw.get("seed", 0)) if init is None else init
     p = float(p)
+    steps = int(kw.pop("steps", 6))
     out: dict[float, BallLower] = {}
     prev: BallLower | None = None
-    for rho in sorted(float(r) for r in rhos):
+    order = sorted(float(r) for r in rhos)
+    saved = 0
+    for k, rho in enumerate(order):
+        n = steps
+        if adaptive and prev is not None and prev.value < 1.01 * p and k < len(order) - 1:
+            n = min(1, steps)
+        saved += steps - n
+        if adaptive and k == len(order) - 1:
+            n += saved
         start = None
         if prev is not None and prev.method == "jacobian" and prev.centre is not None:
             start = X + (rho / prev.rho) * (prev.centre - X)
         # the point witness (value p attained at X by (tk, V)) seeds every radius; the centre is carried
-        r = ball_lower(fn, X, rho, token=tk, V=V, start=start, point=p, **kw)
+        r = ball_lower(fn, X, rho, token=tk, V=V, start=start, point=p, steps=n, **kw)
         if prev is not None and prev.value > r.value:
             r = BallLower(prev.value, rho, prev.method, prev.token, p, max(prev.jacobian, r.jacobian),
                           max(prev.pair, r.pair), prev.centre, prev.direction, r.seconds)

@@ -53,7 +53,7 @@ class LocalRow:
 
 
 # the stage functions' input balls among ``LayerLocal.radii`` (pre-LN stages start at the norm before them)
-_STAGE_BALL = {Placement.POST: {"attention": "attention", "norm_attn": "norm_attn", "ffn": "ffn", "norm_ffn": "norm_ffn"},
+_STAGE_BALL = {Placement.POST: {n: n for n in ("attention", "norm_attn", "ffn", "norm_ffn")},
                Placement.PRE: {"attention": "norm_attn", "ffn": "norm_ffn"}}
 
 
@@ -144,7 +144,8 @@ def local_table(spec: TransformerSpec, seqs: list, rho_factors: list[float], *, 
                         v = _ball_lower_at(layer, name, ins[name], r, ball, witnesses, (i, name, k))
                         balls[(i, name)] = max(balls.get((i, name), 0.0), v)
                     if timings is not None:
-                        timings[(f, i, "ball_lower")] = timings.get((f, i, "ball_lower"), 0.0) + time.perf_counter() - t1
+                        key = (f, i, "ball_lower")
+                        timings[key] = timings.get(key, 0.0) + time.perf_counter() - t1
             if timings is not None:
                 timings[(f, i)] = time.perf_counter() - t0 - timings.get((f, i, "ball_lower"), 0.0)
         dom = compose(norms, radius=R, sigma_min=max(sig0, 0.0)) if math.isfinite(sig0) else glob

@@ -181,7 +181,7 @@ def test_stage_rounding_bound_covers_a_float32_evaluation(case, monkeypatch):
     in the (2,inf) norm, for the columns (prefix chain) and the rows (suffix chain)."""
     spec = random_spec(17, act="gelu", L=2, **case)
     X = _X(5)
-    stages, _ = ls._stages(spec, X)
+    stages, _, _ = ls._stages(spec, X)
     T, d = X.shape
     K = torch.eye(T * d, dtype=torch.float64).reshape(T * d, T, d)
     monkeypatch.setattr(ls, "_U", 2.0**-24)

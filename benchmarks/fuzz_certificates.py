@@ -26,8 +26,10 @@ from _fuzzcase import Case, run_case  # noqa: E402
 def draw(rng: random.Random, seed: int) -> Case:
     norm = rng.choice(["layernorm", "rmsnorm", "ball", "none"])
     floor = norm in ("layernorm", "rmsnorm") and rng.random() < 0.4
+    placement = rng.choice(["post", "pre"])
     return Case(
-        seed=seed, kind=rng.choice(["dot", "dot", "dot", "l2"]), norm=norm, placement=rng.choice(["post", "pre"]),
+        seed=seed, kind=rng.choice(["dot", "dot", "dot", "l2"]), norm=norm, placement=placement,
+        post_norm=placement == "pre" and rng.random() < 0.3,  # branch-output norms (F26)
         act=rng.choice(["relu", "gelu", "gelu_tanh", "silu", "identity"]), gated=rng.random() < 0.3,
         biases=rng.random() < 0.5, causal=rng.random() < 0.5, rope=rng.random() < 0.3, gqa=rng.random() < 0.3,
         metric=rng.choice(["2,inf", "fro"]), radius=rng.uniform(0.2, 4.0), scale=rng.uniform(0.4, 3.0),

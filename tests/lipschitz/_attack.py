@@ -135,13 +135,19 @@ def ref_ffn(m, X: Tensor) -> Tensor:  # noqa: ANN001
     return hidden @ _f(m.W_2) + (0.0 if m.b_2 is None else _f(m.b_2))
 
 
+def _post(layer, block: str, Y: Tensor, spreads: list | None) -> Tensor:  # noqa: ANN001
+    """The branch-output norm ``post_norm_<block>`` applied to a branch's output (identity if absent)."""
+    n = getattr(layer, f"post_norm_{block}", None)
+    return Y if n is None else ref_norm(n, Y, spreads)
+
+
 def ref_layer(layer, X: Tensor, spreads: list | None = None) -> Tensor:  # noqa: ANN001
     if layer.residual.value == "parallel":  # GPT-NeoX: both branches read the block's input
         return (X + ref_attention(layer.attention, ref_norm(layer.norm_attn, X, spreads))
                 + ref_ffn(layer.ffn, ref_norm(layer.norm_ffn, X, spreads)))
-    if layer.placement.value == "pre":
-        X = X + ref_attention(layer.attention, ref_norm(layer.norm_attn, X, spreads))
-        return X + ref_ffn(layer.ffn, ref_norm(layer.norm_ffn, X, spreads))
+    if layer.placement.value == "pre":  # branch-output norms (Gemma 2/3, OLMo 2): x + N_post(f(N_pre x))
+        X = X + _post(layer, "attn", ref_attention(layer.attention, ref_norm(layer.norm_attn, X, spreads)), spreads)
+        return X + _post(layer, "ffn", ref_ffn(layer.ffn, ref_norm(layer.norm_ffn, X, spreads)), spreads)
     X = ref_norm(layer.norm_attn, X + ref_attention(layer.attention, X), spreads)
     return ref_norm(layer.norm_ffn, X + ref_ffn(layer.ffn, X), spreads)
 
@@ -170,11 +176,11 @@ def ref_stage(spec, layer_index: int, name: str) -> Callable[[Tensor, list | Non
     pre = lay.placement.value == "pre"
     if name == "attention":
         if pre:
-            return lambda X, s: X + ref_attention(lay.attention, ref_norm(lay.norm_attn, X, s))
+            return lambda X, s: X + _post(lay, "attn", ref_attention(lay.attention, ref_norm(lay.norm_attn, X, s)), s)
         return lambda X, s: X + ref_attention(lay.attention, X)
     assert name == "ffn", name
     if pre:
-        return lambda X, s: X + ref_ffn(lay.ffn, ref_norm(lay.norm_ffn, X, s))
+        return lambda X, s: X + _post(lay, "ffn", ref_ffn(lay.ffn, ref_norm(lay.norm_ffn, X, s)), s)
     return lambda X, s: X + ref_ffn(lay.ffn, X)
 
 
@@ -413,7 +419,7 @@ def fuzz_spec(seed: int, *, d: int = 6, H: int = 2, Hkv: int | None = None, dh: 
               scale: float = 1.0, eps: float = 0.05, input_norm: bool = True, final_norm: bool = False,
               dtype: torch.dtype = F64, qk_scale: float = 1.0, residual: str = "sequential",
               rope_biases: bool = False, rotary_dim: int | None = None, qk_norm: bool = False,
-              qk_eps: float = 1e-3, softcap: float | None = None):
+              qk_eps: float = 1e-3, softcap: float | None = None, post_norm: bool = False):
     """A small random TransformerSpec; weights stored in ``dtype`` (the spec's exact values).
 
     L2 attention (Kim et al.) ties ``W_K = W_Q`` and has no biases, mask or RoPE; GQA uses ``Hkv``
@@ -423,6 +429,8 @@ def fuzz_spec(seed: int, *, d: int = 6, H: int = 2, Hkv: int | None = None, dh: 
     GPT-NeoX) and ``rotary_dim`` rotates only that many leading coordinates of each head (partial rotary).
     ``qk_norm`` adds Qwen3's per-head RMSNorm (variance floor ``qk_eps``) on queries and keys;
     ``softcap`` Gemma 2's ``c tanh(s / c)`` on the scores (key biases dropped: the bounds refuse them).
+    ``post_norm`` adds an RMSNorm on each branch's output, ``x + N_post(f(N_pre x))`` (Gemma 2/3's
+    sandwich, OLMo 2's post-norm; THEORY F26; pre-norm sequential layers only).
     """
     from transcover.model import (
         Activation, AttentionSpec, FFNSpec, LayerSpec, NormKind, NormSpec, Placement, RopeSpec, TransformerSpec,
@@ -464,7 +472,8 @@ def fuzz_spec(seed: int, *, d: int = 6, H: int = 2, Hkv: int | None = None, dh: 
         ffn = FFNSpec(W_1=rnd(d, dff), W_2=rnd(dff, d), activation=Activation(act),
                       b_1=rnd(dff) if biases else None, b_2=rnd(d) if biases else None,
                       W_gate=rnd(d, dff) if gated else None, b_gate=rnd(dff) if gated and biases else None)
-        layers.append(LayerSpec(i, attn, ffn, nrm(norm), nrm(norm), Placement(placement), residual=residual))
+        post = {k: nrm("rmsnorm") for k in ("post_norm_attn", "post_norm_ffn")} if post_norm else {}
+        layers.append(LayerSpec(i, attn, ffn, nrm(norm), nrm(norm), Placement(placement), residual=residual, **post))
     return TransformerSpec(arch="fuzz", name=f"fuzz{seed}", d_model=d, layers=layers,
                            input_norm=nrm(norm) if input_norm else None,
                            final_norm=nrm(norm) if final_norm else None)

@@ -5,7 +5,7 @@ A *check* is ``(kind, measured, slack, bound)``: the independent attack's best v
 witness of the certified domain, its float64 rounding slack, and the certified number; a violation
 is ``measured - slack > bound``.  Kinds: ``attention[dot]`` / ``attention[l2]`` (the branch alone,
 F6 / F13), ``ffn[<activation>]`` (F7), ``norm[<kind>]`` (F14, Pi_norm), ``stage`` (a link of the
-chain: residual and pre-norm included), ``radius`` (the propagated token-norm bound of a stage's
+chain: residual, pre-norm and a branch-output norm included), ``radius`` (the propagated token-norm bound of a stage's
 output), ``layer``, ``network`` (F8), ``G.3`` (perturbation bound of a same-architecture pair).
 """
 
@@ -50,6 +50,7 @@ class Case:
     rotary_dim: int | None = None  # partial rotary: only the first rotary_dim coordinates rotate
     qk_norm: bool = False  # Qwen3's per-head RMSNorm of queries and keys (THEORY F23)
     softcap: float | None = None  # Gemma 2's attention-logit soft-capping c tanh(s / c) (THEORY F24)
+    post_norm: bool = False  # an RMSNorm on each branch's output, x + N_post(f(N_pre x)) (THEORY F26; pre only)
 
     def spec(self):
         return fuzz_spec(self.seed, H=4 if self.gqa else 2, Hkv=2 if self.gqa else None, L=self.L, norm=self.norm,
@@ -58,7 +59,7 @@ class Case:
                          eps=0.05 if self.sigma_min == 0 else 1e-4, final_norm=self.final_norm,
                          dtype=getattr(torch, self.dtype), qk_scale=self.qk, residual=self.residual,
                          rope_biases=self.rope_biases, rotary_dim=self.rotary_dim, qk_norm=self.qk_norm,
-                         softcap=self.softcap)
+                         softcap=self.softcap, post_norm=self.post_norm)
 
 
 def perturbed(spec, seed: int, size: float):
@@ -82,7 +83,8 @@ def perturbed(spec, seed: int, size: float):
                        k_norm=norm(a.k_norm))
         ffn = replace(m, W_1=mv(m.W_1), W_2=mv(m.W_2), b_1=mv(m.b_1), b_2=mv(m.b_2), W_gate=mv(m.W_gate),
                       b_gate=mv(m.b_gate))
-        layers.append(replace(lay, attention=attn, ffn=ffn, norm_attn=norm(lay.norm_attn), norm_ffn=norm(lay.norm_ffn)))
+        layers.append(replace(lay, attention=attn, ffn=ffn, norm_attn=norm(lay.norm_attn), norm_ffn=norm(lay.norm_ffn),
+                              post_norm_attn=norm(lay.post_norm_attn), post_norm_ffn=norm(lay.post_norm_ffn)))
     return replace(spec, layers=layers, input_norm=norm(spec.input_norm), final_norm=norm(spec.final_norm))
 
 

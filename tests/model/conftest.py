@@ -78,3 +78,22 @@ def randomize(model: torch.nn.Module, seed: int = 0, std: float = 0.3) -> torch.
 @pytest.fixture
 def randomized():
     return randomize
+
+
+def rope_heads_enclose_svd(view, layer, tol: float) -> None:
+    """Every head of ``analyze``'s layer ``view`` encloses the float64 truth of ``layer`` (a float64 torch
+    spec layer with RoPE): ``B_KQ`` the max over *every* relative offset ``|delta| < max_position`` of
+    ``||s W_Q R_delta W_K^T||_2`` (rotation by the model's ``apply_rope``), ``B_V`` ``||W_V W_O||_2``;
+    relative tolerance ``tol`` (from the caller's dtype and size)."""
+    from transcover.model import apply_rope
+
+    a = layer.attention
+    P = a.rope.max_position
+    for h, hn in enumerate(view.heads):
+        Wq, Wk, Wv, Wo = (t.double() for t in a.head(h))
+        vals = [a.softmax_scale * torch.linalg.matrix_norm(
+            apply_rope(Wq, a.rope, torch.full((Wq.shape[0],), float(dl), dtype=torch.float64)) @ Wk.T, 2).item()
+            for dl in range(-(P - 1), P)]
+        assert hn.B_KQ.lower <= max(vals) * (1 + tol) and max(vals) <= hn.B_KQ.upper * (1 + tol), h
+        ov = torch.linalg.matrix_norm(Wv @ Wo, 2).item()
+        assert hn.B_V.lower <= ov * (1 + tol) and ov <= hn.B_V.upper * (1 + tol), h

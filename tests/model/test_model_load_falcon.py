@@ -9,10 +9,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import causal_mask, randomize
+from conftest import causal_mask, randomize, rope_heads_enclose_svd
 
 from transcover import UnsupportedArchitectureError
-from transcover.model import Residual, apply_rope, layer_forward, load, transformer_forward
+from transcover.model import Residual, layer_forward, load, transformer_forward
 from transcover.norms import analyze_spec
 
 D, H, L, T, V = 32, 4, 2, 7, 64
@@ -70,16 +70,7 @@ def test_falcon_certified_intervals_enclose_float64_svd(falcon):
     res = analyze_spec(spec, embeddings=False)
     tol = 20 * D * EPS
     for got, lay in zip(res.layers[:1], spec.layers):
-        a = lay.attention
-        for h, hn in enumerate(got.heads):
-            Wq, Wk, Wv, Wo = (t.double() for t in a.head(h))
-            P = a.rope.max_position
-            vals = [a.softmax_scale * torch.linalg.matrix_norm(
-                apply_rope(Wq, a.rope, torch.full((D,), float(dl), dtype=torch.float64)) @ Wk.T, 2).item()
-                for dl in range(-(P - 1), P)]
-            assert hn.B_KQ.lower <= max(vals) * (1 + tol) and max(vals) <= hn.B_KQ.upper * (1 + tol)
-            ov = torch.linalg.matrix_norm(Wv @ Wo, 2).item()
-            assert hn.B_V.lower <= ov * (1 + tol) and ov <= hn.B_V.upper * (1 + tol)
+        rope_heads_enclose_svd(got, lay, tol)
         w1 = torch.linalg.matrix_norm(torch.as_tensor(lay.ffn.W_1).double(), 2).item()
         assert got.B_W1.lower <= w1 * (1 + tol) and w1 <= got.B_W1.upper * (1 + tol)
 

@@ -11,10 +11,10 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import causal_mask, randomize
+from conftest import causal_mask, randomize, rope_heads_enclose_svd
 
 from transcover import UnsupportedArchitectureError
-from transcover.model import NormKind, apply_rope, layer_forward, load, transformer_forward
+from transcover.model import NormKind, layer_forward, load, transformer_forward
 from transcover.norms import analyze_spec
 
 D, H, KV, L, T, V, DFF = 32, 4, 2, 2, 7, 64, 48
@@ -62,16 +62,8 @@ def test_olmo_certified_intervals_enclose_float64_svd(olmo):
     model, _, _ = olmo
     spec = load(model).to_torch(torch.float64)
     got, lay = analyze_spec(spec, embeddings=False).layers[0], spec.layers[0]
-    a, tol = lay.attention, 20 * DFF * EPS
-    for h, hn in enumerate(got.heads):
-        Wq, Wk, Wv, Wo = (t.double() for t in a.head(h))
-        P = a.rope.max_position
-        vals = [a.softmax_scale * torch.linalg.matrix_norm(
-            apply_rope(Wq, a.rope, torch.full((D,), float(dl), dtype=torch.float64)) @ Wk.T, 2).item()
-            for dl in range(-(P - 1), P)]
-        assert hn.B_KQ.lower <= max(vals) * (1 + tol) and max(vals) <= hn.B_KQ.upper * (1 + tol)
-        ov = torch.linalg.matrix_norm(Wv @ Wo, 2).item()
-        assert hn.B_V.lower <= ov * (1 + tol) and ov <= hn.B_V.upper * (1 + tol)
+    tol = 20 * DFF * EPS
+    rope_heads_enclose_svd(got, lay, tol)
     g = torch.linalg.matrix_norm(torch.as_tensor(lay.ffn.W_gate).double(), 2).item()
     assert got.B_Wgate.lower <= g * (1 + tol) and g <= got.B_Wgate.upper * (1 + tol)
 

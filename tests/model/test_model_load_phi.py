@@ -16,10 +16,10 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import randomize, tensors_equal
+from conftest import randomize, rope_heads_enclose_svd, tensors_equal
 
 from transcover import UnsupportedArchitectureError, WeightError
-from transcover.model import Residual, apply_rope, layer_forward, load, transformer_forward
+from transcover.model import Residual, layer_forward, load, transformer_forward
 from transcover.norms import analyze_spec
 
 D, H, DFF, L, T, V, THETA = 32, 4, 48, 2, 7, 64, 500.0
@@ -82,16 +82,7 @@ def test_phi_certified_intervals_enclose_float64_svd(phi):
     res = analyze_spec(spec, embeddings=False)
     tol = 20 * DFF * EPS
     for got, lay in zip(res.layers, spec.layers):
-        a = lay.attention
-        P = a.rope.max_position
-        for h, hn in enumerate(got.heads):
-            Wq, Wk, Wv, Wo = (t.double() for t in a.head(h))
-            vals = [a.softmax_scale * torch.linalg.matrix_norm(
-                apply_rope(Wq, a.rope, torch.full((D,), float(dl), dtype=torch.float64)) @ Wk.T, 2).item()
-                for dl in range(-(P - 1), P)]
-            assert hn.B_KQ.lower <= max(vals) * (1 + tol) and max(vals) <= hn.B_KQ.upper * (1 + tol), h
-            ov = torch.linalg.matrix_norm(Wv @ Wo, 2).item()
-            assert hn.B_V.lower <= ov * (1 + tol) and ov <= hn.B_V.upper * (1 + tol), h
+        rope_heads_enclose_svd(got, lay, tol)
         for key, W in (("B_W1", lay.ffn.W_1), ("B_W2", lay.ffn.W_2)):
             exact = torch.linalg.matrix_norm(torch.as_tensor(W).double(), 2).item()
             iv = getattr(got, key)

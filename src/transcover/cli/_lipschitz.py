@@ -66,6 +66,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --data: also the whole network's local constant per rho, by the product of the "
                         "layers' constants or the exact stack Jacobian + drift (THEORY F30; costs T^2 d^3 per "
                         "layer), the smaller kept; 'auto' runs the stack route on small inputs only")
+    p.add_argument("--ball-lower", choices=("off", "layers", "all"), default="off",
+                   help="with --data: the lower estimate on the whole ball (Jacobian-norm ascent over centres and "
+                        "pair-ratio ascent inside it, about the certification's own time) for the layers' rows "
+                        "or for every component's, beside the point lower (default off: the point lower only)")
+    p.add_argument("--ball-steps", type=int, default=3, help="ascent steps per start of --ball-lower (default 3)")
     from ._scaleopts import add_scale_arguments
 
     add_scale_arguments(p, "sequences of --data", threads=True)
@@ -199,6 +204,13 @@ def run_local(args: argparse.Namespace) -> int:
     whole = getattr(args, "whole_network", None)
     if backend is not None and whole is not None:
         raise InputError("--whole-network is computed in one process; drop the scale options to use it")
+    ball_mode = getattr(args, "ball_lower", "off")
+    if backend is not None and ball_mode != "off":
+        raise InputError("--ball-lower is computed in one process; drop the scale options to use it")
+    if ball_mode != "off" and args.no_lower:
+        raise InputError("--ball-lower is a lower estimate; it cannot be combined with --no-lower")
+    if getattr(args, "ball_steps", 3) < 1:
+        raise InputError(f"--ball-steps must be >= 1, but got --ball-steps={args.ball_steps}")
     spec = load(args.model, arch=args.arch, allow_pickle=args.allow_pickle, strict=args.strict).to_torch(torch.float64)
     seqs = load_inputs(spec, args.data, max_len=args.max_len, limit=args.limit)
     if backend is not None:  # one sequence per item, in parallel and resumable (issue 14)
@@ -206,8 +218,11 @@ def run_local(args: argparse.Namespace) -> int:
 
         rows = local_rows_from_args(args, spec, seqs, rhos, backend)
     else:
+        ball = None if ball_mode == "off" else dict(steps=args.ball_steps, restarts=0, pair_steps=max(args.ball_steps - 1, 1),
+                                                    pair_restarts=0, seed=args.seed)
         rows = local_table(spec, seqs, rhos, lower=not args.no_lower, relative=args.rho_relative,
-                           lower_iter=max(args.steps // 2, 5), whole=whole)
+                           lower_iter=max(args.steps // 2, 5), whole=whole, ball=ball,
+                           ball_components=ball_mode == "all")
     render_local(spec.name, len(seqs), rows, bool(args.rho_relative))
     if args.json:
         from ..report import envelope_json

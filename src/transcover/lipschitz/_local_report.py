@@ -5,7 +5,10 @@ floor), the domain constant (LayerNorm inputs with std >= sigma_0, the smallest 
 seen on the data balls), the local constant on ``B(X, rho)`` (max over the sequences), and an
 empirical lower estimate at the same points: the (2,inf) norm of the Jacobian at the data point
 (power iteration, ``jacobian_operator_norm``), a value the local Lipschitz constant on any ball
-around the point attains in the limit.  Every row is checked with ``check_certified``.
+around the point attains in the limit, and, when asked (``ball``), the larger ball lower estimate
+(``_local_lower.ball_lower``: Jacobian-norm ascent over centres and pair-ratio ascent inside each
+component's certified ball), the point value kept beside it.  Every row is checked with
+``check_certified``.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ class LocalRow:
     local_upper: float
     lower: float
     point_upper: float = math.nan  # Jacobian route at the point (layers only)
+    point_lower: float = math.nan  # the point lower estimate when ``lower`` is the ball one (else NaN)
 
     @property
     def ratio(self) -> float:
@@ -45,7 +49,12 @@ class LocalRow:
         return {"rho_factor": self.rho_factor, "layer": self.layer, "component": self.component,
                 "global_upper": self.global_upper, "domain_upper": self.domain_upper,
                 "local_upper": self.local_upper, "point_upper": self.point_upper, "lower": self.lower,
-                "ratio": self.ratio}
+                "ratio": self.ratio, **({} if math.isnan(self.point_lower) else {"point_lower": self.point_lower})}
+
+
+# the stage functions' input balls among ``LayerLocal.radii`` (pre-LN stages start at the norm before them)
+_STAGE_BALL = {Placement.POST: {"attention": "attention", "norm_attn": "norm_attn", "ffn": "ffn", "norm_ffn": "norm_ffn"},
+               Placement.PRE: {"attention": "norm_attn", "ffn": "norm_ffn"}}
 
 
 def stage_functions(layer):  # noqa: ANN001, ANN202
@@ -69,11 +78,16 @@ def stage_local_constants(ll, placement: Placement) -> dict[str, float]:  # noqa
 
 def local_table(spec: TransformerSpec, seqs: list, rho_factors: list[float], *, lower_iter: int = 15,
                 jacobian: bool = True, lower: bool = True, relative: bool = True,
-                timings: dict | None = None, whole: str | None = None) -> list[LocalRow]:
+                timings: dict | None = None, whole: str | None = None, ball: dict | None = None,
+                ball_components: bool = False) -> list[LocalRow]:
     """Per-layer and per-component rows for every ``rho`` (a factor of each stage's median token
     norm when ``relative``, else absolute), max over the sequences (each layer's ball is centred at
     the data's hidden states, the layer's input on the data path).  ``whole`` (a ``network_local``
-    route): also one whole-network row per rho (layer -1, component ``network (<route that won>)``)."""
+    route): also one whole-network row per rho (layer -1, component ``network (<route that won>)``).
+    ``ball`` (keyword arguments of ``ball_lower``): the lower estimate of the layers' rows (and of the
+    components' with ``ball_components``, each on its certified input ball ``LayerLocal.radii``) is
+    the larger of the point one and ``ball_lower`` on the same ball, max over the sequences; the
+    point value stays in ``point_lower``."""
     layers = list(spec.layers)
     points = [spec.input_norm(X.double()) if spec.input_norm is not None else X.double() for X in seqs]
     stage_inputs: list[list[dict]] = []  # per layer, per sequence: stage name -> its input
@@ -106,13 +120,15 @@ def local_table(spec: TransformerSpec, seqs: list, rho_factors: list[float], *, 
                                       for ins in stage_inputs[i])
     rows: list[LocalRow] = []
     cache: dict = {}
+    witnesses: dict = {}  # (layer, stage, sequence) -> the point witness and the last ball's BallLower
     for f in rho_factors:
         best: dict[tuple[int, str], float] = {}
         point: dict[int, float] = {}
+        balls: dict[tuple[int, str], float] = {}
         sig0 = math.inf
         for i, layer in enumerate(layers):
             t0 = time.perf_counter()
-            for ins in stage_inputs[i]:
+            for k, ins in enumerate(stage_inputs[i]):
                 X = ins["layer"]
                 rho = f * float(X.norm(dim=1).median()) if relative else f
                 ll = layer_local(layer, X, rho, cache=cache, jacobian=jacobian)
@@ -120,10 +136,19 @@ def local_table(spec: TransformerSpec, seqs: list, rho_factors: list[float], *, 
                 for name, v in {**stage_local_constants(ll, layer.placement), "layer": ll.upper}.items():
                     best[(i, name)] = max(best.get((i, name), 0.0), v)
                 point[i] = max(point.get(i, 0.0), ll.jacobian_point)
+                if lower and ball is not None:
+                    t1 = time.perf_counter()
+                    names = ["layer", *(stage_functions(layer) if ball_components else ())]
+                    for name in names:
+                        r = rho if name == "layer" else ll.radii[_STAGE_BALL[layer.placement][name]]
+                        v = _ball_lower_at(layer, name, ins[name], r, ball, witnesses, (i, name, k))
+                        balls[(i, name)] = max(balls.get((i, name), 0.0), v)
+                    if timings is not None:
+                        timings[(f, i, "ball_lower")] = timings.get((f, i, "ball_lower"), 0.0) + time.perf_counter() - t1
             if timings is not None:
-                timings[(f, i)] = time.perf_counter() - t0
+                timings[(f, i)] = time.perf_counter() - t0 - timings.get((f, i, "ball_lower"), 0.0)
         dom = compose(norms, radius=R, sigma_min=max(sig0, 0.0)) if math.isfinite(sig0) else glob
-        rows += assemble_local_rows(f, best, point, lows, glob, dom, lower=lower)
+        rows += assemble_local_rows(f, best, point, lows, glob, dom, lower=lower, ball_lows=balls or None)
         if whole is not None:
             rows.append(_network_row(spec, seqs, f, relative, whole, glob, dom, lower, cache))
     return rows
@@ -149,11 +174,13 @@ def _network_row(spec, seqs, f, relative, whole, glob, dom, lower, cache) -> Loc
 
 
 def assemble_local_rows(rho_factor: float, best: dict, point: dict, lows: dict, glob, dom, *,  # noqa: ANN001
-                        lower: bool) -> list[LocalRow]:
+                        lower: bool, ball_lows: dict | None = None) -> list[LocalRow]:
     """One rho's rows: each (layer, component)'s local constant (``best``, the max over sequences)
     beside the global (``glob``, radius R) and domain (``dom``, sigma >= sigma_0) constants and the
     lower estimate, which must not exceed it (``check_certified``).  Shared by :func:`local_table`
-    and the per-sequence items of ``transcover.scale`` so both give the same rows."""
+    and the per-sequence items of ``transcover.scale`` so both give the same rows.  ``ball_lows``:
+    ball lower estimates of some (layer, component)s (max over sequences); their rows' ``lower`` is
+    the larger of the two and ``point_lower`` the point one."""
     gstage = {(s.layer, s.name): s.lipschitz for s in glob.stages}
     dstage = {(s.layer, s.name): s.lipschitz for s in dom.stages}
     rows = []
@@ -163,7 +190,35 @@ def assemble_local_rows(rho_factor: float, best: dict, point: dict, lows: dict, 
         else:
             g, dv = gstage.get((i, name), math.nan), dstage.get((i, name), math.nan)
         lo = lows.get((i, name), math.nan)
+        plo = math.nan
         if lower:
             check_certified(f"local Lipschitz constant of {name} (layer {i})", v, lo)
-        rows.append(LocalRow(rho_factor, i, name, g, dv, v, lo, point.get(i, math.nan) if name == "layer" else math.nan))
+            if ball_lows is not None and (i, name) in ball_lows:
+                check_certified(f"local Lipschitz constant of {name} (layer {i}) on its ball", v, ball_lows[(i, name)])
+                plo, lo = lo, max(lo, ball_lows[(i, name)]) if not math.isnan(lo) else ball_lows[(i, name)]
+        rows.append(LocalRow(rho_factor, i, name, g, dv, v, lo, point.get(i, math.nan) if name == "layer" else math.nan,
+                             plo))
     return rows
+
+
+def _ball_lower_at(layer, name: str, X, rho: float, kw: dict, witnesses: dict, key: tuple) -> float:  # noqa: ANN001
+    """``ball_lower`` of ``layer``'s stage ``name`` (or the whole layer) on ``B(X, rho)``, started at
+    the point witness of that stage and sequence (computed once) and at the best centre of the last,
+    smaller ball of the same key stretched to this radius; never below that ball's value (nested
+    balls).  Returns the value (empirical lower)."""
+    from ._local_lower import ball_lower, point_lower
+
+    fn = (lambda Z: layer_forward(layer, Z)) if name == "layer" else stage_functions(layer)[name]
+    if not (rho > 0 and math.isfinite(rho)):
+        return 0.0
+    if key not in witnesses:
+        witnesses[key] = (point_lower(fn, X, iters=kw.get("steps", 3) + 5, tokens=2, seed=kw.get("seed", 0)), None)
+    (p, tok, V), prev = witnesses[key]
+    start, floor = None, p
+    if prev is not None and prev.rho <= rho:
+        floor = prev.value
+        if prev.method == "jacobian":
+            start = X + (rho / prev.rho) * (prev.centre - X)
+    r = ball_lower(fn, X, rho, token=tok, V=V, point=p, start=start, **kw)
+    witnesses[key] = ((p, tok, V), r if r.value >= floor or prev is None else prev)
+    return max(r.value, floor)

@@ -135,7 +135,9 @@ def _norm_bounds(n: NormMeasure) -> NormBounds:
 
 def layer_bounds(m: LayerMeasure) -> LayerBounds:
     """The class bounds of one measured layer (``s * ||W_Q W_K^T||`` and ``s ||b_Q W_K^T||`` in float64,
-    covered by ``ROUNDING_PAD``; RoPE: ``s ||W_Q|| ||W_K||``, valid for every relative position).
+    covered by ``ROUNDING_PAD``; RoPE: ``s sup_{|delta| < P} ||W_Q R_delta W_K^T||``, the certified sup over
+    every relative position of a sequence of at most P = max_position tokens, Note [RoPE score matrix]
+    in ``norms._model``).
 
     RoPE with query/key biases (GPT-NeoX): ``s_ij = s (x_i W_Q + b_Q) R (x_j W_K + b_K)^T`` and
     ``|s_ij - s'_ij| <= s||W_Q|| (||W_K|| r + ||b_K||) ||dx_i|| + s||W_K|| (||W_Q|| r + ||b_Q||) ||dx_j||``,
@@ -149,7 +151,7 @@ def layer_bounds(m: LayerMeasure) -> LayerBounds:
                                            "`analyze` reports its per-expert norms")
     s = m.scale
     post = {k: None if getattr(m, k) is None else _norm_bounds(getattr(m, k)) for k in ("post_norm_attn", "post_norm_ffn")}
-    kq = tuple(s * h.W_QK.upper if h.W_QK is not None else s * h.W_Q.upper * h.W_K.upper for h in m.heads)
+    kq = tuple(s * h.W_QK.upper for h in m.heads)
     if m.rope and m.q_norm is None and m.k_norm is None:
         bkq = tuple(s * (h.W_Q.upper * (h.b_K or 0.0) + (h.b_Q or 0.0) * h.W_K.upper) for h in m.heads)
     else:

@@ -42,7 +42,7 @@ from ._spectral import (
     in_safe_range,
 )
 from ._certify import batched_gram_with_error
-from ._rope_sup import rope_kq_estimate, rope_kq_interval
+from ._rope_sup import rope_kq_estimate
 from ._blocked import BLOCK_BYTES, blocked_matrix_norms
 from ._model import HeadMeasure, LayerMeasure, ModelNorms, NormMeasure, layer_arrays, measure_layer
 from ._analysis_types import (SCHEMA_VERSION, AnalysisResult, EmbeddingNorms, HeadNorms, LayerNorms, MatrixNorms,
@@ -128,46 +128,28 @@ def _max_interval(ivs: list[Interval], method: str) -> Interval:
     return Interval(max(i.lower for i in ivs), max(i.upper for i in ivs), ivs[0].kind, method)
 
 
-def _kq_head(attn: AttentionSpec, h: int, m: _Measurer, f64: dict[str, np.ndarray]) -> tuple[Interval, MatrixNorms, Interval | None]:
+def _kq_head_fast_rope(attn: AttentionSpec, h: int, m: _Measurer, f64: dict[str, np.ndarray]) -> tuple[Interval, MatrixNorms]:
+    """``--fast`` with RoPE: the unrotated product's estimates and the sup over offsets estimated."""
     g = attn.kv_index(h)
     A, Bt = f64["W_Q"][h], np.ascontiguousarray(f64["W_K"][g].T)
-    scale = attn.softmax_scale
-    grams = None if "G_Q" not in f64 else (f64["G_Q"][h], f64["e_Q"][h], f64["G_K"][g], f64["e_K"][g])
-    kq = m.product(f"W_KQ.h{h}", A, Bt, scale, grams=grams)
-    if attn.rope is not None and m.fast:
-        B_KQ = rope_kq_estimate(A, f64["W_K"][g], attn.rope, scale)
-    elif attn.rope is not None:  # the sup over relative positions (Note [RoPE supremum] in _rope_sup)
-        if f"|W_K|.h{g}" not in f64:  # grouped-query heads share the key head: measure it once
-            f64[f"|W_K|.h{g}"] = spectral_norm_interval(f64["W_K"][g], gram=None if grams is None else grams[2:])
-        W_Q = f64.get(f"|W_Q|.h{h}")  # measure_layer's, when this is the certified view (_head_norms)
-        if W_Q is None:
-            W_Q = spectral_norm_interval(A, gram=None if grams is None else grams[:2])
-        norms = (W_Q, f64[f"|W_K|.h{g}"])
-        B_KQ = rope_kq_interval(A, f64["W_K"][g], attn.rope, scale, grams=grams, norms=norms)
-    else:
-        B_KQ = kq.spectral
-    B_KQ_bias = None
-    if attn.b_Q is not None and attn.rope is None:
-        grams = None if "G_Qa" not in f64 else (f64["G_Qa"][h], f64["e_Qa"][h], f64["G_K"][g], f64["e_K"][g])
-        aug = m.product(f"W_KQ~.h{h}", m.array(attn.W_Q_augmented(h)), Bt, scale, grams=grams)
-        B_KQ_bias = aug.spectral
-    return B_KQ, kq, B_KQ_bias
+    kq = m.product(f"W_KQ.h{h}", A, Bt, attn.softmax_scale)
+    return rope_kq_estimate(A, f64["W_K"][g], attn.rope, attn.softmax_scale), kq
 
 
 def _head_norms(attn: AttentionSpec, h: int, m: _Measurer, f64: dict[str, np.ndarray],
                 matrices: dict[str, MatrixNorms], names: dict[str, str], hm: HeadMeasure) -> HeadNorms:
     """Head ``h`` as ``analyze`` shows it: the certified spectral norms are ``measure_layer``'s
-    (``hm``, Note [one engine] in ``_model``); only the Frobenius and (2,1) norms, the augmented
-    query-bias matrix and, with RoPE, the sup over relative positions are added here."""
+    (``hm``, Note [one engine] in ``_model``; with RoPE ``B_KQ`` is its sup over relative positions,
+    Note [RoPE score matrix] there); only the Frobenius and (2,1) norms, the augmented query-bias
+    matrix and, with RoPE, the unrotated product ``W_KQ.h`` (offset 0) are added here."""
     g = attn.kv_index(h)  # grouped-query heads share W_V^g: one entry
     d, scale = attn.d_model, attn.softmax_scale
     A, Bt = f64["W_Q"][h], np.ascontiguousarray(f64["W_K"][g].T)
     Wv, Wo = f64["W_V"][g], f64["W_O"][h]
     batched = "G_Q" in f64
-    if attn.rope is not None:  # ||W_Q^h|| and ||W_K^g|| as measure_layer certified them: not again
-        f64[f"|W_Q|.h{h}"] = hm.W_Q
-        f64.setdefault(f"|W_K|.h{g}", hm.W_K)
-        B_KQ, kq, B_KQ_bias = _kq_head(attn, h, m, f64)
+    if attn.rope is not None:  # the matrix at offset 0 is shown too; the bound is the sup
+        grams = None if not batched else (f64["G_Q"][h], f64["e_Q"][h], f64["G_K"][g], f64["e_K"][g])
+        kq, B_KQ, B_KQ_bias = m.product(f"W_KQ.h{h}", A, Bt, scale, grams=grams), hm.W_KQ(scale), None
     else:
         fro, l21 = product_frobenius_l21(A, Bt, f64["G_Q"][h] if batched else None)
         B_KQ = hm.W_KQ(scale)
@@ -189,14 +171,14 @@ def _head_norms(attn: AttentionSpec, h: int, m: _Measurer, f64: dict[str, np.nda
 def _head_norms_fast_rope(attn: AttentionSpec, h: int, m: _Measurer, f64: dict[str, np.ndarray],
                           matrices: dict[str, MatrixNorms], names: dict[str, str]) -> HeadNorms:
     """``--fast`` with RoPE: estimates head by head (the batched estimates know no rotations)."""
-    B_KQ, kq, B_KQ_bias = _kq_head(attn, h, m, f64)
+    B_KQ, kq = _kq_head_fast_rope(attn, h, m, f64)
     g = attn.kv_index(h)
     ov = m.product(f"W_OV.h{h}", f64["W_V"][g], f64["W_O"][h])
     if f"W_V.h{g}" not in matrices:
         matrices[f"W_V.h{g}"] = m.matrix(f"W_V.h{g}", f64["W_V"][g], names.get("W_V", ""))
     matrices[kq.role] = kq
     matrices[ov.role] = ov
-    return HeadNorms(h, B_KQ, ov.spectral, matrices[f"W_V.h{g}"].spectral, B_KQ_bias)
+    return HeadNorms(h, B_KQ, ov.spectral, matrices[f"W_V.h{g}"].spectral, None)
 
 
 def _lowrank_estimates(G_A: np.ndarray, G_B: np.ndarray, B: np.ndarray, scale: float) -> tuple[np.ndarray, ...]:

@@ -15,8 +15,17 @@ Note [one route per matrix]: each certified spectral norm is computed by exactly
 (a test counts them).  The score matrix is measured unscaled, ``W_Q^h W_K^hT``; the softmax scale
 ``s`` is applied by the reader (``s * upper`` inside a chain that carries a rounding pad, or
 :meth:`HeadMeasure.W_KQ`, rounded outward).  With RoPE the score matrix is
-``s W_Q^h R_Delta W_K^hT`` for every relative rotation; it is bounded once, by
-``s ||W_Q^h|| ||W_K^h||`` (every ``R_Delta`` is orthogonal), and its distances likewise
+``s W_Q^h R_Delta W_K^hT`` for every relative rotation: Note [RoPE score matrix].
+
+Note [RoPE score matrix]: with RoPE, ``HeadMeasure.W_QK`` is the certified
+``sup_{|delta| < P} ||W_Q^h R_delta W_K^kvT||_2`` of :func:`~transcover.norms._rope_sup.rope_kq_interval`
+(P = ``RopeSpec.max_position``; THEORY F22, Note [RoPE supremum] there), unscaled like the rest: its
+upper end is the smaller of ``||W_Q^h|| ||W_K^kv||`` and the slow/fast split, both built on the two
+intervals certified here (passed in, not measured again), and ``analyze`` shows this interval as
+``B_KQ``.  Every consumer (Lipschitz chain, G.3, covering, monitors) therefore reads the bound for
+sequences of at most P positions, the range over which the supremum is taken (with dynamic NTK
+scaling every length ``T <= P``, where the upper end is the rotation-free product).  The distances
+stay rotation-free: ``||(s Q - s~ Q~) R K^T + s~ Q~ R (K - K~)^T|| <= ...`` with ``||R|| = 1``
 (:func:`_kq_distance`).
 
 Note [split scores]: where the scores are not ``x~_i A~ x_j^T`` with the folded ``A~`` (RoPE with
@@ -52,6 +61,7 @@ from ..model import AttentionSpec, FFNSpec, LayerSpec, MoESpec, NormKind, NormSp
 from . import _entrywise, _spectral
 from ._certify import batched_gram_with_error
 from ._model_parts import split_distances, split_scores
+from ._rope_sup import rope_kq_interval
 
 __all__ = ["HeadMeasure", "NormMeasure", "Distance", "LayerMeasure", "ModelNorms", "measure_model", "measure_layer",
            "matrix_interval", "product_interval", "layer_arrays"]
@@ -63,14 +73,15 @@ _ZERO = Interval(0.0, 0.0, Kind.EXACT, "absent")
 class HeadMeasure:
     """One query head ``h`` (reading key/value head ``kv``): certified spectral norms, unscaled.
 
-    ``W_QK = ||W_Q^h W_K^kvT||_2`` (None with RoPE: then ``W_Q`` and ``W_K`` bound it),
+    ``W_QK = ||W_Q^h W_K^kvT||_2`` (with RoPE ``sup_{|delta| < P} ||W_Q^h R_delta W_K^kvT||_2``, Note
+    [RoPE score matrix]),
     ``W_OV = ||W_V^kv W_O^h||_2``, ``b_QK = ||b_Q^h W_K^kvT||_2`` (float64; None without a query
     bias or with RoPE), and with ``entrywise`` the (2,1) norms of ``s W_Q^h W_K^kvT`` and ``W_OV``.
     """
 
     head: int
     kv: int
-    W_QK: Interval | None
+    W_QK: Interval
     W_OV: Interval
     W_Q: Interval
     W_V: Interval
@@ -86,12 +97,9 @@ class HeadMeasure:
 
     def W_KQ(self, scale: float) -> Interval:
         """``||scale W_Q^h W_K^hT||_2`` (sup over relative positions with RoPE), rounded outward."""
-        if self.W_QK is not None:
-            if math.frexp(scale)[0] == 0.5:  # a power of two: the product is exact, no rounding to direct
-                return Interval(self.W_QK.lower * scale, self.W_QK.upper * scale, self.W_QK.kind, self.W_QK.method)
-            return _spectral.scale_interval(self.W_QK, scale)
-        upper = _spectral.up(_spectral.up(scale * self.W_Q.upper) * self.W_K.upper)
-        return Interval(0.0, upper, Kind.CERTIFIED_INTERVAL, "RoPE: scale ||W_Q|| ||W_K||")
+        if math.frexp(scale)[0] == 0.5:  # a power of two: the product is exact, no rounding to direct
+            return Interval(self.W_QK.lower * scale, self.W_QK.upper * scale, self.W_QK.kind, self.W_QK.method)
+        return _spectral.scale_interval(self.W_QK, scale)
 
 
 @dataclass(frozen=True)
@@ -296,9 +304,14 @@ def _heads(a: AttentionSpec, entrywise: bool, arr: dict[str, np.ndarray]) -> tup
         bqk = None
         if a.b_Q is not None and a.rope is None:
             bqk = _l2(_spectral.as_array(a.b_Q[h], np.float64) @ Kt)
-        W_QK = None if a.rope is not None else _pair(Wq, Kt, _gram(arr, "Q", h), _gram(arr, "K", g))
+        W_Q = _single(Wq, _gram(arr, "Q", h))
+        if a.rope is None:
+            W_QK = _pair(Wq, Kt, _gram(arr, "Q", h), _gram(arr, "K", g))
+        else:  # the sup over relative positions, from the two norms just certified (Note [RoPE score matrix])
+            grams = None if "G_Q" not in arr else (*_gram(arr, "Q", h), *_gram(arr, "K", g))
+            W_QK = rope_kq_interval(Wq, arr["W_K"][g], a.rope, 1.0, grams=grams, norms=(W_Q, W_K[g]))
         head = HeadMeasure(h, g, W_QK, _pair(Wv, Wo, _gram(arr, "V", g), _gram(arr, "O", h)),
-                           _single(Wq, _gram(arr, "Q", h)), W_V[g], W_K.get(g), bqk,
+                           W_Q, W_V[g], W_K.get(g), bqk,
                            _l2(a.b_Q[h]) if split and a.b_Q is not None else None,
                            _l2(a.b_K[g]) if split and a.b_K is not None else None)
         if entrywise:
@@ -492,7 +505,9 @@ def measure_model(spec: TransformerSpec, *, reference: TransformerSpec | None = 
     Source: :func:`~transcover.norms.spectral_norm_interval` and
     :func:`~transcover.norms.product_norm_interval` (one call per matrix, Note [one route per
     matrix]); distances as in Note [distances].  Assumptions: the weights are given exactly by
-    their float values (bf16/fp16/float32 upcast to float64 is exact).
+    their float values (bf16/fp16/float32 upcast to float64 is exact); with RoPE, sequences of at
+    most ``max_position`` tokens (the score matrix is the sup over their offsets, Note [RoPE score
+    matrix]).
 
     Args:
         spec: the model (numpy or torch arrays; read one layer at a time).

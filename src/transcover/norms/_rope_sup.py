@@ -204,7 +204,10 @@ def rope_kq_interval(Wq: np.ndarray, Wk: np.ndarray, rope, scale: float, *,
     Wq_rot = rotate_columns(Wq, inv, cos[0], sin[0])
     witness = _witness_lower(Wq_rot, np.ascontiguousarray(Wk.T), Wk @ w)
     lower = max(0.0, down(witness - up(_rotation_slack(_fro_upper(Wq), q_up, inv, delta) * k_up)))
-    lower, upper = down(lower * scale), up(upper * scale)
+    if math.frexp(scale)[0] != 0.5:  # a power of two (measure_model's unscaled 1.0) scales exactly
+        lower, upper = down(lower * scale), up(upper * scale)
+    else:
+        lower, upper = lower * scale, upper * scale
     how = ("dynamic NTK, every length T <= P: upper s||W_Q||||W_K||" if dynamic
            else "upper min(s||W_Q||||W_K||, slow/fast split)")
     return Interval(min(lower, upper), upper, Kind.CERTIFIED_INTERVAL,

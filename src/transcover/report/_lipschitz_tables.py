@@ -103,16 +103,26 @@ def render_local(name: str, n_sequences: int, rows: list, rho_relative: bool) ->
     from rich.table import Table
 
     console = Console()
+    import math
+
     table = Table(title=f"Local Lipschitz constants of {name} at {n_sequences} sequences ((2,inf) metric)")
-    for col in ("rho", "layer", "component", "global (R)", "domain (sigma0)", "local (rho)", "lower", "local/lower"):
+    # with --ball-lower some rows carry the point lower beside the ball one: both are shown
+    ball = any(not math.isnan(getattr(r, "point_lower", math.nan)) for r in rows)
+    cols = ("rho", "layer", "component", "global (R)", "domain (sigma0)", "local (rho)",
+            *(("point lower", "ball lower") if ball else ("lower",)), "local/lower")
+    for col in cols:
         table.add_column(col, justify="left" if col == "component" else "right")
     for r in rows:
+        has = not math.isnan(r.point_lower)
+        lows = ((_fmt(r.point_lower), _fmt(r.lower)) if has else (_fmt(r.lower), "-")) if ball else (_fmt(r.lower),)
         table.add_row(f"{r.rho_factor:g}", str(r.layer) if r.layer >= 0 else "all", r.component, _fmt(r.global_upper), _fmt(r.domain_upper),
-                      _fmt(r.local_upper), _fmt(r.lower), _fmt(r.ratio))
+                      _fmt(r.local_upper), *lows, _fmt(r.ratio))
     console.print(table)
     console.print("  certified upper bounds (THEORY F14, F17; rounding padded); local = on the ball of radius rho "
                   "around each sequence's hidden states" + (" (rho x median token norm)" if rho_relative else "")
-                  + "; lower = (2,inf) Jacobian norm at the data point")
+                  + "; lower = (2,inf) Jacobian norm at the data point"
+                  + ("; ball lower = the best of it and an ascent over centres and pairs inside the ball "
+                     "(empirical, local/lower uses it)" if ball else ""))
 
 
 def local_payload(name: str, n_sequences: int, rhos: list[float], rho_relative: bool, rows: list) -> dict[str, object]:

@@ -20,7 +20,7 @@ from typing import Any
 from ..._errors import InputError, UnsupportedArchitectureError
 from .._arrays import contiguous, permute
 from .._sources import LazyTensors, TensorSource
-from .._spec import Activation, AttentionSpec, FFNSpec, LayerSpec, NormKind, NormSpec, Placement
+from .._spec import Activation, AttentionSpec, FFNSpec, LayerSpec, NormKind, NormSpec, Placement, Residual
 
 Tensor = Any  # a numpy array (files) or a torch tensor (modules)
 
@@ -278,6 +278,33 @@ def outer_prefix(prefix: str, inner: str) -> str:
     """The prefix of a task model's own tensors (``lm_head``) beside its base model ``inner``
     (``"transformer."``, ``"model."``): ``prefix`` without that trailing component."""
     return prefix[: -len(inner)] if prefix.endswith(inner) else prefix
+
+
+def decoder_dims(config: dict, *, arch: str, name: str) -> tuple[int, int, int, int, int]:
+    """``(d, H, H_kv, d_head, d_ff)`` of a Llama-style decoder configuration: ``hidden_size``,
+    ``num_attention_heads``, ``intermediate_size`` required; ``num_key_value_heads`` defaults to H
+    (multi-head), ``head_dim`` to ``d // H``."""
+    d = int(require(config, "hidden_size", arch=arch, name=name))
+    H = int(require(config, "num_attention_heads", arch=arch, name=name))
+    H_kv = int(config.get("num_key_value_heads") or H)
+    dh = int(config.get("head_dim") or d // H)
+    return d, H, H_kv, dh, int(require(config, "intermediate_size", arch=arch, name=name))
+
+
+def lm_embeddings(src: TensorSource, prefix: str, inner: str, token: str) -> LazyTensors:
+    """A causal LM's token embedding ``prefix + token`` and its un-embedding ``lm_head.weight`` (V, d),
+    kept beside the base model ``inner`` (:func:`outer_prefix`) and read as ``x @ W^T``."""
+    return lazy_embeddings(src, {"token_embedding": (prefix + token, None),
+                                 "unembedding": (outer_prefix(prefix, inner) + "lm_head.weight", transpose)})
+
+
+def shared_norm_parallel_layer(src: TensorSource, names: dict[str, str], i: int, attn: AttentionSpec, *, d: int,
+                               d_ff: int, act: Activation, eps: float) -> LayerSpec:
+    """``x + attn(LN x) + ffn(LN x)`` with one LayerNorm (roles ``norm.weight``, ``norm.bias``) feeding
+    both branches and a plain FFN (GPT-J, Phi: THEORY F21 with ``N_1 = N_2``)."""
+    norm = layer_norm(src, names["norm.weight"], names["norm.bias"], d, eps)
+    return LayerSpec(index=i, attention=attn, ffn=plain_ffn(src, names, d, d_ff, act), norm_attn=norm,
+                     norm_ffn=norm, placement=Placement.PRE, residual=Residual.PARALLEL, names=present(names, src))
 
 
 def present(names: dict[str, str], src: TensorSource) -> dict[str, str]:

@@ -28,8 +28,8 @@ from .._rope_scaling import rope_from_config
 from .._sources import TensorSource
 from .._spec import AttentionSpec, LayerSequence, LayerSpec, Placement, Residual, TransformerSpec
 from ._common import (
-    activation_from_name, find_prefix, grouped_qkv, heads_out, layer_count, layer_norm, lazy_embeddings,
-    linear_weight, outer_prefix, plain_ffn, present, require, summary, transpose, unexpected_layer_tensors,
+    activation_from_name, find_prefix, grouped_qkv, heads_out, layer_count, layer_norm, linear_weight, lm_embeddings,
+    plain_ffn, present, require, summary, unexpected_layer_tensors,
 )
 
 __all__ = ["build_falcon", "ALIBI_REASON"]
@@ -115,9 +115,7 @@ def build_falcon(src: TensorSource, config: dict, name: str) -> TransformerSpec:
         return LayerSpec(index=i, attention=attn, ffn=plain_ffn(src, names, d, d_ff, act), norm_attn=norm_attn,
                          norm_ffn=norm_ffn, placement=Placement.PRE, residual=residual, names=present(names, src))
 
-    outer = outer_prefix(prefix, "transformer.")
-    embeddings = lazy_embeddings(src, {"token_embedding": (prefix + "word_embeddings.weight", None),
-                                       "unembedding": (outer + "lm_head.weight", transpose)})
+    embeddings = lm_embeddings(src, prefix, "transformer.", "word_embeddings.weight")
     final_norm = layer_norm(src, prefix + "ln_f.weight", prefix + "ln_f.bias", d, eps)
     out = summary(config, src, n, H, H_kv, dh, d_ff, act.value, prefix, embeddings.names)
     out.update(rope_theta=rope.theta, residual=residual.value, new_decoder_architecture=new)

@@ -35,8 +35,8 @@ from .._rope_scaling import rope_from_config
 from .._sources import TensorSource
 from .._spec import LayerSequence, LayerSpec, NormKind, NormSpec, Placement, TransformerSpec
 from ._common import (
-    DECODER_ROLES, activation_from_name, count_layers, decoder_attention, find_prefix, gated_ffn,
-    lazy_embeddings, no_layers, require, summary, unexpected_layer_tensors,
+    DECODER_ROLES, activation_from_name, decoder_attention, decoder_dims, find_prefix, gated_ffn, layer_count,
+    lazy_embeddings, summary, unexpected_layer_tensors,
 )
 from ._windows import sliding_windows
 
@@ -113,11 +113,7 @@ def build_gemma(src: TensorSource, config: dict, name: str) -> TransformerSpec:
     stems = " ".join(str(c) for c in config.get("architectures") or [])
     model_type = str(config.get("model_type")
                      or ("gemma3_text" if "Gemma3" in stems else "gemma2" if "Gemma2" in stems else "gemma"))
-    d = int(require(config, "hidden_size", arch=arch, name=name))
-    H = int(require(config, "num_attention_heads", arch=arch, name=name))
-    H_kv = int(config.get("num_key_value_heads") or H)
-    dh = int(config.get("head_dim") or d // H)
-    d_ff = int(require(config, "intermediate_size", arch=arch, name=name))
+    d, H, H_kv, dh, d_ff = decoder_dims(config, arch=arch, name=name)
     eps = float(config.get("rms_norm_eps", 1e-6))
     sandwich = model_type in _SANDWICH
     act_name = config.get("hidden_activation") if sandwich else config.get("hidden_act")
@@ -128,10 +124,7 @@ def build_gemma(src: TensorSource, config: dict, name: str) -> TransformerSpec:
             "symmetric around the query, which the spec's window mask (keys j > i - w) does not express")
     found = find_prefix(src, ["layers.0.self_attn.q_proj.weight", "embed_tokens.weight"])
     prefix = found[0] if found else ""
-    n = config.get("num_hidden_layers")
-    n = count_layers(src, prefix, "layers") if n is None else int(n)
-    if n == 0:
-        raise no_layers(name)
+    n = layer_count(config, "num_hidden_layers", src, prefix, "layers", name)
     if sandwich and f"{prefix}layers.0.pre_feedforward_layernorm.weight" not in src:
         raise InputError(f"{arch}: {model_type} configuration of {name} but no pre_feedforward_layernorm in "
                          "layer 0: the checkpoint does not have the sandwich norms its configuration declares")

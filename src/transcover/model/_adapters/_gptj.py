@@ -22,10 +22,10 @@ import numpy as np
 from ..._errors import UnsupportedArchitectureError
 from .._arrays import contiguous
 from .._sources import TensorSource
-from .._spec import AttentionSpec, LayerSequence, LayerSpec, Placement, Residual, RopeSpec, TransformerSpec
+from .._spec import AttentionSpec, LayerSequence, LayerSpec, RopeSpec, TransformerSpec
 from ._common import (
-    activation_from_name, find_prefix, heads_in, heads_out, layer_count, layer_norm, lazy_embeddings,
-    linear_weight, outer_prefix, plain_ffn, present, require, summary, transpose, unexpected_layer_tensors,
+    activation_from_name, find_prefix, heads_in, heads_out, layer_count, layer_norm, linear_weight, lm_embeddings,
+    require, shared_norm_parallel_layer, summary, unexpected_layer_tensors,
 )
 
 __all__ = ["build_gptj"]
@@ -73,13 +73,9 @@ def build_gptj(src: TensorSource, config: dict, name: str) -> TransformerSpec:
             W_V=heads_in(linear_weight(src, names["W_V"], d, d), H),
             W_O=heads_out(linear_weight(src, names["W_O"], d, d), H), causal=True, rope=rope,
         )
-        norm = layer_norm(src, names["norm.weight"], names["norm.bias"], d, eps)
-        return LayerSpec(index=i, attention=attn, ffn=plain_ffn(src, names, d, d_ff, act), norm_attn=norm,
-                         norm_ffn=norm, placement=Placement.PRE, residual=Residual.PARALLEL, names=present(names, src))
+        return shared_norm_parallel_layer(src, names, i, attn, d=d, d_ff=d_ff, act=act, eps=eps)
 
-    outer = outer_prefix(prefix, "transformer.")
-    embeddings = lazy_embeddings(src, {"token_embedding": (prefix + "wte.weight", None),
-                                       "unembedding": (outer + "lm_head.weight", transpose)})
+    embeddings = lm_embeddings(src, prefix, "transformer.", "wte.weight")
     final_norm = layer_norm(src, prefix + "ln_f.weight", prefix + "ln_f.bias", d, eps)
     out = summary(config, src, n, H, H, dh, d_ff, act.value, prefix, embeddings.names)
     out.update(rotary_dim=rd, residual="parallel")

@@ -28,12 +28,10 @@ from __future__ import annotations
 from ..._errors import UnsupportedArchitectureError
 from .._rope_scaling import rope_from_config
 from .._sources import TensorSource
-from .._spec import (
-    AttentionSpec, FFNSpec, LayerSequence, LayerSpec, NormKind, Placement, TransformerSpec,
-)
+from .._spec import LayerSequence, LayerSpec, NormKind, Placement, TransformerSpec
 from ._common import (
-    DECODER_ROLES, activation_from_name, count_layers, find_prefix, heads_bias, heads_in, heads_out, layer_norm,
-    lazy_embeddings, linear_weight, no_layers, require, summary, transpose, unexpected_layer_tensors,
+    DECODER_ROLES, activation_from_name, decoder_attention, decoder_dims, find_prefix, gated_ffn, layer_count,
+    layer_norm, lm_embeddings, summary, unexpected_layer_tensors,
 )
 from ._windows import sliding_windows
 
@@ -48,11 +46,7 @@ _ROLES = {
 
 def build_llama(src: TensorSource, config: dict, name: str) -> TransformerSpec:
     arch = "llama"
-    d = int(require(config, "hidden_size", arch=arch, name=name))
-    H = int(require(config, "num_attention_heads", arch=arch, name=name))
-    H_kv = int(config.get("num_key_value_heads") or H)
-    dh = int(config.get("head_dim") or d // H)
-    d_ff = int(require(config, "intermediate_size", arch=arch, name=name))
+    d, H, H_kv, dh, d_ff = decoder_dims(config, arch=arch, name=name)
     eps = float(config.get("rms_norm_eps", 1e-6))
     act = activation_from_name(config.get("hidden_act", "silu"), arch=arch)
     rope, score_factor = rope_from_config(config, arch, dh)  # YaRN's m^2 multiplies every score
@@ -65,10 +59,7 @@ def build_llama(src: TensorSource, config: dict, name: str) -> TransformerSpec:
         raise UnsupportedArchitectureError(
             f"{arch}: q_norm of shape {src.shape(prefix + 'layers.0.self_attn.q_norm.weight')} normalises more than "
             f"one head (d_head={dh}); only per-head query/key normalisation (Qwen3) is supported")
-    n = config.get("num_hidden_layers")
-    n = count_layers(src, prefix, "layers") if n is None else int(n)
-    if n == 0:
-        raise no_layers(name)
+    n = layer_count(config, "num_hidden_layers", src, prefix, "layers", name)
     # attention_bias / mlp_bias say the biases must be there; Qwen2 stores q/k/v biases without a flag.
     attn_bias = bool(config.get("attention_bias", False))
     mlp_bias = bool(config.get("mlp_bias", False))
@@ -80,32 +71,15 @@ def build_llama(src: TensorSource, config: dict, name: str) -> TransformerSpec:
 
     def layer(i: int) -> LayerSpec:
         names = {role: f"{prefix}layers.{i}.{key}" for role, key in _ROLES.items()}
-
-        def bias(role: str, shape: tuple[int, ...], required: bool):
-            return src.get(names[role], shape) if required else src.get_optional(names[role], shape)
-
-        attn = AttentionSpec(
-            W_Q=heads_in(linear_weight(src, names["W_Q"], d, H * dh), H),
-            W_K=heads_in(linear_weight(src, names["W_K"], d, H_kv * dh), H_kv),
-            W_V=heads_in(linear_weight(src, names["W_V"], d, H_kv * dh), H_kv),
-            W_O=heads_out(linear_weight(src, names["W_O"], H * dh, d), H),
-            b_Q=heads_bias(bias("b_Q", (H * dh,), attn_bias), H),
-            b_K=heads_bias(bias("b_K", (H_kv * dh,), attn_bias), H_kv),
-            b_V=heads_bias(bias("b_V", (H_kv * dh,), attn_bias), H_kv),
-            b_O=bias("b_O", (d,), attn_bias),
-            causal=True, rope=rope, window=windows[i],
+        attn = decoder_attention(
+            src, names, d=d, H=H, H_kv=H_kv, dh=dh, bias=attn_bias, causal=True, rope=rope, window=windows[i],
             scale=None if score_factor == 1.0 else score_factor / dh ** 0.5,
             q_norm=layer_norm(src, f"{prefix}layers.{i}.self_attn.q_norm.weight", None, dh, eps, NormKind.RMSNORM)
             if qk_norm else None,
             k_norm=layer_norm(src, f"{prefix}layers.{i}.self_attn.k_norm.weight", None, dh, eps, NormKind.RMSNORM)
             if qk_norm else None,
         )
-        ffn = FFNSpec(
-            W_1=linear_weight(src, names["W_1"], d, d_ff), W_2=linear_weight(src, names["W_2"], d_ff, d),
-            W_gate=linear_weight(src, names["W_gate"], d, d_ff), activation=act,
-            b_1=bias("b_1", (d_ff,), mlp_bias), b_2=bias("b_2", (d,), mlp_bias),
-            b_gate=bias("b_gate", (d_ff,), mlp_bias),
-        )
+        ffn = gated_ffn(src, names, d=d, d_ff=d_ff, act=act, bias=mlp_bias)
         return LayerSpec(
             index=i, attention=attn, ffn=ffn,
             norm_attn=layer_norm(src, names["norm_attn.weight"], None, d, eps, NormKind.RMSNORM),
@@ -115,11 +89,7 @@ def build_llama(src: TensorSource, config: dict, name: str) -> TransformerSpec:
         )
 
     # LlamaForCausalLM keeps lm_head beside ``model.``; its weight (V, d) un-embeds as x @ W^T.
-    outer = prefix[: -len("model.")] if prefix.endswith("model.") else prefix
-    embeddings = lazy_embeddings(src, {
-        "token_embedding": (prefix + "embed_tokens.weight", None),
-        "unembedding": (outer + "lm_head.weight", transpose),
-    })
+    embeddings = lm_embeddings(src, prefix, "model.", "embed_tokens.weight")
     final_norm = layer_norm(src, prefix + "norm.weight", None, d, eps, NormKind.RMSNORM)
     out = summary(config, src, n, H, H_kv, dh, d_ff, act.value, prefix, embeddings.names)
     out["rope_theta"] = rope.theta

@@ -18,8 +18,8 @@ from .._rope_scaling import rope_from_config
 from .._sources import TensorSource
 from .._spec import LayerSequence, LayerSpec, NormKind, NormSpec, Placement, TransformerSpec
 from ._common import (
-    DECODER_ROLES, activation_from_name, count_layers, decoder_attention, find_prefix, gated_ffn, layer_norm,
-    lazy_embeddings, no_layers, require, summary, transpose, unexpected_layer_tensors,
+    DECODER_ROLES, activation_from_name, decoder_attention, decoder_dims, find_prefix, gated_ffn, layer_count,
+    layer_norm, lm_embeddings, summary, unexpected_layer_tensors,
 )
 
 __all__ = ["build_olmo2"]
@@ -33,20 +33,13 @@ _NORMS = {
 
 def build_olmo2(src: TensorSource, config: dict, name: str) -> TransformerSpec:
     arch = "olmo2"
-    d = int(require(config, "hidden_size", arch=arch, name=name))
-    H = int(require(config, "num_attention_heads", arch=arch, name=name))
-    H_kv = int(config.get("num_key_value_heads") or H)
-    dh = int(config.get("head_dim") or d // H)
-    d_ff = int(require(config, "intermediate_size", arch=arch, name=name))
+    d, H, H_kv, dh, d_ff = decoder_dims(config, arch=arch, name=name)
     eps = float(config.get("rms_norm_eps", 1e-5))
     act = activation_from_name(config.get("hidden_act", "silu"), arch=arch)
     rope, score_factor = rope_from_config(config, arch, dh)
     found = find_prefix(src, ["layers.0.self_attn.q_proj.weight", "embed_tokens.weight"])
     prefix = found[0] if found else ""
-    n = config.get("num_hidden_layers")
-    n = count_layers(src, prefix, "layers") if n is None else int(n)
-    if n == 0:
-        raise no_layers(name)
+    n = layer_count(config, "num_hidden_layers", src, prefix, "layers", name)
     attn_bias = bool(config.get("attention_bias", False))
     roles = {**DECODER_ROLES, **_NORMS}
 
@@ -64,11 +57,7 @@ def build_olmo2(src: TensorSource, config: dict, name: str) -> TransformerSpec:
             names={r: v for r, v in names.items() if v in src},
         )
 
-    outer = prefix[: -len("model.")] if prefix.endswith("model.") else prefix
-    embeddings = lazy_embeddings(src, {
-        "token_embedding": (prefix + "embed_tokens.weight", None),
-        "unembedding": (outer + "lm_head.weight", transpose),
-    })
+    embeddings = lm_embeddings(src, prefix, "model.", "embed_tokens.weight")
     out = summary(config, src, n, H, H_kv, dh, d_ff, act.value, prefix, embeddings.names)
     out.update(rope_theta=rope.theta, qk_norm_scope="all", post_norms_only=True)
     return TransformerSpec(

@@ -27,8 +27,8 @@ from .._rope_scaling import rope_from_config
 from .._sources import TensorSource
 from .._spec import AttentionSpec, FFNSpec, LayerSequence, LayerSpec, NormKind, NormSpec, Placement, TransformerSpec
 from ._common import (
-    activation_from_name, find_prefix, heads_bias, heads_in, heads_out, layer_count, lazy_embeddings, linear_weight,
-    outer_prefix, present, require, summary, transpose, unexpected_layer_tensors,
+    activation_from_name, decoder_dims, find_prefix, heads_bias, heads_in, heads_out, layer_count, linear_weight,
+    lm_embeddings, present, summary, unexpected_layer_tensors,
 )
 
 __all__ = ["build_olmo1", "CLIP_QKV_REASON"]
@@ -51,13 +51,9 @@ def build_olmo1(src: TensorSource, config: dict, name: str) -> TransformerSpec:
     arch = "olmo"
     if config.get("clip_qkv") is not None:
         raise UnsupportedArchitectureError(f"{arch}: clip_qkv={config['clip_qkv']!r} is refused: {CLIP_QKV_REASON}")
-    d = int(require(config, "hidden_size", arch=arch, name=name))
-    H = int(require(config, "num_attention_heads", arch=arch, name=name))
-    H_kv = int(config.get("num_key_value_heads") or H)
-    dh = int(config.get("head_dim") or d // H)
+    d, H, H_kv, dh, d_ff = decoder_dims(config, arch=arch, name=name)
     if H % H_kv:
         raise UnsupportedArchitectureError(f"{arch}: num_attention_heads={H} is not a multiple of num_key_value_heads={H_kv}")
-    d_ff = int(require(config, "intermediate_size", arch=arch, name=name))
     act = activation_from_name(config.get("hidden_act", "silu"), arch=arch)
     rope, score_factor = rope_from_config(config, arch, dh)
     found = find_prefix(src, ["layers.0.self_attn.q_proj.weight", "embed_tokens.weight"])
@@ -86,8 +82,7 @@ def build_olmo1(src: TensorSource, config: dict, name: str) -> TransformerSpec:
         return LayerSpec(index=i, attention=attn, ffn=ffn, norm_attn=norm, norm_ffn=norm, placement=Placement.PRE,
                          names=present(names, src))
 
-    embeddings = lazy_embeddings(src, {"token_embedding": (prefix + "embed_tokens.weight", None),
-                                       "unembedding": (outer_prefix(prefix, "model.") + "lm_head.weight", transpose)})
+    embeddings = lm_embeddings(src, prefix, "model.", "embed_tokens.weight")
     out = summary(config, src, n, H, H_kv, dh, d_ff, act.value, prefix, embeddings.names)
     out["rope_theta"] = rope.theta
     return TransformerSpec(

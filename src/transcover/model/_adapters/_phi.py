@@ -24,10 +24,10 @@ from __future__ import annotations
 from ..._errors import UnsupportedArchitectureError
 from .._rope_scaling import rope_from_config
 from .._sources import TensorSource
-from .._spec import LayerSequence, LayerSpec, Placement, Residual, TransformerSpec
+from .._spec import LayerSequence, LayerSpec, TransformerSpec
 from ._common import (
-    activation_from_name, decoder_attention, find_prefix, layer_count, layer_norm, lazy_embeddings, outer_prefix,
-    plain_ffn, present, require, summary, transpose, unexpected_layer_tensors,
+    activation_from_name, decoder_attention, find_prefix, layer_count, layer_norm, lm_embeddings, require,
+    shared_norm_parallel_layer, summary, unexpected_layer_tensors,
 )
 from ._refused import OutsideDecompositionError
 
@@ -92,13 +92,9 @@ def build_phi(src: TensorSource, config: dict, name: str) -> TransformerSpec:
         names = {role: f"{prefix}layers.{i}.{key}" for role, key in _LAYER_KEYS.items()}
         attn = decoder_attention(src, names, d=d, H=H, H_kv=H_kv, dh=dh, bias=True, causal=True, rope=rope,
                                  scale=None if score_factor == 1.0 else score_factor / dh ** 0.5)
-        norm = layer_norm(src, names["norm.weight"], names["norm.bias"], d, eps)
-        return LayerSpec(index=i, attention=attn, ffn=plain_ffn(src, names, d, d_ff, act), norm_attn=norm,
-                         norm_ffn=norm, placement=Placement.PRE, residual=Residual.PARALLEL, names=present(names, src))
+        return shared_norm_parallel_layer(src, names, i, attn, d=d, d_ff=d_ff, act=act, eps=eps)
 
-    outer = outer_prefix(prefix, "model.")
-    embeddings = lazy_embeddings(src, {"token_embedding": (prefix + "embed_tokens.weight", None),
-                                       "unembedding": (outer + "lm_head.weight", transpose)})
+    embeddings = lm_embeddings(src, prefix, "model.", "embed_tokens.weight")
     final_norm = layer_norm(src, prefix + "final_layernorm.weight", prefix + "final_layernorm.bias", d, eps)
     out = summary(config, src, n, H, H_kv, dh, d_ff, act.value, prefix, embeddings.names)
     out.update(rope_theta=rope.theta, rotary_dim=rope.rotary_dim or dh, residual="parallel")

@@ -1,0 +1,273 @@
+"""Empirical lower estimates of a local (2,inf)-Lipschitz constant on a whole ball (issue 12, item 1).
+
+Note [ball lower].  For ``f`` mapping T tokens to T tokens and the ball ``B(X, rho)`` (every token
+within ``rho``, l2, of ``X``; convex), the (2,inf) Lipschitz constant of ``f`` on the ball is
+
+    L = sup_{X' in B} max_i nu_i(J(X')),   nu_i(J) = max_{||v_j|| <= 1} ||sum_j J_ij v_j||,
+
+(mean-value inequality along segments for ``<=``, difference quotients at interior points and the
+continuity of ``J`` for ``>=``).  The point estimate ``nu_i(J(X))`` is the same for every ``rho`` and
+understates ``L`` on large balls.  Two searches attain values of ``L`` from below:
+
+* (a) centres: projected ascent of ``u^T (J(X') V)_i`` over ``X'`` in the ball, alternating with the
+  maximisation over ``V`` (``v_j = J_ij^T u / ||J_ij^T u||``) and ``u`` (the normalised image).  One
+  autograd pass with a double backward gives all three: ``g = J^T w`` (``w`` the cotangent ``u`` at
+  token ``i``, built with ``create_graph``), then ``d<w, J V>/d(w, X')`` = (``J V``, the gradient of
+  ``u^T (J V)_i`` in ``X'``).  The step is the steepest ascent of the ball's geometry: per token
+  ``X'_j += eta rho grad_j / ||grad_j||`` (the maximiser of a linear function over a product of l2
+  balls), then each token clipped back into its ball.  Every recorded value is ``||(J(X') V)_i||``
+  with unit rows ``v_j`` at a point of the ball: attained.
+* (b) pairs: Adam ascent of ``||f(Y)_i - f(Z)_i|| / max_j ||Y_j - Z_j||`` over ``Y, Z`` in the ball
+  (antipodal pairs along the best direction, a close pair at the best centre, random pairs), each
+  recorded ratio reduced by an allowance for the float64 error of the two evaluations
+  (``64 (T + d) u (||f(Y)_i|| + ||f(Z)_i||)`` over the separation), so tiny separations cannot pass
+  rounding noise off as slope.  By the mean-value inequality (b) never exceeds the sup in (a); it is a
+  second, derivative-free witness.
+
+Both are values attained by witnesses (kind: empirical lower bound); the caller compares them with a
+certified bound through ``check_certified``.  Points are kept at ``rho (1 - 1e-9)`` so that float
+rounding of the clipping never leaves the ball.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from .._errors import InputError
+from .._results import Kind, Quantity
+
+__all__ = ["BallLower", "ball_lower", "ball_lower_sweep", "point_lower"]
+
+Fn = Callable[[Tensor], Tensor]
+_U = 2.0**-53
+_SHRINK = 1 - 1e-9
+
+
+@dataclass
+class BallLower:
+    """The best attained value of the (2,inf) Lipschitz constant of ``fn`` on ``B(X, rho)``."""
+
+    value: float  # max over the two searches (empirical lower bound)
+    rho: float
+    method: str  # "jacobian" (a centre X' and unit rows V) or "pair" (two points Y, Z)
+    token: int  # the output token whose row attains it
+    point: float  # the same search's value at X itself (rho -> 0), for comparison
+    jacobian: float  # best of search (a)
+    pair: float  # best of search (b)
+    centre: Tensor | None = field(default=None, repr=False)  # X' (a) or Y (b)
+    direction: Tensor | None = field(default=None, repr=False)  # V (a) or Z (b)
+    seconds: float = math.nan
+
+    @property
+    def kind(self) -> Kind:
+        return Kind.EMPIRICAL_LOWER
+
+    def quantity(self) -> Quantity:
+        return Quantity(self.value, Kind.EMPIRICAL_LOWER, "Note [ball lower] (issue 12)",
+                        (f"attained at a point (or pair) with every token within rho={self.rho:.6g} (l2) of X",
+                         "metric (2,inf)", f"witness: {self.method}, output token {self.token}"))
+
+
+def _clip(D: Tensor, rho: float) -> Tensor:
+    """Each token of the offset ``D`` shrunk into the ball of radius ``rho (1 - 1e-9)``."""
+    n = D.norm(dim=-1, keepdim=True)
+    return D * torch.clamp(rho * _SHRINK / n.clamp(min=1e-300), max=1.0)
+
+
+def _unit_rows(G: Tensor) -> Tensor:
+    return G / G.norm(dim=-1, keepdim=True).clamp(min=1e-300)
+
+
+def _jac_step(fn: Fn, Xp: Tensor, i: int, u: Tensor, need_x: bool = True) -> tuple[Tensor, Tensor, Tensor | None]:
+    """At ``Xp`` with cotangent ``u`` at token ``i``: (``V``, the unit rows of ``J^T w``; ``J V``;
+    the gradient in ``Xp`` of ``u^T (J V)_i`` with ``V`` held, when ``need_x``) (Note [ball lower], (a))."""
+    Xr = Xp.detach().clone().requires_grad_(True)
+    w = torch.zeros_like(Xr)
+    w[i] = u
+    w.requires_grad_(True)
+    y = fn(Xr)
+    (g,) = torch.autograd.grad(y, Xr, w, create_graph=True)
+    V = _unit_rows(g.detach())
+    if not need_x:
+        (JV,) = torch.autograd.grad((g * V).sum(), w)
+        return V, JV.detach(), None
+    JV, gX = torch.autograd.grad((g * V).sum(), (w, Xr), allow_unused=True)
+    if gX is None:  # fn linear in X: the Jacobian does not move
+        gX = torch.zeros_like(Xr)
+    return V, JV.detach(), gX.detach()
+
+
+def point_lower(fn: Fn, X: Tensor, *, iters: int = 15, seed: int = 0, tokens: int = 4) -> tuple[float, int, Tensor]:
+    """The attained (2,inf) norm of ``J(X)``: ``jacobian_operator_norm``'s alternating rule (which
+    follows the largest row) picks candidate rows, then for each of the ``tokens`` largest rows of
+    its ``J V`` the per-row alternating maximisation (``u -> V = unit rows of J^T u -> u = unit
+    (J V)_i``, each step non-decreasing): (value, token, V) of the best, the value the returned
+    witness attains.  Kind: empirical lower."""
+    from ._empirical import jacobian_operator_norm
+
+    X = X.detach().double()
+    _, V = jacobian_operator_norm(fn, X, metric="2,inf", n_iter=max(iters // 3, 2), seed=seed)
+    JV = torch.autograd.functional.jvp(fn, X, _unit_rows(V))[1]
+    rows = JV.norm(dim=-1)
+    best = (-1.0, 0, V)
+    for i in rows.topk(min(tokens, rows.shape[0])).indices.tolist():
+        u = _unit_rows(JV[i])
+        for _ in range(iters):
+            Vi, JVi, _ = _jac_step(fn, X, i, u, need_x=False)
+            val = float(JVi[i].norm())
+            if val > best[0]:
+                best = (val, i, Vi)
+            u = _unit_rows(JVi[i])
+    return best
+
+
+def _centre_ascent(fn: Fn, X: Tensor, rho: float, C: Tensor, i: int, u: Tensor, steps: int,
+                   best: list) -> None:
+    """Search (a) from offset ``C``: ``steps`` alternating/ascent iterations; ``best`` holds
+    [value, token, X', V] and is updated in place with every attained value.  A step that lowers the
+    value is undone and the step length halved (the lowered value was still attained)."""
+    eta, prev = 1.0, -math.inf
+    Cb, gb = C, None
+    for k in range(steps + 1):
+        V, JV, gX = _jac_step(fn, X + C, i, u)
+        rows = JV.norm(dim=-1)
+        t = int(rows.argmax())
+        val = float(rows[t])
+        if not math.isfinite(val):
+            return
+        if val > best[0]:
+            best[:] = [val, t, (X + C).detach().clone(), V]
+        if val >= prev:
+            prev, Cb, gb = val, C, gX
+            # follow the largest row (V was chosen for row i; a larger row t is attained as well)
+            i = t if float(rows[t]) > float(rows[i]) else i
+            u = _unit_rows(JV[i])
+        else:
+            eta *= 0.5
+        if k == steps:
+            break
+        C = _clip(Cb + eta * rho * _unit_rows(gb), rho)
+        eta = min(eta, 0.5)  # the first step goes to the linear maximiser on the boundary, later ones refine
+
+
+def _pair_ascent(fn: Fn, X: Tensor, rho: float, A0: Tensor, B0: Tensor, i: int, steps: int, lr: float,
+                 best: list) -> None:
+    """Search (b): Adam (Kingma & Ba 2015, beta = (0.9, 0.999); written out here, ``torch.optim``'s
+    first step costs seconds of imports) on the ratio of row ``i`` over the pair ``(X + A, X + B)``,
+    each iterate clipped into the ball; ``best`` holds [value, token, Y, Z]."""
+    T, d = X.shape
+    P = torch.stack([_clip(A0, rho), _clip(B0, rho)])
+    m, v = torch.zeros_like(P), torch.zeros_like(P)
+    for k in range(steps + 1):
+        Pr = P.detach().clone().requires_grad_(True)
+        fa, fb = fn(X + Pr[0]), fn(X + Pr[1])
+        den = (Pr[0] - Pr[1]).norm(dim=-1).max()
+        num = (fa - fb).norm(dim=-1)
+        with torch.no_grad():
+            allow = 64 * (T + d) * _U * (fa.norm(dim=-1) + fb.norm(dim=-1))
+            r = (num - allow).clamp(min=0.0) / den
+            t = int(r.argmax())
+            val = float(r[t])
+            if math.isfinite(val) and float(den) > 0 and val > best[0]:
+                best[:] = [val, t, (X + Pr[0]).detach().clone(), (X + Pr[1]).detach().clone()]
+        ratio = num[i] / den
+        if k == steps or not bool(torch.isfinite(ratio)):
+            return
+        (grad,) = torch.autograd.grad(ratio, Pr)
+        m = 0.9 * m + 0.1 * grad
+        v = 0.999 * v + 0.001 * grad * grad
+        step = (m / (1 - 0.9 ** (k + 1))) / ((v / (1 - 0.999 ** (k + 1))).sqrt() + 1e-30)
+        P = torch.stack([_clip(P[0] + lr * step[0], rho), _clip(P[1] + lr * step[1], rho)])
+
+
+def ball_lower(fn: Fn, X: Tensor, rho: float, *, steps: int = 6, restarts: int = 1, pair_steps: int = 6,
+               pair_restarts: int = 1, seed: int = 0, token: int | None = None, V: Tensor | None = None,
+               start: Tensor | None = None, point: float | None = None) -> BallLower:
+    r"""An empirical lower bound on the (2,inf) Lipschitz constant of ``fn`` on ``B(X, rho)`` (Note
+    [ball lower]):
+
+    .. math:: \max\Big(\max_{k} \|(J(X'_k) V_k)_{i_k}\|,\ \max_k \frac{\|f(Y_k)_{i_k} - f(Z_k)_{i_k}\|
+              - \epsilon_k}{\max_j \|Y_{kj} - Z_{kj}\|}\Big) \le \sup_{X' \in B(X,\rho)} \|J(X')\|_{(2,\infty)}
+
+    over the centres ``X'_k`` of the projected ascent (a) and the pairs of the Adam ascent (b), every
+    point in the ball.  Starts of (a): ``X`` (or ``start``, a point of the ball, e.g. the best centre of
+    a smaller ball), then ``restarts`` random points; ``token``/``V``: the point search's best row
+    and direction (computed by :func:`point_lower` when not given; ``point``: its value).  ``steps``,
+    ``pair_steps``: iterations per start (each about 11 and 4 forward evaluations of ``fn``).  Kind:
+    empirical lower bound; never above a certified bound of the same quantity (callers run
+    ``check_certified``).  Assumptions: ``fn`` maps (T, d) float64 to (T, d'), differentiable twice
+    almost everywhere (ReLU kinks give a zero second derivative, search (b) still moves).
+    """
+    if not (rho > 0 and math.isfinite(rho)):
+        raise InputError(f"rho must be a finite number > 0, but got rho={rho!r}")
+    for name, v in (("steps", steps), ("restarts", restarts), ("pair_steps", pair_steps),
+                    ("pair_restarts", pair_restarts)):
+        if v < 0:
+            raise InputError(f"{name} must be >= 0, but got {name}={v}")
+    t0 = time.perf_counter()
+    X = X.detach().double()
+    if token is None or V is None or point is None:
+        p, tk, Vp = point_lower(fn, X, seed=seed)
+        token = tk if token is None else token
+        V = Vp if V is None else V
+        point = p if point is None else point
+    V = _unit_rows(V.detach().double())
+    g = torch.Generator().manual_seed(seed)
+    best = [float(point), int(token), X.clone(), V]  # the point's value is attained at X (in the ball)
+    with torch.no_grad():
+        u0 = torch.autograd.functional.jvp(fn, X, V)[1][token]
+    u0 = _unit_rows(u0)
+    starts = [torch.zeros_like(X) if start is None else _clip(start.detach().double() - X, rho)]
+    for _ in range(restarts):
+        D = _unit_rows(torch.randn(X.shape, generator=g, dtype=torch.float64))
+        starts.append(D * rho * torch.rand(X.shape[0], 1, generator=g, dtype=torch.float64).sqrt())
+    for C in starts:
+        _centre_ascent(fn, X, rho, C, int(token), u0, steps, best)
+    jac = best[0]
+    jbest = list(best)
+    pbest = [0.0, int(token), None, None]
+    if pair_steps > 0 or pair_restarts > 0:
+        Xc, Vb, tb = best[2], best[3], best[1]
+        pstarts = [(rho * Vb, -rho * Vb, 0.05 * rho),  # antipodal along the best direction
+                   (Xc - X, Xc - X - 1e-2 * rho * Vb, 1e-3 * rho)]  # a close pair at the best centre
+        for _ in range(pair_restarts):
+            D = _unit_rows(torch.randn(X.shape, generator=g, dtype=torch.float64)) * rho
+            E = _unit_rows(torch.randn(X.shape, generator=g, dtype=torch.float64)) * rho
+            pstarts.append((D, E, 0.05 * rho))
+        for A0, B0, lr in pstarts:
+            _pair_ascent(fn, X, rho, A0, B0, tb, pair_steps, lr, pbest)
+    if pbest[0] > jbest[0]:
+        value, method, tok, c, dr = pbest[0], "pair", pbest[1], pbest[2], pbest[3]
+    else:
+        value, method, tok, c, dr = jbest[0], "jacobian", jbest[1], jbest[2], jbest[3]
+    return BallLower(value, rho, method, int(tok), float(point), jac, pbest[0], c, dr, time.perf_counter() - t0)
+
+
+def ball_lower_sweep(fn: Fn, X: Tensor, rhos, *, init: tuple | None = None, **kw) -> list[BallLower]:  # noqa: ANN001
+    """:func:`ball_lower` for increasing radii, each started at the previous ball's best centre
+    stretched to the new radius (``X + (rho_k / rho_{k-1}) (X' - X)``, inside the new ball) and never
+    below the previous value (the balls are nested: a witness of a smaller ball is one of the larger).
+    ``init``: a point witness (value, token, V) at X to start from (e.g. the rows route's
+    ``row_lower``), else :func:`point_lower`.  Returned in the order of ``rhos``."""
+    X = X.detach().double()
+    p, tk, V = point_lower(fn, X, seed=kw.get("seed", 0)) if init is None else init
+    p = float(p)
+    out: dict[float, BallLower] = {}
+    prev: BallLower | None = None
+    for rho in sorted(float(r) for r in rhos):
+        start = None
+        if prev is not None and prev.method == "jacobian" and prev.centre is not None:
+            start = X + (rho / prev.rho) * (prev.centre - X)
+        # the point witness (value p attained at X by (tk, V)) seeds every radius; the centre is carried
+        r = ball_lower(fn, X, rho, token=tk, V=V, start=start, point=p, **kw)
+        if prev is not None and prev.value > r.value:
+            r = BallLower(prev.value, rho, prev.method, prev.token, p, max(prev.jacobian, r.jacobian),
+                          max(prev.pair, r.pair), prev.centre, prev.direction, r.seconds)
+        out[rho] = prev = r
+    return [out[float(r)] for r in rhos]

@@ -1,24 +1,20 @@
 """The whole stack's exact Jacobian at the data and its certified drift over the ball (issue 12; THEORY F30).
 
 Note [stack Jacobian].  The network from the embedded tokens to the last layer's output (input norm,
-layers, final norm: the map ``network_local`` describes, no head) is a chain of stages
-``f = f_n o ... o f_1``; ``x_s`` is stage ``s``'s input on the data path and ``J_s = Df_s(x_s)``.
-The Jacobian ``J(x) = J_n ... J_1`` (T x T blocks of d x d) is accumulated in float64 by applying
-each stage's *structured* tangent map (written out below: per-token ``d x d`` matrices ``M_i``, the
-attention's projections batched over heads) to all ``T d`` columns at once; the prefixes
-``P_s = J_{s-1} ... J_1`` are the intermediate results.  The suffixes ``S_s = J_n ... J_{s+1}`` come
-from the transposed maps applied to all ``T d`` rows (``_StageLin.apply_t``).  Cost: ``O(n T^2 d^3)``
-flops for each chain (the (2,inf) certificate needs every block).
+layers, final norm: the map ``network_local`` describes, no head) is a chain of sub-stages
+``f = f_{n-1} o ... o f_0`` (``_local_stack_maps`` Note [sub-stages]: each layer cut where it is
+token-local); ``x_s`` is sub-stage ``s``'s input on the data path and ``J_s = Df_s(x_s)``.  The
+Jacobian ``J(x) = J_{n-1} ... J_0`` (T x T blocks of d x d) is accumulated in float64 by applying each
+sub-stage's structured tangent map to all ``T d`` columns at once; the prefixes ``P_s`` are the
+intermediate results.  The suffixes ``S_s = J_{n-1} ... J_{s+1}`` come from the transposed maps applied
+to all ``T d`` rows.  Cost: ``O(n T^2 d^3)`` flops for each chain (the (2,inf) certificate needs every block).
 
-Note [stack drift].  For ``y`` in ``B(x, rho)`` (every token within rho), telescoping
-``J(y) - J(x) = sum_s S_s(y) (J_s(y_s) - J_s(x_s)) P_s(x)`` and the submultiplicativity of the (2,inf)
-operator norm give ``sup_B ||J(y) - J(x)|| <= sum_s Sbar_s dJ_s(r_s) ||P_s(x)||`` with
-``dJ_s(r)`` the per-stage drift over ``B(x_s, r)`` (``layer_jacobians``' ``drift_rows``, the norms'
-``2 max|gamma| r/(sqrt(d) s_floor^2)``), ``B_s(r)`` the per-stage ball constant, and
-
-* radii: ``r_s <= rho sup_B ||P_s|| <= rho (||P_s(x)|| + dP_s)``, ``dP_{s+1} <= B_s dP_s + dJ_s ||P_s(x)||``
-  (mean-value inequality along the segment; the prefix's own drift is the second-order remainder);
-* suffixes: ``Sbar_s = min(||S_s(x)|| + dS_s, prod_{m>s} B_m)``, ``dS_s <= dS_{s+1} B_{s+1} + ||S_{s+1}(x)|| dJ_{s+1}``.
+Note [stack drift].  For ``y`` in ``B(x, rho)`` (every token within rho), ``J(y) - J(x) = sum_s S_s(y)
+(J_s(y_s) - J_s(x_s)) P_s(x)``; THEORY F33 bounds it row by row: per-token radii ``r_{s,i} = rho
+(nu_i(P_s(x)) + dP_{s,i})`` from the exact prefix rows, the sub-stages' drift rows at those radii, and
+the suffix's certified block norms ``N(S_s)`` (the attention's change seen through ``S_s W_O^hT``), with
+the second-order remainders ``dP``, ``dS`` by recursions over sub-stages and over whole layers.  Beside
+it, F30's telescoping over whole layers with the per-layer route (``_layer_route``); the smaller wins.
 
 Note [stack rounding].  Each stage's map applied in float64 to the computed columns ``K`` is one
 expression tree of +, -, x and division by the stage's factors (the factors are those float64
@@ -26,12 +22,12 @@ computes at the centre, the convention of F17).  Expanding ``fl`` op by op, ever
 at most ``k`` factors ``(1 + delta)``, ``|delta| <= u`` (``k``: the longest chain of roundings, inner
 sums included, whatever their order), so ``|fl(L K) - L K| <= gamma_k |L|(|K|)`` entrywise, where
 ``|L|(|K|)`` is the *abs evaluation*: the same tree on the absolute values of the computed operands,
-every subtraction an addition (``apply(..., absval=True)``; a layer's ``M_i`` is built inside the
-tree, so its own products are included).  The abs evaluation is itself computed in float64 on
+every subtraction an addition (``apply(..., absval=True)``; per-token matrices are built inside the
+tree, so their own products are included).  The abs evaluation is itself computed in float64 on
 non-negative numbers, hence within ``1/(1 - gamma)`` of its exact value.  The (2,inf) norm of the
-error matrix is at most ``max_i sum_j ||E_ij||_F`` (``_local_error``).  The stage errors are carried to
-the end by the later stages' certified point norms, ``||Phat_{s+1} - P_{s+1}|| <= p_s ||Phat_s - P_s||
-+ e_s`` (suffixes: rows, ``C_{s-1} = C_s J_s``).  THEORY F30 item 3.
+error matrix is at most ``max_i sum_j ||E_ij||_F`` (``_local_error``).  Intermediate prefixes and
+suffixes carry the errors by the stages' point norms (or a whole layer's, from its own blocks); the
+Jacobian itself by the exact suffixes, ``fl(J) - J = sum_m S_m E_m``.  THEORY F30 item 3.
 """
 
 from __future__ import annotations
@@ -54,7 +50,7 @@ __all__ = ["StackLocal", "stack_local", "stack_jacobian", "stack_lower", "STACK_
 
 _U = 2.0**-53
 # the default of ``network_local(route="auto")``: the stack route's cost grows as T^2 d^3 per stage
-# plus the per-layer drift machinery (MiniLM at 7 tokens: minutes on 2 cores), so by default it
+# (MiniLM at 7 tokens: about two CPU minutes), so by default it
 # runs when T*d is at most this (small models); ``route="stack"`` forces it.
 STACK_ROUTE_MAX = 1024
 _CHUNK = 512

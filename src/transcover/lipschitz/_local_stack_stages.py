@@ -101,10 +101,13 @@ def _ffn_parts(layer, H: Tensor, cache: dict) -> dict:  # noqa: ANN001
     F = (W2.T[None] * slope[:, None, :]) @ W1.T
     Fa = (W2.T.abs()[None] * slope.abs()[:, None, :]) @ W1.T.abs()
     eF = 4 * (W1.shape[1] + 8) * _U * float(W1.norm() * W2.norm()) * (slope.abs().max(dim=1).values + 1.0)
-    if "kappa" not in cache:
-        cache["kappa"] = ffn_drift_constant(ffn)
-        cache["kappaP"] = ffn_drift_constant(ffn, centred=True)
     w = cache["w"]
+    # stored where ``layer_rows`` looks for them (the same semantics: ``kappaP`` is the centred
+    # constant only when a LayerNorm follows the FFN), so the per-layer route does not recompute them
+    if "kappa" not in w:
+        w["kappa"] = ffn_drift_constant(ffn)
+        lay = layer.norm_ffn is not None and layer.norm_ffn.kind is NormKind.LAYERNORM
+        w["kappaP"] = ffn_drift_constant(ffn, centred=True) if lay else w["kappa"]
     s2 = second_derivative_sup(ffn.activation)
     gelu_range = (math.erf(1.0) + 2 * math.sqrt(2) * math.exp(-1.0) / math.sqrt(2 * math.pi)) * (1 + 1e-9)
     cap = (gelu_range if Activation(ffn.activation) is Activation.GELU
@@ -112,7 +115,7 @@ def _ffn_parts(layer, H: Tensor, cache: dict) -> dict:  # noqa: ANN001
     lffn = activation_lipschitz(ffn.activation) * w["W1"] * w["W2"] * (1 + ROUNDING_PAD) ** 2
 
     def dF(rh: Tensor, centred: bool) -> Tensor:
-        kap = cache["kappaP"] if centred else cache["kappa"]
+        kap = w["kappaP"] if centred else w["kappa"]
         return torch.minimum(torch.minimum(kap * rh, s2 * w["ffn_curv"] * rh), torch.full_like(rh, cap))
 
     return {"F": F, "Fa": Fa, "eF": eF, "dF": dF, "lffn": lffn, "dff": W1.shape[1]}

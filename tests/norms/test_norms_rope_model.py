@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from transcover import Interval, Kind
-from transcover.lipschitz import lipschitz_bounds
+from transcover.lipschitz import lipschitz_bounds, perturbation_bound
 from transcover.model import (Activation, AttentionSpec, FFNSpec, LayerSpec, NormKind, NormSpec, Placement, RopeSpec,
                               TransformerSpec)
 from transcover.norms import analyze_spec, measure_model
@@ -123,3 +123,30 @@ def test_lipschitz_chain_reads_the_sup_and_only_goes_down():
     attn_new = [st.lipschitz for st in new_L.stages if st.name == "attention"]
     attn_old = [st.lipschitz for st in old_L.stages if st.name == "attention"]
     assert attn_new and all(a < b for a, b in zip(attn_new, attn_old))
+
+
+def test_the_bounds_state_the_sequence_length_the_sup_covers():
+    """The sup is over |delta| < max_position: the chain and G.3 say so (a pair: the smaller context)."""
+    spec = _spec(4)
+    assert f"RoPE: sequences of at most max_position={P} tokens" in lipschitz_bounds(spec).upper.assumptions
+    a = spec.layers[0].attention
+    short = dataclasses.replace(a, rope=dataclasses.replace(a.rope, max_position=40))
+    other = dataclasses.replace(spec, layers=[dataclasses.replace(spec.layers[0], attention=short)])
+    pb = perturbation_bound(spec, other, radius=1.0)
+    assert "RoPE: sequences of at most max_position=40 tokens" in pb.total.assumptions
+    plain = dataclasses.replace(spec, layers=[dataclasses.replace(spec.layers[0], attention=dataclasses.replace(
+        a, rope=None))])
+    assert not any("RoPE" in x for x in lipschitz_bounds(plain).upper.assumptions)
+
+
+def test_a_sequence_longer_than_the_rope_context_is_refused():
+    """The sup covers offsets below max_position only: a longer seq_len gets one clear InputError (a
+    bound that silently covered longer sequences would be a false certificate)."""
+    from transcover._errors import InputError
+
+    spec = _spec(4)
+    lipschitz_bounds(spec, seq_len=P)  # at the context length: fine
+    with pytest.raises(InputError, match=f"exceeds the RoPE model's max_position={P}"):
+        lipschitz_bounds(spec, seq_len=P + 1)
+    with pytest.raises(InputError, match="max_position"):
+        perturbation_bound(spec, spec, radius=1.0, seq_len=P + 1)

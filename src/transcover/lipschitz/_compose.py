@@ -118,13 +118,19 @@ class NetworkLipschitz:
 
 
 def _assumptions(metric: str, radius: float, c_sm: float, sigma_min: float, seq_len: int | None,
-                 has_ln: bool) -> tuple[str, ...]:
+                 has_ln: bool, layers: tuple = ()) -> tuple[str, ...]:
     out = [f"input tokens have l2 norm <= R={radius:g}",
            f"metric {'max over tokens of l2 norm (2,inf)' if metric == '2,inf' else f'Frobenius over T={seq_len} tokens'}",
            f"softmax constant c_sm={c_sm:g}"]
     if has_ln:
         out.append(f"every LayerNorm/RMSNorm input has std >= sigma_0={sigma_min:g}" if sigma_min > 0
                    else "LayerNorm/RMSNorm: global constant max|gamma|/sqrt(eps), no variance floor")
+    P = min((L.rope_positions for L in layers if L.rope_positions is not None), default=None)
+    if P is not None:  # B_KQ is the sup over the relative offsets of such sequences (THEORY F22)
+        if seq_len is not None and seq_len > P:
+            raise InputError(f"seq_len={seq_len} exceeds the RoPE model's max_position={P}: its score-matrix "
+                             "bound covers relative offsets below max_position only")
+        out.append(f"RoPE: sequences of at most max_position={P} tokens")
     return tuple(out)
 
 
@@ -248,7 +254,7 @@ def compose(norms: ClassBounds, *, radius: float = 1.0, c_sm: float = 1.0, metri
     has_ln = any(n is not None and n.kind in (NormKind.LAYERNORM, NormKind.RMSNORM)
                  for n in [norms.input_norm, norms.final_norm]
                  + [m for L in norms.layers for m in (L.norm_attn, L.norm_ffn, L.post_norm_attn, L.post_norm_ffn)])
-    assumptions = _assumptions(metric, radius, c_sm, sigma_min, seq_len, has_ln)
+    assumptions = _assumptions(metric, radius, c_sm, sigma_min, seq_len, has_ln, norms.layers)
     if any(L.attention_kind == "l2" for L in norms.layers):
         assumptions += (f"L2 attention: sequences of N={seq_len} tokens (THEORY F13 corrected, after Kim "
                         "et al. 2021 Thm 3.2; no radius assumption)",)

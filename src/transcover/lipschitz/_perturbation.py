@@ -157,7 +157,7 @@ def _coefficients_from_norms(norms: ClassBounds, *, radius: float, c_sm: float, 
     has_ln = any(n is not None and n.kind in (NormKind.LAYERNORM, NormKind.RMSNORM)
                  for n in [norms.input_norm, norms.final_norm]
                  + [m for L in norms.layers for m in (L.norm_attn, L.norm_ffn, L.post_norm_attn, L.post_norm_ffn)])
-    assumptions = _assumptions(metric, radius, c_sm, sigma_min, seq_len, has_ln) + (
+    assumptions = _assumptions(metric, radius, c_sm, sigma_min, seq_len, has_ln, norms.layers) + (
         "both parameter sets lie in the class: every per-matrix norm <= the coefficients' norms",)
     return PerturbationCoefficients(tuple(entries), metric, float(radius), float(c_sm), float(sigma_min),
                                     seq_len, assumptions)

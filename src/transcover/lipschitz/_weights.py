@@ -116,6 +116,7 @@ class LayerBounds:
     has_b_Q: bool = False
     has_b_K: bool = False
     has_pos_bias: bool = False  # T5's relative position bias: G.3 charges its table per head (F28)
+    rope_positions: int | None = None  # RoPE: B_KQ is the sup over offsets below this (THEORY F22)
 
     @property
     def split_scores(self) -> bool:
@@ -168,6 +169,7 @@ def layer_bounds(m: LayerMeasure) -> LayerBounds:
         has_query_bias=m.has_query_bias, has_output_bias=m.b_out is not None,
         has_b1=m.b_1 is not None, has_b2=m.b_2 is not None, has_bg=m.b_gate is not None,
         residual=m.residual, has_rope_qk_bias=m.has_rope_qk_bias, has_pos_bias=m.pos_bias_heads is not None, **post,
+        rope_positions=m.rope_positions,
     )
     fields_.update(_qk_norm_bounds(m))  # may replace B_Q (whole-projection norms)
     return LayerBounds(**fields_)
@@ -290,6 +292,8 @@ def class_max(a: ClassBounds, b: ClassBounds) -> ClassBounds:
                 kw[f.name] = _max_norm(va, vb)
             elif f.name in ("post_norm_attn", "post_norm_ffn"):  # both present or both absent (_architecture)
                 kw[f.name] = None if va is None else _max_norm(va, vb)
+            elif f.name == "rope_positions":  # B_KQ of each model holds below its own P: both below the smaller
+                kw[f.name] = min((v for v in (va, vb) if v is not None), default=None)
             elif f.name.startswith("has_"):  # a bias in either model is charged (absent = zero)
                 kw[f.name] = va or vb
             elif isinstance(va, tuple):

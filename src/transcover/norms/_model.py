@@ -170,6 +170,9 @@ class LayerMeasure:
     qk_norm_scope: str = "head"  # "all": q/k RMSNorm over the whole projection (OLMo 2; F23)
     post_norm_attn: NormMeasure | None = None  # a norm on the branch output, x + N_post(f(N_pre x)) (F26)
     post_norm_ffn: NormMeasure | None = None
+    # RoPE: the score matrices (HeadMeasure.W_QK) are the sup over offsets |delta| < rope_positions
+    # (max_position), so every bound reading them holds for sequences of at most that many tokens
+    rope_positions: int | None = None
 
     @property
     def n_heads(self) -> int:
@@ -377,6 +380,7 @@ def _layer_measure(layer: LayerSpec, entrywise: bool, arr: dict, spectral: dict,
         qk_norm_scope=a.qk_norm_scope,
         post_norm_attn=None if layer.post_norm_attn is None else NormMeasure.of(layer.post_norm_attn),
         post_norm_ffn=None if layer.post_norm_ffn is None else NormMeasure.of(layer.post_norm_ffn),
+        rope_positions=None if a.rope is None else int(a.rope.max_position),
     )
 
 

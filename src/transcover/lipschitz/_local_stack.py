@@ -247,7 +247,7 @@ def _layer_route(spec: TransformerSpec, stages: list[_Stage], groups: dict, nuP:
             c = norms[layer.index]
             try:
                 ljs = layer_jacobians(layer, stages[a].x, [r if math.isfinite(r) else 0.0 for r in rs],
-                                      norms=c["w"], head_norms_=c["h"], route="rows")
+                                      norms=c["w"], head_norms_=c["h"])
                 dj = [float(lj.drift_rows.max()) if math.isfinite(r) else math.inf for lj, r in zip(ljs, rs)]
                 ba = [lj.ball if math.isfinite(r) else math.inf for lj, r in zip(ljs, rs)]
             except RuntimeError:  # the per-layer drift machinery overflowed: no bound there

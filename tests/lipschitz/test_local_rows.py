@@ -206,3 +206,17 @@ def test_drift_rows_bound_the_jacobian_change(case):
             E = torch.randn(X.shape, generator=g, dtype=torch.float64)
             E = E / E.norm(dim=1, keepdim=True) * r
             assert bool((row_norm_lower(_blocks(layer, X + E) - J0) <= lj.drift_rows * (1 + 1e-9)).all())
+
+
+def test_regression_sharp_head_ball_bound_at_a_moderate_radius():
+    """Regression (issue 12): with a sharp head (W_Q x 8) the rows route's stage radii were r times a
+    Jacobian sup whose softmax envelopes grew like e^{2 delta}; at r = 0.01 the ball bound was 566x the
+    attained norm at X (old code); the function-based radii and per-key envelopes of F31 keep it within
+    100x (38.9x)."""
+    spec = random_spec(1, act="gelu", norm="layernorm", placement="post", d=8, H=2, dh=4, dff=16, biases=True)
+    layer = spec.layers[0]
+    layer = dataclasses.replace(layer, attention=dataclasses.replace(layer.attention, W_Q=layer.attention.W_Q * 8))
+    X = torch.randn(6, 8, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * 2
+    lo = float(row_norm_lower(_blocks(layer, X)).max())
+    lj = layer_rows(layer, X, [0.01])[0]
+    assert lj.ball <= 100 * lo, (lj.ball, lo)

@@ -75,46 +75,123 @@ def _sym_top(B: Tensor) -> Tensor:
     return certified_spectral(B if B.shape[-1] <= B.shape[-2] else B.transpose(-1, -2))
 
 
-_LADDER = (1e-3, 1e-2, 5e-2, 0.25, 1.0)
+# relative rungs above the candidate when the first (residual-based) Cholesky test fails
+_LADDER = (1e-6, 1e-4, 1e-3, 1e-2, 5e-2, 0.25, 1.0)
+# block Krylov candidate (Note [certified lambda_max]): blocks of this many vectors, this many steps
+KRYLOV_BLOCK = 4
+KRYLOV_STEPS = 8
 
 
 def certified_spectral(B: Tensor, *, iters: int = 12) -> Tensor:
-    """Certified upper bounds on ``||B_k||_2`` for a batch (n, m, d), cheaper than eigvalsh.
+    """Certified upper bounds on ``||B_k||_2`` for a batch (n, m, d) (Note [certified lambda_max]).
 
-    Power iteration on ``G = B^T B`` gives ``lambda_lo``; ``mu = lambda_lo (1 + delta)`` (delta from a
-    ladder) is certified when the Cholesky factorisation of ``mu I - G`` succeeds: then ``mu I - G +
-    E`` is positive semi-definite with ``||E|| <= (d + 1) d u mu`` (Demmel's backward error, the
-    diagonal of ``mu I - G`` is ``<= mu``), so ``lambda_max(G) <= mu (1 + 2 (d + 1) d u)``.  The
-    Gram's own rounding, ``<= d u ||B||_F^2``, is covered by ``GRAM_PAD`` of the Frobenius mass.
-    A batch element no ladder step certifies gets its Frobenius norm."""
-    G = B.transpose(1, 2) @ B
+    ``lambda_max`` of the Gram of the smaller side (``B^T B`` or ``B B^T``, the same top
+    eigenvalue), certified by ``certified_lmax``; the Gram's own rounding, ``<= k u ||B||_F^2`` for
+    inner products of length ``k <= 10^6``, is covered by ``GRAM_PAD`` of the Frobenius mass.
+    ``iters`` is kept for callers of the older power-iteration version and ignored."""
+    G = B.transpose(1, 2) @ B if B.shape[-1] <= B.shape[-2] else B @ B.transpose(1, 2)
     fro2 = G.diagonal(dim1=1, dim2=2).sum(-1)
     return torch.sqrt(certified_lmax(G) + GRAM_PAD * fro2) * (1 + GRAM_PAD)
 
 
-def certified_lmax(G: Tensor, *, iters: int = 12) -> Tensor:
+def certified_lmax(G: Tensor, *, iters: int = 12, start: Tensor | None = None) -> Tensor:
     """Certified upper bounds on ``lambda_max`` of a batch of symmetric PSD (n, d, d) matrices, as
-    evaluated (power iteration, then the Cholesky test of ``certified_spectral``); trace fallback."""
+    evaluated (Note [certified lambda_max]): a Lanczos candidate, then Cholesky tests; trace
+    fallback.  ``start`` (n, d): optional warm-start vectors; ``iters`` is ignored (kept for callers)."""
+    return certified_lmax_vec(G, start=start)[0]
+
+
+def _candidate(G: Tensor, start: Tensor | None, steps: int, rounds: int = 3) -> tuple[Tensor, Tensor, Tensor]:
+    """(theta, res, x): the top Ritz value, a residual-based pad and the Ritz vector per matrix.
+    Small matrices: eigh; larger: a block Krylov space of ``steps`` blocks of ``KRYLOV_BLOCK``
+    vectors (full reorthogonalisation) from ``start`` (default a fixed vector) and fixed random
+    vectors, Rayleigh-Ritz with the stored products ``G Q``; the matrices whose Ritz residual is
+    above ``1e-9 theta`` restart from their top Ritz block, up to ``rounds`` times.  Only a
+    candidate: nothing here is certified, the Cholesky test is."""
+    n, _, d = G.shape
+    if d <= 64:
+        ev, V = torch.linalg.eigh(G)
+        return ev[:, -1].clamp(min=0.0), torch.zeros(n, dtype=G.dtype), V[:, :, -1]
+    b = KRYLOV_BLOCK
+    V = torch.randn(d, b, generator=torch.Generator().manual_seed(0), dtype=G.dtype).expand(n, d, b).clone()
+    V[:, :, 0] = (torch.ones(n, d, dtype=G.dtype) / math.sqrt(d) + 1e-3 * torch.arange(d, dtype=G.dtype) / d
+                  if start is None else start)
+    th = torch.zeros(n, dtype=G.dtype)
+    pad = torch.zeros(n, dtype=G.dtype)
+    x = torch.zeros(n, d, dtype=G.dtype)
+    idx = torch.arange(n)
+    for _ in range(rounds):
+        Gi = G if idx.numel() == n else G[idx]
+        t, p, Vb = _block_krylov(Gi, V, steps)
+        th[idx], pad[idx], x[idx] = t, p, Vb[:, :, -1]
+        more = p > 1e-9 * t
+        if not bool(more.any()):
+            break
+        idx, V = idx[more], Vb[more]
+    return th, pad, x
+
+
+def _block_krylov(G: Tensor, V: Tensor, steps: int) -> tuple[Tensor, Tensor, Tensor]:
+    """One block-Krylov Rayleigh-Ritz pass: (theta, pad, top Ritz block (n, d, b), largest last)."""
+    V, _ = torch.linalg.qr(V)
+    Qs, Ws = [], []
+    for j in range(steps):
+        W = G @ V
+        Qs.append(V)
+        Ws.append(W)
+        if j == steps - 1:
+            break
+        Q = torch.cat(Qs, dim=2)
+        for _ in range(2):  # full reorthogonalisation, twice
+            W = W - Q @ (Q.transpose(1, 2) @ W)
+        V, _ = torch.linalg.qr(W)
+    Q, W = torch.cat(Qs, dim=2), torch.cat(Ws, dim=2)
+    Hm = Q.transpose(1, 2) @ W
+    th, Y = torch.linalg.eigh(torch.nan_to_num(0.5 * (Hm + Hm.transpose(1, 2))))
+    y = Y[:, :, -1:]
+    x = Q @ y
+    res = (W @ y - th[:, -1, None, None] * x).norm(dim=(1, 2))
+    gap = (th[:, -1] - th[:, -2]).clamp(min=1e-300)
+    top = Q @ Y[:, :, -V.shape[2]:]
+    return th[:, -1].clamp(min=0.0), torch.minimum(res, 4 * res * res / gap), top
+
+
+def certified_lmax_vec(G: Tensor, *, start: Tensor | None = None, steps: int = KRYLOV_STEPS) -> tuple[Tensor, Tensor]:
+    r"""(certified ``lambda_max`` (n,), candidate top eigenvectors (n, d)) of a batch of symmetric
+    PSD matrices as evaluated (Note [certified lambda_max]).
+
+    .. math:: \lambda_{\max}(G) \le \mu\,(1 + 2(d+1)d\,u)\ \text{ when Cholesky of } \mu I - G \text{ succeeds}
+
+    Source: THEORY F32.  Candidate ``mu`` from the Ritz value ``theta`` and residual ``res``:
+    ``theta (1 + 1e-9) + res``, then ``theta (1 + delta)`` up the ladder; an element no rung
+    certifies gets its trace (PSD).  Assumptions: ``G`` symmetric PSD as stored."""
     n, _, d = G.shape
     fro2 = G.diagonal(dim1=1, dim2=2).sum(-1)
-    v = torch.ones(n, d, dtype=torch.float64) / math.sqrt(d) + 1e-3 * torch.arange(d, dtype=torch.float64) / d
-    for _ in range(iters):
-        v = (G @ v[:, :, None])[:, :, 0]
-        v = v / v.norm(dim=1, keepdim=True).clamp(min=1e-300)
-    lam = ((G @ v[:, :, None])[:, :, 0] * v).sum(-1).clamp(min=0.0)
+    out = torch.full_like(fro2, math.inf)
+    if n == 0:
+        return out, torch.zeros(0, d, dtype=G.dtype)
+    fin = torch.isfinite(G.sum(dim=(1, 2)))  # one reduction, no (n, d, d) mask; an overflow counts as inf
+    if not bool(fin.all()):
+        lam, x = certified_lmax_vec(G[fin], start=None if start is None else start[fin], steps=steps)
+        out[fin] = lam
+        xs = torch.zeros(n, d, dtype=G.dtype)
+        xs[fin] = x
+        return out, xs
+    lam, res, x = _candidate(G, start, steps)
     out = fro2.clone()
     todo = torch.ones(n, dtype=torch.bool)
-    eye = torch.eye(d, dtype=torch.float64)
-    for delta in _LADDER:
+    for k, delta in enumerate((1e-9,) + _LADDER):
         idx = todo.nonzero()[:, 0]
         if idx.numel() == 0:
             break
-        mu = lam[idx] * (1 + delta) + 1e-300
-        _, info = torch.linalg.cholesky_ex(mu[:, None, None] * eye - G[idx])
+        mu = lam[idx] * (1 + delta) + (torch.minimum(res[idx], 1e-6 * lam[idx]) if k == 0 else 0.0) + 1e-300
+        A = -(G if idx.numel() == n else G[idx])
+        A.diagonal(dim1=1, dim2=2).add_(mu[:, None])
+        _, info = torch.linalg.cholesky_ex(A)
         ok = info == 0
         out[idx[ok]] = torch.minimum(mu[ok] * (1 + 2 * (d + 1) * d * _U), fro2[idx[ok]])
         todo[idx[ok]] = False
-    return out
+    return out, x
 
 
 def gelu2_sup(a: Tensor, b: Tensor) -> Tensor:

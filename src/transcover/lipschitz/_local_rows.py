@@ -46,13 +46,17 @@ from torch import Tensor
 from ..model import Activation, LayerSpec, Placement, attention_forward, ffn_forward
 from ._local_jacobian import (
     LayerJacobian, _f64, _floor, _head_data, _norm_parts, _weight_norms,
-    certified_lmax, certified_spectral,
+    certified_lmax, certified_lmax_vec, certified_spectral,
 )
+from ._local_sharp import chi_bound, ffn_unit_drift, head_moves, score_moves, softmax_envelope, visible_diameter
+from ._local_struct import NormJac, _chain_output_norms
 from ._weights import ROUNDING_PAD
 
 __all__ = ["layer_rows", "ffn_drift_constant", "row_weights"]
 
 _U = 2.0**-53
+# F31e: sub-balls per radius for the stage radii (the right Riemann sum of the stage sups); cost x RIEMANN_STEPS
+RIEMANN_STEPS = 2
 
 
 def ffn_drift_constant(ffn, *, centred: bool = False) -> float:  # noqa: ANN001
@@ -175,9 +179,11 @@ def _centre(S: Tensor) -> Tensor:
     return S - S.mean(dim=2, keepdim=True)
 
 
-def _nu(S: Tensor, err: Tensor, wsum: Tensor) -> Tensor:
-    """Certified ``sqrt((lambda_max(S) + err) sum_j w_j)`` per token."""
-    return torch.sqrt((certified_lmax(S) + err) * wsum) * (1 + 1e-12)
+def _nu(S: Tensor, err: Tensor, wsum: Tensor, start: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Certified ``sqrt((lambda_max(S) + err) sum_j w_j)`` per token, and the candidate top
+    eigenvectors of ``S`` (warm starts for the next stage's Gram, F32)."""
+    lam, x = certified_lmax_vec(S, start=start)
+    return torch.sqrt((lam + err) * wsum) * (1 + 1e-12), x
 
 
 def _norm_apply(D: Tensor, A: Tensor) -> Tensor:
@@ -212,7 +218,8 @@ def _top_padded(K: Tensor) -> Tensor:
 
 
 class _HeadMoments:
-    """Radius-free per-head, per-query Grams and norms the attention drift uses (Note [attention drift rows])."""
+    """Radius-free per-head, per-query Grams and norms the attention drift uses (Note [attention drift rows]),
+    and per query the diameters of the visible keys' values and score gradients (F31)."""
 
     def __init__(self, heads, scale: float) -> None:  # noqa: ANN001
         self.rows = []
@@ -220,37 +227,48 @@ class _HeadMoments:
             V = Y @ Wv
             Gy = scale * (Y @ Wk) @ Wq.T
             KY, KV, KG = (R @ R.transpose(1, 2) for R in (Y, V, Gy))
+            # differences of the rows of Y[0], V[0], Gy[0] are x_j - x_k, W_V^T (x_j - x_k), G (x_j - x_k):
+            # the same for every query, so one pairwise table serves all rows
+            vis = P > 0
             self.rows.append({"P": P, "yn": Y.norm(dim=-1), "qn": q.norm(dim=-1), "vn": V.norm(dim=-1),
                               "gn": Gy.norm(dim=-1), "KY": KY, "KV": KV, "KG": KG,
-                              "lV": _lmax_gram(KV, P), "lG": _lmax_gram(KG, P)})
+                              "lV": _lmax_gram(KV, P), "lG": _lmax_gram(KG, P), "lY": _lmax_gram(KY, P),
+                              "dY": visible_diameter(Y[0], vis), "dV": visible_diameter(V[0], vis),
+                              "dG": visible_diameter(Gy[0], vis)})
 
 
 def attention_drift_rows(mom: _HeadMoments, r: float, norms: dict) -> Tensor:
     r"""(H, T): per head and query, a certified bound on ``nu_i(Z'^h - Z^h)`` over ``B(X, r)``, ``Z^h_ij
     = W_V^T Q^h_ij`` the head's Jacobian blocks before ``W_O`` (Note [attention drift rows]).
 
-    Source: THEORY F17d.  Assumptions: every token within ``r`` of X; dot attention without RoPE."""
+    Source: THEORY F17d, with F31a's envelope (``|P'_j - P_j| <= min(P_j eps_j, a_j)``) and F31c's
+    per-key move of ``y_j``: ``y'_j - y_j = (e_j - sum_k P'_k e_k) - sum_k (P'_k - P_k) y_k``, so
+    ``||dy_j|| <= 2 r (1 - lo_j) + m2`` with ``m2`` the mean's softmax part.  Assumptions: every token
+    within ``r`` of X; dot attention without RoPE."""
     out = []
     for h, m in enumerate(mom.rows):
         P, nG, nV = m["P"], norms["G"][h], norms["V"][h]
-        delta = r * (m["gn"] * (1 + 1e-12) + m["qn"][:, None] * (1 + 1e-12) + nG * r) * (1 + 1e-12)
-        delta = torch.where(P > 0, delta, torch.zeros_like(delta))  # masked keys keep P' = 0
+        delta, osc = score_moves(m, r, nG)
         mbar = (P * delta).sum(dim=1)
         lse = torch.log((P * torch.exp(delta)).sum(dim=1))
         eps = torch.maximum(torch.expm1(delta + mbar[:, None]), delta + lse[:, None]) * (1 + 1e-10)
-        a = P * eps
+        env, lo, tv = softmax_envelope(P, delta, osc)
+        a = torch.minimum(P * eps, env)
         sa = a.sum(dim=1)
-        # the mean's move: sum_j dP_j y_j = (1/Z) sum_j P_j (e^{delta_j} - 1) y_j (sum_j P_j y_j = 0),
-        # 1/Z <= e^{mbar} (Jensen), Cauchy-Schwarz with sum_j P_j = 1
+        # the mean's softmax part: sum_j dP_j y_j = (1/Z) sum_j P_j (e^{delta_j} - 1) y_j (sum_j P_j y_j = 0),
+        # 1/Z <= e^{mbar} (Jensen), Cauchy-Schwarz with sum_j P_j = 1; or |dP_j| <= a_j; or TV times the diameter
         et = torch.expm1(delta) * (1 + 1e-10)
-        mv = r + torch.exp(mbar) * torch.minimum((P * et * m["yn"]).sum(dim=1), torch.sqrt(_lmax_gram(m["KY"], P * et * et)))
-        dy = r + mv
+        m2 = torch.exp(mbar) * torch.minimum((P * et * m["yn"]).sum(dim=1), torch.sqrt(_lmax_gram(m["KY"], P * et * et)))
+        m2 = torch.minimum(torch.minimum(m2, (a * m["yn"]).sum(dim=1)), tv * m["dY"])
+        m2 = torch.minimum(m2, chi_bound(m, r, nG, delta) * torch.sqrt(m["lY"]))
+        dy = (2 * r * (1 - lo) * (1 + 1e-12) + m2[:, None]) * (1 + 1e-12)  # (T, T): ||y'_ij - y_ij||
+        dyP = torch.sqrt((P * dy * dy).sum(dim=1))
+        dya = torch.sqrt((a * dy * dy).sum(dim=1))
         qp = m["qn"] + nG * r
         t1 = nV * sa
-        t2 = (a * (m["vn"] + nV * dy[:, None])).sum(dim=1) * qp + nV * dy * qp + (P * m["vn"]).sum(dim=1) * nG * r
-        t3 = ((torch.sqrt(_lmax_gram(m["KV"], a)) + nV * dy * torch.sqrt(sa))
-              * (torch.sqrt(_lmax_gram(m["KG"], a)) + nG * dy * torch.sqrt(sa))
-              + nV * dy * (torch.sqrt(m["lG"]) + nG * dy) + torch.sqrt(m["lV"]) * nG * dy)
+        t2 = (a * (m["vn"] + nV * dy)).sum(dim=1) * qp + nV * (P * dy).sum(dim=1) * qp + (P * m["vn"]).sum(dim=1) * nG * r
+        t3 = ((torch.sqrt(_lmax_gram(m["KV"], a)) + nV * dya) * (torch.sqrt(_lmax_gram(m["KG"], a)) + nG * dya)
+              + nV * dyP * (torch.sqrt(m["lG"]) + nG * dyP) + torch.sqrt(m["lV"]) * nG * dyP)
         # an overflowed term times a zero weight is nan; the bound there is the certified inf
         out.append(torch.nan_to_num((t1 + t2 + t3) * (1 + 1e-10), nan=math.inf, posinf=math.inf))
     return torch.stack(out)
@@ -328,10 +346,12 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
     if post:
         Xin = X
         S1 = X + attention_forward(attn, X)
-        D1, s1, sig1, _ = _norm_parts(layer.norm_attn, S1)
+        n1 = NormJac(layer.norm_attn, S1)  # Note [factored norm Jacobian]: D1, D2 never formed
+        s1, sig1 = n1.s, n1.sigma
         H = layer.norm_attn(S1) if layer.norm_attn is not None else S1
         S2 = H + ffn_forward(ffn, H)
-        D2, s2, sig2, _ = _norm_parts(layer.norm_ffn, S2)
+        n2 = NormJac(layer.norm_ffn, S2)
+        s2, sig2 = n2.s, n2.sigma
     else:
         D1, s1, sig1, _ = _norm_parts(layer.norm_attn, X)
         Xin = layer.norm_attn(X) if layer.norm_attn is not None else X
@@ -366,49 +386,54 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
     nB = Bii.norm(dim=(1, 2))
     err0 = err0 + ((2 * nB + eB) * eB + 4 * (d + 2) * _U * nB * nB) / wii
     wsum = w.sum(dim=1) * (1 + 1e-12)
-    a_pt = _nu(S0, err0, wsum)
+    a_pt, x0 = _nu(S0, err0, wsum)
     lay = lambda n: n is not None and n.kind.value == "layernorm"  # noqa: E731  (a centring norm follows)
+    cen = lambda v: v - v.mean(dim=1, keepdim=True)  # noqa: E731
     if post:
+        # every Gram's candidate starts from the previous stage's Ritz vector mapped forward (F32)
         # the next norm only sees P dx (Note [local norm floor]): its radius is the centred row constant
-        aP_pt = _nu(_centre(S0), err0 + 4 * (d + 2) * _U * S0.norm(dim=(1, 2)), wsum) if lay(layer.norm_attn) else a_pt
-        Sa, ea = _sandwich(D1, S0, err0, eD(D1))
-        h_pt = _nu(Sa, ea, wsum)
-        IF = eye + F
+        aP_pt = _nu(_centre(S0), err0 + 4 * (d + 2) * _U * S0.norm(dim=(1, 2)), wsum, cen(x0))[0] \
+            if lay(layer.norm_attn) else a_pt
+        Sa, ea = n1.sandwich(S0, err0)
+        h_pt, xa = _nu(Sa, ea, wsum, n1.left(x0[:, :, None])[0][:, :, 0])
+        IF = F
+        IF.diagonal(dim1=1, dim2=2).add_(1.0)  # I + F in place (F itself is not used again post-LN)
         Sb, eb = _sandwich(IF, Sa, ea, eF)
-        g_pt = _nu(_centre(Sb), eb + 4 * (d + 2) * _U * Sb.norm(dim=(1, 2)), wsum) if lay(layer.norm_ffn) else _nu(Sb, eb, wsum)
-        Sc, ec = _sandwich(D2, Sb, eb, eD(D2))
-        point = _nu(Sc, ec, wsum)
+        xb = (IF @ xa[:, :, None])[:, :, 0]
+        g_pt = (_nu(_centre(Sb), eb + 4 * (d + 2) * _U * Sb.norm(dim=(1, 2)), wsum, cen(xb)) if lay(layer.norm_ffn)
+                else _nu(Sb, eb, wsum, xb))[0]
+        Sc, ec = n2.sandwich(Sb, eb)
+        point, xc = _nu(Sc, ec, wsum, n2.left(xb[:, :, None])[0][:, :, 0])
         nIF = _spectral_err(IF, eF)
-        D2IF = D2 @ IF
-        eD2IF = eD(D2) * (nIF + eF) + nD2 * eF + 4 * (d + 2) * _U * D2.norm(dim=(1, 2)) * IF.norm(dim=(1, 2))
-        nD2IFg = _spectral_err(D2IF * _gamma_vec(layer.norm_attn, d)[None, None, :], eD2IF * g1)
-        D1Oh, D1O = _head_output_norms(D1, eD(D1), heads, T)
-        IFD1 = IF @ D1
-        IFD1Oh, IFD1O = _head_output_norms(IFD1, eF * (nD1 + eD(D1)) + nIF * eD(D1)
-                                           + 4 * (d + 2) * _U * IF.norm(dim=(1, 2)) * D1.norm(dim=(1, 2)), heads, T)
-        M = D2IF @ D1
-        eM = eD2IF * (nD1 + eD(D1)) + (nD2 * nIF) * eD(D1) + 4 * (d + 2) * _U * D2IF.norm(dim=(1, 2)) * D1.norm(dim=(1, 2))
+        D2IF, rD2IF = n2.left(IF)
+        eD2IF = n2.err * (nIF + eF) + nD2 * eF  # the factored D2 against the true one, F's error
+        nD2IFg = _spectral_err(D2IF * _gamma_vec(layer.norm_attn, d)[None, None, :], (eD2IF + rD2IF) * g1)
+        eIFD1 = eF * (nD1 + n1.err) + nIF * n1.err
+        eM = eD2IF * (nD1 + n1.err) + (nD2 * nIF) * n1.err
+        (D1Oh, D1O), (IFD1Oh, IFD1O), (MOh, MO) = _chain_output_norms(n1, IF, n2, nIF, heads, (n1.err, eIFD1, eM))
+        M = None
     else:
         M = eye + F @ D2
         eM = eF * nD2 + (F.norm(dim=(1, 2)) + eF) * eD(D2) \
             + 4 * (d + 2) * _U * F.norm(dim=(1, 2)) * D2.norm(dim=(1, 2))
         Sc, ec = _sandwich(M, S0, err0, eM)
-        point = _nu(Sc, ec, wsum)
+        point, xc = _nu(Sc, ec, wsum)
         nM = _spectral_err(M, eM)
         nFg = _spectral_err(F * _gamma_vec(layer.norm_ffn, d)[None, None, :], eF * g2)
     low = None
     if lower:
         top = point.topk(min(lower, T)).indices.tolist()
-        v0 = torch.randn(T, d, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-        for _ in range(30):  # top eigenvectors of the row Grams: the alternating search's first start
-            v0 = (Sc @ v0[:, :, None])[:, :, 0]
-            v0 = v0 / v0.norm(dim=1, keepdim=True).clamp(min=1e-300)
-        vals, Vs = row_lower(heads, Wo_all, Bii, M, N, top, init=v0)
+        if M is None:  # post-LN: form M_i = D2_i (I + F_i) D1_i only for the searched tokens
+            it = torch.tensor(top)
+            M = dict(zip(top, n2.dense(it) @ IF[it] @ n1.dense(it)))
+        # the Ritz vectors of the row Grams (top eigenvectors): the alternating search's first start
+        vals, Vs = row_lower(heads, Wo_all, Bii, M, N, top, init=xc)
         low = torch.full((T,), math.nan, dtype=torch.float64)
         low[top] = vals
         k = int(vals.argmax())
         low_best = (top[k], Vs[k])
-    MOh, MO = _head_output_norms(M, eM, heads, T)
+    if not post:
+        MOh, MO = _head_output_norms(M, eM, heads, T)
     Oh, _ = _head_output_norms(None, None, heads, T)
     Oall = torch.full((T,), nO, dtype=torch.float64)
     mom = _HeadMoments(heads, attn.softmax_scale)
@@ -424,29 +449,56 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
            else 2 * activation_lipschitz(ffn.activation)) * norms["W1"] * norms["W2"] * (1 + ROUNDING_PAD)
     lffn = activation_lipschitz(ffn.activation) * norms["W1"] * norms["W2"] * (1 + ROUNDING_PAD) ** 2
 
-    def dF_of(rh: Tensor) -> Tensor:
-        return torch.minimum(torch.minimum(kappa * rh, s2nd * norms["ffn_curv"] * rh), torch.full_like(rh, cap))
+    zd = z.detach()
+    unit_cache: dict = {}
 
-    out = []
-    for r in radii:
-        r = float(r)
+    def units(rh: Tensor) -> tuple[Tensor, Tensor]:
+        key = id(rh)
+        if key not in unit_cache:
+            unit_cache.clear()
+            unit_cache[key] = (rh, ffn_unit_drift(ffn, zd, norms["n1"], rh))
+        return unit_cache[key][1]
+
+    def dF_of(rh: Tensor, unit: bool) -> Tensor:
+        glob = torch.minimum(torch.minimum(kappa * rh, s2nd * norms["ffn_curv"] * rh), torch.full_like(rh, cap))
+        return torch.minimum(glob, units(rh)[0]) if unit else glob
+
+    def dF_half(rh: Tensor, unit: bool) -> Tensor:
+        """``int_0^1 sup ||F(h + t dh) - F(h)|| dt`` for ``||dh|| <= rh``: the linear bounds halve, the cap stays."""
+        glob = torch.minimum(torch.minimum(kappa * rh, s2nd * norms["ffn_curv"] * rh) / 2, torch.full_like(rh, cap))
+        return torch.minimum(glob, units(rh)[1]) if unit else glob
+
+    def one(r: float, subs: list, unit: bool = True) -> tuple[LayerJacobian, dict]:
         rr = torch.full((T,), r, dtype=torch.float64)
+
+        def riemann(name: str, sup_r: Tensor) -> Tensor:
+            """F31e: a stage's move is ``int_0^1 nu(J_s(X + tE)) ||E|| dt``, and for ``t`` in ``[t_k, t_{k+1}]`` the
+            point lies in ``B(X, t_{k+1} r)``: r times the mean of the stage sups at ``t_k r`` (right Riemann sum)."""
+            return r * sum([s[name] for s in subs] + [sup_r]) / (len(subs) + 1)
+
         if post:
             dZ = attention_drift_rows(mom, r, norms)
             dB = _heads_combined(Oh, Oall, dZ)
             A = a_pt + dB
             AP = aP_pt + dB  # ||P W_O^hT|| <= ||W_O^hT||
             att_rows = A + 1  # nu_i(A') <= nu_i(B') + 1
-            r1 = rr * AP * (1 + 1e-12)
+            # F31b: the smaller of r times the Jacobian sup and the sublayer's own move (residual + attention)
+            r1 = torch.minimum(riemann("AP", AP), rr + _heads_combined(Oh, Oall, head_moves(mom, r, norms))) * (1 + 1e-12)
             e1, sf1 = _ln_drift(layer.norm_attn, sig1, r1, d)
             # Delta D1 = Delta D1 P: it acts on P B' (centred), whose rows are at most AP
             Hs = torch.minimum(h_pt + g1 * e1 * AP + _heads_combined(D1Oh, D1O, dZ), g1 / sf1 * AP if sig1 is not None else A)
-            rh = rr * Hs * (1 + 1e-12)
-            dF = dF_of(rh)
+            rh = riemann("Hs", Hs)
+            if sig1 is not None:  # ||D1'|| <= max|gamma|/s_floor on the ball of radius r1
+                rh = torch.minimum(rh, g1 / sf1 * r1)
+            else:
+                rh = torch.minimum(rh, r1)
+            rh = rh * (1 + 1e-12)
+            dF = dF_of(rh, unit)
             # centred (P (I+F') D1' B'): ||P dF|| <= kappaP rh, ||P X|| <= ||X||
             Gs = torch.minimum(g_pt + dF * Hs + nIF * g1 * e1 * AP + _heads_combined(IFD1Oh, IFD1O, dZ), (nIF + dF) * Hs)
             Gs = torch.minimum(Gs, (1 + lffn) * Hs)
-            r2 = rr * Gs * (1 + 1e-12)
+            # F31b: S2' - S2 = (I + F) dh + int_0^1 (F(h + t dh) - F(h)) dh dt, the remainder <= dF(rh)/2 rh
+            r2 = torch.minimum(riemann("Gs", Gs), (nIF + dF_half(rh, unit)).clamp(max=1 + lffn) * rh) * (1 + 1e-12)
             e2, sf2 = _ln_drift(layer.norm_ffn, sig2, r2, d)
             mixed = _heads_combined(MOh, MO, dZ)
             terms = {"norm_ffn (dD2)": g2 * e2 * Gs, "ffn (dF)": nD2 * dF * Hs,
@@ -455,6 +507,7 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
             if sig2 is not None:
                 total = torch.minimum(total, g2 / sf2 * Gs)
             stage = {"attention": r1, "norm_attn": rh, "ffn": r2}
+            sups = {"AP": AP, "Hs": Hs, "Gs": Gs}
         else:
             e1, sf1 = _ln_drift(layer.norm_attn, sig1, rr, d)
             sD1 = torch.minimum(g1 / sf1, nD1 + g1 * e1) if sig1 is not None else torch.ones(T, dtype=torch.float64)
@@ -465,16 +518,18 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
             mD1, mE1 = float(sD1.max()), float((g1 * e1).max())
             dB = dA * mD1 + att_rows * mE1
             A = torch.minimum(a_pt + dB, 1 + att_rows * mD1)
-            r1 = rr * A * (1 + 1e-12)
+            # F31b: the residual plus the attention's own move on its input ball of radius ry
+            r1 = torch.minimum(riemann("A", A), rr + _heads_combined(Oh, Oall, head_moves(mom, ry, norms))) * (1 + 1e-12)
             e2, sf2 = _ln_drift(layer.norm_ffn, sig2, r1, d)
             sD2 = torch.minimum(g2 / sf2, nD2 + g2 * e2) if sig2 is not None else torch.ones(T, dtype=torch.float64)
             rh = r1 * sD2 * (1 + 1e-12)
-            dF = dF_of(rh)
+            dF = dF_of(rh, unit)
             dM = dF * sD2 + nFg * e2
             terms = {"norm_ffn/ffn (dM)": dM * A, "attention (dA)": _heads_combined(MOh, MO, dZ) * mD1,
                      "norm_attn (pre, dD1)": nM * att_rows * mE1}
             total = torch.minimum(point + sum(terms.values()), (nM + dM) * A)
             stage = {"attention": ry * torch.ones(T, dtype=torch.float64), "norm_ffn": r1, "ffn": rh}
+            sups = {"A": A}
         total = torch.where(torch.isfinite(total), total, torch.full_like(total, math.inf))
         # drift_rows bounds sup nu_i(J' - J) (the telescoped terms; _local_stack relies on it), the
         # capped total bounds sup nu_i(J') and may be smaller than point + drift
@@ -487,7 +542,14 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
         lj.stage_radii = stage
         if low is not None:
             lj.lower_rows, lj.lower_V = low, low_best
-        out.append(lj)
+        return lj, sups
+
+    out = []
+    for r in radii:
+        r = float(r)
+        # the sub-balls use the global FFN drift only (F31d's per-unit Grams are most of the cost)
+        subs = [one(k * r / RIEMANN_STEPS, [], unit=False)[1] for k in range(1, RIEMANN_STEPS)]
+        out.append(one(r, subs)[0])
     return out
 
 
@@ -505,7 +567,7 @@ def row_lower(heads, Wo_all: Tensor, Bii: Tensor, M: Tensor, N: Tensor | None, t
     alternating maximisation ``v_j = J_ij^T u / ||J_ij^T u||``, ``u`` the normalised image, each step
     non-decreasing; restarts from ``init[i]`` (e.g. a top eigenvector of the row Gram) and random
     ``u``.  Kind: empirical lower (the caller re-evaluates the best ``V`` through autograd)."""
-    T, d = Bii.shape[0], Bii.shape[1]
+    d = Bii.shape[1]
     dh = heads[0][5].shape[1]
     g = torch.Generator().manual_seed(seed)
     vals, Vs = [], []

@@ -37,7 +37,7 @@ def main() -> None:
     ap.add_argument("--pool", type=int, default=20, help="choose among the first POOL sentences")
     ap.add_argument("--order", choices=("data", "shortest"), default="data")
     ap.add_argument("--max-len", type=int, default=32)
-    ap.add_argument("--rhos", default="1e-5,1e-4,1e-3", help="factors of the median embedded-token norm")
+    ap.add_argument("--rhos", default="1e-7,1e-6,1e-5,1e-4", help="factors of the median embedded-token norm")
     ap.add_argument("--out", default="docs/results")
     ap.add_argument("--lower-steps", type=int, default=20)
     a = ap.parse_args()
@@ -51,10 +51,11 @@ def main() -> None:
     factors = [float(f) for f in a.rhos.split(",")]
     rows = []
     os.makedirs(a.out, exist_ok=True)
+    cache: dict = {}  # the data-free constants per layer (kappa, weight norms), shared by every sentence
     for k in idx:
         X = seqs[k].double()
         med = float(X.norm(dim=1).median())
-        res = stack_local(spec, X, [f * med for f in factors], keep_jacobian=True)
+        res = stack_local(spec, X, [f * med for f in factors], keep_jacobian=True, norms=cache)
         t, c = time.perf_counter(), time.process_time()
         for f, r in zip(factors, res):
             lo = stack_lower(spec, X, r.rho, steps=a.lower_steps, blocks=res[0].jacobian, blocks_err=res[0].rounding)
@@ -63,10 +64,14 @@ def main() -> None:
                          "point": r.point, "drift": r.drift, "stack": r.stack, "product": r.product,
                          "upper": r.upper, "route": r.route, "lower": lo, "ratio": r.upper / lo,
                          "point_ratio": r.point / lo, "rounding": r.rounding, "radii": r.radii,
-                         "stage_drift": r.stage_drift, "stage_ball": r.stage_ball, "drift_parts": r.parts,
+                         "stage_names": r.stage_names, "stage_drift": r.stage_drift, "stage_ball": r.stage_ball,
+                         "drift_parts": r.parts, "drift_sub_stage": r.parts.get("(sub-stage route)"),
+                         "drift_layer": r.parts.get("(layer route)"),
                          "prefix_norms": r.prefix_norms, "suffix_norms": r.suffix_norms,
                          "seconds": r.seconds, "cpu_seconds": r.cpu_seconds})
-            print(f"sentence {k} T={X.shape[0]} rho {f:g}: point {r.point:.4g} drift {r.drift:.4g} "
+            print(f"sentence {k} T={X.shape[0]} rho {f:g}: point {r.point:.4g} (rounding {r.rounding:.2g}) "
+                  f"drift {r.drift:.4g} [sub-stages {r.parts.get('(sub-stage route)', float('nan')):.4g}, "
+                  f"layers {r.parts.get('(layer route)', float('nan')):.4g}] "
                   f"stack {r.stack:.4g} product {r.product:.4g} -> {r.route}; lower {lo:.4g}; "
                   f"ratio {r.upper / lo:.4g} [{r.seconds:.0f}s wall, {r.cpu_seconds:.0f}s cpu]", flush=True)
         lt, lc = time.perf_counter() - t, time.process_time() - c

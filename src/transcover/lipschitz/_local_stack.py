@@ -1,24 +1,20 @@
 """The whole stack's exact Jacobian at the data and its certified drift over the ball (issue 12; THEORY F30).
 
 Note [stack Jacobian].  The network from the embedded tokens to the last layer's output (input norm,
-layers, final norm: the map ``network_local`` describes, no head) is a chain of stages
-``f = f_n o ... o f_1``; ``x_s`` is stage ``s``'s input on the data path and ``J_s = Df_s(x_s)``.
-The Jacobian ``J(x) = J_n ... J_1`` (T x T blocks of d x d) is accumulated in float64 by applying
-each stage's *structured* tangent map (written out below: per-token ``d x d`` matrices ``M_i``, the
-attention's projections batched over heads) to all ``T d`` columns at once; the prefixes
-``P_s = J_{s-1} ... J_1`` are the intermediate results.  The suffixes ``S_s = J_n ... J_{s+1}`` come
-from the transposed maps applied to all ``T d`` rows (``_StageLin.apply_t``).  Cost: ``O(n T^2 d^3)``
-flops for each chain (the (2,inf) certificate needs every block).
+layers, final norm: the map ``network_local`` describes, no head) is a chain of sub-stages
+``f = f_{n-1} o ... o f_0`` (``_local_stack_maps`` Note [sub-stages]: each layer cut where it is
+token-local); ``x_s`` is sub-stage ``s``'s input on the data path and ``J_s = Df_s(x_s)``.  The
+Jacobian ``J(x) = J_{n-1} ... J_0`` (T x T blocks of d x d) is accumulated in float64 by applying each
+sub-stage's structured tangent map to all ``T d`` columns at once; the prefixes ``P_s`` are the
+intermediate results.  The suffixes ``S_s = J_{n-1} ... J_{s+1}`` come from the transposed maps applied
+to all ``T d`` rows.  Cost: ``O(n T^2 d^3)`` flops for each chain (the (2,inf) certificate needs every block).
 
-Note [stack drift].  For ``y`` in ``B(x, rho)`` (every token within rho), telescoping
-``J(y) - J(x) = sum_s S_s(y) (J_s(y_s) - J_s(x_s)) P_s(x)`` and the submultiplicativity of the (2,inf)
-operator norm give ``sup_B ||J(y) - J(x)|| <= sum_s Sbar_s dJ_s(r_s) ||P_s(x)||`` with
-``dJ_s(r)`` the per-stage drift over ``B(x_s, r)`` (``layer_jacobians``' ``drift_rows``, the norms'
-``2 max|gamma| r/(sqrt(d) s_floor^2)``), ``B_s(r)`` the per-stage ball constant, and
-
-* radii: ``r_s <= rho sup_B ||P_s|| <= rho (||P_s(x)|| + dP_s)``, ``dP_{s+1} <= B_s dP_s + dJ_s ||P_s(x)||``
-  (mean-value inequality along the segment; the prefix's own drift is the second-order remainder);
-* suffixes: ``Sbar_s = min(||S_s(x)|| + dS_s, prod_{m>s} B_m)``, ``dS_s <= dS_{s+1} B_{s+1} + ||S_{s+1}(x)|| dJ_{s+1}``.
+Note [stack drift].  For ``y`` in ``B(x, rho)`` (every token within rho), ``J(y) - J(x) = sum_s S_s(y)
+(J_s(y_s) - J_s(x_s)) P_s(x)``; THEORY F33 bounds it row by row: per-token radii ``r_{s,i} = rho
+(nu_i(P_s(x)) + dP_{s,i})`` from the exact prefix rows, the sub-stages' drift rows at those radii, and
+the suffix's certified block norms ``N(S_s)`` (the attention's change seen through ``S_s W_O^hT``), with
+the second-order remainders ``dP``, ``dS`` by recursions over sub-stages and over whole layers.  Beside
+it, F30's telescoping over whole layers with the per-layer route (``_layer_route``); the smaller wins.
 
 Note [stack rounding].  Each stage's map applied in float64 to the computed columns ``K`` is one
 expression tree of +, -, x and division by the stage's factors (the factors are those float64
@@ -26,12 +22,12 @@ computes at the centre, the convention of F17).  Expanding ``fl`` op by op, ever
 at most ``k`` factors ``(1 + delta)``, ``|delta| <= u`` (``k``: the longest chain of roundings, inner
 sums included, whatever their order), so ``|fl(L K) - L K| <= gamma_k |L|(|K|)`` entrywise, where
 ``|L|(|K|)`` is the *abs evaluation*: the same tree on the absolute values of the computed operands,
-every subtraction an addition (``apply(..., absval=True)``; a layer's ``M_i`` is built inside the
-tree, so its own products are included).  The abs evaluation is itself computed in float64 on
+every subtraction an addition (``apply(..., absval=True)``; per-token matrices are built inside the
+tree, so their own products are included).  The abs evaluation is itself computed in float64 on
 non-negative numbers, hence within ``1/(1 - gamma)`` of its exact value.  The (2,inf) norm of the
-error matrix is at most ``max_i sum_j ||E_ij||_F`` (``_local_error``).  The stage errors are carried to
-the end by the later stages' certified point norms, ``||Phat_{s+1} - P_{s+1}|| <= p_s ||Phat_s - P_s||
-+ e_s`` (suffixes: rows, ``C_{s-1} = C_s J_s``).  THEORY F30 item 3.
+error matrix is at most ``max_i sum_j ||E_ij||_F`` (``_local_error``).  Intermediate prefixes and
+suffixes carry the errors by the stages' point norms (or a whole layer's, from its own blocks); the
+Jacobian itself by the exact suffixes, ``fl(J) - J = sum_m S_m E_m``.  THEORY F30 item 3.
 """
 
 from __future__ import annotations
@@ -43,204 +39,40 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from .._errors import InputError
 from .._results import Kind, Quantity
-from ..model import NormKind, NormSpec, Placement, TransformerSpec
-from ._local_jacobian import _norm_drift, _weight_norms, certified_spectral, layer_jacobians, row_norm_lower
+from ..model import NormKind, TransformerSpec
+from ._local_jacobian import certified_spectral, row_norm_lower
+from ._local_stack_stages import _Stage, layer_stages, norm_stage
 from ._weights import ROUNDING_PAD
 
 __all__ = ["StackLocal", "stack_local", "stack_jacobian", "stack_lower", "STACK_ROUTE_MAX"]
 
 _U = 2.0**-53
 # the default of ``network_local(route="auto")``: the stack route's cost grows as T^2 d^3 per stage
-# plus the per-layer drift machinery (MiniLM at 7 tokens: minutes on 2 cores), so by default it
+# (MiniLM at 7 tokens: about two CPU minutes), so by default it
 # runs when T*d is at most this (small models); ``route="stack"`` forces it.
 STACK_ROUTE_MAX = 1024
 _CHUNK = 512
 
 
-def _f64(W) -> Tensor:  # noqa: ANN001
-    return torch.as_tensor(W, dtype=torch.float64).detach()
-
-
-class _NormLin:
-    """Row-convention tangent map of a LayerNorm/RMSNorm at Z: ``r -> gamma (P r - u (u.r)) / s``."""
-
-    def __init__(self, norm: NormSpec, Z: Tensor) -> None:
-        if norm.kind is NormKind.BALL:
-            raise InputError("the stack route does not cover Pi_norm; the product route does")
-        d = Z.shape[1]
-        self.lay = norm.kind is NormKind.LAYERNORM
-        Zc = Z - Z.mean(dim=1, keepdim=True) if self.lay else Z
-        self.s = torch.sqrt((Zc * Zc).mean(dim=1) + float(norm.eps))
-        self.u = Zc / (math.sqrt(d) * self.s[:, None])
-        self.g = torch.ones(d, dtype=torch.float64) if norm.weight is None else _f64(norm.weight)
-        self.sigma = Zc.norm(dim=1) / math.sqrt(d)
-        self.norm = norm
-        self.k = 8 * d + 8
-
-    def _core(self, r: Tensor, absval: bool = False) -> Tensor:
-        # absval: the same expression tree on |operands|, every subtraction an addition (Note [stack rounding])
-        sg, u = (1.0, self.u.abs()) if absval else (-1.0, self.u)
-        rc = r + sg * r.mean(dim=-1, keepdim=True) if self.lay else r
-        return (rc + sg * u * (r * u).sum(dim=-1, keepdim=True)) / self.s[:, None]
-
-    def apply(self, K: Tensor, absval: bool = False) -> Tensor:
-        return (self.g.abs() if absval else self.g) * self._core(K, absval)
-
-    def apply_t(self, C: Tensor, absval: bool = False) -> Tensor:
-        return self._core((self.g.abs() if absval else self.g) * C, absval)
-
-
-class _AttnLin:
-    """Row-convention tangent map of dot-product attention at Xin (heads batched, biases folded)."""
-
-    def __init__(self, attn, Xin: Tensor) -> None:  # noqa: ANN001
-        from ..model import attention_scores
-
-        T, d = Xin.shape
-        sc = attn.softmax_scale
-        Xa = torch.cat([Xin, torch.ones(T, 1, dtype=torch.float64)], dim=1)
-        hs = [tuple(_f64(W) for W in attn.head(h)) for h in range(attn.n_heads)]
-        self.Q = torch.stack([sc * (Xa @ _f64(attn.W_Q_augmented(h))) for h in range(attn.n_heads)])  # (H,T,dh)
-        self.K = torch.stack([Xin @ Wk for _, Wk, _, _ in hs])
-        self.V = torch.stack([Xin @ Wv for _, _, Wv, _ in hs])
-        self.P = torch.stack([torch.softmax(attention_scores(attn, Xin, h), dim=-1) for h in range(attn.n_heads)])
-        cat = lambda Ws: torch.cat(list(Ws), dim=1)  # noqa: E731  (d, H dh)
-        self.W3 = torch.cat([sc * cat(h[0] for h in hs), cat(h[1] for h in hs), cat(h[2] for h in hs)], dim=1)
-        self.Wo = torch.cat([h[3] for h in hs], dim=0)  # (H dh, d)
-        self.H, self.dh = attn.n_heads, hs[0][0].shape[1]
-        # the absolute values of the factors, for the abs evaluation (Note [stack rounding])
-        self.aQ, self.aK, self.aV, self.aW3, self.aWo = (A.abs() for A in (self.Q, self.K, self.V, self.W3, self.Wo))
-
-    def _split(self, Z: Tensor) -> tuple[Tensor, ...]:
-        N, T, _ = Z.shape
-        Z = Z.reshape(N, T, 3, self.H, self.dh).permute(2, 0, 3, 1, 4)  # (3, N, H, T, dh)
-        return Z[0], Z[1], Z[2]
-
-    def _f(self, absval: bool) -> tuple:
-        if absval:
-            return self.aQ, self.aK, self.aV, self.aW3, self.aWo, 1.0
-        return self.Q, self.K, self.V, self.W3, self.Wo, -1.0
-
-    def apply(self, dX: Tensor, absval: bool = False) -> Tensor:
-        Q, K, V, W3, Wo, sg = self._f(absval)
-        dQ, dK, dV = self._split(dX @ W3)
-        ds = dQ @ K.transpose(-1, -2) + Q @ dK.transpose(-1, -2)
-        dP = self.P * (ds + sg * (self.P * ds).sum(dim=-1, keepdim=True))
-        dO = dP @ V + self.P @ dV  # (N, H, T, dh)
-        N, _, T, _ = dO.shape
-        return dO.permute(0, 2, 1, 3).reshape(N, T, -1) @ Wo
-
-    def apply_t(self, C: Tensor, absval: bool = False) -> Tensor:
-        Q, K, V, W3, Wo, sg = self._f(absval)
-        N, T, _ = C.shape
-        gO = (C @ Wo.T).reshape(N, T, self.H, self.dh).permute(0, 2, 1, 3)
-        gdP = gO @ V.transpose(-1, -2)
-        gV = self.P.transpose(-1, -2) @ gO
-        gds = self.P * (gdP + sg * (self.P * gdP).sum(dim=-1, keepdim=True))
-        gQ = gds @ K
-        gK = gds.transpose(-1, -2) @ Q
-        G = torch.stack([gQ, gK, gV]).permute(1, 3, 0, 2, 4).reshape(N, T, -1)
-        return G @ W3.T
-
-
-class _LayerLin:
-    """One layer's tangent map at X: ``dOut_i = (dX_i + dA_i) M_i^T`` (post-LN: ``M = D2 (I+F) D1``)
-    or ``(dX_i + dA(D1 dX)_i) M_i^T`` (pre-LN: ``M = I + F D2``); Note [exact layer Jacobian]."""
-
-    def __init__(self, layer, X: Tensor) -> None:  # noqa: ANN001
-        from ..model import attention_forward
-
-        attn, ffn = layer.attention, layer.ffn
-        if layer.residual.value == "parallel" or ffn.gated or attn.kind != "dot" or attn.rope is not None \
-                or attn.q_norm is not None or attn.k_norm is not None or attn.softcap is not None \
-                or attn.window is not None or getattr(layer, "post_norm_attn", None) is not None \
-                or getattr(layer, "post_norm_ffn", None) is not None:
-            raise InputError(f"the stack route (THEORY F30) covers sequential layers with plain dot attention, a "
-                             f"non-gated FFN and no branch-output norm; layer {layer.index} is outside it")
-        T, d = X.shape
-        eye = torch.eye(d, dtype=torch.float64)
-        post = layer.placement is Placement.POST
-        ident = lambda n, Z: None if n is None or n.kind is NormKind.NONE else _NormLin(n, Z)  # noqa: E731
-        dmat = lambda nl, a=False: eye.expand(T, d, d) if nl is None else nl.apply(eye[:, None, :].expand(d, T, d), a).permute(1, 2, 0)  # noqa: E731
-        if post:
-            self.n1 = None
-            Xin = X
-            S1 = X + attention_forward(attn, X)
-            na = ident(layer.norm_attn, S1)
-            H = S1 if na is None else layer.norm_attn(S1)
-        else:
-            self.n1 = ident(layer.norm_attn, X)
-            Xin = X if self.n1 is None else layer.norm_attn(X)
-            S1 = X + attention_forward(attn, Xin)
-            na = None
-            nb = ident(layer.norm_ffn, S1)
-            H = S1 if nb is None else layer.norm_ffn(S1)
-        W1, W2 = _f64(ffn.W_1), _f64(ffn.W_2)
-        z = (H @ W1 + (0 if ffn.b_1 is None else _f64(ffn.b_1))).clone().requires_grad_(True)
-        (slope,) = torch.autograd.grad(ffn.activation(z).sum(), z)
-        F = (W2.T[None] * slope.detach()[:, None, :]) @ W1.T  # column convention (T, d, d)
-        Fa = (W2.T.abs()[None] * slope.detach().abs()[:, None, :]) @ W1.T.abs()
-        if post:
-            S2 = H + _ffn(ffn, H)
-            nb = ident(layer.norm_ffn, S2)
-            M = dmat(nb) @ (eye + F) @ dmat(na)
-            Ma = dmat(nb, True) @ (eye + Fa) @ dmat(na, True)
-        else:
-            M = eye + F @ dmat(nb)
-            Ma = eye + Fa @ dmat(nb, True)
-        self.Mt = M.transpose(1, 2).contiguous()
-        # M's own construction is part of the expression tree whose abs evaluation bounds the rounding
-        self.Mat = Ma.transpose(1, 2).contiguous()
-        self.att = _AttnLin(attn, Xin)
-        # longest chain of roundings through one application (M's construction included), generously
-        self.k = 8 * (d + T + self.att.H * self.att.dh + W1.shape[1]) + 8
-
-    def apply(self, K: Tensor, absval: bool = False) -> Tensor:
-        A = self.att.apply(K if self.n1 is None else self.n1.apply(K, absval), absval)
-        return torch.einsum("nti,tij->ntj", K + A, self.Mat if absval else self.Mt)
-
-    def apply_t(self, C: Tensor, absval: bool = False) -> Tensor:
-        G = torch.einsum("ntj,tij->nti", C, self.Mat if absval else self.Mt)
-        A = self.att.apply_t(G, absval)
-        return G + (A if self.n1 is None else self.n1.apply_t(A, absval))
-
-
-def _ffn(ffn, H: Tensor) -> Tensor:  # noqa: ANN001
-    from ..model import ffn_forward
-
-    return ffn_forward(ffn, H)
-
-
-@dataclass
-class _Stage:
-    name: str
-    spec: object  # NormSpec or LayerSpec
-    x: Tensor  # the stage's input on the data path (float64)
-    lin: object  # _NormLin or _LayerLin
-
-    @property
-    def k(self) -> int:
-        return getattr(self.lin, "k", 8 * self.x.shape[1] + 8)
-
-
-def _stages(spec: TransformerSpec, X: Tensor) -> tuple[list[_Stage], Tensor]:
-    from ..model import layer_forward
-
+def _stages(spec: TransformerSpec, X: Tensor, norms: dict | None = None) -> tuple[list[_Stage], Tensor, dict]:
+    """The sub-stages on the data path (input norm, each layer's sub-stages, final norm), the output,
+    and per layer its sub-stages' index range and the norms ``m_i`` of its token-local product."""
+    norms = {} if norms is None else norms
     out, Z = [], X.detach().double()
-    for name, n in (("input_norm", spec.input_norm),):
-        if n is not None and n.kind is not NormKind.NONE:
-            out.append(_Stage(name, n, Z, _NormLin(n, Z)))
-            Z = n(Z).detach()
+    groups: dict = {}
+    if spec.input_norm is not None and spec.input_norm.kind is not NormKind.NONE:
+        out.append(norm_stage("input_norm", -1, spec.input_norm, Z))
+        Z = spec.input_norm(Z).detach()
     for layer in spec.layers:
-        out.append(_Stage(f"layer {layer.index}", layer, Z, _LayerLin(layer, Z)))
-        Z = layer_forward(layer, Z).detach()
+        sts, Z, mL = layer_stages(layer, Z, norms.setdefault(layer.index, {}))
+        groups[layer.index] = (len(out), len(out) + len(sts), mL)
+        out.extend(sts)
     n = spec.final_norm
     if n is not None and n.kind is not NormKind.NONE:
-        out.append(_Stage("final_norm", n, Z, _NormLin(n, Z)))
+        out.append(norm_stage("final_norm", -2, n, Z))
         Z = n(Z).detach()
-    return out, Z
+    return out, Z, groups
 
 
 def _chunked(fn, K: Tensor) -> Tensor:  # noqa: ANN001
@@ -265,18 +97,25 @@ def _local_error(st: _Stage, K: Tensor, *, cols: bool) -> float:
     return float(per_row) * g / (1 - _gamma(st.k + nb)) * (1 + 1e-12)
 
 
-def certified_rows(blocks: Tensor, exact: int = 8) -> Tensor:
-    r"""Per output token ``i``, a certified upper bound on ``sum_j ||B_ij||_2`` for blocks (T, T, m, k):
-    the ``exact`` blocks of each row largest in Frobenius norm by ``certified_spectral``, the others by
-    their Frobenius norm (padded for its float64 rounding, ``m k u`` relative).  THEORY F17, F30."""
+def certified_block_norms(blocks: Tensor, exact: int = 8) -> Tensor:
+    r"""(T, T) certified upper bounds on ``||B_ij||_2`` for blocks (T, T, m, k): the ``exact`` blocks of
+    each row largest in Frobenius norm by ``certified_spectral``, the others by their Frobenius norm
+    (padded for its float64 rounding, ``m k u`` relative).  THEORY F17, F30."""
     T = blocks.shape[0]
     fro = blocks.norm(dim=(2, 3)) * (1 + 4 * blocks.shape[2] * blocks.shape[3] * _U)
     k = min(exact, blocks.shape[1])
-    top = fro.topk(k, dim=1).indices
-    sel = blocks[torch.arange(T)[:, None].expand(T, k), top]
-    sp = certified_spectral(sel.reshape(T * k, *blocks.shape[2:])).reshape(T, k)
-    fro.scatter_(1, top, torch.minimum(sp, fro.gather(1, top)))
-    return fro.sum(dim=1)
+    if k > 0:
+        top = fro.topk(k, dim=1).indices
+        sel = blocks[torch.arange(T)[:, None].expand(T, k), top]
+        sp = certified_spectral(sel.reshape(T * k, *blocks.shape[2:])).reshape(T, k)
+        fro.scatter_(1, top, torch.minimum(sp, fro.gather(1, top)))
+    return fro
+
+
+def certified_rows(blocks: Tensor, exact: int = 8) -> Tensor:
+    r"""Per output token ``i``, a certified upper bound on ``sum_j ||B_ij||_2`` (``certified_block_norms``
+    summed, the float64 sum padded).  THEORY F17, F30."""
+    return certified_block_norms(blocks, exact).sum(dim=1) * (1 + blocks.shape[1] * _U)
 
 
 def _col_blocks(K: Tensor) -> Tensor:
@@ -321,6 +160,7 @@ class StackLocal:
     cpu_seconds: float = math.nan
     parts: dict = field(default_factory=dict)  # drift share of each stage
     jacobian: Tensor | None = field(default=None, repr=False)  # blocks (T, T, d, d) at X when kept
+    token_radii: list = field(default_factory=list, repr=False)  # per stage, (T,) certified radius of each token
 
     @property
     def upper(self) -> float:
@@ -337,53 +177,119 @@ class StackLocal:
                          "float64 evaluation with the rounding of Note [stack rounding] and _local_jacobian's pads"))
 
 
-def _stage_local(st: _Stage, radii: list[float], norms: dict) -> tuple[float, list[float], list[float]]:
-    """(certified point ||J_s(x_s)||, per radius sup-drift dJ_s, per radius ball constant B_s)."""
-    T, d = st.x.shape
-    if isinstance(st.lin, _NormLin):
-        nl = st.lin
-        pt = float((nl.g.abs().max() / nl.s).max()) * (1 + ROUNDING_PAD)
-        dr, ba = [], []
-        for r in radii:
-            drift, sup = _norm_drift(nl.norm, nl.sigma, torch.full((T,), r, dtype=torch.float64), d)
-            dj = float(drift.max()) * (1 + ROUNDING_PAD)
-            dr.append(dj)
-            ba.append(min(float(sup.max()) * (1 + ROUNDING_PAD), pt + dj))
-        return pt, dr, ba
-    key = st.spec.index
-    if key not in norms:
-        from ._local_attention import head_norms
+def _suffix_heads(C: Tensor, att) -> Tensor:  # noqa: ANN001
+    """(T, T, H) certified ``||Shat_ik W_O^hT||_2`` from the rows ``C`` of the computed suffix: the
+    products in float64 (their rounding ``gamma_d ||Shat_ik||_F ||W_O^h||_F`` added) and
+    ``certified_spectral`` of each d x d_head block.  THEORY F33 item 4."""
+    N, T, d = C.shape
+    H, dh = att.H, att.dh
+    B = _row_blocks(C @ att.Wo.T)  # (T, T, d, H dh): S_ik W_O^T
+    B = B.reshape(T, T, d, H, dh).permute(0, 1, 3, 2, 4).reshape(T * T * H, d, dh)
+    sp = certified_spectral(B).reshape(T, T, H)
+    pad = (d + 2) * _U / (1 - (d + 2) * _U) * _row_blocks(C).norm(dim=(2, 3))[..., None] \
+        * att.Wo.reshape(H, dh, d).norm(dim=(1, 2))[None, None, :]
+    return (sp + pad) * (1 + 1e-12)
 
-        norms[key] = (_weight_norms(st.spec), head_norms(st.spec.attention))
-    call = lambda rs: layer_jacobians(st.spec, st.x, rs, norms=norms[key][0], head_norms_=norms[key][1])  # noqa: E731
-    try:
-        ljs = call(radii)
-    except RuntimeError:  # a radius so large that the layer's drift machinery overflows: no bound there
-        ljs = []
-        for r in radii:
+
+def _nan_inf(t: Tensor) -> Tensor:
+    return torch.nan_to_num(t, nan=math.inf, posinf=math.inf)
+
+
+def _group_ball(stages: list[_Stage], a: int, b: int, mL: Tensor, balls: list, dJs: list) -> tuple[Tensor, Tensor]:
+    """A layer's rows on the ball (THEORY F33 item 3): with ``J_L = M (I + A)``, ``M`` the token-local
+    sub-stages' product, ``||M_i(y) - M_i(x)|| <= dM_i = sum_m (prod_{t>m} B_t,i) dJ_m,i (prod_{t<m} pt_t,i)``,
+    ``nu_i(J_L(y)) <= (m_i + dM_i) B_a,i`` and ``nu_i(J_L(y) - J_L(x)) <= dM_i B_a,i + m_i dJ_a,i``."""
+    dM = torch.zeros_like(mL)
+    for m in range(a + 1, b):
+        left = math.prod((balls[t] for t in range(m + 1, b)), start=torch.ones_like(mL))
+        right = math.prod((stages[t].pt for t in range(a + 1, m)), start=torch.ones_like(mL))
+        dM = dM + left * dJs[m] * right
+    dM = _nan_inf(dM)
+    full = math.prod((balls[t] for t in range(a + 1, b)), start=torch.ones_like(mL))
+    BL = _nan_inf(torch.minimum((mL + dM), full) * balls[a])
+    dJL = _nan_inf(dM * balls[a] + mL * dJs[a])
+    return BL * (1 + 1e-12), dJL * (1 + 1e-12)
+
+
+def _layer_route(spec: TransformerSpec, stages: list[_Stage], groups: dict, nuP: list, suf: list,
+                 radii: list, rhos: list, norms: dict) -> list[tuple[float, float]]:
+    """The telescoped drift over whole layers (THEORY F30 item 5): per layer the per-layer route's
+    drift and ball rows (``layer_jacobians``) at the smaller of F30's radius recursion and the
+    sub-stage radius, with the exact prefix and suffix norms at the layer's ends; per rho
+    ``(drift, product)``.  Kept beside the sub-stage telescoping (F33), the smaller is used: the
+    sub-stages are first-order exact, a layer's joint bound is tighter on its second-order part."""
+    from ._local_jacobian import layer_jacobians
+
+    items = []  # (first sub-stage, last sub-stage, layer or None)
+    byfirst = {a: (b, idx) for idx, (a, b, _) in groups.items()}
+    s = 0
+    while s < len(stages):
+        if s in byfirst:
+            b, idx = byfirst[s]
+            items.append((s, b - 1, next(ly for ly in spec.layers if ly.index == idx)))
+            s = b
+        else:
+            items.append((s, s, None))
+            s += 1
+    nr = len(rhos)
+    dP, prod = [0.0] * nr, [1.0] * nr
+    dj_it, ball_it = [], []
+    for a, e, layer in items:
+        P = float(nuP[a].max())
+        rs = [min(rho * (P + dP[k]), rho * prod[k]) * (1 + 1e-12) + 1e-13 * float(stages[a].x.norm(dim=1).max())
+              for k, rho in enumerate(rhos)]
+        rs = [min(r, float(radii[a][k].max())) for k, r in enumerate(rs)]
+        if layer is None:
+            out = [stages[a].bounds(torch.full_like(nuP[a], r if math.isfinite(r) else math.inf)) for r in rs]
+            dj = [float(_nan_inf(o[0]).max()) for o in out]
+            ba = [float(_nan_inf(o[2]).max()) for o in out]
+        else:
+            c = norms[layer.index]
             try:
-                ljs.append(call([r])[0])
-            except RuntimeError:
-                ljs.append(None)
-    pt = next((lj.point for lj in ljs if lj is not None), None)
-    pt = call([0.0])[0].point if pt is None else pt
-    return (pt, [math.inf if lj is None else float(lj.drift_rows.max()) for lj in ljs],
-            [math.inf if lj is None else lj.ball for lj in ljs])
+                ljs = layer_jacobians(layer, stages[a].x, [r if math.isfinite(r) else 0.0 for r in rs],
+                                      norms=c["w"], head_norms_=c["h"])
+                dj = [float(lj.drift_rows.max()) if math.isfinite(r) else math.inf for lj, r in zip(ljs, rs)]
+                ba = [lj.ball if math.isfinite(r) else math.inf for lj, r in zip(ljs, rs)]
+            except RuntimeError:  # the per-layer drift machinery overflowed: no bound there
+                dj, ba = [math.inf] * nr, [math.inf] * nr
+        dj = [v if math.isfinite(v) else math.inf for v in dj]
+        ba = [v if math.isfinite(v) else math.inf for v in ba]
+        for k in range(nr):
+            dP[k] = (ba[k] * dP[k] if dP[k] > 0 else 0.0) + dj[k] * P
+            prod[k] *= ba[k]
+        dj_it.append(dj)
+        ball_it.append(ba)
+    res = []
+    for k in range(nr):
+        dS, drift = 0.0, 0.0
+        for j in range(len(items) - 1, -1, -1):
+            a, e, _ = items[j]
+            S = suf[e]
+            sbar = min(S + dS, math.prod(ball_it[m][k] for m in range(j + 1, len(items))))
+            drift += sbar * dj_it[j][k] * float(nuP[a].max()) if dj_it[j][k] > 0 else 0.0
+            dS = (dS * ball_it[j][k] if dS > 0 else 0.0) + S * dj_it[j][k]
+        res.append((drift if math.isfinite(drift) else math.inf, math.prod(b[k] for b in ball_it)))
+    return res
 
 
-def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain_exact: int = 4,  # noqa: ANN001
-                norms: dict | None = None, keep_jacobian: bool = False) -> list[StackLocal]:
+def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain_exact: int = 4,  # noqa: ANN001, PLR0915, PLR0912
+                norms: dict | None = None, keep_jacobian: bool = False, layer_route: bool = True) -> list[StackLocal]:
     r"""Certified local constant of the whole stack on ``B(X, rho)`` for each ``rho`` (X: embedded tokens
-    before the input norm), by the exact Jacobian at X and its telescoped drift (Notes [stack
-    Jacobian], [stack drift], [stack rounding]), beside the product of the per-stage ball constants.
+    before the input norm), by the exact Jacobian at X and its telescoped drift over the sub-stages
+    (Notes [stack Jacobian], [stack drift], [stack rounding]; THEORY F30, F33), beside the product of
+    the ball constants.
 
     .. math:: \mathrm{Lip}_{B(X,\rho)} \le \min\Big(\max_i \sum_j \|J_{ij}(X)\|_2 + \varepsilon_{\mathrm{fl}}
-              + \sum_s \bar S_s\, \Delta J_s(r_s)\, \|P_s(X)\|,\ \prod_s B_s(r_s)\Big)
+              + \max_i \sum_s \big[\bar N(S_s)\, (\Delta J_s \odot w_s)\big]_i,\ \prod_s B_s(r_s)\Big)
 
-    Source: THEORY F17, F30.  Assumptions: every embedded token within ``rho`` (l2) of X; the stages
-    are input norm, sequential layers with dot attention (no RoPE, window, soft-cap or q/k norm) and a
-    non-gated FFN, final norm; float64.  ``exact``: blocks per row certified by ``certified_spectral``
-    for J itself, ``chain_exact`` for the prefixes and suffixes.
+    with per-token radii ``r_{s,i} = rho (nu_i(P_s(X)) + dP_{s,i})`` and ``w_{s,k} = nu_k(P_s)`` (token-local
+    stage) or ``||P_s||``.  Source: THEORY F17, F30, F33.  Assumptions: every embedded token within ``rho``
+    (l2) of X; the stages are input norm, sequential layers with dot attention (no RoPE, window,
+    soft-cap or q/k norm) and a non-gated FFN, final norm; float64.  ``exact``: blocks per row certified
+    by ``certified_spectral`` for J itself, ``chain_exact`` for the prefixes and suffixes.  ``norms``: a
+    dict that caches the data-free constants per layer (pass the same one for every sentence).
+    ``layer_route``: also telescope over whole layers with the per-layer route (``_layer_route``) and
+    keep the smaller drift and product.
     """
     from ._local import check_rho
 
@@ -391,69 +297,149 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
     t0, c0 = time.perf_counter(), time.process_time()
     X = X.detach().double()
     T, d = X.shape
-    stages, _ = _stages(spec, X)
-    n = len(stages)
     norms = {} if norms is None else norms
-    nr = len(rhos)
-    # -- forward: prefixes P_s (certified norms with their rounding), radii, per-stage constants ------
-    K = torch.eye(T * d, dtype=torch.float64).reshape(T * d, T, d)
-    pre = [1.0]  # ||P_0|| = ||I||
-    loc_err: list[float] = []  # E_s of applying stage s to the prefix
-    pts, drifts, balls, radii = [], [], [], []
-    dP = [0.0] * nr
-    prod = [1.0] * nr
+    stages, _, groups = _stages(spec, X, norms)
+    eye = torch.eye(T * d, dtype=torch.float64).reshape(T * d, T, d)
+    nuL = {}  # layer -> (T,) certified nu_i(J_L(X)) from the layer's own blocks
+    for a, b, _ in groups.values():  # the attention sub-stage's and the whole layer's rows at X
+        Kl, err = eye, 0.0
+        for t in range(a, b):
+            err = err * stages[t].p + _local_error(stages[t], Kl, cols=True)
+            Kl = _chunked(stages[t].lin.apply, Kl)
+            if t == a:
+                stages[a].pt = torch.minimum(stages[a].pt, certified_rows(_col_blocks(Kl), chain_exact) + err)
+        nuL[a] = certified_rows(_col_blocks(Kl), chain_exact) + err
+        del Kl
+    first = {a: (b, mL) for a, b, mL in groups.values()}
+    last = {b - 1: (a, mL) for a, b, mL in groups.values()}
+    pL = {a: min(float((mL * stages[a].pt).max()) * (1 + 1e-12), float(nuL[a].max())) for a, b, mL in groups.values()}
+    n, nr = len(stages), len(rhos)
+    # -- forward: prefixes P_s (certified rows with their rounding), per-token radii, stage bounds -----
+    K = eye.clone()
+    rows = torch.ones(T, dtype=torch.float64)  # P_0 = I
+    eP, e_loc, nuP = [0.0], [], []
+    dP = [torch.zeros(T, dtype=torch.float64) for _ in rhos]
+    rc = [torch.full((T,), rho, dtype=torch.float64) for rho in rhos]  # composition radii (product route)
+    at: dict = {}
+    radii, dJs, dJcs, balls = [], [], [], []
+    GB: dict = {}  # group start -> per rho (B_L, dJ_L)
+    hx: dict = {}  # stage -> per rho the attention's head drift rows (or None)
     for s, st in enumerate(stages):
+        nu = rows + eP[s]
+        nuP.append(nu)
+        normP = float(nu.max())
+        if s in first:
+            at[s] = ([v.clone() for v in dP], [v.clone() for v in rc], normP)
         scale = float(st.x.norm(dim=1).max())
-        r_s = [min(rho * (pre[s] + dP[k]), rho * prod[k]) * (1 + 1e-12) + 1e-13 * scale for k, rho in enumerate(rhos)]
-        pt, dj, ba = _stage_local(st, [r if math.isfinite(r) else 0.0 for r in r_s], norms)
-        dj = [v if math.isfinite(r) else math.inf for v, r in zip(dj, r_s)]
-        ba = [v if math.isfinite(r) else math.inf for v, r in zip(ba, r_s)]
-        pts.append(pt)
-        drifts.append(dj)
-        balls.append(ba)
-        radii.append(r_s)
-        dP = [ba[k] * dP[k] + dj[k] * pre[s] for k in range(nr)]
-        prod = [prod[k] * ba[k] for k in range(nr)]
-        loc_err.append(_local_error(st, K, cols=True))
+        rs, djs, djcs, bs = [], [], [], []
+        for k, rho in enumerate(rhos):
+            r = torch.minimum(rho * (nu + dP[k]), rc[k]) * (1 + 1e-12) + 1e-13 * scale
+            dj, djc, b, hd = st.bounds(r)
+            dj, djc, b = _nan_inf(dj), _nan_inf(djc), _nan_inf(torch.minimum(b, st.pt + dj))
+            hx.setdefault(s, []).append(hd)
+            rs.append(r)
+            djs.append(dj)
+            djcs.append(djc)
+            bs.append(b)
+            # Note [stack drift], radii: P_{s+1}(y) - P_{s+1}(x) = J_s(y)(P_s(y) - P_s(x)) + dJ_s P_s(x), per row
+            move = b * dP[k] if st.local else b * float(dP[k].max())
+            dP[k] = _nan_inf(torch.where(dP[k] == 0, 0.0, move) + (dj * nu if st.local else dj * normP))
+            rc[k] = _nan_inf(b * (r if st.local else float(r.max())))
+        radii.append(rs)
+        dJs.append(djs)
+        dJcs.append(djcs)
+        balls.append(bs)
+        if s in last:  # a whole layer: the same recursions with the layer's own rows (F33 item 3)
+            a, mL = last[s]
+            dPa, rca, nPa = at[a]
+            GB[a] = []
+            for k in range(nr):
+                BL, dJL = _group_ball(stages, a, s + 1, mL, [balls[t][k] for t in range(len(balls))], [dJs[t][k] for t in range(len(dJs))])
+                BL = torch.minimum(BL, _nan_inf(nuL[a] + dJL))
+                GB[a].append((BL, dJL))
+                alt = _nan_inf(torch.where(dPa[k] == 0, 0.0, BL * float(dPa[k].max())) + dJL * nPa)
+                dP[k] = torch.minimum(dP[k], alt)
+                rc[k] = torch.minimum(rc[k], _nan_inf(BL * float(rca[k].max())))
+        e_loc.append(_local_error(st, K, cols=True))
         K = _chunked(st.lin.apply, K)
         rows = certified_rows(_col_blocks(K), exact if s == n - 1 else chain_exact)
-        # error of the computed prefix: the stages' errors carried by the later stages' point bounds
-        err = sum(loc_err[m] * math.prod(pts[m + 1: s + 1]) for m in range(s + 1))
-        pre.append(float(rows.max()) + err)
-    point_err = err
-    point = pre[n]
+        e_next = eP[s] * st.p + e_loc[s]
+        if s in last:  # carry the errors by the layer's own constant
+            a, _ = last[s]
+            alt = eP[a] * pL[a] + sum(e_loc[m] * math.prod(stages[t].p for t in range(m + 1, s + 1)) for m in range(a, s + 1))
+            e_next = min(e_next, alt)
+        eP.append(e_next)
     kept = _col_blocks(K).contiguous() if keep_jacobian else None
     del K
-    # -- backward: suffixes S_s = J_{n-1} ... J_{s+1}, certified norms -------------------------------
-    suf = [0.0] * n
-    suf[n - 1] = 1.0
+    # -- backward: suffixes S_s = J_{n-1} ... J_{s+1}, certified block norms ---------------------------
+    Nmat: list[Tensor] = [torch.eye(T, dtype=torch.float64)] * n
+    eS = [0.0] * n
+    f_loc = [0.0] * n
+    SW: dict = {}  # attention stage -> (T, T, H) certified ||Shat_s,ik W_O^hT||
     C = torch.eye(T * d, dtype=torch.float64).reshape(T * d, T, d)
-    s_err: list[float] = []
     for s in range(n - 1, 0, -1):
-        s_err.append(_local_error(stages[s], C, cols=False))
-        C = _chunked(stages[s].lin.apply_t, C)  # rows of S_{s-1}
-        # applied after the errors: S_{s-1} = J_{n-1} ... J_s, the error of step m carried by J_{s..m-1}
-        steps = list(range(n - 1, s - 1, -1))
-        err = sum(e * math.prod(pts[s:m]) for e, m in zip(s_err, steps))
-        suf[s - 1] = float(certified_rows(_row_blocks(C), chain_exact).max()) + err
+        f_loc[s] = _local_error(stages[s], C, cols=False)
+        C = _chunked(stages[s].lin.apply_t, C)  # rows of S_{s-1} = S_s J_s
+        Nmat[s - 1] = certified_block_norms(_row_blocks(C), chain_exact)
+        if s - 1 in first:
+            SW[s - 1] = _suffix_heads(C, stages[s - 1].lin.att)
+        e_prev = eS[s] * stages[s].p + f_loc[s]
+        if s in first:  # a layer's first sub-stage: S_{a-1} = S_{b-1} J_L
+            b, _ = first[s]
+            alt = eS[b - 1] * pL[s] + sum(f_loc[m] * math.prod(stages[t].p for t in range(s, m)) for m in range(s, b))
+            e_prev = min(e_prev, alt)
+        eS[s - 1] = e_prev
     del C
-    out = []
+    suf = [float(N.sum(dim=1).max()) * (1 + T * _U) + e for N, e in zip(Nmat, eS)]
+    # Note [stack rounding]: fl(J) - J = sum_m S_m E_m exactly, so the suffixes carry the stage errors
+    e_J = min(eP[n], sum(sm * em for sm, em in zip(suf, e_loc)) * (1 + 1e-12))
+    point = float(rows.max()) + e_J
+    coarse = _layer_route(spec, stages, groups, nuP, suf, radii, rhos, norms) if layer_route else [(math.inf, math.inf)] * nr
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    out = []
     for k, rho in enumerate(rhos):
-        dS = 0.0
-        sbar = [1.0] * n
-        for s in range(n - 2, -1, -1):
-            dS = dS * balls[s + 1][k] + suf[s + 1] * drifts[s + 1][k]
-            sbar[s] = min(suf[s] + dS, math.prod(balls[m][k] for m in range(s + 1, n)))
-        terms = [sbar[s] * drifts[s][k] * pre[s] for s in range(n)]
-        drift = sum(terms)
-        if not math.isfinite(drift):
-            drift = math.inf
+        bmax = [float(balls[s][k].max()) for s in range(n)]
+        after = [1.0] * (n + 1)  # after[s + 1] >= sup ||S_s(y)||; after[0] the product route
+        for s in range(n - 1, -1, -1):
+            after[s] = after[s + 1] * bmax[s]
+            if s in first:
+                after[s] = min(after[s], after[first[s][0]] * float(GB[s][k][0].max()))
+        dS = torch.zeros(T, dtype=torch.float64)  # rows of S_s(y) - S_s(x), s = n - 1
+        dS_at: dict = {n - 1: dS}
+        total = torch.zeros(T, dtype=torch.float64)
+        parts = {}
+        for s in range(n - 1, -1, -1):
+            djc = dJcs[s][k]
+            w = djc * (nuP[s] if stages[s].local else float(nuP[s].max()))  # nu_k(dJ_s P_s(x))
+            wmax = float(w.max())
+            seen = Nmat[s] @ djc  # nu_i(Shat_s dJ_s)
+            if s in SW and hx[s][k] is not None:  # the heads' drift seen through S_s W_O^hT
+                dZ, a_, c_ = hx[s][k]
+                seen = torch.minimum(seen, _nan_inf(a_ * torch.einsum("ikh,hk->i", SW[s], dZ) + Nmat[s] @ c_))
+            own = nuP[s] if stages[s].local else None
+            main = Nmat[s] @ w if own is not None else seen * float(nuP[s].max())
+            term = _nan_inf(main + (eS[s] + dS) * wmax)
+            term = torch.minimum(term, torch.full_like(term, after[s + 1] * wmax))
+            total = total + term
+            parts[stages[s].name] = float(term.max())
+            if s > 0:  # S_{s-1} = S_s J_s: rows of S_s(x) dJ_s + (S_s(y) - S_s(x)) J_s(y)
+                step = _nan_inf(dS * bmax[s] + seen + eS[s] * float(djc.max()))
+                if s in first:  # or over the whole layer, S_{s-1} = S_{b-1} J_L
+                    b = first[s][0]
+                    BL, dJL = GB[s][k]
+                    alt = dS_at[b - 1] * float(BL.max()) + Nmat[b - 1] @ dJL + eS[b - 1] * float(dJL.max())
+                    step = torch.minimum(step, _nan_inf(alt))
+                dS = torch.minimum(step, torch.full_like(step, 2 * after[s]))
+                dS_at[s - 1] = dS
+        fine = float(total.max())
+        drift = min(fine if math.isfinite(fine) else math.inf, coarse[k][0])
+        parts["(sub-stage route)"], parts["(layer route)"] = fine, coarse[k][0]
         stack = (point + drift) * (1 + ROUNDING_PAD)
-        product = math.prod(balls[s][k] for s in range(n)) * (1 + ROUNDING_PAD)
-        out.append(StackLocal(rho, point, drift, stack, product, [r[k] for r in radii], [st.name for st in stages],
-                              pts, [b[k] for b in balls], [dj[k] for dj in drifts], pre[:n], suf, point_err, wall, cpu,
-                              {st.name: t for st, t in zip(stages, terms)}, kept if k == 0 else None))
+        product = min(after[0], coarse[k][1]) * (1 + ROUNDING_PAD)
+        out.append(StackLocal(rho, point, drift, stack, product, [float(r[k].max()) for r in radii],
+                              [st.name for st in stages], [st.p for st in stages], bmax,
+                              [float(dj[k].max()) for dj in dJs], [float(v.max()) for v in nuP], suf, e_J, wall, cpu,
+                              parts, kept if k == 0 else None, [r[k] for r in radii]))
     return out
 
 

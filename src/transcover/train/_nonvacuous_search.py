@@ -119,18 +119,30 @@ def search_prune(desc: ModelDescription, model: ReferenceTransformer, X: Tensor,
             w = state[t.name].flatten().abs() / scale_of(t.k)
             order += [(float(w[j]), i, j) for j in torch.nonzero(t.Q.flatten()).flatten().tolist()]
     order.sort()
-    best, best_score = desc, score(desc)
-    pos, chunk, evals = 0, max(1, len(order) // 16), 0
-    while pos < len(order) and evals < max_evals:
+
+    def zeroed(best: ModelDescription, a: int, b: int) -> ModelDescription:
         by_tensor: dict[int, list[int]] = {}
-        for _, i, j in order[pos : pos + chunk]:
+        for _, i, j in order[a:b]:
             by_tensor.setdefault(i, []).append(j)
         tensors = list(best.tensors)
         for i, flat in by_tensor.items():
             Q = tensors[i].Q.clone().flatten()
             Q[flat] = 0
             tensors[i] = _zero_or(tensors[i], Q.reshape(tensors[i].Q.shape))
-        cand = replace(best, tensors=tuple(tensors))
+        return replace(best, tensors=tuple(tensors))
+
+    return chunk_descent(desc, len(order), zeroed, score, first_chunk=max(1, len(order) // 16), max_evals=max_evals)
+
+
+def chunk_descent(start: ModelDescription, n_moves: int, apply: Callable[[ModelDescription, int, int], ModelDescription],
+                  score: Callable[[ModelDescription], float], *, first_chunk: int, max_evals: int) -> ModelDescription:
+    """First-improvement descent over an ordered list of ``n_moves`` moves taken in chunks: ``apply(best, a,
+    b)`` makes moves ``a..b-1`` on ``best``; a chunk that lowers ``score`` is kept and the next one tried, a
+    rejected chunk is halved, a rejected single move skipped; at most ``max_evals`` scores."""
+    best, best_score = start, score(start)
+    pos, chunk, evals = 0, first_chunk, 0
+    while pos < n_moves and evals < max_evals:
+        cand = apply(best, pos, pos + chunk)
         s, evals = score(cand), evals + 1
         if s < best_score:
             best, best_score, pos = cand, s, pos + chunk

@@ -45,6 +45,7 @@ from ._nonvacuous import (
     mistakes,
     task_data,
 )
+from ._nonvacuous_search import chunk_descent
 
 __all__ = ["run_split_case"]
 
@@ -78,18 +79,8 @@ def _revert(desc: ModelDescription, ref: ModelDescription, X: Tensor, y: Tensor,
         return occam_bounds(mistakes(d, X, y), n, delta_bits(d, ref), delta).kl
 
     order = changed_entries(desc, ref) or []
-    best, best_score = desc, score(desc)
-    pos, chunk, evals = 0, max(1, len(order) // 8), 0
-    while pos < len(order) and evals < max_evals:
-        cand = _with_reverted(best, ref, order[pos : pos + chunk])
-        s, evals = score(cand), evals + 1
-        if s < best_score:
-            best, best_score, pos = cand, s, pos + chunk
-        elif chunk > 1:
-            chunk //= 2
-        else:
-            pos += 1
-    return best
+    return chunk_descent(desc, len(order), lambda best, a, b: _with_reverted(best, ref, order[a:b]), score,
+                         first_chunk=max(1, len(order) // 8), max_evals=max_evals)
 
 
 def run_split_case(config: NonvacuousConfig, progress: Callable[[str], None] | None = None) -> NonvacuousCase:

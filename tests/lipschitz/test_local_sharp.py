@@ -34,6 +34,25 @@ def _sharp_layer(seed: int, placement: str = "post", qscale: float = 8.0, causal
     return dataclasses.replace(L, attention=dataclasses.replace(L.attention, W_Q=L.attention.W_Q * qscale))
 
 
+def _ascent(value, X: torch.Tensor, r: float, g: torch.Generator, *, starts: int = 2, steps: int = 30,  # noqa: ANN001
+            shown=lambda v: v) -> torch.Tensor:  # noqa: ANN001
+    """Per token, the largest ``shown(value(X + E))`` seen by Adam ascent of ``value`` (T,) over moves ``E``
+    with every token within ``r`` (projected each step), from ``starts`` random starts."""
+    best = torch.zeros(X.shape[0], dtype=torch.float64)
+    for _ in range(starts):
+        E = _clip(torch.randn(X.shape, generator=g, dtype=torch.float64) * r, r).requires_grad_(True)
+        opt = torch.optim.Adam([E], lr=0.1 * r)
+        for _ in range(steps):
+            with torch.no_grad():
+                E.copy_(_clip(E, r))
+            val = value(X + E)
+            best = torch.maximum(best, shown(val.detach()))
+            opt.zero_grad()
+            (-val.sum()).backward()
+            opt.step()
+    return best
+
+
 def _X(seed: int, T: int = 6, d: int = 8) -> torch.Tensor:
     return torch.randn(T, d, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * 2
 
@@ -94,22 +113,12 @@ def test_head_moves_and_chi_are_never_beaten(seed, causal):
             o0, P0 = _head_out(attn, X, h)
             chi = chi_bound(mom.rows[h], r, norms["G"][h], score_moves(mom.rows[h], r, norms["G"][h])[0])
             for target in ("move", "chi"):
-                best = torch.zeros(X.shape[0], dtype=torch.float64)
-                for _ in range(2):
-                    E = _clip(torch.randn(X.shape, generator=g, dtype=torch.float64) * r, r).requires_grad_(True)
-                    opt = torch.optim.Adam([E], lr=0.1 * r)
-                    for _ in range(30):
-                        with torch.no_grad():
-                            E.copy_(_clip(E, r))
-                        o, P = _head_out(attn, X + E, h)
-                        if target == "move":
-                            val = (o - o0).norm(dim=1)
-                        else:  # ascend chi^2 (sqrt has no gradient at 0: a query with one visible key)
-                            val = torch.where(P0 > 0, (P - P0) ** 2 / P0.clamp(min=1e-300), 0.0).sum(dim=1)
-                        best = torch.maximum(best, val.detach() if target == "move" else val.detach().sqrt())
-                        opt.zero_grad()
-                        (-val.sum()).backward()
-                        opt.step()
+                if target == "move":
+                    best = _ascent(lambda Z: (_head_out(attn, Z, h)[0] - o0).norm(dim=1), X, r, g)
+                else:  # ascend chi^2 (sqrt has no gradient at 0: a query with one visible key)
+                    best = _ascent(lambda Z: torch.where(P0 > 0, (_head_out(attn, Z, h)[1] - P0) ** 2
+                                                         / P0.clamp(min=1e-300), 0.0).sum(dim=1),
+                                   X, r, g, shown=torch.sqrt)
                 ref = bound[h] if target == "move" else chi
                 assert bool((best <= ref).all()), (target, r, h, best, ref)
 
@@ -138,18 +147,7 @@ def test_stage_radii_are_never_beaten(placement):
         for name, rad in lj.stage_radii.items():
             if name not in ref:
                 continue
-            best = torch.zeros(X.shape[0], dtype=torch.float64)
-            for _ in range(2):
-                E = _clip(torch.randn(X.shape, generator=g, dtype=torch.float64) * r, r).requires_grad_(True)
-                opt = torch.optim.Adam([E], lr=0.1 * r)
-                for _ in range(30):
-                    with torch.no_grad():
-                        E.copy_(_clip(E, r))
-                    val = (stages(X + E)[name] - ref[name]).norm(dim=1)
-                    best = torch.maximum(best, val.detach())
-                    opt.zero_grad()
-                    (-val.sum()).backward()
-                    opt.step()
+            best = _ascent(lambda Z: (stages(Z)[name] - ref[name]).norm(dim=1), X, r, g)
             assert bool((best <= rad).all()), (name, r, best, rad)
 
 

@@ -73,6 +73,21 @@ def test_certified_lmax_non_finite_is_inf():
     assert math.isinf(float(c[1])) and bool(torch.isfinite(c[[0, 2]]).all())
 
 
+@pytest.mark.parametrize("lam", [2.0**-30, 0.37, 3.0, 2.0**40])
+def test_certified_lmax_is_homogeneous(lam):
+    """lambda_max(lam G) = lam lambda_max(G): the certificate follows the scale on both search paths
+    (eigh below width 65, the block Krylov candidate above), never below the scaled float64 eigvalsh."""
+    g = torch.Generator().manual_seed(11)
+    for d in (40, 130):
+        A = torch.randn(3, d, d // 2, generator=g, dtype=torch.float64)
+        G = A @ A.transpose(1, 2)
+        base = certified_lmax(G)
+        scaled = certified_lmax(lam * G)
+        ref = torch.linalg.eigvalsh(lam * G)[:, -1]
+        assert bool((scaled >= ref).all())
+        assert torch.allclose(scaled, lam * base, rtol=1e-6, atol=0.0)
+
+
 @pytest.mark.parametrize("shape", [(3, 100, 20), (3, 20, 100), (2, 80, 80)])
 def test_certified_spectral_either_side(shape):
     B = torch.randn(*shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64)

@@ -31,7 +31,6 @@ def run_sweep(args: argparse.Namespace, models: list[str]) -> int:
         except ImportError as err:
             raise InputError(RAY_MISSING) from err
     items = analysis_items(models, options, args.hash)
-    err = Console(stderr=True)
     done = [0]
 
     def on_result(r) -> None:

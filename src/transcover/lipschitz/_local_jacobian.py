@@ -548,7 +548,7 @@ def _attention_drift(heads, r: float, norms: dict, scale: float) -> Tensor:  # n
 def _drift(memo, layer, X, z, r, post, dQ, heads, M, IF, F, D1, Db, nA, nB, S1, att_rows, norms, h_point, dA_alone, g_point):  # noqa: ANN001, ANN202, PLR0913
     """Per-token drift bound of the row operator over ``B(X, r)`` and the per-term maxima."""
     T, d = X.shape
-    attn, ffn = layer.attention, layer.ffn
+    ffn = layer.ffn
     from ._local import second_derivative_sup
 
     rr = torch.full((T,), float(r), dtype=torch.float64)

@@ -209,7 +209,7 @@ def _joint_qk_bounds(m: LayerMeasure, out: dict) -> dict[str, object]:
     sqrt(H d_head)`` and ``||P_h (N(u) - N(u'))|| <= L_N ||W_all|| ||dx||`` with ``||W_all||_2 <=
     sqrt(sum_g ||W^g||_2^2)`` (the heads' column blocks).  So F23's per-head inputs are the size bound
     over the whole width and this norm bound for every head."""
-    H, dh = len(m.heads), m.d_head
+    H = len(m.heads)
     groups = {h.kv: h.W_K.upper for h in m.heads}
     up = 1.0 + (H + 4) * 2.0 ** -52  # the float64 rounding of H squares, their sum and the root
     b_q = math.sqrt(sum(h.W_Q.upper ** 2 for h in m.heads)) * up

@@ -252,22 +252,11 @@ def test_default_route_is_the_smallest_and_below_1e6_on_a_digits_sized_model(dig
 
 def test_min_covers_are_never_below_the_monte_carlo_estimate():
     """The project's Monte-Carlo lower estimate of log N stays below the min-cover bound."""
-    from transcover.empirical import NormRadii, monte_carlo_covering, random_inputs, sample_reference_class
-    from transcover.model import ReferenceConfig, ReferenceTransformer, reference_spec
+    from _mc_case import monte_carlo_case
 
-    torch.manual_seed(7)
-    cfg = ReferenceConfig(d_model=4, n_heads=1, n_layers=1, d_ff=8, head_hidden=(), ffn_bias=False)
-    spec = reference_spec(ReferenceTransformer(cfg))
-    terms, _, _ = model_terms(spec, radius=1.0)
-    by_kind: dict[str, float] = {}
-    for t in terms:
-        k = t.role.split(".")[0]
-        by_kind[k] = min(by_kind.get(k, math.inf), t.spectral)
-    # their class (spectral norms <= these radii) sits inside ours; T = 1 (see test_covering_model)
-    radii = NormRadii(B_KQ=by_kind["W_KQ"], B_V=by_kind["W_OV"], B_W1=by_kind["W_1"], B_W2=by_kind["W_2"],
-                      B_b1=0.0, B_b2=0.0)
-    X = random_inputs(6, 1, 4, seed=1)
-    sample = sample_reference_class(cfg, radii, 300, seed=2, output="features")
+    from transcover.empirical import monte_carlo_covering
+
+    terms, X, sample = monte_carlo_case()
     for eps in (0.05, 0.2):
         est = monte_carlo_covering(sample, X, eps, q=2).log_packing_lower(0).value
         assert est > 0

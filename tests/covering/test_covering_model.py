@@ -176,23 +176,11 @@ def test_bad_inputs(bad):
 
 def test_bound_is_never_below_the_empirical_covering_estimate():
     """Issue 5's Monte-Carlo lower estimate of log N on the same class <= our certified bound."""
-    from transcover.empirical import NormRadii, monte_carlo_covering, random_inputs, sample_reference_class
+    from _mc_case import monte_carlo_case
 
-    torch.manual_seed(7)
-    cfg = ReferenceConfig(d_model=4, n_heads=1, n_layers=1, d_ff=8, head_hidden=(), ffn_bias=False)
-    spec = reference_spec(ReferenceTransformer(cfg))
-    terms, _, _ = model_terms(spec, radius=1.0)
-    # their class (every W_KQ, W_OV, W_1, W_2 spectral norm <= the radii) sits inside ours (every norm
-    # <= this spec's) once each radius is the smallest norm of its kind; with T = 1 the softmax is 1,
-    # so the separate ||W_V||, ||W_O|| bounds our coefficients may also use play no role.
-    by_kind: dict[str, float] = {}
-    for t in terms:
-        k = t.role.split(".")[0]
-        by_kind[k] = min(by_kind.get(k, math.inf), t.spectral)
-    radii = NormRadii(B_KQ=by_kind["W_KQ"], B_V=by_kind["W_OV"], B_W1=by_kind["W_1"], B_W2=by_kind["W_2"],
-                      B_b1=0.0, B_b2=0.0)
-    X = random_inputs(6, 1, 4, seed=1)  # T = 1: their per-sample l2 norm is our max over tokens
-    sample = sample_reference_class(cfg, radii, 300, seed=2, output="features")
+    from transcover.empirical import monte_carlo_covering
+
+    terms, X, sample = monte_carlo_case()  # T = 1, radii the smallest norms of each kind
     for eps in (0.05, 0.2):
         est = monte_carlo_covering(sample, X, eps, q=2).log_packing_lower(0).value
         assert est > 0  # the estimate sees more than one function at this scale

@@ -23,16 +23,15 @@ RADII = [1e-4, 1e-3, 1e-2, 3e-2, 0.1]
 
 
 def _refine_all(evaluate, reported, refine, T):  # noqa: ANN001, ANN202
-    for i in range(T):
-        refine(i)
+    refine(torch.arange(T))
     return evaluate()
 
 
 def _counting(calls: list):  # noqa: ANN202
     def lazy(evaluate, reported, refine, T):  # noqa: ANN001, ANN202
-        def counted(i: int) -> None:
-            calls.append(i)
-            refine(i)
+        def counted(idx: torch.Tensor) -> None:
+            calls.extend(idx.tolist())
+            refine(idx)
 
         return refine_lazily(evaluate, reported, counted, T)
 
@@ -89,9 +88,9 @@ def test_refine_lazily_equals_the_full_refinement_on_monotone_rows(seed, T):
     cur = theta.clone()
     done: list = []
 
-    def refine(i: int) -> None:
-        done.append(i)
-        cur[i] = torch.minimum(cur[i], full[i])
+    def refine(idx: torch.Tensor) -> None:
+        done.extend(idx.tolist())
+        cur[idx] = torch.minimum(cur[idx], full[idx])
 
     out = refine_lazily(evaluate, reported, refine, T)
     ref = rows(full)

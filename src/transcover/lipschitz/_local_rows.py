@@ -335,11 +335,12 @@ def refine_lazily(evaluate, reported, refine, T: int) -> dict:  # noqa: ANN001
     r"""F37a: per-token rows with an expensive refinement, refined only where a reported maximum can change.
 
     ``evaluate()`` gives the rows with the refinements made so far, ``reported(rows)`` the (T,) tensors whose
-    maxima are reported, ``refine(i)`` replaces token ``i``'s cheap term by the smaller refined one.  Every
-    reported row is non-increasing in each token's term, and token ``i``'s rows depend only on its own term,
-    so an unrefined token ``k`` has ``full_k <= cheap_k``; while some unrefined token has a cheap value above
-    the largest refined value of the same row (or a NaN), the largest such token (first row) is refined.  At
-    the end every unrefined token satisfies ``cheap_k <= max_{refined} full``, hence
+    maxima are reported, ``refine(idx)`` replaces the cheap terms of the tokens ``idx`` by the smaller refined
+    ones.  Every reported row is non-increasing in each token's term, and token ``i``'s rows depend only on its
+    own term, so an unrefined token ``k`` has ``full_k <= cheap_k``; while some unrefined token has a cheap
+    value above the largest refined value of the same row (or a NaN), the largest such tokens (first row) are
+    refined, 1, 2, 4, ... at a time (one batched refinement per round).  At the end every unrefined token
+    satisfies ``cheap_k <= max_{refined} full``, hence
 
     .. math:: \max_k \mathrm{reported}_k = \max_{i\ \mathrm{refined}} \mathrm{full}_i = \max_k \mathrm{full}_k
 
@@ -347,6 +348,7 @@ def refine_lazily(evaluate, reported, refine, T: int) -> dict:  # noqa: ANN001
     (cheap ones).  Source: THEORY F37a.  Assumptions: the monotonicity and locality above (the caller's)."""
     done = torch.zeros(T, dtype=torch.bool)
     rows = evaluate()
+    batch = 1
     while True:
         vals = reported(rows)
         need = torch.zeros(T, dtype=torch.bool)
@@ -356,10 +358,11 @@ def refine_lazily(evaluate, reported, refine, T: int) -> dict:  # noqa: ANN001
         need &= ~done
         if not bool(need.any()):
             return rows
-        order = torch.nan_to_num(vals[0], nan=math.inf)
-        i = int(torch.where(need, order, torch.full_like(order, -math.inf)).argmax())
-        refine(i)
-        done[i] = True
+        order = torch.where(need, torch.nan_to_num(vals[0], nan=math.inf), torch.full_like(vals[0], -math.inf))
+        idx = order.argsort(descending=True, stable=True)[:min(batch, int(need.sum()))]
+        refine(idx)
+        done[idx] = True
+        batch *= 2
         rows = evaluate()
 
 
@@ -521,11 +524,11 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
             dF, dFh = torch.minimum(dF, scaled), torch.minimum(dFh, scaled / 2)
         ref = torch.full_like(rh, math.inf)
 
-        def refine(i: int) -> None:
-            u, uh = ffn_unit_drift(ffn, zd[i:i + 1], norms["n1"], rh[i:i + 1])
-            dF[i], dFh[i] = torch.minimum(dF[i], u[0]), torch.minimum(dFh[i], uh[0])
-            if bool((unit_slope_moves(zd[i:i + 1], norms["n1"], rh[i:i + 1]) <= GELU_SLOPE_RANGE).all()):
-                ref[i] = u[0]
+        def refine(idx: Tensor) -> None:
+            u, uh = ffn_unit_drift(ffn, zd[idx], norms["n1"], rh[idx])
+            dF[idx], dFh[idx] = torch.minimum(dF[idx], u), torch.minimum(dFh[idx], uh)
+            uncapped = (unit_slope_moves(zd[idx], norms["n1"], rh[idx]) <= GELU_SLOPE_RANGE).all(dim=1)
+            ref[idx] = torch.where(uncapped, u, ref[idx])
 
         rows = refine_lazily(lambda: tail(dF, dFh), _reported, refine, T)
         unit_refs.append((rh, ref))

@@ -165,8 +165,9 @@ def ffn_unit_drift(ffn, z: Tensor, n1: Tensor, rh: Tensor) -> tuple[Tensor, Tens
     fro = float(W1.norm() * W2.norm())
 
     def bound(c: Tensor) -> Tensor:
-        l2 = certified_lmax((W2.T[None] * c[:, None, :]) @ W2[None])
-        l1 = certified_lmax((W1[None] * c[:, None, :]) @ W1.T[None])
+        # both Grams in one certified batch (one Krylov pass and one Cholesky for the pair)
+        l2, l1 = certified_lmax(torch.cat([(W2.T[None] * c[:, None, :]) @ W2[None],
+                                           (W1[None] * c[:, None, :]) @ W1.T[None]])).chunk(2)
         b = torch.sqrt(l1 * l2) * (1 + GRAM_PAD) + GRAM_PAD * fro * c.max(dim=1).values
         return torch.nan_to_num(b, nan=math.inf, posinf=math.inf)
 

@@ -4,7 +4,7 @@
         [--sentence K] [--layers 0,1,...] [--repeat N] [--profile out.prof] [--dump out.json]
 
 For sentence K of the scikit-learn .rst descriptions (<= 32 tokens), runs ``layer_jacobians(...,
-route="rows", lower=0)`` for the benchmark's five radii on the chosen layers, prints the CPU seconds
+route="rows", lower=4)`` (as ``local_lipschitz.py``) for the benchmark's five radii on the chosen layers, prints the CPU seconds
 per layer (best of ``--repeat``) and, with ``--dump``, writes every certified value (point, ball,
 parts, stage radii) so two versions of the code can be compared number by number.
 """
@@ -44,6 +44,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--profile", default=None)
     ap.add_argument("--dump", default=None)
+    ap.add_argument("--lower", type=int, default=4, help="row_lower tokens, as the benchmark (its point lower)")
     a = ap.parse_args()
     _tune_malloc()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
@@ -67,7 +68,7 @@ def main() -> None:
                         prof.enable()
                     c = time.process_time()
                     ljs = layer_jacobians(L, X, [f * med for f in RHOS], norms=norms[li][0],
-                                          head_norms_=norms[li][1], route="rows")
+                                          head_norms_=norms[li][1], route="rows", lower=a.lower)
                     best = min(best, time.process_time() - c)
                     if prof:
                         prof.disable()

@@ -22,18 +22,18 @@ from transcover.lipschitz._local_sharp import GELU_SLOPE_RANGE, ffn_unit_drift, 
 RADII = [1e-4, 1e-3, 1e-2, 3e-2, 0.1]
 
 
-def _refine_all(evaluate, reported, refine, T):  # noqa: ANN001, ANN202
+def _refine_all(evaluate, reported, refine, T, lowest=None):  # noqa: ANN001, ANN202, ARG001
     refine(torch.arange(T))
     return evaluate()
 
 
 def _counting(calls: list):  # noqa: ANN202
-    def lazy(evaluate, reported, refine, T):  # noqa: ANN001, ANN202
+    def lazy(evaluate, reported, refine, T, lowest=None):  # noqa: ANN001, ANN202
         def counted(idx: torch.Tensor) -> None:
             calls.extend(idx.tolist())
             refine(idx)
 
-        return refine_lazily(evaluate, reported, counted, T)
+        return refine_lazily(evaluate, reported, counted, T, lowest=lowest)
 
     return lazy
 
@@ -53,7 +53,7 @@ def test_lazy_maxima_equal_the_full_refinement(placement, monkeypatch):
     lazy = layer_rows(L, X, RADII)
     monkeypatch.setattr(_local_rows, "refine_lazily", _refine_all)
     full = layer_rows(L, X, RADII)
-    monkeypatch.setattr(_local_rows, "refine_lazily", lambda evaluate, reported, refine, T: evaluate())
+    monkeypatch.setattr(_local_rows, "refine_lazily", lambda evaluate, *args, **kw: evaluate())
     cheap = layer_rows(L, X, RADII)
     assert 0 < len(calls) < len(RADII) * X.shape[0], len(calls)
     assert min(a.ball / c.ball for a, c in zip(lazy, cheap)) < 0.95
@@ -67,10 +67,11 @@ def test_lazy_maxima_equal_the_full_refinement(placement, monkeypatch):
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 10_000), T=st.integers(1, 12))
-def test_refine_lazily_equals_the_full_refinement_on_monotone_rows(seed, T):
+@given(seed=st.integers(0, 10_000), T=st.integers(1, 12), floors=st.booleans())
+def test_refine_lazily_equals_the_full_refinement_on_monotone_rows(seed, T, floors):
     """Synthetic rows non-decreasing in each token's own term (sums, products, a min and a floor like the
-    layer's): the lazy maxima equal the full ones, and every refined token was needed."""
+    layer's, and one row that does not see the term): the lazy maxima equal the full ones, with and without
+    the rows' floors (every term at 0), and no token is refined twice."""
     g = torch.Generator().manual_seed(seed)
     base, slope, cap = (torch.rand(T, generator=g, dtype=torch.float64) * s for s in (10.0, 5.0, 40.0))
     full = torch.rand(T, generator=g, dtype=torch.float64)
@@ -79,10 +80,7 @@ def test_refine_lazily_equals_the_full_refinement_on_monotone_rows(seed, T):
     def rows(th: torch.Tensor) -> dict:
         floor = (2.0 - th / 2).clamp(min=0.0)
         total = torch.minimum(base + slope * th + th * th, cap / torch.where(floor > 0, floor, 0.0))
-        return {"total": total, "drift": slope * th, "terms": {"a": th * th, "b": base * th}}
-
-    def evaluate() -> dict:
-        return rows(cur)
+        return {"total": total, "drift": slope * th, "terms": {"a": th * th, "b": base * th, "c": base * slope}}
 
     reported = lambda r: [r["total"], r["drift"], *r["terms"].values()]  # noqa: E731
     cur = theta.clone()
@@ -92,9 +90,9 @@ def test_refine_lazily_equals_the_full_refinement_on_monotone_rows(seed, T):
         done.extend(idx.tolist())
         cur[idx] = torch.minimum(cur[idx], full[idx])
 
-    out = refine_lazily(evaluate, reported, refine, T)
-    ref = rows(full)
-    for a, b in zip(reported(out), reported(ref)):
+    out = refine_lazily(lambda: rows(cur), reported, refine, T, lowest=rows(torch.zeros(T, dtype=torch.float64))
+                        if floors else None)
+    for a, b in zip(reported(out), reported(rows(full))):
         assert float(a.max()) == float(b.max())
     assert len(set(done)) == len(done) <= T
 

@@ -331,29 +331,34 @@ def _reported(rows: dict) -> list[Tensor]:
     return [rows["total"], rows["drift"], *rows["terms"].values()]
 
 
-def refine_lazily(evaluate, reported, refine, T: int) -> dict:  # noqa: ANN001
+def refine_lazily(evaluate, reported, refine, T: int, lowest: dict | None = None) -> dict:  # noqa: ANN001
     r"""F37a: per-token rows with an expensive refinement, refined only where a reported maximum can change.
 
     ``evaluate()`` gives the rows with the refinements made so far, ``reported(rows)`` the (T,) tensors whose
     maxima are reported, ``refine(idx)`` replaces the cheap terms of the tokens ``idx`` by the smaller refined
-    ones.  Every reported row is non-increasing in each token's term, and token ``i``'s rows depend only on its
-    own term, so an unrefined token ``k`` has ``full_k <= cheap_k``; while some unrefined token has a cheap
-    value above the largest refined value of the same row (or a NaN), the largest such tokens (first row) are
-    refined, 1, 2, 4, ... at a time (one batched refinement per round).  At the end every unrefined token
-    satisfies ``cheap_k <= max_{refined} full``, hence
+    ones; ``lowest``: the rows with every term at its smallest possible value (e.g. 0), or None.  Every
+    reported row is non-decreasing in each token's term and token ``i``'s rows depend only on its own term,
+    so ``low_k <= full_k <= cur_k`` (``cur`` the current rows, equal to ``full`` at refined tokens) and
+    ``max_k full_k >= m = max(max_{refined} cur, max_k low_k)``.  While some unrefined token has ``cur_k > m``
+    in some row (or a NaN), the largest such tokens (first row) are refined, 1, 2, 4, ... at a time.  At the
+    end every unrefined token has ``cur_k <= m <= max full``, hence for every reported row
 
-    .. math:: \max_k \mathrm{reported}_k = \max_{i\ \mathrm{refined}} \mathrm{full}_i = \max_k \mathrm{full}_k
+    .. math:: \max_k \mathrm{cur}_k = \max_k \mathrm{full}_k,
 
-    for every reported row: the maxima are those of the full computation, the other rows stay certified
-    (cheap ones).  Source: THEORY F37a.  Assumptions: the monotonicity and locality above (the caller's)."""
+    the maxima of the full computation; the other rows stay certified (cheap ones).  A row that does not see
+    the term at token k (``low_k = cur_k``) never asks for its refinement.  Source: THEORY F37a.
+    Assumptions: the monotonicity and locality above (the caller's)."""
     done = torch.zeros(T, dtype=torch.bool)
     rows = evaluate()
+    floors = [v.max() for v in reported(lowest)] if lowest is not None else None
     batch = 1
     while True:
         vals = reported(rows)
         need = torch.zeros(T, dtype=torch.bool)
-        for v in vals:
+        for m, v in enumerate(vals):
             top = v[done].max() if bool(done.any()) else torch.tensor(-math.inf, dtype=v.dtype)
+            if floors is not None:
+                top = torch.maximum(top, floors[m])  # NaN propagates: then every token is refined
             need |= ~(v <= top)  # NaN: refined too
         need &= ~done
         if not bool(need.any()):
@@ -530,7 +535,8 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
             uncapped = (unit_slope_moves(zd[idx], norms["n1"], rh[idx]) <= GELU_SLOPE_RANGE).all(dim=1)
             ref[idx] = torch.where(uncapped, u, ref[idx])
 
-        rows = refine_lazily(lambda: tail(dF, dFh), _reported, refine, T)
+        zero = torch.zeros_like(rh)  # the smallest FFN drift: the rows' floors (F37a)
+        rows = refine_lazily(lambda: tail(dF, dFh), _reported, refine, T, lowest=tail(zero, zero))
         unit_refs.append((rh, ref))
         return rows
 

@@ -48,7 +48,10 @@ from ._local_jacobian import (
     LayerJacobian, _f64, _floor, _head_data, _norm_parts, _weight_norms,
     certified_lmax, certified_lmax_vec, certified_spectral,
 )
-from ._local_sharp import chi_bound, ffn_unit_drift, head_moves, score_moves, softmax_envelope, visible_diameter
+from ._local_sharp import (
+    GELU_SLOPE_RANGE, chi_bound, ffn_unit_drift, head_moves, score_moves, softmax_envelope, unit_slope_moves,
+    visible_diameter,
+)
 from ._local_struct import NormJac, _chain_output_norms
 from ._weights import ROUNDING_PAD
 
@@ -311,6 +314,63 @@ def _ln_drift(norm, sigma: Tensor | None, r: Tensor, d: int):  # noqa: ANN001, A
     return torch.where(sf > 0, e, torch.full_like(e, math.inf)), sf
 
 
+def _rows(terms: dict, total: Tensor, stage: dict, sups: dict) -> dict:
+    """One radius's per-token results: the drift terms, the capped total (non-finite -> the certified inf),
+    the drift (their sum: ``sup nu_i(J' - J)``, what ``_local_stack`` reads), the stage radii and sups."""
+    total = torch.where(torch.isfinite(total), total, torch.full_like(total, math.inf))
+    # drift_rows bounds sup nu_i(J' - J) (the telescoped terms; _local_stack relies on it), the
+    # capped total bounds sup nu_i(J') and may be smaller than point + drift
+    drift = sum(terms.values())
+    drift = torch.where(torch.isfinite(drift), drift, torch.full_like(drift, math.inf)) * (1 + ROUNDING_PAD)
+    return {"terms": terms, "total": total, "drift": drift, "stage": stage, "sups": sups}
+
+
+def _reported(rows: dict) -> list[Tensor]:
+    """The (T,) rows whose maxima ``layer_rows`` reports: the ball rows (``ball``), the drift rows (read as
+    a max by ``_local_stack``) and every drift term (``parts``); the first orders the refinement."""
+    return [rows["total"], rows["drift"], *rows["terms"].values()]
+
+
+def refine_lazily(evaluate, reported, refine, T: int, lowest: dict | None = None) -> dict:  # noqa: ANN001
+    r"""F37a: per-token rows with an expensive refinement, refined only where a reported maximum can change.
+
+    ``evaluate()`` gives the rows with the refinements made so far, ``reported(rows)`` the (T,) tensors whose
+    maxima are reported, ``refine(idx)`` replaces the cheap terms of the tokens ``idx`` by the smaller refined
+    ones; ``lowest``: the rows with every term at its smallest possible value (e.g. 0), or None.  Every
+    reported row is non-decreasing in each token's term and token ``i``'s rows depend only on its own term,
+    so ``low_k <= full_k <= cur_k`` (``cur`` the current rows, equal to ``full`` at refined tokens) and
+    ``max_k full_k >= m = max(max_{refined} cur, max_k low_k)``.  While some unrefined token has ``cur_k > m``
+    in some row (or a NaN), the largest such tokens (first row) are refined, 1, 2, 4, ... at a time.  At the
+    end every unrefined token has ``cur_k <= m <= max full``, hence for every reported row
+
+    .. math:: \max_k \mathrm{cur}_k = \max_k \mathrm{full}_k,
+
+    the maxima of the full computation; the other rows stay certified (cheap ones).  A row that does not see
+    the term at token k (``low_k = cur_k``) never asks for its refinement.  Source: THEORY F37a.
+    Assumptions: the monotonicity and locality above (the caller's)."""
+    done = torch.zeros(T, dtype=torch.bool)
+    rows = evaluate()
+    floors = [v.max() for v in reported(lowest)] if lowest is not None else None
+    batch = 1
+    while True:
+        vals = reported(rows)
+        need = torch.zeros(T, dtype=torch.bool)
+        for m, v in enumerate(vals):
+            top = v[done].max() if bool(done.any()) else torch.tensor(-math.inf, dtype=v.dtype)
+            if floors is not None:
+                top = torch.maximum(top, floors[m])  # NaN propagates: then every token is refined
+            need |= ~(v <= top)  # NaN: refined too
+        need &= ~done
+        if not bool(need.any()):
+            return rows
+        order = torch.where(need, torch.nan_to_num(vals[0], nan=math.inf), torch.full_like(vals[0], -math.inf))
+        idx = order.argsort(descending=True, stable=True)[:min(batch, int(need.sum()))]
+        refine(idx)
+        done[idx] = True
+        batch *= 2
+        rows = evaluate()
+
+
 def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,  # noqa: ANN001, PLR0915
                head_norms_: dict | None = None, lower: int = 0) -> list[LayerJacobian]:
     r"""Certified (2,inf) bound of one layer's Jacobian at every point of ``B(X, r)`` for each ``r``,
@@ -444,29 +504,41 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
     kappa = norms["kappaP"] if post else norms["kappa"]
     from ._activations import activation_lipschitz
 
-    gelu_range = (math.erf(1.0) + 2 * math.sqrt(2) * math.exp(-1.0) / math.sqrt(2 * math.pi)) * (1 + 1e-9)
-    cap = (gelu_range if Activation(ffn.activation) is Activation.GELU
+    cap = (GELU_SLOPE_RANGE if Activation(ffn.activation) is Activation.GELU
            else 2 * activation_lipschitz(ffn.activation)) * norms["W1"] * norms["W2"] * (1 + ROUNDING_PAD)
     lffn = activation_lipschitz(ffn.activation) * norms["W1"] * norms["W2"] * (1 + ROUNDING_PAD) ** 2
 
     zd = z.detach()
-    unit_cache: dict = {}
 
-    def units(rh: Tensor) -> tuple[Tensor, Tensor]:
-        key = id(rh)
-        if key not in unit_cache:
-            unit_cache.clear()
-            unit_cache[key] = (rh, ffn_unit_drift(ffn, zd, norms["n1"], rh))
-        return unit_cache[key][1]
+    def dF_glob(rh: Tensor) -> tuple[Tensor, Tensor]:
+        """F17c's global FFN drift on ``||dh|| <= rh``: ``sup ||F(h + dh) - F(h)||`` and ``int_0^1 sup ||F(h + t dh)
+        - F(h)|| dt`` (the linear bounds halve, the cap stays)."""
+        lin = torch.minimum(kappa * rh, s2nd * norms["ffn_curv"] * rh)
+        return torch.minimum(lin, torch.full_like(rh, cap)), torch.minimum(lin / 2, torch.full_like(rh, cap))
 
-    def dF_of(rh: Tensor, unit: bool) -> Tensor:
-        glob = torch.minimum(torch.minimum(kappa * rh, s2nd * norms["ffn_curv"] * rh), torch.full_like(rh, cap))
-        return torch.minimum(glob, units(rh)[0]) if unit else glob
+    unit_refs: list = []  # (rh_b, bound_b): F31d at a larger ball where no unit was capped (F37b)
 
-    def dF_half(rh: Tensor, unit: bool) -> Tensor:
-        """``int_0^1 sup ||F(h + t dh) - F(h)|| dt`` for ``||dh|| <= rh``: the linear bounds halve, the cap stays."""
-        glob = torch.minimum(torch.minimum(kappa * rh, s2nd * norms["ffn_curv"] * rh) / 2, torch.full_like(rh, cap))
-        return torch.minimum(glob, units(rh)[1]) if unit else glob
+    def ffn_rows(tail, rh: Tensor, unit: bool) -> dict:  # noqa: ANN001
+        """``tail(dF, dF_half)`` with F17c's drift and F37b's scaled references, refined by F31d's per-unit
+        Grams (2 d^2 d_ff flops a token) only at the tokens that can set a reported maximum (F37a)."""
+        dF, dFh = dF_glob(rh)
+        if not unit:
+            return tail(dF, dFh)
+        for rb, ub in unit_refs:
+            scaled = torch.where((rh <= rb) & (rb > 0), rh / torch.where(rb > 0, rb, 1.0) * ub, math.inf) * (1 + 1e-12)
+            dF, dFh = torch.minimum(dF, scaled), torch.minimum(dFh, scaled / 2)
+        ref = torch.full_like(rh, math.inf)
+
+        def refine(idx: Tensor) -> None:
+            u, uh = ffn_unit_drift(ffn, zd[idx], norms["n1"], rh[idx])
+            dF[idx], dFh[idx] = torch.minimum(dF[idx], u), torch.minimum(dFh[idx], uh)
+            uncapped = (unit_slope_moves(zd[idx], norms["n1"], rh[idx]) <= GELU_SLOPE_RANGE).all(dim=1)
+            ref[idx] = torch.where(uncapped, u, ref[idx])
+
+        zero = torch.zeros_like(rh)  # the smallest FFN drift: the rows' floors (F37a)
+        rows = refine_lazily(lambda: tail(dF, dFh), _reported, refine, T, lowest=tail(zero, zero))
+        unit_refs.append((rh, ref))
+        return rows
 
     def one(r: float, subs: list, unit: bool = True) -> tuple[LayerJacobian, dict]:
         rr = torch.full((T,), r, dtype=torch.float64)
@@ -493,21 +565,22 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
             else:
                 rh = torch.minimum(rh, r1)
             rh = rh * (1 + 1e-12)
-            dF = dF_of(rh, unit)
-            # centred (P (I+F') D1' B'): ||P dF|| <= kappaP rh, ||P X|| <= ||X||
-            Gs = torch.minimum(g_pt + dF * Hs + nIF * g1 * e1 * AP + _heads_combined(IFD1Oh, IFD1O, dZ), (nIF + dF) * Hs)
-            Gs = torch.minimum(Gs, (1 + lffn) * Hs)
-            # F31b: S2' - S2 = (I + F) dh + int_0^1 (F(h + t dh) - F(h)) dh dt, the remainder <= dF(rh)/2 rh
-            r2 = torch.minimum(riemann("Gs", Gs), (nIF + dF_half(rh, unit)).clamp(max=1 + lffn) * rh) * (1 + 1e-12)
-            e2, sf2 = _ln_drift(layer.norm_ffn, sig2, r2, d)
+
+            def tail(dF: Tensor, dFh: Tensor) -> dict:
+                # centred (P (I+F') D1' B'): ||P dF|| <= kappaP rh, ||P X|| <= ||X||
+                Gs = torch.minimum(g_pt + dF * Hs + nIF * g1 * e1 * AP + _heads_combined(IFD1Oh, IFD1O, dZ), (nIF + dF) * Hs)
+                Gs = torch.minimum(Gs, (1 + lffn) * Hs)
+                # F31b: S2' - S2 = (I + F) dh + int_0^1 (F(h + t dh) - F(h)) dh dt, the remainder <= dF(rh)/2 rh
+                r2 = torch.minimum(riemann("Gs", Gs), (nIF + dFh).clamp(max=1 + lffn) * rh) * (1 + 1e-12)
+                e2, sf2 = _ln_drift(layer.norm_ffn, sig2, r2, d)
+                terms = {"norm_ffn (dD2)": g2 * e2 * Gs, "ffn (dF)": nD2 * dF * Hs,
+                         "norm_attn (dD1)": nD2IFg * e1 * AP, "attention (dA)": mixed}
+                total = point + sum(terms.values())
+                if sig2 is not None:
+                    total = torch.minimum(total, g2 / sf2 * Gs)
+                return _rows(terms, total, {"attention": r1, "norm_attn": rh, "ffn": r2}, {"AP": AP, "Hs": Hs, "Gs": Gs})
+
             mixed = _heads_combined(MOh, MO, dZ)
-            terms = {"norm_ffn (dD2)": g2 * e2 * Gs, "ffn (dF)": nD2 * dF * Hs,
-                     "norm_attn (dD1)": nD2IFg * e1 * AP, "attention (dA)": mixed}
-            total = point + sum(terms.values())
-            if sig2 is not None:
-                total = torch.minimum(total, g2 / sf2 * Gs)
-            stage = {"attention": r1, "norm_attn": rh, "ffn": r2}
-            sups = {"AP": AP, "Hs": Hs, "Gs": Gs}
         else:
             e1, sf1 = _ln_drift(layer.norm_attn, sig1, rr, d)
             sD1 = torch.minimum(g1 / sf1, nD1 + g1 * e1) if sig1 is not None else torch.ones(T, dtype=torch.float64)
@@ -523,34 +596,35 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
             e2, sf2 = _ln_drift(layer.norm_ffn, sig2, r1, d)
             sD2 = torch.minimum(g2 / sf2, nD2 + g2 * e2) if sig2 is not None else torch.ones(T, dtype=torch.float64)
             rh = r1 * sD2 * (1 + 1e-12)
-            dF = dF_of(rh, unit)
-            dM = dF * sD2 + nFg * e2
-            terms = {"norm_ffn/ffn (dM)": dM * A, "attention (dA)": _heads_combined(MOh, MO, dZ) * mD1,
-                     "norm_attn (pre, dD1)": nM * att_rows * mE1}
-            total = torch.minimum(point + sum(terms.values()), (nM + dM) * A)
-            stage = {"attention": ry * torch.ones(T, dtype=torch.float64), "norm_ffn": r1, "ffn": rh}
-            sups = {"A": A}
-        total = torch.where(torch.isfinite(total), total, torch.full_like(total, math.inf))
-        # drift_rows bounds sup nu_i(J' - J) (the telescoped terms; _local_stack relies on it), the
-        # capped total bounds sup nu_i(J') and may be smaller than point + drift
-        drift = sum(terms.values())
-        drift = torch.where(torch.isfinite(drift), drift, torch.full_like(drift, math.inf)) * (1 + ROUNDING_PAD)
+
+            def tail(dF: Tensor, dFh: Tensor) -> dict:
+                dM = dF * sD2 + nFg * e2
+                terms = {"norm_ffn/ffn (dM)": dM * A, "attention (dA)": mixed,
+                         "norm_attn (pre, dD1)": nM * att_rows * mE1}
+                total = torch.minimum(point + sum(terms.values()), (nM + dM) * A)
+                return _rows(terms, total, {"attention": ry * torch.ones(T, dtype=torch.float64), "norm_ffn": r1,
+                                            "ffn": rh}, {"A": A})
+
+            mixed = _heads_combined(MOh, MO, dZ) * mD1
+        rows = ffn_rows(tail, rh, unit)
+        terms, total, drift = rows["terms"], rows["total"], rows["drift"]
         parts = {k: float(v.max()) for k, v in terms.items()}
         lj = LayerJacobian(point * (1 + ROUNDING_PAD), drift, None, att_rows, parts,
                            ball_rows=total * (1 + ROUNDING_PAD))
         lj.radius = r
-        lj.stage_radii = stage
+        lj.stage_radii = rows["stage"]
         if low is not None:
             lj.lower_rows, lj.lower_V = low, low_best
-        return lj, sups
+        return lj, rows["sups"]
 
-    out = []
-    for r in radii:
-        r = float(r)
+    out = {}
+    # the largest ball first: its F31d bounds, scaled, are the smaller balls' cheap terms (F37b)
+    for k in sorted(range(len(radii)), key=lambda k: -float(radii[k])):
+        r = float(radii[k])
         # the sub-balls use the global FFN drift only (F31d's per-unit Grams are most of the cost)
-        subs = [one(k * r / RIEMANN_STEPS, [], unit=False)[1] for k in range(1, RIEMANN_STEPS)]
-        out.append(one(r, subs)[0])
-    return out
+        subs = [one(j * r / RIEMANN_STEPS, [], unit=False)[1] for j in range(1, RIEMANN_STEPS)]
+        out[k] = one(r, subs)[0]
+    return [out[k] for k in range(len(radii))]
 
 
 def _gamma_vec(norm, d: int) -> Tensor:  # noqa: ANN001

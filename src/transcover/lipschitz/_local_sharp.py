@@ -19,9 +19,12 @@ from ..model import Activation
 from ._local_jacobian import _f64, certified_lmax
 from ._weights import ROUNDING_PAD
 
-__all__ = ["softmax_envelope", "score_moves", "chi_bound", "head_moves", "ffn_unit_drift", "visible_diameter"]
+__all__ = ["softmax_envelope", "score_moves", "chi_bound", "head_moves", "ffn_unit_drift", "unit_slope_moves",
+           "visible_diameter", "GELU_SLOPE_RANGE"]
 
 _U = 2.0**-53
+# the range of the exact GELU's slope, sup GELU' - inf GELU' = erf(1) + 2 sqrt(2) phi(sqrt(2)), padded
+GELU_SLOPE_RANGE = (math.erf(1.0) + 2 * math.sqrt(2) * math.exp(-1.0) / math.sqrt(2 * math.pi)) * (1 + 1e-9)
 
 
 def visible_diameter(R: Tensor, vis: Tensor) -> Tensor:
@@ -155,21 +158,32 @@ def ffn_unit_drift(ffn, z: Tensor, n1: Tensor, rh: Tensor) -> tuple[Tensor, Tens
     if Activation(ffn.activation) is not Activation.GELU:
         inf = torch.full((T,), math.inf, dtype=torch.float64)
         return inf, inf
-    from ._local_jacobian import GRAM_PAD, gelu2_sup
+    from ._local_jacobian import GRAM_PAD
 
-    rng = (math.erf(1.0) + 2 * math.sqrt(2) * math.exp(-1.0) / math.sqrt(2 * math.pi)) * (1 + 1e-9)
     W1, W2 = _f64(ffn.W_1), _f64(ffn.W_2)
-    h = n1[None, :] * rh[:, None] * (1 + 1e-12)
-    raw = gelu2_sup(z - h, z + h) * h * (1 + ROUNDING_PAD)
+    raw = unit_slope_moves(z, n1, rh)
     fro = float(W1.norm() * W2.norm())
 
     def bound(c: Tensor) -> Tensor:
-        l2 = certified_lmax((W2.T[None] * c[:, None, :]) @ W2[None])
-        l1 = certified_lmax((W1[None] * c[:, None, :]) @ W1.T[None])
+        # both Grams in one certified batch (one Krylov pass and one Cholesky for the pair)
+        l2, l1 = certified_lmax(torch.cat([(W2.T[None] * c[:, None, :]) @ W2[None],
+                                           (W1[None] * c[:, None, :]) @ W1.T[None]])).chunk(2)
         b = torch.sqrt(l1 * l2) * (1 + GRAM_PAD) + GRAM_PAD * fro * c.max(dim=1).values
         return torch.nan_to_num(b, nan=math.inf, posinf=math.inf)
 
-    full = bound(raw.clamp(max=rng))
-    if bool((raw <= rng).all()):  # nothing capped: the bound is 1-homogeneous in c, the half is half of it
-        return full, full / 2
-    return full, bound((raw / 2).clamp(max=rng))
+    full = bound(raw.clamp(max=GELU_SLOPE_RANGE))
+    # a token with nothing capped: the bound is 1-homogeneous in c, its half is half of it
+    half = full / 2
+    capped = (raw > GELU_SLOPE_RANGE).any(dim=1)
+    if bool(capped.any()):
+        half[capped] = bound((raw[capped] / 2).clamp(max=GELU_SLOPE_RANGE))
+    return full, half
+
+
+def unit_slope_moves(z: Tensor, n1: Tensor, rh: Tensor) -> Tensor:
+    """(T, d_ff) ``s2_k h_k`` of F31d before the cap: unit ``k`` of token ``t`` moves by ``|dz| <= h_k = ||W_1[:, k]||
+    rh_t`` and its slope by at most ``sup |GELU''|`` on ``[z_k - h_k, z_k + h_k]`` times ``h_k``; exact GELU."""
+    from ._local_jacobian import gelu2_sup
+
+    h = n1[None, :] * rh[:, None] * (1 + 1e-12)
+    return gelu2_sup(z - h, z + h) * h * (1 + ROUNDING_PAD)

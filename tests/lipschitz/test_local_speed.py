@@ -1,0 +1,138 @@
+"""The faster rows route (issue 12, THEORY F37): lazy refinement of the FFN's per-unit drift (F37a) reports
+exactly the maxima of refining every token, on layers where the per-unit term decides them; the scaled
+reference of a larger ball (F37b) is above the direct per-unit bound and above Adam ascent on the FFN
+Jacobian's change; ``refine_lazily`` on synthetic monotone rows (hypothesis) equals the full refinement.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from lipschitz_testkit import random_spec
+from transcover.lipschitz import _local_rows
+from transcover.lipschitz._local_rows import layer_rows, refine_lazily
+from transcover.lipschitz._local_sharp import GELU_SLOPE_RANGE, ffn_unit_drift, unit_slope_moves
+
+RADII = [1e-4, 1e-3, 1e-2, 3e-2, 0.1]
+
+
+def _refine_all(evaluate, reported, refine, T, lowest=None):  # noqa: ANN001, ANN202, ARG001
+    refine(torch.arange(T))
+    return evaluate()
+
+
+def _counting(calls: list):  # noqa: ANN202
+    def lazy(evaluate, reported, refine, T, lowest=None):  # noqa: ANN001, ANN202
+        def counted(idx: torch.Tensor) -> None:
+            calls.extend(idx.tolist())
+            refine(idx)
+
+        return refine_lazily(evaluate, reported, counted, T, lowest=lowest)
+
+    return lazy
+
+
+@pytest.mark.parametrize("placement", ["post", "pre"])
+def test_lazy_maxima_equal_the_full_refinement(placement, monkeypatch):
+    """Every reported maximum (point, ball, drift row, each drift term) of the lazy route equals the one
+    with every token refined at every radius; every lazy row is at least the full one (still certified);
+    the lazy route refines fewer token-radii; and the per-unit term decides the ball here (F17c's global
+    drift alone, no token refined, gives a ball bound at least 5 % larger at some radius)."""
+    spec = random_spec(11, act="gelu", norm="layernorm", placement=placement, d=12, H=2, dh=6, dff=48,
+                       scale=1.5, biases=True)
+    L = spec.layers[0]
+    X = torch.randn(10, 12, generator=torch.Generator().manual_seed(11), dtype=torch.float64) * 2
+    calls: list = []
+    monkeypatch.setattr(_local_rows, "refine_lazily", _counting(calls))
+    lazy = layer_rows(L, X, RADII)
+    monkeypatch.setattr(_local_rows, "refine_lazily", _refine_all)
+    full = layer_rows(L, X, RADII)
+    monkeypatch.setattr(_local_rows, "refine_lazily", lambda evaluate, *args, **kw: evaluate())
+    cheap = layer_rows(L, X, RADII)
+    assert 0 < len(calls) < len(RADII) * X.shape[0], len(calls)
+    assert min(a.ball / c.ball for a, c in zip(lazy, cheap)) < 0.95
+    for a, b in zip(lazy, full):
+        assert a.point == b.point and a.ball == b.ball, (a.radius, a.ball, b.ball)
+        assert float(a.drift_rows.max()) == float(b.drift_rows.max())
+        assert a.parts == b.parts, (a.parts, b.parts)
+        assert bool((a.total_rows >= b.total_rows).all()) and bool((a.drift_rows >= b.drift_rows).all())
+        for name, rad in a.stage_radii.items():
+            assert bool((rad >= b.stage_radii[name]).all()), name
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), T=st.integers(1, 12), floors=st.booleans())
+def test_refine_lazily_equals_the_full_refinement_on_monotone_rows(seed, T, floors):
+    """Synthetic rows non-decreasing in each token's own term (sums, products, a min and a floor like the
+    layer's, and one row that does not see the term): the lazy maxima equal the full ones, with and without
+    the rows' floors (every term at 0), and no token is refined twice."""
+    g = torch.Generator().manual_seed(seed)
+    base, slope, cap = (torch.rand(T, generator=g, dtype=torch.float64) * s for s in (10.0, 5.0, 40.0))
+    full = torch.rand(T, generator=g, dtype=torch.float64)
+    theta = full + torch.rand(T, generator=g, dtype=torch.float64) * 3  # the cheap term, above the full one
+
+    def rows(th: torch.Tensor) -> dict:
+        floor = (2.0 - th / 2).clamp(min=0.0)
+        total = torch.minimum(base + slope * th + th * th, cap / torch.where(floor > 0, floor, 0.0))
+        return {"total": total, "drift": slope * th, "terms": {"a": th * th, "b": base * th, "c": base * slope}}
+
+    reported = lambda r: [r["total"], r["drift"], *r["terms"].values()]  # noqa: E731
+    cur = theta.clone()
+    done: list = []
+
+    def refine(idx: torch.Tensor) -> None:
+        done.extend(idx.tolist())
+        cur[idx] = torch.minimum(cur[idx], full[idx])
+
+    out = refine_lazily(lambda: rows(cur), reported, refine, T, lowest=rows(torch.zeros(T, dtype=torch.float64))
+                        if floors else None)
+    for a, b in zip(reported(out), reported(rows(full))):
+        assert float(a.max()) == float(b.max())
+    assert len(set(done)) == len(done) <= T
+
+
+def test_scaled_reference_is_never_beaten():
+    """F37b: for rh_a <= rh_b with no capped unit at rh_b, (rh_a/rh_b) F31d(rh_b) is at least F31d(rh_a) and
+    at least Adam ascent on ||F(h') - F(h)||_2 over ||h' - h|| <= rh_a; homogeneity: W_2 -> 2 W_2 doubles it."""
+    spec = random_spec(5, act="gelu", norm="layernorm", d=6, dff=10, scale=2.0, biases=True)
+    ffn = spec.layers[0].ffn
+    W1, W2, b1 = ffn.W_1.double(), ffn.W_2.double(), ffn.b_1.double()
+    H = torch.randn(3, 6, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    z = H @ W1 + b1
+    n1 = W1.norm(dim=0)
+
+    def F(h):  # noqa: ANN001, ANN202
+        zz = h @ W1 + b1
+        s = torch.special.ndtr(zz) + zz * torch.exp(-0.5 * zz * zz) / math.sqrt(2 * math.pi)  # GELU'
+        return (W2.T * s) @ W1.T
+
+    rb = torch.full((3,), 0.25, dtype=torch.float64)
+    assert bool((unit_slope_moves(z, n1, rb) <= GELU_SLOPE_RANGE).all())
+    ub = ffn_unit_drift(ffn, z, n1, rb)[0]
+    g = torch.Generator().manual_seed(1)
+    for ra in (0.25, 0.1, 0.01):
+        scaled = ra / 0.25 * ub * (1 + 1e-12)
+        direct = ffn_unit_drift(ffn, z, n1, torch.full((3,), ra, dtype=torch.float64))[0]
+        assert bool((direct <= scaled * (1 + 1e-9)).all()), (ra, direct, scaled)
+        for t in range(3):
+            best = 0.0
+            for _ in range(2):
+                D = (torch.randn(6, generator=g, dtype=torch.float64) * ra).requires_grad_(True)
+                opt = torch.optim.Adam([D], lr=0.1 * ra)
+                for _ in range(30):
+                    with torch.no_grad():
+                        D.mul_(torch.clamp(ra / D.norm(), max=1.0))
+                    drift = torch.linalg.matrix_norm(F(H[t] + D) - F(H[t]), ord=2)
+                    best = max(best, float(drift.detach()))
+                    opt.zero_grad()
+                    (-drift).backward()
+                    opt.step()
+            assert best <= float(scaled[t]), (ra, t, best, scaled[t])
+    u2 = ffn_unit_drift(dataclasses.replace(ffn, W_2=ffn.W_2 * 2), z, n1, rb)[0]
+    assert torch.allclose(u2, 2 * ub, rtol=1e-9), (u2, ub)

@@ -48,6 +48,7 @@ from ._local_jacobian import (
     LayerJacobian, _f64, _floor, _head_data, _norm_parts, _weight_norms,
     certified_lmax, certified_lmax_vec, certified_spectral,
 )
+from ._local_joint import attention_remainder, head_geometry, norm_remainder
 from ._local_sharp import chi_bound, ffn_unit_drift, head_moves, score_moves, softmax_envelope, visible_diameter
 from ._local_struct import NormJac, _chain_output_norms
 from ._weights import ROUNDING_PAD
@@ -437,6 +438,8 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
     Oh, _ = _head_output_norms(None, None, heads, T)
     Oall = torch.full((T,), nO, dtype=torch.float64)
     mom = _HeadMoments(heads, attn.softmax_scale)
+    if post:  # F34a: the heads' value-output maps, radius-free
+        geo_v, geo_ov = (head_geometry(heads, attn.softmax_scale, output=o) for o in (False, True))
     s2nd = second_derivative_sup(ffn.activation)
     if "kappa" not in norms:
         norms["kappa"] = ffn_drift_constant(ffn)
@@ -483,8 +486,12 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
             AP = aP_pt + dB  # ||P W_O^hT|| <= ||W_O^hT||
             att_rows = A + 1  # nu_i(A') <= nu_i(B') + 1
             # F31b: the smaller of r times the Jacobian sup and the sublayer's own move (residual + attention)
-            r1 = torch.minimum(riemann("AP", AP), rr + _heads_combined(Oh, Oall, head_moves(mom, r, norms))) * (1 + 1e-12)
+            r1 = torch.minimum(riemann("AP", AP), rr + _heads_combined(Oh, Oall, head_moves(mom, r, norms)))
+            # F34: the exact linear map at X (all heads and the residual jointly) plus second-order remainders
+            remA = attention_remainder(mom, geo_v, geo_ov, nO, r, norms)
+            r1 = torch.minimum(r1, r * aP_pt + remA) * (1 + 1e-12)
             e1, sf1 = _ln_drift(layer.norm_attn, sig1, r1, d)
+            remH = nD1 * remA + norm_remainder(g1, e1, r1)
             # Delta D1 = Delta D1 P: it acts on P B' (centred), whose rows are at most AP
             Hs = torch.minimum(h_pt + g1 * e1 * AP + _heads_combined(D1Oh, D1O, dZ), g1 / sf1 * AP if sig1 is not None else A)
             rh = riemann("Hs", Hs)
@@ -492,13 +499,14 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
                 rh = torch.minimum(rh, g1 / sf1 * r1)
             else:
                 rh = torch.minimum(rh, r1)
-            rh = rh * (1 + 1e-12)
+            rh = torch.minimum(rh, r * h_pt + remH) * (1 + 1e-12)
             dF = dF_of(rh, unit)
             # centred (P (I+F') D1' B'): ||P dF|| <= kappaP rh, ||P X|| <= ||X||
             Gs = torch.minimum(g_pt + dF * Hs + nIF * g1 * e1 * AP + _heads_combined(IFD1Oh, IFD1O, dZ), (nIF + dF) * Hs)
             Gs = torch.minimum(Gs, (1 + lffn) * Hs)
             # F31b: S2' - S2 = (I + F) dh + int_0^1 (F(h + t dh) - F(h)) dh dt, the remainder <= dF(rh)/2 rh
-            r2 = torch.minimum(riemann("Gs", Gs), (nIF + dF_half(rh, unit)).clamp(max=1 + lffn) * rh) * (1 + 1e-12)
+            r2 = torch.minimum(riemann("Gs", Gs), (nIF + dF_half(rh, unit)).clamp(max=1 + lffn) * rh)
+            r2 = torch.minimum(r2, r * g_pt + nIF * remH + dF_half(rh, unit) * rh) * (1 + 1e-12)  # F34b
             e2, sf2 = _ln_drift(layer.norm_ffn, sig2, r2, d)
             mixed = _heads_combined(MOh, MO, dZ)
             terms = {"norm_ffn (dD2)": g2 * e2 * Gs, "ffn (dF)": nD2 * dF * Hs,

@@ -94,16 +94,21 @@ def ffn_drift_constant(ffn, *, centred: bool = False) -> float:  # noqa: ANN001
 
 
 def row_weights(heads, T: int, nO: float, nN: Tensor | None = None) -> Tensor:  # noqa: ANN001
-    """(T, T) positive weights ``w_ij`` for Note [weighted row Gram]: a cheap upper-bound proxy of
-    ``||B_ij||`` (any positive weights give a valid bound; these make it close to the block sum)."""
+    """(T, T) positive weights ``w_ij`` for Note [weighted row Gram]: a cheap proxy of ``||B_ij||`` (any
+    positive weights give a valid bound; these make it close to the block sum).  The off-diagonal
+    proxies are worst-case spectral norms through every head; the bound is tightest with ``w_j`` near
+    ``||J_ij^T u||`` at the top direction ``u``, which a head's ``d_h``-dimensional value map meets at about
+    ``(d_h/d)^{1/2}`` of its norm, so they are scaled by that against the diagonal block (residual included)
+    (THEORY F34c)."""
     w = torch.zeros(T, T, dtype=torch.float64)
     for P, Y, q, _, _, Wv, _ in heads:
         vn = (Y @ Wv).norm(dim=-1)
         w = w + P * (float(torch.linalg.matrix_norm(Wv, 2)) + vn * q.norm(dim=-1)[:, None])
-    w = nO * w
+    eye = torch.eye(T, dtype=torch.float64)
+    w = nO * w * (eye + math.sqrt(heads[0][5].shape[1] / heads[0][5].shape[0]) * (1 - eye))
     if nN is not None:
         w = w * nN[None, :]
-    w = w + torch.eye(T, dtype=torch.float64)
+    w = w + eye
     return w.clamp(min=1e-12 * float(w.max()))
 
 

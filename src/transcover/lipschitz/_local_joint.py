@@ -146,13 +146,13 @@ def _exp_weight(osc: Tensor) -> Tensor:
 
 
 def attention_remainder(mom, geo_v: HeadGeometry, geo_ov: HeadGeometry, nO: float, r: float,  # noqa: ANN001
-                        norms: dict) -> Tensor:
+                        norms: dict) -> tuple[Tensor, Tensor]:
     r"""(T,) certified ``||R_i||`` for the attention sublayer's remainder ``R = sum_h R_h W_O^h`` (THEORY F34a):
-    the smaller of ``sum_h ||R_h W_V W_O||`` and ``||W_O|| (sum_h ||R_h W_V||^2)^{1/2}`` (the heads'
-    output blocks stacked)."""
+    the smaller of ``sum_h ||R_h W_O^h||`` (through ``W_V W_O``) and ``||W_O|| (sum_h ||R_h||^2)^{1/2}`` (the
+    heads' output blocks stacked); and (H, T) the heads' own ``||R_h||`` (for maps applied after ``W_O``)."""
     per = head_remainders(mom, geo_ov, r, norms).sum(dim=0)
     stacked = head_remainders(mom, geo_v, r, norms)
-    return torch.minimum(per, nO * torch.sqrt((stacked * stacked).sum(dim=0)) * _PAD)
+    return torch.minimum(per, nO * torch.sqrt((stacked * stacked).sum(dim=0)) * _PAD), stacked
 
 
 def norm_remainder(g: float, e: Tensor, r: Tensor) -> Tensor:

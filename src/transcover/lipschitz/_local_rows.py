@@ -493,10 +493,13 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
             # F31b: the smaller of r times the Jacobian sup and the sublayer's own move (residual + attention)
             r1 = torch.minimum(riemann("AP", AP), rr + _heads_combined(Oh, Oall, head_moves(mom, r, norms)))
             # F34: the exact linear map at X (all heads and the residual jointly) plus second-order remainders
-            remA = attention_remainder(mom, geo_v, geo_ov, nO, r, norms)
+            remA, remV = attention_remainder(mom, geo_v, geo_ov, nO, r, norms)
             r1 = torch.minimum(r1, r * aP_pt + remA) * (1 + 1e-12)
             e1, sf1 = _ln_drift(layer.norm_attn, sig1, r1, d)
-            remH = nD1 * remA + norm_remainder(g1, e1, r1)
+            # the heads' remainders seen through D1 W_O and (I + F) D1 W_O (F32's chains), or through the norms
+            remN = norm_remainder(g1, e1, r1)
+            remH = torch.minimum(nD1 * remA, _heads_combined(D1Oh, D1O, remV)) + remN
+            remG = torch.minimum(nIF * remH, _heads_combined(IFD1Oh, IFD1O, remV) + nIF * remN)
             # Delta D1 = Delta D1 P: it acts on P B' (centred), whose rows are at most AP
             Hs = torch.minimum(h_pt + g1 * e1 * AP + _heads_combined(D1Oh, D1O, dZ), g1 / sf1 * AP if sig1 is not None else A)
             rh = riemann("Hs", Hs)
@@ -511,7 +514,7 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
             Gs = torch.minimum(Gs, (1 + lffn) * Hs)
             # F31b: S2' - S2 = (I + F) dh + int_0^1 (F(h + t dh) - F(h)) dh dt, the remainder <= dF(rh)/2 rh
             r2 = torch.minimum(riemann("Gs", Gs), (nIF + dF_half(rh, unit)).clamp(max=1 + lffn) * rh)
-            r2 = torch.minimum(r2, r * g_pt + nIF * remH + dF_half(rh, unit) * rh) * (1 + 1e-12)  # F34b
+            r2 = torch.minimum(r2, r * g_pt + remG + dF_half(rh, unit) * rh) * (1 + 1e-12)  # F34b
             e2, sf2 = _ln_drift(layer.norm_ffn, sig2, r2, d)
             mixed = _heads_combined(MOh, MO, dZ)
             terms = {"norm_ffn (dD2)": g2 * e2 * Gs, "ffn (dF)": nD2 * dF * Hs,

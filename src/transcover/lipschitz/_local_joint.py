@@ -57,11 +57,14 @@ def softmax_taylor_l1(P: Tensor, delta: Tensor, osc: Tensor, a: Tensor, tv: Tens
     (Popoviciu; the second moment about ``t_k``, ``k`` the dominant key, with ``p_j(tau) <= P_j + a_j``
     because ``tau t`` lies in the same box).  Also the remainder is at most ``||p' - p||_1 + ||J_p t||_1 <=
     2 TV + E_P|t - E_P t|``, and ``E_P|t - E_P t| <= 2 E_P|t - t_k| <= min(osc/2, 2 sum_{j != k} P_j c_jk)``.
-    Assumptions: ``delta``, ``a`` zero on masked keys."""
+    Rounding: ``P`` (and ``J_p``) as formed are within ``4 (T + 8) u`` per entry of the true softmax (F31a),
+    so ``4 (T + 8) u T (2 + 2 max_j delta_j)`` absolute is added.  Assumptions: ``delta``, ``a`` zero on masked keys."""
+    T = P.shape[-1]
     c = torch.minimum(delta + _at_dominant(P, delta)[:, None], osc[:, None])
     var = torch.minimum(osc * osc / 4, _off_dominant(P, (P + a) * c * c))
     mad = torch.minimum(osc / 2, 2 * _off_dominant(P, P * c))
-    return torch.minimum(var, 2 * tv + mad) * _PAD
+    pad = 4 * (T + 8) * _U * T * (2 + 2 * delta.max(dim=-1).values)
+    return torch.minimum(var, 2 * tv + mad) * _PAD + pad
 
 
 def quadratic_score_mad(P: Tensor, r: float, nG: float) -> Tensor:

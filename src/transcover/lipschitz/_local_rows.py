@@ -496,10 +496,12 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
             remA, remV = attention_remainder(mom, geo_v, geo_ov, nO, r, norms)
             r1 = torch.minimum(r1, r * aP_pt + remA) * (1 + 1e-12)
             e1, sf1 = _ln_drift(layer.norm_attn, sig1, r1, d)
-            # the heads' remainders seen through D1 W_O and (I + F) D1 W_O (F32's chains), or through the norms
             remN = norm_remainder(g1, e1, r1)
+            # the heads' remainders seen through D1 W_O and (I + F) D1 W_O (F32's chains) or the norms; a zero
+            # output map times an infinite remainder is nan, the bound there is inf
             remH = torch.minimum(nD1 * remA, _heads_combined(D1Oh, D1O, remV)) + remN
             remG = torch.minimum(nIF * remH, _heads_combined(IFD1Oh, IFD1O, remV) + nIF * remN)
+            remH, remG = (torch.nan_to_num(v, nan=math.inf) for v in (remH, remG))
             # Delta D1 = Delta D1 P: it acts on P B' (centred), whose rows are at most AP
             Hs = torch.minimum(h_pt + g1 * e1 * AP + _heads_combined(D1Oh, D1O, dZ), g1 / sf1 * AP if sig1 is not None else A)
             rh = riemann("Hs", Hs)

@@ -48,6 +48,7 @@ from ._local_jacobian import (
     LayerJacobian, _f64, _floor, _head_data, _norm_parts, _weight_norms,
     certified_lmax, certified_lmax_vec, certified_spectral,
 )
+from ._local_joint import attention_remainder, head_geometry, norm_remainder
 from ._local_sharp import (
     GELU_SLOPE_RANGE, chi_bound, ffn_unit_drift, head_moves, score_moves, softmax_envelope, unit_slope_moves,
     visible_diameter,
@@ -96,16 +97,21 @@ def ffn_drift_constant(ffn, *, centred: bool = False) -> float:  # noqa: ANN001
 
 
 def row_weights(heads, T: int, nO: float, nN: Tensor | None = None) -> Tensor:  # noqa: ANN001
-    """(T, T) positive weights ``w_ij`` for Note [weighted row Gram]: a cheap upper-bound proxy of
-    ``||B_ij||`` (any positive weights give a valid bound; these make it close to the block sum)."""
+    """(T, T) positive weights ``w_ij`` for Note [weighted row Gram]: a cheap proxy of ``||B_ij||`` (any
+    positive weights give a valid bound; these make it close to the block sum).  The off-diagonal
+    proxies are worst-case spectral norms through every head; the bound is tightest with ``w_j`` near
+    ``||J_ij^T u||`` at the top direction ``u``, which a head's ``d_h``-dimensional value map meets at about
+    ``(d_h/d)^{1/2}`` of its norm, so they are scaled by that against the diagonal block (residual included)
+    (THEORY F34c)."""
     w = torch.zeros(T, T, dtype=torch.float64)
     for P, Y, q, _, _, Wv, _ in heads:
         vn = (Y @ Wv).norm(dim=-1)
         w = w + P * (float(torch.linalg.matrix_norm(Wv, 2)) + vn * q.norm(dim=-1)[:, None])
-    w = nO * w
+    eye = torch.eye(T, dtype=torch.float64)
+    w = nO * w * (eye + math.sqrt(heads[0][5].shape[1] / heads[0][5].shape[0]) * (1 - eye))
     if nN is not None:
         w = w * nN[None, :]
-    w = w + torch.eye(T, dtype=torch.float64)
+    w = w + eye
     return w.clamp(min=1e-12 * float(w.max()))
 
 
@@ -497,6 +503,8 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
     Oh, _ = _head_output_norms(None, None, heads, T)
     Oall = torch.full((T,), nO, dtype=torch.float64)
     mom = _HeadMoments(heads, attn.softmax_scale)
+    if post:  # F34a: the heads' value-output maps, radius-free
+        geo_v, geo_ov = (head_geometry(heads, attn.softmax_scale, output=o) for o in (False, True))
     s2nd = second_derivative_sup(ffn.activation)
     if "kappa" not in norms:
         norms["kappa"] = ffn_drift_constant(ffn)
@@ -555,8 +563,17 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
             AP = aP_pt + dB  # ||P W_O^hT|| <= ||W_O^hT||
             att_rows = A + 1  # nu_i(A') <= nu_i(B') + 1
             # F31b: the smaller of r times the Jacobian sup and the sublayer's own move (residual + attention)
-            r1 = torch.minimum(riemann("AP", AP), rr + _heads_combined(Oh, Oall, head_moves(mom, r, norms))) * (1 + 1e-12)
+            r1 = torch.minimum(riemann("AP", AP), rr + _heads_combined(Oh, Oall, head_moves(mom, r, norms)))
+            # F34: the exact linear map at X (all heads and the residual jointly) plus second-order remainders
+            remA, remV = attention_remainder(mom, geo_v, geo_ov, nO, r, norms)
+            r1 = torch.minimum(r1, r * aP_pt + remA) * (1 + 1e-12)
             e1, sf1 = _ln_drift(layer.norm_attn, sig1, r1, d)
+            remN = norm_remainder(g1, e1, r1)
+            # the heads' remainders seen through D1 W_O and (I + F) D1 W_O (F32's chains) or the norms; a zero
+            # output map times an infinite remainder is nan, the bound there is inf
+            remH = torch.minimum(nD1 * remA, _heads_combined(D1Oh, D1O, remV)) + remN
+            remG = torch.minimum(nIF * remH, _heads_combined(IFD1Oh, IFD1O, remV) + nIF * remN)
+            remH, remG = (torch.nan_to_num(v, nan=math.inf) for v in (remH, remG))
             # Delta D1 = Delta D1 P: it acts on P B' (centred), whose rows are at most AP
             Hs = torch.minimum(h_pt + g1 * e1 * AP + _heads_combined(D1Oh, D1O, dZ), g1 / sf1 * AP if sig1 is not None else A)
             rh = riemann("Hs", Hs)
@@ -564,14 +581,15 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
                 rh = torch.minimum(rh, g1 / sf1 * r1)
             else:
                 rh = torch.minimum(rh, r1)
-            rh = rh * (1 + 1e-12)
+            rh = torch.minimum(rh, r * h_pt + remH) * (1 + 1e-12)  # F34b
 
             def tail(dF: Tensor, dFh: Tensor) -> dict:
                 # centred (P (I+F') D1' B'): ||P dF|| <= kappaP rh, ||P X|| <= ||X||
                 Gs = torch.minimum(g_pt + dF * Hs + nIF * g1 * e1 * AP + _heads_combined(IFD1Oh, IFD1O, dZ), (nIF + dF) * Hs)
                 Gs = torch.minimum(Gs, (1 + lffn) * Hs)
                 # F31b: S2' - S2 = (I + F) dh + int_0^1 (F(h + t dh) - F(h)) dh dt, the remainder <= dF(rh)/2 rh
-                r2 = torch.minimum(riemann("Gs", Gs), (nIF + dFh).clamp(max=1 + lffn) * rh) * (1 + 1e-12)
+                r2 = torch.minimum(riemann("Gs", Gs), (nIF + dFh).clamp(max=1 + lffn) * rh)
+                r2 = torch.minimum(r2, r * g_pt + remG + dFh * rh) * (1 + 1e-12)  # F34b
                 e2, sf2 = _ln_drift(layer.norm_ffn, sig2, r2, d)
                 terms = {"norm_ffn (dD2)": g2 * e2 * Gs, "ffn (dF)": nD2 * dF * Hs,
                          "norm_attn (dD1)": nD2IFg * e1 * AP, "attention (dA)": mixed}

@@ -48,6 +48,7 @@ from ._local_jacobian import (
     LayerJacobian, _f64, _floor, _head_data, _norm_parts, _weight_norms,
     certified_lmax, certified_lmax_vec, certified_spectral,
 )
+from ._local_drift import attention_drift_hessian
 from ._local_sharp import chi_bound, ffn_unit_drift, head_moves, score_moves, softmax_envelope, visible_diameter
 from ._local_struct import NormJac, _chain_output_norms
 from ._weights import ROUNDING_PAD
@@ -238,6 +239,12 @@ class _HeadMoments:
 
 
 def attention_drift_rows(mom: _HeadMoments, r: float, norms: dict) -> Tensor:
+    """(H, T) certified ``nu_i(Z'^h - Z^h)`` over ``B(X, r)``: per entry the smaller of THEORY F17d
+    (``attention_drift_f17d``) and F35 (``attention_drift_hessian``, the second derivative's ball sups)."""
+    return torch.minimum(attention_drift_f17d(mom, r, norms), attention_drift_hessian(mom, r, norms))
+
+
+def attention_drift_f17d(mom: _HeadMoments, r: float, norms: dict) -> Tensor:
     r"""(H, T): per head and query, a certified bound on ``nu_i(Z'^h - Z^h)`` over ``B(X, r)``, ``Z^h_ij
     = W_V^T Q^h_ij`` the head's Jacobian blocks before ``W_O`` (Note [attention drift rows]).
 

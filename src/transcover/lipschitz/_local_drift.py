@@ -1,0 +1,116 @@
+"""The attention Jacobian's drift on a ball from its second derivative (issue 12; THEORY F35).
+
+Note [attention second derivative].  One head, query ``i``, column convention (as in F17):
+``P_j = softmax_j(s_ij)``, ``s_ij = x_i^T G x_j + (terms of x_j or x_i alone)``, ``G = scale W_Q W_K^T``,
+``q_i = d s_ij / d x_j``, ``xbar = sum_j P_j x_j``, ``y_j = x_j - xbar``, ``v_j = W_V^T y_j``.  Along
+tangents ``E`` (the Jacobian's argument) and ``Delta`` (the move of the point), with ``et_j = e_j -
+sum_k P_k e_k``, ``dt_j`` likewise and the centred score changes
+
+    c_j = e_i^T G y_j + q_i^T et_j,      a_j = delta_i^T G y_j + q_i^T dt_j      (sum_j P_j a_j = 0),
+
+the head's first derivative is ``do_i[E] = W_V^T (ebar + sum_j P_j c_j y_j)`` and its second
+
+    H_i[Delta, E] = W_V^T sum_j P_j (a_j et_j + c_j dt_j + a_j c_j y_j
+                                     + (e_i^T G dt_j + delta_i^T G et_j) y_j)
+
+(the product rule on ``sum_j P_j c_j y_j`` with ``dP_j = P_j a_j``, ``d y_j = dt_j - sum_k P_k a_k y_k``,
+``d q_i = G^T delta_i``; every term constant in ``j`` drops against ``sum_j P_j y_j = 0``).  With
+``||e_j||, ||delta_j|| <= 1`` each term is bounded by weighted Cauchy-Schwarz in ``L^2(P)``: the
+``L^2(P)`` norms of ``a`` and ``c`` are at most ``s = lG^{1/2} + eta ||q_i||`` (``lB = lambda_max(sum_j
+P_j (B y_j)(B y_j)^T)``, ``eta^2 >= sum_j P_j ||et_j||^2``: 1, or ``4 p (1 - p)`` when the top weight
+``p > 1/2``), the products ``(e_i . G y_j)(u . v_j)`` by the Hadamard Gram of the ``G y_j (x) v_j`` (as in
+F17c), and the rest as in THEORY F35b.  On ``B(X, rho)`` each quantity is bounded at every point:
+``P'_j <= P_j + a_j`` (F31a's envelope), a weighted variance is at most the second moment about the
+fixed ``xbar``, ``||q'_i|| <= ||q_i|| + ||G|| rho``, the largest ``||B y'_j||`` by the mean's move or the
+visible diameter.  The drift is the integral of the second derivative along the segment:
+``J(X + Delta) - J(X) = int_0^1 H(X + t Delta)[Delta] dt`` and ``X + t Delta`` lies in ``B(X, t r)``,
+so a right Riemann sum of the ball sups bounds it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from ._local_sharp import score_moves, softmax_envelope
+
+__all__ = ["attention_drift_hessian", "head_second_derivative"]
+
+# sub-balls of the segment integral (right Riemann sum of the ball sups of the second derivative)
+SEGMENT_STEPS = 4
+
+
+def head_second_derivative(P: Tensor, Y: Tensor, q: Tensor, G: Tensor, Wv: Tensor, i: int,
+                           Delta: Tensor, E: Tensor) -> Tensor:
+    """``H_i[Delta, E]`` of one head's output before ``W_O`` (Note [attention second derivative]) at a
+    point: ``P`` (T,) the query's softmax row, ``Y`` (T, d) the ``y_j``, ``q`` (d,), ``G`` (d, d) with
+    ``s_ij = x_i^T G x_j + ...``, ``Wv`` (d, dh); ``Delta``, ``E`` (T, d).  Source: THEORY F35a."""
+    dt, et = Delta - P @ Delta, E - P @ E
+    Gy = Y @ G.T  # rows (G y_j)^T
+    a = Gy @ Delta[i] + dt @ q
+    c = Gy @ E[i] + et @ q
+    cross = dt @ (G.T @ E[i]) + et @ (G.T @ Delta[i])
+    inner = (P * a) @ et + (P * c) @ dt + (P * (a * c + cross)) @ Y
+    return inner @ Wv
+
+
+def _lmax_sqrt(K: Tensor, wts: Tensor) -> Tensor:
+    from ._local_rows import _lmax_gram
+
+    return torch.sqrt(_lmax_gram(K, wts))
+
+
+def hessian_ball_sup(mom, rho: float, norms: dict) -> Tensor:  # noqa: ANN001
+    r"""(H, T) certified ``sup_{Z in B(X, rho)} sup_{||delta_j||, ||e_j|| <= 1} ||H^h_i(Z)[Delta, E]||`` per head
+    (before ``W_O``), Note [attention second derivative]:
+
+    .. math:: 2\|W_V\|\eta\,(s_G + \eta\|q_i\|) + T_2 + 2\|G\|\eta\, s_V,\qquad
+              T_2 = \min\big(\Lambda (s_G + 2\eta\|q_i\|) + \eta\|q_i\|^2\min(2 s_V, \eta\hat v),\
+                    s_V (s_G + \eta\|q_i\|)(\hat g + 2\|q_i\|)\big)
+
+    (``s_B = lambda_max(sum_j P_j (B y_j)(B y_j)^T)^{1/2}``, ``Lambda`` the same for ``G y_j (x) W_V^T y_j``,
+    ``v^``, ``g^`` the largest ``||W_V^T y_j||``, ``||G y_j||``) with every quantity bounded on the ball.  Source: THEORY F35b.  Assumptions: every token of the
+    attention's input within ``rho`` of X; dot attention without RoPE."""
+    out = []
+    for h, m in enumerate(mom.rows):
+        P, nG, nV = m["P"], norms["G"][h], norms["V"][h]
+        delta, osc = score_moves(m, rho, nG)
+        a, lo, tv = softmax_envelope(P, delta, osc)
+        # sum_j P'_j ||e_j - ebar'||^2 <= 4 p (1 - p) when the top weight p = max_j P'_j > 1/2 (else 1)
+        top = lo.max(dim=1).values
+        ve = torch.where(top > 0.5, torch.sqrt(4 * top * (1 - top)) * (1 + 1e-12), torch.ones_like(top))
+        hi = (P + a).clamp(max=1.0)
+        # ||y'_j - y_j|| <= rho + ||xbar' - xbar||, the mean's softmax part as in F31b
+        eps = 2 * rho + torch.minimum((a * m["yn"]).sum(dim=1), tv * m["dY"])
+        vis = lambda R: torch.where(P > 0, R, torch.zeros_like(R)).max(dim=1).values  # noqa: E731
+        # ||B y'_j|| <= ||B y_j|| + ||B|| rho + ||B (xbar' - xbar)||, or the visible diameter of B x'
+        bmax = lambda R, nB, Rd: torch.minimum(  # noqa: E731
+            vis(R) + 2 * nB * rho + torch.minimum((a * R).sum(dim=1), nB * (eps - 2 * rho)), Rd + 2 * nB * rho)
+        gmax, vmax = bmax(m["gn"], nG, m["dG"]), bmax(m["vn"], nV, m["dV"])
+        lV0, lG0 = _lmax_sqrt(m["KV"], hi), _lmax_sqrt(m["KG"], hi)
+        sV, sG = lV0 + nV * rho, lG0 + nG * rho
+        qn = m["qn"] * (1 + 1e-12) + nG * rho
+        lam = _lmax_sqrt(m["KG"] * m["KV"], hi) + nG * eps * sV + nV * eps * lG0
+        lam = torch.minimum(torch.minimum(lam, gmax * sV), sG * vmax)
+        qv = qn * ve
+        t2 = torch.minimum(lam * (sG + 2 * qv) + qn * qv * torch.minimum(2 * sV, vmax * ve),
+                           sV * (sG + qv) * (gmax + 2 * qn))
+        bound = 2 * nV * ve * (sG + qv) + t2 + 2 * nG * ve * sV
+        out.append(bound * (1 + 1e-10))
+    return torch.nan_to_num(torch.stack(out), nan=math.inf, posinf=math.inf)
+
+
+def attention_drift_hessian(mom, r: float, norms: dict, steps: int = SEGMENT_STEPS) -> Tensor:  # noqa: ANN001
+    r"""(H, T): per head and query a certified bound on ``nu_i(Z'^h - Z^h)`` over ``B(X, r)`` (the same
+    quantity as ``attention_drift_rows``, F17d), from the second derivative's ball sups:
+
+    .. math:: \nu_i(J(X + \Delta) - J(X)) \le \int_0^1 \|H(X + t\Delta)\|\, r\, dt
+              \le \frac{r}{n}\sum_{k=1}^{n} \sup_{B(X, kr/n)} \|H\|
+
+    Source: THEORY F35c.  Assumptions: as ``hessian_ball_sup``."""
+    if r == 0:
+        return torch.zeros(len(mom.rows), mom.rows[0]["P"].shape[0], dtype=torch.float64)
+    total = sum(hessian_ball_sup(mom, k * r / steps, norms) for k in range(1, steps + 1))
+    return torch.nan_to_num(total * (r / steps) * (1 + 1e-10), nan=math.inf, posinf=math.inf)

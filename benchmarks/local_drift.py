@@ -6,8 +6,9 @@
 
 Per MiniLM layer and sentence, and each radius ``r = f x`` (median token norm of the attention's input):
 the certified ``max_i nu_i(J_A(Y) - J_A(X))`` over ``Y in B(X, r)`` for the attention sublayer (all heads
-through ``W_O``, no residual) by F17d (``attention_drift_f17d``), by F35 (``attention_drift_hessian``) and
-their minimum, against the attained value of ``drift_lower`` (alternating maximisation over the unit
+through ``W_O``, no residual) by F17d (``attention_drift_f17d``; the heads combined as before), by F35a-c
+(``attention_drift_hessian``, the same combination) and as the routes now form it (the per-head minimum,
+the heads through ``W_O`` jointly, F35d), against the attained value of ``drift_lower`` (alternating maximisation over the unit
 rows and ascent over ``Y``, restarts, float64) on the two queries with the largest certified rows.
 Writes local_drift.json under ``--out`` and prints a markdown table.
 """
@@ -24,7 +25,7 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from transcover._results import check_certified  # noqa: E402
-from transcover.lipschitz._local_drift import attention_drift_hessian  # noqa: E402
+from transcover.lipschitz._local_drift import attention_drift_hessian, heads_joint, output_block_norms  # noqa: E402
 from transcover.lipschitz._local_jacobian import _head_data, _weight_norms  # noqa: E402
 from transcover.lipschitz._local_lower import drift_lower  # noqa: E402
 from transcover.lipschitz._local_rows import (  # noqa: E402
@@ -44,6 +45,7 @@ def layer_drift(L, X: torch.Tensor, rhos, restarts: int, steps: int) -> list[dic
     mom = _HeadMoments(heads, attn.softmax_scale)
     Oh, _ = _head_output_norms(None, None, heads, T)
     Oall = torch.full((T,), float(norms["O"]), dtype=torch.float64)
+    C = output_block_norms(heads)
     med = float(Xin.norm(dim=1).median())
     out = []
     for f in rhos:
@@ -54,7 +56,8 @@ def layer_drift(L, X: torch.Tensor, rhos, restarts: int, steps: int) -> list[dic
         t = time.process_time()
         new = _heads_combined(Oh, Oall, attention_drift_hessian(mom, r, norms))
         t_new = time.process_time() - t
-        both = _heads_combined(Oh, Oall, attention_drift_rows(mom, r, norms))  # per-head minimum, as the routes
+        dZ = attention_drift_rows(mom, r, norms)  # per-head minimum and the heads jointly (F35d), as the routes
+        both = _heads_combined(Oh, Oall, dZ, heads_joint(C, dZ))
         top = both.topk(min(2, T)).indices.tolist()
         t = time.process_time()
         low, _ = drift_lower(lambda Z: attention_forward(attn, Z), Xin, r, tokens=top, restarts=restarts, steps=steps)
@@ -84,7 +87,7 @@ def main() -> None:
     rhos = [float(r) for r in a.rhos.split(",")]
     want = {int(k) for k in a.layers.split(",")}
     rows = []
-    print("| sentence | T | layer | rho | F17d | F35 | min | ascent | before | after |")
+    print("| sentence | T | layer | rho | F17d | F35a-c | route (min, F35d) | ascent | before | after |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for k, s in enumerate(seqs, start=a.skip):
         X = spec.input_norm(s.double())

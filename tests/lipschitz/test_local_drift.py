@@ -16,7 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lipschitz_testkit import random_spec
-from transcover.lipschitz._local_drift import attention_drift_hessian, head_second_derivative
+from transcover.lipschitz._local_drift import (
+    attention_drift_hessian, head_second_derivative, heads_joint, output_block_norms,
+)
 from transcover.lipschitz._local_jacobian import _head_data, _weight_norms
 from transcover.lipschitz._local_lower import drift_lower
 from transcover.lipschitz._local_rows import (
@@ -26,9 +28,10 @@ from transcover.model import attention_forward, attention_scores
 from transcover.model._functional import layer_forward
 
 
-def _attn_layer(seed: int, *, qscale: float = 1.0, causal: bool = False, placement: str = "post"):  # noqa: ANN202
-    """A small layer (d = 8, 2 heads of 4) with biases; ``qscale`` > 1 makes the heads sharp."""
-    spec = random_spec(seed, act="gelu", norm="layernorm", placement=placement, d=8, H=2, dh=4, dff=16,
+def _attn_layer(seed: int, *, qscale: float = 1.0, causal: bool = False, placement: str = "post",  # noqa: ANN202
+                H: int = 2):
+    """A small layer (d = 8, ``H`` heads of 8/H) with biases; ``qscale`` > 1 makes the heads sharp."""
+    spec = random_spec(seed, act="gelu", norm="layernorm", placement=placement, d=8, H=H, dh=8 // H, dff=16,
                        biases=True, causal=causal)
     L = spec.layers[0]
     return _scaled(L, W_Q=L.attention.W_Q * qscale)
@@ -38,14 +41,16 @@ def _X(seed: int, T: int = 6, d: int = 8) -> torch.Tensor:
     return torch.randn(T, d, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * 1.5
 
 
-def _combined(layer, X: torch.Tensor, r: float, drift=attention_drift_hessian) -> torch.Tensor:  # noqa: ANN001
-    """(T,) the drift rows of the attention sublayer (heads through ``W_O``) as the rows route forms them."""
+def _combined(layer, X: torch.Tensor, r: float, drift=attention_drift_hessian, joint: bool = True) -> torch.Tensor:  # noqa: ANN001
+    """(T,) the drift rows of the attention sublayer (heads through ``W_O``) as the rows route forms them
+    (``joint``: with F35d's joint combination of the heads)."""
     attn = layer.attention
     heads = _head_data(attn, X)
     norms = _weight_norms(layer)
     dZ = drift(_HeadMoments(heads, attn.softmax_scale), r, norms)
     Oh, _ = _head_output_norms(None, None, heads, X.shape[0])
-    return _heads_combined(Oh, torch.full((X.shape[0],), float(norms["O"]), dtype=torch.float64), dZ)
+    Oall = torch.full((X.shape[0],), float(norms["O"]), dtype=torch.float64)
+    return _heads_combined(Oh, Oall, dZ, heads_joint(output_block_norms(heads), dZ) if joint else None)
 
 
 def _scaled(layer, **weights):  # noqa: ANN001, ANN202
@@ -77,12 +82,12 @@ def test_second_derivative_matches_autograd(seed, causal, qscale):
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10_000), causal=st.booleans(), qscale=st.sampled_from([1.0, 8.0, 30.0]),
-       rho=st.sampled_from([1e-3, 3e-2, 0.3]))
-def test_attention_drift_is_never_beaten(seed, causal, qscale, rho):
+       rho=st.sampled_from([1e-3, 3e-2, 0.3]), H=st.sampled_from([2, 4]))
+def test_attention_drift_is_never_beaten(seed, causal, qscale, rho, H):
     """The ascent over ``Y`` in ``B(X, rho)`` and the unit rows ``E`` (restarts from random boundary
     points, every query) never finds ``nu_i(J_A(Y) - J_A(X))`` above the certified F35 rows of the
     sublayer (heads combined through ``W_O``) for random, sharp and causal heads."""
-    layer = _attn_layer(seed, qscale=qscale, causal=causal)
+    layer = _attn_layer(seed, qscale=qscale, causal=causal, H=H)
     attn = layer.attention
     X = _X(seed)
     bound = _combined(layer, X, rho)
@@ -97,7 +102,7 @@ def test_layer_drift_rows_are_never_beaten(placement, qscale):
     """``layer_rows`` takes F35 inside its attention drift: its ``drift_rows`` still bound
     ``nu_i(J(Y) - J(X))`` of the whole layer and its ball rows ``nu_i(J(Y))`` against the ascent (pre-
     and post-LN, plain and sharp heads)."""
-    layer = _attn_layer(5, qscale=qscale, placement=placement)
+    layer = _attn_layer(5, qscale=qscale, placement=placement, H=4)
     X = _X(5)
     for r in (1e-2, 0.1):
         lj = layer_rows(layer, X, [r])[0]
@@ -105,6 +110,41 @@ def test_layer_drift_rows_are_never_beaten(placement, qscale):
         assert bool((low <= lj.drift_rows * (1 + 1e-9)).all()), (low, lj.drift_rows)
         Jy = torch.autograd.functional.jvp(lambda Z: layer_forward(layer, Z), best[2], best[3])[1]
         assert float(Jy[best[1]].norm()) <= float(lj.ball_rows[best[1]]) * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("orthogonal", [False, True])
+def test_heads_joint_is_never_beaten_and_exact_for_orthogonal_heads(orthogonal):
+    """F35d: Adam ascent over ``z_h`` with ``||z_h|| <= b_h`` (projected, restarts) never exceeds
+    ``heads_joint``; when the heads write to orthogonal coordinate blocks the bound is attained (the
+    sup is ``(sum_h b_h^2 ||W_O^h||^2)^{1/2}``) to 1e-6, far below ``||W_O|| (sum_h b_h^2)^{1/2}``'s excess."""
+    g = torch.Generator().manual_seed(4)
+    H, dh, d = 4, 2, 8
+    Wo = torch.randn(H, dh, d, generator=g, dtype=torch.float64)
+    if orthogonal:
+        Wo = Wo * torch.block_diag(*[torch.ones(dh, dh, dtype=torch.float64)] * H).reshape(H, dh, d)
+    heads = [(None,) * 6 + (Wo[h],) for h in range(H)]
+    b = torch.rand(H, 1, generator=g, dtype=torch.float64) + 0.1
+    bound = float(heads_joint(output_block_norms(heads), b)[0])
+    best = 0.0
+    for _ in range(4):
+        z = torch.randn(H, dh, generator=g, dtype=torch.float64).requires_grad_(True)
+        opt = torch.optim.Adam([z], lr=0.05)
+        for _ in range(200):
+            with torch.no_grad():
+                z.mul_(torch.clamp(b / z.norm(dim=1, keepdim=True), max=1.0))
+            val = torch.einsum("ha,had->d", z, Wo).norm()
+            best = max(best, float(val.detach()))
+            opt.zero_grad()
+            (-val).backward()
+            opt.step()
+    assert best <= bound * (1 + 1e-12), (best, bound)
+    if orthogonal:
+        exact = float(torch.sqrt(sum(b[h, 0] ** 2 * torch.linalg.matrix_norm(Wo[h], 2) ** 2 for h in range(H))))
+        assert bound == pytest.approx(exact, rel=1e-6)
+        # attained: each z_h along its block's top left singular vector
+        z = torch.stack([b[h, 0] * torch.linalg.svd(Wo[h])[0][:, 0] for h in range(H)])
+        assert float(torch.einsum("ha,had->d", z, Wo).norm()) == pytest.approx(exact, rel=1e-12)
+        assert bound < 0.9 * float(torch.linalg.matrix_norm(Wo.reshape(H * dh, d), 2) * b.norm())
 
 
 @pytest.mark.parametrize("c", [0.25, 4.0])
@@ -122,11 +162,11 @@ def test_homogeneity_in_the_value_and_output_weights(c):
 def test_regression_drift_is_tighter_than_f17d():
     """Regression (issue 12): on this small sharp layer F17d's attention drift rows were 9.3x (r = 1e-3)
     and 22.8x (r = 0.05) the ascent's best (0.171, 8.17: 4 restarts x 40 steps on every query); with
-    F35 the route's rows (the per-head minimum) are 4.0x and 8.2x, pinned here."""
+    F35 (the per-head minimum, the heads through ``W_O`` jointly) the route's rows are pinned here."""
     layer = _attn_layer(11, qscale=4.0)
     X = _X(11)
     for r, want in ((1e-3, 0.6875108771212229), (0.05, 66.76419130137506)):
         got = float(_combined(layer, X, r, drift=attention_drift_rows).max())
-        old = float(_combined(layer, X, r, drift=attention_drift_f17d).max())
+        old = float(_combined(layer, X, r, drift=attention_drift_f17d, joint=False).max())
         assert got == pytest.approx(want, rel=1e-9)
         assert got <= 0.45 * old, (got, old)

@@ -25,6 +25,12 @@ fixed ``xbar``, ``||q'_i|| <= ||q_i|| + ||G|| rho``, the largest ``||B y'_j||`` 
 visible diameter.  The drift is the integral of the second derivative along the segment:
 ``J(X + Delta) - J(X) = int_0^1 H(X + t Delta)[Delta] dt`` and ``X + t Delta`` lies in ``B(X, t r)``,
 so a right Riemann sum of the ball sups bounds it.
+
+Note [heads through W_O jointly].  Per-head bounds ``||z_h|| <= b_h`` (a head's drift row or move, before
+``W_O``) combine through ``W_O`` as ``||sum_h W_O^hT z_h||^2 <= sum_{h,k} b_h b_k ||W_O^h W_O^kT||``: the
+off-diagonal blocks of ``W_O W_O^T`` are small when the heads write to nearly orthogonal subspaces, and the
+bound then stays near the largest head instead of ``||W_O|| (sum_h b_h^2)^{1/2}``.  A per-token map
+``M_i`` in front costs ``||M_i||``.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ from torch import Tensor
 
 from ._local_sharp import score_moves, softmax_envelope
 
-__all__ = ["attention_drift_hessian", "head_second_derivative"]
+__all__ = ["attention_drift_hessian", "head_second_derivative", "heads_joint", "output_block_norms"]
 
 # sub-balls of the segment integral (right Riemann sum of the ball sups of the second derivative)
 SEGMENT_STEPS = 4
@@ -71,7 +77,8 @@ def hessian_ball_sup(mom, rho: float, norms: dict) -> Tensor:  # noqa: ANN001
                     s_V (s_G + \eta\|q_i\|)(\hat g + 2\|q_i\|)\big)
 
     (``s_B = lambda_max(sum_j P_j (B y_j)(B y_j)^T)^{1/2}``, ``Lambda`` the same for ``G y_j (x) W_V^T y_j``,
-    ``v^``, ``g^`` the largest ``||W_V^T y_j||``, ``||G y_j||``) with every quantity bounded on the ball.  Source: THEORY F35b.  Assumptions: every token of the
+    ``v^``, ``g^`` the largest ``||W_V^T y_j||``, ``||G y_j||``) with every quantity bounded on the ball.
+    Source: THEORY F35b.  Assumptions: every token of the
     attention's input within ``rho`` of X; dot attention without RoPE."""
     out = []
     for h, m in enumerate(mom.rows):
@@ -114,3 +121,31 @@ def attention_drift_hessian(mom, r: float, norms: dict, steps: int = SEGMENT_STE
         return torch.zeros(len(mom.rows), mom.rows[0]["P"].shape[0], dtype=torch.float64)
     total = sum(hessian_ball_sup(mom, k * r / steps, norms) for k in range(1, steps + 1))
     return torch.nan_to_num(total * (r / steps) * (1 + 1e-10), nan=math.inf, posinf=math.inf)
+
+
+def output_block_norms(heads) -> Tensor:  # noqa: ANN001
+    """(H, H) certified ``C_hk >= ||W_O^h W_O^kT||_2`` (``W_O^h`` the head's (d_head, d) output rows): the
+    certified spectral norm of each float64 product plus its rounding ``gamma_d ||W_O^h||_F ||W_O^k||_F``
+    (Note [heads through W_O jointly], THEORY F35d)."""
+    Wo = torch.stack([hd[6] for hd in heads])  # (H, dh, d)
+    H, _, d = Wo.shape
+    prods = torch.einsum("had,kbd->hkab", Wo, Wo).reshape(H * H, Wo.shape[1], Wo.shape[1])
+    fro = Wo.flatten(1).norm(dim=1)
+    from ._local_jacobian import certified_spectral
+
+    pad = 4 * (d + 2) * 2.0**-53 * fro[:, None] * fro[None, :]
+    return certified_spectral(prods).reshape(H, H) + pad
+
+
+def heads_joint(C: Tensor, b: Tensor) -> Tensor:
+    r"""(T,) certified ``sup ||sum_h W_O^hT z_h||`` over ``||z_h|| <= b_{h,i}`` (``b`` (H, T), e.g. the heads' drift
+    rows or moves): ``||sum_h W_O^hT z_h||^2 = sum_{h,k} z_h^T W_O^h W_O^kT z_k <= b^T C b`` (Note [heads
+    through W_O jointly]); near ``max_h ||W_O^h|| b_h`` when the heads' output spaces are nearly
+    orthogonal (callers keep the smaller with ``||W_O|| (sum_h b_h^2)^{1/2}``).
+
+    .. math:: \Big\|\sum_h W_O^{h\top} z_h\Big\| \le \Big(\sum_{h,k} b_h C_{hk} b_k\Big)^{1/2}
+
+    Source: THEORY F35d.  Assumptions: ``C`` from ``output_block_norms``; ``b >= 0``."""
+    H = C.shape[0]
+    q = torch.einsum("ht,hk,kt->t", b, C, b) * (1 + 4 * (H * H + 4) * 2.0**-53)
+    return torch.nan_to_num(torch.sqrt(q) * (1 + 1e-15), nan=math.inf, posinf=math.inf)

@@ -48,7 +48,7 @@ from ._local_jacobian import (
     LayerJacobian, _f64, _floor, _head_data, _norm_parts, _weight_norms,
     certified_lmax, certified_lmax_vec, certified_spectral,
 )
-from ._local_drift import attention_drift_hessian
+from ._local_drift import attention_drift_hessian, heads_joint, output_block_norms
 from ._local_sharp import chi_bound, ffn_unit_drift, head_moves, score_moves, softmax_envelope, visible_diameter
 from ._local_struct import NormJac, _chain_output_norms
 from ._weights import ROUNDING_PAD
@@ -303,9 +303,11 @@ def _spectral_err(A: Tensor, eA: Tensor | float = 0.0) -> Tensor:
     return certified_spectral(A) + eA
 
 
-def _heads_combined(per_head: Tensor, concat: Tensor, dZ: Tensor) -> Tensor:
-    """``nu_i(M W_O^T concat_h dZ^h) <= min(sum_h ||M W_O^hT|| dZ_h, ||M W_O^T|| (sum_h dZ_h^2)^{1/2})``."""
-    return torch.minimum((per_head * dZ).sum(dim=0), concat * torch.sqrt((dZ * dZ).sum(dim=0)))
+def _heads_combined(per_head: Tensor, concat: Tensor, dZ: Tensor, joint: Tensor | None = None) -> Tensor:
+    """``nu_i(M W_O^T concat_h dZ^h) <= min(sum_h ||M W_O^hT|| dZ_h, ||M W_O^T|| (sum_h dZ_h^2)^{1/2})``, and
+    ``joint`` (T,) when given: ``||M_i|| heads_joint(C, dZ)`` (THEORY F35d)."""
+    out = torch.minimum((per_head * dZ).sum(dim=0), concat * torch.sqrt((dZ * dZ).sum(dim=0)))
+    return out if joint is None else torch.minimum(out, joint)
 
 
 def _ln_drift(norm, sigma: Tensor | None, r: Tensor, d: int):  # noqa: ANN001, ANN202
@@ -443,6 +445,7 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
         MOh, MO = _head_output_norms(M, eM, heads, T)
     Oh, _ = _head_output_norms(None, None, heads, T)
     Oall = torch.full((T,), nO, dtype=torch.float64)
+    Cw = output_block_norms(heads)  # F35d: the heads through W_O jointly
     mom = _HeadMoments(heads, attn.softmax_scale)
     s2nd = second_derivative_sup(ffn.activation)
     if "kappa" not in norms:
@@ -485,15 +488,18 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
 
         if post:
             dZ = attention_drift_rows(mom, r, norms)
-            dB = _heads_combined(Oh, Oall, dZ)
+            jz = heads_joint(Cw, dZ)
+            dB = _heads_combined(Oh, Oall, dZ, jz)
             A = a_pt + dB
             AP = aP_pt + dB  # ||P W_O^hT|| <= ||W_O^hT||
             att_rows = A + 1  # nu_i(A') <= nu_i(B') + 1
             # F31b: the smaller of r times the Jacobian sup and the sublayer's own move (residual + attention)
-            r1 = torch.minimum(riemann("AP", AP), rr + _heads_combined(Oh, Oall, head_moves(mom, r, norms))) * (1 + 1e-12)
+            hm = head_moves(mom, r, norms)
+            r1 = torch.minimum(riemann("AP", AP), rr + _heads_combined(Oh, Oall, hm, heads_joint(Cw, hm))) * (1 + 1e-12)
             e1, sf1 = _ln_drift(layer.norm_attn, sig1, r1, d)
             # Delta D1 = Delta D1 P: it acts on P B' (centred), whose rows are at most AP
-            Hs = torch.minimum(h_pt + g1 * e1 * AP + _heads_combined(D1Oh, D1O, dZ), g1 / sf1 * AP if sig1 is not None else A)
+            Hs = torch.minimum(h_pt + g1 * e1 * AP + _heads_combined(D1Oh, D1O, dZ, nD1 * jz),
+                               g1 / sf1 * AP if sig1 is not None else A)
             rh = riemann("Hs", Hs)
             if sig1 is not None:  # ||D1'|| <= max|gamma|/s_floor on the ball of radius r1
                 rh = torch.minimum(rh, g1 / sf1 * r1)
@@ -502,12 +508,13 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
             rh = rh * (1 + 1e-12)
             dF = dF_of(rh, unit)
             # centred (P (I+F') D1' B'): ||P dF|| <= kappaP rh, ||P X|| <= ||X||
-            Gs = torch.minimum(g_pt + dF * Hs + nIF * g1 * e1 * AP + _heads_combined(IFD1Oh, IFD1O, dZ), (nIF + dF) * Hs)
+            Gs = torch.minimum(g_pt + dF * Hs + nIF * g1 * e1 * AP + _heads_combined(IFD1Oh, IFD1O, dZ, nIF * nD1 * jz),
+                               (nIF + dF) * Hs)
             Gs = torch.minimum(Gs, (1 + lffn) * Hs)
             # F31b: S2' - S2 = (I + F) dh + int_0^1 (F(h + t dh) - F(h)) dh dt, the remainder <= dF(rh)/2 rh
             r2 = torch.minimum(riemann("Gs", Gs), (nIF + dF_half(rh, unit)).clamp(max=1 + lffn) * rh) * (1 + 1e-12)
             e2, sf2 = _ln_drift(layer.norm_ffn, sig2, r2, d)
-            mixed = _heads_combined(MOh, MO, dZ)
+            mixed = _heads_combined(MOh, MO, dZ, nD2 * nIF * nD1 * jz)
             terms = {"norm_ffn (dD2)": g2 * e2 * Gs, "ffn (dF)": nD2 * dF * Hs,
                      "norm_attn (dD1)": nD2IFg * e1 * AP, "attention (dA)": mixed}
             total = point + sum(terms.values())
@@ -520,19 +527,21 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
             sD1 = torch.minimum(g1 / sf1, nD1 + g1 * e1) if sig1 is not None else torch.ones(T, dtype=torch.float64)
             ry = r * float(sD1.max()) * (1 + 1e-12)
             dZ = attention_drift_rows(mom, ry, norms)
-            dA = _heads_combined(Oh, Oall, dZ)
+            jz = heads_joint(Cw, dZ)
+            dA = _heads_combined(Oh, Oall, dZ, jz)
             att_rows = attention_local_bound(attn, Xin, ry, norms=hn).per_query
             mD1, mE1 = float(sD1.max()), float((g1 * e1).max())
             dB = dA * mD1 + att_rows * mE1
             A = torch.minimum(a_pt + dB, 1 + att_rows * mD1)
             # F31b: the residual plus the attention's own move on its input ball of radius ry
-            r1 = torch.minimum(riemann("A", A), rr + _heads_combined(Oh, Oall, head_moves(mom, ry, norms))) * (1 + 1e-12)
+            hm = head_moves(mom, ry, norms)
+            r1 = torch.minimum(riemann("A", A), rr + _heads_combined(Oh, Oall, hm, heads_joint(Cw, hm))) * (1 + 1e-12)
             e2, sf2 = _ln_drift(layer.norm_ffn, sig2, r1, d)
             sD2 = torch.minimum(g2 / sf2, nD2 + g2 * e2) if sig2 is not None else torch.ones(T, dtype=torch.float64)
             rh = r1 * sD2 * (1 + 1e-12)
             dF = dF_of(rh, unit)
             dM = dF * sD2 + nFg * e2
-            terms = {"norm_ffn/ffn (dM)": dM * A, "attention (dA)": _heads_combined(MOh, MO, dZ) * mD1,
+            terms = {"norm_ffn/ffn (dM)": dM * A, "attention (dA)": _heads_combined(MOh, MO, dZ, nM * jz) * mD1,
                      "norm_attn (pre, dD1)": nM * att_rows * mE1}
             total = torch.minimum(point + sum(terms.values()), (nM + dM) * A)
             stage = {"attention": ry * torch.ones(T, dtype=torch.float64), "norm_ffn": r1, "ffn": rh}

@@ -62,10 +62,22 @@ def head_second_derivative(P: Tensor, Y: Tensor, q: Tensor, G: Tensor, Wv: Tenso
     return inner @ Wv
 
 
-def _lmax_sqrt(K: Tensor, wts: Tensor) -> Tensor:
-    from ._local_rows import _lmax_gram
+def _ball_moment(lam_P: Tensor, a: Tensor, norms2: Tensor, ratio: Tensor) -> Tensor:
+    """``lambda_max(sum_j (P_j + a_j) z_j z_j^T)^{1/2}`` from the certified ``lam_P`` (the same with ``P``) at X:
+    the ``a``-part is at most its trace ``sum_j a_j ||z_j||^2`` (``norms2`` (T, T) the ``||z_j||^2``) and at most
+    ``ratio lam_P`` (``ratio = max_j a_j / P_j`` over the visible keys, so ``a_j <= ratio P_j``)."""
+    extra = torch.minimum((a * norms2).sum(dim=1), ratio * lam_P)
+    return torch.sqrt((lam_P + extra) * (1 + 1e-12))
 
-    return torch.sqrt(_lmax_gram(K, wts))
+
+def _hadamard_moment(m: dict) -> Tensor:
+    """(T,) certified ``lambda_max(sum_j P_j (G y_j (x) v_j)(G y_j (x) v_j)^T)`` (the Hadamard Gram of F17c),
+    computed once per head and kept in the head's moments."""
+    if "lGV" not in m:
+        from ._local_rows import _lmax_gram
+
+        m["lGV"] = _lmax_gram(m["KG"] * m["KV"], m["P"])
+    return m["lGV"]
 
 
 def hessian_ball_sup(mom, rho: float, norms: dict) -> Tensor:  # noqa: ANN001
@@ -88,7 +100,6 @@ def hessian_ball_sup(mom, rho: float, norms: dict) -> Tensor:  # noqa: ANN001
         # sum_j P'_j ||e_j - ebar'||^2 <= 4 p (1 - p) when the top weight p = max_j P'_j > 1/2 (else 1)
         top = lo.max(dim=1).values
         ve = torch.where(top > 0.5, torch.sqrt(4 * top * (1 - top)) * (1 + 1e-12), torch.ones_like(top))
-        hi = (P + a).clamp(max=1.0)
         # ||y'_j - y_j|| <= rho + ||xbar' - xbar||, the mean's softmax part as in F31b
         eps = 2 * rho + torch.minimum((a * m["yn"]).sum(dim=1), tv * m["dY"])
         vis = lambda R: torch.where(P > 0, R, torch.zeros_like(R)).max(dim=1).values  # noqa: E731
@@ -96,10 +107,12 @@ def hessian_ball_sup(mom, rho: float, norms: dict) -> Tensor:  # noqa: ANN001
         bmax = lambda R, nB, Rd: torch.minimum(  # noqa: E731
             vis(R) + 2 * nB * rho + torch.minimum((a * R).sum(dim=1), nB * (eps - 2 * rho)), Rd + 2 * nB * rho)
         gmax, vmax = bmax(m["gn"], nG, m["dG"]), bmax(m["vn"], nV, m["dV"])
-        lV0, lG0 = _lmax_sqrt(m["KV"], hi), _lmax_sqrt(m["KG"], hi)
+        vn2, gn2 = m["vn"] * m["vn"], m["gn"] * m["gn"]
+        ratio = torch.where(P > 0, a / P, torch.zeros_like(P)).max(dim=1).values * (1 + 1e-12)
+        lV0, lG0 = _ball_moment(m["lV"], a, vn2, ratio), _ball_moment(m["lG"], a, gn2, ratio)
         sV, sG = lV0 + nV * rho, lG0 + nG * rho
         qn = m["qn"] * (1 + 1e-12) + nG * rho
-        lam = _lmax_sqrt(m["KG"] * m["KV"], hi) + nG * eps * sV + nV * eps * lG0
+        lam = _ball_moment(_hadamard_moment(m), a, vn2 * gn2, ratio) + nG * eps * sV + nV * eps * lG0
         lam = torch.minimum(torch.minimum(lam, gmax * sV), sG * vmax)
         qv = qn * ve
         t2 = torch.minimum(lam * (sG + 2 * qv) + qn * qv * torch.minimum(2 * sV, vmax * ve),

@@ -85,11 +85,12 @@ def hessian_ball_sup(mom, rho: float, norms: dict) -> Tensor:  # noqa: ANN001
     (before ``W_O``), Note [attention second derivative]:
 
     .. math:: 2\|W_V\|\eta\,(s_G + \eta\|q_i\|) + T_2 + 2\|G\|\eta\, s_V,\qquad
-              T_2 = \min\big(\Lambda (s_G + 2\eta\|q_i\|) + \eta\|q_i\|^2\min(2 s_V, \eta\hat v),\
+              T_2 = \min\big(\Lambda (s_G + 2\eta\|q_i\|) + \|q_i\|^2\min(k_4 s_V, \eta\min(2 s_V, \eta\hat v)),\
                     s_V (s_G + \eta\|q_i\|)(\hat g + 2\|q_i\|)\big)
 
     (``s_B = lambda_max(sum_j P_j (B y_j)(B y_j)^T)^{1/2}``, ``Lambda`` the same for ``G y_j (x) W_V^T y_j``,
-    ``v^``, ``g^`` the largest ``||W_V^T y_j||``, ``||G y_j||``) with every quantity bounded on the ball.
+    ``v^``, ``g^`` the largest ``||W_V^T y_j||``, ``||G y_j||``, ``k_4 <= (4/3)^{1/2}`` from the fourth moments of
+    the centred ``q_i . delta_j``) with every quantity bounded on the ball.
     Source: THEORY F35b.  Assumptions: every token of the
     attention's input within ``rho`` of X; dot attention without RoPE."""
     out = []
@@ -100,6 +101,9 @@ def hessian_ball_sup(mom, rho: float, norms: dict) -> Tensor:  # noqa: ANN001
         # sum_j P'_j ||e_j - ebar'||^2 <= 4 p (1 - p) when the top weight p = max_j P'_j > 1/2 (else 1)
         top = lo.max(dim=1).values
         ve = torch.where(top > 0.5, torch.sqrt(4 * top * (1 - top)) * (1 + 1e-12), torch.ones_like(top))
+        # sum_j P'_j (s_j - sbar)^4 <= 16 t (1 - 3 t), t = min(1/6, p (1 - p)), for scalars |s_j| <= 1 (F35b)
+        t = torch.where(top > 0.5, torch.clamp(top * (1 - top), max=1 / 6), torch.full_like(top, 1 / 6))
+        k4 = torch.sqrt(16 * t * (1 - 3 * t)) * (1 + 1e-12)
         # ||y'_j - y_j|| <= rho + ||xbar' - xbar||, the mean's softmax part as in F31b
         eps = 2 * rho + torch.minimum((a * m["yn"]).sum(dim=1), tv * m["dY"])
         vis = lambda R: torch.where(P > 0, R, torch.zeros_like(R)).max(dim=1).values  # noqa: E731
@@ -115,8 +119,8 @@ def hessian_ball_sup(mom, rho: float, norms: dict) -> Tensor:  # noqa: ANN001
         lam = _ball_moment(_hadamard_moment(m), a, vn2 * gn2, ratio) + nG * eps * sV + nV * eps * lG0
         lam = torch.minimum(torch.minimum(lam, gmax * sV), sG * vmax)
         qv = qn * ve
-        t2 = torch.minimum(lam * (sG + 2 * qv) + qn * qv * torch.minimum(2 * sV, vmax * ve),
-                           sV * (sG + qv) * (gmax + 2 * qn))
+        qq = qn * torch.minimum(k4 * qn * sV, qv * torch.minimum(2 * sV, vmax * ve))
+        t2 = torch.minimum(lam * (sG + 2 * qv) + qq, sV * (sG + qv) * (gmax + 2 * qn))
         bound = 2 * nV * ve * (sG + qv) + t2 + 2 * nG * ve * sV
         out.append(bound * (1 + 1e-10))
     return torch.nan_to_num(torch.stack(out), nan=math.inf, posinf=math.inf)

@@ -105,11 +105,12 @@ def hessian_ball_sup(mom, rho: float, norms: dict) -> Tensor:  # noqa: ANN001
         t = torch.where(top > 0.5, torch.clamp(top * (1 - top), max=1 / 6), torch.full_like(top, 1 / 6))
         k4 = torch.sqrt(16 * t * (1 - 3 * t)) * (1 + 1e-12)
         # ||y'_j - y_j|| <= rho + ||xbar' - xbar||, the mean's softmax part as in F31b
-        eps = 2 * rho + torch.minimum((a * m["yn"]).sum(dim=1), tv * m["dY"])
+        mv = torch.minimum((a * m["yn"]).sum(dim=1), tv * m["dY"])  # ||sum_j (P'_j - P_j) y_j||
+        eps = 2 * rho + mv
         vis = lambda R: torch.where(P > 0, R, torch.zeros_like(R)).max(dim=1).values  # noqa: E731
         # ||B y'_j|| <= ||B y_j|| + ||B|| rho + ||B (xbar' - xbar)||, or the visible diameter of B x'
         bmax = lambda R, nB, Rd: torch.minimum(  # noqa: E731
-            vis(R) + 2 * nB * rho + torch.minimum((a * R).sum(dim=1), nB * (eps - 2 * rho)), Rd + 2 * nB * rho)
+            vis(R) + 2 * nB * rho + torch.minimum((a * R).sum(dim=1), nB * mv), Rd + 2 * nB * rho)
         gmax, vmax = bmax(m["gn"], nG, m["dG"]), bmax(m["vn"], nV, m["dV"])
         vn2, gn2 = m["vn"] * m["vn"], m["gn"] * m["gn"]
         ratio = torch.where(P > 0, a / P, torch.zeros_like(P)).max(dim=1).values * (1 + 1e-12)

@@ -56,18 +56,19 @@ def ffn_hadamard(ffn, *, centred: bool) -> dict:  # noqa: ANN001
     formed and ``eH`` (a Frobenius bound on its rounding), certified ``lH >= lambda_max(H) = ||K||^2`` and ``l12 >=
     lambda_max((W_1^T W_1) o (W_2 W_2^T))``, ``W2`` the output weights (rows ``P w2_k`` when ``centred``, the map a
     following LayerNorm sees) and ``nW2 >= ||W_2||`` (``||P W_2^T|| <= ||W_2||``)."""
-    W1, W2 = _f64(ffn.W_1), _f64(ffn.W_2)
-    if centred:
-        W2 = W2 - W2.mean(dim=1, keepdim=True)
+    W1, W2o = _f64(ffn.W_1), _f64(ffn.W_2)
+    W2 = W2o - W2o.mean(dim=1, keepdim=True) if centred else W2o
     G1 = W1.T @ W1
     H = G1 * G1
     eH = _gram_err(W1, W1)
-    e12 = _gram_err(W1, W2.T) + 8 * W2.shape[1] * _U * float((W1 * W1).sum()) * float((W2 * W2).sum())
+    # the centring's rounding: within 4 (d + 2) u ||W_2||_F^2 (Frobenius) on W_2 W_2^T, times max|G1| <= ||W_1||_F^2
+    e12 = _gram_err(W1, W2.T) + (8 * W2.shape[1] * _U * float((W1 * W1).sum()) * float((W2o * W2o).sum())
+                                 if centred else 0.0)
     lams = certified_lmax(torch.stack([H, G1 * (W2 @ W2.T)]))
     # the centred rows as formed are within 2 (d + 2) u ||W_2||_F (Frobenius) of the exact ones
-    eW2 = 4 * (W2.shape[1] + 2) * _U * float(_f64(ffn.W_2).norm()) if centred else 0.0
+    eW2 = 4 * (W2.shape[1] + 2) * _U * float(W2o.norm()) if centred else 0.0
     return {"H": H, "eH": eH, "lH": float(lams[0]) + eH, "l12": float(lams[1]) + e12, "W2": W2, "eW2": eW2,
-            "nW2": float(certified_spectral(_f64(ffn.W_2)[None])[0]) * (1 + 1e-12)}
+            "nW2": float(certified_spectral(W2o[None])[0]) * (1 + 1e-12)}
 
 
 def ffn_second_norms(const: dict, z: Tensor) -> Tensor:

@@ -49,6 +49,7 @@ from ._local_jacobian import (
     certified_lmax, certified_lmax_vec, certified_spectral,
 )
 from ._local_drift import attention_drift_hessian, heads_joint, output_block_norms
+from ._local_ffn2 import ffn_hadamard, ffn_second_norms, ffn_taylor_drift, gelu_ffn
 from ._local_joint import attention_remainder, head_geometry, norm_remainder
 from ._local_sharp import (
     GELU_SLOPE_RANGE, chi_bound, ffn_unit_drift, head_moves, score_moves, softmax_envelope, unit_slope_moves,
@@ -535,10 +536,20 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
         return torch.minimum(lin, torch.full_like(rh, cap)), torch.minimum(lin / 2, torch.full_like(rh, cap))
 
     unit_refs: list = []  # (rh_b, bound_b): F31d at a larger ball where no unit was capped (F37b)
+    # F38: the FFN's radius-free Hadamard Grams (per layer, cached with the weight norms) and N2 per token
+    taylor = None
+    if gelu_ffn(ffn):
+        centred = post and lay(layer.norm_ffn)  # the second norm sees P dF, as kappaP
+        key = "ffn2P" if centred else "ffn2"
+        if key not in norms:
+            norms[key] = ffn_hadamard(ffn, centred=centred)
+        taylor = norms[key]
+    n2_tok = torch.full((T,), math.nan, dtype=torch.float64)
 
     def ffn_rows(tail, rh: Tensor, unit: bool) -> dict:  # noqa: ANN001
         """``tail(dF, dF_half)`` with F17c's drift and F37b's scaled references, refined by F31d's per-unit
-        Grams (2 d^2 d_ff flops a token) only at the tokens that can set a reported maximum (F37a)."""
+        Grams (2 d^2 d_ff flops a token) and F38's second-order tensor norm (d d_ff^2 flops a token, once per
+        token and layer) only at the tokens that can set a reported maximum (F37a)."""
         dF, dFh = dF_glob(rh)
         if not unit:
             return tail(dF, dFh)
@@ -550,6 +561,12 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
         def refine(idx: Tensor) -> None:
             u, uh = ffn_unit_drift(ffn, zd[idx], norms["n1"], rh[idx])
             dF[idx], dFh[idx] = torch.minimum(dF[idx], u), torch.minimum(dFh[idx], uh)
+            if taylor is not None:  # F38: the same per-token term, by the second-order tensor norm
+                new = idx[torch.isnan(n2_tok[idx])]
+                if len(new):
+                    n2_tok[new] = ffn_second_norms(taylor, zd[new])
+                t, th = ffn_taylor_drift(taylor, n2_tok[idx], zd[idx], norms["n1"], rh[idx])
+                dF[idx], dFh[idx] = torch.minimum(dF[idx], t), torch.minimum(dFh[idx], th)
             uncapped = (unit_slope_moves(zd[idx], norms["n1"], rh[idx]) <= GELU_SLOPE_RANGE).all(dim=1)
             ref[idx] = torch.where(uncapped, u, ref[idx])
 

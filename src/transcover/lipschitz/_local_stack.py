@@ -219,6 +219,24 @@ def _group_ball(stages: list[_Stage], a: int, b: int, mL: Tensor, balls: list, d
     return BL * (1 + 1e-12), dJL * (1 + 1e-12)
 
 
+def _per_layer(layer, x: Tensor, rs: list[float], norms: dict) -> list[tuple[Tensor, Tensor]]:  # noqa: ANN001
+    """Per radius ``r`` the per-layer route's rows on ``B(x, r)`` (``layer_jacobians``, THEORY F17,
+    F31): ``(drift rows, sup nu_i(J_L) rows)``, inf where ``r`` is not finite or the per-layer drift
+    machinery overflows."""
+    from ._local_jacobian import layer_jacobians
+
+    inf = torch.full((x.shape[0],), math.inf, dtype=torch.float64)
+    if not any(math.isfinite(r) for r in rs):
+        return [(inf, inf)] * len(rs)
+    c = norms[layer.index]
+    try:
+        ljs = layer_jacobians(layer, x, [r if math.isfinite(r) else 0.0 for r in rs], norms=c["w"], head_norms_=c["h"])
+    except RuntimeError:  # the per-layer drift machinery overflowed: no bound there
+        return [(inf, inf)] * len(rs)
+    return [(_nan_inf(lj.drift_rows), _nan_inf(lj.total_rows * (1 + ROUNDING_PAD))) if math.isfinite(r) else (inf, inf)
+            for lj, r in zip(ljs, rs)]
+
+
 def _layer_route(spec: TransformerSpec, stages: list[_Stage], groups: dict, nuP: list, suf: list,  # noqa: PLR0912
                  radii: list, rhos: list, norms: dict, mid: dict) -> list[tuple[float, float]]:
     """The telescoped drift over whole layers (THEORY F30 item 5): per layer the per-layer route's
@@ -228,8 +246,6 @@ def _layer_route(spec: TransformerSpec, stages: list[_Stage], groups: dict, nuP:
     the drift the smaller of F30's sum and F36's.  Kept beside the sub-stage telescoping (F33), the
     smaller is used: the sub-stages are first-order exact, a layer's joint bound is tighter on its
     second-order part."""
-    from ._local_jacobian import layer_jacobians
-
     items = []  # (first sub-stage, last sub-stage, layer or None)
     byfirst = {a: (b, idx) for idx, (a, b, _) in groups.items()}
     s = 0
@@ -257,15 +273,8 @@ def _layer_route(spec: TransformerSpec, stages: list[_Stage], groups: dict, nuP:
             djr = [_nan_inf(o[0]) for o in out]
             ba = [float(_nan_inf(o[2]).max()) for o in out]
         else:
-            c = norms[layer.index]
-            try:
-                ljs = layer_jacobians(layer, stages[a].x, [r if math.isfinite(r) else 0.0 for r in rs],
-                                      norms=c["w"], head_norms_=c["h"])
-                djr = [_nan_inf(lj.drift_rows) if math.isfinite(r) else torch.full_like(nuP[a], math.inf)
-                       for lj, r in zip(ljs, rs)]
-                ba = [lj.ball if math.isfinite(r) else math.inf for lj, r in zip(ljs, rs)]
-            except RuntimeError:  # the per-layer drift machinery overflowed: no bound there
-                djr, ba = [torch.full_like(nuP[a], math.inf)] * nr, [math.inf] * nr
+            pl = _per_layer(layer, stages[a].x, rs, norms)
+            djr, ba = [v[0] for v in pl], [float(v[1].max()) for v in pl]
         for k in range(nr):
             rows_it[k].append(djr[k])
         dj = [float(v.max()) for v in djr]
@@ -309,7 +318,8 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
     by ``certified_spectral`` for J itself, ``chain_exact`` for the prefixes and suffixes.  ``norms``: a
     dict that caches the data-free constants per layer (pass the same one for every sentence).
     ``layer_route``: also telescope over whole layers with the per-layer route (``_layer_route``) and
-    keep the smaller drift and product.
+    keep the smaller drift and product, and take the smaller of each layer's drift rows and the
+    per-layer route's in the middle-product recursion (F36 item 3).
     """
     from ._local import check_rho
 
@@ -332,6 +342,8 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
     loc = [cuts[q] not in first and stages[cuts[q]].local for q in range(len(cuts) - 1)]
     dJq: list[list[Tensor]] = [[] for _ in rhos]  # per rho, each layer-level stage's drift rows
     spans: list[dict] = [{} for _ in rhos]  # per rho, (a, b) -> rows of sup nu_i(M_{a,b}(y) - M_{a,b}(x))
+    layer_at = {groups[ly.index][0]: ly for ly in spec.layers}
+    PL: dict = {}  # layer start -> per rho the per-layer route's (drift rows, ball rows)
     last = {b - 1: (a, mL) for a, b, mL in groups.values()}
     pL = {a: min(float((mL * stages[a].pt).max()) * (1 + 1e-12), float(nuL[a].max())) for a, b, mL in groups.values()}
     n, nr = len(stages), len(rhos)
@@ -372,6 +384,9 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
             move = b * dP[k] if st.local else b * float(dP[k].max())
             dP[k] = _nan_inf(torch.where(dP[k] == 0, 0.0, move) + (dj * nu if st.local else dj * normP))
             rc[k] = _nan_inf(b * (r if st.local else float(r.max())))
+        if s in first:  # the per-layer route at the layer's input radius (F36 item 3: the smaller drift)
+            rmax = [float(r.max()) if layer_route else math.inf for r in rs]
+            PL[s] = _per_layer(layer_at[s], st.x, rmax, norms)
         radii.append(rs)
         dJs.append(djs)
         dJcs.append(djcs)
@@ -382,7 +397,8 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
             GB[a] = []
             for k in range(nr):
                 BL, dJL = _group_ball(stages, a, s + 1, mL, [balls[t][k] for t in range(len(balls))], [dJs[t][k] for t in range(len(dJs))])
-                BL = torch.minimum(BL, _nan_inf(nuL[a] + dJL))
+                dJL = torch.minimum(dJL, PL[a][k][0])
+                BL = torch.minimum(torch.minimum(BL, _nan_inf(nuL[a] + dJL)), PL[a][k][1])
                 GB[a].append((BL, dJL))
                 alt = _nan_inf(torch.where(dPa[k] == 0, 0.0, BL * float(dPa[k].max())) + dJL * nPa)
                 dP[k] = torch.minimum(dP[k], alt)

@@ -89,16 +89,16 @@ def _gamma(k: int) -> float:
 
 def _local_error(st: _Stage, K: Tensor, *, cols: bool) -> float:
     """Bound on the (2,inf) operator norm of ``fl(L_s K) - L_s K`` (columns, ``cols``) or of the transposed
-    map applied to rows: ``gamma_k`` times the abs evaluation of the stage on ``|K|``, padded for the
-    abs evaluation's own (downward) rounding; per block Frobenius, summed over input tokens
-    (Note [stack rounding])."""
-    fn = st.lin.apply if cols else st.lin.apply_t
-    A = _chunked(lambda Z: fn(Z.abs(), True), K)
-    blocks = _col_blocks(A) if cols else _row_blocks(A)
-    nb = blocks.shape[2] * blocks.shape[3] + blocks.shape[1]
-    per_row = blocks.norm(dim=(2, 3)).sum(dim=1).max()
-    g = _gamma(st.k)
-    return float(per_row) * g / (1 - _gamma(st.k + nb)) * (1 + 1e-12)
+    map applied to rows: ``gamma_k`` times the abs evaluation of the stage on ``|K|`` (Note [stack
+    rounding]), per block Frobenius, summed over input tokens.  The abs evaluation is linear with
+    non-negative output and a non-negative block has ``||B||_F <= ||B 1||_2`` (and ``<= ||1^T B||_2``), so
+    it runs on ``|K|`` summed over each token's ``d`` columns (rows): ``T`` of them instead of ``T d``.
+    Padded for the float64 sums of non-negative numbers (THEORY F30 item 3, F36 item 1)."""
+    N, T, d = K.shape
+    summed = K.abs().reshape(T, d, T, d).sum(dim=1)  # one column (row) per token
+    A = (st.lin.apply if cols else st.lin.apply_t)(summed, True)
+    per_row = A.norm(dim=2).sum(dim=0 if cols else 1).max()
+    return float(per_row) * _gamma(st.k) / (1 - _gamma(st.k + 2 * d + 2 * T)) * (1 + 1e-12)
 
 
 def certified_block_norms(blocks: Tensor, exact: int = 8) -> Tensor:

@@ -17,7 +17,7 @@ first-order term carries exact middle products at the data, never a product of s
 rows ``nu_i(M_{a,b}(x))`` come from chains started at every layer-level stage (``middle_rows``),
 ``O(L^2)`` layer passes over the ``T d`` columns; the chains' rounding is carried to each cut by the
 exact middle products after the rounding step (``fl(M) - M = sum_m M_{m+1 -> b} E_m``) and bounded
-per step by the abs evaluation on token-summed columns (``_summed_error``).
+per step by the abs evaluation on token-summed columns (``_local_stack._local_error``).
 """
 
 from __future__ import annotations
@@ -29,8 +29,6 @@ from torch import Tensor
 
 __all__ = ["layer_cuts", "middle_rows", "middle_drift_column"]
 
-_U = 2.0**-53
-
 
 def layer_cuts(n: int, groups: dict) -> list[int]:
     """The sub-stage indices where a layer-level stage starts (a layer's sub-stages form one stage,
@@ -39,24 +37,6 @@ def layer_cuts(n: int, groups: dict) -> list[int]:
     for a, b, _ in groups.values():
         cuts |= {a, b}
     return sorted(cuts)
-
-
-def _gamma(k: int) -> float:
-    return k * _U / (1 - k * _U)
-
-
-def _summed_error(st, K: Tensor) -> Tensor:  # noqa: ANN001
-    r"""(T,) per output token a bound on ``sum_j ||E_ij||_F`` for the rounding ``E`` of ``fl(L_s K) - L_s K``
-    (columns ``K`` (T d, T, d), row convention): ``|E| <= gamma_k |L_s|(|K|)`` entrywise (Note [stack
-    rounding] of ``_local_stack``), the abs evaluation is linear and non-negative, and a non-negative
-    block ``B`` has ``||B||_F <= ||B 1||_2``, so its blocks summed over each input token's ``d`` columns
-    (``T`` columns in all instead of ``T d``) bound the Frobenius norms.  The float64 sums of
-    non-negative numbers are within ``gamma`` of their exact values (padded).  THEORY F36 item 1."""
-    N, T, d = K.shape
-    summed = K.abs().reshape(T, d, T, d).sum(dim=1)  # column j: |K| summed over input token j's coordinates
-    A = st.lin.apply(summed, True)  # (j, i, d_out)
-    per_row = A.norm(dim=2).sum(dim=0)
-    return per_row * _gamma(st.k) / (1 - _gamma(st.k + 2 * d + 2 * T)) * (1 + 1e-12)
 
 
 def middle_rows(stages: list, cuts: list[int], rows_of, exact: int = 4) -> tuple[dict, dict]:  # noqa: ANN001
@@ -68,7 +48,7 @@ def middle_rows(stages: list, cuts: list[int], rows_of, exact: int = 4) -> tuple
     M_{m+1 -> c_b} E_m``, each ``M_{m+1 -> c_b}`` bounded by the stage's own tail (point norms of its
     remaining sub-stages) times the exact ``mid`` of the later layer-level stages, so the starts run
     from the last.  THEORY F36 item 1."""
-    from ._local_stack import _chunked
+    from ._local_stack import _chunked, _local_error
 
     L = len(cuts) - 1
     n = cuts[-1]
@@ -91,7 +71,7 @@ def middle_rows(stages: list, cuts: list[int], rows_of, exact: int = 4) -> tuple
         K = torch.eye(T * d, dtype=torch.float64).reshape(T * d, T, d)
         errs = []
         for s in range(cuts[a], n if a > 0 else cuts[1]):
-            errs.append((s, float(_summed_error(stages[s], K).max())))
+            errs.append((s, _local_error(stages[s], K, cols=True)))
             K = _chunked(stages[s].lin.apply, K)
             if s == cuts[a]:
                 first[s] = rows_of(K) + errs[0][1]

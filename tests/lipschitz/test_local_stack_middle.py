@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from lipschitz_testkit import random_spec
 from test_lipschitz_local import _clip, adversary
 from transcover.lipschitz._local_jacobian import row_norm_lower
-from transcover.lipschitz._local_stack import _col_blocks, _stages, certified_rows, stack_local
+from transcover.lipschitz._local_stack import _col_blocks, _stages, certified_block_norms, stack_local
 from transcover.lipschitz._local_stack_middle import layer_cuts, middle_drift_column, middle_rows
 from transcover.model import NormKind
 from transcover.model._functional import layer_forward, transformer_forward
@@ -59,7 +59,7 @@ def test_middle_rows_bound_the_autograd_middle_products(case):
     X = _X(5)
     stages, _, groups = _stages(spec, X, {})
     cuts = layer_cuts(len(stages), groups)
-    mid, _ = middle_rows(stages, cuts, lambda K: certified_rows(_col_blocks(K), 4))
+    mid, blk, _ = middle_rows(stages, cuts, lambda K: certified_block_norms(_col_blocks(K), 4))
     assert len(cuts) - 1 == len(_level_maps(spec))
     L = len(cuts) - 1
     assert set(mid) == {(a, b) for a in range(1, L) for b in range(a + 1, L + 1)} | {(0, 1)}
@@ -68,15 +68,24 @@ def test_middle_rows_bound_the_autograd_middle_products(case):
         exact = torch.linalg.matrix_norm(M, ord=2).sum(dim=1)  # sum_j ||M_ij||_2 >= nu_i
         assert bool((exact <= rows).all()), (a, b)
         assert bool((rows <= exact * 1.3 + 1e-12).all()), (a, b)
+        N, err = blk[(a, b)]
+        assert bool((torch.linalg.matrix_norm(M, ord=2) <= N + err).all()) and 0 <= err <= 1e-10 * float(rows.max())
 
 
 def test_middle_drift_column_is_the_recursion_by_hand():
-    """Two stages, one token: dM_{1,2} = dJ_1, dM_{0,2} = (mu_{1,2} + dJ_1) dJ_0 + dJ_1 mu_{0,1}."""
-    t = lambda v: torch.tensor([v], dtype=torch.float64)  # noqa: E731
+    """Two stages, one token: dM_{1,2} = dJ_1, dM_{0,2} = (mu_{1,2} + dJ_1) dJ_0 + dJ_1 mu_{0,1}; with
+    the block norms N of M_{1,2} and its rounding e, (N + e + dJ_1) dJ_0 + dJ_1 mu_{0,1}.  Two tokens:
+    the identity's term keeps the rows of dJ (no max over tokens)."""
+    t = lambda *v: torch.tensor(v, dtype=torch.float64)  # noqa: E731
     mid = {(0, 1): t(3.0), (1, 2): t(5.0), (0, 2): t(7.0)}
     col = middle_drift_column(mid, [t(0.5), t(0.25)], [False, True], 2)
     assert float(col[2]) == 0.0 and float(col[1]) == pytest.approx(0.25)
     assert float(col[0]) == pytest.approx((5.0 + 0.25) * 0.5 + 0.25 * 3.0)
+    col = middle_drift_column(mid, [t(0.5), t(0.25)], [False, True], 2, {(1, 2): (t(4.0)[None], 0.5)})
+    assert float(col[0]) == pytest.approx((4.0 + 0.5 + 0.25) * 0.5 + 0.25 * 3.0)
+    mid2, dJ2 = {(0, 1): t(1.0, 2.0), (1, 2): t(5.0, 5.0)}, [t(0.0, 0.0), t(0.5, 0.25)]
+    assert torch.allclose(middle_drift_column(mid2, dJ2, [True, True], 2)[0], t(0.5, 0.5))
+    assert torch.allclose(middle_drift_column(mid2, dJ2, [True, False], 2)[0], t(1.0, 0.5))
 
 
 @pytest.mark.parametrize("case", CASES[:2])
@@ -141,13 +150,12 @@ def test_span_drifts_are_homogeneous_in_the_last_norm():
 def test_middle_products_tighten_a_deep_stack():
     """Regression (issue 12, THEORY F36): a 6-layer post-LN stack at rho = 1e-5; the remainders by
     products of ball norms gave a drift of 25.1 (sub-stage route 103, layer route 25.1); with the
-    exact middle products and each layer's drift the smaller of its sub-stages' and the per-layer
-    route's, 4.42 (sub-stage route; layer route 7.66, middle products alone 6.64); without the
-    per-layer route, 12.8."""
+    exact middle products (their block norms against the drift rows) and each layer's drift the
+    smaller of its sub-stages' and the per-layer route's, 3.11 (sub-stage route; layer route 4.53,
+    middle products alone 4.08)."""
     spec = random_spec(1, act="gelu", L=6, norm="layernorm", placement="post", d=6, dff=8, eps=1e-5, biases=True)
     X = _X(1)
     r = stack_local(spec, X, [1e-5])[0]
-    assert r.drift <= 4.5 and r.parts["(layer route)"] <= 7.7 and r.parts["(middle products)"] <= 6.7
-    assert stack_local(spec, X, [1e-5], layer_route=False)[0].drift <= 12.9
+    assert r.drift <= 3.2 and r.parts["(layer route)"] <= 4.6 and r.parts["(middle products)"] <= 4.1
     lo = adversary(lambda Z: transformer_forward(spec, Z, with_head=False), X, 1e-5, restarts=1, steps=10, seed=1)
     assert lo <= r.upper

@@ -119,7 +119,12 @@ def certified_block_norms(blocks: Tensor, exact: int = 8) -> Tensor:
 def certified_rows(blocks: Tensor, exact: int = 8) -> Tensor:
     r"""Per output token ``i``, a certified upper bound on ``sum_j ||B_ij||_2`` (``certified_block_norms``
     summed, the float64 sum padded).  THEORY F17, F30."""
-    return certified_block_norms(blocks, exact).sum(dim=1) * (1 + blocks.shape[1] * _U)
+    return rows_of_block_norms(certified_block_norms(blocks, exact))
+
+
+def rows_of_block_norms(N: Tensor) -> Tensor:
+    """(T,) ``sum_j N_ij`` of certified block norms (T, T), its float64 sum padded.  THEORY F30."""
+    return N.sum(dim=1) * (1 + N.shape[1] * _U)
 
 
 def _col_blocks(K: Tensor) -> Tensor:
@@ -238,11 +243,11 @@ def _per_layer(layer, x: Tensor, rs: list[float], norms: dict) -> list[tuple[Ten
 
 
 def _layer_route(spec: TransformerSpec, stages: list[_Stage], groups: dict, nuP: list, suf: list,  # noqa: PLR0912
-                 radii: list, rhos: list, norms: dict, mid: dict) -> list[tuple[float, float]]:
+                 radii: list, rhos: list, norms: dict, mid: dict, blk: dict) -> list[tuple[float, float]]:
     """The telescoped drift over whole layers (THEORY F30 item 5): per layer the per-layer route's
     drift and ball rows (``layer_jacobians``) at the smallest of F30's radius recursion, the
-    middle-product one (F36, ``mid`` the rows of the middle products at X) and the sub-stage
-    radius, with the exact prefix and suffix norms at the layer's ends; per rho ``(drift, product)``,
+    middle-product one (F36, ``mid`` and ``blk`` the rows and block norms of the middle products at
+    X) and the sub-stage radius, with the exact prefix and suffix norms at the layer's ends; per rho ``(drift, product)``,
     the drift the smaller of F30's sum and F36's.  Kept beside the sub-stage telescoping (F33), the
     smaller is used: the sub-stages are first-order exact, a layer's joint bound is tighter on its
     second-order part."""
@@ -264,7 +269,7 @@ def _layer_route(spec: TransformerSpec, stages: list[_Stage], groups: dict, nuP:
     loc = [layer is None and stages[a].local for a, _, layer in items]
     for j, (a, e, layer) in enumerate(items):
         P = float(nuP[a].max())
-        dM = [float(middle_drift_column(mid, rows_it[k], loc, j)[0].max()) if j else 0.0 for k in range(nr)]
+        dM = [float(middle_drift_column(mid, rows_it[k], loc, j, blk)[0].max()) if j else 0.0 for k in range(nr)]
         rs = [min(rho * (P + min(dP[k], dM[k])), rho * prod[k]) * (1 + 1e-12) + 1e-13 * float(stages[a].x.norm(dim=1).max())
               for k, rho in enumerate(rhos)]
         rs = [min(r, float(radii[a][k].max())) for k, r in enumerate(rs)]
@@ -295,7 +300,7 @@ def _layer_route(spec: TransformerSpec, stages: list[_Stage], groups: dict, nuP:
             drift += sbar * dj_it[j][k] * float(nuP[a].max()) if dj_it[j][k] > 0 else 0.0
             dS = (dS * ball_it[j][k] if dS > 0 else 0.0) + S * dj_it[j][k]
         drift = min(drift if math.isfinite(drift) else math.inf,
-                    float(middle_drift_column(mid, rows_it[k], loc, len(items))[0].max()))
+                    float(middle_drift_column(mid, rows_it[k], loc, len(items), blk)[0].max()))
         res.append((drift, math.prod(b[k] for b in ball_it)))
     return res
 
@@ -333,7 +338,7 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
     # Note [middle products]: rows of every product of consecutive layer-level stages at X (THEORY F36)
     cuts = layer_cuts(len(stages), groups)
     pos = {c: q for q, c in enumerate(cuts)}
-    mid, first_rows = middle_rows(stages, cuts, lambda K: certified_rows(_col_blocks(K), chain_exact))
+    mid, blk, first_rows = middle_rows(stages, cuts, lambda K: certified_block_norms(_col_blocks(K), chain_exact))
     nuL = {}  # layer -> (T,) certified nu_i(J_L(X)) from the layer's own blocks
     for a, b, _ in groups.values():  # the attention sub-stage's and the whole layer's rows at X
         stages[a].pt = torch.minimum(stages[a].pt, first_rows[a])
@@ -364,7 +369,7 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
         if s in pos and s > 0:  # the prefix's drift by exact middle products (THEORY F36 item 3)
             mid[(0, pos[s])] = torch.minimum(mid[(0, pos[s])], nu) if (0, pos[s]) in mid else nu
             for k in range(nr):
-                col = middle_drift_column(mid, dJq[k], loc, pos[s])
+                col = middle_drift_column(mid, dJq[k], loc, pos[s], blk)
                 spans[k].update({(a, pos[s]): v for a, v in enumerate(col[:-1])})
                 dP[k] = torch.minimum(dP[k], col[0])
         if s in first:
@@ -437,14 +442,14 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
         eS[s - 1] = e_prev
     del C
     mid[(0, len(cuts) - 1)] = rows + eP[n]
-    middle = [middle_drift_column(mid, dJq[k], loc, len(cuts) - 1) for k in range(nr)]
+    middle = [middle_drift_column(mid, dJq[k], loc, len(cuts) - 1, blk) for k in range(nr)]
     for k in range(nr):
         spans[k].update({(a, len(cuts) - 1): v for a, v in enumerate(middle[k][:-1])})
     suf = [float(N.sum(dim=1).max()) * (1 + T * _U) + e for N, e in zip(Nmat, eS)]
     # Note [stack rounding]: fl(J) - J = sum_m S_m E_m exactly, so the suffixes carry the stage errors
     e_J = min(eP[n], sum(sm * em for sm, em in zip(suf, e_loc)) * (1 + 1e-12))
     point = float(rows.max()) + e_J
-    coarse = _layer_route(spec, stages, groups, nuP, suf, radii, rhos, norms, mid) if layer_route else [(math.inf, math.inf)] * nr
+    coarse = _layer_route(spec, stages, groups, nuP, suf, radii, rhos, norms, mid, blk) if layer_route else [(math.inf, math.inf)] * nr
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     out = []
     for k, rho in enumerate(rhos):

@@ -6,7 +6,8 @@ c_1 < ... < c_L = n`` (input norm, each layer, final norm: ``layer_cuts``) and w
 ``M_{a,b} = J_{c_b - 1} ... J_{c_a}`` for the product of the layer-level stages ``a .. b-1`` at the
 data (``M_{0,b}`` the prefix, ``M_{a,L}`` a suffix, ``M_{a,a} = I``).  For ``y`` in the ball the
 telescoping identity ``M_{a,b}(y) - M_{a,b}(x) = sum_{a<=m<b} M_{m+1,b}(y) (J_m(y_m) - J_m(x_m))
-M_{a,m}(x)`` gives, row by row (``nu_i(A dJ B) <= nu_i(A) ||dJ B||``),
+M_{a,m}(x)`` gives, row by row (``nu_i(A C) <= sum_k ||A_ik|| nu_k(C)`` for ``A = M_{m+1,b}(x)``,
+``nu_i(A C) <= nu_i(A) max_k nu_k(C)`` for its change),
 
     dM_{a,b,i} <= sum_m sum_k ||M_{m+1,b}(x)_ik|| v_{a,m,k} + dM_{m+1,b,i} max_k v_{a,m,k},
     v_{a,m,k} >= nu_k(dJ_m M_{a,m}(x))  (dJ_{m,k} nu_k(M_{a,m}) for a token-local stage,

@@ -13,8 +13,11 @@ Note [stack drift].  For ``y`` in ``B(x, rho)`` (every token within rho), ``J(y)
 (J_s(y_s) - J_s(x_s)) P_s(x)``; THEORY F33 bounds it row by row: per-token radii ``r_{s,i} = rho
 (nu_i(P_s(x)) + dP_{s,i})`` from the exact prefix rows, the sub-stages' drift rows at those radii, and
 the suffix's certified block norms ``N(S_s)`` (the attention's change seen through ``S_s W_O^hT``), with
-the second-order remainders ``dP``, ``dS`` by recursions over sub-stages and over whole layers.  Beside
-it, F30's telescoping over whole layers with the per-layer route (``_layer_route``); the smaller wins.
+the second-order remainders ``dP``, ``dS`` by recursions over sub-stages and over whole layers, and at
+every layer-level cut by the exact middle products at X (THEORY F36, ``_local_stack_middle`` Note
+[middle products]), which also give the drift of J as a route of its own.  Beside it, F30's
+telescoping over whole layers with the per-layer route (``_layer_route``, its remainders also by the
+middle products); the smallest wins.
 
 Note [stack rounding].  Each stage's map applied in float64 to the computed columns ``K`` is one
 expression tree of +, -, x and division by the stage's factors (the factors are those float64
@@ -42,6 +45,7 @@ from torch import Tensor
 from .._results import Kind, Quantity
 from ..model import NormKind, TransformerSpec
 from ._local_jacobian import certified_spectral, row_norm_lower
+from ._local_stack_middle import layer_cuts, middle_drift_column, middle_rows
 from ._local_stack_stages import _Stage, layer_stages, norm_stage
 from ._weights import ROUNDING_PAD
 
@@ -85,16 +89,16 @@ def _gamma(k: int) -> float:
 
 def _local_error(st: _Stage, K: Tensor, *, cols: bool) -> float:
     """Bound on the (2,inf) operator norm of ``fl(L_s K) - L_s K`` (columns, ``cols``) or of the transposed
-    map applied to rows: ``gamma_k`` times the abs evaluation of the stage on ``|K|``, padded for the
-    abs evaluation's own (downward) rounding; per block Frobenius, summed over input tokens
-    (Note [stack rounding])."""
-    fn = st.lin.apply if cols else st.lin.apply_t
-    A = _chunked(lambda Z: fn(Z.abs(), True), K)
-    blocks = _col_blocks(A) if cols else _row_blocks(A)
-    nb = blocks.shape[2] * blocks.shape[3] + blocks.shape[1]
-    per_row = blocks.norm(dim=(2, 3)).sum(dim=1).max()
-    g = _gamma(st.k)
-    return float(per_row) * g / (1 - _gamma(st.k + nb)) * (1 + 1e-12)
+    map applied to rows: ``gamma_k`` times the abs evaluation of the stage on ``|K|`` (Note [stack
+    rounding]), per block Frobenius, summed over input tokens.  The abs evaluation is linear with
+    non-negative output and a non-negative block has ``||B||_F <= ||B 1||_2`` (and ``<= ||1^T B||_2``), so
+    it runs on ``|K|`` summed over each token's ``d`` columns (rows): ``T`` of them instead of ``T d``.
+    Padded for the float64 sums of non-negative numbers (THEORY F30 item 3, F36 item 1)."""
+    N, T, d = K.shape
+    summed = K.abs().reshape(T, d, T, d).sum(dim=1)  # one column (row) per token
+    A = (st.lin.apply if cols else st.lin.apply_t)(summed, True)
+    per_row = A.norm(dim=2).sum(dim=0 if cols else 1).max()
+    return float(per_row) * _gamma(st.k) / (1 - _gamma(st.k + 2 * d + 2 * T)) * (1 + 1e-12)
 
 
 def certified_block_norms(blocks: Tensor, exact: int = 8) -> Tensor:
@@ -115,7 +119,12 @@ def certified_block_norms(blocks: Tensor, exact: int = 8) -> Tensor:
 def certified_rows(blocks: Tensor, exact: int = 8) -> Tensor:
     r"""Per output token ``i``, a certified upper bound on ``sum_j ||B_ij||_2`` (``certified_block_norms``
     summed, the float64 sum padded).  THEORY F17, F30."""
-    return certified_block_norms(blocks, exact).sum(dim=1) * (1 + blocks.shape[1] * _U)
+    return rows_of_block_norms(certified_block_norms(blocks, exact))
+
+
+def rows_of_block_norms(N: Tensor) -> Tensor:
+    """(T,) ``sum_j N_ij`` of certified block norms (T, T), its float64 sum padded.  THEORY F30."""
+    return N.sum(dim=1) * (1 + N.shape[1] * _U)
 
 
 def _col_blocks(K: Tensor) -> Tensor:
@@ -161,6 +170,10 @@ class StackLocal:
     parts: dict = field(default_factory=dict)  # drift share of each stage
     jacobian: Tensor | None = field(default=None, repr=False)  # blocks (T, T, d, d) at X when kept
     token_radii: list = field(default_factory=list, repr=False)  # per stage, (T,) certified radius of each token
+    # THEORY F36: the layer-level cuts (sub-stage indices, n last) and per span (a, b) of layer-level
+    # stages the rows of sup_B nu_i(M_{a,b}(y) - M_{a,b}(x)) (sub-stage drift rows)
+    cuts: list = field(default_factory=list, repr=False)
+    spans: dict = field(default_factory=dict, repr=False)
 
     @property
     def upper(self) -> float:
@@ -211,15 +224,33 @@ def _group_ball(stages: list[_Stage], a: int, b: int, mL: Tensor, balls: list, d
     return BL * (1 + 1e-12), dJL * (1 + 1e-12)
 
 
-def _layer_route(spec: TransformerSpec, stages: list[_Stage], groups: dict, nuP: list, suf: list,
-                 radii: list, rhos: list, norms: dict) -> list[tuple[float, float]]:
-    """The telescoped drift over whole layers (THEORY F30 item 5): per layer the per-layer route's
-    drift and ball rows (``layer_jacobians``) at the smaller of F30's radius recursion and the
-    sub-stage radius, with the exact prefix and suffix norms at the layer's ends; per rho
-    ``(drift, product)``.  Kept beside the sub-stage telescoping (F33), the smaller is used: the
-    sub-stages are first-order exact, a layer's joint bound is tighter on its second-order part."""
+def _per_layer(layer, x: Tensor, rs: list[float], norms: dict) -> list[tuple[Tensor, Tensor]]:  # noqa: ANN001
+    """Per radius ``r`` the per-layer route's rows on ``B(x, r)`` (``layer_jacobians``, THEORY F17,
+    F31): ``(drift rows, sup nu_i(J_L) rows)``, inf where ``r`` is not finite or the per-layer drift
+    machinery overflows."""
     from ._local_jacobian import layer_jacobians
 
+    inf = torch.full((x.shape[0],), math.inf, dtype=torch.float64)
+    if not any(math.isfinite(r) for r in rs):
+        return [(inf, inf)] * len(rs)
+    c = norms[layer.index]
+    try:
+        ljs = layer_jacobians(layer, x, [r if math.isfinite(r) else 0.0 for r in rs], norms=c["w"], head_norms_=c["h"])
+    except RuntimeError:  # the per-layer drift machinery overflowed: no bound there
+        return [(inf, inf)] * len(rs)
+    return [(_nan_inf(lj.drift_rows), _nan_inf(lj.total_rows * (1 + ROUNDING_PAD))) if math.isfinite(r) else (inf, inf)
+            for lj, r in zip(ljs, rs)]
+
+
+def _layer_route(spec: TransformerSpec, stages: list[_Stage], groups: dict, nuP: list, suf: list,  # noqa: PLR0912
+                 radii: list, rhos: list, norms: dict, mid: dict, blk: dict) -> list[tuple[float, float]]:
+    """The telescoped drift over whole layers (THEORY F30 item 5): per layer the per-layer route's
+    drift and ball rows (``layer_jacobians``) at the smallest of F30's radius recursion, the
+    middle-product one (F36, ``mid`` and ``blk`` the rows and block norms of the middle products at
+    X) and the sub-stage radius, with the exact prefix and suffix norms at the layer's ends; per rho ``(drift, product)``,
+    the drift the smaller of F30's sum and F36's.  Kept beside the sub-stage telescoping (F33), the
+    smaller is used: the sub-stages are first-order exact, a layer's joint bound is tighter on its
+    second-order part."""
     items = []  # (first sub-stage, last sub-stage, layer or None)
     byfirst = {a: (b, idx) for idx, (a, b, _) in groups.items()}
     s = 0
@@ -234,24 +265,24 @@ def _layer_route(spec: TransformerSpec, stages: list[_Stage], groups: dict, nuP:
     nr = len(rhos)
     dP, prod = [0.0] * nr, [1.0] * nr
     dj_it, ball_it = [], []
-    for a, e, layer in items:
+    rows_it: list[list[Tensor]] = [[] for _ in rhos]  # per rho, each item's drift rows (F36)
+    loc = [layer is None and stages[a].local for a, _, layer in items]
+    for j, (a, e, layer) in enumerate(items):
         P = float(nuP[a].max())
-        rs = [min(rho * (P + dP[k]), rho * prod[k]) * (1 + 1e-12) + 1e-13 * float(stages[a].x.norm(dim=1).max())
+        dM = [float(middle_drift_column(mid, rows_it[k], loc, j, blk)[0].max()) if j else 0.0 for k in range(nr)]
+        rs = [min(rho * (P + min(dP[k], dM[k])), rho * prod[k]) * (1 + 1e-12) + 1e-13 * float(stages[a].x.norm(dim=1).max())
               for k, rho in enumerate(rhos)]
         rs = [min(r, float(radii[a][k].max())) for k, r in enumerate(rs)]
         if layer is None:
             out = [stages[a].bounds(torch.full_like(nuP[a], r if math.isfinite(r) else math.inf)) for r in rs]
-            dj = [float(_nan_inf(o[0]).max()) for o in out]
+            djr = [_nan_inf(o[0]) for o in out]
             ba = [float(_nan_inf(o[2]).max()) for o in out]
         else:
-            c = norms[layer.index]
-            try:
-                ljs = layer_jacobians(layer, stages[a].x, [r if math.isfinite(r) else 0.0 for r in rs],
-                                      norms=c["w"], head_norms_=c["h"])
-                dj = [float(lj.drift_rows.max()) if math.isfinite(r) else math.inf for lj, r in zip(ljs, rs)]
-                ba = [lj.ball if math.isfinite(r) else math.inf for lj, r in zip(ljs, rs)]
-            except RuntimeError:  # the per-layer drift machinery overflowed: no bound there
-                dj, ba = [math.inf] * nr, [math.inf] * nr
+            pl = _per_layer(layer, stages[a].x, rs, norms)
+            djr, ba = [v[0] for v in pl], [float(v[1].max()) for v in pl]
+        for k in range(nr):
+            rows_it[k].append(djr[k])
+        dj = [float(v.max()) for v in djr]
         dj = [v if math.isfinite(v) else math.inf for v in dj]
         ba = [v if math.isfinite(v) else math.inf for v in ba]
         for k in range(nr):
@@ -268,7 +299,9 @@ def _layer_route(spec: TransformerSpec, stages: list[_Stage], groups: dict, nuP:
             sbar = min(S + dS, math.prod(ball_it[m][k] for m in range(j + 1, len(items))))
             drift += sbar * dj_it[j][k] * float(nuP[a].max()) if dj_it[j][k] > 0 else 0.0
             dS = (dS * ball_it[j][k] if dS > 0 else 0.0) + S * dj_it[j][k]
-        res.append((drift if math.isfinite(drift) else math.inf, math.prod(b[k] for b in ball_it)))
+        drift = min(drift if math.isfinite(drift) else math.inf,
+                    float(middle_drift_column(mid, rows_it[k], loc, len(items), blk)[0].max()))
+        res.append((drift, math.prod(b[k] for b in ball_it)))
     return res
 
 
@@ -283,13 +316,15 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
               + \max_i \sum_s \big[\bar N(S_s)\, (\Delta J_s \odot w_s)\big]_i,\ \prod_s B_s(r_s)\Big)
 
     with per-token radii ``r_{s,i} = rho (nu_i(P_s(X)) + dP_{s,i})`` and ``w_{s,k} = nu_k(P_s)`` (token-local
-    stage) or ``||P_s||``.  Source: THEORY F17, F30, F33.  Assumptions: every embedded token within ``rho``
+    stage) or ``||P_s||``, the remainders also by exact middle products.  Source: THEORY F17, F30, F33,
+    F36.  Assumptions: every embedded token within ``rho``
     (l2) of X; the stages are input norm, sequential layers with dot attention (no RoPE, window,
     soft-cap or q/k norm) and a non-gated FFN, final norm; float64.  ``exact``: blocks per row certified
     by ``certified_spectral`` for J itself, ``chain_exact`` for the prefixes and suffixes.  ``norms``: a
     dict that caches the data-free constants per layer (pass the same one for every sentence).
     ``layer_route``: also telescope over whole layers with the per-layer route (``_layer_route``) and
-    keep the smaller drift and product.
+    keep the smaller drift and product, and take the smaller of each layer's drift rows and the
+    per-layer route's in the middle-product recursion (F36 item 3).
     """
     from ._local import check_rho
 
@@ -300,17 +335,20 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
     norms = {} if norms is None else norms
     stages, _, groups = _stages(spec, X, norms)
     eye = torch.eye(T * d, dtype=torch.float64).reshape(T * d, T, d)
+    # Note [middle products]: rows of every product of consecutive layer-level stages at X (THEORY F36)
+    cuts = layer_cuts(len(stages), groups)
+    pos = {c: q for q, c in enumerate(cuts)}
+    mid, blk, first_rows = middle_rows(stages, cuts, lambda K: certified_block_norms(_col_blocks(K), chain_exact))
     nuL = {}  # layer -> (T,) certified nu_i(J_L(X)) from the layer's own blocks
     for a, b, _ in groups.values():  # the attention sub-stage's and the whole layer's rows at X
-        Kl, err = eye, 0.0
-        for t in range(a, b):
-            err = err * stages[t].p + _local_error(stages[t], Kl, cols=True)
-            Kl = _chunked(stages[t].lin.apply, Kl)
-            if t == a:
-                stages[a].pt = torch.minimum(stages[a].pt, certified_rows(_col_blocks(Kl), chain_exact) + err)
-        nuL[a] = certified_rows(_col_blocks(Kl), chain_exact) + err
-        del Kl
+        stages[a].pt = torch.minimum(stages[a].pt, first_rows[a])
+        nuL[a] = mid[(pos[a], pos[b])]
     first = {a: (b, mL) for a, b, mL in groups.values()}
+    loc = [cuts[q] not in first and stages[cuts[q]].local for q in range(len(cuts) - 1)]
+    dJq: list[list[Tensor]] = [[] for _ in rhos]  # per rho, each layer-level stage's drift rows
+    spans: list[dict] = [{} for _ in rhos]  # per rho, (a, b) -> rows of sup nu_i(M_{a,b}(y) - M_{a,b}(x))
+    layer_at = {groups[ly.index][0]: ly for ly in spec.layers}
+    PL: dict = {}  # layer start -> per rho the per-layer route's (drift rows, ball rows)
     last = {b - 1: (a, mL) for a, b, mL in groups.values()}
     pL = {a: min(float((mL * stages[a].pt).max()) * (1 + 1e-12), float(nuL[a].max())) for a, b, mL in groups.values()}
     n, nr = len(stages), len(rhos)
@@ -328,6 +366,12 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
         nu = rows + eP[s]
         nuP.append(nu)
         normP = float(nu.max())
+        if s in pos and s > 0:  # the prefix's drift by exact middle products (THEORY F36 item 3)
+            mid[(0, pos[s])] = torch.minimum(mid[(0, pos[s])], nu) if (0, pos[s]) in mid else nu
+            for k in range(nr):
+                col = middle_drift_column(mid, dJq[k], loc, pos[s], blk)
+                spans[k].update({(a, pos[s]): v for a, v in enumerate(col[:-1])})
+                dP[k] = torch.minimum(dP[k], col[0])
         if s in first:
             at[s] = ([v.clone() for v in dP], [v.clone() for v in rc], normP)
         scale = float(st.x.norm(dim=1).max())
@@ -345,6 +389,9 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
             move = b * dP[k] if st.local else b * float(dP[k].max())
             dP[k] = _nan_inf(torch.where(dP[k] == 0, 0.0, move) + (dj * nu if st.local else dj * normP))
             rc[k] = _nan_inf(b * (r if st.local else float(r.max())))
+        if s in first:  # the per-layer route at the layer's input radius (F36 item 3: the smaller drift)
+            rmax = [float(r.max()) if layer_route else math.inf for r in rs]
+            PL[s] = _per_layer(layer_at[s], st.x, rmax, norms)
         radii.append(rs)
         dJs.append(djs)
         dJcs.append(djcs)
@@ -355,11 +402,15 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
             GB[a] = []
             for k in range(nr):
                 BL, dJL = _group_ball(stages, a, s + 1, mL, [balls[t][k] for t in range(len(balls))], [dJs[t][k] for t in range(len(dJs))])
-                BL = torch.minimum(BL, _nan_inf(nuL[a] + dJL))
+                dJL = torch.minimum(dJL, PL[a][k][0])
+                BL = torch.minimum(torch.minimum(BL, _nan_inf(nuL[a] + dJL)), PL[a][k][1])
                 GB[a].append((BL, dJL))
                 alt = _nan_inf(torch.where(dPa[k] == 0, 0.0, BL * float(dPa[k].max())) + dJL * nPa)
                 dP[k] = torch.minimum(dP[k], alt)
                 rc[k] = torch.minimum(rc[k], _nan_inf(BL * float(rca[k].max())))
+        if s + 1 in pos:  # a layer-level stage ends: its drift rows (the whole layer's, F33 item 3)
+            for k in range(nr):
+                dJq[k].append(GB[last[s][0]][k][1] if s in last else dJs[s][k])
         e_loc.append(_local_error(st, K, cols=True))
         K = _chunked(st.lin.apply, K)
         rows = certified_rows(_col_blocks(K), exact if s == n - 1 else chain_exact)
@@ -390,11 +441,15 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
             e_prev = min(e_prev, alt)
         eS[s - 1] = e_prev
     del C
+    mid[(0, len(cuts) - 1)] = rows + eP[n]
+    middle = [middle_drift_column(mid, dJq[k], loc, len(cuts) - 1, blk) for k in range(nr)]
+    for k in range(nr):
+        spans[k].update({(a, len(cuts) - 1): v for a, v in enumerate(middle[k][:-1])})
     suf = [float(N.sum(dim=1).max()) * (1 + T * _U) + e for N, e in zip(Nmat, eS)]
     # Note [stack rounding]: fl(J) - J = sum_m S_m E_m exactly, so the suffixes carry the stage errors
     e_J = min(eP[n], sum(sm * em for sm, em in zip(suf, e_loc)) * (1 + 1e-12))
     point = float(rows.max()) + e_J
-    coarse = _layer_route(spec, stages, groups, nuP, suf, radii, rhos, norms) if layer_route else [(math.inf, math.inf)] * nr
+    coarse = _layer_route(spec, stages, groups, nuP, suf, radii, rhos, norms, mid, blk) if layer_route else [(math.inf, math.inf)] * nr
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     out = []
     for k, rho in enumerate(rhos):
@@ -409,6 +464,9 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
         total = torch.zeros(T, dtype=torch.float64)
         parts = {}
         for s in range(n - 1, -1, -1):
+            if s + 1 in pos:  # S_s = M_{q,L}: its drift by exact middle products (THEORY F36 item 3)
+                dS = torch.minimum(dS, middle[k][pos[s + 1]])
+                dS_at[s] = dS
             djc = dJcs[s][k]
             w = djc * (nuP[s] if stages[s].local else float(nuP[s].max()))  # nu_k(dJ_s P_s(x))
             wmax = float(w.max())
@@ -432,14 +490,15 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
                 dS = torch.minimum(step, torch.full_like(step, 2 * after[s]))
                 dS_at[s - 1] = dS
         fine = float(total.max())
-        drift = min(fine if math.isfinite(fine) else math.inf, coarse[k][0])
-        parts["(sub-stage route)"], parts["(layer route)"] = fine, coarse[k][0]
+        whole = float(middle[k][0].max())
+        drift = min(fine if math.isfinite(fine) else math.inf, coarse[k][0], whole)
+        parts["(sub-stage route)"], parts["(layer route)"], parts["(middle products)"] = fine, coarse[k][0], whole
         stack = (point + drift) * (1 + ROUNDING_PAD)
         product = min(after[0], coarse[k][1]) * (1 + ROUNDING_PAD)
         out.append(StackLocal(rho, point, drift, stack, product, [float(r[k].max()) for r in radii],
                               [st.name for st in stages], [st.p for st in stages], bmax,
                               [float(dj[k].max()) for dj in dJs], [float(v.max()) for v in nuP], suf, e_J, wall, cpu,
-                              parts, kept if k == 0 else None, [r[k] for r in radii]))
+                              parts, kept if k == 0 else None, [r[k] for r in radii], cuts, spans[k]))
     return out
 
 

@@ -1,0 +1,131 @@
+"""Middle products of the whole stack at the data and their certified drift over the ball
+(issue 12; THEORY F36).
+
+Note [middle products].  Cut the chain of sub-stages at the *layer-level* boundaries ``c_0 = 0 <
+c_1 < ... < c_L = n`` (input norm, each layer, final norm: ``layer_cuts``) and write
+``M_{a,b} = J_{c_b - 1} ... J_{c_a}`` for the product of the layer-level stages ``a .. b-1`` at the
+data (``M_{0,b}`` the prefix, ``M_{a,L}`` a suffix, ``M_{a,a} = I``).  For ``y`` in the ball the
+telescoping identity ``M_{a,b}(y) - M_{a,b}(x) = sum_{a<=m<b} M_{m+1,b}(y) (J_m(y_m) - J_m(x_m))
+M_{a,m}(x)`` gives, row by row (``nu_i(A C) <= sum_k ||A_ik|| nu_k(C)`` for ``A = M_{m+1,b}(x)``,
+``nu_i(A C) <= nu_i(A) max_k nu_k(C)`` for its change),
+
+    dM_{a,b,i} <= sum_m sum_k ||M_{m+1,b}(x)_ik|| v_{a,m,k} + dM_{m+1,b,i} max_k v_{a,m,k},
+    v_{a,m,k} >= nu_k(dJ_m M_{a,m}(x))  (dJ_{m,k} nu_k(M_{a,m}) for a token-local stage,
+                                         dJ_{m,k} ||M_{a,m}|| otherwise),
+
+computed for the spans ending at ``b`` from the shortest up (``middle_drift_column``).  Every
+first-order term carries exact middle products at the data, never a product of stage norms.  The
+rows ``nu_i(M_{a,b}(x))`` come from chains started at every layer-level stage (``middle_rows``),
+``O(L^2)`` layer passes over the ``T d`` columns; the chains' rounding is carried to each cut by the
+exact middle products after the rounding step (``fl(M) - M = sum_m M_{m+1 -> b} E_m``) and bounded
+per step by the abs evaluation on token-summed columns (``_local_stack._local_error``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+__all__ = ["layer_cuts", "middle_rows", "middle_drift_column"]
+
+
+def layer_cuts(n: int, groups: dict) -> list[int]:
+    """The sub-stage indices where a layer-level stage starts (a layer's sub-stages form one stage,
+    a norm its own), with ``n`` at the end."""
+    cuts = {0, n}
+    for a, b, _ in groups.values():
+        cuts |= {a, b}
+    return sorted(cuts)
+
+
+def middle_rows(stages: list, cuts: list[int], norms_of, exact: int = 4) -> tuple[dict, dict, dict]:  # noqa: ANN001
+    r"""Certified rows ``mid[(a, b)] >= nu_i(M_{a,b}(x))`` (T,) for ``1 <= a < b <= L`` and ``(0, 1)``
+    (layer-level stages, ``cuts`` from ``layer_cuts``) by float64 chains of the sub-stages' tangent
+    maps started at every cut (from the first only its own stage: the prefix chain gives the rest);
+    ``blk[(a, b)] = (N, e)``: the computed product's certified block norms (T, T) and its rounding
+    bound ``e >= max_i sum_k ||E_ik||``, so ``||M_{a,b,ik}|| <= N_ik + ||E_ik||``; ``first[c]``: the rows
+    after the first sub-stage of the stage starting at ``c``.  ``norms_of(K)``: certified block norms
+    of the computed columns (``certified_block_norms`` of their blocks).  Rounding: ``fl(M_{a,b}) -
+    M_{a,b} = sum_m M_{m+1 -> c_b} E_m``, each ``M_{m+1 -> c_b}`` bounded by the stage's own tail
+    (point norms of its remaining sub-stages) times the exact ``mid`` of the later layer-level stages,
+    so the starts run from the last.  THEORY F36 item 1."""
+    from ._local_stack import _chunked, _local_error, rows_of_block_norms
+
+    L = len(cuts) - 1
+    n = cuts[-1]
+    T, d = stages[0].x.shape
+    level = {}  # sub-stage -> its layer-level stage
+    for q in range(L):
+        for s in range(cuts[q], cuts[q + 1]):
+            level[s] = q
+    pos = {c: q for q, c in enumerate(cuts)}
+    mid: dict = {}
+    blk: dict = {}
+    first: dict = {}
+
+    def norm_after(q: int, b: int) -> float:  # ||M_{q,b}(x)|| (certified), q <= b
+        return 1.0 if q == b else float(mid[(q, b)].max())
+
+    def tail(s: int) -> float:  # point norms of the sub-stages after s inside its layer-level stage
+        return math.prod((stages[t].p for t in range(s + 1, cuts[level[s] + 1])), start=1.0)
+
+    for a in range(L - 1, -1, -1):  # a = 0: its first stage only (the prefix chain gives the rest)
+        K = torch.eye(T * d, dtype=torch.float64).reshape(T * d, T, d)
+        errs = []
+        for s in range(cuts[a], n if a > 0 else cuts[1]):
+            errs.append((s, _local_error(stages[s], K, cols=True)))
+            K = _chunked(stages[s].lin.apply, K)
+            if s == cuts[a]:
+                first[s] = rows_of_block_norms(norms_of(K)) + errs[0][1]
+            if s + 1 in pos:
+                b = pos[s + 1]
+                err = sum(e * tail(m) * norm_after(level[m] + 1, b) for m, e in errs) * (1 + 1e-12)
+                N = norms_of(K)
+                blk[(a, b)] = (N, err)
+                mid[(a, b)] = rows_of_block_norms(N) + err
+    return mid, blk, first
+
+
+def _reach(dJ: Tensor, rows: Tensor, local: bool) -> Tensor:
+    """(T,) ``v_k >= nu_k(dJ_m M(x))`` from the drift rows ``dJ`` of stage m and the rows of ``M(x)``:
+    ``dJ_k nu_k(M)`` for a token-local stage, else ``dJ_k ||M||``."""
+    v = dJ * rows if local else dJ * float(rows.max())
+    return torch.nan_to_num(v, nan=math.inf, posinf=math.inf)
+
+
+def middle_drift_column(mid: dict, dJ: list[Tensor], local: list[bool], b: int, blk: dict | None = None) -> list[Tensor]:
+    r"""Rows ``dM[a] >= sup_{y in B} nu_i(M_{a,b}(y) - M_{a,b}(x))`` for ``a = 0 .. b`` (``dM[b] = 0``):
+
+    .. math:: \delta M_{a,b,i} \le \sum_{a \le m < b} \Big(\sum_k \|M_{m+1,b}(x)_{ik}\|\, v_{a,m,k}
+              + \delta M_{m+1,b,i} \max_k v_{a,m,k}\Big),\quad v_{a,m,k} \ge \nu_k(\Delta J_m M_{a,m}(x))
+
+    (Note [middle products]), from the shortest span up; the block norms ``||M_{m+1,b}(x)_ik||`` are
+    ``blk``'s (``N_ik`` plus the rounding ``e``, carried as ``e max_k v``) where given, else the row
+    bound ``nu_i(M_{m+1,b}) max_k v``; for ``m + 1 = b`` (the identity) the term is ``v_i``.
+    ``mid[(a, b)]``: certified rows of the middle products at the data (``(a, a)`` is the identity);
+    ``dJ[m]`` (T,): stage ``m``'s certified drift rows on its input ball; ``local[m]``: stage ``m`` is
+    token-local.  Float64 sums of a few non-negative products, padded by ``1e-12`` relative.
+    THEORY F36 item 2."""
+    blk = {} if blk is None else blk
+    T = dJ[0].shape[0] if dJ else next(iter(mid.values())).shape[0]
+    one = torch.ones(T, dtype=torch.float64)
+    rows = lambda a, c: one if a == c else mid[(a, c)]  # noqa: E731
+    out = {b: torch.zeros(T, dtype=torch.float64)}
+    for a in range(b - 1, -1, -1):
+        acc = torch.zeros(T, dtype=torch.float64)
+        for m in range(a, b):
+            v = _reach(dJ[m], rows(a, m), local[m])
+            vmax = float(v.max())
+            if not vmax > 0:
+                continue
+            if m + 1 == b:
+                acc = acc + v
+            elif (m + 1, b) in blk:
+                N, err = blk[(m + 1, b)]
+                acc = acc + N @ v + (err + out[m + 1]) * vmax
+            else:
+                acc = acc + (rows(m + 1, b) + out[m + 1]) * vmax
+        out[a] = torch.nan_to_num(acc * (1 + 1e-12), nan=math.inf, posinf=math.inf)
+    return [out[a] for a in range(b + 1)]

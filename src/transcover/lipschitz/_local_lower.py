@@ -289,3 +289,59 @@ def ball_lower_sweep(fn: Fn, X: Tensor, rhos, *, init: tuple | None = None, adap
                           max(prev.pair, r.pair), prev.centre, prev.direction, r.seconds)
         out[rho] = prev = r
     return [out[float(r)] for r in rhos]
+
+
+def _drift_step(fn: Fn, X: Tensor, Yp: Tensor, i: int, u: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """At ``Yp`` with cotangent ``u`` at token ``i``: (``V``, the unit rows of ``(J(Yp) - J(X))^T w``;
+    ``(J(Yp) - J(X)) V``; the gradient in ``Yp`` of ``u^T (J(Yp) V)_i`` with ``V`` held)."""
+    w = torch.zeros_like(X)
+    w[i] = u
+    Xr = X.detach().clone().requires_grad_(True)
+    (g0,) = torch.autograd.grad(fn(Xr), Xr, w)
+    Yr = Yp.detach().clone().requires_grad_(True)
+    wr = w.clone().requires_grad_(True)
+    (g,) = torch.autograd.grad(fn(Yr), Yr, wr, create_graph=True)
+    V = _unit_rows((g - g0).detach())
+    JV, gY = torch.autograd.grad((g * V).sum(), (wr, Yr), allow_unused=True)
+    if gY is None:  # fn linear: its Jacobian does not drift
+        gY = torch.zeros_like(Yr)
+    J0V = torch.autograd.functional.jvp(fn, X, V)[1]
+    return V, (JV - J0V).detach(), gY.detach()
+
+
+def drift_lower(fn: Fn, X: Tensor, rho: float, *, tokens=(0,), restarts: int = 3, steps: int = 30,  # noqa: ANN001
+                seed: int = 0) -> tuple[Tensor, list]:
+    r"""(T,) attained values of ``sup_{Y in B(X, rho)} nu_i(J(Y) - J(X))`` per output token (zero where
+    no witness was recorded) and the best witness ``[value, token, Y, V]``: for each start (random
+    offsets on the ball's boundary, random cotangents ``u`` at a token of ``tokens``), alternating
+    maximisation over the unit rows ``V`` (``v_j`` the unit rows of ``(J(Y) - J(X))^T w``) and ``u`` (the
+    normalised image, following the largest row) with a projected steepest-ascent step in ``Y`` (per
+    token along the gradient of ``u^T (J(Y) V)_i``, halved when the value drops), as in Note [ball
+    lower] (a).  Every recorded value is ``||((J(Y) - J(X)) V)_i||`` at a point of the ball with unit
+    rows: attained.  Kind: empirical lower."""
+    X = X.detach().double()
+    g = torch.Generator().manual_seed(seed)
+    vals = torch.zeros(X.shape[0], dtype=torch.float64)
+    best = [-1.0, 0, X, None]
+    for k in range(restarts * len(tokens)):
+        i = int(tokens[k % len(tokens)])
+        u = _unit_rows(torch.randn(X.shape[1], generator=g, dtype=torch.float64))
+        C = rho * _SHRINK * _unit_rows(torch.randn(X.shape, generator=g, dtype=torch.float64))
+        eta, prev, Cb, gb = 1.0, -math.inf, C, None
+        for s in range(steps + 1):
+            V, DV, gY = _drift_step(fn, X, X + C, i, u)
+            rows = DV.norm(dim=-1)
+            vals = torch.maximum(vals, rows)
+            t = int(rows.argmax())
+            if float(rows[t]) > best[0]:
+                best = [float(rows[t]), t, (X + C).clone(), V]
+            if float(rows[i]) >= prev:
+                prev, Cb, gb = float(rows[i]), C, gY
+                u = _unit_rows(DV[i])
+            else:
+                eta *= 0.5
+            if s == steps:
+                break
+            C = _clip(Cb + eta * rho * _unit_rows(gb), rho)
+            eta = min(eta, 0.5)
+    return vals, best

@@ -48,6 +48,9 @@ from ._local_jacobian import (
     LayerJacobian, _f64, _floor, _head_data, _norm_parts, _weight_norms,
     certified_lmax, certified_lmax_vec, certified_spectral,
 )
+from ._local_drift import attention_drift_hessian, heads_joint, output_block_norms
+from ._local_ffn2 import ffn_hadamard, ffn_second_norms, ffn_taylor_drift, gelu_ffn
+from ._local_joint import attention_remainder, head_geometry, norm_remainder
 from ._local_sharp import (
     GELU_SLOPE_RANGE, chi_bound, ffn_unit_drift, head_moves, score_moves, softmax_envelope, unit_slope_moves,
     visible_diameter,
@@ -96,16 +99,21 @@ def ffn_drift_constant(ffn, *, centred: bool = False) -> float:  # noqa: ANN001
 
 
 def row_weights(heads, T: int, nO: float, nN: Tensor | None = None) -> Tensor:  # noqa: ANN001
-    """(T, T) positive weights ``w_ij`` for Note [weighted row Gram]: a cheap upper-bound proxy of
-    ``||B_ij||`` (any positive weights give a valid bound; these make it close to the block sum)."""
+    """(T, T) positive weights ``w_ij`` for Note [weighted row Gram]: a cheap proxy of ``||B_ij||`` (any
+    positive weights give a valid bound; these make it close to the block sum).  The off-diagonal
+    proxies are worst-case spectral norms through every head; the bound is tightest with ``w_j`` near
+    ``||J_ij^T u||`` at the top direction ``u``, which a head's ``d_h``-dimensional value map meets at about
+    ``(d_h/d)^{1/2}`` of its norm, so they are scaled by that against the diagonal block (residual included)
+    (THEORY F34c)."""
     w = torch.zeros(T, T, dtype=torch.float64)
     for P, Y, q, _, _, Wv, _ in heads:
         vn = (Y @ Wv).norm(dim=-1)
         w = w + P * (float(torch.linalg.matrix_norm(Wv, 2)) + vn * q.norm(dim=-1)[:, None])
-    w = nO * w
+    eye = torch.eye(T, dtype=torch.float64)
+    w = nO * w * (eye + math.sqrt(heads[0][5].shape[1] / heads[0][5].shape[0]) * (1 - eye))
     if nN is not None:
         w = w * nN[None, :]
-    w = w + torch.eye(T, dtype=torch.float64)
+    w = w + eye
     return w.clamp(min=1e-12 * float(w.max()))
 
 
@@ -241,6 +249,12 @@ class _HeadMoments:
 
 
 def attention_drift_rows(mom: _HeadMoments, r: float, norms: dict) -> Tensor:
+    """(H, T) certified ``nu_i(Z'^h - Z^h)`` over ``B(X, r)``: per entry the smaller of THEORY F17d
+    (``attention_drift_f17d``) and F35 (``attention_drift_hessian``, the second derivative's ball sups)."""
+    return torch.minimum(attention_drift_f17d(mom, r, norms), attention_drift_hessian(mom, r, norms))
+
+
+def attention_drift_f17d(mom: _HeadMoments, r: float, norms: dict) -> Tensor:
     r"""(H, T): per head and query, a certified bound on ``nu_i(Z'^h - Z^h)`` over ``B(X, r)``, ``Z^h_ij
     = W_V^T Q^h_ij`` the head's Jacobian blocks before ``W_O`` (Note [attention drift rows]).
 
@@ -299,9 +313,11 @@ def _spectral_err(A: Tensor, eA: Tensor | float = 0.0) -> Tensor:
     return certified_spectral(A) + eA
 
 
-def _heads_combined(per_head: Tensor, concat: Tensor, dZ: Tensor) -> Tensor:
-    """``nu_i(M W_O^T concat_h dZ^h) <= min(sum_h ||M W_O^hT|| dZ_h, ||M W_O^T|| (sum_h dZ_h^2)^{1/2})``."""
-    return torch.minimum((per_head * dZ).sum(dim=0), concat * torch.sqrt((dZ * dZ).sum(dim=0)))
+def _heads_combined(per_head: Tensor, concat: Tensor, dZ: Tensor, joint: Tensor | None = None) -> Tensor:
+    """``nu_i(M W_O^T concat_h dZ^h) <= min(sum_h ||M W_O^hT|| dZ_h, ||M W_O^T|| (sum_h dZ_h^2)^{1/2})``, and
+    ``joint`` (T,) when given: ``||M_i|| heads_joint(C, dZ)`` (THEORY F35d)."""
+    out = torch.minimum((per_head * dZ).sum(dim=0), concat * torch.sqrt((dZ * dZ).sum(dim=0)))
+    return out if joint is None else torch.minimum(out, joint)
 
 
 def _ln_drift(norm, sigma: Tensor | None, r: Tensor, d: int):  # noqa: ANN001, ANN202
@@ -496,7 +512,10 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
         MOh, MO = _head_output_norms(M, eM, heads, T)
     Oh, _ = _head_output_norms(None, None, heads, T)
     Oall = torch.full((T,), nO, dtype=torch.float64)
+    Cw = output_block_norms(heads)  # F35d: the heads through W_O jointly
     mom = _HeadMoments(heads, attn.softmax_scale)
+    if post:  # F34a: the heads' value-output maps, radius-free
+        geo_v, geo_ov = (head_geometry(heads, attn.softmax_scale, output=o) for o in (False, True))
     s2nd = second_derivative_sup(ffn.activation)
     if "kappa" not in norms:
         norms["kappa"] = ffn_drift_constant(ffn)
@@ -517,10 +536,20 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
         return torch.minimum(lin, torch.full_like(rh, cap)), torch.minimum(lin / 2, torch.full_like(rh, cap))
 
     unit_refs: list = []  # (rh_b, bound_b): F31d at a larger ball where no unit was capped (F37b)
+    # F38: the FFN's radius-free Hadamard Grams (per layer, cached with the weight norms) and N2 per token
+    taylor = None
+    if gelu_ffn(ffn):
+        centred = post and lay(layer.norm_ffn)  # the second norm sees P dF, as kappaP
+        key = "ffn2P" if centred else "ffn2"
+        if key not in norms:
+            norms[key] = ffn_hadamard(ffn, centred=centred)
+        taylor = norms[key]
+    n2_tok = torch.full((T,), math.nan, dtype=torch.float64)
 
     def ffn_rows(tail, rh: Tensor, unit: bool) -> dict:  # noqa: ANN001
         """``tail(dF, dF_half)`` with F17c's drift and F37b's scaled references, refined by F31d's per-unit
-        Grams (2 d^2 d_ff flops a token) only at the tokens that can set a reported maximum (F37a)."""
+        Grams (2 d^2 d_ff flops a token) and F38's second-order tensor norm (d d_ff^2 flops a token, once per
+        token and layer) only at the tokens that can set a reported maximum (F37a)."""
         dF, dFh = dF_glob(rh)
         if not unit:
             return tail(dF, dFh)
@@ -532,6 +561,12 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
         def refine(idx: Tensor) -> None:
             u, uh = ffn_unit_drift(ffn, zd[idx], norms["n1"], rh[idx])
             dF[idx], dFh[idx] = torch.minimum(dF[idx], u), torch.minimum(dFh[idx], uh)
+            if taylor is not None:  # F38: the same per-token term, by the second-order tensor norm
+                new = idx[torch.isnan(n2_tok[idx])]
+                if len(new):
+                    n2_tok[new] = ffn_second_norms(taylor, zd[new])
+                t, th = ffn_taylor_drift(taylor, n2_tok[idx], zd[idx], norms["n1"], rh[idx])
+                dF[idx], dFh[idx] = torch.minimum(dF[idx], t), torch.minimum(dFh[idx], th)
             uncapped = (unit_slope_moves(zd[idx], norms["n1"], rh[idx]) <= GELU_SLOPE_RANGE).all(dim=1)
             ref[idx] = torch.where(uncapped, u, ref[idx])
 
@@ -550,28 +585,42 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
 
         if post:
             dZ = attention_drift_rows(mom, r, norms)
-            dB = _heads_combined(Oh, Oall, dZ)
+            jz = heads_joint(Cw, dZ)
+            dB = _heads_combined(Oh, Oall, dZ, jz)
             A = a_pt + dB
             AP = aP_pt + dB  # ||P W_O^hT|| <= ||W_O^hT||
             att_rows = A + 1  # nu_i(A') <= nu_i(B') + 1
             # F31b: the smaller of r times the Jacobian sup and the sublayer's own move (residual + attention)
-            r1 = torch.minimum(riemann("AP", AP), rr + _heads_combined(Oh, Oall, head_moves(mom, r, norms))) * (1 + 1e-12)
+            hm = head_moves(mom, r, norms)
+            r1 = torch.minimum(riemann("AP", AP), rr + _heads_combined(Oh, Oall, hm, heads_joint(Cw, hm)))
+            # F34: the exact linear map at X (all heads and the residual jointly) plus second-order remainders
+            remA, remV = attention_remainder(mom, geo_v, geo_ov, nO, r, norms)
+            r1 = torch.minimum(r1, r * aP_pt + remA) * (1 + 1e-12)
             e1, sf1 = _ln_drift(layer.norm_attn, sig1, r1, d)
+            remN = norm_remainder(g1, e1, r1)
+            # the heads' remainders seen through D1 W_O and (I + F) D1 W_O (F32's chains) or the norms; a zero
+            # output map times an infinite remainder is nan, the bound there is inf
+            remH = torch.minimum(nD1 * remA, _heads_combined(D1Oh, D1O, remV)) + remN
+            remG = torch.minimum(nIF * remH, _heads_combined(IFD1Oh, IFD1O, remV) + nIF * remN)
+            remH, remG = (torch.nan_to_num(v, nan=math.inf) for v in (remH, remG))
             # Delta D1 = Delta D1 P: it acts on P B' (centred), whose rows are at most AP
-            Hs = torch.minimum(h_pt + g1 * e1 * AP + _heads_combined(D1Oh, D1O, dZ), g1 / sf1 * AP if sig1 is not None else A)
+            Hs = torch.minimum(h_pt + g1 * e1 * AP + _heads_combined(D1Oh, D1O, dZ, nD1 * jz),
+                               g1 / sf1 * AP if sig1 is not None else A)
             rh = riemann("Hs", Hs)
             if sig1 is not None:  # ||D1'|| <= max|gamma|/s_floor on the ball of radius r1
                 rh = torch.minimum(rh, g1 / sf1 * r1)
             else:
                 rh = torch.minimum(rh, r1)
-            rh = rh * (1 + 1e-12)
+            rh = torch.minimum(rh, r * h_pt + remH) * (1 + 1e-12)  # F34b
 
             def tail(dF: Tensor, dFh: Tensor) -> dict:
                 # centred (P (I+F') D1' B'): ||P dF|| <= kappaP rh, ||P X|| <= ||X||
-                Gs = torch.minimum(g_pt + dF * Hs + nIF * g1 * e1 * AP + _heads_combined(IFD1Oh, IFD1O, dZ), (nIF + dF) * Hs)
+                Gs = torch.minimum(g_pt + dF * Hs + nIF * g1 * e1 * AP + _heads_combined(IFD1Oh, IFD1O, dZ, nIF * nD1 * jz),
+                                   (nIF + dF) * Hs)
                 Gs = torch.minimum(Gs, (1 + lffn) * Hs)
                 # F31b: S2' - S2 = (I + F) dh + int_0^1 (F(h + t dh) - F(h)) dh dt, the remainder <= dF(rh)/2 rh
-                r2 = torch.minimum(riemann("Gs", Gs), (nIF + dFh).clamp(max=1 + lffn) * rh) * (1 + 1e-12)
+                r2 = torch.minimum(riemann("Gs", Gs), (nIF + dFh).clamp(max=1 + lffn) * rh)
+                r2 = torch.minimum(r2, r * g_pt + remG + dFh * rh) * (1 + 1e-12)  # F34b
                 e2, sf2 = _ln_drift(layer.norm_ffn, sig2, r2, d)
                 terms = {"norm_ffn (dD2)": g2 * e2 * Gs, "ffn (dF)": nD2 * dF * Hs,
                          "norm_attn (dD1)": nD2IFg * e1 * AP, "attention (dA)": mixed}
@@ -580,19 +629,21 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
                     total = torch.minimum(total, g2 / sf2 * Gs)
                 return _rows(terms, total, {"attention": r1, "norm_attn": rh, "ffn": r2}, {"AP": AP, "Hs": Hs, "Gs": Gs})
 
-            mixed = _heads_combined(MOh, MO, dZ)
+            mixed = _heads_combined(MOh, MO, dZ, nD2 * nIF * nD1 * jz)
         else:
             e1, sf1 = _ln_drift(layer.norm_attn, sig1, rr, d)
             sD1 = torch.minimum(g1 / sf1, nD1 + g1 * e1) if sig1 is not None else torch.ones(T, dtype=torch.float64)
             ry = r * float(sD1.max()) * (1 + 1e-12)
             dZ = attention_drift_rows(mom, ry, norms)
-            dA = _heads_combined(Oh, Oall, dZ)
+            jz = heads_joint(Cw, dZ)
+            dA = _heads_combined(Oh, Oall, dZ, jz)
             att_rows = attention_local_bound(attn, Xin, ry, norms=hn).per_query
             mD1, mE1 = float(sD1.max()), float((g1 * e1).max())
             dB = dA * mD1 + att_rows * mE1
             A = torch.minimum(a_pt + dB, 1 + att_rows * mD1)
             # F31b: the residual plus the attention's own move on its input ball of radius ry
-            r1 = torch.minimum(riemann("A", A), rr + _heads_combined(Oh, Oall, head_moves(mom, ry, norms))) * (1 + 1e-12)
+            hm = head_moves(mom, ry, norms)
+            r1 = torch.minimum(riemann("A", A), rr + _heads_combined(Oh, Oall, hm, heads_joint(Cw, hm))) * (1 + 1e-12)
             e2, sf2 = _ln_drift(layer.norm_ffn, sig2, r1, d)
             sD2 = torch.minimum(g2 / sf2, nD2 + g2 * e2) if sig2 is not None else torch.ones(T, dtype=torch.float64)
             rh = r1 * sD2 * (1 + 1e-12)
@@ -605,7 +656,7 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
                 return _rows(terms, total, {"attention": ry * torch.ones(T, dtype=torch.float64), "norm_ffn": r1,
                                             "ffn": rh}, {"A": A})
 
-            mixed = _heads_combined(MOh, MO, dZ) * mD1
+            mixed = _heads_combined(MOh, MO, dZ, nM * jz) * mD1
         rows = ffn_rows(tail, rh, unit)
         terms, total, drift = rows["terms"], rows["total"], rows["drift"]
         parts = {k: float(v.max()) for k, v in terms.items()}

@@ -126,6 +126,7 @@ def _attn_stage(name: str, group: int, layer, X: Tensor, n1: _NormLin | None, ca
     through ``W_O``) at the largest radius reaching the attention (every key moves); pre-LN adds the
     norm's drift, ``dA sup||D1'|| + sup nu_i(A') max||dD1||``; ball ``1 + sup nu_i(A') sup||D1'||``."""
     from ._local_attention import attention_local_bound
+    from ._local_drift import heads_joint, output_block_norms
     from ._local_rows import _head_output_norms, _heads_combined, _HeadMoments, attention_drift_rows
 
     attn = layer.attention
@@ -135,6 +136,7 @@ def _attn_stage(name: str, group: int, layer, X: Tensor, n1: _NormLin | None, ca
     mom = _HeadMoments(heads, attn.softmax_scale)
     Oh, _ = _head_output_norms(None, None, heads, T)
     Oall = torch.full((T,), float(cache["h"]["O"]), dtype=torch.float64)
+    Cw = output_block_norms(heads)  # F35d
     att0 = attention_local_bound(attn, Xin, 0.0, norms=cache["h"]).per_query
     g1 = _gmax(layer.norm_attn) if n1 is not None else 1.0
     nD1 = g1 / n1.s * (1 + 1e-12) if n1 is not None else torch.ones(T, dtype=torch.float64)
@@ -153,7 +155,7 @@ def _attn_stage(name: str, group: int, layer, X: Tensor, n1: _NormLin | None, ca
             return _inf(T)
         try:
             dZ = attention_drift_rows(mom, ry, cache["w"])
-            dA = _heads_combined(Oh, Oall, dZ)
+            dA = _heads_combined(Oh, Oall, dZ, heads_joint(Cw, dZ))
             att = attention_local_bound(attn, Xin, ry, norms=cache["h"]).per_query
         except RuntimeError:  # overflow of the drift machinery at a huge radius: no bound there
             return _inf(T)

@@ -1,0 +1,113 @@
+"""The FFN's second-order term at the data point, one certified tensor norm per token (issue 12; THEORY F38).
+
+F31d bounds the FFN Jacobian's change on ``||dh|| <= r`` unit by unit, every unit at its own worst move
+``||w1_k|| r`` at once; one ``dh`` cannot align with all ``d_ff`` rows.  Here the change is split at the
+centre into its exact first-order part ``W_2^T diag(sigma''(z) (W_1^T dh)) W_1^T``, bounded by one certified
+spectral norm ``N2 = ||W_2^T D K||`` per token (``D = diag(sigma''(z))``, ``K`` the ``d_ff x d^2`` matrix with rows
+``w1_k (x) w1_k``), and a third-order remainder bounded by two radius-free Hadamard Grams of the layer.
+Row convention of the code: ``F(h) = sigma(h W_1 + b_1) W_2``, ``w1_k = W_1[:, k]``, ``w2_k = W_2[k]``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from ..model import Activation
+from ._local_jacobian import _f64, certified_lmax, certified_spectral
+
+__all__ = ["gelu3_sup", "ffn_hadamard", "ffn_second_norms", "ffn_taylor_drift"]
+
+_U = 2.0**-53
+# the extrema of GELU''' = z phi(z) (z^2 - 4): GELU'''' = phi(z)(-z^4 + 7 z^2 - 4) vanishes at z^2 = (7 -+ sqrt 33)/2
+_GELU3_CRIT = (math.sqrt((7 - math.sqrt(33)) / 2), math.sqrt((7 + math.sqrt(33)) / 2))
+# |GELU''(z)| as float64 evaluates it is within this (absolute) of the exact value at the same z
+_GELU2_ABS_ERR = 1e-13
+
+
+def _gelu3(z: Tensor) -> Tensor:
+    return z * torch.exp(-0.5 * z * z) / math.sqrt(2 * math.pi) * (z * z - 4)
+
+
+def gelu3_sup(a: Tensor, b: Tensor) -> Tensor:
+    """sup of ``|GELU'''|`` on each interval ``[a, b]`` (THEORY F38a): ``GELU''' = z phi(z)(z^2 - 4)`` is monotone
+    between the zeros ``+-0.7923, +-2.5243`` of ``GELU''''``, so the sup is the largest of the endpoint values and
+    of the extrema inside (0.7788 at ``+-0.7923``, 0.0989 at ``+-2.5243``).  Padded: a relative ``1e-12`` and an
+    absolute ``1e-14`` for the float64 evaluation (the cancellation in ``z^2 - 4`` near 2 is absolute)."""
+    out = torch.maximum(_gelu3(a).abs(), _gelu3(b).abs())
+    for c in _GELU3_CRIT:
+        val = abs(float(_gelu3(torch.tensor(c, dtype=torch.float64))))
+        inside = ((a <= c) & (b >= c)) | ((a <= -c) & (b >= -c))
+        out = torch.where(inside, torch.maximum(out, torch.full_like(out, val)), out)
+    return out * (1 + 1e-12) + 1e-14
+
+
+def _gram_err(W: Tensor, V: Tensor) -> float:
+    """Frobenius bound on the float64 rounding of ``(W^T W) o (V^T V)`` (W (d, n), V (m, n)): each Gram entry is
+    within ``gamma_{d}`` of its sum of ``|terms|``, whose matrices have Frobenius norms at most ``||W||_F^2``,
+    ``||V||_F^2``; the Hadamard product adds one rounding: ``4 (max(d, m) + 8) u ||W||_F^2 ||V||_F^2``."""
+    return 4 * (max(W.shape[0], V.shape[0]) + 8) * _U * float((W * W).sum()) * float((V * V).sum())
+
+
+def ffn_hadamard(ffn, *, centred: bool) -> dict:  # noqa: ANN001
+    r"""Radius-free constants of one FFN for F38 (once per layer): ``H = (W_1^T W_1) o (W_1^T W_1)`` (``K K^T``) as
+    formed and ``eH`` (a Frobenius bound on its rounding), certified ``lH >= lambda_max(H) = ||K||^2`` and ``l12 >=
+    lambda_max((W_1^T W_1) o (W_2 W_2^T))``, ``W2`` the output weights (rows ``P w2_k`` when ``centred``, the map a
+    following LayerNorm sees) and ``nW2 >= ||W_2||`` (``||P W_2^T|| <= ||W_2||``)."""
+    W1, W2o = _f64(ffn.W_1), _f64(ffn.W_2)
+    W2 = W2o - W2o.mean(dim=1, keepdim=True) if centred else W2o
+    G1 = W1.T @ W1
+    H = G1 * G1
+    eH = _gram_err(W1, W1)
+    # the centring's rounding: within 4 (d + 2) u ||W_2||_F^2 (Frobenius) on W_2 W_2^T, times max|G1| <= ||W_1||_F^2
+    e12 = _gram_err(W1, W2.T) + (8 * W2.shape[1] * _U * float((W1 * W1).sum()) * float((W2o * W2o).sum())
+                                 if centred else 0.0)
+    lams = certified_lmax(torch.stack([H, G1 * (W2 @ W2.T)]))
+    # the centred rows as formed are within 2 (d + 2) u ||W_2||_F (Frobenius) of the exact ones
+    eW2 = 4 * (W2.shape[1] + 2) * _U * float(W2o.norm()) if centred else 0.0
+    return {"H": H, "eH": eH, "lH": float(lams[0]) + eH, "l12": float(lams[1]) + e12, "W2": W2, "eW2": eW2,
+            "nW2": float(certified_spectral(W2o[None])[0]) * (1 + 1e-12)}
+
+
+def ffn_second_norms(const: dict, z: Tensor) -> Tensor:
+    r"""(T,) certified ``N2_i >= ||W_2^T D_i K||_2 = lambda_max(W_2^T D_i H D_i W_2)^{1/2}``, ``D_i = diag(GELU''(z_i))``
+    signed, at the centre (THEORY F38b).  Rounding: ``A = D W_2`` as formed is within ``u|A|``, the two products add
+    ``gamma_{d_ff}`` each of the ``|terms|`` (``||A||_F^2 ||H||_F``), ``H``'s own error ``eH`` enters as ``||A||_F^2 eH``;
+    ``GELU''`` as evaluated is within ``_GELU2_ABS_ERR`` per unit of its exact value, which moves the norm by at most
+    that times ``||W_2|| ||K||``, and the centred ``W_2`` as formed within ``eW2`` moves it by ``eW2 sup|GELU''| ||K||``.
+    Cost ``d d_ff^2`` flops a token."""
+    H, W2 = const["H"], const["W2"]
+    D = torch.exp(-0.5 * z * z) / math.sqrt(2 * math.pi) * (2 - z * z)
+    A = D[:, :, None] * W2[None]
+    S = A.transpose(1, 2) @ (H[None] @ A)
+    fA = (A * A).sum(dim=(1, 2)) * (1 + 4 * W2.numel() * _U)
+    err = fA * (const["eH"] + 4 * (H.shape[0] + 4) * _U * float(H.norm()) * (1 + 1e-12))
+    pert = (_GELU2_ABS_ERR * const["nW2"] + const["eW2"] * 2 / math.sqrt(2 * math.pi)) * math.sqrt(const["lH"])
+    n2 = torch.sqrt(certified_lmax(S) + err) + pert
+    return torch.nan_to_num(n2 * (1 + 1e-12), nan=math.inf)
+
+
+def ffn_taylor_drift(const: dict, n2: Tensor, z: Tensor, n1: Tensor, rh: Tensor) -> tuple[Tensor, Tensor]:
+    r"""Per token, on ``||dh|| <= rh``: ``sup ||P(F'(h + dh) - F'(h))||`` and its mean over the segment,
+    ``int_0^1 sup_{||dh|| <= t rh} ||.|| dt`` (THEORY F38c):
+
+    .. math:: \Delta F \le N2\,r_h + \tfrac12 s_3\,\lambda_{\max}(H_{12})^{1/2}\lambda_{\max}(H)^{1/2} r_h^2,\qquad
+              \overline{\Delta F} \le N2\,r_h/2 + \tfrac16 s_3\,\lambda_{\max}(H_{12})^{1/2}\lambda_{\max}(H)^{1/2} r_h^2
+
+    with ``s3 = max_k sup |GELU'''|`` on ``[z_k - ||w1_k|| rh, z_k + ||w1_k|| rh]`` (a smaller ball's is smaller).
+    ``z`` (T, d_ff) the centre's preactivations, ``n1`` (d_ff,) the ``||w1_k||``, ``n2`` from ``ffn_second_norms``.
+    Assumptions: non-gated FFN with the exact (erf) GELU (else ``inf``)."""
+    h = n1[None, :] * rh[:, None] * (1 + 1e-12)
+    s3 = gelu3_sup(z - h, z + h).amax(dim=1)
+    c3 = 0.5 * s3 * math.sqrt(const["l12"] * const["lH"]) * (1 + 1e-12)
+    r2 = rh * rh * (1 + 1e-12)
+    full = (n2 * rh + c3 * r2) * (1 + 1e-12)
+    half = (n2 * rh / 2 + c3 * r2 / 3) * (1 + 1e-12)
+    return torch.nan_to_num(full, nan=math.inf), torch.nan_to_num(half, nan=math.inf)
+
+
+def gelu_ffn(ffn) -> bool:  # noqa: ANN001
+    """Whether F38 applies: the exact (erf) GELU (``gelu3_sup`` is its third derivative)."""
+    return Activation(ffn.activation) is Activation.GELU

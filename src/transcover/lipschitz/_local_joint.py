@@ -1,0 +1,167 @@
+"""Stage radii by the exact linearisation at X plus a second-order remainder (issue 12; THEORY F34).
+
+The rows route (``_local_rows``) needs, per token, how far each stage of a layer moves on ``B(X, r)``:
+the attention sublayer, the first LayerNorm, the FFN sublayer.  F31b bounded the attention sublayer by
+each head's own worst move (query move and softmax shift chosen per head, though one ``Delta`` serves
+all heads).  Here each stage's move is split into the exact linear map at X, whose row constant the
+rows route already certifies jointly over all heads (``nu_i`` of the stage Jacobian, residual
+included), and a remainder that is second order in ``r``:
+
+    S(X + Delta) - S(X) = J_S(X) Delta + R(Delta),   ||R_i|| = O(r^2).
+
+The functions here bound the remainders; ``layer_rows`` adds ``r nu_i`` and keeps the smaller of this
+and the older radii.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ._local_jacobian import GRAM_PAD, certified_spectral
+from ._local_sharp import score_moves, softmax_envelope, visible_diameter
+
+__all__ = ["softmax_taylor_l1", "quadratic_score_mad", "HeadGeometry", "head_geometry", "head_remainders",
+           "attention_remainder", "norm_remainder"]
+
+_U = 2.0**-53
+_PAD = 1 + 1e-10
+
+
+def _at_dominant(P: Tensor, M: Tensor) -> Tensor:
+    """(T,) ``M[i, k_i]`` with ``k_i = argmax_j P_ij`` (the dominant key of each row)."""
+    return M.gather(1, P.argmax(dim=1, keepdim=True))[:, 0]
+
+
+def _off_dominant(P: Tensor, W: Tensor) -> Tensor:
+    """(T,) ``sum_{j != k_i} W_ij`` for ``W >= 0`` (``k_i`` the dominant key), the float64 sum padded by
+    ``(T + 2) u`` of itself."""
+    off = torch.ones_like(P).scatter_(1, P.argmax(dim=1, keepdim=True), 0.0)
+    return (W * off).sum(dim=1) * (1 + (P.shape[1] + 2) * _U)
+
+
+def softmax_taylor_l1(P: Tensor, delta: Tensor, osc: Tensor, a: Tensor, tv: Tensor) -> Tensor:
+    r"""(T,) certified ``||p(s + t) - p(s) - J_p(s) t||_1`` per softmax row (THEORY F34a) for every shift
+    with ``|t_j| <= delta_j`` and spread ``<= osc`` over the visible keys (``a``, ``tv`` from
+    ``softmax_envelope`` for the same box; ``J_p = diag(p) - p p^T``).
+
+    Along ``p(tau) = p(s + tau t)``: ``p_j'' = p_j ((t_j - tbar)^2 - Var_{p(tau)} t)``, so ``||p''||_1 <= 2 Var``
+    and the Taylor remainder ``int_0^1 (1 - tau) p'' dtau`` has ``l1`` norm at most ``sup_tau Var_{p(tau)} t``;
+
+    .. math:: \mathrm{Var}_{p(\tau)} t \le \min\Big(\frac{osc^2}{4},\ \sum_{j \ne k} (P_j + a_j) c_{jk}^2\Big),
+              \quad c_{jk} = \min(\delta_j + \delta_k, osc)
+
+    (Popoviciu; the second moment about ``t_k``, ``k`` the dominant key, with ``p_j(tau) <= P_j + a_j``
+    because ``tau t`` lies in the same box).  Also the remainder is at most ``||p' - p||_1 + ||J_p t||_1 <=
+    2 TV + E_P|t - E_P t|``, and ``E_P|t - E_P t| <= 2 E_P|t - t_k| <= min(osc/2, 2 sum_{j != k} P_j c_jk)``.
+    Rounding: ``P`` (and ``J_p``) as formed are within ``4 (T + 8) u`` per entry of the true softmax (F31a),
+    so ``4 (T + 8) u T (2 + 2 max_j delta_j)`` absolute is added.  Assumptions: ``delta``, ``a`` zero on masked keys."""
+    T = P.shape[-1]
+    c = torch.minimum(delta + _at_dominant(P, delta)[:, None], osc[:, None])
+    var = torch.minimum(osc * osc / 4, _off_dominant(P, (P + a) * c * c))
+    mad = torch.minimum(osc / 2, 2 * _off_dominant(P, P * c))
+    pad = 4 * (T + 8) * _U * T * (2 + 2 * delta.max(dim=-1).values)
+    return torch.minimum(var, 2 * tv + mad) * _PAD + pad
+
+
+def quadratic_score_mad(P: Tensor, r: float, nG: float) -> Tensor:
+    r"""(T,) certified ``||J_p u||_1 = E_P|u - E_P u|`` for the quadratic part of the score change,
+    ``u_j = e_i^T G e_j`` on ``B(X, r)`` (THEORY F34a): ``|u_j - u_k| <= ||G^T e_i|| ||e_j - e_k|| <= 2 ||G|| r^2``,
+    so the mean absolute deviation is at most ``min(||G|| r^2, 4 ||G|| r^2 (1 - P_k))`` (half the range;
+    twice ``E_P|u - u_k|``).  ``nG`` a certified ``||G||`` (softmax scale included)."""
+    span = 2 * nG * r * r * _PAD
+    return torch.minimum(torch.full(P.shape[:1], span / 2, dtype=P.dtype), 2 * span * _off_dominant(P, P)) * _PAD
+
+
+@dataclass
+class HeadGeometry:
+    """Per head, radius-free, for one value map ``W`` (``W_V`` or ``W_V W_O``): ``norm`` (H,) a certified
+    ``||W||``; per query (H, T) ``diam``, the diameter of the visible rows ``z_j = x_j W``, and ``spread =
+    lambda_max(sum_j P_ij (z_j - c_i)(z_j - c_i)^T)^{1/2}`` (``c_i`` the mapped P-mean); ``score_eps`` (H,)
+    the float64 error of the score-gradient rows ``G y_j`` behind ``lG`` (``_HeadMoments``)."""
+
+    norm: Tensor
+    diam: Tensor
+    spread: Tensor
+    score_eps: Tensor
+
+
+def head_geometry(heads, scale: float, output: bool) -> HeadGeometry:  # noqa: ANN001
+    """``HeadGeometry`` of ``W = W_V W_O`` (``output``) or ``W_V``.  Rounding: each row ``y_ij W`` as formed
+    is within ``eps = gamma_{d + d_h + 2} max_j ||y_j|| ||W_V||_F (||W_O||_F)`` of the true one, so the
+    diameter gets ``2 eps`` and the spread ``eps`` (Minkowski in ``L^2(P)``); the norm gets the product's
+    ``gamma_{d_h} ||W_V||_F ||W_O||_F``; the weighted Grams' own eigenvalue pad is ``_lmax_gram``'s; the rows
+    ``scale y_j W_K W_Q^T`` likewise ``gamma_{d + d_h + 2} scale max_j ||y_j|| ||W_K||_F ||W_Q||_F``."""
+    from ._local_rows import _lmax_gram
+
+    norm, diam, spread, score_eps = [], [], [], []
+    for P, Y, _, Wq, Wk, Wv, Wo in heads:
+        W = Wv @ Wo if output else Wv
+        fro = float(Wv.norm() * Wo.norm()) if output else float(Wv.norm())
+        R = Y @ W  # (T, T, m): row j of query i is (x_j - mean_i) W
+        gam = 4 * (Y.shape[2] + Wv.shape[1] + 6) * _U * float(Y.norm(dim=-1).max())
+        norm.append(float(certified_spectral(W[None])[0]) + 4 * (Wv.shape[1] + 4) * _U * fro)
+        diam.append(visible_diameter(R[0], P > 0) + 2 * gam * fro)
+        spread.append(torch.sqrt(_lmax_gram(R @ R.transpose(1, 2), P)) + gam * fro)
+        score_eps.append(gam * scale * float(Wk.norm() * Wq.norm()))
+    f64 = lambda v: torch.tensor(v, dtype=torch.float64)  # noqa: E731
+    return HeadGeometry(f64(norm) * (1 + GRAM_PAD), torch.stack(diam), torch.stack(spread), f64(score_eps))
+
+
+def head_remainders(mom, geo: HeadGeometry, r: float, norms: dict) -> Tensor:  # noqa: ANN001
+    r"""(H, T) certified norm of each head's remainder on ``B(X, r)`` (every token of the attention's input
+    within ``r``), the head's output move less its linear part at X, as seen through the value map of ``geo``
+    (``R_h`` itself for ``W = W_V``, ``R_h W_O^h`` for ``W = W_V W_O``; THEORY F34a).
+    With ``p' = p(s + t)``, ``t = t^lin + u`` the score change (``u_j = e_i^T G e_j``), ``z_j = x_j W``:
+
+    .. math:: R^W = \sum_j [p' - p - J_p t]_j z_j + \sum_j (J_p u)_j z_j + \sum_j (p'_j - p_j) e_j W,
+
+    three zero-sum weightings.  A zero-sum ``w`` moves a point set by at most ``||w||_1/2`` times its
+    diameter (``softmax_taylor_l1``, ``quadratic_score_mad``); in ``L^2(P)`` the first is also
+    ``int_0^1 (1 - tau) Cov_{p(tau)}((t - tbar)^2, z) dtau <= osc s spread (e^{osc} - 1 - osc)/osc^2``
+    (``E(t - tbar)^4 <= osc^2 Var``, ``p_j(tau)/P_j <= e^{tau osc}``, ``s`` the ``L^2(P)`` spread of ``t``,
+    ``chi_bound``'s ``r lambda_max(sum_j P_j G y_j (G y_j)^T)^{1/2} + r ||q_i|| + ||G|| r^2``) and the second
+    ``Cov_P(u, z) <= ||G|| r^2 spread``; the third is at most ``2 TV ||W|| r``.
+    Assumptions: dot attention without RoPE (the key bias shifts a row by a constant, the value bias
+    cancels in zero sums)."""
+    out = []
+    for h, m in enumerate(mom.rows):
+        P, nG = m["P"], norms["G"][h]
+        delta, osc = score_moves(m, r, nG)
+        a, _, tv = softmax_envelope(P, delta, osc)
+        s = (r * (torch.sqrt(m["lG"]) + float(geo.score_eps[h])) + r * m["qn"] + nG * r * r) * _PAD
+        t1 = torch.minimum(softmax_taylor_l1(P, delta, osc, a, tv) / 2 * geo.diam[h],
+                           osc * s * geo.spread[h] * _exp_weight(osc))
+        t2 = torch.minimum(quadratic_score_mad(P, r, nG) / 2 * geo.diam[h], nG * r * r * geo.spread[h])
+        out.append((t1 + t2 + 2 * tv * float(geo.norm[h]) * r) * _PAD)
+    return torch.nan_to_num(torch.stack(out), nan=math.inf, posinf=math.inf)
+
+
+def _exp_weight(osc: Tensor) -> Tensor:
+    """``int_0^1 (1 - tau) e^{tau osc} dtau = (e^{osc} - 1 - osc)/osc^2`` (1/2 at 0), padded: the series
+    ``sum_n osc^n/(n + 2)!`` below 1e-3, where the closed form cancels."""
+    series = 0.5 + osc / 6 + osc * osc / 24 + osc**3 / 120 * torch.exp(osc)
+    closed = (torch.expm1(osc) - osc) / torch.where(osc > 0, osc * osc, torch.ones_like(osc))
+    return torch.where(osc < 1e-3, series, closed) * (1 + 1e-12)
+
+
+def attention_remainder(mom, geo_v: HeadGeometry, geo_ov: HeadGeometry, nO: float, r: float,  # noqa: ANN001
+                        norms: dict) -> tuple[Tensor, Tensor]:
+    r"""(T,) certified ``||R_i||`` for the attention sublayer's remainder ``R = sum_h R_h W_O^h`` (THEORY F34a):
+    the smaller of ``sum_h ||R_h W_O^h||`` (through ``W_V W_O``) and ``||W_O|| (sum_h ||R_h||^2)^{1/2}`` (the
+    heads' output blocks stacked); and (H, T) the heads' own ``||R_h||`` (for maps applied after ``W_O``)."""
+    per = head_remainders(mom, geo_ov, r, norms).sum(dim=0)
+    stacked = head_remainders(mom, geo_v, r, norms)
+    return torch.minimum(per, nO * torch.sqrt((stacked * stacked).sum(dim=0)) * _PAD), stacked
+
+
+def norm_remainder(g: float, e: Tensor, r: Tensor) -> Tensor:
+    r"""(T,) certified ``||N(x + E) - N(x) - D(x) E||`` for a normalisation whose Jacobian drifts by at
+    most ``g e`` on the input ball of (centred) radius ``r`` with ``e`` linear in the radius below the
+    floor (``_ln_drift``: ``e = 2 r/(sqrt(d) s_f(r)^2)``, ``s_f`` non-increasing in ``r``): the Taylor remainder
+    ``int_0^1 (D(x + tau E) - D(x)) E dtau`` has norm at most ``int_0^1 g e tau r dtau = g e r / 2``
+    (THEORY F34b)."""
+    return g * e * r / 2 * _PAD

@@ -17,12 +17,13 @@ from transcover.model._functional import layer_forward, ffn_forward
 
 
 def make(case):
-    kw = dict(d=8, H=2, dh=4, dff=16, T=6, placement="post", causal=False, q=8.0, eps=1e-12, tiny=False, seed=1)
+    kw = dict(d=8, H=2, dh=4, dff=16, T=6, placement="post", causal=False, q=8.0, eps=1e-12, tiny=False, seed=1, w1=1.0)
     kw.update(case)
     spec = random_spec(kw["seed"], act="gelu", norm="layernorm", placement=kw["placement"], d=kw["d"], H=kw["H"],
                        dh=kw["dh"], dff=kw["dff"], biases=True, causal=kw["causal"])
     L = with_eps(spec.layers[0], kw["eps"])
-    L = dataclasses.replace(L, attention=dataclasses.replace(L.attention, W_Q=L.attention.W_Q * kw["q"]))
+    L = dataclasses.replace(L, attention=dataclasses.replace(L.attention, W_Q=L.attention.W_Q * kw["q"]),
+                            ffn=dataclasses.replace(L.ffn, W_1=L.ffn.W_1 * kw["w1"]))  # w1: a sharp FFN (F38)
     g = torch.Generator().manual_seed(kw["seed"] + 100)
     X = torch.randn(kw["T"], kw["d"], generator=g) * 2
     if kw["tiny"]:  # near-degenerate LayerNorm inputs: tokens almost constant across features
@@ -85,6 +86,9 @@ CASES = {
     "pre_tiny": dict(tiny=True, placement="pre", seed=5),
     "post_d16_H4": dict(d=16, H=4, dh=4, dff=32, T=8, q=15.0, seed=6),
     "post_q1": dict(q=1.0, seed=8),
+    "post_ffn_sharp": dict(w1=6.0, q=4.0, seed=10),
+    "pre_ffn_sharp": dict(w1=6.0, q=4.0, seed=11, placement="pre"),
+    "post_T12_H4": dict(d=16, H=4, dh=4, dff=32, T=12, q=6.0, seed=12, w1=3.0),
 }
 
 if __name__ == "__main__":

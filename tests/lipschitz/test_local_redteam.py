@@ -1,7 +1,7 @@
 """Red-team attacks on the local certificates (issue 12): THEORY F34 (stage radii by the exact
 linearisation plus second-order remainders, inside ``layer_rows``), F35 (the attention Jacobian drift from
-the second derivative, inside ``attention_drift_rows``) and F36 (the whole network's drift by exact middle
-products, inside ``stack_local``).
+the second derivative, inside ``attention_drift_rows``) and the whole network's drift by exact middle
+products inside ``stack_local`` (the chain12 branch's section; its F-number is cited here once merged).
 
 The adversary is stronger than the helpers' own: the inner problem ``nu_i(J) = max_{|u|=1} sum_j
 ||J_ij^T u||`` is solved on the full float64 Jacobian by alternating maximisation from many starts (random
@@ -219,7 +219,7 @@ def test_attention_drift_rows_follow_the_input_scale(c):
 
 
 def test_whole_network_bound_and_drift_survive_the_adversary():
-    """F36 in ``stack_local``: on a 2-layer post-LN stack with sharp causal heads and biases at rho = 1e-5,
+    """The whole network (``stack_local``, middle products): on a 2-layer post-LN stack with sharp causal heads and biases at rho = 1e-5,
     the adversary's ``nu_i(J(Y))`` stays below ``upper`` and ``stack`` (found 0.989 of it) and its
     ``nu_i(J(Y) - J(X))`` below ``drift``."""
     spec = random_spec(3, act="gelu", L=2, d=6, H=2, dh=3, dff=8, norm="layernorm", placement="post",

@@ -1,6 +1,7 @@
 """Red-team attacks on the local certificates (issue 12): THEORY F34 (stage radii by the exact
 linearisation plus second-order remainders, inside ``layer_rows``), F35 (the attention Jacobian drift from
-the second derivative, inside ``attention_drift_rows``) and the whole network's drift by exact middle
+the second derivative, inside ``attention_drift_rows``), F38 (the FFN Jacobian's drift by one certified
+tensor norm, ``ffn_taylor_drift``) and the whole network's drift by exact middle
 products inside ``stack_local`` (the chain12 branch's section; its F-number is cited here once merged).
 
 The adversary is stronger than the helpers' own: the inner problem ``nu_i(J) = max_{|u|=1} sum_j
@@ -21,6 +22,7 @@ import pytest
 import torch
 
 from lipschitz_testkit import random_spec
+from transcover.lipschitz._local_ffn2 import ffn_hadamard, ffn_second_norms, ffn_taylor_drift
 from transcover.lipschitz._local_jacobian import _head_data, _weight_norms
 from transcover.lipschitz._local_rows import _HeadMoments, attention_drift_rows, layer_rows
 from transcover.lipschitz._local_stack import stack_local
@@ -235,3 +237,36 @@ def test_whole_network_bound_and_drift_survive_the_adversary():
         i, best = _worst_start(f, X, rho, torch.full((X.shape[0],), bound), starts, J0=J, keep=2)
         found = _ascend_nu(f, X, rho, i, best, J0=J)
         assert found <= bound, (found, bound)
+
+
+@pytest.mark.parametrize("rh", [1e-3, 1e-2])
+def test_ffn_taylor_drift_survives_the_adversary(rh):
+    """F38 (``ffn_taylor_drift``): per token, Adam on ``u^T P (F'(h + dh) - F'(h)) v`` (``u, v`` the top singular
+    pair, recomputed each step) over ``||dh|| <= rh`` never exceeds the certified drift; a sharp FFN
+    (``W_1`` x 15) from the first-order tensor's largest unit and random starts (found 0.986 at 1e-3)."""
+    ffn = random_spec(3, act="gelu", norm="layernorm", d=8, dff=16, biases=True).layers[0].ffn
+    ffn = dataclasses.replace(ffn, W_1=ffn.W_1 * 15.0)
+    W1, W2, b1 = ffn.W_1.double(), ffn.W_2.double(), ffn.b_1.double()
+    W2c = W2 - W2.mean(dim=1, keepdim=True)
+    Hs = torch.randn(2, 8, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    const = ffn_hadamard(ffn, centred=True)
+    z = Hs @ W1 + b1
+    full, _ = ffn_taylor_drift(const, ffn_second_norms(const, z), z, W1.norm(dim=0),
+                               torch.full((2,), rh, dtype=torch.float64))
+    slope = lambda v: torch.special.ndtr(v) + v * torch.exp(-0.5 * v * v) / (2 * torch.pi) ** 0.5  # noqa: E731
+    g = torch.Generator().manual_seed(0)
+    for t in range(2):
+        curv = (torch.exp(-0.5 * z[t] ** 2) * (2 - z[t] ** 2)).abs()
+        starts = [W1[:, int(curv.argmax())].clone()] + [torch.randn(8, generator=g, dtype=torch.float64) for _ in range(2)]
+        for dh0 in starts:
+            dh = (rh * dh0 / dh0.norm()).requires_grad_(True)
+            opt = torch.optim.Adam([dh], lr=0.1 * rh)
+            for _ in range(40):
+                M = W2c.T @ torch.diag(slope(z[t] + dh @ W1) - slope(z[t])) @ W1.T
+                U, S, Vt = torch.linalg.svd(M.detach())
+                assert float(S[0]) <= float(full[t]), (t, float(S[0]), float(full[t]))
+                opt.zero_grad()
+                (-(U[:, 0] @ M @ Vt[0])).backward()
+                opt.step()
+                with torch.no_grad():
+                    dh.mul_(torch.clamp(rh / dh.norm(), max=1.0))

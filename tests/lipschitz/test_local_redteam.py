@@ -270,3 +270,18 @@ def test_ffn_taylor_drift_survives_the_adversary(rh):
                 opt.step()
                 with torch.no_grad():
                     dh.mul_(torch.clamp(rh / dh.norm(), max=1.0))
+
+
+@pytest.mark.xfail(strict=True, reason="F34 treats a visible key whose float64 softmax weight underflows to 0.0 as "
+                   "masked (P > 0 visibility); remove this mark with the fix")
+def test_underflowed_visible_key_is_not_treated_as_masked():
+    """One head with ``G = 8000 I``: query 0's second key sits 800 below the first (weight 0.0 in float64); moving
+    both tokens by r = 0.052 hands that key the mass.  The F34 remainder and the attention stage radius must
+    cover the attained remainder (1.000) and centred move (0.899) at that point of the ball."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "attacks"))
+    from repro_underflow_f34 import main
+
+    assert main() == 0

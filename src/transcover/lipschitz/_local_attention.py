@@ -83,11 +83,36 @@ def check_local_attention(attn: AttentionSpec) -> None:
         raise InputError("local attention bounds do not cover a relative position bias yet (T5; THEORY F28)")
 
 
+def check_normal_weights(scores: Tensor, P: Tensor, head: int) -> None:
+    """Refuse a head whose softmax gives a visible key (finite score) a weight below the smallest normal
+    float64 (a score gap above ~708 under its row's largest).
+
+    Note [underflowed attention weights]: the local ball bounds (F17d, F31a-c, F34, F35) read
+    visibility as ``P_ij > 0`` and take every weight with float64's relative accuracy. A visible key
+    whose weight underflows to 0 (or to a subnormal) would be treated as masked, yet a move inside the
+    ball can hand it the whole row (the red-team case: certified remainder 0.052, attained 1.0). Rather
+    than certify with that convention, such inputs are refused (InputError, one line)."""
+    bad = torch.isfinite(scores) & (P < torch.finfo(torch.float64).tiny)
+    if bool(bad.any()):
+        i, j = (int(v) for v in bad.nonzero()[0])
+        gap = float(scores[i][torch.isfinite(scores[i])].max() - scores[i, j])
+        raise InputError(f"head {head}, query {i}: the softmax weight of visible key {j} underflows float64 (score "
+                         f"{gap:.0f} below the row's largest); the local ball bounds assume every visible weight is "
+                         "a normal float64 and refuse this input")
+
+
 def attention_weights_f64(attn: AttentionSpec, X: Tensor) -> list[Tensor]:
-    """The softmax matrices ``P^h`` (T, T) of every head at X, float64."""
+    """The softmax matrices ``P^h`` (T, T) of every head at X, float64 (refused where a visible weight
+    underflows: Note [underflowed attention weights])."""
     from ..model import attention_scores
 
-    return [torch.softmax(attention_scores(attn, X, h), dim=-1) for h in range(attn.n_heads)]
+    out = []
+    for h in range(attn.n_heads):
+        scores = attention_scores(attn, X, h)
+        P = torch.softmax(scores, dim=-1)
+        check_normal_weights(scores, P, h)
+        out.append(P)
+    return out
 
 
 def attention_query_terms(attn: AttentionSpec, X: Tensor, rho: float, *,

@@ -53,6 +53,7 @@ from torch import Tensor
 
 from .._errors import InputError
 from ..model import Activation, LayerSpec, NormKind, NormSpec, Placement, attention_forward, ffn_forward
+from ._local_attention import check_normal_weights
 from ._weights import ROUNDING_PAD, spectral
 
 __all__ = ["LayerJacobian", "layer_jacobian", "layer_jacobians", "certified_spectral", "gelu2_sup", "row_norm_lower", "gelu_second_sup"]
@@ -300,6 +301,7 @@ def _head_data(attn, Xin: Tensor):  # noqa: ANN001, ANN202
         if attn.causal:
             scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
         P = torch.softmax(scores, dim=-1)
+        check_normal_weights(scores, P, h)  # Note [underflowed attention weights]
         Y = Xin[None, :, :] - (P @ Xin)[:, None, :]
         q = attn.softmax_scale * (Xa @ Wqa) @ Wk.T
         out.append((P, Y, q, Wq, Wk, Wv, Wo))

@@ -136,3 +136,20 @@ def test_scaled_reference_is_never_beaten():
             assert best <= float(scaled[t]), (ra, t, best, scaled[t])
     u2 = ffn_unit_drift(dataclasses.replace(ffn, W_2=ffn.W_2 * 2), z, n1, rb)[0]
     assert torch.allclose(u2, 2 * ub, rtol=1e-9), (u2, ub)
+
+
+@pytest.mark.parametrize("placement", ["post", "pre"])
+def test_an_infinite_ball_does_not_poison_the_smaller_ones(placement):
+    """F37b scales a larger ball's per-unit bound into the smaller balls; a ball so large that its bounds are
+    inf once made that scaling 0 * inf = nan, and torch.minimum carried the nan into every smaller ball (the
+    whole-network route then lost its per-layer drifts at every radius). The small ball's rows must be finite
+    and no larger than when it is certified alone."""
+    torch.manual_seed(3)
+    spec = random_spec(1, act="gelu", norm="layernorm", placement=placement, d=16, H=2, dh=8, dff=32)
+    X = torch.randn(6, 16, dtype=torch.float64)
+    alone = layer_rows(spec.layers[0], X, [1e-4])[0]
+    small, huge = layer_rows(spec.layers[0], X, [1e-4, 1e8])
+    assert not math.isfinite(huge.ball)  # the case: the large ball's bounds really are inf
+    assert math.isfinite(small.ball) and float(small.drift_rows.max()) < math.inf
+    assert small.ball <= alone.ball * (1 + 1e-12)
+    assert float(small.drift_rows.max()) <= float(alone.drift_rows.max()) * (1 + 1e-12)

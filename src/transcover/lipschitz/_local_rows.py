@@ -554,7 +554,10 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
         if not unit:
             return tail(dF, dFh)
         for rb, ub in unit_refs:
-            scaled = torch.where((rh <= rb) & (rb > 0), rh / torch.where(rb > 0, rb, 1.0) * ub, math.inf) * (1 + 1e-12)
+            # only a finite reference scales (an infinite ball's rh / rb = 0 times an infinite bound is nan, and
+            # torch.minimum would carry that nan into every smaller ball's rows)
+            ok = (rh <= rb) & (rb > 0) & torch.isfinite(rb) & torch.isfinite(ub)
+            scaled = torch.where(ok, rh / torch.where(ok, rb, 1.0) * torch.where(ok, ub, 0.0), math.inf) * (1 + 1e-12)
             dF, dFh = torch.minimum(dF, scaled), torch.minimum(dFh, scaled / 2)
         ref = torch.full_like(rh, math.inf)
 

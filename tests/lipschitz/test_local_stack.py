@@ -341,3 +341,20 @@ def test_the_per_layer_memo_returns_exactly_the_direct_evaluation(monkeypatch):
     direct = [_fields(r) for r in stack_local(spec, X, rhos)]
     assert cached == direct
     assert n_cached < len(calls), (n_cached, len(calls))
+
+
+def test_per_layer_rows_leave_out_an_infinite_radius_without_changing_the_others():
+    """Speed (issue 12): ``_per_layer_rows`` no longer evaluates a stand-in radius 0 for an infinite one;
+    the finite radii's rows are exactly those of the list with the stand-in (F37b refines smaller balls
+    from larger ones only), and the infinite one's are inf."""
+    spec = random_spec(4, act="gelu", L=1, norm="layernorm", placement="post", biases=True)
+    X = _X(4)
+    norms: dict = {}
+    stack_local(spec, X, [1e-3], norms=norms, layer_route=False)  # fills the data-free constants
+    layer = spec.layers[0]
+    left_out = ls._per_layer_rows(layer, X, [1e-2, math.inf, 1e-4], norms)
+    stand_in = ls._per_layer_rows(layer, X, [1e-2, 0.0, 1e-4], norms)
+    for k in (0, 2):
+        assert all(torch.equal(a, b) for a, b in zip(left_out[k], stand_in[k])), k
+    assert all(bool((v == math.inf).all()) for v in left_out[1])
+    assert bool(torch.isfinite(left_out[0][0]).all())

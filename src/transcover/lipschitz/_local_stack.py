@@ -237,19 +237,22 @@ def _per_layer(layer, x: Tensor, rs: list[float], norms: dict, memo: dict) -> li
 
 
 def _per_layer_rows(layer, x: Tensor, rs: list[float], norms: dict) -> list[tuple[Tensor, Tensor]]:  # noqa: ANN001
-    """``_per_layer`` without the memo."""
+    """``_per_layer`` without the memo.  Only the finite radii are evaluated (the others' rows are
+    inf): ``layer_rows`` takes the balls from the largest down and lets a larger one refine the smaller
+    (F37b), so leaving out what would sit last changes no other radius's rows."""
     from ._local_jacobian import layer_jacobians
 
     inf = torch.full((x.shape[0],), math.inf, dtype=torch.float64)
-    if not any(math.isfinite(r) for r in rs):
+    finite = [r for r in rs if math.isfinite(r)]
+    if not finite:
         return [(inf, inf)] * len(rs)
     c = norms[layer.index]
     try:
-        ljs = layer_jacobians(layer, x, [r if math.isfinite(r) else 0.0 for r in rs], norms=c["w"], head_norms_=c["h"])
+        ljs = iter(layer_jacobians(layer, x, finite, norms=c["w"], head_norms_=c["h"]))
     except RuntimeError:  # the per-layer drift machinery overflowed: no bound there
         return [(inf, inf)] * len(rs)
-    return [(_nan_inf(lj.drift_rows), _nan_inf(lj.total_rows * (1 + ROUNDING_PAD))) if math.isfinite(r) else (inf, inf)
-            for lj, r in zip(ljs, rs)]
+    rows = lambda lj: (_nan_inf(lj.drift_rows), _nan_inf(lj.total_rows * (1 + ROUNDING_PAD)))  # noqa: E731
+    return [rows(next(ljs)) if math.isfinite(r) else (inf, inf) for r in rs]
 
 
 def _layer_route(spec: TransformerSpec, stages: list[_Stage], groups: dict, nuP: list, suf: list,  # noqa: PLR0912

@@ -315,3 +315,46 @@ def test_sub_stage_route_alone_is_never_beaten(seed, case, rho):
     r = stack_local(spec, X, [rho], layer_route=False)[0]
     lo = adversary(_net(spec), X, rho, restarts=2, steps=15, seed=seed)
     assert lo <= r.stack * (1 + 1e-12) and lo <= r.product * (1 + 1e-12), (lo, r.stack, r.product)
+
+
+def _fields(r) -> tuple:  # noqa: ANN001
+    """Every number a ``StackLocal`` reports (the per-token radii as exact lists)."""
+    return (r.point, r.drift, r.stack, r.product, r.radii, r.stage_ball, r.stage_drift, r.prefix_norms,
+            r.suffix_norms, r.rounding, r.parts, [t.tolist() for t in r.token_radii],
+            {k: v.tolist() for k, v in r.spans.items()})
+
+
+def test_the_per_layer_memo_returns_exactly_the_direct_evaluation(monkeypatch):
+    """Speed (issue 12): ``_per_layer`` evaluates one (layer, radius list) once per data point.  The whole
+    result is bit for bit the one where every call evaluates ``layer_jacobians`` afresh, and the memo
+    does save calls (the forward pass and ``_layer_route`` ask for the same lists)."""
+    import transcover.lipschitz._local_jacobian as lj
+
+    spec = random_spec(3, act="gelu", L=2, norm="layernorm", placement="post", biases=True)
+    X, rhos = _X(3), [1e-6, 1e-4, 1e-2]
+    calls = []
+    real = lj.layer_jacobians
+    monkeypatch.setattr(lj, "layer_jacobians", lambda *a, **k: calls.append(1) or real(*a, **k))
+    cached = [_fields(r) for r in stack_local(spec, X, rhos)]
+    n_cached = len(calls)
+    monkeypatch.setattr(ls, "_per_layer", lambda layer, x, rs, norms, memo: ls._per_layer_rows(layer, x, rs, norms))
+    direct = [_fields(r) for r in stack_local(spec, X, rhos)]
+    assert cached == direct
+    assert n_cached < len(calls), (n_cached, len(calls))
+
+
+def test_per_layer_rows_leave_out_an_infinite_radius_without_changing_the_others():
+    """Speed (issue 12): ``_per_layer_rows`` no longer evaluates a stand-in radius 0 for an infinite one;
+    the finite radii's rows are exactly those of the list with the stand-in (F37b refines smaller balls
+    from larger ones only), and the infinite one's are inf."""
+    spec = random_spec(4, act="gelu", L=1, norm="layernorm", placement="post", biases=True)
+    X = _X(4)
+    norms: dict = {}
+    stack_local(spec, X, [1e-3], norms=norms, layer_route=False)  # fills the data-free constants
+    layer = spec.layers[0]
+    left_out = ls._per_layer_rows(layer, X, [1e-2, math.inf, 1e-4], norms)
+    stand_in = ls._per_layer_rows(layer, X, [1e-2, 0.0, 1e-4], norms)
+    for k in (0, 2):
+        assert all(torch.equal(a, b) for a, b in zip(left_out[k], stand_in[k])), k
+    assert all(bool((v == math.inf).all()) for v in left_out[1])
+    assert bool(torch.isfinite(left_out[0][0]).all())

@@ -224,26 +224,39 @@ def _group_ball(stages: list[_Stage], a: int, b: int, mL: Tensor, balls: list, d
     return BL * (1 + 1e-12), dJL * (1 + 1e-12)
 
 
-def _per_layer(layer, x: Tensor, rs: list[float], norms: dict) -> list[tuple[Tensor, Tensor]]:  # noqa: ANN001
+def _per_layer(layer, x: Tensor, rs: list[float], norms: dict, memo: dict) -> list[tuple[Tensor, Tensor]]:  # noqa: ANN001
     """Per radius ``r`` the per-layer route's rows on ``B(x, r)`` (``layer_jacobians``, THEORY F17,
     F31): ``(drift rows, sup nu_i(J_L) rows)``, inf where ``r`` is not finite or the per-layer drift
-    machinery overflows."""
+    machinery overflows.  ``memo`` (one per data point ``x``): the results per layer and radius list;
+    the same list is evaluated once (a list, not a radius: F37b lets the larger balls of one call
+    refine the smaller ones, so a radius's rows depend on the list it came in)."""
+    key = (layer.index, tuple(rs))
+    if key not in memo:
+        memo[key] = _per_layer_rows(layer, x, rs, norms)
+    return memo[key]
+
+
+def _per_layer_rows(layer, x: Tensor, rs: list[float], norms: dict) -> list[tuple[Tensor, Tensor]]:  # noqa: ANN001
+    """``_per_layer`` without the memo.  Only the finite radii are evaluated (the others' rows are
+    inf): ``layer_rows`` takes the balls from the largest down and lets a larger one refine the smaller
+    (F37b), so leaving out what would sit last changes no other radius's rows."""
     from ._local_jacobian import layer_jacobians
 
     inf = torch.full((x.shape[0],), math.inf, dtype=torch.float64)
-    if not any(math.isfinite(r) for r in rs):
+    finite = [r for r in rs if math.isfinite(r)]
+    if not finite:
         return [(inf, inf)] * len(rs)
     c = norms[layer.index]
     try:
-        ljs = layer_jacobians(layer, x, [r if math.isfinite(r) else 0.0 for r in rs], norms=c["w"], head_norms_=c["h"])
+        ljs = iter(layer_jacobians(layer, x, finite, norms=c["w"], head_norms_=c["h"]))
     except RuntimeError:  # the per-layer drift machinery overflowed: no bound there
         return [(inf, inf)] * len(rs)
-    return [(_nan_inf(lj.drift_rows), _nan_inf(lj.total_rows * (1 + ROUNDING_PAD))) if math.isfinite(r) else (inf, inf)
-            for lj, r in zip(ljs, rs)]
+    rows = lambda lj: (_nan_inf(lj.drift_rows), _nan_inf(lj.total_rows * (1 + ROUNDING_PAD)))  # noqa: E731
+    return [rows(next(ljs)) if math.isfinite(r) else (inf, inf) for r in rs]
 
 
 def _layer_route(spec: TransformerSpec, stages: list[_Stage], groups: dict, nuP: list, suf: list,  # noqa: PLR0912
-                 radii: list, rhos: list, norms: dict, mid: dict, blk: dict) -> list[tuple[float, float]]:
+                 radii: list, rhos: list, norms: dict, mid: dict, blk: dict, memo: dict) -> list[tuple[float, float]]:
     """The telescoped drift over whole layers (THEORY F30 item 5): per layer the per-layer route's
     drift and ball rows (``layer_jacobians``) at the smallest of F30's radius recursion, the
     middle-product one (F36, ``mid`` and ``blk`` the rows and block norms of the middle products at
@@ -278,7 +291,7 @@ def _layer_route(spec: TransformerSpec, stages: list[_Stage], groups: dict, nuP:
             djr = [_nan_inf(o[0]) for o in out]
             ba = [float(_nan_inf(o[2]).max()) for o in out]
         else:
-            pl = _per_layer(layer, stages[a].x, rs, norms)
+            pl = _per_layer(layer, stages[a].x, rs, norms, memo)
             djr, ba = [v[0] for v in pl], [float(v[1].max()) for v in pl]
         for k in range(nr):
             rows_it[k].append(djr[k])
@@ -349,6 +362,7 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
     spans: list[dict] = [{} for _ in rhos]  # per rho, (a, b) -> rows of sup nu_i(M_{a,b}(y) - M_{a,b}(x))
     layer_at = {groups[ly.index][0]: ly for ly in spec.layers}
     PL: dict = {}  # layer start -> per rho the per-layer route's (drift rows, ball rows)
+    memo: dict = {}  # the per-layer route's results at this X (``_per_layer``), shared with ``_layer_route``
     last = {b - 1: (a, mL) for a, b, mL in groups.values()}
     pL = {a: min(float((mL * stages[a].pt).max()) * (1 + 1e-12), float(nuL[a].max())) for a, b, mL in groups.values()}
     n, nr = len(stages), len(rhos)
@@ -391,7 +405,7 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
             rc[k] = _nan_inf(b * (r if st.local else float(r.max())))
         if s in first:  # the per-layer route at the layer's input radius (F36 item 3: the smaller drift)
             rmax = [float(r.max()) if layer_route else math.inf for r in rs]
-            PL[s] = _per_layer(layer_at[s], st.x, rmax, norms)
+            PL[s] = _per_layer(layer_at[s], st.x, rmax, norms, memo)
         radii.append(rs)
         dJs.append(djs)
         dJcs.append(djcs)
@@ -449,7 +463,7 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
     # Note [stack rounding]: fl(J) - J = sum_m S_m E_m exactly, so the suffixes carry the stage errors
     e_J = min(eP[n], sum(sm * em for sm, em in zip(suf, e_loc)) * (1 + 1e-12))
     point = float(rows.max()) + e_J
-    coarse = _layer_route(spec, stages, groups, nuP, suf, radii, rhos, norms, mid, blk) if layer_route else [(math.inf, math.inf)] * nr
+    coarse = _layer_route(spec, stages, groups, nuP, suf, radii, rhos, norms, mid, blk, memo) if layer_route else [(math.inf, math.inf)] * nr
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     out = []
     for k, rho in enumerate(rhos):

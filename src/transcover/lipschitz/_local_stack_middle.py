@@ -77,12 +77,12 @@ def middle_rows(stages: list, cuts: list[int], norms_of, exact: int = 4) -> tupl
         for s in range(cuts[a], n if a > 0 else cuts[1]):
             errs.append((s, _local_error(stages[s], K, cols=True)))
             K = _chunked(stages[s].lin.apply, K)
+            N = norms_of(K) if s == cuts[a] or s + 1 in pos else None  # once where both ask (a norm's stage)
             if s == cuts[a]:
-                first[s] = rows_of_block_norms(norms_of(K)) + errs[0][1]
+                first[s] = rows_of_block_norms(N) + errs[0][1]
             if s + 1 in pos:
                 b = pos[s + 1]
                 err = sum(e * tail(m) * norm_after(level[m] + 1, b) for m, e in errs) * (1 + 1e-12)
-                N = norms_of(K)
                 blk[(a, b)] = (N, err)
                 mid[(a, b)] = rows_of_block_norms(N) + err
     return mid, blk, first

@@ -58,3 +58,56 @@ def random_spec(seed: int, *, d: int = 6, H: int = 2, dh: int = 3, dff: int = 8,
         input_norm=_norm(norm, d, g, eps) if input_norm else None,
         final_norm=_norm(norm, d, g, eps) if final_norm else None,
     )
+
+
+def softmax_box(seed: int, sharp: float, causal: bool, tight: bool, T: int = 6):
+    """A random softmax case for the envelope attacks (F31a, F34a): ``(g, s, P, delta, osc)`` — score rows
+    ``sharp`` x N(0, 1) (future keys at -inf when ``causal``), per-key shift radii ``delta`` (0 on masked keys)
+    and a spread bound ``osc`` (0.4 x the box's when ``tight``); ``g`` the generator, to draw the shifts."""
+    g = torch.Generator().manual_seed(seed)
+    s = torch.randn(T, T, generator=g, dtype=torch.float64) * sharp
+    if causal:
+        s = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+    P = torch.softmax(s, dim=-1)
+    delta = torch.rand(T, T, generator=g, dtype=torch.float64) * 3 * torch.rand(T, 1, generator=g, dtype=torch.float64)
+    delta = torch.where(P > 0, delta, torch.zeros_like(delta))
+    osc = 2 * delta.max(dim=1).values * (0.4 if tight else 1.0)
+    return g, s, P, delta, osc
+
+
+def box_shifts(g: torch.Generator, P: torch.Tensor, delta: torch.Tensor, osc: torch.Tensor, n: int = 2048):
+    """Feasible shifts ``t`` (m, T, T): ``|t_j| <= delta_j`` and spread ``<= osc`` over the visible keys, 0 on
+    masked ones — the box's vertices clamped into random osc windows (the extremes of linear-fractional
+    functions of t) and random interior points; at least n/8 of the n drawn survive the feasibility check."""
+    T = P.shape[-1]
+    sign = torch.randint(0, 2, (n, T, T), generator=g).double() * 2 - 1
+    frac = torch.where(torch.rand(n, 1, 1, generator=g) < 0.5, torch.ones(n, 1, 1, dtype=torch.float64),
+                       torch.rand(n, T, T, generator=g, dtype=torch.float64))
+    t = sign * frac * delta[None]
+    c = (torch.rand(n, T, 1, generator=g, dtype=torch.float64) * 2 - 1) * delta.max(dim=1).values[None, :, None]
+    t = torch.minimum(torch.maximum(t, c - osc[None, :, None] / 2), c + osc[None, :, None] / 2)
+    t = torch.minimum(torch.maximum(t, -delta[None]), delta[None])
+    vis = (P > 0)[None]
+    big, small = torch.where(vis, t, -torch.inf).max(-1).values, torch.where(vis, t, torch.inf).min(-1).values
+    ok = (big - small <= osc[None]).all(dim=1)  # the box clamp can reopen the window: keep the feasible shifts
+    assert int(ok.sum()) >= n // 8
+    return torch.where(vis, t, torch.zeros_like(t))[ok]
+
+
+def gelu_ffn_case():
+    """A small exact-GELU FFN with three centres for the per-unit FFN bounds (F31d, F37b): ``(ffn, H, z, n1,
+    F)`` — the FFN (d = 6, d_ff = 10, weights x 2, biases), centres H (3, 6), pre-activations z = H W_1 + b_1,
+    the units' weight norms n1 and ``F(h)``, the FFN Jacobian at h (rows convention, float64)."""
+    import math
+
+    spec = random_spec(5, act="gelu", norm="layernorm", d=6, dff=10, scale=2.0, biases=True)
+    ffn = spec.layers[0].ffn
+    W1, W2, b1 = ffn.W_1.double(), ffn.W_2.double(), ffn.b_1.double()
+    H = torch.randn(3, 6, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+
+    def F(h: torch.Tensor) -> torch.Tensor:
+        zz = h @ W1 + b1
+        s = torch.special.ndtr(zz) + zz * torch.exp(-0.5 * zz * zz) / math.sqrt(2 * math.pi)  # GELU'
+        return (W2.T * s) @ W1.T
+
+    return ffn, H, H @ W1 + b1, W1.norm(dim=0), F

@@ -13,6 +13,7 @@ import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from lipschitz_testkit import box_shifts, softmax_box
 from test_local_sharp import _X, _ascent, _head_out, _sharp_layer, assert_stage_radii_hold
 from transcover.lipschitz._local_attention import head_norms
 from transcover.lipschitz._local_jacobian import _head_data, _weight_norms
@@ -38,30 +39,10 @@ def _remainder(f, X: torch.Tensor):  # noqa: ANN001, ANN202
 def test_softmax_taylor_remainder_is_never_beaten(seed, sharp, causal, tight):
     """Every shift in the box (|t_j| <= delta_j, spread <= osc): ||p(s + t) - p(s) - J_p t||_1 stays below
     ``softmax_taylor_l1``; box vertices clamped into random osc windows and interior points, 2048 each."""
-    g = torch.Generator().manual_seed(seed)
-    T = 6
-    s = torch.randn(T, T, generator=g, dtype=torch.float64) * sharp
-    if causal:
-        s = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
-    P = torch.softmax(s, dim=-1)
-    delta = torch.rand(T, T, generator=g, dtype=torch.float64) * 3 * torch.rand(T, 1, generator=g, dtype=torch.float64)
-    delta = torch.where(P > 0, delta, torch.zeros_like(delta))
-    osc = 2 * delta.max(dim=1).values * (0.4 if tight else 1.0)
+    g, s, P, delta, osc = softmax_box(seed, sharp, causal, tight)
     a, _, tv = softmax_envelope(P, delta, osc)
     bound = softmax_taylor_l1(P, delta, osc, a, tv)
-    n = 2048
-    sign = torch.randint(0, 2, (n, T, T), generator=g).double() * 2 - 1
-    frac = torch.where(torch.rand(n, 1, 1, generator=g) < 0.5, torch.ones(n, 1, 1, dtype=torch.float64),
-                       torch.rand(n, T, T, generator=g, dtype=torch.float64))
-    t = sign * frac * delta[None]
-    c = (torch.rand(n, T, 1, generator=g, dtype=torch.float64) * 2 - 1) * delta.max(dim=1).values[None, :, None]
-    t = torch.minimum(torch.maximum(t, c - osc[None, :, None] / 2), c + osc[None, :, None] / 2)
-    t = torch.minimum(torch.maximum(t, -delta[None]), delta[None])
-    vis = (P > 0)[None]
-    big, small = torch.where(vis, t, -torch.inf).max(-1).values, torch.where(vis, t, torch.inf).min(-1).values
-    ok = (big - small <= osc[None]).all(dim=1)
-    assert int(ok.sum()) >= n // 8
-    t = torch.where(vis, t, torch.zeros_like(t))[ok]
+    t = box_shifts(g, P, delta, osc)
     Jt = P[None] * (t - (P[None] * t).sum(-1, keepdim=True))  # J_p t = diag(p) t - p p^T t
     rem = (torch.softmax(s[None] + t, dim=-1) - P[None] - Jt).abs().sum(-1)
     assert bool((rem <= bound[None]).all()), float((rem - bound[None]).max())

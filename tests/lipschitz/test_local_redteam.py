@@ -275,7 +275,7 @@ def test_ffn_taylor_drift_survives_the_adversary(rh):
 def _underflow_case(c: float, r: float = 0.052):
     """One head, d = d_head = 4, ``G = c I`` (W_V = W_O = I, no biases), T = 2: x_0 = u, x_1 = 0.9u + 0.3w, so query
     0's second key sits 0.1c below the first; ``Y = X + (-r u, +r u)`` (every token moved by exactly r) closes the
-    gap and hands that key the row (the red team's case, scripts/redteam/repro_underflow_f34.py)."""
+    gap and hands that key the row (the red team's case, docs/results/redteam12.md)."""
     d = 4
     L = random_spec(1, act="gelu", norm="layernorm", placement="post", d=d, H=1, dh=d, dff=8).layers[0]
     eye = torch.eye(d, dtype=torch.float64)[None]

@@ -8,14 +8,13 @@ the ball), homogeneity in ``W_V`` and ``W_2``, and the stage radii end to end (t
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lipschitz_testkit import random_spec
+from lipschitz_testkit import box_shifts, gelu_ffn_case, random_spec, softmax_box
 from transcover.lipschitz._local_jacobian import _head_data, _weight_norms
 from transcover.lipschitz._local_rows import _HeadMoments, layer_rows
 from transcover.lipschitz._local_sharp import chi_bound, ffn_unit_drift, head_moves, score_moves, softmax_envelope
@@ -64,29 +63,9 @@ def test_softmax_envelope_is_never_beaten(seed, sharp, causal, tight):
     """Every shift in the box (|d_j| <= delta_j, spread <= osc): P' >= lo, |P' - P| <= a, TV <= tv; the
     shifts are the box's vertices clamped into random osc windows (the extremes of the linear-fractional
     P'_j) and random interior points, 2048 per example."""
-    g = torch.Generator().manual_seed(seed)
-    T = 6
-    s = torch.randn(T, T, generator=g, dtype=torch.float64) * sharp
-    if causal:
-        s = s.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
-    P = torch.softmax(s, dim=-1)
-    delta = torch.rand(T, T, generator=g, dtype=torch.float64) * 3 * torch.rand(T, 1, generator=g, dtype=torch.float64)
-    delta = torch.where(P > 0, delta, torch.zeros_like(delta))
-    osc = 2 * delta.max(dim=1).values * (0.4 if tight else 1.0)
+    g, s, P, delta, osc = softmax_box(seed, sharp, causal, tight)
     a, lo, tv = softmax_envelope(P, delta, osc)
-    n = 2048
-    sign = torch.randint(0, 2, (n, T, T), generator=g).double() * 2 - 1
-    frac = torch.where(torch.rand(n, 1, 1, generator=g) < 0.5, torch.ones(n, 1, 1, dtype=torch.float64),
-                       torch.rand(n, T, T, generator=g, dtype=torch.float64))
-    d = sign * frac * delta[None]
-    c = (torch.rand(n, T, 1, generator=g, dtype=torch.float64) * 2 - 1) * delta.max(dim=1).values[None, :, None]
-    d = torch.minimum(torch.maximum(d, c - osc[None, :, None] / 2), c + osc[None, :, None] / 2)
-    d = torch.minimum(torch.maximum(d, -delta[None]), delta[None])
-    vis = (P > 0)[None]
-    big, small = torch.where(vis, d, -math.inf).max(-1).values, torch.where(vis, d, math.inf).min(-1).values
-    ok = (big - small <= osc[None]).all(dim=1)  # the box clamp can reopen the window: keep the feasible shifts
-    assert int(ok.sum()) >= n // 8
-    Pn = torch.softmax(s[None] + d[ok], dim=-1)
+    Pn = torch.softmax(s[None] + box_shifts(g, P, delta, osc), dim=-1)
     assert bool((Pn >= lo[None] - 1e-15).all())
     assert bool(((Pn - P[None]).abs() <= a[None]).all())
     assert bool((0.5 * (Pn - P[None]).abs().sum(-1) <= tv[None] + 1e-15).all())
@@ -161,17 +140,7 @@ def assert_stage_radii_hold(layer, X: torch.Tensor, radii) -> list:  # noqa: ANN
 def test_ffn_unit_drift_is_never_beaten():
     """Per token on ||h' - h|| <= rh: Adam ascent on ||F(h') - F(h)||_2 (F the FFN Jacobian) and on the
     second-order remainder ||FFN(h + dh) - FFN(h) - F(h) dh|| / ||dh|| stays below the two bounds."""
-    spec = random_spec(5, act="gelu", norm="layernorm", d=6, dff=10, scale=2.0, biases=True)
-    ffn = spec.layers[0].ffn
-    W1, W2, b1 = ffn.W_1.double(), ffn.W_2.double(), ffn.b_1.double()
-    H = torch.randn(3, 6, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
-    z = H @ W1 + b1
-    n1 = W1.norm(dim=0)
-
-    def F(h):  # noqa: ANN001, ANN202
-        zz = h @ W1 + b1
-        s = torch.special.ndtr(zz) + zz * torch.exp(-0.5 * zz * zz) / math.sqrt(2 * math.pi)  # GELU'
-        return (W2.T * s) @ W1.T
+    ffn, H, z, n1, F = gelu_ffn_case()
 
     g = torch.Generator().manual_seed(1)
     for r in (0.05, 0.5, 3.0):

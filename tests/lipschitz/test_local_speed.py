@@ -14,7 +14,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lipschitz_testkit import random_spec
+from lipschitz_testkit import gelu_ffn_case, random_spec
 from transcover.lipschitz import _local_rows
 from transcover.lipschitz._local_rows import layer_rows, refine_lazily
 from transcover.lipschitz._local_sharp import GELU_SLOPE_RANGE, ffn_unit_drift, unit_slope_moves
@@ -100,17 +100,7 @@ def test_refine_lazily_equals_the_full_refinement_on_monotone_rows(seed, T, floo
 def test_scaled_reference_is_never_beaten():
     """F37b: for rh_a <= rh_b with no capped unit at rh_b, (rh_a/rh_b) F31d(rh_b) is at least F31d(rh_a) and
     at least Adam ascent on ||F(h') - F(h)||_2 over ||h' - h|| <= rh_a; homogeneity: W_2 -> 2 W_2 doubles it."""
-    spec = random_spec(5, act="gelu", norm="layernorm", d=6, dff=10, scale=2.0, biases=True)
-    ffn = spec.layers[0].ffn
-    W1, W2, b1 = ffn.W_1.double(), ffn.W_2.double(), ffn.b_1.double()
-    H = torch.randn(3, 6, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
-    z = H @ W1 + b1
-    n1 = W1.norm(dim=0)
-
-    def F(h):  # noqa: ANN001, ANN202
-        zz = h @ W1 + b1
-        s = torch.special.ndtr(zz) + zz * torch.exp(-0.5 * zz * zz) / math.sqrt(2 * math.pi)  # GELU'
-        return (W2.T * s) @ W1.T
+    ffn, H, z, n1, F = gelu_ffn_case()
 
     rb = torch.full((3,), 0.25, dtype=torch.float64)
     assert bool((unit_slope_moves(z, n1, rb) <= GELU_SLOPE_RANGE).all())

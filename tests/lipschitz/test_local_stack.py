@@ -185,19 +185,19 @@ def test_stage_rounding_bound_covers_a_float32_evaluation(case, monkeypatch):
     T, d = X.shape
     K = torch.eye(T * d, dtype=torch.float64).reshape(T * d, T, d)
     monkeypatch.setattr(ls, "_U", 2.0**-24)
-    for st in stages:
-        lin32 = _cast(st.lin, torch.float32)
+    for stage in stages:
+        lin32 = _cast(stage.lin, torch.float32)
         lin64 = _cast(lin32, torch.float64)  # float32 values, exactly
         K = K.float().double()
         for cols, blocks in ((True, ls._col_blocks), (False, ls._row_blocks)):
             f32 = (lin32.apply if cols else lin32.apply_t)(K.float()).double()
             f64 = (lin64.apply if cols else lin64.apply_t)(K)
             actual = float(torch.linalg.matrix_norm(blocks(f32 - f64), ord=2).sum(dim=1).max())
-            bound = ls._local_error(dataclasses.replace(st, lin=lin64), K, cols=cols)
-            assert 0 < actual <= bound, (st.name, cols, actual, bound)
+            bound = ls._local_error(dataclasses.replace(stage, lin=lin64), K, cols=cols)
+            assert 0 < actual <= bound, (stage.name, cols, actual, bound)
             # worst case gamma_k (k ~ 330 roundings on the longest path) against the few ulps float32
             # actually loses, times the abs evaluation's cancellation: decades, not the old 1e10
-            assert bound <= 1e6 * actual, (st.name, cols, actual, bound)
+            assert bound <= 1e6 * actual, (stage.name, cols, actual, bound)
         K = lin64.apply(K)
 
 

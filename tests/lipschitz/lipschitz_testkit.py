@@ -111,3 +111,17 @@ def gelu_ffn_case():
         return (W2.T * s) @ W1.T
 
     return ffn, H, H @ W1 + b1, W1.norm(dim=0), F
+
+
+def weight_underflows(attn, X: torch.Tensor) -> bool:  # noqa: ANN001
+    """Whether some visible key's float64 softmax weight at X is below the smallest normal float64: the one
+    input the local ball bounds refuse (Note [underflowed attention weights]); computed here from the model's
+    own scores, independently of the certificate's code."""
+    from transcover.model import attention_scores
+
+    for h in range(attn.n_heads):
+        s = attention_scores(attn, X.double(), h)
+        P = torch.softmax(s, dim=-1)
+        if bool((torch.isfinite(s) & (P < torch.finfo(torch.float64).tiny)).any()):
+            return True
+    return False

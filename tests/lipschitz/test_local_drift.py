@@ -12,10 +12,11 @@ import dataclasses
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from lipschitz_testkit import random_spec
+from lipschitz_testkit import random_spec, weight_underflows
+from transcover import InputError
 from transcover.lipschitz._local_drift import (
     attention_drift_hessian, head_second_derivative, heads_joint, output_block_norms,
 )
@@ -83,6 +84,7 @@ def test_second_derivative_matches_autograd(seed, causal, qscale):
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10_000), causal=st.booleans(), qscale=st.sampled_from([1.0, 8.0, 30.0]),
        rho=st.sampled_from([1e-3, 3e-2, 0.3]), H=st.sampled_from([2, 4]))
+@example(seed=1, causal=False, qscale=30.0, rho=1e-3, H=2)  # a weight underflows: refused (CI, stop 6)
 def test_attention_drift_is_never_beaten(seed, causal, qscale, rho, H):
     """The ascent over ``Y`` in ``B(X, rho)`` and the unit rows ``E`` (restarts from random boundary
     points, every query) never finds ``nu_i(J_A(Y) - J_A(X))`` above the certified F35 rows of the
@@ -90,7 +92,12 @@ def test_attention_drift_is_never_beaten(seed, causal, qscale, rho, H):
     layer = _attn_layer(seed, qscale=qscale, causal=causal, H=H)
     attn = layer.attention
     X = _X(seed)
-    bound = _combined(layer, X, rho)
+    try:
+        bound = _combined(layer, X, rho)
+    except InputError:  # refused only where a visible weight really underflows (sharp heads, qscale 30)
+        assert weight_underflows(attn, X)
+        return
+    assert not weight_underflows(attn, X)
     low, _ = drift_lower(lambda Z: attention_forward(attn, Z), X, rho, tokens=range(X.shape[0]), restarts=2,
                          steps=12, seed=seed)
     assert bool((low <= bound * (1 + 1e-9)).all()), (low, bound)

@@ -143,3 +143,68 @@ def test_an_infinite_ball_does_not_poison_the_smaller_ones(placement):
     assert math.isfinite(small.ball) and float(small.drift_rows.max()) < math.inf
     assert small.ball <= alone.ball * (1 + 1e-12)
     assert float(small.drift_rows.max()) <= float(alone.drift_rows.max()) * (1 + 1e-12)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), d=st.integers(1, 24), m=st.integers(1, 80), spread=st.floats(0.0, 12.0),
+       zeros=st.floats(0.0, 0.9), iters=st.integers(0, 20))
+def test_gram_lower_never_exceeds_the_certified_gram(seed, d, m, spread, zeros, iters):
+    """F42a: ``gram_lower`` is at most the certified ``lambda_max`` F31d computes for the same ``R diag(c) R^T``
+    as formed, for columns and weights spread over up to 24 decades, weights partly zero, nearly parallel columns
+    (large cancellations in the quotient's inner products), and any number of power steps (even none)."""
+    from transcover.lipschitz._local_jacobian import certified_lmax
+    from transcover.lipschitz._local_sharp import gram_lower
+
+    g = torch.Generator().manual_seed(seed)
+    R = torch.randn(d, m, generator=g, dtype=torch.float64)
+    if seed % 3 == 0:  # nearly parallel columns with alternating signs: v . r_k cancels
+        R = R[:, :1] * torch.where(torch.arange(m) % 2 == 0, 1.0, -1.0) + 1e-9 * R
+    R = R * 10 ** (spread * (torch.rand(m, generator=g, dtype=torch.float64) - 0.5))
+    c = torch.rand(4, m, generator=g, dtype=torch.float64) * 10 ** (spread * (torch.rand(4, 1, generator=g,
+                                                                                         dtype=torch.float64) - 0.5))
+    c = torch.where(torch.rand(4, m, generator=g, dtype=torch.float64) < zeros, 0.0, c)
+    low = gram_lower(R, c, iters=iters)
+    cert = certified_lmax((R[None] * c[:, None, :]) @ R.T[None])
+    assert bool((~(low > cert)).all()), (low, cert)
+    exact = torch.linalg.eigvalsh((R[None] * c[:, None, :]) @ R.T[None])[:, -1]
+    assert bool((~(low > exact * (1 + 1e-12) + 1e-300)).all()), (low, exact)
+
+
+def test_gram_lower_is_close_on_the_ffn_grams():
+    """The power iterate makes F42a's bound useful: within 2 % of the certified values on the small GELU FFN's
+    F31d Grams (both sides), and 2-homogeneous in R (R -> 3 R multiplies it by 9, up to rounding)."""
+    from transcover.lipschitz._local_jacobian import certified_lmax
+    from transcover.lipschitz._local_sharp import gram_lower
+
+    ffn, _, z, n1, _ = gelu_ffn_case()
+    c = unit_slope_moves(z, n1, torch.full((3,), 0.2, dtype=torch.float64)).clamp(max=GELU_SLOPE_RANGE)
+    for R in (ffn.W_1.double(), ffn.W_2.double().T):
+        cert = certified_lmax((R[None] * c[:, None, :]) @ R.T[None])
+        low = gram_lower(R, c)
+        assert bool((low <= cert).all()) and bool((low >= 0.98 * cert).all()), (low, cert)
+        assert torch.allclose(gram_lower(3 * R, c), 9 * low, rtol=1e-9)
+
+
+def test_skipped_unit_drift_loses_to_the_callers_bound():
+    """``ffn_unit_drift(above=(b, b_half))`` returns the plain bounds bit for bit where it forms the Grams and
+    ``(inf, inf)`` only where the plain bounds are at least ``b`` and ``b_half`` with no unit capped: every
+    ``min`` with the caller's bounds is the same float (F42a)."""
+    ffn, _, z, n1, _ = gelu_ffn_case()
+    g = torch.Generator().manual_seed(3)
+    skipped = 0
+    for r in (0.01, 0.25, 3.0):
+        rh = torch.full((3,), r, dtype=torch.float64)
+        full, half = ffn_unit_drift(ffn, z, n1, rh)
+        capped = (unit_slope_moves(z, n1, rh) > GELU_SLOPE_RANGE).any(dim=1)
+        for _ in range(6):
+            b = full * (0.5 + torch.rand(3, generator=g, dtype=torch.float64))
+            bh = half * (0.5 + torch.rand(3, generator=g, dtype=torch.float64))
+            f, h = ffn_unit_drift(ffn, z, n1, rh, above=(b, bh))
+            assert torch.equal(torch.minimum(f, b), torch.minimum(full, b))
+            assert torch.equal(torch.minimum(h, bh), torch.minimum(half, bh))
+            skip = torch.isinf(f)
+            assert not bool((skip & capped).any())
+            assert bool((full[skip] >= b[skip]).all()) and bool((half[skip] >= bh[skip]).all())
+            assert torch.equal(f[~skip], full[~skip]) and torch.equal(h[~skip], half[~skip])
+            skipped += int(skip.sum())
+    assert skipped > 0  # the case exercises the skip

@@ -20,9 +20,11 @@ from ._local_jacobian import _f64, certified_lmax
 from ._weights import ROUNDING_PAD
 
 __all__ = ["softmax_envelope", "score_moves", "chi_bound", "head_moves", "ffn_unit_drift", "unit_slope_moves",
-           "visible_diameter", "GELU_SLOPE_RANGE"]
+           "visible_diameter", "gram_lower", "GELU_SLOPE_RANGE"]
 
 _U = 2.0**-53
+# F42a: power steps of ``gram_lower`` (MiniLM's F31d Grams: the quotient reaches >= 0.84 of lambda_max in 10)
+GRAM_LOWER_ITERS = 12
 # the range of the exact GELU's slope, sup GELU' - inf GELU' = erf(1) + 2 sqrt(2) phi(sqrt(2)), padded
 GELU_SLOPE_RANGE = (math.erf(1.0) + 2 * math.sqrt(2) * math.exp(-1.0) / math.sqrt(2 * math.pi)) * (1 + 1e-9)
 
@@ -139,7 +141,8 @@ def head_moves(mom, r: float, norms: dict) -> Tensor:  # noqa: ANN001
     return torch.nan_to_num(torch.stack(out), nan=math.inf, posinf=math.inf)
 
 
-def ffn_unit_drift(ffn, z: Tensor, n1: Tensor, rh: Tensor) -> tuple[Tensor, Tensor]:  # noqa: ANN001
+def ffn_unit_drift(ffn, z: Tensor, n1: Tensor, rh: Tensor,  # noqa: ANN001
+                   above: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
     r"""Per token, on the FFN input ball ``||dh|| <= rh_t`` (THEORY F31d): ``sup ||F(h + dh) - F(h)||`` and
     ``||int_0^1 (F(h + t dh) - F(h)) dt||`` (the FFN's second-order remainder per unit of ``dh``).
 
@@ -153,6 +156,9 @@ def ffn_unit_drift(ffn, z: Tensor, n1: Tensor, rh: Tensor) -> tuple[Tensor, Tens
               \lambda_{\max}(W_1 \mathrm{diag}(c) W_1^\top)\big)^{1/2}.
 
     Uses that a saturated unit (large ``|z_k|``) has a flat slope, which the global ``kappa`` cannot.
+    ``above``: (T,) bounds ``(b, b_half)`` the caller takes the minimum with; a token with no capped unit whose
+    bound is provably at least ``b`` and its half at least ``b_half`` (``gram_lower``, THEORY F42a) gets
+    ``(inf, inf)`` without its Grams: every ``min`` with the caller's bounds is unchanged.
     Assumptions: non-gated FFN; exact (erf) GELU, else ``(inf, inf)`` (the global bounds apply)."""
     T = z.shape[0]
     if Activation(ffn.activation) is not Activation.GELU:
@@ -171,13 +177,43 @@ def ffn_unit_drift(ffn, z: Tensor, n1: Tensor, rh: Tensor) -> tuple[Tensor, Tens
         b = torch.sqrt(l1 * l2) * (1 + GRAM_PAD) + GRAM_PAD * fro * c.max(dim=1).values
         return torch.nan_to_num(b, nan=math.inf, posinf=math.inf)
 
-    full = bound(raw.clamp(max=GELU_SLOPE_RANGE))
+    c = raw.clamp(max=GELU_SLOPE_RANGE)
+    capped = (raw > GELU_SLOPE_RANGE).any(dim=1)
+    full = torch.full((T,), math.inf, dtype=torch.float64)
+    form = torch.ones(T, dtype=torch.bool)
+    if above is not None:  # F42a: skip the Grams where the bound provably loses to the caller's
+        low = torch.sqrt(gram_lower(W1, c) * gram_lower(W2.T, c)) * (1 - 1e-12)
+        form = capped | ~(low >= above[0]) | ~(low / 2 >= above[1])
+    if bool(form.any()):
+        full[form] = bound(c[form])
     # a token with nothing capped: the bound is 1-homogeneous in c, its half is half of it
     half = full / 2
-    capped = (raw > GELU_SLOPE_RANGE).any(dim=1)
     if bool(capped.any()):
         half[capped] = bound((raw[capped] / 2).clamp(max=GELU_SLOPE_RANGE))
     return full, half
+
+
+def gram_lower(R: Tensor, c: Tensor, *, iters: int = GRAM_LOWER_ITERS) -> Tensor:
+    r"""(n,) a lower bound on what F31d's certified ``lambda_max`` of ``R diag(c_t) R^T`` returns (THEORY F42a):
+    the Rayleigh quotient of the ``iters``-th power iterate (from the normalised all-ones vector) of the implicit
+    operator ``v -> R (c_t * (R^T v))`` (``2 d d_ff`` flops a step, no Gram), minus its float64 error and the formed
+    Gram's, each at most ``gamma_{d + d_ff + 8} sum_k c_k ||r_k||^2`` (``r_k`` the columns of ``R``):
+
+    .. math:: \lambda_{\max}(\widehat G) \ge \frac{v^\top G v}{v^\top v} - \|\widehat G - G\|_2
+              \ge \widehat{\mathrm{RQ}}\,(1 - 10^{-10}) - 12(d + d_{ff} + 8)\,u \textstyle\sum_k c_k\|r_k\|^2
+
+    (``G`` exact, ``\widehat G`` as formed, whose certified ``lambda_max`` is at least its own).  Assumptions:
+    ``c >= 0`` finite (a NaN gives NaN, which no comparison passes); ``R`` (d, d_ff) float64."""
+    n = c.shape[0]
+    d, m = R.shape
+    V = torch.full((n, d), 1.0 / math.sqrt(d), dtype=torch.float64)
+    for _ in range(iters):
+        V = (V @ R * c) @ R.T
+        V = V / V.norm(dim=1, keepdim=True).clamp(min=1e-300)
+    U = V @ R
+    rq = (U * U * c).sum(dim=1) / (V * V).sum(dim=1)
+    mass = (c * (R * R).sum(dim=0)[None, :]).sum(dim=1) * (1 + 1e-9)
+    return rq * (1 - 1e-10) - 12 * (d + m + 8) * _U * mass
 
 
 def unit_slope_moves(z: Tensor, n1: Tensor, rh: Tensor) -> Tensor:

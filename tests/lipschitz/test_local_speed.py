@@ -208,3 +208,30 @@ def test_skipped_unit_drift_loses_to_the_callers_bound():
             assert torch.equal(f[~skip], full[~skip]) and torch.equal(h[~skip], half[~skip])
             skipped += int(skip.sum())
     assert skipped > 0  # the case exercises the skip
+
+
+def test_memoised_ball_quantities_equal_fresh_ones():
+    """F42b: the softmax box and F35b's ball sup kept in the head moments are the floats a fresh evaluation
+    gives, for the sub-ball's segment points that coincide with the ball's and after the weight norms change
+    (a stale entry would be returned for the old norms)."""
+    from transcover.lipschitz._local_drift import attention_drift_hessian, hessian_ball_sup
+    from transcover.lipschitz._local_jacobian import _head_data, _weight_norms
+    from transcover.lipschitz._local_rows import _HeadMoments, attention_drift_f17d
+    from transcover.lipschitz._local_sharp import head_moves
+
+    spec = random_spec(4, act="gelu", norm="layernorm", d=8, H=2, dh=4, dff=16, biases=True)
+    attn = spec.layers[0].attention
+    X = torch.randn(6, 8, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    heads = _head_data(attn, X)
+    norms = _weight_norms(spec.layers[0])
+    fresh = lambda: _HeadMoments(heads, attn.softmax_scale)  # noqa: E731
+    mom = fresh()
+    r = 0.3
+    for f in (attention_drift_hessian, attention_drift_f17d, head_moves):
+        for rr in (r / 2, r):
+            assert torch.equal(f(mom, rr, norms), f(fresh(), rr, norms)), (f.__name__, rr)
+    assert all(len(m["box"]) == 6 and len(m["hess"]) == 6 for m in mom.rows)  # r/8 ... r: 6 distinct radii
+    doubled = dict(norms, G=[2 * g for g in norms["G"]], V=[3 * v for v in norms["V"]])
+    for f in (hessian_ball_sup, head_moves):
+        assert torch.equal(f(mom, r, doubled), f(fresh(), r, doubled)), f.__name__
+        assert not torch.equal(f(mom, r, doubled), f(mom, r, norms)), f.__name__

@@ -40,7 +40,7 @@ import math
 import torch
 from torch import Tensor
 
-from ._local_sharp import score_moves, softmax_envelope
+from ._local_sharp import ball_box
 
 __all__ = ["attention_drift_hessian", "head_second_derivative", "heads_joint", "output_block_norms"]
 
@@ -95,36 +95,44 @@ def hessian_ball_sup(mom, rho: float, norms: dict) -> Tensor:  # noqa: ANN001
     attention's input within ``rho`` of X; dot attention without RoPE."""
     out = []
     for h, m in enumerate(mom.rows):
-        P, nG, nV = m["P"], norms["G"][h], norms["V"][h]
-        delta, osc = score_moves(m, rho, nG)
-        a, lo, tv = softmax_envelope(P, delta, osc)
-        # sum_j P'_j ||e_j - ebar'||^2 <= 4 p (1 - p) when the top weight p = max_j P'_j > 1/2 (else 1)
-        top = lo.max(dim=1).values
-        ve = torch.where(top > 0.5, torch.sqrt(4 * top * (1 - top)) * (1 + 1e-12), torch.ones_like(top))
-        # sum_j P'_j (s_j - sbar)^4 <= 16 t (1 - 3 t), t = min(1/6, p (1 - p)), for scalars |s_j| <= 1 (F35b)
-        t = torch.where(top > 0.5, torch.clamp(top * (1 - top), max=1 / 6), torch.full_like(top, 1 / 6))
-        k4 = torch.sqrt(16 * t * (1 - 3 * t)) * (1 + 1e-12)
-        # ||y'_j - y_j|| <= rho + ||xbar' - xbar||, the mean's softmax part as in F31b
-        mv = torch.minimum((a * m["yn"]).sum(dim=1), tv * m["dY"])  # ||sum_j (P'_j - P_j) y_j||
-        eps = 2 * rho + mv
-        vis = lambda R: torch.where(P > 0, R, torch.zeros_like(R)).max(dim=1).values  # noqa: E731
-        # ||B y'_j|| <= ||B y_j|| + ||B|| rho + ||B (xbar' - xbar)||, or the visible diameter of B x'
-        bmax = lambda R, nB, Rd: torch.minimum(  # noqa: E731
-            vis(R) + 2 * nB * rho + torch.minimum((a * R).sum(dim=1), nB * mv), Rd + 2 * nB * rho)
-        gmax, vmax = bmax(m["gn"], nG, m["dG"]), bmax(m["vn"], nV, m["dV"])
-        vn2, gn2 = m["vn"] * m["vn"], m["gn"] * m["gn"]
-        ratio = torch.where(P > 0, a / P, torch.zeros_like(P)).max(dim=1).values * (1 + 1e-12)
-        lV0, lG0 = _ball_moment(m["lV"], a, vn2, ratio), _ball_moment(m["lG"], a, gn2, ratio)
-        sV, sG = lV0 + nV * rho, lG0 + nG * rho
-        qn = m["qn"] * (1 + 1e-12) + nG * rho
-        lam = _ball_moment(_hadamard_moment(m), a, vn2 * gn2, ratio) + nG * eps * sV + nV * eps * lG0
-        lam = torch.minimum(torch.minimum(lam, gmax * sV), sG * vmax)
-        qv = qn * ve
-        qq = qn * torch.minimum(k4 * qn * sV, qv * torch.minimum(2 * sV, vmax * ve))
-        t2 = torch.minimum(lam * (sG + 2 * qv) + qq, sV * (sG + qv) * (gmax + 2 * qn))
-        bound = 2 * nV * ve * (sG + qv) + t2 + 2 * nG * ve * sV
-        out.append(bound * (1 + 1e-10))
+        memo = m.setdefault("hess", {})  # the sub-balls' segment points repeat the ball's (F42b)
+        key = (float(rho), float(norms["G"][h]), float(norms["V"][h]))
+        if key not in memo:
+            memo[key] = _head_hessian_sup(m, rho, norms["G"][h], norms["V"][h])
+        out.append(memo[key])
     return torch.nan_to_num(torch.stack(out), nan=math.inf, posinf=math.inf)
+
+
+def _head_hessian_sup(m: dict, rho: float, nG: float, nV: float) -> Tensor:
+    """One head's (T,) bound of ``hessian_ball_sup`` (before the nan/inf cleanup)."""
+    P = m["P"]
+    _, _, a, lo, tv = ball_box(m, rho, nG)
+    # sum_j P'_j ||e_j - ebar'||^2 <= 4 p (1 - p) when the top weight p = max_j P'_j > 1/2 (else 1)
+    top = lo.max(dim=1).values
+    ve = torch.where(top > 0.5, torch.sqrt(4 * top * (1 - top)) * (1 + 1e-12), torch.ones_like(top))
+    # sum_j P'_j (s_j - sbar)^4 <= 16 t (1 - 3 t), t = min(1/6, p (1 - p)), for scalars |s_j| <= 1 (F35b)
+    t = torch.where(top > 0.5, torch.clamp(top * (1 - top), max=1 / 6), torch.full_like(top, 1 / 6))
+    k4 = torch.sqrt(16 * t * (1 - 3 * t)) * (1 + 1e-12)
+    # ||y'_j - y_j|| <= rho + ||xbar' - xbar||, the mean's softmax part as in F31b
+    mv = torch.minimum((a * m["yn"]).sum(dim=1), tv * m["dY"])  # ||sum_j (P'_j - P_j) y_j||
+    eps = 2 * rho + mv
+    vis = lambda R: torch.where(P > 0, R, torch.zeros_like(R)).max(dim=1).values  # noqa: E731
+    # ||B y'_j|| <= ||B y_j|| + ||B|| rho + ||B (xbar' - xbar)||, or the visible diameter of B x'
+    bmax = lambda R, nB, Rd: torch.minimum(  # noqa: E731
+        vis(R) + 2 * nB * rho + torch.minimum((a * R).sum(dim=1), nB * mv), Rd + 2 * nB * rho)
+    gmax, vmax = bmax(m["gn"], nG, m["dG"]), bmax(m["vn"], nV, m["dV"])
+    vn2, gn2 = m["vn"] * m["vn"], m["gn"] * m["gn"]
+    ratio = torch.where(P > 0, a / P, torch.zeros_like(P)).max(dim=1).values * (1 + 1e-12)
+    lV0, lG0 = _ball_moment(m["lV"], a, vn2, ratio), _ball_moment(m["lG"], a, gn2, ratio)
+    sV, sG = lV0 + nV * rho, lG0 + nG * rho
+    qn = m["qn"] * (1 + 1e-12) + nG * rho
+    lam = _ball_moment(_hadamard_moment(m), a, vn2 * gn2, ratio) + nG * eps * sV + nV * eps * lG0
+    lam = torch.minimum(torch.minimum(lam, gmax * sV), sG * vmax)
+    qv = qn * ve
+    qq = qn * torch.minimum(k4 * qn * sV, qv * torch.minimum(2 * sV, vmax * ve))
+    t2 = torch.minimum(lam * (sG + 2 * qv) + qq, sV * (sG + qv) * (gmax + 2 * qn))
+    bound = 2 * nV * ve * (sG + qv) + t2 + 2 * nG * ve * sV
+    return bound * (1 + 1e-10)
 
 
 def attention_drift_hessian(mom, r: float, norms: dict, steps: int = SEGMENT_STEPS) -> Tensor:  # noqa: ANN001

@@ -222,3 +222,21 @@ def test_flat_relu_region_still_finds_a_slope():
     X = -0.2 - 0.3 * torch.rand(3, 4, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
     r = ball_lower(torch.relu, X, 1.0, steps=2, pair_steps=10)
     assert r.point == 0.0 and 0.3 < r.value <= 1.0 + 1e-12, r
+
+
+def test_a_given_point_image_changes_nothing():
+    """``ball_lower_sweep`` computes the point image ``(J(X) V)_token`` once for every radius (it was one JVP
+    per radius): ``ball_lower`` given that image returns the same witness, float for float, as computing it."""
+    from transcover.lipschitz._local_lower import _point_image
+
+    spec = random_spec(3, act="gelu", norm="layernorm", d=6, H=2, dh=3, dff=12, biases=True)
+    fn = lambda Z: layer_forward(spec.layers[0], Z)  # noqa: E731
+    X = torch.randn(5, 6, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    p, tk, V = point_lower(fn, X)
+    V = V / V.norm(dim=-1, keepdim=True)
+    for rho in (1e-3, 0.3):
+        kw = dict(token=tk, V=V, point=p, steps=2, restarts=1, pair_steps=2, pair_restarts=1)
+        a = ball_lower(fn, X, rho, **kw)
+        b = ball_lower(fn, X, rho, image=_point_image(fn, X, V, tk), **kw)
+        assert (a.value, a.jacobian, a.pair, a.token) == (b.value, b.jacobian, b.pair, b.token)
+        assert torch.equal(a.centre, b.centre) and torch.equal(a.direction, b.direction)

@@ -188,7 +188,7 @@ def _pair_ascent(fn: Fn, X: Tensor, rho: float, A0: Tensor, B0: Tensor, i: int, 
 
 def ball_lower(fn: Fn, X: Tensor, rho: float, *, steps: int = 6, restarts: int = 1, pair_steps: int = 6,
                pair_restarts: int = 1, seed: int = 0, token: int | None = None, V: Tensor | None = None,
-               start: Tensor | None = None, point: float | None = None) -> BallLower:
+               start: Tensor | None = None, point: float | None = None, image: Tensor | None = None) -> BallLower:
     r"""An empirical lower bound on the (2,inf) Lipschitz constant of ``fn`` on ``B(X, rho)`` (Note
     [ball lower]):
 
@@ -199,7 +199,8 @@ def ball_lower(fn: Fn, X: Tensor, rho: float, *, steps: int = 6, restarts: int =
     point in the ball.  Starts of (a): ``X`` (or ``start``, a point of the ball, e.g. the best centre of
     a smaller ball), then ``restarts`` random points; ``token``/``V``: the point search's best row
     and direction (computed by :func:`point_lower` when not given; ``point``: its value).  ``steps``,
-    ``pair_steps``: iterations per start (each about 11 and 4 forward evaluations of ``fn``).  Kind:
+    ``pair_steps``: iterations per start (each about 11 and 4 forward evaluations of ``fn``); ``image``: the
+    unit vector ``(J(X) V)_token / ||.||`` of the search's first step, computed when None.  Kind:
     empirical lower bound; never above a certified bound of the same quantity (callers run
     ``check_certified``).  Assumptions: ``fn`` maps (T, d) float64 to (T, d'), differentiable twice
     almost everywhere (ReLU kinks give a zero second derivative, search (b) still moves).
@@ -220,9 +221,7 @@ def ball_lower(fn: Fn, X: Tensor, rho: float, *, steps: int = 6, restarts: int =
     V = _unit_rows(V.detach().double())
     g = torch.Generator().manual_seed(seed)
     best = [float(point), int(token), X.clone(), V]  # the point's value is attained at X (in the ball)
-    with torch.no_grad():
-        u0 = torch.autograd.functional.jvp(fn, X, V)[1][token]
-    u0 = _unit_rows(u0)
+    u0 = _point_image(fn, X, V, int(token)) if image is None else image
     starts = [torch.zeros_like(X) if start is None else _clip(start.detach().double() - X, rho)]
     for _ in range(restarts):
         D = _unit_rows(torch.randn(X.shape, generator=g, dtype=torch.float64))
@@ -253,6 +252,12 @@ def ball_lower(fn: Fn, X: Tensor, rho: float, *, steps: int = 6, restarts: int =
     return BallLower(value, rho, method, int(tok), float(point), jac, pbest[0], c, dr, time.perf_counter() - t0)
 
 
+def _point_image(fn: Fn, X: Tensor, V: Tensor, token: int) -> Tensor:
+    """``(J(X) V)_token`` normalised (one JVP): the first cotangent of the centre search (a)."""
+    with torch.no_grad():
+        return _unit_rows(torch.autograd.functional.jvp(fn, X, V)[1][token])
+
+
 def ball_lower_sweep(fn: Fn, X: Tensor, rhos, *, init: tuple | None = None, adaptive: bool = True,  # noqa: ANN001
                      **kw) -> list[BallLower]:
     """:func:`ball_lower` for increasing radii, each started at the previous ball's best centre
@@ -272,6 +277,7 @@ def ball_lower_sweep(fn: Fn, X: Tensor, rhos, *, init: tuple | None = None, adap
     prev: BallLower | None = None
     order = sorted(float(r) for r in rhos)
     saved = 0
+    image = _point_image(fn, X, _unit_rows(V.detach().double()), int(tk))  # the same at every radius
     for k, rho in enumerate(order):
         n = steps
         if adaptive and prev is not None and prev.value < 1.01 * p and k < len(order) - 1:
@@ -283,7 +289,7 @@ def ball_lower_sweep(fn: Fn, X: Tensor, rhos, *, init: tuple | None = None, adap
         if prev is not None and prev.method == "jacobian" and prev.centre is not None:
             start = X + (rho / prev.rho) * (prev.centre - X)
         # the point witness (value p attained at X by (tk, V)) seeds every radius; the centre is carried
-        r = ball_lower(fn, X, rho, token=tk, V=V, start=start, point=p, steps=n, **kw)
+        r = ball_lower(fn, X, rho, token=tk, V=V, start=start, point=p, steps=n, image=image, **kw)
         if prev is not None and prev.value > r.value:
             r = BallLower(prev.value, rho, prev.method, prev.token, p, max(prev.jacobian, r.jacobian),
                           max(prev.pair, r.pair), prev.centre, prev.direction, r.seconds)

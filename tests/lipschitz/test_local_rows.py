@@ -220,3 +220,24 @@ def test_regression_sharp_head_ball_bound_at_a_moderate_radius():
     lo = float(row_norm_lower(_blocks(layer, X)).max())
     lj = layer_rows(layer, X, [0.01])[0]
     assert lj.ball <= 100 * lo, (lj.ball, lo)
+
+
+@pytest.mark.parametrize("route", ["rows", "blocks"])
+@pytest.mark.parametrize("case", [dict(norm="rmsnorm", placement="pre", act="relu"),
+                                  dict(norm="none", placement="post", act="relu"),
+                                  dict(norm="layernorm", placement="post", act="gelu", biases=True)])
+def test_radius_zero_gives_the_point_bound(route, case):
+    """``B(X, 0)`` is the point: every drift term, stage radius and drift row is exactly 0 and the ball
+    rows are the point rows, alone or after a larger ball in the same call (F37b's scaled references);
+    with ReLU the global FFN drift ``kappa r`` was ``inf * 0`` = nan, reported as an inf drift."""
+    from transcover.lipschitz._local_jacobian import layer_jacobians
+
+    spec = random_spec(13, d=8, H=2, dh=4, dff=16, L=1, **case)
+    X = _X(3, T=5, d=8)
+    for radii in ([0.0], [1e-2, 0.0]):
+        lj = layer_jacobians(spec.layers[0], X, radii, route=route)[-1]
+        assert lj.radius == 0.0
+        assert torch.equal(lj.drift_rows, torch.zeros_like(lj.drift_rows)), lj.parts
+        assert torch.equal(lj.total_rows, lj.point_rows)
+        assert all(v == 0.0 for v in lj.parts.values()), lj.parts
+        assert all(bool((v == 0).all()) for v in lj.stage_radii.values())

@@ -409,8 +409,9 @@ class FfnDrift:
 
     def glob(self, rh: Tensor) -> tuple[Tensor, Tensor]:
         """F17c's global FFN drift on ``||dh|| <= rh``: ``sup ||F(h + dh) - F(h)||`` and ``int_0^1 sup ||F(h + t dh)
-        - F(h)|| dt`` (the linear bounds halve, the cap stays)."""
-        lin = torch.minimum(self.kappa * rh, self.curv * rh)
+        - F(h)|| dt`` (the linear bounds halve, the cap stays).  On a ball of radius 0 ``F`` does not move:
+        0 there, also when ``kappa`` is inf (ReLU), whose product with 0 would be nan."""
+        lin = torch.where(rh == 0, 0.0, torch.minimum(self.kappa * rh, self.curv * rh))
         return torch.minimum(lin, torch.full_like(rh, self.cap)), torch.minimum(lin / 2, torch.full_like(rh, self.cap))
 
     def scaled_refs(self, rh: Tensor, dF: Tensor, dFh: Tensor) -> tuple[Tensor, Tensor]:

@@ -235,3 +235,32 @@ def test_memoised_ball_quantities_equal_fresh_ones():
     for f in (hessian_ball_sup, head_moves):
         assert torch.equal(f(mom, r, doubled), f(fresh(), r, doubled)), f.__name__
         assert not torch.equal(f(mom, r, doubled), f(mom, r, norms)), f.__name__
+
+
+@pytest.mark.parametrize("placement", ["post", "pre"])
+def test_skipping_f31d_keeps_every_reported_maximum(placement, monkeypatch):
+    """F42a end to end: ``layer_rows`` with F31d's Grams skipped where ``gram_lower`` proves they lose to F38
+    reports the same point, ball, drift row and drift terms, bit for bit, as with F31d formed at every refined
+    token (``gram_lower`` replaced by NaN, which no comparison passes), and the case does skip."""
+    from transcover.lipschitz import _local_sharp
+
+    spec = random_spec(11, act="gelu", norm="layernorm", placement=placement, d=12, H=2, dh=6, dff=48,
+                       scale=1.5, biases=True)
+    X = torch.randn(10, 12, generator=torch.Generator().manual_seed(11), dtype=torch.float64) * 2
+    skipped = []
+
+    def counted(*args, **kw):  # noqa: ANN002, ANN003, ANN202
+        full, half = ffn_unit_drift(*args, **kw)
+        skipped.append(int(torch.isinf(full).sum()))
+        return full, half
+
+    monkeypatch.setattr(_local_rows, "ffn_unit_drift", counted)
+    fast = layer_rows(spec.layers[0], X, RADII)
+    n_fast, skipped[:] = sum(skipped), []
+    monkeypatch.setattr(_local_sharp, "gram_lower", lambda R, c, **kw: torch.full((len(c),), math.nan))
+    formed = layer_rows(spec.layers[0], X, RADII)
+    assert n_fast > sum(skipped) == 0, (n_fast, skipped)  # infinite F31d only where skipped
+    for a, b in zip(fast, formed):
+        assert a.point == b.point and a.ball == b.ball, (a.radius, a.ball, b.ball)
+        assert float(a.drift_rows.max()) == float(b.drift_rows.max())
+        assert a.parts == b.parts, (a.parts, b.parts)

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from ._local_jacobian import GRAM_PAD, certified_spectral
-from ._local_sharp import score_moves, softmax_envelope, visible_diameter
+from ._local_sharp import ball_box, visible_diameter
 
 __all__ = ["softmax_taylor_l1", "quadratic_score_mad", "HeadGeometry", "head_geometry", "head_remainders",
            "attention_remainder", "norm_remainder"]
@@ -130,8 +130,7 @@ def head_remainders(mom, geo: HeadGeometry, r: float, norms: dict) -> Tensor:  #
     out = []
     for h, m in enumerate(mom.rows):
         P, nG = m["P"], norms["G"][h]
-        delta, osc = score_moves(m, r, nG)
-        a, _, tv = softmax_envelope(P, delta, osc)
+        delta, osc, a, _, tv = ball_box(m, r, nG)
         s = (r * (torch.sqrt(m["lG"]) + float(geo.score_eps[h])) + r * m["qn"] + nG * r * r) * _PAD
         t1 = torch.minimum(softmax_taylor_l1(P, delta, osc, a, tv) / 2 * geo.diam[h],
                            osc * s * geo.spread[h] * _exp_weight(osc))

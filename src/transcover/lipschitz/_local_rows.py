@@ -51,7 +51,7 @@ from ._local_jacobian import (
 from ._local_drift import attention_drift_hessian
 from ._local_ffn2 import ffn_hadamard, ffn_second_norms, ffn_taylor_drift, gelu_ffn
 from ._local_sharp import (
-    GELU_SLOPE_RANGE, chi_bound, ffn_unit_drift, score_moves, softmax_envelope, unit_slope_moves, visible_diameter,
+    GELU_SLOPE_RANGE, ball_box, chi_bound, ffn_unit_drift, unit_slope_moves, visible_diameter,
 )
 from ._weights import ROUNDING_PAD
 
@@ -253,11 +253,10 @@ def attention_drift_f17d(mom: _HeadMoments, r: float, norms: dict) -> Tensor:
     out = []
     for h, m in enumerate(mom.rows):
         P, nG, nV = m["P"], norms["G"][h], norms["V"][h]
-        delta, osc = score_moves(m, r, nG)
+        delta, osc, env, lo, tv = ball_box(m, r, nG)
         mbar = (P * delta).sum(dim=1)
         lse = torch.log((P * torch.exp(delta)).sum(dim=1))
         eps = torch.maximum(torch.expm1(delta + mbar[:, None]), delta + lse[:, None]) * (1 + 1e-10)
-        env, lo, tv = softmax_envelope(P, delta, osc)
         a = torch.minimum(P * eps, env)
         sa = a.sum(dim=1)
         # the mean's softmax part: sum_j dP_j y_j = (1/Z) sum_j P_j (e^{delta_j} - 1) y_j (sum_j P_j y_j = 0),
@@ -425,17 +424,19 @@ class FfnDrift:
         return dF, dFh
 
     def refine(self, rh: Tensor, dF: Tensor, dFh: Tensor, ref: Tensor, idx: Tensor) -> None:
-        """The tokens ``idx``' FFN drift (in place in ``dF``, ``dFh``) by F31d's per-unit bound and F38's
-        tensor norm; F31d's bound becomes the reference ``ref`` where no unit was capped (F37b)."""
+        """The tokens ``idx``' FFN drift (in place in ``dF``, ``dFh``) by F38's tensor norm and F31d's per-unit
+        bound, whose Grams are formed only where they can beat F38 (F42a); F31d's bound becomes the reference
+        ``ref`` where no unit was capped (F37b)."""
         z, n1 = self.z, self.n1
-        u, uh = ffn_unit_drift(self.ffn, z[idx], n1, rh[idx])
-        dF[idx], dFh[idx] = torch.minimum(dF[idx], u), torch.minimum(dFh[idx], uh)
+        taylor = None
         if self.taylor is not None:
             new = idx[torch.isnan(self.n2_tok[idx])]
             if len(new):
                 self.n2_tok[new] = ffn_second_norms(self.taylor, z[new])
-            t, th = ffn_taylor_drift(self.taylor, self.n2_tok[idx], z[idx], n1, rh[idx])
-            dF[idx], dFh[idx] = torch.minimum(dF[idx], t), torch.minimum(dFh[idx], th)
+            taylor = ffn_taylor_drift(self.taylor, self.n2_tok[idx], z[idx], n1, rh[idx])
+            dF[idx], dFh[idx] = torch.minimum(dF[idx], taylor[0]), torch.minimum(dFh[idx], taylor[1])
+        u, uh = ffn_unit_drift(self.ffn, z[idx], n1, rh[idx], above=taylor)
+        dF[idx], dFh[idx] = torch.minimum(dF[idx], u), torch.minimum(dFh[idx], uh)
         uncapped = (unit_slope_moves(z[idx], n1, rh[idx]) <= GELU_SLOPE_RANGE).all(dim=1)
         ref[idx] = torch.where(uncapped, u, ref[idx])
 

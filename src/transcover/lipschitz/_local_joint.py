@@ -24,8 +24,8 @@ from torch import Tensor
 from ._local_jacobian import GRAM_PAD, certified_spectral
 from ._local_sharp import score_moves, softmax_envelope, visible_diameter
 
-__all__ = ["softmax_taylor_l1", "quadratic_score_mad", "HeadGeometry", "head_geometry", "head_remainders",
-           "attention_remainder", "norm_remainder"]
+__all__ = ["softmax_taylor_l1", "quadratic_score_mad", "range_taylor", "VAR_SQUARE_RANGE", "HeadGeometry",
+           "head_geometry", "head_remainders", "attention_remainder", "norm_remainder"]
 
 _U = 2.0**-53
 _PAD = 1 + 1e-10
@@ -123,7 +123,8 @@ def head_remainders(mom, geo: HeadGeometry, r: float, norms: dict) -> Tensor:  #
     diameter (``softmax_taylor_l1``, ``quadratic_score_mad``); in ``L^2(P)`` the first is also
     ``int_0^1 (1 - tau) Cov_{p(tau)}((t - tbar)^2, z) dtau <= osc s spread (e^{osc} - 1 - osc)/osc^2``
     (``E(t - tbar)^4 <= osc^2 Var``, ``p_j(tau)/P_j <= e^{tau osc}``, ``s`` the ``L^2(P)`` spread of ``t``,
-    ``chi_bound``'s ``r lambda_max(sum_j P_j G y_j (G y_j)^T)^{1/2} + r ||q_i|| + ||G|| r^2``) and the second
+    ``chi_bound``'s ``r lambda_max(sum_j P_j G y_j (G y_j)^T)^{1/2} + r ||q_i|| + ||G|| r^2``) or by the range alone
+    (``range_taylor``, THEORY F41a) and the second
     ``Cov_P(u, z) <= ||G|| r^2 spread``; the third is at most ``2 TV ||W|| r``.
     Assumptions: dot attention without RoPE (the key bias shifts a row by a constant, the value bias
     cancels in zero sums)."""
@@ -135,9 +136,29 @@ def head_remainders(mom, geo: HeadGeometry, r: float, norms: dict) -> Tensor:  #
         s = (r * (torch.sqrt(m["lG"]) + float(geo.score_eps[h])) + r * m["qn"] + nG * r * r) * _PAD
         t1 = torch.minimum(softmax_taylor_l1(P, delta, osc, a, tv) / 2 * geo.diam[h],
                            osc * s * geo.spread[h] * _exp_weight(osc))
+        t1 = torch.minimum(t1, range_taylor(osc, geo.spread[h]))  # F41a
         t2 = torch.minimum(quadratic_score_mad(P, r, nG) / 2 * geo.diam[h], nG * r * r * geo.spread[h])
         out.append((t1 + t2 + 2 * tv * float(geo.norm[h]) * r) * _PAD)
     return torch.nan_to_num(torch.stack(out), nan=math.inf, posinf=math.inf)
+
+
+# C_4 = (max_{theta <= 1/3} theta (1 - theta)^2 (1 - 2 theta))^{1/2}, the maximum at theta = (7 - sqrt 17)/16
+# (THEORY F41a), padded
+VAR_SQUARE_RANGE = 0.27831734347385703 * (1 + 1e-12)
+
+
+def range_taylor(osc: Tensor, spread: Tensor) -> Tensor:
+    r"""(T,) certified ``||int_0^1 (1 - tau) sum_j p''_j(tau) z_j dtau||``, the softmax Taylor term of a row
+    ``p(tau) = p(s + tau t)`` whose shift has spread ``max_{j,k} |t_j - t_k| <= osc`` over the visible keys
+    (THEORY F41a).  ``sum_j p''_j z_j = Cov_{p(tau)}((t - tbar)^2, z)``; a variable with range ``L`` has
+    ``Var((t - tbar)^2)^{1/2} <= C_4 L^2`` (``C_4 = VAR_SQUARE_RANGE``: Bhatia-Davis for ``(t - tbar)^2`` and for
+    ``t``), and ``p_j(tau)/P_j <= e^{tau osc}`` gives ``spread_{p(tau)}(z) <= e^{tau osc/2} spread``, so
+
+    .. math:: \le C_4\, osc^2\, spread \int_0^1 (1 - \tau) e^{\tau osc/2} d\tau,
+
+    ``spread = lambda_max(sum_j P_j (z_j - zbar)(z_j - zbar)^T)^{1/2}`` (``HeadGeometry.spread``).  Unlike F34a's
+    ``L^2(P)`` form it does not grow with the score gradients' spread ``s``, only with the range."""
+    return VAR_SQUARE_RANGE * osc * osc * spread * _exp_weight(osc / 2) * _PAD
 
 
 def _exp_weight(osc: Tensor) -> Tensor:

@@ -25,7 +25,8 @@ from ._local_jacobian import GRAM_PAD, certified_spectral
 from ._local_sharp import score_moves, softmax_envelope, visible_diameter
 
 __all__ = ["softmax_taylor_l1", "quadratic_score_mad", "range_taylor", "VAR_SQUARE_RANGE", "HeadGeometry",
-           "head_geometry", "head_remainders", "attention_remainder", "norm_remainder"]
+           "head_geometry", "head_remainders", "attention_remainder", "norm_remainder", "sphere_remainder",
+           "SPHERE_CURVATURE"]
 
 _U = 2.0**-53
 _PAD = 1 + 1e-10
@@ -186,3 +187,31 @@ def norm_remainder(g: float, e: Tensor, r: Tensor) -> Tensor:
     ``int_0^1 (D(x + tau E) - D(x)) E dtau`` has norm at most ``int_0^1 g e tau r dtau = g e r / 2``
     (THEORY F34b)."""
     return g * e * r / 2 * _PAD
+
+
+# sup ||D^2 N(u)[e, e]|| over unit u, e for N(u) = u/||u||: (1 + 2c^2 - 3c^4)^{1/2} at c^2 = 1/3, i.e. 2/sqrt(3) (THEORY F41c)
+SPHERE_CURVATURE = 2 / math.sqrt(3) * (1 + 1e-12)
+
+
+def sphere_remainder(g: float, s: Tensor, r: Tensor, d: int) -> Tensor:
+    r"""(T,) certified ``||N(x + E) - N(x) - D(x) E||`` for a LayerNorm or RMSNorm ``N`` on every move with
+    ``||P E|| <= r`` (``P`` the centring, the identity for RMSNorm), from the normalisation's own curvature
+    (THEORY F41c).  ``s`` (T,) the norm's ``(sigma^2 + eps)^{1/2}`` at x, ``g`` a certified ``max|gamma|``.
+
+    ``P x / s = sqrt(d) pi(u / ||u||)`` with ``u = (P x, (d eps)^{1/2})`` in ``R^{d+1}`` (``pi`` drops the last
+    coordinate), ``||u|| = sqrt(d) s``; ``||D^2(u/||u||)[e, e]|| <= (2/sqrt 3) ||e||^2/||u||^2`` and ``||u + tau e|| >=
+    ||u||(1 - tau rho)``, ``rho = r/(sqrt(d) s)``, so the Taylor remainder is at most
+
+    .. math:: g \sqrt{d}\, \tfrac{2}{\sqrt 3} \int_0^1 \frac{(1 - \tau)\rho^2}{(1 - \tau\rho)^2} d\tau
+              = g \sqrt{d}\, \tfrac{2}{\sqrt 3} \big(-\rho - \log(1 - \rho)\big)\quad (\rho < 1),
+
+    and ``inf`` for ``rho >= 1`` (the segment may pass the origin when ``eps = 0``; the other bounds stay).  For
+    ``rho < 0.1`` the series ``rho^2/2 + rho^3/3 + rho^4/(4 (1 - rho))`` bounds ``-rho - log(1 - rho)`` (no
+    cancellation).  ``s`` is taken ``(1 - 1e-12)`` low (the float64 centring and root, as ``_floor``)."""
+    rho = r / (math.sqrt(d) * s * (1 - 1e-12)) * (1 + 1e-12)
+    below = rho.clamp(max=0.5)
+    series = below * below / 2 + below**3 / 3 + below**4 / (4 * (1 - below))
+    closed = -rho - torch.log1p(-rho.clamp(max=1 - 1e-12))
+    tail = torch.where(rho < 0.1, series, closed * (1 + 1e-12))
+    psi = torch.where(rho < 1, SPHERE_CURVATURE * tail, torch.full_like(rho, math.inf))
+    return g * math.sqrt(d) * psi * _PAD

@@ -67,13 +67,15 @@ def sentence(spec, k: int, X, factors: list[float], cache: dict, lower_steps: in
                      "drift_parts": r.parts, "drift_sub_stage": r.parts.get("(sub-stage route)"),
                      "drift_layer": r.parts.get("(layer route)"),
                      "prefix_norms": r.prefix_norms, "suffix_norms": r.suffix_norms,
-                     "seconds": r.seconds, "cpu_seconds": r.cpu_seconds})
+                     "seconds": r.seconds, "cpu_seconds": r.cpu_seconds, "refusals": r.refusals})
         print(f"sentence {k} T={X.shape[0]} rho {f:g}: point {r.point:.4g} (rounding {r.rounding:.2g}) "
               f"drift {r.drift:.4g} [sub-stages {r.parts.get('(sub-stage route)', float('nan')):.4g}, "
               f"layers {r.parts.get('(layer route)', float('nan')):.4g}] "
               f"stack {r.stack:.4g} product {r.product:.4g} -> {r.route}; lower {lo:.4g}; "
               f"ratio {r.upper / lo:.4g} [{r.seconds:.0f}s wall, {r.cpu_seconds:.0f}s cpu]; upper {r.upper!r}",
               flush=True)
+        for line in r.refusals:  # Note [per-layer refusals]: the per-layer route gave no bound there
+            print(f"  per-layer route refused: {line}", flush=True)
     lt, lc = time.perf_counter() - t, time.process_time() - c
     for row in rows:
         row["lower_seconds"], row["lower_cpu_seconds"] = lt, lc

@@ -220,3 +220,52 @@ def test_regression_sharp_head_ball_bound_at_a_moderate_radius():
     lo = float(row_norm_lower(_blocks(layer, X)).max())
     lj = layer_rows(layer, X, [0.01])[0]
     assert lj.ball <= 100 * lo, (lj.ball, lo)
+
+
+@pytest.mark.parametrize("route", ["rows", "blocks"])
+@pytest.mark.parametrize("case", [dict(norm="rmsnorm", placement="pre", act="relu"),
+                                  dict(norm="none", placement="post", act="relu"),
+                                  dict(norm="layernorm", placement="post", act="gelu", biases=True)])
+def test_radius_zero_gives_the_point_bound(route, case):
+    """``B(X, 0)`` is the point: every drift term, stage radius and drift row is exactly 0 and the ball
+    rows are the point rows, alone or after a larger ball in the same call (F37b's scaled references);
+    with ReLU the global FFN drift ``kappa r`` was ``inf * 0`` = nan, reported as an inf drift."""
+    from transcover.lipschitz._local_jacobian import layer_jacobians
+
+    spec = random_spec(13, d=8, H=2, dh=4, dff=16, L=1, **case)
+    X = _X(3, T=5, d=8)
+    for radii in ([0.0], [1e-2, 0.0]):
+        lj = layer_jacobians(spec.layers[0], X, radii, route=route)[-1]
+        assert lj.radius == 0.0
+        assert torch.equal(lj.drift_rows, torch.zeros_like(lj.drift_rows)), lj.parts
+        assert torch.equal(lj.total_rows, lj.point_rows)
+        assert all(v == 0.0 for v in lj.parts.values()), lj.parts
+        assert all(bool((v == 0).all()) for v in lj.stage_radii.values())
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_post_ln_stage_rows_at_x_bound_each_prefix_map(seed):
+    """The stage functions alone (``_local_stages``): post-LN, each point row constant of ``post_point``
+    bounds the attained rows of the exact Jacobian of its prefix map (autograd blocks):
+    ``a_pt`` of ``X + Attn(X)``, ``aP_pt`` of its centred version, ``h_pt`` after the first LayerNorm,
+    ``g_pt`` of the centred FFN sublayer's output (a LayerNorm follows) and ``point`` of the layer."""
+    from transcover.lipschitz import _local_stages as stg
+    from transcover.model import attention_forward, ffn_forward
+
+    spec = random_spec(20 + seed, act="gelu", norm="layernorm", placement="post", biases=True, d=8, H=2, dh=4,
+                       dff=16, scale=2.0)
+    layer = spec.layers[0]
+    X = _X(seed, T=5, d=8)
+    at = stg.layer_at_x(layer, X, _weight_norms(layer)["O"])
+    pt = stg.post_point(at, stg.attention_row_gram(at))
+    centre = lambda Y: Y - Y.mean(dim=1, keepdim=True)  # noqa: E731
+    s1 = lambda Z: Z + attention_forward(layer.attention, Z)  # noqa: E731
+    h = lambda Z: layer.norm_attn(s1(Z))  # noqa: E731
+    s2 = lambda Z: h(Z) + ffn_forward(layer.ffn, h(Z))  # noqa: E731
+    maps = {"a_pt": s1, "aP_pt": lambda Z: centre(s1(Z)), "h_pt": h, "g_pt": lambda Z: centre(s2(Z)),
+            "point": lambda Z: layer_forward(layer, Z)}
+    for name, f in maps.items():
+        J = torch.autograd.functional.jacobian(f, X).permute(0, 2, 1, 3)
+        lo = row_norm_lower(J)
+        assert bool((lo <= getattr(pt, name)).all()), (name, lo, getattr(pt, name))
+        assert bool((getattr(pt, name) <= 2 * lo).all()), name  # a bound of this map (1.2-1.6 here), not a loose one

@@ -358,3 +358,44 @@ def test_per_layer_rows_leave_out_an_infinite_radius_without_changing_the_others
         assert all(torch.equal(a, b) for a, b in zip(left_out[k], stand_in[k])), k
     assert all(bool((v == math.inf).all()) for v in left_out[1])
     assert bool(torch.isfinite(left_out[0][0]).all())
+
+
+def test_per_layer_refusal_gives_inf_with_its_reason():
+    """Note [per-layer refusals]: a real refusal of the per-layer route (pre-LN, a radius whose image
+    in the attention's input overflows float64: ``attention_local_bound`` refuses an infinite radius)
+    gives inf rows for that call and one line naming the layer, the radii and the reason."""
+    spec = random_spec(4, act="gelu", L=1, norm="layernorm", placement="pre", biases=True)
+    X = _X(4)
+    norms: dict = {}
+    stack_local(spec, X, [1e-3], norms=norms, layer_route=False)  # fills the data-free constants
+    refusals: list = []
+    rows = ls._per_layer_rows(spec.layers[0], X, [1e-2, 1.7e308], norms, refusals)
+    assert all(bool((v == math.inf).all()) for row in rows for v in row)
+    assert len(refusals) == 1 and refusals[0].startswith("layer 0 at radii [0.01, 1.7e+308]: InputError: ")
+    fine = ls._per_layer_rows(spec.layers[0], X, [1e-2], norms, refusals)
+    assert bool(torch.isfinite(fine[0][0]).all()) and len(refusals) == 1
+
+
+@pytest.mark.parametrize("error, refused", [(torch.linalg.LinAlgError("overflowed Gram"), True),
+                                            (RuntimeError("shape mismatch"), False), (IndexError("bug"), False)])
+def test_per_layer_route_catches_only_refusals(monkeypatch, error, refused):
+    """Note [per-layer refusals]: an eigensolver's refusal leaves the whole network's certificate to the
+    other routes (finite) and is reported in ``StackLocal.refusals``; any other exception from the
+    per-layer route is a bug and reaches the caller, never a silent inf."""
+    import transcover.lipschitz._local_jacobian as lj
+
+    spec = random_spec(5, act="gelu", L=2, norm="layernorm", placement="post", biases=True)
+    X, rhos = _X(5), [1e-4, 1e-2]
+
+    def raise_(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise error
+
+    monkeypatch.setattr(lj, "layer_jacobians", raise_)
+    if not refused:
+        with pytest.raises(type(error)):
+            stack_local(spec, X, rhos)
+        return
+    out = stack_local(spec, X, rhos)
+    assert all(math.isfinite(r.upper) for r in out)
+    assert out[0].refusals and all("LinAlgError: overflowed Gram" in line for line in out[0].refusals)
+    assert out[0].parts["(layer route)"] == math.inf

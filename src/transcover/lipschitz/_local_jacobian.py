@@ -636,6 +636,7 @@ def _ffn_drift(ffn, z: Tensor, rh: Tensor, norms: dict, curv: float) -> Tensor: 
     else:
         cap = 2 * activation_lipschitz(act)
     glob = torch.minimum(curv * rh, torch.full_like(rh, cap * norms["W1"] * norms["W2"] * (1 + ROUNDING_PAD)))
+    glob = torch.where(rh == 0, 0.0, glob)  # a ball of radius 0: F does not move (inf curv times 0 is nan)
     if act is not Activation.GELU:
         return glob
     W1, W2 = _f64(ffn.W_1), _f64(ffn.W_2)

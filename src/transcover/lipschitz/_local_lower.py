@@ -127,33 +127,51 @@ def point_lower(fn: Fn, X: Tensor, *, iters: int = 15, seed: int = 0, tokens: in
     return best
 
 
+class _HalvingAscent:
+    """Projected steepest ascent of the offset ``C`` on ``B(0, rho)`` (Note [ball lower] (a)): each step
+    goes along the unit rows of the last kept point's gradient (per token) and is clipped into the ball;
+    a point whose value drops below the last kept one is not kept and the step length halves.  The
+    first step goes to the linear maximiser on the boundary, later ones refine (length at most 1/2)."""
+
+    def __init__(self, C: Tensor, rho: float) -> None:
+        self.C, self.rho = C, rho
+        self.eta, self.prev, self.Cb, self.gb = 1.0, -math.inf, C, None
+
+    def keep(self, value: float, grad: Tensor) -> bool:
+        """Whether the current point is kept (its ``value`` did not drop); if not, the step halves."""
+        if value >= self.prev:
+            self.prev, self.Cb, self.gb = value, self.C, grad
+            return True
+        self.eta *= 0.5
+        return False
+
+    def step(self) -> None:
+        self.C = _clip(self.Cb + self.eta * self.rho * _unit_rows(self.gb), self.rho)
+        self.eta = min(self.eta, 0.5)
+
+
 def _centre_ascent(fn: Fn, X: Tensor, rho: float, C: Tensor, i: int, u: Tensor, steps: int,
                    best: list) -> None:
-    """Search (a) from offset ``C``: ``steps`` alternating/ascent iterations; ``best`` holds
-    [value, token, X', V] and is updated in place with every attained value.  A step that lowers the
-    value is undone and the step length halved (the lowered value was still attained)."""
-    eta, prev = 1.0, -math.inf
-    Cb, gb = C, None
+    """Search (a) from offset ``C``: ``steps`` alternating/ascent iterations (``_HalvingAscent`` on the
+    largest row); ``best`` holds [value, token, X', V] and is updated in place with every attained value
+    (a point that is not kept was still attained)."""
+    asc = _HalvingAscent(C, rho)
     for k in range(steps + 1):
-        V, JV, gX = _jac_step(fn, X + C, i, u)
+        V, JV, gX = _jac_step(fn, X + asc.C, i, u)
         rows = JV.norm(dim=-1)
         t = int(rows.argmax())
         val = float(rows[t])
         if not math.isfinite(val):
             return
         if val > best[0]:
-            best[:] = [val, t, (X + C).detach().clone(), V]
-        if val >= prev:
-            prev, Cb, gb = val, C, gX
+            best[:] = [val, t, (X + asc.C).detach().clone(), V]
+        if asc.keep(val, gX):
             # follow the largest row (V was chosen for row i; a larger row t is attained as well)
             i = t if float(rows[t]) > float(rows[i]) else i
             u = _unit_rows(JV[i])
-        else:
-            eta *= 0.5
         if k == steps:
             break
-        C = _clip(Cb + eta * rho * _unit_rows(gb), rho)
-        eta = min(eta, 0.5)  # the first step goes to the linear maximiser on the boundary, later ones refine
+        asc.step()
 
 
 def _pair_ascent(fn: Fn, X: Tensor, rho: float, A0: Tensor, B0: Tensor, i: int, steps: int, lr: float,
@@ -326,22 +344,17 @@ def drift_lower(fn: Fn, X: Tensor, rho: float, *, tokens=(0,), restarts: int = 3
     for k in range(restarts * len(tokens)):
         i = int(tokens[k % len(tokens)])
         u = _unit_rows(torch.randn(X.shape[1], generator=g, dtype=torch.float64))
-        C = rho * _SHRINK * _unit_rows(torch.randn(X.shape, generator=g, dtype=torch.float64))
-        eta, prev, Cb, gb = 1.0, -math.inf, C, None
+        asc = _HalvingAscent(rho * _SHRINK * _unit_rows(torch.randn(X.shape, generator=g, dtype=torch.float64)), rho)
         for s in range(steps + 1):
-            V, DV, gY = _drift_step(fn, X, X + C, i, u)
+            V, DV, gY = _drift_step(fn, X, X + asc.C, i, u)
             rows = DV.norm(dim=-1)
             vals = torch.maximum(vals, rows)
             t = int(rows.argmax())
             if float(rows[t]) > best[0]:
-                best = [float(rows[t]), t, (X + C).clone(), V]
-            if float(rows[i]) >= prev:
-                prev, Cb, gb = float(rows[i]), C, gY
+                best = [float(rows[t]), t, (X + asc.C).clone(), V]
+            if asc.keep(float(rows[i]), gY):  # the ascent follows token i's row
                 u = _unit_rows(DV[i])
-            else:
-                eta *= 0.5
             if s == steps:
                 break
-            C = _clip(Cb + eta * rho * _unit_rows(gb), rho)
-            eta = min(eta, 0.5)
+            asc.step()
     return vals, best

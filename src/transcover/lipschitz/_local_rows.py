@@ -39,23 +39,20 @@ by ``||w1_k|| rh`` at once; this bound uses that (the per-unit one does not).
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import torch
 from torch import Tensor
 
-from ..model import Activation, LayerSpec, Placement, attention_forward, ffn_forward
+from ..model import Activation, LayerSpec, Placement
 from ._local_jacobian import (
-    LayerJacobian, _f64, _floor, _head_data, _norm_parts, _weight_norms,
-    certified_lmax, certified_lmax_vec, certified_spectral,
+    LayerJacobian, _f64, _floor, _weight_norms, certified_lmax, certified_lmax_vec, certified_spectral,
 )
-from ._local_drift import attention_drift_hessian, heads_joint, output_block_norms
+from ._local_drift import attention_drift_hessian
 from ._local_ffn2 import ffn_hadamard, ffn_second_norms, ffn_taylor_drift, gelu_ffn
-from ._local_joint import attention_remainder, head_geometry, norm_remainder
 from ._local_sharp import (
-    GELU_SLOPE_RANGE, chi_bound, ffn_unit_drift, head_moves, score_moves, softmax_envelope, unit_slope_moves,
-    visible_diameter,
+    GELU_SLOPE_RANGE, chi_bound, ffn_unit_drift, score_moves, softmax_envelope, unit_slope_moves, visible_diameter,
 )
-from ._local_struct import NormJac, _chain_output_norms
 from ._weights import ROUNDING_PAD
 
 __all__ = ["layer_rows", "ffn_drift_constant", "row_weights"]
@@ -197,19 +194,10 @@ def _nu(S: Tensor, err: Tensor, wsum: Tensor, start: Tensor | None = None) -> tu
     return torch.sqrt((lam + err) * wsum) * (1 + 1e-12), x
 
 
-def _norm_apply(D: Tensor, A: Tensor) -> Tensor:
-    return D @ A
-
-
-def _lmax_weighted(R: Tensor, wts: Tensor) -> Tensor:
-    """(T,) certified ``lambda_max(sum_j wts_ij r_ij r_ij^T)`` for rows ``R`` (T, T, m), ``wts >= 0``,
-    from the T x T Gram (backward-stable eigvalsh, padded by ``1e-9`` of the trace like ``_sym_top``)."""
-    Rs = R * torch.sqrt(wts)[..., None]
-    return _top_padded(Rs @ Rs.transpose(1, 2))
-
-
 def _lmax_gram(K: Tensor, wts: Tensor) -> Tensor:
-    """``_lmax_weighted`` from the stored Grams ``K[i, j, k] = r_ij . r_ik``."""
+    """(T,) certified ``lambda_max(sum_j wts_ij r_ij r_ij^T)`` for rows ``r_ij`` (``wts >= 0``) from their
+    stored Grams ``K[i, j, k] = r_ij . r_ik``: the same top eigenvalue as the T x T Gram of the weighted
+    rows (backward-stable eigvalsh, padded by ``1e-9`` of the trace, ``_top_padded``)."""
     sw = torch.sqrt(wts)
     return _top_padded(K * sw[:, :, None] * sw[:, None, :])
 
@@ -387,7 +375,86 @@ def refine_lazily(evaluate, reported, refine, T: int, lowest: dict | None = None
         rows = evaluate()
 
 
-def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,  # noqa: ANN001, PLR0915
+class FfnDrift:
+    """The FFN term of one layer's rows, per radius (THEORY F17c, F31d, F37, F38): F17c's global drift of
+    ``F`` on ``||dh|| <= rh``, F37b's references (F31d's per-unit bound at a larger ball where no unit was
+    capped, scaled) and, at the tokens that can set a reported maximum (F37a), F31d's per-unit Grams
+    (2 d^2 d_ff flops a token) and F38's second-order tensor norm (d d_ff^2 flops a token, once per token
+    and layer).  State across the radii of one call: the references and the tensor norms per token."""
+
+    def __init__(self, layer: LayerSpec, z: Tensor, norms: dict) -> None:
+        from ._activations import activation_lipschitz
+        from ._local import second_derivative_sup
+
+        ffn = layer.ffn
+        post = layer.placement is Placement.POST
+        centring = layer.norm_ffn is not None and layer.norm_ffn.kind.value == "layernorm"
+        if "kappa" not in norms:
+            norms["kappa"] = ffn_drift_constant(ffn)
+            norms["kappaP"] = ffn_drift_constant(ffn, centred=True) if centring else norms["kappa"]
+        self.kappa = norms["kappaP"] if post else norms["kappa"]  # post-LN the second norm sees P dF
+        self.curv = second_derivative_sup(ffn.activation) * norms["ffn_curv"]
+        self.cap = (GELU_SLOPE_RANGE if Activation(ffn.activation) is Activation.GELU
+                    else 2 * activation_lipschitz(ffn.activation)) * norms["W1"] * norms["W2"] * (1 + ROUNDING_PAD)
+        self.lip = activation_lipschitz(ffn.activation) * norms["W1"] * norms["W2"] * (1 + ROUNDING_PAD) ** 2
+        self.ffn, self.z, self.n1 = ffn, z, norms["n1"]
+        self.taylor = None  # F38: the radius-free Hadamard Grams (per layer, cached with the weight norms)
+        if gelu_ffn(ffn):
+            key = "ffn2P" if post and centring else "ffn2"
+            if key not in norms:
+                norms[key] = ffn_hadamard(ffn, centred=post and centring)
+            self.taylor = norms[key]
+        self.n2_tok = torch.full((z.shape[0],), math.nan, dtype=torch.float64)
+        self.refs: list = []  # (rh_b, bound_b): F31d at a larger ball where no unit was capped (F37b)
+
+    def glob(self, rh: Tensor) -> tuple[Tensor, Tensor]:
+        """F17c's global FFN drift on ``||dh|| <= rh``: ``sup ||F(h + dh) - F(h)||`` and ``int_0^1 sup ||F(h + t dh)
+        - F(h)|| dt`` (the linear bounds halve, the cap stays).  On a ball of radius 0 ``F`` does not move:
+        0 there, also when ``kappa`` is inf (ReLU), whose product with 0 would be nan."""
+        lin = torch.where(rh == 0, 0.0, torch.minimum(self.kappa * rh, self.curv * rh))
+        return torch.minimum(lin, torch.full_like(rh, self.cap)), torch.minimum(lin / 2, torch.full_like(rh, self.cap))
+
+    def scaled_refs(self, rh: Tensor, dF: Tensor, dFh: Tensor) -> tuple[Tensor, Tensor]:
+        """F37b: each larger ball's reference scaled to the radii ``rh``, where finite (an infinite ball's
+        ``rh / rb = 0`` times an infinite bound is nan, and torch.minimum would carry that nan into every
+        smaller ball's rows)."""
+        for rb, ub in self.refs:
+            ok = (rh <= rb) & (rb > 0) & torch.isfinite(rb) & torch.isfinite(ub)
+            scaled = torch.where(ok, rh / torch.where(ok, rb, 1.0) * torch.where(ok, ub, 0.0), math.inf) * (1 + 1e-12)
+            dF, dFh = torch.minimum(dF, scaled), torch.minimum(dFh, scaled / 2)
+        return dF, dFh
+
+    def refine(self, rh: Tensor, dF: Tensor, dFh: Tensor, ref: Tensor, idx: Tensor) -> None:
+        """The tokens ``idx``' FFN drift (in place in ``dF``, ``dFh``) by F31d's per-unit bound and F38's
+        tensor norm; F31d's bound becomes the reference ``ref`` where no unit was capped (F37b)."""
+        z, n1 = self.z, self.n1
+        u, uh = ffn_unit_drift(self.ffn, z[idx], n1, rh[idx])
+        dF[idx], dFh[idx] = torch.minimum(dF[idx], u), torch.minimum(dFh[idx], uh)
+        if self.taylor is not None:
+            new = idx[torch.isnan(self.n2_tok[idx])]
+            if len(new):
+                self.n2_tok[new] = ffn_second_norms(self.taylor, z[new])
+            t, th = ffn_taylor_drift(self.taylor, self.n2_tok[idx], z[idx], n1, rh[idx])
+            dF[idx], dFh[idx] = torch.minimum(dF[idx], t), torch.minimum(dFh[idx], th)
+        uncapped = (unit_slope_moves(z[idx], n1, rh[idx]) <= GELU_SLOPE_RANGE).all(dim=1)
+        ref[idx] = torch.where(uncapped, u, ref[idx])
+
+    def rows(self, tail, rh: Tensor, unit: bool) -> dict:  # noqa: ANN001
+        """``tail(dF, dF_half)`` at the FFN input radii ``rh``: the global drift, and with ``unit`` the
+        references and the lazy refinement (F37a), whose per-unit bounds then serve the smaller balls."""
+        dF, dFh = self.glob(rh)
+        if not unit:
+            return tail(dF, dFh)
+        dF, dFh = self.scaled_refs(rh, dF, dFh)
+        ref = torch.full_like(rh, math.inf)
+        zero = torch.zeros_like(rh)  # the smallest FFN drift: the rows' floors (F37a)
+        rows = refine_lazily(lambda: tail(dF, dFh), _reported, partial(self.refine, rh, dF, dFh, ref), len(rh),
+                             lowest=tail(zero, zero))
+        self.refs.append((rh, ref))
+        return rows
+
+
+def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,  # noqa: ANN001
                head_norms_: dict | None = None, lower: int = 0) -> list[LayerJacobian]:
     r"""Certified (2,inf) bound of one layer's Jacobian at every point of ``B(X, r)`` for each ``r``,
     without forming the ``T^2`` blocks (Notes [weighted row Gram], [stage radii], [FFN drift by the
@@ -399,285 +466,33 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
     Source: THEORY F17, F17b-F17d.  Returns ``LayerJacobian`` objects (``blocks`` None) whose
     ``output_radii`` are the certified per-token radii of the layer's output on the ball.  ``lower``:
     also an attained row norm (``row_lower``, empirical lower) for that many tokens with the largest
-    certified point rows, in ``lower_rows`` (NaN elsewhere) with the best ``V`` in ``lower_V``.
+    certified point rows, in ``lower_rows`` (NaN elsewhere) with the best ``V`` in ``lower_V``.  The
+    stages are the functions of ``_local_stages``, in the order its docstring gives.
     Assumptions: dot attention without RoPE, non-gated FFN, every token within ``r`` of X.
     """
-    from ._local import second_derivative_sup
-    from ._local_attention import attention_local_bound, head_norms
-
     from .._errors import InputError
-    from ._local_attention import check_local_attention
+    from . import _local_stages as st
+    from ._local_attention import check_local_attention, head_norms
 
-    ffn, attn = layer.ffn, layer.attention
-    if ffn.gated:
+    if layer.ffn.gated:
         raise InputError("the exact-Jacobian route does not cover gated FFNs")
-    check_local_attention(attn)
-    X = X.detach().double()
-    T, d = X.shape
-    post = layer.placement is Placement.POST
+    check_local_attention(layer.attention)
     norms = _weight_norms(layer) if norms is None else norms
-    hn = head_norms(attn) if head_norms_ is None else head_norms_
-    W1, W2 = _f64(ffn.W_1), _f64(ffn.W_2)
-    b1 = 0 if ffn.b_1 is None else _f64(ffn.b_1)
-    if post:
-        Xin = X
-        S1 = X + attention_forward(attn, X)
-        n1 = NormJac(layer.norm_attn, S1)  # Note [factored norm Jacobian]: D1, D2 never formed
-        s1, sig1 = n1.s, n1.sigma
-        H = layer.norm_attn(S1) if layer.norm_attn is not None else S1
-        S2 = H + ffn_forward(ffn, H)
-        n2 = NormJac(layer.norm_ffn, S2)
-        s2, sig2 = n2.s, n2.sigma
-    else:
-        D1, s1, sig1, _ = _norm_parts(layer.norm_attn, X)
-        Xin = layer.norm_attn(X) if layer.norm_attn is not None else X
-        S1 = X + attention_forward(attn, Xin)
-        D2, s2, sig2, _ = _norm_parts(layer.norm_ffn, S1)
-        H = layer.norm_ffn(S1) if layer.norm_ffn is not None else S1
-    gam = lambda n: 1.0 if n is None or n.weight is None else n.gamma_max_abs * (1 + ROUNDING_PAD)  # noqa: E731
-    g1, g2 = gam(layer.norm_attn), gam(layer.norm_ffn)
-    nrm = lambda g, s: torch.ones(T, dtype=torch.float64) if s is None else g / s * (1 + 1e-12)  # noqa: E731
-    nD1, nD2 = nrm(g1, s1), nrm(g2, s2)  # ||D|| <= max|gamma|/s: ||P - u u^T|| <= 1
-    eD = lambda D: 4 * (d + 8) * _U * D.norm(dim=(1, 2))  # noqa: E731  (u, s and the entries)
-    z = (H @ W1 + b1).clone().requires_grad_(True)
-    (slope,) = torch.autograd.grad(ffn.activation(z).sum(), z)
-    slope = slope.detach()
-    F = (W2.T[None] * slope[:, None, :]) @ W1.T  # (T, d, d)
-    eF = 4 * (W1.shape[1] + 8) * _U * float(W1.norm() * W2.norm()) * (slope.abs().max(dim=1).values + 1.0)
-    eye = torch.eye(d, dtype=torch.float64)
-    heads = _head_data(attn, Xin)
-    Wo_all = torch.cat([hd[6] for hd in heads], dim=0)  # (H dh, d)
-    nO = float(hn["O"])
-    # -- Note [weighted row Gram]: S_i and the stage row constants at X ------------------------------
-    N = None if post else D1
-    nN = None if post else nD1
-    w = row_weights(heads, T, nO, nN)
-    c = (nN[None, :] ** 2 if nN is not None else torch.ones(T, T, dtype=torch.float64)) / w
-    c = c * (1 - torch.eye(T, dtype=torch.float64))
-    Sh, errh = _head_gram(heads, c)
-    S0, err0 = _sandwich(Wo_all.T.expand(T, d, Wo_all.shape[0]), Sh, errh, torch.zeros(T, dtype=torch.float64))
-    Bii, eB = _diag_blocks(heads, Wo_all, N, T, d, attn.softmax_scale)
-    wii = w.diagonal()
-    S0 = S0 + Bii @ Bii.transpose(1, 2) / wii[:, None, None]
-    nB = Bii.norm(dim=(1, 2))
-    err0 = err0 + ((2 * nB + eB) * eB + 4 * (d + 2) * _U * nB * nB) / wii
-    wsum = w.sum(dim=1) * (1 + 1e-12)
-    a_pt, x0 = _nu(S0, err0, wsum)
-    lay = lambda n: n is not None and n.kind.value == "layernorm"  # noqa: E731  (a centring norm follows)
-    cen = lambda v: v - v.mean(dim=1, keepdim=True)  # noqa: E731
-    if post:
-        # every Gram's candidate starts from the previous stage's Ritz vector mapped forward (F32)
-        # the next norm only sees P dx (Note [local norm floor]): its radius is the centred row constant
-        aP_pt = _nu(_centre(S0), err0 + 4 * (d + 2) * _U * S0.norm(dim=(1, 2)), wsum, cen(x0))[0] \
-            if lay(layer.norm_attn) else a_pt
-        Sa, ea = n1.sandwich(S0, err0)
-        h_pt, xa = _nu(Sa, ea, wsum, n1.left(x0[:, :, None])[0][:, :, 0])
-        IF = F
-        IF.diagonal(dim1=1, dim2=2).add_(1.0)  # I + F in place (F itself is not used again post-LN)
-        Sb, eb = _sandwich(IF, Sa, ea, eF)
-        xb = (IF @ xa[:, :, None])[:, :, 0]
-        g_pt = (_nu(_centre(Sb), eb + 4 * (d + 2) * _U * Sb.norm(dim=(1, 2)), wsum, cen(xb)) if lay(layer.norm_ffn)
-                else _nu(Sb, eb, wsum, xb))[0]
-        Sc, ec = n2.sandwich(Sb, eb)
-        point, xc = _nu(Sc, ec, wsum, n2.left(xb[:, :, None])[0][:, :, 0])
-        nIF = _spectral_err(IF, eF)
-        D2IF, rD2IF = n2.left(IF)
-        eD2IF = n2.err * (nIF + eF) + nD2 * eF  # the factored D2 against the true one, F's error
-        nD2IFg = _spectral_err(D2IF * _gamma_vec(layer.norm_attn, d)[None, None, :], (eD2IF + rD2IF) * g1)
-        eIFD1 = eF * (nD1 + n1.err) + nIF * n1.err
-        eM = eD2IF * (nD1 + n1.err) + (nD2 * nIF) * n1.err
-        (D1Oh, D1O), (IFD1Oh, IFD1O), (MOh, MO) = _chain_output_norms(n1, IF, n2, nIF, heads, (n1.err, eIFD1, eM))
-        M = None
-    else:
-        M = eye + F @ D2
-        eM = eF * nD2 + (F.norm(dim=(1, 2)) + eF) * eD(D2) \
-            + 4 * (d + 2) * _U * F.norm(dim=(1, 2)) * D2.norm(dim=(1, 2))
-        Sc, ec = _sandwich(M, S0, err0, eM)
-        point, xc = _nu(Sc, ec, wsum)
-        nM = _spectral_err(M, eM)
-        nFg = _spectral_err(F * _gamma_vec(layer.norm_ffn, d)[None, None, :], eF * g2)
-    low = None
-    if lower:
-        top = point.topk(min(lower, T)).indices.tolist()
-        if M is None:  # post-LN: form M_i = D2_i (I + F_i) D1_i only for the searched tokens
-            it = torch.tensor(top)
-            M = dict(zip(top, n2.dense(it) @ IF[it] @ n1.dense(it)))
-        # the Ritz vectors of the row Grams (top eigenvectors): the alternating search's first start
-        vals, Vs = row_lower(heads, Wo_all, Bii, M, N, top, init=xc)
-        low = torch.full((T,), math.nan, dtype=torch.float64)
-        low[top] = vals
-        k = int(vals.argmax())
-        low_best = (top[k], Vs[k])
-    if not post:
-        MOh, MO = _head_output_norms(M, eM, heads, T)
-    Oh, _ = _head_output_norms(None, None, heads, T)
-    Oall = torch.full((T,), nO, dtype=torch.float64)
-    Cw = output_block_norms(heads)  # F35d: the heads through W_O jointly
-    mom = _HeadMoments(heads, attn.softmax_scale)
-    if post:  # F34a: the heads' value-output maps, radius-free
-        geo_v, geo_ov = (head_geometry(heads, attn.softmax_scale, output=o) for o in (False, True))
-    s2nd = second_derivative_sup(ffn.activation)
-    if "kappa" not in norms:
-        norms["kappa"] = ffn_drift_constant(ffn)
-        norms["kappaP"] = ffn_drift_constant(ffn, centred=True) if lay(layer.norm_ffn) else norms["kappa"]
-    kappa = norms["kappaP"] if post else norms["kappa"]
-    from ._activations import activation_lipschitz
-
-    cap = (GELU_SLOPE_RANGE if Activation(ffn.activation) is Activation.GELU
-           else 2 * activation_lipschitz(ffn.activation)) * norms["W1"] * norms["W2"] * (1 + ROUNDING_PAD)
-    lffn = activation_lipschitz(ffn.activation) * norms["W1"] * norms["W2"] * (1 + ROUNDING_PAD) ** 2
-
-    zd = z.detach()
-
-    def dF_glob(rh: Tensor) -> tuple[Tensor, Tensor]:
-        """F17c's global FFN drift on ``||dh|| <= rh``: ``sup ||F(h + dh) - F(h)||`` and ``int_0^1 sup ||F(h + t dh)
-        - F(h)|| dt`` (the linear bounds halve, the cap stays)."""
-        lin = torch.minimum(kappa * rh, s2nd * norms["ffn_curv"] * rh)
-        return torch.minimum(lin, torch.full_like(rh, cap)), torch.minimum(lin / 2, torch.full_like(rh, cap))
-
-    unit_refs: list = []  # (rh_b, bound_b): F31d at a larger ball where no unit was capped (F37b)
-    # F38: the FFN's radius-free Hadamard Grams (per layer, cached with the weight norms) and N2 per token
-    taylor = None
-    if gelu_ffn(ffn):
-        centred = post and lay(layer.norm_ffn)  # the second norm sees P dF, as kappaP
-        key = "ffn2P" if centred else "ffn2"
-        if key not in norms:
-            norms[key] = ffn_hadamard(ffn, centred=centred)
-        taylor = norms[key]
-    n2_tok = torch.full((T,), math.nan, dtype=torch.float64)
-
-    def ffn_rows(tail, rh: Tensor, unit: bool) -> dict:  # noqa: ANN001
-        """``tail(dF, dF_half)`` with F17c's drift and F37b's scaled references, refined by F31d's per-unit
-        Grams (2 d^2 d_ff flops a token) and F38's second-order tensor norm (d d_ff^2 flops a token, once per
-        token and layer) only at the tokens that can set a reported maximum (F37a)."""
-        dF, dFh = dF_glob(rh)
-        if not unit:
-            return tail(dF, dFh)
-        for rb, ub in unit_refs:
-            # only a finite reference scales (an infinite ball's rh / rb = 0 times an infinite bound is nan, and
-            # torch.minimum would carry that nan into every smaller ball's rows)
-            ok = (rh <= rb) & (rb > 0) & torch.isfinite(rb) & torch.isfinite(ub)
-            scaled = torch.where(ok, rh / torch.where(ok, rb, 1.0) * torch.where(ok, ub, 0.0), math.inf) * (1 + 1e-12)
-            dF, dFh = torch.minimum(dF, scaled), torch.minimum(dFh, scaled / 2)
-        ref = torch.full_like(rh, math.inf)
-
-        def refine(idx: Tensor) -> None:
-            u, uh = ffn_unit_drift(ffn, zd[idx], norms["n1"], rh[idx])
-            dF[idx], dFh[idx] = torch.minimum(dF[idx], u), torch.minimum(dFh[idx], uh)
-            if taylor is not None:  # F38: the same per-token term, by the second-order tensor norm
-                new = idx[torch.isnan(n2_tok[idx])]
-                if len(new):
-                    n2_tok[new] = ffn_second_norms(taylor, zd[new])
-                t, th = ffn_taylor_drift(taylor, n2_tok[idx], zd[idx], norms["n1"], rh[idx])
-                dF[idx], dFh[idx] = torch.minimum(dF[idx], t), torch.minimum(dFh[idx], th)
-            uncapped = (unit_slope_moves(zd[idx], norms["n1"], rh[idx]) <= GELU_SLOPE_RANGE).all(dim=1)
-            ref[idx] = torch.where(uncapped, u, ref[idx])
-
-        zero = torch.zeros_like(rh)  # the smallest FFN drift: the rows' floors (F37a)
-        rows = refine_lazily(lambda: tail(dF, dFh), _reported, refine, T, lowest=tail(zero, zero))
-        unit_refs.append((rh, ref))
-        return rows
-
-    def one(r: float, subs: list, unit: bool = True) -> tuple[LayerJacobian, dict]:
-        rr = torch.full((T,), r, dtype=torch.float64)
-
-        def riemann(name: str, sup_r: Tensor) -> Tensor:
-            """F31e: a stage's move is ``int_0^1 nu(J_s(X + tE)) ||E|| dt``, and for ``t`` in ``[t_k, t_{k+1}]`` the
-            point lies in ``B(X, t_{k+1} r)``: r times the mean of the stage sups at ``t_k r`` (right Riemann sum)."""
-            return r * sum([s[name] for s in subs] + [sup_r]) / (len(subs) + 1)
-
-        if post:
-            dZ = attention_drift_rows(mom, r, norms)
-            jz = heads_joint(Cw, dZ)
-            dB = _heads_combined(Oh, Oall, dZ, jz)
-            A = a_pt + dB
-            AP = aP_pt + dB  # ||P W_O^hT|| <= ||W_O^hT||
-            att_rows = A + 1  # nu_i(A') <= nu_i(B') + 1
-            # F31b: the smaller of r times the Jacobian sup and the sublayer's own move (residual + attention)
-            hm = head_moves(mom, r, norms)
-            r1 = torch.minimum(riemann("AP", AP), rr + _heads_combined(Oh, Oall, hm, heads_joint(Cw, hm)))
-            # F34: the exact linear map at X (all heads and the residual jointly) plus second-order remainders
-            remA, remV = attention_remainder(mom, geo_v, geo_ov, nO, r, norms)
-            r1 = torch.minimum(r1, r * aP_pt + remA) * (1 + 1e-12)
-            e1, sf1 = _ln_drift(layer.norm_attn, sig1, r1, d)
-            remN = norm_remainder(g1, e1, r1)
-            # the heads' remainders seen through D1 W_O and (I + F) D1 W_O (F32's chains) or the norms; a zero
-            # output map times an infinite remainder is nan, the bound there is inf
-            remH = torch.minimum(nD1 * remA, _heads_combined(D1Oh, D1O, remV)) + remN
-            remG = torch.minimum(nIF * remH, _heads_combined(IFD1Oh, IFD1O, remV) + nIF * remN)
-            remH, remG = (torch.nan_to_num(v, nan=math.inf) for v in (remH, remG))
-            # Delta D1 = Delta D1 P: it acts on P B' (centred), whose rows are at most AP
-            Hs = torch.minimum(h_pt + g1 * e1 * AP + _heads_combined(D1Oh, D1O, dZ, nD1 * jz),
-                               g1 / sf1 * AP if sig1 is not None else A)
-            rh = riemann("Hs", Hs)
-            if sig1 is not None:  # ||D1'|| <= max|gamma|/s_floor on the ball of radius r1
-                rh = torch.minimum(rh, g1 / sf1 * r1)
-            else:
-                rh = torch.minimum(rh, r1)
-            rh = torch.minimum(rh, r * h_pt + remH) * (1 + 1e-12)  # F34b
-
-            def tail(dF: Tensor, dFh: Tensor) -> dict:
-                # centred (P (I+F') D1' B'): ||P dF|| <= kappaP rh, ||P X|| <= ||X||
-                Gs = torch.minimum(g_pt + dF * Hs + nIF * g1 * e1 * AP + _heads_combined(IFD1Oh, IFD1O, dZ, nIF * nD1 * jz),
-                                   (nIF + dF) * Hs)
-                Gs = torch.minimum(Gs, (1 + lffn) * Hs)
-                # F31b: S2' - S2 = (I + F) dh + int_0^1 (F(h + t dh) - F(h)) dh dt, the remainder <= dF(rh)/2 rh
-                r2 = torch.minimum(riemann("Gs", Gs), (nIF + dFh).clamp(max=1 + lffn) * rh)
-                r2 = torch.minimum(r2, r * g_pt + remG + dFh * rh) * (1 + 1e-12)  # F34b
-                e2, sf2 = _ln_drift(layer.norm_ffn, sig2, r2, d)
-                terms = {"norm_ffn (dD2)": g2 * e2 * Gs, "ffn (dF)": nD2 * dF * Hs,
-                         "norm_attn (dD1)": nD2IFg * e1 * AP, "attention (dA)": mixed}
-                total = point + sum(terms.values())
-                if sig2 is not None:
-                    total = torch.minimum(total, g2 / sf2 * Gs)
-                return _rows(terms, total, {"attention": r1, "norm_attn": rh, "ffn": r2}, {"AP": AP, "Hs": Hs, "Gs": Gs})
-
-            mixed = _heads_combined(MOh, MO, dZ, nD2 * nIF * nD1 * jz)
-        else:
-            e1, sf1 = _ln_drift(layer.norm_attn, sig1, rr, d)
-            sD1 = torch.minimum(g1 / sf1, nD1 + g1 * e1) if sig1 is not None else torch.ones(T, dtype=torch.float64)
-            ry = r * float(sD1.max()) * (1 + 1e-12)
-            dZ = attention_drift_rows(mom, ry, norms)
-            jz = heads_joint(Cw, dZ)
-            dA = _heads_combined(Oh, Oall, dZ, jz)
-            att_rows = attention_local_bound(attn, Xin, ry, norms=hn).per_query
-            mD1, mE1 = float(sD1.max()), float((g1 * e1).max())
-            dB = dA * mD1 + att_rows * mE1
-            A = torch.minimum(a_pt + dB, 1 + att_rows * mD1)
-            # F31b: the residual plus the attention's own move on its input ball of radius ry
-            hm = head_moves(mom, ry, norms)
-            r1 = torch.minimum(riemann("A", A), rr + _heads_combined(Oh, Oall, hm, heads_joint(Cw, hm))) * (1 + 1e-12)
-            e2, sf2 = _ln_drift(layer.norm_ffn, sig2, r1, d)
-            sD2 = torch.minimum(g2 / sf2, nD2 + g2 * e2) if sig2 is not None else torch.ones(T, dtype=torch.float64)
-            rh = r1 * sD2 * (1 + 1e-12)
-
-            def tail(dF: Tensor, dFh: Tensor) -> dict:
-                dM = dF * sD2 + nFg * e2
-                terms = {"norm_ffn/ffn (dM)": dM * A, "attention (dA)": mixed,
-                         "norm_attn (pre, dD1)": nM * att_rows * mE1}
-                total = torch.minimum(point + sum(terms.values()), (nM + dM) * A)
-                return _rows(terms, total, {"attention": ry * torch.ones(T, dtype=torch.float64), "norm_ffn": r1,
-                                            "ffn": rh}, {"A": A})
-
-            mixed = _heads_combined(MOh, MO, dZ, nM * jz) * mD1
-        rows = ffn_rows(tail, rh, unit)
-        terms, total, drift = rows["terms"], rows["total"], rows["drift"]
-        parts = {k: float(v.max()) for k, v in terms.items()}
-        lj = LayerJacobian(point * (1 + ROUNDING_PAD), drift, None, att_rows, parts,
-                           ball_rows=total * (1 + ROUNDING_PAD))
-        lj.radius = r
-        lj.stage_radii = rows["stage"]
-        if low is not None:
-            lj.lower_rows, lj.lower_V = low, low_best
-        return lj, rows["sups"]
-
+    hn = head_norms(layer.attention) if head_norms_ is None else head_norms_
+    at = st.layer_at_x(layer, X.detach().double(), float(hn["O"]))
+    gram = st.attention_row_gram(at)
+    pt = st.post_point(at, gram) if at.post else st.pre_point(at, gram)
+    low = st.point_lower(at, gram, pt, lower) if lower else None
+    dd = st.drift_at_x(at)
+    ffn = FfnDrift(layer, at.z, norms)
     out = {}
     # the largest ball first: its F31d bounds, scaled, are the smaller balls' cheap terms (F37b)
     for k in sorted(range(len(radii)), key=lambda k: -float(radii[k])):
         r = float(radii[k])
         # the sub-balls use the global FFN drift only (F31d's per-unit Grams are most of the cost)
-        subs = [one(j * r / RIEMANN_STEPS, [], unit=False)[1] for j in range(1, RIEMANN_STEPS)]
-        out[k] = one(r, subs)[0]
+        subs = [st.radius_rows(at, pt, dd, ffn, norms, hn, j * r / RIEMANN_STEPS, [], unit=False)[1]
+                for j in range(1, RIEMANN_STEPS)]
+        out[k] = st.radius_rows(at, pt, dd, ffn, norms, hn, r, subs, low=low)[0]
     return [out[k] for k in range(len(radii))]
 
 

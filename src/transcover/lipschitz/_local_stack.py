@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from .._errors import InputError
 from .._results import Kind, Quantity
 from ..model import NormKind, TransformerSpec
 from ._local_jacobian import certified_spectral, row_norm_lower
@@ -174,6 +175,8 @@ class StackLocal:
     # stages the rows of sup_B nu_i(M_{a,b}(y) - M_{a,b}(x)) (sub-stage drift rows)
     cuts: list = field(default_factory=list, repr=False)
     spans: dict = field(default_factory=dict, repr=False)
+    # Note [per-layer refusals]: where the per-layer route gave no bound at this X, and why
+    refusals: list = field(default_factory=list)
 
     @property
     def upper(self) -> float:
@@ -224,22 +227,42 @@ def _group_ball(stages: list[_Stage], a: int, b: int, mL: Tensor, balls: list, d
     return BL * (1 + 1e-12), dJL * (1 + 1e-12)
 
 
-def _per_layer(layer, x: Tensor, rs: list[float], norms: dict, memo: dict) -> list[tuple[Tensor, Tensor]]:  # noqa: ANN001
+# Note [per-layer refusals].  The per-layer route (``layer_jacobians``) says that it does not apply to a
+# layer at this point and radius by raising ``InputError`` (its own refusals, e.g. a radius into the
+# pre-LN attention that overflows float64 or a visible softmax weight that underflows) or
+# ``torch.linalg.LinAlgError`` (an eigensolver given a Gram that overflowed).  There the layer route has
+# no bound (inf rows) and the reason is recorded (``StackLocal.refusals``); any other exception is a bug
+# and propagates.
+PER_LAYER_REFUSALS = (InputError, torch.linalg.LinAlgError)
+
+
+@dataclass
+class _LayerMemo:
+    """The per-layer route's results at one data point, per (layer index, radius list), and the refusals
+    met there (Note [per-layer refusals]), one line each."""
+
+    rows: dict = field(default_factory=dict)
+    refusals: list = field(default_factory=list)
+
+
+def _per_layer(layer, x: Tensor, rs: list[float], norms: dict, memo: _LayerMemo) -> list[tuple[Tensor, Tensor]]:  # noqa: ANN001
     """Per radius ``r`` the per-layer route's rows on ``B(x, r)`` (``layer_jacobians``, THEORY F17,
-    F31): ``(drift rows, sup nu_i(J_L) rows)``, inf where ``r`` is not finite or the per-layer drift
-    machinery overflows.  ``memo`` (one per data point ``x``): the results per layer and radius list;
+    F31): ``(drift rows, sup nu_i(J_L) rows)``, inf where ``r`` is not finite or the route refuses (Note
+    [per-layer refusals]).  ``memo`` (one per data point ``x``): the results per layer and radius list;
     the same list is evaluated once (a list, not a radius: F37b lets the larger balls of one call
     refine the smaller ones, so a radius's rows depend on the list it came in)."""
     key = (layer.index, tuple(rs))
-    if key not in memo:
-        memo[key] = _per_layer_rows(layer, x, rs, norms)
-    return memo[key]
+    if key not in memo.rows:
+        memo.rows[key] = _per_layer_rows(layer, x, rs, norms, memo.refusals)
+    return memo.rows[key]
 
 
-def _per_layer_rows(layer, x: Tensor, rs: list[float], norms: dict) -> list[tuple[Tensor, Tensor]]:  # noqa: ANN001
-    """``_per_layer`` without the memo.  Only the finite radii are evaluated (the others' rows are
-    inf): ``layer_rows`` takes the balls from the largest down and lets a larger one refine the smaller
-    (F37b), so leaving out what would sit last changes no other radius's rows."""
+def _per_layer_rows(layer, x: Tensor, rs: list[float], norms: dict,  # noqa: ANN001
+                    refusals: list | None = None) -> list[tuple[Tensor, Tensor]]:
+    """``_per_layer`` without the memo; a refusal's reason is appended to ``refusals``.  Only the finite
+    radii are evaluated (the others' rows are inf): ``layer_rows`` takes the balls from the largest down
+    and lets a larger one refine the smaller (F37b), so leaving out what would sit last changes no other
+    radius's rows."""
     from ._local_jacobian import layer_jacobians
 
     inf = torch.full((x.shape[0],), math.inf, dtype=torch.float64)
@@ -249,14 +272,17 @@ def _per_layer_rows(layer, x: Tensor, rs: list[float], norms: dict) -> list[tupl
     c = norms[layer.index]
     try:
         ljs = iter(layer_jacobians(layer, x, finite, norms=c["w"], head_norms_=c["h"]))
-    except RuntimeError:  # the per-layer drift machinery overflowed: no bound there
+    except PER_LAYER_REFUSALS as e:
+        if refusals is not None:
+            radii = ", ".join(f"{r:.3g}" for r in finite)
+            refusals.append(f"layer {layer.index} at radii [{radii}]: {type(e).__name__}: {e}")
         return [(inf, inf)] * len(rs)
     rows = lambda lj: (_nan_inf(lj.drift_rows), _nan_inf(lj.total_rows * (1 + ROUNDING_PAD)))  # noqa: E731
     return [rows(next(ljs)) if math.isfinite(r) else (inf, inf) for r in rs]
 
 
 def _layer_route(spec: TransformerSpec, stages: list[_Stage], groups: dict, nuP: list, suf: list,  # noqa: PLR0912
-                 radii: list, rhos: list, norms: dict, mid: dict, blk: dict, memo: dict) -> list[tuple[float, float]]:
+                 radii: list, rhos: list, norms: dict, mid: dict, blk: dict, memo: _LayerMemo) -> list[tuple[float, float]]:
     """The telescoped drift over whole layers (THEORY F30 item 5): per layer the per-layer route's
     drift and ball rows (``layer_jacobians``) at the smallest of F30's radius recursion, the
     middle-product one (F36, ``mid`` and ``blk`` the rows and block norms of the middle products at
@@ -362,7 +388,7 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
     spans: list[dict] = [{} for _ in rhos]  # per rho, (a, b) -> rows of sup nu_i(M_{a,b}(y) - M_{a,b}(x))
     layer_at = {groups[ly.index][0]: ly for ly in spec.layers}
     PL: dict = {}  # layer start -> per rho the per-layer route's (drift rows, ball rows)
-    memo: dict = {}  # the per-layer route's results at this X (``_per_layer``), shared with ``_layer_route``
+    memo = _LayerMemo()  # the per-layer route's results at this X (``_per_layer``), shared with ``_layer_route``
     last = {b - 1: (a, mL) for a, b, mL in groups.values()}
     pL = {a: min(float((mL * stages[a].pt).max()) * (1 + 1e-12), float(nuL[a].max())) for a, b, mL in groups.values()}
     n, nr = len(stages), len(rhos)
@@ -512,7 +538,8 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
         out.append(StackLocal(rho, point, drift, stack, product, [float(r[k].max()) for r in radii],
                               [st.name for st in stages], [st.p for st in stages], bmax,
                               [float(dj[k].max()) for dj in dJs], [float(v.max()) for v in nuP], suf, e_J, wall, cpu,
-                              parts, kept if k == 0 else None, [r[k] for r in radii], cuts, spans[k]))
+                              parts, kept if k == 0 else None, [r[k] for r in radii], cuts, spans[k],
+                              list(memo.refusals)))
     return out
 
 

@@ -1,0 +1,477 @@
+"""The rows route one stage at a time (issue 12; THEORY F17, F31, F34, F35): the spine of ``layer_rows``.
+
+A layer's rows on ``B(X, r)`` are built in this order, each step a function below:
+
+* at X, radius-free: the layer's data (``layer_at_x``: the norms' Jacobians, the FFN slopes, the
+  heads), the weighted row Gram of the attention sublayer (``attention_row_gram``), the row
+  constants of every stage at X through the token-wise maps (``post_point`` / ``pre_point``), the
+  attained lower rows (``point_lower``) and the radius-free drift data (``drift_at_x``);
+* per radius, in the order the data flows through the layer (post-LN: attention, first norm, FFN,
+  second norm; pre-LN: first norm, attention, second norm, FFN): each stage's sup of its row
+  constant on the ball and its output radius, then the drift terms and the assembled rows
+  (``radius_rows``).
+
+The FFN term is the one refined lazily (F37), token by token, by ``_local_rows.FfnDrift``; a stage's
+rows after the FFN are therefore a function ``tail(dF, dFh)`` of the FFN drift bounds (``post_tail``,
+``pre_tail``).  Every function keeps the float64 operations of the one-function version it replaced,
+so the certified numbers are the same to the last bit.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+from torch import Tensor
+
+from ..model import LayerSpec, Placement, attention_forward, ffn_forward
+from ._local_drift import heads_joint, output_block_norms
+from ._local_jacobian import LayerJacobian, _f64, _head_data, _norm_parts
+from ._local_joint import attention_remainder, head_geometry, norm_remainder
+from ._local_rows import (
+    _U, _centre, _diag_blocks, _gamma_vec, _head_gram, _head_output_norms, _HeadMoments, _heads_combined,
+    _ln_drift, _nu, _rows, _sandwich, _spectral_err, attention_drift_rows, row_lower, row_weights,
+)
+from ._local_sharp import head_moves
+from ._local_struct import NormJac, _chain_output_norms
+from ._weights import ROUNDING_PAD
+
+
+# -- at X ------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class LayerAtX:
+    """A layer's data at X (THEORY F17): the attention input ``Xin`` and heads, the norms' Jacobians
+    (post-LN factored, ``n1``/``n2``, Note [factored norm Jacobian], F32; pre-LN dense ``D1``/``D2``),
+    their ``sigma`` (None without a centring/scaling norm), ``max|gamma|`` and ``||D||`` per token, and
+    the FFN's pre-activations ``z`` with its Jacobian ``F_i = W_2^T diag(sigma'(z_i)) W_1^T`` and the
+    rounding ``eF`` of ``F``."""
+
+    layer: LayerSpec
+    post: bool
+    T: int
+    d: int
+    Xin: Tensor
+    heads: list
+    Wo_all: Tensor  # (H dh, d)
+    nO: float
+    n1: NormJac | None
+    n2: NormJac | None
+    D1: Tensor | None
+    D2: Tensor | None
+    sig1: Tensor | None
+    sig2: Tensor | None
+    g1: float
+    g2: float
+    nD1: Tensor
+    nD2: Tensor
+    z: Tensor
+    F: Tensor
+    eF: Tensor
+
+
+def _gamma_max(norm) -> float:  # noqa: ANN001
+    """``max|gamma|`` of a norm, padded (1 without a scale)."""
+    return 1.0 if norm is None or norm.weight is None else norm.gamma_max_abs * (1 + ROUNDING_PAD)
+
+
+def ffn_slope_map(ffn, H: Tensor) -> tuple[Tensor, Tensor, Tensor]:  # noqa: ANN001
+    """(``z``, ``F``, ``eF``) at the FFN input ``H``: ``z = H W_1 + b_1``, ``F_i = W_2^T diag(sigma'(z_i))
+    W_1^T`` (T, d, d) and a bound on its float64 rounding (spectral) per token (THEORY F17)."""
+    W1, W2 = _f64(ffn.W_1), _f64(ffn.W_2)
+    b1 = 0 if ffn.b_1 is None else _f64(ffn.b_1)
+    z = (H @ W1 + b1).clone().requires_grad_(True)
+    (slope,) = torch.autograd.grad(ffn.activation(z).sum(), z)
+    slope = slope.detach()
+    F = (W2.T[None] * slope[:, None, :]) @ W1.T  # (T, d, d)
+    eF = 4 * (W1.shape[1] + 8) * _U * float(W1.norm() * W2.norm()) * (slope.abs().max(dim=1).values + 1.0)
+    return z.detach(), F, eF
+
+
+def layer_at_x(layer: LayerSpec, X: Tensor, nO: float) -> LayerAtX:
+    """The forward pass at X with every Jacobian factor the rows route needs (``LayerAtX``; THEORY F17,
+    F32's factored norms post-LN)."""
+    attn, T, d = layer.attention, *X.shape
+    post = layer.placement is Placement.POST
+    n1 = n2 = D1 = D2 = None
+    if post:
+        Xin = X
+        S1 = X + attention_forward(attn, X)
+        n1 = NormJac(layer.norm_attn, S1)  # Note [factored norm Jacobian]: D1, D2 never formed
+        s1, sig1 = n1.s, n1.sigma
+        H = layer.norm_attn(S1) if layer.norm_attn is not None else S1
+        n2 = NormJac(layer.norm_ffn, H + ffn_forward(layer.ffn, H))
+        s2, sig2 = n2.s, n2.sigma
+    else:
+        D1, s1, sig1, _ = _norm_parts(layer.norm_attn, X)
+        Xin = layer.norm_attn(X) if layer.norm_attn is not None else X
+        S1 = X + attention_forward(attn, Xin)
+        D2, s2, sig2, _ = _norm_parts(layer.norm_ffn, S1)
+        H = layer.norm_ffn(S1) if layer.norm_ffn is not None else S1
+    g1, g2 = _gamma_max(layer.norm_attn), _gamma_max(layer.norm_ffn)
+    nrm = lambda g, s: torch.ones(T, dtype=torch.float64) if s is None else g / s * (1 + 1e-12)  # noqa: E731
+    z, F, eF = ffn_slope_map(layer.ffn, H)
+    heads = _head_data(attn, Xin)
+    return LayerAtX(layer, post, T, d, Xin, heads, torch.cat([hd[6] for hd in heads], dim=0), nO, n1, n2, D1, D2,
+                    sig1, sig2, g1, g2, nrm(g1, s1), nrm(g2, s2), z, F, eF)  # ||D|| <= max|gamma|/s
+
+
+def _centring(norm) -> bool:  # noqa: ANN001
+    """A LayerNorm (it sees only the centred ``P dx``, Note [local norm floor])."""
+    return norm is not None and norm.kind.value == "layernorm"
+
+
+def _centred(v: Tensor) -> Tensor:
+    """``P v`` per token, ``P = I - 11^T/d`` (a Ritz vector mapped into a centring norm's input)."""
+    return v - v.mean(dim=1, keepdim=True)
+
+
+@dataclass(frozen=True)
+class RowGram:
+    """The attention sublayer's weighted row Gram at X (Note [weighted row Gram], THEORY F17b, F34c):
+    ``S_i = sum_j B_ij B_ij^T / w_ij`` (T, d, d) with its rounding ``err``, ``sum_j w_ij``, the exact
+    diagonal blocks ``B_ii``, the row constant ``a_pt`` of ``B`` and its Ritz vectors ``x``."""
+
+    S: Tensor
+    err: Tensor
+    wsum: Tensor
+    Bii: Tensor
+    a_pt: Tensor
+    x: Tensor
+
+
+def attention_row_gram(at: LayerAtX) -> RowGram:
+    """``RowGram`` of ``B_ij = delta_ij I + W_O^T Z_ij N_j`` (``N = D1`` pre-LN, ``I`` post-LN): the
+    off-diagonal part assembled in the head space (``_head_gram``), the diagonal blocks exactly
+    (THEORY F17b; weights F34c)."""
+    T, d, heads, Wo_all = at.T, at.d, at.heads, at.Wo_all
+    nN = None if at.post else at.nD1
+    w = row_weights(heads, T, at.nO, nN)
+    c = (nN[None, :] ** 2 if nN is not None else torch.ones(T, T, dtype=torch.float64)) / w
+    c = c * (1 - torch.eye(T, dtype=torch.float64))
+    Sh, errh = _head_gram(heads, c)
+    S0, err0 = _sandwich(Wo_all.T.expand(T, d, Wo_all.shape[0]), Sh, errh, torch.zeros(T, dtype=torch.float64))
+    Bii, eB = _diag_blocks(heads, Wo_all, at.D1, T, d, at.layer.attention.softmax_scale)
+    wii = w.diagonal()
+    S0 = S0 + Bii @ Bii.transpose(1, 2) / wii[:, None, None]
+    nB = Bii.norm(dim=(1, 2))
+    err0 = err0 + ((2 * nB + eB) * eB + 4 * (d + 2) * _U * nB * nB) / wii
+    wsum = w.sum(dim=1) * (1 + 1e-12)
+    a_pt, x0 = _nu(S0, err0, wsum)
+    return RowGram(S0, err0, wsum, Bii, a_pt, x0)
+
+
+@dataclass(frozen=True)
+class PostPoint:
+    """Post-LN row constants at X of every stage (Note [weighted row Gram], THEORY F17b, F32): ``B``
+    (``a_pt``; centred ``aP_pt``), ``D1 B`` (``h_pt``), ``(I + F) D1 B`` (``g_pt``, centred when a
+    LayerNorm follows), the layer ``D2 (I + F) D1 B`` (``point``, Ritz vectors ``x``); ``I + F`` and its
+    norm, ``||D2 (I + F) Gamma1||`` and the head-output norms through ``D1``, ``(I + F) D1`` and the whole
+    chain ``M = D2 (I + F) D1`` (F32's chains)."""
+
+    a_pt: Tensor
+    aP_pt: Tensor
+    h_pt: Tensor
+    g_pt: Tensor
+    point: Tensor
+    x: Tensor
+    IF: Tensor
+    nIF: Tensor
+    nD2IFg: Tensor
+    D1O: tuple
+    IFD1O: tuple
+    MO: tuple
+
+
+def post_point(at: LayerAtX, gram: RowGram) -> PostPoint:
+    """``PostPoint``: each Gram's candidate starts from the previous stage's Ritz vector mapped forward
+    (F32); a norm that centres sees only ``P dx`` (Note [local norm floor]), so the radius into it is the
+    centred row constant."""
+    d, n1, n2, wsum, S0, err0, x0 = at.d, at.n1, at.n2, gram.wsum, gram.S, gram.err, gram.x
+    aP_pt = _nu(_centre(S0), err0 + 4 * (d + 2) * _U * S0.norm(dim=(1, 2)), wsum, _centred(x0))[0] \
+        if _centring(at.layer.norm_attn) else gram.a_pt
+    Sa, ea = n1.sandwich(S0, err0)
+    h_pt, xa = _nu(Sa, ea, wsum, n1.left(x0[:, :, None])[0][:, :, 0])
+    IF, eF = at.F.clone(), at.eF
+    IF.diagonal(dim1=1, dim2=2).add_(1.0)  # I + F
+    Sb, eb = _sandwich(IF, Sa, ea, eF)
+    xb = (IF @ xa[:, :, None])[:, :, 0]
+    g_pt = (_nu(_centre(Sb), eb + 4 * (d + 2) * _U * Sb.norm(dim=(1, 2)), wsum, _centred(xb))
+            if _centring(at.layer.norm_ffn) else _nu(Sb, eb, wsum, xb))[0]
+    Sc, ec = n2.sandwich(Sb, eb)
+    point, xc = _nu(Sc, ec, wsum, n2.left(xb[:, :, None])[0][:, :, 0])
+    nIF = _spectral_err(IF, eF)
+    D2IF, rD2IF = n2.left(IF)
+    eD2IF = n2.err * (nIF + eF) + at.nD2 * eF  # the factored D2 against the true one, F's error
+    nD2IFg = _spectral_err(D2IF * _gamma_vec(at.layer.norm_attn, d)[None, None, :], (eD2IF + rD2IF) * at.g1)
+    eIFD1 = eF * (at.nD1 + n1.err) + nIF * n1.err
+    eM = eD2IF * (at.nD1 + n1.err) + (at.nD2 * nIF) * n1.err
+    chains = _chain_output_norms(n1, IF, n2, nIF, at.heads, (n1.err, eIFD1, eM))
+    return PostPoint(gram.a_pt, aP_pt, h_pt, g_pt, point, xc, IF, nIF, nD2IFg, *chains)
+
+
+@dataclass(frozen=True)
+class PrePoint:
+    """Pre-LN row constants at X (Note [weighted row Gram], THEORY F17b): ``B`` (``a_pt``, ``B_ij`` with
+    ``D1_j``) and the layer ``M B`` (``point``, Ritz vectors ``x``) with the token-wise ``M = I + F D2``
+    (rounding ``eM``, norm ``nM``), ``||F Gamma2||`` and the head-output norms through ``M``."""
+
+    a_pt: Tensor
+    point: Tensor
+    x: Tensor
+    M: Tensor
+    nM: Tensor
+    nFg: Tensor
+    MO: tuple
+
+
+def pre_point(at: LayerAtX, gram: RowGram) -> PrePoint:
+    """``PrePoint``: the Gram ``M S M^T`` per token, with ``M``'s rounding from ``F``'s and ``D2``'s."""
+    d, F, eF, D2 = at.d, at.F, at.eF, at.D2
+    M = torch.eye(d, dtype=torch.float64) + F @ D2
+    eD2 = 4 * (d + 8) * _U * D2.norm(dim=(1, 2))  # u, s and the entries
+    eM = eF * at.nD2 + (F.norm(dim=(1, 2)) + eF) * eD2 + 4 * (d + 2) * _U * F.norm(dim=(1, 2)) * D2.norm(dim=(1, 2))
+    Sc, ec = _sandwich(M, gram.S, gram.err, eM)
+    point, xc = _nu(Sc, ec, gram.wsum)
+    nFg = _spectral_err(F * _gamma_vec(at.layer.norm_ffn, d)[None, None, :], eF * at.g2)
+    return PrePoint(gram.a_pt, point, xc, M, _spectral_err(M, eM), nFg, _head_output_norms(M, eM, at.heads, at.T))
+
+
+def point_lower(at: LayerAtX, gram: RowGram, pt: PostPoint | PrePoint, lower: int) -> tuple[Tensor, tuple]:
+    """Attained row norms at X (``row_lower``, empirical lower) for the ``lower`` tokens with the largest
+    certified point rows, NaN elsewhere, and ``(token, V)`` of the largest; the search starts from the
+    Ritz vectors of the row Grams.  Post-LN forms ``M_i = D2_i (I + F_i) D1_i`` for those tokens only."""
+    top = pt.point.topk(min(lower, at.T)).indices.tolist()
+    if at.post:
+        it = torch.tensor(top)
+        M = dict(zip(top, at.n2.dense(it) @ pt.IF[it] @ at.n1.dense(it)))
+    else:
+        M = pt.M
+    vals, Vs = row_lower(at.heads, at.Wo_all, gram.Bii, M, at.D1, top, init=pt.x)
+    low = torch.full((at.T,), math.nan, dtype=torch.float64)
+    low[top] = vals
+    k = int(vals.argmax())
+    return low, (top[k], Vs[k])
+
+
+@dataclass(frozen=True)
+class DriftAtX:
+    """The radius-free data of the attention drift (THEORY F17d, F35): per-head output norms ``Oh`` and
+    all heads' ``Oall`` (``||W_O^hT||``, ``||W_O^T||`` per token), F35d's joint block norms ``Cw``, the
+    per-query moments, and post-LN F34a's value(-output) geometries."""
+
+    Oh: Tensor
+    Oall: Tensor
+    Cw: Tensor
+    mom: _HeadMoments
+    geo_v: object
+    geo_ov: object
+
+
+def drift_at_x(at: LayerAtX) -> DriftAtX:
+    """``DriftAtX`` of the layer's heads at X (per layer, shared by every radius)."""
+    scale = at.layer.attention.softmax_scale
+    Oh, _ = _head_output_norms(None, None, at.heads, at.T)
+    geo = [head_geometry(at.heads, scale, output=o) for o in (False, True)] if at.post else [None, None]
+    return DriftAtX(Oh, torch.full((at.T,), at.nO, dtype=torch.float64), output_block_norms(at.heads),
+                    _HeadMoments(at.heads, scale), *geo)
+
+
+# -- per radius ------------------------------------------------------------------------------------
+
+def riemann(r: float, subs: list, name: str, sup_r: Tensor) -> Tensor:
+    """F31e: a stage's move is ``int_0^1 nu(J_s(X + tE)) ||E|| dt``, and for ``t`` in ``[t_k, t_{k+1}]`` the
+    point lies in ``B(X, t_{k+1} r)``: r times the mean of the stage sups at ``t_k r`` (right Riemann sum);
+    ``subs`` the sub-balls' sups, ``sup_r`` the stage sup on ``B(X, r)``."""
+    return r * sum([s[name] for s in subs] + [sup_r]) / (len(subs) + 1)
+
+
+@dataclass(frozen=True)
+class PostAttention:
+    """Post-LN attention sublayer on ``B(X, r)``: the heads' drift rows ``dZ`` (H, T) and their joint
+    bound ``jz`` (F17d/F35, F35d), the sups of ``nu_i(B')`` (``A``; centred ``AP``) and of the attention
+    alone (``att_rows``), the output radius ``r1`` (F31b, F34), F34a's remainders ``remA`` (all heads)
+    and ``remV`` (per head) and the drift seen through the whole chain ``M`` (``mixed``)."""
+
+    dZ: Tensor
+    jz: Tensor
+    A: Tensor
+    AP: Tensor
+    att_rows: Tensor
+    r1: Tensor
+    remA: Tensor
+    remV: Tensor
+    mixed: Tensor
+
+
+def post_attention(at: LayerAtX, pt: PostPoint, dd: DriftAtX, norms: dict, r: float, subs: list) -> PostAttention:
+    """``PostAttention``: ``nu_i(A') <= nu_i(B') + 1``; the radius the smallest of F31e's Riemann sum of
+    the sups, the sublayer's own move (residual + heads, F31b) and the exact linear map at X plus
+    F34a's second-order remainder."""
+    dZ = attention_drift_rows(dd.mom, r, norms)
+    jz = heads_joint(dd.Cw, dZ)
+    dB = _heads_combined(dd.Oh, dd.Oall, dZ, jz)
+    A, AP = pt.a_pt + dB, pt.aP_pt + dB  # ||P W_O^hT|| <= ||W_O^hT||
+    hm = head_moves(dd.mom, r, norms)
+    rr = torch.full((at.T,), r, dtype=torch.float64)
+    r1 = torch.minimum(riemann(r, subs, "AP", AP), rr + _heads_combined(dd.Oh, dd.Oall, hm, heads_joint(dd.Cw, hm)))
+    remA, remV = attention_remainder(dd.mom, dd.geo_v, dd.geo_ov, at.nO, r, norms)
+    r1 = torch.minimum(r1, r * pt.aP_pt + remA) * (1 + 1e-12)
+    mixed = _heads_combined(*pt.MO, dZ, at.nD2 * pt.nIF * at.nD1 * jz)
+    return PostAttention(dZ, jz, A, AP, A + 1, r1, remA, remV, mixed)
+
+
+@dataclass(frozen=True)
+class PostFirstNorm:
+    """Post-LN first norm on its input ball of radii ``r1``: its Jacobian drift ``e1`` (``max|gamma|``
+    left out), the sup of ``nu_i(D1' B')`` (``Hs``), the output radius ``rh`` (F31b, F34b), the heads'
+    remainder through ``(I + F) D1`` (``remG``) and the attention drift seen through ``(I + F) D1``
+    (``dG``, F32's chains)."""
+
+    e1: Tensor
+    Hs: Tensor
+    rh: Tensor
+    remG: Tensor
+    dG: Tensor
+
+
+def post_first_norm(at: LayerAtX, pt: PostPoint, att: PostAttention, r: float, subs: list) -> PostFirstNorm:
+    """``PostFirstNorm``: ``Delta D1 = Delta D1 P`` acts on ``P B'`` (rows at most ``AP``); the heads'
+    remainders seen through ``D1 W_O`` and ``(I + F) D1 W_O`` or the norms (F34b) -- a zero output map
+    times an infinite remainder is nan, the bound there is inf; ``||D1'|| <= max|gamma|/s_floor``."""
+    g1, nD1, r1 = at.g1, at.nD1, att.r1
+    e1, sf1 = _ln_drift(at.layer.norm_attn, at.sig1, r1, at.d)
+    remN = norm_remainder(g1, e1, r1)
+    remH = torch.minimum(nD1 * att.remA, _heads_combined(*pt.D1O, att.remV)) + remN
+    remG = torch.minimum(pt.nIF * remH, _heads_combined(*pt.IFD1O, att.remV) + pt.nIF * remN)
+    remH, remG = (torch.nan_to_num(v, nan=math.inf) for v in (remH, remG))
+    Hs = torch.minimum(pt.h_pt + g1 * e1 * att.AP + _heads_combined(*pt.D1O, att.dZ, nD1 * att.jz),
+                       g1 / sf1 * att.AP if at.sig1 is not None else att.A)
+    rh = riemann(r, subs, "Hs", Hs)
+    rh = torch.minimum(rh, g1 / sf1 * r1 if at.sig1 is not None else r1)
+    rh = torch.minimum(rh, r * pt.h_pt + remH) * (1 + 1e-12)  # F34b
+    dG = _heads_combined(*pt.IFD1O, att.dZ, pt.nIF * nD1 * att.jz)
+    return PostFirstNorm(e1, Hs, rh, remG, dG)
+
+
+def post_ffn(at: LayerAtX, pt: PostPoint, att: PostAttention, fn: PostFirstNorm, lffn: float, r: float,
+             subs: list, dF: Tensor, dFh: Tensor) -> tuple[Tensor, Tensor]:
+    """Post-LN FFN sublayer given its drift bounds (``dF`` on the ball, ``dFh`` its mean along a
+    segment): the sup ``Gs`` of ``nu_i((I + F') D1' B')`` (centred: ``||P dF|| <= kappaP rh``) and the
+    output radius ``r2`` (F31b: ``S2' - S2 = (I + F) dh + int_0^1 (F(h + t dh) - F(h)) dh dt``, the
+    remainder at most ``dF(rh)/2 rh``; F34b)."""
+    Hs, rh = fn.Hs, fn.rh
+    Gs = torch.minimum(pt.g_pt + dF * Hs + pt.nIF * at.g1 * fn.e1 * att.AP + fn.dG, (pt.nIF + dF) * Hs)
+    Gs = torch.minimum(Gs, (1 + lffn) * Hs)
+    r2 = torch.minimum(riemann(r, subs, "Gs", Gs), (pt.nIF + dFh).clamp(max=1 + lffn) * rh)
+    r2 = torch.minimum(r2, r * pt.g_pt + fn.remG + dFh * rh) * (1 + 1e-12)  # F34b
+    return Gs, r2
+
+
+def post_tail(at: LayerAtX, pt: PostPoint, att: PostAttention, fn: PostFirstNorm, lffn: float, r: float,
+              subs: list, dF: Tensor, dFh: Tensor) -> dict:
+    """Post-LN rows on ``B(X, r)`` given the FFN drift bounds: the FFN stage (``post_ffn``), the second
+    norm on its input ball of radii ``r2`` and the drift terms of ``J = D2 (I + F) D1 B`` telescoped
+    stage by stage (Note [stage radii], THEORY F17), capped by ``max|gamma2|/s_floor`` times ``Gs``."""
+    Gs, r2 = post_ffn(at, pt, att, fn, lffn, r, subs, dF, dFh)
+    e2, sf2 = _ln_drift(at.layer.norm_ffn, at.sig2, r2, at.d)
+    terms = {"norm_ffn (dD2)": at.g2 * e2 * Gs, "ffn (dF)": at.nD2 * dF * fn.Hs,
+             "norm_attn (dD1)": pt.nD2IFg * fn.e1 * att.AP, "attention (dA)": att.mixed}
+    total = pt.point + sum(terms.values())
+    if at.sig2 is not None:
+        total = torch.minimum(total, at.g2 / sf2 * Gs)
+    return _rows(terms, total, {"attention": att.r1, "norm_attn": fn.rh, "ffn": r2},
+                 {"AP": att.AP, "Hs": fn.Hs, "Gs": Gs})
+
+
+@dataclass(frozen=True)
+class PreAttention:
+    """Pre-LN first norm and attention on ``B(X, r)``: the attention's input radius ``ry`` (through
+    ``sup||D1'||``, Note [Jacobian drift]), the sups ``A`` of ``nu_i(I + A' D1')`` and ``att_rows`` of the
+    attention alone (F17d/F35 drift, F35d), ``max||D1'||`` and ``max|gamma1| e1`` (``mD1``, ``mE1``),
+    the output radius ``r1`` (F31b, F31e) and the drift seen through ``M`` (``mixed``)."""
+
+    ry: float
+    A: Tensor
+    att_rows: Tensor
+    mD1: float
+    mE1: float
+    r1: Tensor
+    mixed: Tensor
+
+
+def pre_attention(at: LayerAtX, pt: PrePoint, dd: DriftAtX, norms: dict, hn: dict, r: float,
+                  subs: list) -> PreAttention:
+    """``PreAttention``: ``nu_i(B') <= nu_i(B) + dA sup||D1'|| + nu_i(A') max|gamma1| e1``, capped by
+    ``1 + nu_i(A') sup||D1'||``; the radius the smaller of F31e's Riemann sum and the residual plus the
+    attention's own move on its input ball (F31b)."""
+    from ._local_attention import attention_local_bound
+
+    T, g1 = at.T, at.g1
+    rr = torch.full((T,), r, dtype=torch.float64)
+    e1, sf1 = _ln_drift(at.layer.norm_attn, at.sig1, rr, at.d)
+    sD1 = torch.minimum(g1 / sf1, at.nD1 + g1 * e1) if at.sig1 is not None else torch.ones(T, dtype=torch.float64)
+    ry = r * float(sD1.max()) * (1 + 1e-12)
+    dZ = attention_drift_rows(dd.mom, ry, norms)
+    jz = heads_joint(dd.Cw, dZ)
+    dA = _heads_combined(dd.Oh, dd.Oall, dZ, jz)
+    att_rows = attention_local_bound(at.layer.attention, at.Xin, ry, norms=hn).per_query
+    mD1, mE1 = float(sD1.max()), float((g1 * e1).max())
+    A = torch.minimum(pt.a_pt + (dA * mD1 + att_rows * mE1), 1 + att_rows * mD1)
+    hm = head_moves(dd.mom, ry, norms)
+    r1 = torch.minimum(riemann(r, subs, "A", A), rr + _heads_combined(dd.Oh, dd.Oall, hm, heads_joint(dd.Cw, hm)))
+    mixed = _heads_combined(*pt.MO, dZ, pt.nM * jz) * mD1
+    return PreAttention(ry, A, att_rows, mD1, mE1, r1 * (1 + 1e-12), mixed)
+
+
+def pre_second_norm(at: LayerAtX, att: PreAttention) -> tuple[Tensor, Tensor, Tensor]:
+    """Pre-LN second norm on its input ball of radii ``r1``: (``e2``, ``sup||D2'||``, the FFN's input
+    radius ``rh``) (Note [Jacobian drift])."""
+    e2, sf2 = _ln_drift(at.layer.norm_ffn, at.sig2, att.r1, at.d)
+    sD2 = torch.minimum(at.g2 / sf2, at.nD2 + at.g2 * e2) if at.sig2 is not None \
+        else torch.ones(at.T, dtype=torch.float64)
+    return e2, sD2, att.r1 * sD2 * (1 + 1e-12)
+
+
+def pre_tail(at: LayerAtX, pt: PrePoint, att: PreAttention, e2: Tensor, sD2: Tensor, rh: Tensor,
+             dF: Tensor, dFh: Tensor) -> dict:
+    """Pre-LN rows on ``B(X, r)`` given the FFN drift bound ``dF``: ``J = M B`` with ``||M' - M|| <= dM
+    = dF sup||D2'|| + ||F Gamma2|| e2``, the drift terms of ``M``, the attention and the first norm
+    (THEORY F17), capped by ``(||M|| + dM) A``.  ``dFh`` is not used (no stage after the FFN)."""
+    dM = dF * sD2 + pt.nFg * e2
+    terms = {"norm_ffn/ffn (dM)": dM * att.A, "attention (dA)": att.mixed,
+             "norm_attn (pre, dD1)": pt.nM * att.att_rows * att.mE1}
+    total = torch.minimum(pt.point + sum(terms.values()), (pt.nM + dM) * att.A)
+    return _rows(terms, total, {"attention": att.ry * torch.ones(at.T, dtype=torch.float64), "norm_ffn": att.r1,
+                                "ffn": rh}, {"A": att.A})
+
+
+def radius_rows(at: LayerAtX, pt: PostPoint | PrePoint, dd: DriftAtX, ffn_drift, norms: dict, hn: dict,  # noqa: ANN001
+                r: float, subs: list, unit: bool = True, low: tuple | None = None) -> tuple[LayerJacobian, dict]:
+    """The ``LayerJacobian`` on ``B(X, r)`` and its stage sups (for F31e's sums of a larger ball), stage
+    after stage; the FFN drift by ``ffn_drift.rows`` (F17c, refined lazily by F31d/F38 when ``unit``,
+    F37); ``low``: ``point_lower``'s result, carried into the result."""
+    if at.post:
+        att = post_attention(at, pt, dd, norms, r, subs)
+        fn = post_first_norm(at, pt, att, r, subs)
+        rows = ffn_drift.rows(partial(post_tail, at, pt, att, fn, ffn_drift.lip, r, subs), fn.rh, unit)
+    else:
+        att = pre_attention(at, pt, dd, norms, hn, r, subs)
+        e2, sD2, rh = pre_second_norm(at, att)
+        rows = ffn_drift.rows(partial(pre_tail, at, pt, att, e2, sD2, rh), rh, unit)
+    return assemble(pt.point, att.att_rows, rows, r, low), rows["sups"]
+
+
+def assemble(point: Tensor, att_rows: Tensor, rows: dict, r: float, low: tuple | None) -> LayerJacobian:
+    """A radius's ``LayerJacobian``: point and ball rows padded for the rounding, the drift terms' maxima
+    as ``parts``, the stage radii and the attained lower rows (if searched)."""
+    parts = {k: float(v.max()) for k, v in rows["terms"].items()}
+    lj = LayerJacobian(point * (1 + ROUNDING_PAD), rows["drift"], None, att_rows, parts,
+                       ball_rows=rows["total"] * (1 + ROUNDING_PAD))
+    lj.radius = r
+    lj.stage_radii = rows["stage"]
+    if low is not None:
+        lj.lower_rows, lj.lower_V = low
+    return lj

@@ -158,8 +158,10 @@ def range_taylor(osc: Tensor, spread: Tensor) -> Tensor:
     .. math:: \le C_4\, osc^2\, spread \int_0^1 (1 - \tau) e^{\tau osc/2} d\tau,
 
     ``spread = lambda_max(sum_j P_j (z_j - zbar)(z_j - zbar)^T)^{1/2}`` (``HeadGeometry.spread``).  Unlike F34a's
-    ``L^2(P)`` form it does not grow with the score gradients' spread ``s``, only with the range."""
-    return VAR_SQUARE_RANGE * osc * osc * spread * _exp_weight(osc / 2) * _PAD
+    ``L^2(P)`` form it does not grow with the score gradients' spread ``s``, only with the range.  An overflowed
+    ``osc`` gives the certified ``inf`` (not a nan that ``torch.minimum`` would spread to the other forms)."""
+    out = VAR_SQUARE_RANGE * osc * osc * spread * _exp_weight(osc / 2) * _PAD
+    return torch.nan_to_num(out, nan=math.inf, posinf=math.inf)
 
 
 def _exp_weight(osc: Tensor) -> Tensor:

@@ -164,8 +164,9 @@ def test_regression_small_ffn(centred, want):
 
 
 def test_layer_rows_uses_f38_and_is_never_beaten(monkeypatch):
-    """On a small post-LN layer (d 8, d_ff 64) at r = 0.01 F38 lowers the FFN stage radius and the ball bound (3.50
-    against 4.67 and 2286 against 5145 without it), and Adam ascent on each stage's move and the pair/Jacobian
+    """On a small post-LN layer (d 8, d_ff 64) at r = 0.01 F38 lowers the FFN stage radius and the ball bound (2.95
+    against 4.02 and 1458 against 2811 without it; 3.50 / 4.67 and 2286 / 5145 before F41's smaller attention and
+    first-norm remainders, which shrink the FFN's input radius on both sides), and Adam ascent on each stage's move and the pair/Jacobian
     adversary on the layer stay below them (a weak attack here: the stage ascent reaches 0.25 of 3.50, the slack being
     upstream; the tight attacks on F38 are the direct ones above)."""
     from test_lipschitz_local import adversary
@@ -181,4 +182,4 @@ def test_layer_rows_uses_f38_and_is_never_beaten(monkeypatch):
     monkeypatch.setattr(_local_rows, "ffn_taylor_drift", lambda c, n2, z, n1, rh: (torch.full_like(rh, math.inf),) * 2)
     off = _local_rows.layer_rows(layer, X, [0.01])[0]
     assert float(on.stage_radii["ffn"].max()) < 0.8 * float(off.stage_radii["ffn"].max())
-    assert on.ball < 0.5 * off.ball
+    assert on.ball < 0.6 * off.ball

@@ -24,8 +24,9 @@ from torch import Tensor
 from ._local_jacobian import GRAM_PAD, certified_spectral
 from ._local_sharp import ball_box, visible_diameter
 
-__all__ = ["softmax_taylor_l1", "quadratic_score_mad", "HeadGeometry", "head_geometry", "head_remainders",
-           "attention_remainder", "norm_remainder"]
+__all__ = ["softmax_taylor_l1", "quadratic_score_mad", "range_taylor", "VAR_SQUARE_RANGE", "HeadGeometry",
+           "head_geometry", "head_remainders", "attention_remainder", "norm_remainder", "sphere_remainder",
+           "SPHERE_CURVATURE"]
 
 _U = 2.0**-53
 _PAD = 1 + 1e-10
@@ -123,7 +124,8 @@ def head_remainders(mom, geo: HeadGeometry, r: float, norms: dict) -> Tensor:  #
     diameter (``softmax_taylor_l1``, ``quadratic_score_mad``); in ``L^2(P)`` the first is also
     ``int_0^1 (1 - tau) Cov_{p(tau)}((t - tbar)^2, z) dtau <= osc s spread (e^{osc} - 1 - osc)/osc^2``
     (``E(t - tbar)^4 <= osc^2 Var``, ``p_j(tau)/P_j <= e^{tau osc}``, ``s`` the ``L^2(P)`` spread of ``t``,
-    ``chi_bound``'s ``r lambda_max(sum_j P_j G y_j (G y_j)^T)^{1/2} + r ||q_i|| + ||G|| r^2``) and the second
+    ``chi_bound``'s ``r lambda_max(sum_j P_j G y_j (G y_j)^T)^{1/2} + r ||q_i|| + ||G|| r^2``) or by the range alone
+    (``range_taylor``, THEORY F41a) and the second
     ``Cov_P(u, z) <= ||G|| r^2 spread``; the third is at most ``2 TV ||W|| r``.
     Assumptions: dot attention without RoPE (the key bias shifts a row by a constant, the value bias
     cancels in zero sums)."""
@@ -134,9 +136,31 @@ def head_remainders(mom, geo: HeadGeometry, r: float, norms: dict) -> Tensor:  #
         s = (r * (torch.sqrt(m["lG"]) + float(geo.score_eps[h])) + r * m["qn"] + nG * r * r) * _PAD
         t1 = torch.minimum(softmax_taylor_l1(P, delta, osc, a, tv) / 2 * geo.diam[h],
                            osc * s * geo.spread[h] * _exp_weight(osc))
+        t1 = torch.minimum(t1, range_taylor(osc, geo.spread[h]))  # F41a
         t2 = torch.minimum(quadratic_score_mad(P, r, nG) / 2 * geo.diam[h], nG * r * r * geo.spread[h])
         out.append((t1 + t2 + 2 * tv * float(geo.norm[h]) * r) * _PAD)
     return torch.nan_to_num(torch.stack(out), nan=math.inf, posinf=math.inf)
+
+
+# C_4 = (max_{theta <= 1/3} theta (1 - theta)^2 (1 - 2 theta))^{1/2}, the maximum at theta = (7 - sqrt 17)/16
+# (THEORY F41a), padded
+VAR_SQUARE_RANGE = 0.27831734347385703 * (1 + 1e-12)
+
+
+def range_taylor(osc: Tensor, spread: Tensor) -> Tensor:
+    r"""(T,) certified ``||int_0^1 (1 - tau) sum_j p''_j(tau) z_j dtau||``, the softmax Taylor term of a row
+    ``p(tau) = p(s + tau t)`` whose shift has spread ``max_{j,k} |t_j - t_k| <= osc`` over the visible keys
+    (THEORY F41a).  ``sum_j p''_j z_j = Cov_{p(tau)}((t - tbar)^2, z)``; a variable with range ``L`` has
+    ``Var((t - tbar)^2)^{1/2} <= C_4 L^2`` (``C_4 = VAR_SQUARE_RANGE``: Bhatia-Davis for ``(t - tbar)^2`` and for
+    ``t``), and ``p_j(tau)/P_j <= e^{tau osc}`` gives ``spread_{p(tau)}(z) <= e^{tau osc/2} spread``, so
+
+    .. math:: \le C_4\, osc^2\, spread \int_0^1 (1 - \tau) e^{\tau osc/2} d\tau,
+
+    ``spread = lambda_max(sum_j P_j (z_j - zbar)(z_j - zbar)^T)^{1/2}`` (``HeadGeometry.spread``).  Unlike F34a's
+    ``L^2(P)`` form it does not grow with the score gradients' spread ``s``, only with the range.  An overflowed
+    ``osc`` gives the certified ``inf`` (not a nan that ``torch.minimum`` would spread to the other forms)."""
+    out = VAR_SQUARE_RANGE * osc * osc * spread * _exp_weight(osc / 2) * _PAD
+    return torch.nan_to_num(out, nan=math.inf, posinf=math.inf)
 
 
 def _exp_weight(osc: Tensor) -> Tensor:
@@ -164,3 +188,31 @@ def norm_remainder(g: float, e: Tensor, r: Tensor) -> Tensor:
     ``int_0^1 (D(x + tau E) - D(x)) E dtau`` has norm at most ``int_0^1 g e tau r dtau = g e r / 2``
     (THEORY F34b)."""
     return g * e * r / 2 * _PAD
+
+
+# sup ||D^2 N(u)[e, e]|| over unit u, e for N(u) = u/||u||: (1 + 2c^2 - 3c^4)^{1/2} at c^2 = 1/3, i.e. 2/sqrt(3) (THEORY F41c)
+SPHERE_CURVATURE = 2 / math.sqrt(3) * (1 + 1e-12)
+
+
+def sphere_remainder(g: float, s: Tensor, r: Tensor, d: int) -> Tensor:
+    r"""(T,) certified ``||N(x + E) - N(x) - D(x) E||`` for a LayerNorm or RMSNorm ``N`` on every move with
+    ``||P E|| <= r`` (``P`` the centring, the identity for RMSNorm), from the normalisation's own curvature
+    (THEORY F41c).  ``s`` (T,) the norm's ``(sigma^2 + eps)^{1/2}`` at x, ``g`` a certified ``max|gamma|``.
+
+    ``P x / s = sqrt(d) pi(u / ||u||)`` with ``u = (P x, (d eps)^{1/2})`` in ``R^{d+1}`` (``pi`` drops the last
+    coordinate), ``||u|| = sqrt(d) s``; ``||D^2(u/||u||)[e, e]|| <= (2/sqrt 3) ||e||^2/||u||^2`` and ``||u + tau e|| >=
+    ||u||(1 - tau rho)``, ``rho = r/(sqrt(d) s)``, so the Taylor remainder is at most
+
+    .. math:: g \sqrt{d}\, \tfrac{2}{\sqrt 3} \int_0^1 \frac{(1 - \tau)\rho^2}{(1 - \tau\rho)^2} d\tau
+              = g \sqrt{d}\, \tfrac{2}{\sqrt 3} \big(-\rho - \log(1 - \rho)\big)\quad (\rho < 1),
+
+    and ``inf`` for ``rho >= 1`` (the segment may pass the origin when ``eps = 0``; the other bounds stay).  For
+    ``rho < 0.1`` the series ``rho^2/2 + rho^3/3 + rho^4/(4 (1 - rho))`` bounds ``-rho - log(1 - rho)`` (no
+    cancellation).  ``s`` is taken ``(1 - 1e-12)`` low (the float64 centring and root, as ``_floor``)."""
+    rho = r / (math.sqrt(d) * s * (1 - 1e-12)) * (1 + 1e-12)
+    below = rho.clamp(max=0.5)
+    series = below * below / 2 + below**3 / 3 + below**4 / (4 * (1 - below))
+    closed = -rho - torch.log1p(-rho.clamp(max=1 - 1e-12))
+    tail = torch.where(rho < 0.1, series, closed * (1 + 1e-12))
+    psi = torch.where(rho < 1, SPHERE_CURVATURE * tail, torch.full_like(rho, math.inf))
+    return g * math.sqrt(d) * psi * _PAD

@@ -29,7 +29,7 @@ from torch import Tensor
 from ..model import LayerSpec, Placement, attention_forward, ffn_forward
 from ._local_drift import heads_joint, output_block_norms
 from ._local_jacobian import LayerJacobian, _f64, _head_data, _norm_parts
-from ._local_joint import attention_remainder, head_geometry, norm_remainder
+from ._local_joint import attention_remainder, head_geometry, norm_remainder, sphere_remainder
 from ._local_rows import (
     _U, _centre, _diag_blocks, _gamma_vec, _head_gram, _head_output_norms, _HeadMoments, _heads_combined,
     _ln_drift, _nu, _rows, _sandwich, _spectral_err, attention_drift_rows, row_lower, row_weights,
@@ -339,11 +339,14 @@ class PostFirstNorm:
 
 def post_first_norm(at: LayerAtX, pt: PostPoint, att: PostAttention, r: float, subs: list) -> PostFirstNorm:
     """``PostFirstNorm``: ``Delta D1 = Delta D1 P`` acts on ``P B'`` (rows at most ``AP``); the heads'
-    remainders seen through ``D1 W_O`` and ``(I + F) D1 W_O`` or the norms (F34b) -- a zero output map
+    remainders seen through ``D1 W_O`` and ``(I + F) D1 W_O`` or the norms (F34b), the norm's own remainder the
+    smaller of F34b's and the sphere's curvature (F41c) -- a zero output map
     times an infinite remainder is nan, the bound there is inf; ``||D1'|| <= max|gamma|/s_floor``."""
     g1, nD1, r1 = at.g1, at.nD1, att.r1
     e1, sf1 = _ln_drift(at.layer.norm_attn, at.sig1, r1, at.d)
     remN = norm_remainder(g1, e1, r1)
+    if at.sig1 is not None:  # F41c: the normalisation's own curvature
+        remN = torch.minimum(remN, sphere_remainder(g1, at.n1.s, r1, at.d))
     remH = torch.minimum(nD1 * att.remA, _heads_combined(*pt.D1O, att.remV)) + remN
     remG = torch.minimum(pt.nIF * remH, _heads_combined(*pt.IFD1O, att.remV) + pt.nIF * remN)
     remH, remG = (torch.nan_to_num(v, nan=math.inf) for v in (remH, remG))

@@ -45,6 +45,7 @@ from torch import Tensor
 from .._results import Kind, Quantity
 from ..model import NormKind, TransformerSpec
 from ._local_jacobian import certified_spectral, row_norm_lower
+from ._local_stack_aligned import FFNAligned
 from ._local_stack_middle import layer_cuts, middle_drift_column, middle_rows
 from ._local_stack_stages import _Stage, layer_stages, norm_stage
 from ._weights import ROUNDING_PAD
@@ -359,6 +360,8 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
     first = {a: (b, mL) for a, b, mL in groups.values()}
     loc = [cuts[q] not in first and stages[cuts[q]].local for q in range(len(cuts) - 1)]
     dJq: list[list[Tensor]] = [[] for _ in rhos]  # per rho, each layer-level stage's drift rows
+    reach0: list[list[Tensor]] = [[] for _ in rhos]  # per rho, each layer-level stage's v_{0,m} (THEORY F40d)
+    w0 = [torch.zeros(T, dtype=torch.float64) for _ in rhos]  # the running v_{0,m} inside a layer
     spans: list[dict] = [{} for _ in rhos]  # per rho, (a, b) -> rows of sup nu_i(M_{a,b}(y) - M_{a,b}(x))
     layer_at = {groups[ly.index][0]: ly for ly in spec.layers}
     PL: dict = {}  # layer start -> per rho the per-layer route's (drift rows, ball rows)
@@ -383,12 +386,15 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
         if s in pos and s > 0:  # the prefix's drift by exact middle products (THEORY F36 item 3)
             mid[(0, pos[s])] = torch.minimum(mid[(0, pos[s])], nu) if (0, pos[s]) in mid else nu
             for k in range(nr):
-                col = middle_drift_column(mid, dJq[k], loc, pos[s], blk)
+                col = middle_drift_column(mid, dJq[k], loc, pos[s], blk, reach0[k])
                 spans[k].update({(a, pos[s]): v for a, v in enumerate(col[:-1])})
                 dP[k] = torch.minimum(dP[k], col[0])
         if s in first:
             at[s] = ([v.clone() for v in dP], [v.clone() for v in rc], normP)
         scale = float(st.x.norm(dim=1).max())
+        # THEORY F40: a post-LN FFN's first-order drift through the prefix's own reachable rows
+        al = FFNAligned(st.ffn, st.x, _col_blocks(K), norms[st.group]["w"]) \
+            if st.ffn is not None and FFNAligned.applies(st.ffn) else None
         rs, djs, djcs, bs = [], [], [], []
         for k, rho in enumerate(rhos):
             r = torch.minimum(rho * (nu + dP[k]), rc[k]) * (1 + 1e-12) + 1e-13 * scale
@@ -400,8 +406,14 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
             djcs.append(djc)
             bs.append(b)
             # Note [stack drift], radii: P_{s+1}(y) - P_{s+1}(x) = J_s(y)(P_s(y) - P_s(x)) + dJ_s P_s(x), per row
+            reach = _nan_inf(dj * nu if st.local else dj * normP)  # nu_k(dJ_s P_s(x))
+            if al is not None:
+                reach = torch.minimum(reach, al.reach(r, nu, rho, dP[k], eP[s], 1e-13 * scale))
             move = b * dP[k] if st.local else b * float(dP[k].max())
-            dP[k] = _nan_inf(torch.where(dP[k] == 0, 0.0, move) + (dj * nu if st.local else dj * normP))
+            dP[k] = _nan_inf(torch.where(dP[k] == 0, 0.0, move) + reach)
+            # THEORY F40d: v_{0,m} of the layer-level stage, telescoped over its sub-stages from zero
+            w = torch.zeros_like(reach) if s in pos else w0[k]
+            w0[k] = _nan_inf(torch.where(w == 0, 0.0, b * w if st.local else b * float(w.max())) + reach)
             rc[k] = _nan_inf(b * (r if st.local else float(r.max())))
         if s in first:  # the per-layer route at the layer's input radius (F36 item 3: the smaller drift)
             rmax = [float(r.max()) if layer_route else math.inf for r in rs]
@@ -425,6 +437,7 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
         if s + 1 in pos:  # a layer-level stage ends: its drift rows (the whole layer's, F33 item 3)
             for k in range(nr):
                 dJq[k].append(GB[last[s][0]][k][1] if s in last else dJs[s][k])
+                reach0[k].append(w0[k])
         e_loc.append(_local_error(st, K, cols=True))
         K = _chunked(st.lin.apply, K)
         rows = certified_rows(_col_blocks(K), exact if s == n - 1 else chain_exact)
@@ -456,7 +469,7 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
         eS[s - 1] = e_prev
     del C
     mid[(0, len(cuts) - 1)] = rows + eP[n]
-    middle = [middle_drift_column(mid, dJq[k], loc, len(cuts) - 1, blk) for k in range(nr)]
+    middle = [middle_drift_column(mid, dJq[k], loc, len(cuts) - 1, blk, reach0[k]) for k in range(nr)]
     for k in range(nr):
         spans[k].update({(a, len(cuts) - 1): v for a, v in enumerate(middle[k][:-1])})
     suf = [float(N.sum(dim=1).max()) * (1 + T * _U) + e for N, e in zip(Nmat, eS)]

@@ -95,7 +95,8 @@ def _reach(dJ: Tensor, rows: Tensor, local: bool) -> Tensor:
     return torch.nan_to_num(v, nan=math.inf, posinf=math.inf)
 
 
-def middle_drift_column(mid: dict, dJ: list[Tensor], local: list[bool], b: int, blk: dict | None = None) -> list[Tensor]:
+def middle_drift_column(mid: dict, dJ: list[Tensor], local: list[bool], b: int, blk: dict | None = None,
+                        reach0: list[Tensor] | None = None) -> list[Tensor]:
     r"""Rows ``dM[a] >= sup_{y in B} nu_i(M_{a,b}(y) - M_{a,b}(x))`` for ``a = 0 .. b`` (``dM[b] = 0``):
 
     .. math:: \delta M_{a,b,i} \le \sum_{a \le m < b} \Big(\sum_k \|M_{m+1,b}(x)_{ik}\|\, v_{a,m,k}
@@ -106,8 +107,9 @@ def middle_drift_column(mid: dict, dJ: list[Tensor], local: list[bool], b: int, 
     bound ``nu_i(M_{m+1,b}) max_k v``; for ``m + 1 = b`` (the identity) the term is ``v_i``.
     ``mid[(a, b)]``: certified rows of the middle products at the data (``(a, a)`` is the identity);
     ``dJ[m]`` (T,): stage ``m``'s certified drift rows on its input ball; ``local[m]``: stage ``m`` is
-    token-local.  Float64 sums of a few non-negative products, padded by ``1e-12`` relative.
-    THEORY F36 item 2."""
+    token-local; ``reach0[m]`` (optional): certified ``v_{0,m,k}`` of the prefix spans (``a = 0``) from the
+    stage's own sub-stages (THEORY F40d), min'ed with the generic one.  Float64 sums of a few non-negative
+    products, padded by ``1e-12`` relative.  THEORY F36 item 2."""
     blk = {} if blk is None else blk
     T = dJ[0].shape[0] if dJ else next(iter(mid.values())).shape[0]
     one = torch.ones(T, dtype=torch.float64)
@@ -117,6 +119,8 @@ def middle_drift_column(mid: dict, dJ: list[Tensor], local: list[bool], b: int, 
         acc = torch.zeros(T, dtype=torch.float64)
         for m in range(a, b):
             v = _reach(dJ[m], rows(a, m), local[m])
+            if a == 0 and reach0 is not None:
+                v = torch.minimum(v, reach0[m])
             vmax = float(v.max())
             if not vmax > 0:
                 continue

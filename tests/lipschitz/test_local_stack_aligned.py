@@ -74,7 +74,7 @@ def test_ellipsoid_contains_every_reachable_row(seed, T):
         assert float(u @ a) ** 2 <= float(u @ Q @ u) + eQ * float(u @ u) + 1e-9 * float(u @ Q @ u)
 
 
-@settings(max_examples=4, **_SETTINGS)
+@settings(max_examples=3, **_SETTINGS)
 @given(seed=st.integers(0, 10_000), pscale=st.sampled_from([0.3, 1.0, 4.0]))
 def test_aligned_norm_is_never_beaten(seed, pscale):
     """sup over (2,inf)-unit h, v of ||W_2^T D_k ((W_1^T (P h)_k) o (W_1^T (P v)_k))|| by Adam ascent stays

@@ -257,14 +257,16 @@ def _per_layer_rows(layer, x: Tensor, rs: list[float], norms: dict) -> list[tupl
 
 
 def _layer_route(spec: TransformerSpec, stages: list[_Stage], groups: dict, nuP: list, suf: list,  # noqa: PLR0912
-                 radii: list, rhos: list, norms: dict, mid: dict, blk: dict, memo: dict) -> list[tuple[float, float]]:
+                 radii: list, rhos: list, norms: dict, mid: dict, blk: dict, memo: dict,
+                 reach0: list) -> list[tuple[float, float]]:
     """The telescoped drift over whole layers (THEORY F30 item 5): per layer the per-layer route's
     drift and ball rows (``layer_jacobians``) at the smallest of F30's radius recursion, the
     middle-product one (F36, ``mid`` and ``blk`` the rows and block norms of the middle products at
     X) and the sub-stage radius, with the exact prefix and suffix norms at the layer's ends; per rho ``(drift, product)``,
     the drift the smaller of F30's sum and F36's.  Kept beside the sub-stage telescoping (F33), the
     smaller is used: the sub-stages are first-order exact, a layer's joint bound is tighter on its
-    second-order part."""
+    second-order part.  ``reach0``: per rho the prefix spans' ``v_{0,m}`` of the sub-stage recursion (THEORY
+    F40d; a bound on the true quantity over the ball, so valid beside this route's own rows)."""
     items = []  # (first sub-stage, last sub-stage, layer or None)
     byfirst = {a: (b, idx) for idx, (a, b, _) in groups.items()}
     s = 0
@@ -283,7 +285,7 @@ def _layer_route(spec: TransformerSpec, stages: list[_Stage], groups: dict, nuP:
     loc = [layer is None and stages[a].local for a, _, layer in items]
     for j, (a, e, layer) in enumerate(items):
         P = float(nuP[a].max())
-        dM = [float(middle_drift_column(mid, rows_it[k], loc, j, blk)[0].max()) if j else 0.0 for k in range(nr)]
+        dM = [float(middle_drift_column(mid, rows_it[k], loc, j, blk, reach0[k])[0].max()) if j else 0.0 for k in range(nr)]
         rs = [min(rho * (P + min(dP[k], dM[k])), rho * prod[k]) * (1 + 1e-12) + 1e-13 * float(stages[a].x.norm(dim=1).max())
               for k, rho in enumerate(rhos)]
         rs = [min(r, float(radii[a][k].max())) for k, r in enumerate(rs)]
@@ -314,7 +316,7 @@ def _layer_route(spec: TransformerSpec, stages: list[_Stage], groups: dict, nuP:
             drift += sbar * dj_it[j][k] * float(nuP[a].max()) if dj_it[j][k] > 0 else 0.0
             dS = (dS * ball_it[j][k] if dS > 0 else 0.0) + S * dj_it[j][k]
         drift = min(drift if math.isfinite(drift) else math.inf,
-                    float(middle_drift_column(mid, rows_it[k], loc, len(items), blk)[0].max()))
+                    float(middle_drift_column(mid, rows_it[k], loc, len(items), blk, reach0[k])[0].max()))
         res.append((drift, math.prod(b[k] for b in ball_it)))
     return res
 
@@ -476,7 +478,7 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
     # Note [stack rounding]: fl(J) - J = sum_m S_m E_m exactly, so the suffixes carry the stage errors
     e_J = min(eP[n], sum(sm * em for sm, em in zip(suf, e_loc)) * (1 + 1e-12))
     point = float(rows.max()) + e_J
-    coarse = _layer_route(spec, stages, groups, nuP, suf, radii, rhos, norms, mid, blk, memo) if layer_route else [(math.inf, math.inf)] * nr
+    coarse = _layer_route(spec, stages, groups, nuP, suf, radii, rhos, norms, mid, blk, memo, reach0) if layer_route else [(math.inf, math.inf)] * nr
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     out = []
     for k, rho in enumerate(rhos):

@@ -209,10 +209,11 @@ def _nan_inf(t: Tensor) -> Tensor:
     return torch.nan_to_num(t, nan=math.inf, posinf=math.inf)
 
 
-def _group_ball(stages: list[_Stage], a: int, b: int, mL: Tensor, balls: list, dJs: list) -> tuple[Tensor, Tensor]:
+def _group_ball(stages: list[_Stage], a: int, b: int, mL: Tensor, balls: list, dJs: list) -> tuple[Tensor, Tensor, Tensor]:
     """A layer's rows on the ball (THEORY F33 item 3): with ``J_L = M (I + A)``, ``M`` the token-local
     sub-stages' product, ``||M_i(y) - M_i(x)|| <= dM_i = sum_m (prod_{t>m} B_t,i) dJ_m,i (prod_{t<m} pt_t,i)``,
-    ``nu_i(J_L(y)) <= (m_i + dM_i) B_a,i`` and ``nu_i(J_L(y) - J_L(x)) <= dM_i B_a,i + m_i dJ_a,i``."""
+    ``nu_i(J_L(y)) <= (m_i + dM_i) B_a,i`` and ``nu_i(J_L(y) - J_L(x)) <= dM_i B_a,i + m_i dJ_a,i``; also
+    ``sup ||M_i(y)|| <= min(m_i + dM_i, prod_{t>a} B_t,i)`` (THEORY F40f)."""
     dM = torch.zeros_like(mL)
     for m in range(a + 1, b):
         left = math.prod((balls[t] for t in range(m + 1, b)), start=torch.ones_like(mL))
@@ -220,9 +221,10 @@ def _group_ball(stages: list[_Stage], a: int, b: int, mL: Tensor, balls: list, d
         dM = dM + left * dJs[m] * right
     dM = _nan_inf(dM)
     full = math.prod((balls[t] for t in range(a + 1, b)), start=torch.ones_like(mL))
-    BL = _nan_inf(torch.minimum((mL + dM), full) * balls[a])
+    Mball = _nan_inf(torch.minimum((mL + dM), full)) * (1 + 1e-12)
+    BL = _nan_inf(Mball * balls[a])
     dJL = _nan_inf(dM * balls[a] + mL * dJs[a])
-    return BL * (1 + 1e-12), dJL * (1 + 1e-12)
+    return BL * (1 + 1e-12), dJL * (1 + 1e-12), Mball
 
 
 def _per_layer(layer, x: Tensor, rs: list[float], norms: dict, memo: dict) -> list[tuple[Tensor, Tensor]]:  # noqa: ANN001
@@ -354,7 +356,7 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
     # Note [middle products]: rows of every product of consecutive layer-level stages at X (THEORY F36)
     cuts = layer_cuts(len(stages), groups)
     pos = {c: q for q, c in enumerate(cuts)}
-    mid, blk, first_rows = middle_rows(stages, cuts, lambda K: certified_block_norms(_col_blocks(K), chain_exact))
+    mid, blk, first_rows, inner = middle_rows(stages, cuts, lambda K: certified_block_norms(_col_blocks(K), chain_exact))
     nuL = {}  # layer -> (T,) certified nu_i(J_L(X)) from the layer's own blocks
     for a, b, _ in groups.values():  # the attention sub-stage's and the whole layer's rows at X
         stages[a].pt = torch.minimum(stages[a].pt, first_rows[a])
@@ -364,6 +366,9 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
     dJq: list[list[Tensor]] = [[] for _ in rhos]  # per rho, each layer-level stage's drift rows
     reach0: list[list[Tensor]] = [[] for _ in rhos]  # per rho, each layer-level stage's v_{0,m} (THEORY F40d)
     w0 = [torch.zeros(T, dtype=torch.float64) for _ in rhos]  # the running v_{0,m} inside a layer
+    wm = [torch.zeros(T, dtype=torch.float64) for _ in rhos]  # the running drift rows of the partial layer product
+    w0L = [torch.zeros(T, dtype=torch.float64) for _ in rhos]  # the running v_{0,m} of a layer's token-local part
+    ratt: list = [None] * len(rhos)  # the attention sub-stage's reach of the current layer (THEORY F40f)
     spans: list[dict] = [{} for _ in rhos]  # per rho, (a, b) -> rows of sup nu_i(M_{a,b}(y) - M_{a,b}(x))
     layer_at = {groups[ly.index][0]: ly for ly in spec.layers}
     PL: dict = {}  # layer start -> per rho the per-layer route's (drift rows, ball rows)
@@ -393,6 +398,14 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
                 dP[k] = torch.minimum(dP[k], col[0])
         if s in first:
             at[s] = ([v.clone() for v in dP], [v.clone() for v in rc], normP)
+        if s in inner:  # THEORY F40e: inside a layer, the prefix drift by the exact partial product at x
+            c = max(a for a in first if a < s)
+            N, e = inner[s]
+            for k in range(nr):
+                dPc = at[c][0][k]
+                alt = N @ dPc + (e + wm[k]) * float(dPc.max()) + w0[k]
+                dP[k] = torch.minimum(dP[k], _nan_inf(alt))
+        mrow = rows_of_block_norms(inner[s][0]) + inner[s][1] if s in inner else torch.ones(T, dtype=torch.float64)
         scale = float(st.x.norm(dim=1).max())
         # THEORY F40: a post-LN FFN's first-order drift through the prefix's own reachable rows
         al = FFNAligned(st.ffn, st.x, _col_blocks(K), norms[st.group]["w"]) \
@@ -416,6 +429,13 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
             # THEORY F40d: v_{0,m} of the layer-level stage, telescoped over its sub-stages from zero
             w = torch.zeros_like(reach) if s in pos else w0[k]
             w0[k] = _nan_inf(torch.where(w == 0, 0.0, b * w if st.local else b * float(w.max())) + reach)
+            w = torch.zeros_like(reach) if s in pos else wm[k]  # nu_k(M_{c,s+1}(y) - M_{c,s+1}(x))
+            wm[k] = _nan_inf(torch.where(w == 0, 0.0, b * w if st.local else b * float(w.max()))
+                             + dj * (mrow if st.local else float(mrow.max())))
+            if s in first:  # the layer's attention: its reach seen through the exact token-local product (F40f)
+                ratt[k], w0L[k] = reach, torch.zeros_like(reach)
+            else:
+                w0L[k] = _nan_inf(torch.where(w0L[k] == 0, 0.0, b * w0L[k]) + reach)
             rc[k] = _nan_inf(b * (r if st.local else float(r.max())))
         if s in first:  # the per-layer route at the layer's input radius (F36 item 3: the smaller drift)
             rmax = [float(r.max()) if layer_route else math.inf for r in rs]
@@ -429,7 +449,8 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
             dPa, rca, nPa = at[a]
             GB[a] = []
             for k in range(nr):
-                BL, dJL = _group_ball(stages, a, s + 1, mL, [balls[t][k] for t in range(len(balls))], [dJs[t][k] for t in range(len(dJs))])
+                BL, dJL, Mb = _group_ball(stages, a, s + 1, mL, [balls[t][k] for t in range(len(balls))], [dJs[t][k] for t in range(len(dJs))])
+                w0[k] = torch.minimum(w0[k], _nan_inf(Mb * ratt[k] + w0L[k]) * (1 + 1e-12))
                 dJL = torch.minimum(dJL, PL[a][k][0])
                 BL = torch.minimum(torch.minimum(BL, _nan_inf(nuL[a] + dJL)), PL[a][k][1])
                 GB[a].append((BL, dJL))

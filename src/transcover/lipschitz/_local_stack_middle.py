@@ -40,7 +40,7 @@ def layer_cuts(n: int, groups: dict) -> list[int]:
     return sorted(cuts)
 
 
-def middle_rows(stages: list, cuts: list[int], norms_of, exact: int = 4) -> tuple[dict, dict, dict]:  # noqa: ANN001
+def middle_rows(stages: list, cuts: list[int], norms_of, exact: int = 4) -> tuple[dict, dict, dict, dict]:  # noqa: ANN001
     r"""Certified rows ``mid[(a, b)] >= nu_i(M_{a,b}(x))`` (T,) for ``1 <= a < b <= L`` and ``(0, 1)``
     (layer-level stages, ``cuts`` from ``layer_cuts``) by float64 chains of the sub-stages' tangent
     maps started at every cut (from the first only its own stage: the prefix chain gives the rest);
@@ -50,7 +50,9 @@ def middle_rows(stages: list, cuts: list[int], norms_of, exact: int = 4) -> tupl
     of the computed columns (``certified_block_norms`` of their blocks).  Rounding: ``fl(M_{a,b}) -
     M_{a,b} = sum_m M_{m+1 -> c_b} E_m``, each ``M_{m+1 -> c_b}`` bounded by the stage's own tail
     (point norms of its remaining sub-stages) times the exact ``mid`` of the later layer-level stages,
-    so the starts run from the last.  THEORY F36 item 1."""
+    so the starts run from the last.  ``inner[t] = (N, e)``: for a sub-stage ``t`` strictly inside a layer-level
+    stage ``a >= 1``, the same for the partial product ``J_{t-1} ... J_{c_a}`` (its rounding carried by the point
+    norms of the sub-stages in between; THEORY F40e).  THEORY F36 item 1."""
     from ._local_stack import _chunked, _local_error, rows_of_block_norms
 
     L = len(cuts) - 1
@@ -64,6 +66,7 @@ def middle_rows(stages: list, cuts: list[int], norms_of, exact: int = 4) -> tupl
     mid: dict = {}
     blk: dict = {}
     first: dict = {}
+    inner: dict = {}
 
     def norm_after(q: int, b: int) -> float:  # ||M_{q,b}(x)|| (certified), q <= b
         return 1.0 if q == b else float(mid[(q, b)].max())
@@ -77,7 +80,11 @@ def middle_rows(stages: list, cuts: list[int], norms_of, exact: int = 4) -> tupl
         for s in range(cuts[a], n if a > 0 else cuts[1]):
             errs.append((s, _local_error(stages[s], K, cols=True)))
             K = _chunked(stages[s].lin.apply, K)
-            N = norms_of(K) if s == cuts[a] or s + 1 in pos else None  # once where both ask (a norm's stage)
+            inside = a > 0 and s + 1 < cuts[a + 1]
+            N = norms_of(K) if s == cuts[a] or s + 1 in pos or inside else None  # once where several ask
+            if inside:
+                e_in = sum(e * math.prod((stages[t].p for t in range(m + 1, s + 1)), start=1.0) for m, e in errs)
+                inner[s + 1] = (N, e_in * (1 + 1e-12))
             if s == cuts[a]:
                 first[s] = rows_of_block_norms(N) + errs[0][1]
             if s + 1 in pos:
@@ -85,7 +92,7 @@ def middle_rows(stages: list, cuts: list[int], norms_of, exact: int = 4) -> tupl
                 err = sum(e * tail(m) * norm_after(level[m] + 1, b) for m, e in errs) * (1 + 1e-12)
                 blk[(a, b)] = (N, err)
                 mid[(a, b)] = rows_of_block_norms(N) + err
-    return mid, blk, first
+    return mid, blk, first, inner
 
 
 def _reach(dJ: Tensor, rows: Tensor, local: bool) -> Tensor:

@@ -123,12 +123,17 @@ def test_homogeneity_in_the_output_weights_and_the_prefix():
         assert torch.allclose(FFNAligned(ffn, H, c * P, {}).nq, c * c * base, rtol=1e-6, atol=0.0)
 
 
-@settings(max_examples=3, **_SETTINGS)
-@given(seed=st.integers(0, 10_000), rho=st.sampled_from([1e-4, 1e-3, 1e-2]))
-def test_middle_products_with_f40_are_never_beaten(seed, rho):
-    """The point bound plus the middle-product drift of J (now with F40's reach for the post-LN GELU FFNs)
-    against the adversary (Adam ascent on pair ratios and Jacobian norms in the ball)."""
-    spec = random_spec(seed, act="gelu", L=3, norm="layernorm", placement="post", biases=True)
+CASES = [dict(norm="layernorm", placement="post"), dict(norm="layernorm", placement="pre", final_norm=True),
+         dict(norm="rmsnorm", placement="pre", causal=True)]
+
+
+@settings(max_examples=4, **_SETTINGS)
+@given(seed=st.integers(0, 10_000), rho=st.sampled_from([1e-4, 1e-3, 1e-2]), case=st.sampled_from(CASES))
+def test_middle_products_with_f40_are_never_beaten(seed, rho, case):
+    """The point bound plus the middle-product drift of J (F40's reach for the post-LN GELU FFNs, the partial
+    products inside the layers, the attention through the token-local product) against the adversary (Adam
+    ascent on pair ratios and Jacobian norms in the ball), post- and pre-LN."""
+    spec = random_spec(seed, act="gelu", L=3, biases=True, **case)
     X = torch.randn(4, 6, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     r = stack_local(spec, X, [rho])[0]
     lo = adversary(lambda Z: transformer_forward(spec, Z, with_head=False), X, rho, restarts=2, steps=15, seed=seed)
@@ -138,11 +143,42 @@ def test_middle_products_with_f40_are_never_beaten(seed, rho):
 def test_f40_tightens_a_deep_stack():
     """Regression (issue 12, THEORY F40): the 6-layer post-LN GELU stack of ``test_local_stack_middle``; before
     F40 the middle-product drift was 2.51 at rho = 1e-5 (drift 1.39) and the bound 9.9e13 at 1e-4; with the
-    FFNs' reach through the prefix's ellipsoids 2.36 (drift 1.35) and 3.4e8."""
+    FFNs' reach through the prefix's ellipsoids (F40a-d) 2.36 (drift 1.35) and 3.4e8; with the exact partial
+    products inside the layers (F40e, F40f) 1.166 (drift 1.119) and 549.7."""
     spec = random_spec(1, act="gelu", L=6, norm="layernorm", placement="post", d=6, dff=8, eps=1e-5, biases=True)
     X = torch.randn(4, 6, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     small, large = stack_local(spec, X, [1e-5, 1e-4])
-    assert small.parts["(middle products)"] <= 2.36 and small.drift <= 1.351
-    assert large.upper <= 3.4e8
-    lo = adversary(lambda Z: transformer_forward(spec, Z, with_head=False), X, 1e-4, restarts=1, steps=10, seed=1)
+    assert small.parts["(middle products)"] <= 1.166 and small.drift <= 1.12
+    assert large.upper <= 550.0
+    lo = adversary(lambda Z: transformer_forward(spec, Z, with_head=False), X, 1e-4, restarts=2, steps=15, seed=1)
     assert lo <= large.upper
+
+
+def test_inner_partial_products_bound_the_autograd_ones():
+    """The certified block norms (plus rounding) of the partial layer products ``middle_rows`` now also returns
+    (THEORY F40e) bound the autograd blocks of the same sub-stage chains, post-LN (x + A(x), then LN1, then
+    h + FFN(h))."""
+    from transcover.lipschitz._local_stack import _col_blocks, _stages, certified_block_norms
+    from transcover.lipschitz._local_stack_middle import layer_cuts, middle_rows
+    from transcover.model import attention_forward, ffn_forward
+
+    spec = random_spec(4, act="gelu", L=2, norm="layernorm", placement="post", biases=True)
+    X = torch.randn(4, 6, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    stages, _, groups = _stages(spec, X, {})
+    cuts = layer_cuts(len(stages), groups)
+    _, _, _, inner = middle_rows(stages, cuts, lambda K: certified_block_norms(_col_blocks(K), 4))
+    for ly in spec.layers:
+        a, b, _ = groups[ly.index]
+        subs = [lambda Z, ly=ly: Z + attention_forward(ly.attention, Z), ly.norm_attn,
+                lambda Z, ly=ly: Z + ffn_forward(ly.ffn, Z)]
+        assert set(t for t in inner if a < t < b) == {a + 1, a + 2, a + 3}
+        for t in range(a + 1, b):
+            def chain(Z, t=t):  # noqa: ANN001, ANN202
+                for f in subs[: t - a]:
+                    Z = f(Z)
+                return Z
+            J = torch.autograd.functional.jacobian(chain, stages[a].x).permute(0, 2, 1, 3)
+            N, e = inner[t]
+            exact = torch.linalg.matrix_norm(J, ord=2)
+            assert bool((exact <= N + e).all()), (t, exact, N)
+            assert float((N - exact).max()) <= 1e-6 * float(exact.max()) + e

@@ -368,6 +368,7 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
     w0 = [torch.zeros(T, dtype=torch.float64) for _ in rhos]  # the running v_{0,m} inside a layer
     wm = [torch.zeros(T, dtype=torch.float64) for _ in rhos]  # the running drift rows of the partial layer product
     w0L = [torch.zeros(T, dtype=torch.float64) for _ in rhos]  # the running v_{0,m} of a layer's token-local part
+    wmL = [torch.zeros(T, dtype=torch.float64) for _ in rhos]  # the running drift rows of that part (THEORY F40g)
     ratt: list = [None] * len(rhos)  # the attention sub-stage's reach of the current layer (THEORY F40f)
     spans: list[dict] = [{} for _ in rhos]  # per rho, (a, b) -> rows of sup nu_i(M_{a,b}(y) - M_{a,b}(x))
     layer_at = {groups[ly.index][0]: ly for ly in spec.layers}
@@ -433,9 +434,10 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
             wm[k] = _nan_inf(torch.where(w == 0, 0.0, b * w if st.local else b * float(w.max()))
                              + dj * (mrow if st.local else float(mrow.max())))
             if s in first:  # the layer's attention: its reach seen through the exact token-local product (F40f)
-                ratt[k], w0L[k] = reach, torch.zeros_like(reach)
+                ratt[k], w0L[k], wmL[k] = reach, torch.zeros_like(reach), torch.zeros_like(reach)
             else:
                 w0L[k] = _nan_inf(torch.where(w0L[k] == 0, 0.0, b * w0L[k]) + reach)
+                wmL[k] = _nan_inf(torch.where(wmL[k] == 0, 0.0, b * wmL[k]) + dj * mrow)
             rc[k] = _nan_inf(b * (r if st.local else float(r.max())))
         if s in first:  # the per-layer route at the layer's input radius (F36 item 3: the smaller drift)
             rmax = [float(r.max()) if layer_route else math.inf for r in rs]
@@ -452,6 +454,9 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
                 BL, dJL, Mb = _group_ball(stages, a, s + 1, mL, [balls[t][k] for t in range(len(balls))], [dJs[t][k] for t in range(len(dJs))])
                 w0[k] = torch.minimum(w0[k], _nan_inf(Mb * ratt[k] + w0L[k]) * (1 + 1e-12))
                 dJL = torch.minimum(dJL, PL[a][k][0])
+                # THEORY F40g: the layer's drift rows by the exact partial products at x (wm), or with the
+                # attention's drift through the token-local product
+                dJL = torch.minimum(dJL, torch.minimum(wm[k], _nan_inf(Mb * dJs[a][k] + wmL[k])) * (1 + 1e-12))
                 BL = torch.minimum(torch.minimum(BL, _nan_inf(nuL[a] + dJL)), PL[a][k][1])
                 GB[a].append((BL, dJL))
                 alt = _nan_inf(torch.where(dPa[k] == 0, 0.0, BL * float(dPa[k].max())) + dJL * nPa)

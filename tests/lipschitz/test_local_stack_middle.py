@@ -59,7 +59,7 @@ def test_middle_rows_bound_the_autograd_middle_products(case):
     X = _X(5)
     stages, _, groups = _stages(spec, X, {})
     cuts = layer_cuts(len(stages), groups)
-    mid, blk, _ = middle_rows(stages, cuts, lambda K: certified_block_norms(_col_blocks(K), 4))
+    mid, blk, _, _ = middle_rows(stages, cuts, lambda K: certified_block_norms(_col_blocks(K), 4))
     assert len(cuts) - 1 == len(_level_maps(spec))
     L = len(cuts) - 1
     assert set(mid) == {(a, b) for a in range(1, L) for b in range(a + 1, L + 1)} | {(0, 1)}

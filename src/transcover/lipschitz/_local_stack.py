@@ -46,6 +46,7 @@ from .._errors import InputError
 from .._results import Kind, Quantity
 from ..model import NormKind, TransformerSpec
 from ._local_jacobian import certified_spectral, row_norm_lower
+from ._local_stack_aligned import FFNAligned
 from ._local_stack_middle import layer_cuts, middle_drift_column, middle_rows
 from ._local_stack_stages import _Stage, layer_stages, norm_stage
 from ._weights import ROUNDING_PAD
@@ -211,10 +212,11 @@ def _nan_inf(t: Tensor) -> Tensor:
     return torch.nan_to_num(t, nan=math.inf, posinf=math.inf)
 
 
-def _group_ball(stages: list[_Stage], a: int, b: int, mL: Tensor, balls: list, dJs: list) -> tuple[Tensor, Tensor]:
+def _group_ball(stages: list[_Stage], a: int, b: int, mL: Tensor, balls: list, dJs: list) -> tuple[Tensor, Tensor, Tensor]:
     """A layer's rows on the ball (THEORY F33 item 3): with ``J_L = M (I + A)``, ``M`` the token-local
     sub-stages' product, ``||M_i(y) - M_i(x)|| <= dM_i = sum_m (prod_{t>m} B_t,i) dJ_m,i (prod_{t<m} pt_t,i)``,
-    ``nu_i(J_L(y)) <= (m_i + dM_i) B_a,i`` and ``nu_i(J_L(y) - J_L(x)) <= dM_i B_a,i + m_i dJ_a,i``."""
+    ``nu_i(J_L(y)) <= (m_i + dM_i) B_a,i`` and ``nu_i(J_L(y) - J_L(x)) <= dM_i B_a,i + m_i dJ_a,i``; also
+    ``sup ||M_i(y)|| <= min(m_i + dM_i, prod_{t>a} B_t,i)`` (THEORY F40f)."""
     dM = torch.zeros_like(mL)
     for m in range(a + 1, b):
         left = math.prod((balls[t] for t in range(m + 1, b)), start=torch.ones_like(mL))
@@ -222,9 +224,10 @@ def _group_ball(stages: list[_Stage], a: int, b: int, mL: Tensor, balls: list, d
         dM = dM + left * dJs[m] * right
     dM = _nan_inf(dM)
     full = math.prod((balls[t] for t in range(a + 1, b)), start=torch.ones_like(mL))
-    BL = _nan_inf(torch.minimum((mL + dM), full) * balls[a])
+    Mball = _nan_inf(torch.minimum((mL + dM), full)) * (1 + 1e-12)
+    BL = _nan_inf(Mball * balls[a])
     dJL = _nan_inf(dM * balls[a] + mL * dJs[a])
-    return BL * (1 + 1e-12), dJL * (1 + 1e-12)
+    return BL * (1 + 1e-12), dJL * (1 + 1e-12), Mball
 
 
 # Note [per-layer refusals].  The per-layer route (``layer_jacobians``) says that it does not apply to a
@@ -282,14 +285,16 @@ def _per_layer_rows(layer, x: Tensor, rs: list[float], norms: dict,  # noqa: ANN
 
 
 def _layer_route(spec: TransformerSpec, stages: list[_Stage], groups: dict, nuP: list, suf: list,  # noqa: PLR0912
-                 radii: list, rhos: list, norms: dict, mid: dict, blk: dict, memo: _LayerMemo) -> list[tuple[float, float]]:
+                 radii: list, rhos: list, norms: dict, mid: dict, blk: dict, memo: _LayerMemo,
+                 reach0: list) -> list[tuple[float, float]]:
     """The telescoped drift over whole layers (THEORY F30 item 5): per layer the per-layer route's
     drift and ball rows (``layer_jacobians``) at the smallest of F30's radius recursion, the
     middle-product one (F36, ``mid`` and ``blk`` the rows and block norms of the middle products at
     X) and the sub-stage radius, with the exact prefix and suffix norms at the layer's ends; per rho ``(drift, product)``,
     the drift the smaller of F30's sum and F36's.  Kept beside the sub-stage telescoping (F33), the
     smaller is used: the sub-stages are first-order exact, a layer's joint bound is tighter on its
-    second-order part."""
+    second-order part.  ``reach0``: per rho the prefix spans' ``v_{0,m}`` of the sub-stage recursion (THEORY
+    F40d; a bound on the true quantity over the ball, so valid beside this route's own rows)."""
     items = []  # (first sub-stage, last sub-stage, layer or None)
     byfirst = {a: (b, idx) for idx, (a, b, _) in groups.items()}
     s = 0
@@ -308,7 +313,7 @@ def _layer_route(spec: TransformerSpec, stages: list[_Stage], groups: dict, nuP:
     loc = [layer is None and stages[a].local for a, _, layer in items]
     for j, (a, e, layer) in enumerate(items):
         P = float(nuP[a].max())
-        dM = [float(middle_drift_column(mid, rows_it[k], loc, j, blk)[0].max()) if j else 0.0 for k in range(nr)]
+        dM = [float(middle_drift_column(mid, rows_it[k], loc, j, blk, reach0[k])[0].max()) if j else 0.0 for k in range(nr)]
         rs = [min(rho * (P + min(dP[k], dM[k])), rho * prod[k]) * (1 + 1e-12) + 1e-13 * float(stages[a].x.norm(dim=1).max())
               for k, rho in enumerate(rhos)]
         rs = [min(r, float(radii[a][k].max())) for k, r in enumerate(rs)]
@@ -339,7 +344,7 @@ def _layer_route(spec: TransformerSpec, stages: list[_Stage], groups: dict, nuP:
             drift += sbar * dj_it[j][k] * float(nuP[a].max()) if dj_it[j][k] > 0 else 0.0
             dS = (dS * ball_it[j][k] if dS > 0 else 0.0) + S * dj_it[j][k]
         drift = min(drift if math.isfinite(drift) else math.inf,
-                    float(middle_drift_column(mid, rows_it[k], loc, len(items), blk)[0].max()))
+                    float(middle_drift_column(mid, rows_it[k], loc, len(items), blk, reach0[k])[0].max()))
         res.append((drift, math.prod(b[k] for b in ball_it)))
     return res
 
@@ -377,7 +382,7 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
     # Note [middle products]: rows of every product of consecutive layer-level stages at X (THEORY F36)
     cuts = layer_cuts(len(stages), groups)
     pos = {c: q for q, c in enumerate(cuts)}
-    mid, blk, first_rows = middle_rows(stages, cuts, lambda K: certified_block_norms(_col_blocks(K), chain_exact))
+    mid, blk, first_rows, inner = middle_rows(stages, cuts, lambda K: certified_block_norms(_col_blocks(K), chain_exact))
     nuL = {}  # layer -> (T,) certified nu_i(J_L(X)) from the layer's own blocks
     for a, b, _ in groups.values():  # the attention sub-stage's and the whole layer's rows at X
         stages[a].pt = torch.minimum(stages[a].pt, first_rows[a])
@@ -385,6 +390,12 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
     first = {a: (b, mL) for a, b, mL in groups.values()}
     loc = [cuts[q] not in first and stages[cuts[q]].local for q in range(len(cuts) - 1)]
     dJq: list[list[Tensor]] = [[] for _ in rhos]  # per rho, each layer-level stage's drift rows
+    reach0: list[list[Tensor]] = [[] for _ in rhos]  # per rho, each layer-level stage's v_{0,m} (THEORY F40d)
+    w0 = [torch.zeros(T, dtype=torch.float64) for _ in rhos]  # the running v_{0,m} inside a layer
+    wm = [torch.zeros(T, dtype=torch.float64) for _ in rhos]  # the running drift rows of the partial layer product
+    w0L = [torch.zeros(T, dtype=torch.float64) for _ in rhos]  # the running v_{0,m} of a layer's token-local part
+    wmL = [torch.zeros(T, dtype=torch.float64) for _ in rhos]  # the running drift rows of that part (THEORY F40g)
+    ratt: list = [None] * len(rhos)  # the attention sub-stage's reach of the current layer (THEORY F40f)
     spans: list[dict] = [{} for _ in rhos]  # per rho, (a, b) -> rows of sup nu_i(M_{a,b}(y) - M_{a,b}(x))
     layer_at = {groups[ly.index][0]: ly for ly in spec.layers}
     PL: dict = {}  # layer start -> per rho the per-layer route's (drift rows, ball rows)
@@ -409,12 +420,23 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
         if s in pos and s > 0:  # the prefix's drift by exact middle products (THEORY F36 item 3)
             mid[(0, pos[s])] = torch.minimum(mid[(0, pos[s])], nu) if (0, pos[s]) in mid else nu
             for k in range(nr):
-                col = middle_drift_column(mid, dJq[k], loc, pos[s], blk)
+                col = middle_drift_column(mid, dJq[k], loc, pos[s], blk, reach0[k])
                 spans[k].update({(a, pos[s]): v for a, v in enumerate(col[:-1])})
                 dP[k] = torch.minimum(dP[k], col[0])
         if s in first:
             at[s] = ([v.clone() for v in dP], [v.clone() for v in rc], normP)
+        if s in inner:  # THEORY F40e: inside a layer, the prefix drift by the exact partial product at x
+            c = max(a for a in first if a < s)
+            N, e = inner[s]
+            for k in range(nr):
+                dPc = at[c][0][k]
+                alt = N @ dPc + (e + wm[k]) * float(dPc.max()) + w0[k]
+                dP[k] = torch.minimum(dP[k], _nan_inf(alt))
+        mrow = rows_of_block_norms(inner[s][0]) + inner[s][1] if s in inner else torch.ones(T, dtype=torch.float64)
         scale = float(st.x.norm(dim=1).max())
+        # THEORY F40: a post-LN FFN's first-order drift through the prefix's own reachable rows
+        al = FFNAligned(st.ffn, st.x, _col_blocks(K), norms[st.group]["w"]) \
+            if st.ffn is not None and FFNAligned.applies(st.ffn) else None
         rs, djs, djcs, bs = [], [], [], []
         for k, rho in enumerate(rhos):
             r = torch.minimum(rho * (nu + dP[k]), rc[k]) * (1 + 1e-12) + 1e-13 * scale
@@ -426,8 +448,22 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
             djcs.append(djc)
             bs.append(b)
             # Note [stack drift], radii: P_{s+1}(y) - P_{s+1}(x) = J_s(y)(P_s(y) - P_s(x)) + dJ_s P_s(x), per row
+            reach = _nan_inf(dj * nu if st.local else dj * normP)  # nu_k(dJ_s P_s(x))
+            if al is not None:
+                reach = torch.minimum(reach, al.reach(r, nu, rho, dP[k], eP[s], 1e-13 * scale))
             move = b * dP[k] if st.local else b * float(dP[k].max())
-            dP[k] = _nan_inf(torch.where(dP[k] == 0, 0.0, move) + (dj * nu if st.local else dj * normP))
+            dP[k] = _nan_inf(torch.where(dP[k] == 0, 0.0, move) + reach)
+            # THEORY F40d: v_{0,m} of the layer-level stage, telescoped over its sub-stages from zero
+            w = torch.zeros_like(reach) if s in pos else w0[k]
+            w0[k] = _nan_inf(torch.where(w == 0, 0.0, b * w if st.local else b * float(w.max())) + reach)
+            w = torch.zeros_like(reach) if s in pos else wm[k]  # nu_k(M_{c,s+1}(y) - M_{c,s+1}(x))
+            wm[k] = _nan_inf(torch.where(w == 0, 0.0, b * w if st.local else b * float(w.max()))
+                             + dj * (mrow if st.local else float(mrow.max())))
+            if s in first:  # the layer's attention: its reach seen through the exact token-local product (F40f)
+                ratt[k], w0L[k], wmL[k] = reach, torch.zeros_like(reach), torch.zeros_like(reach)
+            else:
+                w0L[k] = _nan_inf(torch.where(w0L[k] == 0, 0.0, b * w0L[k]) + reach)
+                wmL[k] = _nan_inf(torch.where(wmL[k] == 0, 0.0, b * wmL[k]) + dj * mrow)
             rc[k] = _nan_inf(b * (r if st.local else float(r.max())))
         if s in first:  # the per-layer route at the layer's input radius (F36 item 3: the smaller drift)
             rmax = [float(r.max()) if layer_route else math.inf for r in rs]
@@ -441,8 +477,12 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
             dPa, rca, nPa = at[a]
             GB[a] = []
             for k in range(nr):
-                BL, dJL = _group_ball(stages, a, s + 1, mL, [balls[t][k] for t in range(len(balls))], [dJs[t][k] for t in range(len(dJs))])
+                BL, dJL, Mb = _group_ball(stages, a, s + 1, mL, [balls[t][k] for t in range(len(balls))], [dJs[t][k] for t in range(len(dJs))])
+                w0[k] = torch.minimum(w0[k], _nan_inf(Mb * ratt[k] + w0L[k]) * (1 + 1e-12))
                 dJL = torch.minimum(dJL, PL[a][k][0])
+                # THEORY F40g: the layer's drift rows by the exact partial products at x (wm), or with the
+                # attention's drift through the token-local product
+                dJL = torch.minimum(dJL, torch.minimum(wm[k], _nan_inf(Mb * dJs[a][k] + wmL[k])) * (1 + 1e-12))
                 BL = torch.minimum(torch.minimum(BL, _nan_inf(nuL[a] + dJL)), PL[a][k][1])
                 GB[a].append((BL, dJL))
                 alt = _nan_inf(torch.where(dPa[k] == 0, 0.0, BL * float(dPa[k].max())) + dJL * nPa)
@@ -451,6 +491,7 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
         if s + 1 in pos:  # a layer-level stage ends: its drift rows (the whole layer's, F33 item 3)
             for k in range(nr):
                 dJq[k].append(GB[last[s][0]][k][1] if s in last else dJs[s][k])
+                reach0[k].append(w0[k])
         e_loc.append(_local_error(st, K, cols=True))
         K = _chunked(st.lin.apply, K)
         rows = certified_rows(_col_blocks(K), exact if s == n - 1 else chain_exact)
@@ -482,14 +523,14 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
         eS[s - 1] = e_prev
     del C
     mid[(0, len(cuts) - 1)] = rows + eP[n]
-    middle = [middle_drift_column(mid, dJq[k], loc, len(cuts) - 1, blk) for k in range(nr)]
+    middle = [middle_drift_column(mid, dJq[k], loc, len(cuts) - 1, blk, reach0[k]) for k in range(nr)]
     for k in range(nr):
         spans[k].update({(a, len(cuts) - 1): v for a, v in enumerate(middle[k][:-1])})
     suf = [float(N.sum(dim=1).max()) * (1 + T * _U) + e for N, e in zip(Nmat, eS)]
     # Note [stack rounding]: fl(J) - J = sum_m S_m E_m exactly, so the suffixes carry the stage errors
     e_J = min(eP[n], sum(sm * em for sm, em in zip(suf, e_loc)) * (1 + 1e-12))
     point = float(rows.max()) + e_J
-    coarse = _layer_route(spec, stages, groups, nuP, suf, radii, rhos, norms, mid, blk, memo) if layer_route else [(math.inf, math.inf)] * nr
+    coarse = _layer_route(spec, stages, groups, nuP, suf, radii, rhos, norms, mid, blk, memo, reach0) if layer_route else [(math.inf, math.inf)] * nr
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     out = []
     for k, rho in enumerate(rhos):

@@ -40,7 +40,7 @@ def layer_cuts(n: int, groups: dict) -> list[int]:
     return sorted(cuts)
 
 
-def middle_rows(stages: list, cuts: list[int], norms_of, exact: int = 4) -> tuple[dict, dict, dict]:  # noqa: ANN001
+def middle_rows(stages: list, cuts: list[int], norms_of, exact: int = 4) -> tuple[dict, dict, dict, dict]:  # noqa: ANN001
     r"""Certified rows ``mid[(a, b)] >= nu_i(M_{a,b}(x))`` (T,) for ``1 <= a < b <= L`` and ``(0, 1)``
     (layer-level stages, ``cuts`` from ``layer_cuts``) by float64 chains of the sub-stages' tangent
     maps started at every cut (from the first only its own stage: the prefix chain gives the rest);
@@ -50,7 +50,9 @@ def middle_rows(stages: list, cuts: list[int], norms_of, exact: int = 4) -> tupl
     of the computed columns (``certified_block_norms`` of their blocks).  Rounding: ``fl(M_{a,b}) -
     M_{a,b} = sum_m M_{m+1 -> c_b} E_m``, each ``M_{m+1 -> c_b}`` bounded by the stage's own tail
     (point norms of its remaining sub-stages) times the exact ``mid`` of the later layer-level stages,
-    so the starts run from the last.  THEORY F36 item 1."""
+    so the starts run from the last.  ``inner[t] = (N, e)``: for a sub-stage ``t`` strictly inside a layer-level
+    stage ``a >= 1``, the same for the partial product ``J_{t-1} ... J_{c_a}`` (its rounding carried by the point
+    norms of the sub-stages in between; THEORY F40e).  THEORY F36 item 1."""
     from ._local_stack import _chunked, _local_error, rows_of_block_norms
 
     L = len(cuts) - 1
@@ -64,6 +66,7 @@ def middle_rows(stages: list, cuts: list[int], norms_of, exact: int = 4) -> tupl
     mid: dict = {}
     blk: dict = {}
     first: dict = {}
+    inner: dict = {}
 
     def norm_after(q: int, b: int) -> float:  # ||M_{q,b}(x)|| (certified), q <= b
         return 1.0 if q == b else float(mid[(q, b)].max())
@@ -77,7 +80,11 @@ def middle_rows(stages: list, cuts: list[int], norms_of, exact: int = 4) -> tupl
         for s in range(cuts[a], n if a > 0 else cuts[1]):
             errs.append((s, _local_error(stages[s], K, cols=True)))
             K = _chunked(stages[s].lin.apply, K)
-            N = norms_of(K) if s == cuts[a] or s + 1 in pos else None  # once where both ask (a norm's stage)
+            inside = a > 0 and s + 1 < cuts[a + 1]
+            N = norms_of(K) if s == cuts[a] or s + 1 in pos or inside else None  # once where several ask
+            if inside:
+                e_in = sum(e * math.prod((stages[t].p for t in range(m + 1, s + 1)), start=1.0) for m, e in errs)
+                inner[s + 1] = (N, e_in * (1 + 1e-12))
             if s == cuts[a]:
                 first[s] = rows_of_block_norms(N) + errs[0][1]
             if s + 1 in pos:
@@ -85,7 +92,7 @@ def middle_rows(stages: list, cuts: list[int], norms_of, exact: int = 4) -> tupl
                 err = sum(e * tail(m) * norm_after(level[m] + 1, b) for m, e in errs) * (1 + 1e-12)
                 blk[(a, b)] = (N, err)
                 mid[(a, b)] = rows_of_block_norms(N) + err
-    return mid, blk, first
+    return mid, blk, first, inner
 
 
 def _reach(dJ: Tensor, rows: Tensor, local: bool) -> Tensor:
@@ -95,7 +102,8 @@ def _reach(dJ: Tensor, rows: Tensor, local: bool) -> Tensor:
     return torch.nan_to_num(v, nan=math.inf, posinf=math.inf)
 
 
-def middle_drift_column(mid: dict, dJ: list[Tensor], local: list[bool], b: int, blk: dict | None = None) -> list[Tensor]:
+def middle_drift_column(mid: dict, dJ: list[Tensor], local: list[bool], b: int, blk: dict | None = None,
+                        reach0: list[Tensor] | None = None) -> list[Tensor]:
     r"""Rows ``dM[a] >= sup_{y in B} nu_i(M_{a,b}(y) - M_{a,b}(x))`` for ``a = 0 .. b`` (``dM[b] = 0``):
 
     .. math:: \delta M_{a,b,i} \le \sum_{a \le m < b} \Big(\sum_k \|M_{m+1,b}(x)_{ik}\|\, v_{a,m,k}
@@ -106,8 +114,9 @@ def middle_drift_column(mid: dict, dJ: list[Tensor], local: list[bool], b: int, 
     bound ``nu_i(M_{m+1,b}) max_k v``; for ``m + 1 = b`` (the identity) the term is ``v_i``.
     ``mid[(a, b)]``: certified rows of the middle products at the data (``(a, a)`` is the identity);
     ``dJ[m]`` (T,): stage ``m``'s certified drift rows on its input ball; ``local[m]``: stage ``m`` is
-    token-local.  Float64 sums of a few non-negative products, padded by ``1e-12`` relative.
-    THEORY F36 item 2."""
+    token-local; ``reach0[m]`` (optional): certified ``v_{0,m,k}`` of the prefix spans (``a = 0``) from the
+    stage's own sub-stages (THEORY F40d), min'ed with the generic one.  Float64 sums of a few non-negative
+    products, padded by ``1e-12`` relative.  THEORY F36 item 2."""
     blk = {} if blk is None else blk
     T = dJ[0].shape[0] if dJ else next(iter(mid.values())).shape[0]
     one = torch.ones(T, dtype=torch.float64)
@@ -117,6 +126,8 @@ def middle_drift_column(mid: dict, dJ: list[Tensor], local: list[bool], b: int, 
         acc = torch.zeros(T, dtype=torch.float64)
         for m in range(a, b):
             v = _reach(dJ[m], rows(a, m), local[m])
+            if a == 0 and reach0 is not None:
+                v = torch.minimum(v, reach0[m])
             vmax = float(v.max())
             if not vmax > 0:
                 continue

@@ -46,6 +46,7 @@ class _Stage:
     pt: Tensor  # (T,) certified nu_i(J_s(x))
     bounds: Callable[[Tensor], tuple]  # r -> (dJ, dJc, ball, heads), ``heads`` below or None
     layernorm: bool = False  # a LayerNorm stage (the previous stage's drift may be centred)
+    ffn: object = None  # the FFN spec of a stage ``h -> h + FFN(h)`` with no norm inside (post-LN; THEORY F40)
 
     @property
     def k(self) -> int:
@@ -209,7 +210,8 @@ def _ffn_stage(name: str, group: int, layer, S: Tensor, n2: _NormLin | None, cen
         return dj, dj, torch.minimum(pt + dj, 1 + lffn * sD2), None
 
     k = 8 * (3 * d + fp["dff"]) + 8
-    return _Stage(name, group, S, _TokenLin(M, Ma, k), True, pt, bounds), S + ffn_forward(layer.ffn, H)
+    st = _Stage(name, group, S, _TokenLin(M, Ma, k), True, pt, bounds, ffn=layer.ffn if n2 is None else None)
+    return st, S + ffn_forward(layer.ffn, H)
 
 
 def layer_stages(layer, X: Tensor, cache: dict) -> tuple[list[_Stage], Tensor, Tensor]:  # noqa: ANN001

@@ -1,0 +1,143 @@
+"""The FFN's first-order drift seen through the exact prefix at the data (issue 12; THEORY F40).
+
+F36 bounds the whole stack's span drifts with ``v_k >= nu_k(dJ_m P_m(x))``, ``dJ_{m,k} nu_k(P_m)``: the
+stage's drift on its input ball times the prefix's row.  For a post-LN FFN sub-stage ``h -> h + F(h)``
+(``F(h)_k = W_2^T GELU(W_1^T h_k + b_1)``) the first-order part of ``dJ_kk b`` is
+``W_2^T diag(GELU''(z_k)) ((W_1^T a_k) o (W_1^T b_k))`` with ``a_k`` token k's move and ``b_k = (P v)_k``,
+both rows of the *same* prefix applied to (2,inf)-bounded vectors.  Such a row lies in the ellipsoid
+``{Q_k^{1/2} beta : ||beta|| <= 1}``, ``Q_k = (sum_j w_j) sum_j P_kj P_kj^T / w_j`` (Cauchy-Schwarz, any
+``w_j > 0``), so the first-order part is at most ``rho ||W_2^T D_k K_{Q_k}||`` with ``K_Q`` the rows
+``Q^{1/2} w1_n (x) Q^{1/2} w1_n`` and ``K_Q K_Q^T = (W_1^T Q W_1) o (W_1^T Q W_1)``: one certified
+``lambda_max`` of a d x d matrix per token (F38b's ``N2`` with ``W_1`` replaced by the reachable rows).
+The second- and third-order parts keep F38's norms.  On MiniLM the reachable rows are far from the
+worst direction of the FFN's second derivative: ``||W_2^T D K_Q|| ~ 1e3`` against
+``N2 nu_k(P)^2 ~ 2e4`` (``docs/results/local_stack.md``, F40).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from ..model import Activation
+from ._local_ffn2 import _GELU2_ABS_ERR, ffn_hadamard, ffn_second_norms, ffn_taylor_drift
+from ._local_jacobian import _f64, certified_lmax
+
+__all__ = ["ellipsoid_gram", "ffn_aligned_norms", "ffn_aligned_reach", "FFNAligned"]
+
+_U = 2.0**-53
+
+
+def _gamma(k: int) -> float:
+    return k * _U / (1 - k * _U)
+
+
+def _weights(B: Tensor) -> Tensor:
+    """Positive weights ``w_j ~ ||B_j||_2`` for the Cauchy-Schwarz split (any positive values are valid: a
+    few power steps, floored)."""
+    v = torch.ones(B.shape[0], B.shape[2], dtype=B.dtype)
+    for _ in range(4):
+        v = (B.transpose(1, 2) @ (B @ v[..., None]))[..., 0]
+        v = v / v.norm(dim=1, keepdim=True).clamp(min=1e-300)
+    w = (B @ v[..., None])[..., 0].norm(dim=1)
+    return torch.maximum(w, B.norm(dim=(1, 2)) * 1e-3)
+
+
+def ellipsoid_gram(B: Tensor) -> tuple[Tensor, float]:
+    r"""For blocks ``B_j`` (T, d, d) of one prefix row, ``(Q, eQ)``: ``Q`` as formed and ``eQ`` a Frobenius
+    bound on its distance to the exact ``Q* = c sum_j B_j B_j^T / w_j`` (``c >= sum_j w_j``), so that every
+    ``a = sum_j B_j h_j`` with ``||h_j|| <= 1`` has ``a a^T <= Q*`` (THEORY F40a):
+    ``(u.a)^2 <= (sum_j ||B_j^T u||)^2 <= (sum_j w_j)(sum_j ||B_j^T u||^2 / w_j)``.  Zero blocks are left out.
+    Rounding: each entry of ``c B_j B_j^T / w_j`` summed over ``j`` within ``gamma_{d+T+4}`` of the same sum of
+    ``|terms|``, whose Frobenius norm is at most ``c sum_j ||B_j||_F^2 / w_j``."""
+    keep = B.norm(dim=(1, 2)) > 0
+    B = B[keep]
+    if B.shape[0] == 0:
+        return torch.zeros(B.shape[1], B.shape[2], dtype=B.dtype), 0.0
+    w = _weights(B)
+    c = float(w.sum()) * (1 + 2 * B.shape[0] * _U)
+    Q = c * torch.einsum("jab,jcb->ac", B / w[:, None, None], B)
+    tQ = c * float(((B * B).sum(dim=(1, 2)) / w).sum()) * (1 + 4 * B.shape[0] * _U)
+    return Q, _gamma(B.shape[1] + B.shape[0] + 4) * tQ * (1 + 1e-12)
+
+
+def ffn_aligned_norms(const: dict, W1: Tensor, z: Tensor, blocks: Tensor) -> Tensor:
+    r"""(T,) certified ``NQ_k >= ||W_2^T D_k K_{Q*_k}||_2 = lambda_max(W_2^T D_k H_k D_k W_2)^{1/2}``,
+    ``H_k = G_k o G_k``, ``G_k = W_1^T Q*_k W_1``, ``D_k = diag(GELU''(z_k))`` signed at the centre,
+    ``Q*_k`` the ellipsoid of prefix row k (``ellipsoid_gram`` of ``blocks[k]``, (T, T, d, d): the computed
+    prefix's blocks ``P_kj``).  THEORY F40b.  ``const``: F38's uncentred ``ffn_hadamard`` (``W2``, ``nW2``).
+    Rounding, Frobenius, in the direction of the claim: ``G`` within ``eG = ||W_1||_F^2 (gamma_{2d} ||Q||_F + eQ)``
+    of ``W_1^T Q* W_1``; ``H = G o G`` within ``eG (2 max|G| + eG) + u ||H||_F``; then F38b's ``A = D W_2`` and
+    two products (``||A||_F^2 (eH + 4 (d_ff + 4) u ||H||_F)``); the symmetrised matrix adds ``u ||M||_F``;
+    ``GELU''``'s evaluation error moves the norm by ``1e-13 ||W_2|| ||K_Q||``,
+    ``||K_Q||^2 = lambda_max(G o G) <= max_n G_nn lambda_max(G) <= ||Q||^2 max_n ||w1_n||^2 ||W_1||^2``.
+    Cost per token ``2 d d_ff^2`` flops."""
+    W2 = const["W2"]
+    T = z.shape[0]
+    fW1 = float(W1.norm()) * (1 + W1.numel() * _U)
+    w1max = float(W1.norm(dim=0).max()) * (1 + W1.shape[0] * _U)
+    d, dff = W1.shape
+    out = torch.empty(T, dtype=torch.float64)
+    for k in range(T):
+        Q, eQ = ellipsoid_gram(blocks[k])
+        fQ = float(Q.norm()) * (1 + Q.numel() * _U)
+        G = (W1.T @ Q) @ W1
+        eG = fW1 * fW1 * (_gamma(2 * d) * fQ + eQ) * (1 + 1e-12)
+        H = G * G
+        fH = float(H.norm()) * (1 + H.numel() * _U)
+        eH = (eG * (2 * float(G.abs().max()) + eG) + _U * fH) * (1 + 1e-12)
+        Dk = torch.exp(-0.5 * z[k] * z[k]) / math.sqrt(2 * math.pi) * (2 - z[k] * z[k])
+        A = Dk[:, None] * W2
+        M = A.T @ (H @ A)
+        fM = float(M.norm()) * (1 + M.numel() * _U)
+        M = 0.5 * (M + M.T)
+        fA = float((A * A).sum()) * (1 + 4 * A.numel() * _U)
+        err = (fA * (eH + 4 * (dff + 4) * _U * fH) + _U * fM) * (1 + 1e-12)
+        nKQ = (fQ + eQ) * w1max * fW1
+        pert = _GELU2_ABS_ERR * const["nW2"] * nKQ
+        lam = float(certified_lmax(M[None])[0])
+        out[k] = (math.sqrt(lam + err) + pert) * (1 + 1e-12)
+    return torch.nan_to_num(out, nan=math.inf)
+
+
+def ffn_aligned_reach(nq: Tensor, n2: Tensor, c3r2: Tensor, nu: Tensor, rho: float, dP: Tensor, eP: float,
+                      pad: float) -> Tensor:
+    r"""(T,) ``v_k >= nu_k((J_s(y_s) - J_s(x_s)) P_s(x))`` for a post-LN FFN sub-stage on ``B(x, rho)``
+    (THEORY F40c):
+
+    .. math:: v_k = \rho\,NQ_k + N2_k\,\nu_k\,\big(\rho(\delta P_k + 2 e_P) + \mathrm{pad}\big)
+              + c_3(r_k)\,r_k^2\,\nu_k
+
+    ``nq`` from ``ffn_aligned_norms``, ``n2`` F38b's ``N2`` (uncentred), ``c3r2`` F38c's third-order term at
+    the token's radius ``r_k`` (``ffn_taylor_drift`` with ``N2 = 0``), ``nu`` the certified rows of the exact
+    prefix at x (computed rows plus ``eP``), ``dP`` the prefix's drift rows on the ball, ``eP`` the computed
+    prefix's rounding bound, ``pad`` the centre pad of the radii."""
+    e = rho * (dP + 2 * eP) + pad
+    v = (rho * nq + n2 * nu * e + c3r2 * nu) * (1 + 1e-12)
+    return torch.nan_to_num(v, nan=math.inf)
+
+
+class FFNAligned:
+    """F40 for one post-LN FFN sub-stage: the radius-free ``NQ_k`` and ``N2_k`` at the data, then the reach
+    ``v_k`` per radius (``reach``)."""
+
+    def __init__(self, ffn, H: Tensor, blocks: Tensor, cache: dict) -> None:  # noqa: ANN001
+        if "ffn2" not in cache:
+            cache["ffn2"] = ffn_hadamard(ffn, centred=False)
+        self.const = cache["ffn2"]
+        W1 = _f64(ffn.W_1)
+        self.z = H @ W1 + (0 if ffn.b_1 is None else _f64(ffn.b_1))
+        self.n1 = W1.norm(dim=0) * (1 + W1.shape[0] * _U)
+        self.n2 = ffn_second_norms(self.const, self.z)
+        self.nq = ffn_aligned_norms(self.const, W1, self.z, blocks)
+
+    def reach(self, r: Tensor, nu: Tensor, rho: float, dP: Tensor, eP: float, pad: float) -> Tensor:
+        c3r2 = ffn_taylor_drift(self.const, torch.zeros_like(r), self.z, self.n1, r)[0]
+        return ffn_aligned_reach(self.nq, self.n2, c3r2, nu, rho, dP, eP, pad)
+
+    @staticmethod
+    def applies(ffn) -> bool:  # noqa: ANN001
+        """A non-gated FFN with the exact (erf) GELU (F38's third derivative)."""
+        return not getattr(ffn, "gated", False) and Activation(ffn.activation) is Activation.GELU

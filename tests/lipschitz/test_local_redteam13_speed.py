@@ -37,12 +37,13 @@ def test_gram_lower_at_minilm_size_with_cancelling_columns():
 
 def test_two_negative_lower_bounds_never_skip_a_smaller_bound():
     """Columns (1, -1) and (1e-10, 1e-10): from the all-ones start the iterate stays exactly on (1, 1), the
-    quotient is 2e-20 and each lower bound is about -3e-14; their product's root is positive.  It must stay
-    below F31d's value (about 2): the skip needs a caller's bound above the true Grams' mean."""
+    quotient is 2e-20 and, before the clamp, each lower bound was about -3e-14 (their product's root positive).
+    Now each is clamped at 0 (a formed Gram's lambda_max is >= 0), so the product is 0, and the bound stays
+    below F31d's value (about 2)."""
     R = torch.tensor([[1.0, 1e-10], [-1.0, 1e-10]], dtype=torch.float64)
     c = torch.ones(1, 2, dtype=torch.float64)
     lo = gram_lower(R, c)
-    assert float(lo[0]) < 0  # the case is the one described
+    assert float(lo[0]) == 0.0  # exactly 0: the quotient 2e-20 minus the error term is -3e-14, clamped
     low = float(torch.sqrt(lo * lo)[0])
     assert low <= float(torch.sqrt(certified_lmax(_gram(R, c)) ** 2)[0])
 

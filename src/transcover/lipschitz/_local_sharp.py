@@ -214,7 +214,9 @@ def gram_lower(R: Tensor, c: Tensor, *, iters: int = GRAM_LOWER_ITERS) -> Tensor
               \ge \widehat{\mathrm{RQ}}\,(1 - 10^{-10}) - 12(d + d_{ff} + 8)\,u \textstyle\sum_k c_k\|r_k\|^2
 
     (``G`` exact, ``\widehat G`` as formed, whose certified ``lambda_max`` is at least its own).  Assumptions:
-    ``c >= 0`` finite (a NaN gives NaN, which no comparison passes); ``R`` (d, d_ff) float64."""
+    ``c >= 0`` finite (a NaN gives NaN, which no comparison passes); ``R`` (d, d_ff) float64.  Clamped at 0:
+    the formed Gram's diagonal is a float sum of non-negative terms, so its ``lambda_max`` is ``>= 0`` (red13: two
+    slightly negative lower bounds would otherwise multiply to a positive one)."""
     n = c.shape[0]
     d, m = R.shape
     V = torch.full((n, d), 1.0 / math.sqrt(d), dtype=torch.float64)
@@ -224,7 +226,7 @@ def gram_lower(R: Tensor, c: Tensor, *, iters: int = GRAM_LOWER_ITERS) -> Tensor
     U = V @ R
     rq = (U * U * c).sum(dim=1) / (V * V).sum(dim=1)
     mass = (c * (R * R).sum(dim=0)[None, :]).sum(dim=1) * (1 + 1e-9)
-    return rq * (1 - 1e-10) - 12 * (d + m + 8) * _U * mass
+    return (rq * (1 - 1e-10) - 12 * (d + m + 8) * _U * mass).clamp_min(0.0)
 
 
 def unit_slope_moves(z: Tensor, n1: Tensor, rh: Tensor) -> Tensor:

@@ -127,7 +127,7 @@ def test_remainders_with_the_range_form_are_never_beaten(seed, qscale, causal, m
     mom, geo_v, geo_ov = _geometries(attn, X)
     nO = float(head_norms(attn)["O"])
     g = torch.Generator().manual_seed(seed)
-    head_remainders_now = {r: head_remainders(mom, geo_ov, r, norms) for r in (0.1, 0.4)}.__getitem__
+    with_range = {r: head_remainders(mom, geo_ov, r, norms) for r in (0.1, 0.4)}  # F41a in effect
     active = False
     for r in (0.1, 0.4):
         for h in range(attn.n_heads):
@@ -136,14 +136,14 @@ def test_remainders_with_the_range_form_are_never_beaten(seed, qscale, causal, m
             best = _ascent(lambda Z, rem=rem: rem(Z).norm(dim=1), X, r, g, starts=3, steps=40)
             # a causal first query sees one key: its remainder is exactly 0, measured as f(Z) - f(X) - J(Z - X) to
             # its float64 rounding (~1e-15 here), which EVAL_ROUNDING (100x that) covers
-            assert bool((best <= head_remainders(mom, geo_ov, r, norms)[h] + EVAL_ROUNDING).all()), (r, h)
+            assert bool((best <= with_range[r][h] + EVAL_ROUNDING).all()), (r, h)
         rem = _remainder(lambda Z: attention_forward(attn, Z), X)
         best = _ascent(lambda Z: rem(Z).norm(dim=1), X, r, g, starts=3, steps=40)
         bound = attention_remainder(mom, geo_v, geo_ov, nO, r, norms)[0]
         assert bool((best <= bound + EVAL_ROUNDING).all()), (r, best, bound)
         with monkeypatch.context() as m:  # is the range form active? without it some head's bound is larger
             m.setattr(local_joint, "range_taylor", lambda osc, spread: torch.full_like(osc, math.inf))
-            active |= bool((head_remainders(mom, geo_ov, r, norms) > head_remainders_now(r)).any())
+            active |= bool((head_remainders(mom, geo_ov, r, norms) > with_range[r]).any())
     assert active or qscale > 1
 
 

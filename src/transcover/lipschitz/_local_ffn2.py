@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from ..model import Activation
-from ._local_jacobian import _f64, certified_lmax, certified_spectral
+from ._local_jacobian import _f64, certified_lmax, certified_spectral, gelu_second
 
 __all__ = ["gelu3_sup", "ffn_hadamard", "ffn_second_norms", "ffn_taylor_drift"]
 
@@ -79,7 +79,7 @@ def ffn_second_norms(const: dict, z: Tensor) -> Tensor:
     that times ``||W_2|| ||K||``, and the centred ``W_2`` as formed within ``eW2`` moves it by ``eW2 sup|GELU''| ||K||``.
     Cost ``d d_ff^2`` flops a token."""
     H, W2 = const["H"], const["W2"]
-    D = torch.exp(-0.5 * z * z) / math.sqrt(2 * math.pi) * (2 - z * z)
+    D = gelu_second(z)
     A = D[:, :, None] * W2[None]
     S = A.transpose(1, 2) @ (H[None] @ A)
     fA = (A * A).sum(dim=(1, 2)) * (1 + 4 * W2.numel() * _U)

@@ -195,12 +195,17 @@ def certified_lmax_vec(G: Tensor, *, start: Tensor | None = None, steps: int = K
     return out, x
 
 
+def gelu_second(z: Tensor) -> Tensor:
+    """``GELU''(z) = phi(z)(2 - z^2)`` (exact-erf GELU ``z Phi(z)``) as float64 evaluates it; F38 and F40 bound
+    the evaluation's error by ``_local_ffn2._GELU2_ABS_ERR``."""
+    return torch.exp(-0.5 * z * z) / math.sqrt(2 * math.pi) * (2 - z * z)
+
+
 def gelu2_sup(a: Tensor, b: Tensor) -> Tensor:
     """sup of ``|GELU''|`` on each interval ``[a, b]``: ``GELU'' = phi(z)(2 - z^2)`` has its extrema at
     ``z = 0`` (``2 phi(0)``) and ``z = +-2`` (``2 phi(2)``) and is monotone in between, so the sup is
     the largest of the endpoint values and of the extrema inside (padded for float64 rounding)."""
-    g = lambda z: torch.exp(-0.5 * z * z) / math.sqrt(2 * math.pi) * (2 - z * z)  # noqa: E731
-    out = torch.maximum(g(a).abs(), g(b).abs())
+    out = torch.maximum(gelu_second(a).abs(), gelu_second(b).abs())
     zero = (a <= 0) & (b >= 0)
     two = ((a <= 2) & (b >= 2)) | ((a <= -2) & (b >= -2))
     out = torch.where(zero, torch.full_like(out, 2 / math.sqrt(2 * math.pi)), out)

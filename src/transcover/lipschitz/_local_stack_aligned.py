@@ -23,7 +23,7 @@ from torch import Tensor
 
 from ..model import Activation
 from ._local_ffn2 import _GELU2_ABS_ERR, ffn_hadamard, ffn_second_norms, ffn_taylor_drift
-from ._local_jacobian import _f64, certified_lmax
+from ._local_jacobian import _f64, certified_lmax, gelu_second
 
 __all__ = ["ellipsoid_gram", "ffn_aligned_norms", "ffn_aligned_reach", "FFNAligned"]
 
@@ -88,7 +88,7 @@ def ffn_aligned_norms(const: dict, W1: Tensor, z: Tensor, blocks: Tensor) -> Ten
         H = G * G
         fH = float(H.norm()) * (1 + H.numel() * _U)
         eH = (eG * (2 * float(G.abs().max()) + eG) + _U * fH) * (1 + 1e-12)
-        Dk = torch.exp(-0.5 * z[k] * z[k]) / math.sqrt(2 * math.pi) * (2 - z[k] * z[k])
+        Dk = gelu_second(z[k])
         A = Dk[:, None] * W2
         M = A.T @ (H @ A)
         fM = float(M.norm()) * (1 + M.numel() * _U)

@@ -362,7 +362,7 @@ def test_per_layer_rows_leave_out_an_infinite_radius_without_changing_the_others
 
 def test_per_layer_refusal_gives_inf_with_its_reason():
     """Note [per-layer refusals]: a real refusal of the per-layer route (pre-LN, a radius whose image
-    in the attention's input overflows float64: ``attention_local_bound`` refuses an infinite radius)
+    in the attention's input overflows float64: the rows route refuses it, naming the overflow)
     gives inf rows for that call and one line naming the layer, the radii and the reason."""
     spec = random_spec(4, act="gelu", L=1, norm="layernorm", placement="pre", biases=True)
     X = _X(4)
@@ -372,6 +372,7 @@ def test_per_layer_refusal_gives_inf_with_its_reason():
     rows = ls._per_layer_rows(spec.layers[0], X, [1e-2, 1.7e308], norms, refusals)
     assert all(bool((v == math.inf).all()) for row in rows for v in row)
     assert len(refusals) == 1 and refusals[0].startswith("layer 0 at radii [0.01, 1.7e+308]: InputError: ")
+    assert "input radius behind the first norm overflows float64" in refusals[0]
     fine = ls._per_layer_rows(spec.layers[0], X, [1e-2], norms, refusals)
     assert bool(torch.isfinite(fine[0][0]).all()) and len(refusals) == 1
 

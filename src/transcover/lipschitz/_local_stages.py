@@ -26,6 +26,7 @@ from functools import partial
 import torch
 from torch import Tensor
 
+from .._errors import InputError
 from ..model import LayerSpec, Placement, attention_forward, ffn_forward
 from ._local_drift import heads_joint, output_block_norms
 from ._local_jacobian import LayerJacobian, _f64, _head_data, _norm_parts
@@ -417,6 +418,9 @@ def pre_attention(at: LayerAtX, pt: PrePoint, dd: DriftAtX, norms: dict, hn: dic
     e1, sf1 = _ln_drift(at.layer.norm_attn, at.sig1, rr, at.d)
     sD1 = torch.minimum(g1 / sf1, at.nD1 + g1 * e1) if at.sig1 is not None else torch.ones(T, dtype=torch.float64)
     ry = r * float(sD1.max()) * (1 + 1e-12)
+    if not math.isfinite(ry):
+        raise InputError(f"the attention's input radius behind the first norm overflows float64 at r = {r:g} "
+                         "(r times sup ||D1|| on the ball): the per-layer route has no bound on this ball")
     dZ = attention_drift_rows(dd.mom, ry, norms)
     jz = heads_joint(dd.Cw, dZ)
     dA = _heads_combined(dd.Oh, dd.Oall, dZ, jz)

@@ -19,6 +19,7 @@ import time
 import torch
 from torch.func import jvp
 
+from transcover.lipschitz._local_lower import bilinear_lower
 from transcover.model import attention_forward, ffn_forward, load
 from transcover.model._data import load_inputs
 
@@ -50,24 +51,6 @@ def n2inf(Y):  # noqa: ANN001, ANN201
     return Y.norm(dim=-1).max()
 
 
-def ascent(objective, shape, *, restarts=3, steps=120, seed=0):  # noqa: ANN001, ANN201
-    """Adam ascent of ``objective(h, v)`` over h, v with every token on the unit sphere."""
-    g = torch.Generator().manual_seed(seed)
-    best = 0.0
-    unit = lambda a: a / a.norm(dim=-1, keepdim=True)  # noqa: E731
-    for _ in range(restarts):
-        a = torch.randn(shape, generator=g, dtype=torch.float64).requires_grad_(True)
-        b = torch.randn(shape, generator=g, dtype=torch.float64).requires_grad_(True)
-        opt = torch.optim.Adam([a, b], lr=0.05)
-        for _ in range(steps):
-            val = objective(unit(a), unit(b))
-            best = max(best, float(val.detach()))
-            opt.zero_grad()
-            (-val).backward()
-            opt.step()
-    return best
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sentence", type=int, default=14)
@@ -92,7 +75,7 @@ def main() -> None:
     d2 = lambda f, x, u, w: jvp(lambda z: jvp(f, (z,), (w,))[1], (x,), (u,))[1]  # noqa: E731
     only = set(filter(None, a.only.split(",")))
     if not only:
-        full = ascent(lambda h, v: n2inf(d2(whole, X, h, v)), shape, restarts=a.restarts, steps=a.steps)
+        full = bilinear_lower(lambda h, v: n2inf(d2(whole, X, h, v)), shape, restarts=a.restarts, steps=a.steps)
         print(f"sentence {a.sentence} T={X.shape[0]}: whole network sup||D2F(x)[h,v]|| >= {full:.4g}", flush=True)
     print("stage | aligned A = sup||S D2f[Ph,Pv]|| | local sup||D2f[u,w]|| | cpu")
     for nm, s, e in items:
@@ -101,8 +84,8 @@ def main() -> None:
         f, pre, suf = chain(fs[s:e]), chain(fs[:s]), chain(fs[e:])
         P = lambda h: jvp(pre, (X,), (h,))[1]  # noqa: E731
         S = lambda q: jvp(suf, (xs[e],), (q,))[1]  # noqa: E731
-        A = ascent(lambda h, v: n2inf(S(d2(f, xs[s], P(h), P(v)))), shape, restarts=a.restarts, steps=a.steps)
-        loc = ascent(lambda h, v: n2inf(d2(f, xs[s], h, v)), shape, restarts=a.restarts, steps=a.steps)
+        A = bilinear_lower(lambda h, v: n2inf(S(d2(f, xs[s], P(h), P(v)))), shape, restarts=a.restarts, steps=a.steps)
+        loc = bilinear_lower(lambda h, v: n2inf(d2(f, xs[s], h, v)), shape, restarts=a.restarts, steps=a.steps)
         print(f"{nm} | {A:.4g} | {loc:.4g} | cpu {time.process_time() - t0:.0f}s", flush=True)
 
 if __name__ == "__main__":

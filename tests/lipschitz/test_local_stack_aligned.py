@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from lipschitz_testkit import random_spec
 from test_lipschitz_local import adversary
+from transcover.lipschitz._local_lower import bilinear_lower
 from transcover.lipschitz._local_stack import certified_rows, stack_local
 from transcover.lipschitz._local_stack_aligned import FFNAligned, ellipsoid_gram
 from transcover.model import Activation, FFNSpec
@@ -31,31 +32,10 @@ def _case(seed: int, T: int = 3, d: int = 5, dff: int = 7, pscale: float = 1.0):
     return ffn, r(T, d), pscale * r(T, T, d, d) / d**0.5
 
 
-def _unit(a: torch.Tensor) -> torch.Tensor:
-    return a / a.norm(dim=-1, keepdim=True)
-
-
 def _jac(ffn, h: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
     """The FFN's Jacobian (column convention) at one token h."""
     return torch.autograd.functional.jacobian(lambda u: torch.nn.functional.gelu(u @ ffn.W_1 + ffn.b_1) @ ffn.W_2,
                                               h, create_graph=True)
-
-
-def _ascent(objective, shape, *, restarts=3, steps=150, seed=0) -> float:  # noqa: ANN001
-    """Adam ascent of objective(h, v) over h, v with every token on the unit sphere."""
-    g = torch.Generator().manual_seed(seed)
-    best = 0.0
-    for _ in range(restarts):
-        a = torch.randn(shape, generator=g, dtype=torch.float64).requires_grad_(True)
-        b = torch.randn(shape, generator=g, dtype=torch.float64).requires_grad_(True)
-        opt = torch.optim.Adam([a, b], lr=0.05)
-        for _ in range(steps):
-            val = objective(_unit(a), _unit(b))
-            best = max(best, float(val.detach()))
-            opt.zero_grad()
-            (-val).backward()
-            opt.step()
-    return best
 
 
 @settings(max_examples=10, **_SETTINGS)
@@ -87,7 +67,7 @@ def test_aligned_norm_is_never_beaten(seed, pscale):
         def obj(h, v, k=k):  # noqa: ANN001, ANN202
             a, b = torch.einsum("jab,jb->a", P[k], h), torch.einsum("jab,jb->a", P[k], v)
             return (((a @ ffn.W_1) * (b @ ffn.W_1) * D[k]) @ ffn.W_2).norm()
-        lo = _ascent(obj, H.shape, seed=seed + k)
+        lo = bilinear_lower(obj, H.shape, steps=150, seed=seed + k)
         assert lo <= float(al.nq[k]), (k, lo, al.nq)
         assert lo >= 0.05 * float(al.nq[k]), (k, lo, al.nq)
 
@@ -107,7 +87,7 @@ def test_reach_is_never_beaten_behind_a_linear_prefix(seed, rho):
         def obj(h, v, k=k, J0=J0):  # noqa: ANN001, ANN202
             move = torch.einsum("jab,jb->a", P[k], rho * h)
             return ((_jac(ffn, H[k] + move) - J0) @ torch.einsum("jab,jb->a", P[k], v)).norm()
-        lo = _ascent(obj, H.shape, restarts=2, steps=60, seed=seed + k)
+        lo = bilinear_lower(obj, H.shape, restarts=2, steps=60, seed=seed + k)
         assert lo <= float(reach[k]), (k, lo, reach)
         assert lo > 0
 

@@ -42,7 +42,7 @@ from torch import Tensor
 from .._errors import InputError
 from .._results import Kind, Quantity
 
-__all__ = ["BallLower", "ball_lower", "ball_lower_sweep", "point_lower"]
+__all__ = ["BallLower", "ball_lower", "ball_lower_sweep", "bilinear_lower", "point_lower"]
 
 Fn = Callable[[Tensor], Tensor]
 _U = 2.0**-53
@@ -364,3 +364,25 @@ def drift_lower(fn: Fn, X: Tensor, rho: float, *, tokens=(0,), restarts: int = 3
                 break
             asc.step()
     return vals, best
+
+
+def bilinear_lower(objective: Callable[[Tensor, Tensor], Tensor], shape, *, restarts: int = 3,  # noqa: ANN001
+                   steps: int = 120, seed: int = 0) -> float:
+    """Empirical lower estimate of ``sup objective(h, v)`` over ``h, v`` of ``shape`` with every token (last
+    axis) on the unit sphere: Adam (lr 0.05) on unconstrained ``a, b`` through ``h = a / ||a||`` per token,
+    ``restarts`` random starts of ``steps`` steps, the best value seen.  Used for the second-derivative
+    forms of F40 (``benchmarks/stack_aligned_probe.py``, ``tests/lipschitz/test_local_stack_aligned.py``)."""
+    g = torch.Generator().manual_seed(seed)
+    unit = lambda a: a / a.norm(dim=-1, keepdim=True)  # noqa: E731
+    best = 0.0
+    for _ in range(restarts):
+        a = torch.randn(shape, generator=g, dtype=torch.float64).requires_grad_(True)
+        b = torch.randn(shape, generator=g, dtype=torch.float64).requires_grad_(True)
+        opt = torch.optim.Adam([a, b], lr=0.05)
+        for _ in range(steps):
+            val = objective(unit(a), unit(b))
+            best = max(best, float(val.detach()))
+            opt.zero_grad()
+            (-val).backward()
+            opt.step()
+    return best

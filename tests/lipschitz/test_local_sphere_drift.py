@@ -76,7 +76,8 @@ def _exact_planar_drift(rho: float) -> float:
 @pytest.mark.parametrize("rho", [1e-3, 0.05, 0.2, 0.5, 0.8, 0.95])
 def test_closed_form_covers_the_exact_planar_drift(rho):
     """The bound (d = 1, sigma = 1, eps = 0: ``(2/sqrt 3) rho/(1 - rho)``) is at least the exact supremum of the unit
-    sphere's Jacobian drift, and within 10 % of it for rho <= 0.05 (first order is exact); beyond ``rho = 1`` it is inf."""
+    sphere's Jacobian drift, and within 10 % of it for rho <= 0.05 (first order is exact); beyond ``rho = 1`` it is
+    inf."""
     one = torch.ones(1, dtype=torch.float64)
     bound = float(sphere_drift(one, 0.0, torch.tensor([rho], dtype=torch.float64), 1))
     exact = _exact_planar_drift(rho)
@@ -101,7 +102,8 @@ def _centre(kind: str, E: torch.Tensor) -> torch.Tensor:
 def test_norm_jacobian_drift_by_the_sphere_is_never_beaten(seed, kind, eps, small):
     """Per token, ``||(D(x + E) - D(x)) v||`` over moves with ``||P E|| <= r`` and unit v stays below
     ``max|gamma| sphere_drift``: random pairs, the worst-angle moves (``cos^2 = 1/3`` to ``P x``) with v = E/r, and Adam
-    ascent over (E, v); radii from the Taylor regime to ``0.9 sqrt(d) sigma``.  The bound is at most ``1/sqrt 3`` of F17's."""
+    ascent over (E, v); radii from the Taylor regime to ``0.9 sqrt(d) sigma``.  The bound is at most ``1/sqrt 3`` of
+    F17's."""
     norm, X = _norm_case(seed, kind, eps, small)
     T, d = X.shape
     D0, s, sigma, _ = _norm_parts(norm, X)

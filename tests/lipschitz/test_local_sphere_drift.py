@@ -166,12 +166,15 @@ def _f17_only(norm, sigma, r, d):  # noqa: ANN001, ANN202
     return _ln_drift(norm, sigma, r, d)
 
 
-@pytest.mark.parametrize("placement,before,after", [("post", 2578.07, 1688.97), ("pre", 311.23, 299.84)])
-def test_rows_route_with_the_sphere_drift_is_never_beaten_and_not_above_f17(placement, before, after, monkeypatch):
-    """End to end on a small layer with sharp heads (post- and pre-LN): the stage radii against per-token ascent
-    and the ball against the layer's pair ascent; every ball row and stage radius at most F17's drift alone gives.
-    Regression at r = 0.05: the ball was ``before`` with F17's drift alone, ``after`` with F43a."""
-    layer = _sharp_layer(5, placement=placement, qscale=2.0)
+@pytest.mark.parametrize("placement,qscale,before,after", [("post", 2.0, 2578.07, 1688.97), ("pre", 2.0, 311.23, 299.84),
+                                                            ("post", 8.0, None, None), ("pre", 0.3, None, None)])
+def test_rows_route_with_the_sphere_drift_is_never_beaten_and_not_above_f17(placement, qscale, before, after,
+                                                                           monkeypatch):
+    """End to end on a small layer (post- and pre-LN; flat, moderate and sharp heads: ``W_Q`` x 0.3, 2, 8): the stage
+    radii against per-token ascent and the ball against the layer's pair ascent; every ball row and stage radius at
+    most F17's drift alone gives.  Regression at r = 0.05 (``W_Q`` x 2): the ball was ``before`` with F17's drift
+    alone, ``after`` with F43a."""
+    layer = _sharp_layer(5, placement=placement, qscale=qscale)
     X = _X(5)
     radii = (0.01, 0.05)
     ljs = assert_stage_radii_hold(layer, X, radii)
@@ -184,8 +187,9 @@ def test_rows_route_with_the_sphere_drift_is_never_beaten_and_not_above_f17(plac
         assert bool((lj.ball_rows <= lo.ball_rows).all())
         for name, rad in lj.stage_radii.items():
             assert bool((rad <= lo.stage_radii[name]).all()), name
-    assert old[1].ball <= before * (1 + 1e-5) and ljs[1].ball <= after * (1 + 1e-5), (old[1].ball, ljs[1].ball)
-    assert ljs[1].ball < 0.97 * old[1].ball
+    if before is not None:
+        assert old[1].ball <= before * (1 + 1e-5) and ljs[1].ball <= after * (1 + 1e-5), (old[1].ball, ljs[1].ball)
+        assert ljs[1].ball < 0.97 * old[1].ball
 
 
 def test_norm_drift_without_a_norm_is_f17s():

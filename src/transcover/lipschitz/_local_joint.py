@@ -26,7 +26,7 @@ from ._local_sharp import ball_box, visible_diameter
 
 __all__ = ["softmax_taylor_l1", "quadratic_score_mad", "range_taylor", "VAR_SQUARE_RANGE", "HeadGeometry",
            "head_geometry", "head_remainders", "attention_remainder", "norm_remainder", "sphere_remainder",
-           "SPHERE_CURVATURE"]
+           "SPHERE_CURVATURE", "sphere_drift", "norm_drift"]
 
 _U = 2.0**-53
 _PAD = 1 + 1e-10
@@ -216,3 +216,43 @@ def sphere_remainder(g: float, s: Tensor, r: Tensor, d: int) -> Tensor:
     tail = torch.where(rho < 0.1, series, closed * (1 + 1e-12))
     psi = torch.where(rho < 1, SPHERE_CURVATURE * tail, torch.full_like(rho, math.inf))
     return g * math.sqrt(d) * psi * _PAD
+
+
+def sphere_drift(sigma: Tensor, eps: float, r: Tensor, d: int) -> Tensor:
+    r"""(T,) certified ``sup ||D(x + E) - D(x)||_2 / max|gamma|`` over every move with ``||P E|| <= r`` (``P`` the
+    centring, the identity for RMSNorm) for a LayerNorm or RMSNorm with Jacobian ``D`` (THEORY F43a), in the units of
+    ``_local_rows._ln_drift``'s ``e`` (``gamma`` left out).  ``sigma`` (T,) the norm's ``||P x||/sqrt(d)`` at x, ``eps``
+    its epsilon.
+
+    ``D(x) = sqrt(d) diag(gamma) pi Dn(u) iota P`` with ``u = (P x, (d eps)^{1/2})``, ``n(u) = u/||u||`` (F41c);
+    ``||D^2 n(u)[e, v]|| <= (2/sqrt 3) ||e|| ||v|| / ||u||^2`` for all ``e, v`` (the bilinear form's sup is its
+    diagonal's, F43a), and on the segment ``||u + tau e||^2 >= d ((sigma - tau b)^2 + eps)``, ``b = r/sqrt(d)``,
+    so for ``sigma >= b``
+
+    .. math:: \|D(x + E) - D(x)\| \le \max|\gamma| \tfrac{2}{\sqrt 3}\, b
+              \int_0^1 \frac{d\tau}{(\sigma - \tau b)^2 + eps}
+              \le \max|\gamma|\, \frac{2}{\sqrt 3} \frac{b}{eps + \sigma(\sigma - b)}
+
+    (the integral is ``arctan(z)/(b eps^{1/2})``, ``z = b eps^{1/2}/(eps + sigma(sigma - b))``, and
+    ``arctan z <= z``; exact for ``eps = 0``), against F17's ``2 b/((sigma - b)^2 + eps)``: at most ``1/sqrt 3`` of
+    it.  ``inf`` for ``sigma < b`` (F17's floor bound stays).  The bound at ``tau r`` is at most ``tau`` times the
+    bound at ``r`` (F34b's integration holds).  ``sigma`` is taken ``(1 - 1e-12)`` low and ``b`` high (as ``_floor``),
+    the denominator ``(1 - 1e-15)`` low for its three roundings, the result padded by ``1 + 1e-10``."""
+    a = sigma * (1 - 1e-12)
+    b = r / math.sqrt(d) * (1 + 1e-12)
+    den = (eps + a * (a - b)) * (1 - 1e-15)
+    ok = (a >= b) & (den > 0)
+    drift = SPHERE_CURVATURE * b / torch.where(ok, den, torch.ones_like(den))
+    return torch.where(ok, drift * _PAD, torch.full_like(drift, math.inf))
+
+
+def norm_drift(norm, sigma: Tensor | None, r: Tensor, d: int) -> tuple[Tensor, Tensor]:  # noqa: ANN001
+    """(``e``, ``s_floor``) as ``_local_rows._ln_drift`` (F17's Jacobian drift by the variance floor, ``gamma`` left
+    out, and the floor), with ``e`` the smaller of F17's and the sphere's curvature (``sphere_drift``, THEORY F43a)
+    per token."""
+    from ._local_rows import _ln_drift
+
+    e, sf = _ln_drift(norm, sigma, r, d)
+    if sigma is None:
+        return e, sf
+    return torch.minimum(e, sphere_drift(sigma, float(norm.eps), r, d)), sf

@@ -30,7 +30,7 @@ from .._errors import InputError
 from ..model import LayerSpec, Placement, attention_forward, ffn_forward
 from ._local_drift import heads_joint, output_block_norms
 from ._local_jacobian import LayerJacobian, _f64, _head_data, _norm_parts
-from ._local_joint import attention_remainder, head_geometry, norm_remainder, sphere_remainder
+from ._local_joint import attention_remainder, head_geometry, norm_drift, norm_remainder, sphere_remainder
 from ._local_rows import (
     _U, _centre, _diag_blocks, _gamma_vec, _head_gram, _head_output_norms, _HeadMoments, _heads_combined,
     _ln_drift, _nu, _rows, _sandwich, _spectral_err, attention_drift_rows, row_lower, row_weights,
@@ -342,9 +342,10 @@ def post_first_norm(at: LayerAtX, pt: PostPoint, att: PostAttention, r: float, s
     """``PostFirstNorm``: ``Delta D1 = Delta D1 P`` acts on ``P B'`` (rows at most ``AP``); the heads'
     remainders seen through ``D1 W_O`` and ``(I + F) D1 W_O`` or the norms (F34b), the norm's own remainder the
     smaller of F34b's and the sphere's curvature (F41c) -- a zero output map
-    times an infinite remainder is nan, the bound there is inf; ``||D1'|| <= max|gamma|/s_floor``."""
+    times an infinite remainder is nan, the bound there is inf; ``||D1'|| <= max|gamma|/s_floor``; the drift ``e1``
+    the smaller of F17's and the sphere's curvature (F43a)."""
     g1, nD1, r1 = at.g1, at.nD1, att.r1
-    e1, sf1 = _ln_drift(at.layer.norm_attn, at.sig1, r1, at.d)
+    e1, sf1 = norm_drift(at.layer.norm_attn, at.sig1, r1, at.d)  # F17's drift or the sphere's curvature (F43a)
     remN = norm_remainder(g1, e1, r1)
     if at.sig1 is not None:  # F41c: the normalisation's own curvature
         remN = torch.minimum(remN, sphere_remainder(g1, at.n1.s, r1, at.d))
@@ -415,7 +416,7 @@ def pre_attention(at: LayerAtX, pt: PrePoint, dd: DriftAtX, norms: dict, hn: dic
 
     T, g1 = at.T, at.g1
     rr = torch.full((T,), r, dtype=torch.float64)
-    e1, sf1 = _ln_drift(at.layer.norm_attn, at.sig1, rr, at.d)
+    e1, sf1 = norm_drift(at.layer.norm_attn, at.sig1, rr, at.d)  # F17 or F43a
     sD1 = torch.minimum(g1 / sf1, at.nD1 + g1 * e1) if at.sig1 is not None else torch.ones(T, dtype=torch.float64)
     ry = r * float(sD1.max()) * (1 + 1e-12)
     if not math.isfinite(ry):

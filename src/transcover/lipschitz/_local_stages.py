@@ -33,7 +33,7 @@ from ._local_jacobian import LayerJacobian, _f64, _head_data, _norm_parts
 from ._local_joint import attention_remainder, head_geometry, norm_drift, norm_remainder, sphere_remainder
 from ._local_rows import (
     _U, _centre, _diag_blocks, _gamma_vec, _head_gram, _head_output_norms, _HeadMoments, _heads_combined,
-    _ln_drift, _nu, _rows, _sandwich, _spectral_err, attention_drift_rows, row_lower, row_weights,
+    _nu, _rows, _sandwich, _spectral_err, attention_drift_rows, row_lower, row_weights,
 )
 from ._local_sharp import head_moves
 from ._local_struct import NormJac, _chain_output_norms
@@ -378,10 +378,11 @@ def post_ffn(at: LayerAtX, pt: PostPoint, att: PostAttention, fn: PostFirstNorm,
 def post_tail(at: LayerAtX, pt: PostPoint, att: PostAttention, fn: PostFirstNorm, lffn: float, r: float,
               subs: list, dF: Tensor, dFh: Tensor) -> dict:
     """Post-LN rows on ``B(X, r)`` given the FFN drift bounds: the FFN stage (``post_ffn``), the second
-    norm on its input ball of radii ``r2`` and the drift terms of ``J = D2 (I + F) D1 B`` telescoped
-    stage by stage (Note [stage radii], THEORY F17), capped by ``max|gamma2|/s_floor`` times ``Gs``."""
+    norm on its input ball of radii ``r2`` (its drift F17's or the sphere's curvature, F43a) and the drift
+    terms of ``J = D2 (I + F) D1 B`` telescoped stage by stage (Note [stage radii], THEORY F17), capped by
+    ``max|gamma2|/s_floor`` times ``Gs``."""
     Gs, r2 = post_ffn(at, pt, att, fn, lffn, r, subs, dF, dFh)
-    e2, sf2 = _ln_drift(at.layer.norm_ffn, at.sig2, r2, at.d)
+    e2, sf2 = norm_drift(at.layer.norm_ffn, at.sig2, r2, at.d)  # F17 or F43a
     terms = {"norm_ffn (dD2)": at.g2 * e2 * Gs, "ffn (dF)": at.nD2 * dF * fn.Hs,
              "norm_attn (dD1)": pt.nD2IFg * fn.e1 * att.AP, "attention (dA)": att.mixed}
     total = pt.point + sum(terms.values())
@@ -436,8 +437,8 @@ def pre_attention(at: LayerAtX, pt: PrePoint, dd: DriftAtX, norms: dict, hn: dic
 
 def pre_second_norm(at: LayerAtX, att: PreAttention) -> tuple[Tensor, Tensor, Tensor]:
     """Pre-LN second norm on its input ball of radii ``r1``: (``e2``, ``sup||D2'||``, the FFN's input
-    radius ``rh``) (Note [Jacobian drift])."""
-    e2, sf2 = _ln_drift(at.layer.norm_ffn, at.sig2, att.r1, at.d)
+    radius ``rh``) (Note [Jacobian drift]; the drift F17's or the sphere's curvature, F43a)."""
+    e2, sf2 = norm_drift(at.layer.norm_ffn, at.sig2, att.r1, at.d)  # F17 or F43a
     sD2 = torch.minimum(at.g2 / sf2, at.nD2 + at.g2 * e2) if at.sig2 is not None \
         else torch.ones(at.T, dtype=torch.float64)
     return e2, sD2, att.r1 * sD2 * (1 + 1e-12)

@@ -1,0 +1,128 @@
+"""Red team, issue 12 stop 14: F44 (branch stack14) -- the post-LN attention's reach ``nu_k((J(y) - J(x)) P(x))``
+through the prefix's ellipsoids -- attacked where its own tests do not reach: INSIDE ``stack_local``, behind the
+nonlinear prefix the recursion really has (the input LayerNorm/RMSNorm; for layer 1 also a whole layer), with the
+prefix drift ``dP``, its rounding ``eP`` and the radii the recursion passes (every ``AttentionAligned.reach`` output
+recorded), not a linear prefix with ``dP = 0``.  Adam ascent on ``||[(DA(y_s) - DA(x_s)) (P_s(x) v)]_k||`` over ``y``
+in the network input's ball and (2,inf)-unit ``v`` must stay below the recorded ``v_k``; in the first-order regime
+(rho = 1e-4, layer 0) it reaches a share of it, so a lost prefix factor or a transposed block would show.  Also the
+whole network (F44d's spans in the bound) against a per-row Jacobian ascent.  Merge with stack14 (head 0a390b5).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+from torch.autograd.functional import jvp
+
+from lipschitz_testkit import random_spec
+from transcover.lipschitz import _local_stack_attn
+from transcover.lipschitz._local_stack import stack_local
+from transcover.model import attention_forward
+from transcover.model._functional import layer_forward, transformer_forward
+
+
+def _clip(E: torch.Tensor, r: float) -> torch.Tensor:
+    return E * torch.clamp(r / E.norm(dim=-1, keepdim=True).clamp(min=1e-300), max=1.0)
+
+
+def _spec(seed: int, L: int, kind: str, eps: float, qscale: float, vscale: float, causal: bool):  # noqa: ANN202
+    spec = random_spec(seed, act="gelu", norm=kind, placement="post", d=6, H=2, dh=3, dff=12, L=L, biases=True,
+                       eps=eps, causal=causal)
+    return dataclasses.replace(spec, layers=[dataclasses.replace(
+        ly, attention=dataclasses.replace(ly.attention, W_Q=qscale * ly.attention.W_Q, W_V=vscale * ly.attention.W_V))
+        for ly in spec.layers])
+
+
+def _prefix(spec, q: int):  # noqa: ANN001, ANN202
+    """X -> the input of layer q's attention sub-stage (the input norm, then layers 0..q-1)."""
+    def f(Z: torch.Tensor) -> torch.Tensor:
+        Y = spec.input_norm(Z)
+        for layer in spec.layers[:q]:
+            Y = layer_forward(layer, Y)
+        return Y
+    return f
+
+
+def _jvp_ascent(value, X: torch.Tensor, rho: float, *, seed: int, starts: int = 3, steps: int = 100) -> float:  # noqa: ANN001
+    """The largest ``value(E, V)`` seen by Adam ascent over moves ``E`` (rows within rho, projected; the first start
+    on the sphere) and per-token unit ``V``."""
+    g = torch.Generator().manual_seed(seed)
+    best = 0.0
+    for _ in range(starts):
+        E = torch.randn(X.shape, generator=g, dtype=torch.float64)
+        E = (E / E.norm(dim=-1, keepdim=True) * rho).requires_grad_(True)
+        V = torch.randn(X.shape, generator=g, dtype=torch.float64).requires_grad_(True)
+        opt = torch.optim.Adam([{"params": [E], "lr": 0.1 * rho}, {"params": [V], "lr": 0.05}])
+        for _ in range(steps):
+            with torch.no_grad():
+                E.copy_(_clip(E, rho))
+            val = value(E, V / V.norm(dim=-1, keepdim=True))
+            if math.isfinite(float(val.detach())):
+                best = max(best, float(val.detach()))
+            opt.zero_grad()
+            (-val).backward()
+            opt.step()
+    return best
+
+
+def _reach_ascent(spec, q: int, X: torch.Tensor, rho: float, k: int) -> float:  # noqa: ANN001
+    f, attn = _prefix(spec, q), spec.layers[q].attention
+    A = lambda Z: attention_forward(attn, Z)  # noqa: E731
+    xs = f(X).detach()
+
+    def value(E, V):  # noqa: ANN001, ANN202
+        _, b = jvp(f, X, V, create_graph=True)
+        return (jvp(A, f(X + E), b, create_graph=True)[1] - jvp(A, xs, b, create_graph=True)[1])[k].norm()
+
+    return _jvp_ascent(value, X, rho, seed=k)
+
+
+# (seed, kind, eps, W_Q scale, W_V scale, causal, rho, the share the ascent must reach at layer 0: measured
+# 0.13-0.22 at rho = 1e-4 (red14 probes))
+CASES = [(0, "layernorm", 1e-12, 1.0, 1.0, False, 1e-4, 0.08),
+         (1, "layernorm", 1e-2, 5.0, 1.0, True, 1e-2, 0.0),
+         (2, "rmsnorm", 1e-12, 3.0, 0.5, False, 1e-1, 0.0)]
+
+
+@pytest.mark.parametrize("seed,kind,eps,qscale,vscale,causal,rho,attained", CASES)
+def test_attention_reach_inside_the_stack_is_never_beaten(seed, kind, eps, qscale, vscale, causal, rho, attained,
+                                                          monkeypatch):
+    """Two post-LN GELU layers (LayerNorm eps 1e-12 / 1e-2, RMSNorm; flat, sharp and causal heads, values x 0.5);
+    every ``AttentionAligned.reach`` stack_local computes (layer 0 behind the input norm, layer 1 behind a whole
+    layer) against the ascent, per token."""
+    spec = _spec(seed, 2, kind, eps, qscale, vscale, causal)
+    X = torch.randn(3, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)) * 2
+    seen = []
+    plain = _local_stack_attn.AttentionAligned.reach
+
+    def recording(self, r, nu, rho_, dP, eP, pad):  # noqa: ANN001, ANN202
+        out = plain(self, r, nu, rho_, dP, eP, pad)
+        seen.append(out.clone())
+        return out
+
+    monkeypatch.setattr(_local_stack_attn.AttentionAligned, "reach", recording)
+    stack_local(spec, X, [rho])
+    assert len(seen) == 2  # one attention sub-stage per layer
+    for q, reach in enumerate(seen):
+        ratios = [_reach_ascent(spec, q, X, rho, k) / float(reach[k]) for k in range(X.shape[0])]
+        assert max(ratios) <= 1.0, (q, ratios, reach)
+        if q == 0:
+            assert max(ratios) >= attained, (q, ratios)
+
+
+@pytest.mark.slow
+def test_whole_network_rows_are_never_beaten_by_a_row_ascent():
+    """Three post-LN GELU layers, LayerNorm eps 1e-12, sharp heads (W_Q x 3): per output token, Adam ascent on
+    ``||(J(X') V)_i||`` over X' in the ball and unit-row V stays below ``stack_local``'s upper bound (F44's reaches and
+    F44d's spans inside), at rho = 1e-4 and 1e-2."""
+    spec = _spec(4, 3, "layernorm", 1e-12, 3.0, 1.0, False)
+    X = torch.randn(3, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(4)) * 2
+    net = lambda Z: transformer_forward(spec, Z, with_head=False)  # noqa: E731
+    for res, rho in zip(stack_local(spec, X, [1e-4, 1e-2]), (1e-4, 1e-2)):
+        for i in range(X.shape[0]):
+            lo = _jvp_ascent(lambda E, V, i=i: jvp(net, X + E, V, create_graph=True)[1][i].norm(), X, rho, seed=i,
+                             starts=2, steps=60)
+            assert lo <= res.upper, (rho, i, lo, res.upper)

@@ -175,7 +175,7 @@ def _far_tokens(n: int, d: int = 8) -> list:
     return out
 
 
-@pytest.mark.xfail(strict=True, reason="finding red14-1: sigma's float64 centring error (~ d u max|x|) is not "
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="finding red14-1: sigma's float64 centring error (~ d u max|x|) is not "
                                        "covered by the (1 - 1e-12) allowance of sphere_drift (and _floor)")
 def test_finding_sigma_rounding_when_the_mean_dwarfs_the_spread():
     """Finding red14-1.  x = 1e12 + 1e-3 N(0, 1) (d = 8, eps = 1e-12): the float64 sigma is ~0.1-0.7 % ABOVE the exact
@@ -190,4 +190,21 @@ def test_finding_sigma_rounding_when_the_mean_dwarfs_the_spread():
         sigma = _norm_parts(norm, x)[2]
         r = torch.tensor([float(math.sqrt(d) * sig_exact * (1 + mpmath.mpf("1e-9")))], dtype=torch.float64)
         true_low = float(1 / mpmath.sqrt(eps) - 1 / mpmath.sqrt(sig_exact**2 + eps))
-        assert float(norm_drift(norm, sigma, r, d)[0][0]) >= true_low, (seed, float(sigma[0] / sig_exact - 1))
+        assert float(norm_drift(norm, sigma, r, d)[0][0]) >= true_low, (seed, float(sigma[0]) / float(sig_exact) - 1)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason="finding red14-1 (F17's floor, F41c): the same sigma rounding")
+def test_finding_sigma_rounding_gives_a_positive_floor_on_a_ball_through_zero_variance():
+    """Finding red14-1, F17 and F41c.  The same tokens, eps = 0: the ball of radius ``sqrt(d) sigma_exact (1 + 1e-9)``
+    holds the zero-variance point ``mean(x) 1`` (the norm's ``s`` is 0 there), yet ``_floor`` returns a positive
+    ``s`` floor (so F17's drift and ``||D'|| <= g/s_f`` are finite) and ``sphere_remainder`` a finite remainder."""
+    from transcover.lipschitz._local_jacobian import _floor
+    from transcover.lipschitz._local_joint import sphere_remainder
+
+    d = 8
+    norm = NormSpec(NormKind.LAYERNORM, torch.ones(d, dtype=torch.float64), None, 0.0)
+    for x, sig_exact in _far_tokens(2, d):
+        _, s, sigma, _ = _norm_parts(norm, x)
+        r = torch.tensor([float(math.sqrt(d) * sig_exact * (1 + mpmath.mpf("1e-9")))], dtype=torch.float64)
+        assert float(_floor(norm, sigma, r, d)[0]) == 0.0
+        assert math.isinf(float(sphere_remainder(1.0, s, r, d)[0]))

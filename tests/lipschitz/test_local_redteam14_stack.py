@@ -19,7 +19,11 @@ from torch.autograd.functional import jvp
 
 from lipschitz_testkit import random_spec
 from transcover.lipschitz import _local_stack_attn
-from transcover.lipschitz._local_stack import stack_local
+from transcover.lipschitz._local_attention import head_norms
+from transcover.lipschitz._local_jacobian import _weight_norms
+from transcover.lipschitz._local_lower import bilinear_lower
+from transcover.lipschitz._local_stack import certified_rows, stack_local
+from transcover.lipschitz._local_stack_stages import _attn_stage
 from transcover.model import attention_forward
 from transcover.model._functional import layer_forward, transformer_forward
 
@@ -111,6 +115,45 @@ def test_attention_reach_inside_the_stack_is_never_beaten(seed, kind, eps, qscal
         assert max(ratios) <= 1.0, (q, ratios, reach)
         if q == 0:
             assert max(ratios) >= attained, (q, ratios)
+
+
+@pytest.mark.parametrize("seed,qscale,drift,eP,thin", [(1, 1.0, 0.5, 0.3, False), (2, 4.0, 2.0, 0.05, False),
+                                                     (3, 1.0, 0.0, 1.0, False), (4, 1.0, 3.0, 0.0, True),
+                                                     (6, 1.0, 1.0, 0.2, True)])
+def test_reach_with_a_large_prefix_drift_and_rounding_is_never_beaten(seed, qscale, drift, eP, thin):
+    """F44c's split ``H[Delta, E] = H[rho P h, P v] + H[e, P v] + H[Delta, eps]`` with the two terms the in-stack runs
+    make tiny made large: behind a linear prefix ``P`` (random blocks), the move ``Delta = rho P h + e`` with every
+    ``||e_j|| = rho (dP + eP)`` (``dP = drift x`` the prefix rows) and the tangent ``E = P v + eps``, ``||eps_j|| = eP``
+    -- the worst the reach's arguments allow -- Adam ascent over (h, e, v, eps) on
+    ``||[(DA(X + Delta) - DA(X)) E]_k||`` stays below ``reach(r, nu, rho, dP, eP, 0)``.  ``thin``: rank-one prefix
+    blocks (the ellipsoids flat, so only the terms with ``e`` or ``eps`` see the other directions); the last case
+    fails when both of those terms are dropped (red14 probe: ascent 0.248 against 0.218 for token 1)."""
+    layer = random_spec(seed, act="gelu", norm="layernorm", d=6, H=2, dh=3, dff=8, biases=True).layers[0]
+    attn = dataclasses.replace(layer.attention, W_Q=qscale * layer.attention.W_Q)
+    layer = dataclasses.replace(layer, attention=attn)
+    g = torch.Generator().manual_seed(seed + 1)
+    T, d, rho = 4, 6, 0.05
+    X = torch.randn(T, d, generator=g, dtype=torch.float64) * 1.5
+    P = torch.randn(T, T, d, d, generator=g, dtype=torch.float64) / d**0.5
+    if thin:
+        u = torch.randn(d, generator=g, dtype=torch.float64)
+        P = torch.randn(T, T, 1, 1, generator=g, dtype=torch.float64) * torch.outer(u, u) / (T * float(u @ u))
+    st_, _ = _attn_stage("a", 0, layer, X, None, {"w": _weight_norms(layer), "h": head_norms(attn)})
+    al = _local_stack_attn.AttentionAligned(st_.attn, P)
+    nu = certified_rows(P)
+    dP = drift * nu
+    emax = rho * float((dP + eP).max())
+    reach = al.reach((rho * nu + emax) * (1 + 1e-12), nu, rho, dP, eP, 0.0)
+    A = lambda Z: attention_forward(attn, Z)  # noqa: E731
+    rows = lambda B, h: torch.einsum("kjab,jb->ka", B, h)  # noqa: E731
+    for k in range(T):
+        def obj(he, vs, k=k):  # noqa: ANN001, ANN202
+            Delta = rho * rows(P, he[:T]) + emax * he[T:]
+            E = rows(P, vs[:T]) + eP * vs[T:]
+            return (torch.autograd.functional.jvp(A, X + Delta, E, create_graph=True)[1]
+                    - torch.autograd.functional.jvp(A, X, E, create_graph=True)[1])[k].norm()
+        lo = bilinear_lower(obj, (2 * T, d), restarts=2, steps=60, seed=seed + k)
+        assert lo <= float(reach[k]), (k, lo, reach)
 
 
 @pytest.mark.slow

@@ -157,7 +157,8 @@ def _centre_ascent(fn: Fn, X: Tensor, rho: float, C: Tensor, i: int, u: Tensor, 
     (a point that is not kept was still attained)."""
     asc = _HalvingAscent(C, rho)
     for k in range(steps + 1):
-        V, JV, gX = _jac_step(fn, X + asc.C, i, u)
+        # the last point's gradient in X' would only be stored: its double backward is skipped (same V, J V)
+        V, JV, gX = _jac_step(fn, X + asc.C, i, u, need_x=k < steps)
         rows = JV.norm(dim=-1)
         t = int(rows.argmax())
         val = float(rows[t])
@@ -183,7 +184,8 @@ def _pair_ascent(fn: Fn, X: Tensor, rho: float, A0: Tensor, B0: Tensor, i: int, 
     P = torch.stack([_clip(A0, rho), _clip(B0, rho)])
     m, v = torch.zeros_like(P), torch.zeros_like(P)
     for k in range(steps + 1):
-        Pr = P.detach().clone().requires_grad_(True)
+        # the last pair is only evaluated (no gradient follows): no autograd graph, the same floats
+        Pr = P.detach().clone().requires_grad_(k < steps)
         fa, fb = fn(X + Pr[0]), fn(X + Pr[1])
         den = (Pr[0] - Pr[1]).norm(dim=-1).max()
         num = (fa - fb).norm(dim=-1)

@@ -260,3 +260,22 @@ def test_last_steps_without_their_unused_derivatives_change_nothing():
         assert none is None and gX is not None and float(gX.norm()) > 0
         assert torch.equal(V1, V2) and torch.equal(JV1, JV2)
     assert torch.equal(fn(X.clone().requires_grad_(True)).detach(), fn(X.clone()))
+
+
+def test_pairs_only_on_the_larger_balls():
+    """``pair_from``: below it the pair search is skipped (``pair`` 0) and the centre search is the same float for
+    float; where the centre search set the value (method "jacobian") the value is unchanged, and the balls from
+    ``pair_from`` on, started from the same centres, give the same witness as searching pairs everywhere."""
+    spec = random_spec(5, act="gelu", norm="layernorm", d=6, H=2, dh=3, dff=12, biases=True)
+    fn = lambda Z: layer_forward(spec.layers[0], Z)  # noqa: E731
+    X = torch.randn(5, 6, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    rhos = [1e-4, 1e-3, 1e-2, 0.3]
+    kw = dict(steps=2, restarts=0, pair_steps=2, pair_restarts=0)
+    every = ball_lower_sweep(fn, X, rhos, **kw)
+    large = ball_lower_sweep(fn, X, rhos, pair_from=0.3, **kw)
+    assert all(e.method == "jacobian" for e in every[:-1]), [e.method for e in every]
+    for e, g in zip(every[:-1], large[:-1]):
+        assert g.pair == 0.0 < e.pair and g.jacobian == e.jacobian and g.value == e.value
+        assert torch.equal(g.centre, e.centre)
+    e, g = every[-1], large[-1]
+    assert (g.value, g.jacobian, g.pair, g.method, g.token) == (e.value, e.jacobian, e.pair, e.method, e.token)

@@ -97,15 +97,17 @@ def _n2_pert(const: dict) -> float:
     return (_GELU2_ABS_ERR * const["nW2"] + const["eW2"] * 2 / math.sqrt(2 * math.pi)) * math.sqrt(const["lH"])
 
 
-def _split_top(G: Tensor, rank: int, lam1: float) -> tuple[Tensor, float]:
+def _split_top(G: Tensor, rank: int, lam1: float, E: Tensor | None = None) -> tuple[Tensor, float]:
     r"""(``E``, ``lR``) for a symmetric PSD ``G`` as formed (n x n): ``E = Lambda_m^{1/2} U_m^T`` (m x n) from the top
-    ``m = rank`` eigenpairs ``eigh`` returns (nothing relies on their accuracy: any ``E`` is valid) and a certified
+    ``m = rank`` eigenpairs ``eigh`` returns, or the given ``E`` (nothing relies on their accuracy: any ``E`` is
+    valid) and a certified
     ``lR >= lambda_max(G - E^T E)``: the formed rest plus ``tau = 1e-9 lam1`` is checked positive definite by one
     Cholesky (then ``certified_lmax``'s trace fallback is sound for it), and the rounding of ``E^T E`` and of the
     subtraction, ``4 (m + 8) u (||E||_F^2 + ||G||_F)`` (Frobenius, Higham 3.5), is added.  A failed check gives
     ``lR = inf``.  THEORY F45a."""
-    ev, U = torch.linalg.eigh(G)
-    E = (U[:, -rank:] * ev[-rank:].clamp(min=0.0).sqrt()[None, :]).T.contiguous()
+    if E is None:
+        ev, U = torch.linalg.eigh(G)
+        E = (U[:, -rank:] * ev[-rank:].clamp(min=0.0).sqrt()[None, :]).T.contiguous()
     R = G - E.T @ E
     R.diagonal().add_(1e-9 * lam1)
     if int(torch.linalg.cholesky_ex(R)[1]) != 0:
@@ -119,7 +121,9 @@ def ffn_split_constants(const: dict, rank: int = SPLIT_RANK, rank2: int = SPLIT_
     rank ``rank2`` (``_split_top``), with ``||E||_F^2`` (``fE``).  THEORY F45a."""
     W2 = const["W2"]
     E, lR = _split_top(const["H"], rank, const["lH"])
-    F, lR2 = _split_top(W2 @ W2.T, rank2, const["nW2"] ** 2)
+    # W_2 W_2^T has rank d: its top eigenvectors are W_2 v for the top ones of the d x d W_2^T W_2 (F = (W_2 V_m)^T)
+    V = torch.linalg.eigh(W2.T @ W2)[1][:, -rank2:]
+    F, lR2 = _split_top(W2 @ W2.T, rank2, const["nW2"] ** 2, E=(W2 @ V).T.contiguous())
     # W_2 W_2^T as formed is within 4 (d + 8) u ||W_2||_F^2 of the exact Gram of the W_2 used below
     return {"E": E, "fE": float((E * E).sum()), "lR": lR, "F": F,
             "lR2": lR2 + 4 * (W2.shape[1] + 8) * _U * float((W2 * W2).sum())}

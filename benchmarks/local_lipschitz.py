@@ -69,7 +69,7 @@ def per_layer(spec, seqs, rhos, log, n_layers=None, lower_tokens=4, done=None, b
             med = float(X.norm(dim=1).median())
             t, c = time.perf_counter(), time.process_time()
             ljs = layer_jacobians(L, X, [f * med for f in rhos], norms=norms[li][0], head_norms_=norms[li][1],
-                                  route="rows", lower=lower_tokens)
+                                  route="rows", lower=lower_tokens, tiers=True)  # maxima only: F45's tier
             dt, dc = time.perf_counter() - t, time.process_time() - c
             tok, V = ljs[0].lower_V
             lo = _attained(L, X, tok, V)

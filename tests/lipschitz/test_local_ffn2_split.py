@@ -122,9 +122,9 @@ def test_tiered_refine_lazily_equals_the_full_refinement(seed, T, floors):
 @pytest.mark.parametrize("placement", ["post", "pre"])
 def test_tiered_layer_rows_report_the_eager_maxima(placement, monkeypatch):
     """On a random small layer with a low-rank split (the tier a real intermediate): every reported maximum of the
-    lazy, tiered route (point, ball, drift row, each part) equals refining every token to the final tier, the
-    lazy rows are at least the eager ones, and the tier spares some exact N2 (fewer exact tokens than tier
-    tokens)."""
+    lazy, tiered route (point, ball, drift row, each part) equals refining every token to the final tier and the
+    route without the tier (the default, which never evaluates it), the lazy rows are at least the eager ones, and
+    the tier spares some exact N2 (fewer exact tokens than tier tokens)."""
     spec = random_spec(12, act="gelu", norm="layernorm", placement=placement, d=12, H=2, dh=6, dff=48,
                        scale=1.5, biases=True)
     L = spec.layers[0]
@@ -137,7 +137,10 @@ def test_tiered_layer_rows_report_the_eager_maxima(placement, monkeypatch):
             counts[_k] += args[-1].shape[0]
             return _f(*args)
         monkeypatch.setattr(_local_rows, name, counted)
-    lazy = layer_rows(L, X, radii)
+    plain = layer_rows(L, X, radii)  # the default: no tier (the rows _local_stack reads are F37a's alone)
+    assert counts["tier"] == 0 < counts["exact"], counts
+    counts["exact"] = 0
+    lazy = layer_rows(L, X, radii, tiers=True)
     assert 0 < counts["exact"] < counts["tier"], counts
 
     def refine_all(evaluate, reported, refine, T, lowest=None):  # noqa: ANN001, ANN202, ARG001
@@ -147,8 +150,9 @@ def test_tiered_layer_rows_report_the_eager_maxima(placement, monkeypatch):
         return evaluate()
 
     monkeypatch.setattr(_local_rows, "refine_lazily", refine_all)
-    full = layer_rows(L, X, radii)
-    for a, b in zip(lazy, full):
+    full = layer_rows(L, X, radii, tiers=True)
+    for a, b, c in zip(lazy, full, plain):
+        assert a.ball == c.ball and float(a.drift_rows.max()) == float(c.drift_rows.max()) and a.parts == c.parts
         assert a.point == b.point and a.ball == b.ball, (a.radius, a.ball, b.ball)
         assert float(a.drift_rows.max()) == float(b.drift_rows.max())
         assert a.parts == b.parts, (a.parts, b.parts)

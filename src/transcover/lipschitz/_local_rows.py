@@ -386,7 +386,7 @@ class FfnDrift:
     (2 d^2 d_ff flops a token) and F38's second-order tensor norm (d d_ff^2 flops a token, once per token
     and layer).  State across the radii of one call: the references and the tensor norms per token."""
 
-    def __init__(self, layer: LayerSpec, z: Tensor, norms: dict) -> None:
+    def __init__(self, layer: LayerSpec, z: Tensor, norms: dict, tiers: bool = False) -> None:
         from ._activations import activation_lipschitz
         from ._local import second_derivative_sup
 
@@ -408,7 +408,8 @@ class FfnDrift:
             if key not in norms:
                 norms[key] = ffn_hadamard(ffn, centred=post and centring)
             self.taylor = norms[key]
-        self.split_key = key + "_split" if self.taylor is not None else None  # F45a's constants, cached beside
+        # F45a's constants, cached beside F38's; None: no tier (every refinement final at once, as F37a alone)
+        self.split_key = key + "_split" if self.taylor is not None and tiers else None
         self.norms = norms
         self.n2_tok = torch.full((z.shape[0],), math.nan, dtype=torch.float64)
         self.n2_cheap = torch.full((z.shape[0],), math.nan, dtype=torch.float64)  # F45a's tier, per token
@@ -437,7 +438,7 @@ class FfnDrift:
         ``level`` per token 0 unrefined, 1 F45a's tier, 2 final): a token whose exact N2 is not known yet gets
         F38 with F45a's cheap N2 first (level 1), the others the final term (``final``).  Returns the mask of
         ``idx`` now final (F45b)."""
-        first = (level[idx] == 0) & torch.isnan(self.n2_tok[idx]) if self.taylor is not None \
+        first = (level[idx] == 0) & torch.isnan(self.n2_tok[idx]) if self.split_key is not None \
             else torch.zeros(len(idx), dtype=torch.bool)
         if bool(first.any()):
             self.tier(rh, dF, dFh, base, idx[first])
@@ -493,7 +494,7 @@ class FfnDrift:
 
 
 def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,  # noqa: ANN001
-               head_norms_: dict | None = None, lower: int = 0) -> list[LayerJacobian]:
+               head_norms_: dict | None = None, lower: int = 0, tiers: bool = False) -> list[LayerJacobian]:
     r"""Certified (2,inf) bound of one layer's Jacobian at every point of ``B(X, r)`` for each ``r``,
     without forming the ``T^2`` blocks (Notes [weighted row Gram], [stage radii], [FFN drift by the
     Hadamard Gram]).
@@ -501,10 +502,12 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
     .. math:: \nu_i(J(X')) \le \Big(\lambda_{\max}\big(M_iS_iM_i^\top\big)\textstyle\sum_j w_{ij}\Big)^{1/2}
               + \mathrm{drift}_i(r)
 
-    Source: THEORY F17, F17b-F17d.  Returns ``LayerJacobian`` objects (``blocks`` None) whose
+    Source: THEORY F17, F17b-F17d (F37, F45 for the lazy FFN term).  Returns ``LayerJacobian`` objects (``blocks`` None) whose
     ``output_radii`` are the certified per-token radii of the layer's output on the ball.  ``lower``:
     also an attained row norm (``row_lower``, empirical lower) for that many tokens with the largest
-    certified point rows, in ``lower_rows`` (NaN elsewhere) with the best ``V`` in ``lower_V``.  The
+    certified point rows, in ``lower_rows`` (NaN elsewhere) with the best ``V`` in ``lower_V``.  ``tiers``: F45's
+    cheap tier of N2 before the exact one (F45b): the same maxima, other tokens' rows looser (``_local_stack``
+    reads every token's rows, so it is off by default).  The
     stages are the functions of ``_local_stages``, in the order its docstring gives.
     Assumptions: dot attention without RoPE, non-gated FFN, every token within ``r`` of X.
     """
@@ -522,7 +525,7 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
     pt = st.post_point(at, gram) if at.post else st.pre_point(at, gram)
     low = st.point_lower(at, gram, pt, lower) if lower else None
     dd = st.drift_at_x(at)
-    ffn = FfnDrift(layer, at.z, norms)
+    ffn = FfnDrift(layer, at.z, norms, tiers)
     out = {}
     # the largest ball first: its F31d bounds, scaled, are the smaller balls' cheap terms (F37b)
     for k in sorted(range(len(radii)), key=lambda k: -float(radii[k])):

@@ -450,13 +450,12 @@ class FfnDrift:
         return ~first
 
     def tier(self, rh: Tensor, dF: Tensor, dFh: Tensor, base: tuple, idx: Tensor) -> None:
-        """F38 with F45a's cheap upper bound of N2 on the tokens ``idx``, from ``base``.  The tier is computed for
-        every token at its first use in the layer (F37a asks for it at nearly all of them; one batch instead of
-        F37a's 1, 2, 4, ... spares the per-call overhead) and cached."""
+        """F38 with F45a's cheap upper bound of N2 (cached per token) on the tokens ``idx``, from ``base``."""
         if self.split_key not in self.norms:
             self.norms[self.split_key] = ffn_split_constants(self.taylor)
-        if bool(torch.isnan(self.n2_cheap[idx]).any()):
-            self.n2_cheap = ffn_second_split(self.taylor, self.norms[self.split_key], self.z)
+        new = idx[torch.isnan(self.n2_cheap[idx])]
+        if len(new):
+            self.n2_cheap[new] = ffn_second_split(self.taylor, self.norms[self.split_key], self.z[new])
         t, th = ffn_taylor_drift(self.taylor, self.n2_cheap[idx], self.z[idx], self.n1, rh[idx])
         dF[idx], dFh[idx] = torch.minimum(base[0][idx], t), torch.minimum(base[1][idx], th)
 

@@ -346,11 +346,12 @@ BLOCKS_ROUTE_MAX = 256
 
 def layer_jacobians(layer: LayerSpec, X: Tensor, radii, *, keep_blocks: bool = False,  # noqa: ANN001
                     norms: dict | None = None, head_norms_: dict | None = None, exact: int = 8,
-                    route: str = "auto", lower: int = 0) -> list[LayerJacobian]:
+                    route: str = "auto", lower: int = 0, tiers: bool = False) -> list[LayerJacobian]:
     r"""Certified (2,inf) bound of one layer's Jacobian at every point of ``B(X, r)``, for each ``r``
     in ``radii``: the rows route (``_local_rows.layer_rows``, no T^2 d^2 blocks) and/or the blocks
     route (``route``: "rows", "blocks" or "auto", Note [exact route budget]); with both, the
-    smaller bound per token.  Source: THEORY F17, F17b-F17d; see ``_blocks_route``."""
+    smaller bound per token.  ``tiers``: F45's cheap N2 tier in the rows route (the same maxima; other tokens' rows
+    looser, so only for callers that read the maxima).  Source: THEORY F17, F17b-F17d; see ``_blocks_route``."""
     if route not in ("auto", "rows", "blocks"):
         raise InputError(f"route must be 'auto', 'rows' or 'blocks', but got {route!r}")
     X = X.detach().double()
@@ -359,7 +360,7 @@ def layer_jacobians(layer: LayerSpec, X: Tensor, radii, *, keep_blocks: bool = F
     if route != "blocks":
         from ._local_rows import layer_rows
 
-        rows = layer_rows(layer, X, radii, norms=norms, head_norms_=head_norms_, lower=lower)
+        rows = layer_rows(layer, X, radii, norms=norms, head_norms_=head_norms_, lower=lower, tiers=tiers)
     if not use_blocks:
         return rows
     blocks = _blocks_route(layer, X, radii, keep_blocks=keep_blocks, norms=norms, head_norms_=head_norms_, exact=exact)

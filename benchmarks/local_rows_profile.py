@@ -45,6 +45,8 @@ def main() -> None:
     ap.add_argument("--profile", default=None)
     ap.add_argument("--dump", default=None)
     ap.add_argument("--lower", type=int, default=4, help="row_lower tokens, as the benchmark (its point lower)")
+    ap.add_argument("--no-tiers", dest="tiers", action="store_false",
+                    help="without F45's N2 tier (the library default; the benchmark uses it)")
     a = ap.parse_args()
     _tune_malloc()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
@@ -54,7 +56,7 @@ def main() -> None:
     layers = list(spec.layers)
     norms = [(_weight_norms(L), head_norms(L.attention)) for L in layers]
     for L, (n, _) in zip(layers, norms):  # the per-model constants, as after a benchmark's first sentence
-        layer_jacobians(L, spec.input_norm(seqs[0].double())[:2], [1e-5], norms=n, route="rows")
+        layer_jacobians(L, spec.input_norm(seqs[0].double())[:2], [1e-5], norms=n, route="rows", tiers=a.tiers)
     dump, total = {}, 0.0
     prof = cProfile.Profile(time.process_time) if a.profile else None  # CPU seconds: the machine is shared
     for k in a.sentence:
@@ -68,7 +70,7 @@ def main() -> None:
                         prof.enable()
                     c = time.process_time()
                     ljs = layer_jacobians(L, X, [f * med for f in RHOS], norms=norms[li][0],
-                                          head_norms_=norms[li][1], route="rows", lower=a.lower)
+                                          head_norms_=norms[li][1], route="rows", lower=a.lower, tiers=a.tiers)
                     best = min(best, time.process_time() - c)
                     if prof:
                         prof.disable()

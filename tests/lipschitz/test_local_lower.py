@@ -240,3 +240,42 @@ def test_a_given_point_image_changes_nothing():
         b = ball_lower(fn, X, rho, image=_point_image(fn, X, V, tk), **kw)
         assert (a.value, a.jacobian, a.pair, a.token) == (b.value, b.jacobian, b.pair, b.token)
         assert torch.equal(a.centre, b.centre) and torch.equal(a.direction, b.direction)
+
+
+def test_last_steps_without_their_unused_derivatives_change_nothing():
+    """The centre search skips the last point's gradient in X' (only stored) and the pair search builds no graph
+    for its last pair (only evaluated): ``_jac_step`` without ``need_x`` gives the same V and J V float for float,
+    and a forward pass without a graph the same image as with one."""
+    from transcover.lipschitz._local_lower import _jac_step
+
+    spec = random_spec(4, act="gelu", norm="layernorm", d=6, H=2, dh=3, dff=12, biases=True)
+    fn = lambda Z: layer_forward(spec.layers[0], Z)  # noqa: E731
+    g = torch.Generator().manual_seed(4)
+    X = torch.randn(5, 6, generator=g, dtype=torch.float64)
+    for i in range(5):
+        u = torch.randn(6, generator=g, dtype=torch.float64)
+        u = u / u.norm()
+        V1, JV1, gX = _jac_step(fn, X, i, u)
+        V2, JV2, none = _jac_step(fn, X, i, u, need_x=False)
+        assert none is None and gX is not None and float(gX.norm()) > 0
+        assert torch.equal(V1, V2) and torch.equal(JV1, JV2)
+    assert torch.equal(fn(X.clone().requires_grad_(True)).detach(), fn(X.clone()))
+
+
+def test_pairs_only_on_the_larger_balls():
+    """``pair_from``: below it the pair search is skipped (``pair`` 0) and the centre search is the same float for
+    float; where the centre search set the value (method "jacobian") the value is unchanged, and the balls from
+    ``pair_from`` on, started from the same centres, give the same witness as searching pairs everywhere."""
+    spec = random_spec(5, act="gelu", norm="layernorm", d=6, H=2, dh=3, dff=12, biases=True)
+    fn = lambda Z: layer_forward(spec.layers[0], Z)  # noqa: E731
+    X = torch.randn(5, 6, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    rhos = [1e-4, 1e-3, 1e-2, 0.3]
+    kw = dict(steps=2, restarts=0, pair_steps=2, pair_restarts=0)
+    every = ball_lower_sweep(fn, X, rhos, **kw)
+    large = ball_lower_sweep(fn, X, rhos, pair_from=0.3, **kw)
+    assert all(e.method == "jacobian" for e in every[:-1]), [e.method for e in every]
+    for e, g in zip(every[:-1], large[:-1]):
+        assert g.pair == 0.0 < e.pair and g.jacobian == e.jacobian and g.value == e.value
+        assert torch.equal(g.centre, e.centre)
+    e, g = every[-1], large[-1]
+    assert (g.value, g.jacobian, g.pair, g.method, g.token) == (e.value, e.jacobian, e.pair, e.method, e.token)

@@ -38,6 +38,7 @@ from ..model import to_tensor
 from ..model import QUICK_GELU_SLOPE, Activation, LayerSpec, NormKind, NormSpec, Placement, TransformerSpec
 from ._activations import activation_lipschitz
 from ._local_attention import DATA_PAD, attention_local_bound, head_norms
+from ._local_jacobian import centre_tokens
 from ._weights import ROUNDING_PAD, spectral
 
 __all__ = ["norm_local", "LayerLocal", "layer_local", "NetworkLocal", "network_local", "second_derivative_sup"]
@@ -80,8 +81,7 @@ def norm_local(norm: NormSpec | None, X: Tensor, rho: float) -> tuple[Tensor, Te
     if norm is None or norm.kind in (NormKind.NONE, NormKind.BALL):
         return torch.ones(T, dtype=torch.float64), torch.full((T,), math.inf, dtype=torch.float64)
     X = X.double()
-    Z = X - X.mean(dim=1, keepdim=True) if norm.kind is NormKind.LAYERNORM else X
-    sigma = Z.norm(dim=1) / math.sqrt(d) * (1.0 - DATA_PAD)
+    sigma = centre_tokens(X, norm.kind is NormKind.LAYERNORM)[2] * (1.0 - DATA_PAD)  # certified low
     floor = torch.clamp(sigma - rho / math.sqrt(d) * (1.0 + 1e-15), min=0.0)
     s = torch.sqrt(floor * floor + float(norm.eps)) * (1.0 - DATA_PAD)
     if bool((s <= 0).any()):
@@ -99,8 +99,8 @@ def _norm_jacobians(norm: NormSpec | None, X: Tensor) -> Tensor:
     if norm.kind is NormKind.BALL:
         raise InputError("the layer Jacobian route does not cover Pi_norm; use the product route")
     lay = norm.kind is NormKind.LAYERNORM
-    Z = X - X.mean(dim=1, keepdim=True) if lay else X
-    s = torch.sqrt((Z * Z).mean(dim=1) + float(norm.eps))
+    Z, sigma, _ = centre_tokens(X, lay)
+    s = torch.sqrt(sigma * sigma + float(norm.eps))
     u = Z / (math.sqrt(d) * s[:, None])
     P = eye - (1.0 / d if lay else 0.0)
     J = (P - u[:, :, None] * u[:, None, :]) / s[:, None, None]

@@ -218,8 +218,33 @@ def gelu_second_sup() -> float:
     return 2.0 / math.sqrt(2.0 * math.pi) * (1 + ROUNDING_PAD)
 
 
+def centre_tokens(X: Tensor, lay: bool) -> tuple[Tensor, Tensor, Tensor]:
+    r"""(``Z``, ``sigma``, ``sigma_low``) per token of the float64 (T, d) ``X``: the centred rows (LayerNorm,
+    ``lay``; RMSNorm: ``X`` itself), ``||Z||/sqrt(d)`` as computed and a certified lower bound on the exact
+    ``||P x||/sqrt(d)`` of the same floats (Note [local norm floor]; THEORY F17e).
+
+    Two passes: ``Z1 = fl(X - fl(mean X))``, then ``Z = fl(Z1 - fl(mean Z1))``.  One pass errs by
+    ``~ d u max|x|`` per entry, which a token whose mean dwarfs its spread turns into any relative error
+    (red14-1: ``x = 1e12 + 1e-3 N(0, 1)``, sigma 0.7 % high).  After the second pass every entry is within
+    ``gamma_{d+3} max|Z1|`` of the exact centred one (the first pass's offset is removed up to the second
+    mean's rounding, ``gamma_d max|Z1|``, and ``2 u max|Z1|`` from rounding ``Z1``'s entries; then ``u`` for the
+    last subtraction, taken relative), so ``sigma >= (sigma_hat (1 - gamma_{d+4}) - gamma_{d+3} max|Z1|)(1 - 2u)``
+    (the norm's own rounding ``gamma_{d+4}`` relative).  RMSNorm: ``sigma_hat (1 - gamma_{d+4})``."""
+    d = X.shape[1]
+    g = lambda k: k * _U / (1 - k * _U)  # noqa: E731
+    if not lay:
+        sigma = X.norm(dim=1) / math.sqrt(d)
+        return X, sigma, sigma * (1 - g(d + 4))
+    Z1 = X - X.mean(dim=1, keepdim=True)
+    Z = Z1 - Z1.mean(dim=1, keepdim=True)
+    sigma = Z.norm(dim=1) / math.sqrt(d)
+    low = (sigma * (1 - g(d + 4)) - g(d + 3) * Z1.abs().amax(dim=1)) * (1 - 2 * _U)
+    return Z, sigma, low.clamp(min=0.0)
+
+
 def _norm_parts(norm: NormSpec | None, X: Tensor):  # noqa: ANN202
-    """(D (T, d, d) Jacobians, s (T,) with s^2 = sigma^2 + eps, sigma (T,), gamma_max, kind) at X."""
+    """(D (T, d, d) Jacobians, s (T,) with s^2 = sigma^2 + eps, sigma (T,) certified low (``centre_tokens``),
+    gamma_max, kind) at X."""
     T, d = X.shape
     eye = torch.eye(d, dtype=torch.float64)
     if norm is None or norm.kind is NormKind.NONE:
@@ -227,9 +252,8 @@ def _norm_parts(norm: NormSpec | None, X: Tensor):  # noqa: ANN202
     if norm.kind is NormKind.BALL:
         raise InputError("the exact-Jacobian route does not cover Pi_norm; the product route does")
     lay = norm.kind is NormKind.LAYERNORM
-    Z = X - X.mean(dim=1, keepdim=True) if lay else X
-    sigma = Z.norm(dim=1) / math.sqrt(d)
-    s = torch.sqrt(sigma * sigma + float(norm.eps))
+    Z, sig_hat, sigma = centre_tokens(X, lay)
+    s = torch.sqrt(sig_hat * sig_hat + float(norm.eps))
     u = Z / (math.sqrt(d) * s[:, None])
     P = eye - (1.0 / d if lay else 0.0)
     D = (P[None] - u[:, :, None] * u[:, None, :]) / s[:, None, None]
@@ -322,11 +346,12 @@ BLOCKS_ROUTE_MAX = 256
 
 def layer_jacobians(layer: LayerSpec, X: Tensor, radii, *, keep_blocks: bool = False,  # noqa: ANN001
                     norms: dict | None = None, head_norms_: dict | None = None, exact: int = 8,
-                    route: str = "auto", lower: int = 0) -> list[LayerJacobian]:
+                    route: str = "auto", lower: int = 0, tiers: bool = False) -> list[LayerJacobian]:
     r"""Certified (2,inf) bound of one layer's Jacobian at every point of ``B(X, r)``, for each ``r``
     in ``radii``: the rows route (``_local_rows.layer_rows``, no T^2 d^2 blocks) and/or the blocks
     route (``route``: "rows", "blocks" or "auto", Note [exact route budget]); with both, the
-    smaller bound per token.  Source: THEORY F17, F17b-F17d; see ``_blocks_route``."""
+    smaller bound per token.  ``tiers``: F45's cheap N2 tier in the rows route (the same maxima; other tokens' rows
+    looser, so only for callers that read the maxima).  Source: THEORY F17, F17b-F17d; see ``_blocks_route``."""
     if route not in ("auto", "rows", "blocks"):
         raise InputError(f"route must be 'auto', 'rows' or 'blocks', but got {route!r}")
     X = X.detach().double()
@@ -335,7 +360,7 @@ def layer_jacobians(layer: LayerSpec, X: Tensor, radii, *, keep_blocks: bool = F
     if route != "blocks":
         from ._local_rows import layer_rows
 
-        rows = layer_rows(layer, X, radii, norms=norms, head_norms_=head_norms_, lower=lower)
+        rows = layer_rows(layer, X, radii, norms=norms, head_norms_=head_norms_, lower=lower, tiers=tiers)
     if not use_blocks:
         return rows
     blocks = _blocks_route(layer, X, radii, keep_blocks=keep_blocks, norms=norms, head_norms_=head_norms_, exact=exact)

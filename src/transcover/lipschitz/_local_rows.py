@@ -49,7 +49,9 @@ from ._local_jacobian import (
     LayerJacobian, _f64, _floor, _weight_norms, certified_lmax, certified_lmax_vec, certified_spectral,
 )
 from ._local_drift import attention_drift_hessian
-from ._local_ffn2 import ffn_hadamard, ffn_second_norms, ffn_taylor_drift, gelu_ffn
+from ._local_ffn2 import (
+    ffn_hadamard, ffn_second_norms, ffn_second_split, ffn_split_constants, ffn_taylor_drift, gelu_ffn,
+)
 from ._local_sharp import (
     GELU_SLOPE_RANGE, ball_box, chi_bound, ffn_unit_drift, unit_slope_moves, visible_diameter,
 )
@@ -349,7 +351,10 @@ def refine_lazily(evaluate, reported, refine, T: int, lowest: dict | None = None
     .. math:: \max_k \mathrm{cur}_k = \max_k \mathrm{full}_k,
 
     the maxima of the full computation; the other rows stay certified (cheap ones).  A row that does not see
-    the term at token k (``low_k = cur_k``) never asks for its refinement.  Source: THEORY F37a.
+    the term at token k (``low_k = cur_k``) never asks for its refinement.  ``refine`` may return a (len(idx),)
+    bool mask of the tokens now final; the others got an intermediate term (a tier between the cheap and the
+    full one, still ``>= full``) and stay candidates, so the argument holds with "refined" read as "final"
+    (THEORY F45b); None means all final.  Source: THEORY F37a, F45b.
     Assumptions: the monotonicity and locality above (the caller's)."""
     done = torch.zeros(T, dtype=torch.bool)
     rows = evaluate()
@@ -368,8 +373,8 @@ def refine_lazily(evaluate, reported, refine, T: int, lowest: dict | None = None
             return rows
         order = torch.where(need, torch.nan_to_num(vals[0], nan=math.inf), torch.full_like(vals[0], -math.inf))
         idx = order.argsort(descending=True, stable=True)[:min(batch, int(need.sum()))]
-        refine(idx)
-        done[idx] = True
+        final = refine(idx)
+        done[idx] = True if final is None else final
         batch *= 2
         rows = evaluate()
 
@@ -381,7 +386,7 @@ class FfnDrift:
     (2 d^2 d_ff flops a token) and F38's second-order tensor norm (d d_ff^2 flops a token, once per token
     and layer).  State across the radii of one call: the references and the tensor norms per token."""
 
-    def __init__(self, layer: LayerSpec, z: Tensor, norms: dict) -> None:
+    def __init__(self, layer: LayerSpec, z: Tensor, norms: dict, tiers: bool = False) -> None:
         from ._activations import activation_lipschitz
         from ._local import second_derivative_sup
 
@@ -403,7 +408,11 @@ class FfnDrift:
             if key not in norms:
                 norms[key] = ffn_hadamard(ffn, centred=post and centring)
             self.taylor = norms[key]
+        # F45a's constants, cached beside F38's; None: no tier (every refinement final at once, as F37a alone)
+        self.split_key = key + "_split" if self.taylor is not None and tiers else None
+        self.norms = norms
         self.n2_tok = torch.full((z.shape[0],), math.nan, dtype=torch.float64)
+        self.n2_cheap = torch.full((z.shape[0],), math.nan, dtype=torch.float64)  # F45a's tier, per token
         self.refs: list = []  # (rh_b, bound_b): F31d at a larger ball where no unit was capped (F37b)
 
     def glob(self, rh: Tensor) -> tuple[Tensor, Tensor]:
@@ -423,7 +432,34 @@ class FfnDrift:
             dF, dFh = torch.minimum(dF, scaled), torch.minimum(dFh, scaled / 2)
         return dF, dFh
 
-    def refine(self, rh: Tensor, dF: Tensor, dFh: Tensor, ref: Tensor, idx: Tensor) -> None:
+    def refine(self, rh: Tensor, dF: Tensor, dFh: Tensor, ref: Tensor, base: tuple, level: Tensor,
+               idx: Tensor) -> Tensor:
+        """One step of the tokens ``idx``' FFN drift (in place in ``dF``, ``dFh``; ``base`` the unrefined values,
+        ``level`` per token 0 unrefined, 1 F45a's tier, 2 final): a token whose exact N2 is not known yet gets
+        F38 with F45a's cheap N2 first (level 1), the others the final term (``final``).  Returns the mask of
+        ``idx`` now final (F45b)."""
+        first = (level[idx] == 0) & torch.isnan(self.n2_tok[idx]) if self.split_key is not None \
+            else torch.zeros(len(idx), dtype=torch.bool)
+        if bool(first.any()):
+            self.tier(rh, dF, dFh, base, idx[first])
+            level[idx[first]] = 1
+        if not bool(first.all()):
+            dF[idx[~first]], dFh[idx[~first]] = base[0][idx[~first]], base[1][idx[~first]]
+            self.final(rh, dF, dFh, ref, idx[~first])
+            level[idx[~first]] = 2
+        return ~first
+
+    def tier(self, rh: Tensor, dF: Tensor, dFh: Tensor, base: tuple, idx: Tensor) -> None:
+        """F38 with F45a's cheap upper bound of N2 (cached per token) on the tokens ``idx``, from ``base``."""
+        if self.split_key not in self.norms:
+            self.norms[self.split_key] = ffn_split_constants(self.taylor)
+        new = idx[torch.isnan(self.n2_cheap[idx])]
+        if len(new):
+            self.n2_cheap[new] = ffn_second_split(self.taylor, self.norms[self.split_key], self.z[new])
+        t, th = ffn_taylor_drift(self.taylor, self.n2_cheap[idx], self.z[idx], self.n1, rh[idx])
+        dF[idx], dFh[idx] = torch.minimum(base[0][idx], t), torch.minimum(base[1][idx], th)
+
+    def final(self, rh: Tensor, dF: Tensor, dFh: Tensor, ref: Tensor, idx: Tensor) -> None:
         """The tokens ``idx``' FFN drift (in place in ``dF``, ``dFh``) by F38's tensor norm and F31d's per-unit
         bound, whose Grams are formed only where they can beat F38 (F42a); F31d's bound becomes the reference
         ``ref`` where no unit was capped (F37b)."""
@@ -449,14 +485,15 @@ class FfnDrift:
         dF, dFh = self.scaled_refs(rh, dF, dFh)
         ref = torch.full_like(rh, math.inf)
         zero = torch.zeros_like(rh)  # the smallest FFN drift: the rows' floors (F37a)
-        rows = refine_lazily(lambda: tail(dF, dFh), _reported, partial(self.refine, rh, dF, dFh, ref), len(rh),
-                             lowest=tail(zero, zero))
+        level = torch.zeros(len(rh), dtype=torch.long)
+        refine = partial(self.refine, rh, dF, dFh, ref, (dF.clone(), dFh.clone()), level)
+        rows = refine_lazily(lambda: tail(dF, dFh), _reported, refine, len(rh), lowest=tail(zero, zero))
         self.refs.append((rh, ref))
         return rows
 
 
 def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,  # noqa: ANN001
-               head_norms_: dict | None = None, lower: int = 0) -> list[LayerJacobian]:
+               head_norms_: dict | None = None, lower: int = 0, tiers: bool = False) -> list[LayerJacobian]:
     r"""Certified (2,inf) bound of one layer's Jacobian at every point of ``B(X, r)`` for each ``r``,
     without forming the ``T^2`` blocks (Notes [weighted row Gram], [stage radii], [FFN drift by the
     Hadamard Gram]).
@@ -464,10 +501,12 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
     .. math:: \nu_i(J(X')) \le \Big(\lambda_{\max}\big(M_iS_iM_i^\top\big)\textstyle\sum_j w_{ij}\Big)^{1/2}
               + \mathrm{drift}_i(r)
 
-    Source: THEORY F17, F17b-F17d.  Returns ``LayerJacobian`` objects (``blocks`` None) whose
+    Source: THEORY F17, F17b-F17d (F37, F45 for the lazy FFN term).  Returns ``LayerJacobian`` objects (``blocks`` None) whose
     ``output_radii`` are the certified per-token radii of the layer's output on the ball.  ``lower``:
     also an attained row norm (``row_lower``, empirical lower) for that many tokens with the largest
-    certified point rows, in ``lower_rows`` (NaN elsewhere) with the best ``V`` in ``lower_V``.  The
+    certified point rows, in ``lower_rows`` (NaN elsewhere) with the best ``V`` in ``lower_V``.  ``tiers``: F45's
+    cheap tier of N2 before the exact one (F45b): the same maxima, other tokens' rows looser (``_local_stack``
+    reads every token's rows, so it is off by default).  The
     stages are the functions of ``_local_stages``, in the order its docstring gives.
     Assumptions: dot attention without RoPE, non-gated FFN, every token within ``r`` of X.
     """
@@ -485,7 +524,7 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
     pt = st.post_point(at, gram) if at.post else st.pre_point(at, gram)
     low = st.point_lower(at, gram, pt, lower) if lower else None
     dd = st.drift_at_x(at)
-    ffn = FfnDrift(layer, at.z, norms)
+    ffn = FfnDrift(layer, at.z, norms, tiers)
     out = {}
     # the largest ball first: its F31d bounds, scaled, are the smaller balls' cheap terms (F37b)
     for k in sorted(range(len(radii)), key=lambda k: -float(radii[k])):

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from .._errors import InputError
 from ..model import NormKind, NormSpec
+from ._local_jacobian import centre_tokens
 
 __all__ = ["_NormLin", "_AttnLin", "_AttnRes", "_TokenLin", "check_stack_layer"]
 
@@ -38,11 +39,10 @@ class _NormLin:
             raise InputError("the stack route does not cover Pi_norm; the product route does")
         d = Z.shape[1]
         self.lay = norm.kind is NormKind.LAYERNORM
-        Zc = Z - Z.mean(dim=1, keepdim=True) if self.lay else Z
-        self.s = torch.sqrt((Zc * Zc).mean(dim=1) + float(norm.eps))
+        Zc, sig_hat, self.sigma = centre_tokens(Z, self.lay)  # sigma certified low, for the floors (F17e)
+        self.s = torch.sqrt(sig_hat * sig_hat + float(norm.eps))
         self.u = Zc / (math.sqrt(d) * self.s[:, None])
         self.g = torch.ones(d, dtype=torch.float64) if norm.weight is None else _f64(norm.weight)
-        self.sigma = Zc.norm(dim=1) / math.sqrt(d)
         self.norm = norm
         self.k = 8 * d + 8
 

@@ -31,7 +31,7 @@ from torch import Tensor
 
 from .._errors import InputError
 from ..model import NormKind, NormSpec
-from ._local_jacobian import _f64, certified_spectral
+from ._local_jacobian import _f64, centre_tokens, certified_spectral
 
 _U = 2.0**-53
 
@@ -50,9 +50,8 @@ class NormJac:
             if norm.kind is NormKind.BALL:
                 raise InputError("the exact-Jacobian route does not cover Pi_norm; the product route does")
             lay = norm.kind is NormKind.LAYERNORM
-            Z = X - X.mean(dim=1, keepdim=True) if lay else X
-            self.sigma = Z.norm(dim=1) / math.sqrt(d)
-            self.s = torch.sqrt(self.sigma * self.sigma + float(norm.eps))
+            Z, sig_hat, self.sigma = centre_tokens(X, lay)  # sigma certified low, for the floors
+            self.s = torch.sqrt(sig_hat * sig_hat + float(norm.eps))
             u = Z / (math.sqrt(d) * self.s[:, None])
             cols = ([torch.full((T, d), 1.0 / math.sqrt(d), dtype=torch.float64)] if lay else []) + [u]
             self.Q = torch.stack(cols, dim=2)

@@ -6,9 +6,9 @@ refinement.  Attacked where the branch's own tests do not reach:
   bound), rank-one W_1, pre-activations that switch on only the small or only the large units or a single unit,
   splits of rank 1 up to beyond d_ff and d;
 * the tier's promise to ``refine_lazily`` on whole layers: the reported maxima (ball, drift, every part) with the
-  tier equal those with the tier switched off (``ffn_second_split`` -> inf: every token goes straight to F38's exact
-  N2), post- and pre-LN, FFN-dominated layers (W_1 x 3), several radii.
-Merge with speed14 (head 69b41d6).
+  tier (``layer_rows(..., tiers=True)``) equal those without it, post- and pre-LN, FFN-dominated layers (W_1 x 3),
+  several radii, and the tier really decides (exact N2 at fewer tokens).
+speed14 is on main since dccf3f2.
 """
 
 from __future__ import annotations
@@ -84,18 +84,32 @@ def _maxima(ljs) -> list:  # noqa: ANN001
     return [(lj.ball, float(lj.drift_rows.max()), dict(lj.parts)) for lj in ljs]
 
 
+def _counting(monkeypatch, name: str) -> list:  # noqa: ANN001
+    """Count the tokens ``_local_rows.<name>`` (an N2 function of ``(const, [split,] z)``) is evaluated at."""
+    seen, plain = [0], getattr(_local_rows, name)
+
+    def counted(*args):  # noqa: ANN002, ANN202
+        seen[0] += args[-1].shape[0]
+        return plain(*args)
+
+    monkeypatch.setattr(_local_rows, name, counted)
+    return seen
+
+
 @pytest.mark.parametrize("seed,placement,w1", [(0, "post", 3.0), (1, "pre", 3.0), (2, "post", 1.0), (3, "pre", 0.5)])
 def test_tiered_lazy_refinement_reports_the_eager_maxima(seed, placement, w1, monkeypatch):
-    """``layer_rows`` with F45's tier reports the same ball, largest drift row and every part, float for float, as
-    with the tier switched off (inf: every token refined straight to F38's exact N2), on GELU layers whose FFN
-    curvature dominates (W_1 x 3) or not, T = 6, three radii."""
+    """``layer_rows(..., tiers=True)`` reports the same ball, largest drift row and every part, float for float, as
+    without the tier (every token refined straight to F38's exact N2), on GELU layers whose FFN curvature dominates
+    (W_1 x 3) or not, T = 6, three radii; the tier is evaluated and spares exact N2's."""
     spec = random_spec(seed, act="gelu", norm="layernorm", placement=placement, d=8, H=2, dh=4, dff=24, biases=True)
     L = spec.layers[0]
     L = dataclasses.replace(L, ffn=dataclasses.replace(L.ffn, W_1=w1 * L.ffn.W_1))
     X = torch.randn(6, 8, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * 2
     radii = [1e-3, 1e-2, 5e-2]
-    tiered = _maxima(layer_rows(L, X, radii))
-    monkeypatch.setattr(_local_rows, "ffn_second_split",
-                        lambda const, split, z: torch.full(z.shape[:1], math.inf, dtype=torch.float64))
+    exact, tier = _counting(monkeypatch, "ffn_second_norms"), _counting(monkeypatch, "ffn_second_split")
     eager = _maxima(layer_rows(L, X, radii))
+    n_eager = exact[0]
+    assert tier[0] == 0
+    tiered = _maxima(layer_rows(L, X, radii, tiers=True))
     assert tiered == eager, (tiered, eager)
+    assert tier[0] > 0 and exact[0] - n_eager <= n_eager, (tier[0], exact[0] - n_eager, n_eager)

@@ -5,7 +5,7 @@ prefix drift ``dP``, its rounding ``eP`` and the radii the recursion passes (eve
 recorded), not a linear prefix with ``dP = 0``.  Adam ascent on ``||[(DA(y_s) - DA(x_s)) (P_s(x) v)]_k||`` over ``y``
 in the network input's ball and (2,inf)-unit ``v`` must stay below the recorded ``v_k``; in the first-order regime
 (rho = 1e-4, layer 0) it reaches a share of it, so a lost prefix factor or a transposed block would show.  Also the
-whole network (F44d's spans in the bound) against a per-row Jacobian ascent.  Merge with stack14 (head 0a390b5).
+whole network (F44d's spans in the bound) against a per-row Jacobian ascent.  Merge with stack14 (head 3ec8e46: F44c's reach_heads, F44e's drift).
 """
 
 from __future__ import annotations
@@ -84,37 +84,69 @@ def _reach_ascent(spec, q: int, X: torch.Tensor, rho: float, k: int) -> float:  
     return _jvp_ascent(value, X, rho, seed=k)
 
 
-# (seed, kind, eps, W_Q scale, W_V scale, causal, rho, the share the ascent must reach at layer 0: measured
-# 0.13-0.22 at rho = 1e-4 (red14 probes))
+def _drift_ascent(spec, q: int, X: torch.Tensor, rho: float, k: int) -> float:  # noqa: ANN001
+    """``sup ||[(DA(y_s) - DA(x_s)) E]_k||`` over y in B(X, rho) and (2,inf)-unit E (the argument free: F44e)."""
+    f, attn = _prefix(spec, q), spec.layers[q].attention
+    A = lambda Z: attention_forward(attn, Z)  # noqa: E731
+    xs = f(X).detach()
+
+    def value(E, V):  # noqa: ANN001, ANN202
+        return (jvp(A, f(X + E), V, create_graph=True)[1] - jvp(A, xs, V, create_graph=True)[1])[k].norm()
+
+    return _jvp_ascent(value, X, rho, seed=k)
+
+
+def _recorded(spec, X: torch.Tensor, rho: float, monkeypatch) -> tuple[list, list]:  # noqa: ANN001
+    """Per attention sub-stage (in order), the reach through ``W_O`` (F44c) and the F44e drift rows ``stack_local``
+    computes at ``rho`` (recorded from ``AttentionAligned.reach_heads`` and ``.drift``)."""
+    reaches, drifts = [], []
+    cls = _local_stack_attn.AttentionAligned
+    plain_reach, plain_drift = cls.reach_heads, cls.drift
+
+    def reach_heads(self, *args):  # noqa: ANN001, ANN002, ANN202
+        out = plain_reach(self, *args)
+        reaches.append(self.combined(out).clone())
+        return out
+
+    def drift(self, *args):  # noqa: ANN001, ANN002, ANN202
+        dj, heads = plain_drift(self, *args)
+        drifts.append(None if dj is None else dj.clone())
+        return dj, heads
+
+    monkeypatch.setattr(cls, "reach_heads", reach_heads)
+    monkeypatch.setattr(cls, "drift", drift)
+    stack_local(spec, X, [rho])
+    monkeypatch.undo()
+    return reaches, drifts
+
+
+# (seed, kind, eps, W_Q scale, W_V scale, causal, rho, the share the reach ascent must reach at layer 0: measured
+# 0.13-0.34 at rho = 1e-4 (red14 probes))
 CASES = [(0, "layernorm", 1e-12, 1.0, 1.0, False, 1e-4, 0.08),
          (1, "layernorm", 1e-2, 5.0, 1.0, True, 1e-2, 0.0),
          (2, "rmsnorm", 1e-12, 3.0, 0.5, False, 1e-1, 0.0)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed,kind,eps,qscale,vscale,causal,rho,attained", CASES)
-def test_attention_reach_inside_the_stack_is_never_beaten(seed, kind, eps, qscale, vscale, causal, rho, attained,
-                                                          monkeypatch):
+def test_attention_reach_and_drift_inside_the_stack_are_never_beaten(seed, kind, eps, qscale, vscale, causal, rho,
+                                                                    attained, monkeypatch):
     """Two post-LN GELU layers (LayerNorm eps 1e-12 / 1e-2, RMSNorm; flat, sharp and causal heads, values x 0.5);
-    every ``AttentionAligned.reach`` stack_local computes (layer 0 behind the input norm, layer 1 behind a whole
-    layer) against the ascent, per token."""
+    every reach (F44c) and drift row (F44e) stack_local computes for an attention sub-stage (layer 0 behind the
+    input norm, layer 1 behind a whole layer) against the ascents, per token."""
     spec = _spec(seed, 2, kind, eps, qscale, vscale, causal)
     X = torch.randn(3, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)) * 2
-    seen = []
-    plain = _local_stack_attn.AttentionAligned.reach
-
-    def recording(self, r, nu, rho_, dP, eP, pad):  # noqa: ANN001, ANN202
-        out = plain(self, r, nu, rho_, dP, eP, pad)
-        seen.append(out.clone())
-        return out
-
-    monkeypatch.setattr(_local_stack_attn.AttentionAligned, "reach", recording)
-    stack_local(spec, X, [rho])
-    assert len(seen) == 2  # one attention sub-stage per layer
-    for q, reach in enumerate(seen):
+    reaches, drifts = _recorded(spec, X, rho, monkeypatch)
+    assert len(reaches) == 2 and len(drifts) == 2  # one attention sub-stage per layer
+    assert all(dj is not None for dj in drifts)
+    for q, (reach, dj) in enumerate(zip(reaches, drifts)):
         ratios = [_reach_ascent(spec, q, X, rho, k) / float(reach[k]) for k in range(X.shape[0])]
         assert max(ratios) <= 1.0, (q, ratios, reach)
         if q == 0:
             assert max(ratios) >= attained, (q, ratios)
+        if dj is not None:
+            lo = [_drift_ascent(spec, q, X, rho, k) for k in range(X.shape[0])]
+            assert all(v <= float(b) for v, b in zip(lo, dj)), (q, lo, dj)
 
 
 @pytest.mark.parametrize("seed,qscale,drift,eP,thin", [(1, 1.0, 0.5, 0.3, False), (2, 4.0, 2.0, 0.05, False),

@@ -47,6 +47,7 @@ from .._results import Kind, Quantity
 from ..model import NormKind, TransformerSpec
 from ._local_jacobian import certified_spectral, row_norm_lower
 from ._local_stack_aligned import FFNAligned
+from ._local_stack_attn import AttentionAligned
 from ._local_stack_middle import layer_cuts, middle_drift_column, middle_rows
 from ._local_stack_stages import _Stage, layer_stages, norm_stage
 from ._weights import ROUNDING_PAD
@@ -178,6 +179,8 @@ class StackLocal:
     spans: dict = field(default_factory=dict, repr=False)
     # Note [per-layer refusals]: where the per-layer route gave no bound at this X, and why
     refusals: list = field(default_factory=list)
+    # per sub-stage (max_k of its reach nu_k(dJ_s P_s(x)) by the drift rows, the same with F40/F44's aligned reach)
+    reaches: dict = field(default_factory=dict, repr=False)
 
     @property
     def upper(self) -> float:
@@ -397,6 +400,7 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
     wmL = [torch.zeros(T, dtype=torch.float64) for _ in rhos]  # the running drift rows of that part (THEORY F40g)
     ratt: list = [None] * len(rhos)  # the attention sub-stage's reach of the current layer (THEORY F40f)
     spans: list[dict] = [{} for _ in rhos]  # per rho, (a, b) -> rows of sup nu_i(M_{a,b}(y) - M_{a,b}(x))
+    reaches: list[dict] = [{} for _ in rhos]  # per rho, stage -> (max_k dJ_k nu_k, max_k v_k with F40/F44)
     layer_at = {groups[ly.index][0]: ly for ly in spec.layers}
     PL: dict = {}  # layer start -> per rho the per-layer route's (drift rows, ball rows)
     memo = _LayerMemo()  # the per-layer route's results at this X (``_per_layer``), shared with ``_layer_route``
@@ -437,6 +441,8 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
         # THEORY F40: a post-LN FFN's first-order drift through the prefix's own reachable rows
         al = FFNAligned(st.ffn, st.x, _col_blocks(K), norms[st.group]["w"]) \
             if st.ffn is not None and FFNAligned.applies(st.ffn) else None
+        # THEORY F44: a post-LN attention's first-order drift through the same ellipsoids
+        aa = AttentionAligned(st.attn, _col_blocks(K)) if st.attn is not None else None
         rs, djs, djcs, bs = [], [], [], []
         for k, rho in enumerate(rhos):
             r = torch.minimum(rho * (nu + dP[k]), rc[k]) * (1 + 1e-12) + 1e-13 * scale
@@ -449,8 +455,12 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
             bs.append(b)
             # Note [stack drift], radii: P_{s+1}(y) - P_{s+1}(x) = J_s(y)(P_s(y) - P_s(x)) + dJ_s P_s(x), per row
             reach = _nan_inf(dj * nu if st.local else dj * normP)  # nu_k(dJ_s P_s(x))
+            plain = float(reach.max())
             if al is not None:
                 reach = torch.minimum(reach, al.reach(r, nu, rho, dP[k], eP[s], 1e-13 * scale))
+            if aa is not None:
+                reach = torch.minimum(reach, aa.reach(r, nu, rho, dP[k], eP[s], 1e-13 * scale))
+            reaches[k][st.name] = (plain, float(reach.max()))
             move = b * dP[k] if st.local else b * float(dP[k].max())
             dP[k] = _nan_inf(torch.where(dP[k] == 0, 0.0, move) + reach)
             # THEORY F40d: v_{0,m} of the layer-level stage, telescoped over its sub-stages from zero
@@ -580,7 +590,7 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
                               [st.name for st in stages], [st.p for st in stages], bmax,
                               [float(dj[k].max()) for dj in dJs], [float(v.max()) for v in nuP], suf, e_J, wall, cpu,
                               parts, kept if k == 0 else None, [r[k] for r in radii], cuts, spans[k],
-                              list(memo.refusals)))
+                              list(memo.refusals), reaches[k]))
     return out
 
 

@@ -47,6 +47,7 @@ class _Stage:
     bounds: Callable[[Tensor], tuple]  # r -> (dJ, dJc, ball, heads), ``heads`` below or None
     layernorm: bool = False  # a LayerNorm stage (the previous stage's drift may be centred)
     ffn: object = None  # the FFN spec of a stage ``h -> h + FFN(h)`` with no norm inside (post-LN; THEORY F40)
+    attn: dict | None = None  # a post-LN attention ``x -> x + A(x)``: its heads at x and norms (THEORY F44)
 
     @property
     def k(self) -> int:
@@ -166,7 +167,9 @@ def _attn_stage(name: str, group: int, layer, X: Tensor, n1: _NormLin | None, ca
         return dj, dj, torch.minimum(1 + att * mD1, pt + dj) * (1 + 1e-12), (dZ, mD1, att * mE1)
 
     lin = _AttnRes(_AttnLin(attn, Xin), n1, T, d)
-    return _Stage(name, group, X, lin, False, pt, bounds), X + attention_forward(attn, Xin)
+    parts = None if n1 is not None else {"heads": heads, "mom": mom, "scale": attn.softmax_scale, "norms": cache["w"],
+                                         "Oh": Oh, "Oall": Oall, "Cw": Cw}
+    return _Stage(name, group, X, lin, False, pt, bounds, attn=parts), X + attention_forward(attn, Xin)
 
 
 def _ffn_stage(name: str, group: int, layer, S: Tensor, n2: _NormLin | None, centred: bool,  # noqa: ANN001

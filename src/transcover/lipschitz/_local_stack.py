@@ -424,7 +424,7 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
         if s in pos and s > 0:  # the prefix's drift by exact middle products (THEORY F36 item 3)
             mid[(0, pos[s])] = torch.minimum(mid[(0, pos[s])], nu) if (0, pos[s]) in mid else nu
             for k in range(nr):
-                col = middle_drift_column(mid, dJq[k], loc, pos[s], blk, reach0[k])
+                col = middle_drift_column(mid, dJq[k], loc, pos[s], blk, reach0[k], spans[k])
                 spans[k].update({(a, pos[s]): v for a, v in enumerate(col[:-1])})
                 dP[k] = torch.minimum(dP[k], col[0])
         if s in first:
@@ -533,7 +533,7 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
         eS[s - 1] = e_prev
     del C
     mid[(0, len(cuts) - 1)] = rows + eP[n]
-    middle = [middle_drift_column(mid, dJq[k], loc, len(cuts) - 1, blk, reach0[k]) for k in range(nr)]
+    middle = [middle_drift_column(mid, dJq[k], loc, len(cuts) - 1, blk, reach0[k], spans[k]) for k in range(nr)]
     for k in range(nr):
         spans[k].update({(a, len(cuts) - 1): v for a, v in enumerate(middle[k][:-1])})
     suf = [float(N.sum(dim=1).max()) * (1 + T * _U) + e for N, e in zip(Nmat, eS)]

@@ -146,7 +146,7 @@ def aligned_hessian_sup(s1: dict, s2: dict, m: dict, rho: float, nG: float, nV: 
     r"""(T,) per query ``i`` a certified ``sup_{Z in B(X, rho)} ||H_i(Z)[Delta, E]||`` of one head (before ``W_O``,
     F35a) over the tangents with rows ``Delta_j`` in side ``s1``'s ellipsoid ``E(Q1_j)`` and ``E_j`` in ``s2``'s (THEORY F44b):
 
-    .. math:: A_1\sigma_{V,2} + A_2\sigma_{V,1} + \min(A_1 \hat c_2, A_2 \hat c_1)\, s_V
+    .. math:: A_1\sigma_{V,2} + A_2\sigma_{V,1} + \min\big(\min(A_1 \hat c_2, A_2 \hat c_1)\, s_V,\ A_1 A_2 \hat w\big)
               + \mathrm{scale}\,(\mu_{Q2,i} \kappa_{K1} + \mu_{Q1,i} \kappa_{K2})\, s_V
 
     with, at every Z of the ball (weights ``P' <= P + a``, F31a's envelope, each sum over ``P'`` by ``_pmean``/``_pvar``):
@@ -154,7 +154,8 @@ def aligned_hessian_sup(s1: dict, s2: dict, m: dict, rho: float, nG: float, nV: 
     bound of a centred score change (``g_ij = scale Q_i^{1/2} W_Q W_K^T y_j``, second moment about X's mean;
     ``om'_ij = ||Q_j^{1/2} q_i|| + scale ||W_Q|| rho mu_K,j``), ``c = 2 max_j (||g_ij|| + scale mu_Q,i ||W_K|| rho + om'_ij)``
     its largest entry, ``sigma_V = (var_{P'} mu_V,j)^{1/2}``, ``kappa_K = (sum_j P'_j mu_K,j^2)^{1/2}``
-    (``mu_W,j = ||Q_j^{1/2} W||``), ``s_V`` F35b's value moment on the ball.  ``s1``, ``s2``: ``head_projections``
+    (``mu_W,j = ||Q_j^{1/2} W||``), ``s_V`` F35b's value moment on the ball, ``w^ = max_j ||W_V^T y_j|| + 2 ||W_V|| rho
+    + sum_j a_j ||W_V^T y_j||`` the largest centred value on it.  ``s1``, ``s2``: ``head_projections``
     rows or ``ball_side``; ``m`` the head's ``_HeadMoments`` row, ``nG``, ``nV``, ``nQ``, ``nK`` certified
     ``||scale W_Q W_K^T||``, ``||W_V||``, ``||W_Q||``, ``||W_K||``.  Assumptions: every token of the attention's input
     within ``rho`` of X; dot attention without RoPE, soft-cap or q/k norm."""
@@ -164,7 +165,11 @@ def aligned_hessian_sup(s1: dict, s2: dict, m: dict, rho: float, nG: float, nV: 
     A1, c1, v1, q1, k1 = _side_at(s1, P, a, ratio, rho, nQ, nK, scale)
     A2, c2, v2, q2, k2 = _side_at(s2, P, a, ratio, rho, nQ, nK, scale)
     sV = _ball_moment(m["lV"], a, m["vn"] * m["vn"], ratio) + nV * rho
-    out = (A1 * v2 + A2 * v1 + torch.minimum(A1 * c2, A2 * c1) * sV + scale * (q2 * k1 + q1 * k2) * sV) * (1 + 1e-10)
+    # the largest centred value at Z: ||W_V^T (x'_j - xbar')|| <= ||W_V^T y_j|| + 2 ||W_V|| rho + sum_k a_k ||W_V^T y_k||
+    vis = torch.where(P > 0, m["vn"], torch.zeros_like(P)).max(dim=1).values
+    what = vis + 2 * nV * rho + (a * m["vn"]).sum(dim=1)
+    t3 = torch.minimum(torch.minimum(A1 * c2, A2 * c1) * sV, A1 * A2 * what)
+    out = (A1 * v2 + A2 * v1 + t3 + scale * (q2 * k1 + q1 * k2) * sV) * (1 + 1e-10)
     return torch.nan_to_num(out, nan=math.inf, posinf=math.inf)
 
 

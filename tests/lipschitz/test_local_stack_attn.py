@@ -8,6 +8,7 @@ a deep stack.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -21,7 +22,7 @@ from transcover.lipschitz._local_drift import head_second_derivative
 from transcover.lipschitz._local_jacobian import _head_data, _weight_norms
 from transcover.lipschitz._local_lower import bilinear_lower
 from transcover.lipschitz._local_stack import certified_rows, stack_local
-from transcover.lipschitz._local_stack_aligned import ellipsoid_gram
+from transcover.lipschitz._local_stack_aligned import FFNAligned, ellipsoid_gram
 from transcover.lipschitz._local_rows import _HeadMoments
 from transcover.lipschitz._local_stack_attn import AttentionAligned, head_projections
 from transcover.lipschitz._local_stack_stages import _attn_stage
@@ -38,7 +39,7 @@ def _layer(seed: int, qscale: float = 1.0, causal: bool = False, vscale: float =
     return dataclasses.replace(L, attention=attn), attn
 
 
-def _case(seed: int, T: int = 4, d: int = 6, pscale: float = 1.0):
+def _case(seed: int, T: int = 4, d: int = 6, pscale: float = 1.0):  # noqa: ANN202
     g = torch.Generator().manual_seed(seed + 1)
     X = torch.randn(T, d, generator=g, dtype=torch.float64) * 1.5
     P = pscale * torch.randn(T, T, d, d, generator=g, dtype=torch.float64) / d**0.5
@@ -100,6 +101,37 @@ def test_reach_is_never_beaten_behind_a_linear_prefix(seed, rho, qscale):
             return (dA(X + _rows(P, rho * h), E) - dA(X, E))[k].norm()
         lo = bilinear_lower(obj, X.shape, restarts=2, steps=50, seed=seed + k)
         assert 0 < lo <= float(reach[k]), (k, lo, reach)
+
+
+@pytest.mark.parametrize("seed,rho,qscale", [(1, 0.02, 1.0), (3, 0.05, 5.0), (4, 0.5, 1.0)])
+def test_drift_rows_are_never_beaten_behind_a_linear_prefix(seed, rho, qscale):
+    """Behind a linear prefix (dP = 0), the drift rows for moves along the prefix's rows, sup over ||h_j|| <= rho and
+    (2,inf)-unit E of ||[(DA(X + P h) - DA(X)) E]_k|| (attention, THEORY F44e) and of ||(F'(H_k + (P h)_k) -
+    F'(H_k)) e|| (a GELU FFN, F44f), by Adam ascent, stay below ``AttentionAligned.drift`` / ``FFNAligned.drift``."""
+    from test_local_stack_aligned import _case as ffn_case, _jac
+
+    layer, attn = _layer(seed, qscale)
+    X, P = _case(seed, pscale=0.3)
+    al = _aligned(layer, X, P)
+    nu = certified_rows(P)
+    r = rho * nu * (1 + 1e-12)
+    dZ = torch.full((len(al.proj), X.shape[0]), math.inf, dtype=torch.float64)
+    rows, _ = al.drift(r, rho, torch.zeros_like(nu), 0.0, 0.0, (dZ, 1.0, 0.0))
+    A = lambda Z: attention_forward(attn, Z)  # noqa: E731
+    dA = lambda Z, E: torch.autograd.functional.jvp(A, Z, E, create_graph=True)[1]  # noqa: E731
+    for k in range(X.shape[0]):
+        lo = bilinear_lower(lambda h, E, k=k: (dA(X + _rows(P, rho * h), E) - dA(X, E))[k].norm(), X.shape,
+                            restarts=2, steps=50, seed=seed + k)
+        assert 0 < lo <= float(rows[k]), (k, lo, rows)
+    ffn, H, Pf = ffn_case(seed, pscale=0.3)
+    fa = FFNAligned(ffn, H, Pf, {})
+    nuf = certified_rows(Pf)
+    rows = fa.drift(rho * nuf * (1 + 1e-12), rho, torch.zeros_like(nuf), 0.0, 0.0)
+    for k in range(H.shape[0]):
+        J0 = _jac(ffn, H[k]).detach()
+        lo = bilinear_lower(lambda h, e, k=k, J0=J0: ((_jac(ffn, H[k] + _rows(Pf, rho * h)[k]) - J0) @ e[k]).norm(),
+                            H.shape, restarts=2, steps=50, seed=seed + k)
+        assert 0 < lo <= float(rows[k]), (k, lo, rows)
 
 
 def test_homogeneity_in_the_values_and_the_prefix():
@@ -167,12 +199,13 @@ def test_f44_tightens_a_deep_stack():
     """Regression (issue 12, THEORY F44): the 6-layer post-LN GELU stack of ``test_local_stack_aligned``; with F40
     the middle-product drift was 1.150 at rho = 1e-5 (drift 1.070) and the bound 524.6 at 1e-4; with the
     attention's reach through the prefix's ellipsoids (F44a-c) 0.2576 and 21.73; with the spans telescoped the
-    other way (F44d) 0.2259 and 14.10; every attention's reach is smaller."""
+    other way (F44d) 0.2259 and 14.10; with the drift rows for moves along the prefix's rows (F44e, F44f) 0.2126 and
+    10.89; every attention's reach is smaller."""
     spec = random_spec(1, act="gelu", L=6, norm="layernorm", placement="post", d=6, dff=8, eps=1e-5, biases=True)
     X = torch.randn(4, 6, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     small, large = stack_local(spec, X, [1e-5, 1e-4])
-    assert small.parts["(middle products)"] <= 0.2259 and small.drift <= 0.2259
-    assert large.upper <= 14.10
+    assert small.parts["(middle products)"] <= 0.2126 and small.drift <= 0.2126
+    assert large.upper <= 10.89
     for name, (plain, used) in small.reaches.items():
         assert "attention" not in name or used < 0.6 * plain, (name, plain, used)
     lo = adversary(lambda Z: transformer_forward(spec, Z, with_head=False), X, 1e-4, restarts=2, steps=15, seed=1)

@@ -447,6 +447,11 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
         for k, rho in enumerate(rhos):
             r = torch.minimum(rho * (nu + dP[k]), rc[k]) * (1 + 1e-12) + 1e-13 * scale
             dj, djc, b, hd = st.bounds(r)
+            # THEORY F44e, F44f: the drift rows for moves along the prefix's rows (attention, FFN)
+            alt, hd = aa.drift(r, rho, dP[k], eP[s], 1e-13 * scale, hd) if aa is not None else (None, hd)
+            alt = al.drift(r, rho, dP[k], eP[s], 1e-13 * scale) if al is not None else alt
+            if alt is not None:
+                dj, djc = torch.minimum(dj, alt), torch.minimum(djc, alt)
             dj, djc, b = _nan_inf(dj), _nan_inf(djc), _nan_inf(torch.minimum(b, st.pt + dj))
             hx.setdefault(s, []).append(hd)
             rs.append(r)

@@ -32,7 +32,8 @@ from ._local_rows import _heads_combined, _lmax_gram
 from ._local_sharp import ball_box
 from ._local_stack_aligned import ellipsoid_gram
 
-__all__ = ["head_projections", "ball_side", "aligned_hessian_sup", "attention_aligned_reach", "AttentionAligned"]
+__all__ = ["head_projections", "ball_side", "aligned_hessian_sup", "attention_aligned_reach", "attention_aligned_drift",
+           "AttentionAligned"]
 
 _U = 2.0**-53
 
@@ -189,6 +190,17 @@ def attention_aligned_reach(first: Tensor, mixed: Tensor, second: Tensor, rho: f
     return torch.nan_to_num(out, nan=math.inf, posinf=math.inf)
 
 
+def attention_aligned_drift(mixed: Tensor, second: Tensor, rho: float, emax: float) -> Tensor:
+    r"""(H, T) per head and query ``>= nu_k(Z^h(y_s) - Z^h(x_s))`` for ``y`` in the network's ball ``B(x, rho)`` (THEORY
+    F44e): the move ``Delta = rho Phat h + e`` is a prefix row plus ``||e_j|| <= emax``, the argument any unit row:
+
+    .. math:: \rho\,F^{m}_{h,k} + e_{\max} S_{h,k}
+
+    (``mixed`` ``F^m`` and ``second`` ``S`` as in ``attention_aligned_reach``)."""
+    out = (rho * mixed + emax * second) * (1 + 1e-12)
+    return torch.nan_to_num(out, nan=math.inf, posinf=math.inf)
+
+
 def _segment(sup, r: float) -> Tensor:  # noqa: ANN001
     """``(1/n) sum_{k=1}^n sup(k r / n)`` (F35c's right Riemann sum of ball sups along the segment)."""
     n = SEGMENT_STEPS
@@ -220,6 +232,19 @@ class AttentionAligned:
                                 float(self.nK[h]), self.p["scale"])
             for h, (pj, m) in enumerate(zip(self.proj, self.p["mom"].rows))])
 
+    def integrals(self, r: float) -> tuple[Tensor, Tensor, Tensor]:
+        """(H, T) each: the segment sums on ``B(X, r)`` of ``aligned_hessian_sup`` with both tangents in the
+        ellipsoids (``F``), with one in the unit ball (``F^m``; the bound is symmetric in its two families), and
+        F35's unit-ball sup (``S``), kept per radius."""
+        memo = self.p.setdefault("f44", {})
+        if r not in memo:
+            memo[r] = (_segment(self.sup, r), _segment(lambda t: self.sup(t, True), r),
+                       attention_drift_hessian(self.p["mom"], r, self.p["norms"]) / r)
+        return memo[r]
+
+    def _combined(self, b: Tensor) -> Tensor:
+        return _heads_combined(self.p["Oh"], self.p["Oall"], b, heads_joint(self.p["Cw"], b))
+
     def reach(self, r: Tensor, nu: Tensor, rho: float, dP: Tensor, eP: float, pad: float) -> Tensor:  # noqa: ARG002
         """(T,) ``v_k`` of F44c through ``W_O`` (``_heads_combined``, F35d) at token radii ``r`` (every token of the
         stage's input within ``r_j`` of x), prefix drift rows ``dP`` (``nu``: the prefix rows, unused: the ellipsoids
@@ -229,8 +254,19 @@ class AttentionAligned:
             return torch.full_like(r, math.inf)
         if rm == 0:
             return torch.zeros_like(r)
-        second = attention_drift_hessian(self.p["mom"], rm, self.p["norms"]) / rm
+        F, Fm, S = self.integrals(rm)
         emax = float((rho * (dP + eP) + pad).max())
-        b = attention_aligned_reach(_segment(self.sup, rm), _segment(lambda t: self.sup(t, True), rm), second, rho,
-                                    emax, rm, eP)
-        return _heads_combined(self.p["Oh"], self.p["Oall"], b, heads_joint(self.p["Cw"], b))
+        return self._combined(attention_aligned_reach(F, Fm, S, rho, emax, rm, eP))
+
+    def drift(self, r: Tensor, rho: float, dP: Tensor, eP: float, pad: float, heads: tuple | None) -> tuple:
+        """``(dj, heads)``: the sub-stage's drift rows ``sup nu_k(J(y_s) - J(x_s))`` on the network's ball (THEORY
+        F44e), per head ``min(dZ_h, rho F^m + e_max S)`` (the move along the prefix's ellipsoids, the argument free)
+        and combined through ``W_O``; ``heads`` the stage's ``(dZ, a, c)`` (post-LN: ``a = 1``, ``c = 0``), returned
+        with the smaller ``dZ``."""
+        rm = float(r.max())
+        if heads is None or not math.isfinite(rm) or rm == 0:
+            return None, heads
+        _, Fm, S = self.integrals(rm)
+        emax = float((rho * (dP + eP) + pad).max())
+        dZ = torch.minimum(heads[0], attention_aligned_drift(Fm, S, rho, emax))
+        return self._combined(dZ), (dZ, *heads[1:])

@@ -212,7 +212,7 @@ class AttentionAligned:
     then per radius the heads' reach combined through ``W_O`` (``reach``)."""
 
     def __init__(self, parts: dict, blocks: Tensor) -> None:
-        self.p = parts
+        self.p, self.memo = parts, {}
         T = blocks.shape[0]
         grams = [ellipsoid_gram(blocks[j]) for j in range(T)]
         Qs = torch.stack([g[0] for g in grams])
@@ -236,7 +236,7 @@ class AttentionAligned:
         """(H, T) each: the segment sums on ``B(X, r)`` of ``aligned_hessian_sup`` with both tangents in the
         ellipsoids (``F``), with one in the unit ball (``F^m``; the bound is symmetric in its two families), and
         F35's unit-ball sup (``S``), kept per radius."""
-        memo = self.p.setdefault("f44", {})
+        memo = self.memo  # the ellipsoids are this prefix's: the memo lives on the instance
         if r not in memo:
             memo[r] = (_segment(self.sup, r), _segment(lambda t: self.sup(t, True), r),
                        attention_drift_hessian(self.p["mom"], r, self.p["norms"]) / r)

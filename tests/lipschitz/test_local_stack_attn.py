@@ -240,3 +240,47 @@ def test_prefix_span_drifts_are_never_beaten(seed, rho):
             lo = bilinear_lower(lambda h, v, i=i: (dJ(X + rho * h, v) - dJ(X, v))[i].norm(), X.shape, restarts=2,
                                 steps=25, seed=seed + i)
             assert lo <= float(r.spans[(0, b)][i]), (b, i, lo, r.spans[(0, b)])
+
+
+@pytest.mark.parametrize("rho", [1e-3, 5e-2])
+def test_reach_and_drift_behind_a_nonlinear_prefix_are_never_beaten(monkeypatch, rho):
+    """Inside ``stack_local`` (prefix drift, rounding and pads as computed there): layer 1's attention sub-stage
+    (prefix: input norm and layer 0, post-LN GELU, W_Q x 2) -- the reach ``nu_k((J(y_s) - J(x_s)) P_s(x))`` (F44c) and
+    the drift rows ``nu_k(J(y_s) - J(x_s))`` (F44e) it records, against Adam ascent over y in the network's ball
+    B(X, rho) (through the exact nonlinear prefix) and (2,inf)-unit v (E = P_s(x) v) or E."""
+    import transcover.lipschitz._local_stack_attn as attn_mod
+
+    spec = random_spec(2, act="gelu", norm="layernorm", placement="post", d=6, H=2, dh=3, dff=8, L=2, biases=True)
+    spec = dataclasses.replace(spec, layers=[dataclasses.replace(
+        ly, attention=dataclasses.replace(ly.attention, W_Q=2 * ly.attention.W_Q)) for ly in spec.layers])
+    X = torch.randn(3, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(2)) * 2
+    seen: dict = {"reach": [], "drift": []}
+    reach0, drift0 = attn_mod.AttentionAligned.reach, attn_mod.AttentionAligned.drift
+
+    def reach(self, *args):  # noqa: ANN001, ANN202
+        out = reach0(self, *args)
+        seen["reach"].append(out.clone())
+        return out
+
+    def drift(self, *args):  # noqa: ANN001, ANN202
+        out = drift0(self, *args)
+        seen["drift"].append(out[0].clone())
+        return out
+
+    monkeypatch.setattr(attn_mod.AttentionAligned, "reach", reach)
+    monkeypatch.setattr(attn_mod.AttentionAligned, "drift", drift)
+    stack_local(spec, X, [rho])
+    assert len(seen["reach"]) == 2 and len(seen["drift"]) == 2  # one attention per layer
+    fs = _sub_stages(spec)
+    pre = lambda Z: fs[4](fs[3](fs[2](fs[1](fs[0](Z)))))  # noqa: E731
+    att = lambda Z: fs[5](Z)  # noqa: E731
+    dA = lambda Z, E: torch.autograd.functional.jvp(att, Z, E, create_graph=True)[1]  # noqa: E731
+    dP = lambda v: torch.autograd.functional.jvp(pre, X, v, create_graph=True)[1]  # noqa: E731
+    xs = pre(X).detach()
+    for k in range(X.shape[0]):
+        lo = bilinear_lower(lambda h, v, k=k: (dA(pre(X + rho * h), dP(v)) - dA(xs, dP(v)))[k].norm(), X.shape,
+                            restarts=2, steps=30, seed=k)
+        assert 0 < lo <= float(seen["reach"][1][k]), (k, lo, seen["reach"][1])
+        lo = bilinear_lower(lambda h, E, k=k: (dA(pre(X + rho * h), E) - dA(xs, E))[k].norm(), X.shape,
+                            restarts=2, steps=30, seed=k)
+        assert 0 < lo <= float(seen["drift"][1][k]), (k, lo, seen["drift"][1])

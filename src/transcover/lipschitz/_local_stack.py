@@ -215,11 +215,11 @@ def _nan_inf(t: Tensor) -> Tensor:
     return torch.nan_to_num(t, nan=math.inf, posinf=math.inf)
 
 
-def _group_ball(stages: list[_Stage], a: int, b: int, mL: Tensor, balls: list, dJs: list) -> tuple[Tensor, Tensor, Tensor]:
+def _group_ball(stages: list[_Stage], a: int, b: int, mL: Tensor, balls: list, dJs: list) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """A layer's rows on the ball (THEORY F33 item 3): with ``J_L = M (I + A)``, ``M`` the token-local
     sub-stages' product, ``||M_i(y) - M_i(x)|| <= dM_i = sum_m (prod_{t>m} B_t,i) dJ_m,i (prod_{t<m} pt_t,i)``,
     ``nu_i(J_L(y)) <= (m_i + dM_i) B_a,i`` and ``nu_i(J_L(y) - J_L(x)) <= dM_i B_a,i + m_i dJ_a,i``; also
-    ``sup ||M_i(y)|| <= min(m_i + dM_i, prod_{t>a} B_t,i)`` (THEORY F40f)."""
+    ``sup ||M_i(y)|| <= min(m_i + dM_i, prod_{t>a} B_t,i)`` (THEORY F40f); returns ``(B_L, dJ_L, sup ||M(y)||, dM)``."""
     dM = torch.zeros_like(mL)
     for m in range(a + 1, b):
         left = math.prod((balls[t] for t in range(m + 1, b)), start=torch.ones_like(mL))
@@ -230,7 +230,7 @@ def _group_ball(stages: list[_Stage], a: int, b: int, mL: Tensor, balls: list, d
     Mball = _nan_inf(torch.minimum((mL + dM), full)) * (1 + 1e-12)
     BL = _nan_inf(Mball * balls[a])
     dJL = _nan_inf(dM * balls[a] + mL * dJs[a])
-    return BL * (1 + 1e-12), dJL * (1 + 1e-12), Mball
+    return BL * (1 + 1e-12), dJL * (1 + 1e-12), Mball, dM
 
 
 # Note [per-layer refusals].  The per-layer route (``layer_jacobians``) says that it does not apply to a
@@ -399,6 +399,7 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
     w0L = [torch.zeros(T, dtype=torch.float64) for _ in rhos]  # the running v_{0,m} of a layer's token-local part
     wmL = [torch.zeros(T, dtype=torch.float64) for _ in rhos]  # the running drift rows of that part (THEORY F40g)
     ratt: list = [None] * len(rhos)  # the attention sub-stage's reach of the current layer (THEORY F40f)
+    hatt: list = [None] * len(rhos)  # the same, per head through the layer's token-local product at x (THEORY F44g)
     spans: list[dict] = [{} for _ in rhos]  # per rho, (a, b) -> rows of sup nu_i(M_{a,b}(y) - M_{a,b}(x))
     reaches: list[dict] = [{} for _ in rhos]  # per rho, stage -> (max_k dJ_k nu_k, max_k v_k with F40/F44)
     layer_at = {groups[ly.index][0]: ly for ly in spec.layers}
@@ -464,7 +465,8 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
             if al is not None:
                 reach = torch.minimum(reach, al.reach(r, nu, rho, dP[k], eP[s], 1e-13 * scale))
             if aa is not None:
-                reach = torch.minimum(reach, aa.reach(r, nu, rho, dP[k], eP[s], 1e-13 * scale))
+                rh = aa.reach_heads(r, rho, dP[k], eP[s], 1e-13 * scale)  # (H, T), before W_O
+                reach = torch.minimum(reach, aa.combined(rh))
             reaches[k][st.name] = (plain, float(reach.max()))
             move = b * dP[k] if st.local else b * float(dP[k].max())
             dP[k] = _nan_inf(torch.where(dP[k] == 0, 0.0, move) + reach)
@@ -476,6 +478,7 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
                              + dj * (mrow if st.local else float(mrow.max())))
             if s in first:  # the layer's attention: its reach seen through the exact token-local product (F40f)
                 ratt[k], w0L[k], wmL[k] = reach, torch.zeros_like(reach), torch.zeros_like(reach)
+                hatt[k] = aa.through(rh) if aa is not None else None
             else:
                 w0L[k] = _nan_inf(torch.where(w0L[k] == 0, 0.0, b * w0L[k]) + reach)
                 wmL[k] = _nan_inf(torch.where(wmL[k] == 0, 0.0, b * wmL[k]) + dj * mrow)
@@ -492,8 +495,10 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
             dPa, rca, nPa = at[a]
             GB[a] = []
             for k in range(nr):
-                BL, dJL, Mb = _group_ball(stages, a, s + 1, mL, [balls[t][k] for t in range(len(balls))], [dJs[t][k] for t in range(len(dJs))])
+                BL, dJL, Mb, dMk = _group_ball(stages, a, s + 1, mL, [balls[t][k] for t in range(len(balls))], [dJs[t][k] for t in range(len(dJs))])
                 w0[k] = torch.minimum(w0[k], _nan_inf(Mb * ratt[k] + w0L[k]) * (1 + 1e-12))
+                if hatt[k] is not None:  # THEORY F44g: the heads' reach through M(x) W_O^hT, M's drift on the rest
+                    w0[k] = torch.minimum(w0[k], _nan_inf(hatt[k] + dMk * ratt[k] + w0L[k]) * (1 + 1e-12))
                 dJL = torch.minimum(dJL, PL[a][k][0])
                 # THEORY F40g: the layer's drift rows by the exact partial products at x (wm), or with the
                 # attention's drift through the token-local product

@@ -242,21 +242,36 @@ class AttentionAligned:
                        attention_drift_hessian(self.p["mom"], r, self.p["norms"]) / r)
         return memo[r]
 
-    def _combined(self, b: Tensor) -> Tensor:
+    def combined(self, b: Tensor) -> Tensor:
+        """(T,) heads' rows ``b`` (H, T) through ``W_O`` (``_heads_combined``, F35d)."""
         return _heads_combined(self.p["Oh"], self.p["Oall"], b, heads_joint(self.p["Cw"], b))
 
-    def reach(self, r: Tensor, nu: Tensor, rho: float, dP: Tensor, eP: float, pad: float) -> Tensor:  # noqa: ARG002
-        """(T,) ``v_k`` of F44c through ``W_O`` (``_heads_combined``, F35d) at token radii ``r`` (every token of the
-        stage's input within ``r_j`` of x), prefix drift rows ``dP`` (``nu``: the prefix rows, unused: the ellipsoids
-        carry them)."""
+    def reach_heads(self, r: Tensor, rho: float, dP: Tensor, eP: float, pad: float) -> Tensor:
+        """(H, T) the heads' reach before ``W_O`` (``attention_aligned_reach``, F44c) at token radii ``r`` (every token
+        of the stage's input within ``r_j`` of x) and prefix drift rows ``dP``."""
         rm = float(r.max())
+        H = len(self.proj)
         if not math.isfinite(rm):
-            return torch.full_like(r, math.inf)
+            return torch.full((H, r.shape[0]), math.inf, dtype=torch.float64)
         if rm == 0:
-            return torch.zeros_like(r)
+            return torch.zeros(H, r.shape[0], dtype=torch.float64)
         F, Fm, S = self.integrals(rm)
         emax = float((rho * (dP + eP) + pad).max())
-        return self._combined(attention_aligned_reach(F, Fm, S, rho, emax, rm, eP))
+        return attention_aligned_reach(F, Fm, S, rho, emax, rm, eP)
+
+    def reach(self, r: Tensor, nu: Tensor, rho: float, dP: Tensor, eP: float, pad: float) -> Tensor:  # noqa: ARG002
+        """(T,) ``v_k`` of F44c through ``W_O`` (``_heads_combined``, F35d; ``nu``: the prefix rows, unused: the
+        ellipsoids carry them)."""
+        return self.combined(self.reach_heads(r, rho, dP, eP, pad))
+
+    def through(self, b: Tensor) -> Tensor | None:
+        """(T,) ``>= nu_k(M_k(x) W_O^T z_k)`` for heads' rows ``||z_h,k|| <= b_h,k`` (THEORY F44g): ``M_k`` the layer's
+        token-local product at x (``MO``: its certified ``||M_k W_O^hT||``, ``||M_k W_O^T||``), the smaller of the
+        per-head sum and the concatenation; None when the layer has no such product."""
+        if "MO" not in self.p:
+            return None
+        per, full = self.p["MO"]
+        return torch.minimum((per * b).sum(dim=0), full * torch.sqrt((b * b).sum(dim=0))) * (1 + 1e-12)
 
     def drift(self, r: Tensor, rho: float, dP: Tensor, eP: float, pad: float, heads: tuple | None) -> tuple:
         """``(dj, heads)``: the sub-stage's drift rows ``sup nu_k(J(y_s) - J(x_s))`` on the network's ball (THEORY
@@ -269,4 +284,4 @@ class AttentionAligned:
         _, Fm, S = self.integrals(rm)
         emax = float((rho * (dP + eP) + pad).max())
         dZ = torch.minimum(heads[0], attention_aligned_drift(Fm, S, rho, emax))
-        return self._combined(dZ), (dZ, *heads[1:])
+        return self.combined(dZ), (dZ, *heads[1:])

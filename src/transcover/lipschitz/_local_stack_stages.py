@@ -255,6 +255,10 @@ def layer_stages(layer, X: Tensor, cache: dict) -> tuple[list[_Stage], Tensor, T
         k = 8 * (3 * d + layer.ffn.W_1.shape[1]) + 8
         eM = k * _U / (1 - k * _U) * Ma.norm(dim=(1, 2)) * (1 + 1e-12)
         mL = torch.minimum((certified_spectral(M) + eM) * (1 + 1e-12), math.prod(st.pt for st in out[1:]))
+        if att.attn is not None:  # THEORY F44g: (H, T) ||M_i W_O^hT|| and (T,) ||M_i W_O^T||, M_i at x
+            from ._local_rows import _head_output_norms
+
+            att.attn["MO"] = _head_output_norms(M, eM, att.attn["heads"], T)
         return out, Y, mL
     n1 = _NormLin(layer.norm_attn, X) if _active(layer.norm_attn) else None
     att, S1 = _attn_stage(f"{nm} attention", g, layer, X, n1, cache)

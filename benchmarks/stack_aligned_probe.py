@@ -9,6 +9,11 @@ each sup.  Also each stage's own ``sup ||D^2 f_s(x_s)[u, w]||`` and the whole ne
 ``sup ||D^2 F(x)[h, v]||`` (the true first-order drift of the Jacobian per unit rho).
 
     PYTHONPATH=src HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 python benchmarks/stack_aligned_probe.py [--sentence 14]
+
+``--reach 1e-6,1e-5`` (THEORY F44): per layer the attention sub-stage's reach ``max_k nu_k((J_att(y) - J_att(x)) P(x))``
+on ``B(x, rho)`` (rho = factor x the median token norm): certified by F35's drift rows (``dJ ||P||``), certified
+with F44's projections through the prefix's ellipsoids (both from ``stack_local``), and an Adam ascent of the
+true quantity (``Delta = prefix(x + rho h) - prefix(x)``, ``E = P(x) v``, every token of h, v on the unit sphere).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import torch
 from torch.func import jvp
 
 from transcover.lipschitz._local_lower import bilinear_lower
+from transcover.lipschitz._local_stack import stack_local
 from transcover.model import attention_forward, ffn_forward, load
 from transcover.model._data import load_inputs
 
@@ -51,12 +57,38 @@ def n2inf(Y):  # noqa: ANN001, ANN201
     return Y.norm(dim=-1).max()
 
 
+def reach_table(spec, X, st, xs, factors, steps: int, restarts: int) -> None:  # noqa: ANN001
+    """Per layer and rho factor: certified reach without / with F44, and the ascent of the true reach."""
+    med = float(X.norm(dim=1).median())
+    rhos = [f * med for f in factors]
+    t0 = time.process_time()
+    res = stack_local(spec, X, rhos)
+    print(f"stack_local {time.process_time() - t0:.0f}s cpu; bounds", [f"{r.upper:.4g}" for r in res])
+    fs = [f for _, _, f in st]
+    print("layer | rho factor | F35 dJ||P|| | F44 | ascent | radius")
+    for s, (nm, idx, f) in enumerate(st):
+        if not nm.endswith(".attn"):
+            continue
+        pre, att = chain(fs[:s]), (lambda Z, f=f: f(Z))
+        for fac, rho, r in zip(factors, rhos, res):
+            name = f"layer {idx} attention"
+            plain, used = r.reaches[name]
+
+            def obj(h, v, rho=rho, pre=pre, att=att, s=s):  # noqa: ANN001, ANN202
+                y = pre(X + rho * h)
+                E = jvp(pre, (X,), (v,))[1]
+                return n2inf(jvp(att, (y,), (E,))[1] - jvp(att, (xs[s],), (E,))[1])
+            lo = bilinear_lower(obj, X.shape, restarts=restarts, steps=steps)
+            print(f"{idx} | {fac:g} | {plain:.4g} | {used:.4g} | {lo:.4g} | {r.radii[s]:.3g}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sentence", type=int, default=14)
     ap.add_argument("--steps", type=int, default=120)
     ap.add_argument("--restarts", type=int, default=3)
     ap.add_argument("--only", default="", help="comma-separated stage names (default: all, and the whole network)")
+    ap.add_argument("--reach", default="", help="rho factors: the attention reach table (THEORY F44) only")
     a = ap.parse_args()
     torch.set_num_threads(1)
     spec = load(None).to_torch(torch.float64)
@@ -67,6 +99,9 @@ def main() -> None:
     with torch.no_grad():
         for f in fs:
             xs.append(f(xs[-1]))
+    if a.reach:
+        reach_table(spec, X, st, xs, [float(v) for v in a.reach.split(",")], a.steps, a.restarts)
+        return
     groups = [("input_norm", 0, 1)] + [(f"layer{ly.index}", 1 + 4 * k, 5 + 4 * k) for k, ly in enumerate(spec.layers)]
     items = [(nm, s, s + 1) for s, (nm, _, _) in enumerate(st)] + groups[1:]
     shape = X.shape

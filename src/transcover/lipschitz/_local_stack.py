@@ -47,6 +47,7 @@ from .._results import Kind, Quantity
 from ..model import NormKind, TransformerSpec
 from ._local_jacobian import certified_spectral, row_norm_lower
 from ._local_stack_aligned import FFNAligned
+from ._local_stack_attn import AttentionAligned
 from ._local_stack_middle import layer_cuts, middle_drift_column, middle_rows
 from ._local_stack_stages import _Stage, layer_stages, norm_stage
 from ._weights import ROUNDING_PAD
@@ -178,6 +179,8 @@ class StackLocal:
     spans: dict = field(default_factory=dict, repr=False)
     # Note [per-layer refusals]: where the per-layer route gave no bound at this X, and why
     refusals: list = field(default_factory=list)
+    # per sub-stage (max_k of its reach nu_k(dJ_s P_s(x)) by the drift rows, the same with F40/F44's aligned reach)
+    reaches: dict = field(default_factory=dict, repr=False)
 
     @property
     def upper(self) -> float:
@@ -212,11 +215,11 @@ def _nan_inf(t: Tensor) -> Tensor:
     return torch.nan_to_num(t, nan=math.inf, posinf=math.inf)
 
 
-def _group_ball(stages: list[_Stage], a: int, b: int, mL: Tensor, balls: list, dJs: list) -> tuple[Tensor, Tensor, Tensor]:
+def _group_ball(stages: list[_Stage], a: int, b: int, mL: Tensor, balls: list, dJs: list) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """A layer's rows on the ball (THEORY F33 item 3): with ``J_L = M (I + A)``, ``M`` the token-local
     sub-stages' product, ``||M_i(y) - M_i(x)|| <= dM_i = sum_m (prod_{t>m} B_t,i) dJ_m,i (prod_{t<m} pt_t,i)``,
     ``nu_i(J_L(y)) <= (m_i + dM_i) B_a,i`` and ``nu_i(J_L(y) - J_L(x)) <= dM_i B_a,i + m_i dJ_a,i``; also
-    ``sup ||M_i(y)|| <= min(m_i + dM_i, prod_{t>a} B_t,i)`` (THEORY F40f)."""
+    ``sup ||M_i(y)|| <= min(m_i + dM_i, prod_{t>a} B_t,i)`` (THEORY F40f); returns ``(B_L, dJ_L, sup ||M(y)||, dM)``."""
     dM = torch.zeros_like(mL)
     for m in range(a + 1, b):
         left = math.prod((balls[t] for t in range(m + 1, b)), start=torch.ones_like(mL))
@@ -227,7 +230,7 @@ def _group_ball(stages: list[_Stage], a: int, b: int, mL: Tensor, balls: list, d
     Mball = _nan_inf(torch.minimum((mL + dM), full)) * (1 + 1e-12)
     BL = _nan_inf(Mball * balls[a])
     dJL = _nan_inf(dM * balls[a] + mL * dJs[a])
-    return BL * (1 + 1e-12), dJL * (1 + 1e-12), Mball
+    return BL * (1 + 1e-12), dJL * (1 + 1e-12), Mball, dM
 
 
 # Note [per-layer refusals].  The per-layer route (``layer_jacobians``) says that it does not apply to a
@@ -396,7 +399,9 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
     w0L = [torch.zeros(T, dtype=torch.float64) for _ in rhos]  # the running v_{0,m} of a layer's token-local part
     wmL = [torch.zeros(T, dtype=torch.float64) for _ in rhos]  # the running drift rows of that part (THEORY F40g)
     ratt: list = [None] * len(rhos)  # the attention sub-stage's reach of the current layer (THEORY F40f)
+    hatt: list = [None] * len(rhos)  # the same, per head through the layer's token-local product at x (THEORY F44g)
     spans: list[dict] = [{} for _ in rhos]  # per rho, (a, b) -> rows of sup nu_i(M_{a,b}(y) - M_{a,b}(x))
+    reaches: list[dict] = [{} for _ in rhos]  # per rho, stage -> (max_k dJ_k nu_k, max_k v_k with F40/F44)
     layer_at = {groups[ly.index][0]: ly for ly in spec.layers}
     PL: dict = {}  # layer start -> per rho the per-layer route's (drift rows, ball rows)
     memo = _LayerMemo()  # the per-layer route's results at this X (``_per_layer``), shared with ``_layer_route``
@@ -420,7 +425,7 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
         if s in pos and s > 0:  # the prefix's drift by exact middle products (THEORY F36 item 3)
             mid[(0, pos[s])] = torch.minimum(mid[(0, pos[s])], nu) if (0, pos[s]) in mid else nu
             for k in range(nr):
-                col = middle_drift_column(mid, dJq[k], loc, pos[s], blk, reach0[k])
+                col = middle_drift_column(mid, dJq[k], loc, pos[s], blk, reach0[k], spans[k])
                 spans[k].update({(a, pos[s]): v for a, v in enumerate(col[:-1])})
                 dP[k] = torch.minimum(dP[k], col[0])
         if s in first:
@@ -437,10 +442,17 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
         # THEORY F40: a post-LN FFN's first-order drift through the prefix's own reachable rows
         al = FFNAligned(st.ffn, st.x, _col_blocks(K), norms[st.group]["w"]) \
             if st.ffn is not None and FFNAligned.applies(st.ffn) else None
+        # THEORY F44: a post-LN attention's first-order drift through the same ellipsoids
+        aa = AttentionAligned(st.attn, _col_blocks(K)) if st.attn is not None else None
         rs, djs, djcs, bs = [], [], [], []
         for k, rho in enumerate(rhos):
             r = torch.minimum(rho * (nu + dP[k]), rc[k]) * (1 + 1e-12) + 1e-13 * scale
             dj, djc, b, hd = st.bounds(r)
+            # THEORY F44e, F44f: the drift rows for moves along the prefix's rows (attention, FFN)
+            alt, hd = aa.drift(r, rho, dP[k], eP[s], 1e-13 * scale, hd) if aa is not None else (None, hd)
+            alt = al.drift(r, rho, dP[k], eP[s], 1e-13 * scale) if al is not None else alt
+            if alt is not None:
+                dj, djc = torch.minimum(dj, alt), torch.minimum(djc, alt)
             dj, djc, b = _nan_inf(dj), _nan_inf(djc), _nan_inf(torch.minimum(b, st.pt + dj))
             hx.setdefault(s, []).append(hd)
             rs.append(r)
@@ -449,8 +461,13 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
             bs.append(b)
             # Note [stack drift], radii: P_{s+1}(y) - P_{s+1}(x) = J_s(y)(P_s(y) - P_s(x)) + dJ_s P_s(x), per row
             reach = _nan_inf(dj * nu if st.local else dj * normP)  # nu_k(dJ_s P_s(x))
+            plain = float(reach.max())
             if al is not None:
                 reach = torch.minimum(reach, al.reach(r, nu, rho, dP[k], eP[s], 1e-13 * scale))
+            if aa is not None:
+                rh = aa.reach_heads(r, rho, dP[k], eP[s], 1e-13 * scale)  # (H, T), before W_O
+                reach = torch.minimum(reach, aa.combined(rh))
+            reaches[k][st.name] = (plain, float(reach.max()))
             move = b * dP[k] if st.local else b * float(dP[k].max())
             dP[k] = _nan_inf(torch.where(dP[k] == 0, 0.0, move) + reach)
             # THEORY F40d: v_{0,m} of the layer-level stage, telescoped over its sub-stages from zero
@@ -461,6 +478,7 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
                              + dj * (mrow if st.local else float(mrow.max())))
             if s in first:  # the layer's attention: its reach seen through the exact token-local product (F40f)
                 ratt[k], w0L[k], wmL[k] = reach, torch.zeros_like(reach), torch.zeros_like(reach)
+                hatt[k] = aa.through(rh) if aa is not None else None
             else:
                 w0L[k] = _nan_inf(torch.where(w0L[k] == 0, 0.0, b * w0L[k]) + reach)
                 wmL[k] = _nan_inf(torch.where(wmL[k] == 0, 0.0, b * wmL[k]) + dj * mrow)
@@ -477,8 +495,10 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
             dPa, rca, nPa = at[a]
             GB[a] = []
             for k in range(nr):
-                BL, dJL, Mb = _group_ball(stages, a, s + 1, mL, [balls[t][k] for t in range(len(balls))], [dJs[t][k] for t in range(len(dJs))])
+                BL, dJL, Mb, dMk = _group_ball(stages, a, s + 1, mL, [balls[t][k] for t in range(len(balls))], [dJs[t][k] for t in range(len(dJs))])
                 w0[k] = torch.minimum(w0[k], _nan_inf(Mb * ratt[k] + w0L[k]) * (1 + 1e-12))
+                if hatt[k] is not None:  # THEORY F44g: the heads' reach through M(x) W_O^hT, M's drift on the rest
+                    w0[k] = torch.minimum(w0[k], _nan_inf(hatt[k] + dMk * ratt[k] + w0L[k]) * (1 + 1e-12))
                 dJL = torch.minimum(dJL, PL[a][k][0])
                 # THEORY F40g: the layer's drift rows by the exact partial products at x (wm), or with the
                 # attention's drift through the token-local product
@@ -523,7 +543,7 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
         eS[s - 1] = e_prev
     del C
     mid[(0, len(cuts) - 1)] = rows + eP[n]
-    middle = [middle_drift_column(mid, dJq[k], loc, len(cuts) - 1, blk, reach0[k]) for k in range(nr)]
+    middle = [middle_drift_column(mid, dJq[k], loc, len(cuts) - 1, blk, reach0[k], spans[k]) for k in range(nr)]
     for k in range(nr):
         spans[k].update({(a, len(cuts) - 1): v for a, v in enumerate(middle[k][:-1])})
     suf = [float(N.sum(dim=1).max()) * (1 + T * _U) + e for N, e in zip(Nmat, eS)]
@@ -580,7 +600,7 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
                               [st.name for st in stages], [st.p for st in stages], bmax,
                               [float(dj[k].max()) for dj in dJs], [float(v.max()) for v in nuP], suf, e_J, wall, cpu,
                               parts, kept if k == 0 else None, [r[k] for r in radii], cuts, spans[k],
-                              list(memo.refusals)))
+                              list(memo.refusals), reaches[k]))
     return out
 
 

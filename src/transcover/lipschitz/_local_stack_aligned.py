@@ -63,43 +63,53 @@ def ellipsoid_gram(B: Tensor) -> tuple[Tensor, float]:
     return Q, _gamma(B.shape[1] + B.shape[0] + 4) * tQ * (1 + 1e-12)
 
 
-def ffn_aligned_norms(const: dict, W1: Tensor, z: Tensor, blocks: Tensor) -> Tensor:
-    r"""(T,) certified ``NQ_k >= ||W_2^T D_k K_{Q*_k}||_2 = lambda_max(W_2^T D_k H_k D_k W_2)^{1/2}``,
+def _hadamard_norm(const: dict, H: Tensor, eH: float, Dk: Tensor, nKQ: float) -> float:
+    """Certified ``lambda_max(W_2^T D H* D W_2)^{1/2}`` for ``H`` as formed within ``eH`` (Frobenius) of ``H*`` (THEORY
+    F40b's last steps: ``A = D W_2``, two products, the symmetrised matrix, ``GELU''``'s evaluation error through
+    ``||K|| <= nKQ``)."""
+    A = Dk[:, None] * const["W2"]
+    fH = float(H.norm()) * (1 + H.numel() * _U)
+    M = A.T @ (H @ A)
+    fM = float(M.norm()) * (1 + M.numel() * _U)
+    M = 0.5 * (M + M.T)
+    fA = float((A * A).sum()) * (1 + 4 * A.numel() * _U)
+    err = (fA * (eH + _U * fH + 4 * (H.shape[0] + 4) * _U * fH) + _U * fM) * (1 + 1e-12)
+    lam = float(certified_lmax(M[None])[0])
+    return (math.sqrt(lam + err) + _GELU2_ABS_ERR * const["nW2"] * nKQ) * (1 + 1e-12)
+
+
+def ffn_aligned_norms(const: dict, W1: Tensor, z: Tensor, blocks: Tensor) -> tuple[Tensor, Tensor]:
+    r"""(T,) each, certified ``NQ_k >= ||W_2^T D_k K_{Q*_k}||_2 = lambda_max(W_2^T D_k H_k D_k W_2)^{1/2}``,
     ``H_k = G_k o G_k``, ``G_k = W_1^T Q*_k W_1``, ``D_k = diag(GELU''(z_k))`` signed at the centre,
     ``Q*_k`` the ellipsoid of prefix row k (``ellipsoid_gram`` of ``blocks[k]``, (T, T, d, d): the computed
-    prefix's blocks ``P_kj``).  THEORY F40b.  ``const``: F38's uncentred ``ffn_hadamard`` (``W2``, ``nW2``).
+    prefix's blocks ``P_kj``), THEORY F40b; and ``NQm_k`` the same with one factor through the unit ball,
+    ``H_k = G_k o G0``, ``G0 = W_1^T W_1`` (THEORY F44f).  ``const``: F38's uncentred ``ffn_hadamard`` (``W2``, ``nW2``).
     Rounding, Frobenius, in the direction of the claim: ``G`` within ``eG = ||W_1||_F^2 (gamma_{2d} ||Q||_F + eQ)``
-    of ``W_1^T Q* W_1``; ``H = G o G`` within ``eG (2 max|G| + eG) + u ||H||_F``; then F38b's ``A = D W_2`` and
-    two products (``||A||_F^2 (eH + 4 (d_ff + 4) u ||H||_F)``); the symmetrised matrix adds ``u ||M||_F``;
-    ``GELU''``'s evaluation error moves the norm by ``1e-13 ||W_2|| ||K_Q||``,
-    ``||K_Q||^2 = lambda_max(G o G) <= max_n G_nn lambda_max(G) <= ||Q||^2 max_n ||w1_n||^2 ||W_1||^2``.
-    Cost per token ``2 d d_ff^2`` flops."""
-    W2 = const["W2"]
+    of ``W_1^T Q* W_1``, ``G0`` within ``e0 = gamma_{d+2} ||W_1||_F^2``; ``H = G o G`` within ``eG (2 max|G| + eG)``,
+    ``G o G0`` within ``eG (max|G0| + e0) + e0 max|G|``, each plus ``u ||H||_F`` (the products); then F38b's
+    ``A = D W_2`` and two products (``||A||_F^2 (eH + 4 (d_ff + 4) u ||H||_F)``); the symmetrised matrix adds
+    ``u ||M||_F``; ``GELU''``'s evaluation error moves the norm by ``1e-13 ||W_2|| ||K||``, ``||K_Q||^2 = lambda_max(G o G)
+    <= max_n G_nn lambda_max(G) <= ||Q||^2 max_n ||w1_n||^2 ||W_1||^2`` and ``||K_{Q,I}||^2 <= ||Q|| max_n ||w1_n||^2
+    ||W_1||^2``.  One ellipsoid and one ``G`` per token for both; cost per token ``3 d d_ff^2`` flops."""
     T = z.shape[0]
     fW1 = float(W1.norm()) * (1 + W1.numel() * _U)
     w1max = float(W1.norm(dim=0).max()) * (1 + W1.shape[0] * _U)
-    d, dff = W1.shape
-    out = torch.empty(T, dtype=torch.float64)
+    d = W1.shape[0]
+    G0 = W1.T @ W1
+    e0 = _gamma(d + 2) * fW1 * fW1
+    g0max = float(G0.abs().max())
+    nq, nqm = torch.empty(T, dtype=torch.float64), torch.empty(T, dtype=torch.float64)
     for k in range(T):
         Q, eQ = ellipsoid_gram(blocks[k])
         fQ = float(Q.norm()) * (1 + Q.numel() * _U)
         G = (W1.T @ Q) @ W1
         eG = fW1 * fW1 * (_gamma(2 * d) * fQ + eQ) * (1 + 1e-12)
-        H = G * G
-        fH = float(H.norm()) * (1 + H.numel() * _U)
-        eH = (eG * (2 * float(G.abs().max()) + eG) + _U * fH) * (1 + 1e-12)
+        gmax = float(G.abs().max())
         Dk = gelu_second(z[k])
-        A = Dk[:, None] * W2
-        M = A.T @ (H @ A)
-        fM = float(M.norm()) * (1 + M.numel() * _U)
-        M = 0.5 * (M + M.T)
-        fA = float((A * A).sum()) * (1 + 4 * A.numel() * _U)
-        err = (fA * (eH + 4 * (dff + 4) * _U * fH) + _U * fM) * (1 + 1e-12)
-        nKQ = (fQ + eQ) * w1max * fW1
-        pert = _GELU2_ABS_ERR * const["nW2"] * nKQ
-        lam = float(certified_lmax(M[None])[0])
-        out[k] = (math.sqrt(lam + err) + pert) * (1 + 1e-12)
-    return torch.nan_to_num(out, nan=math.inf)
+        nq[k] = _hadamard_norm(const, G * G, eG * (2 * gmax + eG) * (1 + 1e-12), Dk, (fQ + eQ) * w1max * fW1)
+        nqm[k] = _hadamard_norm(const, G * G0, (eG * (g0max + e0) + e0 * gmax) * (1 + 1e-12), Dk,
+                                math.sqrt(fQ + eQ) * w1max * fW1)
+    return torch.nan_to_num(nq, nan=math.inf), torch.nan_to_num(nqm, nan=math.inf)
 
 
 def ffn_aligned_reach(nq: Tensor, n2: Tensor, c3r2: Tensor, nu: Tensor, rho: float, dP: Tensor, eP: float,
@@ -131,11 +141,19 @@ class FFNAligned:
         self.z = H @ W1 + (0 if ffn.b_1 is None else _f64(ffn.b_1))
         self.n1 = W1.norm(dim=0) * (1 + W1.shape[0] * _U)
         self.n2 = ffn_second_norms(self.const, self.z)
-        self.nq = ffn_aligned_norms(self.const, W1, self.z, blocks)
+        self.nq, self.nqm = ffn_aligned_norms(self.const, W1, self.z, blocks)
+
+    def _c3r2(self, r: Tensor) -> Tensor:
+        return ffn_taylor_drift(self.const, torch.zeros_like(r), self.z, self.n1, r)[0]
 
     def reach(self, r: Tensor, nu: Tensor, rho: float, dP: Tensor, eP: float, pad: float) -> Tensor:
-        c3r2 = ffn_taylor_drift(self.const, torch.zeros_like(r), self.z, self.n1, r)[0]
-        return ffn_aligned_reach(self.nq, self.n2, c3r2, nu, rho, dP, eP, pad)
+        return ffn_aligned_reach(self.nq, self.n2, self._c3r2(r), nu, rho, dP, eP, pad)
+
+    def drift(self, r: Tensor, rho: float, dP: Tensor, eP: float, pad: float) -> Tensor:
+        """(T,) the sub-stage's drift rows on the network's ball for moves along the prefix's rows (THEORY F44f):
+        ``ffn_aligned_reach`` with ``NQ`` mixed (one factor through the unit ball) and the argument a unit row
+        (``nu = 1``; ``eP / 2``: the reach's ``2 e_P`` counts the argument's rounding, absent here, beside the move's)."""
+        return ffn_aligned_reach(self.nqm, self.n2, self._c3r2(r), torch.ones_like(r), rho, dP, eP / 2, pad)
 
     @staticmethod
     def applies(ffn) -> bool:  # noqa: ANN001

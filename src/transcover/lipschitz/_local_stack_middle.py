@@ -103,7 +103,7 @@ def _reach(dJ: Tensor, rows: Tensor, local: bool) -> Tensor:
 
 
 def middle_drift_column(mid: dict, dJ: list[Tensor], local: list[bool], b: int, blk: dict | None = None,
-                        reach0: list[Tensor] | None = None) -> list[Tensor]:
+                        reach0: list[Tensor] | None = None, earlier: dict | None = None) -> list[Tensor]:
     r"""Rows ``dM[a] >= sup_{y in B} nu_i(M_{a,b}(y) - M_{a,b}(x))`` for ``a = 0 .. b`` (``dM[b] = 0``):
 
     .. math:: \delta M_{a,b,i} \le \sum_{a \le m < b} \Big(\sum_k \|M_{m+1,b}(x)_{ik}\|\, v_{a,m,k}
@@ -115,28 +115,44 @@ def middle_drift_column(mid: dict, dJ: list[Tensor], local: list[bool], b: int, 
     ``mid[(a, b)]``: certified rows of the middle products at the data (``(a, a)`` is the identity);
     ``dJ[m]`` (T,): stage ``m``'s certified drift rows on its input ball; ``local[m]``: stage ``m`` is
     token-local; ``reach0[m]`` (optional): certified ``v_{0,m,k}`` of the prefix spans (``a = 0``) from the
-    stage's own sub-stages (THEORY F40d), min'ed with the generic one.  Float64 sums of a few non-negative
-    products, padded by ``1e-12`` relative.  THEORY F36 item 2."""
+    stage's own sub-stages (THEORY F40d), min'ed with the generic one.  ``earlier`` (optional): the rows
+    ``dM_{a,m}`` of the spans ending before ``b`` (earlier columns); then also the other telescoping
+    (THEORY F44d), ``M_{a,b}(y) - M_{a,b}(x) = sum_m M_{m+1,b}(x) (J_m(y) - J_m(x)) M_{a,m}(y)``:
+
+    .. math:: \delta M_{a,b,i} \le \sum_{a \le m < b} \sum_k \|M_{m+1,b}(x)_{ik}\|\,
+              \big(v_{a,m,k} + \Delta J_{m,k}\, \delta M_{a,m,\cdot}\big)
+
+    (``delta M_{a,m,k}`` for a token-local stage, else its largest row), the smaller kept.  Float64 sums of a few
+    non-negative products, padded by ``1e-12`` relative.  THEORY F36 item 2, F44d."""
     blk = {} if blk is None else blk
     T = dJ[0].shape[0] if dJ else next(iter(mid.values())).shape[0]
     one = torch.ones(T, dtype=torch.float64)
+    zero = torch.zeros(T, dtype=torch.float64)
     rows = lambda a, c: one if a == c else mid[(a, c)]  # noqa: E731
-    out = {b: torch.zeros(T, dtype=torch.float64)}
+
+    def through(w: Tensor, m: int) -> Tensor:  # rows of M_{m+1,b}(x) w, w the rows of the stage's term
+        if m + 1 == b:
+            return w
+        wmax = float(w.max())
+        if (m + 1, b) in blk:
+            N, err = blk[(m + 1, b)]
+            return N @ w + err * wmax
+        return rows(m + 1, b) * wmax
+
+    out = {b: zero}
     for a in range(b - 1, -1, -1):
-        acc = torch.zeros(T, dtype=torch.float64)
+        acc, alt = zero.clone(), zero.clone()
         for m in range(a, b):
             v = _reach(dJ[m], rows(a, m), local[m])
             if a == 0 and reach0 is not None:
                 v = torch.minimum(v, reach0[m])
+            if earlier is not None:  # F44d: the span's own drift on the right, M_{m+1,b} at x on the left
+                dA = zero if m == a else earlier.get((a, m), torch.full_like(zero, math.inf))
+                alt = alt + through(v + _reach(dJ[m], dA, local[m]), m)
             vmax = float(v.max())
             if not vmax > 0:
                 continue
-            if m + 1 == b:
-                acc = acc + v
-            elif (m + 1, b) in blk:
-                N, err = blk[(m + 1, b)]
-                acc = acc + N @ v + (err + out[m + 1]) * vmax
-            else:
-                acc = acc + (rows(m + 1, b) + out[m + 1]) * vmax
+            acc = acc + through(v, m) + (0 if m + 1 == b else out[m + 1] * vmax)
+        acc = torch.minimum(acc, alt) if earlier is not None else acc
         out[a] = torch.nan_to_num(acc * (1 + 1e-12), nan=math.inf, posinf=math.inf)
     return [out[a] for a in range(b + 1)]

@@ -47,6 +47,7 @@ class _Stage:
     bounds: Callable[[Tensor], tuple]  # r -> (dJ, dJc, ball, heads), ``heads`` below or None
     layernorm: bool = False  # a LayerNorm stage (the previous stage's drift may be centred)
     ffn: object = None  # the FFN spec of a stage ``h -> h + FFN(h)`` with no norm inside (post-LN; THEORY F40)
+    attn: dict | None = None  # a post-LN attention ``x -> x + A(x)``: its heads at x and norms (THEORY F44)
 
     @property
     def k(self) -> int:
@@ -166,7 +167,9 @@ def _attn_stage(name: str, group: int, layer, X: Tensor, n1: _NormLin | None, ca
         return dj, dj, torch.minimum(1 + att * mD1, pt + dj) * (1 + 1e-12), (dZ, mD1, att * mE1)
 
     lin = _AttnRes(_AttnLin(attn, Xin), n1, T, d)
-    return _Stage(name, group, X, lin, False, pt, bounds), X + attention_forward(attn, Xin)
+    parts = None if n1 is not None else {"heads": heads, "mom": mom, "scale": attn.softmax_scale, "norms": cache["w"],
+                                         "Oh": Oh, "Oall": Oall, "Cw": Cw}
+    return _Stage(name, group, X, lin, False, pt, bounds, attn=parts), X + attention_forward(attn, Xin)
 
 
 def _ffn_stage(name: str, group: int, layer, S: Tensor, n2: _NormLin | None, centred: bool,  # noqa: ANN001
@@ -252,6 +255,10 @@ def layer_stages(layer, X: Tensor, cache: dict) -> tuple[list[_Stage], Tensor, T
         k = 8 * (3 * d + layer.ffn.W_1.shape[1]) + 8
         eM = k * _U / (1 - k * _U) * Ma.norm(dim=(1, 2)) * (1 + 1e-12)
         mL = torch.minimum((certified_spectral(M) + eM) * (1 + 1e-12), math.prod(st.pt for st in out[1:]))
+        if att.attn is not None:  # THEORY F44g: (H, T) ||M_i W_O^hT|| and (T,) ||M_i W_O^T||, M_i at x
+            from ._local_rows import _head_output_norms
+
+            att.attn["MO"] = _head_output_norms(M, eM, att.attn["heads"], T)
         return out, Y, mL
     n1 = _NormLin(layer.norm_attn, X) if _active(layer.norm_attn) else None
     att, S1 = _attn_stage(f"{nm} attention", g, layer, X, n1, cache)

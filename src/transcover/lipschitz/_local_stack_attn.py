@@ -1,0 +1,287 @@
+"""The attention's first-order drift seen through the exact prefix at the data (issue 12; THEORY F44).
+
+F36/F40 need, for the attention sub-stage ``x -> x + A(x)`` of a post-LN layer, ``v_k >= nu_k((J(y) -
+J(x)) P(x))``: the Jacobian's drift applied to the rows the prefix ``P`` can produce.  F35 bounds it by
+``dJ_k ||P||`` (every direction of the input ball, every row of unit length).  The attention reads its
+input only through ``W_Q``, ``W_K``, ``W_V``, and both the move of the point and the Jacobian's argument
+are rows of the same prefix, which lie in the ellipsoids ``E(Q_j)`` of F40a.  So the second derivative of
+a head (F35a) needs only the projections ``Q_j^{1/2} W`` of d_head columns:
+
+* the query part of a score change ``e_i . G y_j`` as the vector ``Q_i^{1/2} G y_j`` (a T x T Gram per
+  query, ``(Y_i W_K) W_Q^T Q_i W_Q (Y_i W_K)^T``),
+* the key part ``q_i . e_j`` as ``||Q_j^{1/2} q_i||``,
+* the value part ``W_V^T e_j`` as ``||Q_j^{1/2} W_V||``, the cross part ``e_i^T G e_j`` as
+  ``||Q_i^{1/2} W_Q|| ||Q_j^{1/2} W_K||``,
+
+each an exact projection at the data (d_head x d_head Grams per token and head).  The sup over the ball
+of the projected second derivative (F35b's envelopes) integrated along the segment (F35c) bounds the first
+order and the softmax's higher orders together; the part of the move outside the ellipsoids (the prefix's
+own drift and rounding) is second order and takes the same sup with that tangent in the unit ball.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from ._local_drift import SEGMENT_STEPS, _ball_moment, attention_drift_hessian, heads_joint
+from ._local_jacobian import certified_lmax, certified_spectral
+from ._local_rows import _heads_combined, _lmax_gram
+from ._local_sharp import ball_box
+from ._local_stack_aligned import ellipsoid_gram
+
+__all__ = ["head_projections", "ball_side", "aligned_hessian_sup", "attention_aligned_reach", "attention_aligned_drift",
+           "AttentionAligned"]
+
+_U = 2.0**-53
+
+
+def _gamma(k: int) -> float:
+    return k * _U / (1 - k * _U)
+
+
+def _fro(A: Tensor, dims: tuple) -> Tensor:
+    """Frobenius norms over ``dims``, padded up for their own float64 sum."""
+    n = math.prod(A.shape[d] for d in dims)
+    return A.norm(dim=dims) * (1 + (n + 2) * _U)
+
+
+def _projected_lmax(W: Tensor, Qs: Tensor, fQ: Tensor, eQ: Tensor) -> Tensor:
+    """(H, T) certified ``lambda_max(W_h^T Q*_j W_h)`` for ``W`` (H, d, dh) and the ellipsoids ``Q*_j`` known
+    as ``Qs`` (T, d, d) to within ``eQ`` (T,) (Frobenius), ``fQ`` (T,) ``>= ||Qs_j||_F``: the eigenvalue of
+    the float64 product, certified (F32), plus the product's rounding ``gamma_{2d} ||W_h||_F^2 ||Q_j||_F``
+    and ``||W_h||_F^2 eQ_j`` (``W^T (Q* - Q) W``).  THEORY F44a."""
+    H, d, dh = W.shape
+    T = Qs.shape[0]
+    M = torch.einsum("had,tab,hbe->thde", W, Qs, W)
+    M = 0.5 * (M + M.transpose(2, 3))
+    lam = certified_lmax(M.reshape(T * H, dh, dh)).reshape(T, H).T
+    fW2 = (_fro(W, (1, 2)) ** 2)[:, None]
+    err = fW2 * (_gamma(2 * d + 2) * fQ[None, :] + eQ[None, :]) + _U * _fro(M, (2, 3)).T
+    return torch.nan_to_num((lam + err) * (1 + 1e-12), nan=math.inf)
+
+
+def head_projections(heads, moments, Qs: Tensor, eQ: Tensor, scale: float) -> list[dict]:  # noqa: ANN001
+    r"""Per head (``heads``: ``_head_data``'s ``(P, Y, q, Wq, Wk, Wv, Wo)``, ``moments`` their ``_HeadMoments``) the
+    radius-free projections of F44a through the reachable ellipsoids ``Q*_j`` (``Qs`` (T, d, d) as formed, ``eQ`` (T,)
+    their Frobenius errors, ``ellipsoid_gram``), all certified upper bounds (a *side* of ``aligned_hessian_sup``):
+
+    * ``mQ2``, ``mK2``, ``mV2`` (T,): ``lambda_max(W^T Q*_j W)`` for ``W = W_Q, W_K, W_V`` of the head,
+    * ``om2`` (T, T): ``[i, j] >= q_i^T Q*_j q_i`` (``q_i = scale W_K u_i`` the score's key gradient),
+    * ``g2`` (T, T), ``lG`` (T,): ``||g_ij||^2`` and ``lambda_max(sum_j P_ij g_ij g_ij^T)`` for ``g_ij = Q*_i^{1/2} G y_ij``,
+      from the Gram ``KG[i] = Kc_i M_i Kc_i^T`` (``Kc_i = scale Y_i W_K`` the centred keys of query i, ``M_i = W_Q^T Q_i
+      W_Q`` as formed): the exact Gram is below ``KG[i] + eM_i Kc_i Kc_i^T + E_i`` (``eM_i`` bounds ``M_i``'s error:
+      ``W^T (Q* - Q) W``, its float64 product and symmetrisation; ``||E_i||_F <= gamma_{2dh+2} ||Kc_i||_F^2 ||M_i||_F``
+      the Gram's product), so both take ``eM_i ||Kc_ij||^2`` (weighted) plus ``||E_i||_F``.
+    THEORY F44a."""
+    d = Qs.shape[1]
+    fQ = _fro(Qs, (1, 2))
+    W = {k: torch.stack([hd[n] for hd in heads]) for k, n in (("Q", 3), ("K", 4), ("V", 5))}
+    lam = {k: _projected_lmax(w, Qs, fQ, eQ) for k, w in W.items()}
+    out = []
+    for h, ((P, Y, q, Wq, Wk, _, _), m) in enumerate(zip(heads, moments.rows)):
+        qQ = torch.einsum("ia,jab,ib->ij", q, Qs, q)
+        qn2 = (_fro(q, (1,)) ** 2)[:, None]
+        om2 = qQ + qn2 * (_gamma(2 * d + 2) * fQ[None, :] + eQ[None, :])
+        M = Wq.T @ Qs @ Wq  # (T, dh, dh): M_i = W_Q^T Q_i W_Q
+        M = 0.5 * (M + M.transpose(1, 2))
+        eM = (_fro(Wq, (0, 1)) ** 2 * (_gamma(2 * d + 2) * fQ + eQ) + _U * _fro(M, (1, 2))) * (1 + 1e-12)
+        Kc = scale * (Y @ Wk)  # (T, T, dh): Kc[i, j] = scale (x_j - xbar_i) W_K
+        KG = Kc @ M @ Kc.transpose(1, 2)
+        kc2 = _fro(Kc, (2,)) ** 2
+        eKG = _gamma(2 * Wq.shape[1] + 2) * kc2.sum(dim=1) * _fro(M, (1, 2)) * (1 + 1e-12)
+        g2 = KG.diagonal(dim1=1, dim2=2).clamp(min=0.0) + eM[:, None] * kc2 + eKG[:, None]
+        lG = _lmax_gram(KG, P) + eM * (P * kc2).sum(dim=1) + eKG
+        out.append({"mQ2": lam["Q"][h], "mK2": lam["K"][h], "mV2": lam["V"][h], "om2": om2 * (1 + 1e-12),
+                    "g2": g2 * (1 + 1e-12), "lG": lG * (1 + 1e-12)})
+    return out
+
+
+def ball_side(m: dict, nQ: float, nK: float, nV: float) -> dict:
+    """The side of ``aligned_hessian_sup`` for tangents in the unit ball (``Q = I``): the weight norms, ``||q_i||``
+    and F35's moments ``||G y_ij||``, ``lambda_max(sum_j P_j G y_ij (G y_ij)^T)`` (THEORY F44b)."""
+    T = m["P"].shape[0]
+    one = torch.ones(T, dtype=torch.float64)
+    qn = m["qn"] * (1 + 1e-12)
+    return {"mQ2": nQ * nQ * one, "mK2": nK * nK * one, "mV2": nV * nV * one, "om2": (qn * qn)[:, None].expand(T, T),
+            "g2": m["gn"] * m["gn"] * (1 + 1e-12), "lG": m["lG"]}
+
+
+def _pmean(P: Tensor, a: Tensor, f: Tensor) -> Tensor:
+    """(T,) ``>= sum_j P'_ij f_ij`` for every weight row with ``P' <= P + a``, ``sum_j P'_ij = 1``, ``P'_ij = 0`` where
+    ``P_ij = 0`` (``f >= 0``, (T, T) or broadcast): ``min(sum_j (P + a)_ij f_ij, max_{visible j} f_ij)``."""
+    f = f.expand_as(P)
+    vis = torch.where(P > 0, f, torch.zeros_like(f)).max(dim=1).values
+    return torch.minimum(((P + a) * f).sum(dim=1) * (1 + 1e-12), vis)
+
+
+def _pvar(P: Tensor, a: Tensor, f: Tensor) -> Tensor:
+    """(T,) ``>= sum_j P'_ij (b_j - sum_k P'_ik b_k)^2`` for every ``|b_j| <= f_ij`` and weights as in ``_pmean``: a
+    variance is at most the second moment about any constant, about 0 (``_pmean`` of ``f^2``) or about ``b_*`` of a
+    visible key ``*``: ``sum_{j != *} (P + a)_ij (f_ij + f_i*)^2``, the smallest over ``*``."""
+    Pa = P + a
+    off = 1 - torch.eye(P.shape[1], dtype=P.dtype)  # [j, *]: the key * itself left out
+    anchored = (Pa[:, :, None] * (f[:, :, None] + f[:, None, :]) ** 2 * off[None]).sum(dim=1)  # [i, *]
+    anchored = torch.where(P > 0, anchored, torch.full_like(anchored, math.inf)).min(dim=1).values
+    return torch.minimum(_pmean(P, a, f * f), anchored * (1 + 1e-12))
+
+
+def _side_at(sd: dict, P: Tensor, a: Tensor, ratio: Tensor, rho: float, nQ: float, nK: float,
+             scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """One side's per-query bounds at every Z of ``B(X, rho)`` (THEORY F44b): ``A`` (the ``L^2(P')`` norm of a centred
+    score change), ``c`` (its largest entry), ``sigma_V``, ``||Q_i^{1/2} W_Q||`` and ``(sum_j P'_j ||Q_j^{1/2} W_K||^2)^{1/2}``."""
+    mQ = torch.sqrt(sd["mQ2"])
+    qmove = scale * mQ * nK * rho  # ||Q_i^{1/2} scale W_Q W_K^T (z_j - x_j)||
+    om = torch.sqrt(sd["om2"]) + (scale * nQ * rho) * torch.sqrt(sd["mK2"])[None, :]  # >= |u'_i . W_K^T e_j| at Z
+    A = _ball_moment(sd["lG"], a, sd["g2"], ratio) + qmove + torch.sqrt(_pvar(P, a, om))
+    cj = torch.sqrt(sd["g2"]) + qmove[:, None] + om
+    chat = 2 * torch.where(P > 0, cj, torch.zeros_like(cj)).max(dim=1).values
+    sigV = torch.sqrt(_pvar(P, a, torch.sqrt(sd["mV2"]).expand_as(P)))
+    return A, chat, sigV, mQ, torch.sqrt(_pmean(P, a, sd["mK2"][None, :]))
+
+
+def aligned_hessian_sup(s1: dict, s2: dict, m: dict, rho: float, nG: float, nV: float, nQ: float, nK: float,
+                        scale: float) -> Tensor:
+    r"""(T,) per query ``i`` a certified ``sup_{Z in B(X, rho)} ||H_i(Z)[Delta, E]||`` of one head (before ``W_O``,
+    F35a) over the tangents with rows ``Delta_j`` in side ``s1``'s ellipsoid ``E(Q1_j)`` and ``E_j`` in ``s2``'s (THEORY F44b):
+
+    .. math:: A_1\sigma_{V,2} + A_2\sigma_{V,1} + \min\big(\min(A_1 \hat c_2, A_2 \hat c_1)\, s_V,\ A_1 A_2 \hat w\big)
+              + \mathrm{scale}\,(\mu_{Q2,i} \kappa_{K1} + \mu_{Q1,i} \kappa_{K2})\, s_V
+
+    with, at every Z of the ball (weights ``P' <= P + a``, F31a's envelope, each sum over ``P'`` by ``_pmean``/``_pvar``):
+    ``A = lambda_max(sum_j P'_j g_ij g_ij^T)^{1/2} + scale mu_Q,i ||W_K|| rho + (var_{P'} om'_ij)^{1/2}`` the ``L^2(P')``
+    bound of a centred score change (``g_ij = scale Q_i^{1/2} W_Q W_K^T y_j``, second moment about X's mean;
+    ``om'_ij = ||Q_j^{1/2} q_i|| + scale ||W_Q|| rho mu_K,j``), ``c = 2 max_j (||g_ij|| + scale mu_Q,i ||W_K|| rho + om'_ij)``
+    its largest entry, ``sigma_V = (var_{P'} mu_V,j)^{1/2}``, ``kappa_K = (sum_j P'_j mu_K,j^2)^{1/2}``
+    (``mu_W,j = ||Q_j^{1/2} W||``), ``s_V`` F35b's value moment on the ball, ``w^ = max_j ||W_V^T y_j|| + 2 ||W_V|| rho
+    + sum_j a_j ||W_V^T y_j||`` the largest centred value on it.  ``s1``, ``s2``: ``head_projections``
+    rows or ``ball_side``; ``m`` the head's ``_HeadMoments`` row, ``nG``, ``nV``, ``nQ``, ``nK`` certified
+    ``||scale W_Q W_K^T||``, ``||W_V||``, ``||W_Q||``, ``||W_K||``.  Assumptions: every token of the attention's input
+    within ``rho`` of X; dot attention without RoPE, soft-cap or q/k norm."""
+    P = m["P"]
+    _, _, a, _, _ = ball_box(m, rho, nG)
+    ratio = torch.where(P > 0, a / P, torch.zeros_like(P)).max(dim=1).values * (1 + 1e-12)
+    A1, c1, v1, q1, k1 = _side_at(s1, P, a, ratio, rho, nQ, nK, scale)
+    A2, c2, v2, q2, k2 = _side_at(s2, P, a, ratio, rho, nQ, nK, scale)
+    sV = _ball_moment(m["lV"], a, m["vn"] * m["vn"], ratio) + nV * rho
+    # the largest centred value at Z: ||W_V^T (x'_j - xbar')|| <= ||W_V^T y_j|| + 2 ||W_V|| rho + sum_k a_k ||W_V^T y_k||
+    vis = torch.where(P > 0, m["vn"], torch.zeros_like(P)).max(dim=1).values
+    what = vis + 2 * nV * rho + (a * m["vn"]).sum(dim=1)
+    t3 = torch.minimum(torch.minimum(A1 * c2, A2 * c1) * sV, A1 * A2 * what)
+    out = (A1 * v2 + A2 * v1 + t3 + scale * (q2 * k1 + q1 * k2) * sV) * (1 + 1e-10)
+    return torch.nan_to_num(out, nan=math.inf, posinf=math.inf)
+
+
+def attention_aligned_reach(first: Tensor, mixed: Tensor, second: Tensor, rho: float, emax: float, r: float,
+                            eP: float) -> Tensor:
+    r"""(H, T) per head and query ``>= nu_k((Z^h(y) - Z^h(x)) P(x))`` (the head's Jacobian drift before ``W_O`` on the
+    exact prefix's rows, THEORY F44c), from ``(J(y) - J(x)) E = int_0^1 H(x + t Delta)[Delta, E] dt`` with
+    ``Delta = rho Phat h + e`` and ``E = Phat v + eps``:
+
+    .. math:: \rho\,F_{h,k} + e_{\max} F^{m}_{h,k} + r\, e_P\, S_{h,k}
+
+    ``first`` ``F``, ``mixed`` ``F^m``: the segment integrals of ``aligned_hessian_sup`` with both tangents in the
+    prefix's ellipsoids, and with ``Delta`` in the unit ball and ``E`` in the ellipsoids; ``second`` ``S`` the segment
+    integral of F35's unit-ball sup; ``emax >= max_j ||e_j||`` (the move outside the ellipsoids: the prefix's drift,
+    rounding and centre pad), ``r >= max_j ||Delta_j||``, ``eP >= max_j ||eps_j||`` the computed prefix's rounding."""
+    out = (rho * first + emax * mixed + r * eP * second) * (1 + 1e-12)
+    return torch.nan_to_num(out, nan=math.inf, posinf=math.inf)
+
+
+def attention_aligned_drift(mixed: Tensor, second: Tensor, rho: float, emax: float) -> Tensor:
+    r"""(H, T) per head and query ``>= nu_k(Z^h(y_s) - Z^h(x_s))`` for ``y`` in the network's ball ``B(x, rho)`` (THEORY
+    F44e): the move ``Delta = rho Phat h + e`` is a prefix row plus ``||e_j|| <= emax``, the argument any unit row:
+
+    .. math:: \rho\,F^{m}_{h,k} + e_{\max} S_{h,k}
+
+    (``mixed`` ``F^m`` and ``second`` ``S`` as in ``attention_aligned_reach``)."""
+    out = (rho * mixed + emax * second) * (1 + 1e-12)
+    return torch.nan_to_num(out, nan=math.inf, posinf=math.inf)
+
+
+def _segment(sup, r: float) -> Tensor:  # noqa: ANN001
+    """``(1/n) sum_{k=1}^n sup(k r / n)`` (F35c's right Riemann sum of ball sups along the segment)."""
+    n = SEGMENT_STEPS
+    return sum(sup(k * r / n) for k in range(1, n + 1)) / n * (1 + 1e-12)
+
+
+class AttentionAligned:
+    """F44 for one post-LN attention sub-stage: the projections through the prefix's ellipsoids at the data,
+    then per radius the heads' reach combined through ``W_O`` (``reach``)."""
+
+    def __init__(self, parts: dict, blocks: Tensor) -> None:
+        self.p, self.memo = parts, {}
+        T = blocks.shape[0]
+        grams = [ellipsoid_gram(blocks[j]) for j in range(T)]
+        Qs = torch.stack([g[0] for g in grams])
+        eQ = torch.tensor([g[1] for g in grams], dtype=torch.float64)
+        self.proj = head_projections(parts["heads"], parts["mom"], Qs, eQ, parts["scale"])
+        self.nQ = certified_spectral(torch.stack([hd[3] for hd in parts["heads"]])) * (1 + 1e-12)
+        self.nK = certified_spectral(torch.stack([hd[4] for hd in parts["heads"]])) * (1 + 1e-12)
+        w = parts["norms"]
+        self.ball = [ball_side(m, float(self.nQ[h]), float(self.nK[h]), w["V"][h]) for h, m in enumerate(parts["mom"].rows)]
+
+    def sup(self, rho: float, mixed: bool = False) -> Tensor:
+        """(H, T) ``aligned_hessian_sup`` of every head on ``B(X, rho)``, both tangents in the ellipsoids or (``mixed``)
+        the first in the unit ball."""
+        w = self.p["norms"]
+        return torch.stack([
+            aligned_hessian_sup(self.ball[h] if mixed else pj, pj, m, rho, w["G"][h], w["V"][h], float(self.nQ[h]),
+                                float(self.nK[h]), self.p["scale"])
+            for h, (pj, m) in enumerate(zip(self.proj, self.p["mom"].rows))])
+
+    def integrals(self, r: float) -> tuple[Tensor, Tensor, Tensor]:
+        """(H, T) each: the segment sums on ``B(X, r)`` of ``aligned_hessian_sup`` with both tangents in the
+        ellipsoids (``F``), with one in the unit ball (``F^m``; the bound is symmetric in its two families), and
+        F35's unit-ball sup (``S``), kept per radius."""
+        memo = self.memo  # the ellipsoids are this prefix's: the memo lives on the instance
+        if r not in memo:
+            memo[r] = (_segment(self.sup, r), _segment(lambda t: self.sup(t, True), r),
+                       attention_drift_hessian(self.p["mom"], r, self.p["norms"]) / r)
+        return memo[r]
+
+    def combined(self, b: Tensor) -> Tensor:
+        """(T,) heads' rows ``b`` (H, T) through ``W_O`` (``_heads_combined``, F35d)."""
+        return _heads_combined(self.p["Oh"], self.p["Oall"], b, heads_joint(self.p["Cw"], b))
+
+    def reach_heads(self, r: Tensor, rho: float, dP: Tensor, eP: float, pad: float) -> Tensor:
+        """(H, T) the heads' reach before ``W_O`` (``attention_aligned_reach``, F44c) at token radii ``r`` (every token
+        of the stage's input within ``r_j`` of x) and prefix drift rows ``dP``."""
+        rm = float(r.max())
+        H = len(self.proj)
+        if not math.isfinite(rm):
+            return torch.full((H, r.shape[0]), math.inf, dtype=torch.float64)
+        if rm == 0:
+            return torch.zeros(H, r.shape[0], dtype=torch.float64)
+        F, Fm, S = self.integrals(rm)
+        emax = float((rho * (dP + eP) + pad).max())
+        return attention_aligned_reach(F, Fm, S, rho, emax, rm, eP)
+
+    def reach(self, r: Tensor, nu: Tensor, rho: float, dP: Tensor, eP: float, pad: float) -> Tensor:  # noqa: ARG002
+        """(T,) ``v_k`` of F44c through ``W_O`` (``_heads_combined``, F35d; ``nu``: the prefix rows, unused: the
+        ellipsoids carry them)."""
+        return self.combined(self.reach_heads(r, rho, dP, eP, pad))
+
+    def through(self, b: Tensor) -> Tensor | None:
+        """(T,) ``>= nu_k(M_k(x) W_O^T z_k)`` for heads' rows ``||z_h,k|| <= b_h,k`` (THEORY F44g): ``M_k`` the layer's
+        token-local product at x (``MO``: its certified ``||M_k W_O^hT||``, ``||M_k W_O^T||``), the smaller of the
+        per-head sum and the concatenation; None when the layer has no such product."""
+        if "MO" not in self.p:
+            return None
+        per, full = self.p["MO"]
+        return torch.minimum((per * b).sum(dim=0), full * torch.sqrt((b * b).sum(dim=0))) * (1 + 1e-12)
+
+    def drift(self, r: Tensor, rho: float, dP: Tensor, eP: float, pad: float, heads: tuple | None) -> tuple:
+        """``(dj, heads)``: the sub-stage's drift rows ``sup nu_k(J(y_s) - J(x_s))`` on the network's ball (THEORY
+        F44e), per head ``min(dZ_h, rho F^m + e_max S)`` (the move along the prefix's ellipsoids, the argument free)
+        and combined through ``W_O``; ``heads`` the stage's ``(dZ, a, c)`` (post-LN: ``a = 1``, ``c = 0``), returned
+        with the smaller ``dZ``."""
+        rm = float(r.max())
+        if heads is None or not math.isfinite(rm) or rm == 0:
+            return None, heads
+        _, Fm, S = self.integrals(rm)
+        emax = float((rho * (dP + eP) + pad).max())
+        dZ = torch.minimum(heads[0], attention_aligned_drift(Fm, S, rho, emax))
+        return self.combined(dZ), (dZ, *heads[1:])

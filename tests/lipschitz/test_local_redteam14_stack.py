@@ -5,7 +5,7 @@ prefix drift ``dP``, its rounding ``eP`` and the radii the recursion passes (eve
 recorded), not a linear prefix with ``dP = 0``.  Adam ascent on ``||[(DA(y_s) - DA(x_s)) (P_s(x) v)]_k||`` over ``y``
 in the network input's ball and (2,inf)-unit ``v`` must stay below the recorded ``v_k``; in the first-order regime
 (rho = 1e-4, layer 0) it reaches a share of it, so a lost prefix factor or a transposed block would show.  Also the
-whole network (F44d's spans in the bound) against a per-row Jacobian ascent.  Merge with stack14 (head 3ec8e46: F44c's reach_heads, F44e's drift).
+X
 """
 
 from __future__ import annotations

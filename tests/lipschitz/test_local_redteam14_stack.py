@@ -4,8 +4,10 @@ nonlinear prefix the recursion really has (the input LayerNorm/RMSNorm; for laye
 prefix drift ``dP``, its rounding ``eP`` and the radii the recursion passes (every ``AttentionAligned.reach`` output
 recorded), not a linear prefix with ``dP = 0``.  Adam ascent on ``||[(DA(y_s) - DA(x_s)) (P_s(x) v)]_k||`` over ``y``
 in the network input's ball and (2,inf)-unit ``v`` must stay below the recorded ``v_k``; in the first-order regime
-(rho = 1e-4, layer 0) it reaches a share of it, so a lost prefix factor or a transposed block would show.  Also the
-X
+(rho = 1e-4, layer 0) it reaches a share of it, so a lost prefix factor or a transposed block would show.  Also
+F44e's and F44f's drift rows (attention, FFN) as ``stack_local`` records them, F44c's split with its second-order
+terms made large, and the whole network (F44d's spans in the bound) against a per-row Jacobian ascent.  stack14
+(3ec8e46: ``reach_heads``, ``drift``) is on main since 491e542.
 """
 
 from __future__ import annotations

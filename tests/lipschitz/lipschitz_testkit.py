@@ -125,3 +125,31 @@ def weight_underflows(attn, X: torch.Tensor) -> bool:  # noqa: ANN001
         if bool((torch.isfinite(s) & (P < torch.finfo(torch.float64).tiny)).any()):
             return True
     return False
+
+
+def clip_rows(E: torch.Tensor, r: float) -> torch.Tensor:
+    """Each row of E projected into the ball of radius r."""
+    return E * torch.clamp(r / E.norm(dim=-1, keepdim=True).clamp(min=1e-300), max=1.0)
+
+
+def jvp_ascent(value, X: torch.Tensor, rho: float, *, seed: int, starts: int = 3, steps: int = 100) -> float:  # noqa: ANN001
+    """The largest finite ``value(E, V)`` seen by float64 Adam ascent over moves ``E`` (rows within rho, projected;
+    each start on the sphere) and per-token unit ``V`` (an empirical lower estimate of ``sup value``)."""
+    g = torch.Generator().manual_seed(seed)
+    best = 0.0
+    for _ in range(starts):
+        E = torch.randn(X.shape, generator=g, dtype=torch.float64)
+        E = (E / E.norm(dim=-1, keepdim=True) * rho).requires_grad_(True)
+        V = torch.randn(X.shape, generator=g, dtype=torch.float64).requires_grad_(True)
+        opt = torch.optim.Adam([{"params": [E], "lr": 0.1 * rho}, {"params": [V], "lr": 0.05}])
+        for _ in range(steps):
+            with torch.no_grad():
+                E.copy_(clip_rows(E, rho))
+            val = value(E, V / V.norm(dim=-1, keepdim=True))
+            if torch.isfinite(val.detach()):
+                best = max(best, float(val.detach()))
+            opt.zero_grad()
+            (-val).backward()
+            opt.step()
+    return best
+

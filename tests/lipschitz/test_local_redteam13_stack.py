@@ -15,15 +15,11 @@ import dataclasses
 import torch
 from torch.autograd.functional import jvp
 
-from lipschitz_testkit import random_spec
+from lipschitz_testkit import clip_rows as _clip, jvp_ascent, random_spec
 from transcover.lipschitz import _local_stack_aligned as aligned
 from transcover.lipschitz._local_stack import stack_local
 from transcover.model import attention_forward, ffn_forward
 from transcover.model._functional import layer_forward
-
-
-def _clip(E: torch.Tensor, r: float) -> torch.Tensor:
-    return E * torch.clamp(r / E.norm(dim=-1, keepdim=True).clamp(min=1e-300), max=1.0)
 
 
 def _ffn_input(spec, q: int):  # noqa: ANN001, ANN202
@@ -41,25 +37,13 @@ def _reach_ascent(spec, q: int, X: torch.Tensor, rho: float, k: int, *, starts: 
     f, ffn = _ffn_input(spec, q), spec.layers[q].ffn
     F = lambda h: ffn_forward(ffn, h)  # noqa: E731
     hx = f(X).detach()
-    g = torch.Generator().manual_seed(k)
-    best = 0.0
-    for _ in range(starts):
-        E = torch.randn(X.shape, generator=g, dtype=torch.float64)
-        E = (E / E.norm(dim=-1, keepdim=True) * rho).requires_grad_(True)
-        V = torch.randn(X.shape, generator=g, dtype=torch.float64).requires_grad_(True)
-        opt = torch.optim.Adam([{"params": [E], "lr": 0.1 * rho}, {"params": [V], "lr": 0.05}])
-        for _ in range(steps):
-            with torch.no_grad():
-                E.copy_(_clip(E, rho))
-            _, b = jvp(f, X, V / V.norm(dim=-1, keepdim=True), create_graph=True)
-            _, a1 = jvp(F, f(X + E)[k:k + 1], b[k:k + 1], create_graph=True)
-            _, a0 = jvp(F, hx[k:k + 1], b[k:k + 1], create_graph=True)
-            val = (a1 - a0).norm()
-            best = max(best, float(val.detach()))
-            opt.zero_grad()
-            (-val).backward()
-            opt.step()
-    return best
+
+    def value(E, V):  # noqa: ANN001, ANN202
+        _, b = jvp(f, X, V, create_graph=True)
+        _, a1 = jvp(F, f(X + E)[k:k + 1], b[k:k + 1], create_graph=True)
+        _, a0 = jvp(F, hx[k:k + 1], b[k:k + 1], create_graph=True)
+        return (a1 - a0).norm()
+    return jvp_ascent(value, X, rho, seed=k, starts=starts, steps=steps)
 
 
 def test_f40_reach_behind_a_nonlinear_prefix_is_never_beaten(monkeypatch):

@@ -13,13 +13,12 @@ terms made large, and the whole network (F44d's spans in the bound) against a pe
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import pytest
 import torch
 from torch.autograd.functional import jvp
 
-from lipschitz_testkit import random_spec
+from lipschitz_testkit import jvp_ascent, random_spec
 from transcover.lipschitz import _local_stack_attn
 from transcover.lipschitz._local_attention import head_norms
 from transcover.lipschitz._local_jacobian import _weight_norms
@@ -53,28 +52,6 @@ def _prefix(spec, q: int):  # noqa: ANN001, ANN202
     return f
 
 
-def _jvp_ascent(value, X: torch.Tensor, rho: float, *, seed: int, starts: int = 3, steps: int = 100) -> float:  # noqa: ANN001
-    """The largest ``value(E, V)`` seen by Adam ascent over moves ``E`` (rows within rho, projected; the first start
-    on the sphere) and per-token unit ``V``."""
-    g = torch.Generator().manual_seed(seed)
-    best = 0.0
-    for _ in range(starts):
-        E = torch.randn(X.shape, generator=g, dtype=torch.float64)
-        E = (E / E.norm(dim=-1, keepdim=True) * rho).requires_grad_(True)
-        V = torch.randn(X.shape, generator=g, dtype=torch.float64).requires_grad_(True)
-        opt = torch.optim.Adam([{"params": [E], "lr": 0.1 * rho}, {"params": [V], "lr": 0.05}])
-        for _ in range(steps):
-            with torch.no_grad():
-                E.copy_(_clip(E, rho))
-            val = value(E, V / V.norm(dim=-1, keepdim=True))
-            if math.isfinite(float(val.detach())):
-                best = max(best, float(val.detach()))
-            opt.zero_grad()
-            (-val).backward()
-            opt.step()
-    return best
-
-
 def _reach_ascent(spec, q: int, X: torch.Tensor, rho: float, k: int) -> float:  # noqa: ANN001
     f, attn = _prefix(spec, q), spec.layers[q].attention
     A = lambda Z: attention_forward(attn, Z)  # noqa: E731
@@ -84,7 +61,7 @@ def _reach_ascent(spec, q: int, X: torch.Tensor, rho: float, k: int) -> float:  
         _, b = jvp(f, X, V, create_graph=True)
         return (jvp(A, f(X + E), b, create_graph=True)[1] - jvp(A, xs, b, create_graph=True)[1])[k].norm()
 
-    return _jvp_ascent(value, X, rho, seed=k)
+    return jvp_ascent(value, X, rho, seed=k)
 
 
 def _drift_ascent(spec, q: int, X: torch.Tensor, rho: float, k: int) -> float:  # noqa: ANN001
@@ -96,7 +73,7 @@ def _drift_ascent(spec, q: int, X: torch.Tensor, rho: float, k: int) -> float:  
     def value(E, V):  # noqa: ANN001, ANN202
         return (jvp(A, f(X + E), V, create_graph=True)[1] - jvp(A, xs, V, create_graph=True)[1])[k].norm()
 
-    return _jvp_ascent(value, X, rho, seed=k)
+    return jvp_ascent(value, X, rho, seed=k)
 
 
 def _recorded(spec, X: torch.Tensor, rho: float, monkeypatch) -> tuple[list, list]:  # noqa: ANN001
@@ -192,7 +169,7 @@ def test_ffn_drift_rows_inside_the_stack_are_never_beaten(seed, eps, w1, rho, at
         for k in range(X.shape[0]):
             def value(E, V, k=k, f=f, F=F, hx=hx):  # noqa: ANN001, ANN202
                 return (jvp(F, f(X + E), V, create_graph=True)[1] - jvp(F, hx, V, create_graph=True)[1])[k].norm()
-            lo = _jvp_ascent(value, X, rho, seed=k, starts=2, steps=80)
+            lo = jvp_ascent(value, X, rho, seed=k, starts=2, steps=80)
             assert lo <= float(dj[k]), (q, k, lo, dj)
             best = max(best, lo / float(dj[k]))
     assert best >= attained, best
@@ -247,6 +224,6 @@ def test_whole_network_rows_are_never_beaten_by_a_row_ascent():
     net = lambda Z: transformer_forward(spec, Z, with_head=False)  # noqa: E731
     for res, rho in zip(stack_local(spec, X, [1e-4, 1e-2]), (1e-4, 1e-2)):
         for i in range(X.shape[0]):
-            lo = _jvp_ascent(lambda E, V, i=i: jvp(net, X + E, V, create_graph=True)[1][i].norm(), X, rho, seed=i,
+            lo = jvp_ascent(lambda E, V, i=i: jvp(net, X + E, V, create_graph=True)[1][i].norm(), X, rho, seed=i,
                              starts=2, steps=60)
             assert lo <= res.upper, (rho, i, lo, res.upper)

@@ -14,15 +14,14 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lipschitz_testkit import box_shifts, gelu_ffn_case, random_spec, softmax_box
+from lipschitz_testkit import box_shifts, clip_rows, gelu_ffn_case, random_spec, softmax_box
 from transcover.lipschitz._local_jacobian import _head_data, _weight_norms
 from transcover.lipschitz._local_rows import _HeadMoments, layer_rows
 from transcover.lipschitz._local_sharp import chi_bound, ffn_unit_drift, head_moves, score_moves, softmax_envelope
 from transcover.model import attention_forward, attention_scores, ffn_forward
 
 
-def _clip(E: torch.Tensor, r: float) -> torch.Tensor:
-    return E * torch.clamp(r / E.norm(dim=-1, keepdim=True).clamp(min=1e-300), max=1.0)
+_clip = clip_rows  # other test files import it from here
 
 
 def _sharp_layer(seed: int, placement: str = "post", qscale: float = 8.0, causal: bool = False):  # noqa: ANN202

@@ -15,6 +15,7 @@ import torch
 from lipschitz_testkit import random_spec
 from test_lipschitz_local import adversary
 from test_local_sharp import _clip, _sharp_layer, _X, assert_stage_radii_hold
+from test_local_sphere import _centre, _norm_case
 from transcover.lipschitz import _local_stages
 from transcover.lipschitz._local_jacobian import _norm_parts
 from transcover.lipschitz._local_joint import SPHERE_CURVATURE, norm_drift, sphere_drift
@@ -85,16 +86,6 @@ def test_closed_form_covers_the_exact_planar_drift(rho):
     if rho <= 0.05:
         assert bound <= 1.1 * exact
     assert math.isinf(float(sphere_drift(one, 0.0, 1.01 * one, 1)))
-
-
-def _norm_case(seed: int, kind: str, eps: float, small: bool):  # noqa: ANN202
-    norm = random_spec(seed, norm=kind, d=8, eps=eps).layers[0].norm_attn
-    X = torch.randn(5, 8, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * (0.2 if small else 2.0)
-    return norm, X
-
-
-def _centre(kind: str, E: torch.Tensor) -> torch.Tensor:
-    return E - E.mean(dim=-1, keepdim=True) if kind == "layernorm" else E
 
 
 @pytest.mark.parametrize("seed,kind,eps,small", [(1, "layernorm", 1e-12, False), (2, "layernorm", 0.05, True),

@@ -400,3 +400,22 @@ def test_per_layer_route_catches_only_refusals(monkeypatch, error, refused):
     assert all(math.isfinite(r.upper) for r in out)
     assert out[0].refusals and all("LinAlgError: overflowed Gram" in line for line in out[0].refusals)
     assert out[0].parts["(layer route)"] == math.inf
+
+
+def test_attention_sub_stage_refusal_is_reported(monkeypatch):
+    """Note [per-layer refusals], the sub-stage route: an eigensolver's LinAlgError inside an attention sub-stage's
+    drift bound gives that stage inf rows and its reason in ``StackLocal.refusals`` (it was a silent inf); the
+    per-layer route, which keeps its own reference to the drift rows, still bounds the network."""
+    import transcover.lipschitz._local_rows as lr
+
+    spec = random_spec(5, act="gelu", L=2, norm="layernorm", placement="post", biases=True)
+    X, rhos = _X(5), [1e-4, 1e-2]
+
+    def raise_(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise torch.linalg.LinAlgError("overflowed Gram")
+
+    monkeypatch.setattr(lr, "attention_drift_rows", raise_)
+    out = stack_local(spec, X, rhos)
+    assert all(math.isfinite(r.upper) for r in out)
+    lines = out[0].refusals
+    assert lines and all("attention at radius" in line and "LinAlgError: overflowed Gram" in line for line in lines)

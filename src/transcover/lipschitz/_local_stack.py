@@ -238,7 +238,8 @@ def _group_ball(stages: list[_Stage], a: int, b: int, mL: Tensor, balls: list, d
 # pre-LN attention that overflows float64 or a visible softmax weight that underflows) or
 # ``torch.linalg.LinAlgError`` (an eigensolver given a Gram that overflowed).  There the layer route has
 # no bound (inf rows) and the reason is recorded (``StackLocal.refusals``); any other exception is a bug
-# and propagates.
+# and propagates.  The sub-stage route's attention bounds do the same with a ``LinAlgError`` (their
+# ``_Stage.refusals``, collected into the same list).
 PER_LAYER_REFUSALS = (InputError, torch.linalg.LinAlgError)
 
 
@@ -600,7 +601,7 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
                               [st.name for st in stages], [st.p for st in stages], bmax,
                               [float(dj[k].max()) for dj in dJs], [float(v.max()) for v in nuP], suf, e_J, wall, cpu,
                               parts, kept if k == 0 else None, [r[k] for r in radii], cuts, spans[k],
-                              list(memo.refusals), reaches[k]))
+                              list(memo.refusals) + [why for st in stages for why in st.refusals], reaches[k]))
     return out
 
 

@@ -22,7 +22,7 @@ token ``i``'s radius only.  The per-stage formulas are F17's (norm floor, attent
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -48,6 +48,8 @@ class _Stage:
     layernorm: bool = False  # a LayerNorm stage (the previous stage's drift may be centred)
     ffn: object = None  # the FFN spec of a stage ``h -> h + FFN(h)`` with no norm inside (post-LN; THEORY F40)
     attn: dict | None = None  # a post-LN attention ``x -> x + A(x)``: its heads at x and norms (THEORY F44)
+    # Note [per-layer refusals]: where ``bounds`` gave no bound (inf rows) and why, one line each
+    refusals: list = field(default_factory=list)
 
     @property
     def k(self) -> int:
@@ -143,6 +145,7 @@ def _attn_stage(name: str, group: int, layer, X: Tensor, n1: _NormLin | None, ca
     g1 = _gmax(layer.norm_attn) if n1 is not None else 1.0
     nD1 = g1 / n1.s * (1 + 1e-12) if n1 is not None else torch.ones(T, dtype=torch.float64)
     pt = (1 + att0 * float(nD1.max())) * (1 + 1e-12)
+    refused: list = []
 
     def bounds(r: Tensor) -> tuple:
         from ._local_rows import _ln_drift
@@ -159,7 +162,8 @@ def _attn_stage(name: str, group: int, layer, X: Tensor, n1: _NormLin | None, ca
             dZ = attention_drift_rows(mom, ry, cache["w"])
             dA = _heads_combined(Oh, Oall, dZ, heads_joint(Cw, dZ))
             att = attention_local_bound(attn, Xin, ry, norms=cache["h"]).per_query
-        except torch.linalg.LinAlgError:  # an eigensolver given an overflowed Gram: no bound; other errors are bugs
+        except torch.linalg.LinAlgError as e:  # an eigensolver given an overflowed Gram: no bound; other errors are bugs
+            refused.append(f"{name} at radius {ry:.6g}: LinAlgError: {e}")
             return _inf(T)
         mD1, mE1 = float(sD1.max()), float((g1 * e1).max())
         dj = (dA * mD1 + att * mE1) * (1 + 1e-12)
@@ -169,7 +173,7 @@ def _attn_stage(name: str, group: int, layer, X: Tensor, n1: _NormLin | None, ca
     lin = _AttnRes(_AttnLin(attn, Xin), n1, T, d)
     parts = None if n1 is not None else {"heads": heads, "mom": mom, "scale": attn.softmax_scale, "norms": cache["w"],
                                          "Oh": Oh, "Oall": Oall, "Cw": Cw}
-    return _Stage(name, group, X, lin, False, pt, bounds, attn=parts), X + attention_forward(attn, Xin)
+    return _Stage(name, group, X, lin, False, pt, bounds, attn=parts, refusals=refused), X + attention_forward(attn, Xin)
 
 
 def _ffn_stage(name: str, group: int, layer, S: Tensor, n2: _NormLin | None, centred: bool,  # noqa: ANN001

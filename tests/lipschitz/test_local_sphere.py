@@ -67,6 +67,37 @@ def _centre(kind: str, E: torch.Tensor) -> torch.Tensor:
     return E - E.mean(dim=-1, keepdim=True) if kind == "layernorm" else E
 
 
+def _worst_angle_moves(kind: str, X: torch.Tensor, n: int, gen: torch.Generator) -> list:
+    """Unit moves at the curvature's worst angle to the centred token (``cos^2 = 1/3``), both signs, with n random
+    directions orthogonal to it (the adversarial moves of F41c and F43a)."""
+    c = _centre(kind, X)
+    c = c / c.norm(dim=-1, keepdim=True)
+    w = _centre(kind, torch.randn(n, *X.shape, generator=gen, dtype=torch.float64))
+    w = w - (w * c[None]).sum(-1, keepdim=True) * c[None]
+    w = w / w.norm(dim=-1, keepdim=True)
+    return [sign * c[None] / math.sqrt(3) + math.sqrt(2 / 3) * w for sign in (1.0, -1.0)]
+
+
+def _centred_ascent(value, kind: str, shape: tuple, r: float, gen: torch.Generator, *, starts: int, steps: int,  # noqa: ANN001
+                    lr: float, unit_v: bool = False) -> torch.Tensor:
+    """Per token, the largest ``value(E)`` (or ``value(E, V)`` with per-token unit V) seen by float64 Adam ascent over
+    moves whose centred part stays within r."""
+    best = torch.zeros(shape[0], dtype=torch.float64)
+    for _ in range(starts):
+        E = _clip(_centre(kind, torch.randn(*shape, generator=gen, dtype=torch.float64)) * r, r).requires_grad_(True)
+        V = torch.randn(*shape, generator=gen, dtype=torch.float64).requires_grad_(True) if unit_v else None
+        opt = torch.optim.Adam([E, V] if unit_v else [E], lr=lr)
+        for _ in range(steps):
+            with torch.no_grad():
+                E.copy_(_clip(_centre(kind, E), r))
+            val = (value(E[None], (V / V.norm(dim=-1, keepdim=True))[None]) if unit_v else value(E[None]))[0]
+            best = torch.maximum(best, val.detach())
+            opt.zero_grad()
+            (-val.sum()).backward()
+            opt.step()
+    return best
+
+
 @pytest.mark.parametrize("seed,kind,eps,small", [(1, "layernorm", 1e-12, False), (2, "layernorm", 0.05, True),
                                                  (3, "rmsnorm", 1e-6, False), (4, "rmsnorm", 0.3, True)])
 def test_norm_remainder_by_the_sphere_is_never_beaten(seed, kind, eps, small):
@@ -88,26 +119,9 @@ def test_norm_remainder_by_the_sphere_is_never_beaten(seed, kind, eps, small):
         E = _centre(kind, torch.randn(256, T, d, generator=gen, dtype=torch.float64))
         E = E / E.norm(dim=-1, keepdim=True) * r * torch.rand(256, T, 1, generator=gen, dtype=torch.float64) ** 0.2
         assert bool((rem(E) <= bound[None]).all()), (frac, "random")
-        v = _centre(kind, X)
-        v = v / v.norm(dim=-1, keepdim=True)
-        w = _centre(kind, torch.randn(64, T, d, generator=gen, dtype=torch.float64))
-        w = w - (w * v[None]).sum(-1, keepdim=True) * v[None]
-        w = w / w.norm(dim=-1, keepdim=True)
-        for sign in (1.0, -1.0):
-            E = r * (sign * v[None] / math.sqrt(3) + math.sqrt(2 / 3) * w)
-            assert bool((rem(E) <= bound[None]).all()), (frac, "adversarial")
-        best = torch.zeros(T, dtype=torch.float64)
-        for _ in range(3):
-            E = _clip(_centre(kind, torch.randn(T, d, generator=gen, dtype=torch.float64)) * r, r).requires_grad_(True)
-            opt = torch.optim.Adam([E], lr=0.1 * r)
-            for _ in range(60):
-                with torch.no_grad():
-                    E.copy_(_clip(_centre(kind, E), r))
-                val = rem(E[None])[0]
-                best = torch.maximum(best, val.detach())
-                opt.zero_grad()
-                (-val.sum()).backward()
-                opt.step()
+        for U in _worst_angle_moves(kind, X, 64, gen):
+            assert bool((rem(r * U) <= bound[None]).all()), (frac, "adversarial")
+        best = _centred_ascent(rem, kind, (T, d), r, gen, starts=3, steps=60, lr=0.1 * r)
         assert bool((best <= bound).all()), (frac, best, bound)
 
 

@@ -14,8 +14,8 @@ import torch
 
 from lipschitz_testkit import random_spec
 from test_lipschitz_local import adversary
-from test_local_sharp import _clip, _sharp_layer, _X, assert_stage_radii_hold
-from test_local_sphere import _centre, _norm_case
+from test_local_sharp import _sharp_layer, _X, assert_stage_radii_hold
+from test_local_sphere import _centre, _centred_ascent, _norm_case, _worst_angle_moves
 from transcover.lipschitz import _local_stages
 from transcover.lipschitz._local_jacobian import _norm_parts
 from transcover.lipschitz._local_joint import SPHERE_CURVATURE, norm_drift, sphere_drift
@@ -113,28 +113,10 @@ def test_norm_jacobian_drift_by_the_sphere_is_never_beaten(seed, kind, eps, smal
         E = E / E.norm(dim=-1, keepdim=True) * r[0]
         v = torch.randn(32, T, d, generator=gen, dtype=torch.float64)
         assert bool((drift(E, v / v.norm(dim=-1, keepdim=True)) <= bound[None]).all()), (frac, "random")
-        c = _centre(kind, X)
-        c = c / c.norm(dim=-1, keepdim=True)
-        w = _centre(kind, torch.randn(8, T, d, generator=gen, dtype=torch.float64))
-        w = w - (w * c[None]).sum(-1, keepdim=True) * c[None]
-        w = w / w.norm(dim=-1, keepdim=True)
-        for sign in (1.0, -1.0):
-            U = sign * c[None] / math.sqrt(3) + math.sqrt(2 / 3) * w
+        for U in _worst_angle_moves(kind, X, 8, gen):
             assert bool((drift(r[0] * U, U) <= bound[None]).all()), (frac, "adversarial")
-        best = torch.zeros(T, dtype=torch.float64)
-        for _ in range(2):
-            E = _clip(_centre(kind, torch.randn(T, d, generator=gen, dtype=torch.float64)) * r[0], float(r[0]))
-            E.requires_grad_(True)
-            V = torch.randn(T, d, generator=gen, dtype=torch.float64).requires_grad_(True)
-            opt = torch.optim.Adam([E, V], lr=0.05 * float(r[0]))
-            for _ in range(40):
-                with torch.no_grad():
-                    E.copy_(_clip(_centre(kind, E), float(r[0])))
-                val = drift(E[None], (V / V.norm(dim=-1, keepdim=True))[None])[0]
-                best = torch.maximum(best, val.detach())
-                opt.zero_grad()
-                (-val.sum()).backward()
-                opt.step()
+        best = _centred_ascent(drift, kind, (T, d), float(r[0]), gen, starts=2, steps=40, lr=0.05 * float(r[0]),
+                               unit_v=True)
         assert bool((best <= bound).all()), (frac, best, bound)
 
 

@@ -55,11 +55,14 @@ def _attained(L, X, token: int, V) -> float:  # noqa: ANN001
 
 
 def per_layer(spec, seqs, rhos, log, n_layers=None, lower_tokens=4, done=None, ball=None,  # noqa: ANN001
-              norms=None, first=0) -> list[dict]:
+              norms=None, first=0, reuse=None) -> list[dict]:
     """``done(rows)`` is called after every sentence (partial results survive an interrupted run).
     ``ball``: keyword arguments of ``ball_lower_sweep`` (the lower estimate on each ball, timed apart
     from the certification), or None for the point lower only.  ``norms``: the layers' weight norms
-    (computed here when None); ``first``: the index of ``seqs[0]`` (worker processes)."""
+    (computed here when None); ``first``: the index of ``seqs[0]`` (worker processes).  ``reuse``:
+    ``_reused_lowers``' ball lowers of an earlier run, taken instead of a new search for every ball whose
+    (sentence, layer, rho) and median token norm match exactly (the same input and centre: the same
+    estimator would return the same value); the rest are searched."""
     rows = []
     layers = list(spec.layers)[:n_layers]
     norms = [(_weight_norms(L), head_norms(L.attention)) for L in layers] if norms is None else norms
@@ -74,7 +77,10 @@ def per_layer(spec, seqs, rhos, log, n_layers=None, lower_tokens=4, done=None, b
             tok, V = ljs[0].lower_V
             lo = _attained(L, X, tok, V)
             bl, bt = [None] * len(rhos), 0.0
-            if ball is not None:
+            old = [(reuse or {}).get((k, li, f)) for f in rhos]
+            if ball is not None and all(o is not None and o[0] == med for o in old):
+                bl = [_Reused(o[1], o[1], o[2]) for o in old]
+            elif ball is not None:
                 t = time.perf_counter()
                 kw = dict(ball)
                 pair_from = kw.pop("pair_from", 0.0) * med  # a factor of the median, like the radii
@@ -104,6 +110,24 @@ def per_layer(spec, seqs, rhos, log, n_layers=None, lower_tokens=4, done=None, b
     return rows
 
 
+class _Reused:
+    """A ball lower read back from an earlier run (``--lowers-from``): its value, as ``ball_lower_sweep``'s."""
+
+    def __init__(self, value: float, pair: float, method: str) -> None:
+        self.value, self.pair, self.method = value, pair, f"{method} (reused)"
+
+
+def _reused_lowers(path: str | None) -> dict:
+    """``{(sentence, layer, rho): (median_norm, lower, lower_method)}`` of an earlier run's JSON (empty without
+    a path).  Only attained values are read (every one was checked against that run's certificate)."""
+    if not path:
+        return {}
+    with open(path) as f:
+        rows = json.load(f)["layers"]
+    return {(r["sentence"], r["layer"], r["rho"]):
+            (r["median_norm"], r["lower"], r["lower_method"].replace(" (reused)", "")) for r in rows}
+
+
 def _tune_malloc() -> None:
     """Keep freed memory in the process (glibc): the certification allocates and frees many (T, d, d)
     float64 temporaries, and with the default thresholds each is a fresh mmap whose pages fault in
@@ -122,29 +146,29 @@ def _tune_malloc() -> None:
 _W: dict = {}
 
 
-def _worker_init(max_len: int, n_layers, rhos, ball) -> None:  # noqa: ANN001
+def _worker_init(max_len: int, n_layers, rhos, ball, reuse) -> None:  # noqa: ANN001
     """One worker process: one BLAS thread, its own model copy and weight norms."""
     _tune_malloc()
     torch.set_num_threads(1)
     spec = load(None).to_torch(torch.float64)
     layers = list(spec.layers)[:n_layers]
-    _W.update(spec=spec, n_layers=n_layers, rhos=rhos, ball=ball,
+    _W.update(spec=spec, n_layers=n_layers, rhos=rhos, ball=ball, reuse=reuse,
               norms=[(_weight_norms(L), head_norms(L.attention)) for L in layers])
 
 
 def _worker_sentence(job) -> list[dict]:  # noqa: ANN001
     k, s = job
     return per_layer(_W["spec"], [s], _W["rhos"], lambda m: print(m, flush=True), _W["n_layers"],
-                     ball=_W["ball"], norms=_W["norms"], first=k)
+                     ball=_W["ball"], norms=_W["norms"], first=k, reuse=_W["reuse"])
 
 
-def _run_workers(seqs, rhos, n_layers, ball, workers: int, max_len: int, done) -> list[dict]:  # noqa: ANN001
+def _run_workers(seqs, rhos, n_layers, ball, workers: int, max_len: int, done, reuse) -> list[dict]:  # noqa: ANN001
     """The sentences over ``workers`` processes of one thread each (sentences are independent);
     rows in sentence order, ``done`` after every finished sentence."""
     import multiprocessing as mp
 
     rows: dict = {}
-    with mp.get_context("spawn").Pool(workers, _worker_init, (max_len, n_layers, rhos, ball)) as pool:
+    with mp.get_context("spawn").Pool(workers, _worker_init, (max_len, n_layers, rhos, ball, reuse)) as pool:
         for part in pool.imap_unordered(_worker_sentence, list(enumerate(seqs)), chunksize=1):
             rows[part[0]["sentence"] if part else len(rows)] = part
             done([r for k in sorted(rows) for r in rows[k]])
@@ -170,7 +194,12 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2,
                     help="worker processes of one thread each for the per-layer part (1: this process, "
                          "OMP_NUM_THREADS threads)")
+    ap.add_argument("--lowers-from", default=None,
+                    help="an earlier run's local_lipschitz.json: its ball lowers are reused wherever the sentence, "
+                         "layer, rho and median token norm match (the certification is rerun; the lowers are "
+                         "searched only where nothing matches)")
     a = ap.parse_args()
+    reuse = _reused_lowers(a.lowers_from)
     _tune_malloc()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
     spec = load(None).to_torch(torch.float64)
@@ -192,9 +221,10 @@ def main() -> None:
                  pair_from=a.lower_pair_from)
             if a.lower_steps > 0 or a.lower_pair_steps > 0 else None)
     if a.workers > 1:
-        rows = _run_workers(seqs, rhos, a.layers, ball, a.workers, a.max_len, partial)
+        rows = _run_workers(seqs, rhos, a.layers, ball, a.workers, a.max_len, partial, reuse)
     else:
-        rows = per_layer(spec, seqs, rhos, lambda m: print(m, flush=True), a.layers, done=partial, ball=ball)
+        rows = per_layer(spec, seqs, rhos, lambda m: print(m, flush=True), a.layers, done=partial, ball=ball,
+                         reuse=reuse)
     t_layers, c_layers = time.perf_counter() - t0, time.process_time() - c0
     ch1 = os.times()  # worker processes (joined by now): their CPU seconds
     c_layers += (ch1.children_user - ch0.children_user) + (ch1.children_system - ch0.children_system)

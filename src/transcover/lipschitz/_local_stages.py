@@ -28,6 +28,7 @@ from torch import Tensor
 
 from .._errors import InputError
 from ..model import LayerSpec, Placement, attention_forward, ffn_forward
+from ._local_attn_joint import joint_heads, joint_remainder
 from ._local_drift import heads_joint, output_block_norms
 from ._local_jacobian import LayerJacobian, _f64, _head_data, _norm_parts
 from ._local_joint import attention_remainder, head_geometry, norm_drift, norm_remainder, sphere_remainder
@@ -261,7 +262,7 @@ def point_lower(at: LayerAtX, gram: RowGram, pt: PostPoint | PrePoint, lower: in
 class DriftAtX:
     """The radius-free data of the attention drift (THEORY F17d, F35): per-head output norms ``Oh`` and
     all heads' ``Oall`` (``||W_O^hT||``, ``||W_O^T||`` per token), F35d's joint block norms ``Cw``, the
-    per-query moments, and post-LN F34a's value(-output) geometries."""
+    per-query moments, and post-LN F34a's value(-output) geometries and F47's heads (``joint``)."""
 
     Oh: Tensor
     Oall: Tensor
@@ -269,6 +270,7 @@ class DriftAtX:
     mom: _HeadMoments
     geo_v: object
     geo_ov: object
+    joint: object
 
 
 def drift_at_x(at: LayerAtX) -> DriftAtX:
@@ -277,7 +279,7 @@ def drift_at_x(at: LayerAtX) -> DriftAtX:
     Oh, _ = _head_output_norms(None, None, at.heads, at.T)
     geo = [head_geometry(at.heads, scale, output=o) for o in (False, True)] if at.post else [None, None]
     return DriftAtX(Oh, torch.full((at.T,), at.nO, dtype=torch.float64), output_block_norms(at.heads),
-                    _HeadMoments(at.heads, scale), *geo)
+                    _HeadMoments(at.heads, scale), *geo, joint_heads(at.heads) if at.post else None)
 
 
 # -- per radius ------------------------------------------------------------------------------------
@@ -310,7 +312,7 @@ class PostAttention:
 def post_attention(at: LayerAtX, pt: PostPoint, dd: DriftAtX, norms: dict, r: float, subs: list) -> PostAttention:
     """``PostAttention``: ``nu_i(A') <= nu_i(B') + 1``; the radius the smallest of F31e's Riemann sum of
     the sups, the sublayer's own move (residual + heads, F31b) and the exact linear map at X plus
-    F34a's second-order remainder."""
+    F34a's second-order remainder (the smaller of F34a's per-head forms and F47's one direction for all heads)."""
     dZ = attention_drift_rows(dd.mom, r, norms)
     jz = heads_joint(dd.Cw, dZ)
     dB = _heads_combined(dd.Oh, dd.Oall, dZ, jz)
@@ -319,6 +321,7 @@ def post_attention(at: LayerAtX, pt: PostPoint, dd: DriftAtX, norms: dict, r: fl
     rr = torch.full((at.T,), r, dtype=torch.float64)
     r1 = torch.minimum(riemann(r, subs, "AP", AP), rr + _heads_combined(dd.Oh, dd.Oall, hm, heads_joint(dd.Cw, hm)))
     remA, remV = attention_remainder(dd.mom, dd.geo_v, dd.geo_ov, at.nO, r, norms)
+    remA = torch.minimum(remA, joint_remainder(dd.joint, dd.mom, dd.geo_ov, r, norms))  # F47
     r1 = torch.minimum(r1, r * pt.aP_pt + remA) * (1 + 1e-12)
     mixed = _heads_combined(*pt.MO, dZ, at.nD2 * pt.nIF * at.nD1 * jz)
     return PostAttention(dZ, jz, A, AP, A + 1, r1, remA, remV, mixed)

@@ -58,7 +58,7 @@ def test_joint_remainder_is_never_beaten(seed, qscale, causal, T):
     for order in ((0.05, 0.4), (0.4, 0.05)):
         mom, _, geo_ov, jh, hn = _parts(attn, X)
         for r in order:
-            bound = joint_remainder(jh, mom, geo_ov, r, hn)
+            bound = joint_remainder(jh, mom, geo_ov, r, hn)["A"]
             best = _ascent(lambda Z: rem(Z).norm(dim=1), X, r, g, starts=4, steps=60)
             assert bool((best <= bound + tol).all()), (r, order, best, bound)
             assert float((best / bound).max()) > 0.02  # the ascent is not idle
@@ -80,7 +80,7 @@ def test_one_direction_step_against_ascent_over_the_direction(seed, qscale, monk
     inf_terms = lambda *a, **k: tuple(torch.full_like(v, float("inf")) if i in (0, 2) else v  # noqa: E731
                                       for i, v in enumerate(head_remainder_terms(*a, **k)))
     monkeypatch.setattr("transcover.lipschitz._local_attn_joint.head_remainder_terms", inf_terms)
-    bound = joint_remainder(jh, mom, geo, r, hn) - (c1 * jh.eps_z[:, None] + c3 * jh.eps_w[:, None]).sum(0)
+    bound = joint_remainder(jh, mom, geo, r, hn)["A"] - (c1 * jh.eps_z[:, None] + c3 * jh.eps_w[:, None]).sum(0)
     rows = [hd[1] @ jh.W[h] for h, hd in enumerate(jh.heads)]  # (T, T, d) per head
     g = torch.Generator().manual_seed(seed)
     for i in range(X.shape[0]):
@@ -110,7 +110,7 @@ def test_never_above_the_per_head_sum_at_its_radius(seed, qscale, causal):
     for r in (0.02, 0.2, 1.0):
         mom, _, geo_ov, jh, hn = _parts(attn, X)
         per = head_remainders(mom, geo_ov, r, hn).sum(dim=0)
-        new = joint_remainder(jh, mom, geo_ov, r, hn)
+        new = joint_remainder(jh, mom, geo_ov, r, hn)["A"]
         assert bool((new <= per * (1 + 1e-3)).all()), (r, new, per)
         if qscale < 2:
             assert float((new / per).median()) < 0.97, (r, new / per)
@@ -123,15 +123,15 @@ def test_homogeneity_in_the_value_and_output_weights_and_the_input_scale():
     X = _X(11, 10)
     r = 0.3
     mom, _, geo, jh, hn = _parts(attn, X)
-    base = joint_remainder(jh, mom, geo, r, hn)
+    base = joint_remainder(jh, mom, geo, r, hn)["A"]
     for c in (0.25, 3.0):
         for name in ("W_V", "W_O"):
             a = dataclasses.replace(attn, **{name: getattr(attn, name) * c})
             mom_c, _, geo_c, jh_c, hn_c = _parts(a, X)
-            assert torch.allclose(joint_remainder(jh_c, mom_c, geo_c, r, hn_c), c * base, rtol=1e-9), name
+            assert torch.allclose(joint_remainder(jh_c, mom_c, geo_c, r, hn_c)["A"], c * base, rtol=1e-9), name
         a = dataclasses.replace(attn, W_Q=attn.W_Q / c, W_K=attn.W_K / c, W_V=attn.W_V / c)
         mom_c, _, geo_c, jh_c, hn_c = _parts(a, X * c)
-        assert torch.allclose(joint_remainder(jh_c, mom_c, geo_c, c * r, hn_c), base, rtol=1e-8), c
+        assert torch.allclose(joint_remainder(jh_c, mom_c, geo_c, c * r, hn_c)["A"], base, rtol=1e-8), c
 
 
 def test_minilm_first_layer_below_f34a():
@@ -148,7 +148,7 @@ def test_minilm_first_layer_below_f34a():
     med = float(X.norm(dim=1).median())
     for f in (1e-2, 1e-3):
         old = attention_remainder(mom, geo_v, geo_ov, float(hn["O"]), f * med, hn)[0]
-        new = joint_remainder(jh, mom, geo_ov, f * med, hn)
+        new = joint_remainder(jh, mom, geo_ov, f * med, hn)["A"]
         assert bool((new < old).all()), (f, new, old)
         assert float(new.max()) * 1.5 <= float(old.max()), (f, float(new.max()), float(old.max()))
 
@@ -164,6 +164,37 @@ def test_stage_radii_with_the_joint_remainder_hold():
     mom, geo_v, geo_ov, jh, hn = _parts(layer.attention, X)
     for r, lj in zip((0.05, 0.3), ljs):
         old = attention_remainder(mom, geo_v, geo_ov, float(hn["O"]), r, hn)[0]
-        new = joint_remainder(jh, mom, geo_ov, r, hn)
+        new = joint_remainder(jh, mom, geo_ov, r, hn)["A"]
         assert bool((new < old).any()), (r, new, old)
         assert bool(torch.isfinite(lj.stage_radii["attention"]).all())
+
+
+@pytest.mark.parametrize("seed,qscale", [(13, 1.0), (14, 4.0)])
+def test_through_the_first_norm_and_the_ffn_is_never_beaten(seed, qscale):
+    """The remainder seen through ``D1`` and ``(I + F) D1`` (the maps ``post_attention`` passes): Adam ascent on
+    ``||M_i (A(X') - A(X) - J_A E)_i||`` with the dense ``D1`` at ``S1 = X + A(X)`` and ``I + F`` at the FFN input stays
+    below ``remJ["H"]``, ``remJ["G"]``, which are below ``||M_i||`` times F47's own remainder (up to the pads)."""
+    from transcover.lipschitz import _local_stages as stg
+    from transcover.lipschitz._local_rows import _sandwich
+
+    spec = random_spec(seed, act="gelu", norm="layernorm", placement="post", d=12, H=4, dh=3, dff=16, biases=True)
+    layer = spec.layers[0]
+    layer = dataclasses.replace(layer, attention=dataclasses.replace(layer.attention,
+                                                                      W_Q=layer.attention.W_Q * qscale))
+    X = _X(seed, 10)
+    hn = head_norms(layer.attention)
+    at = stg.layer_at_x(layer, X, float(hn["O"]))
+    pt = stg.post_point(at, stg.attention_row_gram(at))
+    dd = stg.drift_at_x(at)
+    maps = {"H": (at.n1.sandwich, at.nD1),
+            "G": (lambda S, e: _sandwich(pt.IF, *at.n1.sandwich(S, e), at.eF), pt.nIF * at.nD1)}
+    D1 = at.n1.dense()
+    M = {"H": D1, "G": pt.IF @ D1}
+    rem = _remainder(lambda Z: attention_forward(layer.attention, Z), X)
+    g = torch.Generator().manual_seed(seed)
+    for r in (0.05, 0.3):
+        rj = joint_remainder(dd.joint, dd.mom, dd.geo_ov, r, hn, maps)
+        for k in ("H", "G"):
+            best = _ascent(lambda Z, k=k: (M[k] @ rem(Z)[:, :, None])[:, :, 0].norm(dim=1), X, r, g, starts=3, steps=50)
+            assert bool((best <= rj[k]).all()), (k, r, best, rj[k])
+            assert bool((rj[k] <= maps[k][1] * rj["A"] * (1 + 1e-3)).all()), k

@@ -25,7 +25,6 @@ __all__ = ["JointHeads", "joint_heads", "joint_remainder"]
 
 _U = 2.0**-53
 _PAD = 1 + 1e-10
-_CHUNK = 8  # queries per Gram batch (memory: CHUNK x H T x d rows)
 
 
 @dataclass
@@ -55,27 +54,31 @@ def joint_heads(heads) -> JointHeads:  # noqa: ANN001
     return JointHeads(heads, W, W.transpose(1, 2) @ W, eps_z, eps_w)
 
 
-def _joint_lmax(jh: JointHeads, w1: Tensor, w3: Tensor) -> Tensor:
-    r"""(T,) certified ``lambda_max(G_i)``, ``G_i = sum_h w1_hi sum_j P^h_ij z_hij z_hij^T + w3_hi W_h^T W_h`` for the
-    formed rows ``z_hij = y_ij W_h`` and maps ``W_h`` (weights ``>= 0``).  Rounding: the weighted Gram of
-    ``m = H T + H d`` rows as evaluated is within ``gamma_m`` of its trace (spectral, ``|z||z|^T`` has Frobenius norm
-    ``||z||^2``), covered by ``GRAM_PAD`` of the trace for ``m <= 10^6``; the products ``w P`` one ``u``."""
-    heads, T = jh.heads, w1.shape[1]
-    out = torch.empty(T, dtype=torch.float64)
-    for i0 in range(0, T, _CHUNK):
-        q = slice(i0, min(T, i0 + _CHUNK))
-        G = torch.einsum("th,hde->tde", w3[:, q].T.contiguous(), jh.N)
-        for h, hd in enumerate(heads):
-            Z = hd[1][q] @ jh.W[h]  # (n, T, d): rows y_ij W_h
-            G = G + Z.transpose(1, 2) @ (Z * (w1[h, q, None] * hd[0][q])[:, :, None])
-        G = (G + G.transpose(1, 2)) / 2  # exactly symmetric (each entry and its mirror: the same sum)
-        tr = G.diagonal(dim1=1, dim2=2).sum(-1)
-        out[q] = (certified_lmax(G) + GRAM_PAD * tr) * (1 + 4 * _U)
+def _joint_lmax(jh: JointHeads, w1: Tensor, w3: Tensor, maps: dict) -> dict:
+    r"""Per map ``M`` (``"A"`` the identity and ``maps``: name -> (``sandwich``, ``||M||``)) the (T,) certified
+    ``lambda_max(M_i G_i M_i^T)``, ``G_i = sum_h w1_hi sum_j P^h_ij z_hij z_hij^T + w3_hi W_h^T W_h`` for the formed
+    rows ``z_hij = y_ij W_h`` and maps ``W_h`` (weights ``>= 0``).  Rounding: the weighted Gram of ``m = H T + H d``
+    rows as evaluated is within ``gamma_m`` of its trace (spectral, ``|z||z|^T`` has Frobenius norm ``||z||^2``),
+    covered by ``GRAM_PAD`` of the trace for ``m <= 10^6``; the products ``w P`` and the symmetrisation ``4 u ||G||_F``;
+    a map's ``sandwich(S, err)`` returns ``M S M^T`` with its own error bound (``NormJac.sandwich``, ``_sandwich``)."""
+    G = torch.einsum("th,hde->tde", w3.T.contiguous(), jh.N)
+    for h, hd in enumerate(jh.heads):
+        Z = hd[1] @ jh.W[h]  # (T, T, d): rows y_ij W_h
+        G = G + Z.transpose(1, 2) @ (Z * (w1[h, :, None] * hd[0])[:, :, None])
+    G = (G + G.transpose(1, 2)) / 2  # exactly symmetric (each entry and its mirror: the same sum)
+    err = GRAM_PAD * G.diagonal(dim1=1, dim2=2).sum(-1) + 4 * _U * G.norm(dim=(1, 2))
+    out = {"A": certified_lmax(G) + err}
+    for name, (sandwich, _) in maps.items():
+        S, e = sandwich(G, err)
+        out[name] = certified_lmax((S + S.transpose(1, 2)) / 2) + e * (1 + 1e-12) + 4 * _U * S.norm(dim=(1, 2))
     return out
 
 
-def joint_remainder(jh: JointHeads, mom, geo: HeadGeometry, r: float, norms: dict) -> Tensor:  # noqa: ANN001
-    r"""(T,) certified ``||sum_h R_h W_O^h||`` for the attention sublayer's remainder on ``B(X, r)`` (THEORY F47),
+def joint_remainder(jh: JointHeads, mom, geo: HeadGeometry, r: float, norms: dict,  # noqa: ANN001
+                    maps: dict | None = None) -> dict:
+    r"""Per map ``M`` (T,) certified ``||M_i sum_h R_h W_O^h||``: ``"A"`` the attention sublayer's remainder on
+    ``B(X, r)`` itself, and for each of ``maps`` (name -> (``sandwich``, ``||M_i||``), the per-token maps after the
+    sublayer, e.g. ``D1``, ``(I + F) D1``) the same seen through ``M`` (THEORY F47),
     one output direction ``u`` for every head: per head F34a's terms (``head_remainder_terms``, ``geo`` for ``W_V W_O``)
     in the form each head's own bound takes, the diameter forms as they are, the ``L^2(P)`` forms as
     ``c1_h sigma_h(u)`` and the value move as ``c3_h ||W_h u||``; then for any weights ``w > 0``
@@ -87,8 +90,10 @@ def joint_remainder(jh: JointHeads, mom, geo: HeadGeometry, r: float, norms: dic
     weights ``w1 = c1/spread``, ``w3 = c3/||W_h||`` make the right side at most the per-head sum (``lambda_max`` of a
     sum at most the sum); they are taken at the first radius this layer evaluates and kept with their ``lambda_max``
     (any weights are valid); a head with a zero weight there and a positive ``L^2(P)`` term here is added alone
-    (``c1 spread``, ``c3 ||W_h||``).  The rows' float64 errors enter by Minkowski: ``sigma_h(u) <= sigma-hat_h(u) +
-    eps_z``, ``||W_h u|| <= ||W-hat_h u|| + eps_w``.  Assumptions: F34a's (post-LN, dot attention without RoPE)."""
+    (``c1 spread``, ``c3 ||W_h||``).  Through ``M``: ``u . M R = (M^T u) . R``, so ``K`` becomes ``M K M^T`` and the
+    terms outside the Gram get ``||M_i||``.  The rows' float64 errors enter by Minkowski: ``sigma_h(u) <= sigma-hat_h(u)
+    + eps_z``, ``||W_h u|| <= ||W-hat_h u|| + eps_w``.  ``maps`` are read when the weights are set (the first call).
+    Assumptions: F34a's (post-LN, dot attention without RoPE)."""
     H = len(mom.rows)
     terms = [head_remainder_terms(mom, geo, h, r, norms) for h in range(H)]
     sp, nW = geo.spread, geo.norm[:, None]
@@ -102,12 +107,14 @@ def joint_remainder(jh: JointHeads, mom, geo: HeadGeometry, r: float, norms: dic
     if "lam" not in jh.cache:
         pos = lambda c, n: torch.where((c > 0) & (n > 0) & torch.isfinite(c), c / n, torch.zeros_like(c))  # noqa: E731
         w1, w3 = pos(c1, sp), pos(c3, nW.expand_as(c3))
-        jh.cache.update(w1=w1, w3=w3, lam=_joint_lmax(jh, w1, w3))
-    w1, w3, lam = jh.cache["w1"], jh.cache["w3"], jh.cache["lam"]
+        maps = maps or {}
+        jh.cache.update(w1=w1, w3=w3, lam=_joint_lmax(jh, w1, w3, maps), norm={k: v[1] for k, v in maps.items()})
+    w1, w3, lam = jh.cache["w1"], jh.cache["w3"], jh.cache["lam"]  # lam: per map
     on1, on3 = w1 > 0, w3 > 0
     alone = alone + (torch.where(on1, 0.0, c1 * sp) + torch.where(on3, 0.0, c3 * nW)).sum(dim=0)
     cs = (torch.where(on1, c1 * c1 / torch.where(on1, w1, 1.0), 0.0)
           + torch.where(on3, c3 * c3 / torch.where(on3, w3, 1.0), 0.0)).sum(dim=0) * (1 + (2 * H + 4) * _U)
     eps = (torch.where(on1, c1, 0.0) * jh.eps_z[:, None] + torch.where(on3, c3, 0.0) * jh.eps_w[:, None]).sum(dim=0)
-    out = (torch.sqrt(cs * lam) * (1 + 2 * _U) + eps + alone) * _PAD
-    return torch.nan_to_num(out, nan=math.inf, posinf=math.inf)
+    nM = {"A": 1.0, **jh.cache["norm"]}
+    out = {k: (torch.sqrt(cs * v) * (1 + 2 * _U) + nM[k] * (eps + alone)) * _PAD for k, v in lam.items()}
+    return {k: torch.nan_to_num(v, nan=math.inf, posinf=math.inf) for k, v in out.items()}

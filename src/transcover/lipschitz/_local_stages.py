@@ -296,7 +296,8 @@ class PostAttention:
     """Post-LN attention sublayer on ``B(X, r)``: the heads' drift rows ``dZ`` (H, T) and their joint
     bound ``jz`` (F17d/F35, F35d), the sups of ``nu_i(B')`` (``A``; centred ``AP``) and of the attention
     alone (``att_rows``), the output radius ``r1`` (F31b, F34), F34a's remainders ``remA`` (all heads)
-    and ``remV`` (per head) and the drift seen through the whole chain ``M`` (``mixed``)."""
+    and ``remV`` (per head), F47's remainders through ``D1`` and ``(I + F) D1`` (``remJ``: ``"H"``, ``"G"``) and the
+    drift seen through the whole chain ``M`` (``mixed``)."""
 
     dZ: Tensor
     jz: Tensor
@@ -306,6 +307,7 @@ class PostAttention:
     r1: Tensor
     remA: Tensor
     remV: Tensor
+    remJ: dict
     mixed: Tensor
 
 
@@ -321,10 +323,13 @@ def post_attention(at: LayerAtX, pt: PostPoint, dd: DriftAtX, norms: dict, r: fl
     rr = torch.full((at.T,), r, dtype=torch.float64)
     r1 = torch.minimum(riemann(r, subs, "AP", AP), rr + _heads_combined(dd.Oh, dd.Oall, hm, heads_joint(dd.Cw, hm)))
     remA, remV = attention_remainder(dd.mom, dd.geo_v, dd.geo_ov, at.nO, r, norms)
-    remA = torch.minimum(remA, joint_remainder(dd.joint, dd.mom, dd.geo_ov, r, norms))  # F47
+    IFsw = lambda S, e: _sandwich(pt.IF, *at.n1.sandwich(S, e), at.eF)  # noqa: E731
+    remJ = joint_remainder(dd.joint, dd.mom, dd.geo_ov, r, norms,  # F47, also through D1 and (I + F) D1
+                           {"H": (at.n1.sandwich, at.nD1), "G": (IFsw, pt.nIF * at.nD1)})
+    remA = torch.minimum(remA, remJ["A"])
     r1 = torch.minimum(r1, r * pt.aP_pt + remA) * (1 + 1e-12)
     mixed = _heads_combined(*pt.MO, dZ, at.nD2 * pt.nIF * at.nD1 * jz)
-    return PostAttention(dZ, jz, A, AP, A + 1, r1, remA, remV, mixed)
+    return PostAttention(dZ, jz, A, AP, A + 1, r1, remA, remV, remJ, mixed)
 
 
 @dataclass(frozen=True)
@@ -343,8 +348,8 @@ class PostFirstNorm:
 
 def post_first_norm(at: LayerAtX, pt: PostPoint, att: PostAttention, r: float, subs: list) -> PostFirstNorm:
     """``PostFirstNorm``: ``Delta D1 = Delta D1 P`` acts on ``P B'`` (rows at most ``AP``); the heads'
-    remainders seen through ``D1 W_O`` and ``(I + F) D1 W_O`` or the norms (F34b), the norm's own remainder the
-    smaller of F34b's and the sphere's curvature (F41c) -- a zero output map
+    remainders seen through ``D1 W_O`` and ``(I + F) D1 W_O`` or the norms (F34b) or jointly (F47), the norm's own
+    remainder the smaller of F34b's and the sphere's curvature (F41c) -- a zero output map
     times an infinite remainder is nan, the bound there is inf; ``||D1'|| <= max|gamma|/s_floor``; the drift ``e1``
     the smaller of F17's and the sphere's curvature (F43a)."""
     g1, nD1, r1 = at.g1, at.nD1, att.r1
@@ -352,8 +357,9 @@ def post_first_norm(at: LayerAtX, pt: PostPoint, att: PostAttention, r: float, s
     remN = norm_remainder(g1, e1, r1)
     if at.sig1 is not None:  # F41c: the normalisation's own curvature
         remN = torch.minimum(remN, sphere_remainder(g1, at.n1.s, r1, at.d))
-    remH = torch.minimum(nD1 * att.remA, _heads_combined(*pt.D1O, att.remV)) + remN
-    remG = torch.minimum(pt.nIF * remH, _heads_combined(*pt.IFD1O, att.remV) + pt.nIF * remN)
+    remH = torch.minimum(torch.minimum(nD1 * att.remA, _heads_combined(*pt.D1O, att.remV)), att.remJ["H"]) + remN
+    remG = torch.minimum(pt.nIF * remH, torch.minimum(_heads_combined(*pt.IFD1O, att.remV), att.remJ["G"])
+                         + pt.nIF * remN)  # F47's through (I + F) D1
     remH, remG = (torch.nan_to_num(v, nan=math.inf) for v in (remH, remG))
     Hs = torch.minimum(pt.h_pt + g1 * e1 * att.AP + _heads_combined(*pt.D1O, att.dZ, nD1 * att.jz),
                        g1 / sf1 * att.AP if at.sig1 is not None else att.A)

@@ -25,8 +25,8 @@ from ._local_jacobian import GRAM_PAD, certified_spectral
 from ._local_sharp import ball_box, visible_diameter
 
 __all__ = ["softmax_taylor_l1", "quadratic_score_mad", "range_taylor", "VAR_SQUARE_RANGE", "HeadGeometry",
-           "head_geometry", "head_remainders", "attention_remainder", "norm_remainder", "sphere_remainder",
-           "SPHERE_CURVATURE", "sphere_drift", "norm_drift"]
+           "head_geometry", "head_remainders", "head_remainder_terms", "attention_remainder", "norm_remainder",
+           "sphere_remainder", "SPHERE_CURVATURE", "sphere_drift", "norm_drift"]
 
 _U = 2.0**-53
 _PAD = 1 + 1e-10
@@ -130,16 +130,29 @@ def head_remainders(mom, geo: HeadGeometry, r: float, norms: dict) -> Tensor:  #
     Assumptions: dot attention without RoPE (the key bias shifts a row by a constant, the value bias
     cancels in zero sums)."""
     out = []
-    for h, m in enumerate(mom.rows):
-        P, nG = m["P"], norms["G"][h]
-        delta, osc, a, _, tv = ball_box(m, r, nG)
-        s = (r * (torch.sqrt(m["lG"]) + float(geo.score_eps[h])) + r * m["qn"] + nG * r * r) * _PAD
-        t1 = torch.minimum(softmax_taylor_l1(P, delta, osc, a, tv) / 2 * geo.diam[h],
-                           osc * s * geo.spread[h] * _exp_weight(osc))
-        t1 = torch.minimum(t1, range_taylor(osc, geo.spread[h]))  # F41a
-        t2 = torch.minimum(quadratic_score_mad(P, r, nG) / 2 * geo.diam[h], nG * r * r * geo.spread[h])
-        out.append((t1 + t2 + 2 * tv * float(geo.norm[h]) * r) * _PAD)
+    for h in range(len(mom.rows)):
+        t1d, c1, t2d, c2, c3 = head_remainder_terms(mom, geo, h, r, norms)
+        t1 = torch.minimum(t1d, c1 * geo.spread[h])
+        t2 = torch.minimum(t2d, c2 * geo.spread[h])
+        out.append((t1 + t2 + c3 * float(geo.norm[h])) * _PAD)
     return torch.nan_to_num(torch.stack(out), nan=math.inf, posinf=math.inf)
+
+
+def head_remainder_terms(mom, geo: HeadGeometry, h: int, r: float, norms: dict) -> tuple[Tensor, ...]:  # noqa: ANN001
+    r"""Head ``h``'s three remainder terms on ``B(X, r)`` (THEORY F34a, F41a), each (T,): the softmax Taylor term by
+    the diameter (``t1d``) and the coefficient ``c1`` of its ``L^2(P)`` forms (``min(osc s e(osc), C_4 osc^2
+    e(osc/2))``, times ``sigma(u) = (sum_j P_j (u.z_j - u.zbar)^2)^{1/2}`` for every unit ``u``, at most ``spread``);
+    the quadratic score term by the diameter (``t2d``) and ``c2 = ||G|| r^2`` (times ``sigma(u)``); the value move's
+    coefficient ``c3 = 2 TV r`` (times ``||W u||``, at most ``||W||``)."""
+    m, nG = mom.rows[h], norms["G"][h]
+    P = m["P"]
+    delta, osc, a, _, tv = ball_box(m, r, nG)
+    s = (r * (torch.sqrt(m["lG"]) + float(geo.score_eps[h])) + r * m["qn"] + nG * r * r) * _PAD
+    c1 = torch.minimum(osc * s * _exp_weight(osc), range_taylor(osc, torch.ones_like(osc)))  # F41a
+    c1 = torch.nan_to_num(c1, nan=math.inf, posinf=math.inf)
+    t1d = softmax_taylor_l1(P, delta, osc, a, tv) / 2 * geo.diam[h]
+    t2d = quadratic_score_mad(P, r, nG) / 2 * geo.diam[h]
+    return t1d, c1, t2d, torch.full_like(t1d, nG * r * r), 2 * tv * r
 
 
 # C_4 = (max_{theta <= 1/3} theta (1 - theta)^2 (1 - 2 theta))^{1/2}, the maximum at theta = (7 - sqrt 17)/16

@@ -28,6 +28,7 @@ from torch import Tensor
 
 from .._errors import InputError
 from ..model import LayerSpec, Placement, attention_forward, ffn_forward
+from ._local_attn_joint import joint_heads, joint_remainder
 from ._local_drift import heads_joint, output_block_norms
 from ._local_jacobian import LayerJacobian, _f64, _head_data, _norm_parts
 from ._local_joint import attention_remainder, head_geometry, norm_drift, norm_remainder, sphere_remainder
@@ -261,7 +262,7 @@ def point_lower(at: LayerAtX, gram: RowGram, pt: PostPoint | PrePoint, lower: in
 class DriftAtX:
     """The radius-free data of the attention drift (THEORY F17d, F35): per-head output norms ``Oh`` and
     all heads' ``Oall`` (``||W_O^hT||``, ``||W_O^T||`` per token), F35d's joint block norms ``Cw``, the
-    per-query moments, and post-LN F34a's value(-output) geometries."""
+    per-query moments, and post-LN F34a's value(-output) geometries and F47's heads (``joint``)."""
 
     Oh: Tensor
     Oall: Tensor
@@ -269,6 +270,7 @@ class DriftAtX:
     mom: _HeadMoments
     geo_v: object
     geo_ov: object
+    joint: object
 
 
 def drift_at_x(at: LayerAtX) -> DriftAtX:
@@ -277,7 +279,7 @@ def drift_at_x(at: LayerAtX) -> DriftAtX:
     Oh, _ = _head_output_norms(None, None, at.heads, at.T)
     geo = [head_geometry(at.heads, scale, output=o) for o in (False, True)] if at.post else [None, None]
     return DriftAtX(Oh, torch.full((at.T,), at.nO, dtype=torch.float64), output_block_norms(at.heads),
-                    _HeadMoments(at.heads, scale), *geo)
+                    _HeadMoments(at.heads, scale), *geo, joint_heads(at.heads) if at.post else None)
 
 
 # -- per radius ------------------------------------------------------------------------------------
@@ -294,7 +296,8 @@ class PostAttention:
     """Post-LN attention sublayer on ``B(X, r)``: the heads' drift rows ``dZ`` (H, T) and their joint
     bound ``jz`` (F17d/F35, F35d), the sups of ``nu_i(B')`` (``A``; centred ``AP``) and of the attention
     alone (``att_rows``), the output radius ``r1`` (F31b, F34), F34a's remainders ``remA`` (all heads)
-    and ``remV`` (per head) and the drift seen through the whole chain ``M`` (``mixed``)."""
+    and ``remV`` (per head), F47's remainders through ``D1`` and ``(I + F) D1`` (``remJ``: ``"H"``, ``"G"``) and the
+    drift seen through the whole chain ``M`` (``mixed``)."""
 
     dZ: Tensor
     jz: Tensor
@@ -304,13 +307,14 @@ class PostAttention:
     r1: Tensor
     remA: Tensor
     remV: Tensor
+    remJ: dict
     mixed: Tensor
 
 
 def post_attention(at: LayerAtX, pt: PostPoint, dd: DriftAtX, norms: dict, r: float, subs: list) -> PostAttention:
     """``PostAttention``: ``nu_i(A') <= nu_i(B') + 1``; the radius the smallest of F31e's Riemann sum of
     the sups, the sublayer's own move (residual + heads, F31b) and the exact linear map at X plus
-    F34a's second-order remainder."""
+    F34a's second-order remainder (the smaller of F34a's per-head forms and F47's one direction for all heads)."""
     dZ = attention_drift_rows(dd.mom, r, norms)
     jz = heads_joint(dd.Cw, dZ)
     dB = _heads_combined(dd.Oh, dd.Oall, dZ, jz)
@@ -319,9 +323,13 @@ def post_attention(at: LayerAtX, pt: PostPoint, dd: DriftAtX, norms: dict, r: fl
     rr = torch.full((at.T,), r, dtype=torch.float64)
     r1 = torch.minimum(riemann(r, subs, "AP", AP), rr + _heads_combined(dd.Oh, dd.Oall, hm, heads_joint(dd.Cw, hm)))
     remA, remV = attention_remainder(dd.mom, dd.geo_v, dd.geo_ov, at.nO, r, norms)
+    IFsw = lambda S, e: _sandwich(pt.IF, *at.n1.sandwich(S, e), at.eF)  # noqa: E731
+    remJ = joint_remainder(dd.joint, dd.mom, dd.geo_ov, r, norms,  # F47, also through D1 and (I + F) D1
+                           {"H": (at.n1.sandwich, at.nD1), "G": (IFsw, pt.nIF * at.nD1)})
+    remA = torch.minimum(remA, remJ["A"])
     r1 = torch.minimum(r1, r * pt.aP_pt + remA) * (1 + 1e-12)
     mixed = _heads_combined(*pt.MO, dZ, at.nD2 * pt.nIF * at.nD1 * jz)
-    return PostAttention(dZ, jz, A, AP, A + 1, r1, remA, remV, mixed)
+    return PostAttention(dZ, jz, A, AP, A + 1, r1, remA, remV, remJ, mixed)
 
 
 @dataclass(frozen=True)
@@ -340,8 +348,8 @@ class PostFirstNorm:
 
 def post_first_norm(at: LayerAtX, pt: PostPoint, att: PostAttention, r: float, subs: list) -> PostFirstNorm:
     """``PostFirstNorm``: ``Delta D1 = Delta D1 P`` acts on ``P B'`` (rows at most ``AP``); the heads'
-    remainders seen through ``D1 W_O`` and ``(I + F) D1 W_O`` or the norms (F34b), the norm's own remainder the
-    smaller of F34b's and the sphere's curvature (F41c) -- a zero output map
+    remainders seen through ``D1 W_O`` and ``(I + F) D1 W_O`` or the norms (F34b) or jointly (F47), the norm's own
+    remainder the smaller of F34b's and the sphere's curvature (F41c) -- a zero output map
     times an infinite remainder is nan, the bound there is inf; ``||D1'|| <= max|gamma|/s_floor``; the drift ``e1``
     the smaller of F17's and the sphere's curvature (F43a)."""
     g1, nD1, r1 = at.g1, at.nD1, att.r1
@@ -349,8 +357,9 @@ def post_first_norm(at: LayerAtX, pt: PostPoint, att: PostAttention, r: float, s
     remN = norm_remainder(g1, e1, r1)
     if at.sig1 is not None:  # F41c: the normalisation's own curvature
         remN = torch.minimum(remN, sphere_remainder(g1, at.n1.s, r1, at.d))
-    remH = torch.minimum(nD1 * att.remA, _heads_combined(*pt.D1O, att.remV)) + remN
-    remG = torch.minimum(pt.nIF * remH, _heads_combined(*pt.IFD1O, att.remV) + pt.nIF * remN)
+    remH = torch.minimum(torch.minimum(nD1 * att.remA, _heads_combined(*pt.D1O, att.remV)), att.remJ["H"]) + remN
+    remG = torch.minimum(pt.nIF * remH, torch.minimum(_heads_combined(*pt.IFD1O, att.remV), att.remJ["G"])
+                         + pt.nIF * remN)  # F47's through (I + F) D1
     remH, remG = (torch.nan_to_num(v, nan=math.inf) for v in (remH, remG))
     Hs = torch.minimum(pt.h_pt + g1 * e1 * att.AP + _heads_combined(*pt.D1O, att.dZ, nD1 * att.jz),
                        g1 / sf1 * att.AP if at.sig1 is not None else att.A)

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from .._errors import InputError
 from ..model import NormKind, NormSpec
-from ._local_jacobian import centre_tokens
+from ._local_jacobian import centre_tokens, norm_jacobian_error
 
 __all__ = ["_NormLin", "_AttnLin", "_AttnRes", "_TokenLin", "check_stack_layer"]
 
@@ -45,17 +45,26 @@ class _NormLin:
         self.g = torch.ones(d, dtype=torch.float64) if norm.weight is None else _f64(norm.weight)
         self.norm = norm
         self.k = 8 * d + 8
+        # F17f: |((D - D_true) r)_j| <= e ||r||_1 in every entry; the abs evaluation carries it as e/gamma_k
+        # per unit of ||r||_1, so gamma_k (or any larger gamma) times it covers the factors' error too
+        self.err = norm_jacobian_error(norm, Z, formed=True)  # also ||D*|| <= max|gamma|/s + err
+        self.e = self.err / (self.k * 2.0**-53) * (1 + 1e-12)
 
     def _core(self, r: Tensor, absval: bool = False) -> Tensor:
         sg, u = (1.0, self.u.abs()) if absval else (-1.0, self.u)
         rc = r + sg * r.mean(dim=-1, keepdim=True) if self.lay else r
         return (rc + sg * u * (r * u).sum(dim=-1, keepdim=True)) / self.s[:, None]
 
+    def _model(self, r: Tensor) -> Tensor:
+        return self.e[:, None] * r.abs().sum(dim=-1, keepdim=True)
+
     def apply(self, K: Tensor, absval: bool = False) -> Tensor:
-        return (self.g.abs() if absval else self.g) * self._core(K, absval)
+        out = (self.g.abs() if absval else self.g) * self._core(K, absval)
+        return out + self._model(K) if absval else out
 
     def apply_t(self, C: Tensor, absval: bool = False) -> Tensor:
-        return self._core((self.g.abs() if absval else self.g) * C, absval)
+        out = self._core((self.g.abs() if absval else self.g) * C, absval)
+        return out + self._model(C) if absval else out
 
     def matrices(self, absval: bool = False) -> Tensor:
         """(T, d, d) the per-token Jacobians ``D_i`` (column convention), or their abs evaluation."""

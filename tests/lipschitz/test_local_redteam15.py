@@ -215,3 +215,71 @@ def test_layer_local_is_not_beaten_on_a_spiky_norm(c, m):
     assert min(ll.jacobian_point, ll.exact_point, ll.upper) >= row_k, (ll.jacobian_point, ll.exact_point, ll.upper, row_k)
     spec = TransformerSpec(arch="test", name="spiky", d_model=d, layers=[layer], input_norm=None, final_norm=None)
     assert stack_local(spec, X, [1e-20])[0].point >= row_k
+
+
+# -- F44c's e- and eps-terms, each alone necessary (red14's coverage gap) ---------------------------------------------
+
+def _reach_case(seed: int, thin: bool, eP: float, drift: float):  # noqa: ANN202
+    """A post-LN attention sub-stage behind a linear prefix ``P`` with F44c's reach and the ascent objective on
+    ``||[(DA(X + Delta) - DA(X)) E]_k||``, ``Delta = rho P h + e`` (``||e_j|| <= e_max``), ``E = P v + eps``
+    (``||eps_j|| <= eP``).  ``thin``: every block ``c_kj u u^T`` with ``u = e_0`` and ``W_Q``, ``W_K`` blind to ``u``
+    (the scores never see the prefix, so ``H[P h, P v] = 0`` and F44c's first term vanishes); otherwise ``P = 0``
+    (both ellipsoid terms vanish)."""
+    import dataclasses
+
+    from lipschitz_testkit import random_spec
+    from transcover.lipschitz._local_attention import head_norms
+    from transcover.lipschitz._local_jacobian import _weight_norms
+    from transcover.lipschitz._local_stack import certified_rows
+    from transcover.lipschitz._local_stack_attn import AttentionAligned
+    from transcover.lipschitz._local_stack_stages import _attn_stage
+    from transcover.model import attention_forward
+
+    layer = random_spec(seed, act="gelu", norm="layernorm", d=6, H=2, dh=3, dff=8, biases=True).layers[0]
+    a = layer.attention
+    WQ, WK = a.W_Q.clone(), a.W_K.clone()
+    WQ[:, 0, :] = 0.0
+    WK[:, 0, :] = 0.0
+    attn = dataclasses.replace(a, W_Q=3 * WQ, W_K=WK)
+    layer = dataclasses.replace(layer, attention=attn)
+    g = torch.Generator().manual_seed(seed + 1)
+    T, d, rho = 4, 6, 0.05
+    X = torch.randn(T, d, generator=g, dtype=torch.float64) * 1.5
+    P = torch.zeros(T, T, d, d, dtype=torch.float64)
+    if thin:
+        P[:, :, 0, 0] = torch.randn(T, T, generator=g, dtype=torch.float64)
+    st_, _ = _attn_stage("a", 0, layer, X, None, {"w": _weight_norms(layer), "h": head_norms(attn)})
+    al = AttentionAligned(st_.attn, P)
+    nu = certified_rows(P)
+    dP = drift * nu
+    emax = rho * float((dP + eP).max())
+    reach = al.reach((rho * nu + emax) * (1 + 1e-12), nu, rho, dP, eP, 0.0)
+    A = lambda Z: attention_forward(attn, Z)  # noqa: E731
+    rows = lambda B, h: torch.einsum("kjab,jb->ka", B, h)  # noqa: E731
+
+    def obj(k: int):  # noqa: ANN202
+        def f(he, vs):  # noqa: ANN001, ANN202
+            Delta = rho * rows(P, he[:T]) + emax * he[T:]
+            E = rows(P, vs[:T]) + eP * vs[T:]
+            return (torch.autograd.functional.jvp(A, X + Delta, E, create_graph=True)[1]
+                    - torch.autograd.functional.jvp(A, X, E, create_graph=True)[1])[k].norm()
+        return f
+
+    return reach, obj, T
+
+
+@pytest.mark.parametrize("seed,thin,eP,drift", [(1, False, 0.5, 0.0), (2, True, 0.0, 3.0)])
+def test_reach_terms_each_necessary(seed, thin, eP, drift):
+    """F44c's ``e_max F^m`` and ``r e_P S`` terms, each the only non-zero one: ``P = 0`` leaves ``H[e, eps]`` (the
+    eps-term alone bounds it); a prefix along a direction the scores cannot see, with a large drift and no rounding,
+    leaves ``H[e, P v]`` (the e-term alone; the first term is 8e-7 here).  Adam ascent stays below the reach and
+    reaches 5 % of it (measured 7.5 % and more), so deleting either term (the reach then ~0) fails here."""
+    from transcover.lipschitz._local_lower import bilinear_lower
+
+    reach, obj, T = _reach_case(seed, thin, eP, drift)
+    best = 0.0
+    for k in range(T):
+        lo = bilinear_lower(obj(k), (2 * T, 6), restarts=2, steps=60, seed=seed + k)
+        assert lo <= float(reach[k]), (k, lo, reach)
+        best = max(best, lo / float(reach[k]))
+    assert best >= 0.05, (best, reach)

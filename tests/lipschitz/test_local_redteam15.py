@@ -283,3 +283,32 @@ def test_reach_terms_each_necessary(seed, thin, eP, drift):
         assert lo <= float(reach[k]), (k, lo, reach)
         best = max(best, lo / float(reach[k]))
     assert best >= 0.05, (best, reach)
+
+
+@pytest.mark.parametrize("name,x,g,eps,lay", CASES + [
+    ("narrow token", _mean_dominated(7, 8, 1e12, 1e-3), [1.0] * 8, 0.0, True),
+    ("narrow, spiky", _mean_dominated(8, 8, 1e15, 1.0), _spiky(8, 0, 1e-8), 0.0, True),
+    ("gaussian, random gain", torch.randn(8, generator=torch.Generator().manual_seed(9), dtype=torch.float64).tolist(),
+     (1 + 0.5 * torch.randn(8, generator=torch.Generator().manual_seed(10), dtype=torch.float64)).tolist(), 1e-12, True)],
+    ids=[c[0] for c in CASES] + ["narrow", "narrow-spiky", "gaussian"])
+def test_stack_norm_map_model_error_is_entrywise(name, x, g, eps, lay):
+    """The stack's ``_NormLin`` carries F17f entrywise in its abs evaluation (``_model``, over ``gamma_k``): on each unit
+    column (and row, the transposed map) it bounds ``|D_hat - D*|`` exactly, ``D_hat = diag(gamma)(P - u u^T)/s`` in
+    exact arithmetic on its computed ``u``, ``s``."""
+    from transcover.lipschitz._local_stack_maps import _NormLin
+
+    d = len(x)
+    norm = NormSpec(NormKind.LAYERNORM if lay else NormKind.RMSNORM, torch.tensor(g, dtype=torch.float64), None, eps)
+    nl = _NormLin(norm, torch.tensor([x], dtype=torch.float64))
+    exact = _exact_D(x, g, eps, lay)
+    u, s = [mpmath.mpf(v) for v in nl.u[0].tolist()], mpmath.mpf(float(nl.s[0]))
+    c = mpmath.mpf(1) / d if lay else 0
+    dev = [[abs(mpmath.mpf(g[i]) * ((1 if i == j else 0) - c - u[i] * u[j]) / s - exact[i][j]) for j in range(d)]
+           for i in range(d)]
+    eye = torch.eye(d, dtype=torch.float64)[:, None, :]  # d unit rows, one token
+    ku = nl.k * _U
+    fwd = (nl._model(eye, False)[:, 0, :] * ku).tolist()  # [m][j] >= |dD_jm|
+    bwd = (nl._model(eye, True)[:, 0, :] * ku).tolist()  # [m][j] >= |dD_mj|
+    for i in range(d):
+        for j in range(d):
+            assert dev[i][j] <= fwd[j][i] and dev[i][j] <= bwd[i][j], (name, i, j, float(dev[i][j]), fwd[j][i], bwd[i][j])

@@ -280,6 +280,35 @@ def norm_jacobian_error(norm: NormSpec | None, X: Tensor, *, formed: bool) -> Te
     return err * (1 + 1e-12)
 
 
+def norm_jacobian_entry_error(norm: NormSpec, X: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    r"""Entrywise form of ``norm_jacobian_error`` for the map ``r -> gamma (P r - u (u.r))/s`` on the computed ``u``,
+    ``s`` (exact ``P``; the stack's ``_NormLin``): (``c1``, ``c2``, ``beta``, ``ustar``), each (T, d), with
+
+    .. math:: |((\hat D - D^*) r)_j| \le c_{1,j}\big(|r_j| + [\text{LN}]\,\overline{|r|} + |\hat u_j|\,(|\hat u|\cdot|r|)\big)
+              + c_{2,j}\big(\beta_j\,(|\hat u|\cdot|r|) + u^*_j\,(\beta\cdot|r|)\big),
+
+    linear in ``|r|``: ``c1 = |gamma| rho/s``, ``c2 = |gamma| (1 + rho)/s``, ``beta_j >= |u_j - u*_j|``, ``ustar_j >= |u*_j|``
+    (``D - D* = diag(gamma (1/s - 1/s*)) (P - u u^T) + diag(gamma/s*) (u* u*^T - u u^T)``, ``u u^T - u* u*^T =
+    du u^T + u* du^T``).  Per entry, with F17f's pieces: ``|Z_j - (P x)_j| <= e_j = gamma_{d+3} max|Z1| + gamma_1 |Z_j|``
+    (0 for RMSNorm), ``|u*_j| <= (|Z_j| + e_j)(1 + rho)/(sqrt d s)``, ``beta_j = gamma_4 |u_j| + e_j/(sqrt d s) + |u*_j| e_s/s``.
+    THEORY F17f."""
+    T, d = X.shape
+    g = lambda k: k * _U / (1 - k * _U)  # noqa: E731
+    lay = norm.kind is NormKind.LAYERNORM
+    Z, sig_hat, _ = centre_tokens(X, lay)
+    s = torch.sqrt(sig_hat * sig_hat + float(norm.eps))
+    u = (Z / (math.sqrt(d) * s[:, None])).abs()
+    eZ = (g(d + 3) * (X - X.mean(dim=1, keepdim=True)).abs().amax(dim=1, keepdim=True) + g(1) * Z.abs()
+          if lay else torch.zeros_like(Z))
+    E = eZ.norm(dim=1) * (1 + g(d + 2))
+    e_s = (g(d + 4) * sig_hat + E / math.sqrt(d) + g(3) * s) * (1 + 4 * _U)
+    rho = torch.where(e_s < s, e_s / (s - e_s).clamp(min=1e-300), torch.full_like(s, math.inf)) * (1 + 4 * _U)
+    ustar = (Z.abs() + eZ) * ((1 + rho) / (math.sqrt(d) * s))[:, None] * (1 + 4 * _U)
+    beta = (g(4) * u + eZ / (math.sqrt(d) * s[:, None]) + ustar * (e_s / s)[:, None]) * (1 + 4 * _U)
+    ga = (torch.ones(d, dtype=torch.float64) if norm.weight is None else _f64(norm.weight).abs())[None, :] / s[:, None]
+    return ga * rho[:, None] * (1 + 4 * _U), ga * (1 + rho[:, None]) * (1 + 4 * _U), beta, ustar
+
+
 def _norm_parts(norm: NormSpec | None, X: Tensor):  # noqa: ANN202
     """(D (T, d, d) Jacobians, s (T,) with s^2 = sigma^2 + eps, sigma (T,) certified low (``centre_tokens``),
     gamma_max, kind) at X."""

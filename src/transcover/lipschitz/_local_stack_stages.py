@@ -16,7 +16,8 @@ per-token input radii ``r`` (T,), every token ``j`` of the stage's input within 
 
 ``local``: the stage acts on each token alone (block-diagonal Jacobian), so its row ``i`` depends on
 token ``i``'s radius only.  The per-stage formulas are F17's (norm floor, attention drift rows
-``attention_drift_rows``, FFN drift ``ffn_drift_constant``), applied per token.
+``attention_drift_rows``, FFN drift ``ffn_drift_constant``), applied per token, with a norm's Jacobian drift the
+smaller of F17's and the sphere's curvature (``norm_drift``, THEORY F43a, F48a).
 """
 
 from __future__ import annotations

@@ -138,3 +138,16 @@ def test_whole_network_is_never_beaten_and_below_f17(case, rho_frac, monkeypatch
     monkeypatch.setattr(stages_mod, "norm_drift", _f17_only)
     old = stack_local(spec, X, [rho])[0]
     assert math.isfinite(new.upper) and new.upper < old.upper and new.drift < old.drift, (new.upper, old.upper)
+
+
+def test_f48_tightens_the_deep_stack():
+    """Regression (THEORY F48a): the 6-layer post-LN GELU stack of ``test_local_stack_attn.test_f44_tightens_a_deep_stack``;
+    with F17's norm drift in the stack's norm stages the middle-product drift was 0.1828 at rho = 1e-5 and the bound 8.770
+    at 1e-4, with F43a's 0.1327 and 5.689; the bound at 1e-4 still holds against the adversary."""
+    spec = random_spec(1, act="gelu", L=6, norm="layernorm", placement="post", d=6, dff=8, eps=1e-5, biases=True)
+    X = torch.randn(4, 6, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    small, large = stack_local(spec, X, [1e-5, 1e-4])
+    assert small.parts["(middle products)"] <= 0.13274 and small.drift <= 0.13274, small.parts
+    assert large.upper <= 5.689, large.upper
+    lo = adversary(lambda Z: transformer_forward(spec, Z, with_head=False), X, 1e-4, restarts=2, steps=15, seed=1)
+    assert lo <= large.upper

@@ -4,6 +4,7 @@
 ``g <= ||I + F|| h``, ``point <= ||D2|| g``, the chains ``||M W_O^T|| <= ||M|| ||W_O^T||``): per layer the tier's
 ratios to the exact values, and per radius each token's ball row with the tier (and F17c's global FFN drift, an
 upper bound of any refined row) over the exact reported maximum; a token above 1 would need its exact point stage.
+The same with ``aP``, ``h`` and the ``D1 W_O`` chain exact (only the stages after ``I + F`` by products).
 (b) F49b: how often the concatenated chain norm ``||M W_O^T||`` is the strict minimum in ``_heads_combined``.
 
     PYTHONPATH=src HF_HUB_OFFLINE=1 OMP_NUM_THREADS=1 python benchmarks/point_tier_probe.py [--sentence 1] [--layers 3]
@@ -29,13 +30,17 @@ from transcover.model._functional import layer_forward
 RHOS = (1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
 
 
-def product_tier(at: st.LayerAtX, pt: st.PostPoint, dd: st.DriftAtX) -> st.PostPoint:
-    """F49a's tier from the exact ``a_pt`` and ``||I + F||``."""
-    h = at.nD1 * pt.a_pt
+def product_tier(at: st.LayerAtX, pt: st.PostPoint, dd: st.DriftAtX, h_exact: bool = False) -> st.PostPoint:
+    """F49a's tier from the exact ``a_pt`` and ``||I + F||``; ``h_exact``: ``aP``, ``h`` and the ``D1 W_O`` chain
+    exact (the factored sandwich, F32), the stages after ``I + F`` by products."""
+    if h_exact:
+        aP, h, D1O = pt.aP_pt, pt.h_pt, pt.D1O
+    else:
+        aP, h, D1O = pt.a_pt, at.nD1 * pt.a_pt, (at.nD1[None] * dd.Oh, at.nD1 * dd.Oall)
     g = pt.nIF * h
-    chain = lambda m: (m[None] * dd.Oh, m * dd.Oall)  # noqa: E731
-    return dataclasses.replace(pt, aP_pt=pt.a_pt, h_pt=h, g_pt=g, point=at.nD2 * g, nD2IFg=at.nD2 * pt.nIF * at.g1,
-                               D1O=chain(at.nD1), IFD1O=chain(pt.nIF * at.nD1), MO=chain(at.nD2 * pt.nIF * at.nD1))
+    IFD1O = (pt.nIF[None] * D1O[0], pt.nIF * D1O[1])
+    return dataclasses.replace(pt, aP_pt=aP, h_pt=h, g_pt=g, point=at.nD2 * g, nD2IFg=at.nD2 * pt.nIF * at.g1,
+                               D1O=D1O, IFD1O=IFD1O, MO=(at.nD2[None] * IFD1O[0], at.nD2 * IFD1O[1]))
 
 
 def main() -> None:
@@ -58,11 +63,12 @@ def main() -> None:
         med = float(X.norm(dim=1).median())
         for rho in (1e-3, 1e-2):
             ex = st.radius_rows(at, pt, dd, lr.FfnDrift(L, at.z, norms, True), norms, hn, rho * med, [])[0]
-            ch = st.radius_rows(at, tier, dd, lr.FfnDrift(L, at.z, norms, True), norms, hn, rho * med, [],
-                                unit=False)[0]
-            rel = ch.ball_rows / ex.ball_rows.max()
-            print(f"  rho {rho:g}: exact max {float(ex.ball_rows.max()):.4g}; tokens above it with the tier "
-                  f"{int((rel > 1).sum())}/{len(rel)} (tier / max {float(rel.min()):.3g}-{float(rel.max()):.3g})")
+            for name, t in (("tier", tier), ("tier with h exact", product_tier(at, pt, dd, h_exact=True))):
+                ch = st.radius_rows(at, t, dd, lr.FfnDrift(L, at.z, norms, True), norms, hn, rho * med, [],
+                                    unit=False)[0]
+                rel = ch.ball_rows / ex.ball_rows.max()
+                print(f"  rho {rho:g}: exact max {float(ex.ball_rows.max()):.4g}; tokens above it with the {name} "
+                      f"{int((rel > 1).sum())}/{len(rel)} (/ max {float(rel.min()):.3g}-{float(rel.max()):.3g})")
         X = layer_forward(L, X).detach()
     # (b): the concatenated branch of _heads_combined at the per-token chain norms
     wins = [0, 0]

@@ -163,6 +163,56 @@ def test_layer_rows_with_the_fold_are_never_beaten(case, kind):
             assert bool(((layer_forward(layer, X + E) - out).norm(dim=1) <= lj.output_radii).all())
 
 
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
+@pytest.mark.parametrize("kind", ["outlier", "tiny", "negative"])
+def test_post_fold_ball_is_never_beaten(norm, kind):
+    """(b) Post-LN ``FoldBall``: Adam ascent over the ball of each token's move of the normalised vector
+    ``n(S1(X + E))`` (``gamma`` left out) never above ``rn``, and the row constants ``nu_i`` of its Jacobian at the
+    ascent's points and at random points of the ball never above ``Ns`` (one sub-ball: ``rn <= r Ns``)."""
+    from transcover.lipschitz import _local_stages as st
+    from transcover.lipschitz._local_attention import head_norms
+    from transcover.lipschitz._local_jacobian import row_norm_lower
+    from transcover.model import attention_forward
+    from lipschitz_testkit import clip_rows
+
+    g = torch.Generator().manual_seed(8)
+    layer = random_spec(12, act="gelu", norm=norm, placement="post", biases=True, scale=1.5).layers[0]
+    layer = dataclasses.replace(layer, norm_attn=dataclasses.replace(layer.norm_attn, weight=_gamma(kind, g)))
+    nrm = dataclasses.replace(layer.norm_attn, weight=None, bias=None)
+    X = torch.randn(4, D, generator=g, dtype=torch.float64)
+
+    def n(Z):  # noqa: ANN001, ANN202
+        return nrm(Z + attention_forward(layer.attention, Z))
+
+    norms, hn = _weight_norms(layer), head_norms(layer.attention)
+    at = st.layer_at_x(layer, X, float(hn["O"]))
+    gram = st.attention_row_gram(at)
+    pt, dd = st.post_point(at, gram), st.drift_at_x(at)
+    fx = st.fold_at_x(at, gram)
+    n0 = n(X)
+    for r in (1e-3, 3e-2, 0.2):
+        att = st.post_attention(at, pt, dd, norms, r, [])
+        fb = st.post_fold(at, dd, att, fx, r, [])
+        best, pts = torch.zeros(4, dtype=torch.float64), []
+        for start in range(3):
+            E = clip_rows(torch.randn(X.shape, generator=g, dtype=torch.float64) * r, r).requires_grad_(True)
+            opt = torch.optim.Adam([E], lr=0.1 * r)
+            for _ in range(80):
+                with torch.no_grad():
+                    E.copy_(clip_rows(E, r))
+                mv = (n(X + E) - n0).norm(dim=1)
+                best = torch.maximum(best, mv.detach())
+                opt.zero_grad()
+                (-mv.sum()).backward()
+                opt.step()
+            pts.append(clip_rows(E.detach(), r))
+        assert bool((best > 0).all()) and bool((best <= fb.rn).all()), (r, best, fb.rn)
+        pts += [clip_rows(torch.randn(X.shape, generator=g, dtype=torch.float64) * r, r) for _ in range(3)]
+        for E in pts:
+            J = torch.autograd.functional.jacobian(n, X + E)  # (T, d, T, d)
+            assert bool((row_norm_lower(J.permute(0, 2, 1, 3)) <= fb.Ns).all()), (r, fb.Ns)
+
+
 def test_homogeneity_of_the_folded_drift():
     """(c) ``gamma -> c gamma``, ``beta -> c beta``, ``W_1 -> W_1 / c`` leaves the FFN after the norm and the folded FFN, hence ``dG``, unchanged (bit for bit at
     ``c = 4``: the products are the same doubles; to rounding at ``c = 3``); ``W_2 -> c W_2`` scales it by ``c``."""

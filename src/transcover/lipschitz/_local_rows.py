@@ -526,14 +526,15 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
     low = st.point_lower(at, gram, pt, lower) if lower else None
     dd = st.drift_at_x(at)
     ffn = FoldedFfnDrift(layer, at.z, norms, tiers)  # F46: also through the preceding norm's gamma
+    fx = st.fold_at_x(at, gram) if at.post and ffn.fold is not None else None
     out = {}
     # the largest ball first: its F31d bounds, scaled, are the smaller balls' cheap terms (F37b)
     for k in sorted(range(len(radii)), key=lambda k: -float(radii[k])):
         r = float(radii[k])
         # the sub-balls use the global FFN drift only (F31d's per-unit Grams are most of the cost)
-        subs = [st.radius_rows(at, pt, dd, ffn, norms, hn, j * r / RIEMANN_STEPS, [], unit=False)[1]
+        subs = [st.radius_rows(at, pt, dd, ffn, norms, hn, j * r / RIEMANN_STEPS, [], unit=False, fx=fx)[1]
                 for j in range(1, RIEMANN_STEPS)]
-        out[k] = st.radius_rows(at, pt, dd, ffn, norms, hn, r, subs, low=low)[0]
+        out[k] = st.radius_rows(at, pt, dd, ffn, norms, hn, r, subs, low=low, fx=fx)[0]
     return [out[k] for k in range(len(radii))]
 
 

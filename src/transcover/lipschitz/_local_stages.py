@@ -20,7 +20,7 @@ so the certified numbers are the same to the last bit.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import torch
@@ -362,6 +362,24 @@ def post_first_norm(at: LayerAtX, pt: PostPoint, att: PostAttention, r: float, s
 
 
 @dataclass(frozen=True)
+class FoldAtX:
+    """Post-LN, the first norm's Jacobian without ``gamma``, ``D_n``, at X (THEORY F46): ``nu_i(D_n B)`` (``hn_pt``)
+    and ``||D_n||`` (``nDn``) per token."""
+
+    hn_pt: Tensor
+    nDn: Tensor
+
+
+def fold_at_x(at: LayerAtX, gram: RowGram) -> FoldAtX:
+    """``FoldAtX``: ``post_point``'s sandwich of the first norm with ``gamma`` left out (a ``NormJac`` of the norm
+    without a scale at the same ``S1``); ``||diag(a)(I - Q Q^T)|| <= max|a| (1 + 1e-12)`` as F32's chains."""
+    S1 = at.Xin + attention_forward(at.layer.attention, at.Xin)
+    nn = NormJac(replace(at.layer.norm_attn, weight=None), S1)
+    Sa, ea = nn.sandwich(gram.S, gram.err)
+    return FoldAtX(_nu(Sa, ea, gram.wsum)[0], nn.amax * (1 + 1e-12))
+
+
+@dataclass(frozen=True)
 class FoldBall:
     """The normalised vector ``n`` before the FFN on the ball (THEORY F46): ``Ns >= sup ||D_n'||`` (pre-LN) or
     ``sup nu_i(D_n' B')`` (post-LN), ``D_n`` the norm's Jacobian without ``gamma``, and the radii ``rn`` of ``n``."""
@@ -370,12 +388,19 @@ class FoldBall:
     rn: Tensor
 
 
-def post_fold(at: LayerAtX, att: PostAttention, r: float, subs: list) -> FoldBall:
-    """Post-LN ``FoldBall``: ``||D_n'|| <= 1/s_floor`` and ``D_n = D_n P``, so ``nu_i(D_n' B') <= AP/s_floor``; ``rn``
-    the smaller of F31e's Riemann sum of those sups and ``r1/s_floor`` (the mean-value theorem on the input ball)."""
-    _, sf1 = norm_drift(at.layer.norm_attn, at.sig1, att.r1, at.d)
-    Ns = att.AP / sf1 * (1 + 1e-12)
-    return FoldBall(Ns, torch.minimum(riemann(r, subs, "Ns", Ns), att.r1 / sf1) * (1 + 1e-12))
+def post_fold(at: LayerAtX, dd: DriftAtX, att: PostAttention, fx: FoldAtX, r: float, subs: list) -> FoldBall:
+    """Post-LN ``FoldBall`` (``post_first_norm``'s bounds with ``gamma`` left out): ``||D_n'|| <= 1/s_floor`` and
+    ``D_n = D_n P``, so ``nu_i(D_n' B') <= AP/s_floor``, or ``<= nu_i(D_n B) + e1 AP + ||D_n|| nu_i(B' - B)``; ``rn``
+    the smallest of F31e's Riemann sum of those sups, ``r1/s_floor`` (the mean-value theorem on the input ball) and
+    F34b's ``r nu_i(D_n B) + ||D_n|| remA`` plus the norm's own remainder (F34b's or F41c's, ``gamma`` left out); a
+    zero map times an infinite remainder is nan, the bound there inf."""
+    e1, sf1 = norm_drift(at.layer.norm_attn, at.sig1, att.r1, at.d)
+    dB = _heads_combined(dd.Oh, dd.Oall, att.dZ, att.jz)  # nu_i(B' - B), as post_attention's
+    Ns = torch.minimum(att.AP / sf1, fx.hn_pt + e1 * att.AP + fx.nDn * dB) * (1 + 1e-12)
+    remN = torch.minimum(norm_remainder(1.0, e1, att.r1), sphere_remainder(1.0, at.n1.s, att.r1, at.d))
+    lin = torch.nan_to_num(r * fx.hn_pt + fx.nDn * att.remA + remN, nan=math.inf)
+    rn = torch.minimum(torch.minimum(riemann(r, subs, "Ns", Ns), att.r1 / sf1), lin)
+    return FoldBall(Ns, rn * (1 + 1e-12))
 
 
 def post_ffn(at: LayerAtX, pt: PostPoint, att: PostAttention, fn: PostFirstNorm, lffn: float, r: float,
@@ -493,14 +518,16 @@ def pre_tail(at: LayerAtX, pt: PrePoint, att: PreAttention, e2: Tensor, sD2: Ten
 
 
 def radius_rows(at: LayerAtX, pt: PostPoint | PrePoint, dd: DriftAtX, ffn_drift, norms: dict, hn: dict,  # noqa: ANN001
-                r: float, subs: list, unit: bool = True, low: tuple | None = None) -> tuple[LayerJacobian, dict]:
+                r: float, subs: list, unit: bool = True, low: tuple | None = None,
+                fx: FoldAtX | None = None) -> tuple[LayerJacobian, dict]:
     """The ``LayerJacobian`` on ``B(X, r)`` and its stage sups (for F31e's sums of a larger ball), stage
     after stage; the FFN drift by ``ffn_drift.rows`` (F17c, refined lazily by F31d/F38 when ``unit``,
-    F37); ``low``: ``point_lower``'s result, carried into the result."""
+    F37), with its ``gamma``-folded branch where ``ffn_drift.fold`` is set (F46; ``fx`` its post-LN data at X);
+    ``low``: ``point_lower``'s result, carried into the result."""
     if at.post:
         att = post_attention(at, pt, dd, norms, r, subs)
         fn = post_first_norm(at, pt, att, r, subs)
-        fb = post_fold(at, att, r, subs) if ffn_drift.fold is not None else None
+        fb = post_fold(at, dd, att, fx, r, subs) if ffn_drift.fold is not None else None
         rows = ffn_drift.rows(partial(post_tail, at, pt, att, fn, ffn_drift.lip, r, subs, fb), fn.rh,
                               None if fb is None else fb.rn, unit)
     else:

@@ -11,10 +11,11 @@ A layer's rows on ``B(X, r)`` are built in this order, each step a function belo
   constant on the ball and its output radius, then the drift terms and the assembled rows
   (``radius_rows``).
 
-The FFN term is the one refined lazily (F37), token by token, by ``_local_rows.FfnDrift``; a stage's
-rows after the FFN are therefore a function ``tail(dF, dFh)`` of the FFN drift bounds (``post_tail``,
-``pre_tail``).  Every function keeps the float64 operations of the one-function version it replaced,
-so the certified numbers are the same to the last bit.
+The FFN term is the one refined lazily (F37), token by token, by ``_local_rows.FfnDrift`` (twice, with the
+``gamma``-folded FFN, in ``_local_gamma_fold.FoldedFfnDrift``, F46); a stage's rows after the FFN are therefore a
+function ``tail(dF, dFh, fold)`` of the FFN drift bounds (``post_tail``, ``pre_tail``).  Every function keeps the
+float64 operations of the one-function version it replaced; without ``fold`` the certified numbers are the same
+to the last bit.
 """
 
 from __future__ import annotations

@@ -31,18 +31,22 @@ _PAD = 1 + 1e-10
 class JointHeads:
     """Radius-free data of F47 for one layer: per head the value-output maps ``W_h = W_V^h W_O^h`` as formed (H, d, d),
     their Grams ``W_h^T W_h`` (H, d, d) and the float64 errors ``eps_z`` of the rows ``y_ij W_h`` and ``eps_w`` of
-    ``W_h`` itself (H,); ``cache`` keeps the weights and the certified ``lambda_max`` per query once formed."""
+    ``W_h`` itself (H,); ``r_ref``: the radius whose coefficients set the weights (None: the first radius evaluated);
+    ``cache`` keeps the weights and the certified ``lambda_max`` per query once formed."""
 
     heads: list
     W: Tensor
     N: Tensor
     eps_z: Tensor
     eps_w: Tensor
+    r_ref: float | None = None
     cache: dict = field(default_factory=dict)
 
 
-def joint_heads(heads) -> JointHeads:  # noqa: ANN001
-    """``JointHeads`` from the rows route's head data (``_head_data``: P, y, q, Wq, Wk, Wv, Wo).  Rounding as
+def joint_heads(heads, r_ref: float | None = None) -> JointHeads:  # noqa: ANN001
+    """``JointHeads`` from the rows route's head data (``_head_data``: P, y, q, Wq, Wk, Wv, Wo), the weights set at
+    ``r_ref`` (a radius fixed by the layer's data makes every ball's bound independent of the other radii of the
+    call; None: at the first radius evaluated).  Rounding as
     ``head_geometry``'s: each row ``y_ij W_h`` as formed is within ``gamma_{d + d_h + 2} max_j ||y_j|| ||W_V||_F
     ||W_O^h||_F`` of the exact one, ``W_h`` within ``gamma_{d_h} ||W_V||_F ||W_O^h||_F`` (spectral)."""
     W = torch.stack([hd[5] @ hd[6] for hd in heads])
@@ -51,7 +55,7 @@ def joint_heads(heads) -> JointHeads:  # noqa: ANN001
     d, dh = heads[0][1].shape[2], heads[0][5].shape[1]
     eps_z = 4 * (d + dh + 6) * _U * ymax * fro
     eps_w = 4 * (dh + 4) * _U * fro
-    return JointHeads(heads, W, W.transpose(1, 2) @ W, eps_z, eps_w)
+    return JointHeads(heads, W, W.transpose(1, 2) @ W, eps_z, eps_w, r_ref)
 
 
 def _joint_lmax(jh: JointHeads, w1: Tensor, w3: Tensor, maps: dict) -> dict:
@@ -74,6 +78,20 @@ def _joint_lmax(jh: JointHeads, w1: Tensor, w3: Tensor, maps: dict) -> dict:
     return out
 
 
+def _coefficients(mom, geo: HeadGeometry, r: float, norms: dict) -> tuple:  # noqa: ANN001
+    """(the diameter forms summed over the heads (T,), ``c1`` and ``c3`` (H, T)) of F34a's per-head terms on
+    ``B(X, r)`` (``head_remainder_terms``), each ``L^2(P)`` form kept where it is the one the head's own bound takes."""
+    sp = geo.spread
+    alone, c1s, c3s = 0.0, [], []
+    for h in range(len(mom.rows)):
+        t1d, c1, t2d, c2, c3 = head_remainder_terms(mom, geo, h, r, norms)
+        l1, l2 = c1 * sp[h] <= t1d, c2 * sp[h] <= t2d  # the form the head's own bound takes
+        alone = alone + torch.where(l1, 0.0, t1d) + torch.where(l2, 0.0, t2d)
+        c1s.append(torch.where(l1, c1, 0.0) + torch.where(l2, c2, 0.0))
+        c3s.append(c3)
+    return alone, torch.stack(c1s), torch.stack(c3s)
+
+
 def joint_remainder(jh: JointHeads, mom, geo: HeadGeometry, r: float, norms: dict,  # noqa: ANN001
                     maps: dict | None = None) -> dict:
     r"""Per map ``M`` (T,) certified ``||M_i sum_h R_h W_O^h||``: ``"A"`` the attention sublayer's remainder on
@@ -88,25 +106,19 @@ def joint_remainder(jh: JointHeads, mom, geo: HeadGeometry, r: float, norms: dic
 
     ``C_h = sum_j P_j z_j z_j^T`` (``sigma_h(u)^2 = u^T C_h u``, the rows ``z_j = y_j W_h`` centred by the P-mean).  The
     weights ``w1 = c1/spread``, ``w3 = c3/||W_h||`` make the right side at most the per-head sum (``lambda_max`` of a
-    sum at most the sum); they are taken at the first radius this layer evaluates and kept with their ``lambda_max``
+    sum at most the sum at the radius they are taken at); they are taken at ``jh.r_ref`` (else the first radius this
+    layer evaluates) and kept with their ``lambda_max``
     (any weights are valid); a head with a zero weight there and a positive ``L^2(P)`` term here is added alone
     (``c1 spread``, ``c3 ||W_h||``).  Through ``M``: ``u . M R = (M^T u) . R``, so ``K`` becomes ``M K M^T`` and the
     terms outside the Gram get ``||M_i||``.  The rows' float64 errors enter by Minkowski: ``sigma_h(u) <= sigma-hat_h(u)
     + eps_z``, ``||W_h u|| <= ||W-hat_h u|| + eps_w``.  ``maps`` are read when the weights are set (the first call).
     Assumptions: F34a's (post-LN, dot attention without RoPE)."""
-    H = len(mom.rows)
-    terms = [head_remainder_terms(mom, geo, h, r, norms) for h in range(H)]
-    sp, nW = geo.spread, geo.norm[:, None]
-    alone, c1s, c3s = 0.0, [], []
-    for h, (t1d, c1, t2d, c2, c3) in enumerate(terms):
-        l1, l2 = c1 * sp[h] <= t1d, c2 * sp[h] <= t2d  # the form the head's own bound takes
-        alone = alone + torch.where(l1, 0.0, t1d) + torch.where(l2, 0.0, t2d)
-        c1s.append(torch.where(l1, c1, 0.0) + torch.where(l2, c2, 0.0))
-        c3s.append(c3)
-    c1, c3 = torch.stack(c1s), torch.stack(c3s)  # (H, T)
+    H, sp, nW = len(mom.rows), geo.spread, geo.norm[:, None]
+    alone, c1, c3 = _coefficients(mom, geo, r, norms)
     if "lam" not in jh.cache:
         pos = lambda c, n: torch.where((c > 0) & (n > 0) & torch.isfinite(c), c / n, torch.zeros_like(c))  # noqa: E731
-        w1, w3 = pos(c1, sp), pos(c3, nW.expand_as(c3))
+        w1, w3 = (c1, c3) if jh.r_ref is None or jh.r_ref == r else _coefficients(mom, geo, jh.r_ref, norms)[1:]
+        w1, w3 = pos(w1, sp), pos(w3, nW.expand_as(w3))
         maps = maps or {}
         jh.cache.update(w1=w1, w3=w3, lam=_joint_lmax(jh, w1, w3, maps), norm={k: v[1] for k, v in maps.items()})
     w1, w3, lam = jh.cache["w1"], jh.cache["w3"], jh.cache["lam"]  # lam: per map

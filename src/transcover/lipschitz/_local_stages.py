@@ -263,6 +263,11 @@ def point_lower(at: LayerAtX, gram: RowGram, pt: PostPoint | PrePoint, lower: in
     return low, (top[k], Vs[k])
 
 
+# F47's weights are set on the ball of this factor of the median input token norm: fixed by the layer's data, so a
+# ball's bound does not depend on the other radii of the call (any weights are valid; the 1e-3 .. 1e-2 balls matter)
+JOINT_REF = 5e-3
+
+
 @dataclass(frozen=True)
 class DriftAtX:
     """The radius-free data of the attention drift (THEORY F17d, F35): per-head output norms ``Oh`` and
@@ -284,7 +289,8 @@ def drift_at_x(at: LayerAtX) -> DriftAtX:
     Oh, _ = _head_output_norms(None, None, at.heads, at.T)
     geo = [head_geometry(at.heads, scale, output=o) for o in (False, True)] if at.post else [None, None]
     return DriftAtX(Oh, torch.full((at.T,), at.nO, dtype=torch.float64), output_block_norms(at.heads),
-                    _HeadMoments(at.heads, scale), *geo, joint_heads(at.heads) if at.post else None)
+                    _HeadMoments(at.heads, scale), *geo,
+                    joint_heads(at.heads, JOINT_REF * float(at.Xin.norm(dim=1).median())) if at.post else None)
 
 
 # -- per radius ------------------------------------------------------------------------------------

@@ -539,19 +539,24 @@ def _row_block_norms(Bi: Tensor, exact: int) -> Tensor:
     return fro
 
 
-def _weight_norms(layer: LayerSpec) -> dict:
-    """Certified weight norms the drift uses (they do not depend on the data)."""
-    ffn, attn = layer.ffn, layer.attention
+def _ffn_weight_norms(ffn) -> dict:  # noqa: ANN001
+    """Certified FFN weight norms the drift uses: ``W_1``'s column norms ``n1``, ``||W_1||``, ``||W_2||`` and
+    the curvature constant ``ffn_curv``."""
     W1, W2 = _f64(ffn.W_1), _f64(ffn.W_2)
     n = W1.norm(dim=0) * (1 + 1e-12)
+    ffn_curv = spectral(n.sqrt()[:, None] * W2) * spectral(W1 * n.sqrt()[None, :]) * (1 + ROUNDING_PAD) ** 2
+    return {"ffn_curv": ffn_curv, "n1": n, "W1": spectral(W1), "W2": spectral(W2)}
+
+
+def _weight_norms(layer: LayerSpec) -> dict:
+    """Certified weight norms the drift uses (they do not depend on the data)."""
+    attn = layer.attention
     G, V = [], []
     for h in range(attn.n_heads):
         Wq, Wk, Wv, _ = (_f64(W) for W in attn.head(h))
         G.append(attn.softmax_scale * spectral(Wq @ Wk.T) * (1 + ROUNDING_PAD) * (1 + 1e-12))
         V.append(spectral(Wv) * (1 + ROUNDING_PAD))
-    ffn_curv = spectral(n.sqrt()[:, None] * W2) * spectral(W1 * n.sqrt()[None, :]) * (1 + ROUNDING_PAD) ** 2
-    return {"G": G, "V": V, "ffn_curv": ffn_curv, "n1": n, "O": spectral(_f64(attn.W_O).reshape(-1, attn.d_model)),
-            "W1": spectral(W1), "W2": spectral(W2)}
+    return {"G": G, "V": V, "O": spectral(_f64(attn.W_O).reshape(-1, attn.d_model)), **_ffn_weight_norms(layer.ffn)}
 
 
 def _attention_drift(heads, r: float, norms: dict, scale: float) -> Tensor:  # noqa: ANN001

@@ -501,7 +501,7 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
     .. math:: \nu_i(J(X')) \le \Big(\lambda_{\max}\big(M_iS_iM_i^\top\big)\textstyle\sum_j w_{ij}\Big)^{1/2}
               + \mathrm{drift}_i(r)
 
-    Source: THEORY F17, F17b-F17d (F37, F45 for the lazy FFN term).  Returns ``LayerJacobian`` objects (``blocks`` None) whose
+    Source: THEORY F17, F17b-F17d (F37, F45 for the lazy FFN term, F46 for its gamma-folded branch).  Returns ``LayerJacobian`` objects (``blocks`` None) whose
     ``output_radii`` are the certified per-token radii of the layer's output on the ball.  ``lower``:
     also an attained row norm (``row_lower``, empirical lower) for that many tokens with the largest
     certified point rows, in ``lower_rows`` (NaN elsewhere) with the best ``V`` in ``lower_V``.  ``tiers``: F45's
@@ -513,6 +513,7 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
     from .._errors import InputError
     from . import _local_stages as st
     from ._local_attention import check_local_attention, head_norms
+    from ._local_gamma_fold import FoldedFfnDrift
 
     if layer.ffn.gated:
         raise InputError("the exact-Jacobian route does not cover gated FFNs")
@@ -524,15 +525,16 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
     pt = st.post_point(at, gram) if at.post else st.pre_point(at, gram)
     low = st.point_lower(at, gram, pt, lower) if lower else None
     dd = st.drift_at_x(at)
-    ffn = FfnDrift(layer, at.z, norms, tiers)
+    ffn = FoldedFfnDrift(layer, at.z, norms, tiers)  # F46: also through the preceding norm's gamma
+    fx = st.fold_at_x(at, gram) if at.post and ffn.fold is not None else None
     out = {}
     # the largest ball first: its F31d bounds, scaled, are the smaller balls' cheap terms (F37b)
     for k in sorted(range(len(radii)), key=lambda k: -float(radii[k])):
         r = float(radii[k])
         # the sub-balls use the global FFN drift only (F31d's per-unit Grams are most of the cost)
-        subs = [st.radius_rows(at, pt, dd, ffn, norms, hn, j * r / RIEMANN_STEPS, [], unit=False)[1]
+        subs = [st.radius_rows(at, pt, dd, ffn, norms, hn, j * r / RIEMANN_STEPS, [], unit=False, fx=fx)[1]
                 for j in range(1, RIEMANN_STEPS)]
-        out[k] = st.radius_rows(at, pt, dd, ffn, norms, hn, r, subs, low=low)[0]
+        out[k] = st.radius_rows(at, pt, dd, ffn, norms, hn, r, subs, low=low, fx=fx)[0]
     return [out[k] for k in range(len(radii))]
 
 

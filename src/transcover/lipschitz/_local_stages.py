@@ -11,16 +11,17 @@ A layer's rows on ``B(X, r)`` are built in this order, each step a function belo
   constant on the ball and its output radius, then the drift terms and the assembled rows
   (``radius_rows``).
 
-The FFN term is the one refined lazily (F37), token by token, by ``_local_rows.FfnDrift``; a stage's
-rows after the FFN are therefore a function ``tail(dF, dFh)`` of the FFN drift bounds (``post_tail``,
-``pre_tail``).  Every function keeps the float64 operations of the one-function version it replaced,
-so the certified numbers are the same to the last bit.
+The FFN term is the one refined lazily (F37), token by token, by ``_local_rows.FfnDrift`` (twice, with the
+``gamma``-folded FFN, in ``_local_gamma_fold.FoldedFfnDrift``, F46); a stage's rows after the FFN are therefore a
+function ``tail(dF, dFh, fold)`` of the FFN drift bounds (``post_tail``, ``pre_tail``).  Every function keeps the
+float64 operations of the one-function version it replaced; without ``fold`` the certified numbers are the same
+to the last bit.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import torch
@@ -370,35 +371,84 @@ def post_first_norm(at: LayerAtX, pt: PostPoint, att: PostAttention, r: float, s
     return PostFirstNorm(e1, Hs, rh, remG, dG)
 
 
+@dataclass(frozen=True)
+class FoldAtX:
+    """Post-LN, the first norm's Jacobian without ``gamma``, ``D_n``, at X (THEORY F46): ``nu_i(D_n B)`` (``hn_pt``)
+    and ``||D_n||`` (``nDn``) per token."""
+
+    hn_pt: Tensor
+    nDn: Tensor
+
+
+def fold_at_x(at: LayerAtX, gram: RowGram) -> FoldAtX:
+    """``FoldAtX``: ``post_point``'s sandwich of the first norm with ``gamma`` left out (a ``NormJac`` of the norm
+    without a scale at the same ``S1``); ``||diag(a)(I - Q Q^T)|| <= max|a| (1 + 1e-12)`` as F32's chains."""
+    S1 = at.Xin + attention_forward(at.layer.attention, at.Xin)
+    nn = NormJac(replace(at.layer.norm_attn, weight=None), S1)
+    Sa, ea = nn.sandwich(gram.S, gram.err)
+    return FoldAtX(_nu(Sa, ea, gram.wsum)[0], nn.amax * (1 + 1e-12))
+
+
+@dataclass(frozen=True)
+class FoldBall:
+    """The normalised vector ``n`` before the FFN on the ball (THEORY F46): ``Ns >= sup ||D_n'||`` (pre-LN) or
+    ``sup nu_i(D_n' B')`` (post-LN), ``D_n`` the norm's Jacobian without ``gamma``, and the radii ``rn`` of ``n``."""
+
+    Ns: Tensor
+    rn: Tensor
+
+
+def post_fold(at: LayerAtX, dd: DriftAtX, att: PostAttention, fx: FoldAtX, r: float, subs: list) -> FoldBall:
+    """Post-LN ``FoldBall`` (``post_first_norm``'s bounds with ``gamma`` left out): ``||D_n'|| <= 1/s_floor`` and
+    ``D_n = D_n P``, so ``nu_i(D_n' B') <= AP/s_floor``, or ``<= nu_i(D_n B) + e1 AP + ||D_n|| nu_i(B' - B)``; ``rn``
+    the smallest of F31e's Riemann sum of those sups, ``r1/s_floor`` (the mean-value theorem on the input ball) and
+    F34b's ``r nu_i(D_n B) + ||D_n|| remA`` plus the norm's own remainder (F34b's or F41c's, ``gamma`` left out); a
+    zero map times an infinite remainder is nan, the bound there inf."""
+    e1, sf1 = norm_drift(at.layer.norm_attn, at.sig1, att.r1, at.d)
+    dB = _heads_combined(dd.Oh, dd.Oall, att.dZ, att.jz)  # nu_i(B' - B), as post_attention's
+    Ns = torch.minimum(att.AP / sf1, fx.hn_pt + e1 * att.AP + fx.nDn * dB) * (1 + 1e-12)
+    remN = torch.minimum(norm_remainder(1.0, e1, att.r1), sphere_remainder(1.0, at.n1.s, att.r1, at.d))
+    lin = torch.nan_to_num(r * fx.hn_pt + fx.nDn * att.remA + remN, nan=math.inf)
+    rn = torch.minimum(torch.minimum(riemann(r, subs, "Ns", Ns), att.r1 / sf1), lin)
+    return FoldBall(Ns, rn * (1 + 1e-12))
+
+
 def post_ffn(at: LayerAtX, pt: PostPoint, att: PostAttention, fn: PostFirstNorm, lffn: float, r: float,
-             subs: list, dF: Tensor, dFh: Tensor) -> tuple[Tensor, Tensor]:
+             subs: list, fb: FoldBall | None, dF: Tensor, dFh: Tensor, fold: tuple | None) -> tuple[Tensor, Tensor]:
     """Post-LN FFN sublayer given its drift bounds (``dF`` on the ball, ``dFh`` its mean along a
     segment): the sup ``Gs`` of ``nu_i((I + F') D1' B')`` (centred: ``||P dF|| <= kappaP rh``) and the
     output radius ``r2`` (F31b: ``S2' - S2 = (I + F) dh + int_0^1 (F(h + t dh) - F(h)) dh dt``, the
-    remainder at most ``dF(rh)/2 rh``; F34b)."""
+    remainder at most ``dF(rh)/2 rh``; F34b).  ``fold``: the ``gamma``-folded drifts ``(dG, dGh)`` on ``fb``'s
+    radii (F46): ``(F' - F) D1' B' = (F' - F) diag(gamma1) D_n' B'`` and ``dh = gamma1 o dn``, one more branch each."""
     Hs, rh = fn.Hs, fn.rh
     Gs = torch.minimum(pt.g_pt + dF * Hs + pt.nIF * at.g1 * fn.e1 * att.AP + fn.dG, (pt.nIF + dF) * Hs)
+    if fold is not None:  # F46
+        Gs = torch.minimum(Gs, torch.minimum(pt.g_pt + fold[0] * fb.Ns + pt.nIF * at.g1 * fn.e1 * att.AP + fn.dG,
+                                             pt.nIF * Hs + fold[0] * fb.Ns))
     Gs = torch.minimum(Gs, (1 + lffn) * Hs)
     r2 = torch.minimum(riemann(r, subs, "Gs", Gs), (pt.nIF + dFh).clamp(max=1 + lffn) * rh)
-    r2 = torch.minimum(r2, r * pt.g_pt + fn.remG + dFh * rh) * (1 + 1e-12)  # F34b
-    return Gs, r2
+    r2 = torch.minimum(r2, r * pt.g_pt + fn.remG + dFh * rh)  # F34b
+    if fold is not None:  # F46: the remainder on S2's move through the folded drift on n's ball
+        r2 = torch.minimum(r2, torch.minimum(pt.nIF * rh, r * pt.g_pt + fn.remG) + fold[1] * fb.rn)
+    return Gs, r2 * (1 + 1e-12)
 
 
 def post_tail(at: LayerAtX, pt: PostPoint, att: PostAttention, fn: PostFirstNorm, lffn: float, r: float,
-              subs: list, dF: Tensor, dFh: Tensor) -> dict:
+              subs: list, fb: FoldBall | None, dF: Tensor, dFh: Tensor, fold: tuple | None) -> dict:
     """Post-LN rows on ``B(X, r)`` given the FFN drift bounds: the FFN stage (``post_ffn``), the second
     norm on its input ball of radii ``r2`` (its drift F17's or the sphere's curvature, F43a) and the drift
     terms of ``J = D2 (I + F) D1 B`` telescoped stage by stage (Note [stage radii], THEORY F17), capped by
-    ``max|gamma2|/s_floor`` times ``Gs``."""
-    Gs, r2 = post_ffn(at, pt, att, fn, lffn, r, subs, dF, dFh)
+    ``max|gamma2|/s_floor`` times ``Gs``; the FFN term also through the folded drift (F46, ``post_ffn``)."""
+    Gs, r2 = post_ffn(at, pt, att, fn, lffn, r, subs, fb, dF, dFh, fold)
     e2, sf2 = norm_drift(at.layer.norm_ffn, at.sig2, r2, at.d)  # F17 or F43a
-    terms = {"norm_ffn (dD2)": at.g2 * e2 * Gs, "ffn (dF)": at.nD2 * dF * fn.Hs,
+    ffn = at.nD2 * dF * fn.Hs if fold is None else torch.minimum(at.nD2 * dF * fn.Hs, at.nD2 * fold[0] * fb.Ns)
+    terms = {"norm_ffn (dD2)": at.g2 * e2 * Gs, "ffn (dF)": ffn,
              "norm_attn (dD1)": pt.nD2IFg * fn.e1 * att.AP, "attention (dA)": att.mixed}
     total = pt.point + sum(terms.values())
     if at.sig2 is not None:
         total = torch.minimum(total, at.g2 / sf2 * Gs)
-    return _rows(terms, total, {"attention": att.r1, "norm_attn": fn.rh, "ffn": r2},
-                 {"AP": att.AP, "Hs": fn.Hs, "Gs": Gs})
+    sups = {"AP": att.AP, "Hs": fn.Hs, "Gs": Gs} | ({} if fb is None else {"Ns": fb.Ns})
+    return _rows(terms, total, {"attention": att.r1, "norm_attn": fn.rh, "ffn": r2}, sups)
 
 
 @dataclass(frozen=True)
@@ -453,12 +503,23 @@ def pre_second_norm(at: LayerAtX, att: PreAttention) -> tuple[Tensor, Tensor, Te
     return e2, sD2, att.r1 * sD2 * (1 + 1e-12)
 
 
+def pre_fold(at: LayerAtX, att: PreAttention) -> FoldBall:
+    """Pre-LN ``FoldBall`` of the second norm on its input ball of radii ``r1``: ``||D_n'|| <= 1/s_floor``,
+    ``rn = r1/s_floor`` (THEORY F46)."""
+    _, sf2 = norm_drift(at.layer.norm_ffn, at.sig2, att.r1, at.d)
+    Ns = (1 / sf2) * (1 + 1e-12)
+    return FoldBall(Ns, att.r1 * Ns * (1 + 1e-12))
+
+
 def pre_tail(at: LayerAtX, pt: PrePoint, att: PreAttention, e2: Tensor, sD2: Tensor, rh: Tensor,
-             dF: Tensor, dFh: Tensor) -> dict:
+             fb: FoldBall | None, dF: Tensor, dFh: Tensor, fold: tuple | None) -> dict:
     """Pre-LN rows on ``B(X, r)`` given the FFN drift bound ``dF``: ``J = M B`` with ``||M' - M|| <= dM
     = dF sup||D2'|| + ||F Gamma2|| e2``, the drift terms of ``M``, the attention and the first norm
-    (THEORY F17), capped by ``(||M|| + dM) A``.  ``dFh`` is not used (no stage after the FFN)."""
+    (THEORY F17), capped by ``(||M|| + dM) A``; ``fold``: the folded drift ``dG`` on ``fb``'s radii, ``(F' - F) D2' =
+    (F' - F) diag(gamma2) D_n'`` (F46).  ``dFh`` is not used (no stage after the FFN)."""
     dM = dF * sD2 + pt.nFg * e2
+    if fold is not None:  # F46
+        dM = torch.minimum(dM, fold[0] * fb.Ns + pt.nFg * e2)
     terms = {"norm_ffn/ffn (dM)": dM * att.A, "attention (dA)": att.mixed,
              "norm_attn (pre, dD1)": pt.nM * att.att_rows * att.mE1}
     total = torch.minimum(pt.point + sum(terms.values()), (pt.nM + dM) * att.A)
@@ -467,18 +528,23 @@ def pre_tail(at: LayerAtX, pt: PrePoint, att: PreAttention, e2: Tensor, sD2: Ten
 
 
 def radius_rows(at: LayerAtX, pt: PostPoint | PrePoint, dd: DriftAtX, ffn_drift, norms: dict, hn: dict,  # noqa: ANN001
-                r: float, subs: list, unit: bool = True, low: tuple | None = None) -> tuple[LayerJacobian, dict]:
+                r: float, subs: list, unit: bool = True, low: tuple | None = None,
+                fx: FoldAtX | None = None) -> tuple[LayerJacobian, dict]:
     """The ``LayerJacobian`` on ``B(X, r)`` and its stage sups (for F31e's sums of a larger ball), stage
     after stage; the FFN drift by ``ffn_drift.rows`` (F17c, refined lazily by F31d/F38 when ``unit``,
-    F37); ``low``: ``point_lower``'s result, carried into the result."""
+    F37), with its ``gamma``-folded branch where ``ffn_drift.fold`` is set (F46; ``fx`` its post-LN data at X);
+    ``low``: ``point_lower``'s result, carried into the result."""
     if at.post:
         att = post_attention(at, pt, dd, norms, r, subs)
         fn = post_first_norm(at, pt, att, r, subs)
-        rows = ffn_drift.rows(partial(post_tail, at, pt, att, fn, ffn_drift.lip, r, subs), fn.rh, unit)
+        fb = post_fold(at, dd, att, fx, r, subs) if ffn_drift.fold is not None else None
+        rows = ffn_drift.rows(partial(post_tail, at, pt, att, fn, ffn_drift.lip, r, subs, fb), fn.rh,
+                              None if fb is None else fb.rn, unit)
     else:
         att = pre_attention(at, pt, dd, norms, hn, r, subs)
         e2, sD2, rh = pre_second_norm(at, att)
-        rows = ffn_drift.rows(partial(pre_tail, at, pt, att, e2, sD2, rh), rh, unit)
+        fb = pre_fold(at, att) if ffn_drift.fold is not None else None
+        rows = ffn_drift.rows(partial(pre_tail, at, pt, att, e2, sD2, rh, fb), rh, None if fb is None else fb.rn, unit)
     return assemble(pt.point, att.att_rows, rows, r, low), rows["sups"]
 
 

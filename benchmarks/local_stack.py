@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import time
 
@@ -49,6 +50,11 @@ def _worker_sentence(job) -> list[dict]:  # noqa: ANN001
     return sentence(_W["spec"], k, X, factors, _W["cache"], _W["lower_steps"])
 
 
+def _prefix_drift(r) -> list[float]:  # noqa: ANN001
+    """``max_i dM_{0,b,i}`` at every layer-level cut b >= 1 (THEORY F36: the prefix drift that sets the radii)."""
+    return [float(r.spans[(0, b)].max()) if (0, b) in r.spans else math.inf for b in range(1, len(r.cuts))]
+
+
 def sentence(spec, k: int, X, factors: list[float], cache: dict, lower_steps: int) -> list[dict]:  # noqa: ANN001
     """The certified and measured whole-network constants of one sentence at every ``rho`` factor."""
     rows = []
@@ -67,6 +73,7 @@ def sentence(spec, k: int, X, factors: list[float], cache: dict, lower_steps: in
                      "drift_parts": r.parts, "drift_sub_stage": r.parts.get("(sub-stage route)"),
                      "drift_layer": r.parts.get("(layer route)"),
                      "prefix_norms": r.prefix_norms, "suffix_norms": r.suffix_norms,
+                     "prefix_drift": _prefix_drift(r),
                      "seconds": r.seconds, "cpu_seconds": r.cpu_seconds, "refusals": r.refusals})
         print(f"sentence {k} T={X.shape[0]} rho {f:g}: point {r.point:.4g} (rounding {r.rounding:.2g}) "
               f"drift {r.drift:.4g} [sub-stages {r.parts.get('(sub-stage route)', float('nan')):.4g}, "
@@ -74,6 +81,7 @@ def sentence(spec, k: int, X, factors: list[float], cache: dict, lower_steps: in
               f"stack {r.stack:.4g} product {r.product:.4g} -> {r.route}; lower {lo:.4g}; "
               f"ratio {r.upper / lo:.4g} [{r.seconds:.0f}s wall, {r.cpu_seconds:.0f}s cpu]; upper {r.upper!r}",
               flush=True)
+        print("  prefix drift at the layer-level cuts: " + " ".join(f"{v:.3g}" for v in _prefix_drift(r)), flush=True)
         for line in r.refusals:  # Note [per-layer refusals]: the per-layer route gave no bound there
             print(f"  per-layer route refused: {line}", flush=True)
     lt, lc = time.perf_counter() - t, time.process_time() - c

@@ -16,7 +16,8 @@ per-token input radii ``r`` (T,), every token ``j`` of the stage's input within 
 
 ``local``: the stage acts on each token alone (block-diagonal Jacobian), so its row ``i`` depends on
 token ``i``'s radius only.  The per-stage formulas are F17's (norm floor, attention drift rows
-``attention_drift_rows``, FFN drift ``ffn_drift_constant``), applied per token.
+``attention_drift_rows``, FFN drift ``ffn_drift_constant``), applied per token, with a norm's Jacobian drift the
+smaller of F17's and the sphere's curvature (``norm_drift``, THEORY F43a, F48a).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ import torch
 from torch import Tensor
 
 from ..model import Activation, NormKind, Placement, attention_forward, ffn_forward
-from ._local_jacobian import _head_data, _norm_drift, _weight_norms, certified_spectral
+from ._local_jacobian import _head_data, _weight_norms, certified_spectral
+from ._local_joint import norm_drift
 from ._local_stack_maps import _AttnLin, _AttnRes, _f64, _NormLin, _TokenLin, check_stack_layer
 from ._weights import ROUNDING_PAD
 
@@ -75,16 +77,17 @@ def _gmax(n) -> float:  # noqa: ANN001
 
 def norm_stage(name: str, group: int, norm, Z: Tensor) -> _Stage:  # noqa: ANN001
     """A LayerNorm/RMSNorm on its own: ``nu_i = ||D_i|| <= max|gamma|/s_i``; on the ball the floor
-    ``s_i >= sqrt((sigma_i - r_i/sqrt d)_+^2 + eps)`` and ``||D'_i - D_i|| <= 2 max|gamma| r_i/(sqrt d s_floor^2)``
-    (F17, per token)."""
+    ``s_i >= sqrt((sigma_i - r_i/sqrt d)_+^2 + eps)`` and ``||D'_i - D_i|| <= max|gamma| e_i``, ``e_i`` the smaller
+    of F17's ``2 r_i/(sqrt d s_floor^2)`` and the sphere's curvature (``norm_drift``, THEORY F43a, F48a), per token."""
     nl = _NormLin(norm, Z)
     T, d = Z.shape
-    pt = _gmax(norm) / nl.s * (1 + ROUNDING_PAD)
+    g = _gmax(norm)
+    pt = g / nl.s * (1 + ROUNDING_PAD)
 
     def bounds(r: Tensor) -> tuple:
-        drift, sup = _norm_drift(norm, nl.sigma, r, d)
-        dj = drift * (1 + ROUNDING_PAD)
-        return dj, dj, torch.minimum(sup * (1 + ROUNDING_PAD), pt + dj), None
+        e, sf = norm_drift(norm, nl.sigma, r, d)
+        dj = torch.nan_to_num(g * e * (1 + ROUNDING_PAD), nan=math.inf)
+        return dj, dj, torch.minimum(g / sf * (1 + ROUNDING_PAD), pt + dj), None
 
     return _Stage(name, group, Z, nl, True, pt, bounds, layernorm=nl.lay)
 
@@ -148,10 +151,8 @@ def _attn_stage(name: str, group: int, layer, X: Tensor, n1: _NormLin | None, ca
     refused: list = []
 
     def bounds(r: Tensor) -> tuple:
-        from ._local_rows import _ln_drift
-
         if n1 is not None:
-            e1, sf1 = _ln_drift(layer.norm_attn, n1.sigma, r, d)
+            e1, sf1 = norm_drift(layer.norm_attn, n1.sigma, r, d)  # F17 or F43a (F48a)
             sD1 = torch.minimum(g1 / sf1, nD1 + g1 * e1)
         else:
             e1, sD1 = torch.zeros_like(r), torch.ones_like(r)
@@ -181,8 +182,6 @@ def _ffn_stage(name: str, group: int, layer, S: Tensor, n2: _NormLin | None, cen
     """``s -> s + FFN(n2(s))``, per token ``J_i = I + F_i D2_i``: drift ``dF(r_i sup||D2'||) sup||D2'||
     + ||F_i Gamma|| e2_i`` (pre-LN; ``D2 = I`` post-LN, where the centred ``kappa`` serves when a
     LayerNorm follows), ball ``min(pt + drift, 1 + Lip(FFN) sup||D2'||)``."""
-    from ._local_rows import _ln_drift
-
     T, d = S.shape
     norm = layer.norm_ffn if n2 is not None else None
     H = S if n2 is None else norm(S).detach()
@@ -210,7 +209,7 @@ def _ffn_stage(name: str, group: int, layer, S: Tensor, n2: _NormLin | None, cen
         if n2 is None:
             dj, djc = fp["dF"](r, False), fp["dF"](r, centred)
             return dj, djc, torch.minimum(pt + dj, torch.full_like(dj, 1 + lffn)), None
-        e2, sf2 = _ln_drift(norm, n2.sigma, r, d)
+        e2, sf2 = norm_drift(norm, n2.sigma, r, d)  # F17 or F43a (F48a)
         sD2 = torch.minimum(g2 / sf2, nD2 + g2 * e2)
         dj = (fp["dF"](r * sD2 * (1 + 1e-12), False) * sD2 + nFg * e2) * (1 + 1e-12)
         dj = torch.nan_to_num(dj, nan=math.inf)

@@ -13,6 +13,7 @@ the stack route's norm stages (F48a) with tokens of mean >> spread.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -248,3 +249,40 @@ def test_ball_and_drift_rows_with_the_fold_against_directional_ascent(placement,
         drift = _directional_ascent(f, X, r, g, J0)
         assert bool((drift <= lj.drift_rows).all()), (r, drift, lj.drift_rows)
         assert float(best.max()) >= 0.9 * lower, (r, best, lower)  # the ascent is not idle (reaches the point's)
+
+
+@pytest.mark.parametrize("norm,placement,kind,mean,spread", [("layernorm", "post", "outlier", 1.0, 1.0),
+                                                             ("layernorm", "post", "tiny", 0.0, 1.0),
+                                                             ("layernorm", "pre", "negative", 0.0, 1.0),
+                                                             ("rmsnorm", "post", "negative", 0.0, 1.0),
+                                                             ("rmsnorm", "pre", "tiny", 1.0, 1.0)])
+def test_stack_norm_stages_on_worst_case_networks(norm, placement, kind, mean, spread):
+    """F48a in the stack route: a 2-layer network whose norms all carry gamma of ``kind`` (eps 1e-6), tokens of mean
+    ``mean`` and spread ``spread``, at rho = 1e-4 x the median token norm: the directional ascent (Adam over Y in the
+    ball and unit v) of the Jacobian's rows stays below ``upper`` (measured 0.72-0.86 of it) and of ``J(Y) - J(X)``
+    below the certified middle-product drift (1e-3-5e-2 of it); the ascent reaches 0.75 of the row lower at X.  (Tokens
+    of mean >> spread make the stack's bound 1e11 x the ascent: nothing there to attack.)"""
+    from transcover.lipschitz._local_stack import stack_local
+    from transcover.model._functional import transformer_forward
+
+    g = torch.Generator().manual_seed(11)
+    spec = random_spec(11, act="gelu", L=2, norm=norm, placement=placement, d=8, H=2, dh=4, dff=8, biases=True,
+                       eps=1e-6, final_norm=placement == "pre")
+    swap = lambda n: dataclasses.replace(n, weight=_gamma(kind, 8, g))  # noqa: E731
+    spec = dataclasses.replace(spec, layers=[dataclasses.replace(L, norm_attn=swap(L.norm_attn),
+                                                                 norm_ffn=swap(L.norm_ffn)) for L in spec.layers])
+    X = _tokens(11, 4, 8, mean, spread)
+
+    def f(Z: torch.Tensor) -> torch.Tensor:
+        return transformer_forward(spec, Z, with_head=False)
+
+    J0 = torch.autograd.functional.jacobian(f, X)
+    lower = float(row_norm_lower(J0.permute(0, 2, 1, 3)).max())
+    rho = 1e-4 * float(X.norm(dim=1).median())
+    res = stack_local(spec, X, [rho])[0]
+    assert math.isfinite(res.upper), res.upper
+    best = _directional_ascent(f, X, rho, g)
+    drift = _directional_ascent(f, X, rho, g, J0)
+    assert float(best.max()) <= res.upper and float(best.max()) >= 0.75 * lower, (best, res.upper, lower)
+    assert float(best.max()) >= 0.5 * res.upper, (best, res.upper)  # the ball is attacked where it is tight
+    assert float(drift.max()) <= res.parts["(middle products)"], (drift, res.parts)

@@ -286,3 +286,57 @@ def test_stack_norm_stages_on_worst_case_networks(norm, placement, kind, mean, s
     assert float(best.max()) <= res.upper and float(best.max()) >= 0.75 * lower, (best, res.upper, lower)
     assert float(best.max()) >= 0.5 * res.upper, (best, res.upper)  # the ball is attacked where it is tight
     assert float(drift.max()) <= res.parts["(middle products)"], (drift, res.parts)
+
+
+def _joint_through_d1(layer, X: torch.Tensor, r: float) -> dict:  # noqa: ANN001
+    """``joint_remainder`` with the maps ``post_attention`` passes (``D1``, ``(I + F) D1``)."""
+    from transcover.lipschitz import _local_stages as stg
+    from transcover.lipschitz._local_attention import head_norms
+    from transcover.lipschitz._local_rows import _sandwich
+
+    hn = head_norms(layer.attention)
+    at = stg.layer_at_x(layer, X, float(hn["O"]))
+    pt = stg.post_point(at, stg.attention_row_gram(at))
+    dd = stg.drift_at_x(at)
+    maps = {"H": (at.n1.sandwich, at.nD1),
+            "G": (lambda S, e: _sandwich(pt.IF, *at.n1.sandwich(S, e), at.eF), pt.nIF * at.nD1)}
+    return joint_remainder(dd.joint, dd.mom, dd.geo_ov, r, hn, maps)
+
+
+def test_joint_remainder_through_d1_is_homogeneous_in_gamma():
+    """``D1 = diag(gamma1) D_n``: ``gamma1 -> c gamma1`` (with ``beta1 -> c beta1``) scales F47's remainder through
+    ``D1`` by ``|c|`` (c = 0.25, 3, -2) and leaves the sublayer's own remainder unchanged, to the pads' rounding."""
+    layer = _layer(9, kind="outlier")
+    X = _tokens(9, 8, 12, 0.0, 2.0)
+    base = _joint_through_d1(layer, X, 0.2)
+    for c in (0.25, 3.0, -2.0):
+        n1 = layer.norm_attn
+        scaled = dataclasses.replace(layer, norm_attn=dataclasses.replace(n1, weight=c * n1.weight,
+                                                                          bias=None if n1.bias is None else c * n1.bias))
+        new = _joint_through_d1(scaled, X, 0.2)
+        assert torch.allclose(new["A"], base["A"], rtol=1e-12), c
+        assert torch.allclose(new["H"], abs(c) * base["H"], rtol=1e-8), (c, new["H"] / base["H"])
+
+
+def test_minilm_stage_radii_hold_under_ascent():
+    """MiniLM layer 0 on a real 12-token input at rho = 1e-3 and 1e-2 (x the median token norm), with F46 and F47 live:
+    Adam ascent (3 starts x 50 steps) on each stage's move stays below ``stage_radii`` (measured 0.47-0.63 of it at
+    1e-3, 0.06-0.37 at 1e-2)."""
+    from transcover.model import load
+    from transcover.model._data import load_inputs
+
+    spec = load(None).to_torch(torch.float64)
+    X = spec.input_norm(load_inputs(spec, "sklearn-descr", max_len=12, limit=2)[1].double())
+    layer = spec.layers[0]
+    med = float(X.norm(dim=1).median())
+    radii = (1e-3 * med, 1e-2 * med)
+    ref = _stage_outputs(layer, X)
+    g = torch.Generator().manual_seed(0)
+    top = 0.0
+    for r, lj in zip(radii, layer_rows(layer, X, list(radii))):
+        for name, rad in lj.stage_radii.items():
+            best = _ascent(lambda Z, name=name: (_stage_outputs(layer, Z)[name] - ref[name]).norm(dim=1), X, r, g,
+                           starts=3, steps=50)
+            assert bool((best <= rad).all()), (name, r, best, rad)
+            top = max(top, float((best / rad).max()))
+    assert top > 0.4, top

@@ -18,7 +18,7 @@ THEORY = ROOT / "docs" / "theory.md"
 
 # ---- references ---------------------------------------------------------------------------------
 
-_F = re.compile(r"(?<![\w.])F(\d{1,2})([a-d])?(?!\w)")
+_F = re.compile(r"(?<![\w.])F(\d{1,2})([a-z])?(?!\w)")
 _F_SCORE = re.compile(r"F1[ -]score", re.IGNORECASE)
 # a line that names tensor dtypes: F16/F32/F64 there are safetensors dtype codes, not formulas
 _DTYPE_LINE = re.compile(r"dtype|BF16|float(?:16|32|64)|\"F(?:16|32|64)\"|(?<!\w)F(?:32|64)(?!\w)")
@@ -87,7 +87,7 @@ def design_table_references(text: str, path: str) -> list[tuple[str, str]]:
 # ---- anchors ------------------------------------------------------------------------------------
 
 _HEADINGS = [
-    (re.compile(r"^#{1,6}\s+(F\d{1,2}[a-d]?)\s+—"), lambda m: m.group(1)),
+    (re.compile(r"^#{1,6}\s+(F\d{1,2}[a-z]?)\s+—"), lambda m: m.group(1)),
     (re.compile(r"^#{1,6}\s+(Lemma|Theorem)\s+([GH]\.\d+)\s+—"), lambda m: f"{m.group(1)} {m.group(2)}"),
     (re.compile(r"^#{1,6}\s+seed\s+(\d+(?:\.\d+)?|closing remark)\s+—"), lambda m: f"seed {m.group(1)}"),
     (re.compile(r"^#{1,6}\s+Section\s+(\d+)\s+—"), lambda m: f"section {m.group(1)}"),

@@ -214,8 +214,9 @@ def test_post_fold_ball_is_never_beaten(norm, kind):
 
 
 def test_homogeneity_of_the_folded_drift():
-    """(c) ``gamma -> c gamma``, ``beta -> c beta``, ``W_1 -> W_1 / c`` leaves the FFN after the norm and the folded FFN, hence ``dG``, unchanged (bit for bit at
-    ``c = 4``: the products are the same doubles; to rounding at ``c = 3``); ``W_2 -> c W_2`` scales it by ``c``."""
+    """(c) ``gamma -> c gamma``, ``beta -> c beta``, ``W_1 -> W_1 / c`` leaves the FFN after the norm and the folded
+    FFN, hence ``dG``, unchanged (bit for bit at ``c = 4``: the products are the same doubles; to rounding at
+    ``c = 3``); ``W_2 -> c W_2`` scales it by ``c``."""
     layer, h, z = _case(4, "outlier", "post", True)
     rn = torch.tensor([0.05, 0.5, 2.0], dtype=torch.float64)
     dG, dGh = _fold_drifts(layer, z, rn)

@@ -38,7 +38,7 @@ from ..model import to_tensor
 from ..model import QUICK_GELU_SLOPE, Activation, LayerSpec, NormKind, NormSpec, Placement, TransformerSpec
 from ._activations import activation_lipschitz
 from ._local_attention import DATA_PAD, attention_local_bound, head_norms
-from ._local_jacobian import centre_tokens
+from ._local_jacobian import centre_tokens, norm_jacobian_error
 from ._weights import ROUNDING_PAD, spectral
 
 __all__ = ["norm_local", "LayerLocal", "layer_local", "NetworkLocal", "network_local", "second_derivative_sup"]
@@ -303,6 +303,14 @@ def _jacobian_route(layer, att_in, att_rho, n_in, H, rh, X1, r1, X2, r2, s1, s2,
     fF = fro(W2) * float(slope.abs().max()) * fro(W1)
     fD = (fro(D1) if post else 1.0) * fro(D2)
     mm = 4 * n_in_mm * _U * (math.sqrt(d) + fF) * max(fD, 1.0) * (1.0 + math.sqrt(d))
+    # F17f: the formed norm Jacobians against the true ones (not relative to ||D||_F)
+    eD2 = float(norm_jacobian_error(layer.norm_ffn, X2 if post else X1, formed=True).max())
+    if post:
+        eD1 = float(norm_jacobian_error(layer.norm_attn, X1, formed=True).max())
+        fIF = fro(IF)
+        mm = mm + (eD2 * fIF * (fro(D1) + eD1) + fro(D2) * fIF * eD1) * (1 + 1e-12)
+    else:
+        mm = mm + fro(F) * eD2 * (1 + 1e-12)
     nM = _sym_top(M) * (1 + GRAM_PAD) + mm
     nMO = _sym_top(MO) * (1 + GRAM_PAD) + mm * fro(W_O) * 2
     nO = hn["O"]
@@ -326,7 +334,7 @@ def _jacobian_route(layer, att_in, att_rho, n_in, H, rh, X1, r1, X2, r2, s1, s2,
         sD1, sD2 = g1 / s1m, g2 / s2m
         dD1 = 3 * g1 * r1 / (sq * s1m * s1m) if math.isfinite(s1m) else 0.0
         dD2 = 3 * g2 * r2 / (sq * s2m * s2m) if math.isfinite(s2m) else 0.0
-        nD2 = _sym_top(D2) * (1 + GRAM_PAD)
+        nD2 = _sym_top(D2) * (1 + GRAM_PAD) + eD2
         drift = dD2 * (nIF + dF) * sD1 + nD2 * dF * sD1 + nD2 * nIF * dD1
         n_in_ball = 1.0
     else:

@@ -21,7 +21,8 @@ from torch import Tensor
 
 from ..model import Activation, LayerSpec, NormKind, Placement
 from ._local_jacobian import _f64, _ffn_weight_norms
-from ._local_rows import _U, FfnDrift, _reported, refine_lazily
+from . import _local_rows
+from ._local_rows import _U, FfnDrift, _reported
 from ._local_sharp import GELU_SLOPE_RANGE
 from ._weights import ROUNDING_PAD
 
@@ -37,9 +38,10 @@ def folded_layer(layer: LayerSpec) -> tuple[LayerSpec, float] | None:
     r"""The layer with ``W_1`` replaced by ``fl(diag(gamma) W_1)`` (float64) and ``e``, a bound on the Frobenius norm
     of its rounding ``E = diag(gamma) W_1 - fl(diag(gamma) W_1)``: every entry is one product, ``|E| <= u |A|
     <= u/(1 - u) |fl(A)|``, so ``||E||_F <= u/(1 - u) ||fl(A)||_F`` (0 when both factors hold float32 values, as
-    MiniLM's stored weights: the product has at most 48 significant bits and is exact in float64).  None where the fold does not apply: no
-    norm, a norm without ``gamma``, no centring/scaling norm, an activation with an unbounded ``sigma''`` (ReLU:
-    the rounding's effect on the slopes is not bounded by a multiple of ``e``).  THEORY F46."""
+    MiniLM's stored weights: the product has at most 48 significant bits and is exact in float64).  None where the
+    fold does not apply: no norm, a norm without ``gamma``, no centring/scaling norm, an activation with an
+    unbounded ``sigma''`` (ReLU: the rounding's effect on the slopes is not bounded by a multiple of ``e``).
+    THEORY F46."""
     from ._local import second_derivative_sup
 
     norm = _scaled_norm(layer)
@@ -122,10 +124,10 @@ class FoldedFfnDrift:
 
         zero = torch.zeros_like(rh)
         if b.split_key is None:  # F37a alone (no tier): first as without the fold
-            refine_lazily(lambda: tail(dF, dFh, None), _reported, partial(refine, k=1), len(rh),
+            _local_rows.refine_lazily(lambda: tail(dF, dFh, None), _reported, partial(refine, k=1), len(rh),
                           lowest=tail(zero, zero, None))
             b.refs.append((rh, refs[0].clone()))
-        rows = refine_lazily(lambda: tail(dF, dFh, (dG + pad, dGh + pad)), _reported, refine, len(rh),
+        rows = _local_rows.refine_lazily(lambda: tail(dF, dFh, (dG + pad, dGh + pad)), _reported, refine, len(rh),
                              lowest=tail(zero, zero, (zero, zero)))
         if b.split_key is not None:
             b.refs.append((rh, refs[0]))

@@ -242,6 +242,73 @@ def centre_tokens(X: Tensor, lay: bool) -> tuple[Tensor, Tensor, Tensor]:
     return Z, sigma, low.clamp(min=0.0)
 
 
+def norm_jacobian_error(norm: NormSpec | None, X: Tensor, *, formed: bool) -> Tensor:
+    r"""(T,) bound on ``||D_hat - D*||_2`` per token of the float64 (T, d) ``X``: ``D*`` the exact Jacobian of
+    the norm at the stored floats, ``D_hat`` the one every route builds from ``centre_tokens``' ``Z`` and
+    ``sigma_hat``, ``s = fl(sqrt(sigma_hat^2 + eps))``, ``u = fl(Z/(sqrt d s))``.  THEORY F17f.
+
+    .. math:: \|\hat D - D^*\| \le \frac{G}{\hat s}\big[(\rho + u_a)(1 + 2\delta_Q + \delta_Q^2)
+              + (1 + \rho)(2\delta_Q + \delta_Q^2)\big] + \text{formation}
+
+    with ``E = sqrt(d) gamma_{d+3} max|Z1| + gamma_1 ||Z||`` (``||Z - Px||``, F17e; 0 for RMSNorm),
+    ``e_s = gamma_{d+4} sigma_hat + E/sqrt d + gamma_3 s`` (``|s - s*|``), ``rho = e_s/(s - e_s)``,
+    ``delta_u = (E/sqrt d + e_s)/s + gamma_4 ||u||`` (``||u - u*||``, ``||u*|| <= 1``), ``delta_Q`` with the
+    rounded ``1/sqrt d`` column (``gamma_3``) in the factored form, ``G = max|gamma|``.  ``formed``: the dense
+    ``diag(gamma)(P - u u^T)/s`` of ``_norm_parts`` (exact ``P``, ``u_a = 0``) plus its entry rounding
+    ``gamma_5 (G/s)(sqrt d + ||u||^2)``; otherwise ``NormJac``'s factored ``fl(gamma/s)`` and ``Q`` (``u_a = u``).
+    Relative accuracy of ``u`` is not assumed: a spiky ``gamma`` on a one-hot token has ``||D_hat||_F << G/s``
+    while the error is ``~ G/s ||u - u*||`` (red15).  Assumptions: LayerNorm or RMSNorm, ``T d`` floats."""
+    T, d = X.shape
+    if norm is None or norm.kind is NormKind.NONE:
+        return torch.zeros(T, dtype=torch.float64)
+    g = lambda k: k * _U / (1 - k * _U)  # noqa: E731
+    lay = norm.kind is NormKind.LAYERNORM
+    Z, sig_hat, _ = centre_tokens(X, lay)
+    s = torch.sqrt(sig_hat * sig_hat + float(norm.eps))
+    u_norm = (Z / (math.sqrt(d) * s[:, None])).norm(dim=1) * (1 + g(d + 2))
+    E = (math.sqrt(d) * g(d + 3) * (X - X.mean(dim=1, keepdim=True)).abs().amax(dim=1) + g(1) * Z.norm(dim=1) * (1 + g(d))
+         if lay else torch.zeros_like(s))
+    e_s = (g(d + 4) * sig_hat + E / math.sqrt(d) + g(3) * s) * (1 + 4 * _U)
+    rho = torch.where(e_s < s, e_s / (s - e_s).clamp(min=1e-300), torch.full_like(s, math.inf)) * (1 + 4 * _U)
+    du = ((E / math.sqrt(d) + e_s) / s + g(4) * u_norm) * (1 + 4 * _U)
+    dQ = torch.sqrt(du * du + (0.0 if formed or not lay else g(3) ** 2)) * (1 + 4 * _U)
+    dC = 2 * dQ + dQ * dQ
+    G = (norm.gamma_max_abs * (1 + ROUNDING_PAD) if norm.weight is not None else 1.0) / s
+    err = G * ((rho + (0.0 if formed else _U)) * (1 + dC) + (1 + rho) * dC)
+    if formed:
+        err = err + g(5) * G * (math.sqrt(d) + u_norm * u_norm)
+    return err * (1 + 1e-12)
+
+
+def norm_jacobian_entry_error(norm: NormSpec, X: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    r"""Entrywise form of ``norm_jacobian_error`` for the map ``r -> gamma (P r - u (u.r))/s`` on the computed ``u``,
+    ``s`` (exact ``P``; the stack's ``_NormLin``): (``c1``, ``c2``, ``beta``, ``ustar``), each (T, d), with
+
+    .. math:: |((\hat D - D^*) r)_j| \le c_{1,j}\big(|r_j| + [\text{LN}]\,\overline{|r|} + |\hat u_j|\,(|\hat u|\cdot|r|)\big)
+              + c_{2,j}\big(\beta_j\,(|\hat u|\cdot|r|) + u^*_j\,(\beta\cdot|r|)\big),
+
+    linear in ``|r|``: ``c1 = |gamma| rho/s``, ``c2 = |gamma| (1 + rho)/s``, ``beta_j >= |u_j - u*_j|``, ``ustar_j >= |u*_j|``
+    (``D - D* = diag(gamma (1/s - 1/s*)) (P - u u^T) + diag(gamma/s*) (u* u*^T - u u^T)``, ``u u^T - u* u*^T =
+    du u^T + u* du^T``).  Per entry, with F17f's pieces: ``|Z_j - (P x)_j| <= e_j = gamma_{d+3} max|Z1| + gamma_1 |Z_j|``
+    (0 for RMSNorm), ``|u*_j| <= (|Z_j| + e_j)(1 + rho)/(sqrt d s)``, ``beta_j = gamma_4 |u_j| + e_j/(sqrt d s) + |u*_j| e_s/s``.
+    THEORY F17f."""
+    T, d = X.shape
+    g = lambda k: k * _U / (1 - k * _U)  # noqa: E731
+    lay = norm.kind is NormKind.LAYERNORM
+    Z, sig_hat, _ = centre_tokens(X, lay)
+    s = torch.sqrt(sig_hat * sig_hat + float(norm.eps))
+    u = (Z / (math.sqrt(d) * s[:, None])).abs()
+    eZ = (g(d + 3) * (X - X.mean(dim=1, keepdim=True)).abs().amax(dim=1, keepdim=True) + g(1) * Z.abs()
+          if lay else torch.zeros_like(Z))
+    E = eZ.norm(dim=1) * (1 + g(d + 2))
+    e_s = (g(d + 4) * sig_hat + E / math.sqrt(d) + g(3) * s) * (1 + 4 * _U)
+    rho = torch.where(e_s < s, e_s / (s - e_s).clamp(min=1e-300), torch.full_like(s, math.inf)) * (1 + 4 * _U)
+    ustar = (Z.abs() + eZ) * ((1 + rho) / (math.sqrt(d) * s))[:, None] * (1 + 4 * _U)
+    beta = (g(4) * u + eZ / (math.sqrt(d) * s[:, None]) + ustar * (e_s / s)[:, None]) * (1 + 4 * _U)
+    ga = (torch.ones(d, dtype=torch.float64) if norm.weight is None else _f64(norm.weight).abs())[None, :] / s[:, None]
+    return ga * rho[:, None] * (1 + 4 * _U), ga * (1 + rho[:, None]) * (1 + 4 * _U), beta, ustar
+
+
 def _norm_parts(norm: NormSpec | None, X: Tensor):  # noqa: ANN202
     """(D (T, d, d) Jacobians, s (T,) with s^2 = sigma^2 + eps, sigma (T,) certified low (``centre_tokens``),
     gamma_max, kind) at X."""
@@ -465,7 +532,25 @@ def _blocks_route(layer: LayerSpec, X: Tensor, radii, *, keep_blocks: bool = Fal
             Gi = _attention_row(heads, IF[i] @ Da[i], i, attn.softmax_scale)
             Gi[i] += IF[i] @ Da[i]
             g_point[i] = (_row_block_norms(Gi, exact) + block_pad * (1 + float(F[i].norm()))).sum()
+    # F17f: the formed norm Jacobians against the true ones, carried into M, the rows and the memo's norms
+    fro3 = lambda A: A.norm(dim=(1, 2)) * (1 + 1e-12)  # noqa: E731
+    eDb = norm_jacobian_error(layer.norm_ffn, S2 if post else S1, formed=True)
+    eDa = norm_jacobian_error(layer.norm_attn, S1 if post else X, formed=True)
+    Dn = Da if post else D1
+    if post:
+        eM = (eDb * fro3(IF) * (fro3(Da) + eDa) + fro3(Db) * fro3(IF) * eDa) * (1 + 1e-12)
+        point_rows = point_rows + eM * (att_point + 1) * (1 + 1e-12)
+        h_point = h_point + eDa * (att_point + 1) * (1 + 1e-12)
+        g_point = g_point + fro3(IF) * eDa * (att_point + 1) * (1 + 1e-12)
+    else:
+        eM = fro3(F) * eDb * (1 + 1e-12)
+        point_rows = point_rows + (eM * (1 + att_point * float((fro3(D1) + eDa).max()))
+                                   + (fro3(M) + eM) * att_point * float(eDa.max())) * (1 + 1e-12)
     memo = _Memo()
+    memo.store.update({"D1": _sym_top(Dn) + eDa, "Db": _sym_top(Db) + eDb, "M": _sym_top(M) + eM})
+    MOV, MO = _mixed_norms(M, heads, norms)
+    nOV = torch.tensor([float(hd[6].norm() * hd[5].norm()) for hd in heads], dtype=torch.float64)[:, None]
+    memo.store["mixed"] = (MOV + nOV * eM[None] * (1 + 1e-12), MO + float(torch.cat([hd[6] for hd in heads], dim=0).norm()) * eM * (1 + 1e-12))
     out = []
     for r in radii:
         if post:

@@ -149,9 +149,11 @@ def _head_gram(heads, c: Tensor) -> tuple[Tensor, Tensor]:  # noqa: ANN001
     return S, err
 
 
-def _diag_blocks(heads, Wo_all: Tensor, N: Tensor | None, T: int, d: int, scale: float) -> tuple[Tensor, Tensor]:  # noqa: ANN001
+def _diag_blocks(heads, Wo_all: Tensor, N: Tensor | None, T: int, d: int, scale: float,  # noqa: ANN001
+                 eN: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """(T, d, d) the exact diagonal blocks ``B_ii = I + W_O^T Z_ii N_i`` (with ``Sigma_i G^T``) and
-    (T,) a bound on their float64 rounding (spectral norm)."""
+    (T,) a bound on their float64 rounding (spectral norm); ``eN`` bounds the formed ``N`` against the
+    true one (F17f)."""
     Zs = []
     idx = torch.arange(T)
     for P, Y, q, Wq, Wk, Wv, Wo in heads:
@@ -168,7 +170,8 @@ def _diag_blocks(heads, Wo_all: Tensor, N: Tensor | None, T: int, d: int, scale:
     # every entry of Z a sum of <= T + 2 products, of W_O^T Z of H dh more (Higham 3.5), N likewise
     err = 4 * (T + d + Wo_all.shape[0] + 4) * _U * float(Wo_all.norm()) * nZ
     if N is not None:
-        err = err * N.norm(dim=(1, 2)) + 4 * (d + 2) * _U * B.norm(dim=(1, 2)) * N.norm(dim=(1, 2))
+        nB = B.norm(dim=(1, 2))
+        err = err * N.norm(dim=(1, 2)) + 4 * (d + 2) * _U * nB * N.norm(dim=(1, 2)) + (nB + err) * eN
         B = B @ N
     return B + torch.eye(d, dtype=torch.float64)[None], err
 

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from .._errors import InputError
 from ..model import NormKind, NormSpec
-from ._local_jacobian import centre_tokens
+from ._local_jacobian import centre_tokens, norm_jacobian_entry_error, norm_jacobian_error
 
 __all__ = ["_NormLin", "_AttnLin", "_AttnRes", "_TokenLin", "check_stack_layer"]
 
@@ -45,17 +45,37 @@ class _NormLin:
         self.g = torch.ones(d, dtype=torch.float64) if norm.weight is None else _f64(norm.weight)
         self.norm = norm
         self.k = 8 * d + 8
+        self.err = norm_jacobian_error(norm, Z, formed=True)  # ||D*|| <= max|gamma|/s + err (F17f)
+        # F17f's entrywise bound on |(D - D_true) r|, linear in |r|: the abs evaluation carries it divided by
+        # gamma_k, so gamma_k (or any larger gamma) times it covers the factors' error too
+        c1, c2, beta, ustar = norm_jacobian_entry_error(norm, Z)
+        w = 1 / (self.k * 2.0**-53) * (1 + 1e-12)
+        self.model = (c1 * w, c2 * w, beta, ustar)
 
     def _core(self, r: Tensor, absval: bool = False) -> Tensor:
         sg, u = (1.0, self.u.abs()) if absval else (-1.0, self.u)
         rc = r + sg * r.mean(dim=-1, keepdim=True) if self.lay else r
         return (rc + sg * u * (r * u).sum(dim=-1, keepdim=True)) / self.s[:, None]
 
+    def _model(self, r: Tensor, transposed: bool) -> Tensor:
+        """``|(D - D_true) r|`` (``transposed``: ``|(D - D_true)^T r|``) entrywise over ``gamma_k``, from ``|r|`` (F17f)."""
+        c1, c2, beta, ustar = self.model
+        r, u = r.abs(), self.u.abs()
+        dot = lambda a, b: (a * b).sum(dim=-1, keepdim=True)  # noqa: E731
+        if not transposed:
+            mean = r.mean(dim=-1, keepdim=True) if self.lay else 0.0
+            return c1 * (r + mean + u * dot(u, r)) + c2 * (beta * dot(u, r) + ustar * dot(beta, r))
+        a, b = c1 * r, c2 * r  # the transpose: the diagonal factors act on r first
+        mean = a.mean(dim=-1, keepdim=True) if self.lay else 0.0
+        return a + mean + u * dot(u, a) + u * dot(beta, b) + beta * dot(ustar, b)
+
     def apply(self, K: Tensor, absval: bool = False) -> Tensor:
-        return (self.g.abs() if absval else self.g) * self._core(K, absval)
+        out = (self.g.abs() if absval else self.g) * self._core(K, absval)
+        return out + self._model(K, False) if absval else out
 
     def apply_t(self, C: Tensor, absval: bool = False) -> Tensor:
-        return self._core((self.g.abs() if absval else self.g) * C, absval)
+        out = self._core((self.g.abs() if absval else self.g) * C, absval)
+        return out + self._model(C, True) if absval else out
 
     def matrices(self, absval: bool = False) -> Tensor:
         """(T, d, d) the per-token Jacobians ``D_i`` (column convention), or their abs evaluation."""

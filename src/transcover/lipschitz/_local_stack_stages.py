@@ -82,7 +82,7 @@ def norm_stage(name: str, group: int, norm, Z: Tensor) -> _Stage:  # noqa: ANN00
     nl = _NormLin(norm, Z)
     T, d = Z.shape
     g = _gmax(norm)
-    pt = g / nl.s * (1 + ROUNDING_PAD)
+    pt = (g / nl.s + nl.err) * (1 + ROUNDING_PAD)  # s* may sit below s (F17f)
 
     def bounds(r: Tensor) -> tuple:
         e, sf = norm_drift(norm, nl.sigma, r, d)
@@ -196,7 +196,7 @@ def _ffn_stage(name: str, group: int, layer, S: Tensor, n2: _NormLin | None, cen
     else:
         D2, D2a = n2.matrices(), n2.matrices(True)
         M, Ma = eye + F @ D2, eye + Fa @ D2a
-        nD2 = g2 / n2.s * (1 + 1e-12)
+        nD2 = g2 / n2.s * (1 + 1e-12) + n2.err  # s* may sit below s (F17f)
         # F's error through D2, and D2's construction (8d + 8 roundings) and the product's through |F|
         k = 9 * d + 16
         eM = eF * nD2 + k * _U / (1 - k * _U) * (Fa @ D2a).norm(dim=(1, 2)) * (1 + 1e-12)

@@ -31,7 +31,7 @@ from .._errors import InputError
 from ..model import LayerSpec, Placement, attention_forward, ffn_forward
 from ._local_attn_joint import joint_heads, joint_remainder
 from ._local_drift import heads_joint, output_block_norms
-from ._local_jacobian import LayerJacobian, _f64, _head_data, _norm_parts
+from ._local_jacobian import LayerJacobian, _f64, _head_data, _norm_parts, norm_jacobian_error
 from ._local_joint import attention_remainder, head_geometry, norm_drift, norm_remainder, sphere_remainder
 from ._local_rows import (
     _U, _centre, _diag_blocks, _gamma_vec, _head_gram, _head_output_norms, _HeadMoments, _heads_combined,
@@ -73,6 +73,8 @@ class LayerAtX:
     z: Tensor
     F: Tensor
     eF: Tensor
+    eD1: Tensor | None = None  # pre-LN: the formed D1, D2 against the true ones (F17f)
+    eD2: Tensor | None = None
 
 
 def _gamma_max(norm) -> float:  # noqa: ANN001
@@ -98,7 +100,7 @@ def layer_at_x(layer: LayerSpec, X: Tensor, nO: float) -> LayerAtX:
     F32's factored norms post-LN)."""
     attn, T, d = layer.attention, *X.shape
     post = layer.placement is Placement.POST
-    n1 = n2 = D1 = D2 = None
+    n1 = n2 = D1 = D2 = eD1 = eD2 = None
     if post:
         Xin = X
         S1 = X + attention_forward(attn, X)
@@ -112,13 +114,15 @@ def layer_at_x(layer: LayerSpec, X: Tensor, nO: float) -> LayerAtX:
         Xin = layer.norm_attn(X) if layer.norm_attn is not None else X
         S1 = X + attention_forward(attn, Xin)
         D2, s2, sig2, _ = _norm_parts(layer.norm_ffn, S1)
+        eD1, eD2 = norm_jacobian_error(layer.norm_attn, X, formed=True), norm_jacobian_error(layer.norm_ffn, S1, formed=True)
         H = layer.norm_ffn(S1) if layer.norm_ffn is not None else S1
     g1, g2 = _gamma_max(layer.norm_attn), _gamma_max(layer.norm_ffn)
     nrm = lambda g, s: torch.ones(T, dtype=torch.float64) if s is None else g / s * (1 + 1e-12)  # noqa: E731
     z, F, eF = ffn_slope_map(layer.ffn, H)
     heads = _head_data(attn, Xin)
     return LayerAtX(layer, post, T, d, Xin, heads, torch.cat([hd[6] for hd in heads], dim=0), nO, n1, n2, D1, D2,
-                    sig1, sig2, g1, g2, nrm(g1, s1), nrm(g2, s2), z, F, eF)  # ||D|| <= max|gamma|/s
+                    sig1, sig2, g1, g2, nrm(g1, s1) + (n1.err if post else eD1), nrm(g2, s2) + (n2.err if post else eD2),
+                    z, F, eF, eD1, eD2)  # ||D*|| <= max|gamma|/s* <= max|gamma|/s + err (F17f)
 
 
 def _centring(norm) -> bool:  # noqa: ANN001
@@ -156,7 +160,7 @@ def attention_row_gram(at: LayerAtX) -> RowGram:
     c = c * (1 - torch.eye(T, dtype=torch.float64))
     Sh, errh = _head_gram(heads, c)
     S0, err0 = _sandwich(Wo_all.T.expand(T, d, Wo_all.shape[0]), Sh, errh, torch.zeros(T, dtype=torch.float64))
-    Bii, eB = _diag_blocks(heads, Wo_all, at.D1, T, d, at.layer.attention.softmax_scale)
+    Bii, eB = _diag_blocks(heads, Wo_all, at.D1, T, d, at.layer.attention.softmax_scale, at.eD1)
     wii = w.diagonal()
     S0 = S0 + Bii @ Bii.transpose(1, 2) / wii[:, None, None]
     nB = Bii.norm(dim=(1, 2))
@@ -234,7 +238,7 @@ def pre_point(at: LayerAtX, gram: RowGram) -> PrePoint:
     """``PrePoint``: the Gram ``M S M^T`` per token, with ``M``'s rounding from ``F``'s and ``D2``'s."""
     d, F, eF, D2 = at.d, at.F, at.eF, at.D2
     M = torch.eye(d, dtype=torch.float64) + F @ D2
-    eD2 = 4 * (d + 8) * _U * D2.norm(dim=(1, 2))  # u, s and the entries
+    eD2 = at.eD2  # the formed D2 against the true one: u, s and the entries (F17f)
     eM = eF * at.nD2 + (F.norm(dim=(1, 2)) + eF) * eD2 + 4 * (d + 2) * _U * F.norm(dim=(1, 2)) * D2.norm(dim=(1, 2))
     Sc, ec = _sandwich(M, gram.S, gram.err, eM)
     point, xc = _nu(Sc, ec, gram.wsum)

@@ -17,9 +17,10 @@ evaluation below with ``k <= 2`` columns in ``Q`` (Frobenius norms of the comput
   updates and the two-sided scaling; the constant collects ``1 + 2 ||Q||_F^2 + ||Q||_F^4 <= 9.1`` and
   the propagated errors of ``S Q`` and ``Q^T S Q``).
 
-The deviation of the factored ``D`` (exact arithmetic on the computed ``a, u``) from the true
-Jacobian is bounded like the formed one's (``4 (d + 8) u ||D||_F``, the pad of ``layer_rows``) plus
-its entry rounding, ``4 u ||D||_F``: ``err_D = 4 (d + 9) u ||D||_F``.
+The deviation of the factored ``D`` (exact arithmetic on the computed ``a, Q``) from the true
+Jacobian, ``err``, is ``norm_jacobian_error`` (THEORY F17f): absolute in the centring and scaling
+errors, not relative to ``||D||_F`` (a one-hot token with a spiky gain has ``||D||_F << max|a|`` and an
+error ``~ max|a| ||u - u*||``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from torch import Tensor
 
 from .._errors import InputError
 from ..model import NormKind, NormSpec
-from ._local_jacobian import _f64, centre_tokens, certified_spectral
+from ._local_jacobian import _f64, centre_tokens, certified_spectral, norm_jacobian_error
 
 _U = 2.0**-53
 
@@ -62,7 +63,7 @@ class NormJac:
         QtQ = self.Q.transpose(1, 2) @ self.Q
         rows = 1 - 2 * (self.Q * self.Q).sum(-1) + ((self.Q @ QtQ) * self.Q).sum(-1)
         self.fro = torch.sqrt((self.a * self.a * rows.clamp(min=0.0)).sum(-1)) * (1 + 1e-9) + self.amax * math.sqrt(d) * 1e-12
-        self.err = 4 * (d + 9) * _U * self.fro  # Note [factored norm Jacobian]: ||D - D_true||
+        self.err = norm_jacobian_error(norm, X, formed=False)  # ||D - D_true||, THEORY F17f
 
     def dense(self, idx: Tensor | None = None) -> Tensor:
         """The formed ``D`` (for the tokens ``idx``), for callers that need single rows."""

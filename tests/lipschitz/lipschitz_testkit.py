@@ -127,6 +127,19 @@ def weight_underflows(attn, X: torch.Tensor) -> bool:  # noqa: ANN001
     return False
 
 
+def hetero_gamma(kind: str, d: int, g: torch.Generator) -> torch.Tensor:
+    """A norm's scale ``gamma`` (d,) in ``0.3 + U(0, 1)``, made heterogeneous by ``kind``: ``"outlier"`` (the first two
+    x10), ``"tiny"`` (every other 1e-6), ``"negative"`` (every other negated); anything else leaves it."""
+    b = 0.3 + torch.rand(d, generator=g, dtype=torch.float64)
+    if kind == "outlier":
+        b[:2] *= 10
+    elif kind == "tiny":
+        b[::2] = 1e-6
+    elif kind == "negative":
+        b = b * torch.where(torch.arange(d) % 2 == 0, -1.0, 1.0)
+    return b
+
+
 def clip_rows(E: torch.Tensor, r: float) -> torch.Tensor:
     """Each row of E projected into the ball of radius r."""
     return E * torch.clamp(r / E.norm(dim=-1, keepdim=True).clamp(min=1e-300), max=1.0)

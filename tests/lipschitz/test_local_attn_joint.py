@@ -175,7 +175,6 @@ def test_through_the_first_norm_and_the_ffn_is_never_beaten(seed, qscale):
     ``||M_i (A(X') - A(X) - J_A E)_i||`` with the dense ``D1`` at ``S1 = X + A(X)`` and ``I + F`` at the FFN input stays
     below ``remJ["H"]``, ``remJ["G"]``, which are below ``||M_i||`` times F47's own remainder (up to the pads)."""
     from transcover.lipschitz import _local_stages as stg
-    from transcover.lipschitz._local_rows import _sandwich
 
     spec = random_spec(seed, act="gelu", norm="layernorm", placement="post", d=12, H=4, dh=3, dff=16, biases=True)
     layer = spec.layers[0]
@@ -186,8 +185,7 @@ def test_through_the_first_norm_and_the_ffn_is_never_beaten(seed, qscale):
     at = stg.layer_at_x(layer, X, float(hn["O"]))
     pt = stg.post_point(at, stg.attention_row_gram(at))
     dd = stg.drift_at_x(at)
-    maps = {"H": (at.n1.sandwich, at.nD1),
-            "G": (lambda S, e: _sandwich(pt.IF, *at.n1.sandwich(S, e), at.eF), pt.nIF * at.nD1)}
+    maps = stg.joint_maps(at, pt)
     D1 = at.n1.dense()
     M = {"H": D1, "G": pt.IF @ D1}
     rem = _remainder(lambda Z: attention_forward(layer.attention, Z), X)

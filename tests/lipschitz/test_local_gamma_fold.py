@@ -14,7 +14,7 @@ import math
 import pytest
 import torch
 
-from lipschitz_testkit import random_spec
+from lipschitz_testkit import hetero_gamma, random_spec
 from test_lipschitz_local import adversary
 from transcover.lipschitz import _local_gamma_fold
 from transcover.lipschitz._local_gamma_fold import FoldedFfnDrift, folded_layer
@@ -26,26 +26,15 @@ from transcover.model._functional import layer_forward
 D, DFF, T = 6, 12, 3
 
 
-def _gamma(kind: str, g: torch.Generator) -> torch.Tensor:
-    """Heterogeneous scales: outliers x10, tiny, negative."""
-    base = 0.3 + torch.rand(D, generator=g, dtype=torch.float64)
-    if kind == "outlier":
-        base[:2] *= 10.0
-    elif kind == "tiny":
-        base[::2] = 1e-6
-    elif kind == "negative":
-        base = base * torch.where(torch.arange(D) % 2 == 0, -1.0, 1.0)
-    return base
-
-
 def _case(seed: int, kind: str, placement: str, saturate: bool):
-    """A layer whose FFN-reading norm carries ``_gamma(kind)``, a centre ``h`` and its pre-activations ``z`` with
+    """A layer whose FFN-reading norm carries ``hetero_gamma(kind)``, a centre ``h`` and its pre-activations ``z`` with
     (``saturate``) a third of the units at |z| ~ 4-6 (GELU's slope saturated), a third at |z| < 0.05."""
     g = torch.Generator().manual_seed(seed)
     spec = random_spec(seed, act="gelu", norm="layernorm", placement=placement, d=D, dff=DFF, biases=True, scale=2.0)
     layer = spec.layers[0]
     name = "norm_attn" if placement == "post" else "norm_ffn"
-    layer = dataclasses.replace(layer, **{name: dataclasses.replace(getattr(layer, name), weight=_gamma(kind, g))})
+    layer = dataclasses.replace(layer,
+                                **{name: dataclasses.replace(getattr(layer, name), weight=hetero_gamma(kind, D, g))})
     h = torch.randn(T, D, generator=g, dtype=torch.float64)
     ffn = layer.ffn
     z = h @ ffn.W_1 + ffn.b_1
@@ -148,8 +137,8 @@ def test_layer_rows_with_the_fold_are_never_beaten(case, kind):
     g = torch.Generator().manual_seed(3)
     spec = random_spec(7, act="gelu", scale=1.5, **case)
     layer = spec.layers[0]
-    layer = dataclasses.replace(layer, norm_attn=dataclasses.replace(layer.norm_attn, weight=_gamma(kind, g)),
-                                norm_ffn=dataclasses.replace(layer.norm_ffn, weight=_gamma(kind, g)))
+    layer = dataclasses.replace(layer, norm_attn=dataclasses.replace(layer.norm_attn, weight=hetero_gamma(kind, D, g)),
+                                norm_ffn=dataclasses.replace(layer.norm_ffn, weight=hetero_gamma(kind, D, g)))
     assert folded_layer(layer) is not None
     X = torch.randn(4, D, generator=g, dtype=torch.float64)
     out = layer_forward(layer, X)
@@ -177,7 +166,7 @@ def test_post_fold_ball_is_never_beaten(norm, kind):
 
     g = torch.Generator().manual_seed(8)
     layer = random_spec(12, act="gelu", norm=norm, placement="post", biases=True, scale=1.5).layers[0]
-    layer = dataclasses.replace(layer, norm_attn=dataclasses.replace(layer.norm_attn, weight=_gamma(kind, g)))
+    layer = dataclasses.replace(layer, norm_attn=dataclasses.replace(layer.norm_attn, weight=hetero_gamma(kind, D, g)))
     nrm = dataclasses.replace(layer.norm_attn, weight=None, bias=None)
     X = torch.randn(4, D, generator=g, dtype=torch.float64)
 

@@ -196,6 +196,19 @@ def test_reach_with_a_large_prefix_drift_and_rounding_is_never_beaten(seed, qsca
     if thin:
         u = torch.randn(d, generator=g, dtype=torch.float64)
         P = torch.randn(T, T, 1, 1, generator=g, dtype=torch.float64) * torch.outer(u, u) / (T * float(u @ u))
+    reach, obj = aligned_reach_case(layer, X, P, rho, drift, eP)
+    for k in range(T):
+        lo = bilinear_lower(obj(k), (2 * T, d), restarts=2, steps=60, seed=seed + k)
+        assert lo <= float(reach[k]), (k, lo, reach)
+
+
+def aligned_reach_case(layer, X: torch.Tensor, P: torch.Tensor, rho: float, drift: float, eP: float):  # noqa: ANN001, ANN201
+    """F44c's ``reach(r, nu, rho, dP, eP, 0)`` of ``layer``'s attention behind the linear prefix ``P`` (T, T, d, d) with
+    prefix drift rows ``dP = drift x nu`` and rounding ``eP``, and ``obj(k)``: the function of ``(h|e, v|eps)``
+    (``(2T, d)`` each) whose value is ``||[(DA(X + Delta) - DA(X)) E]_k||`` for the move ``Delta = rho P h + e``
+    (``||e_j|| <= emax``) and the tangent ``E = P v + eps`` -- the worst the reach's arguments allow."""
+    attn = layer.attention
+    T = X.shape[0]
     st_, _ = _attn_stage("a", 0, layer, X, None, {"w": _weight_norms(layer), "h": head_norms(attn)})
     al = _local_stack_attn.AttentionAligned(st_.attn, P)
     nu = certified_rows(P)
@@ -204,14 +217,16 @@ def test_reach_with_a_large_prefix_drift_and_rounding_is_never_beaten(seed, qsca
     reach = al.reach((rho * nu + emax) * (1 + 1e-12), nu, rho, dP, eP, 0.0)
     A = lambda Z: attention_forward(attn, Z)  # noqa: E731
     rows = lambda B, h: torch.einsum("kjab,jb->ka", B, h)  # noqa: E731
-    for k in range(T):
-        def obj(he, vs, k=k):  # noqa: ANN001, ANN202
+
+    def obj(k: int):  # noqa: ANN202
+        def f(he, vs):  # noqa: ANN001, ANN202
             Delta = rho * rows(P, he[:T]) + emax * he[T:]
             E = rows(P, vs[:T]) + eP * vs[T:]
             return (torch.autograd.functional.jvp(A, X + Delta, E, create_graph=True)[1]
                     - torch.autograd.functional.jvp(A, X, E, create_graph=True)[1])[k].norm()
-        lo = bilinear_lower(obj, (2 * T, d), restarts=2, steps=60, seed=seed + k)
-        assert lo <= float(reach[k]), (k, lo, reach)
+        return f
+
+    return reach, obj
 
 
 @pytest.mark.slow

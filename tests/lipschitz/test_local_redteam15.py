@@ -228,12 +228,7 @@ def _reach_case(seed: int, thin: bool, eP: float, drift: float):  # noqa: ANN202
     import dataclasses
 
     from lipschitz_testkit import random_spec
-    from transcover.lipschitz._local_attention import head_norms
-    from transcover.lipschitz._local_jacobian import _weight_norms
-    from transcover.lipschitz._local_stack import certified_rows
-    from transcover.lipschitz._local_stack_attn import AttentionAligned
-    from transcover.lipschitz._local_stack_stages import _attn_stage
-    from transcover.model import attention_forward
+    from test_local_redteam14_stack import aligned_reach_case
 
     layer = random_spec(seed, act="gelu", norm="layernorm", d=6, H=2, dh=3, dff=8, biases=True).layers[0]
     a = layer.attention
@@ -248,23 +243,7 @@ def _reach_case(seed: int, thin: bool, eP: float, drift: float):  # noqa: ANN202
     P = torch.zeros(T, T, d, d, dtype=torch.float64)
     if thin:
         P[:, :, 0, 0] = torch.randn(T, T, generator=g, dtype=torch.float64)
-    st_, _ = _attn_stage("a", 0, layer, X, None, {"w": _weight_norms(layer), "h": head_norms(attn)})
-    al = AttentionAligned(st_.attn, P)
-    nu = certified_rows(P)
-    dP = drift * nu
-    emax = rho * float((dP + eP).max())
-    reach = al.reach((rho * nu + emax) * (1 + 1e-12), nu, rho, dP, eP, 0.0)
-    A = lambda Z: attention_forward(attn, Z)  # noqa: E731
-    rows = lambda B, h: torch.einsum("kjab,jb->ka", B, h)  # noqa: E731
-
-    def obj(k: int):  # noqa: ANN202
-        def f(he, vs):  # noqa: ANN001, ANN202
-            Delta = rho * rows(P, he[:T]) + emax * he[T:]
-            E = rows(P, vs[:T]) + eP * vs[T:]
-            return (torch.autograd.functional.jvp(A, X + Delta, E, create_graph=True)[1]
-                    - torch.autograd.functional.jvp(A, X, E, create_graph=True)[1])[k].norm()
-        return f
-
+    reach, obj = aligned_reach_case(layer, X, P, rho, drift, eP)
     return reach, obj, T
 
 

@@ -18,7 +18,7 @@ import math
 import pytest
 import torch
 
-from lipschitz_testkit import clip_rows, random_spec
+from lipschitz_testkit import clip_rows, hetero_gamma, random_spec
 from test_local_attn_joint import _parts
 from test_local_joint import _remainder
 from test_local_sharp import _ascent, _stage_outputs
@@ -29,18 +29,6 @@ from transcover.lipschitz._local_rows import layer_rows
 from transcover.model import attention_forward, attention_scores
 
 _U = 2.0**-53
-
-
-def _gamma(kind: str, d: int, g: torch.Generator) -> torch.Tensor:
-    """Heterogeneous scales: outliers x10, near-zero, alternating signs."""
-    b = 0.3 + torch.rand(d, generator=g, dtype=torch.float64)
-    if kind == "outlier":
-        b[:2] *= 10
-    elif kind == "tiny":
-        b[::2] = 1e-6
-    elif kind == "negative":
-        b = b * torch.where(torch.arange(d) % 2 == 0, -1.0, 1.0)
-    return b
 
 
 def _layer(seed: int, *, kind: str = "outlier", qscale: float = 1.0, eps: float = 1e-5, align: bool = False,
@@ -56,8 +44,8 @@ def _layer(seed: int, *, kind: str = "outlier", qscale: float = 1.0, eps: float 
         Wo = Wo[:1].expand_as(Wo) * torch.tensor([1.0, -0.7, 1.3, 0.9], dtype=torch.float64)[:, None, None]
     return dataclasses.replace(
         L, attention=dataclasses.replace(a, W_Q=a.W_Q * qscale, W_O=Wo.clone()),
-        norm_attn=dataclasses.replace(L.norm_attn, weight=_gamma(kind, d, g), eps=eps),
-        norm_ffn=dataclasses.replace(L.norm_ffn, weight=_gamma(kind, d, g), eps=eps))
+        norm_attn=dataclasses.replace(L.norm_attn, weight=hetero_gamma(kind, d, g), eps=eps),
+        norm_ffn=dataclasses.replace(L.norm_ffn, weight=hetero_gamma(kind, d, g), eps=eps))
 
 
 def _tokens(seed: int, T: int, d: int, mean: float, spread: float) -> torch.Tensor:
@@ -130,7 +118,6 @@ def test_joint_remainder_with_aligned_heads_through_d1(kind, qscale, eps, mean, 
     tokens of mean >> spread near the floor), stays below ``joint_remainder``'s ``A`` and ``H``."""
     from transcover.lipschitz import _local_stages as stg
     from transcover.lipschitz._local_attention import head_norms
-    from transcover.lipschitz._local_rows import _sandwich
 
     layer = _layer(5, kind=kind, qscale=qscale, eps=eps, align=True)
     X = _tokens(5, 9, 12, mean, spread)
@@ -138,8 +125,7 @@ def test_joint_remainder_with_aligned_heads_through_d1(kind, qscale, eps, mean, 
     at = stg.layer_at_x(layer, X, float(hn["O"]))
     pt = stg.post_point(at, stg.attention_row_gram(at))
     dd = stg.drift_at_x(at)
-    maps = {"H": (at.n1.sandwich, at.nD1),
-            "G": (lambda S, e: _sandwich(pt.IF, *at.n1.sandwich(S, e), at.eF), pt.nIF * at.nD1)}
+    maps = stg.joint_maps(at, pt)
     M = {"A": torch.eye(12, dtype=torch.float64).expand(9, 12, 12), "H": at.n1.dense(), "G": pt.IF @ at.n1.dense()}
     rem = _remainder(lambda Z: attention_forward(layer.attention, Z), X)
     tol = 8 * (9 + 12) * _U * (attention_forward(layer.attention, X).norm(dim=1).max() + 1)
@@ -268,7 +254,7 @@ def test_stack_norm_stages_on_worst_case_networks(norm, placement, kind, mean, s
     g = torch.Generator().manual_seed(11)
     spec = random_spec(11, act="gelu", L=2, norm=norm, placement=placement, d=8, H=2, dh=4, dff=8, biases=True,
                        eps=1e-6, final_norm=placement == "pre")
-    swap = lambda n: dataclasses.replace(n, weight=_gamma(kind, 8, g))  # noqa: E731
+    swap = lambda n: dataclasses.replace(n, weight=hetero_gamma(kind, 8, g))  # noqa: E731
     spec = dataclasses.replace(spec, layers=[dataclasses.replace(L, norm_attn=swap(L.norm_attn),
                                                                  norm_ffn=swap(L.norm_ffn)) for L in spec.layers])
     X = _tokens(11, 4, 8, mean, spread)
@@ -292,14 +278,12 @@ def _joint_through_d1(layer, X: torch.Tensor, r: float) -> dict:  # noqa: ANN001
     """``joint_remainder`` with the maps ``post_attention`` passes (``D1``, ``(I + F) D1``)."""
     from transcover.lipschitz import _local_stages as stg
     from transcover.lipschitz._local_attention import head_norms
-    from transcover.lipschitz._local_rows import _sandwich
 
     hn = head_norms(layer.attention)
     at = stg.layer_at_x(layer, X, float(hn["O"]))
     pt = stg.post_point(at, stg.attention_row_gram(at))
     dd = stg.drift_at_x(at)
-    maps = {"H": (at.n1.sandwich, at.nD1),
-            "G": (lambda S, e: _sandwich(pt.IF, *at.n1.sandwich(S, e), at.eF), pt.nIF * at.nD1)}
+    maps = stg.joint_maps(at, pt)
     return joint_remainder(dd.joint, dd.mom, dd.geo_ov, r, hn, maps)
 
 

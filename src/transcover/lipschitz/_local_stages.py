@@ -322,6 +322,13 @@ class PostAttention:
     mixed: Tensor
 
 
+def joint_maps(at: LayerAtX, pt: PostPoint) -> dict:
+    """F47's per-token maps after the post-LN attention sublayer: ``D1`` and ``(I + F) D1``, each as (its sandwich
+    ``S, err -> M S M^T, err'``, ``||M_i||``)."""
+    IFsw = lambda S, e: _sandwich(pt.IF, *at.n1.sandwich(S, e), at.eF)  # noqa: E731
+    return {"H": (at.n1.sandwich, at.nD1), "G": (IFsw, pt.nIF * at.nD1)}
+
+
 def post_attention(at: LayerAtX, pt: PostPoint, dd: DriftAtX, norms: dict, r: float, subs: list) -> PostAttention:
     """``PostAttention``: ``nu_i(A') <= nu_i(B') + 1``; the radius the smallest of F31e's Riemann sum of
     the sups, the sublayer's own move (residual + heads, F31b) and the exact linear map at X plus
@@ -334,9 +341,7 @@ def post_attention(at: LayerAtX, pt: PostPoint, dd: DriftAtX, norms: dict, r: fl
     rr = torch.full((at.T,), r, dtype=torch.float64)
     r1 = torch.minimum(riemann(r, subs, "AP", AP), rr + _heads_combined(dd.Oh, dd.Oall, hm, heads_joint(dd.Cw, hm)))
     remA, remV = attention_remainder(dd.mom, dd.geo_v, dd.geo_ov, at.nO, r, norms)
-    IFsw = lambda S, e: _sandwich(pt.IF, *at.n1.sandwich(S, e), at.eF)  # noqa: E731
-    remJ = joint_remainder(dd.joint, dd.mom, dd.geo_ov, r, norms,  # F47, also through D1 and (I + F) D1
-                           {"H": (at.n1.sandwich, at.nD1), "G": (IFsw, pt.nIF * at.nD1)})
+    remJ = joint_remainder(dd.joint, dd.mom, dd.geo_ov, r, norms, joint_maps(at, pt))  # F47, also through the maps
     remA = torch.minimum(remA, remJ["A"])
     r1 = torch.minimum(r1, r * pt.aP_pt + remA) * (1 + 1e-12)
     mixed = _heads_combined(*pt.MO, dZ, at.nD2 * pt.nIF * at.nD1 * jz)

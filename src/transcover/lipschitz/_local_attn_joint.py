@@ -43,19 +43,25 @@ class JointHeads:
     cache: dict = field(default_factory=dict)
 
 
-def joint_heads(heads, r_ref: float | None = None) -> JointHeads:  # noqa: ANN001
+def joint_heads(heads, r_ref: float | None = None, cache: dict | None = None) -> JointHeads:  # noqa: ANN001
     """``JointHeads`` from the rows route's head data (``_head_data``: P, y, q, Wq, Wk, Wv, Wo), the weights set at
     ``r_ref`` (a radius fixed by the layer's data makes every ball's bound independent of the other radii of the
-    call; None: at the first radius evaluated).  Rounding as
+    call; None: at the first radius evaluated).  ``cache``: a per-layer dict (``head_norms``') that keeps the
+    data-free ``W_h`` and ``W_h^T W_h`` across calls (the same floats; THEORY F52c).  Rounding as
     ``head_geometry``'s: each row ``y_ij W_h`` as formed is within ``gamma_{d + d_h + 2} max_j ||y_j|| ||W_V||_F
     ||W_O^h||_F`` of the exact one, ``W_h`` within ``gamma_{d_h} ||W_V||_F ||W_O^h||_F`` (spectral)."""
-    W = torch.stack([hd[5] @ hd[6] for hd in heads])
+    if cache is None or "joint_WN" not in cache:
+        W = torch.stack([hd[5] @ hd[6] for hd in heads])
+        WN = (W, W.transpose(1, 2) @ W)
+        if cache is not None:
+            cache["joint_WN"] = WN
+    W, N = WN if cache is None else cache["joint_WN"]
     fro = torch.tensor([float(hd[5].norm() * hd[6].norm()) for hd in heads], dtype=torch.float64)
     ymax = torch.tensor([float(hd[1].norm(dim=-1).max()) for hd in heads], dtype=torch.float64)
     d, dh = heads[0][1].shape[2], heads[0][5].shape[1]
     eps_z = 4 * (d + dh + 6) * _U * ymax * fro
     eps_w = 4 * (dh + 4) * _U * fro
-    return JointHeads(heads, W, W.transpose(1, 2) @ W, eps_z, eps_w, r_ref)
+    return JointHeads(heads, W, N, eps_z, eps_w, r_ref)
 
 
 def _joint_lmax(jh: JointHeads, w1: Tensor, w3: Tensor, maps: dict) -> dict:

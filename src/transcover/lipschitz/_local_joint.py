@@ -90,8 +90,9 @@ class HeadGeometry:
     score_eps: Tensor
 
 
-def head_geometry(heads, scale: float, output: bool) -> HeadGeometry:  # noqa: ANN001
-    """``HeadGeometry`` of ``W = W_V W_O`` (``output``) or ``W_V``.  Rounding: each row ``y_ij W`` as formed
+def head_geometry(heads, scale: float, output: bool, cache: dict | None = None) -> HeadGeometry:  # noqa: ANN001
+    """``HeadGeometry`` of ``W = W_V W_O`` (``output``) or ``W_V``; ``cache``: a per-layer dict (``head_norms``') that
+    keeps the data-free certified ``||W||`` across calls (the same floats; THEORY F52c).  Rounding: each row ``y_ij W`` as formed
     is within ``eps = gamma_{d + d_h + 2} max_j ||y_j|| ||W_V||_F (||W_O||_F)`` of the true one, so the
     diameter gets ``2 eps`` and the spread ``eps`` (Minkowski in ``L^2(P)``); the norm gets the product's
     ``gamma_{d_h} ||W_V||_F ||W_O||_F``; the weighted Grams' own eigenvalue pad is ``_lmax_gram``'s; the rows
@@ -104,11 +105,14 @@ def head_geometry(heads, scale: float, output: bool) -> HeadGeometry:  # noqa: A
         fro = float(Wv.norm() * Wo.norm()) if output else float(Wv.norm())
         R = Y @ W  # (T, T, m): row j of query i is (x_j - mean_i) W
         gam = 4 * (Y.shape[2] + Wv.shape[1] + 6) * _U * float(Y.norm(dim=-1).max())
-        norm.append(float(certified_spectral(W[None])[0]) + 4 * (Wv.shape[1] + 4) * _U * fro)
+        if cache is None or ("geo_norm", output) not in cache:
+            norm.append(float(certified_spectral(W[None])[0]) + 4 * (Wv.shape[1] + 4) * _U * fro)
         diam.append(visible_diameter(R[0], P > 0) + 2 * gam * fro)
         spread.append(torch.sqrt(_lmax_gram(R @ R.transpose(1, 2), P)) + gam * fro)
         score_eps.append(gam * scale * float(Wk.norm() * Wq.norm()))
     f64 = lambda v: torch.tensor(v, dtype=torch.float64)  # noqa: E731
+    if cache is not None:
+        norm = cache.setdefault(("geo_norm", output), norm)
     return HeadGeometry(f64(norm) * (1 + GRAM_PAD), torch.stack(diam), torch.stack(spread), f64(score_eps))
 
 

@@ -283,14 +283,15 @@ class DriftAtX:
     joint: object
 
 
-def drift_at_x(at: LayerAtX) -> DriftAtX:
-    """``DriftAtX`` of the layer's heads at X (per layer, shared by every radius)."""
+def drift_at_x(at: LayerAtX, cache: dict | None = None) -> DriftAtX:
+    """``DriftAtX`` of the layer's heads at X (per layer, shared by every radius); ``cache`` (``head_norms``' dict)
+    keeps the data-free per-head maps and norms across calls (F52c)."""
     scale = at.layer.attention.softmax_scale
     Oh, _ = _head_output_norms(None, None, at.heads, at.T)
-    geo = [head_geometry(at.heads, scale, output=o) for o in (False, True)] if at.post else [None, None]
+    geo = [head_geometry(at.heads, scale, output=o, cache=cache) for o in (False, True)] if at.post else [None, None]
     return DriftAtX(Oh, torch.full((at.T,), at.nO, dtype=torch.float64), output_block_norms(at.heads),
                     _HeadMoments(at.heads, scale), *geo,
-                    joint_heads(at.heads, JOINT_REF * float(at.Xin.norm(dim=1).median())) if at.post else None)
+                    joint_heads(at.heads, JOINT_REF * float(at.Xin.norm(dim=1).median()), cache) if at.post else None)
 
 
 # -- per radius ------------------------------------------------------------------------------------

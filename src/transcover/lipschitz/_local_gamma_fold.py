@@ -122,21 +122,12 @@ class FoldedFfnDrift:
                     step(todo)
             return (levels[0][idx] == 2) & (levels[1][idx] == 2 if k == 2 else True)
 
-        def staged(idx: Tensor) -> Tensor:
-            # F52a: the folded drift to its final term first, the base one only where the rule asks again
-            fold_first, base_next = idx[levels[1][idx] < 2], idx[(levels[1][idx] == 2) & (levels[0][idx] < 2)]
-            for step, todo in ((one[1], fold_first), (one[0], base_next)):
-                if len(todo):
-                    step(todo)
-            return (levels[0][idx] == 2) & (levels[1][idx] == 2)
-
         zero = torch.zeros_like(rh)
         if b.split_key is None:  # F37a alone (no tier): first as without the fold
             _local_rows.refine_lazily(lambda: tail(dF, dFh, None), _reported, partial(refine, k=1), len(rh),
                           lowest=tail(zero, zero, None))
             b.refs.append((rh, refs[0].clone()))
-        rows = _local_rows.refine_lazily(lambda: tail(dF, dFh, (dG + pad, dGh + pad)), _reported,
-                                         refine if b.split_key is None else staged, len(rh),
+        rows = _local_rows.refine_lazily(lambda: tail(dF, dFh, (dG + pad, dGh + pad)), _reported, refine, len(rh),
                              lowest=tail(zero, zero, (zero, zero)))
         if b.split_key is not None:
             b.refs.append((rh, refs[0]))

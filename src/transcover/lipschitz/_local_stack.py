@@ -468,6 +468,8 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
             if aa is not None:
                 rh = aa.reach_heads(r, rho, dP[k], eP[s], 1e-13 * scale)  # (H, T), before W_O
                 reach = torch.minimum(reach, aa.combined(rh))
+                jr, jrM = aa.joint(r, rho, dP[k], eP[s], 1e-13 * scale)  # THEORY F50: one direction for all heads
+                reach = torch.minimum(reach, jr)
             reaches[k][st.name] = (plain, float(reach.max()))
             move = b * dP[k] if st.local else b * float(dP[k].max())
             dP[k] = _nan_inf(torch.where(dP[k] == 0, 0.0, move) + reach)
@@ -480,6 +482,8 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
             if s in first:  # the layer's attention: its reach seen through the exact token-local product (F40f)
                 ratt[k], w0L[k], wmL[k] = reach, torch.zeros_like(reach), torch.zeros_like(reach)
                 hatt[k] = aa.through(rh) if aa is not None else None
+                if hatt[k] is not None and jrM is not None:
+                    hatt[k] = torch.minimum(hatt[k], jrM)
             else:
                 w0L[k] = _nan_inf(torch.where(w0L[k] == 0, 0.0, b * w0L[k]) + reach)
                 wmL[k] = _nan_inf(torch.where(wmL[k] == 0, 0.0, b * wmL[k]) + dj * mrow)

@@ -48,19 +48,20 @@ def _fro(A: Tensor, dims: tuple) -> Tensor:
     return A.norm(dim=dims) * (1 + (n + 2) * _U)
 
 
-def _projected_lmax(W: Tensor, Qs: Tensor, fQ: Tensor, eQ: Tensor) -> Tensor:
+def _projected_lmax(W: Tensor, Qs: Tensor, fQ: Tensor, eQ: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """(H, T) certified ``lambda_max(W_h^T Q*_j W_h)`` for ``W`` (H, d, dh) and the ellipsoids ``Q*_j`` known
     as ``Qs`` (T, d, d) to within ``eQ`` (T,) (Frobenius), ``fQ`` (T,) ``>= ||Qs_j||_F``: the eigenvalue of
     the float64 product, certified (F32), plus the product's rounding ``gamma_{2d} ||W_h||_F^2 ||Q_j||_F``
-    and ``||W_h||_F^2 eQ_j`` (``W^T (Q* - Q) W``).  THEORY F44a."""
+    and ``||W_h||_F^2 eQ_j`` (``W^T (Q* - Q) W``); with the formed products (H, T, dh, dh) and that error bound
+    (H, T) (Frobenius), which F50's cores read.  THEORY F44a."""
     H, d, dh = W.shape
     T = Qs.shape[0]
     M = torch.einsum("had,tab,hbe->thde", W, Qs, W)
     M = 0.5 * (M + M.transpose(2, 3))
     lam = certified_lmax(M.reshape(T * H, dh, dh)).reshape(T, H).T
     fW2 = (_fro(W, (1, 2)) ** 2)[:, None]
-    err = fW2 * (_gamma(2 * d + 2) * fQ[None, :] + eQ[None, :]) + _U * _fro(M, (2, 3)).T
-    return torch.nan_to_num((lam + err) * (1 + 1e-12), nan=math.inf)
+    err = (fW2 * (_gamma(2 * d + 2) * fQ[None, :] + eQ[None, :]) + _U * _fro(M, (2, 3)).T) * (1 + 1e-12)
+    return torch.nan_to_num((lam + err) * (1 + 1e-12), nan=math.inf), M.transpose(0, 1), err
 
 
 def head_projections(heads, moments, Qs: Tensor, eQ: Tensor, scale: float) -> list[dict]:  # noqa: ANN001
@@ -74,12 +75,14 @@ def head_projections(heads, moments, Qs: Tensor, eQ: Tensor, scale: float) -> li
       from the Gram ``KG[i] = Kc_i M_i Kc_i^T`` (``Kc_i = scale Y_i W_K`` the centred keys of query i, ``M_i = W_Q^T Q_i
       W_Q`` as formed): the exact Gram is below ``KG[i] + eM_i Kc_i Kc_i^T + E_i`` (``eM_i`` bounds ``M_i``'s error:
       ``W^T (Q* - Q) W``, its float64 product and symmetrisation; ``||E_i||_F <= gamma_{2dh+2} ||Kc_i||_F^2 ||M_i||_F``
-      the Gram's product), so both take ``eM_i ||Kc_ij||^2`` (weighted) plus ``||E_i||_F``.
+      the Gram's product), so both take ``eM_i ||Kc_ij||^2`` (weighted) plus ``||E_i||_F``;
+    * ``MV`` (T, dh, dh), ``eMV`` (T,): the formed ``W_V^T Q_j W_V`` and their Frobenius error bounds (F50's cores).
     THEORY F44a."""
     d = Qs.shape[1]
     fQ = _fro(Qs, (1, 2))
     W = {k: torch.stack([hd[n] for hd in heads]) for k, n in (("Q", 3), ("K", 4), ("V", 5))}
-    lam = {k: _projected_lmax(w, Qs, fQ, eQ) for k, w in W.items()}
+    proj = {k: _projected_lmax(w, Qs, fQ, eQ) for k, w in W.items()}
+    lam = {k: v[0] for k, v in proj.items()}
     out = []
     for h, ((P, Y, q, Wq, Wk, _, _), m) in enumerate(zip(heads, moments.rows)):
         qQ = torch.einsum("ia,jab,ib->ij", q, Qs, q)
@@ -95,7 +98,7 @@ def head_projections(heads, moments, Qs: Tensor, eQ: Tensor, scale: float) -> li
         g2 = KG.diagonal(dim1=1, dim2=2).clamp(min=0.0) + eM[:, None] * kc2 + eKG[:, None]
         lG = _lmax_gram(KG, P) + eM * (P * kc2).sum(dim=1) + eKG
         out.append({"mQ2": lam["Q"][h], "mK2": lam["K"][h], "mV2": lam["V"][h], "om2": om2 * (1 + 1e-12),
-                    "g2": g2 * (1 + 1e-12), "lG": lG * (1 + 1e-12)})
+                    "g2": g2 * (1 + 1e-12), "lG": lG * (1 + 1e-12), "MV": proj["V"][1][h], "eMV": proj["V"][2][h]})
     return out
 
 
@@ -207,6 +210,11 @@ def _segment(sup, r: float) -> Tensor:  # noqa: ANN001
     return sum(sup(k * r / n) for k in range(1, n + 1)) / n * (1 + 1e-12)
 
 
+def _seg_sum(parts: list[dict]) -> dict:
+    """Per key the mean of ``parts`` (F35c's right Riemann sum over the segment's points), padded."""
+    return {k: sum(p[k] for p in parts) / len(parts) * (1 + 1e-12) for k in parts[0]}
+
+
 class AttentionAligned:
     """F44 for one post-LN attention sub-stage: the projections through the prefix's ellipsoids at the data,
     then per radius the heads' reach combined through ``W_O`` (``reach``)."""
@@ -264,6 +272,74 @@ class AttentionAligned:
         ellipsoids carry them)."""
         return self.combined(self.reach_heads(r, rho, dP, eP, pad))
 
+    def joint(self, r: Tensor, rho: float, dP: Tensor, eP: float, pad: float) -> tuple[Tensor, Tensor | None]:
+        """``(v, v_M)``: the reach of ``reach`` and ``through`` with one output direction for all heads (THEORY F50):
+        the coefficients of ``aligned_hessian_terms`` along the segment as ``attention_aligned_reach`` combines
+        ``F``, ``F^m`` and ``S`` (the last in norm only), then ``joint_reach`` through ``W_O`` and through the layer's
+        token-local product at x (None without one)."""
+        rm = float(r.max())
+        T = r.shape[0]
+        if not math.isfinite(rm):
+            inf = torch.full((T,), math.inf, dtype=torch.float64)
+            return inf, (inf if "M" in self.p else None)
+        if rm == 0:
+            zero = torch.zeros(T, dtype=torch.float64)
+            return zero, (zero if "M" in self.p else None)
+        F, Fm = self.terms(rm)
+        _, _, S = self.integrals(rm)
+        emax = float((rho * (dP + eP) + pad).max())
+        coef = {k: (rho * F[k] + emax * Fm[k]) * (1 + 1e-12) for k in F}
+        coef["1"] = coef["1"] + rm * eP * S * (1 + 1e-12)
+        return self._joint(coef, True)
+
+    def _joint(self, coef: dict, through: bool) -> tuple[Tensor, Tensor | None]:
+        """``joint_reach`` of the heads' coefficients ``coef`` through ``W_O`` and (``through``, when the layer has
+        one) through its token-local product at x."""
+        from ._local_stack_joint import joint_reach
+
+        T = coef["C"].shape[1]
+        cores, dh = self.cores(), self.p["heads"][0][6].shape[0]
+        Wo = torch.cat([hd[6] for hd in self.p["heads"]], dim=0)  # (H dh, d)
+        zero = torch.zeros(T, dtype=torch.float64)
+        ident = joint_reach(coef, cores, Wo.T.expand(T, *Wo.T.shape), zero, dh, self.p["Oh"], self.p["Oall"],
+                            self.p["Cw"])
+        if not through or "M" not in self.p:
+            return ident, None
+        M, eM = self.p["M"]
+        nW = float(Wo.norm())
+        eMO = (4 * (M.shape[1] + 2) * _U * M.norm(dim=(1, 2)) * nW + eM * nW) * (1 + 1e-12)
+        per, full = self.p["MO"]
+        return ident, joint_reach(coef, cores, M @ Wo.T[None], eMO, dh, per, full)
+
+    def cores(self) -> dict:
+        """``value_cores`` of the heads (THEORY F50b), formed once."""
+        from ._local_stack_joint import value_cores
+
+        if "cores" not in self.memo:
+            MV = torch.stack([pj["MV"] for pj in self.proj])
+            eMV = torch.stack([pj["eMV"] for pj in self.proj])
+            self.memo["cores"] = value_cores(self.p["heads"], MV, eMV)
+        return self.memo["cores"]
+
+    def terms(self, r: float) -> tuple[dict, dict]:
+        """Per kind (H, T): the segment sums on ``B(X, r)`` of ``aligned_hessian_terms`` with both tangents in the
+        ellipsoids and with the move in the unit ball (THEORY F50a), kept per radius."""
+        from ._local_stack_joint import aligned_hessian_terms
+
+        w = self.p["norms"]
+
+        def at(t: float, mixed: bool) -> dict:
+            rows = [aligned_hessian_terms(self.ball[h] if mixed else pj, pj, m, t, w["G"][h], w["V"][h],
+                                          float(self.nQ[h]), float(self.nK[h]), self.p["scale"], mixed, False)
+                    for h, (pj, m) in enumerate(zip(self.proj, self.p["mom"].rows))]
+            return {k: torch.stack([row[k] for row in rows]) for k in rows[0]}
+
+        key = ("terms", r)
+        if key not in self.memo:
+            n = SEGMENT_STEPS
+            self.memo[key] = tuple(_seg_sum([at(k * r / n, mixed) for k in range(1, n + 1)]) for mixed in (False, True))
+        return self.memo[key]
+
     def through(self, b: Tensor) -> Tensor | None:
         """(T,) ``>= nu_k(M_k(x) W_O^T z_k)`` for heads' rows ``||z_h,k|| <= b_h,k`` (THEORY F44g): ``M_k`` the layer's
         token-local product at x (``MO``: its certified ``||M_k W_O^hT||``, ``||M_k W_O^T||``), the smaller of the
@@ -284,4 +360,7 @@ class AttentionAligned:
         _, Fm, S = self.integrals(rm)
         emax = float((rho * (dP + eP) + pad).max())
         dZ = torch.minimum(heads[0], attention_aligned_drift(Fm, S, rho, emax))
-        return self.combined(dZ), (dZ, *heads[1:])
+        # THEORY F50d: the same move with one output direction for all heads (F^m's terms, S in norm only)
+        coef = {k: rho * v * (1 + 1e-12) for k, v in self.terms(rm)[1].items()}
+        coef["1"] = coef["1"] + emax * S * (1 + 1e-12)
+        return torch.minimum(self.combined(dZ), self._joint(coef, False)[0]), (dZ, *heads[1:])

@@ -262,6 +262,7 @@ def layer_stages(layer, X: Tensor, cache: dict) -> tuple[list[_Stage], Tensor, T
             from ._local_rows import _head_output_norms
 
             att.attn["MO"] = _head_output_norms(M, eM, att.attn["heads"], T)
+            att.attn["M"] = (M, eM)  # THEORY F50: the joint heads through M
         return out, Y, mL
     n1 = _NormLin(layer.norm_attn, X) if _active(layer.norm_attn) else None
     att, S1 = _attn_stage(f"{nm} attention", g, layer, X, n1, cache)

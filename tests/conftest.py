@@ -15,7 +15,33 @@ settings.register_profile("dev", deadline=None, suppress_health_check=[HealthChe
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 
+from pathlib import Path  # noqa: E402
+
 import pytest  # noqa: E402
+
+_FILE_SECONDS = Path(__file__).with_name("file_seconds.txt")
+
+
+def pytest_configure(config):
+    """``-n 2 --dist loadfile`` hands whole files to the workers in the collection's order; xdist would first re-sort
+    them by test count, which sends the slow files with few tests (a MiniLM fixture, red-team ascents) last and leaves
+    one worker alone with them.  The collection below is ordered longest first instead (LPT)."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config, items):
+    """On a pytest-xdist worker (whose collection's order the controller deals out): the files ``file_seconds.txt``
+    lists first, longest first, then the others in collection order; the tests of a file in their own order (a stable
+    sort).  A serial run keeps the plain order."""
+    if not hasattr(config, "workerinput"):
+        return
+    seconds = {}
+    for line in _FILE_SECONDS.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            t, path = line.split(maxsplit=1)
+            seconds[path] = float(t)
+    items.sort(key=lambda item: -seconds.get(item.nodeid.split("::")[0], 0.0))
 
 
 @pytest.fixture(autouse=True)

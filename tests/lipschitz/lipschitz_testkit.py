@@ -148,21 +148,41 @@ def clip_rows(E: torch.Tensor, r: float) -> torch.Tensor:
 def jvp_ascent(value, X: torch.Tensor, rho: float, *, seed: int, starts: int = 3, steps: int = 100) -> float:  # noqa: ANN001
     """The largest finite ``value(E, V)`` seen by float64 Adam ascent over moves ``E`` (rows within rho, projected;
     each start on the sphere) and per-token unit ``V`` (an empirical lower estimate of ``sup value``)."""
-    g = torch.Generator().manual_seed(seed)
-    best = 0.0
-    for _ in range(starts):
-        E = torch.randn(X.shape, generator=g, dtype=torch.float64)
-        E = (E / E.norm(dim=-1, keepdim=True) * rho).requires_grad_(True)
-        V = torch.randn(X.shape, generator=g, dtype=torch.float64).requires_grad_(True)
-        opt = torch.optim.Adam([{"params": [E], "lr": 0.1 * rho}, {"params": [V], "lr": 0.05}])
-        for _ in range(steps):
-            with torch.no_grad():
-                E.copy_(clip_rows(E, rho))
-            val = value(E, V / V.norm(dim=-1, keepdim=True))
-            if torch.isfinite(val.detach()):
-                best = max(best, float(val.detach()))
-            opt.zero_grad()
-            (-val).backward()
-            opt.step()
-    return best
+    def batch(E: torch.Tensor, V: torch.Tensor) -> torch.Tensor:  # the starts one after another, in one step
+        return torch.stack([value(E[s, 0], V[s, 0]) for s in range(starts)])[:, None]
 
+    return jvp_ascents(batch, X, rho, [seed], starts=starts, steps=steps)[0]
+
+
+def jvp_ascents(value, X: torch.Tensor, rho: float, seeds: list, *, starts: int = 3, steps: int = 100) -> list:  # noqa: ANN001
+    """``jvp_ascent`` of K objectives, one per seed, every start of every objective in one batch: ``value(E, V)`` maps
+    moves and unit rows (starts, K, T, d) to (starts, K) values, entry (s, k) the k-th objective at ``E[s, k]``,
+    ``V[s, k]`` alone.  Entry (s, k) is start s of the k-th objective's own ascent from ``seeds[k]``: the same draws
+    and the same Adam steps (Adam acts entrywise, the sum's gradient in ``E[s, k]`` is that entry's), to rounding;
+    a batched step costs about what one single step did."""
+    gens = [torch.Generator().manual_seed(seed) for seed in seeds]
+    # per seed, each start draws E, then V
+    EV = torch.stack([torch.stack([torch.stack([torch.randn(X.shape, generator=g, dtype=torch.float64) for _ in "EV"])
+                                   for g in gens]) for _ in range(starts)])  # (starts, K, 2, T, d)
+    E = (EV[:, :, 0] / EV[:, :, 0].norm(dim=-1, keepdim=True) * rho).requires_grad_(True)
+    V = EV[:, :, 1].clone().requires_grad_(True)
+    opt = torch.optim.Adam([{"params": [E], "lr": 0.1 * rho}, {"params": [V], "lr": 0.05}])
+    best = torch.zeros(starts, len(seeds), dtype=torch.float64)
+    for _ in range(steps):
+        with torch.no_grad():
+            E.copy_(clip_rows(E, rho))
+        val = value(E, V / V.norm(dim=-1, keepdim=True))
+        v = val.detach()
+        best = torch.where(torch.isfinite(v), torch.maximum(best, v), best)
+        opt.zero_grad()
+        (-val.sum()).backward()
+        opt.step()
+    return best.amax(dim=0).tolist()
+
+
+def token_ascents(out, X: torch.Tensor, rho: float, *, starts: int = 3, steps: int = 100) -> list:  # noqa: ANN001
+    """Per token k, ``jvp_ascent`` of ``||out(E, V)[k]||`` from seed k, the T ascents in one batch (``jvp_ascents``):
+    ``out`` maps moves and unit rows E, V (starts, T, T, d), one (T, d) pair per start and ascent, to
+    (starts, T, T, m) (evaluated at ``X + E``, broadcast)."""
+    k = torch.arange(X.shape[0])
+    return jvp_ascents(lambda E, V: out(E, V)[:, k, k].norm(dim=-1), X, rho, k.tolist(), starts=starts, steps=steps)

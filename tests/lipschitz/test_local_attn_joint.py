@@ -59,7 +59,7 @@ def test_joint_remainder_is_never_beaten(seed, qscale, causal, T):
         mom, _, geo_ov, jh, hn = _parts(attn, X)
         for r in order:
             bound = joint_remainder(jh, mom, geo_ov, r, hn)["A"]
-            best = _ascent(lambda Z: rem(Z).norm(dim=1), X, r, g, starts=4, steps=60)
+            best = _ascent(lambda Z: rem(Z).norm(dim=-1), X, r, g, starts=4, steps=60)
             assert bool((best <= bound + tol).all()), (r, order, best, bound)
             assert float((best / bound).max()) > 0.02  # the ascent is not idle
 
@@ -193,6 +193,6 @@ def test_through_the_first_norm_and_the_ffn_is_never_beaten(seed, qscale):
     for r in (0.05, 0.3):
         rj = joint_remainder(dd.joint, dd.mom, dd.geo_ov, r, hn, maps)
         for k in ("H", "G"):
-            best = _ascent(lambda Z, k=k: (M[k] @ rem(Z)[:, :, None])[:, :, 0].norm(dim=1), X, r, g, starts=3, steps=50)
+            best = _ascent(lambda Z, k=k: (M[k] @ rem(Z)[..., None])[..., 0].norm(dim=-1), X, r, g, starts=3, steps=50)
             assert bool((best <= rj[k]).all()), (k, r, best, rj[k])
             assert bool((rj[k] <= maps[k][1] * rj["A"] * (1 + 1e-3)).all()), k

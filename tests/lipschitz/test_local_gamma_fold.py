@@ -71,23 +71,23 @@ def _gelu1(z: torch.Tensor) -> torch.Tensor:
 
 
 def _ascent(value, rn: float, seed: int, starts: int = 3, steps: int = 120) -> torch.Tensor:  # noqa: ANN001
-    """(T,) float64 Adam ascent of ``value(v, u, w)`` (T,) over per-token ``||v_i|| <= rn`` and unit ``u_i``, ``w_i``."""
+    """(T,) float64 Adam ascent of ``value(v, u, w)`` (..., T) over per-token ``||v_i|| <= rn`` and unit ``u_i``, ``w_i``;
+    the starts run as one batch (leading axis; each start's own draws and Adam steps: Adam acts entrywise)."""
     g = torch.Generator().manual_seed(seed)
+    draws = torch.stack([torch.stack([torch.randn(T, D, generator=g, dtype=torch.float64) for _ in "vuw"])
+                         for _ in range(starts)])  # (starts, 3, T, D), per start v, u, w
+    v = (draws[:, 0] / draws[:, 0].norm(dim=-1, keepdim=True) * rn).requires_grad_(True)
+    u, w = draws[:, 1].clone().requires_grad_(True), draws[:, 2].clone().requires_grad_(True)
+    opt = torch.optim.Adam([{"params": [v], "lr": 0.1 * rn}, {"params": [u, w], "lr": 0.05}])
     best = torch.zeros(T, dtype=torch.float64)
-    for _ in range(starts):
-        v = torch.randn(T, D, generator=g, dtype=torch.float64)
-        v = (v / v.norm(dim=1, keepdim=True) * rn).requires_grad_(True)
-        u = torch.randn(T, D, generator=g, dtype=torch.float64).requires_grad_(True)
-        w = torch.randn(T, D, generator=g, dtype=torch.float64).requires_grad_(True)
-        opt = torch.optim.Adam([{"params": [v], "lr": 0.1 * rn}, {"params": [u, w], "lr": 0.05}])
-        for _ in range(steps):
-            with torch.no_grad():
-                v.mul_(torch.clamp(rn / v.norm(dim=1, keepdim=True).clamp(min=1e-300), max=1.0))
-            val = value(v, u / u.norm(dim=1, keepdim=True), w / w.norm(dim=1, keepdim=True))
-            best = torch.maximum(best, val.detach())
-            opt.zero_grad()
-            (-val.sum()).backward()
-            opt.step()
+    for _ in range(steps):
+        with torch.no_grad():
+            v.mul_(torch.clamp(rn / v.norm(dim=-1, keepdim=True).clamp(min=1e-300), max=1.0))
+        val = value(v, u / u.norm(dim=-1, keepdim=True), w / w.norm(dim=-1, keepdim=True))
+        best = torch.maximum(best, val.detach().amax(dim=0))
+        opt.zero_grad()
+        (-val.sum()).backward()
+        opt.step()
     return best
 
 
@@ -111,11 +111,11 @@ def test_folded_drift_and_remainder_are_never_beaten(placement, kind, saturate):
 
     def drift(v, u, w):  # noqa: ANN001, ANN202
         ds = _gelu1(z + (gam * v) @ W1) - s0  # (T, d_ff)
-        return ((u @ P @ W2.T) * ds * ((gam * w) @ W1)).sum(dim=1)
+        return ((u @ P @ W2.T) * ds * ((gam * w) @ W1)).sum(dim=-1)
 
     def rem(v, u, w):  # noqa: ANN001, ANN202, ARG001
         dh = gam * v
-        return ((F(h + dh) - F(h) - (s0 * (dh @ W1)) @ W2) @ P).norm(dim=1)
+        return ((F(h + dh) - F(h) - (s0 * (dh @ W1)) @ W2) @ P).norm(dim=-1)
 
     for k, rn in enumerate((0.03, 0.4, 3.0)):
         dG, dGh = _fold_drifts(layer, z, torch.full((T,), rn, dtype=torch.float64))

@@ -29,7 +29,7 @@ def _remainder(f, X: torch.Tensor):  # noqa: ANN001, ANN202
     """``Z -> f(Z) - f(X) - J_f(X)(Z - X)`` (T, m), the exact Jacobian formed once (small layers)."""
     J = torch.autograd.functional.jacobian(f, X)  # (T, m, T, d)
     f0 = f(X).detach()
-    return lambda Z: f(Z) - f0 - torch.einsum("imjd,jd->im", J, Z - X)
+    return lambda Z: f(Z) - f0 - torch.einsum("imjd,...jd->...im", J, Z - X)
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -72,11 +72,11 @@ def test_head_and_sublayer_remainders_are_never_beaten(seed, causal, qscale):
             for geo, out in ((geo_v, lambda Z, h=h: _head_out(attn, Z, h)[0]),
                              (geo_ov, lambda Z, h=h, Wo=Wo: _head_out(attn, Z, h)[0] @ Wo)):
                 rem = _remainder(out, X)
-                best = _ascent(lambda Z, rem=rem: rem(Z).norm(dim=1), X, r, g)
+                best = _ascent(lambda Z, rem=rem: rem(Z).norm(dim=-1), X, r, g)
                 bound = head_remainders(mom, geo, r, norms)[h]
                 assert bool((best <= bound).all()), (r, h, best, bound)
         rem = _remainder(lambda Z: attention_forward(attn, Z), X)
-        best = _ascent(lambda Z: rem(Z).norm(dim=1), X, r, g)
+        best = _ascent(lambda Z: rem(Z).norm(dim=-1), X, r, g)
         bound = attention_remainder(mom, geo_v, geo_ov, nO, r, norms)[0]
         assert bool((best <= bound).all()), (r, best, bound)
 
@@ -96,7 +96,7 @@ def test_norm_remainder_is_never_beaten():
         rr = torch.full((X.shape[0],), r, dtype=torch.float64)
         e, _ = _ln_drift(norm, sigma, rr, d)
         bound = norm_remainder(g1, e, rr)
-        best = _ascent(lambda Z: rem(Z).norm(dim=1), X, r, g)  # ||P e|| <= ||e|| <= r
+        best = _ascent(lambda Z: rem(Z).norm(dim=-1), X, r, g)  # ||P e|| <= ||e|| <= r
         assert bool((best <= bound).all()), (r, best, bound)
 
 

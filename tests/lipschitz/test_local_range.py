@@ -133,12 +133,12 @@ def test_remainders_with_the_range_form_are_never_beaten(seed, qscale, causal, m
         for h in range(attn.n_heads):
             Wo = attn.W_O[h].double()
             rem = _remainder(lambda Z, h=h, Wo=Wo: _head_out_ov(attn, Z, h, Wo), X)
-            best = _ascent(lambda Z, rem=rem: rem(Z).norm(dim=1), X, r, g, starts=3, steps=40)
+            best = _ascent(lambda Z, rem=rem: rem(Z).norm(dim=-1), X, r, g, starts=3, steps=40)
             # a causal first query sees one key: its remainder is exactly 0, measured as f(Z) - f(X) - J(Z - X) to
             # its float64 rounding (~1e-15 here), which EVAL_ROUNDING (100x that) covers
             assert bool((best <= with_range[r][h] + EVAL_ROUNDING).all()), (r, h)
         rem = _remainder(lambda Z: attention_forward(attn, Z), X)
-        best = _ascent(lambda Z: rem(Z).norm(dim=1), X, r, g, starts=3, steps=40)
+        best = _ascent(lambda Z: rem(Z).norm(dim=-1), X, r, g, starts=3, steps=40)
         bound = attention_remainder(mom, geo_v, geo_ov, nO, r, norms)[0]
         assert bool((best <= bound + EVAL_ROUNDING).all()), (r, best, bound)
         with monkeypatch.context() as m:  # is the range form active? without it some head's bound is larger

@@ -83,28 +83,30 @@ def test_per_direction_head_lemma_is_never_beaten(seed, qscale, causal, r):
         rem = _remainder(head, X)
         tol = 8 * (T + d) * _U * (head(X).norm(dim=1).max() + 1)
         g = torch.Generator().manual_seed(seed * 10 + h)
-        best = torch.zeros(T, dtype=torch.float64)
+        # the 4 starts as one batch: each its own draws (E, then u's jitter) from g in turn, its own Adam steps
+        Es, Us = [], []
         for _ in range(4):
-            E = clip_rows(torch.randn(X.shape, generator=g, dtype=torch.float64) * r, r).requires_grad_(True)
-            U = rem(X + E).detach() + 1e-3 * torch.randn(T, d, generator=g, dtype=torch.float64)
-            U.requires_grad_(True)
-            opt = torch.optim.Adam([E], lr=0.05 * r)
-            optu = torch.optim.Adam([U], lr=0.05)
-            for _ in range(80):
-                with torch.no_grad():
-                    E.copy_(clip_rows(E, r))
-                u = U / U.norm(dim=1, keepdim=True)
-                # clamped only where the head's row is one key (sigma 0: the root's gradient would be inf)
-                sig = torch.sqrt((Ph * torch.einsum("ijd,id->ij", Z, u) ** 2).sum(dim=1).clamp_min(1e-300))
-                bound = cs * sig + c3 * (u @ jh.W[h].T).norm(dim=1) + fixed
-                val = (rem(X + E) * u).sum(dim=1)
-                best = torch.maximum(best, (val - bound).detach())
-                ratio = max(ratio, float(torch.where(bound > 1e3 * tol, val / bound, 0.0).detach().max()))
-                opt.zero_grad()
-                optu.zero_grad()
-                (-(val / (bound + 1e-30)).sum()).backward()
-                opt.step()
-                optu.step()
+            Es.append(clip_rows(torch.randn(X.shape, generator=g, dtype=torch.float64) * r, r))
+            Us.append(rem(X + Es[-1]) + 1e-3 * torch.randn(T, d, generator=g, dtype=torch.float64))
+        E, U = torch.stack(Es).requires_grad_(True), torch.stack(Us).detach().requires_grad_(True)
+        opt = torch.optim.Adam([E], lr=0.05 * r)
+        optu = torch.optim.Adam([U], lr=0.05)
+        best = torch.zeros(T, dtype=torch.float64)
+        for _ in range(80):
+            with torch.no_grad():
+                E.copy_(clip_rows(E, r))
+            u = U / U.norm(dim=-1, keepdim=True)
+            # clamped only where the head's row is one key (sigma 0: the root's gradient would be inf)
+            sig = torch.sqrt((Ph * torch.einsum("ijd,...id->...ij", Z, u) ** 2).sum(dim=-1).clamp_min(1e-300))
+            bound = cs * sig + c3 * (u @ jh.W[h].T).norm(dim=-1) + fixed
+            val = (rem(X + E) * u).sum(dim=-1)
+            best = torch.maximum(best, (val - bound).detach().amax(dim=0))
+            ratio = max(ratio, float(torch.where(bound > 1e3 * tol, val / bound, 0.0).detach().max()))
+            opt.zero_grad()
+            optu.zero_grad()
+            (-(val / (bound + 1e-30)).sum()).backward()
+            opt.step()
+            optu.step()
         assert bool((best <= tol).all()), (h, best, tol)
     assert live > 0 and ratio > 0.1, (live, ratio)  # measured 0.18-0.53
 
@@ -135,7 +137,7 @@ def test_joint_remainder_with_aligned_heads_through_d1(kind, qscale, eps, mean, 
     for r in (0.3 * sd, 0.03 * sd):  # the weights set at the larger radius, kept for the smaller
         rj = joint_remainder(dd.joint, dd.mom, dd.geo_ov, r, hn, maps)
         for k in ("A", "H", "G"):
-            best = _ascent(lambda Z, k=k: (M[k] @ rem(Z)[:, :, None])[:, :, 0].norm(dim=1), X, r, g, starts=3,
+            best = _ascent(lambda Z, k=k: (M[k] @ rem(Z)[..., None])[..., 0].norm(dim=-1), X, r, g, starts=3,
                            steps=60)
             assert bool((best <= rj[k] * (1 + tol) + tol).all()), (k, r, best, rj[k])
             top = max(top, float((best / rj[k]).max()))
@@ -168,7 +170,7 @@ def test_post_ln_stage_radii_on_worst_case_layers(case):
         for name, rad in lj.stage_radii.items():
             if name not in ref:
                 continue
-            best = _ascent(lambda Z, name=name: (_stage_outputs(layer, Z)[name] - ref[name]).norm(dim=1), X, r, g,
+            best = _ascent(lambda Z, name=name: (_stage_outputs(layer, Z)[name] - ref[name]).norm(dim=-1), X, r, g,
                            starts=3, steps=50)
             assert bool((best <= rad).all()), (name, r, best, rad)
             top = max(top, float((best / rad).max()))
@@ -178,27 +180,30 @@ def test_post_ln_stage_radii_on_worst_case_layers(case):
 def _directional_ascent(f, X: torch.Tensor, r: float, g: torch.Generator, J0=None, *, starts: int = 3,  # noqa: ANN001
                         steps: int = 60) -> torch.Tensor:
     """Per output token, the largest ``||sum_j J_ij(Y) v_j||`` (``J0`` given: of ``J(Y) - J0``) seen by Adam over
-    ``Y`` in the ball and unit ``v_j``: a lower estimate of the ball's row constant (or drift row) at every step."""
+    ``Y`` in the ball and unit ``v_j``: a lower estimate of the ball's row constant (or drift row) at every step.  The
+    starts run as one batch (each its own draws of E, then V, from ``g`` in turn, and its own Adam steps; ``f`` is a
+    model forward, which acts on leading batch axes)."""
+    draws = [(clip_rows(torch.randn(X.shape, generator=g, dtype=torch.float64) * r, r),
+              torch.randn(X.shape, generator=g, dtype=torch.float64)) for _ in range(starts)]
+    E = torch.stack([e for e, _ in draws]).requires_grad_(True)
+    V = torch.stack([v for _, v in draws]).requires_grad_(True)
+    opt = torch.optim.Adam([E], lr=0.05 * r)
+    optv = torch.optim.Adam([V], lr=0.05)
     best = torch.zeros(X.shape[0], dtype=torch.float64)
-    for _ in range(starts):
-        E = clip_rows(torch.randn(X.shape, generator=g, dtype=torch.float64) * r, r).requires_grad_(True)
-        V = torch.randn(X.shape, generator=g, dtype=torch.float64).requires_grad_(True)
-        opt = torch.optim.Adam([E], lr=0.05 * r)
-        optv = torch.optim.Adam([V], lr=0.05)
-        for _ in range(steps):
-            with torch.no_grad():
-                E.copy_(clip_rows(E, r))
-            v = V / V.norm(dim=1, keepdim=True)
-            out = torch.autograd.functional.jvp(f, X + E, v, create_graph=True)[1]
-            if J0 is not None:
-                out = out - torch.einsum("imjd,jd->im", J0, v)
-            val = out.norm(dim=1)
-            best = torch.maximum(best, val.detach())
-            opt.zero_grad()
-            optv.zero_grad()
-            (-val.sum()).backward()
-            opt.step()
-            optv.step()
+    for _ in range(steps):
+        with torch.no_grad():
+            E.copy_(clip_rows(E, r))
+        v = V / V.norm(dim=-1, keepdim=True)
+        out = torch.autograd.functional.jvp(f, X + E, v, create_graph=True)[1]
+        if J0 is not None:
+            out = out - torch.einsum("imjd,...jd->...im", J0, v)
+        val = out.norm(dim=-1)
+        best = torch.maximum(best, val.detach().amax(dim=0))
+        opt.zero_grad()
+        optv.zero_grad()
+        (-val.sum()).backward()
+        opt.step()
+        optv.step()
     return best
 
 
@@ -319,7 +324,7 @@ def test_minilm_stage_radii_hold_under_ascent():
     top = 0.0
     for r, lj in zip(radii, layer_rows(layer, X, list(radii))):
         for name, rad in lj.stage_radii.items():
-            best = _ascent(lambda Z, name=name: (_stage_outputs(layer, Z)[name] - ref[name]).norm(dim=1), X, r, g,
+            best = _ascent(lambda Z, name=name: (_stage_outputs(layer, Z)[name] - ref[name]).norm(dim=-1), X, r, g,
                            starts=3, steps=50)
             assert bool((best <= rad).all()), (name, r, best, rad)
             top = max(top, float((best / rad).max()))

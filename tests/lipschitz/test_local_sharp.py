@@ -34,20 +34,25 @@ def _sharp_layer(seed: int, placement: str = "post", qscale: float = 8.0, causal
 
 def _ascent(value, X: torch.Tensor, r: float, g: torch.Generator, *, starts: int = 2, steps: int = 30,  # noqa: ANN001
             shown=lambda v: v) -> torch.Tensor:  # noqa: ANN001
-    """Per token, the largest ``shown(value(X + E))`` seen by Adam ascent of ``value`` (T,) over moves ``E``
-    with every token within ``r`` (projected each step), from ``starts`` random starts."""
+    """Per token, the largest ``shown(value(X + E))`` seen by Adam ascent of ``value`` (..., T) over moves ``E``
+    with every token within ``r`` (projected each step), from ``starts`` random starts.  The starts run as one
+    batch (E of shape (starts, T, d); each start's own draw from ``g``, in turn, and its own Adam steps: Adam acts
+    entrywise); ``value`` must act on a leading batch axis, checked at the first step on the last start alone."""
+    E = torch.stack([_clip(torch.randn(X.shape, generator=g, dtype=torch.float64) * r, r) for _ in range(starts)])
+    E.requires_grad_(True)
+    opt = torch.optim.Adam([E], lr=0.1 * r)
     best = torch.zeros(X.shape[0], dtype=torch.float64)
-    for _ in range(starts):
-        E = _clip(torch.randn(X.shape, generator=g, dtype=torch.float64) * r, r).requires_grad_(True)
-        opt = torch.optim.Adam([E], lr=0.1 * r)
-        for _ in range(steps):
-            with torch.no_grad():
-                E.copy_(_clip(E, r))
-            val = value(X + E)
-            best = torch.maximum(best, shown(val.detach()))
-            opt.zero_grad()
-            (-val.sum()).backward()
-            opt.step()
+    for step in range(steps):
+        with torch.no_grad():
+            E.copy_(_clip(E, r))
+        val = value(X + E)
+        if step == 0:  # a value that mixed the batch axis in would attack something else
+            alone = value(X + E[-1].detach())
+            assert torch.allclose(val[-1], alone, rtol=1e-6, atol=1e-9 * float(alone.abs().max())), "not batched"
+        best = torch.maximum(best, shown(val.detach()).amax(dim=0))
+        opt.zero_grad()
+        (-val.sum()).backward()
+        opt.step()
     return best
 
 
@@ -92,10 +97,10 @@ def test_head_moves_and_chi_are_never_beaten(seed, causal):
             chi = chi_bound(mom.rows[h], r, norms["G"][h], score_moves(mom.rows[h], r, norms["G"][h])[0])
             for target in ("move", "chi"):
                 if target == "move":
-                    best = _ascent(lambda Z: (_head_out(attn, Z, h)[0] - o0).norm(dim=1), X, r, g)
+                    best = _ascent(lambda Z: (_head_out(attn, Z, h)[0] - o0).norm(dim=-1), X, r, g)
                 else:  # ascend chi^2 (sqrt has no gradient at 0: a query with one visible key)
                     best = _ascent(lambda Z: torch.where(P0 > 0, (_head_out(attn, Z, h)[1] - P0) ** 2
-                                                         / P0.clamp(min=1e-300), 0.0).sum(dim=1),
+                                                         / P0.clamp(min=1e-300), 0.0).sum(dim=-1),
                                    X, r, g, shown=torch.sqrt)
                 ref = bound[h] if target == "move" else chi
                 assert bool((best <= ref).all()), (target, r, h, best, ref)
@@ -112,7 +117,7 @@ def test_stage_radii_are_never_beaten(placement):
 
 def _stage_outputs(layer, Z: torch.Tensor) -> dict:  # noqa: ANN001
     """The stage outputs ``stage_radii`` speaks of (post-LN: centred sublayer outputs, the first norm's)."""
-    P = torch.eye(Z.shape[1], dtype=torch.float64) - 1.0 / Z.shape[1]
+    P = torch.eye(Z.shape[-1], dtype=torch.float64) - 1.0 / Z.shape[-1]
     if layer.placement.value == "post":
         S1 = Z + attention_forward(layer.attention, Z)
         H = layer.norm_attn(S1)
@@ -131,7 +136,7 @@ def assert_stage_radii_hold(layer, X: torch.Tensor, radii) -> list:  # noqa: ANN
         for name, rad in lj.stage_radii.items():
             if name not in ref:
                 continue
-            best = _ascent(lambda Z: (_stage_outputs(layer, Z)[name] - ref[name]).norm(dim=1), X, r, g)
+            best = _ascent(lambda Z: (_stage_outputs(layer, Z)[name] - ref[name]).norm(dim=-1), X, r, g)
             assert bool((best <= rad).all()), (name, r, best, rad)
     return ljs
 

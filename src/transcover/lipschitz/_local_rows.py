@@ -72,8 +72,10 @@ def ffn_drift_constant(ffn, *, centred: bool = False) -> float:  # noqa: ANN001
               \|W_2\|\,\lambda_{\max}\big((W_1^\top W_1)\odot(W_1^\top W_1)\big)^{1/2}\Big)
 
     ``centred``: the bound on ``||P (F(h') - F(h))||`` with ``P = I - 11^T/d`` (``w2_k`` replaced by
-    ``P w2_k``), what a following LayerNorm sees.  Source: THEORY F17c.  Assumptions: non-gated FFN,
-    ``sup|sigma''|`` finite (inf for ReLU)."""
+    ``P w2_k``), what a following LayerNorm sees.  ``kappa`` has degree 2 in ``W_1`` and 1 in ``W_2``, so it is
+    computed on the weights scaled by powers of two to a largest entry in [1/2, 1) (exact) and scaled back, rounded
+    up: the Grams' rounding pads are relative to their mass and would not cover underflow at tiny weights.
+    Source: THEORY F17c.  Assumptions: non-gated FFN, ``sup|sigma''|`` finite (inf for ReLU)."""
     from ._local import second_derivative_sup
 
     s2 = second_derivative_sup(ffn.activation)
@@ -81,7 +83,31 @@ def ffn_drift_constant(ffn, *, centred: bool = False) -> float:  # noqa: ANN001
         return math.inf
     if s2 == 0.0:
         return 0.0
-    W1, W2 = _f64(ffn.W_1), _f64(ffn.W_2)
+    (W1, e1), (W2, e2) = _pow2_unit(_f64(ffn.W_1)), _pow2_unit(_f64(ffn.W_2))
+    return _scale_up(_kappa_unit(W1, W2, centred, s2), 2 * e1 + e2)
+
+
+def _pow2_unit(W: Tensor) -> tuple[Tensor, int]:
+    """``(W 2^-e, e)`` with the largest ``|entry|`` of ``W 2^-e`` in [1/2, 1) (``e = 0`` for a zero or non-finite
+    ``W``): exact, a power of two."""
+    m = float(W.abs().max()) if W.numel() else 0.0
+    if m == 0.0 or not math.isfinite(m):
+        return W, 0
+    e = math.frexp(m)[1]
+    return torch.ldexp(W, torch.tensor(-e, dtype=torch.int64)) if e else W, e
+
+
+def _scale_up(x: float, e: int) -> float:
+    """An upper bound on ``x 2^e``: exact unless it leaves the normal range, then rounded up (inf on overflow)."""
+    try:
+        y = math.ldexp(x, e) if x > 0.0 else x
+    except OverflowError:
+        return math.inf
+    return math.nextafter(y, math.inf) if 0.0 < x and y < 2.2250738585072014e-308 else y
+
+
+def _kappa_unit(W1: Tensor, W2: Tensor, centred: bool, s2: float) -> float:
+    """``ffn_drift_constant`` on weights of unit scale (F17c)."""
     if centred:
         W2 = W2 - W2.mean(dim=1, keepdim=True)  # rows P w2_k (the rounding is inside the pads below)
     G1, G2 = W1.T @ W1, W2 @ W2.T

@@ -16,10 +16,10 @@ import torch
 from torch import Tensor
 
 from ..model import Activation
-from ._local_jacobian import _f64, certified_lmax, certified_spectral, gelu_second
+from ._local_jacobian import _f64, certified_lmax, certified_spectral, gelu2_sup, gelu_second
 
-__all__ = ["gelu3_sup", "ffn_hadamard", "ffn_second_norms", "ffn_second_split", "ffn_split_constants",
-           "ffn_taylor_drift"]
+__all__ = ["gelu3_sup", "ffn_curvature_drift", "ffn_hadamard", "ffn_second_norms", "ffn_second_split",
+           "ffn_split_constants", "ffn_taylor_drift"]
 
 _U = 2.0**-53
 # the extrema of GELU''' = z phi(z) (z^2 - 4): GELU'''' = phi(z)(-z^4 + 7 z^2 - 4) vanishes at z^2 = (7 -+ sqrt 33)/2
@@ -68,11 +68,12 @@ def ffn_hadamard(ffn, *, centred: bool) -> dict:  # noqa: ANN001
     # the centring's rounding: within 4 (d + 2) u ||W_2||_F^2 (Frobenius) on W_2 W_2^T, times max|G1| <= ||W_1||_F^2
     e12 = _gram_err(W1, W2.T) + (8 * W2.shape[1] * _U * float((W1 * W1).sum()) * float((W2o * W2o).sum())
                                  if centred else 0.0)
-    lams = certified_lmax(torch.stack([H, G1 * (W2 @ W2.T)]))
+    H12 = G1 * (W2 @ W2.T)
+    lams = certified_lmax(torch.stack([H, H12]))
     # the centred rows as formed are within 2 (d + 2) u ||W_2||_F (Frobenius) of the exact ones
     eW2 = 4 * (W2.shape[1] + 2) * _U * float(W2o.norm()) if centred else 0.0
-    return {"H": H, "eH": eH, "lH": float(lams[0]) + eH, "l12": float(lams[1]) + e12, "W2": W2, "eW2": eW2,
-            "nW2": float(certified_spectral(W2o[None])[0]) * (1 + 1e-12)}
+    return {"H": H, "eH": eH, "lH": float(lams[0]) + eH, "H12": H12, "e12": e12, "l12": float(lams[1]) + e12, "W1": W1,
+            "W2": W2, "eW2": eW2, "nW2": float(certified_spectral(W2o[None])[0]) * (1 + 1e-12)}
 
 
 def ffn_second_norms(const: dict, z: Tensor) -> Tensor:
@@ -180,6 +181,53 @@ def ffn_taylor_drift(const: dict, n2: Tensor, z: Tensor, n1: Tensor, rh: Tensor)
     full = (n2 * rh + c3 * r2) * (1 + 1e-12)
     half = (n2 * rh / 2 + c3 * r2 / 3) * (1 + 1e-12)
     return torch.nan_to_num(full, nan=math.inf), torch.nan_to_num(half, nan=math.inf)
+
+
+# F51a: tokens per batch of the per-unit-weighted Hadamard Grams (each d_ff x d_ff, 19 MB at d_ff = 1536)
+CURV_CHUNK = 4
+
+
+def _weighted_lmax(G: Tensor, eG: float, a: Tensor) -> Tensor:
+    """(n,) certified ``lambda_max(diag(a_i) G_exact diag(a_i))`` for the formed ``G`` within ``eG`` (Frobenius) of
+    ``G_exact`` and the weights ``a`` (n, m) (F51a): the formed ``fl(a_k G_kl a_l)``, symmetrised, is within
+    ``3u|a_k G_kl a_l|`` of ``diag(a) G diag(a)`` entrywise, ``diag(a)(G - G_exact)diag(a)`` within ``max a^2 eG``."""
+    M = a[:, :, None] * G[None] * a[:, None, :]
+    M = (M + M.transpose(1, 2)) / 2
+    amax2 = (a * a).amax(dim=1)
+    return certified_lmax(M) + amax2 * (eG + 4 * _U * float(G.norm())) * (1 + 1e-12)
+
+
+def _weighted_norm(W: Tensor, a: Tensor) -> Tensor:
+    """(n,) certified ``||W diag(a_i)||`` for the exact ``W`` (d, m) and weights ``a`` (n, m), ``d <= m`` (F51a):
+    ``fl(W diag(a))`` is within ``u|.|`` of the exact product, its norm from its d x d Gram (``_norm_from_gram``)."""
+    C = W[None] * a[:, None, :]
+    return (_norm_from_gram(C) + _U * (C * C).sum(dim=(1, 2)).sqrt()) * (1 + 1e-12)
+
+
+def ffn_curvature_drift(const: dict, z: Tensor, n1: Tensor, rh: Tensor) -> tuple[Tensor, Tensor]:
+    r"""Per token, on ``||dh|| <= rh``: ``sup ||P(F'(h + dh) - F'(h))||`` and its segment mean (THEORY F51a): unit k's
+    slope moves by ``|sigma'(z_k + s_k) - sigma'(z_k)| <= A_k |s_k|``, ``s_k = w1_k . dh``, ``A_k = sup |GELU''|`` on
+    its reachable interval ``[z_k - ||w1_k|| rh, z_k + ||w1_k|| rh]`` (``gelu2_sup``), and with weights ``a_k^2 >= A_k``
+    Cauchy-Schwarz over k pairs one ``|s_k|`` with either factor:
+
+    .. math:: \Delta F \le \kappa_A r_h,\quad \kappa_A = \minig(\|\mathrm{diag}(a)K\|\,\|\mathrm{diag}(a)PW_2\|,              \|\mathrm{diag}(a)K_{12}\|\,\|W_1\mathrm{diag}(a)\|ig),\qquad \overline{\Delta F} \le \kappa_A r_h/2
+
+    (``K``'s rows ``w1_k (x) w1_k``, Gram ``H``; ``K_12``'s ``w1_k (x) P w2_k``, Gram ``H_12``; a smaller ball's
+    intervals are nested, so its ``A`` is smaller and the mean halves).  F17c's ``kappa`` is this with every ``A_k``
+    at ``sup|GELU''|``; saturated units (the heavy directions of ``H`` on MiniLM) get their own small curvature.
+    ``z`` (T, d_ff) the centre's pre-activations, ``n1`` (d_ff,) the ``||w1_k||``, ``const`` ``ffn_hadamard``'s.
+    Cost: two certified ``lambda_max`` of d_ff x d_ff matrices a token.  Exact (erf) GELU only."""
+    h = n1[None, :] * rh[:, None] * (1 + 1e-12)
+    a = torch.sqrt(gelu2_sup(z - h, z + h)) * (1 + 1e-12)
+    kap = torch.empty(len(rh), dtype=torch.float64)
+    for s in range(0, len(rh), CURV_CHUNK):
+        ac = a[s:s + CURV_CHUNK]
+        nK = torch.sqrt(_weighted_lmax(const["H"], const["eH"], ac))
+        nK12 = torch.sqrt(_weighted_lmax(const["H12"], const["e12"], ac))
+        nW2 = _weighted_norm(const["W2"].T, ac) + ac.amax(dim=1) * const["eW2"]
+        kap[s:s + CURV_CHUNK] = torch.minimum(nK * nW2, nK12 * _weighted_norm(const["W1"], ac))
+    full = kap * rh * (1 + 1e-12)
+    return torch.nan_to_num(full, nan=math.inf), torch.nan_to_num(full / 2, nan=math.inf)
 
 
 def gelu_ffn(ffn) -> bool:  # noqa: ANN001

@@ -50,7 +50,7 @@ from ._local_jacobian import (
 )
 from ._local_drift import attention_drift_hessian
 from ._local_ffn2 import (
-    ffn_hadamard, ffn_second_norms, ffn_second_split, ffn_split_constants, ffn_taylor_drift, gelu_ffn,
+    ffn_curvature_drift, ffn_hadamard, ffn_second_norms, ffn_second_split, ffn_split_constants, ffn_taylor_drift, gelu_ffn,
 )
 from ._local_sharp import (
     GELU_SLOPE_RANGE, ball_box, chi_bound, ffn_unit_drift, unit_slope_moves, visible_diameter,
@@ -502,6 +502,9 @@ class FfnDrift:
             dF[idx], dFh[idx] = torch.minimum(dF[idx], taylor[0]), torch.minimum(dFh[idx], taylor[1])
         u, uh = ffn_unit_drift(self.ffn, z[idx], n1, rh[idx], above=taylor)
         dF[idx], dFh[idx] = torch.minimum(dF[idx], u), torch.minimum(dFh[idx], uh)
+        if self.taylor is not None:  # F51a: F17c's kappa with each unit's own curvature on its reachable interval
+            c, ch = ffn_curvature_drift(self.taylor, z[idx], n1, rh[idx])
+            dF[idx], dFh[idx] = torch.minimum(dF[idx], c), torch.minimum(dFh[idx], ch)
         uncapped = (unit_slope_moves(z[idx], n1, rh[idx]) <= GELU_SLOPE_RANGE).all(dim=1)
         ref[idx] = torch.where(uncapped, u, ref[idx])
 

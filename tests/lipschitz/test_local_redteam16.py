@@ -5,8 +5,8 @@ extrema, mpmath), projected float64 Adam ascent on structured cases (units at th
 GELU'''s zero sqrt 2, half saturated) and homogeneity in the input's scale.  A 0.6 x mutation of the new term fails the tight reference by 40 %.
 
 F50c (``_local_stack_joint.joint_reach``): against Adam over the output direction of its own form, tight (1 - 1e-4)
-where every head maps onto one direction (a 0.6 x mutation fails 4 tests), homogeneity, and a strict xfail at tiny
-scales where its Gram underflows.
+where every head maps onto one direction (a 0.6 x mutation fails 4 tests), homogeneity, and tiny scales where its Gram
+underflowed (now refused).
 """
 
 from __future__ import annotations
@@ -157,11 +157,11 @@ def test_f51a_homogeneous_in_the_input_scale():
         assert float(base[0][0]) <= ffn_drift_constant(ffn, centred=centred) * 0.2
 
 
-@pytest.mark.xfail(strict=True, reason="red16: F17c, F38 and F51a certify 0 once W_2 W_2^T underflows (W_2 ~ 1e-170)")
 def test_f51a_with_tiny_output_weights_is_not_zero():
-    """A unit at the peak with ``W_2`` scaled by 1e-170: the exact drift is ~1.9e-172 (> 0) but the Hadamard Gram
-    ``(W_1^T W_1) o (W_2 W_2^T)`` and its rounding pad underflow to 0, so the K_12 pairing (and F17c's ``kappa``)
-    certify 0 -- a false certificate at an absurd scale (homogeneity: the bound should scale by 1e-170)."""
+    """A unit at the peak with ``W_2`` scaled by 1e-170: the exact drift is ~1.9e-172 (> 0), but the Hadamard Gram
+    ``(W_1^T W_1) o (W_2 W_2^T)`` and its rounding pad underflowed to 0, so the K_12 pairing (and F17c's ``kappa``)
+    certified 0 (red16's finding).  Now ``ffn_hadamard`` refuses such weights (infinite pads) and F17c is computed on
+    power-of-two-normalised weights: F51a is never below the scaled bound, F17c equals it exactly."""
     ffn, _, z = _identical_units(0, 8, 1, 0.0)
     base = float(_f51(ffn, z, 1e-3, False)[0][0])
     tiny = float(_f51(dataclasses.replace(ffn, W_2=ffn.W_2 * 1e-170), z, 1e-3, False)[0][0])
@@ -253,11 +253,10 @@ def test_f50_joint_reach_homogeneous():
     assert torch.allclose(_joint(one, four, MO), 2 * _joint(one, cores, MO), rtol=1e-9)
 
 
-@pytest.mark.xfail(strict=True, reason="red16: joint_reach's Gram MO B MO^T and its pad underflow (MO ~ 1e-120, "
-                                       "cores ~ 1e-80): beaten by 1 + 9e-7")
 def test_f50_joint_reach_at_tiny_scales():
     """The aligned (tight) case with ``MO x 1e-120`` and cores ``x 1e-80``: the exact sup scales by ``1e-160`` (the
-    sup at scale 1 by Adam, times the scale), the certified reach must stay above it."""
+    sup at scale 1 by Adam, times the scale), the certified reach must stay above it (red16 found it beaten by 1 + 9e-7 when the Gram underflowed; the branch is
+    now refused, inf, at such scales)."""
     from transcover.lipschitz._local_stack_joint import KINDS
 
     coef, cores, MO = _joint_case(1, True, ("C", "N", "E"), False)
@@ -295,3 +294,18 @@ def test_f50_whole_network_with_aligned_heads(qscale: float = 4.0, rho_frac: flo
     lo = max(lo, jvp_ascent(jv, X, rho, seed=16, starts=2, steps=40))
     assert math.isfinite(res.upper)
     assert lo <= res.upper and lo <= (res.point + res.parts["(middle products)"]) * (1 + 1e-12), (lo, res.upper)
+
+
+@pytest.mark.parametrize("centred", [False, True])
+def test_f17c_kappa_is_exactly_homogeneous_from_1e_minus_170_to_1e_plus_90(centred):
+    """F17c's ``kappa`` has degree 2 in ``W_1`` and 1 in ``W_2``: scaling them by powers of two (exact) scales it by
+    ``2^(2a + b)`` exactly, also where the unscaled Grams would underflow (``W_2 ~ 1e-170``) or grow huge; a smaller
+    result would be a false certificate (red16: it was 0 at ``W_2 x 1e-170``)."""
+    ffn = random_spec(3, act="gelu", norm="layernorm", d=6, dff=10, scale=2.0).layers[0].ffn
+    base = ffn_drift_constant(ffn, centred=centred)
+    assert 0 < base < math.inf
+    for a in (-200, 0, 150):
+        for b in (-560, -300, 0, 300):
+            two = lambda W, e: torch.ldexp(W.double(), torch.tensor(e))  # noqa: E731
+            scaled = dataclasses.replace(ffn, W_1=two(ffn.W_1, a), W_2=two(ffn.W_2, b))
+            assert ffn_drift_constant(scaled, centred=centred) == math.ldexp(base, 2 * a + b), (a, b)

@@ -55,11 +55,21 @@ def _gram_err(W: Tensor, V: Tensor) -> float:
     return 4 * (max(W.shape[0], V.shape[0]) + 8) * _U * float((W * W).sum()) * float((V * V).sum())
 
 
+def _in_range(W: Tensor) -> bool:
+    """Whether ``W``'s largest ``|entry|`` is 0 or in [2^-100, 2^100]: then its Grams and their Hadamard products
+    (degree 4 in the weights) stay far from float64's underflow and overflow, where the pads (relative to the
+    Frobenius mass) hold."""
+    m = float(W.abs().max()) if W.numel() else 0.0
+    return m == 0.0 or 2.0**-100 <= m <= 2.0**100
+
+
 def ffn_hadamard(ffn, *, centred: bool) -> dict:  # noqa: ANN001
     r"""Radius-free constants of one FFN for F38 (once per layer): ``H = (W_1^T W_1) o (W_1^T W_1)`` (``K K^T``) as
     formed and ``eH`` (a Frobenius bound on its rounding), certified ``lH >= lambda_max(H) = ||K||^2`` and ``l12 >=
     lambda_max((W_1^T W_1) o (W_2 W_2^T))``, ``W2`` the output weights (rows ``P w2_k`` when ``centred``, the map a
-    following LayerNorm sees) and ``nW2 >= ||W_2||`` (``||P W_2^T|| <= ||W_2||``)."""
+    following LayerNorm sees) and ``nW2 >= ||W_2||`` (``||P W_2^T|| <= ||W_2||``).  Weights outside ``_in_range``
+    get infinite pads ``eH``, ``e12``: every F38/F45/F51a bound on them is then inf (a branch refused; F17c's
+    ``kappa`` carries the FFN drift)."""
     W1, W2o = _f64(ffn.W_1), _f64(ffn.W_2)
     W2 = W2o - W2o.mean(dim=1, keepdim=True) if centred else W2o
     G1 = W1.T @ W1
@@ -69,6 +79,8 @@ def ffn_hadamard(ffn, *, centred: bool) -> dict:  # noqa: ANN001
     e12 = _gram_err(W1, W2.T) + (8 * W2.shape[1] * _U * float((W1 * W1).sum()) * float((W2o * W2o).sum())
                                  if centred else 0.0)
     H12 = G1 * (W2 @ W2.T)
+    if not (_in_range(W1) and _in_range(W2o)):  # Grams near underflow: the relative pads do not hold, refuse F38/F51a
+        eH = e12 = math.inf
     lams = certified_lmax(torch.stack([H, H12]))
     # the centred rows as formed are within 2 (d + 2) u ||W_2||_F (Frobenius) of the exact ones
     eW2 = 4 * (W2.shape[1] + 2) * _U * float(W2o.norm()) if centred else 0.0
@@ -210,7 +222,7 @@ def ffn_curvature_drift(const: dict, z: Tensor, n1: Tensor, rh: Tensor) -> tuple
     its reachable interval ``[z_k - ||w1_k|| rh, z_k + ||w1_k|| rh]`` (``gelu2_sup``), and with weights ``a_k^2 >= A_k``
     Cauchy-Schwarz over k pairs one ``|s_k|`` with either factor:
 
-    .. math:: \Delta F \le \kappa_A r_h,\quad \kappa_A = \minig(\|\mathrm{diag}(a)K\|\,\|\mathrm{diag}(a)PW_2\|,              \|\mathrm{diag}(a)K_{12}\|\,\|W_1\mathrm{diag}(a)\|ig),\qquad \overline{\Delta F} \le \kappa_A r_h/2
+    .. math:: \Delta F \le \kappa_A r_h,\quad \kappa_A = \min\big(\|\mathrm{diag}(a)K\|\,\|\mathrm{diag}(a)PW_2\|,              \|\mathrm{diag}(a)K_{12}\|\,\|W_1\mathrm{diag}(a)\|\big),\qquad \overline{\Delta F} \le \kappa_A r_h/2
 
     (``K``'s rows ``w1_k (x) w1_k``, Gram ``H``; ``K_12``'s ``w1_k (x) P w2_k``, Gram ``H_12``; a smaller ball's
     intervals are nested, so its ``A`` is smaller and the mean halves).  F17c's ``kappa`` is this with every ``A_k``

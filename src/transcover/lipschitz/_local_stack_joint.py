@@ -123,7 +123,8 @@ def joint_reach(coef: dict, cores: dict, MO: Tensor, eMO: Tensor, dh: int, per: 
     (``_heads_combined``).  Rounding: the block-diagonal core ``B`` as summed within ``sum w err + 4u sum w ||K||_F``;
     ``MO B MO^T`` within ``gamma_{2 H dh + 2} ||MO||_F^2 ||B||_F``, ``MO``'s error adds ``(2 ||MO|| eMO + eMO^2)
     ||B||_F`` and the cores' ``(||MO|| + eMO)^2 ||dB||_F``; symmetrisation ``4u ||G||_F``; the weighted sum
-    ``(1 + (2 H |K| + 4) u)``, the roots ``1 + 1e-10``."""
+    ``(1 + (2 H |K| + 4) u)``, the roots ``1 + 1e-10``.  Refused (inf) for a token whose map is below ``2^-200``
+    (Frobenius) or whose bound is below ``2^-900``: there underflow escapes the relative pads."""
     H, T = coef["C"].shape
     dev = {"dtype": torch.float64}
     alone = coef["1"] + coef["C"] * cores["epsV"][:, None]
@@ -157,4 +158,6 @@ def joint_reach(coef: dict, cores: dict, MO: Tensor, eMO: Tensor, dh: int, per: 
     lam = certified_lmax(G) + err * (1 + 1e-12)
     main = torch.sqrt(cs * (1 + (2 * H * len(KINDS) + 4) * _U) * lam) * (1 + 1e-10)
     rest = _heads_combined(per, full, alone, None if Cw is None else heads_joint(Cw, alone))
-    return torch.nan_to_num((main + rest) * (1 + 1e-12), nan=math.inf, posinf=math.inf)
+    out = torch.nan_to_num((main + rest) * (1 + 1e-12), nan=math.inf, posinf=math.inf)
+    # near float64's underflow the pads (relative to the Frobenius masses) do not hold: the branch is refused there
+    return torch.where(((fMO > 0) & (fMO < 2.0**-200)) | (out < 2.0**-900), math.inf, out)

@@ -117,6 +117,17 @@ CASES = [dict(placement="post", eps=1e-5, xscale=1.0), dict(placement="post", ep
          dict(placement="pre", eps=1e-5, xscale=1.0, final_norm=True)]
 
 
+def assert_network_below(spec, X: torch.Tensor, rho: float, res, *, seed: int) -> float:  # noqa: ANN001
+    """The whole network's pair ratios (``adversary``) and a float64 Adam ascent of its Jacobian's (2,inf) rows on
+    ``B(X, rho)`` stay below ``stack_local``'s ``res.upper`` and its point plus middle-product drift; the lower."""
+    f = lambda Z: transformer_forward(spec, Z, with_head=False)  # noqa: E731
+    lo = adversary(f, X, rho, restarts=2, steps=15, seed=seed)
+    jv = lambda E, V: torch.autograd.functional.jvp(f, X + E, V, create_graph=True)[1].norm(dim=-1).max()  # noqa: E731
+    lo = max(lo, jvp_ascent(jv, X, rho, seed=seed, starts=2, steps=40))
+    assert lo <= res.upper and lo <= (res.point + res.parts["(middle products)"]) * (1 + 1e-12), (lo, res.upper)
+    return lo
+
+
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("rho_frac", [1e-4, 3e-4])
 def test_whole_network_is_never_beaten_and_below_f17(case, rho_frac, monkeypatch):
@@ -130,11 +141,7 @@ def test_whole_network_is_never_beaten_and_below_f17(case, rho_frac, monkeypatch
     X = torch.randn(4, 8, generator=torch.Generator().manual_seed(7), dtype=torch.float64) * xscale
     rho = rho_frac * float(X.norm(dim=1).median())
     new = stack_local(spec, X, [rho])[0]
-    f = lambda Z: transformer_forward(spec, Z, with_head=False)  # noqa: E731
-    lo = adversary(f, X, rho, restarts=2, steps=15, seed=7)
-    jv = lambda E, V: torch.autograd.functional.jvp(f, X + E, V, create_graph=True)[1].norm(dim=-1).max()  # noqa: E731
-    lo = max(lo, jvp_ascent(jv, X, rho, seed=7, starts=2, steps=40))
-    assert lo <= new.upper and lo <= (new.point + new.parts["(middle products)"]) * (1 + 1e-12), (lo, new.upper)
+    assert_network_below(spec, X, rho, new, seed=7)
     monkeypatch.setattr(stages_mod, "norm_drift", _f17_only)
     old = stack_local(spec, X, [rho])[0]
     assert math.isfinite(new.upper) and new.upper < old.upper and new.drift < old.drift, (new.upper, old.upper)

@@ -103,6 +103,21 @@ def test_reach_is_never_beaten_behind_a_linear_prefix(seed, rho, qscale):
         assert 0 < lo <= float(reach[k]), (k, lo, reach)
 
 
+def assert_drift_rows_hold(al, attn, X: torch.Tensor, P: torch.Tensor, rho: float, seed: int) -> torch.Tensor:  # noqa: ANN001
+    """``AttentionAligned.drift``'s rows behind the linear prefix ``P`` (dP = 0) against Adam ascent (per query k) of
+    ``||[(DA(X + P h) - DA(X)) E]_k||`` over ``||h_j|| <= rho`` and (2,inf)-unit E (THEORY F44e); the rows."""
+    nu = certified_rows(P)
+    dZ = torch.full((len(al.proj), X.shape[0]), math.inf, dtype=torch.float64)
+    rows, _ = al.drift(rho * nu * (1 + 1e-12), rho, torch.zeros_like(nu), 0.0, 0.0, (dZ, 1.0, 0.0))
+    A = lambda Z: attention_forward(attn, Z)  # noqa: E731
+    dA = lambda Z, E: torch.autograd.functional.jvp(A, Z, E, create_graph=True)[1]  # noqa: E731
+    for k in range(X.shape[0]):
+        lo = bilinear_lower(lambda h, E, k=k: (dA(X + _rows(P, rho * h), E) - dA(X, E))[k].norm(), X.shape,
+                            restarts=2, steps=50, seed=seed + k)
+        assert 0 < lo <= float(rows[k]), (k, lo, rows)
+    return rows
+
+
 @pytest.mark.parametrize("seed,rho,qscale", [(1, 0.02, 1.0), (3, 0.05, 5.0), (4, 0.5, 1.0)])
 def test_drift_rows_are_never_beaten_behind_a_linear_prefix(seed, rho, qscale):
     """Behind a linear prefix (dP = 0), the drift rows for moves along the prefix's rows, sup over ||h_j|| <= rho and
@@ -112,17 +127,7 @@ def test_drift_rows_are_never_beaten_behind_a_linear_prefix(seed, rho, qscale):
 
     layer, attn = _layer(seed, qscale)
     X, P = _case(seed, pscale=0.3)
-    al = _aligned(layer, X, P)
-    nu = certified_rows(P)
-    r = rho * nu * (1 + 1e-12)
-    dZ = torch.full((len(al.proj), X.shape[0]), math.inf, dtype=torch.float64)
-    rows, _ = al.drift(r, rho, torch.zeros_like(nu), 0.0, 0.0, (dZ, 1.0, 0.0))
-    A = lambda Z: attention_forward(attn, Z)  # noqa: E731
-    dA = lambda Z, E: torch.autograd.functional.jvp(A, Z, E, create_graph=True)[1]  # noqa: E731
-    for k in range(X.shape[0]):
-        lo = bilinear_lower(lambda h, E, k=k: (dA(X + _rows(P, rho * h), E) - dA(X, E))[k].norm(), X.shape,
-                            restarts=2, steps=50, seed=seed + k)
-        assert 0 < lo <= float(rows[k]), (k, lo, rows)
+    assert_drift_rows_hold(_aligned(layer, X, P), attn, X, P, rho, seed)
     ffn, H, Pf = ffn_case(seed, pscale=0.3)
     fa = FFNAligned(ffn, H, Pf, {})
     nuf = certified_rows(Pf)

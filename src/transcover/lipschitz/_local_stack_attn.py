@@ -22,6 +22,7 @@ own drift and rounding) is second order and takes the same sup with that tangent
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -145,6 +146,33 @@ def _side_at(sd: dict, P: Tensor, a: Tensor, ratio: Tensor, rho: float, nQ: floa
     return A, chat, sigV, mQ, torch.sqrt(_pmean(P, a, sd["mK2"][None, :]))
 
 
+@dataclass(frozen=True)
+class HeadSides:
+    """One head's F44b factors on ``B(X, rho)``: the envelope's excess weights ``a`` and ``ratio = max a/P``, per side
+    ``(A, c, sigma_V, mu_Q, kappa_K)`` (``_side_at``), the value moment ``sV`` and the largest centred value ``what``."""
+
+    a: Tensor
+    ratio: Tensor
+    one: tuple
+    two: tuple
+    sV: Tensor
+    what: Tensor
+
+
+def head_sides(s1: dict, s2: dict, m: dict, rho: float, nG: float, nV: float, nQ: float, nK: float,
+               scale: float) -> HeadSides:
+    """``HeadSides`` of one head (arguments as ``aligned_hessian_sup``'s; THEORY F44b)."""
+    P = m["P"]
+    _, _, a, _, _ = ball_box(m, rho, nG)
+    ratio = torch.where(P > 0, a / P, torch.zeros_like(P)).max(dim=1).values * (1 + 1e-12)
+    one = _side_at(s1, P, a, ratio, rho, nQ, nK, scale)
+    two = _side_at(s2, P, a, ratio, rho, nQ, nK, scale)
+    sV = _ball_moment(m["lV"], a, m["vn"] * m["vn"], ratio) + nV * rho
+    # the largest centred value at Z: ||W_V^T (x'_j - xbar')|| <= ||W_V^T y_j|| + 2 ||W_V|| rho + sum_k a_k ||W_V^T y_k||
+    vis = torch.where(P > 0, m["vn"], torch.zeros_like(P)).max(dim=1).values
+    return HeadSides(a, ratio, one, two, sV, vis + 2 * nV * rho + (a * m["vn"]).sum(dim=1))
+
+
 def aligned_hessian_sup(s1: dict, s2: dict, m: dict, rho: float, nG: float, nV: float, nQ: float, nK: float,
                         scale: float) -> Tensor:
     r"""(T,) per query ``i`` a certified ``sup_{Z in B(X, rho)} ||H_i(Z)[Delta, E]||`` of one head (before ``W_O``,
@@ -163,15 +191,8 @@ def aligned_hessian_sup(s1: dict, s2: dict, m: dict, rho: float, nG: float, nV: 
     rows or ``ball_side``; ``m`` the head's ``_HeadMoments`` row, ``nG``, ``nV``, ``nQ``, ``nK`` certified
     ``||scale W_Q W_K^T||``, ``||W_V||``, ``||W_Q||``, ``||W_K||``.  Assumptions: every token of the attention's input
     within ``rho`` of X; dot attention without RoPE, soft-cap or q/k norm."""
-    P = m["P"]
-    _, _, a, _, _ = ball_box(m, rho, nG)
-    ratio = torch.where(P > 0, a / P, torch.zeros_like(P)).max(dim=1).values * (1 + 1e-12)
-    A1, c1, v1, q1, k1 = _side_at(s1, P, a, ratio, rho, nQ, nK, scale)
-    A2, c2, v2, q2, k2 = _side_at(s2, P, a, ratio, rho, nQ, nK, scale)
-    sV = _ball_moment(m["lV"], a, m["vn"] * m["vn"], ratio) + nV * rho
-    # the largest centred value at Z: ||W_V^T (x'_j - xbar')|| <= ||W_V^T y_j|| + 2 ||W_V|| rho + sum_k a_k ||W_V^T y_k||
-    vis = torch.where(P > 0, m["vn"], torch.zeros_like(P)).max(dim=1).values
-    what = vis + 2 * nV * rho + (a * m["vn"]).sum(dim=1)
+    hs = head_sides(s1, s2, m, rho, nG, nV, nQ, nK, scale)
+    (A1, c1, v1, q1, k1), (A2, c2, v2, q2, k2), sV, what = hs.one, hs.two, hs.sV, hs.what
     t3 = torch.minimum(torch.minimum(A1 * c2, A2 * c1) * sV, A1 * A2 * what)
     out = (A1 * v2 + A2 * v1 + t3 + scale * (q2 * k1 + q1 * k2) * sV) * (1 + 1e-10)
     return torch.nan_to_num(out, nan=math.inf, posinf=math.inf)

@@ -16,11 +16,10 @@ import math
 import torch
 from torch import Tensor
 
-from ._local_drift import _ball_moment, heads_joint
+from ._local_drift import heads_joint
 from ._local_jacobian import certified_lmax
 from ._local_rows import _heads_combined
-from ._local_sharp import ball_box
-from ._local_stack_attn import _side_at
+from ._local_stack_attn import head_sides
 
 __all__ = ["KINDS", "aligned_hessian_terms", "value_cores", "joint_reach"]
 
@@ -49,13 +48,9 @@ def aligned_hessian_terms(s1: dict, s2: dict, m: dict, rho: float, nG: float, nV
     ``alpha = (sum_j a_j ||v_j||^2)^{1/2}``, whichever is smaller at the head's own sup), or F44b's ``A_1 A_2 w^`` in
     ``c_1`` where the head's own bound takes that branch.  All padded ``1 + 1e-10``."""
     P = m["P"]
-    _, _, a, _, _ = ball_box(m, rho, nG)
-    ratio = torch.where(P > 0, a / P, torch.zeros_like(P)).max(dim=1).values * (1 + 1e-12)
-    A1, c1, _, q1, k1 = _side_at(s1, P, a, ratio, rho, nQ, nK, scale)
-    A2, c2, _, q2, k2 = _side_at(s2, P, a, ratio, rho, nQ, nK, scale)
-    sV = _ball_moment(m["lV"], a, m["vn"] * m["vn"], ratio) + nV * rho
-    vis = torch.where(P > 0, m["vn"], torch.zeros_like(P)).max(dim=1).values
-    what = vis + 2 * nV * rho + (a * m["vn"]).sum(dim=1)
+    hs = head_sides(s1, s2, m, rho, nG, nV, nQ, nK, scale)
+    (A1, c1, _, q1, k1), (A2, c2, _, q2, k2) = hs.one, hs.two
+    a, ratio, sV, what = hs.a, hs.ratio, hs.sV, hs.what
     x = torch.minimum(A1 * c2, A2 * c1)
     on = x * sV <= A1 * A2 * what  # the branch the head's own F44b bound takes
     zero = torch.zeros_like(x)

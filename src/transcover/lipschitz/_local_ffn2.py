@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from ..model import Activation
-from ._local_jacobian import _f64, certified_lmax, certified_spectral, gelu2_sup, gelu_second
+from ._local_jacobian import GELU2_ABS_ERR, _f64, certified_lmax, certified_spectral, gelu2_sup, gelu_second
 
 __all__ = ["gelu3_sup", "ffn_curvature_drift", "ffn_hadamard", "ffn_second_norms", "ffn_second_split",
            "ffn_split_constants", "ffn_taylor_drift"]
@@ -24,8 +24,7 @@ __all__ = ["gelu3_sup", "ffn_curvature_drift", "ffn_hadamard", "ffn_second_norms
 _U = 2.0**-53
 # the extrema of GELU''' = z phi(z) (z^2 - 4): GELU'''' = phi(z)(-z^4 + 7 z^2 - 4) vanishes at z^2 = (7 -+ sqrt 33)/2
 _GELU3_CRIT = (math.sqrt((7 - math.sqrt(33)) / 2), math.sqrt((7 + math.sqrt(33)) / 2))
-# |GELU''(z)| as float64 evaluates it is within this (absolute) of the exact value at the same z
-_GELU2_ABS_ERR = 1e-13
+_GELU2_ABS_ERR = GELU2_ABS_ERR  # |GELU''| as float64 evaluates it, absolute error
 # F45a: the leading eigenvectors of H kept exactly in the cheap upper tier of N2 (cost ~ (m + d)/(d_ff + d) of N2's)
 SPLIT_RANK = 256
 SPLIT_RANK2 = 128  # and of W_2 W_2^T (rank d) for ||D W_2||

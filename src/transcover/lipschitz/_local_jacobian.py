@@ -195,22 +195,30 @@ def certified_lmax_vec(G: Tensor, *, start: Tensor | None = None, steps: int = K
     return out, x
 
 
+# |GELU''(z)| as float64 evaluates it is within this (absolute) of the exact value at the same z (near the zeros
+# +-sqrt 2 the rounding of ``2 - z^2`` is absolute: ~1e-16); it also covers ``gelu2_sup``'s rounded interval ends
+GELU2_ABS_ERR = 1e-13
+
+
 def gelu_second(z: Tensor) -> Tensor:
     """``GELU''(z) = phi(z)(2 - z^2)`` (exact-erf GELU ``z Phi(z)``) as float64 evaluates it; F38 and F40 bound
-    the evaluation's error by ``_local_ffn2._GELU2_ABS_ERR``."""
+    the evaluation's error by ``GELU2_ABS_ERR``."""
     return torch.exp(-0.5 * z * z) / math.sqrt(2 * math.pi) * (2 - z * z)
 
 
 def gelu2_sup(a: Tensor, b: Tensor) -> Tensor:
     """sup of ``|GELU''|`` on each interval ``[a, b]``: ``GELU'' = phi(z)(2 - z^2)`` has its extrema at
     ``z = 0`` (``2 phi(0)``) and ``z = +-2`` (``2 phi(2)``) and is monotone in between, so the sup is
-    the largest of the endpoint values and of the extrema inside (padded for float64 rounding)."""
+    the largest of the endpoint values and of the extrema inside, padded for float64 rounding: ``1e-12`` relative
+    and ``GELU2_ABS_ERR`` absolute (red17: near ``z = sqrt 2`` the evaluation's error is absolute, and with a
+    relative pad alone the sup at ``z = 1.4142135623730956`` was 1.15x below the exact ``|GELU''(z)|``; the ends
+    ``fl(z +- h)`` may lie inside the exact interval by half an ulp, which moves ``|GELU''|`` by ``0.78`` times that)."""
     out = torch.maximum(gelu_second(a).abs(), gelu_second(b).abs())
     zero = (a <= 0) & (b >= 0)
     two = ((a <= 2) & (b >= 2)) | ((a <= -2) & (b >= -2))
     out = torch.where(zero, torch.full_like(out, 2 / math.sqrt(2 * math.pi)), out)
     out = torch.where(two, torch.maximum(out, torch.full_like(out, 2 * math.exp(-2) / math.sqrt(2 * math.pi))), out)
-    return out * (1 + 1e-12) + 1e-300
+    return out * (1 + 1e-12) + GELU2_ABS_ERR
 
 
 def gelu_second_sup() -> float:

@@ -166,7 +166,7 @@ def _rank_one_values(layer, attn, seed: int):  # noqa: ANN001, ANN202
 def _block_ascent(val, shapes, unit_rows, restarts: int, outer: int, seed: int) -> tuple:  # noqa: ANN001
     """Best ``val(z, (t_1, ..., t_n))`` with ``z = X``'s move (rows in the unit ball) and the ``t``'s unit-row arguments
     in which ``val`` is linear (each, the others fixed): per outer step each ``t`` set exactly to its maximiser (its
-    gradient's rows normalised), then one Adam step on ``z``.  ``shapes`` the ``t``'s; returns (best value, its args)."""
+    gradient's rows normalised; rows with a zero gradient kept), then one Adam step on ``z``.  ``shapes`` the ``t``'s; returns (best value, its args)."""
     g = torch.Generator().manual_seed(seed)
     best, arg = -math.inf, None
     for rs in range(restarts):
@@ -179,8 +179,8 @@ def _block_ascent(val, shapes, unit_rows, restarts: int, outer: int, seed: int) 
                 for k in range(len(ts)):
                     t = ts[k].clone().requires_grad_(True)
                     (gr,) = torch.autograd.grad(val(z, ts[:k] + [t] + ts[k + 1:]), t)
-                    if float(gr.norm()) > 0:
-                        ts[k] = unit_rows(gr)
+                    live = gr.norm(dim=-1, keepdim=True) > 0  # a row the value does not see (a causal mask) stays
+                    ts[k] = torch.where(live, unit_rows(torch.where(live, gr, ts[k])), ts[k])
             v = val(az / az.norm(dim=-1, keepdim=True).clamp(min=1.0), ts)
             if float(v.detach()) > best:
                 best, arg = float(v.detach()), (z, [t.clone() for t in ts])
@@ -192,15 +192,15 @@ def _block_ascent(val, shapes, unit_rows, restarts: int, outer: int, seed: int) 
 
 @pytest.mark.parametrize("seed,qscale,causal,aligned,rank1,rho,mixed,frac", [
     (31, 1.0, False, False, False, 0.05, False, 0.05), (35, 1.0, False, True, True, 0.05, False, 0.04),
-    (33, 1.0, False, True, True, 0.05, True, 0.1), (32, 5.0, True, True, True, 0.5, True, 0.005)])
+    (33, 1.0, False, True, True, 0.05, True, 0.1), (32, 5.0, True, True, True, 0.5, True, 0.04)])
 def test_f50a_value_side_form_against_block_ascent(seed, qscale, causal, aligned, rank1, rho, mixed, frac):
     """Per head (head 0; aligned heads are copies) and query: ``v . H_i(Z)[Delta, E]`` against
     ``sum_K c_K n_K(v) + c_1 ||v||`` (THEORY F50a), by block ascent: ``H`` is bilinear in the tangents' arguments and
     linear in ``v``, so each is set to its exact maximiser in turn (the rows of the gradient, normalised; ``v`` the
     unit direction of ``H``), then Adam on the point ``Z`` of the ball; two starts (one at the centre) x 10 steps.
     Rank-one value maps and aligned heads (the seminorms all ``|b . v|`` times a constant).  The ratio never exceeds 1
-    and reaches ``frac`` (measured 0.101, 0.077, 0.196, 0.0105; 3 x 40 steps on every head: 0.131, 0.073, 0.202, 0.019:
-    F44b's per-head slack, ``A c w`` with ``c`` the largest score change, stays in each coefficient)."""
+    and reaches ``frac`` (measured 0.101, 0.077, 0.196, 0.080; 3 x 40 steps on every head: 0.131, 0.073, 0.202: F44b's
+    per-head slack, ``A c w`` with ``c`` the largest score change, stays in each coefficient)."""
     from test_local_stack16 import _layer
     from test_local_stack_attn import _aligned, _case, _rows
     import transcover.lipschitz._local_stack_joint as joint_mod
@@ -264,7 +264,7 @@ def test_f50d_drift_rows_on_minilm_layer0(monkeypatch):
     """MiniLM layer 0's attention (after the input norm, identity prefix; sentence 14, T = 7) at rho = 1e-5 and 1e-6 x
     the median token norm: F50d's joint drift rows alone (F44's per-head combination set to inf) against block ascent
     on ``||[(DA(X + h) - DA(X)) E]_k||`` (``E``'s rows and the output direction exact, Adam on h): never above, and
-    above 2 % on every token (measured: the attained share per token, min ... max, in the report of red17)."""
+    above 1.5 % on every token (measured 2.6-6.8 % with two starts per token, 14 rows: F44b's per-head slack)."""
     import transcover.lipschitz._local_stack_attn as stack_attn
     from transcover.lipschitz._local_stack import certified_rows
     from transcover.lipschitz._local_stack_stages import layer_stages
@@ -292,8 +292,7 @@ def test_f50d_drift_rows_on_minilm_layer0(monkeypatch):
             lo = _drift_ascent(f, X, rho, k, seed=k, restarts=1)
             assert lo <= float(rows[k]), (fac, k, lo, rows)
             shares.append(lo / float(rows[k]))
-    print("red17 F50d MiniLM shares", [round(s, 4) for s in shares])
-    assert min(shares) >= 0.02, shares
+    assert min(shares) >= 0.015, shares
 
 
 def test_a_float32_evaluation_is_not_what_is_certified():
@@ -333,3 +332,49 @@ def test_a_float32_evaluation_is_not_what_is_certified():
             r32 = max(r32, float((f(s32, Y.float()) - f(s32, X.float())).norm(dim=1).max()) / dx)
             r64 = max(r64, float((f(s64, Y) - f(s64, X)).norm(dim=1).max()) / dx)
     assert r64 <= upper < 20 * upper < r32, (r64, upper, r32)
+
+
+# -- the whole network with F50 on norms, eps and masks the earlier red teams did not use ------------------------------
+NET_CASES = [dict(norm="rmsnorm", placement="post", eps=1e-12, xscale=0.05, share=0.005),
+             dict(norm="layernorm", placement="post", eps=1.0, xscale=1.0, share=0.009),
+             dict(norm="rmsnorm", placement="pre", eps=1e-6, xscale=1.0, causal=True, final_norm=True, share=0.008),
+             dict(norm="layernorm", placement="post", eps=1e-5, xscale=1.0, aligned=True, share=0.002)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", NET_CASES)
+def test_whole_network_and_its_drift_rows_on_more_norms(case):
+    """Two layers (GELU, biases, 4 heads, d = 8, T = 4) with F50 in the stack route: RMSNorm post-LN with tiny inputs and
+    eps = 1e-12; LayerNorm with eps = 1 (the floor dominates); pre-RMSNorm, causal, final norm; post-LN whose heads are
+    copies of one rank-one-value head (F50c's Cauchy-Schwarz over the heads tight).  rho = 1e-3 x the median token norm.
+    The bound against the pair and Jacobian ascents (``assert_network_below``), and the whole network's certified
+    drift rows (``spans[(0, n)]``) against block ascent on ``||[(J(X + h) - J(X)) E]_k||`` (E and the output direction
+    exact, Adam on h): never above, and the drift ascent above half its measured share of the rows on some token
+    (measured 1.07 %, 1.84 %, 1.67 %, 0.39 %: the whole network's drift rows carry every stage's slack)."""
+    import dataclasses
+
+    from lipschitz_testkit import random_spec
+    from test_local_stack15 import assert_network_below
+    from transcover.lipschitz._local_stack import stack_local
+    from transcover.model._functional import transformer_forward
+
+    case = dict(case)
+    xscale, aligned, want = case.pop("xscale"), case.pop("aligned", False), case.pop("share")
+    spec = random_spec(17, act="gelu", L=2, d=8, H=4, dh=2, dff=8, biases=True, **case)
+    if aligned:
+        one = lambda a: dataclasses.replace(a, **{k: getattr(a, k)[:1].expand_as(getattr(a, k)).clone()  # noqa: E731
+                                                  for k in ("W_Q", "W_K", "W_O", "b_Q", "b_K", "b_V")})
+        spec = dataclasses.replace(spec, layers=[_rank_one_values(ly, one(ly.attention), 17)[0] for ly in spec.layers])
+    X = torch.randn(4, 8, generator=torch.Generator().manual_seed(17), dtype=F64) * xscale
+    rho = 1e-3 * float(X.norm(dim=1).median())
+    res = stack_local(spec, X, [rho])[0]
+    assert math.isfinite(res.upper), res.upper
+    assert_network_below(spec, X, rho, res, seed=17)
+    rows = res.spans[(0, len(res.cuts) - 1)]
+    f = lambda Z: transformer_forward(spec, Z, with_head=False)  # noqa: E731
+    share = 0.0
+    for k in range(X.shape[0]):
+        lo = _drift_ascent(f, X, rho, k, seed=k, restarts=1)
+        assert lo <= float(rows[k]), (k, lo, rows)
+        share = max(share, lo / float(rows[k]))
+    assert share >= want, share

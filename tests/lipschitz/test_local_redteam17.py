@@ -261,10 +261,10 @@ def _drift_ascent(f, X: torch.Tensor, rho: float, k: int, seed: int, restarts: i
 
 @pytest.mark.slow
 def test_f50d_drift_rows_on_minilm_layer0(monkeypatch):
-    """MiniLM layer 0's attention (after the input norm, identity prefix; sentence 14, T = 7) at rho = 1e-5 and 1e-6 x
-    the median token norm: F50d's joint drift rows alone (F44's per-head combination set to inf) against block ascent
+    """MiniLM layer 0's attention (after the input norm, identity prefix; sentence 14, T = 7) at rho = 1e-5 x the median
+    token norm (1e-6 measured the same: 2.6-6.8 % with both): F50d's joint drift rows alone (F44's per-head combination set to inf) against block ascent
     on ``||[(DA(X + h) - DA(X)) E]_k||`` (``E``'s rows and the output direction exact, Adam on h): never above, and
-    above 1.5 % on every token (measured 2.6-6.8 % with two starts per token, 14 rows: F44b's per-head slack)."""
+    above 1.5 % on every token (measured 2.6-6.8 % with two starts of 8 steps per token: F44b's per-head slack)."""
     import transcover.lipschitz._local_stack_attn as stack_attn
     from transcover.lipschitz._local_stack import certified_rows
     from transcover.lipschitz._local_stack_stages import layer_stages
@@ -282,14 +282,14 @@ def test_f50d_drift_rows_on_minilm_layer0(monkeypatch):
     f = lambda Z: attention_forward(spec.layers[0].attention, Z)  # noqa: E731
     med = float(X0.norm(dim=1).median())
     shares = []
-    for fac in (1e-5, 1e-6):
+    for fac in (1e-5,):
         rho = fac * med
         r = rho * nu * (1 + 1e-12)
         dZ = torch.full((len(aa.proj), T), math.inf, dtype=F64)
         rows = aa.drift(r, rho, z, 0.0, 0.0, (dZ, 1.0, 0.0))[0]
         assert bool(torch.isfinite(rows).all()), rows
         for k in range(T):
-            lo = _drift_ascent(f, X, rho, k, seed=k, restarts=1)
+            lo = _drift_ascent(f, X, rho, k, seed=k, restarts=1, outer=6)
             assert lo <= float(rows[k]), (fac, k, lo, rows)
             shares.append(lo / float(rows[k]))
     assert min(shares) >= 0.015, shares
@@ -349,8 +349,9 @@ def test_whole_network_and_its_drift_rows_on_more_norms(case):
     copies of one rank-one-value head (F50c's Cauchy-Schwarz over the heads tight).  rho = 1e-3 x the median token norm.
     The bound against the pair and Jacobian ascents (``assert_network_below``), and the whole network's certified
     drift rows (``spans[(0, n)]``) against block ascent on ``||[(J(X + h) - J(X)) E]_k||`` (E and the output direction
-    exact, Adam on h): never above, and the drift ascent above half its measured share of the rows on some token
-    (measured 1.07 %, 1.84 %, 1.67 %, 0.39 %: the whole network's drift rows carry every stage's slack)."""
+    exact, Adam on h; tokens 0, 1): never above, and the drift ascent above half its measured share of the rows
+    (measured on all four tokens, 1 x 8 steps: 1.07 %, 1.84 %, 1.67 %, 0.39 %: the network's drift rows carry every
+    stage's slack)."""
     import dataclasses
 
     from lipschitz_testkit import random_spec
@@ -373,8 +374,8 @@ def test_whole_network_and_its_drift_rows_on_more_norms(case):
     rows = res.spans[(0, len(res.cuts) - 1)]
     f = lambda Z: transformer_forward(spec, Z, with_head=False)  # noqa: E731
     share = 0.0
-    for k in range(X.shape[0]):
-        lo = _drift_ascent(f, X, rho, k, seed=k, restarts=1)
+    for k in (0, 1):
+        lo = _drift_ascent(f, X, rho, k, seed=k, restarts=1, outer=6)
         assert lo <= float(rows[k]), (k, lo, rows)
         share = max(share, lo / float(rows[k]))
     assert share >= want, share

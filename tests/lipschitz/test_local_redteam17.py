@@ -166,7 +166,8 @@ def _rank_one_values(layer, attn, seed: int):  # noqa: ANN001, ANN202
 def _block_ascent(val, shapes, unit_rows, restarts: int, outer: int, seed: int) -> tuple:  # noqa: ANN001
     """Best ``val(z, (t_1, ..., t_n))`` with ``z = X``'s move (rows in the unit ball) and the ``t``'s unit-row arguments
     in which ``val`` is linear (each, the others fixed): per outer step each ``t`` set exactly to its maximiser (its
-    gradient's rows normalised; rows with a zero gradient kept), then one Adam step on ``z``.  ``shapes`` the ``t``'s; returns (best value, its args)."""
+    gradient's rows normalised; rows with a zero gradient kept), then one Adam step on ``z``.  ``shapes``: ``z``'s,
+    then the ``t``'s; returns (best value, its args)."""
     g = torch.Generator().manual_seed(seed)
     best, arg = -math.inf, None
     for rs in range(restarts):
@@ -236,7 +237,7 @@ def test_f50a_value_side_form_against_block_ascent(seed, qscale, causal, aligned
     assert best >= frac, best
 
 
-# -- F50d on MiniLM: the joint drift rows of layer 0's attention (``AttentionAligned.drift``) ---------------------------
+# -- F50d on MiniLM: the joint drift rows of layer 0's attention (``AttentionAligned.drift``) --------------------------
 def _minilm_s14():  # noqa: ANN202
     """MiniLM (float64) and sentence 14 of the benchmark's pool (T = 7), embedded."""
     from transcover.model import load
@@ -247,8 +248,9 @@ def _minilm_s14():  # noqa: ANN202
 
 
 def _drift_ascent(f, X: torch.Tensor, rho: float, k: int, seed: int, restarts: int = 2, outer: int = 8) -> float:
-    """Block ascent on ``||[(Df(X + h) - Df(X)) E]_k||`` over ``||h_j|| <= rho`` and (2,inf)-unit ``E``: ``E``'s rows and
-    the output direction ``u`` set to their exact maximisers for the current ``h`` (linear in each), Adam on ``h``."""
+    """Block ascent on ``||[(Df(X + h) - Df(X)) E]_k||`` over ``||h_j|| <= rho`` and (2,inf)-unit ``E``: ``E``'s rows
+    and the output direction ``u`` set to their exact maximisers for the current ``h`` (linear in each), Adam on
+    ``h``."""
     jv = lambda Z, E: torch.autograd.functional.jvp(f, Z, E, create_graph=True)[1][k]  # noqa: E731
     unit_rows = lambda a: a / a.norm(dim=-1, keepdim=True)  # noqa: E731
 
@@ -262,9 +264,10 @@ def _drift_ascent(f, X: torch.Tensor, rho: float, k: int, seed: int, restarts: i
 @pytest.mark.slow
 def test_f50d_drift_rows_on_minilm_layer0(monkeypatch):
     """MiniLM layer 0's attention (after the input norm, identity prefix; sentence 14, T = 7) at rho = 1e-5 x the median
-    token norm (1e-6 measured the same: 2.6-6.8 % with both): F50d's joint drift rows alone (F44's per-head combination set to inf) against block ascent
-    on ``||[(DA(X + h) - DA(X)) E]_k||`` (``E``'s rows and the output direction exact, Adam on h): never above, and
-    above 1.5 % on every token (measured 2.6-6.8 % with two starts of 8 steps per token: F44b's per-head slack)."""
+    token norm: F50d's joint drift rows alone (F44's per-head combination set to inf) against block ascent on
+    ``||[(DA(X + h) - DA(X)) E]_k||`` (``E``'s rows and the output direction exact, Adam on h) on tokens 0, 2, 4, 6:
+    never above, and above 1.5 % of the rows (measured 2.6-6.8 % on all seven tokens, at 1e-5 and 1e-6, two starts of
+    8 steps: F44b's per-head slack)."""
     import transcover.lipschitz._local_stack_attn as stack_attn
     from transcover.lipschitz._local_stack import certified_rows
     from transcover.lipschitz._local_stack_stages import layer_stages
@@ -280,26 +283,21 @@ def test_f50d_drift_rows_on_minilm_layer0(monkeypatch):
     nu = certified_rows(eye)
     z = torch.zeros_like(nu)
     f = lambda Z: attention_forward(spec.layers[0].attention, Z)  # noqa: E731
-    med = float(X0.norm(dim=1).median())
-    shares = []
-    for fac in (1e-5,):
-        rho = fac * med
-        r = rho * nu * (1 + 1e-12)
-        dZ = torch.full((len(aa.proj), T), math.inf, dtype=F64)
-        rows = aa.drift(r, rho, z, 0.0, 0.0, (dZ, 1.0, 0.0))[0]
-        assert bool(torch.isfinite(rows).all()), rows
-        for k in range(T):
-            lo = _drift_ascent(f, X, rho, k, seed=k, restarts=1, outer=6)
-            assert lo <= float(rows[k]), (fac, k, lo, rows)
-            shares.append(lo / float(rows[k]))
-    assert min(shares) >= 0.015, shares
+    rho = 1e-5 * float(X0.norm(dim=1).median())
+    dZ = torch.full((len(aa.proj), T), math.inf, dtype=F64)
+    rows = aa.drift(rho * nu * (1 + 1e-12), rho, z, 0.0, 0.0, (dZ, 1.0, 0.0))[0]
+    assert bool(torch.isfinite(rows).all()), rows
+    for k in range(0, T, 2):
+        lo = _drift_ascent(f, X, rho, k, seed=k, restarts=1, outer=6)
+        assert 0.015 * float(rows[k]) <= lo <= float(rows[k]), (k, lo, rows)
 
 
 def test_a_float32_evaluation_is_not_what_is_certified():
-    """Scope (THEORY F17, as implemented): the certificate is of the exact map of the stored (here float32-representable)
-    weights and inputs; the float32 evaluation of the same model rounds its output to float32's grid, so a one-ulp move
-    of one input entry can jump the output by one ulp of ``b_2`` = 1e3 (6e-5): pair ratio 1 024 against the certified
-    21.0 on ``B(X, 1e-3)``.  The exact map's pair ratios stay below the bound.  (Pre-LN layer, d = 8.)"""
+    """Scope (THEORY F17, as implemented): the certificate is of the exact map of the stored (here
+    float32-representable) weights and inputs; the float32 evaluation of the same model rounds its output to
+    float32's grid, so a one-ulp move of one input entry can jump the output by one ulp of ``b_2`` = 1e3 (6e-5): pair
+    ratio 1 024 against the certified 21.0 on ``B(X, 1e-3)``.  The exact map's pair ratios stay below the bound.
+    (Pre-LN layer, d = 8.)"""
     import dataclasses
 
     from lipschitz_testkit import random_spec
@@ -313,7 +311,8 @@ def test_a_float32_evaluation_is_not_what_is_certified():
 
     def conv(o, f):  # noqa: ANN001, ANN202
         if dataclasses.is_dataclass(o):
-            return dataclasses.replace(o, **{x.name: conv(getattr(o, x.name), f) for x in dataclasses.fields(o) if x.init})
+            return dataclasses.replace(o, **{x.name: conv(getattr(o, x.name), f)
+                                            for x in dataclasses.fields(o) if x.init})
         if isinstance(o, (list, tuple)):
             return type(o)(conv(x, f) for x in o)
         return f(o) if isinstance(o, torch.Tensor) and o.is_floating_point() else o
@@ -344,14 +343,14 @@ NET_CASES = [dict(norm="rmsnorm", placement="post", eps=1e-12, xscale=0.05, shar
 @pytest.mark.slow
 @pytest.mark.parametrize("case", NET_CASES)
 def test_whole_network_and_its_drift_rows_on_more_norms(case):
-    """Two layers (GELU, biases, 4 heads, d = 8, T = 4) with F50 in the stack route: RMSNorm post-LN with tiny inputs and
-    eps = 1e-12; LayerNorm with eps = 1 (the floor dominates); pre-RMSNorm, causal, final norm; post-LN whose heads are
-    copies of one rank-one-value head (F50c's Cauchy-Schwarz over the heads tight).  rho = 1e-3 x the median token norm.
-    The bound against the pair and Jacobian ascents (``assert_network_below``), and the whole network's certified
-    drift rows (``spans[(0, n)]``) against block ascent on ``||[(J(X + h) - J(X)) E]_k||`` (E and the output direction
-    exact, Adam on h; tokens 0, 1): never above, and the drift ascent above half its measured share of the rows
-    (measured on all four tokens, 1 x 8 steps: 1.07 %, 1.84 %, 1.67 %, 0.39 %: the network's drift rows carry every
-    stage's slack)."""
+    """Two layers (GELU, biases, 4 heads, d = 8, T = 4) with F50 in the stack route: RMSNorm post-LN with tiny inputs
+    and eps = 1e-12; LayerNorm with eps = 1 (the floor dominates); pre-RMSNorm, causal, final norm; post-LN whose
+    heads are copies of one rank-one-value head (F50c's Cauchy-Schwarz over the heads tight).  rho = 1e-3 x the
+    median token norm. The bound against the pair and Jacobian ascents (``assert_network_below``), and the whole
+    network's certified drift rows (``spans[(0, n)]``) against block ascent on ``||[(J(X + h) - J(X)) E]_k||`` (E and
+    the output direction exact, Adam on h; tokens 0, 1): never above, and the drift ascent above half its measured
+    share of the rows (measured on all four tokens, 1 x 8 steps: 1.07 %, 1.84 %, 1.67 %, 0.39 %: the network's drift
+    rows carry every stage's slack)."""
     import dataclasses
 
     from lipschitz_testkit import random_spec

@@ -54,3 +54,11 @@ def _one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def shared_tmp(tmp_path_factory):
+    """A folder of this test run that every pytest-xdist worker shares (their basetemps' parent; the basetemp itself
+    in a serial run), for results several test files compute alike (``lipschitz_testkit.cached_layer_rows``)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base

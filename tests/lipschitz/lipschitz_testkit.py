@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+from pathlib import Path
+
 import torch
 
 from transcover.model import (
@@ -186,3 +190,62 @@ def token_ascents(out, X: torch.Tensor, rho: float, *, starts: int = 3, steps: i
     (starts, T, T, m) (evaluated at ``X + E``, broadcast)."""
     k = torch.arange(X.shape[0])
     return jvp_ascents(lambda E, V: out(E, V)[:, k, k].norm(dim=-1), X, rho, k.tolist(), starts=starts, steps=steps)
+
+
+def _digest(h, obj) -> None:  # noqa: ANN001
+    """Feed every tensor (dtype, shape, bytes) and scalar reachable from ``obj`` (dataclasses, sequences) to ``h``."""
+    if isinstance(obj, torch.Tensor):
+        h.update(f"{obj.dtype}{tuple(obj.shape)}".encode())
+        h.update(obj.detach().contiguous().cpu().numpy().tobytes())
+    elif dataclasses.is_dataclass(obj):
+        for f in dataclasses.fields(obj):
+            _digest(h, getattr(obj, f.name))
+    elif isinstance(obj, (list, tuple)):
+        for o in obj:
+            _digest(h, o)
+    else:
+        h.update(repr(obj).encode())
+
+
+_ROWS: dict = {}
+
+
+def cached_layer_rows(layer, X: torch.Tensor, radii: list, shared: Path) -> list:  # noqa: ANN001
+    """``layer_rows(layer, X, radii)``, computed once per test run: kept in this process and, for the other xdist
+    workers, in ``shared`` (``torch.save`` of the ``LayerJacobian`` fields, plain tensors, floats and dicts: the same
+    floats back), keyed on the layer's weights, ``X`` and ``radii``; a file lock makes a second worker wait for the
+    first one's result instead of repeating it."""
+    from filelock import FileLock
+
+    from transcover.lipschitz._local_jacobian import LayerJacobian
+    from transcover.lipschitz._local_rows import layer_rows
+
+    h = hashlib.sha256()
+    _digest(h, (layer, X, [float(r) for r in radii]))
+    key = h.hexdigest()
+    if key not in _ROWS:
+        path = shared / f"layer_rows_{key}.pt"
+        with FileLock(f"{path}.lock"):
+            if path.exists():
+                rows = [LayerJacobian(**d) for d in torch.load(path, weights_only=True)]
+            else:
+                rows = layer_rows(layer, X, radii)
+                torch.save([{f.name: getattr(lj, f.name) for f in dataclasses.fields(lj)} for lj in rows],
+                           path.with_suffix(".tmp"))
+                path.with_suffix(".tmp").replace(path)
+        _ROWS[key] = rows
+    return _ROWS[key]
+
+
+def minilm_layer0_rows(shared: Path) -> tuple:
+    """Real MiniLM (float64), the second sklearn-descr sentence cut to 12 tokens after the input norm (``X``) and
+    layer 0's ``layer_rows`` at ``radii`` = 1e-3 and 1e-2 of its median token norm (``cached_layer_rows``): the
+    setup the MiniLM tests of F46, F47 and F51a share.  Returns ``(spec, X, radii, rows)``."""
+    from transcover.model import load
+    from transcover.model._data import load_inputs
+
+    spec = load(None).to_torch(torch.float64)
+    X = spec.input_norm(load_inputs(spec, "sklearn-descr", max_len=12, limit=2)[1].double())
+    med = float(X.norm(dim=1).median())
+    radii = [1e-3 * med, 1e-2 * med]
+    return spec, X, radii, cached_layer_rows(spec.layers[0], X, radii, shared)

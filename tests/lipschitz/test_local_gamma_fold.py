@@ -14,7 +14,7 @@ import math
 import pytest
 import torch
 
-from lipschitz_testkit import hetero_gamma, random_spec
+from lipschitz_testkit import hetero_gamma, minilm_layer0_rows, random_spec
 from test_lipschitz_local import adversary
 from transcover.lipschitz import _local_gamma_fold
 from transcover.lipschitz._local_gamma_fold import FoldedFfnDrift, folded_layer
@@ -239,21 +239,19 @@ def test_rounding_pad_is_zero_only_for_float32_values():
 
 
 @pytest.mark.slow
-def test_new_never_above_old_on_minilm(monkeypatch):
+def test_new_never_above_old_on_minilm(monkeypatch, shared_tmp):
     """(d) Real MiniLM layers 0 and 3, one real sentence, rho = 1e-3, 1e-2 of the median token norm: with the fold
     every token's ball row, drift row and output radius is at most its row without it (F37a alone: the first pass
-    refines as without the fold), every drift part too, and at 1e-2 the FFN term falls."""
-    from transcover.model import load
-    from transcover.model._data import load_inputs
-
-    spec = load(None).to_torch(torch.float64)
-    Xs = [spec.input_norm(load_inputs(spec, "sklearn-descr", max_len=12, limit=2)[1].double())]
+    refines as without the fold), every drift part too, and at 1e-2 the FFN term falls.  Layer 0's rows with the fold
+    are the ones ``minilm_layer0_rows`` shares with F47's and F51a's MiniLM tests."""
+    spec, X, radii, rows0 = minilm_layer0_rows(shared_tmp)
+    Xs = [X]
     for layer in spec.layers[:3]:
         Xs.append(layer_forward(layer, Xs[-1]))
     for li in (0, 3):
         L, Xl = spec.layers[li], Xs[li]
         rhos = [rho * float(Xl.norm(dim=1).median()) for rho in (1e-3, 1e-2)]
-        new = layer_rows(L, Xl, rhos)
+        new = rows0 if li == 0 else layer_rows(L, Xl, rhos)
         with monkeypatch.context() as m:
             m.setattr(_local_gamma_fold, "folded_layer", lambda layer: None)
             old = layer_rows(L, Xl, rhos)

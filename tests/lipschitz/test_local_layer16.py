@@ -11,7 +11,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lipschitz_testkit import random_spec
+from lipschitz_testkit import minilm_layer0_rows, random_spec
 from test_local_ffn2 import _ascent, _ffn
 from transcover.lipschitz._local_ffn2 import ffn_curvature_drift, ffn_hadamard
 from transcover.lipschitz._local_jacobian import gelu2_sup
@@ -118,7 +118,7 @@ def test_layer_rows_with_the_curvature_drift_is_never_beaten(monkeypatch):
 
 
 @pytest.mark.slow
-def test_minilm_new_never_above_old_and_the_remainder_holds(monkeypatch):
+def test_minilm_new_never_above_old_and_the_remainder_holds(monkeypatch, shared_tmp):
     """Real MiniLM layer 0, one real sentence (T = 12), rho = 1e-3, 1e-2 of the median token norm: the ball bound with
     F51a is at most without it (the reported maxima: F37a refines every token that can set them); F51a's drift at
     r_h = 2 (the first norm's certified radius at 1e-2) is at most F17c's ``kappa r_h`` on every token and below a third
@@ -127,14 +127,10 @@ def test_minilm_new_never_above_old_and_the_remainder_holds(monkeypatch):
     from transcover.lipschitz import _local_rows
     from transcover.lipschitz._local_jacobian import _weight_norms
     from transcover.lipschitz._local_rows import layer_rows
-    from transcover.model import attention_forward, ffn_forward, load
-    from transcover.model._data import load_inputs
+    from transcover.model import attention_forward, ffn_forward
 
-    spec = load(None).to_torch(torch.float64)
-    X = spec.input_norm(load_inputs(spec, "sklearn-descr", max_len=12, limit=2)[1].double())
+    spec, X, rhos, new = minilm_layer0_rows(shared_tmp)  # with F51a (the rows F46's and F47's tests share)
     L, ffn = spec.layers[0], spec.layers[0].ffn
-    rhos = [rho * float(X.norm(dim=1).median()) for rho in (1e-3, 1e-2)]
-    new = layer_rows(L, X, rhos)
     with monkeypatch.context() as m:
         m.setattr(_local_rows, "ffn_curvature_drift", lambda c, z, n1, rh: (torch.full_like(rh, math.inf),) * 2)
         old = layer_rows(L, X, rhos)

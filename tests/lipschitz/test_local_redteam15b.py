@@ -18,7 +18,7 @@ import math
 import pytest
 import torch
 
-from lipschitz_testkit import clip_rows, hetero_gamma, random_spec
+from lipschitz_testkit import clip_rows, hetero_gamma, minilm_layer0_rows, random_spec
 from test_local_attn_joint import _parts
 from test_local_joint import _remainder
 from test_local_sharp import _ascent, _stage_outputs
@@ -307,22 +307,16 @@ def test_joint_remainder_through_d1_is_homogeneous_in_gamma():
         assert torch.allclose(new["H"], abs(c) * base["H"], rtol=1e-8), (c, new["H"] / base["H"])
 
 
-def test_minilm_stage_radii_hold_under_ascent():
+def test_minilm_stage_radii_hold_under_ascent(shared_tmp):
     """MiniLM layer 0 on a real 12-token input at rho = 1e-3 and 1e-2 (x the median token norm), with F46 and F47 live:
     Adam ascent (3 starts x 50 steps) on each stage's move stays below ``stage_radii`` (measured 0.47-0.63 of it at
-    1e-3, 0.06-0.37 at 1e-2)."""
-    from transcover.model import load
-    from transcover.model._data import load_inputs
-
-    spec = load(None).to_torch(torch.float64)
-    X = spec.input_norm(load_inputs(spec, "sklearn-descr", max_len=12, limit=2)[1].double())
+    1e-3, 0.06-0.37 at 1e-2).  The rows are the ones ``minilm_layer0_rows`` shares with F46's and F51a's tests."""
+    spec, X, radii, rows = minilm_layer0_rows(shared_tmp)
     layer = spec.layers[0]
-    med = float(X.norm(dim=1).median())
-    radii = (1e-3 * med, 1e-2 * med)
     ref = _stage_outputs(layer, X)
     g = torch.Generator().manual_seed(0)
     top = 0.0
-    for r, lj in zip(radii, layer_rows(layer, X, list(radii))):
+    for r, lj in zip(radii, rows):
         for name, rad in lj.stage_radii.items():
             best = _ascent(lambda Z, name=name: (_stage_outputs(layer, Z)[name] - ref[name]).norm(dim=-1), X, r, g,
                            starts=3, steps=50)

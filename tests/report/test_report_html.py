@@ -10,7 +10,6 @@ import dataclasses
 import re
 import shutil
 import subprocess
-import time
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -100,21 +99,21 @@ def _figures(html: str) -> int:
 
 
 @pytest.fixture(scope="module")
-def minilm_report(tmp_path_factory) -> tuple[Path, float]:
+def minilm_report(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("report") / "minilm.html"
-    t0 = time.perf_counter()
     # with data (issue 13): certified local constants at two real sentences add the at-the-data section.
-    # The sentences are cut to 8 tokens: the exact layer Jacobians of the local bound grow like (T d)^2
-    # to (T d)^3, and at --max-len 32 they were 3/4 of this fixture's 215 s; what the page must hold
-    # (real MiniLM, data, certified local constants, self-contained, small) does not depend on T.
+    # The sentences are cut to 4 tokens ([CLS], two word pieces, [SEP]): the local bound's per-token work
+    # grows with T (at --max-len 32 it was 3/4 of this fixture's 215 s; the run took 192 s CPU at 8 tokens,
+    # 160 s at 4); what the page must hold (real MiniLM, data, certified local constants, self-contained,
+    # small) does not depend on T.
     assert main(["report", "-o", str(out), "--quiet", "--lower-steps", "1", "--data", "sklearn-descr",
-                 "--limit", "2", "--max-len", "8", "--rho", "1e-4"]) == 0
-    return out, time.perf_counter() - t0
+                 "--limit", "2", "--max-len", "4", "--rho", "1e-4"]) == 0
+    return out
 
 
 @pytest.mark.slow
 def test_minilm_report_is_self_contained_and_small(minilm_report):
-    path, seconds = minilm_report
+    path = minilm_report
     html = path.read_text(encoding="utf-8")
     assert path.stat().st_size < 5_000_000
     assert _figures(html) == 4  # heatmaps, Lipschitz bars, log N breakdown, covering curve
@@ -129,7 +128,6 @@ def test_minilm_report_is_self_contained_and_small(minilm_report):
         assert label in html
     assert 'id="local"' in html and "local_upper" in html  # the data's section, computed
     assert "certified local upper bounds at 2 sequences of sklearn-descr" in html  # both real sentences
-    assert seconds < 600
 
 
 @pytest.mark.slow
@@ -137,7 +135,7 @@ def test_minilm_report_opens_in_chromium_without_console_messages(minilm_report,
     browser = _chromium()
     if browser is None:
         pytest.skip("no Chromium binary found (apt-get install chromium; .ci/run installs it)")
-    path, _ = minilm_report
+    path = minilm_report
     html = path.read_text(encoding="utf-8")
     flags = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-extensions",
              f"--user-data-dir={tmp_path / 'profile'}", "--enable-logging=stderr", "--v=0"]

@@ -314,7 +314,7 @@ class AttentionAligned:
         """``(v, v_M)``: the reach of ``reach`` and ``through`` with one output direction for all heads (THEORY F50):
         the coefficients of ``aligned_hessian_terms`` along the segment as ``attention_aligned_reach`` combines
         ``F``, ``F^m`` and ``S`` (the last in norm only), then ``joint_reach`` through ``W_O`` and through the layer's
-        token-local product at x (None without one)."""
+        token-local product at x (None without one); each the smaller of F50's branch and F53b's (``branch``)."""
         rm = float(r.max())
         T = r.shape[0]
         if not math.isfinite(rm):

@@ -70,7 +70,7 @@ def test_centred_score_change_is_never_beaten(seed, qscale, causal, rho, mixed):
                 ds = attn.softmax_scale * ((E[i] @ Wq) @ (Z @ Wk + bk).T + (Z[i] @ Wq + bq) @ (E @ Wk).T)
                 c = ds - (Pz * ds).sum()
                 return torch.where(Pz > 0, c.abs(), torch.zeros_like(c)).max()
-            lo = bilinear_lower(obj, (T, d), restarts=2, steps=25, seed=seed + i)
+            lo = bilinear_lower(obj, (T, d), restarts=2, steps=40, seed=seed + i)
             assert lo <= float(chat[i]), (h, i, lo, chat)
             if rho == 0 and qscale == 1.0 and (m["P"][i] > 0).sum() > 1:
                 assert lo >= 0.3 * float(chat[i]), (h, i, lo, chat)
@@ -221,7 +221,7 @@ def test_whole_network_is_never_beaten_and_not_above_f50(case, rho_frac, monkeyp
 def test_minilm_first_layer_below_f50(monkeypatch):
     """MiniLM layer 0 on a real 7-token input behind the identity prefix at rho = 1e-4 (x the median token norm, after
     the input norm): the reach (through ``W_O`` and through the layer's token-local product) with F53 is below F50's
-    by >= 1.3x on every token (measured 1.38-1.60x)."""
+    by >= 1.3x on every token (measured 1.41-1.68x)."""
     from transcover.lipschitz._local_stack_stages import layer_stages
     from transcover.model import load
     from transcover.model._data import load_inputs

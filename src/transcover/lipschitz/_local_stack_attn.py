@@ -33,7 +33,7 @@ from ._local_rows import _heads_combined, _lmax_gram
 from ._local_sharp import ball_box
 from ._local_stack_aligned import ellipsoid_gram
 
-__all__ = ["head_projections", "ball_side", "aligned_hessian_sup", "attention_aligned_reach", "attention_aligned_drift",
+__all__ = ["head_projections", "ball_side", "centred_max", "aligned_hessian_sup", "attention_aligned_reach", "attention_aligned_drift",
            "AttentionAligned"]
 
 _U = 2.0**-53
@@ -132,24 +132,39 @@ def _pvar(P: Tensor, a: Tensor, f: Tensor) -> Tensor:
     return torch.minimum(_pmean(P, a, f * f), anchored * (1 + 1e-12))
 
 
+def centred_max(P: Tensor, a: Tensor, gn: Tensor, qmove: Tensor, om: Tensor) -> Tensor:
+    r"""(T,) per query ``>= max_{visible j} |c_j|`` at every Z of the ball, ``c_j = f_j - sum_k P'_k f_k`` the centred
+    score change along one tangent, ``f_j = alpha . Q^{1/2} G (x'_j - xbar) + q'_i . e_j`` (THEORY F44b, F53a):
+    ``|f_j| <= F_j = ||g_ij|| + qmove_i + om_ij`` (``gn`` (T, T) ``>= ||g_ij||``, ``om`` ``>= |q'_i . e_j|``), so
+    ``|c_j| <= max_j F_j + |sum_k P'_k f_k|`` with the mean at most ``_pmean(F)`` or, the query part centred exactly
+    (``sum_k P'_k (x'_k - xbar) = sum_k P'_k (x'_k - x_k) + sum_k (P'_k - P_k) y_k``, ``|P'_k - P_k| <= a_k``),
+    ``qmove_i + sum_k a_k ||g_ik|| + _pmean(om)``; never above F44b's ``2 max_j F_j``."""
+    cj = gn + qmove[:, None] + om
+    top = torch.where(P > 0, cj, torch.zeros_like(cj)).max(dim=1).values
+    shift = qmove + torch.where(P > 0, a * gn, torch.zeros_like(gn)).sum(dim=1) * (1 + 1e-12) + _pmean(P, a, om)
+    return torch.minimum(2 * top, (top + torch.minimum(_pmean(P, a, cj), shift)) * (1 + 1e-12))
+
+
 def _side_at(sd: dict, P: Tensor, a: Tensor, ratio: Tensor, rho: float, nQ: float, nK: float,
-             scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+             scale: float) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """One side's per-query bounds at every Z of ``B(X, rho)`` (THEORY F44b): ``A`` (the ``L^2(P')`` norm of a centred
-    score change), ``c`` (its largest entry), ``sigma_V``, ``||Q_i^{1/2} W_Q||`` and ``(sum_j P'_j ||Q_j^{1/2} W_K||^2)^{1/2}``."""
+    score change), ``c`` (its largest entry), ``sigma_V``, ``||Q_i^{1/2} W_Q||``, ``(sum_j P'_j ||Q_j^{1/2} W_K||^2)^{1/2}``
+    and ``A`` without its query part ``lambda_max(sum_j P'_j g_ij g_ij^T)^{1/2}`` (the part F53 joins over the heads)."""
     mQ = torch.sqrt(sd["mQ2"])
     qmove = scale * mQ * nK * rho  # ||Q_i^{1/2} scale W_Q W_K^T (z_j - x_j)||
     om = torch.sqrt(sd["om2"]) + (scale * nQ * rho) * torch.sqrt(sd["mK2"])[None, :]  # >= |u'_i . W_K^T e_j| at Z
-    A = _ball_moment(sd["lG"], a, sd["g2"], ratio) + qmove + torch.sqrt(_pvar(P, a, om))
-    cj = torch.sqrt(sd["g2"]) + qmove[:, None] + om
-    chat = 2 * torch.where(P > 0, cj, torch.zeros_like(cj)).max(dim=1).values
+    rest = qmove + torch.sqrt(_pvar(P, a, om))
+    A = _ball_moment(sd["lG"], a, sd["g2"], ratio) + rest
+    chat = centred_max(P, a, torch.sqrt(sd["g2"]), qmove, om)
     sigV = torch.sqrt(_pvar(P, a, torch.sqrt(sd["mV2"]).expand_as(P)))
-    return A, chat, sigV, mQ, torch.sqrt(_pmean(P, a, sd["mK2"][None, :]))
+    return A, chat, sigV, mQ, torch.sqrt(_pmean(P, a, sd["mK2"][None, :])), rest
 
 
 @dataclass(frozen=True)
 class HeadSides:
     """One head's F44b factors on ``B(X, rho)``: the envelope's excess weights ``a`` and ``ratio = max a/P``, per side
-    ``(A, c, sigma_V, mu_Q, kappa_K)`` (``_side_at``), the value moment ``sV`` and the largest centred value ``what``."""
+    ``(A, c, sigma_V, mu_Q, kappa_K)`` (``_side_at``), the value moment ``sV``, the largest centred value ``what`` and
+    per side ``A`` without its query part (``rest``, THEORY F53)."""
 
     a: Tensor
     ratio: Tensor
@@ -157,6 +172,7 @@ class HeadSides:
     two: tuple
     sV: Tensor
     what: Tensor
+    rest: tuple
 
 
 def head_sides(s1: dict, s2: dict, m: dict, rho: float, nG: float, nV: float, nQ: float, nK: float,
@@ -165,12 +181,12 @@ def head_sides(s1: dict, s2: dict, m: dict, rho: float, nG: float, nV: float, nQ
     P = m["P"]
     _, _, a, _, _ = ball_box(m, rho, nG)
     ratio = torch.where(P > 0, a / P, torch.zeros_like(P)).max(dim=1).values * (1 + 1e-12)
-    one = _side_at(s1, P, a, ratio, rho, nQ, nK, scale)
-    two = _side_at(s2, P, a, ratio, rho, nQ, nK, scale)
+    *one, rest1 = _side_at(s1, P, a, ratio, rho, nQ, nK, scale)
+    *two, rest2 = _side_at(s2, P, a, ratio, rho, nQ, nK, scale)
     sV = _ball_moment(m["lV"], a, m["vn"] * m["vn"], ratio) + nV * rho
     # the largest centred value at Z: ||W_V^T (x'_j - xbar')|| <= ||W_V^T y_j|| + 2 ||W_V|| rho + sum_k a_k ||W_V^T y_k||
     vis = torch.where(P > 0, m["vn"], torch.zeros_like(P)).max(dim=1).values
-    return HeadSides(a, ratio, one, two, sV, vis + 2 * nV * rho + (a * m["vn"]).sum(dim=1))
+    return HeadSides(a, ratio, tuple(one), tuple(two), sV, vis + 2 * nV * rho + (a * m["vn"]).sum(dim=1), (rest1, rest2))
 
 
 def aligned_hessian_sup(s1: dict, s2: dict, m: dict, rho: float, nG: float, nV: float, nQ: float, nK: float,
@@ -246,6 +262,7 @@ class AttentionAligned:
         grams = [ellipsoid_gram(blocks[j]) for j in range(T)]
         Qs = torch.stack([g[0] for g in grams])
         eQ = torch.tensor([g[1] for g in grams], dtype=torch.float64)
+        self.Qs, self.eQ = Qs, eQ
         self.proj = head_projections(parts["heads"], parts["mom"], Qs, eQ, parts["scale"])
         self.nQ = certified_spectral(torch.stack([hd[3] for hd in parts["heads"]])) * (1 + 1e-12)
         self.nK = certified_spectral(torch.stack([hd[4] for hd in parts["heads"]])) * (1 + 1e-12)
@@ -297,7 +314,7 @@ class AttentionAligned:
         """``(v, v_M)``: the reach of ``reach`` and ``through`` with one output direction for all heads (THEORY F50):
         the coefficients of ``aligned_hessian_terms`` along the segment as ``attention_aligned_reach`` combines
         ``F``, ``F^m`` and ``S`` (the last in norm only), then ``joint_reach`` through ``W_O`` and through the layer's
-        token-local product at x (None without one)."""
+        token-local product at x (None without one); each the smaller of F50's branch and F53b's (``branch``)."""
         rm = float(r.max())
         T = r.shape[0]
         if not math.isfinite(rm):
@@ -306,31 +323,69 @@ class AttentionAligned:
         if rm == 0:
             zero = torch.zeros(T, dtype=torch.float64)
             return zero, (zero if "M" in self.p else None)
-        F, Fm = self.terms(rm)
-        _, _, S = self.integrals(rm)
         emax = float((rho * (dP + eP) + pad).max())
+        (v, vM), (v3, v3M) = self.branch(rm, rho, emax, eP, True), self.branch(rm, rho, emax, eP, False)
+        return torch.minimum(v, v3), (None if vM is None else torch.minimum(vM, v3M))
+
+    def branch(self, rm: float, rho: float, emax: float, eP: float, query: bool) -> tuple[Tensor, Tensor | None]:
+        """``joint``'s pair for one branch on ``B(X, rm)``: F50's (``query``) or F53b's, F50 without the query parts of
+        ``A`` plus ``query_joint`` (one query move and one output direction for all heads)."""
+        _, _, S = self.integrals(rm)
+        F, Fm = self.terms(rm, query)
         coef = {k: (rho * F[k] + emax * Fm[k]) * (1 + 1e-12) for k in F}
         coef["1"] = coef["1"] + rm * eP * S * (1 + 1e-12)
-        return self._joint(coef, True)
+        v, vM = self._joint(coef, True)
+        if query:
+            return v, vM
+        v = (v + self.query_joint(rm, rho, emax, False)) * (1 + 1e-12)
+        return v, (None if vM is None else (vM + self.query_joint(rm, rho, emax, True)) * (1 + 1e-12))
+
+    def query_joint(self, r: float, rho: float, emax: float, through: bool) -> Tensor:
+        r"""(T,) the query parts of F44b's ``A_1 sigma_2 + A_2 sigma_1`` in the reach ``rho F + e_max F^m`` with one query
+        move and one output direction for all heads (THEORY F53b): ``rho`` times twice the (ellipsoid query, ellipsoid
+        values) pair, ``e_max`` times the (ball query, ellipsoid values) and (ellipsoid query, ``W_V^T W_V``) pairs, each
+        ``query_value_reach`` along the segment on ``B(X, r)``, through ``W_O`` or (``through``) ``M_k(x) W_O^T``."""
+        from ._local_stack_query import joint_query_lmax, query_excess, query_value_reach, value_lmax, value_weights
+
+        MO, eMO = self._maps(through)
+        cores, w = self.cores(), self.p["norms"]
+        n = SEGMENT_STEPS
+        out = torch.zeros(MO.shape[0], dtype=torch.float64)
+        for coeff, ball, K in ((2 * rho, False, "E"), (emax, True, "E"), (emax, False, "N")):
+            key = ("query", ball, K, through)
+            sides = self.ball if ball else self.proj
+            if key not in self.memo:
+                lam = torch.stack([sd["lG"] for sd in sides])
+                wt = value_weights(cores[K], MO, lam)
+                lamw = joint_query_lmax(self.p["heads"], None if ball else self.Qs, self.eQ, self.p["scale"], wt)
+                self.memo[key] = (wt, lamw, *value_lmax(wt, cores[K], cores["err"][K], MO, eMO))
+            wt, lamw, lamB, fMO = self.memo[key]
+            exc = [torch.stack([query_excess(m, sd, k * r / n, w["G"][h]) for h, (sd, m)
+                                in enumerate(zip(sides, self.p["mom"].rows))]) for k in range(1, n + 1)]
+            out = out + coeff * query_value_reach(lamw, exc, wt, lamB, fMO)
+        return out * (1 + 1e-12)
+
+    def _maps(self, through: bool) -> tuple[Tensor, Tensor]:
+        """``(MO, eMO)``: ``W_O^T`` per token (exact as stored) or the layer's ``M_k(x) W_O^T`` with its error (F44g)."""
+        Wo = torch.cat([hd[6] for hd in self.p["heads"]], dim=0)  # (H dh, d)
+        T = self.p["heads"][0][0].shape[0]
+        if not through:
+            return Wo.T.expand(T, *Wo.T.shape), torch.zeros(T, dtype=torch.float64)
+        M, eM = self.p["M"]
+        nW = float(Wo.norm())
+        return M @ Wo.T[None], (4 * (M.shape[1] + 2) * _U * M.norm(dim=(1, 2)) * nW + eM * nW) * (1 + 1e-12)
 
     def _joint(self, coef: dict, through: bool) -> tuple[Tensor, Tensor | None]:
         """``joint_reach`` of the heads' coefficients ``coef`` through ``W_O`` and (``through``, when the layer has
         one) through its token-local product at x."""
         from ._local_stack_joint import joint_reach
 
-        T = coef["C"].shape[1]
         cores, dh = self.cores(), self.p["heads"][0][6].shape[0]
-        Wo = torch.cat([hd[6] for hd in self.p["heads"]], dim=0)  # (H dh, d)
-        zero = torch.zeros(T, dtype=torch.float64)
-        ident = joint_reach(coef, cores, Wo.T.expand(T, *Wo.T.shape), zero, dh, self.p["Oh"], self.p["Oall"],
-                            self.p["Cw"])
+        ident = joint_reach(coef, cores, *self._maps(False), dh, self.p["Oh"], self.p["Oall"], self.p["Cw"])
         if not through or "M" not in self.p:
             return ident, None
-        M, eM = self.p["M"]
-        nW = float(Wo.norm())
-        eMO = (4 * (M.shape[1] + 2) * _U * M.norm(dim=(1, 2)) * nW + eM * nW) * (1 + 1e-12)
         per, full = self.p["MO"]
-        return ident, joint_reach(coef, cores, M @ Wo.T[None], eMO, dh, per, full)
+        return ident, joint_reach(coef, cores, *self._maps(True), dh, per, full)
 
     def cores(self) -> dict:
         """``value_cores`` of the heads (THEORY F50b), formed once."""
@@ -342,20 +397,21 @@ class AttentionAligned:
             self.memo["cores"] = value_cores(self.p["heads"], MV, eMV)
         return self.memo["cores"]
 
-    def terms(self, r: float) -> tuple[dict, dict]:
+    def terms(self, r: float, query: bool = True) -> tuple[dict, dict]:
         """Per kind (H, T): the segment sums on ``B(X, r)`` of ``aligned_hessian_terms`` with both tangents in the
-        ellipsoids and with the move in the unit ball (THEORY F50a), kept per radius."""
+        ellipsoids and with the move in the unit ball (THEORY F50a; ``query=False``: without the query parts, F53),
+        kept per radius."""
         from ._local_stack_joint import aligned_hessian_terms
 
         w = self.p["norms"]
 
         def at(t: float, mixed: bool) -> dict:
             rows = [aligned_hessian_terms(self.ball[h] if mixed else pj, pj, m, t, w["G"][h], w["V"][h],
-                                          float(self.nQ[h]), float(self.nK[h]), self.p["scale"], mixed, False)
+                                          float(self.nQ[h]), float(self.nK[h]), self.p["scale"], mixed, False, query)
                     for h, (pj, m) in enumerate(zip(self.proj, self.p["mom"].rows))]
             return {k: torch.stack([row[k] for row in rows]) for k in rows[0]}
 
-        key = ("terms", r)
+        key = ("terms", r, query)
         if key not in self.memo:
             n = SEGMENT_STEPS
             self.memo[key] = tuple(_seg_sum([at(k * r / n, mixed) for k in range(1, n + 1)]) for mixed in (False, True))

@@ -21,7 +21,7 @@ from ._local_jacobian import certified_lmax
 from ._local_rows import _heads_combined
 from ._local_stack_attn import head_sides
 
-__all__ = ["KINDS", "aligned_hessian_terms", "value_cores", "joint_reach"]
+__all__ = ["KINDS", "aligned_hessian_terms", "value_cores", "joint_reach", "block_lmax"]
 
 _U = 2.0**-53
 KINDS = ("C", "N", "E")  # the value-side seminorms: P-covariance, W_V^T W_V, the ellipsoids' values
@@ -32,7 +32,7 @@ def _gamma(k: int) -> float:
 
 
 def aligned_hessian_terms(s1: dict, s2: dict, m: dict, rho: float, nG: float, nV: float, nQ: float, nK: float,
-                          scale: float, ball1: bool, ball2: bool) -> dict:
+                          scale: float, ball1: bool, ball2: bool, query: bool = True) -> dict:
     r"""Per query (T,) coefficients ``c_C, c_N, c_E, c_1`` such that for every ``Z`` in ``B(X, rho)``, tangents as in
     ``aligned_hessian_sup`` (rows of ``Delta`` in side ``s1``'s family, of ``E`` in ``s2``'s; ``ball1``/``ball2``: the
     side is the unit ball) and every ``v`` in the head's value space (THEORY F50a):
@@ -46,7 +46,9 @@ def aligned_hessian_terms(s1: dict, s2: dict, m: dict, rho: float, nG: float, nV
     ``k_S`` times ``s_V(v) = (sum_j P'_j (v . W_V^T y'_j)^2)^{1/2} <= kappa n_C(v) + alpha ||v|| + rho n_N(v)`` (second
     moment about X's mean, Minkowski; ``kappa = (1 + max a/P)^{1/2}``, ``alpha = 0``, or ``kappa = 1``,
     ``alpha = (sum_j a_j ||v_j||^2)^{1/2}``, whichever is smaller at the head's own sup), or F44b's ``A_1 A_2 w^`` in
-    ``c_1`` where the head's own bound takes that branch.  All padded ``1 + 1e-10``."""
+    ``c_1`` where the head's own bound takes that branch.  All padded ``1 + 1e-10``.  ``query=False`` leaves the query
+    part ``lambda_max(sum_j P'_j g_ij g_ij^T)^{1/2}`` of each ``A`` out of the seminorm coefficients (``c_E``, ``c_N``;
+    F53 bounds it jointly over the heads), the ``||v||`` part of ``sigma(v)`` keeping the whole ``A``."""
     P = m["P"]
     hs = head_sides(s1, s2, m, rho, nG, nV, nQ, nK, scale)
     (A1, c1, _, q1, k1), (A2, c2, _, q2, k2) = hs.one, hs.two
@@ -61,11 +63,12 @@ def aligned_hessian_terms(s1: dict, s2: dict, m: dict, rho: float, nG: float, nV
     by_ratio = (kap - 1) * torch.sqrt(m["lV"]) <= alpha
     c["C"] = kS * torch.where(by_ratio, kap, torch.ones_like(kap))
     c["1"] = c["1"] + kS * torch.where(by_ratio, zero, alpha)
-    for A, sd, ball in ((A1, s2, ball2), (A2, s1, ball1)):  # A_1 sigma_2 + A_2 sigma_1
+    R1, R2 = hs.rest if not query else (A1, A2)
+    for A, R, sd, ball in ((A1, R1, s2, ball2), (A2, R2, s1, ball1)):  # A_1 sigma_2 + A_2 sigma_1
         if ball:
-            c["N"] = c["N"] + A
+            c["N"] = c["N"] + R
         else:
-            c["E"] = c["E"] + A
+            c["E"] = c["E"] + R
             c["1"] = c["1"] + A * torch.sqrt(_pmean_plain(P, a, sd["mV2"]))
     return {k: torch.nan_to_num(v * (1 + 1e-10), nan=math.inf, posinf=math.inf) for k, v in c.items()}
 
@@ -141,7 +144,22 @@ def joint_reach(coef: dict, cores: dict, MO: Tensor, eMO: Tensor, dh: int, per: 
         alone = alone + torch.where(on | (ck == 0), 0.0, ck * bound)
         Wsq = Wsq + w[:, :, None, None] * core
         dB = dB + (w * (cores["err"][K].expand(H, T) + 4 * _U * core.norm(dim=(2, 3)))).sum(dim=0)
-    B = torch.zeros(T, H * dh, H * dh, **dev)
+    lam, fMO = block_lmax(Wsq, dB, MO, eMO)
+    main = torch.sqrt(cs * (1 + (2 * H * len(KINDS) + 4) * _U) * lam) * (1 + 1e-10)
+    rest = _heads_combined(per, full, alone, None if Cw is None else heads_joint(Cw, alone))
+    out = torch.nan_to_num((main + rest) * (1 + 1e-12), nan=math.inf, posinf=math.inf)
+    # near float64's underflow the pads (relative to the Frobenius masses) do not hold: the branch is refused there
+    return torch.where(((fMO > 0) & (fMO < 2.0**-200)) | (out < 2.0**-900), math.inf, out)
+
+
+def block_lmax(Wsq: Tensor, dB: Tensor, MO: Tensor, eMO: Tensor) -> tuple[Tensor, Tensor]:
+    r"""(T,) certified ``lambda_max(MO* B* MO*^T)`` for the exact block-diagonal core ``B*`` whose blocks ``Wsq``
+    (H, T, dh, dh) are as summed within ``dB`` (T,) (Frobenius) and the exact map ``MO*`` within ``eMO`` (T,)
+    (spectral) of the formed ``MO`` (T, d, H dh) (THEORY F50c): the certified eigenvalue (F32) of the formed,
+    symmetrised product plus ``gamma_{2 H dh + 2} ||MO||_F^2 ||B||_F + (2 ||MO|| eMO + eMO^2) ||B||_F + (||MO|| + eMO)^2
+    dB + 4u ||G||_F``; with ``||MO||_F`` (padded), for the callers' underflow refusal."""
+    H, T, dh, _ = Wsq.shape
+    B = torch.zeros(T, H * dh, H * dh, dtype=torch.float64)
     for h in range(H):
         B[:, h * dh:(h + 1) * dh, h * dh:(h + 1) * dh] = Wsq[h]
     G = MO @ B @ MO.transpose(1, 2)
@@ -150,9 +168,4 @@ def joint_reach(coef: dict, cores: dict, MO: Tensor, eMO: Tensor, dh: int, per: 
     fMO = MO.norm(dim=(1, 2)) * (1 + 1e-12)
     err = (_gamma(2 * H * dh + 2) * fMO * fMO * fB + (2 * fMO * eMO + eMO * eMO) * fB + (fMO + eMO) ** 2 * dB
            + 4 * _U * G.norm(dim=(1, 2)))
-    lam = certified_lmax(G) + err * (1 + 1e-12)
-    main = torch.sqrt(cs * (1 + (2 * H * len(KINDS) + 4) * _U) * lam) * (1 + 1e-10)
-    rest = _heads_combined(per, full, alone, None if Cw is None else heads_joint(Cw, alone))
-    out = torch.nan_to_num((main + rest) * (1 + 1e-12), nan=math.inf, posinf=math.inf)
-    # near float64's underflow the pads (relative to the Frobenius masses) do not hold: the branch is refused there
-    return torch.where(((fMO > 0) & (fMO < 2.0**-200)) | (out < 2.0**-900), math.inf, out)
+    return certified_lmax(G) + err * (1 + 1e-12), fMO

@@ -83,7 +83,7 @@ def test_projected_second_derivative_is_never_beaten(seed, qscale, causal, rho, 
             if rho == 0 and qscale == 1.0 and (al.p["mom"].rows[h]["P"][i] > 0).sum() > 1:
                 shares.append(lo / float(sup[h, i]))
     # the attack is not vacuous: at the data point it reaches a fair share of the bound on some soft row (per row it
-    # can be far lower: seed 128, causal, query 2 of head 0 gave 0.8 %, a loose row, not a beaten one)
+    # can be far lower: a causal example in CI, query 2 of head 0, gave 0.8 %: a loose row, not a beaten one)
     assert not shares or max(shares) >= 0.02, shares
 
 

@@ -566,7 +566,7 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
         # the sub-balls use the global FFN drift only (F31d's per-unit Grams are most of the cost)
         subs = [st.radius_rows(at, pt, dd, ffn, norms, hn, j * r / RIEMANN_STEPS, [], unit=False, fx=fx)[1]
                 for j in range(1, RIEMANN_STEPS)]
-        out[k] = st.radius_rows(at, pt, dd, ffn, norms, hn, r, subs, low=low, fx=fx)[0]
+        out[k] = st.radius_rows(at, pt, dd, ffn, norms, hn, r, subs, low=low, fx=fx, gram=gram)[0]
     return [out[k] for k in range(len(radii))]
 
 

@@ -354,13 +354,16 @@ class PostFirstNorm:
     """Post-LN first norm on its input ball of radii ``r1``: its Jacobian drift ``e1`` (``max|gamma|``
     left out), the sup of ``nu_i(D1' B')`` (``Hs``), the output radius ``rh`` (F31b, F34b), the heads'
     remainder through ``(I + F) D1`` (``remG``) and the attention drift seen through ``(I + F) D1``
-    (``dG``, F32's chains)."""
+    (``dG``, F32's chains); ``remH`` the remainder of H's move past the linear map at X (F34b) and ``reach`` F54's
+    bound on the FFN's remainder (inf where not evaluated, ``ffn_reach``)."""
 
     e1: Tensor
     Hs: Tensor
     rh: Tensor
     remG: Tensor
     dG: Tensor
+    remH: Tensor
+    reach: Tensor | None = None
 
 
 def post_first_norm(at: LayerAtX, pt: PostPoint, att: PostAttention, r: float, subs: list) -> PostFirstNorm:
@@ -384,7 +387,38 @@ def post_first_norm(at: LayerAtX, pt: PostPoint, att: PostAttention, r: float, s
     rh = torch.minimum(rh, g1 / sf1 * r1 if at.sig1 is not None else r1)
     rh = torch.minimum(rh, r * pt.h_pt + remH) * (1 + 1e-12)  # F34b
     dG = _heads_combined(*pt.IFD1O, att.dZ, pt.nIF * nD1 * att.jz)
-    return PostFirstNorm(e1, Hs, rh, remG, dG)
+    return PostFirstNorm(e1, Hs, rh, remG, dG, remH)
+
+
+# F54: the reachable-set FFN remainder is evaluated where F34b's r2 with F17c's global drift is at least this
+# fraction of the second norm's floor sqrt(d) sigma2 (below it the floor holds with room)
+REACH_GATE = 0.5
+
+
+def ffn_reach(at: LayerAtX, pt: PostPoint, gram: RowGram, fn: PostFirstNorm, ffn_drift, r: float) -> Tensor:  # noqa: ANN001
+    """(T,) F54's bound on the FFN's remainder (``ffn_reach_remainder``; the first norm's row Gram ``D1 S D1^T``, the
+    remainder ``remH``), inf where not evaluated.  Gate (cost, F54c): only tokens whose ``r g_pt + remG`` plus F17c's
+    global remainder reaches ``REACH_GATE`` of ``sqrt(d) sigma2``, in decreasing order of that ratio, stopping after the
+    first token where ``r g_pt + remG`` plus this bound still reaches ``sqrt(d) sigma2`` (its floor is lost by this
+    branch).  None without a GELU FFN or a centring second norm."""
+    from ._local_ffn_reach import ffn_reach_remainder
+
+    base = getattr(ffn_drift, "base", ffn_drift)
+    out = torch.full((at.T,), math.inf, dtype=torch.float64)
+    if base.taylor is None or at.sig2 is None or not _centring(at.layer.norm_ffn):
+        return out
+    lin = r * pt.g_pt + fn.remG
+    lim = math.sqrt(at.d) * at.sig2
+    ratio = (lin + base.glob(fn.rh)[1] * fn.rh) / lim
+    for i in ratio.argsort(descending=True).tolist():
+        if not bool(ratio[i] >= REACH_GATE):
+            break
+        S, eS = at.n1.sandwich(gram.S[i:i + 1], gram.err[i:i + 1])
+        out[i] = ffn_reach_remainder(base.taylor, base.n1, at.z[i:i + 1], S, eS, gram.wsum[i:i + 1], r,
+                                     fn.remH[i:i + 1], fn.rh[i:i + 1])[0]
+        if not bool(lin[i] + out[i] < lim[i]):
+            break
+    return out
 
 
 @dataclass(frozen=True)
@@ -444,6 +478,8 @@ def post_ffn(at: LayerAtX, pt: PostPoint, att: PostAttention, fn: PostFirstNorm,
     Gs = torch.minimum(Gs, (1 + lffn) * Hs)
     r2 = torch.minimum(riemann(r, subs, "Gs", Gs), (pt.nIF + dFh).clamp(max=1 + lffn) * rh)
     r2 = torch.minimum(r2, r * pt.g_pt + fn.remG + dFh * rh)  # F34b
+    if fn.reach is not None:  # F54: the remainder on the first norm's reachable set
+        r2 = torch.minimum(r2, r * pt.g_pt + fn.remG + fn.reach)
     if fold is not None:  # F46: the remainder on S2's move through the folded drift on n's ball
         r2 = torch.minimum(r2, torch.minimum(pt.nIF * rh, r * pt.g_pt + fn.remG) + fold[1] * fb.rn)
     return Gs, r2 * (1 + 1e-12)
@@ -545,14 +581,17 @@ def pre_tail(at: LayerAtX, pt: PrePoint, att: PreAttention, e2: Tensor, sD2: Ten
 
 def radius_rows(at: LayerAtX, pt: PostPoint | PrePoint, dd: DriftAtX, ffn_drift, norms: dict, hn: dict,  # noqa: ANN001
                 r: float, subs: list, unit: bool = True, low: tuple | None = None,
-                fx: FoldAtX | None = None) -> tuple[LayerJacobian, dict]:
+                fx: FoldAtX | None = None, gram: RowGram | None = None) -> tuple[LayerJacobian, dict]:
     """The ``LayerJacobian`` on ``B(X, r)`` and its stage sups (for F31e's sums of a larger ball), stage
     after stage; the FFN drift by ``ffn_drift.rows`` (F17c, refined lazily by F31d/F38 when ``unit``,
     F37), with its ``gamma``-folded branch where ``ffn_drift.fold`` is set (F46; ``fx`` its post-LN data at X);
-    ``low``: ``point_lower``'s result, carried into the result."""
+    ``low``: ``point_lower``'s result, carried into the result; ``gram`` (post-LN, with ``unit``): the attention's row
+    Gram, for F54's FFN remainder on the reachable set (``ffn_reach``)."""
     if at.post:
         att = post_attention(at, pt, dd, norms, r, subs)
         fn = post_first_norm(at, pt, att, r, subs)
+        if unit and gram is not None:
+            fn = replace(fn, reach=ffn_reach(at, pt, gram, fn, ffn_drift, r))
         fb = post_fold(at, dd, att, fx, r, subs) if ffn_drift.fold is not None else None
         rows = ffn_drift.rows(partial(post_tail, at, pt, att, fn, ffn_drift.lip, r, subs, fb), fn.rh,
                               None if fb is None else fb.rn, unit)

@@ -393,3 +393,18 @@ def test_f54_multi_unit_ascent_from_the_units_maximisers(seed, d, dff, scale, bi
             (-rem).backward()
             opt.step()
     assert math.isfinite(bound) and best <= bound, (best, bound)
+
+
+@pytest.mark.parametrize("c", [2.0**-60, 2.0**60, 2.0**-7])
+def test_f54_input_scale_exponent_zero_on_bf16_weights(c):
+    """``W_1 x c`` with the centre, the moves and ``remH`` divided by c is the same map on the same reachable set
+    (every pre-activation and unit move unchanged, exactly: powers of two): F54b is unchanged (1e-9), on
+    bf16-representable weights at 2^-60 and 2^60 (Grams near 2^+-240)."""
+    from test_local_layer17 import _bound, _case
+
+    ffn, h, Ls, w = _case(31, 6, 24, 2.0, 0.0, 4)
+    ffn = dataclasses.replace(ffn, W_1=ffn.W_1.to(torch.bfloat16).double(), W_2=ffn.W_2.to(torch.bfloat16).double())
+    h = h.to(torch.bfloat16).double()
+    base, _ = _bound(ffn, h, Ls, w, 0.3, 0.1)
+    got, _ = _bound(dataclasses.replace(ffn, W_1=ffn.W_1 * c), h / c, Ls / c, w, 0.3, 0.1 / c)
+    assert math.isfinite(base) and got == pytest.approx(base, rel=1e-9), (got, base)

@@ -790,8 +790,8 @@ def _drift(memo, layer, X, z, r, post, dQ, heads, M, IF, F, D1, Db, nA, nB, S1, 
 
 def _ffn_drift(ffn, zz: tuple, rh: Tensor, norms: dict, curv: float) -> Tensor:  # noqa: ANN001
     """Per token ``||F'_t - F_t||`` on the FFN input balls of radii ``rh`` (Note [Jacobian drift]):
-    ``|sigma'(z'_k) - sigma'(z_k)| <= c_k = sup_{[z_k - h_k, z_k + h_k]} |sigma''| h_k``, ``h_k = n_k rh + ez_k``
-    (``zz = (z, ez)``, ``pre_activations``: the interval around the exact pre-activation),
+    ``|sigma'(z'_k) - sigma'(z_k)| <= c_k = sup_{[z_k - h_k - ez_k, z_k + h_k + ez_k]} |sigma''| h_k``, ``h_k = n_k rh``
+    (``zz = (z, ez)``, ``pre_activations``: the interval holds the exact pre-activation's),
     and ``||W_2^T diag(delta) W_1^T|| <= (lambda_max(W_2^T diag(c) W_2) lambda_max(W_1 diag(c) W_1^T))^{1/2}``.
     GELU gets the per-unit interval sup (``gelu2_sup``), other activations the global one.  Every
     ``c_k`` is also capped by the range of ``sigma'`` (GELU: ``GELU'(sqrt 2) - GELU'(-sqrt 2) = erf(1) +
@@ -810,8 +810,8 @@ def _ffn_drift(ffn, zz: tuple, rh: Tensor, norms: dict, curv: float) -> Tensor: 
         return glob
     W1, W2 = _f64(ffn.W_1), _f64(ffn.W_2)
     z, ez = zz
-    half = norms["n1"][None, :] * rh[:, None] * (1 + 1e-12) + ez
-    c = torch.clamp(gelu2_sup(z - half, z + half) * half * (1 + ROUNDING_PAD), max=cap)
+    half = norms["n1"][None, :] * rh[:, None] * (1 + 1e-12)
+    c = torch.clamp(gelu2_sup(z - half - ez, z + half + ez) * half * (1 + ROUNDING_PAD), max=cap)
     l2 = certified_lmax((W2.T[None] * c[:, None, :]) @ W2[None])
     l1 = certified_lmax((W1[None] * c[:, None, :]) @ W1.T[None])
     fro = float(W1.norm() * W2.norm()) * float(c.max())

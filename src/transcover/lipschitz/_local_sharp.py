@@ -233,11 +233,11 @@ def gram_lower(R: Tensor, c: Tensor, *, iters: int = GRAM_LOWER_ITERS) -> Tensor
 def unit_slope_moves(z: Tensor, n1: Tensor, rh: Tensor, ez: Tensor | None = None) -> Tensor:
     """(T, d_ff) ``s2_k h_k`` of F31d before the cap: unit ``k`` of token ``t`` moves by ``|dz| <= h_k = ||W_1[:, k]||
     rh_t`` and its slope by at most ``sup |GELU''|`` on ``[z_k - h_k, z_k + h_k]`` times ``h_k``; exact GELU.  With
-    ``ez`` (``pre_activations``: ``z`` within ``ez`` of the exact pre-activation) ``h_k`` is ``||W_1[:, k]|| rh_t +
-    ez_k``: the interval around the exact centre, the move from it (red17-2, THEORY F51a)."""
+    ``ez`` (``pre_activations``: ``z`` within ``ez`` of the exact pre-activation) the interval is ``[z_k +- (h_k +
+    ez_k)]``, which holds the exact centre's (red17-2, THEORY F51a); the move from that centre is still ``<= h_k``, so
+    the bound stays linear in ``h_k`` at fixed sup (F37b's scaled references)."""
     from ._local_jacobian import gelu2_sup
 
     h = n1[None, :] * rh[:, None] * (1 + 1e-12)
-    if ez is not None:
-        h = h + ez
-    return gelu2_sup(z - h, z + h) * h * (1 + ROUNDING_PAD)
+    w = h if ez is None else h + ez
+    return gelu2_sup(z - w, z + w) * h * (1 + ROUNDING_PAD)

@@ -410,3 +410,20 @@ def test_f54_input_scale_exponent_zero_on_bf16_weights(c):
     base, _ = _bound(ffn, h, Ls, w, 0.3, 0.1)
     got, _ = _bound(dataclasses.replace(ffn, W_1=ffn.W_1 * c), h / c, Ls / c, w, 0.3, 0.1 / c)
     assert math.isfinite(base) and got == pytest.approx(base, rel=1e-9), (got, base)
+
+
+@pytest.mark.parametrize("kind,rho,drift", [("one-key", 0.3, 0.5), ("equal", 0.1, 0.0), ("one-hot", 0.05, 0.5)])
+def test_f53b_branch_reach_on_adversarial_heads(kind, rho, drift, monkeypatch):
+    """F53b's branch alone (``test_local_stack17._f53_as_reach``) behind a linear prefix, against bilinear ascent over the
+    move and the tangent (``aligned_reach_case``) on one key, equal scores and a one-hot softmax: never beaten."""
+    from test_local_redteam14_stack import aligned_reach_case
+    from test_local_stack17 import _f53_as_reach
+    from transcover.lipschitz._local_lower import bilinear_lower
+
+    layer, _, X, P = _f53_case(kind, 7)
+    _f53_as_reach(monkeypatch)
+    reach, obj = aligned_reach_case(layer, X, P, rho, drift, 0.0)
+    assert bool(torch.isfinite(reach).all()), reach
+    for k in range(X.shape[0]):
+        lo = bilinear_lower(obj(k), (2 * X.shape[0], X.shape[1]), restarts=2, steps=25, seed=7 + k)
+        assert lo <= float(reach[k]), (kind, k, lo, reach)

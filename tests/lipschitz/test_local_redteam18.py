@@ -427,3 +427,19 @@ def test_f53b_branch_reach_on_adversarial_heads(kind, rho, drift, monkeypatch):
     for k in range(X.shape[0]):
         lo = bilinear_lower(obj(k), (2 * X.shape[0], X.shape[1]), restarts=2, steps=25, seed=7 + k)
         assert lo <= float(reach[k]), (kind, k, lo, reach)
+
+
+def test_rows_route_input_scale_exponent_with_eps_0():
+    """A post-LN layer whose attention is linear (``W_Q = 0``: uniform softmax) and whose norms have eps = 0: ``S1`` is
+    linear in X and H, S2 and the output are scale-invariant, so on ``B(cX, c r)`` the rows are ``1/c`` times those on
+    ``B(X, r)`` and the FFN stage radius (S2's move, F54's ``r2``) is the same; ``c = 2^k`` (exact scaling), k = -20, -3,
+    10: equal to 1e-9 (measured: exactly)."""
+    layer = random_spec(5, act="gelu", norm="layernorm", placement="post", d=6, H=2, dh=3, dff=24, eps=0.0).layers[0]
+    layer = dataclasses.replace(layer, attention=dataclasses.replace(layer.attention, W_Q=layer.attention.W_Q * 0))
+    X = torch.randn(4, 6, generator=torch.Generator().manual_seed(1), dtype=F64) * 2
+    radii = [1e-3, 0.05]
+    base = layer_rows(layer, X, radii)
+    for c in (2.0**-20, 2.0**-3, 2.0**10):
+        for b, got in zip(base, layer_rows(layer, X * c, [r * c for r in radii])):
+            assert got.ball * c == pytest.approx(b.ball, rel=1e-9) and got.point * c == pytest.approx(b.point, rel=1e-9)
+            assert torch.allclose(got.stage_radii["ffn"], b.stage_radii["ffn"], rtol=1e-9, atol=0.0)

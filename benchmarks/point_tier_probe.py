@@ -62,9 +62,9 @@ def main() -> None:
               f"||D2(I+F)D1 W_O|| {q(tier.MO[1], pt.MO[1])}")
         med = float(X.norm(dim=1).median())
         for rho in (1e-3, 1e-2):
-            ex = st.radius_rows(at, pt, dd, lr.FfnDrift(L, at.z, norms, True), norms, hn, rho * med, [])[0]
+            ex = st.radius_rows(at, pt, dd, lr.FfnDrift(L, at.z, norms, True, at.ez), norms, hn, rho * med, [])[0]
             for name, t in (("tier", tier), ("tier with h exact", product_tier(at, pt, dd, h_exact=True))):
-                ch = st.radius_rows(at, t, dd, lr.FfnDrift(L, at.z, norms, True), norms, hn, rho * med, [],
+                ch = st.radius_rows(at, t, dd, lr.FfnDrift(L, at.z, norms, True, at.ez), norms, hn, rho * med, [],
                                     unit=False)[0]
                 rel = ch.ball_rows / ex.ball_rows.max()
                 print(f"  rho {rho:g}: exact max {float(ex.ball_rows.max()):.4g}; tokens above it with the {name} "

@@ -182,11 +182,11 @@ def test_layer_rows_uses_f38_and_is_never_beaten(monkeypatch):
     X = torch.randn(6, 8, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * 2
     on = assert_stage_radii_hold(layer, X, [0.01])[0]
     assert adversary(lambda Z: layer_forward(layer, Z), X, 0.01, restarts=2, steps=30, seed=1) <= on.ball
-    monkeypatch.setattr(_local_rows, "ffn_taylor_drift", lambda c, n2, z, n1, rh: (torch.full_like(rh, math.inf),) * 2)
+    monkeypatch.setattr(_local_rows, "ffn_taylor_drift", lambda c, n2, z, n1, rh, *_: (torch.full_like(rh, math.inf),) * 2)
     no38 = _local_rows.layer_rows(layer, X, [0.01])[0]
     # F51a (each unit's own curvature) overlaps F38 here (without F38: r2 2.59 against 2.24); F38's gain is measured
     # against the route without either, as before F51a
-    monkeypatch.setattr(_local_rows, "ffn_curvature_drift", lambda c, z, n1, rh: (torch.full_like(rh, math.inf),) * 2)
+    monkeypatch.setattr(_local_rows, "ffn_curvature_drift", lambda c, z, n1, rh, *_: (torch.full_like(rh, math.inf),) * 2)
     off = _local_rows.layer_rows(layer, X, [0.01])[0]
     assert float(on.stage_radii["ffn"].max()) < 0.8 * float(off.stage_radii["ffn"].max())
     assert on.ball < 0.6 * off.ball

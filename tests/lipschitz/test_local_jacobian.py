@@ -20,7 +20,7 @@ from lipschitz_testkit import random_spec
 from test_lipschitz_local import adversary
 from transcover.lipschitz._local import layer_local
 from transcover.lipschitz._local_jacobian import (
-    _ffn_drift, _weight_norms, certified_spectral, gelu2_sup, layer_jacobian, row_norm_lower,
+    _ffn_drift, _weight_norms, certified_spectral, gelu2_sup, layer_jacobian, pre_activations, row_norm_lower,
 )
 from transcover.model._functional import layer_forward
 
@@ -78,8 +78,7 @@ def test_ffn_drift_bounds_the_change_of_F():
     g = torch.Generator().manual_seed(5)
     H = torch.randn(3, 6, generator=g, dtype=torch.float64)
     rh = torch.tensor([0.05, 0.3, 5.0], dtype=torch.float64)  # the last one reaches the sigma' range cap
-    z = H @ W1
-    bound = _ffn_drift(ffn, z, rh, norms, 0.8 * norms["ffn_curv"])
+    bound = _ffn_drift(ffn, pre_activations(ffn, H), rh, norms, 0.8 * norms["ffn_curv"])
 
     def F(h):  # noqa: ANN001, ANN202
         zz = (h @ W1).requires_grad_(True)

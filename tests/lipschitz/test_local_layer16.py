@@ -111,7 +111,7 @@ def test_layer_rows_with_the_curvature_drift_is_never_beaten(monkeypatch):
     X = torch.randn(6, 8, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * 2
     on = assert_stage_radii_hold(layer, X, [0.05])[0]
     assert adversary(lambda Z: layer_forward(layer, Z), X, 0.05, restarts=2, steps=30, seed=1) <= on.ball
-    monkeypatch.setattr(_local_rows, "ffn_curvature_drift", lambda c, z, n1, rh: (torch.full_like(rh, math.inf),) * 2)
+    monkeypatch.setattr(_local_rows, "ffn_curvature_drift", lambda c, z, n1, rh, *_: (torch.full_like(rh, math.inf),) * 2)
     off = _local_rows.layer_rows(layer, X, [0.05])[0]
     assert float(on.stage_radii["ffn"].max()) < 0.8 * float(off.stage_radii["ffn"].max())
     assert on.ball < 0.8 * off.ball, (on.ball, off.ball)
@@ -132,7 +132,7 @@ def test_minilm_new_never_above_old_and_the_remainder_holds(monkeypatch, shared_
     spec, X, rhos, new = minilm_layer0_rows(shared_tmp)  # with F51a (the rows F46's and F47's tests share)
     L, ffn = spec.layers[0], spec.layers[0].ffn
     with monkeypatch.context() as m:
-        m.setattr(_local_rows, "ffn_curvature_drift", lambda c, z, n1, rh: (torch.full_like(rh, math.inf),) * 2)
+        m.setattr(_local_rows, "ffn_curvature_drift", lambda c, z, n1, rh, *_: (torch.full_like(rh, math.inf),) * 2)
         old = layer_rows(L, X, rhos)
     assert all(a.ball <= b.ball for a, b in zip(new, old)), [(a.ball, b.ball) for a, b in zip(new, old)]
     Hn = L.norm_attn(X + attention_forward(L.attention, X))

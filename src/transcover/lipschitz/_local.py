@@ -38,7 +38,7 @@ from ..model import to_tensor
 from ..model import QUICK_GELU_SLOPE, Activation, LayerSpec, NormKind, NormSpec, Placement, TransformerSpec
 from ._activations import activation_lipschitz
 from ._local_attention import DATA_PAD, attention_local_bound, head_norms
-from ._local_jacobian import centre_tokens, norm_jacobian_error
+from ._local_jacobian import centre_tokens, norm_jacobian_error, point_slope_err, pre_activations
 from ._weights import ROUNDING_PAD, spectral
 
 __all__ = ["norm_local", "LayerLocal", "layer_local", "NetworkLocal", "network_local", "second_derivative_sup"]
@@ -146,11 +146,13 @@ class LayerLocal:
 
 
 def _ffn_parts(ffn, Y: Tensor):  # noqa: ANN001, ANN202
+    """(W_1, W_2, sigma'(z), e): the slope at ``z = fl(Y W_1 + b_1)`` and ``e`` (T,) its largest move from the exact
+    pre-activation's (``pre_activations``, ``point_slope_err``; F51a, red17-2)."""
     W1, W2 = _f64(ffn.W_1), _f64(ffn.W_2)
-    z = Y @ W1 + (0 if ffn.b_1 is None else _f64(ffn.b_1))
+    z, ez = pre_activations(ffn, Y)
     zz = z.detach().clone().requires_grad_(True)
     (slope,) = torch.autograd.grad(ffn.activation(zz).sum(), zz)
-    return W1, W2, slope
+    return W1, W2, slope, point_slope_err(ffn.activation, z, ez)
 
 
 # Note [exact route default]: the exact-Jacobian route (``_local_jacobian.layer_jacobians``) now runs
@@ -211,7 +213,7 @@ def layer_local(layer: LayerSpec, X: Tensor, rho: float, *, cache: dict | None =
         ffn_res = 1 + Lffn
         if jacobian:  # the FFN block's own point + drift constant (Note [layer Jacobian route])
             scratch["ffn"] = _ffn_point(ffn, H)
-            nIF = _sym_top(scratch["ffn"][4]) * (1 + GRAM_PAD) + 1e-9 * (1 + Lffn)
+            nIF = _sym_top(scratch["ffn"][4]) * (1 + GRAM_PAD) + 1e-9 * (1 + Lffn) + scratch["ffn"][5]
             colmax = float(scratch["ffn"][0].norm(dim=0).max())
             dF = nW1 * nW2 * second_derivative_sup(ffn.activation) * colmax * rh
             ffn_res = min(ffn_res, float(nIF.max()) + dF)
@@ -274,10 +276,12 @@ def _exact_route(layer: LayerSpec, X: Tensor, rho: float, cache: dict, hn: dict)
 
 
 def _ffn_point(ffn, H):  # noqa: ANN001, ANN202
-    """(W_1, W_2, sigma'(z), F, I + F) at the FFN's input points, float64."""
-    W1, W2, slope = _ffn_parts(ffn, H)
+    """(W_1, W_2, sigma'(z), F, I + F, eFz) at the FFN's input points, float64; ``eFz`` (float) bounds the formed
+    ``F``'s distance to the one at the exact pre-activations (``_ffn_parts``) times ``||W_1|| ||W_2||``."""
+    W1, W2, slope, es = _ffn_parts(ffn, H)
     F = (W2.T[None] * slope[:, None, :]) @ W1.T  # (T, d, d): W_2^T diag(sigma') W_1^T
-    return W1, W2, slope, F, torch.eye(H.shape[1], dtype=torch.float64) + F
+    eFz = float(es.max()) * spectral(W1) * spectral(W2) * (1 + 1e-12)
+    return W1, W2, slope, F, torch.eye(H.shape[1], dtype=torch.float64) + F, eFz
 
 
 def _jacobian_route(layer, att_in, att_rho, n_in, H, rh, X1, r1, X2, r2, s1, s2, hn, nW1, nW2, rho, scratch):  # noqa: ANN001, ANN202, PLR0913
@@ -286,7 +290,7 @@ def _jacobian_route(layer, att_in, att_rho, n_in, H, rh, X1, r1, X2, r2, s1, s2,
     post = layer.placement is Placement.POST
     ffn = layer.ffn
     T, d = H.shape
-    W1, W2, slope, F, IF = scratch["ffn"] if "ffn" in scratch else _ffn_point(ffn, H)
+    W1, W2, slope, F, IF, eFz = scratch["ffn"] if "ffn" in scratch else _ffn_point(ffn, H)
     D1 = _norm_jacobians(layer.norm_attn, X1) if post else None
     if post:
         D2 = _norm_jacobians(layer.norm_ffn, X2)
@@ -303,6 +307,7 @@ def _jacobian_route(layer, att_in, att_rho, n_in, H, rh, X1, r1, X2, r2, s1, s2,
     fF = fro(W2) * float(slope.abs().max()) * fro(W1)
     fD = (fro(D1) if post else 1.0) * fro(D2)
     mm = 4 * n_in_mm * _U * (math.sqrt(d) + fF) * max(fD, 1.0) * (1.0 + math.sqrt(d))
+    mm = mm + eFz * max(fD, 1.0) * (1 + 1e-12)  # F at the exact pre-activations (F51a, red17-2)
     # F17f: the formed norm Jacobians against the true ones (not relative to ||D||_F)
     eD2 = float(norm_jacobian_error(layer.norm_ffn, X2 if post else X1, formed=True).max())
     if post:

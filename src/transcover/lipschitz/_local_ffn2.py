@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from ..model import Activation
-from ._local_jacobian import GELU2_ABS_ERR, _f64, certified_lmax, certified_spectral, gelu2_sup, gelu_second
+from ._local_jacobian import GELU2_ABS_ERR, GELU3_SUP, _f64, certified_lmax, certified_spectral, gelu2_sup, gelu_second
 
 __all__ = ["gelu3_sup", "ffn_curvature_drift", "ffn_hadamard", "ffn_second_norms", "ffn_second_split",
            "ffn_split_constants", "ffn_taylor_drift"]
@@ -87,26 +87,36 @@ def ffn_hadamard(ffn, *, centred: bool) -> dict:  # noqa: ANN001
             "W2": W2, "eW2": eW2, "nW2": float(certified_spectral(W2o[None])[0]) * (1 + 1e-12)}
 
 
-def ffn_second_norms(const: dict, z: Tensor) -> Tensor:
+def ffn_second_norms(const: dict, z: Tensor, ez: Tensor | None = None) -> Tensor:
     r"""(T,) certified ``N2_i >= ||W_2^T D_i K||_2 = lambda_max(W_2^T D_i H D_i W_2)^{1/2}``, ``D_i = diag(GELU''(z_i))``
     signed, at the centre (THEORY F38b).  Rounding: ``A = D W_2`` as formed is within ``u|A|``, the two products add
     ``gamma_{d_ff}`` each of the ``|terms|`` (``||A||_F^2 ||H||_F``), ``H``'s own error ``eH`` enters as ``||A||_F^2 eH``;
     ``GELU''`` as evaluated is within ``_GELU2_ABS_ERR`` per unit of its exact value, which moves the norm by at most
-    that times ``||W_2|| ||K||``, and the centred ``W_2`` as formed within ``eW2`` moves it by ``eW2 sup|GELU''| ||K||``.
-    Cost ``d d_ff^2`` flops a token."""
+    that times ``||W_2|| ||K||``, and the centred ``W_2`` as formed within ``eW2`` moves it by ``eW2 sup|GELU''| ||K||``;
+    ``z`` within ``ez`` of the exact pre-activation (``pre_activations``; None: exact) adds ``GELU3_SUP max_k ez_k`` to
+    ``GELU''``'s error (F51a).  Cost ``d d_ff^2`` flops a token."""
     H, W2 = const["H"], const["W2"]
     D = gelu_second(z)
     A = D[:, :, None] * W2[None]
     S = A.transpose(1, 2) @ (H[None] @ A)
     fA = (A * A).sum(dim=(1, 2)) * (1 + 4 * W2.numel() * _U)
     err = fA * (const["eH"] + 4 * (H.shape[0] + 4) * _U * float(H.norm()) * (1 + 1e-12))
-    n2 = torch.sqrt(certified_lmax(S) + err) + _n2_pert(const)
+    n2 = torch.sqrt(certified_lmax(S) + err) + _n2_pert(const, ez)
     return torch.nan_to_num(n2 * (1 + 1e-12), nan=math.inf)
 
 
-def _n2_pert(const: dict) -> float:
-    """What the evaluation of ``GELU''`` and the centred ``W_2`` as formed can move ``||W_2^T D K||`` by (F38b)."""
-    return (_GELU2_ABS_ERR * const["nW2"] + const["eW2"] * 2 / math.sqrt(2 * math.pi)) * math.sqrt(const["lH"])
+def centre_gelu2_err(ez: Tensor | None) -> Tensor | float:
+    """Per unit, ``|GELU''(z*) - fl(GELU''(z))|`` for the exact pre-activation ``z*`` within ``ez`` of ``z``
+    (``pre_activations``; None: ``z`` exact): the evaluation's ``GELU2_ABS_ERR`` plus ``GELU3_SUP ez`` (F51a)."""
+    return _GELU2_ABS_ERR if ez is None else _GELU2_ABS_ERR + GELU3_SUP * ez * (1 + 1e-12)
+
+
+def _n2_pert(const: dict, ez: Tensor | None = None) -> Tensor | float:
+    """What the evaluation of ``GELU''`` (at the exact centre: ``centre_gelu2_err``, per token its largest unit) and
+    the centred ``W_2`` as formed can move ``||W_2^T D K||`` by (F38b)."""
+    e2 = centre_gelu2_err(ez)
+    e2 = e2 if ez is None else e2.amax(dim=1)
+    return (e2 * const["nW2"] + const["eW2"] * 2 / math.sqrt(2 * math.pi)) * math.sqrt(const["lH"])
 
 
 def _split_top(G: Tensor, rank: int, lam1: float, E: Tensor | None = None) -> tuple[Tensor, float]:
@@ -148,7 +158,7 @@ def _norm_from_gram(X: Tensor) -> Tensor:
     return torch.sqrt(certified_lmax(X @ X.transpose(1, 2)) + 4 * (X.shape[2] + 8) * _U * fX * (1 + 1e-12))
 
 
-def ffn_second_split(const: dict, split: dict, z: Tensor) -> Tensor:
+def ffn_second_split(const: dict, split: dict, z: Tensor, ez: Tensor | None = None) -> Tensor:
     r"""(T,) a certified upper bound on F38b's ``N2_i = ||W_2^T D_i K||`` at a fifth of its cost (THEORY F45a): with
     ``a = D W_2`` (exact product of the evaluated ``GELU''``), ``H = E^T E + R``, ``R <= lR I`` and the formed ``H``
     within ``eH`` of the exact one,
@@ -159,7 +169,8 @@ def ffn_second_split(const: dict, split: dict, z: Tensor) -> Tensor:
     ``||E a||`` from the m x m Gram of ``C = fl(E A)`` (``A = fl(D W_2)``, within ``u|A|`` of ``a``; ``C`` within
     ``gamma_{d_ff} ||E||_F ||A||_F`` of ``E A``) and ``||F D||`` from the m2 x m2 Gram of ``fl(F D)`` (within ``u``
     relative): ``m d_ff d + (m^2 + m2^2) (d + d_ff)`` flops a token instead of ``d d_ff^2``.  ``GELU''``'s evaluation
-    and the centred ``W_2`` as F38b.  Never below the true ``N2``; 1.2-2.5 x it on MiniLM."""
+    and the centred ``W_2`` as F38b, the pre-activations' rounding ``ez`` too.  Never below the true ``N2``; 1.2-2.5 x it
+    on MiniLM."""
     E, F, lR, lR2 = split["E"], split["F"], split["lR"], split["lR2"]
     if not (math.isfinite(lR) and math.isfinite(lR2)):
         return torch.full(z.shape[:1], math.inf, dtype=torch.float64)
@@ -171,11 +182,12 @@ def ffn_second_split(const: dict, split: dict, z: Tensor) -> Tensor:
     FD = F[None] * D[:, None, :]
     nFD = _norm_from_gram(FD) * (1 + 4 * _U) + 4 * _U * (FD * FD).sum(dim=(1, 2)).sqrt()
     na2 = (nFD * nFD + lR2 * (D * D).amax(dim=1)) * (1 + 1e-12)
-    n2 = torch.sqrt((nEa * nEa + (lR + const["eH"]) * na2) * (1 + 1e-12)) + _n2_pert(const)
+    n2 = torch.sqrt((nEa * nEa + (lR + const["eH"]) * na2) * (1 + 1e-12)) + _n2_pert(const, ez)
     return torch.nan_to_num(n2 * (1 + 1e-12), nan=math.inf)
 
 
-def ffn_taylor_drift(const: dict, n2: Tensor, z: Tensor, n1: Tensor, rh: Tensor) -> tuple[Tensor, Tensor]:
+def ffn_taylor_drift(const: dict, n2: Tensor, z: Tensor, n1: Tensor, rh: Tensor,
+                     ez: Tensor | None = None) -> tuple[Tensor, Tensor]:
     r"""Per token, on ``||dh|| <= rh``: ``sup ||P(F'(h + dh) - F'(h))||`` and its mean over the segment,
     ``int_0^1 sup_{||dh|| <= t rh} ||.|| dt`` (THEORY F38c):
 
@@ -183,9 +195,10 @@ def ffn_taylor_drift(const: dict, n2: Tensor, z: Tensor, n1: Tensor, rh: Tensor)
               \overline{\Delta F} \le N2\,r_h/2 + \tfrac16 s_3\,\lambda_{\max}(H_{12})^{1/2}\lambda_{\max}(H)^{1/2} r_h^2
 
     with ``s3 = max_k sup |GELU'''|`` on ``[z_k - ||w1_k|| rh, z_k + ||w1_k|| rh]`` (a smaller ball's is smaller).
-    ``z`` (T, d_ff) the centre's preactivations, ``n1`` (d_ff,) the ``||w1_k||``, ``n2`` from ``ffn_second_norms``.
-    Assumptions: non-gated FFN with the exact (erf) GELU (else ``inf``)."""
-    h = n1[None, :] * rh[:, None] * (1 + 1e-12)
+    ``z`` (T, d_ff) the centre's preactivations, within ``ez`` of the exact ones (``pre_activations``; None: exact),
+    which widens each interval by ``ez_k``; ``n1`` (d_ff,) the ``||w1_k||``, ``n2`` from ``ffn_second_norms`` (with
+    the same ``ez``).  Assumptions: non-gated FFN with the exact (erf) GELU (else ``inf``)."""
+    h = _reach(n1, rh, ez)
     s3 = gelu3_sup(z - h, z + h).amax(dim=1)
     c3 = 0.5 * s3 * math.sqrt(const["l12"] * const["lH"]) * (1 + 1e-12)
     r2 = rh * rh * (1 + 1e-12)
@@ -215,7 +228,15 @@ def _weighted_norm(W: Tensor, a: Tensor) -> Tensor:
     return (_norm_from_gram(C) + _U * (C * C).sum(dim=(1, 2)).sqrt()) * (1 + 1e-12)
 
 
-def ffn_curvature_drift(const: dict, z: Tensor, n1: Tensor, rh: Tensor) -> tuple[Tensor, Tensor]:
+def _reach(n1: Tensor, rh: Tensor, ez: Tensor | None) -> Tensor:
+    """(T, d_ff) half-widths ``||w1_k|| rh_t (1 + 10^-12) + ez_tk`` of the per-unit intervals around the computed
+    ``z`` that hold the exact centre's ``[z*_k +- ||w1_k|| rh_t]`` (``ez`` from ``pre_activations``, THEORY F51a)."""
+    h = n1[None, :] * rh[:, None] * (1 + 1e-12)
+    return h if ez is None else h + ez
+
+
+def ffn_curvature_drift(const: dict, z: Tensor, n1: Tensor, rh: Tensor,
+                        ez: Tensor | None = None) -> tuple[Tensor, Tensor]:
     r"""Per token, on ``||dh|| <= rh``: ``sup ||P(F'(h + dh) - F'(h))||`` and its segment mean (THEORY F51a): unit k's
     slope moves by ``|sigma'(z_k + s_k) - sigma'(z_k)| <= A_k |s_k|``, ``s_k = w1_k . dh``, ``A_k = sup |GELU''|`` on
     its reachable interval ``[z_k - ||w1_k|| rh, z_k + ||w1_k|| rh]`` (``gelu2_sup``), and with weights ``a_k^2 >= A_k``
@@ -226,9 +247,10 @@ def ffn_curvature_drift(const: dict, z: Tensor, n1: Tensor, rh: Tensor) -> tuple
     (``K``'s rows ``w1_k (x) w1_k``, Gram ``H``; ``K_12``'s ``w1_k (x) P w2_k``, Gram ``H_12``; a smaller ball's
     intervals are nested, so its ``A`` is smaller and the mean halves).  F17c's ``kappa`` is this with every ``A_k``
     at ``sup|GELU''|``; saturated units (the heavy directions of ``H`` on MiniLM) get their own small curvature.
-    ``z`` (T, d_ff) the centre's pre-activations, ``n1`` (d_ff,) the ``||w1_k||``, ``const`` ``ffn_hadamard``'s.
+    ``z`` (T, d_ff) the centre's pre-activations, within ``ez`` of the exact ones (``pre_activations``; None: exact:
+    each interval widened by ``ez_k``, red17-2), ``n1`` (d_ff,) the ``||w1_k||``, ``const`` ``ffn_hadamard``'s.
     Cost: two certified ``lambda_max`` of d_ff x d_ff matrices a token.  Exact (erf) GELU only."""
-    h = n1[None, :] * rh[:, None] * (1 + 1e-12)
+    h = _reach(n1, rh, ez)
     a = torch.sqrt(gelu2_sup(z - h, z + h)) * (1 + 1e-12)
     kap = torch.empty(len(rh), dtype=torch.float64)
     for s in range(0, len(rh), CURV_CHUNK):

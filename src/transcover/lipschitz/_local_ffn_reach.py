@@ -14,7 +14,7 @@ import math
 import torch
 from torch import Tensor
 
-from ._local_ffn2 import _GELU2_ABS_ERR, _weighted_lmax, _weighted_norm, ffn_second_norms, gelu3_sup
+from ._local_ffn2 import _GELU2_ABS_ERR, _weighted_lmax, _weighted_norm, centre_gelu2_err, ffn_second_norms, gelu3_sup
 from ._local_jacobian import gelu_second
 from ._local_stack_aligned import _gamma, _hadamard_norm
 
@@ -37,7 +37,7 @@ def gelu2_range(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def ffn_reach_remainder(const: dict, n1: Tensor, z: Tensor, S: Tensor, eS: Tensor, wsum: Tensor, r: float,
-                        remH: Tensor, rh: Tensor) -> Tensor:
+                        remH: Tensor, rh: Tensor, ez: Tensor | None = None) -> Tensor:
     r"""(n,) certified ``sup ||P(F(h + dh) - F(h) - J_F dh)||`` per token over ``dh = a + rho``, ``a a^T <= r^2 Q*``,
     ``Q* = wsum S*`` (``S*`` the exact first-norm row Gram, the formed ``S`` within ``eS`` spectral), ``||rho|| <= remH``,
     ``||dh|| <= rh`` (THEORY F54b).  With ``s_k = w1_k . dh``, ``e_k = GELU''(z_k) s_k^2/2 + eps_k``, ``|eps_k| <= beta_k
@@ -54,8 +54,11 @@ def ffn_reach_remainder(const: dict, n1: Tensor, z: Tensor, S: Tensor, eS: Tenso
     ``gamma_4 ||Q||_F``; ``G`` within ``eG = ||W_1||_F^2 (gamma_{2d} ||Q||_F + eQ)`` (F40b), ``G o G`` within ``eG (2 max|G| +
     eG) + u ||G o G||_F``, ``G o G_1`` within ``eG (max|G_1| + e_1) + e_1 max|G|`` (``e_1 = gamma_{d+2} ||W_1||_F^2``); the
     centred ``W_2`` as formed within ``eW2`` adds ``eW2 max|D| ||K_*||`` to each ``N``.  ``const``: ``ffn_hadamard``
-    (centred when a LayerNorm follows), ``n1`` the ``||w1_k||``.  Exact (erf) GELU only; cost ~``8 d d_ff^2`` flops
-    and three certified ``d_ff x d_ff`` ``lambda_max`` a token."""
+    (centred when a LayerNorm follows), ``n1`` the ``||w1_k||``.  ``z`` within ``ez`` of the exact pre-activations
+    (``pre_activations``; None: exact, red17-2): each ``R_k`` widened by ``ez_k`` (the reach around the exact centre),
+    ``GELU''``'s error at the centre ``e_k = centre_gelu2_err`` in each ``N`` (its max) and in ``beta_k`` (``+ e_k``:
+    ``D`` taken at ``z``, the remainder's ``hi - D*, D* - lo`` against the exact ``D*``).  Exact (erf) GELU only; cost
+    ~``8 d d_ff^2`` flops and three certified ``d_ff x d_ff`` ``lambda_max`` a token."""
     W1, W2 = const["W1"], const["W2"]
     d = W1.shape[0]
     fW1 = float(W1.norm()) * (1 + W1.numel() * _gamma(1))
@@ -63,7 +66,7 @@ def ffn_reach_remainder(const: dict, n1: Tensor, z: Tensor, S: Tensor, eS: Tenso
     G1 = W1.T @ W1
     e1 = _gamma(d + 2) * fW1 * fW1
     g1max = float(G1.abs().max())
-    n2 = ffn_second_norms(const, z)
+    n2 = ffn_second_norms(const, z, ez)
     out = torch.empty(len(z), dtype=torch.float64)
     for i in range(len(z)):
         Si = 0.5 * (S[i] + S[i].T)
@@ -78,21 +81,25 @@ def ffn_reach_remainder(const: dict, n1: Tensor, z: Tensor, S: Tensor, eS: Tenso
         eHQ = (eG * (2 * gmax + eG) + _gamma(1) * float(HQ.norm())) * (1 + 1e-12)
         eHQm = (eG * (g1max + e1) + e1 * gmax + _gamma(1) * float(HQm.norm())) * (1 + 1e-12)
         Dk = gelu_second(z[i])
-        dmax = float(Dk.abs().max()) + _GELU2_ABS_ERR
+        eD = torch.as_tensor(centre_gelu2_err(None if ez is None else ez[i]), dtype=torch.float64)
+        dmax = float(Dk.abs().max()) + float(eD.max())
         nKQ, nKQm = (fQ + eQ) * w1max * fW1, math.sqrt(fQ + eQ) * w1max * fW1  # ||K_Q||, ||K_{Q,I}|| (F40b)
-        nq = _hadamard_norm(const, HQ, eHQ, Dk, nKQ) + const["eW2"] * dmax * nKQ
-        nqm = _hadamard_norm(const, HQm, eHQm, Dk, nKQm) + const["eW2"] * dmax * nKQm
+        nq = _hadamard_norm(const, HQ, eHQ, Dk, nKQ, float(eD.max())) + const["eW2"] * dmax * nKQ
+        nqm = _hadamard_norm(const, HQm, eHQm, Dk, nKQm, float(eD.max())) + const["eW2"] * dmax * nKQm
         Rk = torch.minimum(n1 * float(rh[i]),
                            r * torch.sqrt(G.diagonal().clamp(min=0.0) + eG) + n1 * float(remH[i])) * (1 + 1e-12)
+        if ez is not None:
+            Rk = Rk + ez[i]
         lo, hi = gelu2_range(z[i] - Rk, z[i] + Rk)
-        beta = torch.minimum((torch.maximum(hi - Dk, Dk - lo) + _GELU2_ABS_ERR) / 2,
-                             gelu3_sup(z[i] - Rk, z[i] + Rk) * Rk / 6) * (1 + 1e-12)
+        beta = (torch.minimum((torch.maximum(hi - Dk, Dk - lo) + _GELU2_ABS_ERR) / 2,
+                              gelu3_sup(z[i] - Rk, z[i] + Rk) * Rk / 6) + (eD - _GELU2_ABS_ERR)) * (1 + 1e-12)
         sb = torch.sqrt(beta)[None] * (1 + 1e-12)
         k = [torch.sqrt(_weighted_lmax(Hm, eHm, sb))[0] for Hm, eHm in
              ((HQ, eHQ), (HQm, eHQm), (const["H"], const["eH"]))]
         nb = _weighted_norm(W2.T, sb)[0] + float(sb.max()) * const["eW2"]
-        rr, rm = r * r, r * float(remH[i])
-        first = 0.5 * (nq * rr + 2 * nqm * rm + float(n2[i]) * float(remH[i]) ** 2)
-        second = nb * (k[0] * rr + 2 * k[1] * rm + k[2] * float(remH[i]) ** 2)
+        # products, not ``** 2``: a Python float's power raises OverflowError past 1e154 (red18-1), a product is inf
+        rr, rm, hh = r * r, r * float(remH[i]), float(remH[i]) * float(remH[i])
+        first = 0.5 * (nq * rr + 2 * nqm * rm + float(n2[i]) * hh)
+        second = nb * (k[0] * rr + 2 * k[1] * rm + k[2] * hh)
         out[i] = (first + float(second)) * (1 + 1e-12)
     return torch.nan_to_num(out, nan=math.inf)

@@ -81,8 +81,8 @@ class FoldedFfnDrift:
     (None where ``folded_layer`` is); the folded one's radius-free data cached in ``norms["gamma_fold"]``.  The
     tail then takes ``(dF, dFh, fold)`` with ``fold`` the folded ``(dG, dGh)`` (rounding pad included) or None."""
 
-    def __init__(self, layer: LayerSpec, z: Tensor, norms: dict, tiers: bool = False) -> None:
-        self.base = FfnDrift(layer, z, norms, tiers)
+    def __init__(self, layer: LayerSpec, z: Tensor, norms: dict, tiers: bool = False, ez: Tensor | None = None) -> None:
+        self.base = FfnDrift(layer, z, norms, tiers, ez)
         self.lip = self.base.lip
         if "gamma_fold" not in norms:
             fl = folded_layer(layer)
@@ -90,7 +90,7 @@ class FoldedFfnDrift:
         self.fold = self.pad = None
         if norms["gamma_fold"] is not None:
             flayer, e, fnorms = norms["gamma_fold"]
-            self.fold = FfnDrift(flayer, z, fnorms, tiers)
+            self.fold = FfnDrift(flayer, z, fnorms, tiers, ez)
             self.pad = partial(fold_pad, flayer.ffn, fnorms, e)
 
     def rows(self, tail, rh: Tensor, rn: Tensor | None, unit: bool) -> dict:  # noqa: ANN001

@@ -56,7 +56,8 @@ from ..model import Activation, LayerSpec, NormKind, NormSpec, Placement, attent
 from ._local_attention import check_normal_weights
 from ._weights import ROUNDING_PAD, spectral
 
-__all__ = ["LayerJacobian", "layer_jacobian", "layer_jacobians", "certified_spectral", "gelu2_sup", "row_norm_lower", "gelu_second_sup"]
+__all__ = ["LayerJacobian", "layer_jacobian", "layer_jacobians", "certified_spectral", "gelu2_sup", "row_norm_lower", "gelu_second_sup",
+           "pre_activations", "point_slope_err"]
 
 GRAM_PAD = 1e-9
 # float64 evaluation of the blocks: each entry is a sum of at most K products; |error| <= K u
@@ -219,6 +220,43 @@ def gelu2_sup(a: Tensor, b: Tensor) -> Tensor:
     out = torch.where(zero, torch.full_like(out, 2 / math.sqrt(2 * math.pi)), out)
     out = torch.where(two, torch.maximum(out, torch.full_like(out, 2 * math.exp(-2) / math.sqrt(2 * math.pi))), out)
     return out * (1 + 1e-12) + GELU2_ABS_ERR
+
+
+# sup|GELU'''| = 0.77883 at z = +-0.7923 (F38a), rounded up: GELU'' moves by at most this per unit of z
+GELU3_SUP = 0.7789
+
+
+def pre_activations(ffn, H: Tensor) -> tuple[Tensor, Tensor]:  # noqa: ANN001
+    """(``z``, ``ez``): the FFN's pre-activations ``z = fl(H W_1 + b_1)`` (T, d_ff) float64 at the float64 ``H`` and
+    ``ez >= |z - (H W_1 + b_1)|`` per unit against the exact value (THEORY F51a, red17-2): an inner product of
+    length d and one addition, so ``gamma_{d+2}(|H| |W_1| + |b_1|)`` (the non-negative sum formed ``(1 + 10^-9)`` high
+    covers its own rounding), plus ``(d + 1) 2^-1074`` for products below the normal range.  Every per-unit interval
+    ``[z_k +- h_k]`` the local bounds take is widened by ``ez_k``, and every value used at the centre pays for it
+    (``point_slope_err``, ``GELU3_SUP``)."""
+    W1 = _f64(ffn.W_1)
+    b1 = torch.zeros(W1.shape[1], dtype=torch.float64) if ffn.b_1 is None else _f64(ffn.b_1)
+    d = W1.shape[0]
+    g = (d + 2) * _U / (1 - (d + 2) * _U)
+    ez = (H.abs() @ W1.abs() + b1.abs()) * (g * (1 + 1e-9)) + (d + 1) * 2.0**-1074
+    return H @ W1 + b1, ez
+
+
+def point_slope_err(act, z: Tensor, ez: Tensor) -> Tensor:  # noqa: ANN001
+    """(T,) ``max_k |sigma'(z*_k) - sigma'(z_k)|`` over ``|z*_k - z_k| <= ez_k`` (the slope at the centre against the
+    exact pre-activation's, ``pre_activations``), so ``||F* - F|| <= ||W_1|| ||W_2||`` times it (spectral norms: the
+    Frobenius ones cost MiniLM's point 1e-5 relative through ``_sandwich``'s pads): GELU ``max_k ez_k sup|GELU''|``
+    on ``[z_k +- ez_k]`` (``gelu2_sup``), other activations ``sup|sigma''| max_k ez_k``; one without a bounded
+    ``sigma''`` (ReLU) its slope range ``2 Lip`` where some ``|z_k| <= ez_k`` (its kink within reach), else 0."""
+    from ._activations import activation_lipschitz
+    from ._local import second_derivative_sup
+
+    if Activation(act) is Activation.GELU:
+        return (gelu2_sup(z - ez, z + ez) * ez).amax(dim=1) * (1 + 1e-12)
+    s2 = second_derivative_sup(act)
+    if math.isfinite(s2):
+        return s2 * ez.amax(dim=1) * (1 + 1e-12)
+    near = (z.abs() <= ez).any(dim=1)
+    return torch.where(near, 2 * activation_lipschitz(act), 0.0).double()
 
 
 def gelu_second_sup() -> float:
@@ -482,7 +520,6 @@ def _blocks_route(layer: LayerSpec, X: Tensor, radii, *, keep_blocks: bool = Fal
     post = layer.placement is Placement.POST
     norms = _weight_norms(layer) if norms is None else norms
     W1, W2 = _f64(ffn.W_1), _f64(ffn.W_2)
-    b1 = 0 if ffn.b_1 is None else _f64(ffn.b_1)
     if post:
         Xin = X
         D1 = None
@@ -497,9 +534,11 @@ def _blocks_route(layer: LayerSpec, X: Tensor, radii, *, keep_blocks: bool = Fal
         S1 = X + attention_forward(attn, Xin)
         Db, sb, sigb, _ = _norm_parts(layer.norm_ffn, S1)
         H = layer.norm_ffn(S1) if layer.norm_ffn is not None else S1
-    z = (H @ W1 + b1).clone().requires_grad_(True)
+    z, ez = pre_activations(ffn, H)
+    z = z.clone().requires_grad_(True)
     (slope,) = torch.autograd.grad(ffn.activation(z).sum(), z)
     F = (W2.T[None] * slope.detach()[:, None, :]) @ W1.T  # (T, d, d)
+    eFz = point_slope_err(ffn.activation, z.detach(), ez) * norms["W1"] * norms["W2"]  # the exact z's F (F51a)
     eye = torch.eye(d, dtype=torch.float64)
     IF = eye + F
     M = Db @ IF @ Da if post else eye + F @ Db
@@ -546,12 +585,13 @@ def _blocks_route(layer: LayerSpec, X: Tensor, radii, *, keep_blocks: bool = Fal
     eDa = norm_jacobian_error(layer.norm_attn, S1 if post else X, formed=True)
     Dn = Da if post else D1
     if post:
-        eM = (eDb * fro3(IF) * (fro3(Da) + eDa) + fro3(Db) * fro3(IF) * eDa) * (1 + 1e-12)
+        eM = (eDb * (fro3(IF) + eFz) * (fro3(Da) + eDa) + fro3(Db) * fro3(IF) * eDa
+              + fro3(Db) * eFz * (fro3(Da) + eDa)) * (1 + 1e-12)
         point_rows = point_rows + eM * (att_point + 1) * (1 + 1e-12)
         h_point = h_point + eDa * (att_point + 1) * (1 + 1e-12)
-        g_point = g_point + fro3(IF) * eDa * (att_point + 1) * (1 + 1e-12)
+        g_point = g_point + (fro3(IF) * eDa + eFz * (fro3(Da) + eDa)) * (att_point + 1) * (1 + 1e-12)
     else:
-        eM = fro3(F) * eDb * (1 + 1e-12)
+        eM = (fro3(F) * eDb + eFz * (fro3(Db) + eDb)) * (1 + 1e-12)
         point_rows = point_rows + (eM * (1 + att_point * float((fro3(D1) + eDa).max()))
                                    + (fro3(M) + eM) * att_point * float(eDa.max())) * (1 + 1e-12)
     memo = _Memo()
@@ -573,7 +613,7 @@ def _blocks_route(layer: LayerSpec, X: Tensor, radii, *, keep_blocks: bool = Fal
         # the attention alone on its input ball: exact at the point plus its drift, or the older bound
         attention_rows = torch.minimum(attention_local_bound(attn, Xin, ry, norms=hn).per_query,
                                        (att_point + dA_alone) * (1 + ROUNDING_PAD))
-        drift, parts = _drift(memo, layer, X, z.detach(), r, post, dQ, heads, M, IF, F, Da if post else D1, Db,
+        drift, parts = _drift(memo, layer, X, (z.detach(), ez), r, post, dQ, heads, M, IF, F, Da if post else D1, Db,
                               (siga, sa) if post else (sig1, s1), (sigb, sb), S1, attention_rows, norms,
                               h_point * (1 + ROUNDING_PAD), dA_alone, g_point * (1 + ROUNDING_PAD))
         out.append(LayerJacobian(point_rows * (1 + ROUNDING_PAD), drift, kept, attention_rows, parts))
@@ -748,9 +788,10 @@ def _drift(memo, layer, X, z, r, post, dQ, heads, M, IF, F, D1, Db, nA, nB, S1, 
     return drift * (1 + ROUNDING_PAD), parts
 
 
-def _ffn_drift(ffn, z: Tensor, rh: Tensor, norms: dict, curv: float) -> Tensor:  # noqa: ANN001
+def _ffn_drift(ffn, zz: tuple, rh: Tensor, norms: dict, curv: float) -> Tensor:  # noqa: ANN001
     """Per token ``||F'_t - F_t||`` on the FFN input balls of radii ``rh`` (Note [Jacobian drift]):
-    ``|sigma'(z'_k) - sigma'(z_k)| <= c_k = sup_{[z_k - h_k, z_k + h_k]} |sigma''| h_k``, ``h_k = n_k rh``,
+    ``|sigma'(z'_k) - sigma'(z_k)| <= c_k = sup_{[z_k - h_k - ez_k, z_k + h_k + ez_k]} |sigma''| h_k``, ``h_k = n_k rh``
+    (``zz = (z, ez)``, ``pre_activations``: the interval holds the exact pre-activation's),
     and ``||W_2^T diag(delta) W_1^T|| <= (lambda_max(W_2^T diag(c) W_2) lambda_max(W_1 diag(c) W_1^T))^{1/2}``.
     GELU gets the per-unit interval sup (``gelu2_sup``), other activations the global one.  Every
     ``c_k`` is also capped by the range of ``sigma'`` (GELU: ``GELU'(sqrt 2) - GELU'(-sqrt 2) = erf(1) +
@@ -768,8 +809,9 @@ def _ffn_drift(ffn, z: Tensor, rh: Tensor, norms: dict, curv: float) -> Tensor: 
     if act is not Activation.GELU:
         return glob
     W1, W2 = _f64(ffn.W_1), _f64(ffn.W_2)
-    half = norms["n1"][None, :] * rh[:, None]
-    c = torch.clamp(gelu2_sup(z - half, z + half) * half * (1 + ROUNDING_PAD), max=cap)
+    z, ez = zz
+    half = norms["n1"][None, :] * rh[:, None] * (1 + 1e-12)
+    c = torch.clamp(gelu2_sup(z - half - ez, z + half + ez) * half * (1 + ROUNDING_PAD), max=cap)
     l2 = certified_lmax((W2.T[None] * c[:, None, :]) @ W2[None])
     l1 = certified_lmax((W1[None] * c[:, None, :]) @ W1.T[None])
     fro = float(W1.norm() * W2.norm()) * float(c.max())

@@ -413,9 +413,11 @@ class FfnDrift:
     ``F`` on ``||dh|| <= rh``, F37b's references (F31d's per-unit bound at a larger ball where no unit was
     capped, scaled) and, at the tokens that can set a reported maximum (F37a), F31d's per-unit Grams
     (2 d^2 d_ff flops a token) and F38's second-order tensor norm (d d_ff^2 flops a token, once per token
-    and layer).  State across the radii of one call: the references and the tensor norms per token."""
+    and layer).  State across the radii of one call: the references and the tensor norms per token.  ``z`` the
+    pre-activations at the centre, within ``ez`` of the exact ones (``pre_activations``; None: exact): every per-unit
+    term widens its intervals by ``ez`` and pays for ``GELU''`` at the centre (F51a, red17-2)."""
 
-    def __init__(self, layer: LayerSpec, z: Tensor, norms: dict, tiers: bool = False) -> None:
+    def __init__(self, layer: LayerSpec, z: Tensor, norms: dict, tiers: bool = False, ez: Tensor | None = None) -> None:
         from ._activations import activation_lipschitz
         from ._local import second_derivative_sup
 
@@ -430,7 +432,7 @@ class FfnDrift:
         self.cap = (GELU_SLOPE_RANGE if Activation(ffn.activation) is Activation.GELU
                     else 2 * activation_lipschitz(ffn.activation)) * norms["W1"] * norms["W2"] * (1 + ROUNDING_PAD)
         self.lip = activation_lipschitz(ffn.activation) * norms["W1"] * norms["W2"] * (1 + ROUNDING_PAD) ** 2
-        self.ffn, self.z, self.n1 = ffn, z, norms["n1"]
+        self.ffn, self.z, self.ez, self.n1 = ffn, z, ez, norms["n1"]
         self.taylor = None  # F38: the radius-free Hadamard Grams (per layer, cached with the weight norms)
         if gelu_ffn(ffn):
             key = "ffn2P" if post and centring else "ffn2"
@@ -484,29 +486,32 @@ class FfnDrift:
             self.norms[self.split_key] = ffn_split_constants(self.taylor)
         new = idx[torch.isnan(self.n2_cheap[idx])]
         if len(new):
-            self.n2_cheap[new] = ffn_second_split(self.taylor, self.norms[self.split_key], self.z[new])
-        t, th = ffn_taylor_drift(self.taylor, self.n2_cheap[idx], self.z[idx], self.n1, rh[idx])
+            self.n2_cheap[new] = ffn_second_split(self.taylor, self.norms[self.split_key], self.z[new], self._ez(new))
+        t, th = ffn_taylor_drift(self.taylor, self.n2_cheap[idx], self.z[idx], self.n1, rh[idx], self._ez(idx))
         dF[idx], dFh[idx] = torch.minimum(base[0][idx], t), torch.minimum(base[1][idx], th)
 
     def final(self, rh: Tensor, dF: Tensor, dFh: Tensor, ref: Tensor, idx: Tensor) -> None:
         """The tokens ``idx``' FFN drift (in place in ``dF``, ``dFh``) by F38's tensor norm and F31d's per-unit
         bound, whose Grams are formed only where they can beat F38 (F42a); F31d's bound becomes the reference
         ``ref`` where no unit was capped (F37b)."""
-        z, n1 = self.z, self.n1
+        z, n1, ez = self.z, self.n1, self._ez(idx)
         taylor = None
         if self.taylor is not None:
             new = idx[torch.isnan(self.n2_tok[idx])]
             if len(new):
-                self.n2_tok[new] = ffn_second_norms(self.taylor, z[new])
-            taylor = ffn_taylor_drift(self.taylor, self.n2_tok[idx], z[idx], n1, rh[idx])
+                self.n2_tok[new] = ffn_second_norms(self.taylor, z[new], self._ez(new))
+            taylor = ffn_taylor_drift(self.taylor, self.n2_tok[idx], z[idx], n1, rh[idx], ez)
             dF[idx], dFh[idx] = torch.minimum(dF[idx], taylor[0]), torch.minimum(dFh[idx], taylor[1])
-        u, uh = ffn_unit_drift(self.ffn, z[idx], n1, rh[idx], above=taylor)
+        u, uh = ffn_unit_drift(self.ffn, z[idx], n1, rh[idx], above=taylor, ez=ez)
         dF[idx], dFh[idx] = torch.minimum(dF[idx], u), torch.minimum(dFh[idx], uh)
         if self.taylor is not None:  # F51a: F17c's kappa with each unit's own curvature on its reachable interval
-            c, ch = ffn_curvature_drift(self.taylor, z[idx], n1, rh[idx])
+            c, ch = ffn_curvature_drift(self.taylor, z[idx], n1, rh[idx], ez)
             dF[idx], dFh[idx] = torch.minimum(dF[idx], c), torch.minimum(dFh[idx], ch)
-        uncapped = (unit_slope_moves(z[idx], n1, rh[idx]) <= GELU_SLOPE_RANGE).all(dim=1)
+        uncapped = (unit_slope_moves(z[idx], n1, rh[idx], ez) <= GELU_SLOPE_RANGE).all(dim=1)
         ref[idx] = torch.where(uncapped, u, ref[idx])
+
+    def _ez(self, idx: Tensor) -> Tensor | None:
+        return None if self.ez is None else self.ez[idx]
 
     def rows(self, tail, rh: Tensor, unit: bool) -> dict:  # noqa: ANN001
         """``tail(dF, dF_half)`` at the FFN input radii ``rh``: the global drift, and with ``unit`` the
@@ -557,7 +562,7 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
     pt = st.post_point(at, gram) if at.post else st.pre_point(at, gram)
     low = st.point_lower(at, gram, pt, lower) if lower else None
     dd = st.drift_at_x(at, hn)  # the data-free head maps cached beside the head norms (F52c)
-    ffn = FoldedFfnDrift(layer, at.z, norms, tiers)  # F46: also through the preceding norm's gamma
+    ffn = FoldedFfnDrift(layer, at.z, norms, tiers, at.ez)  # F46: also through the preceding norm's gamma
     fx = st.fold_at_x(at, gram) if at.post and ffn.fold is not None else None
     out = {}
     # the largest ball first: its F31d bounds, scaled, are the smaller balls' cheap terms (F37b)

@@ -153,7 +153,7 @@ def head_moves(mom, r: float, norms: dict) -> Tensor:  # noqa: ANN001
 
 
 def ffn_unit_drift(ffn, z: Tensor, n1: Tensor, rh: Tensor,  # noqa: ANN001
-                   above: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
+                   above: tuple[Tensor, Tensor] | None = None, ez: Tensor | None = None) -> tuple[Tensor, Tensor]:
     r"""Per token, on the FFN input ball ``||dh|| <= rh_t`` (THEORY F31d): ``sup ||F(h + dh) - F(h)||`` and
     ``||int_0^1 (F(h + t dh) - F(h)) dt||`` (the FFN's second-order remainder per unit of ``dh``).
 
@@ -166,7 +166,8 @@ def ffn_unit_drift(ffn, z: Tensor, n1: Tensor, rh: Tensor,  # noqa: ANN001
     .. math:: \|W_2^\top \mathrm{diag}(\delta) W_1^\top\| \le \big(\lambda_{\max}(W_2^\top \mathrm{diag}(c) W_2)\,
               \lambda_{\max}(W_1 \mathrm{diag}(c) W_1^\top)\big)^{1/2}.
 
-    Uses that a saturated unit (large ``|z_k|``) has a flat slope, which the global ``kappa`` cannot.
+    Uses that a saturated unit (large ``|z_k|``) has a flat slope, which the global ``kappa`` cannot.  ``ez``: the
+    pre-activations' rounding (``pre_activations``; None: ``z`` exact), which widens every ``h_k`` (F51a).
     ``above``: (T,) bounds ``(b, b_half)`` the caller takes the minimum with; a token with no capped unit whose
     bound is provably at least ``b`` and its half at least ``b_half`` (``gram_lower``, THEORY F42a) gets
     ``(inf, inf)`` without its Grams: every ``min`` with the caller's bounds is unchanged.
@@ -178,7 +179,7 @@ def ffn_unit_drift(ffn, z: Tensor, n1: Tensor, rh: Tensor,  # noqa: ANN001
     from ._local_jacobian import GRAM_PAD
 
     W1, W2 = _f64(ffn.W_1), _f64(ffn.W_2)
-    raw = unit_slope_moves(z, n1, rh)
+    raw = unit_slope_moves(z, n1, rh, ez)
     fro = float(W1.norm() * W2.norm())
 
     def bound(c: Tensor) -> Tensor:
@@ -229,10 +230,14 @@ def gram_lower(R: Tensor, c: Tensor, *, iters: int = GRAM_LOWER_ITERS) -> Tensor
     return (rq * (1 - 1e-10) - 12 * (d + m + 8) * _U * mass).clamp_min(0.0)
 
 
-def unit_slope_moves(z: Tensor, n1: Tensor, rh: Tensor) -> Tensor:
+def unit_slope_moves(z: Tensor, n1: Tensor, rh: Tensor, ez: Tensor | None = None) -> Tensor:
     """(T, d_ff) ``s2_k h_k`` of F31d before the cap: unit ``k`` of token ``t`` moves by ``|dz| <= h_k = ||W_1[:, k]||
-    rh_t`` and its slope by at most ``sup |GELU''|`` on ``[z_k - h_k, z_k + h_k]`` times ``h_k``; exact GELU."""
+    rh_t`` and its slope by at most ``sup |GELU''|`` on ``[z_k - h_k, z_k + h_k]`` times ``h_k``; exact GELU.  With
+    ``ez`` (``pre_activations``: ``z`` within ``ez`` of the exact pre-activation) the interval is ``[z_k +- (h_k +
+    ez_k)]``, which holds the exact centre's (red17-2, THEORY F51a); the move from that centre is still ``<= h_k``, so
+    the bound stays linear in ``h_k`` at fixed sup (F37b's scaled references)."""
     from ._local_jacobian import gelu2_sup
 
     h = n1[None, :] * rh[:, None] * (1 + 1e-12)
-    return gelu2_sup(z - h, z + h) * h * (1 + ROUNDING_PAD)
+    w = h if ez is None else h + ez
+    return gelu2_sup(z - w, z + w) * h * (1 + ROUNDING_PAD)

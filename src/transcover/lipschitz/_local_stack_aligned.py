@@ -22,8 +22,8 @@ import torch
 from torch import Tensor
 
 from ..model import Activation
-from ._local_ffn2 import _GELU2_ABS_ERR, ffn_hadamard, ffn_second_norms, ffn_taylor_drift
-from ._local_jacobian import _f64, certified_lmax, gelu_second
+from ._local_ffn2 import _GELU2_ABS_ERR, centre_gelu2_err, ffn_hadamard, ffn_second_norms, ffn_taylor_drift
+from ._local_jacobian import _f64, certified_lmax, gelu_second, pre_activations
 
 __all__ = ["ellipsoid_gram", "ffn_aligned_norms", "ffn_aligned_reach", "FFNAligned"]
 
@@ -63,10 +63,10 @@ def ellipsoid_gram(B: Tensor) -> tuple[Tensor, float]:
     return Q, _gamma(B.shape[1] + B.shape[0] + 4) * tQ * (1 + 1e-12)
 
 
-def _hadamard_norm(const: dict, H: Tensor, eH: float, Dk: Tensor, nKQ: float) -> float:
+def _hadamard_norm(const: dict, H: Tensor, eH: float, Dk: Tensor, nKQ: float, eD: float = _GELU2_ABS_ERR) -> float:
     """Certified ``lambda_max(W_2^T D H* D W_2)^{1/2}`` for ``H`` as formed within ``eH`` (Frobenius) of ``H*`` (THEORY
-    F40b's last steps: ``A = D W_2``, two products, the symmetrised matrix, ``GELU''``'s evaluation error through
-    ``||K|| <= nKQ``)."""
+    F40b's last steps: ``A = D W_2``, two products, the symmetrised matrix, ``GELU''``'s error ``eD`` at the centre
+    (evaluation and the pre-activation's rounding, ``centre_gelu2_err``) through ``||K|| <= nKQ``)."""
     A = Dk[:, None] * const["W2"]
     fH = float(H.norm()) * (1 + H.numel() * _U)
     M = A.T @ (H @ A)
@@ -75,10 +75,11 @@ def _hadamard_norm(const: dict, H: Tensor, eH: float, Dk: Tensor, nKQ: float) ->
     fA = float((A * A).sum()) * (1 + 4 * A.numel() * _U)
     err = (fA * (eH + _U * fH + 4 * (H.shape[0] + 4) * _U * fH) + _U * fM) * (1 + 1e-12)
     lam = float(certified_lmax(M[None])[0])
-    return (math.sqrt(lam + err) + _GELU2_ABS_ERR * const["nW2"] * nKQ) * (1 + 1e-12)
+    return (math.sqrt(lam + err) + eD * const["nW2"] * nKQ) * (1 + 1e-12)
 
 
-def ffn_aligned_norms(const: dict, W1: Tensor, z: Tensor, blocks: Tensor) -> tuple[Tensor, Tensor]:
+def ffn_aligned_norms(const: dict, W1: Tensor, z: Tensor, blocks: Tensor,
+                      ez: Tensor | None = None) -> tuple[Tensor, Tensor]:
     r"""(T,) each, certified ``NQ_k >= ||W_2^T D_k K_{Q*_k}||_2 = lambda_max(W_2^T D_k H_k D_k W_2)^{1/2}``,
     ``H_k = G_k o G_k``, ``G_k = W_1^T Q*_k W_1``, ``D_k = diag(GELU''(z_k))`` signed at the centre,
     ``Q*_k`` the ellipsoid of prefix row k (``ellipsoid_gram`` of ``blocks[k]``, (T, T, d, d): the computed
@@ -88,7 +89,8 @@ def ffn_aligned_norms(const: dict, W1: Tensor, z: Tensor, blocks: Tensor) -> tup
     of ``W_1^T Q* W_1``, ``G0`` within ``e0 = gamma_{d+2} ||W_1||_F^2``; ``H = G o G`` within ``eG (2 max|G| + eG)``,
     ``G o G0`` within ``eG (max|G0| + e0) + e0 max|G|``, each plus ``u ||H||_F`` (the products); then F38b's
     ``A = D W_2`` and two products (``||A||_F^2 (eH + 4 (d_ff + 4) u ||H||_F)``); the symmetrised matrix adds
-    ``u ||M||_F``; ``GELU''``'s evaluation error moves the norm by ``1e-13 ||W_2|| ||K||``, ``||K_Q||^2 = lambda_max(G o G)
+    ``u ||M||_F``; ``GELU''``'s error at the centre (``centre_gelu2_err``: evaluation, and ``z`` within ``ez`` of the
+    exact pre-activation) moves the norm by that times ``||W_2|| ||K||``, ``||K_Q||^2 = lambda_max(G o G)
     <= max_n G_nn lambda_max(G) <= ||Q||^2 max_n ||w1_n||^2 ||W_1||^2`` and ``||K_{Q,I}||^2 <= ||Q|| max_n ||w1_n||^2
     ||W_1||^2``.  One ellipsoid and one ``G`` per token for both; cost per token ``3 d d_ff^2`` flops."""
     T = z.shape[0]
@@ -106,9 +108,10 @@ def ffn_aligned_norms(const: dict, W1: Tensor, z: Tensor, blocks: Tensor) -> tup
         eG = fW1 * fW1 * (_gamma(2 * d) * fQ + eQ) * (1 + 1e-12)
         gmax = float(G.abs().max())
         Dk = gelu_second(z[k])
-        nq[k] = _hadamard_norm(const, G * G, eG * (2 * gmax + eG) * (1 + 1e-12), Dk, (fQ + eQ) * w1max * fW1)
+        eD = float(torch.as_tensor(centre_gelu2_err(None if ez is None else ez[k])).max())
+        nq[k] = _hadamard_norm(const, G * G, eG * (2 * gmax + eG) * (1 + 1e-12), Dk, (fQ + eQ) * w1max * fW1, eD)
         nqm[k] = _hadamard_norm(const, G * G0, (eG * (g0max + e0) + e0 * gmax) * (1 + 1e-12), Dk,
-                                math.sqrt(fQ + eQ) * w1max * fW1)
+                                math.sqrt(fQ + eQ) * w1max * fW1, eD)
     return torch.nan_to_num(nq, nan=math.inf), torch.nan_to_num(nqm, nan=math.inf)
 
 
@@ -138,13 +141,13 @@ class FFNAligned:
             cache["ffn2"] = ffn_hadamard(ffn, centred=False)
         self.const = cache["ffn2"]
         W1 = _f64(ffn.W_1)
-        self.z = H @ W1 + (0 if ffn.b_1 is None else _f64(ffn.b_1))
+        self.z, self.ez = pre_activations(ffn, H)  # F51a: the intervals and GELU'' around the exact centre
         self.n1 = W1.norm(dim=0) * (1 + W1.shape[0] * _U)
-        self.n2 = ffn_second_norms(self.const, self.z)
-        self.nq, self.nqm = ffn_aligned_norms(self.const, W1, self.z, blocks)
+        self.n2 = ffn_second_norms(self.const, self.z, self.ez)
+        self.nq, self.nqm = ffn_aligned_norms(self.const, W1, self.z, blocks, self.ez)
 
     def _c3r2(self, r: Tensor) -> Tensor:
-        return ffn_taylor_drift(self.const, torch.zeros_like(r), self.z, self.n1, r)[0]
+        return ffn_taylor_drift(self.const, torch.zeros_like(r), self.z, self.n1, r, self.ez)[0]
 
     def reach(self, r: Tensor, nu: Tensor, rho: float, dP: Tensor, eP: float, pad: float) -> Tensor:
         return ffn_aligned_reach(self.nq, self.n2, self._c3r2(r), nu, rho, dP, eP, pad)

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from ..model import Activation, NormKind, Placement, attention_forward, ffn_forward
-from ._local_jacobian import _head_data, _weight_norms, certified_spectral
+from ._local_jacobian import _head_data, _weight_norms, certified_spectral, point_slope_err, pre_activations
 from ._local_joint import norm_drift
 from ._local_stack_maps import _AttnLin, _AttnRes, _f64, _NormLin, _TokenLin, check_stack_layer
 from ._weights import ROUNDING_PAD
@@ -102,13 +102,15 @@ def _ffn_parts(layer, H: Tensor, cache: dict) -> dict:  # noqa: ANN001
 
     ffn = layer.ffn
     W1, W2 = _f64(ffn.W_1), _f64(ffn.W_2)
-    z = (H @ W1 + (0 if ffn.b_1 is None else _f64(ffn.b_1))).clone().requires_grad_(True)
+    z, ez = pre_activations(ffn, H)
+    z = z.clone().requires_grad_(True)
     (slope,) = torch.autograd.grad(ffn.activation(z).sum(), z)
     slope = slope.detach()
     F = (W2.T[None] * slope[:, None, :]) @ W1.T
     Fa = (W2.T.abs()[None] * slope.abs()[:, None, :]) @ W1.T.abs()
-    eF = 4 * (W1.shape[1] + 8) * _U * float(W1.norm() * W2.norm()) * (slope.abs().max(dim=1).values + 1.0)
-    w = cache["w"]
+    w = cache["w"]  # eF: the rounding and the slope's move from the exact z (F51a, red17-2; spectral norms)
+    eF = (4 * (W1.shape[1] + 8) * _U * float(W1.norm() * W2.norm()) * (slope.abs().max(dim=1).values + 1.0)
+          + point_slope_err(ffn.activation, z.detach(), ez) * w["W1"] * w["W2"] * (1 + 1e-12))
     # stored where ``layer_rows`` looks for them (the same semantics: ``kappaP`` is the centred
     # constant only when a LayerNorm follows the FFN), so the per-layer route does not recompute them
     if "kappa" not in w:

@@ -31,7 +31,7 @@ from .._errors import InputError
 from ..model import LayerSpec, Placement, attention_forward, ffn_forward
 from ._local_attn_joint import joint_heads, joint_remainder
 from ._local_drift import heads_joint, output_block_norms
-from ._local_jacobian import LayerJacobian, _f64, _head_data, _norm_parts, norm_jacobian_error
+from ._local_jacobian import LayerJacobian, _f64, _head_data, _norm_parts, norm_jacobian_error, point_slope_err, pre_activations
 from ._local_joint import attention_remainder, head_geometry, norm_drift, norm_remainder, sphere_remainder
 from ._local_rows import (
     _U, _centre, _diag_blocks, _gamma_vec, _head_gram, _head_output_norms, _HeadMoments, _heads_combined,
@@ -39,7 +39,7 @@ from ._local_rows import (
 )
 from ._local_sharp import head_moves
 from ._local_struct import NormJac, _chain_output_norms
-from ._weights import ROUNDING_PAD
+from ._weights import ROUNDING_PAD, spectral
 
 
 # -- at X ------------------------------------------------------------------------------------------
@@ -49,8 +49,8 @@ class LayerAtX:
     """A layer's data at X (THEORY F17): the attention input ``Xin`` and heads, the norms' Jacobians
     (post-LN factored, ``n1``/``n2``, Note [factored norm Jacobian], F32; pre-LN dense ``D1``/``D2``),
     their ``sigma`` (None without a centring/scaling norm), ``max|gamma|`` and ``||D||`` per token, and
-    the FFN's pre-activations ``z`` with its Jacobian ``F_i = W_2^T diag(sigma'(z_i)) W_1^T`` and the
-    rounding ``eF`` of ``F``."""
+    the FFN's pre-activations ``z`` (within ``ez`` of the exact ones, ``pre_activations``) with its Jacobian
+    ``F_i = W_2^T diag(sigma'(z_i)) W_1^T`` and the rounding ``eF`` of ``F``."""
 
     layer: LayerSpec
     post: bool
@@ -75,6 +75,7 @@ class LayerAtX:
     eF: Tensor
     eD1: Tensor | None = None  # pre-LN: the formed D1, D2 against the true ones (F17f)
     eD2: Tensor | None = None
+    ez: Tensor | None = None  # (T, d_ff) |z - exact pre-activation| (F51a, red17-2)
 
 
 def _gamma_max(norm) -> float:  # noqa: ANN001
@@ -82,17 +83,21 @@ def _gamma_max(norm) -> float:  # noqa: ANN001
     return 1.0 if norm is None or norm.weight is None else norm.gamma_max_abs * (1 + ROUNDING_PAD)
 
 
-def ffn_slope_map(ffn, H: Tensor) -> tuple[Tensor, Tensor, Tensor]:  # noqa: ANN001
-    """(``z``, ``F``, ``eF``) at the FFN input ``H``: ``z = H W_1 + b_1``, ``F_i = W_2^T diag(sigma'(z_i))
-    W_1^T`` (T, d, d) and a bound on its float64 rounding (spectral) per token (THEORY F17)."""
+def ffn_slope_map(ffn, H: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # noqa: ANN001
+    """(``z``, ``F``, ``eF``, ``ez``) at the FFN input ``H``: ``z = fl(H W_1 + b_1)`` within ``ez`` of the exact
+    pre-activations (``pre_activations``), ``F_i = W_2^T diag(sigma'(z_i)) W_1^T`` (T, d, d) and a bound on its
+    distance to the exact ``F_i`` (spectral) per token: the float64 rounding (THEORY F17) plus the slope's move from
+    the exact pre-activation, ``point_slope_err ||W_1|| ||W_2||`` (certified spectral norms; F51a, red17-2)."""
     W1, W2 = _f64(ffn.W_1), _f64(ffn.W_2)
-    b1 = 0 if ffn.b_1 is None else _f64(ffn.b_1)
-    z = (H @ W1 + b1).clone().requires_grad_(True)
+    z, ez = pre_activations(ffn, H)
+    z = z.clone().requires_grad_(True)
     (slope,) = torch.autograd.grad(ffn.activation(z).sum(), z)
-    slope = slope.detach()
+    slope, z = slope.detach(), z.detach()
     F = (W2.T[None] * slope[:, None, :]) @ W1.T  # (T, d, d)
-    eF = 4 * (W1.shape[1] + 8) * _U * float(W1.norm() * W2.norm()) * (slope.abs().max(dim=1).values + 1.0)
-    return z.detach(), F, eF
+    fro = float(W1.norm() * W2.norm())
+    eF = (4 * (W1.shape[1] + 8) * _U * fro * (slope.abs().max(dim=1).values + 1.0)
+          + point_slope_err(ffn.activation, z, ez) * spectral(W1) * spectral(W2) * (1 + 1e-12))
+    return z, F, eF, ez
 
 
 def layer_at_x(layer: LayerSpec, X: Tensor, nO: float) -> LayerAtX:
@@ -118,11 +123,11 @@ def layer_at_x(layer: LayerSpec, X: Tensor, nO: float) -> LayerAtX:
         H = layer.norm_ffn(S1) if layer.norm_ffn is not None else S1
     g1, g2 = _gamma_max(layer.norm_attn), _gamma_max(layer.norm_ffn)
     nrm = lambda g, s: torch.ones(T, dtype=torch.float64) if s is None else g / s * (1 + 1e-12)  # noqa: E731
-    z, F, eF = ffn_slope_map(layer.ffn, H)
+    z, F, eF, ez = ffn_slope_map(layer.ffn, H)
     heads = _head_data(attn, Xin)
     return LayerAtX(layer, post, T, d, Xin, heads, torch.cat([hd[6] for hd in heads], dim=0), nO, n1, n2, D1, D2,
                     sig1, sig2, g1, g2, nrm(g1, s1) + (n1.err if post else eD1), nrm(g2, s2) + (n2.err if post else eD2),
-                    z, F, eF, eD1, eD2)  # ||D*|| <= max|gamma|/s* <= max|gamma|/s + err (F17f)
+                    z, F, eF, eD1, eD2, ez)  # ||D*|| <= max|gamma|/s* <= max|gamma|/s + err (F17f)
 
 
 def _centring(norm) -> bool:  # noqa: ANN001
@@ -415,7 +420,7 @@ def ffn_reach(at: LayerAtX, pt: PostPoint, gram: RowGram, fn: PostFirstNorm, ffn
             break
         S, eS = at.n1.sandwich(gram.S[i:i + 1], gram.err[i:i + 1])
         out[i] = ffn_reach_remainder(base.taylor, base.n1, at.z[i:i + 1], S, eS, gram.wsum[i:i + 1], r,
-                                     fn.remH[i:i + 1], fn.rh[i:i + 1])[0]
+                                     fn.remH[i:i + 1], fn.rh[i:i + 1], at.ez[i:i + 1])[0]
         if not bool(lin[i] + out[i] < lim[i]):
             break
     return out

@@ -158,6 +158,10 @@ def test_layer_rows_with_the_reach_remainder(monkeypatch, gamma, seed, r):
     from transcover.lipschitz._local_rows import layer_rows
     from transcover.model._functional import layer_forward
 
+    from transcover.lipschitz import _local_row_weights
+
+    # on F34c's row weights: F56's lower g_pt keeps the signed-gamma case's tokens below F54's gate at this radius
+    monkeypatch.setattr(_local_row_weights, "reweighted", lambda at, gram, pt: (gram, pt))
     layer = _post_layer(gamma, seed)
     X = torch.randn(5, 8, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * 2
     seen = []

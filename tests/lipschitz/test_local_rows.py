@@ -38,8 +38,9 @@ def _blocks(layer, X):  # noqa: ANN001, ANN202
 @pytest.mark.parametrize("case", [CASES[0], CASES[3], CASES[6], CASES[13]])
 def test_row_gram_point_bound_matches_the_blocks(case):
     """Post-LN the weighted Gram is exact: lambda_max(sum_j J_ij J_ij^T / w_j) sum_j w_j from the
-    autograd blocks, with the same weights, equals the certified value up to its pads; pre-LN it is
-    an upper bound (N_j N_j^T <= ||N_j||^2 I).  Both sit above the attained row norms."""
+    autograd blocks, with F34c's weights, bounds the certified value up to its pads (F56's optimised weights
+    can only lower it; their own Gram against the blocks: test_local_wts18); pre-LN it is an upper bound
+    (N_j N_j^T <= ||N_j||^2 I).  Both sit above the attained row norms."""
     spec = random_spec(11, act="gelu", **case)
     layer = spec.layers[0]
     X = _X(2)
@@ -53,7 +54,6 @@ def test_row_gram_point_bound_matches_the_blocks(case):
         ref = torch.stack([torch.linalg.eigvalsh(sum(J[i, j] @ J[i, j].T / w[i, j] for j in range(4)))[-1]
                            for i in range(4)])
         ref = torch.sqrt(ref * w.sum(dim=1))
-        assert bool((ref <= lj.point_rows).all())
         # the certified lambda_max ladder starts at 1e-3 above the power-iteration value (sqrt: 5e-4)
         assert bool((lj.point_rows <= ref * (1 + 1e-3)).all()), (lj.point_rows, ref)
 

@@ -551,6 +551,7 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
     from . import _local_stages as st
     from ._local_attention import check_local_attention, head_norms
     from ._local_gamma_fold import FoldedFfnDrift
+    from ._local_row_weights import reweighted
 
     if layer.ffn.gated:
         raise InputError("the exact-Jacobian route does not cover gated FFNs")
@@ -560,6 +561,7 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
     at = st.layer_at_x(layer, X.detach().double(), float(hn["O"]))
     gram = st.attention_row_gram(at)
     pt = st.post_point(at, gram) if at.post else st.pre_point(at, gram)
+    gram, pt = reweighted(at, gram, pt)  # F56: the row Grams again with optimised weights, the smaller kept
     low = st.point_lower(at, gram, pt, lower) if lower else None
     dd = st.drift_at_x(at, hn)  # the data-free head maps cached beside the head norms (F52c)
     ffn = FoldedFfnDrift(layer, at.z, norms, tiers, at.ez)  # F46: also through the preceding norm's gamma

@@ -154,13 +154,13 @@ class RowGram:
     x: Tensor
 
 
-def attention_row_gram(at: LayerAtX) -> RowGram:
+def attention_row_gram(at: LayerAtX, w: Tensor | None = None) -> RowGram:
     """``RowGram`` of ``B_ij = delta_ij I + W_O^T Z_ij N_j`` (``N = D1`` pre-LN, ``I`` post-LN): the
     off-diagonal part assembled in the head space (``_head_gram``), the diagonal blocks exactly
-    (THEORY F17b; weights F34c)."""
+    (THEORY F17b); the weights ``w`` (T, T), positive, default F34c's ``row_weights`` (F56's optimised ones)."""
     T, d, heads, Wo_all = at.T, at.d, at.heads, at.Wo_all
     nN = None if at.post else at.nD1
-    w = row_weights(heads, T, at.nO, nN)
+    w = row_weights(heads, T, at.nO, nN) if w is None else w
     c = (nN[None, :] ** 2 if nN is not None else torch.ones(T, T, dtype=torch.float64)) / w
     c = c * (1 - torch.eye(T, dtype=torch.float64))
     Sh, errh = _head_gram(heads, c)
@@ -197,23 +197,31 @@ class PostPoint:
     MO: tuple
 
 
-def post_point(at: LayerAtX, gram: RowGram) -> PostPoint:
-    """``PostPoint``: each Gram's candidate starts from the previous stage's Ritz vector mapped forward
-    (F32); a norm that centres sees only ``P dx`` (Note [local norm floor]), so the radius into it is the
-    centred row constant."""
+def post_rows(at: LayerAtX, gram: RowGram, IF: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(``aP_pt``, ``h_pt``, ``g_pt``, ``point``, the layer's Ritz vectors) of ``PostPoint`` from one row Gram
+    (``IF = I + F``): each Gram's candidate starts from the previous stage's Ritz vector mapped forward (F32); a
+    norm that centres sees only ``P dx`` (Note [local norm floor]), so the radius into it is the centred row
+    constant."""
     d, n1, n2, wsum, S0, err0, x0 = at.d, at.n1, at.n2, gram.wsum, gram.S, gram.err, gram.x
     aP_pt = _nu(_centre(S0), err0 + 4 * (d + 2) * _U * S0.norm(dim=(1, 2)), wsum, _centred(x0))[0] \
         if _centring(at.layer.norm_attn) else gram.a_pt
     Sa, ea = n1.sandwich(S0, err0)
     h_pt, xa = _nu(Sa, ea, wsum, n1.left(x0[:, :, None])[0][:, :, 0])
-    IF, eF = at.F.clone(), at.eF
-    IF.diagonal(dim1=1, dim2=2).add_(1.0)  # I + F
-    Sb, eb = _sandwich(IF, Sa, ea, eF)
+    Sb, eb = _sandwich(IF, Sa, ea, at.eF)
     xb = (IF @ xa[:, :, None])[:, :, 0]
     g_pt = (_nu(_centre(Sb), eb + 4 * (d + 2) * _U * Sb.norm(dim=(1, 2)), wsum, _centred(xb))
             if _centring(at.layer.norm_ffn) else _nu(Sb, eb, wsum, xb))[0]
     Sc, ec = n2.sandwich(Sb, eb)
     point, xc = _nu(Sc, ec, wsum, n2.left(xb[:, :, None])[0][:, :, 0])
+    return aP_pt, h_pt, g_pt, point, xc
+
+
+def post_point(at: LayerAtX, gram: RowGram) -> PostPoint:
+    """``PostPoint``: the row constants by ``post_rows``, the chains' norms by F32."""
+    d, n1, n2 = at.d, at.n1, at.n2
+    IF, eF = at.F.clone(), at.eF
+    IF.diagonal(dim1=1, dim2=2).add_(1.0)  # I + F
+    aP_pt, h_pt, g_pt, point, xc = post_rows(at, gram, IF)
     nIF = _spectral_err(IF, eF)
     D2IF, rD2IF = n2.left(IF)
     eD2IF = n2.err * (nIF + eF) + at.nD2 * eF  # the factored D2 against the true one, F's error
@@ -228,7 +236,8 @@ def post_point(at: LayerAtX, gram: RowGram) -> PostPoint:
 class PrePoint:
     """Pre-LN row constants at X (Note [weighted row Gram], THEORY F17b): ``B`` (``a_pt``, ``B_ij`` with
     ``D1_j``) and the layer ``M B`` (``point``, Ritz vectors ``x``) with the token-wise ``M = I + F D2``
-    (rounding ``eM``, norm ``nM``), ``||F Gamma2||`` and the head-output norms through ``M``."""
+    (norm ``nM``), ``||F Gamma2||``, the head-output norms through ``M`` and the bound ``eM`` on the rounding
+    of the formed ``M``."""
 
     a_pt: Tensor
     point: Tensor
@@ -237,6 +246,7 @@ class PrePoint:
     nM: Tensor
     nFg: Tensor
     MO: tuple
+    eM: Tensor
 
 
 def pre_point(at: LayerAtX, gram: RowGram) -> PrePoint:
@@ -245,10 +255,15 @@ def pre_point(at: LayerAtX, gram: RowGram) -> PrePoint:
     M = torch.eye(d, dtype=torch.float64) + F @ D2
     eD2 = at.eD2  # the formed D2 against the true one: u, s and the entries (F17f)
     eM = eF * at.nD2 + (F.norm(dim=(1, 2)) + eF) * eD2 + 4 * (d + 2) * _U * F.norm(dim=(1, 2)) * D2.norm(dim=(1, 2))
-    Sc, ec = _sandwich(M, gram.S, gram.err, eM)
-    point, xc = _nu(Sc, ec, gram.wsum)
+    point, xc = pre_rows(gram, M, eM)
     nFg = _spectral_err(F * _gamma_vec(at.layer.norm_ffn, d)[None, None, :], eF * at.g2)
-    return PrePoint(gram.a_pt, point, xc, M, _spectral_err(M, eM), nFg, _head_output_norms(M, eM, at.heads, at.T))
+    return PrePoint(gram.a_pt, point, xc, M, _spectral_err(M, eM), nFg, _head_output_norms(M, eM, at.heads, at.T), eM)
+
+
+def pre_rows(gram: RowGram, M: Tensor, eM: Tensor) -> tuple[Tensor, Tensor]:
+    """(``point``, Ritz vectors) of ``PrePoint`` from one row Gram: ``M S M^T`` (``M`` within ``eM``)."""
+    Sc, ec = _sandwich(M, gram.S, gram.err, eM)
+    return _nu(Sc, ec, gram.wsum)
 
 
 def point_lower(at: LayerAtX, gram: RowGram, pt: PostPoint | PrePoint, lower: int) -> tuple[Tensor, tuple]:

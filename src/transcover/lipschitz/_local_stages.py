@@ -587,7 +587,8 @@ def radius_rows(at: LayerAtX, pt: PostPoint | PrePoint, dd: DriftAtX, ffn_drift,
     after stage; the FFN drift by ``ffn_drift.rows`` (F17c, refined lazily by F31d/F38 when ``unit``,
     F37), with its ``gamma``-folded branch where ``ffn_drift.fold`` is set (F46; ``fx`` its post-LN data at X);
     ``low``: ``point_lower``'s result, carried into the result; ``gram`` (post-LN, with ``unit``): the attention's row
-    Gram, for F54's FFN remainder on the reachable set (``ffn_reach``)."""
+    Gram, for F54's FFN remainder on the reachable set (``ffn_reach``), and there F55a's branch of ``remG`` (the first
+    norm's own remainder through ``(I + F) diag(gamma1)``, ``remg_gamma``; F31e's sub-balls do not read ``remG``)."""
     if at.post:
         att = post_attention(at, pt, dd, norms, r, subs)
         fn = post_first_norm(at, pt, att, r, subs)

@@ -33,6 +33,7 @@ from ._local_attn_joint import joint_heads, joint_remainder
 from ._local_drift import heads_joint, output_block_norms
 from ._local_jacobian import LayerJacobian, _f64, _head_data, _norm_parts, norm_jacobian_error, point_slope_err, pre_activations
 from ._local_joint import attention_remainder, head_geometry, norm_drift, norm_remainder, sphere_remainder
+from ._local_remg import first_norm_gamma, remg_gamma
 from ._local_rows import (
     _U, _centre, _diag_blocks, _gamma_vec, _head_gram, _head_output_norms, _HeadMoments, _heads_combined,
     _nu, _rows, _sandwich, _spectral_err, attention_drift_rows, row_lower, row_weights,
@@ -606,11 +607,14 @@ def radius_rows(at: LayerAtX, pt: PostPoint | PrePoint, dd: DriftAtX, ffn_drift,
     after stage; the FFN drift by ``ffn_drift.rows`` (F17c, refined lazily by F31d/F38 when ``unit``,
     F37), with its ``gamma``-folded branch where ``ffn_drift.fold`` is set (F46; ``fx`` its post-LN data at X);
     ``low``: ``point_lower``'s result, carried into the result; ``gram`` (post-LN, with ``unit``): the attention's row
-    Gram, for F54's FFN remainder on the reachable set (``ffn_reach``)."""
+    Gram, for F54's FFN remainder on the reachable set (``ffn_reach``), and there F55a's branch of ``remG`` (the first
+    norm's own remainder through ``(I + F) diag(gamma1)``, ``remg_gamma``; F31e's sub-balls do not read ``remG``)."""
     if at.post:
         att = post_attention(at, pt, dd, norms, r, subs)
         fn = post_first_norm(at, pt, att, r, subs)
         if unit and gram is not None:
+            if at.sig1 is not None:  # F55a: the norm's own remainder through (I + F) diag(gamma1)
+                fn = replace(fn, remG=torch.minimum(fn.remG, remg_gamma(at, pt, att, first_norm_gamma(at, pt))))
             fn = replace(fn, reach=ffn_reach(at, pt, gram, fn, ffn_drift, r))
         fb = post_fold(at, dd, att, fx, r, subs) if ffn_drift.fold is not None else None
         rows = ffn_drift.rows(partial(post_tail, at, pt, att, fn, ffn_drift.lip, r, subs, fb), fn.rh,

@@ -41,10 +41,11 @@ def test_blocks_are_the_autograd_jacobian(case):
     lj = layer_jacobian(layer, X, 1e-3, keep_blocks=True)
     # float64 products of O(1) factors of size <= 8: a few hundred ulps of the largest entry
     assert float((J - lj.blocks).abs().max()) <= 1e-12 * max(1.0, float(J.abs().max()))
-    # the certified point bound against the exact block norms (float64 SVD) and the attained value
-    exact = torch.linalg.matrix_norm(J, ord=2).sum(dim=1).max()
-    assert float(exact) <= lj.point <= float(exact) * 1.3
-    assert float(row_norm_lower(lj.blocks).max()) <= lj.point
+    # the certified point bound against the row sums of the exact block norms (float64 SVD; an upper bound of each row
+    # constant, which F56's optimised Gram weights can go below) and the attained value (an ascent)
+    rowsum = torch.linalg.matrix_norm(J, ord=2).sum(dim=1).max()
+    assert float(row_norm_lower(lj.blocks).max()) <= lj.point <= float(rowsum) * 1.3
+    assert float(torch.linalg.matrix_norm(J, ord=2).max()) <= lj.point  # nu_i >= every block's norm
 
 
 @settings(max_examples=25, deadline=None)

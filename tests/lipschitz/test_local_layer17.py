@@ -57,8 +57,10 @@ def _bound(ffn, h: torch.Tensor, Ls: torch.Tensor, w: torch.Tensor, r: float, re
     return float(out[0]), rh
 
 
-def _ascent(ffn, h: torch.Tensor, Ls: torch.Tensor, r: float, remH: float, seed: int) -> float:  # noqa: ANN001
-    """Adam ascent (3 starts x 60 steps, float64) on ``||P(F(h + dh) - F(h) - J dh)||`` over ``dh = sum_j L_j d_j + rho``,
+def _ascent(ffn, h: torch.Tensor, Ls: torch.Tensor, r: float, remH: float, seed: int, starts: list | None = None,  # noqa: ANN001
+            steps: int = 60, lr: float = 0.1) -> float:
+    """Adam ascent (float64; ``starts`` the ``(d_j, rho)`` starting points, else 3 random ones from ``seed``; ``steps``
+    steps of ``lr`` times the larger radius) on ``||P(F(h + dh) - F(h) - J dh)||`` over ``dh = sum_j L_j d_j + rho``,
     ``||d_j|| <= r``, ``||rho|| <= remH`` (projected after every step)."""
     d = h.shape[0]
     P = torch.eye(d, dtype=torch.float64) - 1.0 / d
@@ -66,12 +68,14 @@ def _ascent(ffn, h: torch.Tensor, Ls: torch.Tensor, r: float, remH: float, seed:
     y0 = ffn_forward(ffn, h[None])[0]
     g = torch.Generator().manual_seed(seed)
     clip = lambda v, c: v * torch.clamp(c / v.norm(dim=-1, keepdim=True).clamp(min=1e-300), max=1.0)  # noqa: E731
+    if starts is None:
+        starts = [(torch.randn(Ls.shape[0], d, generator=g, dtype=torch.float64) * r,
+                   torch.randn(d, generator=g, dtype=torch.float64) * remH) for _ in range(3)]
     best = 0.0
-    for _ in range(3):
-        D = clip(torch.randn(Ls.shape[0], d, generator=g, dtype=torch.float64) * r, r).requires_grad_(True)
-        R = clip(torch.randn(d, generator=g, dtype=torch.float64) * remH, remH).requires_grad_(True)
-        opt = torch.optim.Adam([D, R], lr=0.1 * max(r, remH))
-        for _ in range(60):
+    for D0, R0 in starts:
+        D, R = clip(D0, r).clone().requires_grad_(True), clip(R0, remH).clone().requires_grad_(True)
+        opt = torch.optim.Adam([D, R], lr=lr * max(r, remH))
+        for _ in range(steps):
             with torch.no_grad():
                 D.copy_(clip(D, r))
                 R.copy_(clip(R, remH))

@@ -295,8 +295,8 @@ def test_f53a_centred_max_on_adversarial_heads(kind, rho, mixed):
     tangent (prefix ellipsoid rows or the unit ball) of the largest visible centred score change never exceeds
     ``centred_max`` (THEORY F53a): one key (the change is 0), equal scores, a one-hot softmax, all heads equal."""
     import transcover.lipschitz._local_stack_attn as stack_attn
-    from test_local_stack_attn import _aligned, _rows
-    from transcover.lipschitz._local_jacobian import _head_data
+    from test_local_stack17 import score_change
+    from test_local_stack_attn import _aligned
     from transcover.lipschitz._local_lower import bilinear_lower
 
     layer, attn, X, P = _f53_case(kind, 5)
@@ -309,16 +309,8 @@ def test_f53a_centred_max_on_adversarial_heads(kind, rho, mixed):
                                    al.p["scale"])
         chat = hs.one[1]
         assert bool(torch.isfinite(chat).all()), chat
-        Wq, Wk, bq, bk = attn.W_Q[h], attn.W_K[h], attn.b_Q[h], attn.b_K[h]
         for i in range(T):
-            def obj(hz, v, i=i, h=h, Wq=Wq, Wk=Wk, bq=bq, bk=bk):  # noqa: ANN001, ANN202
-                Z = X + rho * hz
-                E = v if mixed else _rows(P, v)
-                Pz = _head_data(attn, Z)[h][0][i]
-                ds = attn.softmax_scale * ((E[i] @ Wq) @ (Z @ Wk + bk).T + (Z[i] @ Wq + bq) @ (E @ Wk).T)
-                c = ds - (Pz * ds).sum()
-                return torch.where(Pz > 0, c.abs(), torch.zeros_like(c)).max()
-            lo = bilinear_lower(obj, (T, d), restarts=2, steps=50, seed=11 + i)
+            lo = bilinear_lower(score_change(attn, X, P, rho, mixed, h, i), (T, d), restarts=2, steps=50, seed=11 + i)
             assert lo <= float(chat[i]) + 1e-12 * float(chat.max()), (kind, h, i, lo, chat)
 
 
@@ -368,32 +360,16 @@ def test_f54_multi_unit_ascent_from_the_units_maximisers(seed, d, dff, scale, bi
     each leading unit's own maximiser (the directions where one unit's second-order term peaks), d = 2..8, units at
     GELU''s peak (``bias=None``), zero (1.4), saturated (-4, scale 6), rank-1 maps, tiny and large reaches: never
     above the bound."""
-    from test_local_layer17 import _bound, _case
+    from test_local_layer17 import _ascent, _bound, _case
 
     ffn, h, Ls, w = _case(seed, d, dff, scale, bias, rank)
     bound, _ = _bound(ffn, h, Ls, w, r, remH)
-    P = torch.eye(d, dtype=F64) - 1.0 / d
-    J = torch.autograd.functional.jacobian(lambda x: ffn_forward(ffn, x[None])[0], h)
-    y0 = ffn_forward(ffn, h[None])[0]
-    clip = lambda v, c: v * torch.clamp(c / v.norm(dim=-1, keepdim=True).clamp(min=1e-300), max=1.0)  # noqa: E731
+    d = h.shape[0]
     g = torch.Generator().manual_seed(seed)
     starts = _unit_starts(ffn, Ls, w, r, remH, 3) + [
         (torch.randn(Ls.shape[0], d, generator=g, dtype=F64) * r, torch.randn(d, generator=g, dtype=F64) * remH)
         for _ in range(2)]
-    best = 0.0
-    for D0, R0 in starts:
-        D, R = clip(D0, r).clone().requires_grad_(True), clip(R0, remH).clone().requires_grad_(True)
-        opt = torch.optim.Adam([D, R], lr=0.05 * max(r, remH))
-        for _ in range(40):
-            with torch.no_grad():
-                D.copy_(clip(D, r))
-                R.copy_(clip(R, remH))
-            dh = (Ls @ D[:, :, None])[:, :, 0].sum(0) + R
-            rem = (P @ (ffn_forward(ffn, (h + dh)[None])[0] - y0 - J @ dh)).norm()
-            best = max(best, float(rem.detach()))
-            opt.zero_grad()
-            (-rem).backward()
-            opt.step()
+    best = _ascent(ffn, h, Ls, r, remH, seed, starts=starts, steps=40, lr=0.05)
     assert math.isfinite(bound) and best <= bound, (best, bound)
 
 

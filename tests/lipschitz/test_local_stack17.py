@@ -43,6 +43,22 @@ def _without_f53(monkeypatch) -> None:  # noqa: ANN001
                                                                         dtype=torch.float64),) * 2))
 
 
+def score_change(attn, X: torch.Tensor, P: torch.Tensor, rho: float, mixed: bool, h: int, i: int):  # noqa: ANN001, ANN201
+    """The ascent objective of F53a's tests: at the point ``Z = X + rho hz`` and the tangent ``v`` (its rows in the
+    prefix's ellipsoids, or in the unit ball: ``mixed``), head ``h``'s largest visible centred score change of query
+    ``i``, ``max_j |ds_ij - sum_k P'_ik ds_ik|``."""
+    Wq, Wk, bq, bk = attn.W_Q[h], attn.W_K[h], attn.b_Q[h], attn.b_K[h]
+
+    def obj(hz, v):  # noqa: ANN001, ANN202
+        Z = X + rho * hz
+        E = v if mixed else _rows(P, v)
+        Pz = _head_data(attn, Z)[h][0][i]
+        ds = attn.softmax_scale * ((E[i] @ Wq) @ (Z @ Wk + bk).T + (Z[i] @ Wq + bq) @ (E @ Wk).T)
+        c = ds - (Pz * ds).sum()
+        return torch.where(Pz > 0, c.abs(), torch.zeros_like(c)).max()
+    return obj
+
+
 @pytest.mark.parametrize("seed,qscale,causal,rho,mixed", [(1, 1.0, False, 0.0, False), (3, 8.0, True, 0.3, True)])
 def test_centred_score_change_is_never_beaten(seed, qscale, causal, rho, mixed):
     """Per head and query, Adam ascent over the point Z of ``B(X, rho)`` and the tangent (rows in the prefix's
@@ -60,17 +76,8 @@ def test_centred_score_change_is_never_beaten(seed, qscale, causal, rho, mixed):
         hs = stack_attn.head_sides(side, pj, m, rho, w["G"][h], w["V"][h], float(al.nQ[h]), float(al.nK[h]),
                                    al.p["scale"])
         chat = hs.one[1]
-        Wq, Wk = attn.W_Q[h], attn.W_K[h]
-        bq, bk = attn.b_Q[h], attn.b_K[h]
         for i in range(T):
-            def obj(hz, v, i=i, h=h, Wq=Wq, Wk=Wk, bq=bq, bk=bk):  # noqa: ANN001, ANN202
-                Z = X + rho * hz
-                E = v if mixed else _rows(P, v)
-                Pz = _head_data(attn, Z)[h][0][i]
-                ds = attn.softmax_scale * ((E[i] @ Wq) @ (Z @ Wk + bk).T + (Z[i] @ Wq + bq) @ (E @ Wk).T)
-                c = ds - (Pz * ds).sum()
-                return torch.where(Pz > 0, c.abs(), torch.zeros_like(c)).max()
-            lo = bilinear_lower(obj, (T, d), restarts=2, steps=40, seed=seed + i)
+            lo = bilinear_lower(score_change(attn, X, P, rho, mixed, h, i), (T, d), restarts=2, steps=40, seed=seed + i)
             assert lo <= float(chat[i]), (h, i, lo, chat)
             if rho == 0 and qscale == 1.0 and (m["P"][i] > 0).sum() > 1:
                 assert lo >= 0.3 * float(chat[i]), (h, i, lo, chat)

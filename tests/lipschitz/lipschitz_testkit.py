@@ -149,6 +149,26 @@ def clip_rows(E: torch.Tensor, r: float) -> torch.Tensor:
     return E * torch.clamp(r / E.norm(dim=-1, keepdim=True).clamp(min=1e-300), max=1.0)
 
 
+def projected_adam(value, starts: list, radii: tuple, lr: float, steps: int) -> float:  # noqa: ANN001
+    """The largest ``value(*params)`` seen by float64 Adam ascent from each start (a tuple of tensors, one per
+    parameter), every parameter's rows projected into the ball of its radius in ``radii`` before each step; ``lr``
+    is absolute (an empirical lower estimate of ``sup value``)."""
+    best = 0.0
+    for start in starts:
+        ps = [clip_rows(p0, c).clone().requires_grad_(True) for p0, c in zip(start, radii)]
+        opt = torch.optim.Adam(ps, lr=lr)
+        for _ in range(steps):
+            with torch.no_grad():
+                for p, c in zip(ps, radii):
+                    p.copy_(clip_rows(p, c))
+            v = value(*ps)
+            best = max(best, float(v.detach()))
+            opt.zero_grad()
+            (-v).backward()
+            opt.step()
+    return best
+
+
 def jvp_ascent(value, X: torch.Tensor, rho: float, *, seed: int, starts: int = 3, steps: int = 100) -> float:  # noqa: ANN001
     """The largest finite ``value(E, V)`` seen by float64 Adam ascent over moves ``E`` (rows within rho, projected;
     each start on the sphere) and per-token unit ``V`` (an empirical lower estimate of ``sup value``)."""

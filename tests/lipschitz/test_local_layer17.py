@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from lipschitz_testkit import hetero_gamma, random_spec
+from lipschitz_testkit import hetero_gamma, projected_adam, random_spec
 from test_local_ffn2 import _ffn
 from transcover.lipschitz._local_ffn2 import ffn_hadamard
 from transcover.lipschitz._local_ffn_reach import ffn_reach_remainder, gelu2_range
@@ -67,25 +67,15 @@ def _ascent(ffn, h: torch.Tensor, Ls: torch.Tensor, r: float, remH: float, seed:
     J = torch.autograd.functional.jacobian(lambda x: ffn_forward(ffn, x[None])[0], h)
     y0 = ffn_forward(ffn, h[None])[0]
     g = torch.Generator().manual_seed(seed)
-    clip = lambda v, c: v * torch.clamp(c / v.norm(dim=-1, keepdim=True).clamp(min=1e-300), max=1.0)  # noqa: E731
     if starts is None:
         starts = [(torch.randn(Ls.shape[0], d, generator=g, dtype=torch.float64) * r,
                    torch.randn(d, generator=g, dtype=torch.float64) * remH) for _ in range(3)]
-    best = 0.0
-    for D0, R0 in starts:
-        D, R = clip(D0, r).clone().requires_grad_(True), clip(R0, remH).clone().requires_grad_(True)
-        opt = torch.optim.Adam([D, R], lr=lr * max(r, remH))
-        for _ in range(steps):
-            with torch.no_grad():
-                D.copy_(clip(D, r))
-                R.copy_(clip(R, remH))
-            dh = (Ls @ D[:, :, None])[:, :, 0].sum(0) + R
-            rem = (P @ (ffn_forward(ffn, (h + dh)[None])[0] - y0 - J @ dh)).norm()
-            best = max(best, float(rem.detach()))
-            opt.zero_grad()
-            (-rem).backward()
-            opt.step()
-    return best
+
+    def rem(D: torch.Tensor, R: torch.Tensor) -> torch.Tensor:
+        dh = (Ls @ D[:, :, None])[:, :, 0].sum(0) + R
+        return (P @ (ffn_forward(ffn, (h + dh)[None])[0] - y0 - J @ dh)).norm()
+
+    return projected_adam(rem, starts, (r, remH), lr * max(r, remH), steps)
 
 
 @pytest.mark.parametrize("scale,bias,rank,r,remH", [

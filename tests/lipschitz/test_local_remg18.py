@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from lipschitz_testkit import clip_rows, hetero_gamma, random_spec
+from lipschitz_testkit import clip_rows, hetero_gamma, projected_adam, random_spec
 from transcover.lipschitz._local_jacobian import GRAM_PAD, _norm_parts
 from transcover.lipschitz._local_remg import gamma_free_norm_remainder, if_gamma_norm
 from transcover.lipschitz._local_rows import _gamma_vec
@@ -45,21 +45,10 @@ def _ascent(norm, x: torch.Tensor, M: torch.Tensor, r: float, seed: int, starts:
     y0 = N(x0)
     g = torch.Generator().manual_seed(seed)
     c = x0 - x0.mean()
-    best = 0.0
-    for k in range(starts):
-        e0 = (c if k == 0 else -c if k == 1 else torch.randn(x0.shape, generator=g, dtype=torch.float64)) \
-            + 0.3 * torch.randn(x0.shape, generator=g, dtype=torch.float64) * c.norm()
-        E = clip_rows((e0 * r / e0.norm())[None], r)[0].requires_grad_(True)
-        opt = torch.optim.Adam([E], lr=0.05 * r)
-        for _ in range(steps):
-            with torch.no_grad():
-                E.copy_(clip_rows(E[None], r)[0])
-            v = (M @ (N(x0 + E) - y0 - D @ E)).norm()
-            best = max(best, float(v.detach()))
-            opt.zero_grad()
-            (-v).backward()
-            opt.step()
-    return best
+    starts_ = [((c if k == 0 else -c if k == 1 else torch.randn(x0.shape, generator=g, dtype=torch.float64))
+                + 0.3 * torch.randn(x0.shape, generator=g, dtype=torch.float64) * c.norm(),) for k in range(starts)]
+    starts_ = [(e0 * r / e0.norm(),) for (e0,) in starts_]
+    return projected_adam(lambda E: (M @ (N(x0 + E) - y0 - D @ E)).norm(), starts_, (r,), 0.05 * r, steps)
 
 
 @pytest.mark.parametrize("kind,gamma,eps,frac", [

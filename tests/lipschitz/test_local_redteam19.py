@@ -300,11 +300,12 @@ def _rows_and_remg(monkeypatch, layer, X: torch.Tensor, r: float):  # noqa: ANN0
 
 @pytest.mark.parametrize("gamma,norm,eps,w2,frac", [
     ("zeros", "layernorm", 1e-12, 1.0, 0.05), pytest.param("huge", "layernorm", 1.0, 1.0, 0.3, marks=pytest.mark.slow),
-    pytest.param("zeros", "rmsnorm", 1e-6, 6.0, 0.05, marks=pytest.mark.slow), ("huge", "layernorm", 1e-12, 6.0, 0.6)])
+    pytest.param("zeros", "rmsnorm", 1e-6, 6.0, 0.05, marks=pytest.mark.slow), ("huge", "layernorm", 1e-12, 6.0, 0.01),
+    pytest.param("huge", "layernorm", 1e-12, 6.0, 0.6, marks=pytest.mark.slow)])
 def test_f55a_layer_remainder_extreme_gamma(monkeypatch, gamma, norm, eps, w2, frac):
     """F55a end to end on small post-LN layers: gamma1 with zeros and 1e-8 or a x1e3 signed outlier, eps 1e-12 .. 1,
     RMSNorm, ``W_2 x 6`` (``||I + F||`` large, ill-conditioned), radius ``frac`` of the smallest centred S1 (0.6:
-    past some tokens' first-norm floor): per token the ascent on the remainder of S2's move through ``(I + F) D1`` (5
+    past the first norm's floor, r1 ~ 20 against a centred S1 of ~1.5, the bounds ~1e17 but never NaN): per token the ascent on the remainder of S2's move through ``(I + F) D1`` (5
     starts incl. the row map's top direction) stays at or below the certified ``remG``, and the stage radii above
     their attained moves."""
     layer = _layer(3, gamma=gamma, norm=norm, eps=eps, w2=w2)

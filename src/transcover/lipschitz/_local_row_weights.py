@@ -89,6 +89,7 @@ def optimised_weights(ops, M: Callable[[Tensor], Tensor], Mt: Callable[[Tensor],
     G = ops.vjp(Mt(u))
     for _ in range(steps):
         y = M(ops.jvp(G / w[:, :, None]))
+        y = y / y.abs().amax(dim=1, keepdim=True).clamp(min=1e-300)  # the norm's squares would overflow past 1e154
         G = ops.vjp(Mt(y / y.norm(dim=1, keepdim=True).clamp(min=1e-300)))
         w = _floored(G.norm(dim=2))
     return w

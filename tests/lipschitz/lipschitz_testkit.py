@@ -169,6 +169,40 @@ def projected_adam(value, starts: list, radii: tuple, lr: float, steps: int) -> 
     return best
 
 
+def sphere_ascent(value, X: torch.Tensor, r: float, g: torch.Generator, *, starts: int = 4, steps: int = 120,  # noqa: ANN001
+                  lr: float = 0.3) -> torch.Tensor:
+    """Per token, the largest ``value(X + E)`` (``value`` maps (starts, T, d) to (starts, T)) seen by float64 Adam on
+    ``V`` (step ``lr``, scale-free) with every row of ``E = r V/||V||`` on the sphere of radius r, ``starts`` draws
+    from ``g`` in one batch.  Reaches 1.02-1.7x more than the projected ascent on remainders (THEORY F57)."""
+    V = torch.randn((starts, *X.shape), generator=g, dtype=torch.float64).requires_grad_(True)
+    opt = torch.optim.Adam([V], lr=lr)
+    best = torch.zeros(X.shape[0], dtype=torch.float64)
+    for _ in range(steps):
+        val = value(X + r * V / V.norm(dim=-1, keepdim=True))
+        best = torch.maximum(best, val.detach().amax(dim=0))
+        opt.zero_grad()
+        (-val.sum()).backward()
+        opt.step()
+    return best
+
+
+def sphere_adam(value, starts: list, radii: tuple, steps: int, lr: float = 0.3) -> float:  # noqa: ANN001
+    """``projected_adam``'s attack with every row of every parameter on the sphere of its radius: the largest
+    ``value(*params)``, ``param = c V/||V||`` (rows), float64 Adam on ``V`` (step ``lr``, scale-free) from the
+    starts' directions (THEORY F57)."""
+    best = 0.0
+    for start in starts:
+        Vs = [p0.clone().requires_grad_(True) for p0 in start]
+        opt = torch.optim.Adam(Vs, lr=lr)
+        for _ in range(steps):
+            v = value(*(c * V / V.norm(dim=-1, keepdim=True).clamp(min=1e-300) for V, c in zip(Vs, radii)))
+            best = max(best, float(v.detach()))
+            opt.zero_grad()
+            (-v).backward()
+            opt.step()
+    return best
+
+
 def jvp_ascent(value, X: torch.Tensor, rho: float, *, seed: int, starts: int = 3, steps: int = 100) -> float:  # noqa: ANN001
     """The largest finite ``value(E, V)`` seen by float64 Adam ascent over moves ``E`` (rows within rho, projected;
     each start on the sphere) and per-token unit ``V`` (an empirical lower estimate of ``sup value``)."""

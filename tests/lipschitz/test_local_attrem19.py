@@ -12,28 +12,12 @@ import dataclasses
 import pytest
 import torch
 
-from lipschitz_testkit import weight_underflows
+from lipschitz_testkit import sphere_ascent, weight_underflows
 from test_local_attn_joint import _X, _attn, _parts
 from test_local_joint import _remainder
 from transcover.lipschitz._local_attn_joint import joint_remainder
 from transcover.lipschitz._local_joint import attention_remainder
 from transcover.model import attention_forward
-
-
-def _sphere_ascent(value, X: torch.Tensor, r: float, seed: int, *, starts: int = 4, steps: int = 120) -> torch.Tensor:  # noqa: ANN001
-    """Per token, the largest ``value(X + E)`` (``value`` maps (starts, T, d) to (starts, T)) seen by Adam on ``V``
-    with every row of ``E = r V/||V||`` on the sphere of radius r, ``starts`` random starts in one batch."""
-    g = torch.Generator().manual_seed(seed)
-    V = torch.randn((starts, *X.shape), generator=g, dtype=torch.float64).requires_grad_(True)
-    opt = torch.optim.Adam([V], lr=0.3)
-    best = torch.zeros(X.shape[0], dtype=torch.float64)
-    for _ in range(steps):
-        val = value(X + r * V / V.norm(dim=-1, keepdim=True))
-        best = torch.maximum(best, val.detach().amax(dim=0))
-        opt.zero_grad()
-        (-val.sum()).backward()
-        opt.step()
-    return best
 
 
 def _case(name: str):  # noqa: ANN202
@@ -72,7 +56,7 @@ def test_rem_a_is_never_beaten_by_the_sphere_ascent(name):
     tol = 4 * (T + X.shape[1]) * 2.0**-53 * (attention_forward(attn, X).norm(dim=1).max() + 1)
     for r in (0.05, 0.4):
         bound = _rem_a(attn, X, r)
-        best = _sphere_ascent(lambda Z: rem(Z).norm(dim=-1), X, r, seed=T)
+        best = sphere_ascent(lambda Z: rem(Z).norm(dim=-1), X, r, torch.Generator().manual_seed(T))
         assert bool((best <= bound + tol).all()), (name, r, best, bound)
         if name in ("T1", "equal"):
             assert float(bound.max()) <= 1e-12, bound

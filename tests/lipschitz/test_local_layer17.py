@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from lipschitz_testkit import hetero_gamma, projected_adam, random_spec
+from lipschitz_testkit import hetero_gamma, projected_adam, random_spec, sphere_adam
 from test_local_ffn2 import _ffn
 from transcover.lipschitz._local_ffn2 import ffn_hadamard
 from transcover.lipschitz._local_ffn_reach import ffn_reach_remainder, gelu2_range
@@ -61,7 +61,8 @@ def _ascent(ffn, h: torch.Tensor, Ls: torch.Tensor, r: float, remH: float, seed:
             steps: int = 60, lr: float = 0.1) -> float:
     """Adam ascent (float64; ``starts`` the ``(d_j, rho)`` starting points, else 3 random ones from ``seed``; ``steps``
     steps of ``lr`` times the larger radius) on ``||P(F(h + dh) - F(h) - J dh)||`` over ``dh = sum_j L_j d_j + rho``,
-    ``||d_j|| <= r``, ``||rho|| <= remH`` (projected after every step)."""
+    ``||d_j|| <= r``, ``||rho|| <= remH`` (projected after every step); the max with ``sphere_adam`` from the same starts'
+    directions (every row at its full radius, THEORY F57)."""
     d = h.shape[0]
     P = torch.eye(d, dtype=torch.float64) - 1.0 / d
     J = torch.autograd.functional.jacobian(lambda x: ffn_forward(ffn, x[None])[0], h)
@@ -75,7 +76,7 @@ def _ascent(ffn, h: torch.Tensor, Ls: torch.Tensor, r: float, remH: float, seed:
         dh = (Ls @ D[:, :, None])[:, :, 0].sum(0) + R
         return (P @ (ffn_forward(ffn, (h + dh)[None])[0] - y0 - J @ dh)).norm()
 
-    return projected_adam(rem, starts, (r, remH), lr * max(r, remH), steps)
+    return max(projected_adam(rem, starts, (r, remH), lr * max(r, remH), steps), sphere_adam(rem, starts, (r, remH), steps))
 
 
 @pytest.mark.parametrize("scale,bias,rank,r,remH", [

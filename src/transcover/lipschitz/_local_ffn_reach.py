@@ -18,9 +18,12 @@ from ._local_ffn2 import _GELU2_ABS_ERR, _weighted_lmax, _weighted_norm, centre_
 from ._local_jacobian import gelu_second
 from ._local_stack_aligned import _gamma, _hadamard_norm
 
-__all__ = ["gelu2_range", "ffn_reach_remainder"]
+__all__ = ["gelu2_range", "nested_beta", "ffn_reach_remainder"]
 
 _PHI0 = 1 / math.sqrt(2 * math.pi)
+_U = 2.0**-53
+# F58a: pieces of the Taylor integral's t in [0, 1] and bins of |s| in [0, R] (powers of two: the cuts exact)
+NESTED_PIECES, NESTED_BINS = 16, 8
 
 
 def gelu2_range(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
@@ -34,6 +37,44 @@ def gelu2_range(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
     lo = torch.where(two, torch.minimum(lo, torch.full_like(lo, -2 * math.exp(-2) * _PHI0)), lo)
     pad = lambda v: v.abs() * 1e-12 + _GELU2_ABS_ERR  # noqa: E731
     return lo - pad(lo), hi + pad(hi)
+
+
+def nested_beta(z: Tensor, R: Tensor, ez: Tensor | float, eD: Tensor | float, pieces: int = NESTED_PIECES,
+                bins: int = NESTED_BINS) -> Tensor:
+    r"""Per unit, ``beta_k >= sup_{0 < |s| <= R0_k} |e_k(s)/s^2 - GELU''(z*_k)/2|`` (THEORY F58a), ``e_k(s) = GELU(z*_k + s) -
+    GELU(z*_k) - GELU'(z*_k) s = s^2 int_0^1 (1 - t) GELU''(z*_k + t s) dt``, for the exact pre-activation ``z*`` within
+    ``ez`` of ``z`` and ``R = R0 + ez``.  So ``e_k/s^2 - GELU''(z*)/2 = int_0^1 (1 - t)(GELU''(z* + t s) - GELU''(z*)) dt``;
+    ``|s|`` cut into ``bins`` equal bins ``[S_m, S_{m+1}]``, ``t`` into ``pieces`` equal pieces ``[t_j, t_{j+1}]``: for s
+    in bin m and t in piece j the argument lies in ``I_mj = [z - ez + t_j S_m, z + ez + t_{j+1} S_{m+1}]`` (s > 0, the
+    mirror for s < 0), where ``GELU'' - GELU''(z*)`` lies in ``[L_mj, U_mj]``, ``U = min(hi - D + eD, s3 t_{j+1}
+    S_{m+1})``, ``L = max(lo - D - eD, -s3 t_{j+1} S_{m+1})`` (``lo, hi`` the range of GELU'' on ``I_mj``,
+    ``gelu2_range``; ``D`` the evaluated ``GELU''(z)``, within ``eD`` of ``GELU''(z*)``; ``s3`` the sup of ``|GELU'''|``
+    between ``z*`` and the argument, on ``[z - ez, z + ez + t_{j+1} S_{m+1}]``, ``gelu3_sup``), so, piece by piece,
+
+    .. math:: \beta_k = \max_{\pm, m} \max\Big(\sum_j w_j U_{mj}^\pm,\; -\sum_j w_j L_{mj}^\pm\Big),
+              \quad w_j = \int_{t_j}^{t_{j+1}} (1 - t)\,dt
+
+    (``sum_j w_j = 1/2``: one bin and one piece is F54b's range bound).  Rounding: ``t_j``, ``w_j`` and ``S_m / R``
+    exact (dyadic), each interval's ends widened by ``4u(|z| + R)`` and ``t S`` by ``4u``, each sum padded by ``1e-12``
+    of the sum of its absolute terms plus ``1e-12 (|D| + eD)``.  ``z``, ``R`` (and tensor ``ez``, ``eD``) of one shape."""
+    t = torch.arange(pieces + 1, dtype=torch.float64) / pieces
+    w = (t[1:] - t[:-1]) - (t[1:] * t[1:] - t[:-1] * t[:-1]) / 2
+    sm = torch.arange(bins + 1, dtype=torch.float64) / bins
+    lead = (bins, pieces) + (1,) * z.dim()
+    lo_reach = ((sm[:-1, None] * t[None, :-1]).reshape(lead) * R) * (1 - 4 * _U)  # t_j S_m
+    hi_reach = ((sm[1:, None] * t[None, 1:]).reshape(lead) * R) * (1 + 4 * _U)  # t_{j+1} S_{m+1}
+    w = w.reshape((1, pieces) + (1,) * z.dim())
+    D = gelu_second(z)
+    wid = 4 * _U * (z.abs() + R)
+    out = torch.zeros_like(z)
+    zl, zh = z - ez - wid, z + ez + wid
+    for a, b, a3, b3 in ((zl + lo_reach, zh + hi_reach, zl, zh + hi_reach), (zl - hi_reach, zh - lo_reach, zl - hi_reach, zh)):
+        lo, hi = gelu2_range(a, b)
+        s3 = gelu3_sup(a3, b3) * hi_reach * (1 + 4 * _U)  # |GELU'''| between z* and the argument
+        for side in (torch.minimum(hi - D + eD, s3), -torch.maximum(lo - D - eD, -s3)):
+            pad = 1e-12 * ((w * side.abs()).sum(1) + D.abs() + eD)
+            out = torch.maximum(out, ((w * side).sum(1) + pad).amax(0))
+    return out
 
 
 def ffn_reach_remainder(const: dict, n1: Tensor, z: Tensor, S: Tensor, eS: Tensor, wsum: Tensor, r: float,
@@ -93,6 +134,7 @@ def ffn_reach_remainder(const: dict, n1: Tensor, z: Tensor, S: Tensor, eS: Tenso
         lo, hi = gelu2_range(z[i] - Rk, z[i] + Rk)
         beta = (torch.minimum((torch.maximum(hi - Dk, Dk - lo) + _GELU2_ABS_ERR) / 2,
                               gelu3_sup(z[i] - Rk, z[i] + Rk) * Rk / 6) + (eD - _GELU2_ABS_ERR)) * (1 + 1e-12)
+        beta = torch.minimum(beta, nested_beta(z[i], Rk, 0.0 if ez is None else ez[i], eD))  # F58a
         sb = torch.sqrt(beta)[None] * (1 + 1e-12)
         k = [torch.sqrt(_weighted_lmax(Hm, eHm, sb))[0] for Hm, eHm in
              ((HQ, eHQ), (HQm, eHQm), (const["H"], const["eH"]))]

@@ -159,3 +159,45 @@ def test_true_s2_move_never_above_r2(d, T, eps, bias, gamma, radii, monkeypatch)
         got = _s2_ascent(layer, X, r, seed=k)
         r2n, r2o = new[k].stage_radii["ffn"], old[k].stage_radii["ffn"]
         assert bool((got <= r2n).all()) and bool((r2n <= r2o * (1 + 1e-12)).all()), (r, got, r2n, r2o)
+
+
+@pytest.mark.slow
+def test_minilm_new_never_above_old_and_the_remainder_holds(monkeypatch):
+    """Real MiniLM layer 0, one real sentence (T = 12), rho = 1e-2, F54b on every token: every token's bound with F58a at
+    most without it and lower at the token of largest reach, ``layer_rows``' ``r2`` never above the old one, and Adam
+    ascent over the layer's input ball on that token's FFN remainder (at the attained move of H) below the new bound."""
+    from transcover.model import attention_forward, ffn_forward, load
+    from transcover.model._data import load_inputs
+
+    spec = load(None).to_torch(F64)
+    X = spec.input_norm(load_inputs(spec, "sklearn-descr", max_len=12, limit=2)[1].double())
+    L = spec.layers[0]
+    r = 1e-2 * float(X.norm(dim=1).median())
+    seen = []
+    monkeypatch.setattr(_local_stages, "ffn_reach", lambda *a: seen.append(_every_token(*a)) or seen[-1])
+    new = layer_rows(L, X, [r])[0]
+    _old(monkeypatch)
+    old = layer_rows(L, X, [r])[0]
+    reach_new, reach_old = seen[0], seen[-1]
+    assert bool((reach_new <= reach_old).all()) and bool((new.stage_radii["ffn"] <= old.stage_radii["ffn"]).all())
+    t = int(reach_old.argmax())
+    assert float(reach_new[t]) < float(reach_old[t])
+    H = lambda Z: L.norm_attn(Z + attention_forward(L.attention, Z))  # noqa: E731
+    h = H(X)[t].detach()
+    P = torch.eye(h.shape[0], dtype=F64) - 1.0 / h.shape[0]
+    J = torch.autograd.functional.jacobian(lambda x: ffn_forward(L.ffn, x[None])[0], h)
+    y0 = ffn_forward(L.ffn, h[None])[0]
+    E = torch.randn(X.shape, generator=torch.Generator().manual_seed(0), dtype=F64)
+    E = (E / E.norm(dim=1, keepdim=True) * r).requires_grad_(True)
+    opt = torch.optim.Adam([E], lr=0.1 * r)
+    best = 0.0
+    for _ in range(30):
+        with torch.no_grad():
+            E.mul_(torch.clamp(r / E.norm(dim=1, keepdim=True), max=1.0))
+        dh = H(X + E)[t] - h
+        rem = (P @ (ffn_forward(L.ffn, (h + dh)[None])[0] - y0 - J @ dh)).norm()
+        best = max(best, float(rem.detach()))
+        opt.zero_grad()
+        (-rem).backward()
+        opt.step()
+    assert best <= float(reach_new[t]), (best, float(reach_new[t]))

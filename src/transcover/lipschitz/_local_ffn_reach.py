@@ -4,7 +4,8 @@ F34b bounds the second norm's input radius by ``r2 <= r g_pt + remG + R``, ``R``
 ``P(F(h + dh) - F(h) - J_F dh)`` over every ``||dh|| <= r_h`` (the mean FFN drift times ``r_h``, F17c-F51a).  On the
 ball the move is ``dh = a + rho`` with ``a`` the exact linear map at X (``a a^T <= r^2 Q``, ``Q`` the first norm's
 weighted row Gram times ``sum_j w_j``, F40a) and ``||rho|| <= remH`` (F34b's remainder of H): the second-order part
-is taken through that set (F40b's tensor norms), the rest per unit with its own reach.
+is taken through that set (F40b's tensor norms), the rest per unit with its own reach (its weight through the
+Taylor integral cut into pieces, F58).
 """
 
 from __future__ import annotations
@@ -90,7 +91,8 @@ def ffn_reach_remainder(const: dict, n1: Tensor, z: Tensor, S: Tensor, eS: Tenso
     ``N_Q, N_{Qm}, N_2 = lambda_max(W_2^T D H D W_2)^{1/2}`` for ``H = G o G, G o G_1, G_1 o G_1`` (``D = diag(GELU''(z))``
     signed; F40b, F44f, F38b), ``k_* = lambda_max(diag(beta)^{1/2} H diag(beta)^{1/2})^{1/2}`` for the same ``H``;
     ``beta_k = min(max(hi_k - GELU''(z_k), GELU''(z_k) - lo_k)/2, s3_k R_k/6)`` on unit k's reach ``[z_k - R_k, z_k + R_k]``,
-    ``R_k = min(||w1_k|| rh, r G_kk^{1/2} + ||w1_k|| remH)`` (``lo, hi`` from ``gelu2_range``, ``s3_k`` ``gelu3_sup``).
+    ``R_k = min(||w1_k|| rh, r G_kk^{1/2} + ||w1_k|| remH)`` (``lo, hi`` from ``gelu2_range``, ``s3_k`` ``gelu3_sup``),
+    each min'ed with F58a's ``nested_beta`` (the Taylor integral's weight piece by piece, THEORY F58).
     ``Q = wsum (sym(S) + eS I) >= Q*`` (so ``G o G`` and ``G o G_1`` dominate the exact ones, Schur), formed within
     ``gamma_4 ||Q||_F``; ``G`` within ``eG = ||W_1||_F^2 (gamma_{2d} ||Q||_F + eQ)`` (F40b), ``G o G`` within ``eG (2 max|G| +
     eG) + u ||G o G||_F``, ``G o G_1`` within ``eG (max|G_1| + e_1) + e_1 max|G|`` (``e_1 = gamma_{d+2} ||W_1||_F^2``); the

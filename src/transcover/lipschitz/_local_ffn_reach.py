@@ -56,7 +56,7 @@ def nested_beta(z: Tensor, R: Tensor, ez: Tensor | float, eD: Tensor | float, pi
               \quad w_j = \int_{t_j}^{t_{j+1}} (1 - t)\,dt
 
     (``sum_j w_j = 1/2``: one bin and one piece is F54b's range bound).  Rounding: ``t_j``, ``w_j`` and ``S_m / R``
-    exact (dyadic), each interval's ends widened by ``4u(|z| + R)`` and ``t S`` by ``4u``, each sum padded by ``1e-12``
+    exact (dyadic), each interval's ends widened by ``4u(|z| + R + ez)`` and ``t S`` by ``4u``, each sum padded by ``1e-12``
     of the sum of its absolute terms plus ``1e-12 (|D| + eD)``.  ``z``, ``R`` (and tensor ``ez``, ``eD``) of one shape."""
     t = torch.arange(pieces + 1, dtype=torch.float64) / pieces
     w = (t[1:] - t[:-1]) - (t[1:] * t[1:] - t[:-1] * t[:-1]) / 2
@@ -66,7 +66,7 @@ def nested_beta(z: Tensor, R: Tensor, ez: Tensor | float, eD: Tensor | float, pi
     hi_reach = ((sm[1:, None] * t[None, 1:]).reshape(lead) * R) * (1 + 4 * _U)  # t_{j+1} S_{m+1}
     w = w.reshape((1, pieces) + (1,) * z.dim())
     D = gelu_second(z)
-    wid = 4 * _U * (z.abs() + R)
+    wid = 4 * _U * (z.abs() + R + ez)
     out = torch.zeros_like(z)
     zl, zh = z - ez - wid, z + ez + wid
     for a, b, a3, b3 in ((zl + lo_reach, zh + hi_reach, zl, zh + hi_reach), (zl - hi_reach, zh - lo_reach, zl - hi_reach, zh)):

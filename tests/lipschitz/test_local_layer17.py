@@ -12,7 +12,7 @@ import torch
 from lipschitz_testkit import hetero_gamma, projected_adam, random_spec, sphere_adam
 from test_local_ffn2 import _ffn
 from transcover.lipschitz._local_ffn2 import ffn_hadamard
-from transcover.lipschitz._local_ffn_reach import ffn_reach_remainder, gelu2_range
+from transcover.lipschitz._local_ffn_reach import ffn_reach_remainder, gelu2_range, nested_beta
 from transcover.lipschitz._local_jacobian import gelu_second
 from transcover.model import ffn_forward
 
@@ -93,7 +93,8 @@ def test_reach_remainder_is_never_beaten(scale, bias, rank, r, remH):
 
 
 def _dense(ffn, h: torch.Tensor, Ls: torch.Tensor, w: torch.Tensor, r: float, remH: float, rh: float) -> float:  # noqa: ANN001
-    """F54b's formula by dense matrices: ``K`` (d_ff x d^2) and ``Q^{1/2}`` formed, every norm by ``matrix_norm``."""
+    """F54b's formula by dense matrices: ``K`` (d_ff x d^2) and ``Q^{1/2}`` formed, every norm by ``matrix_norm`` (the
+    per-unit weight min'ed with F58a's ``nested_beta``)."""
     W1, W2 = ffn.W_1.double(), ffn.W_2.double()
     W2 = W2 - W2.mean(dim=1, keepdim=True)
     z = h @ W1 + ffn.b_1.double()
@@ -110,6 +111,7 @@ def _dense(ffn, h: torch.Tensor, Ls: torch.Tensor, w: torch.Tensor, r: float, re
     lo, hi = gelu2_range(z - R, z + R)
     from transcover.lipschitz._local_ffn2 import gelu3_sup
     beta = torch.minimum(torch.maximum(hi - D, D - lo) / 2, gelu3_sup(z - R, z + R) * R / 6)
+    beta = torch.minimum(beta, nested_beta(z, R, 0.0, 0.0))  # F58a's weight (its own formula, without eD)
     sb = beta.sqrt()
     c = (r * r, 2 * r * remH, remH * remH)
     first = 0.5 * sum(ci * n(W2.T @ (D[:, None] * Ki)) for ci, Ki in zip(c, Ks))

@@ -44,7 +44,7 @@ from torch import Tensor
 
 from .._errors import InputError
 from .._results import Kind, Quantity
-from ..model import NormKind, TransformerSpec
+from ..model import NormKind, Placement, TransformerSpec
 from ._local_jacobian import certified_spectral, row_norm_lower
 from ._local_stack_aligned import FFNAligned
 from ._local_stack_attn import AttentionAligned
@@ -250,6 +250,7 @@ class _LayerMemo:
 
     rows: dict = field(default_factory=dict)
     refusals: list = field(default_factory=list)
+    stage_radii: dict = field(default_factory=dict)  # the same key -> per radius the stage radii (THEORY F59a)
 
 
 def _per_layer(layer, x: Tensor, rs: list[float], norms: dict, memo: _LayerMemo) -> list[tuple[Tensor, Tensor]]:  # noqa: ANN001
@@ -260,13 +261,16 @@ def _per_layer(layer, x: Tensor, rs: list[float], norms: dict, memo: _LayerMemo)
     refine the smaller ones, so a radius's rows depend on the list it came in)."""
     key = (layer.index, tuple(rs))
     if key not in memo.rows:
-        memo.rows[key] = _per_layer_rows(layer, x, rs, norms, memo.refusals)
+        memo.stage_radii[key] = []
+        memo.rows[key] = _per_layer_rows(layer, x, rs, norms, memo.refusals, memo.stage_radii[key])
     return memo.rows[key]
 
 
 def _per_layer_rows(layer, x: Tensor, rs: list[float], norms: dict,  # noqa: ANN001
-                    refusals: list | None = None) -> list[tuple[Tensor, Tensor]]:
-    """``_per_layer`` without the memo; a refusal's reason is appended to ``refusals``.  Only the finite
+                    refusals: list | None = None, stage_radii: list | None = None) -> list[tuple[Tensor, Tensor]]:
+    """``_per_layer`` without the memo; a refusal's reason is appended to ``refusals``, per radius the
+    per-layer route's certified stage radii (``LayerJacobian.stage_radii``; ``{}`` where it gave none) to
+    ``stage_radii``.  Only the finite
     radii are evaluated (the others' rows are inf): ``layer_rows`` takes the balls from the largest down
     and lets a larger one refine the smaller (F37b), so leaving out what would sit last changes no other
     radius's rows."""
@@ -275,17 +279,39 @@ def _per_layer_rows(layer, x: Tensor, rs: list[float], norms: dict,  # noqa: ANN
     inf = torch.full((x.shape[0],), math.inf, dtype=torch.float64)
     finite = [r for r in rs if math.isfinite(r)]
     if not finite:
+        if stage_radii is not None:
+            stage_radii.extend({} for _ in rs)
         return [(inf, inf)] * len(rs)
     c = norms[layer.index]
     try:
-        ljs = iter(layer_jacobians(layer, x, finite, norms=c["w"], head_norms_=c["h"]))
+        ljs = layer_jacobians(layer, x, finite, norms=c["w"], head_norms_=c["h"])
     except PER_LAYER_REFUSALS as e:
         if refusals is not None:
             radii = ", ".join(f"{r:.3g}" for r in finite)
             refusals.append(f"layer {layer.index} at radii [{radii}]: {type(e).__name__}: {e}")
+        if stage_radii is not None:
+            stage_radii.extend({} for _ in rs)
         return [(inf, inf)] * len(rs)
+    if stage_radii is not None:
+        it = iter(ljs)
+        stage_radii.extend(next(it).stage_radii if math.isfinite(r) else {} for r in rs)
     rows = lambda lj: (_nan_inf(lj.drift_rows), _nan_inf(lj.total_rows * (1 + ROUNDING_PAD)))  # noqa: E731
-    return [rows(next(ljs)) if math.isfinite(r) else (inf, inf) for r in rs]
+    it = iter(ljs)
+    return [rows(next(it)) if math.isfinite(r) else (inf, inf) for r in rs]
+
+
+def _stage_caps(spec: TransformerSpec, stages: list[_Stage], groups: dict) -> dict:
+    """Sub-stage index -> (its layer's first sub-stage, the per-layer route's stage radius that bounds its
+    input's move): in a post-LN layer with both norms, ``S1`` (the first norm's input) by ``"attention"``, ``H``
+    (the FFN's) by ``"norm_attn"``, ``S2`` (the second norm's) by ``"ffn"`` (``_local_stages.post_tail``).  THEORY F59a."""
+    out = {}
+    for layer in spec.layers:
+        a, b, _ = groups[layer.index]
+        names = [st.name for st in stages[a:b]]
+        nm = f"layer {layer.index}"
+        if layer.placement is Placement.POST and names == [f"{nm} {x}" for x in ("attention", "norm_attn", "ffn", "norm_ffn")]:
+            out.update({a + 1: (a, "attention"), a + 2: (a, "norm_attn"), a + 3: (a, "ffn")})
+    return out
 
 
 def _layer_route(spec: TransformerSpec, stages: list[_Stage], groups: dict, nuP: list, suf: list,  # noqa: PLR0912
@@ -405,6 +431,8 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
     reaches: list[dict] = [{} for _ in rhos]  # per rho, stage -> (max_k dJ_k nu_k, max_k v_k with F40/F44)
     layer_at = {groups[ly.index][0]: ly for ly in spec.layers}
     PL: dict = {}  # layer start -> per rho the per-layer route's (drift rows, ball rows)
+    SR: dict = {}  # layer start -> per rho the per-layer route's stage radii (THEORY F59a)
+    cap = _stage_caps(spec, stages, groups)
     memo = _LayerMemo()  # the per-layer route's results at this X (``_per_layer``), shared with ``_layer_route``
     last = {b - 1: (a, mL) for a, b, mL in groups.values()}
     pL = {a: min(float((mL * stages[a].pt).max()) * (1 + 1e-12), float(nuL[a].max())) for a, b, mL in groups.values()}
@@ -448,6 +476,8 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
         rs, djs, djcs, bs = [], [], [], []
         for k, rho in enumerate(rhos):
             r = torch.minimum(rho * (nu + dP[k]), rc[k]) * (1 + 1e-12) + 1e-13 * scale
+            if s in cap and cap[s][1] in SR[cap[s][0]][k]:  # THEORY F59a: the per-layer route's stage radius
+                r = torch.minimum(r, _nan_inf(SR[cap[s][0]][k][cap[s][1]]) * (1 + 1e-12) + 1e-13 * scale)
             dj, djc, b, hd = st.bounds(r)
             # THEORY F44e, F44f: the drift rows for moves along the prefix's rows (attention, FFN)
             alt, hd = aa.drift(r, rho, dP[k], eP[s], 1e-13 * scale, hd) if aa is not None else (None, hd)
@@ -491,6 +521,7 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
         if s in first:  # the per-layer route at the layer's input radius (F36 item 3: the smaller drift)
             rmax = [float(r.max()) if layer_route else math.inf for r in rs]
             PL[s] = _per_layer(layer_at[s], st.x, rmax, norms, memo)
+            SR[s] = memo.stage_radii[(layer_at[s].index, tuple(rmax))]
         radii.append(rs)
         dJs.append(djs)
         dJcs.append(djcs)

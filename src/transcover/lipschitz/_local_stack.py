@@ -250,27 +250,33 @@ class _LayerMemo:
 
     rows: dict = field(default_factory=dict)
     refusals: list = field(default_factory=list)
-    stage_radii: dict = field(default_factory=dict)  # the same key -> per radius the stage radii (THEORY F59a)
 
 
-def _per_layer(layer, x: Tensor, rs: list[float], norms: dict, memo: _LayerMemo) -> list[tuple[Tensor, Tensor]]:  # noqa: ANN001
+class _LayerRows(tuple):
+    """The per-layer route's ``(drift rows, ball rows)`` at one radius, and its certified per-token stage radii
+    ``stage`` (``LayerJacobian.stage_radii``, ``{}`` where it gave none; THEORY F59a)."""
+
+    def __new__(cls, drift: Tensor, ball: Tensor, stage: dict | None = None) -> _LayerRows:
+        out = super().__new__(cls, (drift, ball))
+        out.stage = {} if stage is None else stage
+        return out
+
+
+def _per_layer(layer, x: Tensor, rs: list[float], norms: dict, memo: _LayerMemo) -> list[_LayerRows]:  # noqa: ANN001
     """Per radius ``r`` the per-layer route's rows on ``B(x, r)`` (``layer_jacobians``, THEORY F17,
-    F31): ``(drift rows, sup nu_i(J_L) rows)``, inf where ``r`` is not finite or the route refuses (Note
-    [per-layer refusals]).  ``memo`` (one per data point ``x``): the results per layer and radius list;
+    F31): ``(drift rows, sup nu_i(J_L) rows)`` with the stage radii (``_LayerRows``), inf where ``r`` is not
+    finite or the route refuses (Note [per-layer refusals]).  ``memo`` (one per data point ``x``): the results per layer and radius list;
     the same list is evaluated once (a list, not a radius: F37b lets the larger balls of one call
     refine the smaller ones, so a radius's rows depend on the list it came in)."""
     key = (layer.index, tuple(rs))
     if key not in memo.rows:
-        memo.stage_radii[key] = []
-        memo.rows[key] = _per_layer_rows(layer, x, rs, norms, memo.refusals, memo.stage_radii[key])
+        memo.rows[key] = _per_layer_rows(layer, x, rs, norms, memo.refusals)
     return memo.rows[key]
 
 
 def _per_layer_rows(layer, x: Tensor, rs: list[float], norms: dict,  # noqa: ANN001
-                    refusals: list | None = None, stage_radii: list | None = None) -> list[tuple[Tensor, Tensor]]:
-    """``_per_layer`` without the memo; a refusal's reason is appended to ``refusals``, per radius the
-    per-layer route's certified stage radii (``LayerJacobian.stage_radii``; ``{}`` where it gave none) to
-    ``stage_radii``.  Only the finite
+                    refusals: list | None = None) -> list[_LayerRows]:
+    """``_per_layer`` without the memo; a refusal's reason is appended to ``refusals``.  Only the finite
     radii are evaluated (the others' rows are inf): ``layer_rows`` takes the balls from the largest down
     and lets a larger one refine the smaller (F37b), so leaving out what would sit last changes no other
     radius's rows."""
@@ -279,25 +285,18 @@ def _per_layer_rows(layer, x: Tensor, rs: list[float], norms: dict,  # noqa: ANN
     inf = torch.full((x.shape[0],), math.inf, dtype=torch.float64)
     finite = [r for r in rs if math.isfinite(r)]
     if not finite:
-        if stage_radii is not None:
-            stage_radii.extend({} for _ in rs)
-        return [(inf, inf)] * len(rs)
+        return [_LayerRows(inf, inf)] * len(rs)
     c = norms[layer.index]
     try:
-        ljs = layer_jacobians(layer, x, finite, norms=c["w"], head_norms_=c["h"])
+        ljs = iter(layer_jacobians(layer, x, finite, norms=c["w"], head_norms_=c["h"]))
     except PER_LAYER_REFUSALS as e:
         if refusals is not None:
             radii = ", ".join(f"{r:.3g}" for r in finite)
             refusals.append(f"layer {layer.index} at radii [{radii}]: {type(e).__name__}: {e}")
-        if stage_radii is not None:
-            stage_radii.extend({} for _ in rs)
-        return [(inf, inf)] * len(rs)
-    if stage_radii is not None:
-        it = iter(ljs)
-        stage_radii.extend(next(it).stage_radii if math.isfinite(r) else {} for r in rs)
-    rows = lambda lj: (_nan_inf(lj.drift_rows), _nan_inf(lj.total_rows * (1 + ROUNDING_PAD)))  # noqa: E731
-    it = iter(ljs)
-    return [rows(next(it)) if math.isfinite(r) else (inf, inf) for r in rs]
+        return [_LayerRows(inf, inf)] * len(rs)
+    rows = lambda lj: _LayerRows(_nan_inf(lj.drift_rows), _nan_inf(lj.total_rows * (1 + ROUNDING_PAD)),  # noqa: E731
+                                 lj.stage_radii)
+    return [rows(next(ljs)) if math.isfinite(r) else _LayerRows(inf, inf) for r in rs]
 
 
 def _stage_caps(spec: TransformerSpec, stages: list[_Stage], groups: dict) -> dict:
@@ -431,7 +430,6 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
     reaches: list[dict] = [{} for _ in rhos]  # per rho, stage -> (max_k dJ_k nu_k, max_k v_k with F40/F44)
     layer_at = {groups[ly.index][0]: ly for ly in spec.layers}
     PL: dict = {}  # layer start -> per rho the per-layer route's (drift rows, ball rows)
-    SR: dict = {}  # layer start -> per rho the per-layer route's stage radii (THEORY F59a)
     cap = _stage_caps(spec, stages, groups)
     memo = _LayerMemo()  # the per-layer route's results at this X (``_per_layer``), shared with ``_layer_route``
     last = {b - 1: (a, mL) for a, b, mL in groups.values()}
@@ -476,8 +474,8 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
         rs, djs, djcs, bs = [], [], [], []
         for k, rho in enumerate(rhos):
             r = torch.minimum(rho * (nu + dP[k]), rc[k]) * (1 + 1e-12) + 1e-13 * scale
-            if s in cap and cap[s][1] in SR[cap[s][0]][k]:  # THEORY F59a: the per-layer route's stage radius
-                r = torch.minimum(r, _nan_inf(SR[cap[s][0]][k][cap[s][1]]) * (1 + 1e-12) + 1e-13 * scale)
+            if s in cap and cap[s][1] in PL[cap[s][0]][k].stage:  # THEORY F59a: the per-layer route's stage radius
+                r = torch.minimum(r, _nan_inf(PL[cap[s][0]][k].stage[cap[s][1]]) * (1 + 1e-12) + 1e-13 * scale)
             dj, djc, b, hd = st.bounds(r)
             # THEORY F44e, F44f: the drift rows for moves along the prefix's rows (attention, FFN)
             alt, hd = aa.drift(r, rho, dP[k], eP[s], 1e-13 * scale, hd) if aa is not None else (None, hd)
@@ -521,7 +519,6 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
         if s in first:  # the per-layer route at the layer's input radius (F36 item 3: the smaller drift)
             rmax = [float(r.max()) if layer_route else math.inf for r in rs]
             PL[s] = _per_layer(layer_at[s], st.x, rmax, norms, memo)
-            SR[s] = memo.stage_radii[(layer_at[s].index, tuple(rmax))]
         radii.append(rs)
         dJs.append(djs)
         dJcs.append(djcs)

@@ -301,14 +301,17 @@ def _per_layer_rows(layer, x: Tensor, rs: list[float], norms: dict,  # noqa: ANN
 
 def _stage_caps(spec: TransformerSpec, stages: list[_Stage], groups: dict) -> dict:
     """Sub-stage index -> (its layer's first sub-stage, the per-layer route's stage radius that bounds its
-    input's move): in a post-LN layer with both norms, ``S1`` (the first norm's input) by ``"attention"``, ``H``
-    (the FFN's) by ``"norm_attn"``, ``S2`` (the second norm's) by ``"ffn"`` (``_local_stages.post_tail``).  THEORY F59a."""
+    input's move): in a post-LN layer with two LayerNorms, ``S1`` (the first norm's input) by ``"attention"``, ``H``
+    (the FFN's) by ``"norm_attn"``, ``S2`` (the second norm's) by ``"ffn"`` (``_local_stages.post_tail``).  The
+    radii of ``S1`` and ``S2`` bound their centred moves, all a LayerNorm stage reads (its floor, drift and ball see
+    ``P dx`` only, Note [local norm floor]).  THEORY F59a."""
     out = {}
     for layer in spec.layers:
         a, b, _ = groups[layer.index]
         names = [st.name for st in stages[a:b]]
         nm = f"layer {layer.index}"
-        if layer.placement is Placement.POST and names == [f"{nm} {x}" for x in ("attention", "norm_attn", "ffn", "norm_ffn")]:
+        lay = all(n is not None and n.kind is NormKind.LAYERNORM for n in (layer.norm_attn, layer.norm_ffn))
+        if layer.placement is Placement.POST and lay and names == [f"{nm} {x}" for x in ("attention", "norm_attn", "ffn", "norm_ffn")]:
             out.update({a + 1: (a, "attention"), a + 2: (a, "norm_attn"), a + 3: (a, "ffn")})
     return out
 

@@ -265,8 +265,8 @@ class _LayerRows(tuple):
 def _per_layer(layer, x: Tensor, rs: list[float], norms: dict, memo: _LayerMemo) -> list[_LayerRows]:  # noqa: ANN001
     """Per radius ``r`` the per-layer route's rows on ``B(x, r)`` (``layer_jacobians``, THEORY F17,
     F31): ``(drift rows, sup nu_i(J_L) rows)`` with the stage radii (``_LayerRows``), inf where ``r`` is not
-    finite or the route refuses (Note [per-layer refusals]).  ``memo`` (one per data point ``x``): the results per layer and radius list;
-    the same list is evaluated once (a list, not a radius: F37b lets the larger balls of one call
+    finite or the route refuses (Note [per-layer refusals]).  ``memo`` (one per data point ``x``): the results
+    per layer and radius list; the same list is evaluated once (a list, not a radius: F37b lets the larger balls of one call
     refine the smaller ones, so a radius's rows depend on the list it came in)."""
     key = (layer.index, tuple(rs))
     if key not in memo.rows:
@@ -311,7 +311,8 @@ def _stage_caps(spec: TransformerSpec, stages: list[_Stage], groups: dict) -> di
         names = [st.name for st in stages[a:b]]
         nm = f"layer {layer.index}"
         lay = all(n is not None and n.kind is NormKind.LAYERNORM for n in (layer.norm_attn, layer.norm_ffn))
-        if layer.placement is Placement.POST and lay and names == [f"{nm} {x}" for x in ("attention", "norm_attn", "ffn", "norm_ffn")]:
+        full = [f"{nm} {x}" for x in ("attention", "norm_attn", "ffn", "norm_ffn")]
+        if layer.placement is Placement.POST and lay and names == full:
             out.update({a + 1: (a, "attention"), a + 2: (a, "norm_attn"), a + 3: (a, "ffn")})
     return out
 

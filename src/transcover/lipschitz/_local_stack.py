@@ -44,7 +44,7 @@ from torch import Tensor
 
 from .._errors import InputError
 from .._results import Kind, Quantity
-from ..model import NormKind, TransformerSpec
+from ..model import NormKind, Placement, TransformerSpec
 from ._local_jacobian import certified_spectral, row_norm_lower
 from ._local_stack_aligned import FFNAligned
 from ._local_stack_attn import AttentionAligned
@@ -252,11 +252,21 @@ class _LayerMemo:
     refusals: list = field(default_factory=list)
 
 
-def _per_layer(layer, x: Tensor, rs: list[float], norms: dict, memo: _LayerMemo) -> list[tuple[Tensor, Tensor]]:  # noqa: ANN001
+class _LayerRows(tuple):
+    """The per-layer route's ``(drift rows, ball rows)`` at one radius, and its certified per-token stage radii
+    ``stage`` (``LayerJacobian.stage_radii``, ``{}`` where it gave none; THEORY F59a)."""
+
+    def __new__(cls, drift: Tensor, ball: Tensor, stage: dict | None = None) -> _LayerRows:
+        out = super().__new__(cls, (drift, ball))
+        out.stage = {} if stage is None else stage
+        return out
+
+
+def _per_layer(layer, x: Tensor, rs: list[float], norms: dict, memo: _LayerMemo) -> list[_LayerRows]:  # noqa: ANN001
     """Per radius ``r`` the per-layer route's rows on ``B(x, r)`` (``layer_jacobians``, THEORY F17,
-    F31): ``(drift rows, sup nu_i(J_L) rows)``, inf where ``r`` is not finite or the route refuses (Note
-    [per-layer refusals]).  ``memo`` (one per data point ``x``): the results per layer and radius list;
-    the same list is evaluated once (a list, not a radius: F37b lets the larger balls of one call
+    F31): ``(drift rows, sup nu_i(J_L) rows)`` with the stage radii (``_LayerRows``), inf where ``r`` is not
+    finite or the route refuses (Note [per-layer refusals]).  ``memo`` (one per data point ``x``): the results
+    per layer and radius list; the same list is evaluated once (a list, not a radius: F37b lets the larger balls of one call
     refine the smaller ones, so a radius's rows depend on the list it came in)."""
     key = (layer.index, tuple(rs))
     if key not in memo.rows:
@@ -265,7 +275,7 @@ def _per_layer(layer, x: Tensor, rs: list[float], norms: dict, memo: _LayerMemo)
 
 
 def _per_layer_rows(layer, x: Tensor, rs: list[float], norms: dict,  # noqa: ANN001
-                    refusals: list | None = None) -> list[tuple[Tensor, Tensor]]:
+                    refusals: list | None = None) -> list[_LayerRows]:
     """``_per_layer`` without the memo; a refusal's reason is appended to ``refusals``.  Only the finite
     radii are evaluated (the others' rows are inf): ``layer_rows`` takes the balls from the largest down
     and lets a larger one refine the smaller (F37b), so leaving out what would sit last changes no other
@@ -275,7 +285,7 @@ def _per_layer_rows(layer, x: Tensor, rs: list[float], norms: dict,  # noqa: ANN
     inf = torch.full((x.shape[0],), math.inf, dtype=torch.float64)
     finite = [r for r in rs if math.isfinite(r)]
     if not finite:
-        return [(inf, inf)] * len(rs)
+        return [_LayerRows(inf, inf)] * len(rs)
     c = norms[layer.index]
     try:
         ljs = iter(layer_jacobians(layer, x, finite, norms=c["w"], head_norms_=c["h"]))
@@ -283,9 +293,28 @@ def _per_layer_rows(layer, x: Tensor, rs: list[float], norms: dict,  # noqa: ANN
         if refusals is not None:
             radii = ", ".join(f"{r:.3g}" for r in finite)
             refusals.append(f"layer {layer.index} at radii [{radii}]: {type(e).__name__}: {e}")
-        return [(inf, inf)] * len(rs)
-    rows = lambda lj: (_nan_inf(lj.drift_rows), _nan_inf(lj.total_rows * (1 + ROUNDING_PAD)))  # noqa: E731
-    return [rows(next(ljs)) if math.isfinite(r) else (inf, inf) for r in rs]
+        return [_LayerRows(inf, inf)] * len(rs)
+    rows = lambda lj: _LayerRows(_nan_inf(lj.drift_rows), _nan_inf(lj.total_rows * (1 + ROUNDING_PAD)),  # noqa: E731
+                                 lj.stage_radii)
+    return [rows(next(ljs)) if math.isfinite(r) else _LayerRows(inf, inf) for r in rs]
+
+
+def _stage_caps(spec: TransformerSpec, stages: list[_Stage], groups: dict) -> dict:
+    """Sub-stage index -> (its layer's first sub-stage, the per-layer route's stage radius that bounds its
+    input's move): in a post-LN layer with two LayerNorms, ``S1`` (the first norm's input) by ``"attention"``, ``H``
+    (the FFN's) by ``"norm_attn"``, ``S2`` (the second norm's) by ``"ffn"`` (``_local_stages.post_tail``).  The
+    radii of ``S1`` and ``S2`` bound their centred moves, all a LayerNorm stage reads (its floor, drift and ball see
+    ``P dx`` only, Note [local norm floor]).  THEORY F59a."""
+    out = {}
+    for layer in spec.layers:
+        a, b, _ = groups[layer.index]
+        names = [st.name for st in stages[a:b]]
+        nm = f"layer {layer.index}"
+        lay = all(n is not None and n.kind is NormKind.LAYERNORM for n in (layer.norm_attn, layer.norm_ffn))
+        full = [f"{nm} {x}" for x in ("attention", "norm_attn", "ffn", "norm_ffn")]
+        if layer.placement is Placement.POST and lay and names == full:
+            out.update({a + 1: (a, "attention"), a + 2: (a, "norm_attn"), a + 3: (a, "ffn")})
+    return out
 
 
 def _layer_route(spec: TransformerSpec, stages: list[_Stage], groups: dict, nuP: list, suf: list,  # noqa: PLR0912
@@ -405,6 +434,7 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
     reaches: list[dict] = [{} for _ in rhos]  # per rho, stage -> (max_k dJ_k nu_k, max_k v_k with F40/F44)
     layer_at = {groups[ly.index][0]: ly for ly in spec.layers}
     PL: dict = {}  # layer start -> per rho the per-layer route's (drift rows, ball rows)
+    cap = _stage_caps(spec, stages, groups)
     memo = _LayerMemo()  # the per-layer route's results at this X (``_per_layer``), shared with ``_layer_route``
     last = {b - 1: (a, mL) for a, b, mL in groups.values()}
     pL = {a: min(float((mL * stages[a].pt).max()) * (1 + 1e-12), float(nuL[a].max())) for a, b, mL in groups.values()}
@@ -448,6 +478,8 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
         rs, djs, djcs, bs = [], [], [], []
         for k, rho in enumerate(rhos):
             r = torch.minimum(rho * (nu + dP[k]), rc[k]) * (1 + 1e-12) + 1e-13 * scale
+            if s in cap and cap[s][1] in PL[cap[s][0]][k].stage:  # THEORY F59a: the per-layer route's stage radius
+                r = torch.minimum(r, _nan_inf(PL[cap[s][0]][k].stage[cap[s][1]]) * (1 + 1e-12) + 1e-13 * scale)
             dj, djc, b, hd = st.bounds(r)
             # THEORY F44e, F44f: the drift rows for moves along the prefix's rows (attention, FFN)
             alt, hd = aa.drift(r, rho, dP[k], eP[s], 1e-13 * scale, hd) if aa is not None else (None, hd)

@@ -26,6 +26,7 @@ from transcover.lipschitz._local_ffn2 import centre_gelu2_err
 from transcover.lipschitz._local_ffn_reach import gelu2_range, nested_beta
 from transcover.lipschitz._local_jacobian import GELU2_ABS_ERR, gelu_second
 from transcover.lipschitz._local_stack import stack_local
+from transcover.model import attention_forward, ffn_forward
 
 F64 = torch.float64
 _U = 2.0**-53
@@ -170,3 +171,19 @@ def test_caps_only_for_post_layernorm(norm, placement, caps, monkeypatch):
     X = torch.randn(2, 8, generator=torch.Generator().manual_seed(3), dtype=F64)
     stack_local(spec, X, [1e-3])
     assert len(seen) == 1 and bool(seen[0]) == caps, seen
+
+
+def test_caps_measured_from_the_stacks_own_centres():
+    """The per-layer route measures its stage radii from ``S1 = x + Attn(x)``, ``H = LN1(S1)``, ``S2 = H + F(H)`` at the
+    stack's own layer input ``x`` (``layer_at_x``): bit for bit the stack's sub-stage centres (tiny sigma with eps
+    1e-12, tiny gamma, sharp causal heads), so the caps need no centre pad beyond the stack's own."""
+    for case in (dict(seed=5, eps=1e-12), dict(seed=17, gamma="tiny"), dict(seed=7, qscale=8.0, causal=True)):
+        spec = _stack_spec(**case)
+        X = torch.randn(3, 8, generator=torch.Generator().manual_seed(1), dtype=F64) * 0.05
+        stages, _, groups = ls._stages(spec, X)
+        for ly in spec.layers:
+            a = groups[ly.index][0]
+            S1 = stages[a].x + attention_forward(ly.attention, stages[a].x)
+            H = ly.norm_attn(S1)
+            for k, u in ((1, S1), (2, H), (3, H + ffn_forward(ly.ffn, H))):
+                assert torch.equal(u, stages[a + k].x), (case, ly.index, k)

@@ -123,21 +123,3 @@ def test_homogeneity_in_the_last_norm():
         assert torch.equal(ra, rb)
     for name in ("upper", "point", "drift"):
         assert getattr(b, name) == pytest.approx(2.0 * getattr(a, name), rel=1e-9), name
-
-
-@pytest.mark.slow
-def test_minilm_first_layers_not_above_without_f59(monkeypatch):
-    """MiniLM's first three layers (no final norm) on a real 7-token input at rho = 1e-4 x the median token norm: the
-    bound with F59 is finite and not above the one without it, and some sub-stage radius strictly below."""
-    from transcover.model import load
-    from transcover.model._data import load_inputs
-
-    spec = load(None).to_torch(torch.float64)
-    spec = dataclasses.replace(spec, layers=spec.layers[:3], final_norm=None)
-    X = load_inputs(spec, "sklearn-descr", max_len=32, limit=20)[14].double()
-    rho = 1e-4 * float(X.norm(dim=1).median())
-    new = stack_local(spec, X, [rho])[0]
-    _without_f59(monkeypatch)
-    old = stack_local(spec, X, [rho])[0]
-    assert math.isfinite(new.upper) and new.upper <= old.upper and new.drift <= old.drift, (new.upper, old.upper)
-    assert any(bool((a < b).any()) for a, b in zip(new.token_radii, old.token_radii))

@@ -404,6 +404,7 @@ class LayerJacobian:
     parts: dict  # per-term maxima of the drift (where the gap sits)
     radius: float = math.nan  # the ball's radius r (every token within r of X)
     stage_radii: dict = field(default_factory=dict)  # stage name -> (T,) certified radius at its output
+    stage_remainders: dict = field(default_factory=dict)  # post-LN, _local_stages.stage_remainders (THEORY F59b)
     ball_rows: Tensor | None = None  # (T,) certified sup over the ball of nu_i(J) when below point + drift (caps)
     lower_rows: Tensor | None = None  # (T,) attained row norms at X (empirical lower; NaN: not searched)
     lower_V: tuple | None = None  # (token, V) attaining the largest of them
@@ -493,7 +494,8 @@ def _smaller(a: LayerJacobian, b: LayerJacobian) -> LayerJacobian:
                         torch.minimum(a.attention_rows, b.attention_rows), parts,
                         ball_rows=torch.minimum(a.total_rows, b.total_rows))
     out.radius = a.radius
-    out.stage_radii = a.stage_radii or b.stage_radii
+    out.stage_radii, out.stage_remainders = (a.stage_radii, a.stage_remainders) if a.stage_radii \
+        else (b.stage_radii, b.stage_remainders)
     out.lower_rows, out.lower_V = a.lower_rows, a.lower_V
     return out
 

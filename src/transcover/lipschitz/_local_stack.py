@@ -256,9 +256,10 @@ class _LayerRows(tuple):
     """The per-layer route's ``(drift rows, ball rows)`` at one radius, and its certified per-token stage radii
     ``stage`` (``LayerJacobian.stage_radii``, ``{}`` where it gave none; THEORY F59a)."""
 
-    def __new__(cls, drift: Tensor, ball: Tensor, stage: dict | None = None) -> _LayerRows:
+    def __new__(cls, drift: Tensor, ball: Tensor, stage: dict | None = None, rem: dict | None = None) -> _LayerRows:
         out = super().__new__(cls, (drift, ball))
         out.stage = {} if stage is None else stage
+        out.rem = {} if rem is None else rem  # ``LayerJacobian.stage_remainders`` (THEORY F59b)
         return out
 
 
@@ -295,7 +296,7 @@ def _per_layer_rows(layer, x: Tensor, rs: list[float], norms: dict,  # noqa: ANN
             refusals.append(f"layer {layer.index} at radii [{radii}]: {type(e).__name__}: {e}")
         return [_LayerRows(inf, inf)] * len(rs)
     rows = lambda lj: _LayerRows(_nan_inf(lj.drift_rows), _nan_inf(lj.total_rows * (1 + ROUNDING_PAD)),  # noqa: E731
-                                 lj.stage_radii)
+                                 lj.stage_radii, lj.stage_remainders)
     return [rows(next(ljs)) if math.isfinite(r) else _LayerRows(inf, inf) for r in rs]
 
 
@@ -315,6 +316,24 @@ def _stage_caps(spec: TransformerSpec, stages: list[_Stage], groups: dict) -> di
         if layer.placement is Placement.POST and lay and names == full:
             out.update({a + 1: (a, "attention"), a + 2: (a, "norm_attn"), a + 3: (a, "ffn")})
     return out
+
+
+def _hybrid_radius(name: str, rem: dict, first: Tensor, rH: Tensor | None) -> Tensor | None:
+    """THEORY F59b: the move of a post-LN layer's sub-stage output ``name`` (``_stage_caps``' names) for every network
+    input in the ball as the stack's exact first order plus the per-layer route's remainders on its ball ``B(x_c, r)``:
+    ``first >= ||(M_{c->s}(x_c) Delta_c)_i||`` (``rho (nu_i(P_s) + N(M_{c->s}) dP_c)``, ``Delta_c`` the layer input's
+    move, within ``r``), plus ``remA`` (``S1``), ``remH`` (``H``), or ``remG`` and the FFN's remainder (``S2``),
+    ``min(ffn_fixed, c ||dh||)`` with ``||dh|| <= rh = min(rH, ffn_ball)`` (``rH`` the stack's certified radius of
+    ``H``) and ``c`` the smaller of ``dFh`` on the per-layer ball and F17c's ``min(slope rh / 2, cap)`` on ``rh``'s.
+    None where the per-layer route gave no remainders (pre-LN, refused)."""
+    if name not in rem:
+        return None
+    out = first + rem[name]
+    if name == "ffn":
+        rh = torch.minimum(rH, rem["ffn_ball"])
+        glob = torch.where(rh == 0, 0.0, torch.minimum(rem["ffn_slope"] * rh / 2, torch.full_like(rh, rem["ffn_cap"])))
+        out = out + torch.minimum(rem["ffn_fixed"], torch.minimum(rem["ffn_coef"], glob) * rh)
+    return _nan_inf(out)
 
 
 def _layer_route(spec: TransformerSpec, stages: list[_Stage], groups: dict, nuP: list, suf: list,  # noqa: PLR0912
@@ -480,6 +499,13 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
             r = torch.minimum(rho * (nu + dP[k]), rc[k]) * (1 + 1e-12) + 1e-13 * scale
             if s in cap and cap[s][1] in PL[cap[s][0]][k].stage:  # THEORY F59a: the per-layer route's stage radius
                 r = torch.minimum(r, _nan_inf(PL[cap[s][0]][k].stage[cap[s][1]]) * (1 + 1e-12) + 1e-13 * scale)
+            if s in cap and s in inner:  # THEORY F59b: exact first order + the per-layer remainders
+                N, e = inner[s]
+                dPc = at[cap[s][0]][0][k]
+                hyb = _hybrid_radius(cap[s][1], PL[cap[s][0]][k].rem, rho * (nu + N @ dPc + e * float(dPc.max())),
+                                     radii[s - 1][k] if cap[s][1] == "ffn" else None)
+                if hyb is not None:
+                    r = torch.minimum(r, hyb * (1 + 1e-12) + 1e-13 * scale)
             dj, djc, b, hd = st.bounds(r)
             # THEORY F44e, F44f: the drift rows for moves along the prefix's rows (attention, FFN)
             alt, hd = aa.drift(r, rho, dP[k], eP[s], 1e-13 * scale, hd) if aa is not None else (None, hd)

@@ -521,7 +521,25 @@ def post_tail(at: LayerAtX, pt: PostPoint, att: PostAttention, fn: PostFirstNorm
     if at.sig2 is not None:
         total = torch.minimum(total, at.g2 / sf2 * Gs)
     sups = {"AP": att.AP, "Hs": fn.Hs, "Gs": Gs} | ({} if fb is None else {"Ns": fb.Ns})
-    return _rows(terms, total, {"attention": att.r1, "norm_attn": fn.rh, "ffn": r2}, sups)
+    out = _rows(terms, total, {"attention": att.r1, "norm_attn": fn.rh, "ffn": r2}, sups)
+    out["rem"] = stage_remainders(att, fn, dFh, fb, fold)
+    return out
+
+
+def stage_remainders(att: PostAttention, fn: PostFirstNorm, dFh: Tensor, fb: FoldBall | None,
+                     fold: tuple | None) -> dict:
+    """Post-LN, the remainders past the layer's linear maps at X that ``post_tail``'s radii add to ``r`` times the
+    point rows (THEORY F59b): per stage output the remainder of its move for every input move in ``B(X, r)``,
+    ``"attention"`` ``remA`` (F34a/F47), ``"norm_attn"`` ``remH`` (F34b), ``"ffn"`` ``remG`` (F34b/F55a); the FFN's own
+    remainder ``||P(F(h + dh) - F(h) - F'(h) dh)||`` at most ``ffn_coef * ||dh||`` for ``||dh|| <= ffn_ball``
+    (``dFh``, F17c/F37) and at most ``ffn_fixed`` (F54's ``reach``, F46's folded ``fold[1] rn``; inf where absent);
+    ``radius_rows`` adds F17c's global drift on any smaller ball, ``min(ffn_slope rh / 2, ffn_cap)``.  Every entry is
+    already one of ``post_tail``'s terms: exposing them changes no per-layer number."""
+    fixed = torch.full_like(fn.rh, math.inf) if fn.reach is None else fn.reach
+    if fold is not None:
+        fixed = torch.minimum(fixed, fold[1] * fb.rn)
+    return {"attention": att.remA, "norm_attn": fn.remH, "ffn": fn.remG, "ffn_coef": dFh, "ffn_ball": fn.rh,
+            "ffn_fixed": fixed}
 
 
 @dataclass(frozen=True)
@@ -619,6 +637,9 @@ def radius_rows(at: LayerAtX, pt: PostPoint | PrePoint, dd: DriftAtX, ffn_drift,
         fb = post_fold(at, dd, att, fx, r, subs) if ffn_drift.fold is not None else None
         rows = ffn_drift.rows(partial(post_tail, at, pt, att, fn, ffn_drift.lip, r, subs, fb), fn.rh,
                               None if fb is None else fb.rn, unit)
+        base = getattr(ffn_drift, "base", ffn_drift)  # F17c's global drift on any smaller ball (F59b)
+        rows["rem"] = rows["rem"] | {"ffn_slope": min(float(base.kappa), float(base.curv)),
+                                     "ffn_cap": base.cap}
     else:
         att = pre_attention(at, pt, dd, norms, hn, r, subs)
         e2, sD2, rh = pre_second_norm(at, att)
@@ -635,6 +656,7 @@ def assemble(point: Tensor, att_rows: Tensor, rows: dict, r: float, low: tuple |
                        ball_rows=rows["total"] * (1 + ROUNDING_PAD))
     lj.radius = r
     lj.stage_radii = rows["stage"]
+    lj.stage_remainders = rows.get("rem", {})
     if low is not None:
         lj.lower_rows, lj.lower_V = low
     return lj

@@ -105,19 +105,26 @@ def _post_layer(gamma: str, seed: int, causal: bool, sharp: float, eps: float): 
     return dataclasses.replace(layer, attention=attn, norm_attn=n1)
 
 
-def _remainder_ascent(layer, X: torch.Tensor, r: float, i: int, seed: int, starts: int = 3, steps: int = 80) -> float:  # noqa: ANN001
-    """Adam ascent on ``||(I + F_i)(LN1(S1(X + E)) - LN1(S1(X)) - D1 B E)_i||`` over ``||E_j|| <= r`` (what ``remG``
-    bounds), float64, projected; the max with ``sphere_adam`` from the same starts (THEORY F57)."""
+def remg_maps(layer, X: torch.Tensor, i: int) -> tuple:  # noqa: ANN001
+    """For token i of a post-LN layer: ``E -> ||(I + F_i)(LN1(S1(X + E)) - LN1(S1(X)) - D1 B E)_i||`` (what ``remG``
+    bounds), ``S1(X)``, ``M = (I + F_i) D1_i`` and row i of the sublayer's Jacobian at X, ``B_i`` (d, T, d)."""
     jac = lambda f, x: torch.autograd.functional.jacobian(f, x, vectorize=True)  # noqa: E731
     S1f = lambda Y: Y + attention_forward(layer.attention, Y)  # noqa: E731
     S1 = S1f(X)
     H = layer.norm_attn(S1)
     IF = torch.eye(X.shape[1], dtype=torch.float64) + jac(lambda h: ffn_forward(layer.ffn, h[None])[0], H[i])
     MD1 = IF @ jac(lambda s: layer.norm_attn(s[None])[0], S1[i])
-    Bi = jac(lambda Y: S1f(Y)[i], X)  # (d, T, d): row i of the sublayer's Jacobian at X
+    Bi = jac(lambda Y: S1f(Y)[i], X)
+    rem = lambda E: (IF @ (layer.norm_attn(S1f(X + E)[i:i + 1])[0] - H[i]) - MD1 @ torch.einsum("atb,tb->a", Bi, E)).norm()  # noqa: E731
+    return rem, S1, MD1, Bi
+
+
+def _remainder_ascent(layer, X: torch.Tensor, r: float, i: int, seed: int, starts: int = 3, steps: int = 80) -> float:  # noqa: ANN001
+    """Adam ascent on ``remg_maps``' quantity over ``||E_j|| <= r`` (what ``remG`` bounds), float64, projected; the max
+    with ``sphere_adam`` from the same starts (THEORY F57)."""
+    rem = remg_maps(layer, X, i)[0]
     g = torch.Generator().manual_seed(seed)
     starts_ = [(torch.randn(X.shape, generator=g, dtype=torch.float64) * r,) for _ in range(starts)]
-    rem = lambda E: (IF @ (layer.norm_attn(S1f(X + E)[i:i + 1])[0] - H[i]) - MD1 @ torch.einsum("atb,tb->a", Bi, E)).norm()  # noqa: E731
     return max(projected_adam(rem, starts_, (r,), 0.1 * r, steps), sphere_adam(rem, starts_, (r,), steps))
 
 

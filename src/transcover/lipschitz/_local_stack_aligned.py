@@ -145,12 +145,20 @@ class FFNAligned:
         self.n1 = W1.norm(dim=0) * (1 + W1.shape[0] * _U)
         self.n2 = ffn_second_norms(self.const, self.z, self.ez)
         self.nq, self.nqm = ffn_aligned_norms(self.const, W1, self.z, blocks, self.ez)
+        from ._local_stack_third import aligned_third_norms  # THEORY F62 (that module reads this one's ellipsoids)
+        self.third = aligned_third_norms(W1, blocks)
 
     def _c3r2(self, r: Tensor) -> Tensor:
         return ffn_taylor_drift(self.const, torch.zeros_like(r), self.z, self.n1, r, self.ez)[0]
 
     def reach(self, r: Tensor, nu: Tensor, rho: float, dP: Tensor, eP: float, pad: float) -> Tensor:
-        return ffn_aligned_reach(self.nq, self.n2, self._c3r2(r), nu, rho, dP, eP, pad)
+        """F40c's reach, its second- and third-order terms also through the prefix's rows (THEORY F62, never above
+        ``ffn_aligned_reach``)."""
+        from ._local_stack_third import aligned_reach, aligned_third_rest
+
+        rest = aligned_third_rest(self.const["nW2"], self.const["lH"], self.n1, self.z, self.ez, *self.third, r, nu,
+                                  rho, dP, eP, pad)
+        return aligned_reach(self.nq, self.nqm, self.n2, self._c3r2(r), rest, nu, rho, dP, eP, pad)
 
     def drift(self, r: Tensor, rho: float, dP: Tensor, eP: float, pad: float) -> Tensor:
         """(T,) the sub-stage's drift rows on the network's ball for moves along the prefix's rows (THEORY F44f):

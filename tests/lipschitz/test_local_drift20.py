@@ -27,12 +27,20 @@ from transcover.model import attention_forward, ffn_forward
 def _captured(spec, X: torch.Tensor, rho: float, monkeypatch) -> tuple:  # noqa: ANN001
     """``stack_local`` on ``B(X, rho)`` and, per FFN sub-stage in layer order, F62's reach and rest rows, F40c's reach
     on the same arguments, and the token radii of the FFN's input."""
-    calls, rests = [], []
-    reach, rest = th.aligned_reach, th.aligned_third_rest
+    calls, rests, drifts = [], [], []
+    reach, rest, drift = th.aligned_reach, th.aligned_third_rest, al.FFNAligned.drift
 
-    def rest_(*a):  # noqa: ANN002, ANN202
-        rests.append(rest(*a))
-        return rests[-1]
+    def drift_(self, r, rho_, dP, eP, pad):  # noqa: ANN001, ANN202
+        one = torch.ones_like(r)
+        old = al.ffn_aligned_reach(self.nqm, self.n2, self._c3r2(r), one, rho_, dP, eP / 2, pad)
+        drifts.append((drift(self, r, rho_, dP, eP, pad), old))
+        return drifts[-1][0]
+
+    def rest_(*a, **kw):  # noqa: ANN002, ANN003, ANN202
+        out = rest(*a, **kw)
+        if not kw.get("unit"):  # the reach's rest (the drift rows' has a unit column)
+            rests.append(out)
+        return out
 
     def reach_(nq, nqm, n2, c3r2, rs, nu, rho_, dP, eP, pad):  # noqa: ANN001, ANN202
         old = al.ffn_aligned_reach(nq, n2, c3r2, nu, rho_, dP, eP, pad)
@@ -41,9 +49,10 @@ def _captured(spec, X: torch.Tensor, rho: float, monkeypatch) -> tuple:  # noqa:
 
     monkeypatch.setattr(th, "aligned_reach", reach_)
     monkeypatch.setattr(th, "aligned_third_rest", rest_)
+    monkeypatch.setattr(al.FFNAligned, "drift", drift_)
     res = stack_local(spec, X, [rho])[0]
     monkeypatch.undo()
-    return res, [(v, old, r) for (v, old), r in zip(calls, rests)]
+    return res, [(v, old, r) for (v, old), r in zip(calls, rests)], drifts
 
 
 def _ffn_input(spec, Z: torch.Tensor, layer: int) -> torch.Tensor:  # noqa: ANN001
@@ -66,11 +75,12 @@ def _gelu1(z: torch.Tensor) -> torch.Tensor:
     return 0.5 * (1 + torch.erf(z / math.sqrt(2))) + z * torch.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)
 
 
-def _attained(spec, X: torch.Tensor, rho: float, layer: int, seed: int, *, rest: bool, sphere: bool) -> torch.Tensor:  # noqa: ANN001
+def _attained(spec, X: torch.Tensor, rho: float, layer: int, seed: int, kind: str, *, sphere: bool) -> torch.Tensor:  # noqa: ANN001
     """(T,) per token k the largest value Adam finds over network moves E (rows within rho; on the sphere of radius rho
     when ``sphere``) and per-token unit probes ``w``: the reach ``sum_m ||(dJ_kk P_s(x) e_m w_m)_k||`` (a lower bound on
-    ``nu_k(dJ P_s(x))``), or (``rest``) the Taylor rest ``||(F'(h + dh) - F'(h) - F''(h)[dh]) b||`` at token k,
-    ``dh = H(X + E) - H(X)``, ``b = (P_s(x) w)_k``; one ascent per token, every start of every token in one batch."""
+    ``nu_k(dJ P_s(x))``, ``kind`` "reach"), the Taylor rest ``||(F'(h + dh) - F'(h) - F''(h)[dh]) b||`` at token k,
+    ``dh = H(X + E) - H(X)``, ``b = (P_s(x) w)_k`` ("rest"), or the drift row ``||dJ_kk w_k||`` ("drift"); one ascent
+    per token, every start of every token in one batch."""
     T, d = X.shape
     pre = lambda Z: _ffn_input(spec, Z, layer)  # noqa: E731
     ffn = spec.layers[layer].ffn
@@ -85,7 +95,10 @@ def _attained(spec, X: torch.Tensor, rho: float, layer: int, seed: int, *, rest:
         S, K = E.shape[:2]
         hy = pre(X + E)
         k = torch.arange(K)
-        if rest:
+        if kind == "drift":
+            dG = _gelu1(hy @ W1 + ffn.b_1) - _gelu1(hx @ W1 + ffn.b_1)
+            return ((dG * (W @ W1)) @ ffn.W_2)[:, k, k].norm(dim=-1)
+        if kind == "rest":
             b = _jvp(pre, X.expand(S, K, T, d).contiguous(), W) @ W1
             z, dz = hx @ W1 + ffn.b_1, (hy - hx) @ W1
             R = (_gelu1(z + dz) - _gelu1(z) - gelu_second(z) * dz) * b
@@ -96,7 +109,7 @@ def _attained(spec, X: torch.Tensor, rho: float, layer: int, seed: int, *, rest:
         dd = _jvp(F, hy5, PU) - _jvp(F, hx.expand(S, K, T, T, d).contiguous(), PU)
         return dd.transpose(2, 3)[:, k, k].norm(dim=-1).sum(dim=-1)  # (S, K, m, d) rows k
 
-    return torch.tensor(jvp_ascents(value, X, rho, [seed + k for k in range(T)], starts=2, steps=40),
+    return torch.tensor(jvp_ascents(value, X, rho, [seed + k for k in range(T)], starts=2, steps=30),
                         dtype=torch.float64)
 
 
@@ -105,20 +118,20 @@ def test_reach_and_rest_are_never_beaten_and_f62_binds(case, monkeypatch):
     """Per FFN sub-stage and token, projected and sphere Adam over the network's input ball of the reach and of the
     Taylor rest stay below F62's reach and rest rows (random; tiny sigma, eps = 1e-12; sharp causal heads, W_Q x 8;
     saturated GELU, W_1 x 6); F62's reach is never above F40c's and strictly below it somewhere (it binds); the attack
-    reaches a visible share of the rest (not idle)."""
+    reaches a visible share of the rest (not idle).  The same for the FFN's drift rows (F44f with F62's rest)."""
     spec, X, rho, seed = _case(case)
-    res, calls = _captured(spec, X, rho, monkeypatch)
-    assert len(calls) == len(spec.layers) and math.isfinite(res.upper)
+    res, calls, drifts = _captured(spec, X, rho, monkeypatch)
+    assert len(calls) == len(drifts) == len(spec.layers) and math.isfinite(res.upper)
     share = 0.0
-    for layer, (reach, old, rest) in enumerate(calls):
-        assert bool((reach <= old).all()), (reach, old)
+    for layer, ((reach, old, rest), (drift, dold)) in enumerate(zip(calls, drifts)):
+        assert bool((reach <= old).all()) and bool((drift <= dold).all()), (reach, old, drift, dold)
         for sphere in (False, True):
-            got = _attained(spec, X, rho, layer, seed, rest=False, sphere=sphere)
-            assert bool((got <= reach).all()), (layer, sphere, got, reach)
-            got = _attained(spec, X, rho, layer, seed + 50, rest=True, sphere=sphere)
-            assert bool((got <= rest).all()), (layer, sphere, got, rest)
-            share = max(share, float((got / rest).max()))
-    assert any(bool((v < o).any()) for v, o, _ in calls), calls
+            for kind, bound in (("reach", reach), ("rest", rest), ("drift", drift)):
+                got = _attained(spec, X, rho, layer, seed + 50 * sphere, kind, sphere=sphere)
+                assert bool((got <= bound).all()), (layer, kind, sphere, got, bound)
+                if kind == "rest":
+                    share = max(share, float((got / rest).max()))
+    assert any(bool((v < o).any()) for v, o, _ in calls) and any(bool((v < o).any()) for v, o in drifts)
     assert share >= 1e-3, share
 
 

@@ -163,8 +163,14 @@ class FFNAligned:
     def drift(self, r: Tensor, rho: float, dP: Tensor, eP: float, pad: float) -> Tensor:
         """(T,) the sub-stage's drift rows on the network's ball for moves along the prefix's rows (THEORY F44f):
         ``ffn_aligned_reach`` with ``NQ`` mixed (one factor through the unit ball) and the argument a unit row
-        (``nu = 1``; ``eP / 2``: the reach's ``2 e_P`` counts the argument's rounding, absent here, beside the move's)."""
-        return ffn_aligned_reach(self.nqm, self.n2, self._c3r2(r), torch.ones_like(r), rho, dP, eP / 2, pad)
+        (``nu = 1``; ``eP / 2``: the reach's ``2 e_P`` counts the argument's rounding, absent here, beside the move's),
+        its Taylor rest also with the move through the prefix's rows (THEORY F62)."""
+        from ._local_stack_third import aligned_third_rest
+
+        rest = aligned_third_rest(self.const["nW2"], self.const["lH"], self.n1, self.z, self.ez, *self.third, r,
+                                  torch.ones_like(r), rho, dP, eP, pad, unit=True)
+        return ffn_aligned_reach(self.nqm, self.n2, torch.minimum(self._c3r2(r), rest), torch.ones_like(r), rho, dP,
+                                 eP / 2, pad)
 
     @staticmethod
     def applies(ffn) -> bool:  # noqa: ANN001

@@ -72,7 +72,8 @@ def aligned_third_norms(W1: Tensor, blocks: Tensor) -> tuple[Tensor, Tensor, Ten
 
 
 def aligned_third_rest(nW2: float, lH: float, n1: Tensor, z: Tensor, ez: Tensor | None, K2: Tensor, Km2: Tensor,
-                       g: Tensor, r: Tensor, nu: Tensor, rho: float, dP: Tensor, eP: float, pad: float) -> Tensor:
+                       g: Tensor, r: Tensor, nu: Tensor, rho: float, dP: Tensor, eP: float, pad: float, *,
+                       unit: bool = False) -> Tensor:
     r"""(T,) a bound on ``||W_2^T (c o (W_1^T b))||``, the Taylor rest of ``(F'(h + dh) - F'(h)) b`` past the second
     order, for token k's move ``dh`` and column ``b`` rows of the prefix (module docstring; THEORY F62):
 
@@ -81,15 +82,19 @@ def aligned_third_rest(nW2: float, lH: float, n1: Tensor, z: Tensor, ez: Tensor 
 
     ``m_n = min(rho sqrt(g_n) + ||w1_n|| e_a, ||w1_n|| r_k)``, ``e_a = rho (dP_k + e_P) + pad``, ``e = e_a + rho e_P``,
     ``s3_n = sup |GELU'''|`` on ``[z_n -+ (m_n + ez_n)]`` (the exact centre within ``ez`` of ``z``), ``K_k =
-    K2_k^{1/2}``, ``lH >= lambda_max(G0 o G0)``, ``nW2 >= ||W_2||``.  Float64 products and sums of a few non-negative
-    numbers, padded ``1e-12`` relative."""
+    K2_k^{1/2}``, ``lH >= lambda_max(G0 o G0)``, ``nW2 >= ||W_2||``.  ``unit``: ``b`` any unit vector instead (the
+    drift rows, F44f; ``nu`` unused): the last factor is ``rho Km2_k^{1/2} + e_a sqrt(lH)``.  Float64 products and
+    sums of a few non-negative numbers, padded ``1e-12`` relative."""
     ea = rho * (dP + eP) + pad
     e = ea + rho * eP
     m = torch.minimum(rho * g.sqrt() * (1 + 1e-15) + n1[None, :] * ea[:, None], n1[None, :] * r[:, None]) * (1 + 1e-12)
     h = m if ez is None else m + ez
     s3m = (gelu3_sup(z - h, z + h) * m).amax(dim=1)
     sl = math.sqrt(lH)
-    had = rho * K2.sqrt() + torch.minimum(e * nu * sl, ea * Km2.sqrt() + (ea + rho * nu) * eP * sl)
+    if unit:
+        had = rho * Km2.sqrt() + ea * sl
+    else:
+        had = rho * K2.sqrt() + torch.minimum(e * nu * sl, ea * Km2.sqrt() + (ea + rho * nu) * eP * sl)
     return torch.nan_to_num(0.5 * nW2 * s3m * had * (1 + 1e-11), nan=math.inf)
 
 

@@ -109,7 +109,7 @@ def _attained(spec, X: torch.Tensor, rho: float, layer: int, seed: int, kind: st
         dd = _jvp(F, hy5, PU) - _jvp(F, hx.expand(S, K, T, T, d).contiguous(), PU)
         return dd.transpose(2, 3)[:, k, k].norm(dim=-1).sum(dim=-1)  # (S, K, m, d) rows k
 
-    return torch.tensor(jvp_ascents(value, X, rho, [seed + k for k in range(T)], starts=2, steps=30),
+    return torch.tensor(jvp_ascents(value, X, rho, [seed + k for k in range(T)], starts=2, steps=20),
                         dtype=torch.float64)
 
 

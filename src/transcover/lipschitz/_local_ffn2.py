@@ -304,7 +304,7 @@ def ffn_curvature_drift(const: dict, z: Tensor, n1: Tensor, rh: Tensor, ez: Tens
     skip = torch.zeros(len(rh), dtype=torch.bool)
     if above is not None:  # F61a: the certificates only where they can win
         low = _kappa_a(const, a, lower=True) * rh * (1 + 1e-12) * (1 - 1e-12)  # no d_ff x d_ff batch: all tokens
-        skip = (low >= above[0]) & (low / 2 >= above[1])
+        skip = torch.isfinite(low) & (low >= above[0]) & (low / 2 >= above[1])  # then min(above, .) is above
     form = (~skip).nonzero()[:, 0]
     for s in range(0, len(form), CURV_CHUNK):
         kap[form[s:s + CURV_CHUNK]] = _kappa_a(const, a[form[s:s + CURV_CHUNK]])

@@ -129,7 +129,8 @@ def test_layer_rows_report_the_same_floats(monkeypatch):
 
     monkeypatch.setattr(_local_rows, "ffn_curvature_drift", counted)
     new = [layer_rows(L, X, RADII, tiers=t) for t in (True, False)]
-    monkeypatch.setattr(_local_rows, "ffn_curvature_drift", lambda c, z, n1, rh, ez=None, above=None: orig(c, z, n1, rh, ez))
+    monkeypatch.setattr(_local_rows, "ffn_curvature_drift",
+                        lambda c, z, n1, rh, ez=None, above=None: orig(c, z, n1, rh, ez))  # F51a at every token
     old = [layer_rows(L, X, RADII, tiers=t) for t in (True, False)]
     assert calls["skip"] > 0 and calls["form"] > 0, calls
     at = st.layer_at_x(L, X.double(), 1.0)

@@ -17,6 +17,7 @@ from torch import Tensor
 
 from ..model import Activation
 from ._local_jacobian import GELU2_ABS_ERR, GELU3_SUP, _f64, certified_lmax, certified_spectral, gelu2_sup, gelu_second
+from ._local_sharp import gram_lower
 
 __all__ = ["gelu3_sup", "ffn_curvature_drift", "ffn_hadamard", "ffn_second_norms", "ffn_second_split",
            "ffn_split_constants", "ffn_taylor_drift"]
@@ -209,23 +210,68 @@ def ffn_taylor_drift(const: dict, n2: Tensor, z: Tensor, n1: Tensor, rh: Tensor,
 
 # F51a: tokens per batch of the per-unit-weighted Hadamard Grams (each d_ff x d_ff, 19 MB at d_ff = 1536)
 CURV_CHUNK = 4
+# F61a: power steps of ``_lmax_lower`` and ``gram_lower`` in the test that spares F51a's certificates where they lose
+# (MiniLM layers 0-1: each factor within 3 % of its certificate at 16 steps but one weighted norm at 6 %; 1 % at 32)
+LMAX_LOWER_ITERS = 16
 
 
-def _weighted_lmax(G: Tensor, eG: float, a: Tensor) -> Tensor:
+def _weighted_lmax(G: Tensor, eG: float, a: Tensor, lower: bool = False) -> Tensor:
     """(n,) certified ``lambda_max(diag(a_i) G_exact diag(a_i))`` for the formed ``G`` within ``eG`` (Frobenius) of
     ``G_exact`` and the weights ``a`` (n, m) (F51a): the formed ``fl(a_k G_kl a_l)``, symmetrised, is within
-    ``3u|a_k G_kl a_l|`` of ``diag(a) G diag(a)`` entrywise, ``diag(a)(G - G_exact)diag(a)`` within ``max a^2 eG``."""
-    M = a[:, :, None] * G[None] * a[:, None, :]
-    M = (M + M.transpose(1, 2)) / 2
+    ``3u|a_k G_kl a_l|`` of ``diag(a) G diag(a)`` entrywise, ``diag(a)(G - G_exact)diag(a)`` within ``max a^2 eG``.
+    ``lower``: instead a lower bound on that value as computed (``_lmax_lower`` in place of ``certified_lmax``, the
+    same float operations after it, each non-decreasing in its operands; THEORY F61a)."""
     amax2 = (a * a).amax(dim=1)
-    return certified_lmax(M) + amax2 * (eG + 4 * _U * float(G.norm())) * (1 + 1e-12)
+    if lower:
+        lam = _lmax_lower(G, a)
+    else:
+        M = a[:, :, None] * G[None] * a[:, None, :]
+        lam = certified_lmax((M + M.transpose(1, 2)) / 2)
+    return lam + amax2 * (eG + 4 * _U * float(G.norm())) * (1 + 1e-12)
 
 
-def _weighted_norm(W: Tensor, a: Tensor) -> Tensor:
+def _weighted_norm(W: Tensor, a: Tensor, lower: bool = False) -> Tensor:
     """(n,) certified ``||W diag(a_i)||`` for the exact ``W`` (d, m) and weights ``a`` (n, m), ``d <= m`` (F51a):
-    ``fl(W diag(a))`` is within ``u|.|`` of the exact product, its norm from its d x d Gram (``_norm_from_gram``)."""
+    ``fl(W diag(a))`` is within ``u|.|`` of the exact product, its norm from its d x d Gram (``_norm_from_gram``).
+    ``lower``: a lower bound on that value as computed, the Gram's certified ``lambda_max`` replaced by ``gram_lower``
+    of ``W diag(a^2) W^T`` (never formed; THEORY F61a)."""
     C = W[None] * a[:, None, :]
-    return (_norm_from_gram(C) + _U * (C * C).sum(dim=(1, 2)).sqrt()) * (1 + 1e-12)
+    if lower:
+        fC = (C * C).sum(dim=(1, 2))
+        nC = torch.sqrt(gram_lower(W, a * a, iters=LMAX_LOWER_ITERS) + 4 * (C.shape[2] + 8) * _U * fC * (1 + 1e-12))
+    else:
+        nC = _norm_from_gram(C)
+    return (nC + _U * (C * C).sum(dim=(1, 2)).sqrt()) * (1 + 1e-12)
+
+
+def _lmax_lower(G: Tensor, a: Tensor, iters: int = LMAX_LOWER_ITERS) -> Tensor:
+    r"""(n,) a lower bound on what ``certified_lmax`` returns for ``M_i``, the formed ``fl(a_ik G_kl a_il)``
+    symmetrised (``_weighted_lmax``), for a symmetric (m, m) ``G`` with a non-negative diagonal and weights ``a >= 0``
+    (n, m) (THEORY F61a); ``M_i`` is never formed.  That certificate is ``min(mu (1 + 2(m+1)m u), fl(tr M_i))`` with
+    ``mu`` passed by a Cholesky test (so ``>= lambda_max(M_i)``) or ``fl(tr M_i)`` alone, hence
+    ``>= min(lambda_max(M_i), fl(tr M_i))``.  ``M_i`` is within ``3u |a_k G_kl a_l|`` (entrywise, ``<= 3u max a^2
+    ||G||_F`` spectral) of ``A G A`` (``A = diag(a_i)``), whose Rayleigh quotient at the ``iters``-th power iterate
+    ``v`` (from the normalised all-ones vector; ``u = a o v``, ``u^T G u`` by one product ``fl(G u)``, ``fl(v.v)``) is
+    computed within ``2 gamma_m |u|^T|G||u| <= 2 gamma_m max a^2 ||G||_F ||v||^2`` and ``1e-10`` relative (the
+    quotient), so
+
+    .. math:: \lambda_{\max}(M_i) \ge \widehat{\mathrm{RQ}}\,(1 - 10^{-10}) - 12(m + 8)\,u\,\max_k a_k^2\,\|G\|_F;
+
+    the trace as formed ``fl(a_k G_kk a_k)`` summed, less ``1e-10`` relative (non-negative terms: within ``gamma_m``
+    of any other summation order's); clamped at 0 (``lambda_max(M_i) >= max_k (M_i)_kk >= 0``).  NaN where a
+    weight is not finite (no comparison passes).  Cost ``2 m^2`` flops a step and token, batched over the tokens."""
+    n, m = a.shape
+    v = torch.full((n, m), 1.0 / math.sqrt(m), dtype=a.dtype)
+    for _ in range(iters):
+        v = ((a * v) @ G) * a
+        v = v / v.norm(dim=1, keepdim=True).clamp(min=1e-300)
+    u = a * v
+    vv = (v * v).sum(dim=1)  # 0 only for all-zero weights (then M_i = 0)
+    rq = (u * (u @ G)).sum(dim=1) / torch.where(vv > 0, vv, 1.0)
+    tr = (a * G.diagonal()[None, :] * a).sum(dim=1) * (1 - 1e-10)
+    amax2 = (a * a).amax(dim=1)
+    low = torch.minimum(rq * (1 - 1e-10) - 12 * (m + 8) * _U * amax2 * float(G.norm()) * (1 + 1e-9), tr)
+    return torch.where(torch.isnan(low), low, low.clamp_min(0.0))
 
 
 def _reach(n1: Tensor, rh: Tensor, ez: Tensor | None) -> Tensor:
@@ -235,8 +281,8 @@ def _reach(n1: Tensor, rh: Tensor, ez: Tensor | None) -> Tensor:
     return h if ez is None else h + ez
 
 
-def ffn_curvature_drift(const: dict, z: Tensor, n1: Tensor, rh: Tensor,
-                        ez: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def ffn_curvature_drift(const: dict, z: Tensor, n1: Tensor, rh: Tensor, ez: Tensor | None = None,
+                        above: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
     r"""Per token, on ``||dh|| <= rh``: ``sup ||P(F'(h + dh) - F'(h))||`` and its segment mean (THEORY F51a): unit k's
     slope moves by ``|sigma'(z_k + s_k) - sigma'(z_k)| <= A_k |s_k|``, ``s_k = w1_k . dh``, ``A_k = sup |GELU''|`` on
     its reachable interval ``[z_k - ||w1_k|| rh, z_k + ||w1_k|| rh]`` (``gelu2_sup``), and with weights ``a_k^2 >= A_k``
@@ -249,18 +295,34 @@ def ffn_curvature_drift(const: dict, z: Tensor, n1: Tensor, rh: Tensor,
     at ``sup|GELU''|``; saturated units (the heavy directions of ``H`` on MiniLM) get their own small curvature.
     ``z`` (T, d_ff) the centre's pre-activations, within ``ez`` of the exact ones (``pre_activations``; None: exact:
     each interval widened by ``ez_k``, red17-2), ``n1`` (d_ff,) the ``||w1_k||``, ``const`` ``ffn_hadamard``'s.
-    Cost: two certified ``lambda_max`` of d_ff x d_ff matrices a token.  Exact (erf) GELU only."""
+    Cost: two certified ``lambda_max`` of d_ff x d_ff matrices a token.  Exact (erf) GELU only.  ``above``: (T,) bounds
+    ``(b, b_half)`` the caller takes the minimum with; a token whose bound is provably at least ``b`` and its half at
+    least ``b_half`` (``_kappa_a``'s lower bound, THEORY F61a) gets ``(inf, inf)`` without the certificates: every
+    ``min`` with the caller's bounds is the same float."""
     h = _reach(n1, rh, ez)
     a = torch.sqrt(gelu2_sup(z - h, z + h)) * (1 + 1e-12)
-    kap = torch.empty(len(rh), dtype=torch.float64)
-    for s in range(0, len(rh), CURV_CHUNK):
-        ac = a[s:s + CURV_CHUNK]
-        nK = torch.sqrt(_weighted_lmax(const["H"], const["eH"], ac))
-        nK12 = torch.sqrt(_weighted_lmax(const["H12"], const["e12"], ac))
-        nW2 = _weighted_norm(const["W2"].T, ac) + ac.amax(dim=1) * const["eW2"]
-        kap[s:s + CURV_CHUNK] = torch.minimum(nK * nW2, nK12 * _weighted_norm(const["W1"], ac))
+    kap = torch.zeros(len(rh), dtype=torch.float64)
+    skip = torch.zeros(len(rh), dtype=torch.bool)
+    if above is not None:  # F61a: the certificates only where they can win
+        low = _kappa_a(const, a, lower=True) * rh * (1 + 1e-12) * (1 - 1e-12)  # no d_ff x d_ff batch: all tokens
+        skip = torch.isfinite(low) & (low >= above[0]) & (low / 2 >= above[1])  # then min(above, .) is above
+    form = (~skip).nonzero()[:, 0]
+    for s in range(0, len(form), CURV_CHUNK):
+        kap[form[s:s + CURV_CHUNK]] = _kappa_a(const, a[form[s:s + CURV_CHUNK]])
     full = kap * rh * (1 + 1e-12)
-    return torch.nan_to_num(full, nan=math.inf), torch.nan_to_num(full / 2, nan=math.inf)
+    full, half = torch.nan_to_num(full, nan=math.inf), torch.nan_to_num(full / 2, nan=math.inf)
+    full[skip], half[skip] = math.inf, math.inf
+    return full, half
+
+
+def _kappa_a(const: dict, a: Tensor, lower: bool = False) -> Tensor:
+    """(n,) F51a's ``kappa_A`` for the weights ``a`` (n, d_ff) (``ffn_curvature_drift``); ``lower``: a lower bound on
+    it as computed (each factor's, ``_weighted_lmax``/``_weighted_norm``; the same float operations after them, THEORY
+    F61a)."""
+    nK = torch.sqrt(_weighted_lmax(const["H"], const["eH"], a, lower))
+    nK12 = torch.sqrt(_weighted_lmax(const["H12"], const["e12"], a, lower))
+    nW2 = _weighted_norm(const["W2"].T, a, lower) + a.amax(dim=1) * const["eW2"]
+    return torch.minimum(nK * nW2, nK12 * _weighted_norm(const["W1"], a, lower))
 
 
 def gelu_ffn(ffn) -> bool:  # noqa: ANN001

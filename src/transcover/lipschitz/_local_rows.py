@@ -505,7 +505,8 @@ class FfnDrift:
         u, uh = ffn_unit_drift(self.ffn, z[idx], n1, rh[idx], above=taylor, ez=ez)
         dF[idx], dFh[idx] = torch.minimum(dF[idx], u), torch.minimum(dFh[idx], uh)
         if self.taylor is not None:  # F51a: F17c's kappa with each unit's own curvature on its reachable interval
-            c, ch = ffn_curvature_drift(self.taylor, z[idx], n1, rh[idx], ez)
+            # F61a: its certificates only where they can beat the bounds so far (the same floats)
+            c, ch = ffn_curvature_drift(self.taylor, z[idx], n1, rh[idx], ez, (dF[idx], dFh[idx]))
             dF[idx], dFh[idx] = torch.minimum(dF[idx], c), torch.minimum(dFh[idx], ch)
         uncapped = (unit_slope_moves(z[idx], n1, rh[idx], ez) <= GELU_SLOPE_RANGE).all(dim=1)
         ref[idx] = torch.where(uncapped, u, ref[idx])

@@ -47,8 +47,8 @@ def _captured(spec, X: torch.Tensor, rho: float, monkeypatch) -> tuple:  # noqa:
         calls.append((reach(nq, nqm, n2, c3r2, rs, nu, rho_, dP, eP, pad), old))
         return calls[-1][0]
 
-    monkeypatch.setattr(th, "aligned_reach", reach_)
-    monkeypatch.setattr(th, "aligned_third_rest", rest_)
+    monkeypatch.setattr(al, "aligned_reach", reach_)
+    monkeypatch.setattr(al, "aligned_third_rest", rest_)
     monkeypatch.setattr(al.FFNAligned, "drift", drift_)
     res = stack_local(spec, X, [rho])[0]
     monkeypatch.undo()
@@ -142,11 +142,24 @@ def test_whole_network_is_never_beaten_and_not_above_without_f62(case, monkeypat
     spec, X, rho, seed = _case(case)
     new = stack_local(spec, X, [rho])[0]
     assert_network_below(spec, X, rho, new, seed=seed)
-    monkeypatch.setattr(th, "aligned_reach", lambda nq, nqm, n2, c3r2, rs, *a: al.ffn_aligned_reach(nq, n2, c3r2, *a))
+    monkeypatch.setattr(al, "aligned_reach", lambda nq, nqm, n2, c3r2, rs, *a: al.ffn_aligned_reach(nq, n2, c3r2, *a))
     old = stack_local(spec, X, [rho])[0]
     assert new.upper <= old.upper and new.drift <= old.drift, (new.upper, old.upper)
     assert all(bool((new.spans[k] <= old.spans[k]).all()) for k in old.spans)
     assert all(bool((a <= b).all()) for a, b in zip(new.token_radii, old.token_radii))
+
+
+def _third(W1: torch.Tensor, B: torch.Tensor) -> tuple:
+    """F62's ``(K2, Km2, g)`` per prefix row from ``G`` as ``ffn_aligned_norms`` forms it."""
+    G0, e0 = W1.T @ W1, 0.0
+    fW1 = float(W1.norm()) * (1 + W1.numel() * 2.0**-53)
+    out = []
+    for k in range(B.shape[0]):
+        Q, eQ = al.ellipsoid_gram(B[k])
+        G = (W1.T @ Q) @ W1
+        eG = fW1 * fW1 * (2 * W1.shape[0] * 2.0**-53 * float(Q.norm()) + eQ)
+        out.append(th.third_norms(G, eG, float(G.abs().max()), G0, e0, float(G0.abs().max())))
+    return tuple(torch.stack([torch.as_tensor(o[i], dtype=torch.float64) for o in out]) for i in range(3))
 
 
 def test_rest_homogeneity_in_the_prefix_scale():
@@ -157,7 +170,7 @@ def test_rest_homogeneity_in_the_prefix_scale():
     W1 = torch.randn(d, dff, generator=g, dtype=torch.float64)
     B = torch.randn(T, T, d, d, generator=g, dtype=torch.float64)
     z = torch.randn(T, dff, generator=g, dtype=torch.float64)
-    a, b = th.aligned_third_norms(W1, B), th.aligned_third_norms(W1, 2.0 * B)
+    a, b = _third(W1, B), _third(W1, 2.0 * B)
     for x, y, p in zip(a, b, (16.0, 4.0, 4.0)):
         assert torch.allclose(y, p * x, rtol=1e-9, atol=0.0), (x, y)
     n1 = W1.norm(dim=0)

@@ -24,6 +24,7 @@ from torch import Tensor
 from ..model import Activation
 from ._local_ffn2 import _GELU2_ABS_ERR, centre_gelu2_err, ffn_hadamard, ffn_second_norms, ffn_taylor_drift
 from ._local_jacobian import _f64, certified_lmax, gelu_second, pre_activations
+from ._local_stack_third import aligned_reach, aligned_third_rest, third_norms
 
 __all__ = ["ellipsoid_gram", "ffn_aligned_norms", "ffn_aligned_reach", "FFNAligned"]
 
@@ -78,8 +79,8 @@ def _hadamard_norm(const: dict, H: Tensor, eH: float, Dk: Tensor, nKQ: float, eD
     return (math.sqrt(lam + err) + eD * const["nW2"] * nKQ) * (1 + 1e-12)
 
 
-def ffn_aligned_norms(const: dict, W1: Tensor, z: Tensor, blocks: Tensor,
-                      ez: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def ffn_aligned_norms(const: dict, W1: Tensor, z: Tensor, blocks: Tensor, ez: Tensor | None = None,
+                      third: bool = False) -> tuple:
     r"""(T,) each, certified ``NQ_k >= ||W_2^T D_k K_{Q*_k}||_2 = lambda_max(W_2^T D_k H_k D_k W_2)^{1/2}``,
     ``H_k = G_k o G_k``, ``G_k = W_1^T Q*_k W_1``, ``D_k = diag(GELU''(z_k))`` signed at the centre,
     ``Q*_k`` the ellipsoid of prefix row k (``ellipsoid_gram`` of ``blocks[k]``, (T, T, d, d): the computed
@@ -92,7 +93,8 @@ def ffn_aligned_norms(const: dict, W1: Tensor, z: Tensor, blocks: Tensor,
     ``u ||M||_F``; ``GELU''``'s error at the centre (``centre_gelu2_err``: evaluation, and ``z`` within ``ez`` of the
     exact pre-activation) moves the norm by that times ``||W_2|| ||K||``, ``||K_Q||^2 = lambda_max(G o G)
     <= max_n G_nn lambda_max(G) <= ||Q||^2 max_n ||w1_n||^2 ||W_1||^2`` and ``||K_{Q,I}||^2 <= ||Q|| max_n ||w1_n||^2
-    ||W_1||^2``.  One ellipsoid and one ``G`` per token for both; cost per token ``3 d d_ff^2`` flops."""
+    ||W_1||^2``.  One ellipsoid and one ``G`` per token for both; cost per token ``3 d d_ff^2`` flops.  ``third``: also
+    F62's ``(K2, Km2, g)`` (T,), (T,), (T, d_ff) from the same ``G`` (``third_norms``), as a third element."""
     T = z.shape[0]
     fW1 = float(W1.norm()) * (1 + W1.numel() * _U)
     w1max = float(W1.norm(dim=0).max()) * (1 + W1.shape[0] * _U)
@@ -101,6 +103,8 @@ def ffn_aligned_norms(const: dict, W1: Tensor, z: Tensor, blocks: Tensor,
     e0 = _gamma(d + 2) * fW1 * fW1
     g0max = float(G0.abs().max())
     nq, nqm = torch.empty(T, dtype=torch.float64), torch.empty(T, dtype=torch.float64)
+    K2, Km2 = torch.empty(T, dtype=torch.float64), torch.empty(T, dtype=torch.float64)
+    g = torch.empty(T, W1.shape[1], dtype=torch.float64)
     for k in range(T):
         Q, eQ = ellipsoid_gram(blocks[k])
         fQ = float(Q.norm()) * (1 + Q.numel() * _U)
@@ -112,7 +116,10 @@ def ffn_aligned_norms(const: dict, W1: Tensor, z: Tensor, blocks: Tensor,
         nq[k] = _hadamard_norm(const, G * G, eG * (2 * gmax + eG) * (1 + 1e-12), Dk, (fQ + eQ) * w1max * fW1, eD)
         nqm[k] = _hadamard_norm(const, G * G0, (eG * (g0max + e0) + e0 * gmax) * (1 + 1e-12), Dk,
                                 math.sqrt(fQ + eQ) * w1max * fW1, eD)
-    return torch.nan_to_num(nq, nan=math.inf), torch.nan_to_num(nqm, nan=math.inf)
+        if third:
+            K2[k], Km2[k], g[k] = third_norms(G, eG, gmax, G0, e0, g0max)
+    out = torch.nan_to_num(nq, nan=math.inf), torch.nan_to_num(nqm, nan=math.inf)
+    return (*out, tuple(torch.nan_to_num(v, nan=math.inf) for v in (K2, Km2, g))) if third else out
 
 
 def ffn_aligned_reach(nq: Tensor, n2: Tensor, c3r2: Tensor, nu: Tensor, rho: float, dP: Tensor, eP: float,
@@ -144,9 +151,7 @@ class FFNAligned:
         self.z, self.ez = pre_activations(ffn, H)  # F51a: the intervals and GELU'' around the exact centre
         self.n1 = W1.norm(dim=0) * (1 + W1.shape[0] * _U)
         self.n2 = ffn_second_norms(self.const, self.z, self.ez)
-        self.nq, self.nqm = ffn_aligned_norms(self.const, W1, self.z, blocks, self.ez)
-        from ._local_stack_third import aligned_third_norms  # THEORY F62 (that module reads this one's ellipsoids)
-        self.third = aligned_third_norms(W1, blocks)
+        self.nq, self.nqm, self.third = ffn_aligned_norms(self.const, W1, self.z, blocks, self.ez, third=True)
 
     def _c3r2(self, r: Tensor) -> Tensor:
         return ffn_taylor_drift(self.const, torch.zeros_like(r), self.z, self.n1, r, self.ez)[0]
@@ -154,8 +159,6 @@ class FFNAligned:
     def reach(self, r: Tensor, nu: Tensor, rho: float, dP: Tensor, eP: float, pad: float) -> Tensor:
         """F40c's reach, its second- and third-order terms also through the prefix's rows (THEORY F62, never above
         ``ffn_aligned_reach``)."""
-        from ._local_stack_third import aligned_reach, aligned_third_rest
-
         rest = aligned_third_rest(self.const["nW2"], self.const["lH"], self.n1, self.z, self.ez, *self.third, r, nu,
                                   rho, dP, eP, pad)
         return aligned_reach(self.nq, self.nqm, self.n2, self._c3r2(r), rest, nu, rho, dP, eP, pad)
@@ -165,8 +168,6 @@ class FFNAligned:
         ``ffn_aligned_reach`` with ``NQ`` mixed (one factor through the unit ball) and the argument a unit row
         (``nu = 1``; ``eP / 2``: the reach's ``2 e_P`` counts the argument's rounding, absent here, beside the move's),
         its Taylor rest also with the move through the prefix's rows (THEORY F62)."""
-        from ._local_stack_third import aligned_third_rest
-
         rest = aligned_third_rest(self.const["nW2"], self.const["lH"], self.n1, self.z, self.ez, *self.third, r,
                                   torch.ones_like(r), rho, dP, eP, pad, unit=True)
         return ffn_aligned_reach(self.nqm, self.n2, torch.minimum(self._c3r2(r), rest), torch.ones_like(r), rho, dP,

@@ -24,15 +24,10 @@ from torch import Tensor
 
 from ._local_ffn2 import gelu3_sup
 from ._local_jacobian import certified_lmax
-from ._local_stack_aligned import ellipsoid_gram
 
-__all__ = ["aligned_third_norms", "aligned_third_rest", "aligned_reach"]
+__all__ = ["third_norms", "aligned_third_rest", "aligned_reach"]
 
 _U = 2.0**-53
-
-
-def _gamma(k: int) -> float:
-    return k * _U / (1 - k * _U)
 
 
 def _lmax_of(H: Tensor, eH: float) -> float:
@@ -42,33 +37,18 @@ def _lmax_of(H: Tensor, eH: float) -> float:
     return (float(certified_lmax(S[None])[0]) + eH + _U * float(H.norm()) * (1 + H.numel() * _U)) * (1 + 1e-12)
 
 
-def aligned_third_norms(W1: Tensor, blocks: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    r"""Per token ``k`` of the prefix blocks (T, T, d, d), certified ``(K2_k, Km2_k, g_k)``: ``K2_k >= lambda_max(G*_k o
-    G*_k)``, ``Km2_k >= lambda_max(G*_k o G0*)`` and ``g_k`` (d_ff,) ``>= G*_{k,nn}``, ``G*_k = W_1^T Q*_k W_1``, ``Q*_k``
-    the exact ellipsoid of prefix row ``k`` (``ellipsoid_gram``), ``G0* = W_1^T W_1``.  Rounding as F40b
-    (``ffn_aligned_norms``): ``G`` within ``eG = ||W_1||_F^2 (gamma_{2d} ||Q||_F + eQ)`` (Frobenius, so per entry),
-    ``G0`` within ``e0 = gamma_{d+2} ||W_1||_F^2``, the Hadamard products within ``eG (2 max|G| + eG)`` and ``eG
-    (max|G0| + e0) + e0 max|G|`` plus ``u`` of their norm.  THEORY F62."""
-    T = blocks.shape[0]
-    d = W1.shape[0]
-    fW1 = float(W1.norm()) * (1 + W1.numel() * _U)
-    G0 = W1.T @ W1
-    e0 = _gamma(d + 2) * fW1 * fW1
-    g0max = float(G0.abs().max())
-    K2, Km2 = torch.empty(T, dtype=torch.float64), torch.empty(T, dtype=torch.float64)
-    g = torch.empty(T, W1.shape[1], dtype=torch.float64)
-    for k in range(T):
-        Q, eQ = ellipsoid_gram(blocks[k])
-        fQ = float(Q.norm()) * (1 + Q.numel() * _U)
-        G = (W1.T @ Q) @ W1
-        eG = fW1 * fW1 * (_gamma(2 * d) * fQ + eQ) * (1 + 1e-12)
-        gmax = float(G.abs().max())
-        H = G * G
-        K2[k] = _lmax_of(H, eG * (2 * gmax + eG) * (1 + 1e-12) + _U * float(H.norm()))
-        H = G * G0
-        Km2[k] = _lmax_of(H, (eG * (g0max + e0) + e0 * gmax) * (1 + 1e-12) + _U * float(H.norm()))
-        g[k] = (G.diagonal() + eG).clamp(min=0.0)
-    return torch.nan_to_num(K2, nan=math.inf), torch.nan_to_num(Km2, nan=math.inf), torch.nan_to_num(g, nan=math.inf)
+def third_norms(G: Tensor, eG: float, gmax: float, G0: Tensor, e0: float, g0max: float) -> tuple[float, float, Tensor]:
+    r"""For one prefix row ``k``, certified ``(K2_k, Km2_k, g_k)``: ``K2_k >= lambda_max(G*_k o G*_k)``, ``Km2_k >=
+    lambda_max(G*_k o G0*)`` and ``g_k`` (d_ff,) ``>= G*_{k,nn}``, from ``G = W_1^T Q_k W_1`` as formed within ``eG``
+    (Frobenius, so per entry) of ``G*_k`` (``Q*_k`` the exact ellipsoid of the row) and ``G0 = W_1^T W_1`` within
+    ``e0``, ``gmax = max|G|``, ``g0max = max|G0|`` (``ffn_aligned_norms`` forms them once for F40b and this).  The
+    Hadamard products within ``eG (2 max|G| + eG)`` and ``eG (max|G0| + e0) + e0 max|G|`` plus ``u`` of their norm
+    (THEORY F62, rounding as F40b)."""
+    H = G * G
+    K2 = _lmax_of(H, eG * (2 * gmax + eG) * (1 + 1e-12) + _U * float(H.norm()))
+    H = G * G0
+    Km2 = _lmax_of(H, (eG * (g0max + e0) + e0 * gmax) * (1 + 1e-12) + _U * float(H.norm()))
+    return K2, Km2, (G.diagonal() + eG).clamp(min=0.0)
 
 
 def aligned_third_rest(nW2: float, lH: float, n1: Tensor, z: Tensor, ez: Tensor | None, K2: Tensor, Km2: Tensor,

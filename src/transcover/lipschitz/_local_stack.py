@@ -426,13 +426,15 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
     per-layer route's in the middle-product recursion (F36 item 3).  ``centre``: the pad in every radius for the
     computed centre's error ``||xhat_s - x_s(X)||``: ``"f17"`` F17's ``1e-13 max||xhat_s||`` (assumed, not derived;
     beaten by tokens whose mean dwarfs their spread), ``"f64"`` the larger of it and THEORY F64's certified recursion
-    (``_local_centre``; on MiniLM astronomically larger, so not the default).
+    (``_local_centre``; on MiniLM astronomically larger, so not the default); ``"f64"`` turns the per-layer route off
+    (``layer_route``), whose own stage radii inside a layer carry F17's pad.
     """
     from ._local import check_rho
 
     rhos = [check_rho(r) for r in (rhos if isinstance(rhos, (list, tuple)) else [rhos])]
     if centre not in ("f17", "f64"):
         raise InputError(f"centre must be 'f17' or 'f64', not {centre!r}")
+    layer_route = layer_route and centre == "f17"
     t0, c0 = time.perf_counter(), time.process_time()
     X = X.detach().double()
     T, d = X.shape

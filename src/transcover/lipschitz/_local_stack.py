@@ -45,6 +45,7 @@ from torch import Tensor
 from .._errors import InputError
 from .._results import Kind, Quantity
 from ..model import NormKind, Placement, TransformerSpec
+from ._local_centre import centre_errors, stage_forward_error
 from ._local_jacobian import certified_spectral, row_norm_lower
 from ._local_stack_aligned import FFNAligned
 from ._local_stack_attn import AttentionAligned
@@ -181,6 +182,7 @@ class StackLocal:
     refusals: list = field(default_factory=list)
     # per sub-stage (max_k of its reach nu_k(dJ_s P_s(x)) by the drift rows, the same with F40/F44's aligned reach)
     reaches: dict = field(default_factory=dict, repr=False)
+    pads: list = field(default_factory=list, repr=False)  # per stage the centre pad in its radii (THEORY F64)
 
     @property
     def upper(self) -> float:
@@ -338,7 +340,7 @@ def _hybrid_radius(name: str, rem: dict, first: Tensor, rH: Tensor | None) -> Te
 
 def _layer_route(spec: TransformerSpec, stages: list[_Stage], groups: dict, nuP: list, suf: list,  # noqa: PLR0912
                  radii: list, rhos: list, norms: dict, mid: dict, blk: dict, memo: _LayerMemo,
-                 reach0: list) -> list[tuple[float, float]]:
+                 reach0: list, pads: list) -> list[tuple[float, float]]:
     """The telescoped drift over whole layers (THEORY F30 item 5): per layer the per-layer route's
     drift and ball rows (``layer_jacobians``) at the smallest of F30's radius recursion, the
     middle-product one (F36, ``mid`` and ``blk`` the rows and block norms of the middle products at
@@ -346,7 +348,8 @@ def _layer_route(spec: TransformerSpec, stages: list[_Stage], groups: dict, nuP:
     the drift the smaller of F30's sum and F36's.  Kept beside the sub-stage telescoping (F33), the
     smaller is used: the sub-stages are first-order exact, a layer's joint bound is tighter on its
     second-order part.  ``reach0``: per rho the prefix spans' ``v_{0,m}`` of the sub-stage recursion (THEORY
-    F40d; a bound on the true quantity over the ball, so valid beside this route's own rows)."""
+    F40d; a bound on the true quantity over the ball, so valid beside this route's own rows); ``pads``: per sub-stage the
+    centre pad (THEORY F64)."""
     items = []  # (first sub-stage, last sub-stage, layer or None)
     byfirst = {a: (b, idx) for idx, (a, b, _) in groups.items()}
     s = 0
@@ -366,8 +369,7 @@ def _layer_route(spec: TransformerSpec, stages: list[_Stage], groups: dict, nuP:
     for j, (a, e, layer) in enumerate(items):
         P = float(nuP[a].max())
         dM = [float(middle_drift_column(mid, rows_it[k], loc, j, blk, reach0[k])[0].max()) if j else 0.0 for k in range(nr)]
-        rs = [min(rho * (P + min(dP[k], dM[k])), rho * prod[k]) * (1 + 1e-12) + 1e-13 * float(stages[a].x.norm(dim=1).max())
-              for k, rho in enumerate(rhos)]
+        rs = [min(rho * (P + min(dP[k], dM[k])), rho * prod[k]) * (1 + 1e-12) + pads[a] for k, rho in enumerate(rhos)]
         rs = [min(r, float(radii[a][k].max())) for k, r in enumerate(rs)]
         if layer is None:
             out = [stages[a].bounds(torch.full_like(nuP[a], r if math.isfinite(r) else math.inf)) for r in rs]
@@ -402,7 +404,8 @@ def _layer_route(spec: TransformerSpec, stages: list[_Stage], groups: dict, nuP:
 
 
 def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain_exact: int = 4,  # noqa: ANN001, PLR0915, PLR0912
-                norms: dict | None = None, keep_jacobian: bool = False, layer_route: bool = True) -> list[StackLocal]:
+                norms: dict | None = None, keep_jacobian: bool = False, layer_route: bool = True,
+                centre: str = "f17") -> list[StackLocal]:
     r"""Certified local constant of the whole stack on ``B(X, rho)`` for each ``rho`` (X: embedded tokens
     before the input norm), by the exact Jacobian at X and its telescoped drift over the sub-stages
     (Notes [stack Jacobian], [stack drift], [stack rounding]; THEORY F30, F33), beside the product of
@@ -420,11 +423,18 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
     dict that caches the data-free constants per layer (pass the same one for every sentence).
     ``layer_route``: also telescope over whole layers with the per-layer route (``_layer_route``) and
     keep the smaller drift and product, and take the smaller of each layer's drift rows and the
-    per-layer route's in the middle-product recursion (F36 item 3).
+    per-layer route's in the middle-product recursion (F36 item 3).  ``centre``: the pad in every radius for the
+    computed centre's error ``||xhat_s - x_s(X)||``: ``"f17"`` F17's ``1e-13 max||xhat_s||`` (assumed, not derived;
+    beaten by tokens whose mean dwarfs their spread), ``"f64"`` the larger of it and THEORY F64's certified recursion
+    (``_local_centre``; on MiniLM astronomically larger, so not the default); ``"f64"`` turns the per-layer route off
+    (``layer_route``), whose own stage radii inside a layer carry F17's pad.
     """
     from ._local import check_rho
 
     rhos = [check_rho(r) for r in (rhos if isinstance(rhos, (list, tuple)) else [rhos])]
+    if centre not in ("f17", "f64"):
+        raise InputError(f"centre must be 'f17' or 'f64', not {centre!r}")
+    layer_route = layer_route and centre == "f17"
     t0, c0 = time.perf_counter(), time.process_time()
     X = X.detach().double()
     T, d = X.shape
@@ -462,6 +472,7 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
     K = eye.clone()
     rows = torch.ones(T, dtype=torch.float64)  # P_0 = I
     eP, e_loc, nuP = [0.0], [], []
+    ecent, pads = 0.0, []  # THEORY F64: the running bound on the computed centre's error, the pad of each stage
     dP = [torch.zeros(T, dtype=torch.float64) for _ in rhos]
     rc = [torch.full((T,), rho, dtype=torch.float64) for rho in rhos]  # composition radii (product route)
     at: dict = {}
@@ -488,7 +499,10 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
                 alt = N @ dPc + (e + wm[k]) * float(dPc.max()) + w0[k]
                 dP[k] = torch.minimum(dP[k], _nan_inf(alt))
         mrow = rows_of_block_norms(inner[s][0]) + inner[s][1] if s in inner else torch.ones(T, dtype=torch.float64)
-        scale = float(st.x.norm(dim=1).max())
+        # THEORY F64: the centre pad for ||xhat_s - x_s(X)||, F17's 1e-13 max||xhat_s|| or (``centre="f64"``) the
+        # recursion's certified e_s when larger
+        pad = max(1e-13 * float(st.x.norm(dim=1).max()), ecent)
+        pads.append(pad)
         # THEORY F40: a post-LN FFN's first-order drift through the prefix's own reachable rows
         al = FFNAligned(st.ffn, st.x, _col_blocks(K), norms[st.group]["w"]) \
             if st.ffn is not None and FFNAligned.applies(st.ffn) else None
@@ -496,20 +510,20 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
         aa = AttentionAligned(st.attn, _col_blocks(K)) if st.attn is not None else None
         rs, djs, djcs, bs = [], [], [], []
         for k, rho in enumerate(rhos):
-            r = torch.minimum(rho * (nu + dP[k]), rc[k]) * (1 + 1e-12) + 1e-13 * scale
+            r = torch.minimum(rho * (nu + dP[k]), rc[k]) * (1 + 1e-12) + pad
             if s in cap and cap[s][1] in PL[cap[s][0]][k].stage:  # THEORY F59a: the per-layer route's stage radius
-                r = torch.minimum(r, _nan_inf(PL[cap[s][0]][k].stage[cap[s][1]]) * (1 + 1e-12) + 1e-13 * scale)
+                r = torch.minimum(r, _nan_inf(PL[cap[s][0]][k].stage[cap[s][1]]) * (1 + 1e-12) + pad)
             if s in cap and s in inner:  # THEORY F59b: exact first order + the per-layer remainders
                 N, e = inner[s]
                 dPc = at[cap[s][0]][0][k]
                 hyb = _hybrid_radius(cap[s][1], PL[cap[s][0]][k].rem, rho * (nu + N @ dPc + e * float(dPc.max())),
                                      radii[s - 1][k] if cap[s][1] == "ffn" else None)
                 if hyb is not None:
-                    r = torch.minimum(r, hyb * (1 + 1e-12) + 1e-13 * scale)
+                    r = torch.minimum(r, hyb * (1 + 1e-12) + pad)
             dj, djc, b, hd = st.bounds(r)
             # THEORY F44e, F44f: the drift rows for moves along the prefix's rows (attention, FFN)
-            alt, hd = aa.drift(r, rho, dP[k], eP[s], 1e-13 * scale, hd) if aa is not None else (None, hd)
-            alt = al.drift(r, rho, dP[k], eP[s], 1e-13 * scale) if al is not None else alt
+            alt, hd = aa.drift(r, rho, dP[k], eP[s], pad, hd) if aa is not None else (None, hd)
+            alt = al.drift(r, rho, dP[k], eP[s], pad) if al is not None else alt
             if alt is not None:
                 dj, djc = torch.minimum(dj, alt), torch.minimum(djc, alt)
             dj, djc, b = _nan_inf(dj), _nan_inf(djc), _nan_inf(torch.minimum(b, st.pt + dj))
@@ -522,11 +536,11 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
             reach = _nan_inf(dj * nu if st.local else dj * normP)  # nu_k(dJ_s P_s(x))
             plain = float(reach.max())
             if al is not None:
-                reach = torch.minimum(reach, al.reach(r, nu, rho, dP[k], eP[s], 1e-13 * scale))
+                reach = torch.minimum(reach, al.reach(r, nu, rho, dP[k], eP[s], pad))
             if aa is not None:
-                rh = aa.reach_heads(r, rho, dP[k], eP[s], 1e-13 * scale)  # (H, T), before W_O
+                rh = aa.reach_heads(r, rho, dP[k], eP[s], pad)  # (H, T), before W_O
                 reach = torch.minimum(reach, aa.combined(rh))
-                jr, jrM = aa.joint(r, rho, dP[k], eP[s], 1e-13 * scale)  # THEORY F50: one direction for all heads
+                jr, jrM = aa.joint(r, rho, dP[k], eP[s], pad)  # THEORY F50: one direction for all heads
                 reach = torch.minimum(reach, jr)
             reaches[k][st.name] = (plain, float(reach.max()))
             move = b * dP[k] if st.local else b * float(dP[k].max())
@@ -546,6 +560,10 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
                 w0L[k] = _nan_inf(torch.where(w0L[k] == 0, 0.0, b * w0L[k]) + reach)
                 wmL[k] = _nan_inf(torch.where(wmL[k] == 0, 0.0, b * wmL[k]) + dj * mrow)
             rc[k] = _nan_inf(b * (r if st.local else float(r.max())))
+        if centre == "f64" and s + 1 < n:  # THEORY F64: e_{s+1} = loc_s + B_s e_s, B_s on a ball of radius r >= pad >= e_s
+            own = stage_forward_error(st, layer_at.get(s))  # F17's 1e-13 max||xhat_{s+1}|| where none is derived
+            own = 1e-13 * float(stages[s + 1].x.norm(dim=1).max()) if own is None else own
+            ecent = centre_errors([own], [min(float(b.max()) for b in bs)], ecent)[-1]
         if s in first:  # the per-layer route at the layer's input radius (F36 item 3: the smaller drift)
             rmax = [float(r.max()) if layer_route else math.inf for r in rs]
             PL[s] = _per_layer(layer_at[s], st.x, rmax, norms, memo)
@@ -613,7 +631,7 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
     # Note [stack rounding]: fl(J) - J = sum_m S_m E_m exactly, so the suffixes carry the stage errors
     e_J = min(eP[n], sum(sm * em for sm, em in zip(suf, e_loc)) * (1 + 1e-12))
     point = float(rows.max()) + e_J
-    coarse = _layer_route(spec, stages, groups, nuP, suf, radii, rhos, norms, mid, blk, memo, reach0) if layer_route else [(math.inf, math.inf)] * nr
+    coarse = _layer_route(spec, stages, groups, nuP, suf, radii, rhos, norms, mid, blk, memo, reach0, pads) if layer_route else [(math.inf, math.inf)] * nr
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     out = []
     for k, rho in enumerate(rhos):
@@ -663,7 +681,7 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
                               [st.name for st in stages], [st.p for st in stages], bmax,
                               [float(dj[k].max()) for dj in dJs], [float(v.max()) for v in nuP], suf, e_J, wall, cpu,
                               parts, kept if k == 0 else None, [r[k] for r in radii], cuts, spans[k],
-                              list(memo.refusals) + [why for st in stages for why in st.refusals], reaches[k]))
+                              list(memo.refusals) + [why for st in stages for why in st.refusals], reaches[k], pads))
     return out
 
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from lipschitz_testkit import random_spec
-from transcover.lipschitz._local_centre import centre_errors, norm_forward_error
+from transcover.lipschitz._local_centre import CENTRE_PAD_ASSUMPTION, centre_errors, norm_forward_error
 from transcover.lipschitz._local_stack import _stages, stack_local
 from transcover.model import NormKind, NormSpec
 
@@ -139,7 +139,7 @@ def test_stack_pads_cover_the_centres_and_moves(seed: int, offset: float, T: int
 
 def test_f64_never_below_f17_and_f17_unchanged() -> None:
     """An ordinary random post-LN stack: ``centre="f64"``'s pads, radii and bound are never below the default's, the
-    default's pads are F17's ``1e-13 max||xhat_s||`` exactly."""
+    default's pads are F17's ``1e-13 max||xhat_s||`` exactly, and only the default lists that pad as an assumption."""
     spec = random_spec(5, d=6, H=2, dh=4, dff=8, L=2, norm="layernorm", eps=1e-5)
     X = torch.randn(3, 6, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
     old = stack_local(spec, X, [1e-3], layer_route=False)[0]
@@ -148,3 +148,6 @@ def test_f64_never_below_f17_and_f17_unchanged() -> None:
     assert all(p >= q for p, q in zip(new.pads, old.pads)) and new.pads != old.pads
     assert all(bool((a >= b).all()) for a, b in zip(new.token_radii, old.token_radii))
     assert new.upper >= old.upper
+    # the default's certificate lists the pad as the assumption it is; F64's recursion needs none
+    assert CENTRE_PAD_ASSUMPTION in old.quantity().assumptions
+    assert CENTRE_PAD_ASSUMPTION not in new.quantity().assumptions

@@ -38,6 +38,7 @@ from ..model import to_tensor
 from ..model import QUICK_GELU_SLOPE, Activation, LayerSpec, NormKind, NormSpec, Placement, TransformerSpec
 from ._activations import activation_lipschitz
 from ._local_attention import DATA_PAD, attention_local_bound, head_norms
+from ._local_centre import CENTRE_PAD_ASSUMPTION
 from ._local_jacobian import centre_tokens, norm_jacobian_error, point_slope_err, pre_activations
 from ._weights import ROUNDING_PAD, spectral
 
@@ -142,7 +143,7 @@ class LayerLocal:
     def quantity(self) -> Quantity:
         return Quantity(self.upper, Kind.CERTIFIED_UPPER, "THEORY F14, F17 (local, issue 12)",
                         (f"every token within rho={self.rho:.6g} (l2) of the data point", "metric (2,inf)",
-                         "float64 evaluation with rounding pads (Note [rounding], GRAM_PAD)"))
+                         "float64 evaluation with rounding pads (Note [rounding], GRAM_PAD)", CENTRE_PAD_ASSUMPTION))
 
 
 def _ffn_parts(ffn, Y: Tensor):  # noqa: ANN001, ANN202
@@ -376,7 +377,7 @@ class NetworkLocal:
                else "product of per-layer local constants along the data path")
         return Quantity(self.upper, Kind.CERTIFIED_UPPER, "THEORY F8, F14, F17, F30 (local, issue 12)",
                         (f"every embedded token within rho={self.rho:.6g} (l2) of the data point",
-                         "metric (2,inf)", f"route: {how}"))
+                         "metric (2,inf)", f"route: {how}", CENTRE_PAD_ASSUMPTION))
 
 
 def network_local(spec: TransformerSpec, X: Tensor, rho: float, *, cache: dict | None = None,

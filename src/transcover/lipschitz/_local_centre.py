@@ -12,6 +12,11 @@ from ..model import NormKind, NormSpec
 
 _U = 2.0**-53
 
+# What F17's default centre pad assumes, listed with every local certified result that uses it (THEORY F64).
+CENTRE_PAD_ASSUMPTION = ("the float64 forward at the data within 1e-13 max||x_s|| of the exact intermediate values "
+                         "(THEORY F64: confirmed on all-MiniLM-L6-v2 against an 80-bit forward with a margin of about "
+                         "45; not guaranteed for tokens whose mean exceeds their spread by about 1e3 or more)")
+
 
 def _gamma(k: int) -> float:
     return k * _U / (1 - k * _U)

@@ -45,7 +45,7 @@ from torch import Tensor
 from .._errors import InputError
 from .._results import Kind, Quantity
 from ..model import NormKind, Placement, TransformerSpec
-from ._local_centre import centre_errors, stage_forward_error
+from ._local_centre import CENTRE_PAD_ASSUMPTION, centre_errors, stage_forward_error
 from ._local_jacobian import certified_spectral, row_norm_lower
 from ._local_stack_aligned import FFNAligned
 from ._local_stack_attn import AttentionAligned
@@ -183,6 +183,7 @@ class StackLocal:
     # per sub-stage (max_k of its reach nu_k(dJ_s P_s(x)) by the drift rows, the same with F40/F44's aligned reach)
     reaches: dict = field(default_factory=dict, repr=False)
     pads: list = field(default_factory=list, repr=False)  # per stage the centre pad in its radii (THEORY F64)
+    centre: str = "f17"  # which centre pad: F17's assumed one or F64's certified recursion
 
     @property
     def upper(self) -> float:
@@ -196,7 +197,8 @@ class StackLocal:
         return Quantity(self.upper, Kind.CERTIFIED_UPPER, "THEORY F17, F30 (whole-stack local route, issue 12)",
                         (f"every embedded token within rho={self.rho:.6g} (l2) of the data point", "metric (2,inf)",
                          f"route: {self.route} (exact stack Jacobian + telescoped drift, or product of stage constants)",
-                         "float64 evaluation with the rounding of Note [stack rounding] and _local_jacobian's pads"))
+                         "float64 evaluation with the rounding of Note [stack rounding] and _local_jacobian's pads")
+                        + ((CENTRE_PAD_ASSUMPTION,) if self.centre == "f17" else ()))
 
 
 def _suffix_heads(C: Tensor, att) -> Tensor:  # noqa: ANN001
@@ -681,7 +683,8 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
                               [st.name for st in stages], [st.p for st in stages], bmax,
                               [float(dj[k].max()) for dj in dJs], [float(v.max()) for v in nuP], suf, e_J, wall, cpu,
                               parts, kept if k == 0 else None, [r[k] for r in radii], cuts, spans[k],
-                              list(memo.refusals) + [why for st in stages for why in st.refusals], reaches[k], pads))
+                              list(memo.refusals) + [why for st in stages for why in st.refusals], reaches[k], pads,
+                              centre))
     return out
 
 

@@ -376,14 +376,16 @@ def _reported_maxima(rows: dict) -> list[Tensor]:
 
 
 def unbounded(rows: dict, *radii: Tensor | None) -> bool:
-    """F61c: whether a refinement can change nothing of ``rows`` (the rows at the cheap FFN terms): every FFN input
-    radius in ``radii`` (None: absent) is non-finite at every token, so F37b records no reference a smaller ball could
-    use (``scaled_refs`` takes finite radii only), and every reported row (``_reported``) and stage radius is already
-    non-finite at every token (inf, as every lower term leaves it, but where a refined term is exactly 0 against an
-    infinite factor).  Then the cheap rows are returned; the FFN coefficient ``ffn_coef`` is the cheap one."""
+    """F61c: whether a refinement can change nothing of ``rows`` (the rows at the cheap FFN terms) but the FFN
+    coefficient ``ffn_coef``: every FFN input radius in ``radii`` (None: absent) is non-finite at every token, so F37b
+    records no reference a smaller ball could use (``scaled_refs`` takes finite radii only), and every reported row
+    (``_reported``), stage radius and stage sup is already non-finite at every token.  The FFN terms enter the rows
+    only multiplied by those sups (``Hs``, ``Ns``, ``A``) or radii, or added, so the rows stay non-finite for any
+    smaller term (inf, or nan where a refined term is exactly 0 against an infinite factor).  Then the cheap rows are
+    returned (``ffn_coef`` the cheap coefficient, still certified)."""
     if any(r is not None and bool(torch.isfinite(r).any()) for r in radii):
         return False
-    vals = [*_reported(rows), *rows["stage"].values()]
+    vals = [*_reported(rows), *rows["stage"].values(), *rows["sups"].values()]
     return not any(bool(torch.isfinite(v).any()) for v in vals)
 
 

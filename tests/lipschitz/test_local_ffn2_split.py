@@ -16,7 +16,7 @@ from transcover.lipschitz._local_ffn2 import (
     _split_top, ffn_hadamard, ffn_second_norms, ffn_second_split, ffn_split_constants,
 )
 from transcover.lipschitz._local_jacobian import gelu_second
-from transcover.lipschitz._local_rows import layer_rows, refine_lazily
+from transcover.lipschitz._local_rows import BOUND_PARTS, layer_rows, refine_lazily
 
 
 def _ffn(seed: int, d: int, dff: int, scale: float):  # noqa: ANN202
@@ -155,8 +155,9 @@ def test_tiered_layer_rows_report_the_eager_maxima(placement, monkeypatch):
     monkeypatch.setattr(_local_rows, "refine_lazily", refine_all)
     full = layer_rows(L, X, radii, tiers=True)
     for a, b, c in zip(lazy, full, plain):
-        assert a.ball == c.ball and float(a.drift_rows.max()) == float(c.drift_rows.max()) and a.parts == c.parts
+        assert a.ball == c.ball and float(a.drift_rows.max()) == float(c.drift_rows.max())
         assert a.point == b.point and a.ball == b.ball, (a.radius, a.ball, b.ball)
         assert float(a.drift_rows.max()) == float(b.drift_rows.max())
-        assert a.parts == b.parts, (a.parts, b.parts)
+        for k in a.parts:  # F61b: with tiers the FFN part is a certified upper bound, not the refined maximum
+            assert a.parts[k] >= b.parts[k] if k in BOUND_PARTS else a.parts[k] == b.parts[k] == c.parts[k], k
         assert bool((a.total_rows >= b.total_rows).all()) and bool((a.drift_rows >= b.drift_rows).all())

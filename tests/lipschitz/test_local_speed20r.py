@@ -145,3 +145,98 @@ def test_layer_rows_report_the_same_floats(monkeypatch):
         for k, v in a.stage_remainders.items():
             w = b.stage_remainders[k]
             assert torch.equal(v, w) if isinstance(v, torch.Tensor) else v == w, k
+
+
+def _counting_refinements(monkeypatch) -> list:  # noqa: ANN001
+    """Count the tokens ``FfnDrift.refine`` is asked to refine."""
+    seen, orig = [0], _local_rows.FfnDrift.refine
+
+    def counted(self, rh, dF, dFh, ref, base, level, idx):  # noqa: ANN001, ANN202, PLR0913
+        seen[0] += len(idx)
+        return orig(self, rh, dF, dFh, ref, base, level, idx)
+
+    monkeypatch.setattr(_local_rows.FfnDrift, "refine", counted)
+    return seen
+
+
+def test_f61b_bound_part_is_an_upper_bound_and_the_maxima_stay(monkeypatch):
+    """F61b (``tiers``): without ``ffn (dF)`` among the rows that ask, the ball, the largest drift row and every other
+    part are the floats of the old rule (every reported row asking) and of the refinement at every token; ``ffn (dF)``
+    is at least the fully refined maximum (a certified upper bound) and above it somewhere; fewer refinements; every
+    per-token row and stage radius at least the fully refined one.  Post-LN GELU layers with outlier gamma whose FFN
+    dominates (W_1 x 3), five radii up to beyond the second norm's floor."""
+    seen = _counting_refinements(monkeypatch)
+    looser = fewer = 0
+    for seed in (4, 5):
+        L, X = _layer(seed, T=10)
+        L = dataclasses.replace(L, ffn=dataclasses.replace(L.ffn, W_1=3 * L.ffn.W_1))
+        seen[0] = 0
+        new = layer_rows(L, X, RADII, tiers=True)
+        n_new = seen[0]
+        monkeypatch.setattr(_local_rows, "_reported_maxima", _local_rows._reported)
+        seen[0] = 0
+        old = layer_rows(L, X, RADII, tiers=True)
+        n_old = seen[0]
+
+        def refine_all(evaluate, reported, refine, T, lowest=None):  # noqa: ANN001, ANN202, ARG001
+            idx = torch.arange(T)
+            while len(idx):
+                idx = idx[~refine(idx)]
+            return evaluate()
+
+        monkeypatch.setattr(_local_rows, "refine_lazily", refine_all)
+        full = layer_rows(L, X, RADII, tiers=True)
+        monkeypatch.undo()
+        seen = _counting_refinements(monkeypatch)
+        fewer += n_new < n_old
+        assert n_new <= n_old, (seed, n_new, n_old)
+        for a, b, c in zip(new, old, full):
+            assert a.point == b.point == c.point and a.ball == b.ball == c.ball, (seed, a.radius, a.ball, b.ball, c.ball)
+            assert float(a.drift_rows.max()) == float(b.drift_rows.max()) == float(c.drift_rows.max())
+            for k in a.parts:
+                if k in _local_rows.BOUND_PARTS:
+                    assert a.parts[k] >= b.parts[k] == c.parts[k], (seed, k, a.parts[k], b.parts[k])
+                    looser += a.parts[k] > c.parts[k]
+                else:
+                    assert a.parts[k] == b.parts[k] == c.parts[k], (seed, k)
+            assert bool((a.total_rows >= c.total_rows).all()) and bool((a.drift_rows >= c.drift_rows).all())
+            assert all(bool((a.stage_radii[k] >= c.stage_radii[k]).all()) for k in a.stage_radii)
+    assert looser > 0 and fewer > 0, ("F61b not seen", looser, fewer)
+
+
+def test_f61c_unbounded_ball_exits_without_changing_the_others(monkeypatch):
+    """F61c: a ball so large that the FFN's input radius is inf at every token (radius 1e200 with four finite ones,
+    post-LN, with F46's fold) is not refined; the four other radii's rows, stage radii, remainders and parts are the
+    floats of the run without the exit (``unbounded`` always False), and so are the large ball's (all non-finite)
+    but ``ffn_coef``, the cheap coefficient there, at least the refined one; the exit refines fewer tokens."""
+    L, X = _layer(7)
+    radii = [1e-3, 1e-2, 0.1, 1.0, 1e200]
+    seen = _counting_refinements(monkeypatch)
+    exits = []
+    orig = _local_rows.unbounded
+    monkeypatch.setattr(_local_rows, "unbounded", lambda *a: exits.append(orig(*a)) or exits[-1])
+    new = layer_rows(L, X, radii)
+    n_new = seen[0]
+    assert sum(exits) == 1, exits
+    monkeypatch.setattr(_local_rows, "unbounded", lambda *a: False)
+    seen[0] = 0
+    old = layer_rows(L, X, radii)
+    assert n_new < seen[0], (n_new, seen[0])
+    big = old[-1]
+    assert not bool(torch.isfinite(big.total_rows).any()) and not bool(torch.isfinite(big.drift_rows).any())
+    assert not any(bool(torch.isfinite(v).any()) for v in big.stage_radii.values())
+
+    def same(v: torch.Tensor, w: torch.Tensor) -> bool:
+        return torch.equal(torch.nan_to_num(v, nan=-1.0), torch.nan_to_num(w, nan=-1.0))
+
+    for a, b in zip(new, old):
+        assert a.point == b.point and a.ball == b.ball and a.parts == b.parts, (a.radius, a.parts, b.parts)
+        for k in ("point_rows", "drift_rows", "total_rows", "ball_rows"):
+            assert same(getattr(a, k), getattr(b, k)), (a.radius, k)
+        assert all(same(a.stage_radii[k], b.stage_radii[k]) for k in a.stage_radii)
+        for k, v in a.stage_remainders.items():
+            w = b.stage_remainders[k]
+            if k == "ffn_coef" and a is new[-1]:
+                assert bool((v >= w).all()), (v, w)
+            else:
+                assert same(v, w) if isinstance(v, torch.Tensor) else v == w, (a.radius, k)

@@ -22,7 +22,7 @@ from torch import Tensor
 from ..model import Activation, LayerSpec, NormKind, Placement
 from ._local_jacobian import _f64, _ffn_weight_norms
 from . import _local_rows
-from ._local_rows import _U, FfnDrift, _reported
+from ._local_rows import _U, FfnDrift
 from ._local_sharp import GELU_SLOPE_RANGE
 from ._weights import ROUNDING_PAD
 
@@ -110,6 +110,9 @@ class FoldedFfnDrift:
             return tail(dF, dFh, (dG + pad, dGh + pad))
         dF, dFh = b.scaled_refs(rh, dF, dFh)
         dG, dGh = f.scaled_refs(rn, dG, dGh)
+        cheap = tail(dF, dFh, (dG + pad, dGh + pad))
+        if _local_rows.unbounded(cheap, rh, rn):  # F61c: no refinement can change a reported number
+            return cheap
         refs = (torch.full_like(rh, math.inf), torch.full_like(rn, math.inf))
         levels = (torch.zeros(len(rh), dtype=torch.long), torch.zeros(len(rn), dtype=torch.long))
         one = (partial(b.refine, rh, dF, dFh, refs[0], (dF.clone(), dFh.clone()), levels[0]),
@@ -124,10 +127,10 @@ class FoldedFfnDrift:
 
         zero = torch.zeros_like(rh)
         if b.split_key is None:  # F37a alone (no tier): first as without the fold
-            _local_rows.refine_lazily(lambda: tail(dF, dFh, None), _reported, partial(refine, k=1), len(rh),
+            _local_rows.refine_lazily(lambda: tail(dF, dFh, None), b.asks, partial(refine, k=1), len(rh),
                           lowest=tail(zero, zero, None))
             b.refs.append((rh, refs[0].clone()))
-        rows = _local_rows.refine_lazily(lambda: tail(dF, dFh, (dG + pad, dGh + pad)), _reported, refine, len(rh),
+        rows = _local_rows.refine_lazily(lambda: tail(dF, dFh, (dG + pad, dGh + pad)), b.asks, refine, len(rh),
                              lowest=tail(zero, zero, (zero, zero)))
         if b.split_key is not None:
             b.refs.append((rh, refs[0]))

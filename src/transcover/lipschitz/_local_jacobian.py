@@ -464,8 +464,9 @@ def layer_jacobians(layer: LayerSpec, X: Tensor, radii, *, keep_blocks: bool = F
     r"""Certified (2,inf) bound of one layer's Jacobian at every point of ``B(X, r)``, for each ``r``
     in ``radii``: the rows route (``_local_rows.layer_rows``, no T^2 d^2 blocks) and/or the blocks
     route (``route``: "rows", "blocks" or "auto", Note [exact route budget]); with both, the
-    smaller bound per token.  ``tiers``: F45's cheap N2 tier in the rows route (the same maxima; other tokens' rows
-    looser, so only for callers that read the maxima).  Source: THEORY F17, F17b-F17d; see ``_blocks_route``."""
+    smaller bound per token.  ``tiers``: F45's cheap N2 tier and F61b's rule in the rows route (the same ball and drift
+    maxima, the part ``ffn (dF)`` a certified upper bound of its refined maximum; other tokens' rows looser, so only
+    for callers that read the maxima).  Source: THEORY F17, F17b-F17d; see ``_blocks_route``."""
     if route not in ("auto", "rows", "blocks"):
         raise InputError(f"route must be 'auto', 'rows' or 'blocks', but got {route!r}")
     X = X.detach().double()

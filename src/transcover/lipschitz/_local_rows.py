@@ -359,10 +359,34 @@ def _rows(terms: dict, total: Tensor, stage: dict, sups: dict) -> dict:
     return {"terms": terms, "total": total, "drift": drift, "stage": stage, "sups": sups}
 
 
+BOUND_PARTS = ("ffn (dF)",)  # F61b: with maxima only, parts reported as a certified upper bound, not refined for
+
+
 def _reported(rows: dict) -> list[Tensor]:
     """The (T,) rows whose maxima ``layer_rows`` reports: the ball rows (``ball``), the drift rows (read as
     a max by ``_local_stack``) and every drift term (``parts``); the first orders the refinement."""
     return [rows["total"], rows["drift"], *rows["terms"].values()]
+
+
+def _reported_maxima(rows: dict) -> list[Tensor]:
+    """``_reported`` without ``BOUND_PARTS`` (THEORY F61b): the rows that ask for a refinement when only the maxima
+    are read (F45b's ``tiers``); the parts left out are reported as the maximum of their current per-token values, a
+    certified upper bound of the refined maximum (every term is one), not that maximum."""
+    return [rows["total"], rows["drift"], *(v for k, v in rows["terms"].items() if k not in BOUND_PARTS)]
+
+
+def unbounded(rows: dict, *radii: Tensor | None) -> bool:
+    """F61c: whether a refinement can change nothing of ``rows`` (the rows at the cheap FFN terms) but the FFN
+    coefficient ``ffn_coef``: every FFN input radius in ``radii`` (None: absent) is non-finite at every token, so F37b
+    records no reference a smaller ball could use (``scaled_refs`` takes finite radii only), and every reported row
+    (``_reported``), stage radius and stage sup is already non-finite at every token.  The FFN terms enter the rows
+    only multiplied by those sups (``Hs``, ``Ns``, ``A``) or radii, or added, so the rows stay non-finite for any
+    smaller term (inf, or nan where a refined term is exactly 0 against an infinite factor).  Then the cheap rows are
+    returned (``ffn_coef`` the cheap coefficient, still certified)."""
+    if any(r is not None and bool(torch.isfinite(r).any()) for r in radii):
+        return False
+    vals = [*_reported(rows), *rows["stage"].values(), *rows["sups"].values()]
+    return not any(bool(torch.isfinite(v).any()) for v in vals)
 
 
 def refine_lazily(evaluate, reported, refine, T: int, lowest: dict | None = None) -> dict:  # noqa: ANN001
@@ -442,6 +466,7 @@ class FfnDrift:
         # F45a's constants, cached beside F38's; None: no tier (every refinement final at once, as F37a alone)
         self.split_key = key + "_split" if self.taylor is not None and tiers else None
         self.norms = norms
+        self.asks = _reported_maxima if tiers else _reported  # F61b: maxima only, ffn (dF) an upper bound
         self.n2_tok = torch.full((z.shape[0],), math.nan, dtype=torch.float64)
         self.n2_cheap = torch.full((z.shape[0],), math.nan, dtype=torch.float64)  # F45a's tier, per token
         self.refs: list = []  # (rh_b, bound_b): F31d at a larger ball where no unit was capped (F37b)
@@ -521,11 +546,14 @@ class FfnDrift:
         if not unit:
             return tail(dF, dFh)
         dF, dFh = self.scaled_refs(rh, dF, dFh)
+        cheap = tail(dF, dFh)
+        if unbounded(cheap, rh):  # F61c
+            return cheap
         ref = torch.full_like(rh, math.inf)
         zero = torch.zeros_like(rh)  # the smallest FFN drift: the rows' floors (F37a)
         level = torch.zeros(len(rh), dtype=torch.long)
         refine = partial(self.refine, rh, dF, dFh, ref, (dF.clone(), dFh.clone()), level)
-        rows = refine_lazily(lambda: tail(dF, dFh), _reported, refine, len(rh), lowest=tail(zero, zero))
+        rows = refine_lazily(lambda: tail(dF, dFh), self.asks, refine, len(rh), lowest=tail(zero, zero))
         self.refs.append((rh, ref))
         return rows
 
@@ -542,9 +570,11 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
     Source: THEORY F17, F17b-F17d (F37, F45 for the lazy FFN term, F46 for its gamma-folded branch).  Returns ``LayerJacobian`` objects (``blocks`` None) whose
     ``output_radii`` are the certified per-token radii of the layer's output on the ball.  ``lower``:
     also an attained row norm (``row_lower``, empirical lower) for that many tokens with the largest
-    certified point rows, in ``lower_rows`` (NaN elsewhere) with the best ``V`` in ``lower_V``.  ``tiers``: F45's
-    cheap tier of N2 before the exact one (F45b): the same maxima, other tokens' rows looser (``_local_stack``
-    reads every token's rows, so it is off by default).  The
+    certified point rows, in ``lower_rows`` (NaN elsewhere) with the best ``V`` in ``lower_V``.  ``tiers``: maxima
+    only -- F45's cheap tier of N2 before the exact one (F45b) and F61b's rule (the part ``ffn (dF)`` does not ask for
+    refinements; its reported value is then a certified upper bound of the refined maximum, not that maximum): the same
+    ball and largest drift row, other tokens' rows and stage radii looser (``_local_stack`` reads every token's rows,
+    so it is off by default).  The
     stages are the functions of ``_local_stages``, in the order its docstring gives.
     Assumptions: dot attention without RoPE, non-gated FFN, every token within ``r`` of X.
     """

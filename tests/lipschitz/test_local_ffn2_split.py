@@ -10,7 +10,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lipschitz_testkit import random_spec
+from lipschitz_testkit import random_spec, refine_every_token
 from transcover.lipschitz import _local_rows
 from transcover.lipschitz._local_ffn2 import (
     _split_top, ffn_hadamard, ffn_second_norms, ffn_second_split, ffn_split_constants,
@@ -146,13 +146,7 @@ def test_tiered_layer_rows_report_the_eager_maxima(placement, monkeypatch):
     lazy = layer_rows(L, X, radii, tiers=True)
     assert 0 < counts["exact"] < counts["tier"], counts
 
-    def refine_all(evaluate, reported, refine, T, lowest=None):  # noqa: ANN001, ANN202, ARG001
-        idx = torch.arange(T)
-        while len(idx):
-            idx = idx[~refine(idx)]
-        return evaluate()
-
-    monkeypatch.setattr(_local_rows, "refine_lazily", refine_all)
+    monkeypatch.setattr(_local_rows, "refine_lazily", refine_every_token)
     full = layer_rows(L, X, radii, tiers=True)
     for a, b, c in zip(lazy, full, plain):
         assert a.ball == c.ball and float(a.drift_rows.max()) == float(c.drift_rows.max())

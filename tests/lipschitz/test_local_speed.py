@@ -14,20 +14,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lipschitz_testkit import gelu_ffn_case, random_spec
+from lipschitz_testkit import gelu_ffn_case, random_spec, refine_every_token
 from transcover.lipschitz import _local_rows
 from transcover.lipschitz._local_rows import layer_rows, refine_lazily
 from transcover.lipschitz._local_sharp import GELU_SLOPE_RANGE, ffn_unit_drift, unit_slope_moves
 
 RADII = [1e-4, 1e-3, 1e-2, 3e-2, 0.1]
-
-
-def _refine_all(evaluate, reported, refine, T, lowest=None):  # noqa: ANN001, ANN202, ARG001
-    idx = torch.arange(T)
-    while len(idx):  # until every token is final (F45b: a first step may give an intermediate tier)
-        final = refine(idx)
-        idx = idx[:0] if final is None else idx[~final]
-    return evaluate()
 
 
 def _counting(calls: list):  # noqa: ANN202
@@ -54,7 +46,7 @@ def test_lazy_maxima_equal_the_full_refinement(placement, monkeypatch):
     calls: list = []
     monkeypatch.setattr(_local_rows, "refine_lazily", _counting(calls))
     lazy = layer_rows(L, X, RADII)
-    monkeypatch.setattr(_local_rows, "refine_lazily", _refine_all)
+    monkeypatch.setattr(_local_rows, "refine_lazily", refine_every_token)
     full = layer_rows(L, X, RADII)
     monkeypatch.setattr(_local_rows, "refine_lazily", lambda evaluate, *args, **kw: evaluate())
     cheap = layer_rows(L, X, RADII)

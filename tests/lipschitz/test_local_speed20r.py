@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from lipschitz_testkit import hetero_gamma, random_spec
+from lipschitz_testkit import hetero_gamma, random_spec, refine_every_token
 from test_local_ffn2 import _ascent, _ffn
 from transcover.lipschitz import _local_rows
 from transcover.lipschitz import _local_stages as st
@@ -178,13 +178,7 @@ def test_f61b_bound_part_is_an_upper_bound_and_the_maxima_stay(monkeypatch):
         old = layer_rows(L, X, RADII, tiers=True)
         n_old = seen[0]
 
-        def refine_all(evaluate, reported, refine, T, lowest=None):  # noqa: ANN001, ANN202, ARG001
-            idx = torch.arange(T)
-            while len(idx):
-                idx = idx[~refine(idx)]
-            return evaluate()
-
-        monkeypatch.setattr(_local_rows, "refine_lazily", refine_all)
+        monkeypatch.setattr(_local_rows, "refine_lazily", refine_every_token)
         full = layer_rows(L, X, RADII, tiers=True)
         monkeypatch.undo()
         seen = _counting_refinements(monkeypatch)

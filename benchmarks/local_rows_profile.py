@@ -4,7 +4,7 @@
         [--sentence K] [--layers 0,1,...] [--repeat N] [--profile out.prof] [--dump out.json]
 
 For sentence K of the scikit-learn .rst descriptions (<= 32 tokens), runs ``layer_jacobians(...,
-route="rows", lower=4)`` (as ``local_lipschitz.py``) for the benchmark's five radii on the chosen layers, prints the CPU seconds
+route="rows", lower=4)`` (as ``local_lipschitz.py``) for the benchmark's five radii (or ``--rhos``) on the chosen layers, prints the CPU seconds
 per layer (best of ``--repeat``) and, with ``--dump``, writes every certified value (point, ball,
 parts, stage radii) so two versions of the code can be compared number by number.
 """
@@ -44,6 +44,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--profile", default=None)
     ap.add_argument("--dump", default=None)
+    ap.add_argument("--rhos", default=",".join(f"{f:g}" for f in RHOS),
+                    help="factors of the median token norm (default: the benchmark's five radii)")
     ap.add_argument("--lower", type=int, default=4, help="row_lower tokens, as the benchmark (its point lower)")
     ap.add_argument("--no-tiers", dest="tiers", action="store_false",
                     help="without F45's N2 tier (the library default; the benchmark uses it)")
@@ -52,6 +54,7 @@ def main() -> None:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     spec = load(None).to_torch(torch.float64)
     want = [int(x) for x in a.layers.split(",")]
+    factors = [float(f) for f in a.rhos.split(",")]
     seqs = load_inputs(spec, "sklearn-descr", max_len=32, limit=max(a.sentence) + 1)
     layers = list(spec.layers)
     norms = [(_weight_norms(L), head_norms(L.attention)) for L in layers]
@@ -69,7 +72,7 @@ def main() -> None:
                     if prof:
                         prof.enable()
                     c = time.process_time()
-                    ljs = layer_jacobians(L, X, [f * med for f in RHOS], norms=norms[li][0],
+                    ljs = layer_jacobians(L, X, [f * med for f in factors], norms=norms[li][0],
                                           head_norms_=norms[li][1], route="rows", lower=a.lower, tiers=a.tiers)
                     best = min(best, time.process_time() - c)
                     if prof:

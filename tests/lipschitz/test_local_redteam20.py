@@ -191,9 +191,9 @@ def test_inputs_scaled_by_powers_of_two(monkeypatch):
     for c in (2.0**-30, 2.0**30):
         res, h, _, _ = _run(spec, X * c, [rho * c], monkeypatch)
         R = torch.stack(res[0].token_radii)
-        # a few ulps: once F62's branch binds, the radius and prefix drift entering its rest differ by 1 ulp at
-        # c = 2^30 (where the rounding enters is not located; upper
-        # stays exact); a wrong exponent would show as a factor 2^+-30
+        # a few ulps: with F62 merged, F44e's drift rows (AttentionAligned.drift, layer 1's attention) differ by 1 ulp
+        # at c = 2^30 and carry it into later radii (the rounding inside is not located; upper stays exact); a wrong
+        # exponent would show as a factor 2^+-30
         ulps = 16 * 2.0**-53
         assert torch.allclose(R[1:], R0[1:], rtol=ulps, atol=0.0, equal_nan=True)
         assert _same(R[0], R0[0] * c) and torch.allclose(h[0], hb[0], rtol=ulps, atol=0.0, equal_nan=True)

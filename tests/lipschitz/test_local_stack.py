@@ -355,9 +355,9 @@ def test_per_layer_rows_leave_out_an_infinite_radius_without_changing_the_others
     left_out = ls._per_layer_rows(layer, X, [1e-2, math.inf, 1e-4], norms)
     stand_in = ls._per_layer_rows(layer, X, [1e-2, 0.0, 1e-4], norms)
     for k in (0, 2):
-        assert all(torch.equal(a, b) for a, b in zip(left_out[k], stand_in[k])), k
-    assert all(bool((v == math.inf).all()) for v in left_out[1])
-    assert bool(torch.isfinite(left_out[0][0]).all())
+        assert torch.equal(left_out[k].drift, stand_in[k].drift) and torch.equal(left_out[k].ball, stand_in[k].ball), k
+    assert bool((left_out[1].drift == math.inf).all()) and bool((left_out[1].ball == math.inf).all())
+    assert bool(torch.isfinite(left_out[0].drift).all())
 
 
 def test_per_layer_refusal_gives_inf_with_its_reason():
@@ -370,11 +370,11 @@ def test_per_layer_refusal_gives_inf_with_its_reason():
     stack_local(spec, X, [1e-3], norms=norms, layer_route=False)  # fills the data-free constants
     refusals: list = []
     rows = ls._per_layer_rows(spec.layers[0], X, [1e-2, 1.7e308], norms, refusals)
-    assert all(bool((v == math.inf).all()) for row in rows for v in row)
+    assert all(bool((v == math.inf).all()) for row in rows for v in (row.drift, row.ball))
     assert len(refusals) == 1 and refusals[0].startswith("layer 0 at radii [0.01, 1.7e+308]: InputError: ")
     assert "input radius behind the first norm overflows float64" in refusals[0]
     fine = ls._per_layer_rows(spec.layers[0], X, [1e-2], norms, refusals)
-    assert bool(torch.isfinite(fine[0][0]).all()) and len(refusals) == 1
+    assert bool(torch.isfinite(fine[0].drift).all()) and len(refusals) == 1
 
 
 @pytest.mark.parametrize("error, refused", [(torch.linalg.LinAlgError("overflowed Gram"), True),

@@ -38,7 +38,7 @@ from ..model import to_tensor
 from ..model import QUICK_GELU_SLOPE, Activation, LayerSpec, NormKind, NormSpec, Placement, TransformerSpec
 from ._activations import activation_lipschitz
 from ._local_attention import DATA_PAD, attention_local_bound, head_norms
-from ._local_centre import CENTRE_PAD_ASSUMPTION
+from ._local_centre import CENTRE_PAD_ASSUMPTION, f17_pad
 from ._local_jacobian import centre_tokens, norm_jacobian_error, point_slope_err, pre_activations
 from ._weights import ROUNDING_PAD, spectral
 
@@ -202,7 +202,7 @@ def layer_local(layer: LayerSpec, X: Tensor, rho: float, *, cache: dict | None =
     Lffn = Lsig * nW1 * nW2 * (1 + ROUNDING_PAD)
     comps, radii = {}, {}
     scratch: dict = {}
-    pad = lambda r, Y: r * (1 + 1e-12) + 1e-13 * float(Y.norm(dim=1).max())  # noqa: E731  (centre rounding)
+    pad = lambda r, Y: r * (1 + 1e-12) + f17_pad(Y)  # noqa: E731  (centre rounding, F64)
     if layer.placement is Placement.POST:
         a = attention_local_bound(layer.attention, X, rho, norms=hn)
         X1 = X + attention_forward(layer.attention, X)
@@ -334,7 +334,7 @@ def _jacobian_route(layer, att_in, att_rho, n_in, H, rh, X1, r1, X2, r2, s1, s2,
     nIF = _sym_top(IF) * (1 + GRAM_PAD) + mm
     if post:
         # the FFN's own local constant (point + drift) gives a tighter certified radius at norm_ffn
-        r2 = min(r2, float((nIF.max() + dF)) * rh * (1 + 1e-12) + 1e-13 * float(X2.norm(dim=1).max()))
+        r2 = min(r2, float((nIF.max() + dF)) * rh * (1 + 1e-12) + f17_pad(X2))
         s2 = norm_local(layer.norm_ffn, X2, r2)[1]
         s2m = float(s2.min())
         sD1, sD2 = g1 / s1m, g2 / s2m
@@ -411,7 +411,7 @@ def network_local(spec: TransformerSpec, X: Tensor, rho: float, *, cache: dict |
         n0, _ = norm_local(spec.input_norm, X, rho)
         lip_in = float(n0.max())
         X = spec.input_norm(X)
-        r = lip_in * rho * (1 + 1e-12) + 1e-13 * float(X.norm(dim=1).max())
+        r = lip_in * rho * (1 + 1e-12) + f17_pad(X)
     total = lip_in
     layers = []
     for layer in spec.layers:
@@ -419,7 +419,7 @@ def network_local(spec: TransformerSpec, X: Tensor, rho: float, *, cache: dict |
         layers.append(ll)
         total *= ll.upper
         X = ll.out
-        r = ll.upper * r * (1 + 1e-12) + 1e-13 * float(X.norm(dim=1).max())
+        r = ll.upper * r * (1 + 1e-12) + f17_pad(X)
     lip_out = 1.0
     if spec.final_norm is not None:
         lip_out = float(norm_local(spec.final_norm, X, r)[0].max())

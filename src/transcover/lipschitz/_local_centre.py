@@ -18,6 +18,11 @@ CENTRE_PAD_ASSUMPTION = ("the float64 forward at the data within 1e-13 max||x_s|
                          "45; not guaranteed for tokens whose mean exceeds their spread by about 1e3 or more)")
 
 
+def f17_pad(x: Tensor) -> float:
+    """F17's centre pad ``1e-13 max_i ||x_i||`` for the computed ``x`` (the assumption ``CENTRE_PAD_ASSUMPTION``)."""
+    return 1e-13 * float(x.norm(dim=1).max())
+
+
 def _gamma(k: int) -> float:
     return k * _U / (1 - k * _U)
 

@@ -45,7 +45,7 @@ from torch import Tensor
 from .._errors import InputError
 from .._results import Kind, Quantity
 from ..model import NormKind, Placement, TransformerSpec
-from ._local_centre import CENTRE_PAD_ASSUMPTION, centre_errors, stage_forward_error
+from ._local_centre import CENTRE_PAD_ASSUMPTION, centre_errors, f17_pad, stage_forward_error
 from ._local_jacobian import certified_spectral, row_norm_lower
 from ._local_stack_aligned import FFNAligned
 from ._local_stack_attn import AttentionAligned
@@ -256,15 +256,16 @@ class _LayerMemo:
     refusals: list = field(default_factory=list)
 
 
-class _LayerRows(tuple):
-    """The per-layer route's ``(drift rows, ball rows)`` at one radius, and its certified per-token stage radii
-    ``stage`` (``LayerJacobian.stage_radii``, ``{}`` where it gave none; THEORY F59a)."""
+@dataclass(frozen=True)
+class _LayerRows:
+    """The per-layer route at one radius: its ``drift`` rows and ball rows (``ball``, sup nu_i(J_L)), its certified
+    per-token stage radii ``stage`` (``LayerJacobian.stage_radii``, THEORY F59a) and remainders ``rem``
+    (``LayerJacobian.stage_remainders``, F59b); ``{}`` where it gave none."""
 
-    def __new__(cls, drift: Tensor, ball: Tensor, stage: dict | None = None, rem: dict | None = None) -> _LayerRows:
-        out = super().__new__(cls, (drift, ball))
-        out.stage = {} if stage is None else stage
-        out.rem = {} if rem is None else rem  # ``LayerJacobian.stage_remainders`` (THEORY F59b)
-        return out
+    drift: Tensor
+    ball: Tensor
+    stage: dict = field(default_factory=dict)
+    rem: dict = field(default_factory=dict)
 
 
 def _per_layer(layer, x: Tensor, rs: list[float], norms: dict, memo: _LayerMemo) -> list[_LayerRows]:  # noqa: ANN001
@@ -379,7 +380,7 @@ def _layer_route(spec: TransformerSpec, stages: list[_Stage], groups: dict, nuP:
             ba = [float(_nan_inf(o[2]).max()) for o in out]
         else:
             pl = _per_layer(layer, stages[a].x, rs, norms, memo)
-            djr, ba = [v[0] for v in pl], [float(v[1].max()) for v in pl]
+            djr, ba = [v.drift for v in pl], [float(v.ball.max()) for v in pl]
         for k in range(nr):
             rows_it[k].append(djr[k])
         dj = [float(v.max()) for v in djr]
@@ -503,7 +504,7 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
         mrow = rows_of_block_norms(inner[s][0]) + inner[s][1] if s in inner else torch.ones(T, dtype=torch.float64)
         # THEORY F64: the centre pad for ||xhat_s - x_s(X)||, F17's 1e-13 max||xhat_s|| or (``centre="f64"``) the
         # recursion's certified e_s when larger
-        pad = max(1e-13 * float(st.x.norm(dim=1).max()), ecent)
+        pad = max(f17_pad(st.x), ecent)
         pads.append(pad)
         # THEORY F40: a post-LN FFN's first-order drift through the prefix's own reachable rows
         al = FFNAligned(st.ffn, st.x, _col_blocks(K), norms[st.group]["w"]) \
@@ -564,7 +565,7 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
             rc[k] = _nan_inf(b * (r if st.local else float(r.max())))
         if centre == "f64" and s + 1 < n:  # THEORY F64: e_{s+1} = loc_s + B_s e_s, B_s on a ball of radius r >= pad >= e_s
             own = stage_forward_error(st, layer_at.get(s))  # F17's 1e-13 max||xhat_{s+1}|| where none is derived
-            own = 1e-13 * float(stages[s + 1].x.norm(dim=1).max()) if own is None else own
+            own = f17_pad(stages[s + 1].x) if own is None else own
             ecent = centre_errors([own], [min(float(b.max()) for b in bs)], ecent)[-1]
         if s in first:  # the per-layer route at the layer's input radius (F36 item 3: the smaller drift)
             rmax = [float(r.max()) if layer_route else math.inf for r in rs]
@@ -582,11 +583,11 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
                 w0[k] = torch.minimum(w0[k], _nan_inf(Mb * ratt[k] + w0L[k]) * (1 + 1e-12))
                 if hatt[k] is not None:  # THEORY F44g: the heads' reach through M(x) W_O^hT, M's drift on the rest
                     w0[k] = torch.minimum(w0[k], _nan_inf(hatt[k] + dMk * ratt[k] + w0L[k]) * (1 + 1e-12))
-                dJL = torch.minimum(dJL, PL[a][k][0])
+                dJL = torch.minimum(dJL, PL[a][k].drift)
                 # THEORY F40g: the layer's drift rows by the exact partial products at x (wm), or with the
                 # attention's drift through the token-local product
                 dJL = torch.minimum(dJL, torch.minimum(wm[k], _nan_inf(Mb * dJs[a][k] + wmL[k])) * (1 + 1e-12))
-                BL = torch.minimum(torch.minimum(BL, _nan_inf(nuL[a] + dJL)), PL[a][k][1])
+                BL = torch.minimum(torch.minimum(BL, _nan_inf(nuL[a] + dJL)), PL[a][k].ball)
                 GB[a].append((BL, dJL))
                 alt = _nan_inf(torch.where(dPa[k] == 0, 0.0, BL * float(dPa[k].max())) + dJL * nPa)
                 dP[k] = torch.minimum(dP[k], alt)

@@ -10,6 +10,7 @@ F50a: the per-head value-side form on rank-one value maps and aligned heads, fro
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import mpmath
@@ -347,18 +348,24 @@ def test_a_float32_evaluation_is_not_what_is_certified():
 
     s64 = conv(spec, lambda t: t.float().double())
     s32 = conv(s64, lambda t: t.float())
-    X = torch.randn(4, 8, generator=torch.Generator().manual_seed(0), dtype=F64).float().double()
-    upper = stack_local(s64, X, [1e-3])[0].upper
-    r32 = r64 = 0.0
-    for i in range(4):
-        for j in range(8):
+    f = lambda s, Z: transformer_forward(s, Z, with_head=False).double()  # noqa: E731
+    # whether a one-ulp move crosses a float32 rounding boundary of the output depends on the CPU's kernels
+    # (fused or separate multiply-adds, summation order), so the moves run over both directions and a few inputs
+    # until one does; the exact map's ratios are checked at every input tried
+    for seed in range(6):
+        X = torch.randn(4, 8, generator=torch.Generator().manual_seed(seed), dtype=F64).float().double()
+        upper = stack_local(s64, X, [1e-3])[0].upper
+        r32 = r64 = 0.0
+        for i, j, way in itertools.product(range(4), range(8), (math.inf, -math.inf)):
             Y = X.clone()
-            Y[i, j] = float(torch.nextafter(X[i, j].float(), torch.tensor(math.inf)))
+            Y[i, j] = float(torch.nextafter(X[i, j].float(), torch.tensor(way)))
             dx = float((Y - X).norm(dim=1).max())
-            f = lambda s, Z: transformer_forward(s, Z, with_head=False).double()  # noqa: E731
             r32 = max(r32, float((f(s32, Y.float()) - f(s32, X.float())).norm(dim=1).max()) / dx)
             r64 = max(r64, float((f(s64, Y) - f(s64, X)).norm(dim=1).max()) / dx)
-    assert r64 <= upper < 20 * upper < r32, (r64, upper, r32)
+        assert r64 <= upper, (seed, r64, upper)
+        if r32 > 20 * upper:
+            break
+    assert 20 * upper < r32, (upper, r32)
 
 
 # -- the whole network with F50 on norms, eps and masks the earlier red teams did not use ------------------------------

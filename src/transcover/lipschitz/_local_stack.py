@@ -217,12 +217,12 @@ def _suffix_heads(C: Tensor, att) -> Tensor:  # noqa: ANN001
 
 
 def _carry(G: dict, blk: dict, a: int, last: int, q: int, reach: dict, balls: list, dJs: list, k: int,
-           stages: list) -> Tensor:
+           stages: list, heads: tuple | None) -> Tensor:
     """THEORY F66: rows ``Q_i >= sup nu_i(M_{q+1,q+2}(x) dJ_q(y) M_{0,q}(x))`` of the layer on sub-stages
     ``a .. last`` (layer-level stage ``q``), from the sub-stages' reach rows carried by ``G`` (``carry_blocks``)."""
     span = range(a, last + 1)
     dR = tail_drift([balls[t][k] for t in span], [dJs[t][k] for t in span], [stages[t].pt for t in span])
-    return carried_first_order([G[t] for t in range(a, last)], [reach[t] for t in span], dR, blk[(q + 1, q + 2)])
+    return carried_first_order([G[t] for t in range(a, last)], [reach[t] for t in span], dR, blk[(q + 1, q + 2)], heads)
 
 
 def _nan_inf(t: Tensor) -> Tensor:
@@ -464,12 +464,13 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
         nuL[a] = mid[(pos[a], pos[b])]
     first = {a: (b, mL) for a, b, mL in groups.values()}
     # THEORY F66: exact products from each sub-stage of a layer to the end of the next layer-level stage
-    G = carry_blocks(stages, cuts, set(first), lambda C: certified_block_norms(_row_blocks(C), chain_exact))
+    G, GW = carry_blocks(stages, cuts, set(first), lambda C: certified_block_norms(_row_blocks(C), chain_exact))
     loc = [cuts[q] not in first and stages[cuts[q]].local for q in range(len(cuts) - 1)]
     dJq: list[list[Tensor]] = [[] for _ in rhos]  # per rho, each layer-level stage's drift rows
     reach0: list[list[Tensor]] = [[] for _ in rhos]  # per rho, each layer-level stage's v_{0,m} (THEORY F40d)
     carry0: list[dict] = [{} for _ in rhos]  # per rho, layer-level stage -> its carried first order (THEORY F66)
     reach_at: list[dict] = [{} for _ in rhos]  # per rho, sub-stage -> its reach rows nu_k(dJ_s P_s(x))
+    heads_at: list[dict] = [{} for _ in rhos]  # per rho, attention sub-stage -> its heads' reach rows before W_O
     w0 = [torch.zeros(T, dtype=torch.float64) for _ in rhos]  # the running v_{0,m} inside a layer
     wm = [torch.zeros(T, dtype=torch.float64) for _ in rhos]  # the running drift rows of the partial layer product
     w0L = [torch.zeros(T, dtype=torch.float64) for _ in rhos]  # the running v_{0,m} of a layer's token-local part
@@ -556,6 +557,7 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
                 reach = torch.minimum(reach, al.reach(r, nu, rho, dP[k], eP[s], pad))
             if aa is not None:
                 rh = aa.reach_heads(r, rho, dP[k], eP[s], pad)  # (H, T), before W_O
+                heads_at[k][s] = rh
                 reach = torch.minimum(reach, aa.combined(rh))
                 jr, jrM = aa.joint(r, rho, dP[k], eP[s], pad)  # THEORY F50: one direction for all heads
                 reach = torch.minimum(reach, jr)
@@ -606,7 +608,8 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
                 GB[a].append((BL, dJL))
                 # THEORY F66: the layer's first order carried across the next layer-level stage by exact products
                 if a in G and all(stages[t].local for t in range(a + 1, s + 1)):
-                    carry0[k][pos[a]] = _carry(G, blk, a, s, pos[a], reach_at[k], balls, dJs, k, stages)
+                    heads = (GW[a], heads_at[k][a]) if a in GW and a in heads_at[k] else None
+                    carry0[k][pos[a]] = _carry(G, blk, a, s, pos[a], reach_at[k], balls, dJs, k, stages, heads)
                 alt = _nan_inf(torch.where(dPa[k] == 0, 0.0, BL * float(dPa[k].max())) + dJL * nPa)
                 dP[k] = torch.minimum(dP[k], alt)
                 rc[k] = torch.minimum(rc[k], _nan_inf(BL * float(rca[k].max())))

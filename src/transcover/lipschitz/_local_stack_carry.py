@@ -24,17 +24,19 @@ from torch import Tensor
 __all__ = ["carry_blocks", "tail_drift", "carried_first_order"]
 
 
-def carry_blocks(stages: list, cuts: list[int], starts: set, norms_of) -> dict:  # noqa: ANN001
-    """``{s: (N, e)}`` for every sub-stage ``s`` of a layer-level stage ``q`` that starts a layer (``cuts[q]``
+def carry_blocks(stages: list, cuts: list[int], starts: set, norms_of) -> tuple[dict, dict]:  # noqa: ANN001
+    """``({s: (N, e)}, {a: SW})``: for every sub-stage ``s`` of a layer-level stage ``q`` that starts a layer (``cuts[q]``
     in ``starts``) and has a next one (``q + 2 <= L``), but its last sub-stage: ``N`` the certified block norms
     (``norms_of`` of the computed rows) of ``G_s = J_{c_{q+2}-1} ... J_{s+1}``, ``e >= max_i sum_k ||E_ik||``
     its rounding (``fl(C J_t) = C J_t + F_t``; ``E J_t`` has row sums ``<= e p_t``, ``p_t`` the point (2,inf)
     norm; ``F_t`` by ``_local_error``).  One transposed chain per layer, from ``c_{q+2}`` back to
-    ``cuts[q] + 1``.  THEORY F66."""
-    from ._local_stack import _chunked, _local_error
+    ``cuts[q] + 1``.  ``SW`` (T, T, H): for a layer whose first sub-stage is a plain attention (no norm inside), the
+    certified ``||Ghat_a,ik W_O^hT||`` (``_suffix_heads``, F33 item 4).  THEORY F66."""
+    from ._local_stack import _chunked, _local_error, _suffix_heads
 
     T, d = stages[0].x.shape
     out: dict = {}
+    heads: dict = {}
     for q in range(len(cuts) - 2):
         a, e1, c = cuts[q], cuts[q + 1], cuts[q + 2]
         if a not in starts or e1 - a < 2:
@@ -47,7 +49,10 @@ def carry_blocks(stages: list, cuts: list[int], starts: set, norms_of) -> dict: 
             err = err * stages[t].p + f
             if t < e1:
                 out[t - 1] = (norms_of(C), err * (1 + 1e-12))
-    return out
+        lin = stages[a].lin
+        if getattr(lin, "att", None) is not None and getattr(lin, "n1", None) is None:
+            heads[a] = _suffix_heads(C, lin.att)
+    return out, heads
 
 
 def tail_drift(balls: list[Tensor], drifts: list[Tensor], points: list[Tensor]) -> list[Tensor]:
@@ -65,7 +70,8 @@ def tail_drift(balls: list[Tensor], drifts: list[Tensor], points: list[Tensor]) 
     return dR
 
 
-def carried_first_order(G: list, reach: list[Tensor], dR: list[Tensor], nxt: tuple) -> Tensor:
+def carried_first_order(G: list, reach: list[Tensor], dR: list[Tensor], nxt: tuple,
+                        heads: tuple | None = None) -> Tensor:
     r"""(T,) rows ``Q_i >= sup_y nu_i(M_{q+1,q+2}(x) dJ_q(y) M_{0,q}(x))`` of a layer ``q`` (Note [sub-stage carry]):
 
     .. math:: Q_i = \sum_{s < last} \Big(\sum_k N(G_s)_{ik} w_{s,k} + e_s \max_k w_{s,k}\Big)
@@ -73,11 +79,17 @@ def carried_first_order(G: list, reach: list[Tensor], dR: list[Tensor], nxt: tup
 
     ``w_{s,k} >= nu_k(dJ_s(y) P_s(x))`` the sub-stages' reach rows, ``G = [(N(G_s), e_s)]`` (``carry_blocks``) for
     all but the last sub-stage, whose ``G`` is ``M_{q+1,q+2}`` itself, ``nxt = (N, e)`` its certified blocks and
-    rounding; ``dR`` from ``tail_drift``.  Row inequalities of F33 item 1; ``R_s(y) - R_s(x)`` is block
-    diagonal.  Float64 sums of non-negative products, padded by ``1e-12`` relative.  THEORY F66."""
+    rounding; ``dR`` from ``tail_drift``.  ``heads = (SW, b)`` (optional): the first sub-stage is an attention
+    ``x + sum_h W_O^hT z_h`` with heads' reach rows ``b_{h,k} >= nu_k(dZ_h P_s(x))`` (H, T) and ``SW_ikh >=
+    ||Ghat_ik W_O^hT||``; then its ``sum_k N(G)_ik w_k`` is also ``sum_k sum_h SW_ikh b_{h,k}``, the smaller kept
+    (the rounding part ``e max w`` stays: ``||E_ik W_O^T z_k|| <= ||E_ik|| w_k``).  Row inequalities of F33 item 1;
+    ``R_s(y) - R_s(x)`` is block diagonal.  Float64 sums of non-negative products, padded by ``1e-12`` relative.  THEORY F66."""
     N, e = nxt
-    through = lambda Nb, eb, w: Nb @ w + eb * float(w.max())  # noqa: E731
-    Q = through(N, e, reach[-1] + sum(r * w for r, w in zip(dR, reach)))
-    for (Ns, es), w in zip(G, reach):
-        Q = Q + through(Ns, es, w)
+    z = reach[-1] + sum(r * w for r, w in zip(dR, reach))
+    Q = N @ z + e * float(z.max())
+    for j, ((Ns, es), w) in enumerate(zip(G, reach)):
+        seen = Ns @ w
+        if j == 0 and heads is not None:
+            seen = torch.minimum(seen, torch.einsum("ikh,hk->i", *heads))
+        Q = Q + seen + es * float(w.max())
     return torch.nan_to_num(Q * (1 + 1e-12), nan=float("inf"), posinf=float("inf"))

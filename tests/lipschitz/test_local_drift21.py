@@ -36,17 +36,19 @@ def _case(case: tuple) -> tuple:
 
 
 def _captured(spec, X: torch.Tensor, rho: float, monkeypatch) -> tuple:  # noqa: ANN001
-    """``stack_local`` on ``B(X, rho)`` and F66's rows ``Q`` per layer with a next layer-level stage, in layer order."""
-    got, carried = [], ca.carried_first_order
+    """``stack_local`` on ``B(X, rho)`` and F66's rows ``Q`` per layer with a next layer-level stage, in layer order,
+    with the same rows without the per-head branch."""
+    got, plain, carried = [], [], ca.carried_first_order
 
     def carried_(*a):  # noqa: ANN002, ANN202
         got.append(carried(*a))
+        plain.append(carried(*a[:4]))
         return got[-1]
 
     monkeypatch.setattr(ls, "carried_first_order", carried_)
     res = stack_local(spec, X, [rho])[0]
     monkeypatch.undo()
-    return res, got
+    return res, got, plain
 
 
 def _jvp(f, x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
@@ -80,10 +82,13 @@ def _attained(spec, X: torch.Tensor, rho: float, layer: int) -> list:  # noqa: A
 @pytest.mark.parametrize("case", CASES)
 def test_carried_rows_are_never_beaten_and_bind(case, monkeypatch):
     """Per layer with a next one and output token, Adam over the input ball and unit probes of the carried first order
-    stays below F66's ``Q`` and reaches at least 1 % of it (1.8-13 % here); without F66 (``carry_blocks`` empty) every prefix drift
-    row, radius and the bound are at least as large, and some prefix drift row strictly larger (it binds)."""
+    stays below F66's ``Q`` and reaches at least 1 % of it; without F66 (``carry_blocks`` empty) every prefix drift
+    row, radius and the bound are at least as large, and some prefix drift row strictly larger (it binds); the per-head
+    branch of the attention's term never above the block-norm one and below it somewhere when T > 1."""
     spec, X, rho, _ = _case(case)
-    new, Q = _captured(spec, X, rho, monkeypatch)
+    new, Q, plain = _captured(spec, X, rho, monkeypatch)
+    assert all(bool((q <= p).all()) for q, p in zip(Q, plain))
+    assert X.shape[0] == 1 or any(bool((q < p).any()) for q, p in zip(Q, plain))  # the per-head branch binds
     assert len(Q) == len(spec.layers) - 1 and math.isfinite(new.upper)
     share = 0.0
     for layer, q in enumerate(Q):
@@ -91,7 +96,7 @@ def test_carried_rows_are_never_beaten_and_bind(case, monkeypatch):
         assert bool((got <= q).all()), (layer, got, q)
         share = max(share, float((got / q).max()))
     assert share >= 1e-2, share
-    monkeypatch.setattr(ls, "carry_blocks", lambda *a: {})
+    monkeypatch.setattr(ls, "carry_blocks", lambda *a: ({}, {}))
     old = stack_local(spec, X, [rho])[0]
     assert new.upper <= old.upper and new.drift <= old.drift, (new.upper, old.upper)
     assert all(bool((new.spans[k] <= old.spans[k]).all()) for k in old.spans)
@@ -99,10 +104,10 @@ def test_carried_rows_are_never_beaten_and_bind(case, monkeypatch):
     assert all(bool((a <= b).all()) for a, b in zip(new.token_radii, old.token_radii))
 
 
-@pytest.mark.parametrize("case", CASES[1:3])
-def test_whole_network_is_never_beaten(case):
-    """The whole network with F66 against pair-ratio and Jacobian-row ascent (``assert_network_below``)."""
-    spec, X, rho, seed = _case(case)
+def test_whole_network_is_never_beaten():
+    """The whole network with F66 (tiny sigma, eps = 1e-12) against pair-ratio and Jacobian-row ascent
+    (``assert_network_below``)."""
+    spec, X, rho, seed = _case(CASES[1])
     assert_network_below(spec, X, rho, stack_local(spec, X, [rho])[0], seed=seed)
 
 
@@ -115,7 +120,7 @@ def test_homogeneity_in_the_next_stage(monkeypatch):
     n2 = last.norm_ffn
     scaled = dataclasses.replace(spec, layers=spec.layers[:-1] + [dataclasses.replace(
         last, norm_ffn=dataclasses.replace(n2, weight=2.0 * n2.weight, bias=2.0 * n2.bias))])
-    (_, (a,)), (_, (b,)) = _captured(spec, X, rho, monkeypatch), _captured(scaled, X, rho, monkeypatch)
+    (_, (a,), _), (_, (b,), _) = _captured(spec, X, rho, monkeypatch), _captured(scaled, X, rho, monkeypatch)
     assert torch.allclose(b, 2.0 * a, rtol=1e-9, atol=0.0), (a, b)
     g = torch.Generator().manual_seed(1)
     T = 3

@@ -25,9 +25,9 @@ __all__ = ["carry_blocks", "tail_drift", "carried_first_order"]
 
 
 def carry_blocks(stages: list, cuts: list[int], starts: set, norms_of) -> tuple[dict, dict]:  # noqa: ANN001
-    """``({s: (N, e)}, {a: SW})``: for every sub-stage ``s`` of a layer-level stage ``q`` that starts a layer (``cuts[q]``
-    in ``starts``) and has a next one (``q + 2 <= L``), but its last sub-stage: ``N`` the certified block norms
-    (``norms_of`` of the computed rows) of ``G_s = J_{c_{q+2}-1} ... J_{s+1}``, ``e >= max_i sum_k ||E_ik||``
+    """``({s: (N, e)}, {a: SW})``: for every sub-stage ``s`` of a layer-level stage ``q`` that starts a layer
+    (``cuts[q]`` in ``starts``) and has a next one (``q + 2 <= L``), but its last sub-stage: ``N`` the certified block
+    norms (``norms_of`` of the computed rows) of ``G_s = J_{c_{q+2}-1} ... J_{s+1}``, ``e >= max_i sum_k ||E_ik||``
     its rounding (``fl(C J_t) = C J_t + F_t``; ``E J_t`` has row sums ``<= e p_t``, ``p_t`` the point (2,inf)
     norm; ``F_t`` by ``_local_error``).  One transposed chain per layer, from ``c_{q+2}`` back to
     ``cuts[q] + 1``.  ``SW`` (T, T, H): for a layer whose first sub-stage is a plain attention (no norm inside), the
@@ -83,7 +83,8 @@ def carried_first_order(G: list, reach: list[Tensor], dR: list[Tensor], nxt: tup
     ``x + sum_h W_O^hT z_h`` with heads' reach rows ``b_{h,k} >= nu_k(dZ_h P_s(x))`` (H, T) and ``SW_ikh >=
     ||Ghat_ik W_O^hT||``; then its ``sum_k N(G)_ik w_k`` is also ``sum_k sum_h SW_ikh b_{h,k}``, the smaller kept
     (the rounding part ``e max w`` stays: ``||E_ik W_O^T z_k|| <= ||E_ik|| w_k``).  Row inequalities of F33 item 1;
-    ``R_s(y) - R_s(x)`` is block diagonal.  Float64 sums of non-negative products, padded by ``1e-12`` relative.  THEORY F66."""
+    ``R_s(y) - R_s(x)`` is block diagonal.  Float64 sums of non-negative products, padded by ``1e-12`` relative.
+    THEORY F66."""
     N, e = nxt
     z = reach[-1] + sum(r * w for r, w in zip(dR, reach))
     Q = N @ z + e * float(z.max())

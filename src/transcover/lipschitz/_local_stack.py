@@ -457,14 +457,22 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
     # Note [middle products]: rows of every product of consecutive layer-level stages at X (THEORY F36)
     cuts = layer_cuts(len(stages), groups)
     pos = {c: q for q, c in enumerate(cuts)}
-    mid, blk, first_rows, inner = middle_rows(stages, cuts, lambda K: certified_block_norms(_col_blocks(K), chain_exact))
+    G: dict = {}  # THEORY F66: sub-stage -> the exact product to the end of the next layer-level stage
+    GW: dict = {}  # THEORY F66: a layer's attention -> that product's heads' blocks through W_O
+
+    def carry(a: int, K: Tensor, e: float) -> None:
+        blocks, heads = carry_blocks(stages, cuts, {c for c, _, _ in groups.values()},
+                                     lambda C: certified_block_norms(_row_blocks(C), chain_exact), a, K, e)
+        G.update(blocks)
+        GW.update(heads)
+
+    mid, blk, first_rows, inner = middle_rows(stages, cuts, lambda K: certified_block_norms(_col_blocks(K), chain_exact),
+                                              on_next=carry)
     nuL = {}  # layer -> (T,) certified nu_i(J_L(X)) from the layer's own blocks
     for a, b, _ in groups.values():  # the attention sub-stage's and the whole layer's rows at X
         stages[a].pt = torch.minimum(stages[a].pt, first_rows[a])
         nuL[a] = mid[(pos[a], pos[b])]
     first = {a: (b, mL) for a, b, mL in groups.values()}
-    # THEORY F66: exact products from each sub-stage of a layer to the end of the next layer-level stage
-    G, GW = carry_blocks(stages, cuts, set(first), lambda C: certified_block_norms(_row_blocks(C), chain_exact))
     loc = [cuts[q] not in first and stages[cuts[q]].local for q in range(len(cuts) - 1)]
     dJq: list[list[Tensor]] = [[] for _ in rhos]  # per rho, each layer-level stage's drift rows
     reach0: list[list[Tensor]] = [[] for _ in rhos]  # per rho, each layer-level stage's v_{0,m} (THEORY F40d)

@@ -24,35 +24,33 @@ from torch import Tensor
 __all__ = ["carry_blocks", "tail_drift", "carried_first_order"]
 
 
-def carry_blocks(stages: list, cuts: list[int], starts: set, norms_of) -> tuple[dict, dict]:  # noqa: ANN001
-    """``({s: (N, e)}, {a: SW})``: for every sub-stage ``s`` of a layer-level stage ``q`` that starts a layer
-    (``cuts[q]`` in ``starts``) and has a next one (``q + 2 <= L``), but its last sub-stage: ``N`` the certified block
-    norms (``norms_of`` of the computed rows) of ``G_s = J_{c_{q+2}-1} ... J_{s+1}``, ``e >= max_i sum_k ||E_ik||``
-    its rounding (``fl(C J_t) = C J_t + F_t``; ``E J_t`` has row sums ``<= e p_t``, ``p_t`` the point (2,inf)
-    norm; ``F_t`` by ``_local_error``).  One transposed chain per layer, from ``c_{q+2}`` back to
-    ``cuts[q] + 1``.  ``SW`` (T, T, H): for a layer whose first sub-stage is a plain attention (no norm inside), the
-    certified ``||Ghat_a,ik W_O^hT||`` (``_suffix_heads``, F33 item 4).  THEORY F66."""
+def carry_blocks(stages: list, cuts: list[int], starts: set, norms_of, a: int, K: Tensor,  # noqa: ANN001
+                 err: float) -> tuple[dict, dict]:
+    """``({s: (N, e)}, {c: SW})`` for the layer-level stage ``q = a - 1`` before stage ``a``, when it is a layer
+    (``cuts[q]`` in ``starts``) of two or more sub-stages: for each sub-stage ``s`` of it but the last, ``N`` the
+    certified block norms (``norms_of`` of the computed rows) of ``G_s = M_{a,a+1} J_last ... J_{s+1}`` and
+    ``e >= max_i sum_k ||E_ik||`` its rounding, from the computed columns ``K`` of ``M_{a,a+1}`` (``middle_rows``'
+    chain from ``a``, rounding ``err``) turned into rows and carried back through the layer's transposed maps
+    (``fl(C J_t) = C J_t + F_t``; ``E J_t`` has row sums ``<= e p_t``, ``p_t`` the point (2,inf) norm; ``F_t`` by
+    ``_local_error``).  ``SW`` (T, T, H) at the layer's first sub-stage ``c`` when it is a plain attention (no norm
+    inside): the certified ``||Ghat_c,ik W_O^hT||`` (``_suffix_heads``, F33 item 4).  THEORY F66."""
     from ._local_stack import _chunked, _local_error, _suffix_heads
 
-    T, d = stages[0].x.shape
+    c, e1 = cuts[a - 1], cuts[a]
+    if c not in starts or e1 - c < 2:
+        return {}, {}
+    n, T, d = K.shape
+    C = K.reshape(n, n).T.contiguous().reshape(n, T, d)  # the rows of M_{a,a+1}
     out: dict = {}
-    heads: dict = {}
-    for q in range(len(cuts) - 2):
-        a, e1, c = cuts[q], cuts[q + 1], cuts[q + 2]
-        if a not in starts or e1 - a < 2:
-            continue
-        C = torch.eye(T * d, dtype=torch.float64).reshape(T * d, T, d)
-        err = 0.0
-        for t in range(c - 1, a, -1):  # after stage t, C holds the rows of J_{c-1} ... J_t = G_{t-1}
-            f = _local_error(stages[t], C, cols=False)
-            C = _chunked(stages[t].lin.apply_t, C)
-            err = err * stages[t].p + f
-            if t < e1:
-                out[t - 1] = (norms_of(C), err * (1 + 1e-12))
-        lin = stages[a].lin
-        if getattr(lin, "att", None) is not None and getattr(lin, "n1", None) is None:
-            heads[a] = _suffix_heads(C, lin.att)
-    return out, heads
+    for t in range(e1 - 1, c, -1):  # after stage t, C holds the rows of G_{t-1}
+        f = _local_error(stages[t], C, cols=False)
+        C = _chunked(stages[t].lin.apply_t, C)
+        err = err * stages[t].p + f
+        out[t - 1] = (norms_of(C), err * (1 + 1e-12))
+    lin = stages[c].lin
+    if getattr(lin, "att", None) is not None and getattr(lin, "n1", None) is None:
+        return out, {c: _suffix_heads(C, lin.att)}
+    return out, {}
 
 
 def tail_drift(balls: list[Tensor], drifts: list[Tensor], points: list[Tensor]) -> list[Tensor]:

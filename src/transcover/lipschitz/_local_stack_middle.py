@@ -40,7 +40,8 @@ def layer_cuts(n: int, groups: dict) -> list[int]:
     return sorted(cuts)
 
 
-def middle_rows(stages: list, cuts: list[int], norms_of, exact: int = 4) -> tuple[dict, dict, dict, dict]:  # noqa: ANN001
+def middle_rows(stages: list, cuts: list[int], norms_of, exact: int = 4,  # noqa: ANN001
+                on_next=None) -> tuple[dict, dict, dict, dict]:  # noqa: ANN001
     r"""Certified rows ``mid[(a, b)] >= nu_i(M_{a,b}(x))`` (T,) for ``1 <= a < b <= L`` and ``(0, 1)``
     (layer-level stages, ``cuts`` from ``layer_cuts``) by float64 chains of the sub-stages' tangent
     maps started at every cut (from the first only its own stage: the prefix chain gives the rest);
@@ -52,7 +53,8 @@ def middle_rows(stages: list, cuts: list[int], norms_of, exact: int = 4) -> tupl
     (point norms of its remaining sub-stages) times the exact ``mid`` of the later layer-level stages,
     so the starts run from the last.  ``inner[t] = (N, e)``: for a sub-stage ``t`` strictly inside a layer-level
     stage ``a >= 1``, the same for the partial product ``J_{t-1} ... J_{c_a}`` (its rounding carried by the point
-    norms of the sub-stages in between; THEORY F40e).  THEORY F36 item 1."""
+    norms of the sub-stages in between; THEORY F40e).  ``on_next(a, K, e)`` (optional) is called with each computed
+    ``M_{a,a+1}``'s columns ``K`` and rounding bound ``e``, ``a >= 1`` (THEORY F66's carry).  THEORY F36 item 1."""
     from ._local_stack import _chunked, _local_error, rows_of_block_norms
 
     L = len(cuts) - 1
@@ -92,6 +94,8 @@ def middle_rows(stages: list, cuts: list[int], norms_of, exact: int = 4) -> tupl
                 err = sum(e * tail(m) * norm_after(level[m] + 1, b) for m, e in errs) * (1 + 1e-12)
                 blk[(a, b)] = (N, err)
                 mid[(a, b)] = rows_of_block_norms(N) + err
+                if on_next is not None and b == a + 1 and a > 0:
+                    on_next(a, K, err)
     return mid, blk, first, inner
 
 

@@ -12,7 +12,8 @@ those before), so
     M_{q+1,q+2}(x) dJ_q(y) M_{0,q}(x) = sum_s [G_s(x) + M_{q+1,q+2}(x) (R_s(y) - R_s(x))] dJ_s(y) P_s(x),
 
 ``G_s = M_{q+1,q+2} R_s`` the exact product from sub-stage ``s + 1`` to the cut after the next
-layer-level stage (one transposed chain per layer gives every ``G_s``).  ``R_s`` is token-local (every
+layer-level stage (the computed ``M_{q+1,q+2}`` of ``middle_rows`` carried back through the layer's transposed maps
+gives every ``G_s``).  ``R_s`` is token-local (every
 sub-stage after a layer's first is), so its drift is a per-token row.
 """
 

@@ -9,7 +9,6 @@ plain, tiny sigma with eps = 1e-12, sharp causal heads, saturated GELU), never a
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
@@ -17,7 +16,7 @@ import torch
 
 import transcover.lipschitz._local_stack as ls
 import transcover.lipschitz._local_stack_carry as ca
-from lipschitz_testkit import token_ascents
+from lipschitz_testkit import last_norm_doubled, token_ascents
 from test_local_stack15 import assert_network_below
 from test_local_stack19 import _spec
 from transcover.lipschitz._local_stack import stack_local
@@ -116,10 +115,7 @@ def test_homogeneity_in_the_next_stage(monkeypatch):
     is degree 1 in it, the reaches and radii before it degree 0); ``carried_first_order`` is degree 1 in the reach rows
     and ``tail_drift`` degree 1 in the drift rows."""
     spec, X, rho, _ = _case(CASES[2])
-    last = spec.layers[-1]
-    n2 = last.norm_ffn
-    scaled = dataclasses.replace(spec, layers=spec.layers[:-1] + [dataclasses.replace(
-        last, norm_ffn=dataclasses.replace(n2, weight=2.0 * n2.weight, bias=2.0 * n2.bias))])
+    scaled = last_norm_doubled(spec)
     (_, (a,), _), (_, (b,), _) = _captured(spec, X, rho, monkeypatch), _captured(scaled, X, rho, monkeypatch)
     assert torch.allclose(b, 2.0 * a, rtol=1e-9, atol=0.0), (a, b)
     g = torch.Generator().manual_seed(1)

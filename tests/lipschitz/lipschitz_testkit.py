@@ -31,6 +31,14 @@ def _norm(kind: str, d: int, g: torch.Generator, eps: float) -> NormSpec:
                     b if kind == "layernorm" else None, eps)
 
 
+def last_norm_doubled(spec: TransformerSpec) -> TransformerSpec:
+    """``spec`` with its last layer's second norm x 2 (weight and bias; exact in float64)."""
+    last = spec.layers[-1]
+    n2 = last.norm_ffn
+    return dataclasses.replace(spec, layers=spec.layers[:-1] + [dataclasses.replace(
+        last, norm_ffn=dataclasses.replace(n2, weight=2.0 * n2.weight, bias=2.0 * n2.bias))])
+
+
 def random_spec(seed: int, *, d: int = 6, H: int = 2, dh: int = 3, dff: int = 8, L: int = 2,
                 norm: str = "ball", placement: str = "post", act: str = "relu", gated: bool = False,
                 biases: bool = False, causal: bool = False, scale: float = 1.0, eps: float = 0.05,

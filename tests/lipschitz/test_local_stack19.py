@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import transcover.lipschitz._local_stack as ls
-from lipschitz_testkit import jvp_ascents, random_spec
+from lipschitz_testkit import jvp_ascents, last_norm_doubled, random_spec
 from test_local_stack15 import assert_network_below
 from transcover.lipschitz._local_stack import stack_local
 from transcover.model import attention_forward, ffn_forward
@@ -114,10 +114,7 @@ def test_homogeneity_in_the_last_norm():
     """The last layer's second norm scaled by 2 (weight and bias, no final norm): every sub-stage radius before it is
     unchanged (F59a's caps included) and the bound, point and drift double."""
     spec, X, rho, _ = _case(CASES[0])
-    last = spec.layers[-1]
-    n2 = last.norm_ffn
-    scaled = dataclasses.replace(spec, layers=spec.layers[:-1] + [dataclasses.replace(
-        last, norm_ffn=dataclasses.replace(n2, weight=2.0 * n2.weight, bias=2.0 * n2.bias))])
+    scaled = last_norm_doubled(spec)
     a, b = stack_local(spec, X, [rho])[0], stack_local(scaled, X, [rho])[0]
     for ra, rb in zip(a.token_radii, b.token_radii):
         assert torch.equal(ra, rb)

@@ -49,6 +49,7 @@ from ._local_centre import CENTRE_PAD_ASSUMPTION, centre_errors, f17_pad, stage_
 from ._local_jacobian import certified_spectral, row_norm_lower
 from ._local_stack_aligned import FFNAligned
 from ._local_stack_attn import AttentionAligned
+from ._local_stack_carry import carried_first_order, carry_blocks, tail_drift
 from ._local_stack_middle import layer_cuts, middle_drift_column, middle_rows
 from ._local_stack_stages import _Stage, layer_stages, norm_stage
 from ._weights import ROUNDING_PAD
@@ -213,6 +214,15 @@ def _suffix_heads(C: Tensor, att) -> Tensor:  # noqa: ANN001
     pad = (d + 2) * _U / (1 - (d + 2) * _U) * _row_blocks(C).norm(dim=(2, 3))[..., None] \
         * att.Wo.reshape(H, dh, d).norm(dim=(1, 2))[None, None, :]
     return (sp + pad) * (1 + 1e-12)
+
+
+def _carry(G: dict, blk: dict, a: int, last: int, q: int, reach: dict, balls: list, dJs: list, k: int,
+           stages: list, heads: tuple | None) -> Tensor:
+    """THEORY F66: rows ``Q_i >= sup nu_i(M_{q+1,q+2}(x) dJ_q(y) M_{0,q}(x))`` of the layer on sub-stages
+    ``a .. last`` (layer-level stage ``q``), from the sub-stages' reach rows carried by ``G`` (``carry_blocks``)."""
+    span = range(a, last + 1)
+    dR = tail_drift([balls[t][k] for t in span], [dJs[t][k] for t in span], [stages[t].pt for t in span])
+    return carried_first_order([G[t] for t in range(a, last)], [reach[t] for t in span], dR, blk[(q + 1, q + 2)], heads)
 
 
 def _nan_inf(t: Tensor) -> Tensor:
@@ -447,7 +457,17 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
     # Note [middle products]: rows of every product of consecutive layer-level stages at X (THEORY F36)
     cuts = layer_cuts(len(stages), groups)
     pos = {c: q for q, c in enumerate(cuts)}
-    mid, blk, first_rows, inner = middle_rows(stages, cuts, lambda K: certified_block_norms(_col_blocks(K), chain_exact))
+    G: dict = {}  # THEORY F66: sub-stage -> the exact product to the end of the next layer-level stage
+    GW: dict = {}  # THEORY F66: a layer's attention -> that product's heads' blocks through W_O
+
+    def carry(a: int, K: Tensor, e: float) -> None:
+        blocks, heads = carry_blocks(stages, cuts, {c for c, _, _ in groups.values()},
+                                     lambda C: certified_block_norms(_row_blocks(C), chain_exact), a, K, e)
+        G.update(blocks)
+        GW.update(heads)
+
+    mid, blk, first_rows, inner = middle_rows(stages, cuts, lambda K: certified_block_norms(_col_blocks(K), chain_exact),
+                                              on_next=carry)
     nuL = {}  # layer -> (T,) certified nu_i(J_L(X)) from the layer's own blocks
     for a, b, _ in groups.values():  # the attention sub-stage's and the whole layer's rows at X
         stages[a].pt = torch.minimum(stages[a].pt, first_rows[a])
@@ -456,6 +476,9 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
     loc = [cuts[q] not in first and stages[cuts[q]].local for q in range(len(cuts) - 1)]
     dJq: list[list[Tensor]] = [[] for _ in rhos]  # per rho, each layer-level stage's drift rows
     reach0: list[list[Tensor]] = [[] for _ in rhos]  # per rho, each layer-level stage's v_{0,m} (THEORY F40d)
+    carry0: list[dict] = [{} for _ in rhos]  # per rho, layer-level stage -> its carried first order (THEORY F66)
+    reach_at: list[dict] = [{} for _ in rhos]  # per rho, sub-stage -> its reach rows nu_k(dJ_s P_s(x))
+    heads_at: list[dict] = [{} for _ in rhos]  # per rho, attention sub-stage -> its heads' reach rows before W_O
     w0 = [torch.zeros(T, dtype=torch.float64) for _ in rhos]  # the running v_{0,m} inside a layer
     wm = [torch.zeros(T, dtype=torch.float64) for _ in rhos]  # the running drift rows of the partial layer product
     w0L = [torch.zeros(T, dtype=torch.float64) for _ in rhos]  # the running v_{0,m} of a layer's token-local part
@@ -489,7 +512,7 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
         if s in pos and s > 0:  # the prefix's drift by exact middle products (THEORY F36 item 3)
             mid[(0, pos[s])] = torch.minimum(mid[(0, pos[s])], nu) if (0, pos[s]) in mid else nu
             for k in range(nr):
-                col = middle_drift_column(mid, dJq[k], loc, pos[s], blk, reach0[k], spans[k])
+                col = middle_drift_column(mid, dJq[k], loc, pos[s], blk, reach0[k], spans[k], carry0[k])
                 spans[k].update({(a, pos[s]): v for a, v in enumerate(col[:-1])})
                 dP[k] = torch.minimum(dP[k], col[0])
         if s in first:
@@ -542,10 +565,12 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
                 reach = torch.minimum(reach, al.reach(r, nu, rho, dP[k], eP[s], pad))
             if aa is not None:
                 rh = aa.reach_heads(r, rho, dP[k], eP[s], pad)  # (H, T), before W_O
+                heads_at[k][s] = rh
                 reach = torch.minimum(reach, aa.combined(rh))
                 jr, jrM = aa.joint(r, rho, dP[k], eP[s], pad)  # THEORY F50: one direction for all heads
                 reach = torch.minimum(reach, jr)
             reaches[k][st.name] = (plain, float(reach.max()))
+            reach_at[k][s] = reach
             move = b * dP[k] if st.local else b * float(dP[k].max())
             dP[k] = _nan_inf(torch.where(dP[k] == 0, 0.0, move) + reach)
             # THEORY F40d: v_{0,m} of the layer-level stage, telescoped over its sub-stages from zero
@@ -589,6 +614,10 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
                 dJL = torch.minimum(dJL, torch.minimum(wm[k], _nan_inf(Mb * dJs[a][k] + wmL[k])) * (1 + 1e-12))
                 BL = torch.minimum(torch.minimum(BL, _nan_inf(nuL[a] + dJL)), PL[a][k].ball)
                 GB[a].append((BL, dJL))
+                # THEORY F66: the layer's first order carried across the next layer-level stage by exact products
+                if a in G and all(stages[t].local for t in range(a + 1, s + 1)):
+                    heads = (GW[a], heads_at[k][a]) if a in GW and a in heads_at[k] else None
+                    carry0[k][pos[a]] = _carry(G, blk, a, s, pos[a], reach_at[k], balls, dJs, k, stages, heads)
                 alt = _nan_inf(torch.where(dPa[k] == 0, 0.0, BL * float(dPa[k].max())) + dJL * nPa)
                 dP[k] = torch.minimum(dP[k], alt)
                 rc[k] = torch.minimum(rc[k], _nan_inf(BL * float(rca[k].max())))
@@ -627,7 +656,7 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
         eS[s - 1] = e_prev
     del C
     mid[(0, len(cuts) - 1)] = rows + eP[n]
-    middle = [middle_drift_column(mid, dJq[k], loc, len(cuts) - 1, blk, reach0[k], spans[k]) for k in range(nr)]
+    middle = [middle_drift_column(mid, dJq[k], loc, len(cuts) - 1, blk, reach0[k], spans[k], carry0[k]) for k in range(nr)]
     for k in range(nr):
         spans[k].update({(a, len(cuts) - 1): v for a, v in enumerate(middle[k][:-1])})
     suf = [float(N.sum(dim=1).max()) * (1 + T * _U) + e for N, e in zip(Nmat, eS)]

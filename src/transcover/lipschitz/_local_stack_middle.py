@@ -40,7 +40,8 @@ def layer_cuts(n: int, groups: dict) -> list[int]:
     return sorted(cuts)
 
 
-def middle_rows(stages: list, cuts: list[int], norms_of, exact: int = 4) -> tuple[dict, dict, dict, dict]:  # noqa: ANN001
+def middle_rows(stages: list, cuts: list[int], norms_of, exact: int = 4,  # noqa: ANN001
+                on_next=None) -> tuple[dict, dict, dict, dict]:  # noqa: ANN001
     r"""Certified rows ``mid[(a, b)] >= nu_i(M_{a,b}(x))`` (T,) for ``1 <= a < b <= L`` and ``(0, 1)``
     (layer-level stages, ``cuts`` from ``layer_cuts``) by float64 chains of the sub-stages' tangent
     maps started at every cut (from the first only its own stage: the prefix chain gives the rest);
@@ -52,7 +53,8 @@ def middle_rows(stages: list, cuts: list[int], norms_of, exact: int = 4) -> tupl
     (point norms of its remaining sub-stages) times the exact ``mid`` of the later layer-level stages,
     so the starts run from the last.  ``inner[t] = (N, e)``: for a sub-stage ``t`` strictly inside a layer-level
     stage ``a >= 1``, the same for the partial product ``J_{t-1} ... J_{c_a}`` (its rounding carried by the point
-    norms of the sub-stages in between; THEORY F40e).  THEORY F36 item 1."""
+    norms of the sub-stages in between; THEORY F40e).  ``on_next(a, K, e)`` (optional) is called with each computed
+    ``M_{a,a+1}``'s columns ``K`` and rounding bound ``e``, ``a >= 1`` (THEORY F66's carry).  THEORY F36 item 1."""
     from ._local_stack import _chunked, _local_error, rows_of_block_norms
 
     L = len(cuts) - 1
@@ -92,6 +94,8 @@ def middle_rows(stages: list, cuts: list[int], norms_of, exact: int = 4) -> tupl
                 err = sum(e * tail(m) * norm_after(level[m] + 1, b) for m, e in errs) * (1 + 1e-12)
                 blk[(a, b)] = (N, err)
                 mid[(a, b)] = rows_of_block_norms(N) + err
+                if on_next is not None and b == a + 1 and a > 0:
+                    on_next(a, K, err)
     return mid, blk, first, inner
 
 
@@ -103,7 +107,8 @@ def _reach(dJ: Tensor, rows: Tensor, local: bool) -> Tensor:
 
 
 def middle_drift_column(mid: dict, dJ: list[Tensor], local: list[bool], b: int, blk: dict | None = None,
-                        reach0: list[Tensor] | None = None, earlier: dict | None = None) -> list[Tensor]:
+                        reach0: list[Tensor] | None = None, earlier: dict | None = None,
+                        carry0: dict | None = None) -> list[Tensor]:
     r"""Rows ``dM[a] >= sup_{y in B} nu_i(M_{a,b}(y) - M_{a,b}(x))`` for ``a = 0 .. b`` (``dM[b] = 0``):
 
     .. math:: \delta M_{a,b,i} \le \sum_{a \le m < b} \Big(\sum_k \|M_{m+1,b}(x)_{ik}\|\, v_{a,m,k}
@@ -122,8 +127,11 @@ def middle_drift_column(mid: dict, dJ: list[Tensor], local: list[bool], b: int, 
     .. math:: \delta M_{a,b,i} \le \sum_{a \le m < b} \sum_k \|M_{m+1,b}(x)_{ik}\|\,
               \big(v_{a,m,k} + \Delta J_{m,k}\, \delta M_{a,m,\cdot}\big)
 
-    (``delta M_{a,m,k}`` for a token-local stage, else its largest row), the smaller kept.  Float64 sums of a few
-    non-negative products, padded by ``1e-12`` relative.  THEORY F36 item 2, F44d."""
+    (``delta M_{a,m,k}`` for a token-local stage, else its largest row), the smaller kept.  ``carry0`` (optional):
+    ``{m: Q}``, rows ``Q_i >= sup_y nu_i(M_{m+1,m+2}(x) dJ_m(y) M_{0,m}(x))`` of a layer carried by exact products from
+    its sub-stages (THEORY F66, ``_local_stack_carry``); for ``a = 0`` and ``b >= m + 2`` the first-order term
+    ``M_{m+1,b}(x) dJ_m M_{0,m}(x)`` (in both telescopings) is also ``M_{m+2,b}(x)`` applied to ``Q``, the smaller
+    kept.  Float64 sums of a few non-negative products, padded by ``1e-12`` relative.  THEORY F36 item 2, F44d, F66."""
     blk = {} if blk is None else blk
     T = dJ[0].shape[0] if dJ else next(iter(mid.values())).shape[0]
     one = torch.ones(T, dtype=torch.float64)
@@ -139,6 +147,11 @@ def middle_drift_column(mid: dict, dJ: list[Tensor], local: list[bool], b: int, 
             return N @ w + err * wmax
         return rows(m + 1, b) * wmax
 
+    def carried(a: int, m: int) -> Tensor | None:  # F66: rows of M_{m+1,b}(x) dJ_m M_{0,m}(x) via Q
+        if a > 0 or carry0 is None or m not in carry0 or m + 2 > b:
+            return None
+        return through(carry0[m], m + 1)
+
     out = {b: zero}
     for a in range(b - 1, -1, -1):
         acc, alt = zero.clone(), zero.clone()
@@ -146,13 +159,16 @@ def middle_drift_column(mid: dict, dJ: list[Tensor], local: list[bool], b: int, 
             v = _reach(dJ[m], rows(a, m), local[m])
             if a == 0 and reach0 is not None:
                 v = torch.minimum(v, reach0[m])
+            q = carried(a, m)
+            seen = through(v, m) if q is None else torch.minimum(through(v, m), q)
             if earlier is not None:  # F44d: the span's own drift on the right, M_{m+1,b} at x on the left
                 dA = zero if m == a else earlier.get((a, m), torch.full_like(zero, math.inf))
-                alt = alt + through(v + _reach(dJ[m], dA, local[m]), m)
+                x = _reach(dJ[m], dA, local[m])
+                alt = alt + (through(v + x, m) if q is None else seen + through(x, m))
             vmax = float(v.max())
             if not vmax > 0:
                 continue
-            acc = acc + through(v, m) + (0 if m + 1 == b else out[m + 1] * vmax)
+            acc = acc + seen + (0 if m + 1 == b else out[m + 1] * vmax)
         acc = torch.minimum(acc, alt) if earlier is not None else acc
         out[a] = torch.nan_to_num(acc * (1 + 1e-12), nan=math.inf, posinf=math.inf)
     return [out[a] for a in range(b + 1)]

@@ -11,12 +11,13 @@ Adam over the ball for the moves and remainders.  ``eigvalsh``, no pads: a measu
 
 import argparse
 import math
+from unittest import mock
 
 import torch
 from torch.func import jacrev, jvp
 
 from transcover.lipschitz import _local_stages as st
-from transcover.lipschitz._local_ffn_reach import ffn_reach_remainder
+from transcover.lipschitz import _local_ffn_reach as fr
 from transcover.lipschitz._local_rows import layer_rows
 from transcover.model import load
 from transcover.model._data import load_inputs
@@ -42,14 +43,16 @@ def record_parts(layer, X, r: float) -> dict:  # noqa: ANN001
     return seen
 
 
-def reach_whatif(seen: dict, r: float, i: int, scale: float) -> float:
-    """F54b at token i with ``remH`` times ``scale`` (and ``r_h`` from it): what a tighter ``remH`` would give."""
+def reach_whatif(seen: dict, r: float, i: int, scale: float, beta: bool = True) -> float:
+    """F54b at token i with ``remH`` times ``scale`` (and ``r_h`` from it); without ``beta``, its beyond-second-order
+    weights set to 0 (F58a's ``nested_beta`` patched): ``scale`` 0 then leaves ``N_Q r^2 / 2`` alone."""
     at, pt, gram, fn, drift, _ = seen["reach_args"]
     base = getattr(drift, "base", drift)
     S, eS = at.n1.sandwich(gram.S[i:i + 1], gram.err[i:i + 1])
     k, remH = slice(i, i + 1), fn.remH[i:i + 1] * scale
-    return float(ffn_reach_remainder(base.taylor, base.n1, at.z[k], S, eS, gram.wsum[k], r, remH,
-                                     torch.minimum(fn.rh[k], r * pt.h_pt[k] + remH), at.ez[k])[0])
+    with mock.patch.object(fr, "nested_beta", fr.nested_beta if beta else lambda z, R, *_: torch.zeros_like(R)):
+        return float(fr.ffn_reach_remainder(base.taylor, base.n1, at.z[k], S, eS, gram.wsum[k], r, remH,
+                                            torch.minimum(fn.rh[k], r * pt.h_pt[k] + remH), at.ez[k])[0])
 
 
 def maps(layer):  # noqa: ANN001, ANN201
@@ -70,8 +73,7 @@ def first_order(J, u0, restarts: int) -> tuple[float, float, float]:  # noqa: AN
             n = torch.einsum("tab,b->ta", Jt.transpose(1, 2), u).norm(dim=1).clamp(min=1e-300)
             v = torch.einsum("tab,b,t->a", G, u, 1 / n)
             u = v / v.norm()
-        n = torch.einsum("tab,b->ta", Jt.transpose(1, 2), u).norm(dim=1)
-        best = max(best, float(n.sum()))
+        best = max(best, float((n := torch.einsum("tab,b->ta", Jt.transpose(1, 2), u).norm(dim=1)).sum()))
         w = n.clamp(min=1e-12 * float(n.max()))
         ub = min(ub, math.sqrt(float(torch.linalg.eigvalsh((G / w[:, None, None]).sum(0))[-1]) * float(w.sum())))
     return best, ub, float(torch.linalg.matrix_norm(Jt, ord=2).sum())
@@ -82,16 +84,14 @@ def ascend(f, X, r: float, inits, steps: int) -> float:  # noqa: ANN001
     best = 0.0
     for E0 in inits:
         E = E0.clone().requires_grad_(True)
-        opt = torch.optim.Adam([E], lr=0.1 * r)
-        sch = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps)
+        sch = torch.optim.lr_scheduler.CosineAnnealingLR(opt := torch.optim.Adam([E], lr=0.1 * r), steps)
         for _ in range(steps):
             val = f(E)
             best = max(best, float(val.detach()))
             E.grad = torch.autograd.grad(-val, E)[0]
             opt.step()
             sch.step()
-            with torch.no_grad():
-                E.mul_((r / E.norm(dim=1, keepdim=True)).clamp(max=1.0))
+            E.data.mul_((r / E.data.norm(dim=1, keepdim=True)).clamp(max=1.0))
         best = max(best, float(f(E.detach())))
     return best
 
@@ -140,8 +140,8 @@ def main() -> None:
                 v = {n: f"{float(p[n][i]):.4g}" for n in ("lim", "r2", "rg", "remG", "ffn", "rh", "hp", "remH")}
                 print(f"  token {i}: sqrt(d) sigma2 {v['lim']}, r2 {v['r2']} | r g_pt {v['rg']}, remG {v['remG']}, "
                       f"FFN rem {v['ffn']} (r_h {v['rh']}, r h_pt {v['hp']}, remH {v['remH']})", flush=True)
-                print("    F54b with remH x 1, 0.3, 0.1, 0.03, 0: " + ", ".join(
-                    f"{reach_whatif(p, r, i, c):.4g}" for c in (1, 0.3, 0.1, 0.03, 0)), flush=True)
+                wi = [reach_whatif(p, r, i, c) for c in (1, 0.3, 0.1, 0.03, 0)] + [reach_whatif(p, r, i, 0, False)]
+                print("    F54b, remH x 1, 0.3, 0.1, 0.03, 0; N_Q r^2/2: " + ", ".join(f"{x:.4g}" for x in wi))
                 print("    " + token_report(L, X, r, i, a), flush=True)
         X = layer_forward(L, X).detach()
 

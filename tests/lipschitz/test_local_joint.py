@@ -25,11 +25,16 @@ from transcover.lipschitz._local_sharp import softmax_envelope
 from transcover.model import attention_forward, attention_scores
 
 
-def _remainder(f, X: torch.Tensor):  # noqa: ANN001, ANN202
-    """``Z -> f(Z) - f(X) - J_f(X)(Z - X)`` (T, m), the exact Jacobian formed once (small layers)."""
-    J = torch.autograd.functional.jacobian(f, X)  # (T, m, T, d)
+def _linearised(f, X: torch.Tensor):  # noqa: ANN001, ANN202
+    """(``J``, ``Z -> f(Z) - f(X) - J_f(X)(Z - X)``): the exact Jacobian (T, m, T, d) formed once (small layers)."""
+    J = torch.autograd.functional.jacobian(f, X)
     f0 = f(X).detach()
-    return lambda Z: f(Z) - f0 - torch.einsum("imjd,...jd->...im", J, Z - X)
+    return J, lambda Z: f(Z) - f0 - torch.einsum("imjd,...jd->...im", J, Z - X)
+
+
+def _remainder(f, X: torch.Tensor):  # noqa: ANN001, ANN202
+    """``Z -> f(Z) - f(X) - J_f(X)(Z - X)`` (T, m)."""
+    return _linearised(f, X)[1]
 
 
 def _remainder_lowered(f, absf, X: torch.Tensor):  # noqa: ANN001, ANN202
@@ -37,16 +42,15 @@ def _remainder_lowered(f, absf, X: torch.Tensor):  # noqa: ANN001, ANN202
     the abs evaluations ``|f|(Z) + |f|(X) + |J||Z - X|`` (``absf``: f's products and sums on absolute values;
     ``k = 2(T + m + d) + 8`` covers the softmax, both products and the Jacobian's contraction): a head whose
     remainder is 0 to 1e-15 (a one-hot row) otherwise measures its own rounding."""
-    J = torch.autograd.functional.jacobian(f, X)  # (T, m, T, d)
-    f0, a0 = f(X).detach(), absf(X).detach()
+    J, rem = _linearised(f, X)
+    a0 = absf(X).detach()
     T, m, _, d = J.shape
     k = 2 * (T + m + d) + 8
     gk = k * 2.0**-53 / (1 - k * 2.0**-53)
 
     def lowered(Z: torch.Tensor) -> torch.Tensor:
-        lin = torch.einsum("imjd,...jd->...im", J, Z - X)
         scale = absf(Z) + a0 + torch.einsum("imjd,...jd->...im", J.abs(), (Z - X).abs())
-        return (f(Z) - f0 - lin).norm(dim=-1) - gk * scale.norm(dim=-1)
+        return rem(Z).norm(dim=-1) - gk * scale.norm(dim=-1)
 
     return lowered
 

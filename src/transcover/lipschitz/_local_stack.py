@@ -51,7 +51,7 @@ from ._local_stack_aligned import FFNAligned
 from ._local_stack_attn import AttentionAligned
 from ._local_stack_carry import carried_first_order, carry_blocks, tail_drift
 from ._local_stack_middle import layer_cuts, middle_drift_column, middle_rows
-from ._local_stack_second import heads_second_order, near_second_order, second_order_rows, tail_sup
+from ._local_stack_second import far_second_order, heads_second_order, near_second_order, second_order_rows, tail_sup
 from ._local_stack_stages import _Stage, layer_stages, norm_stage
 from ._weights import ROUNDING_PAD
 
@@ -244,7 +244,7 @@ def _second(G: dict, GW: dict, blk: dict, inner: dict, a: int, last: int, q: int
     if a not in G:
         return near, None
     hw = (GW[a], heads[0] * float(dM.max())) if heads is not None and a in GW else None
-    return near, carried_first_order([G[t] for t in range(a, last)], u, dR, blk[(q + 1, q + 2)], hw)
+    return near, far_second_order([G[t] for t in range(a, last)], u, dR, blk[(q + 1, q + 2)], hw)
 
 
 def _nan_inf(t: Tensor) -> Tensor:

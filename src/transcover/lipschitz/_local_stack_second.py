@@ -20,7 +20,9 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["heads_second_order", "near_second_order", "second_order_rows", "tail_sup"]
+from ._local_stack_carry import carried_first_order
+
+__all__ = ["far_second_order", "heads_second_order", "near_second_order", "second_order_rows", "tail_sup"]
 
 
 def second_order_rows(dM: Tensor, drifts: list[Tensor], inner: list[tuple | None], first_local: bool) -> list[Tensor]:
@@ -73,3 +75,10 @@ def heads_second_order(through: Tensor, dR: Tensor, drift: Tensor, dM: Tensor) -
     rows, ``drift`` the sub-stage's drift rows, ``dM = delta``.  Padded by ``1e-12`` relative.  THEORY F69."""
     out = (through + dR * drift) * float(dM.max()) * (1 + 1e-12)
     return torch.nan_to_num(out, nan=math.inf, posinf=math.inf)
+
+
+def far_second_order(G: list, u: list[Tensor], dR: list[Tensor], nxt: tuple, heads: tuple | None = None) -> Tensor:
+    r"""(T,) rows ``>= sup_y nu_i(M_{q+1,q+2}(x) (J_q(y) - J_q(x)) D(y))``: F66's ``carried_first_order`` with the
+    sub-stages' reach rows replaced by ``u`` (``second_order_rows``) and, for a post-LN attention, the heads' rows by
+    ``dZ_{h,k} max_j delta_j`` (``heads = (SW, that)``); ``G``, ``dR``, ``nxt`` as there.  THEORY F69 (c)."""
+    return carried_first_order(G, u, dR, nxt, heads)

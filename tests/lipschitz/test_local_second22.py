@@ -127,6 +127,6 @@ def test_homogeneity(monkeypatch):
     rnd = lambda *s: torch.rand(*s, generator=g, dtype=torch.float64)  # noqa: E731
     dM, dJ, inner = rnd(3), [rnd(3) for _ in range(3)], [None, (rnd(3, 3), 1e-9), (rnd(3, 3), 1e-9)]
     one = se.second_order_rows(dM, dJ, inner, False)
-    twos = (se.second_order_rows(2.0 * dM, dJ, inner, False), se.second_order_rows(dM, [2 * v for v in dJ], inner, False))
+    twos = (se.second_order_rows(2 * dM, dJ, inner, False), se.second_order_rows(dM, [2 * v for v in dJ], inner, False))
     for two in twos:
         assert all(torch.allclose(y, 2.0 * x, rtol=1e-12, atol=0.0) for x, y in zip(one, two))

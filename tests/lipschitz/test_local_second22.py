@@ -79,7 +79,7 @@ def _attained(spec, X: torch.Tensor, rho: float, layer: int, far: bool) -> torch
         nxt = (lambda Z: layer_forward(ly[layer + 1], Z)) if layer + 1 < len(ly) else spec.final_norm
         return _jvp(nxt, mid(x1), w) if far else w
 
-    return torch.tensor(token_ascents(out, X, rho, starts=2, steps=8), dtype=torch.float64)
+    return torch.tensor(token_ascents(out, X, rho, starts=2, steps=6), dtype=torch.float64)
 
 
 @pytest.mark.parametrize("case", CASES)

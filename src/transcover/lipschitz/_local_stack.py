@@ -51,6 +51,7 @@ from ._local_stack_aligned import FFNAligned
 from ._local_stack_attn import AttentionAligned
 from ._local_stack_carry import carried_first_order, carry_blocks, tail_drift
 from ._local_stack_middle import layer_cuts, middle_drift_column, middle_rows
+from ._local_stack_second import far_second_order, heads_second_order, near_second_order, second_order_rows, tail_sup
 from ._local_stack_stages import _Stage, layer_stages, norm_stage
 from ._weights import ROUNDING_PAD
 
@@ -216,13 +217,34 @@ def _suffix_heads(C: Tensor, att) -> Tensor:  # noqa: ANN001
     return (sp + pad) * (1 + 1e-12)
 
 
-def _carry(G: dict, blk: dict, a: int, last: int, q: int, reach: dict, balls: list, dJs: list, k: int,
-           stages: list, heads: tuple | None) -> Tensor:
+def _tail(a: int, last: int, balls: list, dJs: list, k: int, stages: list) -> list[Tensor]:
+    """``tail_drift``'s rows ``dR_s`` of the layer on sub-stages ``a .. last`` (THEORY F66)."""
+    span = range(a, last + 1)
+    return tail_drift([balls[t][k] for t in span], [dJs[t][k] for t in span], [stages[t].pt for t in span])
+
+
+def _carry(G: dict, blk: dict, a: int, last: int, q: int, reach: dict, dR: list, heads: tuple | None) -> Tensor:
     """THEORY F66: rows ``Q_i >= sup nu_i(M_{q+1,q+2}(x) dJ_q(y) M_{0,q}(x))`` of the layer on sub-stages
     ``a .. last`` (layer-level stage ``q``), from the sub-stages' reach rows carried by ``G`` (``carry_blocks``)."""
+    return carried_first_order([G[t] for t in range(a, last)], [reach[t] for t in range(a, last + 1)], dR,
+                               blk[(q + 1, q + 2)], heads)
+
+
+def _second(G: dict, GW: dict, blk: dict, inner: dict, a: int, last: int, q: int, dM: Tensor, balls: list,
+            dJs: list, k: int, stages: list, dR: list, heads: tuple | None) -> tuple[Tensor, Tensor | None]:
+    """THEORY F69: rows ``(near, far)`` of the layer's second-order term ``(J_q(y) - J_q(x)) D(y)`` on sub-stages
+    ``a .. last``, ``D`` the incoming prefix drift with rows ``dM``: split over the sub-stages, and carried across the
+    next layer-level stage by ``G`` (``None`` where there is none).  ``heads = (dZ, through)`` (optional): the post-LN
+    attention's heads' drift rows and their view through the layer's token-local product at x (F44g)."""
     span = range(a, last + 1)
-    dR = tail_drift([balls[t][k] for t in span], [dJs[t][k] for t in span], [stages[t].pt for t in span])
-    return carried_first_order([G[t] for t in range(a, last)], [reach[t] for t in span], dR, blk[(q + 1, q + 2)], heads)
+    u = second_order_rows(dM, [dJs[t][k] for t in span], [None] + [inner[t] for t in range(a + 1, last + 1)],
+                          stages[a].local)
+    first = heads_second_order(heads[1], dR[0], dJs[a][k], dM) if heads is not None else None
+    near = near_second_order(u, tail_sup([balls[t][k] for t in span], [stages[t].pt for t in span], dR), first)
+    if a not in G:
+        return near, None
+    hw = (GW[a], heads[0] * float(dM.max())) if heads is not None and a in GW else None
+    return near, far_second_order([G[t] for t in range(a, last)], u, dR, blk[(q + 1, q + 2)], hw)
 
 
 def _nan_inf(t: Tensor) -> Tensor:
@@ -477,8 +499,10 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
     dJq: list[list[Tensor]] = [[] for _ in rhos]  # per rho, each layer-level stage's drift rows
     reach0: list[list[Tensor]] = [[] for _ in rhos]  # per rho, each layer-level stage's v_{0,m} (THEORY F40d)
     carry0: list[dict] = [{} for _ in rhos]  # per rho, layer-level stage -> its carried first order (THEORY F66)
+    second0: list[dict] = [{} for _ in rhos]  # per rho, layer-level stage -> its split second-order rows (THEORY F69)
     reach_at: list[dict] = [{} for _ in rhos]  # per rho, sub-stage -> its reach rows nu_k(dJ_s P_s(x))
     heads_at: list[dict] = [{} for _ in rhos]  # per rho, attention sub-stage -> its heads' reach rows before W_O
+    hdz: list[dict] = [{} for _ in rhos]  # per rho, attention sub-stage -> (heads' drift rows, their F44g view)
     w0 = [torch.zeros(T, dtype=torch.float64) for _ in rhos]  # the running v_{0,m} inside a layer
     wm = [torch.zeros(T, dtype=torch.float64) for _ in rhos]  # the running drift rows of the partial layer product
     w0L = [torch.zeros(T, dtype=torch.float64) for _ in rhos]  # the running v_{0,m} of a layer's token-local part
@@ -512,7 +536,7 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
         if s in pos and s > 0:  # the prefix's drift by exact middle products (THEORY F36 item 3)
             mid[(0, pos[s])] = torch.minimum(mid[(0, pos[s])], nu) if (0, pos[s]) in mid else nu
             for k in range(nr):
-                col = middle_drift_column(mid, dJq[k], loc, pos[s], blk, reach0[k], spans[k], carry0[k])
+                col = middle_drift_column(mid, dJq[k], loc, pos[s], blk, reach0[k], spans[k], carry0[k], second0[k])
                 spans[k].update({(a, pos[s]): v for a, v in enumerate(col[:-1])})
                 dP[k] = torch.minimum(dP[k], col[0])
         if s in first:
@@ -582,6 +606,8 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
             if s in first:  # the layer's attention: its reach seen through the exact token-local product (F40f)
                 ratt[k], w0L[k], wmL[k] = reach, torch.zeros_like(reach), torch.zeros_like(reach)
                 hatt[k] = aa.through(rh) if aa is not None else None
+                if hatt[k] is not None and hx[s][k] is not None:  # THEORY F69: the heads' drift through M(x) W_O^hT
+                    hdz[k][s] = (hx[s][k][0], aa.through(hx[s][k][0]))
                 if hatt[k] is not None and jrM is not None:
                     hatt[k] = torch.minimum(hatt[k], jrM)
             else:
@@ -615,9 +641,14 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
                 BL = torch.minimum(torch.minimum(BL, _nan_inf(nuL[a] + dJL)), PL[a][k].ball)
                 GB[a].append((BL, dJL))
                 # THEORY F66: the layer's first order carried across the next layer-level stage by exact products
-                if a in G and all(stages[t].local for t in range(a + 1, s + 1)):
-                    heads = (GW[a], heads_at[k][a]) if a in GW and a in heads_at[k] else None
-                    carry0[k][pos[a]] = _carry(G, blk, a, s, pos[a], reach_at[k], balls, dJs, k, stages, heads)
+                if all(stages[t].local for t in range(a + 1, s + 1)):
+                    dR = _tail(a, s, balls, dJs, k, stages)
+                    if a in G:
+                        heads = (GW[a], heads_at[k][a]) if a in GW and a in heads_at[k] else None
+                        carry0[k][pos[a]] = _carry(G, blk, a, s, pos[a], reach_at[k], dR, heads)
+                    if (0, pos[a]) in spans[k]:  # THEORY F69: the second-order term over the sub-stages
+                        second0[k][pos[a]] = _second(G, GW, blk, inner, a, s, pos[a], spans[k][(0, pos[a])], balls,
+                                                     dJs, k, stages, dR, hdz[k].get(a))
                 alt = _nan_inf(torch.where(dPa[k] == 0, 0.0, BL * float(dPa[k].max())) + dJL * nPa)
                 dP[k] = torch.minimum(dP[k], alt)
                 rc[k] = torch.minimum(rc[k], _nan_inf(BL * float(rca[k].max())))
@@ -656,7 +687,8 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
         eS[s - 1] = e_prev
     del C
     mid[(0, len(cuts) - 1)] = rows + eP[n]
-    middle = [middle_drift_column(mid, dJq[k], loc, len(cuts) - 1, blk, reach0[k], spans[k], carry0[k]) for k in range(nr)]
+    middle = [middle_drift_column(mid, dJq[k], loc, len(cuts) - 1, blk, reach0[k], spans[k], carry0[k], second0[k])
+              for k in range(nr)]
     for k in range(nr):
         spans[k].update({(a, len(cuts) - 1): v for a, v in enumerate(middle[k][:-1])})
     suf = [float(N.sum(dim=1).max()) * (1 + T * _U) + e for N, e in zip(Nmat, eS)]

@@ -108,7 +108,7 @@ def _reach(dJ: Tensor, rows: Tensor, local: bool) -> Tensor:
 
 def middle_drift_column(mid: dict, dJ: list[Tensor], local: list[bool], b: int, blk: dict | None = None,
                         reach0: list[Tensor] | None = None, earlier: dict | None = None,
-                        carry0: dict | None = None) -> list[Tensor]:
+                        carry0: dict | None = None, second0: dict | None = None) -> list[Tensor]:
     r"""Rows ``dM[a] >= sup_{y in B} nu_i(M_{a,b}(y) - M_{a,b}(x))`` for ``a = 0 .. b`` (``dM[b] = 0``):
 
     .. math:: \delta M_{a,b,i} \le \sum_{a \le m < b} \Big(\sum_k \|M_{m+1,b}(x)_{ik}\|\, v_{a,m,k}
@@ -131,7 +131,12 @@ def middle_drift_column(mid: dict, dJ: list[Tensor], local: list[bool], b: int, 
     ``{m: Q}``, rows ``Q_i >= sup_y nu_i(M_{m+1,m+2}(x) dJ_m(y) M_{0,m}(x))`` of a layer carried by exact products from
     its sub-stages (THEORY F66, ``_local_stack_carry``); for ``a = 0`` and ``b >= m + 2`` the first-order term
     ``M_{m+1,b}(x) dJ_m M_{0,m}(x)`` (in both telescopings) is also ``M_{m+2,b}(x)`` applied to ``Q``, the smaller
-    kept.  Float64 sums of a few non-negative products, padded by ``1e-12`` relative.  THEORY F36 item 2, F44d, F66."""
+    kept.  ``second0`` (optional): ``{m: (near, far)}``, rows ``near_i >= sup_y nu_i((J_m(y) - J_m(x)) D(y))``,
+    ``D = M_{0,m}(y) - M_{0,m}(x)``, of a layer split over its sub-stages, and ``far`` (or ``None``) the same through
+    ``M_{m+1,m+2}(x)`` (THEORY F69, ``_local_stack_second``); for ``a = 0`` F44d's second-order term
+    ``M_{m+1,b}(x) dJ_m dM_{0,m}`` is also ``M_{m+1,b}(x)`` applied to ``near`` and ``M_{m+2,b}(x)`` to ``far``, the
+    smallest kept.  Float64 sums of a few non-negative products, padded by ``1e-12`` relative.  THEORY F36 item 2,
+    F44d, F66, F69."""
     blk = {} if blk is None else blk
     T = dJ[0].shape[0] if dJ else next(iter(mid.values())).shape[0]
     one = torch.ones(T, dtype=torch.float64)
@@ -152,6 +157,14 @@ def middle_drift_column(mid: dict, dJ: list[Tensor], local: list[bool], b: int, 
             return None
         return through(carry0[m], m + 1)
 
+    def split(x: Tensor, a: int, m: int) -> Tensor:  # F69: rows of M_{m+1,b}(x) dJ_m D(y), D the span's own drift
+        seen = through(x, m)
+        if a > 0 or second0 is None or m not in second0:
+            return seen
+        near, far = second0[m]
+        seen = torch.minimum(seen, through(near, m))
+        return seen if far is None or m + 2 > b else torch.minimum(seen, through(far, m + 1))
+
     out = {b: zero}
     for a in range(b - 1, -1, -1):
         acc, alt = zero.clone(), zero.clone()
@@ -164,7 +177,7 @@ def middle_drift_column(mid: dict, dJ: list[Tensor], local: list[bool], b: int, 
             if earlier is not None:  # F44d: the span's own drift on the right, M_{m+1,b} at x on the left
                 dA = zero if m == a else earlier.get((a, m), torch.full_like(zero, math.inf))
                 x = _reach(dJ[m], dA, local[m])
-                alt = alt + (through(v + x, m) if q is None else seen + through(x, m))
+                alt = alt + torch.minimum(through(v + x, m), seen + split(x, a, m))
             vmax = float(v.max())
             if not vmax > 0:
                 continue

@@ -467,8 +467,9 @@ class _LastCall:
 def ffn_reach_rows(at: LayerAtX, gram: RowGram, fn: PostFirstNorm, ffn_drift, r: float, tail: _LastCall,  # noqa: ANN001
                    rows: dict) -> dict:
     """The rows with F70a's FFN drift through the reachable rows (``ffn_reach_drift``, in place in ``fn.ffnq``) at the
-    token of the largest ball row, again while that token changes, at most ``REACH_DRIFT_TOKENS`` tokens (F70c: a gate
-    of cost; every row stays certified, a token not evaluated keeps its terms).  Only where the caller reads the
+    token of the largest ball row, again while that token changes, at most ``REACH_DRIFT_TOKENS`` tokens, not where that
+    token's second-norm input radius reaches the floor ``sqrt(d) sigma2`` (F70c: a gate of cost; every row stays
+    certified, a token not evaluated keeps its terms).  Only where the caller reads the
     maxima (F45's tiers) and the FFN is an exact-GELU one (F38's constants)."""
     from ._local_ffn_reach import ffn_reach_drift
 
@@ -478,8 +479,8 @@ def ffn_reach_rows(at: LayerAtX, gram: RowGram, fn: PostFirstNorm, ffn_drift, r:
     tried: set = set()
     while len(tried) < REACH_DRIFT_TOKENS:
         i = int(torch.nan_to_num(rows["total"], nan=math.inf).argmax())
-        if i in tried:
-            break
+        if i in tried or (at.sig2 is not None and not bool(rows["stage"]["ffn"][i] < math.sqrt(at.d) * at.sig2[i])):
+            break  # evaluated, or the second norm's floor lost there (the row is s_floor's cap: F70 cannot matter)
         tried.add(i)
         S, eS = at.n1.sandwich(gram.S[i:i + 1], gram.err[i:i + 1])
         q, qm = ffn_reach_drift(base.taylor, base.n1, at.z[i:i + 1], S, eS, gram.wsum[i:i + 1], r,

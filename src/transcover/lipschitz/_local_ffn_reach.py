@@ -168,8 +168,8 @@ def ffn_reach_remainder(const: dict, n1: Tensor, z: Tensor, S: Tensor, eS: Tenso
 
 
 def ffn_reach_drift(const: dict, n1: Tensor, z: Tensor, S: Tensor, eS: Tensor, wsum: Tensor, r: float,
-                    remH: Tensor, rh: Tensor, ez: Tensor | None = None) -> Tensor:
-    r"""(n,) certified ``sup ||P(J_F(h + dh) - J_F(h)) b||`` per token over ``dh = a + rho`` (``a a^T <= r^2 Q*``,
+                    remH: Tensor, rh: Tensor, ez: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    r"""(n,) each: ``ffnq``, certified ``sup ||P(J_F(h + dh) - J_F(h)) b||`` per token over ``dh = a + rho`` (``a a^T <= r^2 Q*``,
     ``||rho|| <= remH``, ``||dh|| <= rh``) and ``b b^T <= Q*`` (``Q* = wsum S*`` as in ``ffn_reach_remainder``: the first
     norm's reachable rows, F40a), THEORY F70a.  With ``s_k = w1_k . dh``, ``b_k = w1_k . b``, ``c_k = Pw2_k . u`` and
     ``GELU'(z*_k + s) - GELU'(z*_k) = GELU''(z*_k) s + rho_k(s)``, ``|rho_k(s)| <= omega_k |s|`` on ``|s| <= R_k``:
@@ -178,11 +178,12 @@ def ffn_reach_drift(const: dict, n1: Tensor, z: Tensor, S: Tensor, eS: Tensor, w
 
     (the signed first order by F40b's tensor norms through the ellipsoid for both ``dh`` and ``b``; the rest by
     Cauchy-Schwarz over the units, ``sum_k omega_k |s_k b_k||c_k|``, ``k_* = lambda_max(diag(omega)^{1/2} H diag(omega)^{1/2})^{1/2}``
-    for ``H = G o G, G o G_1``).  ``omega_k = min(s3_k R_k / 2, max(hi_k - D_k, D_k - lo_k) + eD_k)``: Taylor with
+    for ``H = G o G, G o G_1``); and ``ffnqm >= sup ||P(J_F(h + dh) - J_F(h))||_2`` over the same ``dh`` (any unit
+    direction: ``N_{Qm} r + N_2 rem_H`` and ``k_{Qm} r + k_1 rem_H``, ``k_1`` for F38's ``H = G_1 o G_1``, F70a ii).  ``omega_k = min(s3_k R_k / 2, max(hi_k - D_k, D_k - lo_k) + eD_k)``: Taylor with
     ``|GELU'''| <= s3_k`` on unit k's reach, or the slope's mean ``(GELU'(z* + s) - GELU'(z*))/s`` in GELU'''s range
     ``[lo_k, hi_k]`` there (``gelu2_range``) against the exact centre's value within ``eD`` of the evaluated ``D``.  The
     forms, reaches and their rounding are ``ffn_reach_remainder``'s (``_token_forms``); the weights and sums padded
-    ``(1 + 1e-12)``; nan gives inf.  Exact (erf) GELU only; cost ~``6 d d_ff^2`` flops and two certified ``d_ff x d_ff``
+    ``(1 + 1e-12)``; nan gives inf.  Exact (erf) GELU only; cost ~``8 d d_ff^2`` flops and three certified ``d_ff x d_ff``
     ``lambda_max`` a token."""
     lay = _layer_forms(const, n1)
     n2 = ffn_second_norms(const, z, ez)
@@ -197,7 +198,7 @@ def ffn_reach_drift(const: dict, n1: Tensor, z: Tensor, S: Tensor, eS: Tensor, w
         k = [torch.sqrt(_weighted_lmax(Hm, eHm, sw))[0] for Hm, eHm in
              ((f["HQ"], f["eHQ"]), (f["HQm"], f["eHQm"]), (const["H"], const["eH"]))]
         nw = _weighted_norm(const["W2"].T, sw)[0] + float(sw.max()) * const["eW2"]
-        rh_, rm = float(remH[i]), r * float(remH[i])
-        out[i, 0] = (f["nq"] * r + f["nqm"] * rh_ + float(nw * (k[0] * r + k[1] * rh_))) * (1 + 1e-12)
-        out[i, 1] = (f["nqm"] * r + float(n2[i]) * rh_ + float(nw * (k[1] * r + k[2] * rh_))) * (1 + 1e-12)
+        rem = float(remH[i])
+        out[i, 0] = (f["nq"] * r + f["nqm"] * rem + float(nw * (k[0] * r + k[1] * rem))) * (1 + 1e-12)
+        out[i, 1] = (f["nqm"] * r + float(n2[i]) * rem + float(nw * (k[1] * r + k[2] * rem))) * (1 + 1e-12)
     return torch.nan_to_num(out, nan=math.inf).unbind(1)

@@ -62,3 +62,16 @@ def shared_tmp(tmp_path_factory):
     in a serial run), for results several test files compute alike (``lipschitz_testkit.cached_layer_rows``)."""
     base = tmp_path_factory.getbasetemp()
     return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@pytest.fixture
+def without_reach_drift():
+    """F70c's post-pass off (``REACH_DRIFT_TOKENS = 0``): for the tests of F37a/F45b/F61b's rule, whose maxima must be
+    the floats of the full refinement -- F70 lowers the rows of the tokens it evaluates, which tokens depends on the
+    refinement, so with it on the maxima are certified but not those floats.  Its own patch: a test's
+    ``monkeypatch.undo()`` leaves it in place."""
+    from transcover.lipschitz import _local_stages
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_local_stages, "REACH_DRIFT_TOKENS", 0)
+        yield

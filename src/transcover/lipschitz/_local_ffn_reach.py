@@ -19,7 +19,7 @@ from ._local_ffn2 import _GELU2_ABS_ERR, _weighted_lmax, _weighted_norm, centre_
 from ._local_jacobian import gelu_second
 from ._local_stack_aligned import _gamma, _hadamard_norm
 
-__all__ = ["gelu2_range", "nested_beta", "ffn_reach_remainder"]
+__all__ = ["gelu2_range", "nested_beta", "ffn_reach_remainder", "ffn_reach_drift"]
 
 _PHI0 = 1 / math.sqrt(2 * math.pi)
 _U = 2.0**-53
@@ -78,6 +78,47 @@ def nested_beta(z: Tensor, R: Tensor, ez: Tensor | float, eD: Tensor | float, pi
     return out
 
 
+def _layer_forms(const: dict, n1: Tensor) -> dict:
+    """The radius-free data F54b and F70 share: ``||W_1||_F`` and ``max ||w1_k||`` (each rounded up), ``G_1 = W_1^T W_1``,
+    its rounding ``e_1 = gamma_{d+2} ||W_1||_F^2`` and ``max|G_1|``."""
+    W1 = const["W1"]
+    fW1 = float(W1.norm()) * (1 + W1.numel() * _gamma(1))
+    G1 = W1.T @ W1
+    return {"n1": n1, "fW1": fW1, "w1max": float(n1.max()), "G1": G1, "e1": _gamma(W1.shape[0] + 2) * fW1 * fW1,
+            "g1max": float(G1.abs().max())}
+
+
+def _token_forms(const: dict, lay: dict, z: Tensor, S: Tensor, eS: float, wsum: float, r: float, remH: float,
+                 rh: float, ez: Tensor | None) -> dict:
+    """One token's ellipsoid forms (THEORY F54b, shared with F70): ``Q = wsum (sym(S) + eS I)`` within ``gamma_4 ||Q||_F``,
+    ``G = W_1^T Q W_1`` within ``eG``, ``HQ = G o G`` and ``HQm = G o G_1`` with their Frobenius errors, the signed
+    tensor norms ``nq``, ``nqm`` (F40b's ``_hadamard_norm``, the centred ``W_2``'s ``eW2`` added), the evaluated
+    ``D = GELU''(z)`` within ``eD`` (``centre_gelu2_err``) of the exact centre's and the unit reaches
+    ``Rk = min(||w1_k|| rh, r (G_kk + eG)^{1/2} + ||w1_k|| remH) (1 + 1e-12) + ez_k``."""
+    W1, d, fW1, n1 = const["W1"], const["W1"].shape[0], lay["fW1"], lay["n1"]
+    Si = 0.5 * (S + S.T)
+    Si.diagonal().add_(float(eS))
+    Q = wsum * Si
+    fQ = float(Q.norm()) * (1 + Q.numel() * _gamma(1))
+    eQ = _gamma(4) * fQ
+    G = (W1.T @ Q) @ W1
+    eG = fW1 * fW1 * (_gamma(2 * d) * fQ + eQ) * (1 + 1e-12)
+    gmax = float(G.abs().max())
+    HQ, HQm = G * G, G * lay["G1"]
+    eHQ = (eG * (2 * gmax + eG) + _gamma(1) * float(HQ.norm())) * (1 + 1e-12)
+    eHQm = (eG * (lay["g1max"] + lay["e1"]) + lay["e1"] * gmax + _gamma(1) * float(HQm.norm())) * (1 + 1e-12)
+    Dk = gelu_second(z)
+    eD = torch.as_tensor(centre_gelu2_err(ez), dtype=torch.float64)
+    dmax = float(Dk.abs().max()) + float(eD.max())
+    nKQ, nKQm = (fQ + eQ) * lay["w1max"] * fW1, math.sqrt(fQ + eQ) * lay["w1max"] * fW1  # ||K_Q||, ||K_{Q,I}|| (F40b)
+    nq = _hadamard_norm(const, HQ, eHQ, Dk, nKQ, float(eD.max())) + const["eW2"] * dmax * nKQ
+    nqm = _hadamard_norm(const, HQm, eHQm, Dk, nKQm, float(eD.max())) + const["eW2"] * dmax * nKQm
+    Rk = torch.minimum(n1 * rh, r * torch.sqrt(G.diagonal().clamp(min=0.0) + eG) + n1 * remH) * (1 + 1e-12)
+    if ez is not None:
+        Rk = Rk + ez
+    return {"HQ": HQ, "eHQ": eHQ, "HQm": HQm, "eHQm": eHQm, "nq": nq, "nqm": nqm, "Rk": Rk, "D": Dk, "eD": eD}
+
+
 def ffn_reach_remainder(const: dict, n1: Tensor, z: Tensor, S: Tensor, eS: Tensor, wsum: Tensor, r: float,
                         remH: Tensor, rh: Tensor, ez: Tensor | None = None) -> Tensor:
     r"""(n,) certified ``sup ||P(F(h + dh) - F(h) - J_F dh)||`` per token over ``dh = a + rho``, ``a a^T <= r^2 Q*``,
@@ -102,37 +143,14 @@ def ffn_reach_remainder(const: dict, n1: Tensor, z: Tensor, S: Tensor, eS: Tenso
     ``GELU''``'s error at the centre ``e_k = centre_gelu2_err`` in each ``N`` (its max) and in ``beta_k`` (``+ e_k``:
     ``D`` taken at ``z``, the remainder's ``hi - D*, D* - lo`` against the exact ``D*``).  Exact (erf) GELU only; cost
     ~``8 d d_ff^2`` flops and three certified ``d_ff x d_ff`` ``lambda_max`` a token."""
-    W1, W2 = const["W1"], const["W2"]
-    d = W1.shape[0]
-    fW1 = float(W1.norm()) * (1 + W1.numel() * _gamma(1))
-    w1max = float(n1.max())
-    G1 = W1.T @ W1
-    e1 = _gamma(d + 2) * fW1 * fW1
-    g1max = float(G1.abs().max())
+    W2 = const["W2"]
+    lay = _layer_forms(const, n1)
     n2 = ffn_second_norms(const, z, ez)
     out = torch.empty(len(z), dtype=torch.float64)
     for i in range(len(z)):
-        Si = 0.5 * (S[i] + S[i].T)
-        Si.diagonal().add_(float(eS[i]))
-        Q = float(wsum[i]) * Si
-        fQ = float(Q.norm()) * (1 + Q.numel() * _gamma(1))
-        eQ = _gamma(4) * fQ
-        G = (W1.T @ Q) @ W1
-        eG = fW1 * fW1 * (_gamma(2 * d) * fQ + eQ) * (1 + 1e-12)
-        gmax = float(G.abs().max())
-        HQ, HQm = G * G, G * G1
-        eHQ = (eG * (2 * gmax + eG) + _gamma(1) * float(HQ.norm())) * (1 + 1e-12)
-        eHQm = (eG * (g1max + e1) + e1 * gmax + _gamma(1) * float(HQm.norm())) * (1 + 1e-12)
-        Dk = gelu_second(z[i])
-        eD = torch.as_tensor(centre_gelu2_err(None if ez is None else ez[i]), dtype=torch.float64)
-        dmax = float(Dk.abs().max()) + float(eD.max())
-        nKQ, nKQm = (fQ + eQ) * w1max * fW1, math.sqrt(fQ + eQ) * w1max * fW1  # ||K_Q||, ||K_{Q,I}|| (F40b)
-        nq = _hadamard_norm(const, HQ, eHQ, Dk, nKQ, float(eD.max())) + const["eW2"] * dmax * nKQ
-        nqm = _hadamard_norm(const, HQm, eHQm, Dk, nKQm, float(eD.max())) + const["eW2"] * dmax * nKQm
-        Rk = torch.minimum(n1 * float(rh[i]),
-                           r * torch.sqrt(G.diagonal().clamp(min=0.0) + eG) + n1 * float(remH[i])) * (1 + 1e-12)
-        if ez is not None:
-            Rk = Rk + ez[i]
+        f = _token_forms(const, lay, z[i], S[i], eS[i], float(wsum[i]), r, float(remH[i]), float(rh[i]),
+                         None if ez is None else ez[i])
+        HQ, eHQ, HQm, eHQm, nq, nqm, Rk, Dk, eD = (f[k] for k in ("HQ", "eHQ", "HQm", "eHQm", "nq", "nqm", "Rk", "D", "eD"))
         lo, hi = gelu2_range(z[i] - Rk, z[i] + Rk)
         beta = (torch.minimum((torch.maximum(hi - Dk, Dk - lo) + _GELU2_ABS_ERR) / 2,
                               gelu3_sup(z[i] - Rk, z[i] + Rk) * Rk / 6) + (eD - _GELU2_ABS_ERR)) * (1 + 1e-12)
@@ -147,3 +165,40 @@ def ffn_reach_remainder(const: dict, n1: Tensor, z: Tensor, S: Tensor, eS: Tenso
         second = nb * (k[0] * rr + 2 * k[1] * rm + k[2] * hh)
         out[i] = (first + float(second)) * (1 + 1e-12)
     return torch.nan_to_num(out, nan=math.inf)
+
+
+def ffn_reach_drift(const: dict, n1: Tensor, z: Tensor, S: Tensor, eS: Tensor, wsum: Tensor, r: float,
+                    remH: Tensor, rh: Tensor, ez: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    r"""(n,) each: ``ffnq``, certified ``sup ||P(J_F(h + dh) - J_F(h)) b||`` per token over ``dh = a + rho`` (``a a^T <= r^2 Q*``,
+    ``||rho|| <= remH``, ``||dh|| <= rh``) and ``b b^T <= Q*`` (``Q* = wsum S*`` as in ``ffn_reach_remainder``: the first
+    norm's reachable rows, F40a), THEORY F70a.  With ``s_k = w1_k . dh``, ``b_k = w1_k . b``, ``c_k = Pw2_k . u`` and
+    ``GELU'(z*_k + s) - GELU'(z*_k) = GELU''(z*_k) s + rho_k(s)``, ``|rho_k(s)| <= omega_k |s|`` on ``|s| <= R_k``:
+
+    .. math:: \le N_Q r + N_{Qm}\,rem_H + \|\mathrm{diag}(\omega)^{1/2}PW_2\|\,(k_Q r + k_{Qm}\,rem_H)
+
+    (the signed first order by F40b's tensor norms through the ellipsoid for both ``dh`` and ``b``; the rest by
+    Cauchy-Schwarz over the units, ``sum_k omega_k |s_k b_k||c_k|``, ``k_* = lambda_max(diag(omega)^{1/2} H diag(omega)^{1/2})^{1/2}``
+    for ``H = G o G, G o G_1``); and ``ffnqm >= sup ||P(J_F(h + dh) - J_F(h))||_2`` over the same ``dh`` (any unit
+    direction: ``N_{Qm} r + N_2 rem_H`` and ``k_{Qm} r + k_1 rem_H``, ``k_1`` for F38's ``H = G_1 o G_1``, F70a ii).  ``omega_k = min(s3_k R_k / 2, max(hi_k - D_k, D_k - lo_k) + eD_k)``: Taylor with
+    ``|GELU'''| <= s3_k`` on unit k's reach, or the slope's mean ``(GELU'(z* + s) - GELU'(z*))/s`` in GELU'''s range
+    ``[lo_k, hi_k]`` there (``gelu2_range``) against the exact centre's value within ``eD`` of the evaluated ``D``.  The
+    forms, reaches and their rounding are ``ffn_reach_remainder``'s (``_token_forms``); the weights and sums padded
+    ``(1 + 1e-12)``; nan gives inf.  Exact (erf) GELU only; cost ~``8 d d_ff^2`` flops and three certified ``d_ff x d_ff``
+    ``lambda_max`` a token."""
+    lay = _layer_forms(const, n1)
+    n2 = ffn_second_norms(const, z, ez)
+    out = torch.empty(len(z), 2, dtype=torch.float64)
+    for i in range(len(z)):
+        f = _token_forms(const, lay, z[i], S[i], eS[i], float(wsum[i]), r, float(remH[i]), float(rh[i]),
+                         None if ez is None else ez[i])
+        Rk, Dk = f["Rk"], f["D"]
+        lo, hi = gelu2_range(z[i] - Rk, z[i] + Rk)
+        omega = torch.minimum(gelu3_sup(z[i] - Rk, z[i] + Rk) * Rk / 2, torch.maximum(hi - Dk, Dk - lo) + f["eD"])
+        sw = torch.sqrt(omega * (1 + 1e-12))[None] * (1 + 1e-12)
+        k = [torch.sqrt(_weighted_lmax(Hm, eHm, sw))[0] for Hm, eHm in
+             ((f["HQ"], f["eHQ"]), (f["HQm"], f["eHQm"]), (const["H"], const["eH"]))]
+        nw = _weighted_norm(const["W2"].T, sw)[0] + float(sw.max()) * const["eW2"]
+        rem = float(remH[i])
+        out[i, 0] = (f["nq"] * r + f["nqm"] * rem + float(nw * (k[0] * r + k[1] * rem))) * (1 + 1e-12)
+        out[i, 1] = (f["nqm"] * r + float(n2[i]) * rem + float(nw * (k[1] * r + k[2] * rem))) * (1 + 1e-12)
+    return torch.nan_to_num(out, nan=math.inf).unbind(1)

@@ -467,6 +467,7 @@ class FfnDrift:
         self.split_key = key + "_split" if self.taylor is not None and tiers else None
         self.norms = norms
         self.asks = _reported_maxima if tiers else _reported  # F61b: maxima only, ffn (dF) an upper bound
+        self.tiers = tiers  # the caller reads the maxima only (F45b, F61b, F70c)
         self.n2_tok = torch.full((z.shape[0],), math.nan, dtype=torch.float64)
         self.n2_cheap = torch.full((z.shape[0],), math.nan, dtype=torch.float64)  # F45a's tier, per token
         self.refs: list = []  # (rh_b, bound_b): F31d at a larger ball where no unit was capped (F37b)

@@ -376,7 +376,9 @@ class PostFirstNorm:
     left out), the sup of ``nu_i(D1' B')`` (``Hs``), the output radius ``rh`` (F31b, F34b), the heads'
     remainder through ``(I + F) D1`` (``remG``) and the attention drift seen through ``(I + F) D1``
     (``dG``, F32's chains); ``remH`` the remainder of H's move past the linear map at X (F34b) and ``reach`` F54's
-    bound on the FFN's remainder (inf where not evaluated, ``ffn_reach``)."""
+    bound on the FFN's remainder (inf where not evaluated, ``ffn_reach``); ``dHs >= sup nu_i(D1' B' - D1 B)`` and
+    ``ffnq`` F70's FFN drift through the reachable rows at X (inf where not evaluated; filled in place by
+    ``ffn_reach_rows``)."""
 
     e1: Tensor
     Hs: Tensor
@@ -384,6 +386,9 @@ class PostFirstNorm:
     remG: Tensor
     dG: Tensor
     remH: Tensor
+    dHs: Tensor
+    ffnq: Tensor
+    ffnqm: Tensor
     reach: Tensor | None = None
 
 
@@ -402,13 +407,14 @@ def post_first_norm(at: LayerAtX, pt: PostPoint, att: PostAttention, r: float, s
     remG = torch.minimum(pt.nIF * remH, torch.minimum(_heads_combined(*pt.IFD1O, att.remV), att.remJ["G"])
                          + pt.nIF * remN)  # F47's through (I + F) D1
     remH, remG = (torch.nan_to_num(v, nan=math.inf) for v in (remH, remG))
-    Hs = torch.minimum(pt.h_pt + g1 * e1 * att.AP + _heads_combined(*pt.D1O, att.dZ, nD1 * att.jz),
-                       g1 / sf1 * att.AP if at.sig1 is not None else att.A)
+    hB = _heads_combined(*pt.D1O, att.dZ, nD1 * att.jz)  # nu_i(D1 (B' - B))
+    Hs = torch.minimum(pt.h_pt + g1 * e1 * att.AP + hB, g1 / sf1 * att.AP if at.sig1 is not None else att.A)
     rh = riemann(r, subs, "Hs", Hs)
     rh = torch.minimum(rh, g1 / sf1 * r1 if at.sig1 is not None else r1)
     rh = torch.minimum(rh, r * pt.h_pt + remH) * (1 + 1e-12)  # F34b
     dG = _heads_combined(*pt.IFD1O, att.dZ, pt.nIF * nD1 * att.jz)
-    return PostFirstNorm(e1, Hs, rh, remG, dG, remH)
+    dHs = torch.minimum(g1 * e1 * att.AP + hB, Hs + pt.h_pt) * (1 + 1e-12)  # D1'B' - D1B = (D1' - D1)B' + D1(B' - B)
+    return PostFirstNorm(e1, Hs, rh, remG, dG, remH, dHs, torch.full_like(rh, math.inf), torch.full_like(rh, math.inf))
 
 
 # F54: the reachable-set FFN remainder is evaluated where F34b's r2 with F17c's global drift is at least this
@@ -440,6 +446,48 @@ def ffn_reach(at: LayerAtX, pt: PostPoint, gram: RowGram, fn: PostFirstNorm, ffn
         if not bool(lin[i] + out[i] < lim[i]):
             break
     return out
+
+
+# F70c: per radius, the ball row's largest tokens at which F70a is evaluated (at most; ~0.6 s CPU a token at MiniLM's sizes)
+REACH_DRIFT_TOKENS = 2
+
+
+class _LastCall:
+    """A rows tail that keeps its last arguments: ``ffn_drift.rows`` ends with the final FFN drifts (F37a's last
+    evaluation), so ``ffn_reach_rows`` can evaluate the same rows again with more of F70a's terms."""
+
+    def __init__(self, tail) -> None:  # noqa: ANN001
+        self.tail, self.args = tail, ()
+
+    def __call__(self, *args):  # noqa: ANN002, ANN204
+        self.args = args
+        return self.tail(*args)
+
+
+def ffn_reach_rows(at: LayerAtX, gram: RowGram, fn: PostFirstNorm, ffn_drift, r: float, tail: _LastCall,  # noqa: ANN001
+                   rows: dict) -> dict:
+    """The rows with F70a's FFN drift through the reachable rows (``ffn_reach_drift``, in place in ``fn.ffnq``) at the
+    token of the largest ball row, again while that token changes, at most ``REACH_DRIFT_TOKENS`` tokens, not where that
+    token's second-norm input radius reaches the floor ``sqrt(d) sigma2`` (F70c: a gate of cost; every row stays
+    certified, a token not evaluated keeps its terms).  Only where the caller reads the
+    maxima (F45's tiers) and the FFN is an exact-GELU one (F38's constants)."""
+    from ._local_ffn_reach import ffn_reach_drift
+
+    base = getattr(ffn_drift, "base", ffn_drift)
+    if base.taylor is None or not base.tiers:
+        return rows
+    tried: set = set()
+    while len(tried) < REACH_DRIFT_TOKENS:
+        i = int(torch.nan_to_num(rows["total"], nan=math.inf).argmax())
+        if i in tried or (at.sig2 is not None and not bool(rows["stage"]["ffn"][i] < math.sqrt(at.d) * at.sig2[i])):
+            break  # evaluated, or the second norm's floor lost there (the row is s_floor's cap: F70 cannot matter)
+        tried.add(i)
+        S, eS = at.n1.sandwich(gram.S[i:i + 1], gram.err[i:i + 1])
+        q, qm = ffn_reach_drift(base.taylor, base.n1, at.z[i:i + 1], S, eS, gram.wsum[i:i + 1], r,
+                                fn.remH[i:i + 1], fn.rh[i:i + 1], None if at.ez is None else at.ez[i:i + 1])
+        fn.ffnq[i], fn.ffnqm[i] = q[0], qm[0]
+        rows = tail(*tail.args)
+    return rows
 
 
 @dataclass(frozen=True)
@@ -497,6 +545,8 @@ def post_ffn(at: LayerAtX, pt: PostPoint, att: PostAttention, fn: PostFirstNorm,
         Gs = torch.minimum(Gs, torch.minimum(pt.g_pt + fold[0] * fb.Ns + pt.nIF * at.g1 * fn.e1 * att.AP + fn.dG,
                                              pt.nIF * Hs + fold[0] * fb.Ns))
     Gs = torch.minimum(Gs, (1 + lffn) * Hs)
+    q = rows_drift(fn, dF)  # F70b
+    Gs = torch.where(torch.isfinite(q), torch.minimum(Gs, pt.g_pt + q + pt.nIF * at.g1 * fn.e1 * att.AP + fn.dG), Gs)
     r2 = torch.minimum(riemann(r, subs, "Gs", Gs), (pt.nIF + dFh).clamp(max=1 + lffn) * rh)
     r2 = torch.minimum(r2, r * pt.g_pt + fn.remG + dFh * rh)  # F34b
     if fn.reach is not None:  # F54: the remainder on the first norm's reachable set
@@ -504,6 +554,15 @@ def post_ffn(at: LayerAtX, pt: PostPoint, att: PostAttention, fn: PostFirstNorm,
     if fold is not None:  # F46: the remainder on S2's move through the folded drift on n's ball
         r2 = torch.minimum(r2, torch.minimum(pt.nIF * rh, r * pt.g_pt + fn.remG) + fold[1] * fb.rn)
     return Gs, r2 * (1 + 1e-12)
+
+
+def rows_drift(fn: PostFirstNorm, dF: Tensor) -> Tensor:
+    """(T,) F70b's bound on ``sup nu_i(P(F' - F) D1' B')``: ``(F' - F) D1' B' = (F' - F) D1 B + (F' - F)(D1' B' - D1 B)``,
+    so ``<= ffnq + min(dF, ffnqm) dHs``, and ``<= ffnqm Hs`` (``ffnq`` F70a's drift through the reachable rows at X,
+    ``ffnqm`` its sup over unit directions, ``dF`` the drift on the ball ``||dh|| <= rh``); inf where not evaluated (also
+    where a product is nan: ``0 inf``)."""
+    split = (fn.ffnq + torch.minimum(dF, fn.ffnqm) * fn.dHs) * (1 + 1e-12)
+    return torch.nan_to_num(torch.minimum(split, fn.ffnqm * fn.Hs * (1 + 1e-12)), nan=math.inf)
 
 
 def post_tail(at: LayerAtX, pt: PostPoint, att: PostAttention, fn: PostFirstNorm, lffn: float, r: float,
@@ -515,6 +574,8 @@ def post_tail(at: LayerAtX, pt: PostPoint, att: PostAttention, fn: PostFirstNorm
     Gs, r2 = post_ffn(at, pt, att, fn, lffn, r, subs, fb, dF, dFh, fold)
     e2, sf2 = norm_drift(at.layer.norm_ffn, at.sig2, r2, at.d)  # F17 or F43a
     ffn = at.nD2 * dF * fn.Hs if fold is None else torch.minimum(at.nD2 * dF * fn.Hs, at.nD2 * fold[0] * fb.Ns)
+    q = rows_drift(fn, dF)  # F70b
+    ffn = torch.where(torch.isfinite(q), torch.minimum(ffn, at.nD2 * q), ffn)
     terms = {"norm_ffn (dD2)": at.g2 * e2 * Gs, "ffn (dF)": ffn,
              "norm_attn (dD1)": pt.nD2IFg * fn.e1 * att.AP, "attention (dA)": att.mixed}
     total = pt.point + sum(terms.values())
@@ -635,8 +696,10 @@ def radius_rows(at: LayerAtX, pt: PostPoint | PrePoint, dd: DriftAtX, ffn_drift,
                 fn = replace(fn, remG=torch.minimum(fn.remG, remg_gamma(at, pt, att, first_norm_gamma(at, pt))))
             fn = replace(fn, reach=ffn_reach(at, pt, gram, fn, ffn_drift, r))
         fb = post_fold(at, dd, att, fx, r, subs) if ffn_drift.fold is not None else None
-        rows = ffn_drift.rows(partial(post_tail, at, pt, att, fn, ffn_drift.lip, r, subs, fb), fn.rh,
-                              None if fb is None else fb.rn, unit)
+        tail = _LastCall(partial(post_tail, at, pt, att, fn, ffn_drift.lip, r, subs, fb))
+        rows = ffn_drift.rows(tail, fn.rh, None if fb is None else fb.rn, unit)
+        if unit and gram is not None:
+            rows = ffn_reach_rows(at, gram, fn, ffn_drift, r, tail, rows)
         base = getattr(ffn_drift, "base", ffn_drift)  # F17c's global drift on any smaller ball (F59b)
         rows["rem"] = rows["rem"] | {"ffn_slope": min(float(base.kappa), float(base.curv)),
                                      "ffn_cap": base.cap}

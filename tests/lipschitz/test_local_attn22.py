@@ -49,8 +49,9 @@ def _acw(attn, X: torch.Tensor, D: torch.Tensor, E: torch.Tensor) -> torch.Tenso
     return out
 
 
-def _ascents(f, n: int, shape: tuple, seed: int, steps: int = 20) -> torch.Tensor:  # noqa: ANN001
-    """Per query, the largest ``f(h, v)`` ((n,) from per-query unit rows ``h``, ``v`` (n, *shape)) seen by float64
+def _ascents(f, n: int, shape: tuple, seed: int, steps: int = 30, args: str = "hv") -> torch.Tensor:  # noqa: ANN001
+    """Per query, the largest ``f(h, v, ...)`` ((n,) from per-query unit rows, one (n, *shape) per letter of ``args``)
+    seen by float64
     Adam (lr 0.05): two starts with every row on the unit sphere (``a / ||a||``) and one with the rows projected
     into the unit ball before each step (the queries' ascents in one batch: Adam acts entrywise)."""
     g = torch.Generator().manual_seed(seed)
@@ -58,7 +59,7 @@ def _ascents(f, n: int, shape: tuple, seed: int, steps: int = 20) -> torch.Tenso
     clip = lambda a: a / a.norm(dim=-1, keepdim=True).clamp(min=1.0)  # noqa: E731
     best = torch.zeros(n, dtype=torch.float64)
     for proj in (False, False, True):
-        ab = [torch.randn(n, *shape, generator=g, dtype=torch.float64).requires_grad_(True) for _ in "hv"]
+        ab = [torch.randn(n, *shape, generator=g, dtype=torch.float64).requires_grad_(True) for _ in args]
         opt = torch.optim.Adam(ab, lr=0.05)
         for _ in range(steps):
             if proj:
@@ -140,12 +141,34 @@ def test_branch_alone_is_never_beaten(seed, qscale, causal, aligned, rho, drift,
         E = _rows(P, vs[:T]) + eP * vs[T:]
         return jvp(A, (X + rho * _rows(P, he[:T]) + emax * he[T:],), (E,))[1] - jvp(A, (X,), (E,))[1]
     idx = torch.arange(T)
-    lo = _ascents(lambda he, vs: vmap(one)(he, vs)[idx, idx].norm(dim=-1), T, (2 * T, X.shape[1]), seed, steps=15)
+    lo = _ascents(lambda he, vs: vmap(one)(he, vs)[idx, idx].norm(dim=-1), T, (2 * T, X.shape[1]), seed, steps=25)
     assert bool((lo <= reach).all()), (lo, reach)
     # the ascent is not idle (saturated sharp heads: near 0, as in F53b's test); at rho 0.3 with drift 3 the branch is
     # vacuous (8e7 against an attained 140: its rest takes the ball's envelopes), which the min with F53b leaves
     if qscale == 1.0 and rho < 0.1:
         assert float((lo / reach).max()) > 1e-3, lo / reach
+
+
+@pytest.mark.parametrize("seed,qscale,causal,rho", [(7, 1.0, False, 0.05), (8, 8.0, True, 0.02)])
+def test_rest_is_never_beaten(seed, qscale, causal, rho):
+    """F68b alone: the ``a c w`` form's change along a prefix move, ``||acw(X + rho P h)[P a, P b] - acw(X)[P a, P b]||``
+    (every row unit; the mean value theorem puts it below ``sup ||D_Delta acw||`` on the ball), under Adam ascent over
+    ``h, a, b`` never above ``rho`` times the heads' ``acw_drift`` (ellipsoid move) combined through ``W_O``."""
+    layer, attn = _layer(seed, qscale, causal)
+    X, P = _case(seed)
+    T = X.shape[0]
+    al = _aligned(layer, X, P)
+    r = float((rho * certified_rows(P)).max()) * (1 + 1e-12)
+    al.acw_reach(r, rho, 0.0)
+    bound = rho * al.combined(al.memo[("acw", r)][0])
+    rows = lambda h: _rows(P, h)[None].expand(T, T, -1)  # noqa: E731
+
+    def one(h, a, b):  # noqa: ANN001, ANN202
+        return _acw(attn, X + rho * _rows(P, h), rows(a), rows(b)) - _acw(attn, X, rows(a), rows(b))
+    idx = torch.arange(T)
+    lo = _ascents(lambda h, a, b: vmap(one)(h, a, b)[idx, idx].norm(dim=-1), T, X.shape, seed, args="hab")
+    assert bool((lo <= bound).all()), (lo, bound)
+    assert float(lo.max()) > 0, lo
 
 
 def test_homogeneity_and_below_f53b():

@@ -314,7 +314,8 @@ class AttentionAligned:
         """``(v, v_M)``: the reach of ``reach`` and ``through`` with one output direction for all heads (THEORY F50):
         the coefficients of ``aligned_hessian_terms`` along the segment as ``attention_aligned_reach`` combines
         ``F``, ``F^m`` and ``S`` (the last in norm only), then ``joint_reach`` through ``W_O`` and through the layer's
-        token-local product at x (None without one); each the smaller of F50's branch and F53b's (``branch``)."""
+        token-local product at x (None without one); each the smaller of F50's branch, F53b's (``branch``) and F68's
+        (``hadamard_branch``)."""
         rm = float(r.max())
         T = r.shape[0]
         if not math.isfinite(rm):
@@ -324,21 +325,72 @@ class AttentionAligned:
             zero = torch.zeros(T, dtype=torch.float64)
             return zero, (zero if "M" in self.p else None)
         emax = float((rho * (dP + eP) + pad).max())
-        (v, vM), (v3, v3M) = self.branch(rm, rho, emax, eP, True), self.branch(rm, rho, emax, eP, False)
-        return torch.minimum(v, v3), (None if vM is None else torch.minimum(vM, v3M))
+        out = [self.branch(rm, rho, emax, eP, True), self.branch(rm, rho, emax, eP, False),
+               self.hadamard_branch(rm, rho, emax, eP)]
+        v = torch.minimum(torch.minimum(out[0][0], out[1][0]), out[2][0])
+        return v, (None if out[0][1] is None else torch.minimum(torch.minimum(out[0][1], out[1][1]), out[2][1]))
 
     def branch(self, rm: float, rho: float, emax: float, eP: float, query: bool) -> tuple[Tensor, Tensor | None]:
         """``joint``'s pair for one branch on ``B(X, rm)``: F50's (``query``) or F53b's, F50 without the query parts of
         ``A`` plus ``query_joint`` (one query move and one output direction for all heads)."""
+        return self._branch(rm, rho, emax, eP, query, True)
+
+    def hadamard_branch(self, rm: float, rho: float, emax: float, eP: float) -> tuple[Tensor, Tensor | None]:
+        """``joint``'s pair for F68's branch on ``B(X, rm)``: F53b's without the ``a c w`` term of the ellipsoid pair
+        (``rho F``'s) plus ``rho`` times that term for all heads at once (``acw_reach``)."""
+        return self._branch(rm, rho, emax, eP, False, False)
+
+    def _branch(self, rm: float, rho: float, emax: float, eP: float, query: bool,
+                acw: bool) -> tuple[Tensor, Tensor | None]:
+        """``branch`` (``acw``) and ``hadamard_branch``: the coefficients along the segment through ``joint_reach``, then
+        (``query`` False) ``query_joint`` and (``acw`` False) ``acw_reach``."""
         _, _, S = self.integrals(rm)
-        F, Fm = self.terms(rm, query)
+        F, Fm = self.terms(rm, query, acw)
         coef = {k: (rho * F[k] + emax * Fm[k]) * (1 + 1e-12) for k in F}
         coef["1"] = coef["1"] + rm * eP * S * (1 + 1e-12)
         v, vM = self._joint(coef, True)
         if query:
             return v, vM
-        v = (v + self.query_joint(rm, rho, emax, False)) * (1 + 1e-12)
-        return v, (None if vM is None else (vM + self.query_joint(rm, rho, emax, True)) * (1 + 1e-12))
+        aw, aM = (0.0, 0.0) if acw else self.acw_reach(rm, rho, emax)
+        v = (v + self.query_joint(rm, rho, emax, False) + aw) * (1 + 1e-12)
+        return v, (None if vM is None else (vM + self.query_joint(rm, rho, emax, True) + aM) * (1 + 1e-12))
+
+    def acw_reach(self, r: float, rho: float, emax: float) -> tuple[Tensor, Tensor | None]:
+        r"""(T,) each: ``rho`` times the ``a c w`` term of all heads in ``rho F``'s pair along the segment (THEORY F68c),
+        through ``W_O`` and (None without one) through ``M_k(x) W_O^T``: F65b's Hadamard Gram at X (``hadamard_acw``)
+        plus the rest ``(1/2) sup_Z ||D_Delta acw||`` per head (``acw_drift``, the move ``rho`` times a prefix row plus
+        ``e_max`` in the unit ball) combined as F35d/F44g."""
+        from ._local_stack_hadamard import acw_drift
+
+        key = ("acw", r)
+        if key not in self.memo:
+            w = self.p["norms"]
+
+            def drift(ball: bool) -> Tensor:
+                return torch.stack([acw_drift(head_sides(self.ball[h] if ball else pj, pj, m, r, w["G"][h], w["V"][h],
+                                                         float(self.nQ[h]), float(self.nK[h]), self.p["scale"]),
+                                              self.ball[h] if ball else pj, pj, self.p["scale"])
+                                    for h, (pj, m) in enumerate(zip(self.proj, self.p["mom"].rows))])
+            self.memo[key] = (drift(False), drift(True))
+        De, Db = self.memo[key]
+        rest = 0.5 * (rho * De + emax * Db) * (1 + 1e-12)
+        at = self.acw_data(False) + self.combined(rest)
+        if "M" not in self.p:
+            return rho * at * (1 + 1e-12), None
+        return rho * at * (1 + 1e-12), rho * (self.acw_data(True) + self.through(rest)) * (1 + 1e-12)
+
+    def acw_data(self, through: bool) -> Tensor:
+        """(T,) F65b's certified bound at X per query (``hadamard_acw``, THEORY F68a) through ``W_O`` or (``through``)
+        ``M_k(x) W_O^T``, formed once."""
+        from ._local_stack_hadamard import acw_bound
+
+        key = ("acw_data", through)
+        if key not in self.memo:
+            MO, eMO = self._maps(through)
+            heads, sc = self.p["heads"], self.p["scale"]
+            self.memo[key] = torch.tensor([acw_bound(heads, i, sc, MO[i], float(eMO[i]), self.Qs, self.eQ)
+                                           for i in range(MO.shape[0])], dtype=torch.float64)
+        return self.memo[key]
 
     def query_joint(self, r: float, rho: float, emax: float, through: bool) -> Tensor:
         r"""(T,) the query parts of F44b's ``A_1 sigma_2 + A_2 sigma_1`` in the reach ``rho F + e_max F^m`` with one query
@@ -347,6 +399,9 @@ class AttentionAligned:
         ``query_value_reach`` along the segment on ``B(X, r)``, through ``W_O`` or (``through``) ``M_k(x) W_O^T``."""
         from ._local_stack_query import joint_query_lmax, query_excess, query_value_reach, value_lmax, value_weights
 
+        done = ("query_joint", r, rho, emax, through)
+        if done in self.memo:
+            return self.memo[done]
         MO, eMO = self._maps(through)
         cores, w = self.cores(), self.p["norms"]
         n = SEGMENT_STEPS
@@ -363,7 +418,8 @@ class AttentionAligned:
             exc = [torch.stack([query_excess(m, sd, k * r / n, w["G"][h]) for h, (sd, m)
                                 in enumerate(zip(sides, self.p["mom"].rows))]) for k in range(1, n + 1)]
             out = out + coeff * query_value_reach(lamw, exc, wt, lamB, fMO)
-        return out * (1 + 1e-12)
+        self.memo[done] = out * (1 + 1e-12)
+        return self.memo[done]
 
     def _maps(self, through: bool) -> tuple[Tensor, Tensor]:
         """``(MO, eMO)``: ``W_O^T`` per token (exact as stored) or the layer's ``M_k(x) W_O^T`` with its error (F44g)."""
@@ -397,21 +453,22 @@ class AttentionAligned:
             self.memo["cores"] = value_cores(self.p["heads"], MV, eMV)
         return self.memo["cores"]
 
-    def terms(self, r: float, query: bool = True) -> tuple[dict, dict]:
+    def terms(self, r: float, query: bool = True, acw: bool = True) -> tuple[dict, dict]:
         """Per kind (H, T): the segment sums on ``B(X, r)`` of ``aligned_hessian_terms`` with both tangents in the
-        ellipsoids and with the move in the unit ball (THEORY F50a; ``query=False``: without the query parts, F53),
-        kept per radius."""
+        ellipsoids and with the move in the unit ball (THEORY F50a; ``query=False``: without the query parts, F53;
+        ``acw=False``: the first without its ``a c w`` term, F68), kept per radius."""
         from ._local_stack_joint import aligned_hessian_terms
 
         w = self.p["norms"]
 
         def at(t: float, mixed: bool) -> dict:
             rows = [aligned_hessian_terms(self.ball[h] if mixed else pj, pj, m, t, w["G"][h], w["V"][h],
-                                          float(self.nQ[h]), float(self.nK[h]), self.p["scale"], mixed, False, query)
+                                          float(self.nQ[h]), float(self.nK[h]), self.p["scale"], mixed, False, query,
+                                          acw or mixed)
                     for h, (pj, m) in enumerate(zip(self.proj, self.p["mom"].rows))]
             return {k: torch.stack([row[k] for row in rows]) for k in rows[0]}
 
-        key = ("terms", r, query)
+        key = ("terms", r, query, acw)
         if key not in self.memo:
             n = SEGMENT_STEPS
             self.memo[key] = tuple(_seg_sum([at(k * r / n, mixed) for k in range(1, n + 1)]) for mixed in (False, True))

@@ -32,7 +32,7 @@ def _gamma(k: int) -> float:
 
 
 def aligned_hessian_terms(s1: dict, s2: dict, m: dict, rho: float, nG: float, nV: float, nQ: float, nK: float,
-                          scale: float, ball1: bool, ball2: bool, query: bool = True) -> dict:
+                          scale: float, ball1: bool, ball2: bool, query: bool = True, acw: bool = True) -> dict:
     r"""Per query (T,) coefficients ``c_C, c_N, c_E, c_1`` such that for every ``Z`` in ``B(X, rho)``, tangents as in
     ``aligned_hessian_sup`` (rows of ``Delta`` in side ``s1``'s family, of ``E`` in ``s2``'s; ``ball1``/``ball2``: the
     side is the unit ball) and every ``v`` in the head's value space (THEORY F50a):
@@ -48,12 +48,13 @@ def aligned_hessian_terms(s1: dict, s2: dict, m: dict, rho: float, nG: float, nV
     ``alpha = (sum_j a_j ||v_j||^2)^{1/2}``, whichever is smaller at the head's own sup), or F44b's ``A_1 A_2 w^`` in
     ``c_1`` where the head's own bound takes that branch.  All padded ``1 + 1e-10``.  ``query=False`` leaves the query
     part ``lambda_max(sum_j P'_j g_ij g_ij^T)^{1/2}`` of each ``A`` out of the seminorm coefficients (``c_E``, ``c_N``;
-    F53 bounds it jointly over the heads), the ``||v||`` part of ``sigma(v)`` keeping the whole ``A``."""
+    F53 bounds it jointly over the heads), the ``||v||`` part of ``sigma(v)`` keeping the whole ``A``.  ``acw=False``
+    leaves the ``a c w`` term out (F68 bounds it for all heads at once)."""
     P = m["P"]
     hs = head_sides(s1, s2, m, rho, nG, nV, nQ, nK, scale)
     (A1, c1, _, q1, k1), (A2, c2, _, q2, k2) = hs.one, hs.two
     a, ratio, sV, what = hs.a, hs.ratio, hs.sV, hs.what
-    x = torch.minimum(A1 * c2, A2 * c1)
+    x = torch.minimum(A1 * c2, A2 * c1) if acw else torch.zeros_like(A1)
     on = x * sV <= A1 * A2 * what  # the branch the head's own F44b bound takes
     zero = torch.zeros_like(x)
     kS = torch.where(on, x, zero) + scale * (q2 * k1 + q1 * k2)

@@ -187,3 +187,22 @@ def test_homogeneity_and_below_f53b():
     rm = float((0.002 * certified_rows(P)).max()) * (1 + 1e-12)
     new, old = al.hadamard_branch(rm, 0.002, 0.0, 0.0)[0], al.branch(rm, 0.002, 0.0, 0.0, False)[0]
     assert bool((new < old).any()), (new, old)
+
+
+def test_the_form_off_x_needs_the_rest():
+    """F68c's ``acw_reach`` (no move outside the rows): the ``a c w`` form at ``Z = X + rho P h`` along prefix tangents,
+    ``||acw(Z)[P a, P b]||`` under Adam ascent over ``h, a, b``, stays below ``acw_reach / rho`` (the form at X plus the
+    rest) — and with sharp heads at ``rho = 0.02`` exceeds F68a's value at X alone (measured ≈ 3.2x), so the rest is
+    what holds there (a reach without it would be beaten)."""
+    layer, attn = _layer(5, 8.0, False)
+    X, P = _case(5)
+    T, rho = X.shape[0], 0.02
+    al = _aligned(layer, X, P)
+    r = float((rho * certified_rows(P)).max()) * (1 + 1e-12)
+    reach, _ = al.acw_reach(r, rho, 0.0)
+    rows = lambda h: _rows(P, h)[None].expand(T, T, -1)  # noqa: E731
+    idx = torch.arange(T)
+    lo = _ascents(lambda h, a, b: vmap(lambda h, a, b: _acw(attn, X + rho * _rows(P, h), rows(a), rows(b)))(h, a, b)
+                  [idx, idx].norm(dim=-1), T, X.shape, 5, args="hab")
+    assert bool((lo <= reach / rho).all()), (lo, reach / rho)
+    assert bool((lo > al.acw_data(False)).any()), (lo, al.acw_data(False))

@@ -321,3 +321,12 @@ def refine_every_token(evaluate, reported, refine, T, lowest=None):  # noqa: ANN
         final = refine(idx)
         idx = idx[:0] if final is None else idx[~final]
     return evaluate()
+
+
+def assert_stack_never_looser(new, old) -> None:  # noqa: ANN001
+    """``stack_local`` results with a branch on (``new``) and off (``old``): the bound, drift, every span drift row and
+    every per-token radius at most the old, and some prefix span row (start 0) strictly below it (the branch binds)."""
+    assert new.upper <= old.upper and new.drift <= old.drift, (new.upper, old.upper)
+    assert all(bool((new.spans[k] <= old.spans[k]).all()) for k in old.spans)
+    assert any(bool((new.spans[k] < old.spans[k]).any()) for k in old.spans if k[0] == 0)
+    assert all(bool((a <= b).all()) for a, b in zip(new.token_radii, old.token_radii))

@@ -27,6 +27,7 @@ from test_local_layer17 import _case
 from test_local_stack16 import _layer
 from test_local_stack_attn import _aligned
 from test_local_stack_attn import _case as _attn_case
+from transcover.lipschitz._local_stack_middle import middle_drift_column
 from transcover.lipschitz._local_stages import rows_drift
 
 T, D = 3, 2
@@ -184,6 +185,10 @@ def test_f68a_form_is_attained_with_one_head():
     c = 2.0**-500
     assert bool((got * c * c <= _aligned(layer, X, c * P).acw_data(False)).all())
     al = _aligned(layer, X, P)
+    MO = al._maps(False)[0]  # item 5: the exact map 1.1 MO, stored as MO within 0.1 ||MO||; its form is 1.1 x this one
+    for i in range(2):
+        eMO = 0.1 * float(torch.linalg.matrix_norm(MO[i], ord=2)) * (1 + 1e-12)
+        assert 1.1 * float(got[i]) <= hd.acw_bound(al.p["heads"], i, al.p["scale"], MO[i], eMO, al.Qs, al.eQ)
     Qs = al.Qs.clone()
     Qs[1] = math.inf
     assert hd.acw_bound(al.p["heads"], 0, al.p["scale"], al._maps(False)[0][0], 0.0, Qs, al.eQ) == math.inf
@@ -217,3 +222,18 @@ def test_f68a_rounding_covers_a_float32_evaluation(seed, T, H, qscale, monkeypat
         got = hd.hadamard_acw(V, torch.zeros(V.shape[:2]), Z, torch.zeros(Z.shape[0]), Q, torch.zeros(T))
         monkeypatch.undo()
         assert exact <= got, (i, exact, got)
+
+
+def test_f66_f69_branches_bind_in_the_middle_column():
+    """``middle_drift_column``'s F66 branch (``carry0``), F69's near and far branches (``second0``) each lower the
+    prefix span's drift when its rows are the smallest (here 0, a layer with no drift of that kind): none is ignored."""
+    g = torch.Generator().manual_seed(3)
+    b = 3
+    mid = {(a, c): _rnd(g, T) for a in range(b) for c in range(a + 1, b + 1)}
+    dJ, local = [_rnd(g, T) for _ in range(b)], [False, True, True]
+    earlier = {(a, m): 10 * _rnd(g, T) for a in range(b) for m in range(a + 1, b)}
+    base = middle_drift_column(mid, dJ, local, b, earlier=earlier)[0]
+    zero, inf = torch.zeros(T, dtype=torch.float64), torch.full((T,), math.inf, dtype=torch.float64)
+    for kw in (dict(carry0={0: zero}), dict(second0={1: (zero, None)}), dict(second0={1: (inf, zero)})):
+        new = middle_drift_column(mid, dJ, local, b, earlier=earlier, **kw)[0]
+        assert bool((new <= base).all()) and bool((new < base).any()), (kw, new, base)

@@ -237,3 +237,29 @@ def test_f66_f69_branches_bind_in_the_middle_column():
     for kw in (dict(carry0={0: zero}), dict(second0={1: (zero, None)}), dict(second0={1: (inf, zero)})):
         new = middle_drift_column(mid, dJ, local, b, earlier=earlier, **kw)[0]
         assert bool((new <= base).all()) and bool((new < base).any()), (kw, new, base)
+
+
+def test_f70_row_drift_is_attained(monkeypatch):
+    """F70b's ``dHs >= sup nu(D1' B' - D1 B)`` (``post_first_norm``, the rows' drift of the first norm after the attention)
+    on a saturated post-LN layer (T = 1, r = 0.1): Adam over ``Y in B(X, r)`` and unit ``V`` on ``||((D1 B)(Y) -
+    (D1 B)(X)) V||`` attains 70 % of it and never more."""
+    import transcover.lipschitz._local_stages as stg
+    from lipschitz_testkit import projected_adam, sphere_adam
+    from test_local_ffn22 import _layer as _ffn_layer
+    from test_local_ffn22 import _rows
+    from transcover.model import attention_forward
+
+    r, got_rows, first = 0.1, [], stg.post_first_norm
+    monkeypatch.setattr(stg, "post_first_norm", lambda *a: got_rows.append((a[3], first(*a))) or got_rows[-1][1])
+    layer = _ffn_layer("sat", 11)
+    X = torch.randn(1, 8, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * 2
+    _rows(layer, X, r, 0)
+    dHs = min(float(fn.dHs[0]) for rr, fn in got_rows if rr == r)
+    f = lambda Z: layer.norm_attn(Z + attention_forward(layer.attention, Z))  # noqa: E731
+    jvp = lambda Z, V: torch.autograd.functional.jvp(f, Z, V, create_graph=True)[1]  # noqa: E731
+    g = torch.Generator().manual_seed(0)
+    starts = [(torch.randn(X.shape, generator=g, dtype=torch.float64) * r,
+               torch.randn(X.shape, generator=g, dtype=torch.float64)) for _ in range(2)]
+    val = lambda E, V: (jvp(X + E, V) - jvp(X, V)).norm()  # noqa: E731
+    got = max(projected_adam(val, starts, (r, 1.0), 0.1 * r, 30), sphere_adam(val, starts, (r, 1.0), 30))
+    assert 0.6 * dHs <= got <= dHs, (got, dHs)

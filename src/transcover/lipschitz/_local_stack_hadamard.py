@@ -16,6 +16,7 @@ import math
 import torch
 from torch import Tensor
 
+from ._local_ffn2 import _in_range
 from ._local_jacobian import certified_lmax
 
 __all__ = ["phi_rows", "zeta_rows", "hadamard_acw", "acw_drift", "acw_bound"]
@@ -104,7 +105,11 @@ def hadamard_acw(V: Tensor, eV: Tensor, Z: Tensor, eZ: Tensor, Qs: Tensor, eQ: T
     ``lambda <= lambda_max(C^T K* C) + eta lambda_max(K*)``; ``K*`` within ``eK = eZ2 (||S||_F + eS) + ||Gz||_F eS +
     u ||K||_F`` of the formed (``||A o B||_F <= ||A||_F ||B||_F``), ``C^T K* C`` within
     ``gamma_{2n+2} ||C||_F^2 ||K||_F + ||C||_F^2 eK + u ||C^T K C||_F`` (``_psd_lmax``), ``lambda_max(K*) <= ||K||_F + eK``.
-    Assumptions: F65a's (post-LN dot attention at X, rows of the prefix in ``E(Q*_m)``)."""
+    Assumptions: F65a's (post-LN dot attention at X, rows of the prefix in ``E(Q*_m)``); ``V``, ``Z``, ``Qs`` each 0 or
+    with its largest entry in [2^-100, 2^100] (``_in_range``: the products, degree 8 in them, and the relative pads stay
+    in float64's normal range), else ``inf`` (red23-1: a prefix x 2^-500 underflowed to 0, an overflowed one raised)."""
+    if not all(_in_range(A) for A in (V, Z, Qs)):
+        return math.inf
     T = Qs.shape[0]
     S, eS = _gram_phi(V, eV, Qs, eQ)
     fZ, fEZ = _fro(Z), _fro(eZ)

@@ -1,6 +1,6 @@
 """F71: the prefix's move outside its rows at X averaged along the segment over the run's radii (THEORY F71).
 
-Attacks: float64 Adam (projected, started on the sphere) over the network's input ball of the part of every sub-stage
+Attacks: float64 Adam (projected, starts on the sphere) over the network's input ball of the part of every sub-stage
 input's move outside the prefix at X, ``e = x_s(X + E) - x_s(X) - P_s(X) E``, never above ``rho m`` (``segment_moves``'
 rows) and of the move itself never above the stage radius, on post-LN and pre-LN GELU stacks (T = 1, 3, 5; tiny sigma
 with eps = 1e-12; sharp causal heads; saturated GELU); the whole network below its bound (``assert_network_below``);
@@ -90,7 +90,7 @@ def _attained(spec, X: torch.Tensor, rho: float, seed: int) -> tuple:  # noqa: A
         both = torch.stack([move - lin, move])  # (2, starts, K, stages, T, d)
         return both[q, :, k, st, i].norm(dim=-1).T
 
-    got = jvp_ascents(value, X, rho, [seed + j for j in range(2 * n * T)], starts=1, steps=8)
+    got = jvp_ascents(value, X, rho, [seed + j for j in range(2 * n * T)], starts=2, steps=5)
     return torch.tensor(got, dtype=torch.float64).reshape(2, n, T).unbind(0)
 
 

@@ -28,7 +28,7 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from transcover._results import check_certified  # noqa: E402
-from transcover.lipschitz._local_stack import stack_local, stack_lower  # noqa: E402
+from transcover.lipschitz._local_stack import SEGMENT_AUX, stack_local, stack_lower  # noqa: E402
 from transcover.model import load  # noqa: E402
 from transcover.model._data import load_inputs  # noqa: E402
 from transcover.report import atomic_write_text  # noqa: E402
@@ -46,8 +46,8 @@ def _worker_init(lower_steps: int) -> None:
 
 
 def _worker_sentence(job) -> list[dict]:  # noqa: ANN001
-    k, X, factors = job
-    return sentence(_W["spec"], k, X, factors, _W["cache"], _W["lower_steps"])
+    k, X, factors, aux = job
+    return sentence(_W["spec"], k, X, factors, _W["cache"], _W["lower_steps"], aux)
 
 
 def _prefix_drift(r) -> list[float]:  # noqa: ANN001
@@ -55,12 +55,14 @@ def _prefix_drift(r) -> list[float]:  # noqa: ANN001
     return [float(r.spans[(0, b)].max()) if (0, b) in r.spans else math.inf for b in range(1, len(r.cuts))]
 
 
-def sentence(spec, k: int, X, factors: list[float], cache: dict, lower_steps: int) -> list[dict]:  # noqa: ANN001
-    """The certified and measured whole-network constants of one sentence at every ``rho`` factor."""
+def sentence(spec, k: int, X, factors: list[float], cache: dict, lower_steps: int,  # noqa: ANN001
+             aux: tuple = SEGMENT_AUX) -> list[dict]:
+    """The certified and measured whole-network constants of one sentence at every ``rho`` factor (``aux``: THEORY
+    F71c's auxiliary radii, fractions of the largest, not reported)."""
     rows = []
     X = X.double()
     med = float(X.norm(dim=1).median())
-    res = stack_local(spec, X, [f * med for f in factors], keep_jacobian=True, norms=cache)
+    res = stack_local(spec, X, [f * med for f in factors], keep_jacobian=True, norms=cache, aux=aux)
     t, c = time.perf_counter(), time.process_time()
     for f, r in zip(factors, res):
         lo = stack_lower(spec, X, r.rho, steps=lower_steps, blocks=res[0].jacobian, blocks_err=res[0].rounding)
@@ -99,6 +101,8 @@ def main() -> None:
     ap.add_argument("--rhos", default="1e-7,1e-6,1e-5,1e-4", help="factors of the median embedded-token norm")
     ap.add_argument("--out", default="docs/results")
     ap.add_argument("--lower-steps", type=int, default=20)
+    ap.add_argument("--aux", default=",".join(f"{f:g}" for f in SEGMENT_AUX),
+                    help="THEORY F71c: auxiliary radii, fractions of the largest (not reported; '' for none)")
     ap.add_argument("--workers", type=int, default=2,
                     help="worker processes of one thread each (1: this process, OMP_NUM_THREADS threads)")
     a = ap.parse_args()
@@ -111,6 +115,7 @@ def main() -> None:
         idx = sorted(idx, key=lambda k: (seqs[k].shape[0], k))
     idx = idx[: a.n]
     factors = [float(f) for f in a.rhos.split(",")]
+    aux = tuple(float(f) for f in a.aux.split(",") if f)
     os.makedirs(a.out, exist_ok=True)
     t0, c0, ch0 = time.perf_counter(), time.process_time(), os.times()
     done: dict = {}
@@ -124,12 +129,12 @@ def main() -> None:
         import multiprocessing as mp
 
         with mp.get_context("spawn").Pool(a.workers, _worker_init, (a.lower_steps,)) as pool:
-            for part in pool.imap_unordered(_worker_sentence, [(k, seqs[k], factors) for k in idx], chunksize=1):
+            for part in pool.imap_unordered(_worker_sentence, [(k, seqs[k], factors, aux) for k in idx], chunksize=1):
                 write(part)
     else:
         cache: dict = {}  # the data-free constants per layer (kappa, weight norms), shared by every sentence
         for k in idx:
-            write(sentence(spec, k, seqs[k], factors, cache, a.lower_steps))
+            write(sentence(spec, k, seqs[k], factors, cache, a.lower_steps, aux))
     ch1 = os.times()  # worker processes (joined by now): their CPU seconds
     cpu = time.process_time() - c0 + (ch1.children_user - ch0.children_user) + (ch1.children_system - ch0.children_system)
     cert = sum(done[k][0]["cpu_seconds"] for k in done)

@@ -114,9 +114,10 @@ def test_point_limit_and_monotone_in_rho():
     assert [r.stack for r in rs] == sorted(r.stack for r in rs)
     assert rs[0].stack == pytest.approx(rs[0].point, rel=1e-6)
     # the radius reaching the last stage is carried by the prefix's exact norm; the prefix's own
-    # drift (second order) shrinks with rho
+    # drift (second order) shrinks with rho.  THEORY F71: at 1e-4 the radius reads 0.1 dP(1e-5) + 0.9 dP(1e-4) (for
+    # rows linear in rho 0.91 dP(1e-4)), so main's ``excess[0] <= 0.1 excess[1]`` becomes 0.1 / 0.9 (measured 0.108)
     excess = [r.radii[-1] / (r.rho * r.prefix_norms[-1]) - 1 for r in rs[1:3]]
-    assert 0 <= excess[0] <= excess[1] and excess[0] <= 0.1 * excess[1] + 1e-6
+    assert 0 <= excess[0] <= excess[1] and excess[0] <= 0.1 / 0.9 * excess[1] + 1e-6
 
 
 @pytest.mark.parametrize("bad", [dict(norm="ball"), dict(gated=True, norm="layernorm"), dict(norm="rmsnorm", post=True)])

@@ -52,10 +52,11 @@ from ._local_stack_attn import AttentionAligned
 from ._local_stack_carry import carried_first_order, carry_blocks, tail_drift
 from ._local_stack_middle import layer_cuts, middle_drift_column, middle_rows
 from ._local_stack_second import far_second_order, heads_second_order, near_second_order, second_order_rows, tail_sup
+from ._local_stack_segment import segment_moves, with_auxiliary
 from ._local_stack_stages import _Stage, layer_stages, norm_stage
 from ._weights import ROUNDING_PAD
 
-__all__ = ["StackLocal", "stack_local", "stack_jacobian", "stack_lower", "STACK_ROUTE_MAX"]
+__all__ = ["StackLocal", "stack_local", "stack_jacobian", "stack_lower", "STACK_ROUTE_MAX", "SEGMENT_AUX"]
 
 _U = 2.0**-53
 # the default of ``network_local(route="auto")``: the stack route's cost grows as T^2 d^3 per stage
@@ -63,6 +64,9 @@ _U = 2.0**-53
 # runs when T*d is at most this (small models); ``route="stack"`` forces it.
 STACK_ROUTE_MAX = 1024
 _CHUNK = 512
+# THEORY F71c: the auxiliary radii (fractions of the run's largest) whose prefix drift rows average the move (the
+# benchmark's default; ``stack_local``'s is none: each costs about what a reported radius does)
+SEGMENT_AUX: tuple[float, ...] = (0.25, 0.5, 0.75)
 
 
 def _stages(spec: TransformerSpec, X: Tensor, norms: dict | None = None) -> tuple[list[_Stage], Tensor, dict]:
@@ -440,7 +444,7 @@ def _layer_route(spec: TransformerSpec, stages: list[_Stage], groups: dict, nuP:
 
 def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain_exact: int = 4,  # noqa: ANN001, PLR0915, PLR0912
                 norms: dict | None = None, keep_jacobian: bool = False, layer_route: bool = True,
-                centre: str = "f17") -> list[StackLocal]:
+                centre: str = "f17", segment: bool = True, aux: tuple[float, ...] = ()) -> list[StackLocal]:
     r"""Certified local constant of the whole stack on ``B(X, rho)`` for each ``rho`` (X: embedded tokens
     before the input norm), by the exact Jacobian at X and its telescoped drift over the sub-stages
     (Notes [stack Jacobian], [stack drift], [stack rounding]; THEORY F30, F33), beside the product of
@@ -462,7 +466,11 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
     computed centre's error ``||xhat_s - x_s(X)||``: ``"f17"`` F17's ``1e-13 max||xhat_s||`` (assumed, not derived;
     beaten by tokens whose mean dwarfs their spread), ``"f64"`` the larger of it and THEORY F64's certified recursion
     (``_local_centre``; on MiniLM astronomically larger, so not the default); ``"f64"`` turns the per-layer route off
-    (``layer_route``), whose own stage radii inside a layer carry F17's pad.
+    (``layer_route``), whose own stage radii inside a layer carry F17's pad.  ``segment``: every bound of a sub-stage
+    input's *move* (its radius, F44/F40c/F62's part outside the prefix's rows, F59b's first order) reads the prefix drift
+    averaged along the segment over the run's radii up to its own (THEORY F71, ``segment_moves``; the drift of a
+    Jacobian at a point keeps the sup); ``aux``: fractions of the largest radius added as radii of the run whose results
+    are not returned (THEORY F71c: they only refine the larger radii's averages; ``SEGMENT_AUX`` is the benchmark's).
     """
     from ._local import check_rho
 
@@ -470,6 +478,7 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
     if centre not in ("f17", "f64"):
         raise InputError(f"centre must be 'f17' or 'f64', not {centre!r}")
     layer_route = layer_route and centre == "f17"
+    rhos, keep = with_auxiliary(rhos, aux if segment else ())
     t0, c0 = time.perf_counter(), time.process_time()
     X = X.detach().double()
     T, d = X.shape
@@ -526,6 +535,7 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
     dP = [torch.zeros(T, dtype=torch.float64) for _ in rhos]
     rc = [torch.full((T,), rho, dtype=torch.float64) for rho in rhos]  # composition radii (product route)
     at: dict = {}
+    atm: dict = {}  # THEORY F71: a layer's first sub-stage -> per rho the segment-averaged move rows at its input
     radii, dJs, dJcs, balls = [], [], [], []
     GB: dict = {}  # group start -> per rho (B_L, dJ_L)
     hx: dict = {}  # stage -> per rho the attention's head drift rows (or None)
@@ -548,6 +558,10 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
                 dPc = at[c][0][k]
                 alt = N @ dPc + (e + wm[k]) * float(dPc.max()) + w0[k]
                 dP[k] = torch.minimum(dP[k], _nan_inf(alt))
+        # THEORY F71: the move's part outside the prefix's rows at X, averaged along the segment over the run's radii
+        dPm = segment_moves(dP, rhos) if segment else dP
+        if s in first:
+            atm[s] = [v.clone() for v in dPm]
         mrow = rows_of_block_norms(inner[s][0]) + inner[s][1] if s in inner else torch.ones(T, dtype=torch.float64)
         # THEORY F64: the centre pad for ||xhat_s - x_s(X)||, F17's 1e-13 max||xhat_s|| or (``centre="f64"``) the
         # recursion's certified e_s when larger
@@ -560,20 +574,20 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
         aa = AttentionAligned(st.attn, _col_blocks(K)) if st.attn is not None else None
         rs, djs, djcs, bs = [], [], [], []
         for k, rho in enumerate(rhos):
-            r = torch.minimum(rho * (nu + dP[k]), rc[k]) * (1 + 1e-12) + pad
+            r = torch.minimum(rho * (nu + dPm[k]), rc[k]) * (1 + 1e-12) + pad
             if s in cap and cap[s][1] in PL[cap[s][0]][k].stage:  # THEORY F59a: the per-layer route's stage radius
                 r = torch.minimum(r, _nan_inf(PL[cap[s][0]][k].stage[cap[s][1]]) * (1 + 1e-12) + pad)
             if s in cap and s in inner:  # THEORY F59b: exact first order + the per-layer remainders
                 N, e = inner[s]
-                dPc = at[cap[s][0]][0][k]
+                dPc = atm[cap[s][0]][k]
                 hyb = _hybrid_radius(cap[s][1], PL[cap[s][0]][k].rem, rho * (nu + N @ dPc + e * float(dPc.max())),
                                      radii[s - 1][k] if cap[s][1] == "ffn" else None)
                 if hyb is not None:
                     r = torch.minimum(r, hyb * (1 + 1e-12) + pad)
             dj, djc, b, hd = st.bounds(r)
             # THEORY F44e, F44f: the drift rows for moves along the prefix's rows (attention, FFN)
-            alt, hd = aa.drift(r, rho, dP[k], eP[s], pad, hd) if aa is not None else (None, hd)
-            alt = al.drift(r, rho, dP[k], eP[s], pad) if al is not None else alt
+            alt, hd = aa.drift(r, rho, dPm[k], eP[s], pad, hd) if aa is not None else (None, hd)
+            alt = al.drift(r, rho, dPm[k], eP[s], pad) if al is not None else alt
             if alt is not None:
                 dj, djc = torch.minimum(dj, alt), torch.minimum(djc, alt)
             dj, djc, b = _nan_inf(dj), _nan_inf(djc), _nan_inf(torch.minimum(b, st.pt + dj))
@@ -586,12 +600,12 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
             reach = _nan_inf(dj * nu if st.local else dj * normP)  # nu_k(dJ_s P_s(x))
             plain = float(reach.max())
             if al is not None:
-                reach = torch.minimum(reach, al.reach(r, nu, rho, dP[k], eP[s], pad))
+                reach = torch.minimum(reach, al.reach(r, nu, rho, dPm[k], eP[s], pad))
             if aa is not None:
-                rh = aa.reach_heads(r, rho, dP[k], eP[s], pad)  # (H, T), before W_O
+                rh = aa.reach_heads(r, rho, dPm[k], eP[s], pad)  # (H, T), before W_O
                 heads_at[k][s] = rh
                 reach = torch.minimum(reach, aa.combined(rh))
-                jr, jrM = aa.joint(r, rho, dP[k], eP[s], pad)  # THEORY F50: one direction for all heads
+                jr, jrM = aa.joint(r, rho, dPm[k], eP[s], pad)  # THEORY F50: one direction for all heads
                 reach = torch.minimum(reach, jr)
             reaches[k][st.name] = (plain, float(reach.max()))
             reach_at[k][s] = reach
@@ -747,7 +761,7 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
                               parts, kept if k == 0 else None, [r[k] for r in radii], cuts, spans[k],
                               list(memo.refusals) + [why for st in stages for why in st.refusals], reaches[k], pads,
                               centre))
-    return out
+    return [out[k] for k in keep]
 
 
 def stack_lower(spec: TransformerSpec, X: Tensor, rho: float, *, restarts: int = 3, steps: int = 30,

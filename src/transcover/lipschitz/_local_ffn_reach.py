@@ -15,7 +15,9 @@ import math
 import torch
 from torch import Tensor
 
-from ._local_ffn2 import _GELU2_ABS_ERR, _weighted_lmax, _weighted_norm, centre_gelu2_err, ffn_second_norms, gelu3_sup
+from ._local_ffn2 import (
+    _GELU2_ABS_ERR, _weighted_lmax, _weighted_norm, centre_gelu2_err, ffn_second_norms, gelu3_sup, split_row_norm2,
+)
 from ._local_jacobian import certified_lmax, gelu_second
 from ._local_stack_aligned import _gamma, _hadamard_norm
 
@@ -80,12 +82,15 @@ def nested_beta(z: Tensor, R: Tensor, ez: Tensor | float, eD: Tensor | float, pi
 
 def _layer_forms(const: dict, n1: Tensor) -> dict:
     """The radius-free data F54b and F70 share: ``||W_1||_F`` and ``max ||w1_k||`` (each rounded up), ``G_1 = W_1^T W_1``,
-    its rounding ``e_1 = gamma_{d+2} ||W_1||_F^2`` and ``max|G_1|``."""
-    W1 = const["W1"]
-    fW1 = float(W1.norm()) * (1 + W1.numel() * _gamma(1))
-    G1 = W1.T @ W1
-    return {"n1": n1, "fW1": fW1, "w1max": float(n1.max()), "G1": G1, "e1": _gamma(W1.shape[0] + 2) * fW1 * fW1,
-            "g1max": float(G1.abs().max())}
+    its rounding ``e_1 = gamma_{d+2} ||W_1||_F^2`` and ``max|G_1|``; cached in ``const`` (``ffn_hadamard``'s dict, once
+    per layer, with that layer's ``n1``)."""
+    if "reach_forms" not in const:
+        W1 = const["W1"]
+        fW1 = float(W1.norm()) * (1 + W1.numel() * _gamma(1))
+        G1 = W1.T @ W1
+        const["reach_forms"] = {"n1": n1, "fW1": fW1, "w1max": float(n1.max()), "G1": G1,
+                                "e1": _gamma(W1.shape[0] + 2) * fW1 * fW1, "g1max": float(G1.abs().max())}
+    return const["reach_forms"]
 
 
 def _token_forms(const: dict, lay: dict, z: Tensor, S: Tensor, eS: float, wsum: float, r: float, remH: float,
@@ -242,14 +247,17 @@ def _lmax_g(sch: dict, Q: Tensor, fQ: Tensor, eQ: Tensor) -> Tensor:
     return (certified_lmax(0.5 * (M + M.transpose(1, 2))) + err) * (1 + 1e-12)
 
 
-def _wnorm(const: dict, a: Tensor) -> Tensor:
-    """(n,) certified ``||diag(a) P W_2||`` for weights ``a >= 0`` (n, d_ff), the exact centred rows: ``_weighted_norm``
-    of the rows as formed plus ``max a eW2`` (F51a)."""
-    return (_weighted_norm(const["W2"].T, a) + a.amax(dim=1) * const["eW2"]) * (1 + 1e-12)
+def _wnorm(const: dict, a: Tensor, split: dict | None = None) -> Tensor:
+    """(n,) certified ``||diag(a) P W_2||`` for weights ``a >= 0`` (n, d_ff), the exact centred rows: of the rows as
+    formed (``_weighted_norm``, ``d^2 d_ff`` flops a row; or from F45a's ``split``, ``split_row_norm2``) plus ``max a eW2``
+    (F51a)."""
+    nW = _weighted_norm(const["W2"].T, a) if split is None else torch.sqrt(split_row_norm2(split, a)) * (1 + 1e-12)
+    return (nW + a.amax(dim=1) * const["eW2"]) * (1 + 1e-12)
 
 
 def ffn_reach_drift_schur(const: dict, n1: Tensor, z: Tensor, S: Tensor, eS: Tensor, wsum: Tensor, r: float,
-                          remH: Tensor, rh: Tensor, ez: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                          remH: Tensor, rh: Tensor, ez: Tensor | None = None,
+                          split: dict | None = None) -> tuple[Tensor, Tensor]:
     r"""(n,) each: upper bounds of F70a's ``ffnq`` and ``ffnqm`` (``ffn_reach_drift``'s arguments and claims) from
     Schur's inequality instead of three ``d_ff x d_ff`` certified ``lambda_max`` and two ``d_ff^2 d`` products a token
     (THEORY F72a): for PSD ``A, B``, ``A o B <= lambda_max(B) (A o I)``, so with ``G = W_1^T Q' W_1`` (``Q' = Q + eQ I >=
@@ -263,7 +271,9 @@ def ffn_reach_drift_schur(const: dict, n1: Tensor, z: Tensor, S: Tensor, eS: Ten
     ``k_Q^2 <= l_G max_k omega_k g_k``, ``k_Qm^2 <= min(l_G max omega_k ||w1_k||^2, l_1 max omega_k g_k)``, ``k_1^2 <= min(l_1
     max omega_k ||w1_k||^2, max omega lH)`` (``diag(omega)^{1/2}(A o B)diag(omega)^{1/2} = (diag(omega)^{1/2} A
     diag(omega)^{1/2}) o B``).  ``g_k = fl(w1_k . fl(Q w1_k)) + (gamma_{2d} ||Q||_F + eQ) ||w1_k||^2``; the reaches and
-    ``omega`` as F70a with this ``g``.  Cost ``4 d^2 d_ff`` flops a token and ``d x d`` certificates, batched."""
+    ``omega`` as F70a with this ``g``.  ``split`` (F45a's ``ffn_split_constants``): the two norms with the weights
+    ``||w1|| delta`` and ``omega^{1/2}`` from it (``_wnorm``).  Cost ``4 d^2 d_ff`` flops a token (``2 d^2 d_ff`` with
+    ``split``) and ``d x d`` certificates, batched."""
     sch = _schur_layer(const)
     W1, d = const["W1"], const["W1"].shape[0]
     Q = 0.5 * (S + S.transpose(1, 2)) + eS[:, None, None] * torch.eye(d, dtype=torch.float64)
@@ -280,14 +290,14 @@ def ffn_reach_drift_schur(const: dict, n1: Tensor, z: Tensor, S: Tensor, eS: Ten
         Rk = Rk + ez
     om = _omega(z, Rk, gelu_second(z), eD)
     delta = gelu_second(z).abs() + eD
-    vQ, v1 = _wnorm(const, torch.sqrt(g) * delta * (1 + 1e-12)), _wnorm(const, n1[None] * delta)
+    vQ, v1 = _wnorm(const, torch.sqrt(g) * delta * (1 + 1e-12)), _wnorm(const, n1[None] * delta, split)
     sG, s1 = torch.sqrt(lG) * (1 + 1e-12), math.sqrt(sch["l1"]) * (1 + 1e-12)
     nq, nqm, n2 = sG * vQ, torch.minimum(sG * v1, s1 * vQ), s1 * v1
     mg, m1 = (om * g).amax(dim=1), (om * n12[None]).amax(dim=1)
     kq = torch.sqrt(lG * mg * (1 + 1e-12))
     kqm = torch.sqrt(torch.minimum(lG * m1, sch["l1"] * mg) * (1 + 1e-12))
     k1 = torch.sqrt(torch.minimum(sch["l1"] * m1, om.amax(dim=1) * const["lH"]) * (1 + 1e-12))
-    nw = _wnorm(const, torch.sqrt(om) * (1 + 1e-12))
+    nw = _wnorm(const, torch.sqrt(om) * (1 + 1e-12), split)
     pad = 1 + 1e-12
     q = (nq * r + nqm * remH + nw * (kq * r + kqm * remH) * pad) * pad
     qm = (nqm * r + n2 * remH + nw * (kqm * r + k1 * remH) * pad) * pad

@@ -453,7 +453,7 @@ def ffn_reach(at: LayerAtX, pt: PostPoint, gram: RowGram, fn: PostFirstNorm, ffn
 
 # F70c/F72b: per radius, at most this many tokens get F70a's exact certificate (~0.7 s CPU a token at MiniLM's sizes);
 # 0 turns F70 and F72 off
-REACH_DRIFT_TOKENS = 4
+REACH_DRIFT_TOKENS = 2
 
 
 class _LastCall:
@@ -499,7 +499,7 @@ def ffn_reach_rows(at: LayerAtX, gram: RowGram, fn: PostFirstNorm, ffn_drift, r:
         level[idx[lost & (level[idx] < 2)]] = 2  # the second norm's floor lost there: F70 cannot matter (F70c)
         new = idx[level[idx] == 0]
         if len(new):
-            fn.ffnq[new], fn.ffnqm[new] = ffn_reach_drift_schur(*args(new))
+            fn.ffnq[new], fn.ffnqm[new] = ffn_reach_drift_schur(*args(new), split=base.split())
             level[new] = 1
         for i in idx[(level[idx] == 1) & ~torch.isin(idx, new)].tolist():
             if int((level == 3).sum()) < REACH_DRIFT_TOKENS:

@@ -93,6 +93,15 @@ def _layer_forms(const: dict, n1: Tensor) -> dict:
     return const["reach_forms"]
 
 
+def _ellipsoid(S: Tensor, eS: Tensor, wsum: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """F54b's ``Q = wsum (sym(S) + eS I)`` for Grams ``S`` (..., d, d) and ``eS``, ``wsum`` (...,), with ``fQ >= ||Q||_F``
+    and ``eQ = gamma_4 fQ`` (its rounding, Frobenius)."""
+    d = S.shape[-1]
+    Q = wsum[..., None, None] * (0.5 * (S + S.transpose(-1, -2)) + eS[..., None, None] * torch.eye(d, dtype=S.dtype))
+    fQ = Q.norm(dim=(-2, -1)) * (1 + d * d * _gamma(1))
+    return Q, fQ, _gamma(4) * fQ
+
+
 def _token_forms(const: dict, lay: dict, z: Tensor, S: Tensor, eS: float, wsum: float, r: float, remH: float,
                  rh: float, ez: Tensor | None) -> dict:
     """One token's ellipsoid forms (THEORY F54b, shared with F70): ``Q = wsum (sym(S) + eS I)`` within ``gamma_4 ||Q||_F``,
@@ -101,11 +110,8 @@ def _token_forms(const: dict, lay: dict, z: Tensor, S: Tensor, eS: float, wsum: 
     ``D = GELU''(z)`` within ``eD`` (``centre_gelu2_err``) of the exact centre's and the unit reaches
     ``Rk = min(||w1_k|| rh, r (G_kk + eG)^{1/2} + ||w1_k|| remH) (1 + 1e-12) + ez_k``."""
     W1, d, fW1, n1 = const["W1"], const["W1"].shape[0], lay["fW1"], lay["n1"]
-    Si = 0.5 * (S + S.T)
-    Si.diagonal().add_(float(eS))
-    Q = wsum * Si
-    fQ = float(Q.norm()) * (1 + Q.numel() * _gamma(1))
-    eQ = _gamma(4) * fQ
+    Q, fQ, eQ = _ellipsoid(S, eS, torch.as_tensor(wsum, dtype=torch.float64))  # float64: as_tensor(float) is float32
+    fQ, eQ = float(fQ), float(eQ)
     G = (W1.T @ Q) @ W1
     eG = fW1 * fW1 * (_gamma(2 * d) * fQ + eQ) * (1 + 1e-12)
     gmax = float(G.abs().max())
@@ -276,10 +282,7 @@ def ffn_reach_drift_schur(const: dict, n1: Tensor, z: Tensor, S: Tensor, eS: Ten
     ``split``) and ``d x d`` certificates, batched."""
     sch = _schur_layer(const)
     W1, d = const["W1"], const["W1"].shape[0]
-    Q = 0.5 * (S + S.transpose(1, 2)) + eS[:, None, None] * torch.eye(d, dtype=torch.float64)
-    Q = wsum[:, None, None] * Q
-    fQ = Q.norm(dim=(1, 2)) * (1 + Q[0].numel() * _gamma(1))
-    eQ = _gamma(4) * fQ
+    Q, fQ, eQ = _ellipsoid(S, eS, wsum)
     lG = _lmax_g(sch, Q, fQ, eQ)
     n12 = n1 * n1 * (1 + 2 * _U)
     g = ((Q @ W1[None]) * W1[None]).sum(dim=1).clamp(min=0.0) + (_gamma(2 * d) * fQ + eQ)[:, None] * n12[None]

@@ -48,8 +48,8 @@ def reach_whatif(seen: dict, r: float, i: int, scale: float, beta: bool = True) 
     weights set to 0 (F58a's ``nested_beta`` patched): ``scale`` 0 then leaves ``N_Q r^2 / 2`` alone."""
     at, pt, gram, fn, drift, _ = seen["reach_args"]
     base = getattr(drift, "base", drift)
-    S, eS = at.n1.sandwich(gram.S[i:i + 1], gram.err[i:i + 1])
     k, remH = slice(i, i + 1), fn.remH[i:i + 1] * scale
+    S, eS = (v[k] for v in at.n1.sandwich(gram.S, gram.err))  # token i's own D1 (a slice of S read token 0's, ffn23)
     with mock.patch.object(fr, "nested_beta", fr.nested_beta if beta else lambda z, R, *_: torch.zeros_like(R)):
         return float(fr.ffn_reach_remainder(base.taylor, base.n1, at.z[k], S, eS, gram.wsum[k], r, remH,
                                             torch.minimum(fn.rh[k], r * pt.h_pt[k] + remH), at.ez[k])[0])

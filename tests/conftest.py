@@ -66,7 +66,7 @@ def shared_tmp(tmp_path_factory):
 
 @pytest.fixture
 def without_reach_drift():
-    """F70c's post-pass off (``REACH_DRIFT_TOKENS = 0``): for the tests of F37a/F45b/F61b's rule, whose maxima must be
+    """F70c's post-pass off (``REACH_DRIFT_TOKENS = 0``, F72's tier too): for the tests of F37a/F45b/F61b's rule, whose maxima must be
     the floats of the full refinement -- F70 lowers the rows of the tokens it evaluates, which tokens depends on the
     refinement, so with it on the maxima are certified but not those floats.  Its own patch: a test's
     ``monkeypatch.undo()`` leaves it in place."""

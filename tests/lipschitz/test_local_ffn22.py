@@ -15,17 +15,18 @@ from transcover.lipschitz._local_ffn_reach import ffn_reach_drift
 from transcover.model import ffn_forward
 
 
-def _bounds(ffn, h: torch.Tensor, Ls: torch.Tensor, w: torch.Tensor, r: float, remH: float) -> tuple[float, float]:  # noqa: ANN001
-    """F70a's two bounds (centred) for the reachable rows ``sum_j L_j d_j`` (``Q = sum w (sum_j L_j L_j^T / w_j)``, F40a)
-    on the ball ``rh = r (lambda_max(S) sum w)^{1/2} + remH``."""
+def _bounds(ffn, h: torch.Tensor, Ls: torch.Tensor, w: torch.Tensor, r: float, remH: float,  # noqa: ANN001
+            drift=ffn_reach_drift) -> tuple[float, float]:  # noqa: ANN001
+    """F70a's two bounds (centred; ``drift``: or F72a's ``ffn_reach_drift_schur``) for the reachable rows ``sum_j L_j
+    d_j`` (``Q = sum w (sum_j L_j L_j^T / w_j)``, F40a) on the ball ``rh = r (lambda_max(S) sum w)^{1/2} + remH``."""
     const = ffn_hadamard(ffn, centred=True)
     S = (Ls @ Ls.transpose(1, 2) / w[:, None, None]).sum(0)[None]
     wsum = w.sum()[None]
     rh = r * math.sqrt(float(torch.linalg.eigvalsh(S[0])[-1] * wsum[0])) + remH
     z = (h @ ffn.W_1.double() + ffn.b_1.double())[None]
     one = lambda v: torch.tensor([v], dtype=torch.float64)  # noqa: E731
-    q, qm = ffn_reach_drift(const, ffn.W_1.double().norm(dim=0) * (1 + 1e-12), z, S, torch.zeros(1, dtype=torch.float64),
-                            wsum, r, one(remH), one(rh))
+    q, qm = drift(const, ffn.W_1.double().norm(dim=0) * (1 + 1e-12), z, S, torch.zeros(1, dtype=torch.float64), wsum,
+                  r, one(remH), one(rh))
     return float(q[0]), float(qm[0])
 
 

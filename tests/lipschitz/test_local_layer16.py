@@ -102,7 +102,7 @@ def test_layer_rows_with_the_curvature_drift_is_never_beaten(monkeypatch):
     F37a's lazy refinement may leave another token's rows at a looser (certified) level."""
     from test_lipschitz_local import adversary
     from test_local_sharp import assert_stage_radii_hold
-    from transcover.lipschitz import _local_rows
+    from transcover.lipschitz import _local_rows, _local_stages
     from transcover.model._functional import layer_forward
 
     layer = random_spec(3, act="gelu", norm="layernorm", placement="post", d=8, H=2, dh=4, dff=64, biases=True,
@@ -111,6 +111,9 @@ def test_layer_rows_with_the_curvature_drift_is_never_beaten(monkeypatch):
     X = torch.randn(6, 8, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * 2
     on = assert_stage_radii_hold(layer, X, [0.05])[0]
     assert adversary(lambda Z: layer_forward(layer, Z), X, 0.05, restarts=2, steps=30, seed=1) <= on.ball
+    # F54 off on both sides: with each token's own ellipsoid (ffn23) it sets the FFN stage radius with and without F51a
+    monkeypatch.setattr(_local_stages, "ffn_reach", lambda at, *a: torch.full((at.T,), math.inf, dtype=torch.float64))
+    on = _local_rows.layer_rows(layer, X, [0.05])[0]
     monkeypatch.setattr(_local_rows, "ffn_curvature_drift", lambda c, z, n1, rh, *_: (torch.full_like(rh, math.inf),) * 2)
     off = _local_rows.layer_rows(layer, X, [0.05])[0]
     assert float(on.stage_radii["ffn"].max()) < 0.8 * float(off.stage_radii["ffn"].max())

@@ -146,9 +146,10 @@ def _post_layer(gamma: str, seed: int):  # noqa: ANN202
 @pytest.mark.parametrize("gamma,seed,r", [("negative", 7, 0.03), ("plain", 5, 0.03)])
 def test_layer_rows_with_the_reach_remainder(monkeypatch, gamma, seed, r):
     """A small post-LN layer at a radius where the gate opens (eps 1e-6: a tiny floor): F54 is evaluated and sets the
-    largest FFN stage radius (8.42 -> 4.31 with signed gamma, 5.45 -> 3.54), never raises any token's, lowers the ball
-    (6 270 -> 1 112, 1 410 -> 692), and Adam ascent on each stage's move and the pair/Jacobian adversary stay below
-    the rows with it."""
+    largest FFN stage radius (8.29 -> 4.60 with signed gamma, 5.32 -> 4.08; each token's own ellipsoid ``D1_i S_i
+    D1_i^T`` since ffn23, before it token 0's ``D1``: 3.94, 3.25), never raises any token's, lowers the ball (5 464 ->
+    1 181, 1 317 -> 810), and Adam ascent on each stage's move and the pair/Jacobian adversary stay below the rows
+    with it."""
     from test_lipschitz_local import adversary
     from test_local_sharp import assert_stage_radii_hold
     from transcover.lipschitz import _local_stages
@@ -170,8 +171,8 @@ def test_layer_rows_with_the_reach_remainder(monkeypatch, gamma, seed, r):
     monkeypatch.setattr(_local_stages, "ffn_reach", lambda at, *a: torch.full((at.T,), math.inf, dtype=torch.float64))
     off = layer_rows(layer, X, [r])[0]
     ratio = on.stage_radii["ffn"] / off.stage_radii["ffn"]
-    assert bool((ratio <= 1).all()) and float(on.stage_radii["ffn"].max()) < 0.7 * float(off.stage_radii["ffn"].max())
-    assert on.ball < 0.6 * off.ball, (on.ball, off.ball)
+    assert bool((ratio <= 1).all()) and float(on.stage_radii["ffn"].max()) < 0.8 * float(off.stage_radii["ffn"].max())
+    assert on.ball < 0.65 * off.ball, (on.ball, off.ball)
 
 
 @pytest.mark.slow

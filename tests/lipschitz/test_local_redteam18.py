@@ -196,9 +196,9 @@ def _every_token(at, pt, gram, fn, ffn_drift, r):  # noqa: ANN001, ANN202
     out = torch.full((at.T,), math.inf, dtype=F64)
     if base.taylor is None or at.sig2 is None:
         return out
+    Sa, ea = at.n1.sandwich(gram.S, gram.err)  # each token's own D1 S_i D1^T (ffn23: a slice read token 0's D1)
     for i in range(at.T):
-        S, eS = at.n1.sandwich(gram.S[i:i + 1], gram.err[i:i + 1])
-        out[i] = ffn_reach_remainder(base.taylor, base.n1, at.z[i:i + 1], S, eS, gram.wsum[i:i + 1], r,
+        out[i] = ffn_reach_remainder(base.taylor, base.n1, at.z[i:i + 1], Sa[i:i + 1], ea[i:i + 1], gram.wsum[i:i + 1], r,
                                      fn.remH[i:i + 1], fn.rh[i:i + 1], at.ez[i:i + 1])[0]
     return out
 

@@ -20,7 +20,7 @@ from ._local_jacobian import GELU2_ABS_ERR, GELU3_SUP, _f64, certified_lmax, cer
 from ._local_sharp import gram_lower
 
 __all__ = ["gelu3_sup", "ffn_curvature_drift", "ffn_hadamard", "ffn_second_norms", "ffn_second_split",
-           "ffn_split_constants", "ffn_taylor_drift"]
+           "ffn_split_constants", "ffn_taylor_drift", "split_row_norm2"]
 
 _U = 2.0**-53
 # the extrema of GELU''' = z phi(z) (z^2 - 4): GELU'''' = phi(z)(-z^4 + 7 z^2 - 4) vanishes at z^2 = (7 -+ sqrt 33)/2
@@ -172,7 +172,7 @@ def ffn_second_split(const: dict, split: dict, z: Tensor, ez: Tensor | None = No
     relative): ``m d_ff d + (m^2 + m2^2) (d + d_ff)`` flops a token instead of ``d d_ff^2``.  ``GELU''``'s evaluation
     and the centred ``W_2`` as F38b, the pre-activations' rounding ``ez`` too.  Never below the true ``N2``; 1.2-2.5 x it
     on MiniLM."""
-    E, F, lR, lR2 = split["E"], split["F"], split["lR"], split["lR2"]
+    E, lR, lR2 = split["E"], split["lR"], split["lR2"]
     if not (math.isfinite(lR) and math.isfinite(lR2)):
         return torch.full(z.shape[:1], math.inf, dtype=torch.float64)
     D = gelu_second(z)
@@ -180,11 +180,18 @@ def ffn_second_split(const: dict, split: dict, z: Tensor, ez: Tensor | None = No
     fA = (A * A).sum(dim=(1, 2)) * (1 + 1e-12)
     dff = A.shape[1]
     nEa = _norm_from_gram(E[None] @ A) + 4 * (dff + 8) * _U * torch.sqrt(split["fE"] * fA)
-    FD = F[None] * D[:, None, :]
-    nFD = _norm_from_gram(FD) * (1 + 4 * _U) + 4 * _U * (FD * FD).sum(dim=(1, 2)).sqrt()
-    na2 = (nFD * nFD + lR2 * (D * D).amax(dim=1)) * (1 + 1e-12)
+    na2 = split_row_norm2(split, D)
     n2 = torch.sqrt((nEa * nEa + (lR + const["eH"]) * na2) * (1 + 1e-12)) + _n2_pert(const, ez)
     return torch.nan_to_num(n2 * (1 + 1e-12), nan=math.inf)
+
+
+def split_row_norm2(split: dict, a: Tensor) -> Tensor:
+    """(n,) certified ``||diag(a_i) W_2||^2`` for the rows ``W_2`` as formed and weights ``a`` (n, d_ff) by F45a's split
+    ``W_2 W_2^T = F^T F + R_2``, ``R_2 <= lR2 I``: ``||F diag(a)||^2 + lR2 max a^2``, ``||F diag(a)||`` from the ``m2 x m2``
+    Gram of ``fl(F diag(a))`` (within ``u`` relative); ``m2^2 d_ff`` flops a row instead of ``d^2 d_ff``."""
+    Fa = split["F"][None] * a[:, None, :]
+    nFa = _norm_from_gram(Fa) * (1 + 4 * _U) + 4 * _U * (Fa * Fa).sum(dim=(1, 2)).sqrt()
+    return (nFa * nFa + split["lR2"] * (a * a).amax(dim=1)) * (1 + 1e-12)
 
 
 def ffn_taylor_drift(const: dict, n2: Tensor, z: Tensor, n1: Tensor, rh: Tensor,

@@ -15,11 +15,13 @@ import math
 import torch
 from torch import Tensor
 
-from ._local_ffn2 import _GELU2_ABS_ERR, _weighted_lmax, _weighted_norm, centre_gelu2_err, ffn_second_norms, gelu3_sup
-from ._local_jacobian import gelu_second
+from ._local_ffn2 import (
+    _GELU2_ABS_ERR, _weighted_lmax, _weighted_norm, centre_gelu2_err, ffn_second_norms, gelu3_sup, split_row_norm2,
+)
+from ._local_jacobian import certified_lmax, gelu_second
 from ._local_stack_aligned import _gamma, _hadamard_norm
 
-__all__ = ["gelu2_range", "nested_beta", "ffn_reach_remainder", "ffn_reach_drift"]
+__all__ = ["gelu2_range", "nested_beta", "ffn_reach_remainder", "ffn_reach_drift", "ffn_reach_drift_schur"]
 
 _PHI0 = 1 / math.sqrt(2 * math.pi)
 _U = 2.0**-53
@@ -80,12 +82,24 @@ def nested_beta(z: Tensor, R: Tensor, ez: Tensor | float, eD: Tensor | float, pi
 
 def _layer_forms(const: dict, n1: Tensor) -> dict:
     """The radius-free data F54b and F70 share: ``||W_1||_F`` and ``max ||w1_k||`` (each rounded up), ``G_1 = W_1^T W_1``,
-    its rounding ``e_1 = gamma_{d+2} ||W_1||_F^2`` and ``max|G_1|``."""
-    W1 = const["W1"]
-    fW1 = float(W1.norm()) * (1 + W1.numel() * _gamma(1))
-    G1 = W1.T @ W1
-    return {"n1": n1, "fW1": fW1, "w1max": float(n1.max()), "G1": G1, "e1": _gamma(W1.shape[0] + 2) * fW1 * fW1,
-            "g1max": float(G1.abs().max())}
+    its rounding ``e_1 = gamma_{d+2} ||W_1||_F^2`` and ``max|G_1|``; cached in ``const`` (``ffn_hadamard``'s dict, once
+    per layer, with that layer's ``n1``)."""
+    if "reach_forms" not in const:
+        W1 = const["W1"]
+        fW1 = float(W1.norm()) * (1 + W1.numel() * _gamma(1))
+        G1 = W1.T @ W1
+        const["reach_forms"] = {"n1": n1, "fW1": fW1, "w1max": float(n1.max()), "G1": G1,
+                                "e1": _gamma(W1.shape[0] + 2) * fW1 * fW1, "g1max": float(G1.abs().max())}
+    return const["reach_forms"]
+
+
+def _ellipsoid(S: Tensor, eS: Tensor, wsum: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """F54b's ``Q = wsum (sym(S) + eS I)`` for Grams ``S`` (..., d, d) and ``eS``, ``wsum`` (...,), with ``fQ >= ||Q||_F``
+    and ``eQ = gamma_4 fQ`` (its rounding, Frobenius)."""
+    d = S.shape[-1]
+    Q = wsum[..., None, None] * (0.5 * (S + S.transpose(-1, -2)) + eS[..., None, None] * torch.eye(d, dtype=S.dtype))
+    fQ = Q.norm(dim=(-2, -1)) * (1 + d * d * _gamma(1))
+    return Q, fQ, _gamma(4) * fQ
 
 
 def _token_forms(const: dict, lay: dict, z: Tensor, S: Tensor, eS: float, wsum: float, r: float, remH: float,
@@ -96,11 +110,8 @@ def _token_forms(const: dict, lay: dict, z: Tensor, S: Tensor, eS: float, wsum: 
     ``D = GELU''(z)`` within ``eD`` (``centre_gelu2_err``) of the exact centre's and the unit reaches
     ``Rk = min(||w1_k|| rh, r (G_kk + eG)^{1/2} + ||w1_k|| remH) (1 + 1e-12) + ez_k``."""
     W1, d, fW1, n1 = const["W1"], const["W1"].shape[0], lay["fW1"], lay["n1"]
-    Si = 0.5 * (S + S.T)
-    Si.diagonal().add_(float(eS))
-    Q = wsum * Si
-    fQ = float(Q.norm()) * (1 + Q.numel() * _gamma(1))
-    eQ = _gamma(4) * fQ
+    Q, fQ, eQ = _ellipsoid(S, eS, torch.as_tensor(wsum, dtype=torch.float64))  # float64: as_tensor(float) is float32
+    fQ, eQ = float(fQ), float(eQ)
     G = (W1.T @ Q) @ W1
     eG = fW1 * fW1 * (_gamma(2 * d) * fQ + eQ) * (1 + 1e-12)
     gmax = float(G.abs().max())
@@ -191,10 +202,7 @@ def ffn_reach_drift(const: dict, n1: Tensor, z: Tensor, S: Tensor, eS: Tensor, w
     for i in range(len(z)):
         f = _token_forms(const, lay, z[i], S[i], eS[i], float(wsum[i]), r, float(remH[i]), float(rh[i]),
                          None if ez is None else ez[i])
-        Rk, Dk = f["Rk"], f["D"]
-        lo, hi = gelu2_range(z[i] - Rk, z[i] + Rk)
-        omega = torch.minimum(gelu3_sup(z[i] - Rk, z[i] + Rk) * Rk / 2, torch.maximum(hi - Dk, Dk - lo) + f["eD"])
-        sw = torch.sqrt(omega * (1 + 1e-12))[None] * (1 + 1e-12)
+        sw = torch.sqrt(_omega(z[i], f["Rk"], f["D"], f["eD"]))[None] * (1 + 1e-12)
         k = [torch.sqrt(_weighted_lmax(Hm, eHm, sw))[0] for Hm, eHm in
              ((f["HQ"], f["eHQ"]), (f["HQm"], f["eHQm"]), (const["H"], const["eH"]))]
         nw = _weighted_norm(const["W2"].T, sw)[0] + float(sw.max()) * const["eW2"]
@@ -202,3 +210,98 @@ def ffn_reach_drift(const: dict, n1: Tensor, z: Tensor, S: Tensor, eS: Tensor, w
         out[i, 0] = (f["nq"] * r + f["nqm"] * rem + float(nw * (k[0] * r + k[1] * rem))) * (1 + 1e-12)
         out[i, 1] = (f["nqm"] * r + float(n2[i]) * rem + float(nw * (k[1] * r + k[2] * rem))) * (1 + 1e-12)
     return torch.nan_to_num(out, nan=math.inf).unbind(1)
+
+
+def _omega(z: Tensor, Rk: Tensor, D: Tensor, eD: Tensor | float) -> Tensor:
+    """F70a's per-unit weight ``omega_k (1 + 1e-12) >= sup |GELU'(z*_k + s) - GELU'(z*_k) - GELU''(z*_k) s| / |s|`` on
+    ``|s| <= R_k``: ``min(s3_k R_k / 2, max(hi_k - D_k, D_k - lo_k) + eD_k)`` (``gelu3_sup``, ``gelu2_range`` on the
+    reach; ``D`` the evaluated ``GELU''(z)`` within ``eD`` of the exact centre's)."""
+    lo, hi = gelu2_range(z - Rk, z + Rk)
+    return torch.minimum(gelu3_sup(z - Rk, z + Rk) * Rk / 2, torch.maximum(hi - D, D - lo) + eD) * (1 + 1e-12)
+
+
+def _schur_layer(const: dict) -> dict:
+    """The radius-free data of F72a, cached in ``const`` (``ffn_hadamard``'s dict, once per layer): ``L`` with ``W_1 W_1^T
+    <= L L^T + eL I`` and ``l1 >= lambda_max(W_1^T W_1)``.  ``C = fl(W_1 W_1^T)`` is within ``gamma_{d_ff} ||W_1||_F^2``
+    (spectral) of the exact Gram; ``L`` is Cholesky's factor of ``fl(C + tau I)``, ``tau = 1e-12 max C_aa`` (so that
+    matrix is ``>= C``), and ``L L^T`` is within ``gamma_{d+1} ||L||_F^2`` of it (Higham, Thm 10.3); a failed
+    factorisation gives ``eL = inf``."""
+    if "schur" not in const:
+        W1 = const["W1"]
+        d, dff = W1.shape
+        fW1 = float((W1 * W1).sum()) * (1 + 2 * W1.numel() * _U)
+        C = W1 @ W1.T
+        eC = _gamma(dff) * fW1
+        A = C.clone()
+        A.diagonal().add_(1e-12 * float(C.diagonal().max()))
+        L, info = torch.linalg.cholesky_ex(A)
+        fL = float((L * L).sum()) * (1 + 2 * L.numel() * _U)
+        eL = (eC + _gamma(d + 1) * fL) * (1 + 1e-12) if int(info) == 0 else math.inf
+        const["schur"] = {"L": L, "fL": fL, "eL": eL, "l1": (float(certified_lmax(C[None])[0]) + eC) * (1 + 1e-12)}
+    return const["schur"]
+
+
+def _lmax_g(sch: dict, Q: Tensor, fQ: Tensor, eQ: Tensor) -> Tensor:
+    """(n,) certified ``lambda_max(W_1^T Q' W_1)`` for ``Q' = Q + eQ I`` (``Q`` (n, d, d) as formed, symmetric, ``fQ >=
+    ||Q||_F``; THEORY F72a): the nonzero spectrum of ``Q'^{1/2} W_1 W_1^T Q'^{1/2}``, with ``W_1 W_1^T <= L L^T + eL I``
+    (``_schur_layer``) at most ``lambda_max(L^T Q L) + eQ ||L||_F^2 + eL (fQ + eQ)``; ``M = fl(L^T (Q L))`` within
+    ``gamma_{2d} ||L||_F^2 ||Q||_F``, symmetrised within ``u ||M||_F``, then ``certified_lmax``."""
+    L, fL = sch["L"], sch["fL"]
+    M = L.T[None] @ (Q @ L[None])
+    fM = M.norm(dim=(1, 2)) * (1 + M[0].numel() * _U)
+    err = _gamma(2 * L.shape[0]) * fL * fQ + _U * fM + eQ * fL + sch["eL"] * (fQ + eQ)
+    return (certified_lmax(0.5 * (M + M.transpose(1, 2))) + err) * (1 + 1e-12)
+
+
+def _wnorm(const: dict, a: Tensor, split: dict | None = None) -> Tensor:
+    """(n,) certified ``||diag(a) P W_2||`` for weights ``a >= 0`` (n, d_ff), the exact centred rows: of the rows as
+    formed (``_weighted_norm``, ``d^2 d_ff`` flops a row; or from F45a's ``split``, ``split_row_norm2``) plus ``max a eW2``
+    (F51a)."""
+    nW = _weighted_norm(const["W2"].T, a) if split is None else torch.sqrt(split_row_norm2(split, a)) * (1 + 1e-12)
+    return (nW + a.amax(dim=1) * const["eW2"]) * (1 + 1e-12)
+
+
+def ffn_reach_drift_schur(const: dict, n1: Tensor, z: Tensor, S: Tensor, eS: Tensor, wsum: Tensor, r: float,
+                          remH: Tensor, rh: Tensor, ez: Tensor | None = None,
+                          split: dict | None = None) -> tuple[Tensor, Tensor]:
+    r"""(n,) each: upper bounds of F70a's ``ffnq`` and ``ffnqm`` (``ffn_reach_drift``'s arguments and claims) from
+    Schur's inequality instead of three ``d_ff x d_ff`` certified ``lambda_max`` and two ``d_ff^2 d`` products a token
+    (THEORY F72a): for PSD ``A, B``, ``A o B <= lambda_max(B) (A o I)``, so with ``G = W_1^T Q' W_1`` (``Q' = Q + eQ I >=
+    Q*``), ``g_k >= G_kk``, ``G_1 = W_1^T W_1``, ``l_G >= lambda_max(G)`` (a ``d x d`` certificate, ``_lmax_g``), ``l_1
+    >= lambda_max(G_1)`` and ``delta_k = |GELU''(z_k)| + eD_k >= |GELU''(z*_k)|``:
+
+    .. math:: N_Q \le l_G^{1/2}\|\mathrm{diag}(g^{1/2}\delta)PW_2\|,\quad
+              N_{Qm} \le \min(l_G^{1/2}\|\mathrm{diag}(\|w_1\|\delta)PW_2\|,\ l_1^{1/2}\|\mathrm{diag}(g^{1/2}\delta)PW_2\|),
+              \quad N_2 \le l_1^{1/2}\|\mathrm{diag}(\|w_1\|\delta)PW_2\|,
+
+    ``k_Q^2 <= l_G max_k omega_k g_k``, ``k_Qm^2 <= min(l_G max omega_k ||w1_k||^2, l_1 max omega_k g_k)``, ``k_1^2 <= min(l_1
+    max omega_k ||w1_k||^2, max omega lH)`` (``diag(omega)^{1/2}(A o B)diag(omega)^{1/2} = (diag(omega)^{1/2} A
+    diag(omega)^{1/2}) o B``).  ``g_k = fl(w1_k . fl(Q w1_k)) + (gamma_{2d} ||Q||_F + eQ) ||w1_k||^2``; the reaches and
+    ``omega`` as F70a with this ``g``.  ``split`` (F45a's ``ffn_split_constants``): the two norms with the weights
+    ``||w1|| delta`` and ``omega^{1/2}`` from it (``_wnorm``).  Cost ``4 d^2 d_ff`` flops a token (``2 d^2 d_ff`` with
+    ``split``) and ``d x d`` certificates, batched."""
+    sch = _schur_layer(const)
+    W1, d = const["W1"], const["W1"].shape[0]
+    Q, fQ, eQ = _ellipsoid(S, eS, wsum)
+    lG = _lmax_g(sch, Q, fQ, eQ)
+    n12 = n1 * n1 * (1 + 2 * _U)
+    g = ((Q @ W1[None]) * W1[None]).sum(dim=1).clamp(min=0.0) + (_gamma(2 * d) * fQ + eQ)[:, None] * n12[None]
+    g = g * (1 + 1e-12)
+    Rk = torch.minimum(n1[None] * rh[:, None], r * torch.sqrt(g) + n1[None] * remH[:, None]) * (1 + 1e-12)
+    eD = torch.as_tensor(centre_gelu2_err(ez), dtype=torch.float64)
+    if ez is not None:
+        Rk = Rk + ez
+    om = _omega(z, Rk, gelu_second(z), eD)
+    delta = gelu_second(z).abs() + eD
+    vQ, v1 = _wnorm(const, torch.sqrt(g) * delta * (1 + 1e-12)), _wnorm(const, n1[None] * delta, split)
+    sG, s1 = torch.sqrt(lG) * (1 + 1e-12), math.sqrt(sch["l1"]) * (1 + 1e-12)
+    nq, nqm, n2 = sG * vQ, torch.minimum(sG * v1, s1 * vQ), s1 * v1
+    mg, m1 = (om * g).amax(dim=1), (om * n12[None]).amax(dim=1)
+    kq = torch.sqrt(lG * mg * (1 + 1e-12))
+    kqm = torch.sqrt(torch.minimum(lG * m1, sch["l1"] * mg) * (1 + 1e-12))
+    k1 = torch.sqrt(torch.minimum(sch["l1"] * m1, om.amax(dim=1) * const["lH"]) * (1 + 1e-12))
+    nw = _wnorm(const, torch.sqrt(om) * (1 + 1e-12), split)
+    pad = 1 + 1e-12
+    q = (nq * r + nqm * remH + nw * (kq * r + kqm * remH) * pad) * pad
+    qm = (nqm * r + n2 * remH + nw * (kqm * r + k1 * remH) * pad) * pad
+    return torch.nan_to_num(q, nan=math.inf), torch.nan_to_num(qm, nan=math.inf)

@@ -508,13 +508,17 @@ class FfnDrift:
 
     def tier(self, rh: Tensor, dF: Tensor, dFh: Tensor, base: tuple, idx: Tensor) -> None:
         """F38 with F45a's cheap upper bound of N2 (cached per token) on the tokens ``idx``, from ``base``."""
-        if self.split_key not in self.norms:
-            self.norms[self.split_key] = ffn_split_constants(self.taylor)
         new = idx[torch.isnan(self.n2_cheap[idx])]
         if len(new):
-            self.n2_cheap[new] = ffn_second_split(self.taylor, self.norms[self.split_key], self.z[new], self._ez(new))
+            self.n2_cheap[new] = ffn_second_split(self.taylor, self.split(), self.z[new], self._ez(new))
         t, th = ffn_taylor_drift(self.taylor, self.n2_cheap[idx], self.z[idx], self.n1, rh[idx], self._ez(idx))
         dF[idx], dFh[idx] = torch.minimum(base[0][idx], t), torch.minimum(base[1][idx], th)
+
+    def split(self) -> dict:
+        """F45a's data-free split constants of this layer (``ffn_split_constants``), cached beside F38's."""
+        if self.split_key not in self.norms:
+            self.norms[self.split_key] = ffn_split_constants(self.taylor)
+        return self.norms[self.split_key]
 
     def final(self, rh: Tensor, dF: Tensor, dFh: Tensor, ref: Tensor, idx: Tensor) -> None:
         """The tokens ``idx``' FFN drift (in place in ``dF``, ``dFh``) by F38's tensor norm and F31d's per-unit

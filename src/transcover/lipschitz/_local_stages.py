@@ -36,7 +36,7 @@ from ._local_joint import attention_remainder, head_geometry, norm_drift, norm_r
 from ._local_remg import first_norm_gamma, remg_gamma
 from ._local_rows import (
     _U, _centre, _diag_blocks, _gamma_vec, _head_gram, _head_output_norms, _HeadMoments, _heads_combined,
-    _nu, _rows, _sandwich, _spectral_err, attention_drift_rows, row_lower, row_weights,
+    _nu, _rows, _sandwich, _spectral_err, attention_drift_rows, refine_lazily, row_lower, row_weights,
 )
 from ._local_sharp import head_moves
 from ._local_struct import NormJac, _chain_output_norms
@@ -437,10 +437,13 @@ def ffn_reach(at: LayerAtX, pt: PostPoint, gram: RowGram, fn: PostFirstNorm, ffn
     lin = r * pt.g_pt + fn.remG
     lim = math.sqrt(at.d) * at.sig2
     ratio = (lin + base.glob(fn.rh)[1] * fn.rh) / lim
+    Sa, ea = None, None
     for i in ratio.argsort(descending=True).tolist():
         if not bool(ratio[i] >= REACH_GATE):
             break
-        S, eS = at.n1.sandwich(gram.S[i:i + 1], gram.err[i:i + 1])
+        if Sa is None:  # every token's own D1 S_i D1^T (a slice of S against all tokens' D1 would pair S_i with D1 of 0)
+            Sa, ea = at.n1.sandwich(gram.S, gram.err)
+        S, eS = Sa[i:i + 1], ea[i:i + 1]
         out[i] = ffn_reach_remainder(base.taylor, base.n1, at.z[i:i + 1], S, eS, gram.wsum[i:i + 1], r,
                                      fn.remH[i:i + 1], fn.rh[i:i + 1], at.ez[i:i + 1])[0]
         if not bool(lin[i] + out[i] < lim[i]):
@@ -448,7 +451,8 @@ def ffn_reach(at: LayerAtX, pt: PostPoint, gram: RowGram, fn: PostFirstNorm, ffn
     return out
 
 
-# F70c: per radius, the ball row's largest tokens at which F70a is evaluated (at most; ~0.6 s CPU a token at MiniLM's sizes)
+# F70c/F72b: per radius, at most this many tokens get F70a's exact certificate (~0.7 s CPU a token at MiniLM's sizes);
+# 0 turns F70 and F72 off
 REACH_DRIFT_TOKENS = 2
 
 
@@ -466,28 +470,51 @@ class _LastCall:
 
 def ffn_reach_rows(at: LayerAtX, gram: RowGram, fn: PostFirstNorm, ffn_drift, r: float, tail: _LastCall,  # noqa: ANN001
                    rows: dict) -> dict:
-    """The rows with F70a's FFN drift through the reachable rows (``ffn_reach_drift``, in place in ``fn.ffnq``) at the
-    token of the largest ball row, again while that token changes, at most ``REACH_DRIFT_TOKENS`` tokens, not where that
-    token's second-norm input radius reaches the floor ``sqrt(d) sigma2`` (F70c: a gate of cost; every row stays
-    certified, a token not evaluated keeps its terms).  Only where the caller reads the
-    maxima (F45's tiers) and the FFN is an exact-GELU one (F38's constants)."""
-    from ._local_ffn_reach import ffn_reach_drift
+    """The rows with F70a's FFN drift through the reachable rows (in place in ``fn.ffnq``, ``fn.ffnqm``), refined
+    lazily by F37a's rule over the reported rows (THEORY F72b): a token asked for gets F72a's Schur bound first
+    (``ffn_reach_drift_schur``, batched, ~0.07 s a token), then, asked again, F70a's certificate (``ffn_reach_drift``)
+    min'ed with it, final; a token whose second-norm input radius reaches the floor ``sqrt(d) sigma2`` is final as it
+    is (its row is ``s_floor``'s cap), and past ``REACH_DRIFT_TOKENS`` exact certificates the Schur bound is final (a
+    gate of cost, F70c: the maxima are then certified bounds, no longer those of F70a at every token).  Every row is
+    non-increasing in ``ffnq``, ``ffnqm`` and depends on its own token's only, so with nothing capped the reported maxima
+    are those of F70a at every token.  Only where the caller reads the maxima (F45's tiers) and the FFN is an
+    exact-GELU one (F38's constants)."""
+    from ._local_ffn_reach import ffn_reach_drift, ffn_reach_drift_schur
 
     base = getattr(ffn_drift, "base", ffn_drift)
-    if base.taylor is None or not base.tiers:
+    if base.taylor is None or not base.tiers or REACH_DRIFT_TOKENS <= 0:
         return rows
-    tried: set = set()
-    while len(tried) < REACH_DRIFT_TOKENS:
-        i = int(torch.nan_to_num(rows["total"], nan=math.inf).argmax())
-        if i in tried or (at.sig2 is not None and not bool(rows["stage"]["ffn"][i] < math.sqrt(at.d) * at.sig2[i])):
-            break  # evaluated, or the second norm's floor lost there (the row is s_floor's cap: F70 cannot matter)
-        tried.add(i)
-        S, eS = at.n1.sandwich(gram.S[i:i + 1], gram.err[i:i + 1])
-        q, qm = ffn_reach_drift(base.taylor, base.n1, at.z[i:i + 1], S, eS, gram.wsum[i:i + 1], r,
-                                fn.remH[i:i + 1], fn.rh[i:i + 1], None if at.ez is None else at.ez[i:i + 1])
-        fn.ffnq[i], fn.ffnqm[i] = q[0], qm[0]
-        rows = tail(*tail.args)
-    return rows
+    Sa, ea = at.n1.sandwich(gram.S, gram.err)  # every token's own D1 S_i D1^T
+    level = torch.zeros(at.T, dtype=torch.long)  # 0 none, 1 F72a, 2 final
+    floor = None if at.sig2 is None else math.sqrt(at.d) * at.sig2
+    last = {"rows": rows}
+
+    def args(idx: Tensor) -> tuple:
+        ez = None if at.ez is None else at.ez[idx]
+        return (base.taylor, base.n1, at.z[idx], Sa[idx], ea[idx], gram.wsum[idx], r, fn.remH[idx], fn.rh[idx], ez)
+
+    def refine(idx: Tensor) -> Tensor:
+        lost = torch.zeros(len(idx), dtype=torch.bool) if floor is None else \
+            ~(last["rows"]["stage"]["ffn"][idx] < floor[idx])
+        level[idx[lost & (level[idx] < 2)]] = 2  # the second norm's floor lost there: F70 cannot matter (F70c)
+        new = idx[level[idx] == 0]
+        if len(new):
+            fn.ffnq[new], fn.ffnqm[new] = ffn_reach_drift_schur(*args(new), split=base.split())
+            level[new] = 1
+        for i in idx[(level[idx] == 1) & ~torch.isin(idx, new)].tolist():
+            if int((level == 3).sum()) < REACH_DRIFT_TOKENS:
+                q, qm = ffn_reach_drift(*args(torch.tensor([i])))
+                fn.ffnq[i], fn.ffnqm[i] = torch.minimum(fn.ffnq[i], q[0]), torch.minimum(fn.ffnqm[i], qm[0])
+                level[i] = 3
+            else:
+                level[i] = 2
+        return level[idx] >= 2
+
+    def evaluate() -> dict:
+        last["rows"] = tail(*tail.args)
+        return last["rows"]
+
+    return refine_lazily(evaluate, base.asks, refine, at.T)
 
 
 @dataclass(frozen=True)

@@ -485,7 +485,7 @@ def ffn_reach_rows(at: LayerAtX, gram: RowGram, fn: PostFirstNorm, ffn_drift, r:
     if base.taylor is None or not base.tiers or REACH_DRIFT_TOKENS <= 0:
         return rows
     Sa, ea = at.n1.sandwich(gram.S, gram.err)  # every token's own D1 S_i D1^T
-    level = torch.zeros(at.T, dtype=torch.long)  # 0 none, 1 F72a, 2 final
+    level = torch.zeros(at.T, dtype=torch.long)  # 0 none, 1 F72a, 2 final (floor lost or capped), 3 final with F70a
     floor = None if at.sig2 is None else math.sqrt(at.d) * at.sig2
     last = {"rows": rows}
 

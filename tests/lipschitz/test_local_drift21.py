@@ -101,8 +101,8 @@ def test_carried_rows_are_never_beaten_and_bind(case, monkeypatch):
 
 
 def test_whole_network_is_never_beaten():
-    """The whole network with F66 (tiny sigma, eps = 1e-12) against pair-ratio and Jacobian-row ascent
-    (``assert_network_below``)."""
+    """The whole network with F66 and F69 (both on by default; tiny sigma, eps = 1e-12) against pair-ratio and
+    Jacobian-row ascent (``assert_network_below``).  test_local_second22 had the same test on the same case: one copy."""
     spec, X, rho, seed = _case(CASES[1])
     assert_network_below(spec, X, rho, stack_local(spec, X, [rho])[0], seed=seed)
 

@@ -16,7 +16,8 @@ import torch
 from torch import Tensor
 
 from ._local_ffn2 import (
-    _GELU2_ABS_ERR, _weighted_lmax, _weighted_norm, centre_gelu2_err, ffn_second_norms, gelu3_sup, split_row_norm2,
+    _GELU2_ABS_ERR, _weighted_lmax, _weighted_norm, centre_gelu2_err, ffn_second_norms, forms_in_range, gelu3_sup,
+    split_row_norm2,
 )
 from ._local_jacobian import certified_lmax, gelu_second
 from ._local_stack_aligned import _gamma, _hadamard_norm
@@ -124,6 +125,8 @@ def _token_forms(const: dict, lay: dict, z: Tensor, S: Tensor, eS: float, wsum: 
     nKQ, nKQm = (fQ + eQ) * lay["w1max"] * fW1, math.sqrt(fQ + eQ) * lay["w1max"] * fW1  # ||K_Q||, ||K_{Q,I}|| (F40b)
     nq = _hadamard_norm(const, HQ, eHQ, Dk, nKQ, float(eD.max())) + const["eW2"] * dmax * nKQ
     nqm = _hadamard_norm(const, HQm, eHQm, Dk, nKQm, float(eD.max())) + const["eW2"] * dmax * nKQm
+    if not bool(forms_in_range(const, Q)):  # red24-1 (F75): the degree-4 forms underflowed, the pads do not hold
+        nq = nqm = math.inf
     Rk = torch.minimum(n1 * rh, r * torch.sqrt(G.diagonal().clamp(min=0.0) + eG) + n1 * remH) * (1 + 1e-12)
     if ez is not None:
         Rk = Rk + ez
@@ -304,4 +307,5 @@ def ffn_reach_drift_schur(const: dict, n1: Tensor, z: Tensor, S: Tensor, eS: Ten
     pad = 1 + 1e-12
     q = (nq * r + nqm * remH + nw * (kq * r + kqm * remH) * pad) * pad
     qm = (nqm * r + n2 * remH + nw * (kqm * r + k1 * remH) * pad) * pad
-    return torch.nan_to_num(q, nan=math.inf), torch.nan_to_num(qm, nan=math.inf)
+    ok = forms_in_range(const, Q)  # red24-1 (F75): the forms' relative pads need float64's normal range
+    return tuple(torch.nan_to_num(torch.where(ok, v, math.inf), nan=math.inf) for v in (q, qm))

@@ -22,7 +22,9 @@ import torch
 from torch import Tensor
 
 from ..model import Activation
-from ._local_ffn2 import _GELU2_ABS_ERR, centre_gelu2_err, ffn_hadamard, ffn_second_norms, ffn_taylor_drift
+from ._local_ffn2 import (
+    _GELU2_ABS_ERR, centre_gelu2_err, ffn_hadamard, ffn_second_norms, ffn_taylor_drift, forms_in_range,
+)
 from ._local_jacobian import _f64, certified_lmax, gelu_second, pre_activations
 from ._local_stack_third import aligned_reach, aligned_third_rest, third_norms
 
@@ -118,6 +120,9 @@ def ffn_aligned_norms(const: dict, W1: Tensor, z: Tensor, blocks: Tensor, ez: Te
                                 math.sqrt(fQ + eQ) * w1max * fW1, eD)
         if third:
             K2[k], Km2[k], g[k] = third_norms(G, eG, gmax, G0, e0, g0max)
+        if not bool(forms_in_range(const, Q)):  # red24-1 (F75): the degree-4 forms underflowed, the pads do not hold
+            nq[k] = nqm[k] = K2[k] = Km2[k] = math.inf
+            g[k] = math.inf
     out = torch.nan_to_num(nq, nan=math.inf), torch.nan_to_num(nqm, nan=math.inf)
     return (*out, tuple(torch.nan_to_num(v, nan=math.inf) for v in (K2, Km2, g))) if third else out
 

@@ -124,12 +124,14 @@ def test_f70a_omega_is_bounded_by_gelu2_oscillation():
 
 
 def test_f71_every_move_consumer_reads_the_segment_rows(monkeypatch):
-    """F71b items 3-4: at every sub-stage and radius, F44e/F44f/F40's drift and reach (``AttentionAligned.drift``,
+    """F71b items 1, 3, 4: at every sub-stage and radius, F44e/F44f/F40's drift and reach (``AttentionAligned.drift``,
     ``reach_heads``, ``joint``, ``FFNAligned.drift``, ``reach``) read exactly F71's rows ``m`` of that stage and radius
-    (saturated GELU, T = 1, radii ``[rho, rho/2]`` unsorted, one auxiliary radius): a consumer reading less (a halved or a
-    smaller radius's ``m``) is not a bound of the move, and none of them shows in a bound's attained value (each is 10^-3
-    to 10^-1 of its consumer, docs/results/redteam24.md)."""
+    (saturated GELU, T = 1, radii ``[rho, rho/2]`` unsorted, one auxiliary radius; the per-layer route off), and the stage
+    radii of the first layer's three inner sub-stages are ``rho (nu + m)`` (1e-9 against a run with ``m`` replaced by 0):
+    a consumer reading less (a halved or a smaller radius's ``m``) is not a bound of the move, and none of them shows in
+    an attained value (docs/results/redteam24.md)."""
     spec, X, rhos, _ = _drift23_case(_DRIFT23_CASES[3])
+    rhos = [rhos[-1], rhos[-1] / 2]
     seen, calls = [], []
     real = ls.segment_moves
     monkeypatch.setattr(ls, "segment_moves", lambda dP, rs: seen.append((list(rs), real(dP, rs))) or seen[-1][1])
@@ -141,8 +143,15 @@ def test_f71_every_move_consumer_reads_the_segment_rows(monkeypatch):
             calls.append((_n, len(seen) - 1, a[_at - 1], a[_at]))
             return _o(self, *a, **k)
         monkeypatch.setattr(cls, name, spy)
-    stack_local(spec, X, [rhos[-1], rhos[-1] / 2], aux=(0.25,))
+    res = stack_local(spec, X, rhos, aux=(0.25,), layer_route=False)
     assert {c[0] for c in calls} == {"drift", "reach_heads", "joint", "reach"}, calls
     for _, s, rho, dP in calls:
         rs, m = seen[s]
         assert torch.equal(dP, m[rs.index(rho)])
+    monkeypatch.setattr(ls, "segment_moves", lambda dP, rs: [torch.zeros_like(v) for v in dP])
+    zero = stack_local(spec, X, rhos, aux=(0.25,), layer_route=False)
+    for k, rho in enumerate(rhos):
+        for s in (1, 2, 3):
+            m = seen[s][1][seen[s][0].index(rho)]
+            got = res[k].token_radii[s] - zero[k].token_radii[s]
+            assert torch.allclose(got, rho * m, rtol=1e-9, atol=0.0), (s, got / (rho * m))

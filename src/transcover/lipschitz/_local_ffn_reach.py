@@ -109,7 +109,8 @@ def _token_forms(const: dict, lay: dict, z: Tensor, S: Tensor, eS: float, wsum: 
     ``G = W_1^T Q W_1`` within ``eG``, ``HQ = G o G`` and ``HQm = G o G_1`` with their Frobenius errors, the signed
     tensor norms ``nq``, ``nqm`` (F40b's ``_hadamard_norm``, the centred ``W_2``'s ``eW2`` added), the evaluated
     ``D = GELU''(z)`` within ``eD`` (``centre_gelu2_err``) of the exact centre's and the unit reaches
-    ``Rk = min(||w1_k|| rh, r (G_kk + eG)^{1/2} + ||w1_k|| remH) (1 + 1e-12) + ez_k``."""
+    ``Rk = min(||w1_k|| rh, r (G_kk + eG)^{1/2} + ||w1_k|| remH) (1 + 1e-12) + ez_k``; ``nq``, ``nqm`` inf outside
+    ``forms_in_range`` (THEORY F75: the pads need float64's normal range)."""
     W1, d, fW1, n1 = const["W1"], const["W1"].shape[0], lay["fW1"], lay["n1"]
     Q, fQ, eQ = _ellipsoid(S, eS, torch.as_tensor(wsum, dtype=torch.float64))  # float64: as_tensor(float) is float32
     fQ, eQ = float(fQ), float(eQ)
@@ -282,7 +283,7 @@ def ffn_reach_drift_schur(const: dict, n1: Tensor, z: Tensor, S: Tensor, eS: Ten
     diag(omega)^{1/2}) o B``).  ``g_k = fl(w1_k . fl(Q w1_k)) + (gamma_{2d} ||Q||_F + eQ) ||w1_k||^2``; the reaches and
     ``omega`` as F70a with this ``g``.  ``split`` (F45a's ``ffn_split_constants``): the two norms with the weights
     ``||w1|| delta`` and ``omega^{1/2}`` from it (``_wnorm``).  Cost ``4 d^2 d_ff`` flops a token (``2 d^2 d_ff`` with
-    ``split``) and ``d x d`` certificates, batched."""
+    ``split``) and ``d x d`` certificates, batched; inf where ``forms_in_range`` fails (THEORY F75)."""
     sch = _schur_layer(const)
     W1, d = const["W1"], const["W1"].shape[0]
     Q, fQ, eQ = _ellipsoid(S, eS, wsum)

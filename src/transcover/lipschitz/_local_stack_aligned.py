@@ -96,7 +96,8 @@ def ffn_aligned_norms(const: dict, W1: Tensor, z: Tensor, blocks: Tensor, ez: Te
     exact pre-activation) moves the norm by that times ``||W_2|| ||K||``, ``||K_Q||^2 = lambda_max(G o G)
     <= max_n G_nn lambda_max(G) <= ||Q||^2 max_n ||w1_n||^2 ||W_1||^2`` and ``||K_{Q,I}||^2 <= ||Q|| max_n ||w1_n||^2
     ||W_1||^2``.  One ellipsoid and one ``G`` per token for both; cost per token ``3 d d_ff^2`` flops.  ``third``: also
-    F62's ``(K2, Km2, g)`` (T,), (T,), (T, d_ff) from the same ``G`` (``third_norms``), as a third element."""
+    F62's ``(K2, Km2, g)`` (T,), (T,), (T, d_ff) from the same ``G`` (``third_norms``), as a third element.  Each is
+    inf for a row whose ``Q`` fails ``forms_in_range`` (THEORY F75: the pads need float64's normal range)."""
     T = z.shape[0]
     fW1 = float(W1.norm()) * (1 + W1.numel() * _U)
     w1max = float(W1.norm(dim=0).max()) * (1 + W1.shape[0] * _U)

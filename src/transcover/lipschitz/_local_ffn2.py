@@ -20,7 +20,7 @@ from ._local_jacobian import GELU2_ABS_ERR, GELU3_SUP, _f64, certified_lmax, cer
 from ._local_sharp import gram_lower
 
 __all__ = ["gelu3_sup", "ffn_curvature_drift", "ffn_hadamard", "ffn_second_norms", "ffn_second_split",
-           "ffn_split_constants", "ffn_taylor_drift", "split_row_norm2"]
+           "ffn_split_constants", "ffn_taylor_drift", "forms_in_range", "split_row_norm2"]
 
 _U = 2.0**-53
 # the extrema of GELU''' = z phi(z) (z^2 - 4): GELU'''' = phi(z)(-z^4 + 7 z^2 - 4) vanishes at z^2 = (7 -+ sqrt 33)/2
@@ -61,6 +61,16 @@ def _in_range(W: Tensor) -> bool:
     Frobenius mass) hold."""
     m = float(W.abs().max()) if W.numel() else 0.0
     return m == 0.0 or 2.0**-100 <= m <= 2.0**100
+
+
+def forms_in_range(const: dict, Q: Tensor) -> Tensor:
+    """(...,) whether the forms ``G = W_1^T Q W_1`` of an ellipsoid ``Q`` (..., d, d) and their Hadamard products (degree
+    4 in ``W_1``, 2 in ``Q``) stay in float64's normal range, where their pads (relative to the Frobenius masses) hold
+    (red24-1, THEORY F75): the layer's weights in ``_in_range`` (``ffn_hadamard``'s ``eH`` finite) and ``Q`` 0 or
+    ``max|Q| max|W_1|^2`` (the scale of ``G``) in [2^-200, 2^200]; nan or inf entries fail."""
+    m = Q.abs().amax(dim=(-2, -1))
+    s = m * float(const["W1"].abs().max()) ** 2
+    return ((m == 0) | ((s >= 2.0**-200) & (s <= 2.0**200))) & math.isfinite(const["eH"])
 
 
 def ffn_hadamard(ffn, *, centred: bool) -> dict:  # noqa: ANN001

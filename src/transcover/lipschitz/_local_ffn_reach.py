@@ -16,7 +16,8 @@ import torch
 from torch import Tensor
 
 from ._local_ffn2 import (
-    _GELU2_ABS_ERR, _weighted_lmax, _weighted_norm, centre_gelu2_err, ffn_second_norms, gelu3_sup, split_row_norm2,
+    _GELU2_ABS_ERR, _weighted_lmax, _weighted_norm, centre_gelu2_err, ffn_second_norms, forms_in_range, gelu3_sup,
+    split_row_norm2,
 )
 from ._local_jacobian import certified_lmax, gelu_second
 from ._local_stack_aligned import _gamma, _hadamard_norm
@@ -108,7 +109,8 @@ def _token_forms(const: dict, lay: dict, z: Tensor, S: Tensor, eS: float, wsum: 
     ``G = W_1^T Q W_1`` within ``eG``, ``HQ = G o G`` and ``HQm = G o G_1`` with their Frobenius errors, the signed
     tensor norms ``nq``, ``nqm`` (F40b's ``_hadamard_norm``, the centred ``W_2``'s ``eW2`` added), the evaluated
     ``D = GELU''(z)`` within ``eD`` (``centre_gelu2_err``) of the exact centre's and the unit reaches
-    ``Rk = min(||w1_k|| rh, r (G_kk + eG)^{1/2} + ||w1_k|| remH) (1 + 1e-12) + ez_k``."""
+    ``Rk = min(||w1_k|| rh, r (G_kk + eG)^{1/2} + ||w1_k|| remH) (1 + 1e-12) + ez_k``; ``nq``, ``nqm`` inf outside
+    ``forms_in_range`` (THEORY F75: the pads need float64's normal range)."""
     W1, d, fW1, n1 = const["W1"], const["W1"].shape[0], lay["fW1"], lay["n1"]
     Q, fQ, eQ = _ellipsoid(S, eS, torch.as_tensor(wsum, dtype=torch.float64))  # float64: as_tensor(float) is float32
     fQ, eQ = float(fQ), float(eQ)
@@ -124,6 +126,8 @@ def _token_forms(const: dict, lay: dict, z: Tensor, S: Tensor, eS: float, wsum: 
     nKQ, nKQm = (fQ + eQ) * lay["w1max"] * fW1, math.sqrt(fQ + eQ) * lay["w1max"] * fW1  # ||K_Q||, ||K_{Q,I}|| (F40b)
     nq = _hadamard_norm(const, HQ, eHQ, Dk, nKQ, float(eD.max())) + const["eW2"] * dmax * nKQ
     nqm = _hadamard_norm(const, HQm, eHQm, Dk, nKQm, float(eD.max())) + const["eW2"] * dmax * nKQm
+    if not bool(forms_in_range(const, Q)):  # red24-1 (F75): the degree-4 forms underflowed, the pads do not hold
+        nq = nqm = math.inf
     Rk = torch.minimum(n1 * rh, r * torch.sqrt(G.diagonal().clamp(min=0.0) + eG) + n1 * remH) * (1 + 1e-12)
     if ez is not None:
         Rk = Rk + ez
@@ -279,7 +283,7 @@ def ffn_reach_drift_schur(const: dict, n1: Tensor, z: Tensor, S: Tensor, eS: Ten
     diag(omega)^{1/2}) o B``).  ``g_k = fl(w1_k . fl(Q w1_k)) + (gamma_{2d} ||Q||_F + eQ) ||w1_k||^2``; the reaches and
     ``omega`` as F70a with this ``g``.  ``split`` (F45a's ``ffn_split_constants``): the two norms with the weights
     ``||w1|| delta`` and ``omega^{1/2}`` from it (``_wnorm``).  Cost ``4 d^2 d_ff`` flops a token (``2 d^2 d_ff`` with
-    ``split``) and ``d x d`` certificates, batched."""
+    ``split``) and ``d x d`` certificates, batched; inf where ``forms_in_range`` fails (THEORY F75)."""
     sch = _schur_layer(const)
     W1, d = const["W1"], const["W1"].shape[0]
     Q, fQ, eQ = _ellipsoid(S, eS, wsum)
@@ -304,4 +308,5 @@ def ffn_reach_drift_schur(const: dict, n1: Tensor, z: Tensor, S: Tensor, eS: Ten
     pad = 1 + 1e-12
     q = (nq * r + nqm * remH + nw * (kq * r + kqm * remH) * pad) * pad
     qm = (nqm * r + n2 * remH + nw * (kqm * r + k1 * remH) * pad) * pad
-    return torch.nan_to_num(q, nan=math.inf), torch.nan_to_num(qm, nan=math.inf)
+    ok = forms_in_range(const, Q)  # red24-1 (F75): the forms' relative pads need float64's normal range
+    return tuple(torch.nan_to_num(torch.where(ok, v, math.inf), nan=math.inf) for v in (q, qm))

@@ -22,7 +22,9 @@ import torch
 from torch import Tensor
 
 from ..model import Activation
-from ._local_ffn2 import _GELU2_ABS_ERR, centre_gelu2_err, ffn_hadamard, ffn_second_norms, ffn_taylor_drift
+from ._local_ffn2 import (
+    _GELU2_ABS_ERR, centre_gelu2_err, ffn_hadamard, ffn_second_norms, ffn_taylor_drift, forms_in_range,
+)
 from ._local_jacobian import _f64, certified_lmax, gelu_second, pre_activations
 from ._local_stack_third import aligned_reach, aligned_third_rest, third_norms
 
@@ -94,7 +96,8 @@ def ffn_aligned_norms(const: dict, W1: Tensor, z: Tensor, blocks: Tensor, ez: Te
     exact pre-activation) moves the norm by that times ``||W_2|| ||K||``, ``||K_Q||^2 = lambda_max(G o G)
     <= max_n G_nn lambda_max(G) <= ||Q||^2 max_n ||w1_n||^2 ||W_1||^2`` and ``||K_{Q,I}||^2 <= ||Q|| max_n ||w1_n||^2
     ||W_1||^2``.  One ellipsoid and one ``G`` per token for both; cost per token ``3 d d_ff^2`` flops.  ``third``: also
-    F62's ``(K2, Km2, g)`` (T,), (T,), (T, d_ff) from the same ``G`` (``third_norms``), as a third element."""
+    F62's ``(K2, Km2, g)`` (T,), (T,), (T, d_ff) from the same ``G`` (``third_norms``), as a third element.  Each is
+    inf for a row whose ``Q`` fails ``forms_in_range`` (THEORY F75: the pads need float64's normal range)."""
     T = z.shape[0]
     fW1 = float(W1.norm()) * (1 + W1.numel() * _U)
     w1max = float(W1.norm(dim=0).max()) * (1 + W1.shape[0] * _U)
@@ -118,6 +121,9 @@ def ffn_aligned_norms(const: dict, W1: Tensor, z: Tensor, blocks: Tensor, ez: Te
                                 math.sqrt(fQ + eQ) * w1max * fW1, eD)
         if third:
             K2[k], Km2[k], g[k] = third_norms(G, eG, gmax, G0, e0, g0max)
+        if not bool(forms_in_range(const, Q)):  # red24-1 (F75): the degree-4 forms underflowed, the pads do not hold
+            nq[k] = nqm[k] = K2[k] = Km2[k] = math.inf
+            g[k] = math.inf
     out = torch.nan_to_num(nq, nan=math.inf), torch.nan_to_num(nqm, nan=math.inf)
     return (*out, tuple(torch.nan_to_num(v, nan=math.inf) for v in (K2, Km2, g))) if third else out
 

@@ -19,7 +19,8 @@ from ._local_ffn2 import (
     _GELU2_ABS_ERR, _weighted_lmax, _weighted_norm, centre_gelu2_err, ffn_second_norms, gelu3_sup, split_row_norm2,
 )
 from ._local_jacobian import certified_lmax, gelu_second
-from ._local_stack_aligned import _gamma, _hadamard_norm
+from ._local_stack_aligned import _hadamard_norm
+from ._rounding import _gamma
 
 __all__ = ["gelu2_range", "nested_beta", "ffn_reach_remainder", "ffn_reach_drift", "ffn_reach_drift_schur"]
 

@@ -185,7 +185,8 @@ class PostPoint:
     (``a_pt``; centred ``aP_pt``), ``D1 B`` (``h_pt``), ``(I + F) D1 B`` (``g_pt``, centred when a
     LayerNorm follows), the layer ``D2 (I + F) D1 B`` (``point``, Ritz vectors ``x``); ``I + F`` and its
     norm, ``||D2 (I + F) Gamma1||`` and the head-output norms through ``D1``, ``(I + F) D1`` and the whole
-    chain ``M = D2 (I + F) D1`` (F32's chains)."""
+    chain ``M = D2 (I + F) D1`` (F32's chains); ``nIFG`` F55a's ``||(I + F) diag(gamma1)||`` where the first norm
+    scales (``first_norm_gamma``; None elsewhere), formed once per layer for every radius's ``remG``."""
 
     a_pt: Tensor
     aP_pt: Tensor
@@ -199,6 +200,7 @@ class PostPoint:
     D1O: tuple
     IFD1O: tuple
     MO: tuple
+    nIFG: Tensor | None = None
 
 
 def post_rows(at: LayerAtX, gram: RowGram, IF: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
@@ -233,7 +235,8 @@ def post_point(at: LayerAtX, gram: RowGram) -> PostPoint:
     eIFD1 = eF * (at.nD1 + n1.err) + nIF * n1.err
     eM = eD2IF * (at.nD1 + n1.err) + (at.nD2 * nIF) * n1.err
     chains = _chain_output_norms(n1, IF, n2, nIF, at.heads, (n1.err, eIFD1, eM))
-    return PostPoint(gram.a_pt, aP_pt, h_pt, g_pt, point, xc, IF, nIF, nD2IFg, *chains)
+    nIFG = first_norm_gamma(at, IF) if at.sig1 is not None else None
+    return PostPoint(gram.a_pt, aP_pt, h_pt, g_pt, point, xc, IF, nIF, nD2IFg, *chains, nIFG)
 
 
 @dataclass(frozen=True)
@@ -723,7 +726,7 @@ def radius_rows(at: LayerAtX, pt: PostPoint | PrePoint, dd: DriftAtX, ffn_drift,
         fn = post_first_norm(at, pt, att, r, subs)
         if unit and gram is not None:
             if at.sig1 is not None:  # F55a: the norm's own remainder through (I + F) diag(gamma1)
-                fn = replace(fn, remG=torch.minimum(fn.remG, remg_gamma(at, pt, att, first_norm_gamma(at, pt))))
+                fn = replace(fn, remG=torch.minimum(fn.remG, remg_gamma(at, pt, att, pt.nIFG)))
             fn = replace(fn, reach=ffn_reach(at, pt, gram, fn, ffn_drift, r))
         fb = post_fold(at, dd, att, fx, r, subs) if ffn_drift.fold is not None else None
         tail = _LastCall(partial(post_tail, at, pt, att, fn, ffn_drift.lip, r, subs, fb))

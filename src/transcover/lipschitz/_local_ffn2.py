@@ -307,7 +307,8 @@ def ffn_curvature_drift(const: dict, z: Tensor, n1: Tensor, rh: Tensor, ez: Tens
     Cost: two certified ``lambda_max`` of d_ff x d_ff matrices a token.  Exact (erf) GELU only.  ``above``: (T,) bounds
     ``(b, b_half)`` the caller takes the minimum with; a token whose bound is provably at least ``b`` and its half at
     least ``b_half`` (``_kappa_a``'s lower bound, THEORY F61a) gets ``(inf, inf)`` without the certificates: every
-    ``min`` with the caller's bounds is the same float."""
+    ``min`` with the caller's bounds is the same float; the other tokens certify each branch of ``kappa_A`` only where
+    it can be the minimum (``_kappa_lazy``, THEORY F74a; on MiniLM one ``lambda_max`` a token), the same floats."""
     h = _reach(n1, rh, ez)
     a = torch.sqrt(gelu2_sup(z - h, z + h)) * (1 + 1e-12)
     kap = torch.zeros(len(rh), dtype=torch.float64)

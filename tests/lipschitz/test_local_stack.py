@@ -22,6 +22,7 @@ from test_lipschitz_local import _clip, adversary
 from transcover._errors import InputError
 from transcover.lipschitz._local_jacobian import row_norm_lower
 from transcover.lipschitz import _local_stack as ls
+from transcover.lipschitz import _rounding
 from transcover.lipschitz._local_stack import stack_jacobian, stack_local, stack_lower
 from transcover.model._functional import transformer_forward
 
@@ -185,7 +186,7 @@ def test_stage_rounding_bound_covers_a_float32_evaluation(case, monkeypatch):
     stages, _, _ = ls._stages(spec, X)
     T, d = X.shape
     K = torch.eye(T * d, dtype=torch.float64).reshape(T * d, T, d)
-    monkeypatch.setattr(ls, "_U", 2.0**-24)
+    monkeypatch.setattr(_rounding, "_U", 2.0**-24)  # the one place every gamma_k reads u from
     for stage in stages:
         lin32 = _cast(stage.lin, torch.float32)
         lin64 = _cast(lin32, torch.float64)  # float32 values, exactly

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from ..model import NormKind, NormSpec
+from ._rounding import _gamma
 
 _U = 2.0**-53
 
@@ -21,10 +22,6 @@ CENTRE_PAD_ASSUMPTION = ("the float64 forward at the data within 1e-13 max||x_s|
 def f17_pad(x: Tensor) -> float:
     """F17's centre pad ``1e-13 max_i ||x_i||`` for the computed ``x`` (the assumption ``CENTRE_PAD_ASSUMPTION``)."""
     return 1e-13 * float(x.norm(dim=1).max())
-
-
-def _gamma(k: int) -> float:
-    return k * _U / (1 - k * _U)
 
 
 def norm_forward_error(norm: NormSpec, X: Tensor) -> float:

@@ -241,9 +241,11 @@ def _weighted_lmax(G: Tensor, eG: float, a: Tensor, lower: bool = False) -> Tens
     amax2 = (a * a).amax(dim=1)
     if lower:
         lam = _lmax_lower(G, a)
-    else:
-        M = a[:, :, None] * G[None] * a[:, None, :]
-        lam = certified_lmax((M + M.transpose(1, 2)) / 2)
+    else:  # fl(fl(a_k G_kl) a_l), then (M + M^T)/2, in place (F74: fewer passes over the (n, m, m) batch, same floats)
+        M = a[:, :, None] * G[None]
+        M.mul_(a[:, None, :])
+        S = M.transpose(1, 2).contiguous()
+        lam = certified_lmax(S.add_(M).mul_(0.5))
     return lam + amax2 * (eG + 4 * _U * float(G.norm())) * (1 + 1e-12)
 
 
@@ -315,17 +317,19 @@ def ffn_curvature_drift(const: dict, z: Tensor, n1: Tensor, rh: Tensor, ez: Tens
     Cost: two certified ``lambda_max`` of d_ff x d_ff matrices a token.  Exact (erf) GELU only.  ``above``: (T,) bounds
     ``(b, b_half)`` the caller takes the minimum with; a token whose bound is provably at least ``b`` and its half at
     least ``b_half`` (``_kappa_a``'s lower bound, THEORY F61a) gets ``(inf, inf)`` without the certificates: every
-    ``min`` with the caller's bounds is the same float."""
+    ``min`` with the caller's bounds is the same float; the other tokens certify each branch of ``kappa_A`` only where
+    it can be the minimum (``_kappa_lazy``, THEORY F74a; on MiniLM one ``lambda_max`` a token), the same floats."""
     h = _reach(n1, rh, ez)
     a = torch.sqrt(gelu2_sup(z - h, z + h)) * (1 + 1e-12)
     kap = torch.zeros(len(rh), dtype=torch.float64)
     skip = torch.zeros(len(rh), dtype=torch.bool)
+    lows = None
     if above is not None:  # F61a: the certificates only where they can win
-        low = _kappa_a(const, a, lower=True) * rh * (1 + 1e-12) * (1 - 1e-12)  # no d_ff x d_ff batch: all tokens
+        lows = torch.stack([_kappa_branch(const, a, b, lower=True) for b in (0, 1)])  # no d_ff x d_ff batch
+        low = torch.minimum(lows[0], lows[1]) * rh * (1 + 1e-12) * (1 - 1e-12)
         skip = torch.isfinite(low) & (low >= above[0]) & (low / 2 >= above[1])  # then min(above, .) is above
     form = (~skip).nonzero()[:, 0]
-    for s in range(0, len(form), CURV_CHUNK):
-        kap[form[s:s + CURV_CHUNK]] = _kappa_a(const, a[form[s:s + CURV_CHUNK]])
+    kap[form] = _kappa_lazy(const, a[form], None if lows is None else lows[:, form])
     full = kap * rh * (1 + 1e-12)
     full, half = torch.nan_to_num(full, nan=math.inf), torch.nan_to_num(full / 2, nan=math.inf)
     full[skip], half[skip] = math.inf, math.inf
@@ -333,13 +337,43 @@ def ffn_curvature_drift(const: dict, z: Tensor, n1: Tensor, rh: Tensor, ez: Tens
 
 
 def _kappa_a(const: dict, a: Tensor, lower: bool = False) -> Tensor:
-    """(n,) F51a's ``kappa_A`` for the weights ``a`` (n, d_ff) (``ffn_curvature_drift``); ``lower``: a lower bound on
-    it as computed (each factor's, ``_weighted_lmax``/``_weighted_norm``; the same float operations after them, THEORY
-    F61a)."""
-    nK = torch.sqrt(_weighted_lmax(const["H"], const["eH"], a, lower))
-    nK12 = torch.sqrt(_weighted_lmax(const["H12"], const["e12"], a, lower))
-    nW2 = _weighted_norm(const["W2"].T, a, lower) + a.amax(dim=1) * const["eW2"]
-    return torch.minimum(nK * nW2, nK12 * _weighted_norm(const["W1"], a, lower))
+    """(n,) F51a's ``kappa_A`` for the weights ``a`` (n, d_ff) (``ffn_curvature_drift``), the smaller of its two
+    branches (``_kappa_branch``); ``lower``: a lower bound on it as computed (THEORY F61a)."""
+    return torch.minimum(_kappa_branch(const, a, 0, lower), _kappa_branch(const, a, 1, lower))
+
+
+def _kappa_branch(const: dict, a: Tensor, branch: int, lower: bool = False) -> Tensor:
+    """(n,) one branch of F51a's ``kappa_A``: 0 ``||diag(a)K|| ||diag(a)PW_2||``, 1 ``||diag(a)K_12|| ||W_1 diag(a)||``;
+    ``lower``: a lower bound on it as computed (each factor's, ``_weighted_lmax``/``_weighted_norm``; the same float
+    operations after them, THEORY F61a)."""
+    if branch == 0:
+        nK = torch.sqrt(_weighted_lmax(const["H"], const["eH"], a, lower))
+        return nK * (_weighted_norm(const["W2"].T, a, lower) + a.amax(dim=1) * const["eW2"])
+    return torch.sqrt(_weighted_lmax(const["H12"], const["e12"], a, lower)) * _weighted_norm(const["W1"], a, lower)
+
+
+def _kappa_lazy(const: dict, a: Tensor, lows: Tensor | None) -> Tensor:
+    """(n,) ``_kappa_a``'s floats, each branch certified (in batches of ``CURV_CHUNK`` tokens) only where it can be
+    the minimum (THEORY F74a): with ``lows`` (2, n), lower bounds on the branches as computed (``_kappa_branch(...,
+    lower=True)``), a token's branch of the smaller lower bound first, then the other only unless its lower bound is at
+    least the first's value (then the other's value is too, and ``min(inf, v) = v`` is the minimum of the two; a NaN
+    passes no comparison: both are certified).  ``lows`` None: both branches everywhere."""
+    n = a.shape[0]
+    val = torch.full((2, n), math.inf, dtype=torch.float64)
+    first = torch.zeros(n, dtype=torch.long) if lows is None else (lows[1] <= lows[0]).long()
+    other, tok = 1 - first, torch.arange(n)
+    for b in (0, 1):
+        _certify_branch(const, a, b, (first == b).nonzero()[:, 0], val)
+    need = torch.ones(n, dtype=torch.bool) if lows is None else ~(lows[other, tok] >= val[first, tok])
+    for b in (0, 1):
+        _certify_branch(const, a, b, ((other == b) & need).nonzero()[:, 0], val)
+    return torch.minimum(val[0], val[1])
+
+
+def _certify_branch(const: dict, a: Tensor, branch: int, idx: Tensor, val: Tensor) -> None:
+    """``val[branch, idx]`` = ``_kappa_branch``'s certified values of the tokens ``idx``, ``CURV_CHUNK`` at a time."""
+    for s in range(0, len(idx), CURV_CHUNK):
+        val[branch, idx[s:s + CURV_CHUNK]] = _kappa_branch(const, a[idx[s:s + CURV_CHUNK]], branch)
 
 
 def gelu_ffn(ffn) -> bool:  # noqa: ANN001

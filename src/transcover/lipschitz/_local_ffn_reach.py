@@ -20,7 +20,8 @@ from ._local_ffn2 import (
     split_row_norm2,
 )
 from ._local_jacobian import certified_lmax, gelu_second
-from ._local_stack_aligned import _gamma, _hadamard_norm
+from ._local_stack_aligned import _hadamard_norm
+from ._rounding import _gamma
 
 __all__ = ["gelu2_range", "nested_beta", "ffn_reach_remainder", "ffn_reach_drift", "ffn_reach_drift_schur"]
 
@@ -135,7 +136,7 @@ def _token_forms(const: dict, lay: dict, z: Tensor, S: Tensor, eS: float, wsum: 
 
 
 def ffn_reach_remainder(const: dict, n1: Tensor, z: Tensor, S: Tensor, eS: Tensor, wsum: Tensor, r: float,
-                        remH: Tensor, rh: Tensor, ez: Tensor | None = None) -> Tensor:
+                        remH: Tensor, rh: Tensor, ez: Tensor | None = None, n2: Tensor | None = None) -> Tensor:
     r"""(n,) certified ``sup ||P(F(h + dh) - F(h) - J_F dh)||`` per token over ``dh = a + rho``, ``a a^T <= r^2 Q*``,
     ``Q* = wsum S*`` (``S*`` the exact first-norm row Gram, the formed ``S`` within ``eS`` spectral), ``||rho|| <= remH``,
     ``||dh|| <= rh`` (THEORY F54b).  With ``s_k = w1_k . dh``, ``e_k = GELU''(z_k) s_k^2/2 + eps_k``, ``|eps_k| <= beta_k
@@ -157,10 +158,11 @@ def ffn_reach_remainder(const: dict, n1: Tensor, z: Tensor, S: Tensor, eS: Tenso
     (``pre_activations``; None: exact, red17-2): each ``R_k`` widened by ``ez_k`` (the reach around the exact centre),
     ``GELU''``'s error at the centre ``e_k = centre_gelu2_err`` in each ``N`` (its max) and in ``beta_k`` (``+ e_k``:
     ``D`` taken at ``z``, the remainder's ``hi - D*, D* - lo`` against the exact ``D*``).  Exact (erf) GELU only; cost
-    ~``8 d d_ff^2`` flops and three certified ``d_ff x d_ff`` ``lambda_max`` a token."""
+    ~``8 d d_ff^2`` flops and three certified ``d_ff x d_ff`` ``lambda_max`` a token.  ``n2``: the caller's
+    ``ffn_second_norms(const, z, ez)`` (F74b), else formed here."""
     W2 = const["W2"]
     lay = _layer_forms(const, n1)
-    n2 = ffn_second_norms(const, z, ez)
+    n2 = ffn_second_norms(const, z, ez) if n2 is None else n2
     out = torch.empty(len(z), dtype=torch.float64)
     for i in range(len(z)):
         f = _token_forms(const, lay, z[i], S[i], eS[i], float(wsum[i]), r, float(remH[i]), float(rh[i]),
@@ -183,7 +185,8 @@ def ffn_reach_remainder(const: dict, n1: Tensor, z: Tensor, S: Tensor, eS: Tenso
 
 
 def ffn_reach_drift(const: dict, n1: Tensor, z: Tensor, S: Tensor, eS: Tensor, wsum: Tensor, r: float,
-                    remH: Tensor, rh: Tensor, ez: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                    remH: Tensor, rh: Tensor, ez: Tensor | None = None,
+                    n2: Tensor | None = None) -> tuple[Tensor, Tensor]:
     r"""(n,) each: ``ffnq``, certified ``sup ||P(J_F(h + dh) - J_F(h)) b||`` per token over ``dh = a + rho`` (``a a^T <= r^2 Q*``,
     ``||rho|| <= remH``, ``||dh|| <= rh``) and ``b b^T <= Q*`` (``Q* = wsum S*`` as in ``ffn_reach_remainder``: the first
     norm's reachable rows, F40a), THEORY F70a.  With ``s_k = w1_k . dh``, ``b_k = w1_k . b``, ``c_k = Pw2_k . u`` and
@@ -199,9 +202,9 @@ def ffn_reach_drift(const: dict, n1: Tensor, z: Tensor, S: Tensor, eS: Tensor, w
     ``[lo_k, hi_k]`` there (``gelu2_range``) against the exact centre's value within ``eD`` of the evaluated ``D``.  The
     forms, reaches and their rounding are ``ffn_reach_remainder``'s (``_token_forms``); the weights and sums padded
     ``(1 + 1e-12)``; nan gives inf.  Exact (erf) GELU only; cost ~``8 d d_ff^2`` flops and three certified ``d_ff x d_ff``
-    ``lambda_max`` a token."""
+    ``lambda_max`` a token.  ``n2``: the caller's ``ffn_second_norms(const, z, ez)`` (F74b), else formed here."""
     lay = _layer_forms(const, n1)
-    n2 = ffn_second_norms(const, z, ez)
+    n2 = ffn_second_norms(const, z, ez) if n2 is None else n2
     out = torch.empty(len(z), 2, dtype=torch.float64)
     for i in range(len(z)):
         f = _token_forms(const, lay, z[i], S[i], eS[i], float(wsum[i]), r, float(remH[i]), float(rh[i]),

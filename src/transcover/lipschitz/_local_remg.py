@@ -56,6 +56,6 @@ def remg_gamma(at, pt, att, nIFG: Tensor) -> Tensor:  # noqa: ANN001
     return torch.nan_to_num(attG + nIFG * remN, nan=math.inf)
 
 
-def first_norm_gamma(at, pt) -> Tensor:  # noqa: ANN001
-    """(T,) ``if_gamma_norm`` of a post-LN layer's ``I + F`` and first norm (``LayerAtX``, ``PostPoint``)."""
-    return if_gamma_norm(pt.IF, at.eF, _gamma_vec(at.layer.norm_attn, at.d), at.g1)
+def first_norm_gamma(at, IF: Tensor) -> Tensor:  # noqa: ANN001
+    """(T,) ``if_gamma_norm`` of a post-LN layer's ``I + F`` (formed, within ``at.eF``) and first norm (``LayerAtX``)."""
+    return if_gamma_norm(IF, at.eF, _gamma_vec(at.layer.norm_attn, at.d), at.g1)

@@ -147,6 +147,7 @@ def reweighted(at, gram, pt):  # noqa: ANN001, ANN201
     vals = {k: torch.minimum(getattr(pt, k), fin(v)) for k, v in zip(names, new)}
     a_pt = torch.minimum(gram.a_pt, fin(g2.a_pt))
     pt = replace(pt, a_pt=a_pt, x=_pick(better, pt.x, new[-1]), **vals)
+    S1 = None if gram.S1 is None else tuple(_pick(keep, u, v) for u, v in zip(gram.S1, g2.S1))
     gram = replace(gram, S=_pick(keep, gram.S, g2.S), err=_pick(keep, gram.err, g2.err),
-                   wsum=_pick(keep, gram.wsum, g2.wsum), a_pt=a_pt, x=_pick(keep, gram.x, g2.x))
+                   wsum=_pick(keep, gram.wsum, g2.wsum), a_pt=a_pt, x=_pick(keep, gram.x, g2.x), S1=S1)
     return gram, pt

@@ -527,10 +527,7 @@ class FfnDrift:
         z, n1, ez = self.z, self.n1, self._ez(idx)
         taylor = None
         if self.taylor is not None:
-            new = idx[torch.isnan(self.n2_tok[idx])]
-            if len(new):
-                self.n2_tok[new] = ffn_second_norms(self.taylor, z[new], self._ez(new))
-            taylor = ffn_taylor_drift(self.taylor, self.n2_tok[idx], z[idx], n1, rh[idx], ez)
+            taylor = ffn_taylor_drift(self.taylor, self.second_norms(idx), z[idx], n1, rh[idx], ez)
             dF[idx], dFh[idx] = torch.minimum(dF[idx], taylor[0]), torch.minimum(dFh[idx], taylor[1])
         u, uh = ffn_unit_drift(self.ffn, z[idx], n1, rh[idx], above=taylor, ez=ez)
         dF[idx], dFh[idx] = torch.minimum(dF[idx], u), torch.minimum(dFh[idx], uh)
@@ -540,6 +537,20 @@ class FfnDrift:
             dF[idx], dFh[idx] = torch.minimum(dF[idx], c), torch.minimum(dFh[idx], ch)
         uncapped = (unit_slope_moves(z[idx], n1, rh[idx], ez) <= GELU_SLOPE_RANGE).all(dim=1)
         ref[idx] = torch.where(uncapped, u, ref[idx])
+
+    def second_norms(self, idx: Tensor) -> Tensor:
+        """F38b's ``N2`` of the tokens ``idx`` (``ffn_second_norms``), each formed once per layer and kept in ``n2_tok``
+        (whether a token has it decides F45a's tier, ``refine``)."""
+        new = idx[torch.isnan(self.n2_tok[idx])]
+        if len(new):
+            self.n2_tok[new] = ffn_second_norms(self.taylor, self.z[new], self._ez(new))
+        return self.n2_tok[idx]
+
+    def known_second_norms(self, idx: Tensor) -> Tensor | None:
+        """``n2_tok[idx]`` where every one is formed already, else None (F54b/F70a read the same norm, one token's
+        float being the same in any batch, THEORY F74b; they do not store theirs: that would change F45a's tiers)."""
+        n2 = self.n2_tok[idx]
+        return None if bool(torch.isnan(n2).any()) else n2
 
     def _ez(self, idx: Tensor) -> Tensor | None:
         return None if self.ez is None else self.ez[idx]

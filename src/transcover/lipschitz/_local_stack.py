@@ -54,6 +54,7 @@ from ._local_stack_middle import layer_cuts, middle_drift_column, middle_rows
 from ._local_stack_second import far_second_order, heads_second_order, near_second_order, second_order_rows, tail_sup
 from ._local_stack_segment import segment_moves, with_auxiliary
 from ._local_stack_stages import _Stage, layer_stages, norm_stage
+from ._rounding import _gamma
 from ._weights import ROUNDING_PAD
 
 __all__ = ["StackLocal", "stack_local", "stack_jacobian", "stack_lower", "STACK_ROUTE_MAX", "SEGMENT_AUX"]
@@ -91,10 +92,6 @@ def _stages(spec: TransformerSpec, X: Tensor, norms: dict | None = None) -> tupl
 
 def _chunked(fn, K: Tensor) -> Tensor:  # noqa: ANN001
     return torch.cat([fn(K[i:i + _CHUNK]) for i in range(0, K.shape[0], _CHUNK)])
-
-
-def _gamma(k: int) -> float:
-    return k * _U / (1 - k * _U)
 
 
 def _local_error(st: _Stage, K: Tensor, *, cols: bool) -> float:

@@ -27,14 +27,11 @@ from ._local_ffn2 import (
 )
 from ._local_jacobian import _f64, certified_lmax, gelu_second, pre_activations
 from ._local_stack_third import aligned_reach, aligned_third_rest, third_norms
+from ._rounding import _gamma
 
 __all__ = ["ellipsoid_gram", "ffn_aligned_norms", "ffn_aligned_reach", "FFNAligned"]
 
 _U = 2.0**-53
-
-
-def _gamma(k: int) -> float:
-    return k * _U / (1 - k * _U)
 
 
 def _weights(B: Tensor) -> Tensor:

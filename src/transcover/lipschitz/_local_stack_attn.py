@@ -32,15 +32,12 @@ from ._local_jacobian import certified_lmax, certified_spectral
 from ._local_rows import _heads_combined, _lmax_gram
 from ._local_sharp import ball_box
 from ._local_stack_aligned import ellipsoid_gram
+from ._rounding import _gamma
 
 __all__ = ["head_projections", "ball_side", "centred_max", "aligned_hessian_sup", "attention_aligned_reach", "attention_aligned_drift",
            "AttentionAligned"]
 
 _U = 2.0**-53
-
-
-def _gamma(k: int) -> float:
-    return k * _U / (1 - k * _U)
 
 
 def _fro(A: Tensor, dims: tuple) -> Tensor:

@@ -18,14 +18,11 @@ from torch import Tensor
 
 from ._local_ffn2 import _in_range
 from ._local_jacobian import certified_lmax
+from ._rounding import _gamma
 
 __all__ = ["phi_rows", "zeta_rows", "hadamard_acw", "acw_drift", "acw_bound"]
 
 _U = 2.0**-53
-
-
-def _gamma(k: int) -> float:
-    return k * _U / (1 - k * _U)
 
 
 def _fro(A: Tensor) -> float:

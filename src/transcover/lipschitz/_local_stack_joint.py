@@ -20,15 +20,12 @@ from ._local_drift import heads_joint
 from ._local_jacobian import certified_lmax
 from ._local_rows import _heads_combined
 from ._local_stack_attn import head_sides
+from ._rounding import _gamma
 
 __all__ = ["KINDS", "aligned_hessian_terms", "value_cores", "joint_reach", "block_lmax"]
 
 _U = 2.0**-53
 KINDS = ("C", "N", "E")  # the value-side seminorms: P-covariance, W_V^T W_V, the ellipsoids' values
-
-
-def _gamma(k: int) -> float:
-    return k * _U / (1 - k * _U)
 
 
 def aligned_hessian_terms(s1: dict, s2: dict, m: dict, rho: float, nG: float, nV: float, nQ: float, nK: float,

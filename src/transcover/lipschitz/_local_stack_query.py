@@ -20,14 +20,11 @@ from torch import Tensor
 from ._local_rows import _top_padded
 from ._local_sharp import ball_box
 from ._local_stack_joint import block_lmax
+from ._rounding import _gamma
 
 __all__ = ["joint_query_lmax", "query_excess", "value_weights", "value_lmax", "query_value_reach"]
 
 _U = 2.0**-53
-
-
-def _gamma(k: int) -> float:
-    return k * _U / (1 - k * _U)
 
 
 def _fro(A: Tensor, dims: tuple) -> Tensor:

@@ -145,7 +145,9 @@ def _centred(v: Tensor) -> Tensor:
 class RowGram:
     """The attention sublayer's weighted row Gram at X (Note [weighted row Gram], THEORY F17b, F34c):
     ``S_i = sum_j B_ij B_ij^T / w_ij`` (T, d, d) with its rounding ``err``, ``sum_j w_ij``, the exact
-    diagonal blocks ``B_ii``, the row constant ``a_pt`` of ``B`` and its Ritz vectors ``x``."""
+    diagonal blocks ``B_ii``, the row constant ``a_pt`` of ``B`` and its Ritz vectors ``x``; post-LN ``S1``, the first
+    norm's Gram ``D1_i S_i D1_i^T`` of every token with its error (``NormJac.sandwich``), formed once per layer for
+    ``h_pt`` and F54b/F70's ellipsoids (None pre-LN)."""
 
     S: Tensor
     err: Tensor
@@ -153,6 +155,7 @@ class RowGram:
     Bii: Tensor
     a_pt: Tensor
     x: Tensor
+    S1: tuple | None = None
 
 
 def attention_row_gram(at: LayerAtX, w: Tensor | None = None) -> RowGram:
@@ -173,7 +176,7 @@ def attention_row_gram(at: LayerAtX, w: Tensor | None = None) -> RowGram:
     err0 = err0 + ((2 * nB + eB) * eB + 4 * (d + 2) * _U * nB * nB) / wii
     wsum = w.sum(dim=1) * (1 + 1e-12)
     a_pt, x0 = _nu(S0, err0, wsum)
-    return RowGram(S0, err0, wsum, Bii, a_pt, x0)
+    return RowGram(S0, err0, wsum, Bii, a_pt, x0, at.n1.sandwich(S0, err0) if at.post else None)
 
 
 @dataclass(frozen=True)
@@ -182,7 +185,8 @@ class PostPoint:
     (``a_pt``; centred ``aP_pt``), ``D1 B`` (``h_pt``), ``(I + F) D1 B`` (``g_pt``, centred when a
     LayerNorm follows), the layer ``D2 (I + F) D1 B`` (``point``, Ritz vectors ``x``); ``I + F`` and its
     norm, ``||D2 (I + F) Gamma1||`` and the head-output norms through ``D1``, ``(I + F) D1`` and the whole
-    chain ``M = D2 (I + F) D1`` (F32's chains)."""
+    chain ``M = D2 (I + F) D1`` (F32's chains); ``nIFG`` F55a's ``||(I + F) diag(gamma1)||`` where the first norm
+    scales (``first_norm_gamma``; None elsewhere), formed once per layer for every radius's ``remG``."""
 
     a_pt: Tensor
     aP_pt: Tensor
@@ -196,6 +200,7 @@ class PostPoint:
     D1O: tuple
     IFD1O: tuple
     MO: tuple
+    nIFG: Tensor | None = None
 
 
 def post_rows(at: LayerAtX, gram: RowGram, IF: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
@@ -206,7 +211,7 @@ def post_rows(at: LayerAtX, gram: RowGram, IF: Tensor) -> tuple[Tensor, Tensor, 
     d, n1, n2, wsum, S0, err0, x0 = at.d, at.n1, at.n2, gram.wsum, gram.S, gram.err, gram.x
     aP_pt = _nu(_centre(S0), err0 + 4 * (d + 2) * _U * S0.norm(dim=(1, 2)), wsum, _centred(x0))[0] \
         if _centring(at.layer.norm_attn) else gram.a_pt
-    Sa, ea = n1.sandwich(S0, err0)
+    Sa, ea = gram.S1
     h_pt, xa = _nu(Sa, ea, wsum, n1.left(x0[:, :, None])[0][:, :, 0])
     Sb, eb = _sandwich(IF, Sa, ea, at.eF)
     xb = (IF @ xa[:, :, None])[:, :, 0]
@@ -230,7 +235,8 @@ def post_point(at: LayerAtX, gram: RowGram) -> PostPoint:
     eIFD1 = eF * (at.nD1 + n1.err) + nIF * n1.err
     eM = eD2IF * (at.nD1 + n1.err) + (at.nD2 * nIF) * n1.err
     chains = _chain_output_norms(n1, IF, n2, nIF, at.heads, (n1.err, eIFD1, eM))
-    return PostPoint(gram.a_pt, aP_pt, h_pt, g_pt, point, xc, IF, nIF, nD2IFg, *chains)
+    nIFG = first_norm_gamma(at, IF) if at.sig1 is not None else None
+    return PostPoint(gram.a_pt, aP_pt, h_pt, g_pt, point, xc, IF, nIF, nD2IFg, *chains, nIFG)
 
 
 @dataclass(frozen=True)
@@ -437,15 +443,14 @@ def ffn_reach(at: LayerAtX, pt: PostPoint, gram: RowGram, fn: PostFirstNorm, ffn
     lin = r * pt.g_pt + fn.remG
     lim = math.sqrt(at.d) * at.sig2
     ratio = (lin + base.glob(fn.rh)[1] * fn.rh) / lim
-    Sa, ea = None, None
+    Sa, ea = gram.S1  # every token's own D1 S_i D1^T (a slice of S against all tokens' D1 would pair S_i with D1 of 0)
     for i in ratio.argsort(descending=True).tolist():
         if not bool(ratio[i] >= REACH_GATE):
             break
-        if Sa is None:  # every token's own D1 S_i D1^T (a slice of S against all tokens' D1 would pair S_i with D1 of 0)
-            Sa, ea = at.n1.sandwich(gram.S, gram.err)
         S, eS = Sa[i:i + 1], ea[i:i + 1]
         out[i] = ffn_reach_remainder(base.taylor, base.n1, at.z[i:i + 1], S, eS, gram.wsum[i:i + 1], r,
-                                     fn.remH[i:i + 1], fn.rh[i:i + 1], at.ez[i:i + 1])[0]
+                                     fn.remH[i:i + 1], fn.rh[i:i + 1], at.ez[i:i + 1],
+                                     base.known_second_norms(torch.tensor([i])))[0]
         if not bool(lin[i] + out[i] < lim[i]):
             break
     return out
@@ -484,7 +489,7 @@ def ffn_reach_rows(at: LayerAtX, gram: RowGram, fn: PostFirstNorm, ffn_drift, r:
     base = getattr(ffn_drift, "base", ffn_drift)
     if base.taylor is None or not base.tiers or REACH_DRIFT_TOKENS <= 0:
         return rows
-    Sa, ea = at.n1.sandwich(gram.S, gram.err)  # every token's own D1 S_i D1^T
+    Sa, ea = gram.S1  # every token's own D1 S_i D1^T
     level = torch.zeros(at.T, dtype=torch.long)  # 0 none, 1 F72a, 2 final (floor lost or capped), 3 final with F70a
     floor = None if at.sig2 is None else math.sqrt(at.d) * at.sig2
     last = {"rows": rows}
@@ -503,7 +508,8 @@ def ffn_reach_rows(at: LayerAtX, gram: RowGram, fn: PostFirstNorm, ffn_drift, r:
             level[new] = 1
         for i in idx[(level[idx] == 1) & ~torch.isin(idx, new)].tolist():
             if int((level == 3).sum()) < REACH_DRIFT_TOKENS:
-                q, qm = ffn_reach_drift(*args(torch.tensor([i])))
+                one = torch.tensor([i])
+                q, qm = ffn_reach_drift(*args(one), n2=base.known_second_norms(one))
                 fn.ffnq[i], fn.ffnqm[i] = torch.minimum(fn.ffnq[i], q[0]), torch.minimum(fn.ffnqm[i], qm[0])
                 level[i] = 3
             else:
@@ -720,7 +726,7 @@ def radius_rows(at: LayerAtX, pt: PostPoint | PrePoint, dd: DriftAtX, ffn_drift,
         fn = post_first_norm(at, pt, att, r, subs)
         if unit and gram is not None:
             if at.sig1 is not None:  # F55a: the norm's own remainder through (I + F) diag(gamma1)
-                fn = replace(fn, remG=torch.minimum(fn.remG, remg_gamma(at, pt, att, first_norm_gamma(at, pt))))
+                fn = replace(fn, remG=torch.minimum(fn.remG, remg_gamma(at, pt, att, pt.nIFG)))
             fn = replace(fn, reach=ffn_reach(at, pt, gram, fn, ffn_drift, r))
         fb = post_fold(at, dd, att, fx, r, subs) if ffn_drift.fold is not None else None
         tail = _LastCall(partial(post_tail, at, pt, att, fn, ffn_drift.lip, r, subs, fb))

@@ -188,7 +188,8 @@ def test_f68a_form_is_attained_with_one_head():
     MO = al._maps(False)[0]  # item 5: the exact map 1.1 MO, stored as MO within 0.1 ||MO||; its form is 1.1 x this one
     for i in range(2):
         eMO = 0.1 * float(torch.linalg.matrix_norm(MO[i], ord=2)) * (1 + 1e-12)
-        assert 1.1 * float(got[i]) <= hd.acw_bound(al.p["heads"], i, al.p["scale"], MO[i], eMO, al.Qs, al.eQ)
+        attained_at_1_1_MO = 1.1 * float(got[i])  # the form is degree 1 in the map: the value attained with 1.1 MO
+        assert attained_at_1_1_MO <= hd.acw_bound(al.p["heads"], i, al.p["scale"], MO[i], eMO, al.Qs, al.eQ)
     Qs = al.Qs.clone()
     Qs[1] = math.inf
     assert hd.acw_bound(al.p["heads"], 0, al.p["scale"], al._maps(False)[0][0], 0.0, Qs, al.eQ) == math.inf

@@ -51,6 +51,7 @@ from ._local_stack_aligned import FFNAligned
 from ._local_stack_attn import AttentionAligned
 from ._local_stack_carry import carried_first_order, carry_blocks, tail_drift
 from ._local_stack_middle import layer_cuts, middle_drift_column, middle_rows
+from ._local_stack_move import move_rest_rows, stage_rest_rows, substage_products
 from ._local_stack_second import far_second_order, heads_second_order, near_second_order, second_order_rows, tail_sup
 from ._local_stack_segment import segment_moves, with_auxiliary
 from ._local_stack_stages import _Stage, layer_stages, norm_stage
@@ -441,7 +442,7 @@ def _layer_route(spec: TransformerSpec, stages: list[_Stage], groups: dict, nuP:
 
 def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain_exact: int = 4,  # noqa: ANN001, PLR0915, PLR0912
                 norms: dict | None = None, keep_jacobian: bool = False, layer_route: bool = True,
-                centre: str = "f17", segment: bool = True, aux: tuple[float, ...] = ()) -> list[StackLocal]:
+                centre: str = "f17", segment: bool = True, aux: tuple[float, ...] = (), move: bool = True) -> list[StackLocal]:
     r"""Certified local constant of the whole stack on ``B(X, rho)`` for each ``rho`` (X: embedded tokens
     before the input norm), by the exact Jacobian at X and its telescoped drift over the sub-stages
     (Notes [stack Jacobian], [stack drift], [stack rounding]; THEORY F30, F33), beside the product of
@@ -468,6 +469,9 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
     averaged along the segment over the run's radii up to its own (THEORY F71, ``segment_moves``; the drift of a
     Jacobian at a point keeps the sup); ``aux``: fractions of the largest radius added as radii of the run whose results
     are not returned (THEORY F71c: they only refine the larger radii's averages; ``SEGMENT_AUX`` is the benchmark's).
+    ``move``: the same bounds of a move also read the move's part outside the prefix's rows by its own linear recursion
+    at the data (exact products of the sub-stages from every start and the stages' Taylor rests; THEORY F73,
+    ``_local_stack_move``), the smaller kept.
     """
     from ._local import check_rho
 
@@ -534,6 +538,11 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
     at: dict = {}
     atm: dict = {}  # THEORY F71: a layer's first sub-stage -> per rho the segment-averaged move rows at its input
     radii, dJs, dJcs, balls = [], [], [], []
+    # THEORY F73: exact products from every sub-stage start, and per rho the stages' Taylor rest rows
+    prods = substage_products(stages, lambda K: certified_block_norms(_col_blocks(K), chain_exact),
+                              lambda st, K: _local_error(st, K, cols=True),
+                              lambda st, K: _chunked(st.lin.apply, K)) if move else None
+    rests: list[list[Tensor]] = [[] for _ in rhos]
     GB: dict = {}  # group start -> per rho (B_L, dJ_L)
     hx: dict = {}  # stage -> per rho the attention's head drift rows (or None)
     for s, st in enumerate(stages):
@@ -557,6 +566,9 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
                 dP[k] = torch.minimum(dP[k], _nan_inf(alt))
         # THEORY F71: the move's part outside the prefix's rows at X, averaged along the segment over the run's radii
         dPm = segment_moves(dP, rhos) if segment else dP
+        if prods is not None:  # THEORY F73: the same part by its own recursion at x, the smaller kept
+            Es = [move_rest_rows(prods, rests[k], s, dP[k]) for k in range(nr)]
+            dPm = [torch.minimum(m, E / rho * (1 + 1e-12)) for m, E, rho in zip(dPm, Es, rhos)]
         if s in first:
             atm[s] = [v.clone() for v in dPm]
         mrow = rows_of_block_norms(inner[s][0]) + inner[s][1] if s in inner else torch.ones(T, dtype=torch.float64)
@@ -605,6 +617,8 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
                 jr, jrM = aa.joint(r, rho, dPm[k], eP[s], pad)  # THEORY F50: one direction for all heads
                 reach = torch.minimum(reach, jr)
             reaches[k][st.name] = (plain, float(reach.max()))
+            if prods is not None:
+                rests[k].append(stage_rest_rows(rho, reach, dj, Es[k], st.local))
             reach_at[k][s] = reach
             move = b * dP[k] if st.local else b * float(dP[k].max())
             dP[k] = _nan_inf(torch.where(dP[k] == 0, 0.0, move) + reach)

@@ -51,10 +51,14 @@ from ._local_stack_aligned import FFNAligned
 from ._local_stack_attn import AttentionAligned
 from ._local_stack_carry import carried_first_order, carry_blocks, tail_drift
 from ._local_stack_middle import layer_cuts, middle_drift_column, middle_rows
-from ._local_stack_move import move_rest_rows, stage_rest_rows, substage_products
+from ._local_stack_move import layer_rest_rows, move_rest_rows, norm_rest_rows, stage_rest_rows, substage_products
 from ._local_stack_second import far_second_order, heads_second_order, near_second_order, second_order_rows, tail_sup
 from ._local_stack_segment import segment_moves, with_auxiliary
 from ._local_stack_stages import _Stage, layer_stages, norm_stage
+from ._local_stack_maps import _NormLin
+import os as _os
+_OFF = set(_os.environ.get("MOVE25_OFF", "").split(","))  # TEMP what-if toggles (not for commit)
+_TR: dict = {}  # TEMP trace (not for commit)
 from ._rounding import _gamma
 from ._weights import ROUNDING_PAD
 
@@ -369,10 +373,17 @@ def _hybrid_radius(name: str, rem: dict, first: Tensor, rH: Tensor | None) -> Te
         return None
     out = first + rem[name]
     if name == "ffn":
-        rh = torch.minimum(rH, rem["ffn_ball"])
-        glob = torch.where(rh == 0, 0.0, torch.minimum(rem["ffn_slope"] * rh / 2, torch.full_like(rh, rem["ffn_cap"])))
-        out = out + torch.minimum(rem["ffn_fixed"], torch.minimum(rem["ffn_coef"], glob) * rh)
+        out = out + _ffn_rest(rem, rH)
     return _nan_inf(out)
+
+
+def _ffn_rest(rem: dict, rH: Tensor) -> Tensor:
+    """THEORY F59b: the FFN's own centred Taylor rest ``||P(F(h + dh) - F(h) - F'(h) dh)_i||`` for every move of the
+    FFN's input within ``rH`` (the stack's certified radius of ``H``) and the per-layer ball ``ffn_ball``:
+    ``min(ffn_fixed, c ||dh||)``, ``c`` the smaller of ``dFh`` and F17c's ``min(slope rh / 2, cap)``."""
+    rh = torch.minimum(rH, rem["ffn_ball"])
+    glob = torch.where(rh == 0, 0.0, torch.minimum(rem["ffn_slope"] * rh / 2, torch.full_like(rh, rem["ffn_cap"])))
+    return torch.minimum(rem["ffn_fixed"], torch.minimum(rem["ffn_coef"], glob) * rh)
 
 
 def _layer_route(spec: TransformerSpec, stages: list[_Stage], groups: dict, nuP: list, suf: list,  # noqa: PLR0912
@@ -543,6 +554,7 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
                               lambda st, K: _local_error(st, K, cols=True),
                               lambda st, K: _chunked(st.lin.apply, K)) if move else None
     rests: list[list[Tensor]] = [[] for _ in rhos]
+    Ecs: dict = {}  # THEORY F76: a layer's first sub-stage -> per rho the rows E at its input
     GB: dict = {}  # group start -> per rho (B_L, dJ_L)
     hx: dict = {}  # stage -> per rho the attention's head drift rows (or None)
     for s, st in enumerate(stages):
@@ -568,6 +580,22 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
         dPm = segment_moves(dP, rhos) if segment else dP
         if prods is not None:  # THEORY F73: the same part by its own recursion at x, the smaller kept
             Es = [move_rest_rows(prods, rests[k], s, dP[k]) for k in range(nr)]
+            if "exact" in _OFF:  # TEMP what-if: carried stage by stage by block norms
+                Es = [torch.zeros_like(dP[k]) if s == 0 else layer_rest_rows(*prods[(s - 1, s)], Eprev[k], rests[k][s - 1])
+                      for k in range(nr)]
+            if s in cap and s in inner and "layer" not in _OFF:  # THEORY F76: the partial layer's own rest, one step
+                c = cap[s][0]
+                for k in range(nr):
+                    rm = _hybrid_radius(cap[s][1], PL[c][k].rem, torch.zeros(T, dtype=torch.float64),
+                                        radii[s - 1][k] if cap[s][1] == "ffn" else None)
+                    if rm is not None:
+                        _TR.setdefault("EL", {}).setdefault(s, []).append(float(layer_rest_rows(*inner[s], Ecs[c][k], rm).max()))
+                        _TR.setdefault("EP", {}).setdefault(s, []).append(float(Es[k].max()))
+                        Es[k] = torch.minimum(Es[k], layer_rest_rows(*inner[s], Ecs[c][k], rm + f17_pad(st.x)))
+            if s in first:
+                Ecs[s] = Es
+            _TR.setdefault("E", {})[s] = [float(E.max()) for E in Es]
+            Eprev = Es
             dPm = [torch.minimum(m, E / rho * (1 + 1e-12)) for m, E, rho in zip(dPm, Es, rhos)]
         if s in first:
             atm[s] = [v.clone() for v in dPm]
@@ -618,7 +646,15 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
                 reach = torch.minimum(reach, jr)
             reaches[k][st.name] = (plain, float(reach.max()))
             if prods is not None:
-                rests[k].append(stage_rest_rows(rho, reach, dj, Es[k], st.local))
+                R = stage_rest_rows(rho, reach, dj, Es[k], st.local)
+                _TR.setdefault("R0", {}).setdefault(s, []).append(float(R.max()))
+                if isinstance(st.lin, _NormLin) and "norm" not in _OFF:  # THEORY F76: the norm's curvature rest
+                    _TR.setdefault("RN", {}).setdefault(s, []).append(float(norm_rest_rows(dj, r).max()))
+                    R = torch.minimum(R, norm_rest_rows(dj, r))
+                if s in cap and cap[s][1] == "norm_attn" and "ffn" not in _OFF and "ffn_coef" in PL[cap[s][0]][k].rem:
+                    _TR.setdefault("RF", {}).setdefault(s, []).append(float(_ffn_rest(PL[cap[s][0]][k].rem, r).max()))
+                    R = torch.minimum(R, _nan_inf(_ffn_rest(PL[cap[s][0]][k].rem, r) * (1 + 1e-12) + pad))  # F76
+                rests[k].append(R)
             reach_at[k][s] = reach
             move = b * dP[k] if st.local else b * float(dP[k].max())
             dP[k] = _nan_inf(torch.where(dP[k] == 0, 0.0, move) + reach)
@@ -646,6 +682,14 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
         if s in first:  # the per-layer route at the layer's input radius (F36 item 3: the smaller drift)
             rmax = [float(r.max()) if layer_route else math.inf for r in rs]
             PL[s] = _per_layer(layer_at[s], st.x, rmax, norms, memo)
+            for k in range(nr if prods is not None and "att" not in _OFF else 0):  # THEORY F76: the attention's F34a rest
+                if "attention" in PL[s][k].rem:
+                    _TR.setdefault("RA", {}).setdefault(s, []).append(float(PL[s][k].rem["attention"].max()))
+                    rests[k][s] = torch.minimum(rests[k][s], _nan_inf(PL[s][k].rem["attention"] * (1 + 1e-12) + pad))
+        if prods is not None:
+            _TR.setdefault("R", {})[s] = [float(rests[k][s].max()) for k in range(nr)]
+            for k in range(nr):  # TEMP what-if: every stage rest scaled (not a certificate)
+                rests[k][s] = rests[k][s] * float(_os.environ.get("MOVE25_RSCALE", "1"))
         radii.append(rs)
         dJs.append(djs)
         dJcs.append(djcs)

@@ -18,7 +18,7 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["substage_products", "move_rest_rows", "stage_rest_rows"]
+__all__ = ["substage_products", "move_rest_rows", "stage_rest_rows", "norm_rest_rows", "layer_rest_rows"]
 
 
 def substage_products(stages: list, norms_of, local_error, apply) -> dict:  # noqa: ANN001
@@ -86,4 +86,30 @@ def stage_rest_rows(rho: float, reach: Tensor, dj: Tensor, E: Tensor, local: boo
     rho``, ``E >= ||e||``).  Float64, padded by ``1e-12`` relative; nan -> inf.  THEORY F73a."""
     Em = E if local else torch.full_like(E, float(E.max()))
     out = rho * reach + torch.where(Em == 0, 0.0, dj * Em)
+    return torch.nan_to_num(out * (1 + 1e-12), nan=math.inf, posinf=math.inf)
+
+
+def norm_rest_rows(dj: Tensor, r: Tensor) -> Tensor:
+    r"""(T,) rows ``>= ||R_{s,i}||`` of a LayerNorm/RMSNorm stage's Taylor rest for every move of its input whose
+    centred part is within ``r_i`` (all a norm reads, F59a):
+
+    .. math:: \|R_{s,i}\| \le \int_0^1 \|D_i(x + \tau\Delta) - D_i(x)\|\, r_i\, d\tau \le \tfrac12\, dj_i(r_i)\, r_i,
+
+    ``dj_i(r)`` the stage's drift rows on the ball of radius ``r`` (F17's or F43a's sphere curvature, the smaller: both
+    at most ``tau dj_i(r)`` on the ball of radius ``tau r``, F43a, F34b).  Padded ``1e-12`` relative; nan -> inf.
+    THEORY F76."""
+    out = torch.where(r == 0, 0.0, dj * r / 2)
+    return torch.nan_to_num(out * (1 + 1e-12), nan=math.inf, posinf=math.inf)
+
+
+def layer_rest_rows(N: Tensor, e: float, Ec: Tensor, rem: Tensor) -> Tensor:
+    r"""(T,) rows ``>= ||e_{s,i}||`` at a post-LN layer's inner point ``s`` from the layer input's ``E_c`` in one step:
+    ``e_s = M_{c -> s}(x) e_c + R_{c -> s}(Delta_c)``, the partial layer's own Taylor rest at ``x_c`` for the layer
+    input's whole move ``Delta_c`` (within the per-layer route's ball), ``||R_{c -> s, i}|| <= rem_i`` (F59b's ``remA``,
+    ``remH``, ``remG`` plus the FFN's own rest; centred for ``S1``, ``S2``, which only a LayerNorm reads):
+
+    .. math:: E_{s,i} = \sum_k N(M_{c \to s})_{ik} E_{c,k} + e \max_k E_{c,k} + rem_i.
+
+    Padded ``1e-12`` relative; nan -> inf.  THEORY F76."""
+    out = N @ Ec + e * float(Ec.max()) + rem
     return torch.nan_to_num(out * (1 + 1e-12), nan=math.inf, posinf=math.inf)

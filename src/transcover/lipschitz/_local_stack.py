@@ -50,15 +50,13 @@ from ._local_jacobian import certified_spectral, row_norm_lower
 from ._local_stack_aligned import FFNAligned
 from ._local_stack_attn import AttentionAligned
 from ._local_stack_carry import carried_first_order, carry_blocks, tail_drift
-from ._local_stack_middle import layer_cuts, middle_drift_column, middle_rows
-from ._local_stack_move import layer_rest_rows, move_rest_rows, norm_rest_rows, stage_rest_rows, substage_products
+from ._local_stack_maps import _NormLin
+from ._local_stack_middle import layer_cuts, middle_drift_column, middle_of_products, middle_rows
+from ._local_stack_move import (attention_rest_rows, ffn_rest_rows, layer_rest_rows, move_rest_rows, norm_rest_rows,
+                                stage_rest_rows, substage_products)
 from ._local_stack_second import far_second_order, heads_second_order, near_second_order, second_order_rows, tail_sup
 from ._local_stack_segment import segment_moves, with_auxiliary
 from ._local_stack_stages import _Stage, layer_stages, norm_stage
-from ._local_stack_maps import _NormLin
-import os as _os
-_OFF = set(_os.environ.get("MOVE25_OFF", "").split(","))  # TEMP what-if toggles (not for commit)
-_TR: dict = {}  # TEMP trace (not for commit)
 from ._rounding import _gamma
 from ._weights import ROUNDING_PAD
 
@@ -73,6 +71,8 @@ _CHUNK = 512
 # THEORY F71c: the auxiliary radii (fractions of the run's largest) whose prefix drift rows average the move (the
 # benchmark's default; ``stack_local``'s is none: each costs about what a reported radius does)
 SEGMENT_AUX: tuple[float, ...] = (0.25, 0.5, 0.75)
+# THEORY F77: ``stack_local``'s default for the move's rest by its own recursion (F73c, F76a)
+MOVE_REST = True
 
 
 def _stages(spec: TransformerSpec, X: Tensor, norms: dict | None = None) -> tuple[list[_Stage], Tensor, dict]:
@@ -386,6 +386,44 @@ def _ffn_rest(rem: dict, rH: Tensor) -> Tensor:
     return torch.minimum(rem["ffn_fixed"], torch.minimum(rem["ffn_coef"], glob) * rh)
 
 
+def _next_cut(pos: dict, a: int, b: int) -> bool:
+    """Sub-stages ``a < b`` are consecutive layer-level cuts, ``a`` not the first (THEORY F66's carry reads the product
+    of that layer-level stage)."""
+    return a in pos and b in pos and pos[b] == pos[a] + 1 and pos[a] > 0
+
+
+def _move_rest(prods: dict, rests: list[Tensor], s: int, cap: dict, inner: dict, PL: dict, Ecs: dict, radii: list,
+               k: int, pad: float, T: int) -> Tensor:
+    """THEORY F73c, F76a item 4: rows ``E_s >= ||e_{s,i}||`` at sub-stage ``s``'s input for the ``k``-th radius: the
+    exact products' sum of the earlier stages' rests (``move_rest_rows``) and, at a post-LN layer's inner point, the
+    partial layer's own rest in one step from the layer input's ``E_c`` (``layer_rest_rows``: F59b's remainders, the
+    FFN's own at ``S2`` on the stack's radius of ``H``, with the centre pad), the smaller."""
+    E = move_rest_rows(prods, rests, s, T)
+    if s in cap and s in inner:
+        c, name = cap[s]
+        rem = _hybrid_radius(name, PL[c][k].rem, torch.zeros_like(E), radii[s - 1][k] if name == "ffn" else None)
+        if rem is not None:
+            E = torch.minimum(E, layer_rest_rows(*inner[s], Ecs[c][k], rem + pad))
+    return E
+
+
+def _stage_rest(st: _Stage, s: int, rho: float, reach: Tensor, dj: Tensor, E: Tensor, r: Tensor, pad: float,
+                cap: dict, PL: dict, k: int) -> Tensor:
+    """THEORY F73c, F76a: rows ``>= ||R_{s,i}||`` of sub-stage ``s``'s own Taylor rest for the ``k``-th radius, one
+    function per stage kind: a norm (``norm_rest_rows``), an attention (``attention_rest_rows``; F59b's ``remA`` of a
+    post-LN layer with two LayerNorms), an FFN (``ffn_rest_rows``; the FFN's own rest there), else F73c's
+    (``stage_rest_rows``).  ``reach``, ``dj``, ``r``: the stage's reach, drift rows and radius; ``E`` its input's."""
+    if isinstance(st.lin, _NormLin):
+        return norm_rest_rows(rho, reach, dj, E, r)
+    if st.attn is not None:
+        remA = PL[s][k].rem.get("attention") if s + 1 in cap else None
+        return attention_rest_rows(rho, reach, dj, E, remA, pad)
+    if st.ffn is not None:
+        rem = PL[cap[s][0]][k].rem if s in cap and cap[s][1] == "norm_attn" else {}
+        return ffn_rest_rows(rho, reach, dj, E, _ffn_rest(rem, r) if "ffn_coef" in rem else None, pad)
+    return stage_rest_rows(rho, reach, dj, E, st.local)
+
+
 def _layer_route(spec: TransformerSpec, stages: list[_Stage], groups: dict, nuP: list, suf: list,  # noqa: PLR0912
                  radii: list, rhos: list, norms: dict, mid: dict, blk: dict, memo: _LayerMemo,
                  reach0: list, pads: list) -> list[tuple[float, float]]:
@@ -453,7 +491,8 @@ def _layer_route(spec: TransformerSpec, stages: list[_Stage], groups: dict, nuP:
 
 def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain_exact: int = 4,  # noqa: ANN001, PLR0915, PLR0912
                 norms: dict | None = None, keep_jacobian: bool = False, layer_route: bool = True,
-                centre: str = "f17", segment: bool = True, aux: tuple[float, ...] = (), move: bool = True) -> list[StackLocal]:
+                centre: str = "f17", segment: bool = True, aux: tuple[float, ...] = (),
+                move_rest: bool = MOVE_REST) -> list[StackLocal]:
     r"""Certified local constant of the whole stack on ``B(X, rho)`` for each ``rho`` (X: embedded tokens
     before the input norm), by the exact Jacobian at X and its telescoped drift over the sub-stages
     (Notes [stack Jacobian], [stack drift], [stack rounding]; THEORY F30, F33), beside the product of
@@ -480,9 +519,10 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
     averaged along the segment over the run's radii up to its own (THEORY F71, ``segment_moves``; the drift of a
     Jacobian at a point keeps the sup); ``aux``: fractions of the largest radius added as radii of the run whose results
     are not returned (THEORY F71c: they only refine the larger radii's averages; ``SEGMENT_AUX`` is the benchmark's).
-    ``move``: the same bounds of a move also read the move's part outside the prefix's rows by its own linear recursion
-    at the data (exact products of the sub-stages from every start and the stages' Taylor rests; THEORY F73,
-    ``_local_stack_move``), the smaller kept.
+    ``move_rest``: the same bounds of a move also read the move's part outside the prefix's rows by its own linear
+    recursion at the data, ``e_s = sum_m M_{m+1 -> s}(x) R_m`` (THEORY F73c, F76a, F77, ``_local_stack_move``): exact
+    products of the sub-stages from every start (which also give F36/F40e's middle products) and each stage's own
+    Taylor rest rows, the smaller kept (``MOVE_REST`` is the default).
     """
     from ._local import check_rho
 
@@ -509,8 +549,15 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
         G.update(blocks)
         GW.update(heads)
 
-    mid, blk, first_rows, inner = middle_rows(stages, cuts, lambda K: certified_block_norms(_col_blocks(K), chain_exact),
-                                              on_next=carry)
+    norms_of = lambda K: certified_block_norms(_col_blocks(K), chain_exact)  # noqa: E731
+    if move_rest:  # THEORY F73c, F77: the chains from every sub-stage start, the cuts' among them
+        prods = substage_products(stages, norms_of, lambda st, K: _local_error(st, K, cols=True),
+                                  lambda st, K: _chunked(st.lin.apply, K),
+                                  lambda a, b, K, e: carry(pos[a], K, e) if _next_cut(pos, a, b) else None)
+        mid, blk, first_rows, inner = middle_of_products(prods, cuts)
+    else:
+        prods = None
+        mid, blk, first_rows, inner = middle_rows(stages, cuts, norms_of, on_next=carry)
     nuL = {}  # layer -> (T,) certified nu_i(J_L(X)) from the layer's own blocks
     for a, b, _ in groups.values():  # the attention sub-stage's and the whole layer's rows at X
         stages[a].pt = torch.minimum(stages[a].pt, first_rows[a])
@@ -549,12 +596,8 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
     at: dict = {}
     atm: dict = {}  # THEORY F71: a layer's first sub-stage -> per rho the segment-averaged move rows at its input
     radii, dJs, dJcs, balls = [], [], [], []
-    # THEORY F73: exact products from every sub-stage start, and per rho the stages' Taylor rest rows
-    prods = substage_products(stages, lambda K: certified_block_norms(_col_blocks(K), chain_exact),
-                              lambda st, K: _local_error(st, K, cols=True),
-                              lambda st, K: _chunked(st.lin.apply, K)) if move else None
-    rests: list[list[Tensor]] = [[] for _ in rhos]
-    Ecs: dict = {}  # THEORY F76: a layer's first sub-stage -> per rho the rows E at its input
+    rests: list[list[Tensor]] = [[] for _ in rhos]  # THEORY F73c: per rho, each sub-stage's Taylor rest rows
+    Ecs: dict = {}  # THEORY F76a item 4: a layer's first sub-stage -> per rho the rows E at its input
     GB: dict = {}  # group start -> per rho (B_L, dJ_L)
     hx: dict = {}  # stage -> per rho the attention's head drift rows (or None)
     for s, st in enumerate(stages):
@@ -578,32 +621,19 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
                 dP[k] = torch.minimum(dP[k], _nan_inf(alt))
         # THEORY F71: the move's part outside the prefix's rows at X, averaged along the segment over the run's radii
         dPm = segment_moves(dP, rhos) if segment else dP
-        if prods is not None:  # THEORY F73: the same part by its own recursion at x, the smaller kept
-            Es = [move_rest_rows(prods, rests[k], s, dP[k]) for k in range(nr)]
-            if "exact" in _OFF:  # TEMP what-if: carried stage by stage by block norms
-                Es = [torch.zeros_like(dP[k]) if s == 0 else layer_rest_rows(*prods[(s - 1, s)], Eprev[k], rests[k][s - 1])
-                      for k in range(nr)]
-            if s in cap and s in inner and "layer" not in _OFF:  # THEORY F76: the partial layer's own rest, one step
-                c = cap[s][0]
-                for k in range(nr):
-                    rm = _hybrid_radius(cap[s][1], PL[c][k].rem, torch.zeros(T, dtype=torch.float64),
-                                        radii[s - 1][k] if cap[s][1] == "ffn" else None)
-                    if rm is not None:
-                        _TR.setdefault("EL", {}).setdefault(s, []).append(float(layer_rest_rows(*inner[s], Ecs[c][k], rm).max()))
-                        _TR.setdefault("EP", {}).setdefault(s, []).append(float(Es[k].max()))
-                        Es[k] = torch.minimum(Es[k], layer_rest_rows(*inner[s], Ecs[c][k], rm + f17_pad(st.x)))
-            if s in first:
-                Ecs[s] = Es
-            _TR.setdefault("E", {})[s] = [float(E.max()) for E in Es]
-            Eprev = Es
-            dPm = [torch.minimum(m, E / rho * (1 + 1e-12)) for m, E, rho in zip(dPm, Es, rhos)]
-        if s in first:
-            atm[s] = [v.clone() for v in dPm]
-        mrow = rows_of_block_norms(inner[s][0]) + inner[s][1] if s in inner else torch.ones(T, dtype=torch.float64)
         # THEORY F64: the centre pad for ||xhat_s - x_s(X)||, F17's 1e-13 max||xhat_s|| or (``centre="f64"``) the
         # recursion's certified e_s when larger
         pad = max(f17_pad(st.x), ecent)
         pads.append(pad)
+        if prods is not None:  # THEORY F73c: the same part by its own recursion at x, the smaller kept
+            Es = [_move_rest(prods, rests[k], s, cap, inner, PL, Ecs, radii, k, pad, T)
+                  for k in range(nr)]
+            if s in first:
+                Ecs[s] = Es
+            dPm = [torch.minimum(m, E / rho * (1 + 1e-12)) for m, E, rho in zip(dPm, Es, rhos)]
+        if s in first:
+            atm[s] = [v.clone() for v in dPm]
+        mrow = rows_of_block_norms(inner[s][0]) + inner[s][1] if s in inner else torch.ones(T, dtype=torch.float64)
         # THEORY F40: a post-LN FFN's first-order drift through the prefix's own reachable rows
         al = FFNAligned(st.ffn, st.x, _col_blocks(K), norms[st.group]["w"]) \
             if st.ffn is not None and FFNAligned.applies(st.ffn) else None
@@ -645,16 +675,6 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
                 jr, jrM = aa.joint(r, rho, dPm[k], eP[s], pad)  # THEORY F50: one direction for all heads
                 reach = torch.minimum(reach, jr)
             reaches[k][st.name] = (plain, float(reach.max()))
-            if prods is not None:
-                R = stage_rest_rows(rho, reach, dj, Es[k], st.local)
-                _TR.setdefault("R0", {}).setdefault(s, []).append(float(R.max()))
-                if isinstance(st.lin, _NormLin) and "norm" not in _OFF:  # THEORY F76: the norm's curvature rest
-                    _TR.setdefault("RN", {}).setdefault(s, []).append(float(norm_rest_rows(dj, r).max()))
-                    R = torch.minimum(R, norm_rest_rows(dj, r))
-                if s in cap and cap[s][1] == "norm_attn" and "ffn" not in _OFF and "ffn_coef" in PL[cap[s][0]][k].rem:
-                    _TR.setdefault("RF", {}).setdefault(s, []).append(float(_ffn_rest(PL[cap[s][0]][k].rem, r).max()))
-                    R = torch.minimum(R, _nan_inf(_ffn_rest(PL[cap[s][0]][k].rem, r) * (1 + 1e-12) + pad))  # F76
-                rests[k].append(R)
             reach_at[k][s] = reach
             move = b * dP[k] if st.local else b * float(dP[k].max())
             dP[k] = _nan_inf(torch.where(dP[k] == 0, 0.0, move) + reach)
@@ -682,14 +702,9 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
         if s in first:  # the per-layer route at the layer's input radius (F36 item 3: the smaller drift)
             rmax = [float(r.max()) if layer_route else math.inf for r in rs]
             PL[s] = _per_layer(layer_at[s], st.x, rmax, norms, memo)
-            for k in range(nr if prods is not None and "att" not in _OFF else 0):  # THEORY F76: the attention's F34a rest
-                if "attention" in PL[s][k].rem:
-                    _TR.setdefault("RA", {}).setdefault(s, []).append(float(PL[s][k].rem["attention"].max()))
-                    rests[k][s] = torch.minimum(rests[k][s], _nan_inf(PL[s][k].rem["attention"] * (1 + 1e-12) + pad))
-        if prods is not None:
-            _TR.setdefault("R", {})[s] = [float(rests[k][s].max()) for k in range(nr)]
-            for k in range(nr):  # TEMP what-if: every stage rest scaled (not a certificate)
-                rests[k][s] = rests[k][s] * float(_os.environ.get("MOVE25_RSCALE", "1"))
+        if prods is not None:  # THEORY F73c, F76a: the stage's own Taylor rest rows, by its kind
+            for k, rho in enumerate(rhos):
+                rests[k].append(_stage_rest(st, s, rho, reach_at[k][s], djs[k], Es[k], rs[k], pad, cap, PL, k))
         radii.append(rs)
         dJs.append(djs)
         dJcs.append(djcs)

@@ -65,7 +65,7 @@ def _captured(spec, X: torch.Tensor, rho: float, monkeypatch) -> tuple:  # noqa:
     monkeypatch.setattr(ls, "_move_rest", lambda *a: E.append(move(*a)) or E[-1])
     monkeypatch.setattr(ls, "_stage_rest", lambda *a: R.append(rest(*a)) or R[-1])
     monkeypatch.setattr(ls, "substage_products", lambda *a: P.append(run(*a)) or P[-1])
-    res = stack_local(spec, X, [rho])[0]
+    res = stack_local(spec, X, [rho], move_rest=True)[0]
     monkeypatch.undo()
     return res, torch.stack(E), torch.stack(R), P[0]
 

@@ -71,8 +71,9 @@ _CHUNK = 512
 # THEORY F71c: the auxiliary radii (fractions of the run's largest) whose prefix drift rows average the move (the
 # benchmark's default; ``stack_local``'s is none: each costs about what a reported radius does)
 SEGMENT_AUX: tuple[float, ...] = (0.25, 0.5, 0.75)
-# THEORY F77: ``stack_local``'s default for the move's rest by its own recursion (F73c, F76a)
-MOVE_REST = True
+# THEORY F77: ``stack_local``'s default for the move's rest by its own recursion (F73c, F76a): off, its chains from
+# every sub-stage start cost MiniLM +40-60 % CPU (over F77's +30 % bar) for a gain at factors >= 1e-5 only
+MOVE_REST = False
 
 
 def _stages(spec: TransformerSpec, X: Tensor, norms: dict | None = None) -> tuple[list[_Stage], Tensor, dict]:
@@ -553,7 +554,7 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
     if move_rest:  # THEORY F73c, F77: the chains from every sub-stage start, the cuts' among them
         prods = substage_products(stages, norms_of, lambda st, K: _local_error(st, K, cols=True),
                                   lambda st, K: _chunked(st.lin.apply, K),
-                                  lambda a, b, K, e: carry(pos[a], K, e) if _next_cut(pos, a, b) else None)
+                                  lambda a, b, K, e: carry(pos[a], K, e) if _next_cut(pos, a, b) else None, cuts[1])
         mid, blk, first_rows, inner = middle_of_products(prods, cuts)
     else:
         prods = None

@@ -30,8 +30,10 @@ def _padded(t: Tensor, pad: float = 0.0) -> Tensor:
     return torch.nan_to_num(t * (1 + 1e-12) + pad, nan=math.inf, posinf=math.inf)
 
 
-def substage_products(stages: list, norms_of, local_error, apply, on_product=None) -> dict:  # noqa: ANN001
-    """``{(a, s): (N, e)}`` for ``0 <= a < s <= n``: ``N`` the certified block norms (``norms_of`` of the computed
+def substage_products(stages: list, norms_of, local_error, apply, on_product=None,  # noqa: ANN001
+                      first_end: int | None = None) -> dict:
+    """``{(a, s): (N, e)}`` for ``0 <= a < s <= n`` (from ``a = 0`` only ``s <= first_end``: ``E`` reads no product
+    from the network input, and the prefix chain gives those rows): ``N`` the certified block norms (``norms_of`` of the computed
     columns) of ``M_{a -> s} = J_{s-1} ... J_a`` at the data, by a float64 chain of the sub-stages' tangent maps from
     every start ``a`` (``apply(stage, K)``), and ``e >= max_i sum_k ||E_ik||`` the computed product's rounding:
     ``fl(M_{a -> s}) - M_{a -> s} = sum_{a <= m < s} M_{m+1 -> s} E_m`` exactly (``E_m`` the step's own error,
@@ -44,7 +46,7 @@ def substage_products(stages: list, norms_of, local_error, apply, on_product=Non
     for a in range(n - 1, -1, -1):
         K = torch.eye(T * d, dtype=torch.float64).reshape(T * d, T, d)
         errs = []
-        for s in range(a, n):
+        for s in range(a, n if a > 0 or first_end is None else first_end):
             errs.append(local_error(stages[s], K))
             K = apply(stages[s], K)
             err = sum(e * _norm(out, m + 1, s + 1) for m, e in zip(range(a, s + 1), errs)) * (1 + 1e-12)

@@ -175,3 +175,15 @@ def test_rounding_is_carried():
         E = ls.move_rest_rows(zero, R, s, T)
         floor = sum(zero[(m + 1, s)][1] * float(R[m].max()) for m in range(s - 1))
         assert bool((E - R[s - 1] >= floor * (1 - 1e-12)).all()) and floor > 0, (s, E, floor)
+
+
+def test_table_plumbs_the_switch():
+    """``lipschitz --data --whole-network stack --move-rest`` (``local_table(move_rest=True)``): the whole-network row
+    is ``stack_local(move_rest=True)``'s, never above the row without it, and below it here (near-flat tokens)."""
+    from transcover.lipschitz._local_report import local_table
+
+    spec, X, rho, _ = _case(CASES[1])
+    rows = local_table(spec, [X], [rho / float(X.norm(dim=1).median())], lower=False, whole="stack", move_rest=True)
+    on = next(r for r in rows if r.layer == -1).local_upper
+    new, old = stack_local(spec, X, [rho], move_rest=True)[0].upper, stack_local(spec, X, [rho])[0].upper
+    assert on == pytest.approx(new, rel=1e-9) and new < old, (on, new, old)

@@ -381,14 +381,15 @@ class NetworkLocal:
 
 
 def network_local(spec: TransformerSpec, X: Tensor, rho: float, *, cache: dict | None = None,
-                  jacobian: bool = True, route: str = "auto") -> NetworkLocal:
+                  jacobian: bool = True, route: str = "auto", move_rest: bool = False) -> NetworkLocal:
     r"""Whole network on ``B(X, rho)`` (X: embedded tokens before the input norm), by composition:
     ``g_l(B(Y_l, r_l)) subset B(g_l(Y_l), L_l r_l + pad)`` and ``Lip <= prod_l L_l``; and by the
     whole stack's exact Jacobian plus its drift (``lipschitz._local_stack``, THEORY F30); ``upper``
     is the smaller (``route`` on the result says which won).
 
     ``route``: ``"product"``, ``"stack"`` (both routes, the stack one forced), ``"auto"`` (the stack
-    route too when T*d <= ``STACK_ROUTE_MAX``: it costs T^2 d^3 per layer).
+    route too when T*d <= ``STACK_ROUTE_MAX``: it costs T^2 d^3 per layer).  ``move_rest``: the stack route's
+    THEORY F77 switch (``stack_local(move_rest=)``: the move's rest by its own recursion, tighter at larger radii).
     Source: THEORY F8 (composition), F17, F30.  The head (if any) is not included.
     """
     from ._local_stack import STACK_ROUTE_MAX, stack_local
@@ -401,7 +402,7 @@ def network_local(spec: TransformerSpec, X: Tensor, rho: float, *, cache: dict |
     stack = math.inf
     if route == "stack" or (route == "auto" and X.shape[-2] * X.shape[-1] <= STACK_ROUTE_MAX):
         try:
-            stack = stack_local(spec, X, [rho], norms=cache.setdefault("stack_norms", {}))[0].upper
+            stack = stack_local(spec, X, [rho], norms=cache.setdefault("stack_norms", {}), move_rest=move_rest)[0].upper
         except InputError:
             if route == "stack":
                 raise

@@ -79,11 +79,12 @@ def stage_local_constants(ll, placement: Placement) -> dict[str, float]:  # noqa
 def local_table(spec: TransformerSpec, seqs: list, rho_factors: list[float], *, lower_iter: int = 15,
                 jacobian: bool = True, lower: bool = True, relative: bool = True,
                 timings: dict | None = None, whole: str | None = None, ball: dict | None = None,
-                ball_components: bool = False) -> list[LocalRow]:
+                ball_components: bool = False, move_rest: bool = False) -> list[LocalRow]:
     """Per-layer and per-component rows for every ``rho`` (a factor of each stage's median token
     norm when ``relative``, else absolute), max over the sequences (each layer's ball is centred at
     the data's hidden states, the layer's input on the data path).  ``whole`` (a ``network_local``
-    route): also one whole-network row per rho (layer -1, component ``network (<route that won>)``).
+    route): also one whole-network row per rho (layer -1, component ``network (<route that won>)``; ``move_rest``: the
+    stack route's THEORY F77 switch, ``stack_local(move_rest=)``).
     ``ball`` (keyword arguments of ``ball_lower``): the lower estimate of the layers' rows (and of the
     components' with ``ball_components``, each on its certified input ball ``LayerLocal.radii``) is
     the larger of the point one and ``ball_lower`` on the same ball, max over the sequences; the
@@ -151,11 +152,11 @@ def local_table(spec: TransformerSpec, seqs: list, rho_factors: list[float], *, 
         dom = compose(norms, radius=R, sigma_min=max(sig0, 0.0)) if math.isfinite(sig0) else glob
         rows += assemble_local_rows(f, best, point, lows, glob, dom, lower=lower, ball_lows=balls or None)
         if whole is not None:
-            rows.append(_network_row(spec, seqs, f, relative, whole, glob, dom, lower, cache))
+            rows.append(_network_row(spec, seqs, f, relative, whole, glob, dom, lower, cache, move_rest))
     return rows
 
 
-def _network_row(spec, seqs, f, relative, whole, glob, dom, lower, cache) -> LocalRow:  # noqa: ANN001
+def _network_row(spec, seqs, f, relative, whole, glob, dom, lower, cache, move_rest=False) -> LocalRow:  # noqa: ANN001
     """The whole network on the balls around the embedded sequences (``network_local``, THEORY F30):
     max over sequences; the lower estimate is ``stack_lower`` at the same points."""
     from ._local import network_local
@@ -164,7 +165,7 @@ def _network_row(spec, seqs, f, relative, whole, glob, dom, lower, cache) -> Loc
     up, lo, routes = 0.0, 0.0, set()
     for X in seqs:
         rho = f * float(X.double().norm(dim=1).median()) if relative else f
-        nl = network_local(spec, X, rho, cache=cache, route=whole)
+        nl = network_local(spec, X, rho, cache=cache, route=whole, move_rest=move_rest)
         up, routes = max(up, nl.upper), routes | {nl.route}
         if lower:
             lo = max(lo, stack_lower(spec, X, rho, restarts=2, steps=10))

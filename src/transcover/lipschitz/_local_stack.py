@@ -50,7 +50,10 @@ from ._local_jacobian import certified_spectral, row_norm_lower
 from ._local_stack_aligned import FFNAligned
 from ._local_stack_attn import AttentionAligned
 from ._local_stack_carry import carried_first_order, carry_blocks, tail_drift
-from ._local_stack_middle import layer_cuts, middle_drift_column, middle_rows
+from ._local_stack_maps import _NormLin
+from ._local_stack_middle import layer_cuts, middle_drift_column, middle_of_products, middle_rows
+from ._local_stack_move import (attention_rest_rows, ffn_rest_rows, layer_rest_rows, move_rest_rows, norm_rest_rows,
+                                stage_rest_rows, substage_products)
 from ._local_stack_second import far_second_order, heads_second_order, near_second_order, second_order_rows, tail_sup
 from ._local_stack_segment import segment_moves, with_auxiliary
 from ._local_stack_stages import _Stage, layer_stages, norm_stage
@@ -68,6 +71,9 @@ _CHUNK = 512
 # THEORY F71c: the auxiliary radii (fractions of the run's largest) whose prefix drift rows average the move (the
 # benchmark's default; ``stack_local``'s is none: each costs about what a reported radius does)
 SEGMENT_AUX: tuple[float, ...] = (0.25, 0.5, 0.75)
+# THEORY F77: ``stack_local``'s default for the move's rest by its own recursion (F73c, F76a): off, its chains from
+# every sub-stage start cost MiniLM +35-55 % CPU (over F77's +30 % bar) for a gain at factors >= 1e-5 only
+MOVE_REST = False
 
 
 def _stages(spec: TransformerSpec, X: Tensor, norms: dict | None = None) -> tuple[list[_Stage], Tensor, dict]:
@@ -368,10 +374,55 @@ def _hybrid_radius(name: str, rem: dict, first: Tensor, rH: Tensor | None) -> Te
         return None
     out = first + rem[name]
     if name == "ffn":
-        rh = torch.minimum(rH, rem["ffn_ball"])
-        glob = torch.where(rh == 0, 0.0, torch.minimum(rem["ffn_slope"] * rh / 2, torch.full_like(rh, rem["ffn_cap"])))
-        out = out + torch.minimum(rem["ffn_fixed"], torch.minimum(rem["ffn_coef"], glob) * rh)
+        out = out + _ffn_rest(rem, rH)
     return _nan_inf(out)
+
+
+def _ffn_rest(rem: dict, rH: Tensor) -> Tensor:
+    """THEORY F59b: the FFN's own centred Taylor rest ``||P(F(h + dh) - F(h) - F'(h) dh)_i||`` for every move of the
+    FFN's input within ``rH`` (the stack's certified radius of ``H``) and the per-layer ball ``ffn_ball``:
+    ``min(ffn_fixed, c ||dh||)``, ``c`` the smaller of ``dFh`` and F17c's ``min(slope rh / 2, cap)``."""
+    rh = torch.minimum(rH, rem["ffn_ball"])
+    glob = torch.where(rh == 0, 0.0, torch.minimum(rem["ffn_slope"] * rh / 2, torch.full_like(rh, rem["ffn_cap"])))
+    return torch.minimum(rem["ffn_fixed"], torch.minimum(rem["ffn_coef"], glob) * rh)
+
+
+def _next_cut(pos: dict, a: int, b: int) -> bool:
+    """Sub-stages ``a < b`` are consecutive layer-level cuts, ``a`` not the first (THEORY F66's carry reads the product
+    of that layer-level stage)."""
+    return a in pos and b in pos and pos[b] == pos[a] + 1 and pos[a] > 0
+
+
+def _move_rest(prods: dict, rests: list[Tensor], s: int, cap: dict, inner: dict, PL: dict, Ecs: dict, radii: list,
+               k: int, pad: float, T: int) -> Tensor:
+    """THEORY F73c, F76a item 4: rows ``E_s >= ||e_{s,i}||`` at sub-stage ``s``'s input for the ``k``-th radius: the
+    exact products' sum of the earlier stages' rests (``move_rest_rows``) and, at a post-LN layer's inner point, the
+    partial layer's own rest in one step from the layer input's ``E_c`` (``layer_rest_rows``: F59b's remainders, the
+    FFN's own at ``S2`` on the stack's radius of ``H``, with the centre pad), the smaller."""
+    E = move_rest_rows(prods, rests, s, T)
+    if s in cap and s in inner:
+        c, name = cap[s]
+        rem = _hybrid_radius(name, PL[c][k].rem, torch.zeros_like(E), radii[s - 1][k] if name == "ffn" else None)
+        if rem is not None:
+            E = torch.minimum(E, layer_rest_rows(*inner[s], Ecs[c][k], rem + pad))
+    return E
+
+
+def _stage_rest(st: _Stage, s: int, rho: float, reach: Tensor, dj: Tensor, E: Tensor, r: Tensor, pad: float,
+                cap: dict, PL: dict, k: int) -> Tensor:
+    """THEORY F73c, F76a: rows ``>= ||R_{s,i}||`` of sub-stage ``s``'s own Taylor rest for the ``k``-th radius, one
+    function per stage kind: a norm (``norm_rest_rows``), an attention (``attention_rest_rows``; F59b's ``remA`` of a
+    post-LN layer with two LayerNorms), an FFN (``ffn_rest_rows``; the FFN's own rest there), else F73c's
+    (``stage_rest_rows``).  ``reach``, ``dj``, ``r``: the stage's reach, drift rows and radius; ``E`` its input's."""
+    if isinstance(st.lin, _NormLin):
+        return norm_rest_rows(rho, reach, dj, E, r)
+    if st.attn is not None:
+        remA = PL[s][k].rem.get("attention") if s + 1 in cap else None
+        return attention_rest_rows(rho, reach, dj, E, remA, pad)
+    if st.ffn is not None:
+        rem = PL[cap[s][0]][k].rem if s in cap and cap[s][1] == "norm_attn" else {}
+        return ffn_rest_rows(rho, reach, dj, E, _ffn_rest(rem, r) if "ffn_coef" in rem else None, pad)
+    return stage_rest_rows(rho, reach, dj, E, st.local)
 
 
 def _layer_route(spec: TransformerSpec, stages: list[_Stage], groups: dict, nuP: list, suf: list,  # noqa: PLR0912
@@ -441,7 +492,8 @@ def _layer_route(spec: TransformerSpec, stages: list[_Stage], groups: dict, nuP:
 
 def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain_exact: int = 4,  # noqa: ANN001, PLR0915, PLR0912
                 norms: dict | None = None, keep_jacobian: bool = False, layer_route: bool = True,
-                centre: str = "f17", segment: bool = True, aux: tuple[float, ...] = ()) -> list[StackLocal]:
+                centre: str = "f17", segment: bool = True, aux: tuple[float, ...] = (),
+                move_rest: bool = MOVE_REST) -> list[StackLocal]:
     r"""Certified local constant of the whole stack on ``B(X, rho)`` for each ``rho`` (X: embedded tokens
     before the input norm), by the exact Jacobian at X and its telescoped drift over the sub-stages
     (Notes [stack Jacobian], [stack drift], [stack rounding]; THEORY F30, F33), beside the product of
@@ -468,6 +520,10 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
     averaged along the segment over the run's radii up to its own (THEORY F71, ``segment_moves``; the drift of a
     Jacobian at a point keeps the sup); ``aux``: fractions of the largest radius added as radii of the run whose results
     are not returned (THEORY F71c: they only refine the larger radii's averages; ``SEGMENT_AUX`` is the benchmark's).
+    ``move_rest``: the same bounds of a move also read the move's part outside the prefix's rows by its own linear
+    recursion at the data, ``e_s = sum_m M_{m+1 -> s}(x) R_m`` (THEORY F73c, F76a, F77, ``_local_stack_move``): exact
+    products of the sub-stages from every start (which also give F36/F40e's middle products) and each stage's own
+    Taylor rest rows, the smaller kept (``MOVE_REST`` is the default).
     """
     from ._local import check_rho
 
@@ -494,8 +550,15 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
         G.update(blocks)
         GW.update(heads)
 
-    mid, blk, first_rows, inner = middle_rows(stages, cuts, lambda K: certified_block_norms(_col_blocks(K), chain_exact),
-                                              on_next=carry)
+    norms_of = lambda K: certified_block_norms(_col_blocks(K), chain_exact)  # noqa: E731
+    if move_rest:  # THEORY F73c, F77: the chains from every sub-stage start, the cuts' among them
+        prods = substage_products(stages, norms_of, lambda st, K: _local_error(st, K, cols=True),
+                                  lambda st, K: _chunked(st.lin.apply, K),
+                                  lambda a, b, K, e: carry(pos[a], K, e) if _next_cut(pos, a, b) else None, cuts[1])
+        mid, blk, first_rows, inner = middle_of_products(prods, cuts)
+    else:
+        prods = None
+        mid, blk, first_rows, inner = middle_rows(stages, cuts, norms_of, on_next=carry)
     nuL = {}  # layer -> (T,) certified nu_i(J_L(X)) from the layer's own blocks
     for a, b, _ in groups.values():  # the attention sub-stage's and the whole layer's rows at X
         stages[a].pt = torch.minimum(stages[a].pt, first_rows[a])
@@ -534,6 +597,8 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
     at: dict = {}
     atm: dict = {}  # THEORY F71: a layer's first sub-stage -> per rho the segment-averaged move rows at its input
     radii, dJs, dJcs, balls = [], [], [], []
+    rests: list[list[Tensor]] = [[] for _ in rhos]  # THEORY F73c: per rho, each sub-stage's Taylor rest rows
+    Ecs: dict = {}  # THEORY F76a item 4: a layer's first sub-stage -> per rho the rows E at its input
     GB: dict = {}  # group start -> per rho (B_L, dJ_L)
     hx: dict = {}  # stage -> per rho the attention's head drift rows (or None)
     for s, st in enumerate(stages):
@@ -557,13 +622,19 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
                 dP[k] = torch.minimum(dP[k], _nan_inf(alt))
         # THEORY F71: the move's part outside the prefix's rows at X, averaged along the segment over the run's radii
         dPm = segment_moves(dP, rhos) if segment else dP
-        if s in first:
-            atm[s] = [v.clone() for v in dPm]
-        mrow = rows_of_block_norms(inner[s][0]) + inner[s][1] if s in inner else torch.ones(T, dtype=torch.float64)
         # THEORY F64: the centre pad for ||xhat_s - x_s(X)||, F17's 1e-13 max||xhat_s|| or (``centre="f64"``) the
         # recursion's certified e_s when larger
         pad = max(f17_pad(st.x), ecent)
         pads.append(pad)
+        if prods is not None:  # THEORY F73c: the same part by its own recursion at x, the smaller kept
+            Es = [_move_rest(prods, rests[k], s, cap, inner, PL, Ecs, radii, k, pad, T)
+                  for k in range(nr)]
+            if s in first:
+                Ecs[s] = Es
+            dPm = [torch.minimum(m, E / rho * (1 + 1e-12)) for m, E, rho in zip(dPm, Es, rhos)]
+        if s in first:
+            atm[s] = [v.clone() for v in dPm]
+        mrow = rows_of_block_norms(inner[s][0]) + inner[s][1] if s in inner else torch.ones(T, dtype=torch.float64)
         # THEORY F40: a post-LN FFN's first-order drift through the prefix's own reachable rows
         al = FFNAligned(st.ffn, st.x, _col_blocks(K), norms[st.group]["w"]) \
             if st.ffn is not None and FFNAligned.applies(st.ffn) else None
@@ -632,6 +703,9 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
         if s in first:  # the per-layer route at the layer's input radius (F36 item 3: the smaller drift)
             rmax = [float(r.max()) if layer_route else math.inf for r in rs]
             PL[s] = _per_layer(layer_at[s], st.x, rmax, norms, memo)
+        if prods is not None:  # THEORY F73c, F76a: the stage's own Taylor rest rows, by its kind
+            for k, rho in enumerate(rhos):
+                rests[k].append(_stage_rest(st, s, rho, reach_at[k][s], djs[k], Es[k], rs[k], pad, cap, PL, k))
         radii.append(rs)
         dJs.append(djs)
         dJcs.append(djcs)

@@ -28,7 +28,7 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["layer_cuts", "middle_rows", "middle_drift_column"]
+__all__ = ["layer_cuts", "middle_rows", "middle_of_products", "middle_drift_column"]
 
 
 def layer_cuts(n: int, groups: dict) -> list[int]:
@@ -96,6 +96,31 @@ def middle_rows(stages: list, cuts: list[int], norms_of, exact: int = 4,  # noqa
                 mid[(a, b)] = rows_of_block_norms(N) + err
                 if on_next is not None and b == a + 1 and a > 0:
                     on_next(a, K, err)
+    return mid, blk, first, inner
+
+
+def middle_of_products(prods: dict, cuts: list[int]) -> tuple[dict, dict, dict, dict]:
+    """``middle_rows``' ``(mid, blk, first, inner)`` read from the chains of every sub-stage start
+    (``_local_stack_move.substage_products``' ``{(a, s): (N, e)}``), which hold those from the cuts: one set of chains
+    for F73c's sums and F36/F40e's products.  The rounding ``e`` of each product is the chains' own, carried by the
+    exact later products (F73c) where ``middle_rows`` carries it by the stages' point norms; both bound the same
+    ``sum_k ||E_ik||``.  THEORY F36 item 1, F40e, F77."""
+    from ._local_stack import rows_of_block_norms
+
+    mid: dict = {}
+    blk: dict = {}
+    first: dict = {}
+    inner: dict = {}
+    L = len(cuts) - 1
+    for q in range(L):
+        c = cuts[q]
+        N, e = prods[(c, c + 1)]
+        first[c] = rows_of_block_norms(N) + e
+        for b in range(q + 1, L + 1) if q > 0 else (1,):  # from the first cut only its own stage (the prefix's)
+            blk[(q, b)] = prods[(c, cuts[b])]
+            mid[(q, b)] = rows_of_block_norms(blk[(q, b)][0]) + blk[(q, b)][1]
+        for t in range(c + 1, cuts[q + 1]) if q > 0 else ():
+            inner[t] = prods[(c, t)]
     return mid, blk, first, inner
 
 

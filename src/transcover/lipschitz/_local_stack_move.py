@@ -1,0 +1,144 @@
+"""The move's rest by its own linear recursion at the data, with each stage's own Taylor rest (issue 12; THEORY F73c,
+F76a, F77).
+
+A network move ``delta`` (every token within ``rho``) moves sub-stage ``s``'s input by
+``Delta_s = P_s(X) delta + e_s``.  From ``f_s(x_s + Delta_s) = f_s(x_s) + J_s(x_s) Delta_s + R_s`` with the stage's own
+Taylor rest ``R_s = int_0^1 (J_s(x_s + tau Delta_s) - J_s(x_s)) Delta_s dtau``,
+
+    e_{s+1} = J_s(x_s) e_s + R_s,   so   e_s = sum_{m < s} M_{m+1 -> s}(x) R_m,
+
+``M_{a -> s} = J_{s-1} ... J_a`` the exact product of the sub-stages at the data: no Jacobian at a moved point
+multiplies ``e`` and every span is one exact product (``substage_products``, whose chains from the layer-level cuts
+are also F36's middle products and F40e's inner ones, ``middle_of_products``).  The rows of ``R_s`` are one function per
+stage kind (``attention_rest_rows``, ``norm_rest_rows``, ``ffn_rest_rows``, ``stage_rest_rows`` for the others): a
+tighter certified rest of a kind is one ``torch.minimum`` there.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+__all__ = ["substage_products", "move_rest_rows", "stage_rest_rows", "attention_rest_rows", "norm_rest_rows",
+           "ffn_rest_rows", "layer_rest_rows"]
+
+
+def _padded(t: Tensor, pad: float = 0.0) -> Tensor:
+    """``t (1 + 1e-12) + pad``, nan -> inf: the pad of a float64 sum of a few non-negative products (and the centre's)."""
+    return torch.nan_to_num(t * (1 + 1e-12) + pad, nan=math.inf, posinf=math.inf)
+
+
+def substage_products(stages: list, norms_of, local_error, apply, on_product=None,  # noqa: ANN001
+                      first_end: int | None = None) -> dict:
+    """``{(a, s): (N, e)}`` for ``0 <= a < s <= n`` (from ``a = 0`` only ``s <= first_end``: ``E`` reads no product
+    from the network input, and the prefix chain gives those rows): ``N`` the certified block norms (``norms_of`` of the computed
+    columns) of ``M_{a -> s} = J_{s-1} ... J_a`` at the data, by a float64 chain of the sub-stages' tangent maps from
+    every start ``a`` (``apply(stage, K)``), and ``e >= max_i sum_k ||E_ik||`` the computed product's rounding:
+    ``fl(M_{a -> s}) - M_{a -> s} = sum_{a <= m < s} M_{m+1 -> s} E_m`` exactly (``E_m`` the step's own error,
+    ``local_error(stage, K)`` in the (2,inf) norm), each ``||M_{m+1 -> s}||`` the certified rows of the later start's
+    product plus its own rounding (the starts run from the last), the identity for ``m + 1 = s``.
+    ``on_product(a, s, K, e)`` (optional) sees every computed product's columns.  THEORY F73c, F36 item 1."""
+    n = len(stages)
+    T, d = stages[0].x.shape
+    out: dict = {}
+    for a in range(n - 1, -1, -1):
+        K = torch.eye(T * d, dtype=torch.float64).reshape(T * d, T, d)
+        errs = []
+        for s in range(a, n if a > 0 or first_end is None else first_end):
+            errs.append(local_error(stages[s], K))
+            K = apply(stages[s], K)
+            err = sum(e * _norm(out, m + 1, s + 1) for m, e in zip(range(a, s + 1), errs)) * (1 + 1e-12)
+            out[(a, s + 1)] = (norms_of(K), err)
+            if on_product is not None:
+                on_product(a, s + 1, K, err)
+    return out
+
+
+def _norm(prods: dict, a: int, s: int) -> float:
+    """Certified ``||M_{a -> s}||_(2,inf)`` of the exact product (1 for the identity, ``a = s``)."""
+    from ._local_stack import rows_of_block_norms
+
+    if a == s:
+        return 1.0
+    N, e = prods[(a, s)]
+    return float(rows_of_block_norms(N).max()) + e
+
+
+def move_rest_rows(prods: dict, rests: list[Tensor], s: int, T: int) -> Tensor:
+    r"""(T,) rows ``E_{s,i} >= ||e_{s,i}||`` for sub-stage ``s``'s input, from the rows ``rests[m] >= ||R_{m,k}||`` of
+    the stages before it (THEORY F73c):
+
+    .. math:: E_{s,i} = \sum_{m < s} \Big(\sum_k N(M_{m+1 \to s})_{ik} R_{m,k} + e_{m+1 \to s} \max_k R_{m,k}\Big)
+
+    (the identity for ``m + 1 = s``; the exact blocks are within ``||E_ik||`` of the computed, ``sum_k ||E_ik|| <= e``).
+    ``E_0 = 0`` (the network input moves by ``delta`` itself).  Float64 sums of non-negative products, padded by
+    ``1e-12`` relative; nan -> inf."""
+    acc = torch.zeros(T, dtype=torch.float64)
+    for m in range(s):
+        R = rests[m]
+        if m + 1 == s:
+            acc = acc + R
+        else:
+            N, e = prods[(m + 1, s)]
+            acc = acc + N @ R + e * float(R.max())
+    return _padded(acc)
+
+
+def stage_rest_rows(rho: float, reach: Tensor, dj: Tensor, E: Tensor, local: bool) -> Tensor:
+    r"""(T,) rows ``>= ||R_{s,i}||`` of any stage's Taylor rest ``R_s = int_0^1 (J_s(x_s + tau Delta) - J_s(x_s)) Delta
+    dtau``, ``Delta = P_s(X) delta + e``, every ``x_s + tau Delta`` in the stage's certified ball (the ball is
+    star-shaped about ``x_s``, and ``tau Delta = P_s(X)(tau delta) + tau e`` is a move of the same kind, so the rows of
+    moves along the prefix's rows hold there too):
+
+    .. math:: \|R_{s,i}\| \le \rho\, \mathrm{reach}_{s,i} + \Delta J_{s,i} \|e_i\|\ \text{(token-local)},\quad
+              \rho\, \mathrm{reach}_{s,i} + \Delta J_{s,i} \max_k \|e_k\|\ \text{(otherwise)},
+
+    ``reach_{s,i} >= sup nu_i((J_s(y) - J_s(x_s)) P_s(X))`` and ``dj`` the drift rows on the ball (``||delta_j|| <=
+    rho``, ``E >= ||e||``).  Float64, padded by ``1e-12`` relative; nan -> inf.  THEORY F73c."""
+    Em = E if local else torch.full_like(E, float(E.max()))
+    return _padded(rho * reach + torch.where(Em == 0, 0.0, dj * Em))
+
+
+def attention_rest_rows(rho: float, reach: Tensor, dj: Tensor, E: Tensor, remA: Tensor | None, pad: float) -> Tensor:
+    r"""(T,) rows ``>= ||R_{s,i}||`` of an attention stage's rest: F73c's (``stage_rest_rows``, not token-local) and,
+    for a post-LN layer's ``x -> x + A(x)`` (``remA`` given), F59b's centred remainder on the per-layer route's ball
+    (F34a/F47 per head), which holds the layer input's move (F59a) and is all the first LayerNorm reads
+    (``D_1 = D_1 P``): ``min(F73c, remA (1 + 1e-12) + pad)``, ``pad`` F59a's centre pad.  THEORY F73c, F76a item 2."""
+    R = stage_rest_rows(rho, reach, dj, E, False)
+    return R if remA is None else torch.minimum(R, _padded(remA, pad))
+
+
+def norm_rest_rows(rho: float, reach: Tensor, dj: Tensor, E: Tensor, r: Tensor) -> Tensor:
+    r"""(T,) rows ``>= ||R_{s,i}||`` of a LayerNorm/RMSNorm stage's rest: F73c's (token-local) and the curvature's
+    for every move of its input whose read part (centred for a LayerNorm, F59a) is within ``r_i``:
+
+    .. math:: \|R_{s,i}\| \le \int_0^1 \|D_i(x + \tau\Delta) - D_i(x)\|\, r_i\, d\tau \le \tfrac12\, dj_i(r_i)\, r_i,
+
+    ``dj_i(r)`` the stage's drift rows on the ball of radius ``r`` (F17's or F43a's sphere curvature, the smaller: both
+    at most ``tau dj_i(r)`` on the ball of radius ``tau r``, F43a, F34b).  Padded ``1e-12`` relative; nan -> inf.
+    THEORY F73c, F76a item 1."""
+    return torch.minimum(stage_rest_rows(rho, reach, dj, E, True), _padded(torch.where(r == 0, 0.0, dj * r / 2)))
+
+
+def ffn_rest_rows(rho: float, reach: Tensor, dj: Tensor, E: Tensor, own: Tensor | None, pad: float) -> Tensor:
+    r"""(T,) rows ``>= ||R_{s,i}||`` of an FFN stage ``h -> h + F(h)``: F73c's (token-local) and, in a post-LN layer
+    (``own`` given), F59b's own centred FFN rest ``min(ffn_fixed, c ||dh||)`` for every move of ``h`` within the
+    stack's radius of ``H`` (``_local_stack._ffn_rest``), all the second LayerNorm reads: ``min(F73c, own (1 + 1e-12) +
+    pad)``.  THEORY F73c, F76a item 3."""
+    R = stage_rest_rows(rho, reach, dj, E, True)
+    return R if own is None else torch.minimum(R, _padded(own, pad))
+
+
+def layer_rest_rows(N: Tensor, e: float, Ec: Tensor, rem: Tensor) -> Tensor:
+    r"""(T,) rows ``>= ||e_{s,i}||`` at a post-LN layer's inner point ``s`` from the layer input's ``E_c`` in one step:
+    ``e_s = M_{c -> s}(x) e_c + R_{c -> s}(Delta_c)``, the partial layer's own Taylor rest at ``x_c`` for the layer
+    input's whole move ``Delta_c`` (within the per-layer route's ball), ``||R_{c -> s, i}|| <= rem_i`` (F59b's ``remA``,
+    ``remH``, ``remG`` plus the FFN's own rest, with the centre pad; centred for ``S1``, ``S2``, which only a LayerNorm
+    reads), ``(N, e)`` the computed ``M_{c -> s}``'s block norms and rounding (F40e):
+
+    .. math:: E_{s,i} = \sum_k N(M_{c \to s})_{ik} E_{c,k} + e \max_k E_{c,k} + rem_i.
+
+    Padded ``1e-12`` relative; nan -> inf.  THEORY F76a item 4."""
+    return _padded(N @ Ec + e * float(Ec.max()) + rem)

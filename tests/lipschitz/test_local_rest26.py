@@ -73,11 +73,39 @@ def _norm_case(kind: str, seed: int):  # noqa: ANN202
     return norm, x, gam, eps, lay
 
 
-def _norm_row(B, x, gam, eps, lay, rho, E):  # noqa: ANN001, ANN202
+def _norm_row(B, x, gam, eps, lay, rho, E, pad=0.0):  # noqa: ANN001, ANN202
     f = norm_move_forms(B, x, gam, lay)
     Bc = B - B.mean(dim=2, keepdim=True) if lay else B
     r = (rho * torch.linalg.matrix_norm(Bc, 2).sum(dim=1) + E) * (1 + 1e-9)
-    return norm_rest_rows(f, eps, rho, E, r, 0.0)
+    return norm_rest_rows(f, eps, rho, E, r, pad)
+
+
+def _offset(x: torch.Tensor, frac: float) -> tuple[torch.Tensor, float]:
+    """(``x*``, ``pad``): the exact centre off the stored ``x`` by ``frac`` of its smallest token, every row."""
+    p = torch.randn(x.shape, generator=_gen(21), dtype=F64)
+    pad = frac * float(x.norm(dim=1).min())
+    return x + pad * p / p.norm(dim=1, keepdim=True), pad
+
+
+@pytest.mark.parametrize("kind", ["plain", "rms"])
+def test_norm_rest_at_an_offset_centre(kind: str) -> None:
+    """The row at the stored input with ``pad``, the rest at the exact centre ``x*`` within ``pad`` of it."""
+    norm, x, gam, eps, lay = _norm_case(kind, 1)
+    xs, pad = _offset(x, 0.01)
+    B = _blocks(_gen(2))
+    rho = 0.02 * float(x.norm(dim=1).min())
+    E = torch.tensor([0.0, 0.3, 1.0], dtype=F64) * rho
+    assert (_attained(norm, xs, B, rho, E, 3, starts=2, steps=40) <= _norm_row(B, x, gam, eps, lay, rho, E, pad)).all()
+
+
+def test_ffn_rest_at_an_offset_centre() -> None:
+    """The same for the FFN (``W_1 x 3``): the centre's offset as a free move plus the ``pad (r + pad)`` term."""
+    x = torch.randn(T, D, generator=_gen(7), dtype=F64)
+    xs, pad = _offset(x, 0.01)
+    ffn, B = _ffn_case(8, w1=3.0), _blocks(_gen(9))
+    E = torch.tensor([0.0, 0.01, 0.02], dtype=F64)
+    got = _attained(lambda Z: Z + ffn_forward(ffn, Z), xs, B, 0.02, E, 10, starts=2, steps=40)
+    assert (got <= _ffn_row(ffn, x, B, 0.02, E, pad)).all()
 
 
 def _tangent(B: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -127,10 +155,10 @@ def _ffn_case(seed: int, w1: float = 1.0, b1: torch.Tensor | None = None, w2: fl
     return FFNSpec(W_1=W1, W_2=W2, activation=Activation.GELU, b_1=b, b_2=torch.zeros(D, dtype=F64))
 
 
-def _ffn_row(ffn: FFNSpec, H, B, rho, E):  # noqa: ANN001, ANN202
+def _ffn_row(ffn: FFNSpec, H, B, rho, E, pad=0.0):  # noqa: ANN001, ANN202
     al = FFNAligned(ffn, H, B, {})
     r = (rho * torch.linalg.matrix_norm(B, 2).sum(dim=1) + E) * (1 + 1e-9)
-    return ffn_rest_rows(al, rho, E, r, 0.0)
+    return ffn_rest_rows(al, rho, E, r, pad)
 
 
 def _extreme_bias(ffn: FFNSpec, H: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,8 @@ from torch import Tensor
 from ._local_jacobian import certified_spectral
 from ._rounding import _gamma
 
-__all__ = ["AttnRestData", "attn_rest_data", "box_mean", "weight_box", "pair_mean", "head_rest_sup", "attention_rest_rows"]
+__all__ = ["AttnRestData", "attn_rest_data", "box_mean", "weight_box", "pair_mean", "head_rest_sup", "attention_rest_rows",
+           "segment_rest_heads"]
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,8 @@ class AttnRestData:
     ``||Q*_i^{1/2} G y_ij||`` and ``||G y_ij||`` (the query part of a score change); ``om``, ``qn``: ``||Q*_j^{1/2} q_i||``
     (H, T, T) and ``||q_i||`` (H, T) (the key part); ``mQ``, ``mK``, ``mV`` (H, T): ``||Q*_j^{1/2} W||``; ``nQ``, ``nK``,
     ``nV``, ``nO`` (H,): ``||W_Q||``, ``||W_K||``, ``||W_V||``, ``||W_O^h||``; ``Y`` (H, T, T): ``||W_O^hT W_V^hT (x_j -
-    x_k)||``; ``scale`` the softmax scale (in ``G``, ``q``, ``S``, not in ``mQ``, ``nQ``)."""
+    x_k)||`` and ``Yv`` the same before ``W_O`` (``||W_V^hT (x_j - x_k)||``), ``nOall`` ``>= ||W_O||`` (all heads); ``scale``
+    the softmax scale (in ``G``, ``q``, ``S``, not in ``mQ``, ``nQ``)."""
 
     S: Tensor
     eS: Tensor
@@ -46,6 +48,8 @@ class AttnRestData:
     nV: Tensor
     nO: Tensor
     Y: Tensor
+    Yv: Tensor
+    nOall: float
     scale: float
 
 
@@ -62,7 +66,8 @@ def attn_rest_data(X: Tensor, heads, Wqa: list[Tensor], scale: float, proj: list
     T, d = X.shape
     Xa = torch.cat([X, torch.ones(T, 1, dtype=torch.float64)], dim=1)
     sc = scale
-    S, eS, g, gn, om, qn, Y, nO = [], [], [], [], [], [], [], []
+    S, eS, g, gn, om, qn, Y, Yv, nO = [], [], [], [], [], [], [], [], []
+    D = X[:, None, :] - X[None, :, :]
     for h, (P, Yc, q, Wq, Wk, Wv, Wo) in enumerate(heads):
         s = q @ X.T
         # q = fl(sc (Xa Wqa) Wk^T), s = fl(q X^T): the chain's rounding against the exact scores at X
@@ -76,18 +81,22 @@ def attn_rest_data(X: Tensor, heads, Wqa: list[Tensor], scale: float, proj: list
         qn.append((q.norm(dim=-1) * (1 + 1e-12) + _gamma(2 * d + 8) * aq.norm(dim=-1)) * (1 + 1e-12))
         g.append(torch.sqrt(proj[h]["g2"]))
         om.append(torch.sqrt(proj[h]["om2"]))
-        VO = Wv @ Wo  # (d, d)
-        D = X[:, None, :] - X[None, :, :]
-        eVO = _abs_err(Wv, Wo, Wv.shape[1] + 2)
-        Yh = (D @ VO).norm(dim=-1) * (1 + 1e-12) + ((D.abs() @ (Wv.abs() @ Wo.abs())) * _gamma(d + Wv.shape[1] + 4)
-                                                    ).norm(dim=-1) + (D.abs() @ eVO).norm(dim=-1)
-        Y.append(Yh * (1 + 1e-12))
+        Y.append(_gaps(D, Wv @ Wo, Wv.abs() @ Wo.abs(), d + Wv.shape[1] + 4))
+        Yv.append(_gaps(D, Wv, Wv.abs(), d + 2))
         nO.append(float(certified_spectral(Wo[None])[0]))
     st = lambda k: torch.stack([torch.sqrt(p[k]) for p in proj])  # noqa: E731
     return AttnRestData(torch.stack(S), torch.stack(eS), torch.stack(g), torch.stack(gn), torch.stack(om),
                         torch.stack(qn), st("mQ2"), st("mK2"), st("mV2"), nQ.to(torch.float64).reshape(-1),
                         nK.to(torch.float64).reshape(-1), torch.tensor([float(v) for v in nV], dtype=torch.float64),
-                        torch.tensor(nO, dtype=torch.float64) * (1 + 1e-12), torch.stack(Y), sc)
+                        torch.tensor(nO, dtype=torch.float64) * (1 + 1e-12), torch.stack(Y), torch.stack(Yv),
+                        float(certified_spectral(torch.cat([hd[6] for hd in heads])[None])[0]) * (1 + 1e-12), sc)
+
+
+def _gaps(D: Tensor, M: Tensor, Mabs: Tensor, k: int) -> Tensor:
+    """(T, T) ``>= ||(x_j - x_k) M*||`` for ``M*`` the exact product that ``M`` computes (``|M* - M| <= gamma_k |Mabs|``
+    covers it, ``Mabs`` the product of the factors' absolute values) and ``D`` the computed differences (their own
+    rounding, at most ``u |D|``, inside ``gamma_k`` too)."""
+    return ((D @ M).norm(dim=-1) * (1 + 1e-12) + 2 * _gamma(k) * (D.abs() @ Mabs).norm(dim=-1)) * (1 + 1e-12)
 
 
 def box_mean(lo: Tensor, hi: Tensor, c: Tensor) -> Tensor:
@@ -159,29 +168,59 @@ def attention_rest_rows(data: AttnRestData, rho: float, E: Tensor, eP: float, pa
     (``||delta_j|| <= rho``, ``||e_j|| <= E_j``; ``P(X)`` the prefix as computed within ``eP`` in the (2,inf) norm, the
     true centre within ``pad`` of ``X``), THEORY F78:
 
-    .. math:: \|R_i\| \le \tfrac12 \sum_h \sup_{t \in [0,1]} \|W_O^{hT} \ddot o^h_i(x + t\Delta)\|
+    .. math:: \|R_i\| \le \tfrac12 \min\Big(\sum_h \sup_t \|W_O^{hT} \ddot o^h_i\|,\
+              \|W_O\| \big(\textstyle\sum_h \sup_t \|\ddot o^h_i\|^2\big)^{1/2}\Big)
 
-    by ``head_rest_sup`` with, per head (``e_j = E_j + rho eP`` the move outside the ellipsoids, ``e'_j = e_j + pad``
-    the offset of the segment's points from ``X`` outside them, ``m_W,j = rho ||Q*_j^{1/2} W|| + e_j ||W||``,
+    (the heads through ``W_O`` one by one, or all at once) by ``head_rest_sup`` with, per head (``e_j = E_j + rho eP``
+    the move outside the ellipsoids, ``e'_j = e_j + pad`` the offset of the segment's points from ``X`` outside them, ``m_W,j = rho ||Q*_j^{1/2} W|| + e_j ||W||``,
     ``m'`` with ``e'``): ``U_ij = (rho g_ij + e_i gn_ij) + (rho om_ij + e_j qn_i) + scale (m_Q,i m'_K,j + m'_Q,i m_K,j)``,
     ``sig_ij = 2 scale m_Q,i m_K,j``, the weights' score box ``D_ij = rho g_ij + e'_i gn_ij + rho om_ij + e'_j qn_i +
-    scale m'_Q,i m'_K,j + eS_ij``, ``Yb_ij = max_{k visible} (Y_jk + ||W_O|| (m'_V,j + m'_V,k))``, ``W_j = ||W_O|| m_V,j``.
+    scale m'_Q,i m'_K,j + eS_ij``, ``gap_jk = Y_jk + ||W_O^h|| (m'_V,j + m'_V,k)``, ``W_j = ||W_O^h|| m_V,j`` (before
+    ``W_O``: ``Yv`` and no ``||W_O^h||``).
     Assumptions: post-LN dot attention without RoPE, soft-cap or q/k norm.  Padded; nan -> inf."""
     e = E + rho * eP
     e1 = e + pad
-    out = torch.zeros_like(E)
+    per, joint = torch.zeros_like(E), torch.zeros_like(E)
     for h in range(data.S.shape[0]):
-        def m(w: Tensor, n: Tensor, ee: Tensor) -> Tensor:
-            return (rho * w + ee * n) * (1 + 1e-12)
-        mQ, mK, mV = m(data.mQ[h], data.nQ[h], e), m(data.mK[h], data.nK[h], e), m(data.mV[h], data.nV[h], e)
-        mQ1, mK1, mV1 = m(data.mQ[h], data.nQ[h], e1), m(data.mK[h], data.nK[h], e1), m(data.mV[h], data.nV[h], e1)
-        sc = data.scale
-        qpart, kpart = rho * data.g[h] + e[:, None] * data.gn[h], rho * data.om[h] + e[None, :] * data.qn[h][:, None]
-        U = (qpart + kpart + sc * (mQ[:, None] * mK1[None, :] + mQ1[:, None] * mK[None, :])) * (1 + 1e-12)
-        sig = 2 * sc * mQ[:, None] * mK[None, :] * (1 + 1e-12)
-        D = (rho * data.g[h] + e1[:, None] * data.gn[h] + rho * data.om[h] + e1[None, :] * data.qn[h][:, None]
-             + sc * mQ1[:, None] * mK1[None, :] + data.eS[h]) * (1 + 1e-12)
-        lo, hi = weight_box(data.S[h], D)
-        gap = (data.Y[h] + data.nO[h] * (mV1[:, None] + mV1[None, :])) * (1 + 1e-12)  # [j, k]
-        out = out + head_rest_sup(lo, hi, U, sig, gap, data.nO[h] * mV * (1 + 1e-12))
-    return torch.nan_to_num(out / 2 * (1 + 1e-12), nan=math.inf, posinf=math.inf)
+        U, sig, lo, hi, mV, mV1 = _head_factors(data, h, rho, e, e1)
+        nO = data.nO[h]
+        gap = (data.Y[h] + nO * (mV1[:, None] + mV1[None, :])) * (1 + 1e-12)  # [j, k], output space
+        per = per + head_rest_sup(lo, hi, U, sig, gap, nO * mV * (1 + 1e-12))
+        gapv = (data.Yv[h] + mV1[:, None] + mV1[None, :]) * (1 + 1e-12)  # before W_O
+        joint = joint + head_rest_sup(lo, hi, U, sig, gapv, mV) ** 2
+    joint = data.nOall * torch.sqrt(joint) * (1 + 1e-12)
+    return torch.nan_to_num(torch.minimum(per, joint) / 2 * (1 + 1e-12), nan=math.inf, posinf=math.inf)
+
+
+def _head_factors(data: AttnRestData, h: int, rho: float, e: Tensor, e1: Tensor) -> tuple:
+    """Head ``h``'s ``(U, sig, lo, hi, m_V, m'_V)`` of ``attention_rest_rows`` (THEORY F78b items 1-3)."""
+    def m(w: Tensor, n: Tensor, ee: Tensor) -> Tensor:
+        return (rho * w + ee * n) * (1 + 1e-12)
+    mQ, mK, mV = m(data.mQ[h], data.nQ[h], e), m(data.mK[h], data.nK[h], e), m(data.mV[h], data.nV[h], e)
+    mQ1, mK1, mV1 = m(data.mQ[h], data.nQ[h], e1), m(data.mK[h], data.nK[h], e1), m(data.mV[h], data.nV[h], e1)
+    sc = data.scale
+    qpart, kpart = rho * data.g[h] + e[:, None] * data.gn[h], rho * data.om[h] + e[None, :] * data.qn[h][:, None]
+    U = (qpart + kpart + sc * (mQ[:, None] * mK1[None, :] + mQ1[:, None] * mK[None, :])) * (1 + 1e-12)
+    sig = 2 * sc * mQ[:, None] * mK[None, :] * (1 + 1e-12)
+    D = (rho * data.g[h] + e1[:, None] * data.gn[h] + rho * data.om[h] + e1[None, :] * data.qn[h][:, None]
+         + sc * mQ1[:, None] * mK1[None, :] + data.eS[h]) * (1 + 1e-12)
+    lo, hi = weight_box(data.S[h], D)
+    return U, sig, lo, hi, mV, mV1
+
+
+def segment_rest_heads(sup, rho: float, emax: float, rD: float, pad: float, steps: int = 4) -> Tensor:  # noqa: ANN001
+    r"""(H, T) per head and query ``>= ||R^h_i||`` (before ``W_O``) from ball sups of the head's second derivative (THEORY
+    F78c): ``sup(s)`` returns ``(F, F^m, S)`` (H, T) on ``B(X, s)`` — both tangents in the prefix's ellipsoids, one in the
+    unit ball, both (F44b, F35) — and every point ``x + t Delta`` of the segment lies in ``B(X, t rD + pad)``, so with
+    ``||H[Delta, Delta]|| <= rho^2 F + 2 rho e_max F^m + e_max^2 S`` (``Delta = rho Phat h + e``, ``||e_j|| <= emax``):
+
+    .. math:: \|R^h_i\| \le \int_0^1 (1 - t) \sup_{B(X, t r_\Delta + pad)} \|H^h_i\| dt
+              \le \sum_{k=1}^{n} \frac{2n - 2k + 1}{2n^2} \sup_{B(X, k r_\Delta / n + pad)} \|H^h_i\|
+
+    (the Taylor integral's weight on each piece; the sups grow with the ball).  Padded; nan -> inf."""
+    total = None
+    for k in range(1, steps + 1):
+        F, Fm, S = sup(k * rD / steps + pad)
+        part = (rho * rho * F + 2 * rho * emax * Fm + emax * emax * S) * ((2 * steps - 2 * k + 1) / (2 * steps**2))
+        total = part if total is None else total + part
+    return torch.nan_to_num(total * (1 + 1e-12), nan=math.inf, posinf=math.inf)

@@ -21,7 +21,7 @@ from ._local_jacobian import certified_spectral
 from ._rounding import _gamma
 
 __all__ = ["AttnRestData", "attn_rest_data", "box_mean", "weight_box", "pair_mean", "head_rest_sup", "attention_rest_rows",
-           "segment_rest_heads"]
+           "segment_rest_heads", "piecewise_rest_rows"]
 
 
 @dataclass(frozen=True)
@@ -224,3 +224,21 @@ def segment_rest_heads(sup, rho: float, emax: float, rD: float, pad: float, step
         part = (rho * rho * F + 2 * rho * emax * Fm + emax * emax * S) * ((2 * steps - 2 * k + 1) / (2 * steps**2))
         total = part if total is None else total + part
     return torch.nan_to_num(total * (1 + 1e-12), nan=math.inf, posinf=math.inf)
+
+
+def piecewise_rest_rows(rows_at, rho: float, emax: float, steps: int = 4) -> Tensor:  # noqa: ANN001
+    r"""(T,) rows ``>= ||R_i||`` from a stage's drift rows on the segment's pieces (THEORY F78d):
+    ``R = int_0^1 (J(x + t Delta) - J(x)) Delta dt``, ``Delta = P delta + e``, and on ``t in [(k-1)/n, k/n]`` the point
+    ``x + t Delta`` is a move of the same kind with ``t delta``, ``t e`` (plus the centre's pad), so the rows
+    ``(reach_k, dj_k) = rows_at(k / n)`` of the ball of the move scaled by ``k / n`` bound the integrand there:
+
+    .. math:: \|R_i\| \le \frac1n \sum_{k=1}^n \big(\rho\, \mathrm{reach}_{k,i} + dj_{k,i}\, e_{\max}\big)
+
+    (``reach_k >= nu_i((J(y) - J(x)) P)``, ``dj_k >= ||J(y) - J(x)||_i`` on that ball; ``emax >= max_j ||e_j||``).  With
+    rows linear in the scale this is ``(n + 1) / (2n)`` of F73c's ``rho reach + dj emax`` at the top.  Padded; nan -> inf."""
+    total = None
+    for k in range(1, steps + 1):
+        reach, dj = rows_at(k / steps)
+        part = rho * reach + torch.where(dj == 0, 0.0, dj * emax) if emax > 0 else rho * reach
+        total = part if total is None else total + part
+    return torch.nan_to_num(total / steps * (1 + 1e-12), nan=math.inf, posinf=math.inf)

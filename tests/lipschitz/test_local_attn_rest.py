@@ -13,7 +13,9 @@ import torch
 
 from lipschitz_testkit import random_spec
 from transcover.lipschitz._local_attention import head_norms
-from transcover.lipschitz._local_attn_rest import attention_rest_rows, attn_rest_data, segment_rest_heads
+from transcover.lipschitz._local_attn_rest import (
+    attention_rest_rows, attn_rest_data, head_rest_sup, piecewise_rest_rows, segment_rest_heads,
+)
 from transcover.lipschitz._local_drift import hessian_ball_sup
 from transcover.lipschitz._local_jacobian import _weight_norms
 from transcover.lipschitz._local_stack_attn import AttentionAligned
@@ -37,7 +39,7 @@ def _case(seed: int, qscale: float = 1.0, causal: bool = False, flat: bool = Fal
     st, _ = _attn_stage("a", 0, layer, X, None, {"w": _weight_norms(layer), "h": head_norms(attn)})
     aa = AttentionAligned(st.attn, P)
     data = attn_rest_data(X, aa.p["heads"], aa.p["Wqa"], aa.p["scale"], aa.proj, aa.nQ, aa.nK, aa.p["norms"]["V"])
-    return attn, X, P, data, aa
+    return attn, X, P, data, aa, st
 
 
 def _segment_rows(aa: AttentionAligned, P: torch.Tensor, rho: float, E: torch.Tensor) -> torch.Tensor:
@@ -45,6 +47,20 @@ def _segment_rows(aa: AttentionAligned, P: torch.Tensor, rho: float, E: torch.Te
     nu = torch.linalg.matrix_norm(P, ord=2).sum(dim=1) * (1 + 1e-9)
     sup = lambda t: (aa.sup(t), aa.sup(t, True), hessian_ball_sup(aa.p["mom"], t, aa.p["norms"]))  # noqa: E731
     return aa.combined(segment_rest_heads(sup, rho, float(E.max()), float((rho * nu + E).max()), 0.0))
+
+
+def _piecewise_rows(st, aa: AttentionAligned, P: torch.Tensor, rho: float, E: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+    """F78d's rows from the stage's F35/F44e drift and F44c/F50 reach rows on the segment's pieces, as the stack reads
+    them (the move outside the prefix's rows ``E = rho dP``)."""
+    r = rho * torch.linalg.matrix_norm(P, ord=2).sum(dim=1) * (1 + 1e-9) + E
+    dP = E / rho
+
+    def rows_at(t: float) -> tuple:
+        dj, _, _, hd = st.bounds(t * r)
+        alt, _ = aa.drift(t * r, t * rho, dP, 0.0, 0.0, hd)
+        reach = aa.combined(aa.reach_heads(t * r, t * rho, dP, 0.0, 0.0))
+        return torch.minimum(reach, aa.joint(t * r, t * rho, dP, 0.0, 0.0)[0]), torch.minimum(dj, alt)
+    return piecewise_rest_rows(rows_at, rho, float(E.max()))
 
 
 def _rest(attn, X: torch.Tensor, D: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
@@ -88,17 +104,19 @@ def _ascent(attn, X: torch.Tensor, P: torch.Tensor, rho: float, E: torch.Tensor,
     (4, 8.0, True, False, 0.02, 1.0),  # sharp causal heads, e as large as the prefix's part
 ])
 def test_rest_rows_are_never_beaten(seed, qscale, causal, flat, rho, efrac):
-    """The ascent's ``||R_i||`` stays below F78's and F78c's rows for every query (up to the forward's own rounding), and
-    reaches a fair share of F78's on some query of the plain case (the row is not vacuous)."""
-    attn, X, P, data, aa = _case(seed, qscale, causal, flat)
+    """The ascent's ``||R_i||`` stays below each of F78's, F78c's and F78d's rows for every query (up to the forward's
+    own rounding), and reaches a fair share of F78's on some query of the plain case (the row is not vacuous)."""
+    attn, X, P, data, aa, st = _case(seed, qscale, causal, flat)
     E = torch.full((T,), efrac * rho, dtype=torch.float64)
-    row = torch.minimum(attention_rest_rows(data, rho, E, 0.0, 0.0), _segment_rows(aa, P, rho, E))
+    rows = {"F78": attention_rest_rows(data, rho, E, 0.0, 0.0), "F78c": _segment_rows(aa, P, rho, E),
+            "F78d": _piecewise_rows(st, aa, P, rho, E)}
     tol = 1e-12 * float(attention_forward(attn, X).norm(dim=-1).max() + 1)
     got = [_ascent(attn, X, P, rho, E, i) for i in range(T)]
-    for i in range(T):
-        assert got[i] <= float(row[i]) + tol, (i, got[i], float(row[i]))
+    for name, row in rows.items():  # each branch on its own
+        for i in range(T):
+            assert got[i] <= float(row[i]) + tol, (name, i, got[i], float(row[i]))
     if seed == 0:
-        assert max(g / float(r) for g, r in zip(got, attention_rest_rows(data, rho, E, 0.0, 0.0))) > 1 / 200
+        assert max(g / float(r) for g, r in zip(got, rows["F78"])) > 1 / 200
 
 
 def test_rows_grow_with_the_prefix_error_and_the_pad():
@@ -111,10 +129,13 @@ def test_rows_grow_with_the_prefix_error_and_the_pad():
 
 
 def test_rows_are_linear_in_the_values():
-    """``W_V x c`` scales the rest by ``c`` exactly; the rows too, up to rounding."""
+    """``W_V x c`` scales the rest by ``c`` exactly; F78's and F78c's rows too, up to rounding."""
     E = torch.full((T,), 0.02, dtype=torch.float64)
-    rows = [attention_rest_rows(_case(6, vscale=c)[3], 0.05, E, 1e-3, 1e-6) for c in (1.0, 3.0)]
+    cases = [_case(6, vscale=c) for c in (1.0, 3.0)]
+    rows = [attention_rest_rows(cs[3], 0.05, E, 1e-3, 1e-6) for cs in cases]
     assert torch.allclose(rows[1], 3.0 * rows[0], rtol=1e-9, atol=0)
+    seg = [_segment_rows(cs[4], cs[2], 0.05, E) for cs in cases]
+    assert torch.allclose(seg[1], 3.0 * seg[0], rtol=1e-9, atol=0)
 
 
 @pytest.mark.parametrize("part", ["prefix", "outside"])
@@ -132,3 +153,78 @@ def test_rows_are_second_order_in_the_move(part):
         assert torch.all(b <= a * (1 + 1e-9))
     assert torch.all(q[-1] > 0)
     assert torch.allclose(q[-1], q[-2], rtol=1e-2)
+
+
+def _softmax_second(p: torch.Tensor, u: torch.Tensor, sig: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``sum_j p''_j y_j + 2 sum_j p'_j w_j`` for weights ``p``, score velocity ``u``, acceleration ``sig`` (F78a)."""
+    ub = (p * u).sum()
+    dp = p * (u - ub)
+    ddp = p * ((u - ub) ** 2 - (p * (u - ub) ** 2).sum()) + p * (sig - (p * sig).sum())
+    return ddp @ y + 2 * dp @ w
+
+
+@pytest.mark.parametrize("term", ["velocity", "acceleration", "value move"])
+def test_head_sup_is_attained_where_one_term_acts(term):
+    """Two keys, weights ``(0.9, 0.1)``, one of F78a's three terms acting: ``head_rest_sup`` is never below the exact
+    ``||sum p'' y + 2 sum p' w||`` and within 3 % of it (so no term, factor or weight of the bound can be lost)."""
+    p = torch.tensor([0.9, 0.1], dtype=torch.float64)
+    u = torch.tensor([1.3, 0.0], dtype=torch.float64) * (term != "acceleration")
+    sig = torch.tensor([0.7, 0.0], dtype=torch.float64) * (term == "acceleration")
+    y = torch.tensor([[0.0, 0.0], [2.0, 0.0]], dtype=torch.float64) * (term != "value move")
+    w = torch.tensor([[0.0, 0.0], [0.0, 1.5]], dtype=torch.float64) * (term == "value move")
+    exact = float(_softmax_second(p, u, sig, y, w).norm())
+    gap = (y[:, None, :] - y[None, :, :]).norm(dim=-1)
+    lo, hi, U, sg = (v[None].expand(2, 2) for v in (p * (1 - 1e-9), p * (1 + 1e-9), u.abs(), sig.abs()))  # two queries alike
+    got = float(head_rest_sup(lo, hi, U, sg, gap, w.norm(dim=-1))[0])
+    assert exact > 0
+    assert exact <= got <= 1.03 * exact, (exact, got)
+
+
+def test_the_taylor_weights_on_the_pieces():
+    """With sups constant along the segment F78c is ``(rho^2 F + 2 rho e F^m + e^2 S) / 2``; with rows linear in the
+    scale F78d is ``(n + 1) / (2n)`` of the top's ``rho reach + dj e``."""
+    F, Fm, S = (torch.full((2, 3), v, dtype=torch.float64) for v in (1.0, 2.0, 3.0))
+    seg = segment_rest_heads(lambda s: (F, Fm, S), 0.5, 0.25, 1.0, 0.0)
+    assert torch.allclose(seg, torch.full((2, 3), (0.25 + 0.5 + 0.1875) / 2, dtype=torch.float64), rtol=1e-9)
+    a, b = torch.tensor([1.0, 2.0], dtype=torch.float64), torch.tensor([4.0, 0.0], dtype=torch.float64)
+    pw = piecewise_rest_rows(lambda t: (t * a, t * b), 0.5, 0.25)
+    assert torch.allclose(pw, 5 / 8 * (0.5 * a + 0.25 * b), rtol=1e-9)
+
+
+def _unit(v: torch.Tensor) -> torch.Tensor:
+    return v / v.norm(dim=-1, keepdim=True).clamp(min=1e-300)
+
+
+@pytest.mark.parametrize("efrac", [0.0, 1.0])
+def test_score_and_value_moves_within_their_rows(efrac):
+    """F78b's factors against the exact head at the points ``x + t D`` (t = 0, 1) of moves aligned with one pair's key
+    part, query part or value move (``delta_m`` along ``P_jm^T q_i``, ``P_im^T G y_ij``, ``P_jm^T W_V W_O u``, ``e`` alike):
+    the score velocities' differences ``|s'_ij - s'_ik| <= U_ij + U_ik``, ``|s''_ij| <= sig_ij``, the weights in their
+    box and ``||W_O^hT W_V^hT D_j|| <= W_j``."""
+    from transcover.lipschitz._local_attn_rest import _head_factors
+    from transcover.model import attention_scores
+
+    attn, X, P, data, aa, _ = _case(8, qscale=3.0)
+    rho = 0.2
+    E = torch.full((T,), efrac * rho, dtype=torch.float64)
+    g = torch.Generator().manual_seed(3)
+    for h, (Ph, Yc, q, Wq, Wk, Wv, Wo) in enumerate(aa.p["heads"]):
+        U, sig, lo, hi, mV, _ = _head_factors(data, h, rho, E, E)
+        G = aa.p["scale"] * Wq @ Wk.T
+        for i in range(T):
+            for j in range(T):
+                u = torch.randn(D_MODEL, generator=g, dtype=torch.float64)
+                for a, v in ((j, q[i]), (i, G @ Yc[i, j]), (j, Wv @ Wo @ u)):  # the token moved, the direction
+                    dl = torch.zeros(T, D_MODEL, dtype=torch.float64)
+                    dl[:] = rho * _unit(torch.einsum("mab,a->mb", P[a], v))
+                    D = torch.einsum("kjab,jb->ka", P, dl)
+                    D[a] = D[a] + E[a] * _unit(v)
+                    for t in (0.0, 1.0):
+                        s = lambda Z: attention_scores(attn, Z, h)  # noqa: E731
+                        ds = torch.autograd.functional.jvp(s, X + t * D, D)[1][i]
+                        dds = torch.autograd.functional.jvp(lambda Z: torch.autograd.functional.jvp(s, Z, D, create_graph=True)[1], X + t * D, D)[1][i]
+                        p = torch.softmax(s(X + t * D)[i], dim=-1)
+                        assert torch.all((ds[:, None] - ds[None, :]).abs() <= U[i][:, None] + U[i][None, :] + 1e-12)
+                        assert torch.all(dds.abs() <= sig[i] + 1e-12)
+                        assert torch.all((lo[i] <= p + 1e-15) & (p <= hi[i] + 1e-15))
+                    assert torch.all((D @ Wv @ Wo).norm(dim=-1) <= data.nO[h] * mV + 1e-12)

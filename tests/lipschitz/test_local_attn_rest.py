@@ -25,11 +25,13 @@ from transcover.model import attention_forward
 T, D_MODEL = 3, 8
 
 
-def _case(seed: int, qscale: float = 1.0, causal: bool = False, flat: bool = False, vscale: float = 1.0):  # noqa: ANN202
+def _case(seed: int, qscale: float = 1.0, causal: bool = False, flat: bool = False, vscale: float = 1.0,  # noqa: ANN202
+          oscale: float = 1.0):
     """A post-LN layer's attention with biases (``qscale`` > 1: sharp heads), its input X and a prefix P (blocks)."""
     L = random_spec(seed, act="gelu", norm="layernorm", d=D_MODEL, H=2, dh=D_MODEL // 2, dff=8, biases=True,
                     causal=causal).layers[0]
-    attn = dataclasses.replace(L.attention, W_Q=L.attention.W_Q * qscale, W_V=L.attention.W_V * vscale)
+    attn = dataclasses.replace(L.attention, W_Q=L.attention.W_Q * qscale, W_V=L.attention.W_V * vscale,
+                               W_O=L.attention.W_O * oscale)
     layer = dataclasses.replace(L, attention=attn)
     g = torch.Generator().manual_seed(seed + 1)
     X = torch.randn(T, D_MODEL, generator=g, dtype=torch.float64) * 1.5
@@ -128,6 +130,13 @@ def test_rows_grow_with_the_prefix_error_and_the_pad():
     assert torch.all(attention_rest_rows(data, 0.05, E, 0.0, 0.01) >= base)
 
 
+def test_rows_are_linear_in_the_output_map():
+    """``W_O x c`` scales the rest by ``c``; F78's rows too (both head sums, one by one and jointly, carry ``W_O``)."""
+    E = torch.full((T,), 0.02, dtype=torch.float64)
+    rows = [attention_rest_rows(_case(9, oscale=c)[3], 0.05, E, 0.0, 0.0) for c in (1.0, 1e3)]
+    assert torch.allclose(rows[1], 1e3 * rows[0], rtol=1e-9, atol=0)
+
+
 def test_rows_are_linear_in_the_values():
     """``W_V x c`` scales the rest by ``c`` exactly; F78's and F78c's rows too, up to rounding."""
     E = torch.full((T,), 0.02, dtype=torch.float64)
@@ -199,17 +208,17 @@ def _unit(v: torch.Tensor) -> torch.Tensor:
 def test_score_and_value_moves_within_their_rows(efrac):
     """F78b's factors against the exact head at the points ``x + t D`` (t = 0, 1) of moves aligned with one pair's key
     part, query part or value move (``delta_m`` along ``P_jm^T q_i``, ``P_im^T G y_ij``, ``P_jm^T W_V W_O u``, ``e`` alike):
-    the score velocities' differences ``|s'_ij - s'_ik| <= U_ij + U_ik``, ``|s''_ij| <= sig_ij``, the weights in their
-    box and ``||W_O^hT W_V^hT D_j|| <= W_j``."""
+    the score velocities less the query's constant ``|s'_ij - D_i G xbar_i| <= U_ij``, ``|s''_ij| <= sig_ij``, the weights
+    in their box, the value gaps ``||(z_j - z_k) W_V (W_O)|| <= gap_jk`` and ``||W_O^hT W_V^hT D_j|| <= W_j``."""
     from transcover.lipschitz._local_attn_rest import _head_factors
     from transcover.model import attention_scores
 
     attn, X, P, data, aa, _ = _case(8, qscale=3.0)
-    rho = 0.2
+    rho = 0.5
     E = torch.full((T,), efrac * rho, dtype=torch.float64)
     g = torch.Generator().manual_seed(3)
     for h, (Ph, Yc, q, Wq, Wk, Wv, Wo) in enumerate(aa.p["heads"]):
-        U, sig, lo, hi, mV, _ = _head_factors(data, h, rho, E, E)
+        U, sig, lo, hi, mV, gap, gapv = _head_factors(data, h, rho, E, E)
         G = aa.p["scale"] * Wq @ Wk.T
         for i in range(T):
             for j in range(T):
@@ -221,10 +230,13 @@ def test_score_and_value_moves_within_their_rows(efrac):
                     D[a] = D[a] + E[a] * _unit(v)
                     for t in (0.0, 1.0):
                         s = lambda Z: attention_scores(attn, Z, h)  # noqa: E731
-                        ds = torch.autograd.functional.jvp(s, X + t * D, D)[1][i]
+                        ds = torch.autograd.functional.jvp(s, X + t * D, D)[1][i] - D[i] @ G @ (X[i] - Yc[i, 0])
                         dds = torch.autograd.functional.jvp(lambda Z: torch.autograd.functional.jvp(s, Z, D, create_graph=True)[1], X + t * D, D)[1][i]
                         p = torch.softmax(s(X + t * D)[i], dim=-1)
-                        assert torch.all((ds[:, None] - ds[None, :]).abs() <= U[i][:, None] + U[i][None, :] + 1e-12)
+                        assert torch.all(ds.abs() <= U[i] + 1e-12)  # less the query's constant D_i G xbar_i
+                        Zd = (X + t * D)[:, None, :] - (X + t * D)[None, :, :]
+                        assert torch.all((Zd @ Wv @ Wo).norm(dim=-1) <= gap + 1e-12)
+                        assert torch.all((Zd @ Wv).norm(dim=-1) <= gapv + 1e-12)
                         assert torch.all(dds.abs() <= sig[i] + 1e-12)
                         assert torch.all((lo[i] <= p + 1e-15) & (p <= hi[i] + 1e-15))
                     assert torch.all((D @ Wv @ Wo).norm(dim=-1) <= data.nO[h] * mV + 1e-12)

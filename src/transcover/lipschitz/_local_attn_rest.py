@@ -182,18 +182,16 @@ def attention_rest_rows(data: AttnRestData, rho: float, E: Tensor, eP: float, pa
     e1 = e + pad
     per, joint = torch.zeros_like(E), torch.zeros_like(E)
     for h in range(data.S.shape[0]):
-        U, sig, lo, hi, mV, mV1 = _head_factors(data, h, rho, e, e1)
-        nO = data.nO[h]
-        gap = (data.Y[h] + nO * (mV1[:, None] + mV1[None, :])) * (1 + 1e-12)  # [j, k], output space
-        per = per + head_rest_sup(lo, hi, U, sig, gap, nO * mV * (1 + 1e-12))
-        gapv = (data.Yv[h] + mV1[:, None] + mV1[None, :]) * (1 + 1e-12)  # before W_O
+        U, sig, lo, hi, mV, gap, gapv = _head_factors(data, h, rho, e, e1)
+        per = per + head_rest_sup(lo, hi, U, sig, gap, data.nO[h] * mV * (1 + 1e-12))
         joint = joint + head_rest_sup(lo, hi, U, sig, gapv, mV) ** 2
     joint = data.nOall * torch.sqrt(joint) * (1 + 1e-12)
     return torch.nan_to_num(torch.minimum(per, joint) / 2 * (1 + 1e-12), nan=math.inf, posinf=math.inf)
 
 
 def _head_factors(data: AttnRestData, h: int, rho: float, e: Tensor, e1: Tensor) -> tuple:
-    """Head ``h``'s ``(U, sig, lo, hi, m_V, m'_V)`` of ``attention_rest_rows`` (THEORY F78b items 1-3)."""
+    """Head ``h``'s ``(U, sig, lo, hi, m_V, gap, gap_v)`` of ``attention_rest_rows`` (THEORY F78b items 1-3, 5; the value
+    gaps ``[j, k]`` in the model space and before ``W_O``)."""
     def m(w: Tensor, n: Tensor, ee: Tensor) -> Tensor:
         return (rho * w + ee * n) * (1 + 1e-12)
     mQ, mK, mV = m(data.mQ[h], data.nQ[h], e), m(data.mK[h], data.nK[h], e), m(data.mV[h], data.nV[h], e)
@@ -205,7 +203,9 @@ def _head_factors(data: AttnRestData, h: int, rho: float, e: Tensor, e1: Tensor)
     D = (rho * data.g[h] + e1[:, None] * data.gn[h] + rho * data.om[h] + e1[None, :] * data.qn[h][:, None]
          + sc * mQ1[:, None] * mK1[None, :] + data.eS[h]) * (1 + 1e-12)
     lo, hi = weight_box(data.S[h], D)
-    return U, sig, lo, hi, mV, mV1
+    gap = (data.Y[h] + data.nO[h] * (mV1[:, None] + mV1[None, :])) * (1 + 1e-12)
+    gapv = (data.Yv[h] + mV1[:, None] + mV1[None, :]) * (1 + 1e-12)
+    return U, sig, lo, hi, mV, gap, gapv
 
 
 def segment_rest_heads(sup, rho: float, emax: float, rD: float, pad: float, steps: int = 4) -> Tensor:  # noqa: ANN001

@@ -68,7 +68,7 @@ def _piecewise_rows(st, aa: AttentionAligned, P: torch.Tensor, rho: float, E: to
 def _rest(attn, X: torch.Tensor, D: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
     """The exact stage rest ``A(X + D) - A(X) - A'(X) D`` in float64 (the residual is linear and drops)."""
     f = lambda Z: attention_forward(attn, Z)  # noqa: E731
-    return f(X + D) - f(X) - torch.autograd.functional.jvp(f, X, D, create_graph=True)[1]
+    return f(X + D) - f(X) - _jvp(f, X, D)
 
 
 def _clip(V: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
@@ -200,6 +200,10 @@ def test_the_taylor_weights_on_the_pieces():
     assert torch.allclose(pw, 5 / 8 * (0.5 * a + 0.25 * b), rtol=1e-9)
 
 
+def _jvp(f, Z: torch.Tensor, D: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+    return torch.autograd.functional.jvp(f, Z, D, create_graph=True)[1]
+
+
 def _unit(v: torch.Tensor) -> torch.Tensor:
     return v / v.norm(dim=-1, keepdim=True).clamp(min=1e-300)
 
@@ -229,9 +233,9 @@ def test_score_and_value_moves_within_their_rows(efrac):
                     D = torch.einsum("kjab,jb->ka", P, dl)
                     D[a] = D[a] + E[a] * _unit(v)
                     for t in (0.0, 1.0):
+                        ds = _jvp(lambda Z: attention_scores(attn, Z, h), X + t * D, D)[i] - D[i] @ G @ (X[0] - Yc[i, 0])
+                        dds = _jvp(lambda Z: _jvp(lambda W: attention_scores(attn, W, h), Z, D), X + t * D, D)[i]
                         s = lambda Z: attention_scores(attn, Z, h)  # noqa: E731
-                        ds = torch.autograd.functional.jvp(s, X + t * D, D)[1][i] - D[i] @ G @ (X[i] - Yc[i, 0])
-                        dds = torch.autograd.functional.jvp(lambda Z: torch.autograd.functional.jvp(s, Z, D, create_graph=True)[1], X + t * D, D)[1][i]
                         p = torch.softmax(s(X + t * D)[i], dim=-1)
                         assert torch.all(ds.abs() <= U[i] + 1e-12)  # less the query's constant D_i G xbar_i
                         Zd = (X + t * D)[:, None, :] - (X + t * D)[None, :, :]

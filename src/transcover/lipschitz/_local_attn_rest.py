@@ -53,11 +53,6 @@ class AttnRestData:
     scale: float
 
 
-def _abs_err(A: Tensor, B: Tensor, k: int) -> Tensor:
-    """``gamma_k |A| |B|``: the rounding of a float64 product chain of inner length ``< k`` (Higham, Lemma 3.5)."""
-    return _gamma(k) * (A.abs() @ B.abs())
-
-
 def attn_rest_data(X: Tensor, heads, Wqa: list[Tensor], scale: float, proj: list[dict], nQ: Tensor, nK: Tensor,  # noqa: ANN001
                    nV) -> AttnRestData:  # noqa: ANN001
     """F78's data for one attention sub-stage: ``heads`` ``_head_data``'s tuples at ``X``, ``Wqa`` the heads' augmented
@@ -65,7 +60,7 @@ def attn_rest_data(X: Tensor, heads, Wqa: list[Tensor], scale: float, proj: list
     ``nV`` certified weight norms.  THEORY F78."""
     T, d = X.shape
     Xa = torch.cat([X, torch.ones(T, 1, dtype=torch.float64)], dim=1)
-    sc = scale
+    sc = scale  # the softmax scale
     S, eS, g, gn, om, qn, Y, Yv, nO = [], [], [], [], [], [], [], [], []
     D = X[:, None, :] - X[None, :, :]
     for h, (P, Yc, q, Wq, Wk, Wv, Wo) in enumerate(heads):
@@ -172,8 +167,8 @@ def attention_rest_rows(data: AttnRestData, rho: float, E: Tensor, eP: float, pa
               \|W_O\| \big(\textstyle\sum_h \sup_t \|\ddot o^h_i\|^2\big)^{1/2}\Big)
 
     (the heads through ``W_O`` one by one, or all at once) by ``head_rest_sup`` with, per head (``e_j = E_j + rho eP``
-    the move outside the ellipsoids, ``e'_j = e_j + pad`` the offset of the segment's points from ``X`` outside them, ``m_W,j = rho ||Q*_j^{1/2} W|| + e_j ||W||``,
-    ``m'`` with ``e'``): ``U_ij = (rho g_ij + e_i gn_ij) + (rho om_ij + e_j qn_i) + scale (m_Q,i m'_K,j + m'_Q,i m_K,j)``,
+    the move outside the ellipsoids, ``e'_j = e_j + pad`` the offset of the segment's points from ``X`` outside them,
+    ``m_W,j = rho ||Q*_j^{1/2} W|| + e_j ||W||``, ``m'`` with ``e'``): ``U_ij = (rho g_ij + e_i gn_ij) + (rho om_ij + e_j qn_i) + scale (m_Q,i m'_K,j + m'_Q,i m_K,j)``,
     ``sig_ij = 2 scale m_Q,i m_K,j``, the weights' score box ``D_ij = rho g_ij + e'_i gn_ij + rho om_ij + e'_j qn_i +
     scale m'_Q,i m'_K,j + eS_ij``, ``gap_jk = Y_jk + ||W_O^h|| (m'_V,j + m'_V,k)``, ``W_j = ||W_O^h|| m_V,j`` (before
     ``W_O``: ``Yv`` and no ``||W_O^h||``).

@@ -7,6 +7,8 @@ second derivative along the segment is the softmax's (``p''``, ``p'``) against c
 per query ``i`` and key ``j`` quantity: the score change ``u_ij`` (F44a's exact projections through the prefix's
 ellipsoids, plus the e-part), the cross term ``2 q'_i . k'_j``, certified weight intervals on the segment, value gaps
 at the data plus their move, the value velocity.  The Taylor integral's weight ``int (1 - t) dt = 1/2`` is kept.
+Two further rows of the same rest: F44b/F35's ball sups weighted by ``1 - t`` on the segment's pieces
+(``segment_rest_heads``, F78c) and F73c's own drift rows at the scaled moves of the pieces (``piecewise_rest_rows``, F78d).
 """
 
 from __future__ import annotations
@@ -216,7 +218,8 @@ def segment_rest_heads(sup, rho: float, emax: float, rD: float, pad: float, step
     total = None
     for k in range(1, steps + 1):
         F, Fm, S = sup(k * rD / steps + pad)
-        part = (rho * rho * F + 2 * rho * emax * Fm + emax * emax * S) * ((2 * steps - 2 * k + 1) / (2 * steps**2))
+        H = rho * rho * F + (2 * rho * emax * Fm + emax * emax * S if emax > 0 else 0.0)  # no inf * 0 at e = 0
+        part = H * ((2 * steps - 2 * k + 1) / (2 * steps**2))
         total = part if total is None else total + part
     return torch.nan_to_num(total * (1 + 1e-12), nan=math.inf, posinf=math.inf)
 

@@ -1,0 +1,242 @@
+"""The attention stage's own Taylor rest for moves along the prefix's rows (issue 12; THEORY F78).
+
+The whole stack's move rest (F73c, F76) needs, for the post-LN attention sub-stage ``x -> x + A(x)`` at the data,
+rows ``>= ||R_i||`` of ``R = A(x + Delta) - A(x) - A'(x) Delta = int_0^1 (1 - t) D^2 A(x + t Delta)[Delta, Delta] dt``
+for the stage input's moves ``Delta = P(X) delta + e`` (every ``||delta_j|| <= rho``, ``||e_j|| <= E_j``).  Per head the
+second derivative along the segment is the softmax's (``p''``, ``p'``) against centred values, and every factor is a
+per query ``i`` and key ``j`` quantity: the score change ``u_ij`` (F44a's exact projections through the prefix's
+ellipsoids, plus the e-part), the cross term ``2 q'_i . k'_j``, certified weight intervals on the segment, value gaps
+at the data plus their move, the value velocity.  The Taylor integral's weight ``int (1 - t) dt = 1/2`` is kept.
+Two further rows of the same rest: F44b/F35's ball sups weighted by ``1 - t`` on the segment's pieces
+(``segment_rest_heads``, F78c) and F73c's own drift rows at the scaled moves of the pieces (``piecewise_rest_rows``, F78d).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ._local_jacobian import certified_spectral
+from ._rounding import _gamma
+
+__all__ = ["AttnRestData", "attn_rest_data", "box_mean", "weight_box", "pair_mean", "head_rest_sup", "attention_rest_rows",
+           "segment_rest_heads", "piecewise_rest_rows"]
+
+
+@dataclass(frozen=True)
+class AttnRestData:
+    """Radius-free per-head data of F78 at the stage input ``X`` (T, d), each a certified upper bound unless said:
+    ``S`` (H, T, T) the scores as computed (masked keys ``-inf``) and ``eS`` their rounding; ``g``, ``gn`` (H, T, T):
+    ``||Q*_i^{1/2} G y_ij||`` and ``||G y_ij||`` (the query part of a score change); ``om``, ``qn``: ``||Q*_j^{1/2} q_i||``
+    (H, T, T) and ``||q_i||`` (H, T) (the key part); ``mQ``, ``mK``, ``mV`` (H, T): ``||Q*_j^{1/2} W||``; ``nQ``, ``nK``,
+    ``nV``, ``nO`` (H,): ``||W_Q||``, ``||W_K||``, ``||W_V||``, ``||W_O^h||``; ``Y`` (H, T, T): ``||W_O^hT W_V^hT (x_j -
+    x_k)||`` and ``Yv`` the same before ``W_O`` (``||W_V^hT (x_j - x_k)||``), ``nOall`` ``>= ||W_O||`` (all heads); ``scale``
+    the softmax scale (in ``G``, ``q``, ``S``, not in ``mQ``, ``nQ``)."""
+
+    S: Tensor
+    eS: Tensor
+    g: Tensor
+    gn: Tensor
+    om: Tensor
+    qn: Tensor
+    mQ: Tensor
+    mK: Tensor
+    mV: Tensor
+    nQ: Tensor
+    nK: Tensor
+    nV: Tensor
+    nO: Tensor
+    Y: Tensor
+    Yv: Tensor
+    nOall: float
+    scale: float
+
+
+def attn_rest_data(X: Tensor, heads, Wqa: list[Tensor], scale: float, proj: list[dict], nQ: Tensor, nK: Tensor,  # noqa: ANN001
+                   nV) -> AttnRestData:  # noqa: ANN001
+    """F78's data for one attention sub-stage: ``heads`` ``_head_data``'s tuples at ``X``, ``Wqa`` the heads' augmented
+    query maps ``[W_Q; b_Q]`` (float64), ``proj`` F44a's ``head_projections`` (the prefix's ellipsoids), ``nQ``, ``nK``,
+    ``nV`` certified weight norms.  THEORY F78."""
+    T, d = X.shape
+    Xa = torch.cat([X, torch.ones(T, 1, dtype=torch.float64)], dim=1)
+    sc = scale  # the softmax scale
+    S, eS, g, gn, om, qn, Y, Yv, nO = [], [], [], [], [], [], [], [], []
+    D = X[:, None, :] - X[None, :, :]
+    for h, (P, Yc, q, Wq, Wk, Wv, Wo) in enumerate(heads):
+        s = q @ X.T
+        # q = fl(sc (Xa Wqa) Wk^T), s = fl(q X^T): the chain's rounding against the exact scores at X
+        aq = sc * (Xa.abs() @ Wqa[h].abs()) @ Wk.abs().T
+        es = _gamma(3 * d + 10) * (aq + q.abs()) @ X.abs().T * (1 + 1e-12)
+        S.append(torch.where(P > 0, s, torch.full_like(s, -math.inf)))
+        eS.append(es)
+        G = sc * (Yc @ Wk) @ Wq.T  # (T, T, d): G y_ij
+        eG = _gamma(2 * d + 4) * sc * (Yc.abs() @ Wk.abs()) @ Wq.abs().T
+        gn.append((G.norm(dim=-1) * (1 + 1e-12) + eG.norm(dim=-1)) * (1 + 1e-12))
+        qn.append((q.norm(dim=-1) * (1 + 1e-12) + _gamma(2 * d + 8) * aq.norm(dim=-1)) * (1 + 1e-12))
+        g.append(torch.sqrt(proj[h]["g2"]))
+        om.append(torch.sqrt(proj[h]["om2"]))
+        Y.append(_gaps(D, Wv @ Wo, Wv.abs() @ Wo.abs(), d + Wv.shape[1] + 4))
+        Yv.append(_gaps(D, Wv, Wv.abs(), d + 2))
+        nO.append(float(certified_spectral(Wo[None])[0]))
+    st = lambda k: torch.stack([torch.sqrt(p[k]) for p in proj])  # noqa: E731
+    return AttnRestData(torch.stack(S), torch.stack(eS), torch.stack(g), torch.stack(gn), torch.stack(om),
+                        torch.stack(qn), st("mQ2"), st("mK2"), st("mV2"), nQ.to(torch.float64).reshape(-1),
+                        nK.to(torch.float64).reshape(-1), torch.tensor([float(v) for v in nV], dtype=torch.float64),
+                        torch.tensor(nO, dtype=torch.float64) * (1 + 1e-12), torch.stack(Y), torch.stack(Yv),
+                        float(certified_spectral(torch.cat([hd[6] for hd in heads])[None])[0]) * (1 + 1e-12), sc)
+
+
+def _gaps(D: Tensor, M: Tensor, Mabs: Tensor, k: int) -> Tensor:
+    """(T, T) ``>= ||(x_j - x_k) M*||`` for ``M*`` the exact product that ``M`` computes (``|M* - M| <= gamma_k |Mabs|``
+    covers it, ``Mabs`` the product of the factors' absolute values) and ``D`` the computed differences (their own
+    rounding, at most ``u |D|``, inside ``gamma_k`` too)."""
+    return ((D @ M).norm(dim=-1) * (1 + 1e-12) + 2 * _gamma(k) * (D.abs() @ Mabs).norm(dim=-1)) * (1 + 1e-12)
+
+
+def box_mean(lo: Tensor, hi: Tensor, c: Tensor) -> Tensor:
+    r"""(T,) per row ``>= max { sum_j p_j c_j : lo_j <= p_j <= hi_j, sum_j p_j = 1 }`` for ``c >= 0`` (T, T), keys with
+    ``hi = 0`` left out: the linear programme's greedy optimum (``lo`` first, then the rest of the unit mass to the
+    largest ``c`` up to ``hi``), plus any mass the rounded box cannot place times ``max c``.  THEORY F78b."""
+    order = torch.argsort(c, dim=1, descending=True)
+    cs, room = c.gather(1, order), (hi - lo).clamp(min=0).gather(1, order)
+    mass = (1 - lo.sum(dim=1, keepdim=True)).clamp(min=0)
+    before = torch.cumsum(room, dim=1) - room
+    take = torch.minimum(room, (mass - before).clamp(min=0))
+    left = (mass[:, 0] - take.sum(dim=1)).clamp(min=0)
+    top = torch.where(hi > 0, c, torch.zeros_like(c)).max(dim=1).values
+    out = (lo * c).sum(dim=1) + (take * cs).sum(dim=1) + left * top
+    return torch.nan_to_num(out * (1 + 1e-12), nan=math.inf)
+
+
+def weight_box(S: Tensor, D: Tensor) -> tuple[Tensor, Tensor]:
+    r"""``(lo, hi)`` (T, T): certified bounds of the softmax weights ``p_ij`` for every score row with ``|s'_ij - s_ij -
+    c_i| <= D_ij`` (any ``c_i``; ``S`` with ``-inf`` at masked keys, whose weights stay 0):
+    ``p_j <= 1 / (1 + sum_{k != j} exp(s_k - D_k - s_j - D_j))``, ``p_j >= 1 / (1 + sum_{k != j} exp(s_k + D_k - s_j + D_j))``.
+    ``exp``, the sums and the division within ``1e-12`` relative.  THEORY F78b."""
+    vis = torch.isfinite(S)
+    Sz = torch.where(vis, S, torch.zeros_like(S))
+    off = ~torch.eye(S.shape[1], dtype=torch.bool)[None] & vis[:, None, :]  # [i, j, k]: k != j, k visible
+
+    def odds(a: Tensor, b: Tensor) -> Tensor:  # [i, j] sum_{k != j} exp(a_ik - b_ij)
+        e = torch.exp(a[:, None, :] - b[:, :, None])
+        return torch.where(off, e, torch.zeros_like(e)).sum(dim=2)
+
+    hi = 1 / (1 + odds(Sz - D, Sz + D) * (1 - 1e-12)) * (1 + 1e-12)
+    lo = 1 / (1 + odds(Sz + D, Sz - D) * (1 + 1e-12)) * (1 - 1e-12)
+    zero = torch.zeros_like(S)
+    return torch.where(vis, lo, zero).nan_to_num(nan=0.0), torch.where(vis, hi.clamp(max=1.0), zero).nan_to_num(nan=1.0)
+
+
+def pair_mean(lo: Tensor, hi: Tensor, f: Tensor) -> Tensor:
+    """(T, T) ``[i, j] >= sum_{k != j} p_ik f_ijk`` over query i's weight box (``box_mean`` per pair, ``f >= 0``)."""
+    T = lo.shape[0]
+    f = f * (~torch.eye(T, dtype=torch.bool))[None]
+    L, Hh = (w[:, None, :].expand(T, T, T).reshape(T * T, T) for w in (lo, hi))
+    return box_mean(L, Hh, f.reshape(T * T, T)).reshape(T, T)
+
+
+def head_rest_sup(lo: Tensor, hi: Tensor, U: Tensor, sig: Tensor, gap: Tensor, W: Tensor) -> Tensor:
+    r"""(T,) per query ``>= sup_t ||d^2/dt^2 W_O^T o_i(x + t Delta)||`` of one head (THEORY F78a) from, on the segment,
+    weights in ``[lo, hi]``, ``|u_ij| <= U_ij`` (the score velocity less a constant per query), ``|s''_ij| <= sig_ij``,
+    ``||y_j - y_k|| <= gap_jk`` (output-space values) and ``||W_O^T W_V^T Delta_j|| <= W_j``: with
+    ``C_ij = sum_{k != j} p_k (U_ij + U_ik) >= |u_j - ubar|``, ``Yb_ij = sum_{k != j} p_k gap_jk >= ||y_j - ybar||`` and
+    ``V_i = min(sum_j p_j U_j^2, sum_j p_j C_j^2) >= var_p(u)``,
+
+    .. math:: \minig(	extstyle\sum_j p_j C_j^2 ar Y_j,\ V \max_j ar Y_jig) + \sum_j p_j \sigma_j ar Y_j
+              + 2 \minig(\sum_j p_j C_j W_j,\ (V \sum_j p_j W_j^2)^{1/2}ig),
+
+    every ``sum_j p_j f_j`` the box's largest (``box_mean``)."""
+    C = pair_mean(lo, hi, U[:, :, None] + U[:, None, :])
+    Yb = pair_mean(lo, hi, gap[None].expand(U.shape[0], -1, -1))
+    V = torch.minimum(box_mean(lo, hi, U * U), box_mean(lo, hi, C * C))
+    Wr = W[None, :].expand_as(U)
+    top = torch.where(hi > 0, Yb, torch.zeros_like(Yb)).max(dim=1).values
+    t1 = torch.minimum(box_mean(lo, hi, C * C * Yb), top * V * (1 + 1e-12))
+    t2 = box_mean(lo, hi, sig * Yb)
+    t3 = torch.minimum(box_mean(lo, hi, C * Wr), torch.sqrt(V * box_mean(lo, hi, Wr * Wr)) * (1 + 1e-12))
+    return (t1 + t2 + 2 * t3) * (1 + 1e-12)
+
+
+def attention_rest_rows(data: AttnRestData, rho: float, E: Tensor, eP: float, pad: float) -> Tensor:
+    r"""(T,) rows ``>= ||R_i||`` of the attention stage's Taylor rest at the data for every move ``Delta = P(X) delta + e``
+    (``||delta_j|| <= rho``, ``||e_j|| <= E_j``; ``P(X)`` the prefix as computed within ``eP`` in the (2,inf) norm, the
+    true centre within ``pad`` of ``X``), THEORY F78:
+
+    .. math:: \|R_i\| \le \tfrac12 \min\Big(\sum_h \sup_t \|W_O^{hT} \ddot o^h_i\|,\
+              \|W_O\| \big(\textstyle\sum_h \sup_t \|\ddot o^h_i\|^2\big)^{1/2}\Big)
+
+    (the heads through ``W_O`` one by one, or all at once) by ``head_rest_sup`` with, per head (``e_j = E_j + rho eP``
+    the move outside the ellipsoids, ``e'_j = e_j + pad`` the offset of the segment's points from ``X`` outside them,
+    ``m_W,j = rho ||Q*_j^{1/2} W|| + e_j ||W||``, ``m'`` with ``e'``): ``U_ij = (rho g_ij + e_i gn_ij) + (rho om_ij + e_j qn_i) + scale (m_Q,i m'_K,j + m'_Q,i m_K,j)``,
+    ``sig_ij = 2 scale m_Q,i m_K,j``, the weights' score box ``D_ij = rho g_ij + e'_i gn_ij + rho om_ij + e'_j qn_i +
+    scale m'_Q,i m'_K,j + eS_ij``, ``gap_jk = Y_jk + ||W_O^h|| (m'_V,j + m'_V,k)``, ``W_j = ||W_O^h|| m_V,j`` (before
+    ``W_O``: ``Yv`` and no ``||W_O^h||``).
+    Assumptions: post-LN dot attention without RoPE, soft-cap or q/k norm.  Padded; nan -> inf."""
+    e = E + rho * eP
+    e1 = e + pad
+    per, joint = torch.zeros_like(E), torch.zeros_like(E)
+    for h in range(data.S.shape[0]):
+        U, sig, lo, hi, mV, gap, gapv = _head_factors(data, h, rho, e, e1)
+        per = per + head_rest_sup(lo, hi, U, sig, gap, data.nO[h] * mV * (1 + 1e-12))
+        joint = joint + head_rest_sup(lo, hi, U, sig, gapv, mV) ** 2
+    joint = data.nOall * torch.sqrt(joint) * (1 + 1e-12)
+    return torch.nan_to_num(torch.minimum(per, joint) / 2 * (1 + 1e-12), nan=math.inf, posinf=math.inf)
+
+
+def _head_factors(data: AttnRestData, h: int, rho: float, e: Tensor, e1: Tensor) -> tuple:
+    """Head ``h``'s ``(U, sig, lo, hi, m_V, gap, gap_v)`` of ``attention_rest_rows`` (THEORY F78b items 1-3, 5; the value
+    gaps ``[j, k]`` in the model space and before ``W_O``)."""
+    def m(w: Tensor, n: Tensor, ee: Tensor) -> Tensor:
+        return (rho * w + ee * n) * (1 + 1e-12)
+    mQ, mK, mV = m(data.mQ[h], data.nQ[h], e), m(data.mK[h], data.nK[h], e), m(data.mV[h], data.nV[h], e)
+    mQ1, mK1, mV1 = m(data.mQ[h], data.nQ[h], e1), m(data.mK[h], data.nK[h], e1), m(data.mV[h], data.nV[h], e1)
+    sc = data.scale
+    qpart, kpart = rho * data.g[h] + e[:, None] * data.gn[h], rho * data.om[h] + e[None, :] * data.qn[h][:, None]
+    U = (qpart + kpart + sc * (mQ[:, None] * mK1[None, :] + mQ1[:, None] * mK[None, :])) * (1 + 1e-12)
+    sig = 2 * sc * mQ[:, None] * mK[None, :] * (1 + 1e-12)
+    D = (rho * data.g[h] + e1[:, None] * data.gn[h] + rho * data.om[h] + e1[None, :] * data.qn[h][:, None]
+         + sc * mQ1[:, None] * mK1[None, :] + data.eS[h]) * (1 + 1e-12)
+    lo, hi = weight_box(data.S[h], D)
+    gap = (data.Y[h] + data.nO[h] * (mV1[:, None] + mV1[None, :])) * (1 + 1e-12)
+    gapv = (data.Yv[h] + mV1[:, None] + mV1[None, :]) * (1 + 1e-12)
+    return U, sig, lo, hi, mV, gap, gapv
+
+
+def segment_rest_heads(sup, rho: float, emax: float, rD: float, pad: float, steps: int = 4) -> Tensor:  # noqa: ANN001
+    r"""(H, T) per head and query ``>= ||R^h_i||`` (before ``W_O``) from ball sups of the head's second derivative (THEORY
+    F78c): ``sup(s)`` returns ``(F, F^m, S)`` (H, T) on ``B(X, s)`` — both tangents in the prefix's ellipsoids, one in the
+    unit ball, both (F44b, F35) — and every point ``x + t Delta`` of the segment lies in ``B(X, t rD + pad)``, so with
+    ``||H[Delta, Delta]|| <= rho^2 F + 2 rho e_max F^m + e_max^2 S`` (``Delta = rho Phat h + e``, ``||e_j|| <= emax``):
+
+    .. math:: \|R^h_i\| \le \int_0^1 (1 - t) \sup_{B(X, t r_\Delta + pad)} \|H^h_i\| dt
+              \le \sum_{k=1}^{n} \frac{2n - 2k + 1}{2n^2} \sup_{B(X, k r_\Delta / n + pad)} \|H^h_i\|
+
+    (the Taylor integral's weight on each piece; the sups grow with the ball).  Padded; nan -> inf."""
+    total = None
+    for k in range(1, steps + 1):
+        F, Fm, S = sup(k * rD / steps + pad)
+        H = rho * rho * F + (2 * rho * emax * Fm + emax * emax * S if emax > 0 else 0.0)  # no inf * 0 at e = 0
+        part = H * ((2 * steps - 2 * k + 1) / (2 * steps**2))
+        total = part if total is None else total + part
+    return torch.nan_to_num(total * (1 + 1e-12), nan=math.inf, posinf=math.inf)
+
+
+def piecewise_rest_rows(rows_at, rho: float, emax: float, steps: int = 4) -> Tensor:  # noqa: ANN001
+    r"""(T,) rows ``>= ||R_i||`` from a stage's drift rows on the segment's pieces (THEORY F78d):
+    ``R = int_0^1 (J(x + t Delta) - J(x)) Delta dt``, ``Delta = P delta + e``, and on ``t in [(k-1)/n, k/n]`` the point
+    ``x + t Delta`` is a move of the same kind with ``t delta``, ``t e`` (plus the centre's pad), so the rows
+    ``(reach_k, dj_k) = rows_at(k / n)`` of the ball of the move scaled by ``k / n`` bound the integrand there:
+
+    .. math:: \|R_i\| \le \frac1n \sum_{k=1}^n \big(\rho\, \mathrm{reach}_{k,i} + dj_{k,i}\, e_{\max}\big)
+
+    (``reach_k >= nu_i((J(y) - J(x)) P)``, ``dj_k >= ||J(y) - J(x)||_i`` on that ball; ``emax >= max_j ||e_j||``).  With
+    rows linear in the scale this is ``(n + 1) / (2n)`` of F73c's ``rho reach + dj emax`` at the top.  Padded; nan -> inf."""
+    total = None
+    for k in range(1, steps + 1):
+        reach, dj = rows_at(k / steps)
+        part = rho * reach + torch.where(dj == 0, 0.0, dj * emax) if emax > 0 else rho * reach
+        total = part if total is None else total + part
+    return torch.nan_to_num(total / steps * (1 + 1e-12), nan=math.inf, posinf=math.inf)

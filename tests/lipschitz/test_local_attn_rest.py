@@ -1,0 +1,246 @@
+"""The attention stage's own Taylor rest for moves along the prefix's rows (issue 12, ``lipschitz._local_attn_rest``,
+THEORY F78): a float64 projected Adam ascent of the exact rest ``||A(x + D) - A(x) - A'(x) D||_i`` over the moves
+``D = P delta + e`` never beats the rows (plain, sharp and causal heads, near-flat tokens, ``e = 0`` and ``e != 0``); the
+rows are linear in ``W_V`` and second order in the move, as the rest is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from lipschitz_testkit import random_spec
+from transcover.lipschitz._local_attention import head_norms
+from transcover.lipschitz._local_attn_rest import (
+    attention_rest_rows, attn_rest_data, head_rest_sup, piecewise_rest_rows, segment_rest_heads,
+)
+from transcover.lipschitz._local_drift import hessian_ball_sup
+from transcover.lipschitz._local_jacobian import _weight_norms
+from transcover.lipschitz._local_stack_attn import AttentionAligned
+from transcover.lipschitz._local_stack_stages import _attn_stage
+from transcover.model import attention_forward
+
+T, D_MODEL = 3, 8
+
+
+def _case(seed: int, qscale: float = 1.0, causal: bool = False, flat: bool = False, vscale: float = 1.0,  # noqa: ANN202
+          oscale: float = 1.0):
+    """A post-LN layer's attention with biases (``qscale`` > 1: sharp heads), its input X and a prefix P (blocks)."""
+    L = random_spec(seed, act="gelu", norm="layernorm", d=D_MODEL, H=2, dh=D_MODEL // 2, dff=8, biases=True,
+                    causal=causal).layers[0]
+    attn = dataclasses.replace(L.attention, W_Q=L.attention.W_Q * qscale, W_V=L.attention.W_V * vscale,
+                               W_O=L.attention.W_O * oscale)
+    layer = dataclasses.replace(L, attention=attn)
+    g = torch.Generator().manual_seed(seed + 1)
+    X = torch.randn(T, D_MODEL, generator=g, dtype=torch.float64) * 1.5
+    if flat:  # near-flat tokens: one token repeated, 1e-12 apart
+        X = X[:1].expand(T, D_MODEL) + 1e-12 * torch.randn(T, D_MODEL, generator=g, dtype=torch.float64)
+    P = torch.randn(T, T, D_MODEL, D_MODEL, generator=g, dtype=torch.float64) / D_MODEL**0.5
+    st, _ = _attn_stage("a", 0, layer, X, None, {"w": _weight_norms(layer), "h": head_norms(attn)})
+    aa = AttentionAligned(st.attn, P)
+    data = attn_rest_data(X, aa.p["heads"], aa.p["Wqa"], aa.p["scale"], aa.proj, aa.nQ, aa.nK, aa.p["norms"]["V"])
+    return attn, X, P, data, aa, st
+
+
+def _segment_rows(aa: AttentionAligned, P: torch.Tensor, rho: float, E: torch.Tensor) -> torch.Tensor:
+    """F78c's rows through ``W_O`` (the radius of the segment's points from the prefix's row norms, padded)."""
+    nu = torch.linalg.matrix_norm(P, ord=2).sum(dim=1) * (1 + 1e-9)
+    sup = lambda t: (aa.sup(t), aa.sup(t, True), hessian_ball_sup(aa.p["mom"], t, aa.p["norms"]))  # noqa: E731
+    return aa.combined(segment_rest_heads(sup, rho, float(E.max()), float((rho * nu + E).max()), 0.0))
+
+
+def _piecewise_rows(st, aa: AttentionAligned, P: torch.Tensor, rho: float, E: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+    """F78d's rows from the stage's F35/F44e drift and F44c/F50 reach rows on the segment's pieces, as the stack reads
+    them (the move outside the prefix's rows ``E = rho dP``)."""
+    r = rho * torch.linalg.matrix_norm(P, ord=2).sum(dim=1) * (1 + 1e-9) + E
+    dP = E / rho
+
+    def rows_at(t: float) -> tuple:
+        dj, _, _, hd = st.bounds(t * r)
+        alt, _ = aa.drift(t * r, t * rho, dP, 0.0, 0.0, hd)
+        reach = aa.combined(aa.reach_heads(t * r, t * rho, dP, 0.0, 0.0))
+        return torch.minimum(reach, aa.joint(t * r, t * rho, dP, 0.0, 0.0)[0]), torch.minimum(dj, alt)
+    return piecewise_rest_rows(rows_at, rho, float(E.max()))
+
+
+def _rest(attn, X: torch.Tensor, D: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+    """The exact stage rest ``A(X + D) - A(X) - A'(X) D`` in float64 (the residual is linear and drops)."""
+    f = lambda Z: attention_forward(attn, Z)  # noqa: E731
+    return f(X + D) - f(X) - _jvp(f, X, D)
+
+
+def _clip(V: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    n = V.norm(dim=-1, keepdim=True)
+    return torch.where(n > r[:, None], V * (r[:, None] / n.clamp(min=1e-300)), V)
+
+
+def _ascent(attn, X: torch.Tensor, P: torch.Tensor, rho: float, E: torch.Tensor, i: int,  # noqa: ANN001
+            restarts: int = 2, steps: int = 30) -> float:
+    """Projected Adam ascent of ``||R_i||`` over ``||delta_j|| <= rho``, ``||e_j|| <= E_j``, ``D = P delta + e``."""
+    g = torch.Generator().manual_seed(i)
+    R = torch.full((T,), rho, dtype=torch.float64)
+    best = 0.0
+    for _ in range(restarts):
+        dl = _clip(torch.randn(T, D_MODEL, generator=g, dtype=torch.float64) * rho, R).requires_grad_(True)
+        e = _clip(torch.randn(T, D_MODEL, generator=g, dtype=torch.float64) * float(E.max()), E).requires_grad_(True)
+        opt = torch.optim.Adam([dl, e], lr=0.1 * rho)
+        for _ in range(steps):
+            with torch.no_grad():
+                dl.copy_(_clip(dl, R))
+                e.copy_(_clip(e, E))
+            v = _rest(attn, X, torch.einsum("kjab,jb->ka", P, dl) + e)[i].norm()
+            best = max(best, float(v.detach()))
+            opt.zero_grad()
+            (-v).backward()
+            opt.step()
+    return best
+
+
+@pytest.mark.parametrize(("seed", "qscale", "causal", "flat", "rho", "efrac"), [
+    (0, 1.0, False, False, 0.1, 0.0),  # plain, e = 0
+    (1, 8.0, False, False, 0.05, 0.0),  # sharp heads
+    (2, 1.0, True, False, 0.1, 0.3),  # causal, e != 0
+    (3, 1.0, False, True, 0.1, 0.5),  # near-flat tokens, e != 0
+    (4, 8.0, True, False, 0.02, 1.0),  # sharp causal heads, e as large as the prefix's part
+])
+def test_rest_rows_are_never_beaten(seed, qscale, causal, flat, rho, efrac):
+    """The ascent's ``||R_i||`` stays below each of F78's, F78c's and F78d's rows for every query (up to the forward's
+    own rounding), and reaches a fair share of F78's on some query of the plain case (the row is not vacuous)."""
+    attn, X, P, data, aa, st = _case(seed, qscale, causal, flat)
+    E = torch.full((T,), efrac * rho, dtype=torch.float64)
+    rows = {"F78": attention_rest_rows(data, rho, E, 0.0, 0.0), "F78c": _segment_rows(aa, P, rho, E),
+            "F78d": _piecewise_rows(st, aa, P, rho, E)}
+    tol = 1e-12 * float(attention_forward(attn, X).norm(dim=-1).max() + 1)
+    got = [_ascent(attn, X, P, rho, E, i) for i in range(T)]
+    for name, row in rows.items():  # each branch on its own
+        for i in range(T):
+            assert got[i] <= float(row[i]) + tol, (name, i, got[i], float(row[i]))
+    if seed == 0:
+        assert max(g / float(r) for g, r in zip(got, rows["F78"])) > 1 / 200
+
+
+def test_rows_grow_with_the_prefix_error_and_the_pad():
+    """``eP`` and ``pad`` only widen the set of moves and points: the rows never fall."""
+    data = _case(5)[3]
+    E = torch.full((T,), 0.01, dtype=torch.float64)
+    base = attention_rest_rows(data, 0.05, E, 0.0, 0.0)
+    assert torch.all(attention_rest_rows(data, 0.05, E, 0.1, 0.0) >= base)
+    assert torch.all(attention_rest_rows(data, 0.05, E, 0.0, 0.01) >= base)
+
+
+def test_rows_are_linear_in_the_output_map():
+    """``W_O x c`` scales the rest by ``c``; F78's rows too (both head sums, one by one and jointly, carry ``W_O``)."""
+    E = torch.full((T,), 0.02, dtype=torch.float64)
+    rows = [attention_rest_rows(_case(9, oscale=c)[3], 0.05, E, 0.0, 0.0) for c in (1.0, 1e3)]
+    assert torch.allclose(rows[1], 1e3 * rows[0], rtol=1e-9, atol=0)
+
+
+def test_rows_are_linear_in_the_values():
+    """``W_V x c`` scales the rest by ``c`` exactly; F78's and F78c's rows too, up to rounding."""
+    E = torch.full((T,), 0.02, dtype=torch.float64)
+    cases = [_case(6, vscale=c) for c in (1.0, 3.0)]
+    rows = [attention_rest_rows(cs[3], 0.05, E, 1e-3, 1e-6) for cs in cases]
+    assert torch.allclose(rows[1], 3.0 * rows[0], rtol=1e-9, atol=0)
+    seg = [_segment_rows(cs[4], cs[2], 0.05, E) for cs in cases]
+    assert torch.allclose(seg[1], 3.0 * seg[0], rtol=1e-9, atol=0)
+
+
+@pytest.mark.parametrize("part", ["prefix", "outside"])
+def test_rows_are_second_order_in_the_move(part):
+    """With only the prefix's part (``E = 0``) or only the part outside it (``rho = 0``) scaled by ``tau``, the rest is
+    ``tau^2`` times a form plus higher orders: the rows divided by ``tau^2`` fall as ``tau`` falls and settle."""
+    data = _case(7)[3]
+    taus = (1e-1, 1e-2, 1e-3, 1e-4)
+    E = torch.full((T,), 0.1, dtype=torch.float64)
+    if part == "prefix":
+        q = [attention_rest_rows(data, 0.1 * t, 0 * E, 0.0, 0.0) / t**2 for t in taus]
+    else:
+        q = [attention_rest_rows(data, 0.0, t * E, 0.0, 0.0) / t**2 for t in taus]
+    for a, b in zip(q, q[1:]):
+        assert torch.all(b <= a * (1 + 1e-9))
+    assert torch.all(q[-1] > 0)
+    assert torch.allclose(q[-1], q[-2], rtol=1e-2)
+
+
+def _softmax_second(p: torch.Tensor, u: torch.Tensor, sig: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``sum_j p''_j y_j + 2 sum_j p'_j w_j`` for weights ``p``, score velocity ``u``, acceleration ``sig`` (F78a)."""
+    ub = (p * u).sum()
+    dp = p * (u - ub)
+    ddp = p * ((u - ub) ** 2 - (p * (u - ub) ** 2).sum()) + p * (sig - (p * sig).sum())
+    return ddp @ y + 2 * dp @ w
+
+
+@pytest.mark.parametrize("term", ["velocity", "acceleration", "value move"])
+def test_head_sup_is_attained_where_one_term_acts(term):
+    """Two keys, weights ``(0.9, 0.1)``, one of F78a's three terms acting: ``head_rest_sup`` is never below the exact
+    ``||sum p'' y + 2 sum p' w||`` and within 3 % of it (so no term, factor or weight of the bound can be lost)."""
+    p = torch.tensor([0.9, 0.1], dtype=torch.float64)
+    u = torch.tensor([1.3, 0.0], dtype=torch.float64) * (term != "acceleration")
+    sig = torch.tensor([0.7, 0.0], dtype=torch.float64) * (term == "acceleration")
+    y = torch.tensor([[0.0, 0.0], [2.0, 0.0]], dtype=torch.float64) * (term != "value move")
+    w = torch.tensor([[0.0, 0.0], [0.0, 1.5]], dtype=torch.float64) * (term == "value move")
+    exact = float(_softmax_second(p, u, sig, y, w).norm())
+    gap = (y[:, None, :] - y[None, :, :]).norm(dim=-1)
+    lo, hi, U, sg = (v[None].expand(2, 2) for v in (p * (1 - 1e-9), p * (1 + 1e-9), u.abs(), sig.abs()))  # two queries alike
+    got = float(head_rest_sup(lo, hi, U, sg, gap, w.norm(dim=-1))[0])
+    assert exact > 0
+    assert exact <= got <= 1.03 * exact, (exact, got)
+
+
+def test_the_taylor_weights_on_the_pieces():
+    """With sups constant along the segment F78c is ``(rho^2 F + 2 rho e F^m + e^2 S) / 2``; with rows linear in the
+    scale F78d is ``(n + 1) / (2n)`` of the top's ``rho reach + dj e``."""
+    F, Fm, S = (torch.full((2, 3), v, dtype=torch.float64) for v in (1.0, 2.0, 3.0))
+    seg = segment_rest_heads(lambda s: (F, Fm, S), 0.5, 0.25, 1.0, 0.0)
+    assert torch.allclose(seg, torch.full((2, 3), (0.25 + 0.5 + 0.1875) / 2, dtype=torch.float64), rtol=1e-9)
+    a, b = torch.tensor([1.0, 2.0], dtype=torch.float64), torch.tensor([4.0, 0.0], dtype=torch.float64)
+    pw = piecewise_rest_rows(lambda t: (t * a, t * b), 0.5, 0.25)
+    assert torch.allclose(pw, 5 / 8 * (0.5 * a + 0.25 * b), rtol=1e-9)
+
+
+def _jvp(f, Z: torch.Tensor, D: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+    return torch.autograd.functional.jvp(f, Z, D, create_graph=True)[1]
+
+
+def _unit(v: torch.Tensor) -> torch.Tensor:
+    return v / v.norm(dim=-1, keepdim=True).clamp(min=1e-300)
+
+
+@pytest.mark.parametrize("efrac", [0.0, 1.0])
+def test_score_and_value_moves_within_their_rows(efrac):
+    """F78b's factors against the exact head at the points ``x + t D`` (t = 0, 1) of moves aligned with one pair's key
+    part, query part or value move (``delta_m`` along ``P_jm^T q_i``, ``P_im^T G y_ij``, ``P_jm^T W_V W_O u``, ``e`` alike):
+    the score velocities less the query's constant ``|s'_ij - D_i G xbar_i| <= U_ij``, ``|s''_ij| <= sig_ij``, the weights
+    in their box, the value gaps ``||(z_j - z_k) W_V (W_O)|| <= gap_jk`` and ``||W_O^hT W_V^hT D_j|| <= W_j``."""
+    from transcover.lipschitz._local_attn_rest import _head_factors
+    from transcover.model import attention_scores
+
+    attn, X, P, data, aa, _ = _case(8, qscale=3.0)
+    rho = 0.5
+    E = torch.full((T,), efrac * rho, dtype=torch.float64)
+    g = torch.Generator().manual_seed(3)
+    for h, (Ph, Yc, q, Wq, Wk, Wv, Wo) in enumerate(aa.p["heads"]):
+        U, sig, lo, hi, mV, gap, gapv = _head_factors(data, h, rho, E, E)
+        G = aa.p["scale"] * Wq @ Wk.T
+        for i in range(T):
+            for j in range(T):
+                u = torch.randn(D_MODEL, generator=g, dtype=torch.float64)
+                for a, v in ((j, q[i]), (i, G @ Yc[i, j]), (j, Wv @ Wo @ u)):  # the token moved, the direction
+                    dl = torch.zeros(T, D_MODEL, dtype=torch.float64)
+                    dl[:] = rho * _unit(torch.einsum("mab,a->mb", P[a], v))
+                    D = torch.einsum("kjab,jb->ka", P, dl)
+                    D[a] = D[a] + E[a] * _unit(v)
+                    for t in (0.0, 1.0):
+                        ds = _jvp(lambda Z: attention_scores(attn, Z, h), X + t * D, D)[i] - D[i] @ G @ (X[0] - Yc[i, 0])
+                        dds = _jvp(lambda Z: _jvp(lambda W: attention_scores(attn, W, h), Z, D), X + t * D, D)[i]
+                        s = lambda Z: attention_scores(attn, Z, h)  # noqa: E731
+                        p = torch.softmax(s(X + t * D)[i], dim=-1)
+                        assert torch.all(ds.abs() <= U[i] + 1e-12)  # less the query's constant D_i G xbar_i
+                        Zd = (X + t * D)[:, None, :] - (X + t * D)[None, :, :]
+                        assert torch.all((Zd @ Wv @ Wo).norm(dim=-1) <= gap + 1e-12)
+                        assert torch.all((Zd @ Wv).norm(dim=-1) <= gapv + 1e-12)
+                        assert torch.all(dds.abs() <= sig[i] + 1e-12)
+                        assert torch.all((lo[i] <= p + 1e-15) & (p <= hi[i] + 1e-15))
+                    assert torch.all((D @ Wv @ Wo).norm(dim=-1) <= data.nO[h] * mV + 1e-12)

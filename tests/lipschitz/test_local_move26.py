@@ -115,7 +115,12 @@ def test_move_and_stage_rests_are_never_beaten(case, monkeypatch):
     e, r = _attained(spec, X, rho, seed)
     assert E.shape == R.shape == e.shape and bool((E[0] == 0).all())
     assert bool((e[1:] <= E[1:]).all()), (e, E)
-    assert bool((r <= R).all()), (r, R)
+    # the attack's own float64 rounding: ``f(x + D) - f(x) - J D`` is formed from values of size ``|y|``, each entry
+    # within a few ulps per term of its T d products (a stage linear in a token, e.g. a causal query seeing only
+    # itself, has the exact rest 0 and a certified row 0)
+    ys = torch.stack([y.norm(dim=-1).amax() for y in _chain(_maps(spec), X)[1:]])
+    tol = 8 * X.numel() * 2.0**-53 * (1 + ys)[:, None]
+    assert bool((r <= R + tol).all()), (r, R)
     assert float((e[1:] / E[1:]).max()) >= 1e-3 and float((r / R).max()) >= 1e-3, ((e / E).max(), (r / R).max())
 
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -50,6 +51,12 @@ from ._local_jacobian import certified_spectral, row_norm_lower
 from ._local_stack_aligned import FFNAligned
 from ._local_stack_attn import AttentionAligned
 from ._local_stack_carry import carried_first_order, carry_blocks, tail_drift
+from ._local_attn_rest import attention_rest_rows as f78_attention_rows
+from ._local_attn_rest import attn_rest_data, piecewise_rest_rows, segment_rest_heads
+from ._local_drift import hessian_ball_sup
+from ._local_rest_rows import ffn_rest_rows as f79_ffn_rows
+from ._local_rest_rows import norm_move_forms
+from ._local_rest_rows import norm_rest_rows as f79_norm_rows
 from ._local_stack_maps import _NormLin
 from ._local_stack_middle import layer_cuts, middle_drift_column, middle_of_products, middle_rows
 from ._local_stack_move import (attention_rest_rows, ffn_rest_rows, layer_rest_rows, move_rest_rows, norm_rest_rows,
@@ -408,20 +415,77 @@ def _move_rest(prods: dict, rests: list[Tensor], s: int, cap: dict, inner: dict,
     return E
 
 
-def _stage_rest(st: _Stage, s: int, rho: float, reach: Tensor, dj: Tensor, E: Tensor, r: Tensor, pad: float,
-                cap: dict, PL: dict, k: int) -> Tensor:
-    """THEORY F73c, F76a: rows ``>= ||R_{s,i}||`` of sub-stage ``s``'s own Taylor rest for the ``k``-th radius, one
-    function per stage kind: a norm (``norm_rest_rows``), an attention (``attention_rest_rows``; F59b's ``remA`` of a
-    post-LN layer with two LayerNorms), an FFN (``ffn_rest_rows``; the FFN's own rest there), else F73c's
-    (``stage_rest_rows``).  ``reach``, ``dj``, ``r``: the stage's reach, drift rows and radius; ``E`` its input's."""
+class _RestAt(NamedTuple):
+    """What a stage's direction-aware rests (THEORY F78, F79) read besides its rows, at its input: the radius-free
+    forms (F79a's ``NormForms`` of a norm, F78's ``AttnRestData`` of an attention, else None), the stage's
+    ``FFNAligned`` and ``AttentionAligned`` (or None), the prefix's rows ``nu``, its rounding ``eP`` and the segment
+    move rows ``dPm`` per radius."""
+
+    forms: object
+    al: object
+    aa: object
+    nu: Tensor
+    eP: float
+    dPm: list
+
+
+def _rest_at(st: _Stage, K: Tensor, al, aa, nu: Tensor, eP: float, dPm: list) -> _RestAt:  # noqa: ANN001
+    """THEORY F78, F79: the stage's radius-free rest forms at its input (``K`` the prefix's computed columns)."""
     if isinstance(st.lin, _NormLin):
-        return norm_rest_rows(rho, reach, dj, E, r)
+        forms = norm_move_forms(_col_blocks(K), st.x, st.lin.g, st.lin.lay)
+    elif aa is not None:
+        forms = attn_rest_data(st.x, aa.p["heads"], aa.p["Wqa"], aa.p["scale"], aa.proj, aa.nQ, aa.nK,
+                               aa.p["norms"]["V"])
+    else:
+        forms = None
+    return _RestAt(forms, al, aa, nu, eP, dPm)
+
+
+def _attention_rest(st: _Stage, at: _RestAt, k: int, rho: float, E: Tensor, r: Tensor, pad: float) -> Tensor:
+    """THEORY F78: the attention stage's own Taylor rest, the smallest of F78a/b's exact second derivative
+    (``f78_attention_rows``), F78c's ball sups under the Taylor weight (``segment_rest_heads``, heads through
+    ``W_O``) and F78d's drift rows on the segment's pieces (``piecewise_rest_rows``: the stage's rows, F44e's aligned
+    drift, F44c's reach and F50's joint reach at the move scaled by ``t``)."""
+    aa, eP = at.aa, at.eP
+    rx = f78_attention_rows(at.forms, rho, E, eP, pad)
+    if rho <= 0:
+        return rx
+    mom, wn = aa.p["mom"], aa.p["norms"]
+    hz = segment_rest_heads(lambda t: (aa.sup(t), aa.sup(t, True), hessian_ball_sup(mom, t, wn)), rho,
+                            float((E + rho * eP).max()), float((rho * at.nu + E).max()), pad)
+    rx = torch.minimum(rx, aa.combined(hz) * (1 + 1e-12))
+
+    def rows_at(t: float) -> tuple[Tensor, Tensor]:
+        rt = t * r + 2 * pad
+        djt, _, _, hdt = st.bounds(rt)
+        alt, _ = aa.drift(rt, t * rho, at.dPm[k], eP, pad, hdt)
+        djt = _nan_inf(djt if alt is None else torch.minimum(djt, alt))
+        reach = aa.combined(aa.reach_heads(rt, t * rho, at.dPm[k], eP, pad))
+        return torch.minimum(reach, aa.joint(rt, t * rho, at.dPm[k], eP, pad)[0]), djt
+
+    return torch.minimum(rx, piecewise_rest_rows(rows_at, rho, float(E.max())))
+
+
+def _stage_rest(st: _Stage, s: int, rho: float, reach: Tensor, dj: Tensor, E: Tensor, r: Tensor, pad: float,
+                cap: dict, PL: dict, k: int, at: _RestAt) -> Tensor:
+    """THEORY F73c, F76a, F78, F79: rows ``>= ||R_{s,i}||`` of sub-stage ``s``'s own Taylor rest for the ``k``-th
+    radius, one function per stage kind, each the smaller of F73c/F76a's rows and the direction-aware ones: a norm
+    (``norm_rest_rows``; F79b's curvature through the centred prefix ellipsoid), an attention (``attention_rest_rows``
+    with F59b's ``remA`` of a post-LN layer with two LayerNorms; F78), an FFN (``ffn_rest_rows``, the FFN's own rest
+    there; F79c through F40b's forms), else F73c's (``stage_rest_rows``).  ``reach``, ``dj``, ``r``: the stage's reach,
+    drift rows and radius; ``E`` its input's move rest rows; ``at`` the stage's ``_RestAt``."""
+    Ep = E + rho * at.eP  # the move outside the computed prefix's rows (F79's free part)
+    if isinstance(st.lin, _NormLin):
+        R = norm_rest_rows(rho, reach, dj, E, r)
+        return torch.minimum(R, f79_norm_rows(at.forms, float(st.lin.norm.eps), rho, Ep, r, pad))
     if st.attn is not None:
         remA = PL[s][k].rem.get("attention") if s + 1 in cap else None
-        return attention_rest_rows(rho, reach, dj, E, remA, pad)
+        R = attention_rest_rows(rho, reach, dj, E, remA, pad)
+        return R if at.aa is None else torch.minimum(R, _attention_rest(st, at, k, rho, E, r, pad))
     if st.ffn is not None:
         rem = PL[cap[s][0]][k].rem if s in cap and cap[s][1] == "norm_attn" else {}
-        return ffn_rest_rows(rho, reach, dj, E, _ffn_rest(rem, r) if "ffn_coef" in rem else None, pad)
+        R = ffn_rest_rows(rho, reach, dj, E, _ffn_rest(rem, r) if "ffn_coef" in rem else None, pad)
+        return R if at.al is None else torch.minimum(R, f79_ffn_rows(at.al, rho, Ep, r, pad))
     return stage_rest_rows(rho, reach, dj, E, st.local)
 
 
@@ -640,6 +704,8 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
             if st.ffn is not None and FFNAligned.applies(st.ffn) else None
         # THEORY F44: a post-LN attention's first-order drift through the same ellipsoids
         aa = AttentionAligned(st.attn, _col_blocks(K)) if st.attn is not None else None
+        # THEORY F78, F79: the stage's direction-aware rest forms (the move's rest recursion only)
+        rat = _rest_at(st, K, al, aa, nu, eP[s], dPm) if prods is not None else None
         rs, djs, djcs, bs = [], [], [], []
         for k, rho in enumerate(rhos):
             r = torch.minimum(rho * (nu + dPm[k]), rc[k]) * (1 + 1e-12) + pad
@@ -705,7 +771,8 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
             PL[s] = _per_layer(layer_at[s], st.x, rmax, norms, memo)
         if prods is not None:  # THEORY F73c, F76a: the stage's own Taylor rest rows, by its kind
             for k, rho in enumerate(rhos):
-                rests[k].append(_stage_rest(st, s, rho, reach_at[k][s], djs[k], Es[k], rs[k], pad, cap, PL, k))
+                rests[k].append(_stage_rest(st, s, rho, reach_at[k][s], djs[k], Es[k], rs[k], pad, cap, PL, k,
+                                                rat))
         radii.append(rs)
         dJs.append(djs)
         dJcs.append(djcs)

@@ -193,3 +193,32 @@ def test_ffn_rest_homogeneity() -> None:
     assert torch.allclose(_ffn_row(_ffn_case(13, w2=4.0), H, B, 1e-3, E0), 4.0 * base, rtol=1e-6)
     tau = 1e-2
     assert torch.allclose(_ffn_row(_ffn_case(13), H, B, tau * 1e-3, E0), tau * tau * base, rtol=5e-3)
+
+
+@pytest.mark.parametrize("kind", ["plain", "rms"])
+def test_norm_rest_rows_are_scale_free(kind: str) -> None:
+    """red26 (THEORY F80): the norm's rest is of degree 0 in (x, the move, pad, sqrt(eps)) jointly, so scaling them
+    all by 2^k leaves the rows unchanged; at k = -300 the fourth powers of the move once underflowed to a row of 0
+    (the true rest there is the unscaled one, ~1e-3); past 2^+-450 the row refuses with inf (never 0, never finite)."""
+    _, x, gam, eps, lay = _norm_case(kind, 1)
+    B = _blocks(_gen(2))
+    E = torch.tensor([0.0, 0.01, 0.03], dtype=F64)
+    base = _norm_row(B, x, gam, eps, lay, 0.02, E, 1e-3)
+    for k in (-300, -60, 60, 300):
+        c = 2.0**k
+        assert torch.equal(_norm_row(B, x * c, gam, eps * c * c, lay, 0.02 * c, E * c, 1e-3 * c), base), k
+    for k in (-480, 480):
+        c = 2.0**k
+        assert torch.isinf(_norm_row(B, x * c, gam, 0.0, lay, 0.02 * c, E * c, 1e-3 * c)).all(), k
+
+
+def test_rest_rows_refuse_with_inf() -> None:
+    """red26: a move past the centred token (the segment may pass its zero) and an infinite free part give inf rows,
+    not the largest finite float (``nan_to_num``'s default)."""
+    _, x, gam, eps, lay = _norm_case("plain", 1)
+    B = _blocks(_gen(2))
+    assert torch.isinf(_norm_row(B, x, gam, eps, lay, 10.0, torch.zeros(T, dtype=F64))).all()
+    H = torch.randn(T, D, generator=_gen(7), dtype=F64)
+    E = torch.tensor([0.0, math.inf, 0.0], dtype=F64)
+    row = _ffn_row(_ffn_case(8), H, _blocks(_gen(9)), 0.05, E)
+    assert torch.isinf(row[1]) and torch.isfinite(row[[0, 2]]).all()

@@ -108,7 +108,7 @@ def box_mean(lo: Tensor, hi: Tensor, c: Tensor) -> Tensor:
     left = (mass[:, 0] - take.sum(dim=1)).clamp(min=0)
     top = torch.where(hi > 0, c, torch.zeros_like(c)).max(dim=1).values
     out = (lo * c).sum(dim=1) + (take * cs).sum(dim=1) + left * top
-    return torch.nan_to_num(out * (1 + 1e-12), nan=math.inf)
+    return torch.nan_to_num(out * (1 + 1e-12), nan=math.inf, posinf=math.inf)
 
 
 def weight_box(S: Tensor, D: Tensor) -> tuple[Tensor, Tensor]:

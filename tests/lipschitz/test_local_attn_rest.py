@@ -160,6 +160,17 @@ def test_rows_are_linear_in_the_values():
     assert torch.allclose(seg[1], 3.0 * seg[0], rtol=1e-9, atol=0)
 
 
+def test_rows_scale_without_underflow():
+    """red26 (THEORY F80): the move (``rho``, ``E``, ``pad``) scaled by ``2^-60`` and by ``2^-300`` gives rows in the ratio
+    ``2^480`` (the rest's second order; both far below the rows' higher orders), where the heads' joint norm once
+    squared ``~1e-181`` to 0 and the value term's ``V sum p W^2`` (four factors of the move squared) underflowed."""
+    data = _case(6)[3]
+    E = torch.full((T,), 0.02, dtype=torch.float64)
+    rows = [attention_rest_rows(data, 0.05 * c, E * c, 1e-3, 1e-6 * c) / c**2 for c in (2.0**-60, 2.0**-300)]
+    assert torch.all(rows[1] > 0)
+    assert torch.allclose(rows[1], rows[0], rtol=1e-9, atol=0)
+
+
 @pytest.mark.parametrize("part", ["prefix", "outside"])
 def test_rows_are_second_order_in_the_move(part):
     """With only the prefix's part (``E = 0``) or only the part outside it (``rho = 0``) scaled by ``tau``, the rest is

@@ -26,7 +26,7 @@ T, D_MODEL = 3, 8
 
 
 def _case(seed: int, qscale: float = 1.0, causal: bool = False, flat: bool = False, vscale: float = 1.0,  # noqa: ANN202
-          oscale: float = 1.0, t: int = T, d: int = D_MODEL, heads: int = 2):
+          oscale: float = 1.0, t: int = T, d: int = D_MODEL, heads: int = 2, pscale: float = 1.0):
     """A post-LN layer's attention with biases (``qscale`` > 1: sharp heads), its input X (t, d) and a prefix P (blocks)."""
     L = random_spec(seed, act="gelu", norm="layernorm", d=d, H=heads, dh=d // heads, dff=8, biases=True,
                     causal=causal).layers[0]
@@ -37,7 +37,7 @@ def _case(seed: int, qscale: float = 1.0, causal: bool = False, flat: bool = Fal
     X = torch.randn(t, d, generator=g, dtype=torch.float64) * 1.5
     if flat:  # near-flat tokens: one token repeated, 1e-12 apart
         X = X[:1].expand(t, d) + 1e-12 * torch.randn(t, d, generator=g, dtype=torch.float64)
-    P = torch.randn(t, t, d, d, generator=g, dtype=torch.float64) / d**0.5
+    P = torch.randn(t, t, d, d, generator=g, dtype=torch.float64) / d**0.5 * pscale
     st, _ = _attn_stage("a", 0, layer, X, None, {"w": _weight_norms(layer), "h": head_norms(attn)})
     aa = AttentionAligned(st.attn, P)
     data = attn_rest_data(X, aa.p["heads"], aa.p["Wqa"], aa.p["scale"], aa.proj, aa.nQ, aa.nK, aa.p["norms"]["V"])
@@ -77,21 +77,24 @@ def _clip(V: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
 
 
 def _ascent(attn, X: torch.Tensor, P: torch.Tensor, rho: float, E: torch.Tensor, i: int,  # noqa: ANN001
-            restarts: int = 2, steps: int = 30) -> float:
-    """Projected Adam ascent of ``||R_i||`` over ``||delta_j|| <= rho``, ``||e_j|| <= E_j``, ``D = P delta + e``."""
+            restarts: int = 2, steps: int = 30, pad: float = 0.0) -> float:
+    """Projected Adam ascent of ``||R_i||`` over ``||delta_j|| <= rho``, ``||e_j|| <= E_j``, ``D = P delta + e``, and the
+    exact centre ``X + c`` over ``||c_j|| <= pad``."""
     g = torch.Generator().manual_seed(i)
     t, d = X.shape
-    R = torch.full((t,), rho, dtype=torch.float64)
+    R, Pd = torch.full((t,), rho, dtype=torch.float64), torch.full((t,), pad, dtype=torch.float64)
     best = 0.0
     for _ in range(restarts):
         dl = _clip(torch.randn(t, d, generator=g, dtype=torch.float64) * rho, R).requires_grad_(True)
         e = _clip(torch.randn(t, d, generator=g, dtype=torch.float64) * float(E.max()), E).requires_grad_(True)
-        opt = torch.optim.Adam([dl, e], lr=0.1 * max(rho, float(E.max())))
+        c = _clip(torch.randn(t, d, generator=g, dtype=torch.float64) * pad, Pd).requires_grad_(True)
+        opt = torch.optim.Adam([dl, e, c], lr=0.1 * max(rho, float(E.max()), pad))
         for _ in range(steps):
             with torch.no_grad():
                 dl.copy_(_clip(dl, R))
                 e.copy_(_clip(e, E))
-            v = _rest(attn, X, torch.einsum("kjab,jb->ka", P, dl) + e)[i].norm()
+                c.copy_(_clip(c, Pd))
+            v = _rest(attn, X + c, torch.einsum("kjab,jb->ka", P, dl) + e)[i].norm()
             best = max(best, float(v.detach()))
             opt.zero_grad()
             (-v).backward()
@@ -132,6 +135,26 @@ def test_rest_row_is_attained_within_two_on_two_keys():
     row = float(attention_rest_rows(data, 0.0, E, 0.0, 0.0)[1])
     got = _ascent(attn, X, P, 0.0, E, 1, restarts=3, steps=40)
     assert 0.6 * row < got <= row, (got, row)
+
+
+def test_rest_row_holds_at_the_worst_centre_within_the_pad():
+    """red26: the same two keys, sharper (``W_Q x 4``), the exact centre searched within ``pad = 1`` of the stored input:
+    the row with the pad holds, and the rest found there is above the row without it (so the pad's widening of the
+    weights' box and of the value gaps is needed; dropping it failed no test before)."""
+    attn, X, _, data, _, _ = _case(0, qscale=4.0, t=2, d=2, heads=1)
+    P = torch.zeros(2, 2, 2, 2, dtype=torch.float64)
+    E = torch.tensor([1e-3, 0.0], dtype=torch.float64)
+    got = _ascent(attn, X, P, 0.0, E, 1, restarts=2, steps=40, pad=1.0)
+    assert float(attention_rest_rows(data, 0.0, E, 0.0, 0.0)[1]) < got <= float(attention_rest_rows(data, 0.0, E, 0.0, 1.0)[1])
+
+
+def test_rest_row_holds_for_the_prefix_error():
+    """red26: the computed prefix 0 and its error ``eP = 1`` (every token free to move by ``rho eP``): the row holds
+    against the ascent over those free moves and is not 0 (dropping ``rho eP`` failed no test before)."""
+    attn, X, P, data, _, _ = _case(0, t=2, d=2, heads=1, pscale=0.0)
+    E = torch.full((2,), 1e-3, dtype=torch.float64)
+    row = float(attention_rest_rows(data, 1e-3, 0 * E, 1.0, 0.0)[1])
+    assert 0 < _ascent(attn, X, P, 0.0, E, 1, restarts=2, steps=30) <= row
 
 
 def test_rows_grow_with_the_prefix_error_and_the_pad():

@@ -33,20 +33,29 @@ def _rest(f, x: torch.Tensor, J: torch.Tensor, Dl: torch.Tensor) -> torch.Tensor
     return (f(x + Dl) - f(x) - lin).norm(dim=-1)
 
 
+def _rest_at(f, x: torch.Tensor, Dl: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+    """(T,) the same rest with the linear part by a forward-mode product at ``x`` (differentiable in ``x``)."""
+    lin = torch.autograd.functional.jvp(f, x, Dl, create_graph=True)[1]
+    return (f(x + Dl) - f(x) - lin).norm(dim=-1)
+
+
 def _attained(f, x: torch.Tensor, B: torch.Tensor, rho: float, E: torch.Tensor, seed: int,  # noqa: ANN001
-              starts: int = 3, steps: int = 60) -> torch.Tensor:
-    """(T,) the largest rest per token found by projected Adam over ``delta`` and ``e`` (each token its own run)."""
+              starts: int = 3, steps: int = 60, pad: float = 0.0) -> torch.Tensor:
+    """(T,) the largest rest per token found by projected Adam over ``delta`` and ``e`` (each token its own run) and,
+    with ``pad``, over the exact centre ``x + c``, ``||c_i|| <= pad`` (the Jacobian then taken at ``x + c``)."""
     g = _gen(seed)
-    J = torch.autograd.functional.jacobian(f, x).reshape(T * D, T * D)
+    J = None if pad > 0 else torch.autograd.functional.jacobian(f, x).reshape(T * D, T * D)
     best = torch.zeros(T, dtype=F64)
     clip = lambda v, c: v * torch.clamp(c / v.norm(dim=-1, keepdim=True).clamp(min=1e-300), max=1.0)  # noqa: E731
     for i in range(T):
         for _ in range(starts):
             dl = clip(torch.randn(T, D, generator=g, dtype=F64) * 10 * rho, rho).requires_grad_(True)
             e = clip(torch.randn(T, D, generator=g, dtype=F64) * 10, E[:, None]).requires_grad_(True)
-            opt = torch.optim.Adam([dl, e], lr=0.1 * rho)
+            c = clip(torch.randn(T, D, generator=g, dtype=F64), pad).requires_grad_(pad > 0)
+            opt = torch.optim.Adam([dl, e, c] if pad > 0 else [dl, e], lr=0.1 * max(rho, pad))
             for _ in range(steps):
-                R = _rest(f, x, J, torch.einsum("ijab,jb->ia", B, dl) + e)[i]
+                Dl = torch.einsum("ijab,jb->ia", B, dl) + e
+                R = _rest(f, x, J, Dl)[i] if J is not None else _rest_at(f, x + c, Dl)[i]
                 best[i] = max(float(best[i]), float(R.detach()))
                 opt.zero_grad()
                 (-R).backward()
@@ -54,6 +63,7 @@ def _attained(f, x: torch.Tensor, B: torch.Tensor, rho: float, E: torch.Tensor, 
                 with torch.no_grad():
                     dl.copy_(clip(dl, rho))
                     e.copy_(clip(e, E[:, None]))
+                    c.copy_(clip(c, pad))
     return best
 
 
@@ -98,6 +108,21 @@ def test_norm_rest_at_an_offset_centre(kind: str) -> None:
     assert (_attained(norm, xs, B, rho, E, 3, starts=2, steps=40) <= _norm_row(B, x, gam, eps, lay, rho, E, pad)).all()
 
 
+@pytest.mark.parametrize("kind", ["plain", "rms"])
+def test_norm_rest_at_the_worst_centre(kind: str) -> None:
+    """red26: the exact centre searched within ``pad`` = 0.55 of the smallest centred token (towards its zero the
+    curvature grows as ``1/||Z||^2``): the row with the pad holds, and what is found beats the row without it (so the
+    segment's floor ``||Z|| - pad - ...`` is needed; dropping the pad failed no test before)."""
+    norm, x, gam, eps, lay = _norm_case(kind, 1)
+    B = _blocks(_gen(2))
+    zn = float((x - x.mean(1, keepdim=True) if lay else x).norm(dim=1).min())
+    rho, pad = 0.02 * zn, 0.55 * zn
+    E = torch.tensor([0.0, 0.3, 1.0], dtype=F64) * rho
+    got = _attained(norm, x, B, rho, E, 3, starts=2, steps=40, pad=pad)
+    assert (got <= _norm_row(B, x, gam, eps, lay, rho, E, pad)).all()
+    assert (got > _norm_row(B, x, gam, eps, lay, rho, E, 0.0)).any()
+
+
 def test_ffn_rest_at_an_offset_centre() -> None:
     """The same for the FFN (``W_1 x 3``): the centre's offset as a free move plus the ``pad (r + pad)`` term."""
     x = torch.randn(T, D, generator=_gen(7), dtype=F64)
@@ -106,6 +131,17 @@ def test_ffn_rest_at_an_offset_centre() -> None:
     E = torch.tensor([0.0, 0.01, 0.02], dtype=F64)
     got = _attained(lambda Z: Z + ffn_forward(ffn, Z), xs, B, 0.02, E, 10, starts=2, steps=40)
     assert (got <= _ffn_row(ffn, x, B, 0.02, E, pad)).all()
+
+
+def test_ffn_rest_at_the_worst_centre() -> None:
+    """red26: the FFN (``W_1 x 3``) with its exact centre searched within ``pad = 1``: the row with the pad holds, the
+    rest found beats the row without it (the pad's free move and its ``pad (r + pad)`` term are needed)."""
+    x = torch.randn(T, D, generator=_gen(7), dtype=F64)
+    ffn, B = _ffn_case(8, w1=3.0), _blocks(_gen(9))
+    E = torch.tensor([0.0, 0.01, 0.02], dtype=F64)
+    got = _attained(lambda Z: Z + ffn_forward(ffn, Z), x, B, 0.02, E, 10, starts=2, steps=40, pad=1.0)
+    assert (got <= _ffn_row(ffn, x, B, 0.02, E, 1.0)).all()
+    assert (got > _ffn_row(ffn, x, B, 0.02, E, 0.0)).any()
 
 
 def _tangent(B: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

@@ -33,20 +33,29 @@ def _rest(f, x: torch.Tensor, J: torch.Tensor, Dl: torch.Tensor) -> torch.Tensor
     return (f(x + Dl) - f(x) - lin).norm(dim=-1)
 
 
+def _rest_at(f, x: torch.Tensor, Dl: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+    """(T,) the same rest with the linear part by a forward-mode product at ``x`` (differentiable in ``x``)."""
+    lin = torch.autograd.functional.jvp(f, x, Dl, create_graph=True)[1]
+    return (f(x + Dl) - f(x) - lin).norm(dim=-1)
+
+
 def _attained(f, x: torch.Tensor, B: torch.Tensor, rho: float, E: torch.Tensor, seed: int,  # noqa: ANN001
-              starts: int = 3, steps: int = 60) -> torch.Tensor:
-    """(T,) the largest rest per token found by projected Adam over ``delta`` and ``e`` (each token its own run)."""
+              starts: int = 3, steps: int = 60, pad: float = 0.0) -> torch.Tensor:
+    """(T,) the largest rest per token found by projected Adam over ``delta`` and ``e`` (each token its own run) and,
+    with ``pad``, over the exact centre ``x + c``, ``||c_i|| <= pad`` (the Jacobian then taken at ``x + c``)."""
     g = _gen(seed)
-    J = torch.autograd.functional.jacobian(f, x).reshape(T * D, T * D)
+    J = None if pad > 0 else torch.autograd.functional.jacobian(f, x).reshape(T * D, T * D)
     best = torch.zeros(T, dtype=F64)
     clip = lambda v, c: v * torch.clamp(c / v.norm(dim=-1, keepdim=True).clamp(min=1e-300), max=1.0)  # noqa: E731
     for i in range(T):
         for _ in range(starts):
             dl = clip(torch.randn(T, D, generator=g, dtype=F64) * 10 * rho, rho).requires_grad_(True)
             e = clip(torch.randn(T, D, generator=g, dtype=F64) * 10, E[:, None]).requires_grad_(True)
-            opt = torch.optim.Adam([dl, e], lr=0.1 * rho)
+            c = clip(torch.randn(T, D, generator=g, dtype=F64), pad).requires_grad_(pad > 0)
+            opt = torch.optim.Adam([dl, e, c] if pad > 0 else [dl, e], lr=0.1 * max(rho, pad))
             for _ in range(steps):
-                R = _rest(f, x, J, torch.einsum("ijab,jb->ia", B, dl) + e)[i]
+                Dl = torch.einsum("ijab,jb->ia", B, dl) + e
+                R = _rest(f, x, J, Dl)[i] if J is not None else _rest_at(f, x + c, Dl)[i]
                 best[i] = max(float(best[i]), float(R.detach()))
                 opt.zero_grad()
                 (-R).backward()
@@ -54,6 +63,7 @@ def _attained(f, x: torch.Tensor, B: torch.Tensor, rho: float, E: torch.Tensor, 
                 with torch.no_grad():
                     dl.copy_(clip(dl, rho))
                     e.copy_(clip(e, E[:, None]))
+                    c.copy_(clip(c, pad))
     return best
 
 
@@ -98,6 +108,21 @@ def test_norm_rest_at_an_offset_centre(kind: str) -> None:
     assert (_attained(norm, xs, B, rho, E, 3, starts=2, steps=40) <= _norm_row(B, x, gam, eps, lay, rho, E, pad)).all()
 
 
+@pytest.mark.parametrize("kind", ["plain", "rms"])
+def test_norm_rest_at_the_worst_centre(kind: str) -> None:
+    """red26: the exact centre searched within ``pad`` = 0.55 of the smallest centred token (towards its zero the
+    curvature grows as ``1/||Z||^2``): the row with the pad holds, and what is found beats the row without it (so the
+    segment's floor ``||Z|| - pad - ...`` is needed; dropping the pad failed no test before)."""
+    norm, x, gam, eps, lay = _norm_case(kind, 1)
+    B = _blocks(_gen(2))
+    zn = float((x - x.mean(1, keepdim=True) if lay else x).norm(dim=1).min())
+    rho, pad = 0.02 * zn, 0.55 * zn
+    E = torch.tensor([0.0, 0.3, 1.0], dtype=F64) * rho
+    got = _attained(norm, x, B, rho, E, 3, starts=2, steps=40, pad=pad)
+    assert (got <= _norm_row(B, x, gam, eps, lay, rho, E, pad)).all()
+    assert (got > _norm_row(B, x, gam, eps, lay, rho, E, 0.0)).any()
+
+
 def test_ffn_rest_at_an_offset_centre() -> None:
     """The same for the FFN (``W_1 x 3``): the centre's offset as a free move plus the ``pad (r + pad)`` term."""
     x = torch.randn(T, D, generator=_gen(7), dtype=F64)
@@ -106,6 +131,17 @@ def test_ffn_rest_at_an_offset_centre() -> None:
     E = torch.tensor([0.0, 0.01, 0.02], dtype=F64)
     got = _attained(lambda Z: Z + ffn_forward(ffn, Z), xs, B, 0.02, E, 10, starts=2, steps=40)
     assert (got <= _ffn_row(ffn, x, B, 0.02, E, pad)).all()
+
+
+def test_ffn_rest_at_the_worst_centre() -> None:
+    """red26: the FFN (``W_1 x 3``) with its exact centre searched within ``pad = 1``: the row with the pad holds, the
+    rest found beats the row without it (the pad's free move and its ``pad (r + pad)`` term are needed)."""
+    x = torch.randn(T, D, generator=_gen(7), dtype=F64)
+    ffn, B = _ffn_case(8, w1=3.0), _blocks(_gen(9))
+    E = torch.tensor([0.0, 0.01, 0.02], dtype=F64)
+    got = _attained(lambda Z: Z + ffn_forward(ffn, Z), x, B, 0.02, E, 10, starts=2, steps=40, pad=1.0)
+    assert (got <= _ffn_row(ffn, x, B, 0.02, E, 1.0)).all()
+    assert (got > _ffn_row(ffn, x, B, 0.02, E, 0.0)).any()
 
 
 def _tangent(B: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -193,3 +229,32 @@ def test_ffn_rest_homogeneity() -> None:
     assert torch.allclose(_ffn_row(_ffn_case(13, w2=4.0), H, B, 1e-3, E0), 4.0 * base, rtol=1e-6)
     tau = 1e-2
     assert torch.allclose(_ffn_row(_ffn_case(13), H, B, tau * 1e-3, E0), tau * tau * base, rtol=5e-3)
+
+
+@pytest.mark.parametrize("kind", ["plain", "rms"])
+def test_norm_rest_rows_are_scale_free(kind: str) -> None:
+    """red26 (THEORY F80): the norm's rest is of degree 0 in (x, the move, pad, sqrt(eps)) jointly, so scaling them
+    all by 2^k leaves the rows unchanged; at k = -300 the fourth powers of the move once underflowed to a row of 0
+    (the true rest there is the unscaled one, ~1e-3); past 2^+-450 the row refuses with inf (never 0, never finite)."""
+    _, x, gam, eps, lay = _norm_case(kind, 1)
+    B = _blocks(_gen(2))
+    E = torch.tensor([0.0, 0.01, 0.03], dtype=F64)
+    base = _norm_row(B, x, gam, eps, lay, 0.02, E, 1e-3)
+    for k in (-300, -60, 60, 300):
+        c = 2.0**k
+        assert torch.equal(_norm_row(B, x * c, gam, eps * c * c, lay, 0.02 * c, E * c, 1e-3 * c), base), k
+    for k in (-480, 480):
+        c = 2.0**k
+        assert torch.isinf(_norm_row(B, x * c, gam, 0.0, lay, 0.02 * c, E * c, 1e-3 * c)).all(), k
+
+
+def test_rest_rows_refuse_with_inf() -> None:
+    """red26: a move past the centred token (the segment may pass its zero) and an infinite free part give inf rows,
+    not the largest finite float (``nan_to_num``'s default)."""
+    _, x, gam, eps, lay = _norm_case("plain", 1)
+    B = _blocks(_gen(2))
+    assert torch.isinf(_norm_row(B, x, gam, eps, lay, 10.0, torch.zeros(T, dtype=F64))).all()
+    H = torch.randn(T, D, generator=_gen(7), dtype=F64)
+    E = torch.tensor([0.0, math.inf, 0.0], dtype=F64)
+    row = _ffn_row(_ffn_case(8), H, _blocks(_gen(9)), 0.05, E)
+    assert torch.isinf(row[1]) and torch.isfinite(row[[0, 2]]).all()

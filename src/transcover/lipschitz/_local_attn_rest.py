@@ -108,7 +108,7 @@ def box_mean(lo: Tensor, hi: Tensor, c: Tensor) -> Tensor:
     left = (mass[:, 0] - take.sum(dim=1)).clamp(min=0)
     top = torch.where(hi > 0, c, torch.zeros_like(c)).max(dim=1).values
     out = (lo * c).sum(dim=1) + (take * cs).sum(dim=1) + left * top
-    return torch.nan_to_num(out * (1 + 1e-12), nan=math.inf)
+    return torch.nan_to_num(out * (1 + 1e-12), nan=math.inf, posinf=math.inf)
 
 
 def weight_box(S: Tensor, D: Tensor) -> tuple[Tensor, Tensor]:
@@ -148,7 +148,23 @@ def head_rest_sup(lo: Tensor, hi: Tensor, U: Tensor, sig: Tensor, gap: Tensor, W
     .. math:: \minig(	extstyle\sum_j p_j C_j^2 ar Y_j,\ V \max_j ar Y_jig) + \sum_j p_j \sigma_j ar Y_j
               + 2 \minig(\sum_j p_j C_j W_j,\ (V \sum_j p_j W_j^2)^{1/2}ig),
 
-    every ``sum_j p_j f_j`` the box's largest (``box_mean``)."""
+    every ``sum_j p_j f_j`` the box's largest (``box_mean``).  The bound is homogeneous (``U -> a U``, ``sig -> a^2 sig``,
+    ``gap -> b gap``, ``W -> a b W`` scale it by ``a^2 b``), so it is formed at powers of two ``a``, ``b`` that bring
+    ``max U`` and ``max gap`` to order one (exact), then scaled back: no product of three or four factors under- or
+    overflows (THEORY F80)."""
+    a, b = _pow2_unit(U), _pow2_unit(gap)
+    return _head_rest_unit(lo, hi, U * a, sig * a * a, gap * b, W * a * b) / a / a / b  # one power of two at a time
+
+
+def _pow2_unit(v: Tensor) -> float:
+    """A power of two ``s`` with ``s max|v|`` in ``[1/2, 1)`` (1 where ``max|v|`` is 0 or not finite; ``2^+-1000`` at
+    most).  THEORY F80."""
+    m = float(v.abs().max()) if v.numel() else 0.0
+    return 1.0 if m == 0 or not math.isfinite(m) else 2.0 ** max(-1000, min(1000, -math.frexp(m)[1]))
+
+
+def _head_rest_unit(lo: Tensor, hi: Tensor, U: Tensor, sig: Tensor, gap: Tensor, W: Tensor) -> Tensor:
+    """``head_rest_sup``'s bound at the given (rescaled) factors."""
     C = pair_mean(lo, hi, U[:, :, None] + U[:, None, :])
     Yb = pair_mean(lo, hi, gap[None].expand(U.shape[0], -1, -1))
     V = torch.minimum(box_mean(lo, hi, U * U), box_mean(lo, hi, C * C))
@@ -177,13 +193,20 @@ def attention_rest_rows(data: AttnRestData, rho: float, E: Tensor, eP: float, pa
     Assumptions: post-LN dot attention without RoPE, soft-cap or q/k norm.  Padded; nan -> inf."""
     e = E + rho * eP
     e1 = e + pad
-    per, joint = torch.zeros_like(E), torch.zeros_like(E)
+    per, sups = torch.zeros_like(E), []
     for h in range(data.S.shape[0]):
         U, sig, lo, hi, mV, gap, gapv = _head_factors(data, h, rho, e, e1)
         per = per + head_rest_sup(lo, hi, U, sig, gap, data.nO[h] * mV * (1 + 1e-12))
-        joint = joint + head_rest_sup(lo, hi, U, sig, gapv, mV) ** 2
-    joint = data.nOall * torch.sqrt(joint) * (1 + 1e-12)
+        sups.append(head_rest_sup(lo, hi, U, sig, gapv, mV))
+    joint = data.nOall * _heads_norm(torch.stack(sups)) * (1 + 1e-12)
     return torch.nan_to_num(torch.minimum(per, joint) / 2 * (1 + 1e-12), nan=math.inf, posinf=math.inf)
+
+
+def _heads_norm(v: Tensor) -> Tensor:
+    """(T,) ``(sum_h v_h^2)^{1/2}`` over the heads of ``v`` (H, T), formed at the power of two that brings the largest
+    to order one (no square under- or overflows; THEORY F80); within ``1e-15`` relative (padded by the caller)."""
+    s = _pow2_unit(v)
+    return torch.sqrt(((v * s) ** 2).sum(dim=0)) * (1 + 1e-15) / s
 
 
 def _head_factors(data: AttnRestData, h: int, rho: float, e: Tensor, e1: Tensor) -> tuple:
@@ -218,7 +241,7 @@ def segment_rest_heads(sup, rho: float, emax: float, rD: float, pad: float, step
     total = None
     for k in range(1, steps + 1):
         F, Fm, S = sup(k * rD / steps + pad)
-        H = rho * rho * F + (2 * rho * emax * Fm + emax * emax * S if emax > 0 else 0.0)  # no inf * 0 at e = 0
+        H = rho * (rho * F) + (2 * rho * (emax * Fm) + emax * (emax * S) if emax > 0 else 0.0)  # no inf * 0 at e = 0
         part = H * ((2 * steps - 2 * k + 1) / (2 * steps**2))
         total = part if total is None else total + part
     return torch.nan_to_num(total * (1 + 1e-12), nan=math.inf, posinf=math.inf)

@@ -114,7 +114,7 @@ def norm_move_forms(blocks: Tensor, X: Tensor, gamma: Tensor, lay: bool) -> Norm
     eY = fM * (eQ + _gamma(2 * d + 2) * Q.norm(dim=(1, 2))) * (1 + 1e-12)
     eM = 8 * (d + 4) * _U * gmax
     lg = (torch.sqrt(_lmax_sym(Y, eY)) + eM * torch.sqrt(lam)) * (1 + 1e-12)
-    nan = lambda v: torch.nan_to_num(v, nan=math.inf)  # noqa: E731
+    nan = lambda v: torch.nan_to_num(v, nan=math.inf, posinf=math.inf)  # noqa: E731
     return NormForms(zn, _centre_err(X, Z, lay), gz, nan(lam), nan(tn), nan(lg), ec, gmax, d)
 
 
@@ -132,6 +132,15 @@ def _curvature(u: Tensor, t: Tensor, Gn: Tensor, gw: Tensor, gmax: float, pieces
     return torch.minimum(tri, quad).amax(dim=0)
 
 
+def _unit_scale(zn: Tensor) -> tuple[Tensor, Tensor]:
+    """(``s``, ``ok``) (T,): powers of two with ``s_i zn_i`` in ``[1/2, 1)`` (1 where ``zn`` is not finite or 0), and
+    whether ``2^-450 <= zn_i <= 2^450`` (outside, the forms' float64 norms of the token may have under- or overflowed
+    in their squares).  THEORY F80."""
+    ok = torch.isfinite(zn) & (zn >= 2.0**-450) & (zn <= 2.0**450)
+    _, ex = torch.frexp(torch.where(ok, zn, torch.ones_like(zn)))
+    return torch.ldexp(torch.ones_like(zn), -ex), ok
+
+
 def norm_rest_rows(f: NormForms, eps: float, rho: float, E: Tensor, r: Tensor, pad: float) -> Tensor:
     r"""(T,) rows ``>= ||R_{s,i}||`` of a LayerNorm/RMSNorm sub-stage's Taylor rest at the exact input ``x*`` (within
     ``pad`` of the stored ``X``) for every move ``Delta_i = a_i + e_i``, ``a = P_s(X) delta`` (``||delta_j|| <= rho``,
@@ -145,8 +154,15 @@ def norm_rest_rows(f: NormForms, eps: float, rho: float, E: Tensor, r: Tensor, p
     tn + E') + q u)/c) >= |n_tau . P Delta|``, ``g_w = min(gmax u, rho lg + gmax E' + gmax u q/zn)``, ``s_2 = c^2 + d
     eps``, ``kappa = min(1, d eps / s_2)``; inf where ``c <= 0``.  Floats: ``q`` up ``4u``, ``c`` and ``s_2`` down ``4u``
     relative, the result ``(1 + 1e-10)``; nan -> inf.  ``curv``: ``_curvature``, the two curvature terms with
-    ``||e_perp||^2 + a^2 = ||P Delta||^2`` kept jointly."""
+    ``||e_perp||^2 + a^2 = ||P Delta||^2`` kept jointly.  Range (THEORY F80): every length (``zn``, ``zerr``, ``gz``,
+    ``rho``, ``E``, ``r``, ``pad``) is first multiplied by the token's power of two ``s`` with ``s zn`` in ``[1/2, 1)``
+    and ``eps`` by ``s^2`` (exact; the row is of degree 0 in them jointly), so no square or fourth power of a length
+    under- or overflows; inf where ``zn`` is outside ``[2^-450, 2^450]``."""
     d = f.d
+    sc, ok = _unit_scale(f.zn)  # F80: the rest is of degree 0 in (x, Delta, pad, sqrt(eps)); lengths of order one
+    f = f._replace(zn=f.zn * sc, zerr=f.zerr * sc, gz=f.gz * sc)
+    rho, E, r, pad = rho * sc, E * sc, r * sc, pad * sc
+    eps = (eps * sc * sc).clamp(max=1e300)  # lower is the safe side: s_2 falls
     Ef = E + rho * f.ec
     u = torch.minimum(r, (rho * torch.sqrt(f.lam) + Ef) * (1 + 4 * _U))
     q = (pad + f.zerr + u) * (1 + 4 * _U)
@@ -157,8 +173,8 @@ def norm_rest_rows(f: NormForms, eps: float, rho: float, E: Tensor, r: Tensor, p
     s2 = (c * c + d * eps) * (1 - 4 * _U)
     kappa = torch.clamp(d * eps / s2, max=1.0)
     out = math.sqrt(d) / (2 * s2) * _curvature(u, t, Gn, gw + t * kappa * Gn, f.gmax) * (1 + 1e-10)
-    out = torch.where(c > 0, out, math.inf)
-    return torch.nan_to_num(torch.where(u == 0, 0.0, out), nan=math.inf)
+    out = torch.where((c > 0) & ok, out, math.inf)
+    return torch.nan_to_num(torch.where(u == 0, 0.0, out), nan=math.inf, posinf=math.inf)
 
 
 def ffn_rest_rows(al, rho: float, E: Tensor, r: Tensor, pad: float) -> Tensor:  # noqa: ANN001
@@ -187,4 +203,4 @@ def ffn_rest_rows(al, rho: float, E: Tensor, r: Tensor, pad: float) -> Tensor:  
     third = nW2 * s3m / 6 * (K2.sqrt() * rho * rho + 2 * Km2.sqrt() * rho * Ef + math.sqrt(lH) * Ef * Ef)
     centre = gelu_second_sup() * nW2 * math.sqrt(lH) * pad * (r + pad)
     out = (first + third + centre) * (1 + 1e-12)
-    return torch.nan_to_num(out, nan=math.inf)
+    return torch.nan_to_num(out, nan=math.inf, posinf=math.inf)

@@ -22,6 +22,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from . import _rounding
 from ._local_ffn2 import gelu3_sup
 from ._local_jacobian import certified_lmax, gelu_second_sup
 from ._local_stack_aligned import ellipsoid_gram
@@ -29,7 +30,6 @@ from ._rounding import _gamma
 
 __all__ = ["NormForms", "norm_move_forms", "norm_rest_rows", "ffn_rest_rows"]
 
-_U = 2.0**-53
 GRID = 32  # F79b: pieces of the radial component's range
 
 
@@ -73,7 +73,7 @@ def _lmax_sym(M: Tensor, err: Tensor) -> Tensor:
     """(T,) certified ``lambda_max`` of the exact PSD matrices within ``err`` (spectral) of the formed batch ``M``,
     symmetrised first (``u ||M||_F`` more)."""
     S = 0.5 * (M + M.transpose(1, 2))
-    return certified_lmax(S) + err + _U * M.norm(dim=(1, 2))
+    return certified_lmax(S) + err + _rounding._U * M.norm(dim=(1, 2))
 
 
 def norm_move_forms(blocks: Tensor, X: Tensor, gamma: Tensor, lay: bool) -> NormForms:
@@ -96,12 +96,12 @@ def norm_move_forms(blocks: Tensor, X: Tensor, gamma: Tensor, lay: bool) -> Norm
     Z = Z - Z.mean(dim=1, keepdim=True) if lay else Z  # centre_tokens' two passes
     g = gamma.to(torch.float64)
     gmax = float(g.abs().max())
-    zn = Z.norm(dim=1) * (1 - 2 * (d + 4) * _U)
-    gz = (g * Z).norm(dim=1) * (1 + 3 * (d + 4) * _U)
+    zn = Z.norm(dim=1) * (1 - 2 * (d + 4) * _rounding._U)
+    gz = (g * Z).norm(dim=1) * (1 + 3 * (d + 4) * _rounding._U)
     n = Z / Z.norm(dim=1, keepdim=True).clamp(min=1e-300)
     pn = n - n.mean(dim=1, keepdim=True) if lay else n
     fro = blocks.norm(dim=(2, 3))
-    tn = torch.einsum("ijab,ia->ijb", blocks, pn).norm(dim=2).sum(dim=1) * (1 + 2 * (d + 2) * _U) \
+    tn = torch.einsum("ijab,ia->ijb", blocks, pn).norm(dim=2).sum(dim=1) * (1 + 2 * (d + 2) * _rounding._U) \
         + 1e-12 * fro.sum(dim=1)
     C, ec = _centred(blocks, lay)
     Qs, eQs = zip(*(ellipsoid_gram(C[i]) for i in range(T)))
@@ -109,10 +109,10 @@ def norm_move_forms(blocks: Tensor, X: Tensor, gamma: Tensor, lay: bool) -> Norm
     eQ = torch.tensor(eQs, dtype=torch.float64)
     lam = _lmax_sym(Q, eQ)
     M = g[None, :, None] * (torch.eye(d, dtype=torch.float64)[None] - n[:, :, None] * n[:, None, :])
-    fM = (M * M).sum(dim=(1, 2)) * (1 + 2 * d * d * _U)
+    fM = (M * M).sum(dim=(1, 2)) * (1 + 2 * d * d * _rounding._U)
     Y = M @ Q @ M.transpose(1, 2)
     eY = fM * (eQ + _gamma(2 * d + 2) * Q.norm(dim=(1, 2))) * (1 + 1e-12)
-    eM = 8 * (d + 4) * _U * gmax
+    eM = 8 * (d + 4) * _rounding._U * gmax
     lg = (torch.sqrt(_lmax_sym(Y, eY)) + eM * torch.sqrt(lam)) * (1 + 1e-12)
     nan = lambda v: torch.nan_to_num(v, nan=math.inf, posinf=math.inf)  # noqa: E731
     return NormForms(zn, _centre_err(X, Z, lay), gz, nan(lam), nan(tn), nan(lg), ec, gmax, d)
@@ -125,8 +125,8 @@ def _curvature(u: Tensor, t: Tensor, Gn: Tensor, gw: Tensor, gmax: float, pieces
     a_{k+1}^2 p_k)^{1/2}`` (the two parts orthogonal, F43a), the largest over pieces.  Ends rounded outward ``4u``."""
     k = torch.arange(pieces + 1, dtype=torch.float64)[:, None] / pieces
     a = k * t[None, :]
-    lo, hi = a[:-1] * (1 - 4 * _U), a[1:] * (1 + 4 * _U)
-    p = ((u * u)[None, :] - lo * lo).clamp(min=0.0) * (1 + 4 * _U)
+    lo, hi = a[:-1] * (1 - 4 * _rounding._U), a[1:] * (1 + 4 * _rounding._U)
+    p = ((u * u)[None, :] - lo * lo).clamp(min=0.0) * (1 + 4 * _rounding._U)
     tri = p * Gn[None, :] + 2 * hi * torch.minimum(gmax * p.sqrt(), gw[None, :].expand_as(p))
     quad = gmax * torch.sqrt(p * p + 4 * hi * hi * p)
     return torch.minimum(tri, quad).amax(dim=0)
@@ -164,13 +164,13 @@ def norm_rest_rows(f: NormForms, eps: float, rho: float, E: Tensor, r: Tensor, p
     rho, E, r, pad = rho * sc, E * sc, r * sc, pad * sc
     eps = (eps * sc * sc).clamp(max=1e300)  # lower is the safe side: s_2 falls
     Ef = E + rho * f.ec
-    u = torch.minimum(r, (rho * torch.sqrt(f.lam) + Ef) * (1 + 4 * _U))
-    q = (pad + f.zerr + u) * (1 + 4 * _U)
-    c = ((f.zn - q) * (1 - 4 * _U)).clamp(min=0.0)
+    u = torch.minimum(r, (rho * torch.sqrt(f.lam) + Ef) * (1 + 4 * _rounding._U))
+    q = (pad + f.zerr + u) * (1 + 4 * _rounding._U)
+    c = ((f.zn - q) * (1 - 4 * _rounding._U)).clamp(min=0.0)
     Gn = torch.clamp((f.gz + f.gmax * q) / c, max=f.gmax)
     t = torch.minimum(u, (f.zn * (rho * f.tn + Ef) + q * u) / c)
     gw = torch.minimum(f.gmax * u, rho * f.lg + f.gmax * Ef + f.gmax * u * q / f.zn)
-    s2 = (c * c + d * eps) * (1 - 4 * _U)
+    s2 = (c * c + d * eps) * (1 - 4 * _rounding._U)
     kappa = torch.clamp(d * eps / s2, max=1.0)
     out = math.sqrt(d) / (2 * s2) * _curvature(u, t, Gn, gw + t * kappa * Gn, f.gmax) * (1 + 1e-10)
     out = torch.where((c > 0) & ok, out, math.inf)

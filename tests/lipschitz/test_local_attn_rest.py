@@ -28,16 +28,19 @@ T, D_MODEL = 3, 8
 
 
 def _case(seed: int, qscale: float = 1.0, causal: bool = False, flat: bool = False, vscale: float = 1.0,  # noqa: ANN202
-          oscale: float = 1.0, t: int = T, d: int = D_MODEL, heads: int = 2, pscale: float = 1.0, diag: bool = False):
+          oscale: float = 1.0, t: int = T, d: int = D_MODEL, heads: int = 2, pscale: float = 1.0, diag: bool = False,
+          xscale: float = 1.0):
     """A post-LN layer's attention with biases (``qscale`` > 1: sharp heads), its input X (t, d) and a prefix P (blocks;
-    ``diag``: the identity, every row moved by its own token only)."""
+    ``diag``: the identity, every row moved by its own token only); ``xscale``: X times it and ``W_Q``, ``W_K``, ``W_V``
+    over it (the same attention of the same points)."""
     L = random_spec(seed, act="gelu", norm="layernorm", d=d, H=heads, dh=d // heads, dff=8, biases=True,
                     causal=causal).layers[0]
-    attn = dataclasses.replace(L.attention, W_Q=L.attention.W_Q * qscale, W_V=L.attention.W_V * vscale,
-                               W_O=L.attention.W_O * oscale)
+    A = L.attention
+    attn = dataclasses.replace(A, W_Q=A.W_Q * qscale / xscale, W_K=A.W_K / xscale, W_V=A.W_V * vscale / xscale,
+                               W_O=A.W_O * oscale)
     layer = dataclasses.replace(L, attention=attn)
     g = torch.Generator().manual_seed(seed + 1)
-    X = torch.randn(t, d, generator=g, dtype=torch.float64) * 1.5
+    X = torch.randn(t, d, generator=g, dtype=torch.float64) * 1.5 * xscale
     if flat:  # near-flat tokens: one token repeated, 1e-12 apart
         X = X[:1].expand(t, d) + 1e-12 * torch.randn(t, d, generator=g, dtype=torch.float64)
     P = torch.randn(t, t, d, d, generator=g, dtype=torch.float64) / d**0.5 * pscale
@@ -203,6 +206,18 @@ def test_rows_scale_without_underflow(rows_of):
     rows = [rows_of(data, 0.05 * c, E * c, 1e-3, 1e-6 * c) / c**2 for c in (2.0**-60, 2.0**-300)]
     assert torch.all(rows[1] > 0)
     assert torch.allclose(rows[1], rows[0], rtol=1e-9, atol=0)
+
+
+@pytest.mark.parametrize("rows_of", [attention_rest_rows, joint_rest_rows])
+def test_rows_are_scale_free_in_the_inputs(rows_of):
+    """land28 (THEORY F81d): the tokens, the move and the pad times ``2^300`` with ``W_Q``, ``W_K``, ``W_V`` over it (the
+    same attention of the same points, sharp heads ``W_Q x 30``) give the same rows to ``1e-12``; F44a's Frobenius
+    norms of ``W_Q^T Q W_Q`` (entries ``2^-600``) once squared to 0 there, dropping the Grams' rounding terms (rows
+    ``1.4e-6`` lower)."""
+    E = torch.tensor([0.0, 0.02, 0.02], dtype=torch.float64)
+    c = 2.0**300
+    rows = [rows_of(_case(13, 30.0, xscale=x)[3], 0.05 * x, E * x, 1e-3, 1e-4 * x) for x in (1.0, c)]
+    assert torch.allclose(rows[1], rows[0], rtol=1e-12, atol=0)
 
 
 @pytest.mark.parametrize("rows_of", [attention_rest_rows, joint_rest_rows])

@@ -1,5 +1,5 @@
 """The attention stage's own Taylor rest for moves along the prefix's rows (issue 12, ``lipschitz._local_attn_rest``,
-THEORY F78): a float64 projected Adam ascent of the exact rest ``||A(x + D) - A(x) - A'(x) D||_i`` over the moves
+THEORY F78, F81): a float64 projected Adam ascent of the exact rest ``||A(x + D) - A(x) - A'(x) D||_i`` over the moves
 ``D = P delta + e`` never beats the rows (plain, sharp and causal heads, near-flat tokens, ``e = 0`` and ``e != 0``); the
 rows are linear in ``W_V`` and second order in the move, as the rest is.
 """
@@ -7,6 +7,7 @@ rows are linear in ``W_V`` and second order in the move, as the rest is.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -14,7 +15,8 @@ import torch
 from lipschitz_testkit import random_spec
 from transcover.lipschitz._local_attention import head_norms
 from transcover.lipschitz._local_attn_rest import (
-    attention_rest_rows, attn_rest_data, head_rest_sup, piecewise_rest_rows, segment_rest_heads,
+    JointSpread, _joint_spread, attention_rest_rows, attn_rest_data, head_rest_sup, joint_rest_rows, piecewise_rest_rows,
+    segment_rest_heads, weight_box,
 )
 from transcover.lipschitz._local_drift import hessian_ball_sup
 from transcover.lipschitz._local_jacobian import _weight_norms
@@ -26,21 +28,28 @@ T, D_MODEL = 3, 8
 
 
 def _case(seed: int, qscale: float = 1.0, causal: bool = False, flat: bool = False, vscale: float = 1.0,  # noqa: ANN202
-          oscale: float = 1.0, t: int = T, d: int = D_MODEL, heads: int = 2, pscale: float = 1.0):
-    """A post-LN layer's attention with biases (``qscale`` > 1: sharp heads), its input X (t, d) and a prefix P (blocks)."""
+          oscale: float = 1.0, t: int = T, d: int = D_MODEL, heads: int = 2, pscale: float = 1.0, diag: bool = False,
+          xscale: float = 1.0):
+    """A post-LN layer's attention with biases (``qscale`` > 1: sharp heads), its input X (t, d) and a prefix P (blocks;
+    ``diag``: the identity, every row moved by its own token only); ``xscale``: X times it and ``W_Q``, ``W_K``, ``W_V``
+    over it (the same attention of the same points)."""
     L = random_spec(seed, act="gelu", norm="layernorm", d=d, H=heads, dh=d // heads, dff=8, biases=True,
                     causal=causal).layers[0]
-    attn = dataclasses.replace(L.attention, W_Q=L.attention.W_Q * qscale, W_V=L.attention.W_V * vscale,
-                               W_O=L.attention.W_O * oscale)
+    A = L.attention
+    attn = dataclasses.replace(A, W_Q=A.W_Q * qscale / xscale, W_K=A.W_K / xscale, W_V=A.W_V * vscale / xscale,
+                               W_O=A.W_O * oscale)
     layer = dataclasses.replace(L, attention=attn)
     g = torch.Generator().manual_seed(seed + 1)
-    X = torch.randn(t, d, generator=g, dtype=torch.float64) * 1.5
+    X = torch.randn(t, d, generator=g, dtype=torch.float64) * 1.5 * xscale
     if flat:  # near-flat tokens: one token repeated, 1e-12 apart
         X = X[:1].expand(t, d) + 1e-12 * torch.randn(t, d, generator=g, dtype=torch.float64)
     P = torch.randn(t, t, d, d, generator=g, dtype=torch.float64) / d**0.5 * pscale
+    if diag:
+        P = torch.eye(t, dtype=torch.float64)[:, :, None, None] * torch.eye(d, dtype=torch.float64)
     st, _ = _attn_stage("a", 0, layer, X, None, {"w": _weight_norms(layer), "h": head_norms(attn)})
     aa = AttentionAligned(st.attn, P)
-    data = attn_rest_data(X, aa.p["heads"], aa.p["Wqa"], aa.p["scale"], aa.proj, aa.nQ, aa.nK, aa.p["norms"]["V"])
+    data = attn_rest_data(X, aa.p["heads"], aa.p["Wqa"], aa.p["scale"], aa.proj, aa.nQ, aa.nK, aa.p["norms"]["V"],
+                          aa.p["mom"])
     return attn, X, P, data, aa, st
 
 
@@ -115,7 +124,8 @@ def test_rest_rows_are_never_beaten(seed, qscale, causal, flat, rho, efrac):
     attn, X, P, data, aa, st = _case(seed, qscale, causal, flat)
     E = torch.full((T,), efrac * rho, dtype=torch.float64)
     rows = {"F78": attention_rest_rows(data, rho, E, 0.0, 0.0), "F78c": _segment_rows(aa, P, rho, E),
-            "F78d": _piecewise_rows(st, aa, P, rho, E)}
+            "F78d": _piecewise_rows(st, aa, P, rho, E), "F81": joint_rest_rows(data, rho, E, 0.0, 0.0)}
+    assert torch.all(rows["F81"] <= rows["F78"])
     tol = 1e-12 * float(attention_forward(attn, X).norm(dim=-1).max() + 1)
     got = [_ascent(attn, X, P, rho, E, i) for i in range(T)]
     for name, row in rows.items():  # each branch on its own
@@ -174,37 +184,54 @@ def test_rows_are_linear_in_the_output_map():
 
 
 def test_rows_are_linear_in_the_values():
-    """``W_V x c`` scales the rest by ``c`` exactly; F78's and F78c's rows too, up to rounding."""
+    """``W_V x c`` scales the rest by ``c`` exactly; F78's, F81's and F78c's rows too, up to rounding."""
     E = torch.full((T,), 0.02, dtype=torch.float64)
     cases = [_case(6, vscale=c) for c in (1.0, 3.0)]
-    rows = [attention_rest_rows(cs[3], 0.05, E, 1e-3, 1e-6) for cs in cases]
-    assert torch.allclose(rows[1], 3.0 * rows[0], rtol=1e-9, atol=0)
+    for rows_of in (attention_rest_rows, joint_rest_rows):
+        rows = [rows_of(cs[3], 0.05, E, 1e-3, 1e-6) for cs in cases]
+        assert torch.allclose(rows[1], 3.0 * rows[0], rtol=1e-9, atol=0)
     seg = [_segment_rows(cs[4], cs[2], 0.05, E) for cs in cases]
     assert torch.allclose(seg[1], 3.0 * seg[0], rtol=1e-9, atol=0)
 
 
-def test_rows_scale_without_underflow():
-    """red26 (THEORY F80): the move (``rho``, ``E``, ``pad``) scaled by ``2^-60`` and by ``2^-300`` gives rows in the ratio
-    ``2^480`` (the rest's second order; both far below the rows' higher orders), where the heads' joint norm once
-    squared ``~1e-181`` to 0 and the value term's ``V sum p W^2`` (four factors of the move squared) underflowed."""
+@pytest.mark.parametrize("rows_of", [attention_rest_rows, joint_rest_rows])
+def test_rows_scale_without_underflow(rows_of):
+    """red26 (THEORY F80, F81d): the move (``rho``, ``E``, ``pad``) scaled by ``2^-60`` and by ``2^-300`` gives rows in the
+    ratio ``2^480`` (the rest's second order; both far below the rows' higher orders), where the heads' joint norm once
+    squared ``~1e-181`` to 0 and the value term's ``V sum p W^2`` (four factors of the move squared) underflowed; F81's
+    ``V^J`` is squared at ``head_rest_sup``'s power of two (at the move's own scale it would be ``2^-600`` against the
+    rescaled F78 ``V`` of order one)."""
     data = _case(6)[3]
     E = torch.full((T,), 0.02, dtype=torch.float64)
-    rows = [attention_rest_rows(data, 0.05 * c, E * c, 1e-3, 1e-6 * c) / c**2 for c in (2.0**-60, 2.0**-300)]
+    rows = [rows_of(data, 0.05 * c, E * c, 1e-3, 1e-6 * c) / c**2 for c in (2.0**-60, 2.0**-300)]
     assert torch.all(rows[1] > 0)
     assert torch.allclose(rows[1], rows[0], rtol=1e-9, atol=0)
 
 
+@pytest.mark.parametrize("rows_of", [attention_rest_rows, joint_rest_rows])
+def test_rows_are_scale_free_in_the_inputs(rows_of):
+    """land28 (THEORY F81d): the tokens, the move and the pad times ``2^300`` with ``W_Q``, ``W_K``, ``W_V`` over it (the
+    same attention of the same points, sharp heads ``W_Q x 30``) give the same rows to ``1e-12``; F44a's Frobenius
+    norms of ``W_Q^T Q W_Q`` (entries ``2^-600``) once squared to 0 there, dropping the Grams' rounding terms (rows
+    ``1.4e-6`` lower)."""
+    E = torch.tensor([0.0, 0.02, 0.02], dtype=torch.float64)
+    c = 2.0**300
+    rows = [rows_of(_case(13, 30.0, xscale=x)[3], 0.05 * x, E * x, 1e-3, 1e-4 * x) for x in (1.0, c)]
+    assert torch.allclose(rows[1], rows[0], rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("rows_of", [attention_rest_rows, joint_rest_rows])
 @pytest.mark.parametrize("part", ["prefix", "outside"])
-def test_rows_are_second_order_in_the_move(part):
+def test_rows_are_second_order_in_the_move(part, rows_of):
     """With only the prefix's part (``E = 0``) or only the part outside it (``rho = 0``) scaled by ``tau``, the rest is
     ``tau^2`` times a form plus higher orders: the rows divided by ``tau^2`` fall as ``tau`` falls and settle."""
     data = _case(7)[3]
     taus = (1e-1, 1e-2, 1e-3, 1e-4)
     E = torch.full((T,), 0.1, dtype=torch.float64)
     if part == "prefix":
-        q = [attention_rest_rows(data, 0.1 * t, 0 * E, 0.0, 0.0) / t**2 for t in taus]
+        q = [rows_of(data, 0.1 * t, 0 * E, 0.0, 0.0) / t**2 for t in taus]
     else:
-        q = [attention_rest_rows(data, 0.0, t * E, 0.0, 0.0) / t**2 for t in taus]
+        q = [rows_of(data, 0.0, t * E, 0.0, 0.0) / t**2 for t in taus]
     for a, b in zip(q, q[1:]):
         assert torch.all(b <= a * (1 + 1e-9))
     assert torch.all(q[-1] > 0)
@@ -231,9 +258,26 @@ def test_head_sup_is_attained_where_one_term_acts(term):
     exact = float(_softmax_second(p, u, sig, y, w).norm())
     gap = (y[:, None, :] - y[None, :, :]).norm(dim=-1)
     lo, hi, U, sg = (v[None].expand(2, 2) for v in (p * (1 - 1e-9), p * (1 + 1e-9), u.abs(), sig.abs()))  # two queries alike
-    got = float(head_rest_sup(lo, hi, U, sg, gap, w.norm(dim=-1))[0])
-    assert exact > 0
-    assert exact <= got <= 1.03 * exact, (exact, got)
+    for sp in (None, JointSpread(torch.full((2,), math.inf, dtype=torch.float64), ())):  # F78; F81c's fill
+        got = float(head_rest_sup(lo, hi, U, sg, gap, w.norm(dim=-1), sp)[0])
+        assert exact > 0
+        assert exact <= got <= 1.03 * exact, (exact, got)
+
+
+def test_variance_fill_is_sound_and_tighter():
+    """Three keys, the two heavy ones' velocities opposite and the light one far away (its value gap 10): F81c's fill of
+    the variance's mass by the largest gaps first stays above the exact ``||sum p'' y||`` and is at least 5 % below
+    F78's ``min(sum p C^2 Yb, V max Yb)``."""
+    p = torch.tensor([0.45, 0.45, 0.1], dtype=torch.float64)
+    u = torch.tensor([1.0, -1.0, 0.0], dtype=torch.float64)
+    y = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 10.0]], dtype=torch.float64)
+    zero = torch.zeros(3, dtype=torch.float64)
+    exact = float(_softmax_second(p, u, zero, y, torch.zeros(3, 2, dtype=torch.float64)).norm())
+    gap = (y[:, None, :] - y[None, :, :]).norm(dim=-1)
+    lo, hi, U, sg = (v[None].expand(3, 3) for v in (p * (1 - 1e-9), p * (1 + 1e-9), u.abs(), zero))
+    f78 = float(head_rest_sup(lo, hi, U, sg, gap, zero)[0])
+    f81 = float(head_rest_sup(lo, hi, U, sg, gap, zero, JointSpread(torch.full((3,), math.inf, dtype=torch.float64), ()))[0])
+    assert exact <= f81 <= 0.95 * f78, (exact, f81, f78)
 
 
 def test_the_taylor_weights_on_the_pieces():
@@ -291,3 +335,44 @@ def test_score_and_value_moves_within_their_rows(efrac):
                         assert torch.all(dds.abs() <= sig[i] + 1e-12)
                         assert torch.all((lo[i] <= p + 1e-15) & (p <= hi[i] + 1e-15))
                     assert torch.all((D @ Wv @ Wo).norm(dim=-1) <= data.nO[h] * mV + 1e-12)
+
+
+@pytest.mark.parametrize(("seed", "qscale", "diag", "outside"), [
+    (10, 1.0, True, False), (11, 6.0, True, False), (12, 1.0, False, False), (10, 1.0, True, True)])
+def test_joint_variance_holds_and_is_tight(seed, qscale, diag, outside):
+    """F81's joint ``var_p(u_i)`` of the score velocities at the data (small moves: the box is ``p``, the cross part
+    second order) against a projected Adam ascent of the exact ``var_p(ds_i)`` over ``D = P delta`` (``outside``: over
+    ``D = e``, ``||e_j|| <= E``, ``rho = 0``): never above it, and with every row moved by its own token (``diag``: exact
+    ellipsoids) or by ``e`` within 2x of it on some query, so that half of F81's variance fails."""
+    from transcover.model import attention_scores
+
+    attn, X, P, data, aa, _ = _case(seed, qscale, diag=diag)
+    size = 1e-6
+    rho, E = (0.0, torch.full((T,), size, dtype=torch.float64)) if outside else (size, torch.zeros(T, dtype=torch.float64))
+    if outside:
+        P = torch.eye(T, dtype=torch.float64)[:, :, None, None] * torch.eye(D_MODEL, dtype=torch.float64)
+    radius = torch.full((T,), size, dtype=torch.float64)
+    ratio = 0.0
+    for h in range(data.S.shape[0]):
+        lo, hi = weight_box(data.S[h], data.eS[h])
+        Vj = _joint_spread(data, h, rho, E, E, lo, hi).var(lo, hi)
+        s = lambda Z: attention_scores(attn, Z, h)  # noqa: E731
+        p = torch.softmax(s(X), dim=-1)
+        for i in range(T):
+            best = 0.0
+            g = torch.Generator().manual_seed(i)
+            for _ in range(3):
+                dl = _clip(torch.randn(T, D_MODEL, generator=g, dtype=torch.float64) * size, radius).requires_grad_(True)
+                opt = torch.optim.Adam([dl], lr=0.1 * size)
+                for _ in range(40):
+                    with torch.no_grad():
+                        dl.copy_(_clip(dl, radius))
+                    u = _jvp(s, X, torch.einsum("kjab,jb->ka", P, dl))[i]
+                    v = (p[i] * (u - (p[i] * u).sum()) ** 2).sum()
+                    best = max(best, float(v.detach()))
+                    opt.zero_grad()
+                    (-v).backward()
+                    opt.step()
+            assert best <= float(Vj[i]) * (1 + 1e-9), (h, i, best, float(Vj[i]))
+            ratio = max(ratio, best / float(Vj[i]))
+    assert ratio > 0.5 or not diag, ratio

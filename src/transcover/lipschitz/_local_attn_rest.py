@@ -9,12 +9,16 @@ ellipsoids, plus the e-part), the cross term ``2 q'_i . k'_j``, certified weight
 at the data plus their move, the value velocity.  The Taylor integral's weight ``int (1 - t) dt = 1/2`` is kept.
 Two further rows of the same rest: F44b/F35's ball sups weighted by ``1 - t`` on the segment's pieces
 (``segment_rest_heads``, F78c) and F73c's own drift rows at the scaled moves of the pieces (``piecewise_rest_rows``, F78d).
+F81 (``joint_rest_rows``): F78 with the score changes' variance joint over the keys — the query part of every key's
+score change comes from one move of query i's row, so its ``p``-weighted second moment is F44a's ``lambda_max`` of the
+weighted Gram, not the sum of every key's own maximum.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -23,7 +27,7 @@ from ._local_jacobian import certified_spectral
 from ._rounding import _gamma
 
 __all__ = ["AttnRestData", "attn_rest_data", "box_mean", "weight_box", "pair_mean", "head_rest_sup", "attention_rest_rows",
-           "segment_rest_heads", "piecewise_rest_rows"]
+           "segment_rest_heads", "piecewise_rest_rows", "joint_rest_rows", "JointSpread"]
 
 
 @dataclass(frozen=True)
@@ -34,7 +38,10 @@ class AttnRestData:
     (H, T, T) and ``||q_i||`` (H, T) (the key part); ``mQ``, ``mK``, ``mV`` (H, T): ``||Q*_j^{1/2} W||``; ``nQ``, ``nK``,
     ``nV``, ``nO`` (H,): ``||W_Q||``, ``||W_K||``, ``||W_V||``, ``||W_O^h||``; ``Y`` (H, T, T): ``||W_O^hT W_V^hT (x_j -
     x_k)||`` and ``Yv`` the same before ``W_O`` (``||W_V^hT (x_j - x_k)||``), ``nOall`` ``>= ||W_O||`` (all heads); ``scale``
-    the softmax scale (in ``G``, ``q``, ``S``, not in ``mQ``, ``nQ``)."""
+    the softmax scale (in ``G``, ``q``, ``S``, not in ``mQ``, ``nQ``); ``P`` (H, T, T) the weights as computed and ``lG``
+    (H, T) ``>= lambda_max(sum_j P_ij g_ij g_ij^T)`` with exactly these ``P`` (F44a; F81's joint query part); ``lGb``
+    (H, T) the same for the rows ``G y_ij`` as computed (F35's moment, F81's outside part) and ``eG`` (H, T)
+    ``>= max_j ||G* y_ij - G y_ij||`` their rounding."""
 
     S: Tensor
     eS: Tensor
@@ -53,17 +60,21 @@ class AttnRestData:
     Yv: Tensor
     nOall: float
     scale: float
+    P: Tensor
+    lG: Tensor
+    lGb: Tensor
+    eG: Tensor
 
 
 def attn_rest_data(X: Tensor, heads, Wqa: list[Tensor], scale: float, proj: list[dict], nQ: Tensor, nK: Tensor,  # noqa: ANN001
-                   nV) -> AttnRestData:  # noqa: ANN001
+                   nV, mom) -> AttnRestData:  # noqa: ANN001
     """F78's data for one attention sub-stage: ``heads`` ``_head_data``'s tuples at ``X``, ``Wqa`` the heads' augmented
     query maps ``[W_Q; b_Q]`` (float64), ``proj`` F44a's ``head_projections`` (the prefix's ellipsoids), ``nQ``, ``nK``,
-    ``nV`` certified weight norms.  THEORY F78."""
+    ``nV`` certified weight norms, ``mom`` the heads' ``_HeadMoments`` (F35; same ``heads``).  THEORY F78, F81."""
     T, d = X.shape
     Xa = torch.cat([X, torch.ones(T, 1, dtype=torch.float64)], dim=1)
     sc = scale  # the softmax scale
-    S, eS, g, gn, om, qn, Y, Yv, nO = [], [], [], [], [], [], [], [], []
+    S, eS, g, gn, om, qn, Y, Yv, nO, eGm = [], [], [], [], [], [], [], [], [], []
     D = X[:, None, :] - X[None, :, :]
     for h, (P, Yc, q, Wq, Wk, Wv, Wo) in enumerate(heads):
         s = q @ X.T
@@ -75,6 +86,7 @@ def attn_rest_data(X: Tensor, heads, Wqa: list[Tensor], scale: float, proj: list
         G = sc * (Yc @ Wk) @ Wq.T  # (T, T, d): G y_ij
         eG = _gamma(2 * d + 4) * sc * (Yc.abs() @ Wk.abs()) @ Wq.abs().T
         gn.append((G.norm(dim=-1) * (1 + 1e-12) + eG.norm(dim=-1)) * (1 + 1e-12))
+        eGm.append(torch.where(P > 0, eG.norm(dim=-1), torch.zeros_like(P)).max(dim=1).values * (1 + 1e-12))
         qn.append((q.norm(dim=-1) * (1 + 1e-12) + _gamma(2 * d + 8) * aq.norm(dim=-1)) * (1 + 1e-12))
         g.append(torch.sqrt(proj[h]["g2"]))
         om.append(torch.sqrt(proj[h]["om2"]))
@@ -86,7 +98,9 @@ def attn_rest_data(X: Tensor, heads, Wqa: list[Tensor], scale: float, proj: list
                         torch.stack(qn), st("mQ2"), st("mK2"), st("mV2"), nQ.to(torch.float64).reshape(-1),
                         nK.to(torch.float64).reshape(-1), torch.tensor([float(v) for v in nV], dtype=torch.float64),
                         torch.tensor(nO, dtype=torch.float64) * (1 + 1e-12), torch.stack(Y), torch.stack(Yv),
-                        float(certified_spectral(torch.cat([hd[6] for hd in heads])[None])[0]) * (1 + 1e-12), sc)
+                        float(certified_spectral(torch.cat([hd[6] for hd in heads])[None])[0]) * (1 + 1e-12), sc,
+                        torch.stack([hd[0] for hd in heads]), torch.stack([p["lG"] for p in proj]),
+                        torch.stack([m["lG"] for m in mom.rows]), torch.stack(eGm))
 
 
 def _gaps(D: Tensor, M: Tensor, Mabs: Tensor, k: int) -> Tensor:
@@ -138,22 +152,46 @@ def pair_mean(lo: Tensor, hi: Tensor, f: Tensor) -> Tensor:
     return box_mean(L, Hh, f.reshape(T * T, T)).reshape(T, T)
 
 
-def head_rest_sup(lo: Tensor, hi: Tensor, U: Tensor, sig: Tensor, gap: Tensor, W: Tensor) -> Tensor:
+class JointSpread(NamedTuple):
+    r"""F81a's bound of one head's score-velocity spread, linear in the move: for every weight row ``p`` of the box
+    ``[lo, hi]``, ``var_p(u_i)^{1/2} <= lin_i + sum_m (max_p sum_j p_j keys[m]_ij^2)^{1/2}`` (``lin`` (T,) the query's
+    own parts, ``keys`` (T, T) the per-key parts).  Kept unsquared so that ``head_rest_sup`` squares it at its own
+    power of two (THEORY F81d)."""
+
+    lin: Tensor
+    keys: tuple
+
+    def scaled(self, a: float) -> JointSpread:
+        """The same spread times the power of two ``a`` (exact)."""
+        return JointSpread(self.lin * a, tuple(k * a for k in self.keys))
+
+    def var(self, lo: Tensor, hi: Tensor) -> Tensor:
+        """(T,) ``V^J_i >= var_p(u_i)`` over the box (``box_mean`` of the squares; padded; nan -> inf)."""
+        root = (self.lin + sum(torch.sqrt(box_mean(lo, hi, k * k)) for k in self.keys)) * (1 + 1e-12)
+        return torch.nan_to_num(root * root * (1 + 1e-12), nan=math.inf, posinf=math.inf)
+
+
+def head_rest_sup(lo: Tensor, hi: Tensor, U: Tensor, sig: Tensor, gap: Tensor, W: Tensor,
+                  spread: JointSpread | None = None) -> Tensor:
     r"""(T,) per query ``>= sup_t ||d^2/dt^2 W_O^T o_i(x + t Delta)||`` of one head (THEORY F78a) from, on the segment,
     weights in ``[lo, hi]``, ``|u_ij| <= U_ij`` (the score velocity less a constant per query), ``|s''_ij| <= sig_ij``,
     ``||y_j - y_k|| <= gap_jk`` (output-space values) and ``||W_O^T W_V^T Delta_j|| <= W_j``: with
     ``C_ij = sum_{k != j} p_k (U_ij + U_ik) >= |u_j - ubar|``, ``Yb_ij = sum_{k != j} p_k gap_jk >= ||y_j - ybar||`` and
     ``V_i = min(sum_j p_j U_j^2, sum_j p_j C_j^2) >= var_p(u)``,
 
-    .. math:: \minig(	extstyle\sum_j p_j C_j^2 ar Y_j,\ V \max_j ar Y_jig) + \sum_j p_j \sigma_j ar Y_j
-              + 2 \minig(\sum_j p_j C_j W_j,\ (V \sum_j p_j W_j^2)^{1/2}ig),
+    .. math:: \min\big(\textstyle\sum_j p_j C_j^2 \bar Y_j,\ V \max_j \bar Y_j\big) + \sum_j p_j \sigma_j \bar Y_j
+              + 2 \min\big(\sum_j p_j C_j W_j,\ (V \sum_j p_j W_j^2)^{1/2}\big),
 
-    every ``sum_j p_j f_j`` the box's largest (``box_mean``).  The bound is homogeneous (``U -> a U``, ``sig -> a^2 sig``,
-    ``gap -> b gap``, ``W -> a b W`` scale it by ``a^2 b``), so it is formed at powers of two ``a``, ``b`` that bring
-    ``max U`` and ``max gap`` to order one (exact), then scaled back: no product of three or four factors under- or
-    overflows (THEORY F80)."""
+    every ``sum_j p_j f_j`` the box's largest (``box_mean``).  With F81's ``spread`` (``V^J = spread.var``), ``V`` is
+    the smaller and the velocity term also ``<= max {sum_j m_j Yb_j : 0 <= m_j <= hi_j C_j^2, sum_j m_j <= V}`` (the
+    masses ``m_j = p_j (u_j - ubar)^2``; the greedy optimum, ``box_mean`` of the caps over ``V``; THEORY F81c).
+    The bound is homogeneous (``U -> a U``, ``sig -> a^2 sig``, ``gap -> b gap``, ``W -> a b W``, ``spread -> a spread``
+    scale it by ``a^2 b``), so it is formed at powers of two ``a``, ``b`` that bring ``max U`` and ``max gap`` to order
+    one (exact), then scaled back: no product of three or four factors under- or overflows, and ``V^J`` is squared at
+    that scale (every part of the spread is at most ``2 max U``; THEORY F80, F81d)."""
     a, b = _pow2_unit(U), _pow2_unit(gap)
-    return _head_rest_unit(lo, hi, U * a, sig * a * a, gap * b, W * a * b) / a / a / b  # one power of two at a time
+    sp = None if spread is None else spread.scaled(a)
+    return _head_rest_unit(lo, hi, U * a, sig * a * a, gap * b, W * a * b, sp) / a / a / b  # one power of two at a time
 
 
 def _pow2_unit(v: Tensor) -> float:
@@ -163,14 +201,20 @@ def _pow2_unit(v: Tensor) -> float:
     return 1.0 if m == 0 or not math.isfinite(m) else 2.0 ** max(-1000, min(1000, -math.frexp(m)[1]))
 
 
-def _head_rest_unit(lo: Tensor, hi: Tensor, U: Tensor, sig: Tensor, gap: Tensor, W: Tensor) -> Tensor:
+def _head_rest_unit(lo: Tensor, hi: Tensor, U: Tensor, sig: Tensor, gap: Tensor, W: Tensor,
+                    spread: JointSpread | None) -> Tensor:
     """``head_rest_sup``'s bound at the given (rescaled) factors."""
     C = pair_mean(lo, hi, U[:, :, None] + U[:, None, :])
     Yb = pair_mean(lo, hi, gap[None].expand(U.shape[0], -1, -1))
     V = torch.minimum(box_mean(lo, hi, U * U), box_mean(lo, hi, C * C))
+    V = V if spread is None else torch.minimum(V, spread.var(lo, hi))
     Wr = W[None, :].expand_as(U)
     top = torch.where(hi > 0, Yb, torch.zeros_like(Yb)).max(dim=1).values
     t1 = torch.minimum(box_mean(lo, hi, C * C * Yb), top * V * (1 + 1e-12))
+    if spread is not None:  # THEORY F81c: the variance's mass into the largest value gaps, each key up to hi C^2
+        fill = torch.nan_to_num(V * box_mean(torch.zeros_like(U), hi * C * C / V[:, None], Yb) * (1 + 1e-12),
+                                nan=math.inf, posinf=math.inf)
+        t1 = torch.minimum(t1, torch.where(V > 0, fill, torch.zeros_like(fill)))
     t2 = box_mean(lo, hi, sig * Yb)
     t3 = torch.minimum(box_mean(lo, hi, C * Wr), torch.sqrt(V * box_mean(lo, hi, Wr * Wr)) * (1 + 1e-12))
     return (t1 + t2 + 2 * t3) * (1 + 1e-12)
@@ -191,15 +235,53 @@ def attention_rest_rows(data: AttnRestData, rho: float, E: Tensor, eP: float, pa
     scale m'_Q,i m'_K,j + eS_ij``, ``gap_jk = Y_jk + ||W_O^h|| (m'_V,j + m'_V,k)``, ``W_j = ||W_O^h|| m_V,j`` (before
     ``W_O``: ``Yv`` and no ``||W_O^h||``).
     Assumptions: post-LN dot attention without RoPE, soft-cap or q/k norm.  Padded; nan -> inf."""
+    return _rest_rows(data, rho, E, eP, pad, keys_joint=False)
+
+
+def joint_rest_rows(data: AttnRestData, rho: float, E: Tensor, eP: float, pad: float) -> Tensor:
+    r"""(T,) rows ``>= ||R_i||`` as ``attention_rest_rows`` (same moves, same assumptions) with the score changes'
+    variance also bounded jointly over the keys (THEORY F81a): Minkowski in ``L^2(p)`` over the parts of ``u_ij``,
+
+    .. math:: \mathrm{var}_p(u)^{1/2} \le \rho \min\big(r_i \lambda_i, \max_p \textstyle\sum_j p_j g_{ij}^2\big)^{1/2}
+              + e_i \min\big((r_i \lambda^b_i)^{1/2} + eG_i, (\max_p \sum_j p_j gn_{ij}^2)^{1/2}\big)
+              + \big(\max_p \sum_j p_j (\rho\, om_{ij} + e_j qn_i)^2\big)^{1/2}
+              + \big(\max_p \sum_j p_j X_{ij}^2\big)^{1/2}
+
+    (``lambda_i`` F44a's ``lambda_max(sum_j P_ij g_ij g_ij^T)``, ``lambda^b_i`` F35's for the rows ``G y_ij`` as
+    computed, ``eG_i`` their rounding, ``r_i = max_j hi_ij / P_ij`` so that every box weight row's Gram is below
+    ``r_i`` times it; ``X_ij = scale (m_Q,i m'_K,j + m'_Q,i m_K,j)`` the cross part; every ``max_p`` over the weight
+    box, ``box_mean``), fed to ``head_rest_sup`` as its ``spread`` (F81c's fill with it).  So it is ``min(F78, F81)``
+    by construction: never above ``attention_rest_rows``.  Padded; nan -> inf."""
+    return _rest_rows(data, rho, E, eP, pad, keys_joint=True)
+
+
+def _rest_rows(data: AttnRestData, rho: float, E: Tensor, eP: float, pad: float, keys_joint: bool) -> Tensor:
+    """F78's rows (``keys_joint``: with F81's joint spread): the heads one by one through ``W_O`` or all at once."""
     e = E + rho * eP
     e1 = e + pad
     per, sups = torch.zeros_like(E), []
     for h in range(data.S.shape[0]):
         U, sig, lo, hi, mV, gap, gapv = _head_factors(data, h, rho, e, e1)
-        per = per + head_rest_sup(lo, hi, U, sig, gap, data.nO[h] * mV * (1 + 1e-12))
-        sups.append(head_rest_sup(lo, hi, U, sig, gapv, mV))
+        sp = _joint_spread(data, h, rho, e, e1, lo, hi) if keys_joint else None
+        per = per + head_rest_sup(lo, hi, U, sig, gap, data.nO[h] * mV * (1 + 1e-12), sp)
+        sups.append(head_rest_sup(lo, hi, U, sig, gapv, mV, sp))
     joint = data.nOall * _heads_norm(torch.stack(sups)) * (1 + 1e-12)
     return torch.nan_to_num(torch.minimum(per, joint) / 2 * (1 + 1e-12), nan=math.inf, posinf=math.inf)
+
+
+def _joint_spread(data: AttnRestData, h: int, rho: float, e: Tensor, e1: Tensor, lo: Tensor, hi: Tensor) -> JointSpread:
+    """Head ``h``'s F81a spread over the weight box (``joint_rest_rows``): the query's parts through the weighted Grams
+    (``lin``), the key and cross parts per key."""
+    mQ, mK, _ = _moves(data, h, rho, e)
+    mQ1, mK1, _ = _moves(data, h, rho, e1)
+    ratio = torch.where(hi > 0, hi / data.P[h], torch.zeros_like(hi)).nan_to_num(nan=math.inf).max(dim=1).values
+    ratio = ratio * (1 + 1e-12)
+    query = torch.sqrt(torch.minimum((ratio * data.lG[h]).nan_to_num(nan=math.inf), box_mean(lo, hi, data.g[h] ** 2)))
+    outq = torch.minimum((torch.sqrt(ratio * data.lGb[h]) * (1 + 1e-12) + data.eG[h]).nan_to_num(nan=math.inf),
+                         torch.sqrt(box_mean(lo, hi, data.gn[h] ** 2)))
+    cross = data.scale * (mQ[:, None] * mK1[None, :] + mQ1[:, None] * mK[None, :]) * (1 + 1e-12)
+    key = (rho * data.om[h] + e[None, :] * data.qn[h][:, None]) * (1 + 1e-12)
+    return JointSpread((rho * query + e * outq) * (1 + 1e-12), (key, cross))
 
 
 def _heads_norm(v: Tensor) -> Tensor:
@@ -212,10 +294,8 @@ def _heads_norm(v: Tensor) -> Tensor:
 def _head_factors(data: AttnRestData, h: int, rho: float, e: Tensor, e1: Tensor) -> tuple:
     """Head ``h``'s ``(U, sig, lo, hi, m_V, gap, gap_v)`` of ``attention_rest_rows`` (THEORY F78b items 1-3, 5; the value
     gaps ``[j, k]`` in the model space and before ``W_O``)."""
-    def m(w: Tensor, n: Tensor, ee: Tensor) -> Tensor:
-        return (rho * w + ee * n) * (1 + 1e-12)
-    mQ, mK, mV = m(data.mQ[h], data.nQ[h], e), m(data.mK[h], data.nK[h], e), m(data.mV[h], data.nV[h], e)
-    mQ1, mK1, mV1 = m(data.mQ[h], data.nQ[h], e1), m(data.mK[h], data.nK[h], e1), m(data.mV[h], data.nV[h], e1)
+    mQ, mK, mV = _moves(data, h, rho, e)
+    mQ1, mK1, mV1 = _moves(data, h, rho, e1)
     sc = data.scale
     qpart, kpart = rho * data.g[h] + e[:, None] * data.gn[h], rho * data.om[h] + e[None, :] * data.qn[h][:, None]
     U = (qpart + kpart + sc * (mQ[:, None] * mK1[None, :] + mQ1[:, None] * mK[None, :])) * (1 + 1e-12)
@@ -226,6 +306,13 @@ def _head_factors(data: AttnRestData, h: int, rho: float, e: Tensor, e1: Tensor)
     gap = (data.Y[h] + data.nO[h] * (mV1[:, None] + mV1[None, :])) * (1 + 1e-12)
     gapv = (data.Yv[h] + mV1[:, None] + mV1[None, :]) * (1 + 1e-12)
     return U, sig, lo, hi, mV, gap, gapv
+
+
+def _moves(data: AttnRestData, h: int, rho: float, e: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Head ``h``'s ``m_W,j = rho ||Q*_j^{1/2} W|| + e_j ||W||`` for ``W = W_Q, W_K, W_V`` (THEORY F78b)."""
+    def m(w: Tensor, n: Tensor) -> Tensor:
+        return (rho * w + e * n) * (1 + 1e-12)
+    return m(data.mQ[h], data.nQ[h]), m(data.mK[h], data.nK[h]), m(data.mV[h], data.nV[h])
 
 
 def segment_rest_heads(sup, rho: float, emax: float, rD: float, pad: float, steps: int = 4) -> Tensor:  # noqa: ANN001

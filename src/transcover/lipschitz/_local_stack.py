@@ -51,8 +51,7 @@ from ._local_jacobian import certified_spectral, row_norm_lower
 from ._local_stack_aligned import FFNAligned
 from ._local_stack_attn import AttentionAligned
 from ._local_stack_carry import carried_first_order, carry_blocks, tail_drift
-from ._local_attn_rest import attention_rest_rows as f78_attention_rows
-from ._local_attn_rest import attn_rest_data, piecewise_rest_rows, segment_rest_heads
+from ._local_attn_rest import attn_rest_data, joint_rest_rows, piecewise_rest_rows, segment_rest_heads
 from ._local_drift import hessian_ball_sup
 from ._local_rest_rows import ffn_rest_rows as f79_ffn_rows
 from ._local_rest_rows import norm_move_forms
@@ -436,19 +435,20 @@ def _rest_at(st: _Stage, K: Tensor, al, aa, nu: Tensor, eP: float, dPm: list) ->
         forms = norm_move_forms(_col_blocks(K), st.x, st.lin.g, st.lin.lay)
     elif aa is not None:
         forms = attn_rest_data(st.x, aa.p["heads"], aa.p["Wqa"], aa.p["scale"], aa.proj, aa.nQ, aa.nK,
-                               aa.p["norms"]["V"])
+                               aa.p["norms"]["V"], aa.p["mom"])
     else:
         forms = None
     return _RestAt(forms, al, aa, nu, eP, dPm)
 
 
 def _attention_rest(st: _Stage, at: _RestAt, k: int, rho: float, E: Tensor, r: Tensor, pad: float) -> Tensor:
-    """THEORY F78: the attention stage's own Taylor rest, the smallest of F78a/b's exact second derivative
-    (``f78_attention_rows``), F78c's ball sups under the Taylor weight (``segment_rest_heads``, heads through
-    ``W_O``) and F78d's drift rows on the segment's pieces (``piecewise_rest_rows``: the stage's rows, F44e's aligned
-    drift, F44c's reach and F50's joint reach at the move scaled by ``t``)."""
+    """THEORY F78, F81: the attention stage's own Taylor rest, the smallest of F78a/b's exact second derivative with
+    F81's score-change variance joint over the keys (``joint_rest_rows``: ``min(F78, F81)`` inside), F78c's ball sups
+    under the Taylor weight (``segment_rest_heads``, heads through ``W_O``) and F78d's drift rows on the segment's
+    pieces (``piecewise_rest_rows``: the stage's rows, F44e's aligned drift, F44c's reach and F50's joint reach at the
+    move scaled by ``t``)."""
     aa, eP = at.aa, at.eP
-    rx = f78_attention_rows(at.forms, rho, E, eP, pad)
+    rx = joint_rest_rows(at.forms, rho, E, eP, pad)
     if rho <= 0:
         return rx
     mom, wn = aa.p["mom"], aa.p["norms"]

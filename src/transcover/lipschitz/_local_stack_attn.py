@@ -41,9 +41,15 @@ _U = 2.0**-53
 
 
 def _fro(A: Tensor, dims: tuple) -> Tensor:
-    """Frobenius norms over ``dims``, padded up for their own float64 sum."""
+    """Frobenius norms over ``dims``, padded up for their own float64 sum; each formed at the power of two that brings
+    its largest entry to ``[1/2, 1)`` (exact), so no square under- or overflows (``torch``'s norm squares as it goes: a
+    matrix of entries ``2^-600`` had norm 0; THEORY F81d)."""
     n = math.prod(A.shape[d] for d in dims)
-    return A.norm(dim=dims) * (1 + (n + 2) * _U)
+    m = A.abs().amax(dim=dims, keepdim=True)
+    s = torch.where((m > 0) & torch.isfinite(m), torch.ldexp(torch.ones_like(m), -torch.frexp(m)[1].clamp(-1000, 1000)),
+                    torch.ones_like(m))
+    r = (A * s).norm(dim=dims)
+    return r / s.reshape(r.shape) * (1 + (n + 2) * _U)
 
 
 def _projected_lmax(W: Tensor, Qs: Tensor, fQ: Tensor, eQ: Tensor) -> tuple[Tensor, Tensor, Tensor]:

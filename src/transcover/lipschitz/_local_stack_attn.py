@@ -204,7 +204,7 @@ def aligned_hessian_sup(s1: dict, s2: dict, m: dict, rho: float, nG: float, nV: 
     rows or ``ball_side``; ``m`` the head's ``_HeadMoments`` row, ``nG``, ``nV``, ``nQ``, ``nK`` certified
     ``||scale W_Q W_K^T||``, ``||W_V||``, ``||W_Q||``, ``||W_K||``.  Assumptions: every token of the attention's input
     within ``rho`` of X; dot attention without RoPE, soft-cap or q/k norm.  ``hs``: ``head_sides`` of these arguments
-    when the caller holds it (the same floats)."""
+    when the caller holds it (the same floats, THEORY F83b)."""
     hs = head_sides(s1, s2, m, rho, nG, nV, nQ, nK, scale) if hs is None else hs
     (A1, c1, v1, q1, k1), (A2, c2, v2, q2, k2), sV, what = hs.one, hs.two, hs.sV, hs.what
     t3 = torch.minimum(torch.minimum(A1 * c2, A2 * c1) * sV, A1 * A2 * what)
@@ -279,7 +279,7 @@ class AttentionAligned:
     def sides(self, h: int, ball: bool, rho: float) -> HeadSides:
         """Head ``h``'s ``head_sides`` on ``B(X, rho)`` with the first tangent in the unit ball (``ball``) or the
         ellipsoids and the second in the ellipsoids, formed once per radius: ``sup``, ``terms`` and ``acw_reach`` read
-        the same segment points (THEORY F44b, F50a, F68b)."""
+        the same segment points (THEORY F44b, F50a, F68b; F83b)."""
         key = ("sides", h, ball, rho)
         if key not in self.memo:
             w, pj = self.p["norms"], self.proj[h]
@@ -325,7 +325,7 @@ class AttentionAligned:
         the coefficients of ``aligned_hessian_terms`` along the segment as ``attention_aligned_reach`` combines
         ``F``, ``F^m`` and ``S`` (the last in norm only), then ``joint_reach`` through ``W_O`` and through the layer's
         token-local product at x (None without one, or when ``through`` is False: a caller that reads ``v`` only, whose
-        floats are the same either way); each the smaller of F50's branch, F53b's (``branch``) and F68's
+        floats are the same either way, THEORY F83a); each the smaller of F50's branch, F53b's (``branch``) and F68's
         (``hadamard_branch``)."""
         rm = float(r.max())
         T = r.shape[0]
@@ -380,8 +380,6 @@ class AttentionAligned:
 
         key = ("acw", r)
         if key not in self.memo:
-            w = self.p["norms"]
-
             def drift(ball: bool) -> Tensor:
                 return torch.stack([acw_drift(self.sides(h, ball, r), self.ball[h] if ball else pj, pj, self.p["scale"])
                                     for h, pj in enumerate(self.proj)])
@@ -467,7 +465,7 @@ class AttentionAligned:
 
     def _basis(self, through: bool) -> dict:
         """``joint_basis`` of the heads' cores through ``_maps(through)`` (THEORY F50c's coefficient-free parts), formed
-        once."""
+        once (F83b)."""
         from ._local_stack_joint import joint_basis
 
         key = ("basis", through)

@@ -48,7 +48,7 @@ def aligned_hessian_terms(s1: dict, s2: dict, m: dict, rho: float, nG: float, nV
     part ``lambda_max(sum_j P'_j g_ij g_ij^T)^{1/2}`` of each ``A`` out of the seminorm coefficients (``c_E``, ``c_N``;
     F53 bounds it jointly over the heads), the ``||v||`` part of ``sigma(v)`` keeping the whole ``A``.  ``acw=False``
     leaves the ``a c w`` term out (F68 bounds it for all heads at once).  ``hs``: ``head_sides`` of these arguments
-    when the caller holds it (the same floats)."""
+    when the caller holds it (the same floats, THEORY F83b)."""
     P = m["P"]
     hs = head_sides(s1, s2, m, rho, nG, nV, nQ, nK, scale) if hs is None else hs
     (A1, c1, _, q1, k1), (A2, c2, _, q2, k2) = hs.one, hs.two
@@ -123,7 +123,7 @@ def joint_reach(coef: dict, cores: dict, MO: Tensor, eMO: Tensor, dh: int, per: 
     ||B||_F`` and the cores' ``(||MO|| + eMO)^2 ||dB||_F``; symmetrisation ``4u ||G||_F``; the weighted sum
     ``(1 + (2 H |K| + 4) u)``, the roots ``1 + 1e-10``.  Refused (inf) for a token whose map is below ``2^-200``
     (Frobenius) or whose bound is below ``2^-900``: there underflow escapes the relative pads.  ``basis``:
-    ``joint_basis(cores, MO, dh)`` when the caller holds it (the same floats)."""
+    ``joint_basis(cores, MO, dh)`` when the caller holds it (the same floats, THEORY F83b)."""
     H, T = coef["C"].shape
     dev = {"dtype": torch.float64}
     basis = joint_basis(cores, MO, dh) if basis is None else basis
@@ -153,7 +153,7 @@ def joint_reach(coef: dict, cores: dict, MO: Tensor, eMO: Tensor, dh: int, per: 
 def joint_basis(cores: dict, MO: Tensor, dh: int) -> dict:
     """Per kind of ``joint_reach`` its coefficient-free parts: ``(core, nu, ||core||_F, err)`` (each (H, T) but the core
     (H, T, dh, dh)), ``nu`` the uncertified ``lambda_max(MO_h K MO_h^T)^{1/2}`` that sets F50c's weights (the top
-    eigenvalue of ``K (MO_h^T MO_h)``), ``err`` the core's error bound.  THEORY F50c."""
+    eigenvalue of ``K (MO_h^T MO_h)``), ``err`` the core's error bound.  THEORY F50c; formed once per map, F83b."""
     H, T = cores["C"].shape[:2]
     MOh = MO.reshape(T, MO.shape[1], H, dh).permute(0, 2, 1, 3)  # (T, H, d, dh)
     OO = MOh.transpose(2, 3) @ MOh  # (T, H, dh, dh): MO_h^T MO_h

@@ -5,14 +5,18 @@ prefix drift at every layer cut and CPU seconds, per radius factor (THEORY F71, 
         --rhos 1e-6,1e-5,1e-4 --move-rest on
 
 prints the table of docs/theory.md F77b (sentence 14, 4 layers: 101.82 / 112.45 / 1820.1 with ``--move-rest on``,
-101.83 / 113.89 / 12439 with ``off``).  No lower estimates: ``benchmarks/local_stack.py`` runs the whole network with
-them.  ``--layers`` below the model's depth drops the final norm.
+101.83 / 113.89 / 12439 with ``off``).  ``--profile OUT``: cProfile of the ``stack_local`` call in CPU time
+(``time.process_time``, so the machine's load does not inflate it), its stats written to OUT and the top functions by
+cumulative time printed (THEORY F83's table).  No lower estimates: ``benchmarks/local_stack.py`` runs the whole network
+with them.  ``--layers`` below the model's depth drops the final norm.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import math
+import pstats
 import time
 from dataclasses import replace
 
@@ -31,6 +35,7 @@ def main() -> None:
     ap.add_argument("--aux", default=",".join(f"{f:g}" for f in SEGMENT_AUX),
                     help="THEORY F71c: auxiliary radii, fractions of the largest ('' for none)")
     ap.add_argument("--move-rest", choices=("on", "off"), default="on", help="THEORY F77-F79")
+    ap.add_argument("--profile", default="", help="write a CPU-time cProfile of the stack_local call here (THEORY F83)")
     a = ap.parse_args()
     torch.set_num_threads(1)
     spec = load(None).to_torch(torch.float64)
@@ -40,8 +45,15 @@ def main() -> None:
     med = float(X.norm(dim=1).median())
     factors = [float(f) for f in a.rhos.split(",")]
     aux = tuple(float(f) for f in a.aux.split(",") if f)
+    prof = cProfile.Profile(time.process_time) if a.profile else None
     c = time.process_time()
+    if prof is not None:
+        prof.enable()
     res = stack_local(spec, X, [f * med for f in factors], segment=True, aux=aux, move_rest=a.move_rest == "on")
+    if prof is not None:
+        prof.disable()
+        prof.dump_stats(a.profile)
+        pstats.Stats(a.profile).sort_stats("cumulative").print_stats(30)
     print(f"sentence {a.sentence} (T = {X.shape[0]}), {a.layers} layers, aux {aux}, move_rest {a.move_rest}: "
           f"{time.process_time() - c:.1f} s CPU")
     for f, r in zip(factors, res):

@@ -462,7 +462,8 @@ def _attention_rest(st: _Stage, at: _RestAt, k: int, rho: float, E: Tensor, r: T
         alt, _ = aa.drift(rt, t * rho, at.dPm[k], eP, pad, hdt)
         djt = _nan_inf(djt if alt is None else torch.minimum(djt, alt))
         reach = aa.combined(aa.reach_heads(rt, t * rho, at.dPm[k], eP, pad))
-        return torch.minimum(reach, aa.joint(rt, t * rho, at.dPm[k], eP, pad)[0]), djt
+        # THEORY F83a: the pieces read the joint's first value only (through W_O), not its view through M
+        return torch.minimum(reach, aa.joint(rt, t * rho, at.dPm[k], eP, pad, through=False)[0]), djt
 
     return torch.minimum(rx, piecewise_rest_rows(rows_at, rho, float(E.max())))
 

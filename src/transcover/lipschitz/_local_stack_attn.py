@@ -193,7 +193,7 @@ def head_sides(s1: dict, s2: dict, m: dict, rho: float, nG: float, nV: float, nQ
 
 
 def aligned_hessian_sup(s1: dict, s2: dict, m: dict, rho: float, nG: float, nV: float, nQ: float, nK: float,
-                        scale: float) -> Tensor:
+                        scale: float, hs: HeadSides | None = None) -> Tensor:
     r"""(T,) per query ``i`` a certified ``sup_{Z in B(X, rho)} ||H_i(Z)[Delta, E]||`` of one head (before ``W_O``,
     F35a) over the tangents with rows ``Delta_j`` in side ``s1``'s ellipsoid ``E(Q1_j)`` and ``E_j`` in ``s2``'s (THEORY F44b):
 
@@ -209,8 +209,9 @@ def aligned_hessian_sup(s1: dict, s2: dict, m: dict, rho: float, nG: float, nV: 
     + sum_j a_j ||W_V^T y_j||`` the largest centred value on it.  ``s1``, ``s2``: ``head_projections``
     rows or ``ball_side``; ``m`` the head's ``_HeadMoments`` row, ``nG``, ``nV``, ``nQ``, ``nK`` certified
     ``||scale W_Q W_K^T||``, ``||W_V||``, ``||W_Q||``, ``||W_K||``.  Assumptions: every token of the attention's input
-    within ``rho`` of X; dot attention without RoPE, soft-cap or q/k norm."""
-    hs = head_sides(s1, s2, m, rho, nG, nV, nQ, nK, scale)
+    within ``rho`` of X; dot attention without RoPE, soft-cap or q/k norm.  ``hs``: ``head_sides`` of these arguments
+    when the caller holds it (the same floats, THEORY F83b)."""
+    hs = head_sides(s1, s2, m, rho, nG, nV, nQ, nK, scale) if hs is None else hs
     (A1, c1, v1, q1, k1), (A2, c2, v2, q2, k2), sV, what = hs.one, hs.two, hs.sV, hs.what
     t3 = torch.minimum(torch.minimum(A1 * c2, A2 * c1) * sV, A1 * A2 * what)
     out = (A1 * v2 + A2 * v1 + t3 + scale * (q2 * k1 + q1 * k2) * sV) * (1 + 1e-10)
@@ -278,8 +279,19 @@ class AttentionAligned:
         w = self.p["norms"]
         return torch.stack([
             aligned_hessian_sup(self.ball[h] if mixed else pj, pj, m, rho, w["G"][h], w["V"][h], float(self.nQ[h]),
-                                float(self.nK[h]), self.p["scale"])
+                                float(self.nK[h]), self.p["scale"], self.sides(h, mixed, rho))
             for h, (pj, m) in enumerate(zip(self.proj, self.p["mom"].rows))])
+
+    def sides(self, h: int, ball: bool, rho: float) -> HeadSides:
+        """Head ``h``'s ``head_sides`` on ``B(X, rho)`` with the first tangent in the unit ball (``ball``) or the
+        ellipsoids and the second in the ellipsoids, formed once per radius: ``sup``, ``terms`` and ``acw_reach`` read
+        the same segment points (THEORY F44b, F50a, F68b; F83b)."""
+        key = ("sides", h, ball, rho)
+        if key not in self.memo:
+            w, pj = self.p["norms"], self.proj[h]
+            self.memo[key] = head_sides(self.ball[h] if ball else pj, pj, self.p["mom"].rows[h], rho, w["G"][h],
+                                        w["V"][h], float(self.nQ[h]), float(self.nK[h]), self.p["scale"])
+        return self.memo[key]
 
     def integrals(self, r: float) -> tuple[Tensor, Tensor, Tensor]:
         """(H, T) each: the segment sums on ``B(X, r)`` of ``aligned_hessian_sup`` with both tangents in the
@@ -313,72 +325,75 @@ class AttentionAligned:
         ellipsoids carry them)."""
         return self.combined(self.reach_heads(r, rho, dP, eP, pad))
 
-    def joint(self, r: Tensor, rho: float, dP: Tensor, eP: float, pad: float) -> tuple[Tensor, Tensor | None]:
+    def joint(self, r: Tensor, rho: float, dP: Tensor, eP: float, pad: float,
+              through: bool = True) -> tuple[Tensor, Tensor | None]:
         """``(v, v_M)``: the reach of ``reach`` and ``through`` with one output direction for all heads (THEORY F50):
         the coefficients of ``aligned_hessian_terms`` along the segment as ``attention_aligned_reach`` combines
         ``F``, ``F^m`` and ``S`` (the last in norm only), then ``joint_reach`` through ``W_O`` and through the layer's
-        token-local product at x (None without one); each the smaller of F50's branch, F53b's (``branch``) and F68's
+        token-local product at x (None without one, or when ``through`` is False: a caller that reads ``v`` only, whose
+        floats are the same either way, THEORY F83a); each the smaller of F50's branch, F53b's (``branch``) and F68's
         (``hadamard_branch``)."""
         rm = float(r.max())
         T = r.shape[0]
+        kept = through and "M" in self.p
         if not math.isfinite(rm):
             inf = torch.full((T,), math.inf, dtype=torch.float64)
-            return inf, (inf if "M" in self.p else None)
+            return inf, (inf if kept else None)
         if rm == 0:
             zero = torch.zeros(T, dtype=torch.float64)
-            return zero, (zero if "M" in self.p else None)
+            return zero, (zero if kept else None)
         emax = float((rho * (dP + eP) + pad).max())
-        out = [self.branch(rm, rho, emax, eP, True), self.branch(rm, rho, emax, eP, False),
-               self.hadamard_branch(rm, rho, emax, eP)]
+        kw = {} if through else {"through": False}  # the branches' own signatures where the pair is read whole
+        out = [self.branch(rm, rho, emax, eP, True, **kw), self.branch(rm, rho, emax, eP, False, **kw),
+               self.hadamard_branch(rm, rho, emax, eP, **kw)]
         v = torch.minimum(torch.minimum(out[0][0], out[1][0]), out[2][0])
         return v, (None if out[0][1] is None else torch.minimum(torch.minimum(out[0][1], out[1][1]), out[2][1]))
 
-    def branch(self, rm: float, rho: float, emax: float, eP: float, query: bool) -> tuple[Tensor, Tensor | None]:
+    def branch(self, rm: float, rho: float, emax: float, eP: float, query: bool,
+               through: bool = True) -> tuple[Tensor, Tensor | None]:
         """``joint``'s pair for one branch on ``B(X, rm)``: F50's (``query``) or F53b's, F50 without the query parts of
         ``A`` plus ``query_joint`` (one query move and one output direction for all heads)."""
-        return self._branch(rm, rho, emax, eP, query, True)
+        return self._branch(rm, rho, emax, eP, query, True, through)
 
-    def hadamard_branch(self, rm: float, rho: float, emax: float, eP: float) -> tuple[Tensor, Tensor | None]:
+    def hadamard_branch(self, rm: float, rho: float, emax: float, eP: float,
+                        through: bool = True) -> tuple[Tensor, Tensor | None]:
         """``joint``'s pair for F68's branch on ``B(X, rm)``: F53b's without the ``a c w`` term of the ellipsoid pair
         (``rho F``'s) plus ``rho`` times that term for all heads at once (``acw_reach``)."""
-        return self._branch(rm, rho, emax, eP, False, False)
+        return self._branch(rm, rho, emax, eP, False, False, through)
 
-    def _branch(self, rm: float, rho: float, emax: float, eP: float, query: bool,
-                acw: bool) -> tuple[Tensor, Tensor | None]:
+    def _branch(self, rm: float, rho: float, emax: float, eP: float, query: bool, acw: bool,
+                through: bool) -> tuple[Tensor, Tensor | None]:
         """``branch`` (``acw``) and ``hadamard_branch``: the coefficients along the segment through ``joint_reach``, then
-        (``query`` False) ``query_joint`` and (``acw`` False) ``acw_reach``."""
+        (``query`` False) ``query_joint`` and (``acw`` False) ``acw_reach``; the pair's second (through the layer's
+        token-local product) only with ``through``."""
         _, _, S = self.integrals(rm)
         F, Fm = self.terms(rm, query, acw)
         coef = {k: (rho * F[k] + emax * Fm[k]) * (1 + 1e-12) for k in F}
         coef["1"] = coef["1"] + rm * eP * S * (1 + 1e-12)
-        v, vM = self._joint(coef, True)
+        v, vM = self._joint(coef, through)
         if query:
             return v, vM
-        aw, aM = (0.0, 0.0) if acw else self.acw_reach(rm, rho, emax)
+        aw, aM = (0.0, 0.0) if acw else self.acw_reach(rm, rho, emax, through)
         v = (v + self.query_joint(rm, rho, emax, False) + aw) * (1 + 1e-12)
         return v, (None if vM is None else (vM + self.query_joint(rm, rho, emax, True) + aM) * (1 + 1e-12))
 
-    def acw_reach(self, r: float, rho: float, emax: float) -> tuple[Tensor, Tensor | None]:
+    def acw_reach(self, r: float, rho: float, emax: float, through: bool = True) -> tuple[Tensor, Tensor | None]:
         r"""(T,) each: ``rho`` times the ``a c w`` term of all heads in ``rho F``'s pair along the segment (THEORY F68c),
         through ``W_O`` and (None without one) through ``M_k(x) W_O^T``: F65b's Hadamard Gram at X (``hadamard_acw``)
         plus the rest ``(1/2) sup_Z ||D_Delta acw||`` per head (``acw_drift``, the move ``rho`` times a prefix row plus
-        ``e_max`` in the unit ball) combined as F35d/F44g."""
+        ``e_max`` in the unit ball) combined as F35d/F44g (the second None unless ``through``)."""
         from ._local_stack_hadamard import acw_drift
 
         key = ("acw", r)
         if key not in self.memo:
-            w = self.p["norms"]
-
             def drift(ball: bool) -> Tensor:
-                return torch.stack([acw_drift(head_sides(self.ball[h] if ball else pj, pj, m, r, w["G"][h], w["V"][h],
-                                                         float(self.nQ[h]), float(self.nK[h]), self.p["scale"]),
-                                              self.ball[h] if ball else pj, pj, self.p["scale"])
-                                    for h, (pj, m) in enumerate(zip(self.proj, self.p["mom"].rows))])
+                return torch.stack([acw_drift(self.sides(h, ball, r), self.ball[h] if ball else pj, pj, self.p["scale"])
+                                    for h, pj in enumerate(self.proj)])
             self.memo[key] = (drift(False), drift(True))
         De, Db = self.memo[key]
         rest = 0.5 * (rho * De + emax * Db) * (1 + 1e-12)
         at = self.acw_data(False) + self.combined(rest)
-        if "M" not in self.p:
+        if not through or "M" not in self.p:
             return rho * at * (1 + 1e-12), None
         return rho * at * (1 + 1e-12), rho * (self.acw_data(True) + self.through(rest)) * (1 + 1e-12)
 
@@ -425,14 +440,21 @@ class AttentionAligned:
         return self.memo[done]
 
     def _maps(self, through: bool) -> tuple[Tensor, Tensor]:
-        """``(MO, eMO)``: ``W_O^T`` per token (exact as stored) or the layer's ``M_k(x) W_O^T`` with its error (F44g)."""
+        """``(MO, eMO)``: ``W_O^T`` per token (exact as stored) or the layer's ``M_k(x) W_O^T`` with its error (F44g),
+        formed once."""
+        key = ("maps", through)
+        if key in self.memo:
+            return self.memo[key]
         Wo = torch.cat([hd[6] for hd in self.p["heads"]], dim=0)  # (H dh, d)
         T = self.p["heads"][0][0].shape[0]
         if not through:
-            return Wo.T.expand(T, *Wo.T.shape), torch.zeros(T, dtype=torch.float64)
-        M, eM = self.p["M"]
-        nW = float(Wo.norm())
-        return M @ Wo.T[None], (4 * (M.shape[1] + 2) * _U * M.norm(dim=(1, 2)) * nW + eM * nW) * (1 + 1e-12)
+            self.memo[key] = (Wo.T.expand(T, *Wo.T.shape), torch.zeros(T, dtype=torch.float64))
+        else:
+            M, eM = self.p["M"]
+            nW = float(Wo.norm())
+            self.memo[key] = (M @ Wo.T[None], (4 * (M.shape[1] + 2) * _U * M.norm(dim=(1, 2)) * nW + eM * nW)
+                              * (1 + 1e-12))
+        return self.memo[key]
 
     def _joint(self, coef: dict, through: bool) -> tuple[Tensor, Tensor | None]:
         """``joint_reach`` of the heads' coefficients ``coef`` through ``W_O`` and (``through``, when the layer has
@@ -440,11 +462,22 @@ class AttentionAligned:
         from ._local_stack_joint import joint_reach
 
         cores, dh = self.cores(), self.p["heads"][0][6].shape[0]
-        ident = joint_reach(coef, cores, *self._maps(False), dh, self.p["Oh"], self.p["Oall"], self.p["Cw"])
+        ident = joint_reach(coef, cores, *self._maps(False), dh, self.p["Oh"], self.p["Oall"], self.p["Cw"],
+                            self._basis(False))
         if not through or "M" not in self.p:
             return ident, None
         per, full = self.p["MO"]
-        return ident, joint_reach(coef, cores, *self._maps(True), dh, per, full)
+        return ident, joint_reach(coef, cores, *self._maps(True), dh, per, full, basis=self._basis(True))
+
+    def _basis(self, through: bool) -> dict:
+        """``joint_basis`` of the heads' cores through ``_maps(through)`` (THEORY F50c's coefficient-free parts), formed
+        once (F83b)."""
+        from ._local_stack_joint import joint_basis
+
+        key = ("basis", through)
+        if key not in self.memo:
+            self.memo[key] = joint_basis(self.cores(), self._maps(through)[0], self.p["heads"][0][6].shape[0])
+        return self.memo[key]
 
     def cores(self) -> dict:
         """``value_cores`` of the heads (THEORY F50b), formed once."""
@@ -467,7 +500,7 @@ class AttentionAligned:
         def at(t: float, mixed: bool) -> dict:
             rows = [aligned_hessian_terms(self.ball[h] if mixed else pj, pj, m, t, w["G"][h], w["V"][h],
                                           float(self.nQ[h]), float(self.nK[h]), self.p["scale"], mixed, False, query,
-                                          acw or mixed)
+                                          acw or mixed, self.sides(h, mixed, t))
                     for h, (pj, m) in enumerate(zip(self.proj, self.p["mom"].rows))]
             return {k: torch.stack([row[k] for row in rows]) for k in rows[0]}
 

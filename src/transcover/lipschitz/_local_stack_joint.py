@@ -19,17 +19,18 @@ from torch import Tensor
 from ._local_drift import heads_joint
 from ._local_jacobian import certified_lmax
 from ._local_rows import _heads_combined
-from ._local_stack_attn import head_sides
+from ._local_stack_attn import HeadSides, head_sides
 from ._rounding import _gamma
 
-__all__ = ["KINDS", "aligned_hessian_terms", "value_cores", "joint_reach", "block_lmax"]
+__all__ = ["KINDS", "aligned_hessian_terms", "value_cores", "joint_basis", "joint_reach", "block_lmax"]
 
 _U = 2.0**-53
 KINDS = ("C", "N", "E")  # the value-side seminorms: P-covariance, W_V^T W_V, the ellipsoids' values
 
 
 def aligned_hessian_terms(s1: dict, s2: dict, m: dict, rho: float, nG: float, nV: float, nQ: float, nK: float,
-                          scale: float, ball1: bool, ball2: bool, query: bool = True, acw: bool = True) -> dict:
+                          scale: float, ball1: bool, ball2: bool, query: bool = True, acw: bool = True,
+                          hs: HeadSides | None = None) -> dict:
     r"""Per query (T,) coefficients ``c_C, c_N, c_E, c_1`` such that for every ``Z`` in ``B(X, rho)``, tangents as in
     ``aligned_hessian_sup`` (rows of ``Delta`` in side ``s1``'s family, of ``E`` in ``s2``'s; ``ball1``/``ball2``: the
     side is the unit ball) and every ``v`` in the head's value space (THEORY F50a):
@@ -46,9 +47,10 @@ def aligned_hessian_terms(s1: dict, s2: dict, m: dict, rho: float, nG: float, nV
     ``c_1`` where the head's own bound takes that branch.  All padded ``1 + 1e-10``.  ``query=False`` leaves the query
     part ``lambda_max(sum_j P'_j g_ij g_ij^T)^{1/2}`` of each ``A`` out of the seminorm coefficients (``c_E``, ``c_N``;
     F53 bounds it jointly over the heads), the ``||v||`` part of ``sigma(v)`` keeping the whole ``A``.  ``acw=False``
-    leaves the ``a c w`` term out (F68 bounds it for all heads at once)."""
+    leaves the ``a c w`` term out (F68 bounds it for all heads at once).  ``hs``: ``head_sides`` of these arguments
+    when the caller holds it (the same floats, THEORY F83b)."""
     P = m["P"]
-    hs = head_sides(s1, s2, m, rho, nG, nV, nQ, nK, scale)
+    hs = head_sides(s1, s2, m, rho, nG, nV, nQ, nK, scale) if hs is None else hs
     (A1, c1, _, q1, k1), (A2, c2, _, q2, k2) = hs.one, hs.two
     a, ratio, sV, what = hs.a, hs.ratio, hs.sV, hs.what
     x = torch.minimum(A1 * c2, A2 * c1) if acw else torch.zeros_like(A1)
@@ -103,7 +105,7 @@ def value_cores(heads, MV: Tensor, eMV: Tensor) -> dict:  # noqa: ANN001
 
 
 def joint_reach(coef: dict, cores: dict, MO: Tensor, eMO: Tensor, dh: int, per: Tensor, full: Tensor,
-                Cw: Tensor | None = None) -> Tensor:
+                Cw: Tensor | None = None, basis: dict | None = None) -> Tensor:
     r"""(T,) ``>= sup_u u . M_k sum_h W_O^hT z_h,k`` over unit ``u`` for head rows bounded as in ``coef`` (kind -> (H,
     T): ``z . v <= sum_K c_K n_K(v) + c_1 ||v||`` for every ``v``, ``aligned_hessian_terms``' form; ``"1"`` may hold
     the terms bounded only in norm), ``MO`` (T, d, H dh) the map's ``M_k W_O^T`` as formed within ``eMO`` (T,)
@@ -120,34 +122,47 @@ def joint_reach(coef: dict, cores: dict, MO: Tensor, eMO: Tensor, dh: int, per: 
     ``MO B MO^T`` within ``gamma_{2 H dh + 2} ||MO||_F^2 ||B||_F``, ``MO``'s error adds ``(2 ||MO|| eMO + eMO^2)
     ||B||_F`` and the cores' ``(||MO|| + eMO)^2 ||dB||_F``; symmetrisation ``4u ||G||_F``; the weighted sum
     ``(1 + (2 H |K| + 4) u)``, the roots ``1 + 1e-10``.  Refused (inf) for a token whose map is below ``2^-200``
-    (Frobenius) or whose bound is below ``2^-900``: there underflow escapes the relative pads."""
+    (Frobenius) or whose bound is below ``2^-900``: there underflow escapes the relative pads.  ``basis``:
+    ``joint_basis(cores, MO, dh)`` when the caller holds it (the same floats, THEORY F83b)."""
     H, T = coef["C"].shape
     dev = {"dtype": torch.float64}
+    basis = joint_basis(cores, MO, dh) if basis is None else basis
     alone = coef["1"] + coef["C"] * cores["epsV"][:, None]
     Wsq = torch.zeros(H, T, dh, dh, **dev)
     dB = torch.zeros(T, **dev)
     cs = torch.zeros(T, **dev)
-    MOh = MO.reshape(T, MO.shape[1], H, dh).permute(0, 2, 1, 3)  # (T, H, d, dh)
-    OO = MOh.transpose(2, 3) @ MOh  # (T, H, dh, dh): MO_h^T MO_h
     for K in KINDS:
-        core = cores[K].expand(H, T, dh, dh)
+        core, nu, fro, err = basis[K]
         ck = coef[K]
-        # nu^2 = lambda_max(MO_h K MO_h^T) = the top eigenvalue of K (MO_h^T MO_h) (uncertified: only the weight)
-        nu = torch.linalg.eigvals(core @ OO.transpose(0, 1)).real.max(dim=-1).values.clamp(min=0.0).sqrt()
         on = (ck > 0) & (nu > 0) & torch.isfinite(ck)
         w = torch.where(on, ck / torch.where(on, nu, 1.0), 0.0)
         cs = cs + torch.where(on, ck * nu, 0.0).sum(dim=0)
         # a term left out of the Gram: c_K n_K(v) <= c_K (||K||_F + err) ||v||
-        bound = torch.sqrt((core.norm(dim=(2, 3)) + cores["err"][K].expand(H, T)) * (1 + 1e-12))
+        bound = torch.sqrt((fro + err) * (1 + 1e-12))
         alone = alone + torch.where(on | (ck == 0), 0.0, ck * bound)
         Wsq = Wsq + w[:, :, None, None] * core
-        dB = dB + (w * (cores["err"][K].expand(H, T) + 4 * _U * core.norm(dim=(2, 3)))).sum(dim=0)
+        dB = dB + (w * (err + 4 * _U * fro)).sum(dim=0)
     lam, fMO = block_lmax(Wsq, dB, MO, eMO)
     main = torch.sqrt(cs * (1 + (2 * H * len(KINDS) + 4) * _U) * lam) * (1 + 1e-10)
     rest = _heads_combined(per, full, alone, None if Cw is None else heads_joint(Cw, alone))
     out = torch.nan_to_num((main + rest) * (1 + 1e-12), nan=math.inf, posinf=math.inf)
     # near float64's underflow the pads (relative to the Frobenius masses) do not hold: the branch is refused there
     return torch.where(((fMO > 0) & (fMO < 2.0**-200)) | (out < 2.0**-900), math.inf, out)
+
+
+def joint_basis(cores: dict, MO: Tensor, dh: int) -> dict:
+    """Per kind of ``joint_reach`` its coefficient-free parts: ``(core, nu, ||core||_F, err)`` (each (H, T) but the core
+    (H, T, dh, dh)), ``nu`` the uncertified ``lambda_max(MO_h K MO_h^T)^{1/2}`` that sets F50c's weights (the top
+    eigenvalue of ``K (MO_h^T MO_h)``), ``err`` the core's error bound.  THEORY F50c; formed once per map, F83b."""
+    H, T = cores["C"].shape[:2]
+    MOh = MO.reshape(T, MO.shape[1], H, dh).permute(0, 2, 1, 3)  # (T, H, d, dh)
+    OO = MOh.transpose(2, 3) @ MOh  # (T, H, dh, dh): MO_h^T MO_h
+    out = {}
+    for K in KINDS:
+        core = cores[K].expand(H, T, dh, dh)
+        nu = torch.linalg.eigvals(core @ OO.transpose(0, 1)).real.max(dim=-1).values.clamp(min=0.0).sqrt()
+        out[K] = (core, nu, core.norm(dim=(2, 3)), cores["err"][K].expand(H, T))
+    return out
 
 
 def block_lmax(Wsq: Tensor, dB: Tensor, MO: Tensor, eMO: Tensor) -> tuple[Tensor, Tensor]:

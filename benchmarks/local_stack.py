@@ -107,7 +107,7 @@ def main() -> None:
     ap.add_argument("--move-rest", choices=("on", "off"), default="on" if MOVE_REST else "off",
                     help="THEORY F77: the move's rest by its own recursion at the data (exact products from every "
                          "sub-stage start, each stage's rest by F78/F79; tighter at factors 1e-5 and above, about "
-                         "2.2-2.4x the CPU)")
+                         "2x the CPU)")
     ap.add_argument("--workers", type=int, default=2,
                     help="worker processes of one thread each (1: this process, OMP_NUM_THREADS threads)")
     a = ap.parse_args()

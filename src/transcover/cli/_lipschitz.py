@@ -68,7 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "layer), the smaller kept; 'auto' runs the stack route on small inputs only")
     p.add_argument("--move-rest", action="store_true",
                    help="with --whole-network: the stack route also bounds each sub-stage input's move by its rest's "
-                        "own recursion at the data (THEORY F77-F79; tighter at larger radii, about 2.2-2.4x the CPU)")
+                        "own recursion at the data (THEORY F77-F79; tighter at larger radii, about 2x the CPU)")
     p.add_argument("--ball-lower", choices=("off", "layers", "all"), default="off",
                    help="with --data: the lower estimate on the whole ball (Jacobian-norm ascent over centres and "
                         "pair-ratio ascent inside it, about the certification's own time) for the layers' rows "

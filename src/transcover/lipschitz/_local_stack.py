@@ -78,8 +78,8 @@ _CHUNK = 512
 # benchmark's default; ``stack_local``'s is none: each costs about what a reported radius does)
 SEGMENT_AUX: tuple[float, ...] = (0.25, 0.5, 0.75)
 # THEORY F77: ``stack_local``'s default for the move's rest by its own recursion (F73c, F76a): off, its chains from
-# every sub-stage start cost MiniLM +35-55 % CPU, with F78/F79's rests 2.2-2.4x (F77b), for a gain at factors
-# >= 1e-5 only
+# every sub-stage start cost MiniLM +35-55 % CPU, with F78/F79's rests 2.2-2.4x (F77b), about 2x since F83, for a
+# gain at factors >= 1e-5 only
 MOVE_REST = False
 
 

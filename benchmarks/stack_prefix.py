@@ -8,7 +8,10 @@ prints the table of docs/theory.md F77b (sentence 14, 4 layers: 101.82 / 112.45 
 101.83 / 113.89 / 12439 with ``off``).  ``--profile OUT``: cProfile of the ``stack_local`` call in CPU time
 (``time.process_time``, so the machine's load does not inflate it), its stats written to OUT and the top functions by
 cumulative time printed (THEORY F83's table).  No lower estimates: ``benchmarks/local_stack.py`` runs the whole network
-with them.  ``--layers`` below the model's depth drops the final norm.
+with them.  ``--layers`` below the model's depth drops the final norm.  ``--trace``: per sub-stage and radius the
+largest move-rest row ``E_s`` at its input, its own Taylor rest ``R_s`` and its radius (``_stage_rest``'s arguments
+and result, THEORY F77).  ``--whatif-attn-rest C``: every attention stage's rest multiplied by C — a what-if, NOT a
+bound (docs/results/local_stack.md, stop 20: C = 0.1 / 0.03 give the whole network at 1e-4 39 196 / 27 376).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from dataclasses import replace
 
 import torch
 
+import transcover.lipschitz._local_stack as _ls
 from transcover.lipschitz._local_stack import SEGMENT_AUX, stack_local
 from transcover.model import load
 from transcover.model._data import load_inputs
@@ -36,7 +40,11 @@ def main() -> None:
                     help="THEORY F71c: auxiliary radii, fractions of the largest ('' for none)")
     ap.add_argument("--move-rest", choices=("on", "off"), default="on", help="THEORY F77-F79")
     ap.add_argument("--profile", default="", help="write a CPU-time cProfile of the stack_local call here (THEORY F83)")
+    ap.add_argument("--trace", action="store_true", help="print E_s, R_s and the radius of every sub-stage (F77)")
+    ap.add_argument("--whatif-attn-rest", type=float, default=1.0,
+                    help="multiply every attention stage's rest by this: a what-if, not a bound")
     a = ap.parse_args()
+    log = _hook_stage_rest(a.whatif_attn_rest) if a.trace or a.whatif_attn_rest != 1.0 else []
     torch.set_num_threads(1)
     spec = load(None).to_torch(torch.float64)
     X = load_inputs(spec, "sklearn-descr", max_len=32, limit=20)[a.sentence].double()
@@ -60,6 +68,28 @@ def main() -> None:
         drift = [float(r.spans[(0, b)].max()) if (0, b) in r.spans else math.inf for b in range(1, len(r.cuts))]
         print(f"  {f:g}: certified upper {r.upper:.5g} (stack {r.stack:.5g}, product {r.product:.4g}); "
               f"prefix drift at the cuts {' '.join(f'{v:.3g}' for v in drift)}")
+    if a.whatif_attn_rest != 1.0:
+        print(f"  WHAT-IF, not a bound: every attention rest x {a.whatif_attn_rest:g}")
+    if a.trace:
+        print("  sub-stage, kind, radius index, rho, max E_s, max R_s, max radius")
+        for row in log:
+            print("   ", " ".join(f"{v:.3g}" if isinstance(v, float) else str(v) for v in row))
+
+
+def _hook_stage_rest(scale: float) -> list:
+    """Wrap ``_local_stack._stage_rest`` to record each call (and scale the attention's rests by ``scale``)."""
+    log, inner = [], _ls._stage_rest
+
+    def traced(st, s, rho, reach, dj, E, r, *rest):  # noqa: ANN001, ANN202
+        R = inner(st, s, rho, reach, dj, E, r, *rest)
+        kind = "norm" if isinstance(st.lin, _ls._NormLin) else "attention" if st.attn is not None else \
+            "ffn" if st.ffn is not None else "other"
+        R = R * scale if kind == "attention" else R
+        log.append((s, kind, rest[-2], rho, float(E.max()), float(R.max()), float(r.max())))
+        return R
+
+    _ls._stage_rest = traced
+    return log
 
 
 if __name__ == "__main__":

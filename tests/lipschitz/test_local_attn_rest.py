@@ -20,6 +20,7 @@ from transcover.lipschitz._local_attn_rest import (
 )
 from transcover.lipschitz._local_drift import hessian_ball_sup
 from transcover.lipschitz._local_jacobian import _weight_norms
+from transcover.lipschitz import _local_stack_attn, _local_stack_hadamard, _local_stack_query
 from transcover.lipschitz._local_stack_attn import AttentionAligned
 from transcover.lipschitz._local_stack_stages import _attn_stage
 from transcover.model import attention_forward
@@ -206,6 +207,21 @@ def test_rows_scale_without_underflow(rows_of):
     rows = [rows_of(data, 0.05 * c, E * c, 1e-3, 1e-6 * c) / c**2 for c in (2.0**-60, 2.0**-300)]
     assert torch.all(rows[1] > 0)
     assert torch.allclose(rows[1], rows[0], rtol=1e-9, atol=0)
+
+
+@pytest.mark.parametrize("e", [-600, -300, 0, 300, 600])
+def test_frobenius_norms_neither_underflow_nor_overflow(e):
+    """THEORY F81d: every module's padded Frobenius norm of ``2^e A`` is ``2^e`` times that of ``A`` (exact scalings)
+    and at least the exact norm (float64 norms of ``A``'s entries at 2^-600 squared to 0, at 2^600 to inf)."""
+    A = torch.randn(3, 5, 7, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    c = 2.0**e
+    exact = math.sqrt(math.fsum(float(a) ** 2 for a in A.flatten()))
+    for fro, dims in ((_local_stack_attn._fro, (1, 2)), (_local_stack_query._fro, (1, 2))):
+        got, ref = fro(A * c, dims), fro(A, dims)
+        assert torch.equal(got / c, ref)
+        assert bool((ref >= A.norm(dim=dims)).all())
+    got = _local_stack_hadamard._fro(A * c)
+    assert got / c == _local_stack_hadamard._fro(A) and got / c >= exact
 
 
 @pytest.mark.parametrize("rows_of", [attention_rest_rows, joint_rest_rows])

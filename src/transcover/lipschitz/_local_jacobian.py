@@ -393,6 +393,17 @@ def _norm_drift(norm: NormSpec | None, sigma: Tensor | None, r: Tensor, d: int) 
     return 2.0 * g * r / (math.sqrt(d) * s_f * s_f), g / s_f
 
 
+
+def pow2_norm(A: Tensor, dims: tuple) -> Tensor:
+    """Frobenius norms of ``A`` over ``dims`` as float64 computes them, each formed at the power of two that brings its
+    largest entry to ``[1/2, 1)`` (exact scalings), so no square under- or overflows: ``torch``'s norm squares as it
+    goes, and a matrix of entries ``2^-600`` had norm 0 (THEORY F81d).  Unpadded: the caller adds its sum's rounding."""
+    m = A.abs().amax(dim=dims, keepdim=True)
+    s = torch.where((m > 0) & torch.isfinite(m), torch.ldexp(torch.ones_like(m), -torch.frexp(m)[1].clamp(-1000, 1000)),
+                    torch.ones_like(m))
+    r = torch.linalg.vector_norm(A * s, dim=dims)
+    return r / s.reshape(r.shape)
+
 @dataclass
 class LayerJacobian:
     """The exact-Jacobian route for one layer: certified row sums at X and over ``B(X, r)``."""

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from ._local_drift import SEGMENT_STEPS, _ball_moment, attention_drift_hessian, heads_joint
-from ._local_jacobian import certified_lmax, certified_spectral
+from ._local_jacobian import certified_lmax, certified_spectral, pow2_norm
 from ._local_rows import _heads_combined, _lmax_gram
 from ._local_sharp import ball_box
 from ._local_stack_aligned import ellipsoid_gram
@@ -41,15 +41,10 @@ _U = 2.0**-53
 
 
 def _fro(A: Tensor, dims: tuple) -> Tensor:
-    """Frobenius norms over ``dims``, padded up for their own float64 sum; each formed at the power of two that brings
-    its largest entry to ``[1/2, 1)`` (exact), so no square under- or overflows (``torch``'s norm squares as it goes: a
-    matrix of entries ``2^-600`` had norm 0; THEORY F81d)."""
+    """Frobenius norms over ``dims`` (``pow2_norm``: no square under- or overflows, THEORY F81d), padded up for their
+    own float64 sum."""
     n = math.prod(A.shape[d] for d in dims)
-    m = A.abs().amax(dim=dims, keepdim=True)
-    s = torch.where((m > 0) & torch.isfinite(m), torch.ldexp(torch.ones_like(m), -torch.frexp(m)[1].clamp(-1000, 1000)),
-                    torch.ones_like(m))
-    r = (A * s).norm(dim=dims)
-    return r / s.reshape(r.shape) * (1 + (n + 2) * _U)
+    return pow2_norm(A, dims) * (1 + (n + 2) * _U)
 
 
 def _projected_lmax(W: Tensor, Qs: Tensor, fQ: Tensor, eQ: Tensor) -> tuple[Tensor, Tensor, Tensor]:

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from ._local_ffn2 import _in_range
-from ._local_jacobian import certified_lmax
+from ._local_jacobian import certified_lmax, pow2_norm
 from ._rounding import _gamma
 
 __all__ = ["phi_rows", "zeta_rows", "hadamard_acw", "acw_drift", "acw_bound"]
@@ -26,8 +26,8 @@ _U = 2.0**-53
 
 
 def _fro(A: Tensor) -> float:
-    """Frobenius norm, padded up for its own float64 sum."""
-    return float(A.norm()) * (1 + (A.numel() + 2) * _U)
+    """Frobenius norm at a power of two (``pow2_norm``, THEORY F81d), padded up for its own float64 sum."""
+    return float(pow2_norm(A, tuple(range(A.dim())))) * (1 + (A.numel() + 2) * _U)
 
 
 def phi_rows(heads, i: int, scale: float) -> tuple[Tensor, Tensor]:  # noqa: ANN001

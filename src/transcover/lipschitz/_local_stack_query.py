@@ -17,6 +17,7 @@ import math
 import torch
 from torch import Tensor
 
+from ._local_jacobian import pow2_norm
 from ._local_rows import _top_padded
 from ._local_sharp import ball_box
 from ._local_stack_joint import block_lmax
@@ -28,8 +29,9 @@ _U = 2.0**-53
 
 
 def _fro(A: Tensor, dims: tuple) -> Tensor:
+    """Frobenius norms over ``dims`` at a power of two (``pow2_norm``, THEORY F81d), padded up for their float64 sum."""
     n = math.prod(A.shape[d] for d in dims)
-    return A.norm(dim=dims) * (1 + (n + 2) * _U)
+    return pow2_norm(A, dims) * (1 + (n + 2) * _U)
 
 
 def joint_query_lmax(heads, Qs: Tensor | None, eQ: Tensor | None, scale: float, w: Tensor) -> Tensor:  # noqa: ANN001

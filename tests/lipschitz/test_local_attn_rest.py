@@ -15,8 +15,8 @@ import torch
 from lipschitz_testkit import random_spec
 from transcover.lipschitz._local_attention import head_norms
 from transcover.lipschitz._local_attn_rest import (
-    JointSpread, _joint_spread, attention_rest_rows, attn_rest_data, head_rest_sup, joint_rest_rows, piecewise_rest_rows,
-    segment_rest_heads, weight_box,
+    JointSpread, _head_factors, _joint_spread, attention_rest_rows, attn_rest_data, head_rest_sup, joint_rest_rows,
+    piecewise_rest_rows, segment_rest_heads, weight_box,
 )
 from transcover.lipschitz._local_drift import hessian_ball_sup
 from transcover.lipschitz._local_jacobian import _weight_norms
@@ -321,7 +321,6 @@ def test_score_and_value_moves_within_their_rows(efrac):
     part, query part or value move (``delta_m`` along ``P_jm^T q_i``, ``P_im^T G y_ij``, ``P_jm^T W_V W_O u``, ``e`` alike):
     the score velocities less the query's constant ``|s'_ij - D_i G xbar_i| <= U_ij``, ``|s''_ij| <= sig_ij``, the weights
     in their box, the value gaps ``||(z_j - z_k) W_V (W_O)|| <= gap_jk`` and ``||W_O^hT W_V^hT D_j|| <= W_j``."""
-    from transcover.lipschitz._local_attn_rest import _head_factors
     from transcover.model import attention_scores
 
     attn, X, P, data, aa, _ = _case(8, qscale=3.0)
@@ -329,7 +328,7 @@ def test_score_and_value_moves_within_their_rows(efrac):
     E = torch.full((T,), efrac * rho, dtype=torch.float64)
     g = torch.Generator().manual_seed(3)
     for h, (Ph, Yc, q, Wq, Wk, Wv, Wo) in enumerate(aa.p["heads"]):
-        U, sig, lo, hi, mV, gap, gapv = _head_factors(data, h, rho, E, E)
+        U, sig, lo, hi, mV, gap, gapv, _, _ = _head_factors(data, h, rho, E, E)
         G = aa.p["scale"] * Wq @ Wk.T
         for i in range(T):
             for j in range(T):
@@ -371,7 +370,8 @@ def test_joint_variance_holds_and_is_tight(seed, qscale, diag, outside):
     ratio = 0.0
     for h in range(data.S.shape[0]):
         lo, hi = weight_box(data.S[h], data.eS[h])
-        Vj = _joint_spread(data, h, rho, E, E, lo, hi).var(lo, hi)
+        key, cross = _head_factors(data, h, rho, E, E)[7:]
+        Vj = _joint_spread(data, h, rho, E, lo, hi, key, cross).var(lo, hi)
         s = lambda Z: attention_scores(attn, Z, h)  # noqa: E731
         p = torch.softmax(s(X), dim=-1)
         for i in range(T):

@@ -40,9 +40,10 @@ def _without_f53(monkeypatch) -> None:  # noqa: ANN001
     monkeypatch.setattr(stack_attn, "centred_max", _old_centred_max)
     orig = stack_attn.AttentionAligned.branch
     refused = lambda self: (torch.full((self.p["heads"][0][0].shape[0],), math.inf, dtype=torch.float64),) * 2  # noqa: E731
-    monkeypatch.setattr(stack_attn.AttentionAligned, "branch", lambda self, rm, rho, emax, eP, query: (
-        orig(self, rm, rho, emax, eP, query) if query else refused(self)))
-    monkeypatch.setattr(stack_attn.AttentionAligned, "hadamard_branch", lambda self, rm, rho, emax, eP: refused(self))
+    monkeypatch.setattr(stack_attn.AttentionAligned, "branch", lambda self, rm, rho, emax, eP, query, through=True: (
+        orig(self, rm, rho, emax, eP, query, through) if query else refused(self)))
+    monkeypatch.setattr(stack_attn.AttentionAligned, "hadamard_branch",
+                        lambda self, rm, rho, emax, eP, through=True: refused(self))
 
 
 def score_change(attn, X: torch.Tensor, P: torch.Tensor, rho: float, mixed: bool, h: int, i: int):  # noqa: ANN001, ANN201

@@ -261,27 +261,24 @@ def _rest_rows(data: AttnRestData, rho: float, E: Tensor, eP: float, pad: float,
     e1 = e + pad
     per, sups = torch.zeros_like(E), []
     for h in range(data.S.shape[0]):
-        U, sig, lo, hi, mV, gap, gapv = _head_factors(data, h, rho, e, e1)
-        sp = _joint_spread(data, h, rho, e, e1, lo, hi) if keys_joint else None
+        U, sig, lo, hi, mV, gap, gapv, key, cross = _head_factors(data, h, rho, e, e1)
+        sp = _joint_spread(data, h, rho, e, lo, hi, key, cross) if keys_joint else None
         per = per + head_rest_sup(lo, hi, U, sig, gap, data.nO[h] * mV * (1 + 1e-12), sp)
         sups.append(head_rest_sup(lo, hi, U, sig, gapv, mV, sp))
     joint = data.nOall * _heads_norm(torch.stack(sups)) * (1 + 1e-12)
     return torch.nan_to_num(torch.minimum(per, joint) / 2 * (1 + 1e-12), nan=math.inf, posinf=math.inf)
 
 
-def _joint_spread(data: AttnRestData, h: int, rho: float, e: Tensor, e1: Tensor, lo: Tensor, hi: Tensor) -> JointSpread:
+def _joint_spread(data: AttnRestData, h: int, rho: float, e: Tensor, lo: Tensor, hi: Tensor, key: Tensor,
+                  cross: Tensor) -> JointSpread:
     """Head ``h``'s F81a spread over the weight box (``joint_rest_rows``): the query's parts through the weighted Grams
-    (``lin``), the key and cross parts per key."""
-    mQ, mK, _ = _moves(data, h, rho, e)
-    mQ1, mK1, _ = _moves(data, h, rho, e1)
+    (``lin``), the key and cross parts per key (``key``, ``cross``: ``_head_factors``' parts of ``U``)."""
     ratio = torch.where(hi > 0, hi / data.P[h], torch.zeros_like(hi)).nan_to_num(nan=math.inf).max(dim=1).values
     ratio = ratio * (1 + 1e-12)
     query = torch.sqrt(torch.minimum((ratio * data.lG[h]).nan_to_num(nan=math.inf), box_mean(lo, hi, data.g[h] ** 2)))
     outq = torch.minimum((torch.sqrt(ratio * data.lGb[h]) * (1 + 1e-12) + data.eG[h]).nan_to_num(nan=math.inf),
                          torch.sqrt(box_mean(lo, hi, data.gn[h] ** 2)))
-    cross = data.scale * (mQ[:, None] * mK1[None, :] + mQ1[:, None] * mK[None, :]) * (1 + 1e-12)
-    key = (rho * data.om[h] + e[None, :] * data.qn[h][:, None]) * (1 + 1e-12)
-    return JointSpread((rho * query + e * outq) * (1 + 1e-12), (key, cross))
+    return JointSpread((rho * query + e * outq) * (1 + 1e-12), (key * (1 + 1e-12), cross * (1 + 1e-12)))
 
 
 def _heads_norm(v: Tensor) -> Tensor:
@@ -292,20 +289,22 @@ def _heads_norm(v: Tensor) -> Tensor:
 
 
 def _head_factors(data: AttnRestData, h: int, rho: float, e: Tensor, e1: Tensor) -> tuple:
-    """Head ``h``'s ``(U, sig, lo, hi, m_V, gap, gap_v)`` of ``attention_rest_rows`` (THEORY F78b items 1-3, 5; the value
-    gaps ``[j, k]`` in the model space and before ``W_O``)."""
+    """Head ``h``'s ``(U, sig, lo, hi, m_V, gap, gap_v, key, cross)`` of ``attention_rest_rows`` (THEORY F78b items 1-3,
+    5; the value gaps ``[j, k]`` in the model space and before ``W_O``; ``key`` and ``cross`` the key and cross parts of
+    ``U``, unpadded, which F81a's spread reads)."""
     mQ, mK, mV = _moves(data, h, rho, e)
     mQ1, mK1, mV1 = _moves(data, h, rho, e1)
     sc = data.scale
     qpart, kpart = rho * data.g[h] + e[:, None] * data.gn[h], rho * data.om[h] + e[None, :] * data.qn[h][:, None]
-    U = (qpart + kpart + sc * (mQ[:, None] * mK1[None, :] + mQ1[:, None] * mK[None, :])) * (1 + 1e-12)
+    cross = sc * (mQ[:, None] * mK1[None, :] + mQ1[:, None] * mK[None, :])
+    U = (qpart + kpart + cross) * (1 + 1e-12)
     sig = 2 * sc * mQ[:, None] * mK[None, :] * (1 + 1e-12)
     D = (rho * data.g[h] + e1[:, None] * data.gn[h] + rho * data.om[h] + e1[None, :] * data.qn[h][:, None]
          + sc * mQ1[:, None] * mK1[None, :] + data.eS[h]) * (1 + 1e-12)
     lo, hi = weight_box(data.S[h], D)
     gap = (data.Y[h] + data.nO[h] * (mV1[:, None] + mV1[None, :])) * (1 + 1e-12)
     gapv = (data.Yv[h] + mV1[:, None] + mV1[None, :]) * (1 + 1e-12)
-    return U, sig, lo, hi, mV, gap, gapv
+    return U, sig, lo, hi, mV, gap, gapv, kpart, cross
 
 
 def _moves(data: AttnRestData, h: int, rho: float, e: Tensor) -> tuple[Tensor, Tensor, Tensor]:

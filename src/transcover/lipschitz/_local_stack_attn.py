@@ -338,9 +338,8 @@ class AttentionAligned:
             zero = torch.zeros(T, dtype=torch.float64)
             return zero, (zero if kept else None)
         emax = float((rho * (dP + eP) + pad).max())
-        kw = {} if through else {"through": False}  # the branches' own signatures where the pair is read whole
-        out = [self.branch(rm, rho, emax, eP, True, **kw), self.branch(rm, rho, emax, eP, False, **kw),
-               self.hadamard_branch(rm, rho, emax, eP, **kw)]
+        out = [self.branch(rm, rho, emax, eP, True, through), self.branch(rm, rho, emax, eP, False, through),
+               self.hadamard_branch(rm, rho, emax, eP, through)]
         v = torch.minimum(torch.minimum(out[0][0], out[1][0]), out[2][0])
         return v, (None if out[0][1] is None else torch.minimum(torch.minimum(out[0][1], out[1][1]), out[2][1]))
 

@@ -80,12 +80,12 @@ def _hook_stage_rest(scale: float) -> list:
     """Wrap ``_local_stack._stage_rest`` to record each call (and scale the attention's rests by ``scale``)."""
     log, inner = [], _ls._stage_rest
 
-    def traced(st, s, rho, reach, dj, E, r, *rest):  # noqa: ANN001, ANN202
-        R = inner(st, s, rho, reach, dj, E, r, *rest)
+    def traced(st, s, rho, reach, dj, E, r, pad, cap, PL, k, at):  # noqa: ANN001, ANN202
+        R = inner(st, s, rho, reach, dj, E, r, pad, cap, PL, k, at)
         kind = "norm" if isinstance(st.lin, _ls._NormLin) else "attention" if st.attn is not None else \
             "ffn" if st.ffn is not None else "other"
         R = R * scale if kind == "attention" else R
-        log.append((s, kind, rest[-2], rho, float(E.max()), float(R.max()), float(r.max())))
+        log.append((s, kind, k, rho, float(E.max()), float(R.max()), float(r.max())))
         return R
 
     _ls._stage_rest = traced

@@ -12,6 +12,7 @@ with them.  ``--layers`` below the model's depth drops the final norm.  ``--trac
 largest move-rest row ``E_s`` at its input, its own Taylor rest ``R_s`` and its radius (``_stage_rest``'s arguments
 and result, THEORY F77).  ``--whatif-attn-rest C``: every attention stage's rest multiplied by C — a what-if, NOT a
 bound (docs/results/local_stack.md, stop 20: C = 0.1 / 0.03 give the whole network at 1e-4 39 196 / 27 376).
+``--whatif-rest attention=C1,norm=C2,ffn=C3``: the same for each kind of stage (what-if, not a bound).
 """
 
 from __future__ import annotations
@@ -43,8 +44,17 @@ def main() -> None:
     ap.add_argument("--trace", action="store_true", help="print E_s, R_s and the radius of every sub-stage (F77)")
     ap.add_argument("--whatif-attn-rest", type=float, default=1.0,
                     help="multiply every attention stage's rest by this: a what-if, not a bound")
+    ap.add_argument("--whatif-rest", default="",
+                    help="KIND=C,... with KIND in attention, norm, ffn: multiply that kind's rests by C (what-if, not a bound)")
     a = ap.parse_args()
-    log = _hook_stage_rest(a.whatif_attn_rest) if a.trace or a.whatif_attn_rest != 1.0 else []
+    scales = {"attention": a.whatif_attn_rest}
+    for item in filter(None, a.whatif_rest.split(",")):
+        kind, _, c = item.partition("=")
+        if kind not in ("attention", "norm", "ffn"):
+            ap.error(f"--whatif-rest: unknown kind {kind!r} (attention, norm, ffn)")
+        scales[kind] = float(c)
+    whatif = {k: c for k, c in scales.items() if c != 1.0}
+    log = _hook_stage_rest(whatif) if a.trace or whatif else []
     torch.set_num_threads(1)
     spec = load(None).to_torch(torch.float64)
     X = load_inputs(spec, "sklearn-descr", max_len=32, limit=20)[a.sentence].double()
@@ -68,23 +78,23 @@ def main() -> None:
         drift = [float(r.spans[(0, b)].max()) if (0, b) in r.spans else math.inf for b in range(1, len(r.cuts))]
         print(f"  {f:g}: certified upper {r.upper:.5g} (stack {r.stack:.5g}, product {r.product:.4g}); "
               f"prefix drift at the cuts {' '.join(f'{v:.3g}' for v in drift)}")
-    if a.whatif_attn_rest != 1.0:
-        print(f"  WHAT-IF, not a bound: every attention rest x {a.whatif_attn_rest:g}")
+    if whatif:
+        print("  WHAT-IF, not a bound: rests scaled " + ", ".join(f"{k} x {c:g}" for k, c in whatif.items()))
     if a.trace:
         print("  sub-stage, kind, radius index, rho, max E_s, max R_s, max radius")
         for row in log:
             print("   ", " ".join(f"{v:.3g}" if isinstance(v, float) else str(v) for v in row))
 
 
-def _hook_stage_rest(scale: float) -> list:
-    """Wrap ``_local_stack._stage_rest`` to record each call (and scale the attention's rests by ``scale``)."""
+def _hook_stage_rest(scales: dict) -> list:
+    """Wrap ``_local_stack._stage_rest`` to record each call (and scale each kind's rests by ``scales[kind]``)."""
     log, inner = [], _ls._stage_rest
 
     def traced(st, s, rho, reach, dj, E, r, pad, cap, PL, k, at):  # noqa: ANN001, ANN202
         R = inner(st, s, rho, reach, dj, E, r, pad, cap, PL, k, at)
         kind = "norm" if isinstance(st.lin, _ls._NormLin) else "attention" if st.attn is not None else \
             "ffn" if st.ffn is not None else "other"
-        R = R * scale if kind == "attention" else R
+        R = R * scales.get(kind, 1.0)
         log.append((s, kind, k, rho, float(E.max()), float(R.max()), float(r.max())))
         return R
 

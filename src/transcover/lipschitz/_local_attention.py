@@ -168,16 +168,26 @@ def attention_query_terms(attn: AttentionSpec, X: Tensor, rho: float, *,
     return concat, max_delta
 
 
+def _padded(x: float) -> float:
+    """``x (1 + ROUNDING_PAD)``, at least twice the smallest normal float64 for ``x > 0``: below it a product
+    is rounded to nearest in absolute terms, which the relative pad does not cover."""
+    return max(x * (1.0 + ROUNDING_PAD), 2.0 * _TINY) if x > 0.0 else x
+
+
+_TINY = torch.finfo(torch.float64).tiny
+
+
 def head_norms(attn: AttentionSpec) -> dict:
-    """Certified ||W_V^h||, ||scale W_Q^h W_K^hT|| and ||W_O|| (``transcover.norms``, rounding included)."""
+    """Certified ||W_V^h||, ||scale W_Q^h W_K^hT|| and ||W_O|| (``transcover.norms``, rounding included; a
+    value past the largest float64 is inf; a positive one at least 2^-1021, Note [scaling] in norms._spectral)."""
     V, G, OV = [], [], []
     for h in range(attn.n_heads):
         Wq, Wk, Wv, Wo = attn.head(h)
-        V.append(spectral(Wv) * (1.0 + ROUNDING_PAD))
-        OV.append(spectral_product(Wv, Wo) * (1.0 + ROUNDING_PAD))
-        G.append(attn.softmax_scale * spectral_product(Wq, _f64(Wk).T) * (1.0 + ROUNDING_PAD))
+        V.append(_padded(spectral(Wv)))
+        OV.append(_padded(spectral_product(Wv, Wo)))
+        G.append(_padded(attn.softmax_scale * spectral_product(Wq, _f64(Wk).T)))
     W_O = _f64(attn.W_O).reshape(-1, attn.d_model)
-    return {"V": V, "G": G, "OV": OV, "O": spectral(W_O) * (1.0 + ROUNDING_PAD)}
+    return {"V": V, "G": G, "OV": OV, "O": _padded(spectral(W_O))}
 
 
 def attention_local_bound(attn: AttentionSpec, X: Tensor, rho: float, *, norms: dict | None = None) -> AttentionLocal:

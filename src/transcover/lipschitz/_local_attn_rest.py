@@ -26,8 +26,8 @@ from torch import Tensor
 from ._local_jacobian import certified_spectral
 from ._rounding import _gamma
 
-__all__ = ["AttnRestData", "attn_rest_data", "box_mean", "weight_box", "pair_mean", "head_rest_sup", "attention_rest_rows",
-           "segment_rest_heads", "piecewise_rest_rows", "joint_rest_rows", "JointSpread"]
+__all__ = ["AttnRestData", "attn_rest_data", "box_mean", "weight_box", "pair_mean", "head_rest_sup", "head_rest_sups",
+           "attention_rest_rows", "segment_rest_heads", "piecewise_rest_rows", "joint_rest_rows", "JointSpread"]
 
 
 @dataclass(frozen=True)
@@ -189,9 +189,24 @@ def head_rest_sup(lo: Tensor, hi: Tensor, U: Tensor, sig: Tensor, gap: Tensor, W
     scale it by ``a^2 b``), so it is formed at powers of two ``a``, ``b`` that bring ``max U`` and ``max gap`` to order
     one (exact), then scaled back: no product of three or four factors under- or overflows, and ``V^J`` is squared at
     that scale (every part of the spread is at most ``2 max U``; THEORY F80, F81d)."""
-    a, b = _pow2_unit(U), _pow2_unit(gap)
-    sp = None if spread is None else spread.scaled(a)
-    return _head_rest_unit(lo, hi, U * a, sig * a * a, gap * b, W * a * b, sp) / a / a / b  # one power of two at a time
+    return head_rest_sups(lo, hi, U, sig, ((gap, W),), spread)[0]
+
+
+def head_rest_sups(lo: Tensor, hi: Tensor, U: Tensor, sig: Tensor, pairs: tuple,
+                   spread: JointSpread | None = None) -> list[Tensor]:
+    """:func:`head_rest_sup` of one head for each ``(gap, W)`` of ``pairs`` (``_rest_rows``: the model-space and the
+    value-space gaps): the parts that read the score velocity alone (``C``, ``V``, F81's ``spread.var``) formed once,
+    at the power of two ``a`` of ``U``; each pair at its own ``b`` (the same floats as one call per pair)."""
+    a = _pow2_unit(U)
+    Ua = U * a
+    C = pair_mean(lo, hi, Ua[:, :, None] + Ua[:, None, :])
+    V = torch.minimum(box_mean(lo, hi, Ua * Ua), box_mean(lo, hi, C * C))
+    V = V if spread is None else torch.minimum(V, spread.scaled(a).var(lo, hi))
+    out = []
+    for gap, W in pairs:
+        b = _pow2_unit(gap)  # one power of two at a time on the way back
+        out.append(_head_rest_unit(lo, hi, C, V, sig * a * a, gap * b, W * a * b, spread is not None) / a / a / b)
+    return out
 
 
 def _pow2_unit(v: Tensor) -> float:
@@ -201,18 +216,16 @@ def _pow2_unit(v: Tensor) -> float:
     return 1.0 if m == 0 or not math.isfinite(m) else 2.0 ** max(-1000, min(1000, -math.frexp(m)[1]))
 
 
-def _head_rest_unit(lo: Tensor, hi: Tensor, U: Tensor, sig: Tensor, gap: Tensor, W: Tensor,
-                    spread: JointSpread | None) -> Tensor:
-    """``head_rest_sup``'s bound at the given (rescaled) factors."""
-    C = pair_mean(lo, hi, U[:, :, None] + U[:, None, :])
-    Yb = pair_mean(lo, hi, gap[None].expand(U.shape[0], -1, -1))
-    V = torch.minimum(box_mean(lo, hi, U * U), box_mean(lo, hi, C * C))
-    V = V if spread is None else torch.minimum(V, spread.var(lo, hi))
-    Wr = W[None, :].expand_as(U)
+def _head_rest_unit(lo: Tensor, hi: Tensor, C: Tensor, V: Tensor, sig: Tensor, gap: Tensor, W: Tensor,
+                    joint: bool) -> Tensor:
+    """``head_rest_sup``'s bound at the given (rescaled) factors, from ``head_rest_sups``' ``C`` and ``V`` (``joint``:
+    ``V`` holds F81's spread, and F81c's fill applies)."""
+    Yb = pair_mean(lo, hi, gap[None].expand(C.shape[0], -1, -1))
+    Wr = W[None, :].expand_as(C)
     top = torch.where(hi > 0, Yb, torch.zeros_like(Yb)).max(dim=1).values
     t1 = torch.minimum(box_mean(lo, hi, C * C * Yb), top * V * (1 + 1e-12))
-    if spread is not None:  # THEORY F81c: the variance's mass into the largest value gaps, each key up to hi C^2
-        fill = torch.nan_to_num(V * box_mean(torch.zeros_like(U), hi * C * C / V[:, None], Yb) * (1 + 1e-12),
+    if joint:  # THEORY F81c: the variance's mass into the largest value gaps, each key up to hi C^2
+        fill = torch.nan_to_num(V * box_mean(torch.zeros_like(C), hi * C * C / V[:, None], Yb) * (1 + 1e-12),
                                 nan=math.inf, posinf=math.inf)
         t1 = torch.minimum(t1, torch.where(V > 0, fill, torch.zeros_like(fill)))
     t2 = box_mean(lo, hi, sig * Yb)
@@ -263,8 +276,9 @@ def _rest_rows(data: AttnRestData, rho: float, E: Tensor, eP: float, pad: float,
     for h in range(data.S.shape[0]):
         U, sig, lo, hi, mV, gap, gapv, key, cross = _head_factors(data, h, rho, e, e1)
         sp = _joint_spread(data, h, rho, e, lo, hi, key, cross) if keys_joint else None
-        per = per + head_rest_sup(lo, hi, U, sig, gap, data.nO[h] * mV * (1 + 1e-12), sp)
-        sups.append(head_rest_sup(lo, hi, U, sig, gapv, mV, sp))
+        per_h, sup_h = head_rest_sups(lo, hi, U, sig, ((gap, data.nO[h] * mV * (1 + 1e-12)), (gapv, mV)), sp)
+        per = per + per_h
+        sups.append(sup_h)
     joint = data.nOall * _heads_norm(torch.stack(sups)) * (1 + 1e-12)
     return torch.nan_to_num(torch.minimum(per, joint) / 2 * (1 + 1e-12), nan=math.inf, posinf=math.inf)
 

@@ -1,16 +1,21 @@
 """F78a's rest bound at any scale of one query's score velocity (mend29, THEORY F80/F81d): the power of two is taken per
 query row, so a query whose ``U`` is ``2^-540`` below another's keeps its squares (they flushed to 0 and its row with
 them: a false 0); the scalings back are one exact step each way, rounded outward below the normal range (``U`` at
-``2^-600`` with the gaps at ``2^600`` divided by ``a`` twice first and flushed); the heads' norm per query likewise."""
+``2^-600`` with the gaps at ``2^600`` divided by ``a`` twice first and flushed); the heads' norm per query likewise.  The local attention routes refuse value-side norms outside ``[2^-400, 2^400]``
+(Note [local norm range] in ``_local_attention``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import mpmath
 import pytest
 import torch
 
+from lipschitz_testkit import random_spec
+from transcover import InputError
+from transcover.lipschitz import attention_local_bound, layer_local
 from transcover.lipschitz._local_attn_rest import JointSpread, _heads_norm, head_rest_sup, weight_box
 
 T = 4
@@ -76,3 +81,32 @@ def test_heads_norm_per_query(k):
     assert float(got[0]) == float(_heads_norm(v[:, :1])[0])
     one = float(_heads_norm(v[:, 1:])[0])
     assert one >= 1.25 and (float(got[1]) == math.ldexp(one, k) or mpmath.mpf(float(got[1])) >= mpmath.ldexp(1.25, k))
+
+
+def _layer_scaled(kv: int, ko: int):  # noqa: ANN202
+    """A pre-LN layer with ``W_V x 2^kv`` and ``W_O x 2^ko`` (for ``kv = -ko`` the same map) and its input."""
+    L = random_spec(3, L=1, norm="layernorm", placement="pre").layers[0]
+    A = L.attention
+    two = lambda k: torch.tensor(float(k), dtype=torch.float64)  # noqa: E731
+    attn = dataclasses.replace(A, W_V=torch.ldexp(A.W_V, two(kv)), W_O=torch.ldexp(A.W_O, two(ko)))
+    X = torch.randn(5, 6, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    return dataclasses.replace(L, attention=attn), X
+
+
+@pytest.mark.parametrize("kv,ko", [(-300, 300), (300, -300), (-200, 0)])
+def test_local_attention_is_homogeneous_in_the_value_side(kv, ko):
+    """Note [local norm range]: inside ``[2^-400, 2^400]`` the local attention bound scales exactly by ``2^(kv+ko)``."""
+    base = attention_local_bound(_layer_scaled(0, 0)[0].attention, _layer_scaled(0, 0)[1], 0.01)
+    layer, X = _layer_scaled(kv, ko)
+    got = attention_local_bound(layer.attention, X, 0.01)
+    assert got.upper == math.ldexp(base.upper, kv + ko) and got.linear == math.ldexp(base.linear, kv + ko)
+
+
+@pytest.mark.parametrize("kv,ko", [(-540, 540), (-600, 600), (600, -600), (0, 500)])
+def test_local_routes_refuse_value_norms_outside_the_range(kv, ko):
+    """``W_V x 2^-540`` with ``W_O x 2^540`` (the map at scale 1, constant 13.4) was certified 0 by
+    ``attention_local_bound`` (every ``L_h^2`` flushed), and ``layer_local`` raised a raw LinAlgError at ``2^-+600``."""
+    layer, X = _layer_scaled(kv, ko)
+    for route in (lambda: attention_local_bound(layer.attention, X, 0.01), lambda: layer_local(layer, X, 0.01)):
+        with pytest.raises(InputError, match=r"in \[2\^-400, 2\^400\]"):
+            route()

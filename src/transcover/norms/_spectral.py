@@ -195,8 +195,6 @@ def _norm_upper(x: np.ndarray) -> float:
 # entries down to 2^-450 square to normal numbers, and squares that underflow relative to the largest
 # lose at most n 2^-1074 of a sum >= 2^-900 (far inside gamma_{n+2})
 _VECTOR_LIM = 450
-# product_norm_interval's factors: K = L^T U_B L is of size max|A|^2 max|B|^2 (up to 2^600 here)
-_FACTOR_LIM = 150
 
 
 def _fro(X: np.ndarray) -> float:
@@ -257,17 +255,25 @@ def spectral_norm_interval(W, *, rtol: float = 1e-3, gram: tuple[np.ndarray, flo
         return Interval(*_unscale(_norm_lower(col), _norm_upper(col), e), Kind.CERTIFIED_INTERVAL, "vector norm")
     if gram is None:
         G, err = gram_with_error(W)
+    # Note [scaling]: LAPACK's eigensolver is not scale-equivariant bit for bit (dsyevr's top eigenvector moves by an
+    # ulp under G -> 4^k G for about half of random Grams), so the certificate runs on G 4^-g with max|W 2^-g| in
+    # [1/2, 1) (exact; a given Gram is copied, ours scaled in place): the interval is then the same floats times 2^(e+g)
+    # at every scale of W.  Entries that underflow in the scaling are covered by _UNDERFLOW, added after it.
+    g = math.frexp(math.ldexp(max(wmax, -wmin), -e))[1]
+    if g:
+        G = np.ldexp(G, -2 * g, out=G if gram is None else None)
+        err = math.ldexp(err, -2 * g)
     err += _UNDERFLOW
     theta, v = _top_eigpair(G)
     # lower end: a witness vector, rounding error of W v subtracted (|fl(Wv) - Wv| <= gamma_n |W||v|)
     y = W @ v
-    # ||W||_F^2 = trace(W^T W) <= trace(fl(G)) / (1 - gamma_m): no extra pass over W
-    fro_W = sqrt_up(float(np.trace(G)) * (1.0 + 2.0 * gamma(m)) + n * err)
+    # ||W||_F^2 = trace(W^T W) <= trace(fl(G)) / (1 - gamma_m): no extra pass over W (G and err at 4^-g)
+    fro_W = math.ldexp(sqrt_up(float(np.trace(G)) * (1.0 + 2.0 * gamma(m)) + n * err), g)
     slack_abs = gamma(n) * fro_W * _norm_upper(v)
-    lower = max(0.0, down((_norm_lower(y) - slack_abs) / _norm_upper(v)))
+    lower = math.ldexp(max(0.0, down((_norm_lower(y) - slack_abs) / _norm_upper(v))), -g)  # at 2^-g: exact
     mu, _ = _upper_from_certificate(G, err, theta, rtol)
     upper = max(sqrt_up(mu), lower)
-    return Interval(*_unscale(lower, upper, e), Kind.CERTIFIED_INTERVAL, "gram+cholesky certificate")
+    return Interval(*_unscale(lower, upper, e + g), Kind.CERTIFIED_INTERVAL, "gram+cholesky certificate")
 
 
 def in_safe_range(*arrays: np.ndarray) -> bool:
@@ -297,13 +303,13 @@ def product_norm_interval(A, B, *, rtol: float = 1e-3,
         raise ValueError(f"product_norm_interval needs A (p, r) and B (r, q), but got {A.shape} and {B.shape}")
     if not (np.isfinite(A).all() and np.isfinite(B).all()):
         raise ValueError("product_norm_interval: a factor has NaN or Inf entries")
-    # Note [scaling]: each factor with max|x| outside [2^-150, 2^150] is scaled to [0.5, 1), so that
-    # neither K = L^T U_B L nor the witness A B z can overflow or underflow; given Grams are then of the
-    # unscaled factors and are computed again from the scaled ones
-    A, ea = _pow2_scale(A, lim=_FACTOR_LIM)
-    B, eb = _pow2_scale(B, lim=_FACTOR_LIM)
-    if ea or eb:
-        grams = None
+    # Note [scaling]: each factor is scaled to max|x| in [1/2, 1) (exact; copies of these thin factors), so that
+    # neither K = L^T U_B L nor the witness A B z can overflow or underflow (factors at 2^223 and 2^292 overflowed K),
+    # and the interval is the same floats times 2^(ea + eb) at every scale (LAPACK's eigensolver is not
+    # scale-equivariant bit for bit); given Grams by 4^-ea, 4^-eb (copies; entries that underflow there are covered
+    # by _UNDERFLOW, added after)
+    ea, eb = math.frexp(_amax(A))[1], math.frexp(_amax(B))[1]
+    A, B = (np.ldexp(A, -ea) if ea else A), (np.ldexp(B, -eb) if eb else B)
     if not A.any() or not B.any():
         return Interval(0.0, 0.0, Kind.CERTIFIED_INTERVAL, "zero factor")
     p, r = A.shape
@@ -313,6 +319,8 @@ def product_norm_interval(A, B, *, rtol: float = 1e-3,
         G_B, e_B = gram_with_error(B.T)  # B B^T, r x r
     else:
         G_A, e_A, G_B, e_B = grams
+        G_A, e_A = np.ldexp(G_A, -2 * ea), math.ldexp(e_A, -2 * ea)
+        G_B, e_B = np.ldexp(G_B, -2 * eb), math.ldexp(e_B, -2 * eb)
     e_A += _UNDERFLOW
     e_B += _UNDERFLOW
     L = psd_cholesky_upper(G_A, e_A)

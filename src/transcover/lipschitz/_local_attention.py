@@ -168,16 +168,48 @@ def attention_query_terms(attn: AttentionSpec, X: Tensor, rho: float, *,
     return concat, max_delta
 
 
+# Note [local norm range]: the local routes evaluate their data terms as float64 squares (``total += L_h^2`` with
+# ``L_h >= ||W_V^h||``, ``(sum_h ||W_V^h||^2)^{1/2}``, the Gram of ``M_i W_O^T``), so a value-side norm below ``2^-537``
+# squares to 0 and the attention constant came out 0 (``W_V x 2^-540``, ``W_O x 2^540``: the same map as at scale 1,
+# certified 0 against 13.4), and one above ``2^512`` overflows (a raw LinAlgError from eigh).  ``head_norms`` refuses
+# ``||W_V^h||``, ``||W_V^h W_O^h||`` or ``||W_O||`` outside ``[2^-400, 2^400]`` (zero is a zero map and allowed): squares
+# stay above ``2^-800``, so the flushed parts of the data terms (each below ``2^-1074``) are far inside ``DATA_PAD``.
+# The certified matrix norms themselves are right at any finite scale (Note [scaling] in ``norms._spectral``).
+_LOCAL_RANGE = 400
+
+
+def _check_local_range(name: str, x: float) -> None:
+    if x != 0.0 and not (2.0**-_LOCAL_RANGE <= x <= 2.0**_LOCAL_RANGE):
+        raise InputError(f"local attention bounds need ||W_V^h||, ||W_V^h W_O^h|| and ||W_O|| in [2^-{_LOCAL_RANGE}, "
+                         f"2^{_LOCAL_RANGE}] (their data terms are float64 squares, Note [local norm range]), but {name} "
+                         f"is {x:.3g}; rescale the weights (W_V c with W_O / c is the same map)")
+
+
+def _padded(x: float) -> float:
+    """``x (1 + ROUNDING_PAD)``, at least twice the smallest normal float64 for ``x > 0``: below it a product
+    is rounded to nearest in absolute terms, which the relative pad does not cover."""
+    return max(x * (1.0 + ROUNDING_PAD), 2.0 * _TINY) if x > 0.0 else x
+
+
+_TINY = torch.finfo(torch.float64).tiny
+
+
 def head_norms(attn: AttentionSpec) -> dict:
-    """Certified ||W_V^h||, ||scale W_Q^h W_K^hT|| and ||W_O|| (``transcover.norms``, rounding included)."""
+    """Certified ||W_V^h||, ||scale W_Q^h W_K^hT|| and ||W_O|| (``transcover.norms``, rounding included; a
+    positive one at least 2^-1021, Note [scaling] in norms._spectral); refused outside Note [local norm range]."""
     V, G, OV = [], [], []
     for h in range(attn.n_heads):
         Wq, Wk, Wv, Wo = attn.head(h)
-        V.append(spectral(Wv) * (1.0 + ROUNDING_PAD))
-        OV.append(spectral_product(Wv, Wo) * (1.0 + ROUNDING_PAD))
-        G.append(attn.softmax_scale * spectral_product(Wq, _f64(Wk).T) * (1.0 + ROUNDING_PAD))
+        V.append(_padded(spectral(Wv)))
+        OV.append(_padded(spectral_product(Wv, Wo)))
+        G.append(_padded(attn.softmax_scale * spectral_product(Wq, _f64(Wk).T)))
     W_O = _f64(attn.W_O).reshape(-1, attn.d_model)
-    return {"V": V, "G": G, "OV": OV, "O": spectral(W_O) * (1.0 + ROUNDING_PAD)}
+    out = {"V": V, "G": G, "OV": OV, "O": _padded(spectral(W_O))}
+    for key, name in (("V", "||W_V^h||"), ("OV", "||W_V^h W_O^h||")):
+        for h, x in enumerate(out[key]):
+            _check_local_range(f"{name} of head {h}", x)
+    _check_local_range("||W_O||", out["O"])
+    return out
 
 
 def attention_local_bound(attn: AttentionSpec, X: Tensor, rho: float, *, norms: dict | None = None) -> AttentionLocal:

@@ -26,8 +26,8 @@ from torch import Tensor
 from ._local_jacobian import certified_spectral
 from ._rounding import _gamma
 
-__all__ = ["AttnRestData", "attn_rest_data", "box_mean", "weight_box", "pair_mean", "head_rest_sup", "attention_rest_rows",
-           "segment_rest_heads", "piecewise_rest_rows", "joint_rest_rows", "JointSpread"]
+__all__ = ["AttnRestData", "attn_rest_data", "box_mean", "weight_box", "pair_mean", "head_rest_sup", "head_rest_sups",
+           "attention_rest_rows", "segment_rest_heads", "piecewise_rest_rows", "joint_rest_rows", "JointSpread"]
 
 
 @dataclass(frozen=True)
@@ -161,9 +161,9 @@ class JointSpread(NamedTuple):
     lin: Tensor
     keys: tuple
 
-    def scaled(self, a: float) -> JointSpread:
-        """The same spread times the power of two ``a`` (exact)."""
-        return JointSpread(self.lin * a, tuple(k * a for k in self.keys))
+    def scaled(self, a: Tensor) -> JointSpread:
+        """The same spread times the powers of two ``a`` (T, 1), one per query row (exact)."""
+        return JointSpread(self.lin * a[:, 0], tuple(k * a for k in self.keys))
 
     def var(self, lo: Tensor, hi: Tensor) -> Tensor:
         """(T,) ``V^J_i >= var_p(u_i)`` over the box (``box_mean`` of the squares; padded; nan -> inf)."""
@@ -186,33 +186,65 @@ def head_rest_sup(lo: Tensor, hi: Tensor, U: Tensor, sig: Tensor, gap: Tensor, W
     the smaller and the velocity term also ``<= max {sum_j m_j Yb_j : 0 <= m_j <= hi_j C_j^2, sum_j m_j <= V}`` (the
     masses ``m_j = p_j (u_j - ubar)^2``; the greedy optimum, ``box_mean`` of the caps over ``V``; THEORY F81c).
     The bound is homogeneous (``U -> a U``, ``sig -> a^2 sig``, ``gap -> b gap``, ``W -> a b W``, ``spread -> a spread``
-    scale it by ``a^2 b``), so it is formed at powers of two ``a``, ``b`` that bring ``max U`` and ``max gap`` to order
-    one (exact), then scaled back: no product of three or four factors under- or overflows, and ``V^J`` is squared at
-    that scale (every part of the spread is at most ``2 max U``; THEORY F80, F81d)."""
-    a, b = _pow2_unit(U), _pow2_unit(gap)
-    sp = None if spread is None else spread.scaled(a)
-    return _head_rest_unit(lo, hi, U * a, sig * a * a, gap * b, W * a * b, sp) / a / a / b  # one power of two at a time
+    scale it by ``a^2 b``), and query ``i``'s row reads row ``i`` alone, so it is formed at powers of two ``a_i`` (per
+    query row) and ``b`` that bring ``max_j U_ij`` and ``max gap`` to order one (exact), then scaled back in one step:
+    no product of three or four factors under- or overflows, and ``V^J`` is squared at that scale (every part of the
+    spread is at most ``2 max_j U_ij``; THEORY F80, F81d)."""
+    return head_rest_sups(lo, hi, U, sig, ((gap, W),), spread)[0]
 
 
-def _pow2_unit(v: Tensor) -> float:
-    """A power of two ``s`` with ``s max|v|`` in ``[1/2, 1)`` (1 where ``max|v|`` is 0 or not finite; ``2^+-1000`` at
-    most).  THEORY F80."""
-    m = float(v.abs().max()) if v.numel() else 0.0
-    return 1.0 if m == 0 or not math.isfinite(m) else 2.0 ** max(-1000, min(1000, -math.frexp(m)[1]))
+def head_rest_sups(lo: Tensor, hi: Tensor, U: Tensor, sig: Tensor, pairs: tuple,
+                   spread: JointSpread | None = None) -> list[Tensor]:
+    """:func:`head_rest_sup` of one head for each ``(gap, W)`` of ``pairs`` (``_rest_rows``: the model-space and the
+    value-space gaps): the parts that read the score velocity alone (``C``, ``V``, F81's ``spread.var``) formed once,
+    at the power of two ``a`` of ``U``; each pair at its own ``b`` (the same floats as one call per pair)."""
+    a, ea = _pow2_rows(U)
+    Ua = U * a
+    C = pair_mean(lo, hi, Ua[:, :, None] + Ua[:, None, :])
+    V = torch.minimum(box_mean(lo, hi, Ua * Ua), box_mean(lo, hi, C * C))
+    V = V if spread is None else torch.minimum(V, spread.scaled(a).var(lo, hi))
+    out = []
+    for gap, W in pairs:
+        b, eb = _pow2_rows(gap.reshape(1, -1))
+        unit = _head_rest_unit(lo, hi, C, V, sig * a * a, gap * b, W[None, :] * a * b, spread is not None)
+        out.append(times_pow2(unit, 2 * ea[:, 0] + eb[0, 0]))
+    return out
 
 
-def _head_rest_unit(lo: Tensor, hi: Tensor, U: Tensor, sig: Tensor, gap: Tensor, W: Tensor,
-                    spread: JointSpread | None) -> Tensor:
-    """``head_rest_sup``'s bound at the given (rescaled) factors."""
-    C = pair_mean(lo, hi, U[:, :, None] + U[:, None, :])
-    Yb = pair_mean(lo, hi, gap[None].expand(U.shape[0], -1, -1))
-    V = torch.minimum(box_mean(lo, hi, U * U), box_mean(lo, hi, C * C))
-    V = V if spread is None else torch.minimum(V, spread.var(lo, hi))
-    Wr = W[None, :].expand_as(U)
+def _pow2_rows(v: Tensor) -> tuple[Tensor, Tensor]:
+    """``(s, e)`` (T, 1) per row of ``v``: the power of two ``s = 2^-e`` with ``s max_j |v_ij|`` in ``[1/2, 1)`` (1 where
+    that max is 0 or not finite; ``2^+-1000`` at most).  THEORY F80: per query row, so that one query's small score
+    velocity is not measured against another's large one (its squares flushed to 0 below ``2^-537`` of the largest)."""
+    m = v.abs().amax(dim=1, keepdim=True)
+    e = torch.frexp(m)[1].to(torch.float64).clamp(-1000, 1000)
+    e = torch.where((m > 0) & torch.isfinite(m), e, torch.zeros_like(e))
+    return torch.ldexp(torch.ones_like(m), -e), e
+
+
+def times_pow2(x: Tensor, e: Tensor) -> Tensor:
+    """``x 2^e`` (``e`` integer-valued, broadcast) in steps of at most ``2^+-1000`` of one sign, so that for ``x`` in
+    ``[2^-1000, 2^1000]`` no step but the last can leave the normal range (dividing by ``a``, ``a``, ``b`` one at a
+    time flushed ``2^-600`` velocities with ``2^600`` gaps to 0); a positive result below the smallest normal float,
+    rounded to nearest, moved one ulp up.  THEORY F80."""
+    out, rest = x, e
+    while bool((rest != 0).any()):
+        step = rest.clamp(-1000, 1000)
+        out, rest = out * torch.ldexp(torch.ones_like(step), step), rest - step
+    return torch.where((out < _TINY) & (x > 0), torch.nextafter(out, torch.full_like(out, math.inf)), out)
+
+
+_TINY = torch.finfo(torch.float64).tiny
+
+
+def _head_rest_unit(lo: Tensor, hi: Tensor, C: Tensor, V: Tensor, sig: Tensor, gap: Tensor, Wr: Tensor,
+                    joint: bool) -> Tensor:
+    """``head_rest_sup``'s bound at the given (rescaled) factors, from ``head_rest_sups``' ``C`` and ``V`` (``Wr`` (T, T)
+    the keys' ``W`` at each query's scale; ``joint``: ``V`` holds F81's spread, and F81c's fill applies)."""
+    Yb = pair_mean(lo, hi, gap[None].expand(C.shape[0], -1, -1))
     top = torch.where(hi > 0, Yb, torch.zeros_like(Yb)).max(dim=1).values
     t1 = torch.minimum(box_mean(lo, hi, C * C * Yb), top * V * (1 + 1e-12))
-    if spread is not None:  # THEORY F81c: the variance's mass into the largest value gaps, each key up to hi C^2
-        fill = torch.nan_to_num(V * box_mean(torch.zeros_like(U), hi * C * C / V[:, None], Yb) * (1 + 1e-12),
+    if joint:  # THEORY F81c: the variance's mass into the largest value gaps, each key up to hi C^2
+        fill = torch.nan_to_num(V * box_mean(torch.zeros_like(C), hi * C * C / V[:, None], Yb) * (1 + 1e-12),
                                 nan=math.inf, posinf=math.inf)
         t1 = torch.minimum(t1, torch.where(V > 0, fill, torch.zeros_like(fill)))
     t2 = box_mean(lo, hi, sig * Yb)
@@ -263,8 +295,9 @@ def _rest_rows(data: AttnRestData, rho: float, E: Tensor, eP: float, pad: float,
     for h in range(data.S.shape[0]):
         U, sig, lo, hi, mV, gap, gapv, key, cross = _head_factors(data, h, rho, e, e1)
         sp = _joint_spread(data, h, rho, e, lo, hi, key, cross) if keys_joint else None
-        per = per + head_rest_sup(lo, hi, U, sig, gap, data.nO[h] * mV * (1 + 1e-12), sp)
-        sups.append(head_rest_sup(lo, hi, U, sig, gapv, mV, sp))
+        per_h, sup_h = head_rest_sups(lo, hi, U, sig, ((gap, data.nO[h] * mV * (1 + 1e-12)), (gapv, mV)), sp)
+        per = per + per_h
+        sups.append(sup_h)
     joint = data.nOall * _heads_norm(torch.stack(sups)) * (1 + 1e-12)
     return torch.nan_to_num(torch.minimum(per, joint) / 2 * (1 + 1e-12), nan=math.inf, posinf=math.inf)
 
@@ -284,8 +317,8 @@ def _joint_spread(data: AttnRestData, h: int, rho: float, e: Tensor, lo: Tensor,
 def _heads_norm(v: Tensor) -> Tensor:
     """(T,) ``(sum_h v_h^2)^{1/2}`` over the heads of ``v`` (H, T), formed at the power of two that brings the largest
     to order one (no square under- or overflows; THEORY F80); within ``1e-15`` relative (padded by the caller)."""
-    s = _pow2_unit(v)
-    return torch.sqrt(((v * s) ** 2).sum(dim=0)) * (1 + 1e-15) / s
+    s, e = _pow2_rows(v.T)
+    return times_pow2(torch.sqrt(((v * s[:, 0]) ** 2).sum(dim=0)) * (1 + 1e-15), e[:, 0])
 
 
 def _head_factors(data: AttnRestData, h: int, rho: float, e: Tensor, e1: Tensor) -> tuple:

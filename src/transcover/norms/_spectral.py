@@ -62,20 +62,51 @@ def _as_f64(W) -> np.ndarray:
     return as_array(W, np.float64)
 
 
-def _pow2_scale(W: np.ndarray, amax: float | None = None) -> tuple[np.ndarray, float]:
-    """Scale W by an exact power of two so that max|W| is in [0.5, 1); return (W_scaled, factor).
+def _amax(W: np.ndarray) -> float:
+    return max(float(W.max(initial=0.0)), -float(W.min(initial=0.0)))  # no |W| copy
+
+
+def _pow2_exponent(amax: float, lim: int = 300) -> int:
+    """0 when ``amax`` is 0 or in ``[2^-lim, 2^lim]``; else the ``e`` with ``amax 2^-e`` in [0.5, 1)."""
+    if amax == 0.0 or 2.0**-lim <= amax <= 2.0**lim:
+        return 0
+    return math.frexp(amax)[1]
+
+
+def _pow2_scale(W: np.ndarray, amax: float | None = None, lim: int = 300) -> tuple[np.ndarray, int]:
+    """Scale W by an exact power of two so that max|W| is in [0.5, 1); return (W 2^-e, e).
 
     Note [scaling]: the error analysis ignores underflow, which is only sound for entries far from
     the subnormal range.  Scaling by a power of two is exact (barring underflow of entries ~1e-300
     times smaller than the largest, whose contribution is covered by the absolute term
-    ``_UNDERFLOW`` added to every Gram error bound).
+    ``_UNDERFLOW`` added to every Gram error bound).  ``W`` is used as it is (``e = 0``, no copy)
+    when max|W| is in [2^-lim, 2^lim]: its Gram can neither overflow nor lose mass there.  The
+    result is scaled back by :func:`_unscale`, outward where that leaves the normal range.
     """
-    if amax is None:
-        amax = max(float(W.max(initial=0.0)), -float(W.min(initial=0.0)))  # no |W| copy
-    if amax == 0.0 or 2.0**-300 <= amax <= 2.0**300:  # squares can neither overflow nor lose mass
-        return W, 1.0
-    e = math.frexp(amax)[1]
-    return np.ldexp(W, -e), math.ldexp(1.0, e)
+    e = _pow2_exponent(_amax(W) if amax is None else amax, lim)
+    return (W, 0) if e == 0 else (np.ldexp(W, -e), e)
+
+
+_TINY = float(np.finfo(np.float64).tiny)  # the smallest normal float64
+_MAX = float(np.finfo(np.float64).max)
+
+
+def _unscale(lower: float, upper: float, e: int) -> tuple[float, float]:
+    """``(lower 2^e, upper 2^e)`` rounded outward (Note [scaling]): exact in the normal range; a
+    subnormal result is rounded to nearest, so it is moved one ulp outward; an upper end past the
+    largest float is ``inf`` (the value itself overflows float64) and a lower end there the largest float."""
+    if e == 0:
+        return lower, upper
+
+    def ldexp(x: float) -> float:
+        try:
+            return math.ldexp(x, e)
+        except OverflowError:
+            return math.inf
+
+    lo, hi = ldexp(lower), ldexp(upper)
+    lo = max(0.0, down(lo)) if lo < _TINY else min(lo, _MAX)
+    return lo, up(hi) if hi < _TINY and upper > 0.0 else hi
 
 
 _UNDERFLOW = 1e-290
@@ -146,14 +177,24 @@ def _upper_from_certificate(K_hat: np.ndarray, err: float, theta: float, rtol: f
 
 
 def _norm_lower(x: np.ndarray) -> float:
-    """A lower bound on ||x||_2 from float64 evaluation."""
+    """A lower bound on ||x||_2 from float64 evaluation (scaled by a power of two where its squares
+    could overflow or underflow, Note [scaling])."""
+    x, e = _pow2_scale(x, lim=_VECTOR_LIM)
     v = float(np.sqrt(np.dot(x, x)))
-    return max(0.0, down(v * (1.0 - gamma(x.size + 2))))
+    return _unscale(max(0.0, down(v * (1.0 - gamma(x.size + 2)))), 0.0, e)[0]
 
 
 def _norm_upper(x: np.ndarray) -> float:
+    """An upper bound on ||x||_2 (scaled as in :func:`_norm_lower`)."""
+    x, e = _pow2_scale(x, lim=_VECTOR_LIM)
     v = float(np.sqrt(np.dot(x, x)))
-    return up(v * (1.0 + gamma(x.size + 2)))
+    return _unscale(0.0, up(v * (1.0 + gamma(x.size + 2))), e)[1]
+
+
+# a vector's entries up to 2^450 square to at most 2^900, far from overflow for any length below 2^120;
+# entries down to 2^-450 square to normal numbers, and squares that underflow relative to the largest
+# lose at most n 2^-1074 of a sum >= 2^-900 (far inside gamma_{n+2})
+_VECTOR_LIM = 450
 
 
 def _fro(X: np.ndarray) -> float:
@@ -203,37 +244,41 @@ def spectral_norm_interval(W, *, rtol: float = 1e-3, gram: tuple[np.ndarray, flo
     if gram is not None and gram[0].shape != (n, n):
         gram = None  # a Gram of the other side (W was wide): compute the small one here
     if gram is not None:
-        f = 1.0
+        e = 0
         G, err = gram
     else:
-        W, f = _pow2_scale(W, max(wmax, -wmin))
+        W, e = _pow2_scale(W, max(wmax, -wmin))
     if max(wmax, -wmin) == 0.0:
         return Interval(0.0, 0.0, Kind.CERTIFIED_INTERVAL, "zero matrix")
     if n == 1:  # a vector: ||w||_2 directly
         col = W[:, 0]
-        return Interval(_norm_lower(col) * f, _norm_upper(col) * f, Kind.CERTIFIED_INTERVAL, "vector norm")
+        return Interval(*_unscale(_norm_lower(col), _norm_upper(col), e), Kind.CERTIFIED_INTERVAL, "vector norm")
     if gram is None:
         G, err = gram_with_error(W)
+    # Note [scaling]: LAPACK's eigensolver is not scale-equivariant bit for bit (dsyevr's top eigenvector moves by an
+    # ulp under G -> 4^k G for about half of random Grams), so the certificate runs on G 4^-g with max|W 2^-g| in
+    # [1/2, 1) (exact; a given Gram is copied, ours scaled in place): the interval is then the same floats times 2^(e+g)
+    # at every scale of W.  Entries that underflow in the scaling are covered by _UNDERFLOW, added after it.
+    g = math.frexp(math.ldexp(max(wmax, -wmin), -e))[1]
+    if g:
+        G = np.ldexp(G, -2 * g, out=G if gram is None else None)
+        err = math.ldexp(err, -2 * g)
     err += _UNDERFLOW
     theta, v = _top_eigpair(G)
     # lower end: a witness vector, rounding error of W v subtracted (|fl(Wv) - Wv| <= gamma_n |W||v|)
     y = W @ v
-    # ||W||_F^2 = trace(W^T W) <= trace(fl(G)) / (1 - gamma_m): no extra pass over W
-    fro_W = sqrt_up(float(np.trace(G)) * (1.0 + 2.0 * gamma(m)) + n * err)
+    # ||W||_F^2 = trace(W^T W) <= trace(fl(G)) / (1 - gamma_m): no extra pass over W (G and err at 4^-g)
+    fro_W = math.ldexp(sqrt_up(float(np.trace(G)) * (1.0 + 2.0 * gamma(m)) + n * err), g)
     slack_abs = gamma(n) * fro_W * _norm_upper(v)
-    lower = max(0.0, down((_norm_lower(y) - slack_abs) / _norm_upper(v)))
+    lower = math.ldexp(max(0.0, down((_norm_lower(y) - slack_abs) / _norm_upper(v))), -g)  # at 2^-g: exact
     mu, _ = _upper_from_certificate(G, err, theta, rtol)
     upper = max(sqrt_up(mu), lower)
-    return Interval(lower * f, upper * f, Kind.CERTIFIED_INTERVAL, "gram+cholesky certificate")
+    return Interval(*_unscale(lower, upper, e + g), Kind.CERTIFIED_INTERVAL, "gram+cholesky certificate")
 
 
 def in_safe_range(*arrays: np.ndarray) -> bool:
     """True when no power-of-two rescaling is needed (Note [scaling]): max|x| in [2^-300, 2^300]."""
-    for a in arrays:
-        amax = max(float(a.max(initial=0.0)), -float(a.min(initial=0.0)))
-        if amax != 0.0 and not (2.0**-300 <= amax <= 2.0**300):
-            return False
-    return True
+    return all(_pow2_exponent(_amax(a)) == 0 for a in arrays)
 
 
 def product_norm_interval(A, B, *, rtol: float = 1e-3,
@@ -258,11 +303,13 @@ def product_norm_interval(A, B, *, rtol: float = 1e-3,
         raise ValueError(f"product_norm_interval needs A (p, r) and B (r, q), but got {A.shape} and {B.shape}")
     if not (np.isfinite(A).all() and np.isfinite(B).all()):
         raise ValueError("product_norm_interval: a factor has NaN or Inf entries")
-    if grams is None:
-        A, fa = _pow2_scale(A)
-        B, fb = _pow2_scale(B)
-    else:
-        fa = fb = 1.0
+    # Note [scaling]: each factor is scaled to max|x| in [1/2, 1) (exact; copies of these thin factors), so that
+    # neither K = L^T U_B L nor the witness A B z can overflow or underflow (factors at 2^223 and 2^292 overflowed K),
+    # and the interval is the same floats times 2^(ea + eb) at every scale (LAPACK's eigensolver is not
+    # scale-equivariant bit for bit); given Grams by 4^-ea, 4^-eb (copies; entries that underflow there are covered
+    # by _UNDERFLOW, added after)
+    ea, eb = math.frexp(_amax(A))[1], math.frexp(_amax(B))[1]
+    A, B = (np.ldexp(A, -ea) if ea else A), (np.ldexp(B, -eb) if eb else B)
     if not A.any() or not B.any():
         return Interval(0.0, 0.0, Kind.CERTIFIED_INTERVAL, "zero factor")
     p, r = A.shape
@@ -272,6 +319,8 @@ def product_norm_interval(A, B, *, rtol: float = 1e-3,
         G_B, e_B = gram_with_error(B.T)  # B B^T, r x r
     else:
         G_A, e_A, G_B, e_B = grams
+        G_A, e_A = np.ldexp(G_A, -2 * ea), math.ldexp(e_A, -2 * ea)
+        G_B, e_B = np.ldexp(G_B, -2 * eb), math.ldexp(e_B, -2 * eb)
     e_A += _UNDERFLOW
     e_B += _UNDERFLOW
     L = psd_cholesky_upper(G_A, e_A)
@@ -300,8 +349,7 @@ def product_norm_interval(A, B, *, rtol: float = 1e-3,
         slack_abs = up(A_f * gamma(q) * B_f * z_up + gamma(r) * A_f * _norm_upper(t))
         lower = max(0.0, down((_norm_lower(w) - slack_abs) / z_up))
     upper = max(upper, lower)
-    f = fa * fb
-    return Interval(lower * f, upper * f, Kind.CERTIFIED_INTERVAL, "low-rank gram+cholesky certificate")
+    return Interval(*_unscale(lower, upper, ea + eb), Kind.CERTIFIED_INTERVAL, "low-rank gram+cholesky certificate")
 
 
 def scale_interval(iv: Interval, c: float) -> Interval:

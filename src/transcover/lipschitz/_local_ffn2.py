@@ -174,8 +174,8 @@ def ffn_second_split(const: dict, split: dict, z: Tensor, ez: Tensor | None = No
     ``a = D W_2`` (exact product of the evaluated ``GELU''``), ``H = E^T E + R``, ``R <= lR I`` and the formed ``H``
     within ``eH`` of the exact one,
 
-    .. math:: N2^2 = \lambda_{\max}(a^	op H a) \le \|E a\|^2 + (l_R + e_H)\,\|a\|^2,\qquad
-              \|a\|^2 = \lambda_{\max}(D W_2 W_2^	op D) \le \|F D\|^2 + l_{R2} \max_k \delta_k^2,
+    .. math:: N2^2 = \lambda_{\max}(a^\top H a) \le \|E a\|^2 + (l_R + e_H)\,\|a\|^2,\qquad
+              \|a\|^2 = \lambda_{\max}(D W_2 W_2^\top D) \le \|F D\|^2 + l_{R2} \max_k \delta_k^2,
 
     ``||E a||`` from the m x m Gram of ``C = fl(E A)`` (``A = fl(D W_2)``, within ``u|A|`` of ``a``; ``C`` within
     ``gamma_{d_ff} ||E||_F ||A||_F`` of ``E A``) and ``||F D||`` from the m2 x m2 Gram of ``fl(F D)`` (within ``u``

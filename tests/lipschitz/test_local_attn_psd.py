@@ -7,6 +7,7 @@ segment (the part that every correction term carries: the cross part, the box's 
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as hs
@@ -97,3 +98,16 @@ def test_psd_row_is_zero_without_a_move():
     attn, X, P, data, aa, _ = _case(0)
     assert torch.all(_rows(aa, data, X, 0.0, torch.zeros(T, dtype=torch.float64), 0.0) == 0)
 
+
+
+@pytest.mark.parametrize(("E0", "E1", "i"), [(1e-3, 0.0, 0), (1e-3, 1e-3, 1)])
+def test_psd_row_is_attained_within_three_on_two_keys(E0, E1, i):
+    """red26's two tokens in d = 2, one head, no prefix (``P = 0``), the tokens moved by ``e`` only: the ascent reaches
+    more than a third of the row (0.44 and 0.49 of it measured), so a lost factor above 3 in any term fails here; and it
+    never beats the row."""
+    attn, X, _, data, aa, _ = _case(0, t=2, d=2, heads=1)
+    P = torch.zeros(2, 2, 2, 2, dtype=torch.float64)
+    E = torch.tensor([E0, E1], dtype=torch.float64)
+    row = float(_rows(aa, data, X, 0.0, E, 0.0)[i])
+    got = _ascent(attn, X, P, 0.0, E, i, restarts=3, steps=40)
+    assert row / 3 < got <= row, (got, row)

@@ -18,10 +18,14 @@ from ._local_attn_rest import AttnRestData, _head_factors, box_mean, pair_mean
 from ._local_jacobian import certified_lmax
 from ._rounding import _U, _gamma
 
-__all__ = ["psd_rest_rows", "velocity_rests", "PSD_SIZES"]
+__all__ = ["psd_rest_rows", "velocity_rests", "PSD_SIZES", "PSD_MAX_TOKENS"]
 
 # THEORY F85 (a): the AM-GM sizes (alpha_0, beta_0) tried, the smallest row kept (each valid)
 PSD_SIZES: tuple[tuple[float, float], ...] = ((1.0, 1.0),)
+# THEORY F85: the row costs per stage and radius T^2 certified lambda_max of d x d Grams and T of (H T) x (H T) SDP
+# steps (MiniLM at T = 7: about 1.5 CPU s); ``_attention_rest`` forms it for at most this many tokens (skipping a
+# candidate of the min is always valid)
+PSD_MAX_TOKENS = 16
 
 
 def velocity_rests(data: AttnRestData, heads, Wqa: list[Tensor], X: Tensor, rho: float, e: Tensor, e1: Tensor,  # noqa: ANN001

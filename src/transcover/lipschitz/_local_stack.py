@@ -51,7 +51,7 @@ from ._local_jacobian import certified_spectral, row_norm_lower
 from ._local_stack_aligned import FFNAligned
 from ._local_stack_attn import AttentionAligned
 from ._local_stack_carry import carried_first_order, carry_blocks, tail_drift
-from ._local_attn_psd import psd_rest_rows
+from ._local_attn_psd import PSD_MAX_TOKENS, psd_rest_rows
 from ._local_attn_rest import attn_rest_data, joint_rest_rows, piecewise_rest_rows, segment_rest_heads
 from ._local_drift import hessian_ball_sup
 from ._local_rest_rows import ffn_rest_rows as f79_ffn_rows
@@ -450,7 +450,8 @@ def _attention_rest(st: _Stage, at: _RestAt, k: int, rho: float, E: Tensor, r: T
     move scaled by ``t``) and F85's PSD majorant over heads and keys (``psd_rest_rows``)."""
     aa, eP = at.aa, at.eP
     rx = joint_rest_rows(at.forms, rho, E, eP, pad)
-    rx = torch.minimum(rx, psd_rest_rows(at.forms, aa.p["heads"], aa.p["Wqa"], st.x, aa.Qs, aa.eQ, rho, E, eP, pad))
+    if st.x.shape[0] <= PSD_MAX_TOKENS:  # THEORY F85 (its cost grows as T^2 d^3)
+        rx = torch.minimum(rx, psd_rest_rows(at.forms, aa.p["heads"], aa.p["Wqa"], st.x, aa.Qs, aa.eQ, rho, E, eP, pad))
     if rho <= 0:
         return rx
     mom, wn = aa.p["mom"], aa.p["norms"]

@@ -6,7 +6,7 @@ segment's corrections, against F78d, F81 and the attained rest, on the stack rou
 
 Runs ``stack_local`` (move rest on, F71c's auxiliary radii) with ``_local_stack._attention_rest`` wrapped: at every
 attention stage and reported radius it evaluates F85's row (``_local_attn_psd.psd_rest_rows``; before it was wired the measured table of docs/theory.md F85 came from
-this script with a prototype of it),
+this script with a prototype of it; since then "kept" includes F85, so kept/F85 is 1 where F85 binds),
 F81 (``joint_rest_rows``), F78d (``piecewise_rest_rows``, recomputed) and the kept row, and an attained value
 (projected float64 Adam over the move set ``{P-hat delta + e}``, ``--restarts`` x ``--steps`` per query, of the exact
 rest ``A(x + D) - A(x) - A'(x) D``).  Prints per stage and radius the max over queries of each and the factors.

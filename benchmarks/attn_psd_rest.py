@@ -1,12 +1,12 @@
-"""THEORY F85 (measured, not wired): the attention stage's Taylor rest by F82's positive semi-definite majorant with the
+"""THEORY F84 (measured, not wired): the attention stage's Taylor rest by F82's positive semi-definite majorant with the
 segment's corrections, against F78d, F81 and the attained rest, on the stack route's own attention stages.
 
     OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 PYTHONPATH=src python benchmarks/attn_psd_rest.py --sentence 14 --layers 4 \
         --rhos 1e-5,1e-4
 
 Runs ``stack_local`` (move rest on, F71c's auxiliary radii) with ``_local_stack._attention_rest`` wrapped: at every
-attention stage and reported radius it evaluates F85's row (``_local_attn_psd.psd_rest_rows``; before it was wired the measured table of docs/theory.md F85 came from
-this script with a prototype of it; since then "kept" includes F85, so kept/F85 is 1 where F85 binds),
+attention stage and reported radius it evaluates F84's row (``_local_attn_psd.psd_rest_rows``; before it was wired the measured table of docs/theory.md F84 came from
+this script with a prototype of it; since then "kept" includes F84, so kept/F84 is 1 where F84 binds),
 F81 (``joint_rest_rows``), F78d (``piecewise_rest_rows``, recomputed) and the kept row, and an attained value
 (projected float64 Adam over the move set ``{P-hat delta + e}``, ``--restarts`` x ``--steps`` per query, of the exact
 rest ``A(x + D) - A(x) - A'(x) D``).  Prints per stage and radius the max over queries of each and the factors.
@@ -141,14 +141,14 @@ def main() -> None:
     c = time.process_time()
     _ls.stack_local(spec, X, [f * med for f in factors], segment=True, aux=_ls.SEGMENT_AUX, move_rest=True)
     print(f"sentence {a.sentence}, {a.layers} layers: {time.process_time() - c:.1f} s CPU "
-          f"(F85 rows {cpu['psd']:.1f} s, Adam {cpu['adam']:.1f} s); grid {grid}")
-    print("layer radius maxE | F85 F78d F81 kept attained | kept/F85 (max over queries) | min-per-query gain | F85>=att")
+          f"(F84 rows {cpu['psd']:.1f} s, Adam {cpu['adam']:.1f} s); grid {grid}")
+    print("layer radius maxE | F84 F78d F81 kept attained | kept/F84 (max over queries) | min-per-query gain | F84>=att")
     for lay, f, Em, new, f78d, f81, R, att in rows:
         both = torch.minimum(new, R)
         print(f"{lay} {f:g} {Em:.3g} | {new.max():.3g} {f78d.max():.3g} {f81.max():.3g} {R.max():.3g} {att.max():.3g} | "
               f"{float(R.max() / new.max()):.3f} | {float(R.max() / both.max()):.3f} | {bool((new >= att).all())}")
         bind = ["F78d" if float(a) <= float(b) else "F81" for a, b in zip(f78d, f81)]
-        print("    per query F85/kept:", " ".join(f"{float(n / k):.2f}" for n, k in zip(new, R)), "binding:",
+        print("    per query F84/kept:", " ".join(f"{float(n / k):.2f}" for n, k in zip(new, R)), "binding:",
               ",".join(sorted(set(bind))))
 
 

@@ -1,7 +1,7 @@
-"""THEORY F85: the attention rest by F82's PSD majorant with the segment's corrections (``psd_rest_rows``).
+"""THEORY F84: the attention rest by F82's PSD majorant with the segment's corrections (``psd_rest_rows``).
 
 The row against a float64 projected Adam ascent of the exact rest on small random post-LN attentions (hypothesis), its
-linearity in the value map, and F85 (b)'s per-key velocity rest against the exact score velocity at points of the
+linearity in the value map, and F84 (b)'s per-key velocity rest against the exact score velocity at points of the
 segment (the part that every correction term carries: the cross part, the box's shift of the centre, the rounding).
 """
 
@@ -38,7 +38,7 @@ def test_psd_row_is_never_beaten(seed, qscale, causal, rho, efrac, pad):
 
 
 def test_psd_row_is_linear_in_the_values():
-    """``W_V x 3`` scales every part of F85 (gaps, value move, the AM-GM sizes) by 3: the row by 3."""
+    """``W_V x 3`` scales every part of F84 (gaps, value move, the AM-GM sizes) by 3: the row by 3."""
     attn, X, P, data, aa, st = _case(7)
     E = torch.full((T,), 0.02, dtype=torch.float64)
     r1 = _rows(aa, data, X, 0.05, E, 0.0)
@@ -48,7 +48,7 @@ def test_psd_row_is_linear_in_the_values():
 
 
 def test_velocity_rest_covers_the_segment():
-    """F85 (b): at points ``x + c + t Delta`` of the segment (``t`` in [0, 1], ``||c_j|| <= pad``), the exact centred
+    """F84 (b): at points ``x + c + t Delta`` of the segment (``t`` in [0, 1], ``||c_j|| <= pad``), the exact centred
     score velocity ``u_j - ubar'`` (the weights at that point) is within ``eps_ij`` of the fixed form ``l_ij . Delta``;
     an ascent of the worst ratio over moves, centres and ``t`` (sharp heads, a large move: the cross part and the
     box's shift matter) stays <= 1."""

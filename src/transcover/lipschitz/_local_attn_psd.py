@@ -1,4 +1,4 @@
-"""The attention stage's Taylor rest by one positive semi-definite majorant over heads and keys (issue 12; THEORY F85).
+"""The attention stage's Taylor rest by one positive semi-definite majorant over heads and keys (issue 12; THEORY F84).
 
 F78a's second derivative along the segment, with the score velocity split into F82's fixed linear form ``l_j . Delta``
 (centred at the data's weights) and a per-key rest (the cross part, the weight box's shift of the centre, the linear
@@ -20,9 +20,9 @@ from ._rounding import _U, _gamma
 
 __all__ = ["psd_rest_rows", "velocity_rests", "PSD_SIZES", "PSD_MAX_TOKENS"]
 
-# THEORY F85 (a): the AM-GM sizes (alpha_0, beta_0) tried, the smallest row kept (each valid)
+# THEORY F84 (a): the AM-GM sizes (alpha_0, beta_0) tried, the smallest row kept (each valid)
 PSD_SIZES: tuple[tuple[float, float], ...] = ((1.0, 1.0),)
-# THEORY F85: the row costs per stage and radius T^2 certified lambda_max of d x d Grams and T of (H T) x (H T) SDP
+# THEORY F84: the row costs per stage and radius T^2 certified lambda_max of d x d Grams and T of (H T) x (H T) SDP
 # steps (MiniLM at T = 7: about 1.5 CPU s); ``_attention_rest`` forms it for at most this many tokens (skipping a
 # candidate of the min is always valid)
 PSD_MAX_TOKENS = 16
@@ -30,7 +30,7 @@ PSD_MAX_TOKENS = 16
 
 def velocity_rests(data: AttnRestData, heads, Wqa: list[Tensor], X: Tensor, rho: float, e: Tensor, e1: Tensor,  # noqa: ANN001
                    Rn: Tensor, h: int, fac: tuple) -> tuple[Tensor, Tensor, Tensor]:
-    r"""Head ``h``'s ``(L_i, eps, Tm)`` (THEORY F85 (b)): ``L_i`` (T, T, d) the block ``i`` of F82's ``l_ij`` as computed
+    r"""Head ``h``'s ``(L_i, eps, Tm)`` (THEORY F84 (b)): ``L_i`` (T, T, d) the block ``i`` of F82's ``l_ij`` as computed
     (``G y_ij - sum_m P_im G y_im``; the key blocks are ``q_i (1[m = j] - P_im)``), ``eps`` (T, T)
     ``>= |u_ij - ubar'_i - l_ij . Delta|`` at every point of the segment and every weight row of the box, and ``Tm``
     (T, T) ``>= |t*_ij|`` (the exact centred query-and-key part):
@@ -65,7 +65,7 @@ def psd_rest_rows(data: AttnRestData, heads, Wqa: list[Tensor], X: Tensor, Qs: T
                   E: Tensor, eP: float, pad: float, sizes: tuple = PSD_SIZES, steps: int = 20) -> Tensor:
     r"""(T,) rows ``>= ||R_i||`` of the attention stage's Taylor rest for the moves of ``attention_rest_rows`` (``Delta =
     P(X) delta + e``, ``||delta_j|| <= rho``, ``||e_j|| <= E_j``, ``P`` within ``eP``, the centre within ``pad``; the
-    ellipsoids ``Qs`` (T, d, d) as formed within ``eQ`` (T,), Frobenius), THEORY F85:
+    ellipsoids ``Qs`` (T, d, d) as formed within ``eQ`` (T,), Frobenius), THEORY F84:
 
     .. math:: \|R_i\| \le \tfrac12\Big[\big(A_i^{1/2} + B_i^{1/2}\big)^2 + \Gamma_i\Big]
 
@@ -129,7 +129,7 @@ def psd_rest_rows(data: AttnRestData, heads, Wqa: list[Tensor], X: Tensor, Qs: T
 
 def _lowrank_sup(i: int, cols_i: list, heads, wts: Tensor, Qt: Tensor, rho: float, e: Tensor, steps: int) -> float:  # noqa: ANN001
     r"""``>= sup_Delta sum_{h,j} wts_hj (l_hj . Delta)^2`` over ``Delta_m in rho Q~_m^{1/2} B + e_m B`` (THEORY F82 (d),
-    F85 (c)): for any ``c > 0`` over the ``2T`` blocks ``M_k M_k^T`` (``rho^2 L_m^T Q~_m L_m``, ``e_m^2 L_m^T L_m``),
+    F84 (c)): for any ``c > 0`` over the ``2T`` blocks ``M_k M_k^T`` (``rho^2 L_m^T Q~_m L_m``, ``e_m^2 L_m^T L_m``),
     ``||sum_k M_k v_k||^2 <= (sum c) lambda_max(sum_k M_k M_k^T / c_k)``; ``c`` by damped fixed-point steps towards the
     top eigenvector's block norms, the best step's ``lambda_max`` certified plus ``gamma_{2d+4}`` of the blocks'
     absolute mass (the products' rounding)."""
@@ -173,7 +173,7 @@ def _lowrank_sup(i: int, cols_i: list, heads, wts: Tensor, Qt: Tensor, rho: floa
 
 def _grams_sup(i: int, qc: Tensor, kc: Tensor, vc: Tensor, grams: dict, absg: dict, kg: int, Lc: Tensor, eCh: Tensor,
                rho: float, e: Tensor) -> float:
-    r"""``>= sum_m sup Delta_m^T G_m Delta_m`` over ``Delta_m in rho Q~_m^{1/2} B + e_m B`` (THEORY F85 (c)):
+    r"""``>= sum_m sup Delta_m^T G_m Delta_m`` over ``Delta_m in rho Q~_m^{1/2} B + e_m B`` (THEORY F84 (c)):
     ``(rho lambda_max(Lc_m^T G_m Lc_m) + ||dQ_m|| lambda_max(G_m))^{1/2} + e_m lambda_max(G_m)^{1/2})^2``, ``Lc`` the
     formed Cholesky factor of ``Q~`` (``Q~ <= Lc Lc^T + ||dQ|| I``, ``eCh`` its backward error), the exact Grams within
     ``gamma_kg`` of their absolute mass, every ``lambda_max`` certified."""

@@ -51,6 +51,7 @@ from ._local_jacobian import certified_spectral, row_norm_lower
 from ._local_stack_aligned import FFNAligned
 from ._local_stack_attn import AttentionAligned
 from ._local_stack_carry import carried_first_order, carry_blocks, tail_drift
+from ._local_attn_psd import PSD_MAX_TOKENS, psd_rest_rows
 from ._local_attn_rest import attn_rest_data, joint_rest_rows, piecewise_rest_rows, segment_rest_heads
 from ._local_drift import hessian_ball_sup
 from ._local_rest_rows import ffn_rest_rows as f79_ffn_rows
@@ -442,13 +443,15 @@ def _rest_at(st: _Stage, K: Tensor, al, aa, nu: Tensor, eP: float, dPm: list) ->
 
 
 def _attention_rest(st: _Stage, at: _RestAt, k: int, rho: float, E: Tensor, r: Tensor, pad: float) -> Tensor:
-    """THEORY F78, F81: the attention stage's own Taylor rest, the smallest of F78a/b's exact second derivative with
+    """THEORY F78, F81, F84: the attention stage's own Taylor rest, the smallest of F78a/b's exact second derivative with
     F81's score-change variance joint over the keys (``joint_rest_rows``: ``min(F78, F81)`` inside), F78c's ball sups
     under the Taylor weight (``segment_rest_heads``, heads through ``W_O``) and F78d's drift rows on the segment's
     pieces (``piecewise_rest_rows``: the stage's rows, F44e's aligned drift, F44c's reach and F50's joint reach at the
-    move scaled by ``t``)."""
+    move scaled by ``t``) and F84's PSD majorant over heads and keys (``psd_rest_rows``)."""
     aa, eP = at.aa, at.eP
     rx = joint_rest_rows(at.forms, rho, E, eP, pad)
+    if st.x.shape[0] <= PSD_MAX_TOKENS:  # THEORY F84 (its cost grows as T^2 d^3)
+        rx = torch.minimum(rx, psd_rest_rows(at.forms, aa.p["heads"], aa.p["Wqa"], st.x, aa.Qs, aa.eQ, rho, E, eP, pad))
     if rho <= 0:
         return rx
     mom, wn = aa.p["mom"], aa.p["norms"]

@@ -1,0 +1,194 @@
+"""The attention stage's Taylor rest by one positive semi-definite majorant over heads and keys (issue 12; THEORY F84).
+
+F78a's second derivative along the segment, with the score velocity split into F82's fixed linear form ``l_j . Delta``
+(centred at the data's weights) and a per-key rest (the cross part, the weight box's shift of the centre, the linear
+form's rounding), the value move and the score acceleration by AM-GM, is at every point of the segment at most
+``Delta^T [(1 + g) L L^T + blockdiag(Gamma_m)] Delta + (1 + 1/g) B``; its sup over the move set is the SDP dual of F82 (d)
+for the low-rank part and the per-token Grams' sups.  One more candidate in ``_attention_rest``'s min.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from ._local_attn_rest import AttnRestData, _head_factors, box_mean, pair_mean
+from ._local_jacobian import certified_lmax
+from ._rounding import _U, _gamma
+
+__all__ = ["psd_rest_rows", "velocity_rests", "PSD_SIZES", "PSD_MAX_TOKENS"]
+
+# THEORY F84 (a): the AM-GM sizes (alpha_0, beta_0) tried, the smallest row kept (each valid)
+PSD_SIZES: tuple[tuple[float, float], ...] = ((1.0, 1.0),)
+# THEORY F84: the row costs per stage and radius T^2 certified lambda_max of d x d Grams and T of (H T) x (H T) SDP
+# steps (MiniLM at T = 7: about 1.5 CPU s); ``_attention_rest`` forms it for at most this many tokens (skipping a
+# candidate of the min is always valid)
+PSD_MAX_TOKENS = 16
+
+
+def velocity_rests(data: AttnRestData, heads, Wqa: list[Tensor], X: Tensor, rho: float, e: Tensor, e1: Tensor,  # noqa: ANN001
+                   Rn: Tensor, h: int, fac: tuple) -> tuple[Tensor, Tensor, Tensor]:
+    r"""Head ``h``'s ``(L_i, eps, Tm)`` (THEORY F84 (b)): ``L_i`` (T, T, d) the block ``i`` of F82's ``l_ij`` as computed
+    (``G y_ij - sum_m P_im G y_im``; the key blocks are ``q_i (1[m = j] - P_im)``), ``eps`` (T, T)
+    ``>= |u_ij - ubar'_i - l_ij . Delta|`` at every point of the segment and every weight row of the box, and ``Tm``
+    (T, T) ``>= |t*_ij|`` (the exact centred query-and-key part):
+
+    .. math:: \bar\varepsilon_{ij} = N_{ij} + X_{ij} + \max_{box} \textstyle\sum_m p_m X_{im}
+              + \sum_m \max(hi_{im} - P_{im}, P_{im} - lo_{im}) T_{im} + |1 - \sum_m P_{im}|\max_m T_{im}
+
+    (``X`` F81a's cross part, ``N`` the rounding of ``G y`` (row-wise ``gamma_{2d+4}``), of its ``P``-mean and of
+    ``q_i`` (``gamma_{2d+8}``) times the move's row norms ``Rn``).  ``fac`` ``_head_factors``' tuple (``e``, ``e1``)."""
+    T, d = X.shape
+    P, Yc, q, Wq, Wk = heads[h][:5]
+    sc = data.scale
+    _, _, lo, hi, _, _, _, kpart, cross = fac
+    Gy = sc * (Yc @ Wk) @ Wq.T  # (T, T, d)
+    eG = (_gamma(2 * d + 4) * sc * (Yc.abs() @ Wk.abs()) @ Wq.abs().T).norm(dim=-1) * (1 + 1e-12)
+    gbar = torch.einsum("ij,ijd->id", P, Gy)
+    eSum = _gamma(T + 2) * torch.einsum("ij,ijd->id", P, Gy.abs()).norm(dim=-1)
+    Xa = torch.cat([X, torch.ones(T, 1, dtype=torch.float64)], dim=1)
+    eq = _gamma(2 * d + 8) * (sc * (Xa.abs() @ Wqa[h].abs()) @ Wk.abs().T).norm(dim=-1) * (1 + 1e-12)
+    Uab = (rho * data.g[h] + e[:, None] * data.gn[h] + kpart) * (1 + 1e-12)
+    Tm = (Uab + ((P * Uab).sum(dim=1, keepdim=True) * (1 + T * _U))) * (1 + 1e-12)
+    wd = torch.maximum(hi - P, P - lo).clamp(min=0) * (1 + 1e-12)
+    off = (torch.abs(1 - P.sum(dim=1)) + 2 * T * _U) * Tm.max(dim=1).values
+    shift = ((wd * Tm).sum(dim=1) * (1 + T * _U) + off) * (1 + 1e-12)
+    PR = (P * Rn[None]).sum(dim=1, keepdim=True)
+    N = (Rn[:, None] * (eG + (P * eG).sum(dim=1, keepdim=True) + eSum[:, None]) + eq[:, None] * (Rn[None] + PR))
+    eps = (N * (1 + 1e-12) + cross + box_mean(lo, hi, cross)[:, None] + shift[:, None]) * (1 + 1e-12)
+    return Gy - gbar[:, None, :], torch.nan_to_num(eps, nan=math.inf), Tm
+
+
+def psd_rest_rows(data: AttnRestData, heads, Wqa: list[Tensor], X: Tensor, Qs: Tensor, eQ: Tensor, rho: float,  # noqa: ANN001
+                  E: Tensor, eP: float, pad: float, sizes: tuple = PSD_SIZES, steps: int = 20) -> Tensor:
+    r"""(T,) rows ``>= ||R_i||`` of the attention stage's Taylor rest for the moves of ``attention_rest_rows`` (``Delta =
+    P(X) delta + e``, ``||delta_j|| <= rho``, ``||e_j|| <= E_j``, ``P`` within ``eP``, the centre within ``pad``; the
+    ellipsoids ``Qs`` (T, d, d) as formed within ``eQ`` (T,), Frobenius), THEORY F84:
+
+    .. math:: \|R_i\| \le \tfrac12\Big[\big(A_i^{1/2} + B_i^{1/2}\big)^2 + \Gamma_i\Big]
+
+    ``A_i >= sup_Delta sum_{h,j} hi_ij c_ij (l_ij . Delta)^2`` (``c = Yb + alpha``) by the SDP dual through
+    ``Q~_m = Qs_m + eQ_m I`` and the e-balls, ``B_i = sum_h max_box sum_j p_j c_ij eps_ij^2`` (``velocity_rests``),
+    ``Gamma_i = sum_m (rho lambda_max(Q~_m^{1/2} G_m Q~_m^{1/2})^{1/2} + e_m lambda_max(G_m)^{1/2})^2`` with the per-token
+    Grams ``G_m = sum_h [scale hi_im Yb_im / beta_im W_K W_K^T + hi_im / alpha_im W_VO W_VO^T] + 1[m = i] sum_h scale
+    max_box(sum_j p_j Yb_ij beta_ij) W_Q W_Q^T``, ``alpha_j = alpha_0 W_j / Tm_j``, ``beta_j = beta_0 m_K,j / m_Q,i`` per
+    ``(alpha_0, beta_0)`` of ``sizes`` (the smallest row kept).  Every ``lambda_max`` certified (``certified_lmax``) with
+    the products' rounding, the Cholesky factor's backward error (``Q~ <= L L^T + ||dQ|| I``) and the Grams' own.
+    Assumptions: post-LN dot attention without RoPE, soft-cap or q/k norm.  Padded; nan -> inf."""
+    T, d = X.shape
+    H = len(heads)
+    e = E + rho * eP
+    e1 = e + pad
+    if float(e.max()) == 0 and rho == 0:
+        return torch.zeros(T, dtype=torch.float64)
+    eye = torch.eye(d, dtype=torch.float64)
+    Qt = Qs + (eQ * (1 + 1e-12))[:, None, None] * eye
+    Rn = (rho * torch.sqrt((torch.linalg.matrix_norm(Qs) + eQ) * (1 + 1e-12)) + e) * (1 + 1e-12)
+    Lc, info = torch.linalg.cholesky_ex(Qt)
+    if bool((info != 0).any()):
+        return torch.full((T,), math.inf, dtype=torch.float64)
+    eCh = _gamma(d + 1) * torch.linalg.matrix_norm(Lc.abs() @ Lc.abs().transpose(1, 2)) * (1 + 1e-12)  # Higham 10.3
+    fac = [_head_factors(data, h, rho, e, e1) for h in range(H)]
+    vel = [velocity_rests(data, heads, Wqa, X, rho, e, e1, Rn, h, fac[h]) for h in range(H)]
+    Ybs = [pair_mean(f[2], f[3], f[5][None].expand(T, -1, -1)) for f in fac]
+    grams = {k: torch.stack([M @ M.T for M in W]) for k, W in
+             (("K", [hd[4] for hd in heads]), ("Q", [hd[3] for hd in heads]), ("V", [hd[5] @ hd[6] for hd in heads]))}
+    absg = {k: torch.stack([M @ M.T for M in W]) for k, W in
+            (("K", [hd[4].abs() for hd in heads]), ("Q", [hd[3].abs() for hd in heads]),
+             ("V", [hd[5].abs() @ hd[6].abs() for hd in heads]))}
+    kg = 2 * d + 2 * heads[0][3].shape[1] + 2 * H + 8  # the Grams' products and their H-term sums
+    best = torch.full((T,), math.inf, dtype=torch.float64)
+    for a0, b0 in sizes:
+        rows = torch.empty(T, dtype=torch.float64)
+        for i in range(T):
+            wts, qc, kc, vc, Bi = (torch.zeros(H, T, dtype=torch.float64), torch.zeros(H, dtype=torch.float64),
+                                   torch.zeros(H, T, dtype=torch.float64), torch.zeros(H, T, dtype=torch.float64), 0.0)
+            for h in range(H):
+                _, _, lo, hi, mV, _, _, _, _ = fac[h]
+                _, eps, Tm = vel[h]
+                lo_i, hi_i, Yb, vis = lo[i:i + 1], hi[i:i + 1], Ybs[h][i], hi[i] > 0
+                Wj = data.nO[h] * mV * (1 + 1e-12)
+                alpha = torch.where(Wj > 0, a0 * Wj / Tm[i], torch.zeros_like(Wj))
+                mQ = (rho * data.mQ[h][i] + e[i] * data.nQ[h]) * (1 + 1e-12)
+                mK = (rho * data.mK[h] + e * data.nK[h]) * (1 + 1e-12)
+                beta = b0 * mK / mQ if float(mQ) > 0 else torch.ones_like(mK)
+                c = torch.where(vis, Yb + alpha, torch.zeros_like(Yb))
+                Bi += float(box_mean(lo_i, hi_i, (c * eps[i] * eps[i])[None])[0])
+                wts[h] = torch.where(vis, hi[i] * c, torch.zeros_like(c)) * (1 + 1e-12)
+                qc[h] = data.scale * float(box_mean(lo_i, hi_i, (Yb * beta)[None])[0])
+                kc[h] = torch.where(vis & (beta > 0), data.scale * hi[i] * Yb / beta, torch.zeros_like(Yb))
+                vc[h] = torch.where(vis & (alpha > 0), hi[i] / alpha, torch.zeros_like(Yb))
+            A = _lowrank_sup(i, [v[0][i] for v in vel], heads, wts, Qt, rho, e, steps)
+            G = _grams_sup(i, qc, kc, vc, grams, absg, kg, Lc, eCh, rho, e)
+            rows[i] = 0.5 * ((math.sqrt(A) + math.sqrt(Bi) * (1 + 1e-12)) ** 2 * (1 + 1e-12) + G) * (1 + 1e-12)
+        best = torch.minimum(best, torch.nan_to_num(rows, nan=math.inf))
+    return best
+
+
+def _lowrank_sup(i: int, cols_i: list, heads, wts: Tensor, Qt: Tensor, rho: float, e: Tensor, steps: int) -> float:  # noqa: ANN001
+    r"""``>= sup_Delta sum_{h,j} wts_hj (l_hj . Delta)^2`` over ``Delta_m in rho Q~_m^{1/2} B + e_m B`` (THEORY F82 (d),
+    F84 (c)): for any ``c > 0`` over the ``2T`` blocks ``M_k M_k^T`` (``rho^2 L_m^T Q~_m L_m``, ``e_m^2 L_m^T L_m``),
+    ``||sum_k M_k v_k||^2 <= (sum c) lambda_max(sum_k M_k M_k^T / c_k)``; ``c`` by damped fixed-point steps towards the
+    top eigenvector's block norms, the best step's ``lambda_max`` certified plus ``gamma_{2d+4}`` of the blocks'
+    absolute mass (the products' rounding)."""
+    H, T = wts.shape
+    d = Qt.shape[-1]
+    r = H * T
+    s = torch.sqrt(wts)
+    Pm = torch.stack([hd[0][i] for hd in heads])  # (H, T)
+    Qm = torch.stack([hd[2][i] for hd in heads])  # (H, d): q_i per head
+    coef = (torch.eye(T, dtype=torch.float64)[:, None, :] - Pm.T[:, :, None]) * s[None]  # [m, h, j]
+    Me = torch.einsum("mhj,mhk,mkl->mhjkl", coef, torch.einsum("ha,mab,kb->mhk", Qm, Qt, Qm), coef).reshape(T, r, r)
+    Mo = torch.einsum("mhj,hk,mkl->mhjkl", coef, Qm @ Qm.T, coef).reshape(T, r, r)
+    Li = (torch.stack(cols_i) * s[..., None]).reshape(r, d).T + Qm.T[:, :, None].expand(d, H, T).reshape(d, r) * coef[i].reshape(1, r)
+    Me[i], Mo[i] = Li.T @ Qt[i] @ Li, Li.T @ Li
+    AQm = torch.einsum("ha,mab,kb->mhk", Qm.abs(), Qt.abs(), Qm.abs())
+    ca = coef.abs()
+    Ae = torch.einsum("mhj,mhk,mkl->mhjkl", ca, AQm, ca).reshape(T, r, r)
+    Ao = torch.einsum("mhj,hk,mkl->mhjkl", ca, Qm.abs() @ Qm.abs().T, ca).reshape(T, r, r)
+    Ae[i], Ao[i] = Li.abs().T @ Qt[i].abs() @ Li.abs(), Li.abs().T @ Li.abs()
+    blocks = torch.cat([Me * (rho * rho), Mo * (e * e)[:, None, None]])
+    err = _gamma(2 * d + 8) * torch.cat([torch.linalg.matrix_norm(Ae) * rho * rho, torch.linalg.matrix_norm(Ao) * e * e])
+    keep = torch.linalg.matrix_norm(blocks) > 0
+    blocks, err = 0.5 * (blocks[keep] + blocks[keep].transpose(1, 2)), err[keep]
+    if blocks.shape[0] == 0:
+        return 0.0
+    c = torch.sqrt(torch.linalg.matrix_norm(blocks, ord=2).clamp(min=1e-300))
+    best, bestc = math.inf, c
+    for _ in range(steps):
+        lam, vec = torch.linalg.eigh((blocks / c[:, None, None]).sum(0))
+        val = float(c.sum()) * float(lam[-1])
+        if val < best:
+            best, bestc = val, c.clone()
+        cn = torch.sqrt(torch.einsum("a,kab,b->k", vec[:, -1], blocks, vec[:, -1]).clamp(min=0))  # ||M_k^T z||
+        cn = cn.clamp(min=float(cn.max()) * 1e-8)
+        c = torch.sqrt(c * cn * (float(c.sum()) / float(cn.sum())))  # damped; every c > 0 is valid
+    M = (blocks / bestc[:, None, None]).sum(0)
+    lam = float(certified_lmax(0.5 * (M + M.T)[None])[0])
+    ec = float((err / bestc).sum()) + 2 * blocks.shape[0] * _U * float(torch.linalg.matrix_norm(M))
+    return float(bestc.sum()) * (1 + 2 * len(bestc) * _U) * (lam + ec) * (1 + 1e-12)
+
+
+def _grams_sup(i: int, qc: Tensor, kc: Tensor, vc: Tensor, grams: dict, absg: dict, kg: int, Lc: Tensor, eCh: Tensor,
+               rho: float, e: Tensor) -> float:
+    r"""``>= sum_m sup Delta_m^T G_m Delta_m`` over ``Delta_m in rho Q~_m^{1/2} B + e_m B`` (THEORY F84 (c)):
+    ``(rho lambda_max(Lc_m^T G_m Lc_m) + ||dQ_m|| lambda_max(G_m))^{1/2} + e_m lambda_max(G_m)^{1/2})^2``, ``Lc`` the
+    formed Cholesky factor of ``Q~`` (``Q~ <= Lc Lc^T + ||dQ|| I``, ``eCh`` its backward error), the exact Grams within
+    ``gamma_kg`` of their absolute mass, every ``lambda_max`` certified."""
+    T, d = Lc.shape[0], Lc.shape[-1]
+    cf = kc.T.clone()  # (T, H)
+    G = torch.einsum("mh,hab->mab", cf, grams["K"]) + torch.einsum("mh,hab->mab", vc.T, grams["V"])
+    Ga = torch.einsum("mh,hab->mab", cf.abs(), absg["K"]) + torch.einsum("mh,hab->mab", vc.T.abs(), absg["V"])
+    G[i] += torch.einsum("h,hab->ab", qc, grams["Q"])
+    Ga[i] += torch.einsum("h,hab->ab", qc.abs(), absg["Q"])
+    G = 0.5 * (G + G.transpose(1, 2))
+    eG = _gamma(kg) * torch.linalg.matrix_norm(Ga) * (1 + 1e-12)
+    lg = (certified_lmax(G) + eG) * (1 + 1e-12)
+    N = Lc.transpose(1, 2) @ G @ Lc
+    eN = (_gamma(2 * d + 2) * torch.linalg.matrix_norm(Lc.abs().transpose(1, 2) @ G.abs() @ Lc.abs())
+          + eG * torch.linalg.matrix_norm(Lc) ** 2) * (1 + 1e-12)
+    lq = (certified_lmax(0.5 * (N + N.transpose(1, 2))) + eN + eCh * lg) * (1 + 1e-12)
+    tot = (rho * torch.sqrt(lq.clamp(min=0)) + e * torch.sqrt(lg.clamp(min=0))) ** 2
+    return float(tot.sum()) * (1 + T * _U) * (1 + 1e-12)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import replace
 
 import torch
 from torch import Tensor
@@ -24,8 +23,7 @@ from torch import Tensor
 import transcover.lipschitz._local_stack as _ls
 from transcover.lipschitz._local_attn_psd import psd_rest_rows
 from transcover.lipschitz._local_attn_rest import joint_rest_rows, piecewise_rest_rows
-from transcover.model import load
-from transcover.model._data import load_inputs
+from stack_prefix import sentence_spec  # benchmarks/ is the script's directory
 
 
 
@@ -88,11 +86,7 @@ def main() -> None:
     ap.add_argument("--grid", default="1,1", help="a0,b0 pairs separated by ';' (every pair valid, min kept)")
     a = ap.parse_args()
     torch.set_num_threads(1)
-    spec = load(None).to_torch(torch.float64)
-    X = load_inputs(spec, "sklearn-descr", max_len=32, limit=20)[a.sentence].double()
-    if a.layers < len(spec.layers):
-        spec = replace(spec, layers=spec.layers[: a.layers], final_norm=None)
-    med = float(X.norm(dim=1).median())
+    spec, X, med = sentence_spec(a.sentence, a.layers)
     factors = [float(f) for f in a.rhos.split(",")]
     targets = {f * med: f for f in factors}
     grid = [tuple(float(v) for v in p.split(",")) for p in a.grid.split(";")]

@@ -56,11 +56,7 @@ def main() -> None:
     whatif = {k: c for k, c in scales.items() if c != 1.0}
     log = _hook_stage_rest(whatif) if a.trace or whatif else []
     torch.set_num_threads(1)
-    spec = load(None).to_torch(torch.float64)
-    X = load_inputs(spec, "sklearn-descr", max_len=32, limit=20)[a.sentence].double()
-    if a.layers < len(spec.layers):
-        spec = replace(spec, layers=spec.layers[: a.layers], final_norm=None)
-    med = float(X.norm(dim=1).median())
+    spec, X, med = sentence_spec(a.sentence, a.layers)
     factors = [float(f) for f in a.rhos.split(",")]
     aux = tuple(float(f) for f in a.aux.split(",") if f)
     prof = cProfile.Profile(time.process_time) if a.profile else None
@@ -84,6 +80,17 @@ def main() -> None:
         print("  sub-stage, kind, radius index, rho, max E_s, max R_s, max radius")
         for row in log:
             print("   ", " ".join(f"{v:.3g}" if isinstance(v, float) else str(v) for v in row))
+
+
+def sentence_spec(sentence: int, layers: int) -> tuple:
+    """``(spec, X, med)``: MiniLM in float64 cut to its first ``layers`` layers (without the final norm when cut), the
+    embedded ``sentence`` (index among the first 20 scikit-learn sentences, at most 32 tokens) and its median token
+    norm, the unit of the radius factors."""
+    spec = load(None).to_torch(torch.float64)
+    X = load_inputs(spec, "sklearn-descr", max_len=32, limit=20)[sentence].double()
+    if layers < len(spec.layers):
+        spec = replace(spec, layers=spec.layers[:layers], final_norm=None)
+    return spec, X, float(X.norm(dim=1).median())
 
 
 def _hook_stage_rest(scales: dict) -> list:

@@ -37,7 +37,7 @@ from .._results import Kind, Quantity
 from ..model import to_tensor
 from ..model import QUICK_GELU_SLOPE, Activation, LayerSpec, NormKind, NormSpec, Placement, TransformerSpec
 from ._activations import activation_lipschitz
-from ._local_attention import DATA_PAD, attention_local_bound, head_norms
+from ._local_attention import DATA_PAD, attention_local_bound, check_layer_range, head_norms
 from ._local_centre import CENTRE_PAD_ASSUMPTION, f17_pad
 from ._local_jacobian import centre_tokens, norm_jacobian_error, point_slope_err, pre_activations
 from ._weights import ROUNDING_PAD, spectral
@@ -191,9 +191,9 @@ def layer_local(layer: LayerSpec, X: Tensor, rho: float, *, cache: dict | None =
     cache = {} if cache is None else cache
     key = ("norms", layer.index)
     if key not in cache:
-        f = layer.ffn
-        cache[key] = (head_norms(layer.attention), spectral(f.W_1) * (1 + ROUNDING_PAD),
-                      spectral(f.W_2) * (1 + ROUNDING_PAD))
+        f, hn = layer.ffn, head_norms(layer.attention)
+        check_layer_range(layer)  # Note [local weight range]
+        cache[key] = (hn, spectral(f.W_1) * (1 + ROUNDING_PAD), spectral(f.W_2) * (1 + ROUNDING_PAD))
     hn, nW1, nW2 = cache[key]
     ffn = layer.ffn
     if ffn.gated:

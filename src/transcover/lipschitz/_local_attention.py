@@ -38,7 +38,7 @@ from torch import Tensor
 
 from .._errors import InputError
 from ..model import to_tensor
-from ..model import AttentionSpec
+from ..model import AttentionSpec, NormKind
 from ._weights import ROUNDING_PAD, spectral, spectral_product
 
 __all__ = ["AttentionLocal", "attention_weights_f64", "attention_local_bound", "attention_query_terms"]
@@ -91,7 +91,12 @@ def check_normal_weights(scores: Tensor, P: Tensor, head: int) -> None:
     visibility as ``P_ij > 0`` and take every weight with float64's relative accuracy. A visible key
     whose weight underflows to 0 (or to a subnormal) would be treated as masked, yet a move inside the
     ball can hand it the whole row (the red-team case: certified remainder 0.052, attained 1.0). Rather
-    than certify with that convention, such inputs are refused (InputError, one line)."""
+    than certify with that convention, such inputs are refused (InputError, one line).  Scores that overflowed
+    (NaN or +inf: an input or gain near ``2^512``; only masked keys are -inf) are refused too (Note [local weight
+    range]): they gave NaN bounds."""
+    if bool((torch.isnan(scores) | (scores == math.inf)).any()):
+        raise InputError(f"head {head}: an attention score overflows float64 (NaN or +inf); the local bounds refuse "
+                         "this input (Note [local weight range]); rescale the input or the query/key weights")
     bad = torch.isfinite(scores) & (P < torch.finfo(torch.float64).tiny)
     if bool(bad.any()):
         i, j = (int(v) for v in bad.nonzero()[0])
@@ -183,6 +188,43 @@ def _check_local_range(name: str, x: float) -> None:
         raise InputError(f"local attention bounds need ||W_V^h||, ||W_V^h W_O^h|| and ||W_O|| in [2^-{_LOCAL_RANGE}, "
                          f"2^{_LOCAL_RANGE}] (their data terms are float64 squares, Note [local norm range]), but {name} "
                          f"is {x:.3g}; rescale the weights (W_V c with W_O / c is the same map)")
+
+
+# Note [local weight range] (mend30; extends Note [local norm range] to the layer): the layer routes (``layer_local``,
+# ``stack_local``'s layer stages) form products of a layer's factors ``||W_1||``, ``||W_2||``, ``max|gamma|`` of its two
+# norms and ``||W_O||`` (``F``, ``M = D2 (I + F) D1``, ``M W_O^T``) and take float64 Gram eigenvalues or squared norms
+# of them: ``W_1 x 2^600`` with ``W_2 x 2^-600`` (the same map) raised a raw ValueError (an overflowed column norm) or
+# LinAlgError, ``W_1 x 2^-600`` with ``W_2 x 2^600`` returned a NaN stack bound, and both gains of a post-LN layer at
+# ``2^-600`` were certified 2.4e-194 against an attained 7.6e-180 (flushed squares: a false bound).  A layer is refused
+# unless ``||W_1||`` and ``||W_2||`` lie in ``[2^-400, 2^400]`` and the sum of ``|log2 f|`` over its nonzero factors is at
+# most ``_LOCAL_RANGE``: every product of factors then lies in ``[2^-400, 2^400]`` and its squares stay normal, the
+# argument of Note [local norm range].  Data-side overflow (scores, a token's spread) is refused where it is formed
+# (``check_normal_weights``, ``centre_tokens``).
+
+
+def layer_factors(layer) -> list[tuple[str, float]]:  # noqa: ANN001
+    """The data-free factors Note [local weight range] budgets: ``||W_1||``, ``||W_2||`` (certified upper ends),
+    ``max|gamma|`` of the layer's LayerNorm/RMSNorm gains and ``||W_O||``."""
+    out = [("||W_1||", spectral(layer.ffn.W_1)), ("||W_2||", spectral(layer.ffn.W_2))]
+    for name, n in (("norm_attn", layer.norm_attn), ("norm_ffn", layer.norm_ffn)):
+        if n is not None and n.weight is not None and n.kind in (NormKind.LAYERNORM, NormKind.RMSNORM):
+            out.append((f"max|gamma| of {name}", n.gamma_max_abs))
+    out.append(("||W_O||", spectral(_f64(layer.attention.W_O).reshape(-1, layer.attention.d_model))))
+    return out
+
+
+def check_layer_range(layer) -> None:  # noqa: ANN001
+    """Refuse a layer outside Note [local weight range] (InputError, one line); zero factors are zero maps, allowed."""
+    facs = layer_factors(layer)
+    for name, x in facs[:2]:
+        if x != 0.0 and not (2.0**-_LOCAL_RANGE <= x <= 2.0**_LOCAL_RANGE):
+            raise InputError(f"local bounds need ||W_1||, ||W_2|| in [2^-{_LOCAL_RANGE}, 2^{_LOCAL_RANGE}] (Note [local "
+                             f"weight range]), but {name} of layer {layer.index} is {x:.3g}; rescale the weights")
+    budget = sum(abs(math.log2(x)) for _, x in facs if x != 0.0)
+    if not budget <= _LOCAL_RANGE:
+        raise InputError(f"local bounds need the sum of |log2| of layer {layer.index}'s ||W_1||, ||W_2||, gains and "
+                         f"||W_O|| at most {_LOCAL_RANGE} (their products' squares are float64, Note [local weight "
+                         f"range]), but it is {budget:.0f}: " + ", ".join(f"{n} {x:.3g}" for n, x in facs))
 
 
 def _padded(x: float) -> float:

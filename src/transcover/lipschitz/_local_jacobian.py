@@ -275,15 +275,19 @@ def centre_tokens(X: Tensor, lay: bool) -> tuple[Tensor, Tensor, Tensor]:
     ``gamma_{d+3} max|Z1|`` of the exact centred one (the first pass's offset is removed up to the second
     mean's rounding, ``gamma_d max|Z1|``, and ``2 u max|Z1|`` from rounding ``Z1``'s entries; then ``u`` for the
     last subtraction, taken relative), so ``sigma >= (sigma_hat (1 - gamma_{d+4}) - gamma_{d+3} max|Z1|)(1 - 2u)``
-    (the norm's own rounding ``gamma_{d+4}`` relative).  RMSNorm: ``sigma_hat (1 - gamma_{d+4})``."""
+    (the norm's own rounding ``gamma_{d+4}`` relative).  RMSNorm: ``sigma_hat (1 - gamma_{d+4})``.
+    A spread that overflowed (a token near ``2^512``) is refused: its infinite sigma made the norm's local constant 0
+    (Note [local weight range] in ``_local_attention``)."""
     d = X.shape[1]
     g = lambda k: k * _U / (1 - k * _U)  # noqa: E731
-    if not lay:
-        sigma = X.norm(dim=1) / math.sqrt(d)
-        return X, sigma, sigma * (1 - g(d + 4))
-    Z1 = X - X.mean(dim=1, keepdim=True)
-    Z = Z1 - Z1.mean(dim=1, keepdim=True)
+    Z1 = X - X.mean(dim=1, keepdim=True) if lay else X
+    Z = Z1 - Z1.mean(dim=1, keepdim=True) if lay else X
     sigma = Z.norm(dim=1) / math.sqrt(d)
+    if not bool(torch.isfinite(sigma).all()):
+        raise InputError("a token's spread overflows float64 (its squares pass 2^1024); the local bounds refuse this "
+                         "input (Note [local weight range]); rescale the input or the weights before the norm")
+    if not lay:
+        return X, sigma, sigma * (1 - g(d + 4))
     low = (sigma * (1 - g(d + 4)) - g(d + 3) * Z1.abs().amax(dim=1)) * (1 - 2 * _U)
     return Z, sigma, low.clamp(min=0.0)
 

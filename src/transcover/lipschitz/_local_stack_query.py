@@ -46,7 +46,8 @@ def joint_query_lmax(heads, Qs: Tensor | None, eQ: Tensor | None, scale: float, 
     Wq = torch.cat([hd[3] for hd in heads], dim=1)  # (d, H dh)
     H, dh, d = len(heads), heads[0][3].shape[1], Wq.shape[0]
     T = heads[0][0].shape[0]
-    fW2 = float(_fro(Wq, (0, 1))) ** 2
+    fW = float(_fro(Wq, (0, 1)))
+    fW2 = fW * fW  # inf past 2^512, not Python's OverflowError from ``** 2`` (W_Q x 2^600, W_K x 2^-600; mend30)
     if Qs is None:
         M = (Wq.T @ Wq)[None].expand(T, H * dh, H * dh)
         eM = torch.full((T,), _gamma(d + 2) * fW2, dtype=torch.float64)

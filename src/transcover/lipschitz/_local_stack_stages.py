@@ -228,11 +228,13 @@ def layer_stages(layer, X: Tensor, cache: dict) -> tuple[list[_Stage], Tensor, T
     first, then the token-local ones), the layer's output, and (T,) a certified ``m_i >= ||M_i(X)||``
     for the product ``M_i`` of the token-local sub-stages' Jacobians (post-LN ``D2_i (I + F_i) D1_i``,
     taken exactly rather than as a product of norms), so ``nu_i(J_L) <= m_i nu_i(I + A)``."""
-    from ._local_attention import head_norms
+    from ._local_attention import check_layer_range, head_norms
 
     check_stack_layer(layer)
     if "w" not in cache:
-        cache["w"], cache["h"] = _weight_norms(layer), head_norms(layer.attention)
+        cache["h"] = head_norms(layer.attention)
+        check_layer_range(layer)  # Note [local weight range]
+        cache["w"] = _weight_norms(layer)
     X = X.detach().double()
     T, d = X.shape
     g = layer.index

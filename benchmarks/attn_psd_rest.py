@@ -6,7 +6,8 @@ segment's corrections, against F78d, F81 and the attained rest, on the stack rou
 
 Runs ``stack_local`` (move rest on, F71c's auxiliary radii) with ``_local_stack._attention_rest`` wrapped: at every
 attention stage and reported radius it evaluates F84's row (``_local_attn_psd.psd_rest_rows``; before it was wired the measured table of docs/theory.md F84 came from
-this script with a prototype of it; since then "kept" includes F84, so kept/F84 is 1 where F84 binds),
+this script with a prototype of it; since then "kept" includes F84, so kept/F84 is 1 where F84 binds), the same row
+with its low-rank part through the prefix's blocks (F85, ``Bp=``; the "F84" column is the ellipsoid route without them),
 F81 (``joint_rest_rows``), F78d (``piecewise_rest_rows``, recomputed) and the kept row, and an attained value
 (projected float64 Adam over the move set ``{P-hat delta + e}``, ``--restarts`` x ``--steps`` per query, of the exact
 rest ``A(x + D) - A(x) - A'(x) D``).  Prints per stage and radius the max over queries of each and the factors.
@@ -99,7 +100,7 @@ def main() -> None:
             blocks_of[id(self)] = blocks
 
     _ls.AttentionAligned = Keep
-    inner, rows, cpu = _ls._attention_rest, [], {"psd": 0.0, "adam": 0.0}
+    inner, rows, cpu = _ls._attention_rest, [], {"psd": 0.0, "psde": 0.0, "adam": 0.0}
 
     def wrapped(st, at, k, rho, E, r, pad):  # noqa: ANN001, ANN202
         R = inner(st, at, k, rho, E, r, pad)
@@ -113,6 +114,10 @@ def main() -> None:
         new = torch.stack([psd_rest_rows(at.forms, heads, wqa, st.x, aa.Qs, aa.eQ, rho, E, at.eP, pad, ((a0, b0),))
                            for a0, b0 in grid]).min(dim=0).values
         cpu["psd"] += time.process_time() - c0
+        c0 = time.process_time()
+        newe = torch.stack([psd_rest_rows(at.forms, heads, wqa, st.x, aa.Qs, aa.eQ, rho, E, at.eP, pad, ((a0, b0),),
+                                          Bp=blocks_of[id(aa)]) for a0, b0 in grid]).min(dim=0).values
+        cpu["psde"] += time.process_time() - c0
         f81 = joint_rest_rows(at.forms, rho, E, at.eP, pad)
 
         def rows_at(t: float) -> tuple[Tensor, Tensor]:
@@ -128,16 +133,19 @@ def main() -> None:
         att = attained(attention_forward64(heads, wqa), st.x, blocks_of[id(aa)], rho, E + rho * at.eP,
                        a.restarts, a.steps)
         cpu["adam"] += time.process_time() - c0
-        rows.append((st.group, f, float(E.max()), new, f78d, f81, R, att))
+        rows.append((st.group, f, float(E.max()), new, f78d, f81, R, att, newe))
         return R
 
     _ls._attention_rest = wrapped
     c = time.process_time()
     _ls.stack_local(spec, X, [f * med for f in factors], segment=True, aux=_ls.SEGMENT_AUX, move_rest=True)
     print(f"sentence {a.sentence}, {a.layers} layers: {time.process_time() - c:.1f} s CPU "
-          f"(F84 rows {cpu['psd']:.1f} s, Adam {cpu['adam']:.1f} s); grid {grid}")
+          f"(F84 rows {cpu['psd']:.1f} s, F85 rows {cpu['psde']:.1f} s, Adam {cpu['adam']:.1f} s); grid {grid}")
     print("layer radius maxE | F84 F78d F81 kept attained | kept/F84 (max over queries) | min-per-query gain | F84>=att")
-    for lay, f, Em, new, f78d, f81, R, att in rows:
+    for lay, f, Em, new, f78d, f81, R, att, newe in rows:
+        print(f"{lay} {f:g} F85 (through P-hat): {newe.max():.3g} (F84/F85 {float(new.max() / newe.max()):.3f}, "
+              f"kept/F85 {float(R.max() / newe.max()):.3f}, F85>=att {bool((newe >= att).all())}, "
+              f"F85<=F84 {bool((newe <= new).all())})")
         both = torch.minimum(new, R)
         print(f"{lay} {f:g} {Em:.3g} | {new.max():.3g} {f78d.max():.3g} {f81.max():.3g} {R.max():.3g} {att.max():.3g} | "
               f"{float(R.max() / new.max()):.3f} | {float(R.max() / both.max()):.3f} | {bool((new >= att).all())}")

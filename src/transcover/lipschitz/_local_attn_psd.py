@@ -4,7 +4,8 @@ F78a's second derivative along the segment, with the score velocity split into F
 (centred at the data's weights) and a per-key rest (the cross part, the weight box's shift of the centre, the linear
 form's rounding), the value move and the score acceleration by AM-GM, is at every point of the segment at most
 ``Delta^T [(1 + g) L L^T + blockdiag(Gamma_m)] Delta + (1 + 1/g) B``; its sup over the move set is the SDP dual of F82 (d)
-for the low-rank part and the per-token Grams' sups.  One more candidate in ``_attention_rest``'s min.
+for the low-rank part (F85: on the coupled move set through the prefix's blocks when they are given) and the per-token
+Grams' sups.  One more candidate in ``_attention_rest``'s min.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from ._rounding import _U, _gamma
 
 __all__ = ["psd_rest_rows", "velocity_rests", "PSD_SIZES", "PSD_MAX_TOKENS"]
 
-# THEORY F84 (a): the AM-GM sizes (alpha_0, beta_0) tried, the smallest row kept (each valid)
-PSD_SIZES: tuple[tuple[float, float], ...] = ((1.0, 1.0),)
+# THEORY F84 (a), F85: the AM-GM sizes (alpha_0, beta_0) tried, the smallest row kept (each valid); with F85's
+# smaller low-rank part alpha_0 = 2-3 balances it against the value Gram (measured, docs/theory.md F85)
+PSD_SIZES: tuple[tuple[float, float], ...] = ((2.5, 1.0),)
 # THEORY F84: the row costs per stage and radius T^2 certified lambda_max of d x d Grams and T of (H T) x (H T) SDP
 # steps (MiniLM at T = 7: about 1.5 CPU s); ``_attention_rest`` forms it for at most this many tokens (skipping a
 # candidate of the min is always valid)
@@ -62,7 +64,8 @@ def velocity_rests(data: AttnRestData, heads, Wqa: list[Tensor], X: Tensor, rho:
 
 
 def psd_rest_rows(data: AttnRestData, heads, Wqa: list[Tensor], X: Tensor, Qs: Tensor, eQ: Tensor, rho: float,  # noqa: ANN001
-                  E: Tensor, eP: float, pad: float, sizes: tuple = PSD_SIZES, steps: int = 20) -> Tensor:
+                  E: Tensor, eP: float, pad: float, sizes: tuple = PSD_SIZES, steps: int = 20,
+                  Bp: Tensor | None = None) -> Tensor:
     r"""(T,) rows ``>= ||R_i||`` of the attention stage's Taylor rest for the moves of ``attention_rest_rows`` (``Delta =
     P(X) delta + e``, ``||delta_j|| <= rho``, ``||e_j|| <= E_j``, ``P`` within ``eP``, the centre within ``pad``; the
     ellipsoids ``Qs`` (T, d, d) as formed within ``eQ`` (T,), Frobenius), THEORY F84:
@@ -70,7 +73,8 @@ def psd_rest_rows(data: AttnRestData, heads, Wqa: list[Tensor], X: Tensor, Qs: T
     .. math:: \|R_i\| \le \tfrac12\Big[\big(A_i^{1/2} + B_i^{1/2}\big)^2 + \Gamma_i\Big]
 
     ``A_i >= sup_Delta sum_{h,j} hi_ij c_ij (l_ij . Delta)^2`` (``c = Yb + alpha``) by the SDP dual through
-    ``Q~_m = Qs_m + eQ_m I`` and the e-balls, ``B_i = sum_h max_box sum_j p_j c_ij eps_ij^2`` (``velocity_rests``),
+    ``Q~_m = Qs_m + eQ_m I`` and the e-balls, or (``Bp`` (T, T_in, d, d) the prefix's computed blocks ``P-hat``, whose
+    rows ``Qs`` were formed from) on the coupled set ``P-hat delta + e'`` (THEORY F85, ``_lowrank_sup_prefix``), ``B_i = sum_h max_box sum_j p_j c_ij eps_ij^2`` (``velocity_rests``),
     ``Gamma_i = sum_m (rho lambda_max(Q~_m^{1/2} G_m Q~_m^{1/2})^{1/2} + e_m lambda_max(G_m)^{1/2})^2`` with the per-token
     Grams ``G_m = sum_h [scale hi_im Yb_im / beta_im W_K W_K^T + hi_im / alpha_im W_VO W_VO^T] + 1[m = i] sum_h scale
     max_box(sum_j p_j Yb_ij beta_ij) W_Q W_Q^T``, ``alpha_j = alpha_0 W_j / Tm_j``, ``beta_j = beta_0 m_K,j / m_Q,i`` per
@@ -99,6 +103,7 @@ def psd_rest_rows(data: AttnRestData, heads, Wqa: list[Tensor], X: Tensor, Qs: T
             (("K", [hd[4].abs() for hd in heads]), ("Q", [hd[3].abs() for hd in heads]),
              ("V", [hd[5].abs() @ hd[6].abs() for hd in heads]))}
     kg = 2 * d + 2 * heads[0][3].shape[1] + 2 * H + 8  # the Grams' products and their H-term sums
+    nB = None if Bp is None else torch.linalg.matrix_norm(Bp) * (1 + 2 * d * d * _U) * (1 + 1e-12)
     best = torch.full((T,), math.inf, dtype=torch.float64)
     for a0, b0 in sizes:
         rows = torch.empty(T, dtype=torch.float64)
@@ -120,29 +125,40 @@ def psd_rest_rows(data: AttnRestData, heads, Wqa: list[Tensor], X: Tensor, Qs: T
                 qc[h] = data.scale * float(box_mean(lo_i, hi_i, (Yb * beta)[None])[0])
                 kc[h] = torch.where(vis & (beta > 0), data.scale * hi[i] * Yb / beta, torch.zeros_like(Yb))
                 vc[h] = torch.where(vis & (alpha > 0), hi[i] / alpha, torch.zeros_like(Yb))
-            A = _lowrank_sup(i, [v[0][i] for v in vel], heads, wts, Qt, rho, e, steps)
+            # THEORY F85: with the prefix's blocks, the same form's sup on the coupled move set (F84 (c) without them)
+            A = (_lowrank_sup(i, [v[0][i] for v in vel], heads, wts, Qt, rho, e, steps) if Bp is None else
+                 _lowrank_sup_prefix(i, [v[0][i] for v in vel], heads, wts, Bp, nB, rho, e, steps))
             G = _grams_sup(i, qc, kc, vc, grams, absg, kg, Lc, eCh, rho, e)
             rows[i] = 0.5 * ((math.sqrt(A) + math.sqrt(Bi) * (1 + 1e-12)) ** 2 * (1 + 1e-12) + G) * (1 + 1e-12)
         best = torch.minimum(best, torch.nan_to_num(rows, nan=math.inf))
     return best
 
 
-def _lowrank_sup(i: int, cols_i: list, heads, wts: Tensor, Qt: Tensor, rho: float, e: Tensor, steps: int) -> float:  # noqa: ANN001
-    r"""``>= sup_Delta sum_{h,j} wts_hj (l_hj . Delta)^2`` over ``Delta_m in rho Q~_m^{1/2} B + e_m B`` (THEORY F82 (d),
-    F84 (c)): for any ``c > 0`` over the ``2T`` blocks ``M_k M_k^T`` (``rho^2 L_m^T Q~_m L_m``, ``e_m^2 L_m^T L_m``),
-    ``||sum_k M_k v_k||^2 <= (sum c) lambda_max(sum_k M_k M_k^T / c_k)``; ``c`` by damped fixed-point steps towards the
-    top eigenvector's block norms, the best step's ``lambda_max`` certified plus ``gamma_{2d+4}`` of the blocks'
-    absolute mass (the products' rounding)."""
+def _form_columns(i: int, cols_i: list, heads, wts: Tensor) -> tuple[Tensor, Tensor, Tensor]:  # noqa: ANN001
+    """Query ``i``'s low-rank form ``sum_{h,j} wts_hj (l_hj . Delta)^2 = ||L^T Delta||^2`` (THEORY F82, F84 (c)) as
+    ``(Qm, coef, Li)``: the key blocks ``L_m = Qm^T coef_m`` (rank ``H``: column ``(h, j)`` is ``q_i^h coef[m, h, j]``,
+    ``coef[m, h, j] = (1[m = j] - P_ij) wts_hj^{1/2}``) for ``m != i`` and the query's own block ``Li`` (d, H T)."""
     H, T = wts.shape
-    d = Qt.shape[-1]
-    r = H * T
     s = torch.sqrt(wts)
     Pm = torch.stack([hd[0][i] for hd in heads])  # (H, T)
     Qm = torch.stack([hd[2][i] for hd in heads])  # (H, d): q_i per head
+    d = Qm.shape[1]
     coef = (torch.eye(T, dtype=torch.float64)[:, None, :] - Pm.T[:, :, None]) * s[None]  # [m, h, j]
+    Li = ((torch.stack(cols_i) * s[..., None]).reshape(H * T, d).T
+          + Qm.T[:, :, None].expand(d, H, T).reshape(d, H * T) * coef[i].reshape(1, H * T))
+    return Qm, coef, Li
+
+
+def _lowrank_sup(i: int, cols_i: list, heads, wts: Tensor, Qt: Tensor, rho: float, e: Tensor, steps: int) -> float:  # noqa: ANN001
+    r"""``>= sup_Delta sum_{h,j} wts_hj (l_hj . Delta)^2`` over ``Delta_m in rho Q~_m^{1/2} B + e_m B`` (THEORY F82 (d),
+    F84 (c)): the SDP dual (``_sdp_dual``) over the ``2T`` blocks ``rho^2 L_m^T Q~_m L_m``, ``e_m^2 L_m^T L_m``, their
+    products' rounding ``gamma_{2d+8}`` of the blocks' absolute mass."""
+    H, T = wts.shape
+    d = Qt.shape[-1]
+    r = H * T
+    Qm, coef, Li = _form_columns(i, cols_i, heads, wts)
     Me = torch.einsum("mhj,mhk,mkl->mhjkl", coef, torch.einsum("ha,mab,kb->mhk", Qm, Qt, Qm), coef).reshape(T, r, r)
     Mo = torch.einsum("mhj,hk,mkl->mhjkl", coef, Qm @ Qm.T, coef).reshape(T, r, r)
-    Li = (torch.stack(cols_i) * s[..., None]).reshape(r, d).T + Qm.T[:, :, None].expand(d, H, T).reshape(d, r) * coef[i].reshape(1, r)
     Me[i], Mo[i] = Li.T @ Qt[i] @ Li, Li.T @ Li
     AQm = torch.einsum("ha,mab,kb->mhk", Qm.abs(), Qt.abs(), Qm.abs())
     ca = coef.abs()
@@ -151,6 +167,49 @@ def _lowrank_sup(i: int, cols_i: list, heads, wts: Tensor, Qt: Tensor, rho: floa
     Ae[i], Ao[i] = Li.abs().T @ Qt[i].abs() @ Li.abs(), Li.abs().T @ Li.abs()
     blocks = torch.cat([Me * (rho * rho), Mo * (e * e)[:, None, None]])
     err = _gamma(2 * d + 8) * torch.cat([torch.linalg.matrix_norm(Ae) * rho * rho, torch.linalg.matrix_norm(Ao) * e * e])
+    return _sdp_dual(blocks, err, steps)
+
+
+def _lowrank_sup_prefix(i: int, cols_i: list, heads, wts: Tensor, Bp: Tensor, nB: Tensor, rho: float, e: Tensor,  # noqa: ANN001
+                        steps: int) -> float:
+    r"""``>= sup_Delta sum_{h,j} wts_hj (l_hj . Delta)^2`` over the coupled move set ``Delta = P-hat delta + e'``
+    (``||delta_k|| <= rho``, ``||e'_m|| <= e_m``; ``Bp`` (T, T_in, d, d) the prefix's computed blocks ``P-hat_mk``,
+    ``nB`` (T, T_in) upper bounds on their Frobenius norms), THEORY F85 (F82's variant (e)):
+    ``L^T Delta = sum_k N_k delta_k + sum_m L_m^T e'_m``, ``N_k = sum_m L_m^T P-hat_mk``, so the SDP dual over the
+    ``T_in + T`` blocks ``rho^2 N_k N_k^T``, ``e_m^2 L_m^T L_m``, with ``N`` as formed and its rounding
+    ``||fl(N_k) - N_k||_2 <= gamma_{T d + 2 d + 4} sum_m ||L_m||_F ||P-hat_mk||_F`` added outside the square root:
+    ``A <= (A-hat^{1/2} + rho sum_k eN_k)^2``."""
+    H, T = wts.shape
+    d = Bp.shape[-1]
+    r = H * T
+    Qm, coef, Li = _form_columns(i, cols_i, heads, wts)
+    QB = torch.einsum("ha,mkab->mkhb", Qm, Bp)  # (T, T_in, H, d): q_i^h P-hat_mk
+    N = torch.einsum("mhj,mkhb->khjb", coef, QB).reshape(Bp.shape[1], r, d)
+    N -= torch.einsum("hj,khb->khjb", coef[i], QB[i]).reshape(Bp.shape[1], r, d)  # m = i's key block replaced by Li
+    N += torch.einsum("ar,kab->krb", Li, Bp[i])
+    Lfro = torch.linalg.vector_norm(coef, dim=2) * Qm.norm(dim=1)[None]  # (T, H): ||L_m||_F per head's rank one
+    nK = torch.sqrt((Lfro * Lfro).sum(dim=1))
+    nL = nK.clone()
+    nL[i] = float(Li.norm()) + 2 * float(nK[i])  # the query's key part enters the sums twice (added, then taken off)
+    nL = nL * (1 + 2 * (H * T + d) * _U) * (1 + 1e-12)
+    eN = _gamma(T * d + 2 * d + 4) * (nL[:, None] * nB).sum(dim=0) * (1 + 1e-12)  # (T_in,), the three einsums' sums
+    Mo = torch.einsum("mhj,hk,mkl->mhjkl", coef, Qm @ Qm.T, coef).reshape(T, r, r)
+    Mo[i] = Li.T @ Li
+    Lo = torch.einsum("mhj,hk,mkl->mhjkl", coef.abs(), Qm.abs() @ Qm.abs().T, coef.abs()).reshape(T, r, r)
+    Lo[i] = Li.abs().T @ Li.abs()
+    Mn = N @ N.transpose(1, 2)
+    blocks = torch.cat([Mn * (rho * rho), Mo * (e * e)[:, None, None]])
+    fN = torch.linalg.matrix_norm(N) * (1 + 2 * r * d * _U)
+    err = _gamma(2 * d + 8) * torch.cat([fN * fN * rho * rho, torch.linalg.matrix_norm(Lo) * e * e])
+    A = _sdp_dual(blocks, err, steps)
+    return (math.sqrt(A) + rho * float(eN.sum()) * (1 + Bp.shape[1] * _U)) ** 2 * (1 + 1e-12)
+
+
+def _sdp_dual(blocks: Tensor, err: Tensor, steps: int) -> float:
+    r"""``>= sup ||sum_k M_k v_k||^2`` over unit ``v_k`` for the PSD blocks ``M_k M_k^T`` as formed (``blocks``, within
+    ``err`` Frobenius each) (THEORY F82 (c), F84 (c)): for any ``c > 0``, ``(sum c) lambda_max(sum_k M_k M_k^T / c_k)``;
+    ``c`` by damped fixed-point steps towards the top eigenvector's block norms (every ``c`` valid), the best step's
+    ``lambda_max`` certified plus ``sum_k err_k / c_k`` and the sum's rounding."""
     keep = torch.linalg.matrix_norm(blocks) > 0
     blocks, err = 0.5 * (blocks[keep] + blocks[keep].transpose(1, 2)), err[keep]
     if blocks.shape[0] == 0:

@@ -447,11 +447,13 @@ def _attention_rest(st: _Stage, at: _RestAt, k: int, rho: float, E: Tensor, r: T
     F81's score-change variance joint over the keys (``joint_rest_rows``: ``min(F78, F81)`` inside), F78c's ball sups
     under the Taylor weight (``segment_rest_heads``, heads through ``W_O``) and F78d's drift rows on the segment's
     pieces (``piecewise_rest_rows``: the stage's rows, F44e's aligned drift, F44c's reach and F50's joint reach at the
-    move scaled by ``t``) and F84's PSD majorant over heads and keys (``psd_rest_rows``)."""
+    move scaled by ``t``) and F84's PSD majorant over heads and keys (``psd_rest_rows``, its low-rank part through the
+    prefix's blocks, F85)."""
     aa, eP = at.aa, at.eP
     rx = joint_rest_rows(at.forms, rho, E, eP, pad)
     if st.x.shape[0] <= PSD_MAX_TOKENS:  # THEORY F84 (its cost grows as T^2 d^3)
-        rx = torch.minimum(rx, psd_rest_rows(at.forms, aa.p["heads"], aa.p["Wqa"], st.x, aa.Qs, aa.eQ, rho, E, eP, pad))
+        rx = torch.minimum(rx, psd_rest_rows(at.forms, aa.p["heads"], aa.p["Wqa"], st.x, aa.Qs, aa.eQ, rho, E, eP, pad,
+                                                  Bp=aa.blocks))
     if rho <= 0:
         return rx
     mom, wn = aa.p["mom"], aa.p["norms"]

@@ -256,7 +256,7 @@ class AttentionAligned:
     then per radius the heads' reach combined through ``W_O`` (``reach``)."""
 
     def __init__(self, parts: dict, blocks: Tensor) -> None:
-        self.p, self.memo = parts, {}
+        self.p, self.memo, self.blocks = parts, {}, blocks  # the prefix's computed blocks (F84 (e) reads them)
         T = blocks.shape[0]
         grams = [ellipsoid_gram(blocks[j]) for j in range(T)]
         Qs = torch.stack([g[0] for g in grams])

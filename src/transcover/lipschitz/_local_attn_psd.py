@@ -158,16 +158,24 @@ def _lowrank_sup(i: int, cols_i: list, heads, wts: Tensor, Qt: Tensor, rho: floa
     r = H * T
     Qm, coef, Li = _form_columns(i, cols_i, heads, wts)
     Me = torch.einsum("mhj,mhk,mkl->mhjkl", coef, torch.einsum("ha,mab,kb->mhk", Qm, Qt, Qm), coef).reshape(T, r, r)
-    Mo = torch.einsum("mhj,hk,mkl->mhjkl", coef, Qm @ Qm.T, coef).reshape(T, r, r)
-    Me[i], Mo[i] = Li.T @ Qt[i] @ Li, Li.T @ Li
+    Me[i] = Li.T @ Qt[i] @ Li
     AQm = torch.einsum("ha,mab,kb->mhk", Qm.abs(), Qt.abs(), Qm.abs())
-    ca = coef.abs()
-    Ae = torch.einsum("mhj,mhk,mkl->mhjkl", ca, AQm, ca).reshape(T, r, r)
-    Ao = torch.einsum("mhj,hk,mkl->mhjkl", ca, Qm.abs() @ Qm.abs().T, ca).reshape(T, r, r)
-    Ae[i], Ao[i] = Li.abs().T @ Qt[i].abs() @ Li.abs(), Li.abs().T @ Li.abs()
-    blocks = torch.cat([Me * (rho * rho), Mo * (e * e)[:, None, None]])
-    err = _gamma(2 * d + 8) * torch.cat([torch.linalg.matrix_norm(Ae) * rho * rho, torch.linalg.matrix_norm(Ao) * e * e])
-    return _sdp_dual(blocks, err, steps)
+    Ae = torch.einsum("mhj,mhk,mkl->mhjkl", coef.abs(), AQm, coef.abs()).reshape(T, r, r)
+    Ae[i] = Li.abs().T @ Qt[i].abs() @ Li.abs()
+    Mo, eo = _e_blocks(i, Qm, coef, Li, e, d)
+    blocks = torch.cat([Me * (rho * rho), Mo])
+    return _sdp_dual(blocks, torch.cat([_gamma(2 * d + 8) * torch.linalg.matrix_norm(Ae) * rho * rho, eo]), steps)
+
+
+def _e_blocks(i: int, Qm: Tensor, coef: Tensor, Li: Tensor, e: Tensor, d: int) -> tuple[Tensor, Tensor]:
+    """(T, r, r) the e-balls' blocks ``e_m^2 L_m^T L_m`` of query ``i``'s form (``_form_columns``) and (T,) their
+    rounding, ``gamma_{2d+8}`` of the absolute mass ``e_m^2 |L_m|^T |L_m|`` (Frobenius); THEORY F84 (c), F85."""
+    T, r = coef.shape[0], Li.shape[1]
+    Mo = torch.einsum("mhj,hk,mkl->mhjkl", coef, Qm @ Qm.T, coef).reshape(T, r, r)
+    Mo[i] = Li.T @ Li
+    Ao = torch.einsum("mhj,hk,mkl->mhjkl", coef.abs(), Qm.abs() @ Qm.abs().T, coef.abs()).reshape(T, r, r)
+    Ao[i] = Li.abs().T @ Li.abs()
+    return Mo * (e * e)[:, None, None], _gamma(2 * d + 8) * torch.linalg.matrix_norm(Ao) * e * e
 
 
 def _lowrank_sup_prefix(i: int, cols_i: list, heads, wts: Tensor, Bp: Tensor, nB: Tensor, rho: float, e: Tensor,  # noqa: ANN001
@@ -193,15 +201,10 @@ def _lowrank_sup_prefix(i: int, cols_i: list, heads, wts: Tensor, Bp: Tensor, nB
     nL[i] = float(Li.norm()) + 2 * float(nK[i])  # the query's key part enters the sums twice (added, then taken off)
     nL = nL * (1 + 2 * (H * T + d) * _U) * (1 + 1e-12)
     eN = _gamma(T * d + 2 * d + 4) * (nL[:, None] * nB).sum(dim=0) * (1 + 1e-12)  # (T_in,), the three einsums' sums
-    Mo = torch.einsum("mhj,hk,mkl->mhjkl", coef, Qm @ Qm.T, coef).reshape(T, r, r)
-    Mo[i] = Li.T @ Li
-    Lo = torch.einsum("mhj,hk,mkl->mhjkl", coef.abs(), Qm.abs() @ Qm.abs().T, coef.abs()).reshape(T, r, r)
-    Lo[i] = Li.abs().T @ Li.abs()
-    Mn = N @ N.transpose(1, 2)
-    blocks = torch.cat([Mn * (rho * rho), Mo * (e * e)[:, None, None]])
+    Mo, eo = _e_blocks(i, Qm, coef, Li, e, d)
     fN = torch.linalg.matrix_norm(N) * (1 + 2 * r * d * _U)
-    err = _gamma(2 * d + 8) * torch.cat([fN * fN * rho * rho, torch.linalg.matrix_norm(Lo) * e * e])
-    A = _sdp_dual(blocks, err, steps)
+    blocks = torch.cat([(N @ N.transpose(1, 2)) * (rho * rho), Mo])
+    A = _sdp_dual(blocks, torch.cat([_gamma(2 * d + 8) * fN * fN * rho * rho, eo]), steps)
     return (math.sqrt(A) + rho * float(eN.sum()) * (1 + Bp.shape[1] * _U)) ** 2 * (1 + 1e-12)
 
 

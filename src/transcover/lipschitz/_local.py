@@ -192,8 +192,9 @@ def layer_local(layer: LayerSpec, X: Tensor, rho: float, *, cache: dict | None =
     key = ("norms", layer.index)
     if key not in cache:
         f, hn = layer.ffn, head_norms(layer.attention)
-        check_layer_range(layer)  # Note [local weight range]
-        cache[key] = (hn, spectral(f.W_1) * (1 + ROUNDING_PAD), spectral(f.W_2) * (1 + ROUNDING_PAD))
+        nW1, nW2 = spectral(f.W_1) * (1 + ROUNDING_PAD), spectral(f.W_2) * (1 + ROUNDING_PAD)
+        check_layer_range(layer, {"W1": nW1, "W2": nW2, "O": hn["O"]})  # Note [local weight range]
+        cache[key] = (hn, nW1, nW2)
     hn, nW1, nW2 = cache[key]
     ffn = layer.ffn
     if ffn.gated:

@@ -183,8 +183,13 @@ def attention_query_terms(attn: AttentionSpec, X: Tensor, rho: float, *,
 _LOCAL_RANGE = 400
 
 
+def _in_local_range(x: float) -> bool:
+    """A norm Note [local norm range] admits: zero (a zero map) or within ``[2^-400, 2^400]``."""
+    return x == 0.0 or 2.0**-_LOCAL_RANGE <= x <= 2.0**_LOCAL_RANGE
+
+
 def _check_local_range(name: str, x: float) -> None:
-    if x != 0.0 and not (2.0**-_LOCAL_RANGE <= x <= 2.0**_LOCAL_RANGE):
+    if not _in_local_range(x):
         raise InputError(f"local attention bounds need ||W_V^h||, ||W_V^h W_O^h|| and ||W_O|| in [2^-{_LOCAL_RANGE}, "
                          f"2^{_LOCAL_RANGE}] (their data terms are float64 squares, Note [local norm range]), but {name} "
                          f"is {x:.3g}; rescale the weights (W_V c with W_O / c is the same map)")
@@ -202,22 +207,27 @@ def _check_local_range(name: str, x: float) -> None:
 # (``check_normal_weights``, ``centre_tokens``).
 
 
-def layer_factors(layer) -> list[tuple[str, float]]:  # noqa: ANN001
+def layer_factors(layer, known: dict | None = None) -> list[tuple[str, float]]:  # noqa: ANN001
     """The data-free factors Note [local weight range] budgets: ``||W_1||``, ``||W_2||`` (certified upper ends),
-    ``max|gamma|`` of the layer's LayerNorm/RMSNorm gains and ``||W_O||``."""
-    out = [("||W_1||", spectral(layer.ffn.W_1)), ("||W_2||", spectral(layer.ffn.W_2))]
+    ``max|gamma|`` of the layer's LayerNorm/RMSNorm gains and ``||W_O||``; ``known`` may hold certified ``"W1"``,
+    ``"W2"``, ``"O"`` the caller already has (not formed again)."""
+    known = known or {}
+    out = [("||W_1||", known["W1"] if "W1" in known else spectral(layer.ffn.W_1)),
+           ("||W_2||", known["W2"] if "W2" in known else spectral(layer.ffn.W_2))]
     for name, n in (("norm_attn", layer.norm_attn), ("norm_ffn", layer.norm_ffn)):
         if n is not None and n.weight is not None and n.kind in (NormKind.LAYERNORM, NormKind.RMSNORM):
             out.append((f"max|gamma| of {name}", n.gamma_max_abs))
-    out.append(("||W_O||", spectral(_f64(layer.attention.W_O).reshape(-1, layer.attention.d_model))))
+    out.append(("||W_O||", known["O"] if "O" in known else
+                spectral(_f64(layer.attention.W_O).reshape(-1, layer.attention.d_model))))
     return out
 
 
-def check_layer_range(layer) -> None:  # noqa: ANN001
-    """Refuse a layer outside Note [local weight range] (InputError, one line); zero factors are zero maps, allowed."""
-    facs = layer_factors(layer)
+def check_layer_range(layer, known: dict | None = None) -> None:  # noqa: ANN001
+    """Refuse a layer outside Note [local weight range] (InputError, one line); zero factors are zero maps, allowed.
+    ``known``: as ``layer_factors``."""
+    facs = layer_factors(layer, known)
     for name, x in facs[:2]:
-        if x != 0.0 and not (2.0**-_LOCAL_RANGE <= x <= 2.0**_LOCAL_RANGE):
+        if not _in_local_range(x):
             raise InputError(f"local bounds need ||W_1||, ||W_2|| in [2^-{_LOCAL_RANGE}, 2^{_LOCAL_RANGE}] (Note [local "
                              f"weight range]), but {name} of layer {layer.index} is {x:.3g}; rescale the weights")
     budget = sum(abs(math.log2(x)) for _, x in facs if x != 0.0)
@@ -227,13 +237,13 @@ def check_layer_range(layer) -> None:  # noqa: ANN001
                          f"range]), but it is {budget:.0f}: " + ", ".join(f"{n} {x:.3g}" for n, x in facs))
 
 
+_TINY = torch.finfo(torch.float64).tiny
+
+
 def _padded(x: float) -> float:
     """``x (1 + ROUNDING_PAD)``, at least twice the smallest normal float64 for ``x > 0``: below it a product
     is rounded to nearest in absolute terms, which the relative pad does not cover."""
     return max(x * (1.0 + ROUNDING_PAD), 2.0 * _TINY) if x > 0.0 else x
-
-
-_TINY = torch.finfo(torch.float64).tiny
 
 
 def head_norms(attn: AttentionSpec) -> dict:

@@ -233,7 +233,7 @@ def layer_stages(layer, X: Tensor, cache: dict) -> tuple[list[_Stage], Tensor, T
     check_stack_layer(layer)
     if "w" not in cache:
         cache["h"] = head_norms(layer.attention)
-        check_layer_range(layer)  # Note [local weight range]
+        check_layer_range(layer, {"O": cache["h"]["O"]})  # Note [local weight range], before _weight_norms can raise
         cache["w"] = _weight_norms(layer)
     X = X.detach().double()
     T, d = X.shape

@@ -21,7 +21,7 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["substage_products", "move_rest_rows", "stage_rest_rows", "attention_rest_rows", "norm_rest_rows",
+__all__ = ["substage_products", "move_rest_rows", "window_products", "image_sources", "IMAGE_WINDOW", "stage_rest_rows", "attention_rest_rows", "norm_rest_rows",
            "ffn_rest_rows", "layer_rest_rows"]
 
 
@@ -54,6 +54,48 @@ def substage_products(stages: list, norms_of, local_error, apply, on_product=Non
             if on_product is not None:
                 on_product(a, s + 1, K, err)
     return out
+
+
+# THEORY F86: how many sub-stages back an attention stage reads the move's rest as the images of each stage's own rest;
+# the rest from further back enters as the image of the window start's per-token ball (measured, docs/theory.md F86)
+IMAGE_WINDOW = 8
+
+
+def window_products(stages: list, a0: int, s: int, prods: dict, local_error, apply) -> dict:  # noqa: ANN001
+    """``{a: (B, e)}`` for ``max(a0, 1) <= a < s``: ``B`` (T, T, d, d) the blocks ``[j, k]`` of ``M_{a -> s} = J_{s-1}
+    ... J_a`` at the data as computed (a float64 chain of the sub-stages' tangent maps, ``apply(stage, K)``) and
+    ``e >= max_j sum_k ||fl(M)_jk - M_jk||``: ``fl(M_{a -> s}) - M_{a -> s} = sum_{a <= m < s} M_{m+1 -> s} E_m``
+    exactly, ``E_m`` the step's own error (``local_error(stage, K)``, (2,inf)), ``||M_{m+1 -> s}||`` the certified
+    rows of ``prods`` (``substage_products``) plus their rounding.  THEORY F86, F73c."""
+    T, d = stages[0].x.shape
+    out = {}
+    for a in range(max(a0, 1), s):
+        K = torch.eye(T * d, dtype=torch.float64).reshape(T * d, T, d)
+        err = 0.0
+        for m in range(a, s):
+            err += local_error(stages[m], K) * _norm(prods, m + 1, s)
+            K = apply(stages[m], K)
+        out[a] = (K.reshape(T, d, T, d).permute(2, 0, 3, 1), err * (1 + 1e-12))
+    return out
+
+
+def image_sources(win: dict, rests: list[Tensor], E0: Tensor | None, a0: int, s: int, keys) -> list:  # noqa: ANN001
+    r"""THEORY F86: the move's rest at sub-stage ``s``'s input as images, ``e_s = M_{a0 -> s} e_{a0} + sum_{a0 <= m < s}
+    M_{m+1 -> s} R_m`` (the linear recursion ``e_{m+1} = J_m e_m + R_m`` at the data, F73c): pairs ``(map, R)`` with
+    ``||v_k|| <= R_k`` per token, the map ``keys(a)`` (the window product ``M_{a -> s}``'s ``KeyImages``) or None (the
+    identity, ``m + 1 = s``), the start's ball ``E0 >= ||e_{a0}||`` (none for ``a0 = 0``: the network input moves by
+    ``delta`` itself), and last the identity with every product's rounding ``e max_k R_k`` (``window_products``)."""
+    T = rests[0].shape[0]
+    srcs, eres = [], torch.zeros(T, dtype=torch.float64)
+    parts = ([(a0, E0)] if a0 > 0 else []) + [(m + 1, rests[m]) for m in range(a0, s)]
+    for a, R in parts:
+        if a == s:
+            srcs.append((None, R))
+            continue
+        eres = eres + win[a][1] * float(R.max())
+        srcs.append((keys(a), R))
+    srcs.append((None, _padded(eres)))
+    return srcs
 
 
 def _norm(prods: dict, a: int, s: int) -> float:

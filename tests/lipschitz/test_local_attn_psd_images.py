@@ -1,10 +1,10 @@
 """THEORY F86: F85's low-rank part with the move's rest taken as the images of the upstream stages' own rests through
-the window's exact products (``image_sources``, ``window_products``, ``_lowrank_sup_sources``) instead of a free ball
+exact products (``image_sources``, ``pull_rows``, ``KeyImages.pulled``, ``_lowrank_sup_sources``) instead of a free ball
 per token.
 
 Independent references: the form ``||L^T Delta||^2`` with ``L`` assembled column by column (``_L`` of the F85 tests)
 and a float64 projected Adam over the input move and every source's unit vectors; the exact attention rest's Adam
-ascent over moves ``P delta + sum_src B_src v_src``; the window products against autograd's float64 Jacobians of the
+ascent over moves ``P delta + sum_src B_src v_src``; the pulled rows against autograd's float64 Jacobians of the
 sub-stage maps chained by matrix products.
 """
 
@@ -18,8 +18,9 @@ import transcover.lipschitz._local_stack as ls
 from test_local_attn_psd_prefix import _L, _form, _prefix_sup
 from test_local_attn_rest import T, _case, _clip, _rest
 from test_local_move26 import CASES, _case as _stack_case, _maps
-from transcover.lipschitz._local_attn_psd import KeyImages, _lowrank_sup_sources, psd_rest_rows
-from transcover.lipschitz._local_stack_move import image_sources, substage_products, window_products
+from transcover.lipschitz._local_attn_psd import KeyImages, _lowrank_sup_sources, form_rows, psd_rest_rows, velocity_rests
+from transcover.lipschitz._local_attn_rest import _head_factors
+from transcover.lipschitz._local_stack_move import image_sources, pull_rows, substage_products
 
 
 def _maps_of(seed: int, t: int, d: int, n: int, scale: float = 1.0) -> list[torch.Tensor]:
@@ -127,10 +128,11 @@ def test_row_with_images_is_never_beaten(seed, causal, rho):
         assert best <= float(row[i]) * (1 + 1e-10), (i, best, float(row[i]))
 
 
-def test_window_products_against_autograd():
-    """Every window product ``M_{a -> s}`` (a 2-layer post-LN stack, the second attention's input) within its
-    certified rounding ``e`` of autograd's float64 chain of the sub-stages' Jacobians (plus the reference's own
-    rounding), in the (2, inf) norm; the sources' last identity radius carries every product's ``e``."""
+def test_pulled_rows_against_autograd():
+    """The form's rows pulled back through ``M_{a -> s}`` (a 2-layer post-LN stack, the second attention's input) within
+    their certified per-row rounding ``g`` of the same rows times autograd's float64 chain of the sub-stages' Jacobians
+    (plus the reference's own rounding); the sources: every upstream stage's rest, no ball (the chain reaches
+    sub-stage 1), and with a budget of two positions the window's start ball first."""
     spec, X, _, _ = _stack_case(CASES[0])
     stages, _, _ = ls._stages(spec, X.double(), {})
     T_, d = X.shape
@@ -143,20 +145,53 @@ def test_window_products_against_autograd():
     Jj = [torch.autograd.functional.jacobian(lambda v, f=f: f(v.reshape(T_, d)).reshape(-1), x.detach().reshape(-1))
           for f, x in zip(maps, xs)]
     s = 5  # layer 1's attention
-    win = window_products(stages, 2, s, prods, lambda st, K: ls._local_error(st, K, cols=True),
-                          lambda st, K: ls._chunked(st.lin.apply, K))
-    assert sorted(win) == [2, 3, 4]
+    rows = torch.randn(6, T_, d, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    pull = lambda budget: pull_rows(stages, s, rows, prods, lambda st, G: ls._chunked(st.lin.apply_t, G),  # noqa: E731
+                                    ls._row_errors, budget)
+    out = pull(2**30)
+    assert sorted(out) == [1, 2, 3, 4]
     u = 2.0**-53
-    for a, (B, e) in win.items():
+    for a, (G, g) in out.items():
         M = torch.eye(T_ * d, dtype=torch.float64)
         for m in range(a, s):
             M = Jj[m] @ M
-        ref = M.reshape(T_, d, T_, d).permute(0, 2, 1, 3)  # [j, k, :, :]
-        diff = torch.linalg.matrix_norm(B - ref, ord=2).sum(dim=1).max()
-        tol = 4 * (s - a) * T_ * d * u * float(torch.stack([J.abs().sum(dim=1).max() for J in Jj[a:s]]).prod())
-        assert 0 < e and float(diff) <= e + tol, (a, float(diff), e, tol)
+        ref = (rows.reshape(6, -1) @ M).reshape(6, T_, d)
+        diff = (G - ref).flatten(1).norm(dim=1)
+        tol = 4 * (s - a) * T_ * d * u * float(torch.stack([J.abs().sum(dim=0).max() for J in Jj[a:s]]).prod()) \
+            * float(rows.flatten(1).norm(dim=1).max())
+        assert bool((g > 0).all()) and bool((diff <= g + tol).all()), (a, diff, g, tol)
     rests = [torch.full((T_,), 0.1 * (m + 1), dtype=torch.float64) for m in range(s)]
-    srcs = image_sources(win, rests, torch.full((T_,), 0.3, dtype=torch.float64), 2, s, lambda a: a)
-    assert [a for a, _ in srcs[:-1]] == [2, 3, 4, None]  # the start's ball, the rests of stages 2, 3 (4: identity)
-    want = sum(win[a][1] * r for a, r in ((2, 0.3), (3, 0.3), (4, 0.4)))
-    assert float(srcs[-1][1].min()) >= want
+    srcs = image_sources(rests, None, 1, s, lambda a: a)
+    assert [a for a, _ in srcs] == [1, 2, 3, 4, None] and float(srcs[0][1][0]) == 0.1
+    two = pull(2 * rows.numel() * 8)
+    assert sorted(two) == [3, 4]
+    E3 = torch.full((T_,), 0.7, dtype=torch.float64)
+    srcs = image_sources(rests, E3, 3, s, lambda a: a)
+    assert [a for a, _ in srcs] == [3, 4, None] and float(srcs[0][1][0]) == 0.7 and float(srcs[1][1][0]) == 0.4
+
+
+def test_pulled_forms_match_the_maps():
+    """``form_rows`` pulled through a map by hand (``rows B``) gives ``KeyImages.pulled`` forms equal to the map's own
+    (``KeyImages(B).forms``), the columns are F84 (b)'s velocity columns bit for bit, and the two sups agree."""
+    attn, X, P, data, aa, _ = _case(3, 2.0, False)
+    heads, t, d = aa.p["heads"], X.shape[0], X.shape[1]
+    (M,) = _maps_of(3, t, d, 1)
+    rows = form_rows(heads, aa.p["scale"])
+    G = torch.einsum("nma,mkab->nkb", rows, M)
+    H = len(heads)
+    pk, mk = KeyImages.pulled(G, torch.zeros(G.shape[0], dtype=torch.float64), H), KeyImages(M)
+    cols = [velocity_rests(data, heads, aa.p["Wqa"], X, 0.1, torch.zeros(t, dtype=torch.float64),
+                           torch.zeros(t, dtype=torch.float64), torch.ones(t, dtype=torch.float64), h,
+                           _head_factors(data, h, 0.1, torch.zeros(t, dtype=torch.float64),
+                                         torch.zeros(t, dtype=torch.float64)))[0] for h in range(H)]
+    half = t * H * t
+    assert torch.equal(rows[half:].reshape(t, H, t, t, d)[torch.arange(t), :, :, torch.arange(t)],
+                       torch.stack(cols, dim=1))
+    for a, b in zip(pk.forms(heads, cols), mk.forms(heads, cols)):
+        assert torch.allclose(a, b, rtol=1e-12, atol=1e-14)
+    wts = torch.rand(H, t, generator=torch.Generator().manual_seed(1), dtype=torch.float64) + 0.1
+    R = torch.full((t,), 0.05, dtype=torch.float64)
+    for i in range(t):
+        a1 = _lowrank_sup_sources(i, cols, heads, wts, [(pk, R)], 30)
+        a2 = _lowrank_sup_sources(i, cols, heads, wts, [(mk, R)], 30)
+        assert abs(a1 / a2 - 1) < 1e-9, (i, a1, a2)

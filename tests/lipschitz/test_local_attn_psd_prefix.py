@@ -87,7 +87,6 @@ def test_prefix_sup_is_never_beaten_and_near_attained(seed, i, efrac, scale):
     heads, cols, wts, B = _form(seed, t, d, H, scale=scale)
     rho = 0.1
     e = torch.full((t,), efrac * rho * scale, dtype=torch.float64)
-    nB = torch.linalg.matrix_norm(B) * (1 + 1e-12)
     A = _prefix_sup(i, cols, heads, wts, B, rho, e, 30)
     got = _adam_sup(_L(i, heads, cols, wts), B, rho, e)
     assert got <= A * (1 + 1e-10), (got, A)
@@ -98,7 +97,6 @@ def test_prefix_sup_is_quadratic_in_the_prefix_and_the_radius():
     """``P-hat x 4`` and ``rho / 4``: the same move set, the same sup; ``rho x 2`` with ``e = 0``: the sup x 4."""
     heads, cols, wts, B = _form(3, 4, 5, 2)
     z = torch.zeros(4, dtype=torch.float64)
-    nB = torch.linalg.matrix_norm(B)
     a1 = _prefix_sup(1, cols, heads, wts, B, 0.2, z, 30)
     a4 = _prefix_sup(1, cols, heads, wts, 4 * B, 0.05, z, 30)
     a2 = _prefix_sup(1, cols, heads, wts, B, 0.4, z, 30)
@@ -118,7 +116,6 @@ def test_block_diagonal_prefix_agrees_with_the_ellipsoids():
         assert abs(a_e / a_d - 1) < 1e-6, (i, a_e, a_d)
     heads, cols, wts, B = _form(11, t, d, H)
     Qt = torch.stack([ellipsoid_gram(B[m])[0] for m in range(t)])
-    nB = torch.linalg.matrix_norm(B)
     gains = [_lowrank_sup(i, [c[i] for c in cols], heads, wts, Qt, rho, e, 30)
              / _prefix_sup(i, cols, heads, wts, B, rho, e, 30) for i in range(t)]
     assert min(gains) > 1.0, gains

@@ -46,9 +46,8 @@ def velocity_rests(data: AttnRestData, heads, Wqa: list[Tensor], X: Tensor, rho:
     P, Yc, q, Wq, Wk = heads[h][:5]
     sc = data.scale
     _, _, lo, hi, _, _, _, kpart, cross = fac
-    Gy = sc * (Yc @ Wk) @ Wq.T  # (T, T, d)
+    Gy, gbar = _query_columns(P, Yc, Wq, Wk, sc)
     eG = (_gamma(2 * d + 4) * sc * (Yc.abs() @ Wk.abs()) @ Wq.abs().T).norm(dim=-1) * (1 + 1e-12)
-    gbar = torch.einsum("ij,ijd->id", P, Gy)
     eSum = _gamma(T + 2) * torch.einsum("ij,ijd->id", P, Gy.abs()).norm(dim=-1)
     Xa = torch.cat([X, torch.ones(T, 1, dtype=torch.float64)], dim=1)
     eq = _gamma(2 * d + 8) * (sc * (Xa.abs() @ Wqa[h].abs()) @ Wk.abs().T).norm(dim=-1) * (1 + 1e-12)
@@ -61,6 +60,27 @@ def velocity_rests(data: AttnRestData, heads, Wqa: list[Tensor], X: Tensor, rho:
     N = (Rn[:, None] * (eG + (P * eG).sum(dim=1, keepdim=True) + eSum[:, None]) + eq[:, None] * (Rn[None] + PR))
     eps = (N * (1 + 1e-12) + cross + box_mean(lo, hi, cross)[:, None] + shift[:, None]) * (1 + 1e-12)
     return Gy - gbar[:, None, :], torch.nan_to_num(eps, nan=math.inf), Tm
+
+
+def _query_columns(P: Tensor, Yc: Tensor, Wq: Tensor, Wk: Tensor, sc: float) -> tuple[Tensor, Tensor]:
+    """One head's ``G y_ij`` (T, T, d) and its ``P``-mean ``sum_m P_im G y_im`` (T, d) as formed (F84 (b))."""
+    Gy = sc * (Yc @ Wk) @ Wq.T
+    return Gy, torch.einsum("ij,ijd->id", P, Gy)
+
+
+def form_rows(heads, scale: float) -> Tensor:  # noqa: ANN001
+    """(2 T^2 H, T, d) the rows of every query's low-rank form at the stage's input, radius- and size-free (THEORY F86):
+    first ``(i, h, m)``: ``q_i^h`` in token ``m``'s block (the key blocks' rank-``H`` factors), then ``(i, h, j)``: the
+    velocity column ``G y_ij - sum_m P_im G y_im`` of head ``h`` in token ``i``'s block; ``KeyImages.pulled`` reads them
+    back after ``pull_rows``."""
+    q = torch.stack([hd[2] for hd in heads])  # (H, T, d)
+    H, T, d = q.shape
+    C = torch.stack([gy - gb[:, None, :] for gy, gb in (_query_columns(hd[0], hd[1], hd[3], hd[4], scale)
+                                                        for hd in heads)])  # (H, T_i, T_j, d)
+    eye = torch.eye(T, dtype=torch.float64)
+    rq = eye[None, None, :, :, None] * q.permute(1, 0, 2)[:, :, None, None, :]  # (i, h, m, k, d): q_i^h at k = m
+    rc = eye[:, None, None, :, None] * C.permute(1, 0, 2, 3)[:, :, :, None, :]  # (i, h, j, k, d): C at k = i
+    return torch.cat([rq.reshape(-1, T, d), rc.reshape(-1, T, d)])
 
 
 def psd_rest_rows(data: AttnRestData, heads, Wqa: list[Tensor], X: Tensor, Qs: Tensor, eQ: Tensor, rho: float,  # noqa: ANN001
@@ -194,11 +214,27 @@ class KeyImages:
     (upper bounds) and, per stage, its query-contracted forms (``forms``: radius-free, formed once for every radius and
     AM-GM size)."""
 
-    def __init__(self, B: Tensor) -> None:
-        d = B.shape[-1]
-        self.B = B
-        self.nB = torch.linalg.matrix_norm(B) * (1 + 2 * d * d * _U) * (1 + 1e-12)
+    def __init__(self, B: Tensor | None) -> None:
+        self.B, self.nB, self.g = B, None, None
+        if B is not None:
+            d = B.shape[-1]
+            self.nB = torch.linalg.matrix_norm(B) * (1 + 2 * d * d * _U) * (1 + 1e-12)
         self._memo: tuple | None = None
+
+    @classmethod
+    def pulled(cls, G: Tensor, g: Tensor, H: int) -> KeyImages:
+        """The forms read off ``form_rows`` pulled back through a product (``pull_rows``: ``G`` (2 T^2 H, T_in, d) as
+        computed, ``g`` (2 T^2 H,) each row's error bound), THEORY F86: ``QB[i, m, k, h] = G[(i, h, m)]_k``,
+        ``CB[i, k, (h, j)] = G[(i, h, j)]_k``; the errors ``gQ`` (T, H, T), ``gC`` (T, H T)."""
+        n, Tin, d = G.shape
+        T = round((n // (2 * H)) ** 0.5)
+        out = cls(None)
+        half = T * H * T
+        QB = G[:half].reshape(T, H, T, Tin, d).permute(0, 2, 3, 1, 4)
+        CB = G[half:].reshape(T, H, T, Tin, d).permute(0, 3, 1, 2, 4).reshape(T, Tin, H * T, d)
+        out._memo = (QB, CB)
+        out.g = (g[:half].reshape(T, H, T), g[half:].reshape(T, H * T))
+        return out
 
     def forms(self, heads, cols: list) -> tuple[Tensor, Tensor]:  # noqa: ANN001
         """``(QB, CB)``: ``QB[i, m, k, h] = q_i^h B_mk`` (T, T, T_in, H, d) and ``CB[i, k] = C_i^T B_ik``
@@ -218,17 +254,27 @@ def _key_images(i: int, Qm: Tensor, coef: Tensor, sq: Tensor, nLi: float, src: K
     r"""Query ``i``'s ``N_k = sum_m L_m^T B_mk`` (T_in, r, d) for its form's blocks ``L_m`` (``_form_columns``: the key
     blocks ``Q_i^T coef_m`` and the query's own, its velocity columns scaled by ``sq``, F85) through ``src``'s map,
     ``N_k[(h, j)] = sum_m coef[m, h, j] q_i^h B_mk + sq_hj C_i[(h, j)]^T B_ik`` (the query's key part is the ``m = i``
-    term), and (T_in,) ``eN_k >= ||fl(N_k) - N_k||_F``: ``gamma_{d + T + 3}`` of the absolute mass,
-    ``sum_m ||L'_m||_F ||B_mk||_F`` with ``L'_m`` the key blocks and ``nLi`` the velocity part's Frobenius norm."""
+    term), (T_in,) ``eN_k`` and a scalar ``eT`` with ``||fl(N) - N|| v|| <= sum_k eN_k ||v_k|| + eT ||v||``: for a
+    map ``B`` ``eN_k = gamma_{d + T + 3}`` of the absolute mass, ``sum_m ||L'_m||_F ||B_mk||_F`` with ``L'_m`` the key
+    blocks and ``nLi`` the velocity part's Frobenius norm, ``eT = 0``; for pulled rows (F86) ``eN_k = gamma_{T + 3}
+    ||(sum_m |coef_m| |QB_m| + sq |CB|)_k||_F`` (the combination) and ``eT`` the Frobenius norm over ``(h, j)`` of
+    ``sum_m |coef[m, h, j]| gQ[i, h, m] + sq_hj gC[i, (h, j)]`` (the rows' own errors)."""
     QB, CB = src.forms(heads, cols)
     H, T = sq.shape
     r = H * T
     N = torch.einsum("mhj,mkhb->khjb", coef, QB[i]).reshape(-1, r, Qm.shape[1])
     N += sq.reshape(r)[None, :, None] * CB[i]
+    if src.g is not None:
+        absN = torch.einsum("mhj,mkhb->khjb", coef.abs(), QB[i].abs()).reshape(-1, r, Qm.shape[1])
+        absN += sq.reshape(r)[None, :, None] * CB[i].abs()
+        eN = _gamma(T + 3) * torch.linalg.matrix_norm(absN) * (1 + 2 * r * Qm.shape[1] * _U) * (1 + 1e-12)
+        gQ, gC = src.g
+        rowe = torch.einsum("mhj,hm->hj", coef.abs(), gQ[i]).reshape(r) + sq.reshape(r) * gC[i]
+        return N, eN, float(rowe.norm()) * (1 + 2 * (r + T) * _U) * (1 + 1e-12)
     Lfro = torch.linalg.vector_norm(coef, dim=2) * Qm.norm(dim=1)[None]  # (T, H): ||L'_m||_F per head's rank one
     nK = torch.sqrt((Lfro * Lfro).sum(dim=1)) * (1 + 2 * (H * T + 2) * _U)
     eN = _gamma(Qm.shape[1] + T + 3) * ((nK[:, None] * src.nB).sum(dim=0) + nLi * src.nB[i]) * (1 + 1e-12)
-    return N, eN
+    return N, eN, 0.0
 
 
 def _lowrank_sup_sources(i: int, cols: list, heads, wts: Tensor, sources: list, steps: int) -> float:  # noqa: ANN001
@@ -251,12 +297,12 @@ def _lowrank_sup_sources(i: int, cols: list, heads, wts: Tensor, sources: list, 
             blocks.append(Mo)
             errs.append(eo)
             continue
-        N, eN = _key_images(i, Qm, coef, sq, nLi, src, heads, cols)
+        N, eN, eT = _key_images(i, Qm, coef, sq, nLi, src, heads, cols)
         R2 = (R * R)[:, None, None]
         blocks.append((N @ N.transpose(1, 2)) * R2)
         fN = torch.linalg.matrix_norm(N) * (1 + 2 * r * d * _U)
         errs.append(_gamma(2 * d + 8) * fN * fN * R2[:, 0, 0])
-        out += float((eN * R).sum()) * (1 + R.shape[0] * _U)
+        out += (float((eN * R).sum()) * (1 + R.shape[0] * _U) + eT * float(R.norm()) * (1 + R.shape[0] * _U)) * (1 + 1e-12)
     if not blocks:
         return 0.0
     A = _sdp_dual(torch.cat(blocks), torch.cat(errs), steps)

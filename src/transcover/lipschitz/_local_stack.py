@@ -51,7 +51,7 @@ from ._local_jacobian import certified_spectral, row_norm_lower
 from ._local_stack_aligned import FFNAligned
 from ._local_stack_attn import AttentionAligned
 from ._local_stack_carry import carried_first_order, carry_blocks, tail_drift
-from ._local_attn_psd import PSD_MAX_TOKENS, KeyImages, psd_rest_rows
+from ._local_attn_psd import PSD_MAX_TOKENS, KeyImages, form_rows, psd_rest_rows
 from ._local_attn_rest import attn_rest_data, joint_rest_rows, piecewise_rest_rows, segment_rest_heads
 from ._local_drift import hessian_ball_sup
 from ._local_rest_rows import ffn_rest_rows as f79_ffn_rows
@@ -59,8 +59,8 @@ from ._local_rest_rows import norm_move_forms
 from ._local_rest_rows import norm_rest_rows as f79_norm_rows
 from ._local_stack_maps import _NormLin
 from ._local_stack_middle import layer_cuts, middle_drift_column, middle_of_products, middle_rows
-from ._local_stack_move import (IMAGE_WINDOW, attention_rest_rows, ffn_rest_rows, image_sources, layer_rest_rows,
-                                move_rest_rows, norm_rest_rows, window_products,
+from ._local_stack_move import (attention_rest_rows, ffn_rest_rows, image_sources, layer_rest_rows, move_rest_rows,
+                                norm_rest_rows, pull_rows,
                                 stage_rest_rows, substage_products)
 from ._local_stack_second import far_second_order, heads_second_order, near_second_order, second_order_rows, tail_sup
 from ._local_stack_segment import segment_moves, with_auxiliary
@@ -121,6 +121,14 @@ def _local_error(st: _Stage, K: Tensor, *, cols: bool) -> float:
     A = (st.lin.apply if cols else st.lin.apply_t)(summed, True)
     per_row = A.norm(dim=2).sum(dim=0 if cols else 1).max()
     return float(per_row) * _gamma(st.k) / (1 - _gamma(st.k + 2 * d + 2 * T)) * (1 + 1e-12)
+
+
+def _row_errors(st: _Stage, G: Tensor) -> Tensor:
+    """(n,) bounds on ``||fl(G J_s) - G J_s||`` per row of ``G`` (n, T, d) (``st.lin.apply_t``): ``_local_error``'s
+    ``gamma_k`` times the abs evaluation on ``|G|``, row by row (THEORY F86, Note [stack rounding])."""
+    T, d = G.shape[1:]
+    A = _chunked(lambda C: st.lin.apply_t(C, True), G.abs())
+    return A.flatten(1).norm(dim=1) * _gamma(st.k) / (1 - _gamma(st.k + 2 * d + 2 * T)) * (1 + 1e-12)
 
 
 def certified_block_norms(blocks: Tensor, exact: int = 8) -> Tensor:
@@ -720,12 +728,11 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
         # THEORY F78, F79: the stage's direction-aware rest forms (the move's rest recursion only)
         rat = _rest_at(st, K, al, aa, nu, eP[s], dPm) if prods is not None else None
         if rat is not None and aa is not None and 0 < s and T <= PSD_MAX_TOKENS:  # THEORY F86: the rest as images
-            a0 = max(0, s - IMAGE_WINDOW)
-            win = window_products(stages, a0, s, prods, lambda st_, K_: _local_error(st_, K_, cols=True),
-                                  lambda st_, K_: _chunked(st_.lin.apply, K_))
-            keys = {a: KeyImages(B) for a, (B, _) in win.items()}
-            rat = rat._replace(img=[image_sources(win, rests[k], Eall[a0][k] if a0 > 0 else None, a0, s, keys.get)
-                                    for k in range(nr)])
+            pulled = pull_rows(stages, s, form_rows(aa.p["heads"], aa.p["scale"]), prods,
+                               lambda st_, G: _chunked(st_.lin.apply_t, G), _row_errors)
+            keys = {a: KeyImages.pulled(G, g, len(aa.p["heads"])) for a, (G, g) in pulled.items()}
+            a0 = min(keys, default=s)
+            rat = rat._replace(img=[image_sources(rests[k], Eall[a0][k], a0, s, keys.get) for k in range(nr)])
         rs, djs, djcs, bs = [], [], [], []
         for k, rho in enumerate(rhos):
             r = torch.minimum(rho * (nu + dPm[k]), rc[k]) * (1 + 1e-12) + pad

@@ -1,5 +1,5 @@
 """THEORY F84 (e): the low-rank part of F84's majorant with its sup on the coupled move set ``P-hat delta + e'``
-(``_lowrank_sup_prefix``) instead of the per-token ellipsoids (``_lowrank_sup``).
+(``_lowrank_sup_sources`` with the prefix's ``KeyImages`` and a ball per token) instead of the per-token ellipsoids (``_lowrank_sup``).
 
 Independent references: the form ``||L^T Delta||^2`` with ``L`` assembled column by column here (not through
 ``_form_columns``) and a float64 projected Adam over ``(delta, e')``; the ellipsoid route where the two must agree
@@ -14,8 +14,14 @@ from hypothesis import strategies as hs
 
 from test_local_attn_psd import _rows
 from test_local_attn_rest import T, _ascent, _case
-from transcover.lipschitz._local_attn_psd import _lowrank_sup, _lowrank_sup_prefix, psd_rest_rows
+from transcover.lipschitz._local_attn_psd import KeyImages, _lowrank_sup, _lowrank_sup_sources, psd_rest_rows
 from transcover.lipschitz._local_stack_aligned import ellipsoid_gram
+
+
+def _prefix_sup(i: int, cols: list, heads, wts, B, rho: float, e, steps: int) -> float:  # noqa: ANN001
+    """F85's sup: the prefix's blocks with radius ``rho`` per input token and a ball of radius ``e_m`` per token."""
+    ones = torch.ones(B.shape[1], dtype=torch.float64)
+    return _lowrank_sup_sources(i, cols, heads, wts, [(KeyImages(B), rho * ones), (None, e)], steps)
 
 
 def _form(seed: int, t: int, d: int, H: int, diag: bool = False, scale: float = 1.0):  # noqa: ANN202
@@ -35,7 +41,7 @@ def _form(seed: int, t: int, d: int, H: int, diag: bool = False, scale: float = 
 
 def _L(i: int, heads, cols, wts: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
     """(t, d, H t) the form's columns, built one by one: column ``(h, j)`` has block ``i`` ``cols_h[j] + q_i^h
-    (1[i = j] - P_ij)`` and blocks ``m != i`` ``q_i^h (1[m = j] - P_ij)``, times ``wts_hj^{1/2}``."""
+    (1[i = j] - P_ii)`` and blocks ``m != i`` ``q_i^h (1[m = j] - P_im)`` (the centred score's key part: F82's ``l_ij``), times ``wts_hj^{1/2}``."""
     H, t = wts.shape
     d = cols[0].shape[2]
     L = torch.zeros(t, d, H * t, dtype=torch.float64)
@@ -43,7 +49,7 @@ def _L(i: int, heads, cols, wts: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
         P, q = heads[h][0], heads[h][2]
         for j in range(t):
             for m in range(t):
-                L[m, :, h * t + j] = q[i] * ((1.0 if m == j else 0.0) - P[i, j]) * wts[h, j].sqrt()
+                L[m, :, h * t + j] = q[i] * ((1.0 if m == j else 0.0) - P[i, m]) * wts[h, j].sqrt()
             L[i, :, h * t + j] += cols[h][i, j] * wts[h, j].sqrt()
     return L
 
@@ -81,8 +87,7 @@ def test_prefix_sup_is_never_beaten_and_near_attained(seed, i, efrac, scale):
     heads, cols, wts, B = _form(seed, t, d, H, scale=scale)
     rho = 0.1
     e = torch.full((t,), efrac * rho * scale, dtype=torch.float64)
-    nB = torch.linalg.matrix_norm(B) * (1 + 1e-12)
-    A = _lowrank_sup_prefix(i, [c[i] for c in cols], heads, wts, B, nB, rho, e, 30)
+    A = _prefix_sup(i, cols, heads, wts, B, rho, e, 30)
     got = _adam_sup(_L(i, heads, cols, wts), B, rho, e)
     assert got <= A * (1 + 1e-10), (got, A)
     assert got > A / 3, (got, A)
@@ -92,10 +97,9 @@ def test_prefix_sup_is_quadratic_in_the_prefix_and_the_radius():
     """``P-hat x 4`` and ``rho / 4``: the same move set, the same sup; ``rho x 2`` with ``e = 0``: the sup x 4."""
     heads, cols, wts, B = _form(3, 4, 5, 2)
     z = torch.zeros(4, dtype=torch.float64)
-    nB = torch.linalg.matrix_norm(B)
-    a1 = _lowrank_sup_prefix(1, [c[1] for c in cols], heads, wts, B, nB, 0.2, z, 30)
-    a4 = _lowrank_sup_prefix(1, [c[1] for c in cols], heads, wts, 4 * B, 4 * nB, 0.05, z, 30)
-    a2 = _lowrank_sup_prefix(1, [c[1] for c in cols], heads, wts, B, nB, 0.4, z, 30)
+    a1 = _prefix_sup(1, cols, heads, wts, B, 0.2, z, 30)
+    a4 = _prefix_sup(1, cols, heads, wts, 4 * B, 0.05, z, 30)
+    a2 = _prefix_sup(1, cols, heads, wts, B, 0.4, z, 30)
     assert abs(a4 / a1 - 1) < 1e-9 and abs(a2 / (4 * a1) - 1) < 1e-9, (a1, a4, a2)
 
 
@@ -107,14 +111,13 @@ def test_block_diagonal_prefix_agrees_with_the_ellipsoids():
     rho, e = 0.1, torch.full((t,), 0.02, dtype=torch.float64)
     Qt = torch.stack([ellipsoid_gram(B[m])[0] for m in range(t)])
     for i in range(t):
-        a_e = _lowrank_sup_prefix(i, [c[i] for c in cols], heads, wts, B, torch.linalg.matrix_norm(B), rho, e, 30)
+        a_e = _prefix_sup(i, cols, heads, wts, B, rho, e, 30)
         a_d = _lowrank_sup(i, [c[i] for c in cols], heads, wts, Qt, rho, e, 30)
         assert abs(a_e / a_d - 1) < 1e-6, (i, a_e, a_d)
     heads, cols, wts, B = _form(11, t, d, H)
     Qt = torch.stack([ellipsoid_gram(B[m])[0] for m in range(t)])
-    nB = torch.linalg.matrix_norm(B)
     gains = [_lowrank_sup(i, [c[i] for c in cols], heads, wts, Qt, rho, e, 30)
-             / _lowrank_sup_prefix(i, [c[i] for c in cols], heads, wts, B, nB, rho, e, 30) for i in range(t)]
+             / _prefix_sup(i, cols, heads, wts, B, rho, e, 30) for i in range(t)]
     assert min(gains) > 1.0, gains
 
 

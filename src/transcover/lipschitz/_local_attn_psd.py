@@ -46,9 +46,8 @@ def velocity_rests(data: AttnRestData, heads, Wqa: list[Tensor], X: Tensor, rho:
     P, Yc, q, Wq, Wk = heads[h][:5]
     sc = data.scale
     _, _, lo, hi, _, _, _, kpart, cross = fac
-    Gy = sc * (Yc @ Wk) @ Wq.T  # (T, T, d)
+    Gy, gbar = _query_columns(P, Yc, Wq, Wk, sc)
     eG = (_gamma(2 * d + 4) * sc * (Yc.abs() @ Wk.abs()) @ Wq.abs().T).norm(dim=-1) * (1 + 1e-12)
-    gbar = torch.einsum("ij,ijd->id", P, Gy)
     eSum = _gamma(T + 2) * torch.einsum("ij,ijd->id", P, Gy.abs()).norm(dim=-1)
     Xa = torch.cat([X, torch.ones(T, 1, dtype=torch.float64)], dim=1)
     eq = _gamma(2 * d + 8) * (sc * (Xa.abs() @ Wqa[h].abs()) @ Wk.abs().T).norm(dim=-1) * (1 + 1e-12)
@@ -63,9 +62,30 @@ def velocity_rests(data: AttnRestData, heads, Wqa: list[Tensor], X: Tensor, rho:
     return Gy - gbar[:, None, :], torch.nan_to_num(eps, nan=math.inf), Tm
 
 
+def _query_columns(P: Tensor, Yc: Tensor, Wq: Tensor, Wk: Tensor, sc: float) -> tuple[Tensor, Tensor]:
+    """One head's ``G y_ij`` (T, T, d) and its ``P``-mean ``sum_m P_im G y_im`` (T, d) as formed (F84 (b))."""
+    Gy = sc * (Yc @ Wk) @ Wq.T
+    return Gy, torch.einsum("ij,ijd->id", P, Gy)
+
+
+def form_rows(heads, scale: float) -> Tensor:  # noqa: ANN001
+    """(2 T^2 H, T, d) the rows of every query's low-rank form at the stage's input, radius- and size-free (THEORY F86):
+    first ``(i, h, m)``: ``q_i^h`` in token ``m``'s block (the key blocks' rank-``H`` factors), then ``(i, h, j)``: the
+    velocity column ``G y_ij - sum_m P_im G y_im`` of head ``h`` in token ``i``'s block; ``KeyImages.pulled`` reads them
+    back after ``pull_rows``."""
+    q = torch.stack([hd[2] for hd in heads])  # (H, T, d)
+    H, T, d = q.shape
+    C = torch.stack([gy - gb[:, None, :] for gy, gb in (_query_columns(hd[0], hd[1], hd[3], hd[4], scale)
+                                                        for hd in heads)])  # (H, T_i, T_j, d)
+    eye = torch.eye(T, dtype=torch.float64)
+    rq = eye[None, None, :, :, None] * q.permute(1, 0, 2)[:, :, None, None, :]  # (i, h, m, k, d): q_i^h at k = m
+    rc = eye[:, None, None, :, None] * C.permute(1, 0, 2, 3)[:, :, :, None, :]  # (i, h, j, k, d): C at k = i
+    return torch.cat([rq.reshape(-1, T, d), rc.reshape(-1, T, d)])
+
+
 def psd_rest_rows(data: AttnRestData, heads, Wqa: list[Tensor], X: Tensor, Qs: Tensor, eQ: Tensor, rho: float,  # noqa: ANN001
                   E: Tensor, eP: float, pad: float, sizes: tuple = PSD_SIZES, steps: int = 20,
-                  Bp: Tensor | None = None) -> Tensor:
+                  Bp: Tensor | KeyImages | None = None, images: list | None = None) -> Tensor:
     r"""(T,) rows ``>= ||R_i||`` of the attention stage's Taylor rest for the moves of ``attention_rest_rows`` (``Delta =
     P(X) delta + e``, ``||delta_j|| <= rho``, ``||e_j|| <= E_j``, ``P`` within ``eP``, the centre within ``pad``; the
     ellipsoids ``Qs`` (T, d, d) as formed within ``eQ`` (T,), Frobenius), THEORY F84:
@@ -74,7 +94,10 @@ def psd_rest_rows(data: AttnRestData, heads, Wqa: list[Tensor], X: Tensor, Qs: T
 
     ``A_i >= sup_Delta sum_{h,j} hi_ij c_ij (l_ij . Delta)^2`` (``c = Yb + alpha``) by the SDP dual through
     ``Q~_m = Qs_m + eQ_m I`` and the e-balls, or (``Bp`` (T, T_in, d, d) the prefix's computed blocks ``P-hat``, whose
-    rows ``Qs`` were formed from) on the coupled set ``P-hat delta + e'`` (THEORY F85, ``_lowrank_sup_prefix``), ``B_i = sum_h max_box sum_j p_j c_ij eps_ij^2`` (``velocity_rests``),
+    rows ``Qs`` were formed from, or its ``KeyImages``) on the coupled set ``P-hat delta + e'`` (THEORY F85,
+    ``_lowrank_sup_sources``), and with ``images`` (pairs ``(KeyImages | None, R)``: the move's rest ``e'`` minus
+    ``P-hat``'s own error is ``sum_src B_src v_src`` with ``||v_src,k|| <= R_k``, None the identity; THEORY F86) also
+    on ``P-hat delta + sum_src B_src v_src + rho eP B``, the smaller kept; ``B_i = sum_h max_box sum_j p_j c_ij eps_ij^2`` (``velocity_rests``),
     ``Gamma_i = sum_m (rho lambda_max(Q~_m^{1/2} G_m Q~_m^{1/2})^{1/2} + e_m lambda_max(G_m)^{1/2})^2`` with the per-token
     Grams ``G_m = sum_h [scale hi_im Yb_im / beta_im W_K W_K^T + hi_im / alpha_im W_VO W_VO^T] + 1[m = i] sum_h scale
     max_box(sum_j p_j Yb_ij beta_ij) W_Q W_Q^T``, ``alpha_j = alpha_0 W_j / Tm_j``, ``beta_j = beta_0 m_K,j / m_Q,i`` per
@@ -103,7 +126,9 @@ def psd_rest_rows(data: AttnRestData, heads, Wqa: list[Tensor], X: Tensor, Qs: T
             (("K", [hd[4].abs() for hd in heads]), ("Q", [hd[3].abs() for hd in heads]),
              ("V", [hd[5].abs() @ hd[6].abs() for hd in heads]))}
     kg = 2 * d + 2 * heads[0][3].shape[1] + 2 * H + 8  # the Grams' products and their H-term sums
-    nB = None if Bp is None else torch.linalg.matrix_norm(Bp) * (1 + 2 * d * d * _U) * (1 + 1e-12)
+    Bp = Bp if Bp is None or isinstance(Bp, KeyImages) else KeyImages(Bp)
+    cols = [v[0] for v in vel]
+    ones = torch.ones(Bp.B.shape[1] if Bp is not None else 0, dtype=torch.float64)
     best = torch.full((T,), math.inf, dtype=torch.float64)
     for a0, b0 in sizes:
         rows = torch.empty(T, dtype=torch.float64)
@@ -126,8 +151,13 @@ def psd_rest_rows(data: AttnRestData, heads, Wqa: list[Tensor], X: Tensor, Qs: T
                 kc[h] = torch.where(vis & (beta > 0), data.scale * hi[i] * Yb / beta, torch.zeros_like(Yb))
                 vc[h] = torch.where(vis & (alpha > 0), hi[i] / alpha, torch.zeros_like(Yb))
             # THEORY F85: with the prefix's blocks, the same form's sup on the coupled move set (F84 (c) without them)
-            A = (_lowrank_sup(i, [v[0][i] for v in vel], heads, wts, Qt, rho, e, steps) if Bp is None else
-                 _lowrank_sup_prefix(i, [v[0][i] for v in vel], heads, wts, Bp, nB, rho, e, steps))
+            if Bp is None:
+                A = _lowrank_sup(i, [c[i] for c in cols], heads, wts, Qt, rho, e, steps)
+            else:  # THEORY F85: the coupled move set through the prefix's blocks, the rest a ball per token
+                A = _lowrank_sup_sources(i, cols, heads, wts, [(Bp, rho * ones), (None, e)], steps)
+                if images is not None:  # THEORY F86: the rest as the images of the upstream rests
+                    A = min(A, _lowrank_sup_sources(i, cols, heads, wts, [(Bp, rho * ones), *images,
+                                                                          (None, torch.full_like(e, rho * eP))], steps))
             G = _grams_sup(i, qc, kc, vc, grams, absg, kg, Lc, eCh, rho, e)
             rows[i] = 0.5 * ((math.sqrt(A) + math.sqrt(Bi) * (1 + 1e-12)) ** 2 * (1 + 1e-12) + G) * (1 + 1e-12)
         best = torch.minimum(best, torch.nan_to_num(rows, nan=math.inf))
@@ -137,7 +167,7 @@ def psd_rest_rows(data: AttnRestData, heads, Wqa: list[Tensor], X: Tensor, Qs: T
 def _form_columns(i: int, cols_i: list, heads, wts: Tensor) -> tuple[Tensor, Tensor, Tensor]:  # noqa: ANN001
     """Query ``i``'s low-rank form ``sum_{h,j} wts_hj (l_hj . Delta)^2 = ||L^T Delta||^2`` (THEORY F82, F84 (c)) as
     ``(Qm, coef, Li)``: the key blocks ``L_m = Qm^T coef_m`` (rank ``H``: column ``(h, j)`` is ``q_i^h coef[m, h, j]``,
-    ``coef[m, h, j] = (1[m = j] - P_ij) wts_hj^{1/2}``) for ``m != i`` and the query's own block ``Li`` (d, H T)."""
+    ``coef[m, h, j] = (1[m = j] - P_im) wts_hj^{1/2}``) for ``m != i`` and the query's own block ``Li`` (d, H T)."""
     H, T = wts.shape
     s = torch.sqrt(wts)
     Pm = torch.stack([hd[0][i] for hd in heads])  # (H, T)
@@ -178,34 +208,105 @@ def _e_blocks(i: int, Qm: Tensor, coef: Tensor, Li: Tensor, e: Tensor, d: int) -
     return Mo * (e * e)[:, None, None], _gamma(2 * d + 8) * torch.linalg.matrix_norm(Ao) * e * e
 
 
-def _lowrank_sup_prefix(i: int, cols_i: list, heads, wts: Tensor, Bp: Tensor, nB: Tensor, rho: float, e: Tensor,  # noqa: ANN001
-                        steps: int) -> float:
-    r"""``>= sup_Delta sum_{h,j} wts_hj (l_hj . Delta)^2`` over the coupled move set ``Delta = P-hat delta + e'``
-    (``||delta_k|| <= rho``, ``||e'_m|| <= e_m``; ``Bp`` (T, T_in, d, d) the prefix's computed blocks ``P-hat_mk``,
-    ``nB`` (T, T_in) upper bounds on their Frobenius norms), THEORY F85 (F82's variant (e)):
-    ``L^T Delta = sum_k N_k delta_k + sum_m L_m^T e'_m``, ``N_k = sum_m L_m^T P-hat_mk``, so the SDP dual over the
-    ``T_in + T`` blocks ``rho^2 N_k N_k^T``, ``e_m^2 L_m^T L_m``, with ``N`` as formed and its rounding
-    ``||fl(N_k) - N_k||_2 <= gamma_{T d + 2 d + 4} sum_m ||L_m||_F ||P-hat_mk||_F`` added outside the square root:
-    ``A <= (A-hat^{1/2} + rho sum_k eN_k)^2``."""
-    H, T = wts.shape
-    d = Bp.shape[-1]
+class KeyImages:
+    """A computed map ``B`` (T, T_in, d, d) into the attention stage's input (the prefix's blocks ``P-hat``, or a window
+    product ``M_{a -> s}`` of the move's rest, THEORY F85, F86) with the Frobenius norms ``nB`` (T, T_in) of its blocks
+    (upper bounds) and, per stage, its query-contracted forms (``forms``: radius-free, formed once for every radius and
+    AM-GM size)."""
+
+    def __init__(self, B: Tensor | None) -> None:
+        self.B, self.nB, self.g = B, None, None
+        if B is not None:
+            d = B.shape[-1]
+            self.nB = torch.linalg.matrix_norm(B) * (1 + 2 * d * d * _U) * (1 + 1e-12)
+        self._memo: tuple | None = None
+
+    @classmethod
+    def pulled(cls, G: Tensor, g: Tensor, H: int) -> KeyImages:
+        """The forms read off ``form_rows`` pulled back through a product (``pull_rows``: ``G`` (2 T^2 H, T_in, d) as
+        computed, ``g`` (2 T^2 H,) each row's error bound), THEORY F86: ``QB[i, m, k, h] = G[(i, h, m)]_k``,
+        ``CB[i, k, (h, j)] = G[(i, h, j)]_k``; the errors ``gQ`` (T, H, T), ``gC`` (T, H T)."""
+        n, Tin, d = G.shape
+        T = round((n // (2 * H)) ** 0.5)
+        out = cls(None)
+        half = T * H * T
+        QB = G[:half].reshape(T, H, T, Tin, d).permute(0, 2, 3, 1, 4)
+        CB = G[half:].reshape(T, H, T, Tin, d).permute(0, 3, 1, 2, 4).reshape(T, Tin, H * T, d)
+        out._memo = (QB, CB)
+        out.g = (g[:half].reshape(T, H, T), g[half:].reshape(T, H * T))
+        return out
+
+    def forms(self, heads, cols: list) -> tuple[Tensor, Tensor]:  # noqa: ANN001
+        """``(QB, CB)``: ``QB[i, m, k, h] = q_i^h B_mk`` (T, T, T_in, H, d) and ``CB[i, k] = C_i^T B_ik``
+        (T, T_in, H T, d), ``C_i`` (d, H T) the query's velocity columns ``cols[h][i, j]`` (F84 (b))."""
+        if self._memo is None:
+            Qa = torch.stack([hd[2] for hd in heads], dim=1)  # (T, H, d)
+            QB = torch.einsum("iha,mkab->imkhb", Qa, self.B)
+            C = torch.stack(cols, dim=1)  # (T, H, T, d)
+            T, H = C.shape[:2]
+            CB = torch.einsum("ira,ikab->ikrb", C.reshape(T, H * T, -1), self.B[:T])
+            self._memo = (QB, CB)
+        return self._memo
+
+
+def _key_images(i: int, Qm: Tensor, coef: Tensor, sq: Tensor, nLi: float, src: KeyImages, heads,  # noqa: ANN001
+                cols: list) -> tuple[Tensor, Tensor]:
+    r"""Query ``i``'s ``N_k = sum_m L_m^T B_mk`` (T_in, r, d) for its form's blocks ``L_m`` (``_form_columns``: the key
+    blocks ``Q_i^T coef_m`` and the query's own, its velocity columns scaled by ``sq``, F85) through ``src``'s map,
+    ``N_k[(h, j)] = sum_m coef[m, h, j] q_i^h B_mk + sq_hj C_i[(h, j)]^T B_ik`` (the query's key part is the ``m = i``
+    term), (T_in,) ``eN_k`` and a scalar ``eT`` with ``||fl(N) - N|| v|| <= sum_k eN_k ||v_k|| + eT ||v||``: for a
+    map ``B`` ``eN_k = gamma_{d + T + 3}`` of the absolute mass, ``sum_m ||L'_m||_F ||B_mk||_F`` with ``L'_m`` the key
+    blocks and ``nLi`` the velocity part's Frobenius norm, ``eT = 0``; for pulled rows (F86) ``eN_k = gamma_{T + 3}
+    ||(sum_m |coef_m| |QB_m| + sq |CB|)_k||_F`` (the combination) and ``eT`` the Frobenius norm over ``(h, j)`` of
+    ``sum_m |coef[m, h, j]| gQ[i, h, m] + sq_hj gC[i, (h, j)]`` (the rows' own errors)."""
+    QB, CB = src.forms(heads, cols)
+    H, T = sq.shape
     r = H * T
-    Qm, coef, Li = _form_columns(i, cols_i, heads, wts)
-    QB = torch.einsum("ha,mkab->mkhb", Qm, Bp)  # (T, T_in, H, d): q_i^h P-hat_mk
-    N = torch.einsum("mhj,mkhb->khjb", coef, QB).reshape(Bp.shape[1], r, d)
-    N -= torch.einsum("hj,khb->khjb", coef[i], QB[i]).reshape(Bp.shape[1], r, d)  # m = i's key block replaced by Li
-    N += torch.einsum("ar,kab->krb", Li, Bp[i])
-    Lfro = torch.linalg.vector_norm(coef, dim=2) * Qm.norm(dim=1)[None]  # (T, H): ||L_m||_F per head's rank one
-    nK = torch.sqrt((Lfro * Lfro).sum(dim=1))
-    nL = nK.clone()
-    nL[i] = float(Li.norm()) + 2 * float(nK[i])  # the query's key part enters the sums twice (added, then taken off)
-    nL = nL * (1 + 2 * (H * T + d) * _U) * (1 + 1e-12)
-    eN = _gamma(T * d + 2 * d + 4) * (nL[:, None] * nB).sum(dim=0) * (1 + 1e-12)  # (T_in,), the three einsums' sums
-    Mo, eo = _e_blocks(i, Qm, coef, Li, e, d)
-    fN = torch.linalg.matrix_norm(N) * (1 + 2 * r * d * _U)
-    blocks = torch.cat([(N @ N.transpose(1, 2)) * (rho * rho), Mo])
-    A = _sdp_dual(blocks, torch.cat([_gamma(2 * d + 8) * fN * fN * rho * rho, eo]), steps)
-    return (math.sqrt(A) + rho * float(eN.sum()) * (1 + Bp.shape[1] * _U)) ** 2 * (1 + 1e-12)
+    N = torch.einsum("mhj,mkhb->khjb", coef, QB[i]).reshape(-1, r, Qm.shape[1])
+    N += sq.reshape(r)[None, :, None] * CB[i]
+    if src.g is not None:
+        absN = torch.einsum("mhj,mkhb->khjb", coef.abs(), QB[i].abs()).reshape(-1, r, Qm.shape[1])
+        absN += sq.reshape(r)[None, :, None] * CB[i].abs()
+        eN = _gamma(T + 3) * torch.linalg.matrix_norm(absN) * (1 + 2 * r * Qm.shape[1] * _U) * (1 + 1e-12)
+        gQ, gC = src.g
+        rowe = torch.einsum("mhj,hm->hj", coef.abs(), gQ[i]).reshape(r) + sq.reshape(r) * gC[i]
+        return N, eN, float(rowe.norm()) * (1 + 2 * (r + T) * _U) * (1 + 1e-12)
+    Lfro = torch.linalg.vector_norm(coef, dim=2) * Qm.norm(dim=1)[None]  # (T, H): ||L'_m||_F per head's rank one
+    nK = torch.sqrt((Lfro * Lfro).sum(dim=1)) * (1 + 2 * (H * T + 2) * _U)
+    eN = _gamma(Qm.shape[1] + T + 3) * ((nK[:, None] * src.nB).sum(dim=0) + nLi * src.nB[i]) * (1 + 1e-12)
+    return N, eN, 0.0
+
+
+def _lowrank_sup_sources(i: int, cols: list, heads, wts: Tensor, sources: list, steps: int) -> float:  # noqa: ANN001
+    r"""``>= sup_Delta sum_{h,j} wts_hj (l_hj . Delta)^2`` over ``Delta = sum_src B_src v_src`` with every token's
+    ``||v_src,k|| <= R_src,k`` (``sources``: pairs ``(KeyImages | None, R)``, None the identity), THEORY F85, F86:
+    ``L^T Delta = sum_src sum_k N_src,k v_src,k`` (``_key_images``; ``N = L_k^T`` for the identity), so F82 (c)'s SDP dual
+    (``_sdp_dual``) over the blocks ``R_k^2 N_k N_k^T`` with their formation's rounding ``gamma_{2d+8}`` (F85), and
+    ``N``'s own rounding outside the square root: ``A <= (A-hat^{1/2} + sum_src sum_k R_k eN_k)^2``."""
+    H, T = wts.shape
+    Qm, coef, Li = _form_columns(i, [c[i] for c in cols], heads, wts)
+    d, r = Qm.shape[1], H * T
+    sq = torch.sqrt(wts)
+    nLi = float(torch.linalg.vector_norm(torch.stack([c[i] for c in cols]) * sq[..., None])) * (1 + 2 * d * _U)
+    blocks, errs, out = [], [], 0.0
+    for src, R in sources:
+        if float(R.max()) == 0:
+            continue
+        if src is None:
+            Mo, eo = _e_blocks(i, Qm, coef, Li, R, d)
+            blocks.append(Mo)
+            errs.append(eo)
+            continue
+        N, eN, eT = _key_images(i, Qm, coef, sq, nLi, src, heads, cols)
+        R2 = (R * R)[:, None, None]
+        blocks.append((N @ N.transpose(1, 2)) * R2)
+        fN = torch.linalg.matrix_norm(N) * (1 + 2 * r * d * _U)
+        errs.append(_gamma(2 * d + 8) * fN * fN * R2[:, 0, 0])
+        out += (float((eN * R).sum()) * (1 + R.shape[0] * _U) + eT * float(R.norm()) * (1 + R.shape[0] * _U)) * (1 + 1e-12)
+    if not blocks:
+        return 0.0
+    A = _sdp_dual(torch.cat(blocks), torch.cat(errs), steps)
+    return (math.sqrt(A) + out * (1 + len(sources) * _U)) ** 2 * (1 + 1e-12)
 
 
 def _sdp_dual(blocks: Tensor, err: Tensor, steps: int) -> float:

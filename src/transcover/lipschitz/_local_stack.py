@@ -51,7 +51,7 @@ from ._local_jacobian import certified_spectral, row_norm_lower
 from ._local_stack_aligned import FFNAligned
 from ._local_stack_attn import AttentionAligned
 from ._local_stack_carry import carried_first_order, carry_blocks, tail_drift
-from ._local_attn_psd import PSD_MAX_TOKENS, psd_rest_rows
+from ._local_attn_psd import PSD_MAX_TOKENS, KeyImages, form_rows, psd_rest_rows
 from ._local_attn_rest import attn_rest_data, joint_rest_rows, piecewise_rest_rows, segment_rest_heads
 from ._local_drift import hessian_ball_sup
 from ._local_rest_rows import ffn_rest_rows as f79_ffn_rows
@@ -59,7 +59,8 @@ from ._local_rest_rows import norm_move_forms
 from ._local_rest_rows import norm_rest_rows as f79_norm_rows
 from ._local_stack_maps import _NormLin
 from ._local_stack_middle import layer_cuts, middle_drift_column, middle_of_products, middle_rows
-from ._local_stack_move import (attention_rest_rows, ffn_rest_rows, layer_rest_rows, move_rest_rows, norm_rest_rows,
+from ._local_stack_move import (attention_rest_rows, ffn_rest_rows, image_sources, layer_rest_rows, move_rest_rows,
+                                norm_rest_rows, pull_rows,
                                 stage_rest_rows, substage_products)
 from ._local_stack_second import far_second_order, heads_second_order, near_second_order, second_order_rows, tail_sup
 from ._local_stack_segment import segment_moves, with_auxiliary
@@ -120,6 +121,14 @@ def _local_error(st: _Stage, K: Tensor, *, cols: bool) -> float:
     A = (st.lin.apply if cols else st.lin.apply_t)(summed, True)
     per_row = A.norm(dim=2).sum(dim=0 if cols else 1).max()
     return float(per_row) * _gamma(st.k) / (1 - _gamma(st.k + 2 * d + 2 * T)) * (1 + 1e-12)
+
+
+def _row_errors(st: _Stage, G: Tensor) -> Tensor:
+    """(n,) bounds on ``||fl(G J_s) - G J_s||`` per row of ``G`` (n, T, d) (``st.lin.apply_t``): ``_local_error``'s
+    ``gamma_k`` times the abs evaluation on ``|G|``, row by row (THEORY F86, Note [stack rounding])."""
+    T, d = G.shape[1:]
+    A = _chunked(lambda C: st.lin.apply_t(C, True), G.abs())
+    return A.flatten(1).norm(dim=1) * _gamma(st.k) / (1 - _gamma(st.k + 2 * d + 2 * T)) * (1 + 1e-12)
 
 
 def certified_block_norms(blocks: Tensor, exact: int = 8) -> Tensor:
@@ -419,8 +428,9 @@ def _move_rest(prods: dict, rests: list[Tensor], s: int, cap: dict, inner: dict,
 class _RestAt(NamedTuple):
     """What a stage's direction-aware rests (THEORY F78, F79) read besides its rows, at its input: the radius-free
     forms (F79a's ``NormForms`` of a norm, F78's ``AttnRestData`` of an attention, else None), the stage's
-    ``FFNAligned`` and ``AttentionAligned`` (or None), the prefix's rows ``nu``, its rounding ``eP`` and the segment
-    move rows ``dPm`` per radius."""
+    ``FFNAligned`` and ``AttentionAligned`` (or None), the prefix's rows ``nu``, its rounding ``eP``, the segment
+    move rows ``dPm`` per radius and (an attention stage, F86) per radius the move's rest as images (``image_sources``)
+    or None."""
 
     forms: object
     al: object
@@ -428,6 +438,7 @@ class _RestAt(NamedTuple):
     nu: Tensor
     eP: float
     dPm: list
+    img: list | None = None
 
 
 def _rest_at(st: _Stage, K: Tensor, al, aa, nu: Tensor, eP: float, dPm: list) -> _RestAt:  # noqa: ANN001
@@ -448,12 +459,13 @@ def _attention_rest(st: _Stage, at: _RestAt, k: int, rho: float, E: Tensor, r: T
     under the Taylor weight (``segment_rest_heads``, heads through ``W_O``) and F78d's drift rows on the segment's
     pieces (``piecewise_rest_rows``: the stage's rows, F44e's aligned drift, F44c's reach and F50's joint reach at the
     move scaled by ``t``) and F84's PSD majorant over heads and keys (``psd_rest_rows``, its low-rank part through the
-    prefix's blocks, F85)."""
+    prefix's blocks, F85; the move's rest as the images of the upstream rests when ``at.img`` holds them, F86)."""
     aa, eP = at.aa, at.eP
     rx = joint_rest_rows(at.forms, rho, E, eP, pad)
     if st.x.shape[0] <= PSD_MAX_TOKENS:  # THEORY F84 (its cost grows as T^2 d^3)
+        keys = aa.memo.setdefault("F85 keys", KeyImages(aa.blocks))
         rx = torch.minimum(rx, psd_rest_rows(at.forms, aa.p["heads"], aa.p["Wqa"], st.x, aa.Qs, aa.eQ, rho, E, eP, pad,
-                                                  Bp=aa.blocks))
+                                                  Bp=keys, images=None if at.img is None else at.img[k]))
     if rho <= 0:
         return rx
     mom, wn = aa.p["mom"], aa.p["norms"]
@@ -669,6 +681,7 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
     atm: dict = {}  # THEORY F71: a layer's first sub-stage -> per rho the segment-averaged move rows at its input
     radii, dJs, dJcs, balls = [], [], [], []
     rests: list[list[Tensor]] = [[] for _ in rhos]  # THEORY F73c: per rho, each sub-stage's Taylor rest rows
+    Eall: list[list[Tensor]] = []  # THEORY F86: per sub-stage, per rho the rows E at its input
     Ecs: dict = {}  # THEORY F76a item 4: a layer's first sub-stage -> per rho the rows E at its input
     GB: dict = {}  # group start -> per rho (B_L, dJ_L)
     hx: dict = {}  # stage -> per rho the attention's head drift rows (or None)
@@ -700,6 +713,7 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
         if prods is not None:  # THEORY F73c: the same part by its own recursion at x, the smaller kept
             Es = [_move_rest(prods, rests[k], s, cap, inner, PL, Ecs, radii, k, pad, T)
                   for k in range(nr)]
+            Eall.append(Es)
             if s in first:
                 Ecs[s] = Es
             dPm = [torch.minimum(m, E / rho * (1 + 1e-12)) for m, E, rho in zip(dPm, Es, rhos)]
@@ -713,6 +727,12 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
         aa = AttentionAligned(st.attn, _col_blocks(K)) if st.attn is not None else None
         # THEORY F78, F79: the stage's direction-aware rest forms (the move's rest recursion only)
         rat = _rest_at(st, K, al, aa, nu, eP[s], dPm) if prods is not None else None
+        if rat is not None and aa is not None and 0 < s and T <= PSD_MAX_TOKENS:  # THEORY F86: the rest as images
+            pulled = pull_rows(stages, s, form_rows(aa.p["heads"], aa.p["scale"]), prods,
+                               lambda st_, G: _chunked(st_.lin.apply_t, G), _row_errors)
+            keys = {a: KeyImages.pulled(G, g, len(aa.p["heads"])) for a, (G, g) in pulled.items()}
+            a0 = min(keys, default=s)
+            rat = rat._replace(img=[image_sources(rests[k], Eall[a0][k], a0, s, keys.get) for k in range(nr)])
         rs, djs, djcs, bs = [], [], [], []
         for k, rho in enumerate(rhos):
             r = torch.minimum(rho * (nu + dPm[k]), rc[k]) * (1 + 1e-12) + pad

@@ -21,7 +21,7 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["substage_products", "move_rest_rows", "stage_rest_rows", "attention_rest_rows", "norm_rest_rows",
+__all__ = ["substage_products", "move_rest_rows", "pull_rows", "image_sources", "IMAGE_BYTES", "stage_rest_rows", "attention_rest_rows", "norm_rest_rows",
            "ffn_rest_rows", "layer_rest_rows"]
 
 
@@ -54,6 +54,51 @@ def substage_products(stages: list, norms_of, local_error, apply, on_product=Non
             if on_product is not None:
                 on_product(a, s + 1, K, err)
     return out
+
+
+# THEORY F86: the pulled-back rows kept for one attention stage at most this many bytes (the window's start moves up and
+# the rest from before it enters as the image of its per-token ball; MiniLM at T = 7 needs about 0.5 GiB for 6 layers)
+IMAGE_BYTES = 2**30
+
+
+def _spectral(prods: dict, a: int, t: int) -> float:
+    """Certified ``||M_{a -> t}||_2`` of the exact product (1 for ``a = t``): ``sqrt(||N||_1 ||N||_inf)`` of its block
+    norms (``||M||_2 <= ||[||M_jk||]||_2``) plus the rounding's ``sqrt(T) e`` (block row sums ``<= e``)."""
+    if a == t:
+        return 1.0
+    N, e = prods[(a, t)]
+    return (math.sqrt(float(N.sum(dim=0).max()) * float(N.sum(dim=1).max())) + math.sqrt(N.shape[0]) * e) * (1 + 1e-12)
+
+
+def pull_rows(stages: list, s: int, rows: Tensor, prods: dict, apply_t, row_error, budget: int = IMAGE_BYTES) -> dict:  # noqa: ANN001
+    r"""``{a: (G_a, g_a)}`` for ``a0 <= a < s``: the rows ``rows`` (n, T, d) (cotangents at sub-stage ``s``'s input)
+    pulled back through ``M_{a -> s} = J_{s-1} ... J_a`` at the data, ``G_a = rows M_{a -> s}`` as computed by a float64
+    chain of the sub-stages' transposed tangent maps (``apply_t(stage, G)``), and (n,) ``g_a >= ||fl(G_a) - G_a||`` per
+    row: ``fl(G_a) - G_a = sum_{a <= t < s} E_t M_{a -> t}`` exactly (``E_t`` step ``t``'s own error, per row
+    ``row_error(stage, G)``), ``||M_{a -> t}||_2`` from ``prods``' certified block norms (``_spectral``).  ``a0 >= 1``
+    (the network input's move has no rest) is as small as ``budget`` bytes of kept rows allow.  THEORY F86."""
+    n = rows.shape[0]
+    keep = max(1, budget // max(1, rows.numel() * 8))
+    a0 = max(1, s - keep)
+    out, errs, G = {}, [], rows
+    for t in range(s - 1, a0 - 1, -1):
+        errs.append((t, row_error(stages[t], G)))
+        G = apply_t(stages[t], G)
+        g = torch.zeros(n, dtype=torch.float64)
+        for u, E in errs:
+            g = g + E * _spectral(prods, t, u)
+        out[t] = (G, _padded(g))
+    return out
+
+
+def image_sources(rests: list[Tensor], E0: Tensor | None, a0: int, s: int, keys) -> list:  # noqa: ANN001
+    r"""THEORY F86: the move's rest at sub-stage ``s``'s input as images, ``e_s = M_{a0 -> s} e_{a0} + sum_{a0 <= m < s}
+    M_{m+1 -> s} R_m`` (the linear recursion ``e_{m+1} = J_m e_m + R_m`` at the data, F73c): pairs ``(map, R)`` with
+    ``||v_k|| <= R_k`` per token, the map ``keys(a)`` (``M_{a -> s}`` pulled back into the form, ``pull_rows``) or None
+    (the identity, ``m + 1 = s``), and the start's ball ``E0 >= ||e_{a0}||`` for ``a0 > 1`` (``e_1 = R_0``: the network
+    input moves by ``delta`` itself)."""
+    parts = ([(a0, E0)] if a0 > 1 else []) + [(m + 1, rests[m]) for m in range(a0 - 1 if a0 <= 1 else a0, s)]
+    return [(None if a == s else keys(a), R) for a, R in parts]
 
 
 def _norm(prods: dict, a: int, s: int) -> float:

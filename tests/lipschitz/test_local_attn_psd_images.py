@@ -195,3 +195,69 @@ def test_pulled_forms_match_the_maps():
         a1 = _lowrank_sup_sources(i, cols, heads, wts, [(pk, R)], 30)
         a2 = _lowrank_sup_sources(i, cols, heads, wts, [(mk, R)], 30)
         assert abs(a1 / a2 - 1) < 1e-9, (i, a1, a2)
+
+
+def _rows_of(src: KeyImages, heads, cols: list) -> torch.Tensor:  # noqa: ANN001
+    """The pulled-rows layout (``KeyImages.pulled``'s inverse) of a map's own forms: (2 T^2 H, T_in, d)."""
+    QB, CB = src.forms(heads, cols)
+    t, _, tin, H, d = QB.shape
+    return torch.cat([QB.permute(0, 3, 1, 2, 4).reshape(t * H * t, tin, d),
+                      CB.reshape(t, tin, H, t, d).permute(0, 2, 3, 1, 4).reshape(t * H * t, tin, d)])
+
+
+@settings(max_examples=2, deadline=None, derandomize=True)
+@given(seed=hs.integers(0, 100), i=hs.integers(0, 3))
+def test_pulled_rows_error_is_carried(seed, i):
+    """Rows known only within their error ``g`` (the computed rows a tenth of the exact ones, ``g`` the missing nine
+    tenths): the sup through them stays above Adam's on the exact map, which reaches a third of the exact sup (the test's own check), while the rows alone
+    give about a hundredth of it: ``eT`` (the rows' own errors, F86) is what keeps it sound."""
+    t, d, H = 4, 5, 2
+    heads, cols, wts, _ = _form(seed, t, d, H)
+    (M,) = _maps_of(seed, t, d, 1)
+    R = torch.rand(t, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * 0.05 + 1e-3
+    G = _rows_of(KeyImages(M), heads, cols)
+    g = 0.9 * G.flatten(1).norm(dim=1) * (1 + 1e-12)
+    A = _lowrank_sup_sources(i, cols, heads, wts, [(KeyImages.pulled(G / 10, g, H), R)], 30)
+    exact = _lowrank_sup_sources(i, cols, heads, wts, [(KeyImages(M), R)], 30)
+    got = _adam_images(_L(i, heads, cols, wts), torch.zeros(t, t, d, d, dtype=torch.float64), 0.0, [M], [R], restarts=2, steps=80)
+    assert exact / 3 < got <= A * (1 + 1e-10), (got, A, exact)
+
+
+def test_pull_rows_carries_every_step_through_the_later_products():
+    """``pull_rows`` with token-local steps ``J_t = 2 Q_t`` (``Q_t`` orthogonal per token, so ``||M_{a -> t}||_2 =
+    2^{t-a}`` exactly, given as ``prods``' block norms) that each add an error of exactly ``c_t`` per row along the row
+    (the worst alignment) and report it as their row error: every ``||fl(G_a) - G_a||`` within ``g_a``, which here is
+    attained up to the float64 chains' own rounding (each step's error grows by 2 per later step and all are aligned)."""
+    T_, d, n, s = 3, 4, 5, 4
+    gen = torch.Generator().manual_seed(0)
+    Qs = [torch.linalg.qr(torch.randn(T_, d, d, generator=gen, dtype=torch.float64))[0] for _ in range(s)]
+    c = [2.0**-10 * (u + 1) for u in range(s)]
+    prods = {(a, b): (2.0 ** (b - a) * torch.eye(T_, dtype=torch.float64), 0.0) for a in range(s) for b in range(a + 1, s + 1)}
+    exact = lambda u, G: 2 * torch.einsum("nkb,kab->nka", G, Qs[u])  # noqa: E731  (G J_u, J_u = 2 Q_u per token)
+    unit = lambda G: G / G.flatten(1).norm(dim=1)[:, None, None]  # noqa: E731
+    rows = torch.randn(n, T_, d, generator=gen, dtype=torch.float64)
+    out = pull_rows(list(range(s)), s, rows, prods, lambda u, G: exact(u, G) + c[u] * unit(exact(u, G)),
+                    lambda u, G: torch.full((G.shape[0],), c[u], dtype=torch.float64))
+    assert sorted(out) == list(range(1, s))
+    ref = rows
+    for a in range(s - 1, 0, -1):
+        ref = exact(a, ref)
+        G, g = out[a]
+        diff = (G - ref).flatten(1).norm(dim=1)
+        want = sum(c[u] * 2.0 ** (u - a) for u in range(a, s))
+        tol = 8 * s * d * 2.0**-53 * float(ref.flatten(1).norm(dim=1).max())  # the reference chain's own rounding
+        assert bool((diff <= g + tol).all()) and bool((diff > want - tol).all()), (a, diff, g, want)
+
+
+def test_images_never_loosen_a_tighter_ball():
+    """A ball ``E`` tighter than the images' reach (``E`` may come from another certified route): the row with the
+    images (radii 64 x the ball's) equals the row on the ball alone: F86 keeps the smaller of F85's sup and its own,
+    which here is the larger (the images' sup alone gives a larger row: checked by mutation)."""
+    attn, X, P, data, aa, _ = _case(3, 2.0, False)
+    (M,) = _maps_of(3, T, X.shape[1], 1)
+    rho = 0.05
+    E = torch.full((T,), 0.01 * rho, dtype=torch.float64)
+    args = (data, aa.p["heads"], aa.p["Wqa"], X, aa.Qs, aa.eQ, rho, E, 0.0, 0.0)
+    old = psd_rest_rows(*args, Bp=P)
+    row = psd_rest_rows(*args, Bp=P, images=[(KeyImages(M), torch.full((T,), 0.64 * rho, dtype=torch.float64))])
+    assert torch.equal(row, old), (row, old)

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as hs
 
 import transcover.lipschitz._local_stack as ls
-from test_local_attn_psd_prefix import _L, _form, _prefix_sup
+from test_local_attn_psd_prefix import _L, _adam_images, _form, _prefix_sup
 from test_local_attn_rest import T, _case, _clip, _rest
 from test_local_move26 import CASES, _case as _stack_case, _maps
 from transcover.lipschitz._local_attn_psd import KeyImages, _lowrank_sup_sources, form_rows, psd_rest_rows, velocity_rests
@@ -26,30 +26,6 @@ from transcover.lipschitz._local_stack_move import image_sources, pull_rows, sub
 def _maps_of(seed: int, t: int, d: int, n: int, scale: float = 1.0) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(100 + seed)
     return [torch.randn(t, t, d, d, generator=g, dtype=torch.float64) / d**0.5 * scale for _ in range(n)]
-
-
-def _adam_images(L: torch.Tensor, B: torch.Tensor, rho: float, maps: list, Rs: list, restarts: int = 3,
-                 steps: int = 120) -> float:
-    """Projected float64 Adam of ``||L^T (B delta + sum_src M_src v_src)||^2`` over ``||delta_k|| <= rho`` and
-    ``||v_src,k|| <= R_src,k`` (None: the identity)."""
-    t, d = B.shape[0], B.shape[-1]
-    g = torch.Generator().manual_seed(2)
-    best = 0.0
-    for _ in range(restarts):
-        dl = torch.randn(t, d, generator=g, dtype=torch.float64).requires_grad_(True)
-        vs = [torch.randn(t, d, generator=g, dtype=torch.float64).requires_grad_(True) for _ in maps]
-        opt = torch.optim.Adam([dl, *vs], lr=0.05)
-        for _ in range(steps):
-            D = torch.einsum("mkab,kb->ma", B, _clip(dl, torch.full((t,), rho, dtype=torch.float64)))
-            for M, R, v in zip(maps, Rs, vs):
-                w = _clip(v, R)
-                D = D + (w if M is None else torch.einsum("mkab,kb->ma", M, w))
-            val = (torch.einsum("mar,ma->r", L, D) ** 2).sum()
-            best = max(best, float(val.detach()))
-            opt.zero_grad()
-            (-val).backward()
-            opt.step()
-    return best
 
 
 @settings(max_examples=5, deadline=None, derandomize=True)

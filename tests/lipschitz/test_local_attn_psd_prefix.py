@@ -54,10 +54,12 @@ def _L(i: int, heads, cols, wts: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
     return L
 
 
-def _adam_sup(L: torch.Tensor, B: torch.Tensor, rho: float, e: torch.Tensor, restarts: int = 3, steps: int = 100) -> float:
-    """Projected float64 Adam of ``||L^T (P-hat delta + e')||^2`` over ``||delta_k|| <= rho``, ``||e'_m|| <= e_m``."""
+def _adam_images(L: torch.Tensor, B: torch.Tensor, rho: float, maps: list, Rs: list, restarts: int = 3,
+                 steps: int = 120, seed: int = 2) -> float:
+    """Projected float64 Adam of ``||L^T (B delta + sum_src M_src v_src)||^2`` over ``||delta_k|| <= rho`` and
+    ``||v_src,k|| <= R_src,k`` (``maps``: None the identity)."""
     t, d = B.shape[0], B.shape[-1]
-    g = torch.Generator().manual_seed(1)
+    g = torch.Generator().manual_seed(seed)
     best = 0.0
 
     def proj(v: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
@@ -65,16 +67,24 @@ def _adam_sup(L: torch.Tensor, B: torch.Tensor, rho: float, e: torch.Tensor, res
 
     for _ in range(restarts):
         dl = torch.randn(t, d, generator=g, dtype=torch.float64).requires_grad_(True)
-        ee = torch.randn(t, d, generator=g, dtype=torch.float64).requires_grad_(True)
-        opt = torch.optim.Adam([dl, ee], lr=0.05)
+        vs = [torch.randn(t, d, generator=g, dtype=torch.float64).requires_grad_(True) for _ in maps]
+        opt = torch.optim.Adam([dl, *vs], lr=0.05)
         for _ in range(steps):
-            D = torch.einsum("mkab,kb->ma", B, proj(dl, torch.full((t,), rho, dtype=torch.float64))) + proj(ee, e)
-            v = (torch.einsum("mar,ma->r", L, D) ** 2).sum()
-            best = max(best, float(v.detach()))
+            D = torch.einsum("mkab,kb->ma", B, proj(dl, torch.full((t,), rho, dtype=torch.float64)))
+            for M, R, v in zip(maps, Rs, vs):
+                w = proj(v, R)
+                D = D + (w if M is None else torch.einsum("mkab,kb->ma", M, w))
+            val = (torch.einsum("mar,ma->r", L, D) ** 2).sum()
+            best = max(best, float(val.detach()))
             opt.zero_grad()
-            (-v).backward()
+            (-val).backward()
             opt.step()
     return best
+
+
+def _adam_sup(L: torch.Tensor, B: torch.Tensor, rho: float, e: torch.Tensor, restarts: int = 3, steps: int = 100) -> float:
+    """Projected float64 Adam of ``||L^T (P-hat delta + e')||^2`` over ``||delta_k|| <= rho``, ``||e'_m|| <= e_m``."""
+    return _adam_images(L, B, rho, [None], [e], restarts, steps, seed=1)
 
 
 @settings(max_examples=5, deadline=None, derandomize=True)

@@ -154,10 +154,10 @@ def psd_rest_rows(data: AttnRestData, heads, Wqa: list[Tensor], X: Tensor, Qs: T
             if Bp is None:
                 A = _lowrank_sup(i, [c[i] for c in cols], heads, wts, Qt, rho, e, steps)
             else:  # THEORY F85: the coupled move set through the prefix's blocks, the rest a ball per token
-                A = _lowrank_sup_sources(i, cols, heads, wts, [(Bp, rho * ones), (None, e)], steps)
-                if images is not None:  # THEORY F86: the rest as the images of the upstream rests
-                    A = min(A, _lowrank_sup_sources(i, cols, heads, wts, [(Bp, rho * ones), *images,
-                                                                          (None, torch.full_like(e, rho * eP))], steps))
+                alts = [[(None, e)]]
+                if images is not None:  # THEORY F86: the rest as the images of the upstream rests, the smaller kept
+                    alts.append([*images, (None, torch.full_like(e, rho * eP))])
+                A = _lowrank_sup_sources(i, cols, heads, wts, [(Bp, rho * ones)], steps, alts)
             G = _grams_sup(i, qc, kc, vc, grams, absg, kg, Lc, eCh, rho, e)
             rows[i] = 0.5 * ((math.sqrt(A) + math.sqrt(Bi) * (1 + 1e-12)) ** 2 * (1 + 1e-12) + G) * (1 + 1e-12)
         best = torch.minimum(best, torch.nan_to_num(rows, nan=math.inf))
@@ -277,36 +277,49 @@ def _key_images(i: int, Qm: Tensor, coef: Tensor, sq: Tensor, nLi: float, src: K
     return N, eN, 0.0
 
 
-def _lowrank_sup_sources(i: int, cols: list, heads, wts: Tensor, sources: list, steps: int) -> float:  # noqa: ANN001
+def _lowrank_sup_sources(i: int, cols: list, heads, wts: Tensor, sources: list, steps: int,  # noqa: ANN001
+                         alternatives: list = ((),)) -> float:
     r"""``>= sup_Delta sum_{h,j} wts_hj (l_hj . Delta)^2`` over ``Delta = sum_src B_src v_src`` with every token's
     ``||v_src,k|| <= R_src,k`` (``sources``: pairs ``(KeyImages | None, R)``, None the identity), THEORY F85, F86:
     ``L^T Delta = sum_src sum_k N_src,k v_src,k`` (``_key_images``; ``N = L_k^T`` for the identity), so F82 (c)'s SDP dual
     (``_sdp_dual``) over the blocks ``R_k^2 N_k N_k^T`` with their formation's rounding ``gamma_{2d+8}`` (F85), and
-    ``N``'s own rounding outside the square root: ``A <= (A-hat^{1/2} + sum_src sum_k R_k eN_k)^2``."""
+    ``N``'s own rounding outside the square root: ``A <= (A-hat^{1/2} + sum_src sum_k R_k eN_k)^2``.  With
+    ``alternatives`` (lists of further sources, each a valid description of the same move set with ``sources``) the
+    smallest of their sups, the shared sources' blocks formed once."""
     H, T = wts.shape
     Qm, coef, Li = _form_columns(i, [c[i] for c in cols], heads, wts)
     d, r = Qm.shape[1], H * T
     sq = torch.sqrt(wts)
     nLi = float(torch.linalg.vector_norm(torch.stack([c[i] for c in cols]) * sq[..., None])) * (1 + 2 * d * _U)
-    blocks, errs, out = [], [], 0.0
-    for src, R in sources:
-        if float(R.max()) == 0:
-            continue
-        if src is None:
-            Mo, eo = _e_blocks(i, Qm, coef, Li, R, d)
-            blocks.append(Mo)
-            errs.append(eo)
-            continue
-        N, eN, eT = _key_images(i, Qm, coef, sq, nLi, src, heads, cols)
-        R2 = (R * R)[:, None, None]
-        blocks.append((N @ N.transpose(1, 2)) * R2)
-        fN = torch.linalg.matrix_norm(N) * (1 + 2 * r * d * _U)
-        errs.append(_gamma(2 * d + 8) * fN * fN * R2[:, 0, 0])
-        out += (float((eN * R).sum()) * (1 + R.shape[0] * _U) + eT * float(R.norm()) * (1 + R.shape[0] * _U)) * (1 + 1e-12)
-    if not blocks:
-        return 0.0
-    A = _sdp_dual(torch.cat(blocks), torch.cat(errs), steps)
-    return (math.sqrt(A) + out * (1 + len(sources) * _U)) ** 2 * (1 + 1e-12)
+
+    def parts(srcs: list) -> tuple[list, list, float]:
+        blocks, errs, out = [], [], 0.0
+        for src, R in srcs:
+            if float(R.max()) == 0:
+                continue
+            if src is None:
+                Mo, eo = _e_blocks(i, Qm, coef, Li, R, d)
+                blocks.append(Mo)
+                errs.append(eo)
+                continue
+            N, eN, eT = _key_images(i, Qm, coef, sq, nLi, src, heads, cols)
+            R2 = (R * R)[:, None, None]
+            blocks.append((N @ N.transpose(1, 2)) * R2)
+            fN = torch.linalg.matrix_norm(N) * (1 + 2 * r * d * _U)
+            errs.append(_gamma(2 * d + 8) * fN * fN * R2[:, 0, 0])
+            out += (float((eN * R).sum()) * (1 + R.shape[0] * _U) + eT * float(R.norm()) * (1 + R.shape[0] * _U)) \
+                * (1 + 1e-12)
+        return blocks, errs, out
+
+    b0, e0, o0 = parts(sources)
+    best = math.inf
+    for alt in alternatives:
+        b1, e1, o1 = parts(alt)
+        if not b0 + b1:
+            return 0.0
+        A = _sdp_dual(torch.cat(b0 + b1), torch.cat(e0 + e1), steps)
+        best = min(best, (math.sqrt(A) + (o0 + o1) * (1 + (len(sources) + len(alt)) * _U)) ** 2 * (1 + 1e-12))
+    return best
 
 
 def _sdp_dual(blocks: Tensor, err: Tensor, steps: int) -> float:

@@ -463,7 +463,9 @@ def _attention_rest(st: _Stage, at: _RestAt, k: int, rho: float, E: Tensor, r: T
     aa, eP = at.aa, at.eP
     rx = joint_rest_rows(at.forms, rho, E, eP, pad)
     if st.x.shape[0] <= PSD_MAX_TOKENS:  # THEORY F84 (its cost grows as T^2 d^3)
-        keys = aa.memo.setdefault("F85 keys", KeyImages(aa.blocks))
+        if "F85 keys" not in aa.memo:  # the prefix's forms, formed once for every radius
+            aa.memo["F85 keys"] = KeyImages(aa.blocks)
+        keys = aa.memo["F85 keys"]
         rx = torch.minimum(rx, psd_rest_rows(at.forms, aa.p["heads"], aa.p["Wqa"], st.x, aa.Qs, aa.eQ, rho, E, eP, pad,
                                                   Bp=keys, images=None if at.img is None else at.img[k]))
     if rho <= 0:

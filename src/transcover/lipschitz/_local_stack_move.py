@@ -97,7 +97,8 @@ def image_sources(rests: list[Tensor], E0: Tensor | None, a0: int, s: int, keys)
     ``||v_k|| <= R_k`` per token, the map ``keys(a)`` (``M_{a -> s}`` pulled back into the form, ``pull_rows``) or None
     (the identity, ``m + 1 = s``), and the start's ball ``E0 >= ||e_{a0}||`` for ``a0 > 1`` (``e_1 = R_0``: the network
     input moves by ``delta`` itself)."""
-    parts = ([(a0, E0)] if a0 > 1 else []) + [(m + 1, rests[m]) for m in range(a0 - 1 if a0 <= 1 else a0, s)]
+    first = a0 if a0 > 1 else 0
+    parts = ([(a0, E0)] if a0 > 1 else []) + [(m + 1, rests[m]) for m in range(first, s)]
     return [(None if a == s else keys(a), R) for a, R in parts]
 
 

@@ -15,6 +15,7 @@ import math
 import torch
 from torch import Tensor
 
+from ._local_attn_gram_rest import gram_rest_reach
 from ._local_attn_rest import AttnRestData, _head_factors, box_mean, pair_mean
 from ._local_jacobian import certified_lmax
 from ._rounding import _U, _gamma
@@ -85,7 +86,8 @@ def form_rows(heads, scale: float) -> Tensor:  # noqa: ANN001
 
 def psd_rest_rows(data: AttnRestData, heads, Wqa: list[Tensor], X: Tensor, Qs: Tensor, eQ: Tensor, rho: float,  # noqa: ANN001
                   E: Tensor, eP: float, pad: float, sizes: tuple = PSD_SIZES, steps: int = 20,
-                  Bp: Tensor | KeyImages | None = None, images: list | None = None) -> Tensor:
+                  Bp: Tensor | KeyImages | None = None, images: list | None = None,
+                  heads_rest: tuple | None = None) -> Tensor:
     r"""(T,) rows ``>= ||R_i||`` of the attention stage's Taylor rest for the moves of ``attention_rest_rows`` (``Delta =
     P(X) delta + e``, ``||delta_j|| <= rho``, ``||e_j|| <= E_j``, ``P`` within ``eP``, the centre within ``pad``; the
     ellipsoids ``Qs`` (T, d, d) as formed within ``eQ`` (T,), Frobenius), THEORY F84:
@@ -101,7 +103,10 @@ def psd_rest_rows(data: AttnRestData, heads, Wqa: list[Tensor], X: Tensor, Qs: T
     ``Gamma_i = sum_m (rho lambda_max(Q~_m^{1/2} G_m Q~_m^{1/2})^{1/2} + e_m lambda_max(G_m)^{1/2})^2`` with the per-token
     Grams ``G_m = sum_h [scale hi_im Yb_im / beta_im W_K W_K^T + hi_im / alpha_im W_VO W_VO^T] + 1[m = i] sum_h scale
     max_box(sum_j p_j Yb_ij beta_ij) W_Q W_Q^T``, ``alpha_j = alpha_0 W_j / Tm_j``, ``beta_j = beta_0 m_K,j / m_Q,i`` per
-    ``(alpha_0, beta_0)`` of ``sizes`` (the smallest row kept).  Every ``lambda_max`` certified (``certified_lmax``) with
+    ``(alpha_0, beta_0)`` of ``sizes`` (the smallest row kept); with ``heads_rest`` (``(C, delta)``: ``C`` (3, H, T)
+    ``>= ||F_q^T e'_m||`` of the move's rest ``e'`` (``||e'|| <= E``) through each head's Gram factor, ``gram_factors``'
+    ``delta``) the term ``e_m lambda_max(G_m)^{1/2}`` is at most ``rho eP lambda_max(G_m)^{1/2} + gram_rest_reach``
+    (THEORY F87), the smaller kept.  Every ``lambda_max`` certified (``certified_lmax``) with
     the products' rounding, the Cholesky factor's backward error (``Q~ <= L L^T + ||dQ|| I``) and the Grams' own.
     Assumptions: post-LN dot attention without RoPE, soft-cap or q/k norm.  Padded; nan -> inf."""
     T, d = X.shape
@@ -158,7 +163,12 @@ def psd_rest_rows(data: AttnRestData, heads, Wqa: list[Tensor], X: Tensor, Qs: T
                 if images is not None:  # THEORY F86: the rest as the images of the upstream rests, the smaller kept
                     alts.append([*images, (None, torch.full_like(e, rho * eP))])
                 A = _lowrank_sup_sources(i, cols, heads, wts, [(Bp, rho * ones)], steps, alts)
-            G = _grams_sup(i, qc, kc, vc, grams, absg, kg, Lc, eCh, rho, e)
+            hr = None
+            if heads_rest is not None:  # THEORY F87: the move's rest through every head's factor of G_m
+                w = torch.stack([kc, vc, torch.zeros_like(kc)])
+                w[2, :, i] = qc
+                hr = (gram_rest_reach(w, heads_rest[0], heads_rest[1], E), rho * eP)
+            G = _grams_sup(i, qc, kc, vc, grams, absg, kg, Lc, eCh, rho, e, hr)
             rows[i] = 0.5 * ((math.sqrt(A) + math.sqrt(Bi) * (1 + 1e-12)) ** 2 * (1 + 1e-12) + G) * (1 + 1e-12)
         best = torch.minimum(best, torch.nan_to_num(rows, nan=math.inf))
     return best
@@ -348,11 +358,13 @@ def _sdp_dual(blocks: Tensor, err: Tensor, steps: int) -> float:
 
 
 def _grams_sup(i: int, qc: Tensor, kc: Tensor, vc: Tensor, grams: dict, absg: dict, kg: int, Lc: Tensor, eCh: Tensor,
-               rho: float, e: Tensor) -> float:
+               rho: float, e: Tensor, hr: tuple | None = None) -> float:
     r"""``>= sum_m sup Delta_m^T G_m Delta_m`` over ``Delta_m in rho Q~_m^{1/2} B + e_m B`` (THEORY F84 (c)):
     ``(rho lambda_max(Lc_m^T G_m Lc_m) + ||dQ_m|| lambda_max(G_m))^{1/2} + e_m lambda_max(G_m)^{1/2})^2``, ``Lc`` the
     formed Cholesky factor of ``Q~`` (``Q~ <= Lc Lc^T + ||dQ|| I``, ``eCh`` its backward error), the exact Grams within
-    ``gamma_kg`` of their absolute mass, every ``lambda_max`` certified."""
+    ``gamma_kg`` of their absolute mass, every ``lambda_max`` certified.  ``hr`` (``(reach, f)``, THEORY F87): the move's
+    rest part of ``e`` seen through the Grams' factors (``gram_rest_reach``) and the ball ``f`` beside it; then
+    ``e_m lambda_max(G_m)^{1/2}`` is at most ``f lambda_max(G_m)^{1/2} + reach_m``, the smaller kept."""
     T, d = Lc.shape[0], Lc.shape[-1]
     cf = kc.T.clone()  # (T, H)
     G = torch.einsum("mh,hab->mab", cf, grams["K"]) + torch.einsum("mh,hab->mab", vc.T, grams["V"])
@@ -366,5 +378,9 @@ def _grams_sup(i: int, qc: Tensor, kc: Tensor, vc: Tensor, grams: dict, absg: di
     eN = (_gamma(2 * d + 2) * torch.linalg.matrix_norm(Lc.abs().transpose(1, 2) @ G.abs() @ Lc.abs())
           + eG * torch.linalg.matrix_norm(Lc) ** 2) * (1 + 1e-12)
     lq = (certified_lmax(0.5 * (N + N.transpose(1, 2))) + eN + eCh * lg) * (1 + 1e-12)
-    tot = (rho * torch.sqrt(lq.clamp(min=0)) + e * torch.sqrt(lg.clamp(min=0))) ** 2
+    sg = torch.sqrt(lg.clamp(min=0))
+    eg = e * sg
+    if hr is not None:  # THEORY F87 (c)
+        eg = torch.minimum(eg, (hr[1] * sg + hr[0]) * (1 + 1e-12))
+    tot = (rho * torch.sqrt(lq.clamp(min=0)) + eg) ** 2
     return float(tot.sum()) * (1 + T * _U) * (1 + 1e-12)

@@ -51,6 +51,7 @@ from ._local_jacobian import certified_spectral, row_norm_lower
 from ._local_stack_aligned import FFNAligned
 from ._local_stack_attn import AttentionAligned
 from ._local_stack_carry import carried_first_order, carry_blocks, tail_drift
+from ._local_attn_gram_rest import gram_factors, head_block_norms, head_rest_rows
 from ._local_attn_psd import PSD_MAX_TOKENS, KeyImages, form_rows, psd_rest_rows
 from ._local_attn_rest import attn_rest_data, joint_rest_rows, piecewise_rest_rows, segment_rest_heads
 from ._local_drift import hessian_ball_sup
@@ -430,7 +431,7 @@ class _RestAt(NamedTuple):
     forms (F79a's ``NormForms`` of a norm, F78's ``AttnRestData`` of an attention, else None), the stage's
     ``FFNAligned`` and ``AttentionAligned`` (or None), the prefix's rows ``nu``, its rounding ``eP``, the segment
     move rows ``dPm`` per radius and (an attention stage, F86) per radius the move's rest as images (``image_sources``)
-    or None."""
+    or None, and (F87) per radius the move's rest through every head's Gram factor ``(C, delta)`` or None."""
 
     forms: object
     al: object
@@ -439,6 +440,7 @@ class _RestAt(NamedTuple):
     eP: float
     dPm: list
     img: list | None = None
+    hr: list | None = None
 
 
 def _rest_at(st: _Stage, K: Tensor, al, aa, nu: Tensor, eP: float, dPm: list) -> _RestAt:  # noqa: ANN001
@@ -459,7 +461,8 @@ def _attention_rest(st: _Stage, at: _RestAt, k: int, rho: float, E: Tensor, r: T
     under the Taylor weight (``segment_rest_heads``, heads through ``W_O``) and F78d's drift rows on the segment's
     pieces (``piecewise_rest_rows``: the stage's rows, F44e's aligned drift, F44c's reach and F50's joint reach at the
     move scaled by ``t``) and F84's PSD majorant over heads and keys (``psd_rest_rows``, its low-rank part through the
-    prefix's blocks, F85; the move's rest as the images of the upstream rests when ``at.img`` holds them, F86)."""
+    prefix's blocks, F85; the move's rest as the images of the upstream rests when ``at.img`` holds them, F86, and
+    seen through every head's Gram factor when ``at.hr`` holds its reach, F87)."""
     aa, eP = at.aa, at.eP
     rx = joint_rest_rows(at.forms, rho, E, eP, pad)
     if st.x.shape[0] <= PSD_MAX_TOKENS:  # THEORY F84 (its cost grows as T^2 d^3)
@@ -467,7 +470,8 @@ def _attention_rest(st: _Stage, at: _RestAt, k: int, rho: float, E: Tensor, r: T
             aa.memo["F85 keys"] = KeyImages(aa.blocks)
         keys = aa.memo["F85 keys"]
         rx = torch.minimum(rx, psd_rest_rows(at.forms, aa.p["heads"], aa.p["Wqa"], st.x, aa.Qs, aa.eQ, rho, E, eP, pad,
-                                                  Bp=keys, images=None if at.img is None else at.img[k]))
+                                                  Bp=keys, images=None if at.img is None else at.img[k],
+                                                  heads_rest=None if at.hr is None else at.hr[k]))
     if rho <= 0:
         return rx
     mom, wn = aa.p["mom"], aa.p["norms"]
@@ -637,9 +641,19 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
 
     norms_of = lambda K: certified_block_norms(_col_blocks(K), chain_exact)  # noqa: E731
     if move_rest:  # THEORY F73c, F77: the chains from every sub-stage start, the cuts' among them
+        factors: dict = {}  # THEORY F87: an attention stage -> its heads' Gram factors
+        hprods: dict = {}  # THEORY F87: (a, s) -> the product's blocks through those factors
+
+        def on_product(a: int, b: int, K: Tensor, e: float) -> None:
+            if _next_cut(pos, a, b):
+                carry(pos[a], K, e)
+            if 0 < a and b < len(stages) and stages[b].attn is not None and T <= PSD_MAX_TOKENS:  # F86's stages
+                if b not in factors:
+                    factors[b] = gram_factors(stages[b].attn["heads"])
+                hprods[(a, b)] = head_block_norms(factors[b][0], K)
+
         prods = substage_products(stages, norms_of, lambda st, K: _local_error(st, K, cols=True),
-                                  lambda st, K: _chunked(st.lin.apply, K),
-                                  lambda a, b, K, e: carry(pos[a], K, e) if _next_cut(pos, a, b) else None, cuts[1])
+                                  lambda st, K: _chunked(st.lin.apply, K), on_product, cuts[1])
         mid, blk, first_rows, inner = middle_of_products(prods, cuts)
     else:
         prods = None
@@ -735,6 +749,9 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
             keys = {a: KeyImages.pulled(G, g, len(aa.p["heads"])) for a, (G, g) in pulled.items()}
             a0 = min(keys, default=s)
             rat = rat._replace(img=[image_sources(rests[k], Eall[a0][k], a0, s, keys.get) for k in range(nr)])
+            # THEORY F87: the same rest through every head's Gram factor
+            _, dl, fn = factors.pop(s) if s in factors else gram_factors(aa.p["heads"])
+            rat = rat._replace(hr=[(head_rest_rows(hprods, fn, prods, rests[k], s), dl) for k in range(nr)])
         rs, djs, djcs, bs = [], [], [], []
         for k, rho in enumerate(rhos):
             r = torch.minimum(rho * (nu + dPm[k]), rc[k]) * (1 + 1e-12) + pad

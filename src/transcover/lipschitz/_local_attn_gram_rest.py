@@ -36,7 +36,8 @@ def gram_factors(heads) -> tuple[Tensor, Tensor, Tensor]:  # noqa: ANN001
     .. math:: \delta_V = \|W_V\|_F^2\big(\gamma_d \||W_O| |W_O|^T\|_F + \gamma_{r+1} \||L| |L|^T\|_F + \tau\big)
               + 2 a (\|F_V\|_F + a) + a^2
 
-    (``S <= LL^T + (||fl(S) - S|| + ||LL^T - fl(S) - tau I||) I``, Higham Thm 10.3 for the Cholesky backward error)."""
+    (``S <= LL^T + (||fl(S) - S|| + ||LL^T - fl(fl(S) + tau I)|| + tau) I``: Higham Thm 10.3 for the Cholesky
+    backward error, ``-tau I`` dropped, the shifted diagonal's rounding ``u (S_ii + tau)`` below ``tau``)."""
     Wq = torch.stack([hd[3] for hd in heads])  # (H, d, r)
     Wk = torch.stack([hd[4] for hd in heads])
     Wv = torch.stack([hd[5] for hd in heads])

@@ -14,7 +14,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
-from test_local_attn_psd_images import _adam_row
+from test_local_attn_psd_images import _adam_row, _maps_of
 from test_local_attn_rest import T, _case, _clip
 from transcover.lipschitz._local_attn_gram_rest import gram_factors, gram_rest_reach, head_block_norms, head_rest_rows
 from transcover.lipschitz._local_attn_psd import KeyImages, psd_rest_rows
@@ -66,11 +66,6 @@ def test_factors_dominate_the_exact_grams(seed, vscale, oscale, degenerate):
     assert bool((fn >= torch.linalg.matrix_norm(F, ord=2) * (1 + 1e-10)).all())
 
 
-def _products(seed: int, t: int, d: int, n: int, scale: float = 1.0) -> list[torch.Tensor]:
-    g = torch.Generator().manual_seed(500 + seed)
-    return [torch.randn(t, t, d, d, generator=g, dtype=F64) / d**0.5 * scale for _ in range(n)]
-
-
 def _cols(M: torch.Tensor) -> torch.Tensor:
     """``substage_products``' layout of a product's blocks ``M[m, k]``: ``K[(k, c), m] = M_mk[:, c]``."""
     t, tin, d, _ = M.shape
@@ -82,7 +77,7 @@ def test_block_norms_against_svd():
     product (exact powers of two)."""
     heads = _heads(1, 6, 2, 2)
     F, _, _ = gram_factors(heads)
-    (M,) = _products(1, 3, 6, 1)
+    (M,) = _maps_of(1, 3, 6, 1)
     N = head_block_norms(F, _cols(M))
     ref = torch.linalg.matrix_norm(torch.einsum("qhdr,mkdc->qhmkrc", F, M), ord=2)
     assert bool((N >= ref * (1 + 1e-10)).all()) and bool((N <= ref * (1 + 1e-6) + 1e-300).all())
@@ -95,7 +90,7 @@ def _rest_case(seed: int, t: int = 3, d: int = 6, r: int = 2, H: int = 2, perp: 
     but for 1e-3."""
     heads = _heads(seed, d, r, H)
     F, delta, fn = gram_factors(heads)
-    Ms = _products(seed, t, d, 2)
+    Ms = _maps_of(seed, t, d, 2)
     if perp:
         U, _, _ = torch.linalg.svd(F.permute(3, 0, 1, 2).reshape(r * 3 * H, d).T)
         Pp = U[:, 3 * H * r:] @ U[:, 3 * H * r:].T  # onto the factors' orthogonal complement
@@ -173,7 +168,7 @@ def test_row_with_heads_rest_is_never_beaten(seed, causal, rho):
     ``P delta + M v + w``; never above the row without F87 and strictly below it at some query."""
     attn, X, P, data, aa, _ = _case(seed, 4.0, causal)
     t, d = X.shape
-    (M,) = _products(seed, t, d, 1)
+    (M,) = _maps_of(seed, t, d, 1)
     R, Rw = torch.full((t,), 0.6 * rho, dtype=F64), torch.full((t,), 0.05 * rho, dtype=F64)
     E = (torch.linalg.matrix_norm(M, ord=2) @ R + Rw) * (1 + 1e-12)
     F, dl, fn = gram_factors(aa.p["heads"])

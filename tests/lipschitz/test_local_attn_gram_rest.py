@@ -1,5 +1,5 @@
 """THEORY F87: the Grams' part of the attention rest with the move's rest seen through every head's Gram factor
-(``gram_factors``, ``head_block_norms``, ``head_rest_rows``, ``gram_rest_reach``; ``psd_rest_rows(heads_rest=)``).
+(``gram_factors``, ``head_block_norms``, ``move_rest_rows(..., blocks=)``, ``gram_rest_reach``; ``psd_rest_rows(heads_rest=)``).
 
 Independent references: exact rational arithmetic (``fractions``) for the factors' residual, float64 SVD for the blocks
 through the factors, a float64 projected Adam over every source's unit vectors for the seminorm of the images, and the
@@ -16,8 +16,9 @@ from hypothesis import strategies as hs
 
 from test_local_attn_psd_images import _adam_row, _maps_of
 from test_local_attn_rest import T, _case, _clip
-from transcover.lipschitz._local_attn_gram_rest import gram_factors, gram_rest_reach, head_block_norms, head_rest_rows
+from transcover.lipschitz._local_attn_gram_rest import gram_factors, gram_rest_reach, head_block_norms
 from transcover.lipschitz._local_attn_psd import KeyImages, psd_rest_rows
+from transcover.lipschitz._local_stack_move import move_rest_rows
 
 F64 = torch.float64
 
@@ -100,7 +101,7 @@ def _rest_case(seed: int, t: int = 3, d: int = 6, r: int = 2, H: int = 2, perp: 
     rests[2] = rests[2] * own
     hprods = {(1, 3): head_block_norms(F, _cols(Ms[0])), (2, 3): head_block_norms(F, _cols(Ms[1]))}
     prods = {(1, 3): (None, 0.0), (2, 3): (None, 0.0)}
-    C = head_rest_rows(hprods, fn, prods, rests, 3)
+    C = move_rest_rows(prods, rests, 3, 3, hprods, fn)
     E = sum(torch.linalg.matrix_norm(M, ord=2) @ R for M, R in zip(Ms, rests)) + rests[2]
     return heads, Ms, rests, C, delta, E * (1 + 1e-12), (hprods, fn, prods)
 
@@ -114,7 +115,7 @@ def _true_grams(heads) -> torch.Tensor:  # noqa: ANN001
 @settings(max_examples=6, deadline=None, derandomize=True)
 @given(seed=hs.integers(0, 1000), m=hs.integers(0, 2), own=hs.sampled_from([1e-2, 1.0, 1e2]))
 def test_reach_is_never_beaten(seed, m, own):
-    """``gram_rest_reach`` of ``head_rest_rows`` stays above a float64 projected Adam on ``||e_m||_{G_m}`` over
+    """``gram_rest_reach`` of ``move_rest_rows(..., blocks=)`` stays above a float64 projected Adam on ``||e_m||_{G_m}`` over
     ``e = M_1 v_1 + M_2 v_2 + v_3`` (``||v_a,k|| <= R_a,k``; the identity's rest from a hundredth to a hundred times the
     products') with the exact Grams, and Adam reaches a fifth of it."""
     heads, Ms, rests, C, delta, E, _ = _rest_case(seed, own=own)
@@ -146,14 +147,14 @@ def test_reach_homogeneity_and_the_misaligned_rest():
     and ``delta`` x 16: the same reach (exact powers of two).  A rest orthogonal to every factor's columns (but for
     1e-3) is seen far below F84's ``E_m lambda_max(G_m)^{1/2}``; the products' rounding enters as ``||F_q|| e max R``."""
     heads, Ms, rests, C, delta, E, (hprods, fn, prods) = _rest_case(4)
-    assert torch.allclose(head_rest_rows(hprods, fn, prods, [2 * R for R in rests], 3), 2 * C, rtol=1e-12, atol=0)
+    assert torch.allclose(move_rest_rows(prods, [2 * R for R in rests], 3, 3, hprods, fn), 2 * C, rtol=1e-12, atol=0)
     F, dl, _ = gram_factors(heads)
     F4, dl4, _ = gram_factors([(*hd[:5], 4 * hd[5], hd[6]) for hd in heads])
     assert torch.equal(F4[1], 4 * F[1]) and torch.allclose(dl4[1], 16 * dl[1], rtol=1e-12, atol=0)
     w = torch.rand(3, 2, 3, generator=torch.Generator().manual_seed(1), dtype=F64)
     a, b = gram_rest_reach(w, C, delta, E), gram_rest_reach(w / 16, 4 * C, 16 * delta, E)
     assert torch.allclose(a, b, rtol=1e-12, atol=0)
-    e1 = head_rest_rows(hprods, fn, {**prods, (1, 3): (None, 0.25)}, rests, 3)
+    e1 = move_rest_rows({**prods, (1, 3): (None, 0.25)}, rests, 3, 3, hprods, fn)
     assert torch.allclose(e1 - C, 0.25 * fn[..., None] * float(rests[0].max()), rtol=1e-9, atol=0)
     heads, Ms, rests, C, delta, E, _ = _rest_case(4, d=16, perp=True)
     Gm = torch.einsum("qht,qhab->tab", w, _true_grams(heads))
@@ -172,7 +173,7 @@ def test_row_with_heads_rest_is_never_beaten(seed, causal, rho):
     R, Rw = torch.full((t,), 0.6 * rho, dtype=F64), torch.full((t,), 0.05 * rho, dtype=F64)
     E = (torch.linalg.matrix_norm(M, ord=2) @ R + Rw) * (1 + 1e-12)
     F, dl, fn = gram_factors(aa.p["heads"])
-    C = head_rest_rows({(1, 2): head_block_norms(F, _cols(M))}, fn, {(1, 2): (None, 0.0)}, [R, Rw], 2)
+    C = move_rest_rows({(1, 2): (None, 0.0)}, [R, Rw], 2, t, {(1, 2): head_block_norms(F, _cols(M))}, fn)
     args = (data, aa.p["heads"], aa.p["Wqa"], X, aa.Qs, aa.eQ, rho, E, 0.0, 0.0)
     imgs = [(KeyImages(M), R), (None, Rw)]
     old = psd_rest_rows(*args, Bp=P, images=imgs)

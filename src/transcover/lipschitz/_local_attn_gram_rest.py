@@ -21,7 +21,7 @@ from torch import Tensor
 from ._local_jacobian import certified_spectral
 from ._rounding import _U, _gamma
 
-__all__ = ["gram_factors", "head_block_norms", "head_rest_rows", "gram_rest_reach"]
+__all__ = ["gram_factors", "head_block_norms", "gram_rest_reach"]
 
 
 def gram_factors(heads) -> tuple[Tensor, Tensor, Tensor]:  # noqa: ANN001
@@ -69,7 +69,7 @@ def head_block_norms(F: Tensor, K: Tensor) -> Tensor:
     r"""(3, H, T, T_in) certified ``||F_q^T fl(M)_mk||_2`` for the computed product's columns ``K`` (T_in d, T, d)
     (``K[(k, c), m] = fl(M)_mk[:, c]``, ``substage_products``' layout), THEORY F87 (b): each block's ``F_q^T fl(M)_mk``
     as computed (``certified_spectral``) plus its rounding, ``gamma_d ||F_q||_F ||fl(M)_mk||_F``.  The product's own
-    error (``fl(M) - M``) is the caller's (``head_rest_rows``)."""
+    error (``fl(M) - M``) is the caller's (``move_rest_rows(..., blocks=)``)."""
     nq, H, d, r = F.shape
     Tin = K.shape[0] // d
     T = K.shape[1]
@@ -81,26 +81,6 @@ def head_block_norms(F: Tensor, K: Tensor) -> Tensor:
         Z = Y.reshape(Tin, d, T, H, r).permute(3, 2, 0, 4, 1).reshape(H * T * Tin, r, d)
         out[q] = certified_spectral(Z).reshape(H, T, Tin)
     return ((out + _gamma(d) * nF[:, :, None, None] * nM[None, None]) * (1 + 1e-12))
-
-
-def head_rest_rows(hprods: dict, fn: Tensor, prods: dict, rests: list[Tensor], s: int) -> Tensor:
-    r"""(3, H, T) ``C_qm >= ||F_q^T e_{s,m}||`` for sub-stage ``s``'s move rest ``e_s = sum_{m' < s} M_{m'+1 -> s}
-    R_{m'}`` (THEORY F73c), THEORY F87 (b):
-
-    .. math:: C_{qm} = \sum_{m' < s} \Big(\sum_k N^q_{mk} R_{m',k} + \|F_q\| e_{m'+1 \to s} \max_k R_{m',k}\Big)
-
-    ``N^q = hprods[(m'+1, s)]`` (``head_block_norms`` of the computed product), ``e`` the product's rounding
-    (``prods``, block rows summing to at most ``e``), the identity's ``||F_q|| R`` for ``m' + 1 = s``.  Padded; nan ->
-    inf."""
-    acc = None
-    for m in range(s):
-        R = rests[m]
-        if m + 1 == s:
-            term = fn[..., None] * R
-        else:
-            term = hprods[(m + 1, s)] @ R + fn[..., None] * (prods[(m + 1, s)][1] * float(R.max()))
-        acc = term if acc is None else acc + term
-    return torch.nan_to_num(acc * (1 + 1e-12), nan=math.inf, posinf=math.inf)
 
 
 def gram_rest_reach(w: Tensor, C: Tensor, delta: Tensor, E: Tensor) -> Tensor:

@@ -51,7 +51,7 @@ from ._local_jacobian import certified_spectral, row_norm_lower
 from ._local_stack_aligned import FFNAligned
 from ._local_stack_attn import AttentionAligned
 from ._local_stack_carry import carried_first_order, carry_blocks, tail_drift
-from ._local_attn_gram_rest import gram_factors, head_block_norms, head_rest_rows
+from ._local_attn_gram_rest import gram_factors, head_block_norms
 from ._local_attn_psd import PSD_MAX_TOKENS, KeyImages, form_rows, psd_rest_rows
 from ._local_attn_rest import attn_rest_data, joint_rest_rows, piecewise_rest_rows, segment_rest_heads
 from ._local_drift import hessian_ball_sup
@@ -751,7 +751,7 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
             rat = rat._replace(img=[image_sources(rests[k], Eall[a0][k], a0, s, keys.get) for k in range(nr)])
             # THEORY F87: the same rest through every head's Gram factor
             _, dl, fn = factors.pop(s) if s in factors else gram_factors(aa.p["heads"])
-            rat = rat._replace(hr=[(head_rest_rows(hprods, fn, prods, rests[k], s), dl) for k in range(nr)])
+            rat = rat._replace(hr=[(move_rest_rows(prods, rests[k], s, T, hprods, fn), dl) for k in range(nr)])
         rs, djs, djcs, bs = [], [], [], []
         for k, rho in enumerate(rhos):
             r = torch.minimum(rho * (nu + dPm[k]), rc[k]) * (1 + 1e-12) + pad

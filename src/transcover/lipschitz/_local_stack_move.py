@@ -112,23 +112,27 @@ def _norm(prods: dict, a: int, s: int) -> float:
     return float(rows_of_block_norms(N).max()) + e
 
 
-def move_rest_rows(prods: dict, rests: list[Tensor], s: int, T: int) -> Tensor:
+def move_rest_rows(prods: dict, rests: list[Tensor], s: int, T: int, blocks: dict | None = None,
+                   unit: Tensor | float = 1.0) -> Tensor:
     r"""(T,) rows ``E_{s,i} >= ||e_{s,i}||`` for sub-stage ``s``'s input, from the rows ``rests[m] >= ||R_{m,k}||`` of
     the stages before it (THEORY F73c):
 
     .. math:: E_{s,i} = \sum_{m < s} \Big(\sum_k N(M_{m+1 \to s})_{ik} R_{m,k} + e_{m+1 \to s} \max_k R_{m,k}\Big)
 
     (the identity for ``m + 1 = s``; the exact blocks are within ``||E_ik||`` of the computed, ``sum_k ||E_ik|| <= e``).
-    ``E_0 = 0`` (the network input moves by ``delta`` itself).  Float64 sums of non-negative products, padded by
-    ``1e-12`` relative; nan -> inf."""
+    ``E_0 = 0`` (the network input moves by ``delta`` itself).  With ``blocks`` (``{(a, s): N^q}``, (..., T, T)) the
+    same rest seen through factors ``F_q`` (THEORY F87 (b)): ``C_qi >= ||F_q^T e_{s,i}||`` (..., T), ``N^q`` the blocks
+    ``||F_q^T fl(M)_ik||`` (``head_block_norms``), ``unit`` (...) ``>= ||F_q||`` for the identity and the products'
+    rounding.  Float64 sums of non-negative products, padded by ``1e-12`` relative; nan -> inf."""
+    u = unit if isinstance(unit, float) else unit[..., None]
     acc = torch.zeros(T, dtype=torch.float64)
     for m in range(s):
         R = rests[m]
         if m + 1 == s:
-            acc = acc + R
+            acc = acc + u * R
         else:
             N, e = prods[(m + 1, s)]
-            acc = acc + N @ R + e * float(R.max())
+            acc = acc + (N if blocks is None else blocks[(m + 1, s)]) @ R + u * (e * float(R.max()))
     return _padded(acc)
 
 

@@ -60,9 +60,8 @@ from ._local_rest_rows import norm_move_forms
 from ._local_rest_rows import norm_rest_rows as f79_norm_rows
 from ._local_stack_maps import _NormLin
 from ._local_stack_middle import layer_cuts, middle_drift_column, middle_of_products, middle_rows
-from ._local_stack_move import (attention_rest_rows, ffn_rest_rows, image_sources, layer_rest_rows, move_rest_rows,
-                                norm_rest_rows, pull_rows,
-                                stage_rest_rows, substage_products)
+from ._local_stack_move import (attention_rest_rows, carried_error, ffn_rest_rows, image_sources, layer_rest_rows,
+                                move_rest_rows, norm_rest_rows, pull_rows, stage_rest_rows, substage_products)
 from ._local_stack_second import far_second_order, heads_second_order, near_second_order, second_order_rows, tail_sup
 from ._local_stack_segment import segment_moves, with_auxiliary
 from ._local_stack_stages import _Stage, layer_stages, norm_stage
@@ -862,6 +861,8 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
             a, _ = last[s]
             alt = eP[a] * pL[a] + sum(e_loc[m] * math.prod(stages[t].p for t in range(m + 1, s + 1)) for m in range(a, s + 1))
             e_next = min(e_next, alt)
+        if prods is not None:  # THEORY F88: the same errors carried by the exact products at the data
+            e_next = min(e_next, carried_error(prods, e_loc, 0, s + 1))
         eP.append(e_next)
     kept = _col_blocks(K).contiguous() if keep_jacobian else None
     del K

@@ -21,7 +21,7 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["substage_products", "move_rest_rows", "pull_rows", "image_sources", "IMAGE_BYTES", "stage_rest_rows", "attention_rest_rows", "norm_rest_rows",
+__all__ = ["substage_products", "carried_error", "move_rest_rows", "pull_rows", "image_sources", "IMAGE_BYTES", "stage_rest_rows", "attention_rest_rows", "norm_rest_rows",
            "ffn_rest_rows", "layer_rest_rows"]
 
 
@@ -49,7 +49,7 @@ def substage_products(stages: list, norms_of, local_error, apply, on_product=Non
         for s in range(a, n if a > 0 or first_end is None else first_end):
             errs.append(local_error(stages[s], K))
             K = apply(stages[s], K)
-            err = sum(e * _norm(out, m + 1, s + 1) for m, e in zip(range(a, s + 1), errs)) * (1 + 1e-12)
+            err = carried_error(out, errs, a, s + 1)
             out[(a, s + 1)] = (norms_of(K), err)
             if on_product is not None:
                 on_product(a, s + 1, K, err)
@@ -100,6 +100,20 @@ def image_sources(rests: list[Tensor], E0: Tensor | None, a0: int, s: int, keys)
     first = a0 if a0 > 1 else 0
     parts = ([(a0, E0)] if a0 > 1 else []) + [(m + 1, rests[m]) for m in range(first, s)]
     return [(None if a == s else keys(a), R) for a, R in parts]
+
+
+def carried_error(prods: dict, errs: list[float], a: int, s: int) -> float:
+    r"""Certified ``||fl(K_s) - K_s||_(2,inf)`` of a chain of the sub-stages' exact linear maps from ``a`` to ``s``
+    computed step by step, ``errs[m - a] >= ||E_m||_(2,inf)`` the error step ``m`` adds (``fl(J_m K) - J_m K`` on the
+    computed ``K``): the errors are carried by the exact products at the data, not by the steps' own constants,
+
+    .. math:: fl(K_s) - K_s = \sum_{a \le m < s} M_{m+1 \to s} E_m,\qquad
+              \|fl(K_s) - K_s\|_{(2,\infty)} \le \sum_{a \le m < s} \|M_{m+1 \to s}\|_{(2,\infty)}\, \|E_m\|_{(2,\infty)}
+
+    (``K_{m+1} = J_m K_m + E_m`` unrolled; the (2,inf) norm is an operator norm, so submultiplicative), each
+    ``||M_{m+1 -> s}||`` from ``prods`` (``_norm``; the identity for ``m + 1 = s``).  Padded ``1e-12`` relative.
+    THEORY F73c (the products' own rounding), F88 (the prefix's)."""
+    return sum(e * _norm(prods, m + 1, s) for m, e in zip(range(a, s), errs)) * (1 + 1e-12)
 
 
 def _norm(prods: dict, a: int, s: int) -> float:

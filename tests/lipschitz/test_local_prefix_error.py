@@ -18,6 +18,7 @@ import torch
 
 import transcover.lipschitz._local_stack as ls
 from test_local_move26 import CASES, _case
+from transcover.lipschitz._local_stack_middle import cut_carried_error, layer_cuts, middle_rows
 from transcover.lipschitz._local_stack_move import carried_error
 
 F64 = torch.float64
@@ -74,23 +75,35 @@ def _injected(stages: list, s: int, errs: list, i: int, u: torch.Tensor, T: int,
     return float(u @ (K[0, i] - P[0, i])), eK + eP
 
 
-@pytest.mark.parametrize("case", [CASES[0], CASES[3]])
-def test_injected_errors_never_beat_the_carried_bound(case):
-    """Every depth ``s``: the aligned injected deviation at most ``carried_error`` (plus the two float64 chains' own
-    rounding by F30's recursion, below 1e-6 of it), and above half of it (not loose by the product of the steps'
-    constants); with one error only, at most ``e_m ||M_{m+1 -> s}||`` and at least half."""
-    spec, X, _, stages, prods = _setup(case)
+def _by_cuts(case: tuple):  # noqa: ANN202
+    """``cut_carried_error`` on the case's stack with ``middle_rows``' products (the ``move_rest=False`` route)."""
+    spec, X, _, _ = _case(case)
+    stages, _, groups = ls._stages(spec, X)
+    cuts = layer_cuts(len(stages), groups)
+    mid, _, _, inner = middle_rows(stages, cuts, lambda K: ls.certified_block_norms(ls._col_blocks(K), 4))
+    return lambda errs, s: cut_carried_error(stages, cuts, mid, inner, errs, s)
+
+
+@pytest.mark.parametrize(("case", "route", "floor"), [(CASES[0], "products", 0.5), (CASES[3], "products", 0.5),
+                                                      (CASES[0], "cuts", 0.1), (CASES[3], "cuts", 0.1)])
+def test_injected_errors_never_beat_the_carried_bound(case, route, floor):
+    """Every depth ``s``: the aligned injected deviation at most F88's bound (``carried_error`` through the sub-stage
+    products, ``cut_carried_error`` through the layer-level ones; plus the two float64 chains' own rounding by F30's
+    recursion, below 1e-6 of it), and above ``floor`` of it (not loose by the product of the steps' constants); with
+    one error only, the same."""
+    _, X, _, stages, prods = _setup(case)
+    bound_of = (lambda errs, s: carried_error(prods, errs, 0, s)) if route == "products" else _by_cuts(case)
     T, d = X.shape
     n = len(stages)
     g = torch.Generator().manual_seed(0)
     errs = [float(v) for v in 1 + torch.rand(n, generator=g, dtype=F64)]
     for s in range(2, n + 1):
         i, u = _aim(_product(stages, 1, s, T, d))
-        bound, (got, tol) = carried_error(prods, errs, 0, s), _injected(stages, s, errs, i, u, T, d)
+        bound, (got, tol) = bound_of(errs, s), _injected(stages, s, errs, i, u, T, d)
         one = [errs[0]] + [0.0] * (n - 1)
-        (alone, tol1), bound1 = _injected(stages, s, one, i, u, T, d), carried_error(prods, one, 0, s)
+        (alone, tol1), bound1 = _injected(stages, s, one, i, u, T, d), bound_of(one, s)
         assert got <= bound + tol and alone <= bound1 + tol1 and tol < 1e-6 * bound, (s, got, bound, alone, bound1)
-        assert got >= 0.5 * bound and alone >= 0.5 * bound1, (s, got, bound, alone, bound1)
+        assert got >= floor * bound and alone >= floor * bound1, (s, got, bound, alone, bound1)
 
 
 def test_homogeneity_and_the_identity():
@@ -136,5 +149,20 @@ def test_the_stack_carries_the_prefix_by_the_products(monkeypatch):
     for s in range(1, len(seen)):
         assert seen_new[s] == min(seen[s], carried_error(prods[0], e_loc, 0, s)), (s, seen_new[s], seen[s])
     assert any(a < b for a, b in zip(seen_new, seen)), (seen_new, seen)
+    assert new.upper <= old.upper and new.drift <= old.drift, (new.upper, old.upper)
+    assert all(bool((a <= b).all()) for a, b in zip(new.token_radii, old.token_radii))
+
+
+def test_the_default_route_carries_the_prefix_by_the_cuts(monkeypatch):
+    """``stack_local(move_rest=False)`` (no sub-stage products): every prefix ``P_s``, ``s = 1 .. n``, asks
+    ``cut_carried_error`` once with the ``s`` step errors that formed it; the whole result never looser than with it off."""
+    spec, X, rho, stages, _ = _setup(CASES[1])
+    calls, inner = [], ls.cut_carried_error
+    monkeypatch.setattr(ls, "cut_carried_error", lambda st, c, m, i, errs, s: calls.append((s, len(errs))) or inner(
+        st, c, m, i, errs, s))
+    new = ls.stack_local(spec, X, [rho])[0]
+    assert calls == [(s, s) for s in range(1, len(stages) + 1)], calls
+    monkeypatch.setattr(ls, "cut_carried_error", lambda *a: math.inf)
+    old = ls.stack_local(spec, X, [rho])[0]
     assert new.upper <= old.upper and new.drift <= old.drift, (new.upper, old.upper)
     assert all(bool((a <= b).all()) for a, b in zip(new.token_radii, old.token_radii))

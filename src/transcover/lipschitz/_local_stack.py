@@ -59,7 +59,7 @@ from ._local_rest_rows import ffn_rest_rows as f79_ffn_rows
 from ._local_rest_rows import norm_move_forms
 from ._local_rest_rows import norm_rest_rows as f79_norm_rows
 from ._local_stack_maps import _NormLin
-from ._local_stack_middle import layer_cuts, middle_drift_column, middle_of_products, middle_rows
+from ._local_stack_middle import cut_carried_error, layer_cuts, middle_drift_column, middle_of_products, middle_rows
 from ._local_stack_move import (attention_rest_rows, carried_error, ffn_rest_rows, image_sources, layer_rest_rows,
                                 move_rest_rows, norm_rest_rows, pull_rows, stage_rest_rows, substage_products)
 from ._local_stack_second import far_second_order, heads_second_order, near_second_order, second_order_rows, tail_sup
@@ -863,6 +863,8 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
             e_next = min(e_next, alt)
         if prods is not None:  # THEORY F88: the same errors carried by the exact products at the data
             e_next = min(e_next, carried_error(prods, e_loc, 0, s + 1))
+        else:  # THEORY F88 with the layer-level products only
+            e_next = min(e_next, cut_carried_error(stages, cuts, mid, inner, e_loc, s + 1))
         eP.append(e_next)
     kept = _col_blocks(K).contiguous() if keep_jacobian else None
     del K

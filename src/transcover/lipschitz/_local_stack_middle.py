@@ -28,7 +28,7 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["layer_cuts", "middle_rows", "middle_of_products", "middle_drift_column"]
+__all__ = ["layer_cuts", "middle_rows", "middle_of_products", "middle_drift_column", "cut_carried_error"]
 
 
 def layer_cuts(n: int, groups: dict) -> list[int]:
@@ -97,6 +97,39 @@ def middle_rows(stages: list, cuts: list[int], norms_of, exact: int = 4,  # noqa
                 if on_next is not None and b == a + 1 and a > 0:
                     on_next(a, K, err)
     return mid, blk, first, inner
+
+
+def cut_carried_error(stages: list, cuts: list[int], mid: dict, inner: dict, errs: list[float], s: int) -> float:
+    r"""THEORY F88 where only the layer-level products exist (``middle_rows``): certified ``||fl(P_s) - P_s||_(2,inf)``
+    of the prefix to sub-stage ``s`` computed step by step, ``errs[m] >= ||E_m||_(2,inf)`` step ``m``'s own error,
+
+    .. math:: \|fl(P_s) - P_s\| \le \sum_{m < s} e_m \|M_{m+1 \to s}\|,\qquad
+              \|M_{m+1 \to s}\| \le \mathrm{tail}(m)\, \|M_{q_m + 1, q}\|\, \|M_{c_q \to s}\|
+
+    for ``m`` before the layer-level stage ``q`` that holds ``s`` (``c_q <= s``; ``q_m`` the one holding ``m``,
+    ``tail(m)`` the point norms of its sub-stages after ``m``, ``M_{q_m+1, q}`` the exact middle product, 1 when empty,
+    ``M_{c_q -> s}`` the partial product ``inner[s]``'s rows plus its rounding, or the point norms from ``c_q``), and the
+    point norms of the sub-stages in between for ``m >= c_q``.  Padded ``1e-12`` relative."""
+    from ._local_stack import rows_of_block_norms
+
+    q = max(i for i, c in enumerate(cuts) if c <= s)
+    c = cuts[q]
+    pts = lambda a, b: math.prod((stages[t].p for t in range(a, b)), start=1.0)  # noqa: E731
+    if s == c:
+        inside = 1.0
+    elif s in inner:
+        inside = float(rows_of_block_norms(inner[s][0]).max()) + inner[s][1]
+    else:
+        inside = pts(c, s)
+    total = 0.0
+    for m, e in enumerate(errs[:s]):
+        if m >= c:
+            total += e * pts(m + 1, s)
+            continue
+        qm = max(i for i, cc in enumerate(cuts) if cc <= m)
+        middle = 1.0 if qm + 1 == q else float(mid[(qm + 1, q)].max())
+        total += e * pts(m + 1, cuts[qm + 1]) * middle * inside
+    return total * (1 + 1e-12)
 
 
 def middle_of_products(prods: dict, cuts: list[int]) -> tuple[dict, dict, dict, dict]:

@@ -23,6 +23,7 @@ per step by the abs evaluation on token-summed columns (``_local_stack._local_er
 
 from __future__ import annotations
 
+import bisect
 import math
 
 import torch
@@ -51,47 +52,36 @@ def middle_rows(stages: list, cuts: list[int], norms_of, exact: int = 4,  # noqa
     of the computed columns (``certified_block_norms`` of their blocks).  Rounding: ``fl(M_{a,b}) -
     M_{a,b} = sum_m M_{m+1 -> c_b} E_m``, each ``M_{m+1 -> c_b}`` bounded by the stage's own tail
     (point norms of its remaining sub-stages) times the exact ``mid`` of the later layer-level stages,
-    so the starts run from the last.  ``inner[t] = (N, e)``: for a sub-stage ``t`` strictly inside a layer-level
-    stage ``a >= 1``, the same for the partial product ``J_{t-1} ... J_{c_a}`` (its rounding carried by the point
-    norms of the sub-stages in between; THEORY F40e).  ``on_next(a, K, e)`` (optional) is called with each computed
-    ``M_{a,a+1}``'s columns ``K`` and rounding bound ``e``, ``a >= 1`` (THEORY F66's carry).  THEORY F36 item 1."""
+    so the starts run from the last (``cut_carried_error``).  ``inner[t] = (N, e)``: for a sub-stage ``t`` strictly
+    inside a layer-level stage ``a >= 1``, the same for the partial product ``J_{t-1} ... J_{c_a}`` (its rounding
+    carried by the point norms of the sub-stages in between; THEORY F40e).  ``on_next(a, K, e)`` (optional) is called
+    with each computed ``M_{a,a+1}``'s columns ``K`` and rounding bound ``e``, ``a >= 1`` (THEORY F66's carry).
+    THEORY F36 item 1."""
     from ._local_stack import _chunked, _local_error, rows_of_block_norms
 
     L = len(cuts) - 1
     n = cuts[-1]
     T, d = stages[0].x.shape
-    level = {}  # sub-stage -> its layer-level stage
-    for q in range(L):
-        for s in range(cuts[q], cuts[q + 1]):
-            level[s] = q
     pos = {c: q for q, c in enumerate(cuts)}
     mid: dict = {}
     blk: dict = {}
     first: dict = {}
     inner: dict = {}
-
-    def norm_after(q: int, b: int) -> float:  # ||M_{q,b}(x)|| (certified), q <= b
-        return 1.0 if q == b else float(mid[(q, b)].max())
-
-    def tail(s: int) -> float:  # point norms of the sub-stages after s inside its layer-level stage
-        return math.prod((stages[t].p for t in range(s + 1, cuts[level[s] + 1])), start=1.0)
-
     for a in range(L - 1, -1, -1):  # a = 0: its first stage only (the prefix chain gives the rest)
         K = torch.eye(T * d, dtype=torch.float64).reshape(T * d, T, d)
-        errs = []
+        errs = [0.0] * cuts[a]  # the chain's step errors by sub-stage (none before its start)
         for s in range(cuts[a], n if a > 0 else cuts[1]):
-            errs.append((s, _local_error(stages[s], K, cols=True)))
+            errs.append(_local_error(stages[s], K, cols=True))
             K = _chunked(stages[s].lin.apply, K)
             inside = a > 0 and s + 1 < cuts[a + 1]
             N = norms_of(K) if s == cuts[a] or s + 1 in pos or inside else None  # once where several ask
             if inside:
-                e_in = sum(e * math.prod((stages[t].p for t in range(m + 1, s + 1)), start=1.0) for m, e in errs)
-                inner[s + 1] = (N, e_in * (1 + 1e-12))
+                inner[s + 1] = (N, cut_carried_error(stages, cuts, mid, inner, errs, s + 1))
             if s == cuts[a]:
-                first[s] = rows_of_block_norms(N) + errs[0][1]
+                first[s] = rows_of_block_norms(N) + errs[s]
             if s + 1 in pos:
                 b = pos[s + 1]
-                err = sum(e * tail(m) * norm_after(level[m] + 1, b) for m, e in errs) * (1 + 1e-12)
+                err = cut_carried_error(stages, cuts, mid, inner, errs, s + 1)
                 blk[(a, b)] = (N, err)
                 mid[(a, b)] = rows_of_block_norms(N) + err
                 if on_next is not None and b == a + 1 and a > 0:
@@ -108,11 +98,12 @@ def cut_carried_error(stages: list, cuts: list[int], mid: dict, inner: dict, err
 
     for ``m`` before the layer-level stage ``q`` that holds ``s`` (``c_q <= s``; ``q_m`` the one holding ``m``,
     ``tail(m)`` the point norms of its sub-stages after ``m``, ``M_{q_m+1, q}`` the exact middle product, 1 when empty,
-    ``M_{c_q -> s}`` the partial product ``inner[s]``'s rows plus its rounding, or the point norms from ``c_q``), and the
-    point norms of the sub-stages in between for ``m >= c_q``.  Padded ``1e-12`` relative."""
+    ``M_{c_q -> s}`` the partial product ``inner[s]``'s rows plus its rounding, or the point norms from ``c_q``), and
+    the point norms of the sub-stages in between for ``m >= c_q``; ``middle_rows`` carries its chains' rounding by the
+    same sum (their errors before the chain's start are 0 and skipped).  Padded ``1e-12`` relative."""
     from ._local_stack import rows_of_block_norms
 
-    q = max(i for i, c in enumerate(cuts) if c <= s)
+    q = bisect.bisect_right(cuts, s) - 1
     c = cuts[q]
     pts = lambda a, b: math.prod((stages[t].p for t in range(a, b)), start=1.0)  # noqa: E731
     if s == c:
@@ -123,10 +114,12 @@ def cut_carried_error(stages: list, cuts: list[int], mid: dict, inner: dict, err
         inside = pts(c, s)
     total = 0.0
     for m, e in enumerate(errs[:s]):
+        if e == 0:  # no error there (a chain started later); its products need not exist yet
+            continue
         if m >= c:
             total += e * pts(m + 1, s)
             continue
-        qm = max(i for i, cc in enumerate(cuts) if cc <= m)
+        qm = bisect.bisect_right(cuts, m) - 1
         middle = 1.0 if qm + 1 == q else float(mid[(qm + 1, q)].max())
         total += e * pts(m + 1, cuts[qm + 1]) * middle * inside
     return total * (1 + 1e-12)

@@ -21,8 +21,8 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["substage_products", "carried_error", "move_rest_rows", "pull_rows", "image_sources", "IMAGE_BYTES", "stage_rest_rows", "attention_rest_rows", "norm_rest_rows",
-           "ffn_rest_rows", "layer_rest_rows"]
+__all__ = ["substage_products", "carried_error", "move_rest_rows", "pull_rows", "image_sources", "IMAGE_BYTES",
+           "stage_rest_rows", "attention_rest_rows", "norm_rest_rows", "ffn_rest_rows", "layer_rest_rows"]
 
 
 def _padded(t: Tensor, pad: float = 0.0) -> Tensor:
@@ -108,7 +108,7 @@ def carried_error(prods: dict, errs: list[float], a: int, s: int) -> float:
     computed ``K``): the errors are carried by the exact products at the data, not by the steps' own constants,
 
     .. math:: fl(K_s) - K_s = \sum_{a \le m < s} M_{m+1 \to s} E_m,\qquad
-              \|fl(K_s) - K_s\|_{(2,\infty)} \le \sum_{a \le m < s} \|M_{m+1 \to s}\|_{(2,\infty)}\, \|E_m\|_{(2,\infty)}
+              \|fl(K_s) - K_s\| \le \sum_{a \le m < s} \|M_{m+1 \to s}\|\, \|E_m\|\quad ((2,\infty)\ \text{norms})
 
     (``K_{m+1} = J_m K_m + E_m`` unrolled; the (2,inf) norm is an operator norm, so submultiplicative), each
     ``||M_{m+1 -> s}||`` from ``prods`` (``_norm``; the identity for ``m + 1 = s``).  Padded ``1e-12`` relative.

@@ -81,7 +81,7 @@ def _by_cuts(case: tuple):  # noqa: ANN202
     stages, _, groups = ls._stages(spec, X)
     cuts = layer_cuts(len(stages), groups)
     mid, _, _, inner = middle_rows(stages, cuts, lambda K: ls.certified_block_norms(ls._col_blocks(K), 4))
-    return lambda errs, s: cut_carried_error(stages, cuts, mid, inner, errs, s)
+    return lambda errs, s: cut_carried_error(stages, cuts, mid, inner, errs, 0, s)
 
 
 @pytest.mark.parametrize(("case", "route", "floor"), [(CASES[0], "products", 0.5), (CASES[3], "products", 0.5),
@@ -116,7 +116,7 @@ def test_homogeneity_and_the_identity():
         a, b = carried_error(prods, errs, 0, s), carried_error(prods, [2 * e for e in errs], 0, s)
         assert b == pytest.approx(2 * a, rel=4 * n * U), (s, a, b)
         last = [0.0] * (s - 1) + [1.0]
-        assert 1.0 <= carried_error(prods, last, 0, s) <= 1 + 2e-12  # the pad only
+        assert carried_error(prods, last, 0, s) == pytest.approx(1 + 1e-12, rel=4 * U)  # the identity, padded
     T, d = X.shape
     for m in range(n - 1):
         unit = [0.0] * n
@@ -158,10 +158,10 @@ def test_the_default_route_carries_the_prefix_by_the_cuts(monkeypatch):
     ``cut_carried_error`` once with the ``s`` step errors that formed it; the whole result never looser than with it off."""
     spec, X, rho, stages, _ = _setup(CASES[1])
     calls, inner = [], ls.cut_carried_error
-    monkeypatch.setattr(ls, "cut_carried_error", lambda st, c, m, i, errs, s: calls.append((s, len(errs))) or inner(
-        st, c, m, i, errs, s))
+    monkeypatch.setattr(ls, "cut_carried_error", lambda st, c, m, i, errs, a, s: calls.append((a, s, len(errs))) or
+                        inner(st, c, m, i, errs, a, s))
     new = ls.stack_local(spec, X, [rho])[0]
-    assert calls == [(s, s) for s in range(1, len(stages) + 1)], calls
+    assert calls == [(0, s, s) for s in range(1, len(stages) + 1)], calls
     monkeypatch.setattr(ls, "cut_carried_error", lambda *a: math.inf)
     old = ls.stack_local(spec, X, [rho])[0]
     assert new.upper <= old.upper and new.drift <= old.drift, (new.upper, old.upper)

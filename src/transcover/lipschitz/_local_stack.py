@@ -864,7 +864,7 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
         if prods is not None:  # THEORY F88: the same errors carried by the exact products at the data
             e_next = min(e_next, carried_error(prods, e_loc, 0, s + 1))
         else:  # THEORY F88 with the layer-level products only
-            e_next = min(e_next, cut_carried_error(stages, cuts, mid, inner, e_loc, s + 1))
+            e_next = min(e_next, cut_carried_error(stages, cuts, mid, inner, e_loc, 0, s + 1))
         eP.append(e_next)
     kept = _col_blocks(K).contiguous() if keep_jacobian else None
     del K

@@ -69,19 +69,19 @@ def middle_rows(stages: list, cuts: list[int], norms_of, exact: int = 4,  # noqa
     inner: dict = {}
     for a in range(L - 1, -1, -1):  # a = 0: its first stage only (the prefix chain gives the rest)
         K = torch.eye(T * d, dtype=torch.float64).reshape(T * d, T, d)
-        errs = [0.0] * cuts[a]  # the chain's step errors by sub-stage (none before its start)
+        errs = []  # the chain's step errors, from its start cuts[a]
         for s in range(cuts[a], n if a > 0 else cuts[1]):
             errs.append(_local_error(stages[s], K, cols=True))
             K = _chunked(stages[s].lin.apply, K)
             inside = a > 0 and s + 1 < cuts[a + 1]
             N = norms_of(K) if s == cuts[a] or s + 1 in pos or inside else None  # once where several ask
             if inside:
-                inner[s + 1] = (N, cut_carried_error(stages, cuts, mid, inner, errs, s + 1))
+                inner[s + 1] = (N, cut_carried_error(stages, cuts, mid, inner, errs, cuts[a], s + 1))
             if s == cuts[a]:
-                first[s] = rows_of_block_norms(N) + errs[s]
+                first[s] = rows_of_block_norms(N) + errs[0]
             if s + 1 in pos:
                 b = pos[s + 1]
-                err = cut_carried_error(stages, cuts, mid, inner, errs, s + 1)
+                err = cut_carried_error(stages, cuts, mid, inner, errs, cuts[a], s + 1)
                 blk[(a, b)] = (N, err)
                 mid[(a, b)] = rows_of_block_norms(N) + err
                 if on_next is not None and b == a + 1 and a > 0:
@@ -89,23 +89,26 @@ def middle_rows(stages: list, cuts: list[int], norms_of, exact: int = 4,  # noqa
     return mid, blk, first, inner
 
 
-def cut_carried_error(stages: list, cuts: list[int], mid: dict, inner: dict, errs: list[float], s: int) -> float:
-    r"""THEORY F88 where only the layer-level products exist (``middle_rows``): certified ``||fl(P_s) - P_s||_(2,inf)``
-    of the prefix to sub-stage ``s`` computed step by step, ``errs[m] >= ||E_m||_(2,inf)`` step ``m``'s own error,
+def cut_carried_error(stages: list, cuts: list[int], mid: dict, inner: dict, errs: list[float], a: int,
+                      s: int) -> float:
+    r"""THEORY F88 where only the layer-level products exist (``middle_rows``): certified ``||fl(K_s) - K_s||_(2,inf)``
+    of a chain of the sub-stages' maps from ``a`` to ``s`` computed step by step, ``errs[m - a] >= ||E_m||_(2,inf)``
+    step ``m``'s own error (``carried_error``'s convention),
 
-    .. math:: \|fl(P_s) - P_s\| \le \sum_{m < s} e_m \|M_{m+1 \to s}\|,\qquad
+    .. math:: \|fl(K_s) - K_s\| \le \sum_{a \le m < s} e_m \|M_{m+1 \to s}\|,\qquad
               \|M_{m+1 \to s}\| \le \mathrm{tail}(m)\, \|M_{q_m + 1, q}\|\, \|M_{c_q \to s}\|
 
     for ``m`` before the layer-level stage ``q`` that holds ``s`` (``c_q <= s``; ``q_m`` the one holding ``m``,
     ``tail(m)`` the point norms of its sub-stages after ``m``, ``M_{q_m+1, q}`` the exact middle product, 1 when empty,
     ``M_{c_q -> s}`` the partial product ``inner[s]``'s rows plus its rounding, or the point norms from ``c_q``), and
     the point norms of the sub-stages in between for ``m >= c_q``; ``middle_rows`` carries its chains' rounding by the
-    same sum (their errors before the chain's start are 0 and skipped).  Padded ``1e-12`` relative."""
+    same sum (every ``mid`` it reads starts after ``a``, so the starts run from the last).  Padded ``1e-12``
+    relative."""
     from ._local_stack import rows_of_block_norms
 
     q = bisect.bisect_right(cuts, s) - 1
     c = cuts[q]
-    pts = lambda a, b: math.prod((stages[t].p for t in range(a, b)), start=1.0)  # noqa: E731
+    pts = lambda i, j: math.prod((stages[t].p for t in range(i, j)), start=1.0)  # noqa: E731
     if s == c:
         inside = 1.0
     elif s in inner:
@@ -113,9 +116,7 @@ def cut_carried_error(stages: list, cuts: list[int], mid: dict, inner: dict, err
     else:
         inside = pts(c, s)
     total = 0.0
-    for m, e in enumerate(errs[:s]):
-        if e == 0:  # no error there (a chain started later); its products need not exist yet
-            continue
+    for m, e in zip(range(a, s), errs):
         if m >= c:
             total += e * pts(m + 1, s)
             continue

@@ -29,6 +29,8 @@ import math
 import torch
 from torch import Tensor
 
+from ._local_stack_move import product_norm
+
 __all__ = ["layer_cuts", "middle_rows", "middle_of_products", "middle_drift_column", "cut_carried_error"]
 
 
@@ -104,15 +106,13 @@ def cut_carried_error(stages: list, cuts: list[int], mid: dict, inner: dict, err
     the point norms of the sub-stages in between for ``m >= c_q``; ``middle_rows`` carries its chains' rounding by the
     same sum (every ``mid`` it reads starts after ``a``, so the starts run from the last).  Padded ``1e-12``
     relative."""
-    from ._local_stack import rows_of_block_norms
-
     q = bisect.bisect_right(cuts, s) - 1
     c = cuts[q]
     pts = lambda i, j: math.prod((stages[t].p for t in range(i, j)), start=1.0)  # noqa: E731
     if s == c:
         inside = 1.0
     elif s in inner:
-        inside = float(rows_of_block_norms(inner[s][0]).max()) + inner[s][1]
+        inside = product_norm(inner[s])
     else:
         inside = pts(c, s)
     total = 0.0

@@ -21,7 +21,7 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["substage_products", "carried_error", "move_rest_rows", "pull_rows", "image_sources", "IMAGE_BYTES",
+__all__ = ["substage_products", "carried_error", "product_norm", "move_rest_rows", "pull_rows", "image_sources", "IMAGE_BYTES",
            "stage_rest_rows", "attention_rest_rows", "norm_rest_rows", "ffn_rest_rows", "layer_rest_rows"]
 
 
@@ -116,14 +116,18 @@ def carried_error(prods: dict, errs: list[float], a: int, s: int) -> float:
     return sum(e * _norm(prods, m + 1, s) for m, e in zip(range(a, s), errs)) * (1 + 1e-12)
 
 
-def _norm(prods: dict, a: int, s: int) -> float:
-    """Certified ``||M_{a -> s}||_(2,inf)`` of the exact product (1 for the identity, ``a = s``)."""
+def product_norm(pair: tuple) -> float:
+    """Certified ``||M||_(2,inf)`` of an exact product from its computed block norms and rounding ``(N, e)``: the
+    largest row of ``N`` plus ``e`` (``sum_k ||E_ik|| <= e``)."""
     from ._local_stack import rows_of_block_norms
 
-    if a == s:
-        return 1.0
-    N, e = prods[(a, s)]
+    N, e = pair
     return float(rows_of_block_norms(N).max()) + e
+
+
+def _norm(prods: dict, a: int, s: int) -> float:
+    """Certified ``||M_{a -> s}||_(2,inf)`` of the exact product (1 for the identity, ``a = s``)."""
+    return 1.0 if a == s else product_norm(prods[(a, s)])
 
 
 def move_rest_rows(prods: dict, rests: list[Tensor], s: int, T: int, blocks: dict | None = None,

@@ -24,10 +24,11 @@ from ._rounding import _U, _gamma
 __all__ = ["gram_factors", "head_block_norms", "gram_rest_reach"]
 
 
-def gram_factors(heads) -> tuple[Tensor, Tensor, Tensor]:  # noqa: ANN001
+def gram_factors(heads, values: bool = False) -> tuple[Tensor, Tensor, Tensor]:  # noqa: ANN001
     r"""``(F, delta, fn)`` for one attention stage's heads (``_head_data``'s tuples, THEORY F87 (a)): ``F`` (3, H, d, r)
     the factors of the keys' ``W_K W_K^T``, the values' ``W_VO W_VO^T`` (``W_VO = W_V W_O``) and the queries' ``W_Q
     W_Q^T``, with ``G_q <= F_q F_q^T + delta_q I`` for the exact Grams; ``fn`` (3, H) certified ``||F_q||_2``.
+    ``values``: a fourth kind, ``W_V`` itself (exact, ``delta = 0``), whose blocks THEORY F89 reads.
 
     ``F_K = W_K`` and ``F_Q = W_Q`` exactly (``delta = 0``); ``F_V = fl(W_V L)`` with ``L`` the computed Cholesky
     factor of ``fl(W_O W_O^T) + tau I`` (``tau = 0`` unless the factorisation fails, then ``1e-12`` of the trace, doubled
@@ -59,15 +60,16 @@ def gram_factors(heads) -> tuple[Tensor, Tensor, Tensor]:  # noqa: ANN001
     nV = torch.linalg.matrix_norm(Wv) * (1 + 2 * d * r * _U)
     nF = torch.linalg.matrix_norm(Fv) * (1 + 2 * d * r * _U)
     dV = (nV * nV * eS + 2 * a * (nF + a) + a * a) * (1 + 1e-12)
-    F = torch.stack([Wk, Fv, Wq])
-    delta = torch.stack([torch.zeros(H, dtype=torch.float64), dV, torch.zeros(H, dtype=torch.float64)])
-    fn = certified_spectral(F.reshape(3 * H, d, r)).reshape(3, H) * (1 + 1e-12)
+    zero = torch.zeros(H, dtype=torch.float64)
+    F = torch.stack([Wk, Fv, Wq, Wv] if values else [Wk, Fv, Wq])
+    delta = torch.stack([zero, dV, zero, zero] if values else [zero, dV, zero])
+    fn = certified_spectral(F.reshape(-1, d, r)).reshape(F.shape[0], H) * (1 + 1e-12)
     return F, delta, fn
 
 
 def head_block_norms(F: Tensor, K: Tensor) -> Tensor:
-    r"""(3, H, T, T_in) certified ``||F_q^T fl(M)_mk||_2`` for the computed product's columns ``K`` (T_in d, T, d)
-    (``K[(k, c), m] = fl(M)_mk[:, c]``, ``substage_products``' layout), THEORY F87 (b): each block's ``F_q^T fl(M)_mk``
+    r"""(nq, H, T, T_in) certified ``||F_q^T fl(M)_mk||_2`` for the factors ``F`` (nq, H, d, r) and the computed
+    product's columns ``K`` (T_in d, T, d) (``K[(k, c), m] = fl(M)_mk[:, c]``, ``substage_products``' layout), THEORY F87 (b): each block's ``F_q^T fl(M)_mk``
     as computed (``certified_spectral``) plus its rounding, ``gamma_d ||F_q||_F ||fl(M)_mk||_F``.  The product's own
     error (``fl(M) - M``) is the caller's (``move_rest_rows(..., blocks=)``)."""
     nq, H, d, r = F.shape

@@ -470,7 +470,7 @@ def _attention_rest(st: _Stage, at: _RestAt, k: int, rho: float, E: Tensor, r: T
         keys = aa.memo["F85 keys"]
         rx = torch.minimum(rx, psd_rest_rows(at.forms, aa.p["heads"], aa.p["Wqa"], st.x, aa.Qs, aa.eQ, rho, E, eP, pad,
                                                   Bp=keys, images=None if at.img is None else at.img[k],
-                                                  heads_rest=None if at.hr is None else at.hr[k]))
+                                                  heads_rest=None if at.hr is None else (at.hr[k][0][:3], at.hr[k][1][:3])))
     if rho <= 0:
         return rx
     mom, wn = aa.p["mom"], aa.p["norms"]
@@ -481,9 +481,10 @@ def _attention_rest(st: _Stage, at: _RestAt, k: int, rho: float, E: Tensor, r: T
     def rows_at(t: float) -> tuple[Tensor, Tensor]:
         rt = t * r + 2 * pad
         djt, _, _, hdt = st.bounds(rt)
-        alt, _ = aa.drift(rt, t * rho, at.dPm[k], eP, pad, hdt)
+        img = None if at.hr is None else t * at.hr[k][0]  # THEORY F89: the move's rest scaled with the move
+        alt, _ = aa.drift(rt, t * rho, at.dPm[k], eP, pad, hdt, img)
         djt = _nan_inf(djt if alt is None else torch.minimum(djt, alt))
-        reach = aa.combined(aa.reach_heads(rt, t * rho, at.dPm[k], eP, pad))
+        reach = aa.combined(aa.reach_heads(rt, t * rho, at.dPm[k], eP, pad, img))
         # THEORY F83a: the pieces read the joint's first value only (through W_O), not its view through M
         return torch.minimum(reach, aa.joint(rt, t * rho, at.dPm[k], eP, pad, through=False)[0]), djt
 
@@ -648,7 +649,7 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
                 carry(pos[a], K, e)
             if 0 < a and b < len(stages) and stages[b].attn is not None and T <= PSD_MAX_TOKENS:  # F86's stages
                 if b not in factors:
-                    factors[b] = gram_factors(stages[b].attn["heads"])
+                    factors[b] = gram_factors(stages[b].attn["heads"], values=True)
                 hprods[(a, b)] = head_block_norms(factors[b][0], K)
 
         prods = substage_products(stages, norms_of, lambda st, K: _local_error(st, K, cols=True),
@@ -749,7 +750,7 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
             a0 = min(keys, default=s)
             rat = rat._replace(img=[image_sources(rests[k], Eall[a0][k], a0, s, keys.get) for k in range(nr)])
             # THEORY F87: the same rest through every head's Gram factor
-            _, dl, fn = factors.pop(s) if s in factors else gram_factors(aa.p["heads"])
+            _, dl, fn = factors.pop(s) if s in factors else gram_factors(aa.p["heads"], values=True)
             rat = rat._replace(hr=[(move_rest_rows(prods, rests[k], s, T, hprods, fn), dl) for k in range(nr)])
         rs, djs, djcs, bs = [], [], [], []
         for k, rho in enumerate(rhos):
@@ -764,8 +765,9 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
                 if hyb is not None:
                     r = torch.minimum(r, hyb * (1 + 1e-12) + pad)
             dj, djc, b, hd = st.bounds(r)
+            img = rat.hr[k][0] if rat is not None and rat.hr is not None else None  # THEORY F89
             # THEORY F44e, F44f: the drift rows for moves along the prefix's rows (attention, FFN)
-            alt, hd = aa.drift(r, rho, dPm[k], eP[s], pad, hd) if aa is not None else (None, hd)
+            alt, hd = aa.drift(r, rho, dPm[k], eP[s], pad, hd, img) if aa is not None else (None, hd)
             alt = al.drift(r, rho, dPm[k], eP[s], pad) if al is not None else alt
             if alt is not None:
                 dj, djc = torch.minimum(dj, alt), torch.minimum(djc, alt)
@@ -781,7 +783,7 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
             if al is not None:
                 reach = torch.minimum(reach, al.reach(r, nu, rho, dPm[k], eP[s], pad))
             if aa is not None:
-                rh = aa.reach_heads(r, rho, dPm[k], eP[s], pad)  # (H, T), before W_O
+                rh = aa.reach_heads(r, rho, dPm[k], eP[s], pad, img)  # (H, T), before W_O
                 heads_at[k][s] = rh
                 reach = torch.minimum(reach, aa.combined(rh))
                 jr, jrM = aa.joint(r, rho, dPm[k], eP[s], pad)  # THEORY F50: one direction for all heads

@@ -302,9 +302,11 @@ class AttentionAligned:
         """(T,) heads' rows ``b`` (H, T) through ``W_O`` (``_heads_combined``, F35d)."""
         return _heads_combined(self.p["Oh"], self.p["Oall"], b, heads_joint(self.p["Cw"], b))
 
-    def reach_heads(self, r: Tensor, rho: float, dP: Tensor, eP: float, pad: float) -> Tensor:
+    def reach_heads(self, r: Tensor, rho: float, dP: Tensor, eP: float, pad: float,
+                    img: Tensor | None = None) -> Tensor:
         """(H, T) the heads' reach before ``W_O`` (``attention_aligned_reach``, F44c) at token radii ``r`` (every token
-        of the stage's input within ``r_j`` of x) and prefix drift rows ``dP``."""
+        of the stage's input within ``r_j`` of x) and prefix drift rows ``dP``; with ``img`` (F87's ``C``, (4, H, T))
+        also the move's rest through the heads' factors (``image_drift``, THEORY F89), the smaller kept."""
         rm = float(r.max())
         H = len(self.proj)
         if not math.isfinite(rm):
@@ -313,7 +315,30 @@ class AttentionAligned:
             return torch.zeros(H, r.shape[0], dtype=torch.float64)
         F, Fm, S = self.integrals(rm)
         emax = float((rho * (dP + eP) + pad).max())
-        return attention_aligned_reach(F, Fm, S, rho, emax, rm, eP)
+        out = attention_aligned_reach(F, Fm, S, rho, emax, rm, eP)
+        if img is None:
+            return out
+        alt = (rho * F + self.image_drift(img, rho, dP, eP, pad, rm, False) + rm * eP * S) * (1 + 1e-12)
+        return torch.minimum(out, torch.nan_to_num(alt, nan=math.inf))
+
+    def image_drift(self, C: Tensor, rho: float, dP: Tensor, eP: float, pad: float, rm: float, ball: bool) -> Tensor:
+        r"""(H, T) per head the segment sum on ``B(X, rm)`` of ``aligned_hessian_sup`` with the move's part outside the
+        prefix's ellipsoids as the first tangent family (``image_side``: F87's ``C`` (4, H, T) through the head's
+        factors, capped by the rows ``rho dP`` and the ball ``rho e_P + pad`` beside them) and the argument in the unit
+        ball (``ball``: the drift rows, F44e) or in the prefix's ellipsoids (the reach, F44c): what ``e_max S`` and
+        ``e_max F^m`` bound with the move's rest in a ball (THEORY F89)."""
+        from ._local_attn_img_side import head_key_data, image_side
+
+        if "F89 keys" not in self.memo:
+            self.memo["F89 keys"] = head_key_data(self.p["heads"], self.p["X"], self.p["Wqa"], self.p["scale"])
+        keys, w, rows = self.memo["F89 keys"], self.p["norms"], self.p["mom"].rows
+        E, b = rho * dP * (1 + 1e-12), (rho * eP + pad) * (1 + 1e-12)
+        sides = [image_side(C[:, h], keys[h], m, float(self.nQ[h]), float(self.nK[h]), w["V"][h], self.p["scale"], E,
+                            b) for h, m in enumerate(rows)]
+        other = self.ball if ball else self.proj
+        return _segment(lambda t: torch.stack([
+            aligned_hessian_sup(sd, other[h], m, t, w["G"][h], w["V"][h], float(self.nQ[h]), float(self.nK[h]),
+                                self.p["scale"]) for h, (sd, m) in enumerate(zip(sides, rows))]), rm)
 
     def reach(self, r: Tensor, nu: Tensor, rho: float, dP: Tensor, eP: float, pad: float) -> Tensor:  # noqa: ARG002
         """(T,) ``v_k`` of F44c through ``W_O`` (``_heads_combined``, F35d; ``nu``: the prefix rows, unused: the
@@ -513,18 +538,24 @@ class AttentionAligned:
         per, full = self.p["MO"]
         return torch.minimum((per * b).sum(dim=0), full * torch.sqrt((b * b).sum(dim=0))) * (1 + 1e-12)
 
-    def drift(self, r: Tensor, rho: float, dP: Tensor, eP: float, pad: float, heads: tuple | None) -> tuple:
+    def drift(self, r: Tensor, rho: float, dP: Tensor, eP: float, pad: float, heads: tuple | None,
+              img: Tensor | None = None) -> tuple:
         """``(dj, heads)``: the sub-stage's drift rows ``sup nu_k(J(y_s) - J(x_s))`` on the network's ball (THEORY
         F44e), per head ``min(dZ_h, rho F^m + e_max S)`` (the move along the prefix's ellipsoids, the argument free)
-        and combined through ``W_O``; ``heads`` the stage's ``(dZ, a, c)`` (post-LN: ``a = 1``, ``c = 0``), returned
-        with the smaller ``dZ``."""
+        and with ``img`` (F87's ``C``, (4, H, T)) ``rho F^m`` plus the move's rest through the heads' factors
+        (``image_drift``, THEORY F89; the smaller of it and ``e_max S`` also in F50d's joint), combined through ``W_O``;
+        ``heads`` the stage's ``(dZ, a, c)`` (post-LN: ``a = 1``, ``c = 0``), returned with the smaller ``dZ``."""
         rm = float(r.max())
         if heads is None or not math.isfinite(rm) or rm == 0:
             return None, heads
         _, Fm, S = self.integrals(rm)
         emax = float((rho * (dP + eP) + pad).max())
         dZ = torch.minimum(heads[0], attention_aligned_drift(Fm, S, rho, emax))
-        # THEORY F50d: the same move with one output direction for all heads (F^m's terms, S in norm only)
+        rest = emax * S  # the move's part outside the ellipsoids, per head and query
+        if img is not None:
+            rest = torch.minimum(rest, torch.nan_to_num(self.image_drift(img, rho, dP, eP, pad, rm, True), nan=math.inf))
+            dZ = torch.minimum(dZ, (rho * Fm + rest) * (1 + 1e-12))
+        # THEORY F50d: the same move with one output direction for all heads (F^m's terms, that part in norm only)
         coef = {k: rho * v * (1 + 1e-12) for k, v in self.terms(rm)[1].items()}
-        coef["1"] = coef["1"] + emax * S * (1 + 1e-12)
+        coef["1"] = coef["1"] + rest * (1 + 1e-12)
         return torch.minimum(self.combined(dZ), self._joint(coef, False)[0]), (dZ, *heads[1:])

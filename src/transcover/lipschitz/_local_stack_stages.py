@@ -176,7 +176,7 @@ def _attn_stage(name: str, group: int, layer, X: Tensor, n1: _NormLin | None, ca
     lin = _AttnRes(_AttnLin(attn, Xin), n1, T, d)
     parts = None if n1 is not None else {"heads": heads, "mom": mom, "scale": attn.softmax_scale, "norms": cache["w"],
                                          "Oh": Oh, "Oall": Oall, "Cw": Cw,
-                                         "Wqa": [_f64(attn.W_Q_augmented(h)) for h in range(attn.n_heads)]}
+                                         "Wqa": [_f64(attn.W_Q_augmented(h)) for h in range(attn.n_heads)], "X": Xin}
     return _Stage(name, group, X, lin, False, pt, bounds, attn=parts, refusals=refused), X + attention_forward(attn, Xin)
 
 

@@ -19,7 +19,7 @@ from ..model import Activation
 from ._local_jacobian import GELU2_ABS_ERR, GELU3_SUP, _f64, certified_lmax, certified_spectral, gelu2_sup, gelu_second
 from ._local_sharp import gram_lower
 
-__all__ = ["gelu3_sup", "ffn_curvature_drift", "ffn_hadamard", "ffn_second_norms", "ffn_second_split",
+__all__ = ["gelu3_sup", "ffn_curvature_drift", "ffn_hadamard", "ffn_second_norms", "ffn_second_norms_flat", "ffn_second_split",
            "ffn_split_constants", "ffn_taylor_drift", "forms_in_range", "split_row_norm2"]
 
 _U = 2.0**-53
@@ -95,7 +95,8 @@ def ffn_hadamard(ffn, *, centred: bool) -> dict:  # noqa: ANN001
     # the centred rows as formed are within 2 (d + 2) u ||W_2||_F (Frobenius) of the exact ones
     eW2 = 4 * (W2.shape[1] + 2) * _U * float(W2o.norm()) if centred else 0.0
     return {"H": H, "eH": eH, "lH": float(lams[0]) + eH, "H12": H12, "e12": e12, "l12": float(lams[1]) + e12, "W1": W1,
-            "W2": W2, "eW2": eW2, "nW2": float(certified_spectral(W2o[None])[0]) * (1 + 1e-12)}
+            "W2": W2, "eW2": eW2, "nW2": float(certified_spectral(W2o[None])[0]) * (1 + 1e-12),
+            "nW1": float(certified_spectral(W1[None])[0]) * (1 + 1e-12)}
 
 
 def ffn_second_norms(const: dict, z: Tensor, ez: Tensor | None = None) -> Tensor:
@@ -113,6 +114,28 @@ def ffn_second_norms(const: dict, z: Tensor, ez: Tensor | None = None) -> Tensor
     fA = (A * A).sum(dim=(1, 2)) * (1 + 4 * W2.numel() * _U)
     err = fA * (const["eH"] + 4 * (H.shape[0] + 4) * _U * float(H.norm()) * (1 + 1e-12))
     n2 = torch.sqrt(certified_lmax(S) + err) + _n2_pert(const, ez)
+    return torch.nan_to_num(n2 * (1 + 1e-12), nan=math.inf)
+
+
+def ffn_second_norms_flat(const: dict, z: Tensor, ez: Tensor | None = None) -> Tensor:
+    r"""(T,) certified ``N2e_i >= ||W_1 D_i Phi||_2 = lambda_max(W_1 D_i H_12 D_i W_1^T)^{1/2}``, ``Phi Phi^T = H_12 =
+    (W_1^T W_1) o (W_2 W_2^T)`` (``ffn_hadamard``'s ``H12``, ``W_2`` as there), ``D_i = diag(GELU''(z_i))`` at the centre
+    (THEORY F90): the same trilinear form ``T(v, e, u) = sum_k GELU''_k (w2_k . v)(w1_k . e)(w1_k . u)`` as F38b's
+    ``N2`` flattened the other way (``e`` against ``v (x) u`` instead of ``v`` against ``e (x) u``), so
+    ``sup_{|v| = |e| = |u| = 1} T <= min(N2, N2e)``: a bound for rank-one arguments only (``e u^T``, ``e e^T``), not
+    for F38b's every unit-Frobenius ``X``.  Rounding as ``ffn_second_norms`` with ``H_12``'s ``e12``; ``GELU''``'s
+    evaluation error (``centre_gelu2_err``, per token its largest unit) moves the norm by at most that times ``||W_1||
+    ||Phi||``.  Cost ``d d_ff^2`` flops a token."""
+    H, W1 = const["H12"], const["W1"]
+    D = gelu_second(z)
+    B = D[:, :, None] * W1.T[None]  # (T, d_ff, d)
+    S = B.transpose(1, 2) @ (H[None] @ B)
+    fB = (B * B).sum(dim=(1, 2)) * (1 + 4 * W1.numel() * _U)
+    err = fB * (const["e12"] + 4 * (H.shape[0] + 4) * _U * float(H.norm()) * (1 + 1e-12))
+    e2 = centre_gelu2_err(ez)
+    e2 = e2 if ez is None else e2.amax(dim=1)
+    pert = e2 * const["nW1"] * math.sqrt(const["l12"]) * (1 + 1e-12)
+    n2 = torch.sqrt(certified_lmax(S) + err) + pert
     return torch.nan_to_num(n2 * (1 + 1e-12), nan=math.inf)
 
 

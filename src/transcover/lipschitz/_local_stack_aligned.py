@@ -23,7 +23,8 @@ from torch import Tensor
 
 from ..model import Activation
 from ._local_ffn2 import (
-    _GELU2_ABS_ERR, centre_gelu2_err, ffn_hadamard, ffn_second_norms, ffn_taylor_drift, forms_in_range,
+    _GELU2_ABS_ERR, centre_gelu2_err, ffn_hadamard, ffn_second_norms, ffn_second_norms_flat, ffn_taylor_drift,
+    forms_in_range,
 )
 from ._local_jacobian import _f64, certified_lmax, gelu_second, pre_activations
 from ._local_stack_third import aligned_reach, aligned_third_rest, third_norms
@@ -153,7 +154,9 @@ class FFNAligned:
         W1 = _f64(ffn.W_1)
         self.z, self.ez = pre_activations(ffn, H)  # F51a: the intervals and GELU'' around the exact centre
         self.n1 = W1.norm(dim=0) * (1 + W1.shape[0] * _U)
-        self.n2 = ffn_second_norms(self.const, self.z, self.ez)
+        # THEORY F90: every use here is the trilinear form at rank-one arguments, so the smaller flattening serves
+        self.n2 = torch.minimum(ffn_second_norms(self.const, self.z, self.ez),
+                                ffn_second_norms_flat(self.const, self.z, self.ez))
         self.nq, self.nqm, self.third = ffn_aligned_norms(self.const, W1, self.z, blocks, self.ez, third=True)
 
     def _c3r2(self, r: Tensor) -> Tensor:

@@ -212,3 +212,47 @@ def test_image_drift_homogeneity_and_the_misaligned_rest():
     seen = aa.image_drift(C, rho, E / rho, 0.0, 0.0, rm, True)
     ball = float(E.max()) * aa.integrals(rm)[2]
     assert bool((seen[0] < 0.1 * ball[0]).all()), (seen[0], ball[0])
+
+
+def test_stack_passes_the_images_of_its_own_rests(monkeypatch):
+    """In ``stack_local`` every attention stage's drift reads, per radius, the images of that radius's own upstream
+    rests through its heads' factors: recomputed here from the stages' exact Jacobians at the data (autograd, the
+    products multiplied out), the run's rests and float64 SVDs of every ``F_q^T M_jk``, equal to within 1e-6 (above)."""
+    import transcover.lipschitz._local_stack as ls
+    from test_local_move26 import CASES, _case as _stack_case, _chain, _maps
+    from transcover.lipschitz._local_stack_attn import AttentionAligned
+
+    spec, X, rho, _ = _stack_case(CASES[0])
+    rhos = [rho, rho / 3]  # F78d's pieces call the drift at t rho, t in {1/4, 1/2, 3/4, 1}: no collision
+    seen, rests, drift, rest = [], {}, AttentionAligned.drift, ls._stage_rest
+
+    def recorded(self, r, rho_, dP, eP, pad, heads, img=None):  # noqa: ANN001, ANN202
+        seen.append((self.p["X"], self.p["heads"], rhos.index(rho_) if rho_ in rhos else None, img))
+        return drift(self, r, rho_, dP, eP, pad, heads, img)
+
+    monkeypatch.setattr(AttentionAligned, "drift", recorded)
+    monkeypatch.setattr(ls, "_stage_rest", lambda *a: rests.setdefault((a[1], a[10]), rest(*a)))
+    ls.stack_local(spec, X, rhos, move_rest=True)
+    monkeypatch.undo()
+    maps = _maps(spec)
+    xs = [x.detach() for x in _chain(maps, X)]
+    t, d = X.shape
+    J = [torch.autograd.functional.jacobian(lambda v, f=f: f(v.reshape(t, d)).reshape(-1), x.reshape(-1))
+         for f, x in zip(maps, xs)]
+    checked = set()
+    for Xs, heads, k, img in seen:
+        if k is None or img is None:
+            continue
+        s = min(range(len(xs)), key=lambda i: float((xs[i] - Xs).norm()) if xs[i].shape == Xs.shape else float("inf"))
+        assert float((xs[s] - Xs).norm()) <= 1e-12 * float(Xs.norm()), s
+        F = gram_factors(heads, values=True)[0]
+        ref = torch.zeros_like(img)
+        for m in range(s):
+            M = torch.eye(t * d, dtype=F64)
+            for q in range(m + 1, s):
+                M = J[q] @ M
+            B = M.reshape(t, d, t, d).permute(0, 2, 1, 3)
+            ref = ref + torch.linalg.matrix_norm(torch.einsum("qhar,jkab->qhjkrb", F, B), ord=2) @ rests[(m, k)]
+        assert bool((img >= ref).all()) and bool((img <= ref * (1 + 1e-6)).all()), (s, k, (img / ref).min(), (img / ref).max())
+        checked.add((s, k))
+    assert checked == {(1, 0), (1, 1), (5, 0), (5, 1)}, checked

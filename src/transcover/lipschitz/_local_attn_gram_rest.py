@@ -87,9 +87,11 @@ def head_block_norms(F: Tensor, K: Tensor) -> Tensor:
 
 def gram_rest_reach(w: Tensor, C: Tensor, delta: Tensor, E: Tensor) -> Tensor:
     r"""(T,) ``>= sup ||e_m||_{G_m}`` over the move's rests (``||e_m|| <= E_m``, ``||F_q^T e_m|| <= C_qm``) for the Grams
-    ``G_m = sum_q w_qm G_q``, ``w`` (3, H, T) their weights (a negative one counts as 0), THEORY F87 (c):
+    ``G_m = sum_q w_qm G_q``, ``w`` (3, H, T) their weights (a negative one counts as 0; ``C``, ``delta`` may carry
+    ``gram_factors(values=True)``'s fourth kind, not read here), THEORY F87 (c):
 
     .. math:: \|e_m\|_{G_m}^2 = \sum_q w_{qm} e_m^T G_q e_m \le \sum_q w_{qm}^+ (C_{qm}^2 + \delta_q E_m^2)."""
     wp = w.clamp(min=0)
+    C, delta = C[: w.shape[0]], delta[: w.shape[0]]  # kinds past the Grams' (F89's ``W_V``) are not Grams' factors
     sq = (wp * (C * C + delta[..., None] * (E * E)[None, None])).sum(dim=(0, 1))
     return torch.nan_to_num(torch.sqrt(sq * (1 + (w.shape[1] * 3 + 4) * _U)) * (1 + 1e-12), nan=math.inf)

@@ -470,7 +470,7 @@ def _attention_rest(st: _Stage, at: _RestAt, k: int, rho: float, E: Tensor, r: T
         keys = aa.memo["F85 keys"]
         rx = torch.minimum(rx, psd_rest_rows(at.forms, aa.p["heads"], aa.p["Wqa"], st.x, aa.Qs, aa.eQ, rho, E, eP, pad,
                                                   Bp=keys, images=None if at.img is None else at.img[k],
-                                                  heads_rest=None if at.hr is None else (at.hr[k][0][:3], at.hr[k][1][:3])))
+                                                  heads_rest=None if at.hr is None else at.hr[k]))
     if rho <= 0:
         return rx
     mom, wn = aa.p["mom"], aa.p["norms"]

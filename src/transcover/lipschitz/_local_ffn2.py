@@ -107,13 +107,7 @@ def ffn_second_norms(const: dict, z: Tensor, ez: Tensor | None = None) -> Tensor
     that times ``||W_2|| ||K||``, and the centred ``W_2`` as formed within ``eW2`` moves it by ``eW2 sup|GELU''| ||K||``;
     ``z`` within ``ez`` of the exact pre-activation (``pre_activations``; None: exact) adds ``GELU3_SUP max_k ez_k`` to
     ``GELU''``'s error (F51a).  Cost ``d d_ff^2`` flops a token."""
-    H, W2 = const["H"], const["W2"]
-    D = gelu_second(z)
-    A = D[:, :, None] * W2[None]
-    S = A.transpose(1, 2) @ (H[None] @ A)
-    fA = (A * A).sum(dim=(1, 2)) * (1 + 4 * W2.numel() * _U)
-    err = fA * (const["eH"] + 4 * (H.shape[0] + 4) * _U * float(H.norm()) * (1 + 1e-12))
-    n2 = torch.sqrt(certified_lmax(S) + err) + _n2_pert(const, ez)
+    n2 = _form_norm(gelu_second(z), const["W2"], const["H"], const["eH"]) + _n2_pert(const, ez)
     return torch.nan_to_num(n2 * (1 + 1e-12), nan=math.inf)
 
 
@@ -126,17 +120,27 @@ def ffn_second_norms_flat(const: dict, z: Tensor, ez: Tensor | None = None) -> T
     for F38b's every unit-Frobenius ``X``.  Rounding as ``ffn_second_norms`` with ``H_12``'s ``e12``; ``GELU''``'s
     evaluation error (``centre_gelu2_err``, per token its largest unit) moves the norm by at most that times ``||W_1||
     ||Phi||``.  Cost ``d d_ff^2`` flops a token."""
-    H, W1 = const["H12"], const["W1"]
-    D = gelu_second(z)
-    B = D[:, :, None] * W1.T[None]  # (T, d_ff, d)
-    S = B.transpose(1, 2) @ (H[None] @ B)
-    fB = (B * B).sum(dim=(1, 2)) * (1 + 4 * W1.numel() * _U)
-    err = fB * (const["e12"] + 4 * (H.shape[0] + 4) * _U * float(H.norm()) * (1 + 1e-12))
-    e2 = centre_gelu2_err(ez)
-    e2 = e2 if ez is None else e2.amax(dim=1)
-    pert = e2 * const["nW1"] * math.sqrt(const["l12"]) * (1 + 1e-12)
-    n2 = torch.sqrt(certified_lmax(S) + err) + pert
+    pert = _gelu2_err_max(ez) * const["nW1"] * math.sqrt(const["l12"]) * (1 + 1e-12)
+    n2 = _form_norm(gelu_second(z), const["W1"].T, const["H12"], const["e12"]) + pert
     return torch.nan_to_num(n2 * (1 + 1e-12), nan=math.inf)
+
+
+def _form_norm(D: Tensor, W: Tensor, H: Tensor, eH: float) -> Tensor:
+    r"""(T,) certified ``lambda_max(A_i^T H A_i)^{1/2}`` for ``A_i = diag(D_i) W`` (``W`` (d_ff, d), ``H`` (d_ff, d_ff) as
+    formed within ``eH``, Frobenius), the shared step of F38b's ``N2`` and F90's ``N2e``: ``A`` as formed is within
+    ``u|A|``, the two products add ``gamma_{d_ff}`` each of the ``|terms|``, so ``||A||_F^2 (eH + 4 (d_ff + 4) u
+    ||H||_F)`` is added to the certified ``lambda_max``."""
+    A = D[:, :, None] * W[None]
+    S = A.transpose(1, 2) @ (H[None] @ A)
+    fA = (A * A).sum(dim=(1, 2)) * (1 + 4 * W.numel() * _U)
+    err = fA * (eH + 4 * (H.shape[0] + 4) * _U * float(H.norm()) * (1 + 1e-12))
+    return torch.sqrt(certified_lmax(S) + err)
+
+
+def _gelu2_err_max(ez: Tensor | None) -> Tensor | float:
+    """Per token the largest unit's ``centre_gelu2_err`` (a float when ``ez`` is None)."""
+    e2 = centre_gelu2_err(ez)
+    return e2 if ez is None else e2.amax(dim=1)
 
 
 def centre_gelu2_err(ez: Tensor | None) -> Tensor | float:
@@ -148,8 +152,7 @@ def centre_gelu2_err(ez: Tensor | None) -> Tensor | float:
 def _n2_pert(const: dict, ez: Tensor | None = None) -> Tensor | float:
     """What the evaluation of ``GELU''`` (at the exact centre: ``centre_gelu2_err``, per token its largest unit) and
     the centred ``W_2`` as formed can move ``||W_2^T D K||`` by (F38b)."""
-    e2 = centre_gelu2_err(ez)
-    e2 = e2 if ez is None else e2.amax(dim=1)
+    e2 = _gelu2_err_max(ez)
     return (e2 * const["nW2"] + const["eW2"] * 2 / math.sqrt(2 * math.pi)) * math.sqrt(const["lH"])
 
 

@@ -18,40 +18,22 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 import time
+from pathlib import Path
 
 import torch
 
 import transcover.lipschitz._local_stack as _ls
+from stack_prefix import sentence_spec  # this script's folder is on sys.path
 from transcover.lipschitz._local_stack import SEGMENT_AUX, stack_local
-from transcover.model import attention_forward, ffn_forward
-from stack_prefix import sentence_spec
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "lipschitz"))
+from lipschitz_testkit import chain, clip_rows, stack_substage_maps  # noqa: E402  (the adversaries' own maps)
 
 
-def sub_stage_maps(spec) -> list:  # noqa: ANN001
-    """``stack_local``'s sub-stages as maps on (..., T, d): the input norm, per layer the attention with its residual,
-    the first norm, the FFN with its residual and the second norm; a LayerNorm's input centred (all it reads, F59a)."""
-    centre = lambda S: S - S.mean(dim=-1, keepdim=True)  # noqa: E731
-    out = [spec.input_norm]
-    for ly in spec.layers:
-        out += [lambda Z, ly=ly: centre(Z + attention_forward(ly.attention, Z)), ly.norm_attn,
-                lambda H, ly=ly: centre(H + ffn_forward(ly.ffn, H)), ly.norm_ffn]
-    return out
-
-
-def chain(maps: list, Z: torch.Tensor) -> list:
-    xs = [Z]
-    for f in maps:
-        xs.append(f(xs[-1]))
-    return xs
-
-
-def clip_rows(D: torch.Tensor, r: float) -> torch.Tensor:
-    return D * torch.clamp(r / D.norm(dim=-1, keepdim=True).clamp(min=1e-300), max=1.0)
-
-
-def certified_rows(spec, X: torch.Tensor, rho: float) -> dict:  # noqa: ANN001
-    """``{s: (kind, E_s, R_s, R_s with E = 0 or None)}`` at radius ``rho`` from one ``stack_local`` run."""
+def certified_rows(spec, X: torch.Tensor, rho: float) -> tuple:  # noqa: ANN001
+    """``({s: (kind, E_s, R_s, R_s with E = 0 or None)}, result)`` at radius ``rho`` from one ``stack_local`` run."""
     rows, cur = {}, {}
     rest, psd = _ls._stage_rest, _ls.psd_rest_rows
 
@@ -121,7 +103,7 @@ def main() -> None:
     print(f"sentence {a.sentence} (T = {X.shape[0]}), {a.layers} layers, rho {a.rho:g} x {med:.4g}: certified upper "
           f"{res.upper:.5g} ({time.process_time() - c:.0f} s CPU)")
     print("stage kind       R cert     R att   R ratio   R(E=0)     E cert     e att   E ratio")
-    maps = sub_stage_maps(spec)
+    maps = stack_substage_maps(spec)
     c = time.process_time()
     for s in sorted(rows):
         kind, E, R, R0 = rows[s]

@@ -152,6 +152,28 @@ def hetero_gamma(kind: str, d: int, g: torch.Generator) -> torch.Tensor:
     return b
 
 
+def stack_substage_maps(spec) -> list:  # noqa: ANN001
+    """``stack_local``'s sub-stages of a post-LN stack as maps from one sub-stage input to the next (the input norm,
+    per layer the attention with its residual, the first norm, the FFN with its residual and the second norm), on
+    (..., T, d); a LayerNorm's input centred (all it reads: THEORY F59a)."""
+    from transcover.model import attention_forward, ffn_forward
+
+    centre = lambda S: S - S.mean(dim=-1, keepdim=True)  # noqa: E731
+    out = [spec.input_norm]
+    for ly in spec.layers:
+        out += [lambda Z, ly=ly: centre(Z + attention_forward(ly.attention, Z)), ly.norm_attn,
+                lambda H, ly=ly: centre(H + ffn_forward(ly.ffn, H)), ly.norm_ffn]
+    return out
+
+
+def chain(maps: list, Z: torch.Tensor) -> list:
+    """Every sub-stage input along ``maps`` from ``Z`` (``Z`` first, the last map's output last)."""
+    xs = [Z]
+    for f in maps:
+        xs.append(f(xs[-1]))
+    return xs
+
+
 def clip_rows(E: torch.Tensor, r: float) -> torch.Tensor:
     """Each row of E projected into the ball of radius r."""
     return E * torch.clamp(r / E.norm(dim=-1, keepdim=True).clamp(min=1e-300), max=1.0)

@@ -18,11 +18,10 @@ import pytest
 import torch
 
 import transcover.lipschitz._local_stack as ls
-from lipschitz_testkit import assert_stack_never_looser, clip_rows, last_norm_doubled
+from lipschitz_testkit import assert_stack_never_looser, chain, clip_rows, last_norm_doubled, stack_substage_maps
 from test_local_stack15 import assert_network_below
 from test_local_stack19 import _spec
 from transcover.lipschitz._local_stack import stack_local
-from transcover.model import attention_forward, ffn_forward
 
 # (spec arguments, xscale, rho fraction of the median token norm, gamma scale of layer 0's first norm)
 CASES = [(dict(seed=3), 1.0, 5e-3, 1.0), (dict(seed=5, eps=1e-12), 0.05, 5e-3, 1.0),
@@ -38,24 +37,6 @@ def _case(case: tuple) -> tuple:
         n1, weight=gscale * n1.weight, bias=gscale * n1.bias)), *spec.layers[1:]])
     X = torch.randn(3, 8, generator=torch.Generator().manual_seed(kw["seed"]), dtype=torch.float64) * xscale
     return spec, X, frac * float(X.norm(dim=1).median()), kw["seed"]
-
-
-def _maps(spec) -> list:  # noqa: ANN001
-    """``stack_local``'s sub-stages as maps from one sub-stage input to the next (input norm, per layer the attention,
-    first norm, FFN and second norm), on (..., T, d); a LayerNorm's input centred (all it reads: THEORY F59a)."""
-    P = lambda S: S - S.mean(dim=-1, keepdim=True)  # noqa: E731
-    out = [spec.input_norm]
-    for ly in spec.layers:
-        out += [lambda Z, ly=ly: P(Z + attention_forward(ly.attention, Z)), ly.norm_attn,
-                lambda H, ly=ly: P(H + ffn_forward(ly.ffn, H)), ly.norm_ffn]
-    return out
-
-
-def _chain(maps: list, Z: torch.Tensor) -> list:
-    xs = [Z]
-    for f in maps:
-        xs.append(f(xs[-1]))
-    return xs
 
 
 def _captured(spec, X: torch.Tensor, rho: float, monkeypatch) -> tuple:  # noqa: ANN001
@@ -74,16 +55,16 @@ def _attained(spec, X: torch.Tensor, rho: float, seed: int, *, starts: int = 2, 
     """(stages, T) the largest ``||e_{s,i}||`` and ``||R_{s,i}||`` float64 projected Adam finds over network moves
     (every row within rho), one ascent per (quantity, stage, token) and start, all in one batch; each ascent maximises
     its own entry."""
-    maps = _maps(spec)
-    xs = [x.detach() for x in _chain(maps, X)]
+    maps = stack_substage_maps(spec)
+    xs = [x.detach() for x in chain(maps, X)]
     n, (T, d) = len(maps), X.shape
     flat = lambda f, x: torch.autograd.functional.jacobian(lambda v: f(v.reshape(T, d)).reshape(-1), x.reshape(-1))  # noqa: E731
-    Pj = torch.autograd.functional.jacobian(lambda v: torch.stack(_chain(maps, v.reshape(T, d))).reshape(n + 1, -1),
+    Pj = torch.autograd.functional.jacobian(lambda v: torch.stack(chain(maps, v.reshape(T, d))).reshape(n + 1, -1),
                                             X.reshape(-1))  # (n + 1, T d, T d): every prefix at X
     Jj = torch.stack([flat(f, x) for f, x in zip(maps, xs)])  # (n, T d, T d): every stage at its input
 
     def values(D: torch.Tensor) -> torch.Tensor:  # (B, T, d) -> (B, 2, n, T): ||e_{s,i}|| (s < n) and ||R_{s,i}||
-        ys = torch.stack(_chain(maps, X + D))  # (n + 1, B, T, d)
+        ys = torch.stack(chain(maps, X + D))  # (n + 1, B, T, d)
         mv = ys - torch.stack(xs)[:, None]
         e = mv.reshape(n + 1, -1, T * d) - torch.einsum("spq,bq->sbp", Pj, D.reshape(-1, T * d))
         R = mv[1:].reshape(n, -1, T * d) - torch.einsum("spq,sbq->sbp", Jj, mv[:-1].reshape(n, -1, T * d))
@@ -118,7 +99,7 @@ def test_move_and_stage_rests_are_never_beaten(case, monkeypatch):
     # the attack's own float64 rounding: ``f(x + D) - f(x) - J D`` is formed from values of size ``|y|``, each entry
     # within a few ulps per term of its T d products (a stage linear in a token, e.g. a causal query seeing only
     # itself, has the exact rest 0 and a certified row 0)
-    ys = torch.stack([y.norm(dim=-1).amax() for y in _chain(_maps(spec), X)[1:]])
+    ys = torch.stack([y.norm(dim=-1).amax() for y in chain(stack_substage_maps(spec), X)[1:]])
     tol = 8 * X.numel() * 2.0**-53 * (1 + ys)[:, None]
     assert bool((r <= R + tol).all()), (r, R)
     assert float((e[1:] / E[1:]).max()) >= 1e-3 and float((r / R).max()) >= 1e-3, ((e / E).max(), (r / R).max())

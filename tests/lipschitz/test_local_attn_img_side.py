@@ -219,7 +219,8 @@ def test_stack_passes_the_images_of_its_own_rests(monkeypatch):
     rests through its heads' factors: recomputed here from the stages' exact Jacobians at the data (autograd, the
     products multiplied out), the run's rests and float64 SVDs of every ``F_q^T M_jk``, equal to within 1e-6 (above)."""
     import transcover.lipschitz._local_stack as ls
-    from test_local_move26 import CASES, _case as _stack_case, _chain, _maps
+    from lipschitz_testkit import chain, stack_substage_maps
+    from test_local_move26 import CASES, _case as _stack_case
     from transcover.lipschitz._local_stack_attn import AttentionAligned
 
     spec, X, rho, _ = _stack_case(CASES[0])
@@ -234,8 +235,8 @@ def test_stack_passes_the_images_of_its_own_rests(monkeypatch):
     monkeypatch.setattr(ls, "_stage_rest", lambda *a: rests.setdefault((a[1], a[10]), rest(*a)))
     ls.stack_local(spec, X, rhos, move_rest=True)
     monkeypatch.undo()
-    maps = _maps(spec)
-    xs = [x.detach() for x in _chain(maps, X)]
+    maps = stack_substage_maps(spec)
+    xs = [x.detach() for x in chain(maps, X)]
     t, d = X.shape
     J = [torch.autograd.functional.jacobian(lambda v, f=f: f(v.reshape(t, d)).reshape(-1), x.reshape(-1))
          for f, x in zip(maps, xs)]

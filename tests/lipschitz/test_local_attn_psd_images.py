@@ -15,9 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as hs
 
 import transcover.lipschitz._local_stack as ls
+from lipschitz_testkit import stack_substage_maps
 from test_local_attn_psd_prefix import _L, _adam_images, _form, _prefix_sup
 from test_local_attn_rest import T, _case, _clip, _rest
-from test_local_move26 import CASES, _case as _stack_case, _maps
+from test_local_move26 import CASES, _case as _stack_case
 from transcover.lipschitz._local_attn_psd import KeyImages, _lowrank_sup_sources, form_rows, psd_rest_rows, velocity_rests
 from transcover.lipschitz._local_attn_rest import _head_factors
 from transcover.lipschitz._local_stack_move import image_sources, pull_rows, substage_products
@@ -122,7 +123,7 @@ def test_pulled_rows_against_autograd():
     T_, d = X.shape
     prods = substage_products(stages, lambda K: ls.certified_block_norms(ls._col_blocks(K), 4),
                               lambda st, K: ls._local_error(st, K, cols=True), lambda st, K: ls._chunked(st.lin.apply, K))
-    maps = _maps(spec)
+    maps = stack_substage_maps(spec)
     xs = [X]
     for f in maps:
         xs.append(f(xs[-1]))

@@ -174,6 +174,14 @@ def chain(maps: list, Z: torch.Tensor) -> list:
     return xs
 
 
+def stage_jacobians(maps: list, xs: list) -> list:
+    """Each map's exact (T d, T d) Jacobian at its input on the data path (float64 autograd), ``xs`` as ``chain`` gives
+    them."""
+    T, d = xs[0].shape
+    return [torch.autograd.functional.jacobian(lambda v, f=f: f(v.reshape(T, d)).reshape(-1), x.detach().reshape(-1))
+            for f, x in zip(maps, xs)]
+
+
 def clip_rows(E: torch.Tensor, r: float) -> torch.Tensor:
     """Each row of E projected into the ball of radius r."""
     return E * torch.clamp(r / E.norm(dim=-1, keepdim=True).clamp(min=1e-300), max=1.0)

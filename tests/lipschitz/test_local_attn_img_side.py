@@ -219,7 +219,7 @@ def test_stack_passes_the_images_of_its_own_rests(monkeypatch):
     rests through its heads' factors: recomputed here from the stages' exact Jacobians at the data (autograd, the
     products multiplied out), the run's rests and float64 SVDs of every ``F_q^T M_jk``, equal to within 1e-6 (above)."""
     import transcover.lipschitz._local_stack as ls
-    from lipschitz_testkit import chain, stack_substage_maps
+    from lipschitz_testkit import chain, stack_substage_maps, stage_jacobians
     from test_local_move26 import CASES, _case as _stack_case
     from transcover.lipschitz._local_stack_attn import AttentionAligned
 
@@ -238,8 +238,7 @@ def test_stack_passes_the_images_of_its_own_rests(monkeypatch):
     maps = stack_substage_maps(spec)
     xs = [x.detach() for x in chain(maps, X)]
     t, d = X.shape
-    J = [torch.autograd.functional.jacobian(lambda v, f=f: f(v.reshape(t, d)).reshape(-1), x.reshape(-1))
-         for f, x in zip(maps, xs)]
+    J = stage_jacobians(maps, xs)
     checked = set()
     for Xs, heads, k, img in seen:
         if k is None or img is None:

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as hs
 
 import transcover.lipschitz._local_stack as ls
-from lipschitz_testkit import stack_substage_maps
+from lipschitz_testkit import chain, stack_substage_maps, stage_jacobians
 from test_local_attn_psd_prefix import _L, _adam_images, _form, _prefix_sup
 from test_local_attn_rest import T, _case, _clip, _rest
 from test_local_move26 import CASES, _case as _stack_case
@@ -124,11 +124,8 @@ def test_pulled_rows_against_autograd():
     prods = substage_products(stages, lambda K: ls.certified_block_norms(ls._col_blocks(K), 4),
                               lambda st, K: ls._local_error(st, K, cols=True), lambda st, K: ls._chunked(st.lin.apply, K))
     maps = stack_substage_maps(spec)
-    xs = [X]
-    for f in maps:
-        xs.append(f(xs[-1]))
-    Jj = [torch.autograd.functional.jacobian(lambda v, f=f: f(v.reshape(T_, d)).reshape(-1), x.detach().reshape(-1))
-          for f, x in zip(maps, xs)]
+    xs = chain(maps, X)
+    Jj = stage_jacobians(maps, xs)
     s = 5  # layer 1's attention
     rows = torch.randn(6, T_, d, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     pull = lambda budget: pull_rows(stages, s, rows, prods, lambda st, G: ls._chunked(st.lin.apply_t, G),  # noqa: E731

@@ -93,14 +93,19 @@ def sentence_spec(sentence: int, layers: int) -> tuple:
     return spec, X, float(X.norm(dim=1).median())
 
 
+def stage_kind(st) -> str:  # noqa: ANN001
+    """A sub-stage's kind as ``_stage_rest`` dispatches on it: norm, attention, ffn or other."""
+    return "norm" if isinstance(st.lin, _ls._NormLin) else "attention" if st.attn is not None else \
+        "ffn" if st.ffn is not None else "other"
+
+
 def _hook_stage_rest(scales: dict) -> list:
     """Wrap ``_local_stack._stage_rest`` to record each call (and scale each kind's rests by ``scales[kind]``)."""
     log, inner = [], _ls._stage_rest
 
     def traced(st, s, rho, reach, dj, E, r, pad, cap, PL, k, at):  # noqa: ANN001, ANN202
         R = inner(st, s, rho, reach, dj, E, r, pad, cap, PL, k, at)
-        kind = "norm" if isinstance(st.lin, _ls._NormLin) else "attention" if st.attn is not None else \
-            "ffn" if st.ffn is not None else "other"
+        kind = stage_kind(st)
         R = R * scales.get(kind, 1.0)
         log.append((s, kind, k, rho, float(E.max()), float(R.max()), float(r.max())))
         return R

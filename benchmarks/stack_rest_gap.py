@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 import transcover.lipschitz._local_stack as _ls
-from stack_prefix import sentence_spec  # this script's folder is on sys.path
+from stack_prefix import sentence_spec, stage_kind  # this script's folder is on sys.path
 from transcover.lipschitz._local_stack import SEGMENT_AUX, stack_local
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "lipschitz"))
@@ -41,9 +41,7 @@ def certified_rows(spec, X: torch.Tensor, rho: float) -> tuple:  # noqa: ANN001
         cur["s"], cur["top"] = s, r == rho
         R = rest(st, s, r, reach, dj, E, rad, pad, cap, PL, k, at)
         if r == rho:
-            kind = "norm" if isinstance(st.lin, _ls._NormLin) else "attention" if st.attn is not None else \
-                "ffn" if st.ffn is not None else "other"
-            rows[s] = (kind, E.clone(), R.clone(), rows.get(s, (None, None, None, None))[3])
+            rows[s] = (stage_kind(st), E.clone(), R.clone(), rows.get(s, (None, None, None, None))[3])
         return R
 
     def psd_rows(data, heads, Wqa, Xs, Qs, eQ, r, E, eP, pad, *a, **kw):  # noqa: ANN001, ANN202

@@ -332,6 +332,29 @@ def _lowrank_sup_sources(i: int, cols: list, heads, wts: Tensor, sources: list, 
     return best
 
 
+# THEORY F92: steps of the primal ascent whose direction sets the dual's weights
+PRIMAL_STEPS = 100
+
+
+def _primal_weights(blocks: Tensor, z: Tensor | None, steps: int) -> Tensor:
+    r"""Weights ``c_k = ||M_k^T z||`` (clamped below at ``1e-8`` of the largest) at the direction ``z`` reached by the
+    ascent ``z <- sum_k M_k M_k^T z / ||M_k^T z||`` (normalised) from ``z`` (or the top eigenvector of ``sum_k M_k M_k^T``):
+    ``phi(z) = sum_k ||M_k^T z||`` is convex, so each step never lowers it on the sphere (THEORY F67a), and at a maximiser
+    whose top eigenvector is ``z`` these weights make the dual ``(sum c) lambda_max(sum_k M_k M_k^T / c_k)`` equal to
+    ``phi(z)^2``, the primal value (THEORY F92).  Any ``c > 0`` is valid in the dual; this only chooses one."""
+    if z is None:
+        z = torch.linalg.eigh(blocks.sum(0))[1][:, -1]
+    z = z / z.norm().clamp(min=1e-300)
+    for _ in range(steps):
+        q = torch.sqrt(torch.einsum("a,kab,b->k", z, blocks, z).clamp(min=1e-300))
+        zn = (torch.einsum("kab,b->ka", blocks, z) / q[:, None]).sum(0)
+        if not bool(torch.isfinite(zn).all()) or float(zn.norm()) == 0:
+            break
+        z = zn / zn.norm()
+    q = torch.sqrt(torch.einsum("a,kab,b->k", z, blocks, z).clamp(min=0))
+    return q.clamp(min=max(float(q.max()) * 1e-8, 1e-300))
+
+
 def _sdp_dual(blocks: Tensor, err: Tensor, steps: int) -> float:
     r"""``>= sup ||sum_k M_k v_k||^2`` over unit ``v_k`` for the PSD blocks ``M_k M_k^T`` as formed (``blocks``, within
     ``err`` Frobenius each) (THEORY F82 (c), F84 (c)): for any ``c > 0``, ``(sum c) lambda_max(sum_k M_k M_k^T / c_k)``;
@@ -351,6 +374,12 @@ def _sdp_dual(blocks: Tensor, err: Tensor, steps: int) -> float:
         cn = torch.sqrt(torch.einsum("a,kab,b->k", vec[:, -1], blocks, vec[:, -1]).clamp(min=0))  # ||M_k^T z||
         cn = cn.clamp(min=float(cn.max()) * 1e-8)
         c = torch.sqrt(c * cn * (float(c.sum()) / float(cn.sum())))  # damped; every c > 0 is valid
+    # THEORY F92: c at the primal ascent's direction z (c_k = ||M_k^T z||, the dual's optimality condition), where
+    # the damped steps stall
+    c = _primal_weights(blocks, None, PRIMAL_STEPS)
+    val = float(c.sum()) * float(torch.linalg.eigvalsh((blocks / c[:, None, None]).sum(0))[-1])
+    if val < best:
+        best, bestc = val, c
     M = (blocks / bestc[:, None, None]).sum(0)
     lam = float(certified_lmax(0.5 * (M + M.T)[None])[0])
     ec = float((err / bestc).sum()) + 2 * blocks.shape[0] * _U * float(torch.linalg.matrix_norm(M))

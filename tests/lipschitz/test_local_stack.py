@@ -50,12 +50,14 @@ def test_blocks_are_the_autograd_jacobian_and_the_point_bound_is_certified(case)
     B, err = stack_jacobian(spec, X)
     # float64 chains of O(1) factors of size <= 8: a few hundred ulps of the largest entry
     assert float((J - B).abs().max()) <= 1e-12 * max(1.0, float(J.abs().max()))
-    exact = float(torch.linalg.matrix_norm(J, ord=2).sum(dim=1).max())  # max_i sum_j ||J_ij|| by SVD
+    triangle = float(torch.linalg.matrix_norm(J, ord=2).sum(dim=1).max())  # max_i sum_j ||J_ij|| by SVD
+    lower = float(row_norm_lower(J).max())  # attained: the row's norm at an ascent's direction
     point = stack_local(spec, X, [1e-6])[0].point
     # the rounding bound covers the actual error and stays a small share of the bound
     assert float(torch.linalg.matrix_norm(J - B, ord=2).sum(dim=1).max()) <= err <= 1e-8 * point
-    assert exact <= point <= exact * 1.3
-    assert float(row_norm_lower(J).max()) <= point
+    # THEORY F93: the rows by the weighted row Gram, never above the triangle and here exact (the relaxation is tight
+    # on these four cases: 1e-9 above the attained, the triangle 0-50 % above)
+    assert lower <= point <= min(triangle * (1 + 1e-9), lower * (1 + 1e-6))
 
 
 @settings(max_examples=4, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -48,7 +48,7 @@ from .._results import Kind, Quantity
 from ..model import NormKind, Placement, TransformerSpec
 from ._local_centre import CENTRE_PAD_ASSUMPTION, centre_errors, f17_pad, stage_forward_error
 from ._local_jacobian import certified_spectral, row_norm_lower
-from ._local_stack_aligned import FFNAligned
+from ._local_stack_aligned import FFNAligned, gram_rows
 from ._local_stack_attn import AttentionAligned
 from ._local_stack_carry import carried_first_order, carry_blocks, tail_drift
 from ._local_attn_gram_rest import gram_factors, head_block_norms
@@ -79,6 +79,8 @@ _CHUNK = 512
 # THEORY F71c: the auxiliary radii (fractions of the run's largest) whose prefix drift rows average the move (the
 # benchmark's default; ``stack_local``'s is none: each costs about what a reported radius does)
 SEGMENT_AUX: tuple[float, ...] = (0.25, 0.5, 0.75)
+# THEORY F93: the prefix's rows (every per-token radius, the point) by the weighted row Gram as well as the triangle
+GRAM_ROWS = True
 # THEORY F77: ``stack_local``'s default for the move's rest by its own recursion (F73c, F76a): off, its chains from
 # every sub-stage start cost MiniLM +35-55 % CPU, with F78/F79's rests 2.2-2.4x (F77b), about 2x since F83, for a
 # gain at factors >= 1e-5 only
@@ -857,7 +859,10 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
                 reach0[k].append(w0[k])
         e_loc.append(_local_error(st, K, cols=True))
         K = _chunked(st.lin.apply, K)
-        rows = certified_rows(_col_blocks(K), exact if s == n - 1 else chain_exact)
+        Kb = _col_blocks(K)
+        Nb = certified_block_norms(Kb, exact if s == n - 1 else chain_exact)
+        # THEORY F93: each row's (2,inf) norm by the weighted row Gram, never above the blocks' triangle
+        rows = torch.minimum(rows_of_block_norms(Nb), gram_rows(Kb, Nb) if GRAM_ROWS else torch.full_like(Nb[:, 0], math.inf))
         e_next = eP[s] * st.p + e_loc[s]
         if s in last:  # carry the errors by the layer's own constant
             a, _ = last[s]

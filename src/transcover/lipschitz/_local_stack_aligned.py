@@ -30,7 +30,7 @@ from ._local_jacobian import _f64, certified_lmax, gelu_second, pre_activations
 from ._local_stack_third import aligned_reach, aligned_third_rest, third_norms
 from ._rounding import _gamma
 
-__all__ = ["ellipsoid_gram", "ffn_aligned_norms", "ffn_aligned_reach", "FFNAligned"]
+__all__ = ["ellipsoid_gram", "row_weights_primal", "gram_rows", "ffn_aligned_norms", "ffn_aligned_reach", "FFNAligned"]
 
 _U = 2.0**-53
 
@@ -46,22 +46,87 @@ def _weights(B: Tensor) -> Tensor:
     return torch.maximum(w, B.norm(dim=(1, 2)) * 1e-3)
 
 
-def ellipsoid_gram(B: Tensor) -> tuple[Tensor, float]:
+def row_weights_primal(B: Tensor, steps: int = 100, tol: float = 1e-6) -> Tensor:
+    """Positive weights ``w_j = ||B_j^T z||`` for blocks ``B`` (..., T, m, k) (a batch of rows), floored at ``1e-8`` of the
+    row's largest and ``1e-11 ||B_j||_F`` so that every ``w_j > 0``, at the direction ``z`` of the ascent
+    ``z <- sum_j B_j B_j^T z / ||B_j^T z||`` (normalised; THEORY F67a, F92) from the top eigenvector of ``sum_j B_j B_j^T``,
+    stopped after ``steps`` or once no row's ``phi(z) = sum_j ||B_j^T z||`` rises by more than ``tol`` (relative): at a
+    maximiser ``z`` of ``phi`` that is the top eigenvector of ``sum_j B_j B_j^T / w_j`` these weights make the weighted
+    Gram's ``(sum_j w_j) lambda_max`` equal to ``phi(z)^2 = nu(B)^2``, the row's (2,inf) norm squared (THEORY F93).  Any
+    positive weights are valid in ``ellipsoid_gram``; this only chooses them, so the ascent runs in float32 (half the
+    memory traffic) on the blocks scaled by a power of two to a largest entry in [1/2, 1) (exact, so the weights scale
+    exactly with the blocks; entries below float32's range of the largest only move the choice)."""
+    B64, top = B, float(B.abs().max()) if B.numel() else 0.0
+    if 0 < top < math.inf:
+        B = torch.ldexp(B, torch.tensor(-math.frexp(top)[1], dtype=B.dtype)).float()
+    z = torch.linalg.eigh(torch.einsum("...jab,...jcb->...ac", B, B))[1][..., -1]
+    Bt = B.transpose(-1, -2)
+    phi = torch.zeros(z.shape[:-1], dtype=B.dtype)
+    for _ in range(steps):
+        g = (Bt @ z[..., None, :, None]).squeeze(-1)  # B_j^T z, (..., T, k)
+        n = g.norm(dim=-1)
+        zn = (B @ (g / n.clamp(min=torch.finfo(B.dtype).tiny)[..., None])[..., None]).squeeze(-1).sum(-2)
+        nz = zn.norm(dim=-1, keepdim=True)
+        if not bool(torch.isfinite(zn).all()) or bool((nz == 0).any()):
+            break
+        z, phi0, phi = zn / nz, phi, n.sum(-1)
+        if bool((phi - phi0 <= tol * phi).all()):
+            break
+    w = (B64.transpose(-1, -2) @ z.to(B64.dtype)[..., None, :, None]).squeeze(-1).norm(dim=-1)
+    floor = torch.maximum(w.amax(dim=-1, keepdim=True) * 1e-8, B64.norm(dim=(-2, -1)) * 1e-11)
+    return torch.maximum(w, floor).clamp(min=1e-300)
+
+
+def ellipsoid_gram(B: Tensor, w: Tensor | None = None) -> tuple[Tensor, float]:
     r"""For blocks ``B_j`` (T, d, d) of one prefix row, ``(Q, eQ)``: ``Q`` as formed and ``eQ`` a Frobenius
     bound on its distance to the exact ``Q* = c sum_j B_j B_j^T / w_j`` (``c >= sum_j w_j``), so that every
     ``a = sum_j B_j h_j`` with ``||h_j|| <= 1`` has ``a a^T <= Q*`` (THEORY F40a):
     ``(u.a)^2 <= (sum_j ||B_j^T u||)^2 <= (sum_j w_j)(sum_j ||B_j^T u||^2 / w_j)``.  Zero blocks are left out.
+    ``w`` (T,) positive weights (default: ``_weights``' power steps; ``row_weights_primal`` for the row's norm, F93).
     Rounding: each entry of ``c B_j B_j^T / w_j`` summed over ``j`` within ``gamma_{d+T+4}`` of the same sum of
     ``|terms|``, whose Frobenius norm is at most ``c sum_j ||B_j||_F^2 / w_j``."""
     keep = B.norm(dim=(1, 2)) > 0
     B = B[keep]
     if B.shape[0] == 0:
-        return torch.zeros(B.shape[1], B.shape[2], dtype=B.dtype), 0.0
-    w = _weights(B)
+        return torch.zeros(B.shape[1], B.shape[1], dtype=B.dtype), 0.0
+    w = _weights(B) if w is None else w[keep]
     c = float(w.sum()) * (1 + 2 * B.shape[0] * _U)
     Q = c * torch.einsum("jab,jcb->ac", B / w[:, None, None], B)
     tQ = c * float(((B * B).sum(dim=(1, 2)) / w).sum()) * (1 + 4 * B.shape[0] * _U)
     return Q, _gamma(B.shape[1] + B.shape[0] + 4) * tQ * (1 + 1e-12)
+
+
+def gram_rows(blocks: Tensor, norms: Tensor | None = None) -> Tensor:
+    r"""(T,) certified upper bounds on each row's (2,inf) norm ``nu_i = sup_{||h_j|| <= 1} ||sum_j B_ij h_j||`` for
+    blocks (T, T_in, m, k) (``_col_blocks``), by the weighted row Gram (THEORY F93): for any positive ``w``,
+    ``nu_i^2 <= lambda_max(Q*_i)``, ``Q*_i = c sum_j B_ij B_ij^T / w_j`` (``ellipsoid_gram``, its rounding ``eQ``), every
+    ``lambda_max`` certified (``certified_lmax``); the smaller over two choices of ``w``: ``row_weights_primal``'s (equal
+    to ``nu_i`` where the ascent's direction is the weighted Gram's top eigenvector) and, with ``norms`` (T, T_in) upper
+    bounds on ``||B_ij||_2``, those (then ``nu_i^2 <= (sum_j ||B_ij||)^2``: never above the triangle
+    ``certified_rows`` but for the rounding).  Padded ``1e-12`` relative and for underflow (below), nan -> inf."""
+    T, _, m, k = blocks.shape
+    # each row scaled by a power of two to a largest entry in [1/2, 1) (exact; undone at the end); underflow then only
+    # touches entries below 2^-500 of it: a block dropped as zero (its squares underflow) has entries < 2^-537, norm
+    # < sqrt(m k) 2^-537, so the row moves by less than T sqrt(m k) 2^-530, added; each product's underflow in Q is
+    # <= 2^-1075, at most T k per entry, times c: m T k c 2^-1070 (Frobenius), added to eS
+    top = blocks.abs().amax(dim=(1, 2, 3))
+    ex = torch.where((top > 0) & torch.isfinite(top), torch.frexp(top).exponent, 0).to(blocks.dtype)
+    blocks = torch.ldexp(blocks, -ex[:, None, None, None])
+    out = torch.full((T,), math.inf, dtype=blocks.dtype)
+    cands = [row_weights_primal(blocks)]
+    if norms is not None:
+        norms = torch.ldexp(norms, -ex[:, None])
+        cands.append([norms[i].clamp(min=float(norms[i].max()) * 1e-8 + 1e-300) for i in range(T)])
+    for ws in cands:
+        Qs, eQ = zip(*(ellipsoid_gram(blocks[i], ws[i]) for i in range(T)))
+        Q = torch.stack(Qs)
+        c = torch.stack([ws[i].sum() for i in range(T)]) * (1 + 2 * T * _U)
+        # the symmetric part is as close to the symmetric Q* as Q is; its sum and halving within 2u ||Q||_F
+        eS = torch.tensor(eQ, dtype=Q.dtype) + 2 * _U * torch.linalg.matrix_norm(Q) + m * T * k * c * 2.0**-1070
+        lam = certified_lmax(0.5 * (Q + Q.transpose(1, 2)))
+        nu = torch.sqrt((lam + eS).clamp(min=0)) * (1 + 1e-12) + (top != 0) * T * math.sqrt(m * k) * 2.0**-530
+        out = torch.minimum(out, torch.nan_to_num(nu, nan=math.inf))
+    return torch.ldexp(out, ex)
 
 
 def _hadamard_norm(const: dict, H: Tensor, eH: float, Dk: Tensor, nKQ: float, eD: float = _GELU2_ABS_ERR) -> float:

@@ -3,8 +3,8 @@
 A row's (2,inf) norm ``nu_i = sup_{||h_j|| <= 1} ||sum_j B_ij h_j||``.  For rank-one blocks ``a_j b_j^T`` it is
 ``max_s ||sum_j s_j ||b_j|| a_j||`` over signs, so brute force over the ``2^T`` sign vectors gives it exactly: the rows
 are never below it and, with the block norms as the second candidate's weights, never above the triangle
-``sum_j ||B_ij||``; where one direction carries each row the primal's weights make them exact.  For general blocks an independent projected float64 Adam over
-unit ``h_j`` never beats them.  Homogeneity, the blocks' order, zero blocks and rows, and the float64 extremes.
+``sum_j ||B_ij||``; where one direction carries each row the primal's weights make them exact.  For general blocks an
+independent projected float64 Adam over unit ``h_j`` never beats them.  Homogeneity, the blocks' order, zero blocks and rows, and the float64 extremes.
 """
 
 from __future__ import annotations

@@ -581,7 +581,7 @@ def _layer_route(spec: TransformerSpec, stages: list[_Stage], groups: dict, nuP:
     return res
 
 
-def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain_exact: int = 4,  # noqa: ANN001, PLR0915, PLR0912
+def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain_exact: int = 8,  # noqa: ANN001, PLR0915, PLR0912
                 norms: dict | None = None, keep_jacobian: bool = False, layer_route: bool = True,
                 centre: str = "f17", segment: bool = True, aux: tuple[float, ...] = (),
                 move_rest: bool = MOVE_REST) -> list[StackLocal]:
@@ -598,7 +598,7 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
     F36.  Assumptions: every embedded token within ``rho``
     (l2) of X; the stages are input norm, sequential layers with dot attention (no RoPE, window,
     soft-cap or q/k norm) and a non-gated FFN, final norm; float64.  ``exact``: blocks per row certified
-    by ``certified_spectral`` for J itself, ``chain_exact`` for the prefixes and suffixes.  ``norms``: a
+    by ``certified_spectral`` for J itself, ``chain_exact`` for every product of the chains (8: THEORY F94).  ``norms``: a
     dict that caches the data-free constants per layer (pass the same one for every sentence).
     ``layer_route``: also telescope over whole layers with the per-layer route (``_layer_route``) and
     keep the smaller drift and product, and take the smaller of each layer's drift rows and the
@@ -862,7 +862,9 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
         Kb = _col_blocks(K)
         Nb = certified_block_norms(Kb, exact if s == n - 1 else chain_exact)
         # THEORY F93: each row's (2,inf) norm by the weighted row Gram, never above the blocks' triangle
-        rows = torch.minimum(rows_of_block_norms(Nb), gram_rows(Kb, Nb) if GRAM_ROWS else torch.full_like(Nb[:, 0], math.inf))
+        rows = rows_of_block_norms(Nb)
+        if GRAM_ROWS:
+            rows = torch.minimum(rows, gram_rows(Kb, Nb))
         e_next = eP[s] * st.p + e_loc[s]
         if s in last:  # carry the errors by the layer's own constant
             a, _ = last[s]

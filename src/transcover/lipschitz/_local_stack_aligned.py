@@ -116,11 +116,11 @@ def gram_rows(blocks: Tensor, norms: Tensor | None = None) -> Tensor:
     cands = [row_weights_primal(blocks)]
     if norms is not None:
         norms = torch.ldexp(norms, -ex[:, None])
-        cands.append([norms[i].clamp(min=float(norms[i].max()) * 1e-8 + 1e-300) for i in range(T)])
+        cands.append(torch.maximum(norms, norms.amax(dim=1, keepdim=True) * 1e-8 + 1e-300))
     for ws in cands:
         Qs, eQ = zip(*(ellipsoid_gram(blocks[i], ws[i]) for i in range(T)))
         Q = torch.stack(Qs)
-        c = torch.stack([ws[i].sum() for i in range(T)]) * (1 + 2 * T * _U)
+        c = ws.sum(dim=1) * (1 + 2 * T * _U)
         # the symmetric part is as close to the symmetric Q* as Q is; its sum and halving within 2u ||Q||_F
         eS = torch.tensor(eQ, dtype=Q.dtype) + 2 * _U * torch.linalg.matrix_norm(Q) + m * T * k * c * 2.0**-1070
         lam = certified_lmax(0.5 * (Q + Q.transpose(1, 2)))

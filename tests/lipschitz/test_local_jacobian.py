@@ -59,6 +59,24 @@ def test_certified_spectral_is_above_the_svd(seed, n, rank):
     assert bool((c <= 2.0 * s + 1e-150).all())  # the ladder's last step (or Frobenius <= sqrt(12) s)
 
 
+@settings(max_examples=20, deadline=None, derandomize=True)
+@given(seed=st.integers(0, 10_000), e=st.sampled_from([-1060, -1000, -600, -565, -300, 0, 300, 511, 600, 1000]))
+def test_certified_spectral_holds_at_every_scale(seed, e):
+    """Matrices scaled by ``2^e`` (entries near 1e-170 or 1e+170 have Grams that under/overflow in float64; before the
+    power-of-two scaling a 1e-170 matrix got the bound 0): the bound is the unscaled one times ``2^e`` exactly, and
+    above the float64 SVD, down to entries near the subnormal range."""
+    g = torch.Generator().manual_seed(seed)
+    B = torch.randn(4, 6, 5, generator=g, dtype=torch.float64)
+    c1 = certified_spectral(B)
+    Bs = torch.ldexp(B, torch.tensor(e, dtype=torch.float64))
+    if e < -1000:  # entries partly subnormal: scaling is no longer exact, the SVD is the reference
+        assert bool((certified_spectral(Bs) >= torch.linalg.matrix_norm(Bs, ord=2)).all())
+        assert bool((certified_spectral(Bs) > 0).all())
+        return
+    assert torch.equal(certified_spectral(Bs), torch.ldexp(c1, torch.tensor(e, dtype=torch.float64)))
+    assert bool((certified_spectral(Bs) >= torch.linalg.matrix_norm(Bs, ord=2)).all())
+
+
 def test_gelu2_sup_beats_a_dense_grid():
     g = torch.Generator().manual_seed(0)
     a = torch.randn(200, generator=g, dtype=torch.float64) * 3

@@ -90,10 +90,16 @@ def certified_spectral(B: Tensor, *, iters: int = 12) -> Tensor:
     ``lambda_max`` of the Gram of the smaller side (``B^T B`` or ``B B^T``, the same top
     eigenvalue), certified by ``certified_lmax``; the Gram's own rounding, ``<= k u ||B||_F^2`` for
     inner products of length ``k <= 10^6``, is covered by ``GRAM_PAD`` of the Frobenius mass.
-    ``iters`` is kept for callers of the older power-iteration version and ignored."""
+    ``iters`` is kept for callers of the older power-iteration version and ignored.  Each matrix is first scaled by a
+    power of two to a largest entry in [1/2, 1) (exact; undone at the end): its Gram then neither underflows (a 1e-170
+    matrix had the Gram 0, hence the bound 0) nor overflows; what underflows in it is below ``2^-1074`` per product, far
+    inside ``GRAM_PAD`` of a Frobenius mass of at least 1/4."""
+    top = B.abs().amax(dim=(1, 2)) if B.numel() else B.new_zeros(B.shape[0])
+    ex = torch.where((top > 0) & torch.isfinite(top), torch.frexp(top).exponent, 0).to(B.dtype)
+    B = torch.ldexp(B, -ex[:, None, None])
     G = B.transpose(1, 2) @ B if B.shape[-1] <= B.shape[-2] else B @ B.transpose(1, 2)
     fro2 = G.diagonal(dim1=1, dim2=2).sum(-1)
-    return torch.sqrt(certified_lmax(G) + GRAM_PAD * fro2) * (1 + GRAM_PAD)
+    return torch.ldexp(torch.sqrt(certified_lmax(G) + GRAM_PAD * fro2) * (1 + GRAM_PAD), ex)
 
 
 def certified_lmax(G: Tensor, *, iters: int = 12, start: Tensor | None = None) -> Tensor:

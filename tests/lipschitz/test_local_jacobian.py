@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from lipschitz_testkit import random_spec
 from test_lipschitz_local import adversary
 from transcover.lipschitz._local import layer_local
+from transcover.lipschitz._local_stack import certified_block_norms
 from transcover.lipschitz._local_jacobian import (
     _ffn_drift, _weight_norms, certified_spectral, gelu2_sup, layer_jacobian, pre_activations, row_norm_lower,
 )
@@ -75,6 +76,13 @@ def test_certified_spectral_holds_at_every_scale(seed, e):
         return
     assert torch.equal(certified_spectral(Bs), torch.ldexp(c1, torch.tensor(e, dtype=torch.float64)))
     assert bool((certified_spectral(Bs) >= torch.linalg.matrix_norm(Bs, ord=2)).all())
+    # the stack's block norms: one block a row by certified_spectral, the others by the Frobenius norm (whose squares
+    # underflowed the same way: torch's norm of a 1e-170 block is 0)
+    blocks = torch.ldexp(torch.randn(3, 3, 4, 5, generator=g, dtype=torch.float64), torch.tensor(e, dtype=torch.float64))
+    assert bool((certified_block_norms(blocks, 1) >= torch.linalg.matrix_norm(blocks, ord=2)).all())
+    assert torch.equal(certified_block_norms(blocks, 1),
+                       torch.ldexp(certified_block_norms(torch.ldexp(blocks, torch.tensor(-e, dtype=torch.float64)), 1),
+                                   torch.tensor(e, dtype=torch.float64)))
 
 
 def test_gelu2_sup_beats_a_dense_grid():

@@ -48,7 +48,7 @@ from .._results import Kind, Quantity
 from ..model import NormKind, Placement, TransformerSpec
 from ._local_centre import CENTRE_PAD_ASSUMPTION, centre_errors, f17_pad, stage_forward_error
 from ._local_jacobian import certified_spectral, row_norm_lower
-from ._local_stack_aligned import FFNAligned, gram_rows
+from ._local_stack_aligned import FFNAligned, block_norms_and_rows, gram_rows
 from ._local_stack_attn import AttentionAligned
 from ._local_stack_carry import carried_first_order, carry_blocks, tail_drift
 from ._local_attn_gram_rest import gram_factors, head_block_norms
@@ -81,6 +81,8 @@ _CHUNK = 512
 SEGMENT_AUX: tuple[float, ...] = (0.25, 0.5, 0.75)
 # THEORY F93: the prefix's rows (every per-token radius, the point) by the weighted row Gram as well as the triangle
 GRAM_ROWS = True
+# THEORY F95: the move's rest carried through each product by its unit rows (weighted row Gram) as well as its blocks
+CARRY_ROWS = True
 # THEORY F77: ``stack_local``'s default for the move's rest by its own recursion (F73c, F76a): off, its chains from
 # every sub-stage start cost MiniLM +35-55 % CPU, with F78/F79's rests 2.2-2.4x (F77b), about 2x since F83, for a
 # gain at factors >= 1e-5 only
@@ -423,12 +425,12 @@ def _next_cut(pos: dict, a: int, b: int) -> bool:
 
 
 def _move_rest(prods: dict, rests: list[Tensor], s: int, cap: dict, inner: dict, PL: dict, Ecs: dict, radii: list,
-               k: int, pad: float, T: int) -> Tensor:
+               k: int, pad: float, T: int, nus: dict | None = None) -> Tensor:
     """THEORY F73c, F76a item 4: rows ``E_s >= ||e_{s,i}||`` at sub-stage ``s``'s input for the ``k``-th radius: the
     exact products' sum of the earlier stages' rests (``move_rest_rows``) and, at a post-LN layer's inner point, the
     partial layer's own rest in one step from the layer input's ``E_c`` (``layer_rest_rows``: F59b's remainders, the
     FFN's own at ``S2`` on the stack's radius of ``H``, with the centre pad), the smaller."""
-    E = move_rest_rows(prods, rests, s, T)
+    E = move_rest_rows(prods, rests, s, T, nus=nus)
     if s in cap and s in inner:
         c, name = cap[s]
         rem = _hybrid_radius(name, PL[c][k].rem, torch.zeros_like(E), radii[s - 1][k] if name == "ffn" else None)
@@ -591,7 +593,7 @@ def _layer_route(spec: TransformerSpec, stages: list[_Stage], groups: dict, nuP:
     return res
 
 
-def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain_exact: int = 8,  # noqa: ANN001, PLR0915, PLR0912
+def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain_exact: int | None = None,  # noqa: ANN001, PLR0915, PLR0912
                 norms: dict | None = None, keep_jacobian: bool = False, layer_route: bool = True,
                 centre: str = "f17", segment: bool = True, aux: tuple[float, ...] = (),
                 move_rest: bool = MOVE_REST) -> list[StackLocal]:
@@ -608,7 +610,7 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
     F36.  Assumptions: every embedded token within ``rho``
     (l2) of X; the stages are input norm, sequential layers with dot attention (no RoPE, window,
     soft-cap or q/k norm) and a non-gated FFN, final norm; float64.  ``exact``: blocks per row certified
-    by ``certified_spectral`` for J itself, ``chain_exact`` for every product of the chains (8: THEORY F94).  ``norms``: a
+    by ``certified_spectral`` for J itself, ``chain_exact`` for every product of the chains (None: every block, THEORY F94, F95).  ``norms``: a
     dict that caches the data-free constants per layer (pass the same one for every sentence).
     ``layer_route``: also telescope over whole layers with the per-layer route (``_layer_route``) and
     keep the smaller drift and product, and take the smaller of each layer's drift rows and the
@@ -636,6 +638,7 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
     t0, c0 = time.perf_counter(), time.process_time()
     X = X.detach().double()
     T, d = X.shape
+    chain_exact = T if chain_exact is None else chain_exact
     norms = {} if norms is None else norms
     stages, _, groups = _stages(spec, X, norms)
     eye = torch.eye(T * d, dtype=torch.float64).reshape(T * d, T, d)
@@ -655,6 +658,7 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
     if move_rest:  # THEORY F73c, F77: the chains from every sub-stage start, the cuts' among them
         factors: dict = {}  # THEORY F87: an attention stage -> its heads' Gram factors
         hprods: dict = {}  # THEORY F87: (a, s) -> the product's blocks through those factors
+        nus: dict = {}  # THEORY F95: (a, s) -> the product's certified unit rows (weighted row Gram)
 
         def on_product(a: int, b: int, K: Tensor, e: float) -> None:
             if _next_cut(pos, a, b):
@@ -664,8 +668,9 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
                     factors[b] = gram_factors(stages[b].attn["heads"], values=True)
                 hprods[(a, b)] = head_block_norms(factors[b][0], K)
 
+        rows_of = (lambda K: block_norms_and_rows(_col_blocks(K))) if CARRY_ROWS and T <= chain_exact else None
         prods = substage_products(stages, norms_of, lambda st, K: _local_error(st, K, cols=True),
-                                  lambda st, K: _chunked(st.lin.apply, K), on_product, cuts[1])
+                                  lambda st, K: _chunked(st.lin.apply, K), on_product, cuts[1], rows_of, nus)
         mid, blk, first_rows, inner = middle_of_products(prods, cuts)
     else:
         prods = None
@@ -739,7 +744,7 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
         pad = max(f17_pad(st.x), ecent)
         pads.append(pad)
         if prods is not None:  # THEORY F73c: the same part by its own recursion at x, the smaller kept
-            Es = [_move_rest(prods, rests[k], s, cap, inner, PL, Ecs, radii, k, pad, T)
+            Es = [_move_rest(prods, rests[k], s, cap, inner, PL, Ecs, radii, k, pad, T, nus)
                   for k in range(nr)]
             Eall.append(Es)
             if s in first:

@@ -26,11 +26,11 @@ from ._local_ffn2 import (
     _GELU2_ABS_ERR, centre_gelu2_err, ffn_hadamard, ffn_second_norms, ffn_second_norms_flat, ffn_taylor_drift,
     forms_in_range,
 )
-from ._local_jacobian import _f64, certified_lmax, gelu_second, pre_activations
+from ._local_jacobian import GRAM_PAD, _f64, certified_lmax, certified_lmax_vec, gelu_second, pre_activations
 from ._local_stack_third import aligned_reach, aligned_third_rest, third_norms
 from ._rounding import _gamma
 
-__all__ = ["ellipsoid_gram", "row_weights_primal", "gram_rows", "ffn_aligned_norms", "ffn_aligned_reach", "FFNAligned"]
+__all__ = ["ellipsoid_gram", "row_weights_primal", "gram_rows", "block_norms_and_rows", "ffn_aligned_norms", "ffn_aligned_reach", "FFNAligned"]
 
 _U = 2.0**-53
 
@@ -127,6 +127,78 @@ def gram_rows(blocks: Tensor, norms: Tensor | None = None) -> Tensor:
         nu = torch.sqrt((lam + eS).clamp(min=0)) * (1 + 1e-12) + (top != 0) * T * math.sqrt(m * k) * 2.0**-530
         out = torch.minimum(out, torch.nan_to_num(nu, nan=math.inf))
     return torch.ldexp(out, ex)
+
+
+def block_norms_and_rows(blocks: Tensor, steps: int = 30, tol: float = 1e-6) -> tuple[Tensor, Tensor]:
+    r"""For blocks (T, T_in, m, k), ``(N, nu)``: (T, T_in) certified ``N_ik >= ||B_ik||_2`` and (T,) certified
+    ``nu_i >= sup_{||h_k|| <= 1} ||sum_k B_ik h_k||`` (the rows' (2,inf) norms), from one left Gram ``B_ik B_ik^T`` per
+    block (THEORY F95): each block's norm is its Gram's certified ``lambda_max`` (``certified_spectral``'s, on the left
+    side), and each row's is the weighted row Gram of F93, ``nu_i^2 <= (sum_k w_k) lambda_max(sum_k B_ik B_ik^T / w_k)``
+    (any ``w > 0``), summed from the same Grams, so a row costs one more ``m x m`` certified ``lambda_max`` instead of
+    ``T_in m^2 k`` flops.  The weights ``w_k = ||B_ik^T z||`` at the direction of the ascent
+    ``z <- sum_k G_ik z / ||B_ik^T z||`` (F67a, F92; float32 on the scaled Grams, from the largest block's top Ritz
+    vector, stopped after ``steps`` or a relative rise below ``tol``): any positive ``w`` is valid, this only chooses.
+    Scaling: each block by a power of two ``2^-e_ik`` to a largest entry in [1/2, 1) (exact) before its Gram, so no Gram
+    under- or overflows (``certified_spectral``); a row's Grams are summed at ``4^(e_ik - e_i)``, ``e_i`` the row's
+    largest exponent, where what underflows is below ``2^-1074`` per term.  Rounding of the row Gram, Frobenius: each
+    ``fl(G~_ik)`` within ``GRAM_PAD`` of its trace ``f_ik`` (``certified_spectral``'s pad, taken twice for the trace's own
+    rounding); the coefficients ``a_ik = c 4^(e_ik - e_i) / w_k``, the products and the ``T_in``-term sum within
+    ``gamma_{T_in + 4}`` of ``sum_k a_ik f_ik``; the underflow ``m T_in 2^-1074`` times the largest ``a``; the symmetric
+    part ``2 u ||Q||_F``.  Padded ``1e-12`` relative; nan -> inf; never above the triangle ``sum_k N_ik`` (padded),
+    itself a bound on ``nu_i``."""
+    T, Ti, m, k = blocks.shape
+    B = blocks.reshape(T * Ti, m, k)
+    top = B.abs().amax(dim=(1, 2)) if B.numel() else B.new_zeros(T * Ti)
+    ex = torch.where((top > 0) & torch.isfinite(top), torch.frexp(top).exponent, 0).to(B.dtype)
+    Bs = torch.ldexp(B, -ex[:, None, None])
+    G = Bs @ Bs.transpose(1, 2)
+    f = G.diagonal(dim1=1, dim2=2).sum(-1)
+    lam, x = certified_lmax_vec(G)
+    sp = torch.ldexp(torch.sqrt(lam + GRAM_PAD * f) * (1 + GRAM_PAD), ex)
+    fro = torch.ldexp(Bs.norm(dim=(1, 2)), ex) * (1 + 4 * m * k * _U)
+    N = torch.minimum(sp, fro).reshape(T, Ti)
+    G, f, ex, x = G.reshape(T, Ti, m, m), f.reshape(T, Ti), ex.reshape(T, Ti), x.reshape(T, Ti, m)
+    zero = top.reshape(T, Ti) == 0
+    er = torch.where(zero, -2000.0, ex).amax(dim=1, keepdim=True)  # the row's largest exponent
+    sc = torch.where(zero, 0.0, torch.ldexp(torch.ones_like(ex), 2 * (ex - er)))  # 4^(e_ik - e_i), 0 for zero blocks
+    w = _gram_weights(G, sc, x, N, steps, tol)  # relative weights in the row's scale, > 0 where the block is not zero
+    c = w.sum(dim=1) * (1 + 2 * Ti * _U)
+    a = torch.where(zero, 0.0, c[:, None] * sc / w.clamp(min=1e-300))
+    Q = torch.einsum("ik,ikab->iab", a, G)
+    eQ = (2 * GRAM_PAD + _gamma(Ti + 4)) * (a * f).sum(dim=1) * (1 + 4 * Ti * _U) + m * Ti * 2.0**-1070
+    eS = eQ + 2 * _U * torch.linalg.matrix_norm(Q)
+    top_row = x.gather(1, N.argmax(dim=1)[:, None, None].expand(T, 1, m))[:, 0]
+    lq = certified_lmax(0.5 * (Q + Q.transpose(1, 2)), start=top_row)
+    nu = torch.ldexp(torch.sqrt((lq + eS).clamp(min=0)) * (1 + 1e-12), er[:, 0])
+    # blocks whose scale underflowed out of the row's Gram (below 2^-1074 of it) enter by their norms (the triangle)
+    nu = nu + (N * ((sc == 0) & ~zero)).sum(dim=1) * (1 + 2 * Ti * _U)
+    nu = torch.where(zero.all(dim=1), 0.0, nu)
+    # the triangle sum_k ||B_ik|| is a bound too (where the ascent stopped at a poor local maximum the Gram can pass it)
+    nu = torch.minimum(torch.nan_to_num(nu, nan=math.inf), N.sum(dim=1) * (1 + Ti * _U))
+    return N, nu
+
+
+def _gram_weights(G: Tensor, sc: Tensor, x: Tensor, N: Tensor, steps: int, tol: float) -> Tensor:
+    """(T, T_in) weights ``w_ik = (sc_ik z_i^T G_ik z_i)^{1/2}`` (floored at ``1e-8`` of the row's largest and above 0 for
+    every nonzero block) at the ascent's ``z_i`` (``block_norms_and_rows``), in the row's scale; float32."""
+    G32, sc32 = G.float(), sc.float()
+    z = x.gather(1, N.argmax(dim=1)[:, None, None].expand(-1, 1, x.shape[2]))[:, 0].float()
+    z = z / z.norm(dim=1, keepdim=True).clamp(min=1e-30)
+    phi = torch.zeros(z.shape[0])
+    for _ in range(steps):
+        Gz = (G32 @ z[:, None, :, None])[..., 0]
+        q = torch.sqrt((sc32 * torch.einsum("ika,ia->ik", Gz, z)).clamp(min=0))
+        zn = (Gz * (sc32 / q.clamp(min=torch.finfo(torch.float32).tiny))[..., None]).sum(1)
+        nz = zn.norm(dim=1, keepdim=True)
+        if not bool(torch.isfinite(zn).all()) or bool((nz == 0).any()):
+            break
+        z, phi0, phi = zn / nz, phi, q.sum(1)
+        if bool((phi - phi0 <= tol * phi).all()):
+            break
+    zd = z.double()
+    w = torch.sqrt((sc * torch.einsum("ika,ia->ik", torch.einsum("ikab,ib->ika", G, zd), zd)).clamp(min=0))
+    floor = torch.maximum(w.amax(dim=1, keepdim=True) * 1e-8, sc.sqrt() * 1e-11)
+    return torch.maximum(w, floor)
 
 
 def _hadamard_norm(const: dict, H: Tensor, eH: float, Dk: Tensor, nKQ: float, eD: float = _GELU2_ABS_ERR) -> float:

@@ -21,7 +21,7 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["substage_products", "carried_error", "product_norm", "move_rest_rows", "pull_rows", "image_sources", "IMAGE_BYTES",
+__all__ = ["substage_products", "carried_error", "product_norm", "move_rest_rows", "carried_rows", "pull_rows", "image_sources", "IMAGE_BYTES",
            "stage_rest_rows", "attention_rest_rows", "norm_rest_rows", "ffn_rest_rows", "layer_rest_rows"]
 
 
@@ -31,7 +31,7 @@ def _padded(t: Tensor, pad: float = 0.0) -> Tensor:
 
 
 def substage_products(stages: list, norms_of, local_error, apply, on_product=None,  # noqa: ANN001
-                      first_end: int | None = None) -> dict:
+                      first_end: int | None = None, rows_of=None, rows: dict | None = None) -> dict:  # noqa: ANN001
     """``{(a, s): (N, e)}`` for ``0 <= a < s <= n`` (from ``a = 0`` only ``s <= first_end``: ``E`` reads no product
     from the network input, and the prefix chain gives those rows): ``N`` the certified block norms (``norms_of`` of the computed
     columns) of ``M_{a -> s} = J_{s-1} ... J_a`` at the data, by a float64 chain of the sub-stages' tangent maps from
@@ -39,7 +39,9 @@ def substage_products(stages: list, norms_of, local_error, apply, on_product=Non
     ``fl(M_{a -> s}) - M_{a -> s} = sum_{a <= m < s} M_{m+1 -> s} E_m`` exactly (``E_m`` the step's own error,
     ``local_error(stage, K)`` in the (2,inf) norm), each ``||M_{m+1 -> s}||`` the certified rows of the later start's
     product plus its own rounding (the starts run from the last), the identity for ``m + 1 = s``.
-    ``on_product(a, s, K, e)`` (optional) sees every computed product's columns.  THEORY F73c, F36 item 1."""
+    ``on_product(a, s, K, e)`` (optional) sees every computed product's columns.  ``rows_of`` (optional, with the dict
+    ``rows``): for starts ``a > 0`` (those ``E`` reads) ``(N, nu)`` from the columns in place of ``norms_of``, ``nu`` the
+    product's certified unit rows, kept in ``rows[(a, s)]`` (THEORY F95).  THEORY F73c, F36 item 1."""
     n = len(stages)
     T, d = stages[0].x.shape
     out: dict = {}
@@ -50,7 +52,11 @@ def substage_products(stages: list, norms_of, local_error, apply, on_product=Non
             errs.append(local_error(stages[s], K))
             K = apply(stages[s], K)
             err = carried_error(out, errs, a, s + 1)
-            out[(a, s + 1)] = (norms_of(K), err)
+            if rows_of is not None and a > 0:
+                N, rows[(a, s + 1)] = rows_of(K)
+            else:
+                N = norms_of(K)
+            out[(a, s + 1)] = (N, err)
             if on_product is not None:
                 on_product(a, s + 1, K, err)
     return out
@@ -130,8 +136,31 @@ def _norm(prods: dict, a: int, s: int) -> float:
     return 1.0 if a == s else product_norm(prods[(a, s)])
 
 
+def radii_over(R: Tensor, ts: Tensor) -> Tensor:
+    """(len(ts), len(R)) ``(R_k - t)_+`` for every ``t`` in ``ts``, rounded up: ``R_k <= t + out`` in exact arithmetic
+    (``fl(R_k - t) >= (R_k - t)(1 - u)`` for normal results, exact for subnormal ones, so ``1 + 2^-51`` covers it)."""
+    return ((R[None, :] - ts[:, None]) * (1 + 2.0**-51)).clamp(min=0)
+
+
+def carried_rows(N: Tensor, nu: Tensor, R: Tensor) -> Tensor:
+    r"""(T,) upper bounds on ``nu_i(R) = sup_{||h_k|| <= R_k} ||sum_k B_ik h_k||`` for blocks ``B`` with certified block
+    norms ``N`` (T, T_in) and certified unit rows ``nu`` (T,) ``>= nu_i(1)`` (THEORY F95):
+
+    .. math:: \nu_i(R) \le \min_{t \in \{0\} \cup \{R_k\}} \Big(t\, \nu_i(1) + \sum_k N_{ik} (R_k - t)_+\Big),
+
+    since ``nu_i`` is monotone and subadditive in ``R >= 0`` (the per-token balls of radius ``a + b`` are the Minkowski
+    sums of those of ``a`` and ``b``) and positively homogeneous, and ``R <= t 1 + (R - t)_+``; ``t = 0`` is the triangle
+    ``N @ R``.  The bound is convex and piecewise linear in ``t`` with its kinks at the ``R_k``, so the minimum over those
+    is the minimum over every ``t >= 0``.  ``(R - t)_+`` is rounded up (``1 + 2^-51``); the float64 sums of non-negative
+    products are the caller's to pad."""
+    ts = torch.cat([R.new_zeros(1), R])
+    over = radii_over(R, ts)  # (T_in + 1, T_in)
+    lin = torch.where(ts[None, :] == 0, 0.0, nu[:, None] * ts[None, :])  # t = 0 reads no nu (an inf nu is no bound)
+    return (N @ over.T + lin).amin(dim=1)
+
+
 def move_rest_rows(prods: dict, rests: list[Tensor], s: int, T: int, blocks: dict | None = None,
-                   unit: Tensor | float = 1.0) -> Tensor:
+                   unit: Tensor | float = 1.0, nus: dict | None = None) -> Tensor:
     r"""(T,) rows ``E_{s,i} >= ||e_{s,i}||`` for sub-stage ``s``'s input, from the rows ``rests[m] >= ||R_{m,k}||`` of
     the stages before it (THEORY F73c):
 
@@ -141,7 +170,9 @@ def move_rest_rows(prods: dict, rests: list[Tensor], s: int, T: int, blocks: dic
     ``E_0 = 0`` (the network input moves by ``delta`` itself).  With ``blocks`` (``{(a, s): N^q}``, (..., T, T)) the
     same rest seen through factors ``F_q`` (THEORY F87 (b)): ``C_qi >= ||F_q^T e_{s,i}||`` (..., T), ``N^q`` the blocks
     ``||F_q^T fl(M)_ik||`` (``head_block_norms``), ``unit`` (...) ``>= ||F_q||`` for the identity and the products'
-    rounding.  Float64 sums of non-negative products, padded by ``1e-12`` relative; nan -> inf."""
+    rounding.  With ``nus`` (``{(a, s): nu}``, certified unit rows ``nu_i >= nu_i(1)`` of the computed ``M_{a -> s}``, the
+    weighted row Gram, F93), ``sum_k N_ik R_k`` is ``carried_rows``' smaller bound (THEORY F95).  Float64 sums of
+    non-negative products, padded by ``1e-12`` relative; nan -> inf."""
     u = unit if isinstance(unit, float) else unit[..., None]
     acc = torch.zeros(T, dtype=torch.float64)
     for m in range(s):
@@ -150,7 +181,11 @@ def move_rest_rows(prods: dict, rests: list[Tensor], s: int, T: int, blocks: dic
             acc = acc + u * R
         else:
             N, e = prods[(m + 1, s)]
-            acc = acc + (N if blocks is None else blocks[(m + 1, s)]) @ R + u * (e * float(R.max()))
+            if blocks is None and nus is not None and (m + 1, s) in nus:
+                carried = carried_rows(N, nus[(m + 1, s)], R)
+            else:
+                carried = (N if blocks is None else blocks[(m + 1, s)]) @ R
+            acc = acc + carried + u * (e * float(R.max()))
     return _padded(acc)
 
 

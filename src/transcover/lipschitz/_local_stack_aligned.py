@@ -143,8 +143,8 @@ def block_norms_and_rows(blocks: Tensor, steps: int = 30, tol: float = 1e-6) -> 
     largest exponent, where what underflows is below ``2^-1074`` per term.  Rounding of the row Gram, Frobenius: each
     ``fl(G~_ik)`` within ``GRAM_PAD`` of its trace ``f_ik`` (``certified_spectral``'s pad, taken twice for the trace's own
     rounding); the coefficients ``a_ik = c 4^(e_ik - e_i) / w_k``, the products and the ``T_in``-term sum within
-    ``gamma_{T_in + 4}`` of ``sum_k a_ik f_ik``; the underflow ``m T_in 2^-1074`` times the largest ``a``; the symmetric
-    part ``2 u ||Q||_F``.  Padded ``1e-12`` relative; nan -> inf; never above the triangle ``sum_k N_ik`` (padded),
+    ``gamma_{T_in + 4}`` of ``sum_k a_ik f_ik``; the products' underflow, at most ``2^-1074`` each and ``T_in`` per
+    entry, ``m T_in 2^-1070`` (Frobenius); the symmetric part ``2 u ||Q||_F``.  Padded ``1e-12`` relative; nan -> inf; never above the triangle ``sum_k N_ik`` (padded),
     itself a bound on ``nu_i``."""
     T, Ti, m, k = blocks.shape
     B = blocks.reshape(T * Ti, m, k)

@@ -101,9 +101,8 @@ def test_rank_one_blocks_never_exceed_the_bound(seed, T, m, k, spread):
 @settings(max_examples=20, deadline=None, derandomize=True)
 @given(seed=hs.integers(0, 10_000), T=hs.integers(1, 6), k=hs.integers(1, 4), spread=hs.sampled_from([0.0, 1.0]))
 def test_two_row_blocks_against_a_dense_circle(seed, T, k, spread):
-    """``m = 2``: ``nu_i(R) = max_{|u| = 1} sum_k R_k ||B_ik^T u||`` (the sups swapped), read on 20 001 angles and
-    raised by its Lipschitz constant in the angle times the half step: an upper value of the exact, which the bound
-    may not undercut by more than that margin; the grid's own value is a lower one it may never undercut."""
+    """``m = 2``: ``nu_i(R) = max_{|u| = 1} sum_k R_k ||B_ik^T u||`` (the sups swapped), read on 20 001 angles of the
+    half circle (``phi(u) = phi(-u)``): a lower value of the exact that the bound may never undercut."""
     g = torch.Generator().manual_seed(seed)
     blocks = torch.randn(T, T, 2, k, generator=g, dtype=torch.float64)
     R = _radii(T, g, spread)

@@ -46,6 +46,22 @@ def _weights(B: Tensor) -> Tensor:
     return torch.maximum(w, B.norm(dim=(1, 2)) * 1e-3)
 
 
+def _sphere_ascent(step, z: Tensor, steps: int, tol: float) -> Tensor:  # noqa: ANN001
+    """The normalised ascent ``z <- zn / ||zn||`` of a convex ``phi`` on the sphere (THEORY F67a), ``step(z) -> (zn,
+    phi(z))`` batched over the leading dimensions: at most ``steps`` steps, stopped where ``zn`` is not finite or zero, or
+    once no batch element's ``phi`` rises by more than ``tol`` (relative).  Only chooses weights (F93, F95)."""
+    phi = torch.zeros(z.shape[:-1], dtype=z.dtype)
+    for _ in range(steps):
+        zn, val = step(z)
+        nz = zn.norm(dim=-1, keepdim=True)
+        if not bool(torch.isfinite(zn).all()) or bool((nz == 0).any()):
+            break
+        z, phi0, phi = zn / nz, phi, val
+        if bool((phi - phi0 <= tol * phi).all()):
+            break
+    return z
+
+
 def row_weights_primal(B: Tensor, steps: int = 100, tol: float = 1e-6) -> Tensor:
     """Positive weights ``w_j = ||B_j^T z||`` for blocks ``B`` (..., T, m, k) (a batch of rows), floored at ``1e-8`` of the
     row's largest and ``1e-11 ||B_j||_F`` so that every ``w_j > 0``, at the direction ``z`` of the ascent
@@ -61,17 +77,12 @@ def row_weights_primal(B: Tensor, steps: int = 100, tol: float = 1e-6) -> Tensor
         B = torch.ldexp(B, torch.tensor(-math.frexp(top)[1], dtype=B.dtype)).float()
     z = torch.linalg.eigh(torch.einsum("...jab,...jcb->...ac", B, B))[1][..., -1]
     Bt = B.transpose(-1, -2)
-    phi = torch.zeros(z.shape[:-1], dtype=B.dtype)
-    for _ in range(steps):
+    def step(z: Tensor) -> tuple[Tensor, Tensor]:
         g = (Bt @ z[..., None, :, None]).squeeze(-1)  # B_j^T z, (..., T, k)
         n = g.norm(dim=-1)
-        zn = (B @ (g / n.clamp(min=torch.finfo(B.dtype).tiny)[..., None])[..., None]).squeeze(-1).sum(-2)
-        nz = zn.norm(dim=-1, keepdim=True)
-        if not bool(torch.isfinite(zn).all()) or bool((nz == 0).any()):
-            break
-        z, phi0, phi = zn / nz, phi, n.sum(-1)
-        if bool((phi - phi0 <= tol * phi).all()):
-            break
+        return (B @ (g / n.clamp(min=torch.finfo(B.dtype).tiny)[..., None])[..., None]).squeeze(-1).sum(-2), n.sum(-1)
+
+    z = _sphere_ascent(step, z, steps, tol)
     w = (B64.transpose(-1, -2) @ z.to(B64.dtype)[..., None, :, None]).squeeze(-1).norm(dim=-1)
     floor = torch.maximum(w.amax(dim=-1, keepdim=True) * 1e-8, B64.norm(dim=(-2, -1)) * 1e-11)
     return torch.maximum(w, floor).clamp(min=1e-300)
@@ -161,13 +172,13 @@ def block_norms_and_rows(blocks: Tensor, steps: int = 30, tol: float = 1e-6) -> 
     zero = top.reshape(T, Ti) == 0
     er = torch.where(zero, -2000.0, ex).amax(dim=1, keepdim=True)  # the row's largest exponent
     sc = torch.where(zero, 0.0, torch.ldexp(torch.ones_like(ex), 2 * (ex - er)))  # 4^(e_ik - e_i), 0 for zero blocks
-    w = _gram_weights(G, sc, x, N, steps, tol)  # relative weights in the row's scale, > 0 where the block is not zero
+    top_row = x.gather(1, N.argmax(dim=1)[:, None, None].expand(T, 1, m))[:, 0]  # the largest block's top Ritz vector
+    w = _gram_weights(G, sc, top_row, steps, tol)  # relative weights in the row's scale, > 0 where the block is not zero
     c = w.sum(dim=1) * (1 + 2 * Ti * _U)
     a = torch.where(zero, 0.0, c[:, None] * sc / w.clamp(min=1e-300))
     Q = torch.einsum("ik,ikab->iab", a, G)
     eQ = (2 * GRAM_PAD + _gamma(Ti + 4)) * (a * f).sum(dim=1) * (1 + 4 * Ti * _U) + m * Ti * 2.0**-1070
     eS = eQ + 2 * _U * torch.linalg.matrix_norm(Q)
-    top_row = x.gather(1, N.argmax(dim=1)[:, None, None].expand(T, 1, m))[:, 0]
     lq = certified_lmax(0.5 * (Q + Q.transpose(1, 2)), start=top_row)
     nu = torch.ldexp(torch.sqrt((lq + eS).clamp(min=0)) * (1 + 1e-12), er[:, 0])
     # blocks whose scale underflowed out of the row's Gram (below 2^-1074 of it) enter by their norms (the triangle)
@@ -178,24 +189,19 @@ def block_norms_and_rows(blocks: Tensor, steps: int = 30, tol: float = 1e-6) -> 
     return N, nu
 
 
-def _gram_weights(G: Tensor, sc: Tensor, x: Tensor, N: Tensor, steps: int, tol: float) -> Tensor:
+def _gram_weights(G: Tensor, sc: Tensor, x0: Tensor, steps: int, tol: float) -> Tensor:
     """(T, T_in) weights ``w_ik = (sc_ik z_i^T G_ik z_i)^{1/2}`` (floored at ``1e-8`` of the row's largest and above 0 for
-    every nonzero block) at the ascent's ``z_i`` (``block_norms_and_rows``), in the row's scale; float32."""
+    every nonzero block) at the ascent's ``z_i`` from ``x0`` (``block_norms_and_rows``), in the row's scale; float32."""
     G32, sc32 = G.float(), sc.float()
-    z = x.gather(1, N.argmax(dim=1)[:, None, None].expand(-1, 1, x.shape[2]))[:, 0].float()
+    z = x0.float()
     z = z / z.norm(dim=1, keepdim=True).clamp(min=1e-30)
-    phi = torch.zeros(z.shape[0])
-    for _ in range(steps):
+
+    def step(z: Tensor) -> tuple[Tensor, Tensor]:
         Gz = (G32 @ z[:, None, :, None])[..., 0]
         q = torch.sqrt((sc32 * torch.einsum("ika,ia->ik", Gz, z)).clamp(min=0))
-        zn = (Gz * (sc32 / q.clamp(min=torch.finfo(torch.float32).tiny))[..., None]).sum(1)
-        nz = zn.norm(dim=1, keepdim=True)
-        if not bool(torch.isfinite(zn).all()) or bool((nz == 0).any()):
-            break
-        z, phi0, phi = zn / nz, phi, q.sum(1)
-        if bool((phi - phi0 <= tol * phi).all()):
-            break
-    zd = z.double()
+        return (Gz * (sc32 / q.clamp(min=torch.finfo(torch.float32).tiny))[..., None]).sum(1), q.sum(1)
+
+    zd = _sphere_ascent(step, z, steps, tol).double()
     w = torch.sqrt((sc * torch.einsum("ika,ia->ik", torch.einsum("ikab,ib->ika", G, zd), zd)).clamp(min=0))
     floor = torch.maximum(w.amax(dim=1, keepdim=True) * 1e-8, sc.sqrt() * 1e-11)
     return torch.maximum(w, floor)

@@ -25,7 +25,7 @@ from test_local_move26 import CASES, _case
 from test_local_stack15 import assert_network_below
 from transcover.lipschitz._local_stack import certified_block_norms
 from transcover.lipschitz._local_stack_aligned import block_norms_and_rows, gram_rows
-from transcover.lipschitz._local_stack_move import carried_rows, radii_over
+from transcover.lipschitz._local_stack_move import carried_rows, layer_rest_rows, radii_over
 
 U = 2.0**-53
 
@@ -260,17 +260,42 @@ def test_stack_with_carried_rows_is_never_looser_and_stays_above_the_adversary(c
     """``stack_local(move_rest=True)`` with ``CARRY_ROWS`` on and off on F77's attack cases (2-layer post-LN GELU stacks,
     T = 3): the bound and every move-rest row at most the old ones (the products' block norms come from the other side's
     Gram, each within certified_lmax's candidate pad, ``1e-6`` relative, of the old), and the whole bound above the
-    network's float64 adversary (``test_local_stack15``'s); it binds on each."""
+    network's float64 adversary (``test_local_stack15``'s); it binds on each.  The one-step layer rest (F76a item 4,
+    ``layer_rest_rows``) is handed the product's unit rows whenever ``CARRY_ROWS`` is on, never off, and they bind."""
     spec, X, rho, seed = _case(CASES[case])
-    rows = {}
+    rows, layer = {}, {}
+    real = ls.layer_rest_rows
     for flag in (True, False):
         monkeypatch.setattr(ls, "CARRY_ROWS", flag)
-        E, move = [], ls._move_rest
+        E, move, L = [], ls._move_rest, layer.setdefault(flag, [])
         monkeypatch.setattr(ls, "_move_rest", lambda *a: E.append(move(*a)) or E[-1])
+        monkeypatch.setattr(ls, "layer_rest_rows", lambda *a: L.append(a) or real(*a))
         rows[flag] = (ls.stack_local(spec, X, [rho], move_rest=True)[0], torch.stack(E))
         monkeypatch.setattr(ls, "_move_rest", move)
+    assert layer[False] and all(len(a) == 4 or a[4] is None for a in layer[False])
+    assert layer[True] and all(len(a) == 5 and a[4] is not None for a in layer[True])
+    assert any(torch.any(real(*a) < real(*a[:4]) * (1 - 1e-6)) for a in layer[True])
     (new, En), (old, Eo) = rows[True], rows[False]
     assert new.upper <= old.upper * (1 + 1e-5)
     assert torch.all(En <= Eo * (1 + 1e-5))
     assert new.upper < old.upper * (1 - 1e-4)  # it binds: 0.02-0.9 % lower on these five
     assert_network_below(spec, X, rho, new, seed=seed)
+
+
+# -- F76a item 4 with F95: the partial layer's rest in one step ------------------------------------------------------
+
+@settings(max_examples=8, deadline=None, derandomize=True)
+@given(seed=hs.integers(0, 10_000), T=hs.integers(2, 5), m=hs.integers(2, 6), spread=hs.sampled_from([0.0, 1.0, 2.0]))
+def test_layer_rest_rows_with_unit_rows_never_above_the_triangle_nor_below_adam(seed, T, m, spread):
+    """``layer_rest_rows(..., nu)`` against the triangle form (``nu`` None) and a projected Adam over the balls
+    ``||h_k|| <= E_c,k`` for ``||sum_k B_ik h_k|| + e max E_c + rem_i``: between the two."""
+    g = torch.Generator().manual_seed(seed)
+    blocks = torch.randn(T, T, m, m, generator=g, dtype=torch.float64)
+    N, nu = certified_block_norms(blocks), gram_rows(blocks)
+    Ec, rem, e = _radii(T, g, spread), torch.rand(T, generator=g, dtype=torch.float64), 1e-3
+    with_nu = layer_rest_rows(N, e, Ec, rem, nu)
+    assert torch.all(with_nu <= layer_rest_rows(N, e, Ec, rem) * (1 + 4 * T * U))
+    assert torch.equal(layer_rest_rows(N, e, Ec, rem), layer_rest_rows(N, e, Ec, rem, None))
+    for i in range(T):
+        assert _adam(blocks[i], Ec, g) + e * float(Ec.max()) + float(rem[i]) <= float(with_nu[i]) * (1 + _tol(blocks))
+

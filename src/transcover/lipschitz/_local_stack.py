@@ -435,7 +435,8 @@ def _move_rest(prods: dict, rests: list[Tensor], s: int, cap: dict, inner: dict,
         c, name = cap[s]
         rem = _hybrid_radius(name, PL[c][k].rem, torch.zeros_like(E), radii[s - 1][k] if name == "ffn" else None)
         if rem is not None:
-            E = torch.minimum(E, layer_rest_rows(*inner[s], Ecs[c][k], rem + pad))
+            nu = nus.get((c, s)) if nus is not None else None  # THEORY F95: the same product's carried rows
+            E = torch.minimum(E, layer_rest_rows(*inner[s], Ecs[c][k], rem + pad, nu))
     return E
 
 

@@ -234,7 +234,7 @@ def ffn_rest_rows(rho: float, reach: Tensor, dj: Tensor, E: Tensor, own: Tensor 
     return R if own is None else torch.minimum(R, _padded(own, pad))
 
 
-def layer_rest_rows(N: Tensor, e: float, Ec: Tensor, rem: Tensor) -> Tensor:
+def layer_rest_rows(N: Tensor, e: float, Ec: Tensor, rem: Tensor, nu: Tensor | None = None) -> Tensor:
     r"""(T,) rows ``>= ||e_{s,i}||`` at a post-LN layer's inner point ``s`` from the layer input's ``E_c`` in one step:
     ``e_s = M_{c -> s}(x) e_c + R_{c -> s}(Delta_c)``, the partial layer's own Taylor rest at ``x_c`` for the layer
     input's whole move ``Delta_c`` (within the per-layer route's ball), ``||R_{c -> s, i}|| <= rem_i`` (F59b's ``remA``,
@@ -243,5 +243,8 @@ def layer_rest_rows(N: Tensor, e: float, Ec: Tensor, rem: Tensor) -> Tensor:
 
     .. math:: E_{s,i} = \sum_k N(M_{c \to s})_{ik} E_{c,k} + e \max_k E_{c,k} + rem_i.
 
-    Padded ``1e-12`` relative; nan -> inf.  THEORY F76a item 4."""
-    return _padded(N @ Ec + e * float(Ec.max()) + rem)
+    With ``nu`` (certified unit rows ``nu_i >= nu_i(1)`` of the computed ``M_{c -> s}``, F93's weighted row Gram) the
+    sum ``sum_k N_ik E_{c,k}`` is ``carried_rows``' smaller bound on ``nu_i(E_c)`` (THEORY F95).  Padded ``1e-12``
+    relative; nan -> inf.  THEORY F76a item 4."""
+    carried = N @ Ec if nu is None else carried_rows(N, nu, Ec)
+    return _padded(carried + e * float(Ec.max()) + rem)

@@ -39,7 +39,7 @@ from ..model import QUICK_GELU_SLOPE, Activation, LayerSpec, NormKind, NormSpec,
 from ._activations import activation_lipschitz
 from ._local_attention import DATA_PAD, attention_local_bound, check_layer_range, head_norms
 from ._local_centre import CENTRE_PAD_ASSUMPTION, f17_pad
-from ._local_jacobian import centre_tokens, norm_jacobian_error, point_slope_err, pre_activations
+from ._local_jacobian import _pow2_far, centre_tokens, norm_jacobian_error, point_slope_err, pow2_norm, pre_activations
 from ._weights import ROUNDING_PAD, spectral
 
 __all__ = ["norm_local", "LayerLocal", "layer_local", "NetworkLocal", "network_local", "second_derivative_sup"]
@@ -111,12 +111,16 @@ def _norm_jacobians(norm: NormSpec | None, X: Tensor) -> Tensor:
 
 
 def _sym_top(B: Tensor) -> Tensor:
-    """Largest singular value of each (..., m, n) matrix from the Gram eigenvalues, padded upward."""
+    """Largest singular value of each (..., m, n) matrix from the Gram eigenvalues, padded upward.  A matrix whose
+    largest entry is outside ``[2^-400, 2^400]`` is scaled by a power of two to one in ``[1/2, 1)`` first (exact, undone
+    on the root): its Gram flushed to 0 below ``2^-537`` (a post-LN ``M`` near ``2^-580`` got the norm 0) and overflowed
+    above ``2^512``; the others give the very same floats as before."""
+    B, ex = _pow2_far(B)
     G = B.transpose(-1, -2) @ B if B.shape[-1] <= B.shape[-2] else B @ B.transpose(-1, -2)
     lam = torch.linalg.eigvalsh(G)[..., -1].clamp(min=0.0)
     fro2 = (B * B).sum(dim=(-1, -2))
     # eigvalsh is backward stable: error <= c n u ||G||; pad by GRAM_PAD of the Frobenius mass.
-    return torch.sqrt(lam + GRAM_PAD * fro2)
+    return torch.ldexp(torch.sqrt(lam + GRAM_PAD * fro2), ex)
 
 
 @dataclass
@@ -175,7 +179,7 @@ def layer_local(layer: LayerSpec, X: Tensor, rho: float, *, cache: dict | None =
     route].  Assumptions: every token within ``rho`` of ``X``; dot attention without RoPE.
     ``exact``: also the exact-Jacobian route (THEORY F17; None: when T*d <= ``EXACT_ROUTE_MAX``,
     Note [exact route default]).
-    """
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     from ..model import attention_forward, ffn_forward
 
     if rho < 0 or not math.isfinite(rho):
@@ -216,7 +220,7 @@ def layer_local(layer: LayerSpec, X: Tensor, rho: float, *, cache: dict | None =
         if jacobian:  # the FFN block's own point + drift constant (Note [layer Jacobian route])
             scratch["ffn"] = _ffn_point(ffn, H)
             nIF = _sym_top(scratch["ffn"][4]) * (1 + GRAM_PAD) + 1e-9 * (1 + Lffn) + scratch["ffn"][5]
-            colmax = float(scratch["ffn"][0].norm(dim=0).max())
+            colmax = float(pow2_norm(scratch["ffn"][0], 0).max())
             dF = nW1 * nW2 * second_derivative_sup(ffn.activation) * colmax * rh
             ffn_res = min(ffn_res, float(nIF.max()) + dF)
         r2 = pad(ffn_res * rh, X2)
@@ -304,7 +308,7 @@ def _jacobian_route(layer, att_in, att_rho, n_in, H, rh, X1, r1, X2, r2, s1, s2,
     MO = M @ W_O.T[None]  # column convention: M_i W_O^T
     # matmul rounding (Higham: |fl(AB) - AB| <= n u |A||B|, chained): bounded in Frobenius norm by
     # n u ||A||_F ||B||_F ..., n the longest inner dimension (Frobenius dominates the spectral error).
-    fro = lambda A: float(A.norm(dim=(-2, -1)).max()) if A.dim() == 3 else float(A.norm())  # noqa: E731
+    fro = lambda A: float(pow2_norm(A, (-2, -1)).max()) if A.dim() == 3 else float(pow2_norm(A))  # noqa: E731
     n_in_mm = W1.shape[1] + 2 * d + 2
     fF = fro(W2) * float(slope.abs().max()) * fro(W1)
     fD = (fro(D1) if post else 1.0) * fro(D2)
@@ -330,7 +334,7 @@ def _jacobian_route(layer, att_in, att_rho, n_in, H, rh, X1, r1, X2, r2, s1, s2,
     g2 = layer.norm_ffn.gamma_max_abs if layer.norm_ffn is not None else 1.0
     sq = math.sqrt(d)
     s1m, s2m = float(s1.min()), float(s2.min())
-    colmax = float(W1.norm(dim=0).max())
+    colmax = float(pow2_norm(W1, 0).max())
     dF = nW1 * nW2 * second_derivative_sup(ffn.activation) * colmax * rh
     nIF = _sym_top(IF) * (1 + GRAM_PAD) + mm
     if post:

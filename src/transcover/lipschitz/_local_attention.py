@@ -106,16 +106,50 @@ def check_normal_weights(scores: Tensor, P: Tensor, head: int) -> None:
                          "a normal float64 and refuse this input")
 
 
+# Note [local head data range] (the data's side of Note [local norm range]): the local routes square the heads' data
+# terms -- the centred keys ``y_ij``, the values ``v_ij = W_V^T y_ij``, the score gradients ``q_i`` and ``G y_ij`` -- in
+# their Grams and weighted sums (``sum_j P_ij ||v_ij||^2``, ``V V^T``, ``(q . q) v v^T``), and the weights' ranges do
+# not bound them: tokens at ``2^-505`` with ``W_Q``, ``W_K`` at ``2^505`` (the same scores) and ``W_V`` at ``2^-395``
+# (``W_O`` at ``2^395``: the same map) put the values near ``2^-900``, whose squares flushed to 0 while their products
+# with ``q_i`` (near ``2^505``) are of the map's order: ``attention_local_bound`` certified 4.55 against an attained
+# (2,inf) norm of 5.78, and tokens at ``2^-100`` with ``W_Q``, ``W_K`` at ``2^100``, ``W_V`` at ``2^-390`` made
+# ``layer_local`` and ``stack_local`` certify 0.97 of the attained.  Each head is refused (InputError, one line) unless
+# the largest entries of ``y``, ``v``, ``q`` and ``G y`` are at most ``2^400`` and that of ``v`` is 0 or at least
+# ``2^-400``: every square of a value is then above ``2^-800`` and every square of a gradient below ``2^800``, so a
+# product of a value and a gradient is formed from normal floats, and a small ``y``, ``q`` or ``G y`` only meets
+# factors below ``2^400`` (what it loses to underflow stays below ``2^-137`` of the map's ``||W_V||``, inside the pads).
+def check_head_scales(attn: AttentionSpec, h: int, Y: Tensor, q: Tensor) -> None:
+    """Refuse head ``h`` whose data terms leave Note [local head data range] (InputError, one line): ``Y`` (T, T, d) the
+    centred keys per query, ``q`` (T, d) the score gradients (with the query bias)."""
+    Wq, Wk, Wv, _ = (_f64(W) for W in attn.head(h))
+    Y, q = Y.detach(), q.detach()  # a check only: callers may differentiate through the data
+    terms = (("y_ij", Y, False), ("W_V^T y_ij", Y @ Wv, True), ("q_i", q, False),
+             ("G y_ij", attn.softmax_scale * (Y @ Wk) @ Wq.T, False))
+    for name, A, both in terms:
+        m = float(A.abs().max()) if A.numel() else 0.0
+        if not (_in_local_range(m) if both else m <= 2.0**_LOCAL_RANGE):
+            rng = f"0 or in [2^-{_LOCAL_RANGE}, 2^{_LOCAL_RANGE}]" if both else f"at most 2^{_LOCAL_RANGE}"
+            raise InputError(f"head {h}: the local bounds need the largest entry of {name} {rng} (their squares are "
+                             f"float64, Note [local head data range]), but it is {m:.3g}; rescale the input or the "
+                             "query/key/value weights")
+
+
 def attention_weights_f64(attn: AttentionSpec, X: Tensor) -> list[Tensor]:
     """The softmax matrices ``P^h`` (T, T) of every head at X, float64 (refused where a visible weight
-    underflows: Note [underflowed attention weights])."""
+    underflows: Note [underflowed attention weights]; or where the heads' data terms leave Note [local head data
+    range])."""
     from ..model import attention_scores
 
     out = []
+    T = X.shape[0]
+    Xa = torch.cat([X, torch.ones(T, 1, dtype=X.dtype)], dim=1)
     for h in range(attn.n_heads):
         scores = attention_scores(attn, X, h)
         P = torch.softmax(scores, dim=-1)
         check_normal_weights(scores, P, h)
+        _, Wk, _, _ = (_f64(W) for W in attn.head(h))
+        q = attn.softmax_scale * (Xa @ _f64(attn.W_Q_augmented(h))) @ Wk.T
+        check_head_scales(attn, h, X[None, :, :] - (P @ X)[:, None, :], q)
         out.append(P)
     return out
 
@@ -275,7 +309,8 @@ def attention_local_bound(attn: AttentionSpec, X: Tensor, rho: float, *, norms: 
 
     Source: THEORY F17 (exact Jacobian), Note [local attention bound]; F5's softmax constant 1 is
     implicit in the exact Jacobian.  Metric (2,inf).  Assumptions: every token of the input lies
-    within ``rho`` (l2) of the corresponding token of ``X``; dot-product attention without RoPE.
+    within ``rho`` (l2) of the corresponding token of ``X``; dot-product attention without RoPE.  Refused (InputError)
+    where a head's data terms leave float64's range for their squares (Note [local head data range]).
     """
     if not (rho >= 0 and math.isfinite(rho)):
         raise InputError(f"rho must be a finite number >= 0, but got rho={rho}")

@@ -18,7 +18,7 @@ import math
 import torch
 from torch import Tensor
 
-from ._local_jacobian import certified_spectral
+from ._local_jacobian import certified_spectral, pow2_norm
 from ._rounding import _U, _gamma
 
 __all__ = ["gram_factors", "head_block_norms", "gram_rest_reach"]
@@ -71,12 +71,13 @@ def head_block_norms(F: Tensor, K: Tensor) -> Tensor:
     r"""(nq, H, T, T_in) certified ``||F_q^T fl(M)_mk||_2`` for the factors ``F`` (nq, H, d, r) and the computed
     product's columns ``K`` (T_in d, T, d) (``K[(k, c), m] = fl(M)_mk[:, c]``, ``substage_products``' layout), THEORY F87 (b): each block's ``F_q^T fl(M)_mk``
     as computed (``certified_spectral``) plus its rounding, ``gamma_d ||F_q||_F ||fl(M)_mk||_F``.  The product's own
-    error (``fl(M) - M``) is the caller's (``move_rest_rows(..., blocks=)``)."""
+    error (``fl(M) - M``) is the caller's (``move_rest_rows(..., blocks=)``).
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     nq, H, d, r = F.shape
     Tin = K.shape[0] // d
     T = K.shape[1]
-    nM = torch.linalg.vector_norm(K.reshape(Tin, d, T, d), dim=(1, 3)).T * (1 + 2 * d * d * _U)  # (T, T_in)
-    nF = torch.linalg.matrix_norm(F) * (1 + 2 * d * r * _U)  # (3, H)
+    nM = pow2_norm(K.reshape(Tin, d, T, d), (1, 3)).T * (1 + 2 * d * d * _U)  # (T, T_in)
+    nF = pow2_norm(F, (-2, -1)) * (1 + 2 * d * r * _U)  # (3, H); W_Q, W_K unranged: at powers of two
     out = torch.empty(nq, H, T, Tin, dtype=torch.float64)
     for q in range(nq):
         Y = K.reshape(Tin * d, T, d) @ F[q].permute(1, 0, 2).reshape(d, H * r)  # [(k, c), m, (h, r)]

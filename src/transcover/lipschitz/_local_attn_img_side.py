@@ -18,6 +18,7 @@ import math
 import torch
 from torch import Tensor
 
+from ._local_jacobian import pow2_norm
 from ._local_rows import _lmax_gram
 from ._rounding import _U, _gamma
 
@@ -34,17 +35,18 @@ def head_key_data(heads, X: Tensor, Wqa: list[Tensor], scale: float) -> list[dic
     * ``kn`` (T, T) ``>= ||k_ij||``, ``k_ij = W_K^T y_ij`` (``y_ij`` the head's centred keys as ``_HeadMoments``
       reads them): ``||fl(k_ij)|| + gamma_d ||y_ij|| ||W_K||_F``;
     * ``lk`` (T,) ``>= lambda_max(sum_j P_ij k_ij k_ij^T)``: ``(lambda_max(fl)^{1/2} + (sum_j P_ij delta_ij^2)^{1/2})^2``
-      (Minkowski in ``L^2(P_i)``, ``delta_ij`` the row's error above; ``_lmax_gram`` pads the eigenvalue)."""
+      (Minkowski in ``L^2(P_i)``, ``delta_ij`` the row's error above; ``_lmax_gram`` pads the eigenvalue).
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     T, d = X.shape
     Xa = torch.cat([X, torch.ones(T, 1, dtype=torch.float64)], dim=1)
     out = []
     for (P, Y, _, _, Wk, _, _), Wq in zip(heads, Wqa):
         U = Xa @ Wq
-        eU = _gamma(d + 1) * torch.linalg.vector_norm(Xa.abs() @ Wq.abs(), dim=1)
-        un = (torch.linalg.vector_norm(U, dim=1) * (1 + (U.shape[1] + 2) * _U) + eU) * scale * (1 + 4 * _U)
+        eU = _gamma(d + 1) * pow2_norm(Xa.abs() @ Wq.abs(), 1)
+        un = (pow2_norm(U, 1) * (1 + (U.shape[1] + 2) * _U) + eU) * scale * (1 + 4 * _U)
         K = Y @ Wk  # (T, T, dh)
-        dk = _gamma(d) * torch.linalg.vector_norm(Y, dim=-1) * float(torch.linalg.matrix_norm(Wk)) * (1 + 2 * d * _U)
-        kn = torch.linalg.vector_norm(K, dim=-1) * (1 + (K.shape[-1] + 2) * _U) + dk
+        dk = _gamma(d) * pow2_norm(Y, -1) * float(pow2_norm(Wk)) * (1 + 2 * d * _U)
+        kn = pow2_norm(K, -1) * (1 + (K.shape[-1] + 2) * _U) + dk
         lam = _lmax_gram(K @ K.transpose(1, 2), P)
         lk = (torch.sqrt(lam) + torch.sqrt((P * dk * dk).sum(dim=1))) ** 2
         out.append({"un": un * (1 + 1e-12), "kn": kn * (1 + 1e-12), "lk": lk * (1 + 1e-12)})

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ._local_jacobian import GRAM_PAD, certified_lmax
+from ._local_jacobian import GRAM_PAD, certified_lmax, pow2_norm
 from ._local_joint import HeadGeometry, head_remainder_terms
 
 __all__ = ["JointHeads", "joint_heads", "joint_remainder"]
@@ -49,15 +49,16 @@ def joint_heads(heads, r_ref: float | None = None, cache: dict | None = None) ->
     call; None: at the first radius evaluated).  ``cache``: a per-layer dict (``head_norms``') that keeps the
     data-free ``W_h`` and ``W_h^T W_h`` across calls (the same floats; THEORY F52c).  Rounding as
     ``head_geometry``'s: each row ``y_ij W_h`` as formed is within ``gamma_{d + d_h + 2} max_j ||y_j|| ||W_V||_F
-    ||W_O^h||_F`` of the exact one, ``W_h`` within ``gamma_{d_h} ||W_V||_F ||W_O^h||_F`` (spectral)."""
+    ||W_O^h||_F`` of the exact one, ``W_h`` within ``gamma_{d_h} ||W_V||_F ||W_O^h||_F`` (spectral).
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     if cache is None or "joint_WN" not in cache:
         W = torch.stack([hd[5] @ hd[6] for hd in heads])
         WN = (W, W.transpose(1, 2) @ W)
         if cache is not None:
             cache["joint_WN"] = WN
     W, N = WN if cache is None else cache["joint_WN"]
-    fro = torch.tensor([float(hd[5].norm() * hd[6].norm()) for hd in heads], dtype=torch.float64)
-    ymax = torch.tensor([float(hd[1].norm(dim=-1).max()) for hd in heads], dtype=torch.float64)
+    fro = torch.tensor([float(pow2_norm(hd[5]) * pow2_norm(hd[6])) for hd in heads], dtype=torch.float64)
+    ymax = torch.tensor([float(pow2_norm(hd[1], -1).max()) for hd in heads], dtype=torch.float64)
     d, dh = heads[0][1].shape[2], heads[0][5].shape[1]
     eps_z = 4 * (d + dh + 6) * _U * ymax * fro
     eps_w = 4 * (dh + 4) * _U * fro
@@ -70,17 +71,18 @@ def _joint_lmax(jh: JointHeads, w1: Tensor, w3: Tensor, maps: dict) -> dict:
     rows ``z_hij = y_ij W_h`` and maps ``W_h`` (weights ``>= 0``).  Rounding: the weighted Gram of ``m = H T + H d``
     rows as evaluated is within ``gamma_m`` of its trace (spectral, ``|z||z|^T`` has Frobenius norm ``||z||^2``),
     covered by ``GRAM_PAD`` of the trace for ``m <= 10^6``; the products ``w P`` and the symmetrisation ``4 u ||G||_F``;
-    a map's ``sandwich(S, err)`` returns ``M S M^T`` with its own error bound (``NormJac.sandwich``, ``_sandwich``)."""
+    a map's ``sandwich(S, err)`` returns ``M S M^T`` with its own error bound (``NormJac.sandwich``, ``_sandwich``).
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     G = torch.einsum("th,hde->tde", w3.T.contiguous(), jh.N)
     for h, hd in enumerate(jh.heads):
         Z = hd[1] @ jh.W[h]  # (T, T, d): rows y_ij W_h
         G = G + Z.transpose(1, 2) @ (Z * (w1[h, :, None] * hd[0])[:, :, None])
     G = (G + G.transpose(1, 2)) / 2  # exactly symmetric (each entry and its mirror: the same sum)
-    err = GRAM_PAD * G.diagonal(dim1=1, dim2=2).sum(-1) + 4 * _U * G.norm(dim=(1, 2))
+    err = GRAM_PAD * G.diagonal(dim1=1, dim2=2).sum(-1) + 4 * _U * pow2_norm(G, (1, 2))
     out = {"A": certified_lmax(G) + err}
     for name, (sandwich, _) in maps.items():
         S, e = sandwich(G, err)
-        out[name] = certified_lmax((S + S.transpose(1, 2)) / 2) + e * (1 + 1e-12) + 4 * _U * S.norm(dim=(1, 2))
+        out[name] = certified_lmax((S + S.transpose(1, 2)) / 2) + e * (1 + 1e-12) + 4 * _U * pow2_norm(S, (1, 2))
     return out
 
 

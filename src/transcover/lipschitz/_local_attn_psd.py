@@ -17,7 +17,7 @@ from torch import Tensor
 
 from ._local_attn_gram_rest import gram_rest_reach
 from ._local_attn_rest import AttnRestData, _head_factors, box_mean, pair_mean
-from ._local_jacobian import certified_lmax
+from ._local_jacobian import certified_lmax, pow2_norm
 from ._rounding import _U, _gamma
 
 __all__ = ["psd_rest_rows", "velocity_rests", "PSD_SIZES", "PSD_MAX_TOKENS"]
@@ -42,16 +42,17 @@ def velocity_rests(data: AttnRestData, heads, Wqa: list[Tensor], X: Tensor, rho:
               + \sum_m \max(hi_{im} - P_{im}, P_{im} - lo_{im}) T_{im} + |1 - \sum_m P_{im}|\max_m T_{im}
 
     (``X`` F81a's cross part, ``N`` the rounding of ``G y`` (row-wise ``gamma_{2d+4}``), of its ``P``-mean and of
-    ``q_i`` (``gamma_{2d+8}``) times the move's row norms ``Rn``).  ``fac`` ``_head_factors``' tuple (``e``, ``e1``)."""
+    ``q_i`` (``gamma_{2d+8}``) times the move's row norms ``Rn``).  ``fac`` ``_head_factors``' tuple (``e``, ``e1``).
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     T, d = X.shape
     P, Yc, q, Wq, Wk = heads[h][:5]
     sc = data.scale
     _, _, lo, hi, _, _, _, kpart, cross = fac
     Gy, gbar = _query_columns(P, Yc, Wq, Wk, sc)
-    eG = (_gamma(2 * d + 4) * sc * (Yc.abs() @ Wk.abs()) @ Wq.abs().T).norm(dim=-1) * (1 + 1e-12)
-    eSum = _gamma(T + 2) * torch.einsum("ij,ijd->id", P, Gy.abs()).norm(dim=-1)
+    eG = pow2_norm(_gamma(2 * d + 4) * sc * (Yc.abs() @ Wk.abs()) @ Wq.abs().T, -1) * (1 + 1e-12)
+    eSum = _gamma(T + 2) * pow2_norm(torch.einsum("ij,ijd->id", P, Gy.abs()), -1)
     Xa = torch.cat([X, torch.ones(T, 1, dtype=torch.float64)], dim=1)
-    eq = _gamma(2 * d + 8) * (sc * (Xa.abs() @ Wqa[h].abs()) @ Wk.abs().T).norm(dim=-1) * (1 + 1e-12)
+    eq = _gamma(2 * d + 8) * pow2_norm(sc * (Xa.abs() @ Wqa[h].abs()) @ Wk.abs().T, -1) * (1 + 1e-12)
     Uab = (rho * data.g[h] + e[:, None] * data.gn[h] + kpart) * (1 + 1e-12)
     Tm = (Uab + ((P * Uab).sum(dim=1, keepdim=True) * (1 + T * _U))) * (1 + 1e-12)
     wd = torch.maximum(hi - P, P - lo).clamp(min=0) * (1 + 1e-12)
@@ -108,7 +109,8 @@ def psd_rest_rows(data: AttnRestData, heads, Wqa: list[Tensor], X: Tensor, Qs: T
     ``delta``) the term ``e_m lambda_max(G_m)^{1/2}`` is at most ``rho eP lambda_max(G_m)^{1/2} + gram_rest_reach``
     (THEORY F87), the smaller kept.  Every ``lambda_max`` certified (``certified_lmax``) with
     the products' rounding, the Cholesky factor's backward error (``Q~ <= L L^T + ||dQ|| I``) and the Grams' own.
-    Assumptions: post-LN dot attention without RoPE, soft-cap or q/k norm.  Padded; nan -> inf."""
+    Assumptions: post-LN dot attention without RoPE, soft-cap or q/k norm.  Padded; nan -> inf.
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     T, d = X.shape
     H = len(heads)
     e = E + rho * eP
@@ -117,11 +119,11 @@ def psd_rest_rows(data: AttnRestData, heads, Wqa: list[Tensor], X: Tensor, Qs: T
         return torch.zeros(T, dtype=torch.float64)
     eye = torch.eye(d, dtype=torch.float64)
     Qt = Qs + (eQ * (1 + 1e-12))[:, None, None] * eye
-    Rn = (rho * torch.sqrt((torch.linalg.matrix_norm(Qs) + eQ) * (1 + 1e-12)) + e) * (1 + 1e-12)
+    Rn = (rho * torch.sqrt((pow2_norm(Qs, (-2, -1)) + eQ) * (1 + 1e-12)) + e) * (1 + 1e-12)
     Lc, info = torch.linalg.cholesky_ex(Qt)
     if bool((info != 0).any()):
         return torch.full((T,), math.inf, dtype=torch.float64)
-    eCh = _gamma(d + 1) * torch.linalg.matrix_norm(Lc.abs() @ Lc.abs().transpose(1, 2)) * (1 + 1e-12)  # Higham 10.3
+    eCh = _gamma(d + 1) * pow2_norm(Lc.abs() @ Lc.abs().transpose(1, 2), (-2, -1)) * (1 + 1e-12)  # Higham 10.3
     fac = [_head_factors(data, h, rho, e, e1) for h in range(H)]
     vel = [velocity_rests(data, heads, Wqa, X, rho, e, e1, Rn, h, fac[h]) for h in range(H)]
     Ybs = [pair_mean(f[2], f[3], f[5][None].expand(T, -1, -1)) for f in fac]
@@ -192,7 +194,8 @@ def _form_columns(i: int, cols_i: list, heads, wts: Tensor) -> tuple[Tensor, Ten
 def _lowrank_sup(i: int, cols_i: list, heads, wts: Tensor, Qt: Tensor, rho: float, e: Tensor, steps: int) -> float:  # noqa: ANN001
     r"""``>= sup_Delta sum_{h,j} wts_hj (l_hj . Delta)^2`` over ``Delta_m in rho Q~_m^{1/2} B + e_m B`` (THEORY F82 (d),
     F84 (c)): the SDP dual (``_sdp_dual``) over the ``2T`` blocks ``rho^2 L_m^T Q~_m L_m``, ``e_m^2 L_m^T L_m``, their
-    products' rounding ``gamma_{2d+8}`` of the blocks' absolute mass."""
+    products' rounding ``gamma_{2d+8}`` of the blocks' absolute mass.
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     H, T = wts.shape
     d = Qt.shape[-1]
     r = H * T
@@ -204,18 +207,19 @@ def _lowrank_sup(i: int, cols_i: list, heads, wts: Tensor, Qt: Tensor, rho: floa
     Ae[i] = Li.abs().T @ Qt[i].abs() @ Li.abs()
     Mo, eo = _e_blocks(i, Qm, coef, Li, e, d)
     blocks = torch.cat([Me * (rho * rho), Mo])
-    return _sdp_dual(blocks, torch.cat([_gamma(2 * d + 8) * torch.linalg.matrix_norm(Ae) * rho * rho, eo]), steps)
+    return _sdp_dual(blocks, torch.cat([_gamma(2 * d + 8) * pow2_norm(Ae, (-2, -1)) * rho * rho, eo]), steps)
 
 
 def _e_blocks(i: int, Qm: Tensor, coef: Tensor, Li: Tensor, e: Tensor, d: int) -> tuple[Tensor, Tensor]:
     """(T, r, r) the e-balls' blocks ``e_m^2 L_m^T L_m`` of query ``i``'s form (``_form_columns``) and (T,) their
-    rounding, ``gamma_{2d+8}`` of the absolute mass ``e_m^2 |L_m|^T |L_m|`` (Frobenius); THEORY F84 (c), F85."""
+    rounding, ``gamma_{2d+8}`` of the absolute mass ``e_m^2 |L_m|^T |L_m|`` (Frobenius); THEORY F84 (c), F85.
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     T, r = coef.shape[0], Li.shape[1]
     Mo = torch.einsum("mhj,hk,mkl->mhjkl", coef, Qm @ Qm.T, coef).reshape(T, r, r)
     Mo[i] = Li.T @ Li
     Ao = torch.einsum("mhj,hk,mkl->mhjkl", coef.abs(), Qm.abs() @ Qm.abs().T, coef.abs()).reshape(T, r, r)
     Ao[i] = Li.abs().T @ Li.abs()
-    return Mo * (e * e)[:, None, None], _gamma(2 * d + 8) * torch.linalg.matrix_norm(Ao) * e * e
+    return Mo * (e * e)[:, None, None], _gamma(2 * d + 8) * pow2_norm(Ao, (-2, -1)) * e * e
 
 
 class KeyImages:
@@ -228,7 +232,7 @@ class KeyImages:
         self.B, self.nB, self.g = B, None, None
         if B is not None:
             d = B.shape[-1]
-            self.nB = torch.linalg.matrix_norm(B) * (1 + 2 * d * d * _U) * (1 + 1e-12)
+            self.nB = pow2_norm(B, (-2, -1)) * (1 + 2 * d * d * _U) * (1 + 1e-12)
         self._memo: tuple | None = None
 
     @classmethod
@@ -268,7 +272,8 @@ def _key_images(i: int, Qm: Tensor, coef: Tensor, sq: Tensor, nLi: float, src: K
     map ``B`` ``eN_k = gamma_{d + T + 3}`` of the absolute mass, ``sum_m ||L'_m||_F ||B_mk||_F`` with ``L'_m`` the key
     blocks and ``nLi`` the velocity part's Frobenius norm, ``eT = 0``; for pulled rows (F86) ``eN_k = gamma_{T + 3}
     ||(sum_m |coef_m| |QB_m| + sq |CB|)_k||_F`` (the combination) and ``eT`` the Frobenius norm over ``(h, j)`` of
-    ``sum_m |coef[m, h, j]| gQ[i, h, m] + sq_hj gC[i, (h, j)]`` (the rows' own errors)."""
+    ``sum_m |coef[m, h, j]| gQ[i, h, m] + sq_hj gC[i, (h, j)]`` (the rows' own errors).
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     QB, CB = src.forms(heads, cols)
     H, T = sq.shape
     r = H * T
@@ -277,11 +282,11 @@ def _key_images(i: int, Qm: Tensor, coef: Tensor, sq: Tensor, nLi: float, src: K
     if src.g is not None:
         absN = torch.einsum("mhj,mkhb->khjb", coef.abs(), QB[i].abs()).reshape(-1, r, Qm.shape[1])
         absN += sq.reshape(r)[None, :, None] * CB[i].abs()
-        eN = _gamma(T + 3) * torch.linalg.matrix_norm(absN) * (1 + 2 * r * Qm.shape[1] * _U) * (1 + 1e-12)
+        eN = _gamma(T + 3) * pow2_norm(absN, (-2, -1)) * (1 + 2 * r * Qm.shape[1] * _U) * (1 + 1e-12)
         gQ, gC = src.g
         rowe = torch.einsum("mhj,hm->hj", coef.abs(), gQ[i]).reshape(r) + sq.reshape(r) * gC[i]
-        return N, eN, float(rowe.norm()) * (1 + 2 * (r + T) * _U) * (1 + 1e-12)
-    Lfro = torch.linalg.vector_norm(coef, dim=2) * Qm.norm(dim=1)[None]  # (T, H): ||L'_m||_F per head's rank one
+        return N, eN, float(pow2_norm(rowe)) * (1 + 2 * (r + T) * _U) * (1 + 1e-12)
+    Lfro = pow2_norm(coef, 2) * pow2_norm(Qm, 1)[None]  # (T, H): ||L'_m||_F per head's rank one
     nK = torch.sqrt((Lfro * Lfro).sum(dim=1)) * (1 + 2 * (H * T + 2) * _U)
     eN = _gamma(Qm.shape[1] + T + 3) * ((nK[:, None] * src.nB).sum(dim=0) + nLi * src.nB[i]) * (1 + 1e-12)
     return N, eN, 0.0
@@ -295,12 +300,13 @@ def _lowrank_sup_sources(i: int, cols: list, heads, wts: Tensor, sources: list, 
     (``_sdp_dual``) over the blocks ``R_k^2 N_k N_k^T`` with their formation's rounding ``gamma_{2d+8}`` (F85), and
     ``N``'s own rounding outside the square root: ``A <= (A-hat^{1/2} + sum_src sum_k R_k eN_k)^2``.  With
     ``alternatives`` (lists of further sources, each a valid description of the same move set with ``sources``) the
-    smallest of their sups, the shared sources' blocks formed once."""
+    smallest of their sups, the shared sources' blocks formed once.
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     H, T = wts.shape
     Qm, coef, Li = _form_columns(i, [c[i] for c in cols], heads, wts)
     d, r = Qm.shape[1], H * T
     sq = torch.sqrt(wts)
-    nLi = float(torch.linalg.vector_norm(torch.stack([c[i] for c in cols]) * sq[..., None])) * (1 + 2 * d * _U)
+    nLi = float(pow2_norm(torch.stack([c[i] for c in cols]) * sq[..., None])) * (1 + 2 * d * _U)
 
     def parts(srcs: list) -> tuple[list, list, float]:
         blocks, errs, out = [], [], 0.0
@@ -315,9 +321,9 @@ def _lowrank_sup_sources(i: int, cols: list, heads, wts: Tensor, sources: list, 
             N, eN, eT = _key_images(i, Qm, coef, sq, nLi, src, heads, cols)
             R2 = (R * R)[:, None, None]
             blocks.append((N @ N.transpose(1, 2)) * R2)
-            fN = torch.linalg.matrix_norm(N) * (1 + 2 * r * d * _U)
+            fN = pow2_norm(N, (-2, -1)) * (1 + 2 * r * d * _U)
             errs.append(_gamma(2 * d + 8) * fN * fN * R2[:, 0, 0])
-            out += (float((eN * R).sum()) * (1 + R.shape[0] * _U) + eT * float(R.norm()) * (1 + R.shape[0] * _U)) \
+            out += (float((eN * R).sum()) * (1 + R.shape[0] * _U) + eT * float(pow2_norm(R)) * (1 + R.shape[0] * _U)) \
                 * (1 + 1e-12)
         return blocks, errs, out
 
@@ -359,8 +365,9 @@ def _sdp_dual(blocks: Tensor, err: Tensor, steps: int) -> float:
     r"""``>= sup ||sum_k M_k v_k||^2`` over unit ``v_k`` for the PSD blocks ``M_k M_k^T`` as formed (``blocks``, within
     ``err`` Frobenius each) (THEORY F82 (c), F84 (c)): for any ``c > 0``, ``(sum c) lambda_max(sum_k M_k M_k^T / c_k)``;
     ``c`` by damped fixed-point steps towards the top eigenvector's block norms (every ``c`` valid), the best step's
-    ``lambda_max`` certified plus ``sum_k err_k / c_k`` and the sum's rounding."""
-    keep = torch.linalg.matrix_norm(blocks) > 0
+    ``lambda_max`` certified plus ``sum_k err_k / c_k`` and the sum's rounding.
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    keep = blocks.abs().amax(dim=(1, 2)) > 0  # exact zeros only (torch's norm of a 2^-540 block is 0)
     blocks, err = 0.5 * (blocks[keep] + blocks[keep].transpose(1, 2)), err[keep]
     if blocks.shape[0] == 0:
         return 0.0
@@ -382,7 +389,7 @@ def _sdp_dual(blocks: Tensor, err: Tensor, steps: int) -> float:
         best, bestc = val, c
     M = (blocks / bestc[:, None, None]).sum(0)
     lam = float(certified_lmax(0.5 * (M + M.T)[None])[0])
-    ec = float((err / bestc).sum()) + 2 * blocks.shape[0] * _U * float(torch.linalg.matrix_norm(M))
+    ec = float((err / bestc).sum()) + 2 * blocks.shape[0] * _U * float(pow2_norm(M))
     return float(bestc.sum()) * (1 + 2 * len(bestc) * _U) * (lam + ec) * (1 + 1e-12)
 
 
@@ -393,7 +400,8 @@ def _grams_sup(i: int, qc: Tensor, kc: Tensor, vc: Tensor, grams: dict, absg: di
     formed Cholesky factor of ``Q~`` (``Q~ <= Lc Lc^T + ||dQ|| I``, ``eCh`` its backward error), the exact Grams within
     ``gamma_kg`` of their absolute mass, every ``lambda_max`` certified.  ``hr`` (``(reach, f)``, THEORY F87): the move's
     rest part of ``e`` seen through the Grams' factors (``gram_rest_reach``) and the ball ``f`` beside it; then
-    ``e_m lambda_max(G_m)^{1/2}`` is at most ``f lambda_max(G_m)^{1/2} + reach_m``, the smaller kept."""
+    ``e_m lambda_max(G_m)^{1/2}`` is at most ``f lambda_max(G_m)^{1/2} + reach_m``, the smaller kept.
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     T, d = Lc.shape[0], Lc.shape[-1]
     cf = kc.T.clone()  # (T, H)
     G = torch.einsum("mh,hab->mab", cf, grams["K"]) + torch.einsum("mh,hab->mab", vc.T, grams["V"])
@@ -401,11 +409,11 @@ def _grams_sup(i: int, qc: Tensor, kc: Tensor, vc: Tensor, grams: dict, absg: di
     G[i] += torch.einsum("h,hab->ab", qc, grams["Q"])
     Ga[i] += torch.einsum("h,hab->ab", qc.abs(), absg["Q"])
     G = 0.5 * (G + G.transpose(1, 2))
-    eG = _gamma(kg) * torch.linalg.matrix_norm(Ga) * (1 + 1e-12)
+    eG = _gamma(kg) * pow2_norm(Ga, (-2, -1)) * (1 + 1e-12)
     lg = (certified_lmax(G) + eG) * (1 + 1e-12)
     N = Lc.transpose(1, 2) @ G @ Lc
-    eN = (_gamma(2 * d + 2) * torch.linalg.matrix_norm(Lc.abs().transpose(1, 2) @ G.abs() @ Lc.abs())
-          + eG * torch.linalg.matrix_norm(Lc) ** 2) * (1 + 1e-12)
+    eN = (_gamma(2 * d + 2) * pow2_norm(Lc.abs().transpose(1, 2) @ G.abs() @ Lc.abs(), (-2, -1))
+          + eG * pow2_norm(Lc, (-2, -1)) ** 2) * (1 + 1e-12)
     lq = (certified_lmax(0.5 * (N + N.transpose(1, 2))) + eN + eCh * lg) * (1 + 1e-12)
     sg = torch.sqrt(lg.clamp(min=0))
     eg = e * sg

@@ -23,7 +23,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from ._local_jacobian import certified_spectral
+from ._local_jacobian import certified_spectral, pow2_norm
 from ._rounding import _gamma
 
 __all__ = ["AttnRestData", "attn_rest_data", "box_mean", "weight_box", "pair_mean", "head_rest_sup", "head_rest_sups",
@@ -70,7 +70,8 @@ def attn_rest_data(X: Tensor, heads, Wqa: list[Tensor], scale: float, proj: list
                    nV, mom) -> AttnRestData:  # noqa: ANN001
     """F78's data for one attention sub-stage: ``heads`` ``_head_data``'s tuples at ``X``, ``Wqa`` the heads' augmented
     query maps ``[W_Q; b_Q]`` (float64), ``proj`` F44a's ``head_projections`` (the prefix's ellipsoids), ``nQ``, ``nK``,
-    ``nV`` certified weight norms, ``mom`` the heads' ``_HeadMoments`` (F35; same ``heads``).  THEORY F78, F81."""
+    ``nV`` certified weight norms, ``mom`` the heads' ``_HeadMoments`` (F35; same ``heads``).  THEORY F78, F81.
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     T, d = X.shape
     Xa = torch.cat([X, torch.ones(T, 1, dtype=torch.float64)], dim=1)
     sc = scale  # the softmax scale
@@ -85,9 +86,9 @@ def attn_rest_data(X: Tensor, heads, Wqa: list[Tensor], scale: float, proj: list
         eS.append(es)
         G = sc * (Yc @ Wk) @ Wq.T  # (T, T, d): G y_ij
         eG = _gamma(2 * d + 4) * sc * (Yc.abs() @ Wk.abs()) @ Wq.abs().T
-        gn.append((G.norm(dim=-1) * (1 + 1e-12) + eG.norm(dim=-1)) * (1 + 1e-12))
-        eGm.append(torch.where(P > 0, eG.norm(dim=-1), torch.zeros_like(P)).max(dim=1).values * (1 + 1e-12))
-        qn.append((q.norm(dim=-1) * (1 + 1e-12) + _gamma(2 * d + 8) * aq.norm(dim=-1)) * (1 + 1e-12))
+        gn.append((pow2_norm(G, -1) * (1 + 1e-12) + pow2_norm(eG, -1)) * (1 + 1e-12))
+        eGm.append(torch.where(P > 0, pow2_norm(eG, -1), torch.zeros_like(P)).max(dim=1).values * (1 + 1e-12))
+        qn.append((pow2_norm(q, -1) * (1 + 1e-12) + _gamma(2 * d + 8) * pow2_norm(aq, -1)) * (1 + 1e-12))
         g.append(torch.sqrt(proj[h]["g2"]))
         om.append(torch.sqrt(proj[h]["om2"]))
         Y.append(_gaps(D, Wv @ Wo, Wv.abs() @ Wo.abs(), d + Wv.shape[1] + 4))
@@ -106,8 +107,9 @@ def attn_rest_data(X: Tensor, heads, Wqa: list[Tensor], scale: float, proj: list
 def _gaps(D: Tensor, M: Tensor, Mabs: Tensor, k: int) -> Tensor:
     """(T, T) ``>= ||(x_j - x_k) M*||`` for ``M*`` the exact product that ``M`` computes (``|M* - M| <= gamma_k |Mabs|``
     covers it, ``Mabs`` the product of the factors' absolute values) and ``D`` the computed differences (their own
-    rounding, at most ``u |D|``, inside ``gamma_k`` too)."""
-    return ((D @ M).norm(dim=-1) * (1 + 1e-12) + 2 * _gamma(k) * (D.abs() @ Mabs).norm(dim=-1)) * (1 + 1e-12)
+    rounding, at most ``u |D|``, inside ``gamma_k`` too).
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    return (pow2_norm(D @ M, -1) * (1 + 1e-12) + 2 * _gamma(k) * pow2_norm(D.abs() @ Mabs, -1)) * (1 + 1e-12)
 
 
 def box_mean(lo: Tensor, hi: Tensor, c: Tensor) -> Tensor:

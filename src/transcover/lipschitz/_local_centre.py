@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from ..model import NormKind, NormSpec
+from ._local_jacobian import pow2_norm
 from ._rounding import _gamma
 
 _U = 2.0**-53
@@ -20,8 +21,9 @@ CENTRE_PAD_ASSUMPTION = ("the float64 forward at the data within 1e-13 max||x_s|
 
 
 def f17_pad(x: Tensor) -> float:
-    """F17's centre pad ``1e-13 max_i ||x_i||`` for the computed ``x`` (the assumption ``CENTRE_PAD_ASSUMPTION``)."""
-    return 1e-13 * float(x.norm(dim=1).max())
+    """F17's centre pad ``1e-13 max_i ||x_i||`` for the computed ``x`` (the assumption ``CENTRE_PAD_ASSUMPTION``).
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    return 1e-13 * float(pow2_norm(x, 1).max())
 
 
 def norm_forward_error(norm: NormSpec, X: Tensor) -> float:
@@ -36,7 +38,8 @@ def norm_forward_error(norm: NormSpec, X: Tensor) -> float:
     variance, the ``eps`` addition and the root relative, ``sqrt(c^2/d + eps)`` 1-Lipschitz in ``||c||/sqrt d``),
     ``G = max|gamma|``, ``||c*||/s* <= sqrt d``.  The term ``G E/s_hat ~ G d^{3/2} u max|x| / s`` is the division by
     the spread of a token whose mean dwarfs it.  inf when ``s_hat <= e_s`` (no floor).  Assumes IEEE float64 with
-    round to nearest (any summation order, FMA allowed) and ``sqrt`` correctly rounded."""
+    round to nearest (any summation order, FMA allowed) and ``sqrt`` correctly rounded.
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     X = X.detach().double()
     T, d = X.shape
     lay = norm.kind is NormKind.LAYERNORM
@@ -44,14 +47,14 @@ def norm_forward_error(norm: NormSpec, X: Tensor) -> float:
     b = torch.zeros(d, dtype=torch.float64) if norm.bias is None else norm.bias.detach().double().reshape(d)
     if lay:
         c = X - X.mean(dim=-1, keepdim=True)
-        E = math.sqrt(d) * _gamma(d + 1) * X.abs().amax(dim=-1) + _gamma(1) * c.norm(dim=-1)
+        E = math.sqrt(d) * _gamma(d + 1) * X.abs().amax(dim=-1) + _gamma(1) * pow2_norm(c, -1)
     else:
         c, E = X, torch.zeros(T, dtype=torch.float64)
     s = torch.sqrt((c * c).mean(dim=-1) + float(norm.eps))
     es = E / math.sqrt(d) + _gamma(d + 4) * s
     G = float(g.abs().max())
     main = G * (E + math.sqrt(d) * es) / (s - es)  # 1/s* <= 1/(s_hat - e_s)
-    tail = _gamma(3) * ((c.abs() * g.abs()) / s[:, None] + b.abs()).norm(dim=-1)
+    tail = _gamma(3) * pow2_norm((c.abs() * g.abs()) / s[:, None] + b.abs(), -1)
     out = torch.where(s > es, main * (1 + _gamma(d + 8)) + tail * (1 + _gamma(d + 8)), math.inf)
     return float(torch.nan_to_num(out, nan=math.inf).max()) * (1 + 1e-12)
 
@@ -85,7 +88,8 @@ def ffn_forward_error(ffn, H: Tensor) -> float | None:  # noqa: ANN001
               e_z = \gamma_{d+1}(|h||W_1| + |b_1|),\ e_y = \gamma_{d_{ff}+1}(|\hat a||W_2| + |b_2|)
 
     (Higham's ``gamma_n`` of each product with its bias, the activation's Lipschitz constant ``L_sigma`` and its
-    evaluation error ``ACT_REL |z|``, then the residual sum), the abs products padded by ``gamma`` of their length."""
+    evaluation error ``ACT_REL |z|``, then the residual sum), the abs products padded by ``gamma`` of their length.
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     from ..model import FFNSpec
     from ._activations import activation_lipschitz
 
@@ -102,7 +106,7 @@ def ffn_forward_error(ffn, H: Tensor) -> float | None:  # noqa: ANN001
     a = ffn.activation(z)
     ey = _gamma(dff + 1) * (_absmm(a, W2) + b2.abs()) / (1 - _gamma(dff + 2))
     out = H + a @ W2 + b2
-    tot = ey.norm(dim=-1) + float(W2.norm()) * ea.norm(dim=-1) + _gamma(1) * out.norm(dim=-1)
+    tot = pow2_norm(ey, -1) + float(pow2_norm(W2)) * pow2_norm(ea, -1) + _gamma(1) * pow2_norm(out, -1)
     return float(torch.nan_to_num(tot, nan=math.inf).max()) * (1 + _gamma(d + dff + 8))
 
 
@@ -117,7 +121,8 @@ def attention_forward_error(attn, X: Tensor) -> float | None:  # noqa: ANN001
     ``e^{+-(2u range_i + 2 gamma_{T+12})}`` of ``P(s_hat)`` (the shift's rounding ``u |s_j - max|``, exp within 4 ulps, the
     sum and the division), so ``|P_hat - P| <= (e^{t_i} - 1) P_hat``.  Head output: ``(e^{t_i} - 1) sum_j P_hat_ij ||x_j||
     ||W_V^h||_F ||W_O^h||_F`` plus ``gamma_{T+d+d_h+2}`` times the abs evaluation ``|P_hat||X||W_V^h||W_O^h|``; the bias
-    ``gamma_{H d_h+H+1}(|b_O| + sum_h |b_V^h||W_O^h|)``; the sum of ``H + 2`` terms ``gamma_{H+2}`` times its abs value."""
+    ``gamma_{H d_h+H+1}(|b_O| + sum_h |b_V^h||W_O^h|)``; the sum of ``H + 2`` terms ``gamma_{H+2}`` times its abs value.
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     if attn.kind != "dot" or attn.causal or any(getattr(attn, a, None) is not None for a in
                                                    ("window", "rope", "q_norm", "k_norm", "softcap", "position_bias")):
         return None
@@ -138,9 +143,9 @@ def attention_forward_error(attn, X: Tensor) -> float | None:  # noqa: ANN001
         t = 2 * Delta + 2 * _U * rng * (1 + 4 * _U) + 2 * _gamma(T + 12)
         WOV = Wv @ Wo
         o = (P @ X) @ WOV
-        eo = torch.expm1(t) * (P @ X.norm(dim=-1)) * float(Wv.norm()) * float(Wo.norm())
+        eo = torch.expm1(t) * (P @ pow2_norm(X, -1)) * float(pow2_norm(Wv)) * float(pow2_norm(Wo))
         ab = _gamma(T + d + dh + 2) * (P.abs() @ X.abs() @ _absmm(Wv, Wo)) / (1 - _gamma(T + 2 * d + dh + 4))
-        tot = tot + eo * (1 + _gamma(T + d + 4)) + ab.norm(dim=-1)
+        tot = tot + eo * (1 + _gamma(T + d + 4)) + pow2_norm(ab, -1)
         absval = absval + o.abs()
     bias = attn.effective_output_bias()
     if bias is not None:
@@ -149,9 +154,9 @@ def attention_forward_error(attn, X: Tensor) -> float | None:  # noqa: ANN001
             for h in range(attn.n_heads):
                 bsum = bsum + attn.b_V[attn.kv_index(h)].detach().double().abs() @ attn.head(h)[3].detach().double().abs()
         nb = attn.n_heads * (attn.head(0)[0].shape[-1] + 1) + 1
-        tot = tot + _gamma(nb) * float(bsum.norm()) / (1 - _gamma(nb + 2))
+        tot = tot + _gamma(nb) * float(pow2_norm(bsum)) / (1 - _gamma(nb + 2))
         absval = absval + bias.detach().double().abs()
-    tot = tot + _gamma(attn.n_heads + 2) * absval.norm(dim=-1) / (1 - _gamma(attn.n_heads + 4))
+    tot = tot + _gamma(attn.n_heads + 2) * pow2_norm(absval, -1) / (1 - _gamma(attn.n_heads + 4))
     return float(torch.nan_to_num(tot, nan=math.inf).max()) * (1 + 1e-12)
 
 

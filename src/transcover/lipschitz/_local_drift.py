@@ -40,6 +40,7 @@ import math
 import torch
 from torch import Tensor
 
+from ._local_jacobian import pow2_norm
 from ._local_sharp import ball_box
 
 __all__ = ["attention_drift_hessian", "head_second_derivative", "heads_joint", "output_block_norms"]
@@ -152,11 +153,12 @@ def attention_drift_hessian(mom, r: float, norms: dict, steps: int = SEGMENT_STE
 def output_block_norms(heads) -> Tensor:  # noqa: ANN001
     """(H, H) certified ``C_hk >= ||W_O^h W_O^kT||_2`` (``W_O^h`` the head's (d_head, d) output rows): the
     certified spectral norm of each float64 product plus its rounding ``gamma_d ||W_O^h||_F ||W_O^k||_F``
-    (Note [heads through W_O jointly], THEORY F35d)."""
+    (Note [heads through W_O jointly], THEORY F35d).
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     Wo = torch.stack([hd[6] for hd in heads])  # (H, dh, d)
     H, _, d = Wo.shape
     prods = torch.einsum("had,kbd->hkab", Wo, Wo).reshape(H * H, Wo.shape[1], Wo.shape[1])
-    fro = Wo.flatten(1).norm(dim=1)
+    fro = pow2_norm(Wo.flatten(1), 1)
     from ._local_jacobian import certified_spectral
 
     pad = 4 * (d + 2) * 2.0**-53 * fro[:, None] * fro[None, :]

@@ -16,7 +16,9 @@ import torch
 from torch import Tensor
 
 from ..model import Activation
-from ._local_jacobian import GELU2_ABS_ERR, GELU3_SUP, _f64, certified_lmax, certified_spectral, gelu2_sup, gelu_second
+from ._local_jacobian import (
+    GELU2_ABS_ERR, GELU3_SUP, _f64, certified_lmax, certified_spectral, gelu2_sup, gelu_second, pow2_norm,
+)
 from ._local_sharp import gram_lower
 
 __all__ = ["gelu3_sup", "ffn_curvature_drift", "ffn_hadamard", "ffn_second_norms", "ffn_second_norms_flat", "ffn_second_split",
@@ -79,7 +81,8 @@ def ffn_hadamard(ffn, *, centred: bool) -> dict:  # noqa: ANN001
     lambda_max((W_1^T W_1) o (W_2 W_2^T))``, ``W2`` the output weights (rows ``P w2_k`` when ``centred``, the map a
     following LayerNorm sees) and ``nW2 >= ||W_2||`` (``||P W_2^T|| <= ||W_2||``).  Weights outside ``_in_range``
     get infinite pads ``eH``, ``e12``: every F38/F45/F51a bound on them is then inf (a branch refused; F17c's
-    ``kappa`` carries the FFN drift)."""
+    ``kappa`` carries the FFN drift).
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     W1, W2o = _f64(ffn.W_1), _f64(ffn.W_2)
     W2 = W2o - W2o.mean(dim=1, keepdim=True) if centred else W2o
     G1 = W1.T @ W1
@@ -93,7 +96,7 @@ def ffn_hadamard(ffn, *, centred: bool) -> dict:  # noqa: ANN001
         eH = e12 = math.inf
     lams = certified_lmax(torch.stack([H, H12]))
     # the centred rows as formed are within 2 (d + 2) u ||W_2||_F (Frobenius) of the exact ones
-    eW2 = 4 * (W2.shape[1] + 2) * _U * float(W2o.norm()) if centred else 0.0
+    eW2 = 4 * (W2.shape[1] + 2) * _U * float(pow2_norm(W2o)) if centred else 0.0
     return {"H": H, "eH": eH, "lH": float(lams[0]) + eH, "H12": H12, "e12": e12, "l12": float(lams[1]) + e12, "W1": W1,
             "W2": W2, "eW2": eW2, "nW2": float(certified_spectral(W2o[None])[0]) * (1 + 1e-12),
             "nW1": float(certified_spectral(W1[None])[0]) * (1 + 1e-12)}
@@ -129,11 +132,12 @@ def _form_norm(D: Tensor, W: Tensor, H: Tensor, eH: float) -> Tensor:
     r"""(T,) certified ``lambda_max(A_i^T H A_i)^{1/2}`` for ``A_i = diag(D_i) W`` (``W`` (d_ff, d), ``H`` (d_ff, d_ff) as
     formed within ``eH``, Frobenius), the shared step of F38b's ``N2`` and F90's ``N2e``: ``A`` as formed is within
     ``u|A|``, the two products add ``gamma_{d_ff}`` each of the ``|terms|``, so ``||A||_F^2 (eH + 4 (d_ff + 4) u
-    ||H||_F)`` is added to the certified ``lambda_max``."""
+    ||H||_F)`` is added to the certified ``lambda_max``.
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     A = D[:, :, None] * W[None]
     S = A.transpose(1, 2) @ (H[None] @ A)
     fA = (A * A).sum(dim=(1, 2)) * (1 + 4 * W.numel() * _U)
-    err = fA * (eH + 4 * (H.shape[0] + 4) * _U * float(H.norm()) * (1 + 1e-12))
+    err = fA * (eH + 4 * (H.shape[0] + 4) * _U * float(pow2_norm(H)) * (1 + 1e-12))
     return torch.sqrt(certified_lmax(S) + err)
 
 
@@ -163,7 +167,8 @@ def _split_top(G: Tensor, rank: int, lam1: float, E: Tensor | None = None) -> tu
     ``lR >= lambda_max(G - E^T E)``: the formed rest plus ``tau = 1e-9 lam1`` is checked positive definite by one
     Cholesky (then ``certified_lmax``'s trace fallback is sound for it), and the rounding of ``E^T E`` and of the
     subtraction, ``4 (m + 8) u (||E||_F^2 + ||G||_F)`` (Frobenius, Higham 3.5), is added.  A failed check gives
-    ``lR = inf``.  THEORY F45a."""
+    ``lR = inf``.  THEORY F45a.
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     if E is None:
         ev, U = torch.linalg.eigh(G)
         E = (U[:, -rank:] * ev[-rank:].clamp(min=0.0).sqrt()[None, :]).T.contiguous()
@@ -171,7 +176,7 @@ def _split_top(G: Tensor, rank: int, lam1: float, E: Tensor | None = None) -> tu
     R.diagonal().add_(1e-9 * lam1)
     if int(torch.linalg.cholesky_ex(R)[1]) != 0:
         return E, math.inf
-    return E, float(certified_lmax(R[None])[0]) + 4 * (rank + 8) * _U * (float((E * E).sum()) + float(G.norm()))
+    return E, float(certified_lmax(R[None])[0]) + 4 * (rank + 8) * _U * (float((E * E).sum()) + float(pow2_norm(G)))
 
 
 def ffn_split_constants(const: dict, rank: int = SPLIT_RANK, rank2: int = SPLIT_RANK2) -> dict:
@@ -263,7 +268,8 @@ def _weighted_lmax(G: Tensor, eG: float, a: Tensor, lower: bool = False) -> Tens
     ``G_exact`` and the weights ``a`` (n, m) (F51a): the formed ``fl(a_k G_kl a_l)``, symmetrised, is within
     ``3u|a_k G_kl a_l|`` of ``diag(a) G diag(a)`` entrywise, ``diag(a)(G - G_exact)diag(a)`` within ``max a^2 eG``.
     ``lower``: instead a lower bound on that value as computed (``_lmax_lower`` in place of ``certified_lmax``, the
-    same float operations after it, each non-decreasing in its operands; THEORY F61a)."""
+    same float operations after it, each non-decreasing in its operands; THEORY F61a).
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     amax2 = (a * a).amax(dim=1)
     if lower:
         lam = _lmax_lower(G, a)
@@ -272,7 +278,7 @@ def _weighted_lmax(G: Tensor, eG: float, a: Tensor, lower: bool = False) -> Tens
         M.mul_(a[:, None, :])
         S = M.transpose(1, 2).contiguous()
         lam = certified_lmax(S.add_(M).mul_(0.5))
-    return lam + amax2 * (eG + 4 * _U * float(G.norm())) * (1 + 1e-12)
+    return lam + amax2 * (eG + 4 * _U * float(pow2_norm(G))) * (1 + 1e-12)
 
 
 def _weighted_norm(W: Tensor, a: Tensor, lower: bool = False) -> Tensor:
@@ -304,7 +310,8 @@ def _lmax_lower(G: Tensor, a: Tensor, iters: int = LMAX_LOWER_ITERS) -> Tensor:
 
     the trace as formed ``fl(a_k G_kk a_k)`` summed, less ``1e-10`` relative (non-negative terms: within ``gamma_m``
     of any other summation order's); clamped at 0 (``lambda_max(M_i) >= max_k (M_i)_kk >= 0``).  NaN where a
-    weight is not finite (no comparison passes).  Cost ``2 m^2`` flops a step and token, batched over the tokens."""
+    weight is not finite (no comparison passes).  Cost ``2 m^2`` flops a step and token, batched over the tokens.
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     n, m = a.shape
     v = torch.full((n, m), 1.0 / math.sqrt(m), dtype=a.dtype)
     for _ in range(iters):
@@ -315,7 +322,7 @@ def _lmax_lower(G: Tensor, a: Tensor, iters: int = LMAX_LOWER_ITERS) -> Tensor:
     rq = (u * (u @ G)).sum(dim=1) / torch.where(vv > 0, vv, 1.0)
     tr = (a * G.diagonal()[None, :] * a).sum(dim=1) * (1 - 1e-10)
     amax2 = (a * a).amax(dim=1)
-    low = torch.minimum(rq * (1 - 1e-10) - 12 * (m + 8) * _U * amax2 * float(G.norm()) * (1 + 1e-9), tr)
+    low = torch.minimum(rq * (1 - 1e-10) - 12 * (m + 8) * _U * amax2 * float(pow2_norm(G)) * (1 + 1e-9), tr)
     return torch.where(torch.isnan(low), low, low.clamp_min(0.0))
 
 

@@ -19,7 +19,7 @@ from ._local_ffn2 import (
     _GELU2_ABS_ERR, _weighted_lmax, _weighted_norm, centre_gelu2_err, ffn_second_norms, forms_in_range, gelu3_sup,
     split_row_norm2,
 )
-from ._local_jacobian import certified_lmax, gelu_second
+from ._local_jacobian import certified_lmax, gelu_second, pow2_norm
 from ._local_stack_aligned import _hadamard_norm
 from ._rounding import _gamma
 
@@ -85,10 +85,11 @@ def nested_beta(z: Tensor, R: Tensor, ez: Tensor | float, eD: Tensor | float, pi
 def _layer_forms(const: dict, n1: Tensor) -> dict:
     """The radius-free data F54b and F70 share: ``||W_1||_F`` and ``max ||w1_k||`` (each rounded up), ``G_1 = W_1^T W_1``,
     its rounding ``e_1 = gamma_{d+2} ||W_1||_F^2`` and ``max|G_1|``; cached in ``const`` (``ffn_hadamard``'s dict, once
-    per layer, with that layer's ``n1``)."""
+    per layer, with that layer's ``n1``).
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     if "reach_forms" not in const:
         W1 = const["W1"]
-        fW1 = float(W1.norm()) * (1 + W1.numel() * _gamma(1))
+        fW1 = float(pow2_norm(W1)) * (1 + W1.numel() * _gamma(1))
         G1 = W1.T @ W1
         const["reach_forms"] = {"n1": n1, "fW1": fW1, "w1max": float(n1.max()), "G1": G1,
                                 "e1": _gamma(W1.shape[0] + 2) * fW1 * fW1, "g1max": float(G1.abs().max())}
@@ -97,10 +98,11 @@ def _layer_forms(const: dict, n1: Tensor) -> dict:
 
 def _ellipsoid(S: Tensor, eS: Tensor, wsum: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """F54b's ``Q = wsum (sym(S) + eS I)`` for Grams ``S`` (..., d, d) and ``eS``, ``wsum`` (...,), with ``fQ >= ||Q||_F``
-    and ``eQ = gamma_4 fQ`` (its rounding, Frobenius)."""
+    and ``eQ = gamma_4 fQ`` (its rounding, Frobenius).
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     d = S.shape[-1]
     Q = wsum[..., None, None] * (0.5 * (S + S.transpose(-1, -2)) + eS[..., None, None] * torch.eye(d, dtype=S.dtype))
-    fQ = Q.norm(dim=(-2, -1)) * (1 + d * d * _gamma(1))
+    fQ = pow2_norm(Q, (-2, -1)) * (1 + d * d * _gamma(1))
     return Q, fQ, _gamma(4) * fQ
 
 
@@ -111,7 +113,8 @@ def _token_forms(const: dict, lay: dict, z: Tensor, S: Tensor, eS: float, wsum: 
     tensor norms ``nq``, ``nqm`` (F40b's ``_hadamard_norm``, the centred ``W_2``'s ``eW2`` added), the evaluated
     ``D = GELU''(z)`` within ``eD`` (``centre_gelu2_err``) of the exact centre's and the unit reaches
     ``Rk = min(||w1_k|| rh, r (G_kk + eG)^{1/2} + ||w1_k|| remH) (1 + 1e-12) + ez_k``; ``nq``, ``nqm`` inf outside
-    ``forms_in_range`` (THEORY F75: the pads need float64's normal range)."""
+    ``forms_in_range`` (THEORY F75: the pads need float64's normal range).
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     W1, d, fW1, n1 = const["W1"], const["W1"].shape[0], lay["fW1"], lay["n1"]
     Q, fQ, eQ = _ellipsoid(S, eS, torch.as_tensor(wsum, dtype=torch.float64))  # float64: as_tensor(float) is float32
     fQ, eQ = float(fQ), float(eQ)
@@ -119,8 +122,8 @@ def _token_forms(const: dict, lay: dict, z: Tensor, S: Tensor, eS: float, wsum: 
     eG = fW1 * fW1 * (_gamma(2 * d) * fQ + eQ) * (1 + 1e-12)
     gmax = float(G.abs().max())
     HQ, HQm = G * G, G * lay["G1"]
-    eHQ = (eG * (2 * gmax + eG) + _gamma(1) * float(HQ.norm())) * (1 + 1e-12)
-    eHQm = (eG * (lay["g1max"] + lay["e1"]) + lay["e1"] * gmax + _gamma(1) * float(HQm.norm())) * (1 + 1e-12)
+    eHQ = (eG * (2 * gmax + eG) + _gamma(1) * float(pow2_norm(HQ))) * (1 + 1e-12)
+    eHQm = (eG * (lay["g1max"] + lay["e1"]) + lay["e1"] * gmax + _gamma(1) * float(pow2_norm(HQm))) * (1 + 1e-12)
     Dk = gelu_second(z)
     eD = torch.as_tensor(centre_gelu2_err(ez), dtype=torch.float64)
     dmax = float(Dk.abs().max()) + float(eD.max())
@@ -252,10 +255,11 @@ def _lmax_g(sch: dict, Q: Tensor, fQ: Tensor, eQ: Tensor) -> Tensor:
     """(n,) certified ``lambda_max(W_1^T Q' W_1)`` for ``Q' = Q + eQ I`` (``Q`` (n, d, d) as formed, symmetric, ``fQ >=
     ||Q||_F``; THEORY F72a): the nonzero spectrum of ``Q'^{1/2} W_1 W_1^T Q'^{1/2}``, with ``W_1 W_1^T <= L L^T + eL I``
     (``_schur_layer``) at most ``lambda_max(L^T Q L) + eQ ||L||_F^2 + eL (fQ + eQ)``; ``M = fl(L^T (Q L))`` within
-    ``gamma_{2d} ||L||_F^2 ||Q||_F``, symmetrised within ``u ||M||_F``, then ``certified_lmax``."""
+    ``gamma_{2d} ||L||_F^2 ||Q||_F``, symmetrised within ``u ||M||_F``, then ``certified_lmax``.
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     L, fL = sch["L"], sch["fL"]
     M = L.T[None] @ (Q @ L[None])
-    fM = M.norm(dim=(1, 2)) * (1 + M[0].numel() * _U)
+    fM = pow2_norm(M, (1, 2)) * (1 + M[0].numel() * _U)
     err = _gamma(2 * L.shape[0]) * fL * fQ + _U * fM + eQ * fL + sch["eL"] * (fQ + eQ)
     return (certified_lmax(0.5 * (M + M.transpose(1, 2))) + err) * (1 + 1e-12)
 

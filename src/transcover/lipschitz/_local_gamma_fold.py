@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from ..model import Activation, LayerSpec, NormKind, Placement
-from ._local_jacobian import _f64, _ffn_weight_norms
+from ._local_jacobian import _f64, _ffn_weight_norms, pow2_norm
 from . import _local_rows
 from ._local_rows import _U, FfnDrift
 from ._local_sharp import GELU_SLOPE_RANGE
@@ -41,7 +41,8 @@ def folded_layer(layer: LayerSpec) -> tuple[LayerSpec, float] | None:
     MiniLM's stored weights: the product has at most 48 significant bits and is exact in float64).  None where the
     fold does not apply: no norm, a norm without ``gamma``, no centring/scaling norm, an activation with an
     unbounded ``sigma''`` (ReLU: the rounding's effect on the slopes is not bounded by a multiple of ``e``).
-    THEORY F46."""
+    THEORY F46.
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     from ._local import second_derivative_sup
 
     norm = _scaled_norm(layer)
@@ -51,7 +52,7 @@ def folded_layer(layer: LayerSpec) -> tuple[LayerSpec, float] | None:
     g, W1 = _f64(norm.weight), _f64(layer.ffn.W_1)
     A = g[:, None] * W1
     narrow = all(bool((t == t.float().double()).all()) for t in (g, W1))  # float32 values (stored in float64)
-    e = 0.0 if narrow else _U / (1 - _U) * float(A.norm()) * (1 + 1e-12)
+    e = 0.0 if narrow else _U / (1 - _U) * float(pow2_norm(A)) * (1 + 1e-12)
     return replace(layer, ffn=replace(layer.ffn, W_1=A)), e
 
 

@@ -53,7 +53,7 @@ from torch import Tensor
 
 from .._errors import InputError
 from ..model import Activation, LayerSpec, NormKind, NormSpec, Placement, attention_forward, ffn_forward
-from ._local_attention import check_normal_weights
+from ._local_attention import check_head_scales, check_normal_weights
 from ._weights import ROUNDING_PAD, spectral
 
 __all__ = ["LayerJacobian", "layer_jacobian", "layer_jacobians", "certified_spectral", "gelu2_sup", "row_norm_lower", "gelu_second_sup",
@@ -283,15 +283,16 @@ def centre_tokens(X: Tensor, lay: bool) -> tuple[Tensor, Tensor, Tensor]:
     last subtraction, taken relative), so ``sigma >= (sigma_hat (1 - gamma_{d+4}) - gamma_{d+3} max|Z1|)(1 - 2u)``
     (the norm's own rounding ``gamma_{d+4}`` relative).  RMSNorm: ``sigma_hat (1 - gamma_{d+4})``.
     A spread that overflowed (a token near ``2^512``) is refused: its infinite sigma made the norm's local constant 0
-    (Note [local weight range] in ``_local_attention``)."""
+    (Note [local weight range] in ``_local_attention``).
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     d = X.shape[1]
     g = lambda k: k * _U / (1 - k * _U)  # noqa: E731
     Z1 = X - X.mean(dim=1, keepdim=True) if lay else X
     Z = Z1 - Z1.mean(dim=1, keepdim=True) if lay else X
-    sigma = Z.norm(dim=1) / math.sqrt(d)
-    if not bool(torch.isfinite(sigma).all()):
+    if not bool(torch.isfinite(Z.norm(dim=1)).all()):
         raise InputError("a token's spread overflows float64 (its squares pass 2^1024); the local bounds refuse this "
                          "input (Note [local weight range]); rescale the input or the weights before the norm")
+    sigma = pow2_norm(Z, 1) / math.sqrt(d)  # a spread below 2^-537 no longer flushes to 0 (its squares would)
     if not lay:
         return X, sigma, sigma * (1 - g(d + 4))
     low = (sigma * (1 - g(d + 4)) - g(d + 3) * Z1.abs().amax(dim=1)) * (1 - 2 * _U)
@@ -313,7 +314,8 @@ def norm_jacobian_error(norm: NormSpec | None, X: Tensor, *, formed: bool) -> Te
     ``diag(gamma)(P - u u^T)/s`` of ``_norm_parts`` (exact ``P``, ``u_a = 0``) plus its entry rounding
     ``gamma_5 (G/s)(sqrt d + ||u||^2)``; otherwise ``NormJac``'s factored ``fl(gamma/s)`` and ``Q`` (``u_a = u``).
     Relative accuracy of ``u`` is not assumed: a spiky ``gamma`` on a one-hot token has ``||D_hat||_F << G/s``
-    while the error is ``~ G/s ||u - u*||`` (red15).  Assumptions: LayerNorm or RMSNorm, ``T d`` floats."""
+    while the error is ``~ G/s ||u - u*||`` (red15).  Assumptions: LayerNorm or RMSNorm, ``T d`` floats.
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     T, d = X.shape
     if norm is None or norm.kind is NormKind.NONE:
         return torch.zeros(T, dtype=torch.float64)
@@ -321,8 +323,8 @@ def norm_jacobian_error(norm: NormSpec | None, X: Tensor, *, formed: bool) -> Te
     lay = norm.kind is NormKind.LAYERNORM
     Z, sig_hat, _ = centre_tokens(X, lay)
     s = torch.sqrt(sig_hat * sig_hat + float(norm.eps))
-    u_norm = (Z / (math.sqrt(d) * s[:, None])).norm(dim=1) * (1 + g(d + 2))
-    E = (math.sqrt(d) * g(d + 3) * (X - X.mean(dim=1, keepdim=True)).abs().amax(dim=1) + g(1) * Z.norm(dim=1) * (1 + g(d))
+    u_norm = pow2_norm(Z / (math.sqrt(d) * s[:, None]), 1) * (1 + g(d + 2))
+    E = (math.sqrt(d) * g(d + 3) * (X - X.mean(dim=1, keepdim=True)).abs().amax(dim=1) + g(1) * pow2_norm(Z, 1) * (1 + g(d))
          if lay else torch.zeros_like(s))
     e_s = (g(d + 4) * sig_hat + E / math.sqrt(d) + g(3) * s) * (1 + 4 * _U)
     rho = torch.where(e_s < s, e_s / (s - e_s).clamp(min=1e-300), torch.full_like(s, math.inf)) * (1 + 4 * _U)
@@ -347,7 +349,8 @@ def norm_jacobian_entry_error(norm: NormSpec, X: Tensor) -> tuple[Tensor, Tensor
     (``D - D* = diag(gamma (1/s - 1/s*)) (P - u u^T) + diag(gamma/s*) (u* u*^T - u u^T)``, ``u u^T - u* u*^T =
     du u^T + u* du^T``).  Per entry, with F17f's pieces: ``|Z_j - (P x)_j| <= e_j = gamma_{d+3} max|Z1| + gamma_1 |Z_j|``
     (0 for RMSNorm), ``|u*_j| <= (|Z_j| + e_j)(1 + rho)/(sqrt d s)``, ``beta_j = gamma_4 |u_j| + e_j/(sqrt d s) + |u*_j| e_s/s``.
-    THEORY F17f."""
+    THEORY F17f.
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     T, d = X.shape
     g = lambda k: k * _U / (1 - k * _U)  # noqa: E731
     lay = norm.kind is NormKind.LAYERNORM
@@ -356,7 +359,7 @@ def norm_jacobian_entry_error(norm: NormSpec, X: Tensor) -> tuple[Tensor, Tensor
     u = (Z / (math.sqrt(d) * s[:, None])).abs()
     eZ = (g(d + 3) * (X - X.mean(dim=1, keepdim=True)).abs().amax(dim=1, keepdim=True) + g(1) * Z.abs()
           if lay else torch.zeros_like(Z))
-    E = eZ.norm(dim=1) * (1 + g(d + 2))
+    E = pow2_norm(eZ, 1) * (1 + g(d + 2))
     e_s = (g(d + 4) * sig_hat + E / math.sqrt(d) + g(3) * s) * (1 + 4 * _U)
     rho = torch.where(e_s < s, e_s / (s - e_s).clamp(min=1e-300), torch.full_like(s, math.inf)) * (1 + 4 * _U)
     ustar = (Z.abs() + eZ) * ((1 + rho) / (math.sqrt(d) * s))[:, None] * (1 + 4 * _U)
@@ -404,15 +407,37 @@ def _norm_drift(norm: NormSpec | None, sigma: Tensor | None, r: Tensor, d: int) 
 
 
 
-def pow2_norm(A: Tensor, dims: tuple) -> Tensor:
-    """Frobenius norms of ``A`` over ``dims`` as float64 computes them, each formed at the power of two that brings its
-    largest entry to ``[1/2, 1)`` (exact scalings), so no square under- or overflows: ``torch``'s norm squares as it
-    goes, and a matrix of entries ``2^-600`` had norm 0 (THEORY F81d).  Unpadded: the caller adds its sum's rounding."""
+def pow2_norm(A: Tensor, dims: tuple | int | None = None) -> Tensor:
+    """Frobenius norms of ``A`` over ``dims`` (default: all) as float64 computes them, each formed at the power of two
+    that brings its largest entry to ``[1/2, 1)`` (exact scalings), so no square under- or overflows: ``torch``'s norm
+    squares as it goes, and a matrix of entries ``2^-600`` had norm 0 (THEORY F81d).  In the normal range the very
+    floats of ``torch``'s norm; a positive result below the smallest normal float (rounded to nearest when scaled
+    back) is moved one ulp up.  Where every plain norm lies in ``[2^-400, 2^400]`` that is the result (one pass): no
+    square overflowed, and the squares that flushed lose at most ``n 2^-1075`` of a sum above ``2^-800`` (``n`` entries),
+    far inside any caller's relative pad.  Unpadded: the caller adds its sum's rounding."""
+    dims = tuple(range(A.dim())) if dims is None else (dims,) if isinstance(dims, int) else tuple(dims)
+    plain = torch.linalg.vector_norm(A, dim=dims)
+    if A.numel() == 0 or bool(((plain >= 2.0**-400) & (plain <= 2.0**400)).all()):
+        return plain
     m = A.abs().amax(dim=dims, keepdim=True)
     s = torch.where((m > 0) & torch.isfinite(m), torch.ldexp(torch.ones_like(m), -torch.frexp(m)[1].clamp(-1000, 1000)),
                     torch.ones_like(m))
     r = torch.linalg.vector_norm(A * s, dim=dims)
-    return r / s.reshape(r.shape)
+    r = r / s.reshape(r.shape)
+    return torch.where((r > 0) & (r < _TINY), torch.nextafter(r, torch.full_like(r, math.inf)), r)
+
+
+_TINY = torch.finfo(torch.float64).tiny
+
+
+def root_sum_squares(v: Tensor, dim: int) -> Tensor:
+    """``sqrt((v * v).sum(dim))`` as before where the largest ``|v|`` along ``dim`` lies in ``[2^-400, 2^400]`` (the
+    very same floats), else ``pow2_norm``: the plain squares of a ``2^-540`` vector flushed to 0 (and past ``2^512``
+    overflowed)."""
+    plain = torch.sqrt((v * v).sum(dim=dim))
+    m = v.abs().amax(dim=dim) if v.numel() else plain
+    far = (m > 0) & torch.isfinite(m) & ((m < 2.0**-400) | (m > 2.0**400))
+    return torch.where(far, pow2_norm(v, dim), plain) if bool(far.any()) else plain
 
 @dataclass
 class LayerJacobian:
@@ -453,7 +478,8 @@ class LayerJacobian:
 
 
 def _head_data(attn, Xin: Tensor):  # noqa: ANN001, ANN202
-    """Per head: P, y (T, T, d), q (T, d), Wq, Wk, Wv, Wo (float64)."""
+    """Per head: P, y (T, T, d), q (T, d), Wq, Wk, Wv, Wo (float64).
+    A head outside Note [local head data range] is refused (InputError)."""
     T, d = Xin.shape
     Xa = torch.cat([Xin, torch.ones(T, 1, dtype=torch.float64)], dim=1)
     out = []
@@ -468,6 +494,7 @@ def _head_data(attn, Xin: Tensor):  # noqa: ANN001, ANN202
         check_normal_weights(scores, P, h)  # Note [underflowed attention weights]
         Y = Xin[None, :, :] - (P @ Xin)[:, None, :]
         q = attn.softmax_scale * (Xa @ Wqa) @ Wk.T
+        check_head_scales(attn, h, Y, q)  # Note [local head data range]
         out.append((P, Y, q, Wq, Wk, Wv, Wo))
     return out
 
@@ -534,7 +561,7 @@ def _blocks_route(layer: LayerSpec, X: Tensor, radii, *, keep_blocks: bool = Fal
     (``attention_local_bound``; radius ``r`` post-LN, ``r max_j sup||D1_j||`` pre-LN).  ``exact`` blocks per row get certified spectral norms, the rest their Frobenius norms
     (``_row_block_norms``).  Assumptions: dot attention without RoPE,
     non-gated FFN whose ``sup|sigma''|`` is finite, every token within ``r`` of X.
-    """
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
 
     ffn, attn = layer.ffn, layer.attention
     if ffn.gated:
@@ -568,10 +595,10 @@ def _blocks_route(layer: LayerSpec, X: Tensor, radii, *, keep_blocks: bool = Fal
     M = Db @ IF @ Da if post else eye + F @ Db
     heads = _head_data(attn, Xin)
     # -- the exact blocks and their certified norms, one output token at a time --------------------
-    fro = lambda A: float(A.norm(dim=(-2, -1)).max()) if A.dim() == 3 else float(A.norm())  # noqa: E731
+    fro = lambda A: float(pow2_norm(A, (-2, -1)).max()) if A.dim() == 3 else float(pow2_norm(A))  # noqa: E731
     K = 4 * (d + W1.shape[1] + attn.n_heads * attn.d_head + T)
-    ymax = max(float(hd[1].norm(dim=-1).max()) for hd in heads)
-    qmax = max(float(hd[2].norm(dim=-1).max()) for hd in heads)
+    ymax = max(float(pow2_norm(hd[1], -1).max()) for hd in heads)
+    qmax = max(float(pow2_norm(hd[2], -1).max()) for hd in heads)
     fV = sum(fro(hd[5]) * fro(hd[6]) for hd in heads)
     fM = fro(M) + 4 * K * _U * (fro(Db) * (math.sqrt(d) + fro(W2) * float(slope.abs().max()) * fro(W1))
                                 * (fro(Da) if post else 1.0) + math.sqrt(d))
@@ -602,9 +629,9 @@ def _blocks_route(layer: LayerSpec, X: Tensor, radii, *, keep_blocks: bool = Fal
             # the second stage's row constant nu_i((I + F_i) D1_i (E_i + A_i)) (the FFN residual's output)
             Gi = _attention_row(heads, IF[i] @ Da[i], i, attn.softmax_scale)
             Gi[i] += IF[i] @ Da[i]
-            g_point[i] = (_row_block_norms(Gi, exact) + block_pad * (1 + float(F[i].norm()))).sum()
+            g_point[i] = (_row_block_norms(Gi, exact) + block_pad * (1 + float(pow2_norm(F[i])))).sum()
     # F17f: the formed norm Jacobians against the true ones, carried into M, the rows and the memo's norms
-    fro3 = lambda A: A.norm(dim=(1, 2)) * (1 + 1e-12)  # noqa: E731
+    fro3 = lambda A: pow2_norm(A, (1, 2)) * (1 + 1e-12)  # noqa: E731
     eDb = norm_jacobian_error(layer.norm_ffn, S2 if post else S1, formed=True)
     eDa = norm_jacobian_error(layer.norm_attn, S1 if post else X, formed=True)
     Dn = Da if post else D1
@@ -621,8 +648,9 @@ def _blocks_route(layer: LayerSpec, X: Tensor, radii, *, keep_blocks: bool = Fal
     memo = _Memo()
     memo.store.update({"D1": _sym_top(Dn) + eDa, "Db": _sym_top(Db) + eDb, "M": _sym_top(M) + eM})
     MOV, MO = _mixed_norms(M, heads, norms)
-    nOV = torch.tensor([float(hd[6].norm() * hd[5].norm()) for hd in heads], dtype=torch.float64)[:, None]
-    memo.store["mixed"] = (MOV + nOV * eM[None] * (1 + 1e-12), MO + float(torch.cat([hd[6] for hd in heads], dim=0).norm()) * eM * (1 + 1e-12))
+    nOV = torch.tensor([float(pow2_norm(hd[6]) * pow2_norm(hd[5])) for hd in heads], dtype=torch.float64)[:, None]
+    memo.store["mixed"] = (MOV + nOV * eM[None] * (1 + 1e-12),
+                           MO + float(pow2_norm(torch.cat([hd[6] for hd in heads], dim=0))) * eM * (1 + 1e-12))
     out = []
     for r in radii:
         if post:
@@ -687,8 +715,9 @@ def _attention_row(heads, Mi: Tensor, i: int, scale: float) -> Tensor:  # noqa: 
 
 def _row_block_norms(Bi: Tensor, exact: int) -> Tensor:
     """Certified ``||J_ij||_2`` for one output row: the ``exact`` blocks largest in Frobenius norm
-    by ``certified_spectral``, the others by their Frobenius norm (an upper bound)."""
-    fro = Bi.norm(dim=(1, 2)) * (1 + 1e-12)
+    by ``certified_spectral``, the others by their Frobenius norm (an upper bound).
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    fro = pow2_norm(Bi, (1, 2)) * (1 + 1e-12)  # at a power of two: a 1e-170 block's torch norm is 0
     if exact >= Bi.shape[0]:
         return certified_spectral(Bi)
     top = fro.topk(exact).indices
@@ -698,9 +727,10 @@ def _row_block_norms(Bi: Tensor, exact: int) -> Tensor:
 
 def _ffn_weight_norms(ffn) -> dict:  # noqa: ANN001
     """Certified FFN weight norms the drift uses: ``W_1``'s column norms ``n1``, ``||W_1||``, ``||W_2||`` and
-    the curvature constant ``ffn_curv``."""
+    the curvature constant ``ffn_curv``.
+    The column norms at powers of two (``pow2_norm``; a column below ``2^-537`` had norm 0)."""
     W1, W2 = _f64(ffn.W_1), _f64(ffn.W_2)
-    n = W1.norm(dim=0) * (1 + 1e-12)
+    n = pow2_norm(W1, 0) * (1 + 1e-12)
     ffn_curv = spectral(n.sqrt()[:, None] * W2) * spectral(W1 * n.sqrt()[None, :]) * (1 + ROUNDING_PAD) ** 2
     return {"ffn_curv": ffn_curv, "n1": n, "W1": spectral(W1), "W2": spectral(W2)}
 
@@ -717,13 +747,14 @@ def _weight_norms(layer: LayerSpec) -> dict:
 
 
 def _attention_drift(heads, r: float, norms: dict, scale: float) -> Tensor:  # noqa: ANN001
-    """(H, T): per head and query the bound on ``nu_i(Q'^h - Q^h)`` over ``B(X, r)`` (Note [Jacobian drift])."""
+    """(H, T): per head and query the bound on ``nu_i(Q'^h - Q^h)`` over ``B(X, r)`` (Note [Jacobian drift]).
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     out = []
     for h, (P, Y, q, Wq, Wk, _, _) in enumerate(heads):
         nG = norms["G"][h]
-        yn = Y.norm(dim=-1)  # (T_i, T_j)
-        qn = q.norm(dim=-1)
-        Gy = ((Y @ Wk) @ Wq.T).norm(dim=-1) * scale * (1 + 1e-12)
+        yn = pow2_norm(Y, -1)  # (T_i, T_j); at powers of two (the squares of a 2^-540 spread flush)
+        qn = pow2_norm(q, -1)
+        Gy = pow2_norm((Y @ Wk) @ Wq.T, -1) * scale * (1 + 1e-12)
         delta = r * (Gy + qn[:, None] * (1 + 1e-12) + nG * r)
         delta = torch.where(P > 0, delta, torch.zeros_like(delta))  # masked keys keep P' = 0
         eps = torch.expm1(delta + delta.max(dim=1, keepdim=True).values) * (1 + 1e-12)
@@ -820,7 +851,8 @@ def _ffn_drift(ffn, zz: tuple, rh: Tensor, norms: dict, curv: float) -> Tensor: 
     GELU gets the per-unit interval sup (``gelu2_sup``), other activations the global one.  Every
     ``c_k`` is also capped by the range of ``sigma'`` (GELU: ``GELU'(sqrt 2) - GELU'(-sqrt 2) = erf(1) +
     2 sqrt(2) phi(sqrt 2)``, the extrema of ``GELU' = Phi + z phi``; otherwise ``2 sup|sigma'|``), and
-    the whole bound by that range times ``||W_1|| ||W_2||``."""
+    the whole bound by that range times ``||W_1|| ||W_2||``.
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     from ._activations import activation_lipschitz
 
     act = Activation(ffn.activation)
@@ -838,7 +870,7 @@ def _ffn_drift(ffn, zz: tuple, rh: Tensor, norms: dict, curv: float) -> Tensor: 
     c = torch.clamp(gelu2_sup(z - half - ez, z + half + ez) * half * (1 + ROUNDING_PAD), max=cap)
     l2 = certified_lmax((W2.T[None] * c[:, None, :]) @ W2[None])
     l1 = certified_lmax((W1[None] * c[:, None, :]) @ W1.T[None])
-    fro = float(W1.norm() * W2.norm()) * float(c.max())
+    fro = float(pow2_norm(W1) * pow2_norm(W2)) * float(c.max())
     return torch.minimum(glob, torch.sqrt(l1 * l2) * (1 + GRAM_PAD) + GRAM_PAD * fro)
 
 
@@ -846,7 +878,9 @@ def _mixed_norms(M: Tensor, heads, norms: dict) -> tuple[Tensor, Tensor]:  # noq
     """(H, T) certified ``||M_i W_OV^hT||`` and (T,) ``||M_i W_O^T||`` (Gram eigenvalues, padded).
 
     ``||A W_V^T||^2 = lambda_max(L^T A^T A L)`` with ``W_V^T W_V = L L^T`` (Cholesky, d_head x d_head);
-    a singular ``W_V`` falls back to ``||A|| ||W_V||``."""
+    a singular ``W_V`` falls back to ``||A|| ||W_V||``.  A token's ``A`` whose largest entry is outside ``[2^-400,
+    2^400]`` is first scaled by a power of two to one in ``[1/2, 1)`` (exact; undone on the root): its Gram flushed to
+    0 below ``2^-537`` (a post-LN ``M`` at ``2^-580`` had ``||M W_OV^T||`` 0); the others are the very same floats."""
     Wo_all = torch.cat([hd[6] for hd in heads], dim=0)  # (H dh, d)
     MO = _sym_top(M @ Wo_all.T[None])
     out = []
@@ -857,10 +891,21 @@ def _mixed_norms(M: Tensor, heads, norms: dict) -> tuple[Tensor, Tensor]:  # noq
         except RuntimeError:
             out.append(_sym_top(A) * norms["V"][h])
             continue
+        A, ex = _pow2_far(A)
         K = Lc.T[None] @ (A.transpose(1, 2) @ A) @ Lc[None]
         fro2 = (A * A).sum(dim=(1, 2)) * float((Wv * Wv).sum())
-        out.append(torch.sqrt(torch.linalg.eigvalsh(K)[:, -1].clamp(min=0.0) + GRAM_PAD * fro2) * (1 + GRAM_PAD))
+        out.append(torch.ldexp(torch.sqrt(torch.linalg.eigvalsh(K)[:, -1].clamp(min=0.0) + GRAM_PAD * fro2) * (1 + GRAM_PAD),
+                               ex))
     return torch.stack(out), MO
+
+
+def _pow2_far(A: Tensor, lim: int = 400) -> tuple[Tensor, Tensor]:
+    """``(A 2^-e, e)`` per matrix of the batch ``A`` (n, m, k): ``e`` the exponent of the largest ``|entry|`` (so that it
+    lies in ``[1/2, 1)``) where that is outside ``[2^-lim, 2^lim]``, else 0 (exact; those matrices unchanged)."""
+    top = A.abs().amax(dim=(-2, -1)) if A.numel() else A.new_zeros(A.shape[:-2])
+    far = (top > 0) & torch.isfinite(top) & ((top < 2.0**-lim) | (top > 2.0**lim))
+    ex = torch.where(far, torch.frexp(top).exponent, 0).to(A.dtype)
+    return torch.ldexp(A, -ex[..., None, None]), ex
 
 
 def row_norm_lower(blocks: Tensor, *, iters: int = 30, restarts: int = 3, seed: int = 0) -> Tensor:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ._local_jacobian import GRAM_PAD, certified_spectral
+from ._local_jacobian import GRAM_PAD, certified_spectral, pow2_norm
 from ._local_sharp import ball_box, visible_diameter
 
 __all__ = ["softmax_taylor_l1", "quadratic_score_mad", "range_taylor", "VAR_SQUARE_RANGE", "HeadGeometry",
@@ -96,20 +96,22 @@ def head_geometry(heads, scale: float, output: bool, cache: dict | None = None) 
     is within ``eps = gamma_{d + d_h + 2} max_j ||y_j|| ||W_V||_F (||W_O||_F)`` of the true one, so the
     diameter gets ``2 eps`` and the spread ``eps`` (Minkowski in ``L^2(P)``); the norm gets the product's
     ``gamma_{d_h} ||W_V||_F ||W_O||_F``; the weighted Grams' own eigenvalue pad is ``_lmax_gram``'s; the rows
-    ``scale y_j W_K W_Q^T`` likewise ``gamma_{d + d_h + 2} scale max_j ||y_j|| ||W_K||_F ||W_Q||_F``."""
+    ``scale y_j W_K W_Q^T`` likewise ``gamma_{d + d_h + 2} scale max_j ||y_j|| ||W_K||_F ||W_Q||_F``.  The Frobenius norms
+    are formed at powers of two (``pow2_norm``): ``W_K`` at ``2^-600`` beside ``W_Q`` at ``2^600`` (the same scores) had
+    ``torch``'s ``||W_K||_F`` 0, and the score rows' rounding term with it."""
     from ._local_rows import _lmax_gram
 
     norm, diam, spread, score_eps = [], [], [], []
     for P, Y, _, Wq, Wk, Wv, Wo in heads:
         W = Wv @ Wo if output else Wv
-        fro = float(Wv.norm() * Wo.norm()) if output else float(Wv.norm())
+        fro = float(pow2_norm(Wv) * pow2_norm(Wo)) if output else float(pow2_norm(Wv))
         R = Y @ W  # (T, T, m): row j of query i is (x_j - mean_i) W
-        gam = 4 * (Y.shape[2] + Wv.shape[1] + 6) * _U * float(Y.norm(dim=-1).max())
+        gam = 4 * (Y.shape[2] + Wv.shape[1] + 6) * _U * float(pow2_norm(Y, -1).max())
         if cache is None or ("geo_norm", output) not in cache:
             norm.append(float(certified_spectral(W[None])[0]) + 4 * (Wv.shape[1] + 4) * _U * fro)
         diam.append(visible_diameter(R[0], P > 0) + 2 * gam * fro)
         spread.append(torch.sqrt(_lmax_gram(R @ R.transpose(1, 2), P)) + gam * fro)
-        score_eps.append(gam * scale * float(Wk.norm() * Wq.norm()))
+        score_eps.append(gam * scale * float(pow2_norm(Wk) * pow2_norm(Wq)))  # W_K at 2^-600: torch's norm 0
     f64 = lambda v: torch.tensor(v, dtype=torch.float64)  # noqa: E731
     if cache is not None:
         norm = cache.setdefault(("geo_norm", output), norm)

@@ -14,7 +14,7 @@ import math
 import torch
 from torch import Tensor
 
-from ._local_jacobian import certified_spectral
+from ._local_jacobian import certified_spectral, pow2_norm
 from ._local_joint import norm_drift, norm_remainder, sphere_remainder
 from ._local_rows import _U, _gamma_vec, _heads_combined
 
@@ -28,9 +28,10 @@ def if_gamma_norm(IF: Tensor, eF: Tensor, gamma: Tensor, g: float) -> Tensor:
     ``||A* Gamma|| <= ||A Gamma|| + eF g`` (``A*`` exact); the formed product ``fl(A |gamma|)`` (columns scaled, one
     rounding an entry; ``diag(sign gamma)`` is orthogonal) is within ``u ||A |gamma|||_F <= u (1 + u) ||fl(A
     |gamma|)||_F`` of the exact one (Frobenius bounds spectral), padded ``2u``; ``certified_spectral`` of the formed
-    product."""
+    product.
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     A = IF * gamma[None, None, :]
-    return (certified_spectral(A) + 2 * _U * A.norm(dim=(1, 2)) + eF * g) * (1 + 1e-12)
+    return (certified_spectral(A) + 2 * _U * pow2_norm(A, (1, 2)) + eF * g) * (1 + 1e-12)
 
 
 def gamma_free_norm_remainder(norm, sig: Tensor, s: Tensor, r1: Tensor, d: int) -> Tensor:  # noqa: ANN001

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from . import _rounding
 from ._local_ffn2 import gelu3_sup
-from ._local_jacobian import certified_lmax, gelu_second_sup
+from ._local_jacobian import certified_lmax, gelu_second_sup, pow2_norm
 from ._local_stack_aligned import ellipsoid_gram
 from ._rounding import _gamma
 
@@ -61,19 +61,21 @@ def _centred(B: Tensor, lay: bool) -> tuple[Tensor, Tensor]:
 
 def _centre_err(X: Tensor, Z: Tensor, lay: bool) -> Tensor:
     """(T,) ``>= ||Z_i - P x_i||`` for ``Z`` the two-pass centring of ``X`` (``centre_tokens``; F17e): ``sqrt(d)
-    gamma_{d+3} max|Z1| + gamma_1 ||Z||``; 0 for RMSNorm (``Z = X``)."""
+    gamma_{d+3} max|Z1| + gamma_1 ||Z||``; 0 for RMSNorm (``Z = X``).
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     if not lay:
         return torch.zeros(X.shape[0], dtype=torch.float64)
     d = X.shape[1]
     Z1 = X - X.mean(dim=1, keepdim=True)
-    return (math.sqrt(d) * _gamma(d + 3) * Z1.abs().amax(dim=1) + _gamma(1) * Z.norm(dim=1)) * (1 + 1e-12)
+    return (math.sqrt(d) * _gamma(d + 3) * Z1.abs().amax(dim=1) + _gamma(1) * pow2_norm(Z, 1)) * (1 + 1e-12)
 
 
 def _lmax_sym(M: Tensor, err: Tensor) -> Tensor:
     """(T,) certified ``lambda_max`` of the exact PSD matrices within ``err`` (spectral) of the formed batch ``M``,
-    symmetrised first (``u ||M||_F`` more)."""
+    symmetrised first (``u ||M||_F`` more).
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     S = 0.5 * (M + M.transpose(1, 2))
-    return certified_lmax(S) + err + _rounding._U * M.norm(dim=(1, 2))
+    return certified_lmax(S) + err + _rounding._U * pow2_norm(M, (1, 2))
 
 
 def norm_move_forms(blocks: Tensor, X: Tensor, gamma: Tensor, lay: bool) -> NormForms:
@@ -90,18 +92,19 @@ def norm_move_forms(blocks: Tensor, X: Tensor, gamma: Tensor, lay: bool) -> Norm
     ||Q||_F)``; the formed ``M`` within ``eM = 8 (d + 4) u max|gamma|`` of the exact one (``n`` to ``(d + 4) u``,
     the outer product and the scaling to ``u`` each), which moves ``lg`` by ``eM (lam)^{1/2}``; ``tn``'s matvecs
     ``(1 + 2(d + 2)u)`` relative plus ``1e-12 sum_j ||B_ij||_F`` for the formed ``P n``; norms of ``Z``
-    ``(d + 4)``-fold relative, downward for ``zn``, upward for ``gz``."""
+    ``(d + 4)``-fold relative, downward for ``zn``, upward for ``gz``.
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     T, d = X.shape
     Z = X - X.mean(dim=1, keepdim=True) if lay else X
     Z = Z - Z.mean(dim=1, keepdim=True) if lay else Z  # centre_tokens' two passes
     g = gamma.to(torch.float64)
     gmax = float(g.abs().max())
-    zn = Z.norm(dim=1) * (1 - 2 * (d + 4) * _rounding._U)
-    gz = (g * Z).norm(dim=1) * (1 + 3 * (d + 4) * _rounding._U)
-    n = Z / Z.norm(dim=1, keepdim=True).clamp(min=1e-300)
+    zn = pow2_norm(Z, 1) * (1 - 2 * (d + 4) * _rounding._U)
+    gz = pow2_norm(g * Z, 1) * (1 + 3 * (d + 4) * _rounding._U)
+    n = Z / pow2_norm(Z, 1)[:, None].clamp(min=1e-300)
     pn = n - n.mean(dim=1, keepdim=True) if lay else n
-    fro = blocks.norm(dim=(2, 3))
-    tn = torch.einsum("ijab,ia->ijb", blocks, pn).norm(dim=2).sum(dim=1) * (1 + 2 * (d + 2) * _rounding._U) \
+    fro = pow2_norm(blocks, (2, 3))
+    tn = pow2_norm(torch.einsum("ijab,ia->ijb", blocks, pn), 2).sum(dim=1) * (1 + 2 * (d + 2) * _rounding._U) \
         + 1e-12 * fro.sum(dim=1)
     C, ec = _centred(blocks, lay)
     Qs, eQs = zip(*(ellipsoid_gram(C[i]) for i in range(T)))
@@ -111,7 +114,7 @@ def norm_move_forms(blocks: Tensor, X: Tensor, gamma: Tensor, lay: bool) -> Norm
     M = g[None, :, None] * (torch.eye(d, dtype=torch.float64)[None] - n[:, :, None] * n[:, None, :])
     fM = (M * M).sum(dim=(1, 2)) * (1 + 2 * d * d * _rounding._U)
     Y = M @ Q @ M.transpose(1, 2)
-    eY = fM * (eQ + _gamma(2 * d + 2) * Q.norm(dim=(1, 2))) * (1 + 1e-12)
+    eY = fM * (eQ + _gamma(2 * d + 2) * pow2_norm(Q, (1, 2))) * (1 + 1e-12)
     eM = 8 * (d + 4) * _rounding._U * gmax
     lg = (torch.sqrt(_lmax_sym(Y, eY)) + eM * torch.sqrt(lam)) * (1 + 1e-12)
     nan = lambda v: torch.nan_to_num(v, nan=math.inf, posinf=math.inf)  # noqa: E731

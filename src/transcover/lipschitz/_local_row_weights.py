@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ._local_jacobian import pow2_norm
+
 # the relative floor of a row's weights (a zero block, e.g. a masked key, gets this fraction of the row's largest
 # weight: ``sum_j w_ij`` grows by at most ``T`` times it) and the fixed-point steps, measured (THEORY F56)
 FLOOR = 1e-9
@@ -85,13 +87,14 @@ def optimised_weights(ops, M: Callable[[Tensor], Tensor], Mt: Callable[[Tensor],
     ``M_i S_i M_i^T`` as an operator (``u <- M_i sum_j B_ij B_ij^T M_i^T u / w_ij``, normalised) and
     ``w_ij <- ||B_ij^T M_i^T u_i||`` (floored at ``FLOOR`` of the row's largest).  ``ops``: ``vjp``/``jvp`` of the
     blocks (``BlockOps``); ``M``/``Mt`` apply ``M_i``, ``M_i^T`` to (T, d).  Heuristic (THEORY F56): any positive
-    result gives a valid bound."""
+    result gives a valid bound.
+    The weights' norms at powers of two (``pow2_norm``: they scale with the blocks below ``2^-537`` too)."""
     G = ops.vjp(Mt(u))
     for _ in range(steps):
         y = M(ops.jvp(G / w[:, :, None]))
         y = y / y.abs().amax(dim=1, keepdim=True).clamp(min=1e-300)  # the norm's squares would overflow past 1e154
         G = ops.vjp(Mt(y / y.norm(dim=1, keepdim=True).clamp(min=1e-300)))
-        w = _floored(G.norm(dim=2))
+        w = _floored(pow2_norm(G, 2))  # at a power of two: weights scale with the blocks (torch's norm flushed at 2^-537)
     return w
 
 

@@ -46,7 +46,8 @@ from torch import Tensor
 
 from ..model import Activation, LayerSpec, Placement
 from ._local_jacobian import (
-    LayerJacobian, _f64, _floor, _weight_norms, certified_lmax, certified_lmax_vec, certified_spectral,
+    LayerJacobian, _f64, _floor, _weight_norms, certified_lmax, certified_lmax_vec, certified_spectral, pow2_norm,
+    root_sum_squares,
 )
 from ._local_drift import attention_drift_hessian
 from ._local_ffn2 import (
@@ -62,6 +63,39 @@ __all__ = ["layer_rows", "ffn_drift_constant", "row_weights"]
 _U = 2.0**-53
 # F31e: sub-balls per radius for the stage radii (the right Riemann sum of the stage sups); cost x RIEMANN_STEPS
 RIEMANN_STEPS = 2
+
+# Note [local data range] (extends Note [local weight range] in ``_local_attention`` by the data's norm Jacobians): a
+# post-LN row is the Gram ``M_i S_i M_i^T`` with ``M_i = D2_i (I + F_i) D1_i``, formed as float64 products through
+# ``D1_i``, ``I + F_i`` and ``D2_i`` in turn, and ``||D_i|| <= max|gamma|/s_i`` carries the data's spread: a token spread
+# of ``2^200`` (``W_Q``, ``W_K`` at ``2^-200``: the same scores) with both gains at ``2^-190`` put ``M_i`` near ``2^-580``
+# and its Grams below ``2^-1074``: they flushed to 0, and the rows route certified the point 0 and the ball 1.1e-175
+# against an attained 7.9e-174 (``layer_local`` and ``stack_local`` took it).  The route refuses (InputError; its
+# callers fall back to the product and sub-stage routes) a post-LN layer unless, for every token, each partial product
+# ``D1_i``, ``(I + F_i) D1_i`` and ``M_i`` has its scale in ``[2^-_DATA_RANGE, 2^_DATA_RANGE]``, the scales taken from
+# the bounds ``nD1``, ``nD2`` and ``||I + F|| in [1, 1 + ||W_1|| ||W_2||]`` (both ends): the Grams then stay above
+# ``2^-1000`` and their pads (``GRAM_PAD`` of the trace) far above what flushes (below ``2^-1074`` per product).  Pre-LN
+# rows carry the residual's identity (``M_i = I + F_i D2_i``, ``B_ii = I + ...``): a flushed part is far inside the pads
+# of a Gram of order one or more.
+_DATA_RANGE = 500
+
+
+def check_data_range(at, norms: dict) -> None:  # noqa: ANN001
+    """Refuse a post-LN layer whose row products leave float64's range at this data (Note [local data range];
+    InputError, one line); ``at`` the layer at X (``_local_stages.layer_at_x``), ``norms`` its ``_weight_norms``."""
+    from .._errors import InputError
+
+    if not at.post:
+        return
+    lg = lambda v: torch.where((v > 0) & torch.isfinite(v), v.log2(), torch.zeros_like(v))  # noqa: E731
+    f = math.log2(1 + norms["W1"] * norms["W2"])
+    e1, e3 = lg(at.nD1), lg(at.nD1) + lg(at.nD2)
+    worst = torch.stack([e1.abs(), (e1 + f).abs(), e3.abs(), (e3 + f).abs()]).amax(dim=0)
+    if not float(worst.max()) <= _DATA_RANGE:
+        i = int(worst.argmax())
+        raise InputError(f"the exact-Jacobian rows route needs layer {at.layer.index}'s token-local products D1, "
+                         f"(I + F) D1 and D2 (I + F) D1 within 2^+-{_DATA_RANGE} (their Grams are float64, Note [local "
+                         f"data range]), but token {i} has ||D1|| <= {float(at.nD1[i]):.3g}, ||D2|| <= "
+                         f"{float(at.nD2[i]):.3g}; rescale the input or the norms' gains")
 
 
 def ffn_drift_constant(ffn, *, centred: bool = False) -> float:  # noqa: ANN001
@@ -144,7 +178,9 @@ def row_weights(heads, T: int, nO: float, nN: Tensor | None = None) -> Tensor:  
 
 def _head_gram(heads, c: Tensor) -> tuple[Tensor, Tensor]:  # noqa: ANN001
     """(T, H dh, H dh) ``sum_j c_ij Z_ij Z_ij^T`` with the diagonal ``j = i`` excluded by ``c`` (Note
-    [weighted row Gram]) and (T,) a bound on the float64 rounding of each (spectral norm)."""
+    [weighted row Gram]) and (T,) a bound on the float64 rounding of each (spectral norm).  The values and score
+    gradients are balanced by a power of two first (``_balanced``: the same Gram, no flushed ``v v^T``), and the
+    Frobenius norms formed at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     H = len(heads)
     T = c.shape[0]
     dh = heads[0][5].shape[1]
@@ -152,6 +188,7 @@ def _head_gram(heads, c: Tensor) -> tuple[Tensor, Tensor]:  # noqa: ANN001
     V = torch.stack([hd[1] @ hd[5] for hd in heads])  # (H, T, T, dh): v^h_ij
     Q = torch.stack([hd[2] for hd in heads])  # (H, T, d)
     Wv = torch.stack([hd[5] for hd in heads])  # (H, d, dh)
+    V, Q = _balanced(V, Q)
     VV = torch.einsum("hda,kdb->hkab", Wv, Wv)
     a = torch.einsum("hda,kid->hkia", Wv, Q)  # V_h^T q^k_i
     qq = torch.einsum("hid,kid->hki", Q, Q)
@@ -170,16 +207,33 @@ def _head_gram(heads, c: Tensor) -> tuple[Tensor, Tensor]:  # noqa: ANN001
     # sum_j c_j (sum_h P^h (||V_h||_F + ||v^h|| ||q^h||))^2
     mass = torch.zeros(T, T, dtype=torch.float64)
     for h in range(H):
-        mass = mass + P[h] * (float(Wv[h].norm()) + V[h].norm(dim=-1) * Q[h].norm(dim=-1)[:, None])
+        mass = mass + P[h] * (float(pow2_norm(Wv[h])) + pow2_norm(V[h], -1) * pow2_norm(Q[h], -1)[:, None])
     err = 8 * (T + Wv.shape[1] + 4) * _U * (c * mass * mass).sum(dim=1)
     return S, err
+
+
+def _balanced(V: Tensor, Q: Tensor, gap: int = 200) -> tuple[Tensor, Tensor]:
+    """``(V s, Q / s)`` with ``s = 2^k`` per head and query (``V`` (H, T, T, dh) the values ``v^h_ij``, ``Q`` (H, T, d) the
+    score gradients ``q^h_i``): the head Gram's terms are products ``v q^T`` and ``(q . q) v v^T``, unchanged by it
+    (exactly, a power of two).  ``k`` halves the gap between the exponents of ``max_j |v^h_ij|`` and ``|q^h_i|`` where
+    it exceeds ``gap``, else 0 (the same floats): values near ``2^-400`` with gradients near ``2^300`` (tokens at
+    ``2^-300``, ``W_Q``, ``W_K`` at ``2^300``, ``W_V`` at ``2^-100``) had ``v v^T`` flushed to 0 where ``(q . q) v v^T``
+    is of the Gram's order, and the rows came out 0.97 of the attained."""
+    mv, mq = V.abs().amax(dim=(2, 3)), Q.abs().amax(dim=2)  # (H, T)
+    ok = (mv > 0) & (mq > 0) & torch.isfinite(mv) & torch.isfinite(mq)
+    diff = torch.frexp(mq).exponent - torch.frexp(mv).exponent
+    k = torch.where(ok & (diff.abs() > gap), torch.div(diff, 2, rounding_mode="floor"), 0).to(V.dtype)
+    if not bool((k != 0).any()):
+        return V, Q
+    return torch.ldexp(V, k[:, :, None, None]), torch.ldexp(Q, -k[:, :, None])
 
 
 def _diag_blocks(heads, Wo_all: Tensor, N: Tensor | None, T: int, d: int, scale: float,  # noqa: ANN001
                  eN: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """(T, d, d) the exact diagonal blocks ``B_ii = I + W_O^T Z_ii N_i`` (with ``Sigma_i G^T``) and
     (T,) a bound on their float64 rounding (spectral norm); ``eN`` bounds the formed ``N`` against the
-    true one (F17f)."""
+    true one (F17f).
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     Zs = []
     idx = torch.arange(T)
     for P, Y, q, Wq, Wk, Wv, Wo in heads:
@@ -192,22 +246,23 @@ def _diag_blocks(heads, Wo_all: Tensor, N: Tensor | None, T: int, d: int, scale:
         Zs.append(Z)
     Z = torch.cat(Zs, dim=1)  # (T, H dh, d)
     B = Wo_all.T[None] @ Z
-    nZ = Z.norm(dim=(1, 2))
+    nZ = pow2_norm(Z, (1, 2))  # Frobenius norms at powers of two (``pow2_norm``: no square flushes)
     # every entry of Z a sum of <= T + 2 products, of W_O^T Z of H dh more (Higham 3.5), N likewise
-    err = 4 * (T + d + Wo_all.shape[0] + 4) * _U * float(Wo_all.norm()) * nZ
+    err = 4 * (T + d + Wo_all.shape[0] + 4) * _U * float(pow2_norm(Wo_all)) * nZ
     if N is not None:
-        nB = B.norm(dim=(1, 2))
-        err = err * N.norm(dim=(1, 2)) + 4 * (d + 2) * _U * nB * N.norm(dim=(1, 2)) + (nB + err) * eN
+        nB, nN = pow2_norm(B, (1, 2)), pow2_norm(N, (1, 2))
+        err = err * nN + 4 * (d + 2) * _U * nB * nN + (nB + err) * eN
         B = B @ N
     return B + torch.eye(d, dtype=torch.float64)[None], err
 
 
 def _sandwich(A: Tensor, S: Tensor, err: Tensor, eA: Tensor) -> tuple[Tensor, Tensor]:
     """``A S A^T`` per token and its rounding bound: ``A`` is known to within ``eA`` (spectral),
-    ``S`` to within ``err``; the float64 product adds ``gamma_{2d} ||A||_F^2 ||S||_F``."""
+    ``S`` to within ``err``; the float64 product adds ``gamma_{2d} ||A||_F^2 ||S||_F`` (the Frobenius norms at powers
+    of two, ``pow2_norm``: a Gram of entries ``2^-700`` had the norm 0 and lost this term)."""
     out = A @ S @ A.transpose(1, 2)
-    nA = A.norm(dim=(1, 2))
-    nS = S.norm(dim=(1, 2))
+    nA = pow2_norm(A, (1, 2))
+    nS = pow2_norm(S, (1, 2))
     new = (nA + eA) ** 2 * err + (2 * nA + eA) * eA * nS + 4 * (A.shape[1] + 2) * _U * nA * nA * nS
     return out, new
 
@@ -260,8 +315,8 @@ class _HeadMoments:
             # differences of the rows of Y[0], V[0], Gy[0] are x_j - x_k, W_V^T (x_j - x_k), G (x_j - x_k):
             # the same for every query, so one pairwise table serves all rows
             vis = P > 0
-            self.rows.append({"P": P, "yn": Y.norm(dim=-1), "qn": q.norm(dim=-1), "vn": V.norm(dim=-1),
-                              "gn": Gy.norm(dim=-1), "KY": KY, "KV": KV, "KG": KG,
+            self.rows.append({"P": P, "yn": pow2_norm(Y, -1), "qn": pow2_norm(q, -1), "vn": pow2_norm(V, -1),
+                              "gn": pow2_norm(Gy, -1), "KY": KY, "KV": KV, "KG": KG,
                               "lV": _lmax_gram(KV, P), "lG": _lmax_gram(KG, P), "lY": _lmax_gram(KY, P),
                               "dY": visible_diameter(Y[0], vis), "dV": visible_diameter(V[0], vis),
                               "dG": visible_diameter(Gy[0], vis)})
@@ -311,7 +366,8 @@ def attention_drift_f17d(mom: _HeadMoments, r: float, norms: dict) -> Tensor:
 
 def _head_output_norms(M: Tensor | None, eM: Tensor | None, heads, T: int) -> tuple[Tensor, Tensor]:  # noqa: ANN001
     """(H, T) certified ``||M_i W_O^hT||`` and (T,) ``||M_i W_O^T||`` (``M = I`` when None); ``M`` is
-    known to within ``eM`` (spectral), the product adds ``gamma_d ||M||_F ||W_O^h||_F``."""
+    known to within ``eM`` (spectral), the product adds ``gamma_d ||M||_F ||W_O^h||_F``.
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     Wo_all = torch.cat([hd[6] for hd in heads], dim=0)
     dh = heads[0][6].shape[0]
     if M is None:  # the same for every token: certify once
@@ -319,8 +375,8 @@ def _head_output_norms(M: Tensor | None, eM: Tensor | None, heads, T: int) -> tu
         per, full = _head_output_norms(eye, torch.zeros(1, dtype=torch.float64), heads, 1)
         return per.expand(len(heads), T), full.expand(T)
     MO = M @ Wo_all.T[None]
-    nM = M.norm(dim=(1, 2))
-    err = lambda W: 4 * (M.shape[1] + 2) * _U * nM * float(W.norm()) + eM * float(W.norm())  # noqa: E731
+    nM = pow2_norm(M, (1, 2))
+    err = lambda W: 4 * (M.shape[1] + 2) * _U * nM * float(pow2_norm(W)) + eM * float(pow2_norm(W))  # noqa: E731
     per = torch.stack([certified_spectral(MO[:, :, h * dh:(h + 1) * dh]) + err(Wo_all[h * dh:(h + 1) * dh])
                        for h in range(len(heads))])
     return per * (1 + 1e-12), (certified_spectral(MO) + err(Wo_all)) * (1 + 1e-12)
@@ -333,8 +389,10 @@ def _spectral_err(A: Tensor, eA: Tensor | float = 0.0) -> Tensor:
 
 def _heads_combined(per_head: Tensor, concat: Tensor, dZ: Tensor, joint: Tensor | None = None) -> Tensor:
     """``nu_i(M W_O^T concat_h dZ^h) <= min(sum_h ||M W_O^hT|| dZ_h, ||M W_O^T|| (sum_h dZ_h^2)^{1/2})``, and
-    ``joint`` (T,) when given: ``||M_i|| heads_joint(C, dZ)`` (THEORY F35d)."""
-    out = torch.minimum((per_head * dZ).sum(dim=0), concat * torch.sqrt((dZ * dZ).sum(dim=0)))
+    ``joint`` (T,) when given: ``||M_i|| heads_joint(C, dZ)`` (THEORY F35d).  The root of the squares at a power of two
+    where ``dZ`` is outside ``[2^-400, 2^400]`` (``root_sum_squares``: at ``2^-600`` it flushed to 0, and the bound
+    with it)."""
+    out = torch.minimum((per_head * dZ).sum(dim=0), concat * root_sum_squares(dZ, 0))
     return out if joint is None else torch.minimum(out, joint)
 
 
@@ -593,7 +651,7 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
     so it is off by default).  The
     stages are the functions of ``_local_stages``, in the order its docstring gives.
     Assumptions: dot attention without RoPE, non-gated FFN, every token within ``r`` of X.
-    """
+    A post-LN layer outside Note [local data range] is refused (InputError): its row Grams would flush."""
     from .._errors import InputError
     from . import _local_stages as st
     from ._local_attention import check_local_attention, head_norms
@@ -606,6 +664,7 @@ def layer_rows(layer: LayerSpec, X: Tensor, radii, *, norms: dict | None = None,
     norms = _weight_norms(layer) if norms is None else norms
     hn = head_norms(layer.attention) if head_norms_ is None else head_norms_
     at = st.layer_at_x(layer, X.detach().double(), float(hn["O"]))
+    check_data_range(at, norms)  # Note [local data range]
     gram = st.attention_row_gram(at)
     pt = st.post_point(at, gram) if at.post else st.pre_point(at, gram)
     gram, pt = reweighted(at, gram, pt)  # F56: the row Grams again with optimised weights, the smaller kept

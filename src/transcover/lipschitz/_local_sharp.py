@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from ..model import Activation
-from ._local_jacobian import _f64, certified_lmax
+from ._local_jacobian import _f64, certified_lmax, pow2_norm
 from ._weights import ROUNDING_PAD
 
 __all__ = ["softmax_envelope", "score_moves", "chi_bound", "head_moves", "ffn_unit_drift", "unit_slope_moves",
@@ -31,11 +31,12 @@ GELU_SLOPE_RANGE = (math.erf(1.0) + 2 * math.sqrt(2) * math.exp(-1.0) / math.sqr
 
 def visible_diameter(R: Tensor, vis: Tensor) -> Tensor:
     """(T,) certified ``max_{j, k visible to i} ||R_j - R_k||`` (``vis`` (T, T) the keys each query
-    sees); the differences are formed directly (no Gram cancellation), padded for float64 rounding."""
+    sees); the differences are formed directly (no Gram cancellation), padded for float64 rounding.
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     T = R.shape[0]
     if T > 128:  # the T^3 table would not pay for itself; inf leaves the other bound in every min
         return torch.full((T,), math.inf, dtype=R.dtype)
-    D = (R[:, None, :] - R[None, :, :]).norm(dim=-1) * (1 + 4 * (R.shape[1] + 4) * _U)
+    D = pow2_norm(R[:, None, :] - R[None, :, :], -1) * (1 + 4 * (R.shape[1] + 4) * _U)
     pair = vis[:, :, None] & vis[:, None, :]
     return torch.where(pair, D[None], torch.zeros_like(D)[None]).amax(dim=(1, 2))
 
@@ -171,7 +172,8 @@ def ffn_unit_drift(ffn, z: Tensor, n1: Tensor, rh: Tensor,  # noqa: ANN001
     ``above``: (T,) bounds ``(b, b_half)`` the caller takes the minimum with; a token with no capped unit whose
     bound is provably at least ``b`` and its half at least ``b_half`` (``gram_lower``, THEORY F42a) gets
     ``(inf, inf)`` without its Grams: every ``min`` with the caller's bounds is unchanged.
-    Assumptions: non-gated FFN; exact (erf) GELU, else ``(inf, inf)`` (the global bounds apply)."""
+    Assumptions: non-gated FFN; exact (erf) GELU, else ``(inf, inf)`` (the global bounds apply).
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     T = z.shape[0]
     if Activation(ffn.activation) is not Activation.GELU:
         inf = torch.full((T,), math.inf, dtype=torch.float64)
@@ -180,7 +182,7 @@ def ffn_unit_drift(ffn, z: Tensor, n1: Tensor, rh: Tensor,  # noqa: ANN001
 
     W1, W2 = _f64(ffn.W_1), _f64(ffn.W_2)
     raw = unit_slope_moves(z, n1, rh, ez)
-    fro = float(W1.norm() * W2.norm())
+    fro = float(pow2_norm(W1) * pow2_norm(W2))
 
     def bound(c: Tensor) -> Tensor:
         # both Grams in one certified batch (one Krylov pass and one Cholesky for the pair)

@@ -47,7 +47,7 @@ from .._errors import InputError
 from .._results import Kind, Quantity
 from ..model import NormKind, Placement, TransformerSpec
 from ._local_centre import CENTRE_PAD_ASSUMPTION, centre_errors, f17_pad, stage_forward_error
-from ._local_jacobian import certified_spectral, row_norm_lower
+from ._local_jacobian import certified_spectral, pow2_norm, row_norm_lower
 from ._local_stack_aligned import FFNAligned, block_norms_and_rows, gram_rows
 from ._local_stack_attn import AttentionAligned
 from ._local_stack_carry import carried_first_order, carry_blocks, tail_drift
@@ -123,7 +123,7 @@ def _local_error(st: _Stage, K: Tensor, *, cols: bool) -> float:
     N, T, d = K.shape
     summed = K.abs().reshape(T, d, T, d).sum(dim=1)  # one column (row) per token
     A = (st.lin.apply if cols else st.lin.apply_t)(summed, True)
-    per_row = A.norm(dim=2).sum(dim=0 if cols else 1).max()
+    per_row = pow2_norm(A, 2).sum(dim=0 if cols else 1).max()  # at powers of two: no square flushes
     return float(per_row) * _gamma(st.k) / (1 - _gamma(st.k + 2 * d + 2 * T)) * (1 + 1e-12)
 
 
@@ -132,7 +132,7 @@ def _row_errors(st: _Stage, G: Tensor) -> Tensor:
     ``gamma_k`` times the abs evaluation on ``|G|``, row by row (THEORY F86, Note [stack rounding])."""
     T, d = G.shape[1:]
     A = _chunked(lambda C: st.lin.apply_t(C, True), G.abs())
-    return A.flatten(1).norm(dim=1) * _gamma(st.k) / (1 - _gamma(st.k + 2 * d + 2 * T)) * (1 + 1e-12)
+    return pow2_norm(A.flatten(1), 1) * _gamma(st.k) / (1 - _gamma(st.k + 2 * d + 2 * T)) * (1 + 1e-12)
 
 
 def certified_block_norms(blocks: Tensor, exact: int = 8) -> Tensor:
@@ -250,8 +250,8 @@ def _suffix_heads(C: Tensor, att) -> Tensor:  # noqa: ANN001
     B = _row_blocks(C @ att.Wo.T)  # (T, T, d, H dh): S_ik W_O^T
     B = B.reshape(T, T, d, H, dh).permute(0, 1, 3, 2, 4).reshape(T * T * H, d, dh)
     sp = certified_spectral(B).reshape(T, T, H)
-    pad = (d + 2) * _U / (1 - (d + 2) * _U) * _row_blocks(C).norm(dim=(2, 3))[..., None] \
-        * att.Wo.reshape(H, dh, d).norm(dim=(1, 2))[None, None, :]
+    pad = (d + 2) * _U / (1 - (d + 2) * _U) * pow2_norm(_row_blocks(C), (2, 3))[..., None] \
+        * pow2_norm(att.Wo.reshape(H, dh, d), (1, 2))[None, None, :]
     return (sp + pad) * (1 + 1e-12)
 
 
@@ -992,7 +992,7 @@ def stack_lower(spec: TransformerSpec, X: Tensor, rho: float, *, restarts: int =
     # attained by the computed J; the exact one is within its rounding bound
     best = max(float(row_norm_lower(blocks, iters=iters, restarts=restarts, seed=seed).max()) - blocks_err, 0.0)
     n24 = lambda Z: Z.norm(dim=-1).max()  # noqa: E731
-    clip = lambda D: D * torch.clamp(rho * (1 - 1e-12) / D.norm(dim=-1, keepdim=True).clamp(min=1e-300), max=1.0)  # noqa: E731
+    clip = lambda D: D * torch.clamp(rho * (1 - 1e-12) / pow2_norm(D, -1)[..., None].clamp(min=1e-300), max=1.0)  # noqa: E731
     g = torch.Generator().manual_seed(seed)
     for k in range(restarts):
         C = clip(torch.randn(X.shape, generator=g, dtype=torch.float64) * rho)

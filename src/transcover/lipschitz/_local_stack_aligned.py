@@ -26,7 +26,9 @@ from ._local_ffn2 import (
     _GELU2_ABS_ERR, centre_gelu2_err, ffn_hadamard, ffn_second_norms, ffn_second_norms_flat, ffn_taylor_drift,
     forms_in_range,
 )
-from ._local_jacobian import GRAM_PAD, _f64, certified_lmax, certified_lmax_vec, gelu_second, pre_activations
+from ._local_jacobian import (
+    GRAM_PAD, _f64, _pow2_far, certified_lmax, certified_lmax_vec, gelu_second, pow2_norm, pre_activations,
+)
 from ._local_stack_third import aligned_reach, aligned_third_rest, third_norms
 from ._rounding import _gamma
 
@@ -37,13 +39,16 @@ _U = 2.0**-53
 
 def _weights(B: Tensor) -> Tensor:
     """Positive weights ``w_j ~ ||B_j||_2`` for the Cauchy-Schwarz split (any positive values are valid: a
-    few power steps, floored)."""
+    few power steps, floored).  A block whose largest entry is outside ``[2^-400, 2^400]`` takes its steps at a power of
+    two (exact; its weight scaled back): below ``2^-537`` the steps and the floor flushed to 0 (a zero weight); the others
+    are the very same floats."""
+    B, ex = _pow2_far(B)
     v = torch.ones(B.shape[0], B.shape[2], dtype=B.dtype)
     for _ in range(4):
         v = (B.transpose(1, 2) @ (B @ v[..., None]))[..., 0]
         v = v / v.norm(dim=1, keepdim=True).clamp(min=1e-300)
     w = (B @ v[..., None])[..., 0].norm(dim=1)
-    return torch.maximum(w, B.norm(dim=(1, 2)) * 1e-3)
+    return torch.ldexp(torch.maximum(w, B.norm(dim=(1, 2)) * 1e-3), ex)
 
 
 def _sphere_ascent(step, z: Tensor, steps: int, tol: float) -> Tensor:  # noqa: ANN001
@@ -95,15 +100,27 @@ def ellipsoid_gram(B: Tensor, w: Tensor | None = None) -> tuple[Tensor, float]:
     ``(u.a)^2 <= (sum_j ||B_j^T u||)^2 <= (sum_j w_j)(sum_j ||B_j^T u||^2 / w_j)``.  Zero blocks are left out.
     ``w`` (T,) positive weights (default: ``_weights``' power steps; ``row_weights_primal`` for the row's norm, F93).
     Rounding: each entry of ``c B_j B_j^T / w_j`` summed over ``j`` within ``gamma_{d+T+4}`` of the same sum of
-    ``|terms|``, whose Frobenius norm is at most ``c sum_j ||B_j||_F^2 / w_j``."""
-    keep = B.norm(dim=(1, 2)) > 0
+    ``|terms|``, whose Frobenius norm is at most ``c sum_j ||B_j||_F^2 / w_j``.  Underflow: only exact zeros are left out
+    (``torch``'s norm of a block of entries below ``2^-537`` is 0, and such a block was dropped: a row of them had the
+    ellipsoid 0 and the pad 0), a block outside ``[2^-400, 2^400]`` enters ``tQ`` as ``(||B_j||_F / w_j) ||B_j||_F`` at a
+    power of two (its squares flushed), and a row whose mass ``tQ`` (degree 2 in the blocks) is below ``2^-900`` gets
+    ``eQ = inf``: there the flushed products (``2^-1074`` each) are no longer far inside the relative pads; the others
+    give the very same floats."""
+    keep = B.abs().amax(dim=(1, 2)) > 0 if B.numel() else torch.zeros(B.shape[0], dtype=torch.bool)
     B = B[keep]
     if B.shape[0] == 0:
         return torch.zeros(B.shape[1], B.shape[1], dtype=B.dtype), 0.0
     w = _weights(B) if w is None else w[keep]
     c = float(w.sum()) * (1 + 2 * B.shape[0] * _U)
     Q = c * torch.einsum("jab,jcb->ac", B / w[:, None, None], B)
-    tQ = c * float(((B * B).sum(dim=(1, 2)) / w).sum()) * (1 + 4 * B.shape[0] * _U)
+    far = _pow2_far(B)[1] != 0
+    sq = (B * B).sum(dim=(1, 2)) / w
+    if bool(far.any()):
+        f = pow2_norm(B, (1, 2)) * (1 + (B[0].numel() + 2) * _U)  # above the exact root, its sum's rounding padded
+        sq = torch.where(far, f / w * f, sq)
+    tQ = c * float(sq.sum()) * (1 + 4 * B.shape[0] * _U)
+    if not tQ >= 2.0**-900:  # a row of nonzero blocks whose Gram is near float64's underflow (or nan): refused
+        return Q, math.inf
     return Q, _gamma(B.shape[1] + B.shape[0] + 4) * tQ * (1 + 1e-12)
 
 
@@ -210,11 +227,12 @@ def _gram_weights(G: Tensor, sc: Tensor, x0: Tensor, steps: int, tol: float) -> 
 def _hadamard_norm(const: dict, H: Tensor, eH: float, Dk: Tensor, nKQ: float, eD: float = _GELU2_ABS_ERR) -> float:
     """Certified ``lambda_max(W_2^T D H* D W_2)^{1/2}`` for ``H`` as formed within ``eH`` (Frobenius) of ``H*`` (THEORY
     F40b's last steps: ``A = D W_2``, two products, the symmetrised matrix, ``GELU''``'s error ``eD`` at the centre
-    (evaluation and the pre-activation's rounding, ``centre_gelu2_err``) through ``||K|| <= nKQ``)."""
+    (evaluation and the pre-activation's rounding, ``centre_gelu2_err``) through ``||K|| <= nKQ``).
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     A = Dk[:, None] * const["W2"]
-    fH = float(H.norm()) * (1 + H.numel() * _U)
+    fH = float(pow2_norm(H)) * (1 + H.numel() * _U)
     M = A.T @ (H @ A)
-    fM = float(M.norm()) * (1 + M.numel() * _U)
+    fM = float(pow2_norm(M)) * (1 + M.numel() * _U)
     M = 0.5 * (M + M.T)
     fA = float((A * A).sum()) * (1 + 4 * A.numel() * _U)
     err = (fA * (eH + _U * fH + 4 * (H.shape[0] + 4) * _U * fH) + _U * fM) * (1 + 1e-12)
@@ -238,7 +256,8 @@ def ffn_aligned_norms(const: dict, W1: Tensor, z: Tensor, blocks: Tensor, ez: Te
     <= max_n G_nn lambda_max(G) <= ||Q||^2 max_n ||w1_n||^2 ||W_1||^2`` and ``||K_{Q,I}||^2 <= ||Q|| max_n ||w1_n||^2
     ||W_1||^2``.  One ellipsoid and one ``G`` per token for both; cost per token ``3 d d_ff^2`` flops.  ``third``: also
     F62's ``(K2, Km2, g)`` (T,), (T,), (T, d_ff) from the same ``G`` (``third_norms``), as a third element.  Each is
-    inf for a row whose ``Q`` fails ``forms_in_range`` (THEORY F75: the pads need float64's normal range)."""
+    inf for a row whose ``Q`` fails ``forms_in_range`` (THEORY F75: the pads need float64's normal range).
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     T = z.shape[0]
     fW1 = float(W1.norm()) * (1 + W1.numel() * _U)
     w1max = float(W1.norm(dim=0).max()) * (1 + W1.shape[0] * _U)
@@ -251,7 +270,7 @@ def ffn_aligned_norms(const: dict, W1: Tensor, z: Tensor, blocks: Tensor, ez: Te
     g = torch.empty(T, W1.shape[1], dtype=torch.float64)
     for k in range(T):
         Q, eQ = ellipsoid_gram(blocks[k])
-        fQ = float(Q.norm()) * (1 + Q.numel() * _U)
+        fQ = float(pow2_norm(Q)) * (1 + Q.numel() * _U)
         G = (W1.T @ Q) @ W1
         eG = fW1 * fW1 * (_gamma(2 * d) * fQ + eQ) * (1 + 1e-12)
         gmax = float(G.abs().max())
@@ -296,7 +315,7 @@ class FFNAligned:
         self.const = cache["ffn2"]
         W1 = _f64(ffn.W_1)
         self.z, self.ez = pre_activations(ffn, H)  # F51a: the intervals and GELU'' around the exact centre
-        self.n1 = W1.norm(dim=0) * (1 + W1.shape[0] * _U)
+        self.n1 = pow2_norm(W1, 0) * (1 + W1.shape[0] * _U)
         # THEORY F90: every use here is the trilinear form at rank-one arguments, so the smaller flattening serves
         self.n2 = torch.minimum(ffn_second_norms(self.const, self.z, self.ez),
                                 ffn_second_norms_flat(self.const, self.z, self.ez))

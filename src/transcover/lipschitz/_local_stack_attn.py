@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from ._local_drift import SEGMENT_STEPS, _ball_moment, attention_drift_hessian, heads_joint
-from ._local_jacobian import certified_lmax, certified_spectral, pow2_norm
+from ._local_jacobian import certified_lmax, certified_spectral, pow2_norm, root_sum_squares
 from ._local_rows import _heads_combined, _lmax_gram
 from ._local_sharp import ball_box
 from ._local_stack_aligned import ellipsoid_gram
@@ -460,7 +460,8 @@ class AttentionAligned:
 
     def _maps(self, through: bool) -> tuple[Tensor, Tensor]:
         """``(MO, eMO)``: ``W_O^T`` per token (exact as stored) or the layer's ``M_k(x) W_O^T`` with its error (F44g),
-        formed once."""
+        formed once.
+        Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
         key = ("maps", through)
         if key in self.memo:
             return self.memo[key]
@@ -470,8 +471,8 @@ class AttentionAligned:
             self.memo[key] = (Wo.T.expand(T, *Wo.T.shape), torch.zeros(T, dtype=torch.float64))
         else:
             M, eM = self.p["M"]
-            nW = float(Wo.norm())
-            self.memo[key] = (M @ Wo.T[None], (4 * (M.shape[1] + 2) * _U * M.norm(dim=(1, 2)) * nW + eM * nW)
+            nW = float(pow2_norm(Wo))
+            self.memo[key] = (M @ Wo.T[None], (4 * (M.shape[1] + 2) * _U * pow2_norm(M, (1, 2)) * nW + eM * nW)
                               * (1 + 1e-12))
         return self.memo[key]
 
@@ -532,11 +533,12 @@ class AttentionAligned:
     def through(self, b: Tensor) -> Tensor | None:
         """(T,) ``>= nu_k(M_k(x) W_O^T z_k)`` for heads' rows ``||z_h,k|| <= b_h,k`` (THEORY F44g): ``M_k`` the layer's
         token-local product at x (``MO``: its certified ``||M_k W_O^hT||``, ``||M_k W_O^T||``), the smaller of the
-        per-head sum and the concatenation; None when the layer has no such product."""
+        per-head sum and the concatenation; None when the layer has no such product.  The root of the squares at a power
+        of two where ``b`` is outside ``[2^-400, 2^400]`` (``root_sum_squares``: at ``2^-600`` it flushed to 0)."""
         if "MO" not in self.p:
             return None
         per, full = self.p["MO"]
-        return torch.minimum((per * b).sum(dim=0), full * torch.sqrt((b * b).sum(dim=0))) * (1 + 1e-12)
+        return torch.minimum((per * b).sum(dim=0), full * root_sum_squares(b, 0)) * (1 + 1e-12)
 
     def drift(self, r: Tensor, rho: float, dP: Tensor, eP: float, pad: float, heads: tuple | None,
               img: Tensor | None = None) -> tuple:

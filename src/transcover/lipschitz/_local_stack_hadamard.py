@@ -37,7 +37,8 @@ def phi_rows(heads, i: int, scale: float) -> tuple[Tensor, Tensor]:  # noqa: ANN
     .. math:: v_{hj,m} = [m = i]\,\kappa_{hj} + ([m = j] - P_{hm})\,q_{hi},\quad \kappa_{hj} = G_h y_{hij},
 
     and ``eV`` (H T, T) ``>= ||v* - v||`` per block: ``kappa``'s product within ``gamma scale ||y|| ||W_K||_F ||W_Q||_F``,
-    ``(delta - P) q`` within ``gamma |delta - P| ||q||`` (``P``, ``y``, ``q``: ``_head_data``'s, the data)."""
+    ``(delta - P) q`` within ``gamma |delta - P| ||q||`` (``P``, ``y``, ``q``: ``_head_data``'s, the data).
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     V, eV = [], []
     for P, Y, q, Wq, Wk, _, _ in heads:
         T, d = Y.shape[1], Y.shape[2]
@@ -46,8 +47,8 @@ def phi_rows(heads, i: int, scale: float) -> tuple[Tensor, Tensor]:  # noqa: ANN
         kap = scale * (Y[i] @ Wk) @ Wq.T
         v[:, i] = v[:, i] + kap
         g = _gamma(2 * d + 6)
-        e = g * C.abs() * float(q[i].norm())
-        e[:, i] = e[:, i] + g * scale * Y[i].norm(dim=1) * _fro(Wk) * _fro(Wq)
+        e = g * C.abs() * float(pow2_norm(q[i]))
+        e[:, i] = e[:, i] + g * scale * pow2_norm(Y[i], 1) * _fro(Wk) * _fro(Wq)
         V.append(v)
         eV.append(e)
     return torch.cat(V), torch.cat(eV)
@@ -57,13 +58,14 @@ def zeta_rows(heads, i: int, MO: Tensor) -> tuple[Tensor, Tensor]:  # noqa: ANN0
     r"""``(Z, eZ)`` for query ``i`` (THEORY F65a, F68a): ``Z`` (H T, m) the formed ``zeta_hj = P_hij MO_h W_V^hT y_hij``
     (``MO`` (m, H dh) the map after the heads as stored: ``W_O^T``, ``M_i(x) W_O^T`` or the identity), ``eZ`` (H T,)
     ``>= ||zeta* - zeta||`` for that map: ``gamma_{m+dh+3} P ||y|| ||W_V||_F ||MO_h||_F`` (the map's own error is
-    ``acw_bound``'s)."""
+    ``acw_bound``'s).
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     Z, eZ = [], []
     for h, (P, Y, _, _, _, Wv, _) in enumerate(heads):
         dh = Wv.shape[1]
         MOh = MO[:, h * dh:(h + 1) * dh]
         Z.append(P[i][:, None] * ((Y[i] @ Wv) @ MOh.T))
-        eZ.append(_gamma(MO.shape[0] + dh + 3) * P[i] * Y[i].norm(dim=1) * _fro(Wv) * _fro(MOh))
+        eZ.append(_gamma(MO.shape[0] + dh + 3) * P[i] * pow2_norm(Y[i], 1) * _fro(Wv) * _fro(MOh))
     return torch.cat(Z), torch.cat(eZ) * (1 + 1e-12)
 
 
@@ -71,13 +73,14 @@ def _gram_phi(V: Tensor, eV: Tensor, Qs: Tensor, eQ: Tensor) -> tuple[Tensor, fl
     r"""``(S, eS)``: ``Gamma_phi = sum_m V_m Q_m V_m^T`` as formed (symmetrised) and ``eS >= ||Gamma_phi* - S||_F`` for the
     exact blocks and ellipsoids (``Q*_m`` within ``eQ_m`` of ``Qs_m``, Frobenius): per block
     ``gamma_{2d+T+2} ||V_m||_F^2 ||Q_m||_F + ||V_m||_F^2 eQ_m + (2 ||V_m||_F ||eV_m|| + ||eV_m||^2)(||Q_m||_F + eQ_m)``,
-    plus ``u ||S||_F`` for the symmetrisation (THEORY F68a)."""
+    plus ``u ||S||_F`` for the symmetrisation (THEORY F68a).
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     T, d = Qs.shape[0], Qs.shape[1]
     S = torch.einsum("rme,sme->rs", torch.einsum("rmd,mde->rme", V, Qs), V)
     S = 0.5 * (S + S.T)
-    fV = V.norm(dim=(0, 2)) * (1 + (V.shape[0] * d + 2) * _U)
-    fE = eV.norm(dim=0) * (1 + (V.shape[0] + 2) * _U)
-    fQ = Qs.norm(dim=(1, 2)) * (1 + (d * d + 2) * _U)
+    fV = pow2_norm(V, (0, 2)) * (1 + (V.shape[0] * d + 2) * _U)
+    fE = pow2_norm(eV, 0) * (1 + (V.shape[0] + 2) * _U)
+    fQ = pow2_norm(Qs, (1, 2)) * (1 + (d * d + 2) * _U)
     per = _gamma(2 * d + T + 2) * fV**2 * fQ + fV**2 * eQ + (2 * fV * fE + fE**2) * (fQ + eQ)
     return S, (float(per.sum()) + _U * _fro(S)) * (1 + 1e-12)
 

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from ._local_drift import heads_joint
-from ._local_jacobian import certified_lmax
+from ._local_jacobian import certified_lmax, pow2_norm
 from ._local_rows import _heads_combined
 from ._local_stack_attn import HeadSides, head_sides
 from ._rounding import _gamma
@@ -85,7 +85,8 @@ def value_cores(heads, MV: Tensor, eMV: Tensor) -> dict:  # noqa: ANN001
     ``W_V^h^T Q_j W_V^h`` within ``eMV`` (H, T) of the exact; ``"err"`` per kind the matching (H, T) or (H, 1) bounds:
     each product's ``gamma`` times its ``|.|``-product's Frobenius norm (a Gram's: its trace) and ``E``'s
     ``sum_j P_ij eMV_hj``.  ``"epsV"`` (H,): the formed values' error ``gamma_{d+2} max ||y_ij|| ||W_V||_F``, so
-    ``n_C(v) <= n-hat_C(v) + epsV ||v||`` (Minkowski in ``L^2(P)``)."""
+    ``n_C(v) <= n-hat_C(v) + epsV ||v||`` (Minkowski in ``L^2(P)``).
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     C, N, E, eC, eN, eE, epsV = [], [], [], [], [], [], []
     for h, (P, Y, _, _, _, Wv, _) in enumerate(heads):
         T, d = P.shape[0], Y.shape[2]
@@ -96,9 +97,9 @@ def value_cores(heads, MV: Tensor, eMV: Tensor) -> dict:  # noqa: ANN001
         eN.append(torch.full((1,), _gamma(d + 2) * float((Wv * Wv).sum()) * (1 + 1e-12), dtype=torch.float64))
         Eh = torch.einsum("ij,jab->iab", P, MV[h])
         E.append(Eh)
-        fM = MV[h].norm(dim=(1, 2))
+        fM = pow2_norm(MV[h], (1, 2))
         eE.append((P @ eMV[h] + _gamma(T + 2) * (P @ fM)) * (1 + 1e-12))
-        epsV.append(_gamma(d + 2) * float(Y.norm(dim=2).max()) * float(Wv.norm()) * (1 + 1e-12))
+        epsV.append(_gamma(d + 2) * float(pow2_norm(Y, 2).max()) * float(pow2_norm(Wv)) * (1 + 1e-12))
     st = torch.stack
     return {"C": st(C), "N": st(N), "E": st(E), "err": {"C": st(eC), "N": st(eN), "E": st(eE)},
             "epsV": torch.tensor(epsV, dtype=torch.float64)}
@@ -153,7 +154,8 @@ def joint_reach(coef: dict, cores: dict, MO: Tensor, eMO: Tensor, dh: int, per: 
 def joint_basis(cores: dict, MO: Tensor, dh: int) -> dict:
     """Per kind of ``joint_reach`` its coefficient-free parts: ``(core, nu, ||core||_F, err)`` (each (H, T) but the core
     (H, T, dh, dh)), ``nu`` the uncertified ``lambda_max(MO_h K MO_h^T)^{1/2}`` that sets F50c's weights (the top
-    eigenvalue of ``K (MO_h^T MO_h)``), ``err`` the core's error bound.  THEORY F50c; formed once per map, F83b."""
+    eigenvalue of ``K (MO_h^T MO_h)``), ``err`` the core's error bound.  THEORY F50c; formed once per map, F83b.
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     H, T = cores["C"].shape[:2]
     MOh = MO.reshape(T, MO.shape[1], H, dh).permute(0, 2, 1, 3)  # (T, H, d, dh)
     OO = MOh.transpose(2, 3) @ MOh  # (T, H, dh, dh): MO_h^T MO_h
@@ -161,7 +163,7 @@ def joint_basis(cores: dict, MO: Tensor, dh: int) -> dict:
     for K in KINDS:
         core = cores[K].expand(H, T, dh, dh)
         nu = torch.linalg.eigvals(core @ OO.transpose(0, 1)).real.max(dim=-1).values.clamp(min=0.0).sqrt()
-        out[K] = (core, nu, core.norm(dim=(2, 3)), cores["err"][K].expand(H, T))
+        out[K] = (core, nu, pow2_norm(core, (2, 3)), cores["err"][K].expand(H, T))
     return out
 
 
@@ -170,15 +172,17 @@ def block_lmax(Wsq: Tensor, dB: Tensor, MO: Tensor, eMO: Tensor) -> tuple[Tensor
     (H, T, dh, dh) are as summed within ``dB`` (T,) (Frobenius) and the exact map ``MO*`` within ``eMO`` (T,)
     (spectral) of the formed ``MO`` (T, d, H dh) (THEORY F50c): the certified eigenvalue (F32) of the formed,
     symmetrised product plus ``gamma_{2 H dh + 2} ||MO||_F^2 ||B||_F + (2 ||MO|| eMO + eMO^2) ||B||_F + (||MO|| + eMO)^2
-    dB + 4u ||G||_F``; with ``||MO||_F`` (padded), for the callers' underflow refusal."""
+    dB + 4u ||G||_F``; with ``||MO||_F`` (padded), for the callers' underflow refusal.  Every Frobenius norm at a power of
+    two (``pow2_norm``): a map ``MO`` of entries ``2^-600`` had ``||MO||_F`` 0 from ``torch``'s norm, which let it past
+    that refusal (``fMO > 0``) with its Gram flushed to 0."""
     H, T, dh, _ = Wsq.shape
     B = torch.zeros(T, H * dh, H * dh, dtype=torch.float64)
     for h in range(H):
         B[:, h * dh:(h + 1) * dh, h * dh:(h + 1) * dh] = Wsq[h]
     G = MO @ B @ MO.transpose(1, 2)
     G = (G + G.transpose(1, 2)) / 2
-    fB = B.norm(dim=(1, 2)) * (1 + 1e-12)
-    fMO = MO.norm(dim=(1, 2)) * (1 + 1e-12)
+    fB = pow2_norm(B, (1, 2)) * (1 + 1e-12)
+    fMO = pow2_norm(MO, (1, 2)) * (1 + 1e-12)
     err = (_gamma(2 * H * dh + 2) * fMO * fMO * fB + (2 * fMO * eMO + eMO * eMO) * fB + (fMO + eMO) ** 2 * dB
-           + 4 * _U * G.norm(dim=(1, 2)))
+           + 4 * _U * pow2_norm(G, (1, 2)))
     return certified_lmax(G) + err * (1 + 1e-12), fMO

@@ -73,7 +73,10 @@ def _spectral(prods: dict, a: int, t: int) -> float:
     if a == t:
         return 1.0
     N, e = prods[(a, t)]
-    return (math.sqrt(float(N.sum(dim=0).max()) * float(N.sum(dim=1).max())) + math.sqrt(N.shape[0]) * e) * (1 + 1e-12)
+    c, r = float(N.sum(dim=0).max()), float(N.sum(dim=1).max())
+    # the two square roots apart where their product leaves the normal range (0 below 2^-537, inf past 2^512)
+    root = math.sqrt(c * r) if 2.0**-1000 < c * r < 2.0**1000 else math.sqrt(c) * math.sqrt(r)
+    return (root + math.sqrt(N.shape[0]) * e) * (1 + 1e-12)
 
 
 def pull_rows(stages: list, s: int, rows: Tensor, prods: dict, apply_t, row_error, budget: int = IMAGE_BYTES) -> dict:  # noqa: ANN001

@@ -100,12 +100,13 @@ def value_weights(core: Tensor, MO: Tensor, lam: Tensor) -> Tensor:
 def value_lmax(w: Tensor, core: Tensor, err: Tensor, MO: Tensor, eMO: Tensor) -> tuple[Tensor, Tensor]:
     """(T,) certified ``lambda_max(MO blockdiag_h(K_h / w_h) MO^T)`` for the value cores ``K_h`` (``core`` (H, T or 1,
     dh, dh) as formed within ``err`` (H, T or 1), F50b) at the weights ``w`` (H, T), ``MO`` (T, d, H dh) within ``eMO``
-    (T,) (``block_lmax``: the cores' error ``sum_h (err_h + 4u ||K_h||_F) / w_h``); with ``||MO||_F`` (THEORY F53b)."""
+    (T,) (``block_lmax``: the cores' error ``sum_h (err_h + 4u ||K_h||_F) / w_h``); with ``||MO||_F`` (THEORY F53b).
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     H, T = w.shape
     dh = core.shape[-1]
     core = core.expand(H, T, dh, dh)
     inv = 1.0 / w
-    dB = (inv * (err.expand(H, T) + 4 * _U * core.norm(dim=(2, 3)))).sum(dim=0) * (1 + (H + 2) * _U)
+    dB = (inv * (err.expand(H, T) + 4 * _U * pow2_norm(core, (2, 3)))).sum(dim=0) * (1 + (H + 2) * _U)
     return block_lmax(core * inv[:, :, None, None], dB, MO, eMO)
 
 

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from ..model import Activation, NormKind, Placement, attention_forward, ffn_forward
-from ._local_jacobian import _head_data, _weight_norms, certified_spectral, point_slope_err, pre_activations
+from ._local_jacobian import _head_data, _weight_norms, certified_spectral, point_slope_err, pow2_norm, pre_activations
 from ._local_joint import norm_drift
 from ._local_stack_maps import _AttnLin, _AttnRes, _f64, _NormLin, _TokenLin, check_stack_layer
 from ._weights import ROUNDING_PAD
@@ -95,7 +95,8 @@ def norm_stage(name: str, group: int, norm, Z: Tensor) -> _Stage:  # noqa: ANN00
 def _ffn_parts(layer, H: Tensor, cache: dict) -> dict:  # noqa: ANN001
     """The FFN's per-token Jacobians ``F_i`` at H (column convention), their abs evaluation, rounding
     pads and the drift function ``dF(rh, centred)`` of ``_local_rows`` (Hadamard-Gram kappa, curvature
-    bound, cap), with the data-free constants cached per layer."""
+    bound, cap), with the data-free constants cached per layer.
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     from ._activations import activation_lipschitz
     from ._local import second_derivative_sup
     from ._local_rows import ffn_drift_constant
@@ -109,7 +110,7 @@ def _ffn_parts(layer, H: Tensor, cache: dict) -> dict:  # noqa: ANN001
     F = (W2.T[None] * slope[:, None, :]) @ W1.T
     Fa = (W2.T.abs()[None] * slope.abs()[:, None, :]) @ W1.T.abs()
     w = cache["w"]  # eF: the rounding and the slope's move from the exact z (F51a, red17-2; spectral norms)
-    eF = (4 * (W1.shape[1] + 8) * _U * float(W1.norm() * W2.norm()) * (slope.abs().max(dim=1).values + 1.0)
+    eF = (4 * (W1.shape[1] + 8) * _U * float(pow2_norm(W1) * pow2_norm(W2)) * (slope.abs().max(dim=1).values + 1.0)
           + point_slope_err(ffn.activation, z.detach(), ez) * w["W1"] * w["W2"] * (1 + 1e-12))
     # stored where ``layer_rows`` looks for them (the same semantics: ``kappaP`` is the centred
     # constant only when a LayerNorm follows the FFN), so the per-layer route does not recompute them
@@ -184,7 +185,8 @@ def _ffn_stage(name: str, group: int, layer, S: Tensor, n2: _NormLin | None, cen
                cache: dict) -> tuple[_Stage, Tensor]:
     """``s -> s + FFN(n2(s))``, per token ``J_i = I + F_i D2_i``: drift ``dF(r_i sup||D2'||) sup||D2'||
     + ||F_i Gamma|| e2_i`` (pre-LN; ``D2 = I`` post-LN, where the centred ``kappa`` serves when a
-    LayerNorm follows), ball ``min(pt + drift, 1 + Lip(FFN) sup||D2'||)``."""
+    LayerNorm follows), ball ``min(pt + drift, 1 + Lip(FFN) sup||D2'||)``.
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     T, d = S.shape
     norm = layer.norm_ffn if n2 is not None else None
     H = S if n2 is None else norm(S).detach()
@@ -202,7 +204,7 @@ def _ffn_stage(name: str, group: int, layer, S: Tensor, n2: _NormLin | None, cen
         nD2 = g2 / n2.s * (1 + 1e-12) + n2.err  # s* may sit below s (F17f)
         # F's error through D2, and D2's construction (8d + 8 roundings) and the product's through |F|
         k = 9 * d + 16
-        eM = eF * nD2 + k * _U / (1 - k * _U) * (Fa @ D2a).norm(dim=(1, 2)) * (1 + 1e-12)
+        eM = eF * nD2 + k * _U / (1 - k * _U) * pow2_norm(Fa @ D2a, (1, 2)) * (1 + 1e-12)
         gv = torch.ones(d, dtype=torch.float64) if norm.weight is None else _f64(norm.weight).abs() * (1 + ROUNDING_PAD)
         nFg = certified_spectral(F * gv[None, None, :]) + eF * g2
     pt = (certified_spectral(M) + eM) * (1 + 1e-12)
@@ -227,7 +229,8 @@ def layer_stages(layer, X: Tensor, cache: dict) -> tuple[list[_Stage], Tensor, T
     """The sub-stages of one layer at X (Note [sub-stages] in ``_local_stack_maps``: the attention
     first, then the token-local ones), the layer's output, and (T,) a certified ``m_i >= ||M_i(X)||``
     for the product ``M_i`` of the token-local sub-stages' Jacobians (post-LN ``D2_i (I + F_i) D1_i``,
-    taken exactly rather than as a product of norms), so ``nu_i(J_L) <= m_i nu_i(I + A)``."""
+    taken exactly rather than as a product of norms), so ``nu_i(J_L) <= m_i nu_i(I + A)``.
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     from ._local_attention import check_layer_range, head_norms
 
     check_stack_layer(layer)
@@ -261,7 +264,7 @@ def layer_stages(layer, X: Tensor, cache: dict) -> tuple[list[_Stage], Tensor, T
             M, Ma = A @ M, Aa @ Ma
         # the product's rounding, the factors' construction included: gamma_k of its abs evaluation
         k = 8 * (3 * d + layer.ffn.W_1.shape[1]) + 8
-        eM = k * _U / (1 - k * _U) * Ma.norm(dim=(1, 2)) * (1 + 1e-12)
+        eM = k * _U / (1 - k * _U) * pow2_norm(Ma, (1, 2)) * (1 + 1e-12)  # at a power of two: 0 for a 2^-580 M
         mL = torch.minimum((certified_spectral(M) + eM) * (1 + 1e-12), math.prod(st.pt for st in out[1:]))
         if att.attn is not None:  # THEORY F44g: (H, T) ||M_i W_O^hT|| and (T,) ||M_i W_O^T||, M_i at x
             from ._local_rows import _head_output_norms

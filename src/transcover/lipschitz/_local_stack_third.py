@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from ._local_ffn2 import gelu3_sup
-from ._local_jacobian import certified_lmax
+from ._local_jacobian import certified_lmax, pow2_norm
 
 __all__ = ["third_norms", "aligned_third_rest", "aligned_reach"]
 
@@ -32,9 +32,10 @@ _U = 2.0**-53
 
 def _lmax_of(H: Tensor, eH: float) -> float:
     """Certified ``lambda_max`` of the exact symmetric ``H*`` from ``H`` as formed within ``eH`` (Frobenius): the
-    symmetrised ``(H + H^T)/2`` is within ``eH`` of ``H*`` too, its own rounding ``u ||H||_F``."""
+    symmetrised ``(H + H^T)/2`` is within ``eH`` of ``H*`` too, its own rounding ``u ||H||_F``.
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     S = 0.5 * (H + H.T)
-    return (float(certified_lmax(S[None])[0]) + eH + _U * float(H.norm()) * (1 + H.numel() * _U)) * (1 + 1e-12)
+    return (float(certified_lmax(S[None])[0]) + eH + _U * float(pow2_norm(H)) * (1 + H.numel() * _U)) * (1 + 1e-12)
 
 
 def third_norms(G: Tensor, eG: float, gmax: float, G0: Tensor, e0: float, g0max: float) -> tuple[float, float, Tensor]:
@@ -43,11 +44,12 @@ def third_norms(G: Tensor, eG: float, gmax: float, G0: Tensor, e0: float, g0max:
     (Frobenius, so per entry) of ``G*_k`` (``Q*_k`` the exact ellipsoid of the row) and ``G0 = W_1^T W_1`` within
     ``e0``, ``gmax = max|G|``, ``g0max = max|G0|`` (``ffn_aligned_norms`` forms them once for F40b and this).  The
     Hadamard products within ``eG (2 max|G| + eG)`` and ``eG (max|G0| + e0) + e0 max|G|`` plus ``u`` of their norm
-    (THEORY F62, rounding as F40b)."""
+    (THEORY F62, rounding as F40b).
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     H = G * G
-    K2 = _lmax_of(H, eG * (2 * gmax + eG) * (1 + 1e-12) + _U * float(H.norm()))
+    K2 = _lmax_of(H, eG * (2 * gmax + eG) * (1 + 1e-12) + _U * float(pow2_norm(H)))
     H = G * G0
-    Km2 = _lmax_of(H, (eG * (g0max + e0) + e0 * gmax) * (1 + 1e-12) + _U * float(H.norm()))
+    Km2 = _lmax_of(H, (eG * (g0max + e0) + e0 * gmax) * (1 + 1e-12) + _U * float(pow2_norm(H)))
     return K2, Km2, (G.diagonal() + eG).clamp(min=0.0)
 
 

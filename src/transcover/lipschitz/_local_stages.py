@@ -31,7 +31,9 @@ from .._errors import InputError
 from ..model import LayerSpec, Placement, attention_forward, ffn_forward
 from ._local_attn_joint import joint_heads, joint_remainder
 from ._local_drift import heads_joint, output_block_norms
-from ._local_jacobian import LayerJacobian, _f64, _head_data, _norm_parts, norm_jacobian_error, point_slope_err, pre_activations
+from ._local_jacobian import (
+    LayerJacobian, _f64, _head_data, _norm_parts, norm_jacobian_error, point_slope_err, pow2_norm, pre_activations,
+)
 from ._local_joint import attention_remainder, head_geometry, norm_drift, norm_remainder, sphere_remainder
 from ._local_remg import first_norm_gamma, remg_gamma
 from ._local_rows import (
@@ -88,14 +90,15 @@ def ffn_slope_map(ffn, H: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # n
     """(``z``, ``F``, ``eF``, ``ez``) at the FFN input ``H``: ``z = fl(H W_1 + b_1)`` within ``ez`` of the exact
     pre-activations (``pre_activations``), ``F_i = W_2^T diag(sigma'(z_i)) W_1^T`` (T, d, d) and a bound on its
     distance to the exact ``F_i`` (spectral) per token: the float64 rounding (THEORY F17) plus the slope's move from
-    the exact pre-activation, ``point_slope_err ||W_1|| ||W_2||`` (certified spectral norms; F51a, red17-2)."""
+    the exact pre-activation, ``point_slope_err ||W_1|| ||W_2||`` (certified spectral norms; F51a, red17-2).
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     W1, W2 = _f64(ffn.W_1), _f64(ffn.W_2)
     z, ez = pre_activations(ffn, H)
     z = z.clone().requires_grad_(True)
     (slope,) = torch.autograd.grad(ffn.activation(z).sum(), z)
     slope, z = slope.detach(), z.detach()
     F = (W2.T[None] * slope[:, None, :]) @ W1.T  # (T, d, d)
-    fro = float(W1.norm() * W2.norm())
+    fro = float(pow2_norm(W1) * pow2_norm(W2))
     eF = (4 * (W1.shape[1] + 8) * _U * fro * (slope.abs().max(dim=1).values + 1.0)
           + point_slope_err(ffn.activation, z, ez) * spectral(W1) * spectral(W2) * (1 + 1e-12))
     return z, F, eF, ez
@@ -161,7 +164,8 @@ class RowGram:
 def attention_row_gram(at: LayerAtX, w: Tensor | None = None) -> RowGram:
     """``RowGram`` of ``B_ij = delta_ij I + W_O^T Z_ij N_j`` (``N = D1`` pre-LN, ``I`` post-LN): the
     off-diagonal part assembled in the head space (``_head_gram``), the diagonal blocks exactly
-    (THEORY F17b); the weights ``w`` (T, T), positive, default F34c's ``row_weights`` (F56's optimised ones)."""
+    (THEORY F17b); the weights ``w`` (T, T), positive, default F34c's ``row_weights`` (F56's optimised ones).
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     T, d, heads, Wo_all = at.T, at.d, at.heads, at.Wo_all
     nN = None if at.post else at.nD1
     w = row_weights(heads, T, at.nO, nN) if w is None else w
@@ -172,7 +176,7 @@ def attention_row_gram(at: LayerAtX, w: Tensor | None = None) -> RowGram:
     Bii, eB = _diag_blocks(heads, Wo_all, at.D1, T, d, at.layer.attention.softmax_scale, at.eD1)
     wii = w.diagonal()
     S0 = S0 + Bii @ Bii.transpose(1, 2) / wii[:, None, None]
-    nB = Bii.norm(dim=(1, 2))
+    nB = pow2_norm(Bii, (1, 2))
     err0 = err0 + ((2 * nB + eB) * eB + 4 * (d + 2) * _U * nB * nB) / wii
     wsum = w.sum(dim=1) * (1 + 1e-12)
     a_pt, x0 = _nu(S0, err0, wsum)
@@ -207,15 +211,16 @@ def post_rows(at: LayerAtX, gram: RowGram, IF: Tensor) -> tuple[Tensor, Tensor, 
     """(``aP_pt``, ``h_pt``, ``g_pt``, ``point``, the layer's Ritz vectors) of ``PostPoint`` from one row Gram
     (``IF = I + F``): each Gram's candidate starts from the previous stage's Ritz vector mapped forward (F32); a
     norm that centres sees only ``P dx`` (Note [local norm floor]), so the radius into it is the centred row
-    constant."""
+    constant.
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     d, n1, n2, wsum, S0, err0, x0 = at.d, at.n1, at.n2, gram.wsum, gram.S, gram.err, gram.x
-    aP_pt = _nu(_centre(S0), err0 + 4 * (d + 2) * _U * S0.norm(dim=(1, 2)), wsum, _centred(x0))[0] \
+    aP_pt = _nu(_centre(S0), err0 + 4 * (d + 2) * _U * pow2_norm(S0, (1, 2)), wsum, _centred(x0))[0] \
         if _centring(at.layer.norm_attn) else gram.a_pt
     Sa, ea = gram.S1
     h_pt, xa = _nu(Sa, ea, wsum, n1.left(x0[:, :, None])[0][:, :, 0])
     Sb, eb = _sandwich(IF, Sa, ea, at.eF)
     xb = (IF @ xa[:, :, None])[:, :, 0]
-    g_pt = (_nu(_centre(Sb), eb + 4 * (d + 2) * _U * Sb.norm(dim=(1, 2)), wsum, _centred(xb))
+    g_pt = (_nu(_centre(Sb), eb + 4 * (d + 2) * _U * pow2_norm(Sb, (1, 2)), wsum, _centred(xb))
             if _centring(at.layer.norm_ffn) else _nu(Sb, eb, wsum, xb))[0]
     Sc, ec = n2.sandwich(Sb, eb)
     point, xc = _nu(Sc, ec, wsum, n2.left(xb[:, :, None])[0][:, :, 0])
@@ -257,11 +262,13 @@ class PrePoint:
 
 
 def pre_point(at: LayerAtX, gram: RowGram) -> PrePoint:
-    """``PrePoint``: the Gram ``M S M^T`` per token, with ``M``'s rounding from ``F``'s and ``D2``'s."""
+    """``PrePoint``: the Gram ``M S M^T`` per token, with ``M``'s rounding from ``F``'s and ``D2``'s.
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     d, F, eF, D2 = at.d, at.F, at.eF, at.D2
     M = torch.eye(d, dtype=torch.float64) + F @ D2
     eD2 = at.eD2  # the formed D2 against the true one: u, s and the entries (F17f)
-    eM = eF * at.nD2 + (F.norm(dim=(1, 2)) + eF) * eD2 + 4 * (d + 2) * _U * F.norm(dim=(1, 2)) * D2.norm(dim=(1, 2))
+    nF = pow2_norm(F, (1, 2))
+    eM = eF * at.nD2 + (nF + eF) * eD2 + 4 * (d + 2) * _U * nF * pow2_norm(D2, (1, 2))
     point, xc = pre_rows(gram, M, eM)
     nFg = _spectral_err(F * _gamma_vec(at.layer.norm_ffn, d)[None, None, :], eF * at.g2)
     return PrePoint(gram.a_pt, point, xc, M, _spectral_err(M, eM), nFg, _head_output_norms(M, eM, at.heads, at.T), eM)

@@ -17,6 +17,10 @@ evaluation below with ``k <= 2`` columns in ``Q`` (Frobenius norms of the comput
   updates and the two-sided scaling; the constant collects ``1 + 2 ||Q||_F^2 + ||Q||_F^4 <= 9.1`` and
   the propagated errors of ``S Q`` and ``Q^T S Q``).
 
+Every Frobenius norm in these bounds is formed at a power of two (``pow2_norm``; ``||D||_F`` where ``max|a|`` is outside
+``[2^-400, 2^400]``): ``torch``'s norm squares as it sums, and a Gram of entries ``2^-700`` had the norm 0, so its
+rounding term was lost; in the normal range the floats are the same as before.
+
 The deviation of the factored ``D`` (exact arithmetic on the computed ``a, Q``) from the true
 Jacobian, ``err``, is ``norm_jacobian_error`` (THEORY F17f): absolute in the centring and scaling
 errors, not relative to ``||D||_F`` (a one-hot token with a spiky gain has ``||D||_F << max|a|`` and an
@@ -32,7 +36,7 @@ from torch import Tensor
 
 from .._errors import InputError
 from ..model import NormKind, NormSpec
-from ._local_jacobian import _f64, centre_tokens, certified_spectral, norm_jacobian_error
+from ._local_jacobian import _f64, centre_tokens, certified_spectral, norm_jacobian_error, pow2_norm
 
 _U = 2.0**-53
 
@@ -62,7 +66,13 @@ class NormJac:
         # ||D||_F^2 = sum_k a_k^2 ||e_k - Q q_k||^2 = sum_k a_k^2 (1 - 2 |q_k|^2 + q_k^T (Q^T Q) q_k)
         QtQ = self.Q.transpose(1, 2) @ self.Q
         rows = 1 - 2 * (self.Q * self.Q).sum(-1) + ((self.Q @ QtQ) * self.Q).sum(-1)
-        self.fro = torch.sqrt((self.a * self.a * rows.clamp(min=0.0)).sum(-1)) * (1 + 1e-9) + self.amax * math.sqrt(d) * 1e-12
+        # a token whose max|a| is outside [2^-400, 2^400] sums its squares at a power of two (exact; they flushed to 0
+        # below 2^-537 and left ||D||_F at its 1e-12 floor); the others are the very same floats
+        m = self.a.abs().amax(dim=1)
+        ex = torch.where((m > 0) & torch.isfinite(m) & ((m < 2.0**-400) | (m > 2.0**400)), torch.frexp(m).exponent, 0)
+        a = torch.ldexp(self.a, -ex[:, None].to(self.a.dtype))
+        self.fro = (torch.ldexp(torch.sqrt((a * a * rows.clamp(min=0.0)).sum(-1)), ex.to(a.dtype)) * (1 + 1e-9)
+                    + self.amax * math.sqrt(d) * 1e-12)
         self.err = norm_jacobian_error(norm, X, formed=False)  # ||D - D_true||, THEORY F17f
 
     def dense(self, idx: Tensor | None = None) -> Tensor:
@@ -72,21 +82,24 @@ class NormJac:
         return a[:, :, None] * C
 
     def left(self, X: Tensor) -> tuple[Tensor, Tensor]:
-        """``D X`` (T, d, m) and its rounding bound (T,) (Frobenius)."""
+        """``D X`` (T, d, m) and its rounding bound (T,) (Frobenius).
+        Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
         out = X - self.Q @ (self.Q.transpose(1, 2) @ X)
         out = out * self.a[:, :, None]
-        return out, 4 * (self.d + 8) * _U * self.amax * X.norm(dim=(1, 2))
+        return out, 4 * (self.d + 8) * _U * self.amax * pow2_norm(X, (1, 2))
 
     def right(self, X: Tensor) -> tuple[Tensor, Tensor]:
-        """``X D`` (T, m, d) and its rounding bound (T,) (Frobenius)."""
+        """``X D`` (T, m, d) and its rounding bound (T,) (Frobenius).
+        Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
         Xa = X * self.a[:, None, :]
         out = Xa - (Xa @ self.Q) @ self.Q.transpose(1, 2)
-        return out, 4 * (self.d + 8) * _U * self.amax * X.norm(dim=(1, 2))
+        return out, 4 * (self.d + 8) * _U * self.amax * pow2_norm(X, (1, 2))
 
     def sandwich(self, S: Tensor, err: Tensor) -> tuple[Tensor, Tensor]:
         """``D S D^T`` per token and its error bound (spectral) when ``S`` is known to within ``err``:
         ``(||D|| + e_D)^2 err + (2 ||D|| + e_D) e_D ||S|| + rounding``, ``||D|| <= ||D||_F``, the same
-        propagation as the dense ``_sandwich``."""
+        propagation as the dense ``_sandwich``.
+        Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
         Q = self.Q
         Y1 = S @ Q
         Y2 = S.transpose(1, 2) @ Q
@@ -95,7 +108,7 @@ class NormJac:
         out = torch.baddbmm(S, Q, Zm.transpose(1, 2), alpha=-1.0)
         out = torch.baddbmm(out, Y1, Q.transpose(1, 2), alpha=-1.0)
         out = out * self.a[:, :, None] * self.a[:, None, :]
-        nS = S.norm(dim=(1, 2))
+        nS = pow2_norm(S, (1, 2))
         nA, eA = self.fro, self.err
         new = (nA + eA) ** 2 * err + (2 * nA + eA) * eA * nS + 20 * (self.d + 8) * _U * self.amax**2 * nS
         return out, new
@@ -106,25 +119,26 @@ def _chain_output_norms(n1, IF: Tensor, n2, nIF: Tensor, heads, errs) -> list:  
     ``(I + F) D1`` and ``D2 (I + F) D1``, from one chain ``D1 W_O^T -> (I + F) . -> D2 .`` (one dense
     product instead of three; Note [factored norm Jacobian]).  ``errs``: per ``M`` the bound on its
     factored value against the true one (spectral); each product's rounding is added per head
-    (``gamma_d ||I + F||_F ||X||_F`` for the dense one, F32 for the factored ones)."""
+    (``gamma_d ||I + F||_F ||X||_F`` for the dense one, F32 for the factored ones).
+    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
     Wo_all = torch.cat([hd[6] for hd in heads], dim=0)  # (H dh, d)
     H, dh = len(heads), heads[0][6].shape[0]
     T, d = IF.shape[0], IF.shape[1]
-    hf = lambda Xs: Xs.reshape(T, d, H, dh).norm(dim=(1, 3)).T  # noqa: E731  (H, T) per-head Frobenius
-    nWh = Wo_all.reshape(H, dh, d).norm(dim=(1, 2))[:, None]  # (H, 1)
-    nW = float(Wo_all.norm())
+    hf = lambda Xs: pow2_norm(Xs.reshape(T, d, H, dh), (1, 3)).T  # noqa: E731  (H, T) per-head Frobenius
+    nWh = pow2_norm(Wo_all.reshape(H, dh, d), (1, 2))[:, None]  # (H, 1)
+    nW = float(pow2_norm(Wo_all))
     X1, _ = n1.left(Wo_all.T.expand(T, d, H * dh))
     r1h = 4 * (d + 8) * _U * n1.amax[None, :] * nWh
     r1 = 4 * (d + 8) * _U * n1.amax * nW
     X2 = IF @ X1
-    nIFf = IF.norm(dim=(1, 2))
+    nIFf = pow2_norm(IF, (1, 2))
     g = (d + 2) * _U / (1 - (d + 2) * _U)
     r2h = nIF[None, :] * r1h + g * nIFf[None, :] * hf(X1)
-    r2 = nIF * r1 + g * nIFf * X1.norm(dim=(1, 2))
+    r2 = nIF * r1 + g * nIFf * pow2_norm(X1, (1, 2))
     X3, _ = n2.left(X2)
     nD2 = n2.amax * (1 + 1e-12)  # ||diag(a) (I - Q Q^T)|| <= max|a| (1 + |e . u|)
     r3h = nD2[None, :] * r2h + 4 * (d + 8) * _U * n2.amax[None, :] * hf(X2)
-    r3 = nD2 * r2 + 4 * (d + 8) * _U * n2.amax * X2.norm(dim=(1, 2))
+    r3 = nD2 * r2 + 4 * (d + 8) * _U * n2.amax * pow2_norm(X2, (1, 2))
     out = []
     for Xc, (rh, rf), e in zip((X1, X2, X3), ((r1h, r1), (r2h, r2), (r3h, r3)), errs):
         per = certified_spectral(Xc.reshape(T, d, H, dh).permute(2, 0, 1, 3).reshape(H * T, d, dh)).reshape(H, T)

@@ -179,7 +179,7 @@ def layer_local(layer: LayerSpec, X: Tensor, rho: float, *, cache: dict | None =
     route].  Assumptions: every token within ``rho`` of ``X``; dot attention without RoPE.
     ``exact``: also the exact-Jacobian route (THEORY F17; None: when T*d <= ``EXACT_ROUTE_MAX``,
     Note [exact route default]).
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     from ..model import attention_forward, ffn_forward
 
     if rho < 0 or not math.isfinite(rho):

@@ -72,7 +72,7 @@ def head_block_norms(F: Tensor, K: Tensor) -> Tensor:
     product's columns ``K`` (T_in d, T, d) (``K[(k, c), m] = fl(M)_mk[:, c]``, ``substage_products``' layout), THEORY F87 (b): each block's ``F_q^T fl(M)_mk``
     as computed (``certified_spectral``) plus its rounding, ``gamma_d ||F_q||_F ||fl(M)_mk||_F``.  The product's own
     error (``fl(M) - M``) is the caller's (``move_rest_rows(..., blocks=)``).
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     nq, H, d, r = F.shape
     Tin = K.shape[0] // d
     T = K.shape[1]

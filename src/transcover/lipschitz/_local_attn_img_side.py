@@ -36,7 +36,7 @@ def head_key_data(heads, X: Tensor, Wqa: list[Tensor], scale: float) -> list[dic
       reads them): ``||fl(k_ij)|| + gamma_d ||y_ij|| ||W_K||_F``;
     * ``lk`` (T,) ``>= lambda_max(sum_j P_ij k_ij k_ij^T)``: ``(lambda_max(fl)^{1/2} + (sum_j P_ij delta_ij^2)^{1/2})^2``
       (Minkowski in ``L^2(P_i)``, ``delta_ij`` the row's error above; ``_lmax_gram`` pads the eigenvalue).
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     T, d = X.shape
     Xa = torch.cat([X, torch.ones(T, 1, dtype=torch.float64)], dim=1)
     out = []

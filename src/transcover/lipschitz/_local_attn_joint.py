@@ -50,7 +50,7 @@ def joint_heads(heads, r_ref: float | None = None, cache: dict | None = None) ->
     data-free ``W_h`` and ``W_h^T W_h`` across calls (the same floats; THEORY F52c).  Rounding as
     ``head_geometry``'s: each row ``y_ij W_h`` as formed is within ``gamma_{d + d_h + 2} max_j ||y_j|| ||W_V||_F
     ||W_O^h||_F`` of the exact one, ``W_h`` within ``gamma_{d_h} ||W_V||_F ||W_O^h||_F`` (spectral).
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     if cache is None or "joint_WN" not in cache:
         W = torch.stack([hd[5] @ hd[6] for hd in heads])
         WN = (W, W.transpose(1, 2) @ W)
@@ -72,7 +72,7 @@ def _joint_lmax(jh: JointHeads, w1: Tensor, w3: Tensor, maps: dict) -> dict:
     rows as evaluated is within ``gamma_m`` of its trace (spectral, ``|z||z|^T`` has Frobenius norm ``||z||^2``),
     covered by ``GRAM_PAD`` of the trace for ``m <= 10^6``; the products ``w P`` and the symmetrisation ``4 u ||G||_F``;
     a map's ``sandwich(S, err)`` returns ``M S M^T`` with its own error bound (``NormJac.sandwich``, ``_sandwich``).
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     G = torch.einsum("th,hde->tde", w3.T.contiguous(), jh.N)
     for h, hd in enumerate(jh.heads):
         Z = hd[1] @ jh.W[h]  # (T, T, d): rows y_ij W_h

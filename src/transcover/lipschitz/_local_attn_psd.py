@@ -43,7 +43,7 @@ def velocity_rests(data: AttnRestData, heads, Wqa: list[Tensor], X: Tensor, rho:
 
     (``X`` F81a's cross part, ``N`` the rounding of ``G y`` (row-wise ``gamma_{2d+4}``), of its ``P``-mean and of
     ``q_i`` (``gamma_{2d+8}``) times the move's row norms ``Rn``).  ``fac`` ``_head_factors``' tuple (``e``, ``e1``).
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     T, d = X.shape
     P, Yc, q, Wq, Wk = heads[h][:5]
     sc = data.scale
@@ -110,7 +110,7 @@ def psd_rest_rows(data: AttnRestData, heads, Wqa: list[Tensor], X: Tensor, Qs: T
     (THEORY F87), the smaller kept.  Every ``lambda_max`` certified (``certified_lmax``) with
     the products' rounding, the Cholesky factor's backward error (``Q~ <= L L^T + ||dQ|| I``) and the Grams' own.
     Assumptions: post-LN dot attention without RoPE, soft-cap or q/k norm.  Padded; nan -> inf.
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     T, d = X.shape
     H = len(heads)
     e = E + rho * eP
@@ -195,7 +195,7 @@ def _lowrank_sup(i: int, cols_i: list, heads, wts: Tensor, Qt: Tensor, rho: floa
     r"""``>= sup_Delta sum_{h,j} wts_hj (l_hj . Delta)^2`` over ``Delta_m in rho Q~_m^{1/2} B + e_m B`` (THEORY F82 (d),
     F84 (c)): the SDP dual (``_sdp_dual``) over the ``2T`` blocks ``rho^2 L_m^T Q~_m L_m``, ``e_m^2 L_m^T L_m``, their
     products' rounding ``gamma_{2d+8}`` of the blocks' absolute mass.
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     H, T = wts.shape
     d = Qt.shape[-1]
     r = H * T
@@ -213,7 +213,7 @@ def _lowrank_sup(i: int, cols_i: list, heads, wts: Tensor, Qt: Tensor, rho: floa
 def _e_blocks(i: int, Qm: Tensor, coef: Tensor, Li: Tensor, e: Tensor, d: int) -> tuple[Tensor, Tensor]:
     """(T, r, r) the e-balls' blocks ``e_m^2 L_m^T L_m`` of query ``i``'s form (``_form_columns``) and (T,) their
     rounding, ``gamma_{2d+8}`` of the absolute mass ``e_m^2 |L_m|^T |L_m|`` (Frobenius); THEORY F84 (c), F85.
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     T, r = coef.shape[0], Li.shape[1]
     Mo = torch.einsum("mhj,hk,mkl->mhjkl", coef, Qm @ Qm.T, coef).reshape(T, r, r)
     Mo[i] = Li.T @ Li
@@ -273,7 +273,7 @@ def _key_images(i: int, Qm: Tensor, coef: Tensor, sq: Tensor, nLi: float, src: K
     blocks and ``nLi`` the velocity part's Frobenius norm, ``eT = 0``; for pulled rows (F86) ``eN_k = gamma_{T + 3}
     ||(sum_m |coef_m| |QB_m| + sq |CB|)_k||_F`` (the combination) and ``eT`` the Frobenius norm over ``(h, j)`` of
     ``sum_m |coef[m, h, j]| gQ[i, h, m] + sq_hj gC[i, (h, j)]`` (the rows' own errors).
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     QB, CB = src.forms(heads, cols)
     H, T = sq.shape
     r = H * T
@@ -301,7 +301,7 @@ def _lowrank_sup_sources(i: int, cols: list, heads, wts: Tensor, sources: list, 
     ``N``'s own rounding outside the square root: ``A <= (A-hat^{1/2} + sum_src sum_k R_k eN_k)^2``.  With
     ``alternatives`` (lists of further sources, each a valid description of the same move set with ``sources``) the
     smallest of their sups, the shared sources' blocks formed once.
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     H, T = wts.shape
     Qm, coef, Li = _form_columns(i, [c[i] for c in cols], heads, wts)
     d, r = Qm.shape[1], H * T
@@ -366,7 +366,7 @@ def _sdp_dual(blocks: Tensor, err: Tensor, steps: int) -> float:
     ``err`` Frobenius each) (THEORY F82 (c), F84 (c)): for any ``c > 0``, ``(sum c) lambda_max(sum_k M_k M_k^T / c_k)``;
     ``c`` by damped fixed-point steps towards the top eigenvector's block norms (every ``c`` valid), the best step's
     ``lambda_max`` certified plus ``sum_k err_k / c_k`` and the sum's rounding.
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     keep = blocks.abs().amax(dim=(1, 2)) > 0  # exact zeros only (torch's norm of a 2^-540 block is 0)
     blocks, err = 0.5 * (blocks[keep] + blocks[keep].transpose(1, 2)), err[keep]
     if blocks.shape[0] == 0:
@@ -401,7 +401,7 @@ def _grams_sup(i: int, qc: Tensor, kc: Tensor, vc: Tensor, grams: dict, absg: di
     ``gamma_kg`` of their absolute mass, every ``lambda_max`` certified.  ``hr`` (``(reach, f)``, THEORY F87): the move's
     rest part of ``e`` seen through the Grams' factors (``gram_rest_reach``) and the ball ``f`` beside it; then
     ``e_m lambda_max(G_m)^{1/2}`` is at most ``f lambda_max(G_m)^{1/2} + reach_m``, the smaller kept.
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     T, d = Lc.shape[0], Lc.shape[-1]
     cf = kc.T.clone()  # (T, H)
     G = torch.einsum("mh,hab->mab", cf, grams["K"]) + torch.einsum("mh,hab->mab", vc.T, grams["V"])

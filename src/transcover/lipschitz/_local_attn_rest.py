@@ -71,7 +71,7 @@ def attn_rest_data(X: Tensor, heads, Wqa: list[Tensor], scale: float, proj: list
     """F78's data for one attention sub-stage: ``heads`` ``_head_data``'s tuples at ``X``, ``Wqa`` the heads' augmented
     query maps ``[W_Q; b_Q]`` (float64), ``proj`` F44a's ``head_projections`` (the prefix's ellipsoids), ``nQ``, ``nK``,
     ``nV`` certified weight norms, ``mom`` the heads' ``_HeadMoments`` (F35; same ``heads``).  THEORY F78, F81.
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     T, d = X.shape
     Xa = torch.cat([X, torch.ones(T, 1, dtype=torch.float64)], dim=1)
     sc = scale  # the softmax scale
@@ -108,7 +108,7 @@ def _gaps(D: Tensor, M: Tensor, Mabs: Tensor, k: int) -> Tensor:
     """(T, T) ``>= ||(x_j - x_k) M*||`` for ``M*`` the exact product that ``M`` computes (``|M* - M| <= gamma_k |Mabs|``
     covers it, ``Mabs`` the product of the factors' absolute values) and ``D`` the computed differences (their own
     rounding, at most ``u |D|``, inside ``gamma_k`` too).
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     return (pow2_norm(D @ M, -1) * (1 + 1e-12) + 2 * _gamma(k) * pow2_norm(D.abs() @ Mabs, -1)) * (1 + 1e-12)
 
 

@@ -22,7 +22,7 @@ CENTRE_PAD_ASSUMPTION = ("the float64 forward at the data within 1e-13 max||x_s|
 
 def f17_pad(x: Tensor) -> float:
     """F17's centre pad ``1e-13 max_i ||x_i||`` for the computed ``x`` (the assumption ``CENTRE_PAD_ASSUMPTION``).
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     return 1e-13 * float(pow2_norm(x, 1).max())
 
 
@@ -39,7 +39,7 @@ def norm_forward_error(norm: NormSpec, X: Tensor) -> float:
     ``G = max|gamma|``, ``||c*||/s* <= sqrt d``.  The term ``G E/s_hat ~ G d^{3/2} u max|x| / s`` is the division by
     the spread of a token whose mean dwarfs it.  inf when ``s_hat <= e_s`` (no floor).  Assumes IEEE float64 with
     round to nearest (any summation order, FMA allowed) and ``sqrt`` correctly rounded.
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     X = X.detach().double()
     T, d = X.shape
     lay = norm.kind is NormKind.LAYERNORM
@@ -89,7 +89,7 @@ def ffn_forward_error(ffn, H: Tensor) -> float | None:  # noqa: ANN001
 
     (Higham's ``gamma_n`` of each product with its bias, the activation's Lipschitz constant ``L_sigma`` and its
     evaluation error ``ACT_REL |z|``, then the residual sum), the abs products padded by ``gamma`` of their length.
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     from ..model import FFNSpec
     from ._activations import activation_lipschitz
 
@@ -122,7 +122,7 @@ def attention_forward_error(attn, X: Tensor) -> float | None:  # noqa: ANN001
     sum and the division), so ``|P_hat - P| <= (e^{t_i} - 1) P_hat``.  Head output: ``(e^{t_i} - 1) sum_j P_hat_ij ||x_j||
     ||W_V^h||_F ||W_O^h||_F`` plus ``gamma_{T+d+d_h+2}`` times the abs evaluation ``|P_hat||X||W_V^h||W_O^h|``; the bias
     ``gamma_{H d_h+H+1}(|b_O| + sum_h |b_V^h||W_O^h|)``; the sum of ``H + 2`` terms ``gamma_{H+2}`` times its abs value.
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     if attn.kind != "dot" or attn.causal or any(getattr(attn, a, None) is not None for a in
                                                    ("window", "rope", "q_norm", "k_norm", "softcap", "position_bias")):
         return None

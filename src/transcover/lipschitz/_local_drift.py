@@ -154,7 +154,7 @@ def output_block_norms(heads) -> Tensor:  # noqa: ANN001
     """(H, H) certified ``C_hk >= ||W_O^h W_O^kT||_2`` (``W_O^h`` the head's (d_head, d) output rows): the
     certified spectral norm of each float64 product plus its rounding ``gamma_d ||W_O^h||_F ||W_O^k||_F``
     (Note [heads through W_O jointly], THEORY F35d).
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     Wo = torch.stack([hd[6] for hd in heads])  # (H, dh, d)
     H, _, d = Wo.shape
     prods = torch.einsum("had,kbd->hkab", Wo, Wo).reshape(H * H, Wo.shape[1], Wo.shape[1])

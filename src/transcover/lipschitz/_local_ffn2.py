@@ -82,7 +82,7 @@ def ffn_hadamard(ffn, *, centred: bool) -> dict:  # noqa: ANN001
     following LayerNorm sees) and ``nW2 >= ||W_2||`` (``||P W_2^T|| <= ||W_2||``).  Weights outside ``_in_range``
     get infinite pads ``eH``, ``e12``: every F38/F45/F51a bound on them is then inf (a branch refused; F17c's
     ``kappa`` carries the FFN drift).
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     W1, W2o = _f64(ffn.W_1), _f64(ffn.W_2)
     W2 = W2o - W2o.mean(dim=1, keepdim=True) if centred else W2o
     G1 = W1.T @ W1
@@ -133,7 +133,7 @@ def _form_norm(D: Tensor, W: Tensor, H: Tensor, eH: float) -> Tensor:
     formed within ``eH``, Frobenius), the shared step of F38b's ``N2`` and F90's ``N2e``: ``A`` as formed is within
     ``u|A|``, the two products add ``gamma_{d_ff}`` each of the ``|terms|``, so ``||A||_F^2 (eH + 4 (d_ff + 4) u
     ||H||_F)`` is added to the certified ``lambda_max``.
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     A = D[:, :, None] * W[None]
     S = A.transpose(1, 2) @ (H[None] @ A)
     fA = (A * A).sum(dim=(1, 2)) * (1 + 4 * W.numel() * _U)
@@ -168,7 +168,7 @@ def _split_top(G: Tensor, rank: int, lam1: float, E: Tensor | None = None) -> tu
     Cholesky (then ``certified_lmax``'s trace fallback is sound for it), and the rounding of ``E^T E`` and of the
     subtraction, ``4 (m + 8) u (||E||_F^2 + ||G||_F)`` (Frobenius, Higham 3.5), is added.  A failed check gives
     ``lR = inf``.  THEORY F45a.
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     if E is None:
         ev, U = torch.linalg.eigh(G)
         E = (U[:, -rank:] * ev[-rank:].clamp(min=0.0).sqrt()[None, :]).T.contiguous()
@@ -269,7 +269,7 @@ def _weighted_lmax(G: Tensor, eG: float, a: Tensor, lower: bool = False) -> Tens
     ``3u|a_k G_kl a_l|`` of ``diag(a) G diag(a)`` entrywise, ``diag(a)(G - G_exact)diag(a)`` within ``max a^2 eG``.
     ``lower``: instead a lower bound on that value as computed (``_lmax_lower`` in place of ``certified_lmax``, the
     same float operations after it, each non-decreasing in its operands; THEORY F61a).
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     amax2 = (a * a).amax(dim=1)
     if lower:
         lam = _lmax_lower(G, a)
@@ -311,7 +311,7 @@ def _lmax_lower(G: Tensor, a: Tensor, iters: int = LMAX_LOWER_ITERS) -> Tensor:
     the trace as formed ``fl(a_k G_kk a_k)`` summed, less ``1e-10`` relative (non-negative terms: within ``gamma_m``
     of any other summation order's); clamped at 0 (``lambda_max(M_i) >= max_k (M_i)_kk >= 0``).  NaN where a
     weight is not finite (no comparison passes).  Cost ``2 m^2`` flops a step and token, batched over the tokens.
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     n, m = a.shape
     v = torch.full((n, m), 1.0 / math.sqrt(m), dtype=a.dtype)
     for _ in range(iters):

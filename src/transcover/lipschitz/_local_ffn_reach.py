@@ -86,7 +86,7 @@ def _layer_forms(const: dict, n1: Tensor) -> dict:
     """The radius-free data F54b and F70 share: ``||W_1||_F`` and ``max ||w1_k||`` (each rounded up), ``G_1 = W_1^T W_1``,
     its rounding ``e_1 = gamma_{d+2} ||W_1||_F^2`` and ``max|G_1|``; cached in ``const`` (``ffn_hadamard``'s dict, once
     per layer, with that layer's ``n1``).
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     if "reach_forms" not in const:
         W1 = const["W1"]
         fW1 = float(pow2_norm(W1)) * (1 + W1.numel() * _gamma(1))
@@ -99,7 +99,7 @@ def _layer_forms(const: dict, n1: Tensor) -> dict:
 def _ellipsoid(S: Tensor, eS: Tensor, wsum: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """F54b's ``Q = wsum (sym(S) + eS I)`` for Grams ``S`` (..., d, d) and ``eS``, ``wsum`` (...,), with ``fQ >= ||Q||_F``
     and ``eQ = gamma_4 fQ`` (its rounding, Frobenius).
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     d = S.shape[-1]
     Q = wsum[..., None, None] * (0.5 * (S + S.transpose(-1, -2)) + eS[..., None, None] * torch.eye(d, dtype=S.dtype))
     fQ = pow2_norm(Q, (-2, -1)) * (1 + d * d * _gamma(1))
@@ -114,7 +114,7 @@ def _token_forms(const: dict, lay: dict, z: Tensor, S: Tensor, eS: float, wsum: 
     ``D = GELU''(z)`` within ``eD`` (``centre_gelu2_err``) of the exact centre's and the unit reaches
     ``Rk = min(||w1_k|| rh, r (G_kk + eG)^{1/2} + ||w1_k|| remH) (1 + 1e-12) + ez_k``; ``nq``, ``nqm`` inf outside
     ``forms_in_range`` (THEORY F75: the pads need float64's normal range).
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     W1, d, fW1, n1 = const["W1"], const["W1"].shape[0], lay["fW1"], lay["n1"]
     Q, fQ, eQ = _ellipsoid(S, eS, torch.as_tensor(wsum, dtype=torch.float64))  # float64: as_tensor(float) is float32
     fQ, eQ = float(fQ), float(eQ)
@@ -256,7 +256,7 @@ def _lmax_g(sch: dict, Q: Tensor, fQ: Tensor, eQ: Tensor) -> Tensor:
     ||Q||_F``; THEORY F72a): the nonzero spectrum of ``Q'^{1/2} W_1 W_1^T Q'^{1/2}``, with ``W_1 W_1^T <= L L^T + eL I``
     (``_schur_layer``) at most ``lambda_max(L^T Q L) + eQ ||L||_F^2 + eL (fQ + eQ)``; ``M = fl(L^T (Q L))`` within
     ``gamma_{2d} ||L||_F^2 ||Q||_F``, symmetrised within ``u ||M||_F``, then ``certified_lmax``.
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     L, fL = sch["L"], sch["fL"]
     M = L.T[None] @ (Q @ L[None])
     fM = pow2_norm(M, (1, 2)) * (1 + M[0].numel() * _U)

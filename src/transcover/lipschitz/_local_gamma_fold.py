@@ -42,7 +42,7 @@ def folded_layer(layer: LayerSpec) -> tuple[LayerSpec, float] | None:
     fold does not apply: no norm, a norm without ``gamma``, no centring/scaling norm, an activation with an
     unbounded ``sigma''`` (ReLU: the rounding's effect on the slopes is not bounded by a multiple of ``e``).
     THEORY F46.
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     from ._local import second_derivative_sup
 
     norm = _scaled_norm(layer)

@@ -284,7 +284,7 @@ def centre_tokens(X: Tensor, lay: bool) -> tuple[Tensor, Tensor, Tensor]:
     (the norm's own rounding ``gamma_{d+4}`` relative).  RMSNorm: ``sigma_hat (1 - gamma_{d+4})``.
     A spread that overflowed (a token near ``2^512``) is refused: its infinite sigma made the norm's local constant 0
     (Note [local weight range] in ``_local_attention``).
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     d = X.shape[1]
     g = lambda k: k * _U / (1 - k * _U)  # noqa: E731
     Z1 = X - X.mean(dim=1, keepdim=True) if lay else X
@@ -315,7 +315,7 @@ def norm_jacobian_error(norm: NormSpec | None, X: Tensor, *, formed: bool) -> Te
     ``gamma_5 (G/s)(sqrt d + ||u||^2)``; otherwise ``NormJac``'s factored ``fl(gamma/s)`` and ``Q`` (``u_a = u``).
     Relative accuracy of ``u`` is not assumed: a spiky ``gamma`` on a one-hot token has ``||D_hat||_F << G/s``
     while the error is ``~ G/s ||u - u*||`` (red15).  Assumptions: LayerNorm or RMSNorm, ``T d`` floats.
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     T, d = X.shape
     if norm is None or norm.kind is NormKind.NONE:
         return torch.zeros(T, dtype=torch.float64)
@@ -350,7 +350,7 @@ def norm_jacobian_entry_error(norm: NormSpec, X: Tensor) -> tuple[Tensor, Tensor
     du u^T + u* du^T``).  Per entry, with F17f's pieces: ``|Z_j - (P x)_j| <= e_j = gamma_{d+3} max|Z1| + gamma_1 |Z_j|``
     (0 for RMSNorm), ``|u*_j| <= (|Z_j| + e_j)(1 + rho)/(sqrt d s)``, ``beta_j = gamma_4 |u_j| + e_j/(sqrt d s) + |u*_j| e_s/s``.
     THEORY F17f.
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     T, d = X.shape
     g = lambda k: k * _U / (1 - k * _U)  # noqa: E731
     lay = norm.kind is NormKind.LAYERNORM
@@ -561,7 +561,7 @@ def _blocks_route(layer: LayerSpec, X: Tensor, radii, *, keep_blocks: bool = Fal
     (``attention_local_bound``; radius ``r`` post-LN, ``r max_j sup||D1_j||`` pre-LN).  ``exact`` blocks per row get certified spectral norms, the rest their Frobenius norms
     (``_row_block_norms``).  Assumptions: dot attention without RoPE,
     non-gated FFN whose ``sup|sigma''|`` is finite, every token within ``r`` of X.
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
 
     ffn, attn = layer.ffn, layer.attention
     if ffn.gated:
@@ -716,7 +716,7 @@ def _attention_row(heads, Mi: Tensor, i: int, scale: float) -> Tensor:  # noqa: 
 def _row_block_norms(Bi: Tensor, exact: int) -> Tensor:
     """Certified ``||J_ij||_2`` for one output row: the ``exact`` blocks largest in Frobenius norm
     by ``certified_spectral``, the others by their Frobenius norm (an upper bound).
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     fro = pow2_norm(Bi, (1, 2)) * (1 + 1e-12)  # at a power of two: a 1e-170 block's torch norm is 0
     if exact >= Bi.shape[0]:
         return certified_spectral(Bi)
@@ -748,7 +748,7 @@ def _weight_norms(layer: LayerSpec) -> dict:
 
 def _attention_drift(heads, r: float, norms: dict, scale: float) -> Tensor:  # noqa: ANN001
     """(H, T): per head and query the bound on ``nu_i(Q'^h - Q^h)`` over ``B(X, r)`` (Note [Jacobian drift]).
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     out = []
     for h, (P, Y, q, Wq, Wk, _, _) in enumerate(heads):
         nG = norms["G"][h]
@@ -852,7 +852,7 @@ def _ffn_drift(ffn, zz: tuple, rh: Tensor, norms: dict, curv: float) -> Tensor: 
     ``c_k`` is also capped by the range of ``sigma'`` (GELU: ``GELU'(sqrt 2) - GELU'(-sqrt 2) = erf(1) +
     2 sqrt(2) phi(sqrt 2)``, the extrema of ``GELU' = Phi + z phi``; otherwise ``2 sup|sigma'|``), and
     the whole bound by that range times ``||W_1|| ||W_2||``.
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     from ._activations import activation_lipschitz
 
     act = Activation(ffn.activation)

@@ -29,7 +29,7 @@ def if_gamma_norm(IF: Tensor, eF: Tensor, gamma: Tensor, g: float) -> Tensor:
     rounding an entry; ``diag(sign gamma)`` is orthogonal) is within ``u ||A |gamma|||_F <= u (1 + u) ||fl(A
     |gamma|)||_F`` of the exact one (Frobenius bounds spectral), padded ``2u``; ``certified_spectral`` of the formed
     product.
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     A = IF * gamma[None, None, :]
     return (certified_spectral(A) + 2 * _U * pow2_norm(A, (1, 2)) + eF * g) * (1 + 1e-12)
 

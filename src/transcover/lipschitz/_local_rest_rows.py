@@ -62,7 +62,7 @@ def _centred(B: Tensor, lay: bool) -> tuple[Tensor, Tensor]:
 def _centre_err(X: Tensor, Z: Tensor, lay: bool) -> Tensor:
     """(T,) ``>= ||Z_i - P x_i||`` for ``Z`` the two-pass centring of ``X`` (``centre_tokens``; F17e): ``sqrt(d)
     gamma_{d+3} max|Z1| + gamma_1 ||Z||``; 0 for RMSNorm (``Z = X``).
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     if not lay:
         return torch.zeros(X.shape[0], dtype=torch.float64)
     d = X.shape[1]
@@ -73,7 +73,7 @@ def _centre_err(X: Tensor, Z: Tensor, lay: bool) -> Tensor:
 def _lmax_sym(M: Tensor, err: Tensor) -> Tensor:
     """(T,) certified ``lambda_max`` of the exact PSD matrices within ``err`` (spectral) of the formed batch ``M``,
     symmetrised first (``u ||M||_F`` more).
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     S = 0.5 * (M + M.transpose(1, 2))
     return certified_lmax(S) + err + _rounding._U * pow2_norm(M, (1, 2))
 
@@ -93,7 +93,7 @@ def norm_move_forms(blocks: Tensor, X: Tensor, gamma: Tensor, lay: bool) -> Norm
     the outer product and the scaling to ``u`` each), which moves ``lg`` by ``eM (lam)^{1/2}``; ``tn``'s matvecs
     ``(1 + 2(d + 2)u)`` relative plus ``1e-12 sum_j ||B_ij||_F`` for the formed ``P n``; norms of ``Z``
     ``(d + 4)``-fold relative, downward for ``zn``, upward for ``gz``.
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     T, d = X.shape
     Z = X - X.mean(dim=1, keepdim=True) if lay else X
     Z = Z - Z.mean(dim=1, keepdim=True) if lay else Z  # centre_tokens' two passes

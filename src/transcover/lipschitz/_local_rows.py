@@ -233,7 +233,7 @@ def _diag_blocks(heads, Wo_all: Tensor, N: Tensor | None, T: int, d: int, scale:
     """(T, d, d) the exact diagonal blocks ``B_ii = I + W_O^T Z_ii N_i`` (with ``Sigma_i G^T``) and
     (T,) a bound on their float64 rounding (spectral norm); ``eN`` bounds the formed ``N`` against the
     true one (F17f).
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     Zs = []
     idx = torch.arange(T)
     for P, Y, q, Wq, Wk, Wv, Wo in heads:
@@ -367,7 +367,7 @@ def attention_drift_f17d(mom: _HeadMoments, r: float, norms: dict) -> Tensor:
 def _head_output_norms(M: Tensor | None, eM: Tensor | None, heads, T: int) -> tuple[Tensor, Tensor]:  # noqa: ANN001
     """(H, T) certified ``||M_i W_O^hT||`` and (T,) ``||M_i W_O^T||`` (``M = I`` when None); ``M`` is
     known to within ``eM`` (spectral), the product adds ``gamma_d ||M||_F ||W_O^h||_F``.
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     Wo_all = torch.cat([hd[6] for hd in heads], dim=0)
     dh = heads[0][6].shape[0]
     if M is None:  # the same for every token: certify once

@@ -32,7 +32,7 @@ GELU_SLOPE_RANGE = (math.erf(1.0) + 2 * math.sqrt(2) * math.exp(-1.0) / math.sqr
 def visible_diameter(R: Tensor, vis: Tensor) -> Tensor:
     """(T,) certified ``max_{j, k visible to i} ||R_j - R_k||`` (``vis`` (T, T) the keys each query
     sees); the differences are formed directly (no Gram cancellation), padded for float64 rounding.
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     T = R.shape[0]
     if T > 128:  # the T^3 table would not pay for itself; inf leaves the other bound in every min
         return torch.full((T,), math.inf, dtype=R.dtype)
@@ -173,7 +173,7 @@ def ffn_unit_drift(ffn, z: Tensor, n1: Tensor, rh: Tensor,  # noqa: ANN001
     bound is provably at least ``b`` and its half at least ``b_half`` (``gram_lower``, THEORY F42a) gets
     ``(inf, inf)`` without its Grams: every ``min`` with the caller's bounds is unchanged.
     Assumptions: non-gated FFN; exact (erf) GELU, else ``(inf, inf)`` (the global bounds apply).
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     T = z.shape[0]
     if Activation(ffn.activation) is not Activation.GELU:
         inf = torch.full((T,), math.inf, dtype=torch.float64)

@@ -228,7 +228,7 @@ def _hadamard_norm(const: dict, H: Tensor, eH: float, Dk: Tensor, nKQ: float, eD
     """Certified ``lambda_max(W_2^T D H* D W_2)^{1/2}`` for ``H`` as formed within ``eH`` (Frobenius) of ``H*`` (THEORY
     F40b's last steps: ``A = D W_2``, two products, the symmetrised matrix, ``GELU''``'s error ``eD`` at the centre
     (evaluation and the pre-activation's rounding, ``centre_gelu2_err``) through ``||K|| <= nKQ``).
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     A = Dk[:, None] * const["W2"]
     fH = float(pow2_norm(H)) * (1 + H.numel() * _U)
     M = A.T @ (H @ A)
@@ -257,7 +257,7 @@ def ffn_aligned_norms(const: dict, W1: Tensor, z: Tensor, blocks: Tensor, ez: Te
     ||W_1||^2``.  One ellipsoid and one ``G`` per token for both; cost per token ``3 d d_ff^2`` flops.  ``third``: also
     F62's ``(K2, Km2, g)`` (T,), (T,), (T, d_ff) from the same ``G`` (``third_norms``), as a third element.  Each is
     inf for a row whose ``Q`` fails ``forms_in_range`` (THEORY F75: the pads need float64's normal range).
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     T = z.shape[0]
     fW1 = float(W1.norm()) * (1 + W1.numel() * _U)
     w1max = float(W1.norm(dim=0).max()) * (1 + W1.shape[0] * _U)

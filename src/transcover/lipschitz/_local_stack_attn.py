@@ -461,7 +461,7 @@ class AttentionAligned:
     def _maps(self, through: bool) -> tuple[Tensor, Tensor]:
         """``(MO, eMO)``: ``W_O^T`` per token (exact as stored) or the layer's ``M_k(x) W_O^T`` with its error (F44g),
         formed once.
-        Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+        Norms at powers of two (``pow2_norm``, THEORY F96)."""
         key = ("maps", through)
         if key in self.memo:
             return self.memo[key]

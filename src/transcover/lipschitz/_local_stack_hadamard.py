@@ -38,7 +38,7 @@ def phi_rows(heads, i: int, scale: float) -> tuple[Tensor, Tensor]:  # noqa: ANN
 
     and ``eV`` (H T, T) ``>= ||v* - v||`` per block: ``kappa``'s product within ``gamma scale ||y|| ||W_K||_F ||W_Q||_F``,
     ``(delta - P) q`` within ``gamma |delta - P| ||q||`` (``P``, ``y``, ``q``: ``_head_data``'s, the data).
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     V, eV = [], []
     for P, Y, q, Wq, Wk, _, _ in heads:
         T, d = Y.shape[1], Y.shape[2]
@@ -59,7 +59,7 @@ def zeta_rows(heads, i: int, MO: Tensor) -> tuple[Tensor, Tensor]:  # noqa: ANN0
     (``MO`` (m, H dh) the map after the heads as stored: ``W_O^T``, ``M_i(x) W_O^T`` or the identity), ``eZ`` (H T,)
     ``>= ||zeta* - zeta||`` for that map: ``gamma_{m+dh+3} P ||y|| ||W_V||_F ||MO_h||_F`` (the map's own error is
     ``acw_bound``'s).
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     Z, eZ = [], []
     for h, (P, Y, _, _, _, Wv, _) in enumerate(heads):
         dh = Wv.shape[1]
@@ -74,7 +74,7 @@ def _gram_phi(V: Tensor, eV: Tensor, Qs: Tensor, eQ: Tensor) -> tuple[Tensor, fl
     exact blocks and ellipsoids (``Q*_m`` within ``eQ_m`` of ``Qs_m``, Frobenius): per block
     ``gamma_{2d+T+2} ||V_m||_F^2 ||Q_m||_F + ||V_m||_F^2 eQ_m + (2 ||V_m||_F ||eV_m|| + ||eV_m||^2)(||Q_m||_F + eQ_m)``,
     plus ``u ||S||_F`` for the symmetrisation (THEORY F68a).
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     T, d = Qs.shape[0], Qs.shape[1]
     S = torch.einsum("rme,sme->rs", torch.einsum("rmd,mde->rme", V, Qs), V)
     S = 0.5 * (S + S.T)

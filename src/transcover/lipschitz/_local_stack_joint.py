@@ -86,7 +86,7 @@ def value_cores(heads, MV: Tensor, eMV: Tensor) -> dict:  # noqa: ANN001
     each product's ``gamma`` times its ``|.|``-product's Frobenius norm (a Gram's: its trace) and ``E``'s
     ``sum_j P_ij eMV_hj``.  ``"epsV"`` (H,): the formed values' error ``gamma_{d+2} max ||y_ij|| ||W_V||_F``, so
     ``n_C(v) <= n-hat_C(v) + epsV ||v||`` (Minkowski in ``L^2(P)``).
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     C, N, E, eC, eN, eE, epsV = [], [], [], [], [], [], []
     for h, (P, Y, _, _, _, Wv, _) in enumerate(heads):
         T, d = P.shape[0], Y.shape[2]
@@ -155,7 +155,7 @@ def joint_basis(cores: dict, MO: Tensor, dh: int) -> dict:
     """Per kind of ``joint_reach`` its coefficient-free parts: ``(core, nu, ||core||_F, err)`` (each (H, T) but the core
     (H, T, dh, dh)), ``nu`` the uncertified ``lambda_max(MO_h K MO_h^T)^{1/2}`` that sets F50c's weights (the top
     eigenvalue of ``K (MO_h^T MO_h)``), ``err`` the core's error bound.  THEORY F50c; formed once per map, F83b.
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     H, T = cores["C"].shape[:2]
     MOh = MO.reshape(T, MO.shape[1], H, dh).permute(0, 2, 1, 3)  # (T, H, d, dh)
     OO = MOh.transpose(2, 3) @ MOh  # (T, H, dh, dh): MO_h^T MO_h

@@ -101,7 +101,7 @@ def value_lmax(w: Tensor, core: Tensor, err: Tensor, MO: Tensor, eMO: Tensor) ->
     """(T,) certified ``lambda_max(MO blockdiag_h(K_h / w_h) MO^T)`` for the value cores ``K_h`` (``core`` (H, T or 1,
     dh, dh) as formed within ``err`` (H, T or 1), F50b) at the weights ``w`` (H, T), ``MO`` (T, d, H dh) within ``eMO``
     (T,) (``block_lmax``: the cores' error ``sum_h (err_h + 4u ||K_h||_F) / w_h``); with ``||MO||_F`` (THEORY F53b).
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     H, T = w.shape
     dh = core.shape[-1]
     core = core.expand(H, T, dh, dh)

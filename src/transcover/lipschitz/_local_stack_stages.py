@@ -96,7 +96,7 @@ def _ffn_parts(layer, H: Tensor, cache: dict) -> dict:  # noqa: ANN001
     """The FFN's per-token Jacobians ``F_i`` at H (column convention), their abs evaluation, rounding
     pads and the drift function ``dF(rh, centred)`` of ``_local_rows`` (Hadamard-Gram kappa, curvature
     bound, cap), with the data-free constants cached per layer.
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     from ._activations import activation_lipschitz
     from ._local import second_derivative_sup
     from ._local_rows import ffn_drift_constant
@@ -186,7 +186,7 @@ def _ffn_stage(name: str, group: int, layer, S: Tensor, n2: _NormLin | None, cen
     """``s -> s + FFN(n2(s))``, per token ``J_i = I + F_i D2_i``: drift ``dF(r_i sup||D2'||) sup||D2'||
     + ||F_i Gamma|| e2_i`` (pre-LN; ``D2 = I`` post-LN, where the centred ``kappa`` serves when a
     LayerNorm follows), ball ``min(pt + drift, 1 + Lip(FFN) sup||D2'||)``.
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     T, d = S.shape
     norm = layer.norm_ffn if n2 is not None else None
     H = S if n2 is None else norm(S).detach()
@@ -230,7 +230,7 @@ def layer_stages(layer, X: Tensor, cache: dict) -> tuple[list[_Stage], Tensor, T
     first, then the token-local ones), the layer's output, and (T,) a certified ``m_i >= ||M_i(X)||``
     for the product ``M_i`` of the token-local sub-stages' Jacobians (post-LN ``D2_i (I + F_i) D1_i``,
     taken exactly rather than as a product of norms), so ``nu_i(J_L) <= m_i nu_i(I + A)``.
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     from ._local_attention import check_layer_range, head_norms
 
     check_stack_layer(layer)

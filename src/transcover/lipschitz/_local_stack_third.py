@@ -33,7 +33,7 @@ _U = 2.0**-53
 def _lmax_of(H: Tensor, eH: float) -> float:
     """Certified ``lambda_max`` of the exact symmetric ``H*`` from ``H`` as formed within ``eH`` (Frobenius): the
     symmetrised ``(H + H^T)/2`` is within ``eH`` of ``H*`` too, its own rounding ``u ||H||_F``.
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     S = 0.5 * (H + H.T)
     return (float(certified_lmax(S[None])[0]) + eH + _U * float(pow2_norm(H)) * (1 + H.numel() * _U)) * (1 + 1e-12)
 
@@ -45,7 +45,7 @@ def third_norms(G: Tensor, eG: float, gmax: float, G0: Tensor, e0: float, g0max:
     ``e0``, ``gmax = max|G|``, ``g0max = max|G0|`` (``ffn_aligned_norms`` forms them once for F40b and this).  The
     Hadamard products within ``eG (2 max|G| + eG)`` and ``eG (max|G0| + e0) + e0 max|G|`` plus ``u`` of their norm
     (THEORY F62, rounding as F40b).
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     H = G * G
     K2 = _lmax_of(H, eG * (2 * gmax + eG) * (1 + 1e-12) + _U * float(pow2_norm(H)))
     H = G * G0

@@ -91,7 +91,7 @@ def ffn_slope_map(ffn, H: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # n
     pre-activations (``pre_activations``), ``F_i = W_2^T diag(sigma'(z_i)) W_1^T`` (T, d, d) and a bound on its
     distance to the exact ``F_i`` (spectral) per token: the float64 rounding (THEORY F17) plus the slope's move from
     the exact pre-activation, ``point_slope_err ||W_1|| ||W_2||`` (certified spectral norms; F51a, red17-2).
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     W1, W2 = _f64(ffn.W_1), _f64(ffn.W_2)
     z, ez = pre_activations(ffn, H)
     z = z.clone().requires_grad_(True)
@@ -165,7 +165,7 @@ def attention_row_gram(at: LayerAtX, w: Tensor | None = None) -> RowGram:
     """``RowGram`` of ``B_ij = delta_ij I + W_O^T Z_ij N_j`` (``N = D1`` pre-LN, ``I`` post-LN): the
     off-diagonal part assembled in the head space (``_head_gram``), the diagonal blocks exactly
     (THEORY F17b); the weights ``w`` (T, T), positive, default F34c's ``row_weights`` (F56's optimised ones).
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     T, d, heads, Wo_all = at.T, at.d, at.heads, at.Wo_all
     nN = None if at.post else at.nD1
     w = row_weights(heads, T, at.nO, nN) if w is None else w
@@ -212,7 +212,7 @@ def post_rows(at: LayerAtX, gram: RowGram, IF: Tensor) -> tuple[Tensor, Tensor, 
     (``IF = I + F``): each Gram's candidate starts from the previous stage's Ritz vector mapped forward (F32); a
     norm that centres sees only ``P dx`` (Note [local norm floor]), so the radius into it is the centred row
     constant.
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     d, n1, n2, wsum, S0, err0, x0 = at.d, at.n1, at.n2, gram.wsum, gram.S, gram.err, gram.x
     aP_pt = _nu(_centre(S0), err0 + 4 * (d + 2) * _U * pow2_norm(S0, (1, 2)), wsum, _centred(x0))[0] \
         if _centring(at.layer.norm_attn) else gram.a_pt
@@ -263,7 +263,7 @@ class PrePoint:
 
 def pre_point(at: LayerAtX, gram: RowGram) -> PrePoint:
     """``PrePoint``: the Gram ``M S M^T`` per token, with ``M``'s rounding from ``F``'s and ``D2``'s.
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     d, F, eF, D2 = at.d, at.F, at.eF, at.D2
     M = torch.eye(d, dtype=torch.float64) + F @ D2
     eD2 = at.eD2  # the formed D2 against the true one: u, s and the entries (F17f)

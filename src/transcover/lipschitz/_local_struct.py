@@ -83,14 +83,14 @@ class NormJac:
 
     def left(self, X: Tensor) -> tuple[Tensor, Tensor]:
         """``D X`` (T, d, m) and its rounding bound (T,) (Frobenius).
-        Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+        Norms at powers of two (``pow2_norm``, THEORY F96)."""
         out = X - self.Q @ (self.Q.transpose(1, 2) @ X)
         out = out * self.a[:, :, None]
         return out, 4 * (self.d + 8) * _U * self.amax * pow2_norm(X, (1, 2))
 
     def right(self, X: Tensor) -> tuple[Tensor, Tensor]:
         """``X D`` (T, m, d) and its rounding bound (T,) (Frobenius).
-        Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+        Norms at powers of two (``pow2_norm``, THEORY F96)."""
         Xa = X * self.a[:, None, :]
         out = Xa - (Xa @ self.Q) @ self.Q.transpose(1, 2)
         return out, 4 * (self.d + 8) * _U * self.amax * pow2_norm(X, (1, 2))
@@ -99,7 +99,7 @@ class NormJac:
         """``D S D^T`` per token and its error bound (spectral) when ``S`` is known to within ``err``:
         ``(||D|| + e_D)^2 err + (2 ||D|| + e_D) e_D ||S|| + rounding``, ``||D|| <= ||D||_F``, the same
         propagation as the dense ``_sandwich``.
-        Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+        Norms at powers of two (``pow2_norm``, THEORY F96)."""
         Q = self.Q
         Y1 = S @ Q
         Y2 = S.transpose(1, 2) @ Q
@@ -120,7 +120,7 @@ def _chain_output_norms(n1, IF: Tensor, n2, nIF: Tensor, heads, errs) -> list:  
     product instead of three; Note [factored norm Jacobian]).  ``errs``: per ``M`` the bound on its
     factored value against the true one (spectral); each product's rounding is added per head
     (``gamma_d ||I + F||_F ||X||_F`` for the dense one, F32 for the factored ones).
-    Frobenius norms at powers of two (``pow2_norm``: ``torch``'s norm of entries below ``2^-537`` is 0)."""
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
     Wo_all = torch.cat([hd[6] for hd in heads], dim=0)  # (H dh, d)
     H, dh = len(heads), heads[0][6].shape[0]
     T, d = IF.shape[0], IF.shape[1]

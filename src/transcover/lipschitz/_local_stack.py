@@ -138,10 +138,10 @@ def _row_errors(st: _Stage, G: Tensor) -> Tensor:
 def certified_block_norms(blocks: Tensor, exact: int = 8) -> Tensor:
     r"""(T, T) certified upper bounds on ``||B_ij||_2`` for blocks (T, T, m, k): the ``exact`` blocks of
     each row largest in Frobenius norm by ``certified_spectral``, the others by their Frobenius norm
-    (padded for its float64 rounding, ``m k u`` relative; each block scaled by a power of two first, so that its
-    squares neither underflow nor overflow: torch's norm of a 1e-170 block is 0).  THEORY F17, F30."""
+    (padded for its float64 rounding, ``m k u`` relative; formed at a power of two where the plain norm leaves
+    ``[2^-400, 2^400]``, ``pow2_norm``: torch's norm of a 1e-170 block is 0).  THEORY F17, F30, F96."""
     T = blocks.shape[0]
-    fro = _scaled_fro(blocks) * (1 + 4 * blocks.shape[2] * blocks.shape[3] * _U)
+    fro = pow2_norm(blocks, (-2, -1)) * (1 + 4 * blocks.shape[2] * blocks.shape[3] * _U)  # no square flushes
     k = min(exact, blocks.shape[1])
     if k > 0:
         top = fro.topk(k, dim=1).indices
@@ -149,15 +149,6 @@ def certified_block_norms(blocks: Tensor, exact: int = 8) -> Tensor:
         sp = certified_spectral(sel.reshape(T * k, *blocks.shape[2:])).reshape(T, k)
         fro.scatter_(1, top, torch.minimum(sp, fro.gather(1, top)))
     return fro
-
-
-def _scaled_fro(blocks: Tensor) -> Tensor:
-    """Frobenius norms of the trailing (m, k) blocks, each block scaled by a power of two to a largest entry in
-    [1/2, 1) before its squares are summed (exact; undone after), so that none of them under- or overflows; what
-    underflows then is below ``2^-1074`` per square against a sum of at least 1/4."""
-    top = blocks.abs().amax(dim=(-2, -1)) if blocks.numel() else blocks.new_zeros(blocks.shape[:-2])
-    ex = torch.where((top > 0) & torch.isfinite(top), torch.frexp(top).exponent, 0).to(blocks.dtype)
-    return torch.ldexp(torch.ldexp(blocks, -ex[..., None, None]).norm(dim=(-2, -1)), ex)
 
 
 def certified_rows(blocks: Tensor, exact: int = 8) -> Tensor:

@@ -40,6 +40,7 @@ from ._activations import activation_lipschitz
 from ._local_attention import DATA_PAD, attention_local_bound, check_layer_range, head_norms
 from ._local_centre import CENTRE_PAD_ASSUMPTION, f17_pad
 from ._local_jacobian import _pow2_far, centre_tokens, norm_jacobian_error, point_slope_err, pow2_norm, pre_activations
+from ._rounding import _gamma
 from ._weights import ROUNDING_PAD, spectral
 
 __all__ = ["norm_local", "LayerLocal", "layer_local", "NetworkLocal", "network_local", "second_derivative_sup"]
@@ -327,7 +328,11 @@ def _jacobian_route(layer, att_in, att_rho, n_in, H, rh, X1, r1, X2, r2, s1, s2,
     nO = hn["O"]
     t0, _ = attention_query_terms(layer.attention, att_in, 0.0, norms=hn)
     tb, _ = attention_query_terms(layer.attention, att_in, att_rho, norms=hn)
-    mixed0 = mixed_head_terms(layer.attention, att_in, 0.0, MO, 0.0, hn)
+    # THEORY F97: the heads-summed form sees the formed M through its distance mm from the exact one (as ``drift``)
+    # and the product M_i W_O^hT's rounding gamma_d || |M_i| |W_O^h|^T ||_F (``eMO``)
+    H, dh = layer.attention.n_heads, layer.attention.d_head
+    eMO = _gamma(d) * pow2_norm((M.abs() @ W_O.abs().T[None]).reshape(T, d, H, dh), (1, 3)) * (1 + 1e-12)
+    mixed0 = mixed_head_terms(layer.attention, att_in, 0.0, MO, mm, hn, eMO)
     point = float((nM + torch.minimum(nMO * t0, mixed0) * n_in).max()) * (1 + ROUNDING_PAD)
     # drift of M over the ball (Note [layer Jacobian route])
     g1 = layer.norm_attn.gamma_max_abs if layer.norm_attn is not None else 1.0
@@ -355,7 +360,7 @@ def _jacobian_route(layer, att_in, att_rho, n_in, H, rh, X1, r1, X2, r2, s1, s2,
         n_in_ball = n_in
     if not torch.isfinite(torch.as_tensor(drift)).all():
         return point, math.inf
-    mixed = mixed_head_terms(layer.attention, att_in, att_rho, MO, drift, hn)
+    mixed = mixed_head_terms(layer.attention, att_in, att_rho, MO, (drift + mm) * (1 + 1e-12), hn, eMO)
     att = torch.minimum((nMO + drift * nO) * tb, mixed)
     ball = float((nM + drift + att * n_in_ball).max()) * (1 + ROUNDING_PAD)
     return point, ball

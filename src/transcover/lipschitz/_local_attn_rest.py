@@ -23,7 +23,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from ._local_jacobian import certified_spectral, pow2_norm
+from ._local_jacobian import certified_spectral, pow2_exponent, pow2_norm
 from ._rounding import _gamma
 
 __all__ = ["AttnRestData", "attn_rest_data", "box_mean", "weight_box", "pair_mean", "head_rest_sup", "head_rest_sups",
@@ -218,8 +218,7 @@ def _pow2_rows(v: Tensor) -> tuple[Tensor, Tensor]:
     that max is 0 or not finite; ``2^+-1000`` at most).  THEORY F80: per query row, so that one query's small score
     velocity is not measured against another's large one (its squares flushed to 0 below ``2^-537`` of the largest)."""
     m = v.abs().amax(dim=1, keepdim=True)
-    e = torch.frexp(m)[1].to(torch.float64).clamp(-1000, 1000)
-    e = torch.where((m > 0) & torch.isfinite(m), e, torch.zeros_like(e))
+    e = pow2_exponent(m).clamp(-1000, 1000)
     return torch.ldexp(torch.ones_like(m), -e), e
 
 

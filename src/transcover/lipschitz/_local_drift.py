@@ -75,9 +75,11 @@ def _hadamard_moment(m: dict) -> Tensor:
     """(T,) certified ``lambda_max(sum_j P_j (G y_j (x) v_j)(G y_j (x) v_j)^T)`` (the Hadamard Gram of F17c),
     computed once per head and kept in the head's moments."""
     if "lGV" not in m:
-        from ._local_rows import _lmax_gram
+        from ._local_rows import moment_lmax
 
-        m["lGV"] = _lmax_gram(m["KG"] * m["KV"], m["P"])
+        # the exact rows G y_j (x) v_j are within eg ||v_j|| + ||G y_j|| ev of the formed ones (``vn``, ``gn`` are
+        # already upper bounds of the exact norms; THEORY F97)
+        m["lGV"] = moment_lmax(m["KG"] * m["KV"], m["P"], (m["eg"] * m["vn"] + m["gn"] * m["ev"]) * (1 + 1e-12))
     return m["lGV"]
 
 

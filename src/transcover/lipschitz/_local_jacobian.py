@@ -54,7 +54,8 @@ from torch import Tensor
 from .._errors import InputError
 from ..model import Activation, LayerSpec, NormKind, NormSpec, Placement, attention_forward, ffn_forward
 from ._local_attention import check_head_scales, check_normal_weights
-from ._weights import ROUNDING_PAD, spectral
+from ._rounding import _gamma, pow2_exponent, pow2_norm, product_row_error, product_rows
+from ._weights import ROUNDING_PAD, spectral, spectral_product
 
 __all__ = ["LayerJacobian", "layer_jacobian", "layer_jacobians", "certified_spectral", "gelu2_sup", "row_norm_lower", "gelu_second_sup",
            "pre_activations", "point_slope_err"]
@@ -95,7 +96,7 @@ def certified_spectral(B: Tensor, *, iters: int = 12) -> Tensor:
     matrix had the Gram 0, hence the bound 0) nor overflows; what underflows in it is below ``2^-1074`` per product, far
     inside ``GRAM_PAD`` of a Frobenius mass of at least 1/4."""
     top = B.abs().amax(dim=(1, 2)) if B.numel() else B.new_zeros(B.shape[0])
-    ex = torch.where((top > 0) & torch.isfinite(top), torch.frexp(top).exponent, 0).to(B.dtype)
+    ex = pow2_exponent(top)
     B = torch.ldexp(B, -ex[:, None, None])
     G = B.transpose(1, 2) @ B if B.shape[-1] <= B.shape[-2] else B @ B.transpose(1, 2)
     fro2 = G.diagonal(dim1=1, dim2=2).sum(-1)
@@ -407,27 +408,6 @@ def _norm_drift(norm: NormSpec | None, sigma: Tensor | None, r: Tensor, d: int) 
 
 
 
-def pow2_norm(A: Tensor, dims: tuple | int | None = None) -> Tensor:
-    """Frobenius norms of ``A`` over ``dims`` (default: all) as float64 computes them, each formed at the power of two
-    that brings its largest entry to ``[1/2, 1)`` (exact scalings), so no square under- or overflows: ``torch``'s norm
-    squares as it goes, and a matrix of entries ``2^-600`` had norm 0 (THEORY F81d).  In the normal range the very
-    floats of ``torch``'s norm; a positive result below the smallest normal float (rounded to nearest when scaled
-    back) is moved one ulp up.  Where every plain norm lies in ``[2^-400, 2^400]`` that is the result (one pass): no
-    square overflowed, and the squares that flushed lose at most ``n 2^-1075`` of a sum above ``2^-800`` (``n`` entries),
-    far inside any caller's relative pad.  Unpadded: the caller adds its sum's rounding."""
-    dims = tuple(range(A.dim())) if dims is None else (dims,) if isinstance(dims, int) else tuple(dims)
-    plain = torch.linalg.vector_norm(A, dim=dims)
-    if A.numel() == 0 or bool(((plain >= 2.0**-400) & (plain <= 2.0**400)).all()):
-        return plain
-    m = A.abs().amax(dim=dims, keepdim=True)
-    s = torch.where((m > 0) & torch.isfinite(m), torch.ldexp(torch.ones_like(m), -torch.frexp(m)[1].clamp(-1000, 1000)),
-                    torch.ones_like(m))
-    r = torch.linalg.vector_norm(A * s, dim=dims)
-    r = r / s.reshape(r.shape)
-    return torch.where((r > 0) & (r < _TINY), torch.nextafter(r, torch.full_like(r, math.inf)), r)
-
-
-_TINY = torch.finfo(torch.float64).tiny
 
 
 def root_sum_squares(v: Tensor, dim: int) -> Tensor:
@@ -495,8 +475,17 @@ def _head_data(attn, Xin: Tensor):  # noqa: ANN001, ANN202
         Y = Xin[None, :, :] - (P @ Xin)[:, None, :]
         q = attn.softmax_scale * (Xa @ Wqa) @ Wk.T
         check_head_scales(attn, h, Y, q)  # Note [local head data range]
-        out.append((P, Y, q, Wq, Wk, Wv, Wo))
+        hd = HeadData((P, Y, q, Wq, Wk, Wv, Wo))
+        hd.q_err = 2 * attn.softmax_scale * product_row_error(Xa, Wqa, Wk.T)  # the scaling rounds once more
+        out.append(hd)
     return out
+
+
+class HeadData(tuple):
+    """``(P, Y, q, W_Q, W_K, W_V, W_O)`` of one head at X (float64), and ``q_err`` (T,): a bound on the distance of the
+    formed ``q_i`` from the exact ``sc W_K W_Q^T x_i`` (Higham's, THEORY F97)."""
+
+    q_err: Tensor
 
 
 # Note [exact route budget]: the blocks route forms T^2 blocks of d x d (T^2 d^2 entries and their
@@ -603,7 +592,12 @@ def _blocks_route(layer: LayerSpec, X: Tensor, radii, *, keep_blocks: bool = Fal
     fM = fro(M) + 4 * K * _U * (fro(Db) * (math.sqrt(d) + fro(W2) * float(slope.abs().max()) * fro(W1))
                                 * (fro(Da) if post else 1.0) + math.sqrt(d))
     fD1 = 1.0 if post else fro(D1)
-    block_pad = 4 * K * _U * fM * (1 + fV * (1 + ymax * qmax + ymax * ymax * max(norms["G"])) * fD1)
+    # THEORY F97: the formed q_i and G y_ij against the exact ones, q's by its ``q_err``, G y's by gamma_{d + dh} times
+    # ||y|| ||W_K||_F ||W_Q||_F (inside 4 K u with ``gF``)
+    gF = attn.softmax_scale * max(fro(hd[3]) * fro(hd[4]) for hd in heads)
+    eqmax = max(float(hd.q_err.max()) for hd in heads)
+    block_pad = (4 * K * _U * fM * (1 + fV * (1 + ymax * qmax + ymax * ymax * (max(norms["G"]) + gF)) * fD1)
+                 + fM * fV * fD1 * ymax * eqmax * (1 + 1e-12))
     from ._local_attention import attention_local_bound, head_norms
 
     hn = head_norms(attn) if head_norms_ is None else head_norms_
@@ -735,13 +729,32 @@ def _ffn_weight_norms(ffn) -> dict:  # noqa: ANN001
     return {"ffn_curv": ffn_curv, "n1": n, "W1": spectral(W1), "W2": spectral(W2)}
 
 
+def score_norm(Wq: Tensor, Wk: Tensor, scale: float) -> float:
+    """Certified ``||scale W_Q W_K^T||_2`` (float64 factors, (d, d_head) each): the smaller of the formed product's
+    certified norm plus its rounding, ``||fl(W_Q W_K^T) - W_Q W_K^T||_2 <= gamma_k || |W_Q| |W_K|^T ||_F`` (Higham
+    Lemma 3.5, ``k = d_head``; THEORY F97), and the low-rank route of ``spectral_product`` (never formed).  The formed
+    norm alone, padded relative to itself, was up to 7e-8 below the exact value where the product cancels
+    (``W_K ~ -W_Q``); a product that overflows is left to the low-rank route (``inf`` where the norm itself does)."""
+    P = Wq @ Wk.T
+    low_rank = spectral_product(Wq, Wk.T)
+    if not bool(torch.isfinite(P).all()):
+        return scale * low_rank * (1 + ROUNDING_PAD)
+    e = _gamma(Wq.shape[1]) * float(pow2_norm(Wq.abs() @ Wk.abs().T)) * (1 + 1e-12)
+    return scale * min(spectral(P) + e, low_rank) * (1 + ROUNDING_PAD) * (1 + 1e-12)
+
+
+def score_rows(Y: Tensor, Wk: Tensor, Wq: Tensor) -> Tensor:
+    """Certified ``||(Y W_K W_Q^T)_ij||`` per row of ``Y`` (..., d): ``product_rows`` (THEORY F97)."""
+    return product_rows(Y, Wk, Wq.T)[1]
+
+
 def _weight_norms(layer: LayerSpec) -> dict:
-    """Certified weight norms the drift uses (they do not depend on the data)."""
+    """Certified weight norms the drift uses (they do not depend on the data); ``G`` by ``score_norm``."""
     attn = layer.attention
     G, V = [], []
     for h in range(attn.n_heads):
         Wq, Wk, Wv, _ = (_f64(W) for W in attn.head(h))
-        G.append(attn.softmax_scale * spectral(Wq @ Wk.T) * (1 + ROUNDING_PAD) * (1 + 1e-12))
+        G.append(score_norm(Wq, Wk, attn.softmax_scale))
         V.append(spectral(Wv) * (1 + ROUNDING_PAD))
     return {"G": G, "V": V, "O": spectral(_f64(attn.W_O).reshape(-1, attn.d_model)), **_ffn_weight_norms(layer.ffn)}
 
@@ -753,8 +766,8 @@ def _attention_drift(heads, r: float, norms: dict, scale: float) -> Tensor:  # n
     for h, (P, Y, q, Wq, Wk, _, _) in enumerate(heads):
         nG = norms["G"][h]
         yn = pow2_norm(Y, -1)  # (T_i, T_j); at powers of two (the squares of a 2^-540 spread flush)
-        qn = pow2_norm(q, -1)
-        Gy = pow2_norm((Y @ Wk) @ Wq.T, -1) * scale * (1 + 1e-12)
+        qn = pow2_norm(q, -1) * (1 + 1e-12) + heads[h].q_err  # the formed q_i's rounding (THEORY F97)
+        Gy = score_rows(Y, Wk, Wq) * scale * (1 + 1e-12)
         delta = r * (Gy + qn[:, None] * (1 + 1e-12) + nG * r)
         delta = torch.where(P > 0, delta, torch.zeros_like(delta))  # masked keys keep P' = 0
         eps = torch.expm1(delta + delta.max(dim=1, keepdim=True).values) * (1 + 1e-12)
@@ -903,8 +916,7 @@ def _pow2_far(A: Tensor, lim: int = 400) -> tuple[Tensor, Tensor]:
     """``(A 2^-e, e)`` per matrix of the batch ``A`` (n, m, k): ``e`` the exponent of the largest ``|entry|`` (so that it
     lies in ``[1/2, 1)``) where that is outside ``[2^-lim, 2^lim]``, else 0 (exact; those matrices unchanged)."""
     top = A.abs().amax(dim=(-2, -1)) if A.numel() else A.new_zeros(A.shape[:-2])
-    far = (top > 0) & torch.isfinite(top) & ((top < 2.0**-lim) | (top > 2.0**lim))
-    ex = torch.where(far, torch.frexp(top).exponent, 0).to(A.dtype)
+    ex = pow2_exponent(top, lim)
     return torch.ldexp(A, -ex[..., None, None]), ex
 
 

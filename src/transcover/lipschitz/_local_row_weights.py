@@ -138,11 +138,11 @@ def reweighted(at, gram, pt):  # noqa: ANN001, ANN201
 
     g2 = attention_row_gram(at, stage_weights(at, gram, pt))
     if at.post:
-        new = post_rows(at, g2, pt.IF)
+        new = post_rows(at, g2, pt.IF, pt.nIF)
         names = ("aP_pt", "h_pt", "g_pt", "point")
         keep = new[1] < pt.h_pt
     else:
-        new = pre_rows(g2, pt.M, pt.eM)
+        new = pre_rows(g2, pt.M, pt.eM, pt.nM)
         names = ("point",)
         keep = new[0] < pt.point
     better = new[len(names) - 1] < pt.point

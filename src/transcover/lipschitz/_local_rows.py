@@ -56,6 +56,7 @@ from ._local_ffn2 import (
 from ._local_sharp import (
     GELU_SLOPE_RANGE, ball_box, chi_bound, ffn_unit_drift, unit_slope_moves, visible_diameter,
 )
+from ._rounding import product_row_error
 from ._weights import ROUNDING_PAD
 
 __all__ = ["layer_rows", "ffn_drift_constant", "row_weights"]
@@ -209,6 +210,17 @@ def _head_gram(heads, c: Tensor) -> tuple[Tensor, Tensor]:  # noqa: ANN001
     for h in range(H):
         mass = mass + P[h] * (float(pow2_norm(Wv[h])) + pow2_norm(V[h], -1) * pow2_norm(Q[h], -1)[:, None])
     err = 8 * (T + Wv.shape[1] + 4) * _U * (c * mass * mass).sum(dim=1)
+    # THEORY F97: v^h_ij and q^h_i are formed products, within ev, eq of the exact ones, so each exact Z_ij is within
+    # dZ_ij = sum_h P^h_ij (ev ||q|| + (||v|| + ev) eq) of the formed one (spectral), and the exact Gram within
+    # sum_j c_ij (2 ||Z_ij|| dZ_ij + dZ_ij^2) of the formed one, ||Z_ij|| <= mass_ij (the products ev ||q|| are
+    # unchanged by ``_balanced``)
+    dZ = torch.zeros(T, T, dtype=torch.float64)
+    for h, hd in enumerate(heads):
+        ev, qn = product_row_error(hd[1], hd[5]) * 2, pow2_norm(hd[2], -1) * (1 + 1e-12)
+        vn = pow2_norm(hd[1] @ hd[5], -1) * (1 + 1e-12)
+        dZ = dZ + P[h] * (ev * qn[:, None] + (vn + ev) * hd.q_err[:, None])
+    dZ = dZ * (1 + 1e-12)
+    err = (err + (c * (2 * mass * dZ + dZ * dZ)).sum(dim=1)) * (1 + 1e-12)
     return S, err
 
 
@@ -229,14 +241,18 @@ def _balanced(V: Tensor, Q: Tensor, gap: int = 200) -> tuple[Tensor, Tensor]:
 
 
 def _diag_blocks(heads, Wo_all: Tensor, N: Tensor | None, T: int, d: int, scale: float,  # noqa: ANN001
-                 eN: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                 eN: Tensor | None = None, nN2: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """(T, d, d) the exact diagonal blocks ``B_ii = I + W_O^T Z_ii N_i`` (with ``Sigma_i G^T``) and
     (T,) a bound on their float64 rounding (spectral norm); ``eN`` bounds the formed ``N`` against the
-    true one (F17f).
+    true one (F17f), ``nN2`` (optional) the formed ``N``'s spectral norm (THEORY F98: the error carried through ``N``
+    by it rather than by ``||N||_F``).
     Norms at powers of two (``pow2_norm``, THEORY F96)."""
     Zs = []
     idx = torch.arange(T)
-    for P, Y, q, Wq, Wk, Wv, Wo in heads:
+    dZ = torch.zeros(T, dtype=torch.float64)  # the formed products' distance from the exact Z_ii (THEORY F97)
+    up = 1 + 1e-12
+    for hd in heads:
+        P, Y, q, Wq, Wk, Wv, Wo = hd
         v = Y @ Wv  # (T, T, dh)
         pii = P[idx, idx]
         vii = v[idx, idx]  # (T, dh)
@@ -244,26 +260,38 @@ def _diag_blocks(heads, Wo_all: Tensor, N: Tensor | None, T: int, d: int, scale:
         g = scale * (Y @ Wk) @ Wq.T  # (T, T, d): rows (G y_ik)^T
         Z = Z + torch.einsum("ik,ika,ikd->iad", P, v, g)
         Zs.append(Z)
+        # exact v, q, g within ev, q_err, eg of the formed ones: ||v q^T - v~ q~^T|| <= ev ||q~|| + (||v~|| + ev) eq
+        ev, eg = 2 * product_row_error(Y, Wv), 2 * scale * product_row_error(Y, Wk, Wq.T)
+        vn, gn, qn = pow2_norm(v, -1) * up, pow2_norm(g, -1) * up, pow2_norm(q, -1) * up
+        dZ = dZ + pii * (ev[idx, idx] * qn + (vn[idx, idx] + ev[idx, idx]) * hd.q_err)
+        dZ = dZ + (P * (ev * gn + (vn + ev) * eg)).sum(dim=1)
     Z = torch.cat(Zs, dim=1)  # (T, H dh, d)
     B = Wo_all.T[None] @ Z
     nZ = pow2_norm(Z, (1, 2))  # Frobenius norms at powers of two (``pow2_norm``: no square flushes)
-    # every entry of Z a sum of <= T + 2 products, of W_O^T Z of H dh more (Higham 3.5), N likewise
-    err = 4 * (T + d + Wo_all.shape[0] + 4) * _U * float(pow2_norm(Wo_all)) * nZ
+    # every entry of Z a sum of <= T + 2 products, of W_O^T Z of H dh more (Higham 3.5), N likewise; and W_O^T times
+    # the formed products' distance dZ (Frobenius, so at least the spectral)
+    err = (4 * (T + d + Wo_all.shape[0] + 4) * _U * float(pow2_norm(Wo_all)) * nZ
+           + float(pow2_norm(Wo_all)) * dZ * up) * up
     if N is not None:
         nB, nN = pow2_norm(B, (1, 2)), pow2_norm(N, (1, 2))
-        err = err * nN + 4 * (d + 2) * _U * nB * nN + (nB + err) * eN
+        nS = nN if nN2 is None else torch.minimum(nN, nN2)
+        err = err * nS + 4 * (d + 2) * _U * nB * nN + (nB + err) * eN
         B = B @ N
     return B + torch.eye(d, dtype=torch.float64)[None], err
 
 
-def _sandwich(A: Tensor, S: Tensor, err: Tensor, eA: Tensor) -> tuple[Tensor, Tensor]:
+def _sandwich(A: Tensor, S: Tensor, err: Tensor, eA: Tensor, nA2: Tensor | float | None = None) -> tuple[Tensor, Tensor]:
     """``A S A^T`` per token and its rounding bound: ``A`` is known to within ``eA`` (spectral),
-    ``S`` to within ``err``; the float64 product adds ``gamma_{2d} ||A||_F^2 ||S||_F`` (the Frobenius norms at powers
-    of two, ``pow2_norm``: a Gram of entries ``2^-700`` had the norm 0 and lost this term)."""
+    ``S`` to within ``err`` (spectral): ``(||A|| + eA)^2 err + (2 ||A|| + eA) eA ||S||`` with ``||A||`` the smaller of
+    ``||A||_F`` and ``nA2`` (a certified upper bound on the formed ``A``'s spectral norm, THEORY F98: the Frobenius
+    norm squared inflated ``err`` about ``d``-fold at every stage); the float64 product adds ``gamma_{2d} ||A||_F^2
+    ||S||_F`` (the Frobenius norms at powers of two, ``pow2_norm``: a Gram of entries ``2^-700`` had the norm 0 and
+    lost this term)."""
     out = A @ S @ A.transpose(1, 2)
     nA = pow2_norm(A, (1, 2))
     nS = pow2_norm(S, (1, 2))
-    new = (nA + eA) ** 2 * err + (2 * nA + eA) * eA * nS + 4 * (A.shape[1] + 2) * _U * nA * nA * nS
+    nP = nA if nA2 is None else torch.minimum(nA, torch.as_tensor(nA2, dtype=nA.dtype))
+    new = (nP + eA) ** 2 * err + (2 * nP + eA) * eA * nS + 4 * (A.shape[1] + 2) * _U * nA * nA * nS
     return out, new
 
 
@@ -308,18 +336,32 @@ class _HeadMoments:
 
     def __init__(self, heads, scale: float) -> None:  # noqa: ANN001
         self.rows = []
-        for P, Y, q, Wq, Wk, Wv, _ in heads:
+        for hd in heads:
+            P, Y, q, Wq, Wk, Wv, _ = hd
             V = Y @ Wv
             Gy = scale * (Y @ Wk) @ Wq.T
+            # THEORY F97: the rows v_ij = W_V^T y_ij, G y_ij and q_i are formed products; ``ev``, ``eg`` (T, T) and
+            # ``_head_data``'s ``q_err`` bound their distance from the exact rows (twice Higham's bound: the
+            # scaling and Y's own subtraction round once more).  Norms, diameters and weighted Grams carry them.
+            ev, eg = 2 * product_row_error(Y, Wv), 2 * scale * product_row_error(Y, Wk, Wq.T)
             KY, KV, KG = (R @ R.transpose(1, 2) for R in (Y, V, Gy))
             # differences of the rows of Y[0], V[0], Gy[0] are x_j - x_k, W_V^T (x_j - x_k), G (x_j - x_k):
             # the same for every query, so one pairwise table serves all rows
             vis = P > 0
-            self.rows.append({"P": P, "yn": pow2_norm(Y, -1), "qn": pow2_norm(q, -1), "vn": pow2_norm(V, -1),
-                              "gn": pow2_norm(Gy, -1), "KY": KY, "KV": KV, "KG": KG,
-                              "lV": _lmax_gram(KV, P), "lG": _lmax_gram(KG, P), "lY": _lmax_gram(KY, P),
-                              "dY": visible_diameter(Y[0], vis), "dV": visible_diameter(V[0], vis),
-                              "dG": visible_diameter(Gy[0], vis)})
+            up = 1 + 1e-12
+            self.rows.append({"P": P, "yn": pow2_norm(Y, -1), "qn": (pow2_norm(q, -1) * up + hd.q_err) * up,
+                              "vn": (pow2_norm(V, -1) * up + ev) * up, "gn": (pow2_norm(Gy, -1) * up + eg) * up,
+                              "KY": KY, "KV": KV, "KG": KG, "ev": ev, "eg": eg,
+                              "lV": moment_lmax(KV, P, ev), "lG": moment_lmax(KG, P, eg), "lY": _lmax_gram(KY, P),
+                              "dY": visible_diameter(Y[0], vis), "dV": (visible_diameter(V[0], vis) + 2 * ev[0].max()) * up,
+                              "dG": (visible_diameter(Gy[0], vis) + 2 * eg[0].max()) * up})
+
+
+def moment_lmax(K: Tensor, wts: Tensor, err: Tensor) -> Tensor:
+    """(T,) certified ``lambda_max(sum_j wts_ij r_ij r_ij^T)`` for exact rows ``r_ij`` within ``err_ij`` of the formed
+    rows whose Grams are ``K`` (THEORY F97): ``||diag(sqrt(w)) R||_2`` moves by at most ``||diag(sqrt(w)) E||_2 <=
+    (sum_j w_j err_j^2)^{1/2}`` (Minkowski), so the root of ``_lmax_gram``'s value plus that."""
+    return (torch.sqrt(_lmax_gram(K, wts)) + torch.sqrt((wts * err * err).sum(dim=1)) * (1 + 1e-12)) ** 2 * (1 + 1e-12)
 
 
 def attention_drift_rows(mom: _HeadMoments, r: float, norms: dict) -> Tensor:
@@ -357,7 +399,8 @@ def attention_drift_f17d(mom: _HeadMoments, r: float, norms: dict) -> Tensor:
         qp = m["qn"] + nG * r
         t1 = nV * sa
         t2 = (a * (m["vn"] + nV * dy)).sum(dim=1) * qp + nV * (P * dy).sum(dim=1) * qp + (P * m["vn"]).sum(dim=1) * nG * r
-        t3 = ((torch.sqrt(_lmax_gram(m["KV"], a)) + nV * dya) * (torch.sqrt(_lmax_gram(m["KG"], a)) + nG * dya)
+        t3 = ((torch.sqrt(moment_lmax(m["KV"], a, m["ev"])) + nV * dya) * (torch.sqrt(moment_lmax(m["KG"], a, m["eg"]))
+                                                                            + nG * dya)
               + nV * dyP * (torch.sqrt(m["lG"]) + nG * dyP) + torch.sqrt(m["lV"]) * nG * dyP)
         # an overflowed term times a zero weight is nan; the bound there is the certified inf
         out.append(torch.nan_to_num((t1 + t2 + t3) * (1 + 1e-10), nan=math.inf, posinf=math.inf))

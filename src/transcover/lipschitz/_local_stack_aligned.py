@@ -27,7 +27,8 @@ from ._local_ffn2 import (
     forms_in_range,
 )
 from ._local_jacobian import (
-    GRAM_PAD, _f64, _pow2_far, certified_lmax, certified_lmax_vec, gelu_second, pow2_norm, pre_activations,
+    GRAM_PAD, _f64, _pow2_far, certified_lmax, certified_lmax_vec, gelu_second, pow2_exponent, pow2_norm,
+    pre_activations,
 )
 from ._local_stack_third import aligned_reach, aligned_third_rest, third_norms
 from ._rounding import _gamma
@@ -138,7 +139,7 @@ def gram_rows(blocks: Tensor, norms: Tensor | None = None) -> Tensor:
     # < sqrt(m k) 2^-537, so the row moves by less than T sqrt(m k) 2^-530, added; each product's underflow in Q is
     # <= 2^-1075, at most T k per entry, times c: m T k c 2^-1070 (Frobenius), added to eS
     top = blocks.abs().amax(dim=(1, 2, 3))
-    ex = torch.where((top > 0) & torch.isfinite(top), torch.frexp(top).exponent, 0).to(blocks.dtype)
+    ex = pow2_exponent(top)
     blocks = torch.ldexp(blocks, -ex[:, None, None, None])
     out = torch.full((T,), math.inf, dtype=blocks.dtype)
     cands = [row_weights_primal(blocks)]
@@ -177,7 +178,7 @@ def block_norms_and_rows(blocks: Tensor, steps: int = 30, tol: float = 1e-6) -> 
     T, Ti, m, k = blocks.shape
     B = blocks.reshape(T * Ti, m, k)
     top = B.abs().amax(dim=(1, 2)) if B.numel() else B.new_zeros(T * Ti)
-    ex = torch.where((top > 0) & torch.isfinite(top), torch.frexp(top).exponent, 0).to(B.dtype)
+    ex = pow2_exponent(top)
     Bs = torch.ldexp(B, -ex[:, None, None])
     G = Bs @ Bs.transpose(1, 2)
     f = G.diagonal(dim1=1, dim2=2).sum(-1)

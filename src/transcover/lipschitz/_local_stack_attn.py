@@ -32,7 +32,7 @@ from ._local_jacobian import certified_lmax, certified_spectral, pow2_norm, root
 from ._local_rows import _heads_combined, _lmax_gram
 from ._local_sharp import ball_box
 from ._local_stack_aligned import ellipsoid_gram
-from ._rounding import _gamma
+from ._rounding import _gamma, product_row_error
 
 __all__ = ["head_projections", "ball_side", "centred_max", "aligned_hessian_sup", "attention_aligned_reach", "attention_aligned_drift",
            "AttentionAligned"]
@@ -83,10 +83,15 @@ def head_projections(heads, moments, Qs: Tensor, eQ: Tensor, scale: float) -> li
     proj = {k: _projected_lmax(w, Qs, fQ, eQ) for k, w in W.items()}
     lam = {k: v[0] for k, v in proj.items()}
     out = []
-    for h, ((P, Y, q, Wq, Wk, _, _), m) in enumerate(zip(heads, moments.rows)):
+    for h, (hd, m) in enumerate(zip(heads, moments.rows)):
+        P, Y, q, Wq, Wk, _, _ = hd
         qQ = torch.einsum("ia,jab,ib->ij", q, Qs, q)
         qn2 = (_fro(q, (1,)) ** 2)[:, None]
         om2 = qQ + qn2 * (_gamma(2 * d + 2) * fQ[None, :] + eQ[None, :])
+        # THEORY F97: the exact q_i is within q_err of the formed one, so ||Q*_j^{1/2} q_i|| moves by at most
+        # ||Q*_j||^{1/2} q_err_i, ||Q*_j|| <= ||Q_j||_F + eQ_j
+        om2 = (torch.sqrt(om2.clamp(min=0.0) * (1 + 1e-12))
+               + torch.sqrt((fQ + eQ) * (1 + 1e-12))[None, :] * hd.q_err[:, None] * (1 + 1e-12)) ** 2
         M = Wq.T @ Qs @ Wq  # (T, dh, dh): M_i = W_Q^T Q_i W_Q
         M = 0.5 * (M + M.transpose(1, 2))
         eM = (_fro(Wq, (0, 1)) ** 2 * (_gamma(2 * d + 2) * fQ + eQ) + _U * _fro(M, (1, 2))) * (1 + 1e-12)
@@ -96,6 +101,13 @@ def head_projections(heads, moments, Qs: Tensor, eQ: Tensor, scale: float) -> li
         eKG = _gamma(2 * Wq.shape[1] + 2) * kc2.sum(dim=1) * _fro(M, (1, 2)) * (1 + 1e-12)
         g2 = KG.diagonal(dim1=1, dim2=2).clamp(min=0.0) + eM[:, None] * kc2 + eKG[:, None]
         lG = _lmax_gram(KG, P) + eM * (P * kc2).sum(dim=1) + eKG
+        # THEORY F97: the exact keys scale y_ij W_K are within ek of the formed Kc (twice Higham's bound: the scaling
+        # rounds once more), so ||M_i^{1/2} k|| moves by at most ||M_i||^{1/2} ek (and the weighted Gram's root by
+        # ||M_i||^{1/2} (sum_j P_ij ek^2)^{1/2}, Minkowski)
+        ek = 2 * scale * product_row_error(Y, Wk)
+        sM = torch.sqrt((_fro(M, (1, 2)) + eM) * (1 + 1e-12))
+        g2 = (torch.sqrt(g2 * (1 + 1e-12)) + sM[:, None] * ek * (1 + 1e-12)) ** 2
+        lG = (torch.sqrt(lG * (1 + 1e-12)) + sM * torch.sqrt((P * ek * ek).sum(dim=1) * (1 + 1e-12))) ** 2
         out.append({"mQ2": lam["Q"][h], "mK2": lam["K"][h], "mV2": lam["V"][h], "om2": om2 * (1 + 1e-12),
                     "g2": g2 * (1 + 1e-12), "lG": lG * (1 + 1e-12), "MV": proj["V"][1][h], "eMV": proj["V"][2][h]})
     return out

@@ -21,7 +21,7 @@ from ._local_jacobian import pow2_norm
 from ._local_rows import _top_padded
 from ._local_sharp import ball_box
 from ._local_stack_joint import block_lmax
-from ._rounding import _gamma
+from ._rounding import _gamma, product_row_error
 
 __all__ = ["joint_query_lmax", "query_excess", "value_weights", "value_lmax", "query_value_reach"]
 
@@ -56,6 +56,8 @@ def joint_query_lmax(heads, Qs: Tensor | None, eQ: Tensor | None, scale: float, 
         M = 0.5 * (M + M.transpose(1, 2))
         eM = fW2 * (_gamma(2 * d + 2) * _fro(Qs, (1, 2)) + eQ) + _U * _fro(M, (1, 2))
     Kc = torch.stack([scale * (hd[1] @ hd[4]) for hd in heads])  # (H, T, T, dh): [h, i, j] = scale y_hij W_K^h
+    # THEORY F97: the exact keys within ek of the formed Kc (twice Higham's bound: the scaling rounds once more)
+    ek = torch.stack([2 * scale * product_row_error(hd[1], hd[4]) for hd in heads])  # (H, T, T)
     P = torch.stack([hd[0] for hd in heads])  # (H, T, T)
     out = torch.empty(T, dtype=torch.float64)
     for i in range(T):
@@ -69,6 +71,11 @@ def joint_query_lmax(heads, Qs: Tensor | None, eQ: Tensor | None, scale: float, 
         top = float(_top_padded((G * sw[:, None] * sw[None, :])[None])[0])
         fM = float(_fro(M[i], (0, 1)))
         out[i] = (top + (float(eM[i]) + _gamma(H * dh + 2) * fM) * tr) * (1 + 1e-12)
+        # the exact R within (sum_hj w P ek^2)^{1/2} of the formed one (Frobenius): the root of the Gram's top
+        # eigenvalue through M_i moves by at most ||M_i||^{1/2} times that (Minkowski)
+        eR = math.sqrt(float((w[:, i, None] * P[:, i] * ek[:, i] ** 2).sum()) * (1 + 1e-12))
+        root = math.sqrt(float(out[i])) + math.sqrt((fM + float(eM[i])) * (1 + 1e-12)) * eR
+        out[i] = root * root * (1 + 1e-12)  # a product, not ``** 2``: inf past 2^512, not an OverflowError
     return torch.nan_to_num(out, nan=math.inf)
 
 

@@ -172,8 +172,9 @@ def attention_row_gram(at: LayerAtX, w: Tensor | None = None) -> RowGram:
     c = (nN[None, :] ** 2 if nN is not None else torch.ones(T, T, dtype=torch.float64)) / w
     c = c * (1 - torch.eye(T, dtype=torch.float64))
     Sh, errh = _head_gram(heads, c)
-    S0, err0 = _sandwich(Wo_all.T.expand(T, d, Wo_all.shape[0]), Sh, errh, torch.zeros(T, dtype=torch.float64))
-    Bii, eB = _diag_blocks(heads, Wo_all, at.D1, T, d, at.layer.attention.softmax_scale, at.eD1)
+    S0, err0 = _sandwich(Wo_all.T.expand(T, d, Wo_all.shape[0]), Sh, errh, torch.zeros(T, dtype=torch.float64), at.nO)
+    Bii, eB = _diag_blocks(heads, Wo_all, at.D1, T, d, at.layer.attention.softmax_scale, at.eD1,
+                           None if at.post else (at.nD1 + at.eD1) * (1 + 1e-12))
     wii = w.diagonal()
     S0 = S0 + Bii @ Bii.transpose(1, 2) / wii[:, None, None]
     nB = pow2_norm(Bii, (1, 2))
@@ -207,9 +208,10 @@ class PostPoint:
     nIFG: Tensor | None = None
 
 
-def post_rows(at: LayerAtX, gram: RowGram, IF: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+def post_rows(at: LayerAtX, gram: RowGram, IF: Tensor, nIF: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor,
+                                                                                        Tensor, Tensor]:
     """(``aP_pt``, ``h_pt``, ``g_pt``, ``point``, the layer's Ritz vectors) of ``PostPoint`` from one row Gram
-    (``IF = I + F``): each Gram's candidate starts from the previous stage's Ritz vector mapped forward (F32); a
+    (``IF = I + F``, ``nIF`` a certified bound on its spectral norm for the error's propagation, THEORY F98): each Gram's candidate starts from the previous stage's Ritz vector mapped forward (F32); a
     norm that centres sees only ``P dx`` (Note [local norm floor]), so the radius into it is the centred row
     constant.
     Norms at powers of two (``pow2_norm``, THEORY F96)."""
@@ -218,7 +220,7 @@ def post_rows(at: LayerAtX, gram: RowGram, IF: Tensor) -> tuple[Tensor, Tensor, 
         if _centring(at.layer.norm_attn) else gram.a_pt
     Sa, ea = gram.S1
     h_pt, xa = _nu(Sa, ea, wsum, n1.left(x0[:, :, None])[0][:, :, 0])
-    Sb, eb = _sandwich(IF, Sa, ea, at.eF)
+    Sb, eb = _sandwich(IF, Sa, ea, at.eF, nIF)
     xb = (IF @ xa[:, :, None])[:, :, 0]
     g_pt = (_nu(_centre(Sb), eb + 4 * (d + 2) * _U * pow2_norm(Sb, (1, 2)), wsum, _centred(xb))
             if _centring(at.layer.norm_ffn) else _nu(Sb, eb, wsum, xb))[0]
@@ -232,8 +234,8 @@ def post_point(at: LayerAtX, gram: RowGram) -> PostPoint:
     d, n1, n2 = at.d, at.n1, at.n2
     IF, eF = at.F.clone(), at.eF
     IF.diagonal(dim1=1, dim2=2).add_(1.0)  # I + F
-    aP_pt, h_pt, g_pt, point, xc = post_rows(at, gram, IF)
     nIF = _spectral_err(IF, eF)
+    aP_pt, h_pt, g_pt, point, xc = post_rows(at, gram, IF, nIF)
     D2IF, rD2IF = n2.left(IF)
     eD2IF = n2.err * (nIF + eF) + at.nD2 * eF  # the factored D2 against the true one, F's error
     nD2IFg = _spectral_err(D2IF * _gamma_vec(at.layer.norm_attn, d)[None, None, :], (eD2IF + rD2IF) * at.g1)
@@ -269,14 +271,16 @@ def pre_point(at: LayerAtX, gram: RowGram) -> PrePoint:
     eD2 = at.eD2  # the formed D2 against the true one: u, s and the entries (F17f)
     nF = pow2_norm(F, (1, 2))
     eM = eF * at.nD2 + (nF + eF) * eD2 + 4 * (d + 2) * _U * nF * pow2_norm(D2, (1, 2))
-    point, xc = pre_rows(gram, M, eM)
+    nM = _spectral_err(M, eM)
+    point, xc = pre_rows(gram, M, eM, nM)
     nFg = _spectral_err(F * _gamma_vec(at.layer.norm_ffn, d)[None, None, :], eF * at.g2)
-    return PrePoint(gram.a_pt, point, xc, M, _spectral_err(M, eM), nFg, _head_output_norms(M, eM, at.heads, at.T), eM)
+    return PrePoint(gram.a_pt, point, xc, M, nM, nFg, _head_output_norms(M, eM, at.heads, at.T), eM)
 
 
-def pre_rows(gram: RowGram, M: Tensor, eM: Tensor) -> tuple[Tensor, Tensor]:
-    """(``point``, Ritz vectors) of ``PrePoint`` from one row Gram: ``M S M^T`` (``M`` within ``eM``)."""
-    Sc, ec = _sandwich(M, gram.S, gram.err, eM)
+def pre_rows(gram: RowGram, M: Tensor, eM: Tensor, nM: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """(``point``, Ritz vectors) of ``PrePoint`` from one row Gram: ``M S M^T`` (``M`` within ``eM``; ``nM`` a
+    certified bound on the formed ``M``'s spectral norm for the error's propagation, THEORY F98)."""
+    Sc, ec = _sandwich(M, gram.S, gram.err, eM, nM)
     return _nu(Sc, ec, gram.wsum)
 
 
@@ -360,7 +364,7 @@ class PostAttention:
 def joint_maps(at: LayerAtX, pt: PostPoint) -> dict:
     """F47's per-token maps after the post-LN attention sublayer: ``D1`` and ``(I + F) D1``, each as (its sandwich
     ``S, err -> M S M^T, err'``, ``||M_i||``)."""
-    IFsw = lambda S, e: _sandwich(pt.IF, *at.n1.sandwich(S, e), at.eF)  # noqa: E731
+    IFsw = lambda S, e: _sandwich(pt.IF, *at.n1.sandwich(S, e), at.eF, pt.nIF)  # noqa: E731
     return {"H": (at.n1.sandwich, at.nD1), "G": (IFsw, pt.nIF * at.nD1)}
 
 

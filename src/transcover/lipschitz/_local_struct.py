@@ -36,7 +36,7 @@ from torch import Tensor
 
 from .._errors import InputError
 from ..model import NormKind, NormSpec
-from ._local_jacobian import _f64, centre_tokens, certified_spectral, norm_jacobian_error, pow2_norm
+from ._local_jacobian import _f64, centre_tokens, certified_spectral, norm_jacobian_error, pow2_exponent, pow2_norm
 
 _U = 2.0**-53
 
@@ -63,15 +63,19 @@ class NormJac:
             g = _f64(norm.weight)[None, :] if norm.weight is not None else torch.ones(1, d, dtype=torch.float64)
             self.a = g / self.s[:, None]
         self.amax = self.a.abs().max(dim=1).values * (1 + 4 * _U)
+        # THEORY F98: ||D|| <= max|a| ||I - Q Q^T||; I - Q Q^T has the eigenvalues 1 off Q's columns and 1 - lambda on
+        # them (lambda those of Q^T Q, >= 0), so its norm is at most max(1, lambda_max(Q^T Q) - 1) <= max(1, ||Q||_F^2 - 1)
+        fq = (self.Q * self.Q).sum(dim=(1, 2)) * (1 + (2 * d + 4) * _U)
+        self.spec = self.amax * torch.clamp(fq - 1, min=1.0) * (1 + 1e-12)
         # ||D||_F^2 = sum_k a_k^2 ||e_k - Q q_k||^2 = sum_k a_k^2 (1 - 2 |q_k|^2 + q_k^T (Q^T Q) q_k)
         QtQ = self.Q.transpose(1, 2) @ self.Q
         rows = 1 - 2 * (self.Q * self.Q).sum(-1) + ((self.Q @ QtQ) * self.Q).sum(-1)
         # a token whose max|a| is outside [2^-400, 2^400] sums its squares at a power of two (exact; they flushed to 0
         # below 2^-537 and left ||D||_F at its 1e-12 floor); the others are the very same floats
         m = self.a.abs().amax(dim=1)
-        ex = torch.where((m > 0) & torch.isfinite(m) & ((m < 2.0**-400) | (m > 2.0**400)), torch.frexp(m).exponent, 0)
-        a = torch.ldexp(self.a, -ex[:, None].to(self.a.dtype))
-        self.fro = (torch.ldexp(torch.sqrt((a * a * rows.clamp(min=0.0)).sum(-1)), ex.to(a.dtype)) * (1 + 1e-9)
+        ex = pow2_exponent(m, 400)
+        a = torch.ldexp(self.a, -ex[:, None])
+        self.fro = (torch.ldexp(torch.sqrt((a * a * rows.clamp(min=0.0)).sum(-1)), ex) * (1 + 1e-9)
                     + self.amax * math.sqrt(d) * 1e-12)
         self.err = norm_jacobian_error(norm, X, formed=False)  # ||D - D_true||, THEORY F17f
 
@@ -109,7 +113,7 @@ class NormJac:
         out = torch.baddbmm(out, Y1, Q.transpose(1, 2), alpha=-1.0)
         out = out * self.a[:, :, None] * self.a[:, None, :]
         nS = pow2_norm(S, (1, 2))
-        nA, eA = self.fro, self.err
+        nA, eA = torch.minimum(self.fro, self.spec), self.err
         new = (nA + eA) ** 2 * err + (2 * nA + eA) * eA * nS + 20 * (self.d + 8) * _U * self.amax**2 * nS
         return out, new
 

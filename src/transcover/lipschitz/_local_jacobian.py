@@ -733,7 +733,7 @@ def score_norm(Wq: Tensor, Wk: Tensor, scale: float) -> float:
     """Certified ``||scale W_Q W_K^T||_2`` (float64 factors, (d, d_head) each): the smaller of the formed product's
     certified norm plus its rounding, ``||fl(W_Q W_K^T) - W_Q W_K^T||_2 <= gamma_k || |W_Q| |W_K|^T ||_F`` (Higham
     Lemma 3.5, ``k = d_head``; THEORY F97), and the low-rank route of ``spectral_product`` (never formed).  The formed
-    norm alone, padded relative to itself, was up to 7e-8 below the exact value where the product cancels
+    norm alone, padded relative to itself, was up to 7.4e-5 below the exact value where the product cancels
     (``W_K ~ -W_Q``); a product that overflows is left to the low-rank route (``inf`` where the norm itself does)."""
     P = Wq @ Wk.T
     low_rank = spectral_product(Wq, Wk.T)

@@ -330,8 +330,8 @@ def _jacobian_route(layer, att_in, att_rho, n_in, H, rh, X1, r1, X2, r2, s1, s2,
     tb, _ = attention_query_terms(layer.attention, att_in, att_rho, norms=hn)
     # THEORY F97: the heads-summed form sees the formed M through its distance mm from the exact one (as ``drift``)
     # and the product M_i W_O^hT's rounding gamma_d || |M_i| |W_O^h|^T ||_F (``eMO``)
-    H, dh = layer.attention.n_heads, layer.attention.d_head
-    eMO = _gamma(d) * pow2_norm((M.abs() @ W_O.abs().T[None]).reshape(T, d, H, dh), (1, 3)) * (1 + 1e-12)
+    nh, dh = layer.attention.n_heads, layer.attention.d_head
+    eMO = _gamma(d) * pow2_norm((M.abs() @ W_O.abs().T[None]).reshape(T, d, nh, dh), (1, 3)) * (1 + 1e-12)
     mixed0 = mixed_head_terms(layer.attention, att_in, 0.0, MO, mm, hn, eMO)
     point = float((nM + torch.minimum(nMO * t0, mixed0) * n_in).max()) * (1 + ROUNDING_PAD)
     # drift of M over the ball (Note [layer Jacobian route])

@@ -105,3 +105,19 @@ def test_norm_sandwich_error_uses_the_spectral_bound(kind):
     _, e = nj.sandwich(S, torch.ones(3, dtype=torch.float64))
     assert bool((e <= 1.01 * (nj.amax + nj.err) ** 2).all()), (e / nj.amax**2).tolist()
     assert bool((nj.fro > 7 * nj.amax).all())  # the Frobenius norm it replaces: about sqrt(64) = 8 x
+
+
+@pytest.mark.parametrize("k", [-30, -1, 1, 30])
+def test_norm_jacobian_spectral_bound_is_homogeneous_in_the_gain(k):
+    """``D = diag(gamma / s)(I - Q Q^T)`` is linear in the gain: ``gamma x 2^k`` gives ``spec x 2^k`` exactly (the same
+    ``Q``, a power of two through every product), and the sandwich's propagated error ``x 4^k``."""
+    g = torch.Generator().manual_seed(3)
+    X = torch.randn(4, 16, generator=g, dtype=torch.float64)
+    w = torch.randn(16, generator=g, dtype=torch.float64)
+    base = NormJac(NormSpec(NormKind.LAYERNORM, weight=w, bias=None, eps=1e-5), X)
+    moved = NormJac(NormSpec(NormKind.LAYERNORM, weight=torch.ldexp(w, torch.tensor(float(k))), bias=None, eps=1e-5), X)
+    assert torch.equal(moved.spec, torch.ldexp(base.spec, torch.tensor(float(k))))
+    S = torch.zeros(4, 16, 16, dtype=torch.float64)
+    err = torch.full((4,), 1e-6, dtype=torch.float64)
+    e0, e1 = base.sandwich(S, err)[1], moved.sandwich(S, err)[1]
+    assert torch.allclose(e1, torch.ldexp(e0, torch.tensor(float(2 * k))), rtol=1e-12, atol=0.0)

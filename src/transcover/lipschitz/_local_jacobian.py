@@ -45,6 +45,7 @@ point of the convex ball: a Lipschitz constant on it (mean-value theorem).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -477,15 +478,35 @@ def _head_data(attn, Xin: Tensor):  # noqa: ANN001, ANN202
         check_head_scales(attn, h, Y, q)  # Note [local head data range]
         hd = HeadData((P, Y, q, Wq, Wk, Wv, Wo))
         hd.q_err = 2 * attn.softmax_scale * product_row_error(Xa, Wqa, Wk.T)  # the scaling rounds once more
+        hd.scale = attn.softmax_scale
         out.append(hd)
     return out
 
 
 class HeadData(tuple):
-    """``(P, Y, q, W_Q, W_K, W_V, W_O)`` of one head at X (float64), and ``q_err`` (T,): a bound on the distance of the
-    formed ``q_i`` from the exact ``sc W_K W_Q^T x_i`` (Higham's, THEORY F97)."""
+    """``(P, Y, q, W_Q, W_K, W_V, W_O)`` of one head at X (float64), ``q_err`` (T,): a bound on the distance of the
+    formed ``q_i`` from the exact ``sc W_K W_Q^T x_i`` (Higham's, THEORY F97), the softmax ``scale``, and the products
+    several routes read, formed once per head: ``values`` ``Y W_V`` and the bounds on the formed rows' distance from
+    the exact ``W_V^T y_ij`` and ``sc W_Q W_K^T y_ij`` (twice Higham's: ``Y``'s subtraction and the scaling round once
+    more)."""
 
     q_err: Tensor
+    scale: float
+
+    @functools.cached_property
+    def values(self) -> Tensor:
+        """(T, T, d_h) the formed ``v_ij = W_V^T y_ij`` as rows."""
+        return self[1] @ self[5]
+
+    @functools.cached_property
+    def value_err(self) -> Tensor:
+        """(T, T) bounds on ``||fl(v_ij) - W_V^T y_ij||`` (THEORY F97)."""
+        return 2 * product_row_error(self[1], self[5])
+
+    @functools.cached_property
+    def score_err(self) -> Tensor:
+        """(T, T) bounds on ``||fl(G y_ij) - sc W_Q W_K^T y_ij||`` (THEORY F97)."""
+        return 2 * self.scale * product_row_error(self[1], self[4], self[3].T)
 
 
 # Note [exact route budget]: the blocks route forms T^2 blocks of d x d (T^2 d^2 entries and their

@@ -48,7 +48,7 @@ class BlockOps:
     def of(heads, Wo_all: Tensor, Bii: Tensor, nN: Tensor | None) -> BlockOps:  # noqa: ANN001
         T = Bii.shape[0]
         off = 1 - torch.eye(T, dtype=torch.float64)
-        return BlockOps(torch.stack([hd[0] * off for hd in heads]), torch.stack([hd[1] @ hd[5] for hd in heads]),
+        return BlockOps(torch.stack([hd[0] * off for hd in heads]), torch.stack([hd.values for hd in heads]),
                         torch.stack([hd[2] for hd in heads]), torch.stack([hd[5] for hd in heads]), Wo_all, Bii, nN)
 
     def vjp(self, z: Tensor) -> Tensor:

@@ -56,7 +56,6 @@ from ._local_ffn2 import (
 from ._local_sharp import (
     GELU_SLOPE_RANGE, ball_box, chi_bound, ffn_unit_drift, unit_slope_moves, visible_diameter,
 )
-from ._rounding import product_row_error
 from ._weights import ROUNDING_PAD
 
 __all__ = ["layer_rows", "ffn_drift_constant", "row_weights"]
@@ -166,8 +165,9 @@ def row_weights(heads, T: int, nO: float, nN: Tensor | None = None) -> Tensor:  
     ``(d_h/d)^{1/2}`` of its norm, so they are scaled by that against the diagonal block (residual included)
     (THEORY F34c)."""
     w = torch.zeros(T, T, dtype=torch.float64)
-    for P, Y, q, _, _, Wv, _ in heads:
-        vn = (Y @ Wv).norm(dim=-1)
+    for hd in heads:
+        P, Y, q, _, _, Wv, _ = hd
+        vn = hd.values.norm(dim=-1)
         w = w + P * (float(torch.linalg.matrix_norm(Wv, 2)) + vn * q.norm(dim=-1)[:, None])
     eye = torch.eye(T, dtype=torch.float64)
     w = nO * w * (eye + math.sqrt(heads[0][5].shape[1] / heads[0][5].shape[0]) * (1 - eye))
@@ -186,7 +186,7 @@ def _head_gram(heads, c: Tensor) -> tuple[Tensor, Tensor]:  # noqa: ANN001
     T = c.shape[0]
     dh = heads[0][5].shape[1]
     P = torch.stack([hd[0] for hd in heads])  # (H, T, T)
-    V = torch.stack([hd[1] @ hd[5] for hd in heads])  # (H, T, T, dh): v^h_ij
+    V = torch.stack([hd.values for hd in heads])  # (H, T, T, dh): v^h_ij
     Q = torch.stack([hd[2] for hd in heads])  # (H, T, d)
     Wv = torch.stack([hd[5] for hd in heads])  # (H, d, dh)
     V, Q = _balanced(V, Q)
@@ -216,8 +216,7 @@ def _head_gram(heads, c: Tensor) -> tuple[Tensor, Tensor]:  # noqa: ANN001
     # unchanged by ``_balanced``)
     dZ = torch.zeros(T, T, dtype=torch.float64)
     for h, hd in enumerate(heads):
-        ev, qn = product_row_error(hd[1], hd[5]) * 2, pow2_norm(hd[2], -1) * (1 + 1e-12)
-        vn = pow2_norm(hd[1] @ hd[5], -1) * (1 + 1e-12)
+        ev, qn, vn = hd.value_err, pow2_norm(hd[2], -1) * (1 + 1e-12), pow2_norm(hd.values, -1) * (1 + 1e-12)
         dZ = dZ + P[h] * (ev * qn[:, None] + (vn + ev) * hd.q_err[:, None])
     dZ = dZ * (1 + 1e-12)
     err = (err + (c * (2 * mass * dZ + dZ * dZ)).sum(dim=1)) * (1 + 1e-12)
@@ -253,7 +252,7 @@ def _diag_blocks(heads, Wo_all: Tensor, N: Tensor | None, T: int, d: int, scale:
     up = 1 + 1e-12
     for hd in heads:
         P, Y, q, Wq, Wk, Wv, Wo = hd
-        v = Y @ Wv  # (T, T, dh)
+        v = hd.values  # (T, T, dh)
         pii = P[idx, idx]
         vii = v[idx, idx]  # (T, dh)
         Z = pii[:, None, None] * (Wv.T[None] + vii[:, :, None] * q[:, None, :])  # (T, dh, d)
@@ -261,7 +260,7 @@ def _diag_blocks(heads, Wo_all: Tensor, N: Tensor | None, T: int, d: int, scale:
         Z = Z + torch.einsum("ik,ika,ikd->iad", P, v, g)
         Zs.append(Z)
         # exact v, q, g within ev, q_err, eg of the formed ones: ||v q^T - v~ q~^T|| <= ev ||q~|| + (||v~|| + ev) eq
-        ev, eg = 2 * product_row_error(Y, Wv), 2 * scale * product_row_error(Y, Wk, Wq.T)
+        ev, eg = hd.value_err, hd.score_err
         vn, gn, qn = pow2_norm(v, -1) * up, pow2_norm(g, -1) * up, pow2_norm(q, -1) * up
         dZ = dZ + pii * (ev[idx, idx] * qn + (vn[idx, idx] + ev[idx, idx]) * hd.q_err)
         dZ = dZ + (P * (ev * gn + (vn + ev) * eg)).sum(dim=1)
@@ -338,12 +337,12 @@ class _HeadMoments:
         self.rows = []
         for hd in heads:
             P, Y, q, Wq, Wk, Wv, _ = hd
-            V = Y @ Wv
+            V = hd.values
             Gy = scale * (Y @ Wk) @ Wq.T
-            # THEORY F97: the rows v_ij = W_V^T y_ij, G y_ij and q_i are formed products; ``ev``, ``eg`` (T, T) and
-            # ``_head_data``'s ``q_err`` bound their distance from the exact rows (twice Higham's bound: the
-            # scaling and Y's own subtraction round once more).  Norms, diameters and weighted Grams carry them.
-            ev, eg = 2 * product_row_error(Y, Wv), 2 * scale * product_row_error(Y, Wk, Wq.T)
+            # THEORY F97: the rows v_ij = W_V^T y_ij, G y_ij and q_i are formed products; ``HeadData``'s
+            # ``value_err``, ``score_err`` (T, T) and ``q_err`` bound their distance from the exact rows.  Norms,
+            # diameters and weighted Grams carry them.
+            ev, eg = hd.value_err, hd.score_err
             KY, KV, KG = (R @ R.transpose(1, 2) for R in (Y, V, Gy))
             # differences of the rows of Y[0], V[0], Gy[0] are x_j - x_k, W_V^T (x_j - x_k), G (x_j - x_k):
             # the same for every query, so one pairwise table serves all rows

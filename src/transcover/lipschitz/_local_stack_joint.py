@@ -88,9 +88,10 @@ def value_cores(heads, MV: Tensor, eMV: Tensor) -> dict:  # noqa: ANN001
     ``n_C(v) <= n-hat_C(v) + epsV ||v||`` (Minkowski in ``L^2(P)``).
     Norms at powers of two (``pow2_norm``, THEORY F96)."""
     C, N, E, eC, eN, eE, epsV = [], [], [], [], [], [], []
-    for h, (P, Y, _, _, _, Wv, _) in enumerate(heads):
+    for h, hd in enumerate(heads):
+        P, Y, _, _, _, Wv, _ = hd
         T, d = P.shape[0], Y.shape[2]
-        V = Y @ Wv
+        V = hd.values
         C.append(torch.einsum("ija,ij,ijb->iab", V, P, V))
         eC.append(_gamma(T + 2) * (P * (V * V).sum(dim=2)).sum(dim=1) * (1 + 1e-12))
         N.append((Wv.T @ Wv)[None])

@@ -39,7 +39,7 @@ from torch import Tensor
 from .._errors import InputError
 from ..model import to_tensor
 from ..model import AttentionSpec, NormKind
-from ._rounding import _gamma, product_rows
+from ._rounding import _gamma, product_row_norms
 from ._weights import ROUNDING_PAD, spectral, spectral_product
 
 __all__ = ["AttentionLocal", "attention_weights_f64", "attention_local_bound", "attention_query_terms"]
@@ -179,10 +179,10 @@ def attention_query_terms(attn: AttentionSpec, X: Tensor, rho: float, *,
         sc = attn.softmax_scale
         nV, nG = norms["V"][h], norms["G"][h]
         P = Ps[h]
-        # every norm of a formed product below is certified with its rounding (``product_rows``, THEORY F97)
-        qn = sc * product_rows(Xa, Wqa, Wk.T)[1]  # ||q_i||, q_i = sc W_K W_Q^T x_i (row form)
+        # every norm of a formed product below is certified with its rounding (``product_row_norms``, THEORY F97)
+        qn = sc * product_row_norms(Xa, Wqa, Wk.T)  # ||q_i||, q_i = sc W_K W_Q^T x_i (row form)
         # ||G (x_j - c)|| with G = sc W_Q W_K^T: (x_j - c)^T G^T = sc (x_j - c) W_K W_Q^T (row form)
-        Gc = sc * product_rows(X - c, Wk, Wq.T)[1]
+        Gc = sc * product_row_norms(X - c, Wk, Wq.T)
         delta = rho * (Gc[None, :] + qn[:, None] + nG * rho)  # Delta_ij (T, T)
         if attn.causal:
             delta = delta.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), 0.0)
@@ -191,15 +191,15 @@ def attention_query_terms(attn: AttentionSpec, X: Tensor, rho: float, *,
         max_delta = max(max_delta, float(dmax.max()))
         xbar = P @ X  # (T, d)
         Y = X[None, :, :] - xbar[:, None, :]  # (T_i, T_j, d)
-        Vy = product_rows(Y, Wv)[1]  # ||W_V^T y_j|| for each query i
-        Gy = sc * product_rows(Y, Wk, Wq.T)[1]  # ||G y_j||
+        Vy = product_row_norms(Y, Wv)  # ||W_V^T y_j|| for each query i
+        Gy = sc * product_row_norms(Y, Wk, Wq.T)  # ||G y_j||
         SV = torch.sqrt((P * w * (Vy + nV * rho) ** 2).sum(dim=1))
         SG = torch.sqrt((P * w * (Gy + nG * rho) ** 2).sum(dim=1))
         L = nV + SV * (SG + qn + nG * rho)
         total = total + L * L
         if want_sum:  # the same three terms with W_OV^h = W_V^h W_O^h in place of W_V^h, heads summed
             nOV = norms["OV"][h]
-            OVy = product_rows(Y, Wv, _f64(attn.W_O[h]))[1]
+            OVy = product_row_norms(Y, Wv, _f64(attn.W_O[h]))
             SOV = torch.sqrt((P * w * (OVy + nOV * rho) ** 2).sum(dim=1))
             summed = summed + nOV + SOV * (SG + qn + nG * rho)
     concat = torch.sqrt(total) * (1.0 + DATA_PAD)
@@ -360,8 +360,8 @@ def mixed_head_terms(attn: AttentionSpec, X: Tensor, rho: float, MO: Tensor, dri
             K = Lc.T @ (A.transpose(1, 2) @ A) @ Lc
             fro2 = (A * A).sum(dim=(1, 2)) * float((Wv * Wv).sum())
             nMOV = torch.sqrt(torch.linalg.eigvalsh(K)[:, -1].clamp(min=0.0) + 1e-9 * fro2)
-        qn = sc * product_rows(Xa, Wqa, Wk.T)[1]  # formed products with their rounding (THEORY F97)
-        Gc = sc * product_rows(X - c, Wk, Wq.T)[1]
+        qn = sc * product_row_norms(Xa, Wqa, Wk.T)  # formed products with their rounding (THEORY F97)
+        Gc = sc * product_row_norms(X - c, Wk, Wq.T)
         delta = rho * (Gc[None, :] + qn[:, None] + nG * rho)
         if attn.causal:
             delta = delta.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), 0.0)
@@ -369,13 +369,14 @@ def mixed_head_terms(attn: AttentionSpec, X: Tensor, rho: float, MO: Tensor, dri
         Y = X[None, :, :] - (P @ X)[:, None, :]
         Vy = Y @ Wv  # (T_i, T_j, dh)
         # the einsum's rounding with Vy's: gamma_{d + dh} |A_i| |W_V|^T |y_ij| (Higham 3.5 twice; THEORY F97)
-        eMOV = _gamma(Wv.shape[0] + Wv.shape[1]) * torch.einsum("ide,ije->ijd", A.abs(), Y.abs() @ Wv.abs()).norm(dim=-1)
+        absMOV = torch.einsum("ide,ije->ijd", A.abs(), Y.abs() @ Wv.abs())
+        eMOV = _gamma(Wv.shape[0] + Wv.shape[1]) * absMOV.norm(dim=-1)
         MOVy = (torch.einsum("ide,ije->ijd", A, Vy).norm(dim=-1) + eMOV * (1 + 1e-12)) * (1 + 1e-12)
-        OVy = product_rows(Y, Wv, Wo)[1]
-        Gy = sc * product_rows(Y, Wk, Wq.T)[1]
+        OVy = product_row_norms(Y, Wv, Wo)
+        Gy = sc * product_row_norms(Y, Wk, Wq.T)
         n_here = nMOV + drift * nOV
         if eMO is not None:  # the formed M_i W_O^hT's rounding, times ||W_V^hT y|| and ||W_V^h|| (THEORY F97)
-            MOVy = (MOVy + eMO[:, h, None] * product_rows(Y, Wv)[1]) * (1 + 1e-12)
+            MOVy = (MOVy + eMO[:, h, None] * product_row_norms(Y, Wv)) * (1 + 1e-12)
             n_here = (n_here + eMO[:, h] * norms["V"][h]) * (1 + 1e-12)
         S = torch.sqrt((P * w * (MOVy + drift * OVy + n_here * rho) ** 2).sum(dim=1))
         SG = torch.sqrt((P * w * (Gy + nG * rho) ** 2).sum(dim=1))

@@ -55,7 +55,7 @@ from torch import Tensor
 from .._errors import InputError
 from ..model import Activation, LayerSpec, NormKind, NormSpec, Placement, attention_forward, ffn_forward
 from ._local_attention import check_head_scales, check_normal_weights
-from ._rounding import _gamma, pow2_exponent, pow2_norm, product_row_error, product_rows
+from ._rounding import _gamma, pow2_exponent, pow2_norm, product_row_error, product_row_norms
 from ._weights import ROUNDING_PAD, spectral, spectral_product
 
 __all__ = ["LayerJacobian", "layer_jacobian", "layer_jacobians", "certified_spectral", "gelu2_sup", "row_norm_lower", "gelu_second_sup",
@@ -765,8 +765,8 @@ def score_norm(Wq: Tensor, Wk: Tensor, scale: float) -> float:
 
 
 def score_rows(Y: Tensor, Wk: Tensor, Wq: Tensor) -> Tensor:
-    """Certified ``||(Y W_K W_Q^T)_ij||`` per row of ``Y`` (..., d): ``product_rows`` (THEORY F97)."""
-    return product_rows(Y, Wk, Wq.T)[1]
+    """Certified ``||(Y W_K W_Q^T)_ij||`` per row of ``Y`` (..., d): ``product_row_norms`` (THEORY F97)."""
+    return product_row_norms(Y, Wk, Wq.T)
 
 
 def _weight_norms(layer: LayerSpec) -> dict:

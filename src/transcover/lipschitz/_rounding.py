@@ -63,10 +63,10 @@ def product_row_error(A: Tensor, *Ws: Tensor) -> Tensor:
     return _gamma(sum(W.shape[0] for W in Ws)) * pow2_norm(R, -1) * (1 + 1e-12)
 
 
-def product_rows(A: Tensor, *Ws: Tensor) -> tuple[Tensor, Tensor]:
-    """``(fl(A W_1 ...), n)``: the formed product and per row a certified upper bound ``n`` on the exact product's row
-    norm, the formed row's norm plus ``product_row_error`` (THEORY F97)."""
+def product_row_norms(A: Tensor, *Ws: Tensor) -> Tensor:
+    """Per row of ``A``, a certified upper bound on the exact product's row norm ``||(A W_1 W_2 ...)_i||``: the formed
+    row's norm plus ``product_row_error`` (THEORY F97)."""
     R = A
     for W in Ws:
         R = R @ W
-    return R, (pow2_norm(R, -1) * (1 + 1e-12) + product_row_error(A, *Ws)) * (1 + 1e-12)
+    return (pow2_norm(R, -1) * (1 + 1e-12) + product_row_error(A, *Ws)) * (1 + 1e-12)

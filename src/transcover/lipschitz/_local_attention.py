@@ -39,7 +39,7 @@ from torch import Tensor
 from .._errors import InputError
 from ..model import to_tensor
 from ..model import AttentionSpec, NormKind
-from ._rounding import _gamma, product_row_norms
+from ._rounding import _U, _gamma, accurate_product, accurate_product_dd, pow2_scale, product_row_norms, two_sum
 from ._weights import ROUNDING_PAD, spectral, spectral_product
 
 __all__ = ["AttentionLocal", "attention_weights_f64", "attention_local_bound", "attention_query_terms"]
@@ -47,6 +47,7 @@ __all__ = ["AttentionLocal", "attention_weights_f64", "attention_local_bound", "
 # float64 evaluation of the data-dependent terms (softmax, norms of T x d products): relative
 # error a few hundred ulps at most for d <= 1e5; padded by this factor (far above it).
 DATA_PAD = 1e-10
+_TINY_SUB = 2.0**-1074  # the smallest subnormal float64
 
 
 def _f64(W) -> Tensor:  # noqa: ANN001
@@ -89,7 +90,8 @@ def check_normal_weights(scores: Tensor, P: Tensor, head: int) -> None:
     float64 (a score gap above ~708 under its row's largest).
 
     Note [underflowed attention weights]: the local ball bounds (F17d, F31a-c, F34, F35) read
-    visibility as ``P_ij > 0`` and take every weight with float64's relative accuracy. A visible key
+    visibility as ``P_ij > 0`` and take every weight with float64's relative accuracy (certified by Note [formed
+    attention weights]). A visible key
     whose weight underflows to 0 (or to a subnormal) would be treated as masked, yet a move inside the
     ball can hand it the whole row (the red-team case: certified remainder 0.052, attained 1.0). Rather
     than certify with that convention, such inputs are refused (InputError, one line).  Scores that overflowed
@@ -135,19 +137,68 @@ def check_head_scales(attn: AttentionSpec, h: int, Y: Tensor, q: Tensor) -> None
                              "query/key/value weights")
 
 
+# Note [formed attention weights] (THEORY F99): the local routes take the weights ``P`` at X with float64's relative
+# accuracy.  Scores formed as ``fl(fl(x~ W~_Q) fl(x W_K)^T)`` are off by up to ``gamma_K sc |x~||W~_Q||W_K|^T|x|``
+# (Higham), which is relative to the magnitudes, not to the scores: where queries and keys cancel, ``P`` moved by
+# far more than the routes' pads (1.4e-10 relative on MiniLM's worst case; order one under adversarial weights).  The
+# scores are therefore formed to about twice the working precision (``accurate_product``) and shifted by each row's
+# largest before they are rounded, so each ``D_ij`` is within ``E_ij`` (about ``u |D_ij|``) of the exact shifted score,
+# and ``P_ij`` (the softmax of the exact scores) within ``expm1(E_ij + sum_k P_ik expm1(E_ik))`` relative of the
+# softmax of ``D``.  A head whose bound exceeds ``WEIGHT_REL`` relative, or ``2 (T + 8) u`` absolute (half the
+# envelopes' pad for the softmax's own rounding, ``softmax_envelope``), is refused in one line.
+WEIGHT_REL = 2.0**-42
+
+
+def certified_weights(attn: AttentionSpec, X: Tensor, h: int) -> tuple[Tensor, Tensor]:
+    """``(D, P)`` of head ``h`` at ``X`` (T, d) float64: ``D`` (T, T) the scores shifted by each row's largest (``-inf`` on
+    masked keys) and ``P = softmax(D)``, certified within Note [formed attention weights] of the exact weights, else
+    refused (InputError, one line); also refused where a visible weight underflows (Note [underflowed attention
+    weights]) or a score difference overflows.  Dot attention without RoPE (``check_local_attention``)."""
+    T = X.shape[0]
+    Xa = torch.cat([X, torch.ones(T, 1, dtype=X.dtype)], dim=1)
+    Qh, Ql, Qe, eQ = accurate_product(Xa, _f64(attn.W_Q_augmented(h)))
+    Kh, Kl, Ke, eK = accurate_product(X, _f64(attn.head(h)[1]))
+    Sh, Sl, Se, eS = accurate_product_dd((Qh, Ql, Qe), (Kh.T, Kl.T, Ke.T))
+    vis = torch.ones(T, T, dtype=torch.bool)
+    if attn.causal:
+        vis = vis.tril()
+    top = torch.where(vis, Sh, -math.inf).argmax(dim=1, keepdim=True)
+    mh, ml, me = Sh.gather(1, top), Sl.gather(1, top), Se.gather(1, top)
+    a, b = two_sum(Sh, -mh)  # exact
+    t = (b + Sl) - ml
+    D = a + t
+    g2 = _gamma(2)
+    errD = (Se + me + g2 * (1 + 2 * g2) * (b.abs() + Sl.abs() + ml.abs()) + _U * D.abs()) * (1 + 4 * _U)
+    sc = attn.softmax_scale
+    D = sc * pow2_scale(D, eQ + eK + eS)
+    E = (abs(sc) * pow2_scale(errD, eQ + eK + eS) + _U * D.abs()) * (1 + 4 * _U) + 4 * _TINY_SUB * max(1.0, abs(sc))
+    D = torch.where(vis, D, -math.inf)
+    if not bool(torch.isfinite(D[vis]).all() & torch.isfinite(E[vis]).all()):
+        raise InputError(f"head {h}: an attention score difference overflows float64; the local bounds refuse this "
+                         "input (Note [local weight range]); rescale the input or the query/key weights")
+    P = torch.softmax(D, dim=-1)
+    check_normal_weights(D, P, h)  # Note [underflowed attention weights]
+    E = torch.where(vis, E, torch.zeros_like(E))
+    m1 = (P * torch.expm1(E)).sum(dim=1, keepdim=True) * (1 + 1e-10)
+    rel = torch.expm1(E + m1) * (1 + 1e-10)
+    bad = vis & ((rel > WEIGHT_REL) | (P * rel > 2 * (T + 8) * _U))
+    if bool(bad.any()):
+        i, j = (int(v) for v in bad.nonzero()[0])
+        raise InputError(f"head {h}, query {i}: the attention scores cancel beyond float64 (certified error "
+                         f"{float(E[i, j]):.3g} on key {j}, moving its weight by up to {float(rel[i, j]):.3g} relative); "
+                         "the local bounds take the weights with float64's accuracy (THEORY F99) and refuse this input")
+    return D, P
+
+
 def attention_weights_f64(attn: AttentionSpec, X: Tensor) -> list[Tensor]:
     """The softmax matrices ``P^h`` (T, T) of every head at X, float64 (refused where a visible weight
     underflows: Note [underflowed attention weights]; or where the heads' data terms leave Note [local head data
-    range])."""
-    from ..model import attention_scores
-
+    range]); the weights certified by Note [formed attention weights])."""
     out = []
     T = X.shape[0]
     Xa = torch.cat([X, torch.ones(T, 1, dtype=X.dtype)], dim=1)
     for h in range(attn.n_heads):
-        scores = attention_scores(attn, X, h)
-        P = torch.softmax(scores, dim=-1)
-        check_normal_weights(scores, P, h)
+        _, P = certified_weights(attn, X, h)  # Note [formed attention weights]
         _, Wk, _, _ = (_f64(W) for W in attn.head(h))
         q = attn.softmax_scale * (Xa @ _f64(attn.W_Q_augmented(h))) @ Wk.T
         check_head_scales(attn, h, X[None, :, :] - (P @ X)[:, None, :], q)

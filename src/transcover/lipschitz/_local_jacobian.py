@@ -54,7 +54,7 @@ from torch import Tensor
 
 from .._errors import InputError
 from ..model import Activation, LayerSpec, NormKind, NormSpec, Placement, attention_forward, ffn_forward
-from ._local_attention import check_head_scales, check_normal_weights
+from ._local_attention import certified_weights, check_head_scales
 from ._rounding import _gamma, pow2_exponent, pow2_norm, product_row_error, product_row_norms
 from ._weights import ROUNDING_PAD, spectral, spectral_product
 
@@ -467,12 +467,8 @@ def _head_data(attn, Xin: Tensor):  # noqa: ANN001, ANN202
     for h in range(attn.n_heads):
         Wq, Wk, Wv, Wo = (_f64(W) for W in attn.head(h))
         Wqa = _f64(attn.W_Q_augmented(h))
-        # the scores with the query bias folded in; the key bias is constant per row (softmax drops it)
-        scores = attn.softmax_scale * (Xa @ Wqa) @ (Xin @ Wk).T
-        if attn.causal:
-            scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
-        P = torch.softmax(scores, dim=-1)
-        check_normal_weights(scores, P, h)  # Note [underflowed attention weights]
+        # the scores with the query bias folded in, formed to twice the precision (Note [formed attention weights])
+        _, P = certified_weights(attn, Xin, h)
         Y = Xin[None, :, :] - (P @ Xin)[:, None, :]
         q = attn.softmax_scale * (Xa @ Wqa) @ Wk.T
         check_head_scales(attn, h, Y, q)  # Note [local head data range]

@@ -70,3 +70,100 @@ def product_row_norms(A: Tensor, *Ws: Tensor) -> Tensor:
     for W in Ws:
         R = R @ W
     return (pow2_norm(R, -1) * (1 + 1e-12) + product_row_error(A, *Ws)) * (1 + 1e-12)
+
+
+def two_sum(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+    """Knuth's TwoSum (*TAOCP* vol. 2, 4.2.2; Higham Alg. 4.4): ``s = fl(a + b)`` and ``e`` with ``s + e = a + b``
+    exactly, for every pair of finite floats whose sum does not overflow (subnormals included).  THEORY F99."""
+    s = a + b
+    bv = s - a
+    return s, (a - (s - bv)) + (b - bv)
+
+
+def pow2_scale(A: Tensor, e: int) -> Tensor:
+    """``A 2^e``, exact wherever the result is a normal float (two steps where ``2^e`` alone would leave the range)."""
+    for part in (e // 2, e - e // 2) if abs(e) > 1000 else (e,):
+        A = A * 2.0**part
+    return A
+
+
+def _veltkamp(a: Tensor) -> tuple[Tensor, Tensor]:
+    """Veltkamp's split ``a = hi + lo`` (exactly), each half of at most ``ceil(p/2)`` significant bits (``p`` the
+    precision of ``a``'s dtype); needs ``|a|`` far below the overflow threshold (the callers scale to ``[1/2, 1)``)."""
+    p = round(-math.log2(torch.finfo(a.dtype).eps)) + 1
+    c = (2.0 ** ((p + 1) // 2) + 1) * a
+    hi = c - (c - a)
+    return hi, a - hi
+
+
+def accurate_product(A: Tensor, B: Tensor) -> tuple[Tensor, Tensor, Tensor, int]:
+    r"""``(hi, lo, err, e)`` with ``|2^e (hi + lo) - A B| <= 2^e err`` entrywise: the product of ``A`` (m, n) and ``B``
+    (n, N) to about twice the working precision (THEORY F99).
+
+    ``A`` and ``B`` are brought to ``[1/2, 1)`` by exact powers of two (``e`` their sum).  Every product ``a_k b_k`` is
+    split exactly into ``p_k + r_k`` (Dekker's TwoProduct on Veltkamp's halves; exact where ``|p_k| >= 2^-960``, i.e.
+    where no partial product loses a bit to underflow, Boldo's condition; elsewhere ``r_k`` is dropped and
+    ``|p_k - a_k b_k| <= 2^-1012`` is charged).  The ``p_k`` are summed by a tree of TwoSums, which keeps every
+    rounding ``e_t`` exactly: ``sum_k p_k = s + sum_t e_t``.  The corrections ``c = sum_t e_t + sum_k r_k`` (``M`` terms,
+    each at most ``u`` of what it corrects) are summed in working precision, within ``gamma_M sum |terms|`` of their
+    sum (Higham Lemma 3.5's argument for a sum), and ``(hi, lo) = TwoSum(s, fl(c))``.  So
+
+    .. math:: |hi + lo - (AB)_{ij}| \le \gamma_M\,(1 + 2\gamma_M) \sum |c\text{-terms}| + n\,2^{-1012}
+
+    in the scaled units: about ``n u^2 sum_k |a_k b_k|``, where the plain product's bound is ``n u sum_k |a_k b_k|``.
+    An entry of ``A`` or ``B`` that the scaling takes below the normal range loses at most ``2^-1075`` there; that is
+    charged too (``n 2^-1074`` times the other factor's column or row maximum).  Rows of ``A`` are taken in chunks."""
+    fi = torch.finfo(A.dtype)
+    u = (fi.eps / 2)
+    m, n = A.shape
+    N = B.shape[1]
+    ea = int(pow2_exponent(A.abs().amax()) if A.numel() else 0)
+    eb = int(pow2_exponent(B.abs().amax()) if B.numel() else 0)
+    As, Bs = pow2_scale(A, -ea), pow2_scale(B, -eb)
+    lost = 0.0  # the scaling's loss below the normal range, in scaled units (none for real data)
+    if not torch.equal(pow2_scale(As, ea), A):
+        lost += n * fi.tiny * fi.eps * float(Bs.abs().amax())
+    if not torch.equal(pow2_scale(Bs, eb), B):
+        lost += n * fi.tiny * fi.eps * float(As.abs().amax())
+    ah, al = _veltkamp(As)
+    bh, bl = _veltkamp(Bs)
+    tiny = 2.0**-960 if A.dtype == torch.float64 else 2.0**-100
+    floor = 2.0**-1012 if A.dtype == torch.float64 else 2.0**-120
+    hi, lo, err = (torch.empty(m, N, dtype=A.dtype) for _ in range(3))
+    step = max(1, (1 << 20) // max(1, n * N))
+    for r0 in range(0, m, step):
+        sl = slice(r0, r0 + step)
+        a, b = As[sl, :, None], Bs[None]
+        p = a * b
+        r = ((ah[sl, :, None] * bh[None] - p) + ah[sl, :, None] * bl[None] + al[sl, :, None] * bh[None]) \
+            + al[sl, :, None] * bl[None]
+        r = torch.where(p.abs() >= tiny, r, torch.zeros_like(r))
+        c, cabs, terms = r.sum(1), r.abs().sum(1), n
+        x = p
+        while x.shape[1] > 1:
+            if x.shape[1] % 2:
+                x = torch.cat([x, torch.zeros_like(x[:, :1])], dim=1)
+            x, e = two_sum(x[:, 0::2], x[:, 1::2])
+            c, cabs, terms = c + e.sum(1), cabs + e.abs().sum(1), terms + e.shape[1]
+        s = x[:, 0] if n else torch.zeros(p.shape[0], N, dtype=A.dtype)
+        g = terms * u / (1 - terms * u)
+        hi[sl], lo[sl] = two_sum(s, c)
+        err[sl] = g * (1 + 2 * g) * cabs * (1 + 4 * u) + n * floor + lost
+    return hi, lo, err, ea + eb
+
+
+def accurate_product_dd(A: tuple[Tensor, Tensor, Tensor], B: tuple[Tensor, Tensor, Tensor]
+                        ) -> tuple[Tensor, Tensor, Tensor, int]:
+    r"""``accurate_product`` of two matrices known as unevaluated sums: ``A = (hi, lo, err)`` stands for every matrix
+    within ``err`` (entrywise) of ``hi + lo``, likewise ``B``.  The four products ``hi hi, hi lo, lo hi, lo lo`` are one
+    accurate product of the blocks ``[A_hi, A_hi, A_lo, A_lo] [B_hi; B_lo; B_hi; B_lo]``; the inputs' errors add
+    ``e_A |B~| + |A~| e_B + e_A e_B`` (``|A~| <= |A_hi| + |A_lo|``), formed from non-negative terms and padded by
+    ``1 + 2 gamma_{n+3}``.  Returns ``(hi, lo, err, e)`` as ``accurate_product``, in units ``2^e`` (THEORY F99)."""
+    (Ah, Al, eA), (Bh, Bl, eB) = A, B
+    n = Ah.shape[1]
+    hi, lo, err, e = accurate_product(torch.cat([Ah, Ah, Al, Al], dim=1), torch.cat([Bh, Bl, Bh, Bl], dim=0))
+    aA, aB = Ah.abs() + Al.abs(), Bh.abs() + Bl.abs()
+    fi = torch.finfo(Ah.dtype)
+    g = (n + 3) * (fi.eps / 2) / (1 - (n + 3) * (fi.eps / 2))
+    inp = (eA @ aB + aA @ eB + eA @ eB) * (1 + 2 * g)
+    return hi, lo, err + pow2_scale(inp, -e) * (1 + fi.eps) + fi.tiny * fi.eps, e

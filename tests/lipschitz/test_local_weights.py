@@ -1,0 +1,184 @@
+"""Attention weights from scores formed to twice the precision (THEORY F99, Note [formed attention weights]).
+
+The local routes take the softmax weights ``P`` at X with float64's relative accuracy.  Scores formed as plain float64
+products are off by Higham's ``gamma_K sc |x~||W~_Q||W_K|^T|x|``, relative to the magnitudes, so where queries and keys
+cancel the weights moved by far more than that (``test_plain_scores_miss_the_bound`` shows it on the same cases).
+``accurate_product`` forms the products to about ``u^2``; ``certified_weights`` shifts each row by its largest score
+before rounding and certifies ``P`` against the exact softmax, or refuses in one line.
+
+References are exact: products and softmax in mpmath at 80 digits from the same float64 inputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import mpmath
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from test_local_cancel import _cancelling_layer
+from transcover import InputError
+from transcover.lipschitz._local_attention import WEIGHT_REL, certified_weights
+from transcover.lipschitz._rounding import accurate_product, accurate_product_dd
+
+mpmath.mp.dps = 80
+_U = 2.0**-53
+
+
+def _mp(A: torch.Tensor) -> mpmath.matrix:
+    return mpmath.matrix([[mpmath.mpf(v) for v in row] for row in A.tolist()])
+
+
+def _check_product(A: torch.Tensor, B: torch.Tensor, hi, lo, err, e, extra=None) -> float:  # noqa: ANN001
+    """Assert ``|2^e (hi + lo) - exact| <= 2^e err`` entrywise, ``exact`` = ``A B`` in mpmath (or ``extra``); the
+    largest ratio of the distance to the bound."""
+    exact = extra if extra is not None else _mp(A) * _mp(B)
+    s, worst = mpmath.mpf(2) ** e, 0.0
+    for i in range(hi.shape[0]):
+        for j in range(hi.shape[1]):
+            d = abs((mpmath.mpf(float(hi[i, j])) + mpmath.mpf(float(lo[i, j]))) * s - exact[i, j])
+            b = mpmath.mpf(float(err[i, j])) * s
+            assert d <= b, (i, j, float(d), float(b))
+            worst = max(worst, float(d / b) if b else 0.0)
+    return worst
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10_000), k=st.integers(0, 14), e=st.sampled_from([0, -7, 9, -600, 600, -1000]),
+       n=st.integers(1, 40))
+def test_accurate_product_is_within_its_bound_where_the_product_cancels(seed, k, e, n):
+    """``A = [x, x (1 + 10^-k)]``, ``B = [y; -y]``: ``A B = 10^-k x y``, far below ``|A||B|``; scaled by ``2^e`` (to the
+    edges of the range: the scaling and the underflow charges)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(3, n, generator=g, dtype=torch.float64)
+    y = torch.randn(n, 4, generator=g, dtype=torch.float64)
+    A = torch.cat([x, x * (1 + 10.0**-k)], 1) * 2.0**e
+    B = torch.cat([y, -y], 0)
+    hi, lo, err, ex = accurate_product(A, B)
+    _check_product(A, B, hi, lo, err, ex)
+    if e == 0:  # about u^2 of the magnitudes, where the plain product's bound is n u of them
+        mag = (A.abs() @ B.abs()) * 2.0**-ex
+        assert bool((err <= 2 * n * _U * _U * mag * 8 + 2 * n * 2.0**-1012).all())
+
+
+def test_accurate_product_is_exactly_homogeneous_in_powers_of_two():
+    """Scaling ``A`` by ``2^k`` shifts the exponent by ``k`` and leaves ``hi``, ``lo``, ``err`` bit for bit."""
+    g = torch.Generator().manual_seed(3)
+    A, B = torch.randn(5, 30, generator=g, dtype=torch.float64), torch.randn(30, 6, generator=g, dtype=torch.float64)
+    base = accurate_product(A, B)
+    for k in (-300, -1, 1, 17, 500):
+        hi, lo, err, e = accurate_product(A * 2.0**k, B)
+        assert e == base[3] + k
+        assert torch.equal(hi, base[0]) and torch.equal(lo, base[1]) and torch.equal(err, base[2])
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 10_000), k=st.integers(0, 12))
+def test_accurate_product_dd_covers_every_input_within_its_error(seed, k):
+    """Inputs ``(hi, lo, err)``: the product of the corner ``hi + lo + err sign(..)`` (any matrix within ``err`` is
+    covered the same way: the bound is linear in it) against the bound."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(3, 5, generator=g, dtype=torch.float64)
+    Ah = torch.cat([x, x * (1 + 10.0**-k)], 1)
+    Al = Ah * _U * torch.rand(3, 10, generator=g, dtype=torch.float64)
+    eA = Ah.abs() * 1e-20
+    y = torch.randn(5, 2, generator=g, dtype=torch.float64)
+    Bh = torch.cat([y, -y], 0)
+    Bl = Bh * _U * torch.rand(10, 2, generator=g, dtype=torch.float64)
+    eB = Bh.abs() * 1e-25
+    hi, lo, err, e = accurate_product_dd((Ah, Al, eA), (Bh, Bl, eB))
+    sA, sB = torch.sign(torch.randn(3, 10, generator=g)), torch.sign(torch.randn(10, 2, generator=g))
+    At = _mp(Ah) + _mp(Al) + _mp(eA * sA)
+    Bt = _mp(Bh) + _mp(Bl) + _mp(eB * sB)
+    _check_product(Ah, Bh, hi, lo, err, e, extra=At * Bt)
+
+
+def _exact_weights(A, X: torch.Tensor, h: int) -> list:  # noqa: ANN001
+    """The exact softmax of the exact scores ``sc (x~_i W~_Q)(x_j W_K)^T`` (masked keys 0), in mpmath."""
+    T = X.shape[0]
+    Xa = torch.cat([X, torch.ones(T, 1, dtype=torch.float64)], 1)
+    S = (_mp(Xa) * _mp(A.W_Q_augmented(h).double())) * (_mp(X) * _mp(A.head(h)[1].double())).T
+    out = []
+    for i in range(T):
+        vis = range(i + 1) if A.causal else range(T)
+        row = [mpmath.mpf(A.softmax_scale) * S[i, j] for j in vis]
+        m = max(row)
+        z = mpmath.fsum(mpmath.exp(v - m) for v in row)
+        out.append([mpmath.exp(v - m) / z for v in row] + [mpmath.mpf(0)] * (T - len(row)))
+    return out
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 10_000), k=st.integers(2, 12), causal=st.booleans())
+def test_certified_weights_are_within_float64_accuracy_of_the_exact_softmax(seed, k, causal):
+    """On heads whose scores cancel to ``10^-k`` of their magnitudes: every weight within ``WEIGHT_REL`` (and the
+    softmax's own ``4 (T + 8) u``, the envelopes' pad) of the exact one."""
+    _, A, X = _cancelling_layer(seed, 10.0**-k, causal)
+    T = X.shape[0]
+    for h in range(A.n_heads):
+        _, P = certified_weights(A, X, h)
+        ex = _exact_weights(A, X, h)
+        for i in range(T):
+            for j in range(T):
+                if ex[i][j] == 0:
+                    assert P[i, j] == 0
+                    continue
+                rel = abs(mpmath.mpf(float(P[i, j])) / ex[i][j] - 1)
+                assert rel <= WEIGHT_REL + 4 * (T + 8) * _U, (h, i, j, float(rel))
+
+
+def _plain_weights(A, X: torch.Tensor, h: int) -> torch.Tensor:  # noqa: ANN001
+    """The weights as main formed them before F99: plain float64 products."""
+    T = X.shape[0]
+    Xa = torch.cat([X, torch.ones(T, 1, dtype=torch.float64)], 1)
+    S = A.softmax_scale * (Xa @ A.W_Q_augmented(h).double()) @ (X @ A.head(h)[1].double()).T
+    if A.causal:
+        S = S.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), -math.inf)
+    return torch.softmax(S, -1)
+
+
+def test_plain_scores_miss_the_bound():
+    """The same check on the plainly formed weights fails at ``10^-11`` cancellation (the weights move by about
+    ``1e-5`` relative): the case the bound is for."""
+    _, A, X = _cancelling_layer(7, 1e-11)
+    ex = _exact_weights(A, X, 0)
+    P = _plain_weights(A, X, 0)
+    worst = max(abs(mpmath.mpf(float(P[i, j])) / ex[i][j] - 1) for i in range(5) for j in range(5))
+    assert worst > 100 * WEIGHT_REL, float(worst)
+
+
+def test_weights_of_a_real_model_are_certified():
+    """MiniLM's second layer on a real sentence: no refusal, and the weights equal the plain ones to ``1e-9``."""
+    from transcover.model import load
+    from transcover.model._data import load_inputs
+    from transcover.model._functional import layer_forward
+
+    spec = load(None).to_torch(torch.float64)
+    X = layer_forward(spec.layers[0], spec.input_norm(load_inputs(spec, "sklearn-descr", max_len=32, limit=4)[3].double()))
+    A = spec.layers[1].attention
+    for h in range(A.n_heads):
+        _, P = certified_weights(A, X, h)
+        assert torch.allclose(P, _plain_weights(A, X, h), rtol=1e-9, atol=1e-13)
+
+
+def test_scores_cancelling_beyond_twice_the_precision_are_refused_in_one_line():
+    """Query and key rows ``[M_i, M_i, a]``, ``[M_j, -M_j, b]`` with ``M`` about ``1e10``: the scores ``a b`` (order one)
+    are ``1e-20`` of the products, beyond the accurate product's ``u^2``: one line naming the cancellation."""
+    spec_, A, X = _cancelling_layer(0, 1e-3)
+    d, dh = 6, 4
+    Wq, Wk = torch.zeros(2, d, dh, dtype=torch.float64), torch.zeros(2, d, dh, dtype=torch.float64)
+    for h in range(2):
+        for c in range(dh):
+            Wq[h, c, c] = 1.0
+            Wk[h, c, c] = -1.0 if c == 1 else 1.0
+    A = dataclasses.replace(A, W_Q=Wq, W_K=Wk)
+    g = torch.Generator().manual_seed(1)
+    X = torch.randn(5, d, generator=g, dtype=torch.float64)
+    X[:, 0] = X[:, 1] = 1e10 * (1 + 0.3 * torch.rand(5, generator=g, dtype=torch.float64))  # inexact products
+    with pytest.raises(InputError) as err:
+        certified_weights(A, X, 0)
+    assert "\n" not in str(err.value) and "cancel" in str(err.value)

@@ -26,6 +26,7 @@ from transcover.lipschitz import stack_local
 from transcover.lipschitz._local_attention import attention_query_terms, attention_weights_f64, head_norms
 from transcover.lipschitz._local_jacobian import _head_data, score_norm, score_rows
 from transcover.lipschitz._local_rows import _HeadMoments
+from transcover.lipschitz._rounding import product_row_norms
 
 mpmath.mp.dps = 60
 
@@ -184,3 +185,22 @@ def test_attention_query_terms_at_least_the_formula_with_exact_products(seed, k,
             total[i] += (nV + SV * (SG + qn[i] + nG * r)) ** 2
     for i in range(5):
         assert float(concat[i]) >= mpmath.sqrt(total[i]), (i, float(concat[i]) / float(mpmath.sqrt(total[i])) - 1)
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 10_000), k=st.sampled_from([-600, -20, -1, 1, 7, 300]), which=st.integers(0, 2))
+def test_score_norm_and_product_rows_are_exactly_homogeneous_in_powers_of_two(seed, k, which):
+    """Each factor (and the scale) times ``2^k`` multiplies ``score_norm``, ``score_rows`` and ``product_row_norms``
+    by ``2^k`` bit for bit: their pads are relative and their norms formed at powers of two (THEORY F96, F97)."""
+    g = torch.Generator().manual_seed(seed)
+    Wq, Wk = (torch.randn(8, 4, generator=g, dtype=torch.float64) for _ in range(2))
+    A = torch.randn(5, 8, generator=g, dtype=torch.float64)
+    Y = torch.randn(3, 5, 8, generator=g, dtype=torch.float64)
+    s = 2.0**k
+    f = [s if i == which else 1.0 for i in range(3)]
+    assert score_norm(Wq * f[0], Wk * f[1], 0.5 * f[2]) == score_norm(Wq, Wk, 0.5) * s
+    assert torch.equal(product_row_norms(A * f[2], Wq * f[0], (Wk * f[1]).T), product_row_norms(A, Wq, Wk.T) * s)
+    if which < 2:
+        assert torch.equal(score_rows(Y, Wk * f[1], Wq * f[0]), score_rows(Y, Wk, Wq) * s)
+    else:
+        assert torch.equal(score_rows(Y * s, Wk, Wq), score_rows(Y, Wk, Wq) * s)

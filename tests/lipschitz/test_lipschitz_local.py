@@ -231,3 +231,16 @@ def test_real_minilm_sentences_one_layer_sound(minilm):
         assert lo > 1.0  # the search found a real slope on real text
         assert lo <= ll.upper  # and the certified local bound holds against it
         assert ll.jacobian_point < 30 * lo  # the Jacobian route at the point is within ~10x on real text
+
+
+def test_all_zero_embeddings_are_answered_and_no_lower_gives_no_ratio(minilm):
+    """All-zero embeddings (every token of norm 0) are a valid input: the global column's radius is the largest token
+    norm, which no radius check accepts at 0, so it takes the smallest normal float (a radius at least every token's
+    norm is all the column needs); before, ``transcover lipschitz --data zeros.npy`` stopped on "radius must be a finite
+    number > 0".  Without a lower search the ratio is NaN (none), not infinite."""
+    from transcover.lipschitz._local_report import local_table
+
+    spec = dataclasses.replace(minilm, layers=list(minilm.layers)[:1])
+    rows = local_table(spec, [torch.zeros(3, 384, dtype=torch.float64)], [1e-3], lower=False)
+    assert rows and all(math.isfinite(r.global_upper) and r.local_upper > 0 for r in rows)
+    assert all(math.isnan(r.lower) and math.isnan(r.ratio) for r in rows)

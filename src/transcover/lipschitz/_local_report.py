@@ -43,6 +43,9 @@ class LocalRow:
 
     @property
     def ratio(self) -> float:
+        # no lower searched (NaN, ``--no-lower``): no ratio either, not an infinite one
+        if math.isnan(self.lower):
+            return math.nan
         return self.local_upper / self.lower if self.lower > 0 else math.inf
 
     def to_dict(self) -> dict:
@@ -109,7 +112,9 @@ def local_table(spec: TransformerSpec, seqs: list, rho_factors: list[float], *, 
             per.append(ins)
             points[k] = layer_forward(layer, X).detach()
         stage_inputs.append(per)
-    R = max(float(X.norm(dim=1).max()) for X in seqs)
+    # the global column's domain must hold every token: any radius >= the largest norm serves, and all-zero data
+    # (norm 0, which no radius check accepts) takes the smallest normal float
+    R = max(max(float(X.norm(dim=1).max()) for X in seqs), 2.0**-1022)
     norms = spec_norms(spec)
     glob = compose(norms, radius=R)
     lows: dict[tuple[int, str], float] = {}

@@ -155,15 +155,24 @@ def accurate_product(A: Tensor, B: Tensor) -> tuple[Tensor, Tensor, Tensor, int]
 def accurate_product_dd(A: tuple[Tensor, Tensor, Tensor], B: tuple[Tensor, Tensor, Tensor]
                         ) -> tuple[Tensor, Tensor, Tensor, int]:
     r"""``accurate_product`` of two matrices known as unevaluated sums: ``A = (hi, lo, err)`` stands for every matrix
-    within ``err`` (entrywise) of ``hi + lo``, likewise ``B``.  The four products ``hi hi, hi lo, lo hi, lo lo`` are one
-    accurate product of the blocks ``[A_hi, A_hi, A_lo, A_lo] [B_hi; B_lo; B_hi; B_lo]``; the inputs' errors add
-    ``e_A |B~| + |A~| e_B + e_A e_B`` (``|A~| <= |A_hi| + |A_lo|``), formed from non-negative terms and padded by
-    ``1 + 2 gamma_{n+3}``.  Returns ``(hi, lo, err, e)`` as ``accurate_product``, in units ``2^e`` (THEORY F99)."""
+    within ``err`` (entrywise) of ``hi + lo``, likewise ``B`` (``|lo| <= u |hi|``-sized parts).  ``A_hi B_hi`` is one
+    accurate product; the cross terms ``A_hi B_lo + A_lo B_hi + A_lo B_lo`` (about ``u`` of the product's magnitudes)
+    are formed plainly, within ``gamma_{3n} (|A_hi||B_lo| + |A_lo||B_hi| + |A_lo||B_lo|)`` (Higham 3.5), and joined by a
+    TwoSum with the high part (``lo`` then rounds once: ``u |lo|``).  The inputs' errors add ``e_A |B~| + |A~| e_B +
+    e_A e_B`` (``|A~| <= |A_hi| + |A_lo|``).  Every non-negative product is padded by ``1 + 2 gamma_{3n+3}``.  Returns
+    ``(hi, lo, err, e)`` as ``accurate_product``, in units ``2^e`` (THEORY F99)."""
     (Ah, Al, eA), (Bh, Bl, eB) = A, B
     n = Ah.shape[1]
-    hi, lo, err, e = accurate_product(torch.cat([Ah, Ah, Al, Al], dim=1), torch.cat([Bh, Bl, Bh, Bl], dim=0))
-    aA, aB = Ah.abs() + Al.abs(), Bh.abs() + Bl.abs()
     fi = torch.finfo(Ah.dtype)
-    g = (n + 3) * (fi.eps / 2) / (1 - (n + 3) * (fi.eps / 2))
+    u = fi.eps / 2
+    g = (3 * n + 3) * u / (1 - (3 * n + 3) * u)
+    hi, lo, err, e = accurate_product(Ah, Bh)
+    aAl, aBl = Al.abs(), Bl.abs()
+    cross = pow2_scale(Ah @ Bl + Al @ Bh + Al @ Bl, -e)
+    ecross = (Ah.abs() @ aBl + aAl @ Bh.abs() + aAl @ aBl) * g * (1 + 2 * g)
+    hi, t = two_sum(hi, cross)
+    lo = lo + t
+    aA, aB = Ah.abs() + aAl, Bh.abs() + aBl
     inp = (eA @ aB + aA @ eB + eA @ eB) * (1 + 2 * g)
-    return hi, lo, err + pow2_scale(inp, -e) * (1 + fi.eps) + fi.tiny * fi.eps, e
+    err = err + u * lo.abs() * (1 + 2 * u) + pow2_scale(ecross + inp, -e) * (1 + fi.eps) + 2 * fi.tiny * fi.eps
+    return hi, lo, err, e

@@ -154,6 +154,7 @@ def certified_weights(attn: AttentionSpec, X: Tensor, h: int) -> tuple[Tensor, T
     masked keys) and ``P = softmax(D)``, certified within Note [formed attention weights] of the exact weights, else
     refused (InputError, one line); also refused where a visible weight underflows (Note [underflowed attention
     weights]) or a score difference overflows.  Dot attention without RoPE (``check_local_attention``)."""
+    X = X.detach().to(torch.float64)  # exact for float32/bf16 data; the bounds below are float64's
     T = X.shape[0]
     Xa = torch.cat([X, torch.ones(T, 1, dtype=X.dtype)], dim=1)
     Qh, Ql, Qe, eQ = accurate_product(Xa, _f64(attn.W_Q_augmented(h)))

@@ -182,3 +182,15 @@ def test_scores_cancelling_beyond_twice_the_precision_are_refused_in_one_line():
     with pytest.raises(InputError) as err:
         certified_weights(A, X, 0)
     assert "\n" not in str(err.value) and "cancel" in str(err.value)
+
+
+def test_float32_and_bf16_data_give_the_weights_of_their_float64_values():
+    """Data in float32 or bf16 is cast exactly to float64 first: the same ``D`` and ``P`` bit for bit as the float64
+    copy of the same values (the double-length products and every bound are float64's)."""
+    _, A, X = _cancelling_layer(5, 1e-6)
+    for dt in (torch.float32, torch.bfloat16):
+        Xd = X.to(dt)
+        for h in range(A.n_heads):
+            D, P = certified_weights(A, Xd, h)
+            D64, P64 = certified_weights(A, Xd.double(), h)
+            assert P.dtype == torch.float64 and torch.equal(D, D64) and torch.equal(P, P64)

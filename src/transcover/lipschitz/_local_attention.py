@@ -149,11 +149,11 @@ def check_head_scales(attn: AttentionSpec, h: int, Y: Tensor, q: Tensor) -> None
 WEIGHT_REL = 2.0**-42
 
 
-def certified_weights(attn: AttentionSpec, X: Tensor, h: int) -> tuple[Tensor, Tensor]:
-    """``(D, P)`` of head ``h`` at ``X`` (T, d) float64: ``D`` (T, T) the scores shifted by each row's largest (``-inf`` on
-    masked keys) and ``P = softmax(D)``, certified within Note [formed attention weights] of the exact weights, else
-    refused (InputError, one line); also refused where a visible weight underflows (Note [underflowed attention
-    weights]) or a score difference overflows.  Dot attention without RoPE (``check_local_attention``)."""
+def certified_weights(attn: AttentionSpec, X: Tensor, h: int) -> Tensor:
+    """``P`` (T, T) of head ``h`` at ``X`` (T, d), float64: the softmax of the scores shifted by each row's largest (``D``,
+    ``-inf`` on masked keys), certified within Note [formed attention weights] of the exact weights, else refused
+    (InputError, one line); also refused where a visible weight underflows (Note [underflowed attention weights]) or a
+    score difference overflows.  Dot attention without RoPE (``check_local_attention``)."""
     X = X.detach().to(torch.float64)  # exact for float32/bf16 data; the bounds below are float64's
     T = X.shape[0]
     Xa = torch.cat([X, torch.ones(T, 1, dtype=X.dtype)], dim=1)
@@ -188,7 +188,7 @@ def certified_weights(attn: AttentionSpec, X: Tensor, h: int) -> tuple[Tensor, T
         raise InputError(f"head {h}, query {i}: the attention scores cancel beyond float64 (certified error "
                          f"{float(E[i, j]):.3g} on key {j}, moving its weight by up to {float(rel[i, j]):.3g} relative); "
                          "the local bounds take the weights with float64's accuracy (THEORY F99) and refuse this input")
-    return D, P
+    return P
 
 
 def attention_weights_f64(attn: AttentionSpec, X: Tensor) -> list[Tensor]:
@@ -199,7 +199,7 @@ def attention_weights_f64(attn: AttentionSpec, X: Tensor) -> list[Tensor]:
     T = X.shape[0]
     Xa = torch.cat([X, torch.ones(T, 1, dtype=X.dtype)], dim=1)
     for h in range(attn.n_heads):
-        _, P = certified_weights(attn, X, h)  # Note [formed attention weights]
+        P = certified_weights(attn, X, h)  # Note [formed attention weights]
         _, Wk, _, _ = (_f64(W) for W in attn.head(h))
         q = attn.softmax_scale * (Xa @ _f64(attn.W_Q_augmented(h))) @ Wk.T
         check_head_scales(attn, h, X[None, :, :] - (P @ X)[:, None, :], q)

@@ -468,7 +468,7 @@ def _head_data(attn, Xin: Tensor):  # noqa: ANN001, ANN202
         Wq, Wk, Wv, Wo = (_f64(W) for W in attn.head(h))
         Wqa = _f64(attn.W_Q_augmented(h))
         # the scores with the query bias folded in, formed to twice the precision (Note [formed attention weights])
-        _, P = certified_weights(attn, Xin, h)
+        P = certified_weights(attn, Xin, h)
         Y = Xin[None, :, :] - (P @ Xin)[:, None, :]
         q = attn.softmax_scale * (Xa @ Wqa) @ Wk.T
         check_head_scales(attn, h, Y, q)  # Note [local head data range]

@@ -97,7 +97,7 @@ class _AttnLin:
         self.Q = torch.stack([sc * (Xa @ _f64(attn.W_Q_augmented(h))) for h in range(attn.n_heads)])  # (H,T,dh)
         self.K = torch.stack([Xin @ Wk for _, Wk, _, _ in hs])
         self.V = torch.stack([Xin @ Wv for _, _, Wv, _ in hs])
-        self.P = torch.stack([certified_weights(attn, Xin, h)[1] for h in range(attn.n_heads)])
+        self.P = torch.stack([certified_weights(attn, Xin, h) for h in range(attn.n_heads)])
         cat = lambda Ws: torch.cat(list(Ws), dim=1)  # noqa: E731  (d, H dh)
         self.W3 = torch.cat([sc * cat(h[0] for h in hs), cat(h[1] for h in hs), cat(h[2] for h in hs)], dim=1)
         self.Wo = torch.cat([h[3] for h in hs], dim=0)  # (H dh, d)

@@ -39,7 +39,7 @@ from torch import Tensor
 from .._errors import InputError
 from ..model import to_tensor
 from ..model import AttentionSpec, NormKind
-from ._rounding import _U, _gamma, accurate_product, accurate_product_dd, pow2_scale, product_row_norms, two_sum
+from ._rounding import _TINY_SUB, _U, _gamma, accurate_product, accurate_product_dd, pow2_scale, product_row_norms, two_sum
 from ._weights import ROUNDING_PAD, spectral, spectral_product
 
 __all__ = ["AttentionLocal", "attention_weights_f64", "attention_local_bound", "attention_query_terms"]
@@ -47,7 +47,6 @@ __all__ = ["AttentionLocal", "attention_weights_f64", "attention_local_bound", "
 # float64 evaluation of the data-dependent terms (softmax, norms of T x d products): relative
 # error a few hundred ulps at most for d <= 1e5; padded by this factor (far above it).
 DATA_PAD = 1e-10
-_TINY_SUB = 2.0**-1074  # the smallest subnormal float64
 
 
 def _f64(W) -> Tensor:  # noqa: ANN001

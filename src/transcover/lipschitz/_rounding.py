@@ -14,12 +14,15 @@ from torch import Tensor
 
 _U = 2.0**-53
 _TINY = torch.finfo(torch.float64).tiny
+_TINY_SUB = 2.0**-1074  # the smallest subnormal float64
 
 
-def _gamma(k: int) -> float:
+def _gamma(k: int, u: float | None = None) -> float:
     """``gamma_k = k u / (1 - k u)`` (Higham, *Accuracy and Stability of Numerical Algorithms*, Lemma 3.1): a product of
-    ``k`` factors ``(1 + delta_i)^{+-1}``, ``|delta_i| <= u``, lies within ``gamma_k`` of 1 when ``k u < 1``."""
-    return k * _U / (1 - k * _U)
+    ``k`` factors ``(1 + delta_i)^{+-1}``, ``|delta_i| <= u``, lies within ``gamma_k`` of 1 when ``k u < 1``.  ``u``: this
+    module's ``_U`` unless given (the error-free products pass their own dtype's)."""
+    u = _U if u is None else u
+    return k * u / (1 - k * u)
 
 
 def pow2_exponent(top: Tensor, lim: int = 0) -> Tensor:
@@ -146,7 +149,7 @@ def accurate_product(A: Tensor, B: Tensor) -> tuple[Tensor, Tensor, Tensor, int]
             x, e = two_sum(x[:, 0::2], x[:, 1::2])
             c, cabs, terms = c + e.sum(1), cabs + e.abs().sum(1), terms + e.shape[1]
         s = x[:, 0] if n else torch.zeros(p.shape[0], N, dtype=A.dtype)
-        g = terms * u / (1 - terms * u)
+        g = _gamma(terms, u)
         hi[sl], lo[sl] = two_sum(s, c)
         err[sl] = g * (1 + 2 * g) * cabs * (1 + 4 * u) + n * floor + lost
     return hi, lo, err, ea + eb
@@ -165,7 +168,7 @@ def accurate_product_dd(A: tuple[Tensor, Tensor, Tensor], B: tuple[Tensor, Tenso
     n = Ah.shape[1]
     fi = torch.finfo(Ah.dtype)
     u = fi.eps / 2
-    g = (3 * n + 3) * u / (1 - (3 * n + 3) * u)
+    g = _gamma(3 * n + 3, u)
     hi, lo, err, e = accurate_product(Ah, Bh)
     aAl, aBl = Al.abs(), Bl.abs()
     cross = pow2_scale(Ah @ Bl + Al @ Bh + Al @ Bl, -e)

@@ -193,3 +193,17 @@ def test_float32_and_bf16_data_give_the_weights_of_their_float64_values():
         for h in range(A.n_heads):
             P, P64 = certified_weights(A, Xd, h), certified_weights(A, Xd.double(), h)
             assert P.dtype == torch.float64 and torch.equal(P, P64)
+
+
+@pytest.mark.parametrize("k", [-300, -7, 5, 200])
+def test_certified_weights_are_exactly_invariant_under_the_conjugate_scalings(k):
+    """The same exact scores, hence the same weights: ``W_Q 2^-k``, ``W_K 2^k`` (the score product's factors), and ``X
+    2^k`` with ``W_Q``, ``W_K`` at ``2^-k`` (the data's scale).  Every scaling of the double-length products is a power of
+    two, so the certified weights are the same bit for bit."""
+    _, A, X = _cancelling_layer(3, 1e-6)
+    swap = dataclasses.replace(A, W_Q=A.W_Q * 2.0**-k, W_K=A.W_K * 2.0**k)
+    data = dataclasses.replace(A, W_Q=A.W_Q * 2.0**-k, W_K=A.W_K * 2.0**-k)
+    for h in range(A.n_heads):
+        P = certified_weights(A, X, h)
+        assert torch.equal(certified_weights(swap, X, h), P)
+        assert torch.equal(certified_weights(data, X * 2.0**k, h), P)

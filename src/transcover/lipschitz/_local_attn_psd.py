@@ -17,7 +17,7 @@ from torch import Tensor
 
 from ._local_attn_gram_rest import gram_rest_reach
 from ._local_attn_rest import AttnRestData, _head_factors, box_mean, pair_mean
-from ._local_jacobian import certified_lmax, pow2_norm
+from ._local_jacobian import certified_lmax, pow2_norm, sphere_ascent
 from ._rounding import _U, _gamma
 
 __all__ = ["psd_rest_rows", "velocity_rests", "PSD_SIZES", "PSD_MAX_TOKENS"]
@@ -343,20 +343,20 @@ PRIMAL_STEPS = 100
 
 
 def _primal_weights(blocks: Tensor, z: Tensor | None, steps: int) -> Tensor:
-    r"""Weights ``c_k = ||M_k^T z||`` (clamped below at ``1e-8`` of the largest) at the direction ``z`` reached by the
-    ascent ``z <- sum_k M_k M_k^T z / ||M_k^T z||`` (normalised) from ``z`` (or the top eigenvector of ``sum_k M_k M_k^T``):
-    ``phi(z) = sum_k ||M_k^T z||`` is convex, so each step never lowers it on the sphere (THEORY F67a), and at a maximiser
-    whose top eigenvector is ``z`` these weights make the dual ``(sum c) lambda_max(sum_k M_k M_k^T / c_k)`` equal to
-    ``phi(z)^2``, the primal value (THEORY F92).  Any ``c > 0`` is valid in the dual; this only chooses one."""
+    r"""Weights ``c_k = ||M_k^T z||`` (clamped below at ``1e-8`` of the largest) at the direction ``z`` reached by
+    ``steps`` steps of the ascent ``z <- sum_k M_k M_k^T z / ||M_k^T z||`` (normalised; ``sphere_ascent``) from ``z`` (or
+    the top eigenvector of ``sum_k M_k M_k^T``): ``phi(z) = sum_k ||M_k^T z||`` is convex, so each step never lowers it on
+    the sphere (THEORY F67a), and at a maximiser whose top eigenvector is ``z`` these weights make the dual ``(sum c)
+    lambda_max(sum_k M_k M_k^T / c_k)`` equal to ``phi(z)^2``, the primal value (THEORY F92).  Any ``c > 0`` is valid in
+    the dual; this only chooses one."""
     if z is None:
         z = torch.linalg.eigh(blocks.sum(0))[1][:, -1]
-    z = z / z.norm().clamp(min=1e-300)
-    for _ in range(steps):
+
+    def step(z: Tensor) -> tuple[Tensor, Tensor]:
         q = torch.sqrt(torch.einsum("a,kab,b->k", z, blocks, z).clamp(min=1e-300))
-        zn = (torch.einsum("kab,b->ka", blocks, z) / q[:, None]).sum(0)
-        if not bool(torch.isfinite(zn).all()) or float(zn.norm()) == 0:
-            break
-        z = zn / zn.norm()
+        return (torch.einsum("kab,b->ka", blocks, z) / q[:, None]).sum(0), q.sum()
+
+    z = sphere_ascent(step, z / z.norm().clamp(min=1e-300), steps, -math.inf)
     q = torch.sqrt(torch.einsum("a,kab,b->k", z, blocks, z).clamp(min=0))
     return q.clamp(min=max(float(q.max()) * 1e-8, 1e-300))
 

@@ -204,6 +204,23 @@ def certified_lmax_vec(G: Tensor, *, start: Tensor | None = None, steps: int = K
     return out, x
 
 
+def sphere_ascent(step, z: Tensor, steps: int, tol: float) -> Tensor:  # noqa: ANN001
+    """The normalised ascent ``z <- zn / ||zn||`` of a convex ``phi`` on the sphere (THEORY F67a), ``step(z) -> (zn,
+    phi(z))`` batched over the leading dimensions: at most ``steps`` steps, stopped where ``zn`` is not finite or zero, or
+    once no batch element's ``phi`` rises by more than ``tol`` (relative; ``-inf``: every step).  Only chooses weights
+    (F92, F93, F95): nothing certified depends on where it stops."""
+    phi = torch.zeros(z.shape[:-1], dtype=z.dtype)
+    for _ in range(steps):
+        zn, val = step(z)
+        nz = zn.norm(dim=-1, keepdim=True)
+        if not bool(torch.isfinite(zn).all()) or bool((nz == 0).any()):
+            break
+        z, phi0, phi = zn / nz, phi, val
+        if bool((phi - phi0 <= tol * phi).all()):
+            break
+    return z
+
+
 # |GELU''(z)| as float64 evaluates it is within this (absolute) of the exact value at the same z (near the zeros
 # +-sqrt 2 the rounding of ``2 - z^2`` is absolute: ~1e-16); it also covers ``gelu2_sup``'s rounded interval ends
 GELU2_ABS_ERR = 1e-13

@@ -28,7 +28,7 @@ from ._local_ffn2 import (
 )
 from ._local_jacobian import (
     GRAM_PAD, _f64, _pow2_far, certified_lmax, certified_lmax_vec, gelu_second, pow2_exponent, pow2_norm,
-    pre_activations,
+    pre_activations, sphere_ascent,
 )
 from ._local_stack_third import aligned_reach, aligned_third_rest, third_norms
 from ._rounding import _gamma
@@ -52,22 +52,6 @@ def _weights(B: Tensor) -> Tensor:
     return torch.ldexp(torch.maximum(w, B.norm(dim=(1, 2)) * 1e-3), ex)
 
 
-def _sphere_ascent(step, z: Tensor, steps: int, tol: float) -> Tensor:  # noqa: ANN001
-    """The normalised ascent ``z <- zn / ||zn||`` of a convex ``phi`` on the sphere (THEORY F67a), ``step(z) -> (zn,
-    phi(z))`` batched over the leading dimensions: at most ``steps`` steps, stopped where ``zn`` is not finite or zero, or
-    once no batch element's ``phi`` rises by more than ``tol`` (relative).  Only chooses weights (F93, F95)."""
-    phi = torch.zeros(z.shape[:-1], dtype=z.dtype)
-    for _ in range(steps):
-        zn, val = step(z)
-        nz = zn.norm(dim=-1, keepdim=True)
-        if not bool(torch.isfinite(zn).all()) or bool((nz == 0).any()):
-            break
-        z, phi0, phi = zn / nz, phi, val
-        if bool((phi - phi0 <= tol * phi).all()):
-            break
-    return z
-
-
 def row_weights_primal(B: Tensor, steps: int = 100, tol: float = 1e-6) -> Tensor:
     """Positive weights ``w_j = ||B_j^T z||`` for blocks ``B`` (..., T, m, k) (a batch of rows), floored at ``1e-8`` of the
     row's largest and ``1e-11 ||B_j||_F`` so that every ``w_j > 0``, at the direction ``z`` of the ascent
@@ -88,7 +72,7 @@ def row_weights_primal(B: Tensor, steps: int = 100, tol: float = 1e-6) -> Tensor
         n = g.norm(dim=-1)
         return (B @ (g / n.clamp(min=torch.finfo(B.dtype).tiny)[..., None])[..., None]).squeeze(-1).sum(-2), n.sum(-1)
 
-    z = _sphere_ascent(step, z, steps, tol)
+    z = sphere_ascent(step, z, steps, tol)
     w = (B64.transpose(-1, -2) @ z.to(B64.dtype)[..., None, :, None]).squeeze(-1).norm(dim=-1)
     floor = torch.maximum(w.amax(dim=-1, keepdim=True) * 1e-8, B64.norm(dim=(-2, -1)) * 1e-11)
     return torch.maximum(w, floor).clamp(min=1e-300)
@@ -219,7 +203,7 @@ def _gram_weights(G: Tensor, sc: Tensor, x0: Tensor, steps: int, tol: float) -> 
         q = torch.sqrt((sc32 * torch.einsum("ika,ia->ik", Gz, z)).clamp(min=0))
         return (Gz * (sc32 / q.clamp(min=torch.finfo(torch.float32).tiny))[..., None]).sum(1), q.sum(1)
 
-    zd = _sphere_ascent(step, z, steps, tol).double()
+    zd = sphere_ascent(step, z, steps, tol).double()
     w = torch.sqrt((sc * torch.einsum("ika,ia->ik", torch.einsum("ikab,ib->ika", G, zd), zd)).clamp(min=0))
     floor = torch.maximum(w.amax(dim=1, keepdim=True) * 1e-8, sc.sqrt() * 1e-11)
     return torch.maximum(w, floor)

@@ -40,7 +40,7 @@ from ._activations import activation_lipschitz
 from ._local_attention import DATA_PAD, attention_local_bound, check_layer_range, head_norms
 from ._local_centre import CENTRE_PAD_ASSUMPTION, f17_pad
 from ._local_jacobian import _pow2_far, centre_tokens, norm_jacobian_error, point_slope_err, pow2_norm, pre_activations
-from ._rounding import _gamma
+from ._rounding import _gamma, root_sq_plus
 from ._weights import ROUNDING_PAD, spectral
 
 __all__ = ["norm_local", "LayerLocal", "layer_local", "NetworkLocal", "network_local", "second_derivative_sup"]
@@ -85,7 +85,7 @@ def norm_local(norm: NormSpec | None, X: Tensor, rho: float) -> tuple[Tensor, Te
     X = X.double()
     sigma = centre_tokens(X, norm.kind is NormKind.LAYERNORM)[2] * (1.0 - DATA_PAD)  # certified low
     floor = torch.clamp(sigma - rho / math.sqrt(d) * (1.0 + 1e-15), min=0.0)
-    s = torch.sqrt(floor * floor + float(norm.eps)) * (1.0 - DATA_PAD)
+    s = root_sq_plus(floor, float(norm.eps)) * (1.0 - DATA_PAD)
     if bool((s <= 0).any()):
         raise InputError("a normalisation with eps=0 is not Lipschitz on a ball reaching a constant token; "
                          "use a smaller rho")
@@ -102,7 +102,7 @@ def _norm_jacobians(norm: NormSpec | None, X: Tensor) -> Tensor:
         raise InputError("the layer Jacobian route does not cover Pi_norm; use the product route")
     lay = norm.kind is NormKind.LAYERNORM
     Z, sigma, _ = centre_tokens(X, lay)
-    s = torch.sqrt(sigma * sigma + float(norm.eps))
+    s = root_sq_plus(sigma, float(norm.eps))
     u = Z / (math.sqrt(d) * s[:, None])
     P = eye - (1.0 / d if lay else 0.0)
     J = (P - u[:, :, None] * u[:, None, :]) / s[:, None, None]

@@ -55,7 +55,7 @@ from torch import Tensor
 from .._errors import InputError
 from ..model import Activation, LayerSpec, NormKind, NormSpec, Placement, attention_forward, ffn_forward
 from ._local_attention import certified_weights, check_head_scales
-from ._rounding import _gamma, pow2_exponent, pow2_norm, product_row_error, product_row_norms
+from ._rounding import _gamma, pow2_exponent, pow2_norm, product_row_error, product_row_norms, root_sq_plus
 from ._weights import ROUNDING_PAD, spectral, spectral_product
 
 __all__ = ["LayerJacobian", "layer_jacobian", "layer_jacobians", "certified_spectral", "gelu2_sup", "row_norm_lower", "gelu_second_sup",
@@ -341,7 +341,7 @@ def norm_jacobian_error(norm: NormSpec | None, X: Tensor, *, formed: bool) -> Te
     g = lambda k: k * _U / (1 - k * _U)  # noqa: E731
     lay = norm.kind is NormKind.LAYERNORM
     Z, sig_hat, _ = centre_tokens(X, lay)
-    s = torch.sqrt(sig_hat * sig_hat + float(norm.eps))
+    s = root_sq_plus(sig_hat, float(norm.eps))
     u_norm = pow2_norm(Z / (math.sqrt(d) * s[:, None]), 1) * (1 + g(d + 2))
     E = (math.sqrt(d) * g(d + 3) * (X - X.mean(dim=1, keepdim=True)).abs().amax(dim=1) + g(1) * pow2_norm(Z, 1) * (1 + g(d))
          if lay else torch.zeros_like(s))
@@ -374,7 +374,7 @@ def norm_jacobian_entry_error(norm: NormSpec, X: Tensor) -> tuple[Tensor, Tensor
     g = lambda k: k * _U / (1 - k * _U)  # noqa: E731
     lay = norm.kind is NormKind.LAYERNORM
     Z, sig_hat, _ = centre_tokens(X, lay)
-    s = torch.sqrt(sig_hat * sig_hat + float(norm.eps))
+    s = root_sq_plus(sig_hat, float(norm.eps))
     u = (Z / (math.sqrt(d) * s[:, None])).abs()
     eZ = (g(d + 3) * (X - X.mean(dim=1, keepdim=True)).abs().amax(dim=1, keepdim=True) + g(1) * Z.abs()
           if lay else torch.zeros_like(Z))
@@ -398,7 +398,7 @@ def _norm_parts(norm: NormSpec | None, X: Tensor):  # noqa: ANN202
         raise InputError("the exact-Jacobian route does not cover Pi_norm; the product route does")
     lay = norm.kind is NormKind.LAYERNORM
     Z, sig_hat, sigma = centre_tokens(X, lay)
-    s = torch.sqrt(sig_hat * sig_hat + float(norm.eps))
+    s = root_sq_plus(sig_hat, float(norm.eps))
     u = Z / (math.sqrt(d) * s[:, None])
     P = eye - (1.0 / d if lay else 0.0)
     D = (P[None] - u[:, :, None] * u[:, None, :]) / s[:, None, None]
@@ -411,7 +411,7 @@ def _floor(norm: NormSpec, sigma: Tensor, r: Tensor, d: int) -> Tensor:
     """Certified per-token ``s`` floor on the balls of radii ``r`` (Note [local norm floor])."""
     d_sqrt = math.sqrt(d)
     f = torch.clamp(sigma * (1 - 1e-12) - r / d_sqrt * (1 + 1e-12), min=0.0)
-    return torch.sqrt(f * f + float(norm.eps)) * (1 - 1e-12)
+    return root_sq_plus(f, float(norm.eps)) * (1 - 1e-12)
 
 
 def _norm_drift(norm: NormSpec | None, sigma: Tensor | None, r: Tensor, d: int) -> tuple[Tensor, Tensor]:

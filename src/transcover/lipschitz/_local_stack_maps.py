@@ -23,6 +23,7 @@ from torch import Tensor
 from .._errors import InputError
 from ..model import NormKind, NormSpec
 from ._local_jacobian import centre_tokens, norm_jacobian_entry_error, norm_jacobian_error
+from ._rounding import root_sq_plus
 
 __all__ = ["_NormLin", "_AttnLin", "_AttnRes", "_TokenLin", "check_stack_layer"]
 
@@ -40,7 +41,7 @@ class _NormLin:
         d = Z.shape[1]
         self.lay = norm.kind is NormKind.LAYERNORM
         Zc, sig_hat, self.sigma = centre_tokens(Z, self.lay)  # sigma certified low, for the floors (F17e)
-        self.s = torch.sqrt(sig_hat * sig_hat + float(norm.eps))
+        self.s = root_sq_plus(sig_hat, float(norm.eps))
         self.u = Zc / (math.sqrt(d) * self.s[:, None])
         self.g = torch.ones(d, dtype=torch.float64) if norm.weight is None else _f64(norm.weight)
         self.norm = norm

@@ -37,6 +37,7 @@ from torch import Tensor
 from .._errors import InputError
 from ..model import NormKind, NormSpec
 from ._local_jacobian import _f64, centre_tokens, certified_spectral, norm_jacobian_error, pow2_exponent, pow2_norm
+from ._rounding import root_sq_plus
 
 _U = 2.0**-53
 
@@ -56,7 +57,7 @@ class NormJac:
                 raise InputError("the exact-Jacobian route does not cover Pi_norm; the product route does")
             lay = norm.kind is NormKind.LAYERNORM
             Z, sig_hat, self.sigma = centre_tokens(X, lay)  # sigma certified low, for the floors
-            self.s = torch.sqrt(sig_hat * sig_hat + float(norm.eps))
+            self.s = root_sq_plus(sig_hat, float(norm.eps))
             u = Z / (math.sqrt(d) * self.s[:, None])
             cols = ([torch.full((T, d), 1.0 / math.sqrt(d), dtype=torch.float64)] if lay else []) + [u]
             self.Q = torch.stack(cols, dim=2)

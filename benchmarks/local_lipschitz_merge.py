@@ -10,6 +10,11 @@ layer and radius; the merge refuses a pair whose token count or median token nor
 ball is checked against the merged lower. Writes ``local_lipschitz.json`` (the rows with their ``run``: a merged
 file is a valid base for the next merge), ``local_lipschitz_table.md`` (the table over the sentences of the newest code first, then over all of them) and
 ``local_lipschitz_ratio.png`` (the ratio against rho over all sentences) under ``--out``.
+
+With ``--against OLD.json`` (an earlier run or merge, e.g. ``git show ccb88e2:docs/results/local_lipschitz.json``),
+also prints, per radius, the worst and median ratio of the merged rows from each run in ``--since`` (default: the
+runs not in ``--stale``) beside OLD's certified ball over the same lower (the larger of the two runs' lowers), on
+the (sentence, layer, rho) both hold.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 
 from transcover._results import check_certified
 from transcover.report import atomic_write_text
@@ -58,6 +64,30 @@ def merge(runs: list[tuple[str, dict]]) -> list[dict]:
     return [rows[k] for k in sorted(rows)]
 
 
+def against(rows: list[dict], old_rows: list[dict], labels: set[str]) -> list[str]:
+    """Per radius, over the rows of ``rows`` from the runs ``labels`` that ``old_rows`` (absolute sentences) also
+    holds: the worst and median of ``ball / lower`` for both, ``lower`` the larger of the two rows' lowers (both
+    attained on the same ball).  Refuses a pair whose token count or median norm differ, as ``merge``."""
+    old = {(r["sentence"], r["layer"], r["rho"]): r for r in old_rows}
+    by_rho: dict = {}
+    for r in rows:
+        o = old.get((r["sentence"], r["layer"], r["rho"]))
+        if r["run"] not in labels or o is None:
+            continue
+        if o["T"] != r["T"] or abs(o["median_norm"] - r["median_norm"]) > 1e-12 * r["median_norm"]:
+            raise SystemExit(f"sentence {r['sentence']} layer {r['layer']}: the runs disagree on the input")
+        lo = max(r["lower"], o["lower"])
+        check_certified(f"sentence {r['sentence']} layer {r['layer']} rho {r['rho']:g} (old)", o["ball"], lo)
+        by_rho.setdefault(r["rho"], []).append((r["ball"] / lo, o["ball"] / lo, r["sentence"]))
+    out = [f"| rho / median | pairs | sentences | {'/'.join(sorted(labels))}: worst | median | old: worst | median |",
+           "|---|---|---|---|---|---|---|"]
+    for rho in sorted(by_rho):
+        new, was, sents = zip(*by_rho[rho])
+        out.append(f"| {rho:g} | {len(new)} | {len(set(sents))} | {max(new):.4g} | {statistics.median(new):.4g} | "
+                   f"{max(was):.4g} | {statistics.median(was):.4g} |")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("runs", nargs="+", help="local_lipschitz.json files, oldest first, each optionally =LABEL")
@@ -65,6 +95,9 @@ def main() -> None:
                     help="comma-separated labels of the runs on older code (default: the first file's label; needed "
                          "when the first file is itself a merge)")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--against", default=None, help="an earlier run or merge to compare the merged rows with")
+    ap.add_argument("--since", default=None,
+                    help="comma-separated labels of the runs compared with --against (default: every run not stale)")
     a = ap.parse_args()
     runs = _runs(a.runs)
     if a.stale is None and any("run" in r for r in runs[0][1]["layers"]):
@@ -85,6 +118,14 @@ def main() -> None:
     atomic_write_text(os.path.join(a.out, "local_lipschitz_table.md"), text)
     _figure(rows, [], os.path.join(a.out, "local_lipschitz_ratio.png"))
     print(text)
+    if a.against:
+        with open(a.against) as f:
+            base = json.load(f)
+        skip = int(base.get("skip", 0))
+        old_rows = [dict(r, sentence=r["sentence"] + skip) for r in base["layers"]]
+        labels = set(a.since.split(",")) if a.since else set(counts) - stale
+        print(f"\nAgainst {a.against} (ratio = ball / the larger lower of the two):\n")
+        print("\n".join(against(rows, old_rows, labels)))
 
 
 if __name__ == "__main__":

@@ -45,3 +45,16 @@ def test_a_ball_below_the_merged_lower_is_a_violation():
     base = {"skip": 0, "layers": [_row(0, 10.0, 7.0)]}
     with pytest.raises(CertificateViolation):
         merge([("old", base), ("new", {"skip": 0, "layers": [_row(0, 6.0, 3.0)]})])
+
+
+def test_against_an_older_run_uses_the_larger_lower_and_only_the_named_runs():
+    from local_lipschitz_merge import against
+
+    old = [_row(0, 10.0, 4.0), _row(1, 12.0, 2.0), _row(2, 9.0, 3.0)]
+    rows = merge([("old", {"skip": 0, "layers": old}), ("new", {"skip": 1, "layers": [_row(0, 6.0, 3.0)]}),
+                  ("other", {"skip": 2, "layers": [_row(0, 4.0, 3.0)]})])
+    lines = against(rows, old, {"new"})
+    assert lines[2] == "| 0.001 | 1 | 1 | 2 | 2 | 4 | 4 |"  # sentence 1 alone, both over the new lower 3.0
+    assert len(against(rows, old, {"new", "other"})) == 3 and "| 2 | 2 |" in against(rows, old, {"new", "other"})[2]
+    with pytest.raises(CertificateViolation):  # the old ball below the new lower
+        against(rows, [_row(0, 10.0, 4.0), _row(1, 2.5, 2.0)], {"new"})

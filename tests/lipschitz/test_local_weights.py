@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from test_local_cancel import _cancelling_layer
 from transcover import InputError
 from transcover.lipschitz._local_attention import WEIGHT_REL, certified_weights
+from transcover.model import AttentionSpec
 from transcover.lipschitz._rounding import accurate_product, accurate_product_dd
 
 mpmath.mp.dps = 80
@@ -207,3 +208,110 @@ def test_certified_weights_are_exactly_invariant_under_the_conjugate_scalings(k)
         P = certified_weights(A, X, h)
         assert torch.equal(certified_weights(swap, X, h), P)
         assert torch.equal(certified_weights(data, X * 2.0**k, h), P)
+
+
+def _range_head(c: int) -> tuple:
+    """Stop 35's red team: weights of order one on data columns (queries from columns 1, 2; keys from 3, 4, which
+    cancel to about ``10^-6`` of their size) beside a constant input column ``2^c`` that no weight reads.  The
+    products are scaled by ``max |x|`` = ``2^c``, so the queries and keys sit near ``2^-c`` of their units."""
+    g = torch.Generator().manual_seed(1)
+    T, w1, w2 = 3, 1.2345678901234567, 0.7654321098765432
+    X = torch.zeros(T, 5, dtype=torch.float64)
+    X[:, 0] = 2.0**c
+    X[:, 1] = (1 + 0.1 * torch.rand(T, generator=g, dtype=torch.float64)) / w1
+    X[:, 2] = X[:, 1] * w1 / w2 * (1 + 1e-3 * torch.rand(T, generator=g, dtype=torch.float64))
+    X[:, 3] = 1e6 * torch.rand(T, generator=g, dtype=torch.float64)
+    X[:, 4] = -X[:, 3] + torch.rand(T, generator=g, dtype=torch.float64)
+    Wq, Wk = torch.zeros(1, 5, 2, dtype=torch.float64), torch.zeros(1, 5, 2, dtype=torch.float64)
+    Wq[0, 1, 0], Wq[0, 2, 1], Wk[0, 3, 0], Wk[0, 4, 1] = w1, w2, 1.0, 1.0
+    A = AttentionSpec(W_Q=Wq, W_K=Wk, W_V=torch.zeros(1, 5, 2, dtype=torch.float64),
+                      W_O=torch.zeros(1, 2, 5, dtype=torch.float64), scale=1.0)
+    return A, X
+
+
+@pytest.mark.parametrize("c", [0, 300, 440, 520])
+def test_weights_beside_a_huge_unread_column_are_within_float64_accuracy(c):
+    """The cross and input terms of ``accurate_product_dd`` on operands near ``2^-520`` of their units underflowed
+    (before stop 35: weights off by ``3.1e-11`` relative, 137x ``WEIGHT_REL``, at ``c = 520``).  The weights do not
+    depend on ``c``: every one within ``WEIGHT_REL`` (plus the softmax's pad) of the exact softmax."""
+    A, X = _range_head(c)
+    P = certified_weights(A, X, 0)
+    ex = _exact_weights(A, X, 0)
+    for i in range(3):
+        for j in range(3):
+            rel = abs(mpmath.mpf(float(P[i, j])) / ex[i][j] - 1)
+            assert rel <= WEIGHT_REL + 4 * (3 + 8) * _U, (c, i, j, float(rel))
+
+
+def test_queries_flushed_in_their_units_are_refused_not_certified():
+    """Stop 35's minimal case: ``x = (2^400, x_1)``, ``W_Q`` row 1 ``(2^300, 2^1000)``, ``W_K`` row 1 ``(2^-300, 0)``:
+    exact scores ``x_1 x_1'`` (1, 3; 3, 9).  Scaled by ``2^1401``, the query's first column (``2^300 x_1``) lies below
+    the smallest subnormal and is left only as ``accurate_product``'s floor charge, which main lost in the cross
+    terms: ``D = 0`` certified to ``1e-92``, uniform weights against the exact (0.119, 0.881; 0.0025, 0.9975).
+    With that charge kept the scores' error is larger than the scores: refused, in one line."""
+    X = torch.tensor([[2.0**400, 1.0], [2.0**400, 3.0]], dtype=torch.float64)
+    A = AttentionSpec(W_Q=torch.tensor([[[0.0, 0.0], [2.0**300, 2.0**1000]]], dtype=torch.float64),
+                      W_K=torch.tensor([[[0.0, 0.0], [2.0**-300, 0.0]]], dtype=torch.float64),
+                      W_V=torch.tensor([[[0.0, 0.0], [1.0, 0.0]]], dtype=torch.float64),
+                      W_O=torch.tensor([[[0.0, 1.0], [0.0, 0.0]]], dtype=torch.float64), scale=1.0)
+    with pytest.raises(InputError, match="head 0, query 0") as err:
+        certified_weights(A, X, 0)
+    assert "\n" not in str(err.value)
+
+
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 10_000), ka=st.integers(-1100, 0), kb=st.integers(-600, 0))
+def test_accurate_product_dd_keeps_the_charges_of_tiny_operands(seed, ka, kb):
+    """Operands ``2^ka``, ``2^kb`` times a unit-scale triple whose error part is the floor of entries that flushed
+    (``err`` only, ``hi = 0`` there): the product's bound covers the corner ``hi + lo + err sign`` at every scale
+    (main's plain cross terms dropped the charges below ``2^-1074``)."""
+    g = torch.Generator().manual_seed(seed)
+    Ah = torch.randn(3, 4, generator=g, dtype=torch.float64)
+    Ah[:, 0] = 0.0
+    Al = Ah * _U * torch.rand(3, 4, generator=g, dtype=torch.float64)
+    eA = torch.full((3, 4), 2.0**-40, dtype=torch.float64)
+    Bh = torch.randn(4, 2, generator=g, dtype=torch.float64)
+    Bl = Bh * _U * torch.rand(4, 2, generator=g, dtype=torch.float64)
+    eB = Bh.abs() * 1e-25
+    sa, sb = 2.0**ka, 2.0**kb
+    parts = [torch.ldexp(t, torch.tensor(ka)) for t in (Ah, Al, eA)], [torch.ldexp(t, torch.tensor(kb)) for t in (Bh, Bl, eB)]
+    hi, lo, err, e = accurate_product_dd(tuple(parts[0]), tuple(parts[1]))
+    sA, sB = torch.sign(torch.randn(3, 4, generator=g)), torch.sign(torch.randn(4, 2, generator=g))
+    At = (_mp(Ah) + _mp(Al) + _mp(eA * sA)) * mpmath.mpf(sa)
+    Bt = (_mp(Bh) + _mp(Bl) + _mp(eB * sB)) * mpmath.mpf(sb)
+    _check_product(parts[0][0], parts[1][0], hi, lo, err, e, extra=At * Bt)
+
+
+def test_pow2_scale_beyond_the_exponent_range():
+    """``2^e`` for ``|e| > 1023`` is not a float64: ``pow2_scale`` steps (exact where the result is normal, inf past
+    the top, 0 kept 0); a head whose score exponents pass ``2^1024`` is refused in one line, not an
+    ``OverflowError``."""
+    from transcover.lipschitz._rounding import pow2_scale
+
+    x = torch.tensor([2.0**1020, 0.0, -3.0 * 2.0**1000], dtype=torch.float64)
+    assert pow2_scale(x, -2500).tolist() == [0.0, 0.0, -0.0] and pow2_scale(x, -2000).tolist() == [
+        2.0**-980, 0.0, -3.0 * 2.0**-1000]
+    assert pow2_scale(torch.tensor([2.0**-1070, 0.0], dtype=torch.float64), 3000).tolist() == [math.inf, 0.0]
+    assert pow2_scale(torch.tensor([2.0**-1074], dtype=torch.float64), 2000).tolist() == [2.0**926]
+    A, X = _range_head(0)
+    X = X.clone()
+    X[0, 3] = 2.0**1023
+    with pytest.raises(InputError, match="head 0"):
+        certified_weights(A, X, 0)
+
+
+def test_a_sliding_window_is_refused_by_every_local_route():
+    """A window changes which keys a query sees; the local routes' weights and Jacobians see them all (or every
+    earlier one): refused in one line (before stop 35 ``attention_local_bound`` certified the full softmax's bound
+    for window = 1, whose exact weights are the identity)."""
+    from transcover.lipschitz._local import layer_local
+    from transcover.lipschitz._local_attention import attention_local_bound
+    from transcover.lipschitz._local_jacobian import layer_jacobians
+
+    spec, A, X = _cancelling_layer(0, 1e-2, False)
+    Aw = dataclasses.replace(A, window=1)
+    Lw = dataclasses.replace(spec.layers[0], attention=Aw)
+    for call in (lambda: certified_weights(Aw, X, 0), lambda: attention_local_bound(Aw, X, 0.1),
+                 lambda: layer_local(Lw, X, 0.1), lambda: layer_jacobians(Lw, X, [0.1])):
+        with pytest.raises(InputError, match="sliding window"):
+            call()

@@ -39,7 +39,8 @@ from torch import Tensor
 from .._errors import InputError
 from ..model import to_tensor
 from ..model import AttentionSpec, NormKind
-from ._rounding import _TINY_SUB, _U, _gamma, accurate_product, accurate_product_dd, pow2_scale, product_row_norms, two_sum
+from ._rounding import (_TINY_SUB, _U, _gamma, accurate_product, accurate_product_dd, pow2_scale, pow2_steps,
+                        product_row_norms, two_sum)
 from ._weights import ROUNDING_PAD, spectral, spectral_product
 
 __all__ = ["AttentionLocal", "attention_weights_f64", "attention_local_bound", "attention_query_terms"]
@@ -82,6 +83,9 @@ def check_local_attention(attn: AttentionSpec) -> None:
         raise InputError("local attention bounds do not cover query/key normalisation yet (THEORY F23)")
     if attn.position_bias is not None:
         raise InputError("local attention bounds do not cover a relative position bias yet (T5; THEORY F28)")
+    if attn.window is not None:
+        raise InputError(f"local attention bounds do not cover a sliding window (window={attn.window}) yet: their "
+                         "weights and Jacobians see every key (or every earlier key when causal)")
 
 
 def check_normal_weights(scores: Tensor, P: Tensor, head: int) -> None:
@@ -153,6 +157,7 @@ def certified_weights(attn: AttentionSpec, X: Tensor, h: int) -> Tensor:
     ``-inf`` on masked keys), certified within Note [formed attention weights] of the exact weights, else refused
     (InputError, one line); also refused where a visible weight underflows (Note [underflowed attention weights]) or a
     score difference overflows.  Dot attention without RoPE (``check_local_attention``)."""
+    check_local_attention(attn)
     X = X.detach().to(torch.float64)  # exact for float32/bf16 data; the bounds below are float64's
     T = X.shape[0]
     Xa = torch.cat([X, torch.ones(T, 1, dtype=X.dtype)], dim=1)
@@ -170,8 +175,11 @@ def certified_weights(attn: AttentionSpec, X: Tensor, h: int) -> Tensor:
     g2 = _gamma(2)
     errD = (Se + me + g2 * (1 + 2 * g2) * (b.abs() + Sl.abs() + ml.abs()) + _U * D.abs()) * (1 + 4 * _U)
     sc = attn.softmax_scale
-    D = sc * pow2_scale(D, eQ + eK + eS)
-    E = (abs(sc) * pow2_scale(errD, eQ + eK + eS) + _U * D.abs()) * (1 + 4 * _U) + 4 * _TINY_SUB * max(1.0, abs(sc))
+    e = eQ + eK + eS
+    D = sc * pow2_scale(D, e)
+    # below the normal range each scaling step of D and errD rounds by 2^-1075, and the products by sc once each
+    E = (abs(sc) * pow2_scale(errD, e) + _U * D.abs()) * (1 + 4 * _U) \
+        + max(4, pow2_steps(e) + 2) * _TINY_SUB * max(1.0, abs(sc))
     D = torch.where(vis, D, -math.inf)
     if not bool(torch.isfinite(D[vis]).all() & torch.isfinite(E[vis]).all()):
         raise InputError(f"head {h}: an attention score difference overflows float64; the local bounds refuse this "
@@ -184,7 +192,8 @@ def certified_weights(attn: AttentionSpec, X: Tensor, h: int) -> Tensor:
     bad = vis & ((rel > WEIGHT_REL) | (P * rel > 2 * (T + 8) * _U))
     if bool(bad.any()):
         i, j = (int(v) for v in bad.nonzero()[0])
-        raise InputError(f"head {h}, query {i}: the attention scores cancel beyond float64 (certified error "
+        raise InputError(f"head {h}, query {i}: the attention scores cancel, or lie too far below their terms' "
+                         f"range, for float64 (certified error "
                          f"{float(E[i, j]):.3g} on key {j}, moving its weight by up to {float(rel[i, j]):.3g} relative); "
                          "the local bounds take the weights with float64's accuracy (THEORY F99) and refuse this input")
     return P
@@ -194,6 +203,7 @@ def attention_weights_f64(attn: AttentionSpec, X: Tensor) -> list[Tensor]:
     """The softmax matrices ``P^h`` (T, T) of every head at X, float64 (refused where a visible weight
     underflows: Note [underflowed attention weights]; or where the heads' data terms leave Note [local head data
     range]); the weights certified by Note [formed attention weights])."""
+    check_local_attention(attn)
     out = []
     T = X.shape[0]
     Xa = torch.cat([X, torch.ones(T, 1, dtype=X.dtype)], dim=1)

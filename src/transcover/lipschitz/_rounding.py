@@ -102,10 +102,19 @@ def two_sum(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
     return s, (a - (s - bv)) + (b - bv)
 
 
+def pow2_steps(e: int) -> int:
+    """How many multiplications ``pow2_scale(A, e)`` makes: each by a power of two within ``2^+-1000``."""
+    return max(1, -(-abs(e) // 1000))
+
+
 def pow2_scale(A: Tensor, e: int) -> Tensor:
-    """``A 2^e``, exact wherever the result is a normal float (two steps where ``2^e`` alone would leave the range)."""
-    for part in (e // 2, e - e // 2) if abs(e) > 1000 else (e,):
-        A = A * 2.0**part
+    """``A 2^e`` by ``pow2_steps(e)`` multiplications, each by ``2^k`` with ``|k| <= 1000`` (``2^e`` alone leaves
+    float64 beyond ``|e| = 1023``: ``2.0**1024`` raised ``OverflowError``).  Exact wherever the result is a normal
+    float; where it is subnormal each step rounds at most once, by ``2^-1075`` (``pow2_steps(e) 2^-1075`` in all);
+    beyond the range it is ``+-inf`` (0 stays 0)."""
+    n = pow2_steps(e)
+    for i in range(n):
+        A = A * 2.0 ** (e * (i + 1) // n - e * i // n)
     return A
 
 
@@ -182,12 +191,21 @@ def accurate_product_dd(A: tuple[Tensor, Tensor, Tensor], B: tuple[Tensor, Tenso
     are formed plainly, within ``gamma_{3n} (|A_hi||B_lo| + |A_lo||B_hi| + |A_lo||B_lo|)`` (Higham 3.5), and joined by a
     TwoSum with the high part (``lo`` then rounds once: ``u |lo|``).  The inputs' errors add ``e_A |B~| + |A~| e_B +
     e_A e_B`` (``|A~| <= |A_hi| + |A_lo|``).  Every non-negative product is padded by ``1 + 2 gamma_{3n+3}``.  Returns
-    ``(hi, lo, err, e)`` as ``accurate_product``, in units ``2^e`` (THEORY F99)."""
-    (Ah, Al, eA), (Bh, Bl, eB) = A, B
-    n = Ah.shape[1]
-    fi = torch.finfo(Ah.dtype)
+    ``(hi, lo, err, e)`` as ``accurate_product``, in units ``2^e`` (THEORY F99).
+
+    Each operand (its three parts together) is first scaled up by the power of two that brings its largest
+    ``|hi| + |lo| + err`` to ``[1/2, 1)`` (exact: only upwards, and below 1 nothing overflows; ``e`` carries it).
+    Without it the cross and input terms of operands far below 1 -- an ``err`` that is all that is left of an entry
+    ``accurate_product`` flushed -- underflowed to 0 and the certificate lost them (a query column at ``2^-1101`` of
+    its units: weights of order one certified to ``1e-92``, the red team of stop 35).  What the plain products
+    still lose below the normal range, ``2^-1075`` a product (Higham 2.2 with underflow) over the nine ``n``-term
+    products here, and the final scaling's rounding, is charged as ``(9 n + 4) 2^-1075`` of the scaled units."""
+    (Ah, Al, eA), (Bh, Bl, eB) = _unit_dd(A), _unit_dd(B)
+    n = Ah[0].shape[1]
+    fi = torch.finfo(Ah[0].dtype)
     u = fi.eps / 2
     g = _gamma(3 * n + 3, u)
+    (Ah, ka), (Bh, kb) = Ah, Bh
     hi, lo, err, e = accurate_product(Ah, Bh)
     aAl, aBl = Al.abs(), Bl.abs()
     cross = pow2_scale(Ah @ Bl + Al @ Bh + Al @ Bl, -e)
@@ -196,5 +214,18 @@ def accurate_product_dd(A: tuple[Tensor, Tensor, Tensor], B: tuple[Tensor, Tenso
     lo = lo + t
     aA, aB = Ah.abs() + aAl, Bh.abs() + aBl
     inp = (eA @ aB + aA @ eB + eA @ eB) * (1 + 2 * g)
-    err = err + u * lo.abs() * (1 + 2 * u) + pow2_scale(ecross + inp, -e) * (1 + fi.eps) + 2 * fi.tiny * fi.eps
-    return hi, lo, err, e
+    under = math.ldexp(9 * n + 4, -1075 - e) if -1075 - e > -1074 else (9 * n + 4) * 2.0**-1074  # >= the true
+    err = err + u * lo.abs() * (1 + 2 * u) + pow2_scale(ecross + inp, -e) * (1 + fi.eps) + under
+    return hi, lo, err, e + ka + kb
+
+
+def _unit_dd(A: tuple[Tensor, Tensor, Tensor]) -> tuple[tuple[Tensor, int], Tensor, Tensor]:
+    """``((hi 2^-k, k), lo 2^-k, err 2^-k)`` with ``k <= 0`` bringing the largest ``|hi| + |lo| + err`` to ``[1/2, 1)``
+    where it lies below 1/2 (``k = 0`` otherwise, and for zero or non-finite operands): an exact scaling, upwards only
+    (``accurate_product_dd``)."""
+    hi, lo, err = A
+    m = (hi.abs() + lo.abs() + err).amax() if hi.numel() else torch.zeros((), dtype=hi.dtype)
+    k = min(int(pow2_exponent(m)), 0) if bool(torch.isfinite(m)) else 0
+    if k == 0:
+        return (hi, 0), lo, err
+    return (pow2_scale(hi, -k), k), pow2_scale(lo, -k), pow2_scale(err, -k)

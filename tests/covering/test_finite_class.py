@@ -160,3 +160,32 @@ def test_occam_bound_holds_over_a_finite_class_by_simulation():
 def test_bad_input_raises(call):
     with pytest.raises(InputError):
         call()
+
+
+@pytest.mark.parametrize("units", [9, 16, 23, 53, 601])
+def test_catoni_with_a_subnormal_delta_is_never_below_its_formula(units):
+    """Stop 35's red team: ``delta / |grid|`` rounded *up* where it is subnormal (by up to half its spacing, far
+    beyond the log's relative margin): at ``delta = 5 * 2^-1074`` the bound was 0.5249999 against the exact
+    0.5250865.  Each C's share is now rounded down (or refused where no positive float is below it)."""
+    from transcover.covering._finite_class import catoni_occam_bound
+
+    delta = units * 2.0**-1074
+    grid = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
+    got = catoni_occam_bound(0.0, 0, 1000, delta, C=grid)
+    with mpmath.workdps(60):
+        c = mpmath.log(mpmath.mpf(len(grid)) / (units * mpmath.mpf(2) ** -1074)) / 1000
+        exact = min((1 - mpmath.exp(-c)) / (1 - mpmath.exp(-x)) for x in grid)
+        assert mpmath.mpf(got) >= min(exact, 1)
+
+
+def test_catoni_refuses_a_delta_whose_share_underflows():
+    from transcover.covering._finite_class import catoni_occam_bound
+
+    with pytest.raises(InputError, match="underflows float64"):
+        catoni_occam_bound(0.0, 0, 1000, 5 * 2.0**-1074)
+
+
+def test_a_negative_zero_error_is_zero():
+    """``-0.0`` passed the input check, and the kl bisection read its (negative) bit pattern: a math domain error."""
+    assert kl_occam_bound(-0.0, 10, 100, 0.05) == kl_occam_bound(0.0, 10, 100, 0.05)
+    assert kl_inverse_upper(-0.0, 0.1) == kl_inverse_upper(0.0, 0.1)

@@ -32,6 +32,7 @@ from transcover.lipschitz._local import _sym_top
 from transcover.lipschitz._local_jacobian import (
     _mixed_norms, _row_block_norms, centre_tokens, pow2_norm, root_sum_squares,
 )
+from transcover.lipschitz._rounding import product_row_error, product_row_norms
 from transcover.lipschitz._local_rows import _head_gram, _heads_combined, _sandwich
 from transcover.lipschitz._local_stack_aligned import ellipsoid_gram
 from transcover.lipschitz._local_stack_joint import block_lmax
@@ -314,3 +315,57 @@ def test_product_spectral_scales_exactly(e):
     got = _spectral({(0, 1): (_two(N, e), math.ldexp(1e-3, e))}, 0, 1)
     assert math.isfinite(got) and got >= math.ldexp(base, e) * (1 - 4 * 2.0**-53)
     assert got <= math.ldexp(base, e) * (1 + 4 * 2.0**-53)
+
+
+def _exact_row_norm(A: torch.Tensor, *Ws: torch.Tensor) -> mpmath.mpf:
+    """The exact norm of row 0 of ``A W_1 W_2 ...`` (float64 inputs, exact rational products)."""
+    from fractions import Fraction
+
+    R = [[Fraction(v) for v in row] for row in A.tolist()]
+    for W in Ws:
+        Wf = [[Fraction(v) for v in row] for row in W.tolist()]
+        R = [[sum(r[k] * Wf[k][j] for k in range(len(Wf))) for j in range(len(Wf[0]))] for r in R]
+    with mpmath.workdps(60):
+        return mpmath.sqrt(mpmath.fsum(mpmath.mpf(v.numerator) / v.denominator * mpmath.mpf(v.numerator) / v.denominator
+                                       for v in R[0]))
+
+
+@pytest.mark.parametrize("case", ["chain", "chain-big", "single", "sum64", "partial"])
+def test_product_row_norms_cover_products_that_underflow(case):
+    """Stop 35's red team of F97: Higham's relative model has no underflow, and the chain ``|A||W|...`` underflows
+    with the product: ``2^-540 * 2^-540 * 2^1000`` was certified 0 against an exact ``2^-80``, and a partial loss
+    27 % under.  The certified row norm and its error bound are at least the exact norm and the exact error."""
+    t = lambda *rows: torch.tensor(rows, dtype=torch.float64)  # noqa: E731
+    A, Ws = {"chain": (t([2.0**-540]), (t([2.0**-540]), t([2.0**1000]))),
+             "chain-big": (t([2.0**-540]), (t([2.0**-540]), t([2.0**1000]), t([2.0**1023]))),
+             "single": (t([2.0**-540]), (t([2.0**-540]),)),
+             "sum64": (t([2.0**-538] * 64), (torch.full((64, 1), 2.0**-538, dtype=torch.float64),)),
+             "partial": (t([1.375 * 2.0**-537]), (t([2.0**-537]), t([2.0**1000])))}[case]
+    exact = _exact_row_norm(A, *Ws)
+    formed = A
+    for W in Ws:
+        formed = formed @ W
+    err = mpmath.mpf(float(product_row_error(A, *Ws)[0]))
+    assert mpmath.mpf(float(product_row_norms(A, *Ws)[0])) >= exact > 0
+    assert formed.shape[1] == 1 and err >= abs(exact - abs(mpmath.mpf(float(formed[0, 0]))))  # one column: |row|
+
+
+def test_product_row_norms_of_an_overflowing_product_are_inf():
+    """A formed product that overflows (``inf - inf``) had a NaN norm: now ``inf``, a (useless) upper bound."""
+    A = torch.tensor([[2.0**600, 2.0**600]], dtype=torch.float64)
+    W = torch.tensor([[2.0**600], [-(2.0**600)]], dtype=torch.float64)
+    assert product_row_norms(A, W).tolist() == [math.inf]
+
+
+def test_certified_lmax_of_exactly_rank_one_grams_is_not_below_the_trace():
+    """``lambda_max`` of an exactly stored rank-one ``v v^T`` is its exact trace ``||v||^2``; the trace fallback's float
+    sum was 1.45 ulp under it (stop 35's red team).  Padded for its sum: never below."""
+    from transcover.lipschitz._local_jacobian import certified_lmax
+
+    v11 = [float.fromhex(h) for h in ("0x1.2p-28", "0x1p+0", "0x1.cp-29", "0x1.cp-27", "0x1.cp-27", "0x1p+0",
+                                       "0x1.8p-27", "0x1.cp-29", "0x1.2p-27", "0x1p+0", "0x1.2p-27")]
+    for v in (v11, [1.0, 2.0**-28]):
+        G = torch.tensor([[a * b for b in v] for a in v], dtype=torch.float64)
+        assert all(mpmath.mpf(a) * b == mpmath.mpf(a * b) for a in v for b in v)  # stored exactly
+        exact = mpmath.fsum(mpmath.mpf(a) ** 2 for a in v)
+        assert mpmath.mpf(float(certified_lmax(G[None])[0])) >= exact

@@ -63,7 +63,7 @@ def _up(x: float, n_ops: int) -> float:
 def _check_prob(name: str, q: float) -> float:
     if not (isinstance(q, (int, float)) and math.isfinite(q) and 0.0 <= q <= 1.0):
         raise InputError(f"{name} must be a number in [0, 1], but got {name}={q!r}")
-    return float(q)
+    return float(q) + 0.0  # -0.0 -> 0.0: the bisection reads bit patterns, and -0.0's is negative
 
 
 def binary_kl(q: float, p: float) -> float:
@@ -220,7 +220,12 @@ def catoni_occam_bound(train_error: float, description_bits: float, n: int, delt
     q = _check_prob("train_error", train_error)
     if not (isinstance(delta, (int, float)) and 0.0 < delta < 1.0):
         raise InputError(f"delta must be in (0, 1), but got delta={delta!r}")
-    c = occam_complexity(description_bits, n, delta / len(grid))
+    share = delta / len(grid)
+    if Fraction(share) * len(grid) > Fraction(delta):  # each C's delta rounded down (it rounded up by up to half an
+        share = math.nextafter(share, 0.0)             # ulp: far more than the log's margin where it is subnormal)
+    if share == 0.0:
+        raise InputError(f"delta / |C grid| = {delta!r} / {len(grid)} underflows float64; use a larger delta")
+    c = occam_complexity(description_bits, n, share)
     best = 1.0
     for x in grid:
         # numerator -expm1(-t) grows with t, so t rounded up; denominator rounded down.

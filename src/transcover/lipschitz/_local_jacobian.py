@@ -174,7 +174,9 @@ def certified_lmax_vec(G: Tensor, *, start: Tensor | None = None, steps: int = K
 
     Source: THEORY F32.  Candidate ``mu`` from the Ritz value ``theta`` and residual ``res``:
     ``theta (1 + 1e-9) + res``, then ``theta (1 + delta)`` up the ladder; an element no rung
-    certifies gets its trace (PSD).  Assumptions: ``G`` symmetric PSD as stored."""
+    certifies gets its trace (PSD), and every result is at most the trace, padded ``1 + 4 d u`` for its sum.
+    Assumptions: ``G`` symmetric PSD as stored (the trace is no bound on an indefinite matrix; callers that form a
+    Gram pad for its rounding, e.g. ``GRAM_PAD``)."""
     n, _, d = G.shape
     fro2 = G.diagonal(dim1=1, dim2=2).sum(-1)
     out = torch.full_like(fro2, math.inf)
@@ -188,6 +190,9 @@ def certified_lmax_vec(G: Tensor, *, start: Tensor | None = None, steps: int = K
         xs[fin] = x
         return out, xs
     lam, res, x = _candidate(G, start, steps)
+    # the trace bounds lambda_max of a PSD matrix; its float sum of d non-negative terms is padded for its rounding
+    # (unpadded it was 1.45 ulp under lambda_max of an exactly rank-one Gram: the red team of stop 35)
+    fro2 = fro2 * (1 + 4 * d * _U)
     out = fro2.clone()
     todo = torch.ones(n, dtype=torch.bool)
     for k, delta in enumerate((1e-9,) + _LADDER):

@@ -77,21 +77,45 @@ def product_row_error(A: Tensor, *Ws: Tensor) -> Tensor:
     """Per row of ``A`` (..., k), a bound on ``||fl((A W_1) W_2 ...) - A W_1 W_2 ...||``, the formed product's
     rounding: ``gamma_K || |A| |W_1| |W_2| ... ||`` with ``K`` the sum of the inner dimensions (Higham Lemma 3.5 once
     per product, ``gamma_a + gamma_b + gamma_a gamma_b <= gamma_{a+b}``; THEORY F97), padded for its own evaluation
-    (non-negative terms: relative ``gamma_K``).  A norm of the formed product padded only relative to itself falls
-    short of the exact one where the product cancels.  Norms at powers of two (``pow2_norm``, THEORY F96)."""
+    (non-negative terms: relative ``gamma_K``), plus what underflow adds (``_underflow_rows``).  A norm of the formed
+    product padded only relative to itself falls short of the exact one where the product cancels.  Norms at powers
+    of two (``pow2_norm``, THEORY F96)."""
     R = A.abs()
     for W in Ws:
         R = R @ W.abs()
-    return _gamma(sum(W.shape[0] for W in Ws)) * pow2_norm(R, -1) * (1 + 1e-12)
+    return _gamma(sum(W.shape[0] for W in Ws)) * pow2_norm(R, -1) * (1 + 1e-12) + _underflow_rows(Ws)
+
+
+def _underflow_rows(Ws: tuple[Tensor, ...]) -> float:
+    """A bound on what gradual underflow adds to a row of ``fl((A W_1) W_2 ...)``'s error, and to the row of the
+    ``|A||W_1|...`` chain that bounds the rest, beyond Higham's relative model (THEORY F97, closed at stop 35): each
+    product of the ``s``-th step rounds by at most ``2^-1075`` absolute (Higham 2.2 with underflow; sums are exact
+    there), so that step's row error is at most ``k_s 2^-1075 n_s^{1/2}`` in norm (``k_s`` its inner, ``n_s`` its outer
+    dimension), carried by ``||W_t||_F`` through the later factors; twice that, for the chain of magnitudes.  Formed in
+    base-2 logarithms (no over- or underflow; a positive value below ``2^-1074`` is given as ``2^-1074``).  On data of
+    the normal range it is below ``2^-1000`` of every caller's values: it matters only where a product underflows
+    (``2^-540 * 2^-540 * 2^1000`` was certified 0 against an exact ``2^-80``)."""
+    norms = [float(pow2_norm(W)) * (1 + 1e-12) for W in Ws]
+    total = 0.0
+    for s, W in enumerate(Ws):
+        later = norms[s + 1:]
+        if W.shape[0] == 0 or W.shape[1] == 0 or any(v == 0.0 for v in later):
+            continue
+        if any(math.isinf(v) or math.isnan(v) for v in later):
+            return math.inf
+        lg = math.log2(W.shape[0]) + 0.5 * math.log2(W.shape[1]) - 1074 + sum(math.log2(v) for v in later) + 1e-9
+        total += math.inf if lg > 1023 else max(2.0**lg, _TINY_SUB) if lg > -1074 else _TINY_SUB
+    return total * (1 + 1e-12) if total else 0.0
 
 
 def product_row_norms(A: Tensor, *Ws: Tensor) -> Tensor:
     """Per row of ``A``, a certified upper bound on the exact product's row norm ``||(A W_1 W_2 ...)_i||``: the formed
-    row's norm plus ``product_row_error`` (THEORY F97)."""
+    row's norm plus ``product_row_error`` (THEORY F97); ``inf`` where the formed product overflowed (a NaN norm)."""
     R = A
     for W in Ws:
         R = R @ W
-    return (pow2_norm(R, -1) * (1 + 1e-12) + product_row_error(A, *Ws)) * (1 + 1e-12)
+    out = (pow2_norm(R, -1) * (1 + 1e-12) + product_row_error(A, *Ws)) * (1 + 1e-12)
+    return torch.nan_to_num(out, nan=math.inf)
 
 
 def two_sum(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:

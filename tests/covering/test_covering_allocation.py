@@ -97,3 +97,27 @@ def test_zero_cost_and_zero_coefficient_terms():
 def test_bad_inputs(bad):
     with pytest.raises(InputError):
         budget_allocation(**bad)
+
+
+@pytest.mark.parametrize("log_c", [-700.0, -800.0, -1500.0])
+@pytest.mark.parametrize("family", ["l21", "spectral"])
+def test_a_term_that_barely_moves_the_output_costs_almost_nothing_not_nan(log_c, family):
+    """Stop 35's red team: a bias with a coefficient ``e^-1500`` gets a scale whose ``2r/e`` underflows, and the
+    parametric cover's ``ln softplus`` became ``log(0)``: a raw ValueError (``CoverCost``) or a NaN ``log log N``
+    (the certified route).  ``ln log1p(x) <= ln x`` bounds it above there: the total is the weight matrix's own."""
+    from transcover.covering._transformer import MatrixTerm, transformer_log_covering
+
+    W = MatrixTerm(0, "W_1", (4, 4), 0.0, 2.0, 1.0, group="ffn")
+    alone = transformer_log_covering([W], 1.0, 100, family=family)
+    both = transformer_log_covering([W, MatrixTerm(0, "b_1", (1, 4), log_c, 1.0, 1.0, vector=True, group="ffn")],
+                                    1.0, 100, family=family)
+    assert math.isfinite(both.log_log_N) and both.log_log_N >= alone.log_log_N - 1e-9
+    assert CoverCost(log_c=0.0, form="parametric", p=4, log_k=0.0).log_cost(800.0) == math.log(4) - 800.0
+
+
+def test_mixed_allocation_refuses_infinite_logs():
+    for bad in (CoverCost(log_c=math.inf, form="inverse_square", log_A=0.0),
+                CoverCost(log_c=0.0, form="inverse_square", log_A=math.inf),
+                CoverCost(log_c=math.nan, form="parametric", p=3, log_k=0.0)):
+        with pytest.raises(InputError, match="finite or -inf"):
+            allocate_mixed([bad], 0.1)

@@ -162,9 +162,11 @@ class CoverCost:
             return self.log_A - 2.0 * log_e
         if self.p == 0 or self.log_k == -math.inf:
             return -math.inf
-        # p log(1 + k/e), in logs: log p + log(log1p(k/e)) with log1p(k/e) = softplus(log k - log e)
+        # p log(1 + k/e), in logs: log p + log(log1p(k/e)) with log1p(k/e) = softplus(log k - log e); below z = -30
+        # ln(log1p(e^z)) is z - e^z/2 + ..., and z bounds it above (log1p(x) <= x): softplus underflowed there
+        # (log(0): a ValueError for a bias whose k/e is below 2^-1074; under-reported where k/e was subnormal)
         z = self.log_k - log_e
-        return math.log(self.p) + math.log(float(np.logaddexp(0.0, z)))
+        return math.log(self.p) + (z if z < -30.0 else math.log(float(np.logaddexp(0.0, z))))
 
 
 def _arrays(costs: Sequence[CoverCost]) -> dict[str, np.ndarray]:
@@ -215,6 +217,9 @@ def allocate_mixed(costs: Sequence[CoverCost], eps: float) -> Allocation:
     for t in costs:
         if t.form not in ("inverse_square", "parametric"):
             raise InputError(f"cost form must be 'inverse_square' or 'parametric', but got form={t.form!r}")
+        if not all(v < math.inf and not math.isnan(v) for v in (t.log_c, t.log_A, t.log_k)):
+            raise InputError(f"a cost term's log_c, log_A and log_k must be finite or -inf (a coefficient, cost or "
+                             f"radius of 0), but got log_c={t.log_c!r}, log_A={t.log_A!r}, log_k={t.log_k!r}")
     log_eps = math.log(eps)
     lc = np.array([t.log_c for t in costs])
     live = lc > -math.inf  # a term with c_i = 0 cannot move the output and takes no budget

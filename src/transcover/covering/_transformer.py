@@ -194,8 +194,11 @@ def _exact_loglog(ar: dict[str, np.ndarray], log_e: np.ndarray, n_points: int) -
     """
     ln = ar["log_norm"]
     with np.errstate(invalid="ignore", over="ignore"):
-        # F1 (parametric), r = norm: p * softplus(ln(2r) - ln e)
-        par = ar["log_p"] + np.log(np.logaddexp(0.0, math.log(2.0) + ln - log_e))
+        # F1 (parametric), r = norm: p * softplus(ln(2r) - ln e); below z = -30 ln softplus(z) = z - e^z/2 + ... and z
+        # bounds it above (log1p(x) <= x): softplus underflowed there (nan for 2r/e below 2^-1074, 0.25 under
+        # where it was subnormal; red team of stop 35)
+        z = math.log(2.0) + ln - log_e
+        par = ar["log_p"] + np.where(z < -30.0, z, np.log(np.logaddexp(0.0, np.maximum(z, -30.0))))
         # F2 (inverse square) at scale e/2: a = norm
         log_ab = ln + math.log(2.0) - log_e
         log_k = np.logaddexp(math.log(36.0) + 2.0 * log_ab, ar["log_cols"])

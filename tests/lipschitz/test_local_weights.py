@@ -273,13 +273,13 @@ def test_accurate_product_dd_keeps_the_charges_of_tiny_operands(seed, ka, kb):
     Bh = torch.randn(4, 2, generator=g, dtype=torch.float64)
     Bl = Bh * _U * torch.rand(4, 2, generator=g, dtype=torch.float64)
     eB = Bh.abs() * 1e-25
-    sa, sb = 2.0**ka, 2.0**kb
     parts = [torch.ldexp(t, torch.tensor(ka)) for t in (Ah, Al, eA)], [torch.ldexp(t, torch.tensor(kb)) for t in (Bh, Bl, eB)]
     hi, lo, err, e = accurate_product_dd(tuple(parts[0]), tuple(parts[1]))
     sA, sB = torch.sign(torch.randn(3, 4, generator=g)), torch.sign(torch.randn(4, 2, generator=g))
-    At = (_mp(Ah) + _mp(Al) + _mp(eA * sA)) * mpmath.mpf(sa)
-    Bt = (_mp(Bh) + _mp(Bl) + _mp(eB * sB)) * mpmath.mpf(sb)
-    _check_product(parts[0][0], parts[1][0], hi, lo, err, e, extra=At * Bt)
+    (ah, al, ea), (bh, bl, eb) = parts  # the floats passed (2^ka of a subnormal rounds): the corner of their boxes
+    At = _mp(ah) + _mp(al) + _mp(ea * sA)
+    Bt = _mp(bh) + _mp(bl) + _mp(eb * sB)
+    _check_product(ah, bh, hi, lo, err, e, extra=At * Bt)
 
 
 def test_pow2_scale_beyond_the_exponent_range():
@@ -315,3 +315,35 @@ def test_a_sliding_window_is_refused_by_every_local_route():
                  lambda: layer_local(Lw, X, 0.1), lambda: layer_jacobians(Lw, X, [0.1])):
         with pytest.raises(InputError, match="sliding window"):
             call()
+
+
+def test_a_negative_softmax_scale_is_refused_where_the_spec_is_built():
+    """Stop 35's red team: the local bounds multiplied score terms by the raw scale, so ``scale = -0.3`` certified 3.50
+    where the Jacobian at X reaches 7.50 (and ``layer_local`` certified below its own point value).  No model uses a
+    negative scale: the spec refuses it (and any non-finite one), so no route can see it."""
+    spec, A, X = _cancelling_layer(0, 1e-2, False)
+    for bad in (-0.3, -1e-300, math.nan, math.inf):
+        with pytest.raises(ValueError, match="softmax scale must be a finite number >= 0"):
+            dataclasses.replace(A, scale=bad)
+    dataclasses.replace(A, scale=0.0)  # uniform weights: a valid (constant-score) attention
+
+
+def test_local_norm_and_attention_refuse_bad_radii_and_tokens_in_one_line():
+    """The public component functions checked neither the radius nor the tokens: ``norm_local`` with ``rho = -0.5``
+    returned 1.38 under the Jacobian's 1.66 at X itself, NaN radii gave NaN constants, and a batched or empty X, a
+    wrong width or a negative eps crashed with IndexError, ValueError or RuntimeError."""
+    from transcover.lipschitz._local import norm_local
+    from transcover.lipschitz._local_attention import attention_local_bound
+
+    spec, A, X = _cancelling_layer(0, 1e-2, False)
+    norm = spec.layers[0].norm_attn
+    for rho in (-0.5, math.nan, math.inf):
+        with pytest.raises(InputError, match="rho must be a finite number >= 0"):
+            norm_local(norm, X, rho)
+    for bad in (X[:0], X[None], X[:, :-1], X[0]):
+        for call in (lambda: norm_local(norm, bad, 0.1), lambda: attention_local_bound(A, bad, 0.1)):
+            with pytest.raises(InputError, match="tensor of tokens") as err:
+                call()
+            assert "\n" not in str(err.value)
+    with pytest.raises(InputError, match="finite eps >= 0"):
+        norm_local(dataclasses.replace(norm, eps=-1.0), X, 0.1)

@@ -77,8 +77,18 @@ def norm_local(norm: NormSpec | None, X: Tensor, rho: float) -> tuple[Tensor, Te
     .. math:: \mathrm{Lip}_t \le \frac{\max|\gamma|}{\sqrt{(\sigma(x_t) - \rho/\sqrt d)_+^2 + \varepsilon}}
 
     Source: THEORY F14, F17; Note [local norm floor].  Assumptions: each token moves by ``<= rho``.
-    Returns ``(lip, s)`` of shape (T,); ``s`` is ``inf`` for Pi_norm / identity (constant 1).
+    Returns ``(lip, s)`` of shape (T,); ``s`` is ``inf`` for Pi_norm / identity (constant 1).  Refused (InputError):
+    ``rho`` negative or not finite, ``X`` not (T, d) with finite entries, ``eps`` negative or not finite.
     """
+    from ._local_attention import check_tokens
+
+    rho = float(rho)
+    if not (rho >= 0 and math.isfinite(rho)):
+        raise InputError(f"rho must be a finite number >= 0, but got rho={rho!r}")
+    if norm is not None and norm.kind not in (NormKind.NONE, NormKind.BALL):
+        check_tokens(X, int(norm.weight.shape[-1]) if norm.weight is not None else X.shape[-1])
+        if not (math.isfinite(float(norm.eps)) and float(norm.eps) >= 0) or not math.isfinite(norm.gamma_max_abs):
+            raise InputError(f"a normalisation needs a finite eps >= 0 and finite gains, but got eps={norm.eps!r}")
     T, d = X.shape
     if norm is None or norm.kind in (NormKind.NONE, NormKind.BALL):
         return torch.ones(T, dtype=torch.float64), torch.full((T,), math.inf, dtype=torch.float64)

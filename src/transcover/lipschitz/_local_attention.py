@@ -86,6 +86,20 @@ def check_local_attention(attn: AttentionSpec) -> None:
     if attn.window is not None:
         raise InputError(f"local attention bounds do not cover a sliding window (window={attn.window}) yet: their "
                          "weights and Jacobians see every key (or every earlier key when causal)")
+    sc = attn.softmax_scale
+    if not (math.isfinite(sc) and sc >= 0):
+        # the routes multiply score terms by the scale itself: a negative one flipped their signs (stop 35's red team:
+        # certified 3.50 where the Jacobian at X reaches 7.50); no model uses one
+        raise InputError(f"local attention bounds need a finite softmax scale >= 0, but got scale={sc!r}")
+
+
+def check_tokens(X: Tensor, d: int, what: str = "X") -> None:
+    """``X`` must be a 2-D (T, d) tensor with T >= 1 and finite entries (InputError, one line)."""
+    if not isinstance(X, Tensor) or X.dim() != 2 or X.shape[0] < 1 or X.shape[1] != d:
+        shape = tuple(X.shape) if isinstance(X, Tensor) else type(X).__name__
+        raise InputError(f"{what} must be a (T, {d}) tensor of tokens with T >= 1, but got shape {shape}")
+    if not bool(torch.isfinite(X).all()):
+        raise InputError(f"{what} has NaN or infinite entries")
 
 
 def check_normal_weights(scores: Tensor, P: Tensor, head: int) -> None:
@@ -377,6 +391,8 @@ def attention_local_bound(attn: AttentionSpec, X: Tensor, rho: float, *, norms: 
     if not (rho >= 0 and math.isfinite(rho)):
         raise InputError(f"rho must be a finite number >= 0, but got rho={rho}")
     norms = head_norms(attn) if norms is None else norms
+    check_local_attention(attn)
+    check_tokens(X, attn.d_model)
     terms, dmax, summed = attention_query_terms(attn, X, rho, norms=norms, want_sum=True)
     per_query = torch.minimum(norms["O"] * terms, summed) * (1.0 + ROUNDING_PAD)
     linear = norms["O"] * math.sqrt(sum(v * v for v in norms["V"]))

@@ -315,6 +315,8 @@ class AttentionSpec:
         if self.window is not None and (isinstance(self.window, bool) or not isinstance(self.window, int)
                                         or self.window < 1):
             raise ValueError(f"attention window must be a positive integer, but got {self.window!r}")
+        if self.scale is not None and not (isinstance(self.scale, (int, float)) and 0 <= self.scale < float("inf")):
+            raise ValueError(f"attention softmax scale must be a finite number >= 0, but got {self.scale!r}")
         if self.kind == "l2":
             self._check_l2()
 

@@ -104,7 +104,7 @@ def _underflow_rows(Ws: tuple[Tensor, ...]) -> float:
         if any(math.isinf(v) or math.isnan(v) for v in later):
             return math.inf
         lg = math.log2(W.shape[0]) + 0.5 * math.log2(W.shape[1]) - 1074 + sum(math.log2(v) for v in later) + 1e-9
-        total += math.inf if lg > 1023 else max(2.0**lg, _TINY_SUB) if lg > -1074 else _TINY_SUB
+        total += math.inf if lg > 1023 else math.nextafter(2.0**lg, math.inf) if lg > -1074 else _TINY_SUB
     return total * (1 + 1e-12) if total else 0.0
 
 
@@ -224,12 +224,12 @@ def accurate_product_dd(A: tuple[Tensor, Tensor, Tensor], B: tuple[Tensor, Tenso
     its units: weights of order one certified to ``1e-92``, the red team of stop 35).  What the plain products
     still lose below the normal range, ``2^-1075`` a product (Higham 2.2 with underflow) over the nine ``n``-term
     products here, and the final scaling's rounding, is charged as ``(9 n + 4) 2^-1075`` of the scaled units."""
-    (Ah, Al, eA), (Bh, Bl, eB) = _unit_dd(A), _unit_dd(B)
-    n = Ah[0].shape[1]
-    fi = torch.finfo(Ah[0].dtype)
+    (Ah, Al, eA), ka = _unit_dd(A)
+    (Bh, Bl, eB), kb = _unit_dd(B)
+    n = Ah.shape[1]
+    fi = torch.finfo(Ah.dtype)
     u = fi.eps / 2
     g = _gamma(3 * n + 3, u)
-    (Ah, ka), (Bh, kb) = Ah, Bh
     hi, lo, err, e = accurate_product(Ah, Bh)
     aAl, aBl = Al.abs(), Bl.abs()
     cross = pow2_scale(Ah @ Bl + Al @ Bh + Al @ Bl, -e)
@@ -238,18 +238,21 @@ def accurate_product_dd(A: tuple[Tensor, Tensor, Tensor], B: tuple[Tensor, Tenso
     lo = lo + t
     aA, aB = Ah.abs() + aAl, Bh.abs() + aBl
     inp = (eA @ aB + aA @ eB + eA @ eB) * (1 + 2 * g)
-    under = math.ldexp(9 * n + 4, -1075 - e) if -1075 - e > -1074 else (9 * n + 4) * 2.0**-1074  # >= the true
+    try:  # (9 n + 4) 2^-1075 in units 2^e, at least the true value (inf where the units are too small for it)
+        under = math.ldexp(9 * n + 4, -1075 - e) if -1075 - e > -1074 else (9 * n + 4) * 2.0**-1074
+    except OverflowError:
+        under = math.inf
     err = err + u * lo.abs() * (1 + 2 * u) + pow2_scale(ecross + inp, -e) * (1 + fi.eps) + under
     return hi, lo, err, e + ka + kb
 
 
-def _unit_dd(A: tuple[Tensor, Tensor, Tensor]) -> tuple[tuple[Tensor, int], Tensor, Tensor]:
-    """``((hi 2^-k, k), lo 2^-k, err 2^-k)`` with ``k <= 0`` bringing the largest ``|hi| + |lo| + err`` to ``[1/2, 1)``
+def _unit_dd(A: tuple[Tensor, Tensor, Tensor]) -> tuple[tuple[Tensor, Tensor, Tensor], int]:
+    """``((hi 2^-k, lo 2^-k, err 2^-k), k)`` with ``k <= 0`` bringing the largest ``|hi| + |lo| + err`` to ``[1/2, 1)``
     where it lies below 1/2 (``k = 0`` otherwise, and for zero or non-finite operands): an exact scaling, upwards only
     (``accurate_product_dd``)."""
     hi, lo, err = A
     m = (hi.abs() + lo.abs() + err).amax() if hi.numel() else torch.zeros((), dtype=hi.dtype)
     k = min(int(pow2_exponent(m)), 0) if bool(torch.isfinite(m)) else 0
     if k == 0:
-        return (hi, 0), lo, err
-    return (pow2_scale(hi, -k), k), pow2_scale(lo, -k), pow2_scale(err, -k)
+        return (hi, lo, err), 0
+    return (pow2_scale(hi, -k), pow2_scale(lo, -k), pow2_scale(err, -k)), k

@@ -189,3 +189,29 @@ def test_a_negative_zero_error_is_zero():
     """``-0.0`` passed the input check, and the kl bisection read its (negative) bit pattern: a math domain error."""
     assert kl_occam_bound(-0.0, 10, 100, 0.05) == kl_occam_bound(0.0, 10, 100, 0.05)
     assert kl_inverse_upper(-0.0, 0.1) == kl_inverse_upper(0.0, 0.1)
+
+
+def test_kl_at_a_subnormal_p_far_below_q_is_finite_and_exact():
+    """``(q - p)/p`` overflowed for a subnormal ``p`` below ``q``: ``binary_kl(0.5, 1e-310)`` was inf (exact 356.2)."""
+    from transcover.covering._finite_class import _kl_with_error, binary_kl
+
+    for q, p in ((0.5, 1e-310), (1.0 - 2.0**-53, 5e-324), (2.0**-20, 2.0**-1070)):
+        value, err = _kl_with_error(q, p)
+        assert math.isfinite(value) and err < 1e-12 * value
+        with mpmath.workdps(60):
+            Q, Pm = mpmath.mpf(q), mpmath.mpf(p)
+            exact = Q * mpmath.log(Q / Pm) + (1 - Q) * (mpmath.log1p(-Q) - mpmath.log1p(-Pm))
+            assert abs(mpmath.mpf(value) - exact) <= mpmath.mpf(err)
+        assert binary_kl(q, p) == value
+
+
+@pytest.mark.parametrize("call", ["q", "bits", "n", "C"])
+def test_integers_beyond_float64_are_refused_in_one_line(call):
+    """``10**400`` raised OverflowError from ``math.isfinite``."""
+    from transcover.covering._finite_class import catoni_occam_bound
+
+    big = 10**400
+    with pytest.raises(InputError):
+        {"q": lambda: kl_occam_bound(big, 10, 100, 0.05), "bits": lambda: kl_occam_bound(0.1, big, 100, 0.05),
+         "n": lambda: kl_occam_bound(0.1, 10, big, 0.05),
+         "C": lambda: catoni_occam_bound(0.1, 10, 100, 0.05, C=(1.0, big))}[call]()

@@ -61,9 +61,17 @@ def _up(x: float, n_ops: int) -> float:
 
 
 def _check_prob(name: str, q: float) -> float:
-    if not (isinstance(q, (int, float)) and math.isfinite(q) and 0.0 <= q <= 1.0):
+    if not (isinstance(q, (int, float)) and not isinstance(q, bool) and _finite(q) and 0.0 <= q <= 1.0):
         raise InputError(f"{name} must be a number in [0, 1], but got {name}={q!r}")
     return float(q) + 0.0  # -0.0 -> 0.0: the bisection reads bit patterns, and -0.0's is negative
+
+
+def _finite(x: float) -> bool:
+    """``math.isfinite`` that answers False, not OverflowError, for an int beyond float64 (``10**400``)."""
+    try:
+        return math.isfinite(x)
+    except OverflowError:
+        return False
 
 
 def binary_kl(q: float, p: float) -> float:
@@ -104,8 +112,10 @@ def _kl_with_error(q: float, p: float) -> tuple[float, float]:
         a = 0.0
     elif q < 0.5 * p:
         a = q * math.log(q / p)
-    else:
-        a = q * math.log1p((q - p) / p)
+    else:  # where (q - p)/p overflows (p subnormal, far below q), log q - log p: both logs within 1 ulp of <= 745,
+        # their difference >= 709, so the error stays within 4 ulps of the term (red team of stop 35: inf before)
+        ratio = (q - p) / p
+        a = q * (math.log1p(ratio) if ratio < math.inf else math.log(q) - math.log(p))
     b = r * math.log1p((p - q) / (1.0 - p)) if r > 0.0 else 0.0
     return a + b, 16.0 * _EPS * (abs(a) + abs(b)) + 1e-300
 
@@ -172,10 +182,10 @@ def occam_complexity(description_bits: float, n: int, delta: float) -> float:
         n: number of i.i.d. samples the empirical error is measured on (>= 1).
         delta: failure probability in (0, 1).
     """
-    if not (isinstance(description_bits, (int, float)) and math.isfinite(description_bits) and description_bits >= 0):
+    if not (isinstance(description_bits, (int, float)) and _finite(description_bits) and description_bits >= 0):
         raise InputError(f"description_bits must be a finite number >= 0, but got {description_bits!r}")
-    if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
-        raise InputError(f"n must be a positive integer, but got n={n!r}")
+    if not isinstance(n, int) or isinstance(n, bool) or n <= 0 or not _finite(n):
+        raise InputError(f"n must be a positive integer (within float64), but got n={n!r}")
     if not (isinstance(delta, (int, float)) and 0.0 < delta < 1.0):
         raise InputError(f"delta must be in (0, 1), but got delta={delta!r}")
     numerator = _up(_up(description_bits * math.log(2.0), 2) + _up(-math.log(delta), 1), 1)
@@ -215,7 +225,7 @@ def catoni_occam_bound(train_error: float, description_bits: float, n: int, delt
     (it is a linearisation of the kl), which the tests check.  Assumptions as for the kl bound.
     """
     grid = (C,) if isinstance(C, (int, float)) else tuple(C)
-    if not grid or any(not (isinstance(x, (int, float)) and math.isfinite(x) and x > 0) for x in grid):
+    if not grid or any(not (isinstance(x, (int, float)) and _finite(x) and x > 0) for x in grid):
         raise InputError(f"C must be positive finite numbers, but got C={C!r}")
     q = _check_prob("train_error", train_error)
     if not (isinstance(delta, (int, float)) and 0.0 < delta < 1.0):

@@ -117,3 +117,68 @@ def test_ends_outside_the_normal_range_are_rounded_outward(k):
                        mpmath.ldexp(mpmath.sqrt(10), k))):
         assert mpmath.mpf(iv.lower) <= exact and iv.lower < math.inf
         assert iv.upper == math.inf if exact > MAX else mpmath.mpf(iv.upper) >= exact, (iv, exact)
+
+
+def _exact_fro_l21(W):  # noqa: ANN001, ANN202
+    """Exact Frobenius and (2,1) norms (column sums) of a float64 matrix: rational squares, mpmath roots."""
+    from fractions import Fraction
+
+    import mpmath
+
+    W = np.atleast_2d(np.asarray(W, dtype=np.float64))
+    cols = [sum(Fraction(float(v)) ** 2 for v in W[:, j]) for j in range(W.shape[1])]
+    with mpmath.workdps(60):
+        root = lambda f: mpmath.sqrt(mpmath.mpf(f.numerator) / f.denominator)  # noqa: E731
+        return root(sum(cols)), mpmath.fsum(root(c) for c in cols)
+
+
+@pytest.mark.parametrize("W", [[[float.fromhex("0x1.23456789abcdfp-520")], [float.fromhex("0x1.23456789abcdfp-520")]],
+                               [[2.0**-540, 0.0]], [[2.0**600], [0.0]],
+                               [[float.fromhex("0x1.23456789abcdfp-520"), -float.fromhex("0x1.fedcba9876543p-521")]],
+                               [[2.0**-1074, 3 * 2.0**-1074]], [[2.0**1000, -(2.0**1000)]]])
+def test_entrywise_norms_contain_the_exact_value_at_every_scale(W):
+    """Stop 35's red team (Note [entrywise scale]): the squares under- or overflowed: ``(2^-540, 0)`` was enclosed in
+    [0, 0], ``2^600`` in [1.8e308, inf], and squares near ``2^-520`` lost bits outside the pads."""
+    import mpmath
+
+    from transcover.norms._entrywise import frobenius_l21_intervals, product_frobenius_l21, vector_norm_interval
+
+    W = np.asarray(W, dtype=np.float64)
+    fro, l21 = frobenius_l21_intervals(W)
+    efro, el21 = _exact_fro_l21(W)
+    assert mpmath.mpf(fro.lower) <= efro <= mpmath.mpf(fro.upper)
+    assert mpmath.mpf(l21.lower) <= el21 <= mpmath.mpf(l21.upper)
+    v = vector_norm_interval(W.ravel())
+    assert mpmath.mpf(v.lower) <= efro <= mpmath.mpf(v.upper)
+    eye = np.eye(W.shape[0])  # the product route on (I, W): the same norms
+    pf, pl = product_frobenius_l21(eye * 2.0**-300, W)
+    with mpmath.workdps(60):
+        s = mpmath.mpf(2) ** -300
+        assert mpmath.mpf(pf.lower) <= efro * s <= mpmath.mpf(pf.upper)
+        assert mpmath.mpf(pl.lower) <= el21 * s <= mpmath.mpf(pl.upper)
+
+
+def test_entrywise_norms_refuse_non_finite_weights():
+    from transcover.norms._entrywise import frobenius_l21_intervals, vector_norm_interval
+
+    for bad in (np.array([math.nan, 0.0]), np.array([math.inf, 1.0])):
+        with pytest.raises(ValueError, match="NaN or infinite"):
+            vector_norm_interval(bad)
+        with pytest.raises(ValueError, match="NaN or infinite"):
+            frobenius_l21_intervals(bad[None])
+
+
+def test_scaled_kq_interval_is_outward_where_it_is_subnormal():
+    """``HeadMeasure.W_KQ`` multiplied a power-of-two scale in without rounding: exact only while normal (scale
+    ``2^-1070`` certified 9.4e-323 for an exact 9.49e-323)."""
+    from fractions import Fraction
+
+    from transcover._results import Interval
+    from transcover.norms._model import HeadMeasure
+
+    w = float.fromhex("0x1.3333333333333p+0")
+    hm = HeadMeasure.__new__(HeadMeasure)
+    object.__setattr__(hm, "W_QK", Interval(w, w))
+    iv = hm.W_KQ(2.0**-1070)
+    exact = Fraction(w) * Fraction(2) ** -1070
+    assert Fraction(iv.lower) <= exact <= Fraction(iv.upper)

@@ -8,6 +8,8 @@ of the l2 norms of their incoming weights; THEORY section 2).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .._results import Interval, Kind
@@ -17,6 +19,50 @@ __all__ = ["frobenius_interval", "l21_interval", "frobenius_l21_intervals", "pro
            "product_frobenius_l21", "vector_norm_interval"]
 
 
+# Note [entrywise scale]: the norms below sum squares in float64, which under- or overflow for entries outside about
+# 2^+-511 (stop 35's red team: b_1 = (2^-540, 0) enclosed in [0, 0], 2^600 in [1.8e308, inf], 2^-520 squares that lost
+# bits outside the pads).  Every norm here is homogeneous of degree one in each factor, so a factor whose largest
+# |entry| lies outside [2^-250, 2^250] is first brought to [1/2, 1) by a power of two and the interval scaled back,
+# outwards.  Scaling up is exact; scaling down can take an entry far below the largest one under the normal range,
+# which moves the norm by at most n^{1/2} 2^-1075 of the scaled units, inside the gamma pads of a norm >= 1/2.  Inside
+# [2^-250, 2^250] nothing is scaled: the same floats as before.
+_SAFE = 250
+
+
+def _pow2(W: np.ndarray) -> tuple[np.ndarray, int]:
+    """``(W 2^-e, e)`` per Note [entrywise scale] (``e = 0`` inside the safe range or for a zero W); refuses NaN/inf."""
+    W = np.asarray(W, dtype=np.float64)
+    if W.size == 0:
+        return W, 0
+    m = float(np.max(np.abs(W)))
+    if not math.isfinite(m):
+        raise ValueError("a norm of weights with NaN or infinite entries is not defined; the weights are refused")
+    if m == 0.0 or 2.0**-_SAFE <= m <= 2.0**_SAFE:
+        return W, 0
+    e = math.frexp(m)[1]
+    return np.ldexp(W, -e), e
+
+
+def _scaled(iv: Interval, e: int) -> Interval:
+    """``iv`` times ``2^e``, outwards: exact in the normal range, one ulp out where the result is subnormal or
+    overflows (the upper end then ``inf``, the lower the largest float)."""
+    if e == 0:
+        return iv
+
+    def one(x: float, towards_up: bool) -> float:
+        if x == 0.0 or not math.isfinite(x):
+            return x
+        try:
+            y = math.ldexp(x, e)
+        except OverflowError:
+            return math.inf if towards_up else 1.7976931348623157e308
+        if y < 2.2250738585072014e-308:
+            return up(y) if towards_up else max(0.0, down(y))
+        return y
+
+    return Interval(one(iv.lower, False), one(iv.upper, True), iv.kind, iv.method)
+
+
 def _enclose(value: float, rel: float, method: str) -> Interval:
     if value == 0.0:  # a sum of squares that is exactly zero: every term is zero
         return Interval(0.0, 0.0, Kind.CERTIFIED_INTERVAL, method)
@@ -24,9 +70,10 @@ def _enclose(value: float, rel: float, method: str) -> Interval:
 
 
 def vector_norm_interval(x: np.ndarray) -> Interval:
-    """``||x||_2`` enclosed: a sum of k squares has relative error <= gamma_k, sqrt one ulp."""
-    x = np.asarray(x, dtype=np.float64).ravel()
-    return _enclose(float(np.sqrt(np.dot(x, x))), gamma(x.size + 2), "float64 sum of squares")
+    """``||x||_2`` enclosed: a sum of k squares has relative error <= gamma_k, sqrt one ulp (Note [entrywise
+    scale])."""
+    x, e = _pow2(x)
+    return _scaled(_enclose(float(np.sqrt(np.dot(x.ravel(), x.ravel()))), gamma(x.size + 2), "float64 sum of squares"), e)
 
 
 def frobenius_interval(W: np.ndarray) -> Interval:
@@ -36,9 +83,9 @@ def frobenius_interval(W: np.ndarray) -> Interval:
 
 def l21_interval(W: np.ndarray) -> Interval:
     """``||W||_{2,1} = sum_j ||W[:, j]||_2`` for ``x @ W`` (sum over output units), enclosed."""
-    W = np.asarray(W, dtype=np.float64)  # the error bound below is for float64 sums
+    W, e = _pow2(W)  # float64 (the error bound below is for float64 sums), Note [entrywise scale]
     col = np.sqrt(np.einsum("ij,ij->j", W, W))
-    return _enclose(float(col.sum()), gamma(W.shape[0] + W.shape[1] + 2), "float64 column norms")
+    return _scaled(_enclose(float(col.sum()), gamma(W.shape[0] + W.shape[1] + 2), "float64 column norms"), e)
 
 
 def frobenius_l21_intervals(W: np.ndarray) -> tuple[Interval, Interval]:
@@ -47,11 +94,11 @@ def frobenius_l21_intervals(W: np.ndarray) -> tuple[Interval, Interval]:
     Column j's sum of m squares has relative error <= gamma_m; the Frobenius norm sums the n
     column sums (gamma_(m+n) in all), the (2,1) norm their square roots (gamma_(m+n+2)).
     """
-    W = np.asarray(W, dtype=np.float64)
+    W, e = _pow2(W)  # Note [entrywise scale]
     col_sq = np.einsum("ij,ij->j", W, W)
     fro = _enclose(float(np.sqrt(col_sq.sum())), gamma(W.shape[0] + W.shape[1] + 2), "float64 sum of squares")
     l21 = _enclose(float(np.sqrt(col_sq).sum()), gamma(W.shape[0] + W.shape[1] + 2), "float64 column norms")
-    return fro, l21
+    return _scaled(fro, e), _scaled(l21, e)
 
 
 def _col_sq_norms_of_product(A: np.ndarray, B: np.ndarray, G_A: np.ndarray | None = None) -> tuple[np.ndarray, float]:
@@ -64,7 +111,7 @@ def _col_sq_norms_of_product(A: np.ndarray, B: np.ndarray, G_A: np.ndarray | Non
     """
     A = np.asarray(A, dtype=np.float64)
     B = np.ascontiguousarray(B, dtype=np.float64)
-    G = A.T @ A if G_A is None else G_A
+    G = A.T @ A if G_A is None else G_A  # callers scale first (Note [entrywise scale]); a given G_A is A's own
     sq = np.einsum("ij,ij->j", G @ B, B)
     a2 = float(np.einsum("ij,ij->", A, A))
     bj2 = np.einsum("ij,ij->j", B, B)
@@ -72,15 +119,24 @@ def _col_sq_norms_of_product(A: np.ndarray, B: np.ndarray, G_A: np.ndarray | Non
     return sq, err
 
 
+def _product_parts(A: np.ndarray, B: np.ndarray, G_A: np.ndarray | None = None) -> tuple[np.ndarray, float, int]:
+    """``_col_sq_norms_of_product`` with each factor scaled per Note [entrywise scale] (a given ``G_A`` is used only
+    where ``A`` is not scaled) and the product's power of two."""
+    (A, ea), (B, eb) = _pow2(A), _pow2(B)
+    sq, err = _col_sq_norms_of_product(A, B, G_A if ea == 0 else None)
+    return sq, err, ea + eb
+
+
 def product_frobenius_l21(A: np.ndarray, B: np.ndarray, G_A: np.ndarray | None = None) -> tuple[Interval, Interval]:
     """(``||A B||_F``, ``||A B||_{2,1}``) sharing one Gram computation (``G_A = A^T A`` if given)."""
-    sq, err = _col_sq_norms_of_product(A, B, G_A)
-    return _fro_from(sq, err), _l21_from(sq, err)
+    sq, err, e = _product_parts(A, B, G_A)
+    return _scaled(_fro_from(sq, err), e), _scaled(_l21_from(sq, err), e)
 
 
 def product_frobenius_interval(A: np.ndarray, B: np.ndarray) -> Interval:
     """``||A B||_F`` from the r x r Grams, enclosed (absolute rounding error bounded)."""
-    return _fro_from(*_col_sq_norms_of_product(A, B))
+    sq, err, e = _product_parts(A, B)
+    return _scaled(_fro_from(sq, err), e)
 
 
 def _fro_from(sq: np.ndarray, err: np.ndarray) -> Interval:
@@ -91,7 +147,8 @@ def _fro_from(sq: np.ndarray, err: np.ndarray) -> Interval:
 
 def product_l21_interval(A: np.ndarray, B: np.ndarray) -> Interval:
     """``||A B||_{2,1} = sum_j ||A B[:, j]||_2`` without forming ``A B``, enclosed."""
-    return _l21_from(*_col_sq_norms_of_product(A, B))
+    sq, err, e = _product_parts(A, B)
+    return _scaled(_l21_from(sq, err), e)
 
 
 def _l21_from(sq: np.ndarray, err: np.ndarray) -> Interval:

@@ -37,7 +37,8 @@ from .._results import Kind, Quantity
 from ..model import to_tensor
 from ..model import QUICK_GELU_SLOPE, Activation, LayerSpec, NormKind, NormSpec, Placement, TransformerSpec
 from ._activations import activation_lipschitz
-from ._local_attention import DATA_PAD, attention_local_bound, check_layer_range, head_norms
+from ._local_attention import (DATA_PAD, attention_local_bound, check_layer_range, check_radius, check_tokens,
+                               head_norms)
 from ._local_centre import CENTRE_PAD_ASSUMPTION, f17_pad
 from ._local_jacobian import _pow2_far, centre_tokens, norm_jacobian_error, point_slope_err, pow2_norm, pre_activations
 from ._rounding import _gamma, root_sq_plus
@@ -80,11 +81,7 @@ def norm_local(norm: NormSpec | None, X: Tensor, rho: float) -> tuple[Tensor, Te
     Returns ``(lip, s)`` of shape (T,); ``s`` is ``inf`` for Pi_norm / identity (constant 1).  Refused (InputError):
     ``rho`` negative or not finite, ``X`` not (T, d) with finite entries, ``eps`` negative or not finite.
     """
-    from ._local_attention import check_tokens
-
-    rho = float(rho)
-    if not (rho >= 0 and math.isfinite(rho)):
-        raise InputError(f"rho must be a finite number >= 0, but got rho={rho!r}")
+    rho = check_radius(rho)
     if norm is not None and norm.kind not in (NormKind.NONE, NormKind.BALL):
         check_tokens(X, int(norm.weight.shape[-1]) if norm.weight is not None else X.shape[-1])
         if not (math.isfinite(float(norm.eps)) and float(norm.eps) >= 0) or not math.isfinite(norm.gamma_max_abs):
@@ -193,8 +190,7 @@ def layer_local(layer: LayerSpec, X: Tensor, rho: float, *, cache: dict | None =
     Norms at powers of two (``pow2_norm``, THEORY F96)."""
     from ..model import attention_forward, ffn_forward
 
-    if rho < 0 or not math.isfinite(rho):
-        raise InputError(f"rho must be a finite number >= 0, but got rho={rho!r}")
+    rho = check_radius(rho)
     if layer.residual.value == "parallel":
         raise InputError(f"local bounds (THEORY F17) are not derived for the parallel residual of layer "
                          f"{layer.index} (F21); its global bounds are available (lipschitz without --data)")

@@ -93,6 +93,14 @@ def check_local_attention(attn: AttentionSpec) -> None:
         raise InputError(f"local attention bounds need a finite softmax scale >= 0, but got scale={sc!r}")
 
 
+def check_radius(rho: float) -> float:
+    """``rho`` as a float, refused (InputError, one line) unless finite and ``>= 0``: the local routes' radius."""
+    rho = float(rho)
+    if not (rho >= 0 and math.isfinite(rho)):
+        raise InputError(f"rho must be a finite number >= 0, but got rho={rho!r}")
+    return rho
+
+
 def check_tokens(X: Tensor, d: int, what: str = "X") -> None:
     """``X`` must be a 2-D (T, d) tensor with T >= 1 and finite entries (InputError, one line)."""
     if not isinstance(X, Tensor) or X.dim() != 2 or X.shape[0] < 1 or X.shape[1] != d:
@@ -217,8 +225,7 @@ def attention_weights_f64(attn: AttentionSpec, X: Tensor) -> list[Tensor]:
     """The softmax matrices ``P^h`` (T, T) of every head at X, float64 (refused where a visible weight
     underflows: Note [underflowed attention weights]; or where the heads' data terms leave Note [local head data
     range]); the weights certified by Note [formed attention weights])."""
-    check_local_attention(attn)
-    out = []
+    out = []  # certified_weights checks the attention kind (check_local_attention) for every head
     T = X.shape[0]
     Xa = torch.cat([X, torch.ones(T, 1, dtype=X.dtype)], dim=1)
     for h in range(attn.n_heads):
@@ -388,11 +395,9 @@ def attention_local_bound(attn: AttentionSpec, X: Tensor, rho: float, *, norms: 
     within ``rho`` (l2) of the corresponding token of ``X``; dot-product attention without RoPE.  Refused (InputError)
     where a head's data terms leave float64's range for their squares (Note [local head data range]).
     """
-    if not (rho >= 0 and math.isfinite(rho)):
-        raise InputError(f"rho must be a finite number >= 0, but got rho={rho}")
+    rho = check_radius(rho)
     norms = head_norms(attn) if norms is None else norms
-    check_local_attention(attn)
-    check_tokens(X, attn.d_model)
+    check_tokens(X, attn.d_model)  # attention_query_terms checks the attention kind
     terms, dmax, summed = attention_query_terms(attn, X, rho, norms=norms, want_sum=True)
     per_query = torch.minimum(norms["O"] * terms, summed) * (1.0 + ROUNDING_PAD)
     linear = norms["O"] * math.sqrt(sum(v * v for v in norms["V"]))

@@ -14,6 +14,7 @@ import numpy as np
 
 from .._results import Interval, Kind
 from ._floating import down, gamma, sqrt_down, sqrt_up, up
+from ._spectral import _amax, _pow2_scale, _unscale
 
 __all__ = ["frobenius_interval", "l21_interval", "frobenius_l21_intervals", "product_frobenius_interval", "product_l21_interval",
            "product_frobenius_l21", "vector_norm_interval"]
@@ -30,37 +31,17 @@ _SAFE = 250
 
 
 def _pow2(W: np.ndarray) -> tuple[np.ndarray, int]:
-    """``(W 2^-e, e)`` per Note [entrywise scale] (``e = 0`` inside the safe range or for a zero W); refuses NaN/inf."""
+    """``(W 2^-e, e)`` per Note [entrywise scale] (``_spectral._pow2_scale`` with ``lim = 250``); refuses NaN/inf."""
     W = np.asarray(W, dtype=np.float64)
-    if W.size == 0:
-        return W, 0
-    m = float(np.max(np.abs(W)))
-    if not math.isfinite(m):
+    amax = _amax(W)  # max and min carry a NaN through: one pass checks the range and finiteness
+    if not math.isfinite(amax):
         raise ValueError("a norm of weights with NaN or infinite entries is not defined; the weights are refused")
-    if m == 0.0 or 2.0**-_SAFE <= m <= 2.0**_SAFE:
-        return W, 0
-    e = math.frexp(m)[1]
-    return np.ldexp(W, -e), e
+    return _pow2_scale(W, amax, lim=_SAFE)
 
 
 def _scaled(iv: Interval, e: int) -> Interval:
-    """``iv`` times ``2^e``, outwards: exact in the normal range, one ulp out where the result is subnormal or
-    overflows (the upper end then ``inf``, the lower the largest float)."""
-    if e == 0:
-        return iv
-
-    def one(x: float, towards_up: bool) -> float:
-        if x == 0.0 or not math.isfinite(x):
-            return x
-        try:
-            y = math.ldexp(x, e)
-        except OverflowError:
-            return math.inf if towards_up else 1.7976931348623157e308
-        if y < 2.2250738585072014e-308:
-            return up(y) if towards_up else max(0.0, down(y))
-        return y
-
-    return Interval(one(iv.lower, False), one(iv.upper, True), iv.kind, iv.method)
+    """``iv`` times ``2^e``, outwards (``_spectral._unscale``)."""
+    return iv if e == 0 else Interval(*_unscale(iv.lower, iv.upper, e), iv.kind, iv.method)
 
 
 def _enclose(value: float, rel: float, method: str) -> Interval:

@@ -220,12 +220,27 @@ def allocate_mixed(costs: Sequence[CoverCost], eps: float) -> Allocation:
         if not all(v < math.inf and not math.isnan(v) for v in (t.log_c, t.log_A, t.log_k)):
             raise InputError(f"a cost term's log_c, log_A and log_k must be finite or -inf (a coefficient, cost or "
                              f"radius of 0), but got log_c={t.log_c!r}, log_A={t.log_A!r}, log_k={t.log_k!r}")
+    lc = np.array([t.log_c for t in costs])
+    if not (lc > -math.inf).any():
+        raise InputError("allocate_mixed needs at least one term with a coefficient c_i > 0")
+    # Note [sound side]: the KKT split satisfies sum c_i e_i <= eps up to rounding in logsumexp (and
+    # the bracket may have stopped short on absurd inputs); fit_to_budget checks the sum exactly and
+    # shrinks the split until it holds, so the returned split never exceeds the budget.
+    le = fit_to_budget(lc, kkt_split(costs, eps) - 1e-12, eps)
+    log_costs = np.array([_term_log_cost(t, float(e)) for t, e in zip(costs, le)])
+    return Allocation(float(eps), tuple(map(float, le)), tuple(map(float, log_costs)),
+                      _logsumexp(log_costs))
+
+
+def kkt_split(costs: Sequence[CoverCost], eps: float) -> np.ndarray:
+    """The KKT split of :func:`allocate_mixed` in floats, *not* checked against the budget.
+
+    For searches that try many splits and certify only the one they keep (``allocate_mixed`` does
+    that check).  ``costs`` must already have passed ``allocate_mixed``'s input checks.
+    """
     log_eps = math.log(eps)
     lc = np.array([t.log_c for t in costs])
     live = lc > -math.inf  # a term with c_i = 0 cannot move the output and takes no budget
-    if not live.any():
-        raise InputError("allocate_mixed needs at least one term with a coefficient c_i > 0")
-
     ar = _arrays(costs)
 
     def excess(log_lam: float) -> float:  # log(sum c_i e_i) - log eps, decreasing in lambda
@@ -244,13 +259,7 @@ def allocate_mixed(costs: Sequence[CoverCost], eps: float) -> Allocation:
             hi = mid
         if hi - lo < 1e-12 * max(1.0, abs(hi)):
             break
-    # Note [sound side]: hi satisfies sum c_i e_i <= eps up to rounding in logsumexp (and the
-    # bracket may have stopped short on absurd inputs); fit_to_budget checks the sum exactly and
-    # shrinks the split until it holds, so the returned split never exceeds the budget.
-    le = fit_to_budget(lc, _log_eps_at_arrays(ar, hi) - 1e-12, eps)
-    log_costs = np.array([_term_log_cost(t, float(e)) for t, e in zip(costs, le)])
-    return Allocation(float(eps), tuple(map(float, le)), tuple(map(float, log_costs)),
-                      _logsumexp(log_costs))
+    return _log_eps_at_arrays(ar, hi)
 
 
 def budget_holds(log_c: Sequence[float], log_eps_i: Sequence[float], eps: float) -> bool:

@@ -68,3 +68,14 @@ def check_radius(radius: float, name: str = "radius") -> float:
     if not (r > 0.0) or r == float("inf"):
         raise InputError(f"{name} must be a finite number > 0, but got {name}={radius!r}")
     return r
+
+
+def check_finite_tensor(t, name: str):  # noqa: ANN001, ANN201  (a torch.Tensor; torch stays a lazy import here)
+    """``t``, or :class:`InputError` naming ``name`` when it holds NaN or infinite entries.
+
+    The one refusal of non-finite weights in the enforcement routines (projections, clipping, caps):
+    a NaN passes every ``norm > c`` test as False, so without it the constraint was silently not met.
+    """
+    if t.is_floating_point() and t.numel() and not bool(t.detach().isfinite().all()):
+        raise InputError(f"{name} has NaN or infinite entries; a norm constraint cannot be enforced on it")
+    return t

@@ -42,6 +42,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from .._errors import InputError, check_finite_tensor
 from ._layout import HeadLayout
 from ._spectral import check_radius
 
@@ -62,11 +63,13 @@ def rounding_of(dtype: torch.dtype) -> tuple[float, float]:
 def radius_floor(radius: Tensor) -> float:
     """A float64 number ``<= c`` for any real ``c`` whose rounding to ``radius.dtype`` is ``radius``.
 
-    A cap stores its radius in the parameter dtype; round to nearest gives ``|fl(c) - c| <= u |c|``,
-    so ``c >= fl(c) (1 - u)`` (one more float64 ulp of slack for the product itself).
+    A cap stores its radius in the parameter dtype; round to nearest gives ``|fl(c) - c| <= u |c|``
+    where ``c`` is normal and ``<= eta`` (half the subnormal spacing) where it is not, so
+    ``c >= fl(c) (1 - u) - eta`` (one more float64 ulp of slack for the product itself; the
+    ``- eta`` since stop 36: an fp16 radius of 1.1e-6 rounds up by 2.7 %, far beyond ``u``).
     """
-    u, _ = rounding_of(radius.dtype)
-    return float(radius) * (1.0 - u - 2.0**-52)
+    u, eta = rounding_of(radius.dtype)
+    return max(float(radius) * (1.0 - u - 2.0**-52) - eta, 5e-324)  # a radius is a float > 0, so >= 2^-1074
 
 
 def certified_sigma(W: Tensor) -> float:
@@ -119,7 +122,8 @@ def project_spectral_(W: Tensor, radius: float) -> Tensor:
         The singular values' maxima *before* projection, shape ``(...)`` (float64).
 
     Raises:
-        InputError: radius not a finite positive number.
+        InputError: radius not a finite positive number; ``W`` not a matrix or with NaN/inf
+            entries (a raw ``torch.linalg`` error, or an ``IndexError`` for ``0 x n``, before stop 36).
 
     Example:
         >>> W = torch.diag(torch.tensor([3.0, 0.5]))
@@ -128,6 +132,11 @@ def project_spectral_(W: Tensor, radius: float) -> Tensor:
         [1.0, 0.5]
     """
     c = check_radius(radius)
+    if W.dim() < 2:
+        raise InputError(f"project_spectral_ needs a matrix or a stack of matrices, but got shape {tuple(W.shape)}")
+    check_finite_tensor(W, "the projected weight")
+    if W.numel() == 0:  # an empty matrix has norm 0: nothing to project
+        return torch.zeros(W.shape[:-2], dtype=torch.float64)
     W64 = W.detach().double()
     U, S, Vh = torch.linalg.svd(W64, full_matrices=False)
     before = S[..., 0].clone()
@@ -185,6 +194,8 @@ def project_product_(A: Tensor, B: Tensor, radius: float, scale: float = 1.0) ->
         The per-head norms before projection (float64, shape (H,)).
     """
     c = check_radius(radius)
+    check_finite_tensor(A, "the projected product's left factor")
+    check_finite_tensor(B, "the projected product's right factor")
     A64, B64 = A.detach().double(), B.detach().double()
     U, S, V = _product_projection(A64, B64, scale)
     before = S[..., 0].clone()
@@ -219,8 +230,13 @@ def project_bias_(b: Tensor, radius: float) -> Tensor:
     the certified norm of the stored vector is ``<= c``.
 
     Returns the norm before projection.
+
+    Raises:
+        InputError: radius not a finite number > 0; ``b`` with NaN/inf entries (a NaN norm failed
+            ``n > c`` and the vector was returned as it was, before stop 36).
     """
     c = check_radius(radius)
+    check_finite_tensor(b, "the projected bias")
     b64 = b.detach().double()
     norm = b64.norm()
     n = float(norm)

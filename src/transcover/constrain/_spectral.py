@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
-from .._errors import InputError, check_radius
+from .._errors import InputError, check_finite_tensor, check_radius
 
 __all__ = [
     "power_iteration", "product_power_iteration", "spectral_cap", "remove_spectral_cap",
@@ -172,7 +172,8 @@ def spectral_cap(
         ``module``, with the parametrization registered.
 
     Raises:
-        InputError: radius not a finite positive number, parameter missing or not a matrix.
+        InputError: radius not a finite positive number, parameter missing, not a matrix, or with
+            NaN/inf entries.
 
     Example:
         >>> lin = spectral_cap(nn.Linear(4, 4), radius=0.5)
@@ -184,6 +185,7 @@ def spectral_cap(
     W = getattr(module, name, None)
     if not isinstance(W, Tensor):
         raise InputError(f"{type(module).__name__} has no tensor named {name!r}")
+    check_finite_tensor(W, f"{type(module).__name__}.{name}")
     parametrize.register_parametrization(
         module, name, _SpectralCap(W.detach(), radius, n_power_iterations), unsafe=True
     )

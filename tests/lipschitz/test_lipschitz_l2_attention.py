@@ -194,6 +194,10 @@ def test_second_moment_lemma_and_constants():
     (dict(seq_len=0), "seq_len"), (dict(seq_len=2.5), "seq_len"), (dict(d_head=0), "d_head"),
     (dict(metric="inf"), "metric"), (dict(B_V=[1.0, 1.0]), "per head"), (dict(B_Q=[-1.0]), "B_Q"),
     (dict(B_O=float("nan")), "B_O"), (dict(B_OV=[1.0, 2.0]), "per head"),
+    # red team of stop 36: d_head = inf passed ``d_head > 0`` and certified 0; the others raised
+    # TypeError, ValueError or OverflowError instead of one line
+    (dict(d_head=float("inf")), "d_head"), (dict(d_head=float("nan")), "d_head"), (dict(d_head=2.5), "d_head"),
+    (dict(B_Q=[None]), "B_Q"), (dict(B_Q="ab", B_V=[1.0, 1.0]), "B_Q"), (dict(seq_len=10**400), "seq_len"),
 ])
 def test_bad_arguments_raise_input_error(kwargs, match):
     args = dict(B_Q=[1.0], B_V=[1.0], B_O=1.0, d_head=2, seq_len=3, metric="fro") | kwargs
@@ -278,3 +282,13 @@ def test_l2_spec_refuses_fields_the_l2_map_does_not_compute():
     with pytest.raises(ValueError, match="W_K different"):
         AttentionSpec(W, W + 1, W, W_O, kind="l2")
     AttentionSpec(W, W.clone(), W, W_O, kind="l2")  # tied by value: accepted
+
+
+def test_numpy_integers_are_integers_and_strings_are_not_numbers():
+    import numpy as np
+
+    args = dict(B_Q=[1.0], B_V=[1.0], B_O=1.0, metric="fro")
+    assert l2_attention_lipschitz(**args, d_head=np.int64(2), seq_len=np.int32(3)) == \
+        l2_attention_lipschitz(**args, d_head=2, seq_len=3)
+    with pytest.raises(InputError, match="phi_inverse"):
+        phi_inverse("3")

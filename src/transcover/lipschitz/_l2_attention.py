@@ -19,6 +19,7 @@ pass in ``model``; this module keeps the bound.
 from __future__ import annotations
 
 import math
+import operator
 
 from .._errors import InputError
 from ..model import l2_attention_forward  # the forward is model's (one forward pass); re-exported here
@@ -41,9 +42,29 @@ def phi_inverse(y: float) -> float:
     """
     from scipy.special import lambertw
 
+    try:
+        if isinstance(y, (str, bytes)):
+            raise TypeError
+        y = float(y)
+    except (TypeError, ValueError, OverflowError):
+        raise InputError(f"phi_inverse needs a number y >= 0, but got y={y!r}") from None
     if not y >= 0:
         raise InputError(f"phi_inverse needs y >= 0, but got y={y}")
     return float(lambertw(y / math.e, 0).real)
+
+
+def _positive_int(v, name: str) -> int:  # noqa: ANN001
+    """``v`` as an int (numpy integers too), or InputError unless an integer in ``[1, 2^53]``.
+
+    A float ``d_head = inf`` passed ``d_head > 0`` and made the bound 0 (red team of stop 36); above
+    ``2^53`` the constants' float arithmetic no longer sees the integer.
+    """
+    if isinstance(v, bool) or not hasattr(v, "__index__"):
+        raise InputError(f"L2 attention bound needs an integer {name} >= 1, but got {name}={v!r}")
+    n = operator.index(v)
+    if not 1 <= n <= 2**53:
+        raise InputError(f"L2 attention bound needs an integer {name} in [1, 2^53], but got {name}={v!r}")
+    return n
 
 
 def l2_attention_constants(seq_len: int) -> dict[str, float]:
@@ -61,9 +82,7 @@ def l2_attention_constants(seq_len: int) -> dict[str, float]:
         >>> (c["2,inf"], c["fro"])
         (1.0, 1.0)
     """
-    if not isinstance(seq_len, int) or isinstance(seq_len, bool) or seq_len <= 0:
-        raise InputError(f"L2 attention bound needs an integer seq_len > 0, but got seq_len={seq_len!r}")
-    N = seq_len
+    N = _positive_int(seq_len, "seq_len")
     w = phi_inverse(N - 1.0)
     return {"2,inf": 1.0 + 4.0 * w, "fro": math.sqrt((N + 1) / 2.0) + 2.0 * w + 2.0 * math.sqrt(N) * w}
 
@@ -117,21 +136,24 @@ def l2_attention_lipschitz(B_Q: list[float], B_V: list[float], B_O: float, d_hea
         The bound, padded by ``1 + ROUNDING_PAD`` for the float arithmetic.
 
     Raises:
-        InputError: non-positive ``seq_len`` or ``d_head``, unknown metric, mismatched or
-            negative/non-finite norms.
+        InputError: ``seq_len`` or ``d_head`` not an integer in ``[1, 2^53]``, unknown metric,
+            mismatched, non-numeric or negative/non-finite norms.
     """
     from ._weights import ROUNDING_PAD
 
     if metric not in ("fro", "2,inf"):
         raise InputError(f"metric must be '2,inf' or 'fro', but got metric={metric!r}")
-    if not d_head > 0:
-        raise InputError(f"d_head must be > 0, but got d_head={d_head}")
+    d_head = _positive_int(d_head, "d_head")
     c = l2_attention_constants(seq_len)[metric]
     if len(B_Q) != len(B_V) or (B_OV is not None and len(B_OV) != len(B_Q)):
         raise InputError(f"one norm per head is needed: got {len(B_Q)} B_Q, {len(B_V)} B_V"
                          + ("" if B_OV is None else f", {len(B_OV)} B_OV"))
     for name, vals in (("B_Q", B_Q), ("B_V", B_V), ("B_O", [B_O]), ("B_OV", B_OV or [])):
-        if not all(0 <= float(v) < math.inf for v in vals):
+        try:
+            ok = all(0 <= float(v) < math.inf for v in vals)
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
             raise InputError(f"{name} must hold finite norms >= 0, but got {name}={list(vals)!r}")
     stacked = B_O * math.sqrt(sum((q * q * v) ** 2 for q, v in zip(B_Q, B_V)))
     if B_OV is not None:

@@ -92,7 +92,7 @@ class EmbeddingNorms:
 
     name: str
     norms: MatrixNorms
-    max_row_norm: float  # largest ||row||_2: for token embeddings, the radius of the input tokens
+    max_row_norm: float  # largest ||row||_2, a certified upper bound: for token embeddings, the radius of the input tokens
 
     def to_dict(self) -> dict[str, object]:
         return as_dict(self, exclude=("norms",), **self.norms.to_dict())

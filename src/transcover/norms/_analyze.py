@@ -28,6 +28,9 @@ from .._results import Interval, Kind
 from .._threads import limit_threads
 from ..model import AttentionSpec, LayerSpec, MoESpec, TransformerSpec
 from ._entrywise import (
+    _enclose,
+    _pow2,
+    _scaled,
     frobenius_l21_intervals,
     product_frobenius_l21,
     vector_norm_interval,
@@ -44,6 +47,7 @@ from ._spectral import (
 from ._certify import batched_gram_with_error
 from ._rope_sup import rope_kq_estimate
 from ._blocked import BLOCK_BYTES, blocked_matrix_norms
+from ._floating import gamma
 from ._model import HeadMeasure, LayerMeasure, ModelNorms, NormMeasure, layer_arrays, measure_layer
 from ._analysis_types import (SCHEMA_VERSION, AnalysisResult, EmbeddingNorms, HeadNorms, LayerNorms, MatrixNorms,
                               NormParams)
@@ -121,7 +125,14 @@ def _embedding_norms(name: str, E, m: _Measurer) -> EmbeddingNorms:
 
 
 def _max_row_norm(E: np.ndarray) -> float:
-    return float(np.sqrt(np.einsum("ij,ij->i", E, E, dtype=np.float64).max(initial=0.0)))
+    """Largest ``||row||_2``, a certified upper bound: each row's sum of ``n`` squares errs by
+    ``<= gamma_n`` relative (the sqrt by an ulp), at a power-of-two scale where nothing flushes
+    (Note [entrywise scale]).  Rounded to nearest before stop 36 (one ulp under the value possible)."""
+    W, e = _pow2(E)
+    if W.size == 0:
+        return 0.0
+    v = float(np.sqrt(np.einsum("ij,ij->i", W, W).max(initial=0.0)))
+    return _scaled(_enclose(v, gamma(W.shape[-1] + 2), "float64 row sums of squares"), e).upper
 
 
 def _max_interval(ivs: list[Interval], method: str) -> Interval:

@@ -24,7 +24,7 @@ import numpy as np
 from scipy.linalg import blas
 
 from .._results import Interval, Kind
-from ._entrywise import _enclose
+from ._entrywise import _enclose, _scaled
 from ._floating import down, gamma, sqrt_up, up
 from ._spectral import _UNDERFLOW, _norm_upper, _top_eigpair, _upper_from_certificate
 
@@ -45,7 +45,7 @@ def blocked_matrix_norms(E: np.ndarray, *, rtol: float = 1e-3, block_bytes: int 
     The spectral enclosure is the certificate of ``spectral_norm_interval`` (witness lower end,
     Cholesky-certified upper end of the Gram's top eigenvalue, seed 2.1 quantities); the
     Frobenius and (2,1) enclosures are those of ``frobenius_l21_intervals`` (the (2,1) norm sums the
-    column norms of ``x @ E``); the max row norm is a float64 evaluation (like ``_max_row_norm``).
+    column norms of ``x @ E``); the max row norm a certified upper bound (like ``_max_row_norm``).
 
     Assumptions: ``E`` is exactly its float values (float32 or float64; bf16/fp16 were widened
     exactly); no overflow.  Memory: the ``n x n`` Gram (``n`` the smaller side) and one block.
@@ -82,16 +82,17 @@ def blocked_matrix_norms(E: np.ndarray, *, rtol: float = 1e-3, block_bytes: int 
         row_sq[i * rows: i * rows + B.shape[0]] = rs
         fro2 += float(rs.sum())
     G += np.triu(G, 1).T
-    f = math.ldexp(1.0, e)
     steps = m + nb
     fro2 = up(fro2 * (1.0 + gamma(W.size + nb)))
     err = up(gamma(steps) * fro2) + _UNDERFLOW
-    # Entrywise norms of E (columns of E are rows of W when flipped); f**2 is exact.
+    # Entrywise norms of E (columns of E are rows of W when flipped), at the working scale 2^-e.
     e_cols, e_rows = (row_sq, col_sq) if flipped else (col_sq, row_sq)
     rel = gamma(steps + n + 2)
-    fro = _enclose(float(np.sqrt(e_cols.sum())) * f, rel, "float64 sum of squares, row blocks")
-    l21 = _enclose(float(np.sqrt(e_cols).sum()) * f, rel, "float64 column norms, row blocks")
-    max_row = float(np.sqrt(e_rows.max(initial=0.0))) * f
+    # enclosed at the working scale, then scaled back outwards: ``value * 2^e`` rounded to nearest where it
+    # is subnormal (a max row of 4.4e-323 for an exact 4.58e-323 before stop 36)
+    fro = _scaled(_enclose(float(np.sqrt(e_cols.sum())), rel, "float64 sum of squares, row blocks"), e)
+    l21 = _scaled(_enclose(float(np.sqrt(e_cols).sum()), rel, "float64 column norms, row blocks"), e)
+    max_row = _scaled(_enclose(float(np.sqrt(e_rows.max(initial=0.0))), rel, ""), e).upper  # like _max_row_norm
     if amax == 0.0:
         return Interval(0.0, 0.0, Kind.CERTIFIED_INTERVAL, "zero matrix"), fro, l21, max_row
     if n == 1:  # a vector: its spectral norm is its Frobenius norm
@@ -110,4 +111,5 @@ def blocked_matrix_norms(E: np.ndarray, *, rtol: float = 1e-3, block_bytes: int 
     lower = max(0.0, down((y_lower - slack_abs) / _norm_upper(v)))
     mu, _ = _upper_from_certificate(G, err, theta, rtol)
     upper = max(sqrt_up(mu), lower)
-    return Interval(lower * f, upper * f, Kind.CERTIFIED_INTERVAL, "gram+cholesky certificate, row blocks"), fro, l21, max_row
+    return (_scaled(Interval(lower, upper, Kind.CERTIFIED_INTERVAL, "gram+cholesky certificate, row blocks"), e),
+            fro, l21, max_row)

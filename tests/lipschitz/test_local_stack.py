@@ -153,6 +153,26 @@ def test_network_local_takes_the_smaller_route():
         network_local(spec, X, 1e-5, route="exact")
 
 
+def test_network_local_keeps_the_stack_route_where_the_product_route_refuses():
+    """Red team of stop 36: with eps = 0 the product route's compounded radii reach a constant token
+    and it refuses; the stack route certifies the same ball (6.95; attacked: 1.81 attained), and
+    ``network_local`` raised instead of returning it."""
+    from transcover.lipschitz._local import network_local
+
+    spec = random_spec(0, act="gelu", L=2, d=6, H=2, norm="layernorm", placement="post", eps=0.0, final_norm=True)
+    X = torch.randn(3, 6, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    with pytest.raises(InputError, match="eps=0"):
+        network_local(spec, X, 1e-2, route="product")
+    stack = stack_local(spec, X, [1e-2])[0].upper
+    for route in ("auto", "stack"):
+        nl = network_local(spec, X, 1e-2, route=route)
+        assert nl.upper == nl.stack == stack and nl.product == math.inf and nl.route == "stack"
+        assert math.isfinite(nl.upper)
+    # the attained side: the Jacobian's (2,inf) row norm at the centre is below the certificate
+    J = torch.autograd.functional.jacobian(lambda Y: transformer_forward(spec, Y), X)  # (T, d, T, d)
+    assert float(row_norm_lower(J.permute(0, 2, 1, 3)).max()) <= stack
+
+
 def test_local_table_whole_network_row():
     """``lipschitz --data --whole-network``: one whole-network row per rho, its route named, the
     lower estimate below it and the local bound below the global one."""

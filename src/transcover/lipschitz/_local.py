@@ -401,7 +401,9 @@ def network_local(spec: TransformerSpec, X: Tensor, rho: float, *, cache: dict |
     r"""Whole network on ``B(X, rho)`` (X: embedded tokens before the input norm), by composition:
     ``g_l(B(Y_l, r_l)) subset B(g_l(Y_l), L_l r_l + pad)`` and ``Lip <= prod_l L_l``; and by the
     whole stack's exact Jacobian plus its drift (``lipschitz._local_stack``, THEORY F30); ``upper``
-    is the smaller (``route`` on the result says which won).
+    is the smaller (``route`` on the result says which won).  Where one route refuses the ball
+    (InputError) and the other certifies it, the other's value is returned (the refused one is
+    ``inf``; its ``layers`` hold what it certified before refusing); both refusing raises.
 
     ``route``: ``"product"``, ``"stack"`` (both routes, the stack one forced), ``"auto"`` (the stack
     route too when T*d <= ``STACK_ROUTE_MAX``: it costs T^2 d^3 per layer).  ``move_rest``: the stack route's
@@ -422,6 +424,24 @@ def network_local(spec: TransformerSpec, X: Tensor, rho: float, *, cache: dict |
         except InputError:
             if route == "stack":
                 raise
+    lip_in, lip_out, layers = math.inf, math.inf, []
+    try:
+        lip_in, lip_out, product = _product_route(spec, X, rho, cache, jacobian, layers)
+    except InputError:
+        # Note [either route]: a ball the product route refuses (a norm with eps = 0 whose stage ball
+        # reaches a constant token, a softmax weight that underflows on its grown radius) may still be
+        # certified by the stack route, whose radii do not compound; refuse only when both do (before
+        # stop 36 the product route's refusal ended the call with the stack's 6.95 in hand)
+        if stack == math.inf:
+            raise
+        product = math.inf
+    return NetworkLocal(rho, lip_in, layers, lip_out, min(product, stack), product, stack)
+
+
+def _product_route(spec: TransformerSpec, X: Tensor, rho: float, cache: dict, jacobian: bool,
+                   layers: list) -> tuple[float, float, float]:
+    """``network_local``'s composition route: (input norm's, final norm's, whole) constants; the
+    per-layer results are appended to ``layers`` as they are certified."""
     lip_in = 1.0
     r = rho
     if spec.input_norm is not None:
@@ -430,7 +450,6 @@ def network_local(spec: TransformerSpec, X: Tensor, rho: float, *, cache: dict |
         X = spec.input_norm(X)
         r = lip_in * rho * (1 + 1e-12) + f17_pad(X)
     total = lip_in
-    layers = []
     for layer in spec.layers:
         ll = layer_local(layer, X, r, cache=cache, jacobian=jacobian)
         layers.append(ll)
@@ -441,5 +460,4 @@ def network_local(spec: TransformerSpec, X: Tensor, rho: float, *, cache: dict |
     if spec.final_norm is not None:
         lip_out = float(norm_local(spec.final_norm, X, r)[0].max())
         total *= lip_out
-    product = total * (1 + ROUNDING_PAD)
-    return NetworkLocal(rho, lip_in, layers, lip_out, min(product, stack), product, stack)
+    return lip_in, lip_out, total * (1 + ROUNDING_PAD)

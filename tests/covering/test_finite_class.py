@@ -215,3 +215,24 @@ def test_integers_beyond_float64_are_refused_in_one_line(call):
         {"q": lambda: kl_occam_bound(big, 10, 100, 0.05), "bits": lambda: kl_occam_bound(0.1, big, 100, 0.05),
          "n": lambda: kl_occam_bound(0.1, 10, big, 0.05),
          "C": lambda: catoni_occam_bound(0.1, 10, 100, 0.05, C=(1.0, big))}[call]()
+
+
+@pytest.mark.parametrize("call", [
+    lambda: occam_complexity(True, 10, 0.05), lambda: error_rate_upper(True, 5), lambda: error_rate_upper(1, True),
+    lambda: kl_inverse_upper(0.1, True), lambda: catoni_occam_bound(0.1, 10, 10, 0.05, C=(True,)),
+    lambda: occam_complexity(10, 10, True),
+], ids=["bits", "mistakes", "n", "c", "C", "delta"])
+def test_booleans_are_not_counts(call):
+    """``True`` passed as 1 bit, 1 mistake, ``c = 1`` (left open at stop 35)."""
+    with pytest.raises(InputError):
+        call()
+
+
+def test_occam_bounds_show_the_bits_rounded_up():
+    from transcover.covering._finite_class import occam_bounds
+
+    r = occam_bounds(3, 1000, 1234.25)
+    assert r.description_bits == 1235  # int() showed 1234, a shorter code than the one the bounds used
+    assert r.kl == kl_occam_bound(error_rate_upper(3, 1000), 1234.25, 1000, 0.05)
+    with pytest.raises(InputError):
+        occam_bounds(3, 1000, math.inf)

@@ -61,9 +61,14 @@ def _up(x: float, n_ops: int) -> float:
 
 
 def _check_prob(name: str, q: float) -> float:
-    if not (isinstance(q, (int, float)) and not isinstance(q, bool) and _finite(q) and 0.0 <= q <= 1.0):
+    if not (_number(q) and _finite(q) and 0.0 <= q <= 1.0):
         raise InputError(f"{name} must be a number in [0, 1], but got {name}={q!r}")
     return float(q) + 0.0  # -0.0 -> 0.0: the bisection reads bit patterns, and -0.0's is negative
+
+
+def _number(x: object) -> bool:
+    """An int or float that is not a bool (``True`` was counted as 1 bit, 1 mistake; red team of stop 35)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 def _finite(x: float) -> bool:
@@ -159,7 +164,7 @@ def kl_inverse_upper(q: float, c: float) -> float:
         0.5
     """
     q = _check_prob("q", q)
-    if not (isinstance(c, (int, float)) and not math.isnan(c) and c >= 0.0):
+    if not (_number(c) and not math.isnan(c) and c >= 0.0):
         raise InputError(f"c must be a number >= 0, but got c={c!r}")
     if q >= 1.0 or c == math.inf:
         return 1.0
@@ -182,11 +187,11 @@ def occam_complexity(description_bits: float, n: int, delta: float) -> float:
         n: number of i.i.d. samples the empirical error is measured on (>= 1).
         delta: failure probability in (0, 1).
     """
-    if not (isinstance(description_bits, (int, float)) and _finite(description_bits) and description_bits >= 0):
+    if not (_number(description_bits) and _finite(description_bits) and description_bits >= 0):
         raise InputError(f"description_bits must be a finite number >= 0, but got {description_bits!r}")
     if not isinstance(n, int) or isinstance(n, bool) or n <= 0 or not _finite(n):
         raise InputError(f"n must be a positive integer (within float64), but got n={n!r}")
-    if not (isinstance(delta, (int, float)) and 0.0 < delta < 1.0):
+    if not (_number(delta) and 0.0 < delta < 1.0):
         raise InputError(f"delta must be in (0, 1), but got delta={delta!r}")
     numerator = _up(_up(description_bits * math.log(2.0), 2) + _up(-math.log(delta), 1), 1)
     return _up(numerator / n, 1)
@@ -194,7 +199,8 @@ def occam_complexity(description_bits: float, n: int, delta: float) -> float:
 
 def error_rate_upper(mistakes: int, n: int) -> float:
     """``mistakes / n`` as a float64 that is not below the exact ratio (``kl^{-1}`` grows with q)."""
-    if not (isinstance(mistakes, int) and isinstance(n, int) and n > 0 and 0 <= mistakes <= n):
+    if not (_number(mistakes) and _number(n) and isinstance(mistakes, int) and isinstance(n, int)
+            and n > 0 and 0 <= mistakes <= n):
         raise InputError(f"need integers 0 <= mistakes <= n, n > 0, but got mistakes={mistakes!r}, n={n!r}")
     q = mistakes / n
     return math.nextafter(q, math.inf) if Fraction(q) < Fraction(mistakes, n) else q
@@ -225,10 +231,10 @@ def catoni_occam_bound(train_error: float, description_bits: float, n: int, delt
     (it is a linearisation of the kl), which the tests check.  Assumptions as for the kl bound.
     """
     grid = (C,) if isinstance(C, (int, float)) else tuple(C)
-    if not grid or any(not (isinstance(x, (int, float)) and _finite(x) and x > 0) for x in grid):
+    if not grid or any(not (_number(x) and _finite(x) and x > 0) for x in grid):
         raise InputError(f"C must be positive finite numbers, but got C={C!r}")
     q = _check_prob("train_error", train_error)
-    if not (isinstance(delta, (int, float)) and 0.0 < delta < 1.0):
+    if not (_number(delta) and 0.0 < delta < 1.0):
         raise InputError(f"delta must be in (0, 1), but got delta={delta!r}")
     share = delta / len(grid)
     if Fraction(share) * len(grid) > Fraction(delta):  # each C's delta rounded down (it rounded up by up to half an
@@ -285,7 +291,9 @@ class OccamBound:
 def occam_bounds(mistakes: int, n: int, description_bits: int, delta: float = 0.05) -> OccamBound:
     """All three bounds (kl, Catoni, square root) for a model with ``mistakes`` errors on ``n`` samples."""
     q = error_rate_upper(mistakes, n)
-    return OccamBound(train_error=mistakes / n, mistakes=mistakes, n=n, description_bits=int(description_bits),
+    occam_complexity(description_bits, n, delta)  # the checks first: ceil below would take inf or NaN
+    # the bits shown round up (int() truncated a fractional code length; the bounds always used the exact one)
+    return OccamBound(train_error=mistakes / n, mistakes=mistakes, n=n, description_bits=math.ceil(description_bits),
                       delta=delta, kl=kl_occam_bound(q, description_bits, n, delta),
                       catoni=catoni_occam_bound(q, description_bits, n, delta),
                       sqrt=sqrt_occam_bound(q, description_bits, n, delta))

@@ -62,8 +62,8 @@ def layernorm_lipschitz(gamma_max: float, eps: float, sigma_min: float = 0.0) ->
         >>> round(layernorm_lipschitz(1.0, 1e-5), 1)
         316.2
     """
-    if gamma_max < 0 or eps < 0 or sigma_min < 0 or not math.isfinite(sigma_min):
-        raise InputError(f"LayerNorm bound needs gamma_max, eps, sigma_min >= 0, but got "
+    if not (0 <= gamma_max < math.inf and 0 <= eps < math.inf and 0 <= sigma_min < math.inf):  # NaN fails too
+        raise InputError(f"LayerNorm bound needs finite gamma_max, eps, sigma_min >= 0, but got "
                          f"gamma_max={gamma_max}, eps={eps}, sigma_min={sigma_min}")
     floor = sigma_min**2 + eps
     if floor <= 0:

@@ -150,7 +150,7 @@ def load_inputs(spec: TransformerSpec, source: str, *, max_len: int | None = Non
         raise InputError(f"--data must be a .npy array, a .txt file or {SKLEARN_DESCR}, but got {source}")
     try:
         arr = np.load(path, allow_pickle=False)
-    except (ValueError, OSError) as e:
+    except (ValueError, OSError, EOFError) as e:  # EOFError: a 0-byte file
         raise InputError(f"--data: cannot read {source} as a numpy array ({e})") from None
     if arr.size == 0:
         raise InputError("the data is empty (an array with no entries)")

@@ -137,6 +137,13 @@ class NormSpec:
     bias: Tensor | None = None  # beta, shape (d,)
     eps: float = 0.0  # the variance floor (LayerNorm / RMSNorm)
 
+    def __post_init__(self) -> None:
+        # a NaN eps passed every ``eps < 0`` test and printed a certified NaN (red team of stop 36)
+        if isinstance(self.eps, bool) or not isinstance(self.eps, (int, float)) or not 0 <= self.eps < math.inf:
+            from .._errors import InputError
+
+            raise InputError(f"a normalisation's eps must be a finite number >= 0, but got eps={self.eps!r}")
+
     def __call__(self, x: Tensor) -> Tensor:
         import torch  # forward passes only
 

@@ -70,6 +70,10 @@ def load_checkpoint(folder: str | os.PathLike[str], model: nn.Module,
         weights = load_file(str(folder / "model.safetensors"))
     except Exception as err:  # safetensors raises its own error types for corrupt files
         raise InputError(f"cannot read {folder / 'model.safetensors'}: {err}") from None
+    bad = [k for k, t in weights.items() if t.is_floating_point() and not bool(t.isfinite().all())]
+    if bad:
+        raise InputError(f"checkpoint {folder / 'model.safetensors'}: tensor {bad[0]!r} holds NaN or infinite values; "
+                         "resume from an earlier checkpoint")
     extra = {k[len(_EXTRA):]: weights.pop(k) for k in list(weights) if k.startswith(_EXTRA)}
     missing = set(model.state_dict()) ^ set(weights)
     if missing:
@@ -77,7 +81,11 @@ def load_checkpoint(folder: str | os.PathLike[str], model: nn.Module,
     with torch.no_grad():
         model.load_state_dict(weights)
     if optimizer is not None:
-        opt_state = torch.load(folder / "optimizer.pt", weights_only=True)
-        optimizer.load_state_dict(opt_state)
+        try:  # the file this tool wrote; weights_only: the restricted unpickler (tensors, dicts, numbers)
+            opt_state = torch.load(folder / "optimizer.pt", weights_only=True)
+            optimizer.load_state_dict(opt_state)
+        except Exception as err:  # torch raises UnpicklingError, RuntimeError or ValueError for damaged files
+            raise InputError(f"cannot read {folder / 'optimizer.pt'} as an optimizer state ({type(err).__name__}: the "
+                             "file is damaged or not this tool's); start afresh or from an earlier checkpoint") from None
     state["extra"] = extra
     return state

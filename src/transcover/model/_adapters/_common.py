@@ -84,6 +84,58 @@ def no_layers(name: str) -> InputError:
     return InputError(f"model has no Transformer layers: {name}")
 
 
+# Note [configuration values]: the adapters convert sizes with int() and divide by head counts; a
+# negative, zero, fractional or textual size (or a width the heads do not divide) ended in
+# ZeroDivisionError, "math domain error" or a failed reshape -- "internal error", exit 1 -- and a
+# NaN eps in a certified NaN (red team of stop 36).  check_config refuses them in one line first.
+_SIZE_KEYS = ("n_embd", "n_head", "n_layer", "n_inner", "n_positions", "n_ctx", "hidden_size", "num_attention_heads",
+              "num_hidden_layers", "num_key_value_heads", "num_kv_heads", "n_head_kv", "intermediate_size",
+              "head_dim", "d_model", "num_heads", "num_layers", "num_decoder_layers", "d_ff", "d_kv",
+              "max_position_embeddings", "vocab_size", "num_local_experts", "num_experts_per_tok",
+              "moe_intermediate_size", "image_size", "patch_size", "num_channels", "rotary_dim")
+_LAYER_KEYS = ("n_layer", "num_hidden_layers", "num_layers", "num_decoder_layers")
+_EPS_KEYS = ("layer_norm_epsilon", "layer_norm_eps", "rms_norm_eps", "norm_eps", "norm_epsilon")
+_HEADS = (("n_embd", "n_head"), ("hidden_size", "num_attention_heads"), ("d_model", "num_heads"))
+_KV = (("num_attention_heads", "num_key_value_heads"), ("num_attention_heads", "num_kv_heads"), ("n_head", "n_head_kv"))
+
+
+def check_config(config: dict, name: str) -> None:
+    """Refuse configuration values no model has (Note [configuration values]), in one line naming the field."""
+    def bad(key: str, v: object, want: str) -> InputError:
+        return InputError(f"configuration of {name}: {key} must be {want}, but got {key}={v!r}")
+
+    def size(key: str, v: object) -> None:
+        if isinstance(v, list | tuple):
+            for x in v:
+                size(key, x)
+            return
+        ok = isinstance(v, int) or (isinstance(v, float) and v.is_integer())
+        least = 0 if key in _LAYER_KEYS else 1  # no layers: the adapters' own "model has no Transformer layers"
+        if isinstance(v, bool) or not ok or v < least:
+            raise bad(key, v, "a positive integer" if least else "an integer >= 0")
+
+    for key in _SIZE_KEYS:
+        if config.get(key) is not None:
+            size(key, config[key])
+    for key in _EPS_KEYS:
+        v = config.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < float("inf")):
+            raise bad(key, v, "a finite number >= 0")
+    v = config.get("rope_theta")
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v < float("inf")):
+        raise bad("rope_theta", v, "a finite number > 0")
+    if config.get("head_dim") is None and config.get("d_kv") is None:
+        for width, heads in _HEADS:
+            if config.get(width) is not None and config.get(heads) is not None and int(config[width]) % int(config[heads]):
+                raise bad(width, config[width], f"divisible by {heads}={config[heads]!r} (no head_dim is given)")
+    for heads, kv in _KV:
+        if config.get(heads) is not None and config.get(kv) is not None and int(config[heads]) % int(config[kv]):
+            raise bad(heads, config[heads], f"a multiple of {kv}={config[kv]!r}")
+    for sub in ("text_config",):  # a multimodal checkpoint's text tower (gemma3)
+        if isinstance(config.get(sub), dict):
+            check_config(config[sub], f"{name} ({sub})")
+
+
 def require(config: dict, key: str, *, arch: str, name: str) -> object:
     """``config[key]`` or an InputError saying which configuration field is missing."""
     if key not in config or config[key] is None:

@@ -105,3 +105,23 @@ def test_moe_bounds_refuse_in_one_line_and_analyze_reports_experts(moe_models, t
     assert doc["schema"] != "transcover.analyze.per_matrix"
     text = json.dumps(doc)
     assert "expert.3.W_gate" in text and "router" in text
+
+
+def test_every_bound_route_refuses_moe_in_one_line(moe_models, tmp_path, capsys):
+    """G.3 against a reference, covering with a reference and the local routes took the norm of the
+    stacked (E, d, d_ff) expert weights first: a ValueError, "internal error" in the CLI (red team of
+    stop 36).  They refuse with F25's reason now."""
+    from transcover.covering import model_bound
+    from transcover.lipschitz import layer_local, network_local, perturbation_bound
+
+    model, path = moe_models["mixtral"]
+    a, b = load(model).to_torch(torch.float64), load(path).to_torch(torch.float64)
+    X = torch.randn(4, a.d_model, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    for call in (lambda: perturbation_bound(a, b), lambda: model_bound(a, reference=b),
+                 lambda: layer_local(a.layers[0], X, 1e-3), lambda: network_local(a, X, 1e-3)):
+        with pytest.raises(UnsupportedArchitectureError, match="mixture of experts.*F25") as e:
+            call()
+        assert "\n" not in str(e.value)
+    assert main(["perturb", str(path), str(path), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "mixture of experts" in err[0] and "internal error" not in err[0], err

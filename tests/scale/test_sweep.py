@@ -168,3 +168,36 @@ def test_quick_keys_follow_mtimes_and_full_keys_follow_bytes(tmp_path):
     data[-1] ^= 1  # one bit of one weight, header and size unchanged
     weights.write_bytes(bytes(data))
     assert fingerprint(ckpt, "full") != full
+
+
+def test_keys_follow_the_roles_mapping_and_the_tokenizer(tmp_path):
+    """The loader reads ``transcover_roles.json`` (which tensor is W_1) and, for texts, ``tokenizer.json``;
+    leaving them out of the key let a resumed sweep reuse B_W1 = 0.84 after the roles file had made the
+    matrix of norm 85.8 W_1 (red team of stop 36)."""
+    from transcover.scale import fingerprint
+
+    ckpt = write_gpt2_checkpoint(tmp_path / "c", d=32, layers=1, heads=2, vocab=64, positions=16)
+
+    def keys():
+        return [fingerprint(p, mode) for p in (ckpt, ckpt / "model.safetensors") for mode in ("quick", "full")]
+
+    seen = [keys()]
+    for name, text in (("transcover_roles.json", '{"roles": {}}'), ("tokenizer.json", "{}"),
+                       ("transcover_roles.json", '{"roles": {"W_1": "x"}}')):
+        (ckpt / name).write_text(text)
+        seen.append(keys())
+        # every edit moves every key: the folder's and the bare weights file's, quick and full
+        assert all(new != old for new, old in zip(seen[-1], seen[-2]))
+
+
+def test_items_sharing_a_key_keep_their_own_labels(run_dir, tmp_path):
+    """Two byte-identical checkpoints (one key under --hash full) were both listed under the first's name."""
+    import shutil
+
+    copy = tmp_path / "checkpoint-11"
+    shutil.copytree(run_dir / "checkpoint-10", copy)
+    items = analysis_items([str(run_dir / "checkpoint-10"), str(copy)], OPTIONS, "full")
+    assert items[0].key == items[1].key and items[0].label != items[1].label
+    report = sweep(items, analyze_item)
+    assert [r.item.label for r in report.results] == [it.label for it in items]
+    assert report.computed == 1 and report.results[0].value == report.results[1].value

@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from .._errors import InputError
+from .._errors import InputError, UnsupportedArchitectureError
 from .._results import Kind, Quantity
 from ..model import to_tensor
-from ..model import QUICK_GELU_SLOPE, Activation, LayerSpec, NormKind, NormSpec, Placement, TransformerSpec
+from ..model import QUICK_GELU_SLOPE, Activation, LayerSpec, MoESpec, NormKind, NormSpec, Placement, TransformerSpec
 from ._activations import activation_lipschitz
 from ._local_attention import (DATA_PAD, attention_local_bound, check_layer_range, check_radius, check_tokens,
                                head_norms)
@@ -191,6 +191,10 @@ def layer_local(layer: LayerSpec, X: Tensor, rho: float, *, cache: dict | None =
     from ..model import attention_forward, ffn_forward
 
     rho = check_radius(rho)
+    if isinstance(layer.ffn, MoESpec):  # before any norm of its stacked experts (a ValueError, red team of stop 36)
+        from ..model import MOE_REASON
+
+        raise UnsupportedArchitectureError(f"layer {layer.index} is a mixture of experts: {MOE_REASON}")
     if layer.residual.value == "parallel":
         raise InputError(f"local bounds (THEORY F17) are not derived for the parallel residual of layer "
                          f"{layer.index} (F21); its global bounds are available (lipschitz without --data)")

@@ -8,9 +8,12 @@ key (new mtime or size), as does a half-written one once it is completed; a copy
 recomputed, which is the safe direction.  ``"full"`` hashes every byte (streamed, 1 MiB at a time)
 for content-addressed keys that survive copies.
 
-Only the files the loader reads count: ``config.json``, ``*.safetensors``,
-``*.safetensors.index.json`` and, without safetensors, pickled ``.bin/.pt/.pth/.ckpt`` weights; a
-training run's ``optimizer.pt`` or logs beside them do not change the key.
+Only the files the loader reads count: ``config.json``, ``transcover_roles.json`` (the roles
+mapping), ``tokenizer.json`` (texts given as data), ``*.safetensors``, ``*.safetensors.index.json``
+and, without safetensors, pickled ``.bin/.pt/.pth/.ckpt`` weights; a training run's ``optimizer.pt``
+or logs beside them do not change the key.  (The roles and tokenizer files were left out before
+stop 36: a resumed sweep reused B_W1 = 0.84 after the roles file had swapped W_1 and W_gate, whose
+exact norm was 85.8.)
 """
 
 from __future__ import annotations
@@ -21,9 +24,12 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..model._load import ROLES_FILE
+
 __all__ = ["fingerprint", "item_key", "model_files"]
 
 _PICKLES = (".bin", ".pt", ".pth", ".ckpt")
+_BESIDE = ("config.json", ROLES_FILE, "tokenizer.json")  # read beside the weights (model/_load, model/_data)
 _SKIP = {"optimizer.pt", "scheduler.pt", "rng_state.pth", "training_args.bin", "scaler.pt"}
 
 
@@ -31,7 +37,7 @@ def model_files(path: Path) -> list[Path]:
     """The files a load of ``path`` reads (directory, weights file or shard index), sorted."""
     if path.is_dir():
         names = sorted(p for p in path.iterdir() if p.is_file())
-        st = [p for p in names if p.name == "config.json" or p.name.endswith((".safetensors", ".safetensors.index.json"))]
+        st = [p for p in names if p.name in _BESIDE or p.name.endswith((".safetensors", ".safetensors.index.json"))]
         if not any(p.name.endswith(".safetensors") for p in st):
             st += [p for p in names if p.suffix in _PICKLES and p.name not in _SKIP]
             st += [p for p in names if p.name.endswith(".bin.index.json")]
@@ -43,8 +49,7 @@ def model_files(path: Path) -> list[Path]:
             files += [path.parent / s for s in dict.fromkeys(shards)]
         except (OSError, ValueError, AttributeError):
             pass  # the load reports a broken index; the key still covers the index's bytes
-    if (path.parent / "config.json").is_file():
-        files.append(path.parent / "config.json")
+    files += [path.parent / b for b in _BESIDE if (path.parent / b).is_file()]
     return sorted(set(files))
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ._backends import Outcome, run_backend
@@ -110,7 +110,9 @@ def sweep(items: Sequence[Item], fn: Callable[[Any], Any], *, store: ResultStore
         final[item.key] = _finish(item, outcome, store)
         if on_result is not None:
             on_result(final[item.key])
-    return SweepReport([final[item.key] for item in items])
+    # Items with equal keys share one computation, but each row keeps its own item (label): the second
+    # of two byte-identical checkpoints was listed under the first one's name (red team of stop 36)
+    return SweepReport([replace(final[item.key], item=item) for item in items])
 
 
 def _finish(item: Item, outcome: Outcome, store: ResultStore | None) -> ItemResult:

@@ -10,14 +10,16 @@ the grid size (hence the MLP width d_m) of the Lemma H.1 construction that minim
 
 * ``ε_att = L_head · 2γ · n e^{-R(1-2Δ)}``, with R the smallest temperature making
   ``ε_att <= ε_MLP`` (seed 5.3: make attention focus precisely first; R costs capacity only
-  through ``B_KQ = R ≈ ln(n ...)/(1 - 2Δ)``), and ``ε_MLP = (L/max(1,β)) (2/γ)^β (√s/N_g)^β`` (the
+  through ``B_KQ = (3 + s) R``, ``R ≈ ln(n ...)/(1 - 2Δ)``), and ``ε_MLP = (L/max(1,β)) (2/γ)^β (√s/N_g)^β`` (the
   construction's budget, :mod:`._construction`), with the head's Lipschitz constant estimated as
   ``L_head = s L γ^{-β} δ^{min(β,1)-1}`` (grid spacing δ = 2/N_g);
 * the Rademacher term from Dudley's integral (THEORY F11) over the composite covering curve
   (THEORY F10): ``log N(ε) <= P log(1 + 2 B_θ √P / (ε/2)) + (2 L_head)^2 A_TF / ε^2`` with P the
   MLP's non-zero parameter count (F1, ``B_θ = N_g`` the entry scale of its weights) and
   ``A_TF = s^3 (B_V^{2/3} + (2 B_V B_KQ)^{2/3})^3 ln(N n)`` (F9 with B_X = 1, c_sm = 2,
-  ``B_KQ = R``, ``B_V = γ``).
+  ``B_KQ = (3 + s) R``, ``B_V = γ``: the construction's ``W_Q`` carries ``R √d_p / κ²`` with
+  ``κ = 1/√(3 + s)``, so under its ball norm (B_X = 1) the score matrix has norm ``(3 + s) R``,
+  measured by float64 SVD; "B_KQ = R" before stop 36 understated the attention capacity by 3 + s).
 
 This is a *design heuristic* (``Kind.ESTIMATE``): the constants of F9 are [M] in THEORY, and the
 head constant is an estimate.  The quadrature is a private vectorised left Riemann sum at the fixed
@@ -106,7 +108,7 @@ def advise(sparsity: int, smoothness: float, seq_len: int, n_samples: int, *, de
 
     Raises:
         InputError: s, n, N not positive integers, s > n, β outside (0, 2], Δ outside [0, 1/2),
-            γ outside (0, 1], a negative Hölder constant.
+            γ outside (0, 1], a Hölder constant that is not finite and > 0.
     """
     for name, v in (("sparsity", sparsity), ("seq_len", seq_len), ("n_samples", n_samples)):
         if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
@@ -119,8 +121,8 @@ def advise(sparsity: int, smoothness: float, seq_len: int, n_samples: int, *, de
         raise InputError(f"delta must be in [0, 1/2), but got delta={delta!r}")
     if not (0.0 < gamma <= 1.0):
         raise InputError(f"gamma must be in (0, 1], but got gamma={gamma!r}")
-    if not holder_constant >= 0:
-        raise InputError(f"the Hölder constant must be >= 0, but got {holder_constant!r}")
+    if not 0 < holder_constant < math.inf:  # 0 divided 0 by 0 in R, inf made every figure NaN (stop 36)
+        raise InputError(f"the Hölder constant must be a finite number > 0, but got {holder_constant!r}")
     s, beta, n, m = sparsity, float(smoothness), seq_len, n_samples
     L = holder_constant
     curve = []
@@ -139,7 +141,7 @@ def advise(sparsity: int, smoothness: float, seq_len: int, n_samples: int, *, de
         # is at most the MLP error; the capacity of R grows only like log n, so this is cheap.
         R = max(math.log(max(L_head * 2 * gamma * n / e_mlp, 1.0)) / (1 - 2 * delta), 1e-3)
         e_att = L_head * 2 * gamma * n * math.exp(-R * (1 - 2 * delta))
-        A_tf = s**3 * (gamma ** (2 / 3) + (2 * gamma * R) ** (2 / 3)) ** 3 * math.log(m * n)
+        A_tf = s**3 * (gamma ** (2 / 3) + (2 * gamma * (3 + s) * R) ** (2 / 3)) ** 3 * math.log(m * n)
         est = 2 * _dudley_fixed_alpha(P, 4 * N_g * math.sqrt(P), (2 * L_head) ** 2 * A_tf, m, D)
         best = {"grid": N_g, "d_m": d_m, "R": float(R), "attention": e_att, "mlp": e_mlp,
                 "approx": e_att + e_mlp, "estimation": est, "total": e_att + e_mlp + est}

@@ -61,13 +61,20 @@ def off_target_mass_bound(n: int, gap: float) -> float:
 
     (``π_{i*} = 1/(1 + Σ_j e^{a_j - a_{i*}}) >= 1/(1 + (n-1)e^{-g})``); valid for every real g.
     """
-    if n < 1:
-        raise InputError(f"n must be >= 1, but got n={n}")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise InputError(f"n must be an integer >= 1, but got n={n!r}")
+    if isinstance(gap, bool) or not isinstance(gap, (int, float)) or math.isnan(gap):
+        raise InputError(f"gap must be a number, but got gap={gap!r}")
     if n == 1:
         return 0.0
-    # log-space so that huge gaps underflow to 0 and negative gaps do not overflow
+    # t/(1 + t), t = (n-1)e^{-g}, in log space: for t <= 1 as t/(1 + t), which underflows to 0 for huge
+    # gaps, for t > 1 as 1/(1 + 1/t); exp(-log t) overflowed for gaps beyond ln(n-1) + 709.8 (an
+    # OverflowError at R = 1000 before stop 36)
     log_t = math.log(n - 1) - gap
-    return 1.0 / (1.0 + math.exp(-log_t)) if log_t < 700 else 1.0
+    if log_t <= 0.0:
+        t = math.exp(log_t)
+        return t / (1.0 + t)
+    return 1.0 / (1.0 + math.exp(-log_t))
 
 
 @dataclass(frozen=True)

@@ -151,6 +151,10 @@ def mlp_rate_sweep(cases: Sequence[tuple[float, int]], grids: dict[int, Sequence
         for beta, s in cases:
             if s not in grids:
                 raise InputError(f"no grids given for s={s}")
+            if len(set(grids[s])) < 2:  # a slope through one point (a LinAlgError for N = 1 before stop 36)
+                raise InputError(f"the fitted exponent needs at least two distinct grids for s={s}, but got {tuple(grids[s])}")
+            if any(isinstance(N, bool) or not isinstance(N, int) or N < 1 for N in grids[s]):
+                raise InputError(f"grids must be positive integers, but got {tuple(grids[s])} for s={s}")
             targets = [holder_ridge(tuple(range(s)), beta, seed=seed + k) for k in range(n_targets)]
             U = _dense_grid(s, eval_points)
             d_ms, errs = [], []

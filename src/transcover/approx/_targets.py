@@ -118,6 +118,8 @@ def holder_ridge(indices: tuple[int, ...], beta: float = 1.0, *, seed: int = 0) 
     """
     beta = _check_beta(beta)
     s = len(indices)
+    if s == 0:  # a constant: no ridge direction (it reached build_construction as max() of nothing)
+        raise InputError("a Hölder ridge target needs at least one relevant position (indices is empty)")
     g = torch.Generator().manual_seed(int(seed))
     w = torch.randn(s, generator=g, dtype=torch.float64)
     w = w / w.norm()

@@ -125,7 +125,9 @@ def decompose_trained(model: ReferenceTransformer, target: SparseTarget, X: Tens
         q_bound = per_query[:, 0] if cfg.readout == "first" else per_query.mean(-1)
         bound = L_post * q_bound
         attn = (F - F_I).abs()
-        ratio = float((attn / bound.clamp_min(1e-300)).max())
+        # in float64: 1e-300 is 0 in float32, and a sample with all its mass on target gave 0/0 = NaN,
+        # which then won the max over samples (red team of stop 36)
+        ratio = float((attn.double() / bound.double().clamp_min(1e-300)).max())
     q = lambda v, what: Quantity(float(v), Kind.EMPIRICAL_LOWER, f"max over {B} samples: {what}")
     rms = lambda t: float(t.pow(2).mean().sqrt())
     return TrainedDecomposition(

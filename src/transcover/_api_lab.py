@@ -29,14 +29,15 @@ def cover(source=None, *, mode: str | None = None, eps: Sequence[float] | float 
           radial: str = "volume", output: str = "head", functions: int | None = None, samples: int | None = None,
           seq_len: int = 4, n: int = 4, restarts: int = 3, pool: int = 64,
           perturb: Mapping[str, float] | None = None, arch: str | None = None, strict: bool = False,
-          progress=None):
+          allow_pickle: bool = False, progress=None):
     """Empirical covering numbers (``transcover cover MODE``; issue 5): eps-nets (certified upper
     ends of the finite set's covering number) beside packings (lower ends).
 
     Modes:
         ``"finite"`` (the default when ``source`` is given): ``source`` holds the outputs of M
-        functions on n samples, ``(M, n, b)`` -- a ``.npy``/``.pt``/``.safetensors`` file (``key``
-        picks a tensor) or an array; ``orders`` visiting orders, ``exact`` internal numbers (M <= 400).
+        functions on n samples, ``(M, n, b)`` -- a ``.npy``/``.safetensors`` file, a ``.pt`` with
+        ``allow_pickle`` (``key`` picks a tensor), or an array; ``orders`` visiting orders, ``exact``
+        internal numbers (M <= 400).
         ``"reference"`` (the default without ``source``): Monte Carlo over the seed's norm-bounded
         reference class (``layers``, ``d_model``, ``heads``, ``d_ff``, ``head_hidden``,
         ``n_outputs``; spectral ``radii`` per name in B_KQ B_V B_W1 B_W2 B_b1 B_b2 B_head, default 1,
@@ -77,7 +78,7 @@ def cover(source=None, *, mode: str | None = None, eps: Sequence[float] | float 
     step = progress.step if progress is not None else (lambda *a, **k: None)
     if mode == "finite":
         in_memory = hasattr(source, "shape") and not isinstance(source, (str, bytes))
-        Y = E.as_outputs(source if in_memory else E.load_outputs(source, key=key))
+        Y = E.as_outputs(source if in_memory else E.load_outputs(source, key=key, allow_pickle=allow_pickle))
         ests, exacts = [], []
         for e in eps:
             est = E.estimate_covering_number(Y, e, q, n_orders=orders, seed=seed, workers=workers)

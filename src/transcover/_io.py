@@ -70,17 +70,22 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
 
         raise InputError(f"cannot write {path}: folder {path.parent} does not exist")
     mode = _target_mode(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
+    tmp = None
     try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
         with os.fdopen(fd, "wb") as fh:
             os.chmod(fh.fileno() if os.chmod in os.supports_fd else tmp, mode)  # mkstemp's 0600 would survive the rename
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
+    except BaseException as err:
+        if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(err, OSError):  # a read-only folder, a full disk: name the file asked for, not the temporary
+            from ._errors import InputError
+
+            raise InputError(f"cannot write {path}: {err.strerror or err}") from None
         raise
     return path
 

@@ -34,7 +34,11 @@ def test_finite_mode_reads_torch_formats(tmp_path, suffix):
 
         save_file({"outputs": Y}, str(path))
     out = tmp_path / "r.json"
-    assert main(["cover", "finite", str(path), "--eps", "1", "--json", str(out)]) == 0
+    pickle = ["--allow-pickle"] if suffix == ".pt" else []
+    if pickle:  # a pickle is read only when asked (stop 36: it was read by default)
+        assert main(["cover", "finite", str(path), "--eps", "1", "--json", str(out)]) == 2
+        assert not out.exists()
+    assert main(["cover", "finite", str(path), "--eps", "1", "--json", str(out)] + pickle) == 0
     assert json.loads(out.read_text())["rows"][0]["net_size"] == 3  # centres 0, 2, 4
 
 
@@ -72,3 +76,16 @@ def test_bad_input_one_line_exit_2(tmp_path, capsys, argv, match):
     assert rc == 2
     assert len(err) == 1 and err[0].startswith("transcover: error: ") and match in err[0]
     assert not json_path.exists()
+
+
+def test_write_failures_and_a_file_as_output_folder_are_one_line(tmp_path, capsys):
+    """Stop 36: a write the OS refuses named the hidden temporary file; ``train --out FILE`` printed a raw Errno."""
+    Y = tmp_path / "y.npy"
+    np.save(Y, np.arange(6.0).reshape(6, 1, 1))
+    blocker = tmp_path / "afile"
+    blocker.write_text("not a folder")
+    assert main(["cover", "finite", str(Y), "--eps", "1", "--json", str(blocker / "r.json")]) == 2
+    assert main(["train", "--task", "parity", "--epochs", "1", "--out", str(blocker)]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 2 and all(".tmp" not in e and "Errno" not in e for e in err), err
+    assert str(blocker) in err[1]

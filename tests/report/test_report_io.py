@@ -14,6 +14,7 @@ from contextlib import contextmanager
 import pytest
 import torch
 
+from transcover import InputError
 from transcover.cli import main
 from transcover.model import ReferenceConfig, ReferenceTransformer, save_reference
 from transcover import _io  # the writer itself (report re-exports it)
@@ -85,9 +86,10 @@ def test_failed_write_leaves_nothing(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(_io.os, "replace", fail)
-    with pytest.raises(OSError):
+    # one line naming the file asked for (stop 36: the OSError named the hidden temporary file)
+    with pytest.raises(InputError, match=r"cannot write .*new\.json: disk full"):
         atomic_write_text(tmp_path / "new.json", "x")
-    with pytest.raises(OSError):
+    with pytest.raises(InputError, match="old.json"):
         atomic_write_text(old, "lost")
     monkeypatch.undo()
     with pytest.raises(TypeError):

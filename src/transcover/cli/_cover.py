@@ -63,6 +63,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     f = sub.add_parser("finite", help="a finite class given by its outputs (M x n x b) in .npy/.pt/.safetensors")
     f.add_argument("outputs", help="file of function outputs, shape (M, n, b) or (M, n)")
     f.add_argument("--key", default=None, help="tensor name inside a .pt/.safetensors with several")
+    f.add_argument("--allow-pickle", action="store_true", help="read a .pt outputs file (a pickle; only files you trust)")
     f.add_argument("--orders", type=int, default=1, help="visiting orders tried (best kept; default 1)")
     f.add_argument("--exact", action="store_true", help="also the exact internal covering number (M <= 400)")
     _common(f, eps_default=None)
@@ -130,7 +131,8 @@ def _call(args: argparse.Namespace, tracker):
         return _scaled_result(args, tracker)  # chunks of members as resumable items (issue 14)
     common = dict(eps=args.eps, q=args.q, seed=args.seed, workers=args.threads, progress=tracker)
     if args.mode == "finite":
-        return cover(args.outputs, mode="finite", key=args.key, orders=args.orders, exact=args.exact, **common)
+        return cover(args.outputs, mode="finite", key=args.key, orders=args.orders, exact=args.exact,
+                     allow_pickle=args.allow_pickle, **common)
     sampling = dict(radial=args.radial, functions=args.functions, **common)
     if args.mode == "local":
         return cover(args.model, mode="local", arch=args.arch, strict=args.strict,

@@ -12,15 +12,17 @@ from ._metrics import as_outputs
 __all__ = ["load_outputs"]
 
 
-def load_outputs(path: str | Path, key: str | None = None) -> Tensor:
+def load_outputs(path: str | Path, key: str | None = None, *, allow_pickle: bool = False) -> Tensor:
     """The ``(M, n, b)`` outputs stored in ``path`` (validated by :func:`as_outputs`).
 
-    ``.npy``: the array (no pickles).  ``.pt``: a tensor, or a dict of tensors read with
-    ``torch.load(weights_only=True)``.  ``.safetensors``: a file of tensors.  With several tensors,
+    ``.npy``: the array (no pickles).  ``.safetensors``: a file of tensors.  ``.pt`` is a pickle: read
+    only with ``allow_pickle`` (``--allow-pickle``), as the model loader does, and then with
+    ``torch.load(weights_only=True)``; before stop 36 it was read by default.  With several tensors,
     ``key`` picks one (default: the only one, or the one named "outputs").
 
     Raises:
-        InputError: missing file, unknown suffix, unreadable content, no/ambiguous tensor, bad shape.
+        InputError: missing file, unknown suffix, a pickle without ``allow_pickle``, unreadable
+            content, no/ambiguous tensor, bad shape.
     """
     p = Path(path)
     if not p.is_file():
@@ -32,6 +34,9 @@ def load_outputs(path: str | Path, key: str | None = None) -> Tensor:
 
             data: object = np.load(p, allow_pickle=False)
         elif suffix == ".pt":
+            if not allow_pickle:
+                raise InputError(f"pickled outputs refused: {p} is a .pt file (a pickle); save them as .npy or "
+                                 ".safetensors, or pass allow_pickle=True / --allow-pickle if you trust the file")
             import torch
 
             data = torch.load(p, map_location="cpu", weights_only=True)

@@ -282,7 +282,10 @@ def train(config: TrainConfig, *, out_dir: str | Path | None = None, resume: boo
     out = None if out_dir is None else Path(out_dir)
     start_epoch, step = 0, 0
     if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as err:  # an existing file of that name, a read-only parent: one line naming --out
+            raise InputError(f"cannot use {out} as the output folder: {err.strerror or err}") from None
     if resume:
         state = load_checkpoint(out / "checkpoint", model, opt)  # type: ignore[operator]
         if state.get("config") != config.to_dict():

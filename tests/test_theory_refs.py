@@ -90,7 +90,7 @@ def design_table_references(text: str, path: str) -> list[tuple[str, str]]:
 # ---- anchors ------------------------------------------------------------------------------------
 
 _HEADINGS = [
-    (re.compile(r"^#{1,6}\s+(F\d{1,2}[a-z]?)\s+—"), lambda m: m.group(1)),
+    (re.compile(r"^#{1,6}\s+(F\d{1,3}[a-z]?)\s+—"), lambda m: m.group(1)),
     (re.compile(r"^#{1,6}\s+(Lemma|Theorem)\s+([GH]\.\d+)\s+—"), lambda m: f"{m.group(1)} {m.group(2)}"),
     (re.compile(r"^#{1,6}\s+seed\s+(\d+(?:\.\d+)?|closing remark)\s+—"), lambda m: f"seed {m.group(1)}"),
     (re.compile(r"^#{1,6}\s+Section\s+(\d+)\s+—"), lambda m: f"section {m.group(1)}"),

@@ -59,6 +59,7 @@ __all__ = [
     "OutsideDecompositionError", "MOE_REASON", "support_table", "norm2_f64", "to_tensor", "apply_rope", "attention_scores",
     "QUICK_GELU_SLOPE", "StateDictSource", "open_safetensors",
 ]
+from ._load import ROLES_FILE as ROLES_FILE
 from ._load import SUPPORTED_ARCHITECTURES as SUPPORTED_ARCHITECTURES
 from ._load import bundled_model_dir as bundled_model_dir
 from ._load import load as load

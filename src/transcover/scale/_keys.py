@@ -24,7 +24,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..model._load import ROLES_FILE
+from ..model import ROLES_FILE
 
 __all__ = ["fingerprint", "item_key", "model_files"]
 

@@ -13,7 +13,7 @@ model can exceed 1e300), so every quantity is carried as its natural log and com
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -246,6 +246,12 @@ def kkt_split(costs: Sequence[CoverCost], eps: float) -> np.ndarray:
     def excess(log_lam: float) -> float:  # log(sum c_i e_i) - log eps, decreasing in lambda
         return _logsumexp(lc[live] + _log_eps_at_arrays(ar, log_lam)[live]) - log_eps
 
+    return _log_eps_at_arrays(ar, bisect_log_multiplier(excess)[1])
+
+
+def bisect_log_multiplier(excess: Callable[[float], float]) -> tuple[float, float]:
+    """``(lo, hi)`` around the sign change of ``excess(log lambda)`` (decreasing; > 0 overspends):
+    ``hi`` is the side that meets the budget, unless the bracket reached ``±1e5`` on absurd inputs."""
     lo, hi = -50.0, 50.0
     while excess(lo) < 0 and lo > -1e5:
         lo *= 2
@@ -259,7 +265,7 @@ def kkt_split(costs: Sequence[CoverCost], eps: float) -> np.ndarray:
             hi = mid
         if hi - lo < 1e-12 * max(1.0, abs(hi)):
             break
-    return _log_eps_at_arrays(ar, hi)
+    return lo, hi
 
 
 def budget_holds(log_c: Sequence[float], log_eps_i: Sequence[float], eps: float) -> bool:

@@ -37,7 +37,8 @@ import numpy as np
 
 from .._errors import InputError
 from .._results import Kind
-from ._allocation import CoverCost, _arrays, _log_eps_at_arrays, allocate_mixed, fit_to_budget, kkt_split
+from ._allocation import (CoverCost, _arrays, _log_eps_at_arrays, allocate_mixed, bisect_log_multiplier, fit_to_budget,
+                          kkt_split)
 from ._matrix_covers import _zhang_log_factor
 
 __all__ = ["MatrixTerm", "TermContribution", "TransformerCovering", "transformer_log_covering", "CoveringCurve",
@@ -288,18 +289,7 @@ def _dual_forms(terms: Sequence[MatrixTerm], eps: float, n_points: int,
         le = np.where(par, e1, e2)
         return par, _lse(lc[live] + le[live]) - math.log(eps)
 
-    lo, hi = -50.0, 50.0
-    while at(lo)[1] < 0 and lo > -1e5:
-        lo *= 2
-    while at(hi)[1] > 0 and hi < 1e5:
-        hi *= 2
-    for _ in range(60):
-        mid = 0.5 * (lo + hi)
-        if at(mid)[1] > 0:
-            lo = mid
-        else:
-            hi = mid
-    sides = [[bool(x) for x in at(v)[0]] for v in (hi, lo)]
+    sides = [[bool(x) for x in at(v)[0]] for v in reversed(bisect_log_multiplier(lambda v: at(v)[1]))]
     return sides[:1] if sides[0] == sides[1] else sides
 
 

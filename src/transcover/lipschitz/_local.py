@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from .._errors import InputError, UnsupportedArchitectureError
+from .._errors import InputError
 from .._results import Kind, Quantity
 from ..model import to_tensor
 from ..model import QUICK_GELU_SLOPE, Activation, LayerSpec, MoESpec, NormKind, NormSpec, Placement, TransformerSpec
@@ -192,9 +192,9 @@ def layer_local(layer: LayerSpec, X: Tensor, rho: float, *, cache: dict | None =
 
     rho = check_radius(rho)
     if isinstance(layer.ffn, MoESpec):  # before any norm of its stacked experts (a ValueError, red team of stop 36)
-        from ..model import MOE_REASON
+        from ..model import moe_refusal
 
-        raise UnsupportedArchitectureError(f"layer {layer.index} is a mixture of experts: {MOE_REASON}")
+        raise moe_refusal(layer.index)
     if layer.residual.value == "parallel":
         raise InputError(f"local bounds (THEORY F17) are not derived for the parallel residual of layer "
                          f"{layer.index} (F21); its global bounds are available (lipschitz without --data)")

@@ -146,10 +146,9 @@ def layer_bounds(m: LayerMeasure) -> LayerBounds:
     metrics (THEORY F22).
     """
     if m.experts is not None:  # measured expert by expert, but no Lipschitz constant exists (F25)
-        from ..model import MOE_REASON
+        from ..model import moe_refusal
 
-        raise UnsupportedArchitectureError(f"layer {m.index} is a mixture of experts: {MOE_REASON}; "
-                                           "`analyze` reports its per-expert norms")
+        raise moe_refusal(m.index, "`analyze` reports its per-expert norms")
     s = m.scale
     post = {k: None if getattr(m, k) is None else _norm_bounds(getattr(m, k)) for k in ("post_norm_attn", "post_norm_ffn")}
     kq = tuple(s * h.W_QK.upper for h in m.heads)

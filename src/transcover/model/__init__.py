@@ -29,6 +29,7 @@ from ._functional import apply_rope as apply_rope
 from ._functional import attention_scores as attention_scores
 from ._spec import QUICK_GELU_SLOPE as QUICK_GELU_SLOPE
 from ._adapters._refused import MOE_REASON as MOE_REASON
+from ._adapters._refused import moe_refusal as moe_refusal
 from ._adapters._refused import OutsideDecompositionError as OutsideDecompositionError
 from ._adapters._support import support_table as support_table
 from ._sources import StateDictSource as StateDictSource
@@ -56,7 +57,7 @@ __all__ = [
     "ForwardHooks", "attention_forward", "ffn_forward", "head_forward", "l2_attention_forward", "layer_forward",
     "norm_forward", "transformer_forward", "stack_members", "as_torch",
     "structural_differences", "require_same_structure",
-    "OutsideDecompositionError", "MOE_REASON", "support_table", "norm2_f64", "to_tensor", "apply_rope", "attention_scores",
+    "OutsideDecompositionError", "MOE_REASON", "moe_refusal", "ROLES_FILE", "support_table", "norm2_f64", "to_tensor", "apply_rope", "attention_scores",
     "QUICK_GELU_SLOPE", "StateDictSource", "open_safetensors",
 ]
 from ._load import ROLES_FILE as ROLES_FILE

@@ -470,11 +470,9 @@ def _ffn_distances(fa: FFNSpec, fb: FFNSpec, i: int, entrywise: bool) -> dict:
     if isinstance(fa, MoESpec) or isinstance(fb, MoESpec):
         # the distances feed G.3, which has no coefficient for routed experts (F25); the stacked expert
         # weights reached spectral_norm_interval as a ValueError ("internal error", red team of stop 36)
-        from .._errors import UnsupportedArchitectureError
-        from ..model import MOE_REASON
+        from ..model import moe_refusal
 
-        raise UnsupportedArchitectureError(f"layer {i} is a mixture of experts: {MOE_REASON}; no perturbation "
-                                           "bound (G.3) or distance to a reference is derived for it")
+        raise moe_refusal(i, "no perturbation bound (G.3) or distance to a reference is derived for it")
     out: dict[tuple[int, str], Distance] = {}
     for name in ("W_1", "W_2", "W_gate"):
         if getattr(fa, name) is not None:

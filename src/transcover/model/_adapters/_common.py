@@ -117,13 +117,11 @@ def check_config(config: dict, name: str) -> None:
     for key in _SIZE_KEYS:
         if config.get(key) is not None:
             size(key, config[key])
-    for key in _EPS_KEYS:
-        v = config.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < float("inf")):
-            raise bad(key, v, "a finite number >= 0")
-    v = config.get("rope_theta")
-    if v is not None and (isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v < float("inf")):
-        raise bad("rope_theta", v, "a finite number > 0")
+    for key in (*_EPS_KEYS, "rope_theta"):  # eps may be 0 (F14 refuses it where a bound needs more); theta may not
+        v, strict = config.get(key), key == "rope_theta"
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)
+                              or not (0 < v if strict else 0 <= v) or v == float("inf")):
+            raise bad(key, v, "a finite number > 0" if strict else "a finite number >= 0")
     if config.get("head_dim") is None and config.get("d_kv") is None:
         for width, heads in _HEADS:
             if config.get(width) is not None and config.get(heads) is not None and int(config[width]) % int(config[heads]):

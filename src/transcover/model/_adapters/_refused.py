@@ -12,7 +12,7 @@ from ..._errors import UnsupportedArchitectureError
 from .._sources import TensorSource
 from .._spec import TransformerSpec
 
-__all__ = ["OutsideDecompositionError", "build_deberta_v2", "DEBERTA_REASON", "MOE_REASON"]
+__all__ = ["OutsideDecompositionError", "build_deberta_v2", "DEBERTA_REASON", "MOE_REASON", "moe_refusal"]
 
 
 class OutsideDecompositionError(UnsupportedArchitectureError):
@@ -52,3 +52,8 @@ MOE_REASON = (
     "weight jumps from 0, so the block is discontinuous and has no Lipschitz constant (THEORY F25); "
     "a bound would need a dense router or inputs away from the switching set"
 )
+
+
+def moe_refusal(layer: int, detail: str = "") -> UnsupportedArchitectureError:
+    """The one refusal of every bound that needs a Lipschitz constant of an MoE layer (F25), in one line."""
+    return UnsupportedArchitectureError(f"layer {layer} is a mixture of experts: {MOE_REASON}" + (f"; {detail}" if detail else ""))

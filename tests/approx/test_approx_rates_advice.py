@@ -65,3 +65,11 @@ def test_failure_modes_degrade_as_stated():
     shift = shift_curve([0.0, 0.5], n_samples=300)
     assert shift.rows[0]["construction sup |F - g*|"] <= shift.rows[0]["bound on [-1,1]^n (budget)"]
     assert shift.rows[1]["construction sup |F - g*|"] > shift.rows[0]["bound on [-1,1]^n (budget)"]
+
+
+@pytest.mark.parametrize("curve, what", [(weak_dependence_curve, "dependence strengths"), (shift_curve, "shifts")])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -0.1, True, "x"])
+def test_failure_curves_refuse_knobs_that_are_not_finite_and_nonnegative(curve, what, bad):
+    # a NaN passed the old ``v < 0`` check and the curve came back with NaN rows
+    with pytest.raises(InputError, match=what):
+        curve([0.1, bad])

@@ -48,6 +48,17 @@ class FailureCurve:
         render("failure_curve.plot", self, ax=ax)
         return self
 
+def _check_knobs(values: Sequence[float], what: str) -> None:
+    """InputError unless every value is a finite number >= 0 (a NaN passed ``v < 0`` and gave NaN rows)."""
+    for v in values:
+        try:
+            ok = 0.0 <= float(v) < math.inf
+        except (TypeError, ValueError):
+            ok = False
+        if not ok or isinstance(v, bool):
+            raise InputError(f"{what} must be finite numbers >= 0, but got {list(values)}")
+
+
 def _default_construction(n: int = 12, s: int = 2, R: float = 20.0, grid: int = 8, delta: float = 0.2,
                           key_leak: float = 0.0) -> Construction:
     target = holder_ridge(tuple(range(1, 1 + 2 * s, 2)), 1.0, seed=0)
@@ -57,8 +68,7 @@ def _default_construction(n: int = 12, s: int = 2, R: float = 20.0, grid: int = 
 def weak_dependence_curve(epsilons: Sequence[float], construction: Construction | None = None, *,
                           n_random: int = 500) -> FailureCurve:
     """sup over inputs of ``|F - g_ε|`` for a construction built for ``h`` (see module docstring)."""
-    if any(e < 0 for e in epsilons):
-        raise InputError(f"dependence strengths must be >= 0, but got {list(epsilons)}")
+    _check_knobs(epsilons, "dependence strengths")
     c = construction or _default_construction()
     I = list(c.target.indices)
     out = [j for j in range(c.n) if j not in I]
@@ -105,8 +115,7 @@ def shift_curve(taus: Sequence[float], construction: Construction | None = None,
     construction with read-out γ', which tolerates shifts up to ``1/γ' - 1`` at the price of the
     ``(2/γ')^β`` factor of the MLP error (seed section 4.2).
     """
-    if any(t < 0 for t in taus):
-        raise InputError(f"shifts must be >= 0, but got {list(taus)}")
+    _check_knobs(taus, "shifts")
     c = construction or _default_construction()
     budget = c.bound().total.value
     cm = None

@@ -57,3 +57,32 @@ def test_missing_file(tmp_path, capsys):
     rc = main(["bound", str(tmp_path / "nope.safetensors")])
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith("transcover: error:") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("family, has_leading", [("l21", True), ("spectral", False)])
+def test_bound_names_the_g5_leading_term_only_where_an_f2_cover_makes_one(model_path, capsys, monkeypatch,
+                                                                          family, has_leading):
+    # with parameter-count covers only, Theorem G.5's 4C^2(eta+eta~)^3/eps^2 term does not exist; it was printed as "= 0"
+    monkeypatch.setenv("COLUMNS", "250")
+    assert main(["bound", str(model_path), "--family", family, "--seq-len", "16"]) == 0
+    out = capsys.readouterr().out
+    assert ("4C^2(eta+eta~)^3/eps^2 = " in out) is has_leading
+    assert ("no 4C^2(eta+eta~)^3/eps^2 term" in out) is not has_leading
+
+
+@pytest.mark.parametrize("columns", ["60", "80"])
+def test_bound_table_never_crops_a_number(model_path, tmp_path, capsys, monkeypatch, columns):
+    # rich cropped no_wrap cells to the terminal: eps_i = 7.135e-21 was printed as "7.135e-2" at 80 columns
+    from transcover.report._bound_tables import fmt_log
+
+    monkeypatch.setenv("COLUMNS", columns)
+    js = tmp_path / "b.json"
+    assert main(["bound", str(model_path), "--family", "best", "--eps", "0.05", "--seq-len", "16", "--top", "40",
+                 "--json", str(js)]) == 0
+    out = capsys.readouterr().out
+    table = out[out.index("largest 40 contributions"):]
+    rows = json.loads(js.read_text())["transformer"]["contributions"]
+    assert len(rows) >= 10
+    for c in rows:
+        eps_i, cost = fmt_log(float(c["log_eps_i"])), fmt_log(float(c["log_cost"]))
+        assert f" {eps_i} " in table and f" {cost} " in table, (c["name"], eps_i, cost)

@@ -61,7 +61,9 @@ def render_bound(result, terms, n_needed: float, target: float, top: int, diagno
     if isinstance(cov, CompositeCovering):
         con.print(f"  Theorem G.5: MLP head log N(eps/2) <= {fmt_log(cov.mlp.log_log_N)} "
                   f"({cov.mlp.n_params} params, C = {fmt_log(cov.log_C)}); Transformer log N(eps/2C) <= "
-                  f"{fmt_log(cov.transformer.log_log_N)}; 4C^2(eta+eta~)^3/eps^2 = {fmt_log(cov.log_leading)}")
+                  f"{fmt_log(cov.transformer.log_log_N)}; " + (
+                      f"4C^2(eta+eta~)^3/eps^2 = {fmt_log(cov.log_leading)}" if cov.log_leading > -math.inf
+                      else "no 4C^2(eta+eta~)^3/eps^2 term (no matrix uses an F2 cover)"))
     t = Table(title="generalisation gap (w.p. >= 1 - delta)")
     for col in ("n", "gap bound (reported)", "raw formula", "Rademacher", "vacuous", "BFT-baseline gap"):
         t.add_column(col, justify="right")
@@ -98,19 +100,30 @@ def render_bound(result, terms, n_needed: float, target: float, top: int, diagno
     con.print(lt)
     from rich import box
 
-    # 80 columns: light borders, the cover as its formula number, names never cut to "layer0.W…"
+    # 80 columns: light borders, the cover as its formula number.  A number is never cropped (rich
+    # crops a no_wrap cell to its column: 7.135e-21 was shown as 7.135e-2): every column keeps its
+    # widest cell as its minimum width, and where the table is still too wide the names fold.
     mt = Table(title=f"largest {top} contributions (cover: F1 parameter count, F2 (2,1)-norm)",
                box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True)
-    for col in ("matrix", "group", "cover", "log10 c_i", "eps_i", "log N_i", "share"):
-        mt.add_column(col, justify="left" if col in ("matrix", "group", "cover") else "right",
-                      overflow="fold", no_wrap=True)
+    rows = []
     for c in sorted(terms, key=lambda c: c.log_cost, reverse=True)[:top]:
         cover = c.cover[c.cover.rfind("(") + 1:].rstrip(")") if "(" in c.cover else c.cover
-        mt.add_row(c.name.replace("layer-1.", "input."), c.group, cover, f"{c.log_c / math.log(10):.2f}",
-                   fmt_log(c.log_eps_i)
-                   if c.log_eps_i > -700 else f"10^{c.log_eps_i / math.log(10):.1f}", fmt_log(c.log_cost),
-                   f"{c.share:.3%}")
-    con.print(mt)
+        rows.append((c.name.replace("layer-1.", "input."), c.group, cover, f"{c.log_c / math.log(10):.2f}",
+                     fmt_log(c.log_eps_i)
+                     if c.log_eps_i > -700 else f"10^{c.log_eps_i / math.log(10):.1f}", fmt_log(c.log_cost),
+                     f"{c.share:.3%}"))
+    for k, col in enumerate(("matrix", "group", "cover", "log10 c_i", "eps_i", "log N_i", "share")):
+        cells = [col] + [r[k] for r in rows]
+        if k == 0:
+            mt.add_column(col, justify="left", overflow="fold", min_width=min(max(len(x) for x in cells), 12))
+        else:
+            mt.add_column(col, justify="left" if k < 3 else "right", no_wrap=True,
+                          min_width=max(len(x) for x in cells))
+    for r in rows:
+        mt.add_row(*r)
+    # below the columns' minimum widths rich drops whole columns: print wider than the terminal instead
+    need = sum(c.min_width for c in mt.columns) + 2 * len(mt.columns) + 2
+    (con if con.width >= need else Console(width=need)).print(mt)
     con.print("[bold]assumptions[/bold]")
     for a in result.assumptions:
         con.print(f"  - {a}")

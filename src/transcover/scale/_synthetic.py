@@ -17,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .._io import atomic_write_text
+
 __all__ = ["TensorPlan", "write_safetensors", "write_llama_checkpoint", "write_gpt2_checkpoint"]
 
 _ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2}
@@ -136,9 +138,9 @@ def write_llama_checkpoint(root: str | os.PathLike, *, hidden: int = 2048, inter
               "num_key_value_heads": kv_heads, "vocab_size": vocab, "rms_norm_eps": 1e-5, "hidden_act": "silu",
               "max_position_embeddings": 2048, "rope_theta": 500000.0, "tie_word_embeddings": False,
               "torch_dtype": {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}.get(dtype, "float64")}
-    (root / "config.json").write_text(json.dumps(config, indent=2))
+    atomic_write_text(root / "config.json", json.dumps(config, indent=2))
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (root / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    atomic_write_text(root / "model.safetensors.index.json", json.dumps(index, indent=2))
     big = max(plans, key=lambda p: math.prod(p.shape))
     return {"bytes": total, "shards": len(shards), "tensors": len(plans), "largest": big.name,
             "largest_bytes": big.nbytes(dtype), "largest_f32_bytes": 4 * math.prod(big.shape)}
@@ -170,5 +172,5 @@ def write_gpt2_checkpoint(root: str | os.PathLike, *, d: int = 64, layers: int =
     write_safetensors(root / "model.safetensors", plans, dtype, metadata={"format": "pt"})
     config = {"model_type": "gpt2", "n_embd": d, "n_layer": layers, "n_head": heads, "vocab_size": vocab,
               "n_positions": positions, "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5}
-    (root / "config.json").write_text(json.dumps(config, indent=2))
+    atomic_write_text(root / "config.json", json.dumps(config, indent=2))
     return root

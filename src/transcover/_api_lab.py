@@ -15,10 +15,9 @@ _RADII = ("B_KQ", "B_V", "B_W1", "B_W2", "B_b1", "B_b2", "B_head")
 
 
 def _positive(name: str, v) -> None:
-    from ._errors import InputError
+    from ._errors import check_positive_int
 
-    if v is None or isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise InputError(f"{name} must be a positive integer, but got {name}={v}")
+    check_positive_int(v, name)
 
 
 def cover(source=None, *, mode: str | None = None, eps: Sequence[float] | float = (0.01, 0.02, 0.05, 0.1, 0.2, 0.5),

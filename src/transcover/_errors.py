@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 
 __all__ = ["TranscoverError", "InputError", "UnsupportedArchitectureError", "WeightError", "TranscoverWarning",
-           "CertificateViolation", "check_radius"]
+           "CertificateViolation", "check_radius", "check_positive_int"]
 
 
 class TranscoverError(ValueError):
@@ -68,6 +68,18 @@ def check_radius(radius: float, name: str = "radius") -> float:
     if not (r > 0.0) or r == float("inf"):
         raise InputError(f"{name} must be a finite number > 0, but got {name}={radius!r}")
     return r
+
+
+def check_positive_int(value, name: str) -> int:  # noqa: ANN001  (any object; refused unless an integer)
+    """``value``, or :class:`InputError` naming ``name`` unless ``value`` is a Python ``int`` >= 1.
+
+    The one check of every count argument (sizes, samples, restarts, workers).  ``bool`` (an ``int``
+    subclass: ``True`` counted as 1), floats, strings and numpy scalars (whose arithmetic wraps or
+    is not exact downstream) are refused.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InputError(f"{name} must be a positive integer, but got {name}={value!r}")
+    return value
 
 
 def check_finite_tensor(t, name: str):  # noqa: ANN001, ANN201  (a torch.Tensor; torch stays a lazy import here)

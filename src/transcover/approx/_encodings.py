@@ -18,7 +18,7 @@ from fractions import Fraction
 import torch
 from torch import Tensor
 
-from .._errors import InputError
+from .._errors import InputError, check_positive_int
 from .._results import Kind
 
 __all__ = [
@@ -63,8 +63,7 @@ class Encoding:
 
 def _check_n_d(n: int, d: int) -> None:
     for name, v in (("n", n), ("dim", d)):
-        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-            raise InputError(f"{name} must be a positive integer, but got {name}={v!r}")
+        check_positive_int(v, name)
 
 
 def coherence(P: Tensor) -> float:

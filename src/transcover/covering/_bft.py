@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._errors import InputError
+from .._errors import InputError, check_positive_int
 from .._results import Kind
 
 __all__ = ["SpectralComplexity", "bft_spectral_complexity", "bft_margin_term"]
@@ -79,8 +79,7 @@ def bft_spectral_complexity(
         raise InputError("spectral norms must be finite and > 0 (a zero matrix makes R_A = 0)")
     if not (np.isfinite(b).all() and (b >= 0).all() and np.isfinite(r).all() and (r > 0).all()):
         raise InputError("(2,1) distances must be finite and >= 0, rho finite and > 0")
-    if not isinstance(width, int) or width < 1:
-        raise InputError(f"width must be a positive integer, but got width={width!r}")
+    check_positive_int(width, "width")
     if not (math.isfinite(input_radius) and input_radius > 0):
         raise InputError(f"input_radius must be > 0, but got input_radius={input_radius!r}")
     log_prod = float(np.sum(np.log(r) + np.log(s)))

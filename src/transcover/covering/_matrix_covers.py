@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
-from .._errors import InputError
+from .._errors import InputError, check_positive_int
 from .._results import Kind, Quantity
 from ._ball import ball_log_covering
 from ._outward import Enclosure, exact, round_log
@@ -39,8 +39,7 @@ def _pos(**values: float) -> None:
 
 def _count(**values: int) -> None:
     for name, v in values.items():
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise InputError(f"{name} must be a positive integer, but got {name}={v!r}")
+        check_positive_int(v, name)
 
 
 def _zhang_log_arg(ab_over_eps: Enclosure, n_points: int) -> Enclosure:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from .._errors import InputError
+from .._errors import InputError, check_positive_int
 from .._results import Kind, as_dict, rounding_pad
 from ..model import TransformerSpec
 from ..norms import ModelNorms, measure_model
@@ -69,8 +69,7 @@ class BoundConfig:
             raise InputError("give at least one sample size")
         for n in n_samples:
             _check("n_samples", n)
-        if not isinstance(self.seq_len, int) or self.seq_len < 1:
-            raise InputError(f"seq_len must be a positive integer, but got seq_len={self.seq_len!r}")
+        check_positive_int(self.seq_len, "seq_len")
         if self.family not in MODEL_FAMILIES:
             raise InputError(f"family must be one of {MODEL_FAMILIES}, but got family={self.family!r}")
         if not (math.isfinite(self.sigma_min) and self.sigma_min >= 0):

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, fields
 import torch
 from torch import Tensor
 
-from .._errors import InputError
+from .._errors import InputError, check_positive_int
 from ..model import (
     Activation,
     AttentionSpec,
@@ -256,8 +256,7 @@ def sample_reference_class(config: ReferenceConfig, radii: NormRadii, n_function
         InputError: unsupported config, M < 1, an unknown radial law or output.
     """
     _check_config(config)
-    if not isinstance(n_functions, int) or n_functions < 1:
-        raise InputError(f"n_functions must be a positive integer, but got n_functions={n_functions!r}")
+    check_positive_int(n_functions, "n_functions")
     _check_radial(radial)
     if output not in ("head", "features"):
         raise InputError(f"output must be 'head' or 'features', but got output={output!r}")
@@ -284,8 +283,7 @@ def sample_reference_class(config: ReferenceConfig, radii: NormRadii, n_function
 def random_inputs(n: int, T: int, d: int, *, seed: int = 0, radius: float = 1.0) -> Tensor:
     """``n`` sequences of ``T`` rows drawn uniformly from the l2 ball of ``radius`` in R^d (float64)."""
     for name, v in (("n", n), ("T", T), ("d", d)):
-        if not isinstance(v, int) or v < 1:
-            raise InputError(f"{name} must be a positive integer, but got {name}={v!r}")
+        check_positive_int(v, name)
     gen = torch.Generator().manual_seed(int(seed))
     Z = torch.randn(n, T, d, generator=gen, dtype=torch.float64)
     rho = torch.rand(n, T, 1, generator=gen, dtype=torch.float64) ** (1.0 / d)

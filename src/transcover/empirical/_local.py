@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .._errors import InputError
+from .._errors import InputError, check_positive_int
 from ..model import TransformerSpec, transformer_forward
 from ._classes import _check_radial, _matrix_on_sphere, _vector_on_sphere
 
@@ -117,8 +117,7 @@ def sample_local_class(model, radii: Mapping[str, float], n_functions: int, *,
         clean[role] = float(v)
     if not any(v > 0 for v in clean.values()):
         raise InputError(f"at least one perturbation radius must be > 0, but got radii={dict(radii)}")
-    if not isinstance(n_functions, int) or n_functions < 1:
-        raise InputError(f"n_functions must be a positive integer, but got n_functions={n_functions!r}")
+    check_positive_int(n_functions, "n_functions")
     return LocalClassSample(spec, clean, n_functions, _check_radial(radial), int(seed), include_center)
 
 

@@ -55,7 +55,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._errors import InputError
+from .._errors import InputError, check_positive_int
 from .._results import Kind, Quantity
 from ._metrics import DEFAULT_BLOCK_ELEMENTS, as_outputs, check_eps, check_q
 from ._predicates import gram_filter, ieee_float32_matmul, within, within_rows
@@ -70,8 +70,8 @@ class torch_threads:
     """Context manager: run with ``workers`` torch threads (None: leave torch's setting)."""
 
     def __init__(self, workers: int | None):
-        if workers is not None and (not isinstance(workers, int) or workers < 1):
-            raise InputError(f"workers must be a positive integer, but got workers={workers!r}")
+        if workers is not None:
+            check_positive_int(workers, "workers")
         self.workers = workers
 
     def __enter__(self) -> "torch_threads":
@@ -128,8 +128,7 @@ class IncrementalNet:
                  chunk_size: int = 2048, block_elements: int = DEFAULT_BLOCK_ELEMENTS):
         self.radius = math.inf if radius == math.inf else check_eps(radius, "radius")
         self.q = check_q(q)
-        if not isinstance(chunk_size, int) or chunk_size < 1:
-            raise InputError(f"chunk_size must be a positive integer, but got chunk_size={chunk_size!r}")
+        check_positive_int(chunk_size, "chunk_size")
         self.chunk_size = chunk_size
         self.block_elements = block_elements
         self._centres: Tensor | None = None  # (capacity, n, b), first _k rows used
@@ -457,8 +456,7 @@ def estimate_covering_number(Y, eps: float, q: float | str = math.inf, *, n_orde
     Y = as_outputs(Y)
     eps = check_eps(eps)
     qf = check_q(q)
-    if not isinstance(n_orders, int) or n_orders < 1:
-        raise InputError(f"n_orders must be a positive integer, but got n_orders={n_orders!r}")
+    check_positive_int(n_orders, "n_orders")
     gen = torch.Generator().manual_seed(seed)
     best_net: np.ndarray | None = None
     best_pack = 0

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._errors import InputError
+from .._errors import InputError, check_positive_int
 from .._results import Kind, Quantity
 from ._metrics import as_outputs, check_eps, check_q, distance_matrix
 from ._montecarlo import FunctionSample
@@ -108,8 +108,7 @@ def uniform_covering_search(sample: FunctionSample, n: int, eps: float, q: float
     eps = check_eps(eps)
     qf = check_q(q)
     for name, v in (("n", n), ("restarts", restarts), ("pool_size", pool_size)):
-        if not isinstance(v, int) or v < 1:
-            raise InputError(f"{name} must be a positive integer, but got {name}={v!r}")
+        check_positive_int(v, name)
     if pool_size < n:
         raise InputError(f"pool_size must be >= n, but got pool_size={pool_size}, n={n}")
     M = sample.n_functions

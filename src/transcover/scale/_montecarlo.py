@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._errors import InputError
+from .._errors import InputError, check_positive_int
 from ._keys import item_key
 from ._store import ResultStore
 from ._sweep import Item, sweep
@@ -85,8 +85,7 @@ def reference_items(config, radii, X: torch.Tensor, n_functions: int, *, seed: i
     block = SEED_BLOCK if block is None else block
     for name, v in (("n_functions", n_functions), ("chunk_blocks", chunk_blocks), ("threads", threads),
                     ("block", block)):
-        if not isinstance(v, int) or v < 1:
-            raise InputError(f"{name} must be a positive integer, but got {name}={v!r}")
+        check_positive_int(v, name)
     digest = _class_digest(config, radii, radial, output, X, seed, block)
     X64 = X.detach().to(torch.float64).contiguous()
     step = chunk_blocks * block
@@ -190,8 +189,7 @@ def monte_carlo_local(model: str, radii: dict[str, float], X: torch.Tensor, n_fu
     from ._keys import fingerprint
 
     for name, v in (("n_functions", n_functions), ("chunk", chunk), ("threads", threads)):
-        if not isinstance(v, int) or v < 1:
-            raise InputError(f"{name} must be a positive integer, but got {name}={v!r}")
+        check_positive_int(v, name)
     spec = load(model, arch=arch, strict=strict).to_torch()
     description = sample_local_class(spec, radii, 1, radial=radial, seed=seed).description  # checks radii
     fp = fingerprint(model)

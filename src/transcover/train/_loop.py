@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from .._errors import InputError
 from .._results import ClippedQuantity, Kind, Quantity
 from ..constrain import ConstraintConfig, Constrainer, TrainingMonitor, constrain, find_slots, grad_norm
-from .._errors import check_radius
+from .._errors import check_positive_int, check_radius
 from ..model import ReferenceConfig, ReferenceTransformer
 from ._checkpoint import load_checkpoint, save_checkpoint
 from ._tasks import Task, load_task
@@ -54,9 +54,7 @@ class TrainConfig:
         if not isinstance(self.bound_every, int) or self.bound_every < 0:
             raise InputError(f"bound_every must be an integer >= 0, but got bound_every={self.bound_every!r}")
         for name in ("epochs", "batch_size", "d_model", "n_heads", "n_layers", "d_ff"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise InputError(f"{name} must be a positive integer, but got {name}={v!r}")
+            check_positive_int(getattr(self, name), name)
         check_radius(self.lr, "lr")
         if not (isinstance(self.weight_decay, (int, float)) and self.weight_decay >= 0):
             raise InputError(f"weight_decay must be >= 0, but got weight_decay={self.weight_decay!r}")
@@ -268,8 +266,8 @@ def train(config: TrainConfig, *, out_dir: str | Path | None = None, resume: boo
     Raises:
         InputError: invalid config, ``resume`` without a checkpoint or with a different config.
     """
-    if stop_after is not None and (not isinstance(stop_after, int) or stop_after <= 0):
-        raise InputError(f"stop_after must be a positive integer, but got stop_after={stop_after!r}")
+    if stop_after is not None:
+        check_positive_int(stop_after, "stop_after")
     if resume and out_dir is None:
         raise InputError("resume needs an output folder holding a checkpoint")
     if resume and not (Path(out_dir) / "checkpoint" / "state.json").is_file():  # type: ignore[arg-type]

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 from torch.func import functional_call
 
-from .._errors import InputError
+from .._errors import InputError, check_positive_int
 from .._results import Kind
 from ..compress import (
     ModelDescription,
@@ -110,9 +110,7 @@ class NonvacuousConfig:
         if self.task not in NONVACUOUS_TASKS:
             raise InputError(f"task must be one of {', '.join(NONVACUOUS_TASKS)}, but got task={self.task!r}")
         for name in ("n_train", "n_test", "batch_size", "levels", "restarts", "search_samples", "finetune_candidates"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise InputError(f"{name} must be a positive integer, but got {name}={v!r}")
+            check_positive_int(getattr(self, name), name)
         for name in ("epochs", "qat_epochs", "greedy_passes", "refine_passes"):
             v = getattr(self, name)
             if v is None and name in ("epochs", "qat_epochs"):

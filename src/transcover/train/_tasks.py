@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .._errors import InputError
+from .._errors import InputError, check_positive_int
 
 __all__ = ["Task", "load_task", "TASKS"]
 
@@ -86,8 +86,7 @@ def _private_sparse_task(name: str, n: int, seq_len: int, sparsity: int, seed: i
 def _sparse(name: str, n_train: int | None, n_test: int, seq_len: int, sparsity: int, seed: int) -> Task:
     n_train = 2000 if n_train is None else n_train
     for label, v in (("n_train", n_train), ("n_test", n_test), ("seq_len", seq_len), ("sparsity", sparsity)):
-        if not isinstance(v, int) or v <= 0:
-            raise InputError(f"{label} must be a positive integer, but got {label}={v!r}")
+        check_positive_int(v, label)
     if sparsity > seq_len:
         raise InputError(f"sparsity must be <= seq_len, but got sparsity={sparsity} > seq_len={seq_len}")
     try:

@@ -72,3 +72,20 @@ def test_attention_constants_are_rounded_up():
         got = attention_lipschitz(OV, KQ, R, B_bKQ=BQ, B_V=V, B_O=O)
         assert mp(got) >= min(per_head, concat)
         assert got <= float(min(per_head, concat)) * (1 + 1e-13)  # a few dozen ulps at most
+
+
+def test_norm_constants_hold_across_the_float64_range():
+    """sigma_0^2 subnormal (rounded up by up to 2x: 29 % below the exact value at 1.575e-162), sigma_0^2
+    overflowing (a bare OverflowError), and quotients that underflow (a certified 0.0): red team 37c."""
+    rng = random.Random(1)
+    cases = [(1.0, 0.0, 1.575e-162), (1.0, 0.0, 1.2e-155), (3.0, 1e-320, 7e-160), (1.0, 1e308, 1e154),
+             (5e-324, 4.0, 0.0), (1e-300, 1e300, 0.0), (1.0, 1e-5, 1e200), (2.0, 0.0, 1e-300)]
+    cases += [(10 ** rng.uniform(-320, 300), rng.choice([0.0, 10 ** rng.uniform(-323, 308)]),
+               10 ** rng.uniform(-320, 300)) for _ in range(2000)]
+    for g, eps, s0 in cases:
+        exact = mpmath.mpf(g) / mpmath.sqrt(mpmath.mpf(s0) ** 2 + mpmath.mpf(eps))
+        for fn in (layernorm_lipschitz, rmsnorm_lipschitz):
+            v = fn(g, eps, s0)
+            assert v > 0 and mpmath.mpf(v) >= exact, (fn.__name__, g, eps, s0, v, exact)
+            if 1e-300 < exact < 1e300:
+                assert v <= float(exact) * (1 + 1e-15)

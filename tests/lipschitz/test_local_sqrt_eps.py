@@ -14,6 +14,7 @@ import torch
 from transcover.lipschitz._local import norm_local
 from transcover.lipschitz._local_centre import norm_forward_error
 from transcover.lipschitz._rounding import _gamma, root_sq_plus
+from transcover import InputError
 from transcover.model import NormKind, NormSpec
 
 mpmath.mp.dps = 60
@@ -90,3 +91,20 @@ def test_norm_forward_error_covers_the_forward_at_subnormal_squares(kind):
             s = mpmath.sqrt(sum(v * v for v in c) / d)
             err = mpmath.sqrt(sum((mpmath.mpf(yy) - float(gg) * cc / s) ** 2 for yy, gg, cc in zip(y, norm.weight, c)))
             assert err <= bound, (kind, e, float(err), bound)
+
+
+@pytest.mark.parametrize("kind", [NormKind.LAYERNORM, NormKind.RMSNORM])
+def test_norm_local_never_certifies_zero_for_a_nonzero_gain(kind):
+    # max|gamma| / s = 1e-300 / 2.2e150 underflowed to a certified 0.0 (exact 9.2e-451; red team 37c)
+    n = NormSpec(kind, weight=torch.full((4,), 1e-300, dtype=torch.float64), eps=0.0)
+    X = torch.tensor([[1e150, -1e150, 3e150, -3e150]], dtype=torch.float64)
+    lip, s = norm_local(n, X, 1e140)
+    assert bool((lip > 0).all()) and mpmath.mpf(float(lip[0])) >= mpmath.mpf(1e-300) / mpmath.mpf(float(s[0]))
+
+
+@pytest.mark.parametrize("name", ["weight", "bias"])
+def test_norm_local_refuses_a_matrix_gain(name):
+    # a (d, d) gain passed the width check on its last axis and gave a constant (red team 37c)
+    n = NormSpec(NormKind.LAYERNORM, eps=1e-5, **{name: torch.ones(4, 4, dtype=torch.float64)})
+    with pytest.raises(InputError, match=f"{'gain' if name == 'weight' else 'bias'} must be one vector"):
+        norm_local(n, torch.randn(3, 4, dtype=torch.float64), 0.1)

@@ -108,3 +108,13 @@ def test_resume_refuses_a_damaged_optimizer_state_and_nan_weights(tmp_path, caps
     save_file(w, str(ck / "model.safetensors"))
     assert main(args + ["--resume"]) == 2
     assert "NaN or infinite" in capsys.readouterr().err
+
+
+def test_norm_spec_takes_numpy_eps_at_its_value():
+    import torch
+
+    # np.float32(1e-5) was refused with "must be a finite number >= 0, but got eps=1e-05"
+    n = NormSpec(NormKind.LAYERNORM, eps=np.float32(1e-5))
+    assert type(n.eps) is float and n.eps == float(np.float32(1e-5))
+    with pytest.raises(InputError, match="Tensor"):
+        NormSpec(NormKind.LAYERNORM, eps=torch.tensor(1e-5))

@@ -83,6 +83,10 @@ def norm_local(norm: NormSpec | None, X: Tensor, rho: float) -> tuple[Tensor, Te
     """
     rho = check_radius(rho)
     if norm is not None and norm.kind not in (NormKind.NONE, NormKind.BALL):
+        for name, t in (("gain", norm.weight), ("bias", norm.bias)):  # a (d, d) gain passed the width check (37c)
+            if t is not None and len(t.shape) != 1:
+                raise InputError(f"a normalisation's {name} must be one vector of shape (d,) here, but got shape "
+                                 f"{tuple(t.shape)}")
         check_tokens(X, int(norm.weight.shape[-1]) if norm.weight is not None else X.shape[-1])
         if not (math.isfinite(float(norm.eps)) and float(norm.eps) >= 0) or not math.isfinite(norm.gamma_max_abs):
             raise InputError(f"a normalisation needs a finite eps >= 0 and finite gains, but got eps={norm.eps!r}")
@@ -96,7 +100,10 @@ def norm_local(norm: NormSpec | None, X: Tensor, rho: float) -> tuple[Tensor, Te
     if bool((s <= 0).any()):
         raise InputError("a normalisation with eps=0 is not Lipschitz on a ball reaching a constant token; "
                          "use a smaller rho")
-    return norm.gamma_max_abs / s * (1.0 + ROUNDING_PAD), s
+    lip = norm.gamma_max_abs / s * (1.0 + ROUNDING_PAD)
+    if norm.gamma_max_abs > 0:  # a quotient below the normal range (absolute error 2^-1075, or 0): 2^-1021 is above it
+        lip = torch.clamp(lip, min=2.0**-1021)
+    return lip, s
 
 
 def _norm_jacobians(norm: NormSpec | None, X: Tensor) -> Tensor:

@@ -62,19 +62,28 @@ def layernorm_lipschitz(gamma_max: float, eps: float, sigma_min: float = 0.0) ->
         >>> round(layernorm_lipschitz(1.0, 1e-5), 1)
         316.2
     """
-    if not (0 <= gamma_max < math.inf and 0 <= eps < math.inf and 0 <= sigma_min < math.inf):  # NaN fails too
+    try:
+        g, e, s0 = float(gamma_max), float(eps), float(sigma_min)
+    except (TypeError, ValueError, OverflowError):
+        g = e = s0 = math.nan
+    if isinstance(gamma_max, bool) or not (0 <= g < math.inf and 0 <= e < math.inf and 0 <= s0 < math.inf):  # NaN too
         raise InputError(f"LayerNorm bound needs finite gamma_max, eps, sigma_min >= 0, but got "
-                         f"gamma_max={gamma_max}, eps={eps}, sigma_min={sigma_min}")
-    floor = sigma_min**2 + eps
-    if floor <= 0:
+                         f"gamma_max={gamma_max!r}, eps={eps!r}, sigma_min={sigma_min!r}")
+    if e == 0.0 and s0 == 0.0:
         raise InputError("LayerNorm with eps=0 is not Lipschitz near constant inputs; "
                          "give a variance floor sigma_min > 0")
-    # Note [outward rounding]: sigma_0^2, the sum, the square root and the division each round to
-    # nearest (relative error <= u = 2^-53 apiece, so < 3.5 u in all), and for constant gamma the
-    # value is attained, so a round-to-nearest result can sit an ulp *below* the true constant.
-    # Four ulps up (>= 4 u relative for any normal float) put it above.
-    value = gamma_max / math.sqrt(floor)
-    for _ in range(4 if value > 0 else 0):  # 0 (gamma = 0) is exact
+    if g == 0.0:
+        return 0.0  # exact
+    # Note [outward rounding]: sqrt(sigma_0^2 + eps) = hypot(sigma_0, sqrt(eps)), formed without squaring
+    # (sigma_0^2 is subnormal below 1.5e-154 -- rounded up by up to 2x, the bound 29 % low -- and
+    # overflows above 1.3e154): sqrt rounds to nearest (<= u), hypot within 1 ulp, the division <= u,
+    # so the quotient is < 4u relative below the exact value while it is a normal float; for constant
+    # gamma the value is attained, and four ulps up put it above.  A quotient in the subnormal range
+    # (absolute error up to 2^-1075) is replaced by 2^-1021, above the exact value (never 0).
+    value = g / math.hypot(s0, math.sqrt(e))
+    if value < 2.0**-1022:
+        return 2.0**-1021
+    for _ in range(4):
         value = math.nextafter(value, math.inf)
     return value
 

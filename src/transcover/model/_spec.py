@@ -138,11 +138,16 @@ class NormSpec:
     eps: float = 0.0  # the variance floor (LayerNorm / RMSNorm)
 
     def __post_init__(self) -> None:
-        # a NaN eps passed every ``eps < 0`` test and printed a certified NaN (red team of stop 36)
-        if isinstance(self.eps, bool) or not isinstance(self.eps, (int, float)) or not 0 <= self.eps < math.inf:
-            from .._errors import InputError
+        import numbers
 
-            raise InputError(f"a normalisation's eps must be a finite number >= 0, but got eps={self.eps!r}")
+        from .._errors import InputError
+
+        # a NaN eps passed every ``eps < 0`` test and printed a certified NaN (red team of stop 36); a numpy
+        # float is taken at its value (it was refused with a message that printed it as a valid number)
+        if isinstance(self.eps, bool) or not isinstance(self.eps, numbers.Real) or not 0 <= self.eps < math.inf:
+            raise InputError(f"a normalisation's eps must be a finite number >= 0, but got eps={self.eps!r} "
+                             f"({type(self.eps).__name__})")
+        object.__setattr__(self, "eps", float(self.eps))
 
     def __call__(self, x: Tensor) -> Tensor:
         import torch  # forward passes only

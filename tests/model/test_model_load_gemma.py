@@ -269,3 +269,36 @@ def test_gemma3_scaling_only_global_layers_lengthens_every_layers_offsets():
     assert ropes["full_attention"][0].dynamic == (2.0, 32)
     assert ropes["sliding_attention"][0].dynamic is None
     assert ropes["full_attention"][0].max_position == ropes["sliding_attention"][0].max_position == 64
+
+
+def test_gemma3_ignores_the_soft_cap_its_attention_never_applies(models, assert_close):
+    # transformers' Gemma3Attention accepts attn_logit_softcapping and never passes it on; capping the spec's
+    # scores made a different function (0.49 apart at c = 1; red team 37a)
+    from transcover.model._adapters._gemma import build_gemma
+    from transcover.model._sources import StateDictSource
+
+    m, _ = models["gemma3"]
+    m.config.attn_logit_softcapping = 1.0
+    try:
+        spec = build_gemma(StateDictSource(m.state_dict(), "g3"), m.config.to_dict(), "g3")
+        X = torch.randn(1, T, D, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+        with torch.no_grad():
+            ref = m.model(inputs_embeds=X).last_hidden_state
+    finally:
+        m.config.attn_logit_softcapping = None
+    assert all(la.attention.softcap is None for la in spec.layers)
+    assert "does not apply it" in spec.config["attn_logit_softcapping_ignored"]
+    assert_close(transformer_forward(spec, X), ref, L * DFF, torch.float32, what="gemma3 with a configured soft-cap")
+
+
+@pytest.mark.parametrize("key", ["attn_logit_softcapping", "query_pre_attn_scalar"])
+@pytest.mark.parametrize("bad", [float("nan"), 0.0, -5.0, float("inf"), "x", True])
+def test_gemma2_refuses_a_soft_cap_or_score_scalar_that_is_not_positive(models, key, bad):
+    # a NaN cap went into the spec (NaN forward, a certified bound beside it); qpas = 0 or < 0 reached x ** -0.5
+    from transcover.model._adapters._gemma import build_gemma
+    from transcover.model._sources import StateDictSource
+
+    m, _ = models["gemma2"]
+    with pytest.raises(InputError, match=f"{key} must be a finite number > 0") as e:
+        build_gemma(StateDictSource(m.state_dict(), "g2"), {**m.config.to_dict(), key: bad}, "g2")
+    assert "\n" not in str(e.value)

@@ -14,7 +14,8 @@ transformers ``models/gemma*/modeling_gemma*.py``.  What differs from Llama's bl
   then ``y + post_feedforward_layernorm(mlp(pre_feedforward_layernorm y))`` -- the spec's
   ``post_norm_attn``/``post_norm_ffn``.  In Gemma 1 ``post_attention_layernorm`` is the pre-FFN norm.
 * scores scaled by ``query_pre_attn_scalar ** -0.5`` (Gemma 2/3; Gemma 1 ``head_dim ** -0.5``),
-  soft-capped by ``attn_logit_softcapping`` (Gemma 2; THEORY F24), alternating sliding-window and
+  soft-capped by ``attn_logit_softcapping`` (Gemma 2 only, THEORY F24: Gemma 3's configuration
+  carries the field but its attention never applies it, so it is recorded and ignored), alternating sliding-window and
   global layers (``layer_types``; defaults: Gemma 2 every other layer, Gemma 3 five of six), and
   Gemma 3's per-head q/k RMSNorm (F23) and per-layer RoPE bases (``rope_parameters`` per layer type,
   or the older ``rope_theta``/``rope_local_base_freq``).
@@ -25,6 +26,7 @@ transformers ``models/gemma*/modeling_gemma*.py``.  What differs from Llama's bl
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -106,6 +108,26 @@ def _ropes(config: dict, model_type: str, dh: int) -> dict[str, tuple]:
     return {t: (replace(rope, max_position=longest), score) for t, (rope, score) in ropes.items()}
 
 
+def _positive_number(config: dict, key: str, arch: str, name: str) -> float | None:
+    """``config[key]`` as a float, None where absent or null; InputError unless a finite number > 0.
+
+    A NaN, 0 or negative soft-cap passed into the spec unchecked (a NaN forward and a certified bound
+    beside it), and ``query_pre_attn_scalar = 0`` or ``< 0`` reached ``x ** -0.5`` (ZeroDivisionError,
+    a complex scale): red team 37a.
+    """
+    v = config.get(key)
+    if v is None:
+        return None
+    try:
+        x = float(v)
+    except (TypeError, ValueError, OverflowError):
+        x = math.nan
+    if isinstance(v, bool) or not (0.0 < x < math.inf):
+        raise InputError(f"{arch}: {key} must be a finite number > 0 (or null), but got {key}={v!r} in {name}'s "
+                         "configuration")
+    return x
+
+
 def build_gemma(src: TensorSource, config: dict, name: str) -> TransformerSpec:
     arch = "gemma"
     if isinstance(config.get("text_config"), dict):  # Gemma3ForConditionalGeneration: the text tower
@@ -132,8 +154,11 @@ def build_gemma(src: TensorSource, config: dict, name: str) -> TransformerSpec:
     config = _layer_types(config, model_type, n)
     windows = sliding_windows(config, n, arch=arch, name=name)
     ropes = _ropes(config, model_type, dh)
-    qpas = config.get("query_pre_attn_scalar") if sandwich else None
-    softcap = config.get("attn_logit_softcapping")
+    qpas = _positive_number(config, "query_pre_attn_scalar", arch, name) if sandwich else None
+    # Only Gemma 2's attention soft-caps its scores; Gemma 3's accepts attn_logit_softcapping in its
+    # configuration and never applies it (transformers' Gemma3Attention does not pass it on), so
+    # capping there would bound -- and search -- a function the model does not compute (red team 37a).
+    softcap = _positive_number(config, "attn_logit_softcapping", arch, name) if model_type == "gemma2" else None
     attn_bias = bool(config.get("attention_bias", False))
     norms = {"norm_attn": "input_layernorm.weight"}
     if sandwich:
@@ -147,11 +172,11 @@ def build_gemma(src: TensorSource, config: dict, name: str) -> TransformerSpec:
     def layer(i: int) -> LayerSpec:
         names = {role: f"{prefix}layers.{i}.{key}" for role, key in roles.items()}
         rope, factor = ropes["sliding_attention" if windows[i] is not None else "full_attention"]
-        base = dh ** -0.5 if qpas is None else float(qpas) ** -0.5
+        base = dh ** -0.5 if qpas is None else qpas ** -0.5
         attn = decoder_attention(
             src, names, d=d, H=H, H_kv=H_kv, dh=dh, bias=attn_bias, causal=True, rope=rope, window=windows[i],
             scale=None if (qpas is None and factor == 1.0) else factor * base,
-            softcap=None if softcap is None else float(softcap),
+            softcap=softcap,
             q_norm=_gemma_norm(src, names["q_norm.weight"], dh, eps) if qk_norm else None,
             k_norm=_gemma_norm(src, names["k_norm.weight"], dh, eps) if qk_norm else None)
         ffn = gated_ffn(src, names, d=d, d_ff=d_ff, act=act, bias=False)
@@ -173,8 +198,11 @@ def build_gemma(src: TensorSource, config: dict, name: str) -> TransformerSpec:
     })
     out = summary(config, src, n, H, H_kv, dh, d_ff, act.value, prefix, embeddings.names)
     out.update(model_type=model_type, embedding_scale=normaliser, sandwich_norms=sandwich,
-               final_logit_softcapping=config.get("final_logit_softcapping"),
+               final_logit_softcapping=config.get("final_logit_softcapping"), attn_logit_softcapping=softcap,
                rope_theta=ropes["full_attention"][0].theta)
+    if softcap is None and config.get("attn_logit_softcapping") is not None:
+        out["attn_logit_softcapping_ignored"] = (f"{config['attn_logit_softcapping']!r}: {model_type}'s attention "
+                                                 "does not apply it (transformers)")
     if any(w is not None for w in windows):
         out["sliding_window"] = next(w for w in windows if w is not None)
         out["rope_local_theta"] = ropes["sliding_attention"][0].theta

@@ -138,20 +138,35 @@ def _coefficients_from_norms(norms: ClassBounds, *, radius: float, c_sm: float, 
         raise UnsupportedArchitectureError(
             "the perturbation lemma is not derived for L2 attention (Kim et al. 2021); "
             "its input-Lipschitz bounds are available through lipschitz_bounds")
-    stages = build_chain(norms, radius=radius, c_sm=c_sm, metric=metric, seq_len=seq_len, sigma_min=sigma_min)
-    # sup over X of a row-uniform bound in Frobenius is sqrt(T) times the row bound.
-    rows = 1.0 if metric == "2,inf" else math.sqrt(seq_len or 1)
-    pad = 1.0 + ROUNDING_PAD
-    entries = []
-    for k, st in enumerate(stages):
-        downstream = math.prod(s.lipschitz for s in stages[k + 1:])
-        for role, local, nm in st.perturbation:
-            if nm == "unsupported":  # the role names what the lemma is not derived for
-                raise UnsupportedArchitectureError(
-                    f"the perturbation lemma is not derived for {role} (layer {st.layer}); "
-                    "input-Lipschitz bounds are available")
-            entries.append(CoefficientEntry(st.layer, role, local * rows * downstream * pad, nm,
+    def chain_entries(chain_metric: str) -> list[CoefficientEntry]:
+        stages = build_chain(norms, radius=radius, c_sm=c_sm, metric=chain_metric, seq_len=seq_len,
+                             sigma_min=sigma_min)
+        # sup over X of a row-uniform bound in Frobenius is sqrt(T) times the row bound; so is a (2, inf)
+        # bound read in Frobenius (||Y||_F <= sqrt(T) ||Y||_{2,inf}).
+        rows = 1.0 if metric == "2,inf" else math.sqrt(seq_len or 1)
+        pad = 1.0 + ROUNDING_PAD
+        out = []
+        for k, st in enumerate(stages):
+            downstream = math.prod(s.lipschitz for s in stages[k + 1:])
+            for role, local, nm in st.perturbation:
+                if nm == "unsupported":  # the role names what the lemma is not derived for
+                    raise UnsupportedArchitectureError(
+                        f"the perturbation lemma is not derived for {role} (layer {st.layer}); "
+                        "input-Lipschitz bounds are available")
+                out.append(CoefficientEntry(st.layer, role, local * rows * downstream * pad, nm,
                                             local * rows, downstream, st.name))
+        return out
+
+    entries = chain_entries(metric)
+    if metric == "fro":
+        # THEORY F101: F8's telescoping sum is the same in both metrics (one hybrid network per stage), and
+        # each term is at most c_i ||dW_i|| in Frobenius and at most sqrt(T) times its (2, inf) bound, so
+        # each coefficient is the smaller of the two (the (2, inf) chain's downstream constants are the
+        # smaller ones where a norm's gain or the attention's sqrt(T) score term dominates; red team 37b).
+        rowwise = chain_entries("2,inf")
+        if [e.key for e in rowwise] != [e.key for e in entries]:
+            raise RuntimeError("internal error: the Frobenius and (2, inf) chains charge different matrices")
+        entries = [r if r.coefficient < e.coefficient else e for e, r in zip(entries, rowwise)]
     from ..model import NormKind
 
     has_ln = any(n is not None and n.kind in (NormKind.LAYERNORM, NormKind.RMSNORM)
@@ -180,7 +195,8 @@ def perturbation_coefficients(spec: TransformerSpec, *, radius: float = 1.0, c_s
     ``eps_change_bound`` when the class spans two variance floors (Note [eps change]); a norm inside a pre-norm branch is
     multiplied by the branch's Lipschitz constant.  ``rho_s`` are the stage input-Lipschitz constants
     of :func:`~transcover.lipschitz.lipschitz_bounds` (F8).  In Frobenius every c_i carries an extra
-    ``sqrt(T)`` (the fixed-input terms are row-uniform).
+    ``sqrt(T)`` (the fixed-input terms are row-uniform), and each is the smaller of the Frobenius
+    chain's and ``sqrt(T)`` times the (2, inf) chain's (F101).
 
     Source: THEORY F6, F7, F8, F14 (seed Lemma G.3); derivations in ``_attention`` (Note [F6
     derivation]), ``_ffn`` and ``_normalisation``.

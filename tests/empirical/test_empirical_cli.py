@@ -48,7 +48,10 @@ def test_reference_and_uniform_modes(tmp_path):
                  "--samples", "4", "--seq-len", "2", "--eps", "0.02", "0.05", "0.1", "--json", str(out)]) == 0
     data = json.loads(out.read_text())
     assert data["checkpoints"][-1] == 200 and len(data["rows"]) == 3
-    assert data["rows"][0]["log_N_estimate"]["kind"] == "empirical lower bound"
+    # the greedy net bounds the packing number P from below and only estimates N (red team 37f)
+    row = data["rows"][0]
+    assert row["log_N_estimate"]["kind"] == "estimate" and row["log_P_lower"]["kind"] == "empirical lower bound"
+    assert row["log_N_estimate"]["value"] == row["log_P_lower"]["value"]
     out2 = tmp_path / "u.json"
     assert main(["cover", "uniform", "--functions", "60", "--layers", "1", "--d-model", "8", "--d-ff", "8",
                  "--n", "2", "--pool", "6", "--restarts", "1", "--eps", "0.05", "--json", str(out2)]) == 0

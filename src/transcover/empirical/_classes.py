@@ -102,26 +102,41 @@ def _spectral(W: Tensor) -> Tensor:
     return torch.linalg.matrix_norm(W.double(), ord=2)
 
 
+# Note [inside the class]: a member drawn on the boundary (radial="boundary") was rescaled to norm radius * rho
+# in float64, and the rescaled matrix's exact norm came out up to 4.4e-16 relative *above* it (red team 37f): a
+# packing could hold a point outside F.  Each rescale below therefore aims a little inside: the computed norm
+# (SVD or 2-norm: within (n + 2)u relative of the exact one, n the entries), the quotient and the product
+# (2u) and, for factor pairs, the rounding of ``A @ B`` (at most (e + 2)u ||A| |B||_F absolute, e the inner
+# size) are all charged, four times over.
+_U = 2.0**-53
+
+
 def _matrix_on_sphere(shape, radius: float, radial: str, gen) -> Tensor:
-    """Gaussian (..., r, c) rescaled so each matrix's spectral norm is radius * rho."""
+    """Gaussian (..., r, c) rescaled so each matrix's spectral norm is radius * rho (just inside)."""
     W = torch.randn(shape, generator=gen, dtype=torch.float64)
     rho = _rho(shape[:-2], shape[-2] * shape[-1], radial, gen)
-    return W * (radius * rho / _spectral(W))[..., None, None]
+    inside = 1.0 - 4.0 * (shape[-2] * shape[-1] + 4) * _U
+    return W * (radius * rho * inside / _spectral(W))[..., None, None]
 
 
 def _vector_on_sphere(shape, radius: float, radial: str, gen) -> Tensor:
     v = torch.randn(shape, generator=gen, dtype=torch.float64)
     rho = _rho(shape[:-1], shape[-1], radial, gen)
-    return v * (radius * rho / v.norm(dim=-1))[..., None]
+    inside = 1.0 - 4.0 * (shape[-1] + 4) * _U
+    return v * (radius * rho * inside / v.norm(dim=-1))[..., None]
 
 
 def _product_on_sphere(shape_a, shape_b, radius: float, scale: float, radial: str, gen):
-    """Factors A (..., d, e), B (..., e, k) rescaled so ||scale * A @ B||_2 = radius * rho."""
+    """Factors A (..., d, e), B (..., e, k) rescaled so ||scale * A @ B||_2 = radius * rho (just inside)."""
     A = torch.randn(shape_a, generator=gen, dtype=torch.float64)
     B = torch.randn(shape_b, generator=gen, dtype=torch.float64)
     rho = _rho(shape_a[:-2], shape_a[-2] * shape_b[-1], radial, gen)
     s = _spectral(scale * A @ B)
-    f = torch.sqrt(radius * rho / s)[..., None, None]
+    # the product's rounding against its norm, and the factors' own rounding after scaling (each side by f)
+    kappa = torch.linalg.matrix_norm(A.abs() @ B.abs()) * abs(scale) / s
+    n = shape_a[-2] * shape_b[-1]
+    inside = 1.0 - 4.0 * ((n + 4) + (shape_a[-1] + 4) * (1.0 + kappa)) * _U
+    f = torch.sqrt(radius * rho * inside / s)[..., None, None]
     return A * f, B * f
 
 

@@ -56,7 +56,7 @@ def cover_table(result):
     for e, eps in enumerate(mc.eps):
         note = "saturated" if mc.saturated(e) else ("still growing with M" if mc.still_growing(e) else "")
         table.add_row(fmt_eps(eps), str(mc.packing_sizes[e][-1]), str(mc.net_sizes[e][-1]),
-                      f"{mc.log_packing_lower(e).value:.3f}", note)
+                      f"{mc.log_N_estimate(e).value:.3f}", note)
     if r.fit is not None:
         table.caption = (f"fitted log N ~ eps^-{r.fit.alpha:.2f} (norm-based bound: eps^-2); "
                          f"log N ~ {r.fit.p_eff:.1f} log(1/eps) (parameter counting)")

@@ -155,3 +155,22 @@ def test_rejects_non_finite():
     W[1, 1] = float("nan")
     with pytest.raises(ValueError, match="NaN or Inf"):
         spectral_norm_interval(W)
+
+
+@pytest.mark.parametrize("scale", [1e-30, 1e20, 1e37, 1e150, 1e300])
+def test_estimates_survive_every_finite_scale(scale):
+    # W^T W overflowed float32 above ~1e19 (and float64 Grams above ~1e154): ValueError from eigh (red team 37f)
+    from transcover.norms import product_norm_estimate
+
+    rng = np.random.default_rng(0)
+    for shape in ((4, 6), (150, 140)):
+        W = rng.standard_normal(shape)
+        want = np.linalg.norm(W, 2)
+        got = spectral_norm_estimate(W * scale)
+        assert got.kind is Kind.ESTIMATE and got.upper / scale == pytest.approx(want, rel=1e-3)
+    A, B = rng.standard_normal((5, 2)), rng.standard_normal((2, 7))
+    got = product_norm_estimate(A * scale, B * scale)
+    if scale < 1e200:
+        assert got.upper / scale / scale == pytest.approx(np.linalg.norm(A @ B, 2), rel=1e-6)
+    else:  # ||AB|| ~ 1e300 x 1e300: inf, not an exception
+        assert got.upper == math.inf

@@ -369,7 +369,10 @@ def spectral_norm_estimate(W, *, rtol: float = 1e-3) -> Interval:
     Lanczos on ``W^T W`` (small side) without forming it; stops when the Ritz value settles to
     ``rtol / 100``.  Small sides (<= 128) take the float32 Gram's top eigenvalue directly.
     """
-    W = as_array(W, np.float32)
+    # W^T W overflowed float32 for entries above ~1e19 (and float64 ones are cast): the estimate runs on W / 2^k
+    # with the largest entry in [1/2, 1), exact in binary, and is scaled back (red team 37f)
+    k = _unit_exponent(W)
+    W = as_array(W if k == 0 else W * 2.0**-k, np.float32)
     if W.shape[0] < W.shape[1]:
         W = W.T
     n = W.shape[1]
@@ -380,15 +383,32 @@ def spectral_norm_estimate(W, *, rtol: float = 1e-3) -> Interval:
         lam, _ = _lanczos_eigpair(lambda x: W.T @ (W @ x), n, np.float32, tol=rtol / 1000, min_steps=30,
                                   check_every=2)
         s = math.sqrt(max(lam, 0.0))
+    s = _ldexp_inf(s, k)
     return Interval(s, s, Kind.ESTIMATE, "lanczos float32")
+
+
+def _ldexp_inf(x: float, k: int) -> float:
+    """``x * 2^k``, inf where it overflows (math.ldexp raises)."""
+    try:
+        return math.ldexp(x, k)
+    except OverflowError:
+        return math.inf
+
+
+def _unit_exponent(W) -> int:  # noqa: ANN001  (numpy array or torch tensor)
+    """``k`` with ``max|W| / 2^k`` in ``[1/2, 1)`` (0 for a zero, empty or non-finite W)."""
+    m = float(abs(W).max()) if getattr(W, "size", 1) and (not hasattr(W, "numel") or W.numel()) else 0.0
+    return math.frexp(m)[1] if 0.0 < m < math.inf else 0
 
 
 def product_norm_estimate(A, B, *, rtol: float = 1e-3) -> Interval:
     """Estimate of ``||A B||_2`` from the r x r problem (in the inputs' precision), no certificate."""
     A = np.asarray(A)
     B = np.asarray(B)
+    ka, kb = _unit_exponent(A), _unit_exponent(B)  # the Grams overflowed for entries above ~1e77 (37f)
+    A, B = A * 2.0**-ka, B * 2.0**-kb
     G_A = A.T @ A
     G_B = B @ B.T
     lam = float(np.max(np.linalg.eigvals(G_A @ G_B).real))
-    s = math.sqrt(max(lam, 0.0))
+    s = _ldexp_inf(math.sqrt(max(lam, 0.0)), ka + kb)
     return Interval(s, s, Kind.ESTIMATE, "low-rank eigenvalues")

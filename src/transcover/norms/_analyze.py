@@ -31,6 +31,7 @@ from ._entrywise import (
     _enclose,
     _pow2,
     _scaled,
+    enclosed_vector_norm,
     frobenius_l21_intervals,
     product_frobenius_l21,
     vector_norm_interval,
@@ -48,7 +49,8 @@ from ._certify import batched_gram_with_error
 from ._rope_sup import rope_kq_estimate
 from ._blocked import BLOCK_BYTES, blocked_matrix_norms
 from ._floating import gamma
-from ._model import HeadMeasure, LayerMeasure, ModelNorms, NormMeasure, layer_arrays, measure_layer
+from ._model import (HeadMeasure, LayerMeasure, ModelNorms, NormMeasure, layer_arrays, measure_layer,
+                     output_bias_enclosure)
 from ._analysis_types import (SCHEMA_VERSION, AnalysisResult, EmbeddingNorms, HeadNorms, LayerNorms, MatrixNorms,
                               NormParams)
 
@@ -306,7 +308,7 @@ def _layer_norms(layer: LayerSpec, m: _Measurer, entrywise: bool = False) -> tup
     def bias_norm(b) -> Interval:
         return _ZERO if b is None else vector_norm_interval(_np(b))
 
-    b_attn = attn.effective_output_bias()
+    b_attn = output_bias_enclosure(attn)  # float64 sum with its error bound (Note [summed biases] in _model)
     return LayerNorms(
         index=layer.index,
         B_KQ=_max_interval([h.B_KQ for h in heads], "max over heads"),
@@ -317,7 +319,7 @@ def _layer_norms(layer: LayerSpec, m: _Measurer, entrywise: bool = False) -> tup
         B_b2=bias_norm(getattr(ffn, "b_2", None)),
         W_O=matrices["W_O"].spectral,
         B_Wgate=B_Wgate,
-        B_b_attn=bias_norm(b_attn),
+        B_b_attn=_ZERO if b_attn is None else enclosed_vector_norm(*b_attn),
         heads=tuple(heads),
         matrices=matrices,
         norm_attn=NormParams.of(layer.norm_attn),

@@ -57,6 +57,23 @@ def vector_norm_interval(x: np.ndarray) -> Interval:
     return _scaled(_enclose(float(np.sqrt(np.dot(x.ravel(), x.ravel()))), gamma(x.size + 2), "float64 sum of squares"), e)
 
 
+def enclosed_vector_norm(x: np.ndarray, err: np.ndarray | float) -> Interval:
+    """``||x*||_2`` enclosed for every ``x*`` with ``|x*_j - x_j| <= err_j``: x is a computed vector and ``err``
+    its entrywise error bound (a bias summed in float64, a difference of two vectors).
+
+    The norm of ``|x| + err`` (formed one ulp up) bounds it above and that of ``max(|x| - err, 0)`` (one ulp
+    down) below, each enclosed by :func:`vector_norm_interval`.
+    """
+    a = np.abs(np.asarray(x, dtype=np.float64)).ravel()
+    e = np.broadcast_to(np.asarray(err, dtype=np.float64), a.shape) if np.ndim(err) == 0 else \
+        np.asarray(err, dtype=np.float64).ravel()
+    hi = a + e
+    hi = np.where(hi > 0, np.nextafter(hi, np.inf), 0.0)  # a zero entry with a zero error stays exactly zero
+    lo = np.maximum(np.nextafter(a - e, -np.inf), 0.0)
+    return Interval(vector_norm_interval(lo).lower, vector_norm_interval(hi).upper, Kind.CERTIFIED_INTERVAL,
+                    "float64 sum of squares around a vector with an entrywise error bound")
+
+
 def frobenius_interval(W: np.ndarray) -> Interval:
     """``||W||_F = sqrt(sum_ij W_ij^2)``, enclosed (all terms non-negative: relative error gamma_mn)."""
     return vector_norm_interval(W)

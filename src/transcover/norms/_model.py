@@ -60,6 +60,7 @@ from .._results import Interval, Kind, as_dict
 from ..model import AttentionSpec, FFNSpec, LayerSpec, MoESpec, NormKind, NormSpec, Placement, TransformerSpec
 from . import _entrywise, _spectral
 from ._certify import batched_gram_with_error
+from ._floating import gamma
 from ._model_parts import split_distances, split_scores
 from ._rope_sup import rope_kq_interval
 
@@ -124,8 +125,8 @@ class NormMeasure:
 
 @dataclass(frozen=True)
 class Distance:
-    """``||W_i - W~_i||`` of one role in ``norm`` ("spectral": certified upper end; "l2", "linf":
-    float64), with ``l21`` (certified upper end of the (2,1) norm) for matrices when measured
+    """``||W_i - W~_i||`` of one role in ``norm`` (every value a certified upper end: "spectral" by its
+    certificate, "l2" and "linf" with the float64 rounding of the differences and sums charged), with ``l21`` (certified upper end of the (2,1) norm) for matrices when measured
     ``entrywise``.  A normalisation's changed variance floor is ``norm="eps"`` with ``value`` the
     reference's eps (``transcover.lipschitz`` turns the pair into its ``eps_change_bound``)."""
 
@@ -253,8 +254,31 @@ def product_interval(A, B) -> Interval:  # noqa: ANN001
 
 
 def _l2(v) -> float | None:  # noqa: ANN001
-    """``||v||_2`` in float64 (numpy: ``analyze`` of a file never imports torch)."""
-    return None if v is None else float(np.linalg.norm(_spectral.as_array(v, np.float64).ravel()))
+    """An upper bound on ``||v||_2`` of a stored vector (numpy: ``analyze`` of a file never imports torch)."""
+    return None if v is None else _entrywise.vector_norm_interval(_spectral.as_array(v, np.float64)).upper
+
+
+# Note [summed biases]: the attention's output bias b_O + sum_h b_V^h W_O^h is formed in float64
+# (``AttentionSpec.effective_output_bias``).  A sum of n products, each rounded at most once, in any order, is
+# within gamma_n of the exact value relative to the sum of the terms' magnitudes (Higham, Thm 3.1), here
+# n = d_head + H + 1; that magnitude is the same expression on |b_O|, |b_V|, |W_O| (non-negative terms: itself
+# within gamma_n).  Without this error, bf16 biases of 2^100 that cancel in b_O left 2^40 behind: analyze
+# certified B_b_attn = [0, 0] and G.3 a bound of 0 for two models 6.0 apart (red team 37d).
+def output_bias_enclosure(a: AttentionSpec) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(v, err)``: ``v`` the float64 output bias, ``|v - exact| <= err`` entrywise; None without biases."""
+    v = a.effective_output_bias()
+    if v is None:
+        return None
+    mag = replace(a, W_O=abs(a.W_O), b_V=None if a.b_V is None else abs(a.b_V),
+                  b_O=None if a.b_O is None else abs(a.b_O)).effective_output_bias()
+    g = gamma(a.d_head + a.n_heads + 2)
+    err = _spectral.as_array(mag, np.float64) * (g * (1.0 + g))
+    return _spectral.as_array(v, np.float64), np.where(err > 0, np.nextafter(err, np.inf), 0.0)
+
+
+def _bias_l2(a: AttentionSpec) -> float | None:
+    enc = output_bias_enclosure(a)
+    return None if enc is None else _entrywise.enclosed_vector_norm(*enc).upper
 
 
 def layer_arrays(a: AttentionSpec) -> dict[str, np.ndarray]:
@@ -369,7 +393,7 @@ def _layer_measure(layer: LayerSpec, entrywise: bool, arr: dict, spectral: dict,
         scale=a.softmax_scale, rope=a.rope is not None, attention_kind=a.kind, activation=f.activation.value,
         heads=_heads(a, entrywise, arr), W_O=matrix_interval(arr["W_O"].reshape(-1, a.d_model)),
         W_1=spectral["W_1"], W_2=spectral["W_2"], W_gate=spectral["W_gate"], shapes=shapes, experts=experts,
-        b_out=_l2(a.effective_output_bias()), b_1=_l2(getattr(f, "b_1", None)), b_2=_l2(getattr(f, "b_2", None)),
+        b_out=_bias_l2(a), b_1=_l2(getattr(f, "b_1", None)), b_2=_l2(getattr(f, "b_2", None)),
         b_gate=_l2(getattr(f, "b_gate", None)),
         norm_attn=NormMeasure.of(layer.norm_attn), norm_ffn=NormMeasure.of(layer.norm_ffn),
         has_query_bias=a.b_Q is not None and a.rope is None, l21=l21, residual=layer.residual.value,
@@ -455,15 +479,63 @@ def _attention_distances(aa: AttentionSpec, ab: AttentionSpec, i: int, entrywise
             # b_K cancels in the softmax; s b_Q W_K^T is the query bias's only effect (Note [attention biases])
             ba = torch.zeros(ka.shape[1], dtype=torch.float64) if aa.b_Q is None else _t(aa.b_Q[h])
             bb = torch.zeros(kb.shape[1], dtype=torch.float64) if ab.b_Q is None else _t(ab.b_Q[h])
-            out[(i, f"b_KQ.{h}")] = Distance("l2", float((s * ba @ ka.T - st * bb @ kb.T).norm()))
+            # s b_a K_a^T - s~ b_b K_b^T as differences (Note [summed biases]): exactly 0 for equal pieces, and
+            # its rounding scales with the change
+            dq, mag = _bilinear_difference(ba, ka.T, bb, kb.T)
+            ds = s - st
+            dq, mag = s * dq + ds * (bb @ kb.T), abs(s) * mag + abs(ds) * (bb.abs() @ kb.T.abs())
+            g = gamma(int(ka.shape[1]) + 6)
+            out[(i, f"b_KQ.{h}")] = Distance("l2", _difference_l2(_np(dq), _np(mag) * (g * (1.0 + g))))
     if aa.position_bias is not None:  # T5 (THEORY F28): max over offsets of the bias change, per head
         dB = (_t(aa.position_bias.table) - _t(ab.position_bias.table)).abs().amax(dim=0)
         for h in range(aa.n_heads):
             out[(i, f"pos_bias.{h}")] = Distance("linf", float(dB[h]))
-    ea, eb = aa.effective_output_bias(), ab.effective_output_bias()
-    if ea is not None or eb is not None:
-        out[(i, "b_out")] = Distance("l2", float(_diff(ea, eb, f"layer {i} b_out").norm()))
+    if any(x is not None for x in (aa.b_V, aa.b_O, ab.b_V, ab.b_O)):
+        dv, mag = _output_bias_difference(aa, ab, i)
+        g = gamma(aa.d_head + aa.n_heads + 4)
+        out[(i, "b_out")] = Distance("l2", _difference_l2(_np(dv), _np(mag) * (g * (1.0 + g))))
     return out
+
+
+def _bilinear_difference(xa, ya, xb, yb):  # noqa: ANN001, ANN202  (float64 torch)
+    """``x_a y_a - x_b y_b`` formed as ``(x_a - x_b) y_a + x_b (y_a - y_b)``, and the magnitude
+    ``|x_a - x_b||y_a| + |x_b||y_a - y_b|`` its rounding is relative to (Note [summed biases]): the two
+    subtractions are exact or within u of their result, and each product sum within gamma of the magnitude,
+    so an unchanged pair gives exactly 0 and a small change a small error."""
+    dx, dy = xa - xb, ya - yb
+    return dx @ ya + xb @ dy, dx.abs() @ ya.abs() + xb.abs() @ dy.abs()
+
+
+def _output_bias_difference(aa: AttentionSpec, ab: AttentionSpec, i: int):  # noqa: ANN202
+    """``(b_O^a + sum_h b_V^a,h W_O^a,h) - (the same of b)`` and its rounding magnitude, head by head through
+    :func:`_bilinear_difference` (an absent bias is zeros)."""
+    import torch
+
+    d = aa.d_model
+    zeros = torch.zeros(d, dtype=torch.float64)
+    dv = _diff(aa.b_O, ab.b_O, f"layer {i} b_O") if (aa.b_O is not None or ab.b_O is not None) else zeros.clone()
+    dv = dv.reshape(-1)
+    mag = dv.abs()
+    if aa.b_V is not None or ab.b_V is not None:
+        for h in range(aa.n_heads):
+            oa, ob = _t(aa.W_O[h]), _t(ab.W_O[h])
+            va = torch.zeros(oa.shape[0], dtype=torch.float64) if aa.b_V is None else _t(aa.b_V[aa.kv_index(h)])
+            vb = torch.zeros(ob.shape[0], dtype=torch.float64) if ab.b_V is None else _t(ab.b_V[ab.kv_index(h)])
+            if va.shape != vb.shape or oa.shape != ob.shape:
+                from .._errors import InputError
+
+                raise InputError(f"layer {i} head {h}'s value bias or W_O differs in shape between the two models")
+            term, m = _bilinear_difference(va, oa, vb, ob)
+            dv, mag = dv + term, mag + m
+    return dv, mag
+
+
+def _difference_l2(d: np.ndarray, err: np.ndarray | float = 0.0) -> float:
+    """An upper bound on ``||x - y||_2`` from ``d = fl(x - y)`` (each entry within ``2u|d|``: float64 subtraction)
+    and the error ``err`` the two vectors already carried."""
+    d = np.asarray(d, dtype=np.float64)
+    e = np.abs(d) * 2.0**-52 + err
+    return _entrywise.enclosed_vector_norm(d, np.where(e > 0, np.nextafter(e, np.inf), 0.0)).upper
 
 
 def _ffn_distances(fa: FFNSpec, fb: FFNSpec, i: int, entrywise: bool) -> dict:
@@ -481,7 +553,7 @@ def _ffn_distances(fa: FFNSpec, fb: FFNSpec, i: int, entrywise: bool) -> dict:
                                       _entrywise.l21_interval(_np(D)).upper if entrywise else None)
     for name in ("b_1", "b_2", "b_gate"):
         if getattr(fa, name) is not None or getattr(fb, name) is not None:
-            out[(i, name)] = Distance("l2", float(_diff(getattr(fa, name), getattr(fb, name), f"layer {i} {name}").norm()))
+            out[(i, name)] = Distance("l2", _difference_l2(_np(_diff(getattr(fa, name), getattr(fb, name), f"layer {i} {name}"))))
     return out
 
 
@@ -490,8 +562,9 @@ def _norm_distances(na: NormSpec | None, nb: NormSpec | None, i: int, prefix: st
     eps change bound of a LayerNorm/RMSNorm (no parameters otherwise)."""
     if na is None or nb is None or na.kind not in (NormKind.LAYERNORM, NormKind.RMSNORM):
         return {}
-    out = {(i, f"{prefix}.gamma"): Distance("linf", float(_diff(na.weight, nb.weight, f"{prefix} weight", 1.0).abs().max())),
-           (i, f"{prefix}.beta"): Distance("l2", float(_diff(na.bias, nb.bias, f"{prefix} bias").norm()))}
+    dg = float(_diff(na.weight, nb.weight, f"{prefix} weight", 1.0).abs().max())
+    out = {(i, f"{prefix}.gamma"): Distance("linf", 0.0 if dg == 0.0 else _spectral.up(dg * (1.0 + 2.0**-52))),
+           (i, f"{prefix}.beta"): Distance("l2", _difference_l2(_np(_diff(na.bias, nb.bias, f"{prefix} bias"))))}
     if float(na.eps) != float(nb.eps):  # Note [eps change] in ``lipschitz._normalisation``
         out[(i, f"{prefix}.eps")] = Distance("eps", float(nb.eps))  # the reference's variance floor
     return out

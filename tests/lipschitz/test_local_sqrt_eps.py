@@ -108,3 +108,27 @@ def test_norm_local_refuses_a_matrix_gain(name):
     n = NormSpec(NormKind.LAYERNORM, eps=1e-5, **{name: torch.ones(4, 4, dtype=torch.float64)})
     with pytest.raises(InputError, match=f"{'gain' if name == 'weight' else 'bias'} must be one vector"):
         norm_local(n, torch.randn(3, 4, dtype=torch.float64), 0.1)
+
+
+def test_large_radii_give_inf_not_nan_or_a_refusal_of_rho():
+    # causal (masked) weights are 0 while exp(max Delta) overflows at a large radius: 0 * inf = NaN came back
+    # from layer_local as "rho must be a finite number >= 0, but got rho=nan" for the user's valid rho (37e)
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from lipschitz_testkit import random_spec
+    from transcover.lipschitz import layer_local, network_local
+    from transcover.lipschitz._local_attention import attention_local_bound
+
+    spec = random_spec(3, norm="layernorm", placement="pre", L=2, d=6, H=2, dh=3, eps=1e-5, causal=True)
+    X = torch.randn(5, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(0)) * 3
+    Y = spec.layers[0].norm_attn(X)
+    last = 0.0
+    for r in (0.1, 1.0, 10.0, 100.0, 1e3):
+        a = attention_local_bound(spec.layers[0].attention, Y, r).upper
+        ll = layer_local(spec.layers[0], X, r).upper
+        assert not math.isnan(a) and not math.isnan(ll) and a >= last  # grows with the radius, inf at the end
+        last = a
+    assert last == math.inf and layer_local(spec.layers[0], X, 1e3).upper == math.inf
+    assert network_local(spec, X, 5.0).upper == math.inf

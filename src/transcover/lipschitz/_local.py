@@ -195,8 +195,6 @@ def layer_local(layer: LayerSpec, X: Tensor, rho: float, *, cache: dict | None =
     ``exact``: also the exact-Jacobian route (THEORY F17; None: when T*d <= ``EXACT_ROUTE_MAX``,
     Note [exact route default]).
     Norms at powers of two (``pow2_norm``, THEORY F96)."""
-    from ..model import attention_forward, ffn_forward
-
     rho = check_radius(rho)
     if isinstance(layer.ffn, MoESpec):  # before any norm of its stacked experts (a ValueError, red team of stop 36)
         from ..model import moe_refusal
@@ -218,14 +216,40 @@ def layer_local(layer: LayerSpec, X: Tensor, rho: float, *, cache: dict | None =
         check_layer_range(layer, {"W1": nW1, "W2": nW2, "O": hn["O"]})  # Note [local weight range]
         cache[key] = (hn, nW1, nW2)
     hn, nW1, nW2 = cache[key]
-    ffn = layer.ffn
-    if ffn.gated:
+    if layer.ffn.gated:
         raise InputError("local bounds do not cover gated FFNs yet")
-    Lsig = activation_lipschitz(ffn.activation)
-    Lffn = Lsig * nW1 * nW2 * (1 + ROUNDING_PAD)
+    Lffn = activation_lipschitz(layer.ffn.activation) * nW1 * nW2 * (1 + ROUNDING_PAD)
+
+    def pad(r: float, Y: Tensor) -> float:  # centre rounding, F64
+        out = r * (1 + 1e-12) + f17_pad(Y)
+        if not out < math.inf:  # an inner ball the bounds cannot bound (a softmax weight's move overflows)
+            raise _Unbounded
+        return out
+
+    try:
+        return _layer_local_body(layer, X, rho, cache, jacobian, exact, hn, nW1, nW2, Lffn, pad)
+    except _Unbounded:
+        # Note [unbounded inner ball]: the user's rho is valid but some inner radius is not finite (at a large
+        # rho the attention's weight-move factor exp(Delta) overflows): the layer has no finite certificate
+        # here, reported as inf.  It was NaN, then a refusal of "rho=nan" that blamed the user's rho (37e).
+        from ..model import layer_forward
+
+        return LayerLocal(layer.index, rho, {}, {}, math.inf, math.inf, math.inf,
+                          layer_forward(layer, X).detach().double())
+
+
+class _Unbounded(Exception):
+    """An inner radius of ``layer_local`` is not finite (Note [unbounded inner ball])."""
+
+
+def _layer_local_body(layer: LayerSpec, X: Tensor, rho: float, cache: dict, jacobian: bool, exact: bool | None,
+                      hn: dict, nW1: float, nW2: float, Lffn: float, pad) -> LayerLocal:  # noqa: ANN001
+    from ..model import attention_forward, ffn_forward
+
+    T, d = X.shape
+    ffn = layer.ffn
     comps, radii = {}, {}
     scratch: dict = {}
-    pad = lambda r, Y: r * (1 + 1e-12) + f17_pad(Y)  # noqa: E731  (centre rounding, F64)
     if layer.placement is Placement.POST:
         a = attention_local_bound(layer.attention, X, rho, norms=hn)
         X1 = X + attention_forward(layer.attention, X)
@@ -467,6 +491,8 @@ def _product_route(spec: TransformerSpec, X: Tensor, rho: float, cache: dict, ja
         total *= ll.upper
         X = ll.out
         r = ll.upper * r * (1 + 1e-12) + f17_pad(X)
+        if not r < math.inf:  # Note [unbounded inner ball]: no later layer has a finite ball; the product is inf
+            return lip_in, math.inf, math.inf
     lip_out = 1.0
     if spec.final_norm is not None:
         lip_out = float(norm_local(spec.final_norm, X, r)[0].max())

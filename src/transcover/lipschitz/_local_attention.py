@@ -237,6 +237,23 @@ def attention_weights_f64(attn: AttentionSpec, X: Tensor) -> list[Tensor]:
     return out
 
 
+def _moved_weights(P: Tensor, w: Tensor, causal: bool) -> Tensor:
+    """``P_ij w_ij``, the bound on a moved weight ``P'_ij`` (module docstring), with masked (causal) entries exactly
+    0: their ``P = 0`` met ``w = exp(max Delta) = inf`` at a large radius as ``0 * inf = NaN``, which came back from
+    ``layer_local`` as a refusal of the user's rho (red team 37e).  A visible weight is a normal float
+    (``check_normal_weights``), so elsewhere ``w = inf`` gives inf."""
+    out = P * w
+    if causal:
+        T = P.shape[-1]
+        out = out.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), 0.0)
+    return out
+
+
+def _weighted_root(Pw: Tensor, sq: Tensor) -> Tensor:
+    """``(sum_j Pw_ij sq_ij)^{1/2}`` per query; a zero ``sq`` adds 0 whatever its weight (no ``inf * 0``)."""
+    return torch.sqrt(torch.where(sq > 0, Pw * sq, torch.zeros_like(sq)).sum(dim=1))
+
+
 def attention_query_terms(attn: AttentionSpec, X: Tensor, rho: float, *,
                           norms: dict | None = None, want_sum: bool = False):
     """``(sum_h L_{h,i}^2)^{1/2}`` per query on ``B(X, rho)`` (Note [local attention bound]) and max Delta.
@@ -275,14 +292,15 @@ def attention_query_terms(attn: AttentionSpec, X: Tensor, rho: float, *,
         Y = X[None, :, :] - xbar[:, None, :]  # (T_i, T_j, d)
         Vy = product_row_norms(Y, Wv)  # ||W_V^T y_j|| for each query i
         Gy = sc * product_row_norms(Y, Wk, Wq.T)  # ||G y_j||
-        SV = torch.sqrt((P * w * (Vy + nV * rho) ** 2).sum(dim=1))
-        SG = torch.sqrt((P * w * (Gy + nG * rho) ** 2).sum(dim=1))
+        Pw = _moved_weights(P, w, attn.causal)
+        SV = _weighted_root(Pw, (Vy + nV * rho) ** 2)
+        SG = _weighted_root(Pw, (Gy + nG * rho) ** 2)
         L = nV + SV * (SG + qn + nG * rho)
         total = total + L * L
         if want_sum:  # the same three terms with W_OV^h = W_V^h W_O^h in place of W_V^h, heads summed
             nOV = norms["OV"][h]
             OVy = product_row_norms(Y, Wv, _f64(attn.W_O[h]))
-            SOV = torch.sqrt((P * w * (OVy + nOV * rho) ** 2).sum(dim=1))
+            SOV = _weighted_root(Pw, (OVy + nOV * rho) ** 2)
             summed = summed + nOV + SOV * (SG + qn + nG * rho)
     concat = torch.sqrt(total) * (1.0 + DATA_PAD)
     if want_sum:
@@ -460,8 +478,9 @@ def mixed_head_terms(attn: AttentionSpec, X: Tensor, rho: float, MO: Tensor, dri
         if eMO is not None:  # the formed M_i W_O^hT's rounding, times ||W_V^hT y|| and ||W_V^h|| (THEORY F97)
             MOVy = (MOVy + eMO[:, h, None] * product_row_norms(Y, Wv)) * (1 + 1e-12)
             n_here = (n_here + eMO[:, h] * norms["V"][h]) * (1 + 1e-12)
-        S = torch.sqrt((P * w * (MOVy + drift * OVy + n_here * rho) ** 2).sum(dim=1))
-        SG = torch.sqrt((P * w * (Gy + nG * rho) ** 2).sum(dim=1))
+        Pw = _moved_weights(P, w, attn.causal)
+        S = _weighted_root(Pw, (MOVy + drift * OVy + n_here * rho) ** 2)
+        SG = _weighted_root(Pw, (Gy + nG * rho) ** 2)
         out = out + n_here + S * (SG + qn + nG * rho)
     return out * (1.0 + DATA_PAD)
 

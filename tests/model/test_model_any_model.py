@@ -201,6 +201,18 @@ def test_renamed_llama_via_roles_file_matches_the_llama_adapter(transformers_mod
     ({"roles": {**ROLES["roles"], "W_V": "re:attn\\.w.\\.weight"}}, "matches 4 tensors"),
     ({"n_heads": 3, "n_kv_heads": 3}, "is not 3 heads"),
     ({"placement": "sandwich"}, "placement='sandwich'"),
+    # red team 37g: internal errors (exit 1) from float()/int()/re.compile, and mappings read silently
+    ({"roles": {**ROLES["roles"], "W_V": "re:("}}, "is not a regular expression"),
+    ({"eps": "x"}, "'eps' must be a finite number >= 0"),
+    ({"rope_theta": -1.0}, "'rope_theta' must be a finite number > 0"),
+    ({"n_layers": "2"}, "'n_layers' must be an integer > 0"),
+    ({"window": 1.5}, "'window' must be an integer > 0"),
+    ({"max_position": True}, "'max_position' must be an integer > 0"),
+    ({"scale": -1}, "'scale' must be a finite number > 0"),
+    ({"embeddings": ["tok.weight"]}, "'embeddings' must map roles to tensor names"),
+    ({"embeddings": {"token_embedding": "nope.weight"}}, "embeddings name 'nope.weight'"),
+    ({"causal": "false"}, "'causal' must be true or false"),
+    ({"roles": {**ROLES["roles"], "W_K": "attn.wq.weight"}}, r"'blk\.0\.attn\.wq\.weight' is named by two roles \(W_Q, W_K\)"),
 ])
 def test_bad_roles_mapping_is_one_line_exit_2(transformers_mod, tmp_path, capsys, bad, message):
     path = _renamed(_llama(transformers_mod), tmp_path)

@@ -242,3 +242,84 @@ def test_public_names_resolve():
         assert getattr(model, name) is not None, name
     assert SUPPORTED_ARCHITECTURES[:6] == ("bert", "gpt2", "llama", "vit", "torch_encoder", "reference")
     assert {"distilbert", "clip_text", "clip_vision", "whisper", "deberta_v2", "gpt_neox"} <= set(SUPPORTED_ARCHITECTURES)
+
+
+def _sharded(bert_dir, tmp_path):
+    model, _ = bert_dir
+    d = tmp_path / "sharded"
+    model.save_pretrained(d, max_shard_size="20KB")
+    return d, json.loads((d / "model.safetensors.index.json").read_text())
+
+
+def test_a_tensor_in_two_shards_or_an_index_that_disagrees_is_refused(bert_dir, tmp_path):
+    """The first shard listed in the index silently won, so a 10x copy of W_1 in another shard was read with exit 0
+    (red team 37g); an index entry for a tensor its shard lacks was ignored."""
+    d, index = _sharded(bert_dir, tmp_path)
+    W1 = "encoder.layer.0.intermediate.dense.weight"
+    home = index["weight_map"][W1]
+    other = next(f for f in sorted(set(index["weight_map"].values())) if f != home)
+    shard = load_file(str(d / other))
+    shard[W1] = torch.zeros(DFF, D, dtype=torch.float64)
+    save_file(shard, str(d / other), metadata={"format": "pt"})
+    with pytest.raises(InputError, match=rf"tensor {W1} is stored in two shards"):
+        load(d)
+    d2, index2 = _sharded(bert_dir, tmp_path / "b")
+    index2["weight_map"][W1] = other
+    (d2 / "model.safetensors.index.json").write_text(json.dumps(index2))
+    with pytest.raises(InputError, match=rf"puts tensor {W1} in {other}, but it is stored in {home}"):
+        load(d2)
+    index2["weight_map"][W1] = home
+    index2["weight_map"]["encoder.layer.0.nothing.weight"] = home
+    (d2 / "model.safetensors.index.json").write_text(json.dumps(index2))
+    with pytest.raises(InputError, match="lists tensor encoder.layer.0.nothing.weight in .*which does not hold it"):
+        load(d2)
+
+
+def test_a_tensor_in_two_pickled_shards_is_refused(bert_dir, tmp_path):
+    model, path = bert_dir
+    d = tmp_path / "bin"
+    d.mkdir()
+    shutil.copy(path / "config.json", d / "config.json")
+    state = model.state_dict()
+    keys = list(state)
+    torch.save({k: state[k] for k in keys[: len(keys) // 2]}, d / "pytorch_model-00001.bin")
+    W1 = "encoder.layer.0.intermediate.dense.weight"
+    torch.save({**{k: state[k] for k in keys[len(keys) // 2:]}, W1: state[W1] * 10}, d / "pytorch_model-00002.bin")
+    wm = {k: "pytorch_model-00001.bin" if i < len(keys) // 2 else "pytorch_model-00002.bin" for i, k in enumerate(keys)}
+    (d / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": wm}))
+    with pytest.raises(InputError, match=rf"tensor {W1} is stored in two shards, pytorch_model-00001\.bin and "):
+        load(d, allow_pickle=True)
+
+
+def test_header_architecture_must_agree_with_config(bert_dir, tmp_path):
+    """transcover_arch in the safetensors header overrode config.json unchecked: a Llama folder whose header
+    said "gemma" was read with Gemma's (1 + gamma) gains, exit 0 (red team 37g)."""
+    _, path = bert_dir
+    d = _copy(path, tmp_path / "meta")
+    tensors = load_file(str(d / "model.safetensors"))
+    save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt", "transcover_arch": "gpt2"})
+    with pytest.raises(InputError, match="transcover_arch='gpt2' contradicts config.json's model_type='bert'"):
+        load(d)
+    save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt", "transcover_arch": "bert"})
+    _layers_equal(load(d), load(path))
+
+
+def test_a_refused_pickle_names_the_cause_in_one_line(tmp_path, capsys):
+    import os
+
+    from transcover.cli import main
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {tmp_path / 'PWNED'}",))
+
+    d = tmp_path / "evil"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"model_type": "bert", "hidden_size": 8, "num_attention_heads": 2,
+                                               "num_hidden_layers": 1, "intermediate_size": 8}))
+    torch.save({"w": Evil()}, d / "pytorch_model.bin")
+    assert main(["analyze", str(d), "--allow-pickle"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    # torch 2.13's text starts with advice to disable weights_only; the cause is a later line (red team 37g)
+    assert len(err) == 1 and "weights_only unpickling refused it (" in err[0] and "will likely succeed" not in err[0]
+    assert "GLOBAL" in err[0] and not (tmp_path / "PWNED").exists()

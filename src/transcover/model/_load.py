@@ -235,8 +235,13 @@ def _load_directory(path: Path, arch: str | None, allow_pickle: bool, name: str,
         index_file = path / "pytorch_model.bin.index.json"
         shards = shard_paths(index_file, _read_json(index_file))
         tensors: dict[str, object] = {}
+        where: dict[str, str] = {}
         for shard in shards:
-            tensors.update(_load_pickle(shard, allow_pickle).tensors())
+            for k, v in _load_pickle(shard, allow_pickle).tensors().items():
+                if k in tensors:  # the last shard silently won (red team 37g), as with safetensors shards
+                    raise InputError(f"tensor {k} is stored in two shards, {where[k]} and {shard.name}; a "
+                                     "checkpoint holds each tensor once")
+                tensors[k], where[k] = v, shard.name
         return _build(StateDictSource(tensors, name), config, arch, name, bare=None, mapping=mapping)
     pickles = [path / "pytorch_model.bin"] if (path / "pytorch_model.bin").is_file() else \
         sorted(p for p in path.iterdir() if p.suffix in _PICKLE_SUFFIXES)
@@ -262,7 +267,9 @@ def _load_pickle(path: Path, allow_pickle: bool) -> _PickledSource:
     import torch
 
     try:
-        obj = torch.load(path, weights_only=True, map_location="cpu")
+        with warnings.catch_warnings():  # torch's protocol-4 UserWarning made the one error line three
+            warnings.simplefilter("ignore", UserWarning)
+            obj = torch.load(path, weights_only=True, map_location="cpu")
     except Exception as err:  # unpickling errors come in many types; all mean "unreadable file"
         raise InputError(f"cannot read pickled checkpoint {path}: {_pickle_reason(err)}; "
                          "convert it to .safetensors (safetensors.torch.save_file) to load it without pickle") from err
@@ -287,12 +294,29 @@ def _pickle_reason(err: BaseException) -> str:
     lines = [line for line in lines if line]
     if not lines:
         return type(err).__name__
-    for line in lines:
-        if line.startswith("WeightsUnpickler error:"):
-            cause = line[len("WeightsUnpickler error:"):].strip()
-            cause = cause.split(". ")[0].rstrip(".")
-            return f"weights_only unpickling refused it ({cause})"
+    # torch puts the cause after "WeightsUnpickler error:" on the same line (2.6) or on its own line after the
+    # advice (2.13: "Re-running torch.load with weights_only set to False will likely succeed" is no cause; 37g)
+    causes = []
+    for k, line in enumerate(lines):
+        if "WeightsUnpickler error:" in line:
+            causes = [line.split("WeightsUnpickler error:", 1)[1].strip()] + lines[k + 1:]
+            break
+    else:
+        if lines[0].startswith("Weights only load failed"):
+            causes = lines[1:]
+    causes = [c for c in causes if c and not c.startswith(("Check the documentation", "Please file an issue"))]
+    if causes:
+        return f"weights_only unpickling refused it ({causes[0].split('. ')[0].rstrip('.')[:300]})"
+    if lines[0].startswith("Weights only load failed"):
+        return "weights_only unpickling refused it"
     return lines[0][:300]
+
+
+def _agrees(chosen: str, stated: str) -> bool:
+    """Whether the adapter ``chosen`` reads a checkpoint that declares itself ``stated`` (its own family, or a
+    part of it: PARTS)."""
+    family = adapter_for(stated)[0]
+    return family == chosen or chosen in PARTS.get(family, ())
 
 
 def _build(
@@ -311,10 +335,16 @@ def _build(
     if arch is not None:
         chosen, adapter = adapter_for(arch)
         stated = meta_arch or (config and (config.get("model_type") or None))
-        if stated and adapter_for(str(stated))[0] != chosen and chosen not in PARTS.get(adapter_for(str(stated))[0], ()):
+        if stated and not _agrees(chosen, str(stated)):
             raise InputError(f"arch={arch!r} contradicts the checkpoint, which says {stated!r} ({name})")
     elif meta_arch:
         chosen, adapter = adapter_for(meta_arch)
+        # the header's transcover_arch is checked against config.json as --arch is: a Llama folder whose
+        # header said "gemma" was read with Gemma's (1 + gamma) gains, exit 0 (red team 37g)
+        stated = config and (config.get("model_type") or None)
+        if stated and not _agrees(chosen, str(stated)):
+            raise InputError(f"the safetensors header's transcover_arch={meta_arch!r} contradicts config.json's "
+                             f"model_type={stated!r} ({name})")
     elif config is not None:
         chosen, adapter = adapter_for(arch_from_config(config, name))
     else:

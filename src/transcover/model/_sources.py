@@ -143,7 +143,8 @@ class TensorSource:
 class SafetensorsSource(TensorSource):
     """One or more safetensors files, read tensor by tensor; tensor ``k`` lives in ``files[owner[k]]``."""
 
-    def __init__(self, files: list[Path], name: str, index_file: Path | None = None):
+    def __init__(self, files: list[Path], name: str, index_file: Path | None = None,
+                 weight_map: Mapping[str, str] | None = None):
         from ._safetensors import SafetensorsFile
 
         self.name = name
@@ -157,7 +158,18 @@ class SafetensorsSource(TensorSource):
             handle = SafetensorsFile(path)  # InputError "cannot read safetensors file ..." if damaged
             self._handles.append(handle)
             for k in handle.keys():
-                self._owner.setdefault(k, i)
+                # a tensor stored twice: which copy is the model's is not knowable from the files (the first
+                # shard in the index silently won, a 10x different W_1 read with exit 0; red team 37g)
+                if k in self._owner:
+                    raise InputError(f"tensor {k} is stored in two shards, {self.files[self._owner[k]].name} and "
+                                     f"{path.name}; a checkpoint holds each tensor once")
+                self._owner[k] = i
+        for k, shard in (weight_map or {}).items():  # the index and the shards must agree
+            if k in self._owner and self.files[self._owner[k]].name != Path(str(shard)).name:
+                raise InputError(f"shard index {index_file} puts tensor {k} in {shard}, but it is stored in "
+                                 f"{self.files[self._owner[k]].name}")
+            if k not in self._owner:
+                raise InputError(f"shard index {index_file} lists tensor {k} in {shard}, which does not hold it")
 
     def keys(self) -> list[str]:
         return list(self._owner)
@@ -274,8 +286,9 @@ def open_safetensors(path: Path) -> SafetensorsSource:
             text = path.read_text()
         except OSError as err:
             raise InputError(f"cannot read shard index {path}: {err}") from err
-        shards = shard_paths(path, parse_json(text, f"shard index {path}"))
-        return SafetensorsSource(shards, name=str(path.parent), index_file=path)
+        index = parse_json(text, f"shard index {path}")
+        shards = shard_paths(path, index)
+        return SafetensorsSource(shards, name=str(path.parent), index_file=path, weight_map=index["weight_map"])
     return SafetensorsSource([path], name=str(path))
 
 

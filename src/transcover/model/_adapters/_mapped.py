@@ -29,6 +29,7 @@ nothing is guessed, and a tensor inside a layer that no role names is a warning 
 
 from __future__ import annotations
 
+import math
 import re
 
 from ..._errors import InputError
@@ -59,13 +60,32 @@ def _enum(cls, value: object, field: str, name: str):
         raise _bad(name, f"{field}={value!r}; expected one of {[m.value for m in cls]}") from None
 
 
+def _number(config: dict, key: str, name: str, default: object = None, *, integer: bool = False,
+            positive: bool = True) -> object:
+    """``config[key]`` checked: a finite number (an ``int`` where ``integer``), > 0 (``positive``) or >= 0, or
+    ``default`` where absent or null.  A string or a negative value reached ``float()``/``int()`` and stopped
+    as an internal error (red team 37g)."""
+    v = config.get(key)
+    if v is None:
+        return default
+    ok = not isinstance(v, bool) and isinstance(v, int if integer else (int, float)) and math.isfinite(v) and \
+        (v > 0 if positive else v >= 0)
+    if not ok:
+        kind = "an integer" if integer else "a finite number"
+        raise _bad(name, f"'{key}' must be {kind} {'> 0' if positive else '>= 0'}, got {v!r}")
+    return v if integer else float(v)
+
+
 def _layer_names(src: TensorSource, prefix: str, roles: dict[str, str], name: str) -> dict[str, str]:
     """role -> full tensor name in layer ``prefix`` (exact names, or ``re:`` patterns matching one key)."""
     out = {}
     under = [k[len(prefix):] for k in src.keys() if k.startswith(prefix)]
     for role, rel in roles.items():
         if rel.startswith("re:"):
-            pat = re.compile(rel[3:])
+            try:
+                pat = re.compile(rel[3:])
+            except re.error as err:
+                raise _bad(name, f"role {role} pattern {rel[3:]!r} is not a regular expression ({err})") from None
             hits = [k for k in under if pat.fullmatch(k)]
             if len(hits) != 1:
                 raise _bad(name, f"role {role} pattern {rel[3:]!r} matches {len(hits)} tensors under {prefix!r} "
@@ -73,6 +93,10 @@ def _layer_names(src: TensorSource, prefix: str, roles: dict[str, str], name: st
             out[role] = prefix + hits[0]
         else:
             out[role] = prefix + rel
+    twice = sorted({k for k in out.values() if list(out.values()).count(k) > 1})
+    if twice:  # one tensor in two roles (b_O read from norm_attn.weight went unnoticed; red team 37g)
+        roles_of = [r for r, k in out.items() if k == twice[0]]
+        raise _bad(name, f"tensor {twice[0]!r} is named by two roles ({', '.join(roles_of)}); each role reads its own tensor")
     return out
 
 
@@ -103,7 +127,7 @@ def build_mapped(src: TensorSource, config: dict, name: str) -> TransformerSpec:
         raise _bad(name, "'layers' must be a prefix pattern containing {i}, e.g. \"blocks.{i}.\"")
     regex = re.compile(re.escape(pattern).replace(re.escape("{i}"), r"(\d+)"))
     found = {int(m.group(1)) for k in src.keys() if (m := regex.match(k))}
-    n = int(config.get("n_layers") or (max(found) + 1 if found else 0))
+    n = _number(config, "n_layers", name, integer=True) or (max(found) + 1 if found else 0)
     if n == 0 or sorted(found) != list(range(n)):
         raise _bad(name, f"layer prefix {pattern!r} matches layers {sorted(found)[:8]} of {name}; expected 0..{n - 1}")
     H = config.get("n_heads")
@@ -121,7 +145,7 @@ def build_mapped(src: TensorSource, config: dict, name: str) -> TransformerSpec:
         raise _bad(name, f"role W_Q names {first!r}, which is not in the checkpoint")
     q_shape = tuple(src.shape(first))
     d, width = (q_shape if conv1d else q_shape[::-1]) if len(q_shape) == 2 else (0, 0)
-    dh = int(config.get("d_head") or (width // H if H else 0))
+    dh = _number(config, "d_head", name, integer=True) or (width // H if H else 0)
     if d == 0 or dh * H != width:
         raise _bad(name, f"W_Q {first!r} has shape {list(q_shape)}, which is not {H} heads of width d_head")
     d_ff_key = _layer_names(src, pattern.format(i=0), {"W_1": roles["W_1"]}, name)["W_1"]
@@ -129,9 +153,21 @@ def build_mapped(src: TensorSource, config: dict, name: str) -> TransformerSpec:
     act = activation_from_name(config.get("activation", "gelu"), arch=arch)
     placement = _enum(Placement, config.get("placement", "pre"), "placement", name)
     kind = _enum(NormKind, config.get("norm", "layernorm"), "norm", name)
-    eps = float(config.get("eps", 1e-5))
-    rope = None if config.get("rope_theta") is None else RopeSpec(
-        theta=float(config["rope_theta"]), max_position=int(config.get("max_position") or 2048))
+    eps = _number(config, "eps", name, 1e-5, positive=False)
+    theta = _number(config, "rope_theta", name)
+    max_position = _number(config, "max_position", name, 2048, integer=True)
+    rope = None if theta is None else RopeSpec(theta=theta, max_position=max_position)
+    scale = _number(config, "scale", name)
+    window = _number(config, "window", name, integer=True)
+    causal = config.get("causal", False)
+    if not isinstance(causal, bool):  # "false" (a string) was read as True
+        raise _bad(name, f"'causal' must be true or false, got {causal!r}")
+    emb = config.get("embeddings") or {}
+    if not isinstance(emb, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in emb.items()):
+        raise _bad(name, f"'embeddings' must map roles to tensor names, got {emb!r}")
+    absent = [v for v in emb.values() if v not in src]
+    if absent:  # an embedding named explicitly but missing was dropped without a word
+        raise _bad(name, f"embeddings name {absent[0]!r}, which is not in the checkpoint")
 
     def w(key: str, d_in: int, d_out: int):
         return src.get(key, (d_in, d_out)) if conv1d else src.get(key, (d_out, d_in)).T
@@ -152,9 +188,7 @@ def build_mapped(src: TensorSource, config: dict, name: str) -> TransformerSpec:
             W_V=heads_in(w(names["W_V"], d, H_kv * dh), H_kv), W_O=heads_out(w(names["W_O"], H * dh, d), H),
             b_Q=heads_bias(opt("b_Q", (H * dh,)), H), b_K=heads_bias(opt("b_K", (H_kv * dh,)), H_kv),
             b_V=heads_bias(opt("b_V", (H_kv * dh,)), H_kv), b_O=opt("b_O", (d,)),
-            scale=None if config.get("scale") is None else float(config["scale"]),
-            causal=bool(config.get("causal", False)), rope=rope,
-            window=None if config.get("window") is None else int(config["window"]),
+            scale=scale, causal=causal, rope=rope, window=window,
         )
         ffn = FFNSpec(
             W_1=w(names["W_1"], d, d_ff), W_2=w(names["W_2"], d_ff, d), activation=act,
@@ -164,7 +198,6 @@ def build_mapped(src: TensorSource, config: dict, name: str) -> TransformerSpec:
         return LayerSpec(index=i, attention=attn, ffn=ffn, norm_attn=norm("norm_attn"), norm_ffn=norm("norm_ffn"),
                          placement=placement, names=dict(names))
 
-    emb = config.get("embeddings") or {}
     embeddings = lazy_embeddings(src, {role: (key, None) for role, key in emb.items()})
     layer0 = set(_layer_names(src, pattern.format(i=0), roles, name).values())
     read = {k[len(pattern.format(i=0)):] for k in layer0}

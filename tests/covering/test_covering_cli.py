@@ -62,7 +62,7 @@ def test_missing_file(tmp_path, capsys):
 @pytest.mark.parametrize("family, has_leading", [("l21", True), ("spectral", False)])
 def test_bound_names_the_g5_leading_term_only_where_an_f2_cover_makes_one(model_path, capsys, monkeypatch,
                                                                           family, has_leading):
-    # with parameter-count covers only, Theorem G.5's 4C^2(eta+eta~)^3/eps^2 term does not exist; it was printed as "= 0"
+    # with parameter-count covers only, Theorem G.5's 4C^2(eta+eta~)^3/eps^2 term does not exist (printed as "= 0")
     monkeypatch.setenv("COLUMNS", "250")
     assert main(["bound", str(model_path), "--family", family, "--seq-len", "16"]) == 0
     out = capsys.readouterr().out

@@ -204,5 +204,6 @@ def test_frobenius_bound_is_below_the_frobenius_only_chain_when_gains_change():
     norms = class_max(spec_norms(a), spec_norms(b))
     rowwise = _coefficients_from_norms(norms, radius=1.0, c_sm=1.0, metric="2,inf", seq_len=T, sigma_min=0.0)
     assert all(f.coefficient <= 2 * e.coefficient * (1 + 1e-12) for e, f in zip(rowwise.entries, new.entries))
-    assert any(f.coefficient == pytest.approx(2 * e.coefficient, rel=1e-12) for e, f in zip(rowwise.entries, new.entries))
+    assert any(f.coefficient == pytest.approx(2 * e.coefficient, rel=1e-12)
+               for e, f in zip(rowwise.entries, new.entries))
 

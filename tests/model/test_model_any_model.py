@@ -212,7 +212,8 @@ def test_renamed_llama_via_roles_file_matches_the_llama_adapter(transformers_mod
     ({"embeddings": ["tok.weight"]}, "'embeddings' must map roles to tensor names"),
     ({"embeddings": {"token_embedding": "nope.weight"}}, "embeddings name 'nope.weight'"),
     ({"causal": "false"}, "'causal' must be true or false"),
-    ({"roles": {**ROLES["roles"], "W_K": "attn.wq.weight"}}, r"'blk\.0\.attn\.wq\.weight' is named by two roles \(W_Q, W_K\)"),
+    ({"roles": {**ROLES["roles"], "W_K": "attn.wq.weight"}},
+     r"'blk\.0\.attn\.wq\.weight' is named by two roles \(W_Q, W_K\)"),
 ])
 def test_bad_roles_mapping_is_one_line_exit_2(transformers_mod, tmp_path, capsys, bad, message):
     path = _renamed(_llama(transformers_mod), tmp_path)

@@ -8,7 +8,8 @@ re-synchronised to ``fl(X + D) - X`` before every evaluation, so it is the store
 true supremum is therefore at least the value, up to float64 rounding of the two forward passes:
 relative ~1e-15 on well-conditioned stages, but it grows with the stage's conditioning (a LayerNorm
 at eps = 1e-12 on inputs of norm 1e6 near its variance floor: 6e-8, red team 37f), and the ascent,
-which maximises the computed ratio, finds that noise where it is largest.  Search: (1) autograd power iteration on the Jacobian at many
+which maximises the computed ratio, finds that noise where it is largest.
+Search: (1) autograd power iteration on the Jacobian at many
 random inputs (``jacobian_operator_norm``: power iteration on J^T J for Frobenius; for
 ``(2,inf)`` an alternating row-block iteration that maximises ``||(J V)_t||`` over unit-row V,
 monotone like power iteration); its direction seeds (2) Adam ascent on the pair (X, X') with

@@ -126,9 +126,10 @@ class NormMeasure:
 @dataclass(frozen=True)
 class Distance:
     """``||W_i - W~_i||`` of one role in ``norm`` (every value a certified upper end: "spectral" by its
-    certificate, "l2" and "linf" with the float64 rounding of the differences and sums charged), with ``l21`` (certified upper end of the (2,1) norm) for matrices when measured
-    ``entrywise``.  A normalisation's changed variance floor is ``norm="eps"`` with ``value`` the
-    reference's eps (``transcover.lipschitz`` turns the pair into its ``eps_change_bound``)."""
+    certificate, "l2" and "linf" with the float64 rounding of the differences and sums charged), with
+    ``l21`` (certified upper end of the (2,1) norm) for matrices when measured ``entrywise``.  A
+    normalisation's changed variance floor is ``norm="eps"`` with ``value`` the reference's eps
+    (``transcover.lipschitz`` turns the pair into its ``eps_change_bound``)."""
 
     norm: str
     value: float
@@ -553,7 +554,8 @@ def _ffn_distances(fa: FFNSpec, fb: FFNSpec, i: int, entrywise: bool) -> dict:
                                       _entrywise.l21_interval(_np(D)).upper if entrywise else None)
     for name in ("b_1", "b_2", "b_gate"):
         if getattr(fa, name) is not None or getattr(fb, name) is not None:
-            out[(i, name)] = Distance("l2", _difference_l2(_np(_diff(getattr(fa, name), getattr(fb, name), f"layer {i} {name}"))))
+            d = _diff(getattr(fa, name), getattr(fb, name), f"layer {i} {name}")
+            out[(i, name)] = Distance("l2", _difference_l2(_np(d)))
     return out
 
 

@@ -96,7 +96,8 @@ def _layer_names(src: TensorSource, prefix: str, roles: dict[str, str], name: st
     twice = sorted({k for k in out.values() if list(out.values()).count(k) > 1})
     if twice:  # one tensor in two roles (b_O read from norm_attn.weight went unnoticed; red team 37g)
         roles_of = [r for r, k in out.items() if k == twice[0]]
-        raise _bad(name, f"tensor {twice[0]!r} is named by two roles ({', '.join(roles_of)}); each role reads its own tensor")
+        raise _bad(name, f"tensor {twice[0]!r} is named by two roles ({', '.join(roles_of)}); "
+                         "each role reads its own tensor")
     return out
 
 

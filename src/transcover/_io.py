@@ -47,9 +47,12 @@ def current_umask() -> int:
 
 
 def _target_mode(path: Path) -> int:
-    """Permission bits for ``path``: an existing regular file's own, else ``0o666 & ~umask``."""
+    """Permission bits for ``path``: an existing regular file's own, else ``0o666 & ~umask``.
+
+    A symbolic link is not followed: the rename replaces the link itself with a new file, whose mode is a new
+    file's (the target's 0666 made a world-writable output under umask 077; red team 37h)."""
     try:
-        st = os.stat(path)
+        st = os.lstat(path)
     except OSError:
         st = None
     if st is not None and stat.S_ISREG(st.st_mode):

@@ -125,3 +125,69 @@ def test_training_outputs_and_checkpoints_follow_the_umask(tmp_path):
                                  "checkpoint/optimizer.pt", "checkpoint/state.json")]
     written += [tmp_path / "r.json", tmp_path / "ref.safetensors"]
     assert {str(p): mode(p) for p in written} == {str(p): expected for p in written}
+
+
+def test_a_symlink_is_replaced_as_a_new_file_not_given_its_targets_mode(tmp_path):
+    # the mode was read through the link: a 0666 target made a world-writable output under umask 077 (37h)
+    victim = tmp_path / "victim"
+    victim.write_text("kept")
+    os.chmod(victim, 0o666)
+    (tmp_path / "out.json").symlink_to(victim)
+    with umask(0o077):
+        atomic_write_text(tmp_path / "out.json", "{}")
+    assert not (tmp_path / "out.json").is_symlink() and mode(tmp_path / "out.json") == 0o600
+    assert victim.read_text() == "kept" and mode(victim) == 0o666
+
+
+def test_results_store_follows_the_umask(tmp_path):
+    from transcover.scale import ResultStore
+
+    with umask(0o002):  # sqlite3 creates 0644 whatever the umask (37h)
+        ResultStore(tmp_path / "s.sqlite").put("k", "label", "{}", 1.0)
+    assert mode(tmp_path / "s.sqlite") == 0o664
+
+
+@pytest.mark.parametrize("argv", [
+    ["bound", "{m}", "--n-samples", "100", "--seq-len", "4", "--quiet", "--plot", "{d}/ok.png", "--json", "{d}/no/b.json"],
+    ["bound", "{m}", "--n-samples", "100", "--seq-len", "4", "--quiet", "--json", "{d}/ok.json", "--plot", "{d}/no/b.png"],
+    ["perturb", "{m}", "{m}", "--quiet", "--plot", "{d}/ok.png", "--json", "{d}/no/p.json"],
+    ["train", "--n-train", "60", "--epochs", "1", "--d-model", "8", "--d-ff", "8", "--n-layers", "1", "--quiet",
+     "--out", "{d}/run", "--json", "{d}/no/t.json"],
+])
+def test_every_output_path_is_checked_before_any_work(model_path, tmp_path, capsys, argv):
+    # perturb, bound, cover, sweeps, train and lipschitz checked their paths only after computing, with the
+    # other outputs (a PNG, a JSON, a trained checkpoint) already written (red team 37h)
+    args = [a.format(m=model_path, d=tmp_path) for a in argv]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "does not exist" in err[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_sigterm_removes_the_temporary_file_of_a_write_in_progress(model_path, tmp_path):
+    """SIGTERM's default action left ``.out.json.XXXX.tmp`` beside the old file (37h): it now unwinds like ^C."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "out.json"
+    out.write_text("old")
+    script = (
+        "import os, signal, sys\n"
+        "real = os.fsync\n"
+        "def fsync(fd):\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    real(fd)\n"
+        "os.fsync = fsync\n"
+        "from transcover.cli import main\n"
+        f"sys.exit(main(['analyze', {str(model_path)!r}, '--fast', '--quiet', '--json', {str(out)!r}]))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 143 and proc.stderr.strip() == "transcover: terminated", proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json"] and out.read_text() == "old"
+
+
+def test_invisible_characters_are_shown_in_report_text():
+    from transcover.report._html import text
+
+    # a tensor named "ff.up\u202eexe" showed reversed in the report (red team 37h)
+    assert text("ff.up\u202eexe\u200b\u2066<x>") == "ff.up\\u202eexe\\u200b\\u2066&lt;x&gt;"

@@ -61,3 +61,17 @@ def test_a_foreign_sqlite_file_is_not_trusted(tmp_path):
     db.close()
     with pytest.raises(StoreError, match="schema"):
         ResultStore(path)
+
+
+def test_a_folder_or_an_unwritable_place_is_named_as_such_not_as_corrupt(tmp_path, monkeypatch):
+    # both were "results store ... is corrupt and was not used (unable to open database file)" (red team 37h)
+    (tmp_path / "dir.sqlite").mkdir()
+    with pytest.raises(InputError, match="is a folder"):
+        ResultStore(tmp_path / "dir.sqlite")
+    import os
+
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, m: False if str(p) == str(tmp_path / "ro") else real(p, m))
+    (tmp_path / "ro").mkdir()
+    with pytest.raises(InputError, match="folder .*ro is not writable"):
+        ResultStore(tmp_path / "ro" / "s.sqlite")

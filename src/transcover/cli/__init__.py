@@ -101,19 +101,31 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict[str, object]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from .._errors import TranscoverError
-
     parser, commands = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return 2
+    previous = _terminate_cleanly()
+    try:
+        return _run(args, commands)
+    finally:
+        if previous is not None:
+            import signal
+
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _run(args, commands) -> int:  # noqa: ANN001
+    from .._errors import TranscoverError
+
     try:
         with warnings.catch_warnings():
             # every TranscoverWarning is shown (one line each), however often the same text recurs
             warnings.simplefilter("always", TranscoverWarning)
             warnings.showwarning = _show_warning
             try:
+                _check_outputs(args)
                 return int(commands[args.command].run(args) or 0)
             finally:
                 from ..report import close_progress_bars
@@ -122,6 +134,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("transcover: interrupted", file=sys.stderr)
         return 130
+    except _Terminated:
+        print("transcover: terminated", file=sys.stderr)
+        return 143
     except (TranscoverError, OSError) as err:
         if args.debug:
             raise
@@ -133,6 +148,41 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"transcover: internal error: {type(err).__name__}: {_one_line(err)} "
               "(rerun with --debug for the traceback)", file=sys.stderr)
         return 1
+
+
+# Every file option of every command, checked before any work: a missing or unwritable folder used to stop
+# perturb, bound, cover, sweeps, train and lipschitz only after the computation, with the other outputs
+# (a PNG, a JSON, a trained checkpoint) already written (red team 37h).  Suffixes stay with each command.
+_OUTPUT_OPTIONS = ("json", "csv", "plot", "figure")
+
+
+def _check_outputs(args) -> None:  # noqa: ANN001  (an argparse Namespace)
+    from ..report import check_output_path
+
+    for dest in _OUTPUT_OPTIONS:
+        value = getattr(args, dest, None)
+        if isinstance(value, str) and value:
+            check_output_path(value, f"--{dest}")
+
+
+class _Terminated(BaseException):
+    """SIGTERM (timeout, kill, a batch scheduler) raised in the main thread, so every ``finally`` runs: an atomic
+    write in progress removes its temporary file, which SIGTERM's default action left behind (red team 37h)."""
+
+
+def _terminate_cleanly():  # noqa: ANN202
+    import signal
+    import threading
+
+    def handler(signum, frame):  # noqa: ANN001
+        raise _Terminated
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        return signal.signal(signal.SIGTERM, handler)
+    except (ValueError, OSError):  # not settable here (an embedding interpreter)
+        return None
 
 
 _SHOW_OTHER = warnings.showwarning

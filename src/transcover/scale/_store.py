@@ -59,6 +59,22 @@ class ResultStore:
         self.run = run or f"{os.getpid()}-{time.time_ns()}"
         if not self.path.parent.exists():
             raise InputError(f"cannot create results store {self.path}: folder {self.path.parent} does not exist")
+        # a folder, or one that cannot be written, was reported as "corrupt" (SQLite's "unable to open") (37h)
+        if self.path.is_dir():
+            raise InputError(f"results store {self.path} is a folder; give a file name")
+        if not self.path.exists():
+            if not os.access(self.path.parent, os.W_OK | os.X_OK):
+                raise InputError(f"cannot create results store {self.path}: folder {self.path.parent} is not writable")
+            # created here, so its mode is 0666 & ~umask like every other output (sqlite3 makes 0644 whatever the
+            # umask); SQLite reads an empty file as a new database and gives its -wal/-shm files the same mode
+            try:
+                os.close(os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+            except FileExistsError:  # another process created it meanwhile: use theirs
+                pass
+            except OSError as err:
+                raise InputError(f"cannot create results store {self.path}: {err.strerror or err}") from None
+        elif not os.access(self.path, os.R_OK | os.W_OK):
+            raise InputError(f"results store {self.path} is not readable and writable by this user")
         existed = self.path.exists() and self.path.stat().st_size > 0
         if existed:
             with open(self.path, "rb") as f:

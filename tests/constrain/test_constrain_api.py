@@ -146,3 +146,25 @@ def test_step_hook_and_hf_callback():
     assert cons.progress == 1.0
     assert float(torch.linalg.matrix_norm(model.blocks[1].W_2.detach().double(), 2)) <= 0.6 * (1 + 1e-5)
     assert mon.records[-1]["step"] == 10 and mon.records[-1]["radius.W2"] == 0.3
+
+
+@pytest.mark.parametrize("content, message", [
+    (b'{"step": 1, "loss": 0.5}\n{"step": 2, "lo', "line 2 is not JSON"),
+    (b"[1, 2]\n", "line 1 is not a monitor record"),
+    (b'{"foo": 1}\n', "line 1 is not a monitor record"),
+    (b'{"step": 1, "loss": "abc"}\n', "line 1 is not a monitor record"),
+    (b"\xff\xfe\x00binary", "is not UTF-8 text"),
+])
+def test_read_history_names_a_bad_line(tmp_path, content, message):
+    # a truncated line, a list or a binary file was an internal error; a wrong schema drew a meaningless
+    # training section in the report (red team 37h)
+    p = tmp_path / "h.jsonl"
+    p.write_bytes(content)
+    with pytest.raises(InputError, match=message):
+        C.read_history(p)
+
+
+def test_read_history_drops_a_torn_last_line_when_resuming(tmp_path):
+    p = tmp_path / "h.jsonl"
+    p.write_text('{"step": 1, "loss": 0.5, "certified_norms": {"layers": []}}\n{"step": 2, "lo')
+    assert [r["step"] for r in C.read_history(p, torn_tail=True)] == [1]

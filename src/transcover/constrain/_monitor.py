@@ -94,7 +94,7 @@ class TrainingMonitor:
                 raise InputError(f"cannot write the history: folder {self.prefix.parent} does not exist")
             jsonl, csv_path = self.paths
             if resume and jsonl.exists():
-                kept = [r for r in read_history(jsonl) if keep_until is None or r["step"] <= keep_until]
+                kept = [r for r in read_history(jsonl, torn_tail=True) if keep_until is None or r["step"] <= keep_until]
                 self.records = kept
                 atomic_write_text(jsonl, "".join(json.dumps(r) + "\n" for r in kept))
                 atomic_write_text(csv_path, ",".join(self.columns) + "\n" + "".join(self._csv_row(r) for r in kept))
@@ -186,9 +186,39 @@ def certified_record(norms) -> dict[str, object]:  # noqa: ANN001  (a transcover
                         "b_1": L.b_1, "b_2": L.b_2} for L in norms.layers]}
 
 
-def read_history(path: str | os.PathLike[str]) -> list[dict]:
-    """The records of a ``.jsonl`` history file."""
+def read_history(path: str | os.PathLike[str], *, torn_tail: bool = False) -> list[dict]:
+    """The records of a ``.jsonl`` history file, each checked: a JSON object whose ``step`` is an integer and
+    whose other values are numbers, null or nested records (``certified_norms``).
+
+    ``torn_tail``: a last line that is not JSON is dropped (a run killed in the middle of an append leaves one;
+    ``train --resume`` continues from the records before it).  Anything else that is not such a record is
+    :class:`InputError`, one line naming the file and the line (a truncated line, a list or a binary file
+    stopped ``report`` and ``--resume`` with an internal error, and a wrong schema was drawn as a meaningless
+    training section; red team 37h).
+    """
     path = Path(path)
     if not path.exists():
         raise InputError(f"history file {path} does not exist")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    try:
+        lines = path.read_bytes().decode("utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise InputError(f"history file {path} is not UTF-8 text (a monitor's .jsonl)") from None
+    except OSError as err:
+        raise InputError(f"cannot read history file {path}: {err.strerror or err}") from None
+    numbered = [(k + 1, line) for k, line in enumerate(lines) if line.strip()]
+    records = []
+    for j, (k, line) in enumerate(numbered):
+        try:
+            rec = json.loads(line)
+        except ValueError as err:
+            if torn_tail and j == len(numbered) - 1:
+                break
+            raise InputError(f"history file {path} line {k} is not JSON ({err.msg})") from None
+        step = rec.get("step") if isinstance(rec, dict) else None
+        if not isinstance(step, int) or isinstance(step, bool) or not all(
+                v is None or isinstance(v, (dict, list)) or (isinstance(v, (int, float)) and not isinstance(v, bool))
+                for v in rec.values()):
+            raise InputError(f"history file {path} line {k} is not a monitor record (a JSON object with an "
+                             "integer 'step' and numbers, null or nested records as values)")
+        records.append(rec)
+    return records

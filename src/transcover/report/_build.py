@@ -79,6 +79,10 @@ def compute_report(model=None, *, arch=None, allow_pickle=False, strict=False, o
         from ..constrain import read_history
 
         records = read_history(history)
+        if not records:  # an empty history drew an empty training section
+            from .._errors import InputError
+
+            raise InputError(f"history file {history} holds no records")
     timings["load"] = time.perf_counter() - t
     t = time.perf_counter()
     tracker.step("certified norms (analyze)", total=len(spec.layers))

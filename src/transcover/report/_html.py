@@ -20,7 +20,9 @@ from collections.abc import Iterable, Sequence
 
 __all__ = ["text", "plain", "table", "section", "page", "fmt", "kind_badge"]
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
+# control characters, and the invisible ones that reorder or hide text (zero-width, bidirectional overrides and
+# isolates, BOM): a tensor named "ff.up\u202eexe" showed reversed in the report (red team 37h)
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2066-\u2069\ufeff]")
 
 
 def _visible(match: re.Match) -> str:

@@ -65,19 +65,23 @@ def write_safetensors(path: str | os.PathLike, plans: Iterable[TensorPlan], dtyp
     blob += b" " * (-len(blob) % 8)  # the reference writer aligns the data to 8 bytes
     path = Path(path)
     tmp = path.with_name(f".{path.name}.partial")
-    with open(tmp, "wb") as f:
-        f.write(len(blob).to_bytes(8, "little"))
-        f.write(blob)
-        for p in plans:
-            rng = np.random.default_rng(p.seed)
-            left = math.prod(p.shape)
-            while left:
-                k = min(left, _CHUNK_ELEMS)
-                f.write(_encode(p.fill(rng, k), dtype))
-                left -= k
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(len(blob).to_bytes(8, "little"))
+            f.write(blob)
+            for p in plans:
+                rng = np.random.default_rng(p.seed)
+                left = math.prod(p.shape)
+                while left:
+                    k = min(left, _CHUNK_ELEMS)
+                    f.write(_encode(p.fill(rng, k), dtype))
+                    left -= k
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # a full disk or an interrupt: no .partial left behind (red team 37h)
+        tmp.unlink(missing_ok=True)
+        raise
     return 8 + len(blob) + offset
 
 

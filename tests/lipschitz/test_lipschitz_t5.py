@@ -127,3 +127,13 @@ def test_member_stacks_carry_each_members_table():
     out = transformer_forward(stack_members([a, b]), X)
     for m, spec in enumerate((a, b)):
         assert torch.allclose(out[m], transformer_forward(spec, X[0]), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("n, max_distance, bidirectional", [(3, 16, True), (2, 16, True), (1, 16, False),
+                                                            (8, 2, True), (8, float("inf"), True), (8, True, True)])
+def test_degenerate_bucketings_are_refused_at_construction(n, max_distance, bidirectional):
+    # fewer than 4 buckets (2 causal) or max_distance at or below the exact offsets divided by zero in T5's
+    # bucketing: perturb ended in an internal ZeroDivisionError (red team 37i)
+    with pytest.raises(InputError, match="T5's bucketing needs"):
+        RelativeBiasSpec(torch.zeros(n, 2, dtype=F64), max_distance=max_distance, bidirectional=bidirectional)
+    RelativeBiasSpec(torch.zeros(4 if bidirectional else 2, 2, dtype=F64), max_distance=16, bidirectional=bidirectional)

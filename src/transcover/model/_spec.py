@@ -238,6 +238,18 @@ class RelativeBiasSpec:
     max_distance: int = 128
     bidirectional: bool = True
 
+    def __post_init__(self) -> None:
+        # T5's bucketing divides by the exact-offset count and by log(max_distance / that count): fewer than four
+        # buckets (two causal) or max_distance <= that count ended perturb in a ZeroDivisionError (37i)
+        exact = (self.num_buckets // 2 if self.bidirectional else self.num_buckets) // 2
+        if exact < 1 or isinstance(self.max_distance, bool) or not (
+                isinstance(self.max_distance, (int, float)) and exact < self.max_distance < math.inf):
+            from .._errors import InputError
+
+            raise InputError(f"relative position bias with {self.num_buckets} buckets and max_distance="
+                             f"{self.max_distance!r}: T5's bucketing needs at least {4 if self.bidirectional else 2} "
+                             f"buckets and a finite max_distance above its exact offsets ({exact} here)")
+
     @property
     def num_buckets(self) -> int:
         return self.table.shape[-2]

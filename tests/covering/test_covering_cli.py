@@ -40,6 +40,7 @@ def test_bound_prints_json_and_plot(model_path, tmp_path, capsys, monkeypatch):
     (["--eps", "0"], "--eps must be"),
     (["--eps", "-0.1"], "--eps must be"),
     (["--n-samples", "0"], "--n-samples must be"),
+    (["--n-samples", "1.5"], "--n-samples must be whole numbers"),  # the cover used round(nT) points (37j)
     (["--seq-len", "0"], "--seq-len must be"),
     (["--radius", "-1"], "--radius must be"),
     (["--delta", "1.5"], "--delta must be"),

@@ -125,3 +125,19 @@ def test_closed_form_and_concentration_never_under_their_formulas(la, ln, ld, fa
         assert M(r.value) >= exact and M(r.log_value) >= mpmath.log(exact)
         conc = 3 * M(0.7) * mpmath.sqrt(mpmath.log(2 / M(0.05)) / (2 * M(n)))
         assert M(concentration_term(n, loss_bound=0.7, delta=0.05)) >= conc
+
+
+@pytest.mark.parametrize("nan_where", [(0.2, 0.4), (0.0, 2.0)])
+def test_a_nan_on_the_covering_curve_is_refused_not_certified(nan_where):
+    # argmin picked the NaN candidate and generalisation_bound printed a "certified" NaN gap (red team 37j)
+    from transcover.covering import generalisation_bound
+
+    lo, hi = nan_where
+
+    def curve(e, n=None):
+        return math.nan if lo < e < hi else (math.log(5 * math.log(1 / e)) if e < 1 else -math.inf)
+
+    with pytest.raises(InputError, match="covering curve is NaN"):
+        dudley_entropy_integral(curve, 1e4, 1.0)
+    with pytest.raises(InputError, match="covering curve is NaN"):
+        generalisation_bound(curve, 1e4)

@@ -192,6 +192,9 @@ def test_covering_bound_end_to_end_and_bad_input():
     assert b.nonzeros == sum(int((v != 0).sum()) for v in model.state_dict().values())
     with pytest.raises(InputError, match="xi"):
         covering_margin_bound(model, X, y, menu_size=8, xi=0.0)
+    # the sensitivities assume token norms <= xi: tokens of norm 50 with xi = 1 certified 0.119 against 0.172 (37j)
+    with pytest.raises(InputError, match=r"a training token has l2 norm 50 > xi=1\.0"):
+        covering_margin_bound(model, X * 50, y, menu_size=8, xi=1.0)
     with pytest.raises(InputError, match="norm"):
         covering_margin_bound(ReferenceTransformer(ReferenceConfig(d_model=4, n_heads=1, n_layers=1, d_ff=4,
                                                                    d_input=1, max_len=6, n_outputs=2)), X, y,

@@ -66,8 +66,8 @@ def _validate(args: argparse.Namespace) -> None:
         if not (v > 0 and v < float("inf")):
             raise InputError(f"{flag} must be a finite number > 0, but got {flag}={v}")
     for n in args.n_samples or ():
-        if not (n >= 1 and n < float("inf")):
-            raise InputError(f"--n-samples must be >= 1, but got --n-samples={n}")
+        if not (n >= 1 and n < float("inf")) or n != int(n):  # 1.5 samples: the cover used round(nT) points (37j)
+            raise InputError(f"--n-samples must be whole numbers >= 1, but got --n-samples={n:g}")
     if args.seq_len is not None and args.seq_len < 1:
         raise InputError(f"--seq-len must be >= 1, but got --seq-len={args.seq_len}")
     if not (0 < args.delta < 1):

@@ -135,6 +135,9 @@ def dudley_entropy_integral(
     eps[0], eps[-1] = lo, D
     eps = np.maximum.accumulate(eps)
     half_loglog = 0.5 * np.array([loglog_covering(float(e)) for e in eps[:-1]])
+    if np.isnan(half_loglog).any():  # argmin then picked the NaN and a "certified" NaN gap came out (red team 37j)
+        bad = float(eps[:-1][np.isnan(half_loglog)][0])
+        raise InputError(f"the covering curve is NaN at eps={bad:g}; a Dudley bound needs log log N finite or +inf")
     width = np.diff(eps)  # exact where eps_{k+1} <= 2 eps_k (Sterbenz); one ulp up elsewhere
     width = np.where(eps[1:] > 2 * eps[:-1], np.nextafter(width, np.inf), width)
     with np.errstate(divide="ignore"):

@@ -412,7 +412,12 @@ def model_bound(spec: TransformerSpec, config: BoundConfig | None = None, *, ref
            "best": "F1 or F2, whichever is cheaper per matrix at its own scale (Lemma G.1 over both)"}[route],
         f"reference matrices: {'the given initialisation' if reference is not None else 'zero'}",
         f"n samples of T={seq_len} tokens; loss in [0, {loss_bound:g}], {loss_lipschitz:g}-Lipschitz in the output; delta={delta:g}",
-        "class = all weights with norms <= this model's (bound evaluated at the model's norms, no union over norm grids)",
+        # red team 37j: a class read off the trained weights depends on the data, and the gap's ln(2/delta) pays for
+        # no choice of norms (BFT 2017 pay for it with a union over a grid of norm levels, Lemma A.9)
+        "class = all weights with norms <= this model's: the gap holds w.p. >= 1 - delta for a class fixed before "
+        "the data (e.g. the radii of a constrained training); for norms read off the trained weights it is not "
+        "corrected for that choice (no union bound over a norm grid, BFT 2017 Lemma A.9, which would add about "
+        "ln(grid size) per norm to ln(2/delta))",
         "Lemma G.3 coefficients from transcover.lipschitz (THEORY F6-F8, F14)",
     ) + (("Theorem G.5: MLP head covered by parameter count (F1)",) if head else ())
     opts = {"radius": radius, "c_sm": c_sm, "sigma_min": sigma_min, "loss_lipschitz": loss_lipschitz,

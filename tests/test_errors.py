@@ -33,3 +33,11 @@ def test_counts_refuse_booleans(call):
     with pytest.raises(InputError, match="must be a positive integer"):
         call()
 
+
+
+@pytest.mark.parametrize("bad", [True, 0.0, -1.0, float("nan"), float("inf"), "x", None, 10**400])
+def test_check_radius_refuses_what_is_not_a_finite_positive_number(bad):
+    from transcover._errors import check_radius
+
+    with pytest.raises(InputError, match=r"^r must be a finite number > 0"):
+        check_radius(bad, "r")

@@ -63,9 +63,9 @@ def check_radius(radius: float, name: str = "radius") -> float:
     """
     try:
         r = float(radius)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise InputError(f"{name} must be a finite number > 0, but got {name}={radius!r}") from None
-    if not (r > 0.0) or r == float("inf"):
+    if isinstance(radius, bool) or not (r > 0.0) or r == float("inf"):  # True is no radius
         raise InputError(f"{name} must be a finite number > 0, but got {name}={radius!r}")
     return r
 

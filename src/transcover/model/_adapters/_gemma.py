@@ -26,12 +26,11 @@ transformers ``models/gemma*/modeling_gemma*.py``.  What differs from Llama's bl
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 
 import numpy as np
 
-from ..._errors import InputError, UnsupportedArchitectureError
+from ..._errors import InputError, UnsupportedArchitectureError, check_radius
 from .._arrays import is_tensor
 from .._rope_scaling import rope_from_config
 from .._sources import TensorSource
@@ -108,7 +107,7 @@ def _ropes(config: dict, model_type: str, dh: int) -> dict[str, tuple]:
     return {t: (replace(rope, max_position=longest), score) for t, (rope, score) in ropes.items()}
 
 
-def _positive_number(config: dict, key: str, arch: str, name: str) -> float | None:
+def _positive_number(config: dict, key: str) -> float | None:
     """``config[key]`` as a float, None where absent or null; InputError unless a finite number > 0.
 
     A NaN, 0 or negative soft-cap passed into the spec unchecked (a NaN forward and a certified bound
@@ -116,16 +115,7 @@ def _positive_number(config: dict, key: str, arch: str, name: str) -> float | No
     a complex scale): red team 37a.
     """
     v = config.get(key)
-    if v is None:
-        return None
-    try:
-        x = float(v)
-    except (TypeError, ValueError, OverflowError):
-        x = math.nan
-    if isinstance(v, bool) or not (0.0 < x < math.inf):
-        raise InputError(f"{arch}: {key} must be a finite number > 0 (or null), but got {key}={v!r} in {name}'s "
-                         "configuration")
-    return x
+    return None if v is None else check_radius(v, key)
 
 
 def build_gemma(src: TensorSource, config: dict, name: str) -> TransformerSpec:
@@ -154,11 +144,11 @@ def build_gemma(src: TensorSource, config: dict, name: str) -> TransformerSpec:
     config = _layer_types(config, model_type, n)
     windows = sliding_windows(config, n, arch=arch, name=name)
     ropes = _ropes(config, model_type, dh)
-    qpas = _positive_number(config, "query_pre_attn_scalar", arch, name) if sandwich else None
+    qpas = _positive_number(config, "query_pre_attn_scalar") if sandwich else None
     # Only Gemma 2's attention soft-caps its scores; Gemma 3's accepts attn_logit_softcapping in its
     # configuration and never applies it (transformers' Gemma3Attention does not pass it on), so
     # capping there would bound -- and search -- a function the model does not compute (red team 37a).
-    softcap = _positive_number(config, "attn_logit_softcapping", arch, name) if model_type == "gemma2" else None
+    softcap = _positive_number(config, "attn_logit_softcapping") if model_type == "gemma2" else None
     attn_bias = bool(config.get("attention_bias", False))
     norms = {"norm_attn": "input_layernorm.weight"}
     if sandwich:

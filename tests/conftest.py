@@ -75,3 +75,18 @@ def without_reach_drift():
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(_local_stages, "REACH_DRIFT_TOKENS", 0)
         yield
+
+
+@pytest.fixture(autouse=True)
+def _mpmath_precision():
+    """Every test starts from 320-bit mpmath (the exact references' arithmetic) and leaves the precision as it found
+    it.  mpmath's precision is one global: a module's import-time ``mp.dps = 80`` was overridden by whichever module
+    xdist imported later, and a test's own ``mp.dps = 30`` leaked into the next file on the same worker, where an
+    80-digit reference then failed at 1e-6 (``test_local_weights``, CI of stop 37).  A test that sets its own
+    precision still does so, for itself."""
+    import mpmath
+
+    old = mpmath.mp.prec
+    mpmath.mp.prec = 320
+    yield
+    mpmath.mp.prec = old

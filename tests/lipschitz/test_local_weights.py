@@ -17,7 +17,7 @@ import math
 import mpmath
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from test_local_cancel import _cancelling_layer
@@ -261,6 +261,7 @@ def test_queries_flushed_in_their_units_are_refused_not_certified():
 
 @settings(max_examples=12, deadline=None)
 @given(seed=st.integers(0, 10_000), ka=st.integers(-1100, 0), kb=st.integers(-600, 0))
+@example(seed=7420, ka=-1071, kb=0)  # within 6e-7 of its bound: fails if the reference runs at 30 digits (stop 37 CI)
 def test_accurate_product_dd_keeps_the_charges_of_tiny_operands(seed, ka, kb):
     """Operands ``2^ka``, ``2^kb`` times a unit-scale triple whose error part is the floor of entries that flushed
     (``err`` only, ``hi = 0`` there): the product's bound covers the corner ``hi + lo + err sign`` at every scale

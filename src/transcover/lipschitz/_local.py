@@ -220,14 +220,8 @@ def layer_local(layer: LayerSpec, X: Tensor, rho: float, *, cache: dict | None =
         raise InputError("local bounds do not cover gated FFNs yet")
     Lffn = activation_lipschitz(layer.ffn.activation) * nW1 * nW2 * (1 + ROUNDING_PAD)
 
-    def pad(r: float, Y: Tensor) -> float:  # centre rounding, F64
-        out = r * (1 + 1e-12) + f17_pad(Y)
-        if not out < math.inf:  # an inner ball the bounds cannot bound (a softmax weight's move overflows)
-            raise _Unbounded
-        return out
-
     try:
-        return _layer_local_body(layer, X, rho, cache, jacobian, exact, hn, nW1, nW2, Lffn, pad)
+        return _layer_local_body(layer, X, rho, cache, jacobian, exact, hn, nW1, nW2, Lffn)
     except _Unbounded:
         # Note [unbounded inner ball]: the user's rho is valid but some inner radius is not finite (at a large
         # rho the attention's weight-move factor exp(Delta) overflows): the layer has no finite certificate
@@ -242,8 +236,17 @@ class _Unbounded(Exception):
     """An inner radius of ``layer_local`` is not finite (Note [unbounded inner ball])."""
 
 
+def _pad(r: float, Y: Tensor) -> float:
+    """An inner ball's radius with the centre's rounding (F64); ``_Unbounded`` where it is not finite (a softmax
+    weight's move overflowed)."""
+    out = r * (1 + 1e-12) + f17_pad(Y)
+    if not out < math.inf:
+        raise _Unbounded
+    return out
+
+
 def _layer_local_body(layer: LayerSpec, X: Tensor, rho: float, cache: dict, jacobian: bool, exact: bool | None,
-                      hn: dict, nW1: float, nW2: float, Lffn: float, pad) -> LayerLocal:  # noqa: ANN001
+                      hn: dict, nW1: float, nW2: float, Lffn: float) -> LayerLocal:
     from ..model import attention_forward, ffn_forward
 
     T, d = X.shape
@@ -253,10 +256,10 @@ def _layer_local_body(layer: LayerSpec, X: Tensor, rho: float, cache: dict, jaco
     if layer.placement is Placement.POST:
         a = attention_local_bound(layer.attention, X, rho, norms=hn)
         X1 = X + attention_forward(layer.attention, X)
-        r1 = pad((1 + a.upper) * rho, X1)
+        r1 = _pad((1 + a.upper) * rho, X1)
         n1, s1 = norm_local(layer.norm_attn, X1, r1)
         H = layer.norm_attn(X1)
-        rh = pad(float(n1.max()) * r1, H)
+        rh = _pad(float(n1.max()) * r1, H)
         X2 = H + ffn_forward(ffn, H)
         ffn_res = 1 + Lffn
         if jacobian:  # the FFN block's own point + drift constant (Note [layer Jacobian route])
@@ -265,7 +268,7 @@ def _layer_local_body(layer: LayerSpec, X: Tensor, rho: float, cache: dict, jaco
             colmax = float(pow2_norm(scratch["ffn"][0], 0).max())
             dF = nW1 * nW2 * second_derivative_sup(ffn.activation) * colmax * rh
             ffn_res = min(ffn_res, float(nIF.max()) + dF)
-        r2 = pad(ffn_res * rh, X2)
+        r2 = _pad(ffn_res * rh, X2)
         n2, s2 = norm_local(layer.norm_ffn, X2, r2)
         out = layer.norm_ffn(X2)
         comps = {"attention": a.upper, "norm_attn": float(n1.max()), "ffn": Lffn, "norm_ffn": float(n2.max())}
@@ -276,13 +279,13 @@ def _layer_local_body(layer: LayerSpec, X: Tensor, rho: float, cache: dict, jaco
     else:
         n1, s1 = norm_local(layer.norm_attn, X, rho)
         Y = layer.norm_attn(X)
-        ry = pad(float(n1.max()) * rho, Y)
+        ry = _pad(float(n1.max()) * rho, Y)
         a = attention_local_bound(layer.attention, Y, ry, norms=hn)
         X1 = X + attention_forward(layer.attention, Y)
-        r1 = pad((1 + a.upper * float(n1.max())) * rho, X1)
+        r1 = _pad((1 + a.upper * float(n1.max())) * rho, X1)
         n2, s2 = norm_local(layer.norm_ffn, X1, r1)
         H = layer.norm_ffn(X1)
-        rh = pad(float(n2.max()) * r1, H)
+        rh = _pad(float(n2.max()) * r1, H)
         out = X1 + ffn_forward(ffn, H)
         comps = {"norm_attn": float(n1.max()), "attention": a.upper, "norm_ffn": float(n2.max()), "ffn": Lffn}
         radii = {"norm_attn": rho, "attention": ry, "norm_ffn": r1, "ffn": rh}

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from transcover.cli import main
-from transcover.covering import diagnose, generalisation_bound, model_bound
+from transcover.covering import diagnose, model_bound
 from transcover.model import ReferenceConfig, ReferenceTransformer, reference_spec
 
 
@@ -72,8 +72,8 @@ def test_diagnosis_sample_size_really_is_non_vacuous():
     mb = model_bound(spec, eps=0.1, n_samples=(100.0,), seq_len=4)
     d = diagnose(mb)
     assert d.vacuous and math.isfinite(d.n_non_vacuous)
-    at = generalisation_bound(mb.curve, d.n_non_vacuous, n_grid=150)
-    below = generalisation_bound(mb.curve, d.n_non_vacuous / 1.1, n_grid=150)
+    at = mb.gap_at(d.n_non_vacuous, n_grid=150)  # the gaps' class and prior (THEORY F102)
+    below = mb.gap_at(d.n_non_vacuous / 1.1, n_grid=150)
     assert not at.vacuous and below.vacuous  # the threshold, to the search's 1 % in log10
     assert d.to_dict()["n_non_vacuous"] == d.n_non_vacuous
     # at 10x that n the bound is non-vacuous: nothing to search, no advice to collect more data

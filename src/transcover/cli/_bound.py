@@ -48,6 +48,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--loss-bound", type=float, default=_D.loss_bound,
                    help="the loss takes values in [0, b]")
     p.add_argument("--delta", type=float, default=_D.delta, help="failure probability")
+    p.add_argument("--norm-grid", type=int, default=_D.norm_grid, metavar="K",
+                   help="the gaps' class: every norm rounded up to a grid of K levels per octave, each level paid for "
+                        "by a prior fixed before the data (THEORY F102), so the gaps hold for norms read off the "
+                        "trained weights; 0: no grid, the class taken as fixed before the data (only valid when "
+                        "these norms were chosen in advance)"),
     p.add_argument("--target-gap", type=float, default=None,
                    help="also report the n needed for a gap <= this (default: 0.1 * loss bound)")
     p.add_argument("--top", type=int, default=10, help="matrices in the breakdown table (default 10)")
@@ -76,6 +81,8 @@ def _validate(args: argparse.Namespace) -> None:
         raise InputError(f"--sigma-min must be >= 0, but got --sigma-min={args.sigma_min}")
     if args.target_gap is not None and not (args.target_gap > 0):
         raise InputError(f"--target-gap must be > 0, but got --target-gap={args.target_gap}")
+    if args.norm_grid < 0:
+        raise InputError(f"--norm-grid must be >= 0, but got --norm-grid={args.norm_grid}")
     if args.top < 0:
         raise InputError(f"--top must be >= 0, but got --top={args.top}")
     if args.plot is not None and not args.plot.lower().endswith(".png"):
@@ -86,13 +93,14 @@ def config_from_args(args: argparse.Namespace) -> BoundConfig:
     """The :class:`BoundConfig` of a parsed command line (``n_samples``, ``seq_len`` already resolved)."""
     return BoundConfig(eps=args.eps, n_samples=tuple(args.n_samples), seq_len=args.seq_len, radius=args.radius,
                        c_sm=args.c_sm, family=args.family, sigma_min=args.sigma_min,
-                       loss_lipschitz=args.loss_lipschitz, loss_bound=args.loss_bound, delta=args.delta)
+                       loss_lipschitz=args.loss_lipschitz, loss_bound=args.loss_bound, delta=args.delta,
+                       norm_grid=args.norm_grid)
 
 
 def run(args: argparse.Namespace) -> int:
     import sys
 
-    from ..covering import diagnose, model_bound, sample_size_for_gap
+    from ..covering import diagnose, model_bound
     from ..model import load
     from ..report import atomic_write_text, start_progress
     from ..report import bound_payload, bound_png, render_bound
@@ -116,9 +124,7 @@ def run(args: argparse.Namespace) -> int:
     tracker.step("covering number and generalisation bound")
     result = model_bound(spec, config_from_args(args), reference=reference)
     target = args.target_gap if args.target_gap is not None else 0.1 * args.loss_bound
-    curve = result.curve
-    n_needed = sample_size_for_gap(curve, target, loss_lipschitz=args.loss_lipschitz, loss_bound=args.loss_bound,
-                                   delta=args.delta)
+    n_needed = result.n_for_gap(target)
     diagnosis = diagnose(result)
     warnings = list(spec.warnings) + ([] if reference is None else list(reference.warnings))
     data = bound_payload(result, diagnosis, n_needed, target, warnings)
@@ -132,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
                                                                                 else []))))
     if args.plot:
         tracker.step("plotting")
-    png = bound_png(result, curve, n_needed, target) if args.plot else None
+    png = bound_png(result, n_needed, target) if args.plot else None
     tracker.close()
     if not args.quiet:
         render_bound(result, list(result.transformer.contributions), n_needed, target, args.top, diagnosis)

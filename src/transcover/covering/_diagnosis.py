@@ -79,9 +79,10 @@ def diagnose(result, *, top: int = 3, n_grid: int = 150) -> Diagnosis:
     L_loss, delta = float(opts.get("loss_lipschitz", 1.0)), float(opts.get("delta", 0.05))
     n_nv: float | None = None  # searched only for a vacuous bound (the search costs ~15 Dudley integrals)
     if vacuous and result.curve is not None:
-        # just below b: the reported gap is min(raw, b), so "< b" means the formula itself is below b
-        n_nv = sample_size_for_gap(result.curve, b * (1.0 - 1e-6), loss_lipschitz=L_loss, loss_bound=b,
-                                   delta=delta, n_grid=n_grid)
+        # just below b: the reported gap is min(raw, b), so "< b" means the formula itself is below b; the gaps'
+        # class and prior (THEORY F102)
+        n_nv = sample_size_for_gap(result.gap_curve or result.curve, b * (1.0 - 1e-6), loss_lipschitz=L_loss,
+                                   loss_bound=b, delta=delta, n_grid=n_grid, log_prior=result.log_prior)
     tips: list[str] = []
     if vacuous:
         n_max = max(g.n for g in gens)

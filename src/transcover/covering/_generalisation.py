@@ -59,6 +59,7 @@ class GeneralisationBound:
     raw_log_gap: float
     kind: Kind = Kind.CERTIFIED_UPPER
     assumptions: tuple[str, ...] = field(default_factory=tuple)
+    log_prior: float = 0.0  # ln(1/prior) of the class in a union fixed before the data (F102), in the concentration
 
     @property
     def note(self) -> str:
@@ -89,7 +90,7 @@ class GeneralisationBound:
             "trivial_bound": self.loss_bound, "note": self.note, "kind": self.kind.value,
             "rademacher": self.rademacher.value if math.isfinite(self.rademacher.value) else str(self.rademacher.value),
             "rademacher_trivial": self.rademacher.trivial, "alpha": self.rademacher.alpha,
-            "concentration": self.concentration, "delta": self.delta,
+            "concentration": self.concentration, "delta": self.delta, "log_prior": self.log_prior,
         }
 
 
@@ -100,7 +101,7 @@ def _fmt_raw(ln_value: float) -> str:
 
 
 def _clipped(n: float, raw_log_gap: float, rademacher: DudleyBound, conc: float, delta: float, b: float,
-             assumptions: tuple[str, ...], raw_gap: float | None = None) -> GeneralisationBound:
+             assumptions: tuple[str, ...], raw_gap: float | None = None, log_prior: float = 0.0) -> GeneralisationBound:
     """Note [trivial gap bound]: report ``min(raw, b)``, flag ``raw >= b`` as vacuous."""
     # exp rounded up (libm is within one ulp): the raw value stays an upper bound of its formula
     if raw_gap is None:
@@ -108,7 +109,7 @@ def _clipped(n: float, raw_log_gap: float, rademacher: DudleyBound, conc: float,
     vacuous = raw_gap >= b
     gap, log_gap = (b, math.log(b)) if vacuous else (raw_gap, raw_log_gap)
     return GeneralisationBound(n, gap, log_gap, rademacher, conc, delta, b, vacuous, raw_gap, raw_log_gap,
-                               assumptions=assumptions)
+                               assumptions=assumptions, log_prior=log_prior)
 
 
 def _pos(**values: float) -> None:
@@ -117,33 +118,46 @@ def _pos(**values: float) -> None:
             raise InputError(f"{name} must be a finite number > 0, but got {name}={v!r}")
 
 
-def concentration_term(n: float, *, loss_bound: float = 1.0, delta: float = 0.05) -> float:
-    """``3 b sqrt(ln(2/delta) / (2n))`` (McDiarmid, both directions of the symmetrisation)."""
+def _check_prior(log_prior: float) -> None:
+    if not (isinstance(log_prior, (int, float)) and math.isfinite(log_prior) and log_prior >= 0):
+        raise InputError(f"log_prior must be a finite number >= 0, but got log_prior={log_prior!r}")
+
+
+def concentration_term(n: float, *, loss_bound: float = 1.0, delta: float = 0.05, log_prior: float = 0.0) -> float:
+    """``3 b sqrt((ln(2/delta) + log_prior) / (2n))`` (McDiarmid, both directions of the symmetrisation).
+
+    ``log_prior``: ``ln(1/prior)`` of the class among a union fixed before the data (THEORY F102: a grid of
+    norm levels), i.e. the bound at ``delta * prior``; 0 for a class fixed in advance.
+    """
     _pos(n=n, loss_bound=loss_bound, delta=delta)
     if delta >= 1:
         raise InputError(f"delta must be in (0, 1), but got delta={delta!r}")
+    _check_prior(log_prior)
     # rounded up: evaluated on decimal enclosures (Note [directed decimals]); plain floats fell under the formula
     # in about half of the cases, by up to 3.1e-16 relative (red team of stop 35)
-    enc = exact(3) * exact(loss_bound) * (exact(Fraction(2) / Fraction(delta)).ln() * exact(
+    enc = exact(3) * exact(loss_bound) * ((exact(Fraction(2) / Fraction(delta)).ln() + exact(log_prior)) * exact(
         Fraction(1) / (2 * Fraction(n)))).sqrt()
     return to_float(enc, "up")
 
 
 def generalisation_gap(rademacher: DudleyBound, n: float, *, loss_bound: float = 1.0,
-                       delta: float = 0.05) -> GeneralisationBound:
-    """``2 R_n(l o F) + 3 b sqrt(ln(2/delta)/(2n))`` from a Rademacher bound of the loss class (its value and log
-    rounded up: on decimal enclosures where the Rademacher bound is a finite float, else in logs with a pad)."""
-    conc = concentration_term(n, loss_bound=loss_bound, delta=delta)
+                       delta: float = 0.05, log_prior: float = 0.0) -> GeneralisationBound:
+    """``2 R_n(l o F) + 3 b sqrt((ln(2/delta) + log_prior)/(2n))`` from a Rademacher bound of the loss class (its
+    value and log rounded up: on decimal enclosures where the Rademacher bound is a finite float, else in logs with
+    a pad); ``log_prior`` as in :func:`concentration_term`."""
+    conc = concentration_term(n, loss_bound=loss_bound, delta=delta, log_prior=log_prior)
     if math.isfinite(rademacher.value):
         enc = exact(2) * exact(rademacher.value) + exact(conc)
         raw, log_gap = to_float(enc, "up"), to_float(enc.ln(), "up")
     else:  # beyond float64: the logs, logaddexp's rounding (a few ulps of its magnitude) padded
         x = float(np.logaddexp(math.log(2.0) + rademacher.log_value, math.log(conc)))
         raw, log_gap = None, math.nextafter(x + 8 * 2.0**-52 * (abs(x) + 1), math.inf)
+    prior = (f"the class chosen from a union fixed before the data: ln(1/prior) = {log_prior:.6g} nats added to "
+             "ln(2/delta)",) if log_prior else ()
     return _clipped(n, log_gap, rademacher, conc, delta, loss_bound,
-                    (f"loss in [0, {loss_bound:g}]", f"delta = {delta:g}",
+                    (f"loss in [0, {loss_bound:g}]", f"delta = {delta:g}", *prior,
                      f"gap reported as min(formula, b={loss_bound:g}): a [0, b] loss never has a larger gap"),
-                    raw_gap=raw)
+                    raw_gap=raw, log_prior=log_prior)
 
 
 def generalisation_bound(
@@ -154,6 +168,7 @@ def generalisation_bound(
     loss_bound: float = 1.0,
     delta: float = 0.05,
     n_grid: int = 400,
+    log_prior: float = 0.0,
 ) -> GeneralisationBound:
     """The generalisation gap at ``n`` samples from a covering curve of the *function* class.
 
@@ -170,6 +185,8 @@ def generalisation_bound(
         loss_bound: ``b``: the loss takes values in ``[0, b]`` (also the diameter D).
         delta: failure probability.
         n_grid: quadrature points for Dudley's integral.
+        log_prior: ``ln(1/prior)`` of the class in a union fixed before the data (THEORY F102), added to
+            ``ln(2/delta)``; 0 for a class fixed in advance.
 
     Raises:
         InputError: non-positive ``n``, ``loss_lipschitz``, ``loss_bound``; ``delta`` not in (0, 1).
@@ -178,9 +195,10 @@ def generalisation_bound(
     if delta >= 1:
         raise InputError(f"delta must be in (0, 1), but got delta={delta!r}")
     rad = dudley_entropy_integral(lambda e: loglog_covering(e / loss_lipschitz, n), n, loss_bound, n_grid=n_grid)
-    out = generalisation_gap(rad, n, loss_bound=loss_bound, delta=delta)
+    out = generalisation_gap(rad, n, loss_bound=loss_bound, delta=delta, log_prior=log_prior)
     return _clipped(out.n, out.raw_log_gap, out.rademacher, out.concentration, delta, loss_bound,
-                    out.assumptions + (f"loss {loss_lipschitz:g}-Lipschitz in the output",), raw_gap=out.raw_gap)
+                    out.assumptions + (f"loss {loss_lipschitz:g}-Lipschitz in the output",), raw_gap=out.raw_gap,
+                    log_prior=log_prior)
 
 
 def sample_size_for_gap(
@@ -192,6 +210,7 @@ def sample_size_for_gap(
     delta: float = 0.05,
     max_log10_n: float = 300.0,
     n_grid: int = 200,
+    log_prior: float = 0.0,
 ) -> float:
     """The smallest ``n`` (to 1% in log10) whose certified gap is ``<= target_gap``; ``inf`` if none.
 
@@ -206,7 +225,7 @@ def sample_size_for_gap(
 
     def gap(log10_n: float) -> float:
         return generalisation_bound(loglog_covering, 10.0 ** log10_n, loss_lipschitz=loss_lipschitz,
-                                    loss_bound=loss_bound, delta=delta, n_grid=n_grid).log_gap
+                                    loss_bound=loss_bound, delta=delta, n_grid=n_grid, log_prior=log_prior).log_gap
 
     log_t = math.log(target_gap)
     lo, hi = 0.0, max_log10_n

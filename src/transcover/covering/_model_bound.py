@@ -23,8 +23,9 @@ from ..model import TransformerSpec
 from ..norms import ModelNorms, measure_model
 from ._bft import SpectralComplexity, bft_spectral_complexity
 from ._composite import CompositeCovering, composite_log_covering
-from ._generalisation import GeneralisationBound, generalisation_bound, generalisation_gap
+from ._generalisation import GeneralisationBound, generalisation_bound, generalisation_gap, sample_size_for_gap
 from ._mlp import mlp_log_covering, mlp_terms
+from ._norm_grid import NormGrid, grid_class_bounds
 from ._transformer import NORM_FAMILIES, CoveringCurve, MatrixTerm, TransformerCovering, transformer_log_covering
 
 __all__ = ["BoundConfig", "ModelBound", "model_terms", "model_bound", "model_covering_curve", "MODEL_FAMILIES"]
@@ -43,7 +44,9 @@ class BoundConfig:
     bound on input token norms; ``c_sm``: softmax constant (1 proven and tight, 2 Edelman);
     ``family``: "auto", "l21", "spectral" or "best" (Note [routes]); ``sigma_min``: LayerNorm
     variance floor (0: the global eps-limited constant); the loss is ``loss_lipschitz``-Lipschitz
-    with values in ``[0, loss_bound]``; ``delta``: failure probability.
+    with values in ``[0, loss_bound]``; ``delta``: failure probability; ``norm_grid``: levels per
+    octave of the grid the gap's class is rounded up to and paid for (THEORY F102), 0 for none (the
+    class "norms <= this model's" taken as fixed before the data).
     """
 
     eps: float = 0.1
@@ -56,6 +59,7 @@ class BoundConfig:
     loss_lipschitz: float = 1.0
     loss_bound: float = 1.0
     delta: float = 0.05
+    norm_grid: int = 4
 
     def checked(self) -> "BoundConfig":
         """``self`` with ``n_samples`` a tuple of floats, or InputError naming the bad field."""
@@ -74,6 +78,8 @@ class BoundConfig:
             raise InputError(f"family must be one of {MODEL_FAMILIES}, but got family={self.family!r}")
         if not (math.isfinite(self.sigma_min) and self.sigma_min >= 0):
             raise InputError(f"sigma_min must be >= 0, but got sigma_min={self.sigma_min!r}")
+        if self.norm_grid != 0:
+            check_positive_int(self.norm_grid, "norm_grid")
         return replace(self, n_samples=n_samples)
 
 
@@ -157,13 +163,16 @@ def _distance_rows(norms: ModelNorms, own: dict[tuple[int, str], _Row]) -> dict[
 
 def model_terms(spec: TransformerSpec, *, radius: float = 1.0, c_sm: float = 1.0, sigma_min: float = 0.0,
                 reference: TransformerSpec | None = None, other: TransformerSpec | ModelNorms | None = None,
-                norms: ModelNorms | None = None) -> tuple[list[MatrixTerm], float, list[tuple[float, float]]]:
+                norms: ModelNorms | None = None,
+                grid: NormGrid | None = None) -> tuple[list[MatrixTerm], float, list[tuple[float, float]]]:
     """The Transformer's covering terms (one per matrix Lemma G.3 charges), the output radius, and
     ``(||W||_2, ||W - M||_{2,1})`` of every matrix for the BFT baseline.
 
     ``other`` enlarges the class to contain a second model too (its norms, elementwise maximum),
     as ``transcover.lipschitz.perturbation_coefficients(other=...)`` does; used to bound a pair.
     ``norms``: ``measure_model(spec, reference=reference, entrywise=True)`` if already measured.
+    ``grid``: every norm the terms read (the coefficients' class bounds and each covered row) rounded up
+    to its levels and recorded there (THEORY F102); the BFT rows stay the model's own.
 
     Raises:
         InputError: ``reference`` or ``other`` with a different structure
@@ -182,6 +191,8 @@ def model_terms(spec: TransformerSpec, *, radius: float = 1.0, c_sm: float = 1.0
     bounds = class_bounds(norms)
     if other is not None:
         bounds = class_max(bounds, class_bounds(other))
+    if grid is not None:
+        bounds = grid_class_bounds(bounds, grid)
     coeffs = log_perturbation_coefficients(bounds, radius=radius, c_sm=c_sm, sigma_min=sigma_min)
     own = _self_norms(norms)
     rows = own if reference is None else _distance_rows(norms, own)
@@ -196,10 +207,13 @@ def model_terms(spec: TransformerSpec, *, radius: float = 1.0, c_sm: float = 1.0
             raise InputError(f"no weights found for layer {c.layer} role {c.role!r} that Lemma G.3 charges")
         shape, dist, sp = rows[key]
         vector = c.norm != "spectral"
+        if grid is not None:  # a vector's row is one norm (dist == sp), charged once
+            dist = grid.up(dist)
+            sp = dist if vector else grid.up(sp)
         terms.append(MatrixTerm(layer=c.layer, role=c.role, shape=shape, log_c=c.log_c, l21=dist,
                                 spectral=sp, vector=vector, group=_group(c.role)))
         if not vector:
-            bft_rows.append((own[key][2], dist))
+            bft_rows.append((own[key][2], rows[key][1]))
     return terms, coeffs.radius_out, bft_rows
 
 
@@ -227,6 +241,26 @@ class ModelBound:
     route: str = ""
     # family -> ln log N at eps: every certified route, computed for comparison (Note [routes])
     routes: dict[str, float] = field(default_factory=dict)
+    # THEORY F102: the gaps are for the class of the norms rounded up to a grid of ``norm_grid`` levels per octave
+    # (0: none), ``grid_norms`` norms, whose prior costs ``log_prior`` nats; ``gap_curve`` is that class's curve
+    norm_grid: int = 0
+    grid_norms: int = 0
+    log_prior: float = 0.0
+    gap_curve: Callable[[float, float], float] | None = field(default=None, repr=False, compare=False)
+
+    def gap_at(self, n: float, *, n_grid: int = 400) -> GeneralisationBound:
+        """The certified gap at ``n`` samples for the same class, loss and delta as :attr:`generalisation`."""
+        o = self.options
+        return generalisation_bound(self.gap_curve or self.curve, float(n), loss_lipschitz=o["loss_lipschitz"],
+                                    loss_bound=o["loss_bound"], delta=o["delta"], n_grid=n_grid,
+                                    log_prior=self.log_prior)
+
+    def n_for_gap(self, target: float, *, n_grid: int = 200) -> float:
+        """:func:`sample_size_for_gap` for the class and loss of :attr:`generalisation` (``inf``: never)."""
+        o = self.options
+        return sample_size_for_gap(self.gap_curve or self.curve, target, loss_lipschitz=o["loss_lipschitz"],
+                                   loss_bound=o["loss_bound"], delta=o["delta"], n_grid=n_grid,
+                                   log_prior=self.log_prior)
 
     @property
     def log_log_N(self) -> float:
@@ -245,7 +279,7 @@ class ModelBound:
     def to_dict(self) -> dict[str, object]:
         tf = self.transformer
         return as_dict(
-            self, exclude=("covering", "bft_generalisation", "curve", "routes"),
+            self, exclude=("covering", "bft_generalisation", "curve", "routes", "gap_curve"),
             route=self.route or self.family,
             routes_log10_log_N={k: v / math.log(10) for k, v in self.routes.items()},
             log10_log_N=self.log_log_N / math.log(10), ln_log_N=self.log_log_N,
@@ -264,7 +298,9 @@ def _check(name: str, v: float) -> None:
         raise InputError(f"{name} must be a finite number > 0, but got {name}={v!r}")
 
 
-def _head_parts(spec: TransformerSpec, head_radius: float):
+def _head_parts(spec: TransformerSpec, grid: NormGrid | None = None):
+    """The MLP head's shapes, certified spectral norms, bias norms (rounded up to ``grid`` when given) and
+    activation constant."""
     from ..lipschitz import activation_lipschitz
 
     h = spec.head
@@ -275,6 +311,8 @@ def _head_parts(spec: TransformerSpec, head_radius: float):
     from ..model import norm2_f64
 
     biases = [0.0 if b is None else norm2_f64(b) * (1 + _PAD) for b in h.biases]
+    if grid is not None:
+        spectral, biases = [grid.up(v) for v in spectral], [grid.up(v) for v in biases]
     return shapes, spectral, biases, activation_lipschitz(h.activation)
 
 
@@ -366,6 +404,8 @@ def model_bound(spec: TransformerSpec, config: BoundConfig | None = None, *, ref
     eps, n_samples, seq_len, radius, family = cfg.eps, cfg.n_samples, cfg.seq_len, cfg.radius, cfg.family
     loss_lipschitz, loss_bound, delta = cfg.loss_lipschitz, cfg.loss_bound, cfg.delta
     c_sm, sigma_min = cfg.c_sm, cfg.sigma_min
+    if norms is None and (terms is None or cfg.norm_grid):
+        norms = measure_model(spec, reference=reference, entrywise=True)
     if terms is None:
         terms = model_terms(spec, radius=radius, c_sm=c_sm, sigma_min=sigma_min, reference=reference, norms=norms)
     terms, out_radius, bft_rows = terms
@@ -373,7 +413,7 @@ def model_bound(spec: TransformerSpec, config: BoundConfig | None = None, *, ref
     head = None
     mlp = None
     if spec.head is not None:
-        shapes, spectral, biases, act_l = _head_parts(spec, out_radius)
+        shapes, spectral, biases, act_l = _head_parts(spec)
         head = (shapes, spectral, biases, act_l, out_radius)
         mlp = mlp_log_covering(shapes, spectral, biases, eps / 2.0, input_radius=out_radius, act_lipschitz=act_l)
 
@@ -391,8 +431,16 @@ def model_bound(spec: TransformerSpec, config: BoundConfig | None = None, *, ref
     covering = covers[route]
     tf = covering.transformer if isinstance(covering, CompositeCovering) else covering
     curve = model_covering_curve(terms, family=family, seq_len=seq_len, head=head)
-    gens = tuple(generalisation_bound(curve, float(n), loss_lipschitz=loss_lipschitz, loss_bound=loss_bound,
-                                      delta=delta) for n in n_samples)
+    # THEORY F102: the gaps cover the class of the norms rounded up to the grid, and pay for its level vector
+    grid, gap_curve = (NormGrid(cfg.norm_grid), None) if cfg.norm_grid else (None, curve)
+    if grid is not None:
+        gterms, g_radius, _ = model_terms(spec, radius=radius, c_sm=c_sm, sigma_min=sigma_min, reference=reference,
+                                          norms=norms, grid=grid)
+        ghead = None if head is None else (*_head_parts(spec, grid), g_radius)
+        gap_curve = model_covering_curve(gterms, family=family, seq_len=seq_len, head=ghead)
+    log_prior = 0.0 if grid is None else grid.log_prior
+    gens = tuple(generalisation_bound(gap_curve, float(n), loss_lipschitz=loss_lipschitz, loss_bound=loss_bound,
+                                      delta=delta, log_prior=log_prior) for n in n_samples)
     width = max(max(t.shape) for t in terms)
     bft = bft_spectral_complexity([max(s, 1e-300) for s, _ in bft_rows], [b for _, b in bft_rows], width=width,
                                   input_radius=radius)
@@ -412,15 +460,21 @@ def model_bound(spec: TransformerSpec, config: BoundConfig | None = None, *, ref
            "best": "F1 or F2, whichever is cheaper per matrix at its own scale (Lemma G.1 over both)"}[route],
         f"reference matrices: {'the given initialisation' if reference is not None else 'zero'}",
         f"n samples of T={seq_len} tokens; loss in [0, {loss_bound:g}], {loss_lipschitz:g}-Lipschitz in the output; delta={delta:g}",
-        # red team 37j: a class read off the trained weights depends on the data, and the gap's ln(2/delta) pays for
-        # no choice of norms (BFT 2017 pay for it with a union over a grid of norm levels, Lemma A.9)
-        "class = all weights with norms <= this model's: the gap holds w.p. >= 1 - delta for a class fixed before "
-        "the data (e.g. the radii of a constrained training); for norms read off the trained weights it is not "
-        "corrected for that choice (no union bound over a norm grid, BFT 2017 Lemma A.9, which would add about "
-        "ln(grid size) per norm to ln(2/delta))",
+        # red team 37j: a class read off the trained weights depends on the data; THEORY F102 pays for that choice
+        # with a union over a grid of norm levels (BFT 2017, Lemma A.9)
+        ("log N: the class of all weights with norms <= this model's; the gaps: the class of its "
+         f"{grid.count} norms rounded up to a grid of {grid.steps} levels per octave, the level vector paid for by "
+         f"a prior fixed before the data: ln(1/prior) = {log_prior:.6g} nats added to ln(2/delta) (F102, BFT 2017 "
+         "Lemma A.9), so they hold for norms read off the trained weights"
+         if grid is not None else
+         "class = all weights with norms <= this model's, taken as fixed before the data (norm_grid = 0): the gap "
+         "holds w.p. >= 1 - delta only if these norms were chosen in advance; for norms read off the trained "
+         "weights use the default norm grid (F102)"),
         "Lemma G.3 coefficients from transcover.lipschitz (THEORY F6-F8, F14)",
     ) + (("Theorem G.5: MLP head covered by parameter count (F1)",) if head else ())
     opts = {"radius": radius, "c_sm": c_sm, "sigma_min": sigma_min, "loss_lipschitz": loss_lipschitz,
-            "loss_bound": loss_bound, "delta": delta, "reference": reference is not None}
+            "loss_bound": loss_bound, "delta": delta, "reference": reference is not None, "norm_grid": cfg.norm_grid}
     return ModelBound(spec.name, spec.arch, spec.n_layers, float(eps), seq_len, family, covering, tf, gens, bft,
-                      bft_gens, assumptions, options=opts, curve=curve, route=route, routes=routes)
+                      bft_gens, assumptions, options=opts, curve=curve, route=route, routes=routes,
+                      norm_grid=cfg.norm_grid, grid_norms=0 if grid is None else grid.count, log_prior=log_prior,
+                      gap_curve=gap_curve)

@@ -74,6 +74,13 @@ def render_bound(result, terms, n_needed: float, target: float, top: int, diagno
                   "yes" if g.vacuous else "no",
                   fmt_log(b.log_gap) + (f" (vacuous, raw {fmt_log(b.raw_log_gap)})" if b.vacuous else ""))
     con.print(t)
+    if result.norm_grid:
+        con.print(f"the gaps' class: {result.grid_norms} norms rounded up to a grid of {result.norm_grid} levels per "
+                  f"octave; the level vector costs ln(1/prior) = {result.log_prior:.4g} nats beside ln(2/delta) (F102), "
+                  "so the gaps hold for norms read off the trained weights")
+    else:
+        con.print("the gaps' class is taken as fixed before the data (--norm-grid 0): valid only if these norms were "
+                  "chosen in advance")
     if any(g.vacuous for g in result.generalisation):
         con.print(f"vacuous: the bound's formula is >= the loss range b = {b_loss:g} (a [0, b] loss never has a "
                   f"larger gap), so the reported gap is the trivial b; the raw formula is shown for comparison only")
@@ -129,8 +136,8 @@ def render_bound(result, terms, n_needed: float, target: float, top: int, diagno
         con.print(f"  - {a}")
 
 
-def bound_png(result, curve, n_needed: float, target: float) -> bytes:
-    """PNG bytes: log N(eps) at the first n, and the gap bound against n (loss and delta from the result)."""
+def bound_png(result, n_needed: float, target: float) -> bytes:
+    """PNG bytes: log N(eps) at the first n, and the gap bound against n (the result's loss, delta, class and prior)."""
     import io
     import math
 
@@ -140,18 +147,14 @@ def bound_png(result, curve, n_needed: float, target: float) -> bytes:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from ..covering import generalisation_bound
-
-    opts = result.options
-    loss_lipschitz, loss_bound, delta = opts["loss_lipschitz"], opts["loss_bound"], opts["delta"]
+    loss_bound = result.options["loss_bound"]
+    curve = result.curve
     n0 = result.generalisation[0].n
     eps = np.logspace(-3, 1, 41) * result.eps
     loglog = np.array([curve(float(e), n0) for e in eps]) / math.log(10)
     hi = max(12.0, (math.log10(n_needed) + 1) if math.isfinite(n_needed) else 40.0)
     ns = np.logspace(2, hi, 25)
-    gaps = np.array([generalisation_bound(curve, float(n), loss_lipschitz=loss_lipschitz,
-                                          loss_bound=loss_bound, delta=delta, n_grid=150).raw_log_gap
-                     for n in ns]) / math.log(10)
+    gaps = np.array([result.gap_at(float(n), n_grid=150).raw_log_gap for n in ns]) / math.log(10)
     reported = np.minimum(gaps, math.log10(loss_bound))
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
     a1.plot(eps, loglog, "o-", ms=3)

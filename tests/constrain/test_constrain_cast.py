@@ -7,8 +7,9 @@ Cholesky) on the stored values upcast to float64 (exact), plus a float64 SVD as 
 
 import math
 
+import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from transcover.constrain import project_bias_, project_product_, project_spectral_
@@ -57,6 +58,34 @@ def test_projected_product_certified_below_radius_as_stored(seed, d, k, heads, d
     for h in range(heads):
         iv = product_norm_interval(A[h].double(), B[h].double().T)
         assert scale * iv.upper * (1 + 1e-15) <= c, (h, scale * iv.upper, c)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), d=st.integers(4, 20), k=st.integers(1, 6),
+       dtype=st.sampled_from((torch.bfloat16, torch.float32, torch.float64)), log_scale=st.floats(0, 24),
+       radius=st.sampled_from((0.9, 1e-3, 1e-20)))
+@example(seed=0, d=16, k=4, dtype=torch.float32, log_scale=16, radius=0.9)
+@example(seed=0, d=16, k=4, dtype=torch.float32, log_scale=8, radius=0.9)
+def test_diverged_product_lands_on_its_radius(seed, d, k, dtype, log_scale, radius):
+    """Stop 38 red team: factors of size s far above the radius. The cast margin was formed from the factors
+    before projection, so it exceeded c and the head was written at c' = 0 (true sigma 3e-14 against c = 0.9 at
+    s = 1e8) or the projection failed with an internal error (s >= 1e16). Now: certified <= c, and the
+    product within the cast's margin of c."""
+    g = torch.Generator().manual_seed(seed)
+    s = 10.0 ** log_scale
+    A = (torch.randn(1, d, k, generator=g, dtype=torch.float64) * s).to(dtype)
+    B = (torch.randn(1, d, k, generator=g, dtype=torch.float64) * s).to(dtype)
+    scale = 0.5
+    before = float(torch.linalg.matrix_norm(scale * A[0].double() @ B[0].double().T, 2))
+    if not before > radius:
+        return
+    project_product_(A, B, radius, scale)
+    iv = product_norm_interval(A[0].double(), B[0].double().T)
+    assert scale * iv.upper * (1 + 1e-15) <= radius
+    after = float(torch.linalg.matrix_norm(scale * A[0].double() @ B[0].double().T, 2))
+    # not collapsed: in float32/64 the cast margin is ~1e-6 of c; bf16's margin grows with the factors' imbalance
+    # (||a_c|| ||b_c|| / c, no a priori bound), so only "not collapsed" there
+    assert after >= radius * (0.5 if dtype == torch.bfloat16 else 1 - 1e-4), (after, radius)
 
 
 @settings(max_examples=30, deadline=None)
@@ -122,3 +151,29 @@ def test_norm_cap_value_certified_below_radius(seed, n, dtype, frac):
     value = lin.bias.detach()
     assert value.dtype == dtype
     assert vector_norm_interval(value.double().numpy()).upper <= c
+
+
+@pytest.mark.parametrize("method, radius", [("spectral", 1e-30), ("spectral", 1e-6), ("project", 1e-30),
+                                            ("project", 1e-6), ("clip", 1e-300), ("clip", 1e-30)])
+def test_tiny_radii_keep_the_weights_at_their_radius(method, radius):
+    """Stop 38 red team: a fixed 1e-12 floor under sigma scaled a cap's weights by c/1e-12 once sigma < 1e-12, so at
+    radius 1e-30 the forward weights were 1e-18 of the radius (KQ, OV) or 0 (float32 W1, W2); the clip's
+    covering curve overflowed (10^key at a tiny head constant)."""
+    from transcover.constrain import ConstraintConfig, constrain
+    from transcover.model import ReferenceConfig, ReferenceTransformer
+
+    torch.manual_seed(0)
+    model = ReferenceTransformer(ReferenceConfig(d_model=16, n_heads=2, n_layers=1, d_ff=24))
+    cons = constrain(model, ConstraintConfig(method=method, radii={"KQ": radius, "OV": radius, "W1": radius}))
+    cons.set_progress(1.0)
+    cons.after_step()
+    ratios = cons.finalize()
+    if method == "clip":  # entrywise: no sigma target; the bound of the clipped model stays finite
+        from transcover.covering import model_bound
+        from transcover.model import reference_spec
+
+        b = model_bound(reference_spec(model), eps=0.1, n_samples=(1e3,), seq_len=8)
+        assert b.generalisation[0].gap <= 1.0
+        return
+    for key in ("KQ.0", "OV.0", "W1.0"):
+        assert 0.999 < ratios[key] <= 1.0, (key, ratios[key])

@@ -82,6 +82,7 @@ def test_resume_replays_exactly(tmp_path):
     (["train", "--method", "project", "--radius", "XY=2"], "unknown group 'XY'"),
     (["train", "--method", "project", "--radius", "KQ=2", "--start-fraction", "1.5"], "start_fraction must be in"),
     (["train", "--task", "cifar"], "task must be one of"),
+    (["train", "--weight-decay", "inf"], "weight_decay must be a finite number >= 0"),  # NaN weights at step 1
     (["experiment", "staged", "--seeds", "0"], "seeds must be >= 1"),
 ])
 def test_cli_bad_input_one_line(argv, message, capsys, tmp_path):
@@ -89,6 +90,7 @@ def test_cli_bad_input_one_line(argv, message, capsys, tmp_path):
     err = capsys.readouterr().err.strip()
     assert err.startswith("transcover: error: ") and "\n" not in err
     assert pytest.importorskip("re").search(message, err), err
+    assert not (tmp_path / "o").exists()  # nothing half-written
 
 
 def test_cli_train_and_resume(tmp_path, capsys):

@@ -19,7 +19,7 @@ from torch.nn.utils import parametrize
 
 from .._errors import InputError, check_finite_tensor
 from ._projection import rounding_of
-from ._spectral import _EPS, check_radius
+from ._spectral import _floor, check_radius
 
 __all__ = ["clip_weights_", "norm_cap"]
 
@@ -79,7 +79,7 @@ class _NormCap(nn.Module):
         norm = b64.norm(dim=-1, keepdim=True)
         shrink = 1.0 - 6.0 * u - 4.0 * (b.shape[-1] + 2) * 2.0**-53
         aim = (self.radius.double() * shrink - 2.0 * eta * b.shape[-1] ** 0.5).clamp_min(0.0)
-        factor = torch.clamp(aim / norm.clamp_min(_EPS), max=1.0)
+        factor = torch.clamp(aim / _floor(norm), max=1.0)
         return (b64 * factor).to(b.dtype)
 
     def right_inverse(self, b: Tensor) -> Tensor:

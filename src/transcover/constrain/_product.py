@@ -29,7 +29,7 @@ from torch.nn.utils import parametrize
 
 from .._errors import InputError
 from ._layout import HeadLayout
-from ._spectral import _EPS, _WARMUP_ITERATIONS, _normalize, _vecmat, check_radius, product_power_iteration
+from ._spectral import _WARMUP_ITERATIONS, _floor, _normalize, _vecmat, check_radius, product_power_iteration
 
 __all__ = ["product_cap"]
 
@@ -68,7 +68,7 @@ class _ProductCapState(nn.Module):
         left = _vecmat(self.u.clone(), A)  # (H, k): A_h^T u_h
         right = _vecmat(self.v.clone(), B)  # (H, k): B_h^T v_h
         sigma = self.scale * (left * right).sum(-1)
-        return torch.sqrt(torch.clamp(self.radius / sigma.abs().clamp_min(_EPS), max=1.0))
+        return torch.sqrt(torch.clamp(self.radius / _floor(sigma.abs()), max=1.0))
 
 
 class _ProductCapFactor(nn.Module):

@@ -37,6 +37,7 @@ is certified as stored and projected only if the certificate exceeds ``c``.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Callable
 
 import torch
@@ -52,6 +53,9 @@ __all__ = ["project_spectral_", "project_product_", "project_bias_", "rounding_o
 _REL_FLOOR = 4e-9
 _NEAR = 1e-6
 _MAX_DOUBLINGS = 60
+# a head whose product exceeds its radius by more than this is written in balanced factors (``project_product_``):
+# below (1/u)^2 = 2^104 of float64 with room, where the shrunk factors' rounding starts to exceed what they keep
+_BALANCE = 2.0**80
 
 
 def rounding_of(dtype: torch.dtype) -> tuple[float, float]:
@@ -103,7 +107,8 @@ def _shrink_until_certified(write: Callable[[float], None], certify: Callable[[]
         write(max(c - m, 0.0))
         if certify() <= c:
             return
-    raise RuntimeError(f"internal error: could not certify a projection to radius {c}")  # not reached: c' = 0 is 0
+    # not reached: every write at c' = 0 stores exact zeros, whose certified norm is 0
+    raise RuntimeError(f"internal error: could not certify a projection to radius {c}")
 
 
 @torch.no_grad()
@@ -159,6 +164,26 @@ def project_spectral_(W: Tensor, radius: float) -> Tensor:
     return before
 
 
+def _shrunk(a: Tensor, U: Tensor, S: Tensor, ck: float) -> Tensor:
+    """``(I - U D U^T) a`` with ``D = diag(1 - sqrt(min(1, ck/S)))`` (Note [product projection]), formed stably.
+
+    Only the directions with ``S > ck`` move.  The rest of ``a`` outside them is orthogonalised twice against them
+    (Kahan-Parlett: twice is enough), and what is kept inside them is added back scaled: the one-pass
+    ``a - U D U^T a`` leaves rounding of size ``u ||a||`` in a shrunk direction, which exceeds what is kept there
+    (``sqrt(ck/S)`` of it) once ``S/ck > 1/u^2``, so a diverged head came back far above its radius (stop 38).
+    """
+    hi = S > ck
+    if not bool(hi.any()):
+        return a.clone()
+    Uh = U[:, hi]
+    c1 = Uh.T @ a
+    r = a - Uh @ c1
+    c2 = Uh.T @ r
+    r = r - Uh @ c2
+    keep = torch.sqrt(torch.clamp(ck / S[hi].clamp_min(1e-300), max=1.0))
+    return r + Uh @ (keep[:, None] * (c1 + c2))
+
+
 def _product_projection(A64: Tensor, B64: Tensor, scale: float):
     """QR of both factors and SVD of the small core (Note [product projection]), per head."""
     Qa, Ra = torch.linalg.qr(A64)
@@ -208,15 +233,33 @@ def project_product_(A: Tensor, B: Tensor, radius: float, scale: float = 1.0) ->
         if s_max <= c and certified_product_sigma(A[h], B[h], scale) <= c:
             continue
         a64, b64, Uh, Sh, Vhh = A64[h], B64[h], U[h], S[h], V[h]
-        e_a = u * float(a64.norm()) + eta * a64.numel() ** 0.5
-        e_b = u_b * float(b64.norm()) + eta_b * b64.numel() ** 0.5
-        na, nb = float(torch.linalg.matrix_norm(a64, 2)), float(torch.linalg.matrix_norm(b64, 2))
+        # the cast's margin from the factors as projected at c: at every c' <= c each direction is scaled by
+        # sqrt(min(1, c'/S_i)), at most its value at c, so these norms bound the written factors' (stop 38: the
+        # factors before projection made the margin exceed c for a diverged head, which was then written at c' = 0)
+        a_c, b_c = _shrunk(a64, Uh, Sh, c), _shrunk(b64, Vhh, Sh, c)
+        e_a = u * float(a_c.norm()) + eta * a64.numel() ** 0.5
+        e_b = u_b * float(b_c.norm()) + eta_b * b64.numel() ** 0.5
+        na, nb = float(torch.linalg.matrix_norm(a_c, 2)), float(torch.linalg.matrix_norm(b_c, 2))
         proven = abs(scale) * (e_a * nb + na * e_b + e_a * e_b) * (1.0 + 1e-6)
 
         def write(ck: float, h=h, a64=a64, b64=b64, Uh=Uh, Sh=Sh, Vhh=Vhh) -> None:
-            D = 1.0 - torch.sqrt(torch.clamp(ck / Sh.clamp_min(1e-300), max=1.0))
-            A[h].copy_(a64 - Uh @ (D[:, None] * (Uh.T @ a64)))
-            B[h].copy_(b64 - Vhh @ (D[:, None] * (Vhh.T @ b64)))
+            if ck == 0.0:  # the last resort: a product of exactly 0
+                A[h].zero_()
+                B[h].zero_()
+            elif float(Sh[0]) > _BALANCE * ck:
+                # a diverged head: A's columns lie in span(U) only up to the QR's backward error u ||A||, which
+                # exceeds what the shrunk directions keep; write the balanced factors of U min(S, c') V^T instead
+                # (the nearest product; the factors' own balance is reset)
+                # U (m, r), V (n, r) with r = min(m, n, k) <= k: the factors' first r columns, the rest 0
+                root = torch.sqrt(Sh.clamp(max=ck) / abs(scale))
+                r = root.shape[0]
+                A[h].zero_()
+                B[h].zero_()
+                A[h][:, :r].copy_(Uh * root[None, :])
+                B[h][:, :r].copy_(Vhh * (root * math.copysign(1.0, scale))[None, :])
+            else:
+                A[h].copy_(_shrunk(a64, Uh, Sh, ck))
+                B[h].copy_(_shrunk(b64, Vhh, Sh, ck))
 
         _shrink_until_certified(write, lambda h=h: certified_product_sigma(A[h], B[h], scale), c,
                                 2.0 * max(u, u_b) * c, proven)

@@ -26,12 +26,18 @@ __all__ = [
     "check_radius",
 ]
 
-_EPS = 1e-12
 _WARMUP_ITERATIONS = 15
 
 
+def _floor(x: Tensor) -> Tensor:
+    """``x`` kept away from 0 (a divisor) by the dtype's smallest normal number.  A fixed 1e-12 used to scale every
+    matrix of norm below it by ``c/1e-12``: at radius 1e-30 the capped weights came out 1e-18 of the radius, or 0
+    in float32 (stop 38 red team)."""
+    return x.clamp_min(torch.finfo(x.dtype).tiny)
+
+
 def _normalize(x: Tensor) -> Tensor:
-    return x / x.norm(dim=-1, keepdim=True).clamp_min(_EPS)
+    return x / _floor(x.norm(dim=-1, keepdim=True))
 
 
 def _vecmat(u: Tensor, W: Tensor) -> Tensor:
@@ -138,7 +144,7 @@ class _SpectralCap(nn.Module):
 
     def forward(self, W: Tensor) -> Tensor:
         sigma = self.sigma(W)
-        factor = torch.clamp(self.radius / sigma.clamp_min(_EPS), max=1.0)
+        factor = torch.clamp(self.radius / _floor(sigma), max=1.0)
         return W * factor[..., None, None]
 
     def right_inverse(self, W: Tensor) -> Tensor:

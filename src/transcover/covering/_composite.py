@@ -82,7 +82,8 @@ def composite_log_covering(
         raise InputError(f"the MLP cover must be at eps/2 = {eps / 2:g}, but got eps={mlp_at_half_eps.eps:g}")
     log_C = mlp_at_half_eps.log_C
     # exp and log round to nearest: step down so eps_tf never exceeds eps / (2C) (the split's budget)
-    eps_tf = math.nextafter(math.exp(math.log(eps) - math.log(2.0) - log_C) * (1.0 - 1e-15), 0.0)
+    # (and capped inside float64: a tiny head constant C made eps / (2C) overflow; a smaller scale is only safer)
+    eps_tf = math.nextafter(math.exp(min(math.log(eps) - math.log(2.0) - log_C, 709.0)) * (1.0 - 1e-15), 0.0)
     if eps_tf == 0.0:
         raise InputError(f"the head's Lipschitz constant (log C = {log_C:.1f}) leaves no budget for the Transformer")
     tf = transformer_log_covering(transformer_terms, eps_tf, n_points, family=family)

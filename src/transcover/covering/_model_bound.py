@@ -355,7 +355,9 @@ def model_covering_curve(terms: Sequence[MatrixTerm], *, family: str, seq_len: i
     mlp = CoveringCurve(hterms, family="spectral")
 
     def curve(eps: float, n: float) -> float:
-        e_tf = math.nextafter(math.exp(math.log(eps) - math.log(2.0) - log_C) * (1.0 - 1e-15), 0.0)  # rounded down
+        # rounded down (a smaller scale only enlarges the Transformer's log N); capped inside float64 where a tiny
+        # head constant C made eps / (2C) overflow
+        e_tf = math.nextafter(math.exp(min(math.log(eps) - math.log(2.0) - log_C, 709.0)) * (1.0 - 1e-15), 0.0)
         v = float(np.logaddexp(mlp(eps / 2.0, 1), tf(e_tf, max(1, int(round(n * seq_len))))))
         return math.nextafter(v + (abs(v) + 1.0) * 1e-15, math.inf)  # rounded up, as in composite_log_covering
 

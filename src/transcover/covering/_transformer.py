@@ -227,8 +227,11 @@ def _exact_loglog(ar: dict[str, np.ndarray], log_e: np.ndarray, n_points: int) -
     # each entry above carries a few ulps of error; 1e-12 (relative, plus absolute) moves it above
     # the true ln ln N_i (issue 10: rounding goes in the direction of the claim)
     out = np.where(ar["par"], par, inv)
-    out = out + (np.abs(out) + 1.0) * 1e-12
+    with np.errstate(invalid="ignore"):  # -inf (a zero norm) + inf: NaN, replaced by "dead" below
+        out = out + (np.abs(out) + 1.0) * 1e-12
     dead = (ln == -math.inf) | (ar["log_c"] == -math.inf) | (log_e == math.inf)
+    if np.isnan(out[~dead]).any():  # a NaN is only ever a dead term's -inf arithmetic
+        raise AssertionError(f"internal error: a live matrix term's covering cost is NaN at log eps_i = {log_e}")
     return np.where(dead, -math.inf, out)
 
 
@@ -437,7 +440,9 @@ class CoveringCurve:
         self._anchors: dict[float, tuple[np.ndarray, dict[str, np.ndarray]]] = {}
 
     def _anchor(self, log_eps: float) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        key = round(log_eps / math.log(10.0) * 2.0) / 2.0
+        # the anchor only picks the split (any split inside the certified budget is valid): kept inside float64's
+        # range, where 10^key of a scale such as eps / (2C) with a tiny C overflowed (stop 38 red team)
+        key = min(max(round(log_eps / math.log(10.0) * 2.0) / 2.0, -300.0), 300.0)
         if key not in self._anchors:
             eps_anchor = 10.0 ** key
             cov = transformer_log_covering(self.terms, eps_anchor, self._anchor_n, family=self.family)
@@ -457,5 +462,6 @@ class CoveringCurve:
         # fl(log eps) errs by < 1 ulp and the sum by < 1/2 ulp: a pad of 1e-15 (|x| + 1) keeps every
         # exp(log_eps_i) <= eps w_i (1 + 1e-13), inside the 1e-12 margin of the anchor's certificate
         le = log_eps + fractions
-        le = le - (np.abs(le) + 1.0) * 1e-15
+        with np.errstate(invalid="ignore"):  # a dead term's -inf fraction: NaN here, "dead" in _exact_loglog
+            le = le - (np.abs(le) + 1.0) * 1e-15
         return _lse_up(_exact_loglog(ar, le, n_points))

@@ -56,8 +56,9 @@ class TrainConfig:
         for name in ("epochs", "batch_size", "d_model", "n_heads", "n_layers", "d_ff"):
             check_positive_int(getattr(self, name), name)
         check_radius(self.lr, "lr")
-        if not (isinstance(self.weight_decay, (int, float)) and self.weight_decay >= 0):
-            raise InputError(f"weight_decay must be >= 0, but got weight_decay={self.weight_decay!r}")
+        if not (isinstance(self.weight_decay, (int, float)) and not isinstance(self.weight_decay, bool)
+                and 0 <= self.weight_decay < math.inf):  # inf made every weight NaN at the first step (stop 38)
+            raise InputError(f"weight_decay must be a finite number >= 0, but got weight_decay={self.weight_decay!r}")
         object.__setattr__(self, "head_hidden", tuple(self.head_hidden))
 
     def to_dict(self) -> dict:

@@ -168,3 +168,40 @@ def test_read_history_drops_a_torn_last_line_when_resuming(tmp_path):
     p = tmp_path / "h.jsonl"
     p.write_text('{"step": 1, "loss": 0.5, "certified_norms": {"layers": []}}\n{"step": 2, "lo')
     assert [r["step"] for r in C.read_history(p, torn_tail=True)] == [1]
+
+
+def _hf(kind: str):
+    import transformers as T
+
+    small = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64)
+    cfg = {
+        "roformer": lambda: T.RoFormerConfig(embedding_size=32, **small),
+        "esm_rotary": lambda: T.EsmConfig(vocab_size=33, pad_token_id=1, position_embedding_type="rotary", **small),
+        "esm_absolute": lambda: T.EsmConfig(vocab_size=33, pad_token_id=1, position_embedding_type="absolute", **small),
+        "bigcode_mq": lambda: T.GPTBigCodeConfig(n_embd=32, n_layer=1, n_head=4, multi_query=True),
+        "bigcode_mha": lambda: T.GPTBigCodeConfig(n_embd=32, n_layer=1, n_head=4, multi_query=False),
+        "openai_gpt": lambda: T.OpenAIGPTConfig(n_embd=32, n_layer=1, n_head=4),
+        "gpt2": lambda: T.GPT2Config(n_embd=32, n_layer=1, n_head=4),
+        "bert": lambda: T.BertConfig(**small),
+    }[kind]()
+    torch.manual_seed(0)
+    return T.AutoModel.from_config(cfg)
+
+
+@pytest.mark.parametrize("kind", ["roformer", "esm_rotary", "bigcode_mq", "bigcode_mha", "openai_gpt"])
+def test_position_rotating_and_shared_key_layouts_are_refused(kind):
+    """Stop 38 red team: RoFormer and rotary ESM were constrained as KQ products (certified 1.0000, the matrix their
+    forward used 2.39 c); GPTBigCode was read with GPT-2's Conv1D layout and failed inside torch; OpenAI GPT raised
+    an AttributeError. Each is now one refusal naming what is supported."""
+    from transcover.constrain import find_slots
+
+    with pytest.raises(UnsupportedArchitectureError, match="rotary"):
+        find_slots(_hf(kind))
+
+
+@pytest.mark.parametrize("kind", ["esm_absolute", "gpt2", "bert"])
+def test_absolute_position_layouts_are_still_found(kind):
+    from transcover.constrain import find_slots
+
+    groups = {s.group for s in find_slots(_hf(kind))}
+    assert {"KQ", "OV", "W1", "W2"} <= groups

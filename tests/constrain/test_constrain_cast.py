@@ -66,6 +66,8 @@ def test_projected_product_certified_below_radius_as_stored(seed, d, k, heads, d
        radius=st.sampled_from((0.9, 1e-3, 1e-20)))
 @example(seed=0, d=16, k=4, dtype=torch.float32, log_scale=16, radius=0.9)
 @example(seed=0, d=16, k=4, dtype=torch.float32, log_scale=8, radius=0.9)
+@example(seed=0, d=4, k=1, dtype=torch.float64, log_scale=1.5, radius=1e-20)  # float64: .double() aliased the factors
+@example(seed=0, d=4, k=5, dtype=torch.bfloat16, log_scale=2.0, radius=1e-20)  # k > d: balanced factors padded
 def test_diverged_product_lands_on_its_radius(seed, d, k, dtype, log_scale, radius):
     """Stop 38 red team: factors of size s far above the radius. The cast margin was formed from the factors
     before projection, so it exceeded c and the head was written at c' = 0 (true sigma 3e-14 against c = 0.9 at
@@ -177,3 +179,24 @@ def test_tiny_radii_keep_the_weights_at_their_radius(method, radius):
         return
     for key in ("KQ.0", "OV.0", "W1.0"):
         assert 0.999 < ratios[key] <= 1.0, (key, ratios[key])
+
+
+def test_finalize_certifies_the_autocast_weights_when_asked():
+    """Stop 38 red team: fp32 weights finalized to c, read by an fp16 autocast forward, reached 1.000056 c (OV).
+    ``finalize(forward_dtype=torch.float16)`` certifies the cast weights too."""
+    from transcover.constrain import ConstraintConfig, constrain, find_slots
+    from transcover.constrain._measure import certified_slot_norm, forward_weights
+    from transcover.model import ReferenceConfig, ReferenceTransformer
+
+    worst = {}
+    for forward_dtype in (None, torch.float16):
+        torch.manual_seed(3)
+        model = ReferenceTransformer(ReferenceConfig(d_model=32, n_heads=2, n_layers=2, d_ff=48, init_scale=3.0))
+        radius = 0.7
+        cons = constrain(model, ConstraintConfig(method="project", radii={"all": radius}))
+        cons.finalize(forward_dtype=forward_dtype)
+        with forward_weights(model):
+            worst[forward_dtype] = max(certified_slot_norm(s, torch.float16) / radius for s in find_slots(model)
+                                       if s.group in ("KQ", "OV", "W1", "W2"))
+    assert worst[torch.float16] <= 1.0
+    assert worst[None] > 1.0  # without it the fp16 cast exceeds c (the case the option exists for)

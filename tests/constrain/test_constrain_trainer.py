@@ -84,7 +84,10 @@ def test_radius_per_step_and_target_reached_at_the_end(tmp_path):
     with forward_weights(model):
         assert max(certified_slot_norm(s) for s in find_slots(model)) <= TARGET
     assert [r["step"] for r in monitor.records] == list(range(1, N_STEPS + 1))
-    assert monitor.records[-1]["radius.W1"] == TARGET
+    # the last step's forward ran on the weights the step before projected, at that step's radius (stop 38: the
+    # monitor divides by the radius in force); after finalize the weights hold the target
+    assert monitor.records[-1]["radius.W1"] == pytest.approx(cons.schedules["W1.0"]((N_STEPS - 2) / (N_STEPS - 1)))
+    assert all(r == TARGET for r in cons.radii_in_force().values())
 
 
 @pytest.fixture(scope="module")
@@ -135,3 +138,26 @@ def test_checkpoint_resume_loads_plain_weights(tmp_path, spectral_runs):
     twin.eval()
     with torch.no_grad():
         assert float((model(input_ids=ids).logits - twin(input_ids=ids).logits).abs().max()) <= 1e-6
+
+
+@pytest.mark.parametrize("max_grad_norm", [1e-3, 0.0])
+def test_gradient_norm_is_the_one_before_clipping(tmp_path, max_grad_norm):
+    """Stop 38 red team: the Trainer clips before ``on_pre_optimizer_step``, so the per-step ``grad_norm`` read there
+    was the clipped norm (every value above max_grad_norm recorded as max_grad_norm).  With clipping on, the column
+    now comes from the Trainer's own (pre-clip) logs; without it, from the step."""
+    model = _model("bert")
+    monitor = TrainingMonitor(model)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "run"), max_steps=3, per_device_train_batch_size=4, learning_rate=5e-2,
+        report_to=[], save_strategy="no", logging_strategy="steps", logging_steps=1, use_cpu=True,
+        disable_tqdm=True, seed=0, max_grad_norm=max_grad_norm)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=_Data(),
+                                   callbacks=[hf_callback(None, monitor)])
+    trainer.train()
+    logged = [h["grad_norm"] for h in trainer.state.log_history if "grad_norm" in h]
+    values = [r["grad_norm"] for r in monitor.records if r.get("grad_norm") is not None]
+    assert len(logged) == 3 and all(g > 1e-2 for g in logged)  # far above the clip: clipping was active
+    if max_grad_norm:
+        assert values == pytest.approx(logged, rel=1e-6)  # the logged rows, never the clipped 1e-3
+    else:
+        assert len(values) == 6 and values[0::2] == pytest.approx(logged, rel=1e-5)  # step rows + logged rows

@@ -129,3 +129,18 @@ def test_tiny_staged_experiment(tmp_path):
         assert r.bound.vacuous == (r.bound.raw >= 1.0) and r.bound.to_dict()["vacuous"] == r.bound.vacuous
     if all(r.bound.vacuous for runs in res.runs.values() for r in runs):
         assert "vacuous for every strategy" in table.caption and "vacuous" in data["notes"]["bound_note"]
+
+
+def test_tightening_schedule_measures_against_the_radius_in_force():
+    """Stop 38 red team: under ``project`` the forward of step k uses the weights step k - 1 projected at c_(k-1), and
+    the monitor divided them by c_k: a step schedule showed "exceeded ... 1.75" where every stored weight was within
+    its radius.  Now the ratio is against the radius in force, and a hard method stays <= 1 after its first
+    projection."""
+    cons = ConstraintConfig(method="project", radii={"KQ": 0.3, "OV": 0.3, "W1": 0.5}, schedule="step",
+                            loose_factor=3.0, start_fraction=0.0, end_fraction=0.5)
+    res = train(replace(TINY, epochs=2, constraint=cons))
+    ratios = [r[f"ratio.{g}"] for r in res.history if r.get("step", 0) >= 2 for g in ("KQ", "OV", "W1")
+              if r.get(f"ratio.{g}") is not None]
+    assert ratios and max(ratios) <= 1.0 + 1e-9, max(ratios)  # exact sigma of weights projected at that radius
+    assert max(ratios) > 0.99  # the projections were active
+    assert not res.exceeded or all(r["max_ratio_step"] <= 1 for r in res.exceeded.values())

@@ -44,7 +44,7 @@ def _callback_class():
             self.constrainer = constrainer
             self.monitor = monitor
             if monitor is not None and constrainer is not None and monitor.radii is None:
-                monitor.radii = constrainer.radii
+                monitor.radii = constrainer.radii_in_force
                 monitor.ratios = constrainer.bounds_sigma
             self._grad = None
 
@@ -60,8 +60,11 @@ def _callback_class():
         def on_pre_optimizer_step(self, args, state, control, **kwargs):
             model = kwargs.get("model")
             if self.monitor is not None:
-                if model is not None:
-                    self._grad = grad_norm(model)
+                # the Trainer clips before this hook: with clipping on, the norm here is the clipped one (every value
+                # above max_grad_norm read as max_grad_norm, stop 38 red team), so the pre-clip norm is taken from
+                # the Trainer's own logs (on_log) instead
+                clipped = (getattr(args, "max_grad_norm", None) or 0) > 0
+                self._grad = grad_norm(model) if model is not None and not clipped else None
                 self.monitor.snapshot()  # after backward, before the step: the forward's weights
 
         def on_step_end(self, args, state, control, **kwargs):
@@ -83,6 +86,8 @@ def _callback_class():
                     fields["train_loss"] = logs["loss"]
                 if "eval_loss" in logs:
                     fields["test_loss"] = logs["eval_loss"]
+                if logs.get("grad_norm") is not None:  # the Trainer's norm before clipping
+                    fields["grad_norm"] = float(logs["grad_norm"])
                 if fields:  # an evaluation also certifies (Note [certified columns] in ``_monitor``)
                     self.monitor.log(step=state.global_step, epoch=state.epoch, certify="eval_loss" in logs, **fields)
 

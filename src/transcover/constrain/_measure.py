@@ -64,8 +64,12 @@ def exact_slot_norms(slot: Slot) -> Tensor:
     return slot.value().detach().double().norm()
 
 
-def certified_slot_norm(slot: Slot) -> float:
-    """Certified upper bound on the largest norm of ``slot``'s current value (max over heads)."""
+def certified_slot_norm(slot: Slot, cast: torch.dtype | None = None) -> float:
+    """Certified upper bound on the largest norm of ``slot``'s current value (max over heads); with ``cast``, of
+    that value and of its rounding to ``cast`` (the weights a ``torch.autocast`` forward computes with), whichever
+    is larger."""
+    if cast is not None:
+        return max(certified_slot_norm(slot), _cast_norm(slot, cast))
     if slot.kind == "product":
         A, B = slot.value("a"), slot.value("b")
         return max(certified_product_sigma(A[h], B[h], slot.scale) for h in range(A.shape[0]))
@@ -75,6 +79,16 @@ def certified_slot_norm(slot: Slot) -> float:
             return certified_sigma(W)
         return max(certified_sigma(Wi) for Wi in W.reshape(-1, *W.shape[-2:]))
     return certified_vector_norm(slot.value())
+
+
+def _cast_norm(slot: Slot, cast: torch.dtype) -> float:
+    if slot.kind == "product":
+        A, B = slot.value("a").to(cast), slot.value("b").to(cast)
+        return max(certified_product_sigma(A[h], B[h], slot.scale) for h in range(A.shape[0]))
+    W = slot.value().to(cast)
+    if slot.kind == "matrix":
+        return max(certified_sigma(Wi) for Wi in W.reshape(-1, *W.shape[-2:]))
+    return certified_vector_norm(W)
 
 
 def certified_model_norms(model: nn.Module):  # -> transcover.norms.ModelNorms

@@ -4,7 +4,8 @@ Seed 6.2 asks to "monitor gradient norms during training".  Each record is one o
 (or one evaluation) and is appended to ``<path>.jsonl`` and ``<path>.csv`` as it happens, so a
 crashed or interrupted run keeps its history.  Per group, ``sigma.<G>`` is the maximum over layers
 (and heads) of the *exact* norm (float64 SVD; ``_measure``) of the weights the forward pass used,
-``radius.<G>`` the largest scheduled radius (the target c at that step) and ``ratio.<G>`` the
+``radius.<G>`` the largest radius those weights were constrained to (``Constrainer.radii_in_force``: a cap's
+scheduled radius at that step; for ``project``/``clip`` the previous step's projection) and ``ratio.<G>`` the
 largest ``sigma / c`` over the group's constrained slots.  A ratio above 1 is the cap exceeded
 (issue 10, defect 8: the power-iteration ``spectral`` cap reached 1.31 on digits).
 

@@ -221,7 +221,9 @@ def project_product_(A: Tensor, B: Tensor, radius: float, scale: float = 1.0) ->
     c = check_radius(radius)
     check_finite_tensor(A, "the projected product's left factor")
     check_finite_tensor(B, "the projected product's right factor")
-    A64, B64 = A.detach().double(), B.detach().double()
+    # copies: for float64 factors .double() is the parameter itself, and every retry of the write below would
+    # start from the previous write (the head shrank to 3e-9 of its radius, stop 38)
+    A64, B64 = A.detach().to(torch.float64, copy=True), B.detach().to(torch.float64, copy=True)
     U, S, V = _product_projection(A64, B64, scale)
     before = S[..., 0].clone()
     u, eta = rounding_of(A.dtype)
@@ -280,7 +282,7 @@ def project_bias_(b: Tensor, radius: float) -> Tensor:
     """
     c = check_radius(radius)
     check_finite_tensor(b, "the projected bias")
-    b64 = b.detach().double()
+    b64 = b.detach().to(torch.float64, copy=True)  # a copy: a float64 bias is otherwise rescaled at every retry
     norm = b64.norm()
     n = float(norm)
     if n > c * (1.0 - _NEAR) and not (n <= c and certified_vector_norm(b) <= c):

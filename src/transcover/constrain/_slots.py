@@ -198,7 +198,8 @@ def _is_gpt2_block(m: nn.Module) -> bool:
     ``num_heads``) share the names but not the layout: not taken for it (stop 38 red team)."""
     attn = getattr(m, "attn", None)
     c_attn = getattr(attn, "c_attn", None)
-    return (c_attn is not None and type(c_attn).__name__ == "Conv1D" and hasattr(getattr(m, "mlp", None), "c_fc")
+    conv = c_attn is not None and any(k.__name__ == "Conv1D" for k in type(c_attn).__mro__)  # parametrized: a subclass
+    return (conv and hasattr(getattr(m, "mlp", None), "c_fc")
             and isinstance(getattr(attn, "num_heads", None), int) and isinstance(getattr(attn, "head_dim", None), int)
             and tuple(c_attn.weight.shape) == (attn.num_heads * attn.head_dim, 3 * attn.num_heads * attn.head_dim))
 

@@ -292,7 +292,7 @@ def train(config: TrainConfig, *, out_dir: str | Path | None = None, resume: boo
                              "rerun without --resume or with the same arguments")
         start_epoch, step = int(state["epoch"]), int(state["step"])
         extra_state = state["extra"]
-    monitor = TrainingMonitor(model, None if out is None else out / "history", radii=cons.radii, resume=resume,
+    monitor = TrainingMonitor(model, None if out is None else out / "history", radii=cons.radii_in_force, resume=resume,
                               keep_until=step, ratios=cons.bounds_sigma)
     # Note [exact resume]: the penalty's power-iteration vectors travel with the checkpoint, so a
     # resumed run trains exactly as an uninterrupted one (the monitor's norms are exact: no state).

@@ -282,3 +282,28 @@ def test_fixed_length_code_pays_for_every_integer_and_the_entropy_code_for_the_n
     desc = _random_description(1, 0, density=0.05)
     full = sum(t.Q.numel() * math.ceil(math.log2(2 * t.m + 1)) for t in desc.tensors if t.m)
     assert fixed_length_bits(desc) == desc.architecture_bits() + sum(desc.header_bits()) + full
+
+
+def test_bad_tensors_are_refused_at_the_door():
+    """Stop 38 red team: NaN weights quantised to -2^63 (whose abs() overflows negative, so the range check passed)
+    and failed inside the code's bincount; an empty tensor failed in torch's max(); m=True was charged as 1."""
+    import pytest
+    import torch
+
+    from transcover import InputError
+    from transcover.compress._describe import QuantisedTensor
+    from transcover.compress._quantise import best_scale_index, quantise
+
+    for W in (torch.tensor([1.0, float("nan")]), torch.tensor([float("inf"), 0.0]), torch.zeros(0)):
+        with pytest.raises(InputError):
+            quantise(W, 3, 0)
+        with pytest.raises(InputError):
+            best_scale_index(W, 3)
+    with pytest.raises(ValueError, match="must lie in"):
+        QuantisedTensor("w", 3, 0, torch.tensor([-(2**63)], dtype=torch.int64))
+    with pytest.raises(ValueError, match="non-empty int64"):
+        QuantisedTensor("w", 3, 0, torch.zeros(0, dtype=torch.int64))
+    for m, k in ((True, 0), (3, 1.5)):
+        with pytest.raises(ValueError, match="must be an integer"):
+            QuantisedTensor("w", m, k, torch.zeros(2, dtype=torch.int64))
+    assert QuantisedTensor("w", 3, -2, torch.tensor([-3, 0, 3])).m == 3

@@ -205,3 +205,13 @@ def test_absolute_position_layouts_are_still_found(kind):
 
     groups = {s.group for s in find_slots(_hf(kind))}
     assert {"KQ", "OV", "W1", "W2"} <= groups
+
+
+def test_monitor_names_nan_weights():
+    """Stop 38 red team: a NaN weight made TrainingMonitor.log raise torch's bare LinAlgError from the SVD."""
+    model = _model(1.0)
+    mon = C.TrainingMonitor(model)
+    with torch.no_grad():
+        model.blocks[0].W_2[0, 0] = float("nan")
+    with pytest.raises(InputError, match="NaN or infinite"):
+        mon.log(step=1)

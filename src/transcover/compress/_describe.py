@@ -87,7 +87,15 @@ class QuantisedTensor:
     Q: Tensor  # int64, the parameter's shape
 
     def __post_init__(self) -> None:
-        if self.m < 0 or (self.m and int(self.Q.abs().max()) > self.m):
+        for field_name in ("m", "k"):  # True is not 1 here: a bool m was charged as the integer 1 (stop 38)
+            v = getattr(self, field_name)
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise ValueError(f"{self.name}: {field_name} must be an integer, but got {v!r}")
+        if self.Q.dtype != torch.int64 or self.Q.numel() == 0:
+            raise ValueError(f"{self.name}: Q must be a non-empty int64 tensor, but got {self.Q.dtype} of shape "
+                             f"{tuple(self.Q.shape)}")
+        # compared, not abs(): abs(-2^63) overflows to a negative number and passed the range check (stop 38)
+        if self.m < 0 or (self.m and bool(((self.Q < -self.m) | (self.Q > self.m)).any())):
             raise ValueError(f"{self.name}: integers must lie in [-m, m] with m >= 0, but m={self.m}")
         if self.m == 0 and bool(self.Q.any()):
             raise ValueError(f"{self.name}: m=0 describes a zero tensor, but Q has non-zeros")

@@ -30,8 +30,22 @@ def scale_of(k: int) -> float:
     return 2.0 ** (k / SCALE_STEPS_PER_OCTAVE)
 
 
+def _check_finite(W: Tensor) -> None:
+    from .._errors import InputError
+
+    if W.numel() == 0:
+        raise InputError(f"cannot quantise an empty tensor (shape {tuple(W.shape)})")
+    if not bool(torch.isfinite(W).all()):
+        raise InputError("cannot quantise a tensor with NaN or infinite entries")
+
+
 def quantise(W: Tensor, m: int, k: int) -> Tensor:
-    """Integers ``clamp(round(W / s_k), -m, m)`` (round half to even), as int64."""
+    """Integers ``clamp(round(W / s_k), -m, m)`` (round half to even), as int64.
+
+    Raises:
+        InputError: ``W`` with NaN or infinite entries (NaN became -2^63, and the description's code failed later).
+    """
+    _check_finite(W)
     if m == 0:
         return torch.zeros_like(W, dtype=torch.int64)
     return torch.clamp(torch.round(W.double() / scale_of(k)), -m, m).to(torch.int64)
@@ -44,6 +58,7 @@ def dequantise(Q: Tensor, k: int, dtype: torch.dtype = torch.float64) -> Tensor:
 def best_scale_index(W: Tensor, m: int, *, span: int = 24) -> int:
     """The grid scale that minimises ``||W - s_k Q(W)||_F`` among ``span`` steps either side of ``max|W| / m``."""
     W = W.detach().double()
+    _check_finite(W)
     top = float(W.abs().max())
     if m == 0 or top == 0.0:
         return 0

@@ -56,7 +56,15 @@ def product_sigmas(A: Tensor, B: Tensor, scale: float) -> Tensor:
 
 
 def exact_slot_norms(slot: Slot) -> Tensor:
-    """Float64 norms of ``slot``'s current value (per head for products; call inside :func:`forward_weights`)."""
+    """Float64 norms of ``slot``'s current value (per head for products; call inside :func:`forward_weights`).
+
+    Raises:
+        InputError: a value with NaN or infinite entries (torch's SVD raised a bare LinAlgError, stop 38).
+    """
+    from .._errors import check_finite_tensor
+
+    for part in ("a", "b") if slot.kind == "product" else ("a",):
+        check_finite_tensor(slot.value(part) if slot.kind == "product" else slot.value(), f"the weights of {slot.key}")
     if slot.kind == "product":
         return product_sigmas(slot.value("a"), slot.value("b"), slot.scale)
     if slot.kind == "matrix":

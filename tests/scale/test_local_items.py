@@ -125,3 +125,22 @@ def test_cli_ray_missing_is_one_line(models, tmp_path):
                            str(tmp_path / "emb.npy"), "--backend", "ray"], env=env, capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
     assert "pip install 'transcover[ray]'" in proc.stderr
+
+
+@pytest.mark.parametrize("how", ["option", "env"])
+def test_unreachable_ray_cluster_is_one_line_not_a_hang(monkeypatch, how):
+    """Stop 38 red team: ``--ray-address 127.0.0.1:1`` hung in ray.init's retries (killed after 120 s), and a
+    RAY_ADDRESS in the environment made ray.init refuse the num_cpus passed beside it (an internal ValueError)."""
+    import time
+
+    pytest.importorskip("ray")
+    from transcover import InputError
+    from transcover.scale._backends import run_backend
+
+    options = {"address": "127.0.0.1:1"} if how == "option" else {}
+    if how == "env":
+        monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")
+    t0 = time.monotonic()
+    with pytest.raises(InputError, match="cannot reach the Ray cluster at 127.0.0.1:1"):
+        list(run_backend("ray", abs, [(0, -1)], workers=1, options=options))
+    assert time.monotonic() - t0 < 30

@@ -112,6 +112,20 @@ def _process(fn, jobs, workers, threads, options) -> Iterator[tuple[int, Outcome
                 yield i, Outcome(False, "worker process died (killed or out of memory)", 0.0)
 
 
+def _check_reachable(address: str, timeout: float = 10.0) -> None:
+    """One line, not a hang: ``ray.init`` retries an unreachable ``host:port`` without end (stop 38 red team)."""
+    import re
+    import socket
+
+    m = re.fullmatch(r"(?:ray://)?\[?([^\[\]]+?)\]?:(\d+)", address.strip())
+    if m is None:  # "auto", "local" and the like: Ray resolves them itself
+        return
+    try:
+        socket.create_connection((m.group(1), int(m.group(2))), timeout=timeout).close()
+    except OSError as err:
+        raise InputError(f"cannot reach the Ray cluster at {address}: {err.strerror or err}") from err
+
+
 def _ray(fn, jobs, workers, threads, options) -> Iterator[tuple[int, Outcome]]:
     try:
         import ray
@@ -124,12 +138,18 @@ def _ray(fn, jobs, workers, threads, options) -> Iterator[tuple[int, Outcome]]:
             env["PYTHONPATH"] = os.environ["PYTHONPATH"]
         kwargs: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False,
                                   "runtime_env": {"env_vars": env}}
-        address = options.get("address")
+        # an address from the option or from RAY_ADDRESS (which ray.init reads itself): connect, and pass no
+        # num_cpus, which Ray refuses for an existing cluster (stop 38 red team: an internal ValueError)
+        address = options.get("address") or os.environ.get("RAY_ADDRESS")
         if address:
+            _check_reachable(address)
             kwargs["address"] = address
         else:
             kwargs["num_cpus"] = workers
-        ray.init(**kwargs)
+        try:
+            ray.init(**kwargs)
+        except (ConnectionError, ValueError, RuntimeError, TimeoutError) as err:
+            raise InputError(f"cannot start or join Ray (address {address or 'local'}): {_one_line(err)}") from err
         started = True
     try:
         remote = ray.remote(num_cpus=1, max_retries=0)(run_item)

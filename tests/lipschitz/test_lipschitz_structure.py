@@ -373,12 +373,36 @@ def test_eps_change_bound_is_the_supremum(e1, ratio):
     assert got <= brute * (1 + 1e-9)
 
 
+@settings(max_examples=300, deadline=None)
+@given(lo=st.floats(1e-300, 1e300), ulps=st.one_of(st.integers(1, 64), st.integers(1, 2**52)))
+def test_eps_change_bound_never_below_the_exact_value(lo, ulps):
+    """Stop 38 (left open at stop 37): the bare float closed form was up to 1 ulp below the exact supremum; it is
+    now rounded up.  Exact value at 80 digits (mpmath), eps pairs from one ulp apart to 2^52 ulps apart."""
+    import mpmath
+
+    from transcover.lipschitz._normalisation import eps_change_bound
+
+    hi = lo
+    for _ in range(min(ulps, 64)):
+        hi = math.nextafter(hi, math.inf)
+    if ulps > 64:
+        hi = lo * (1 + ulps * 2.0**-52)
+    if not math.isfinite(hi) or hi == lo:
+        return
+    got = eps_change_bound(lo, hi)
+    with mpmath.workdps(80):
+        k13 = mpmath.cbrt(mpmath.mpf(hi) / mpmath.mpf(lo))
+        exact = (k13 - 1) / mpmath.sqrt(k13 * k13 + k13 + 1)
+        assert got >= exact
+        assert got <= exact * (1 + mpmath.mpf(2) ** -44)
+
+
 def test_eps_change_bound_edge_cases():
     from transcover.lipschitz._normalisation import eps_change_bound
 
     assert eps_change_bound(0.1, 0.1) == 0.0
     assert eps_change_bound(0.0, 1e-5) == 1.0  # sup over v of sqrt(v/(v+e)) - 1 -> 1 as v -> 0
-    assert eps_change_bound(1.0, 8.0) == pytest.approx(1.0 / math.sqrt(7.0), rel=1e-15)  # k^(1/3) = 2
+    assert eps_change_bound(1.0, 8.0) == pytest.approx(1.0 / math.sqrt(7.0), rel=1e-14)  # k^(1/3) = 2
     with pytest.raises(InputError, match="eps"):
         eps_change_bound(-1.0, 1.0)
 

@@ -71,6 +71,17 @@ def test_root_sq_plus_is_the_plain_form_in_range_and_relative_below_it():
                 if exact >= TINY:  # a subnormal root carries that range's absolute rounding (documented)
                     worst = max(worst, abs(mpmath.mpf(b) - exact) / exact)
     assert worst <= _gamma(3), worst  # the square, the sum, the root: what the norms' error bounds charge
+    # above 2^512 the square overflowed and s came out inf (a constant max|gamma|/s of 0): the same relative error
+    worst = mpmath.mpf(0)
+    for e in range(500, 1022, 7):
+        for c in (0.0, 1e-12, 3.0, 2.0 ** min(2 * e, 1023)):
+            xv = torch.ldexp(torch.rand(20, generator=g, dtype=torch.float64) + 0.5, torch.tensor(e))
+            for a, b in zip(xv.tolist(), root_sq_plus(xv, c).tolist()):
+                exact = mpmath.sqrt(mpmath.mpf(a) ** 2 + mpmath.mpf(c))
+                assert math.isfinite(b) or exact > mpmath.mpf(2) ** 1024
+                if math.isfinite(b):
+                    worst = max(worst, abs(mpmath.mpf(b) - exact) / exact)
+    assert worst <= _gamma(3), worst
 
 
 @pytest.mark.parametrize("kind", ["layernorm", "rmsnorm"])

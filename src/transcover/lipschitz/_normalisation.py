@@ -158,6 +158,9 @@ def eps_change_bound(eps_a: float, eps_b: float) -> float:
     vanishes at both ends, a = 0 and a -> inf).  With ``e1 = 0`` the supremum is 1 (k -> inf).
     ``k^{1/3} - 1`` is formed as ``expm1(log1p(k-1)/3)``, accurate to a few ulps even for k near 1
     (the caller's rounding pad covers the rest).  The test compares it with a brute-force supremum.
+    Rounded up since stop 38: the six roundings (quotient, log1p, /3, expm1, the square root's argument and
+    root, the quotient) err by well under 16 ulps together, so ``(1 + 2^-48)`` and one step up hold the exact
+    value; the bare value was up to 1 ulp below it, which ``deltas_from_norms`` returned as it was.
 
     Raises:
         InputError: a negative or non-finite eps.
@@ -171,7 +174,7 @@ def eps_change_bound(eps_a: float, eps_b: float) -> float:
         return 1.0
     c = math.expm1(math.log1p((hi - lo) / lo) / 3.0)  # k^{1/3} - 1
     k13 = 1.0 + c
-    return min(1.0, c / math.sqrt(k13 * k13 + k13 + 1.0))
+    return min(1.0, math.nextafter(c / math.sqrt(k13 * k13 + k13 + 1.0) * (1.0 + 2.0**-48), math.inf))
 
 
 def norm_perturbation_coefficients(n: NormBounds, d: int) -> list[tuple[str, float, str]]:

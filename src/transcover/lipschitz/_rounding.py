@@ -42,9 +42,11 @@ def root_sq_plus(x: Tensor, c: float) -> Tensor:
     0.2 % below the exact constant), so there the same operations run on ``x 2^-k`` and ``c 2^-2k`` (``k``, from
     ``pow2_exponent``, brings the larger of ``x`` and ``sqrt c`` to ``[1/2, 1)``; each scaling in steps of at most
     ``2^537``, exact) and the root is scaled back by ``2^k`` (exact unless the root itself is subnormal).  The same floats
-    as the plain form wherever ``x^2 + c >= 2^-1000``."""
+    as the plain form wherever ``2^-1000 <= x^2 + c <= 2^1000``; above, where ``x^2`` overflowed for ``x >= 2^512`` and
+    ``s`` came out ``inf`` (so a constant ``max|gamma|/s`` came out 0, below the exact one: stop 36, closed at stop 38),
+    the same scaling."""
     x2c = x * x + c
-    low = x2c < 2.0**-1000
+    low = (x2c < 2.0**-1000) | (x2c > 2.0**1000)
     if not bool(low.any()):
         return torch.sqrt(x2c)
     k = pow2_exponent(torch.maximum(x, torch.full_like(x, math.sqrt(c)))).to(torch.int64)

@@ -92,7 +92,8 @@ def test_config_rejects_bad_values():
 
     for kw in ({"task": "nope"}, {"n_train": 0}, {"arch": 99}, {"delta": 0.0}, {"task": "digits", "n_train": 5000},
                {"prior_split": 0.95}, {"prior_split": 1}, {"qat_lr": 0.0}, {"qat_lr": float("nan")},
-               {"finetune_candidates": 0}):
+               {"finetune_candidates": 0}, {"prior_select": True},  # prior_select without a split
+               {"n_train": 10, "prior_split": 0.01}):  # A of 0 samples (it named n_train=0, the rounded share)
         with pytest.raises(InputError):
             NonvacuousConfig(**kw)
 
@@ -154,13 +155,16 @@ SPLIT = NonvacuousConfig(task="majority", n_train=400, n_test=2000, epochs=3, qa
                          restarts=1, prior_split=0.5)
 
 
-def test_split_prior_reference_never_sees_the_bound_half(monkeypatch):
-    # flipping every label of B must leave the reference (the prior) unchanged, and the bound is on B
+@pytest.mark.parametrize("select", [False, True])
+def test_split_prior_reference_never_sees_the_bound_half(monkeypatch, select):
+    # flipping every label of B must leave the reference (the prior) unchanged, and the bound is on B; with
+    # prior_select the recipe is chosen on A alone too (F20a: stop 38 found the digits recipe picked on all images)
     import transcover.train._nonvacuous_split as split_mod
     from transcover.compress import decode_delta
 
     torch.set_num_threads(1)
-    a = run_case(SPLIT)
+    config = replace(SPLIT, prior_select=select)
+    a = run_case(config)
     real = split_mod.task_data
 
     def flipped(task, n_train, n_test, seed):
@@ -170,8 +174,16 @@ def test_split_prior_reference_never_sees_the_bound_half(monkeypatch):
         return X, y, Xt, yt
 
     monkeypatch.setattr(split_mod, "task_data", flipped)
-    b = run_case(SPLIT)
+    b = run_case(config)
     assert a.split["reference_codeword"] == b.split["reference_codeword"]
+    assert a.split["recipe_selection"] == b.split["recipe_selection"]
+    if select:
+        scores = a.split["recipe_selection"]["scores"]
+        assert len(scores) == len(split_mod.PRIOR_RECIPES) and all(r["n_A2"] == 100 for r in scores)
+        best = min(range(len(scores)), key=lambda i: (scores[i]["mistakes_on_A2"], i))
+        assert a.split["recipe_selection"]["chosen"] == scores[best]["recipe"]
+    else:
+        assert a.split["recipe_selection"] is None
     assert a.bound.n == a.split["n_bound"] == 200 and a.split["n_prior"] == 200
     assert b.bound.train_error != a.bound.train_error
     # the codeword is the model whose errors on B the bound counts

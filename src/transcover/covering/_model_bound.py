@@ -407,6 +407,10 @@ def model_bound(spec: TransformerSpec, config: BoundConfig | None = None, *, ref
     loss_lipschitz, loss_bound, delta = cfg.loss_lipschitz, cfg.loss_bound, cfg.delta
     c_sm, sigma_min = cfg.c_sm, cfg.sigma_min
     if norms is None and (terms is None or cfg.norm_grid):
+        if reference is not None:  # the structural check first, with its own message (as model_terms words it)
+            from ..model import require_same_structure
+
+            require_same_structure(spec, reference, message="the reference model differs from the model in")
         norms = measure_model(spec, reference=reference, entrywise=True)
     if terms is None:
         terms = model_terms(spec, radius=radius, c_sm=c_sm, sigma_min=sigma_min, reference=reference, norms=norms)

@@ -94,6 +94,7 @@ class NonvacuousConfig:
     levels: int = 1  # m of the fine-tuning grid: 2m+1 levels (1: ternary, 3: ~3 bits, 7: ~4 bits)
     all_levels: bool = False  # fine-tune at every grid of _finetune, not only until one is accurate enough
     prior_split: float = 0.0  # > 0: data-dependent prior, this share of the training set codes a reference (F20)
+    prior_select: bool = False  # F20a: the reference's recipe chosen from PRIOR_RECIPES on A alone (halves of A)
     greedy_passes: int = 2  # rounds of per-matrix level/scale search on the bound
     restarts: int = 3  # float-training seeds tried at most (see _float_model)
     search_samples: int = 5_000  # training samples that score the greedy search's candidates
@@ -127,6 +128,12 @@ class NonvacuousConfig:
             raise InputError(f"qat_lr must be > 0 (or None: lr / 3), but got qat_lr={self.qat_lr!r}")
         if not (isinstance(self.prior_split, float) and 0.0 <= self.prior_split <= 0.9):
             raise InputError(f"prior_split must be a float in [0, 0.9], but got prior_split={self.prior_split!r}")
+        if self.prior_split and round(self.prior_split * self.n_train) < 2 + 2 * self.prior_select:
+            raise InputError(f"prior_split={self.prior_split} of n_train={self.n_train} leaves "
+                             f"{round(self.prior_split * self.n_train)} samples for the reference (its share A); "
+                             "raise n_train or prior_split")
+        if self.prior_select and not self.prior_split:
+            raise InputError("prior_select chooses the reference's recipe on A: it needs prior_split > 0")
         if self.code not in CODES:
             raise InputError(f"code must be one of {', '.join(CODES)}, but got code={self.code!r}")
         if self.task == "digits" and not 0 < self.n_train < 1797:

@@ -29,7 +29,7 @@ FULL_PLAN: tuple[NonvacuousConfig, ...] = (
                      l1=3e-4, levels=7, refine_passes=12, align_scales=True),
     # digits with a data-dependent prior (F20): a reference from half the images, the bound on the other half
     NonvacuousConfig(task="digits", n_train=1_437, n_test=360, arch=0, epochs=200, qat_epochs=150, l1=3e-4, levels=7,
-                     prior_split=0.5, variant="data-dependent prior (F20)"),
+                     prior_split=0.5, prior_select=True, variant="data-dependent prior (F20)"),
 )
 # Seconds: a small sparse-majority run whose bound is still below 1 (tests, smoke checks).
 QUICK_PLAN: tuple[NonvacuousConfig, ...] = (

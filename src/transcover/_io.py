@@ -60,6 +60,18 @@ def _target_mode(path: Path) -> int:
     return 0o666 & ~current_umask()
 
 
+def _is_stream(path: Path) -> bool:
+    """Whether ``path`` (its link followed) is a character device, a FIFO or a socket: a stream to write into, which
+    has no content to keep whole and which a rename would replace by a regular file (stop 38 red team)."""
+    import stat
+
+    try:
+        m = os.stat(path).st_mode
+    except OSError:
+        return False
+    return stat.S_ISCHR(m) or stat.S_ISFIFO(m) or stat.S_ISSOCK(m)
+
+
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     """Write ``data`` to ``path`` through a temporary file in the same folder and a rename.
 
@@ -72,6 +84,15 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
         from ._errors import InputError
 
         raise InputError(f"cannot write {path}: folder {path.parent} does not exist")
+    if _is_stream(path):  # /dev/stdout, a FIFO: written through, not replaced (a rename made /dev/stdout a file)
+        try:
+            with open(path, "wb") as fh:
+                fh.write(data)
+        except OSError as err:
+            from ._errors import InputError
+
+            raise InputError(f"cannot write {path}: {err.strerror or err}") from None
+        return path
     mode = _target_mode(path)
     tmp = None
     try:

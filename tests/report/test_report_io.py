@@ -191,3 +191,26 @@ def test_invisible_characters_are_shown_in_report_text():
 
     # a tensor named "ff.up\u202eexe" showed reversed in the report (red team 37h)
     assert text("ff.up\u202eexe\u200b\u2066<x>") == "ff.up\\u202eexe\\u200b\\u2066&lt;x&gt;"
+
+
+def test_a_stream_is_written_through_not_replaced(tmp_path):
+    """Stop 38 red team: ``--csv /dev/stdout`` (run as root) renamed a temporary file over /dev/stdout, which became a
+    regular file; a FIFO likewise. A character device, FIFO or socket is now written into, and stays what it was."""
+    import threading
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got = []
+    def read() -> None:
+        with open(fifo, "rb") as fh:
+            got.append(fh.read())
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    atomic_write_text(fifo, "a,b\n1,2\n")
+    reader.join(timeout=10)
+    assert got == [b"a,b\n1,2\n"] and stat.S_ISFIFO(os.stat(fifo).st_mode)
+    link = tmp_path / "out.csv"
+    link.symlink_to("/dev/null")
+    atomic_write_text(link, "x")
+    assert link.is_symlink() and stat.S_ISCHR(os.stat("/dev/null").st_mode)

@@ -75,3 +75,33 @@ def test_a_folder_or_an_unwritable_place_is_named_as_such_not_as_corrupt(tmp_pat
     (tmp_path / "ro").mkdir()
     with pytest.raises(InputError, match="folder .*ro is not writable"):
         ResultStore(tmp_path / "ro" / "s.sqlite")
+
+
+def test_store_errors_say_what_happened(tmp_path, monkeypatch):
+    """Stop 38 red team: a valid store in a read-only folder, and one locked past the timeout, were reported as
+    "corrupt"; a damaged page whose SQLite message was not UTF-8 ended in an internal UnicodeDecodeError (exit 1)."""
+    import os
+
+    path = tmp_path / "s.sqlite"
+    ResultStore(path).close()
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, m: False if str(p) == str(tmp_path) else real(p, m))
+    with pytest.raises(InputError, match="folder that is not writable") as err:
+        ResultStore(path)
+    assert not isinstance(err.value, StoreError)
+    monkeypatch.setattr(os, "access", real)
+
+    class _Failing:
+        def __init__(self, exc):
+            self.exc = exc
+
+        def execute(self, *args):
+            raise self.exc
+
+    for exc, kind, needle in ((sqlite3.OperationalError("database is locked"), InputError, "locked by another"),
+                              (UnicodeDecodeError("utf-8", b"\xb0", 0, 1, "invalid start byte"), StoreError,
+                               "is corrupt")):
+        monkeypatch.setattr(sqlite3, "connect", lambda *a, exc=exc, **k: _Failing(exc))
+        with pytest.raises(kind, match=needle) as err:
+            ResultStore(path)
+        assert kind is StoreError or not isinstance(err.value, StoreError)

@@ -201,3 +201,74 @@ def test_items_sharing_a_key_keep_their_own_labels(run_dir, tmp_path):
     report = sweep(items, analyze_item)
     assert [r.item.label for r in report.results] == [it.label for it in items]
     assert report.computed == 1 and report.results[0].value == report.results[1].value
+
+
+def test_keys_cover_shards_in_a_subfolder(tmp_path):
+    """Stop 38 red team: an index may point into a subfolder (``sub/model-00001.safetensors``, which the loader
+    follows); the key of the folder hashed only its top-level files, so rewritten shards there reused the old result,
+    with ``--hash full`` too."""
+    import os
+    import shutil
+
+    from transcover.scale import fingerprint
+
+    ckpt = tmp_path / "c"
+    write_llama_checkpoint(ckpt, hidden=32, intermediate=64, layers=2, heads=4, kv_heads=2, vocab=64, shard_bytes=6000,
+                           seed=4)
+    index = next(ckpt.glob("*.index.json"))
+    data = json.loads(index.read_text())
+    (ckpt / "sub").mkdir()
+    for name in set(data["weight_map"].values()):
+        shutil.move(ckpt / name, ckpt / "sub" / name)
+    data["weight_map"] = {k: f"sub/{v}" for k, v in data["weight_map"].items()}
+    index.write_text(json.dumps(data))
+    keys = (fingerprint(ckpt), fingerprint(ckpt, "full"))
+    shard = ckpt / "sub" / sorted(set(data["weight_map"].values()))[-1].split("/")[-1]
+    raw = bytearray(shard.read_bytes())
+    raw[-1] ^= 1  # one bit of one weight, header and size unchanged
+    st = shard.stat()
+    shard.write_bytes(bytes(raw))
+    assert fingerprint(ckpt, "full") != keys[1]
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert fingerprint(ckpt) != keys[0]
+
+
+def test_a_checkpoint_replaced_during_a_load_is_refused(tmp_path):
+    """Stop 38 red team: each tensor is read through a new handle, so a checkpoint replaced between two tensors (a
+    trainer saving the next step) gave layer 0 from one model and layer 1 from the other, without a word."""
+    import os
+
+    from transcover.model._safetensors import SafetensorsFile
+
+    a = write_gpt2_checkpoint(tmp_path / "a", d=32, layers=2, heads=2, vocab=64, positions=16, seed=1)
+    b = write_gpt2_checkpoint(tmp_path / "b", d=32, layers=2, heads=2, vocab=64, positions=16, seed=2)
+    f = SafetensorsFile(a / "model.safetensors")
+    first, second = f.keys()[:2]
+    f.get(first)
+    os.replace(b / "model.safetensors", a / "model.safetensors")  # same architecture, same size
+    with pytest.raises(InputError, match="replaced or rewritten since it was opened"):
+        f.get(second)
+
+
+def test_sweep_keeps_strict_and_refuses_single_model_options(tmp_path, capsys):
+    """Stop 38 red team: a sweep dropped --strict (a checkpoint --strict refuses alone was analysed with a warning,
+    exit 0, and stored under the non-strict key) and ignored --plot and --roles without a word."""
+    from safetensors.numpy import load_file, save_file
+
+    a = write_gpt2_checkpoint(tmp_path / "checkpoint-1", d=32, layers=1, heads=2, vocab=64, positions=16, seed=1)
+    b = write_gpt2_checkpoint(tmp_path / "checkpoint-2", d=32, layers=1, heads=2, vocab=64, positions=16, seed=2)
+    tensors = load_file(b / "model.safetensors")
+    tensors["h.0.attn.extra_gate"] = tensors["h.0.ln_1.weight"].copy()  # a tensor the architecture does not define
+    save_file(tensors, b / "model.safetensors")
+    store = str(tmp_path / "s.sqlite")
+    assert main(["analyze", str(b), "--strict", "--quiet"]) == 2
+    capsys.readouterr()
+    assert main(["analyze", str(a), str(b), "--store", store, "--quiet"]) == 0  # warns, as analyze alone does
+    capsys.readouterr()
+    assert main(["analyze", str(a), str(b), "--store", store, "--strict", "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert "FAILED" in err and "checkpoint-2" in err and "0 reused" in err  # --strict is in the key: a new one
+    for extra, needle in ((["--plot", str(tmp_path / "p.png")], "--plot"), (["--roles", str(tmp_path / "r.json")],
+                                                                           "--roles")):
+        assert main(["analyze", str(a), str(b), "--store", store, *extra]) == 2
+        assert needle in capsys.readouterr().err

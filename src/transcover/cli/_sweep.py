@@ -20,8 +20,14 @@ def run_sweep(args: argparse.Namespace, models: list[str]) -> int:
         raise InputError("--ray-address needs --backend ray")
     if args.heads:
         raise InputError("--heads prints one model's per-head tables; it does not apply to a sweep")
+    if getattr(args, "roles", None):
+        raise InputError("--roles maps one model's tensors; in a sweep put a transcover_roles.json beside each "
+                         "checkpoint (it is read and keyed per model)")
+    if getattr(args, "plot", None):  # ignored without a word before (stop 38 red team)
+        raise InputError("--plot draws one model's per-head heatmaps; a sweep draws its rows with --figure")
+    # --strict is part of what is computed and of the key: a sweep only warned where one model refused (stop 38)
     options = {"arch": args.arch, "allow_pickle": args.allow_pickle, "fast": args.fast, "rtol": args.rtol,
-               "embeddings": not args.no_embeddings}
+               "embeddings": not args.no_embeddings, **({"strict": True} if getattr(args, "strict", False) else {})}
     backend = "ray" if args.backend == "ray" else ("process" if args.workers > 1 else "serial")
     if backend == "ray":  # fail before hashing or opening anything
         from ..scale import RAY_MISSING

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +51,14 @@ _CHUNK = 1 << 23  # bytes of half-precision data widened per step (8 MiB)
 # the same copy from the page cache, and the memory is returned when the array is dropped.
 
 
+def _identity(f) -> tuple[int, int, int]:  # noqa: ANN001
+    """Which file an open handle reads, and its version: device, inode, modification time (ns).  Each tensor is
+    read through a new handle (Note [no mapping]), so a checkpoint replaced or rewritten between two tensors
+    mixed two models without a word (stop 38 red team: layer 0 from one file, layer 1 from the other)."""
+    st = os.fstat(f.fileno())
+    return st.st_dev, st.st_ino, st.st_mtime_ns
+
+
 class SafetensorsFile:
     """One ``.safetensors`` file: header checked on construction, tensors read on :meth:`get`."""
 
@@ -57,6 +66,7 @@ class SafetensorsFile:
         self.path = Path(path)
         try:
             with open(self.path, "rb") as f:
+                self._identity = _identity(f)
                 size = f.seek(0, 2)
                 if size < 8:
                     raise ValueError(f"file of {size} bytes is shorter than the 8-byte header length")
@@ -139,6 +149,9 @@ class SafetensorsFile:
                 with open(self.path, "rb") as f:
                     if self._size != f.seek(0, 2):
                         raise OSError("the file changed size since it was opened")
+                    if _identity(f) != self._identity:  # replaced (new inode) or rewritten (new mtime) mid-load
+                        raise OSError("the file was replaced or rewritten since it was opened; its tensors would "
+                                      "mix two checkpoints (rerun on a copy that does not change)")
                     f.seek(self._start + begin)
                     if half:
                         self._read_widened(f, out, dtype)

@@ -32,7 +32,8 @@ def analyze_item(payload: dict[str, Any]) -> dict[str, Any]:
     from ..norms import analyze_spec
 
     # a sweep row needs the layers: an architecture outside every adapter is refused (no per-matrix route)
-    spec = load(payload["model"], arch=payload.get("arch"), allow_pickle=payload.get("allow_pickle", False))
+    spec = load(payload["model"], arch=payload.get("arch"), allow_pickle=payload.get("allow_pickle", False),
+                strict=payload.get("strict", False))
     result = analyze_spec(spec, fast=payload.get("fast", False), rtol=payload.get("rtol", 1e-3),
                           embeddings=payload.get("embeddings", True))
     data = result.to_dict(matrices=False)

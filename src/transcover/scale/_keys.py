@@ -41,16 +41,24 @@ def model_files(path: Path) -> list[Path]:
         if not any(p.name.endswith(".safetensors") for p in st):
             st += [p for p in names if p.suffix in _PICKLES and p.name not in _SKIP]
             st += [p for p in names if p.name.endswith(".bin.index.json")]
-        return sorted(st)
+        # the shards an index names, wherever in the folder they lie: an index may point into a subfolder, whose
+        # shards the key did not cover, so a rewritten shard there reused the old result (stop 38 red team)
+        for index in [p for p in st if p.name.endswith(".index.json")]:
+            st += _index_shards(index)
+        return sorted(set(st))
     files = [path]
     if path.name.endswith(".index.json"):
-        try:
-            shards = json.loads(path.read_text()).get("weight_map", {}).values()
-            files += [path.parent / s for s in dict.fromkeys(shards)]
-        except (OSError, ValueError, AttributeError):
-            pass  # the load reports a broken index; the key still covers the index's bytes
+        files += _index_shards(path)
     files += [path.parent / b for b in _BESIDE if (path.parent / b).is_file()]
     return sorted(set(files))
+
+
+def _index_shards(index: Path) -> list[Path]:
+    try:
+        shards = json.loads(index.read_text()).get("weight_map", {}).values()
+        return [index.parent / s for s in dict.fromkeys(shards) if isinstance(s, str) and (index.parent / s).is_file()]
+    except (OSError, ValueError, AttributeError):
+        return []  # the load reports a broken index; the key still covers the index's bytes
 
 
 def _hash_file(h: "hashlib._Hash", path: Path, mode: str) -> None:

@@ -75,6 +75,9 @@ class ResultStore:
                 raise InputError(f"cannot create results store {self.path}: {err.strerror or err}") from None
         elif not os.access(self.path, os.R_OK | os.W_OK):
             raise InputError(f"results store {self.path} is not readable and writable by this user")
+        elif not os.access(self.path.parent, os.W_OK | os.X_OK):  # was "corrupt (attempt to write a readonly db)"
+            raise InputError(f"results store {self.path} is in a folder that is not writable ({self.path.parent}): "
+                             "SQLite's write-ahead log is created beside it")
         existed = self.path.exists() and self.path.stat().st_size > 0
         if existed:
             with open(self.path, "rb") as f:
@@ -95,8 +98,18 @@ class ResultStore:
                 "created REAL NOT NULL)")
             self._db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (STORE_SCHEMA,))
             schema = self._db.execute("SELECT value FROM meta WHERE name = 'schema'").fetchone()[0]
+        except sqlite3.OperationalError as err:
+            text = str(err)
+            if "locked" in text or "busy" in text:  # another process held it past the 30 s timeout: not damage
+                raise InputError(f"results store {self.path} is locked by another process ({text}); "
+                                 "wait for it or pass another --store") from err
+            if "readonly" in text or "unable to open" in text:
+                raise InputError(f"results store {self.path} cannot be written ({text})") from err
+            raise self._corrupt(text) from err
         except sqlite3.DatabaseError as err:
             raise self._corrupt(str(err)) from err
+        except UnicodeDecodeError as err:  # a damaged page can make SQLite's own text invalid UTF-8 (stop 38)
+            raise self._corrupt(f"SQLite's report is not text: {err}") from err
         if schema != STORE_SCHEMA:
             raise self._corrupt(f"schema {schema!r}, expected {STORE_SCHEMA!r}")
 

@@ -67,3 +67,25 @@ def test_random_sign_dimension_delivers():
 def test_bad_encoding_arguments(call, match):
     with pytest.raises(InputError, match=match):
         call()
+
+
+def test_a_hand_built_encoding_cannot_claim_a_smaller_delta():
+    """Stop 36 left open, closed at stop 38: an Encoding built by hand was trusted for its delta, which Lemma H.1's
+    gap R(1 - 2Δ) and every error bound read."""
+    import pytest
+    import torch
+
+    from transcover import InputError
+    from transcover._results import Kind
+    from transcover.approx._encodings import Encoding, coherence, random_sign_encoding
+
+    e = random_sign_encoding(40, 16, seed=3)
+    Encoding(e.P, e.delta, Kind.EXACT, "mine")  # the true delta is accepted
+    Encoding(e.P, 0.49, Kind.EXACT, "mine") if e.delta <= 0.49 else None  # a larger (weaker) claim too
+    with pytest.raises(InputError, match="below the encodings' coherence"):
+        Encoding(e.P, e.delta / 2, Kind.EXACT, "mine")
+    P = torch.eye(3, dtype=torch.float64)
+    P[1] = torch.tensor([0.6, 0.8, 0.0], dtype=torch.float64)
+    assert coherence(P) == pytest.approx(0.6)
+    with pytest.raises(InputError):
+        Encoding(P, 0.0, Kind.EXACT, "mine")

@@ -52,6 +52,14 @@ class Encoding:
     family: str
     delta_fraction: Fraction | None = None
 
+    def __post_init__(self) -> None:
+        # a hand-built Encoding was trusted for its delta (stop 36, closed at stop 38): Lemma H.1's gap R(1 - 2Δ)
+        # and every error bound read it, so a delta below the rows' coherence is refused (the Gram's float64
+        # rounding, d ulps of an entry of size <= 1, allowed)
+        measured = coherence(self.P)
+        if not (isinstance(self.delta, (int, float)) and self.delta >= measured - 4 * self.P.shape[1] * 2.0**-52):
+            raise InputError(f"delta={self.delta!r} is below the encodings' coherence max|<p_i, p_j>| = {measured!r}")
+
     @property
     def n(self) -> int:
         return self.P.shape[0]

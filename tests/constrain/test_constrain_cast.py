@@ -200,3 +200,30 @@ def test_finalize_certifies_the_autocast_weights_when_asked():
                                        if s.group in ("KQ", "OV", "W1", "W2"))
     assert worst[torch.float16] <= 1.0
     assert worst[None] > 1.0  # without it the fp16 cast exceeds c (the case the option exists for)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_cancelling_factors_are_projected_not_skipped(dtype):
+    """Stop 38 red team: A = [2^60, 3, -2^60], B = [1, 1, 1] (product 3) had a QR-and-SVD norm of 0, so the head was
+    skipped and left at 3 > c; with radius 0.045 the cast margin (from factors of norm 2^60) exceeded c and the head
+    was written as 0. Now the skip allows for the norm's own error, and such factors are written balanced."""
+    for radius in (1.0, 0.045):
+        A = torch.tensor([[[2.0**60, 3.0, -(2.0**60)]]], dtype=torch.float64).to(dtype)
+        B = torch.tensor([[[1.0, 1.0, 1.0]]], dtype=torch.float64).to(dtype)
+        exact = float(A[0].double() @ B[0].double().T)  # the stored factors' product, exactly (integers)
+        project_product_(A, B, radius)
+        iv = product_norm_interval(A[0].double(), B[0].double().T)
+        assert iv.upper <= radius
+        after = abs(float(A[0].double() @ B[0].double().T))
+        if exact > radius:
+            assert after >= radius * (1 - 1e-4), (radius, after)
+
+
+def test_negative_scale_is_projected():
+    """Stop 38 red team: a negative product scale crashed the certificate (scale_interval needs c >= 0)."""
+    g = torch.Generator().manual_seed(0)
+    A = torch.randn(2, 6, 3, generator=g, dtype=torch.float64)
+    B = torch.randn(2, 6, 3, generator=g, dtype=torch.float64)
+    project_product_(A, B, 0.5, -0.7)
+    for h in range(2):
+        assert 0.7 * float(torch.linalg.matrix_norm(A[h] @ B[h].T, 2)) <= 0.5

@@ -45,7 +45,8 @@ def test_bound_prints_json_and_plot(model_path, tmp_path, capsys, monkeypatch):
     (["--radius", "-1"], "--radius must be"),
     (["--delta", "1.5"], "--delta must be"),
     (["--plot", "x.jpg"], "must end in .png"),
-    (["--norm-grid", "-1"], "--norm-grid must be >= 0"),
+    (["--norm-grid", "-1"], "--norm-grid must be in"),
+    (["--norm-grid", str(10**30)], "--norm-grid must be in"),
 ])
 def test_bad_arguments_one_line_exit_2(model_path, tmp_path, capsys, argv, needle):
     js = tmp_path / "never.json"

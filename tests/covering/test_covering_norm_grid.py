@@ -71,7 +71,7 @@ def test_bad_norms_refused(bad):
         NormGrid().up(bad)
 
 
-@pytest.mark.parametrize("bad", [0, -2, 1.5, True])
+@pytest.mark.parametrize("bad", [0, -2, 1.5, True, 2**20 + 1, 10**30])  # 10^30: the level search never ended
 def test_bad_steps_refused(bad):
     with pytest.raises(InputError):
         NormGrid(bad)

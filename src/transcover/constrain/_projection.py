@@ -88,7 +88,7 @@ def certified_product_sigma(A: Tensor, B: Tensor, scale: float) -> float:
     from ..norms import product_norm_interval, scale_interval
 
     iv = product_norm_interval(A.detach().cpu(), B.detach().cpu().transpose(-1, -2))
-    return scale_interval(iv, float(scale)).upper
+    return scale_interval(iv, abs(float(scale))).upper  # ||s M|| = |s| ||M|| (a negative s crashed here, stop 38)
 
 
 def certified_vector_norm(b: Tensor) -> float:
@@ -228,13 +228,20 @@ def project_product_(A: Tensor, B: Tensor, radius: float, scale: float = 1.0) ->
     before = S[..., 0].clone()
     u, eta = rounding_of(A.dtype)
     u_b, eta_b = rounding_of(B.dtype)
+    m, n, k = A.shape[-2], B.shape[-2], A.shape[-1]
     for h in range(A.shape[0]):
         s_max = float(before[h])
-        if s_max <= c * (1.0 - _NEAR):
+        # the QR-and-SVD norm errs by about u |s| ||A|| ||B||, which cancelling columns make far larger than the norm
+        # itself: A = [2^60, 3, -2^60], B = [1, 1, 1] came out 0 for a product of 3 and the head was skipped (stop 38)
+        err = 16 * (m + n + k) * 2.0**-53 * abs(scale) * float(A64[h].norm()) * float(B64[h].norm())
+        if s_max + err <= c * (1.0 - _NEAR):
             continue
         if s_max <= c and certified_product_sigma(A[h], B[h], scale) <= c:
             continue
-        a64, b64, Uh, Sh, Vhh = A64[h], B64[h], U[h], S[h], V[h]
+        # each singular value as an upper end (Weyl: the computed ones are exact for a product within err), so a
+        # direction at the noise level (a rank-deficient factor's zero read as 5e-26) is not shrunk by c/5e-26 to
+        # ten times c, which then ran the retries down to a zero head (stop 38)
+        a64, b64, Uh, Sh, Vhh = A64[h], B64[h], U[h], S[h] + err, V[h]
         # the cast's margin from the factors as projected at c: at every c' <= c each direction is scaled by
         # sqrt(min(1, c'/S_i)), at most its value at c, so these norms bound the written factors' (stop 38: the
         # factors before projection made the margin exceed c for a diverged head, which was then written at c' = 0)
@@ -243,16 +250,24 @@ def project_product_(A: Tensor, B: Tensor, radius: float, scale: float = 1.0) ->
         e_b = u_b * float(b_c.norm()) + eta_b * b64.numel() ** 0.5
         na, nb = float(torch.linalg.matrix_norm(a_c, 2)), float(torch.linalg.matrix_norm(b_c, 2))
         proven = abs(scale) * (e_a * nb + na * e_b + e_a * e_b) * (1.0 + 1e-6)
+        # balanced factors where the shrunk ones cannot hold the radius: a diverged head (S/c beyond 2^80), or factors
+        # so large against their product that the cast's margin eats a quarter of c (the head was written at c' = 0,
+        # or bf16 kept 0.15 of it: stop 38). Their margin is the cast's on factors of norm sqrt(c/|s|).
+        balanced = s_max > _BALANCE * c or proven > c / 4
+        if balanced:
+            root_c = (c / abs(scale)) ** 0.5
+            e_a = u * root_c * k**0.5 + eta * a64.numel() ** 0.5
+            e_b = u_b * root_c * k**0.5 + eta_b * b64.numel() ** 0.5
+            proven = abs(scale) * (e_a * root_c + root_c * e_b + e_a * e_b) * (1.0 + 1e-6)
 
-        def write(ck: float, h=h, a64=a64, b64=b64, Uh=Uh, Sh=Sh, Vhh=Vhh) -> None:
+        def write(ck: float, h=h, a64=a64, b64=b64, Uh=Uh, Sh=Sh, Vhh=Vhh, balanced=balanced) -> None:
             if ck == 0.0:  # the last resort: a product of exactly 0
                 A[h].zero_()
                 B[h].zero_()
-            elif float(Sh[0]) > _BALANCE * ck:
-                # a diverged head: A's columns lie in span(U) only up to the QR's backward error u ||A||, which
-                # exceeds what the shrunk directions keep; write the balanced factors of U min(S, c') V^T instead
-                # (the nearest product; the factors' own balance is reset)
-                # U (m, r), V (n, r) with r = min(m, n, k) <= k: the factors' first r columns, the rest 0
+            elif balanced or float(Sh[0]) > _BALANCE * ck:
+                # A's columns lie in span(U) only up to the QR's backward error u ||A||, which exceeds what the shrunk
+                # directions keep: write the balanced factors of U min(S, c') V^T instead (the nearest product; the
+                # factors' own balance is reset). U (m, r), V (n, r), r = min(m, n, k) <= k: the first r columns.
                 root = torch.sqrt(Sh.clamp(max=ck) / abs(scale))
                 r = root.shape[0]
                 A[h].zero_()

@@ -80,6 +80,7 @@ class BoundConfig:
             raise InputError(f"sigma_min must be >= 0, but got sigma_min={self.sigma_min!r}")
         if self.norm_grid != 0:
             check_positive_int(self.norm_grid, "norm_grid")
+            NormGrid(self.norm_grid)  # its own range check (at most MAX_STEPS levels per octave)
         return replace(self, n_samples=n_samples)
 
 

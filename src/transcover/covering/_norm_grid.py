@@ -22,7 +22,9 @@ from dataclasses import dataclass, field, fields, replace
 from .._errors import InputError, check_positive_int
 from ._outward import exact, to_float
 
-__all__ = ["NormGrid", "grid_class_bounds"]
+__all__ = ["NormGrid", "grid_class_bounds", "MAX_STEPS"]
+
+MAX_STEPS = 2**20  # levels per octave: 2^(1/k) - 1 stays ~k/ln 2 ulps of 1 apart, so every level is its own float
 
 
 @dataclass
@@ -39,6 +41,8 @@ class NormGrid:
 
     def __post_init__(self) -> None:
         check_positive_int(self.steps, "norm grid steps")
+        if self.steps > MAX_STEPS:  # beyond, consecutive levels coincide as floats and the search walked them
+            raise InputError(f"norm grid steps must be <= {MAX_STEPS} levels per octave, but got {self.steps}")
 
     def level(self, j: int) -> float:
         """``fl(2^(j/k))``: any fixed function of ``j`` would do; this one is evaluated the same way every time."""

@@ -196,3 +196,22 @@ def test_best_family_is_no_worse_than_either():
     assert v["best"].log_log_N <= min(v["l21"].log_log_N, v["spectral"].log_log_N) + 1e-9
     covers = [c.cover for c in v["best"].contributions]
     assert covers[0].startswith("parametric") and covers[1].startswith("inverse")
+
+
+@pytest.mark.parametrize("where", ["blocks.0", "blocks.0.W_Q"])
+def test_zero_weights_and_huge_weights_end_in_a_bound_or_one_line(where):
+    """Stop 38 red team: a block of zero weights made a live matrix's cover at scale 0 reach exact() with inf (an
+    internal OverflowError), and weights of 1e100 overflowed the attention constant's squares (OverflowError 34)."""
+    torch.manual_seed(0)
+    m = ReferenceTransformer(ReferenceConfig(d_model=8, n_heads=2, n_layers=2, d_ff=16, head_hidden=())).double()
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if where in name:
+                p.zero_()
+    b = model_bound(reference_spec(m), n_samples=(1e6,), seq_len=8)
+    assert math.isfinite(b.log_log_N) and b.generalisation[0].gap <= 1.0
+    with torch.no_grad():
+        for p in m.parameters():
+            p.mul_(1e100)
+    with pytest.raises(InputError, match="overflows float64"):
+        model_bound(reference_spec(m), n_samples=(1e6,), seq_len=8)

@@ -66,6 +66,8 @@ def _zhang_log_factor(log_ab_over_eps: float, n_points: int) -> float:
     matrix and allocation step, so floats with outward pads (``_pad_up``) while ``exp`` cannot
     overflow, exact decimal enclosures beyond.
     """
+    if not log_ab_over_eps < math.inf:  # scale 0 (a live matrix given no budget), or inf - inf: no finite cover claimed
+        return math.inf
     if log_ab_over_eps < 700.0:
         x_hi = _pad_up(math.exp(log_ab_over_eps))
         inner = math.ceil(math.nextafter(4.0 * x_hi + 2.0, math.inf))  # an int: exact from here on

@@ -195,6 +195,10 @@ def model_terms(spec: TransformerSpec, *, radius: float = 1.0, c_sm: float = 1.0
     if grid is not None:
         bounds = grid_class_bounds(bounds, grid)
     coeffs = log_perturbation_coefficients(bounds, radius=radius, c_sm=c_sm, sigma_min=sigma_min)
+    over = [c for c in coeffs.entries if c.log_c == math.inf]
+    if over:  # a constant beyond float64 before its log was taken (weights ~1e100: stop 38); no finite bound exists
+        raise InputError(f"Lemma G.3's coefficient of layer {over[0].layer} {over[0].role} overflows float64 "
+                         f"({len(over)} coefficients do): the weights are too large for a finite covering bound")
     own = _self_norms(norms)
     rows = own if reference is None else _distance_rows(norms, own)
     terms, bft_rows = [], []

@@ -166,8 +166,9 @@ def attention_lipschitz(B_OV: Sequence[float], B_KQ: Sequence[float], radius: fl
     per_head = _round_up(sum(head_lipschitz(B_OV[h], B_KQ[h], radius, B_bKQ=bq[h], **kw) for h in range(H)), H)
     if B_V is None or B_O is None:
         return per_head
-    concat = _round_up(B_O * math.sqrt(sum(head_lipschitz(B_V[h], B_KQ[h], radius, B_bKQ=bq[h], **kw) ** 2
-                                           for h in range(H))), 2 * H + 2)
+    # hypot: the squares of constants above 1e154 overflowed (an OverflowError from weights of size 1e100, stop 38)
+    concat = _round_up(B_O * math.hypot(*(head_lipschitz(B_V[h], B_KQ[h], radius, B_bKQ=bq[h], **kw)
+                                          for h in range(H))), 2 * H + 2)
     return min(per_head, concat)
 
 

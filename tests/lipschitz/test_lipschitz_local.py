@@ -172,6 +172,8 @@ BAD_DATA = [
     (lambda: np.ones((1, 600, 384)), "positions"),
     (lambda: np.array([["a", "b"]]), "dtype"),
     (lambda: np.full((1, 3, 384), np.nan), "nan"),
+    (lambda: np.ones((1, 3, 384), dtype=np.longdouble), "float16/32/64"),  # an internal TypeError (stop 38)
+    (lambda: np.array([[2.0, 50.0, 3.0]]), "token ids must be an integer array"),  # was "embeddings must have shape"
 ]
 
 
@@ -202,7 +204,34 @@ def test_texts_empty_missing_and_mismatched_tokenizer(tmp_path, minilm):
     assert len(seqs) == 2 and seqs[0].shape[1] == 384 and seqs[0].shape[0] < 20  # no padding to 128
 
 
+def test_limit_counts_sequences_for_one_sequence_arrays(tmp_path, minilm):
+    """Stop 38 red team: a (T,) id array or a (T, d) embedding was cut to its first ``limit`` tokens, not sequences."""
+    from transcover.model._data import load_inputs
+
+    np.save(tmp_path / "ids.npy", np.array([101, 2023, 2003, 1037, 102]))
+    np.save(tmp_path / "emb.npy", np.random.default_rng(0).normal(size=(5, 384)))
+    for name in ("ids.npy", "emb.npy"):
+        seqs = load_inputs(minilm, str(tmp_path / name), limit=1)
+        assert len(seqs) == 1 and seqs[0].shape == (5, 384)
+
+
+def test_corrupt_tokenizer_is_one_line(tmp_path, minilm):
+    """Stop 38 red team: a malformed tokenizer.json ended in the tokenizers library's bare Exception (exit 1)."""
+    import shutil
+
+    from transcover.model import bundled_model_dir
+    from transcover.model._data import tokenize_texts
+
+    folder = tmp_path / "m"
+    shutil.copytree(bundled_model_dir(), folder)
+    (folder / "tokenizer.json").write_text('{"version": 1, 3: 4}')
+    spec = dataclasses.replace(minilm, name=str(folder))
+    with pytest.raises(InputError, match="cannot read .*tokenizer.json"):
+        tokenize_texts(spec, ["a sentence"])
+
+
 @pytest.mark.parametrize("data, rho, needle", [("sklearn-descr", "-1e-3", "--rho"), ("sklearn-descr", "inf", "--rho"),
+                                               ("sklearn-descr", "1e-3,1e-3", "twice"),
                                                ("bad.npy", "1e-3", "vocabulary")])
 def test_cli_bad_input_one_line_exit_2_nothing_written(tmp_path, data, rho, needle):
     if data == "bad.npy":
@@ -244,3 +273,19 @@ def test_all_zero_embeddings_are_answered_and_no_lower_gives_no_ratio(minilm):
     rows = local_table(spec, [torch.zeros(3, 384, dtype=torch.float64)], [1e-3], lower=False)
     assert rows and all(math.isfinite(r.global_upper) and r.local_upper > 0 for r in rows)
     assert all(math.isnan(r.lower) and math.isnan(r.ratio) for r in rows)
+
+
+def test_network_domain_column_covers_the_input_norm_and_huge_rho_gives_inf(minilm):
+    """Stop 38 red team: the network row's domain column took sigma_0 from the layers' norms only; on text whose
+    embedding LayerNorm inputs have std 0.03 it read 1.35 beside an empirical lower of 30.3 at the same data. And a
+    radius with no finite certificate ended in KeyError: 'attention' instead of inf rows."""
+    from transcover.lipschitz._local_report import local_table
+
+    spec = dataclasses.replace(minilm, layers=list(minilm.layers)[:1])
+    g = torch.Generator().manual_seed(0)
+    X = 0.03 * torch.randn(3, 384, generator=g, dtype=torch.float64)  # std 0.03 at the input norm
+    rows = local_table(spec, [X], [1e-3], lower_iter=5, whole="auto")
+    net = [r for r in rows if r.layer == -1]
+    assert net and net[0].lower <= net[0].domain_upper and net[0].lower <= net[0].local_upper
+    huge = local_table(spec, [X], [1e6], lower=False)
+    assert huge and all(r.local_upper == math.inf for r in huge)

@@ -181,6 +181,8 @@ def parse_rhos(text: str) -> list[float]:
             raise InputError(f"--rho must be numbers > 0 separated by commas, but got --rho={text}") from None
         if not (v > 0 and math.isfinite(v)):
             raise InputError(f"--rho must be finite and > 0, but got {part.strip()} in --rho={text}")
+        if v in out:  # the same radius twice wrote every row twice (stop 38 red team)
+            raise InputError(f"--rho lists {part.strip()} twice in --rho={text}")
         out.append(v)
     return out
 

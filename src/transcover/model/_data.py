@@ -86,7 +86,11 @@ def tokenize_texts(spec: TransformerSpec, texts: list[str], max_len: int | None 
     texts = [t for t in (s.strip() for s in texts) if t]
     if not texts:
         raise InputError("the data is empty (no non-blank line of text)")
-    tok = Tokenizer.from_file(str(_tokenizer_file(spec)))
+    path = _tokenizer_file(spec)
+    try:
+        tok = Tokenizer.from_file(str(path))
+    except Exception as err:  # the tokenizers library raises a bare Exception for a malformed file (stop 38)
+        raise InputError(f"cannot read {path}: {' '.join(str(err).split())[:200]}") from None
     vocab = int(spec.embeddings["token_embedding"].shape[0]) if "token_embedding" in spec.embeddings else None
     if vocab is not None and tok.get_vocab_size() != vocab:
         raise InputError(f"the tokenizer has {tok.get_vocab_size()} tokens but the model's vocabulary has {vocab}: "
@@ -154,18 +158,23 @@ def load_inputs(spec: TransformerSpec, source: str, *, max_len: int | None = Non
         raise InputError(f"--data: cannot read {source} as a numpy array ({e})") from None
     if arr.size == 0:
         raise InputError("the data is empty (an array with no entries)")
-    if limit:
-        arr = arr[:limit]
+    # --limit counts sequences: the one-sequence forms get their leading axis first (it cut a (T,) id array or a
+    # (T, d) embedding to its first tokens, stop 38 red team)
     if np.issubdtype(arr.dtype, np.integer):
         if arr.ndim == 1:
             arr = arr[None]
         if arr.ndim != 2:
             raise InputError(f"token ids must have shape (n, T), but got {arr.shape}")
-        return embed_ids(spec, list(arr))
-    if not np.issubdtype(arr.dtype, np.floating):
-        raise InputError(f"--data arrays must be integer token ids or float embeddings, but got dtype {arr.dtype}")
+        return embed_ids(spec, list(arr[:limit] if limit else arr))
+    if not np.issubdtype(arr.dtype, np.floating) or arr.dtype.itemsize > 8:  # float128: torch has no such dtype
+        raise InputError(f"--data arrays must be integer token ids or float16/32/64 embeddings, but got dtype {arr.dtype}")
     if arr.ndim == 2:
+        if arr.shape[-1] != spec.d_model and np.array_equal(arr, np.round(arr)):
+            raise InputError(f"--data: a float array of shape {arr.shape} looks like token ids; token ids must be an "
+                             f"integer array (embeddings need width {spec.d_model})")
         arr = arr[None]
+    if limit:
+        arr = arr[:limit]
     if arr.ndim != 3 or arr.shape[-1] != spec.d_model:
         raise InputError(f"embeddings must have shape (n, T, {spec.d_model}) for this model, but got {arr.shape}")
     if not np.isfinite(arr).all():

@@ -174,6 +174,7 @@ BAD_DATA = [
     (lambda: np.full((1, 3, 384), np.nan), "nan"),
     (lambda: np.ones((1, 3, 384), dtype=np.longdouble), "float16/32/64"),  # an internal TypeError (stop 38)
     (lambda: np.array([[2.0, 50.0, 3.0]]), "token ids must be an integer array"),  # was "embeddings must have shape"
+    (lambda: np.full((1, 3, 384), 1e200), "too large"),  # was "radius must be a finite number > 0, but got radius=inf"
 ]
 
 

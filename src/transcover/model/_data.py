@@ -52,7 +52,8 @@ def embed_ids(spec: TransformerSpec, ids: np.ndarray) -> list:
     n_pos = _max_positions(spec)
     longest = max(r.size for r in rows)
     if n_pos is not None and longest > n_pos:
-        raise InputError(f"a sequence has {longest} tokens, more than the model allows ({n_pos} positions)")
+        raise InputError(f"a sequence has {longest} tokens, more than the model allows ({n_pos} positions; texts are "
+                         "truncated to --max-len)")
     Et = torch.as_tensor(np.asarray(E), dtype=torch.float64)
     P = spec.embeddings.get("position_embedding") if "position_embedding" in spec.embeddings else None
     S = spec.embeddings.get("token_type_embedding") if "token_type_embedding" in spec.embeddings else None
@@ -155,7 +156,8 @@ def load_inputs(spec: TransformerSpec, source: str, *, max_len: int | None = Non
     try:
         arr = np.load(path, allow_pickle=False)
     except (ValueError, OSError, EOFError) as e:  # EOFError: a 0-byte file
-        raise InputError(f"--data: cannot read {source} as a numpy array ({e})") from None
+        why = ("not a .npy array, or an object array, which is never unpickled" if "pickle" in str(e) else str(e))
+        raise InputError(f"--data: cannot read {source} as a numpy array ({why})") from None
     if arr.size == 0:
         raise InputError("the data is empty (an array with no entries)")
     # --limit counts sequences: the one-sequence forms get their leading axis first (it cut a (T,) id array or a
@@ -179,6 +181,9 @@ def load_inputs(spec: TransformerSpec, source: str, *, max_len: int | None = Non
         raise InputError(f"embeddings must have shape (n, T, {spec.d_model}) for this model, but got {arr.shape}")
     if not np.isfinite(arr).all():
         raise InputError("the embeddings contain NaN or infinite values")
+    with np.errstate(over="ignore"):  # a token norm beyond float64 was reported as "radius=inf" (stop 38 red team)
+        if not np.isfinite(np.linalg.norm(arr.astype(np.float64), axis=-1)).all():
+            raise InputError("the embeddings are too large: a token's l2 norm overflows float64")
     n_pos = _max_positions(spec)
     if n_pos is not None and arr.shape[1] > n_pos:
         raise InputError(f"a sequence has {arr.shape[1]} tokens, more than the model allows ({n_pos} positions)")

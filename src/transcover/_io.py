@@ -86,7 +86,10 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
         raise InputError(f"cannot write {path}: folder {path.parent} does not exist")
     if _is_stream(path):  # /dev/stdout, a FIFO: written through, not replaced (a rename made /dev/stdout a file)
         try:
-            with open(path, "wb") as fh:
+            # non-blocking open: a FIFO with no reader is ENXIO at once instead of a wait without end (stop 38)
+            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+            os.set_blocking(fd, True)
+            with os.fdopen(fd, "wb") as fh:
                 fh.write(data)
         except OSError as err:
             from ._errors import InputError

@@ -227,3 +227,29 @@ def test_negative_scale_is_projected():
     project_product_(A, B, 0.5, -0.7)
     for h in range(2):
         assert 0.7 * float(torch.linalg.matrix_norm(A[h] @ B[h].T, 2)) <= 0.5
+
+
+def test_autocast_certification_names_an_overflow_and_the_hf_callback_asks_for_it(monkeypatch):
+    """Stop 38 red team: weights beyond fp16's range made finalize(forward_dtype=float16) end in a raw ValueError; and
+    the HF callback never passed the Trainer's half precision to finalize."""
+    from types import SimpleNamespace
+
+    from transcover import InputError
+    from transcover.constrain import ConstraintConfig, constrain, hf_callback
+    from transcover.model import ReferenceConfig, ReferenceTransformer
+
+    torch.manual_seed(0)
+    model = ReferenceTransformer(ReferenceConfig(d_model=16, n_heads=2, n_layers=1, d_ff=24))
+    cons = constrain(model, ConstraintConfig(method="project", radii={"W1": 1e8}))
+    with torch.no_grad():
+        model.blocks[0].W_1.mul_(1e9)  # projected to norm 1e8: entries far beyond fp16's 65504
+    with pytest.raises(InputError, match="overflow torch.float16"):
+        cons.finalize(forward_dtype=torch.float16)
+    seen = []
+    monkeypatch.setattr(cons, "finalize", lambda forward_dtype=None: seen.append(forward_dtype))
+    cb = hf_callback(cons, None)
+    state = SimpleNamespace(max_steps=3, global_step=3)
+    for args, want in ((SimpleNamespace(fp16=True, bf16=False), torch.float16),
+                       (SimpleNamespace(fp16=False, bf16=True), torch.bfloat16), (SimpleNamespace(), None)):
+        cb.on_train_end(args, state, None)
+        assert seen[-1] == want

@@ -174,7 +174,7 @@ BAD_DATA = [
     (lambda: np.full((1, 3, 384), np.nan), "nan"),
     (lambda: np.ones((1, 3, 384), dtype=np.longdouble), "float16/32/64"),  # an internal TypeError (stop 38)
     (lambda: np.array([[2.0, 50.0, 3.0]]), "token ids must be an integer array"),  # was "embeddings must have shape"
-    (lambda: np.full((1, 3, 384), 1e200), "too large"),  # was "radius must be a finite number > 0, but got radius=inf"
+    (lambda: np.full((1, 3, 384), 1e307), "too large"),  # was "radius must be a finite number > 0, but got radius=inf"
 ]
 
 
@@ -214,6 +214,15 @@ def test_limit_counts_sequences_for_one_sequence_arrays(tmp_path, minilm):
     for name in ("ids.npy", "emb.npy"):
         seqs = load_inputs(minilm, str(tmp_path / name), limit=1)
         assert len(seqs) == 1 and seqs[0].shape == (5, 384)
+
+
+def test_large_but_finite_token_norms_are_accepted(tmp_path, minilm):
+    """Stop 38 red team: the overflow check squared unscaled and refused norms ~1e200 that float64 holds."""
+    from transcover.model._data import load_inputs
+
+    np.save(tmp_path / "e.npy", np.full((1, 3, 384), 1e200))
+    (X,) = load_inputs(minilm, str(tmp_path / "e.npy"))
+    assert float(X.abs().max()) == 1e200
 
 
 def test_corrupt_tokenizer_is_one_line(tmp_path, minilm):

@@ -214,3 +214,12 @@ def test_a_stream_is_written_through_not_replaced(tmp_path):
     link.symlink_to("/dev/null")
     atomic_write_text(link, "x")
     assert link.is_symlink() and stat.S_ISCHR(os.stat("/dev/null").st_mode)
+
+
+def test_a_fifo_without_a_reader_is_one_line_not_a_wait(tmp_path):
+    """Stop 38 red team: opening a FIFO with no reader for writing blocked without end."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    with pytest.raises(InputError, match="cannot write"):
+        atomic_write_text(fifo, "x")
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)

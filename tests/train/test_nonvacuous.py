@@ -179,7 +179,11 @@ def test_split_prior_reference_never_sees_the_bound_half(monkeypatch, select):
     assert a.split["recipe_selection"] == b.split["recipe_selection"]
     if select:
         scores = a.split["recipe_selection"]["scores"]
-        assert len(scores) == len(split_mod.PRIOR_RECIPES) and all(r["n_A2"] == 100 for r in scores)
+        distinct = []  # recipes that equal the case's own config are trained once (SPLIT's l1 is the menu's 1e-3)
+        for r in split_mod.PRIOR_RECIPES:
+            if replace(config, **r) not in distinct:
+                distinct.append(replace(config, **r))
+        assert len(scores) == len(distinct) == 2 and all(r["n_A2"] == 100 for r in scores)
         best = min(range(len(scores)), key=lambda i: (scores[i]["mistakes_on_A2"], i))
         assert a.split["recipe_selection"]["chosen"] == scores[best]["recipe"]
     else:
@@ -348,3 +352,10 @@ def test_cli_digits_prints_the_bound_of_its_decodable_codeword(tmp_path, monkeyp
     assert row["kl_bound"]["value"] == kl
     assert f"{kl:.4f}" in capsys.readouterr().out
 
+
+
+def test_small_shares_that_pass_the_check_run():
+    """Stop 38 red team: the share check re-ran on the reference's own config (n_train = |A|, the split kept), so
+    n_train=100 at prior_split=0.1 (A = 10) was refused after being accepted, naming n_train=10."""
+    case = run_case(replace(SPLIT, n_train=100, prior_split=0.1, prior_select=True, n_test=500))
+    assert case.split["n_prior"] == 10 and case.split["n_bound"] == 90

@@ -144,3 +144,17 @@ def test_tightening_schedule_measures_against_the_radius_in_force():
     assert ratios and max(ratios) <= 1.0 + 1e-9, max(ratios)  # exact sigma of weights projected at that radius
     assert max(ratios) > 0.99  # the projections were active
     assert not res.exceeded or all(r["max_ratio_step"] <= 1 for r in res.exceeded.values())
+
+
+def test_resumed_run_measures_against_the_radius_in_force(tmp_path):
+    """Stop 38 red team: the radii of the last projection were not in the checkpoint, so the first step after a resume
+    divided by its own, tighter radius (ratio 1.083 where the uninterrupted run reads 0.99999988)."""
+    cons = ConstraintConfig(method="project", radii={"KQ": 0.3, "OV": 0.3}, schedule="linear", loose_factor=3.0)
+    cfg = replace(TINY, epochs=2, constraint=cons)
+    whole = train(cfg, out_dir=tmp_path / "a")
+    train(cfg, out_dir=tmp_path / "b", stop_after=1)
+    resumed = train(cfg, out_dir=tmp_path / "b", resume=True)
+    key = [k for k in whole.history[0] if k.startswith("ratio.KQ")][0]
+    a = [(r["step"], r[key]) for r in whole.history if r.get(key) is not None]
+    b = [(r["step"], r[key]) for r in resumed.history if r.get(key) is not None]
+    assert a == b

@@ -52,6 +52,8 @@ def _callback_class():
             if self.constrainer is not None:
                 save_plain(self.constrainer.model)
                 self.constrainer.set_progress(step_progress(state.global_step, state.max_steps))
+                if state.global_step > 0:  # resumed: the weights were projected at the previous step's radius
+                    self.constrainer.resumed_after(step_progress(state.global_step - 1, state.max_steps))
 
         def on_step_begin(self, args, state, control, **kwargs):
             if self.constrainer is not None:
@@ -77,7 +79,12 @@ def _callback_class():
         def on_train_end(self, args, state, control, **kwargs):
             # Only a run that reached its last step ends at the targets (Note [step progress]).
             if self.constrainer is not None and state.max_steps and state.global_step >= state.max_steps:
-                self.constrainer.finalize()
+                # a half-precision Trainer's forward runs on weights cast to it: certify the casts too (stop 38)
+                import torch
+
+                cast = torch.float16 if getattr(args, "fp16", False) else (
+                    torch.bfloat16 if getattr(args, "bf16", False) else None)
+                self.constrainer.finalize(forward_dtype=cast)
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if self.monitor is not None and logs:

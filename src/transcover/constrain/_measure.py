@@ -90,6 +90,11 @@ def certified_slot_norm(slot: Slot, cast: torch.dtype | None = None) -> float:
 
 
 def _cast_norm(slot: Slot, cast: torch.dtype) -> float:
+    from .._errors import InputError
+
+    parts = [slot.value("a"), slot.value("b")] if slot.kind == "product" else [slot.value()]
+    if not all(bool(torch.isfinite(p.to(cast)).all()) for p in parts):  # beyond the forward dtype's range
+        raise InputError(f"the weights of {slot.key} overflow {cast} (the forward dtype): no norm bound holds there")
     if slot.kind == "product":
         A, B = slot.value("a").to(cast), slot.value("b").to(cast)
         return max(certified_product_sigma(A[h], B[h], slot.scale) for h in range(A.shape[0]))

@@ -286,6 +286,14 @@ class Constrainer:
             return dict(self._projected)
         return self.radii()
 
+    def resumed_after(self, progress: float) -> None:
+        """A run resumed from a checkpoint whose last step was projected at ``progress``: the radii in force are that
+        step's (``_projected`` is not in the checkpoint; the first step after a resume divided by its own, tighter
+        radius and reported an exceedance the uninterrupted run does not have, stop 38)."""
+        if self.config.method in ("project", "clip"):
+            p = min(max(float(progress), 0.0), 1.0)
+            self._projected = {k: sched(p) for k, sched in self.schedules.items()}
+
     def step_hook(self, optimizer: torch.optim.Optimizer):
         """Register :meth:`after_step` as a post-step hook of ``optimizer`` (plain PyTorch loops).
 

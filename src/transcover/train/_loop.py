@@ -305,6 +305,8 @@ def train(config: TrainConfig, *, out_dir: str | Path | None = None, resume: boo
     n = task.X_train.shape[0]
     steps_per_epoch = math.ceil(n / config.batch_size)
     total = steps_per_epoch * config.epochs
+    if resume and step > 0:  # the checkpoint's weights were projected at the last step's radius
+        cons.resumed_after((step - 1) / max(total - 1, 1))
     bar = _progress_bar(progress, total, step)
     model.train()
     try:

@@ -106,13 +106,24 @@ def _select_recipe(config: NonvacuousConfig, menu, XA: Tensor, yA: Tensor, say):
     A's second half (ties: the earlier recipe); returns the config with it and the scores."""
     half = XA.shape[0] // 2
     X1, y1, X2, y2 = XA[:half], yA[:half], XA[half:], yA[half:]
-    scores = []
+    scores, seen = [], []
     for i, over in enumerate(PRIOR_RECIPES):
+        candidate = replace(config, **over)
+        if candidate in seen:  # a recipe the case's own already is (l1 = 1e-3 by default): trained once
+            continue
+        seen.append(candidate)
         say(f"{config.task}: recipe {i + 1}/{len(PRIOR_RECIPES)} for the reference, chosen on A ({over or 'as given'})")
-        ref = _reference(replace(config, n_train=half, **over), menu, X1, y1, say)[3]
+        ref = _reference(_sub(candidate, half), menu, X1, y1, say)[3]
         scores.append({"recipe": dict(over), "mistakes_on_A2": mistakes(ref, X2, y2), "n_A2": int(X2.shape[0])})
     best = min(range(len(scores)), key=lambda i: (scores[i]["mistakes_on_A2"], i))
-    return replace(config, **PRIOR_RECIPES[best]), {"chosen": dict(PRIOR_RECIPES[best]), "scores": scores}
+    chosen = scores[best]["recipe"]
+    return replace(config, **chosen), {"chosen": chosen, "scores": scores}
+
+
+def _sub(config: NonvacuousConfig, n: int) -> NonvacuousConfig:
+    """The config of a reference trained on ``n`` samples of A: no split of its own (the share check of the whole
+    case re-ran on A and refused cases it had accepted, stop 38)."""
+    return replace(config, n_train=n, prior_split=0.0, prior_select=False)
 
 
 def run_split_case(config: NonvacuousConfig, progress: Callable[[str], None] | None = None) -> NonvacuousCase:
@@ -126,7 +137,7 @@ def run_split_case(config: NonvacuousConfig, progress: Callable[[str], None] | N
     selection = None
     if config.prior_select:
         config, selection = _select_recipe(config, menu, XA, yA, say)
-    model, trained, restarts, ref, levels = _reference(replace(config, n_train=n_a), menu, XA, yA, say)
+    model, trained, restarts, ref, levels = _reference(_sub(config, n_a), menu, XA, yA, say)
     with torch.no_grad():
         float_err = float((model(X_te).argmax(-1) != y_te).double().mean())
     say(f"{config.task} n={config.n_train}: fine-tuning on A and B on the reference's grids")

@@ -104,6 +104,11 @@ def _callback_class():
 def hf_callback(constrainer: Constrainer | None = None, monitor: TrainingMonitor | None = None):
     """A ``transformers.TrainerCallback`` that drives ``constrainer`` and feeds ``monitor``.
 
+    The monitor's ``grad_norm`` is the gradient norm before clipping: read at each step when the Trainer does not
+    clip (``max_grad_norm = 0``), else taken from the Trainer's own log at its logging steps (the callback's hooks
+    run after the clipping, where every norm above the cap reads as the cap).  A Trainer in fp16/bf16 has the
+    final weights certified as cast to that dtype too (``Constrainer.finalize(forward_dtype=)``).
+
     Example (not run: needs a Trainer)::
 
         trainer = Trainer(model=model, args=args, train_dataset=ds,

@@ -51,3 +51,17 @@ def test_bad_input_is_one_line_and_nonzero(argv, needle, capsys, tmp_path):
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1 and needle in err and err.startswith("transcover: error:")
     assert not js.exists()
+
+
+def test_sweep_and_advise_refuse_what_they_used_to_bend(capsys):
+    """Stop 38 red team: --ns 2.5 ran as n = 2, '--Rs 1,,2' as [1, 2], and advise at one sample picked the widest MLP
+    (the estimation term is the trivial 8D at every width)."""
+    from transcover.cli import main
+
+    for argv, needle in ((["approx", "sweep", "--over", "R", "--ns", "2.5"], "whole numbers"),
+                         (["approx", "sweep", "--over", "R", "--Rs", "1,,2"], "empty item"),
+                         (["advise", "--sparsity", "2", "--smoothness", "1", "--seq-len", "16", "--n-samples", "1"],
+                          "n_samples must be >= 2")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert needle in err and err.count("\n") == 1

@@ -92,6 +92,7 @@ def test_capacity_is_read_from_the_spec():
 @pytest.mark.parametrize("kwargs, match", [
     (dict(R=0.0), "R must be > 0"), (dict(R=-1.0), "R must be > 0"), (dict(gamma=1.5), "gamma"),
     (dict(key_leak=0.5), "key_leak"), (dict(grid=0), "grid"), (dict(norm="layernorm"), "norm"),
+    (dict(R=1e308), "too large"),  # W_Q = R sqrt(d_p)/kappa^2 overflowed into an internal LinAlgError (stop 38)
 ])
 def test_bad_construction_arguments(kwargs, match):
     args = dict(R=5.0, grid=2) | kwargs
@@ -106,3 +107,27 @@ def test_construction_rejects_wrong_targets_and_encodings():
         build_construction(holder_ridge((0, 5)), equiangular_encoding(4, 0.1), R=5.0, grid=2)
     with pytest.raises(InputError, match="1/2"):
         build_construction(holder_ridge((0, 1)), equiangular_encoding(4, 0.6), R=5.0, grid=2)
+
+
+@pytest.mark.parametrize("n, delta, R", [(3, 0.3, 1.0), (3, 0.3, 2.0), (5, 0.45, 2.0), (8, 0.1, 0.5)])
+def test_readout_and_attention_bounds_are_rounded_up(n, delta, R):
+    """Stop 38 red team: equiangular codes make the read-out bound 2 gamma m(R(1 - Delta)) exactly tight, and plain
+    float64 put it 1 ulp below the network's own sup (0.9466243654222672 < 0.94662436542226724673). Each per-head
+    read-out bound and the attention part are now above the formula evaluated at 60 digits with the encoding's exact
+    coherence."""
+    import mpmath
+
+    c = build_construction(holder_ridge((0, 1)), equiangular_encoding(n, delta), R=R, grid=2)
+    b = c.bound()
+    P = c.encoding.P.double()
+    with mpmath.workdps(60):
+        exact = []
+        for i in c.target.indices:
+            dk = max(mpmath.fsum(mpmath.mpf(float(P[i, t])) * mpmath.mpf(float(P[j, t])) for t in range(P.shape[1]))
+                     for j in range(n) if j != i)
+            tt = (n - 1) * mpmath.exp(-mpmath.mpf(R) * (1 - dk))
+            exact.append(2 * mpmath.mpf(c.gamma) * tt / (1 + tt))
+        for got, want in zip(b.readout_bound, exact):
+            assert got >= want and got <= want * (1 + mpmath.mpf(2) ** -40)
+        L = c.mlp.axis_lipschitz
+        assert b.attention.value >= mpmath.fsum(mpmath.mpf(Lk) * e for Lk, e in zip(L, exact))

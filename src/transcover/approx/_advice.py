@@ -115,6 +115,9 @@ def advise(sparsity: int, smoothness: float, seq_len: int, n_samples: int, *, de
             raise InputError(f"{name} must be a positive integer, but got {name}={v!r}")
     if sparsity > seq_len:
         raise InputError(f"sparsity s must be <= seq_len n, but got s={sparsity} > n={seq_len}")
+    if n_samples < 2:  # Dudley's integral is empty at m = 1: the estimation term is 8D at every width (stop 38)
+        raise InputError("n_samples must be >= 2: with one sample the estimation term is the trivial 8D for every "
+                         "width, so no design is better than another")
     if not (0.0 < smoothness <= 2.0):
         raise InputError(f"smoothness beta must be in (0, 2], but got beta={smoothness!r}")
     if not (0.0 <= delta < 0.5):

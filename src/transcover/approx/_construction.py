@@ -155,25 +155,31 @@ class Construction:
         n, s, R, lam, gam = self.n, self.s, self.R, self.key_leak, self.gamma
         G = P @ P.T
         gaps, readout = [], []
+        d_p = P.shape[1]
         for i in self.target.indices:
             others = torch.cat([G[i, :i], G[i, i + 1:]])
-            delta_k = float(others.max()) if others.numel() else -1.0
-            g = R * (1.0 - delta_k - 2.0 * lam)
+            # rounded in the claim's direction (stop 38: equiangular codes make the read-out bound exactly tight, and
+            # plain float64 put it 1 ulp below the network's own sup): Δ_k up by the Gram's rounding, the gap down,
+            # the read-out bound up
+            delta_k = float(others.max()) + (d_p + 2) * 2.0**-52 if others.numel() else -1.0
+            g = math.nextafter(R * (1.0 - delta_k - 2.0 * lam) * (1.0 - 2.0**-50), -math.inf)
             gaps.append(g)
-            readout.append(2.0 * gam * off_target_mass_bound(n, g))
+            readout.append(math.nextafter(2.0 * gam * off_target_mass_bound(n, g) * (1.0 + 2.0**-47), math.inf))
         L = self.mlp.axis_lipschitz
-        attn = sum(Lk * r for Lk, r in zip(L, readout))
+        attn = math.nextafter(sum(Lk * r for Lk, r in zip(L, readout)) * (1.0 + 2.0**-47), math.inf)
         beta, Lh = self.target.beta, self.target.holder_constant
         mlp = simplicial_error_bound(beta, Lh, s, self.mlp.N, self.mlp.lo, self.mlp.hi, gam)
         Delta = self.encoding.delta
         lemma = sum(L) * 2.0 * gam * n * math.exp(-R * (1.0 - 2.0 * Delta))
         src = "Lemma H.1 / THEORY F16a,c"
-        assumptions = ("contents in [-1, 1]", f"key_leak={lam}", f"beta={beta}, L={Lh}")
+        assumptions = ("contents in [-1, 1]", f"key_leak={lam}", f"beta={beta}, L={Lh}",
+                       "the network in exact arithmetic: a float64 evaluation adds its own rounding (about 1e-16 of "
+                       "the outputs), which the bound does not include")
         return ConstructionBound(
             tuple(gaps), tuple(readout),
             Quantity(attn, Kind.CERTIFIED_UPPER, src + " (attention part)", assumptions),
             Quantity(mlp, Kind.CERTIFIED_UPPER, src + " (MLP part, simplicial interpolation)", assumptions),
-            Quantity(attn + mlp, Kind.CERTIFIED_UPPER, src, assumptions),
+            Quantity(math.nextafter(attn + mlp, math.inf), Kind.CERTIFIED_UPPER, src, assumptions),
             Quantity(lemma, Kind.CERTIFIED_UPPER if 2 * lam <= Delta + 1e-15 else Kind.ESTIMATE,
                      "seed section 4.2: n e^{-R(1-2Δ)} x value spread x head Lipschitz", assumptions),
         )
@@ -248,4 +254,6 @@ def build_construction(target: SparseTarget, encoding: Encoding, *, R: float, gr
             lin.weight.copy_(torch.from_numpy(W.T))
             lin.bias.copy_(torch.from_numpy(bias))
     model.eval()
+    if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):  # R ~ 1e308: W_Q = R sqrt(d_p)/κ² is inf
+        raise InputError(f"R={R!r} is too large: the construction's weights overflow float64")
     return Construction(model, target, encoding, mlp, float(R), float(gamma), float(key_leak), kappa)

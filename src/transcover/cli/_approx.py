@@ -69,10 +69,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _floats(text: str, name: str) -> list[float]:
     from .._errors import InputError
 
+    parts = text.split(",")
+    if any(not x.strip() for x in parts):  # "1,,2" was read as [1, 2] (stop 38 red team)
+        raise InputError(f"{name} has an empty item: {text!r}")
     try:
-        return [float(x) for x in text.split(",") if x.strip()]
+        return [float(x) for x in parts]
     except ValueError:
         raise InputError(f"{name} must be a comma-separated list of numbers, but got {text!r}") from None
+
+
+def _ints(text: str, name: str) -> list[int]:
+    from .._errors import InputError
+
+    import math
+
+    vals = _floats(text, name)
+    if not all(math.isfinite(v) and v == int(v) for v in vals):  # 2.5 ran as n = 2 (stop 38 red team)
+        raise InputError(f"{name} must be whole numbers, but got {text!r}")
+    return [int(v) for v in vals]
 
 
 def _write_outputs(args, data: dict, display=None) -> None:
@@ -113,7 +127,7 @@ def _sweep(args) -> int:
     from ..report import rate_sweep_line, rate_sweep_table
 
     if args.over == "R":
-        res = approx("sweep", over="R", Rs=_floats(args.Rs, "--Rs"), ns=[int(x) for x in _floats(args.ns, "--ns")],
+        res = approx("sweep", over="R", Rs=_floats(args.Rs, "--Rs"), ns=_ints(args.ns, "--ns"),
                      deltas=_floats(args.deltas, "--deltas"), lemma_worst_case=args.lemma_worst_case)
     else:
         cases = []

@@ -86,3 +86,20 @@ def test_perturb_plot_draws_the_bound_per_layer_and_the_measured_change(models, 
     assert disp.total == bound.total.value and sum(disp.contributions) > 0
     assert main(["perturb", str(models / "a.safetensors"), str(models / "b.safetensors"), *FAST,
                  "--plot", str(tmp_path / "p.txt")]) == 2  # refused before computing
+
+
+def test_perturb_names_embedding_tables_it_does_not_bound(tmp_path, capsys):
+    """Stop 38 red team: two models that differ only in their embedding tables were reported as "0, no change"
+    without a word (the bound is for g, after the embedding)."""
+    from transcover.scale._synthetic import write_gpt2_checkpoint
+    from safetensors.numpy import load_file, save_file
+
+    a = write_gpt2_checkpoint(tmp_path / "a", d=16, layers=1, heads=2, vocab=32, positions=8, seed=1)
+    b = write_gpt2_checkpoint(tmp_path / "b", d=16, layers=1, heads=2, vocab=32, positions=8, seed=1)
+    t = load_file(b / "model.safetensors")
+    t["wte.weight"] = t["wte.weight"] * 2
+    save_file(t, b / "model.safetensors")
+    out = tmp_path / "p.json"
+    assert main(["perturb", str(a), str(b), *FAST, "--json", str(out)]) == 0
+    assert "embedding tables differ (token_embedding)" in capsys.readouterr().err
+    assert any("embedding tables differ" in w for w in json.loads(out.read_text())["warnings"])

@@ -44,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
     b = load(args.model_b, arch=args.arch, allow_pickle=args.allow_pickle, strict=args.strict).to_torch()
     # Lemma G.3 charges weight distances only: refuse before any search (Note [structural differences])
     require_same_structure(a, b)
+    outside = _outside_g(a, b)
     small_threads(a.d_model, cfg.seq_len)
     tracker.step("certified bound (Lemma G.3)")
     bound = perturbation_bound(a, b, **cfg.bound_options())
@@ -53,6 +54,8 @@ def run(args: argparse.Namespace) -> int:
     tracker.close()
     up, lw = bound.total.value, low.value.value
     check_certified(f"output change ||g(A)(X) - g(B)(X)||_{cfg.metric} (Lemma G.3)", up, lw)
+    if outside:
+        print(f"warning: {outside}", file=sys.stderr)
     render_perturb(bound, cfg.metric, cfg.radius, cfg.samples, cfg.seq_len, lw, a.n_layers, args.top)
     if args.plot:
         from ..report import atomic_write_bytes, figure_bytes
@@ -62,7 +65,37 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         from ..report import envelope_json
 
-        atomic_write_text(args.json, envelope_json(perturb_payload(a, b, bound, low), schema="transcover.perturb",
+        payload = perturb_payload(a, b, bound, low)
+        if outside:
+            payload["warnings"] = [*payload["warnings"], outside]
+        atomic_write_text(args.json, envelope_json(payload, schema="transcover.perturb",
                                                    schema_version="1", inputs=[args.model_a, args.model_b]))
         print(f"wrote {args.json}", file=sys.stderr)
     return 0
+
+
+def _outside_g(a, b) -> str:  # noqa: ANN001
+    """What the bound does not see: g takes its inputs after the embedding tables (THEORY F8), so two models that
+    differ only there were reported as "0, no change" without a word, and a NaN table passed (stop 38 red team).
+    Non-finite tables are refused, as ``analyze`` refuses them; differing ones are named in a warning (empty: none).
+
+    Raises:
+        InputError: an embedding table with NaN or infinite entries.
+    """
+    import torch
+
+    from .._errors import InputError
+
+    differ = []
+    for name in sorted(set(a.embeddings) | set(b.embeddings)):
+        ta, tb = a.embeddings.get(name), b.embeddings.get(name)
+        for who, t in (("A", ta), ("B", tb)):
+            if t is not None and not bool(torch.isfinite(torch.as_tensor(t)).all()):
+                raise InputError(f"model {who}'s embedding {name!r} has NaN or infinite entries")
+        if ta is None or tb is None or tuple(ta.shape) != tuple(tb.shape) or not torch.equal(torch.as_tensor(ta),
+                                                                                                 torch.as_tensor(tb)):
+            differ.append(name)
+    if not differ:
+        return ""
+    return (f"the models' embedding tables differ ({', '.join(differ)}); the bound is for g, whose inputs are taken "
+            "after the embedding, so it does not include that change")

@@ -108,7 +108,9 @@ def test_reference_model_summary_and_dataframe():
     assert list(df.index) == [0, 1, 2]
     assert (df["B_KQ_lower"] <= df["B_KQ_upper"]).all()
     assert {"B_b_attn_lower", "B_b_attn_upper"} <= set(df.columns)
-    assert res.heads_dataframe().shape[0] == 12
+    heads = res.heads_dataframe()
+    assert heads.shape[0] == 12 and set(heads["kind"]) == {"certified interval"}  # the kind column (stop 38)
+    assert set(analyze_spec(reference_spec(model), fast=True).heads_dataframe()["kind"]) == {"estimate"}
     summary = res.summary()
     assert summary["B_W1"].upper == max(layer.B_W1.upper for layer in res.layers)
     names = {e.name for e in res.embeddings}

@@ -183,14 +183,17 @@ class AnalysisResult:
         return render("analysis.repr_html", self)
 
     def heads_dataframe(self):
-        """One row per (layer, head): B_KQ, B_V and ||W_V^h|| intervals (pandas)."""
+        """One row per (layer, head): B_KQ, B_V and ||W_V^h|| intervals (pandas), with what they are (``kind``: a
+        certified interval, or an estimate under ``--fast``; the column was missing, stop 38)."""
         import pandas as pd
 
         rows = []
         for layer in self.layers:
             for h in layer.heads:
+                kinds = {str(getattr(getattr(iv, "kind", None), "value", getattr(iv, "kind", "")))
+                         for iv in (h.B_KQ, h.B_V, h.W_V)}
                 rows.append({"layer": layer.index, "head": h.head,
                              "B_KQ_lower": h.B_KQ.lower, "B_KQ_upper": h.B_KQ.upper,
                              "B_V_lower": h.B_V.lower, "B_V_upper": h.B_V.upper,
-                             "W_V_lower": h.W_V.lower, "W_V_upper": h.W_V.upper})
+                             "W_V_lower": h.W_V.lower, "W_V_upper": h.W_V.upper, "kind": " / ".join(sorted(kinds))})
         return pd.DataFrame(rows).set_index(["layer", "head"])

@@ -103,3 +103,19 @@ def test_perturb_names_embedding_tables_it_does_not_bound(tmp_path, capsys):
     assert main(["perturb", str(a), str(b), *FAST, "--json", str(out)]) == 0
     assert "embedding tables differ (token_embedding)" in capsys.readouterr().err
     assert any("embedding tables differ" in w for w in json.loads(out.read_text())["warnings"])
+
+
+def test_an_empty_sigma_domain_is_named_and_a_huge_radius_is_no_crash(tmp_path):
+    """Stop 38 red team: --sigma-min above what inputs of the radius can have (std <= r/sqrt(d)) certified 2.2e11
+    over an empty domain without a word; --radius 1e300 ended in OverflowError (34) from R**3."""
+    from transcover.lipschitz import lipschitz_bounds
+    from transcover.model import load
+    from transcover.scale._synthetic import write_gpt2_checkpoint
+
+    spec = load(write_gpt2_checkpoint(tmp_path / "g", d=16, layers=1, heads=2, vocab=32, positions=8)).to_torch()
+    empty = lipschitz_bounds(spec, radius=1.0, sigma_min=0.5)  # std <= 1/4 at the first norm
+    assert any(a.startswith("EMPTY DOMAIN") for a in empty.upper.assumptions)
+    fine = lipschitz_bounds(spec, radius=1.0, sigma_min=0.1)
+    assert not any(a.startswith("EMPTY DOMAIN") for a in fine.upper.assumptions)
+    huge = lipschitz_bounds(spec, radius=1e300)  # pre-norm: the norms bound every branch's input, R only the first
+    assert huge.upper.value >= lipschitz_bounds(spec, radius=1.0).upper.value

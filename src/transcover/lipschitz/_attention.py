@@ -208,11 +208,13 @@ def attention_perturbation_coefficients(B_OV: Sequence[float], radius: float, *,
     """
     check_c_sm(c_sm)
     R = radius
+    # R**3 raised OverflowError beyond R ~ 5.6e102 (`lipschitz --radius 1e300`, stop 38): inf there, the same floats below
+    R2, R3 = (R**2, R**3) if R < 1e100 else (R * R, R * R * R)
     out: list[tuple[str, float, str]] = []
     for h, b in enumerate(B_OV):
-        out.append((f"W_KQ.{h}", c_sm * b * R**3, "spectral"))
+        out.append((f"W_KQ.{h}", c_sm * b * R3, "spectral"))
         if has_query_bias:
-            out.append((f"b_KQ.{h}", c_sm * b * R**2, "l2"))
+            out.append((f"b_KQ.{h}", c_sm * b * R2, "l2"))
         out.append((f"W_OV.{h}", R, "spectral"))
     if has_output_bias:
         out.append(("b_out", 1.0, "l2"))

@@ -255,6 +255,25 @@ def compose(norms: ClassBounds, *, radius: float = 1.0, c_sm: float = 1.0, metri
                  for n in [norms.input_norm, norms.final_norm]
                  + [m for L in norms.layers for m in (L.norm_attn, L.norm_ffn, L.post_norm_attn, L.post_norm_ffn)])
     assumptions = _assumptions(metric, radius, c_sm, sigma_min, seq_len, has_ln, norms.layers)
+    if sigma_min > 0:
+        # a row of norm <= r has std (and RMS) <= r / sqrt(d): a floor above that leaves no input, and the bound holds
+        # only vacuously there (stop 38 red team: --sigma-min 0.5 at --radius 1, d = 16, certified 2.2e11 unremarked)
+        empty = []
+        for st in stages:
+            if st.layer in (-1, len(norms.layers)):
+                ns = [norms.input_norm if st.layer == -1 else norms.final_norm]
+            else:  # a post-norm stage is the norm; a pre-norm branch stage applies its norm to the stage's input
+                L = norms.layers[st.layer]
+                pre = {"attention": [L.norm_attn], "ffn": [L.norm_ffn], "parallel": [L.norm_attn, L.norm_ffn]}
+                ns = ([getattr(L, st.name)] if st.name in ("norm_attn", "norm_ffn")
+                      else pre.get(st.name, []) if L.placement is not Placement.POST else [])
+            if any(n is not None and n.kind in (NormKind.LAYERNORM, NormKind.RMSNORM) for n in ns) \
+                    and sigma_min * math.sqrt(norms.d_model) > st.radius_in:
+                empty.append(f"layer {st.layer} {st.name} (inputs of norm <= {st.radius_in:.4g})")
+        if empty:
+            assumptions += (f"EMPTY DOMAIN: no input has std >= sigma_0={sigma_min:g} at "
+                            + ", ".join(empty[:3]) + (f" and {len(empty) - 3} more" if len(empty) > 3 else "")
+                            + ": the bound holds vacuously there",)
     if any(L.attention_kind == "l2" for L in norms.layers):
         assumptions += (f"L2 attention: sequences of N={seq_len} tokens (THEORY F13 corrected, after Kim "
                         "et al. 2021 Thm 3.2; no radius assumption)",)

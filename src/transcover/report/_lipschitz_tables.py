@@ -47,7 +47,8 @@ def render_lipschitz(name: str, bounds, rows: list[tuple], n_layers: int) -> Non
     for a in bounds.upper.assumptions:
         console.print(f"  assumption: {a}")
     console.print("  upper: certified (THEORY F6/F7/F8/F14, rounding included); lower: attained by input "
-                  "pairs inside the domain (each stage searched on its own certified input radius); "
+                  "pairs inside the domain (each stage searched on its own certified input radius; a norm with a "
+                  "floor on std >= sigma_0 instead, its constant being the same on every radius); "
                   "'network, worst R': the plain product with every stage on the largest radius")
 
 

@@ -158,3 +158,25 @@ def test_resumed_run_measures_against_the_radius_in_force(tmp_path):
     a = [(r["step"], r[key]) for r in whole.history if r.get(key) is not None]
     b = [(r["step"], r[key]) for r in resumed.history if r.get(key) is not None]
     assert a == b
+
+
+def test_a_torn_checkpoint_is_refused_on_resume(tmp_path):
+    """Stop 38 red team: each checkpoint file is atomic but the three are not; a kill after the new weights and before
+    the new state.json resumed with mixed state without a word (test accuracy 0.10 against 0.17)."""
+    cfg = replace(TINY, epochs=2)
+    train(cfg, out_dir=tmp_path / "a", stop_after=1)
+    ck = tmp_path / "a" / "checkpoint"
+    state = (ck / "state.json").read_text()
+    train(cfg, out_dir=tmp_path / "a", resume=True)  # the epoch-2 files
+    (ck / "state.json").write_text(state)  # the torn set: epoch-2 weights, epoch-1 state
+    with pytest.raises(InputError, match="is torn"):
+        train(cfg, out_dir=tmp_path / "a", resume=True)
+
+
+def test_a_diverging_capacity_proxy_is_inf_not_a_crash():
+    """Stop 38 red team: a diverging seed's log proxy beyond 709 made math.exp raise in the monitor."""
+    from transcover.constrain._penalties import capacity_proxy
+
+    big = torch.tensor([1e50], dtype=torch.float64)  # a finite log proxy of 1382: its exp overflows
+    sigmas = {"KQ.0": big, "OV.0": big, "W1.0": big, "W2.0": big, **{f"head.{j}": big for j in range(8)}}
+    assert capacity_proxy(sigmas, 1) == float("inf")

@@ -147,4 +147,6 @@ def capacity_proxy(sigmas: dict[str, Tensor], n_layers: int, *, L_act: float = 1
     the capacity quantity that multiplies every covering term of F9/F10.
     """
     with torch.no_grad():
-        return float(math.exp(float(lipschitz_regulariser(sigmas, n_layers, L_act=L_act, c_sm=c_sm))))
+        log_value = float(lipschitz_regulariser(sigmas, n_layers, L_act=L_act, c_sm=c_sm))
+    # a diverging run's log proxy beyond 709 made math.exp raise, which aborted a whole staged experiment (stop 38)
+    return math.inf if log_value > 709.0 else math.exp(log_value)

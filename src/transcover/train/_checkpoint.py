@@ -9,6 +9,7 @@ continues the warm start exactly.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -41,10 +42,16 @@ def save_checkpoint(folder: str | os.PathLike[str], model: nn.Module, optimizer:
     folder.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().contiguous().clone() for k, v in model.state_dict().items()}
     tensors.update({_EXTRA + k: v.detach().contiguous().clone() for k, v in (extra or {}).items()})
-    atomic_write_bytes(folder / "model.safetensors", save(tensors, metadata={"format": "pt"}))
+    weights = save(tensors, metadata={"format": "pt"})
     buf = io.BytesIO()
     torch.save(optimizer.state_dict(), buf)
-    atomic_write_bytes(folder / "optimizer.pt", buf.getvalue())
+    # Note [torn checkpoint]: each file is atomic but the three are not, so a kill between them left new weights
+    # beside an older state.json, which resumed without a word (stop 38 red team). state.json, written last, holds
+    # the other two files' digests; load_checkpoint refuses a set that does not match.
+    files = {"model.safetensors": weights, "optimizer.pt": buf.getvalue()}
+    state = {**state, "files": {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}}
+    for name, data in files.items():
+        atomic_write_bytes(folder / name, data)
     atomic_write_text(folder / "state.json", json.dumps(state, indent=1, sort_keys=True))
     return folder
 
@@ -66,6 +73,14 @@ def load_checkpoint(folder: str | os.PathLike[str], model: nn.Module,
         state = json.loads((folder / "state.json").read_text())
     except json.JSONDecodeError as err:
         raise InputError(f"checkpoint state {folder / 'state.json'} is not valid JSON: {err}") from None
+    files = state.get("files") if isinstance(state, dict) else None
+    if files is not None and (not isinstance(files, dict) or not set(files) <= {"model.safetensors", "optimizer.pt"}):
+        raise InputError(f"checkpoint state {folder / 'state.json'} has a malformed 'files' entry")
+    for name, digest in (files or {}).items():  # Note [torn checkpoint]
+        with open(folder / name, "rb") as fh:
+            if hashlib.sha256(fh.read()).hexdigest() != digest:
+                raise InputError(f"checkpoint {folder} is torn: {name} is not the file its state.json was written "
+                                 "with (a write was interrupted); train again without --resume")
     try:
         weights = load_file(str(folder / "model.safetensors"))
     except Exception as err:  # safetensors raises its own error types for corrupt files

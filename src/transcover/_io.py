@@ -20,10 +20,12 @@ which is read first, and the swap (under a lock) is only the fallback elsewhere.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 __all__ = ["atomic_write_text", "atomic_write_bytes", "current_umask"]
@@ -86,8 +88,17 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
         raise InputError(f"cannot write {path}: folder {path.parent} does not exist")
     if _is_stream(path):  # /dev/stdout, a FIFO: written through, not replaced (a rename made /dev/stdout a file)
         try:
-            # non-blocking open: a FIFO with no reader is ENXIO at once instead of a wait without end (stop 38)
-            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+            # non-blocking open: a FIFO with no reader is ENXIO instead of a wait without end (stop 38); a reader
+            # about to open it gets two seconds
+            deadline = time.monotonic() + 2.0
+            while True:
+                try:
+                    fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+                    break
+                except OSError as err:
+                    if err.errno != errno.ENXIO or time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.01)
             os.set_blocking(fd, True)
             with os.fdopen(fd, "wb") as fh:
                 fh.write(data)

@@ -106,6 +106,15 @@ def test_resume_refuses_a_damaged_optimizer_state_and_nan_weights(tmp_path, caps
     name = next(k for k, t in w.items() if t.is_floating_point() and t.numel() > 1)
     w[name].view(-1)[0] = math.nan
     save_file(w, str(ck / "model.safetensors"))
+    assert main(args + ["--resume"]) == 2  # a file that is not the one the state was written with (stop 38)
+    assert "is torn" in capsys.readouterr().err
+    # a run that itself saved NaN weights: its state.json holds their digest, and the NaN check names them
+    import hashlib
+    import json
+
+    state = json.loads((ck / "state.json").read_text())
+    state["files"]["model.safetensors"] = hashlib.sha256((ck / "model.safetensors").read_bytes()).hexdigest()
+    (ck / "state.json").write_text(json.dumps(state))
     assert main(args + ["--resume"]) == 2
     assert "NaN or infinite" in capsys.readouterr().err
 

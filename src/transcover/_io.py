@@ -65,8 +65,6 @@ def _target_mode(path: Path) -> int:
 def _is_stream(path: Path) -> bool:
     """Whether ``path`` (its link followed) is a character device, a FIFO or a socket: a stream to write into, which
     has no content to keep whole and which a rename would replace by a regular file (stop 38 red team)."""
-    import stat
-
     try:
         m = os.stat(path).st_mode
     except OSError:

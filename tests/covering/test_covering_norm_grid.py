@@ -137,7 +137,8 @@ def test_gap_is_the_gridded_class_with_its_prior(cfg):
 def test_concentration_with_prior_against_mpmath():
     for n, b, delta, lp in ((1e3, 1.0, 0.05, 0.0), (7.0, 2.5, 1e-9, 123.456), (1e12, 1e-3, 0.5, 4457.0)):
         with mpmath.workdps(60):
-            ref = 3 * mpmath.mpf(b) * mpmath.sqrt((mpmath.log(2 / mpmath.mpf(delta)) + mpmath.mpf(lp)) / (2 * mpmath.mpf(n)))
+            conc = (mpmath.log(2 / mpmath.mpf(delta)) + mpmath.mpf(lp)) / (2 * mpmath.mpf(n))
+            ref = 3 * mpmath.mpf(b) * mpmath.sqrt(conc)
             c = concentration_term(n, loss_bound=b, delta=delta, log_prior=lp)
             assert c >= ref and c <= ref * (1 + mpmath.mpf(2) ** -50)
     for bad in (-1.0, math.inf, math.nan):

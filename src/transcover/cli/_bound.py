@@ -81,8 +81,11 @@ def _validate(args: argparse.Namespace) -> None:
         raise InputError(f"--sigma-min must be >= 0, but got --sigma-min={args.sigma_min}")
     if args.target_gap is not None and not (args.target_gap > 0):
         raise InputError(f"--target-gap must be > 0, but got --target-gap={args.target_gap}")
-    if not 0 <= args.norm_grid <= 2**20:
-        raise InputError(f"--norm-grid must be in [0, 1048576] levels per octave, but got --norm-grid={args.norm_grid}")
+    from ..covering import NORM_GRID_MAX_STEPS as MAX_STEPS
+
+    if not 0 <= args.norm_grid <= MAX_STEPS:
+        raise InputError(f"--norm-grid must be in [0, {MAX_STEPS}] levels per octave, "
+                         f"but got --norm-grid={args.norm_grid}")
     if args.top < 0:
         raise InputError(f"--top must be >= 0, but got --top={args.top}")
     if args.plot is not None and not args.plot.lower().endswith(".png"):

@@ -79,8 +79,7 @@ class BoundConfig:
         if not (math.isfinite(self.sigma_min) and self.sigma_min >= 0):
             raise InputError(f"sigma_min must be >= 0, but got sigma_min={self.sigma_min!r}")
         if self.norm_grid != 0:
-            check_positive_int(self.norm_grid, "norm_grid")
-            NormGrid(self.norm_grid)  # its own range check (at most MAX_STEPS levels per octave)
+            NormGrid(self.norm_grid)  # its own checks: a positive integer, at most MAX_STEPS levels per octave
         return replace(self, n_samples=n_samples)
 
 

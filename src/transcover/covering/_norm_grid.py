@@ -9,9 +9,10 @@ rounded up to a level of a grid fixed in advance,
 
 and the gap is taken for the class of the levels, with the failure probability ``delta`` spread over all
 level vectors by a prior that is fixed before the data: ``1/2`` on the level 0, and
-``1/(3(|j| + 1)(|j| + 2))`` on ``G(j)`` (these sum to 1: ``sum_{j >= 1} 1/((j + 1)(j + 2)) = 1/2`` telescopes, so
-``sum_{j in Z} 1/((|j| + 1)(|j| + 2)) = 1/2 + 2 * 1/2 = 3/2``), independently per norm.  The union bound then holds at every level vector at once, so at the one the
-trained model lands in; its price is ``ln(1/prior)`` summed over the norms, added to ``ln(2/delta)``.
+``1/(3(|j| + 1)(|j| + 2))`` on ``G(j)``, independently per norm.  These sum to 1: ``sum_{j >= 1}
+1/((j + 1)(j + 2)) = 1/2`` telescopes, so ``sum_{j in Z} 1/((|j| + 1)(|j| + 2)) = 1/2 + 2 * 1/2 = 3/2``.
+The union bound then holds at every level vector at once, so at the one the trained model lands in; its
+price is ``ln(1/prior)`` summed over the norms, added to ``ln(2/delta)``.
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ from dataclasses import dataclass, field, fields, replace
 from .._errors import InputError, check_positive_int
 from ._outward import exact, to_float
 
-__all__ = ["NormGrid", "grid_class_bounds", "MAX_STEPS"]
+__all__ = ["NormGrid", "grid_class_bounds", "MAX_STEPS", "NORM_GRID_MAX_STEPS"]
 
 MAX_STEPS = 2**20  # levels per octave: 2^(1/k) - 1 stays ~k/ln 2 ulps of 1 apart, so every level is its own float
+NORM_GRID_MAX_STEPS = MAX_STEPS  # the package's name for it
 
 
 @dataclass

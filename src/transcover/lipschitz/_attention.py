@@ -208,7 +208,8 @@ def attention_perturbation_coefficients(B_OV: Sequence[float], radius: float, *,
     """
     check_c_sm(c_sm)
     R = radius
-    # R**3 raised OverflowError beyond R ~ 5.6e102 (`lipschitz --radius 1e300`, stop 38): inf there, the same floats below
+    # R**3 raised OverflowError beyond R ~ 5.6e102 (`lipschitz --radius 1e300`, stop 38): inf there, the same
+    # floats below
     R2, R3 = (R**2, R**3) if R < 1e100 else (R * R, R * R * R)
     out: list[tuple[str, float, str]] = []
     for h, b in enumerate(B_OV):

@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import math
 import time
-
-import torch
 from dataclasses import dataclass
 
+import torch
 
 from .._results import check_certified
 from ..model import attention_forward, ffn_forward, layer_forward
@@ -166,13 +165,14 @@ def local_table(spec: TransformerSpec, seqs: list, rho_factors: list[float], *, 
     return rows
 
 
-def _network_row(spec, seqs, f, relative, whole, glob, domain, lower, cache, move_rest=False) -> LocalRow:  # noqa: ANN001
+def _network_row(spec, seqs, f, relative, whole, glob, domain, lower, cache,  # noqa: ANN001
+                 move_rest=False) -> LocalRow:
     """The whole network on the balls around the embedded sequences (``network_local``, THEORY F30):
     max over sequences; the lower estimate is ``stack_lower`` at the same points.
 
     ``domain = (norms, R, sigma_0)``: the domain column's floor must hold for every norm the network applies on its
     balls. The layers' floors (``sigma_0``) do not cover the input norm, whose floor on the network's input balls is
-    taken here (``norm_local``); on MiniLM's texts it is 0.034 against the layers' 0.35, and the column read 1.35
+    taken here (``norm_local``); on a toy BERT's text it was 0.034 against the layers' floors, and the column read 1.35
     beside an empirical lower of 30.3 (stop 38 red team). A final norm's inputs have no ball certified here: with
     one, the column is not reported (nan)."""
     from ._local import network_local, norm_local
@@ -193,7 +193,8 @@ def _network_row(spec, seqs, f, relative, whole, glob, domain, lower, cache, mov
     if lower:
         check_certified("local Lipschitz constant of the whole network", up, lo)
     final = spec.final_norm is not None and spec.final_norm.kind in (NormKind.LAYERNORM, NormKind.RMSNORM)
-    dom = math.nan if final or not math.isfinite(sig0) else compose(norms, radius=R, sigma_min=max(sig0, 0.0)).upper.value
+    dom = (math.nan if final or not math.isfinite(sig0)
+           else compose(norms, radius=R, sigma_min=max(sig0, 0.0)).upper.value)
     return LocalRow(f, -1, f"network ({'/'.join(sorted(routes))})", glob.upper.value, dom, up,
                     lo if lower else math.nan)
 

@@ -169,7 +169,8 @@ def load_inputs(spec: TransformerSpec, source: str, *, max_len: int | None = Non
             raise InputError(f"token ids must have shape (n, T), but got {arr.shape}")
         return embed_ids(spec, list(arr[:limit] if limit else arr))
     if not np.issubdtype(arr.dtype, np.floating) or arr.dtype.itemsize > 8:  # float128: torch has no such dtype
-        raise InputError(f"--data arrays must be integer token ids or float16/32/64 embeddings, but got dtype {arr.dtype}")
+        raise InputError("--data arrays must be integer token ids or float16/32/64 embeddings, "
+                         f"but got dtype {arr.dtype}")
     if arr.ndim == 2:
         if arr.shape[-1] != spec.d_model and np.array_equal(arr, np.round(arr)):
             raise InputError(f"--data: a float array of shape {arr.shape} looks like token ids; token ids must be an "

@@ -55,6 +55,11 @@ def product_sigmas(A: Tensor, B: Tensor, scale: float) -> Tensor:
     return torch.linalg.matrix_norm(scale * Ra @ Rb.transpose(-1, -2), 2)
 
 
+def _values(slot: Slot) -> list[Tensor]:
+    """The tensors ``slot``'s norm reads: both factors of a product, else the one tensor."""
+    return [slot.value("a"), slot.value("b")] if slot.kind == "product" else [slot.value()]
+
+
 def exact_slot_norms(slot: Slot) -> Tensor:
     """Float64 norms of ``slot``'s current value (per head for products; call inside :func:`forward_weights`).
 
@@ -63,45 +68,42 @@ def exact_slot_norms(slot: Slot) -> Tensor:
     """
     from .._errors import check_finite_tensor
 
-    for part in ("a", "b") if slot.kind == "product" else ("a",):
-        check_finite_tensor(slot.value(part) if slot.kind == "product" else slot.value(), f"the weights of {slot.key}")
+    values = [check_finite_tensor(v, f"the weights of {slot.key}") for v in _values(slot)]
     if slot.kind == "product":
-        return product_sigmas(slot.value("a"), slot.value("b"), slot.scale)
+        return product_sigmas(*values, slot.scale)
     if slot.kind == "matrix":
-        return torch.linalg.matrix_norm(slot.value().detach().double(), 2)
-    return slot.value().detach().double().norm()
+        return torch.linalg.matrix_norm(values[0].detach().double(), 2)
+    return values[0].detach().double().norm()
+
+
+def _certified(slot: Slot, values: list[Tensor]) -> float:
+    if slot.kind == "product":
+        A, B = values
+        return max(certified_product_sigma(A[h], B[h], slot.scale) for h in range(A.shape[0]))
+    (W,) = values
+    if slot.kind == "matrix":
+        return max(certified_sigma(Wi) for Wi in W.reshape(-1, *W.shape[-2:]))
+    return certified_vector_norm(W)
 
 
 def certified_slot_norm(slot: Slot, cast: torch.dtype | None = None) -> float:
     """Certified upper bound on the largest norm of ``slot``'s current value (max over heads); with ``cast``, of
     that value and of its rounding to ``cast`` (the weights a ``torch.autocast`` forward computes with), whichever
-    is larger."""
+    is larger.
+
+    Raises:
+        InputError: a value that overflows ``cast``.
+    """
+    values = _values(slot)
+    out = _certified(slot, values)
     if cast is not None:
-        return max(certified_slot_norm(slot), _cast_norm(slot, cast))
-    if slot.kind == "product":
-        A, B = slot.value("a"), slot.value("b")
-        return max(certified_product_sigma(A[h], B[h], slot.scale) for h in range(A.shape[0]))
-    if slot.kind == "matrix":
-        W = slot.value()
-        if W.dim() == 2:
-            return certified_sigma(W)
-        return max(certified_sigma(Wi) for Wi in W.reshape(-1, *W.shape[-2:]))
-    return certified_vector_norm(slot.value())
+        from .._errors import InputError
 
-
-def _cast_norm(slot: Slot, cast: torch.dtype) -> float:
-    from .._errors import InputError
-
-    parts = [slot.value("a"), slot.value("b")] if slot.kind == "product" else [slot.value()]
-    if not all(bool(torch.isfinite(p.to(cast)).all()) for p in parts):  # beyond the forward dtype's range
-        raise InputError(f"the weights of {slot.key} overflow {cast} (the forward dtype): no norm bound holds there")
-    if slot.kind == "product":
-        A, B = slot.value("a").to(cast), slot.value("b").to(cast)
-        return max(certified_product_sigma(A[h], B[h], slot.scale) for h in range(A.shape[0]))
-    W = slot.value().to(cast)
-    if slot.kind == "matrix":
-        return max(certified_sigma(Wi) for Wi in W.reshape(-1, *W.shape[-2:]))
-    return certified_vector_norm(W)
+        casts = [v.to(cast) for v in values]
+        if not all(bool(torch.isfinite(c).all()) for c in casts):  # beyond the forward dtype's range
+            raise InputError(f"the weights of {slot.key} overflow {cast} (the forward dtype): no norm bound holds there")
+        out = max(out, _certified(slot, casts))
+    return out
 
 
 def certified_model_norms(model: nn.Module):  # -> transcover.norms.ModelNorms

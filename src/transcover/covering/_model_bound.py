@@ -302,9 +302,8 @@ def _check(name: str, v: float) -> None:
         raise InputError(f"{name} must be a finite number > 0, but got {name}={v!r}")
 
 
-def _head_parts(spec: TransformerSpec, grid: NormGrid | None = None):
-    """The MLP head's shapes, certified spectral norms, bias norms (rounded up to ``grid`` when given) and
-    activation constant."""
+def _head_parts(spec: TransformerSpec):
+    """The MLP head's shapes, certified spectral norms, bias norms and activation constant."""
     from ..lipschitz import activation_lipschitz
 
     h = spec.head
@@ -315,8 +314,6 @@ def _head_parts(spec: TransformerSpec, grid: NormGrid | None = None):
     from ..model import norm2_f64
 
     biases = [0.0 if b is None else norm2_f64(b) * (1 + _PAD) for b in h.biases]
-    if grid is not None:
-        spectral, biases = [grid.up(v) for v in spectral], [grid.up(v) for v in biases]
     return shapes, spectral, biases, activation_lipschitz(h.activation)
 
 
@@ -446,7 +443,8 @@ def model_bound(spec: TransformerSpec, config: BoundConfig | None = None, *, ref
     if grid is not None:
         gterms, g_radius, _ = model_terms(spec, radius=radius, c_sm=c_sm, sigma_min=sigma_min, reference=reference,
                                           norms=norms, grid=grid)
-        ghead = None if head is None else (*_head_parts(spec, grid), g_radius)
+        ghead = None if head is None else (head[0], [grid.up(v) for v in head[1]], [grid.up(v) for v in head[2]],
+                                           head[3], g_radius)
         gap_curve = model_covering_curve(gterms, family=family, seq_len=seq_len, head=ghead)
     log_prior = 0.0 if grid is None else grid.log_prior
     gens = tuple(generalisation_bound(gap_curve, float(n), loss_lipschitz=loss_lipschitz, loss_bound=loss_bound,

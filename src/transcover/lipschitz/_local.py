@@ -72,6 +72,11 @@ def second_derivative_sup(act: Activation) -> float:
             Activation.QUICK_GELU: 0.5 * QUICK_GELU_SLOPE * (1 + ROUNDING_PAD)}.get(act, math.inf)
 
 
+def variance_floor(norm: NormSpec, s: Tensor) -> Tensor:
+    """The std floor without eps, ``sqrt(s^2 - eps)``, from :func:`norm_local`'s floor ``s`` of ``sqrt(var + eps)``."""
+    return torch.sqrt(torch.clamp(s * s - float(norm.eps), min=0.0))
+
+
 def norm_local(norm: NormSpec | None, X: Tensor, rho: float) -> tuple[Tensor, Tensor]:
     r"""Per-token local constants of a normalisation on ``B(X, rho)`` and the certified floors ``s_t``.
 
@@ -295,7 +300,7 @@ def _layer_local_body(layer: LayerSpec, X: Tensor, rho: float, cache: dict, jaco
     floors = []
     for n, s_ in ((layer.norm_attn, s1), (layer.norm_ffn, s2)):
         if n is not None and n.kind in (NormKind.LAYERNORM, NormKind.RMSNORM):
-            floors.append(torch.sqrt(torch.clamp(s_ * s_ - float(n.eps), min=0.0)))
+            floors.append(variance_floor(n, s_))
     min_sigma = float(torch.cat(floors).min()) if floors else math.inf  # the variance floor without eps
     jp = jb = math.inf
     ep = eb = math.inf

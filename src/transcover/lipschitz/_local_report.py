@@ -17,8 +17,6 @@ import math
 import time
 from dataclasses import dataclass
 
-import torch
-
 from .._results import check_certified
 from ..model import attention_forward, ffn_forward, layer_forward
 from ..model import NormKind, Placement, TransformerSpec
@@ -175,7 +173,7 @@ def _network_row(spec, seqs, f, relative, whole, glob, domain, lower, cache,  # 
     taken here (``norm_local``); on a toy BERT's text it was 0.034 against the layers' floors, and the column read 1.35
     beside an empirical lower of 30.3 (stop 38 red team). A final norm's inputs have no ball certified here: with
     one, the column is not reported (nan)."""
-    from ._local import network_local, norm_local
+    from ._local import network_local, norm_local, variance_floor
     from ._local_stack import stack_lower
 
     norms, R, sig0 = domain
@@ -185,7 +183,7 @@ def _network_row(spec, seqs, f, relative, whole, glob, domain, lower, cache,  # 
         n_in = spec.input_norm
         if n_in is not None and n_in.kind in (NormKind.LAYERNORM, NormKind.RMSNORM):
             _, s_in = norm_local(n_in, X.double(), rho)
-            sig0 = min(sig0, float(torch.sqrt(torch.clamp(s_in * s_in - float(n_in.eps), min=0.0)).min()))
+            sig0 = min(sig0, float(variance_floor(n_in, s_in).min()))
         nl = network_local(spec, X, rho, cache=cache, route=whole, move_rest=move_rest)
         up, routes = max(up, nl.upper), routes | {nl.route}
         if lower:

@@ -15,7 +15,7 @@ from fractions import Fraction
 import mpmath
 import pytest
 import torch
-from hypothesis import example, given
+from hypothesis import assume, example, given
 from hypothesis import strategies as st
 
 from transcover import InputError
@@ -159,3 +159,13 @@ def test_cli_json_carries_the_prior(tmp_path, capsys, monkeypatch):
         assert data["norm_grid"] == int(k)
         assert (data["log_prior"] > 0) == (k == "4")
         assert ("levels per octave" in out) == (k == "4") and ("fixed before the data" in out)
+
+
+@given(v=st.floats(min_value=1e-300, max_value=1e300), k=st.integers(1, 64), e=st.integers(-40, 40))
+def test_scaling_a_norm_by_a_power_of_two_moves_its_level_exactly(v, k, e):
+    """Homogeneity: the level of 2^e v is 2^e times the level of v (index + e k), so a weight scaled by 2^e is
+    charged the same grid as the original, shifted; its prior cost moves only through |j|."""
+    assume(1e-300 < v * 2.0**e < 1e300)  # both levels normal floats (ldexp of a level is exact there)
+    a, b = NormGrid(k), NormGrid(k)
+    up, up2 = a.up(v), b.up(math.ldexp(v, e))
+    assert up2 == math.ldexp(up, e) and b.levels[0] == a.levels[0] + e * k

@@ -19,12 +19,11 @@ __all__ = ["analyze", "load", "describe", "lipschitz", "perturb", "bound", "cove
 
 
 def _spec(model, *, arch=None, allow_pickle=False, strict=False):
-    """``model`` as a TransformerSpec (anything :func:`transcover.model.load` reads, or a spec)."""
+    """``model`` as a TransformerSpec (anything :func:`load` reads, or a spec)."""
     from .model import TransformerSpec
-    from .model import load as _load
 
-    return model if isinstance(model, TransformerSpec) else _load(model, arch=arch, allow_pickle=allow_pickle,
-                                                                   strict=strict)
+    return model if isinstance(model, TransformerSpec) else load(model, arch=arch, allow_pickle=allow_pickle,
+                                                                  strict=strict)
 
 
 def _config(cls, config, options: dict):
@@ -91,8 +90,7 @@ def analyze(
         >>> result = transcover.analyze()            # doctest: +SKIP
         >>> result.layers[0].B_KQ.upper              # doctest: +SKIP
     """
-    from .model import TransformerSpec, load
-    from .model import OutsideDecompositionError
+    from .model import OutsideDecompositionError, TransformerSpec
     from .norms import analyze_spec
 
     try:
@@ -115,10 +113,12 @@ def load(source=None, *, arch: str | None = None, allow_pickle: bool = False, st
     ``strict=True`` refuses a checkpoint holding tensors inside a layer that the architecture does
     not define (they could change the function); by default each is warned about.  ``roles``: a
     mapping file (path or dict) naming the tensors of a layout no adapter knows (docs/architectures.md).
+    A ``transcover train`` checkpoint folder, or the run folder (``--out``) holding one, gives the
+    trained model exactly as ``train`` exports it (caps certified; :func:`transcover.train.checkpoint_spec`).
     """
-    from .model import load as _load
+    from .train import load_model
 
-    return _load(source, arch=arch, allow_pickle=allow_pickle, strict=strict, roles=roles)
+    return load_model(source, arch=arch, allow_pickle=allow_pickle, strict=strict, roles=roles)
 
 
 def describe(model=None, *, arch: str | None = None, allow_pickle: bool = False, strict: bool = False):
@@ -127,7 +127,7 @@ def describe(model=None, *, arch: str | None = None, allow_pickle: bool = False,
     Returns:
         :class:`transcover.report.Description` (``print()`` it, or ``.to_dataframe()``).
     """
-    from .model import TransformerSpec, load
+    from .model import TransformerSpec
     from .report import describe_spec
 
     spec = model if isinstance(model, TransformerSpec) else load(model, arch=arch, allow_pickle=allow_pickle,
@@ -149,8 +149,9 @@ def lipschitz(model=None, config=None, *, arch: str | None = None, allow_pickle:
             ``sigma_min``, and the lower search's ``samples``, ``steps``, ``seed``); ``options``
             override single fields (``transcover.lipschitz(radius=4.1)``).
         lower: ``False`` skips the search (certified bounds only).
-        data: token ids (.npy int (n, T)), embeddings (.npy float (n, T, d)), texts (.txt, the model's
-            tokenizer) or ``"sklearn-descr"``; ``rho`` one radius or several (per token, l2; factors
+        data: token ids (.npy int (n, T)), embeddings (.npy float (n, T, d)), raw inputs of a model with
+            an input embedding (.npy float (n, T, d_in)), texts (.txt, the model's tokenizer),
+            ``"sklearn-descr"`` or ``"task"`` (a ``transcover train`` run's held-out inputs); ``rho`` one radius or several (per token, l2; factors
             of each layer's median token norm with ``rho_relative``), ``max_len`` truncates texts,
             ``limit`` keeps the first sequences.
 
@@ -196,7 +197,7 @@ def _lipschitz_local(model, data, *, arch, allow_pickle, strict, rho, rho_relati
     from ._api_results import LocalLipschitzResult
     from ._errors import InputError
     from .lipschitz import local_table
-    from .model import load_inputs
+    from .train import load_data
 
     rhos = [float(rho)] if isinstance(rho, (int, float)) else [float(r) for r in rho]
     for r in rhos:
@@ -206,7 +207,7 @@ def _lipschitz_local(model, data, *, arch, allow_pickle, strict, rho, rho_relati
         if v is not None and v < 1:
             raise InputError(f"{flag} must be >= 1, but got {flag}={v}")
     spec = _spec(model, arch=arch, allow_pickle=allow_pickle, strict=strict).to_torch(torch.float64)
-    seqs = load_inputs(spec, data, max_len=max_len, limit=limit)
+    seqs = load_data(model, spec, data, max_len=max_len, limit=limit)
     rows = local_table(spec, seqs, rhos, lower=lower, relative=rho_relative, lower_iter=max(steps // 2, 5))
     return LocalLipschitzResult(spec.name, len(seqs), tuple(rhos), bool(rho_relative), tuple(rows))
 

@@ -93,7 +93,7 @@ def cover(source=None, *, mode: str | None = None, eps: Sequence[float] | float 
         return CoverResult("finite", tuple(eps), q, label, "", tuple(Y.shape), tuple(ests),
                            tuple(exacts) if exact else None)
     if mode == "local":
-        from .model import load
+        from .train import load_model as load
 
         spec = load(source, arch=arch, strict=strict).to_torch()
         sample = E.sample_local_class(spec, dict(perturb or {"W_1": 0.05, "W_2": 0.05}), functions, radial=radial,

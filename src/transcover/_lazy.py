@@ -16,7 +16,8 @@ __all__ = ["lazy_attributes"]
 
 
 def lazy_attributes(package: str, table: Mapping[str, str]) -> tuple[Callable[[str], object], Callable[[], list[str]]]:
-    """``(__getattr__, __dir__)`` for ``package``: ``table`` maps each name to its relative module.
+    """``(__getattr__, __dir__)`` for ``package``: ``table`` maps each name to its relative module
+    (``"._mod:attr"``: the module's ``attr``, exported under the table's name).
 
     A name is imported on first access and kept in the package's namespace, so later accesses
     are plain attribute lookups.
@@ -26,7 +27,8 @@ def lazy_attributes(package: str, table: Mapping[str, str]) -> tuple[Callable[[s
         module = table.get(name)
         if module is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        value = getattr(import_module(module, package), name)
+        module, _, attr = module.partition(":")  # "._mod:other" exports ``other`` under this name
+        value = getattr(import_module(module, package), attr or name)
         setattr(sys.modules[package], name, value)
         return value
 

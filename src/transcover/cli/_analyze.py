@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     args.model = models[0] if models else None
     model = args.model
     if args.roles is not None:
-        from ..model import load
+        from ..train import load_model as load
 
         model = load(args.model, arch=args.arch, allow_pickle=args.allow_pickle, strict=args.strict, roles=args.roles)
     if args.describe:

@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     from ..covering import diagnose, model_bound
-    from ..model import load
+    from ..train import load_model as load
     from ..report import atomic_write_text, start_progress
     from ..report import bound_payload, bound_png, render_bound
 

@@ -194,7 +194,7 @@ def _scaled_result(args: argparse.Namespace, tracker):
             if store is not None:
                 store.close()
     else:
-        from ..model import load
+        from ..train import load_model as load
 
         spec = load(args.model, arch=args.arch, strict=args.strict).to_torch()
         warnings = tuple(spec.warnings)

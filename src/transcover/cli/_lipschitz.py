@@ -54,8 +54,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="write certified upper vs empirical lower per stage and layer (.png, .svg or .pdf)")
     p.add_argument("--data", default=None,
                    help="local constants at real inputs: token ids (.npy int (n, T)), embeddings (.npy float "
-                        "(n, T, d)), texts (.txt, one per line, the model's tokenizer) or 'sklearn-descr' "
-                        "(sentences of scikit-learn's dataset descriptions)")
+                        "(n, T, d)), a model's raw inputs when it has an input embedding (.npy float (n, T, d_in): "
+                        "digits rows), texts (.txt, one per line, the model's tokenizer), 'sklearn-descr' "
+                        "(sentences of scikit-learn's dataset descriptions) or 'task' (a `transcover train` "
+                        "run's own held-out inputs)")
     p.add_argument("--rho", default="1e-3",
                    help="ball radius (per token, l2) around the data, comma-separated for a sweep; with "
                         "--rho-relative a factor of each layer's median token norm (default 1e-3)")
@@ -106,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
 
     from .._results import check_certified
     from ..lipschitz import lipschitz_bounds, lipschitz_lower
-    from ..model import load
+    from ..train import load_model as load
     from ..report import atomic_write_text, start_progress
     from ..report import lipschitz_payload, lipschitz_rows, render_lipschitz
 
@@ -196,7 +198,8 @@ def run_local(args: argparse.Namespace) -> int:
 
     from .._errors import InputError
     from ..lipschitz import local_table
-    from ..model import load, load_inputs
+    from ..train import load_data
+    from ..train import load_model as load
     from ..report import atomic_write_text, local_payload, render_local
 
     rhos = parse_rhos(args.rho)
@@ -220,7 +223,7 @@ def run_local(args: argparse.Namespace) -> int:
     if getattr(args, "ball_steps", 3) < 1:
         raise InputError(f"--ball-steps must be >= 1, but got --ball-steps={args.ball_steps}")
     spec = load(args.model, arch=args.arch, allow_pickle=args.allow_pickle, strict=args.strict).to_torch(torch.float64)
-    seqs = load_inputs(spec, args.data, max_len=args.max_len, limit=args.limit)
+    seqs = load_data(args.model, spec, args.data, max_len=args.max_len, limit=args.limit)
     if backend is not None:  # one sequence per item, in parallel and resumable (issue 14)
         from ._scaleopts import local_rows_from_args
 

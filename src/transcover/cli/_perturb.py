@@ -25,7 +25,8 @@ def run(args: argparse.Namespace) -> int:
     from .._errors import InputError
     from .._results import check_certified
     from ..lipschitz import PerturbConfig, perturbation_bound, perturbation_lower
-    from ..model import load, require_same_structure
+    from ..model import require_same_structure
+    from ..train import load_model as load
     from ..report import atomic_write_text, start_progress
     from ..report import perturb_payload, render_perturb
     from ._lipschitz import check_common, config_from_args, small_threads

@@ -18,7 +18,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="refuse a checkpoint with tensors inside a layer that the architecture does not define")
     p.add_argument("--data", default=None, metavar="PATH",
                    help="inputs for the at-the-data section: token ids (.npy int), embeddings (.npy float), "
-                        "texts (.txt) or 'sklearn-descr' (as `transcover lipschitz --data`; hashed into the report)")
+                        "texts (.txt), 'sklearn-descr' or 'task' (as `transcover lipschitz --data`; hashed into "
+                        "the report)")
     p.add_argument("--rho", default="1e-3",
                    help="with --data: ball radii around the data, comma-separated, as factors of each layer's "
                         "median token norm")
@@ -59,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     for flag, path in (("--data", args.data), ("--history", args.history)):
-        if path is not None and path != "sklearn-descr" and not Path(path).is_file():
+        if path is not None and path not in ("sklearn-descr", "task") and not Path(path).is_file():
             raise InputError(f"{flag}={path}: no such file")
     local = None
     if args.data is not None:

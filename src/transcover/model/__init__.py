@@ -66,9 +66,10 @@ from ._load import bundled_model_dir as bundled_model_dir
 from ._load import load as load
 from ._load import spec_from_module as spec_from_module
 
+from ._data import inputs_from_array as inputs_from_array
 from ._data import load_inputs as load_inputs
 
-__all__ += ["SUPPORTED_ARCHITECTURES", "bundled_model_dir", "load", "spec_from_module", "load_inputs"]
+__all__ += ["SUPPORTED_ARCHITECTURES", "bundled_model_dir", "load", "spec_from_module", "load_inputs", "inputs_from_array"]
 
 _TORCH_NAMES = ("ReferenceTransformer", "reference_spec", "save_reference")
 

@@ -5,6 +5,10 @@ model's first stage (its input norm, then layer 0) receives.  Sources:
 
 * ``.npy`` of integers ``(n, T)``: token ids, embedded with the model's tables;
 * ``.npy`` of floats ``(n, T, d)`` (or ``(T, d)``): embeddings, used as they are;
+* for a model with an input embedding ``d_in × d`` (the reference model, ``transcover train``'s
+  checkpoints), ``.npy`` of floats ``(n, T, d_in)`` instead: the model's raw inputs (digits rows,
+  a sparse task's token codes), embedded by ``X W_in`` plus its positions in float64 (always
+  read so, also when ``d_in = d``: such a model's embeddings are not something a user holds);
 * ``.txt``: one text per line, tokenised with the model's own ``tokenizer.json``;
 * ``sklearn-descr``: sentences of the dataset descriptions scikit-learn ships
   (``sklearn/datasets/descr/*.rst``), real English text that needs no download.
@@ -25,7 +29,7 @@ import numpy as np
 from .._errors import InputError
 from ._spec import TransformerSpec
 
-__all__ = ["load_inputs", "sklearn_sentences", "tokenize_texts", "embed_ids", "SKLEARN_DESCR"]
+__all__ = ["load_inputs", "inputs_from_array", "sklearn_sentences", "tokenize_texts", "embed_ids", "SKLEARN_DESCR"]
 
 SKLEARN_DESCR = "sklearn-descr"
 
@@ -135,8 +139,6 @@ def sklearn_sentences(min_words: int = 4) -> list[str]:
 
 def load_inputs(spec: TransformerSpec, source: str, *, max_len: int | None = None, limit: int | None = None) -> list:
     """Embedded sequences (float64 ``(T, d)`` tensors) from ``source`` (see the module docstring)."""
-    import torch
-
     if source == SKLEARN_DESCR:
         texts = sklearn_sentences()
         ids = tokenize_texts(spec, texts[:limit] if limit else texts, max_len or 32)
@@ -172,16 +174,49 @@ def load_inputs(spec: TransformerSpec, source: str, *, max_len: int | None = Non
         raise InputError("--data arrays must be integer token ids or float16/32/64 embeddings, "
                          f"but got dtype {arr.dtype}")
     if arr.ndim == 2:
-        if arr.shape[-1] != spec.d_model and np.array_equal(arr, np.round(arr)):
+        width = _input_width(spec) or spec.d_model
+        if arr.shape[-1] != width and np.array_equal(arr, np.round(arr)):
             raise InputError(f"--data: a float array of shape {arr.shape} looks like token ids; token ids must be an "
-                             f"integer array (embeddings need width {spec.d_model})")
+                             f"integer array (float inputs need width {width})")
         arr = arr[None]
     if limit:
         arr = arr[:limit]
-    if arr.ndim != 3 or arr.shape[-1] != spec.d_model:
-        raise InputError(f"embeddings must have shape (n, T, {spec.d_model}) for this model, but got {arr.shape}")
+    return inputs_from_array(spec, arr)
+
+
+def _input_width(spec: TransformerSpec) -> int | None:
+    """``d_in`` of a model whose first map is an input embedding ``d_in × d``, else None."""
+    W = spec.embeddings.get("input_embedding") if "input_embedding" in spec.embeddings else None
+    return None if W is None else int(W.shape[0])
+
+
+def inputs_from_array(spec: TransformerSpec, arr: np.ndarray) -> list:
+    """Float sequences -> the float64 ``(T, d)`` tensors the first stage receives, every check applied:
+    ``(n, T, d)`` embeddings, or for a model with an input embedding ``d_in × d`` its raw inputs
+    ``(n, T, d_in)``, embedded here."""
+    import torch
+
+    d_in = _input_width(spec)
+    if arr.ndim != 3 or arr.shape[-1] != (spec.d_model if d_in is None else d_in):
+        what = (f"embeddings must have shape (n, T, {spec.d_model})" if d_in is None else
+                f"inputs must have shape (n, T, {d_in}) (the model's raw inputs, before its input embedding)")
+        raise InputError(f"{what} for this model, but got {arr.shape}")
+    if arr.shape[0] == 0 or arr.shape[1] == 0:
+        raise InputError(f"the data is empty (an array of shape {arr.shape})")
     if not np.isfinite(arr).all():
         raise InputError("the embeddings contain NaN or infinite values")
+    n_pos = _max_positions(spec)
+    if n_pos is not None and arr.shape[1] > n_pos:
+        raise InputError(f"a sequence has {arr.shape[1]} tokens, more than the model allows ({n_pos} positions)")
+    if d_in is not None:
+        W = torch.as_tensor(np.asarray(spec.embeddings["input_embedding"]), dtype=torch.float64)
+        X = torch.as_tensor(arr, dtype=torch.float64) @ W
+        if "position_embedding" in spec.embeddings:
+            P = torch.as_tensor(np.asarray(spec.embeddings["position_embedding"]), dtype=torch.float64)
+            X = X + P[: arr.shape[1]]
+        if not bool(torch.isfinite(X).all()):
+            raise InputError("the inputs are too large: their embedding overflows float64")
+        arr = X.numpy()
     # a token norm beyond float64 was reported as "radius=inf" (stop 38 red team); formed at each token's largest
     # entry (np.linalg.norm squares unscaled, which refused norms ~1e200 that float64 holds)
     big = np.abs(arr.astype(np.float64)).max(axis=-1, keepdims=True)
@@ -189,9 +224,6 @@ def load_inputs(spec: TransformerSpec, source: str, *, max_len: int | None = Non
     with np.errstate(over="ignore"):
         if not np.isfinite(big[..., 0] * np.linalg.norm(scaled, axis=-1)).all():
             raise InputError("the embeddings are too large: a token's l2 norm overflows float64")
-    n_pos = _max_positions(spec)
-    if n_pos is not None and arr.shape[1] > n_pos:
-        raise InputError(f"a sequence has {arr.shape[1]} tokens, more than the model allows ({n_pos} positions)")
     return [torch.as_tensor(a, dtype=torch.float64) for a in arr]
 
 

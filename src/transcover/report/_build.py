@@ -62,7 +62,7 @@ def compute_report(model=None, *, arch=None, allow_pickle=False, strict=False, o
     """Everything the report shows, computed once (``tracker`` shows the phases on a terminal)."""
     from ..covering import BoundConfig, model_bound
     from ..lipschitz import class_bounds, compose, lipschitz_lower
-    from ..model import load
+    from ..train import load_model as load
     from ..norms import analyze_spec
     from ._envelope import input_hashes
 

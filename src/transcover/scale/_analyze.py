@@ -28,7 +28,7 @@ _WEIGHTS = ("config.json", "model.safetensors", "model.safetensors.index.json", 
 
 def analyze_item(payload: dict[str, Any]) -> dict[str, Any]:
     """One model's analysis as JSON data (the item function of an analyze sweep)."""
-    from ..model import load
+    from ..train import load_model as load
     from ..norms import analyze_spec
 
     # a sweep row needs the layers: an architecture outside every adapter is refused (no per-matrix route)
@@ -56,11 +56,13 @@ def _is_model_dir(path: Path) -> bool:
 
 def expand_models(models: list[str]) -> list[str]:
     """Paths as given, except that a run directory (no weights of its own, ``checkpoint-*`` inside)
-    becomes its checkpoints, ordered by step."""
+    becomes its checkpoints, ordered by step; a ``transcover train`` run or checkpoint folder is one model."""
+    from ..train import is_train_checkpoint
+
     out: list[str] = []
     for m in models:
         p = Path(m).expanduser()
-        if p.is_dir() and not _is_model_dir(p):
+        if p.is_dir() and not _is_model_dir(p) and not is_train_checkpoint(p):
             subs = [q for q in p.iterdir() if q.is_dir() and parse_step(q.name) is not None]
             if not subs:
                 raise InputError(f"{p} holds no model weights and no checkpoint-<step> folders")

@@ -1,37 +1,49 @@
 """Training under norm constraints: tasks (digits, sparse tokens), the loop, checkpoints, experiments."""
 
-from ._checkpoint import load_checkpoint as load_checkpoint
-from ._checkpoint import save_checkpoint as save_checkpoint
-from ._experiment import STRATEGIES as STRATEGIES
-from ._experiment import StagedConfig as StagedConfig
-from ._experiment import StagedResult as StagedResult
-from ._experiment import staged_experiment as staged_experiment
-from ._loop import TrainConfig as TrainConfig
-from ._loop import TrainResult as TrainResult
-from ._loop import build_model as build_model
-from ._loop import checkpoint_spec as checkpoint_spec
-from ._loop import is_train_checkpoint as is_train_checkpoint
-from ._loop import constraint_report as constraint_report
-from ._loop import evaluate as evaluate
-from ._loop import exact_group_norms as exact_group_norms
-from ._loop import train as train
-from ._nonvacuous import NONVACUOUS_TASKS as NONVACUOUS_TASKS
-from ._nonvacuous import NonvacuousCase as NonvacuousCase
-from ._nonvacuous import NonvacuousConfig as NonvacuousConfig
-from ._nonvacuous import run_case as run_nonvacuous_case
-from ._nonvacuous_report import ABLATION_PLAN as ABLATION_PLAN
-from ._nonvacuous_report import FULL_PLAN as FULL_PLAN
-from ._nonvacuous_report import QUICK_PLAN as QUICK_PLAN
-from ._nonvacuous_report import NonvacuousResult as NonvacuousResult
-from ._nonvacuous_report import nonvacuous_experiment as nonvacuous_experiment
-from ._tasks import TASKS as TASKS
-from ._tasks import Task as Task
-from ._tasks import load_task as load_task
+_LAZY = {
+    "load_checkpoint": "._checkpoint",
+    "save_checkpoint": "._checkpoint",
+    "STRATEGIES": "._experiment",
+    "StagedConfig": "._experiment",
+    "StagedResult": "._experiment",
+    "staged_experiment": "._experiment",
+    "TrainConfig": "._loop",
+    "TrainResult": "._loop",
+    "build_model": "._loop",
+    "checkpoint_spec": "._loop",
+    "is_train_checkpoint": "._source",
+    "TASK_DATA": "._source",
+    "load_data": "._source",
+    "load_model": "._source",
+    "constraint_report": "._loop",
+    "evaluate": "._loop",
+    "exact_group_norms": "._loop",
+    "train": "._loop",
+    "NONVACUOUS_TASKS": "._nonvacuous",
+    "NonvacuousCase": "._nonvacuous",
+    "NonvacuousConfig": "._nonvacuous",
+    "run_nonvacuous_case": "._nonvacuous:run_case",
+    "ABLATION_PLAN": "._nonvacuous_report",
+    "FULL_PLAN": "._nonvacuous_report",
+    "QUICK_PLAN": "._nonvacuous_report",
+    "NonvacuousResult": "._nonvacuous_report",
+    "nonvacuous_experiment": "._nonvacuous_report",
+    "TASKS": "._tasks",
+    "Task": "._tasks",
+    "load_task": "._tasks",
+}
+
+
+# Note [lazy package] in transcover._lazy: importing the package imports none of these modules (a train
+# run is read as a model by commands that must not pay for torch before they need it).
+from .._lazy import lazy_attributes as _lazy_attributes  # noqa: E402
+
+__getattr__, __dir__ = _lazy_attributes(__name__, _LAZY)
 
 __all__ = [
     "Task", "TASKS", "load_task",
     "TrainConfig", "TrainResult", "train", "build_model", "evaluate", "exact_group_norms", "constraint_report",
-    "save_checkpoint", "load_checkpoint", "checkpoint_spec", "is_train_checkpoint",
+    "save_checkpoint", "load_checkpoint", "checkpoint_spec", "is_train_checkpoint", "load_model", "load_data", "TASK_DATA",
     "StagedConfig", "StagedResult", "staged_experiment", "STRATEGIES",
     "NonvacuousConfig", "NonvacuousCase", "NonvacuousResult", "nonvacuous_experiment", "run_nonvacuous_case",
     "NONVACUOUS_TASKS", "FULL_PLAN", "QUICK_PLAN", "ABLATION_PLAN",

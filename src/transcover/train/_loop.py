@@ -375,14 +375,22 @@ def _progress_bar(enabled: bool, total: int, done: int):
     return p, p.add_task("training", total=total, completed=done)
 
 
-def is_train_checkpoint(path: str | Path) -> bool:
-    """Whether ``path`` is a folder written by :func:`train` (``state.json`` with a training config)."""
-    p = Path(path)
-    return p.is_dir() and (p / "state.json").is_file() and (p / "model.safetensors").is_file()
+def _checkpoint_task(folder: Path) -> tuple[TrainConfig, Task]:
+    """The training config in ``folder``'s ``state.json`` and its task, rebuilt from the same seed."""
+    import json
+
+    try:
+        state = json.loads((folder / "state.json").read_text())
+        config = TrainConfig.from_dict(state["config"])
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as err:
+        raise InputError(f"{folder} is not a transcover training checkpoint (state.json: {err})") from None
+    return config, load_task(config.task, n_train=config.n_train, n_test=config.n_test, seq_len=config.seq_len,
+                             sparsity=config.sparsity, seed=config.seed)
 
 
 def checkpoint_spec(folder: str | Path):
-    """The plain (exported) model of a training checkpoint, as a spec, and its task's ``(n_train, T)``.
+    """The plain (exported) model of a training checkpoint (or of a run folder holding one), as a spec,
+    and its task's ``(n_train, T)``.
 
     Rebuilds the model from the checkpoint's own config (same seed, task and constraints), loads
     the weights and exports the plain model with the caps certified (``export_plain``), exactly the
@@ -391,16 +399,10 @@ def checkpoint_spec(folder: str | Path):
     Raises:
         InputError: a folder without a readable training state, or weights that do not fit.
     """
-    import json
+    from ._source import checkpoint_folder
 
-    folder = Path(folder)
-    try:
-        state = json.loads((folder / "state.json").read_text())
-        config = TrainConfig.from_dict(state["config"])
-    except (OSError, json.JSONDecodeError, KeyError, TypeError) as err:
-        raise InputError(f"{folder} is not a transcover training checkpoint (state.json: {err})") from None
-    task = load_task(config.task, n_train=config.n_train, n_test=config.n_test, seq_len=config.seq_len,
-                     sparsity=config.sparsity, seed=config.seed)
+    folder = checkpoint_folder(folder) or Path(folder)
+    config, task = _checkpoint_task(folder)
     model = build_model(config, task)
     constrain(model, config.constraint)
     load_checkpoint(folder, model)

@@ -1,0 +1,74 @@
+"""Where a training run is read as a model: its folders and its task's inputs, for every command.
+
+Importing this module imports neither torch nor the training loop: ``transcover analyze`` asks
+:func:`is_train_checkpoint` of every path it is given, and a checkpoint read from a file must not
+pay for torch (``tests/model/test_model_no_torch.py``).  The loop is imported when a run is read.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .._errors import InputError
+
+__all__ = ["is_train_checkpoint", "checkpoint_folder", "load_model", "load_data", "TASK_DATA"]
+
+
+def checkpoint_folder(path: str | Path) -> Path | None:
+    """The checkpoint folder ``path`` names: itself, or its ``checkpoint/`` (a run's ``--out`` folder)."""
+    p = Path(path)
+    for folder in (p, p / "checkpoint"):
+        if folder.is_dir() and (folder / "state.json").is_file() and (folder / "model.safetensors").is_file():
+            return folder
+    return None
+
+
+def is_train_checkpoint(path: str | Path) -> bool:
+    """Whether ``path`` is a folder written by :func:`train` (``state.json`` with a training config),
+    or the run folder (``--out``) holding one as ``checkpoint/``."""
+    return checkpoint_folder(path) is not None
+
+
+TASK_DATA = "task"
+
+
+def load_data(source, spec, data: str, *, max_len: int | None = None, limit: int | None = None) -> list:
+    """The sequences at which the local bounds are certified: :func:`transcover.model.load_inputs`'s
+    sources, plus ``"task"``, the held-out inputs of a ``transcover train`` checkpoint's own task
+    (digits test images, a sparse task's test sequences), embedded as the model embeds them.
+
+    Raises:
+        InputError: ``"task"`` with a model that is not a training checkpoint, or any bad data.
+    """
+    from ..model import inputs_from_array, load_inputs
+
+    if data != TASK_DATA:
+        return load_inputs(spec, data, max_len=max_len, limit=limit)
+    folder = None if source is None or not isinstance(source, (str, os.PathLike)) else checkpoint_folder(source)
+    if folder is None:
+        raise InputError(f"--data {TASK_DATA} reads a `transcover train` checkpoint's own task; give its run or "
+                         "checkpoint folder as the model")
+    from ._loop import _checkpoint_task
+
+    X = _checkpoint_task(folder)[1].X_test
+    return inputs_from_array(spec, X[:limit].detach().double().numpy() if limit else X.detach().double().numpy())
+
+
+def load_model(source=None, *, arch: str | None = None, allow_pickle: bool = False, strict: bool = False,
+               roles=None):
+    """:func:`transcover.model.load`, plus ``transcover train`` checkpoints: a checkpoint folder, or the
+    run folder (``--out``) holding one, gives the trained model as :func:`checkpoint_spec` exports it.
+
+    Every command that takes a model reads it through here, so a training run is analysed, certified
+    and reported like any checkpoint.  An explicit ``arch`` or ``roles`` reads the folder's weights
+    the ordinary way instead.
+    """
+    from ..model import load
+
+    if source is not None and arch is None and roles is None and isinstance(source, (str, os.PathLike)) \
+            and is_train_checkpoint(source):
+        from ._loop import checkpoint_spec
+
+        return checkpoint_spec(source)[0]
+    return load(source, arch=arch, allow_pickle=allow_pickle, strict=strict, roles=roles)

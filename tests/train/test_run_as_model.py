@@ -132,3 +132,97 @@ def test_bound_still_takes_the_run_folder(run):
     b = transcover.bound(run, eps=0.1)
     assert b.generalisation[0].n == pytest.approx(TINY.n_train)
     assert replace(TINY).n_train == 120
+
+
+def _copy_run(run, dst):
+    import shutil
+
+    shutil.copytree(run, dst)
+    return dst
+
+
+def test_sweep_keys_cover_the_run_checkpoint(run, tmp_path):
+    """Every run folder had the same (empty) fingerprint, so a sweep of two runs showed the first one's numbers
+    for both (stop 39 red team): the key covers the checkpoint's weights and state.json."""
+    from transcover.scale import fingerprint
+
+    other = tmp_path / "other"
+    train(replace(TINY, d_model=12, d_ff=12), out_dir=other)
+    assert fingerprint(str(run), "full") != fingerprint(str(other), "full")
+    edited = _copy_run(run, tmp_path / "edited")
+    state = json.loads((edited / "checkpoint" / "state.json").read_text())
+    state["config"]["seed"] = 5  # the config rebuilds the task: a changed state.json is another item
+    (edited / "checkpoint" / "state.json").write_text(json.dumps(state))
+    assert fingerprint(str(run), "full") != fingerprint(str(edited), "full")
+    out = tmp_path / "sweep.json"
+    assert main(["analyze", str(other), str(run), "--json", str(out), "--quiet", "--store",
+                 str(tmp_path / "s.sqlite")]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["d_model"] for r in rows] == [12, TINY.d_model]
+
+
+def test_item_backends_read_a_run(run, tmp_path):
+    out = tmp_path / "l.json"
+    assert main(["lipschitz", str(run), "--data", "task", "--limit", "2", "--backend", "serial", "--quiet",
+                 "--store", str(tmp_path / "s.sqlite"), "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["n_sequences"] == 2
+
+
+def test_a_run_without_optimizer_state_is_still_a_model(run, tmp_path):
+    shared = _copy_run(run, tmp_path / "shared")
+    (shared / "checkpoint" / "optimizer.pt").unlink()
+    assert transcover.load(shared).d_model == TINY.d_model
+
+
+def test_a_state_json_that_does_not_fit_the_weights_is_one_line(run, tmp_path, capsys):
+    bad = _copy_run(run, tmp_path / "bad")
+    state = json.loads((bad / "checkpoint" / "state.json").read_text())
+    state["config"]["d_model"] = 2 * TINY.d_model
+    (bad / "checkpoint" / "state.json").write_text(json.dumps(state))
+    assert main(["analyze", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "does not fit the model its state.json describes" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_model_folder_holding_a_run_is_read_as_the_model(run, tmp_path):
+    from transcover.model import ReferenceConfig, ReferenceTransformer, save_reference
+
+    both = _copy_run(run, tmp_path / "both")
+    save_reference(ReferenceTransformer(ReferenceConfig(d_model=12, n_heads=2, n_layers=1, d_ff=8)),
+                   both / "model.safetensors")
+    assert transcover.load(both).d_model == 12
+    assert transcover.load(both / "checkpoint").d_model == TINY.d_model
+
+
+def test_csv_and_plot_of_the_local_table(run, tmp_path):
+    import pandas as pd
+
+    paths = {k: tmp_path / f"l.{k}" for k in ("json", "csv", "png")}
+    assert main(["lipschitz", str(run), "--data", "task", "--limit", "2", "--rho", "1e-3,1e-1", "--rho-relative",
+                 "--whole-network", "auto", "--quiet", "--json", str(paths["json"]), "--csv", str(paths["csv"]),
+                 "--plot", str(paths["png"])]) == 0
+    rows = json.loads(paths["json"].read_text())["rows"]
+    table = pd.read_csv(paths["csv"])
+    assert len(table) == len(rows) and list(table["local_upper"]) == [float(r["local_upper"]) for r in rows]
+    assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["lipschitz", str(run), "--no-lower", "--quiet", "--csv", str(tmp_path / "g.csv")]) == 0
+    g = pd.read_csv(tmp_path / "g.csv")
+    assert {"stage", "layer", "network"} == set(g["kind"]) and (g["upper"] > 0).all()
+
+
+def test_the_network_row_is_never_above_the_global_chain_on_the_ball(run):
+    """Every token of B(X, rho) has norm <= max ||X_t|| + rho, so the global chain at that radius bounds the ball
+    (Note [global on the ball]); the composed local route alone reached 1e72 at rho = 0.1 on a Pi_norm run."""
+    from transcover.lipschitz import compose, local_table
+    from transcover.lipschitz._weights import spec_norms
+
+    spec = transcover.load(run).to_torch(torch.float64)
+    seqs = load_data(run, spec, "task", limit=2)
+    rows = local_table(spec, seqs, [1e-3, 30.0], whole="auto", lower=True)
+    net = [r for r in rows if r.layer == -1]
+    for r in net:
+        rho = [r.rho_factor * float(X.norm(dim=1).median()) for X in seqs]
+        g = max(compose(spec_norms(spec), radius=float(X.norm(dim=1).max()) + p).upper.value
+                for X, p in zip(seqs, rho))
+        assert r.lower <= r.local_upper <= g * (1 + 1e-9), (r.rho_factor, r.local_upper, g)
+    assert net[-1].component == "network (global)"

@@ -51,7 +51,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_model_arguments(p)
     p.add_argument("--no-lower", action="store_true", help="certified bounds only (skip the empirical search)")
     p.add_argument("--plot", metavar="PATH", default=None,
-                   help="write certified upper vs empirical lower per stage and layer (.png, .svg or .pdf)")
+                   help="write certified upper vs empirical lower per stage and layer (.png, .svg or .pdf); with "
+                        "--data per layer and network against rho")
+    p.add_argument("--csv", metavar="PATH", default=None,
+                   help="write the table's rows as CSV (one per stage, layer and network; with --data one per rho, "
+                        "layer and component)")
     p.add_argument("--data", default=None,
                    help="local constants at real inputs: token ids (.npy int (n, T)), embeddings (.npy float "
                         "(n, T, d)), a model's raw inputs when it has an input embedding (.npy float (n, T, d_in): "
@@ -109,14 +113,16 @@ def run(args: argparse.Namespace) -> int:
     from .._results import check_certified
     from ..lipschitz import lipschitz_bounds, lipschitz_lower
     from ..train import load_model as load
-    from ..report import atomic_write_text, start_progress
+    from ..report import start_progress
     from ..report import lipschitz_payload, lipschitz_rows, render_lipschitz
 
     check_common(args)
-    if getattr(args, "plot", None):
-        from ..report import check_output_path
+    from ..report import check_output_path
 
-        check_output_path(args.plot, "--plot", (".png", ".svg", ".pdf"))
+    for flag, path, suffixes in (("--plot", getattr(args, "plot", None), (".png", ".svg", ".pdf")),
+                                 ("--json", args.json, ()), ("--csv", getattr(args, "csv", None), ())):
+        if path is not None:
+            check_output_path(path, flag, suffixes)  # before any work, so a bad path costs nothing
     if args.data is not None:
         return run_local(args)
     cfg = config_from_args(args)
@@ -141,18 +147,21 @@ def run(args: argparse.Namespace) -> int:
         if lw is not None:
             check_certified(f"Lipschitz constant of {name} (layer {layer})", up, lw)
     render_lipschitz(spec.name, bounds, rows, spec.n_layers)
+    # every output rendered before any is written, so an error leaves none half-written
+    from ..report import atomic_write_bytes, envelope_json, figure_bytes, global_rows, rows_csv
+
+    outputs = []
     if args.json:
-        from ..report import envelope_json
-
-        atomic_write_text(args.json, envelope_json(lipschitz_payload(spec, bounds, lower, rows),
-                                                   schema="transcover.lipschitz", schema_version="1",
-                                                   inputs=[args.model]))
-        print(f"wrote {args.json}", file=sys.stderr)
+        outputs.append((args.json, envelope_json(lipschitz_payload(spec, bounds, lower, rows),
+                                                 schema="transcover.lipschitz", schema_version="1",
+                                                 inputs=[args.model]).encode()))
+    if getattr(args, "csv", None):
+        outputs.append((args.csv, rows_csv(global_rows(rows)).encode()))
     if args.plot:
-        from ..report import atomic_write_bytes, figure_bytes
-
-        atomic_write_bytes(args.plot, figure_bytes(bounds.plot(lower=lower).figure_, args.plot))
-        print(f"wrote {args.plot}", file=sys.stderr)
+        outputs.append((args.plot, figure_bytes(bounds.plot(lower=lower).figure_, args.plot)))
+    for path, data in outputs:
+        atomic_write_bytes(path, data)
+        print(f"wrote {path}", file=sys.stderr)
     return 0
 
 
@@ -200,7 +209,7 @@ def run_local(args: argparse.Namespace) -> int:
     from ..lipschitz import local_table
     from ..train import load_data
     from ..train import load_model as load
-    from ..report import atomic_write_text, local_payload, render_local
+    from ..report import local_payload, render_local
 
     rhos = parse_rhos(args.rho)
     from ._scaleopts import scale_backend, scale_requested
@@ -235,12 +244,19 @@ def run_local(args: argparse.Namespace) -> int:
                            lower_iter=max(args.steps // 2, 5), whole=whole, ball=ball,
                            ball_components=ball_mode == "all", move_rest=move_rest)
     render_local(spec.name, len(seqs), rows, bool(args.rho_relative))
-    if args.json:
-        from ..report import envelope_json
+    from ..report import atomic_write_bytes, envelope_json, figure_bytes, local_figure, rows_csv
 
+    outputs = []  # every output rendered before any is written
+    if args.json:
         payload = local_payload(spec.name, len(seqs), rhos, bool(args.rho_relative), rows)
-        data_input = [args.data] if args.data != "sklearn-descr" else []
-        atomic_write_text(args.json, envelope_json(payload, schema="transcover.lipschitz.local", schema_version="1",
-                                                   inputs=[args.model, *data_input]))
-        print(f"wrote {args.json}", file=sys.stderr)
+        data_input = [args.data] if args.data not in ("sklearn-descr", "task") else []
+        outputs.append((args.json, envelope_json(payload, schema="transcover.lipschitz.local", schema_version="1",
+                                                 inputs=[args.model, *data_input]).encode()))
+    if getattr(args, "csv", None):
+        outputs.append((args.csv, rows_csv([r.to_dict() for r in rows]).encode()))
+    if getattr(args, "plot", None):
+        outputs.append((args.plot, figure_bytes(local_figure(rows), args.plot)))
+    for path, data in outputs:
+        atomic_write_bytes(path, data)
+        print(f"wrote {path}", file=sys.stderr)
     return 0

@@ -39,12 +39,21 @@ def _max_positions(spec: TransformerSpec) -> int | None:
     return None if pos is None else int(pos.shape[0])
 
 
+def _need_token_table(spec: TransformerSpec) -> None:
+    """Token ids and texts need the model's token table: one line naming what the model reads instead."""
+    if "token_embedding" not in spec.embeddings:
+        d_in = _input_width(spec)
+        what = (f"its raw inputs (.npy float, (n, T, {d_in})) or 'task' for a training run" if d_in is not None
+                else f"embeddings (.npy float, (n, T, {spec.d_model}))")
+        raise InputError(f"{spec.name} has no token embedding table, so token ids and texts cannot be read; "
+                         f"give {what}")
+
+
 def embed_ids(spec: TransformerSpec, ids: np.ndarray) -> list:
     """Token-id rows -> embedded sequences (float64 torch tensors, one per row)."""
     import torch
 
-    if "token_embedding" not in spec.embeddings:
-        raise InputError(f"{spec.name} has no token embedding table; give embeddings (.npy float, (n, T, d))")
+    _need_token_table(spec)
     E = spec.embeddings["token_embedding"]
     vocab = int(E.shape[0])
     rows = [np.asarray(r) for r in ids]
@@ -139,6 +148,8 @@ def sklearn_sentences(min_words: int = 4) -> list[str]:
 
 def load_inputs(spec: TransformerSpec, source: str, *, max_len: int | None = None, limit: int | None = None) -> list:
     """Embedded sequences (float64 ``(T, d)`` tensors) from ``source`` (see the module docstring)."""
+    if source == SKLEARN_DESCR or str(source).endswith(".txt"):
+        _need_token_table(spec)  # before the tokenizer is looked for
     if source == SKLEARN_DESCR:
         texts = sklearn_sentences()
         ids = tokenize_texts(spec, texts[:limit] if limit else texts, max_len or 32)

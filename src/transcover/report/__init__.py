@@ -26,7 +26,10 @@ from ._bound_tables import bound_png as bound_png
 from ._bound_tables import render_bound as render_bound
 from ._lipschitz_tables import figure_bytes as figure_bytes
 from ._lipschitz_tables import lipschitz_payload as lipschitz_payload
+from ._lipschitz_tables import global_rows as global_rows
+from ._lipschitz_tables import local_figure as local_figure
 from ._lipschitz_tables import local_payload as local_payload
+from ._lipschitz_tables import rows_csv as rows_csv
 from ._lipschitz_tables import render_local as render_local
 from ._lipschitz_tables import lipschitz_rows as lipschitz_rows
 from ._lipschitz_tables import perturb_payload as perturb_payload
@@ -34,6 +37,7 @@ from ._lipschitz_tables import render_lipschitz as render_lipschitz
 from ._lipschitz_tables import render_perturb as render_perturb
 
 __all__ += ["bound_payload", "bound_png", "render_bound", "figure_bytes", "local_payload", "render_local",
+            "rows_csv", "global_rows", "local_figure",
             "lipschitz_payload", "lipschitz_rows", "perturb_payload",
             "render_lipschitz", "render_perturb"]
 

@@ -126,6 +126,65 @@ def render_local(name: str, n_sequences: int, rows: list, rho_relative: bool) ->
                      "(empirical, local/lower uses it)" if ball else ""))
 
 
+def rows_csv(rows: list[dict]) -> str:
+    """Rows as CSV text: the union of their keys as the header (first-seen order), an absent value
+    empty, floats in ``repr`` (round-trips exactly; ``inf`` and ``nan`` as Python and pandas read them)."""
+    import csv
+    import io
+
+    keys: list[str] = []
+    for r in rows:
+        keys += [k for k in r if k not in keys]
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(keys)
+    for r in rows:
+        w.writerow(["" if r.get(k) is None else repr(r[k]) if isinstance(r[k], float) else r[k] for k in keys])
+    return buf.getvalue()
+
+
+def global_rows(rows: list[tuple]) -> list[dict]:
+    """:func:`lipschitz_rows` as dicts (``kind, layer, component, input_radius, upper, lower``; layer -2: the
+    network)."""
+    return [dict(zip(("kind", "layer", "component", "input_radius", "upper", "lower"), r)) for r in rows]
+
+
+def local_figure(rows: list):
+    """``lipschitz --data --plot``: per layer (and the whole network), the certified local upper bound
+    (solid) and the empirical lower estimate (dashed) against the ball radius, log-log; the ratio is
+    the vertical gap.  Rows with a non-finite upper are left out of their curve (named in the title)."""
+    import math
+
+    from ._figures import pyplot
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    curves: dict[str, list] = {}
+    for r in rows:
+        if r.component == "layer" or r.layer == -1:
+            curves.setdefault("network" if r.layer == -1 else f"layer {r.layer}", []).append(r)
+    dropped = 0
+    for k, (label, rs) in enumerate(sorted(curves.items(), key=lambda kv: (kv[0] == "network", kv[0]))):
+        rs = sorted(rs, key=lambda r: r.rho_factor)
+        up = [(r.rho_factor, r.local_upper) for r in rs if math.isfinite(r.local_upper) and r.local_upper > 0]
+        lo = [(r.rho_factor, r.lower) for r in rs if math.isfinite(r.lower) and r.lower > 0]
+        dropped += len(rs) - len(up)
+        colour = f"C{k % 10}"
+        if up:
+            ax.plot(*zip(*up), "o-", color=colour, label=f"{label}: certified upper")
+        if lo:
+            ax.plot(*zip(*lo), "x--", color=colour, alpha=0.7, label=f"{label}: empirical lower")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("ball radius rho")
+    ax.set_ylabel("local Lipschitz constant, (2,inf)")
+    ax.set_title("certified local upper vs empirical lower" + (f" ({dropped} unbounded rows left out)" if dropped
+                                                                else ""))
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    return fig
+
+
 def local_payload(name: str, n_sequences: int, rhos: list[float], rho_relative: bool, rows: list) -> dict[str, object]:
     """The JSON body of ``transcover lipschitz --data`` (schema ``transcover.lipschitz.local`` 1)."""
     return {"model": name, "n_sequences": n_sequences, "rho": rhos, "rho_relative": rho_relative,

@@ -35,6 +35,11 @@ _SKIP = {"optimizer.pt", "scheduler.pt", "rng_state.pth", "training_args.bin", "
 
 def model_files(path: Path) -> list[Path]:
     """The files a load of ``path`` reads (directory, weights file or shard index), sorted."""
+    from ..train import checkpoint_folder
+
+    run = checkpoint_folder(path) if path.is_dir() else None
+    if run is not None:  # a training run: its weights and the config that rebuilds the model (every run folder had
+        return [run / "model.safetensors", run / "state.json"]  # the same empty key: stop 39 red team)
     if path.is_dir():
         names = sorted(p for p in path.iterdir() if p.is_file())
         st = [p for p in names if p.name in _BESIDE or p.name.endswith((".safetensors", ".safetensors.index.json"))]

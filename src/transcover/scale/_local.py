@@ -47,7 +47,7 @@ def _unhex(s: str) -> float:
 
 
 def _spec(payload: dict[str, Any]):
-    from ..model import load
+    from ..train import load_model as load
 
     key = (payload["fingerprint"], payload["model"], payload["arch"], payload["allow_pickle"], payload["strict"])
     if key not in _SPECS:
@@ -193,7 +193,7 @@ def local_rows(model: str | None, seqs: Sequence[torch.Tensor], rhos: Sequence[f
         bad = report.failed[0]
         raise InputError(f"{len(report.failed)} sequence(s) failed; first: {bad.item.label}: {bad.value}")
     if spec is None:
-        from ..model import load
+        from ..train import load_model as load
 
         spec = load(model, arch=arch, allow_pickle=allow_pickle, strict=strict).to_torch(torch.float64)
     return merge_local(spec, [r.value for r in report.results], rhos, lower=lower)

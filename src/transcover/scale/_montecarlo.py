@@ -156,7 +156,8 @@ def local_class_chunk(payload: dict[str, Any]) -> dict[str, Any]:
     of ``LocalClassSample.evaluate`` for the whole class, whatever the chunking.
     """
     from ..empirical import sample_local_class, torch_threads
-    from ..model import load, transformer_forward
+    from ..model import transformer_forward
+    from ..train import load_model as load
 
     key = (payload["fingerprint"], payload["model"], payload["arch"], payload["strict"])
     if key not in _SPECS:
@@ -185,7 +186,7 @@ def monte_carlo_local(model: str, radii: dict[str, float], X: torch.Tensor, n_fu
         InputError: bad options (checked before any chunk runs), or a chunk that failed.
     """
     from ..empirical import MonteCarloCovering, covering_of_outputs, sample_local_class
-    from ..model import load
+    from ..train import load_model as load
     from ._keys import fingerprint
 
     for name, v in (("n_functions", n_functions), ("chunk", chunk), ("threads", threads)):

@@ -12,6 +12,7 @@ _LAZY = {
     "build_model": "._loop",
     "checkpoint_spec": "._loop",
     "is_train_checkpoint": "._source",
+    "checkpoint_folder": "._source",
     "TASK_DATA": "._source",
     "load_data": "._source",
     "load_model": "._source",
@@ -43,7 +44,8 @@ __getattr__, __dir__ = _lazy_attributes(__name__, _LAZY)
 __all__ = [
     "Task", "TASKS", "load_task",
     "TrainConfig", "TrainResult", "train", "build_model", "evaluate", "exact_group_norms", "constraint_report",
-    "save_checkpoint", "load_checkpoint", "checkpoint_spec", "is_train_checkpoint", "load_model", "load_data", "TASK_DATA",
+    "save_checkpoint", "load_checkpoint", "checkpoint_spec", "is_train_checkpoint", "checkpoint_folder", "load_model",
+    "load_data", "TASK_DATA",
     "StagedConfig", "StagedResult", "staged_experiment", "STRATEGIES",
     "NonvacuousConfig", "NonvacuousCase", "NonvacuousResult", "nonvacuous_experiment", "run_nonvacuous_case",
     "NONVACUOUS_TASKS", "FULL_PLAN", "QUICK_PLAN", "ABLATION_PLAN",

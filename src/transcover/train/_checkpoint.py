@@ -66,7 +66,9 @@ def load_checkpoint(folder: str | os.PathLike[str], model: nn.Module,
     from safetensors.torch import load_file
 
     folder = Path(folder)
-    for name in CHECKPOINT_FILES:
+    # the weights alone need no optimiser state: a shared run without optimizer.pt is read (stop 39 red team)
+    needed = CHECKPOINT_FILES if optimizer is not None else ("model.safetensors", "state.json")
+    for name in needed:
         if not (folder / name).is_file():
             raise InputError(f"checkpoint file {folder / name} does not exist")
     try:
@@ -77,6 +79,8 @@ def load_checkpoint(folder: str | os.PathLike[str], model: nn.Module,
     if files is not None and (not isinstance(files, dict) or not set(files) <= {"model.safetensors", "optimizer.pt"}):
         raise InputError(f"checkpoint state {folder / 'state.json'} has a malformed 'files' entry")
     for name, digest in (files or {}).items():  # Note [torn checkpoint]
+        if name not in needed:
+            continue
         with open(folder / name, "rb") as fh:
             if hashlib.sha256(fh.read()).hexdigest() != digest:
                 raise InputError(f"checkpoint {folder} is torn: {name} is not the file its state.json was written "
@@ -90,9 +94,15 @@ def load_checkpoint(folder: str | os.PathLike[str], model: nn.Module,
         raise InputError(f"checkpoint {folder / 'model.safetensors'}: tensor {bad[0]!r} holds NaN or infinite values; "
                          "resume from an earlier checkpoint")
     extra = {k[len(_EXTRA):]: weights.pop(k) for k in list(weights) if k.startswith(_EXTRA)}
-    missing = set(model.state_dict()) ^ set(weights)
+    own = model.state_dict()
+    missing = set(own) ^ set(weights)
     if missing:
         raise InputError(f"checkpoint {folder} does not fit the model: tensors {sorted(missing)[:3]} differ")
+    wrong = [k for k in sorted(own) if tuple(own[k].shape) != tuple(weights[k].shape)]
+    if wrong:  # load_state_dict's RuntimeError was an internal error (a state.json edited to another width)
+        k = wrong[0]
+        raise InputError(f"checkpoint {folder} does not fit the model its state.json describes: tensor {k!r} has "
+                         f"shape {tuple(weights[k].shape)}, the model {tuple(own[k].shape)}")
     with torch.no_grad():
         model.load_state_dict(weights)
     if optimizer is not None:

@@ -225,11 +225,11 @@ def _certified_lipschitz(model: ReferenceTransformer) -> Quantity | None:
     return lipschitz_bounds(_plain_spec(model)).upper
 
 
-def _plain_spec(model: ReferenceTransformer):
+def _plain_spec(model: ReferenceTransformer, name: str = "reference"):
     from ..constrain import export_plain
     from ..model import reference_spec
 
-    return reference_spec(export_plain(model).eval())
+    return reference_spec(export_plain(model).eval(), name=name)
 
 
 def _generalisation_bound(model: ReferenceTransformer, task: Task) -> tuple[Quantity | None, Quantity | None]:
@@ -406,5 +406,5 @@ def checkpoint_spec(folder: str | Path):
     model = build_model(config, task)
     constrain(model, config.constraint)
     load_checkpoint(folder, model)
-    spec = _plain_spec(model)
+    spec = _plain_spec(model, name=str(folder))  # named by its folder in every table, JSON and report
     return spec, int(task.X_train.shape[0]), int(task.seq_len)

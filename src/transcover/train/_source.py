@@ -15,13 +15,21 @@ from .._errors import InputError
 __all__ = ["is_train_checkpoint", "checkpoint_folder", "load_model", "load_data", "TASK_DATA"]
 
 
+def _is_checkpoint(folder: Path) -> bool:
+    return folder.is_dir() and (folder / "state.json").is_file() and (folder / "model.safetensors").is_file()
+
+
 def checkpoint_folder(path: str | Path) -> Path | None:
-    """The checkpoint folder ``path`` names: itself, or its ``checkpoint/`` (a run's ``--out`` folder)."""
+    """The checkpoint folder ``path`` names: itself, or its ``checkpoint/`` (a run's ``--out`` folder) when
+    ``path`` holds no weights of its own (a model folder that happens to hold a run is read as the model)."""
     p = Path(path)
-    for folder in (p, p / "checkpoint"):
-        if folder.is_dir() and (folder / "state.json").is_file() and (folder / "model.safetensors").is_file():
-            return folder
-    return None
+    if _is_checkpoint(p):
+        return p
+    if not p.is_dir() or not _is_checkpoint(p / "checkpoint"):
+        return None
+    own = [q for q in p.iterdir() if q.is_file() and q.name.endswith((".safetensors", ".safetensors.index.json",
+                                                                        ".bin", ".bin.index.json", ".pt", ".pth"))]
+    return None if own else p / "checkpoint"
 
 
 def is_train_checkpoint(path: str | Path) -> bool:

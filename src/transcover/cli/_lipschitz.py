@@ -148,7 +148,8 @@ def run(args: argparse.Namespace) -> int:
             check_certified(f"Lipschitz constant of {name} (layer {layer})", up, lw)
     render_lipschitz(spec.name, bounds, rows, spec.n_layers)
     # every output rendered before any is written, so an error leaves none half-written
-    from ..report import atomic_write_bytes, envelope_json, figure_bytes, global_rows, rows_csv
+    from ..report import atomic_write_bytes, envelope_json, figure_bytes, global_rows
+    from ..scale import rows_csv
 
     outputs = []
     if args.json:
@@ -244,7 +245,8 @@ def run_local(args: argparse.Namespace) -> int:
                            lower_iter=max(args.steps // 2, 5), whole=whole, ball=ball,
                            ball_components=ball_mode == "all", move_rest=move_rest)
     render_local(spec.name, len(seqs), rows, bool(args.rho_relative))
-    from ..report import atomic_write_bytes, envelope_json, figure_bytes, local_figure, rows_csv
+    from ..report import atomic_write_bytes, envelope_json, figure_bytes, local_figure
+    from ..scale import rows_csv
 
     outputs = []  # every output rendered before any is written
     if args.json:

@@ -29,7 +29,6 @@ from ._lipschitz_tables import lipschitz_payload as lipschitz_payload
 from ._lipschitz_tables import global_rows as global_rows
 from ._lipschitz_tables import local_figure as local_figure
 from ._lipschitz_tables import local_payload as local_payload
-from ._lipschitz_tables import rows_csv as rows_csv
 from ._lipschitz_tables import render_local as render_local
 from ._lipschitz_tables import lipschitz_rows as lipschitz_rows
 from ._lipschitz_tables import perturb_payload as perturb_payload
@@ -37,7 +36,7 @@ from ._lipschitz_tables import render_lipschitz as render_lipschitz
 from ._lipschitz_tables import render_perturb as render_perturb
 
 __all__ += ["bound_payload", "bound_png", "render_bound", "figure_bytes", "local_payload", "render_local",
-            "rows_csv", "global_rows", "local_figure",
+            "global_rows", "local_figure",
             "lipschitz_payload", "lipschitz_rows", "perturb_payload",
             "render_lipschitz", "render_perturb"]
 

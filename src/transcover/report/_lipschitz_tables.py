@@ -126,23 +126,6 @@ def render_local(name: str, n_sequences: int, rows: list, rho_relative: bool) ->
                      "(empirical, local/lower uses it)" if ball else ""))
 
 
-def rows_csv(rows: list[dict]) -> str:
-    """Rows as CSV text: the union of their keys as the header (first-seen order), an absent value
-    empty, floats in ``repr`` (round-trips exactly; ``inf`` and ``nan`` as Python and pandas read them)."""
-    import csv
-    import io
-
-    keys: list[str] = []
-    for r in rows:
-        keys += [k for k in r if k not in keys]
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(keys)
-    for r in rows:
-        w.writerow(["" if r.get(k) is None else repr(r[k]) if isinstance(r[k], float) else r[k] for k in keys])
-    return buf.getvalue()
-
-
 def global_rows(rows: list[tuple]) -> list[dict]:
     """:func:`lipschitz_rows` as dicts (``kind, layer, component, input_radius, upper, lower``; layer -2: the
     network)."""

@@ -103,13 +103,20 @@ def sweep_rows(report: SweepReport) -> list[dict[str, Any]]:
     return rows
 
 
-def rows_csv(rows: list[dict[str, Any]]) -> str:
+def rows_csv(rows: list[dict]) -> str:
+    """Rows as CSV text: the union of their keys as the header (first-seen order), an absent value
+    empty, floats in ``repr`` (round-trips exactly; ``inf`` and ``nan`` as Python and pandas read them); no
+    rows: no text."""
+    if not rows:
+        return ""
+    keys: list[str] = []
+    for r in rows:
+        keys += [k for k in r if k not in keys]
     buf = io.StringIO()
-    if rows:
-        w = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
-        w.writeheader()
-        for row in rows:
-            w.writerow({k: repr(v) if isinstance(v, float) else v for k, v in row.items()})
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(keys)
+    for r in rows:
+        w.writerow(["" if r.get(k) is None else repr(r[k]) if isinstance(r[k], float) else r[k] for k in keys])
     return buf.getvalue()
 
 

@@ -214,7 +214,8 @@ def read_history(path: str | os.PathLike[str], *, torn_tail: bool = False) -> li
         except ValueError as err:
             if torn_tail and j == len(numbered) - 1:
                 break
-            raise InputError(f"history file {path} line {k} is not JSON ({err.msg})") from None
+            # json's own errors carry .msg; Python's integer-digit limit raises a plain ValueError (stop 39 red team)
+            raise InputError(f"history file {path} line {k} is not JSON ({getattr(err, 'msg', err)})") from None
         step = rec.get("step") if isinstance(rec, dict) else None
         if not isinstance(step, int) or isinstance(step, bool) or not all(
                 v is None or isinstance(v, (dict, list)) or (isinstance(v, (int, float)) and not isinstance(v, bool))

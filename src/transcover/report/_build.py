@@ -10,8 +10,10 @@ object with ``to_dict()`` holding ``rows``) and the page gets a section for it.
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ._displays import (AnalysisDisplay, BoundDisplay, CoveringDisplay, HistoryDisplay, LipschitzDisplay,
                         layer_label)
@@ -57,6 +59,50 @@ class ReportData:
     warnings: tuple = ()
 
 
+def _own_history(model) -> Path | None:
+    """``history.jsonl`` of the ``transcover train`` run ``model`` names (its run or checkpoint folder), if any."""
+    from ..train import checkpoint_folder
+
+    folder = checkpoint_folder(model)
+    if folder is None:
+        return None
+    own = folder.parent / "history.jsonl"
+    return own if own.is_file() else None
+
+
+def _checked_history(history, spec, model) -> list:
+    """The records of ``history``, refused in one line where they cannot be the monitor of ``spec``'s training:
+    no record with a series to draw (an empty, step-only or foreign file drew four empty panels), steps that
+    go backwards (two histories concatenated drew zig-zags), or per-layer groups beyond the model's layers.
+    A training run given with another run's history is warned about (the file is read as given)."""
+    import warnings
+
+    from .._errors import InputError, TranscoverWarning
+    from ..constrain import read_history
+
+    records = read_history(history)
+    series = ("loss", "train_loss", "test_loss", "train_acc", "test_acc", "grad_norm", "capacity")
+    if not any(isinstance(r.get(k), (int, float)) and math.isfinite(r[k]) for r in records for k in r
+               if k in series or k.startswith(("sigma.", "radius.", "certified."))):
+        raise InputError(f"history file {history} holds no training series (loss, accuracy, grad_norm, capacity or "
+                         "sigma.<group>): not a training monitor's history")
+    for prev, rec in zip(records, records[1:]):
+        if rec["step"] < prev["step"]:
+            raise InputError(f"history file {history}: the steps go backwards ({prev['step']} then {rec['step']}); "
+                             "two histories concatenated?")
+    layers = {int(k.split(".")[2]) for r in records for k in r
+              if k.startswith("sigma.") and k.count(".") == 2 and k.split(".")[2].isdigit()}
+    if layers and max(layers) >= len(spec.layers):
+        raise InputError(f"history file {history} records layer {max(layers)}, but the model has "
+                         f"{len(spec.layers)} layers: it is not this model's training history")
+    own = _own_history(model) if isinstance(model, (str, os.PathLike)) else None
+    notes = []
+    if own is not None and not Path(history).resolve() == own.resolve():
+        notes.append(f"the training history {history} is not the run's own ({own}); it is shown as given")
+        warnings.warn(notes[-1], TranscoverWarning, stacklevel=2)
+    return records, notes
+
+
 def compute_report(model=None, *, arch=None, allow_pickle=False, strict=False, options=ReportOptions(),
                    history=None, data=None, local=None, tracker: Tracker | None = None) -> ReportData:
     """Everything the report shows, computed once (``tracker`` shows the phases on a terminal)."""
@@ -74,15 +120,11 @@ def compute_report(model=None, *, arch=None, allow_pickle=False, strict=False, o
 
     spec = model if isinstance(model, TransformerSpec) else load(model, arch=arch, allow_pickle=allow_pickle,
                                                                  strict=strict)
-    records = None
+    records, history_notes = None, []
+    if history is None and isinstance(model, (str, os.PathLike)):
+        history = _own_history(model)  # a training run reports its own monitor unasked
     if history is not None:
-        from ..constrain import read_history
-
-        records = read_history(history)
-        if not records:  # an empty history drew an empty training section
-            from .._errors import InputError
-
-            raise InputError(f"history file {history} holds no records")
+        records, history_notes = _checked_history(history, spec, model)
     timings["load"] = time.perf_counter() - t
     t = time.perf_counter()
     tracker.step("certified norms (analyze)", total=len(spec.layers))
@@ -117,7 +159,7 @@ def compute_report(model=None, *, arch=None, allow_pickle=False, strict=False, o
                           *([data] if data is not None else []))
     return ReportData(spec.name, model, analysis, bounds, lower, bound, dict(spec.config), inputs, options,
                       records, None if history is None else str(history), local,
-                      None if data is None else str(data), timings, tuple(spec.warnings))
+                      None if data is None else str(data), timings, (*spec.warnings, *history_notes))
 
 
 def _svg(display, **kw) -> str:
@@ -299,8 +341,11 @@ def _history(d: ReportData) -> str:
         return ""
     disp = HistoryDisplay(d.history, plain(d.history_path or ""))
     return section("history", "Training monitor",
-                   html_figure(_svg(disp), f"from {text(d.history_path)} ({len(d.history)} records); "
-                               "sigma: exact largest singular values per group; capacity: an estimate (F8)"))
+                   html_figure(_svg(disp), f"from {text(d.history_path)} ({len(d.history)} records), read as "
+                               "recorded during training and not recomputed for this model: losses, accuracies "
+                               "and gradient norms measured; sigma the exact largest singular values per group of "
+                               "the weights the training forward used (certified markers: at evaluations); "
+                               "capacity an estimate (F8)"))
 
 
 def render_report(d: ReportData) -> str:

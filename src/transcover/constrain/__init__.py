@@ -11,7 +11,9 @@ from ._clip import clip_weights_ as clip_weights_
 from ._clip import norm_cap as norm_cap
 from ._export import constrained_tensors as constrained_tensors
 from ._export import export_plain as export_plain
+from ._export import load_raw_state as load_raw_state
 from ._export import save_plain as save_plain
+from ._export import save_raw_state as save_raw_state
 from ._export import strip_constraints as strip_constraints
 from ._layout import HeadLayout as HeadLayout
 from ._monitor import CAPACITY_KIND as CAPACITY_KIND
@@ -60,7 +62,7 @@ __all__ = [
     "RadiusSchedule", "SCHEDULE_KINDS",
     "Slot", "find_slots", "GROUPS",
     "ConstraintConfig", "Constrainer", "constrain", "parse_radii", "METHODS",
-    "strip_constraints", "export_plain", "constrained_tensors", "save_plain",
+    "strip_constraints", "export_plain", "constrained_tensors", "save_plain", "save_raw_state", "load_raw_state",
     "TrainingMonitor", "grad_norm", "read_history", "CAPACITY_KIND",
     "hf_callback",
 ]

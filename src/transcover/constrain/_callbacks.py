@@ -53,7 +53,27 @@ def _callback_class():
                 save_plain(self.constrainer.model)
                 self.constrainer.set_progress(step_progress(state.global_step, state.max_steps))
                 if state.global_step > 0:  # resumed: the weights were projected at the previous step's radius
+                    self._restore_raw_state(args, state)
                     self.constrainer.resumed_after(step_progress(state.global_step - 1, state.max_steps))
+
+        def _restore_raw_state(self, args, state):
+            """Note [exact trainer resume]: the Trainer loaded the plain weights; the constrained state saved
+            beside them (the checkpoint ``output_dir/checkpoint-<step>`` it resumes from) replaces them."""
+            import os
+            import warnings
+
+            from .._errors import TranscoverWarning
+            from ._export import RAW_STATE_FILE, load_raw_state
+
+            named, out = getattr(args, "resume_from_checkpoint", None), getattr(args, "output_dir", None)
+            folders = [f for f in (named if isinstance(named, str) else None,
+                                   os.path.join(out, f"checkpoint-{state.global_step}") if out else None) if f]
+            if not any(load_raw_state(self.constrainer.model, f) for f in folders):
+                warnings.warn(f"resumed at step {state.global_step} without {RAW_STATE_FILE} beside the weights: the "
+                              "plain checkpoint restores the model's function, not its unconstrained tensors or a "
+                              "spectral cap's power iteration, so the run is not the uninterrupted one (resume from "
+                              "the checkpoint folder the Trainer wrote, with that file beside the weights)",
+                              TranscoverWarning, stacklevel=2)
 
         def on_step_begin(self, args, state, control, **kwargs):
             if self.constrainer is not None:
@@ -89,8 +109,8 @@ def _callback_class():
         def on_log(self, args, state, control, logs=None, **kwargs):
             if self.monitor is not None and logs:
                 fields = {}
-                if "loss" in logs:
-                    fields["train_loss"] = logs["loss"]
+                if "loss" in logs:  # the Trainer's mean batch loss since its last log: a batch loss, as "loss" is
+                    fields["loss"] = logs["loss"]  # in `transcover train` ("train_loss" there: the whole set's)
                 if "eval_loss" in logs:
                     fields["test_loss"] = logs["eval_loss"]
                 if logs.get("grad_norm") is not None:  # the Trainer's norm before clipping

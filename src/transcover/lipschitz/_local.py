@@ -259,7 +259,7 @@ def _layer_local_body(layer: LayerSpec, X: Tensor, rho: float, cache: dict, jaco
     comps, radii = {}, {}
     scratch: dict = {}
     # Pi_norm (the projection onto the unit ball) is 1-Lipschitz, which the product route uses; the Jacobian routes
-    # are not derived for it (it is not differentiable on the sphere), so a layer with one takes the product route
+    # are not derived for it (not differentiable on the sphere), so a layer with one takes the product route (F104)
     jacobian = jacobian and not any(n is not None and n.kind is NormKind.BALL for n in (layer.norm_attn, layer.norm_ffn))
     if layer.placement is Placement.POST:
         a = attention_local_bound(layer.attention, X, rho, norms=hn)

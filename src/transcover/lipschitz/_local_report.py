@@ -185,9 +185,9 @@ def _network_row(spec, seqs, f, relative, whole, glob, domain, lower, cache,  # 
             _, s_in = norm_local(n_in, X.double(), rho)
             sig0 = min(sig0, float(variance_floor(n_in, s_in).min()))
         nl = network_local(spec, X, rho, cache=cache, route=whole, move_rest=move_rest)
-        # Note [global on the ball]: every token of B(X, rho) has norm <= max_t ||X_t|| + rho, so the global chain
-        # (THEORY F8) at that radius is a certified bound on the ball too; it wins where the local routes' radii
-        # compound past it (a Pi_norm model at rho = 0.1: 1e72 against 1785)
+        # Note [global on the ball] (THEORY F104): every token of B(X, rho) has norm <= max_t ||X_t|| + rho, so the
+        # global chain (THEORY F8) at that radius is a certified bound on the ball too; it wins where the local
+        # routes' radii compound past it (a Pi_norm model at rho = 0.1: 1e72 against 1785)
         g = compose(norms, radius=(float(X.double().norm(dim=1).max()) + rho) * (1 + 1e-12)).upper.value
         here, route = (g, "global") if g < nl.upper else (nl.upper, nl.route)
         up, routes = max(up, here), routes | {route}

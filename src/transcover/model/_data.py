@@ -7,7 +7,7 @@ model's first stage (its input norm, then layer 0) receives.  Sources:
 * ``.npy`` of floats ``(n, T, d)`` (or ``(T, d)``): embeddings, used as they are;
 * for a model with an input embedding ``d_in × d`` (the reference model, ``transcover train``'s
   checkpoints), ``.npy`` of floats ``(n, T, d_in)`` instead: the model's raw inputs (digits rows,
-  a sparse task's token codes), embedded by ``X W_in`` plus its positions in float64 (always
+  a sparse task's token codes), embedded by ``X W_in`` plus its positions in float64 (THEORY F104; always
   read so, also when ``d_in = d``: such a model's embeddings are not something a user holds);
 * ``.txt``: one text per line, tokenised with the model's own ``tokenizer.json``;
 * ``sklearn-descr``: sentences of the dataset descriptions scikit-learn ships

@@ -137,7 +137,7 @@ def describe(model=None, *, arch: str | None = None, allow_pickle: bool = False,
 
 def lipschitz(model=None, config=None, *, arch: str | None = None, allow_pickle: bool = False, strict: bool = False,
               lower: bool = True, data=None, rho: float | Sequence[float] = 1e-3, rho_relative: bool = False,
-              max_len: int = 32, limit: int | None = None, **options):
+              max_len: int = 32, limit: int | None = None, whole_network: str | None = None, **options):
     """Certified upper Lipschitz constants per stage, layer and network, beside empirical lower ones
     (``transcover lipschitz``; THEORY F6, F7, F8, F13, F14); with ``data``, certified local constants
     on balls of radius ``rho`` around real inputs (``transcover lipschitz --data``; THEORY F17).
@@ -151,9 +151,10 @@ def lipschitz(model=None, config=None, *, arch: str | None = None, allow_pickle:
         lower: ``False`` skips the search (certified bounds only).
         data: token ids (.npy int (n, T)), embeddings (.npy float (n, T, d)), raw inputs of a model with
             an input embedding (.npy float (n, T, d_in)), texts (.txt, the model's tokenizer),
-            ``"sklearn-descr"`` or ``"task"`` (a ``transcover train`` run's held-out inputs); ``rho`` one radius or several (per token, l2; factors
-            of each layer's median token norm with ``rho_relative``), ``max_len`` truncates texts,
-            ``limit`` keeps the first sequences.
+            ``"sklearn-descr"`` or ``"task"`` (a ``transcover train`` run's held-out inputs); ``rho`` one
+            radius or several (per token, l2; factors of each layer's median token norm with
+            ``rho_relative``), ``max_len`` truncates texts, ``limit`` keeps the first sequences;
+            ``whole_network`` ("auto", "product" or "stack") adds the whole network's row per rho.
 
     Returns:
         :class:`transcover._api_results.LipschitzResult` (``.bounds``, ``.lower``, ``.to_dict()``,
@@ -174,7 +175,8 @@ def lipschitz(model=None, config=None, *, arch: str | None = None, allow_pickle:
     cfg = _config(LipschitzConfig, config, options)
     if data is not None:
         return _lipschitz_local(model, data, arch=arch, allow_pickle=allow_pickle, strict=strict, rho=rho,
-                                rho_relative=rho_relative, max_len=max_len, limit=limit, lower=lower, steps=cfg.steps)
+                                rho_relative=rho_relative, max_len=max_len, limit=limit, lower=lower, steps=cfg.steps,
+                                whole=whole_network)
     spec = _spec(model, arch=arch, allow_pickle=allow_pickle, strict=strict).to_torch()
     l2 = any(layer.attention.kind == "l2" for layer in spec.layers)
     with _small_threads(spec.d_model, cfg.seq_len):
@@ -188,7 +190,8 @@ def lipschitz(model=None, config=None, *, arch: str | None = None, allow_pickle:
     return LipschitzResult(spec.name, bounds, found, tuple(spec.warnings))
 
 
-def _lipschitz_local(model, data, *, arch, allow_pickle, strict, rho, rho_relative, max_len, limit, lower, steps):
+def _lipschitz_local(model, data, *, arch, allow_pickle, strict, rho, rho_relative, max_len, limit, lower, steps,
+                     whole=None):
     """The ``data`` route of :func:`lipschitz`: every check (rho, data, tokenizer) before any work."""
     import math
 
@@ -208,7 +211,10 @@ def _lipschitz_local(model, data, *, arch, allow_pickle, strict, rho, rho_relati
             raise InputError(f"{flag} must be >= 1, but got {flag}={v}")
     spec = _spec(model, arch=arch, allow_pickle=allow_pickle, strict=strict).to_torch(torch.float64)
     seqs = load_data(model, spec, data, max_len=max_len, limit=limit)
-    rows = local_table(spec, seqs, rhos, lower=lower, relative=rho_relative, lower_iter=max(steps // 2, 5))
+    if whole not in (None, "auto", "product", "stack"):
+        raise InputError(f"whole_network must be 'auto', 'product' or 'stack', but got whole_network={whole!r}")
+    rows = local_table(spec, seqs, rhos, lower=lower, relative=rho_relative, lower_iter=max(steps // 2, 5),
+                       whole=whole)
     return LocalLipschitzResult(spec.name, len(seqs), tuple(rhos), bool(rho_relative), tuple(rows))
 
 

@@ -226,3 +226,13 @@ def test_the_network_row_is_never_above_the_global_chain_on_the_ball(run):
                 for X, p in zip(seqs, rho))
         assert r.lower <= r.local_upper <= g * (1 + 1e-9), (r.rho_factor, r.local_upper, g)
     assert net[-1].component == "network (global)"
+
+
+def test_report_at_the_data_of_a_run_with_the_whole_network(run, tmp_path, capsys):
+    out = tmp_path / "r.html"
+    assert main(["report", str(run), "--data", "task", "--limit", "2", "--rho", "1e-3", "--whole-network", "auto",
+                 "--no-lower", "--quiet", "-o", str(out)]) == 0
+    html = out.read_text()
+    assert "network (product)" in html and "Training monitor" in html  # the run's own history, unasked
+    assert main(["report", str(run), "--whole-network", "auto", "-o", str(tmp_path / "x.html")]) == 2
+    assert "it needs --data" in capsys.readouterr().err and not (tmp_path / "x.html").exists()

@@ -20,6 +20,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="inputs for the at-the-data section: token ids (.npy int), embeddings (.npy float), "
                         "texts (.txt), 'sklearn-descr' or 'task' (as `transcover lipschitz --data`; hashed into "
                         "the report)")
+    p.add_argument("--whole-network", choices=("auto", "product", "stack"), default=None,
+                   help="with --data: also the whole network's local constant per rho (as `transcover lipschitz "
+                        "--whole-network`; the stack route costs minutes per MiniLM sentence)")
     p.add_argument("--rho", default="1e-3",
                    help="with --data: ball radii around the data, comma-separated, as factors of each layer's "
                         "median token norm")
@@ -63,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
         if path is not None and path not in ("sklearn-descr", "task") and not Path(path).is_file():
             raise InputError(f"{flag}={path}: no such file")
     local = None
+    if args.whole_network is not None and args.data is None:
+        raise InputError("--whole-network certifies the network at the data; it needs --data")
     if args.data is not None:
         local = _local_bounds(args)
     options = ReportOptions(radius=args.radius, eps=args.eps, n_samples=args.n_samples, seq_len=args.seq_len,
@@ -95,5 +100,5 @@ def _local_bounds(args: argparse.Namespace) -> dict:
     # lower_iter 15 as before: steps=30 gives max(30 // 2, 5)
     result = lipschitz(args.model, arch=args.arch, allow_pickle=args.allow_pickle, strict=args.strict,
                        data=args.data, rho=rhos, rho_relative=True, max_len=args.max_len, limit=args.limit,
-                       lower=not args.no_lower, steps=30)
+                       lower=not args.no_lower, steps=30, whole_network=args.whole_network)
     return local_block(result, args.data)

@@ -294,7 +294,8 @@ def _local(d: ReportData) -> str:
     info = d.local.to_dict() if hasattr(d.local, "to_dict") else dict(d.local)
     rows = list(info.get("rows", []))
     headers = list(rows[0]) if rows else []
-    parts = [table(headers, [[r.get(h) for h in headers] for r in rows],
+    shown = [[("all" if h == "layer" and r.get(h) == -1 else r.get(h)) for h in headers] for r in rows]  # the network
+    parts = [table(headers, shown,
                    numeric=[isinstance(rows[0].get(h), (int, float)) for h in headers],
                    caption=text(info.get("caption", "local bounds at the data")))]
     parts += [f"<p>assumption: {text(a)}</p>" for a in info.get("assumptions", [])]

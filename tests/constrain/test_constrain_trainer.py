@@ -163,12 +163,12 @@ def test_gradient_norm_is_the_one_before_clipping(tmp_path, max_grad_norm):
         assert len(values) == 6 and values[0::2] == pytest.approx(logged, rel=1e-5)  # step rows + logged rows
 
 
-def _resumable(out, steps, resume=None, save_steps=2):
+def _resumable(out, steps, resume=None, save_steps=2, lr=5e-2):
     model = _model("bert")
     cons = constrain(model, ConstraintConfig(method="spectral", radii={"all": TARGET}, schedule="linear",
                                              loose_factor=3.0))
     args = transformers.TrainingArguments(
-        output_dir=str(out), max_steps=steps, per_device_train_batch_size=4, learning_rate=5e-2, report_to=[],
+        output_dir=str(out), max_steps=steps, per_device_train_batch_size=4, learning_rate=lr, report_to=[],
         save_strategy="steps", save_steps=save_steps, logging_strategy="no", use_cpu=True, disable_tqdm=True, seed=0,
         data_seed=0, lr_scheduler_type="constant")
     trainer = transformers.Trainer(model=model, args=args, train_dataset=_Data(), callbacks=[hf_callback(cons)])
@@ -192,6 +192,12 @@ def test_trainer_resume_of_a_spectral_run_is_the_uninterrupted_run(tmp_path):
     resumed = _resumable(tmp_path / "b", N_STEPS, resume=str(tmp_path / "b" / "checkpoint-2"))
     assert whole.keys() == resumed.keys()
     assert [k for k in whole if not torch.equal(whole[k], resumed[k])] == []
+    # another run's checkpoint of the same step in output_dir is never read: the state of the folder resumed is
+    # found (the red team's run C silently replaced A's weights, 0.758 off), and a file is used only for the weights
+    # it was saved with
+    _resumable(tmp_path / "c", 2, lr=1e-1)
+    beside = _resumable(tmp_path / "c", N_STEPS, resume=str(tmp_path / "a" / "checkpoint-2"), save_steps=100)
+    assert [k for k in whole if not torch.equal(whole[k], beside[k])] == []
     # without the file the run is not exact, and says so
     (tmp_path / "b" / "checkpoint-2" / RAW_STATE_FILE).unlink()
     with warnings.catch_warnings(record=True) as caught:

@@ -16,7 +16,7 @@ import transcover
 from transcover.cli import main
 from transcover.train import TrainConfig, checkpoint_spec, load_data, load_task, train
 
-TINY = TrainConfig(task="digits", n_train=120, epochs=1, batch_size=40, lr=3e-2, d_model=8, n_heads=2,
+TINY = TrainConfig(task="digits", n_train=120, epochs=1, batch_size=40, lr=3e-2, d_model=12, n_heads=2,
                    n_layers=1, d_ff=8, head_hidden=(8,))
 
 
@@ -147,7 +147,7 @@ def test_sweep_keys_cover_the_run_checkpoint(run, tmp_path):
     from transcover.scale import fingerprint
 
     other = tmp_path / "other"
-    train(replace(TINY, d_model=12, d_ff=12), out_dir=other)
+    train(replace(TINY, d_model=16, d_ff=12), out_dir=other)
     assert fingerprint(str(run), "full") != fingerprint(str(other), "full")
     edited = _copy_run(run, tmp_path / "edited")
     state = json.loads((edited / "checkpoint" / "state.json").read_text())
@@ -158,7 +158,7 @@ def test_sweep_keys_cover_the_run_checkpoint(run, tmp_path):
     assert main(["analyze", str(other), str(run), "--json", str(out), "--quiet", "--store",
                  str(tmp_path / "s.sqlite")]) == 0
     rows = json.loads(out.read_text())["rows"]
-    assert [r["d_model"] for r in rows] == [12, TINY.d_model]
+    assert [r["d_model"] for r in rows] == [16, TINY.d_model]
 
 
 def test_item_backends_read_a_run(run, tmp_path):
@@ -188,9 +188,9 @@ def test_a_model_folder_holding_a_run_is_read_as_the_model(run, tmp_path):
     from transcover.model import ReferenceConfig, ReferenceTransformer, save_reference
 
     both = _copy_run(run, tmp_path / "both")
-    save_reference(ReferenceTransformer(ReferenceConfig(d_model=12, n_heads=2, n_layers=1, d_ff=8)),
+    save_reference(ReferenceTransformer(ReferenceConfig(d_model=10, n_heads=2, n_layers=1, d_ff=8)),
                    both / "model.safetensors")
-    assert transcover.load(both).d_model == 12
+    assert transcover.load(both).d_model == 10
     assert transcover.load(both / "checkpoint").d_model == TINY.d_model
 
 
@@ -236,3 +236,22 @@ def test_report_at_the_data_of_a_run_with_the_whole_network(run, tmp_path, capsy
     assert "network (product)" in html and "Training monitor" in html  # the run's own history, unasked
     assert main(["report", str(run), "--whole-network", "auto", "-o", str(tmp_path / "x.html")]) == 2
     assert "it needs --data" in capsys.readouterr().err and not (tmp_path / "x.html").exists()
+
+
+def test_one_width_for_raw_inputs_and_embeddings_says_which_reading(tmp_path):
+    """A digits model of width 8: an (n, T, 8) array could be either; it is read as raw inputs, and said so."""
+    from transcover import TranscoverWarning
+
+    run8 = tmp_path / "run8"
+    train(replace(TINY, d_model=8), out_dir=run8)
+    spec = transcover.load(run8).to_torch(torch.float64)
+    with pytest.warns(TranscoverWarning, match="read as raw inputs"):
+        load_data(run8, spec, "task", limit=1)
+
+
+def test_data_of_huge_norm_is_not_blamed_on_a_radius(run, tmp_path, capsys):
+    """Token norms near 1e200 overflowed torch's unscaled norm in the table's radii: 'radius=inf' (a radius the
+    user never gave); the norms are now formed at powers of two."""
+    np.save(tmp_path / "big.npy", np.full((1, 3, 8), 1e200))
+    rc = main(["lipschitz", str(run), "--data", str(tmp_path / "big.npy"), "--no-lower", "--quiet"])
+    assert rc == 0 and "radius=inf" not in capsys.readouterr().err

@@ -29,6 +29,22 @@ def step_progress(step: int, max_steps: int) -> float:
     return step / (max_steps - 1) if max_steps > 1 else 1.0
 
 
+def _resumed_folder():
+    """The checkpoint folder a running ``Trainer.train(resume_from_checkpoint=...)`` resumes from: the Trainer keeps
+    it in a local variable only (not in ``args`` or ``state``), so it is read off the calling frames; None when no
+    Trainer frame holds one.  What is found is only a candidate: ``load_raw_state`` checks its digest."""
+    import os
+    import sys
+
+    frame = sys._getframe(1)
+    while frame is not None:
+        value = frame.f_locals.get("resume_from_checkpoint")
+        if isinstance(value, (str, os.PathLike)) and "transformers" in frame.f_code.co_filename:
+            return value
+        frame = frame.f_back
+    return None
+
+
 @lru_cache(maxsize=1)
 def _callback_class():
     from transformers import TrainerCallback
@@ -43,6 +59,8 @@ def _callback_class():
         def __init__(self, constrainer: Constrainer | None, monitor: TrainingMonitor | None):
             self.constrainer = constrainer
             self.monitor = monitor
+            if constrainer is not None:  # before the Trainer loads a checkpoint to resume: its plain weights must
+                save_plain(constrainer.model)  # reach the unconstrained tensors (the hook came too late, stop 39)
             if monitor is not None and constrainer is not None and monitor.radii is None:
                 monitor.radii = constrainer.radii_in_force
                 monitor.ratios = constrainer.bounds_sigma
@@ -58,21 +76,23 @@ def _callback_class():
 
         def _restore_raw_state(self, args, state):
             """Note [exact trainer resume]: the Trainer loaded the plain weights; the constrained state saved
-            beside them (the checkpoint ``output_dir/checkpoint-<step>`` it resumes from) replaces them."""
+            beside them replaces them.  Only a file whose digest matches the weights just loaded is used, so
+            another run's checkpoint of the same step in ``output_dir`` is never read (stop 39 red team)."""
             import os
             import warnings
 
             from .._errors import TranscoverWarning
             from ._export import RAW_STATE_FILE, load_raw_state
 
-            named, out = getattr(args, "resume_from_checkpoint", None), getattr(args, "output_dir", None)
-            folders = [f for f in (named if isinstance(named, str) else None,
+            named, out = _resumed_folder() or getattr(args, "resume_from_checkpoint", None), getattr(
+                args, "output_dir", None)
+            folders = [f for f in (named if isinstance(named, (str, os.PathLike)) else None,
                                    os.path.join(out, f"checkpoint-{state.global_step}") if out else None) if f]
             if not any(load_raw_state(self.constrainer.model, f) for f in folders):
-                warnings.warn(f"resumed at step {state.global_step} without {RAW_STATE_FILE} beside the weights: the "
-                              "plain checkpoint restores the model's function, not its unconstrained tensors or a "
-                              "spectral cap's power iteration, so the run is not the uninterrupted one (resume from "
-                              "the checkpoint folder the Trainer wrote, with that file beside the weights)",
+                warnings.warn(f"resumed at step {state.global_step} without the {RAW_STATE_FILE} of the weights "
+                              f"loaded (looked in {', '.join(map(str, folders)) or 'no folder'}): the plain checkpoint "
+                              "restores the model's function, not its unconstrained tensors or a spectral cap's power "
+                              "iteration, so the run is not the uninterrupted one",
                               TranscoverWarning, stacklevel=2)
 
         def on_step_begin(self, args, state, control, **kwargs):

@@ -136,7 +136,7 @@ def _plain_save_pretrained(model: nn.Module, save_directory, *args, **kwargs):
     plain = export_plain(model)
     plain.__dict__.pop("save_pretrained", None)
     out = type(plain).save_pretrained(plain, save_directory, *args, **kwargs)
-    save_raw_state(model, save_directory)
+    save_raw_state(model, save_directory, plain)
     return out
 
 
@@ -146,9 +146,27 @@ def _plain_save_pretrained(model: nn.Module, save_directory, *args, **kwargs):
 # parameters (stop 39 red team: 0.24 max weight difference after four more steps).  Each save therefore also
 # writes the constrained model's ``state_dict`` (originals and the caps' buffers) as RAW_STATE_FILE, and the
 # callback loads it back when it resumes (``load_raw_state``), which makes the resumed run the uninterrupted one.
-def save_raw_state(model: nn.Module, folder) -> Path | None:
-    """Write ``model``'s full constrained ``state_dict`` to ``folder / RAW_STATE_FILE`` (atomic); None when
-    ``model`` has no parametrization (the plain file is then the whole state)."""
+def _plain_digest(model: nn.Module, plain: nn.Module | None = None) -> str:
+    """sha256 over the plain values of ``model``'s parametrized tensors: from ``plain`` (the export being saved) or,
+    without it, from ``model``'s ``original`` tensors (what a plain checkpoint loaded into it holds)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for path, m in sorted(model.named_modules(), key=lambda pm: pm[0]):
+        if not parametrize.is_parametrized(m):
+            continue
+        for name in sorted(m.parametrizations):
+            T = getattr(plain.get_submodule(path), name) if plain is not None else m.parametrizations[name].original
+            t = T.detach().to("cpu").contiguous()
+            h.update(f"{path}.{name}:{t.dtype}:{tuple(t.shape)};".encode())
+            h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def save_raw_state(model: nn.Module, folder, plain: nn.Module | None = None) -> Path | None:
+    """Write ``model``'s full constrained ``state_dict`` to ``folder / RAW_STATE_FILE`` (atomic), tagged with the
+    digest of the plain weights saved beside it (``plain``, the export); None when ``model`` has no
+    parametrization (the plain file is then the whole state)."""
     from safetensors.torch import save
 
     from .._io import atomic_write_bytes
@@ -156,18 +174,39 @@ def save_raw_state(model: nn.Module, folder) -> Path | None:
     if not any(parametrize.is_parametrized(m) for m in model.modules()):
         return None
     state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}  # shared storage refused
-    return atomic_write_bytes(Path(folder) / RAW_STATE_FILE, save(state, metadata={"format": "pt"}))
+    meta = {"format": "pt", "plain_digest": _plain_digest(model, export_plain(model) if plain is None else plain)}
+    return atomic_write_bytes(Path(folder) / RAW_STATE_FILE, save(state, metadata=meta))
 
 
 def load_raw_state(model: nn.Module, folder) -> bool:
-    """Load ``folder / RAW_STATE_FILE`` into ``model`` (strict); False when the folder has none."""
+    """Load ``folder / RAW_STATE_FILE`` into ``model`` when it belongs to the plain weights ``model`` holds now (the
+    checkpoint just loaded: its digest matches); False when the folder has none or it belongs to other weights.
+
+    Raises:
+        InputError: a file that does not fit ``model`` (another architecture or constraint setting), one line.
+    """
+    from safetensors import safe_open
     from safetensors.torch import load_file
+
+    from .._errors import InputError
 
     path = Path(folder) / RAW_STATE_FILE
     if not path.is_file():
         return False
-    state = load_file(str(path))
-    device = next(iter(model.state_dict().values())).device
+    try:
+        with safe_open(str(path), "pt") as fh:
+            digest = (fh.metadata() or {}).get("plain_digest")
+        state = load_file(str(path))
+    except Exception as err:  # safetensors' own error types for a damaged file
+        raise InputError(f"cannot read {path}: {err}") from None
+    if digest != _plain_digest(model):
+        return False
+    own = model.state_dict()
+    bad = sorted(set(own) ^ set(state)) or [k for k in sorted(own) if tuple(own[k].shape) != tuple(state[k].shape)]
+    if bad:
+        raise InputError(f"{path} does not fit the model being trained (tensor {bad[0]!r}); delete it to resume "
+                         "from the plain weights alone")
+    device = next(iter(own.values())).device
     model.load_state_dict({k: v.to(device) for k, v in state.items()}, strict=True)
     return True
 

@@ -23,6 +23,7 @@ from ..model import NormKind, Placement, TransformerSpec
 from ._compose import compose
 from ._empirical import jacobian_operator_norm
 from ._local import layer_local
+from ._rounding import pow2_norm
 from ._weights import spec_norms
 
 __all__ = ["LocalRow", "local_table", "assemble_local_rows"]
@@ -116,7 +117,7 @@ def local_table(spec: TransformerSpec, seqs: list, rho_factors: list[float], *, 
         stage_inputs.append(per)
     # the global column's domain must hold every token: any radius >= the largest norm serves, and all-zero data
     # (norm 0, which no radius check accepts) takes the smallest normal float
-    R = max(max(float(X.norm(dim=1).max()) for X in seqs), 2.0**-1022)
+    R = max(max(float(pow2_norm(X, 1).max()) for X in seqs), 2.0**-1022)
     norms = spec_norms(spec)
     glob = compose(norms, radius=R)
     lows: dict[tuple[int, str], float] = {}
@@ -138,7 +139,7 @@ def local_table(spec: TransformerSpec, seqs: list, rho_factors: list[float], *, 
             t0 = time.perf_counter()
             for k, ins in enumerate(stage_inputs[i]):
                 X = ins["layer"]
-                rho = f * float(X.norm(dim=1).median()) if relative else f
+                rho = f * float(pow2_norm(X, 1).median()) if relative else f
                 ll = layer_local(layer, X, rho, cache=cache, jacobian=jacobian)
                 sig0 = min(sig0, ll.min_sigma)
                 for name, v in {**stage_local_constants(ll, layer.placement), "layer": ll.upper}.items():
@@ -179,7 +180,7 @@ def _network_row(spec, seqs, f, relative, whole, glob, domain, lower, cache,  # 
     norms, R, sig0 = domain
     up, lo, routes = 0.0, 0.0, set()
     for X in seqs:
-        rho = f * float(X.double().norm(dim=1).median()) if relative else f
+        rho = f * float(pow2_norm(X.double(), 1).median()) if relative else f
         n_in = spec.input_norm
         if n_in is not None and n_in.kind in (NormKind.LAYERNORM, NormKind.RMSNORM):
             _, s_in = norm_local(n_in, X.double(), rho)
@@ -188,7 +189,7 @@ def _network_row(spec, seqs, f, relative, whole, glob, domain, lower, cache,  # 
         # Note [global on the ball] (THEORY F104): every token of B(X, rho) has norm <= max_t ||X_t|| + rho, so the
         # global chain (THEORY F8) at that radius is a certified bound on the ball too; it wins where the local
         # routes' radii compound past it (a Pi_norm model at rho = 0.1: 1e72 against 1785)
-        g = compose(norms, radius=(float(X.double().norm(dim=1).max()) + rho) * (1 + 1e-12)).upper.value
+        g = compose(norms, radius=(float(pow2_norm(X.double(), 1).max()) + rho) * (1 + 1e-12)).upper.value
         here, route = (g, "global") if g < nl.upper else (nl.upper, nl.route)
         up, routes = max(up, here), routes | {route}
         if lower:

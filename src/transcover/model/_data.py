@@ -220,6 +220,13 @@ def inputs_from_array(spec: TransformerSpec, arr: np.ndarray) -> list:
     if n_pos is not None and arr.shape[1] > n_pos:
         raise InputError(f"a sequence has {arr.shape[1]} tokens, more than the model allows ({n_pos} positions)")
     if d_in is not None:
+        if d_in == spec.d_model:  # one width, two readings: say which one is taken (stop 39 red team)
+            import warnings
+
+            from .._errors import TranscoverWarning
+
+            warnings.warn(f"--data width {d_in} is both {spec.name}'s raw input width and its embedding width; read "
+                          "as raw inputs, embedded by the model's input embedding", TranscoverWarning, stacklevel=2)
         W = torch.as_tensor(np.asarray(spec.embeddings["input_embedding"]), dtype=torch.float64)
         X = torch.as_tensor(arr, dtype=torch.float64) @ W
         if "position_embedding" in spec.embeddings:

@@ -21,7 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "all-MiniLM-L6-v2); several, or a run directory of checkpoint-<step> folders, "
                         "make a sweep")
     p.add_argument("--arch", default=None, help="architecture of a bare .safetensors file (bert, gpt2, llama, vit, "
-                                                "torch_encoder, reference)")
+                                                "torch_encoder, reference, ...: --list-archs names them all)")
     p.add_argument("--roles", metavar="JSON", default=None,
                    help="a mapping file naming the role of each tensor of a layout no adapter knows "
                         "(docs/architectures.md); transcover_roles.json beside the weights is read by default")

@@ -84,3 +84,16 @@ def test_nonvacuous_figure_is_drawn_by_report_for_the_result(tmp_path):
     out = result.plot(tmp_path / "nv.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert [p.name for p in tmp_path.iterdir()] == ["nv.png"]  # nothing half-written beside it
+
+
+def test_the_repr_counts_the_rows_of_the_dataframe():
+    """The repr said '238 matrices' of MiniLM beside a 256-row to_dataframe(): the bias vectors are rows too."""
+    import re
+
+    import transcover
+    from transcover.model import ReferenceConfig, ReferenceTransformer, reference_spec
+
+    m = ReferenceTransformer(ReferenceConfig(d_model=8, n_heads=2, n_layers=2, d_ff=8))
+    r = transcover.analyze(reference_spec(m))
+    a, b = map(int, re.search(r"(\d+) matrices and (\d+) bias vectors", repr(r)).groups())
+    assert a + b == len(r.to_dataframe())

@@ -15,10 +15,12 @@ def analysis_repr(result) -> str:
     s = result.summary()
     maxima = ", ".join(f"{k}≤{iv.upper:.4g}" for k, iv in s.items())
     n_matrices = sum(len(layer.matrices) for layer in result.layers) + len(result.embeddings)
-    return (f"<AnalysisResult {result.model!r} ({result.arch}): {len(result.layers)} layers, "
+    n_bias = 3 * len(result.layers)  # b_1, b_2, b_attn per layer: rows of to_dataframe() too (a count of 238 beside
+    return (f"<AnalysisResult {result.model!r} ({result.arch}): {len(result.layers)} layers, "  # 256 rows misled)
             f"{result.n_heads} heads x {result.d_head}, d={result.d_model}; {result.kind.value}, rtol={result.rtol:g}\n"
             f"  max over layers: {maxima}\n"
-            f"  {n_matrices} matrices; .to_dataframe() per matrix, .layers_dataframe() per layer, .plot() heatmaps>")
+            f"  {n_matrices} matrices and {n_bias} bias vectors; .to_dataframe() one row each, .layers_dataframe() "
+            "per layer, .plot() heatmaps>")
 
 
 def analysis_repr_html(result) -> str:

@@ -189,6 +189,21 @@ def test_bad_data_is_refused_with_a_clear_line(tmp_path, minilm, make, needle):
     assert needle in str(e.value).lower() and "\n" not in str(e.value)
 
 
+def test_trailing_pads_are_not_tokens(tmp_path, minilm):
+    """Rows of different lengths in one (n, T) id array: trailing -1 entries are dropped (a pad id had been embedded
+    and certified as a token the model attends to); a -1 inside a row, or a row of pads only, is refused."""
+    from transcover.model._data import embed_ids, load_inputs
+
+    np.save(tmp_path / "p.npy", np.array([[101, 2023, 2003, 102, -1, -1], [101, 2742, 102, -1, -1, -1]]))
+    got = load_inputs(minilm, str(tmp_path / "p.npy"))
+    want = embed_ids(minilm, [np.array([101, 2023, 2003, 102]), np.array([101, 2742, 102])])
+    assert [g.shape[0] for g in got] == [4, 3] and all(torch.equal(g, w) for g, w in zip(got, want))
+    for bad, needle in (([[101, -1, 2003, 102]], "vocabulary"), ([[101, 102], [-1, -1]], "empty")):
+        np.save(tmp_path / "b.npy", np.array(bad))
+        with pytest.raises(InputError, match=needle):
+            load_inputs(minilm, str(tmp_path / "b.npy"))
+
+
 def test_texts_empty_missing_and_mismatched_tokenizer(tmp_path, minilm):
     from transcover.model._data import load_inputs, tokenize_texts
 

@@ -3,7 +3,8 @@
 ``load_inputs(spec, source)`` returns a list of float64 ``(T, d)`` tensors: the embedded tokens a
 model's first stage (its input norm, then layer 0) receives.  Sources:
 
-* ``.npy`` of integers ``(n, T)``: token ids, embedded with the model's tables;
+* ``.npy`` of integers ``(n, T)``: token ids, embedded with the model's tables (rows of different lengths:
+  pad with -1 at the end, dropped before embedding);
 * ``.npy`` of floats ``(n, T, d)`` (or ``(T, d)``): embeddings, used as they are;
 * for a model with an input embedding ``d_in × d`` (the reference model, ``transcover train``'s
   checkpoints), ``.npy`` of floats ``(n, T, d_in)`` instead: the model's raw inputs (digits rows,
@@ -32,6 +33,7 @@ from ._spec import TransformerSpec
 __all__ = ["load_inputs", "inputs_from_array", "sklearn_sentences", "tokenize_texts", "embed_ids", "SKLEARN_DESCR"]
 
 SKLEARN_DESCR = "sklearn-descr"
+PAD_ID = -1  # trailing entries of a token-id row that are not tokens
 
 
 def _max_positions(spec: TransformerSpec) -> int | None:
@@ -61,7 +63,8 @@ def embed_ids(spec: TransformerSpec, ids: np.ndarray) -> list:
         raise InputError("the data is empty (no sequences, or an empty sequence)")
     lo, hi = min(int(r.min()) for r in rows), max(int(r.max()) for r in rows)
     if lo < 0 or hi >= vocab:
-        raise InputError(f"token ids must lie in [0, {vocab - 1}] (the model's vocabulary), but got ids in [{lo}, {hi}]")
+        raise InputError(f"token ids must lie in [0, {vocab - 1}] (the model's vocabulary; {PAD_ID} pads only at the end "
+                         f"of a row), but got ids in [{lo}, {hi}]")
     n_pos = _max_positions(spec)
     longest = max(r.size for r in rows)
     if n_pos is not None and longest > n_pos:
@@ -180,7 +183,9 @@ def load_inputs(spec: TransformerSpec, source: str, *, max_len: int | None = Non
             arr = arr[None]
         if arr.ndim != 2:
             raise InputError(f"token ids must have shape (n, T), but got {arr.shape}")
-        return embed_ids(spec, list(arr[:limit] if limit else arr))
+        # sequences of different lengths: -1 pads at the end of a row are dropped (a pad id would be certified as a
+        # token the model attends to, another function than the unpadded sequence's)
+        return embed_ids(spec, [_strip_pads(r) for r in (arr[:limit] if limit else arr)])
     if not np.issubdtype(arr.dtype, np.floating) or arr.dtype.itemsize > 8:  # float128: torch has no such dtype
         raise InputError("--data arrays must be integer token ids or float16/32/64 embeddings, "
                          f"but got dtype {arr.dtype}")
@@ -193,6 +198,14 @@ def load_inputs(spec: TransformerSpec, source: str, *, max_len: int | None = Non
     if limit:
         arr = arr[:limit]
     return inputs_from_array(spec, arr)
+
+
+def _strip_pads(row: np.ndarray) -> np.ndarray:
+    """``row`` without its trailing ``PAD_ID`` entries (a pad inside the row stays, and is refused as an id)."""
+    keep = len(row)
+    while keep and row[keep - 1] == PAD_ID:
+        keep -= 1
+    return row[:keep]
 
 
 def _input_width(spec: TransformerSpec) -> int | None:

@@ -63,8 +63,8 @@ def embed_ids(spec: TransformerSpec, ids: np.ndarray) -> list:
         raise InputError("the data is empty (no sequences, or an empty sequence)")
     lo, hi = min(int(r.min()) for r in rows), max(int(r.max()) for r in rows)
     if lo < 0 or hi >= vocab:
-        raise InputError(f"token ids must lie in [0, {vocab - 1}] (the model's vocabulary; {PAD_ID} pads only at the end "
-                         f"of a row), but got ids in [{lo}, {hi}]")
+        raise InputError(f"token ids must lie in [0, {vocab - 1}] (the model's vocabulary; {PAD_ID} pads only at the "
+                         f"end of a row), but got ids in [{lo}, {hi}]")
     n_pos = _max_positions(spec)
     longest = max(r.size for r in rows)
     if n_pos is not None and longest > n_pos:

@@ -57,8 +57,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="write the table's rows as CSV (one per stage, layer and network; with --data one per rho, "
                         "layer and component)")
     p.add_argument("--data", default=None,
-                   help="local constants at real inputs: token ids (.npy int (n, T)), embeddings (.npy float "
-                        "(n, T, d)), a model's raw inputs when it has an input embedding (.npy float (n, T, d_in): "
+                   help="local constants at real inputs: token ids (.npy int (n, T); -1 pads at row ends), "
+                        "embeddings (.npy float (n, T, d)), a model's raw inputs when it has an input embedding (.npy float (n, T, d_in): "
                         "digits rows), texts (.txt, one per line, the model's tokenizer), 'sklearn-descr' "
                         "(sentences of scikit-learn's dataset descriptions) or 'task' (a `transcover train` "
                         "run's own held-out inputs)")

@@ -73,3 +73,18 @@ def test_failure_curves_refuse_knobs_that_are_not_finite_and_nonnegative(curve, 
     # a NaN passed the old ``v < 0`` check and the curve came back with NaN rows
     with pytest.raises(InputError, match=what):
         curve([0.1, bad])
+
+
+def test_advice_says_when_the_estimation_side_is_vacuous():
+    """At N = 1e5 every design's estimation term exceeds the target's range, and the advice was the smallest design
+    without a word (stop 39 audit); the note says so and where the advised design's term falls below the range."""
+    import re
+
+    from transcover.approx import advise
+
+    a = advise(2, 1.0, 64, 100_000)
+    opt = next(c for c in a.curve if c["grid"] == a.grid)
+    assert a.estimation_error >= opt["range"] and "vacuous at N=100000" in a.note
+    need = float(re.search(r"near N=([0-9.e+]+)", a.note).group(1))
+    assert advise(2, 1.0, 64, int(need * 1.01)).curve[a.grid - 1]["estimation"] < opt["range"]
+    assert advise(2, 1.0, 64, int(need / 2.5)).curve[a.grid - 1]["estimation"] >= opt["range"]

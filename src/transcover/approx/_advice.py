@@ -83,8 +83,9 @@ class Advice:
     positional_dim: int  # random-sign d_p for the assumed Δ (F16b, failure prob 1%)
     approx_error: float
     estimation_error: float
-    curve: tuple[dict[str, float], ...]  # per grid: d_m, best R, approx, estimation, total
+    curve: tuple[dict[str, float], ...]  # per grid: d_m, best R, approx, estimation, total, range D
     kind: Kind = Kind.ESTIMATE
+    note: str = ""  # set when the estimation term exceeds the target's range (every design's bound is vacuous)
 
     def to_dict(self) -> dict[str, object]:
         d = {k: getattr(self, k) for k in ("sparsity", "smoothness", "seq_len", "n_samples", "grid", "d_m",
@@ -92,6 +93,7 @@ class Advice:
                                            "positional_dim", "approx_error", "estimation_error")}
         d["curve"] = list(self.curve)
         d["kind"] = self.kind.value
+        d["note"] = self.note
         return d
 
     def plot(self, ax=None):
@@ -128,13 +130,9 @@ def advise(sparsity: int, smoothness: float, seq_len: int, n_samples: int, *, de
         raise InputError(f"the Hölder constant must be a finite number > 0, but got {holder_constant!r}")
     s, beta, n, m = sparsity, float(smoothness), seq_len, n_samples
     L = holder_constant
-    curve = []
-    N_g = 1
-    while True:
+
+    def design(N_g: int, m: float) -> dict[str, float]:
         widths = simplicial_widths(s, N_g)
-        if max(widths) > max_width:
-            break
-        d_m = max(widths)
         P = 4 * sum(widths) + (N_g + 1) ** s  # non-zero parameters (estimate: fan-in <= 3 + bias)
         dgrid = 2.0 / N_g
         L_head = s * L * gamma ** (-beta) * dgrid ** (min(beta, 1.0) - 1.0)
@@ -146,9 +144,13 @@ def advise(sparsity: int, smoothness: float, seq_len: int, n_samples: int, *, de
         e_att = L_head * 2 * gamma * n * math.exp(-R * (1 - 2 * delta))
         A_tf = s**3 * (gamma ** (2 / 3) + (2 * gamma * (3 + s) * R) ** (2 / 3)) ** 3 * math.log(m * n)
         est = 2 * _dudley_fixed_alpha(P, 4 * N_g * math.sqrt(P), (2 * L_head) ** 2 * A_tf, m, D)
-        best = {"grid": N_g, "d_m": d_m, "R": float(R), "attention": e_att, "mlp": e_mlp,
-                "approx": e_att + e_mlp, "estimation": est, "total": e_att + e_mlp + est}
-        curve.append(best)
+        return {"grid": N_g, "d_m": max(widths), "R": float(R), "attention": e_att, "mlp": e_mlp,
+                "approx": e_att + e_mlp, "estimation": est, "total": e_att + e_mlp + est, "range": D}
+
+    curve = []
+    N_g = 1
+    while max(simplicial_widths(s, N_g)) <= max_width:
+        curve.append(design(N_g, m))
         N_g = N_g + 1 if N_g < 16 else int(N_g * 1.25)
     if not curve:
         raise InputError(f"even the smallest MLP is wider than max_width={max_width}")
@@ -156,5 +158,15 @@ def advise(sparsity: int, smoothness: float, seq_len: int, n_samples: int, *, de
     from ._encodings import random_sign_dimension
 
     d_p = random_sign_dimension(max(n, 2), max(delta, 1e-3), 0.01) if delta > 0 else n
+    note = ""
+    if opt["estimation"] >= opt["range"]:
+        # the estimation side is vacuous at this N: every design's bound exceeds the target's range, and the smallest
+        # design wins only because its term is the least vacuous; say so, and where the advised design stops being so
+        need = float(m)
+        while design(opt["grid"], need)["estimation"] >= opt["range"] and need < 1e30:
+            need *= 2
+        note = (f"vacuous at N={m}: the estimation term {opt['estimation']:.4g} exceeds the target's range "
+                f"D={opt['range']:.4g}, so the advice is the least vacuous design, not a good one; its estimation "
+                + (f"term falls below D near N={need:.2g}" if need < 1e30 else "term stays above D up to N=1e30"))
     return Advice(s, beta, n, m, opt["grid"], opt["d_m"], s, 1, len(simplicial_widths(s, opt["grid"])),
-                  opt["R"], d_p, opt["approx"], opt["estimation"], tuple(curve))
+                  opt["R"], d_p, opt["approx"], opt["estimation"], tuple(curve), note=note)

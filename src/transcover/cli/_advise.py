@@ -29,6 +29,8 @@ def run(args) -> int:
     a = advise(args.sparsity, args.smoothness, args.seq_len, args.n_samples, delta=args.delta,
                gamma=args.gamma, holder_constant=args.holder_constant)
     Console().print(advice_table(a))
+    if a.note:
+        Console().print(f"  note: {a.note}")
     if args.plot:
         atomic_write_bytes(args.plot, axes_png(a))
     if args.json:

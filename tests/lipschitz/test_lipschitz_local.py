@@ -314,3 +314,22 @@ def test_network_domain_column_covers_the_input_norm_and_huge_rho_gives_inf(mini
     assert net and net[0].lower <= net[0].domain_upper and net[0].lower <= net[0].local_upper
     huge = local_table(spec, [X], [1e6], lower=False)
     assert huge and all(r.local_upper == math.inf for r in huge)
+
+
+@pytest.mark.parametrize("call", ["network_empty", "layer_1d", "network_3d", "network_width", "table_empty"])
+def test_malformed_centres_are_one_line_in_the_api(call):
+    """Stop 39 red team: these were an IndexError, ValueErrors, a RuntimeError and a max() of an empty sequence."""
+    from transcover.lipschitz import layer_local, local_table, network_local
+    from transcover.model import ReferenceConfig, ReferenceTransformer, reference_spec
+
+    spec = reference_spec(ReferenceTransformer(ReferenceConfig(d_model=8, n_heads=2, n_layers=1, d_ff=8)))
+    spec = spec.to_torch(torch.float64)
+    X = torch.randn(4, 8, dtype=torch.float64)
+    calls = {"network_empty": lambda: network_local(spec, X[:0], 1e-3),
+             "layer_1d": lambda: layer_local(spec.layers[0], X[0], 1e-3),
+             "network_3d": lambda: network_local(spec, X[None], 1e-3),
+             "network_width": lambda: network_local(spec, torch.randn(4, 16, dtype=torch.float64), 1e-3),
+             "table_empty": lambda: local_table(spec, [], [1e-3])}
+    with pytest.raises(InputError) as e:
+        calls[call]()
+    assert "\n" not in str(e.value)

@@ -201,6 +201,7 @@ def layer_local(layer: LayerSpec, X: Tensor, rho: float, *, cache: dict | None =
     Note [exact route default]).
     Norms at powers of two (``pow2_norm``, THEORY F96)."""
     rho = check_radius(rho)
+    check_tokens(X, int(layer.attention.W_O.shape[-1]))
     if isinstance(layer.ffn, MoESpec):  # before any norm of its stacked experts (a ValueError, red team of stop 36)
         from ..model import moe_refusal
 
@@ -461,6 +462,7 @@ def network_local(spec: TransformerSpec, X: Tensor, rho: float, *, cache: dict |
     if route not in ("auto", "product", "stack"):
         raise InputError(f"route must be 'auto', 'product' or 'stack', but got route={route!r}")
     rho = check_rho(rho)
+    check_tokens(X, spec.d_model)  # an empty, 1-D or 3-D X, or the wrong width, was a traceback (stop 39 red team)
     cache = {} if cache is None else cache
     X = X.detach().double()
     stack = math.inf

@@ -95,6 +95,13 @@ def local_table(spec: TransformerSpec, seqs: list, rho_factors: list[float], *, 
     components' with ``ball_components``, each on its certified input ball ``LayerLocal.radii``) is
     the larger of the point one and ``ball_lower`` on the same ball, max over the sequences; the
     point value stays in ``point_lower``."""
+    from .._errors import InputError
+    from ._local_attention import check_tokens
+
+    if not seqs:
+        raise InputError("no sequences to certify at (the data is empty)")
+    for X in seqs:
+        check_tokens(X, spec.d_model, "a sequence")
     layers = list(spec.layers)
     points = [spec.input_norm(X.double()) if spec.input_norm is not None else X.double() for X in seqs]
     stage_inputs: list[list[dict]] = []  # per layer, per sequence: stage name -> its input

@@ -117,6 +117,8 @@ def advise(sparsity: int, smoothness: float, seq_len: int, n_samples: int, *, de
             raise InputError(f"{name} must be a positive integer, but got {name}={v!r}")
     if sparsity > seq_len:
         raise InputError(f"sparsity s must be <= seq_len n, but got s={sparsity} > n={seq_len}")
+    if n_samples > 1e300:  # float(N) overflowed: an internal OverflowError (stop 39 red team)
+        raise InputError(f"n_samples must be at most 1e300, but got a number of {len(str(n_samples))} digits")
     if n_samples < 2:  # Dudley's integral is empty at m = 1: the estimation term is 8D at every width (stop 38)
         raise InputError("n_samples must be >= 2: with one sample the estimation term is the trivial 8D for every "
                          "width, so no design is better than another")
@@ -159,14 +161,26 @@ def advise(sparsity: int, smoothness: float, seq_len: int, n_samples: int, *, de
 
     d_p = random_sign_dimension(max(n, 2), max(delta, 1e-3), 0.01) if delta > 0 else n
     note = ""
-    if opt["estimation"] >= opt["range"]:
-        # the estimation side is vacuous at this N: every design's bound exceeds the target's range, and the smallest
-        # design wins only because its term is the least vacuous; say so, and where the advised design stops being so
-        need = float(m)
-        while design(opt["grid"], need)["estimation"] >= opt["range"] and need < 1e30:
-            need *= 2
-        note = (f"vacuous at N={m}: the estimation term {opt['estimation']:.4g} exceeds the target's range "
-                f"D={opt['range']:.4g}, so the advice is the least vacuous design, not a good one; its estimation "
-                + (f"term falls below D near N={need:.2g}" if need < 1e30 else "term stays above D up to N=1e30"))
+    D = opt["range"]
+    grids = [c["grid"] for c in curve]
+    if min(c["approx"] for c in curve) >= D:  # no sample size helps: every design's approximation error alone is over
+        note = (f"vacuous: every design's approximation error (the least {min(c['approx'] for c in curve):.4g}) "
+                f"exceeds the target's range D={D:.4g} (gamma={gamma:g}, beta={beta:g}); more samples do not help")
+    elif opt["total"] >= D:
+        # every design's bound exceeds the target's range at this N, and the advised one is only the least vacuous;
+        # say so, and from which N (to about 1 %) the best design's total falls below D
+        best = lambda N: min(design(g, N)["total"] for g in grids)  # noqa: E731
+        hi = float(m)
+        while best(hi) >= D and hi < 1e300:
+            hi *= 2
+        if hi < 1e300:
+            lo = hi / 2
+            while hi / lo > 1.01:
+                mid = math.sqrt(lo * hi)
+                lo, hi = (lo, mid) if best(mid) < D else (mid, hi)
+        note = (f"vacuous at N={m}: approximation {opt['approx']:.4g} + estimation {opt['estimation']:.4g} exceed the "
+                f"target's range D={D:.4g}, so the advice is the least vacuous design, not a good one; "
+                + (f"the best design's total falls below D from N={hi:.2g}" if hi < 1e300 else
+                   "no design's total falls below D up to N=1e300"))
     return Advice(s, beta, n, m, opt["grid"], opt["d_m"], s, 1, len(simplicial_widths(s, opt["grid"])),
                   opt["R"], d_p, opt["approx"], opt["estimation"], tuple(curve), note=note)

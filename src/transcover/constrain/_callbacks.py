@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from ._export import save_plain
+from ._export import save_plain, track_with
 from ._monitor import TrainingMonitor, grad_norm
 from ._plan import Constrainer
 
@@ -61,6 +61,7 @@ def _callback_class():
             self.monitor = monitor
             if constrainer is not None:  # before the Trainer loads a checkpoint to resume: its plain weights must
                 save_plain(constrainer.model)  # reach the unconstrained tensors (the hook came too late, stop 39)
+                track_with(constrainer.model, constrainer.tracker)  # a penalty's power iteration travels too
             if monitor is not None and constrainer is not None and monitor.radii is None:
                 monitor.radii = constrainer.radii_in_force
                 monitor.ratios = constrainer.bounds_sigma
@@ -82,7 +83,10 @@ def _callback_class():
             import warnings
 
             from .._errors import TranscoverWarning
-            from ._export import RAW_STATE_FILE, load_raw_state
+            from ._export import RAW_STATE_FILE, expects_raw_state, load_raw_state
+
+            if not expects_raw_state(self.constrainer.model):  # project, clip: the plain checkpoint is the state
+                return
 
             named, out = _resumed_folder() or getattr(args, "resume_from_checkpoint", None), getattr(
                 args, "output_dir", None)
@@ -91,8 +95,8 @@ def _callback_class():
             if not any(load_raw_state(self.constrainer.model, f) for f in folders):
                 warnings.warn(f"resumed at step {state.global_step} without the {RAW_STATE_FILE} of the weights "
                               f"loaded (looked in {', '.join(map(str, folders)) or 'no folder'}): the plain checkpoint "
-                              "restores the model's function, not its unconstrained tensors or a spectral cap's power "
-                              "iteration, so the run is not the uninterrupted one",
+                              "restores the model's function, not its unconstrained tensors or the power iteration of "
+                              "a spectral cap or a penalty, so the run is not the uninterrupted one",
                               TranscoverWarning, stacklevel=2)
 
         def on_step_begin(self, args, state, control, **kwargs):

@@ -16,6 +16,7 @@ ones evaluation uses), then every parametrization is removed, then the values ar
 from __future__ import annotations
 
 import copy
+import weakref
 from pathlib import Path
 
 import torch
@@ -146,44 +147,74 @@ def _plain_save_pretrained(model: nn.Module, save_directory, *args, **kwargs):
 # parameters (stop 39 red team: 0.24 max weight difference after four more steps).  Each save therefore also
 # writes the constrained model's ``state_dict`` (originals and the caps' buffers) as RAW_STATE_FILE, and the
 # callback loads it back when it resumes (``load_raw_state``), which makes the resumed run the uninterrupted one.
-def _plain_digest(model: nn.Module, plain: nn.Module | None = None) -> str:
-    """sha256 over the plain values of ``model``'s parametrized tensors: from ``plain`` (the export being saved) or,
-    without it, from ``model``'s ``original`` tensors (what a plain checkpoint loaded into it holds)."""
+_TRACKERS: "weakref.WeakKeyDictionary[nn.Module, nn.Module]" = weakref.WeakKeyDictionary()
+_TRACKER_PREFIX = "__transcover_tracker__."  # a penalty's power-iteration state (it lives outside the model)
+
+
+def track_with(model: nn.Module, tracker: nn.Module | None) -> None:
+    """Keep ``tracker``'s state (a penalty's :class:`SigmaTracker`) in ``model``'s RAW_STATE_FILE saves."""
+    if tracker is not None:
+        _TRACKERS[model] = tracker
+
+
+def _plain_view(model: nn.Module) -> dict[str, torch.Tensor]:
+    """``model``'s state as a plain checkpoint names it: each ``<m>.parametrizations.<w>.original`` as ``<m>.<w>``,
+    the parametrizations' own buffers left out (they are not in the plain file)."""
+    out = {}
+    for key, value in model.state_dict().items():
+        head, sep, tail = key.partition("parametrizations.")
+        if not sep:
+            out[key] = value
+        elif tail.endswith(".original") and tail.count(".") == 1:
+            out[head + tail[: -len(".original")]] = value
+    return out
+
+
+def _digest(state: dict[str, torch.Tensor]) -> str:
+    """sha256 over every tensor of ``state`` (names, dtypes, shapes, bytes), in name order."""
     import hashlib
 
     h = hashlib.sha256()
-    for path, m in sorted(model.named_modules(), key=lambda pm: pm[0]):
-        if not parametrize.is_parametrized(m):
-            continue
-        for name in sorted(m.parametrizations):
-            T = getattr(plain.get_submodule(path), name) if plain is not None else m.parametrizations[name].original
-            t = T.detach().to("cpu").contiguous()
-            h.update(f"{path}.{name}:{t.dtype}:{tuple(t.shape)};".encode())
-            h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    for key in sorted(state):
+        t = state[key].detach().to("cpu").contiguous()
+        h.update(f"{key}:{t.dtype}:{tuple(t.shape)};".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return h.hexdigest()
 
 
 def save_raw_state(model: nn.Module, folder, plain: nn.Module | None = None) -> Path | None:
-    """Write ``model``'s full constrained ``state_dict`` to ``folder / RAW_STATE_FILE`` (atomic), tagged with the
-    digest of the plain weights saved beside it (``plain``, the export); None when ``model`` has no
-    parametrization (the plain file is then the whole state)."""
+    """Write ``model``'s full constrained ``state_dict`` (and a registered tracker's state, ``track_with``) to
+    ``folder / RAW_STATE_FILE`` (atomic), tagged with the digest of the plain weights saved beside it (``plain``, the
+    export: every tensor of it, so the file belongs to that one checkpoint); None when there is nothing beyond the
+    plain file (no parametrization, no tracker)."""
     from safetensors.torch import save
 
     from .._io import atomic_write_bytes
 
-    if not any(parametrize.is_parametrized(m) for m in model.modules()):
+    tracker = _TRACKERS.get(model)
+    if tracker is None and not any(parametrize.is_parametrized(m) for m in model.modules()):
         return None
     state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}  # shared storage refused
-    meta = {"format": "pt", "plain_digest": _plain_digest(model, export_plain(model) if plain is None else plain)}
+    if tracker is not None:
+        state.update({_TRACKER_PREFIX + k: v.detach().clone().contiguous() for k, v in tracker.state_dict().items()})
+    plain = export_plain(model) if plain is None else plain
+    meta = {"format": "pt", "plain_digest": _digest(plain.state_dict())}
     return atomic_write_bytes(Path(folder) / RAW_STATE_FILE, save(state, metadata=meta))
 
 
+def expects_raw_state(model: nn.Module) -> bool:
+    """Whether ``model``'s saves write RAW_STATE_FILE (a resume without it is then not the uninterrupted run)."""
+    return model in _TRACKERS or any(parametrize.is_parametrized(m) for m in model.modules())
+
+
 def load_raw_state(model: nn.Module, folder) -> bool:
-    """Load ``folder / RAW_STATE_FILE`` into ``model`` when it belongs to the plain weights ``model`` holds now (the
-    checkpoint just loaded: its digest matches); False when the folder has none or it belongs to other weights.
+    """Load ``folder / RAW_STATE_FILE`` into ``model`` (and its registered tracker) when it belongs to the plain
+    checkpoint ``model`` holds now (every tensor's digest matches); False when the folder has none or it belongs to
+    another checkpoint.  After loading, the model's own export must give that digest again: a file damaged after it
+    was written is refused and the state before the load restored.
 
     Raises:
-        InputError: a file that does not fit ``model`` (another architecture or constraint setting), one line.
+        InputError: an unreadable or damaged file, or one that does not fit ``model``; one line.
     """
     from safetensors import safe_open
     from safetensors.torch import load_file
@@ -199,15 +230,24 @@ def load_raw_state(model: nn.Module, folder) -> bool:
         state = load_file(str(path))
     except Exception as err:  # safetensors' own error types for a damaged file
         raise InputError(f"cannot read {path}: {err}") from None
-    if digest != _plain_digest(model):
+    if digest != _digest(_plain_view(model)):
         return False
+    tracker = _TRACKERS.get(model)
+    extra = {k[len(_TRACKER_PREFIX):]: state.pop(k) for k in list(state) if k.startswith(_TRACKER_PREFIX)}
     own = model.state_dict()
     bad = sorted(set(own) ^ set(state)) or [k for k in sorted(own) if tuple(own[k].shape) != tuple(state[k].shape)]
-    if bad:
-        raise InputError(f"{path} does not fit the model being trained (tensor {bad[0]!r}); delete it to resume "
-                         "from the plain weights alone")
+    if bad or (tracker is not None) != bool(extra):
+        raise InputError(f"{path} does not fit the model being trained (tensor {(bad or ['tracker'])[0]!r}); delete it "
+                         "to resume from the plain weights alone")
+    before = {k: v.detach().clone() for k, v in own.items()}
     device = next(iter(own.values())).device
     model.load_state_dict({k: v.to(device) for k, v in state.items()}, strict=True)
+    if _digest(export_plain(model).state_dict()) != digest:  # the originals no longer export to the saved weights
+        model.load_state_dict(before, strict=True)
+        raise InputError(f"{path} is damaged: its constrained tensors do not give the plain weights saved beside it; "
+                         "delete it to resume from the plain weights alone")
+    if tracker is not None:
+        tracker.load_state_dict({k: v.to(device) for k, v in extra.items()})
     return True
 
 

@@ -316,7 +316,8 @@ def test_network_domain_column_covers_the_input_norm_and_huge_rho_gives_inf(mini
     assert huge and all(r.local_upper == math.inf for r in huge)
 
 
-@pytest.mark.parametrize("call", ["network_empty", "layer_1d", "network_3d", "network_width", "table_empty"])
+@pytest.mark.parametrize("call", ["network_empty", "layer_1d", "network_3d", "network_width", "table_empty",
+                                  "table_generator", "layer_int", "network_complex"])
 def test_malformed_centres_are_one_line_in_the_api(call):
     """Stop 39 red team: these were an IndexError, ValueErrors, a RuntimeError and a max() of an empty sequence."""
     from transcover.lipschitz import layer_local, local_table, network_local
@@ -329,7 +330,10 @@ def test_malformed_centres_are_one_line_in_the_api(call):
              "layer_1d": lambda: layer_local(spec.layers[0], X[0], 1e-3),
              "network_3d": lambda: network_local(spec, X[None], 1e-3),
              "network_width": lambda: network_local(spec, torch.randn(4, 16, dtype=torch.float64), 1e-3),
-             "table_empty": lambda: local_table(spec, [], [1e-3])}
+             "table_empty": lambda: local_table(spec, [], [1e-3]),
+             "table_generator": lambda: local_table(spec, (x for x in []), [1e-3]),
+             "layer_int": lambda: layer_local(spec.layers[0], X.long(), 1e-3),
+             "network_complex": lambda: network_local(spec, X.to(torch.complex128), 1e-3)}
     with pytest.raises(InputError) as e:
         calls[call]()
     assert "\n" not in str(e.value)

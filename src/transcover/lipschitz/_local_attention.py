@@ -106,6 +106,8 @@ def check_tokens(X: Tensor, d: int, what: str = "X") -> None:
     if not isinstance(X, Tensor) or X.dim() != 2 or X.shape[0] < 1 or X.shape[1] != d:
         shape = tuple(X.shape) if isinstance(X, Tensor) else type(X).__name__
         raise InputError(f"{what} must be a (T, {d}) tensor of tokens with T >= 1, but got shape {shape}")
+    if not X.is_floating_point():  # integer X failed deep inside; complex X was cast to its real part (stop 39)
+        raise InputError(f"{what} must be a real floating-point tensor, but got dtype {X.dtype}")
     if not bool(torch.isfinite(X).all()):
         raise InputError(f"{what} has NaN or infinite entries")
 

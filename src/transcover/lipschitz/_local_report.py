@@ -98,6 +98,7 @@ def local_table(spec: TransformerSpec, seqs: list, rho_factors: list[float], *, 
     from .._errors import InputError
     from ._local_attention import check_tokens
 
+    seqs = list(seqs)  # a generator, or one (n, T, d) tensor read as its n sequences
     if not seqs:
         raise InputError("no sequences to certify at (the data is empty)")
     for X in seqs:

@@ -88,8 +88,8 @@ def _callback_class():
             if not expects_raw_state(self.constrainer.model):  # project, clip: the plain checkpoint is the state
                 return
 
-            named, out = _resumed_folder() or getattr(args, "resume_from_checkpoint", None), getattr(
-                args, "output_dir", None)
+            named = _resumed_folder() or getattr(args, "resume_from_checkpoint", None)
+            out = getattr(args, "output_dir", None)
             folders = [f for f in (named if isinstance(named, (str, os.PathLike)) else None,
                                    os.path.join(out, f"checkpoint-{state.global_step}") if out else None) if f]
             if not any(load_raw_state(self.constrainer.model, f) for f in folders):

@@ -209,10 +209,10 @@ def _lipschitz_local(model, data, *, arch, allow_pickle, strict, rho, rho_relati
     for flag, v in (("max_len", max_len), ("limit", limit)):
         if v is not None and v < 1:
             raise InputError(f"{flag} must be >= 1, but got {flag}={v}")
-    spec = _spec(model, arch=arch, allow_pickle=allow_pickle, strict=strict).to_torch(torch.float64)
-    seqs = load_data(model, spec, data, max_len=max_len, limit=limit)
     if whole not in (None, "auto", "product", "stack"):
         raise InputError(f"whole_network must be 'auto', 'product' or 'stack', but got whole_network={whole!r}")
+    spec = _spec(model, arch=arch, allow_pickle=allow_pickle, strict=strict).to_torch(torch.float64)
+    seqs = load_data(model, spec, data, max_len=max_len, limit=limit)
     rows = local_table(spec, seqs, rhos, lower=lower, relative=rho_relative, lower_iter=max(steps // 2, 5),
                        whole=whole)
     return LocalLipschitzResult(spec.name, len(seqs), tuple(rhos), bool(rho_relative), tuple(rows))

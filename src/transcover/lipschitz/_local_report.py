@@ -188,7 +188,8 @@ def _network_row(spec, seqs, f, relative, whole, glob, domain, lower, cache,  # 
     norms, R, sig0 = domain
     up, lo, routes = 0.0, 0.0, set()
     for X in seqs:
-        rho = f * float(pow2_norm(X.double(), 1).median()) if relative else f
+        norms_t = pow2_norm(X.double(), 1)
+        rho = f * float(norms_t.median()) if relative else f
         n_in = spec.input_norm
         if n_in is not None and n_in.kind in (NormKind.LAYERNORM, NormKind.RMSNORM):
             _, s_in = norm_local(n_in, X.double(), rho)
@@ -197,7 +198,7 @@ def _network_row(spec, seqs, f, relative, whole, glob, domain, lower, cache,  # 
         # Note [global on the ball] (THEORY F104): every token of B(X, rho) has norm <= max_t ||X_t|| + rho, so the
         # global chain (THEORY F8) at that radius is a certified bound on the ball too; it wins where the local
         # routes' radii compound past it (a Pi_norm model at rho = 0.1: 1e72 against 1785)
-        g = compose(norms, radius=(float(pow2_norm(X.double(), 1).max()) + rho) * (1 + 1e-12)).upper.value
+        g = compose(norms, radius=(float(norms_t.max()) + rho) * (1 + 1e-12)).upper.value
         here, route = (g, "global") if g < nl.upper else (nl.upper, nl.route)
         up, routes = max(up, here), routes | {route}
         if lower:

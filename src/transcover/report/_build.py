@@ -70,11 +70,12 @@ def _own_history(model) -> Path | None:
     return own if own.is_file() else None
 
 
-def _checked_history(history, spec, model) -> list:
+def _checked_history(history, spec, model) -> tuple[list, list[str]]:
     """The records of ``history``, refused in one line where they cannot be the monitor of ``spec``'s training:
     no record with a series to draw (an empty, step-only or foreign file drew four empty panels), steps that
     go backwards (two histories concatenated drew zig-zags), or per-layer groups beyond the model's layers.
-    A training run given with another run's history is warned about (the file is read as given)."""
+    A training run given with another run's history is warned about (the file is read as given); the warning's text
+    is returned beside the records, for the report's own warnings."""
     import warnings
 
     from .._errors import InputError, TranscoverWarning

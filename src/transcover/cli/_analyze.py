@@ -60,14 +60,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import sys
-
     from rich.console import Console
 
     from .._api import analyze, describe
     from .._errors import InputError
-    from ..report import (analysis_csv, atomic_write_bytes, check_output_path, display_bytes, envelope_json,
-                          progress, render_analysis)
+    from ..report import (analysis_csv, check_output_path, display_bytes, envelope_json, progress, render_analysis,
+                          write_outputs)
 
     if args.list_archs:
         from ..model import support_table
@@ -125,7 +123,5 @@ def run(args: argparse.Namespace) -> int:
         outputs.append((args.plot, display_bytes(result.plot(), args.plot)))
     if not args.quiet:
         render_analysis(result, console, heads=args.heads)
-    for path, data in outputs:
-        atomic_write_bytes(path, data)
-        print(f"wrote {path}", file=sys.stderr)
+    write_outputs(outputs)
     return 0

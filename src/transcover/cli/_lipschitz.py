@@ -58,8 +58,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "layer and component)")
     p.add_argument("--data", default=None,
                    help="local constants at real inputs: token ids (.npy int (n, T); -1 pads at row ends), "
-                        "embeddings (.npy float (n, T, d)), a model's raw inputs when it has an input embedding (.npy float (n, T, d_in): "
-                        "digits rows), texts (.txt, one per line, the model's tokenizer), 'sklearn-descr' "
+                        "embeddings (.npy float (n, T, d)), a model's raw inputs when it has an input embedding "
+                        "(.npy float (n, T, d_in): digits rows), texts (.txt, one per line, the model's tokenizer), 'sklearn-descr' "
                         "(sentences of scikit-learn's dataset descriptions) or 'task' (a `transcover train` "
                         "run's own held-out inputs)")
     p.add_argument("--rho", default="1e-3",
@@ -106,8 +106,6 @@ def check_common(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import sys
-
     import torch
 
     from .._results import check_certified
@@ -148,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
             check_certified(f"Lipschitz constant of {name} (layer {layer})", up, lw)
     render_lipschitz(spec.name, bounds, rows, spec.n_layers)
     # every output rendered before any is written, so an error leaves none half-written
-    from ..report import atomic_write_bytes, envelope_json, figure_bytes, global_rows
+    from ..report import envelope_json, figure_bytes, global_rows, write_outputs
     from ..scale import rows_csv
 
     outputs = []
@@ -160,9 +158,7 @@ def run(args: argparse.Namespace) -> int:
         outputs.append((args.csv, rows_csv(global_rows(rows)).encode()))
     if args.plot:
         outputs.append((args.plot, figure_bytes(bounds.plot(lower=lower).figure_, args.plot)))
-    for path, data in outputs:
-        atomic_write_bytes(path, data)
-        print(f"wrote {path}", file=sys.stderr)
+    write_outputs(outputs)
     return 0
 
 
@@ -202,8 +198,6 @@ def parse_rhos(text: str) -> list[float]:
 def run_local(args: argparse.Namespace) -> int:
     """``--data``: certified local constants on balls around real inputs (issue 12), every check
     (rho, data, tokenizer) done before anything is computed or written."""
-    import sys
-
     import torch
 
     from .._errors import InputError
@@ -245,7 +239,7 @@ def run_local(args: argparse.Namespace) -> int:
                            lower_iter=max(args.steps // 2, 5), whole=whole, ball=ball,
                            ball_components=ball_mode == "all", move_rest=move_rest)
     render_local(spec.name, len(seqs), rows, bool(args.rho_relative))
-    from ..report import atomic_write_bytes, envelope_json, figure_bytes, local_figure
+    from ..report import envelope_json, figure_bytes, local_figure, write_outputs
     from ..scale import rows_csv
 
     outputs = []  # every output rendered before any is written
@@ -258,7 +252,5 @@ def run_local(args: argparse.Namespace) -> int:
         outputs.append((args.csv, rows_csv([r.to_dict() for r in rows]).encode()))
     if getattr(args, "plot", None):
         outputs.append((args.plot, figure_bytes(local_figure(rows), args.plot)))
-    for path, data in outputs:
-        atomic_write_bytes(path, data)
-        print(f"wrote {path}", file=sys.stderr)
+    write_outputs(outputs)
     return 0

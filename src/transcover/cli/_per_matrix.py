@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import sys
 
 from .._errors import InputError
 
@@ -32,7 +31,7 @@ def finish_per_matrix(args: argparse.Namespace, result, console) -> int:
     from rich.table import Table
 
     from ..norms import PER_MATRIX_SCHEMA
-    from ..report import atomic_write_bytes, envelope_json
+    from ..report import envelope_json, write_outputs
 
     if args.plot or args.heads:
         raise InputError(f"{'--plot' if args.plot else '--heads'} needs the decomposition (per-head norms); "
@@ -57,7 +56,5 @@ def finish_per_matrix(args: argparse.Namespace, result, console) -> int:
         if result.skipped:
             console.print(f"skipped {len(result.skipped)} tensors that are not 2-D weights (biases, norm scales, "
                           "kernels)", highlight=False, markup=False)
-    for path, data in outputs:
-        atomic_write_bytes(path, data)
-        print(f"wrote {path}", file=sys.stderr)
+    write_outputs(outputs)
     return 0

@@ -10,7 +10,7 @@ def run_sweep(args: argparse.Namespace, models: list[str]) -> int:
     from rich.console import Console
 
     from .._errors import InputError
-    from ..report import analysis_sweep_table, atomic_write_text, plot_sweep
+    from ..report import analysis_sweep_table, plot_sweep, write_outputs
     from ..scale import (ResultStore, analysis_items, analyze_item, rows_csv, sweep, sweep_json,
                          sweep_rows)
 
@@ -61,9 +61,7 @@ def run_sweep(args: argparse.Namespace, models: list[str]) -> int:
         outputs.append((args.csv, rows_csv(rows)))
     if not args.quiet and rows:
         Console().print(analysis_sweep_table(rows))
-    for path, text in outputs:
-        atomic_write_text(path, text)
-        print(f"wrote {path}", file=sys.stderr)
+    write_outputs(outputs)
     if args.figure and rows:
         print(f"wrote {plot_sweep(rows, args.figure)}", file=sys.stderr)
     print(f"sweep: {report.summary()}; store {args.store}", file=sys.stderr)

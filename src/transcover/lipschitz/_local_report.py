@@ -198,7 +198,9 @@ def _network_row(spec, seqs, f, relative, whole, glob, domain, lower, cache,  # 
         # Note [global on the ball] (THEORY F104): every token of B(X, rho) has norm <= max_t ||X_t|| + rho, so the
         # global chain (THEORY F8) at that radius is a certified bound on the ball too; it wins where the local
         # routes' radii compound past it (a Pi_norm model at rho = 0.1: 1e72 against 1785)
-        g = compose(norms, radius=(float(norms_t.max()) + rho) * (1 + 1e-12)).upper.value
+        # R rounded up: the formed norm's error is below (d + 4) u of it (a sum of d squares and a root), the sum one u
+        R_ball = (float(norms_t.max()) * (1 + (X.shape[-1] + 4) * 2.0**-53) + rho) * (1 + 2.0**-52)
+        g = compose(norms, radius=R_ball).upper.value
         here, route = (g, "global") if g < nl.upper else (nl.upper, nl.route)
         up, routes = max(up, here), routes | {route}
         if lower:

@@ -8,8 +8,9 @@ style (``XDisplay.from_result(r).plot(ax=None)``); matplotlib and pandas are imp
 
 from ._io import atomic_write_bytes as atomic_write_bytes
 from ._io import atomic_write_text as atomic_write_text
+from ._io import write_outputs as write_outputs
 
-__all__ = ["atomic_write_bytes", "atomic_write_text"]
+__all__ = ["atomic_write_bytes", "atomic_write_text", "write_outputs"]
 
 from ._analysis import analysis_csv as analysis_csv
 from ._analysis import analysis_json as analysis_json

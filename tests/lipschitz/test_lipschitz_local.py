@@ -198,10 +198,26 @@ def test_trailing_pads_are_not_tokens(tmp_path, minilm):
     got = load_inputs(minilm, str(tmp_path / "p.npy"))
     want = embed_ids(minilm, [np.array([101, 2023, 2003, 102]), np.array([101, 2742, 102])])
     assert [g.shape[0] for g in got] == [4, 3] and all(torch.equal(g, w) for g, w in zip(got, want))
-    for bad, needle in (([[101, -1, 2003, 102]], "vocabulary"), ([[101, 102], [-1, -1]], "empty")):
+    for bad, needle in (([[101, -1, 2003, 102]], "vocabulary"), ([[101, 102], [-1, -1]], "sequence 1 .*empty")):
         np.save(tmp_path / "b.npy", np.array(bad))
         with pytest.raises(InputError, match=needle):
             load_inputs(minilm, str(tmp_path / "b.npy"))
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.uint32, np.uint64])
+def test_pads_wrapped_by_an_unsigned_dtype_are_refused(tmp_path, minilm, dtype):
+    """Stop 39's list: a -1 pad stored as uint8 became 255 and was certified as token 255 (a real id of MiniLM's
+    vocabulary).  An unsigned array holding its dtype's largest value is refused, naming the place; other unsigned
+    arrays are read as before."""
+    from transcover.model._data import embed_ids, load_inputs
+
+    np.save(tmp_path / "u.npy", np.array([[101, 200, 102, -1]]).astype(dtype))
+    with pytest.raises(InputError, match=r"sequence 0 holds \d+ at position 3.*signed") as e:
+        load_inputs(minilm, str(tmp_path / "u.npy"))
+    assert "\n" not in str(e.value)
+    np.save(tmp_path / "ok.npy", np.array([[101, 200, 102]], dtype=dtype))
+    got = load_inputs(minilm, str(tmp_path / "ok.npy"))[0]
+    assert torch.equal(got, embed_ids(minilm, [np.array([101, 200, 102])])[0])
 
 
 def test_texts_empty_missing_and_mismatched_tokenizer(tmp_path, minilm):

@@ -59,8 +59,12 @@ def embed_ids(spec: TransformerSpec, ids: np.ndarray) -> list:
     E = spec.embeddings["token_embedding"]
     vocab = int(E.shape[0])
     rows = [np.asarray(r) for r in ids]
-    if not rows or any(r.size == 0 for r in rows):
-        raise InputError("the data is empty (no sequences, or an empty sequence)")
+    if not rows:
+        raise InputError("the data is empty (no sequences)")
+    empty = [k for k, r in enumerate(rows) if r.size == 0]
+    if empty:  # an all-pad row was refused without saying which (stop 39's list)
+        raise InputError(f"sequence {empty[0]} of the data is empty (no token, or only {PAD_ID} pads)"
+                         + (f"; {len(empty) - 1} more are" if len(empty) > 1 else ""))
     lo, hi = min(int(r.min()) for r in rows), max(int(r.max()) for r in rows)
     if lo < 0 or hi >= vocab:
         raise InputError(f"token ids must lie in [0, {vocab - 1}] (the model's vocabulary; {PAD_ID} pads only at the "
@@ -183,6 +187,7 @@ def load_inputs(spec: TransformerSpec, source: str, *, max_len: int | None = Non
             arr = arr[None]
         if arr.ndim != 2:
             raise InputError(f"token ids must have shape (n, T), but got {arr.shape}")
+        _check_unsigned_pads(arr)
         # sequences of different lengths: -1 pads at the end of a row are dropped (a pad id would be certified as a
         # token the model attends to, another function than the unpadded sequence's)
         return embed_ids(spec, [_strip_pads(r) for r in (arr[:limit] if limit else arr)])
@@ -198,6 +203,20 @@ def load_inputs(spec: TransformerSpec, source: str, *, max_len: int | None = Non
     if limit:
         arr = arr[:limit]
     return inputs_from_array(spec, arr)
+
+
+def _check_unsigned_pads(arr: np.ndarray) -> None:
+    """Refuse an unsigned id array holding its dtype's largest value: a ``PAD_ID`` (-1) stored in an unsigned dtype
+    wraps to exactly that value (255 for uint8), which was then read as a real token (stop 39's list)."""
+    if arr.dtype.kind != "u":
+        return
+    top = np.iinfo(arr.dtype).max
+    hit = np.argwhere(arr == top)
+    if hit.size:
+        k, t = (int(v) for v in hit[0])
+        raise InputError(f"token ids: sequence {k} holds {top} at position {t}, the largest {arr.dtype} value, "
+                         f"which is what a {PAD_ID} pad becomes in an unsigned array; store ids in a signed integer "
+                         "dtype")
 
 
 def _strip_pads(row: np.ndarray) -> np.ndarray:

@@ -255,3 +255,40 @@ def test_data_of_huge_norm_is_not_blamed_on_a_radius(run, tmp_path, capsys):
     np.save(tmp_path / "big.npy", np.full((1, 3, 8), 1e200))
     rc = main(["lipschitz", str(run), "--data", str(tmp_path / "big.npy"), "--no-lower", "--quiet"])
     assert rc == 0 and "radius=inf" not in capsys.readouterr().err
+
+
+def test_a_run_whose_task_cannot_be_rebuilt_is_refused(tmp_path):
+    """Stop 39's list: ``--data task`` and ``bound`` rebuild a run's split from ``state.json``'s seed, which nothing
+    protected: an edited seed certified at another split, and a run trained on a task given through the API was
+    read as the standard task's, silently.  Every checkpoint now records its task's digest (Note [task digest])."""
+    import shutil
+
+    from transcover import InputError
+
+    run = tmp_path / "run"
+    train(TINY, out_dir=run)
+    spec = transcover.load(run)
+    assert len(load_data(run, spec, "task", limit=2)) == 2
+    state = json.loads((run / "checkpoint" / "state.json").read_text())
+    assert state["task_sha256"] == load_task("digits", n_train=TINY.n_train, seed=TINY.seed).digest()
+    edited = tmp_path / "edited"
+    shutil.copytree(run, edited)
+    state["config"]["seed"] += 1
+    (edited / "checkpoint" / "state.json").write_text(json.dumps(state))
+    for call in (lambda: load_data(edited, spec, "task"), lambda: checkpoint_spec(edited)):
+        with pytest.raises(InputError, match="not the data this run trained on"):
+            call()
+    assert main(["lipschitz", str(edited), "--data", "task", "--limit", "1", "--no-lower", "--quiet"]) == 2
+    # a task given through the API: the run is trained, but its state cannot rebuild that data
+    task = load_task("digits", n_train=TINY.n_train, seed=TINY.seed)
+    task = replace(task, X_train=task.X_train.flip(0), y_train=task.y_train.flip(0))
+    api = tmp_path / "api"
+    train(TINY, out_dir=api, task=task, stop_after=1)
+    with pytest.raises(InputError, match="through the API"):
+        checkpoint_spec(api)
+    # and a resume with other data than the checkpoint's is refused before any training
+    two = replace(TINY, epochs=2)
+    half = tmp_path / "half"
+    train(two, out_dir=half, stop_after=1)
+    with pytest.raises(InputError, match="other data than this call's task"):
+        train(two, out_dir=half, resume=True, task=task)

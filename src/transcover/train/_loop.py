@@ -275,6 +275,9 @@ def train(config: TrainConfig, *, out_dir: str | Path | None = None, resume: boo
         raise InputError(f"cannot resume: {Path(out_dir) / 'checkpoint' / 'state.json'} does not exist")
     task = task or load_task(config.task, n_train=config.n_train, n_test=config.n_test,
                              seq_len=config.seq_len, sparsity=config.sparsity, seed=config.seed)
+    # Note [task digest]: every checkpoint records the data it was trained on, so readers that rebuild the task from
+    # state.json (bound, --data task, report) refuse an edited seed or a task given through the API (stop 39's list)
+    task_sha = task.digest()
     model = build_model(config, task)
     cons = constrain(model, config.constraint)
     opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
@@ -290,6 +293,9 @@ def train(config: TrainConfig, *, out_dir: str | Path | None = None, resume: boo
         if state.get("config") != config.to_dict():
             raise InputError(f"the checkpoint in {out} was made with a different configuration; "
                              "rerun without --resume or with the same arguments")
+        if state.get("task_sha256", task_sha) != task_sha:
+            raise InputError(f"the checkpoint in {out} was trained on other data than this call's task (its "
+                             "state.json records another task digest); rerun without --resume or with the same task")
         start_epoch, step = int(state["epoch"]), int(state["step"])
         extra_state = state["extra"]
     monitor = TrainingMonitor(model, None if out is None else out / "history", radii=cons.radii_in_force, resume=resume,
@@ -340,7 +346,8 @@ def train(config: TrainConfig, *, out_dir: str | Path | None = None, resume: boo
                         train_acc=tr_acc, test_loss=te_loss, test_acc=te_acc, log_covering=cov, certify=True)
             if out is not None:
                 save_checkpoint(out / "checkpoint", model, opt,
-                                {"epoch": epoch + 1, "step": step, "config": config.to_dict()},
+                                {"epoch": epoch + 1, "step": step, "config": config.to_dict(),
+                                 "task_sha256": task_sha},
                                 extra={f"{name}.{k}": v for name, t in trackers.items() for k, v in t.state_dict().items()})
     finally:
         if bar is not None:
@@ -351,7 +358,8 @@ def train(config: TrainConfig, *, out_dir: str | Path | None = None, resume: boo
     if finalized:
         cons.finalize()
         if out is not None:
-            save_checkpoint(out / "checkpoint", model, opt, {"epoch": last, "step": step, "config": config.to_dict()},
+            save_checkpoint(out / "checkpoint", model, opt, {"epoch": last, "step": step, "config": config.to_dict(),
+                                                               "task_sha256": task_sha},
                             extra={f"{name}.{k}": v for name, t in trackers.items() for k, v in t.state_dict().items()})
     tr_loss, tr_acc = evaluate(model, task.X_train, task.y_train, task)
     te_loss, te_acc = evaluate(model, task.X_test, task.y_test, task)
@@ -384,8 +392,13 @@ def _checkpoint_task(folder: Path) -> tuple[TrainConfig, Task]:
         config = TrainConfig.from_dict(state["config"])
     except (OSError, json.JSONDecodeError, KeyError, TypeError) as err:
         raise InputError(f"{folder} is not a transcover training checkpoint (state.json: {err})") from None
-    return config, load_task(config.task, n_train=config.n_train, n_test=config.n_test, seq_len=config.seq_len,
-                             sparsity=config.sparsity, seed=config.seed)
+    task = load_task(config.task, n_train=config.n_train, n_test=config.n_test, seq_len=config.seq_len,
+                     sparsity=config.sparsity, seed=config.seed)
+    want = state.get("task_sha256")
+    if want is not None and want != task.digest():  # Note [task digest]
+        raise InputError(f"{folder}: the task rebuilt from state.json is not the data this run trained on (its digest "
+                         "differs): state.json was edited, or the run was given its task through the API")
+    return config, task
 
 
 def checkpoint_spec(folder: str | Path):

@@ -40,6 +40,18 @@ class Task:
     def seq_len(self) -> int:
         return self.X_train.shape[1]
 
+    def digest(self) -> str:
+        """sha256 of the four tensors (dtype, shape and bytes, in split order): a checkpoint records it, so
+        the task rebuilt from its ``state.json`` is checked to be the data the run trained and was tested on."""
+        import hashlib
+
+        h = hashlib.sha256()
+        for t in (self.X_train, self.y_train, self.X_test, self.y_test):
+            a = t.detach().cpu().contiguous()
+            h.update(f"{a.dtype}{tuple(a.shape)};".encode())
+            h.update(a.numpy().tobytes())
+        return h.hexdigest()
+
     @property
     def d_input(self) -> int:
         return self.X_train.shape[2]

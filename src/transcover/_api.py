@@ -10,7 +10,6 @@ Every function imports its subpackages on first call, so ``import transcover`` s
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 
 from ._entry import register_entry
@@ -276,15 +275,17 @@ def bound(model=None, config=None, *, arch: str | None = None, allow_pickle: boo
         'certified upper bound'
     """
     from .covering import BoundConfig, model_bound
-    from .train import checkpoint_spec, is_train_checkpoint
+    from .model import TransformerSpec
+    from .train import load_model_task
 
-    if isinstance(model, (str, os.PathLike)) and is_train_checkpoint(model):
-        spec, n_train, task_len = checkpoint_spec(model)
+    if isinstance(model, TransformerSpec):
+        spec, n_train = model, None
+    else:
+        spec, n_train, task_len = load_model_task(model, arch=arch, allow_pickle=allow_pickle, strict=strict)
+    if n_train is not None:  # a training run: its own n and T unless given
         given = set(options) | ({"n_samples", "seq_len"} if config is not None else set())
         options = {**({} if "n_samples" in given else {"n_samples": (float(n_train),)}),
                    **({} if "seq_len" in given else {"seq_len": task_len}), **options}
-    else:
-        spec = _spec(model, arch=arch, allow_pickle=allow_pickle, strict=strict)
     cfg = _config(BoundConfig, config, options)
     ref = None if reference is None else _spec(reference, arch=arch, allow_pickle=allow_pickle, strict=strict).to_torch()
     return model_bound(spec.to_torch(), cfg, reference=ref)

@@ -123,9 +123,15 @@ def test_raw_inputs_of_the_wrong_width_are_one_line(run, tmp_path, capsys):
     assert "inputs must have shape (n, T, 8)" in err and "got (2, 8, 5)" in err and len(err.strip().splitlines()) == 1
 
 
-def test_explicit_arch_reads_the_folder_the_ordinary_way(run):
+def test_explicit_arch_reads_the_folder_the_ordinary_way(run, capsys):
+    """``load``, ``bound`` (API) and ``transcover bound`` share one rule: an explicit arch reads the folder's weights
+    the ordinary way (the bound's CLI and API had read a run as a run whatever --arch said, stop 39's list)."""
     with pytest.raises(transcover.InputError):
         transcover.load(run / "checkpoint", arch="bert")
+    with pytest.raises(transcover.InputError):
+        transcover.bound(run / "checkpoint", arch="bert", eps=0.1)
+    assert main(["bound", str(run / "checkpoint"), "--arch", "bert", "--quiet"]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
 
 
 def test_bound_still_takes_the_run_folder(run):

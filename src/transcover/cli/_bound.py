@@ -111,15 +111,14 @@ def run(args: argparse.Namespace) -> int:
     _validate(args)
     tracker = start_progress(quiet=args.quiet)
     tracker.step("loading the model")
-    from ..train import checkpoint_spec, is_train_checkpoint
+    from ..train import load_model_task
 
-    if args.model is not None and is_train_checkpoint(args.model):
-        spec, n_train, seq_len = checkpoint_spec(args.model)
-        spec = spec.to_torch()
+    spec, n_train, seq_len = load_model_task(args.model, arch=args.arch, allow_pickle=args.allow_pickle,
+                                             strict=args.strict)
+    spec = spec.to_torch()
+    if n_train is not None:  # a training run: its own n and T unless given
         args.n_samples = args.n_samples or [float(n_train)]
         args.seq_len = args.seq_len or seq_len
-    else:
-        spec = load(args.model, arch=args.arch, allow_pickle=args.allow_pickle, strict=args.strict).to_torch()
     args.n_samples = args.n_samples or list(_D.n_samples)
     args.seq_len = args.seq_len or _D.seq_len
     reference = None if args.reference is None else load(args.reference, arch=args.arch, allow_pickle=args.allow_pickle,

@@ -359,3 +359,23 @@ def test_small_shares_that_pass_the_check_run():
     n_train=100 at prior_split=0.1 (A = 10) was refused after being accepted, naming n_train=10."""
     case = run_case(replace(SPLIT, n_train=100, prior_split=0.1, prior_select=True, n_test=500))
     assert case.split["n_prior"] == 10 and case.split["n_bound"] == 90
+
+
+def test_the_split_bound_pays_the_recipe_union(monkeypatch):
+    """Red team 161: the digits reference's architecture and base recipe (and F20a's menu) were tuned on runs over all
+    the images, B included, and the relative code paid nothing for them (its 0.239 was R's 2-bit bound). F20b: every
+    length the bound on B pays is ``prior_recipe_bits`` longer (a union over that many bits of recipes, however the
+    one used was chosen); the codeword itself is unchanged and still decodes to the model whose mistakes are counted."""
+    from transcover._errors import InputError
+    from transcover.covering import occam_bounds
+
+    a = run_case(SPLIT)
+    assert SPLIT.prior_recipe_bits == 16 and a.union_bits == 16 == a.split["recipe_union_bits"]
+    assert a.bound.description_bits == a.total_bits + 16 == a.split["bound_bits"]
+    assert a.bound.kl == occam_bounds(a.bound.mistakes, a.split["n_bound"], a.total_bits + 16, SPLIT.delta).kl
+    assert a.bound.kl > occam_bounds(a.bound.mistakes, a.split["n_bound"], a.total_bits, SPLIT.delta).kl
+    assert a.to_dict()["description_bits"]["paid_by_the_bound"] == a.total_bits + 16
+    free = run_case(replace(SPLIT, prior_recipe_bits=0))
+    assert free.union_bits == 0 and free.bound.description_bits == free.total_bits
+    with pytest.raises(InputError, match="prior_recipe_bits"):
+        replace(SPLIT, prior_recipe_bits=-1)

@@ -95,6 +95,9 @@ class NonvacuousConfig:
     all_levels: bool = False  # fine-tune at every grid of _finetune, not only until one is accurate enough
     prior_split: float = 0.0  # > 0: data-dependent prior, this share of the training set codes a reference (F20)
     prior_select: bool = False  # F20a: the reference's recipe chosen from PRIOR_RECIPES on A alone (halves of A)
+    # F20b: with prior_split, bits paid for the union over the reference recipes that may have been chosen with the
+    # whole sample in view (2^16 of them; 0 only for a recipe fixed before any run on the task's data)
+    prior_recipe_bits: int = 16
     greedy_passes: int = 2  # rounds of per-matrix level/scale search on the bound
     restarts: int = 3  # float-training seeds tried at most (see _float_model)
     search_samples: int = 5_000  # training samples that score the greedy search's candidates
@@ -112,7 +115,7 @@ class NonvacuousConfig:
             raise InputError(f"task must be one of {', '.join(NONVACUOUS_TASKS)}, but got task={self.task!r}")
         for name in ("n_train", "n_test", "batch_size", "levels", "restarts", "search_samples", "finetune_candidates"):
             check_positive_int(getattr(self, name), name)
-        for name in ("epochs", "qat_epochs", "greedy_passes", "refine_passes"):
+        for name in ("epochs", "qat_epochs", "greedy_passes", "refine_passes", "prior_recipe_bits"):
             v = getattr(self, name)
             if v is None and name in ("epochs", "qat_epochs"):
                 continue
@@ -246,7 +249,12 @@ class NonvacuousCase:
 
     @property
     def total_bits(self) -> int:
-        return self.bound.description_bits
+        """The codeword's length; the bound pays ``union_bits`` more (F20b's recipe union)."""
+        return self.bound.description_bits - self.union_bits
+
+    @property
+    def union_bits(self) -> int:
+        return int((self.split or {}).get("recipe_union_bits", 0))
 
     def to_dict(self) -> dict:
         return {
@@ -256,7 +264,8 @@ class NonvacuousCase:
                            "mistakes": self.test_mistakes},
             "float_model_test_error": {"value": self.float_test_error, "kind": "measured (unquantised model)"},
             "description_bits": {"value": self.total_bits, "kind": Kind.EXACT.value,
-                                 "architecture": self.architecture_bits, "per_tensor": self.bits_per_tensor},
+                                 "architecture": self.architecture_bits, "per_tensor": self.bits_per_tensor,
+                                 "paid_by_the_bound": self.bound.description_bits},
             "fixed_length_code_bits": self.fixed_length_bits,
             "nonzeros_per_tensor": self.nonzeros_per_tensor, "levels_per_tensor": self.levels_per_tensor,
             "sizes_per_tensor": self.sizes_per_tensor,

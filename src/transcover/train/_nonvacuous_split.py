@@ -9,7 +9,9 @@
    kl bound on B (:func:`_revert`).
 3. Bound the model on B with the relative code of :mod:`transcover.compress._delta` (``R`` is fixed
    before B is looked at, so the code is a prior for B); the reference itself (no change) is a
-   candidate too and costs 2 bits.
+   candidate too and costs 2 bits.  Every length is paid ``prior_recipe_bits`` more (THEORY F20b): the
+   prior is the uniform mixture over that many bits' worth of reference recipes, so the bound holds
+   whichever of them was chosen, also one chosen from runs that saw B.
 
 Every training sample is used; the bound's ``n`` is ``|B|``; A's samples enter only the prior.
 """
@@ -77,13 +79,13 @@ def _with_reverted(desc: ModelDescription, ref: ModelDescription, flat: list[int
 
 
 def _revert(desc: ModelDescription, ref: ModelDescription, X: Tensor, y: Tensor, delta: float,
-            max_evals: int = 60) -> ModelDescription:
+            max_evals: int = 60, extra_bits: int = 0) -> ModelDescription:
     """Revert chunks of changed integers to the reference's while the kl bound on ``(X, y)`` improves
-    (a rejected chunk is halved; the scoring is exact: all of B)."""
+    (a rejected chunk is halved; the scoring is exact: all of B); ``extra_bits``: F20b's recipe union."""
     n = X.shape[0]
 
     def score(d: ModelDescription) -> float:
-        return occam_bounds(mistakes(d, X, y), n, delta_bits(d, ref), delta).kl
+        return occam_bounds(mistakes(d, X, y), n, delta_bits(d, ref) + extra_bits, delta).kl
 
     order = changed_entries(desc, ref) or []
     return chunk_descent(desc, len(order), lambda best, a, b: _with_reverted(best, ref, order[a:b]), score,
@@ -145,18 +147,22 @@ def run_split_case(config: NonvacuousConfig, progress: Callable[[str], None] | N
     grid = {t.name: (t.m, t.k) for t in ref.tensors}
     _fit(tuned, X, y, epochs=config.finetune_epochs, lr=config.lr / 10, l1=0.0, batch_size=config.batch_size,
          seed=config.seed + 2, grid=grid, refit_scales=False)
-    final = _revert(_on_grid(tuned, ref), ref, XB, yB, config.delta)
-    candidates = [(occam_bounds(mistakes(d, XB, yB), XB.shape[0], delta_bits(d, ref), config.delta), d)
+    # F20b: every length pays the union over the reference recipes (step 3 of the module docstring)
+    union = config.prior_recipe_bits
+    final = _revert(_on_grid(tuned, ref), ref, XB, yB, config.delta, extra_bits=union)
+    candidates = [(occam_bounds(mistakes(d, XB, yB), XB.shape[0], delta_bits(d, ref) + union, config.delta), d)
                   for d in (ref, final)]
     bound, desc = min(candidates, key=lambda c: c[0].kl)
     split = {"prior_share": config.prior_split, "n_prior": n_a, "n_bound": int(XB.shape[0]),
              "reference_codeword": {"hex": encode(ref).to_bytes().hex(), "bits": len(encode(ref))},
              "changed_integers": len(changed_entries(desc, ref) or []),
-             "relative_code_bits": bound.description_bits,
+             "relative_code_bits": bound.description_bits - union, "recipe_union_bits": union,
+             "bound_bits": bound.description_bits,
              "reference_bound_on_B": candidates[0][0].kl, "fine_tuned_bound_on_B": candidates[1][0].kl,
              "recipe_selection": selection,
              "decode": "transcover.compress.decode_delta(bits, decode(reference bits, menu))",
-             "kind": "kl bound on B; the code is built from A only (data-dependent prior, THEORY F20)"}
+             "kind": "kl bound on B; the code is built from A only (data-dependent prior, THEORY F20), its "
+                     f"reference one of 2^{union} recipes paid by a union bound (F20b)"}
     pairs = {"float model trained on A": trained, "fine-tuned weights (A and B)": tuned.state_dict()}
     return finish_case(config, desc, bound, encode_delta(desc, ref).to_bytes().hex(), pairs, (X, y, X_te, y_te),
                        t0=t0, restarts=restarts, levels=levels, float_err=float_err, say=say, split=split,

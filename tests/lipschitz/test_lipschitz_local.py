@@ -353,3 +353,20 @@ def test_malformed_centres_are_one_line_in_the_api(call):
     with pytest.raises(InputError) as e:
         calls[call]()
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("rho", [0.0, -1e-3, math.nan, math.inf])
+def test_every_local_entry_point_refuses_the_same_radii(rho):
+    """Stop 39's list: ``layer_local`` and ``local_table`` certified a ball of radius 0 that ``network_local`` refused.
+    Each public local entry point refuses rho <= 0 or non-finite in the same line."""
+    from transcover.lipschitz import layer_local, local_table, network_local
+    from transcover.model import ReferenceConfig, ReferenceTransformer, reference_spec
+
+    spec = reference_spec(ReferenceTransformer(ReferenceConfig(d_model=8, n_heads=2, n_layers=1, d_ff=8)))
+    spec = spec.to_torch(torch.float64)
+    X = torch.randn(4, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    for call in (lambda: layer_local(spec.layers[0], X, rho), lambda: network_local(spec, X, rho),
+                 lambda: local_table(spec, [X], [rho], lower=False)):
+        with pytest.raises(InputError, match=r"rho must be a finite number > 0, but got rho=") as e:
+            call()
+        assert "\n" not in str(e.value)

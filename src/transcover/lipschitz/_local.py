@@ -199,8 +199,9 @@ def layer_local(layer: LayerSpec, X: Tensor, rho: float, *, cache: dict | None =
     route].  Assumptions: every token within ``rho`` of ``X``; dot attention without RoPE.
     ``exact``: also the exact-Jacobian route (THEORY F17; None: when T*d <= ``EXACT_ROUTE_MAX``,
     Note [exact route default]).
-    Norms at powers of two (``pow2_norm``, THEORY F96)."""
-    rho = check_radius(rho)
+    Norms at powers of two (``pow2_norm``, THEORY F96).  ``rho`` finite and > 0, as ``network_local``'s (a rho of 0
+    was certified here and refused there, stop 39's list)."""
+    rho = check_rho(rho)
     check_tokens(X, int(layer.attention.W_O.shape[-1]))
     if isinstance(layer.ffn, MoESpec):  # before any norm of its stacked experts (a ValueError, red team of stop 36)
         from ..model import moe_refusal

@@ -98,6 +98,10 @@ def local_table(spec: TransformerSpec, seqs: list, rho_factors: list[float], *, 
     from .._errors import InputError
     from ._local_attention import check_tokens
 
+    from ._local import check_rho
+
+    # a factor 0 was certified per layer while the network row refused it (stop 39's list): a ball needs rho > 0
+    rho_factors = [check_rho(f) for f in rho_factors]
     seqs = list(seqs)  # a generator, or one (n, T, d) tensor read as its n sequences
     if not seqs:
         raise InputError("no sequences to certify at (the data is empty)")

@@ -275,8 +275,8 @@ def train(config: TrainConfig, *, out_dir: str | Path | None = None, resume: boo
         raise InputError(f"cannot resume: {Path(out_dir) / 'checkpoint' / 'state.json'} does not exist")
     task = task or load_task(config.task, n_train=config.n_train, n_test=config.n_test,
                              seq_len=config.seq_len, sparsity=config.sparsity, seed=config.seed)
-    # Note [task digest] (THEORY F105): every checkpoint records the data it was trained on, so readers that rebuild the task from
-    # state.json (bound, --data task, report) refuse an edited seed or a task given through the API (stop 39's list)
+    # Note [task digest] (THEORY F105): every checkpoint records the data it was trained on, so readers that rebuild
+    # the task from state.json (bound, --data task, report) refuse an edited seed or a task given through the API
     task_sha = task.digest()
     model = build_model(config, task)
     cons = constrain(model, config.constraint)

@@ -94,3 +94,23 @@ def test_gpt2_fused_names_and_activation(gpt2):
     assert spec.layers[0].ffn.activation is expected
     scale = (D // H) ** -0.5 / (3 if variant != "default" else 1)
     assert spec.layers[2].attention.softmax_scale == pytest.approx(scale, rel=1e-15)
+
+
+def test_gpt2_per_head_value_label_names_the_head_slice(gpt2):
+    """Stop 38's list: ``analyze`` labelled every ``W_V.h`` of GPT-2 with the whole V block
+    (``c_attn.weight[:, 64:96]``); each now names its head's own columns, which hold exactly that matrix."""
+    import numpy as np
+
+    from transcover import analyze
+
+    _, path, _ = gpt2
+    res = analyze(path)
+    dh = D // H
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        for h in range(H):
+            m = res.layers[1].matrices[f"W_V.h{h}"]
+            lo, hi = 2 * D + h * dh, 2 * D + (h + 1) * dh
+            assert m.tensor == f"transformer.h.1.attn.c_attn.weight[:, {lo}:{hi}]"
+            W = f.get_tensor("transformer.h.1.attn.c_attn.weight")[:, lo:hi].double().numpy()
+            top = float(np.linalg.svd(W, compute_uv=False)[0])
+            assert m.spectral.lower <= top <= m.spectral.upper

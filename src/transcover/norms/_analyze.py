@@ -19,6 +19,7 @@ rounding accounted for) by default, or a Lanczos estimate with ``fast=True``.
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Callable
 
@@ -149,6 +150,20 @@ def _kq_head_fast_rope(attn: AttentionSpec, h: int, m: _Measurer, f64: dict[str,
     return rope_kq_estimate(A, f64["W_K"][g], attn.rope, attn.softmax_scale), kq
 
 
+def _value_label(names: dict[str, str], attn: AttentionSpec, g: int) -> str:
+    """The checkpoint tensor behind ``W_V.h{g}``: a fused block's slice narrowed to group ``g``'s columns or rows
+    (GPT-2's label named the whole V block, ``c_attn.weight[:, 64:96]``, for every head), else the tensor with the
+    head named."""
+    name = names.get("W_V", "")
+    n = attn.n_kv_heads
+    for pat, fmt in ((r"(.*)\[:, (\d+):(\d+)\]", "{}[:, {}:{}]"), (r"(.*)\[(\d+):(\d+), :\]", "{}[{}:{}, :]")):
+        hit = re.fullmatch(pat, name)
+        if hit and (int(hit[3]) - int(hit[2])) % n == 0:
+            w = (int(hit[3]) - int(hit[2])) // n
+            return fmt.format(hit[1], int(hit[2]) + g * w, int(hit[2]) + (g + 1) * w)
+    return f"{name} (head {g} of {n})" if name and n > 1 else name
+
+
 def _head_norms(attn: AttentionSpec, h: int, m: _Measurer, f64: dict[str, np.ndarray],
                 matrices: dict[str, MatrixNorms], names: dict[str, str], hm: HeadMeasure) -> HeadNorms:
     """Head ``h`` as ``analyze`` shows it: the certified spectral norms are ``measure_layer``'s
@@ -175,7 +190,7 @@ def _head_norms(attn: AttentionSpec, h: int, m: _Measurer, f64: dict[str, np.nda
     ov = MatrixNorms(f"W_OV.h{h}", (d, d), hm.W_OV, *product_frobenius_l21(Wv, Wo, f64["G_V"][g] if batched else None))
     if f"W_V.h{g}" not in matrices:
         matrices[f"W_V.h{g}"] = MatrixNorms(f"W_V.h{g}", tuple(Wv.shape), hm.W_V, *frobenius_l21_intervals(Wv),
-                                            names.get("W_V", ""))
+                                            _value_label(names, attn, g))
     matrices[kq.role] = kq
     matrices[ov.role] = ov
     return HeadNorms(h, B_KQ, hm.W_OV, hm.W_V, B_KQ_bias)
@@ -188,7 +203,7 @@ def _head_norms_fast_rope(attn: AttentionSpec, h: int, m: _Measurer, f64: dict[s
     g = attn.kv_index(h)
     ov = m.product(f"W_OV.h{h}", f64["W_V"][g], f64["W_O"][h])
     if f"W_V.h{g}" not in matrices:
-        matrices[f"W_V.h{g}"] = m.matrix(f"W_V.h{g}", f64["W_V"][g], names.get("W_V", ""))
+        matrices[f"W_V.h{g}"] = m.matrix(f"W_V.h{g}", f64["W_V"][g], _value_label(names, attn, g))
     matrices[kq.role] = kq
     matrices[ov.role] = ov
     return HeadNorms(h, B_KQ, ov.spectral, matrices[f"W_V.h{g}"].spectral, None)
@@ -226,7 +241,7 @@ def _heads_fast(attn: AttentionSpec, m: _Measurer, arr: dict[str, np.ndarray],
     v_norm = np.sqrt(np.clip(np.linalg.eigvalsh(G_V.astype(np.float64))[:, -1], 0.0, None))
     d = attn.d_model
     for g in sorted(set(kv)):
-        matrices[f"W_V.h{g}"] = m.matrix(f"W_V.h{g}", WV[g], names.get("W_V", ""))
+        matrices[f"W_V.h{g}"] = m.matrix(f"W_V.h{g}", WV[g], _value_label(names, attn, g))
     heads = []
     for h in range(H):
         kq_h = [_estimate(float(x[h]), "batched low-rank") for x in kq]

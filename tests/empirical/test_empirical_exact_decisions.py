@@ -225,3 +225,18 @@ def test_integer_data_exact():
     Y = torch.arange(10, dtype=torch.int64)[:, None]
     assert estimate_covering_number(Y, 0.999999999).net_size == 10
     assert estimate_covering_number(Y, 1.0).net_size == 5
+
+
+def test_external_cover_decides_twice_eps_beyond_float64s_range():
+    """Red team 162: with eps above half of float64's range, 2 eps overflowed to an infinite radius and two points
+    2e308 apart were one external cover ("exact" answer 1, true 2). d <= 2 eps is now decided on the halved data."""
+    from transcover.empirical import exact_covering_number
+
+    big = torch.finfo(torch.float64).max
+    Y = torch.tensor([[1e308], [-1e308]], dtype=torch.float64)
+    assert exact_covering_number(Y, 9e307, centres="external") == 2  # 2e308 > 1.8e308
+    assert exact_covering_number(Y, 1e308, centres="external") == 1  # 2e308 <= 2e308: a tie, closed balls
+    assert exact_covering_number(torch.tensor([[big], [-big], [0.0]], dtype=torch.float64), 0.6 * big,
+                                 centres="external") == 2
+    with pytest.raises(InputError, match="subnormal"):
+        exact_covering_number(torch.tensor([[1e308], [5e-324]], dtype=torch.float64), 9e307, centres="external")

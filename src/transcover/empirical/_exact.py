@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import torch
 
 from .._errors import InputError
 from ._metrics import as_outputs, check_eps, check_q
@@ -77,7 +78,15 @@ def exact_covering_number(Y, eps: float, q: float | str = math.inf, *,
         if M > MAX_EXACT_EXTERNAL:
             raise InputError(f"exact external covering numbers are limited to {MAX_EXACT_EXTERNAL} "
                              f"functions, but got M={M}")
-        return _chromatic_number(~within(Y, Y, qf, 2.0 * eps).numpy())
+        if math.isfinite(2.0 * eps):
+            return _chromatic_number(~within(Y, Y, qf, 2.0 * eps).numpy())
+        # Note [doubled radius]: 2 eps above float64's range was an infinite radius, every pair within it, and the
+        # answer 1 for points 2e308 apart (red team 162). d <= 2 eps <=> d(Y/2) <= eps when halving is exact
+        half = Y / 2
+        if not bool(torch.equal(half * 2, Y)):  # a subnormal entry lost a bit
+            raise InputError(f"eps={eps!r} is above half of float64's range and the outputs hold subnormal values: "
+                             "the external cover's test d <= 2 eps cannot be decided exactly; rescale the outputs")
+        return _chromatic_number(~within(half, half, qf, eps).numpy())
     raise InputError(f"centres must be 'internal' or 'external', but got centres={centres!r}")
 
 

@@ -220,3 +220,15 @@ def test_exact_refuses_what_it_cannot_do():
         exact_covering_number(torch.zeros(17, 1), 1.0, centres="external")
     with pytest.raises(InputError, match="centres must be"):
         exact_covering_number(torch.zeros(3, 1), 1.0, centres="free")
+
+
+@pytest.mark.parametrize("order", [[0, 0, 0], [2, 2, 1], [0.5, 1, 2], [0, 1, 5], [-1, 0, 1], [True, False, True]])
+def test_an_order_that_is_not_a_permutation_is_refused(order):
+    """Red team 162: only the length was checked, so ``order=[0, 0, 0]`` gave a "net" covering one point of three,
+    ``[0.5, 1, 2]`` was truncated and ``[0, 1, 5]`` was an IndexError."""
+    Y = torch.tensor([[0.0], [10.0], [20.0]])
+    for f in (greedy_net, maximal_packing):
+        with pytest.raises(InputError, match="must be a permutation of the 3 indices") as e:
+            f(Y, 1.0, order=order)
+        assert "\n" not in str(e.value)
+    assert sorted(greedy_net(Y, 1.0, order=[2, 0, 1]).tolist()) == [0, 1, 2]

@@ -327,10 +327,16 @@ class IncrementalNet:
 def _ordered(Y: Tensor, order: Sequence[int] | Tensor | None) -> Tensor:
     if order is None:
         return Y
-    order_t = torch.as_tensor(order, dtype=torch.long)
-    if order_t.ndim != 1 or order_t.numel() != Y.shape[0]:
-        raise InputError(f"order must be a permutation of {Y.shape[0]} indices, but got {order_t.numel()}")
-    return Y[order_t]
+    raw = torch.as_tensor(order)
+    M = Y.shape[0]
+    # only the length was checked: [0, 0, 0] gave a "net" that covered one point of three, 0.5 was truncated to 0
+    # and an index out of range was an IndexError (red team 162)
+    if raw.ndim != 1 or raw.numel() != M or raw.is_floating_point() or raw.is_complex() or raw.dtype == torch.bool \
+            or not torch.equal(torch.sort(raw.long()).values, torch.arange(M)):
+        shown = raw.tolist() if raw.numel() <= 8 else f"{raw.numel()} entries"
+        raise InputError(f"order must be a permutation of the {M} indices 0..{M - 1} (integers, each once), but got "
+                         f"{shown}")
+    return Y[raw.long()]
 
 
 def greedy_net(Y: Tensor, eps: float, q: float = math.inf, *, order=None,

@@ -312,3 +312,34 @@ def test_model_is_the_ground_floor():
             if isinstance(node, ast.Import) and any(n.startswith("transcover.") for n in names):
                 bad.append(f"{path.relative_to(root)}: import {names}")
     assert not bad, "model imports upward: " + "; ".join(bad)
+
+
+@pytest.mark.parametrize("kind", [NormKind.BALL, NormKind.LAYERNORM, NormKind.RMSNORM])
+@pytest.mark.parametrize("eps", [0.0, 1e-12, 0.5])
+def test_norms_are_exact_at_any_scale(kind, eps):
+    """Red team 162: a token near 1e200 had an infinite norm or variance and every normalisation returned 0 (a Monte
+    Carlo cover at radius 1e100 then read log N = 0). Note [scaled norms]: each token is scaled by a power of two
+    first. In the normal range the result is the unscaled formula's, float for float; beyond it, the normalisations'
+    homogeneity holds exactly: at eps = 0 LayerNorm and RMSNorm are scale-invariant, Pi_norm of a vector of norm
+    >= 1 is its direction; with eps > 0 a huge token's output is the eps = 0 one (eps / s^2 vanishes)."""
+    g = torch.Generator().manual_seed(0)
+    n = NormSpec(kind, eps=eps)
+    for dt in (torch.float64, torch.float32):
+        X = (torch.randn(40, 12, dtype=torch.float64, generator=g)
+             * torch.logspace(-3, 3, 40, dtype=torch.float64)[:, None]).to(dt)
+        if kind is NormKind.BALL:
+            want = X / torch.clamp(X.norm(dim=-1, keepdim=True), min=1.0)
+        elif kind is NormKind.LAYERNORM:
+            c = X - X.mean(dim=-1, keepdim=True)
+            want = c / torch.sqrt((c**2).mean(dim=-1, keepdim=True) + eps)
+        else:
+            want = X / torch.sqrt((X**2).mean(dim=-1, keepdim=True) + eps)
+        assert torch.equal(n(X), want)
+    X0 = torch.randn(6, 12, dtype=torch.float64, generator=g) * 4.0  # every row norm >= 1 (checked)
+    assert bool((X0.norm(dim=-1) >= 1).all())
+    exact0 = NormSpec(kind, eps=0.0)(X0)
+    for c in (2.0**600, 2.0**1000, 2.0**-40):
+        got = n(X0 * c)
+        assert bool(torch.isfinite(got).all())
+        if c > 1:
+            assert torch.equal(got, exact0)

@@ -154,15 +154,22 @@ class NormSpec:
 
         if self.kind is NormKind.NONE:
             return x
+        # Note [scaled norms]: each token is divided by a power of two s >= 1 at least its largest entry, so its
+        # sum, mean and squares stay finite; with eps / s^2 (formed as (eps / s) / s) every expression below is the
+        # unscaled one times an exact power of two, the same floats wherever nothing overflowed. Unscaled, a token
+        # near 1e200 had an infinite norm or variance and came out 0 (red team 162: a Monte Carlo cover read log N = 0)
+        big = x.detach().abs().amax(dim=-1, keepdim=True)
+        _, e = torch.frexp(torch.where(torch.isfinite(big), big, torch.ones_like(big)))
+        s = torch.ldexp(torch.ones_like(big), torch.clamp(e - 1, min=0))  # 2^(e-1) <= max|x| < 2^e; at least 1
+        xs = x / s
         if self.kind is NormKind.BALL:
-            norms = x.norm(dim=-1, keepdim=True)
-            return x / torch.clamp(norms, min=1.0)
+            return xs / torch.maximum(xs.norm(dim=-1, keepdim=True), 1.0 / s)
+        eps_s = (self.eps / s) / s
         if self.kind is NormKind.LAYERNORM:
-            mu = x.mean(dim=-1, keepdim=True)
-            var = ((x - mu) ** 2).mean(dim=-1, keepdim=True)
-            y = (x - mu) / torch.sqrt(var + self.eps)
+            c = xs - xs.mean(dim=-1, keepdim=True)
+            y = c / torch.sqrt((c**2).mean(dim=-1, keepdim=True) + eps_s)
         else:  # RMSNORM
-            y = x / torch.sqrt((x**2).mean(dim=-1, keepdim=True) + self.eps)
+            y = xs / torch.sqrt((xs**2).mean(dim=-1, keepdim=True) + eps_s)
         if self.weight is not None:
             y = y * to_tensor(self.weight, y)
         if self.bias is not None:

@@ -206,3 +206,30 @@ def test_boundary_members_lie_inside_the_class_exactly():
         for name, v in got.items():
             bound = mpmath.mpf(getattr(radii, name))
             assert v <= bound and v >= bound * (1 - 1e-12), (j, name, float(v / bound - 1))
+
+
+@pytest.mark.parametrize("role, radius", [("W_1", 1e-9), ("W_Q", 1e-10), ("b_2", 1e-9), ("W_O", 1e-8)])
+def test_local_members_stay_inside_their_balls_when_the_weights_are_large(role, radius):
+    """Red team 162: a member is fl(W + D); at weights x1000 and r = 1e-9 the sum's rounding put the exact
+    perturbation fl(W + D) - W at 1.0000261 r. Note [inside the local class]: the exact perturbation (the float64
+    difference is exact here by Sterbenz: every entry of D is far below half of its weight) has norm <= r, up to
+    the float64 SVD's own relative error (min(r, c) + 2) u, for every member on the boundary; and it is not shrunk
+    by more than a few ulps' worth of the weights against the radius."""
+    cfg = ReferenceConfig(d_model=8, n_heads=2, n_layers=1, d_ff=16, head_hidden=(8,), n_outputs=1, init_scale=1.0)
+    torch.manual_seed(0)
+    model = ReferenceTransformer(cfg).double()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(1000.0 + p.abs())  # every entry in [1000, 1001]: Sterbenz holds for W' - W
+    s = sample_local_class(model, {role: radius}, 12, radial="boundary", seed=1)
+    get = {"W_1": lambda m: m.layers[0].ffn.W_1, "W_Q": lambda m: m.layers[0].attention.W_Q,
+           "b_2": lambda m: m.layers[0].ffn.b_2, "W_O": lambda m: m.layers[0].attention.W_O}[role]
+    base = get(s.spec).double()
+    worst = 0.0
+    for j in range(1, 12):
+        D = get(s.member(j)) - base
+        norms = D.norm(dim=-1) if D.ndim == 1 else torch.linalg.matrix_norm(D, ord=2)
+        worst = max(worst, float(norms.max()) / radius)
+    assert 0.99 < worst <= 1.0 + 16 * 2.0**-53
+    with pytest.raises(InputError, match="below float64's resolution"):
+        sample_local_class(model, {role: 1e-20}, 3, radial="boundary").member(1)

@@ -60,9 +60,10 @@ class LocalClassSample:
             if t is None or r.get(role, 0.0) == 0.0:
                 return t
             # float64: a small perturbation must not be rounded away by a float32 checkpoint
+            t64 = t.double()
             if t.ndim == 1:
-                return t.double() + _vector_on_sphere(tuple(t.shape), r[role], self.radial, gen)
-            return t.double() + _matrix_on_sphere(tuple(t.shape), r[role], self.radial, gen)
+                return _inside_sum(t64, _vector_on_sphere(tuple(t.shape), r[role], self.radial, gen), r[role], role)
+            return _inside_sum(t64, _matrix_on_sphere(tuple(t.shape), r[role], self.radial, gen), r[role], role)
 
         layers = []
         for layer in self.spec.layers:
@@ -90,6 +91,34 @@ class LocalClassSample:
                 y = transformer_forward(self.member(j), X)
                 outs.append(y.reshape(X.shape[0], -1))
         return torch.stack(outs)
+
+
+# Note [inside the local class] (Note [inside the class] of ``_classes`` for the sum with the model): a member is
+# fl(W + D), whose perturbation fl(W + D) - W is D plus the sum's rounding, at most u |W + D| per entry, i.e. up to
+# u (||W||_F + sqrt(k) ||D||_2) in spectral norm (k = min(rows, cols)). Where the weights are large against the
+# radius that rounding left members outside the class (||fl(W + D) - W|| = 1.0000261 r at weights x1000 and r = 1e-9,
+# red team 162), so D is shrunk until its norm plus that rounding, every computed norm charged, is at most r; a
+# radius below the weights' float64 resolution is refused.
+_U = 2.0**-53
+
+
+def _inside_sum(W: Tensor, D: Tensor, radius: float, role: str) -> Tensor:
+    """``W + D`` with ``D`` shrunk (never grown) so that the exact ``fl(W + D) - W`` has norm at most ``radius``
+    (spectral per matrix of the last two axes, l2 per vector); Note [inside the local class]."""
+    vec = W.ndim == 1
+    n = W.shape[-1] if vec else W.shape[-2] * W.shape[-1]
+    k = 1 if vec else min(W.shape[-2], W.shape[-1])
+    pad = 1.0 + 8.0 * (n + 4) * _U  # every computed norm within (n + 2)u, quotients and products 2u, four times over
+    fro_W = (W.norm() if vec else torch.linalg.matrix_norm(W, ord="fro")) * pad
+    size_D = (D.norm() if vec else torch.linalg.matrix_norm(D, ord=2)) * pad
+    room = radius - _U * fro_W * pad
+    if bool((room <= 0).any()):
+        raise InputError(f"the perturbation radius {role}={radius!r} is below float64's resolution of the model's "
+                         f"{role} weights (about {_U * float(fro_W.max()):.3g}): no member differs from the model by "
+                         "a perturbation inside it; use a larger radius")
+    c = torch.clamp(room / (size_D * (1.0 + math.sqrt(k) * _U) * pad), max=1.0)
+    c = torch.where(size_D > 0, c, torch.ones_like(c))
+    return W + (D * c if vec else D * c[..., None, None])
 
 
 def sample_local_class(model, radii: Mapping[str, float], n_functions: int, *,

@@ -79,6 +79,7 @@ class Kind(str, Enum):
 
     CERTIFIED_INTERVAL = "certified interval"  # lower <= true <= upper, rounding accounted for
     CERTIFIED_UPPER = "certified upper bound"  # true <= value, guaranteed
+    CERTIFIED_LOWER = "certified lower bound"  # value <= true, guaranteed by a proof (no witness), rounding included
     EMPIRICAL_LOWER = "empirical lower bound"  # attained by a witness: true sup >= value
     ESTIMATE = "estimate"  # no guarantee in either direction
     EXACT = "exact"  # computed exactly (up to float64 rounding of a closed form)

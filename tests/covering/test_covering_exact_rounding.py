@@ -112,7 +112,7 @@ def test_box_linf_is_the_exact_covering_number(p, B, eps):
     assert q.value == nearest(p * mpmath.log(k))
     up = box_log_covering_linf(p, B, eps, rounding="up")
     down = box_log_covering_linf(p, B, eps, rounding="down")
-    assert up.kind is Kind.CERTIFIED_UPPER
+    assert up.kind is Kind.CERTIFIED_UPPER and down.kind is Kind.CERTIFIED_LOWER and q.kind is Kind.EXACT
     assert mp_exact(down.value) <= p * mpmath.log(k) <= mp_exact(up.value)
     assert math.nextafter(down.value, math.inf) >= up.value or down.value == up.value  # adjacent floats
 
@@ -127,7 +127,9 @@ radii = st.one_of(decimals, dyadics, thirds, st.floats(1e-6, 1e6))
 def test_ball_bounds_round_outward(p, B, eps):
     Bm, em = mp_exact(B), mp_exact(eps)
     assert mp_exact(ball_log_covering(p, B, eps).value) >= p * mpmath.log(1 + 2 * Bm / em)
-    low = ball_log_packing_lower(p, B, eps).value
+    low_q = ball_log_packing_lower(p, B, eps)
+    assert low_q.kind is Kind.CERTIFIED_LOWER  # a proven lower bound, not the value of log N (red team 162)
+    low = low_q.value
     assert mp_exact(low) <= max(0, p * mpmath.log(Bm / em))
     assert mp_exact(box_log_covering(p, B, eps).value) >= p * mpmath.log(1 + 2 * Bm * mpmath.sqrt(p) / em)
     if eps <= B:

@@ -117,16 +117,15 @@ def ball_log_packing_lower(p: int, radius: float, eps: float) -> Quantity:
     4.2.13; Wainwright Ex. 5.8).  Negative values (``eps > B``) are replaced by 0 (``N >= 1``).
 
     Returns:
-        Quantity whose value is ``max(0, p log(B/eps))`` rounded *down* (kind EXACT: the closed form
-        is evaluated from the exact values of ``radius`` and ``eps``, and rounded to the side of
-        the claim); it is a proven *lower* bound on ``log N``, as ``assumptions`` say.  transcover
-        has no "certified lower" kind, and EMPIRICAL_LOWER would claim a witness.
+        Quantity whose value is ``max(0, p log(B/eps))`` rounded *down*, kind CERTIFIED_LOWER: a proven lower
+        bound on ``log N`` (the closed form from the exact values of ``radius`` and ``eps``, rounded to the side
+        of the claim; it was labelled EXACT, which read as the value of ``log N``, red team 162).
     """
     _check_dim(p)
     _check_positive(radius=radius, eps=eps)
     ratio = Fraction(radius) / Fraction(eps)
     value = _p_log(p, ratio, "down") if ratio > 1 else 0.0
-    return Quantity(value, Kind.EXACT, _G2 + " (volumetric lower bound)",
+    return Quantity(value, Kind.CERTIFIED_LOWER, _G2 + " (volumetric lower bound)",
                     ("lower bound on log N", "rounded down (exact rational arithmetic)"))
 
 
@@ -188,7 +187,7 @@ def box_log_covering_linf(p: int, half_width: float, eps: float, *, rounding: st
         eps: the l_inf radius ``> 0``.
         rounding: "nearest" (default: the correctly rounded ``p ln k``, kind EXACT), "up" (the
             next float64 at or above it, kind CERTIFIED_UPPER) or "down" (at or below it, kind
-            EXACT, a lower bound on ``log N``); ``assumptions`` say which.
+            CERTIFIED_LOWER); ``assumptions`` say which.
 
     Example:
         >>> box_linf_centres_per_axis(1.0, 1 / 3)  # the float 1/3 is below one third
@@ -202,7 +201,7 @@ def box_log_covering_linf(p: int, half_width: float, eps: float, *, rounding: st
         raise InputError(f"rounding must be one of {ROUNDINGS}, but got rounding={rounding!r}")
     k = box_linf_centres_per_axis(half_width, eps)
     value = _p_log(p, Fraction(k), rounding)
-    kind = Kind.CERTIFIED_UPPER if rounding == "up" else Kind.EXACT
+    kind = {"up": Kind.CERTIFIED_UPPER, "down": Kind.CERTIFIED_LOWER}.get(rounding, Kind.EXACT)
     side = {"nearest": "correctly rounded to nearest", "up": "rounded up (an upper bound on log N)",
             "down": "rounded down (a lower bound on log N)"}[rounding]
     return Quantity(value, kind, "THEORY section 4.2 (grid of the l_inf box)",

@@ -57,8 +57,8 @@ def fmt(x: object, digits: int = 5) -> str:
     return text(x)
 
 
-_KIND_CLASS = {"certified interval": "cert", "certified upper bound": "cert", "empirical lower bound": "emp",
-               "estimate": "est", "exact": "exact"}
+_KIND_CLASS = {"certified interval": "cert", "certified upper bound": "cert", "certified lower bound": "cert",
+               "empirical lower bound": "emp", "estimate": "est", "exact": "exact"}
 
 
 def kind_badge(kind: object) -> str:

@@ -131,3 +131,64 @@ def test_readout_and_attention_bounds_are_rounded_up(n, delta, R):
             assert got >= want and got <= want * (1 + mpmath.mpf(2) ** -40)
         L = c.mlp.axis_lipschitz
         assert b.attention.value >= mpmath.fsum(mpmath.mpf(Lk) * e for Lk, e in zip(L, exact))
+
+
+def test_a_row_short_of_unit_norm_loses_its_gap():
+    """Red team 163: ``coherence`` admits rows within 64 d eps of unit norm, but the gap took the target's own score
+    as R (not R <p_i, p_i>); a row 2.6e-12 short at R = 1e14 with key_leak near 0.3 gave a certified total of
+    0.031 against an attained |F - g*| of 0.953 at z = (-1, 1). The bound now holds there."""
+    from transcover._results import Kind
+    from transcover.approx import Encoding, coherence, holder_ridge
+
+    d = 200
+    P = torch.zeros(2, d, dtype=torch.float64)
+    P[0, 0] = 1 - 0.9 * 64 * d * 2.0**-52
+    P[1, 0], P[1, 1] = 0.4, math.sqrt(0.84)
+    enc = Encoding(P, coherence(P), Kind.EXACT, "hand")
+    c = build_construction(holder_ridge((0,), 1.0, seed=44), enc, R=1e14, grid=64, key_leak=0.3 - 1.5e-13)
+    z = torch.tensor([[-1.0, 1.0]], dtype=torch.float64)
+    attained = float((c(z) - c.target(z)).abs().detach())
+    assert attained > 0.9 and c.bound().total.value >= attained
+
+
+@pytest.mark.parametrize("delta, leak, R", [(0.49999999999999, 0.2499999999999955, 1e15), (0.3, 0.0, 1e300),
+                                            (0.2, 0.1, 50.0)])
+def test_the_lemma_form_is_certified_only_where_it_dominates(delta, leak, R):
+    """Red team 163: the seed's form was labelled certified when 2 lambda <= Delta + 1e-15 in floats; at R = 1e15 it
+    read 6.7e-8 against an attained 1.7e-7, and at R = 1e300 it underflowed to a certified 0. It is certified now
+    only where it is at least the certified attention part, and it is never 0."""
+    from transcover._results import Kind
+    from transcover.approx import decompose_construction, holder_ridge
+
+    enc = equiangular_encoding(16, delta)
+    c = build_construction(holder_ridge((13,), 1.0, seed=0), enc, R=R, grid=4, key_leak=leak)
+    b = c.bound()
+    assert b.lemma_attention.value > 0
+    if b.lemma_attention.kind is Kind.CERTIFIED_UPPER:
+        assert b.lemma_attention.value >= b.attention.value
+    attained = decompose_construction(c, n_random=50).attention.value
+    assert attained <= b.attention.value
+    if delta > 0.49:
+        assert b.lemma_attention.kind is Kind.ESTIMATE and b.lemma_attention.value < attained
+
+
+@pytest.mark.parametrize("gamma, R", [(0.93, 925.5296610169491), (0.93, 926.0), (0.7, 913.0)])
+def test_read_out_bound_holds_below_the_normal_range(gamma, R):
+    """Red team 163: in the subnormal range the 2^-47 pad was lost, and the read-out bound 5.09e-322 sat one step
+    under the exact 5.0987e-322. Exact: for an equiangular pair without key leak the off-target weight is
+    e^{-g}/(1 + e^{-g}) with g = R (<p_i, p_i> - <p_i, p_j>), from the stored rows in mpmath at 60 digits (the
+    network's stored weights move g by ~1e-13 relative, far under one subnormal step here)."""
+    import mpmath
+    from transcover.approx import holder_ridge
+
+    enc = equiangular_encoding(2, 0.2)
+    c = build_construction(holder_ridge((1,), 1.0, seed=0), enc, R=R, grid=4, gamma=gamma)
+    b = c.bound()
+    P = [[mpmath.mpf(float(x)) for x in row] for row in enc.P.double()]
+    with mpmath.workdps(60):
+        own = sum(x * x for x in P[1])
+        other = sum(x * y for x, y in zip(P[1], P[0]))
+        g = mpmath.mpf(R) * (own - other)
+        exact = 2 * mpmath.mpf(gamma) * mpmath.exp(-g) / (1 + mpmath.exp(-g))
+        assert 0 < exact < mpmath.mpf(2.0**-1022)  # the subnormal range
+        assert mpmath.mpf(b.readout_bound[0]) >= exact

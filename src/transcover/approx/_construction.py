@@ -156,21 +156,28 @@ class Construction:
         G = P @ P.T
         gaps, readout = [], []
         d_p = P.shape[1]
+        gram_err = (d_p + 2) * 2.0**-52  # |fl(<p_i, p_j>) - <p_i, p_j>| for rows of norm <= 1 + 64 d eps
         for i in self.target.indices:
             others = torch.cat([G[i, :i], G[i, i + 1:]])
             # rounded in the claim's direction (stop 38: equiangular codes make the read-out bound exactly tight, and
             # plain float64 put it 1 ulp below the network's own sup): Δ_k up by the Gram's rounding, the gap down,
-            # the read-out bound up
-            delta_k = float(others.max()) + (d_p + 2) * 2.0**-52 if others.numel() else -1.0
-            g = math.nextafter(R * (1.0 - delta_k - 2.0 * lam) * (1.0 - 2.0**-50), -math.inf)
+            # the read-out bound up. The target's own score is R <p_i, p_i>, not R: a row 2.6e-12 short of unit
+            # norm (coherence admits 64 d eps) lost that much gap, and at R = 1e14 the bound fell 30x under the
+            # network's error (red team 163)
+            delta_k = float(others.max()) + gram_err if others.numel() else -1.0
+            own = float(G[i, i]) - gram_err
+            g = math.nextafter(R * (own - delta_k - 2.0 * lam) * (1.0 - 2.0**-50), -math.inf)
             gaps.append(g)
-            readout.append(math.nextafter(2.0 * gam * off_target_mass_bound(n, g) * (1.0 + 2.0**-47), math.inf))
+            readout.append(_up(2.0 * gam * off_target_mass_bound(n, g)))
         L = self.mlp.axis_lipschitz
-        attn = math.nextafter(sum(Lk * r for Lk, r in zip(L, readout)) * (1.0 + 2.0**-47), math.inf)
+        attn = _up(sum(Lk * r for Lk, r in zip(L, readout)))
         beta, Lh = self.target.beta, self.target.holder_constant
         mlp = simplicial_error_bound(beta, Lh, s, self.mlp.N, self.mlp.lo, self.mlp.hi, gam)
         Delta = self.encoding.delta
-        lemma = sum(L) * 2.0 * gam * n * math.exp(-R * (1.0 - 2.0 * Delta))
+        # the seed's form, rounded up; it is certified only where it dominates the certified attention part (its
+        # derivation needs unit rows and lambda <= Delta / 2 in exact arithmetic: the float test 2 lambda <= Delta +
+        # 1e-15 certified 6.7e-8 against an attained 1.7e-7 at R = 1e15, and an underflowed 0 at R = 1e300; 163)
+        lemma = _up(sum(L) * 2.0 * gam * n * math.exp(-R * (1.0 - 2.0 * Delta)))
         src = "Lemma H.1 / THEORY F16a,c"
         assumptions = ("contents in [-1, 1]", f"key_leak={lam}", f"beta={beta}, L={Lh}",
                        "the network in exact arithmetic: a float64 evaluation adds its own rounding (about 1e-16 of "
@@ -180,9 +187,20 @@ class Construction:
             Quantity(attn, Kind.CERTIFIED_UPPER, src + " (attention part)", assumptions),
             Quantity(mlp, Kind.CERTIFIED_UPPER, src + " (MLP part, simplicial interpolation)", assumptions),
             Quantity(math.nextafter(attn + mlp, math.inf), Kind.CERTIFIED_UPPER, src, assumptions),
-            Quantity(lemma, Kind.CERTIFIED_UPPER if 2 * lam <= Delta + 1e-15 else Kind.ESTIMATE,
-                     "seed section 4.2: n e^{-R(1-2Δ)} x value spread x head Lipschitz", assumptions),
+            Quantity(lemma, Kind.CERTIFIED_UPPER if lemma >= attn else Kind.ESTIMATE,
+                     "seed section 4.2: n e^{-R(1-2Δ)} x value spread x head Lipschitz (certified where it is at "
+                     "least the attention part)", assumptions),
         )
+
+
+_SUB = 2.0**-1074
+
+
+def _up(x: float) -> float:
+    """``x`` (a few roundings of products, quotients and ``exp`` away from its exact value) rounded up: ``2^-47``
+    relative, plus eight subnormal steps where the relative pad is lost below float64's normal range (red team 163:
+    5.09e-322 against an exact 5.0987e-322)."""
+    return math.nextafter(x * (1.0 + 2.0**-47) + 8 * _SUB, math.inf)
 
 
 def build_construction(target: SparseTarget, encoding: Encoding, *, R: float, grid: int,

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .._results import Kind
+
 __all__ = ["AdviceDisplay", "FailureCurveDisplay", "AttentionRateDisplay", "MLPRateDisplay", "construct_table", "capacity_line", "rate_sweep_table", "rate_sweep_line", "encodings_line", "failures_lines",
            "advice_table", "axes_png"]
 
@@ -18,14 +20,19 @@ def construct_table(result):
 
     c, d, enc = result.construction, result.decomposition, result.encoding
     b = d.bound
-    t = Table(title=f"Lemma H.1 construction: n={c.n}, I={result.target.indices}, Δ={enc.delta:.4g} ({enc.family}), "
+    # enough digits that a Delta just below 1/2 does not read as 0.5 (red team 163)
+    delta = f"{enc.delta:.4g}" if abs(0.5 - enc.delta) > 1e-3 else f"{enc.delta:.17g}"
+    t = Table(title=f"Lemma H.1 construction: n={c.n}, I={result.target.indices}, Δ={delta} ({enc.family}), "
                     f"R={c.R:g}, d_m={c.mlp.width}")
     t.add_column("part")
     t.add_column("measured sup (empirical lower)", justify="right")
     t.add_column("bound (certified upper)", justify="right")
     t.add_row("attention read-out ||ψ̂-ψ||∞", f"{d.readout.value:.4g}", f"{max(b.readout_bound):.4g}")
     t.add_row("attention part |f(ψ̂)-f(ψ)|", f"{d.attention.value:.4g}", f"{b.attention.value:.4g}")
-    t.add_row("  lemma form n e^{-R(1-2Δ)}·…", "", f"{b.lemma_attention.value:.4g}")
+    lemma = f"{b.lemma_attention.value:.4g}"
+    if b.lemma_attention.kind is not Kind.CERTIFIED_UPPER:  # below the certified attention part: not a bound here
+        lemma += f" ({b.lemma_attention.kind.value})"
+    t.add_row("  lemma form n e^{-R(1-2Δ)}·…", "", lemma)
     t.add_row("MLP part |f(ψ)-h|", f"{d.mlp.value:.4g}", f"{b.mlp.value:.4g}")
     t.add_row("total |F-g*|", f"{d.total.value:.4g}", f"{b.total.value:.4g}")
     return t

@@ -65,3 +65,18 @@ def test_sweep_and_advise_refuse_what_they_used_to_bend(capsys):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert needle in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["advise", "--sparsity", "2", "--smoothness", "1", "--seq-len", "64", "--n-samples", "10000", "--gamma", "1e-200"],
+     "overflow float64 at gamma=1e-200"),
+    (["advise", "--sparsity", "2", "--smoothness", "1", "--seq-len", "64", "--n-samples", "10000",
+      "--holder-constant", "1e300"], "overflow float64"),
+    (["approx", "construct", "--gamma", "1e-160", "--smoothness", "2"], "gamma=1e-160 is too small"),
+])
+def test_overflowing_designs_are_one_line(argv, needle, capsys):
+    """Red team 163: advise ended in an internal OverflowError at gamma = 1e-200 or a Hölder constant of 1e300, and
+    construct blamed R for a head that gamma^-beta overflowed (after a numpy RuntimeWarning)."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1 and "internal error" not in err

@@ -151,9 +151,14 @@ def advise(sparsity: int, smoothness: float, seq_len: int, n_samples: int, *, de
 
     curve = []
     N_g = 1
-    while max(simplicial_widths(s, N_g)) <= max_width:
-        curve.append(design(N_g, m))
-        N_g = N_g + 1 if N_g < 16 else int(N_g * 1.25)
+    try:
+        while max(simplicial_widths(s, N_g)) <= max_width:
+            curve.append(design(N_g, m))
+            N_g = N_g + 1 if N_g < 16 else int(N_g * 1.25)
+    except OverflowError:  # gamma^-beta L or (2/gamma)^beta beyond float64: an internal error (red team 163)
+        raise InputError(f"the design's figures overflow float64 at gamma={gamma!r}, beta={beta!r}, Hölder constant "
+                         f"{L!r} (the head's Lipschitz constant grows like L gamma^-beta); use a larger gamma or a "
+                         "smaller constant") from None
     if not curve:
         raise InputError(f"even the smallest MLP is wider than max_width={max_width}")
     opt = min(curve, key=lambda c: c["total"])

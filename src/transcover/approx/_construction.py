@@ -239,7 +239,13 @@ def build_construction(target: SparseTarget, encoding: Encoding, *, R: float, gr
                          f"({encoding.family}, n={n}, d_p={d_p})")
     if max(target.indices) >= n:
         raise InputError(f"index {max(target.indices)} in I needs n > {max(target.indices)}, but the encoding has n={n}")
-    mlp = simplicial_mlp(lambda U: target.h(U / gamma), s, grid, -1.0, 1.0, max_width=max_width)
+    import numpy as np
+
+    with np.errstate(all="ignore"):  # an overflowing head is refused below, in one line
+        mlp = simplicial_mlp(lambda U: target.h(U / gamma), s, grid, -1.0, 1.0, max_width=max_width)
+    if not all(np.isfinite(W).all() and np.isfinite(b).all() for W, b in mlp.layers):
+        raise InputError(f"gamma={gamma!r} is too small for beta={target.beta!r}: the head's weights (the target read "
+                         "at U / gamma) overflow float64")
     kappa = 1.0 / math.sqrt(3.0 + s) if norm == "ball" else 1.0
     D = 1 + d_p + 1 + s
     cfg = ReferenceConfig(

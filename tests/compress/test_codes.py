@@ -170,21 +170,22 @@ def test_both_payload_modes_round_trip_with_exact_lengths(shared, seed, monkeypa
 
 def test_decode_rejects_malformed_words():
     word = encode(_random_description(0, 0)).bits
-    with pytest.raises(ValueError):
+    # each refusal names its reason: a bare ValueError also caught any numpy or torch error a bug raised (stop 40)
+    with pytest.raises(ValueError, match="1 bits left after the last tensor"):
         decode(word + [0], MENU)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="bit string ended inside a field"):
         decode(word[:-3], MENU)
-    with pytest.raises(ValueError):  # index 3 of a 3-entry menu
+    with pytest.raises(ValueError, match="architecture index 3 outside the menu of 3"):
         decode(word[:2] + [1, 1] + word[4:], MENU)
-    with pytest.raises(ValueError):  # another code version
+    with pytest.raises(ValueError, match=r"code version \d is not one of this decoder's"):
         decode([1 - word[0]] + word[1:], MENU)
 
 
 def test_encode_rejects_tensors_that_do_not_match_the_architecture():
     desc = _random_description(0, 1)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="do not match the architecture's parameters"):
         encode(ModelDescription(MENU, 1, desc.tensors))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"integers must lie in \[-m, m\]"):
         QuantisedTensor("w", 1, 0, torch.tensor([2]))
 
 
@@ -258,7 +259,7 @@ def test_delta_code_falls_back_to_the_full_code_off_the_reference_grid():
     word = encode_delta(other, ref)
     assert word.bits[0] == 0 and len(word) == 1 + description_bits(other)
     assert all(torch.equal(a.Q, b.Q) for a, b in zip(other.tensors, decode_delta(word.bits, ref).tensors))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="1 bits left after the last tensor"):
         decode_delta(word.bits + [1], ref)
 
 
@@ -274,7 +275,7 @@ def test_fixed_length_code_round_trips_with_its_counted_length_and_is_prefix_fre
     # the decoder reads field by field and stops where the word ends: no codeword extends another
     with pytest.raises(ValueError, match="left after"):
         decode_fixed(word.bits + [0], MENU)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="bit string ended inside a field"):
         decode_fixed(word.bits[:-1], MENU)
 
 

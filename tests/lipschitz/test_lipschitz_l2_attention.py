@@ -62,7 +62,7 @@ def test_reference_model_with_l2_attention_runs_and_is_bounded():
     b = lipschitz_bounds(spec, radius=100.0, seq_len=4)
     b_small = lipschitz_bounds(spec, radius=1.0, seq_len=4)
     assert b.upper.value == b_small.upper.value  # Pi_norm first: the radius does not matter
-    with pytest.raises(Exception, match="seq_len"):
+    with pytest.raises(InputError, match="L2 attention's bound depends on the sequence length: give seq_len"):
         lipschitz_bounds(spec, radius=1.0)
 
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 from conftest import randomize
 
-from transcover import UnsupportedArchitectureError
+from transcover import InputError, UnsupportedArchitectureError
 from transcover.model import Activation, Placement, layer_forward, load, transformer_forward
 from transcover.norms import frobenius_interval, l21_interval, spectral_norm_interval
 
@@ -149,7 +149,7 @@ def test_clip_model_needs_a_tower_and_reads_each(transformers_mod, tmp_path, ass
     torch.manual_seed(0)
     model = randomize(tf.CLIPModel(cfg), seed=7).double().eval()
     path = _saved(model, tmp_path)
-    with pytest.raises(Exception, match="two towers: pass arch='clip_text' or arch='clip_vision'"):
+    with pytest.raises(InputError, match="two towers: pass arch='clip_text' or arch='clip_vision'"):
         load(path)
     text, vision = load(path, arch="clip_text"), load(path, arch="clip_vision")
     assert (text.n_layers, vision.n_layers) == (L, 1)

@@ -176,8 +176,10 @@ def test_certified_intervals_enclose_float64_svd(models, family):
             assert iv.lower <= exact * (1 + 10 * DFF * eps) and iv.upper >= exact * (1 - 10 * DFF * eps)
 
 
-@pytest.mark.parametrize("family,g3", [("gemma", True), ("gemma2", True), ("gemma3", True), ("olmo2", True)])
-def test_bounds_or_one_line_refusals(models, family, g3):  # q/k norms: G.3 through the split scores (F23)
+@pytest.mark.parametrize("family", ["gemma", "gemma2", "gemma3", "olmo2"])
+def test_bounds_and_g3_coefficients(models, family):  # q/k norms: G.3 through the split scores (F23)
+    """Every family gets finite global bounds and G.3 coefficients (the refusal branch this test once had was dead
+    since F23 covered q/k norms: every case took the other branch, stop 40's test audit)."""
     from transcover.lipschitz import lipschitz_bounds, perturbation_coefficients
 
     spec = load(models[family][0])
@@ -185,13 +187,9 @@ def test_bounds_or_one_line_refusals(models, family, g3):  # q/k norms: G.3 thro
     assert math.isfinite(b.upper.value)
     if family != "gemma":  # the post norms cap every branch's output: radii grow by max|gain| sqrt(d) per branch
         assert all(s.radius_out <= s.radius_in + 20 * math.sqrt(D) for s in b.stages if s.name in ("attention", "ffn"))
-    if g3:
-        entries = perturbation_coefficients(spec).entries
-        assert entries and (family == "gemma" or any(e.role.startswith("post_norm_") for e in entries))
-    else:
-        with pytest.raises(UnsupportedArchitectureError) as e:
-            perturbation_coefficients(spec)
-        assert "\n" not in str(e.value) and "query/key" in str(e.value)
+    entries = perturbation_coefficients(spec).entries
+    assert entries and all(math.isfinite(e.coefficient) for e in entries)
+    assert family == "gemma" or any(e.role.startswith("post_norm_") for e in entries)
 
 
 def test_support_table_lists_the_families():

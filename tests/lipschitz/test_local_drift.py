@@ -169,12 +169,12 @@ def test_homogeneity_in_the_value_and_output_weights(c):
 def test_regression_drift_is_tighter_than_f17d():
     """Regression (issue 12): on this small sharp layer F17d's attention drift rows were 9.3x (r = 1e-3)
     and 22.8x (r = 0.05) the ascent's best (0.171, 8.17: 4 restarts x 40 steps on every query); with
-    F35 (the per-head minimum, the heads through ``W_O`` jointly) the route's rows are 3.7x and 7.7x,
-    pinned here."""
+    F35 (the per-head minimum, the heads through ``W_O`` jointly) the route's rows are 3.7x and 7.7x, at most
+    0.42 of F17d's here (the rows' soundness is attacked by the tests above; the values were pinned to 1e-9 until
+    stop 40's test audit: a hard-coded result)."""
     layer = _attn_layer(11, qscale=4.0)
     X = _X(11)
-    for r, want in ((1e-3, 0.6405722459233346), (0.05, 62.5159709096143)):
+    for r in (1e-3, 0.05):
         got = float(_combined(layer, X, r, drift=attention_drift_rows).max())
         old = float(_combined(layer, X, r, drift=attention_drift_f17d, joint=False).max())
-        assert got == pytest.approx(want, rel=1e-9)
         assert got <= 0.42 * old, (got, old)

@@ -158,17 +158,16 @@ def test_homogeneous_in_the_output_weights():
         assert torch.allclose(got[0], c * base[0], rtol=1e-9) and torch.allclose(got[1], c * base[1], rtol=1e-9)
 
 
-@pytest.mark.parametrize(("centred", "want"), [(False, (2.1360076416122946, 0.9530785438833288)),
-                                                (True, (2.078059856981322, 0.932813681998608))])
-def test_regression_small_ffn(centred, want):
-    """Pinned values on a seeded FFN (d 8, d_ff 32, rh 0.2), attacked by ``_ascent`` first (it reaches 1.02 / 0.455
-    plain, 1.01 / 0.455 centred: 2.1x on both)."""
+@pytest.mark.parametrize("centred", [False, True])
+def test_small_ffn_within_twice_the_ascent(centred):
+    """A seeded FFN (d 8, d_ff 32, rh 0.2) attacked by ``_ascent``: both rows hold and are within 2x of what it
+    attains (1.70x / 1.48x plain, 1.67x / 1.46x centred at stop 40; the values themselves were pinned to 1e-9 until
+    stop 40's test audit: a hard-coded result)."""
     ffn = _ffn(11, 8, 32, 2.0)
     h = torch.randn(1, 8, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     dF, half = _bounds(ffn, h @ ffn.W_1.double() + ffn.b_1.double(), 0.2, centred)
     bd, bh = _ascent(ffn, h[0], 0.2, centred, torch.Generator().manual_seed(3))
-    assert bd <= float(dF[0]) and bh <= float(half[0])
-    assert abs(float(dF[0]) - want[0]) < 1e-9 and abs(float(half[0]) - want[1]) < 1e-9
+    assert bd <= float(dF[0]) <= 2.0 * bd and bh <= float(half[0]) <= 2.0 * bh
 
 
 def test_layer_rows_uses_f38_and_is_never_beaten(monkeypatch):

@@ -66,7 +66,8 @@ def test_split_tier_is_never_below_the_exact_norm(seed, d, dff, scale, centred, 
 
 def test_full_rank_tier_is_the_exact_norm_and_homogeneous_in_w2():
     """With every eigenpair kept (rest ~ 0) the tier is N2 to 1e-6; a lower rank is looser; scaling W_2 by c scales
-    the tier by c (degree 1); a pinned value (regression)."""
+    the tier by c (degree 1); the rank-4 tier within 6x of the exact norm here (5.07x at most at stop 40; the value
+    was pinned until stop 40's test audit: a hard-coded result)."""
     ffn = _ffn(7, 10, 40, 2.0)
     z = _adversarial_z(ffn, torch.Generator().manual_seed(7), "data")
     const = ffn_hadamard(ffn, centred=True)
@@ -80,7 +81,7 @@ def test_full_rank_tier_is_the_exact_norm_and_homogeneous_in_w2():
     big["W2"], big["nW2"], big["eW2"] = const["W2"] * c, const["nW2"] * c, const["eW2"] * c
     scaled = ffn_second_split(big, ffn_split_constants(big, 4, 3), z)
     assert torch.allclose(scaled, c * low, rtol=1e-9, atol=0.0), (scaled, c * low)
-    assert float(low[0]) == pytest.approx(12.94221, rel=1e-6), float(low[0])
+    assert bool((low >= exact).all()) and bool((low <= 6.0 * exact).all()), (low, exact)
 
 
 def test_split_of_a_matrix_that_is_not_psd_never_decides():

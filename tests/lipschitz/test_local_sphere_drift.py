@@ -139,15 +139,16 @@ def _f17_only(norm, sigma, r, d):  # noqa: ANN001, ANN202
     return _ln_drift(norm, sigma, r, d)
 
 
-@pytest.mark.parametrize("placement,qscale,before,after", [("post", 2.0, 2578.07, 1688.97), ("pre", 2.0, 311.23, 299.84),
-                                                            ("post", 8.0, None, None), ("pre", 0.3, None, None)])
-def test_rows_route_with_the_sphere_drift_is_never_beaten_and_not_above_f17(placement, qscale, before, after,
-                                                                           monkeypatch):
+@pytest.mark.parametrize("placement,qscale,gains", [("post", 2.0, True), ("pre", 2.0, True), ("post", 8.0, False),
+                                                    ("pre", 0.3, False)])
+def test_rows_route_with_the_sphere_drift_is_never_beaten_and_not_above_f17(placement, qscale, gains, monkeypatch):
     """End to end on a small layer (post- and pre-LN; flat, moderate and sharp heads: ``W_Q`` x 0.3, 2, 8): the stage
     radii against per-token ascent and the ball against the layer's pair ascent; every ball row and stage radius at
-    most F17's drift alone gives.  Regression at r = 0.05 (``W_Q`` x 2): the ball was ``before`` with F17's drift
-    alone, ``after`` with F43a (both without F46's fold, whose second refinement pass follows each run's own rows: a
-    token left unrefined in one run may sit above its refined row of the other, so with the fold the maxima only)."""
+    most F17's drift alone gives.  At r = 0.05 with ``W_Q`` x 2 (``gains``) F43a's ball is at least 3 % below F17's
+    drift alone (2578 -> 1689 post-LN, 311 -> 300 pre-LN when written; both without F46's fold, whose second
+    refinement pass follows each run's own rows: a token left unrefined in one run may sit above its refined row of
+    the other, so with the fold the maxima only). The two balls were also capped at those hard-coded values until
+    stop 40's test audit."""
     layer = _sharp_layer(5, placement=placement, qscale=qscale)
     X = _X(5)
     radii = (0.01, 0.05)
@@ -168,9 +169,8 @@ def test_rows_route_with_the_sphere_drift_is_never_beaten_and_not_above_f17(plac
         assert bool((lj.ball_rows <= lo.ball_rows).all())
         for name, rad in lj.stage_radii.items():
             assert bool((rad <= lo.stage_radii[name]).all()), name
-    if before is not None:  # pinned without the fold
-        assert old[1].ball <= before * (1 + 1e-5) and new[1].ball <= after * (1 + 1e-5), (old[1].ball, new[1].ball)
-        assert new[1].ball < 0.97 * old[1].ball
+    if gains:  # without the fold
+        assert new[1].ball < 0.97 * old[1].ball, (new[1].ball, old[1].ball)
 
 
 def test_norm_drift_without_a_norm_is_f17s():

@@ -80,3 +80,12 @@ def test_overflowing_designs_are_one_line(argv, needle, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert needle in err and len(err.splitlines()) == 1 and "internal error" not in err
+
+
+def test_a_measured_value_above_its_exact_arithmetic_bound_is_explained(capsys):
+    """Red team 163: at R = 1e300 the table showed a measured read-out of 1.1e-16 beside a certified 4.9e-324 with no
+    word (the exact-arithmetic caveat was in the JSON only); a caption now says why, and only then."""
+    assert main(["approx", "construct", "--R", "1e300"]) == 0
+    assert "the bounds hold for the network in exact arithmetic" in " ".join(capsys.readouterr().out.split())
+    assert main(["approx", "construct", "--seq-len", "6", "--sparsity", "2", "--grid", "3", "--R", "10"]) == 0
+    assert "exact arithmetic" not in " ".join(capsys.readouterr().out.split())

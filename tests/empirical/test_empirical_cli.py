@@ -92,3 +92,24 @@ def test_write_failures_and_a_file_as_output_folder_are_one_line(tmp_path, capsy
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 2 and all(".tmp" not in e and "Errno" not in e for e in err), err
     assert str(blocker) in err[1]
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--eps", "1e-400"], "'1e-400' is below float64's range (it would read as 0)"),
+    (["--eps", "1e400"], "'1e400' is beyond float64's range (it would read as infinity)"),
+    (["--eps", "abc"], "invalid float value: 'abc'"),
+])
+def test_a_float_option_names_the_value_typed(tmp_path, capsys, argv, needle):
+    """Red team 162: ``--eps 1e-400`` was refused as "got --eps=0.0", a value never typed (float64 rounds the literal
+    to 0); every float option now refuses such literals as typed."""
+    np.save(tmp_path / "y.npy", np.array([[0.0], [1.0]]))
+    with pytest.raises(SystemExit) as e:
+        main(["cover", "finite", str(tmp_path / "y.npy"), *argv])
+    assert e.value.code == 2 and needle in capsys.readouterr().err
+
+
+def test_pool_below_n_names_the_options(capsys):
+    """Red team 162: the refusal named the API's ``pool_size``, not ``--pool``."""
+    assert main(["cover", "uniform", "--n", "5", "--pool", "4"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--pool must be >= --n" in err and "pool_size" not in err and len(err.splitlines()) == 1

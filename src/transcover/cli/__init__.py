@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import sys
 import warnings
 from collections.abc import Sequence
@@ -60,12 +61,29 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
+def _float(text: str) -> float:
+    """``float(text)``, refusing a literal that float64 rounds to 0 or to infinity: ``--eps 1e-400`` was refused as
+    "got --eps=0.0", a value the user never typed (red team 162), and ``1e400`` read as inf."""
+    value = float(text)
+    mantissa = text.strip().lower().lstrip("+-").split("e")[0]
+    if value == 0.0 and any(c in "123456789" for c in mantissa):
+        raise argparse.ArgumentTypeError(f"{text!r} is below float64's range (it would read as 0)")
+    if value in (math.inf, -math.inf) and "inf" not in text.lower():
+        raise argparse.ArgumentTypeError(f"{text!r} is beyond float64's range (it would read as infinity)")
+    return value
+
+
+_float.__name__ = "float"  # argparse's "invalid float value: 'abc'" keeps its wording
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse with defaults in the help and "did you mean" for a mistyped command or choice."""
+    """argparse with defaults in the help and "did you mean" for a mistyped command or choice; every ``type=float``
+    option reads its value through ``_float``."""
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("formatter_class", _HelpFormatter)
         super().__init__(*args, **kwargs)
+        self.register("type", float, _float)
 
     def error(self, message: str):
         import difflib

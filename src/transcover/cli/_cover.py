@@ -108,6 +108,11 @@ def _check(args: argparse.Namespace) -> None:
                  "d_model", "heads", "d_ff", "n_outputs", "workers", "chunk_blocks", "chunk"):
         if hasattr(args, name):
             _positive_int(name.replace("_", "-"), getattr(args, name))
+    if hasattr(args, "pool") and hasattr(args, "n") and args.pool < args.n:  # the API's "pool_size" named no option
+        from .._errors import InputError
+
+        raise InputError(f"--pool must be >= --n (candidate inputs per restart, of which --n are kept), but got "
+                         f"--pool={args.pool}, --n={args.n}")
 
 
 def _perturb_radii(items: list[str]) -> dict[str, float]:

@@ -114,3 +114,26 @@ def test_gpt2_per_head_value_label_names_the_head_slice(gpt2):
             W = f.get_tensor("transformer.h.1.attn.c_attn.weight")[:, lo:hi].double().numpy()
             top = float(np.linalg.svd(W, compute_uv=False)[0])
             assert m.spectral.lower <= top <= m.spectral.upper
+
+
+def test_gelu_fast_is_a_structural_difference(gpt2):
+    """Red team 165: ``gelu_fast`` (HF's FastGELU, constant 0.7978845608) was read as tanh GELU, so a gelu_new model
+    and the same weights with gelu_fast were certified 0 apart by G.3 while float64 attains 3.2e-14. Both load as tanh
+    GELU, and the pair is now refused as structurally different; gelu_pytorch_tanh (exactly gelu_new) still is not."""
+    import dataclasses
+
+    from transcover.model import structural_differences
+
+    _, path, _ = gpt2
+    a = load(path)
+    src = dict(a.config["source_config"])
+    fast = dataclasses.replace(a, config={**a.config, "source_config": {**src, "activation_function": "gelu_fast"}})
+    same = dataclasses.replace(a, config={**a.config,
+                                          "source_config": {**src, "activation_function": "gelu_pytorch_tanh"}})
+    diffs = structural_differences(a, fast)
+    assert len(diffs) == 1 and "gelu_fast" in diffs[0] and "0.7978845608" in diffs[0]
+    assert structural_differences(a, same) == [] and structural_differences(fast, fast) == []
+    import transcover
+
+    with pytest.raises(transcover.InputError, match="gelu_fast"):
+        transcover.perturb(a, fast)

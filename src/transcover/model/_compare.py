@@ -152,9 +152,26 @@ def structural_differences(spec_a: TransformerSpec, spec_b: TransformerSpec, *,
         for i, (la, lb) in enumerate(zip(spec_a.layers, spec_b.layers)):
             out += _layer_diffs(la, lb, i)
     out += _norm_diffs(spec_a.final_norm, spec_b.final_norm, "final_norm")
+    ra, rb = _source_activation(spec_a), _source_activation(spec_b)
+    if (ra == "gelu_fast") != (rb == "gelu_fast") and not any(o.startswith("activation:") for o in out):
+        # both read as tanh GELU, but HF's FastGELU uses the constant 0.7978845608 for sqrt(2/pi): the two functions
+        # differ (by 3.6e-13 relative), which G.3's weight distances do not see (a certified 0 was beaten by 3.2e-14,
+        # red team 165)
+        out.append(f"activation: {ra} vs {rb} (HF's gelu_fast uses the constant 0.7978845608, not sqrt(2/pi))")
     if include_head:
         out += _head_diffs(spec_a.head, spec_b.head)
     return out
+
+
+def _source_activation(spec: TransformerSpec) -> str | None:
+    """The checkpoint config's own activation name (``hidden_act`` and its aliases), lower case; None if absent."""
+    cfg = spec.config.get("source_config") if isinstance(spec.config, dict) else None
+    if not isinstance(cfg, dict):
+        return None
+    for key in ("hidden_act", "activation_function", "hidden_activation"):
+        if isinstance(cfg.get(key), str):
+            return cfg[key].lower()
+    return None
 
 
 def require_same_structure(spec_a: TransformerSpec, spec_b: TransformerSpec, *,

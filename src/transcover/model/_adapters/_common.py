@@ -32,7 +32,9 @@ __all__ = [
 ]
 
 # HF ``hidden_act`` strings -> the spec's activations (transformers/activations.py, ACT2CLS):
-# "gelu_new", "gelu_pytorch_tanh" and "gelu_fast" are all 0.5 x (1 + tanh(sqrt(2/pi)(x + 0.044715 x^3))).
+# "gelu_new" and "gelu_pytorch_tanh" are 0.5 x (1 + tanh(sqrt(2/pi)(x + 0.044715 x^3))); "gelu_fast" writes
+# sqrt(2/pi) as 0.7978845608 (3.6e-13 relative below it): one model is bounded as tanh GELU (the bounds' rounding pads
+# are far wider than that), and two models that differ in it are refused as structurally different (_compare).
 _ACTIVATIONS = {
     "gelu": Activation.GELU,
     "gelu_python": Activation.GELU,

@@ -343,3 +343,24 @@ def test_norms_are_exact_at_any_scale(kind, eps):
         assert bool(torch.isfinite(got).all())
         if c > 1:
             assert torch.equal(got, exact0)
+
+
+def test_norms_of_constant_huge_tokens_and_half_precision():
+    """Red team 166 on Note [scaled norms]: (a) a constant token at 2^530 gave 0 / 0 = NaN (eps / s^2 underflowed)
+    where LayerNorm's value is its bias; (b) float16 tokens from 32 on lost eps / s^2 and the centred entries below
+    float16's normal range (2.0 for an exact 1.687). Half precision is now normalised in float32 and rounded once:
+    within one float16 rounding of the float64 value."""
+    d = 768
+    ones = torch.ones(d, dtype=torch.float64)
+    n = NormSpec(NormKind.LAYERNORM, eps=1e-5, weight=ones, bias=0.5 * ones)
+    for v in (2.0**530, 2.0**1000, 32.0):
+        assert torch.equal(n(torch.full((1, d), v, dtype=torch.float64)), torch.full((1, d), 0.5, dtype=torch.float64))
+    g = torch.Generator().manual_seed(0)
+    for kind in (NormKind.LAYERNORM, NormKind.RMSNORM, NormKind.BALL):
+        m = NormSpec(kind, eps=1e-5)
+        for dt in (torch.float16, torch.bfloat16):
+            X = (torch.randn(64, 16, generator=g, dtype=torch.float64) * 0.05 + 40.0).to(dt)
+            got, exact = m(X), m(X.double())
+            assert got.dtype == dt and bool(torch.isfinite(got).all())
+            tol = torch.finfo(dt).eps * exact.abs() + torch.finfo(dt).tiny  # one rounding of the result
+            assert bool(((got.double() - exact).abs() <= tol).all()), (kind, dt)

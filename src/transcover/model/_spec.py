@@ -158,18 +158,27 @@ class NormSpec:
         # sum, mean and squares stay finite; with eps / s^2 (formed as (eps / s) / s) every expression below is the
         # unscaled one times an exact power of two, the same floats wherever nothing overflowed. Unscaled, a token
         # near 1e200 had an infinite norm or variance and came out 0 (red team 162: a Monte Carlo cover read log N = 0)
+        # half-precision tokens are normalised in float32 and rounded once at the end: in float16 eps / s^2 and the
+        # centred entries fell below the normal range from a token of 32 on (red team 166)
+        out_dtype = x.dtype
+        if x.is_floating_point() and x.element_size() < 4:
+            x = x.float()
         big = x.detach().abs().amax(dim=-1, keepdim=True)
         _, e = torch.frexp(torch.where(torch.isfinite(big), big, torch.ones_like(big)))
         s = torch.ldexp(torch.ones_like(big), torch.clamp(e - 1, min=0))  # 2^(e-1) <= max|x| < 2^e; at least 1
         xs = x / s
         if self.kind is NormKind.BALL:
-            return xs / torch.maximum(xs.norm(dim=-1, keepdim=True), 1.0 / s)
+            return (xs / torch.maximum(xs.norm(dim=-1, keepdim=True), 1.0 / s)).to(out_dtype)
         eps_s = (self.eps / s) / s
+        if self.eps > 0:  # eps / s^2 below the subnormals: a constant token's 0 / 0 (red team 166); the floor is
+            # absorbed by every nonzero variance, so the other tokens keep their floats
+            eps_s = torch.clamp(eps_s, min=torch.finfo(x.dtype).tiny * torch.finfo(x.dtype).eps)
         if self.kind is NormKind.LAYERNORM:
             c = xs - xs.mean(dim=-1, keepdim=True)
             y = c / torch.sqrt((c**2).mean(dim=-1, keepdim=True) + eps_s)
         else:  # RMSNORM
             y = xs / torch.sqrt((xs**2).mean(dim=-1, keepdim=True) + eps_s)
+        y = y.to(out_dtype)
         if self.weight is not None:
             y = y * to_tensor(self.weight, y)
         if self.bias is not None:

@@ -113,3 +113,17 @@ def test_pool_below_n_names_the_options(capsys):
     assert main(["cover", "uniform", "--n", "5", "--pool", "4"]) == 2
     err = capsys.readouterr().err.strip()
     assert "--pool must be >= --n" in err and "pool_size" not in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["cover", "local", "minilm", "--perturb", "W_1=0.05", "W_Q=1e-400"], "--perturb W_Q: '1e-400' is below"),
+    (["approx", "sweep", "--over", "R", "--Rs", "1e-400,2"], "'1e-400' is below float64's range"),
+    (["approx", "sweep", "--over", "dm", "--cases", "1e999:2"], "'1e999' is beyond float64's range"),
+    (["lipschitz", "--data", "sklearn-descr", "--limit", "1", "--rho", "1e-3,1e-400"], "'1e-400' is below"),
+])
+def test_numbers_inside_lists_name_the_value_typed(capsys, argv, needle):
+    """Red team 166: values inside ROLE=R items and comma lists bypassed the float options' check; ``--perturb
+    W_Q=1e-400`` left W_Q unperturbed without a word (its radius read as 0 skips the role)."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1

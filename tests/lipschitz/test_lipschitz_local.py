@@ -355,7 +355,7 @@ def test_malformed_centres_are_one_line_in_the_api(call):
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("rho", [0.0, -1e-3, math.nan, math.inf])
+@pytest.mark.parametrize("rho", [0.0, -1e-3, math.nan, math.inf, "abc", None])
 def test_every_local_entry_point_refuses_the_same_radii(rho):
     """Stop 39's list: ``layer_local`` and ``local_table`` certified a ball of radius 0 that ``network_local`` refused.
     Each public local entry point refuses rho <= 0 or non-finite in the same line."""

@@ -298,3 +298,16 @@ def test_a_run_whose_task_cannot_be_rebuilt_is_refused(tmp_path):
     train(two, out_dir=half, stop_after=1)
     with pytest.raises(InputError, match="other data than this call's task"):
         train(two, out_dir=half, resume=True, task=task)
+
+
+def test_task_digest_reads_raw_bytes_of_any_dtype():
+    """Red team 166: ``Task.digest`` went through numpy, which has no bfloat16 (a raw TypeError from ``train`` given a
+    bf16 task). It hashes the tensors' raw bytes, with dtype and shape, so the same values in another dtype differ."""
+    from transcover.train._tasks import Task
+
+    task = load_task("digits", n_train=TINY.n_train, seed=TINY.seed)
+    half = Task(task.name, task.X_train.bfloat16(), task.y_train, task.X_test.bfloat16(), task.y_test,
+                task.n_outputs, task.kind, task.source)
+    assert len(half.digest()) == 64 and half.digest() != task.digest() == load_task(
+        "digits", n_train=TINY.n_train, seed=TINY.seed).digest()
+

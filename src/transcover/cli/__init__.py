@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import math
 import sys
 import warnings
 from collections.abc import Sequence
@@ -64,12 +63,12 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
 def _float(text: str) -> float:
     """``float(text)``, refusing a literal that float64 rounds to 0 or to infinity: ``--eps 1e-400`` was refused as
     "got --eps=0.0", a value the user never typed (red team 162), and ``1e400`` read as inf."""
+    from ._conventions import literal_problem
+
     value = float(text)
-    mantissa = text.strip().lower().lstrip("+-").split("e")[0]
-    if value == 0.0 and any(c in "123456789" for c in mantissa):
-        raise argparse.ArgumentTypeError(f"{text!r} is below float64's range (it would read as 0)")
-    if value in (math.inf, -math.inf) and "inf" not in text.lower():
-        raise argparse.ArgumentTypeError(f"{text!r} is beyond float64's range (it would read as infinity)")
+    problem = literal_problem(text)
+    if problem:
+        raise argparse.ArgumentTypeError(problem)
     return value
 
 

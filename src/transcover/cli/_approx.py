@@ -72,10 +72,9 @@ def _floats(text: str, name: str) -> list[float]:
     parts = text.split(",")
     if any(not x.strip() for x in parts):  # "1,,2" was read as [1, 2] (stop 38 red team)
         raise InputError(f"{name} has an empty item: {text!r}")
-    try:
-        return [float(x) for x in parts]
-    except ValueError:
-        raise InputError(f"{name} must be a comma-separated list of numbers, but got {text!r}") from None
+    from ._conventions import read_float
+
+    return [read_float(x, f"{name} (a comma-separated list of numbers, {text!r})") for x in parts]
 
 
 def _ints(text: str, name: str) -> list[int]:
@@ -125,6 +124,7 @@ def _sweep(args) -> int:
     from .._api import approx
     from .._errors import InputError
     from ..report import rate_sweep_line, rate_sweep_table
+    from ._conventions import read_float
 
     if args.over == "R":
         res = approx("sweep", over="R", Rs=_floats(args.Rs, "--Rs"), ns=_ints(args.ns, "--ns"),
@@ -134,9 +134,10 @@ def _sweep(args) -> int:
         for item in args.cases.split(","):
             try:
                 b, s = item.split(":")
-                cases.append((float(b), int(s)))
+                s = int(s)
             except ValueError:
                 raise InputError(f"--cases must look like 'beta:s,beta:s', but got {item!r}") from None
+            cases.append((read_float(b, f"--cases beta in {item!r}"), s))
         res = approx("sweep", over="dm", cases=cases)
     console = _console(args)
     console.print(rate_sweep_table(res, args.over))

@@ -24,3 +24,32 @@ def add_deprecated_alias(p: argparse.ArgumentParser, old: str, new: str, dest: s
     """``old`` sets ``dest`` like ``new`` does, warns once that it is deprecated, and is not in the help."""
     p.add_argument(old, dest=dest, action=_Deprecated, new=new, default=argparse.SUPPRESS, help=argparse.SUPPRESS,
                    **kwargs)
+
+
+def literal_problem(text: str) -> str | None:
+    """Why float64 cannot hold the number ``text`` spells (it rounds to 0 or to infinity), or None: ``--eps 1e-400``
+    was refused as "got --eps=0.0", a value the user never typed, and ``--perturb W_Q=1e-400`` left W_Q unperturbed
+    without a word (red teams 162, 166). ``text`` must already parse as a float."""
+    value = float(text)
+    mantissa = text.strip().lower().lstrip("+-").split("e")[0]
+    if value == 0.0 and any(c in "123456789" for c in mantissa):
+        return f"{text.strip()!r} is below float64's range (it would read as 0)"
+    if value in (float("inf"), float("-inf")) and "inf" not in text.lower():
+        return f"{text.strip()!r} is beyond float64's range (it would read as infinity)"
+    return None
+
+
+def read_float(text: str, what: str) -> float:
+    """``float(text)`` for a value inside a list or a ROLE=VALUE item: one ``InputError`` line naming ``what`` if it is
+    not a number or float64 cannot hold it (``literal_problem``)."""
+    from .._errors import InputError
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise InputError(f"{what} must be a number, but got {text.strip()!r}") from None
+    problem = literal_problem(text)
+    if problem:
+        raise InputError(f"{what}: {problem}")
+    return value
+

@@ -118,13 +118,14 @@ def _check(args: argparse.Namespace) -> None:
 def _perturb_radii(items: list[str]) -> dict[str, float]:
     from .._errors import InputError
 
+    from ._conventions import read_float
+
     radii = {}
     for item in items:
-        role, _, val = item.partition("=")
-        try:
-            radii[role] = float(val)
-        except ValueError:
-            raise InputError(f"--perturb expects ROLE=RADIUS, but got {item!r}") from None
+        role, eq, val = item.partition("=")
+        if not eq:
+            raise InputError(f"--perturb expects ROLE=RADIUS, but got {item!r}")
+        radii[role] = read_float(val, f"--perturb {role}")
     return radii
 
 

@@ -187,6 +187,10 @@ def parse_rhos(text: str) -> list[float]:
             v = float(part)
         except ValueError:
             raise InputError(f"--rho must be numbers > 0 separated by commas, but got --rho={text}") from None
+        from ._conventions import literal_problem
+
+        if literal_problem(part):
+            raise InputError(f"--rho: {literal_problem(part)} in --rho={text}")
         if not (v > 0 and math.isfinite(v)):
             raise InputError(f"--rho must be finite and > 0, but got {part.strip()} in --rho={text}")
         if v in out:  # the same radius twice wrote every row twice (stop 38 red team)

@@ -55,7 +55,10 @@ def _f64(W) -> Tensor:  # noqa: ANN001
 
 
 def check_rho(rho: float) -> float:
-    rho = float(rho)
+    try:
+        rho = float(rho)
+    except (TypeError, ValueError):  # a string or None was a bare ValueError/TypeError (red team 166)
+        raise InputError(f"rho must be a finite number > 0, but got rho={rho!r}") from None
     if not (rho > 0 and math.isfinite(rho)):
         raise InputError(f"rho must be a finite number > 0, but got rho={rho!r}")
     return rho

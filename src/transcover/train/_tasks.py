@@ -49,7 +49,7 @@ class Task:
         for t in (self.X_train, self.y_train, self.X_test, self.y_test):
             a = t.detach().cpu().contiguous()
             h.update(f"{a.dtype}{tuple(a.shape)};".encode())
-            h.update(a.numpy().tobytes())
+            h.update(a.reshape(-1).view(torch.uint8).numpy().tobytes())  # the raw bytes: bf16 has no numpy dtype
         return h.hexdigest()
 
     @property

@@ -95,9 +95,10 @@ class NonvacuousConfig:
     all_levels: bool = False  # fine-tune at every grid of _finetune, not only until one is accurate enough
     prior_split: float = 0.0  # > 0: data-dependent prior, this share of the training set codes a reference (F20)
     prior_select: bool = False  # F20a: the reference's recipe chosen from PRIOR_RECIPES on A alone (halves of A)
-    # F20b: with prior_split, bits paid for the union over the reference recipes that may have been chosen with the
-    # whole sample in view (2^16 of them; 0 only for a recipe fixed before any run on the task's data)
-    prior_recipe_bits: int = 16
+    # F20b: with prior_split, the bits the bound pays for the reference's recipe, which may have been chosen with B
+    # in view; None: the length of the recipe's codeword in the generic recipe code (recipe_code_bits); 0 only for a
+    # recipe fixed before any run on the task's data
+    prior_recipe_bits: int | None = None
     greedy_passes: int = 2  # rounds of per-matrix level/scale search on the bound
     restarts: int = 3  # float-training seeds tried at most (see _float_model)
     search_samples: int = 5_000  # training samples that score the greedy search's candidates
@@ -117,7 +118,7 @@ class NonvacuousConfig:
             check_positive_int(getattr(self, name), name)
         for name in ("epochs", "qat_epochs", "greedy_passes", "refine_passes", "prior_recipe_bits"):
             v = getattr(self, name)
-            if v is None and name in ("epochs", "qat_epochs"):
+            if v is None and name in ("epochs", "qat_epochs", "prior_recipe_bits"):
                 continue
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise InputError(f"{name} must be an integer >= 0, but got {name}={v!r}")

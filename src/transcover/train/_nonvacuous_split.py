@@ -9,15 +9,16 @@
    kl bound on B (:func:`_revert`).
 3. Bound the model on B with the relative code of :mod:`transcover.compress._delta` (``R`` is fixed
    before B is looked at, so the code is a prior for B); the reference itself (no change) is a
-   candidate too and costs 2 bits.  Every length is paid ``prior_recipe_bits`` more (THEORY F20b): the
-   prior is the uniform mixture over that many bits' worth of reference recipes, so the bound holds
-   whichever of them was chosen, also one chosen from runs that saw B.
+   candidate too and costs 2 bits.  Every length is paid the recipe's own codeword more (THEORY F20b,
+   Note [recipe code]): the prior is the mixture over every recipe, each weighted by its codeword, so the
+   bound holds whichever recipe was used, also one chosen from runs that saw B.
 
 Every training sample is used; the bound's ``n`` is ``|B|``; A's samples enter only the prior.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -51,7 +52,7 @@ from ._nonvacuous import (
 )
 from ._nonvacuous_search import chunk_descent
 
-__all__ = ["run_split_case", "PRIOR_RECIPES"]
+__all__ = ["run_split_case", "PRIOR_RECIPES", "recipe_code_bits"]
 
 # THEORY F20a: the recipes the reference may be trained with, fixed in code (field overrides of the case's
 # config). The stop-38 red team found the digits reference's recipe picked from plain-digits runs on all the
@@ -128,6 +129,69 @@ def _sub(config: NonvacuousConfig, n: int) -> NonvacuousConfig:
     return replace(config, n_train=n, prior_split=0.0, prior_select=False)
 
 
+# Note [recipe code] (THEORY F20b): every field of the config that can change the reference R or the code built from
+# it, written in a generic prefix code fixed before any data: the architecture as its menu index in ceil(log2 |menu|)
+# bits, a switch in one bit, an integer v >= 0 as a selector bit then Elias gamma of v + 1 or its decimal form
+# (v = M 10^e, e >= 0: gamma(M), gamma(e + 1)), whichever is shorter (an optional integer after a presence bit), a real
+# as a zero bit, then the digits M and exponent e of its shortest decimal spelling (repr) as gamma(M) and a sign bit with
+# gamma(|e| + 1). Left out: the data's fields (task, sizes), the label (variant) and delta, the bound's own confidence,
+# which every bound of this kind takes as fixed in advance.
+_RECIPE_SKIP = ("task", "n_train", "n_test", "variant", "prior_recipe_bits", "delta")
+
+
+def _gamma_bits(v: int) -> int:
+    """Length of the Elias gamma codeword of the integer ``v >= 1``."""
+    return 2 * (int(v).bit_length() - 1) + 1
+
+
+def _int_bits(v: int) -> int:
+    """Length of Note [recipe code]'s codeword of an integer ``v >= 0``."""
+    decimal = math.inf
+    if v > 0:
+        e = len(str(v)) - len(str(v).rstrip("0"))
+        decimal = _gamma_bits(v // 10**e) + _gamma_bits(e + 1)
+    return 1 + min(_gamma_bits(v + 1), decimal)
+
+
+def _real_bits(x: float) -> int:
+    """Length of Note [recipe code]'s codeword of a real ``x >= 0``."""
+    from decimal import Decimal
+
+    if x == 0:
+        return 1
+    sign, digits, exp = Decimal(repr(float(x))).normalize().as_tuple()
+    mant = int("".join(map(str, digits)))
+    return 1 + 1 + _gamma_bits(mant) + 1 + _gamma_bits(abs(exp) + 1)  # zero bit, sign, M, exponent sign, |e| + 1
+
+
+def recipe_code_bits(config: NonvacuousConfig) -> int:
+    """Bits of ``config``'s recipe in the generic recipe code (Note [recipe code]); the data-dependent prior's bound
+    pays them on top of the relative code (THEORY F20b)."""
+    import dataclasses
+
+    menu = ARCHITECTURE_MENUS[config.task]
+    bits = 0
+    for f in dataclasses.fields(config):
+        if f.name in _RECIPE_SKIP:
+            continue
+        v = getattr(config, f.name)
+        if f.name == "arch":
+            bits += max(1, (len(menu) - 1).bit_length())
+        elif f.name == "code":
+            bits += 1  # "entropy" or "fixed"
+        elif isinstance(v, bool):
+            bits += 1
+        elif v is None:
+            bits += 1  # absent (the default rule applies)
+        elif isinstance(v, int):
+            bits += (1 if f.name in ("epochs", "qat_epochs") else 0) + _int_bits(v)
+        elif isinstance(v, float):
+            bits += (1 if f.name == "qat_lr" else 0) + _real_bits(v)
+        else:  # a new field must be given a code here before it can steer R
+            raise TypeError(f"the recipe code has no rule for field {f.name!r} ({type(v).__name__})")
+    return bits
+
+
 def run_split_case(config: NonvacuousConfig, progress: Callable[[str], None] | None = None) -> NonvacuousCase:
     """Steps 1-3 of the module docstring; the case's ``bound`` is the kl bound on B with the relative code."""
     t0, cpu0 = time.perf_counter(), time.process_time()
@@ -137,6 +201,7 @@ def run_split_case(config: NonvacuousConfig, progress: Callable[[str], None] | N
     n_a = int(round(config.prior_split * config.n_train))
     XA, yA, XB, yB = X[:n_a], y[:n_a], X[n_a:], y[n_a:]
     selection = None
+    asked = config
     if config.prior_select:
         config, selection = _select_recipe(config, menu, XA, yA, say)
     model, trained, restarts, ref, levels = _reference(_sub(config, n_a), menu, XA, yA, say)
@@ -147,8 +212,9 @@ def run_split_case(config: NonvacuousConfig, progress: Callable[[str], None] | N
     grid = {t.name: (t.m, t.k) for t in ref.tensors}
     _fit(tuned, X, y, epochs=config.finetune_epochs, lr=config.lr / 10, l1=0.0, batch_size=config.batch_size,
          seed=config.seed + 2, grid=grid, refit_scales=False)
-    # F20b: every length pays the union over the reference recipes (step 3 of the module docstring)
-    union = config.prior_recipe_bits
+    # F20b: every length pays the recipe's own codeword (step 3 of the module docstring; Note [recipe code]); the
+    # config as the case was asked for, before F20a's choice on A (that choice is a function of A and the config)
+    union = recipe_code_bits(asked) if config.prior_recipe_bits is None else config.prior_recipe_bits
     final = _revert(_on_grid(tuned, ref), ref, XB, yB, config.delta, extra_bits=union)
     candidates = [(occam_bounds(mistakes(d, XB, yB), XB.shape[0], delta_bits(d, ref) + union, config.delta), d)
                   for d in (ref, final)]
@@ -161,8 +227,8 @@ def run_split_case(config: NonvacuousConfig, progress: Callable[[str], None] | N
              "reference_bound_on_B": candidates[0][0].kl, "fine_tuned_bound_on_B": candidates[1][0].kl,
              "recipe_selection": selection,
              "decode": "transcover.compress.decode_delta(bits, decode(reference bits, menu))",
-             "kind": "kl bound on B; the code is built from A only (data-dependent prior, THEORY F20), its "
-                     f"reference one of 2^{union} recipes paid by a union bound (F20b)"}
+             "kind": "kl bound on B; the code is built from A only (data-dependent prior, THEORY F20), and the "
+                     f"reference's recipe paid by its {union}-bit codeword in the generic recipe code (F20b)"}
     pairs = {"float model trained on A": trained, "fine-tuned weights (A and B)": tuned.state_dict()}
     return finish_case(config, desc, bound, encode_delta(desc, ref).to_bytes().hex(), pairs, (X, y, X_te, y_te),
                        t0=t0, restarts=restarts, levels=levels, float_err=float_err, say=say, split=split,

@@ -107,3 +107,14 @@ def test_every_stage_of_a_layer_dominates_its_witnesses(seed, placement, norm, r
         lower = _lower(fns[key], T=3, d=spec.d_model, radius=st_.radius_in, metric="2,inf", sigma_min=0.0,
                        n_samples=2, n_steps=15, n_power=6, seed=seed)
         assert lower <= st_.lipschitz, key
+
+
+def test_eps_zero_refusal_names_both_norm_kinds():
+    """Red team 165: an RMSNorm with eps = 0 (Llama, rms_norm_eps=0) was refused as "LayerNorm with eps=0"."""
+    import pytest
+
+    from transcover import InputError
+    from transcover.lipschitz import layernorm_lipschitz
+
+    with pytest.raises(InputError, match="LayerNorm or RMSNorm with eps=0 is not Lipschitz"):
+        layernorm_lipschitz(1.0, 0.0)

@@ -70,8 +70,9 @@ def layernorm_lipschitz(gamma_max: float, eps: float, sigma_min: float = 0.0) ->
         raise InputError(f"LayerNorm bound needs finite gamma_max, eps, sigma_min >= 0, but got "
                          f"gamma_max={gamma_max!r}, eps={eps!r}, sigma_min={sigma_min!r}")
     if e == 0.0 and s0 == 0.0:
-        raise InputError("LayerNorm with eps=0 is not Lipschitz near constant inputs; "
-                         "give a variance floor sigma_min > 0")
+        # shared by RMSNorm, whose eps = 0 was refused in LayerNorm's words (red team 165)
+        raise InputError("a LayerNorm or RMSNorm with eps=0 is not Lipschitz near constant (LayerNorm) or zero "
+                         "(RMSNorm) inputs; give a variance floor sigma_min > 0")
     if g == 0.0:
         return 0.0  # exact
     # Note [outward rounding]: sqrt(sigma_0^2 + eps) = hypot(sigma_0, sqrt(eps)), formed without squaring

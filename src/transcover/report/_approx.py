@@ -35,8 +35,8 @@ def construct_table(result):
     t.add_row("  lemma form n e^{-R(1-2Δ)}·…", "", lemma)
     t.add_row("MLP part |f(ψ)-h|", f"{d.mlp.value:.4g}", f"{b.mlp.value:.4g}")
     t.add_row("total |F-g*|", f"{d.total.value:.4g}", f"{b.total.value:.4g}")
-    pairs = ((d.readout.value, max(b.readout_bound)), (d.attention.value, b.attention.value), (d.mlp.value, b.mlp.value),
-             (d.total.value, b.total.value))
+    pairs = ((d.readout.value, max(b.readout_bound)), (d.attention.value, b.attention.value),
+             (d.mlp.value, b.mlp.value), (d.total.value, b.total.value))
     if any(m > u for m, u in pairs):  # the JSON said why; the table showed measured above certified without a word
         t.caption = ("a measured value above its bound: the bounds hold for the network in exact arithmetic, and its "
                      "float64 evaluation adds rounding (about 1e-16 of the outputs) that they do not include")

@@ -133,9 +133,9 @@ def _sub(config: NonvacuousConfig, n: int) -> NonvacuousConfig:
 # it, written in a generic prefix code fixed before any data: the architecture as its menu index in ceil(log2 |menu|)
 # bits, a switch in one bit, an integer v >= 0 as a selector bit then Elias gamma of v + 1 or its decimal form
 # (v = M 10^e, e >= 0: gamma(M), gamma(e + 1)), whichever is shorter (an optional integer after a presence bit), a real
-# as a zero bit, then the digits M and exponent e of its shortest decimal spelling (repr) as gamma(M) and a sign bit with
-# gamma(|e| + 1). Left out: the data's fields (task, sizes), the label (variant) and delta, the bound's own confidence,
-# which every bound of this kind takes as fixed in advance.
+# as a zero bit, then the digits M and exponent e of its shortest decimal spelling (repr) as gamma(M) and a sign bit
+# with gamma(|e| + 1). Left out: the data's fields (task, sizes), the label (variant) and delta, the bound's own
+# confidence, which every bound of this kind takes as fixed in advance.
 _RECIPE_SKIP = ("task", "n_train", "n_test", "variant", "prior_recipe_bits", "delta")
 
 

@@ -376,12 +376,12 @@ def test_the_split_bound_pays_the_recipe_code():
 
     a = run_case(SPLIT)
     bits = recipe_code_bits(SPLIT)
-    assert a.union_bits == bits == a.split["recipe_union_bits"] > 0
+    assert a.recipe_bits == bits == a.split["recipe_code_bits"] > 0
     assert a.bound.description_bits == a.total_bits + bits == a.split["bound_bits"]
     assert a.bound.kl == occam_bounds(a.bound.mistakes, a.split["n_bound"], a.total_bits + bits, SPLIT.delta).kl
     assert a.to_dict()["description_bits"]["paid_by_the_bound"] == a.total_bits + bits
     free = run_case(replace(SPLIT, prior_recipe_bits=0))
-    assert free.union_bits == 0 and free.bound.description_bits == free.total_bits
+    assert free.recipe_bits == 0 and free.bound.description_bits == free.total_bits
     with pytest.raises(InputError, match="prior_recipe_bits"):
         replace(SPLIT, prior_recipe_bits=-1)
     # the recipe code is a prefix code: Kraft's sum over its integer and real codewords is at most 1 (the parts that

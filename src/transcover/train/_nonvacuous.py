@@ -250,12 +250,12 @@ class NonvacuousCase:
 
     @property
     def total_bits(self) -> int:
-        """The codeword's length; the bound pays ``union_bits`` more (F20b's recipe union)."""
-        return self.bound.description_bits - self.union_bits
+        """The codeword's length; the bound pays ``recipe_bits`` more (F20b's recipe codeword)."""
+        return self.bound.description_bits - self.recipe_bits
 
     @property
-    def union_bits(self) -> int:
-        return int((self.split or {}).get("recipe_union_bits", 0))
+    def recipe_bits(self) -> int:
+        return int((self.split or {}).get("recipe_code_bits", 0))
 
     def to_dict(self) -> dict:
         return {

@@ -99,7 +99,7 @@ class NonvacuousResult:
             cover = "" if c.covering is None else f"{c.covering['value']:.4f}"
             t.add_row(c.task, c.config.get("variant", ""), n, f"{b.train_error:.4f}", f"{c.test_error:.4f} (of {c.n_test})",
                       f"{c.float_test_error:.4f}",
-                      f"{c.total_bits}" + (f"\n+ {c.union_bits} (recipes)" if c.union_bits else ""),
+                      f"{c.total_bits}" + (f"\n+ {c.recipe_bits} (recipe)" if c.recipe_bits else ""),
                       f"{c.fixed_length_bits}", f"{b.kl:.4f}",
                       f"{b.catoni:.4f}", f"{b.sqrt:.4f}", cover, _g3(c), f"{c.seconds:.0f}")
         return t

@@ -82,7 +82,7 @@ def _with_reverted(desc: ModelDescription, ref: ModelDescription, flat: list[int
 def _revert(desc: ModelDescription, ref: ModelDescription, X: Tensor, y: Tensor, delta: float,
             max_evals: int = 60, extra_bits: int = 0) -> ModelDescription:
     """Revert chunks of changed integers to the reference's while the kl bound on ``(X, y)`` improves
-    (a rejected chunk is halved; the scoring is exact: all of B); ``extra_bits``: F20b's recipe union."""
+    (a rejected chunk is halved; the scoring is exact: all of B); ``extra_bits``: F20b's recipe codeword."""
     n = X.shape[0]
 
     def score(d: ModelDescription) -> float:
@@ -222,7 +222,7 @@ def run_split_case(config: NonvacuousConfig, progress: Callable[[str], None] | N
     split = {"prior_share": config.prior_split, "n_prior": n_a, "n_bound": int(XB.shape[0]),
              "reference_codeword": {"hex": encode(ref).to_bytes().hex(), "bits": len(encode(ref))},
              "changed_integers": len(changed_entries(desc, ref) or []),
-             "relative_code_bits": bound.description_bits - union, "recipe_union_bits": union,
+             "relative_code_bits": bound.description_bits - union, "recipe_code_bits": union,
              "bound_bits": bound.description_bits,
              "reference_bound_on_B": candidates[0][0].kl, "fine_tuned_bound_on_B": candidates[1][0].kl,
              "recipe_selection": selection,

@@ -1,10 +1,11 @@
-"""Shared spellings: a hidden, deprecated alias keeps old command lines working while help shows one name."""
+"""Shared spellings: a hidden, deprecated alias keeps old command lines working while help shows one name; numbers
+are read as typed (a literal float64 rounds to 0 or to infinity is refused, naming the text)."""
 
 from __future__ import annotations
 
 import argparse
 
-__all__ = ["add_deprecated_alias"]
+__all__ = ["add_deprecated_alias", "literal_problem", "read_float"]
 
 
 class _Deprecated(argparse.Action):

@@ -1,5 +1,5 @@
 """Shared spellings: a hidden, deprecated alias keeps old command lines working while help shows one name; numbers
-are read as typed (a literal float64 rounds to 0 or to infinity is refused, naming the text)."""
+are read as typed (a literal that float64 rounds to 0 or to infinity is refused, naming the text)."""
 
 from __future__ import annotations
 

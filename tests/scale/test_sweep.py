@@ -272,3 +272,47 @@ def test_sweep_keeps_strict_and_refuses_single_model_options(tmp_path, capsys):
                                                                            "--roles")):
         assert main(["analyze", str(a), str(b), "--store", store, *extra]) == 2
         assert needle in capsys.readouterr().err
+
+
+def test_quick_keys_tell_checkpoints_with_equal_mtimes_apart(tmp_path):
+    """Red team 167: quick keys hashed file names, sizes, mtimes and headers only, so two checkpoints of one
+    architecture whose weights had equal mtimes (tar keeps whole seconds) shared one key, and a sweep gave both rows
+    the first one's result, with --no-resume too; a weight rewritten in place with its old mtime restored kept its
+    key. The absolute path, device, inode and ctime are in the key now."""
+    import os
+
+    from transcover.scale import fingerprint
+
+    a = write_gpt2_checkpoint(tmp_path / "a", d=32, layers=1, heads=2, vocab=64, positions=16)
+    b = write_gpt2_checkpoint(tmp_path / "b", d=32, layers=1, heads=2, vocab=64, positions=16, seed=1)
+    for ckpt in (a, b):
+        for f in ckpt.iterdir():
+            os.utime(f, ns=(10**18, 10**18))
+    assert (a / "model.safetensors").read_bytes() != (b / "model.safetensors").read_bytes()
+    assert fingerprint(a) != fingerprint(b)
+    items = analysis_items([str(a), str(b)], OPTIONS, "quick")
+    assert items[0].key != items[1].key
+    report = sweep(items, analyze_item)
+    assert report.computed == 2 and report.results[0].value != report.results[1].value
+    # rewritten in place, its old mtime restored: the ctime moves, so the key does
+    key = fingerprint(a)
+    weights = a / "model.safetensors"
+    st = weights.stat()
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    os.utime(weights, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert weights.stat().st_mtime_ns == st.st_mtime_ns and fingerprint(a) != key
+
+
+def test_keys_change_with_the_code(monkeypatch):
+    """Red team 167: the key held ``__version__`` only, which never changed across the commits that changed computed
+    numbers, so a store written by an older checkout was reused after an upgrade. The key holds a digest of every
+    source file of the package."""
+    from transcover.scale import _keys
+
+    digest = _keys.code_digest()
+    assert len(digest) == 64 and digest == _keys.code_digest()
+    before = _keys.item_key("analyze", "f" * 64, {"a": 1})
+    monkeypatch.setattr(_keys, "code_digest", lambda: "0" * 64)
+    assert _keys.item_key("analyze", "f" * 64, {"a": 1}) != before

@@ -4,8 +4,9 @@ Note [quick fingerprint]: hashing every byte of a large checkpoint costs as much
 it, so by default (``"quick"``) a weights file is identified by its name, size, modification time
 (nanoseconds) and, for safetensors, its whole header (every tensor's name, dtype, shape and
 offsets); JSON files (config, shard index) are hashed whole.  A rewritten checkpoint gets a new
-key (new mtime or size), as does a half-written one once it is completed; a copy with a new mtime is
-recomputed, which is the safe direction.  ``"full"`` hashes every byte (streamed, 1 MiB at a time)
+key (new mtime or size), as does a half-written one once it is completed; the file's absolute path, device,
+inode and ctime are hashed too (stop 40), so a copy, a move or an in-place rewrite is recomputed, which is the safe
+direction.  ``"full"`` hashes every byte (streamed, 1 MiB at a time)
 for content-addressed keys that survive copies.
 
 Only the files the loader reads count: ``config.json``, ``transcover_roles.json`` (the roles
@@ -18,6 +19,7 @@ exact norm was 85.8.)
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -74,7 +76,11 @@ def _hash_file(h: "hashlib._Hash", path: Path, mode: str) -> None:
             while chunk := f.read(1 << 20):
                 h.update(chunk)
         return
-    h.update(f"{st.st_mtime_ns}\0".encode())
+    # Note [quick fingerprint]: which file this is (absolute path, device, inode) and when its contents or
+    # metadata last changed (ctime, which utime cannot set back): two checkpoints with equal mtimes (tar and zip keep
+    # whole seconds) shared one key and one result, and a weight rewritten in place with its old mtime restored was
+    # reused, with --no-resume too (red team 167); a copy or a chmod is recomputed, the safe direction
+    h.update(f"{st.st_mtime_ns}\0{path.resolve()}\0{st.st_dev}\0{st.st_ino}\0{st.st_ctime_ns}\0".encode())
     if path.suffix == ".safetensors" and st.st_size >= 8:
         with open(path, "rb") as f:
             head = f.read(8)
@@ -102,10 +108,23 @@ def fingerprint(model: str | os.PathLike | None, mode: str = "quick") -> str:
     return h.hexdigest()
 
 
+@functools.lru_cache(maxsize=1)
+def code_digest() -> str:
+    """sha256 of every ``.py`` file of the installed package (relative path and bytes): the code that computed a
+    stored result. The version string never changed across the commits that changed computed numbers, so a store
+    written by an older checkout was reused after an upgrade (red team 167)."""
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for f in sorted(root.rglob("*.py")):
+        h.update(f"{f.relative_to(root).as_posix()}\0".encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
 def item_key(kind: str, fingerprint_hex: str, options: dict[str, Any]) -> str:
-    """The key of one item: what is computed (``kind`` and its ``options``) on which input."""
+    """The key of one item: what is computed (``kind`` and its ``options``) on which input, by which code."""
     from .._version import __version__
 
-    blob = json.dumps({"kind": kind, "input": fingerprint_hex, "options": options, "transcover": __version__},
-                      sort_keys=True)
+    blob = json.dumps({"kind": kind, "input": fingerprint_hex, "options": options, "transcover": __version__,
+                       "code": code_digest()}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()

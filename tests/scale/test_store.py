@@ -63,6 +63,27 @@ def test_a_foreign_sqlite_file_is_not_trusted(tmp_path):
         ResultStore(path)
 
 
+def test_another_programs_database_is_not_taken_over(tmp_path):
+    """Red team 167: an SQLite file of another program (one table ``x``) was accepted as a store, the store's tables
+    written into it; it is refused and left as it was. An empty SQLite file is still a new store."""
+    path = tmp_path / "app.sqlite"
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE x (a INTEGER)")
+    db.execute("INSERT INTO x VALUES (1)")
+    db.commit()
+    db.close()
+    before = path.read_bytes()
+    with pytest.raises(StoreError, match="another program"):
+        ResultStore(path)
+    db = sqlite3.connect(path)
+    assert [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")] == ["x"]
+    db.close()
+    assert path.read_bytes() == before
+    empty = tmp_path / "empty.sqlite"
+    sqlite3.connect(empty).close()
+    ResultStore(empty).close()
+
+
 def test_a_folder_or_an_unwritable_place_is_named_as_such_not_as_corrupt(tmp_path, monkeypatch):
     # both were "results store ... is corrupt and was not used (unable to open database file)" (red team 37h)
     (tmp_path / "dir.sqlite").mkdir()

@@ -85,12 +85,21 @@ class ResultStore:
                     raise self._corrupt("not an SQLite database (bad file header)")
         try:
             self._db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
             if existed:
                 check = self._db.execute("PRAGMA quick_check").fetchone()[0]
                 if check != "ok":
                     raise self._corrupt(f"integrity check failed: {check}")
+                # another program's database was taken over, its new tables written beside its own (red team 167):
+                # a store is empty or has the meta table (created first, so a store being created by another run
+                # passes too)
+                tables = {r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+                if tables and "meta" not in tables:
+                    raise self._corrupt(f"a database of another program (tables {', '.join(sorted(tables)[:5])}), "
+                                        "not a transcover results store")
+            # WAL only after the checks: switching the journal mode rewrites the file's header (a foreign file was
+            # changed before it was refused)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
             self._db.execute("CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)")
             self._db.execute(
                 "CREATE TABLE IF NOT EXISTS results (key TEXT PRIMARY KEY, label TEXT NOT NULL, "

@@ -370,3 +370,15 @@ def test_every_local_entry_point_refuses_the_same_radii(rho):
         with pytest.raises(InputError, match=r"rho must be a finite number > 0, but got rho=") as e:
             call()
         assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("extra", [["--metric", "fro"], ["--radius", "5"], ["--c-sm", "2"], ["--sigma-min", "0.5"],
+                                   ["--seq-len", "3"], ["--samples", "3"]])
+def test_global_options_are_refused_with_data(extra, capsys):
+    """Red team 167: with --data these options changed nothing (byte-identical CSV), and --metric fro printed the (2,inf)
+    constants without a word; each is refused in one line, exit 2."""
+    from transcover.cli import main
+
+    assert main(["lipschitz", "--data", "sklearn-descr", "--limit", "1", "--no-lower", "--quiet", *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"{extra[0]} does not apply with --data" in err and len(err.splitlines()) == 1

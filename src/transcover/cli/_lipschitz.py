@@ -105,6 +105,23 @@ def check_common(args: argparse.Namespace) -> None:
             raise InputError(f"{flag} must be >= {lo}, but got {flag}={v}")
 
 
+def _refuse_global_options(args: argparse.Namespace) -> None:
+    """With ``--data`` the global bounds' options change nothing (the balls are the data's, the metric (2,inf), the
+    softmax constant the exact Jacobian's, the floors certified): ``--metric fro`` printed (2,inf) constants without a
+    word (red team 167). Each one given is refused."""
+    from .._errors import InputError
+
+    d = LipschitzConfig()
+    given = [flag for flag, v, dv in (("--radius", args.radius, d.radius), ("--metric", args.metric, d.metric),
+                                      ("--seq-len", args.seq_len, d.seq_len), ("--c-sm", args.c_sm, d.c_sm),
+                                      ("--sigma-min", args.ln_sigma_min, d.sigma_min),
+                                      ("--samples", args.samples, d.samples)) if v != dv]
+    if given:
+        raise InputError(f"{', '.join(given)} {'does' if len(given) == 1 else 'do'} not apply with --data: the local "
+                         "bounds are on the data's balls (--rho) in the (2,inf) metric, from the exact Jacobian and "
+                         "the certified variance floors; drop it or run without --data")
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
@@ -122,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
         if path is not None:
             check_output_path(path, flag, suffixes)  # before any work, so a bad path costs nothing
     if args.data is not None:
+        _refuse_global_options(args)
         return run_local(args)
     cfg = config_from_args(args)
     tracker = start_progress(quiet=args.quiet)

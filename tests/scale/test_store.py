@@ -52,13 +52,19 @@ def test_a_damaged_file_is_detected_on_open(tmp_path, damage):
     assert "\n" not in str(info.value)
 
 
-def test_a_foreign_sqlite_file_is_not_trusted(tmp_path):
-    path = tmp_path / "other.sqlite"
+def _sqlite(path, *statements: str):
+    """An SQLite file at ``path`` holding what ``statements`` create (another program's database)."""
     db = sqlite3.connect(path)
-    db.execute("CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)")
-    db.execute("INSERT INTO meta VALUES ('schema', 'something-else/9')")
+    for sql in statements:
+        db.execute(sql)
     db.commit()
     db.close()
+    return path
+
+
+def test_a_foreign_sqlite_file_is_not_trusted(tmp_path):
+    path = _sqlite(tmp_path / "other.sqlite", "CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
+                   "INSERT INTO meta VALUES ('schema', 'something-else/9')")
     with pytest.raises(StoreError, match="schema"):
         ResultStore(path)
 
@@ -66,12 +72,7 @@ def test_a_foreign_sqlite_file_is_not_trusted(tmp_path):
 def test_another_programs_database_is_not_taken_over(tmp_path):
     """Red team 167: an SQLite file of another program (one table ``x``) was accepted as a store, the store's tables
     written into it; it is refused and left as it was. An empty SQLite file is still a new store."""
-    path = tmp_path / "app.sqlite"
-    db = sqlite3.connect(path)
-    db.execute("CREATE TABLE x (a INTEGER)")
-    db.execute("INSERT INTO x VALUES (1)")
-    db.commit()
-    db.close()
+    path = _sqlite(tmp_path / "app.sqlite", "CREATE TABLE x (a INTEGER)", "INSERT INTO x VALUES (1)")
     before = path.read_bytes()
     with pytest.raises(StoreError, match="another program"):
         ResultStore(path)
@@ -79,9 +80,7 @@ def test_another_programs_database_is_not_taken_over(tmp_path):
     assert [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")] == ["x"]
     db.close()
     assert path.read_bytes() == before
-    empty = tmp_path / "empty.sqlite"
-    sqlite3.connect(empty).close()
-    ResultStore(empty).close()
+    ResultStore(_sqlite(tmp_path / "empty.sqlite")).close()
 
 
 def test_a_folder_or_an_unwritable_place_is_named_as_such_not_as_corrupt(tmp_path, monkeypatch):

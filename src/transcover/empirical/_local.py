@@ -26,7 +26,7 @@ from torch import Tensor
 
 from .._errors import InputError, check_positive_int
 from ..model import TransformerSpec, transformer_forward
-from ._classes import _check_radial, _matrix_on_sphere, _vector_on_sphere
+from ._classes import _U, _check_radial, _matrix_on_sphere, _vector_on_sphere
 
 __all__ = ["LOCAL_ROLES", "LocalClassSample", "sample_local_class"]
 
@@ -99,7 +99,6 @@ class LocalClassSample:
 # radius that rounding left members outside the class (||fl(W + D) - W|| = 1.0000261 r at weights x1000 and r = 1e-9,
 # red team 162), so D is shrunk until its norm plus that rounding, every computed norm charged, is at most r; a
 # radius below the weights' float64 resolution is refused.
-_U = 2.0**-53
 
 
 def _inside_sum(W: Tensor, D: Tensor, radius: float, role: str) -> Tensor:

@@ -316,3 +316,38 @@ def test_keys_change_with_the_code(monkeypatch):
     before = _keys.item_key("analyze", "f" * 64, {"a": 1})
     monkeypatch.setattr(_keys, "code_digest", lambda: "0" * 64)
     assert _keys.item_key("analyze", "f" * 64, {"a": 1}) != before
+
+
+def test_single_model_runs_refuse_the_options_only_a_sweep_uses(tmp_path, capsys, monkeypatch):
+    """Red team 167 (left open at stop 40): --store, --workers, --backend, --hash, --no-resume given to a single-model
+    ``analyze``, or to ``lipschitz`` without --data, did nothing, without a word; --threads is honoured by a single
+    ``analyze``. Values equal to the defaults change nothing and pass."""
+    monkeypatch.chdir(tmp_path)
+    a = write_gpt2_checkpoint(tmp_path / "a", d=32, layers=1, heads=2, vocab=64, positions=16, seed=1)
+    store = tmp_path / "s.sqlite"
+    for argv, needles in (
+            (["analyze", str(a), "--store", str(store)], ["--store applies to a sweep", "a single model"]),
+            (["analyze", str(a), "--workers", "2", "--backend", "ray"], ["--workers, --backend apply to a sweep"]),
+            (["analyze", str(a), "--hash", "full", "--no-resume"], ["--no-resume, --hash apply"]),
+            (["lipschitz", str(a), "--store", str(store)], ["--store applies to the sequences of --data",
+                                                             "the global bounds (no --data)"]),
+            (["lipschitz", str(a), "--threads", "2", "--workers", "3"], ["--workers, --threads apply"])):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and all(n in err for n in needles), err
+    assert not store.exists() and not (tmp_path / "transcover-results.sqlite").exists()
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        assert main(["analyze", str(a), "--quiet", "--threads", "1", "--workers", "1", "--backend", "local"]) == 0
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+    assert main(["analyze", str(a), "--threads", "0", "--quiet"]) == 2
+    assert "--threads must be >= 1" in capsys.readouterr().err
+    assert not (tmp_path / "transcover-results.sqlite").exists()
+    # a sweep still defaults to ./transcover-results.sqlite
+    b = write_gpt2_checkpoint(tmp_path / "b", d=32, layers=1, heads=2, vocab=64, positions=16, seed=2)
+    assert main(["analyze", str(a), str(b), "--quiet"]) == 0
+    assert (tmp_path / "transcover-results.sqlite").exists()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 
 NAME = "analyze"
+SWEEP_STORE = "transcover-results.sqlite"  # a sweep's store when --store is not given
 HELP = "per-layer and per-head norms B_KQ, B_V, B_W1, B_W2, B_b1, B_b2 as certified intervals"
 
 
@@ -49,9 +50,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="local: this process (1 worker) or a pool of spawned processes; ray: a Ray cluster "
                         "(pip install 'transcover[ray]')")
     g.add_argument("--ray-address", default=None, help="ray.init(address=...) of an existing cluster (default: a local Ray)")
-    g.add_argument("--threads", type=int, default=1, help="BLAS threads per model (default 1; results do not depend on the backend)")
-    g.add_argument("--store", default="transcover-results.sqlite",
-                   help="SQLite results store; finished models are committed one by one (default ./transcover-results.sqlite)")
+    g.add_argument("--threads", type=int, default=None,
+                   help="BLAS threads per model (default 1 in a sweep, torch's own for one model; results do not "
+                        "depend on it)")
+    g.add_argument("--store", default=None,
+                   help="SQLite results store; finished models are committed one by one (default "
+                        f"./{SWEEP_STORE})")
     g.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
                    help="reuse finished models from the store (default); --no-resume recomputes them")
     g.add_argument("--hash", choices=("quick", "full"), default="quick",
@@ -90,6 +94,16 @@ def run(args: argparse.Namespace) -> int:
         return run_sweep(args, models)
     if args.figure:
         raise InputError("--figure needs several models (a sweep)")
+    threads, args.threads = args.threads, None  # honoured below: BLAS threads of this one model
+    from ._scaleopts import refuse_scale_options
+
+    refuse_scale_options(args, "a single model", "a sweep (several models, or a run directory)")
+    if threads is not None:
+        if threads < 1:
+            raise InputError(f"--threads must be >= 1, but got --threads={threads}")
+        from .._threads import set_torch_threads
+
+        set_torch_threads(threads)
     args.model = models[0] if models else None
     model = args.model
     if args.roles is not None:

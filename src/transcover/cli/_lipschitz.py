@@ -141,6 +141,9 @@ def run(args: argparse.Namespace) -> int:
     if args.data is not None:
         _refuse_global_options(args)
         return run_local(args)
+    from ._scaleopts import refuse_scale_options
+
+    refuse_scale_options(args, "the global bounds (no --data)", "the sequences of --data")
     cfg = config_from_args(args)
     tracker = start_progress(quiet=args.quiet)
     tracker.step("loading the model")

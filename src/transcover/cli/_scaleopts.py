@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["add_scale_arguments", "scale_backend", "scale_requested", "open_store"]
+__all__ = ["add_scale_arguments", "scale_backend", "scale_requested", "open_store", "refuse_scale_options"]
 
 
 def add_scale_arguments(p: argparse.ArgumentParser, items: str, *, threads: bool = False,
@@ -32,6 +32,22 @@ def add_scale_arguments(p: argparse.ArgumentParser, items: str, *, threads: bool
 
 def scale_requested(args: argparse.Namespace) -> bool:
     return args.workers != 1 or args.backend != "local" or bool(args.store)
+
+
+def refuse_scale_options(args: argparse.Namespace, where: str, applies: str) -> None:
+    """One line naming every parallel/store option set away from its default where ``where`` (a single-model
+    run) would ignore it; ``applies`` says what the options are for. A value equal to the default changes
+    nothing and passes (red team 167: they were dropped without a word)."""
+    from .._errors import InputError
+
+    given = [flag for flag, on in (
+        ("--workers", args.workers != 1), ("--backend", args.backend != "local"),
+        ("--ray-address", bool(args.ray_address)), ("--store", bool(args.store)),
+        ("--no-resume", args.resume is False), ("--threads", getattr(args, "threads", None) not in (None, 1)),
+        ("--hash", getattr(args, "hash", "quick") != "quick")) if on]
+    if given:
+        raise InputError(f"{', '.join(given)} {'apply' if len(given) > 1 else 'applies'} to {applies}; "
+                         f"{where} would ignore {'them' if len(given) > 1 else 'it'}")
 
 
 def scale_backend(args: argparse.Namespace) -> str:

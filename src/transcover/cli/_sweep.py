@@ -14,6 +14,10 @@ def run_sweep(args: argparse.Namespace, models: list[str]) -> int:
     from ..scale import (ResultStore, analysis_items, analyze_item, rows_csv, sweep, sweep_json,
                          sweep_rows)
 
+    from ._analyze import SWEEP_STORE
+
+    args.threads = 1 if args.threads is None else args.threads
+    args.store = args.store or SWEEP_STORE
     if args.workers < 1 or args.threads < 1:
         raise InputError(f"--workers and --threads must be >= 1, but got {args.workers} and {args.threads}")
     if args.ray_address and args.backend != "ray":

@@ -4,7 +4,7 @@ Every ``import``/``from ... import`` in ``src/transcover`` is read with ``ast`` 
 ``TYPE_CHECKING`` imports included: a lazy import is still a dependency) and resolved to the
 package it names.  The order (issue 11, "model is the ground floor; report is the sink")::
 
-    ground floor (_errors, _results, _io, _views, _entry, _version, _threads, _lazy)
+    ground floor (_errors, _results, _io, _views, _entry, _version, _threads, _lazy, _printed)
       < model < norms < lipschitz < {covering, empirical, approx, compress} < constrain < train
       < scale < report < public API (_api, _api_lab, _api_results) < cli < transcover/__init__, __main__
 
@@ -27,7 +27,7 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "transcover"
 
-_GROUND = ("_errors", "_results", "_io", "_views", "_entry", "_version", "_threads", "_lazy")
+_GROUND = ("_errors", "_results", "_io", "_views", "_entry", "_version", "_threads", "_lazy", "_printed")
 _API = ("_api", "_api_lab", "_api_results")
 LEVELS: dict[str, int] = {
     **{m: 0 for m in _GROUND},

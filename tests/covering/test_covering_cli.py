@@ -87,5 +87,5 @@ def test_bound_table_never_crops_a_number(model_path, tmp_path, capsys, monkeypa
     rows = json.loads(js.read_text())["transformer"]["contributions"]
     assert len(rows) >= 10
     for c in rows:
-        eps_i, cost = fmt_log(float(c["log_eps_i"])), fmt_log(float(c["log_cost"]))
+        eps_i, cost = fmt_log(float(c["log_eps_i"]), "near"), fmt_log(float(c["log_cost"]))  # eps_i is chosen
         assert f" {eps_i} " in table and f" {cost} " in table, (c["name"], eps_i, cost)

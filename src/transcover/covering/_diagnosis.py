@@ -54,7 +54,9 @@ class Diagnosis:
 
 
 def _fmt(ln_value: float) -> str:
-    return f"10^{ln_value / math.log(10):.2f}"
+    from .._printed import log10_up
+
+    return f"10^{log10_up(ln_value, decimals=2)}"
 
 
 def diagnose(result, *, top: int = 3, n_grid: int = 150) -> Diagnosis:

@@ -28,6 +28,7 @@ from fractions import Fraction
 
 import numpy as np
 
+from .._printed import up
 from .._errors import InputError
 from .._results import Kind
 from ._dudley import DudleyBound, dudley_entropy_integral
@@ -65,7 +66,7 @@ class GeneralisationBound:
     def note(self) -> str:
         """One line for tables and JSON: what the reported number means."""
         if not self.vacuous:
-            return f"certified gap bound {self.gap:.4g} < loss range b={self.loss_bound:g}"
+            return f"certified gap bound {up(self.gap, 4)} < loss range b={self.loss_bound:g}"
         why = (" (Dudley's infimum at alpha = D: the Rademacher term is its trivial 4b, independent of the "
                "weights)" if self.rademacher.trivial else "")
         return (f"vacuous: the formula gives {_fmt_raw(self.raw_log_gap)} >= loss range b={self.loss_bound:g}; "
@@ -95,9 +96,9 @@ class GeneralisationBound:
 
 
 def _fmt_raw(ln_value: float) -> str:
-    if ln_value < math.log(1e6):
-        return f"{math.exp(ln_value):.4g}"
-    return f"10^{ln_value / math.log(10):.2f}"
+    from .._printed import from_ln
+
+    return from_ln(ln_value)
 
 
 def _clipped(n: float, raw_log_gap: float, rademacher: DudleyBound, conc: float, delta: float, b: float,

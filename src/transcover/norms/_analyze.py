@@ -346,10 +346,9 @@ def _layer_norms(layer: LayerSpec, m: _Measurer, entrywise: bool = False) -> tup
 
 def _up4(x: float) -> str:
     """``x`` printed with 4 significant digits, rounded *up* (a printed bound must stay a bound)."""
-    if not (x > 0 and math.isfinite(x)):
-        return f"{x:.4g}"
-    unit = 10.0 ** (math.floor(math.log10(x)) - 3)
-    return f"{math.ceil(x * (1 + 1e-12) / unit) * unit:.4g}"
+    from .._printed import directed
+
+    return directed(x, 4, "up")
 
 
 def analyze_spec(

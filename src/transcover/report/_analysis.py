@@ -15,8 +15,10 @@ _LAYER_KEYS = ("B_KQ", "B_V", "W_O", "B_W1", "B_W2", "B_b1", "B_b2")
 _NORM_SHORT = {"layernorm": "LN", "rmsnorm": "RMS", "ball": "Π", "none": "none"}
 
 
-def _fmt(x: float) -> str:
-    return f"{x:.5g}"
+def _fmt(x: float, way: str = "near") -> str:
+    from .._printed import directed
+
+    return directed(x, 5, way)
 
 
 def render_analysis(result, console, *, heads: bool = False) -> None:
@@ -26,18 +28,21 @@ def render_analysis(result, console, *, heads: bool = False) -> None:
 
     what = ("upper ends of certified intervals \\[lower, upper]" if result.mode == "certified"
             else "Lanczos ESTIMATES (--fast): not certified")
+    hi, lo = ("up", "down") if result.mode == "certified" else ("near", "near")  # Note [printed bounds]
     gaps = [getattr(layer, k).relative_gap for layer in result.layers for k in _LAYER_KEYS]
     gaps += [h.B_KQ.relative_gap for layer in result.layers for h in layer.heads]
     table = Table(title=f"{result.model}  ({result.arch}, {len(result.layers)} layers, "
                         f"{result.n_heads} heads x {result.d_head}, d={result.d_model})",
                   caption=f"{what}; largest relative gap {max(gaps):.1e} (target {result.rtol:g}); "
                           f"{result.seconds:.2f} s",
-                  caption_justify="left", box=box.SIMPLE_HEAD)  # light borders: 80 columns suffice
-    table.add_column("layer", justify="right")
-    for key in _LAYER_KEYS:
-        table.add_column("‖W_O‖" if key == "W_O" else key, justify="right")
-    for layer in result.layers:
-        table.add_row(str(layer.index), *(_fmt(getattr(layer, k).upper) for k in _LAYER_KEYS))
+                  caption_justify="left", box=box.SIMPLE_HEAD,  # light borders, one space between columns:
+                  padding=(0, 1), collapse_padding=True)        # 80 columns suffice
+    rows = [[str(layer.index), *(_fmt(getattr(layer, k).upper, hi) for k in _LAYER_KEYS)] for layer in result.layers]
+    # a number is never cropped: rich cut 0.0062296 to "0.00622…" in 80 columns; each column keeps its widest cell
+    for k, head in enumerate(("layer",) + tuple("‖W_O‖" if key == "W_O" else key for key in _LAYER_KEYS)):
+        table.add_column(head, justify="right", no_wrap=True, min_width=max(len(r[k]) for r in rows))
+    for row in rows:
+        table.add_row(*row)
     console.print(table)
     norms = Table(title="normalisation: max|γ|, ‖β‖ of the attention and FFN sub-layers' norms, "
                         "variance floor eps", box=box.SIMPLE_HEAD,
@@ -59,9 +64,9 @@ def render_analysis(result, console, *, heads: bool = False) -> None:
             if has_bias:
                 t.add_column("B_KQ with b_Q", justify="right")
             for h in layer.heads:
-                cells = [str(h.head)] + [f"{_fmt(iv.lower)} … {_fmt(iv.upper)}" for iv in (h.B_KQ, h.B_V, h.W_V)]
+                cells = [str(h.head)] + [f"{_fmt(iv.lower, lo)} … {_fmt(iv.upper, hi)}" for iv in (h.B_KQ, h.B_V, h.W_V)]
                 if has_bias:
-                    cells.append(_fmt(h.B_KQ_bias.upper) if h.B_KQ_bias is not None else "")
+                    cells.append(_fmt(h.B_KQ_bias.upper, hi) if h.B_KQ_bias is not None else "")
                 t.add_row(*cells)
             console.print(t)
     if result.embeddings:
@@ -69,8 +74,8 @@ def render_analysis(result, console, *, heads: bool = False) -> None:
         for col in ("matrix", "shape", "‖·‖₂", "‖·‖_F", "max row ‖·‖₂"):
             t.add_column(col, justify="right")
         for e in result.embeddings:
-            t.add_row(e.name, "×".join(map(str, e.norms.shape)) if e.norms.shape[1] > 1 else str(e.norms.shape[0]), _fmt(e.norms.spectral.upper),
-                      _fmt(e.norms.frobenius.upper), _fmt(e.max_row_norm))
+            t.add_row(e.name, "×".join(map(str, e.norms.shape)) if e.norms.shape[1] > 1 else str(e.norms.shape[0]), _fmt(e.norms.spectral.upper, hi),
+                      _fmt(e.norms.frobenius.upper, hi), _fmt(e.max_row_norm, hi))
         console.print(t)
     from rich.markup import escape
 
@@ -99,9 +104,13 @@ def analysis_sweep_table(rows: list[dict]):
     table = Table(title=f"analyze sweep: max over layers ({kind}: \\[lower, upper])")
     for col in ("step", "model", "B_KQ", "B_V", "B_W1", "B_W2"):
         table.add_column(col, justify="right" if col != "model" else "left")
+    from .._printed import directed
+
+    hi, lo = ("near", "near") if kind == "estimate" else ("up", "down")  # Note [printed bounds]
     for row in rows:
         table.add_row("" if row["step"] is None else str(row["step"]), row["model"],
-                      *(f"[{row[k + '_lower']:.4g}, {row[k + '_upper']:.4g}]" for k in ("B_KQ", "B_V", "B_W1", "B_W2")))
+                      *(f"[{directed(row[k + '_lower'], 4, lo)}, {directed(row[k + '_upper'], 4, hi)}]"
+                        for k in ("B_KQ", "B_V", "B_W1", "B_W2")))
     return table
 
 

@@ -18,6 +18,8 @@ def construct_table(result):
     """Lemma H.1 construction: each part's measured sup (empirical lower) beside its certified bound."""
     from rich.table import Table
 
+    from .._printed import down, for_kind, up
+
     c, d, enc = result.construction, result.decomposition, result.encoding
     b = d.bound
     # enough digits that a Delta just below 1/2 does not read as 0.5 (red team 163)
@@ -27,14 +29,14 @@ def construct_table(result):
     t.add_column("part")
     t.add_column("measured sup (empirical lower)", justify="right")
     t.add_column("bound (certified upper)", justify="right")
-    t.add_row("attention read-out ||ψ̂-ψ||∞", f"{d.readout.value:.4g}", f"{max(b.readout_bound):.4g}")
-    t.add_row("attention part |f(ψ̂)-f(ψ)|", f"{d.attention.value:.4g}", f"{b.attention.value:.4g}")
-    lemma = f"{b.lemma_attention.value:.4g}"
+    t.add_row("attention read-out ||ψ̂-ψ||∞", down(d.readout.value, 4), up(max(b.readout_bound), 4))
+    t.add_row("attention part |f(ψ̂)-f(ψ)|", down(d.attention.value, 4), up(b.attention.value, 4))
+    lemma = for_kind(b.lemma_attention.value, b.lemma_attention.kind)
     if b.lemma_attention.kind is not Kind.CERTIFIED_UPPER:  # below the certified attention part: not a bound here
         lemma += f" ({b.lemma_attention.kind.value})"
     t.add_row("  lemma form n e^{-R(1-2Δ)}·…", "", lemma)
-    t.add_row("MLP part |f(ψ)-h|", f"{d.mlp.value:.4g}", f"{b.mlp.value:.4g}")
-    t.add_row("total |F-g*|", f"{d.total.value:.4g}", f"{b.total.value:.4g}")
+    t.add_row("MLP part |f(ψ)-h|", down(d.mlp.value, 4), up(b.mlp.value, 4))
+    t.add_row("total |F-g*|", down(d.total.value, 4), up(b.total.value, 4))
     pairs = ((d.readout.value, max(b.readout_bound)), (d.attention.value, b.attention.value),
              (d.mlp.value, b.mlp.value), (d.total.value, b.total.value))
     if any(m > u for m, u in pairs):  # the JSON said why; the table showed measured above certified without a word

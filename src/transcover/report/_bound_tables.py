@@ -18,15 +18,11 @@ def json_safe(obj):
     return obj
 
 
-def fmt_log(ln_value: float) -> str:
-    """A number given by its natural log, printed as a float or as 10^x."""
-    import math
+def fmt_log(ln_value: float, way: str = "up") -> str:
+    """A number given by its natural log, printed as a float or as 10^x, rounded ``way`` (Note [printed bounds])."""
+    from .._printed import from_ln
 
-    if ln_value == -math.inf:
-        return "0"
-    if ln_value < math.log(1e6):
-        return f"{math.exp(ln_value):.4g}"
-    return f"10^{ln_value / math.log(10):.2f}"
+    return from_ln(ln_value, way)
 
 
 def bound_payload(result, diagnosis, n_needed: float, target: float, warnings: list[str]) -> dict[str, object]:
@@ -47,6 +43,7 @@ def render_bound(result, terms, n_needed: float, target: float, top: int, diagno
     from rich.table import Table
 
     from ..covering import CompositeCovering
+    from .._printed import directed, log10_up
 
     con = Console()
     cov = result.covering
@@ -70,7 +67,7 @@ def render_bound(result, terms, n_needed: float, target: float, top: int, diagno
     b_loss = result.generalisation[0].loss_bound
     for g, b in zip(result.generalisation, result.bft_generalisation):
         t.add_row(f"{g.n:.3g}", fmt_log(g.log_gap) + (" (trivial)" if g.vacuous else ""), fmt_log(g.raw_log_gap),
-                  f"{g.rademacher.value:.4g}" + (" (trivial 4b)" if g.rademacher.trivial else ""),
+                  directed(g.rademacher.value, 4, "up") + (" (trivial 4b)" if g.rademacher.trivial else ""),
                   "yes" if g.vacuous else "no",
                   fmt_log(b.log_gap) + (f" (vacuous, raw {fmt_log(b.raw_log_gap)})" if b.vacuous else ""))
     con.print(t)
@@ -96,8 +93,8 @@ def render_bound(result, terms, n_needed: float, target: float, top: int, diagno
             con.print(f"  - {tip}")
     con.print("BFT baseline (an estimate, not a bound here: BFT's theorem covers feed-forward chains; the "
               "Transformer's matrices are treated as one chain without residuals, LayerNorm or softmax)")
-    con.print(f"BFT spectral complexity R_A = {fmt_log(result.bft.log_R)} [{result.bft.kind.value}]; "
-              f"BFT log N ~ A/eps^2 with A = {fmt_log(result.bft.log_A)}, "
+    con.print(f"BFT spectral complexity R_A = {fmt_log(result.bft.log_R, 'near')} [{result.bft.kind.value}]; "
+              f"BFT log N ~ A/eps^2 with A = {fmt_log(result.bft.log_A, 'near')}, "
               f"ours at eps: log N * eps^2 = {fmt_log(cov.log_log_N + 2 * math.log(result.eps))}")
     lt = Table(title="share of the Transformer's log N by layer")
     lt.add_column("layer", justify="right")
@@ -115,8 +112,8 @@ def render_bound(result, terms, n_needed: float, target: float, top: int, diagno
     rows = []
     for c in sorted(terms, key=lambda c: c.log_cost, reverse=True)[:top]:
         cover = c.cover[c.cover.rfind("(") + 1:].rstrip(")") if "(" in c.cover else c.cover
-        rows.append((c.name.replace("layer-1.", "input."), c.group, cover, f"{c.log_c / math.log(10):.2f}",
-                     fmt_log(c.log_eps_i)
+        rows.append((c.name.replace("layer-1.", "input."), c.group, cover, log10_up(c.log_c, decimals=2),
+                     fmt_log(c.log_eps_i, "near")
                      if c.log_eps_i > -700 else f"10^{c.log_eps_i / math.log(10):.1f}", fmt_log(c.log_cost),
                      f"{c.share:.3%}"))
     for k, col in enumerate(("matrix", "group", "cover", "log10 c_i", "eps_i", "log N_i", "share")):

@@ -20,6 +20,8 @@ from ._displays import (AnalysisDisplay, BoundDisplay, CoveringDisplay, HistoryD
 from ._figures import figure_png, pyplot
 from ._html import fmt, kind_badge, page, plain, section, table, text
 from ._html import figure as html_figure
+from ._lipschitz_tables import lipschitz_rows
+from .._printed import log10_up, up
 from ._progress import Tracker
 
 __all__ = ["ReportOptions", "ReportData", "compute_report", "render_report"]
@@ -222,7 +224,7 @@ def _analysis(d: ReportData) -> str:
     for layer in a.layers:
         ivs = [getattr(layer, k) for k in keys]
         gaps = [iv.relative_gap for iv in ivs if iv is not None]
-        rows.append([str(layer.index)] + ["–" if iv is None else fmt(iv.upper, 6) for iv in ivs]
+        rows.append([str(layer.index)] + ["–" if iv is None else fmt(iv.upper, 6, "up") for iv in ivs]
                     + [f"{max(gaps):.1e}"])
     layer_table = table(["layer"] + [("‖W_O‖₂" if k == "W_O" else k) for k in keys] + ["max rel. gap"], rows,
                         numeric=[True] * (len(keys) + 2), raw=True,
@@ -234,12 +236,12 @@ def _analysis(d: ReportData) -> str:
         for role, m in layer.matrices.items():
             mrows.append((str(layer.index), text(role), f"<code>{text(m.tensor)}</code>" if m.tensor else "–",
                           "×".join(map(str, m.shape)),
-                          *(f"{fmt(iv.lower, 8)} … {fmt(iv.upper, 8)}" for iv in (m.spectral, m.frobenius, m.l21)),
+                          *(f"{fmt(iv.lower, 8, 'down')} … {fmt(iv.upper, 8, 'up')}" for iv in (m.spectral, m.frobenius, m.l21)),
                           kind_badge(m.spectral.kind)))
     for e in a.embeddings:
         m = e.norms
         mrows.append(("embeddings", text(e.name), "–", "×".join(map(str, m.shape)),
-                      *(f"{fmt(iv.lower)} … {fmt(iv.upper)}" for iv in (m.spectral, m.frobenius, m.l21)),
+                      *(f"{fmt(iv.lower, 5, 'down')} … {fmt(iv.upper, 5, 'up')}" for iv in (m.spectral, m.frobenius, m.l21)),
                       kind_badge(m.spectral.kind)))
     matrix_table = table(("layer", "matrix", "tensor", "shape", "‖·‖₂", "‖·‖_F", "‖·‖_{2,1}", "kind"),
                          mrows,
@@ -260,28 +262,27 @@ def _lipschitz(d: ReportData) -> str:
            "lipschitz` searches harder)" if o.lower else "empirical lower estimates skipped (--no-lower)")
     fig = html_figure(_svg(disp), f"certified upper {kind_badge('certified upper bound')} vs "
                       f"{kind_badge('empirical lower bound')}; {text(how)}")
-    rows = []
-    for s in b.stages:
-        lo = lower.get((s.layer, s.name))
-        lv = None if lo is None else lo.value.value
-        rows.append((layer_label(s.layer, b.n_layers), s.name, s.radius_in, s.lipschitz, lv,
-                     None if not lv else s.lipschitz / lv))
-    for i in range(b.n_layers):
-        lo = lower.get((i, "layer"))
-        lv = None if lo is None else lo.value.value
-        up = b.layer_upper(i).value
-        rows.append((str(i), "whole layer", None, up, lv, None if not lv else up / lv))
-    lo = lower.get((-2, "network"))
-    lv = None if lo is None else lo.value.value
-    rows.append(("all", "network", b.radius, b.upper.value, lv, None if not lv else b.upper.value / lv))
+    rows = []  # the stage uppers with the chain's rounding pad, as `lipschitz` prints them (red team 169)
+    for kind, layer, comp, radius, upper, lv in lipschitz_rows(b, lower, b.n_layers):
+        if comp == "network, worst R":
+            continue
+        label = "all" if kind == "network" else (str(layer) if kind == "layer" else layer_label(layer, b.n_layers))
+        rows.append((label, "whole layer" if kind == "layer" else comp, radius if kind != "layer" else None, upper,
+                     lv, None if not lv else upper / lv))
     tab = table(("layer", "component", "input radius", "certified upper", "empirical lower", "upper / lower"),
-                rows, numeric=(True, False, True, True, True, True),
+                rows, numeric=(True, False, True, True, True, True), ways=("near",) * 3 + ("up", "down", "near"),
                 caption=f"global Lipschitz constants, metric (2,∞) (max over tokens of ‖·‖₂), input tokens "
                         "with "
                         f"‖x‖₂ ≤ R = {b.radius:g}; layer 'input' is the embedding LayerNorm before layer 0")
     assumptions = "".join(f"<li>{text(x)}</li>" for x in b.upper.assumptions)
     return section("lipschitz", "Lipschitz constants (global)", fig, tab,
                    f"<p>assumptions of the certified upper bounds:</p><ul>{assumptions}</ul>")
+
+
+def _way(header: str) -> str:
+    """How a column named ``header`` is rounded when printed: upper bounds up, lower bounds down."""
+    h = str(header).lower()
+    return "up" if "upper" in h else ("down" if "lower" in h else "near")
 
 
 def _local(d: ReportData) -> str:
@@ -298,6 +299,7 @@ def _local(d: ReportData) -> str:
     shown = [[("all" if h == "layer" and r.get(h) == -1 else r.get(h)) for h in headers] for r in rows]  # the network
     parts = [table(headers, shown,
                    numeric=[isinstance(rows[0].get(h), (int, float)) for h in headers],
+                   ways=[_way(h) for h in headers],
                    caption=text(info.get("caption", "local bounds at the data")))]
     parts += [f"<p>assumption: {text(a)}</p>" for a in info.get("assumptions", [])]
     return section("local", "Lipschitz constants at the data", *parts)
@@ -321,17 +323,18 @@ def _bound(d: ReportData) -> str:
                      numeric=(False, True), caption="share of the Transformer's log N per layer")
     top = sorted(tf.contributions, key=lambda c: c.log_cost, reverse=True)[:15]
     t_top = table(("matrix", "layer", "group", "cover", "log₁₀ log N_i", "share"),
-                  [(c.name, layer_label(c.layer, r.n_layers), c.group, c.cover, c.log_cost / math.log(10),
+                  [(c.name, layer_label(c.layer, r.n_layers), c.group, c.cover, log10_up(c.log_cost, 5),
                     f"{100 * c.share:.3g} %") for c in top],
-                  numeric=(False, True, False, False, True, True), caption="largest 15 contributions")
-    g_rows = [(f"{g.n:.3g}", f"{g.gap:.4g}", g.raw_log_gap / math.log(10), g.vacuous) for g in r.generalisation]
+                  numeric=(False, True, False, False, True, True),
+                  caption="largest 15 contributions")
+    g_rows = [(f"{g.n:.3g}", up(g.gap, 4), log10_up(g.raw_log_gap, 5), g.vacuous) for g in r.generalisation]
     t_gen = table(("n", "gap bound (reported)", "log₁₀ raw formula", "vacuous (≥ loss range b)"), g_rows,
                   numeric=(True, True, True, False),
                   caption=f"generalisation gap, w.p. ≥ 1 − δ {kind_badge(r.kind)}")
     head = (f"<p>log N_∞(ε = {fmt(r.eps)}, n = {fmt(r.generalisation[0].n)} × T = {r.seq_len}) ≤ "
-            f"10^{fmt(r.log_log_N / math.log(10), 4)} {kind_badge(r.kind)}, family {text(r.family)}"
+            f"10^{log10_up(r.log_log_N, 4)} {kind_badge(r.kind)}, family {text(r.family)}"
             + (f" (route {text(r.route)}; every route: "
-               + ", ".join(f"{text(k)} 10^{fmt(v / math.log(10), 4)}" for k, v in sorted(r.routes.items()))
+               + ", ".join(f"{text(k)} 10^{log10_up(v, 4)}" for k, v in sorted(r.routes.items()))
                + ")" if r.route else "") + "</p>")
     assumptions = "".join(f"<li>{text(x)}</li>" for x in r.assumptions)
     return section("bound", "Covering number and generalisation bound", head, *figs, t_layers, t_top, t_gen,

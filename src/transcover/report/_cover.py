@@ -26,6 +26,8 @@ def cover_table(result):
     """A rich Table of ``result`` (one row per eps), caption included."""
     from rich.table import Table
 
+    from .._printed import for_kind
+
     r = result
     if r.mode == "finite":
         M, n, b = r.shape
@@ -34,7 +36,7 @@ def cover_table(result):
             table.add_column(c, justify="right")
         for i, (e, est) in enumerate(zip(r.eps, r.estimates)):
             cells = [fmt_eps(e), str(est.packing_size), str(est.net_size),
-                     f"[{est.lower.value:.3f}, {est.upper.value:.3f}]"]
+                     f"[{for_kind(est.lower.value, est.lower.kind, 4)}, {for_kind(est.upper.value, est.upper.kind, 4)}]"]
             if r.exact is not None:
                 cells.append(str(r.exact[i]))
             table.add_row(*cells)

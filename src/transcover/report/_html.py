@@ -18,6 +18,8 @@ import math
 import re
 from collections.abc import Iterable, Sequence
 
+from .._printed import directed
+
 __all__ = ["text", "plain", "table", "section", "page", "fmt", "kind_badge"]
 
 # control characters, and the invisible ones that reorder or hide text (zero-width, bidirectional overrides and
@@ -40,8 +42,9 @@ def plain(value: object, limit: int = 80) -> str:
     return s if len(s) <= limit else s[: limit - 1] + "…"
 
 
-def fmt(x: object, digits: int = 5) -> str:
-    """A number for a table cell (``-`` for missing, ``inf`` and ``nan`` spelled out)."""
+def fmt(x: object, digits: int = 5, way: str = "near") -> str:
+    """A number for a table cell (``-`` for missing, ``inf`` and ``nan`` spelled out); a float is rounded ``way``:
+    "up" for an upper bound, "down" for a lower bound, "near" for an estimate (Note [printed bounds])."""
     if x is None:
         return "–"
     if isinstance(x, bool):
@@ -53,7 +56,7 @@ def fmt(x: object, digits: int = 5) -> str:
             return "nan"
         if math.isinf(x):
             return "∞" if x > 0 else "−∞"
-        return f"{x:.{digits}g}"
+        return directed(x, digits, way)
     return text(x)
 
 
@@ -67,18 +70,20 @@ def kind_badge(kind: object) -> str:
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[object]], *, caption: str = "",
-          numeric: Sequence[bool] | None = None, raw: bool = False) -> str:
-    """A plain ``<table>``; cells are formatted by :func:`fmt` (``raw=True``: cells are trusted HTML)."""
+          numeric: Sequence[bool] | None = None, raw: bool = False, ways: Sequence[str] | None = None) -> str:
+    """A plain ``<table>``; cells are formatted by :func:`fmt`, column k rounded ``ways[k]`` (default "near")
+    (``raw=True``: cells are trusted HTML)."""
     numeric = numeric or [False] * len(headers)
+    ways = ways or ["near"] * len(headers)
     # the caption sits above the table, not inside it: a <caption> is only as wide as a narrow table
     out = [f'<p class="tcap">{caption}</p>'] if caption else []
     out.append("<table>")
     out.append("<thead><tr>" + "".join(f"<th>{text(h)}</th>" for h in headers) + "</tr></thead><tbody>")
     for row in rows:
         cells = []
-        for v, num in zip(row, numeric):
+        for v, num, way in zip(row, numeric, ways):
             cls = ' class="num"' if num else ""
-            cells.append(f"<td{cls}>{v if raw else fmt(v)}</td>")
+            cells.append(f"<td{cls}>{v if raw else fmt(v, way=way)}</td>")
         out.append("<tr>" + "".join(cells) + "</tr>")
     out.append("</tbody></table>")
     return "\n".join(out)

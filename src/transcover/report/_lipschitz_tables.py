@@ -7,8 +7,11 @@ __all__ = ["lipschitz_rows", "render_lipschitz", "lipschitz_payload", "render_pe
            "render_local", "local_payload", "figure_bytes"]
 
 
-def _fmt(x: float | None) -> str:
-    return "-" if x is None else f"{x:.4g}"
+def _fmt(x: float | None, way: str = "near") -> str:
+    """4 significant digits, rounded ``way`` (Note [printed bounds]: uppers up, lowers down)."""
+    from .._printed import directed
+
+    return "-" if x is None else directed(x, 4, way)
 
 
 def lipschitz_rows(bounds, lower: dict, n_layers: int) -> list[tuple]:
@@ -41,7 +44,8 @@ def render_lipschitz(name: str, bounds, rows: list[tuple], n_layers: int) -> Non
     for kind, layer, comp, r, up, lw in rows:
         label = {-1: "input", -2: "all", n_layers: "output"}.get(layer, str(layer))
         ratio = None if not lw else up / lw
-        table.add_row(label, comp if kind != "layer" else "[bold]whole layer[/bold]", _fmt(r), _fmt(up), _fmt(lw),
+        table.add_row(label, comp if kind != "layer" else "[bold]whole layer[/bold]", _fmt(r, "up"), _fmt(up, "up"),
+                      _fmt(lw, "down"),
                       _fmt(ratio))
     console.print(table)
     for a in bounds.upper.assumptions:
@@ -68,24 +72,27 @@ def render_perturb(bound, metric: str, radius: float, samples: int, seq_len: int
     from rich.console import Console
     from rich.table import Table
 
+    from .._printed import directed
+
     up = bound.total.value
     console = Console()
     console.print(f"sup_X ||g(A)(X) - g(B)(X)||_{metric} over token norms <= {radius:g}:")
-    console.print(f"  certified upper (Lemma G.3): {up:.6g}")
-    console.print(f"  measured lower (max over {samples} ascended inputs of {seq_len} tokens): {lower:.6g}")
+    console.print(f"  certified upper (Lemma G.3): {directed(up, 6, 'up')}")
+    console.print(f"  measured lower (max over {samples} ascended inputs of {seq_len} tokens): "
+                  f"{directed(lower, 6, 'down')}")
     console.print(f"  upper / lower: {up / lower:.4g}" if lower > 0 else "  upper / lower: - (no change measured)")
     per_layer = Table(title="bound per layer (sum of c_i ||dW_i||)")
     per_layer.add_column("layer", justify="right")
     per_layer.add_column("contribution", justify="right")
     for layer, c in bound.by_layer().items():
-        per_layer.add_row({-1: "in", n_layers: "out"}.get(layer, str(layer)), f"{c:.4g}")
+        per_layer.add_row({-1: "in", n_layers: "out"}.get(layer, str(layer)), directed(c, 4, "up"))
     console.print(per_layer)
     if top:
         terms = Table(title=f"largest {top} terms")
         for col in ("layer", "matrix", "norm", "c_i", "||dW_i||", "c_i ||dW_i||"):
             terms.add_column(col, justify="right" if col not in ("matrix", "norm") else "left")
         for e, d, c in bound.terms()[:top]:
-            terms.add_row(str(e.layer), e.role, e.norm, f"{e.coefficient:.4g}", f"{d:.4g}", f"{c:.4g}")
+            terms.add_row(str(e.layer), e.role, e.norm, *(directed(v, 4, "up") for v in (e.coefficient, d, c)))
         console.print(terms)
     for asm in bound.total.assumptions:
         console.print(f"  assumption: {asm}")
@@ -115,9 +122,10 @@ def render_local(name: str, n_sequences: int, rows: list, rho_relative: bool) ->
         table.add_column(col, justify="left" if col == "component" else "right")
     for r in rows:
         has = not math.isnan(r.point_lower)
-        lows = ((_fmt(r.point_lower), _fmt(r.lower)) if has else (_fmt(r.lower), "-")) if ball else (_fmt(r.lower),)
-        table.add_row(f"{r.rho_factor:g}", str(r.layer) if r.layer >= 0 else "all", r.component, _fmt(r.global_upper), _fmt(r.domain_upper),
-                      _fmt(r.local_upper), *lows, _fmt(r.ratio))
+        lo = _fmt(r.lower, "down")
+        lows = ((_fmt(r.point_lower, "down"), lo) if has else (lo, "-")) if ball else (lo,)
+        table.add_row(f"{r.rho_factor:g}", str(r.layer) if r.layer >= 0 else "all", r.component,
+                      *(_fmt(v, "up") for v in (r.global_upper, r.domain_upper, r.local_upper)), *lows, _fmt(r.ratio))
     console.print(table)
     console.print("  certified upper bounds (THEORY F14, F17; rounding padded); local = on the ball of radius rho "
                   "around each sequence's hidden states" + (" (rho x median token norm)" if rho_relative else "")

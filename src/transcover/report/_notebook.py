@@ -13,7 +13,9 @@ LAYER_KEYS = ("B_KQ", "B_V", "W_O", "B_W1", "B_W2", "B_Wgate", "B_b1", "B_b2", "
 def analysis_repr(result) -> str:
     """A few lines: the model, the mode, the maxima over layers, how to see more."""
     s = result.summary()
-    maxima = ", ".join(f"{k}≤{iv.upper:.4g}" for k, iv in s.items())
+    from .._printed import for_kind
+
+    maxima = ", ".join(f"{k}≤{for_kind(iv.upper, result.kind)}" for k, iv in s.items())
     n_matrices = sum(len(layer.matrices) for layer in result.layers) + len(result.embeddings)
     n_bias = 3 * len(result.layers)  # b_1, b_2, b_attn per layer: rows of to_dataframe() too (a count of 238 beside
     return (f"<AnalysisResult {result.model!r} ({result.arch}): {len(result.layers)} layers, "  # 256 rows misled)
@@ -28,7 +30,7 @@ def analysis_repr_html(result) -> str:
     from ._html import fmt, kind_badge, table, text
 
     keys = [k for k in LAYER_KEYS if any(getattr(layer, k) is not None for layer in result.layers)]
-    rows = [[str(layer.index)] + [fmt(getattr(layer, k).upper, 5) if getattr(layer, k) is not None else "–"
+    rows = [[str(layer.index)] + [fmt(getattr(layer, k).upper, 5, "near" if result.mode != "certified" else "up") if getattr(layer, k) is not None else "–"
                                   for k in keys] for layer in result.layers]
     head = (f"<p><b>{text(result.model)}</b> ({text(result.arch)}, {len(result.layers)} layers, "
             f"{result.n_heads} heads × {result.d_head}, d = {result.d_model}) {kind_badge(result.kind)}</p>")

@@ -6,15 +6,17 @@ printed upper bounds are rounded *up* (an upper bound stays an upper bound when 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 __all__ = ["train_table", "constraint_warnings", "TrainingDisplay", "round_up"]
 
 
 def round_up(x: float, digits: int = 6) -> str:
-    """``x`` rounded *up* to ``digits`` decimals: an upper bound stays an upper bound when printed."""
-    return f"{math.ceil(x * 10**digits) / 10**digits:.{digits}f}"
+    """``x`` rounded *up* to ``digits`` decimals: an upper bound stays an upper bound when printed (exactly, on the
+    float's decimal expansion: ``ceil(x 10^d) / 10^d`` in floats could land below ``x``)."""
+    from .._printed import fixed
+
+    return fixed(x, digits, "up")
 
 
 def constraint_warnings(result) -> list[str]:
@@ -38,6 +40,8 @@ def train_table(result, task: str):
     and the certified Lipschitz, covering and gap bounds, each with its kind (a rich Table)."""
     from rich.table import Table
 
+    from .._printed import for_kind
+
     t = Table(title=f"transcover train: {task} ({result.task_source})")
     t.add_column("quantity")
     t.add_column("value", justify="right")
@@ -60,18 +64,20 @@ def train_table(result, task: str):
         t.add_row(f"max norm {g}", f"{v:.4f}", f"{row['target']:.6g}", "" if ratio is None else round_up(ratio),
                   kind + (f"; certified <= {round_up(row['certified'])} <= target" if certified else
                           f"; certified upper {round_up(row['certified'])}"))
-    t.add_row("capacity proxy (F8)", f"{result.capacity.value:.4g}", "", "", result.capacity.kind.value)
+    t.add_row("capacity proxy (F8)", for_kind(result.capacity.value, result.capacity.kind), "", "",
+              result.capacity.kind.value)
     if result.lipschitz is not None:
-        t.add_row("Lip(g_L) (transcover.lipschitz)", f"{result.lipschitz.value:.4g}", "", "", result.lipschitz.kind.value)
+        t.add_row("Lip(g_L) (transcover.lipschitz)", for_kind(result.lipschitz.value, result.lipschitz.kind), "", "",
+                  result.lipschitz.kind.value)
     if result.covering is not None:
-        t.add_row("log10 log N(eps=0.1) (transcover.covering)", f"{result.covering.value:.4g}", "", "",
+        t.add_row("log10 log N(eps=0.1) (transcover.covering)", for_kind(result.covering.value, result.covering.kind), "", "",
                   result.covering.kind.value)
     if result.bound is not None:
         vacuous = getattr(result.bound, "vacuous", False)
         raw = getattr(result.bound, "raw", result.bound.value)
         t.add_row("gap bound (transcover.covering)" + (" (vacuous: the trivial loss range)" if vacuous else ""),
-                  f"{result.bound.value:.4g}", "", "", result.bound.kind.value)
-        t.add_row("  raw formula (before the clip at the loss range)", f"{raw:.4g}", "", "",
+                  for_kind(result.bound.value, result.bound.kind), "", "", result.bound.kind.value)
+        t.add_row("  raw formula (before the clip at the loss range)", for_kind(raw, result.bound.kind), "", "",
                   "not a bound above the loss range" if vacuous else result.bound.kind.value)
     return t
 

@@ -86,6 +86,8 @@ class NonvacuousResult:
     def table(self):
         from rich.table import Table
 
+        from .._printed import fixed
+
         t = Table(title="certified bounds for trained Transformers (delta = 0.05 per row and per bound; every bit "
                         "counted): finite-class (F18, F20 with a split) and covering/Dudley (F19)")
         for col in ("task", "variant", "n", "train err\n(exact)", "test err\n(measured)", "float model\ntest err (meas.)",
@@ -96,12 +98,12 @@ class NonvacuousResult:
         for c in self.cases:
             b = c.bound
             n = f"{c.n_train}" if c.split is None else f"{c.n_train}\n(bound on {c.split['n_bound']})"
-            cover = "" if c.covering is None else f"{c.covering['value']:.4f}"
+            cover = "" if c.covering is None else fixed(c.covering["value"], 4, "up")
             t.add_row(c.task, c.config.get("variant", ""), n, f"{b.train_error:.4f}", f"{c.test_error:.4f} (of {c.n_test})",
                       f"{c.float_test_error:.4f}",
                       f"{c.total_bits}" + (f"\n+ {c.recipe_bits} (recipe)" if c.recipe_bits else ""),
-                      f"{c.fixed_length_bits}", f"{b.kl:.4f}",
-                      f"{b.catoni:.4f}", f"{b.sqrt:.4f}", cover, _g3(c), f"{c.seconds:.0f}")
+                      f"{c.fixed_length_bits}", *(fixed(v, 4, "up") for v in (b.kl, b.catoni, b.sqrt)),
+                      cover, _g3(c), f"{c.seconds:.0f}")
         return t
 
     def matrix_table(self):
@@ -145,7 +147,9 @@ def _g3(case: NonvacuousCase) -> str:
     if not case.perturbation:
         return ""
     entry = list(case.perturbation.values())[-1]
-    return f"{entry['bound']['value']:.3g} / {entry['measured']['value']:.3g}"
+    from .._printed import directed
+
+    return f"{directed(entry['bound']['value'], 3, 'up')} / {directed(entry['measured']['value'], 3, 'down')}"
 
 
 def _run_one(cfg: NonvacuousConfig) -> NonvacuousCase:

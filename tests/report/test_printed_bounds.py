@@ -4,7 +4,6 @@ tables that show them (every certified cell parsed back and compared with its un
 
 from __future__ import annotations
 
-import math
 from decimal import Decimal, localcontext
 from html.parser import HTMLParser
 

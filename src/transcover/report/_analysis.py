@@ -64,7 +64,8 @@ def render_analysis(result, console, *, heads: bool = False) -> None:
             if has_bias:
                 t.add_column("B_KQ with b_Q", justify="right")
             for h in layer.heads:
-                cells = [str(h.head)] + [f"{_fmt(iv.lower, lo)} … {_fmt(iv.upper, hi)}" for iv in (h.B_KQ, h.B_V, h.W_V)]
+                cells = [str(h.head)] + [f"{_fmt(iv.lower, lo)} … {_fmt(iv.upper, hi)}"
+                                         for iv in (h.B_KQ, h.B_V, h.W_V)]
                 if has_bias:
                     cells.append(_fmt(h.B_KQ_bias.upper, hi) if h.B_KQ_bias is not None else "")
                 t.add_row(*cells)
@@ -74,7 +75,8 @@ def render_analysis(result, console, *, heads: bool = False) -> None:
         for col in ("matrix", "shape", "‖·‖₂", "‖·‖_F", "max row ‖·‖₂"):
             t.add_column(col, justify="right")
         for e in result.embeddings:
-            t.add_row(e.name, "×".join(map(str, e.norms.shape)) if e.norms.shape[1] > 1 else str(e.norms.shape[0]), _fmt(e.norms.spectral.upper, hi),
+            t.add_row(e.name, "×".join(map(str, e.norms.shape)) if e.norms.shape[1] > 1 else str(e.norms.shape[0]),
+                      _fmt(e.norms.spectral.upper, hi),
                       _fmt(e.norms.frobenius.upper, hi), _fmt(e.max_row_norm, hi))
         console.print(t)
     from rich.markup import escape

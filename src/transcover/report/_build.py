@@ -236,12 +236,14 @@ def _analysis(d: ReportData) -> str:
         for role, m in layer.matrices.items():
             mrows.append((str(layer.index), text(role), f"<code>{text(m.tensor)}</code>" if m.tensor else "–",
                           "×".join(map(str, m.shape)),
-                          *(f"{fmt(iv.lower, 8, 'down')} … {fmt(iv.upper, 8, 'up')}" for iv in (m.spectral, m.frobenius, m.l21)),
+                          *(f"{fmt(iv.lower, 8, 'down')} … {fmt(iv.upper, 8, 'up')}"
+                            for iv in (m.spectral, m.frobenius, m.l21)),
                           kind_badge(m.spectral.kind)))
     for e in a.embeddings:
         m = e.norms
         mrows.append(("embeddings", text(e.name), "–", "×".join(map(str, m.shape)),
-                      *(f"{fmt(iv.lower, 5, 'down')} … {fmt(iv.upper, 5, 'up')}" for iv in (m.spectral, m.frobenius, m.l21)),
+                      *(f"{fmt(iv.lower, 5, 'down')} … {fmt(iv.upper, 5, 'up')}"
+                        for iv in (m.spectral, m.frobenius, m.l21)),
                       kind_badge(m.spectral.kind)))
     matrix_table = table(("layer", "matrix", "tensor", "shape", "‖·‖₂", "‖·‖_F", "‖·‖_{2,1}", "kind"),
                          mrows,

@@ -36,7 +36,8 @@ def cover_table(result):
             table.add_column(c, justify="right")
         for i, (e, est) in enumerate(zip(r.eps, r.estimates)):
             cells = [fmt_eps(e), str(est.packing_size), str(est.net_size),
-                     f"[{for_kind(est.lower.value, est.lower.kind, 4)}, {for_kind(est.upper.value, est.upper.kind, 4)}]"]
+                     f"[{for_kind(est.lower.value, est.lower.kind, 4)}, "
+                     f"{for_kind(est.upper.value, est.upper.kind, 4)}]"]
             if r.exact is not None:
                 cells.append(str(r.exact[i]))
             table.add_row(*cells)

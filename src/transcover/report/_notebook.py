@@ -30,7 +30,8 @@ def analysis_repr_html(result) -> str:
     from ._html import fmt, kind_badge, table, text
 
     keys = [k for k in LAYER_KEYS if any(getattr(layer, k) is not None for layer in result.layers)]
-    rows = [[str(layer.index)] + [fmt(getattr(layer, k).upper, 5, "near" if result.mode != "certified" else "up") if getattr(layer, k) is not None else "–"
+    way = "up" if result.mode == "certified" else "near"
+    rows = [[str(layer.index)] + [fmt(getattr(layer, k).upper, 5, way) if getattr(layer, k) is not None else "–"
                                   for k in keys] for layer in result.layers]
     head = (f"<p><b>{text(result.model)}</b> ({text(result.arch)}, {len(result.layers)} layers, "
             f"{result.n_heads} heads × {result.d_head}, d = {result.d_model}) {kind_badge(result.kind)}</p>")

@@ -70,7 +70,8 @@ def train_table(result, task: str):
         t.add_row("Lip(g_L) (transcover.lipschitz)", for_kind(result.lipschitz.value, result.lipschitz.kind), "", "",
                   result.lipschitz.kind.value)
     if result.covering is not None:
-        t.add_row("log10 log N(eps=0.1) (transcover.covering)", for_kind(result.covering.value, result.covering.kind), "", "",
+        t.add_row("log10 log N(eps=0.1) (transcover.covering)", for_kind(result.covering.value, result.covering.kind),
+                  "", "",
                   result.covering.kind.value)
     if result.bound is not None:
         vacuous = getattr(result.bound, "vacuous", False)

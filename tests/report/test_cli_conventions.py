@@ -165,3 +165,49 @@ def test_approx_shows_progress_on_a_terminal_only():
     assert "approx encodings" in _stderr_of(argv, terminal=True)
     assert "approx encodings" not in _stderr_of(argv, terminal=False)
     assert "approx encodings" not in _stderr_of([*argv, "--quiet"], terminal=True)
+
+
+def test_outputs_that_would_destroy_an_input_or_each_other_are_refused(ref_file, tmp_path, capsys):
+    """Red team 169: ``--json MODEL/model.safetensors`` replaced the weights with JSON (exit 0), ``--json data.txt``
+    the data, and ``--json x --csv x`` kept only the CSV. Each is one line before any work; nothing is written."""
+    import shutil
+
+    from transcover.scale._synthetic import write_gpt2_checkpoint
+
+    ckpt = write_gpt2_checkpoint(tmp_path / "m", d=32, layers=1, heads=2, vocab=64, positions=16, seed=1)
+    weights, config = ckpt / "model.safetensors", ckpt / "config.json"
+    before = weights.read_bytes(), config.read_bytes()
+    data = tmp_path / "data.txt"
+    data.write_text("hello world\n")
+    copy = tmp_path / "copy.safetensors"
+    shutil.copy(ref_file, copy)
+    for argv, needle in (
+            (["analyze", str(ckpt), "--json", str(weights)], "is a file this command reads (inside the input"),
+            (["bound", str(ckpt), "--json", str(config)], "is a file this command reads (inside the input"),
+            (["analyze", str(copy), "--csv", str(copy)], "is a file this command reads (an input)"),
+            (["lipschitz", str(ckpt), "--data", str(data), "--json", str(data)], "(an input)"),
+            (["analyze", str(ckpt), "--json", str(tmp_path / "o"), "--csv", str(tmp_path / "o")],
+             "--json and --csv name the same file")):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert needle in err and err.count("\n") == 1, err
+    assert (weights.read_bytes(), config.read_bytes()) == before and data.read_text() == "hello world\n"
+    assert copy.read_bytes() == ref_file.read_bytes() and not (tmp_path / "o").exists()
+    # a result written earlier beside the weights may be overwritten: the loader never reads it
+    (ckpt / "analysis.json").write_text("{}")
+    assert main(["analyze", str(ckpt), "--json", str(ckpt / "analysis.json"), "--quiet"]) == 0
+    assert json.loads((ckpt / "analysis.json").read_text())["schema"] == "transcover.analyze"
+
+
+def test_a_reader_leaving_early_does_not_lose_the_files(ref_file, tmp_path):
+    """Red team 169: ``transcover bound ... --json b.json | head -1`` ended with exit 1, no message and no b.json: the
+    table hit the closed pipe before the files were written."""
+    out = tmp_path / "b.json"
+    proc = subprocess.Popen([sys.executable, "-m", "transcover", "bound", str(ref_file), "--json", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # the reader is gone before the first line
+    with proc.stderr:
+        err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 0, err
+    assert json.loads(out.read_text())["schema"] == "transcover.bound"
+    assert "Traceback" not in err and "BrokenPipe" not in err and "Exception ignored" not in err, err

@@ -186,3 +186,25 @@ def test_report_with_data_has_the_local_section(tmp_path):
     assert main(["report", str(tmp_path / "m.safetensors"), "--data", str(tmp_path / "x.npy"), "--rho", "0",
                  "--quiet", "-o", str(tmp_path / "never.html")]) == 2
     assert not (tmp_path / "never.html").exists()
+
+
+def test_a_model_without_a_finite_covering_bound_still_gets_its_page(tmp_path):
+    """Red team 169: float64 weights x 1e150 have certified norms and (infinite) Lipschitz uppers, but Lemma G.3's
+    coefficients overflow; ``report`` wrote no page at all. The page now has every other section and says why the
+    covering bound is missing."""
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16,
+                                  vocab_size=50, max_position_embeddings=16)
+    m = transformers.BertModel(cfg).double()
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            if "encoder" in n and p.dim() == 2:
+                p.mul_(1e150)
+    m.save_pretrained(tmp_path / "huge")
+    out = tmp_path / "r.html"
+    assert main(["report", str(tmp_path / "huge"), "-o", str(out), "--quiet"]) == 0  # no warning either
+    html = out.read_text()
+    assert "no covering bound: Lemma G.3" in html and "overflows float64" in html
+    assert 'id="norms"' in html and 'id="lipschitz"' in html

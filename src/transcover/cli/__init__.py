@@ -124,9 +124,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     previous = _terminate_cleanly()
+    stdout, sys.stdout = sys.stdout, _ClosedPipeTolerant(sys.stdout)
     try:
         return _run(args, commands)
     finally:
+        sys.stdout = stdout
         if previous is not None:
             import signal
 
@@ -171,6 +173,13 @@ def _run(args, commands) -> int:  # noqa: ANN001
 # perturb, bound, cover, sweeps, train and lipschitz only after the computation, with the other outputs
 # (a PNG, a JSON, a trained checkpoint) already written (red team 37h).  Suffixes stay with each command.
 _OUTPUT_OPTIONS = ("json", "csv", "plot", "figure")
+_FILE_OUTPUTS = (*_OUTPUT_OPTIONS, "output")  # report's page: checked with its suffix by the command
+# files a loader reads inside a model or run folder although they end in an output's suffix
+_READ_NAMES = {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "vocab.json",
+               "special_tokens_map.json", "added_tokens.json", "preprocessor_config.json", "modules.json",
+               "sentence_bert_config.json", "config_sentence_transformers.json", "transcover_roles.json",
+               "state.json", "history.csv"}
+_WRITTEN_SUFFIXES = (".json", ".csv", ".png", ".svg", ".pdf", ".html", ".htm")
 
 
 def _check_outputs(args) -> None:  # noqa: ANN001  (an argparse Namespace)
@@ -180,6 +189,82 @@ def _check_outputs(args) -> None:  # noqa: ANN001  (an argparse Namespace)
         value = getattr(args, dest, None)
         if isinstance(value, str) and value:
             check_output_path(value, f"--{dest}")
+    _check_outputs_apart(args)
+
+
+def _check_outputs_apart(args) -> None:  # noqa: ANN001
+    """One line, before any work, where two output options name one file (the first output was lost: red team 169)
+    or an output would overwrite a file the command reads: an input given by path, or a file a loader reads inside an
+    input folder (``--json MODEL/model.safetensors`` replaced the weights with JSON)."""
+    import os
+    from pathlib import Path
+
+    from .._errors import InputError
+
+    outs = [(f"--{d}", Path(v)) for d in _FILE_OUTPUTS if isinstance(v := getattr(args, d, None), str) and v]
+    seen: dict[Path, str] = {}
+    for flag, p in outs:
+        key = p.resolve()
+        if key in seen:
+            raise InputError(f"{seen[key]} and {flag} name the same file {p}; give each output its own file")
+        seen[key] = flag
+    inputs = []
+    for dest, value in vars(args).items():
+        if dest in _FILE_OUTPUTS:
+            continue
+        for v in value if isinstance(value, (list, tuple)) else (value,):
+            if isinstance(v, str) and v and os.path.exists(v):
+                inputs.append(Path(v).resolve())
+    for flag, p in outs:
+        if not p.exists():
+            continue
+        target = p.resolve()
+        for src in inputs:
+            read = (src.is_file() and target == src) or (
+                src.is_dir() and src in target.parents
+                and (target.name in _READ_NAMES or not target.name.lower().endswith(_WRITTEN_SUFFIXES)))
+            if read:
+                where = "an input" if target == src else f"inside the input {src}"
+                raise InputError(f"{flag}={p} is a file this command reads ({where}); writing it would destroy it: "
+                                 "give another output path")
+
+
+class _ClosedPipeTolerant:
+    """``sys.stdout`` that survives a reader leaving early (``transcover bound ... --json b.json | head -1``): the
+    table went to a closed pipe, BrokenPipeError ended the run without a word, and b.json was never written (red team
+    169).  After the first broken write, what is printed goes to /dev/null and the command finishes its files."""
+
+    def __init__(self, stream):  # noqa: ANN001
+        self._stream, self._broken = stream, False
+
+    def _gone(self) -> None:
+        import os
+
+        self._broken = True
+        try:  # the interpreter's own flush at exit must not hit the closed pipe either
+            fd = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(fd, self._stream.fileno())
+            os.close(fd)
+        except (OSError, ValueError, AttributeError):  # no real descriptor (a test's capture): nothing to redirect
+            pass
+
+    def write(self, text: str) -> int:
+        if not self._broken:
+            try:
+                return self._stream.write(text)
+            except BrokenPipeError:
+                self._gone()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self._broken:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._gone()
+
+    def __getattr__(self, name: str):  # noqa: ANN204  (isatty, fileno, encoding, ... as the stream has them)
+        return getattr(self._stream, name)
 
 
 class _Terminated(BaseException):

@@ -64,6 +64,7 @@ _LAZY = {
     "model_terms": "._model_bound",
     "BoundConfig": "._model_bound",
     "MODEL_FAMILIES": "._model_bound",
+    "NoFiniteBound": "._model_bound",
     "NORM_FAMILIES": "._transformer",
     "CoveringCurve": "._transformer",
     "MatrixTerm": "._transformer",
@@ -95,6 +96,7 @@ __all__ = [
     "spectral_ball_matrix_log_covering",
     "MLPCovering", "mlp_log_covering", "mlp_terms", "NormGrid", "NORM_GRID_MAX_STEPS",
     "BoundConfig", "ModelBound", "model_bound", "model_covering_curve", "model_terms", "MODEL_FAMILIES",
+    "NoFiniteBound",
     "NORM_FAMILIES", "CoveringCurve", "MatrixTerm", "TermContribution", "TransformerCovering",
     "transformer_log_covering",
 ]

@@ -28,7 +28,13 @@ from ._mlp import mlp_log_covering, mlp_terms
 from ._norm_grid import NormGrid, grid_class_bounds
 from ._transformer import NORM_FAMILIES, CoveringCurve, MatrixTerm, TransformerCovering, transformer_log_covering
 
-__all__ = ["BoundConfig", "ModelBound", "model_terms", "model_bound", "model_covering_curve", "MODEL_FAMILIES"]
+__all__ = ["BoundConfig", "ModelBound", "model_terms", "model_bound", "model_covering_curve", "MODEL_FAMILIES",
+           "NoFiniteBound"]
+
+
+class NoFiniteBound(InputError):
+    """The model is read correctly, but a constant of its bound overflows float64: there is no finite bound to give
+    (``bound`` refuses in one line; ``report`` shows the other sections and says why this one is missing)."""
 
 # the families of ``transformer_log_covering`` and "auto": all of them, the smallest reported
 MODEL_FAMILIES = (*NORM_FAMILIES, "auto")
@@ -196,7 +202,7 @@ def model_terms(spec: TransformerSpec, *, radius: float = 1.0, c_sm: float = 1.0
     coeffs = log_perturbation_coefficients(bounds, radius=radius, c_sm=c_sm, sigma_min=sigma_min)
     over = [c for c in coeffs.entries if c.log_c == math.inf]
     if over:  # a constant beyond float64 before its log was taken (weights ~1e100: stop 38); no finite bound exists
-        raise InputError(f"Lemma G.3's coefficient of layer {over[0].layer} {over[0].role} overflows float64 "
+        raise NoFiniteBound(f"Lemma G.3's coefficient of layer {over[0].layer} {over[0].role} overflows float64 "
                          f"({len(over)} coefficients do): the weights are too large for a finite covering bound")
     own = _self_norms(norms)
     rows = own if reference is None else _distance_rows(norms, own)

@@ -59,6 +59,7 @@ class ReportData:
     data_path: str | None = None
     timings: dict = field(default_factory=dict)
     warnings: tuple = ()
+    bound_note: str = ""  # why there is no covering bound (bound is None)
 
 
 def _own_history(model) -> Path | None:
@@ -109,7 +110,7 @@ def _checked_history(history, spec, model) -> tuple[list, list[str]]:
 def compute_report(model=None, *, arch=None, allow_pickle=False, strict=False, options=ReportOptions(),
                    history=None, data=None, local=None, tracker: Tracker | None = None) -> ReportData:
     """Everything the report shows, computed once (``tracker`` shows the phases on a terminal)."""
-    from ..covering import BoundConfig, model_bound
+    from ..covering import BoundConfig, NoFiniteBound, model_bound
     from ..lipschitz import class_bounds, compose, lipschitz_lower
     from ..train import load_model as load
     from ..norms import analyze_spec
@@ -155,14 +156,19 @@ def compute_report(model=None, *, arch=None, allow_pickle=False, strict=False, o
         timings["lipschitz lower"] = time.perf_counter() - t
     t = time.perf_counter()
     tracker.step("covering number and generalisation bound")
-    bound = model_bound(ts, BoundConfig(eps=options.eps, n_samples=(options.n_samples,), seq_len=options.seq_len,
-                                        radius=options.radius), norms=norms)
+    bound_note = ""
+    try:
+        bound = model_bound(ts, BoundConfig(eps=options.eps, n_samples=(options.n_samples,), seq_len=options.seq_len,
+                                            radius=options.radius), norms=norms)
+    except NoFiniteBound as err:  # the other sections still hold; the page says why this one is missing (red team 169)
+        bound, bound_note = None, f"no covering bound: {err}"
     timings["bound"] = time.perf_counter() - t
     inputs = input_hashes(model, *([history] if history is not None else []),
                           *([data] if data is not None else []))
     return ReportData(spec.name, model, analysis, bounds, lower, bound, dict(spec.config), inputs, options,
                       records, None if history is None else str(history), local,
-                      None if data is None else str(data), timings, (*spec.warnings, *history_notes))
+                      None if data is None else str(data), timings, (*spec.warnings, *history_notes),
+                      bound_note)
 
 
 def _svg(display, **kw) -> str:
@@ -174,12 +180,17 @@ def _svg(display, **kw) -> str:
     """
     import base64
 
-    display.plot(**kw)
-    fig = display.figure_
-    try:
-        data = figure_png(fig, dpi=150)
-    finally:
-        pyplot().close(fig)
+    import numpy as np
+
+    # a log axis beside an upper near 1e308: matplotlib's margins and tick decades overflow float64 (red team 169);
+    # the picture is right, numpy's warnings about its own arithmetic are not ours to show
+    with np.errstate(over="ignore", invalid="ignore"):
+        display.plot(**kw)
+        fig = display.figure_
+        try:
+            data = figure_png(fig, dpi=150)
+        finally:
+            pyplot().close(fig)
     width, height = _png_size(data)
     return (f'<img src="data:image/png;base64,{base64.b64encode(data).decode("ascii")}" '
             f'width="{round(width / 1.5)}" height="{round(height / 1.5)}" alt="figure">')
@@ -309,6 +320,9 @@ def _local(d: ReportData) -> str:
 
 def _bound(d: ReportData) -> str:
     r = d.bound
+    if r is None:
+        return section("bound", "Covering number and generalisation bound",
+                       f'<p class="note">{text(d.bound_note or "no covering bound")}</p>')
     tf = r.transformer
     bd = BoundDisplay.from_result(r)
     bd.top_names = [plain(n, 40) for n in bd.top_names]

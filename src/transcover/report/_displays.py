@@ -135,11 +135,15 @@ class LipschitzDisplay:
         for a, sl in zip(axes, (slice(0, split), slice(split, None))):
             labels, up, lo = self.labels[sl], self.upper[sl], self.lower[sl]
             x = np.arange(len(labels))
-            a.bar(x - 0.2, up, width=0.4, color="C0", label="certified upper (F6/F7/F8/F14)")
+            fin = np.isfinite(up)  # an upper that overflows float64 is drawn as "∞" at the top, not as a bar
+            a.bar(x[fin] - 0.2, up[fin], width=0.4, color="C0", label="certified upper (F6/F7/F8/F14)")
+            for xi in x[~fin]:
+                a.text(xi - 0.2, 0.98, "∞", transform=a.get_xaxis_transform(), ha="center", va="top", color="C0")
             if np.isfinite(lo).any():
                 a.bar(x + 0.2, np.where(np.isfinite(lo), lo, np.nan), width=0.4, color="C1",
                       label="empirical lower (witness pair)")
-            a.set_yscale("log")
+            if (up[fin] > 0).any() or (np.isfinite(lo) & (lo > 0)).any():
+                a.set_yscale("log")
             a.set_xticks(x)
             a.set_xticklabels(labels, rotation=70, fontsize=7)
             a.grid(axis="y", alpha=0.3)

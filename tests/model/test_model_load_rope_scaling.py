@@ -110,6 +110,7 @@ def test_dynamic_without_factor_or_below_one_is_refused():
 
 
 def test_yarn_factor_with_partial_rotation_is_refused():
+    # a family that rotates part of each head (GPT-NeoX, Phi); Llama's refuses the factor itself
     cfg = {"max_position_embeddings": 256, "rope_parameters": {**YARN, "partial_rotary_factor": 0.5}}
     with pytest.raises(UnsupportedArchitectureError, match="partial rotation"):
-        rope_from_config(cfg, "llama", DH)
+        rope_from_config(cfg, "gpt_neox", DH, partial=True)

@@ -35,7 +35,7 @@ import math
 
 import numpy as np
 
-from .._errors import UnsupportedArchitectureError
+from .._errors import InputError, UnsupportedArchitectureError
 from ._spec import RopeSpec
 
 __all__ = ["rope_from_config"]
@@ -112,19 +112,49 @@ def _dynamic(p: dict, L0: int, r: int, arch: str) -> tuple[float, int]:
     return factor, L0
 
 
+def _number(p: dict, config: dict, key: str, default: float, arch: str) -> float:
+    """``key`` from the RoPE parameters, else the configuration's top level, else ``default``; InputError
+    unless a finite number (a null or textual value ended in ``internal error: TypeError``)."""
+    v = p[key] if key in p else config.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        raise InputError(f"{arch} configuration: {key} must be a finite number, but got {key}={v!r}")
+    return float(v)
+
+
+# Note [partial rotation]: transformers 5's Llama-style rotary embeddings (Llama, Mistral, Qwen2/3, the MoE
+# decoders, OLMo 1/2, Falcon, Gemma) ignore partial_rotary_factor in their default RoPE (compute_default_
+# rope_parameters rotates the whole head_dim) and fail on it in the scaled types (ROPE_INIT_FUNCTIONS
+# compute frequencies for the partial width, apply_rotary_pos_emb then multiplies the whole head by them:
+# a shape error); transformers 4's shared _compute_default_rope_parameters computed frequencies for the
+# partial width.  Such a checkpoint
+# is a different function under each version, so only the families whose attention rotates the leading
+# coordinates (GPT-NeoX, Phi: partial=True) read the factor; the others refuse it (red team 168).
 def rope_from_config(config: dict, arch: str, d_head: int, *, default_factor: float = 1.0,
-                     default_theta: float = 10000.0) -> tuple[RopeSpec, float]:
+                     default_theta: float = 10000.0, partial: bool = False) -> tuple[RopeSpec, float]:
     """``(RopeSpec, score factor)`` for an HF configuration: the rotation, and the number every
     score is multiplied by (YaRN's m^2, else 1), which the adapter puts into the softmax scale.
+
+    ``partial``: the family's attention rotates only ``int(d_head * partial_rotary_factor)`` coordinates
+    (``default_factor`` where the configuration gives none); otherwise a factor other than 1 is refused
+    (Note [partial rotation]).
 
     Raises:
         UnsupportedArchitectureError: a position-dependent or unknown rope type, an odd or empty
             rotated width, or YaRN's attention factor with a partial rotation.
+        InputError: a partial_rotary_factor other than 1 where the family does not rotate part of a head,
+            or a null or non-numeric factor or theta.
     """
     p = _parameters(config)
     rope_type = str(p.get("rope_type") or "default")
-    factor_r = float(p.get("partial_rotary_factor", config.get("partial_rotary_factor", default_factor)))
-    theta = float(p.get("rope_theta", config.get("rope_theta", default_theta)))
+    factor_r = _number(p, config, "partial_rotary_factor", default_factor, arch)
+    if not partial and factor_r != 1.0:
+        family = str(config.get("model_type") or arch)
+        raise InputError(
+            f"{arch}: partial_rotary_factor is refused for {family}: transformers 5 rotates the whole head (its "
+            "default RoPE ignores the factor, its scaled types fail on it) while transformers 4 computed frequencies "
+            "for part of it, so the checkpoint's function depends on the transformers version; "
+            f"but got partial_rotary_factor={factor_r!r}")
+    theta = _number(p, config, "rope_theta", default_theta, arch)
     r = int(d_head * factor_r)
     if r < 2 or r % 2:
         raise UnsupportedArchitectureError(
@@ -136,6 +166,10 @@ def rope_from_config(config: dict, arch: str, d_head: int, *, default_factor: fl
             "of a sequence depends on its length beyond fixed frequencies (supported: default, linear, llama3, yarn, dynamic)")
     base = theta ** (-np.arange(0, r, 2, dtype=np.float64) / r)
     score = 1.0
+    if "max_position_embeddings" in config and config["max_position_embeddings"] is None:
+        # the model then accepts any length, and the bounds' range of offsets (RopeSpec.max_position) has no end
+        raise InputError(f"{arch} configuration: max_position_embeddings must be a positive integer (the longest "
+                         "sequence the bounds cover), but got max_position_embeddings=None")
     max_position = int(config.get("max_position_embeddings") or 2048)
     dynamic = None
     if rope_type == "default":

@@ -58,9 +58,13 @@ def build_gpt_neox(src: TensorSource, config: dict, name: str) -> TransformerSpe
     d_ff = int(config.get("intermediate_size") or 4 * d)
     eps = float(config.get("layer_norm_eps", 1e-5))
     act = activation_from_name(config.get("hidden_act", "gelu"), arch=arch)
-    # transformers 4.x spells the rotary fraction and base rotary_pct / rotary_emb_base
-    rope, score_factor = rope_from_config(config, arch, dh, default_factor=float(config.get("rotary_pct", 1.0)),
-                                          default_theta=float(config.get("rotary_emb_base", 10000.0)))
+    # transformers 4.x spells the rotary fraction and base rotary_pct / rotary_emb_base; 5.25's
+    # GPTNeoXConfig.convert_rope_params_to_dict reads rope_parameters' own values, else these, else 0.25 and
+    # 10000 (4.x's defaults too), before a top-level partial_rotary_factor / rope_theta (red team 168: a
+    # config.json without any of them rotated the whole head here, a quarter of it in the model)
+    legacy = {key: config[old] for key, old in (("partial_rotary_factor", "rotary_pct"),
+                                                ("rope_theta", "rotary_emb_base")) if old in config}
+    rope, score_factor = rope_from_config({**config, **legacy}, arch, dh, default_factor=0.25, partial=True)
     residual = Residual.PARALLEL if config.get("use_parallel_residual", True) else Residual.SEQUENTIAL
     found = find_prefix(src, ["layers.0.attention.query_key_value.weight", "embed_in.weight"])
     prefix = found[0] if found else ""

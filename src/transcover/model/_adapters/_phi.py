@@ -85,7 +85,7 @@ def build_phi(src: TensorSource, config: dict, name: str) -> TransformerSpec:
     act = activation_from_name(config.get("hidden_act", "gelu_new"), arch=arch)
     # PhiConfig's partial_rotary_factor (0.5 by default and in the released Phi-1/1.5/2 configs) sits at
     # the top level of older config.json files and in rope_parameters in transformers 5; both are read.
-    rope, score_factor = rope_from_config(config, arch, dh, default_factor=0.5)
+    rope, score_factor = rope_from_config(config, arch, dh, default_factor=0.5, partial=True)
     n = layer_count(config, "num_hidden_layers", src, prefix, "layers", name)
 
     def layer(i: int) -> LayerSpec:

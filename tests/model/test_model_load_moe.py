@@ -33,6 +33,9 @@ def _configs(tm):
                                         decoder_sparse_step=1, mlp_only_layers=[1], **common), tm.Qwen2MoeModel),
         "qwen3_moe": (tm.Qwen3MoeConfig(intermediate_size=20, moe_intermediate_size=FF, num_experts=E,
                                         norm_topk_prob=True, head_dim=8, **common), tm.Qwen3MoeModel),
+        # transformers 5 saves num_experts as num_local_experts: no sign of Mixtral's renormalisation (red team 168)
+        "qwen3_moe_unnormalised": (tm.Qwen3MoeConfig(intermediate_size=20, moe_intermediate_size=FF, num_experts=E,
+                                                     norm_topk_prob=False, head_dim=8, **common), tm.Qwen3MoeModel),
     }
 
 
@@ -50,7 +53,7 @@ def moe_models(transformers_mod, tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("kind", ["mixtral", "qwen2_moe", "qwen3_moe"])
+@pytest.mark.parametrize("kind", ["mixtral", "qwen2_moe", "qwen3_moe", "qwen3_moe_unnormalised"])
 @pytest.mark.parametrize("via", ["module", "files"])
 def test_moe_forward_matches_hf(moe_models, kind, via, assert_close):
     model, path = moe_models[kind]
@@ -58,6 +61,7 @@ def test_moe_forward_matches_hf(moe_models, kind, via, assert_close):
     assert spec.arch == "moe" and spec.n_layers == 2 and not spec.warnings
     moe = spec.layers[0].ffn
     assert isinstance(moe, MoESpec) and moe.n_experts == E and moe.top_k == K and moe.d_ff == FF
+    assert moe.normalize_topk == (kind in ("mixtral", "qwen3_moe"))
     assert (moe.shared is not None) == (kind == "qwen2_moe")
     assert isinstance(spec.layers[1].ffn, MoESpec) != (kind == "qwen2_moe")  # mlp_only_layers=[1]: dense
     X = torch.randn(2, T, D, dtype=torch.float64, generator=torch.Generator().manual_seed(1))

@@ -24,7 +24,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..._errors import UnsupportedArchitectureError
+from ..._errors import InputError, UnsupportedArchitectureError
 from .._arrays import concat, permute
 from .._sources import StateDictSource, TensorSource
 from .._spec import FFNSpec, LayerSequence, MoESpec, TransformerSpec
@@ -105,6 +105,26 @@ def _experts(src: TensorSource, p: str, E: int, d: int, d_ff: int) -> tuple:
                  for key, shape in zip(names, shapes))
 
 
+def _normalize_topk(config: dict, arch: str, name: str) -> bool:
+    """Whether the top-k routing weights are renormalised to sum 1, as transformers 5.25 decides per model type:
+    Mixtral always (``MixtralTopKRouter``); Qwen2-MoE and Qwen3-MoE when ``norm_topk_prob`` (default False
+    in 4.x and 5.x).  ``num_local_experts`` says nothing: transformers 5 saves Qwen3-MoE's ``num_experts``
+    under that name (its ``attribute_map``), and reading it as "Mixtral" renormalised a model that does
+    not (red team 168)."""
+    model_type = config.get("model_type")
+    if model_type == "mixtral":
+        return True
+    if model_type in ("qwen2_moe", "qwen3_moe") or "norm_topk_prob" in config:
+        v = config.get("norm_topk_prob", False)
+        if not isinstance(v, bool):
+            raise InputError(f"{arch} configuration of {name}: norm_topk_prob must be true or false, "
+                             f"but got norm_topk_prob={v!r}")
+        return v
+    raise InputError(f"{arch} configuration of {name} names no model_type (mixtral, qwen2_moe or qwen3_moe) and "
+                     "no norm_topk_prob, so whether the top-k routing weights are renormalised is unknown; "
+                     f"but got model_type={model_type!r}")
+
+
 def build_moe(src: TensorSource, config: dict, name: str) -> TransformerSpec:
     arch = str(config.get("model_type") or "moe")
     d = int(require(config, "hidden_size", arch=arch, name=name))
@@ -112,8 +132,7 @@ def build_moe(src: TensorSource, config: dict, name: str) -> TransformerSpec:
     top_k = int(require(config, "num_experts_per_tok", arch=arch, name=name))
     d_ff = int(config.get("moe_intermediate_size") or require(config, "intermediate_size", arch=arch, name=name))
     act = activation_from_name(config.get("hidden_act", "silu"), arch=arch)
-    # Mixtral always renormalises the top k; Qwen-MoE only with norm_topk_prob
-    normalize = True if "num_local_experts" in config else bool(config.get("norm_topk_prob", False))
+    normalize = _normalize_topk(config, arch, name)
     found = find_prefix(src, ["layers.0.self_attn.q_proj.weight"])
     prefix = found[0] if found else ""
     n = int(require(config, "num_hidden_layers", arch=arch, name=name))

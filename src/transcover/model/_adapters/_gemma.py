@@ -34,7 +34,7 @@ from ..._errors import InputError, UnsupportedArchitectureError, check_radius
 from .._arrays import is_tensor
 from .._rope_scaling import rope_from_config
 from .._sources import TensorSource
-from .._spec import LayerSequence, LayerSpec, NormKind, NormSpec, Placement, TransformerSpec
+from .._spec import Activation, LayerSequence, LayerSpec, NormKind, NormSpec, Placement, TransformerSpec
 from ._common import (
     DECODER_ROLES, activation_from_name, decoder_attention, decoder_dims, find_prefix, gated_ffn, layer_count,
     lazy_embeddings, summary, unexpected_layer_tensors,
@@ -118,6 +118,30 @@ def _positive_number(config: dict, key: str) -> float | None:
     return None if v is None else check_radius(v, key)
 
 
+def _activation(config: dict, sandwich: bool, arch: str, name: str) -> Activation:
+    """The MLP's activation as transformers reads it.
+
+    Gemma 2/3: ``hidden_activation`` (default ``gelu_pytorch_tanh``).  Gemma 1 in transformers 5.25:
+    ``hidden_act`` (default ``gelu_pytorch_tanh``), with the legacy ``"gelu"`` of the released
+    configurations rewritten to ``gelu_pytorch_tanh`` (``GemmaConfig.__post_init__``: "meant to target the
+    tanh approximation"); transformers 4 read ``hidden_activation`` instead (default the tanh GELU too).
+    Where both keys are set and name different functions, the checkpoint is a different function under
+    each version: refused (red team 168: ``hidden_act="gelu"`` was read as the exact erf GELU).
+    """
+    if sandwich:
+        return activation_from_name(config.get("hidden_activation") or "gelu_pytorch_tanh", arch=arch)
+    legacy = config.get("hidden_act")
+    v5 = activation_from_name("gelu_pytorch_tanh" if legacy in (None, "gelu") else legacy, arch=arch)
+    if config.get("hidden_activation") is not None:
+        v4 = activation_from_name(config["hidden_activation"], arch=arch)
+        if v4 is not v5:
+            raise InputError(
+                f"{arch}: configuration of {name} sets hidden_act={legacy!r} (read by transformers 5: {v5.value}) and "
+                f"hidden_activation={config['hidden_activation']!r} (read by transformers 4: {v4.value}), so the "
+                f"MLP's function depends on the transformers version; but got both")
+    return v5
+
+
 def build_gemma(src: TensorSource, config: dict, name: str) -> TransformerSpec:
     arch = "gemma"
     if isinstance(config.get("text_config"), dict):  # Gemma3ForConditionalGeneration: the text tower
@@ -128,8 +152,7 @@ def build_gemma(src: TensorSource, config: dict, name: str) -> TransformerSpec:
     d, H, H_kv, dh, d_ff = decoder_dims(config, arch=arch, name=name)
     eps = float(config.get("rms_norm_eps", 1e-6))
     sandwich = model_type in _SANDWICH
-    act_name = config.get("hidden_activation") if sandwich else config.get("hidden_act")
-    act = activation_from_name(act_name or "gelu_pytorch_tanh", arch=arch)
+    act = _activation(config, sandwich, arch, name)
     if config.get("use_bidirectional_attention"):
         raise UnsupportedArchitectureError(
             f"{arch}: use_bidirectional_attention (Gemma 3 as an encoder) is refused: its sliding window is "

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..._errors import UnsupportedArchitectureError
+from ..._errors import InputError, UnsupportedArchitectureError
 from .._sources import TensorSource
 from .._spec import (
-    Activation, AttentionSpec, FFNSpec, LayerSequence, LayerSpec, Placement, TransformerSpec,
+    Activation, AttentionSpec, FFNSpec, LayerSequence, LayerSpec, NormKind, NormSpec, Placement, TransformerSpec,
 )
 from ._common import (
     split_fused_qkv,
@@ -65,11 +65,54 @@ def _activation(fn: object) -> Activation:
     )
 
 
+def _norm(mod: object, where: str, dtype: object) -> tuple[str, float]:
+    """``(kind, eps)`` of a norm submodule: ``nn.LayerNorm`` / ``nn.RMSNorm`` over the last dimension, or
+    ``nn.Identity`` (kind ``"Identity"``, eps 0); anything else refused, naming the submodule.
+
+    ``nn.RMSNorm(eps=None)`` divides by ``sqrt(mean(x^2) + finfo(x.dtype).eps)``: the eps of the dtype the
+    module runs in, its parameters' (``dtype``), which is what is recorded.
+    """
+    import torch
+    from torch import nn
+
+    if isinstance(mod, nn.Identity):
+        return "Identity", 0.0
+    if type(mod) not in (nn.LayerNorm, nn.RMSNorm):
+        raise UnsupportedArchitectureError(
+            f"{_ARCH}: {where} is {type(mod).__name__}; supported: nn.LayerNorm, nn.RMSNorm, nn.Identity")
+    if len(mod.normalized_shape) != 1:
+        raise UnsupportedArchitectureError(
+            f"{_ARCH}: {where} normalises over {tuple(mod.normalized_shape)}; only the last dimension is supported")
+    eps = mod.eps if mod.eps is not None else torch.finfo(dtype).eps
+    return type(mod).__name__, float(eps)
+
+
+def _check_submodules(layer: nn.Module, where: str) -> None:
+    """Refuse, naming it, a submodule the decomposition does not read as the layer's forward uses it."""
+    from torch import nn
+
+    sa = layer.self_attn
+    if not isinstance(sa, nn.MultiheadAttention):
+        raise UnsupportedArchitectureError(f"{_ARCH}: {where}.self_attn is {type(sa).__name__}; supported: "
+                                           "nn.MultiheadAttention")
+    if not sa._qkv_same_embed_dim or sa.in_proj_weight is None:
+        raise UnsupportedArchitectureError(f"{_ARCH}: {where}.self_attn has separate q/k/v projections (kdim or vdim "
+                                           "other than embed_dim); only the packed in_proj_weight is supported")
+    if sa.bias_k is not None or sa.add_zero_attn:
+        raise UnsupportedArchitectureError(
+            f"{_ARCH}: MultiheadAttention with add_bias_kv or add_zero_attn adds a key; not supported"
+        )
+    for sub, mod in (("self_attn.out_proj", sa.out_proj), ("linear1", layer.linear1), ("linear2", layer.linear2)):
+        if not isinstance(mod, nn.Linear):
+            raise UnsupportedArchitectureError(f"{_ARCH}: {where}.{sub} is {type(mod).__name__}; supported: nn.Linear")
+
+
 def torch_encoder_config(module: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, object]]:
     """(state dict with keys ``layers.N.*`` and ``norm.*``, configuration) of an encoder (layer).
 
     Raises:
-        UnsupportedArchitectureError: extra key/value biases, zero attention, unequal layers.
+        UnsupportedArchitectureError: extra key/value biases, zero attention, unequal layers, or a submodule
+            other than the ones the decomposition reads (named in the message).
     """
     from torch import nn
 
@@ -82,24 +125,39 @@ def torch_encoder_config(module: nn.Module) -> tuple[dict[str, torch.Tensor], di
         state = dict(module.state_dict())
         final = module.norm
     per_layer = []
-    for layer in layers:
-        sa = layer.self_attn
-        if sa.bias_k is not None or sa.add_zero_attn:
-            raise UnsupportedArchitectureError(
-                f"{_ARCH}: MultiheadAttention with add_bias_kv or add_zero_attn adds a key; not supported"
-            )
+    for i, layer in enumerate(layers):
+        where = f"layers.{i}" if len(layers) > 1 or final is not None else "layer"
+        _check_submodules(layer, where)
+        dtype = layer.self_attn.in_proj_weight.dtype
+        (kind1, eps1), (kind2, eps2) = (_norm(getattr(layer, k), f"{where}.{k}", dtype) for k in ("norm1", "norm2"))
         per_layer.append({
-            "n_heads": int(sa.num_heads), "norm_first": bool(layer.norm_first),
+            "n_heads": int(layer.self_attn.num_heads), "norm_first": bool(layer.norm_first),
             "activation": _activation(layer.activation).value,
-            "layer_norm_eps": float(layer.norm1.eps), "layer_norm_eps_2": float(layer.norm2.eps),
+            "layer_norm_eps": eps1, "layer_norm_eps_2": eps2, "norm_kind": kind1, "norm_kind_2": kind2,
         })
     if any(p != per_layer[0] for p in per_layer):
-        raise UnsupportedArchitectureError(f"{_ARCH}: layers differ in heads, placement, activation or eps")
+        raise UnsupportedArchitectureError(f"{_ARCH}: layers differ in heads, placement, activation or norms")
     config: dict[str, object] = dict(per_layer[0]) if per_layer else {}
     config["n_layers"] = len(layers)
-    config["final_norm_eps"] = None if final is None else float(getattr(final, "eps", 0.0))
-    config["final_norm_kind"] = None if final is None else type(final).__name__
+    config["final_norm_eps"] = config["final_norm_kind"] = None
+    if final is not None:
+        dtype = layers[0].self_attn.in_proj_weight.dtype if layers else None
+        config["final_norm_kind"], config["final_norm_eps"] = _norm(final, "norm", dtype)
     return state, config
+
+
+_KINDS = {"LayerNorm": NormKind.LAYERNORM, "RMSNorm": NormKind.RMSNORM, "Identity": NormKind.NONE}
+
+
+def _norm_spec(src: TensorSource, key: str, kind: object, eps: object, d: int, field: str, name: str) -> NormSpec:
+    """The norm ``key`` (``layers.N.norm1``, ``norm``) of kind ``kind`` (a ``_KINDS`` name) and ``eps``."""
+    if kind not in _KINDS:
+        raise InputError(f"{_ARCH} configuration of {name}: {field} must be one of {sorted(_KINDS)}, "
+                         f"but got {field}={kind!r}")
+    if kind == "Identity":
+        return NormSpec(NormKind.NONE)
+    bias = key + ".bias" if kind == "LayerNorm" else None
+    return layer_norm(src, key + ".weight", bias, d, eps, _KINDS[kind], affine=False)  # type: ignore[arg-type]
 
 
 def build_torch_encoder(src: TensorSource, config: dict, name: str) -> TransformerSpec:
@@ -117,6 +175,9 @@ def build_torch_encoder(src: TensorSource, config: dict, name: str) -> Transform
     placement = Placement.PRE if config.get("norm_first") else Placement.POST
     eps1 = float(config.get("layer_norm_eps", 1e-5))
     eps2 = float(config.get("layer_norm_eps_2", eps1))
+    # files written before the norms' kinds were recorded hold LayerNorms
+    kind1 = config.get("norm_kind", "LayerNorm")
+    kind2 = config.get("norm_kind_2", kind1)
 
     def layer(i: int) -> LayerSpec:
         p = f"layers.{i}."
@@ -145,20 +206,21 @@ def build_torch_encoder(src: TensorSource, config: dict, name: str) -> Transform
         )
         return LayerSpec(
             index=i, attention=attn, ffn=ffn,
-            norm_attn=layer_norm(src, keys["norm_attn.weight"], keys["norm_attn.bias"], d, eps1, affine=False),
-            norm_ffn=layer_norm(src, keys["norm_ffn.weight"], keys["norm_ffn.bias"], d, eps2, affine=False),
+            norm_attn=_norm_spec(src, p + "norm1", kind1, eps1, d, "norm_kind", name),
+            norm_ffn=_norm_spec(src, p + "norm2", kind2, eps2, d, "norm_kind_2", name),
             placement=placement, names=names,
         )
 
     final_norm = None
     kind = config.get("final_norm_kind")
+    # the recorded eps as it is: 0.0 is a LayerNorm without a variance floor (red team 168: `or 1e-5` read it
+    # as 1e-5); a bound that needs eps > 0 refuses it downstream (F14), as for any other family
+    final_eps = config.get("final_norm_eps")
+    final_eps = 1e-5 if final_eps is None else final_eps
     if kind is not None:
-        if kind != "LayerNorm":
-            raise UnsupportedArchitectureError(f"{_ARCH}: final norm {kind} is not supported (LayerNorm is)")
-        final_norm = layer_norm(src, "norm.weight", "norm.bias", d,
-                                float(config.get("final_norm_eps") or 1e-5), affine=False)
+        final_norm = _norm_spec(src, "norm", kind, final_eps, d, "final_norm_kind", name)
     elif "norm.weight" in src:
-        final_norm = layer_norm(src, "norm.weight", "norm.bias", d, float(config.get("final_norm_eps") or 1e-5))
+        final_norm = layer_norm(src, "norm.weight", "norm.bias", d, final_eps)
     return TransformerSpec(
         arch=_ARCH, name=name, d_model=d, layers=LayerSequence(n, layer), final_norm=final_norm,
         config=summary(config, src, n, H, H, dh, d_ff, act.value, "", {}),

@@ -49,6 +49,7 @@ def _edited(src, dst, **changes):
     (dict(n_embd=-16), "n_embd"), (dict(n_layer="two"), "n_layer"), (dict(n_layer=True), "n_layer"),
     (dict(n_layer=1.5), "n_layer"), (dict(layer_norm_epsilon=math.nan), "layer_norm_epsilon"),
     (dict(layer_norm_epsilon=-1e-5), "layer_norm_epsilon"), (dict(n_positions=0), "n_positions"),
+    (dict(layer_norm_epsilon=None), "layer_norm_epsilon"),  # float(None): "internal error", exit 1 (red team 168)
 ], ids=lambda v: str(v))
 def test_impossible_configuration_values_are_refused_in_one_line(gpt2_dir, tmp_path, capsys, changes, field):
     bad = _edited(gpt2_dir, tmp_path / "bad", **changes)

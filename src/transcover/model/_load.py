@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from .._errors import InputError, TranscoverWarning, clean_line
 from ._adapters import SUPPORTED_ARCHITECTURES, adapter_for, arch_from_config
-from ._adapters._common import check_config
+from ._adapters._common import check_config, with_hf_defaults
 from ._adapters._mapped import build_mapped
 from ._adapters._refused import OutsideDecompositionError
 from ._adapters._registry import PARTS
@@ -360,5 +360,5 @@ def _build(
             f"be inferred from tensors; put its config.json {where}"
         )
     check_config(config, name)
-    return adapter(src, config, name)
+    return adapter(src, with_hf_defaults(config), name)  # Note [HF defaults]
 

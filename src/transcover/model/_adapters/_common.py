@@ -101,6 +101,59 @@ _HEADS = (("n_embd", "n_head"), ("hidden_size", "num_attention_heads"), ("d_mode
 _KV = (("num_attention_heads", "num_key_value_heads"), ("num_attention_heads", "num_kv_heads"), ("n_head", "n_head_kv"))
 
 
+# Keys an adapter reads as numbers, for which a JSON null is no model (transformers' own layers fail on it, or it
+# ended here in float(None): "internal error: TypeError", exit 1; red team 168).  A null where a null means
+# something (head_dim, num_key_value_heads, intermediate_size: "derive it"; rotary_dim, sliding_window:
+# "none") is left to the adapters.
+_NOT_NULL = (*_EPS_KEYS, "rope_theta", "partial_rotary_factor", "rotary_pct", "rotary_emb_base",
+             "rope_local_base_freq", "layer_norm_eps_2", "relative_attention_num_buckets",
+             "relative_attention_max_distance", "query_pre_attn_scalar")
+
+# Note [HF defaults]: a key missing from config.json means the default of transformers' config class for that
+# model type, which is not always what an adapter's own fallback was (red team 168: GPT-NeoX rotates a quarter
+# of each head by default, Gemma 2 soft-caps its scores at 50 and attends within 4096 tokens, Mixtral's RoPE
+# base is 1e6 and its eps 1e-5, Mistral's window 4096, GPT-J rotates 64 coordinates).  These are the
+# defaults of transformers 5.25's config classes for the keys whose absence the adapters would otherwise read
+# differently; each agrees with transformers 4's (tests/model/test_model_hf_defaults.py checks them against
+# the installed classes).  Where a model type's default changed between versions it would be refused instead.
+HF_DEFAULTS: dict[str, dict[str, object]] = {
+    "llama": {"max_position_embeddings": 2048, "rms_norm_eps": 1e-6, "rope_theta": 10000.0},
+    "mistral": {"max_position_embeddings": 131072, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+                "sliding_window": 4096},
+    "qwen2": {"max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+              "max_window_layers": 28},
+    "qwen3": {"max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+              "max_window_layers": 28, "head_dim": 128},
+    "mixtral": {"max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 1_000_000.0},
+    "qwen2_moe": {"max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+                  "max_window_layers": 28},
+    "qwen3_moe": {"max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "rope_theta": 10000.0},
+    "olmo": {"max_position_embeddings": 2048, "rope_theta": 10000.0},
+    "olmo2": {"max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "rope_theta": 10000.0},
+    "falcon": {"max_position_embeddings": 2048, "layer_norm_epsilon": 1e-5, "rope_theta": 10000.0},
+    "gpt_neox": {"max_position_embeddings": 2048, "layer_norm_eps": 1e-5},  # rotary_pct: _gpt_neox
+    "gptj": {"n_positions": 2048, "layer_norm_epsilon": 1e-5, "rotary_dim": 64},
+    "phi": {"max_position_embeddings": 2048, "layer_norm_eps": 1e-5, "rope_theta": 10000.0},
+    "gemma": {"max_position_embeddings": 8192, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "head_dim": 256},
+    "gemma2": {"max_position_embeddings": 8192, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "head_dim": 256,
+               "query_pre_attn_scalar": 256, "sliding_window": 4096, "attn_logit_softcapping": 50.0,
+               "final_logit_softcapping": 30.0},
+    "gemma3_text": {"max_position_embeddings": 131072, "rms_norm_eps": 1e-6, "head_dim": 256,
+                    "query_pre_attn_scalar": 256, "sliding_window": 4096},
+}
+
+
+def with_hf_defaults(config: dict) -> dict:
+    """``config`` with the keys of :data:`HF_DEFAULTS` it lacks filled in for its ``model_type`` (also inside a
+    Gemma 3 ``text_config``); a key present (null included) is kept as it is (Note [HF defaults])."""
+    model_type = config.get("model_type")
+    out = {**HF_DEFAULTS.get(model_type, {}), **config} if isinstance(model_type, str) else dict(config)
+    if model_type == "gemma3" and isinstance(config.get("text_config"), dict):
+        text = config["text_config"]
+        out["text_config"] = {**HF_DEFAULTS["gemma3_text"], **text}
+    return out
+
+
 def check_config(config: dict, name: str) -> None:
     """Refuse configuration values no model has (Note [configuration values]), in one line naming the field."""
     def bad(key: str, v: object, want: str) -> InputError:
@@ -119,6 +172,9 @@ def check_config(config: dict, name: str) -> None:
     for key in _SIZE_KEYS:
         if config.get(key) is not None:
             size(key, config[key])
+    for key in _NOT_NULL:
+        if key in config and config[key] is None:
+            raise bad(key, None, "a number (not null)")
     for key in (*_EPS_KEYS, "rope_theta"):  # eps may be 0 (F14 refuses it where a bound needs more); theta may not
         v, strict = config.get(key), key == "rope_theta"
         if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)

@@ -1,0 +1,247 @@
+"""Checkpoints transcover read as another function than transformers computes (red team 168).
+
+Each case either reproduces HF's own forward in float64 (tiny random models saved with ``save_pretrained``)
+or is refused in one line where the checkpoint means different functions under transformers 4 and 5:
+
+* ``partial_rotary_factor`` on a Llama-style family (transformers 5 rotates the whole head): refused;
+* Qwen3-MoE's ``norm_topk_prob=False`` saved beside ``num_local_experts`` (test_model_load_moe);
+* Gemma 1's legacy ``hidden_act="gelu"``: the tanh GELU, as transformers 5.25 rewrites it;
+* ``nn.TransformerEncoder`` norms: eps 0 kept, ``nn.RMSNorm`` and ``nn.Identity`` read as such, other
+  submodules refused by name;
+* keys missing from config.json: transformers' class defaults (GPT-NeoX's quarter rotation, Gemma 2's
+  query_pre_attn_scalar / soft-cap / window), checked against the installed config classes;
+* a null number in config.json (test_model_config_values).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from conftest import randomize
+from torch import nn
+
+from transcover import InputError, UnsupportedArchitectureError
+from transcover.cli import main
+from transcover.model import layer_forward, load, transformer_forward
+
+V, T = 32, 7
+
+
+def _save(model, path):
+    model.save_pretrained(path)
+    return path
+
+
+def _edit(src, dst, drop=(), **changes):
+    """A copy of checkpoint folder ``src`` whose config.json has ``drop`` removed and ``changes`` set."""
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    for k in drop:
+        cfg.pop(k, None)
+        if isinstance(cfg.get("rope_parameters"), dict):
+            cfg["rope_parameters"].pop(k, None)
+    cfg.update(changes)
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+def _layer_io(model, layers, run):
+    """``[(input, output)]`` of every module in ``layers`` during ``run()`` (HF's own forward)."""
+    caps, hooks = [], []
+    for i, layer in enumerate(layers):
+        caps.append({})
+
+        def pre(mod, args, kwargs, c=caps[i]):
+            c["x"] = (args[0] if args else kwargs["hidden_states"]).detach().clone()
+
+        def post(mod, args, out, c=caps[i]):
+            c["y"] = (out[0] if isinstance(out, tuple) else out).detach().clone()
+
+        hooks += [layer.register_forward_pre_hook(pre, with_kwargs=True), layer.register_forward_hook(post)]
+    with torch.no_grad():
+        run()
+    for h in hooks:
+        h.remove()
+    return [(c["x"], c["y"]) for c in caps]
+
+
+def _check_layers(spec, model, layers, tol):
+    ids = torch.randint(0, V, (2, T), generator=torch.Generator().manual_seed(1))
+    for i, (x, y) in enumerate(_layer_io(model, layers, lambda: model(input_ids=ids))):
+        with torch.no_grad():
+            err = float((layer_forward(spec.layers[i], x) - y).abs().max() / y.abs().max())
+        assert err <= tol, f"layer {i}: relative error {err:.3e}"
+
+
+# -- 1. partial_rotary_factor on families that rotate the whole head ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def llama_partial(tmp_path_factory, transformers_mod):
+    cfg = transformers_mod.LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                       partial_rotary_factor=0.5)
+    torch.manual_seed(0)
+    return _save(randomize(transformers_mod.LlamaForCausalLM(cfg), seed=3), tmp_path_factory.mktemp("partial"))
+
+
+def test_llama_family_refuses_partial_rotary_factor(llama_partial, tmp_path, transformers_mod, capsys):
+    # transformers 5 ignores the factor: the folder with it and the folder without it are one function
+    plain = _edit(llama_partial, tmp_path / "plain", drop=("partial_rotary_factor",))
+    ids = torch.randint(0, V, (1, T), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        a, b = (transformers_mod.LlamaForCausalLM.from_pretrained(p).double().eval()(ids).logits
+                for p in (llama_partial, plain))
+    assert torch.equal(a, b)
+    assert load(plain).layers[0].attention.rope.rotary_dim is None
+    for model_type in ("llama", "mistral", "qwen2", "qwen3"):
+        d = _edit(llama_partial, tmp_path / model_type, model_type=model_type)
+        with pytest.raises(InputError, match=f"partial_rotary_factor is refused for {model_type}.*but got "
+                                             "partial_rotary_factor=0.5"):
+            load(d)
+    capsys.readouterr()  # HF's loading progress
+    assert main(["analyze", str(llama_partial), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "partial_rotary_factor" in err[0] and "transformers version" in err[0]
+    # the transformers 4 spelling (top level) and 5's (inside rope_parameters) alike; 1.0 is no partial rotation
+    nested = _edit(llama_partial, tmp_path / "nested", drop=("partial_rotary_factor",),
+                   rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 10000.0,
+                                    "partial_rotary_factor": 0.25})
+    with pytest.raises(InputError, match="partial_rotary_factor=0.25"):
+        load(nested)
+    one = _edit(llama_partial, tmp_path / "one", drop=("partial_rotary_factor",), partial_rotary_factor=1.0)
+    assert load(one).layers[0].attention.rope.rotary_dim is None
+
+
+# -- 3. Gemma 1's legacy hidden_act="gelu" --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gemma1(tmp_path_factory, transformers_mod):
+    cfg = transformers_mod.GemmaConfig(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                                       num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    torch.manual_seed(0)
+    return _save(randomize(transformers_mod.GemmaModel(cfg), seed=5, std=1.0), tmp_path_factory.mktemp("gemma1"))
+
+
+def test_gemma1_legacy_gelu_is_the_tanh_gelu_as_in_transformers(gemma1, tmp_path, transformers_mod):
+    d = _edit(gemma1, tmp_path / "legacy", drop=("hidden_activation",), hidden_act="gelu")
+    hf = transformers_mod.GemmaModel.from_pretrained(d).double().eval()
+    assert hf.config.hidden_act == "gelu_pytorch_tanh"
+    spec = load(d)
+    assert spec.layers[0].ffn.activation.value == "gelu_tanh"
+    _check_layers(spec, hf, hf.layers, 1e-6)  # HF's RMSNorm computes in float32
+    # both keys, one function: accepted; two functions (transformers 4 read hidden_activation): refused
+    same = _edit(gemma1, tmp_path / "same", hidden_act="gelu", hidden_activation="gelu_pytorch_tanh")
+    assert load(same).layers[0].ffn.activation.value == "gelu_tanh"
+    both = _edit(gemma1, tmp_path / "both", hidden_act="gelu", hidden_activation="gelu")
+    with pytest.raises(InputError, match="hidden_activation='gelu'.*depends on the transformers version"):
+        load(both)
+
+
+# -- 4. nn.TransformerEncoder norms and submodules ------------------------------------------------------
+
+
+def _encoder(norm=None, norm_first=True) -> nn.TransformerEncoder:
+    layer = nn.TransformerEncoderLayer(32, 4, 48, dropout=0.0, batch_first=True, norm_first=norm_first)
+    return randomize(nn.TransformerEncoder(layer, 2, norm=norm, enable_nested_tensor=False), seed=2).double()
+
+
+def _same_function(enc, X, assert_close):
+    spec = load(enc)
+    with torch.no_grad():  # gradients off is fine: the module is in training mode (no fast path), dropout 0
+        assert_close(transformer_forward(spec, X, with_head=False), enc.train()(X), 2 * 48)
+    return spec
+
+
+def test_torch_encoder_final_layernorm_with_eps_zero_keeps_it(assert_close):
+    enc = _encoder(nn.LayerNorm(32, eps=0.0))
+    spec = load(enc)
+    assert spec.final_norm.eps == 0.0
+    h = 1e-4 * torch.randn(2, T, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():  # tokens of variance 1e-8: a floor of 1e-5 would shrink them ~30-fold
+        assert_close(spec.final_norm(h), enc.norm(h), 32)
+
+
+@pytest.mark.parametrize("where", ["layers", "final", "final_eps_none", "identity"])
+def test_torch_encoder_rmsnorm_and_identity_norms_are_read_as_such(where, assert_close):
+    enc = _encoder(nn.RMSNorm(32, eps=None if where == "final_eps_none" else 1e-3)
+                   if where.startswith("final") else None)
+    for layer in enc.layers:
+        if where == "layers":
+            layer.norm1, layer.norm2 = nn.RMSNorm(32, eps=1e-3).double(), nn.RMSNorm(32, eps=1e-2).double()
+            randomize(layer, seed=6)
+        elif where == "identity":
+            layer.norm1 = nn.Identity()
+    X = torch.randn(2, T, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    spec = _same_function(enc, X, assert_close)
+    kinds = {n.kind.value for la in spec.layers for n in (la.norm_attn, la.norm_ffn)}
+    assert kinds == {"layers": {"rmsnorm"}, "identity": {"none", "layernorm"}}.get(where, {"layernorm"})
+    if where == "final_eps_none":  # RMSNorm(eps=None): the machine epsilon of the dtype it runs in
+        assert spec.final_norm.eps == torch.finfo(torch.float64).eps
+
+
+@pytest.mark.parametrize("sub, replacement, message", [
+    ("linear1", lambda: nn.Sequential(nn.Linear(32, 48)), "layers.0.linear1 is Sequential"),
+    ("norm2", lambda: nn.BatchNorm1d(32), "layers.0.norm2 is BatchNorm1d"),
+    ("self_attn", lambda: nn.Identity(), "layers.0.self_attn is Identity"),
+])
+def test_torch_encoder_unsupported_submodules_are_refused_by_name(sub, replacement, message):
+    enc = _encoder()
+    setattr(enc.layers[0], sub, replacement())
+    with pytest.raises(UnsupportedArchitectureError, match=message):
+        load(enc)
+    enc = _encoder(nn.GroupNorm(1, 32))
+    with pytest.raises(UnsupportedArchitectureError, match="norm is GroupNorm"):
+        load(enc)
+
+
+# -- 5. keys missing from config.json: transformers' class defaults ------------------------------------
+
+
+def test_hf_defaults_table_matches_the_installed_config_classes(transformers_mod):
+    from transcover.model._adapters._common import HF_DEFAULTS
+
+    classes = {"llama": "LlamaConfig", "mistral": "MistralConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config",
+               "mixtral": "MixtralConfig", "qwen2_moe": "Qwen2MoeConfig", "qwen3_moe": "Qwen3MoeConfig",
+               "olmo": "OlmoConfig", "olmo2": "Olmo2Config", "falcon": "FalconConfig", "gpt_neox": "GPTNeoXConfig",
+               "gptj": "GPTJConfig", "phi": "PhiConfig", "gemma": "GemmaConfig", "gemma2": "Gemma2Config",
+               "gemma3_text": "Gemma3TextConfig"}
+    assert set(HF_DEFAULTS) == set(classes)
+    for model_type, defaults in HF_DEFAULTS.items():
+        hf = getattr(transformers_mod, classes[model_type])().to_dict()
+        rope = hf.get("rope_parameters") or {}
+        for key, value in defaults.items():
+            got = rope.get(key) if key == "rope_theta" else hf.get(key)
+            assert got == value, f"{model_type}.{key}: transformers {got!r}, transcover {value!r}"
+
+
+@pytest.mark.parametrize("family", ["gpt_neox", "gemma2", "gemma3"])
+def test_a_minimal_config_json_is_read_with_transformers_defaults(family, tmp_path, transformers_mod):
+    tm = transformers_mod
+    common = dict(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4)
+    if family == "gpt_neox":
+        model = tm.GPTNeoXModel(tm.GPTNeoXConfig(**common))
+        keep = ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers", "vocab_size")
+    else:
+        cls, ccls = (tm.Gemma2Model, tm.Gemma2Config) if family == "gemma2" else (tm.Gemma3TextModel,
+                                                                                 tm.Gemma3TextConfig)
+        model = cls(ccls(**common, head_dim=8, num_key_value_heads=2, max_position_embeddings=64))
+        keep = ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers", "vocab_size",
+                "head_dim", "num_key_value_heads", "max_position_embeddings")
+    torch.manual_seed(0)
+    d = _save(randomize(model, seed=7, std=1.0), tmp_path / "full")
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({k: v for k, v in cfg.items() if k in keep or k == "model_type"}))
+    hf = type(model).from_pretrained(d).double().eval()
+    spec = load(d)
+    if family == "gpt_neox":  # rotary_pct 0.25: 2 of the 8 coordinates of a head rotate
+        assert spec.layers[0].attention.rope.rotary_dim == 2
+    else:  # query_pre_attn_scalar 256 (not head_dim 8), sliding window 4096
+        assert spec.layers[0].attention.scale == pytest.approx(256 ** -0.5)
+        assert spec.layers[0].attention.window == 4096
+        assert (spec.layers[0].attention.softcap == 50.0) == (family == "gemma2")
+    _check_layers(spec, hf, hf.layers, 1e-6)

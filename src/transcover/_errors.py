@@ -70,6 +70,19 @@ def check_radius(radius: float, name: str = "radius") -> float:
     return r
 
 
+def radius_in(radius: float, dtype, name: str = "radius") -> float:  # noqa: ANN001  (a torch dtype)
+    """``check_radius(radius)``, also refused when the dtype its buffer lives in cannot hold it: a float16 cap at
+    radius 1e5 was stored as inf, and its export failed with "got radius=inf" (red team 171)."""
+    r = check_radius(radius, name)
+    import torch
+
+    top = torch.finfo(dtype).max
+    if r > top:
+        raise InputError(f"{name}={radius!r} is above the largest {str(dtype).replace('torch.', '')} number "
+                         f"({top:g}); a cap on such weights cannot hold it: cast the module to float32 first")
+    return r
+
+
 def check_positive_int(value, name: str) -> int:  # noqa: ANN001  (any object; refused unless an integer)
     """``value``, or :class:`InputError` naming ``name`` unless ``value`` is a Python ``int`` >= 1.
 

@@ -215,3 +215,44 @@ def test_monitor_names_nan_weights():
         model.blocks[0].W_2[0, 0] = float("nan")
     with pytest.raises(InputError, match="NaN or infinite"):
         mon.log(step=1)
+
+
+@pytest.mark.parametrize("dtype, scale", [(torch.float32, 1e20), (torch.bfloat16, 1e20), (torch.float16, 300.0)])
+def test_a_cap_holds_where_the_power_iterations_norm_would_overflow(dtype, scale):
+    """Red team 171: float32 weights near 1e20 overflowed the power iteration's norm (1e40), u became 0, sigma 0, and
+    the cap did nothing (sigma/c = 1.08e20); the vectors are now scaled by their largest entry first."""
+    from torch import nn
+
+    torch.manual_seed(0)
+    lin = nn.Linear(8, 8, bias=False)
+    with torch.no_grad():
+        lin.weight.mul_(scale)
+    lin = lin.to(dtype)
+    C.spectral_cap(lin, "weight", radius=1.0)
+    lin.train()
+    for _ in range(5):
+        lin(torch.zeros(1, 8, dtype=dtype))
+    lin.eval()
+    sigma = float(torch.linalg.matrix_norm(lin.weight.detach().double(), 2))
+    assert sigma <= 1.0 + 2e-2  # the estimate's gap after a few steps, not 1e20
+    assert float(lin.parametrizations.weight[0].u.double().norm()) == pytest.approx(1.0, abs=1e-2)
+
+
+def test_constraint_inputs_that_were_dropped_or_overflowed_are_one_line():
+    """Red team 171: a float16 radius above 65504 was stored as inf (export then failed naming 'radius=inf');
+    ``KQ=1,KQ=2`` kept the last; radii with method none or lipschitz were ignored and shown as targets; an infinite
+    penalty weight trained to NaN weights; d_model not divisible by n_heads was an internal error."""
+    from torch import nn
+
+    with pytest.raises(InputError, match=r"above the largest float16 number \(65504\)"):
+        C.spectral_cap(nn.Linear(4, 4).half(), "weight", radius=1e5)
+    C.spectral_cap(nn.Linear(4, 4).half(), "weight", radius=6e4)  # representable: accepted
+    with pytest.raises(InputError, match="radius KQ is given twice"):
+        C.ConstraintConfig(method="project", radii="KQ=1,KQ=2")
+    for method in ("none", "lipschitz"):
+        with pytest.raises(InputError, match=f"method='{method}' uses no radius"):
+            C.ConstraintConfig(method=method, radii={"all": 1.0})
+    with pytest.raises(InputError, match="penalty_weight must be a finite number >= 0, but got penalty_weight=inf"):
+        C.ConstraintConfig(method="penalty", radii={"KQ": 1.0}, penalty_weight=float("inf"))
+    with pytest.raises(InputError, match="d_model=8 is not divisible by n_heads=3"):
+        ReferenceConfig(d_model=8, n_heads=3)

@@ -83,7 +83,7 @@ def test_resume_is_bit_exact_for_every_method(tmp_path, method, schedule):
     from safetensors.torch import load_file
 
     cfg = replace(TINY, n_train=96, epochs=2, batch_size=32, constraint=ConstraintConfig(
-        method=method, radii={"all": 0.5}, schedule=schedule))
+        method=method, radii={} if method == "lipschitz" else {"all": 0.5}, schedule=schedule))  # it uses none
     train(cfg, out_dir=tmp_path / "a")
     train(cfg, out_dir=tmp_path / "b", stop_after=1)
     train(cfg, out_dir=tmp_path / "b", resume=True)
@@ -198,3 +198,32 @@ def test_a_diverging_capacity_proxy_is_inf_not_a_crash():
     big = torch.tensor([1e50], dtype=torch.float64)  # a finite log proxy of 1382: its exp overflows
     sigmas = {"KQ.0": big, "OV.0": big, "W1.0": big, "W2.0": big, **{f"head.{j}": big for j in range(8)}}
     assert capacity_proxy(sigmas, 1) == float("inf")
+
+
+def test_a_run_stopped_mid_schedule_is_bounded_as_it_computes(tmp_path):
+    """Red team 171: a spectral run stopped before finalize had a head above its radius (sigma/c 1.0097); its losses
+    came from that model, but its Lipschitz and covering bounds (and ``transcover bound RUN``'s) from the certified
+    export, which projected it: another function. Both now use the model as evaluated and checkpointed."""
+    from transcover.constrain import constrain, export_plain
+    from transcover.lipschitz import lipschitz_bounds
+    from transcover.model import reference_spec
+    from transcover.train import checkpoint_spec
+    from transcover.train._checkpoint import load_checkpoint
+    from transcover.train._loop import _checkpoint_task, build_model, evaluate
+
+    cfg = TrainConfig(task="digits", n_train=128, epochs=4, batch_size=32, lr=0.05, d_model=8, n_heads=2, n_layers=1,
+                      d_ff=16, constraint=ConstraintConfig(method="spectral", radii={"all": 0.7}, schedule="linear",
+                                                           start_fraction=0.25))
+    res = train(cfg, out_dir=tmp_path, stop_after=2)
+    folder = tmp_path / "checkpoint"
+    config, task = _checkpoint_task(folder)
+    model = build_model(config, task)
+    constrain(model, config.constraint)
+    load_checkpoint(folder, model)
+    live, projected = export_plain(model, certify=False).eval(), export_plain(model).eval()
+    assert evaluate(live, task.X_test, task.y_test, task)[0] == pytest.approx(res.test_loss, rel=0, abs=0)
+    assert evaluate(projected, task.X_test, task.y_test, task)[0] != res.test_loss  # a cap was over: it matters
+    assert res.lipschitz.value == lipschitz_bounds(reference_spec(live)).upper.value
+    spec, _, _ = checkpoint_spec(tmp_path)  # what `transcover bound RUN` reads
+    assert lipschitz_bounds(spec).upper.value == res.lipschitz.value
+    assert lipschitz_bounds(reference_spec(projected)).upper.value < res.lipschitz.value

@@ -19,6 +19,7 @@ from torch.nn.utils import parametrize
 
 from .._errors import InputError, check_finite_tensor
 from ._projection import rounding_of
+from .._errors import radius_in
 from ._spectral import _floor, check_radius
 
 __all__ = ["clip_weights_", "norm_cap"]
@@ -71,7 +72,7 @@ class _NormCap(nn.Module):
 
     def __init__(self, radius: float, like: Tensor):
         super().__init__()
-        self.register_buffer("radius", torch.tensor(check_radius(radius), dtype=like.dtype, device=like.device))
+        self.register_buffer("radius", torch.tensor(radius_in(radius, like.dtype), dtype=like.dtype, device=like.device))
 
     def forward(self, b: Tensor) -> Tensor:
         u, eta = rounding_of(b.dtype)

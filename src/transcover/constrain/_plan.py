@@ -51,6 +51,8 @@ def parse_radii(radii: Mapping[str, float] | str) -> dict[str, float]:
             if "=" not in part:
                 raise InputError(f"radius must look like GROUP=VALUE, but got {part!r}")
             k, v = part.split("=", 1)
+            if k.strip() in pairs:  # the last one won without a word (red team 171)
+                raise InputError(f"radius {k.strip()} is given twice, but got {radii!r}")
             pairs[k.strip()] = v.strip()
         radii = pairs
     out: dict[str, float] = {}
@@ -89,10 +91,14 @@ class ConstraintConfig:
         object.__setattr__(self, "radii", parse_radii(self.radii))
         if self.method not in ("none", "log_penalty", "lipschitz") and not self.radii:
             raise InputError(f"method={self.method!r} needs at least one radius (e.g. KQ=2)")
+        if self.method in ("none", "lipschitz") and self.radii:  # ignored without a word, shown as targets (171)
+            raise InputError(f"method={self.method!r} uses no radius, but got radii={self.radii}; drop them or use "
+                             "a method that enforces them (spectral, project, clip, penalty, log_penalty)")
         if float(self.loose_factor) < 1.0:
             raise InputError(f"loose_factor must be >= 1, but got loose_factor={self.loose_factor!r}")
-        if not float(self.penalty_weight) >= 0.0:
-            raise InputError(f"penalty_weight must be >= 0, but got penalty_weight={self.penalty_weight!r}")
+        if not 0.0 <= float(self.penalty_weight) < float("inf"):  # inf trained to NaN weights first (red team 171)
+            raise InputError(f"penalty_weight must be a finite number >= 0, but got "
+                             f"penalty_weight={self.penalty_weight!r}")
         # Validates kind and fractions once, with a representative target.
         self.schedule_for(1.0)
 
@@ -174,7 +180,8 @@ class Constrainer:
         """Move every radius to its scheduled value at ``progress`` in [0, 1]."""
         self.progress = min(max(float(progress), 0.0), 1.0)
         for key, buf in self._buffers.items():
-            buf.fill_(self.schedules[key](self.progress))
+            # a loose stage above the buffer dtype's range is held at its largest number: tighter, never inf
+            buf.fill_(min(self.schedules[key](self.progress), torch.finfo(buf.dtype).max))
 
     @staticmethod
     def _project_slot(s: Slot, c: float, clip: bool = False) -> None:

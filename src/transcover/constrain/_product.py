@@ -29,6 +29,7 @@ from torch.nn.utils import parametrize
 
 from .._errors import InputError
 from ._layout import HeadLayout
+from .._errors import radius_in
 from ._spectral import _WARMUP_ITERATIONS, _floor, _normalize, _vecmat, check_radius, product_power_iteration
 
 __all__ = ["product_cap"]
@@ -47,7 +48,7 @@ class _ProductCapState(nn.Module):
         _, u, v = product_power_iteration(A.detach(), B.detach(), u0, _WARMUP_ITERATIONS, self.scale)
         self.register_buffer("u", u)
         self.register_buffer("v", v)
-        self.register_buffer("radius", torch.tensor(check_radius(radius), dtype=A.dtype, device=A.device))
+        self.register_buffer("radius", torch.tensor(radius_in(radius, A.dtype), dtype=A.dtype, device=A.device))
 
     def raw(self, side: str) -> Tensor:
         """The unconstrained (H, d, d_head) factor ``side`` read from its host."""

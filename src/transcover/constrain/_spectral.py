@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
-from .._errors import InputError, check_finite_tensor, check_radius
+from .._errors import InputError, check_finite_tensor, check_radius, radius_in
 
 __all__ = [
     "power_iteration", "product_power_iteration", "spectral_cap", "remove_spectral_cap",
@@ -37,6 +37,9 @@ def _floor(x: Tensor) -> Tensor:
 
 
 def _normalize(x: Tensor) -> Tensor:
+    """``x / ||x||`` along the last axis, scaled by its largest entry first: at weights near 1e20 in float32 the
+    norm's squares overflowed, u became 0, sigma 0 and the cap a no-op (red team 171)."""
+    x = x / _floor(x.abs().amax(dim=-1, keepdim=True))
     return x / _floor(x.norm(dim=-1, keepdim=True))
 
 
@@ -131,7 +134,7 @@ class _SpectralCap(nn.Module):
         _, u, v = power_iteration(W.detach(), _normalize(u0.to(W.device)), _WARMUP_ITERATIONS)
         self.register_buffer("u", u)
         self.register_buffer("v", v)
-        self.register_buffer("radius", torch.tensor(check_radius(radius), dtype=W.dtype, device=W.device))
+        self.register_buffer("radius", torch.tensor(radius_in(radius, W.dtype), dtype=W.dtype, device=W.device))
 
     def sigma(self, W: Tensor) -> Tensor:
         """Current (differentiable) estimate of sigma of the *unconstrained* W, per matrix."""

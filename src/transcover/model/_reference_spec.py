@@ -77,8 +77,10 @@ class ReferenceConfig:
             problems.append("attention='l2' has no causal form (Kim et al. 2021); use causal=False")
         if self.readout not in ("mean", "first"):
             problems.append(f"readout must be 'mean' or 'first', but got readout={self.readout!r}")
-        if problems:
-            raise ValueError("; ".join(problems))
+        if problems:  # InputError (a ValueError): the CLI's one line and exit 2, not "internal error" (red team 171)
+            from .._errors import InputError
+
+            raise InputError("; ".join(problems))
         object.__setattr__(self, "head_hidden", tuple(self.head_hidden))
 
     @property

@@ -280,3 +280,25 @@ def test_the_state_file_belongs_to_one_checkpoint_and_a_damaged_one_is_refused(t
     with pytest.raises(InputError, match="is damaged"):
         load_raw_state(victim, tmp_path)
     assert all(torch.equal(before[k], v) for k, v in victim.state_dict().items())
+
+
+def test_a_logged_loss_row_does_not_give_its_step_a_second_sigma(tmp_path):
+    """Red team 171: ``on_log`` repeated the step's number with the weights measured after the step's projection,
+    beside the step row measured on the forward's weights: one step, two sigmas. A loss row now carries no norms;
+    an evaluation row carries the weights it ran on."""
+    model = _model("bert")
+    cons = constrain(model, ConstraintConfig(method="project", radii={"all": TARGET}, schedule="linear",
+                                             loose_factor=3.0))
+    monitor = TrainingMonitor(model)
+    args = transformers.TrainingArguments(
+        output_dir=str(tmp_path / "run"), max_steps=3, per_device_train_batch_size=4, learning_rate=5e-2,
+        report_to=[], save_strategy="no", logging_strategy="steps", logging_steps=1, use_cpu=True,
+        disable_tqdm=True, seed=0)
+    transformers.Trainer(model=model, args=args, train_dataset=_Data(), callbacks=[hf_callback(cons, monitor)]).train()
+    by_step: dict[int, set] = {}
+    for r in monitor.records:
+        if r.get("sigma.W1") is not None:
+            by_step.setdefault(r["step"], set()).add(r["sigma.W1"])
+    assert sorted(by_step) == [1, 2, 3] and all(len(v) == 1 for v in by_step.values()), by_step
+    loss_rows = [r for r in monitor.records if r.get("loss") is not None]
+    assert len(loss_rows) == 3 and all(r["sigma.W1"] is None for r in loss_rows)

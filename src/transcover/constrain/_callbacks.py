@@ -140,7 +140,11 @@ def _callback_class():
                 if logs.get("grad_norm") is not None:  # the Trainer's norm before clipping
                     fields["grad_norm"] = float(logs["grad_norm"])
                 if fields:  # an evaluation also certifies (Note [certified columns] in ``_monitor``)
-                    self.monitor.log(step=state.global_step, epoch=state.epoch, certify="eval_loss" in logs, **fields)
+                    # an evaluation ran on the current weights: measured and certified; a training-loss row is not
+                    # (its batches ran on earlier steps' weights, measured in those steps' rows)
+                    evaluation = "eval_loss" in logs
+                    self.monitor.log(step=state.global_step, epoch=state.epoch, certify=evaluation,
+                                     measure=evaluation, **fields)
 
     return TranscoverCallback
 

@@ -138,14 +138,18 @@ class TrainingMonitor:
         out["certified_norms"] = certified_record(measured[0])
         return out
 
-    def log(self, certify: bool = False, **fields: float | int | None) -> dict[str, float | int | None]:
+    def log(self, certify: bool = False, measure: bool = True,
+            **fields: float | int | None) -> dict[str, float | int | None]:
         """Record ``fields`` (any of the columns) plus the norms, radii and ratios; returns the record.
-        ``certify``: also the certified columns (``measure_model``; Note [certified columns])."""
+        ``certify``: also the certified columns (``measure_model``; Note [certified columns]).  ``measure=False``:
+        no norms (a row of losses averaged over earlier steps, whose forward weights are already in those steps' rows;
+        the current weights beside them gave one step two different sigmas: red team 171)."""
         unknown = set(fields) - set(self.columns)
         if unknown:
             raise InputError(f"unknown monitor field(s): {', '.join(sorted(unknown))}")
         rec: dict[str, float | int | None] = dict.fromkeys(self.columns)
-        rec.update(self._snapshot if self._snapshot is not None else self.norms())
+        if measure or self._snapshot is not None:
+            rec.update(self._snapshot if self._snapshot is not None else self.norms())
         self._snapshot = None
         if certify:
             rec.update(self.certified())  # type: ignore[arg-type]

@@ -72,6 +72,24 @@ def _is_stream(path: Path) -> bool:
     return stat.S_ISCHR(m) or stat.S_ISFIFO(m) or stat.S_ISSOCK(m)
 
 
+def _descriptor(path: Path) -> int | None:
+    """The open descriptor N that ``path`` names (/dev/stdout, /dev/stderr, /dev/fd/N, /proc/self/fd/N, through links),
+    or None.  With stdout redirected to a file, /dev/stdout is a link to a regular file: the rename replaced the
+    system's /dev/stdout link with a file of the JSON, and the redirect got nothing (red team 173, as root)."""
+    names = {"/dev/stdout": 1, "/dev/stderr": 2}
+    p = os.path.abspath(path)
+    for _ in range(8):  # follow the link chain by hand: resolve() would land on the redirect's own file
+        if p in names:
+            return names[p]
+        for prefix in ("/dev/fd/", "/proc/self/fd/", f"/proc/{os.getpid()}/fd/"):
+            if p.startswith(prefix) and p[len(prefix):].isdigit():
+                return int(p[len(prefix):])
+        if not os.path.islink(p):
+            return None
+        p = os.path.join(os.path.dirname(p), os.readlink(p))
+    return None
+
+
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     """Write ``data`` to ``path`` through a temporary file in the same folder and a rename.
 
@@ -84,6 +102,20 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
         from ._errors import InputError
 
         raise InputError(f"cannot write {path}: folder {path.parent} does not exist")
+    fd = _descriptor(path)
+    if fd is not None:  # an open descriptor of this process: written through it, at its own offset
+        import sys
+
+        try:
+            (sys.stdout if fd == 1 else sys.stderr).flush()  # what was printed comes first
+            view = memoryview(data)
+            while view:  # a pipe may take part of it per call
+                view = view[os.write(fd, view):]
+        except OSError as err:
+            from ._errors import InputError
+
+            raise InputError(f"cannot write {path}: {err.strerror or err}") from None
+        return path
     if _is_stream(path):  # /dev/stdout, a FIFO: written through, not replaced (a rename made /dev/stdout a file)
         try:
             # non-blocking open: a FIFO with no reader is ENXIO instead of a wait without end (stop 38); a reader

@@ -31,16 +31,24 @@ def directed(x: float, digits: int, way: str) -> str:
     q = Decimal(1).scaleb(d.adjusted() - digits + 1)  # the unit of the last kept digit
     with localcontext(prec=_PREC):
         r = d.quantize(q, rounding=ROUND_CEILING if way == "up" else ROUND_FLOOR)
-    # a carry (9.99995 -> 10.0000) adds one trailing zero: formatting to `digits` digits drops only that zero
-    return _as_float_g(format(r, f".{digits}g"))
+    return _as_float_g(r, digits)
 
 
-def _as_float_g(s: str) -> str:
-    """Decimal's ``%g`` text in float's spelling: trailing zeros dropped, a two-digit signed exponent."""
-    mant, _, exp = s.partition("e")
-    if "." in mant:
-        mant = mant.rstrip("0").rstrip(".")
-    return mant if not exp else f"{mant}e{int(exp):+03d}"
+def _as_float_g(r: Decimal, digits: int) -> str:
+    """The decimal ``r`` (at most ``digits`` significant digits, or one more trailing zero after a carry such as
+    9.99995 -> 10.0000) spelled as float's ``%.{digits}g``: exponent form below 1e-4 or from 10^digits, trailing
+    zeros dropped, a two-digit signed exponent (Decimal's own ``g`` switches at other exponents)."""
+    sign, ds, exp = r.normalize().as_tuple()
+    text = "".join(map(str, ds)).rstrip("0") or "0"
+    adj = r.adjusted()
+    neg = "-" if sign else ""
+    if -4 <= adj < digits:  # positional
+        point = adj + 1
+        if point <= 0:
+            return f"{neg}0.{'0' * -point}{text}"
+        whole, frac = (text + "0" * max(0, point - len(text)))[:point], text[point:]
+        return f"{neg}{whole}.{frac}" if frac else f"{neg}{whole}"
+    return f"{neg}{text[0]}{'.' + text[1:] if len(text) > 1 else ''}e{adj:+03d}"
 
 
 def up(x: float, digits: int = 5) -> str:
@@ -88,9 +96,14 @@ def from_ln(ln_value: float, way: str = "up") -> str:
         return "0"
     if ln_value < math.log(1e6):
         v = math.exp(ln_value)
-        return directed(v * (1 + 4 * 2.0 ** -53) if way == "up" else v, 4, way)  # exp's own rounding, padded
+        pad = {"up": 1 + 4 * 2.0 ** -53, "down": 1 - 4 * 2.0 ** -53}.get(way, 1.0)  # exp's own rounding
+        return directed(v * pad, 4, way)
     if way == "up":
         return f"10^{log10_up(ln_value, decimals=2)}"
+    if way == "down":
+        v = ln_value / math.log(10)
+        v = v - abs(v) * 4 * 2.0 ** -53 - 2.0 ** -1074
+        return f"10^{fixed(v, 2, 'down')}"
     return f"10^{ln_value / math.log(10):.2f}"
 
 

@@ -212,7 +212,10 @@ def test_hf_defaults_table_matches_the_installed_config_classes(transformers_mod
                "gemma3_text": "Gemma3TextConfig"}
     assert set(HF_DEFAULTS) == set(classes)
     for model_type, defaults in HF_DEFAULTS.items():
-        hf = getattr(transformers_mod, classes[model_type])().to_dict()
+        cls = getattr(transformers_mod, classes[model_type])
+        hf = cls().to_dict()
+        if "use_sliding_window" in defaults:  # the window a config turning it on gets (None while it is off)
+            hf["sliding_window"] = cls(use_sliding_window=True).sliding_window
         rope = hf.get("rope_parameters") or {}
         for key, value in defaults.items():
             got = rope.get(key) if key == "rope_theta" else hf.get(key)
@@ -245,3 +248,59 @@ def test_a_minimal_config_json_is_read_with_transformers_defaults(family, tmp_pa
         assert spec.layers[0].attention.window == 4096
         assert (spec.layers[0].attention.softcap == 50.0) == (family == "gemma2")
     _check_layers(spec, hf, hf.layers, 1e-6)
+
+
+def test_qwen_sliding_windows_without_their_keys_read_as_transformers_does(tmp_path, transformers_mod):
+    """Red team 173: a Qwen2 config with use_sliding_window on and no sliding_window key is windowed at 4096 by
+    transformers (its class default); transcover read no window at all. Qwen2-MoE without layer_types is windowed
+    on other layers by transformers 5 than by 4: refused."""
+    tf = transformers_mod
+    torch.manual_seed(0)
+    cfg = tf.Qwen2Config(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=4, use_sliding_window=True, max_window_layers=1,
+                         sliding_window=4096)
+    src = _save(tf.Qwen2ForCausalLM(cfg), tmp_path / "qwen")
+    bare = _edit(src, tmp_path / "bare", drop=("sliding_window", "layer_types"))
+    hf = tf.Qwen2Config.from_pretrained(bare)
+    want = [hf.sliding_window if t == "sliding_attention" else None for t in hf.layer_types]
+    assert want == [None, 4096]
+    assert [layer.attention.window for layer in load(str(bare)).layers] == want
+    off = _edit(src, tmp_path / "off", drop=("sliding_window", "layer_types", "use_sliding_window"))
+    assert [layer.attention.window for layer in load(str(off)).layers] == [None, None]  # off by default
+    from transcover.model._adapters._windows import sliding_windows
+
+    for model_type in ("qwen2_moe", "qwen3_moe"):
+        with pytest.raises(InputError, match="transformers versions window different layers"):
+            sliding_windows({"model_type": model_type, "use_sliding_window": True, "sliding_window": 16,
+                             "max_window_layers": 1}, 2, arch="moe", name="m")
+
+
+def test_roberta_tokens_are_embedded_at_robertas_positions(tmp_path, transformers_mod):
+    """Red team 172: RoBERTa's positions start after its padding index (2, 3, ... for pad 1; a pad itself at 1), but
+    token ids were embedded at BERT's rows 0, 1, ...: the local bounds were centred 1.8-3.3 away from the hidden
+    states the model computes. The whole forward from ids now matches HF's."""
+    import numpy as np
+
+    from transcover.model._data import load_inputs
+
+    tf = transformers_mod
+    torch.manual_seed(0)
+    cfg = tf.RobertaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                           vocab_size=100, max_position_embeddings=12, pad_token_id=1, initializer_range=0.3)
+    path = _save(tf.RobertaModel(cfg).eval(), tmp_path / "roberta")
+    ids = np.array([[0, 5, 6, 7, 8, 2], [0, 9, 1, 4, 2, -1]], dtype=np.int64)  # a pad id inside, a -1 pad after
+    np.save(tmp_path / "ids.npy", ids)
+    model = tf.RobertaModel.from_pretrained(path, attn_implementation="eager").double().eval()
+    spec = load(str(path))
+    for row, X in zip(ids, load_inputs(spec, str(tmp_path / "ids.npy"))):
+        r = row[row >= 0]
+        with torch.no_grad():
+            want = model(input_ids=torch.as_tensor(r)[None]).last_hidden_state[0]
+        Z = spec.input_norm(X.double())
+        for layer in spec.layers:
+            Z = layer_forward(layer, Z)
+        assert float((Z - want).abs().max()) <= 1e-12 * float(want.abs().max())
+    # 12 position rows, the first two taken by the padding offset: 10 tokens fit, 11 do not
+    np.save(tmp_path / "long.npy", np.full((1, 11), 5, dtype=np.int64))
+    with pytest.raises(InputError, match="more than the model allows"):
+        load_inputs(spec, str(tmp_path / "long.npy"))

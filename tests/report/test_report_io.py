@@ -223,3 +223,24 @@ def test_a_fifo_without_a_reader_is_one_line_not_a_wait(tmp_path):
     with pytest.raises(InputError, match="cannot write"):
         atomic_write_text(fifo, "x")
     assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+
+
+def test_an_output_naming_stdout_redirected_to_a_file_is_written_through_it(model_path, tmp_path):
+    """Red team 173: with stdout redirected to a file, ``--json /dev/stdout`` resolved to that regular file, so the
+    atomic write renamed a temporary over the link: as root, the system's /dev/stdout became a plain file of the
+    JSON and the redirect got nothing. A link into /proc/self/fd (as /dev/stdout is) is now written through the
+    descriptor. A private link stands in for /dev/stdout here, so a failure harms nothing outside tmp_path."""
+    import json
+    import subprocess
+    import sys
+
+    link = tmp_path / "stdout_link"
+    link.symlink_to("/proc/self/fd/1")
+    log = tmp_path / "run.log"
+    with log.open("wb") as fh:
+        rc = subprocess.run([sys.executable, "-m", "transcover", "analyze", str(model_path), "--quiet", "--json",
+                             str(link)], stdout=fh, stderr=subprocess.PIPE, timeout=300).returncode
+    assert rc == 0
+    assert link.is_symlink() and os.readlink(link) == "/proc/self/fd/1"  # the link itself untouched
+    assert json.loads(log.read_text())["schema"] == "transcover.analyze"
+    assert _io._descriptor(link) == 1 and _io._descriptor(tmp_path / "plain.json") is None

@@ -173,7 +173,11 @@ def _run(args, commands) -> int:  # noqa: ANN001
 # perturb, bound, cover, sweeps, train and lipschitz only after the computation, with the other outputs
 # (a PNG, a JSON, a trained checkpoint) already written (red team 37h).  Suffixes stay with each command.
 _OUTPUT_OPTIONS = ("json", "csv", "plot", "figure")
-_FILE_OUTPUTS = (*_OUTPUT_OPTIONS, "output")  # report's page: checked with its suffix by the command
+# every option naming a file a command writes (report's --output, approx construct's --save, a results --store: cover's
+# --output is a choice, not a file), and the files a command writes into its --out folder
+_FILE_OUTPUTS = {"report": (*_OUTPUT_OPTIONS, "output", "store"), "approx": (*_OUTPUT_OPTIONS, "save", "store")}
+_RUN_FILES = {"history.jsonl", "history.csv", "history.png", "staged.json", "staged.png", "nonvacuous.json",
+              "nonvacuous.png", "state.json", "model.safetensors", "optimizer.safetensors"}
 # files a loader reads inside a model or run folder although they end in an output's suffix
 _READ_NAMES = {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "vocab.json",
                "special_tokens_map.json", "added_tokens.json", "preprocessor_config.json", "modules.json",
@@ -201,16 +205,29 @@ def _check_outputs_apart(args) -> None:  # noqa: ANN001
 
     from .._errors import InputError
 
-    outs = [(f"--{d}", Path(v)) for d in _FILE_OUTPUTS if isinstance(v := getattr(args, d, None), str) and v]
+    dests = _FILE_OUTPUTS.get(getattr(args, "command", None), (*_OUTPUT_OPTIONS, "store"))
+    from .._io import _descriptor
+
+    # an open descriptor (/dev/stdout, /dev/stderr: one terminal or one redirect file for both) or a device is
+    # written through, not replaced: no clash and nothing destroyed (red team 173)
+    outs = [(f"--{d}", Path(v)) for d in dests if isinstance(v := getattr(args, d, None), str) and v
+            and _descriptor(Path(v)) is None and not (Path(v).exists() and not Path(v).is_file())]
     seen: dict[Path, str] = {}
     for flag, p in outs:
         key = p.resolve()
         if key in seen:
             raise InputError(f"{seen[key]} and {flag} name the same file {p}; give each output its own file")
         seen[key] = flag
+    out_dir = getattr(args, "out", None)
+    if isinstance(out_dir, str) and out_dir:  # train/experiment --out: the run's own files, written or not yet
+        run = Path(out_dir).resolve()
+        for flag, p in outs:
+            target = p.resolve()
+            if run in target.parents and (target.name in _RUN_FILES or run / "checkpoint" in target.parents):
+                raise InputError(f"{flag}={p} is a file the run writes into --out {out_dir}; give another output path")
     inputs = []
     for dest, value in vars(args).items():
-        if dest in _FILE_OUTPUTS:
+        if dest in dests or dest == "out":
             continue
         for v in value if isinstance(value, (list, tuple)) else (value,):
             if isinstance(v, str) and v and os.path.exists(v):
@@ -222,7 +239,8 @@ def _check_outputs_apart(args) -> None:  # noqa: ANN001
         for src in inputs:
             read = (src.is_file() and target == src) or (
                 src.is_dir() and src in target.parents
-                and (target.name in _READ_NAMES or not target.name.lower().endswith(_WRITTEN_SUFFIXES)))
+                and (target.name in _READ_NAMES or target.name.endswith(".index.json")  # a sharded checkpoint's map
+                     or not target.name.lower().endswith(_WRITTEN_SUFFIXES)))
             if read:
                 where = "an input" if target == src else f"inside the input {src}"
                 raise InputError(f"{flag}={p} is a file this command reads ({where}); writing it would destroy it: "

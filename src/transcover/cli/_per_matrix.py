@@ -48,9 +48,15 @@ def finish_per_matrix(args: argparse.Namespace, result, console) -> int:
         table = Table(title=f"{result.model}: certified norms per matrix ({len(result.matrices)} matrices)")
         for col in ("matrix", "shape", "x @ W from", "‖W‖₂", "‖W‖_F", "‖W‖₂,₁"):
             table.add_column(col, justify="left" if col in ("matrix", "x @ W from") else "right")
+        from .._printed import for_kind
+
+        # an interval's ends are printed as bounds (Note [printed bounds]: red team 173), an estimate to nearest
+        certified = "certified" in str(getattr(result.kind, "value", result.kind))
+        lower_kind, upper_kind = ("certified lower bound", "certified upper bound") if certified else ("estimate",) * 2
         for m in result.matrices:
             table.add_row(m.name, "x".join(map(str, m.shape)), m.orientation,
-                          *(f"[{getattr(m, k).lower:.5g}, {getattr(m, k).upper:.5g}]"
+                          *(f"[{for_kind(getattr(m, k).lower, lower_kind, 5)}, "
+                            f"{for_kind(getattr(m, k).upper, upper_kind, 5)}]"
                             for k in ("spectral", "frobenius", "l21")))
         console.print(table)
         if result.skipped:

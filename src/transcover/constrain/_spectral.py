@@ -37,9 +37,12 @@ def _floor(x: Tensor) -> Tensor:
 
 
 def _normalize(x: Tensor) -> Tensor:
-    """``x / ||x||`` along the last axis, scaled by its largest entry first: at weights near 1e20 in float32 the
-    norm's squares overflowed, u became 0, sigma 0 and the cap a no-op (red team 171)."""
-    x = x / _floor(x.abs().amax(dim=-1, keepdim=True))
+    """``x / ||x||`` along the last axis, scaled first by the power of two of its largest entry: at weights near 1e20
+    in float32 the norm's squares overflowed, u became 0, sigma 0 and the cap a no-op (red team 171).  A power of two
+    is exact, so in the normal range the result is bit for bit the unscaled one (a division by the largest entry
+    moved ordinary runs by an ulp: red team 173)."""
+    _, e = torch.frexp(x.abs().amax(dim=-1, keepdim=True))
+    x = torch.ldexp(x, -e)
     return x / _floor(x.norm(dim=-1, keepdim=True))
 
 

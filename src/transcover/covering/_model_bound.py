@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from .._errors import InputError, check_positive_int
+from .._printed import log10_up
 from .._results import Kind, as_dict, rounding_pad
 from ..model import TransformerSpec
 from ..norms import ModelNorms, measure_model
@@ -278,7 +279,7 @@ class ModelBound:
 
     def __repr__(self) -> str:
         return (f"<ModelBound {self.model!r} ({self.arch}, {self.n_layers} layers): log N(eps={self.eps:g}) <= "
-                f"10^{self.log_log_N / math.log(10):.4g} ({self.kind.value}); .to_dict(), .plot()>")
+                f"10^{log10_up(self.log_log_N, 4)} ({self.kind.value}); .to_dict(), .plot()>")
 
     def plot(self, ax=None):
         """Where log N comes from (by layer, group and matrix): :class:`transcover.report.BoundDisplay`."""

@@ -29,6 +29,7 @@ import math
 from dataclasses import dataclass, field
 
 from .._errors import InputError
+from .._printed import up
 from .._results import Kind, Quantity
 from ..model import NormKind, Placement
 from ._attention import (
@@ -95,7 +96,7 @@ class NetworkLipschitz:
 
     def __repr__(self) -> str:
         return (f"<NetworkLipschitz: {self.n_layers} layers, {len(self.stages)} stages, metric {self.metric}, "
-                f"R={self.radius:g}; upper {self.upper.value:.4g} ({self.upper.kind.value}); .stages, .to_dict()>")
+                f"R={self.radius:g}; upper {up(self.upper.value, 4)} ({self.upper.kind.value}); .stages, .to_dict()>")
 
     def plot(self, ax=None, lower: dict | None = None):
         """Certified upper (and, given ``lower`` from ``lipschitz_lower``, empirical lower) per stage,

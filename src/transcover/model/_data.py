@@ -36,9 +36,35 @@ SKLEARN_DESCR = "sklearn-descr"
 PAD_ID = -1  # trailing entries of a token-id row that are not tokens
 
 
+# model types whose position ids start after the padding index (HF's create_position_ids_from_input_ids)
+_PAD_OFFSET_TYPES = ("roberta", "xlm-roberta", "xlm_roberta")
+
+
+def _pad_offset(spec: TransformerSpec) -> int | None:
+    """RoBERTa's padding index: its positions are ``padding_idx + 1, padding_idx + 2, ...`` over the non-pad tokens
+    (``padding_idx`` itself at a pad), not ``0, 1, ...`` as BERT's; None for every other model.  transcover embedded
+    RoBERTa's tokens at BERT's rows, so every ball was centred at a point the model never computes (red team 172)."""
+    src = spec.config.get("source_config") if isinstance(spec.config, dict) else None
+    if not isinstance(src, dict) or src.get("model_type") not in _PAD_OFFSET_TYPES:
+        return None
+    pad = src.get("pad_token_id", 1)
+    return 1 if pad is None else int(pad)
+
+
+def _position_ids(spec: TransformerSpec, r: np.ndarray) -> np.ndarray:
+    pad = _pad_offset(spec)
+    if pad is None:
+        return np.arange(r.size)
+    keep = (r != pad).astype(np.int64)
+    return np.cumsum(keep) * keep + pad
+
+
 def _max_positions(spec: TransformerSpec) -> int | None:
     pos = spec.embeddings.get("position_embedding") if "position_embedding" in spec.embeddings else None
-    return None if pos is None else int(pos.shape[0])
+    if pos is None:
+        return None
+    pad = _pad_offset(spec)
+    return int(pos.shape[0]) - (0 if pad is None else pad + 1)
 
 
 def _need_token_table(spec: TransformerSpec) -> None:
@@ -81,7 +107,7 @@ def embed_ids(spec: TransformerSpec, ids: np.ndarray) -> list:
     for r in rows:
         X = Et[torch.as_tensor(r.astype(np.int64))]
         if P is not None:
-            X = X + torch.as_tensor(np.asarray(P[: r.size]), dtype=torch.float64)
+            X = X + torch.as_tensor(np.asarray(P)[_position_ids(spec, r)], dtype=torch.float64)
         if S is not None:
             X = X + torch.as_tensor(np.asarray(S[0]), dtype=torch.float64)[None, :]
         out.append(X)

@@ -283,7 +283,8 @@ def _lipschitz(d: ReportData) -> str:
         rows.append((label, "whole layer" if kind == "layer" else comp, radius if kind != "layer" else None, upper,
                      lv, None if not lv else upper / lv))
     tab = table(("layer", "component", "input radius", "certified upper", "empirical lower", "upper / lower"),
-                rows, numeric=(True, False, True, True, True, True), ways=("near",) * 3 + ("up", "down", "near"),
+                rows, numeric=(True, False, True, True, True, True),
+                ways=("near", "near", "up", "up", "down", "near"),  # a stage's certified input radius: up too
                 caption=f"global Lipschitz constants, metric (2,∞) (max over tokens of ‖·‖₂), input tokens "
                         "with "
                         f"‖x‖₂ ≤ R = {b.radius:g}; layer 'input' is the embedding LayerNorm before layer 0")

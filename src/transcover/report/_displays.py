@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .._printed import for_kind
 from ._figures import pyplot
 from ._html import plain
 
@@ -83,7 +84,7 @@ class AnalysisDisplay:
                 mid = (lo + hi) / 2
                 for i in range(L):
                     for j in range(H):
-                        a.text(j, i, f"{M[i, j]:.3g}", ha="center", va="center", fontsize=6.5,
+                        a.text(j, i, for_kind(M[i, j], self.kind, 3), ha="center", va="center", fontsize=6.5,
                                color="black" if M[i, j] > mid else "white")
         if ax is None and self.model:
             fig.suptitle(plain(self.model), fontsize=11, y=1.06)  # above the two-line panel titles

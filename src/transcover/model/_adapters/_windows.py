@@ -49,6 +49,12 @@ def sliding_windows(config: dict, n_layers: int, *, arch: str, name: str) -> lis
                     f"{arch}: layer {i} has attention type {t!r}; only full and sliding-window attention are supported")
             out.append(window if t == "sliding_attention" else None)
         return out
+    if use is True and config.get("model_type") in ("qwen2_moe", "qwen3_moe"):
+        # transformers 5.25 windows Qwen2-MoE's layers with (i + 1) % 2 and i < max_window_layers and every
+        # Qwen3-MoE layer, where 4.x read Qwen2's i >= max_window_layers: the function depends on the version
+        raise InputError(f"{arch} configuration of {name} ({config['model_type']}) turns use_sliding_window on "
+                         "without layer_types, and transformers versions window different layers of it; save the "
+                         "configuration with its layer_types (as transformers 5 writes it)")
     if use is True and config.get("max_window_layers") is not None:
         first = int(config["max_window_layers"])
         return [window if i >= first else None for i in range(n_layers)]

@@ -1,4 +1,4 @@
-"""Numbers printed in the direction of their claim (Note [printed bounds]).
+"""Numbers printed in the direction of their claim (Note [printed bounds], THEORY F106).
 
 Note [printed bounds]: a certified upper bound printed to nearest with 5 digits can print *below* the value it
 certifies (5.972362725… as ``5.9724`` is fine, 5.972362725… as ``5.97236`` is not: red team 169 counted 885 such cells in

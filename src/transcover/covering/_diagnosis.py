@@ -53,6 +53,13 @@ class Diagnosis:
         )
 
 
+def _n_up(n: float) -> str:
+    """A sample size that meets a target, printed rounded up (a rounded-down n may not meet it)."""
+    from .._printed import up
+
+    return up(n, 3)
+
+
 def _up2(log10_value: float) -> str:
     """A log10 already divided by ln 10, printed to 2 decimals and rounded up past that division's rounding."""
     from .._printed import fixed
@@ -96,7 +103,7 @@ def diagnose(result, *, top: int = 3, n_grid: int = 150) -> Diagnosis:
     if vacuous:
         n_max = max(g.n for g in gens)
         if n_nv is not None and math.isfinite(n_nv):
-            tips.append(f"more data: the same class has a non-vacuous certified gap from n ~ {n_nv:.3g} "
+            tips.append(f"more data: the same class has a non-vacuous certified gap from n ~ {_n_up(n_nv)} "
                         f"(now n <= {n_max:.3g}); log N grows only as log(nT)")
         else:
             tips.append("more data alone does not help: no n up to 1e300 gives a gap below the loss range")

@@ -81,7 +81,7 @@ def render_bound(result, terms, n_needed: float, target: float, top: int, diagno
     if any(g.vacuous for g in result.generalisation):
         con.print(f"vacuous: the bound's formula is >= the loss range b = {b_loss:g} (a [0, b] loss never has a "
                   f"larger gap), so the reported gap is the trivial b; the raw formula is shown for comparison only")
-    con.print(f"n needed for a gap <= {target:g}: {n_needed:.3g}" if math.isfinite(n_needed)
+    con.print(f"n needed for a gap <= {target:g}: {directed(n_needed, 3, 'up')}" if math.isfinite(n_needed)
               else f"n needed for a gap <= {target:g}: more than 1e300")
     if diagnosis.vacuous:
         dom = ", ".join(f"n={g.n:.3g}: {d}" for g, d in zip(result.generalisation, diagnosis.dominant_term))

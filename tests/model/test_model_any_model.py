@@ -21,7 +21,7 @@ import pytest
 import torch
 from conftest import randomize
 
-from transcover import InputError, UnsupportedArchitectureError, analyze
+from transcover import InputError, TranscoverWarning, UnsupportedArchitectureError, analyze
 from transcover.cli import main
 from transcover.model import load, structural_differences
 
@@ -280,3 +280,44 @@ def test_g3_on_windowed_models_holds_beyond_the_window(transformers_mod):
     bound = perturbation_bound(spec_a, spec_b, radius=1.0)
     lower = perturbation_lower(spec_a, spec_b, radius=1.0, seq_len=7, n_samples=2, n_steps=10, seed=3)
     assert 0 < lower.value.value <= bound.total.value
+
+
+@pytest.mark.parametrize("drop", ["rope_theta", "norm", "activation", "placement", "causal", "eps"])
+def test_a_roles_mapping_states_every_field_that_chooses_the_function(transformers_mod, tmp_path, capsys, drop):
+    """Red team 175: an omitted rope_theta read a RoPE model without RoPE (B_KQ at offset 0 only), an omitted norm
+    read layernorm; nothing is guessed now ("rope_theta": null and "norm": "none" say none)."""
+    path = _renamed(_llama(transformers_mod), tmp_path)
+    (tmp_path / "roles.json").write_text(json.dumps({k: v for k, v in ROLES.items() if k != drop}))
+    assert main(["analyze", str(path), "--roles", str(tmp_path / "roles.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"state '{drop}'" in err[0] and "nothing is guessed" in err[0], err
+
+
+def test_a_roles_mapping_reads_every_layer_and_its_declared_norms(transformers_mod, tmp_path):
+    """Red team 175: (a) only layer 0 was searched for tensors no role names, so a bias in layer 1 and an unnamed
+    final norm were ignored even under strict; (b) a declared norm whose tensors the mapping does not name was
+    dropped (NormKind.NONE): the non-parametric norm (gain 1) certified 243.9 where that model attains 355."""
+    from safetensors.torch import load_file, save_file
+
+    from transcover.model import NormKind
+
+    path = _renamed(_llama(transformers_mod), tmp_path)
+    tensors = load_file(path)
+    tensors["blk.1.attn.wq.bias"] = torch.full((D,), 100.0)
+    save_file(tensors, path)
+    with pytest.warns(TranscoverWarning, match=r"unexpected tensor 'blk\.1\.attn\.wq\.bias'"):
+        load(path, roles=ROLES)
+    with pytest.raises(InputError, match=r"refused \(strict\).*blk\.1\.attn\.wq\.bias"):
+        load(path, roles=ROLES, strict=True)
+    unnamed_final = {k: v for k, v in ROLES.items() if k != "final_norm"}
+    del tensors["blk.1.attn.wq.bias"]
+    save_file(tensors, path)
+    with pytest.raises(InputError, match=r"refused \(strict\).*'out_norm\.weight'"):
+        load(path, roles=unnamed_final, strict=True)
+    no_norm_roles = {**ROLES, "roles": {k: v for k, v in ROLES["roles"].items() if not k.startswith("norm_")}}
+    for k in [k for k in tensors if ".n1." in k or ".n2." in k]:
+        del tensors[k]
+    save_file(tensors, path)
+    spec = load(path, roles=no_norm_roles)
+    norm = spec.layers[0].norm_attn
+    assert norm.kind is NormKind.RMSNORM and norm.weight is None and norm.eps == ROLES["eps"]

@@ -142,7 +142,7 @@ def _header_file(path, header: dict, data: bytes) -> None:
 
 @pytest.mark.parametrize("damage", [
     "empty", "short", "header_too_long", "truncated_data", "bad_json", "not_object", "offsets_vs_shape",
-    "gap", "unknown_dtype", "trailing_bytes",
+    "gap", "unknown_dtype", "trailing_bytes", "list_dtype", "duplicate_name", "metadata_list",
 ])
 def test_damaged_files_raise_input_error_naming_the_file(damage, tmp_path):
     path = tmp_path / f"{damage}.safetensors"
@@ -169,7 +169,16 @@ def test_damaged_files_raise_input_error_naming_the_file(damage, tmp_path):
         _header_file(path, {**good, "y": {**good["y"], "data_offsets": [17, 21]}}, data + b"\0")
     elif damage == "unknown_dtype":
         _header_file(path, {**good, "y": {**good["y"], "dtype": "Q7"}}, data)
-    with pytest.raises(InputError, match=rf"cannot read safetensors file .*{damage}\.safetensors"):
+    elif damage == "list_dtype":  # red team 175: "unhashable type", an internal error
+        _header_file(path, {**good, "y": {**good["y"], "dtype": ["F32"]}}, data)
+    elif damage == "duplicate_name":  # red team 175: refused for an offset gap instead of the name given twice
+        raw = json.dumps(good).encode().replace(b'"y"', b'"x"')
+        path.write_bytes(len(raw).to_bytes(8, "little") + raw + data)
+    elif damage == "metadata_list":  # a [] was taken as an empty map
+        _header_file(path, {**good, "__metadata__": []}, data)
+    why = {"list_dtype": "unknown dtype", "duplicate_name": "names 'x' twice", "metadata_list": "not a map"}
+    message = rf"cannot read safetensors file .*{damage}\.safetensors.*{why.get(damage, '')}"
+    with pytest.raises(InputError, match=message):
         SafetensorsFile(path)
     with pytest.raises(InputError, match=rf"cannot read safetensors file .*{damage}\.safetensors"):
         load(path, arch="gpt2")
@@ -184,3 +193,39 @@ def test_module_specs_keep_torch_tensors(gpt2_dir):
     assert isinstance(spec.layers[0].attention.W_Q, torch.Tensor)
     assert isinstance(spec.layers[0].attention.effective_output_bias(), torch.Tensor)
     assert as_tensor(spec.layers[0].ffn.W_1).dtype == torch.float32
+
+
+def test_a_file_rewritten_in_place_with_its_mtime_put_back_is_refused(tmp_path):
+    """Red team 175: the identity checked between tensors was (device, inode, mtime); a shard rewritten in place at the
+    same size with ``os.utime`` restoring its mtime was read half old, half new. The ctime cannot be put back."""
+    import os
+    import time
+
+    path = tmp_path / "w.safetensors"
+    good = {"x": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+            "y": {"dtype": "F32", "shape": [2], "data_offsets": [8, 16]}}
+    _header_file(path, good, np.arange(4, dtype="<f4").tobytes())
+    f = SafetensorsFile(path)
+    st = os.stat(path)
+    f.get("x")
+    time.sleep(0.01)
+    with path.open("r+b") as fh:  # the same size, other values, in place
+        fh.seek(-8, 2)
+        fh.write(np.array([10.0, 20.0], dtype="<f4").tobytes())
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    with pytest.raises(InputError, match="replaced or rewritten since it was opened"):
+        f.get("y")
+
+
+def test_one_shard_spelled_two_ways_in_an_index_is_one_shard(tmp_path):
+    """Red team 175: "./s.safetensors" and "s.safetensors" in one index were two shards holding the same tensors,
+    refused as "stored in two shards, s.safetensors and s.safetensors"."""
+    from transcover.model._sources import open_safetensors
+
+    _header_file(tmp_path / "s.safetensors", {"x": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                                              "y": {"dtype": "F32", "shape": [2], "data_offsets": [8, 16]}},
+                 np.arange(4, dtype="<f4").tobytes())
+    index = tmp_path / "model.safetensors.index.json"
+    index.write_text(json.dumps({"weight_map": {"x": "./s.safetensors", "y": "s.safetensors"}}))
+    src = open_safetensors(index)
+    assert sorted(src.keys()) == ["x", "y"]

@@ -15,7 +15,7 @@ from typing import Any
 
 from .._errors import InputError
 from ._arrays import is_tensor, to_tensor
-from ._spec import AttentionSpec, FFNSpec, LayerSpec, MLPHeadSpec, NormSpec, TransformerSpec
+from ._spec import AttentionSpec, LayerSpec, MLPHeadSpec, NormSpec, TransformerSpec
 
 __all__ = ["stack_members"]
 

@@ -51,12 +51,25 @@ _CHUNK = 1 << 23  # bytes of half-precision data widened per step (8 MiB)
 # the same copy from the page cache, and the memory is returned when the array is dropped.
 
 
-def _identity(f) -> tuple[int, int, int]:  # noqa: ANN001
-    """Which file an open handle reads, and its version: device, inode, modification time (ns).  Each tensor is
-    read through a new handle (Note [no mapping]), so a checkpoint replaced or rewritten between two tensors
-    mixed two models without a word (stop 38 red team: layer 0 from one file, layer 1 from the other)."""
+def _unique_keys(pairs: list) -> dict:
+    """A JSON object whose names are unique: a tensor named twice in one header kept its last entry, and the file was
+    refused for a gap in the offsets instead of the duplicate (red team 175)."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set = set()
+        twice = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise ValueError(f"the header names {twice!r} twice")
+    return out
+
+
+def _identity(f) -> tuple[int, int, int, int]:  # noqa: ANN001
+    """Which file an open handle reads, and its version: device, inode, modification and change times (ns).  Each
+    tensor is read through a new handle (Note [no mapping]), so a checkpoint replaced or rewritten between two
+    tensors mixed two models without a word (stop 38 red team: layer 0 from one file, layer 1 from the other).  The
+    change time is set by the kernel on every write and cannot be put back, as the mtime can (``os.utime``: a shard
+    rewritten in place at the same size with its mtime restored was read half old, half new; red team 175)."""
     st = os.fstat(f.fileno())
-    return st.st_dev, st.st_ino, st.st_mtime_ns
+    return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns
 
 
 class SafetensorsFile:
@@ -74,10 +87,11 @@ class SafetensorsFile:
                 n = int.from_bytes(f.read(8), "little")
                 if n > _MAX_HEADER or 8 + n > size:
                     raise ValueError(f"header length {n} does not fit in a file of {size} bytes")
-                header = json.loads(f.read(n).decode("utf-8"))
+                header = json.loads(f.read(n).decode("utf-8"), object_pairs_hook=_unique_keys)
                 if not isinstance(header, dict):
                     raise ValueError("header is not a JSON object")
-                meta = header.pop("__metadata__", None) or {}
+                meta = header.pop("__metadata__", {})
+                meta = {} if meta is None else meta  # a null is absent; [] or 0 is no map (red team 175)
                 if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
                     raise ValueError("__metadata__ is not a map of strings")
                 self.metadata: dict[str, str] = meta
@@ -97,7 +111,7 @@ class SafetensorsFile:
             if not isinstance(info, dict):
                 raise ValueError(f"entry {key!r} is not an object")
             dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
-            if dtype not in _DTYPES:
+            if not isinstance(dtype, str) or dtype not in _DTYPES:  # a list was "unhashable": internal error (175)
                 raise ValueError(f"tensor {key!r} has unknown dtype {dtype!r}")
             if not (isinstance(shape, list) and all(isinstance(s, int) and s >= 0 for s in shape)):
                 raise ValueError(f"tensor {key!r} has invalid shape {shape!r}")

@@ -260,7 +260,7 @@ def shard_paths(index_file: Path, index: object) -> list[Path]:
     roots = [folder]
     if folder.parent.name == "snapshots":
         roots.append(folder.parent.parent / "blobs")
-    out = []
+    out, seen = [], set()
     for name in names:
         if not isinstance(name, str) or not name:
             raise InputError(f"shard index {index_file} names a shard {name!r} that is not a file name")
@@ -271,7 +271,9 @@ def shard_paths(index_file: Path, index: object) -> list[Path]:
         if not any(resolved.is_relative_to(r) for r in roots):
             raise InputError(f"shard index {index_file} names {name!r}, which resolves to {resolved}, outside "
                              f"the model folder {folder}; refused")
-        out.append(index_file.parent / rel)
+        if resolved not in seen:  # "./s2.safetensors" and "s2.safetensors" are one shard, not two (red team 175)
+            seen.add(resolved)
+            out.append(index_file.parent / rel)
     return out
 
 

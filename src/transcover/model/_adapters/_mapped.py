@@ -24,7 +24,9 @@ A role's value is a tensor name relative to the layer prefix, or ``"re:<regex>"`
 exactly one of that layer's tensor names (full match).  Roles: ``W_Q W_K W_V W_O W_1 W_2`` (required),
 ``W_gate``, the biases ``b_Q b_K b_V b_O b_1 b_2 b_gate`` and ``norm_attn.weight/.bias``,
 ``norm_ffn.weight/.bias`` (optional).  Everything the forward pass reads is named by the file:
-nothing is guessed, and a tensor inside a layer that no role names is a warning (``strict``: refused).
+nothing is guessed (``placement``, ``norm``, ``eps``, ``activation``, ``causal`` and ``rope_theta`` must be stated;
+``null``/``"none"`` say none), a declared norm without named tensors is the non-parametric one (gain 1), and a
+tensor no role names is a warning (``strict``: refused) in every layer, and outside them where it is a vector.
 """
 
 from __future__ import annotations
@@ -123,6 +125,14 @@ def build_mapped(src: TensorSource, config: dict, name: str) -> TransformerSpec:
     extra = sorted(set(roles) - set(ROLE_NAMES))
     if missing or extra:
         raise _bad(name, f"missing roles {missing}" if missing else f"unknown roles {extra}; known: {list(ROLE_NAMES)}")
+    # the fields that choose the function are stated, never defaulted (red team 175: an omitted rope_theta read a RoPE
+    # model without RoPE, an omitted norm read layernorm); "rope_theta": null and "norm": "none" say "none"
+    unstated = [k for k in ("placement", "norm", "activation", "causal", "rope_theta") if k not in config]
+    if config.get("norm") not in (None, "none") and "eps" not in config:
+        unstated.append("eps")
+    if unstated:
+        raise _bad(name, f"state {', '.join(repr(k) for k in unstated)}: the function depends on them and nothing is "
+                         "guessed (\"rope_theta\": null for no rotary positions, \"norm\": \"none\" for no norms)")
     pattern = config.get("layers")
     if not isinstance(pattern, str) or "{i}" not in pattern:
         raise _bad(name, "'layers' must be a prefix pattern containing {i}, e.g. \"blocks.{i}.\"")
@@ -180,8 +190,8 @@ def build_mapped(src: TensorSource, config: dict, name: str) -> TransformerSpec:
             return src.get(names[role], shape) if role in names else None
 
         def norm(which: str) -> NormSpec:
-            if f"{which}.weight" not in names and f"{which}.bias" not in names:
-                return NormSpec(NormKind.NONE)
+            # a declared norm without tensors is the non-parametric one (gain 1, no bias: OLMo-1's), not no norm
+            # (red team 175: a declared layernorm was dropped, certifying 243.9 where the model attains 355)
             return NormSpec(kind, opt(f"{which}.weight", (d,)), opt(f"{which}.bias", (d,)), eps)
 
         attn = AttentionSpec(
@@ -202,7 +212,17 @@ def build_mapped(src: TensorSource, config: dict, name: str) -> TransformerSpec:
     embeddings = lazy_embeddings(src, {role: (key, None) for role, key in emb.items()})
     layer0 = set(_layer_names(src, pattern.format(i=0), roles, name).values())
     read = {k[len(pattern.format(i=0)):] for k in layer0}
-    stray = sorted(k for k in src.keys() if k.startswith(pattern.format(i=0)) and k not in layer0)
+    # every layer's tensors, and those outside the layers, against what the mapping names (red team 175: only layer 0
+    # was checked, so a bias or a norm in layer 1, or an unnamed final norm, was ignored even under strict)
+    named = set(emb.values()) | {v for key in ("input_norm", "final_norm") if isinstance(config.get(key), dict)
+                                 for v in config[key].values() if isinstance(v, str)}
+    in_layer = set()
+    for i in range(n):
+        named |= set(_layer_names(src, pattern.format(i=i), roles, name).values())
+        in_layer |= {k for k in src.keys() if (m := regex.match(k)) and int(m.group(1)) == i}
+    # outside the layers only vectors count: a norm's gain or bias belongs to the analysed function, while a
+    # matrix there (an unembedding, a classifier) is the input's or the output's side, outside g_L
+    stray = sorted(k for k in src.keys() if k not in named and (k in in_layer or len(src.shape(k)) == 1))
     warnings = tuple(f"unexpected tensor {k!r} in {src.where(k)}: no role of the mapping names it, so the analysed "
                      "function ignores it (it would differ if the model uses it)" for k in stray)
     return TransformerSpec(

@@ -314,6 +314,10 @@ def test_all_zero_embeddings_are_answered_and_no_lower_gives_no_ratio(minilm):
     rows = local_table(spec, [torch.zeros(3, 384, dtype=torch.float64)], [1e-3], lower=False)
     assert rows and all(math.isfinite(r.global_upper) and r.local_upper > 0 for r in rows)
     assert all(math.isnan(r.lower) and math.isnan(r.ratio) for r in rows)
+    # relative to a median token norm of 0 there is no ball: one line naming the median, not "rho=0.0" (red team 174)
+    with pytest.raises(InputError, match=r"median token norm of layer 0's input of sequence 0 is 0"):
+        local_table(dataclasses.replace(spec, input_norm=None), [torch.zeros(3, 384, dtype=torch.float64)], [1e-3],
+                    lower=False, relative=True)
 
 
 def test_network_domain_column_covers_the_input_norm_and_huge_rho_gives_inf(minilm):

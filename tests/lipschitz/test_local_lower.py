@@ -279,3 +279,16 @@ def test_pairs_only_on_the_larger_balls():
         assert torch.equal(g.centre, e.centre)
     e, g = every[-1], large[-1]
     assert (g.value, g.jacobian, g.pair, g.method, g.token) == (e.value, e.jacobian, e.pair, e.method, e.token)
+
+
+@pytest.mark.parametrize("factor", [1e-12, 1e-9, 1e-6])
+def test_ball_lower_witnesses_lie_in_the_ball_as_the_floats_hold_them(factor):
+    """Red team 174: offsets were clipped to rho (1 - 1e-9), but X + C rounds by about u |X|: at rho = 1.6e-13 the
+    reported centre was 1.000017 rho from X, an "empirical lower bound on B(X, rho)" attained outside it."""
+    spec = random_spec(21, act="gelu", L=1, norm="layernorm", placement="pre", scale=1.5, d=8)
+    X = 30.0 * torch.randn(5, 8, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    layer = spec.to_torch(torch.float64).layers[0]
+    rho = factor * float(X.norm(dim=-1).median())
+    r = ball_lower(lambda Z: layer_forward(layer, Z), X, rho, steps=6, restarts=2, pair_steps=3, pair_restarts=1)
+    assert float((r.centre - X).norm(dim=-1).max()) <= rho
+    assert r.value >= r.point  # the point X itself is always in the ball

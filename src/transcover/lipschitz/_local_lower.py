@@ -239,15 +239,21 @@ def ball_lower(fn: Fn, X: Tensor, rho: float, *, steps: int = 6, restarts: int =
         V = Vp if V is None else V
         point = p if point is None else point
     V = _unit_rows(V.detach().double())
+    # the search's ball: rho less what forming X + C can round by (u (|X_j| + rho) per token), so every centre and
+    # pair reported lies in B(X, rho) as the floats hold it (red team 174: 1.000017 rho at rho = 1.6e-13); below
+    # the data's float resolution only the point X itself is searched
+    inner = max(rho * _SHRINK - 2 * _U * (float(X.norm(dim=-1).max()) + rho), 0.0) / _SHRINK
+    if inner == 0.0:
+        steps = restarts = pair_steps = pair_restarts = 0
     g = torch.Generator().manual_seed(seed)
     best = [float(point), int(token), X.clone(), V]  # the point's value is attained at X (in the ball)
     u0 = _point_image(fn, X, V, int(token)) if image is None else image
-    starts = [torch.zeros_like(X) if start is None else _clip(start.detach().double() - X, rho)]
+    starts = [torch.zeros_like(X) if start is None else _clip(start.detach().double() - X, inner)]
     for _ in range(restarts):
         D = _unit_rows(torch.randn(X.shape, generator=g, dtype=torch.float64))
-        starts.append(D * rho * torch.rand(X.shape[0], 1, generator=g, dtype=torch.float64).sqrt())
+        starts.append(D * inner * torch.rand(X.shape[0], 1, generator=g, dtype=torch.float64).sqrt())
     for C in starts:
-        _centre_ascent(fn, X, rho, C, int(token), u0, steps, best)
+        _centre_ascent(fn, X, inner, C, int(token), u0, steps, best)
     jac = best[0]
     jbest = list(best)
     pbest = [0.0, int(token), None, None]
@@ -257,14 +263,14 @@ def ball_lower(fn: Fn, X: Tensor, rho: float, *, steps: int = 6, restarts: int =
         # the pairs still separate there
         R = _unit_rows(torch.randn(X.shape, generator=g, dtype=torch.float64))
         Vb = torch.where(Vb.norm(dim=-1, keepdim=True) > 0.5, Vb, R)
-        pstarts = [(rho * Vb, -rho * Vb, 0.05 * rho),  # antipodal along the best direction
-                   (Xc - X, Xc - X - 1e-2 * rho * Vb, 1e-3 * rho)]  # a close pair at the best centre
+        pstarts = [(inner * Vb, -inner * Vb, 0.05 * inner),  # antipodal along the best direction
+                   (Xc - X, Xc - X - 1e-2 * inner * Vb, 1e-3 * inner)]  # a close pair at the best centre
         for _ in range(pair_restarts):
-            D = _unit_rows(torch.randn(X.shape, generator=g, dtype=torch.float64)) * rho
-            E = _unit_rows(torch.randn(X.shape, generator=g, dtype=torch.float64)) * rho
+            D = _unit_rows(torch.randn(X.shape, generator=g, dtype=torch.float64)) * inner
+            E = _unit_rows(torch.randn(X.shape, generator=g, dtype=torch.float64)) * inner
             pstarts.append((D, E, 0.05 * rho))
         for A0, B0, lr in pstarts:
-            _pair_ascent(fn, X, rho, A0, B0, tb, pair_steps, lr, pbest)
+            _pair_ascent(fn, X, inner, A0, B0, tb, pair_steps, lr, pbest)
     if pbest[0] > jbest[0]:
         value, method, tok, c, dr = pbest[0], "pair", pbest[1], pbest[2], pbest[3]
     else:

@@ -60,6 +60,20 @@ _STAGE_BALL = {Placement.POST: {n: n for n in ("attention", "norm_attn", "ffn", 
                Placement.PRE: {"attention": "norm_attn", "ffn": "norm_ffn"}}
 
 
+
+def _relative_rho(f: float, norms, layer: int | None, seq: int | None) -> float:  # noqa: ANN001  (a tensor)
+    """``f`` times the median token norm, or one line naming the zero median (red team 174: mostly zero-padded
+    embeddings gave rho = 0, refused as "rho must be > 0, but got rho=0.0" while the user had asked for 1e-3)."""
+    from .._errors import InputError
+
+    median = float(norms.median())
+    if not median > 0:
+        where = ("the network's input" if layer is None else f"layer {layer}'s input") + \
+            ("" if seq is None else f" of sequence {seq}")
+        raise InputError(f"--rho-relative: the median token norm of {where} is {median:g}, so rho = {f:g} x median "
+                         "is no ball; give an absolute rho, or data without all-zero tokens")
+    return f * median
+
 def stage_functions(layer):  # noqa: ANN001, ANN202
     """The maps the chain's stages compute, named like ``compose``'s stages."""
     if layer.placement is Placement.POST:
@@ -151,7 +165,7 @@ def local_table(spec: TransformerSpec, seqs: list, rho_factors: list[float], *, 
             t0 = time.perf_counter()
             for k, ins in enumerate(stage_inputs[i]):
                 X = ins["layer"]
-                rho = f * float(pow2_norm(X, 1).median()) if relative else f
+                rho = _relative_rho(f, pow2_norm(X, 1), i, k) if relative else f
                 ll = layer_local(layer, X, rho, cache=cache, jacobian=jacobian)
                 sig0 = min(sig0, ll.min_sigma)
                 for name, v in {**stage_local_constants(ll, layer.placement), "layer": ll.upper}.items():
@@ -193,7 +207,7 @@ def _network_row(spec, seqs, f, relative, whole, glob, domain, lower, cache,  # 
     up, lo, routes = 0.0, 0.0, set()
     for X in seqs:
         norms_t = pow2_norm(X.double(), 1)
-        rho = f * float(norms_t.median()) if relative else f
+        rho = _relative_rho(f, norms_t, None, None) if relative else f
         n_in = spec.input_norm
         if n_in is not None and n_in.kind in (NormKind.LAYERNORM, NormKind.RMSNORM):
             _, s_in = norm_local(n_in, X.double(), rho)

@@ -10,7 +10,9 @@ Taylor integral cut into pieces, F58).
 
 from __future__ import annotations
 
+import hashlib
 import math
+from collections import OrderedDict
 
 import torch
 from torch import Tensor
@@ -106,16 +108,36 @@ def _ellipsoid(S: Tensor, eS: Tensor, wsum: Tensor) -> tuple[Tensor, Tensor, Ten
     return Q, fQ, _gamma(4) * fQ
 
 
-def _token_forms(const: dict, lay: dict, z: Tensor, S: Tensor, eS: float, wsum: float, r: float, remH: float,
-                 rh: float, ez: Tensor | None) -> dict:
-    """One token's ellipsoid forms (THEORY F54b, shared with F70): ``Q = wsum (sym(S) + eS I)`` within ``gamma_4 ||Q||_F``,
-    ``G = W_1^T Q W_1`` within ``eG``, ``HQ = G o G`` and ``HQm = G o G_1`` with their Frobenius errors, the signed
-    tensor norms ``nq``, ``nqm`` (F40b's ``_hadamard_norm``, the centred ``W_2``'s ``eW2`` added), the evaluated
-    ``D = GELU''(z)`` within ``eD`` (``centre_gelu2_err``) of the exact centre's and the unit reaches
-    ``Rk = min(||w1_k|| rh, r (G_kk + eG)^{1/2} + ||w1_k|| remH) (1 + 1e-12) + ez_k``; ``nq``, ``nqm`` inf outside
-    ``forms_in_range`` (THEORY F75: the pads need float64's normal range).
-    Norms at powers of two (``pow2_norm``, THEORY F96)."""
-    W1, d, fW1, n1 = const["W1"], const["W1"].shape[0], lay["fW1"], lay["n1"]
+# the radius-free part of ``_token_forms`` (the forms, ``G`` and the tensor norms, ~0.15 s a token at MiniLM's sizes) is
+# the same at every radius and for F54b and F70a's calls on the same token: kept for the last few tokens (each entry
+# holds one d_ff x d_ff ``G``, 19 MB at d_ff = 1536) and the layer's ``const``, ``lay`` it was formed with (so their ids
+# cannot be reused while the entry lives); a hit is matched on the bytes of every input, so the floats are the same
+FORMS_CACHE_SIZE = 6
+_FORMS_CACHE: OrderedDict = OrderedDict()
+
+
+def _digest(*xs) -> str:  # noqa: ANN002
+    """A digest of the tensors' shapes, dtypes and bytes and of the other values' reprs."""
+    h = hashlib.blake2b(digest_size=20)
+    for x in xs:
+        if isinstance(x, Tensor):
+            h.update(repr((tuple(x.shape), x.dtype)).encode())
+            h.update(x.detach().contiguous().numpy().tobytes())
+        else:
+            h.update(repr(x).encode())
+        h.update(b"|")
+    return h.hexdigest()
+
+
+def _token_shapes(const: dict, lay: dict, z: Tensor, S: Tensor, eS: Tensor, wsum: float,
+                  ez: Tensor | None) -> dict:
+    """The radius-free forms of ``_token_forms`` (see there), cached (``_FORMS_CACHE``)."""
+    key = (id(const), id(lay), _digest(z, S, eS, wsum, ez))
+    hit = _FORMS_CACHE.get(key)
+    if hit is not None and hit[0] is const and hit[1] is lay:
+        _FORMS_CACHE.move_to_end(key)
+        return hit[2]
+    W1, d, fW1 = const["W1"], const["W1"].shape[0], lay["fW1"]
     Q, fQ, eQ = _ellipsoid(S, eS, torch.as_tensor(wsum, dtype=torch.float64))  # float64: as_tensor(float) is float32
     fQ, eQ = float(fQ), float(eQ)
     G = (W1.T @ Q) @ W1
@@ -132,10 +154,30 @@ def _token_forms(const: dict, lay: dict, z: Tensor, S: Tensor, eS: float, wsum: 
     nqm = _hadamard_norm(const, HQm, eHQm, Dk, nKQm, float(eD.max())) + const["eW2"] * dmax * nKQm
     if not bool(forms_in_range(const, Q)):  # red24-1 (F75): the degree-4 forms underflowed, the pads do not hold
         nq = nqm = math.inf
+    out = {"G": G, "eG": eG, "eHQ": eHQ, "eHQm": eHQm, "nq": nq, "nqm": nqm, "D": Dk, "eD": eD}
+    _FORMS_CACHE[key] = (const, lay, out)
+    while len(_FORMS_CACHE) > FORMS_CACHE_SIZE:
+        _FORMS_CACHE.popitem(last=False)
+    return out
+
+
+def _token_forms(const: dict, lay: dict, z: Tensor, S: Tensor, eS: float, wsum: float, r: float, remH: float,
+                 rh: float, ez: Tensor | None) -> dict:
+    """One token's ellipsoid forms (THEORY F54b, shared with F70): ``Q = wsum (sym(S) + eS I)`` within ``gamma_4 ||Q||_F``,
+    ``G = W_1^T Q W_1`` within ``eG``, ``HQ = G o G`` and ``HQm = G o G_1`` with their Frobenius errors, the signed
+    tensor norms ``nq``, ``nqm`` (F40b's ``_hadamard_norm``, the centred ``W_2``'s ``eW2`` added), the evaluated
+    ``D = GELU''(z)`` within ``eD`` (``centre_gelu2_err``) of the exact centre's and the unit reaches
+    ``Rk = min(||w1_k|| rh, r (G_kk + eG)^{1/2} + ||w1_k|| remH) (1 + 1e-12) + ez_k``; ``nq``, ``nqm`` inf outside
+    ``forms_in_range`` (THEORY F75: the pads need float64's normal range).  The radius-free part is
+    ``_token_shapes``'s (cached: the same floats).
+    Norms at powers of two (``pow2_norm``, THEORY F96)."""
+    f = _token_shapes(const, lay, z, S, eS, wsum, ez)
+    G, eG, n1 = f["G"], f["eG"], lay["n1"]
     Rk = torch.minimum(n1 * rh, r * torch.sqrt(G.diagonal().clamp(min=0.0) + eG) + n1 * remH) * (1 + 1e-12)
     if ez is not None:
         Rk = Rk + ez
-    return {"HQ": HQ, "eHQ": eHQ, "HQm": HQm, "eHQm": eHQm, "nq": nq, "nqm": nqm, "Rk": Rk, "D": Dk, "eD": eD}
+    return {"HQ": G * G, "eHQ": f["eHQ"], "HQm": G * lay["G1"], "eHQm": f["eHQm"], "nq": f["nq"], "nqm": f["nqm"],
+            "Rk": Rk, "D": f["D"], "eD": f["eD"]}
 
 
 def ffn_reach_remainder(const: dict, n1: Tensor, z: Tensor, S: Tensor, eS: Tensor, wsum: Tensor, r: float,

@@ -161,6 +161,18 @@ class RowGram:
     S1: tuple | None = None
 
 
+def _diag_terms(at: LayerAtX) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The weight-free part of ``attention_row_gram``: ``_diag_blocks``' ``B_ii`` and rounding bound, ``fl(B_ii B_ii^T)``
+    and ``pow2_norm(B_ii)``, formed once per ``LayerAtX`` (F56's second row Gram has the same blocks: the same floats)."""
+    got = at.__dict__.get("_diag_terms")
+    if got is None:
+        Bii, eB = _diag_blocks(at.heads, at.Wo_all, at.D1, at.T, at.d, at.layer.attention.softmax_scale, at.eD1,
+                               None if at.post else (at.nD1 + at.eD1) * (1 + 1e-12))
+        got = (Bii, eB, Bii @ Bii.transpose(1, 2), pow2_norm(Bii, (1, 2)))
+        object.__setattr__(at, "_diag_terms", got)  # frozen dataclass: a private cache beside the fields
+    return got
+
+
 def attention_row_gram(at: LayerAtX, w: Tensor | None = None) -> RowGram:
     """``RowGram`` of ``B_ij = delta_ij I + W_O^T Z_ij N_j`` (``N = D1`` pre-LN, ``I`` post-LN): the
     off-diagonal part assembled in the head space (``_head_gram``), the diagonal blocks exactly
@@ -173,11 +185,9 @@ def attention_row_gram(at: LayerAtX, w: Tensor | None = None) -> RowGram:
     c = c * (1 - torch.eye(T, dtype=torch.float64))
     Sh, errh = _head_gram(heads, c)
     S0, err0 = _sandwich(Wo_all.T.expand(T, d, Wo_all.shape[0]), Sh, errh, torch.zeros(T, dtype=torch.float64), at.nO)
-    Bii, eB = _diag_blocks(heads, Wo_all, at.D1, T, d, at.layer.attention.softmax_scale, at.eD1,
-                           None if at.post else (at.nD1 + at.eD1) * (1 + 1e-12))
+    Bii, eB, BBt, nB = _diag_terms(at)
     wii = w.diagonal()
-    S0 = S0 + Bii @ Bii.transpose(1, 2) / wii[:, None, None]
-    nB = pow2_norm(Bii, (1, 2))
+    S0 = S0 + BBt / wii[:, None, None]
     err0 = err0 + ((2 * nB + eB) * eB + 4 * (d + 2) * _U * nB * nB) / wii
     wsum = w.sum(dim=1) * (1 + 1e-12)
     a_pt, x0 = _nu(S0, err0, wsum)

@@ -193,10 +193,11 @@ def ffn_split_constants(const: dict, rank: int = SPLIT_RANK, rank2: int = SPLIT_
             "lR2": lR2 + 4 * (W2.shape[1] + 8) * _U * float((W2 * W2).sum())}
 
 
-def _norm_from_gram(X: Tensor) -> Tensor:
+def _norm_from_gram(X: Tensor, fX: Tensor | None = None) -> Tensor:
     """(n,) certified ``||X_k||_2`` of the formed (n, a, b) batch from its row Gram (``a <= b``): ``certified_lmax``
-    of ``fl(X X^T)`` plus its rounding ``4 (b + 8) u ||X||_F^2`` (Frobenius)."""
-    fX = (X * X).sum(dim=(1, 2))
+    of ``fl(X X^T)`` plus its rounding ``4 (b + 8) u ||X||_F^2`` (Frobenius).  ``fX``: the caller's ``fl(sum X^2)``,
+    ``(X * X).sum(dim=(1, 2))`` (the same floats), else formed here."""
+    fX = (X * X).sum(dim=(1, 2)) if fX is None else fX
     return torch.sqrt(certified_lmax(X @ X.transpose(1, 2)) + 4 * (X.shape[2] + 8) * _U * fX * (1 + 1e-12))
 
 
@@ -231,7 +232,8 @@ def split_row_norm2(split: dict, a: Tensor) -> Tensor:
     ``W_2 W_2^T = F^T F + R_2``, ``R_2 <= lR2 I``: ``||F diag(a)||^2 + lR2 max a^2``, ``||F diag(a)||`` from the ``m2 x m2``
     Gram of ``fl(F diag(a))`` (within ``u`` relative); ``m2^2 d_ff`` flops a row instead of ``d^2 d_ff``."""
     Fa = split["F"][None] * a[:, None, :]
-    nFa = _norm_from_gram(Fa) * (1 + 4 * _U) + 4 * _U * (Fa * Fa).sum(dim=(1, 2)).sqrt()
+    fFa = (Fa * Fa).sum(dim=(1, 2))
+    nFa = _norm_from_gram(Fa, fFa) * (1 + 4 * _U) + 4 * _U * fFa.sqrt()
     return (nFa * nFa + split["lR2"] * (a * a).amax(dim=1)) * (1 + 1e-12)
 
 
@@ -306,12 +308,12 @@ def _weighted_norm(W: Tensor, a: Tensor, lower: bool = False) -> Tensor:
     ``lower``: a lower bound on that value as computed, the Gram's certified ``lambda_max`` replaced by ``gram_lower``
     of ``W diag(a^2) W^T`` (never formed; THEORY F61a)."""
     C = W[None] * a[:, None, :]
+    fC = (C * C).sum(dim=(1, 2))
     if lower:
-        fC = (C * C).sum(dim=(1, 2))
         nC = torch.sqrt(gram_lower(W, a * a, iters=LMAX_LOWER_ITERS) + 4 * (C.shape[2] + 8) * _U * fC * (1 + 1e-12))
     else:
-        nC = _norm_from_gram(C)
-    return (nC + _U * (C * C).sum(dim=(1, 2)).sqrt()) * (1 + 1e-12)
+        nC = _norm_from_gram(C, fC)
+    return (nC + _U * fC.sqrt()) * (1 + 1e-12)
 
 
 def _lmax_lower(G: Tensor, a: Tensor, iters: int = LMAX_LOWER_ITERS) -> Tensor:

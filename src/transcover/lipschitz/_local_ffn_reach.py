@@ -334,19 +334,13 @@ def ffn_reach_drift_schur(const: dict, n1: Tensor, z: Tensor, S: Tensor, eS: Ten
     ``||w1|| delta`` and ``omega^{1/2}`` from it (``_wnorm``).  Cost ``4 d^2 d_ff`` flops a token (``2 d^2 d_ff`` with
     ``split``) and ``d x d`` certificates, batched; inf where ``forms_in_range`` fails (THEORY F75)."""
     sch = _schur_layer(const)
-    W1, d = const["W1"], const["W1"].shape[0]
-    Q, fQ, eQ = _ellipsoid(S, eS, wsum)
-    lG = _lmax_g(sch, Q, fQ, eQ)
     n12 = n1 * n1 * (1 + 2 * _U)
-    g = ((Q @ W1[None]) * W1[None]).sum(dim=1).clamp(min=0.0) + (_gamma(2 * d) * fQ + eQ)[:, None] * n12[None]
-    g = g * (1 + 1e-12)
-    Rk = torch.minimum(n1[None] * rh[:, None], r * torch.sqrt(g) + n1[None] * remH[:, None]) * (1 + 1e-12)
     eD = torch.as_tensor(centre_gelu2_err(ez), dtype=torch.float64)
+    lG, g, vQ, v1, ok = _schur_shapes(const, sch, n1, n12, z, S, eS, wsum, ez, eD, split)
+    Rk = torch.minimum(n1[None] * rh[:, None], r * torch.sqrt(g) + n1[None] * remH[:, None]) * (1 + 1e-12)
     if ez is not None:
         Rk = Rk + ez
     om = _omega(z, Rk, gelu_second(z), eD)
-    delta = gelu_second(z).abs() + eD
-    vQ, v1 = _wnorm(const, torch.sqrt(g) * delta * (1 + 1e-12)), _wnorm(const, n1[None] * delta, split)
     sG, s1 = torch.sqrt(lG) * (1 + 1e-12), math.sqrt(sch["l1"]) * (1 + 1e-12)
     nq, nqm, n2 = sG * vQ, torch.minimum(sG * v1, s1 * vQ), s1 * v1
     mg, m1 = (om * g).amax(dim=1), (om * n12[None]).amax(dim=1)
@@ -357,5 +351,46 @@ def ffn_reach_drift_schur(const: dict, n1: Tensor, z: Tensor, S: Tensor, eS: Ten
     pad = 1 + 1e-12
     q = (nq * r + nqm * remH + nw * (kq * r + kqm * remH) * pad) * pad
     qm = (nqm * r + n2 * remH + nw * (kqm * r + k1 * remH) * pad) * pad
-    ok = forms_in_range(const, Q)  # red24-1 (F75): the forms' relative pads need float64's normal range
     return tuple(torch.nan_to_num(torch.where(ok, v, math.inf), nan=math.inf) for v in (q, qm))
+
+
+# F72a's radius-free terms per token (``_schur_shapes``), kept across the radii: small rows (``g`` is d_ff floats)
+SCHUR_CACHE_SIZE = 256
+_SCHUR_CACHE: OrderedDict = OrderedDict()
+
+
+def _schur_shapes(const: dict, sch: dict, n1: Tensor, n12: Tensor, z: Tensor, S: Tensor, eS: Tensor, wsum: Tensor,
+                  ez: Tensor | None, eD: Tensor, split: dict | None) -> tuple[Tensor, ...]:
+    """(``lG``, ``g``, ``vQ``, ``v1``, ``ok``) of ``ffn_reach_drift_schur``, the terms that do not depend on the radius:
+    ``l_G`` (``_lmax_g`` of the ellipsoid ``Q``), ``g``, the two norms ``||diag(g^{1/2} delta) P W_2||`` and
+    ``||diag(||w1|| delta) P W_2||`` (``_wnorm``) and ``forms_in_range``.  Token by token (every one of them is formed
+    per token, one token's floats the same in any batch, F74b), so a token's row is kept (``_SCHUR_CACHE``, matched on the
+    bytes of its inputs and the identity of ``const``, ``split``) and the others formed as one batch."""
+    keys = [(id(const), id(split), _digest(n1, z[i], S[i], eS[i], wsum[i], None if ez is None else ez[i]))
+            for i in range(len(z))]
+    rows: list = [None] * len(z)
+    for i, k in enumerate(keys):
+        hit = _SCHUR_CACHE.get(k)
+        if hit is not None and hit[0] is const and hit[1] is split:
+            _SCHUR_CACHE.move_to_end(k)
+            rows[i] = hit[2]
+    miss = [i for i in range(len(z)) if rows[i] is None]
+    if miss or not len(z):
+        m = torch.tensor(miss, dtype=torch.long)
+        W1, d = const["W1"], const["W1"].shape[0]
+        Q, fQ, eQ = _ellipsoid(S[m], eS[m], wsum[m])
+        lG = _lmax_g(sch, Q, fQ, eQ)
+        g = ((Q @ W1[None]) * W1[None]).sum(dim=1).clamp(min=0.0) + (_gamma(2 * d) * fQ + eQ)[:, None] * n12[None]
+        g = g * (1 + 1e-12)
+        eDm = eD if eD.dim() == 0 else eD[m]
+        delta = gelu_second(z[m]).abs() + eDm
+        vQ, v1 = _wnorm(const, torch.sqrt(g) * delta * (1 + 1e-12)), _wnorm(const, n1[None] * delta, split)
+        ok = forms_in_range(const, Q)  # red24-1 (F75): the forms' relative pads need float64's normal range
+        for j, i in enumerate(miss):
+            rows[i] = (lG[j], g[j], vQ[j], v1[j], ok[j])
+            _SCHUR_CACHE[keys[i]] = (const, split, rows[i])
+        while len(_SCHUR_CACHE) > SCHUR_CACHE_SIZE:
+            _SCHUR_CACHE.popitem(last=False)
+        if len(miss) == len(z):
+            return lG, g, vQ, v1, ok
+    return tuple(torch.stack([row[k] for row in rows]) for k in range(5))

@@ -17,8 +17,8 @@ from transcover.lipschitz._local_rows import _diag_blocks
 
 
 def test_weighted_sym_is_the_whole_matrix_formed_at_once(monkeypatch):
-    """``_weighted_sym`` (blocks of rows, odd block sizes and a last partial block) is ``fl(fl(M^T + M) 0.5)`` of the whole
-    ``M = fl(fl(a_k G_kl) a_l)`` bit for bit, also with zero and huge weights."""
+    """``_weighted_sym`` (blocks of rows, odd block sizes and a last partial block) is ``fl(fl(M^T + M) 0.5)`` of the
+    whole ``M = fl(fl(a_k G_kl) a_l)`` bit for bit, also with zero and huge weights."""
     for seed, scale, bias in ((1, 0.5, 0.0), (2, 6.0, -4.0)):
         const, a = _weights_case(seed, scale, bias)
         a[0] = 0.0
@@ -44,8 +44,8 @@ def _reach_case(seed: int):  # noqa: ANN202
 
 
 def test_reach_caches_give_the_fresh_floats():
-    """F54b's remainder, F70a's drift and F72a's Schur bounds at two radii, with the caches warm (tokens in another order
-    and batch), are the floats of the same calls with the caches emptied before each."""
+    """F54b's remainder, F70a's drift and F72a's Schur bounds at two radii, with the caches warm (tokens in another
+    order and batch), are the floats of the same calls with the caches emptied before each."""
     at, gram, const, n1, Sa, ea, remH = _reach_case(3)
     split = ffn_split_constants(const, rank=3, rank2=3)
     idx = torch.arange(at.T)

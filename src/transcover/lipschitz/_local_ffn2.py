@@ -285,10 +285,10 @@ SYM_BLOCK = 32
 
 
 def _weighted_sym(G: Tensor, a: Tensor) -> Tensor:
-    """(n, m, m) ``fl(fl(M^T + M) / 2)`` for ``M = fl(fl(a_k G_kl) a_l)`` (``_weighted_lmax``'s matrix), ``SYM_BLOCK`` rows
-    at a time: each block row of ``M`` and the block column it is summed with are formed by the same two products per
-    entry, so the floats are those of forming ``M`` whole (F74), without the whole ``M``, its transposed copy and their
-    passes over memory (2.7x faster at ``m = 1536``)."""
+    """(n, m, m) ``fl(fl(M^T + M) / 2)`` for ``M = fl(fl(a_k G_kl) a_l)`` (``_weighted_lmax``'s matrix),
+    ``SYM_BLOCK`` rows at a time: each block row of ``M`` and the block column it is summed with are formed by the same
+    two products per entry, so the floats are those of forming ``M`` whole (F74), without the whole ``M``, its
+    transposed copy and their passes over memory (2.7x faster at ``m = 1536``; THEORY F74d)."""
     n, m = a.shape
     S = torch.empty(n, m, m, dtype=torch.promote_types(a.dtype, G.dtype))
     for i in range(0, m, SYM_BLOCK):

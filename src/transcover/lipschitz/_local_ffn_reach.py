@@ -163,13 +163,13 @@ def _token_shapes(const: dict, lay: dict, z: Tensor, S: Tensor, eS: Tensor, wsum
 
 def _token_forms(const: dict, lay: dict, z: Tensor, S: Tensor, eS: float, wsum: float, r: float, remH: float,
                  rh: float, ez: Tensor | None) -> dict:
-    """One token's ellipsoid forms (THEORY F54b, shared with F70): ``Q = wsum (sym(S) + eS I)`` within ``gamma_4 ||Q||_F``,
-    ``G = W_1^T Q W_1`` within ``eG``, ``HQ = G o G`` and ``HQm = G o G_1`` with their Frobenius errors, the signed
-    tensor norms ``nq``, ``nqm`` (F40b's ``_hadamard_norm``, the centred ``W_2``'s ``eW2`` added), the evaluated
-    ``D = GELU''(z)`` within ``eD`` (``centre_gelu2_err``) of the exact centre's and the unit reaches
+    """One token's ellipsoid forms (THEORY F54b, shared with F70): ``Q = wsum (sym(S) + eS I)`` within
+    ``gamma_4 ||Q||_F``, ``G = W_1^T Q W_1`` within ``eG``, ``HQ = G o G`` and ``HQm = G o G_1`` with their Frobenius
+    errors, the signed tensor norms ``nq``, ``nqm`` (F40b's ``_hadamard_norm``, the centred ``W_2``'s ``eW2`` added),
+    the evaluated ``D = GELU''(z)`` within ``eD`` (``centre_gelu2_err``) of the exact centre's and the unit reaches
     ``Rk = min(||w1_k|| rh, r (G_kk + eG)^{1/2} + ||w1_k|| remH) (1 + 1e-12) + ez_k``; ``nq``, ``nqm`` inf outside
-    ``forms_in_range`` (THEORY F75: the pads need float64's normal range).  The radius-free part is
-    ``_token_shapes``'s (cached: the same floats).
+    ``forms_in_range`` (THEORY F75: the pads need float64's normal range).  The radius-free part is ``_token_shapes``'s
+    (cached: the same floats, THEORY F74d).
     Norms at powers of two (``pow2_norm``, THEORY F96)."""
     f = _token_shapes(const, lay, z, S, eS, wsum, ez)
     G, eG, n1 = f["G"], f["eG"], lay["n1"]
@@ -364,8 +364,8 @@ def _schur_shapes(const: dict, sch: dict, n1: Tensor, n12: Tensor, z: Tensor, S:
     """(``lG``, ``g``, ``vQ``, ``v1``, ``ok``) of ``ffn_reach_drift_schur``, the terms that do not depend on the radius:
     ``l_G`` (``_lmax_g`` of the ellipsoid ``Q``), ``g``, the two norms ``||diag(g^{1/2} delta) P W_2||`` and
     ``||diag(||w1|| delta) P W_2||`` (``_wnorm``) and ``forms_in_range``.  Token by token (every one of them is formed
-    per token, one token's floats the same in any batch, F74b), so a token's row is kept (``_SCHUR_CACHE``, matched on the
-    bytes of its inputs and the identity of ``const``, ``split``) and the others formed as one batch."""
+    per token, one token's floats the same in any batch, F74b), so a token's row is kept (``_SCHUR_CACHE``, matched on
+    the bytes of its inputs and the identity of ``const``, ``split``) and the others formed as one batch."""
     keys = [(id(const), id(split), _digest(n1, z[i], S[i], eS[i], wsum[i], None if ez is None else ez[i]))
             for i in range(len(z))]
     rows: list = [None] * len(z)

@@ -162,8 +162,9 @@ class RowGram:
 
 
 def _diag_terms(at: LayerAtX) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The weight-free part of ``attention_row_gram``: ``_diag_blocks``' ``B_ii`` and rounding bound, ``fl(B_ii B_ii^T)``
-    and ``pow2_norm(B_ii)``, formed once per ``LayerAtX`` (F56's second row Gram has the same blocks: the same floats)."""
+    """The weight-free part of ``attention_row_gram``: ``_diag_blocks``' ``B_ii`` and rounding bound,
+    ``fl(B_ii B_ii^T)`` and ``pow2_norm(B_ii)``, formed once per ``LayerAtX`` (F56's second row Gram has the same
+    blocks: the same floats)."""
     got = at.__dict__.get("_diag_terms")
     if got is None:
         Bii, eB = _diag_blocks(at.heads, at.Wo_all, at.D1, at.T, at.d, at.layer.attention.softmax_scale, at.eD1,

@@ -204,10 +204,9 @@ def _check_outputs_apart(args) -> None:  # noqa: ANN001
     from pathlib import Path
 
     from .._errors import InputError
-
-    dests = _FILE_OUTPUTS.get(getattr(args, "command", None), (*_OUTPUT_OPTIONS, "store"))
     from .._io import _descriptor
 
+    dests = _FILE_OUTPUTS.get(getattr(args, "command", None), (*_OUTPUT_OPTIONS, "store"))
     # an open descriptor (/dev/stdout, /dev/stderr: one terminal or one redirect file for both) or a device is
     # written through, not replaced: no clash and nothing destroyed (red team 173)
     outs = [(f"--{d}", Path(v)) for d in dests if isinstance(v := getattr(args, d, None), str) and v

@@ -104,10 +104,11 @@ def embed_ids(spec: TransformerSpec, ids: np.ndarray) -> list:
     P = spec.embeddings.get("position_embedding") if "position_embedding" in spec.embeddings else None
     S = spec.embeddings.get("token_type_embedding") if "token_type_embedding" in spec.embeddings else None
     out = []
+    Pn = None if P is None else np.asarray(P)  # read once, not per row
     for r in rows:
         X = Et[torch.as_tensor(r.astype(np.int64))]
-        if P is not None:
-            X = X + torch.as_tensor(np.asarray(P)[_position_ids(spec, r)], dtype=torch.float64)
+        if Pn is not None:
+            X = X + torch.as_tensor(Pn[_position_ids(spec, r)], dtype=torch.float64)
         if S is not None:
             X = X + torch.as_tensor(np.asarray(S[0]), dtype=torch.float64)[None, :]
         out.append(X)

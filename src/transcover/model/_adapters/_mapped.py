@@ -210,16 +210,14 @@ def build_mapped(src: TensorSource, config: dict, name: str) -> TransformerSpec:
                          placement=placement, names=dict(names))
 
     embeddings = lazy_embeddings(src, {role: (key, None) for role, key in emb.items()})
-    layer0 = set(_layer_names(src, pattern.format(i=0), roles, name).values())
-    read = {k[len(pattern.format(i=0)):] for k in layer0}
+    per_layer = [set(_layer_names(src, pattern.format(i=i), roles, name).values()) for i in range(n)]
+    read = {k[len(pattern.format(i=0)):] for k in per_layer[0]}
     # every layer's tensors, and those outside the layers, against what the mapping names (red team 175: only layer 0
     # was checked, so a bias or a norm in layer 1, or an unnamed final norm, was ignored even under strict)
-    named = set(emb.values()) | {v for key in ("input_norm", "final_norm") if isinstance(config.get(key), dict)
-                                 for v in config[key].values() if isinstance(v, str)}
-    in_layer = set()
-    for i in range(n):
-        named |= set(_layer_names(src, pattern.format(i=i), roles, name).values())
-        in_layer |= {k for k in src.keys() if (m := regex.match(k)) and int(m.group(1)) == i}
+    named = set(emb.values()).union(*per_layer, (v for key in ("input_norm", "final_norm")
+                                                 if isinstance(config.get(key), dict)
+                                                 for v in config[key].values() if isinstance(v, str)))
+    in_layer = {k for k in src.keys() if regex.match(k)}  # layers 0..n-1 only: others were refused above
     # outside the layers only vectors count: a norm's gain or bias belongs to the analysed function, while a
     # matrix there (an unembedding, a classifier) is the input's or the output's side, outside g_L
     stray = sorted(k for k in src.keys() if k not in named and (k in in_layer or len(src.shape(k)) == 1))

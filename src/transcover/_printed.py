@@ -74,11 +74,7 @@ def log10_up(ln_value: float, digits: int = 4, *, decimals: int | None = None) -
     if not math.isfinite(v):
         return f"{v}"
     v = v + abs(v) * 4 * 2.0 ** -53 + 2.0 ** -1074
-    if decimals is None:
-        return up(v, digits)
-    with localcontext(prec=_PREC):
-        r = Decimal(v).quantize(Decimal(1).scaleb(-decimals), rounding=ROUND_CEILING)
-    return f"{r:.{decimals}f}"
+    return up(v, digits) if decimals is None else fixed(v, decimals, "up")
 
 
 def for_kind(x: float, kind: object, digits: int = 4) -> str:

@@ -60,13 +60,6 @@ def _n_up(n: float) -> str:
     return up(n, 3)
 
 
-def _up2(log10_value: float) -> str:
-    """A log10 already divided by ln 10, printed to 2 decimals and rounded up past that division's rounding."""
-    from .._printed import fixed
-
-    return fixed(log10_value + abs(log10_value) * 4 * 2.0 ** -53, 2, "up")
-
-
 def _fmt(ln_value: float) -> str:
     from .._printed import log10_up
 
@@ -111,8 +104,8 @@ def diagnose(result, *, top: int = 3, n_grid: int = 150) -> Diagnosis:
             tips.append("the concentration term 3b sqrt(ln(2/delta)/(2n)) alone exceeds the loss range: only n helps")
     best = min(routes, key=routes.get) if routes else route
     if routes and routes[best] < routes.get(route, math.inf):
-        tips.append(f"family: --family {best} gives log N = 10^{_up2(routes[best])} instead of "
-                    f"10^{_up2(routes[route])}")
+        tips.append(f"family: --family {best} gives log N = {_fmt(result.routes[best])} instead of "
+                    f"{_fmt(result.routes[route])}")
     if cons:
         names = ", ".join(f"{c.name} ({c.share:.0%})" for c in cons)
         if all(c.cover.startswith("parametric") for c in cons):

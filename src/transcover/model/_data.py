@@ -36,19 +36,10 @@ SKLEARN_DESCR = "sklearn-descr"
 PAD_ID = -1  # trailing entries of a token-id row that are not tokens
 
 
-# model types whose position ids start after the padding index (HF's create_position_ids_from_input_ids)
-_PAD_OFFSET_TYPES = ("roberta", "xlm-roberta", "xlm_roberta")
-
-
 def _pad_offset(spec: TransformerSpec) -> int | None:
-    """RoBERTa's padding index: its positions are ``padding_idx + 1, padding_idx + 2, ...`` over the non-pad tokens
-    (``padding_idx`` itself at a pad), not ``0, 1, ...`` as BERT's; None for every other model.  transcover embedded
-    RoBERTa's tokens at BERT's rows, so every ball was centred at a point the model never computes (red team 172)."""
-    src = spec.config.get("source_config") if isinstance(spec.config, dict) else None
-    if not isinstance(src, dict) or src.get("model_type") not in _PAD_OFFSET_TYPES:
-        return None
-    pad = src.get("pad_token_id", 1)
-    return 1 if pad is None else int(pad)
+    """The padding index RoBERTa's positions start after (the adapter's ``position_padding_idx``), else None."""
+    pad = spec.config.get("position_padding_idx") if isinstance(spec.config, dict) else None
+    return None if pad is None else int(pad)
 
 
 def _position_ids(spec: TransformerSpec, r: np.ndarray) -> np.ndarray:

@@ -41,6 +41,20 @@ _ROLES = {
 }
 
 
+# model types whose position ids start after the padding index (transformers' create_position_ids_from_input_ids)
+_PAD_OFFSET_TYPES = ("roberta", "xlm-roberta", "xlm_roberta")
+
+
+def _position_padding(config: dict) -> dict:
+    """``{"position_padding_idx": p}`` for RoBERTa, whose positions are ``p + 1, p + 2, ...`` over the non-pad
+    tokens (``p`` at a pad), not BERT's ``0, 1, ...``; empty for BERT (red team 172: RoBERTa's ids were embedded at
+    BERT's rows, every local ball centred at a point the model never computes)."""
+    if config.get("model_type") not in _PAD_OFFSET_TYPES:
+        return {}
+    pad = config.get("pad_token_id", 1)
+    return {"position_padding_idx": 1 if pad is None else int(pad)}
+
+
 def build_bert(src: TensorSource, config: dict, name: str) -> TransformerSpec:
     arch = "bert"
     if config.get("add_cross_attention"):
@@ -82,7 +96,8 @@ def build_bert(src: TensorSource, config: dict, name: str) -> TransformerSpec:
     return TransformerSpec(
         arch=arch, name=name, d_model=d, layers=LayerSequence(n, layer), input_norm=input_norm,
         embeddings=embeddings,  # type: ignore[arg-type]  # a read-on-access Mapping
-        config=summary(config, src, n, H, H, dh, d_ff, act.value, prefix, embeddings.names),
+        config={**summary(config, src, n, H, H, dh, d_ff, act.value, prefix, embeddings.names),
+                **_position_padding(config)},
         warnings=unexpected_layer_tensors(src, prefix, "encoder.layer", n, _ROLES.values(), arch=arch, name=name),
     )
 

@@ -17,12 +17,12 @@ from ._entry import register_entry
 __all__ = ["analyze", "load", "describe", "lipschitz", "perturb", "bound", "cover", "approx", "advise", "train"]
 
 
-def _spec(model, *, arch=None, allow_pickle=False, strict=False):
-    """``model`` as a TransformerSpec (anything :func:`load` reads, or a spec)."""
+def _spec(model, *, arch=None, allow_pickle=False, strict=False, roles=None):
+    """``model`` as a TransformerSpec (anything :func:`load` reads, or a spec); ``roles`` as :func:`load`."""
     from .model import TransformerSpec
 
     return model if isinstance(model, TransformerSpec) else load(model, arch=arch, allow_pickle=allow_pickle,
-                                                                  strict=strict)
+                                                                  strict=strict, roles=roles)
 
 
 def _config(cls, config, options: dict):
@@ -59,6 +59,7 @@ def analyze(
     arch: str | None = None,
     allow_pickle: bool = False,
     strict: bool = False,
+    roles=None,
     fast: bool = False,
     rtol: float = 1e-3,
     embeddings: bool = True,
@@ -74,6 +75,7 @@ def analyze(
         allow_pickle: permit pickled checkpoints (loaded with ``torch.load(weights_only=True)``).
         strict: refuse (InputError) a checkpoint with tensors inside a layer that the architecture
             does not define; by default each is a :class:`~transcover.TranscoverWarning`.
+        roles: a mapping file (path or dict) naming the tensors of a layout no adapter knows (:func:`load`).
         fast: Lanczos estimates instead of certified intervals.
         rtol: target relative gap of each interval.
         per_matrix: for an architecture outside every adapter, return per-matrix norms (else refuse).
@@ -89,15 +91,14 @@ def analyze(
         >>> result = transcover.analyze()            # doctest: +SKIP
         >>> result.layers[0].B_KQ.upper              # doctest: +SKIP
     """
-    from .model import OutsideDecompositionError, TransformerSpec
+    from .model import OutsideDecompositionError
     from .norms import analyze_spec
 
     try:
-        spec = model if isinstance(model, TransformerSpec) else load(model, arch=arch, allow_pickle=allow_pickle,
-                                                                     strict=strict)
+        spec = _spec(model, arch=arch, allow_pickle=allow_pickle, strict=strict, roles=roles)
     except OutsideDecompositionError as err:
         # an architecture no adapter reads: every 2-D weight on its own (issue 15, item 3)
-        if model is None or arch is not None or not per_matrix:
+        if model is None or arch is not None or roles is not None or not per_matrix:
             raise
         from .norms import per_matrix_norms
 
@@ -120,29 +121,27 @@ def load(source=None, *, arch: str | None = None, allow_pickle: bool = False, st
     return load_model(source, arch=arch, allow_pickle=allow_pickle, strict=strict, roles=roles)
 
 
-def describe(model=None, *, arch: str | None = None, allow_pickle: bool = False, strict: bool = False):
+def describe(model=None, *, arch: str | None = None, allow_pickle: bool = False, strict: bool = False, roles=None):
     """Dry run of :func:`analyze`: which checkpoint tensor plays which role, nothing measured.
 
     Returns:
         :class:`transcover.report.Description` (``print()`` it, or ``.to_dataframe()``).
     """
-    from .model import TransformerSpec
     from .report import describe_spec
 
-    spec = model if isinstance(model, TransformerSpec) else load(model, arch=arch, allow_pickle=allow_pickle,
-                                                                 strict=strict)
-    return describe_spec(spec)
+    return describe_spec(_spec(model, arch=arch, allow_pickle=allow_pickle, strict=strict, roles=roles))
 
 
 def lipschitz(model=None, config=None, *, arch: str | None = None, allow_pickle: bool = False, strict: bool = False,
-              lower: bool = True, data=None, rho: float | Sequence[float] = 1e-3, rho_relative: bool = False,
-              max_len: int = 32, limit: int | None = None, whole_network: str | None = None, **options):
+              roles=None, lower: bool = True, data=None, rho: float | Sequence[float] = 1e-3,
+              rho_relative: bool = False, max_len: int = 32, limit: int | None = None,
+              whole_network: str | None = None, **options):
     """Certified upper Lipschitz constants per stage, layer and network, beside empirical lower ones
     (``transcover lipschitz``; THEORY F6, F7, F8, F13, F14); with ``data``, certified local constants
     on balls of radius ``rho`` around real inputs (``transcover lipschitz --data``; THEORY F17).
 
     Args:
-        model: as in :func:`analyze`.
+        model, arch, allow_pickle, strict, roles: as in :func:`analyze`.
         config: a :class:`transcover.lipschitz.LipschitzConfig` (the CLI's choices and their defaults:
             ``radius`` R of the input tokens, ``metric`` "2,inf" or "fro", ``seq_len``, ``c_sm``,
             ``sigma_min``, and the lower search's ``samples``, ``steps``, ``seed``); ``options``
@@ -173,10 +172,10 @@ def lipschitz(model=None, config=None, *, arch: str | None = None, allow_pickle:
 
     cfg = _config(LipschitzConfig, config, options)
     if data is not None:
-        return _lipschitz_local(model, data, arch=arch, allow_pickle=allow_pickle, strict=strict, rho=rho,
-                                rho_relative=rho_relative, max_len=max_len, limit=limit, lower=lower, steps=cfg.steps,
-                                whole=whole_network)
-    spec = _spec(model, arch=arch, allow_pickle=allow_pickle, strict=strict).to_torch()
+        return _lipschitz_local(model, data, arch=arch, allow_pickle=allow_pickle, strict=strict, roles=roles,
+                                rho=rho, rho_relative=rho_relative, max_len=max_len, limit=limit, lower=lower,
+                                steps=cfg.steps, whole=whole_network)
+    spec = _spec(model, arch=arch, allow_pickle=allow_pickle, strict=strict, roles=roles).to_torch()
     l2 = any(layer.attention.kind == "l2" for layer in spec.layers)
     with _small_threads(spec.d_model, cfg.seq_len):
         bounds = lipschitz_bounds(spec, radius=cfg.radius, c_sm=cfg.c_sm, metric=cfg.metric,
@@ -189,7 +188,7 @@ def lipschitz(model=None, config=None, *, arch: str | None = None, allow_pickle:
     return LipschitzResult(spec.name, bounds, found, tuple(spec.warnings))
 
 
-def _lipschitz_local(model, data, *, arch, allow_pickle, strict, rho, rho_relative, max_len, limit, lower, steps,
+def _lipschitz_local(model, data, *, arch, allow_pickle, strict, roles, rho, rho_relative, max_len, limit, lower, steps,
                      whole=None):
     """The ``data`` route of :func:`lipschitz`: every check (rho, data, tokenizer) before any work."""
     import math
@@ -210,7 +209,7 @@ def _lipschitz_local(model, data, *, arch, allow_pickle, strict, rho, rho_relati
             raise InputError(f"{flag} must be >= 1, but got {flag}={v}")
     if whole not in (None, "auto", "product", "stack"):
         raise InputError(f"whole_network must be 'auto', 'product' or 'stack', but got whole_network={whole!r}")
-    spec = _spec(model, arch=arch, allow_pickle=allow_pickle, strict=strict).to_torch(torch.float64)
+    spec = _spec(model, arch=arch, allow_pickle=allow_pickle, strict=strict, roles=roles).to_torch(torch.float64)
     seqs = load_data(model, spec, data, max_len=max_len, limit=limit)
     rows = local_table(spec, seqs, rhos, lower=lower, relative=rho_relative, lower_iter=max(steps // 2, 5),
                        whole=whole)
@@ -218,12 +217,13 @@ def _lipschitz_local(model, data, *, arch, allow_pickle, strict, rho, rho_relati
 
 
 def perturb(model_a, model_b, config=None, *, arch: str | None = None, allow_pickle: bool = False,
-            strict: bool = False, **options):
+            strict: bool = False, roles=None, **options):
     """How far two same-architecture models' outputs can differ: Lemma G.3's certified bound
     ``sum_i c_i ||W_i^A - W_i^B||`` beside the change a search measures (``transcover perturb``).
 
     ``config``: a :class:`transcover.lipschitz.PerturbConfig` (the fields of :func:`lipschitz`'s
-    config); ``options`` override single fields.  Models that differ in structure (not only in
+    config); ``options`` override single fields; ``arch``, ``allow_pickle``, ``strict`` and ``roles``
+    read both models as :func:`analyze` does.  Models that differ in structure (not only in
     weights) are refused with :class:`~transcover.InputError`.
 
     Returns:
@@ -241,8 +241,8 @@ def perturb(model_a, model_b, config=None, *, arch: str | None = None, allow_pic
     from .model import require_same_structure
 
     cfg = _config(PerturbConfig, config, options)
-    a = _spec(model_a, arch=arch, allow_pickle=allow_pickle, strict=strict).to_torch()
-    b = _spec(model_b, arch=arch, allow_pickle=allow_pickle, strict=strict).to_torch()
+    a = _spec(model_a, arch=arch, allow_pickle=allow_pickle, strict=strict, roles=roles).to_torch()
+    b = _spec(model_b, arch=arch, allow_pickle=allow_pickle, strict=strict, roles=roles).to_torch()
     require_same_structure(a, b)  # Lemma G.3 charges weight distances only
     with _small_threads(a.d_model, cfg.seq_len):
         bound_ = perturbation_bound(a, b, **cfg.bound_options())
@@ -254,7 +254,7 @@ def perturb(model_a, model_b, config=None, *, arch: str | None = None, allow_pic
 
 
 def bound(model=None, config=None, *, arch: str | None = None, allow_pickle: bool = False, strict: bool = False,
-          reference=None, **options):
+          roles=None, reference=None, **options):
     """Certified log covering number at ``eps`` and generalisation bounds at ``n_samples``
     (``transcover bound``; THEORY F9-F12, Lemma G.1).
 
@@ -263,7 +263,8 @@ def bound(model=None, config=None, *, arch: str | None = None, allow_pickle: boo
     with the CLI's defaults); ``options`` override single fields.  ``model`` may also be a
     ``transcover train`` checkpoint folder: ``n_samples`` and ``seq_len`` then default to its
     task's.  ``reference``: a model (path or spec) whose weights the distances are measured from
-    instead of 0.
+    instead of 0.  ``arch``, ``allow_pickle``, ``strict`` and ``roles`` read ``model`` and
+    ``reference`` as :func:`analyze` does.
 
     Returns:
         :class:`transcover.covering.ModelBound` (``.log_log_N``, ``.generalisation``, ``.to_dict()``, ``.plot()``).
@@ -281,13 +282,15 @@ def bound(model=None, config=None, *, arch: str | None = None, allow_pickle: boo
     if isinstance(model, TransformerSpec):
         spec, n_train = model, None
     else:
-        spec, n_train, task_len = load_model_task(model, arch=arch, allow_pickle=allow_pickle, strict=strict)
+        spec, n_train, task_len = load_model_task(model, arch=arch, allow_pickle=allow_pickle, strict=strict,
+                                                  roles=roles)
     if n_train is not None:  # a training run: its own n and T unless given
         given = set(options) | ({"n_samples", "seq_len"} if config is not None else set())
         options = {**({} if "n_samples" in given else {"n_samples": (float(n_train),)}),
                    **({} if "seq_len" in given else {"seq_len": task_len}), **options}
     cfg = _config(BoundConfig, config, options)
-    ref = None if reference is None else _spec(reference, arch=arch, allow_pickle=allow_pickle, strict=strict).to_torch()
+    ref = None if reference is None else _spec(reference, arch=arch, allow_pickle=allow_pickle, strict=strict,
+                                               roles=roles).to_torch()
     return model_bound(spec.to_torch(), cfg, reference=ref)
 
 

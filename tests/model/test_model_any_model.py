@@ -193,6 +193,39 @@ def test_renamed_llama_via_roles_file_matches_the_llama_adapter(transformers_mod
     assert "--roles applies to one model" in capsys.readouterr().err
 
 
+def test_every_command_that_reads_a_model_takes_the_roles_mapping(transformers_mod, tmp_path, capsys):
+    """``lipschitz``, ``perturb``, ``bound`` and ``report`` had no ``--roles`` (argparse: exit 2, "unrecognized
+    arguments"): a layout analysed through a mapping file could not be certified by the same command line.  Each now
+    reads the renamed Llama exactly as the llama adapter reads the original, and hashes the mapping file with the
+    model in its JSON."""
+    model = _llama(transformers_mod)
+    model.save_pretrained(tmp_path / "hf")
+    path = _renamed(model, tmp_path)
+    roles = tmp_path / "roles.json"
+    roles.write_text(json.dumps(ROLES))
+    fast = ["--samples", "1", "--steps", "1", "--quiet"]
+    for cmd, extra in (("lipschitz", fast), ("bound", ["--quiet"]), ("perturb", fast)):
+        docs = []
+        for src, opts in ((path, ["--roles", str(roles)]), (tmp_path / "hf", [])):
+            out = tmp_path / f"{cmd}-{len(docs)}.json"
+            models = [str(src)] * (2 if cmd == "perturb" else 1)
+            assert main([cmd, *models, *opts, *extra, "--json", str(out)]) == 0, capsys.readouterr().err
+            docs.append(json.loads(out.read_text()))
+        mapped, ref = docs
+        hashed = [i["path"] for i in mapped["inputs"]]
+        assert str(roles) in hashed and str(roles) not in [i["path"] for i in ref["inputs"]], (cmd, hashed)
+        envelope = {"command_line", "inputs", "model", "model_a", "model_b", "warnings", "arch"}
+        numbers = [{k: v for k, v in _numbers(doc).items() if k not in envelope} for doc in docs]
+        assert len(numbers[0]) >= 4 and numbers[0] == numbers[1], cmd  # the same certified numbers
+    html = tmp_path / "r.html"
+    assert main(["report", str(path), "--roles", str(roles), "--no-lower", "--quiet", "-o", str(html)]) == 0
+    assert "roles.json" in html.read_text()
+    # without the mapping the renamed layout is still refused, naming the way out
+    capsys.readouterr()
+    assert main(["lipschitz", str(path), *fast]) == 2
+    assert "--roles" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("bad, message", [
     ({"n_heads": None}, "'n_heads' .* is required"),
     ({"layers": "blk."}, "must be a prefix pattern containing"),

@@ -190,6 +190,27 @@ def test_keys_follow_the_roles_mapping_and_the_tokenizer(tmp_path):
         assert all(new != old for new, old in zip(seen[-1], seen[-2]))
 
 
+def test_local_keys_follow_an_explicit_roles_file(tmp_path):
+    """``lipschitz --data --roles r.json --workers 2``: the items' keys cover the mapping (its content, not the file's
+    name or spacing), so a resumed run after an edit of the mapping recomputes, and the workers load through it."""
+    import torch
+
+    from transcover.scale._local import local_items
+
+    ckpt = write_gpt2_checkpoint(tmp_path / "c", d=32, layers=1, heads=2, vocab=64, positions=16)
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    for f in (a, b):
+        f.write_text('{"roles": {}}')
+
+    def item(roles):  # noqa: ANN001, ANN202
+        return local_items(str(ckpt), [torch.zeros(3, 32, dtype=torch.float64)], [1e-3], roles=roles)[0]
+
+    assert item(None).key != item(str(a)).key == item(str(b)).key != item({"roles": {"W_1": "x"}}).key
+    assert item(str(a)).payload["roles"] == str(a) and item(None).payload["roles"] is None
+    b.write_text('{ "roles" : {"W_1":"x"} }')
+    assert item(str(b)).key != item(str(a)).key and item(str(b)).key == item({"roles": {"W_1": "x"}}).key
+
+
 def test_items_sharing_a_key_keep_their_own_labels(run_dir, tmp_path):
     """Two byte-identical checkpoints (one key under --hash full) were both listed under the first's name."""
     import shutil

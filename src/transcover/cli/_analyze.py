@@ -21,18 +21,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="HF model directory, .safetensors file, or short name (default: the bundled "
                         "all-MiniLM-L6-v2); several, or a run directory of checkpoint-<step> folders, "
                         "make a sweep")
-    p.add_argument("--arch", default=None, help="architecture of a bare .safetensors file (bert, gpt2, llama, vit, "
-                                                "torch_encoder, reference, ...: --list-archs names them all)")
-    p.add_argument("--roles", metavar="JSON", default=None,
-                   help="a mapping file naming the role of each tensor of a layout no adapter knows "
-                        "(docs/architectures.md); transcover_roles.json beside the weights is read by default")
+    from ._conventions import add_load_arguments
+
+    add_load_arguments(p)
     p.add_argument("--list-archs", action="store_true",
                    help="print what is supported, per family and per feature, and exit")
-    p.add_argument("--allow-pickle", action="store_true",
-                   help="load pickled checkpoints (.bin/.pt) with torch.load(weights_only=True)")
-    p.add_argument("--strict", action="store_true",
-                   help="refuse a checkpoint with tensors inside a layer that the architecture does not define "
-                        "(default: warn, naming each)")
     p.add_argument("--fast", action="store_true", help="Lanczos estimates instead of certified intervals")
     p.add_argument("--rtol", type=float, default=1e-3, help="target relative gap of each interval (default 1e-3)")
     p.add_argument("--heads", action="store_true", help="also print per-head tables")
@@ -68,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
 
     from .._api import analyze, describe
     from .._errors import InputError
+    from ._conventions import load_options, model_inputs
     from ..report import (analysis_csv, check_output_path, display_bytes, envelope_json, progress, render_analysis,
                           write_outputs)
 
@@ -105,20 +99,14 @@ def run(args: argparse.Namespace) -> int:
 
         set_torch_threads(threads)
     args.model = models[0] if models else None
-    model = args.model
-    if args.roles is not None:
-        from ..train import load_model as load
-
-        model = load(args.model, arch=args.arch, allow_pickle=args.allow_pickle, strict=args.strict, roles=args.roles)
     if args.describe:
-        print(describe(model, arch=args.arch, allow_pickle=args.allow_pickle, strict=args.strict))
+        print(describe(args.model, **load_options(args)))
         return 0
     console = Console()
     with progress(quiet=args.quiet) as tracker:
         tracker.step("analyzing layers")
-        result = analyze(model, arch=args.arch, allow_pickle=args.allow_pickle, strict=args.strict,
-                         fast=args.fast, rtol=args.rtol, embeddings=not args.no_embeddings,
-                         progress=tracker.callback())
+        result = analyze(args.model, **load_options(args), fast=args.fast, rtol=args.rtol,
+                         embeddings=not args.no_embeddings, progress=tracker.callback())
     from ..norms import PerMatrixResult
 
     if isinstance(result, PerMatrixResult):
@@ -130,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         outputs.append((args.json, envelope_json(result.to_dict(), schema="transcover.analyze",
                                                  schema_version=result.to_dict(matrices=False)["schema_version"],
-                                                 inputs=[args.model]).encode()))
+                                                 inputs=model_inputs(args, args.model)).encode()))
     if args.csv:
         outputs.append((args.csv, analysis_csv(result).encode()))
     if args.plot:

@@ -20,11 +20,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", default=None,
                    help="HF model directory, .safetensors file, a `transcover train` checkpoint folder (n and T "
                         "default to its task's), or short name (default: the bundled all-MiniLM-L6-v2)")
-    p.add_argument("--arch", default=None, help="architecture of a bare .safetensors file")
-    p.add_argument("--allow-pickle", action="store_true", help="load pickled checkpoints (.bin/.pt)")
-    p.add_argument("--strict", action="store_true",
-                   help="refuse a checkpoint with tensors inside a layer that the architecture does not define "
-                        "(default: warn, naming each)")
+    from ._conventions import add_load_arguments
+
+    add_load_arguments(p)
     p.add_argument("--eps", type=float, default=_D.eps, help="covering scale eps")
     p.add_argument("--n-samples", type=float, nargs="+", default=None,
                    help=f"training-set sizes n for the generalisation bound (default {_D.n_samples[0]:g}; a training "
@@ -112,17 +110,16 @@ def run(args: argparse.Namespace) -> int:
     tracker = start_progress(quiet=args.quiet)
     tracker.step("loading the model")
     from ..train import load_model_task
+    from ._conventions import load_options, model_inputs
 
-    spec, n_train, seq_len = load_model_task(args.model, arch=args.arch, allow_pickle=args.allow_pickle,
-                                             strict=args.strict)
+    spec, n_train, seq_len = load_model_task(args.model, **load_options(args))
     spec = spec.to_torch()
     if n_train is not None:  # a training run: its own n and T unless given
         args.n_samples = args.n_samples or [float(n_train)]
         args.seq_len = args.seq_len or seq_len
     args.n_samples = args.n_samples or list(_D.n_samples)
     args.seq_len = args.seq_len or _D.seq_len
-    reference = None if args.reference is None else load(args.reference, arch=args.arch, allow_pickle=args.allow_pickle,
-                                                         strict=args.strict).to_torch()
+    reference = None if args.reference is None else load(args.reference, **load_options(args)).to_torch()
     tracker.step("covering number and generalisation bound")
     result = model_bound(spec, config_from_args(args), reference=reference)
     target = args.target_gap if args.target_gap is not None else 0.1 * args.loss_bound
@@ -136,8 +133,8 @@ def run(args: argparse.Namespace) -> int:
         from ..report import envelope_json
 
         outputs.append(("json", args.json, envelope_json(data, schema="transcover.bound", schema_version="1",
-                                                         inputs=[args.model] + ([args.reference] if args.reference
-                                                                                else []))))
+                                                         inputs=model_inputs(args, args.model,
+                                                                             *filter(None, [args.reference])))))
     if args.plot:
         tracker.step("plotting")
     png = bound_png(result, n_needed, target) if args.plot else None

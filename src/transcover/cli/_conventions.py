@@ -1,11 +1,13 @@
 """Shared spellings: a hidden, deprecated alias keeps old command lines working while help shows one name; numbers
-are read as typed (a literal that float64 rounds to 0 or to infinity is refused, naming the text)."""
+are read as typed (a literal that float64 rounds to 0 or to infinity is refused, naming the text); every command that
+reads a model takes the same four options for how it is read."""
 
 from __future__ import annotations
 
 import argparse
 
-__all__ = ["add_deprecated_alias", "literal_problem", "read_float"]
+__all__ = ["add_deprecated_alias", "add_load_arguments", "literal_problem", "load_options", "model_inputs",
+           "read_float"]
 
 
 class _Deprecated(argparse.Action):
@@ -54,3 +56,31 @@ def read_float(text: str, what: str) -> float:
         raise InputError(f"{what}: {problem}")
     return value
 
+
+
+def add_load_arguments(p: argparse.ArgumentParser) -> None:
+    """How a command reads its model(s): ``--arch``, ``--roles``, ``--allow-pickle``, ``--strict``, spelt and explained
+    alike in every command (``lipschitz``, ``perturb``, ``bound`` and ``report`` had no ``--roles``: a layout analysed
+    through a mapping file could not be certified by the same command line)."""
+    p.add_argument("--arch", default=None, help="architecture of a bare .safetensors file (bert, gpt2, llama, vit, "
+                                                "torch_encoder, reference, ...: analyze --list-archs names them all)")
+    p.add_argument("--roles", metavar="JSON", default=None,
+                   help="a mapping file naming the role of each tensor of a layout no adapter knows "
+                        "(docs/architectures.md); transcover_roles.json beside the weights is read by default")
+    p.add_argument("--allow-pickle", action="store_true",
+                   help="load pickled checkpoints (.bin/.pt) with torch.load(weights_only=True)")
+    p.add_argument("--strict", action="store_true",
+                   help="refuse a checkpoint with tensors inside a layer that the architecture does not define "
+                        "(default: warn, naming each)")
+
+
+def load_options(args: argparse.Namespace) -> dict:
+    """The keyword arguments of ``transcover.load`` (and of the API functions that load) that ``add_load_arguments``
+    parsed."""
+    return {"arch": args.arch, "allow_pickle": args.allow_pickle, "strict": args.strict, "roles": args.roles}
+
+
+def model_inputs(args: argparse.Namespace, *models) -> list:
+    """What a command's JSON envelope hashes as its inputs: the models it read and the mapping file that named their
+    tensors (``--roles``), which chose the function as much as the weights did."""
+    return [*models, *([args.roles] if getattr(args, "roles", None) else [])]

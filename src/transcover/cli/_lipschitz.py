@@ -18,11 +18,9 @@ HELP = "per-layer, per-component Lipschitz constants: certified upper bound, emp
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
     """Options shared with ``perturb``: domain, metric, constants, search effort, output."""
-    p.add_argument("--arch", default=None, help="architecture of a bare .safetensors file")
-    p.add_argument("--allow-pickle", action="store_true", help="load pickled checkpoints with weights_only=True")
-    p.add_argument("--strict", action="store_true",
-                   help="refuse a checkpoint with tensors inside a layer that the architecture does not define "
-                        "(default: warn, naming each)")
+    from ._conventions import add_deprecated_alias, add_load_arguments
+
+    add_load_arguments(p)
     p.add_argument("--radius", type=float, default=_D.radius,
                    help="R: every input token (embedded, before the input norm) has l2 norm <= R")
     p.add_argument("--metric", choices=("2,inf", "fro"), default=_D.metric,
@@ -33,8 +31,6 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                    help="softmax constant >= 1 (1 proven and tight; 2 Edelman et al.)")
     p.add_argument("--sigma-min", dest="ln_sigma_min", type=float, default=_D.sigma_min,
                    help="assume every LayerNorm input has std >= this (0: the global, eps-limited constant)")
-    from ._conventions import add_deprecated_alias
-
     add_deprecated_alias(p, "--ln-sigma-min", "--sigma-min", "ln_sigma_min", type=float)
     p.add_argument("--samples", type=int, default=_D.samples,
                    help="random starting inputs per search")
@@ -129,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
     from ..lipschitz import lipschitz_bounds, lipschitz_lower
     from ..train import load_model as load
     from ..report import start_progress
+    from ._conventions import load_options, model_inputs
     from ..report import lipschitz_payload, lipschitz_rows, render_lipschitz
 
     check_common(args)
@@ -147,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     tracker = start_progress(quiet=args.quiet)
     tracker.step("loading the model")
-    spec = load(args.model, arch=args.arch, allow_pickle=args.allow_pickle, strict=args.strict).to_torch()
+    spec = load(args.model, **load_options(args)).to_torch()
     tracker.step("certified upper bounds")
     small_threads(spec.d_model, cfg.seq_len)
     seq = cfg.seq_len if cfg.metric == "fro" or _needs_seq_len(spec) else None
@@ -174,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         outputs.append((args.json, envelope_json(lipschitz_payload(spec, bounds, lower, rows),
                                                  schema="transcover.lipschitz", schema_version="1",
-                                                 inputs=[args.model]).encode()))
+                                                 inputs=model_inputs(args, args.model)).encode()))
     if getattr(args, "csv", None):
         outputs.append((args.csv, rows_csv(global_rows(rows)).encode()))
     if args.plot:
@@ -229,6 +226,7 @@ def run_local(args: argparse.Namespace) -> int:
     from ..lipschitz import local_table
     from ..train import load_data
     from ..train import load_model as load
+    from ._conventions import load_options, model_inputs
     from ..report import local_payload, render_local
 
     rhos = parse_rhos(args.rho)
@@ -251,7 +249,7 @@ def run_local(args: argparse.Namespace) -> int:
         raise InputError("--ball-lower is a lower estimate; it cannot be combined with --no-lower")
     if getattr(args, "ball_steps", 3) < 1:
         raise InputError(f"--ball-steps must be >= 1, but got --ball-steps={args.ball_steps}")
-    spec = load(args.model, arch=args.arch, allow_pickle=args.allow_pickle, strict=args.strict).to_torch(torch.float64)
+    spec = load(args.model, **load_options(args)).to_torch(torch.float64)
     seqs = load_data(args.model, spec, args.data, max_len=args.max_len, limit=args.limit)
     if backend is not None:  # one sequence per item, in parallel and resumable (issue 14)
         from ._scaleopts import local_rows_from_args
@@ -272,7 +270,7 @@ def run_local(args: argparse.Namespace) -> int:
         payload = local_payload(spec.name, len(seqs), rhos, bool(args.rho_relative), rows)
         data_input = [args.data] if args.data not in ("sklearn-descr", "task") else []
         outputs.append((args.json, envelope_json(payload, schema="transcover.lipschitz.local", schema_version="1",
-                                                 inputs=[args.model, *data_input]).encode()))
+                                                 inputs=[*model_inputs(args, args.model), *data_input]).encode()))
     if getattr(args, "csv", None):
         outputs.append((args.csv, rows_csv([r.to_dict() for r in rows]).encode()))
     if getattr(args, "plot", None):

@@ -32,6 +32,7 @@ def finish_per_matrix(args: argparse.Namespace, result, console) -> int:
 
     from ..norms import PER_MATRIX_SCHEMA
     from ..report import envelope_json, write_outputs
+    from ._conventions import model_inputs
 
     if args.plot or args.heads:
         raise InputError(f"{'--plot' if args.plot else '--heads'} needs the decomposition (per-head norms); "
@@ -39,7 +40,7 @@ def finish_per_matrix(args: argparse.Namespace, result, console) -> int:
     outputs = []
     if args.json:
         outputs.append((args.json, envelope_json(result.to_dict(), schema=PER_MATRIX_SCHEMA, schema_version="1.0",
-                                                 inputs=[args.model]).encode()))
+                                                 inputs=model_inputs(args, args.model)).encode()))
     if args.csv:
         outputs.append((args.csv, _csv(result).encode()))
     if not args.quiet:

@@ -29,6 +29,7 @@ def run(args: argparse.Namespace) -> int:
     from ..train import load_model as load
     from ..report import atomic_write_text, start_progress
     from ..report import perturb_payload, render_perturb
+    from ._conventions import load_options, model_inputs
     from ._lipschitz import check_common, config_from_args, small_threads
 
     check_common(args)
@@ -41,8 +42,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args, PerturbConfig)
     tracker = start_progress(quiet=args.quiet)
     tracker.step("loading the models")
-    a = load(args.model_a, arch=args.arch, allow_pickle=args.allow_pickle, strict=args.strict).to_torch()
-    b = load(args.model_b, arch=args.arch, allow_pickle=args.allow_pickle, strict=args.strict).to_torch()
+    a = load(args.model_a, **load_options(args)).to_torch()
+    b = load(args.model_b, **load_options(args)).to_torch()
     # Lemma G.3 charges weight distances only: refuse before any search (Note [structural differences])
     require_same_structure(a, b)
     outside = _outside_g(a, b)
@@ -70,7 +71,8 @@ def run(args: argparse.Namespace) -> int:
         if outside:
             payload["warnings"] = [*payload["warnings"], outside]
         atomic_write_text(args.json, envelope_json(payload, schema="transcover.perturb",
-                                                   schema_version="1", inputs=[args.model_a, args.model_b]))
+                                                   schema_version="1",
+                                                   inputs=model_inputs(args, args.model_a, args.model_b)))
         print(f"wrote {args.json}", file=sys.stderr)
     return 0
 

@@ -12,10 +12,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", default=None,
                    help="HF model directory, .safetensors file or short name (default: the bundled all-MiniLM-L6-v2)")
     p.add_argument("-o", "--output", default="report.html", metavar="PATH", help="the HTML file to write")
-    p.add_argument("--arch", default=None, help="architecture of a bare .safetensors file")
-    p.add_argument("--allow-pickle", action="store_true", help="load pickled checkpoints with weights_only=True")
-    p.add_argument("--strict", action="store_true",
-                   help="refuse a checkpoint with tensors inside a layer that the architecture does not define")
+    from ._conventions import add_load_arguments
+
+    add_load_arguments(p)
     p.add_argument("--data", default=None, metavar="PATH",
                    help="inputs for the at-the-data section: token ids (.npy int), embeddings (.npy float), "
                         "texts (.txt), 'sklearn-descr' or 'task' (as `transcover lipschitz --data`; hashed into "
@@ -49,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
     from .._errors import InputError
     from ..report import atomic_write_text, check_output_path, progress
     from ..report import ReportOptions, compute_report, render_report
+    from ._conventions import load_options
 
     check_output_path(args.output, "--output", (".html", ".htm"))
     for flag, v in (("--radius", args.radius), ("--eps", args.eps)):
@@ -74,9 +74,8 @@ def run(args: argparse.Namespace) -> int:
                             lower=not args.no_lower, lower_samples=args.lower_samples, lower_steps=args.lower_steps,
                             lower_stages=args.lower_stages)
     with progress(quiet=args.quiet) as tracker:
-        data = compute_report(args.model, arch=args.arch, allow_pickle=args.allow_pickle, strict=args.strict,
-                              options=options, history=args.history, data=args.data, local=local,
-                              tracker=tracker)
+        data = compute_report(args.model, **load_options(args), options=options, history=args.history, data=args.data,
+                              local=local, tracker=tracker)
         tracker.step("rendering the figures")
         html = render_report(data)
     atomic_write_text(args.output, html)
@@ -89,6 +88,7 @@ def _local_bounds(args: argparse.Namespace) -> dict:
     F17) on balls around the first ``--limit`` sequences of ``--data``, every input check first."""
     from .._api import lipschitz
     from ..report import local_block
+    from ._conventions import load_options
     from ._lipschitz import parse_rhos
 
     rhos = parse_rhos(args.rho)
@@ -98,7 +98,7 @@ def _local_bounds(args: argparse.Namespace) -> dict:
 
             raise InputError(f"{flag} must be >= 1, but got {flag}={v}")
     # lower_iter 15 as before: steps=30 gives max(30 // 2, 5)
-    result = lipschitz(args.model, arch=args.arch, allow_pickle=args.allow_pickle, strict=args.strict,
-                       data=args.data, rho=rhos, rho_relative=True, max_len=args.max_len, limit=args.limit,
-                       lower=not args.no_lower, steps=30, whole_network=args.whole_network)
+    result = lipschitz(args.model, **load_options(args), data=args.data, rho=rhos, rho_relative=True,
+                       max_len=args.max_len, limit=args.limit, lower=not args.no_lower, steps=30,
+                       whole_network=args.whole_network)
     return local_block(result, args.data)

@@ -93,7 +93,7 @@ def local_rows_from_args(args: argparse.Namespace, spec, seqs: list, rhos: list[
     try:
         rows = local_rows(args.model, seqs, rhos, spec=spec, relative=args.rho_relative, lower=not args.no_lower,
                           lower_iter=max(args.steps // 2, 5), arch=args.arch, allow_pickle=args.allow_pickle,
-                          strict=args.strict, store=store, backend=backend, workers=args.workers,
+                          strict=args.strict, roles=args.roles, store=store, backend=backend, workers=args.workers,
                           threads=args.threads, resume=args.resume, options={"address": args.ray_address},
                           on_result=on_result)
     finally:

@@ -350,7 +350,8 @@ def _build(
     else:
         raise InputError(
             f"cannot tell the architecture of {name}: pass arch= (one of "
-            f"{', '.join(SUPPORTED_ARCHITECTURES)}) or put its config.json beside it"
+            f"{', '.join(SUPPORTED_ARCHITECTURES)}), put its config.json beside it, or name its tensors' roles "
+            f"in a mapping file (roles=, --roles; docs/architectures.md)"
         )
     if config is None:
         # A bare HF-layout checkpoint gives layer counts and widths, but never the number of heads.

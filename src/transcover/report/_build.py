@@ -107,9 +107,11 @@ def _checked_history(history, spec, model) -> tuple[list, list[str]]:
     return records, notes
 
 
-def compute_report(model=None, *, arch=None, allow_pickle=False, strict=False, options=ReportOptions(),
+def compute_report(model=None, *, arch=None, allow_pickle=False, strict=False, roles=None, options=ReportOptions(),
                    history=None, data=None, local=None, tracker: Tracker | None = None) -> ReportData:
-    """Everything the report shows, computed once (``tracker`` shows the phases on a terminal)."""
+    """Everything the report shows, computed once (``tracker`` shows the phases on a terminal).  ``arch``,
+    ``allow_pickle``, ``strict``, ``roles``: how ``model`` is read (:func:`transcover.load`); a mapping file given by
+    path is hashed with the model's files."""
     from ..covering import BoundConfig, NoFiniteBound, model_bound
     from ..lipschitz import class_bounds, compose, lipschitz_lower
     from ..train import load_model as load
@@ -123,7 +125,7 @@ def compute_report(model=None, *, arch=None, allow_pickle=False, strict=False, o
     from ..model import TransformerSpec
 
     spec = model if isinstance(model, TransformerSpec) else load(model, arch=arch, allow_pickle=allow_pickle,
-                                                                 strict=strict)
+                                                                 strict=strict, roles=roles)
     records, history_notes = None, []
     if history is None and isinstance(model, (str, os.PathLike)):
         history = _own_history(model)  # a training run reports its own monitor unasked
@@ -163,7 +165,8 @@ def compute_report(model=None, *, arch=None, allow_pickle=False, strict=False, o
     except NoFiniteBound as err:  # the other sections still hold; the page says why this one is missing (red team 169)
         bound, bound_note = None, f"no covering bound: {err}"
     timings["bound"] = time.perf_counter() - t
-    inputs = input_hashes(model, *([history] if history is not None else []),
+    inputs = input_hashes(model, *([roles] if isinstance(roles, (str, os.PathLike)) else []),
+                          *([history] if history is not None else []),
                           *([data] if data is not None else []))
     return ReportData(spec.name, model, analysis, bounds, lower, bound, dict(spec.config), inputs, options,
                       records, None if history is None else str(history), local,

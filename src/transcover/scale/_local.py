@@ -21,8 +21,10 @@ once per worker process (a small cache keyed by the model's fingerprint and load
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -49,11 +51,13 @@ def _unhex(s: str) -> float:
 def _spec(payload: dict[str, Any]):
     from ..train import load_model as load
 
-    key = (payload["fingerprint"], payload["model"], payload["arch"], payload["allow_pickle"], payload["strict"])
+    roles = payload.get("roles")
+    key = (payload["fingerprint"], payload["model"], payload["arch"], payload["allow_pickle"], payload["strict"],
+           json.dumps(roles, sort_keys=True))
     if key not in _SPECS:
         _SPECS.clear()  # one model per sweep: keep only the latest
         _SPECS[key] = load(payload["model"], arch=payload["arch"], allow_pickle=payload["allow_pickle"],
-                           strict=payload["strict"]).to_torch(torch.float64)
+                           strict=payload["strict"], roles=roles).to_torch(torch.float64)
     return _SPECS[key]
 
 
@@ -144,15 +148,34 @@ def merge_local(spec, parts: Sequence[dict[str, Any]], rhos: Sequence[float], *,
     return rows
 
 
+def _roles_digest(roles) -> str | None:
+    """sha256 of a mapping's canonical JSON (a dict, or a file's parsed content: the same mapping as a file or a dict,
+    however spaced, has one key); a file that does not parse, by its bytes; None without a mapping."""
+    if roles is None:
+        return None
+    if not isinstance(roles, dict):
+        try:
+            raw = Path(roles).read_bytes()
+        except OSError:  # the loader names a missing or unreadable mapping file in its own line
+            return str(roles)
+        try:
+            roles = json.loads(raw)
+        except ValueError:
+            return hashlib.sha256(raw).hexdigest()
+    return hashlib.sha256(json.dumps(roles, sort_keys=True).encode()).hexdigest()
+
+
 def local_items(model: str | None, seqs: Sequence[torch.Tensor], rhos: Sequence[float], *, relative: bool = True,
                 lower: bool = True, lower_iter: int = 15, jacobian: bool = True, arch: str | None = None,
-                allow_pickle: bool = False, strict: bool = False, threads: int = 1,
+                allow_pickle: bool = False, strict: bool = False, roles=None, threads: int = 1,
                 hash_mode: str = "quick") -> list[Item]:
-    """One item per sequence; the key covers the model's files, the sequence's bytes and the options."""
+    """One item per sequence; the key covers the model's files, the sequence's bytes, the options and the mapping file
+    (``roles``: a path or a dict, as ``transcover.load``; its bytes, not its name)."""
     fp = fingerprint(model, hash_mode)
     options = {"rhos": [_hex(f) for f in rhos], "relative": bool(relative), "lower": bool(lower),
                "lower_iter": int(lower_iter), "jacobian": bool(jacobian), "arch": arch,
-               "allow_pickle": bool(allow_pickle), "strict": bool(strict), "threads": int(threads)}
+               "allow_pickle": bool(allow_pickle), "strict": bool(strict), "threads": int(threads),
+               "roles": _roles_digest(roles)}
     items = []
     for k, X in enumerate(seqs):
         Xb = np.ascontiguousarray(torch.as_tensor(X).detach().to(torch.float64).numpy(), dtype="<f8")
@@ -160,13 +183,14 @@ def local_items(model: str | None, seqs: Sequence[torch.Tensor], rhos: Sequence[
         key = item_key("local", fp, {**options, "sequence": digest})
         items.append(Item(key, f"sequence {k} ({Xb.shape[0]} tokens)",
                           {**options, "rhos": [float(f) for f in rhos], "model": model, "fingerprint": fp,
+                           "roles": roles if roles is None or isinstance(roles, dict) else str(roles),
                            "X": Xb.tobytes().hex(), "shape": list(Xb.shape)}))
     return items
 
 
 def local_rows(model: str | None, seqs: Sequence[torch.Tensor], rhos: Sequence[float], *, spec=None,
                relative: bool = True, lower: bool = True, lower_iter: int = 15, jacobian: bool = True,
-               arch: str | None = None, allow_pickle: bool = False, strict: bool = False,
+               arch: str | None = None, allow_pickle: bool = False, strict: bool = False, roles=None,
                store: ResultStore | None = None, backend: str = "serial", workers: int = 1, threads: int = 1,
                resume: bool = True, options: dict[str, Any] | None = None, on_result: Callable | None = None) -> list:
     """``local_table``'s rows for ``model`` at ``seqs``, one sequence per item on any backend, resumable.
@@ -175,6 +199,7 @@ def local_rows(model: str | None, seqs: Sequence[torch.Tensor], rhos: Sequence[f
         model: what ``transcover.model.load`` reads (path or short name; workers load it themselves).
         seqs: embedded sequences ``(T, d)`` (``model._data.load_inputs``).
         rhos, relative, lower, lower_iter, jacobian: as in ``local_table``.
+        arch, allow_pickle, strict, roles: how ``model`` is read (``transcover.load``).
         spec: the float64 spec of ``model`` if already loaded (the merge needs it).
         store, backend, workers, threads, resume, options, on_result: as in :func:`~transcover.scale.sweep`.
 
@@ -186,7 +211,7 @@ def local_rows(model: str | None, seqs: Sequence[torch.Tensor], rhos: Sequence[f
             lower estimate above a certified value.
     """
     items = local_items(model, seqs, rhos, relative=relative, lower=lower, lower_iter=lower_iter, jacobian=jacobian,
-                        arch=arch, allow_pickle=allow_pickle, strict=strict, threads=threads)
+                        arch=arch, allow_pickle=allow_pickle, strict=strict, roles=roles, threads=threads)
     report = sweep(items, local_example, store=store, backend=backend, workers=workers, threads=threads,
                    resume=resume, options=options, on_result=on_result)
     if report.failed:
@@ -195,5 +220,5 @@ def local_rows(model: str | None, seqs: Sequence[torch.Tensor], rhos: Sequence[f
     if spec is None:
         from ..train import load_model as load
 
-        spec = load(model, arch=arch, allow_pickle=allow_pickle, strict=strict).to_torch(torch.float64)
+        spec = load(model, arch=arch, allow_pickle=allow_pickle, strict=strict, roles=roles).to_torch(torch.float64)
     return merge_local(spec, [r.value for r in report.results], rhos, lower=lower)

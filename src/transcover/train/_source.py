@@ -63,15 +63,18 @@ def load_data(source, spec, data: str, *, max_len: int | None = None, limit: int
     return inputs_from_array(spec, X[:limit].detach().double().numpy() if limit else X.detach().double().numpy())
 
 
-def load_model_task(source=None, *, arch: str | None = None, allow_pickle: bool = False, strict: bool = False):
+def load_model_task(source=None, *, arch: str | None = None, allow_pickle: bool = False, strict: bool = False,
+                    roles=None):
     """:func:`load_model` and, for a training run read as one, its task's ``(n_train, T)`` (else ``None, None``):
     what ``bound`` takes as its defaults for n and T.  One rule for the API and the CLI: an explicit ``arch`` reads
-    the folder's weights the ordinary way (the bound's CLI had ignored it for a run, stop 39's list)."""
-    if source is not None and arch is None and isinstance(source, (str, os.PathLike)) and is_train_checkpoint(source):
+    the folder's weights the ordinary way (the bound's CLI had ignored it for a run, stop 39's list), and so does an
+    explicit ``roles`` mapping, as in :func:`load_model`."""
+    if source is not None and arch is None and roles is None and isinstance(source, (str, os.PathLike)) \
+            and is_train_checkpoint(source):
         from ._loop import checkpoint_spec
 
         return checkpoint_spec(source)
-    return load_model(source, arch=arch, allow_pickle=allow_pickle, strict=strict), None, None
+    return load_model(source, arch=arch, allow_pickle=allow_pickle, strict=strict, roles=roles), None, None
 
 
 def load_model(source=None, *, arch: str | None = None, allow_pickle: bool = False, strict: bool = False,

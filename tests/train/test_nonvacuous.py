@@ -78,6 +78,8 @@ def test_cli_quick_writes_json_and_figure(tmp_path, monkeypatch, capsys):
 @pytest.mark.parametrize("argv", [
     ["--tasks", "parity"], ["--n", "0"], ["--n", "ten"], ["--delta", "1.5"], ["--quick", "--tasks", "digits"],
     ["--json", "/no/such/folder/r.json"], ["--jobs", "0"],
+    # red team 178: empty items were skipped, and a negative seed paid a recipe codeword shorter than seed 0's
+    ["--n", "1,,2"], ["--n", "100,"], ["--tasks", "majority,,digits"], ["--seed", "-1"],
 ])
 def test_cli_bad_input_is_one_line_exit_2_nothing_written(argv, tmp_path, capsys):
     out = tmp_path / "nv"
@@ -93,7 +95,8 @@ def test_config_rejects_bad_values():
     for kw in ({"task": "nope"}, {"n_train": 0}, {"arch": 99}, {"delta": 0.0}, {"task": "digits", "n_train": 5000},
                {"prior_split": 0.95}, {"prior_split": 1}, {"qat_lr": 0.0}, {"qat_lr": float("nan")},
                {"finetune_candidates": 0}, {"prior_select": True},  # prior_select without a split
-               {"n_train": 10, "prior_split": 0.01}):  # A of 0 samples (it named n_train=0, the rounded share)
+               {"n_train": 10, "prior_split": 0.01},  # A of 0 samples (it named n_train=0, the rounded share)
+               {"seed": -1}, {"seed": -2}):  # Note [recipe code] has no codeword for them (red team 178)
         with pytest.raises(InputError):
             NonvacuousConfig(**kw)
 

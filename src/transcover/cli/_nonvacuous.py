@@ -37,8 +37,8 @@ def _plan(args):
         raise InputError("choose one of --quick and --ablation")
     plan = QUICK_PLAN if args.quick else ABLATION_PLAN if args.ablation else FULL_PLAN
     if args.tasks is not None:
-        tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
-        bad = [t for t in tasks if t not in NONVACUOUS_TASKS]
+        tasks = [t.strip() for t in args.tasks.split(",")]
+        bad = [t for t in tasks if t not in NONVACUOUS_TASKS]  # an empty item too ("majority,,digits")
         if bad or not tasks:
             raise InputError(f"tasks must be a comma list of {', '.join(NONVACUOUS_TASKS)}, but got {args.tasks!r}")
         plan = tuple(c for c in plan if c.task in tasks)
@@ -46,7 +46,7 @@ def _plan(args):
             raise InputError(f"the chosen plan has no run for tasks={args.tasks!r}")
     if args.n is not None:
         try:
-            sizes = [int(x) for x in args.n.split(",") if x.strip()]
+            sizes = [int(x) for x in args.n.split(",")]  # an empty item ("1,,2") is refused, not skipped
         except ValueError:
             raise InputError(f"n must be a comma list of positive integers, but got n={args.n!r}") from None
         if not sizes or min(sizes) <= 0:

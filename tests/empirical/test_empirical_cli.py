@@ -67,18 +67,36 @@ def test_reference_and_uniform_modes(tmp_path):
     (["cover", "reference", "--radius", "-1"], "radius scale must be > 0"),
     (["cover", "reference", "--B_KQ", "0"], "B_KQ must be"),
     (["cover", "uniform", "--samples", "-3"], "--samples must be a positive integer"),
+    (["cover", "finite", "GRID", "--eps", "1", "--key", "nope"], "holds one array, not named tensors"),  # red team 181
+    (["cover", "finite", "U64BIG", "--eps", "1"], "integers beyond 2^53"),
 ])
 def test_bad_input_one_line_exit_2(tmp_path, capsys, argv, match):
     np.save(tmp_path / "grid.npy", np.arange(4.0)[:, None])
     np.save(tmp_path / "bad.npy", np.zeros((2, 2, 2, 2)))
+    np.save(tmp_path / "u64big.npy", np.array([[2**60], [0]], dtype=np.uint64))
     subst = {"GRID": str(tmp_path / "grid.npy"), "BAD": str(tmp_path / "bad.npy"),
-             "MISSING.npy": str(tmp_path / "missing.npy")}
+             "MISSING.npy": str(tmp_path / "missing.npy"), "U64BIG": str(tmp_path / "u64big.npy")}
     json_path = tmp_path / "never.json"
     rc = main([subst.get(a, a) for a in argv] + ["--json", str(json_path)])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2
     assert len(err) == 1 and err[0].startswith("transcover: error: ") and match in err[0]
     assert not json_path.exists()
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.uint32, np.uint64, np.int32])
+def test_unsigned_outputs_are_read_exactly(tmp_path, dtype):
+    """Red team 181: uint16/32/64 outputs were an internal error (torch has no comparisons for them, exit 1); they are
+    read as the integers they hold, the same cover as their float64 values."""
+    vals = np.array([[0], [1], [3], [7], [8]])
+    np.save(tmp_path / "u.npy", vals.astype(dtype))
+    np.save(tmp_path / "f.npy", vals.astype(np.float64))
+    docs = []
+    for name in ("u", "f"):
+        out = tmp_path / f"{name}.json"
+        assert main(["cover", "finite", str(tmp_path / f"{name}.npy"), "--eps", "1", "--quiet", "--json", str(out)]) == 0
+        docs.append(json.loads(out.read_text())["rows"])
+    assert docs[0] == docs[1] and docs[0]
 
 
 def test_write_failures_and_a_file_as_output_folder_are_one_line(tmp_path, capsys):

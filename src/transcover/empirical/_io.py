@@ -50,6 +50,8 @@ def load_outputs(path: str | Path, key: str | None = None, *, allow_pickle: bool
         raise
     except Exception as err:  # numpy/torch/safetensors raise many types for corrupt files
         raise InputError(f"cannot read outputs from {p}: {type(err).__name__}: {err}") from None
+    if key is not None and not isinstance(data, dict):  # a single array has no names: --key was ignored (red team 181)
+        raise InputError(f"{p} holds one array, not named tensors; drop --key {key!r}")
     if isinstance(data, dict):
         if key is not None:
             if key not in data:

@@ -84,7 +84,16 @@ def as_outputs(Y: object, name: str = "outputs") -> Tensor:
         raise InputError(f"{name} has an empty axis: shape {tuple(T.shape)}")
     if T.is_complex() or T.dtype == torch.bool:
         raise InputError(f"{name} must be real-valued, but got dtype {T.dtype}")
+    if T.dtype in (torch.uint16, torch.uint32, torch.uint64):
+        # torch has no comparisons for these ("gt_cpu" not implemented: an internal error, red team 181): range-check
+        # the values as numpy holds them, then go on as a signed integer array
+        if int(T.numpy().max()) > 2**53:
+            raise InputError(f"{name} has integers beyond 2^53 in magnitude, which float64 cannot hold exactly")
+        T = torch.from_numpy(T.numpy().astype("int64"))
     if not T.is_floating_point():
+        # compared as int64: against a narrower dtype 2^53 wrapped, and every uint8/int16/int32 array was refused as
+        # "beyond 2^53" (red team 181)
+        T = T.to(torch.int64)
         if bool(((T > 2**53) | (T < -2**53)).any()):
             raise InputError(f"{name} has integers beyond 2^53 in magnitude, which float64 cannot hold exactly")
         T = T.to(torch.float64)

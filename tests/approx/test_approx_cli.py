@@ -89,3 +89,23 @@ def test_a_measured_value_above_its_exact_arithmetic_bound_is_explained(capsys):
     assert "the bounds hold for the network in exact arithmetic" in " ".join(capsys.readouterr().out.split())
     assert main(["approx", "construct", "--seq-len", "6", "--sparsity", "2", "--grid", "3", "--R", "10"]) == 0
     assert "exact arithmetic" not in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_tight_construction_never_shows_a_lower_bound_above_its_certified_upper(tmp_path):
+    """Red team 181: with an equiangular code the read-out bound is exactly tight, and the float64 network's measured
+    sup (then labelled an empirical lower bound) came out 5e-9 relative above the certified upper bound, which is for
+    exact arithmetic.  The measurements are the float64 network's: labelled estimates, so no two quantities of the JSON
+    contradict each other, whatever the rounding."""
+    import json
+
+    out = tmp_path / "c.json"
+    assert main(["approx", "construct", "--seq-len", "8", "--sparsity", "1", "--R", "40", "--delta", "0.45",
+                 "--grid", "4", "--search", "300", "--quiet", "--json", str(out)]) == 0
+    d = json.loads(out.read_text())["decomposition"]
+    b = d["bound"]
+    parts = {"readout": max(b["readout_bound"]), "attention": b["attention"]["value"], "mlp": b["mlp"]["value"],
+             "total": b["total"]["value"]}
+    for name, upper in parts.items():
+        assert d[name]["kind"] == "estimate" and "float64" in d[name]["source"], name
+        assert d[name]["value"] <= upper * (1 + 1e-6), name  # tight where the code is: the measurement meets it
+    assert d["readout"]["value"] >= 0.5 * parts["readout"]

@@ -1,7 +1,9 @@
 """Sup-error search: random and structured candidates, then signed-gradient ascent in a box.
 
 Every value it returns is attained by a witness input, so it is an *empirical lower bound* on the
-supremum (``Kind.EMPIRICAL_LOWER``), never a certificate.
+supremum of the function as evaluated (``Kind.EMPIRICAL_LOWER`` for a trained network, which is its float64
+evaluation; the Lemma H.1 construction's are estimates of its exact-arithmetic suprema, ``_decomposition``), never a
+certificate.
 """
 
 from __future__ import annotations

@@ -15,10 +15,10 @@ __all__ = ["AdviceDisplay", "FailureCurveDisplay", "AttentionRateDisplay", "MLPR
 
 
 def construct_table(result):
-    """Lemma H.1 construction: each part's measured sup (empirical lower) beside its certified bound."""
+    """Lemma H.1 construction: each part's measured sup (the float64 network's, an estimate) beside its bound."""
     from rich.table import Table
 
-    from .._printed import down, for_kind, up
+    from .._printed import for_kind, near, up
 
     c, d, enc = result.construction, result.decomposition, result.encoding
     b = d.bound
@@ -27,16 +27,16 @@ def construct_table(result):
     t = Table(title=f"Lemma H.1 construction: n={c.n}, I={result.target.indices}, Δ={delta} ({enc.family}), "
                     f"R={c.R:g}, d_m={c.mlp.width}")
     t.add_column("part")
-    t.add_column("measured sup (empirical lower)", justify="right")
+    t.add_column("measured sup (float64 network)", justify="right")
     t.add_column("bound (certified upper)", justify="right")
-    t.add_row("attention read-out ||ψ̂-ψ||∞", down(d.readout.value, 4), up(max(b.readout_bound), 4))
-    t.add_row("attention part |f(ψ̂)-f(ψ)|", down(d.attention.value, 4), up(b.attention.value, 4))
+    t.add_row("attention read-out ||ψ̂-ψ||∞", near(d.readout.value, 4), up(max(b.readout_bound), 4))
+    t.add_row("attention part |f(ψ̂)-f(ψ)|", near(d.attention.value, 4), up(b.attention.value, 4))
     lemma = for_kind(b.lemma_attention.value, b.lemma_attention.kind)
     if b.lemma_attention.kind is not Kind.CERTIFIED_UPPER:  # below the certified attention part: not a bound here
         lemma += f" ({b.lemma_attention.kind.value})"
     t.add_row("  lemma form n e^{-R(1-2Δ)}·…", "", lemma)
-    t.add_row("MLP part |f(ψ)-h|", down(d.mlp.value, 4), up(b.mlp.value, 4))
-    t.add_row("total |F-g*|", down(d.total.value, 4), up(b.total.value, 4))
+    t.add_row("MLP part |f(ψ)-h|", near(d.mlp.value, 4), up(b.mlp.value, 4))
+    t.add_row("total |F-g*|", near(d.total.value, 4), up(b.total.value, 4))
     pairs = ((d.readout.value, max(b.readout_bound)), (d.attention.value, b.attention.value),
              (d.mlp.value, b.mlp.value), (d.total.value, b.total.value))
     if any(m > u for m, u in pairs):  # the JSON said why; the table showed measured above certified without a word
@@ -203,7 +203,7 @@ class FailureCurveDisplay:
 
 @dataclass
 class AttentionRateDisplay:
-    """Attention read-out error against R: measured sup (markers, empirical lower) beside the gap
+    """Attention read-out error against R: measured sup (markers, the float64 network's) beside the gap
     bound 2γ·m(gap) (solid) and the lemma's form (dotted), one colour per (n, Δ, λ)."""
 
     rows: list[dict]

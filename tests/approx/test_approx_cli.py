@@ -109,3 +109,21 @@ def test_a_tight_construction_never_shows_a_lower_bound_above_its_certified_uppe
         assert d[name]["kind"] == "estimate" and "float64" in d[name]["source"], name
         assert d[name]["value"] <= upper * (1 + 1e-6), name  # tight where the code is: the measurement meets it
     assert d["readout"]["value"] >= 0.5 * parts["readout"]
+
+
+def test_a_rate_sweep_says_what_it_skipped_and_why_a_fit_is_missing(tmp_path, capsys):
+    """Red team 181: ``--over R`` printed an empty fit table and "over 5 points" for 6 asked, dropping a point under
+    the float64 floor without a word; with every point under it, the summary line had no points to take a maximum of."""
+    import json
+
+    out = tmp_path / "s.json"
+    assert main(["approx", "sweep", "--over", "R", "--ns", "8", "--deltas", "0,0.4", "--Rs", "2,10,30",
+                 "--json", str(out)]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "1 point(s) skipped: bound below 1e-11" in text and "n=8 Δ=0 R=30" in text
+    assert "no fit where fewer than two radii" in text
+    d = json.loads(out.read_text())
+    assert len(d["rows"]) + len(d["skipped"]) == 6 and not d["fits"] and len(d["unfitted"]) == 2
+    assert main(["approx", "sweep", "--over", "R", "--ns", "8", "--deltas", "0", "--Rs", "100,200"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "no point to measure; 2 point(s) skipped" in text

@@ -40,13 +40,18 @@ def fit_decay(x: Sequence[float], y: Sequence[float]) -> float:
 
 @dataclass(frozen=True)
 class AttentionRate:
-    """Rows ``(n, delta, key_leak, R, measured, bound, lemma)`` and per-(n, Δ, λ) fitted decay rates."""
+    """Rows ``(n, delta, key_leak, R, measured, bound, lemma)``, per-(n, Δ, λ) fitted decay rates, the points skipped
+    under the float64 floor (``skipped``: their bound) and the (n, Δ, λ) with fewer than two radii in the exponential
+    regime (``unfitted``): a sweep had printed an empty fit table and dropped points without a word (red team 181)."""
 
     rows: tuple[dict[str, float], ...]
     fits: tuple[dict[str, float], ...] = field(default_factory=tuple)
+    skipped: tuple[dict[str, float], ...] = field(default_factory=tuple)
+    unfitted: tuple[dict[str, float], ...] = field(default_factory=tuple)
 
     def to_dict(self) -> dict[str, object]:
-        return {"rows": list(self.rows), "fits": list(self.fits)}
+        return {"rows": list(self.rows), "fits": list(self.fits), "skipped": list(self.skipped),
+                "unfitted": list(self.unfitted)}
 
     def plot(self, ax=None):
         """measured (markers) and both bounds (lines) against R, log scale, on ``ax`` (the current axes
@@ -77,7 +82,7 @@ def attention_rate_sweep(Rs: Sequence[float], ns: Sequence[int] = (16,), deltas:
     for n in ns:
         if isinstance(n, bool) or not isinstance(n, int) or n < 2:
             raise InputError(f"sequence length n must be an integer >= 2, but got n={n!r}")
-    rows, fits = [], []
+    rows, fits, skipped, unfitted = [], [], [], []
     with single_thread():
         for n in ns:
             target = holder_ridge((n // 2,), 1.0, seed=0)
@@ -90,6 +95,7 @@ def attention_rate_sweep(Rs: Sequence[float], ns: Sequence[int] = (16,), deltas:
                     c = build_construction(target, enc, R=R, grid=1, gamma=gamma, key_leak=lam)
                     b = c.bound()
                     if b.readout_bound[0] < floor:
+                        skipped.append({"n": n, "delta": delta, "key_leak": lam, "R": R, "bound": b.readout_bound[0]})
                         continue
                     with torch.no_grad():
                         m = float((c.readout(cand) - c.ideal_readout(cand)).abs().max())
@@ -102,7 +108,9 @@ def attention_rate_sweep(Rs: Sequence[float], ns: Sequence[int] = (16,), deltas:
                 if len(Rk) >= 2:
                     fits.append({"n": n, "delta": delta, "key_leak": lam, "fitted_rate": fit_decay(Rk, meas),
                                  "gap_rate": 1 - delta - 2 * lam, "lemma_rate": 1 - 2 * delta})
-    return AttentionRate(tuple(rows), tuple(fits))
+                else:
+                    unfitted.append({"n": n, "delta": delta, "key_leak": lam, "points": len(Rk)})
+    return AttentionRate(tuple(rows), tuple(fits), tuple(skipped), tuple(unfitted))
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,11 @@ def rate_sweep_table(res, over: str):
         for f in res.fits:
             t.add_row(str(f["n"]), f"{f['delta']:.3g}", f"{f['key_leak']:.3g}", f"{f['fitted_rate']:.4f}",
                       f"{f['gap_rate']:.4f}", f"{f['lemma_rate']:.4f}")
+        if res.unfitted:  # an empty table said nothing (red team 181)
+            which = ", ".join(f"(n={u['n']}, Δ={u['delta']:.3g}, λ={u['key_leak']:.3g}): {u['points']}"
+                              for u in res.unfitted)
+            t.caption = (f"no fit where fewer than two radii have a bound in the exponential regime (below 1e-2) and "
+                         f"above float64's floor 1e-11: {which}")
         return t
     t = Table(title="MLP error vs d_m: fitted exponent against -β/s")
     for col in ("β", "s", "fitted exponent", "-β/s"):
@@ -74,6 +79,12 @@ def rate_sweep_table(res, over: str):
 def rate_sweep_line(res, over: str) -> str:
     """The largest measured / bound, never rounded below 1 when it is above (6 decimals showed 1 + 1.3e-10 as
     1.000000, stop 38 red team), with what an excess at that level is: the float64 measurement's rounding."""
+    skipped = getattr(res, "skipped", ())
+    where = ", ".join(f"n={s['n']} Δ={s['delta']:.3g} R={s['R']:g}" for s in skipped)
+    note = f"; {len(skipped)} point(s) skipped: bound below 1e-11, which float64 cannot resolve ({where})" if skipped \
+        else ""
+    if not res.rows:
+        return f"no point to measure{note}"
     worst = max(r["measured"] / r["bound"] for r in res.rows)
     shown = f"1 + {worst - 1:.2g}" if worst > 1 else (f"{worst:.6f}" if over == "R" else f"{worst:.4f}")
     where = f" over {len(res.rows)} points" if over == "R" else ""
@@ -82,7 +93,7 @@ def rate_sweep_line(res, over: str) -> str:
         above = sum(r["measured"] > r["bound"] for r in res.rows)
         line += (f" ({above} points above 1: the bound is for exact arithmetic, and the measured error is a float64 "
                  "difference whose rounding, about 1e-16 of the values it cancels, exceeds the margin there)")
-    return line
+    return line + note
 
 
 def encodings_line(res) -> str:

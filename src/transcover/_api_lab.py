@@ -192,6 +192,9 @@ def approx(what: str = "construct", **options):
         o = take(_CONSTRUCT)
         if o["search"] <= 0:
             raise InputError(f"--search must be > 0, but got --search={o['search']}")
+        for name in ("seq_len", "sparsity"):  # before comparing them: "s=2 > n=0" did not name the bad option
+            if isinstance(o[name], bool) or not isinstance(o[name], int) or o[name] <= 0:
+                raise InputError(f"--{name.replace('_', '-')} must be a positive integer, but got {o[name]!r}")
         if o["sparsity"] > o["seq_len"]:
             raise InputError(f"sparsity s must be <= seq_len n, but got s={o['sparsity']} > n={o['seq_len']}")
         if o["encoding"] == "equiangular" and not (0.0 <= o["delta"] < 0.5):

@@ -127,3 +127,17 @@ def test_a_rate_sweep_says_what_it_skipped_and_why_a_fit_is_missing(tmp_path, ca
     assert main(["approx", "sweep", "--over", "R", "--ns", "8", "--deltas", "0", "--Rs", "100,200"]) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "no point to measure; 2 point(s) skipped" in text
+
+
+def test_one_token_needs_no_attention_error_and_no_position_code(tmp_path, capsys):
+    """Red team 181: ``advise --seq-len 1`` advised d_p = 192 for one position and charged an attention error of
+    about 2 (attention reads the only token with weight 1); ``approx construct --seq-len 0`` blamed the sparsity."""
+    import json
+
+    out = tmp_path / "a.json"
+    assert main(["advise", "--seq-len", "1", "--sparsity", "1", "--smoothness", "1", "--n-samples", "10000",
+                 "--json", str(out)]) == 0
+    d = json.loads(out.read_text())
+    assert d["positional_dim"] == 1 and all(c["attention"] == 0.0 for c in d["curve"])
+    assert main(["approx", "construct", "--seq-len", "0"]) == 2
+    assert "--seq-len must be a positive integer" in capsys.readouterr().err

@@ -143,7 +143,8 @@ def advise(sparsity: int, smoothness: float, seq_len: int, n_samples: int, *, de
         # Seed 5.3, "make attention focus precisely first": the smallest R whose attention error
         # is at most the MLP error; the capacity of R grows only like log n, so this is cheap.
         R = max(math.log(max(L_head * 2 * gamma * n / e_mlp, 1.0)) / (1 - 2 * delta), 1e-3)
-        e_att = L_head * 2 * gamma * n * math.exp(-R * (1 - 2 * delta))
+        # one token: attention reads it with weight 1 whatever R, so its error is 0 (it was 2 gamma L_head e^-R)
+        e_att = L_head * 2 * gamma * n * math.exp(-R * (1 - 2 * delta)) if n > 1 else 0.0
         A_tf = s**3 * (gamma ** (2 / 3) + (2 * gamma * (3 + s) * R) ** (2 / 3)) ** 3 * math.log(m * n)
         est = 2 * _dudley_fixed_alpha(P, 4 * N_g * math.sqrt(P), (2 * L_head) ** 2 * A_tf, m, D)
         return {"grid": N_g, "d_m": max(widths), "R": float(R), "attention": e_att, "mlp": e_mlp,
@@ -164,13 +165,15 @@ def advise(sparsity: int, smoothness: float, seq_len: int, n_samples: int, *, de
     opt = min(curve, key=lambda c: c["total"])
     from ._encodings import random_sign_dimension
 
-    d_p = random_sign_dimension(max(n, 2), max(delta, 1e-3), 0.01) if delta > 0 else n
+    # one position needs no code beyond one coordinate (it was advised d_p = 192, red team 181)
+    d_p = random_sign_dimension(n, max(delta, 1e-3), 0.01) if delta > 0 and n > 1 else n
     note = ""
     D = opt["range"]
     grids = [c["grid"] for c in curve]
     if min(c["approx"] for c in curve) >= D:  # no sample size helps: every design's approximation error alone is over
         note = (f"vacuous: every design's approximation error (the least {min(c['approx'] for c in curve):.4g}) "
-                f"exceeds the target's range D={D:.4g} (gamma={gamma:g}, beta={beta:g}); more samples do not help")
+                f"exceeds the target's scale D = max(1, L (2 sqrt(s))^beta) = {D:.4g} (gamma={gamma:g}, "
+                f"beta={beta:g}); more samples do not help")
     elif opt["total"] >= D:
         # every design's bound exceeds the target's range at this N, and the advised one is only the least vacuous;
         # say so, and from which N (to about 1 %) the best design's total falls below D
@@ -184,7 +187,8 @@ def advise(sparsity: int, smoothness: float, seq_len: int, n_samples: int, *, de
                 mid = math.sqrt(lo * hi)
                 lo, hi = (lo, mid) if best(mid) < D else (mid, hi)
         note = (f"vacuous at N={m}: approximation {opt['approx']:.4g} + estimation {opt['estimation']:.4g} exceed the "
-                f"target's range D={D:.4g}, so the advice is the least vacuous design, not a good one; "
+                f"target's scale D = max(1, L (2 sqrt(s))^beta) = {D:.4g}, so the advice is the least vacuous design, "
+                "not a good one; "
                 + (f"the best design's total falls below D from N={hi:.2g}" if hi < 1e300 else
                    "no design's total falls below D up to N=1e300"))
     return Advice(s, beta, n, m, opt["grid"], opt["d_m"], s, 1, len(simplicial_widths(s, opt["grid"])),

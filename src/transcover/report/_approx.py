@@ -117,7 +117,7 @@ def advice_table(a):
     t.add_column("value", justify="right")
     for k, v in (("MLP width d_m", a.d_m), ("interpolation grid per axis", a.grid), ("heads", a.heads),
                  ("attention layers", a.attention_layers), ("MLP hidden layers", a.mlp_hidden_layers),
-                 ("temperature R", f"{a.R:.2f}"), ("positional dim d_p (random signs, Δ)", a.positional_dim),
+                 ("temperature R", f"{a.R:.3g}"), ("positional dim d_p (random signs, Δ)", a.positional_dim),
                  ("approximation error", f"{a.approx_error:.4g}"), ("estimation term", f"{a.estimation_error:.4g}")):
         t.add_row(k, str(v))
     return t

@@ -78,7 +78,7 @@ def test_cli_quick_writes_json_and_figure(tmp_path, monkeypatch, capsys):
 @pytest.mark.parametrize("argv", [
     ["--tasks", "parity"], ["--n", "0"], ["--n", "ten"], ["--delta", "1.5"], ["--quick", "--tasks", "digits"],
     ["--json", "/no/such/folder/r.json"], ["--jobs", "0"],
-    # red team 178: empty items were skipped, and a negative seed paid a recipe codeword shorter than seed 0's
+    # red team 178: empty items were skipped, and a negative --seed paid a recipe codeword shorter than --seed=0 does
     ["--n", "1,,2"], ["--n", "100,"], ["--tasks", "majority,,digits"], ["--seed", "-1"],
 ])
 def test_cli_bad_input_is_one_line_exit_2_nothing_written(argv, tmp_path, capsys):

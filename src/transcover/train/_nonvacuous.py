@@ -116,8 +116,8 @@ class NonvacuousConfig:
             raise InputError(f"task must be one of {', '.join(NONVACUOUS_TASKS)}, but got task={self.task!r}")
         for name in ("n_train", "n_test", "batch_size", "levels", "restarts", "search_samples", "finetune_candidates"):
             check_positive_int(getattr(self, name), name)
-        # the seed too: Note [recipe code] codes integers >= 0, and a negative seed's codeword was shorter than seed
-        # 0's (-1: 0 bits, a Kraft sum of 2.22 over the seeds, red team 178)
+        # the seed too: Note [recipe code] codes integers >= 0, and a negative seed's codeword was shorter than the
+        # codeword of seed=0 (-1: 0 bits, a Kraft sum of 2.22 over the seeds, red team 178)
         for name in ("epochs", "qat_epochs", "greedy_passes", "refine_passes", "prior_recipe_bits", "seed"):
             v = getattr(self, name)
             if v is None and name in ("epochs", "qat_epochs", "prior_recipe_bits"):

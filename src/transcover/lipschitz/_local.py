@@ -226,9 +226,8 @@ def layer_local(layer: LayerSpec, X: Tensor, rho: float, *, cache: dict | None =
         check_layer_range(layer, {"W1": nW1, "W2": nW2, "O": hn["O"]})  # Note [local weight range]
         cache[key] = (hn, nW1, nW2)
     hn, nW1, nW2 = cache[key]
-    if layer.ffn.gated:
-        raise InputError("local bounds do not cover gated FFNs yet")
-    Lffn = activation_lipschitz(layer.ffn.activation) * nW1 * nW2 * (1 + ROUNDING_PAD)
+    # a gated FFN's constant is local (THEORY F107): formed in the body, where its ball is known
+    Lffn = None if layer.ffn.gated else activation_lipschitz(layer.ffn.activation) * nW1 * nW2 * (1 + ROUNDING_PAD)
 
     try:
         return _layer_local_body(layer, X, rho, cache, jacobian, exact, hn, nW1, nW2, Lffn)
@@ -256,7 +255,7 @@ def _pad(r: float, Y: Tensor) -> float:
 
 
 def _layer_local_body(layer: LayerSpec, X: Tensor, rho: float, cache: dict, jacobian: bool, exact: bool | None,
-                      hn: dict, nW1: float, nW2: float, Lffn: float) -> LayerLocal:
+                      hn: dict, nW1: float, nW2: float, Lffn: float | None) -> LayerLocal:
     from ..model import attention_forward, ffn_forward
 
     T, d = X.shape
@@ -266,6 +265,8 @@ def _layer_local_body(layer: LayerSpec, X: Tensor, rho: float, cache: dict, jaco
     # Pi_norm (the projection onto the unit ball) is 1-Lipschitz, which the product route uses; the Jacobian routes
     # are not derived for it (not differentiable on the sphere), so a layer with one takes the product route (F104)
     jacobian = jacobian and not any(n is not None and n.kind is NormKind.BALL for n in (layer.norm_attn, layer.norm_ffn))
+    # the Jacobian routes are not derived for gated FFNs or RoPE: such layers take the product route (THEORY F107)
+    jacobian = jacobian and not ffn.gated and layer.attention.rope is None
     if layer.placement is Placement.POST:
         a = attention_local_bound(layer.attention, X, rho, norms=hn)
         X1 = X + attention_forward(layer.attention, X)
@@ -273,6 +274,7 @@ def _layer_local_body(layer: LayerSpec, X: Tensor, rho: float, cache: dict, jaco
         n1, s1 = norm_local(layer.norm_attn, X1, r1)
         H = layer.norm_attn(X1)
         rh = _pad(float(n1.max()) * r1, H)
+        Lffn = _ffn_local(ffn, H, rh, Lffn)
         X2 = H + ffn_forward(ffn, H)
         ffn_res = 1 + Lffn
         if jacobian:  # the FFN block's own point + drift constant (Note [layer Jacobian route])
@@ -299,6 +301,7 @@ def _layer_local_body(layer: LayerSpec, X: Tensor, rho: float, cache: dict, jaco
         n2, s2 = norm_local(layer.norm_ffn, X1, r1)
         H = layer.norm_ffn(X1)
         rh = _pad(float(n2.max()) * r1, H)
+        Lffn = _ffn_local(ffn, H, rh, Lffn)
         out = X1 + ffn_forward(ffn, H)
         comps = {"norm_attn": float(n1.max()), "attention": a.upper, "norm_ffn": float(n2.max()), "ffn": Lffn}
         radii = {"norm_attn": rho, "attention": ry, "norm_ffn": r1, "ffn": rh}
@@ -320,6 +323,15 @@ def _layer_local_body(layer: LayerSpec, X: Tensor, rho: float, cache: dict, jaco
             ep, eb, parts = _exact_route(layer, X, rho, cache, hn)
     return LayerLocal(layer.index, rho, comps, radii, product, min(jp, ep), min(jb, eb), out.detach(), min_sigma,
                       ep, eb, parts)
+
+
+def _ffn_local(ffn, H: Tensor, rh: float, Lffn: float | None) -> float:  # noqa: ANN001
+    """The FFN's constant on ``B(H, rh)``: the global one (``Lffn``) or, gated, THEORY F107's local one."""
+    if Lffn is not None:
+        return Lffn
+    from ._local_gated import gated_ffn_local
+
+    return gated_ffn_local(ffn, H, rh).upper * (1 + ROUNDING_PAD)
 
 
 def _exact_route(layer: LayerSpec, X: Tensor, rho: float, cache: dict, hn: dict) -> tuple[float, float, dict]:

@@ -71,12 +71,14 @@ class AttentionLocal:
     max_delta: float  # largest score movement bound Delta_i on the ball
 
 
-def check_local_attention(attn: AttentionSpec) -> None:
-    """The local bound covers dot-product attention without RoPE (with or without biases, causal or not)."""
+def check_local_attention(attn: AttentionSpec, rope: bool = False) -> None:
+    """The local bound covers dot-product attention (with or without biases, causal or not); RoPE where the caller
+    says it is derived for it (``rope``: ``attention_query_terms``, ``attention_local_bound``, THEORY F107)."""
     if attn.kind != "dot":
         raise InputError("local attention bounds cover dot-product attention only (not L2 attention)")
-    if attn.rope is not None:
-        raise InputError("local attention bounds do not cover RoPE yet (the scores depend on positions)")
+    if attn.rope is not None and not rope:
+        raise InputError("this local route does not cover RoPE (the scores depend on positions); the product route "
+                         "of layer_local does (THEORY F107)")
     if attn.softcap is not None:
         raise InputError("local attention bounds do not cover soft-capped scores yet (THEORY F24)")
     if attn.q_norm is not None or attn.k_norm is not None:
@@ -176,17 +178,29 @@ def check_head_scales(attn: AttentionSpec, h: int, Y: Tensor, q: Tensor) -> None
 WEIGHT_REL = 2.0**-42
 
 
-def certified_weights(attn: AttentionSpec, X: Tensor, h: int) -> Tensor:
+def certified_weights(attn: AttentionSpec, X: Tensor, h: int, rope: bool = False) -> Tensor:
     """``P`` (T, T) of head ``h`` at ``X`` (T, d), float64: the softmax of the scores shifted by each row's largest (``D``,
     ``-inf`` on masked keys), certified within Note [formed attention weights] of the exact weights, else refused
     (InputError, one line); also refused where a visible weight underflows (Note [underflowed attention weights]) or a
-    score difference overflows.  Dot attention without RoPE (``check_local_attention``)."""
-    check_local_attention(attn)
+    score difference overflows.  Dot attention; with RoPE (``rope``, THEORY F107) the query and key (with both biases)
+    are rotated to about twice the working precision (``_local_rope.rotate_dd``) before their product."""
+    check_local_attention(attn, rope)
     X = X.detach().to(torch.float64)  # exact for float32/bf16 data; the bounds below are float64's
     T = X.shape[0]
     Xa = torch.cat([X, torch.ones(T, 1, dtype=X.dtype)], dim=1)
     Qh, Ql, Qe, eQ = accurate_product(Xa, _f64(attn.W_Q_augmented(h)))
-    Kh, Kl, Ke, eK = accurate_product(X, _f64(attn.head(h)[1]))
+    if attn.rope is None:
+        Kh, Kl, Ke, eK = accurate_product(X, _f64(attn.head(h)[1]))
+    else:  # the key bias no longer cancels: [X, 1] [W_K; b_K], then both sides rotated (Note [local RoPE attention])
+        from ._local_rope import rope_inv_freq, rotate_dd
+
+        Wk = _f64(attn.head(h)[1])
+        bk = torch.zeros(1, Wk.shape[1], dtype=torch.float64) if attn.b_K is None else \
+            _f64(attn.b_K)[attn.kv_index(h)][None]
+        Kh, Kl, Ke, eK = accurate_product(Xa, torch.cat([Wk, bk], dim=0))
+        inv = rope_inv_freq(attn, T)
+        Qh, Ql, Qe = rotate_dd(Qh, Ql, Qe, inv)
+        Kh, Kl, Ke = rotate_dd(Kh, Kl, Ke, inv)
     Sh, Sl, Se, eS = accurate_product_dd((Qh, Ql, Qe), (Kh.T, Kl.T, Ke.T))
     vis = torch.ones(T, T, dtype=torch.bool)
     if attn.causal:
@@ -223,7 +237,7 @@ def certified_weights(attn: AttentionSpec, X: Tensor, h: int) -> Tensor:
     return P
 
 
-def attention_weights_f64(attn: AttentionSpec, X: Tensor) -> list[Tensor]:
+def attention_weights_f64(attn: AttentionSpec, X: Tensor, rope: bool = False) -> list[Tensor]:
     """The softmax matrices ``P^h`` (T, T) of every head at X, float64 (refused where a visible weight
     underflows: Note [underflowed attention weights]; or where the heads' data terms leave Note [local head data
     range]); the weights certified by Note [formed attention weights])."""
@@ -231,7 +245,7 @@ def attention_weights_f64(attn: AttentionSpec, X: Tensor) -> list[Tensor]:
     T = X.shape[0]
     Xa = torch.cat([X, torch.ones(T, 1, dtype=X.dtype)], dim=1)
     for h in range(attn.n_heads):
-        P = certified_weights(attn, X, h)  # Note [formed attention weights]
+        P = certified_weights(attn, X, h, rope)  # Note [formed attention weights]
         _, Wk, _, _ = (_f64(W) for W in attn.head(h))
         q = attn.softmax_scale * (Xa @ _f64(attn.W_Q_augmented(h))) @ Wk.T
         check_head_scales(attn, h, X[None, :, :] - (P @ X)[:, None, :], q)
@@ -263,8 +277,11 @@ def attention_query_terms(attn: AttentionSpec, X: Tensor, rho: float, *,
     ``norms`` caches the certified per-head matrix norms of the spec (they do not depend on X).
     With ``want_sum`` also the heads-summed form ``sum_h (||W_OV^h|| + S_OV (S_G + ||q_i|| + ||G|| rho))``
     (the triangle inequality over heads, with ``W_O`` inside each head), a third return value.
+    With RoPE the score gradients are per pair (THEORY F107, Note [local RoPE attention] in ``_local_rope``):
+    ``||q_i||`` becomes ``Q_i = (sum_j P_ij w_ij (||p_ij|| + G rho)^2)^{1/2}`` (capped by ``max_j``), ``G y_j`` becomes
+    ``r_ij - m_i`` and ``Delta_ij = rho (||r_ij - m_i|| + ||p_ij|| + G rho)``, ``G = sc ||W_Q|| ||W_K||``.
     """
-    check_local_attention(attn)
+    check_local_attention(attn, rope=True)
     X = X.detach().double()
     T, d = X.shape
     c = X.mean(dim=0, keepdim=True)
@@ -273,13 +290,38 @@ def attention_query_terms(attn: AttentionSpec, X: Tensor, rho: float, *,
     total = torch.zeros(T, dtype=torch.float64)
     summed = torch.zeros(T, dtype=torch.float64)
     max_delta = 0.0
-    Ps = attention_weights_f64(attn, X)
+    Ps = attention_weights_f64(attn, X, rope=True)
     for h in range(attn.n_heads):
         Wq, Wk, Wv, _ = (_f64(W) for W in attn.head(h))
         Wqa = _f64(attn.W_Q_augmented(h))
         sc = attn.softmax_scale
         nV, nG = norms["V"][h], norms["G"][h]
         P = Ps[h]
+        if attn.rope is not None:
+            from ._local_rope import rope_pair_terms
+
+            pn, rn = rope_pair_terms(attn, X, h, P)  # (T, T): ||p_ij||, ||r_ij - m_i|| (THEORY F107)
+            delta = rho * (rn + pn + nG * rho)
+            if attn.causal:
+                delta = delta.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), 0.0)
+            dmax = delta.max(dim=1).values
+            w = torch.exp(delta + dmax[:, None])
+            max_delta = max(max_delta, float(dmax.max()))
+            Y = X[None, :, :] - (P @ X)[:, None, :]
+            Vy = product_row_norms(Y, Wv)
+            Pw = _moved_weights(P, w, attn.causal)
+            SV = _weighted_root(Pw, (Vy + nV * rho) ** 2)
+            SG = _weighted_root(Pw, (rn + nG * rho) ** 2)
+            vis = torch.ones(T, T, dtype=torch.bool) if not attn.causal else torch.ones(T, T, dtype=torch.bool).tril()
+            qmax = torch.where(vis, pn, torch.zeros_like(pn)).amax(dim=1) + nG * rho
+            qn_b = torch.minimum(_weighted_root(Pw, (pn + nG * rho) ** 2), qmax)
+            L = nV + SV * (SG + qn_b)
+            total = total + L * L
+            if want_sum:
+                OVy = product_row_norms(Y, Wv, _f64(attn.W_O[h]))
+                SOV = _weighted_root(Pw, (OVy + norms["OV"][h] * rho) ** 2)
+                summed = summed + norms["OV"][h] + SOV * (SG + qn_b)
+            continue
         # every norm of a formed product below is certified with its rounding (``product_row_norms``, THEORY F97)
         qn = sc * product_row_norms(Xa, Wqa, Wk.T)  # ||q_i||, q_i = sc W_K W_Q^T x_i (row form)
         # ||G (x_j - c)|| with G = sc W_Q W_K^T: (x_j - c)^T G^T = sc (x_j - c) W_K W_Q^T (row form)
@@ -391,7 +433,10 @@ def head_norms(attn: AttentionSpec) -> dict:
         Wq, Wk, Wv, Wo = attn.head(h)
         V.append(_padded(spectral(Wv)))
         OV.append(_padded(spectral_product(Wv, Wo)))
-        G.append(_padded(attn.softmax_scale * spectral_product(Wq, _f64(Wk).T)))
+        if attn.rope is None:
+            G.append(_padded(attn.softmax_scale * spectral_product(Wq, _f64(Wk).T)))
+        else:  # RoPE: sup over offsets of ||sc W_Q R W_K^T|| <= sc ||W_Q|| ||W_K|| (THEORY F22 U1, F107)
+            G.append(_padded(attn.softmax_scale * spectral(Wq) * spectral(Wk)))
     W_O = _f64(attn.W_O).reshape(-1, attn.d_model)
     out = {"V": V, "G": G, "OV": OV, "O": _padded(spectral(W_O))}
     for key, name in (("V", "||W_V^h||"), ("OV", "||W_V^h W_O^h||")):
@@ -412,7 +457,8 @@ def attention_local_bound(attn: AttentionSpec, X: Tensor, rho: float, *, norms: 
 
     Source: THEORY F17 (exact Jacobian), Note [local attention bound]; F5's softmax constant 1 is
     implicit in the exact Jacobian.  Metric (2,inf).  Assumptions: every token of the input lies
-    within ``rho`` (l2) of the corresponding token of ``X``; dot-product attention without RoPE.  Refused (InputError)
+    within ``rho`` (l2) of the corresponding token of ``X``; dot-product attention, with RoPE by THEORY F107's per-pair
+    gradients (Note [local RoPE attention] in ``_local_rope``).  Refused (InputError)
     where a head's data terms leave float64's range for their squares (Note [local head data range]).
     """
     rho = check_radius(rho)
@@ -437,6 +483,7 @@ def mixed_head_terms(attn: AttentionSpec, X: Tensor, rho: float, MO: Tensor, dri
     ``W_V^hT W_V^h = L L^T`` (Cholesky), padded like ``_local._sym_top``.  Source: Note [local
     attention bound] (heads-summed form) and Note [layer Jacobian route] in ``_local``.
     """
+    check_local_attention(attn)  # not derived for RoPE (the Jacobian route)
     X = X.detach().double()
     T, d = X.shape
     Xa = torch.cat([X, torch.ones(T, 1, dtype=torch.float64)], dim=1)

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 
-import lipschitz_testkit  # noqa: F401  (thread setting)
 from _attack import Domain, attack_pairs, violates
 from transcover.cli import main
 from transcover.lipschitz import layer_local, network_local

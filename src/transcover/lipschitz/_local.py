@@ -199,7 +199,8 @@ def layer_local(layer: LayerSpec, X: Tensor, rho: float, *, cache: dict | None =
               \big(\textstyle\sum_h L_{h,i}^2\big)^{1/2} + \text{drift}\Big)
 
     Source: THEORY F14, F17; Notes [local norm floor], [local attention bound], [layer Jacobian
-    route].  Assumptions: every token within ``rho`` of ``X``; dot attention without RoPE.
+    route].  Assumptions: every token within ``rho`` of ``X``; dot attention.  Gated FFNs and RoPE attention take the
+    product route only, with THEORY F107's local constants (``_local_gated``, ``_local_rope``).
     ``exact``: also the exact-Jacobian route (THEORY F17; None: when T*d <= ``EXACT_ROUTE_MAX``,
     Note [exact route default]).
     Norms at powers of two (``pow2_norm``, THEORY F96).  ``rho`` finite and > 0, as ``network_local``'s (a rho of 0

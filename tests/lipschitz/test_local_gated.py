@@ -142,3 +142,19 @@ def test_gated_refusals() -> None:
 
     with pytest.raises(InputError, match="relu"):
         lg.gated_ffn_local(_ffn(0, Activation.RELU, 1.0), torch.zeros(2, 6, dtype=F64), 0.1)
+
+
+@pytest.mark.parametrize("act", ACTS)
+def test_act_ranges_at_the_slope_zero(act: Activation) -> None:
+    """At sigma''s zero (the minimum of sigma, where ``sigma'`` is a difference of terms of order one that cancel) a
+    degenerate interval's certified ``sigma'`` range still contains mpmath's value: the float64 error there is
+    absolute, not relative to ``sigma'``."""
+    mp.mp.dps = 40
+    f = _mp_act(act)
+    xm = lg._crit(act)[0]
+    root = mp.findroot(lambda x: mp.diff(f, x), (xm - 1e-3, xm + 1e-3), solver="anderson")
+    for k in range(-40, 41):
+        x = float(root) + k * 2.0**-52
+        t = torch.tensor([x], dtype=F64)
+        _, _, d_lo, d_hi = (float(v) for v in lg.act_ranges(act, t, t))
+        assert d_lo <= mp.diff(f, mp.mpf(x)) <= d_hi, (x, d_lo, d_hi)

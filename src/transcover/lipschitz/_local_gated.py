@@ -52,8 +52,11 @@ _CRIT = {
 _BRACKET = 1e-3
 _EXT_PAD = 1e-9
 # float64 evaluation of sigma and sigma' below (libm exp/erfc within a few ulps; a polynomial's relative error times
-# the sigmoid's log-slope, at most ~1e-12 where nothing underflows): padded by this, relative and absolute
+# the sigmoid's log-slope, at most ~1e-12 where nothing underflows): padded by this, relative; sigma' is a sum of
+# terms of order one that cancel near sigma's minimum (its error there is absolute, a few u), so sigma' is also
+# padded by _SLOPE_ABS absolute (sigma = x s(x) is a product: relative, plus the subnormal floor)
 _EVAL_PAD = 1e-10
+_SLOPE_ABS = 1e-12
 GATED_ACTIVATIONS = (Activation.SILU, Activation.QUICK_GELU, Activation.GELU, Activation.GELU_TANH,
                      Activation.IDENTITY)
 
@@ -83,8 +86,8 @@ def _crit(act: Activation) -> tuple[float, ...]:
     return _CRIT[act]
 
 
-def _down(x: Tensor) -> Tensor:
-    return x - (x.abs() * _EVAL_PAD + _EVAL_PAD * 1e-290)
+def _down(x: Tensor, absolute: float = 1e-300) -> Tensor:
+    return x - (x.abs() * _EVAL_PAD + absolute)
 
 
 def act_ranges(act: Activation | str, lo: Tensor, hi: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -93,8 +96,8 @@ def act_ranges(act: Activation | str, lo: Tensor, hi: Tensor) -> tuple[Tensor, T
 
     ``sigma`` (SiLU, QuickGELU, GELU, GELU-tanh) decreases to one minimum and then increases; ``sigma'`` decreases to
     its minimum, increases to its maximum, then decreases.  The extremes over an interval are therefore at its ends or
-    at an interior critical point: each end is evaluated in float64 and moved outward by ``_EVAL_PAD`` (relative and
-    absolute), and an interval that meets a critical point's bracket (``+-1e-3`` around the mpmath value) takes that
+    at an interior critical point: each end is evaluated in float64 and moved outward by ``_EVAL_PAD`` relative (and
+    ``sigma'`` by ``_SLOPE_ABS = 1e-12`` absolute: near sigma's minimum its terms cancel), and an interval that meets a critical point's bracket (``+-1e-3`` around the mpmath value) takes that
     extreme value, moved outward by ``1e-9``.  An end whose evaluation is not finite takes the global range (``sigma' in
     [min, max]``; ``sigma`` in ``[min sigma, max(|lo|, |hi|)]``, as ``|sigma(x)| <= |x|``).  Identity: exact.
     Assumption: ``lo <= hi`` finite.  ReLU is not covered (InputError)."""
@@ -112,8 +115,8 @@ def act_ranges(act: Activation | str, lo: Tensor, hi: Tensor) -> tuple[Tensor, T
     fin = torch.isfinite(sl) & torch.isfinite(sh) & torch.isfinite(dl) & torch.isfinite(dh)
     s_hi = torch.where(fin, -_down(-torch.maximum(sl, sh)), big)
     s_lo = torch.where(fin, _down(torch.minimum(sl, sh)), torch.full_like(lo, m - _EXT_PAD))
-    d_hi = torch.where(fin, -_down(-torch.maximum(dl, dh)), torch.full_like(lo, d2 + _EXT_PAD))
-    d_lo = torch.where(fin, _down(torch.minimum(dl, dh)), torch.full_like(lo, d1 - _EXT_PAD))
+    d_hi = torch.where(fin, -_down(-torch.maximum(dl, dh), _SLOPE_ABS), torch.full_like(lo, d2 + _EXT_PAD))
+    d_lo = torch.where(fin, _down(torch.minimum(dl, dh), _SLOPE_ABS), torch.full_like(lo, d1 - _EXT_PAD))
     meets = lambda c: (lo <= c + _BRACKET) & (hi >= c - _BRACKET)  # noqa: E731
     s_lo = torch.where(meets(xm), torch.minimum(s_lo, torch.full_like(lo, m - _EXT_PAD)), s_lo)
     d_lo = torch.where(meets(x1), torch.minimum(d_lo, torch.full_like(lo, d1 - _EXT_PAD)), d_lo)

@@ -204,6 +204,31 @@ def test_trailing_pads_are_not_tokens(tmp_path, minilm):
             load_inputs(minilm, str(tmp_path / "b.npy"))
 
 
+def test_trailing_nan_rows_pad_float_embeddings(tmp_path, minilm):
+    """Float embeddings of different lengths (stop 41's list: a float array could not express them): rows of NaN at
+    the end of a sequence are padding, dropped as -1 in token ids are; a NaN elsewhere, or a sequence of padding only,
+    is refused naming the sequence."""
+    from transcover.model._data import embed_ids, load_inputs
+
+    E = embed_ids(minilm, [np.array([101, 2023, 2003, 102]), np.array([101, 2742, 102])])
+    arr = np.full((2, 4, 384), np.nan)
+    arr[0], arr[1, :3] = E[0].numpy(), E[1].numpy()
+    np.save(tmp_path / "f.npy", arr)
+    got = load_inputs(minilm, str(tmp_path / "f.npy"))
+    assert [g.shape[0] for g in got] == [4, 3] and all(torch.equal(g, w) for g, w in zip(got, E))
+    inner = arr.copy()
+    inner[1, 1, 5] = np.nan
+    empty = arr.copy()
+    empty[1] = np.nan
+    gap = arr.copy()
+    gap[0, 1] = np.nan  # a NaN row followed by a token: not padding
+    for bad, needle in ((inner, "sequence 1 contains NaN"), (empty, "sequence 1 .*padding only"),
+                        (gap, "sequence 0 contains NaN")):
+        np.save(tmp_path / "b.npy", bad)
+        with pytest.raises(InputError, match=needle):
+            load_inputs(minilm, str(tmp_path / "b.npy"))
+
+
 @pytest.mark.parametrize("dtype", [np.uint8, np.uint16, np.uint32, np.uint64])
 def test_pads_wrapped_by_an_unsigned_dtype_are_refused(tmp_path, minilm, dtype):
     """Stop 39's list: a -1 pad stored as uint8 became 255 and was certified as token 255 (a real id of MiniLM's

@@ -54,7 +54,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "layer and component)")
     p.add_argument("--data", default=None,
                    help="local constants at real inputs: token ids (.npy int (n, T); -1 pads at row ends), "
-                        "embeddings (.npy float (n, T, d)), a model's raw inputs when it has an input embedding "
+                        "embeddings (.npy float (n, T, d); rows of NaN pad at sequence ends), a model's raw inputs "
+                        "when it has an input embedding "
                         "(.npy float (n, T, d_in): digits rows), texts (.txt, one per line, the model's tokenizer), 'sklearn-descr' "
                         "(sentences of scikit-learn's dataset descriptions) or 'task' (a `transcover train` "
                         "run's own held-out inputs)")

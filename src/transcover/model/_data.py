@@ -5,7 +5,8 @@ model's first stage (its input norm, then layer 0) receives.  Sources:
 
 * ``.npy`` of integers ``(n, T)``: token ids, embedded with the model's tables (rows of different lengths:
   pad with -1 at the end, dropped before embedding);
-* ``.npy`` of floats ``(n, T, d)`` (or ``(T, d)``): embeddings, used as they are;
+* ``.npy`` of floats ``(n, T, d)`` (or ``(T, d)``): embeddings, used as they are (rows of different lengths: pad with
+  rows of NaN at the end, dropped);
 * for a model with an input embedding ``d_in × d`` (the reference model, ``transcover train``'s
   checkpoints), ``.npy`` of floats ``(n, T, d_in)`` instead: the model's raw inputs (digits rows,
   a sparse task's token codes), embedded by ``X W_in`` plus its positions in float64 (THEORY F104; always
@@ -264,11 +265,13 @@ def inputs_from_array(spec: TransformerSpec, arr: np.ndarray) -> list:
         raise InputError(f"{what} for this model, but got {arr.shape}")
     if arr.shape[0] == 0 or arr.shape[1] == 0:
         raise InputError(f"the data is empty (an array of shape {arr.shape})")
-    if not np.isfinite(arr).all():
-        raise InputError("the embeddings contain NaN or infinite values")
+    # sequences of different lengths: rows of NaN at the end of a sequence are padding, dropped (as -1 in token ids);
+    # a float array could not express them before, so every sequence had one length
+    seqs = [_strip_nan_rows(a, k) for k, a in enumerate(arr)]
     n_pos = _max_positions(spec)
-    if n_pos is not None and arr.shape[1] > n_pos:
-        raise InputError(f"a sequence has {arr.shape[1]} tokens, more than the model allows ({n_pos} positions)")
+    longest = max(len(a) for a in seqs)
+    if n_pos is not None and longest > n_pos:
+        raise InputError(f"a sequence has {longest} tokens, more than the model allows ({n_pos} positions)")
     if d_in is not None:
         if d_in == spec.d_model:  # one width, two readings: say which one is taken (stop 39 red team)
             import warnings
@@ -278,21 +281,41 @@ def inputs_from_array(spec: TransformerSpec, arr: np.ndarray) -> list:
             warnings.warn(f"--data width {d_in} is both {spec.name}'s raw input width and its embedding width; read "
                           "as raw inputs, embedded by the model's input embedding", TranscoverWarning, stacklevel=2)
         W = torch.as_tensor(np.asarray(spec.embeddings["input_embedding"]), dtype=torch.float64)
-        X = torch.as_tensor(arr, dtype=torch.float64) @ W
-        if "position_embedding" in spec.embeddings:
-            P = torch.as_tensor(np.asarray(spec.embeddings["position_embedding"]), dtype=torch.float64)
-            X = X + P[: arr.shape[1]]
-        if not bool(torch.isfinite(X).all()):
-            raise InputError("the inputs are too large: their embedding overflows float64")
-        arr = X.numpy()
-    # a token norm beyond float64 was reported as "radius=inf" (stop 38 red team); formed at each token's largest
-    # entry (np.linalg.norm squares unscaled, which refused norms ~1e200 that float64 holds)
-    big = np.abs(arr.astype(np.float64)).max(axis=-1, keepdims=True)
-    scaled = np.where(big > 0, arr / np.where(big > 0, big, 1.0), 0.0)
-    with np.errstate(over="ignore"):
-        if not np.isfinite(big[..., 0] * np.linalg.norm(scaled, axis=-1)).all():
-            raise InputError("the embeddings are too large: a token's l2 norm overflows float64")
-    return [torch.as_tensor(a, dtype=torch.float64) for a in arr]
+        P = (torch.as_tensor(np.asarray(spec.embeddings["position_embedding"]), dtype=torch.float64)
+             if "position_embedding" in spec.embeddings else None)
+        embedded = []
+        for a in seqs:
+            X = torch.as_tensor(a, dtype=torch.float64) @ W
+            X = X if P is None else X + P[: len(a)]
+            if not bool(torch.isfinite(X).all()):
+                raise InputError("the inputs are too large: their embedding overflows float64")
+            embedded.append(X.numpy())
+        seqs = embedded
+    out = []
+    for a in seqs:
+        # a token norm beyond float64 was reported as "radius=inf" (stop 38 red team); formed at each token's largest
+        # entry (np.linalg.norm squares unscaled, which refused norms ~1e200 that float64 holds)
+        big = np.abs(a.astype(np.float64)).max(axis=-1, keepdims=True)
+        scaled = np.where(big > 0, a / np.where(big > 0, big, 1.0), 0.0)
+        with np.errstate(over="ignore"):
+            if not np.isfinite(big[..., 0] * np.linalg.norm(scaled, axis=-1)).all():
+                raise InputError("the embeddings are too large: a token's l2 norm overflows float64")
+        out.append(torch.as_tensor(a, dtype=torch.float64))
+    return out
+
+
+def _strip_nan_rows(a: np.ndarray, k: int) -> np.ndarray:
+    """Sequence ``k`` (T, width) without its trailing all-NaN rows (padding); any other NaN or infinity refused, and
+    a sequence of padding only."""
+    keep = len(a)
+    while keep and np.isnan(a[keep - 1]).all():
+        keep -= 1
+    if keep == 0:
+        raise InputError(f"sequence {k} of the data is padding only (every row NaN)")
+    if not np.isfinite(a[:keep]).all():
+        raise InputError(f"sequence {k} contains NaN or infinite values (rows of NaN are allowed only at its end, as "
+                         "padding of sequences of different lengths)")
+    return a[:keep]
 
 
 def median_token_norm(seqs: list) -> float:

@@ -72,3 +72,22 @@ def test_llama_layers_sound(llama_dir, rho: float) -> None:  # noqa: ANN001
     w = attack_pairs(lambda Z, s: transformer_forward(spec, X0 + Z), T=X0.shape[0], d=X0.shape[1], dom=Domain(rho),
                      metric="2,inf", restarts=4, steps=25, seed=2, n_jacobian=2)
     assert not violates(w, net.upper), (w, net.upper)
+
+
+def test_a_sequence_beyond_the_rope_positions_is_refused(tmp_path, capsys) -> None:  # noqa: ANN001
+    """Red team 183: a 20-token sequence of a Llama with 16 positions ran to exit 0, its global and domain columns
+    built on B_KQ's supremum over offsets below 16 (0.773 for a head whose offsets up to 19 reach 0.804).  The data
+    readers refuse it in one line, as they refuse a BERT sequence beyond its position table."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                                   intermediate_size=64, vocab_size=64, max_position_embeddings=16)
+    d = tmp_path / "m"
+    transformers.LlamaForCausalLM(cfg).eval().save_pretrained(d, safe_serialization=True)
+    capsys.readouterr()  # transformers' own progress lines
+    for T, rc in ((20, 2), (16, 0)):
+        ids = tmp_path / f"ids{T}.npy"
+        np.save(ids, np.arange(T, dtype=np.int64)[None] % 64)
+        assert main(["lipschitz", str(d), "--data", str(ids), "--rho", "1e-3", "--no-lower", "--quiet"]) == rc
+    err = capsys.readouterr().err
+    assert "20 tokens, more than the model allows (16 positions" in err and len(err.strip().splitlines()) == 1

@@ -52,11 +52,18 @@ def _position_ids(spec: TransformerSpec, r: np.ndarray) -> np.ndarray:
 
 
 def _max_positions(spec: TransformerSpec) -> int | None:
+    """The longest sequence the model's bounds cover: its absolute position table's rows (less RoBERTa's
+    offset), and the smallest RoPE ``max_position`` (B_KQ and the Lipschitz chain are suprema over the offsets below
+    it: a 20-token sequence of a Llama with 16 positions was certified with them, red team 183); None without
+    either."""
+    limits = []
     pos = spec.embeddings.get("position_embedding") if "position_embedding" in spec.embeddings else None
-    if pos is None:
-        return None
-    pad = _pad_offset(spec)
-    return int(pos.shape[0]) - (0 if pad is None else pad + 1)
+    if pos is not None:
+        pad = _pad_offset(spec)
+        limits.append(int(pos.shape[0]) - (0 if pad is None else pad + 1))
+    limits += [int(layer.attention.rope.max_position) for layer in spec.layers
+               if getattr(layer.attention, "rope", None) is not None]
+    return min(limits) if limits else None
 
 
 def _need_token_table(spec: TransformerSpec) -> None:

@@ -211,6 +211,69 @@ def test_local_keys_follow_an_explicit_roles_file(tmp_path):
     assert item(str(b)).key != item(str(a)).key and item(str(b)).key == item({"roles": {"W_1": "x"}}).key
 
 
+def test_a_config_json_path_is_keyed_as_its_folder(tmp_path, capsys):
+    """Red team 184: ``analyze A/config.json B/config.json`` (the loader reads each folder) keyed the config alone, so
+    two checkpoints with one config shared a key and B's row carried A's numbers; rewritten weights were reused."""
+    from transcover.scale import fingerprint
+
+    a = write_gpt2_checkpoint(tmp_path / "a", d=32, layers=1, heads=2, vocab=64, positions=16, seed=0)
+    b = write_gpt2_checkpoint(tmp_path / "b", d=32, layers=1, heads=2, vocab=64, positions=16, seed=1)
+    assert (a / "config.json").read_bytes() == (b / "config.json").read_bytes()
+    for mode in ("quick", "full"):
+        assert fingerprint(a / "config.json", mode) == fingerprint(a, mode) != fingerprint(b / "config.json", mode)
+    out, store = tmp_path / "s.json", tmp_path / "st.sqlite"
+    argv = ["analyze", str(a / "config.json"), str(b / "config.json"), "--store", str(store), "--quiet"]
+    assert main([*argv, "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    singles = []
+    for m in (a, b):
+        assert main(["analyze", str(m), "--quiet", "--json", str(tmp_path / "one.json")]) == 0
+        singles.append(json.loads((tmp_path / "one.json").read_text())["summary"]["B_W1"]["upper"])
+    assert [r["B_W1_upper"] for r in rows] == singles and singles[0] != singles[1]
+
+
+def test_describe_is_refused_in_a_sweep(tmp_path, capsys):
+    """Red team 184: the dry run (``--describe``) with several models computed and stored a whole sweep."""
+    a = write_gpt2_checkpoint(tmp_path / "a", d=32, layers=1, heads=2, vocab=64, positions=16)
+    assert main(["analyze", str(a), str(a), "--describe", "--store", str(tmp_path / "st.sqlite")]) == 2
+    assert "--describe lists one model's tensors" in capsys.readouterr().err
+    assert not (tmp_path / "st.sqlite").exists()
+
+
+def test_a_worker_reloads_a_model_whose_mapping_file_changed(tmp_path):
+    """Red team 184: the per-process spec cache of ``lipschitz --data`` items was keyed on the mapping file's path, so
+    a second call in one process after the file swapped W_1 and W_gate computed with the old reading (and stored that
+    under the new key)."""
+    import torch
+
+    from transcover.scale import fingerprint
+    from transcover.scale._local import _spec
+
+    ckpt = tmp_path / "llama"
+    write_llama_checkpoint(ckpt, hidden=16, intermediate=24, layers=1, heads=2, kv_heads=1, vocab=32, dtype="F32")
+    roles = tmp_path / "roles.json"
+
+    def mapping(w1: str, gate: str) -> str:
+        return json.dumps({
+            "layers": "model.layers.{i}.", "n_heads": 2, "n_kv_heads": 1, "placement": "pre", "norm": "rmsnorm",
+            "eps": 1e-5, "activation": "silu", "causal": True, "rope_theta": 500000.0, "max_position": 2048,
+            "roles": {"W_Q": "self_attn.q_proj.weight", "W_K": "self_attn.k_proj.weight",
+                      "W_V": "self_attn.v_proj.weight", "W_O": "self_attn.o_proj.weight", "W_gate": gate, "W_1": w1,
+                      "W_2": "mlp.down_proj.weight", "norm_attn.weight": "input_layernorm.weight",
+                      "norm_ffn.weight": "post_attention_layernorm.weight"},
+            "final_norm": {"weight": "model.norm.weight"},
+            "embeddings": {"token_embedding": "model.embed_tokens.weight"}})
+
+    payload = {"fingerprint": fingerprint(ckpt), "model": str(ckpt), "arch": None, "allow_pickle": False,
+               "strict": False, "roles": str(roles)}
+    roles.write_text(mapping("mlp.up_proj.weight", "mlp.gate_proj.weight"))
+    first = _spec(payload).layers[0].ffn
+    W1, Wg = first.W_1.clone(), first.W_gate.clone()
+    roles.write_text(mapping("mlp.gate_proj.weight", "mlp.up_proj.weight"))  # the same path, W_1 and W_gate swapped
+    second = _spec(payload).layers[0].ffn
+    assert torch.equal(second.W_1, Wg) and torch.equal(second.W_gate, W1) and not torch.equal(W1, Wg)
+
+
 def test_items_sharing_a_key_keep_their_own_labels(run_dir, tmp_path):
     """Two byte-identical checkpoints (one key under --hash full) were both listed under the first's name."""
     import shutil

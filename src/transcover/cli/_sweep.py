@@ -24,6 +24,8 @@ def run_sweep(args: argparse.Namespace, models: list[str]) -> int:
         raise InputError("--ray-address needs --backend ray")
     if args.heads:
         raise InputError("--heads prints one model's per-head tables; it does not apply to a sweep")
+    if getattr(args, "describe", False):  # the dry run computed and stored a whole sweep (red team 184)
+        raise InputError("--describe lists one model's tensors and measures nothing; it does not apply to a sweep")
     if getattr(args, "roles", None):
         raise InputError("--roles maps one model's tensors; in a sweep put a transcover_roles.json beside each "
                          "checkpoint (it is read and keyed per model)")

@@ -39,6 +39,10 @@ def model_files(path: Path) -> list[Path]:
     """The files a load of ``path`` reads (directory, weights file or shard index), sorted."""
     from ..train import checkpoint_folder
 
+    if path.name == "config.json" and path.is_file():
+        # the loader reads a config.json path as its whole folder (model/_load): its key hashed the config alone, so
+        # two checkpoints with one config shared a key and a result, and rewritten weights were reused (red team 184)
+        return model_files(path.parent)
     run = checkpoint_folder(path) if path.is_dir() else None
     if run is not None:  # a training run: its weights and the config that rebuilds the model (every run folder had
         return [run / "model.safetensors", run / "state.json"]  # the same empty key: stop 39 red team)

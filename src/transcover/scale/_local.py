@@ -52,8 +52,10 @@ def _spec(payload: dict[str, Any]):
     from ..train import load_model as load
 
     roles = payload.get("roles")
+    # the mapping's content, not its path: an edited file between two calls in one process reused the spec read
+    # through the old one (red team 184)
     key = (payload["fingerprint"], payload["model"], payload["arch"], payload["allow_pickle"], payload["strict"],
-           json.dumps(roles, sort_keys=True))
+           _roles_digest(roles))
     if key not in _SPECS:
         _SPECS.clear()  # one model per sweep: keep only the latest
         _SPECS[key] = load(payload["model"], arch=payload["arch"], allow_pickle=payload["allow_pickle"],

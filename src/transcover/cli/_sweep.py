@@ -11,7 +11,7 @@ def run_sweep(args: argparse.Namespace, models: list[str]) -> int:
 
     from .._errors import InputError
     from ..report import analysis_sweep_table, plot_sweep, write_outputs
-    from ..scale import (ResultStore, analysis_items, analyze_item, rows_csv, sweep, sweep_json,
+    from ..scale import (ResultStore, analysis_items, analyze_item, failure_rows, rows_csv, sweep, sweep_json,
                          sweep_rows)
 
     from ._analyze import SWEEP_STORE
@@ -64,7 +64,7 @@ def run_sweep(args: argparse.Namespace, models: list[str]) -> int:
         outputs.append((args.json, envelope_json(sweep_json(report, rows), schema="transcover.analyze.sweep",
                                                  schema_version="1")))
     if args.csv:
-        outputs.append((args.csv, rows_csv(rows)))
+        outputs.append((args.csv, rows_csv(rows + failure_rows(report))))  # failures marked, bounds empty
     if not args.quiet and rows:
         Console().print(analysis_sweep_table(rows))
     write_outputs(outputs)

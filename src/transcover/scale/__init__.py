@@ -22,10 +22,11 @@ __all__ = ["sweep", "Item", "ItemResult", "SweepReport", "ResultStore", "StoreEr
 
 # what `transcover analyze` (sweeps) and `experiment staged --workers` use: exported here so the
 # CLI imports no private module of this package (issue 11; tests/test_layering.py)
-from ._analyze import analysis_items, analyze_item, expand_models, rows_csv, sweep_json, sweep_rows  # noqa: E402
+from ._analyze import (analysis_items, analyze_item, expand_models, failure_rows, rows_csv, sweep_json,  # noqa: E402
+                       sweep_rows)
 from ._train import train_runner  # noqa: E402
 
-__all__ += ["analysis_items", "analyze_item", "expand_models", "rows_csv", "sweep_json", "sweep_rows",
+__all__ += ["analysis_items", "analyze_item", "expand_models", "failure_rows", "rows_csv", "sweep_json", "sweep_rows",
             "RAY_MISSING", "train_runner"]
 
 _LAZY = {"monte_carlo_reference": "._montecarlo", "monte_carlo_local": "._montecarlo", "local_rows": "._local",

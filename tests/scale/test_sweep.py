@@ -280,6 +280,17 @@ def test_a_worker_reloads_a_model_whose_mapping_file_changed(tmp_path):
     assert torch.equal(second.W_1, Wg) and torch.equal(second.W_gate, W1) and not torch.equal(W1, Wg)
 
 
+def test_a_model_given_twice_is_counted_once(tmp_path, capsys):
+    """Red team 184: ``analyze c100 c100 c200`` printed [1/3], [2/3] and never [3/3], and "2 item(s)" beside the JSON's
+    3: the progress counts the distinct computations, the summary says how many were given."""
+    a = write_gpt2_checkpoint(tmp_path / "a", d=32, layers=1, heads=2, vocab=64, positions=16, seed=0)
+    b = write_gpt2_checkpoint(tmp_path / "b", d=32, layers=1, heads=2, vocab=64, positions=16, seed=1)
+    assert main(["analyze", str(a), str(a), str(b), "--store", str(tmp_path / "s.sqlite"), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert "[1/2]" in err and "[2/2]" in err and "/3]" not in err
+    assert "2 item(s) (3 given): 2 computed" in err
+
+
 def test_items_sharing_a_key_keep_their_own_labels(run_dir, tmp_path):
     """Two byte-identical checkpoints (one key under --hash full) were both listed under the first's name."""
     import shutil

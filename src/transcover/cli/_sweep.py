@@ -44,11 +44,13 @@ def run_sweep(args: argparse.Namespace, models: list[str]) -> int:
             raise InputError(RAY_MISSING) from err
     items = analysis_items(models, options, args.hash)
     done = [0]
+    # items with one key are computed (and reported) once: the count ran to [2/3] for "c100 c100 c200" (red team 184)
+    distinct = len({it.key for it in items})
 
     def on_result(r) -> None:
         done[0] += 1
         state = "reused" if r.reused else ("ok" if r.ok else "FAILED")
-        line = f"[{done[0]}/{len(items)}] {state} {r.item.label}"
+        line = f"[{done[0]}/{distinct}] {state} {r.item.label}"
         print(line if r.ok else f"{line}: {r.value}", file=sys.stderr, flush=True)
 
     with ResultStore(args.store) as store:

@@ -65,8 +65,9 @@ class SweepReport:
 
     def summary(self) -> str:
         n = len(self._unique())
-        return (f"{n} item(s): {self.computed} computed, {self.reused} reused from the store, "
-                f"{len(self.failed)} failed")
+        given = f" ({len(self.results)} given)" if len(self.results) != n else ""  # the JSON counts every item given
+        return (f"{n} item(s){given}: {self.computed} computed, {self.reused} reused from the store, "
+                f"{len({r.item.key for r in self.failed})} failed")
 
 
 def sweep(items: Sequence[Item], fn: Callable[[Any], Any], *, store: ResultStore | None = None,

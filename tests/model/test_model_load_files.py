@@ -275,6 +275,26 @@ def test_a_tensor_in_two_shards_or_an_index_that_disagrees_is_refused(bert_dir, 
         load(d2)
 
 
+def test_an_index_naming_the_wrong_subfolder_is_refused(bert_dir, tmp_path):
+    """Red team 184: the index and the shards were compared by base name, so a tensor the index puts in a/x but that
+    is stored in b/x (one name, two folders) passed; they are compared by resolved path."""
+    d, index = _sharded(bert_dir, tmp_path)
+    W1 = "encoder.layer.0.intermediate.dense.weight"
+    home = index["weight_map"][W1]
+    for sub in ("a", "b"):
+        (d / sub).mkdir()
+    shard = load_file(str(d / home))
+    rest = {k: v for k, v in shard.items() if k != W1}
+    save_file({W1: shard[W1]}, str(d / "b" / home), metadata={"format": "pt"})
+    save_file(rest, str(d / "a" / home), metadata={"format": "pt"})
+    (d / home).unlink()
+    wm = {k: (f"a/{home}" if v == home else v) for k, v in index["weight_map"].items()}
+    wm["__other__"] = f"b/{home}"  # b/x is a shard of the index too, listed for a tensor it does not hold
+    (d / "model.safetensors.index.json").write_text(json.dumps({**index, "weight_map": wm}))
+    with pytest.raises(InputError, match=rf"puts tensor {W1} in a/{home}, but it is stored in"):
+        load(d)
+
+
 def test_a_tensor_in_two_pickled_shards_is_refused(bert_dir, tmp_path):
     model, path = bert_dir
     d = tmp_path / "bin"

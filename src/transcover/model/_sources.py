@@ -164,8 +164,14 @@ class SafetensorsSource(TensorSource):
                     raise InputError(f"tensor {k} is stored in two shards, {self.files[self._owner[k]].name} and "
                                      f"{path.name}; a checkpoint holds each tensor once")
                 self._owner[k] = i
+        base = None if index_file is None else Path(index_file).parent
         for k, shard in (weight_map or {}).items():  # the index and the shards must agree
-            if k in self._owner and self.files[self._owner[k]].name != Path(str(shard)).name:
+            # by the resolved path where the index's folder is known: two shards of one name in two subfolders were
+            # taken for one (red team 184)
+            named = (base / str(shard)).resolve() if base is not None else None
+            stored = self.files[self._owner[k]] if k in self._owner else None
+            if stored is not None and (stored.resolve() != named if named is not None
+                                       else stored.name != Path(str(shard)).name):
                 raise InputError(f"shard index {index_file} puts tensor {k} in {shard}, but it is stored in "
                                  f"{self.files[self._owner[k]].name}")
             if k not in self._owner:

@@ -94,7 +94,8 @@ def test_unsigned_outputs_are_read_exactly(tmp_path, dtype):
     docs = []
     for name in ("u", "f"):
         out = tmp_path / f"{name}.json"
-        assert main(["cover", "finite", str(tmp_path / f"{name}.npy"), "--eps", "1", "--quiet", "--json", str(out)]) == 0
+        argv = ["cover", "finite", str(tmp_path / f"{name}.npy"), "--eps", "1", "--quiet", "--json", str(out)]
+        assert main(argv) == 0
         docs.append(json.loads(out.read_text())["rows"])
     assert docs[0] == docs[1] and docs[0]
 

@@ -57,7 +57,6 @@ def read_float(text: str, what: str) -> float:
     return value
 
 
-
 def add_load_arguments(p: argparse.ArgumentParser) -> None:
     """How a command reads its model(s): ``--arch``, ``--roles``, ``--allow-pickle``, ``--strict``, spelt and explained
     alike in every command (``lipschitz``, ``perturb``, ``bound`` and ``report`` had no ``--roles``: a layout analysed

@@ -297,55 +297,56 @@ def attention_query_terms(attn: AttentionSpec, X: Tensor, rho: float, *,
         sc = attn.softmax_scale
         nV, nG = norms["V"][h], norms["G"][h]
         P = Ps[h]
+        xbar = P @ X  # (T, d)
+        Y = X[None, :, :] - xbar[:, None, :]  # (T_i, T_j, d)
+        # the score gradients: per query (no RoPE) or per pair (RoPE, THEORY F107); each branch gives Delta_ij, the
+        # key-side term's rows (``||G y_j||`` or ``||r_ij - m_i||``) and the query-side term as a function of the
+        # moved weights; the rest of Note [local attention bound] is shared
         if attn.rope is not None:
             from ._local_rope import rope_pair_terms
 
             pn, rn = rope_pair_terms(attn, X, h, P)  # (T, T): ||p_ij||, ||r_ij - m_i|| (THEORY F107)
+            # Note [local head data range] for the per-pair gradients: check_head_scales sees the unrotated q and G y
+            # without the key bias, which no longer cancels (a huge b_K gave inf, not the refusal; red team 186)
+            big = float(torch.maximum(pn, rn).max()) if pn.numel() else 0.0
+            if not big <= 2.0**_LOCAL_RANGE:
+                raise InputError(f"head {h}: the local bounds need the norms of the score gradients p_ij, r_ij - m_i "
+                                 f"at most 2^{_LOCAL_RANGE} (Note [local head data range]), but one is {big:.3g}; "
+                                 "rescale the input or the query/key weights and biases")
             delta = rho * (rn + pn + nG * rho)
-            if attn.causal:
-                delta = delta.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), 0.0)
-            dmax = delta.max(dim=1).values
-            w = torch.exp(delta + dmax[:, None])
-            max_delta = max(max_delta, float(dmax.max()))
-            Y = X[None, :, :] - (P @ X)[:, None, :]
-            Vy = product_row_norms(Y, Wv)
-            Pw = _moved_weights(P, w, attn.causal)
-            SV = _weighted_root(Pw, (Vy + nV * rho) ** 2)
-            SG = _weighted_root(Pw, (rn + nG * rho) ** 2)
-            vis = torch.ones(T, T, dtype=torch.bool) if not attn.causal else torch.ones(T, T, dtype=torch.bool).tril()
+            g_rows = rn
+            vis = torch.ones(T, T, dtype=torch.bool)
+            vis = vis.tril() if attn.causal else vis
             qmax = torch.where(vis, pn, torch.zeros_like(pn)).amax(dim=1) + nG * rho
-            qn_b = torch.minimum(_weighted_root(Pw, (pn + nG * rho) ** 2), qmax)
-            L = nV + SV * (SG + qn_b)
-            total = total + L * L
-            if want_sum:
-                OVy = product_row_norms(Y, Wv, _f64(attn.W_O[h]))
-                SOV = _weighted_root(Pw, (OVy + norms["OV"][h] * rho) ** 2)
-                summed = summed + norms["OV"][h] + SOV * (SG + qn_b)
-            continue
-        # every norm of a formed product below is certified with its rounding (``product_row_norms``, THEORY F97)
-        qn = sc * product_row_norms(Xa, Wqa, Wk.T)  # ||q_i||, q_i = sc W_K W_Q^T x_i (row form)
-        # ||G (x_j - c)|| with G = sc W_Q W_K^T: (x_j - c)^T G^T = sc (x_j - c) W_K W_Q^T (row form)
-        Gc = sc * product_row_norms(X - c, Wk, Wq.T)
-        delta = rho * (Gc[None, :] + qn[:, None] + nG * rho)  # Delta_ij (T, T)
+
+            def plus_q(SG: Tensor, Pw: Tensor, pn=pn, qmax=qmax) -> Tensor:  # noqa: ANN001
+                return SG + torch.minimum(_weighted_root(Pw, (pn + nG * rho) ** 2), qmax)
+        else:
+            # every norm of a formed product below is certified with its rounding (``product_row_norms``, THEORY F97)
+            qn = sc * product_row_norms(Xa, Wqa, Wk.T)  # ||q_i||, q_i = sc W_K W_Q^T x_i (row form)
+            # ||G (x_j - c)|| with G = sc W_Q W_K^T: (x_j - c)^T G^T = sc (x_j - c) W_K W_Q^T (row form)
+            Gc = sc * product_row_norms(X - c, Wk, Wq.T)
+            delta = rho * (Gc[None, :] + qn[:, None] + nG * rho)  # Delta_ij (T, T)
+            g_rows = sc * product_row_norms(Y, Wk, Wq.T)  # ||G y_j||
+
+            def plus_q(SG: Tensor, Pw: Tensor, qn=qn) -> Tensor:  # noqa: ANN001, ARG001
+                return SG + qn + nG * rho
         if attn.causal:
             delta = delta.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), 0.0)
         dmax = delta.max(dim=1).values
         w = torch.exp(delta + dmax[:, None])
         max_delta = max(max_delta, float(dmax.max()))
-        xbar = P @ X  # (T, d)
-        Y = X[None, :, :] - xbar[:, None, :]  # (T_i, T_j, d)
         Vy = product_row_norms(Y, Wv)  # ||W_V^T y_j|| for each query i
-        Gy = sc * product_row_norms(Y, Wk, Wq.T)  # ||G y_j||
         Pw = _moved_weights(P, w, attn.causal)
         SV = _weighted_root(Pw, (Vy + nV * rho) ** 2)
-        SG = _weighted_root(Pw, (Gy + nG * rho) ** 2)
-        L = nV + SV * (SG + qn + nG * rho)
+        SG = _weighted_root(Pw, (g_rows + nG * rho) ** 2)
+        L = nV + SV * plus_q(SG, Pw)
         total = total + L * L
         if want_sum:  # the same three terms with W_OV^h = W_V^h W_O^h in place of W_V^h, heads summed
             nOV = norms["OV"][h]
             OVy = product_row_norms(Y, Wv, _f64(attn.W_O[h]))
             SOV = _weighted_root(Pw, (OVy + nOV * rho) ** 2)
-            summed = summed + nOV + SOV * (SG + qn + nG * rho)
+            summed = summed + nOV + SOV * plus_q(SG, Pw)
     concat = torch.sqrt(total) * (1.0 + DATA_PAD)
     if want_sum:
         return concat, max_delta, summed * (1.0 + DATA_PAD)

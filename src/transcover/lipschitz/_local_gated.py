@@ -31,7 +31,7 @@ from torch import Tensor
 from .._errors import InputError
 from ..model import QUICK_GELU_SLOPE, Activation, to_tensor
 from ._local_ffn2 import _weighted_norm
-from ._local_jacobian import certified_spectral
+from ._local_jacobian import affine_with_error, certified_spectral
 from ._rounding import _U, _gamma, pow2_norm
 
 __all__ = ["GatedLocal", "act_ranges", "gated_ffn_local", "GATED_ACTIVATIONS"]
@@ -97,8 +97,9 @@ def act_ranges(act: Activation | str, lo: Tensor, hi: Tensor) -> tuple[Tensor, T
     ``sigma`` (SiLU, QuickGELU, GELU, GELU-tanh) decreases to one minimum and then increases; ``sigma'`` decreases to
     its minimum, increases to its maximum, then decreases.  The extremes over an interval are therefore at its ends or
     at an interior critical point: each end is evaluated in float64 and moved outward by ``_EVAL_PAD`` relative (and
-    ``sigma'`` by ``_SLOPE_ABS = 1e-12`` absolute: near sigma's minimum its terms cancel), and an interval that meets a critical point's bracket (``+-1e-3`` around the mpmath value) takes that
-    extreme value, moved outward by ``1e-9``.  An end whose evaluation is not finite takes the global range (``sigma' in
+    ``sigma'`` by ``_SLOPE_ABS = 1e-12`` absolute: near sigma's minimum its terms cancel), and an interval that meets
+    a critical point's bracket (``+-1e-3`` around the mpmath value) takes that extreme value, moved outward by
+    ``1e-9``.  An end whose evaluation is not finite takes the global range (``sigma' in
     [min, max]``; ``sigma`` in ``[min sigma, max(|lo|, |hi|)]``, as ``|sigma(x)| <= |x|``).  Identity: exact.
     Assumption: ``lo <= hi`` finite.  ReLU is not covered (InputError)."""
     act = Activation(act)
@@ -135,18 +136,9 @@ def _interval_product(al: Tensor, ah: Tensor, bl: Tensor, bh: Tensor) -> tuple[T
     return _outward(ps.amin(0), ps.amax(0))
 
 
-def _pre(W: Tensor, b: Tensor | None, H: Tensor) -> tuple[Tensor, Tensor]:
-    """``(z, e)``: ``z = fl(H W + b)`` and ``|z - (H W + b)| <= e`` (Higham: ``gamma_{d+2} (|H||W| + |b|)``, plus the
-    products below the normal range), as ``_local_jacobian.pre_activations``."""
-    bb = torch.zeros(W.shape[1], dtype=torch.float64) if b is None else b
-    d = W.shape[0]
-    g = (d + 2) * _U / (1 - (d + 2) * _U)
-    return H @ W + bb, (H.abs() @ W.abs() + bb.abs()) * (g * (1 + 1e-9)) + (d + 1) * 2.0**-1074
-
-
 def _box(W: Tensor, b: Tensor | None, H: Tensor, r: float) -> tuple[Tensor, Tensor, Tensor]:
     """(z0, lo, hi): the formed pre-activations at the centres and certified per-unit ranges over the ball."""
-    z, e = _pre(W, b, H)
+    z, e = affine_with_error(W, b, H)
     col = pow2_norm(W, 0) * (1 + _gamma(W.shape[0] + 2)) * (1 + 1e-12)
     rad = (e + r * col[None, :]) * (1 + 4 * _U)
     lo, hi = _outward(z - rad, z + rad)

@@ -263,12 +263,18 @@ def pre_activations(ffn, H: Tensor) -> tuple[Tensor, Tensor]:  # noqa: ANN001
     covers its own rounding), plus ``(d + 1) 2^-1074`` for products below the normal range.  Every per-unit interval
     ``[z_k +- h_k]`` the local bounds take is widened by ``ez_k``, and every value used at the centre pays for it
     (``point_slope_err``, ``GELU3_SUP``)."""
-    W1 = _f64(ffn.W_1)
-    b1 = torch.zeros(W1.shape[1], dtype=torch.float64) if ffn.b_1 is None else _f64(ffn.b_1)
-    d = W1.shape[0]
+    return affine_with_error(_f64(ffn.W_1), None if ffn.b_1 is None else _f64(ffn.b_1), H)
+
+
+def affine_with_error(W: Tensor, b: Tensor | None, H: Tensor) -> tuple[Tensor, Tensor]:
+    """(``z``, ``ez``): ``z = fl(H W + b)`` for float64 ``W`` (d, m), ``b`` (m,) or None, and ``ez >= |z - (H W + b)|``
+    entrywise, ``gamma_{d+2}(|H| |W| + |b|)`` formed ``(1 + 10^-9)`` high plus ``(d + 1) 2^-1074`` (``pre_activations``;
+    the gated FFN's two projections, THEORY F107)."""
+    b = torch.zeros(W.shape[1], dtype=torch.float64) if b is None else b
+    d = W.shape[0]
     g = (d + 2) * _U / (1 - (d + 2) * _U)
-    ez = (H.abs() @ W1.abs() + b1.abs()) * (g * (1 + 1e-9)) + (d + 1) * 2.0**-1074
-    return H @ W1 + b1, ez
+    ez = (H.abs() @ W.abs() + b.abs()) * (g * (1 + 1e-9)) + (d + 1) * 2.0**-1074
+    return H @ W + b, ez
 
 
 def point_slope_err(act, z: Tensor, ez: Tensor) -> Tensor:  # noqa: ANN001

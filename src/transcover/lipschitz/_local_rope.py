@@ -89,7 +89,7 @@ def rotate_dd(hi: Tensor, lo: Tensor, err: Tensor, inv: Tensor) -> tuple[Tensor,
     with ``|hi' + lo' - (x R_t)| <= err'`` for every ``x`` within ``err`` of ``hi + lo`` (THEORY F107).
 
     Per coordinate ``x_c C_t + x~_c S_t`` (``x~`` the partner, ``C = Ch + Cl``, ``S = Sh + Sl`` within ``2^-100``):
-    ``hi x Ch`` and ``hi~ x Sh`` error-free (``_two_prod``) and their sum by TwoSum; the seven correction terms
+    ``hi x Ch`` and ``hi~ x Sh`` error-free (``_two_prod``) and their sum by TwoSum; the nine correction terms
     summed in float64 within ``gamma_9 sum|terms|``; then ``TwoSum`` with the high part (exact).  The input's error
     adds ``err |C| + err~ |S|``, the tables' ``(|x| + |x~|) 2^-100``."""
     T, dh = hi.shape

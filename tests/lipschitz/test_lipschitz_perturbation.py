@@ -207,3 +207,19 @@ def test_frobenius_bound_is_below_the_frobenius_only_chain_when_gains_change():
     assert any(f.coefficient == pytest.approx(2 * e.coefficient, rel=1e-12)
                for e, f in zip(rowwise.entries, new.entries))
 
+
+
+@pytest.mark.parametrize("scale", [1e30, 1e100])
+def test_an_overflowed_coefficient_of_an_unchanged_matrix_adds_nothing(scale):
+    """Red team 185: weights of 1e30 overflow some coefficients to inf; the matrices they belong to did not change,
+    and inf * 0 = NaN made the total NaN, reported as a certified upper bound (exit 0).  An unchanged matrix's term is
+    exactly 0: here the total is the one changed bias's distance, which is the output change exactly (it is added
+    after the last stage)."""
+    a = random_spec(0, norm="layernorm", placement="pre", act="gelu", biases=True, scale=scale)
+    last = a.layers[-1]
+    b = replace(a, layers=(*a.layers[:-1], replace(last, ffn=replace(last.ffn, b_2=last.ffn.b_2 * (1 + 1e-3)))))
+    pb = perturbation_bound(a, b)
+    assert any(not math.isfinite(e.coefficient) for e in pb.coefficients.entries)  # the case is the one reported
+    change = float((b.layers[-1].ffn.b_2 - a.layers[-1].ffn.b_2).norm())
+    assert change <= pb.total.value <= change * (1 + 1e-8) and math.isfinite(pb.total.value)  # the rounding pads
+    assert all(math.isfinite(v) for v in pb.by_layer().values())

@@ -120,7 +120,7 @@ class PerturbationCoefficients:
         unknown = set(deltas) - {e.key for e in self.entries}
         if unknown:
             raise InputError(f"perturbation given for matrices the bound does not know: {sorted(unknown)[:3]}")
-        return math.fsum(e.coefficient * float(deltas.get(e.key, 0.0)) for e in self.entries)
+        return math.fsum(term(e.coefficient, float(deltas.get(e.key, 0.0))) for e in self.entries)
 
     def by_layer(self) -> dict[int, list[CoefficientEntry]]:
         out: dict[int, list[CoefficientEntry]] = {}
@@ -130,6 +130,13 @@ class PerturbationCoefficients:
 
     def to_dict(self) -> dict[str, object]:
         return as_dict(self)
+
+
+def term(coefficient: float, delta: float) -> float:
+    """One term ``c_i ||dW_i||`` of Lemma G.3: exactly 0 for an unchanged matrix (its two hybrid networks are one
+    function), whatever its coefficient; a coefficient that overflowed float64 (``inf``) times a distance of 0 was NaN,
+    and one NaN made the whole bound NaN, reported as a certified upper bound with exit 0 (red team 185)."""
+    return 0.0 if delta == 0.0 else coefficient * delta
 
 
 def _coefficients_from_norms(norms: ClassBounds, *, radius: float, c_sm: float, metric: str,
@@ -330,7 +337,7 @@ class PerturbationBound:
 
     def terms(self) -> list[tuple[CoefficientEntry, float, float]]:
         """(entry, ||dW_i||, c_i ||dW_i||), largest contribution first."""
-        rows = [(e, self.deltas.get(e.key, 0.0), e.coefficient * self.deltas.get(e.key, 0.0))
+        rows = [(e, self.deltas.get(e.key, 0.0), term(e.coefficient, self.deltas.get(e.key, 0.0)))
                 for e in self.coefficients.entries]
         return sorted(rows, key=lambda r: -r[2])
 

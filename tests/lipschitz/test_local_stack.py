@@ -73,6 +73,32 @@ def test_whole_network_bound_is_never_beaten(seed, case, rho):
     assert r.point <= r.stack and r.upper == min(r.stack, r.product)
 
 
+@pytest.mark.parametrize("case", CASES[:2])
+def test_the_network_row_reads_the_stack_routes_own_jacobian(case, monkeypatch):
+    """The whole-network row's lower estimate formed the stack's Jacobian again (``stack_jacobian``: the stack route's
+    machinery at a radius of 1e-300) after the stack route had formed it; a product-route run spent 83 % of its time
+    there.  The blocks the stack route keeps are the very ones ``stack_jacobian`` forms, and the row never calls it:
+    with the stack route it reads them, without it autograd's Jacobian gives the attained value."""
+    from transcover.lipschitz._local import network_local
+    from transcover.lipschitz._local_report import local_table
+
+    spec = random_spec(5, act="gelu", L=2, **case)
+    X = _X(2)
+    B, err = stack_jacobian(spec, X)
+    nl = network_local(spec, X, 1e-4, route="stack", keep_jacobian=True)
+    assert torch.equal(nl.jacobian[0], B) and nl.jacobian[1] == err
+    assert network_local(spec, X, 1e-4, route="stack").jacobian is None  # kept only when asked
+
+    def forbidden(*a, **k):  # noqa: ANN002, ANN003, ANN202
+        raise AssertionError("stack_jacobian called again")
+
+    monkeypatch.setattr(ls, "stack_jacobian", forbidden)
+    for whole in ("stack", "product"):
+        rows = local_table(spec, [X], [1e-3], relative=True, whole=whole)
+        net = [r for r in rows if r.layer == -1][0]
+        assert 0 < net.lower <= net.local_upper, (whole, net)
+
+
 def test_drift_bounds_the_change_of_the_jacobian_in_the_ball():
     """sup_B ||J(y) - J(x)|| <= drift: attained (2,inf) norms of J(y) - J(x) at random corners of the
     ball and along the Jacobian's own maximising direction (every token at distance rho)."""

@@ -447,6 +447,9 @@ class NetworkLocal:
     upper: float
     product: float = math.nan  # the product route (per-layer local constants)
     stack: float = math.inf  # the whole-stack route (THEORY F30), inf when not run
+    # (blocks (T, T, d, d) of the stack's Jacobian at X, their float64 error): kept by the stack route when asked
+    # (``keep_jacobian``), for the lower estimate at the same point
+    jacobian: tuple | None = field(default=None, repr=False)
 
     @property
     def route(self) -> str:
@@ -461,7 +464,8 @@ class NetworkLocal:
 
 
 def network_local(spec: TransformerSpec, X: Tensor, rho: float, *, cache: dict | None = None,
-                  jacobian: bool = True, route: str = "auto", move_rest: bool = False) -> NetworkLocal:
+                  jacobian: bool = True, route: str = "auto", move_rest: bool = False,
+                  keep_jacobian: bool = False) -> NetworkLocal:
     r"""Whole network on ``B(X, rho)`` (X: embedded tokens before the input norm), by composition:
     ``g_l(B(Y_l, r_l)) subset B(g_l(Y_l), L_l r_l + pad)`` and ``Lip <= prod_l L_l``; and by the
     whole stack's exact Jacobian plus its drift (``lipschitz._local_stack``, THEORY F30); ``upper``
@@ -472,6 +476,8 @@ def network_local(spec: TransformerSpec, X: Tensor, rho: float, *, cache: dict |
     ``route``: ``"product"``, ``"stack"`` (both routes, the stack one forced), ``"auto"`` (the stack
     route too when T*d <= ``STACK_ROUTE_MAX``: it costs T^2 d^3 per layer).  ``move_rest``: the stack route's
     THEORY F77 switch (``stack_local(move_rest=)``: the move's rest by its own recursion, tighter at larger radii).
+    ``keep_jacobian``: where the stack route runs, its Jacobian blocks at X and their error on the result
+    (``jacobian``; ``stack_lower`` takes them instead of forming them again).
     Source: THEORY F8 (composition), F17, F30.  The head (if any) is not included.
     """
     from ._local_stack import STACK_ROUTE_MAX, stack_local
@@ -482,10 +488,12 @@ def network_local(spec: TransformerSpec, X: Tensor, rho: float, *, cache: dict |
     check_tokens(X, spec.d_model)  # an empty, 1-D or 3-D X, or the wrong width, was a traceback (stop 39 red team)
     cache = {} if cache is None else cache
     X = X.detach().double()
-    stack = math.inf
+    stack, blocks = math.inf, None
     if route == "stack" or (route == "auto" and X.shape[-2] * X.shape[-1] <= STACK_ROUTE_MAX):
         try:
-            stack = stack_local(spec, X, [rho], norms=cache.setdefault("stack_norms", {}), move_rest=move_rest)[0].upper
+            sl = stack_local(spec, X, [rho], norms=cache.setdefault("stack_norms", {}), move_rest=move_rest,
+                             keep_jacobian=keep_jacobian)[0]
+            stack, blocks = sl.upper, ((sl.jacobian, sl.rounding) if keep_jacobian else None)
         except InputError:
             if route == "stack":
                 raise
@@ -500,7 +508,7 @@ def network_local(spec: TransformerSpec, X: Tensor, rho: float, *, cache: dict |
         if stack == math.inf:
             raise
         product = math.inf
-    return NetworkLocal(rho, lip_in, layers, lip_out, min(product, stack), product, stack)
+    return NetworkLocal(rho, lip_in, layers, lip_out, min(product, stack), product, stack, blocks)
 
 
 def _product_route(spec: TransformerSpec, X: Tensor, rho: float, cache: dict, jacobian: bool,

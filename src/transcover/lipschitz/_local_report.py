@@ -212,7 +212,7 @@ def _network_row(spec, seqs, f, relative, whole, glob, domain, lower, cache,  # 
         if n_in is not None and n_in.kind in (NormKind.LAYERNORM, NormKind.RMSNORM):
             _, s_in = norm_local(n_in, X.double(), rho)
             sig0 = min(sig0, float(variance_floor(n_in, s_in).min()))
-        nl = network_local(spec, X, rho, cache=cache, route=whole, move_rest=move_rest)
+        nl = network_local(spec, X, rho, cache=cache, route=whole, move_rest=move_rest, keep_jacobian=lower)
         # Note [global on the ball] (THEORY F104): every token of B(X, rho) has norm <= max_t ||X_t|| + rho, so the
         # global chain (THEORY F8) at that radius is a certified bound on the ball too; it wins where the local
         # routes' radii compound past it (a Pi_norm model at rho = 0.1: 1e72 against 1785)
@@ -221,8 +221,10 @@ def _network_row(spec, seqs, f, relative, whole, glob, domain, lower, cache,  # 
         g = compose(norms, radius=R_ball).upper.value
         here, route = (g, "global") if g < nl.upper else (nl.upper, nl.route)
         up, routes = max(up, here), routes | {route}
-        if lower:
-            lo = max(lo, stack_lower(spec, X, rho, restarts=2, steps=10))
+        if lower:  # the stack route's Jacobian blocks where it ran; else autograd's (not the stack machinery again)
+            blocks, err = nl.jacobian if nl.jacobian is not None else (None, 0.0)
+            lo = max(lo, stack_lower(spec, X, rho, restarts=2, steps=10, blocks=blocks, blocks_err=err,
+                                     form_blocks=False))
     if lower:
         check_certified("local Lipschitz constant of the whole network", up, lo)
     final = spec.final_norm is not None and spec.final_norm.kind in (NormKind.LAYERNORM, NormKind.RMSNORM)

@@ -968,17 +968,22 @@ def stack_local(spec: TransformerSpec, X: Tensor, rhos, *, exact: int = 8, chain
 
 
 def stack_lower(spec: TransformerSpec, X: Tensor, rho: float, *, restarts: int = 3, steps: int = 30,
-                iters: int = 30, seed: int = 0, blocks: Tensor | None = None, blocks_err: float = 0.0) -> float:
+                iters: int = 30, seed: int = 0, blocks: Tensor | None = None, blocks_err: float = 0.0,
+                form_blocks: bool = True) -> float:
     """An empirical lower estimate of the whole stack's local constant on ``B(X, rho)``, (2,inf) metric:
     the larger of the attained (2,inf) norm of the exact Jacobian at X (``row_norm_lower`` on its
     blocks, alternating maximisation with restarts) and a float64 Adam ascent on the pair ratio
-    ``||f(a) - f(b)|| / ||a - b||`` over pairs in the ball (restarts).  Kind: empirical lower."""
+    ``||f(a) - f(b)|| / ||a - b||`` over pairs in the ball (restarts).  Kind: empirical lower.
+    ``blocks``: the Jacobian's blocks at X and their error, if the caller has them (the stack route's); without them
+    they are formed by ``stack_jacobian`` (the stack route's machinery at a radius of 1e-300), or with
+    ``form_blocks=False`` the Jacobian's norm is attained by autograd's power iteration instead (a product-route run
+    spent 83 % of its time forming blocks for its lower estimate)."""
     from ..model import transformer_forward
     from ._empirical import jacobian_operator_norm
 
     X = X.detach().double()
     fn = lambda Z: transformer_forward(spec, Z, with_head=False)  # noqa: E731
-    if blocks is None:
+    if blocks is None and form_blocks:
         try:
             blocks, blocks_err = stack_jacobian(spec, X)
         except InputError:  # a stage the exact blocks do not cover (Pi_norm): autograd's Jacobian at X instead

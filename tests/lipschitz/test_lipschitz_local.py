@@ -222,8 +222,11 @@ def test_trailing_nan_rows_pad_float_embeddings(tmp_path, minilm):
     empty[1] = np.nan
     gap = arr.copy()
     gap[0, 1] = np.nan  # a NaN row followed by a token: not padding
+    tail = arr.copy()
+    tail[0, 3] = np.nan  # every sequence ends in NaN: nothing was padded (an overflow upstream; red team 186)
     for bad, needle in ((inner, "sequence 1 contains NaN"), (empty, "sequence 1 .*padding only"),
-                        (gap, "sequence 0 contains NaN")):
+                        (gap, "sequence 0 contains NaN"), (tail, "every sequence of the data ends in rows of NaN"),
+                        (arr[1:], "every sequence")):
         np.save(tmp_path / "b.npy", bad)
         with pytest.raises(InputError, match=needle):
             load_inputs(minilm, str(tmp_path / "b.npy"))

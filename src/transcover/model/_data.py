@@ -277,6 +277,10 @@ def inputs_from_array(spec: TransformerSpec, arr: np.ndarray) -> list:
     seqs = [_strip_nan_rows(a, k) for k, a in enumerate(arr)]
     n_pos = _max_positions(spec)
     longest = max(len(a) for a in seqs)
+    if longest < arr.shape[1]:  # nothing was padded to this length: NaN from upstream (an overflow), not padding
+        raise InputError(f"every sequence of the data ends in rows of NaN (the longest has {longest} of "
+                         f"{arr.shape[1]} tokens): rows of NaN pad shorter sequences to the longest one, so these are "
+                         "not padding")
     if n_pos is not None and longest > n_pos:
         raise InputError(f"a sequence has {longest} tokens, more than the model allows ({n_pos} positions)")
     if d_in is not None:

@@ -89,3 +89,20 @@ def test_bound_table_never_crops_a_number(model_path, tmp_path, capsys, monkeypa
     for c in rows:
         eps_i, cost = fmt_log(float(c["log_eps_i"]), "near"), fmt_log(float(c["log_cost"]))  # eps_i is chosen
         assert f" {eps_i} " in table and f" {cost} " in table, (c["name"], eps_i, cost)
+
+
+def test_the_final_norms_share_is_named(tmp_path, capsys, monkeypatch):
+    """Red team 185: the share table and the "why vacuous" line listed a 2-layer Llama's final norm as a layer "2";
+    it is "out (final norm)", as ``perturb`` names it."""
+    transformers = pytest.importorskip("transformers")
+    monkeypatch.setenv("COLUMNS", "200")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                                   intermediate_size=24, vocab_size=32, max_position_embeddings=32)
+    transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path / "m", safe_serialization=True)
+    capsys.readouterr()
+    js = tmp_path / "b.json"
+    assert main(["bound", str(tmp_path / "m"), "--json", str(js)]) == 0
+    out = capsys.readouterr().out
+    assert 2 in {c["layer"] for c in json.loads(js.read_text())["transformer"]["contributions"]}
+    assert "out (final norm)" in out and "│                2 │" not in out and ", 2: " not in out

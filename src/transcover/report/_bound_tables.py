@@ -25,6 +25,12 @@ def fmt_log(ln_value: float, way: str = "up") -> str:
     return from_ln(ln_value, way)
 
 
+def _layer_name(layer: int, n_layers: int) -> str:
+    """A layer index as the tables print it: the input norm at -1, the final norm at ``n_layers`` (it read as a layer
+    "2" of a 2-layer model, where ``perturb`` says "out"; red team 185)."""
+    return {-1: "input (embedding norm)", n_layers: "out (final norm)"}.get(layer, str(layer))
+
+
 def bound_payload(result, diagnosis, n_needed: float, target: float, warnings: list[str]) -> dict[str, object]:
     """The JSON body of ``transcover bound`` (strict JSON: non-finite floats as strings)."""
     import math
@@ -87,7 +93,8 @@ def render_bound(result, terms, n_needed: float, target: float, top: int, diagno
         dom = ", ".join(f"n={g.n:.3g}: {d}" for g, d in zip(result.generalisation, diagnosis.dominant_term))
         con.print(f"[bold]why vacuous[/bold]: dominant gap term ({dom}); largest shares of the Transformer's log N: "
                   + ", ".join(f"{m} {s:.1%} ({c.split()[0]})" for m, _, c, s, _ in diagnosis.top)
-                  + "; by layer: " + ", ".join(f"{ly}: {s:.1%}" for ly, s in diagnosis.layers[:3]))
+                  + "; by layer: " + ", ".join(f"{_layer_name(ly, result.n_layers)}: {s:.1%}"
+                                               for ly, s in diagnosis.layers[:3]))
         con.print("[bold]what would tighten it[/bold] (advice):")
         for tip in diagnosis.suggestions:
             con.print(f"  - {tip}")
@@ -100,7 +107,7 @@ def render_bound(result, terms, n_needed: float, target: float, top: int, diagno
     lt.add_column("layer", justify="right")
     lt.add_column("share", justify="right")
     for layer, share in sorted(result.transformer.by_layer().items()):
-        lt.add_row({-1: "input (embedding norm)"}.get(layer, str(layer)), f"{share:.3%}")
+        lt.add_row(_layer_name(layer, result.n_layers), f"{share:.3%}")
     con.print(lt)
     from rich import box
 

@@ -129,7 +129,8 @@ def render_local(name: str, n_sequences: int, rows: list, rho_relative: bool) ->
     console.print(table)
     console.print("  certified upper bounds (THEORY F14, F17; rounding padded); local = on the ball of radius rho "
                   "around each sequence's hidden states" + (" (rho x median token norm)" if rho_relative else "")
-                  + "; lower = (2,inf) Jacobian norm at the data point"
+                  + "; lower = (2,inf) Jacobian norm at the data point (the network row: the larger of it and a "
+                    "pair ascent inside the ball, so it may grow with rho)"
                   + ("; ball lower = the best of it and an ascent over centres and pairs inside the ball "
                      "(empirical, local/lower uses it)" if ball else ""))
 

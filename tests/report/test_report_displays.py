@@ -97,3 +97,24 @@ def test_the_repr_counts_the_rows_of_the_dataframe():
     r = transcover.analyze(reference_spec(m))
     a, b = map(int, re.search(r"(\d+) matrices and (\d+) bias vectors", repr(r)).groups())
     assert a + b == len(r.to_dataframe())
+
+
+def test_the_staged_tables_certified_columns_are_rounded_up():
+    """Red team 188: the staged experiment's table printed its certified columns to nearest: log10 Lip = 2.4134443
+    as "2.413" (a claim of 258.8 for a certified 259.09), log10 log N 5.2312535 as "5.231", the raw gap formula
+    1.1014632 as "10^1.101".  Certified means are rounded up, measured ones to nearest."""
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from transcover.report._staged import staged_table
+
+    row = {"test_acc": (0.91234, 0.0), "train_acc": (0.95, 0.0), "gap": (0.03766, 0.0), "test_loss": (0.2, 0.0),
+           "capacity": (3.0, 0.0), "lipschitz": (2.4134443, 0.01), "covering": (5.2312535, 0.0),
+           "bound": (0.4134443, 0.0), "bound_raw": (1.1014632, 0.0), "bound_vacuous": (0.0, 0.0), "norm.KQ": (1.0, 0.0)}
+    fake = SimpleNamespace(summary=lambda: {"staged": row}, config=SimpleNamespace(seeds=(0,)), bound_note=lambda: "")
+    console = Console(width=300, record=True)
+    console.print(staged_table(fake))
+    text = console.export_text()
+    for shown in ("2.414±0.010", "5.232±0.000", "0.414±0.000", "raw 10^1.102", "0.912±0.000"):
+        assert shown in text, (shown, text)

@@ -27,8 +27,8 @@ def staged_table(result):
     from .._printed import fixed
 
     def cell(c: str, m: tuple) -> str:
-        # a certified column's mean is printed rounded up (Note [printed bounds]; "2.413" stood for 10^2.4134443 = 259.09
-        # against a claimed 258.8, red team 188), measured and estimated ones to nearest; the spread to nearest
+        # a certified column's mean is printed rounded up (Note [printed bounds]; "2.413" stood for 10^2.4134443 =
+        # 259.09 against a claimed 258.8, red team 188), measured and estimated ones to nearest; the spread to nearest
         # (a log10 or a mean formed in floats is padded for its own rounding first)
         mean = fixed(m[0] + abs(m[0]) * 2.0**-50, 3, "up") if c in _CERTIFIED else f"{m[0]:.3f}"
         return f"{mean}±{m[1]:.3f}"

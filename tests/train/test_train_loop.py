@@ -227,3 +227,21 @@ def test_a_run_stopped_mid_schedule_is_bounded_as_it_computes(tmp_path):
     spec, _, _ = checkpoint_spec(tmp_path)  # what `transcover bound RUN` reads
     assert lipschitz_bounds(spec).upper.value == res.lipschitz.value
     assert lipschitz_bounds(reference_spec(projected)).upper.value < res.lipschitz.value
+
+
+@pytest.mark.parametrize("kw, needle", [
+    ({"schedule": "constant"}, "not 'constant'"), ({"loose_factor": 1.0}, "loose_factor must be > 1"),
+    ({"method": "log_penalty"}, "enforces the radii's values"), ({"method": "lipschitz"}, "enforces the radii's"),
+    ({"start_fraction": 0.0, "end_fraction": 0.0}, "end_fraction must be > 0"),
+])
+def test_a_staged_arm_that_is_the_tight_one_is_refused(kw, needle, tmp_path, capsys):
+    """Red team 188: these settings made the staged arm bit-identical to the tight arm, and the table presented the two
+    as strategies compared (exit 0)."""
+    with pytest.raises(InputError, match=needle):
+        StagedConfig(**kw)
+    flags = {"schedule": "--schedule", "loose_factor": "--loose-factor", "method": "--method"}
+    argv = [x for k, v in kw.items() if k in flags for x in (flags[k], str(v))]
+    if argv:
+        assert main(["experiment", "staged", "--out", str(tmp_path / "o"), *argv]) == 2
+        assert needle.split("'")[0][:20] in capsys.readouterr().err
+        assert not (tmp_path / "o").exists()

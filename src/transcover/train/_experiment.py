@@ -45,8 +45,21 @@ class StagedConfig:
     def __post_init__(self) -> None:
         if not self.seeds:
             raise InputError("seeds must name at least one seed")
-        if self.method in ("none",):
-            raise InputError("method must be a constraint method, not 'none'")
+        # the staged arm must differ from the tight one (red team 188: each of these ran the tight arm twice and
+        # printed the two as strategies compared): a method that enforces the radius' value, a schedule that is not
+        # constant, a loose stage looser than the target, and a tightening that does not end at step 0
+        if self.method not in STAGED_METHODS:
+            raise InputError(f"method must be one that enforces the radii's values ({', '.join(STAGED_METHODS)}), but "
+                             f"got method={self.method!r}")
+        if self.schedule == "constant":
+            raise InputError("schedule must loosen the early epochs (linear, cosine, ...), not 'constant': the staged "
+                             "strategy would be the tight one")
+        if not self.loose_factor > 1:
+            raise InputError(f"loose_factor must be > 1 (the early radii are loose_factor x the targets), but got "
+                             f"loose_factor={self.loose_factor!r}: the staged strategy would be the tight one")
+        if not self.end_fraction > 0:
+            raise InputError(f"end_fraction must be > 0 (the radii reach their targets at that share of training), but "
+                             f"got end_fraction={self.end_fraction!r}: the staged strategy would be the tight one")
         for s in STRATEGIES[1:]:
             self.strategy(s)  # validates radii, fractions and schedule now
 
@@ -63,6 +76,11 @@ class StagedConfig:
         else:
             raise InputError(f"strategy must be one of {', '.join(STRATEGIES)}, but got {name!r}")
         return replace(self.base, constraint=cons)
+
+
+# the constraint methods whose enforcement reads the radius' value (log_penalty only selects the matrices it
+# penalises, lipschitz reads no radius): a schedule of radii changes only these
+STAGED_METHODS = ("spectral", "project", "clip", "penalty")
 
 
 @dataclass(frozen=True)

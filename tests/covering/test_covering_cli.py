@@ -106,3 +106,4 @@ def test_the_final_norms_share_is_named(tmp_path, capsys, monkeypatch):
     out = capsys.readouterr().out
     assert 2 in {c["layer"] for c in json.loads(js.read_text())["transformer"]["contributions"]}
     assert "out (final norm)" in out and "│                2 │" not in out and ", 2: " not in out
+    assert "│          1 (trivial) │" in out  # the trivial gap bound is b = 1 exactly (it printed 1.001; 188)

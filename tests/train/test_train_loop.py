@@ -245,3 +245,15 @@ def test_a_staged_arm_that_is_the_tight_one_is_refused(kw, needle, tmp_path, cap
         assert main(["experiment", "staged", "--out", str(tmp_path / "o"), *argv]) == 2
         assert needle.split("'")[0][:20] in capsys.readouterr().err
         assert not (tmp_path / "o").exists()
+
+
+def test_an_experiment_output_path_that_is_a_file_is_one_line(tmp_path, capsys):
+    """Red team 188: ``experiment staged --out FILE`` printed the raw "[Errno 17] File exists" without naming --out, and
+    a refused --workers 0 left an empty --out folder behind."""
+    f = tmp_path / "afile"
+    f.write_text("x")
+    assert main(["experiment", "staged", "--out", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot use --out" in err and "Errno" not in err
+    assert main(["experiment", "staged", "--out", str(tmp_path / "o"), "--workers", "0"]) == 2
+    assert not (tmp_path / "o").exists()

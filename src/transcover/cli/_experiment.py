@@ -70,18 +70,25 @@ def run(args) -> int:
     config = StagedConfig(seeds=tuple(range(args.seeds)), base=base, method=args.method,
                           radii=parse_radii(_radii(args)), loose_factor=args.loose_factor,
                           start_fraction=args.start_fraction, end_fraction=args.end_fraction, schedule=args.schedule)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    console = Console()
-    if not console.is_terminal:  # keep the table readable in logs and pipes
-        console = Console(width=190)
-    if args.workers < 1:
+    if args.workers < 1:  # every check before the folder is made (it was left empty behind a refusal; red team 188)
         raise InputError(f"--workers must be >= 1, but got --workers={args.workers}")
     runner, store = None, None
-    if args.workers > 1 or args.backend == "ray" or args.store:
+    scaled = args.workers > 1 or args.backend == "ray" or bool(args.store)
+    if scaled:
         from ..scale import ResultStore, train_runner
 
         store = ResultStore(args.store) if args.store else None
+    out = Path(args.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # a file of that name: the raw "[Errno 17] File exists" did not name --out
+        if store is not None:
+            store.close()
+        raise InputError(f"cannot use --out {out} as the output folder: {err.strerror or err}") from None
+    console = Console()
+    if not console.is_terminal:  # keep the table readable in logs and pipes
+        console = Console(width=190)
+    if scaled:
         backend = "ray" if args.backend == "ray" else ("process" if args.workers > 1 else "serial")
         runner = train_runner(store=store, backend=backend, workers=args.workers, threads=args.threads,
                               resume=args.resume, options={"address": args.ray_address})

@@ -49,7 +49,7 @@ def render_bound(result, terms, n_needed: float, target: float, top: int, diagno
     from rich.table import Table
 
     from ..covering import CompositeCovering
-    from .._printed import directed, log10_up
+    from .._printed import directed, log10_up, up
 
     con = Console()
     cov = result.covering
@@ -72,7 +72,9 @@ def render_bound(result, terms, n_needed: float, target: float, top: int, diagno
         t.add_column(col, justify="right")
     b_loss = result.generalisation[0].loss_bound
     for g, b in zip(result.generalisation, result.bft_generalisation):
-        t.add_row(f"{g.n:.3g}", fmt_log(g.log_gap) + (" (trivial)" if g.vacuous else ""), fmt_log(g.raw_log_gap),
+        # the trivial bound is the loss range b exactly: from its log it printed as 1.001 (red team 188)
+        t.add_row(f"{g.n:.3g}", f"{up(g.gap, 4)} (trivial)" if g.vacuous else fmt_log(g.log_gap),
+                  fmt_log(g.raw_log_gap),
                   directed(g.rademacher.value, 4, "up") + (" (trivial 4b)" if g.rademacher.trivial else ""),
                   "yes" if g.vacuous else "no",
                   fmt_log(b.log_gap) + (f" (vacuous, raw {fmt_log(b.raw_log_gap)})" if b.vacuous else ""))

@@ -257,3 +257,46 @@ def test_an_experiment_output_path_that_is_a_file_is_one_line(tmp_path, capsys):
     assert "cannot use --out" in err and "Errno" not in err
     assert main(["experiment", "staged", "--out", str(tmp_path / "o"), "--workers", "0"]) == 2
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("cut", range(1, 9))
+def test_an_interrupted_checkpoint_write_keeps_a_complete_checkpoint(tmp_path, monkeypatch, cut):
+    """Red team 188: a SIGTERM between two of a checkpoint's files left a torn set, refused on --resume, and every
+    earlier epoch was lost.  A new set is written whole beside the old one and swapped in by renames (Note
+    [checkpoint swap]); an interrupt at any of the writes and renames leaves the previous checkpoint or the new one,
+    and the resumed run ends bit for bit where an uninterrupted one does."""
+    import os as os_mod
+
+    from transcover.train import _checkpoint as ckpt
+
+    cfg = replace(TINY, epochs=3)
+    whole = train(cfg, out_dir=tmp_path / "whole")
+    train(cfg, out_dir=tmp_path / "a", stop_after=1)
+    calls = [0]
+    real_replace, real_write = os_mod.replace, ckpt.atomic_write_bytes
+
+    def counted(fn):  # noqa: ANN001, ANN202
+        def inner(*a, **k):  # noqa: ANN002, ANN003, ANN202
+            calls[0] += 1
+            if calls[0] == cut:
+                raise KeyboardInterrupt  # the kill, before this write or rename
+            return fn(*a, **k)
+        return inner
+
+    monkeypatch.setattr(ckpt.os, "replace", counted(real_replace))
+    monkeypatch.setattr(ckpt, "atomic_write_bytes", counted(real_write))
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg, out_dir=tmp_path / "a", resume=True)
+    monkeypatch.undo()
+    resumed = train(cfg, out_dir=tmp_path / "a", resume=True)
+    assert resumed.test_acc == whole.test_acc and resumed.test_loss == whole.test_loss
+    a = ckpt.load_checkpoint(tmp_path / "a" / "checkpoint", build_model_for(cfg))
+    b = ckpt.load_checkpoint(tmp_path / "whole" / "checkpoint", build_model_for(cfg))
+    assert a["epoch"] == b["epoch"] == 3
+    assert not (tmp_path / "a" / "checkpoint.new").exists() and not (tmp_path / "a" / "checkpoint.prev").exists()
+
+
+def build_model_for(cfg):  # noqa: ANN001, ANN201
+    from transcover.train._loop import build_model
+
+    return build_model(cfg, load_task(cfg.task, n_train=cfg.n_train, seed=cfg.seed))

@@ -1,6 +1,6 @@
 """Checkpoints: weights as safetensors, optimiser tensors via ``torch.save`` (loaded with
-``weights_only=True``), progress as JSON.  Each file is written atomically and ``state.json`` last,
-so a checkpoint folder whose ``state.json`` parses is complete.
+``weights_only=True``), progress as JSON.  A new set is written whole beside the old one and swapped in by
+renames (Note [checkpoint swap]), so an interrupt leaves the previous complete checkpoint or the new one.
 
 The model's ``state_dict`` includes the constraints' buffers (power-iteration vectors ``u``,
 ``v`` and the current ``radius``) and the unconstrained ``original`` tensors, so a resumed run
@@ -13,6 +13,7 @@ import hashlib
 import io
 import json
 import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -21,7 +22,7 @@ from torch import nn
 from .._errors import InputError
 from .._io import atomic_write_bytes, atomic_write_text
 
-__all__ = ["save_checkpoint", "load_checkpoint", "CHECKPOINT_FILES"]
+__all__ = ["save_checkpoint", "load_checkpoint", "recover_checkpoint", "CHECKPOINT_FILES"]
 
 CHECKPOINT_FILES = ("model.safetensors", "optimizer.pt", "state.json")
 
@@ -50,10 +51,55 @@ def save_checkpoint(folder: str | os.PathLike[str], model: nn.Module, optimizer:
     # the other two files' digests; load_checkpoint refuses a set that does not match.
     files = {"model.safetensors": weights, "optimizer.pt": buf.getvalue()}
     state = {**state, "files": {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}}
+    # Note [checkpoint swap]: the digests let a torn set be refused, but refusing lost every earlier epoch (a SIGTERM
+    # between two files left new weights beside the old state.json; red team 188).  The new set is written whole into
+    # ``<folder>.new``, then swapped in by two renames (the old set kept as ``<folder>.prev`` until the new one is in
+    # place); ``recover_checkpoint`` finishes or undoes a swap that an interrupt cut short.
+    recover_checkpoint(folder)
+    new, prev = _sibling(folder, ".new"), _sibling(folder, ".prev")
+    shutil.rmtree(new, ignore_errors=True)
+    new.mkdir(parents=True)
     for name, data in files.items():
-        atomic_write_bytes(folder / name, data)
-    atomic_write_text(folder / "state.json", json.dumps(state, indent=1, sort_keys=True))
+        atomic_write_bytes(new / name, data)
+    atomic_write_text(new / "state.json", json.dumps(state, indent=1, sort_keys=True))
+    shutil.rmtree(prev, ignore_errors=True)
+    if folder.exists():
+        os.replace(folder, prev)
+    os.replace(new, folder)
+    shutil.rmtree(prev, ignore_errors=True)
     return folder
+
+
+def _sibling(folder: Path, suffix: str) -> Path:
+    return folder.with_name(folder.name + suffix)
+
+
+def _complete(folder: Path) -> bool:
+    """Whether ``folder`` holds a whole checkpoint: every file present and each the one its state.json names."""
+    try:
+        state = json.loads((folder / "state.json").read_text())
+        files = state.get("files") or {}
+        return all((folder / n).is_file() for n in CHECKPOINT_FILES) and all(
+            hashlib.sha256((folder / n).read_bytes()).hexdigest() == d for n, d in files.items())
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def recover_checkpoint(folder: str | os.PathLike[str]) -> None:
+    """Finish or undo a checkpoint swap an interrupt cut short (Note [checkpoint swap]): with ``folder`` missing, a
+    complete ``<folder>.new`` becomes it, else ``<folder>.prev`` (the last complete set) does; a leftover ``.new``
+    beside a present ``folder`` is removed."""
+    folder = Path(folder)
+    new, prev = _sibling(folder, ".new"), _sibling(folder, ".prev")
+    if not folder.exists():
+        if new.is_dir() and _complete(new):
+            os.replace(new, folder)
+        elif prev.is_dir():
+            os.replace(prev, folder)
+    if folder.exists():
+        shutil.rmtree(new, ignore_errors=True)
+        if prev.exists() and _complete(folder):
+            shutil.rmtree(prev, ignore_errors=True)
 
 
 def load_checkpoint(folder: str | os.PathLike[str], model: nn.Module,
@@ -66,6 +112,7 @@ def load_checkpoint(folder: str | os.PathLike[str], model: nn.Module,
     from safetensors.torch import load_file
 
     folder = Path(folder)
+    recover_checkpoint(folder)  # Note [checkpoint swap]
     # the weights alone need no optimiser state: a shared run without optimizer.pt is read (stop 39 red team)
     needed = CHECKPOINT_FILES if optimizer is not None else ("model.safetensors", "state.json")
     for name in needed:

@@ -300,3 +300,21 @@ def build_model_for(cfg):  # noqa: ANN001, ANN201
     from transcover.train._loop import build_model
 
     return build_model(cfg, load_task(cfg.task, n_train=cfg.n_train, seed=cfg.seed))
+
+
+def test_a_new_run_that_fails_at_once_leaves_the_earlier_run_as_it_was(tmp_path):
+    """Red team 188: a new run in an existing --out emptied the earlier history at its start; when it then failed
+    (lr 1e308: NaN at the first step), the folder held the earlier checkpoint beside an empty history.  The fresh
+    history replaces the old one, and the old checkpoint goes, only with the new run's first row."""
+    cfg = replace(TINY, epochs=1, constraint=ConstraintConfig(method="project", radii={"all": 1.0}))
+    out = tmp_path / "run"
+    train(cfg, out_dir=out)
+    before = {p.name: p.read_bytes() for p in out.glob("history.*")}
+    state = (out / "checkpoint" / "state.json").read_bytes()
+    with pytest.raises(InputError):
+        train(replace(cfg, lr=1e308), out_dir=out)
+    assert {p.name: p.read_bytes() for p in out.glob("history.*")} == before and before
+    assert (out / "checkpoint" / "state.json").read_bytes() == state
+    again = train(cfg, out_dir=out)  # a new run that works replaces both
+    assert again.test_acc >= 0 and len((out / "history.jsonl").read_text().splitlines()) == len(
+        before["history.jsonl"].decode().splitlines())

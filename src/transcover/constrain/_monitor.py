@@ -38,6 +38,7 @@ import io
 import json
 import math
 import os
+import shutil
 from pathlib import Path
 
 from torch import nn
@@ -72,13 +73,15 @@ class TrainingMonitor:
         prefix: output path without suffix; its folder must exist.  ``None``: keep records in memory.
         radii: a callable returning the current ``{slot key: radius}`` (e.g. ``Constrainer.radii``).
         resume: append to existing files instead of starting them afresh.
+        stale: files of an earlier run in the same place (its checkpoint), removed when this fresh history starts
+            on disk (``begin``), so a run that fails before its first row leaves the earlier run as it was.
         keep_until: with ``resume``, drop the records after this step (those written after the
             checkpoint a run resumes from, so the history has no duplicates) and reload the rest.
         ratios: record ``ratio.<G> = sigma / c`` (the radii bound sigma; not for entrywise clipping).
     """
 
     def __init__(self, model: nn.Module, prefix: str | os.PathLike[str] | None = None, *, radii=None,
-                 resume: bool = False, keep_until: int | None = None, ratios: bool = True):
+                 resume: bool = False, keep_until: int | None = None, ratios: bool = True, stale: tuple = ()):
         self.model = model
         self.slots = find_slots(model)
         self.n_layers = 1 + max(s.layer for s in self.slots if s.group != "head")
@@ -88,6 +91,7 @@ class TrainingMonitor:
         self.radii = radii
         self.ratios = ratios
         self._snapshot: dict[str, float | None] | None = None
+        self._fresh: tuple | None = None  # (jsonl, csv, stale paths) until a fresh history's first row
         self.records: list[dict[str, float | int | None]] = []
         self.prefix = None if prefix is None else Path(prefix)
         if self.prefix is not None:
@@ -100,8 +104,26 @@ class TrainingMonitor:
                 atomic_write_text(jsonl, "".join(json.dumps(r) + "\n" for r in kept))
                 atomic_write_text(csv_path, ",".join(self.columns) + "\n" + "".join(self._csv_row(r) for r in kept))
             else:
-                atomic_write_text(jsonl, "")
-                atomic_write_text(csv_path, ",".join(self.columns) + "\n")
+                # a fresh history replaces an old one only with its first row, and the old run's files listed in
+                # ``stale`` (its checkpoint) go at that moment: a new run that failed before any row had emptied the
+                # old history and left the old checkpoint beside it (red team 188)
+                self._fresh = (jsonl, csv_path, tuple(Path(p) for p in stale))
+
+    def begin(self) -> None:
+        """Start a fresh history on disk (empty files with the header) and remove the old run's ``stale`` files, once;
+        the first row does it, and a caller about to write anything else of the new run (a checkpoint) calls it
+        first."""
+        if self._fresh is None:
+            return
+        jsonl, csv_path, stale = self._fresh
+        for path in stale:
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+        atomic_write_text(jsonl, "")
+        atomic_write_text(csv_path, ",".join(self.columns) + "\n")
+        self._fresh = None
 
     @property
     def paths(self) -> tuple[Path, Path]:
@@ -157,6 +179,7 @@ class TrainingMonitor:
         self.records.append(rec)
         if self.prefix is not None:
             jsonl, csv_path = self.paths
+            self.begin()
             with jsonl.open("a") as fh:
                 fh.write(json.dumps(rec) + "\n")
             with csv_path.open("a") as fh:

@@ -303,7 +303,8 @@ def train(config: TrainConfig, *, out_dir: str | Path | None = None, resume: boo
         start_epoch, step = int(state["epoch"]), int(state["step"])
         extra_state = state["extra"]
     monitor = TrainingMonitor(model, None if out is None else out / "history", radii=cons.radii_in_force, resume=resume,
-                              keep_until=step, ratios=cons.bounds_sigma)
+                              keep_until=step, ratios=cons.bounds_sigma,
+                              stale=() if resume or out is None else (out / "checkpoint",))
     # Note [exact resume]: the penalty's power-iteration vectors travel with the checkpoint, so a
     # resumed run trains exactly as an uninterrupted one (the monitor's norms are exact: no state).
     trackers = {"penalty": cons.tracker} if cons.tracker is not None else {}
@@ -349,6 +350,7 @@ def train(config: TrainConfig, *, out_dir: str | Path | None = None, resume: boo
             monitor.log(step=step, epoch=epoch + 1, progress=cons.progress, train_loss=tr_loss,
                         train_acc=tr_acc, test_loss=te_loss, test_acc=te_acc, log_covering=cov, certify=True)
             if out is not None:
+                monitor.begin()
                 save_checkpoint(out / "checkpoint", model, opt,
                                 {"epoch": epoch + 1, "step": step, "config": config.to_dict(),
                                  "task_sha256": task_sha},
@@ -362,6 +364,7 @@ def train(config: TrainConfig, *, out_dir: str | Path | None = None, resume: boo
     if finalized:
         cons.finalize()
         if out is not None:
+            monitor.begin()  # a run without a logged row replaces the earlier run's history before its checkpoint
             save_checkpoint(out / "checkpoint", model, opt, {"epoch": last, "step": step, "config": config.to_dict(),
                                                                "task_sha256": task_sha},
                             extra={f"{name}.{k}": v for name, t in trackers.items() for k, v in t.state_dict().items()})

@@ -69,7 +69,8 @@ def test_resume_replays_exactly(tmp_path):
     assert len(ha) == len(hb) and [json.loads(x)["loss"] for x in ha] == [json.loads(x)["loss"] for x in hb]
     assert res.epochs_done == 2 and len(res.history) == len(ha)
     assert (tmp_path / "a" / "history.csv").read_text() == (tmp_path / "b" / "history.csv").read_text()
-    with pytest.raises(InputError, match="different configuration"):
+    # the message names the setting that changed (red team 188: it did not say which)
+    with pytest.raises(InputError, match=r"different configuration \(lr: 0\.03 -> 0\.5\)"):
         train(replace(cfg, lr=0.5), out_dir=tmp_path / "b", resume=True)
     with pytest.raises(InputError, match="does not exist"):
         train(cfg, out_dir=tmp_path / "c", resume=True)

@@ -122,6 +122,16 @@ class TrainResult:
         }
 
 
+def _first_difference(saved, now, where: str = "") -> str:  # noqa: ANN001
+    """The first setting in which two configurations (nested dicts) differ, as ``name: saved -> now`` (a refused
+    resume did not say which option had changed; red team 188)."""
+    if isinstance(saved, dict) and isinstance(now, dict):
+        for key in sorted(set(saved) | set(now)):
+            if saved.get(key) != now.get(key):
+                return _first_difference(saved.get(key), now.get(key), f"{where}.{key}" if where else str(key))
+    return f"{where or 'config'}: {saved!r} -> {now!r}"
+
+
 def build_model(config: TrainConfig, task: Task) -> ReferenceTransformer:
     """The seeded reference model for ``task``: rows in, Pi_norm layers, MLP head out."""
     torch.manual_seed(config.seed)
@@ -295,7 +305,8 @@ def train(config: TrainConfig, *, out_dir: str | Path | None = None, resume: boo
     if resume:
         state = load_checkpoint(out / "checkpoint", model, opt)  # type: ignore[operator]
         if state.get("config") != config.to_dict():
-            raise InputError(f"the checkpoint in {out} was made with a different configuration; "
+            which = _first_difference(state.get("config"), config.to_dict())
+            raise InputError(f"the checkpoint in {out} was made with a different configuration ({which}); "
                              "rerun without --resume or with the same arguments")
         if state.get("task_sha256", task_sha) != task_sha:
             raise InputError(f"the checkpoint in {out} was trained on other data than this call's task (its "

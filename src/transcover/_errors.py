@@ -78,8 +78,12 @@ def radius_in(radius: float, dtype, name: str = "radius") -> float:  # noqa: ANN
 
     top = torch.finfo(dtype).max
     if r > top:
+        # the advice fits the dtype: "cast to float32" was given for float32 weights (red team 188); a staged schedule's
+        # loose stage is loose_factor x the target, so a smaller factor or target also helps
+        wider = "float32" if torch.finfo(dtype).bits < 32 else "float64"
         raise InputError(f"{name}={radius!r} is above the largest {str(dtype).replace('torch.', '')} number "
-                         f"({top:g}); a cap on such weights cannot hold it: cast the module to float32 first")
+                         f"({top:g}); a cap on such weights cannot hold it: use a smaller radius (a staged schedule's "
+                         f"loose stage is loose_factor x the target) or cast the module to {wider}")
     return r
 
 

@@ -244,8 +244,11 @@ def test_constraint_inputs_that_were_dropped_or_overflowed_are_one_line():
     penalty weight trained to NaN weights; d_model not divisible by n_heads was an internal error."""
     from torch import nn
 
-    with pytest.raises(InputError, match=r"above the largest float16 number \(65504\)"):
+    with pytest.raises(InputError, match=r"above the largest float16 number \(65504\).*cast the module to float32"):
         C.spectral_cap(nn.Linear(4, 4).half(), "weight", radius=1e5)
+    # float32 weights are not told to become float32 (red team 188)
+    with pytest.raises(InputError, match=r"largest float32 number .*smaller radius .*cast the module to float64"):
+        C.spectral_cap(nn.Linear(4, 4), "weight", radius=1e39)
     C.spectral_cap(nn.Linear(4, 4).half(), "weight", radius=6e4)  # representable: accepted
     with pytest.raises(InputError, match="radius KQ is given twice"):
         C.ConstraintConfig(method="project", radii="KQ=1,KQ=2")

@@ -241,6 +241,15 @@ def sphere_adam(value, starts: list, radii: tuple, steps: int, lr: float = 0.3) 
     return best
 
 
+def jvp_row_norm(f, X: torch.Tensor):  # noqa: ANN001, ANN201
+    """``value(E, V) = max_t ||(J_f(X + E) V)_t||`` (the (2,inf) norm of a Jacobian-vector product, differentiable in
+    ``E`` and ``V``), the objective ``jvp_ascent`` maximises for a map ``f`` of the tokens."""
+    def value(E: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
+        _, out = torch.autograd.functional.jvp(f, (X + E,), (V,), create_graph=True)
+        return out.norm(dim=-1).amax()
+    return value
+
+
 def jvp_ascent(value, X: torch.Tensor, rho: float, *, seed: int, starts: int = 3, steps: int = 100) -> float:  # noqa: ANN001
     """The largest finite ``value(E, V)`` seen by float64 Adam ascent over moves ``E`` (rows within rho, projected;
     each start on the sphere) and per-token unit ``V`` (an empirical lower estimate of ``sup value``)."""

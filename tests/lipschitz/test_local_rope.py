@@ -11,7 +11,7 @@ from hypothesis import given, reject, settings
 from hypothesis import strategies as st
 
 from _attack import Domain, attack_pairs, violates
-from lipschitz_testkit import jvp_ascent
+from lipschitz_testkit import jvp_ascent, jvp_row_norm
 from transcover._errors import InputError
 from transcover.lipschitz._local_attention import attention_local_bound, certified_weights
 from transcover.lipschitz._local_rope import rotate_dd
@@ -49,7 +49,8 @@ def test_rope_weights_match_forward(kw: dict) -> None:
 
 
 @settings(max_examples=20, deadline=None)
-@given(seed=st.integers(0, 10**6), T=st.integers(1, 9), mag=st.sampled_from([1e-3, 1.0, 1e3]), known=st.booleans())
+@given(seed=st.integers(0, 10**6), T=st.integers(1, 9), mag=st.sampled_from([1e-3, 1.0, 1e3]),
+       known=st.booleans())
 def test_rotate_dd_error_covers_exact(seed: int, T: int, mag: float, known: bool) -> None:
     """``rotate_dd``'s error bound covers the exact rotation (mpmath, 60 digits) of every input within ``err`` of
     ``hi + lo``: exactly known inputs (``err = 0``), and inputs off by ``+-err`` in every entry, which the bound
@@ -111,13 +112,6 @@ def test_rope_pair_terms_are_the_gradients(kw: dict) -> None:
             assert bool((got[sel] <= want[sel] * (1 + 1e-8) + 1e-12).all())
 
 
-def _jvp_value(attn: AttentionSpec, X: torch.Tensor):  # noqa: ANN202
-    def value(E: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
-        _, out = torch.autograd.functional.jvp(lambda Z: attention_forward(attn, Z), (X + E,), (V,), create_graph=True)
-        return out.norm(dim=-1).amax()
-    return value
-
-
 @settings(max_examples=16, deadline=None)
 @given(seed=st.integers(0, 10**6), kw=st.sampled_from(VARIANTS), scale=st.sampled_from([0.3, 1.0, 3.0, 6.0]),
        rho=st.sampled_from([1e-7, 1e-3, 0.05]), repeated=st.booleans())
@@ -138,7 +132,7 @@ def test_rope_attention_sound(seed: int, kw: dict, scale: float, rho: float, rep
     w = attack_pairs(lambda Z, s: attention_forward(attn, X + Z), T=T, d=8, dom=Domain(rho), metric="2,inf",
                      restarts=6, steps=30, seed=seed, n_jacobian=2)
     assert not violates(w, cert), (w, cert)
-    jv = jvp_ascent(_jvp_value(attn, X), X, rho, seed=seed, starts=2, steps=40)
+    jv = jvp_ascent(jvp_row_norm(lambda Z: attention_forward(attn, Z), X), X, rho, seed=seed, starts=2, steps=40)
     assert jv <= cert * (1 + 1e-9), (jv, cert)
 
 
@@ -149,7 +143,7 @@ def test_rope_attention_monotone_limit_homogeneous() -> None:
     X = torch.randn(6, 8, generator=torch.Generator().manual_seed(3), dtype=F64)
     ups = [attention_local_bound(attn, X, r).upper for r in (0.0, 1e-9, 1e-6, 1e-3, 1e-2, 0.1)]
     assert all(a <= b for a, b in zip(ups, ups[1:])), ups
-    jv = jvp_ascent(_jvp_value(attn, X), X, 1e-9, seed=0, starts=3, steps=80)
+    jv = jvp_ascent(jvp_row_norm(lambda Z: attention_forward(attn, Z), X), X, 1e-9, seed=0, starts=3, steps=80)
     assert jv <= ups[1] <= 5 * jv, (jv, ups[1])
     for c in (0.25, 10.0):
         sc = AttentionSpec(W_Q=attn.W_Q, W_K=attn.W_K, W_V=attn.W_V * c, W_O=attn.W_O, causal=True, rope=attn.rope)

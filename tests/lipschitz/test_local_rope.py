@@ -54,7 +54,8 @@ def test_rope_weights_match_forward(kw: dict) -> None:
 def test_rotate_dd_error_covers_exact(seed: int, T: int, mag: float, known: bool) -> None:
     """``rotate_dd``'s error bound covers the exact rotation (mpmath, 60 digits) of every input within ``err`` of
     ``hi + lo``: exactly known inputs (``err = 0``), and inputs off by ``+-err`` in every entry, which the bound
-    carries as ``err |C| + err~ |S|`` (red team 186: the test never gave an input error, so dropping that term passed)."""
+    carries as ``err |C| + err~ |S|`` (red team 186: the test never gave an input error, so dropping that term
+    passed)."""
     g = torch.Generator().manual_seed(seed)
     hi = torch.randn(T, 6, generator=g, dtype=F64) * mag
     lo = hi * torch.randn(T, 6, generator=g, dtype=F64) * 2.0**-54

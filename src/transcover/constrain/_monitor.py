@@ -91,7 +91,7 @@ class TrainingMonitor:
         self.radii = radii
         self.ratios = ratios
         self._snapshot: dict[str, float | None] | None = None
-        self._fresh: tuple | None = None  # (jsonl, csv, stale paths) until a fresh history's first row
+        self._stale: tuple[Path, ...] | None = None  # a fresh history's stale files, until it starts on disk
         self.records: list[dict[str, float | int | None]] = []
         self.prefix = None if prefix is None else Path(prefix)
         if self.prefix is not None:
@@ -107,23 +107,23 @@ class TrainingMonitor:
                 # a fresh history replaces an old one only with its first row, and the old run's files listed in
                 # ``stale`` (its checkpoint) go at that moment: a new run that failed before any row had emptied the
                 # old history and left the old checkpoint beside it (red team 188)
-                self._fresh = (jsonl, csv_path, tuple(Path(p) for p in stale))
+                self._stale = tuple(Path(p) for p in stale)
 
     def begin(self) -> None:
         """Start a fresh history on disk (empty files with the header) and remove the old run's ``stale`` files, once;
         the first row does it, and a caller about to write anything else of the new run (a checkpoint) calls it
         first."""
-        if self._fresh is None:
+        if self._stale is None:
             return
-        jsonl, csv_path, stale = self._fresh
-        for path in stale:
+        jsonl, csv_path = self.paths
+        for path in self._stale:
             if path.is_dir():
                 shutil.rmtree(path, ignore_errors=True)
             else:
                 path.unlink(missing_ok=True)
         atomic_write_text(jsonl, "")
         atomic_write_text(csv_path, ",".join(self.columns) + "\n")
-        self._fresh = None
+        self._stale = None
 
     @property
     def paths(self) -> tuple[Path, Path]:

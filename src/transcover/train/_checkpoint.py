@@ -74,13 +74,21 @@ def _sibling(folder: Path, suffix: str) -> Path:
     return folder.with_name(folder.name + suffix)
 
 
+def _torn(folder: Path, files: dict, names) -> str | None:  # noqa: ANN001
+    """The first of ``names`` whose bytes are not the file ``files`` (state.json's digests) names, else None (Note
+    [torn checkpoint])."""
+    for name, digest in files.items():
+        if name in names and hashlib.sha256((folder / name).read_bytes()).hexdigest() != digest:
+            return name
+    return None
+
+
 def _complete(folder: Path) -> bool:
     """Whether ``folder`` holds a whole checkpoint: every file present and each the one its state.json names."""
     try:
         state = json.loads((folder / "state.json").read_text())
-        files = state.get("files") or {}
-        return all((folder / n).is_file() for n in CHECKPOINT_FILES) and all(
-            hashlib.sha256((folder / n).read_bytes()).hexdigest() == d for n, d in files.items())
+        return all((folder / n).is_file() for n in CHECKPOINT_FILES) and \
+            _torn(folder, state.get("files") or {}, CHECKPOINT_FILES) is None
     except (OSError, ValueError, AttributeError):
         return False
 
@@ -125,13 +133,10 @@ def load_checkpoint(folder: str | os.PathLike[str], model: nn.Module,
     files = state.get("files") if isinstance(state, dict) else None
     if files is not None and (not isinstance(files, dict) or not set(files) <= {"model.safetensors", "optimizer.pt"}):
         raise InputError(f"checkpoint state {folder / 'state.json'} has a malformed 'files' entry")
-    for name, digest in (files or {}).items():  # Note [torn checkpoint]
-        if name not in needed:
-            continue
-        with open(folder / name, "rb") as fh:
-            if hashlib.sha256(fh.read()).hexdigest() != digest:
-                raise InputError(f"checkpoint {folder} is torn: {name} is not the file its state.json was written "
-                                 "with (a write was interrupted); train again without --resume")
+    name = _torn(folder, files or {}, needed)  # Note [torn checkpoint]
+    if name is not None:
+        raise InputError(f"checkpoint {folder} is torn: {name} is not the file its state.json was written "
+                         "with (a write was interrupted); train again without --resume")
     try:
         weights = load_file(str(folder / "model.safetensors"))
     except Exception as err:  # safetensors raises its own error types for corrupt files

@@ -139,3 +139,60 @@ def test_bad_radius_and_missing_tensor_raise_one_line():
     with pytest.raises(InputError, match="carries no constraint"):
         remove_spectral_cap(nn.Linear(2, 2))
     assert not parametrize.is_parametrized(nn.Linear(2, 2))
+
+
+def test_power_iteration_from_zero_restarts_once_the_matrix_is_not_zero():
+    """Red team 190, D2: from ``W = 0`` the vectors became 0 and stayed 0 (``0 / ||0||`` is kept at 0)."""
+    _, u, v = power_iteration(torch.zeros(5, 4), torch.ones(5))
+    assert float(u.norm()) == pytest.approx(1.0) and float(v.norm()) == pytest.approx(1.0)
+    W = torch.randn(5, 4, generator=torch.Generator().manual_seed(0))
+    sigma, _, _ = power_iteration(W, u, 40)
+    assert float(sigma) == pytest.approx(float(_sigma(W)), rel=1e-5)
+    _, u2, _ = product_power_iteration(torch.zeros(2, 5, 3), torch.zeros(2, 4, 3), torch.zeros(2, 5))
+    assert torch.allclose(u2.norm(dim=-1), torch.ones(2))
+
+
+def test_caps_registered_on_zero_weights_cap_them_once_trained():
+    """Red team 190, D2: a zero-initialised weight (a residual output projection) kept ``u = 0``, so its cap's
+    estimate stayed 0 and its factor 1, and the trained weight grew to 19x-918x the radius."""
+    torch.manual_seed(0)
+    lin = nn.Linear(8, 8)
+    nn.init.zeros_(lin.weight)
+    spectral_cap(lin, radius=0.5)
+    q, k = nn.Linear(8, 8, bias=False), nn.Linear(8, 8, bias=False)
+    nn.init.zeros_(k.weight)
+    rows = HeadLayout("rows", 2, 4)
+    product_cap((q, "weight", rows), (k, "weight", rows), 0.5)
+    with torch.no_grad():  # what training does to the raw tensors
+        lin.parametrizations.weight.original.copy_(torch.randn(8, 8) * 2)
+        k.parametrizations.weight.original.copy_(torch.randn(8, 8) * 2)
+    lin.train(), q.train(), k.train()
+    for _ in range(60):
+        x = torch.randn(4, 8)
+        lin(x), q(x), k(x)
+    assert float(_sigma(lin.weight)) <= 0.5 * 1.01  # 19x the radius before the fix
+    with torch.no_grad():
+        A, B = rows.heads(q.weight), rows.heads(k.weight)
+    assert float(_sigma(A.double() @ B.double().transpose(-1, -2)).max()) <= 0.5 * 1.01
+
+
+def test_the_penalty_sees_a_weight_that_was_zero_when_tracked():
+    """Red team 190, D2: the SigmaTracker reported sigma = 0 for a weight zero at registration, so the hinge
+    penalty never fired however large the weight grew."""
+    from transcover.constrain import ConstraintConfig, constrain
+    from transcover.model import ReferenceConfig, ReferenceTransformer
+
+    torch.manual_seed(0)
+    model = ReferenceTransformer(ReferenceConfig(d_model=8, n_heads=2, n_layers=1, d_ff=12))
+    with torch.no_grad():
+        model.blocks[0].W_2.zero_()
+        model.blocks[0].W_O.zero_()
+    cons = constrain(model, ConstraintConfig(method="penalty", radii={"W2": 0.5, "OV": 0.5}))
+    with torch.no_grad():
+        model.blocks[0].W_2.copy_(torch.randn_like(model.blocks[0].W_2) * 2)
+        model.blocks[0].W_O.copy_(torch.randn_like(model.blocks[0].W_O) * 2)
+    for _ in range(30):
+        sigmas = cons.tracker()
+    assert float(sigmas["W2.0"]) == pytest.approx(float(_sigma(model.blocks[0].W_2)), rel=1e-3)
+    assert float(sigmas["OV.0"].min()) > 0.5
+    assert float(cons.penalty().detach()) > 0.0

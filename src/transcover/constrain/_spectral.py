@@ -40,10 +40,24 @@ def _normalize(x: Tensor) -> Tensor:
     """``x / ||x||`` along the last axis, scaled first by the power of two of its largest entry: at weights near 1e20
     in float32 the norm's squares overflowed, u became 0, sigma 0 and the cap a no-op (red team 171).  A power of two
     is exact, so in the normal range the result is bit for bit the unscaled one (a division by the largest entry
-    moved ordinary runs by an ulp: red team 173)."""
+    moved ordinary runs by an ulp: red team 173).
+
+    Note [zero restart]: a zero ``x`` gives the fixed unit vector :func:`_seed`, not 0.  Power iteration from 0 stays
+    at 0, so a matrix that was all zero when its cap was registered (a zero-initialised output projection) kept
+    ``u = 0``, sigma 0 and factor 1 for good, and grew to 918x its radius once trained (red team 190).
+    """
     _, e = torch.frexp(x.abs().amax(dim=-1, keepdim=True))
     x = torch.ldexp(x, -e)
-    return x / _floor(x.norm(dim=-1, keepdim=True))
+    norm = x.norm(dim=-1, keepdim=True)
+    return torch.where(norm == 0, _seed(x), x / _floor(norm))
+
+
+def _seed(x: Tensor) -> Tensor:
+    """A deterministic unit vector of ``x``'s length, dtype and device: ``frac(k phi) - 1/2`` for k = 1..n
+    (golden-ratio points, no entry 0, so no coordinate direction is orthogonal to it), normalised."""
+    k = torch.arange(1, x.shape[-1] + 1, dtype=torch.float32, device=x.device)
+    s = torch.frac(k * 0.6180339887498949) - 0.5
+    return (s / s.norm()).to(x.dtype)
 
 
 def _vecmat(u: Tensor, W: Tensor) -> Tensor:
@@ -64,6 +78,7 @@ def power_iteration(W: Tensor, u: Tensor, n_iter: int = 1) -> tuple[Tensor, Tens
 
     ``sigma`` is a lower estimate of ``||W||_2`` (it is ``||W v||`` for a unit ``v``) that is
     differentiable in ``W`` with ``u``, ``v`` held fixed, as in Miyato et al. 2018, eq. (12).
+    A zero ``u`` or ``W^T u`` restarts from a fixed vector (Note [zero restart]).
 
     Returns:
         ``(sigma, u, v)`` with shapes ``(...)``, ``(..., m)``, ``(..., n)``.

@@ -32,7 +32,9 @@ class SigmaTracker(nn.Module):
 
     Measures the weights as the model uses them (the constrained values when parametrized).
     Products give one sigma per head; matrices one sigma (per stacked matrix); vectors their l2
-    norm (exact).  The buffers live here, not in the model, so tracking never changes a checkpoint.
+    norm (exact).  The buffers live here, not in the model, so tracking never changes a checkpoint;
+    each call moves a vector to its weights' dtype and device first, so the tracker follows a
+    ``model.to(...)`` (a float64 cast made every penalty raise a dtype mismatch, red team 190).
     """
 
     def __init__(self, slots: list[Slot], n_power_iterations: int = 1):
@@ -63,11 +65,14 @@ class SigmaTracker(nn.Module):
                     out[s.key] = s.value().norm()
                     continue
                 u_buf = getattr(self, f"u{i}")
+                W = s.value("a") if s.kind == "product" else s.value()
+                if (u_buf.dtype, u_buf.device) != (W.dtype, W.device):
+                    u_buf = u_buf.to(W)
+                    setattr(self, f"u{i}", u_buf)  # the registered buffer is replaced, as Module.to() would
                 if s.kind == "product":
-                    sigma, u, _ = product_power_iteration(
-                        s.value("a"), s.value("b"), u_buf, self.n_power_iterations, s.scale)
+                    sigma, u, _ = product_power_iteration(W, s.value("b"), u_buf, self.n_power_iterations, s.scale)
                 else:
-                    sigma, u, _ = power_iteration(s.value(), u_buf, self.n_power_iterations)
+                    sigma, u, _ = power_iteration(W, u_buf, self.n_power_iterations)
                 with torch.no_grad():
                     u_buf.copy_(u)
                 out[s.key] = sigma.abs()

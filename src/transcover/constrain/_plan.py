@@ -138,7 +138,10 @@ class Constrainer:
             target = _select(config.radii, s)
             if target is not None:
                 self.schedules[s.key] = config.schedule_for(target)
-        self._buffers: dict[str, Tensor] = {}
+        # Note [live buffers]: the module holding each cap's ``radius`` buffer, not the buffer: ``model.to(dtype or
+        # device)`` (a Trainer's ``__init__`` does it) replaces every buffer by a new tensor, and writes into the old
+        # one froze the schedule at its loose radius (red team 190: sigma/c = 4.08 at the target).
+        self._caps: dict[str, nn.Module] = {}
         self._projected: dict[str, float] | None = None  # the radii of the last projection / clipping
         self.progress = 0.0
         if config.method == "spectral":
@@ -162,14 +165,13 @@ class Constrainer:
             c = self.schedules[s.key](0.0)
             module, name, _ = s.a
             if s.kind == "product":
-                state = product_cap(s.a, s.b, c, scale=s.scale)  # type: ignore[arg-type]
-                self._buffers[s.key] = state.radius
+                self._caps[s.key] = product_cap(s.a, s.b, c, scale=s.scale)  # type: ignore[arg-type]
             elif s.kind == "matrix":
                 spectral_cap(module, name, c, n_power_iterations=self.config.n_power_iterations)
-                self._buffers[s.key] = module.parametrizations[name][-1].radius
+                self._caps[s.key] = module.parametrizations[name][-1]
             else:
                 norm_cap(module, name, c)
-                self._buffers[s.key] = module.parametrizations[name][-1].radius
+                self._caps[s.key] = module.parametrizations[name][-1]
 
     # -- the three calls of a training loop -----------------------------------------------------
     def radius(self, key: str) -> float | None:
@@ -177,9 +179,13 @@ class Constrainer:
         return None if sched is None else sched(self.progress)
 
     def set_progress(self, progress: float) -> None:
-        """Move every radius to its scheduled value at ``progress`` in [0, 1]."""
+        """Move every radius to its scheduled value at ``progress`` in [0, 1].
+
+        Writes the ``radius`` buffers the model holds now, also after ``model.to(...)`` (Note [live buffers]).
+        """
         self.progress = min(max(float(progress), 0.0), 1.0)
-        for key, buf in self._buffers.items():
+        for key, cap in self._caps.items():
+            buf = cap.radius
             # a loose stage above the buffer dtype's range is held at its largest number: tighter, never inf
             buf.fill_(min(self.schedules[key](self.progress), torch.finfo(buf.dtype).max))
 
@@ -241,8 +247,8 @@ class Constrainer:
                 continue
             # A cap holds its radius in the parameter dtype; certify below what that rounding allows,
             # so that a certified export (Note [certified export]) finds nothing to change.
-            buf = self._buffers.get(s.key)
-            bound = c if buf is None else min(c, radius_floor(buf))
+            cap = self._caps.get(s.key)
+            bound = c if cap is None else min(c, radius_floor(cap.radius))
             target = bound
             for attempt in range(40):
                 self._project_slot(s, target)

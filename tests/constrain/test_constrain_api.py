@@ -38,7 +38,7 @@ def test_import_does_not_import_transformers():
     (dict(method="spectral"), "needs at least one radius"),
     (dict(method="magic", radii={"KQ": 1}), "method must be one of"),
     (dict(method="project", radii={"KQ": 1}, start_fraction=2), r"start_fraction must be in \[0, 1\]"),
-    (dict(method="project", radii={"KQ": 1}, loose_factor=0.5), "loose_factor must be >= 1"),
+    (dict(method="project", radii={"KQ": 1}, loose_factor=0.5), "loose_factor must be a finite number >= 1"),
     (dict(method="project", radii="KQ"), "radius must look like GROUP=VALUE"),
 ])
 def test_bad_configs(kwargs, message):
@@ -270,3 +270,62 @@ def test_the_overflow_safe_normalisation_is_bit_exact_in_the_normal_range():
     for dtype in (torch.float32, torch.float64):
         x = torch.randn(50, 64, generator=g, dtype=dtype) * torch.logspace(-3, 3, 50, dtype=dtype)[:, None]
         assert torch.equal(S._normalize(x), x / S._floor(x.norm(dim=-1, keepdim=True)))
+
+
+def _rows():
+    return C.HeadLayout("rows", 2, 2)
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda: C.spectral_hinge_penalty(torch.tensor([2.0, 0.5]), -1.0), "radius must be a finite number > 0"),
+    (lambda: C.spectral_hinge_penalty(torch.tensor([2.0, 0.5]), float("nan")), "radius must be a finite number > 0"),
+    (lambda: C.spectral_hinge_penalty(torch.tensor([2.0, 0.5]), 0.0), "radius must be a finite number > 0"),
+    (lambda: C.spectral_hinge_penalty(torch.tensor([2.0]), torch.tensor([-1.0])), "radius must be finite and > 0"),
+    (lambda: C.spectral_hinge_penalty(torch.tensor([0.1, 0.2]), 1.0, power=0), "power must be a positive integer"),
+    (lambda: C.layer_lipschitz_factor(torch.ones(1), torch.ones(1), torch.tensor(1.0), torch.tensor(1.0), L_act=-5.0),
+     "L_act must be a finite number >= 0"),
+    (lambda: C.power_iteration(torch.eye(3), torch.ones(3), -1), "n_iter must be an integer >= 0"),
+    (lambda: C.product_power_iteration(torch.ones(1, 3, 2), torch.ones(1, 3, 2), torch.ones(1, 3), True),
+     "n_iter must be an integer >= 0"),
+    (lambda: C.ConstraintConfig(method="penalty", radii="all=1", n_power_iterations=0),
+     "n_power_iterations must be a positive integer"),
+    (lambda: C.ConstraintConfig(method="spectral", radii="all=1", n_power_iterations=True),
+     "n_power_iterations must be a positive integer"),
+    (lambda: C.ConstraintConfig(method="spectral", radii="all=1", n_steps=True), "n_steps must be a positive integer"),
+    (lambda: C.ConstraintConfig(method="project", radii=None), "radii must be a mapping or a string"),
+    (lambda: C.ConstraintConfig(method="project", radii=[1.0]), "radii must be a mapping or a string"),
+    (lambda: C.ConstraintConfig(method="spectral", radii="all=1", loose_factor="2"),
+     "loose_factor must be a finite number >= 1"),
+    (lambda: C.ConstraintConfig(method="spectral", radii="all=1", loose_factor=float("nan")),
+     "loose_factor must be a finite number >= 1"),
+    (lambda: C.project_spectral_(torch.randn(3, 3, dtype=torch.complex64), 1.0), "real floating-point tensor"),
+    (lambda: C.project_spectral_(torch.tensor([[3, 0], [0, 1]]), 1.0), "real floating-point tensor"),
+    (lambda: C.project_spectral_(torch.empty(3, 3, device="meta"), 1.0), "is a meta tensor"),
+    (lambda: C.spectral_cap(torch.nn.Linear(3, 3, device="meta"), radius=1.0), "is a meta tensor"),
+    (lambda: C.clip_weights_(torch.empty(3, 3, device="meta"), 1.0), "is a meta tensor"),
+    (lambda: C.project_bias_(torch.tensor([3, 4]), 1.0), "real floating-point tensor"),
+    (lambda: C.project_bias_(torch.full((2, 2), 3.0), 1.0), r"project_bias_ needs a vector, but got shape \(2, 2\)"),
+    (lambda: C.project_product_(torch.randn(1, 4, 2), torch.randn(1, 4, 2), 1.0, float("nan")),
+     "scale must be a finite number"),
+    (lambda: C.project_product_(torch.randn(1, 4, 2), torch.randn(1, 4, 2), 1.0, float("inf")),
+     "scale must be a finite number"),
+    (lambda: C.product_cap((torch.nn.Linear(4, 4), "weight", _rows()), (torch.nn.Linear(4, 4), "weight", _rows()),
+                           1.0, scale=float("nan")), "scale must be a finite number"),
+])
+def test_bad_arguments_are_one_line_input_errors(call, message):
+    """Red team 190, D4: each gave a wrong result (a hinge of 11.25 at radius -1, a factor of -16, a complex matrix
+    with its imaginary part dropped, a bias matrix projected by its Frobenius norm) or a raw exception."""
+    with pytest.raises(InputError, match=message):
+        call()
+
+
+def test_power_iteration_without_steps_is_a_lower_estimate():
+    """Red team 190, D4: with ``n_iter = 0`` the estimate used the start vector unnormalised: 3.46 for ``||W|| = 2``."""
+    W = torch.tensor([[2.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 0.5]])
+    sigma, u, _ = C.power_iteration(W, torch.ones(3), 0)
+    assert float(sigma) <= 2.0
+    assert float(sigma) == pytest.approx(float((W.T @ torch.ones(3)).norm()) / 3**0.5, rel=1e-6)  # ||W^T u||, unit u
+    assert float(u.norm()) == pytest.approx(1.0)
+    A, B = torch.ones(1, 3, 2), torch.ones(1, 3, 2)  # ||A B^T|| = 6
+    sigma_p, _, _ = C.product_power_iteration(A, B, 5 * torch.ones(1, 3), 0)
+    assert float(sigma_p.abs().max()) <= 6.0 + 1e-5

@@ -44,8 +44,34 @@ def test_shapes_at_midpoint():
     (dict(target=1.0, start_fraction=1.5), r"start_fraction must be in \[0, 1\], but got start_fraction=1.5"),
     (dict(target=1.0, end_fraction=-0.1), r"end_fraction must be in \[0, 1\]"),
     (dict(target=1.0, start_fraction=0.8, end_fraction=0.2), "end_fraction must be >= start_fraction"),
-    (dict(target=1.0, n_steps=0), "n_steps must be an integer >= 1"),
+    (dict(target=1.0, n_steps=0), "n_steps must be a positive integer"),
 ])
 def test_bad_schedules(kwargs, message):
     with pytest.raises(InputError, match=message):
         RadiusSchedule(**kwargs)
+
+
+def test_a_nan_progress_is_refused_and_the_rest_is_clamped():
+    """Red team 190, D3: ``set_progress(nan)`` made every radius NaN (a spectral cap then wrote NaN weights) and a
+    schedule returned NaN.  Outside [0, 1], infinities included, the progress is clamped (the documented range)."""
+    import torch
+
+    from transcover.constrain import ConstraintConfig, constrain
+    from transcover.model import ReferenceConfig, ReferenceTransformer
+
+    s = RadiusSchedule(target=1.0, start=4.0, kind="linear")
+    with pytest.raises(InputError, match="progress must be a number"):
+        s(float("nan"))
+    assert (s(-float("inf")), s(-3.0), s(2.0), s(float("inf"))) == (4.0, 4.0, 1.0, 1.0)
+    model = ReferenceTransformer(ReferenceConfig(d_model=8, n_heads=2, n_layers=1, d_ff=12))
+    cons = constrain(model, ConstraintConfig(method="spectral", radii={"W1": 0.5}, schedule="linear"))
+    buf = model.blocks[0].parametrizations.W_1[0].radius
+    cons.set_progress(0.5)
+    with pytest.raises(InputError, match="progress must be a number"):
+        cons.set_progress(float("nan"))
+    assert cons.progress == 0.5 and float(buf) == cons.radius("W1.0") == 1.25  # untouched
+    cons.set_progress(float("inf"))
+    assert cons.progress == 1.0 and float(buf) == 0.5
+    cons.set_progress(-float("inf"))
+    assert cons.progress == 0.0 and float(buf) == 2.0
+    assert bool(torch.isfinite(model.blocks[0].W_1).all())

@@ -17,7 +17,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
-from .._errors import InputError, check_finite_tensor
+from .._errors import InputError
+from ._checks import check_weight
 from ._projection import rounding_of
 from .._errors import radius_in
 from ._spectral import _floor, check_radius
@@ -34,16 +35,14 @@ def clip_weights_(W: Tensor, bound: float) -> Tensor:
     36), so ``||W||_max <= bound`` holds for the stored values.
 
     Raises:
-        InputError: bound not a finite number > 0; ``W`` holds NaN or inf.
+        InputError: bound not a finite number > 0; ``W`` not real floating point (or meta), or holds NaN or inf.
 
     Example:
         >>> clip_weights_(torch.tensor([-3.0, 0.5, 2.0]), 1.0).tolist()
         [-1.0, 0.5, 1.0]
     """
     c = check_radius(bound, "bound")
-    check_finite_tensor(W, "the clipped weight")
-    if not W.is_floating_point():
-        raise InputError(f"clip_weights_ needs a floating-point tensor, but got dtype {W.dtype}")
+    check_weight(W, "the clipped weight")
     t = torch.tensor(c, dtype=W.dtype)
     if float(t) > c:  # rounded up: the next value toward zero is below c
         t = torch.nextafter(t, torch.zeros((), dtype=W.dtype))
@@ -93,12 +92,12 @@ def norm_cap(module: nn.Module, name: str = "bias", radius: float = 1.0) -> nn.M
     .. math::  b \\mapsto b \\min(1, c/\\|b\\|_2)
 
     Raises:
-        InputError: bad radius, no such tensor, or one with NaN/inf entries.
+        InputError: bad radius, no such tensor, or one not real floating point or with NaN/inf entries.
     """
     check_radius(radius)
     b = getattr(module, name, None)
     if not isinstance(b, Tensor):
         raise InputError(f"{type(module).__name__} has no tensor named {name!r}")
-    check_finite_tensor(b, f"{type(module).__name__}.{name}")
+    check_weight(b, f"{type(module).__name__}.{name}")
     parametrize.register_parametrization(module, name, _NormCap(radius, b.detach()), unsafe=True)
     return module

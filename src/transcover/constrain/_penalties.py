@@ -18,6 +18,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from .._errors import InputError, check_positive_int, check_radius
+from ._checks import check_number
 from ._slots import Slot
 from ._spectral import _WARMUP_ITERATIONS, _normalize, power_iteration, product_power_iteration
 
@@ -40,7 +42,7 @@ class SigmaTracker(nn.Module):
     def __init__(self, slots: list[Slot], n_power_iterations: int = 1):
         super().__init__()
         self.slots = slots
-        self.n_power_iterations = n_power_iterations
+        self.n_power_iterations = check_positive_int(n_power_iterations, "n_power_iterations")
         gen = torch.Generator().manual_seed(1)
         with torch.no_grad():
             for i, s in enumerate(slots):
@@ -83,7 +85,17 @@ def spectral_hinge_penalty(sigma: Tensor, radius: float | Tensor, power: int = 2
     """``sum max(0, sigma - c)^power`` over all entries of ``sigma`` (seed 5.2, soft penalty).
 
     Zero inside the ball, so it never pulls a satisfied constraint further in.
+
+    Raises:
+        InputError: ``radius`` not finite and > 0 (every entry, for a tensor); ``power`` not an
+            integer >= 1 (``power = 0`` counted the entries inside the ball, red team 190).
     """
+    if isinstance(radius, Tensor):
+        if not bool(((radius > 0) & radius.isfinite()).all()):
+            raise InputError(f"radius must be finite and > 0, but got radius={radius!r}")
+    else:
+        check_radius(radius)
+    check_positive_int(power, "power")
     return torch.clamp(sigma - radius, min=0.0).pow(power).sum()
 
 
@@ -115,7 +127,13 @@ def layer_lipschitz_factor(
     Args:
         B_KQ, B_OV: per-head norms ``(H,)``; B_W1, B_W2: scalars.  Tensors, so the factor is
         differentiable when they are.
+
+    Raises:
+        InputError: ``L_act``, ``c_sm`` or ``R`` not a finite number >= 0 (``L_act = -5`` gave a
+            factor of -16, red team 190).
     """
+    for value, name in ((L_act, "L_act"), (c_sm, "c_sm"), (R, "R")):
+        check_number(value, name, low=0.0)
     from ..lipschitz import attention_lipschitz
 
     attn = 1.0 + attention_lipschitz(list(B_OV.unbind()), list(B_KQ.unbind()), R, c_sm=c_sm)

@@ -23,7 +23,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
-from .._errors import InputError
+from .._errors import InputError, check_positive_int
+from ._checks import check_number, check_progress
 from ._clip import clip_weights_, norm_cap
 from ._penalties import SigmaTracker, lipschitz_regulariser, log_spectral_penalty, spectral_hinge_penalty
 from ._product import product_cap
@@ -43,8 +44,10 @@ def parse_radii(radii: Mapping[str, float] | str) -> dict[str, float]:
     """``{"KQ": 2, "W1.0": 3}`` or the string ``"KQ=2,W1.0=3"`` -> validated dict.
 
     Raises:
-        InputError: unknown group, bad layer index, non-positive radius.
+        InputError: not a mapping or a string, unknown group, bad layer index, non-positive radius.
     """
+    if not isinstance(radii, (str, Mapping)):  # None or a list failed with an AttributeError (red team 190)
+        raise InputError(f"radii must be a mapping or a string like 'KQ=2,W1.0=3', but got radii={radii!r}")
     if isinstance(radii, str):
         pairs = {}
         for part in filter(None, (p.strip() for p in radii.split(","))):
@@ -94,11 +97,11 @@ class ConstraintConfig:
         if self.method in ("none", "lipschitz") and self.radii:  # ignored without a word, shown as targets (171)
             raise InputError(f"method={self.method!r} uses no radius, but got radii={self.radii}; drop them or use "
                              "a method that enforces them (spectral, project, clip, penalty, log_penalty)")
-        if float(self.loose_factor) < 1.0:
-            raise InputError(f"loose_factor must be >= 1, but got loose_factor={self.loose_factor!r}")
-        if not 0.0 <= float(self.penalty_weight) < float("inf"):  # inf trained to NaN weights first (red team 171)
-            raise InputError(f"penalty_weight must be a finite number >= 0, but got "
-                             f"penalty_weight={self.penalty_weight!r}")
+        # a string "2" passed float() here and failed in the schedule with a TypeError (red team 190)
+        check_number(self.loose_factor, "loose_factor", low=1.0)
+        check_number(self.penalty_weight, "penalty_weight", low=0.0)  # inf trained to NaN weights first (red team 171)
+        # every method refuses 0 (penalty's trackers took it and never refined sigma) and True (red team 190)
+        check_positive_int(self.n_power_iterations, "n_power_iterations")
         # Validates kind and fractions once, with a representative target.
         self.schedule_for(1.0)
 
@@ -179,11 +182,11 @@ class Constrainer:
         return None if sched is None else sched(self.progress)
 
     def set_progress(self, progress: float) -> None:
-        """Move every radius to its scheduled value at ``progress`` in [0, 1].
+        """Move every radius to its scheduled value at ``progress``, clamped to [0, 1] (NaN: :class:`InputError`).
 
         Writes the ``radius`` buffers the model holds now, also after ``model.to(...)`` (Note [live buffers]).
         """
-        self.progress = min(max(float(progress), 0.0), 1.0)
+        self.progress = check_progress(progress)
         for key, cap in self._caps.items():
             buf = cap.radius
             # a loose stage above the buffer dtype's range is held at its largest number: tighter, never inf
@@ -304,7 +307,7 @@ class Constrainer:
         step's (``_projected`` is not in the checkpoint; the first step after a resume divided by its own, tighter
         radius and reported an exceedance the uninterrupted run does not have, stop 38)."""
         if self.config.method in ("project", "clip"):
-            p = min(max(float(progress), 0.0), 1.0)
+            p = check_progress(progress)
             self._projected = {k: sched(p) for k, sched in self.schedules.items()}
 
     def step_hook(self, optimizer: torch.optim.Optimizer):

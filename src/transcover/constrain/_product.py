@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
 from .._errors import InputError
+from ._checks import check_number, check_weight
 from ._layout import HeadLayout
 from .._errors import radius_in
 from ._spectral import _WARMUP_ITERATIONS, _floor, _normalize, _vecmat, check_radius, product_power_iteration
@@ -126,15 +127,18 @@ def product_cap(
         The shared state (buffers ``u``, ``v``, ``radius``).
 
     Raises:
-        InputError: bad radius, missing tensors, shapes that do not fit the layouts, or a tensor
-            that already carries a constraint (stacking would break the partner's reading).
+        InputError: bad radius or ``scale``, missing tensors, tensors not real floating point or with
+            NaN/inf entries, shapes that do not fit the layouts, or a tensor that already carries a
+            constraint (stacking would break the partner's reading).
     """
     check_radius(radius)
+    check_number(scale, "scale")  # NaN was accepted and made every factor NaN (red team 190)
     tensors = {}
     for side, (module, name, layout) in (("a", a), ("b", b)):
         T = getattr(module, name, None)
         if not isinstance(T, Tensor):
             raise InputError(f"{type(module).__name__} has no tensor named {name!r}")
+        check_weight(T, f"{type(module).__name__}.{name}")
         try:
             layout.check(T, f"{type(module).__name__}.{name}")
         except ValueError as err:

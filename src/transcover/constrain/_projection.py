@@ -43,7 +43,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from .._errors import InputError, check_finite_tensor
+from .._errors import InputError
+from ._checks import check_number, check_weight
 from ._layout import HeadLayout
 from ._spectral import check_radius
 
@@ -127,8 +128,9 @@ def project_spectral_(W: Tensor, radius: float) -> Tensor:
         The singular values' maxima *before* projection, shape ``(...)`` (float64).
 
     Raises:
-        InputError: radius not a finite positive number; ``W`` not a matrix or with NaN/inf
-            entries (a raw ``torch.linalg`` error, or an ``IndexError`` for ``0 x n``, before stop 36).
+        InputError: radius not a finite positive number; ``W`` not a matrix, not real floating
+            point (a complex one lost its imaginary part, red team 190) or with NaN/inf entries (a raw
+            ``torch.linalg`` error, or an ``IndexError`` for ``0 x n``, before stop 36).
 
     Example:
         >>> W = torch.diag(torch.tensor([3.0, 0.5]))
@@ -139,7 +141,7 @@ def project_spectral_(W: Tensor, radius: float) -> Tensor:
     c = check_radius(radius)
     if W.dim() < 2:
         raise InputError(f"project_spectral_ needs a matrix or a stack of matrices, but got shape {tuple(W.shape)}")
-    check_finite_tensor(W, "the projected weight")
+    check_weight(W, "the projected weight")
     if W.numel() == 0:  # an empty matrix has norm 0: nothing to project
         return torch.zeros(W.shape[:-2], dtype=torch.float64)
     W64 = W.detach().double()
@@ -217,10 +219,14 @@ def project_product_(A: Tensor, B: Tensor, radius: float, scale: float = 1.0) ->
 
     Returns:
         The per-head norms before projection (float64, shape (H,)).
+
+    Raises:
+        InputError: bad radius; ``scale`` not a finite number; factors not real floating point or with NaN/inf.
     """
     c = check_radius(radius)
-    check_finite_tensor(A, "the projected product's left factor")
-    check_finite_tensor(B, "the projected product's right factor")
+    check_weight(A, "the projected product's left factor")
+    check_weight(B, "the projected product's right factor")
+    scale = check_number(scale, "scale")  # NaN reached the SVD as a _LinAlgError (red team 190)
     # copies: for float64 factors .double() is the parameter itself, and every retry of the write below would
     # start from the previous write (the head shrank to 3e-9 of its radius, stop 38)
     A64, B64 = A.detach().to(torch.float64, copy=True), B.detach().to(torch.float64, copy=True)
@@ -292,11 +298,14 @@ def project_bias_(b: Tensor, radius: float) -> Tensor:
     Returns the norm before projection.
 
     Raises:
-        InputError: radius not a finite number > 0; ``b`` with NaN/inf entries (a NaN norm failed
-            ``n > c`` and the vector was returned as it was, before stop 36).
+        InputError: radius not a finite number > 0; ``b`` not a vector (a matrix had its Frobenius
+            norm projected, red team 190), not real floating point, or with NaN/inf entries (a NaN
+            norm failed ``n > c`` and the vector was returned as it was, before stop 36).
     """
     c = check_radius(radius)
-    check_finite_tensor(b, "the projected bias")
+    if not isinstance(b, Tensor) or b.dim() != 1:
+        raise InputError(f"project_bias_ needs a vector, but got shape {tuple(getattr(b, 'shape', ()))}")
+    check_weight(b, "the projected bias")
     b64 = b.detach().to(torch.float64, copy=True)  # a copy: a float64 bias is otherwise rescaled at every retry
     norm = b64.norm()
     n = float(norm)

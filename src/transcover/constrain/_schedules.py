@@ -6,7 +6,8 @@
            c_0 + (c_1 - c_0)\\,\\phi\\big(\\tfrac{t - t_0}{t_1 - t_0}\\big) & t_0 < t < t_1 \\\\
            c_1 & t \\ge t_1 \\end{cases}
 
-with training progress ``t`` in [0, 1], loose radius ``c_0``, target ``c_1``, and the shape
+with training progress ``t`` in [0, 1] (a progress outside is clamped to it, NaN refused), loose
+radius ``c_0``, target ``c_1``, and the shape
 ``phi(s) = s`` (linear), ``(1 - cos(pi s)) / 2`` (cosine), ``floor(n s) / n`` (``n`` equal steps),
 or ``c(t) = c_1`` throughout (constant, i.e. tight from the start).
 """
@@ -16,7 +17,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .._errors import InputError
+from .._errors import InputError, check_positive_int
+from ._checks import check_progress
 from ._spectral import check_radius
 
 __all__ = ["RadiusSchedule", "SCHEDULE_KINDS", "check_fraction"]
@@ -62,15 +64,15 @@ class RadiusSchedule:
         t1 = check_fraction(self.end_fraction, "end_fraction")
         if t1 < t0:
             raise InputError(f"end_fraction must be >= start_fraction, but got {t1} < {t0}")
-        if not isinstance(self.n_steps, int) or self.n_steps < 1:
-            raise InputError(f"n_steps must be an integer >= 1, but got n_steps={self.n_steps!r}")
+        check_positive_int(self.n_steps, "n_steps")  # True was taken for 1 (red team 190)
 
     @property
     def loose(self) -> float:
         return self.target if self.start is None else float(self.start)
 
     def __call__(self, progress: float) -> float:
-        t = min(max(float(progress), 0.0), 1.0)
+        """The radius at ``progress``, clamped to [0, 1]; NaN is refused (:class:`InputError`), not returned."""
+        t = check_progress(progress)
         c0, c1 = self.loose, float(self.target)
         if self.kind == "constant":
             return c1

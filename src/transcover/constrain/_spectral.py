@@ -15,6 +15,8 @@ from buffers ``u``, ``v`` (Note [warm start]).  Stacked tensors ``(H, m, n)`` ar
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
@@ -55,10 +57,16 @@ def _normalize(x: Tensor) -> Tensor:
 
 def _seed(x: Tensor) -> Tensor:
     """A deterministic unit vector of ``x``'s length, dtype and device: ``frac(k phi) - 1/2`` for k = 1..n
-    (golden-ratio points, no entry 0, so no coordinate direction is orthogonal to it), normalised."""
-    k = torch.arange(1, x.shape[-1] + 1, dtype=torch.float32, device=x.device)
+    (golden-ratio points, no entry 0, so no coordinate direction is orthogonal to it), normalised.  Formed once per
+    length, dtype and device (it is read on every forward: formed each time it cost 1.5x the normalisation itself)."""
+    return _seed_vector(x.shape[-1], x.dtype, x.device)
+
+
+@functools.lru_cache(maxsize=64)
+def _seed_vector(n: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    k = torch.arange(1, n + 1, dtype=torch.float32, device=device)
     s = torch.frac(k * 0.6180339887498949) - 0.5
-    return (s / s.norm()).to(x.dtype)
+    return (s / s.norm()).to(dtype)
 
 
 def _check_iterations(n_iter: int) -> int:

@@ -169,6 +169,7 @@ def lipschitz(model=None, config=None, *, arch: str | None = None, allow_pickle:
 
     from ._api_results import LipschitzResult
     from .lipschitz import LipschitzConfig, lipschitz_bounds, lipschitz_lower
+    from .model import check_sequence_length
 
     cfg = _config(LipschitzConfig, config, options)
     if data is not None:
@@ -176,6 +177,7 @@ def lipschitz(model=None, config=None, *, arch: str | None = None, allow_pickle:
                                 rho=rho, rho_relative=rho_relative, max_len=max_len, limit=limit, lower=lower,
                                 steps=cfg.steps, whole=whole_network)
     spec = _spec(model, arch=arch, allow_pickle=allow_pickle, strict=strict, roles=roles).to_torch()
+    check_sequence_length(spec, cfg.seq_len, "seq_len")
     l2 = any(layer.attention.kind == "l2" for layer in spec.layers)
     with _small_threads(spec.d_model, cfg.seq_len):
         bounds = lipschitz_bounds(spec, radius=cfg.radius, c_sm=cfg.c_sm, metric=cfg.metric,

@@ -28,7 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"training-set sizes n for the generalisation bound (default {_D.n_samples[0]:g}; a training "
                         "checkpoint: its n_train)")
     p.add_argument("--seq-len", type=int, default=None,
-                   help=f"sequence length T (enters as log(nT); default {_D.seq_len}; a training checkpoint: its task's)")
+                   help=f"sequence length T (enters as log(nT); default {_D.seq_len}, or the model's longest sequence if "
+                        "shorter; a training checkpoint: its task's)")
     p.add_argument("--radius", type=float, default=_D.radius,
                    help="bound R on input token norms")
     p.add_argument("--c-sm", type=float, default=_D.c_sm,
@@ -118,7 +119,10 @@ def run(args: argparse.Namespace) -> int:
         args.n_samples = args.n_samples or [float(n_train)]
         args.seq_len = args.seq_len or seq_len
     args.n_samples = args.n_samples or list(_D.n_samples)
-    args.seq_len = args.seq_len or _D.seq_len
+    from ..model import check_sequence_length, max_sequence_length
+
+    args.seq_len = args.seq_len or min(_D.seq_len, max_sequence_length(spec) or _D.seq_len)
+    check_sequence_length(spec, args.seq_len, "--seq-len")
     reference = None if args.reference is None else load(args.reference, **load_options(args)).to_torch()
     tracker.step("covering number and generalisation bound")
     result = model_bound(spec, config_from_args(args), reference=reference)

@@ -146,6 +146,9 @@ def run(args: argparse.Namespace) -> int:
     tracker = start_progress(quiet=args.quiet)
     tracker.step("loading the model")
     spec = load(args.model, **load_options(args)).to_torch()
+    from ..model import check_sequence_length
+
+    check_sequence_length(spec, cfg.seq_len, "--seq-len")
     tracker.step("certified upper bounds")
     small_threads(spec.d_model, cfg.seq_len)
     seq = cfg.seq_len if cfg.metric == "fro" or _needs_seq_len(spec) else None

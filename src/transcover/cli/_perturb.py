@@ -25,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
     from .._errors import InputError
     from .._results import check_certified
     from ..lipschitz import PerturbConfig, perturbation_bound, perturbation_lower
-    from ..model import require_same_structure
+    from ..model import check_sequence_length, require_same_structure
     from ..train import load_model as load
     from ..report import atomic_write_text, start_progress
     from ..report import perturb_payload, render_perturb
@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     b = load(args.model_b, **load_options(args)).to_torch()
     # Lemma G.3 charges weight distances only: refuse before any search (Note [structural differences])
     require_same_structure(a, b)
+    check_sequence_length(a, cfg.seq_len, "--seq-len")
     outside = _outside_g(a, b)
     small_threads(a.d_model, cfg.seq_len)
     tracker.step("certified bound (Lemma G.3)")

@@ -33,7 +33,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--radius", type=float, default=1.0, help="bound R on input token norms")
     p.add_argument("--eps", type=float, default=0.1, help="covering scale eps")
     p.add_argument("--n-samples", type=float, default=1e6, help="training-set size n of the generalisation bound")
-    p.add_argument("--seq-len", type=int, default=128, help="sequence length T of the covering bound")
+    p.add_argument("--seq-len", type=int, default=None,
+                   help="sequence length T of the covering bound (default 128, or the model's longest sequence if "
+                        "shorter)")
     p.add_argument("--no-lower", action="store_true", help="skip the empirical lower Lipschitz estimates")
     p.add_argument("--lower-samples", type=int, default=1, help="random starts per lower-estimate search")
     p.add_argument("--lower-steps", type=int, default=3, help="ascent steps per lower-estimate search")
@@ -56,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
             raise InputError(f"{flag} must be a finite number > 0, but got {flag}={v}")
     if not args.n_samples >= 1:
         raise InputError(f"--n-samples must be >= 1, but got --n-samples={args.n_samples}")
-    for flag, v, lo in (("--seq-len", args.seq_len, 1), ("--lower-samples", args.lower_samples, 1),
+    for flag, v, lo in (("--seq-len", 1 if args.seq_len is None else args.seq_len, 1), ("--lower-samples", args.lower_samples, 1),
                         ("--lower-steps", args.lower_steps, 0)):
         if v < lo:
             raise InputError(f"{flag} must be >= {lo}, but got {flag}={v}")

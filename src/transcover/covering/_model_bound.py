@@ -20,7 +20,7 @@ import numpy as np
 from .._errors import InputError, check_positive_int
 from .._printed import log10_up
 from .._results import Kind, as_dict, rounding_pad
-from ..model import TransformerSpec
+from ..model import TransformerSpec, check_sequence_length
 from ..norms import ModelNorms, measure_model
 from ._bft import SpectralComplexity, bft_spectral_complexity
 from ._composite import CompositeCovering, composite_log_covering
@@ -414,6 +414,7 @@ def model_bound(spec: TransformerSpec, config: BoundConfig | None = None, *, ref
     eps, n_samples, seq_len, radius, family = cfg.eps, cfg.n_samples, cfg.seq_len, cfg.radius, cfg.family
     loss_lipschitz, loss_bound, delta = cfg.loss_lipschitz, cfg.loss_bound, cfg.delta
     c_sm, sigma_min = cfg.c_sm, cfg.sigma_min
+    check_sequence_length(spec, seq_len, "seq_len")
     if norms is None and (terms is None or cfg.norm_grid):
         if reference is not None:  # the structural check first, with its own message (as model_terms words it)
             from ..model import require_same_structure

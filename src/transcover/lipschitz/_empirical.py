@@ -34,6 +34,7 @@ from ..model import (
     Placement,
     TransformerSpec,
     attention_forward,
+    check_sequence_length,
     ffn_forward,
     layer_forward,
     norm_forward,
@@ -313,6 +314,7 @@ def network_lipschitz_lower(spec: TransformerSpec, *, radius: float = 1.0, metri
     """
     check_radius(radius)
     _check_sizes(n_samples, n_steps, seq_len)
+    check_sequence_length(spec, seq_len, "seq_len")  # a lower at T beside bounds for <= T (189)
     fn = stage_functions(spec)[(-2, "network")]
     v = _lower(fn, T=seq_len, d=spec.d_model, radius=radius, metric=metric, sigma_min=sigma_min,
                n_samples=n_samples, n_steps=n_steps, seed=seed)
@@ -349,6 +351,7 @@ def lipschitz_lower(spec: TransformerSpec, bounds, *, metric: str | None = None,
             bound's own metric): a false certificate, never returned as a result.
     """
     _check_sizes(n_samples, n_steps, seq_len)
+    check_sequence_length(spec, seq_len, "seq_len")  # a lower at T beside bounds for <= T (189)
     metric = metric or bounds.metric
     if bounds.seq_len is not None:  # Frobenius and L2-attention bounds are for that length only
         seq_len = bounds.seq_len
@@ -439,6 +442,7 @@ def perturbation_lower(spec_a: TransformerSpec, spec_b: TransformerSpec, *, radi
     """
     check_radius(radius)
     _check_sizes(n_samples, n_steps, seq_len)
+    check_sequence_length(spec_a, seq_len, "seq_len")  # a lower at T beside bounds for <= T (189)
     if spec_a.d_model != spec_b.d_model:
         raise InputError(f"the two models have different d_model: {spec_a.d_model} vs {spec_b.d_model}")
     fa = stage_functions(spec_a)[(-2, "network")]

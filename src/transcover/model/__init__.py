@@ -67,9 +67,12 @@ from ._load import load as load
 from ._load import spec_from_module as spec_from_module
 
 from ._data import inputs_from_array as inputs_from_array
+from ._data import check_sequence_length as check_sequence_length
+from ._data import max_sequence_length as max_sequence_length
 from ._data import load_inputs as load_inputs
 
-__all__ += ["SUPPORTED_ARCHITECTURES", "bundled_model_dir", "load", "spec_from_module", "load_inputs", "inputs_from_array"]
+__all__ += ["SUPPORTED_ARCHITECTURES", "bundled_model_dir", "load", "spec_from_module", "load_inputs", "inputs_from_array",
+            "check_sequence_length", "max_sequence_length"]
 
 _TORCH_NAMES = ("ReferenceTransformer", "reference_spec", "save_reference")
 

@@ -66,6 +66,27 @@ def _max_positions(spec: TransformerSpec) -> int | None:
     return min(limits) if limits else None
 
 
+def max_sequence_length(spec: TransformerSpec) -> int | None:
+    """The longest sequence ``spec``'s bounds cover (its position table's rows, the smallest RoPE ``max_position``), or
+    None when nothing limits it."""
+    return _max_positions(spec)
+
+
+def check_sequence_length(spec: TransformerSpec, T: int, option: str = "seq_len") -> None:
+    """:class:`InputError` when sequences of ``T`` tokens are longer than ``spec``'s bounds cover (``_max_positions``:
+    its position table, or the RoPE offsets B_KQ is the supremum over).  Every bound stated for T tokens (a covering
+    number of n x T points, a Frobenius-metric constant, a lower search beside a certified upper) calls it: ``bound
+    --seq-len 1000`` of a Llama with 64 positions printed a certified log N whose B_KQ (0.34, the sup over offsets
+    below 64) is 3.7x under the score matrix's norm at offset 999 (red team 189).  ``option`` names the setting."""
+    n_pos = _max_positions(spec)
+    if n_pos is not None and int(T) > n_pos:
+        rope = any(getattr(layer.attention, "rope", None) is not None for layer in spec.layers)
+        why = ("its RoPE bounds are suprema over the offsets below max_position" if rope
+               else "its position table has no row beyond")
+        raise InputError(f"{option}={T} is longer than the {n_pos} tokens {spec.name} covers ({why}); "
+                         f"use {option} <= {n_pos}")
+
+
 def _need_token_table(spec: TransformerSpec) -> None:
     """Token ids and texts need the model's token table: one line naming what the model reads instead."""
     if "token_embedding" not in spec.embeddings:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ._displays import (AnalysisDisplay, BoundDisplay, CoveringDisplay, HistoryDisplay, LipschitzDisplay,
@@ -32,7 +32,7 @@ class ReportOptions:
     radius: float = 1.0  # token-norm bound R of the global Lipschitz and covering bounds
     eps: float = 0.1
     n_samples: float = 1e6
-    seq_len: int = 128  # T of the covering bound
+    seq_len: int | None = None  # T of the covering bound (None: 128, or the model's longest sequence if shorter)
     lower: bool = True
     lower_samples: int = 1  # fast settings: the report is a first look, not a search campaign
     lower_steps: int = 3
@@ -122,10 +122,13 @@ def compute_report(model=None, *, arch=None, allow_pickle=False, strict=False, r
     timings: dict[str, float] = {}
     t = time.perf_counter()
     tracker.step("loading the model")
-    from ..model import TransformerSpec
+    from ..model import TransformerSpec, check_sequence_length, max_sequence_length
 
     spec = model if isinstance(model, TransformerSpec) else load(model, arch=arch, allow_pickle=allow_pickle,
                                                                  strict=strict, roles=roles)
+    if options.seq_len is None:
+        options = replace(options, seq_len=min(128, max_sequence_length(spec) or 128))
+    check_sequence_length(spec, max(options.seq_len, options.lower_seq_len), "seq_len")
     records, history_notes = None, []
     if history is None and isinstance(model, (str, os.PathLike)):
         history = _own_history(model)  # a training run reports its own monitor unasked

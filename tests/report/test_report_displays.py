@@ -118,3 +118,21 @@ def test_the_staged_tables_certified_columns_are_rounded_up():
     text = console.export_text()
     for shown in ("2.414±0.010", "5.232±0.000", "0.414±0.000", "raw 10^1.102", "0.912±0.000"):
         assert shown in text, (shown, text)
+
+
+@pytest.mark.parametrize("low", [2.5e-78, 1e-300, 5e-324])
+def test_a_log_axis_over_hundreds_of_decades_is_drawn(low):
+    """Red team 189: lowers of 2.5e-78 beside a network upper of 2.0e264 (a float32 model at its dtype's edge) made
+    matplotlib's tick formatter overflow, and ``report`` ended in an internal error.  The axes span at most
+    ``LOG_SPAN`` decades below the largest value (Note [log span]) and the figure is drawn; the largest bar is inside."""
+    from transcover.report._displays import LOG_SPAN, LipschitzDisplay, PerturbationDisplay
+
+    d = LipschitzDisplay(["0·attn", "layer 0", "network"], np.array([3.0, 1e100, 2.0e264]),
+                         np.array([np.nan, low, 1.5]))
+    assert display_bytes(d.plot(), None, fmt="png").startswith(PNG)
+    for a in d.ax_:
+        lo, hi = a.get_ylim()
+        assert math.log10(hi) - math.log10(lo) <= LOG_SPAN + 1
+    assert d.ax_[1].get_ylim()[1] >= 2.0e264
+    p = PerturbationDisplay(["0", "1"], np.array([low, 1e300]), 1.1e300, low)
+    assert display_bytes(p.plot(), None, fmt="png").startswith(PNG)

@@ -47,6 +47,34 @@ def _axes(ax, n: int, figsize, width_ratios=None):
     return axes[0].figure, axes
 
 
+# Note [log span]: the most decades one log axis shows.  A float32 model at its dtype's edge had lowers of 2.5e-78
+# beside a network upper of 2.0e264; matplotlib's tick formatter overflowed on the 342 decades (red team 189: the
+# report ended in an internal error).  Bars below the floor are cut at it; every value stays in the tables.
+LOG_SPAN = 200
+
+
+def log_limits(a, values) -> None:  # noqa: ANN001
+    """A log y-axis on ``a`` over the positive finite ``values`` with half a decade of room, at most ``LOG_SPAN``
+    decades below the largest (Note [log span]).  The limits are set first: matplotlib's autoscaling on switching to
+    log overflowed in its margins near 1e300."""
+    from matplotlib.ticker import LogLocator
+
+    class FiniteLogLocator(LogLocator):  # ticks a decade stride past 1e300 are inf; the formatter raised on them
+        def tick_values(self, vmin, vmax):  # noqa: ANN001, ANN202
+            with np.errstate(over="ignore"):
+                t = super().tick_values(vmin, vmax)
+            return t[np.isfinite(t)]
+
+    v = np.asarray(values, float)
+    v = v[np.isfinite(v) & (v > 0)]
+    if v.size:
+        top = min(float(v.max()) * 10**0.5, np.finfo(float).max)
+        a.set_ylim(max(float(v.min()) / 10**0.5, top / 10.0**LOG_SPAN), top)
+    a.set_yscale("log")
+    a.yaxis.set_major_locator(FiniteLogLocator())
+    a.yaxis.set_minor_locator(FiniteLogLocator(subs="auto"))
+
+
 @dataclass
 class AnalysisDisplay:
     """Per-layer x per-head heatmaps of ``B_KQ`` and ``B_V`` (upper ends of certified intervals)."""
@@ -144,7 +172,7 @@ class LipschitzDisplay:
                 a.bar(x + 0.2, np.where(np.isfinite(lo), lo, np.nan), width=0.4, color="C1",
                       label="empirical lower (witness pair)")
             if (up[fin] > 0).any() or (np.isfinite(lo) & (lo > 0)).any():
-                a.set_yscale("log")
+                log_limits(a, np.concatenate([up, lo]))
             a.set_xticks(x)
             a.set_xticklabels(labels, rotation=70, fontsize=7)
             a.grid(axis="y", alpha=0.3)
@@ -185,7 +213,7 @@ class PerturbationDisplay:
         x = np.arange(len(self.layers))
         pos = np.where(self.contributions > 0, self.contributions, np.nan)
         axes[0].bar(x, pos, color="C0", label="certified upper (Lemma G.3, F6-F8)")
-        axes[0].set_yscale("log")
+        log_limits(axes[0], pos)
         axes[0].set_xticks(x)
         axes[0].set_xticklabels(self.layers, fontsize=8)
         axes[0].set_xlabel("layer")
@@ -195,7 +223,7 @@ class PerturbationDisplay:
         vals = [self.total] + ([self.lower] if math.isfinite(self.lower) and self.lower > 0 else [])
         names = ["certified upper", "measured lower"][: len(vals)]
         axes[1].bar(np.arange(len(vals)), vals, color=["C0", "C1"][: len(vals)])
-        axes[1].set_yscale("log")
+        log_limits(axes[1], vals)
         axes[1].set_xticks(np.arange(len(vals)))
         axes[1].set_xticklabels(names, fontsize=8)
         axes[1].set_title(r"$\sup_X \|g_A(X) - g_B(X)\|$", fontsize=10)

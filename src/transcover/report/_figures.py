@@ -33,10 +33,19 @@ def figure_svg(fig) -> str:
     return re.sub(r' xmlns:(?:dc|cc|rdf)="[^"]*"', "", re.sub(r"<metadata>.*?</metadata>\s*", "", text, flags=re.S))
 
 
-def figure_png(fig, dpi: int = 110) -> bytes:
+def _savefig(fig, fmt: str, dpi: int) -> bytes:
+    """The figure's bytes in ``fmt``.  numpy's overflow warnings are silenced: a log axis near 1e300 has tick decades
+    past float64's range, which matplotlib computes as inf and drops (the picture is right; Note [log span])."""
+    import numpy as np
+
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight")
+    with np.errstate(over="ignore", invalid="ignore"):
+        fig.savefig(buf, format=fmt, dpi=dpi, bbox_inches="tight")
     return buf.getvalue()
+
+
+def figure_png(fig, dpi: int = 110) -> bytes:
+    return _savefig(fig, "png", dpi)
 
 
 def save_figure(fig, path) -> bytes:
@@ -46,9 +55,7 @@ def save_figure(fig, path) -> bytes:
     suffix = str(path).lower().rsplit(".", 1)[-1]
     if suffix not in ("png", "svg", "pdf"):
         raise InputError(f"a figure path must end in .png, .svg or .pdf, but got {path}")
-    buf = io.BytesIO()
-    fig.savefig(buf, format=suffix, dpi=110, bbox_inches="tight")
-    return buf.getvalue()
+    return _savefig(fig, suffix, 110)
 
 
 def display_bytes(display, path, *, fmt: str | None = None, dpi: int = 110) -> bytes:
@@ -58,8 +65,6 @@ def display_bytes(display, path, *, fmt: str | None = None, dpi: int = 110) -> b
     try:
         if fmt is None:
             return save_figure(fig, path)
-        buf = io.BytesIO()
-        fig.savefig(buf, format=fmt, dpi=dpi, bbox_inches="tight")
-        return buf.getvalue()
+        return _savefig(fig, fmt, dpi)
     finally:
         pyplot().close(fig)

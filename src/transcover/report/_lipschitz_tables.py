@@ -147,6 +147,7 @@ def local_figure(rows: list):
     the vertical gap.  Rows with a non-finite upper are left out of their curve (named in the title)."""
     import math
 
+    from ._displays import log_limits
     from ._figures import pyplot
 
     plt = pyplot()
@@ -155,19 +156,20 @@ def local_figure(rows: list):
     for r in rows:
         if r.component == "layer" or r.layer == -1:
             curves.setdefault("network" if r.layer == -1 else f"layer {r.layer}", []).append(r)
-    dropped = 0
+    dropped, shown = 0, []
     for k, (label, rs) in enumerate(sorted(curves.items(), key=lambda kv: (kv[0] == "network", kv[0]))):
         rs = sorted(rs, key=lambda r: r.rho_factor)
         up = [(r.rho_factor, r.local_upper) for r in rs if math.isfinite(r.local_upper) and r.local_upper > 0]
         lo = [(r.rho_factor, r.lower) for r in rs if math.isfinite(r.lower) and r.lower > 0]
         dropped += len(rs) - len(up)
+        shown += [v for _, v in up + lo]
         colour = f"C{k % 10}"
         if up:
             ax.plot(*zip(*up), "o-", color=colour, label=f"{label}: certified upper")
         if lo:
             ax.plot(*zip(*lo), "x--", color=colour, alpha=0.7, label=f"{label}: empirical lower")
     ax.set_xscale("log")
-    ax.set_yscale("log")
+    log_limits(ax, shown)  # Note [log span]
     ax.set_xlabel("ball radius rho")
     ax.set_ylabel("local Lipschitz constant, (2,inf)")
     ax.set_title("certified local upper vs empirical lower" + (f" ({dropped} unbounded rows left out)" if dropped

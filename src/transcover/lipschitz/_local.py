@@ -322,8 +322,16 @@ def _layer_local_body(layer: LayerSpec, X: Tensor, rho: float, cache: dict, jaco
                                  r2 if layer.placement is Placement.POST else None, s1, s2, hn, nW1, nW2, rho, scratch)
         if exact or (exact is None and X.shape[-2] * X.shape[-1] <= EXACT_ROUTE_MAX):
             ep, eb, parts = _exact_route(layer, X, rho, cache, hn)
+    jp, jb, ep, eb = map(nan_as_inf, (jp, jb, ep, eb))  # Python's min(nan, x) is nan (red team 192)
     return LayerLocal(layer.index, rho, comps, radii, product, min(jp, ep), min(jb, eb), out.detach(), min_sigma,
                       ep, eb, parts)
+
+
+def nan_as_inf(x: float) -> float:
+    """``x``, or ``inf`` where it is NaN: a certified upper bound that could not be evaluated is no bound.  A softmax
+    weight that overflowed in ``mixed_head_terms`` made the Jacobian route's ball NaN, which ``min`` kept and the
+    per-sequence ``max`` in ``local_table`` would have dropped (``max(0.0, nan)`` is 0.0; red team 192)."""
+    return math.inf if math.isnan(x) else x
 
 
 def _ffn_local(ffn, H: Tensor, rh: float, Lffn: float | None) -> float:  # noqa: ANN001
@@ -428,12 +436,12 @@ def _jacobian_route(layer, att_in, att_rho, n_in, H, rh, X1, r1, X2, r2, s1, s2,
         dD2 = 3 * g2 * r1 / (sq * s2m * s2m) if math.isfinite(s2m) else 0.0
         drift = dF * sD2 + (nW1 * nW2 * activation_lipschitz(ffn.activation)) * dD2
         n_in_ball = n_in
-    if not torch.isfinite(torch.as_tensor(drift)).all():
-        return point, math.inf
+    if not torch.isfinite(torch.as_tensor(drift, dtype=torch.float64)).all():  # float32 default: 1e39 read as inf
+        return nan_as_inf(point), math.inf
     mixed = mixed_head_terms(layer.attention, att_in, att_rho, MO, (drift + mm) * (1 + 1e-12), hn, eMO)
     att = torch.minimum((nMO + drift * nO) * tb, mixed)
     ball = float((nM + drift + att * n_in_ball).max()) * (1 + ROUNDING_PAD)
-    return point, ball
+    return nan_as_inf(point), nan_as_inf(ball)
 
 
 @dataclass

@@ -22,7 +22,7 @@ from ..model import attention_forward, ffn_forward, layer_forward
 from ..model import NormKind, Placement, TransformerSpec
 from ._compose import compose
 from ._empirical import jacobian_operator_norm
-from ._local import layer_local
+from ._local import layer_local, nan_as_inf
 from ._rounding import pow2_norm
 from ._weights import spec_norms
 
@@ -169,8 +169,8 @@ def local_table(spec: TransformerSpec, seqs: list, rho_factors: list[float], *, 
                 ll = layer_local(layer, X, rho, cache=cache, jacobian=jacobian)
                 sig0 = min(sig0, ll.min_sigma)
                 for name, v in {**stage_local_constants(ll, layer.placement), "layer": ll.upper}.items():
-                    best[(i, name)] = max(best.get((i, name), 0.0), v)
-                point[i] = max(point.get(i, 0.0), ll.jacobian_point)
+                    best[(i, name)] = max(best.get((i, name), 0.0), nan_as_inf(v))
+                point[i] = max(point.get(i, 0.0), nan_as_inf(ll.jacobian_point))
                 if lower and ball is not None:
                     t1 = time.perf_counter()
                     names = ["layer", *(stage_functions(layer) if ball_components else ())]

@@ -260,7 +260,7 @@ def ffn_aligned_norms(const: dict, W1: Tensor, z: Tensor, blocks: Tensor, ez: Te
         eG = fW1 * fW1 * (_gamma(2 * d) * fQ + eQ) * (1 + 1e-12)
         gmax = float(G.abs().max())
         Dk = gelu_second(z[k])
-        eD = float(torch.as_tensor(centre_gelu2_err(None if ez is None else ez[k])).max())
+        eD = float(torch.as_tensor(centre_gelu2_err(None if ez is None else ez[k]), dtype=torch.float64).max())
         nq[k] = _hadamard_norm(const, G * G, eG * (2 * gmax + eG) * (1 + 1e-12), Dk, (fQ + eQ) * w1max * fW1, eD)
         nqm[k] = _hadamard_norm(const, G * G0, (eG * (g0max + e0) + e0 * gmax) * (1 + 1e-12), Dk,
                                 math.sqrt(fQ + eQ) * w1max * fW1, eD)

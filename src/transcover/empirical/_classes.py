@@ -48,9 +48,22 @@ from ..model import (
     transformer_forward,
 )
 
-__all__ = ["NormRadii", "RADIAL_LAWS", "ReferenceClassSample", "sample_reference_class", "random_inputs"]
+__all__ = ["NormRadii", "RADIAL_LAWS", "ReferenceClassSample", "sample_reference_class", "random_inputs",
+           "MAX_SEED", "check_seed"]
 
 RADIAL_LAWS = ("volume", "uniform", "boundary")
+
+# The largest |seed| of a Monte-Carlo draw.  Seeds are mixed into torch seeds as ``seed * 1_000_003 + j`` (local
+# members), ``seed * 7919 + r`` (uniform pools) and ``seed + 1`` (samples), all inside int64 below this bound; a seed
+# of 1e16 overflowed there as an internal error (red team 191).
+MAX_SEED = 2**32 - 1
+
+
+def check_seed(seed, name: str = "seed", limit: int = MAX_SEED) -> int:  # noqa: ANN001  (refused unless an int)
+    """``int(seed)``, or :class:`InputError` unless it is an integer with ``|seed| <= limit``."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or abs(seed) > limit:
+        raise InputError(f"{name} must be an integer between -{limit} and {limit}, but got {name}={seed!r}")
+    return int(seed)
 
 
 @dataclass(frozen=True)
@@ -218,6 +231,11 @@ class ReferenceClassSample:
         outs = [self._forward(slice(s, s + chunk_size), X) for s in range(0, self.n_functions, chunk_size)]
         return torch.cat(outs, dim=0)
 
+    def output_shape(self, X: Tensor) -> tuple[int, int]:
+        """``(rows, width)`` of one member's outputs on the samples ``X`` (n, T, d), without evaluating."""
+        n, T = X.shape[0], X.shape[1]
+        return (n * T, self.config.d_model) if self.output == "features" else (n, self.config.n_outputs)
+
     def stacked_spec(self, members: slice = slice(None)) -> TransformerSpec:
         """The members ``members`` as one member-stacked spec (Note [member stacks] in
         ``transcover.model``): the reference model's decomposition with a leading member axis."""
@@ -272,6 +290,7 @@ def sample_reference_class(config: ReferenceConfig, radii: NormRadii, n_function
     """
     _check_config(config)
     check_positive_int(n_functions, "n_functions")
+    check_seed(seed, limit=2**63 - 1)  # torch's seed range: block seeds (Note [seed blocks]) have 63 bits
     _check_radial(radial)
     if output not in ("head", "features"):
         raise InputError(f"output must be 'head' or 'features', but got output={output!r}")
@@ -299,6 +318,7 @@ def random_inputs(n: int, T: int, d: int, *, seed: int = 0, radius: float = 1.0)
     """``n`` sequences of ``T`` rows drawn uniformly from the l2 ball of ``radius`` in R^d (float64)."""
     for name, v in (("n", n), ("T", T), ("d", d)):
         check_positive_int(v, name)
+    check_seed(seed, limit=2**63 - 1)  # torch's seed range; derived seeds (seed + 1, seed * 7919 + r) reach here
     gen = torch.Generator().manual_seed(int(seed))
     Z = torch.randn(n, T, d, generator=gen, dtype=torch.float64)
     rho = torch.rand(n, T, 1, generator=gen, dtype=torch.float64) ** (1.0 / d)

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from .._errors import InputError, check_positive_int
 from ..model import TransformerSpec, transformer_forward
-from ._classes import _U, _check_radial, _matrix_on_sphere, _vector_on_sphere
+from ._classes import _U, _check_radial, _matrix_on_sphere, _vector_on_sphere, check_seed
 
 __all__ = ["LOCAL_ROLES", "LocalClassSample", "sample_local_class"]
 
@@ -43,6 +43,9 @@ class LocalClassSample:
     radial: str = "volume"
     seed: int = 0
     include_center: bool = True
+
+    def __post_init__(self) -> None:
+        check_seed(self.seed)  # member seeds ``seed * 1_000_003 + j`` stay inside int64 (MAX_SEED)
 
     @property
     def description(self) -> str:
@@ -77,6 +80,14 @@ class LocalClassSample:
         if head is not None and r.get("head", 0.0) > 0.0:
             head = dataclasses.replace(head, weights=tuple(pert(W, "head") for W in head.weights))
         return dataclasses.replace(self.spec, layers=layers, head=head)
+
+    def output_shape(self, X: Tensor) -> tuple[int, int]:
+        """``(rows, width)`` of one member's outputs on the samples ``X`` (n, T, d): the model on one sample."""
+        X = torch.as_tensor(X)
+        if X.ndim != 3 or X.shape[-1] != self.spec.d_model or min(X.shape) == 0:
+            raise InputError(f"samples must have shape (n, T, d_model={self.spec.d_model}), but got {tuple(X.shape)}")
+        with torch.no_grad():
+            return X.shape[0], int(transformer_forward(self.spec, X[:1].double()).numel())
 
     def evaluate(self, X: Tensor) -> Tensor:
         """All members on the embedded samples ``X`` (n, T, d_model): outputs (M, n, b), float64."""
@@ -133,13 +144,18 @@ def sample_local_class(model, radii: Mapping[str, float], n_functions: int, *,
         n_functions: M >= 1.
 
     Raises:
-        InputError: an unknown role, a negative or non-finite radius, all radii zero, M < 1.
+        InputError: an unknown role or one the model lacks, a negative or non-finite radius, all radii zero,
+            M < 1, a seed beyond ``MAX_SEED``.
     """
     spec = _as_spec(model)
+    check_seed(seed)
     clean = {}
     for role, v in dict(radii).items():
         if role not in LOCAL_ROLES:
             raise InputError(f"unknown perturbation role {role!r}; roles are {LOCAL_ROLES}")
+        if not _has_role(spec, role):  # nothing would be perturbed: a class of one function (red team 191)
+            raise InputError(f"the model has no {role} to perturb ({spec.arch}); choose among the roles it has: "
+                             f"{', '.join(r for r in LOCAL_ROLES if _has_role(spec, r))}")
         if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
             raise InputError(f"radius for {role} must be a finite number >= 0, but got {role}={v!r}")
         clean[role] = float(v)
@@ -147,6 +163,14 @@ def sample_local_class(model, radii: Mapping[str, float], n_functions: int, *,
         raise InputError(f"at least one perturbation radius must be > 0, but got radii={dict(radii)}")
     check_positive_int(n_functions, "n_functions")
     return LocalClassSample(spec, clean, n_functions, _check_radial(radial), int(seed), include_center)
+
+
+def _has_role(spec: TransformerSpec, role: str) -> bool:
+    """Whether ``LocalClassSample.member`` has a tensor of ``role`` to perturb."""
+    if role == "head":
+        return spec.head is not None and len(spec.head.weights) > 0
+    part = "attention" if role in ("W_Q", "W_K", "W_V", "W_O") else "ffn"
+    return any(getattr(getattr(layer, part), role, None) is not None for layer in spec.layers)
 
 
 def _as_spec(model) -> TransformerSpec:

@@ -30,6 +30,7 @@ a different (equally valid) draw from the one-generator sample of the same seed.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -42,10 +43,11 @@ from torch import Tensor
 from .._errors import InputError
 from .._results import Kind, Quantity
 from ._metrics import as_outputs, check_eps, check_q
-from ._nets import IncrementalNet, torch_threads
+from ._nets import FORWARD_PAD_ASSUMPTION, FORWARD_REL_PAD, IncrementalNet, forward_pad, padded_radius, torch_threads
 
 __all__ = ["FunctionSample", "MonteCarloCovering", "monte_carlo_covering", "covering_of_outputs",
-           "default_checkpoints", "SEED_BLOCK", "block_seed", "reference_block_outputs"]
+           "default_checkpoints", "SEED_BLOCK", "block_seed", "reference_block_outputs", "check_output_memory",
+           "outputs_bytes"]
 
 SEED_BLOCK = 256  # members per seed block (Note [seed blocks]); changing it changes every block draw
 
@@ -65,7 +67,9 @@ class MonteCarloCovering:
     """Net and packing sizes of M sampled functions, for each eps and each prefix size m <= M.
 
     ``net_sizes[e][c]`` / ``packing_sizes[e][c]``: sizes for ``eps[e]`` using the first
-    ``checkpoints[c]`` functions.
+    ``checkpoints[c]`` functions.  ``forward_pad``: the distance margin of THEORY F109 (Note [forward pad]
+    of ``_nets``) by which a pair must exceed ``eps`` (net centres) or ``2 eps`` (packing) to count as
+    separated; ``rel_pad`` the relative output accuracy it assumes (0: the outputs taken as exact).
     """
 
     eps: tuple[float, ...]
@@ -77,30 +81,35 @@ class MonteCarloCovering:
     n_outputs: int
     description: str = ""
     extra: dict[str, object] = field(default_factory=dict)
+    forward_pad: float = 0.0
+    rel_pad: float = 0.0
 
     @property
     def n_functions(self) -> int:
         return self.checkpoints[-1]
 
+    def _assumptions(self) -> tuple[str, ...]:
+        return ((f"M={self.n_functions} sampled members", "members satisfy the class's constraints")
+                + ((FORWARD_PAD_ASSUMPTION,) if self.rel_pad > 0 else ()))
+
     def log_packing_lower(self, e: int) -> Quantity:
         """log |net(eps)| at the largest M: a lower bound on the class's log eps-packing number."""
         return Quantity(math.log(self.net_sizes[e][-1]), Kind.EMPIRICAL_LOWER,
                         "greedy eps-net of M sampled members: lower bound on log P(F, eps) "
-                        ">= log N_int(F, eps); Monte-Carlo estimate of log N(eps)",
-                        (f"M={self.n_functions} sampled members", "members satisfy the class's constraints"))
+                        ">= log N_int(F, eps); Monte-Carlo estimate of log N(eps)", self._assumptions())
 
     def log_N_estimate(self, e: int) -> Quantity:
         """log |net(eps)| read as the Monte-Carlo *estimate* of log N(eps) (an estimate, not a bound: a greedy
         net can exceed N_int and N_ext, e.g. values 0, 1, 2 at eps = 1 give a net of 2 where one centre covers)."""
         return Quantity(math.log(self.net_sizes[e][-1]), Kind.ESTIMATE,
                         "greedy eps-net of M sampled members: Monte-Carlo estimate of log N(F, eps)",
-                        (f"M={self.n_functions} sampled members", "members satisfy the class's constraints"))
+                        self._assumptions())
 
     def log_covering_lower(self, e: int) -> Quantity:
         """log |packing(eps)| at the largest M: a lower bound on the class's log N_ext(eps)."""
         return Quantity(math.log(self.packing_sizes[e][-1]), Kind.EMPIRICAL_LOWER,
                         "strict 2eps-packing of M sampled members: lower bound on log N_ext(F, eps)",
-                        (f"M={self.n_functions} sampled members", "members satisfy the class's constraints"))
+                        self._assumptions())
 
     def saturated(self, e: int, fraction: float = 0.5) -> bool:
         """True when the net holds more than ``fraction`` of the sampled functions (eps too small for M)."""
@@ -123,7 +132,35 @@ class MonteCarloCovering:
             })
         return {"q": "inf" if self.q == math.inf else int(self.q), "checkpoints": list(self.checkpoints),
                 "n_samples": self.n_samples, "n_outputs": self.n_outputs, "description": self.description,
-                "rows": rows, **self.extra}
+                "forward_pad": self.forward_pad, "rel_pad": self.rel_pad, "rows": rows, **self.extra}
+
+
+def _physical_memory() -> int:
+    """Bytes of this machine's memory (16 GiB where the system does not say)."""
+    import os
+
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):
+        return 16 << 30
+
+
+def check_output_memory(n_bytes: int, what: str, lower: str) -> None:
+    """Refuse up front a run whose arrays need more than a quarter of physical memory.
+
+    ``n_bytes``: the estimate of the largest array (e.g. the concatenated float64 outputs, held up to three
+    times while the chunks are joined and the nets built); ``what`` names it, ``lower`` the options to lower.
+    ``cover reference --functions 1000000000`` started and would have needed about 128 GB (red team 191).
+    """
+    limit = _physical_memory() // 4
+    if n_bytes > limit:
+        raise InputError(f"{what} need about {n_bytes / 1e9:.3g} GB, over the limit of {limit / 1e9:.3g} GB (a quarter "
+                         f"of this machine's memory); lower {lower}")
+
+
+def outputs_bytes(M: int, rows: int, width: int) -> int:
+    """Bytes of the float64 outputs ``(M, rows, width)`` times three (chunks, concatenation, the nets' copy)."""
+    return 3 * 8 * int(M) * int(rows) * int(width)
 
 
 def default_checkpoints(M: int) -> tuple[int, ...]:
@@ -148,11 +185,14 @@ def _check_eps_list(eps: Sequence[float] | float) -> tuple[float, ...]:
 
 def covering_of_outputs(Y, eps: Sequence[float] | float, q: float | str = math.inf, *,
                         checkpoints: Sequence[int] | None = None, description: str = "",
-                        chunk_size: int = 4096, workers: int | None = None) -> MonteCarloCovering:
+                        chunk_size: int = 4096, workers: int | None = None,
+                        rel_pad: float = FORWARD_REL_PAD) -> MonteCarloCovering:
     """Net and packing sizes of the rows of ``Y`` (M, n, b) at each eps, after each prefix size.
 
     One streaming pass per eps (``IncrementalNet``): no M x M matrix, and the prefix sizes come
-    free because the greedy net is online.
+    free because the greedy net is online.  ``Y`` is taken as the float64 forward's outputs of sampled
+    members: a pair counts as separated only beyond ``eps`` (net) or ``2 eps`` (packing) plus
+    ``forward_pad(Y, q, rel_pad)`` (THEORY F109); ``rel_pad=0`` takes the outputs as exact.
     """
     Y = as_outputs(Y)
     eps_t = _check_eps_list(eps)
@@ -161,16 +201,17 @@ def covering_of_outputs(Y, eps: Sequence[float] | float, q: float | str = math.i
     cps = default_checkpoints(M) if checkpoints is None else tuple(sorted(set(int(c) for c in checkpoints)))
     if not cps or cps[0] < 1 or cps[-1] > M:
         raise InputError(f"checkpoints must lie in [1, M={M}], but got {list(cps)}")
+    pad = forward_pad(Y, qf, rel_pad)
     nets, packs = [], []
     with torch_threads(workers):
         for e in eps_t:
-            net = IncrementalNet(e, qf, chunk_size=chunk_size)
-            pack = IncrementalNet(2.0 * e, qf, chunk_size=chunk_size)
+            net = IncrementalNet(padded_radius(e, pad), qf, chunk_size=chunk_size)
+            pack = IncrementalNet(padded_radius(2.0 * e, pad), qf, chunk_size=chunk_size)
             net.add(Y)
             pack.add(Y)
             nets.append(tuple(net.size_after(cps)))
             packs.append(tuple(pack.size_after(cps)))
-    return MonteCarloCovering(eps_t, qf, cps, tuple(nets), tuple(packs), n, b, description)
+    return MonteCarloCovering(eps_t, qf, cps, tuple(nets), tuple(packs), n, b, description, {}, pad, float(rel_pad))
 
 
 def monte_carlo_covering(sample: FunctionSample, X: Tensor, eps: Sequence[float] | float,
@@ -191,13 +232,18 @@ def monte_carlo_covering(sample: FunctionSample, X: Tensor, eps: Sequence[float]
     """
     eps_t = _check_eps_list(eps)
     qf = check_q(q)
+    if hasattr(sample, "output_shape"):
+        rows, width = sample.output_shape(X)
+        check_output_memory(outputs_bytes(sample.n_functions, rows, width),
+                            f"the outputs of {sample.n_functions} functions ({rows} x {width} values each, float64, "
+                            "up to three copies)",
+                            "--functions (or --samples)")
     with torch_threads(workers):
         Y = sample.evaluate(X)
     res = covering_of_outputs(Y, eps_t, qf, checkpoints=checkpoints,
                               description=getattr(sample, "description", ""), workers=workers)
     scale = float(np.asarray(Y.abs().amax()).item())
-    return MonteCarloCovering(res.eps, res.q, res.checkpoints, res.net_sizes, res.packing_sizes,
-                              res.n_samples, res.n_outputs, res.description, {"max_abs_output": scale})
+    return dataclasses.replace(res, extra={"max_abs_output": scale})
 
 
 def block_seed(seed: int, block: int) -> int:

@@ -36,7 +36,9 @@ Floating point: every decision ``d <= r`` is the exact one for the real numbers 
 stand for (``_predicates``: a certified float filter, then float64, then rational arithmetic for
 near-ties), whatever the data's dtype (float16, bfloat16 and float32 are held as float32, integers
 as float64).  So the net is a true eps-cover by strictly eps-separated points and the packing truly
-strictly 2eps-separated: the chain above holds for the stored data, not only up to rounding.
+strictly 2eps-separated: the chain above holds for the stored data, not only up to rounding.  Outputs of a
+forward pass are not exact data: for them the lower-bound claims use a margin (``pad``, THEORY F109, Note
+[forward pad]) that a pair must exceed to count as separated.
 
 Speed (issue 14): a chunk of points meets all current centres in one matrix product, which gives a
 certified lower bound on every distance (Note [Gram filter] of :class:`IncrementalNet`); only the
@@ -50,6 +52,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 import numpy as np
 import torch
@@ -58,12 +61,23 @@ from torch import Tensor
 from .._errors import InputError, check_positive_int
 from .._results import Kind, Quantity
 from ._metrics import DEFAULT_BLOCK_ELEMENTS, as_outputs, check_eps, check_q
-from ._predicates import gram_filter, ieee_float32_matmul, within, within_rows
+from ._predicates import _round_to, gram_filter, ieee_float32_matmul, within, within_rows
 
 __all__ = [
     "IncrementalNet", "greedy_net", "maximal_packing",
     "CoveringEstimate", "estimate_covering_number", "torch_threads",
+    "FORWARD_REL_PAD", "FORWARD_PAD_ASSUMPTION", "forward_pad", "padded_radius",
 ]
+
+# Note [forward pad] (THEORY F109): outputs computed by a float64 forward pass are not the exact outputs of the members
+# they stand for, so a pair separated by the stored floats can fail to be separated exactly (red team 191: computed
+# distance 0.0558703783483738194 > 2 eps = 0.0558703783483738142, exact 0.0558703783483737870).  The lower-bound
+# claims about a class (packing, net centres) therefore count a pair as separated only when its computed distance
+# exceeds the threshold by ``forward_pad``: both members' forward errors under the assumption below.
+FORWARD_REL_PAD = 1e-12
+FORWARD_PAD_ASSUMPTION = ("each computed float64 output within 1e-12 max|output| (over all members and samples) of "
+                          "the member's exact output (THEORY F109: about 6e-16 of that scale observed against a "
+                          "60-digit forward)")
 
 
 class torch_threads:
@@ -324,6 +338,32 @@ class IncrementalNet:
         return [int(np.searchsorted(idx, m, side="left")) for m in counts]
 
 
+def forward_pad(Y: Tensor, q: float, rel: float = FORWARD_REL_PAD) -> float:
+    """The distance margin of Note [forward pad] (THEORY F109) for the outputs ``Y`` (M, n, b) in the metric ``d_q``.
+
+    If every entry is within ``delta = rel * max|Y|`` of its exact value, a per-sample ``q``-norm of a
+    difference moves by at most ``2 w delta`` (triangle inequality, both members), ``w = 1`` for the flat
+    l_inf metric (q = inf or b = 1), ``b`` for q = 1 and ``ceil(sqrt(b)) >= sqrt(b)`` for q = 2.  Returned as
+    a float64 at or above the exact value of that product; 0 for ``rel = 0``.
+    """
+    if not (isinstance(rel, (int, float)) and math.isfinite(rel) and rel >= 0):
+        raise InputError(f"the relative forward pad must be a finite number >= 0, but got {rel!r}")
+    Y = as_outputs(Y)
+    if rel == 0 or Y.numel() == 0:
+        return 0.0
+    b = Y.shape[2]
+    w = 1 if (q == math.inf or b == 1) else (b if q == 1 else math.isqrt(b - 1) + 1)
+    big = Fraction(float(Y.abs().amax().to(torch.float64)))
+    return _round_to(2 * w * Fraction(rel) * big, torch.float64, up=True)
+
+
+def padded_radius(r: float, pad: float) -> float:
+    """The float64 at or above ``r + pad`` (exactly): ``d > padded_radius(r, pad)`` proves ``d > r + pad``."""
+    if pad == 0 or r == math.inf:
+        return r
+    return _round_to(Fraction(r) + Fraction(pad), torch.float64, up=True)
+
+
 def _ordered(Y: Tensor, order: Sequence[int] | Tensor | None) -> Tensor:
     if order is None:
         return Y
@@ -340,7 +380,7 @@ def _ordered(Y: Tensor, order: Sequence[int] | Tensor | None) -> Tensor:
 
 
 def greedy_net(Y: Tensor, eps: float, q: float = math.inf, *, order=None,
-               chunk_size: int = 2048) -> np.ndarray:
+               chunk_size: int = 2048, pad: float = 0.0) -> np.ndarray:
     """Indices of a greedy eps-net of the rows of ``Y`` (centres from the set).
 
     ``|result| >= N_int(eps) >= N_ext(eps)`` (module docstring); centres are pairwise ``> eps``.
@@ -350,6 +390,9 @@ def greedy_net(Y: Tensor, eps: float, q: float = math.inf, *, order=None,
         eps: radius > 0.
         q: 1, 2 or inf.
         order: optional permutation in which points are visited (default: row order).
+        pad: a distance margin (THEORY F109, :func:`forward_pad`): a point becomes a centre only when it
+            is farther than ``eps + pad`` from every earlier centre (the net of radius ``eps + pad``), so
+            centres stay ``eps``-separated when each output may be off by the forward errors the pad covers.
 
     Returns:
         Row indices (into ``Y``) of the centres, in visiting order.
@@ -361,28 +404,36 @@ def greedy_net(Y: Tensor, eps: float, q: float = math.inf, *, order=None,
         [0, 2, 4]
     """
     Y = as_outputs(Y)
-    net = IncrementalNet(eps, q, chunk_size=chunk_size)
+    net = IncrementalNet(eps if _check_pad(pad) == 0 else padded_radius(check_eps(eps), pad), q,
+                         chunk_size=chunk_size)
     net.add(_ordered(Y, order))
     idx = net.indices
     return idx if order is None else np.asarray(order, dtype=np.int64)[idx]
 
 
 def maximal_packing(Y: Tensor, eps: float, q: float = math.inf, *, order=None,
-                    chunk_size: int = 2048) -> np.ndarray:
-    """Indices of a maximal set whose points are pairwise at distance ``> 2 eps``.
+                    chunk_size: int = 2048, pad: float = 0.0) -> np.ndarray:
+    """Indices of a maximal set whose points are pairwise at distance ``> 2 eps + pad``.
 
     Its size is a lower bound on ``N_ext(eps) <= N_int(eps)`` (module docstring: strict
-    separation, decided exactly).
+    separation, decided exactly).  ``pad`` (THEORY F109, :func:`forward_pad`): the margin that keeps the
+    packing ``2 eps``-separated for the exact outputs when the stored ones carry forward errors.
 
     Example:
         >>> maximal_packing(torch.arange(6.0)[:, None], 0.5).tolist()  # needs distance > 1
         [0, 2, 4]
     """
     Y = as_outputs(Y)
-    net = IncrementalNet(2.0 * check_eps(eps), q, chunk_size=chunk_size)
+    net = IncrementalNet(padded_radius(2.0 * check_eps(eps), _check_pad(pad)), q, chunk_size=chunk_size)
     net.add(_ordered(Y, order))
     idx = net.indices
     return idx if order is None else np.asarray(order, dtype=np.int64)[idx]
+
+
+def _check_pad(pad: float) -> float:
+    if not (isinstance(pad, (int, float)) and math.isfinite(pad) and pad >= 0):
+        raise InputError(f"pad must be a finite number >= 0, but got pad={pad!r}")
+    return float(pad)
 
 
 def _net_and_packing(Y: Tensor, eps: float, q: float, chunk_size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -463,7 +514,9 @@ def estimate_covering_number(Y, eps: float, q: float | str = math.inf, *, n_orde
     eps = check_eps(eps)
     qf = check_q(q)
     check_positive_int(n_orders, "n_orders")
-    gen = torch.Generator().manual_seed(seed)
+    from ._classes import check_seed  # _classes reaches the model package: imported where it is needed
+
+    gen = torch.Generator().manual_seed(check_seed(seed))
     best_net: np.ndarray | None = None
     best_pack = 0
     with torch_threads(workers):

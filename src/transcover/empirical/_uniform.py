@@ -34,8 +34,9 @@ from torch import Tensor
 from .._errors import InputError, check_positive_int
 from .._results import Kind, Quantity
 from ._metrics import as_outputs, check_eps, check_q, distance_matrix
-from ._montecarlo import FunctionSample
-from ._nets import torch_threads
+from ._classes import check_seed
+from ._montecarlo import FunctionSample, check_output_memory
+from ._nets import FORWARD_PAD_ASSUMPTION, FORWARD_REL_PAD, forward_pad, padded_radius, torch_threads
 from ._predicates import certainly_beyond
 
 __all__ = ["UniformSearchResult", "uniform_covering_search", "MAX_FUNCTIONS"]
@@ -56,17 +57,21 @@ class UniformSearchResult:
     greedy_packings: tuple[int, ...]  # one per restart: the greedy set's packing
     best_inputs: Tensor  # (n, T, d) the sample set attaining best_packing
     description: str = ""
+    forward_pad: float = 0.0  # the distance margin (THEORY F109) of the restart that found best_packing
+    rel_pad: float = 0.0  # the relative output accuracy the margin assumes (0: outputs taken as exact)
 
     @property
     def lower(self) -> Quantity:
         return Quantity(math.log(self.best_packing), Kind.EMPIRICAL_LOWER,
                         "strict 2eps-packing on the best sample set found: lower bound on "
                         "log N_inf(F, eps, n) (uniform covering number)",
-                        (f"M={self.n_functions} sampled members", f"n={self.n} samples"))
+                        (f"M={self.n_functions} sampled members", f"n={self.n} samples")
+                        + ((FORWARD_PAD_ASSUMPTION,) if self.rel_pad > 0 else ()))
 
     def to_dict(self) -> dict[str, object]:
         return {"eps": self.eps, "q": "inf" if self.q == math.inf else int(self.q), "n": self.n,
                 "n_functions": self.n_functions, "best_packing": self.best_packing,
+                "forward_pad": self.forward_pad, "rel_pad": self.rel_pad,
                 "random_packings": list(self.random_packings), "greedy_packings": list(self.greedy_packings),
                 "log_N_uniform_lower": self.lower.to_dict(), "description": self.description}
 
@@ -89,8 +94,8 @@ def _score(D: Tensor, r: float, terms: int) -> tuple[int, int]:
 
 def uniform_covering_search(sample: FunctionSample, n: int, eps: float, q: float | str = math.inf, *,
                             input_sampler: Callable[[int, int], Tensor], restarts: int = 3,
-                            pool_size: int = 64, seed: int = 0,
-                            workers: int | None = None) -> UniformSearchResult:
+                            pool_size: int = 64, seed: int = 0, workers: int | None = None,
+                            rel_pad: float = FORWARD_REL_PAD) -> UniformSearchResult:
     """Search sample sets of size ``n`` for a large packing of the sampled class (module docstring).
 
     Args:
@@ -101,6 +106,12 @@ def uniform_covering_search(sample: FunctionSample, n: int, eps: float, q: float
         input_sampler: ``(count, seed) -> (count, T, d)`` candidate inputs (e.g. ``random_inputs``).
         restarts: independent candidate pools.
         pool_size: candidates per pool (>= n).
+        rel_pad: relative accuracy assumed of the float64 outputs (THEORY F109): a pair counts as
+            separated only beyond ``2 eps + forward_pad(outputs of the pool, q, rel_pad)``.
+
+    A candidate is one input sequence: all of its rows of the outputs (one row per sequence for a head's
+    outputs, its ``T`` token rows for ``output="features"``), so ``best_inputs`` carries the sequences
+    whose outputs give ``best_packing``.
 
     Returns:
         :class:`UniformSearchResult`; ``best_packing`` lower-bounds ``N_inf(F, eps, n)``.
@@ -109,36 +120,47 @@ def uniform_covering_search(sample: FunctionSample, n: int, eps: float, q: float
     qf = check_q(q)
     for name, v in (("n", n), ("restarts", restarts), ("pool_size", pool_size)):
         check_positive_int(v, name)
+    check_seed(seed)
     if pool_size < n:
         raise InputError(f"pool_size must be >= n, but got pool_size={pool_size}, n={n}")
     M = sample.n_functions
     if M > MAX_FUNCTIONS:
         raise InputError(f"the uniform search holds M x M matrices; use at most {MAX_FUNCTIONS} "
                          f"functions, but got M={M}")
-    best, best_X = 0, None
+    check_output_memory(8 * (pool_size + 2) * M * M, f"the search's {pool_size} + 2 matrices of {M} x {M} distances",
+                        "--functions or --pool")
+    best, best_X, best_pad = 0, None, 0.0
     rand_p, greedy_p = [], []
     with torch_threads(workers):
         for r in range(restarts):
             pool = input_sampler(pool_size, seed * 7919 + r)
-            Y = as_outputs(sample.evaluate(pool))  # (M, P, b)
-            # per-sample distances, so one sample's term count; pairs within rounding of 2 eps
-            # count as not separated (conservative: the packing stays strict)
+            Y = as_outputs(sample.evaluate(pool))  # (M, P * rows, b): rows per candidate sequence
+            if Y.shape[1] % pool_size:
+                raise InputError(f"the class's outputs have {Y.shape[1]} rows for {pool_size} candidate inputs; "
+                                 "expected a whole number of rows per input")
+            rows = Y.shape[1] // pool_size
+            pad = forward_pad(Y, qf, rel_pad)
+            thr = padded_radius(2.0 * eps, pad)
+            # per-candidate distances (max over its rows), so one row's term count; pairs within rounding of
+            # the threshold count as not separated (conservative: the packing stays strict)
             terms = 1 if (qf == math.inf or Y.shape[2] == 1) else Y.shape[2]
-            per = [distance_matrix(Y[:, i:i + 1], Y[:, i:i + 1], qf) for i in range(pool_size)]
+            per = [distance_matrix(Y[:, i * rows:(i + 1) * rows], Y[:, i * rows:(i + 1) * rows], qf)
+                   for i in range(pool_size)]
             D_rand = torch.stack(per[:n]).amax(dim=0)
-            rand_p.append(_score(D_rand, 2.0 * eps, terms)[0])
+            rand_p.append(_score(D_rand, thr, terms)[0])
             D = torch.zeros(M, M, dtype=Y.dtype)
             chosen: list[int] = []
             for _ in range(n):
-                scores = [(_score(torch.maximum(D, per[i]), 2.0 * eps, terms), i) for i in range(pool_size) if i not in chosen]
+                scores = [(_score(torch.maximum(D, per[i]), thr, terms), i) for i in range(pool_size)
+                          if i not in chosen]
                 (_, _), i_best = max(scores)
                 chosen.append(i_best)
                 D = torch.maximum(D, per[i_best])
-            g = _score(D, 2.0 * eps, terms)[0]
+            g = _score(D, thr, terms)[0]
             greedy_p.append(g)
             for p, idx in ((rand_p[-1], list(range(n))), (g, chosen)):
                 if p > best:
-                    best, best_X = p, pool[idx]
+                    best, best_X, best_pad = p, pool[idx], pad
     assert best_X is not None
     return UniformSearchResult(eps, qf, n, M, best, tuple(rand_p), tuple(greedy_p), best_X,
-                               getattr(sample, "description", ""))
+                               getattr(sample, "description", ""), best_pad, float(rel_pad))

@@ -18,6 +18,7 @@ a re-run resumes chunk by chunk, and any changed option recomputes.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import json
 import math
@@ -123,10 +124,18 @@ def monte_carlo_reference(config, radii, X: torch.Tensor, n_functions: int, eps:
     Raises:
         InputError: bad options, or a chunk that failed (the message names it).
     """
-    from ..empirical import SEED_BLOCK, MonteCarloCovering, covering_of_outputs, sample_reference_class
+    from ..empirical import SEED_BLOCK, covering_of_outputs, sample_reference_class
+    from ..empirical import check_output_memory, outputs_bytes
 
-    # every class check (config, radii, radial law, output) before any chunk runs
-    description = sample_reference_class(config, radii, 1, radial=radial, seed=seed, output=output).description
+    # every class check (config, radii, radial law, output, memory) before any chunk runs
+    probe = sample_reference_class(config, radii, 1, radial=radial, seed=seed, output=output)
+    description = probe.description
+    check_positive_int(n_functions, "n_functions")
+    rows, width = probe.output_shape(X)
+    check_output_memory(outputs_bytes(n_functions, rows, width),
+                        f"the outputs of {n_functions} functions ({rows} x {width} values each, float64, "
+                        "up to three copies)",
+                        "--functions (or --samples)")
     items = reference_items(config, radii, X, n_functions, seed=seed, radial=radial, output=output,
                             chunk_blocks=chunk_blocks, threads=threads, block=block)
     report = sweep(items, montecarlo_chunk, store=store, backend=backend, workers=workers, threads=threads,
@@ -142,8 +151,7 @@ def monte_carlo_reference(config, radii, X: torch.Tensor, n_functions: int, eps:
     scale = max(float(r.value["max_abs"]) for r in report.results)
     extra = {"max_abs_output": scale, "seed_block": SEED_BLOCK if block is None else block,
              "draw": "seed blocks (member j depends only on (seed, j))"}
-    return MonteCarloCovering(res.eps, res.q, res.checkpoints, res.net_sizes, res.packing_sizes, res.n_samples,
-                              res.n_outputs, res.description, extra)
+    return dataclasses.replace(res, extra=extra)
 
 
 _SPECS: dict[tuple, Any] = {}  # per process: (fingerprint, model, arch, strict) -> spec
@@ -185,14 +193,22 @@ def monte_carlo_local(model: str, radii: dict[str, float], X: torch.Tensor, n_fu
     Raises:
         InputError: bad options (checked before any chunk runs), or a chunk that failed.
     """
-    from ..empirical import MonteCarloCovering, covering_of_outputs, sample_local_class
+    from ..empirical import covering_of_outputs, sample_local_class
     from ..train import load_model as load
     from ._keys import fingerprint
 
     for name, v in (("n_functions", n_functions), ("chunk", chunk), ("threads", threads)):
         check_positive_int(v, name)
     spec = load(model, arch=arch, strict=strict).to_torch()
-    description = sample_local_class(spec, radii, 1, radial=radial, seed=seed).description  # checks radii
+    probe = sample_local_class(spec, radii, 1, radial=radial, seed=seed)  # checks radii
+    description = probe.description
+    from ..empirical import check_output_memory, outputs_bytes
+
+    rows, width = probe.output_shape(X)
+    check_output_memory(outputs_bytes(n_functions, rows, width),
+                        f"the outputs of {n_functions} functions ({rows} x {width} values each, float64, "
+                        "up to three copies)",
+                        "--functions (or --samples)")
     fp = fingerprint(model)
     Xb = np.ascontiguousarray(X.detach().to(torch.float64).numpy(), dtype="<f8")
     digest = hashlib.sha256(json.dumps({"model": fp, "radii": {k: float(v) for k, v in sorted(radii.items())},
@@ -215,5 +231,4 @@ def monte_carlo_local(model: str, radii: dict[str, float], X: torch.Tensor, n_fu
     Y = np.concatenate([decode_array(r.value["outputs"]) for r in report.results], axis=0)
     res = covering_of_outputs(torch.from_numpy(Y.copy()), eps, q, description=description, workers=threads)
     scale = max(float(r.value["max_abs"]) for r in report.results)
-    return MonteCarloCovering(res.eps, res.q, res.checkpoints, res.net_sizes, res.packing_sizes, res.n_samples,
-                              res.n_outputs, res.description, {"max_abs_output": scale}), spec
+    return dataclasses.replace(res, extra={"max_abs_output": scale}), spec

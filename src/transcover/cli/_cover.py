@@ -99,8 +99,14 @@ def _positive_int(name: str, v: int) -> None:
 def _check(args: argparse.Namespace) -> None:
     from ..empirical import check_eps, check_q
 
+    from ..empirical import check_seed
+
     for e in args.eps:
         check_eps(e, "--eps")
+    check_seed(args.seed, "--seed")
+    if getattr(args, "head_hidden", None) is not None:
+        for w in args.head_hidden:
+            _positive_int("head-hidden", w)
     args.q = check_q(args.q)
     if args.threads is not None:
         _positive_int("threads", args.threads)
@@ -125,6 +131,8 @@ def _perturb_radii(items: list[str]) -> dict[str, float]:
         role, eq, val = item.partition("=")
         if not eq:
             raise InputError(f"--perturb expects ROLE=RADIUS, but got {item!r}")
+        if role in radii:  # the last one won silently (red team 191)
+            raise InputError(f"--perturb gives {role} twice ({role}={radii[role]!r} and {item!r}); give each role once")
         radii[role] = read_float(val, f"--perturb {role}")
     return radii
 

@@ -65,6 +65,9 @@ class ReferenceConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or v <= 0:
                 problems.append(f"{name} must be a positive integer, but got {name}={v!r}")
+        widths = self.head_hidden if isinstance(self.head_hidden, (tuple, list)) else (self.head_hidden,)
+        if any(isinstance(w, bool) or not isinstance(w, int) or w <= 0 for w in widths):
+            problems.append(f"head_hidden widths must be positive integers, but got head_hidden={self.head_hidden!r}")
         if self.d_head is None and self.d_model % max(self.n_heads, 1):
             problems.append(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; set d_head")
         if self.activation not in {a.value for a in Activation}:

@@ -16,6 +16,7 @@ or is refused in one line where the checkpoint means different functions under t
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -24,6 +25,7 @@ from conftest import randomize
 from torch import nn
 
 from transcover import InputError, UnsupportedArchitectureError
+from transcover._errors import TranscoverWarning
 from transcover.cli import main
 from transcover.model import layer_forward, load, transformer_forward
 
@@ -304,3 +306,65 @@ def test_roberta_tokens_are_embedded_at_robertas_positions(tmp_path, transformer
     np.save(tmp_path / "long.npy", np.full((1, 11), 5, dtype=np.int64))
     with pytest.raises(InputError, match="more than the model allows"):
         load_inputs(spec, str(tmp_path / "long.npy"))
+
+
+# -- 6. bias tensors the configuration says do not exist (red team 195, A) -----------------------------
+
+
+def _families_without_biases(tm):
+    """family -> (model, the module list of its layers, its forward's inputs): each gives some projection no bias
+    (by a configuration flag or by its architecture)."""
+    dec = dict(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, max_position_embeddings=64)
+    ids = {"input_ids": torch.randint(0, V, (2, T), generator=torch.Generator().manual_seed(1))}
+    pixels = {"pixel_values": torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(1))}
+    return {
+        "llama": (lambda: tm.LlamaModel(tm.LlamaConfig(**dec)), "layers", ids),  # attention_bias, mlp_bias false
+        "mistral": (lambda: tm.MistralModel(tm.MistralConfig(**dec, attention_bias=True)), "layers", ids),
+        "qwen2": (lambda: tm.Qwen2Model(tm.Qwen2Config(**dec)), "layers", ids),  # q/k/v biases, none on o_proj
+        "qwen3": (lambda: tm.Qwen3Model(tm.Qwen3Config(**dec, head_dim=8)), "layers", ids),
+        "gemma": (lambda: tm.GemmaModel(tm.GemmaConfig(**dec, head_dim=8)), "layers", ids),
+        "olmo2": (lambda: tm.Olmo2Model(tm.Olmo2Config(**dec)), "layers", ids),
+        "gpt_neox": (lambda: tm.GPTNeoXModel(tm.GPTNeoXConfig(vocab_size=V, hidden_size=32, intermediate_size=48,
+                                                                num_hidden_layers=2, num_attention_heads=4,
+                                                                attention_bias=False)), "layers", ids),
+        "falcon": (lambda: tm.FalconModel(tm.FalconConfig(vocab_size=V, hidden_size=32, num_hidden_layers=2,
+                                                            num_attention_heads=4, bias=False)), "h", ids),
+        "vit": (lambda: tm.ViTModel(tm.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                                 intermediate_size=48, image_size=8, patch_size=4, qkv_bias=False),
+                                    add_pooling_layer=False), "layers", pixels),
+    }
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3", "gemma", "olmo2", "gpt_neox", "falcon",
+                                    "vit"])
+def test_bias_tensors_the_model_does_not_have_are_ignored_with_a_warning(family, tmp_path, transformers_mod):
+    """Red team 195 (A): transformers builds these projections without a bias and reports a bias tensor in the file
+    as UNEXPECTED; transcover read it as the projection's bias (outputs 0.26-1.48 apart). It is now ignored with an
+    "unexpected tensor" warning (refused under strict), as GPT-J's and T5's were."""
+    from safetensors.torch import load_file, save_file
+
+    make, container, inputs = _families_without_biases(transformers_mod)[family]
+    torch.manual_seed(0)
+    d = _save(randomize(make(), seed=8), tmp_path / family)
+    f = d / "model.safetensors"
+    tensors = load_file(f)
+    g = torch.Generator().manual_seed(9)
+    inside = re.compile(r"(^|\.)(layers|layer|h)\.\d+\.")  # the layers' own projections
+    added = [k[: -len("weight")] + "bias" for k, t in tensors.items()
+             if t.dim() == 2 and inside.search(k) and k[: -len("weight")] + "bias" not in tensors]
+    assert added
+    for key in added:
+        tensors[key] = 0.5 * torch.randn(tensors[key[: -len("bias")] + "weight"].shape[0], generator=g)
+    save_file(tensors, f, metadata={"format": "pt"})
+    hf = type(make()).from_pretrained(d).double().eval()
+    with pytest.warns(TranscoverWarning, match="unexpected tensor"):
+        spec = load(d)
+    for key in added:  # one warning per ignored tensor
+        assert sum(f"unexpected tensor {key!r}" in w for w in spec.warnings) == 1, (key, spec.warnings)
+    for i, (x, y) in enumerate(_layer_io(hf, getattr(hf, container), lambda: hf(**inputs))):
+        with torch.no_grad():
+            err = float((layer_forward(spec.layers[i], x) - y).abs().max() / y.abs().max())
+        assert err <= 1e-6, f"layer {i}: relative error {err:.3e}"  # HF's RoPE and RMSNorm compute in float32
+    with pytest.raises(InputError, match=r"refused \(strict\).*unexpected tensor"):
+        load(d, strict=True)

@@ -28,7 +28,8 @@ __all__ = [
     "activation_from_name", "find_prefix", "count_layers", "heads_in", "heads_out", "heads_bias",
     "linear_weight", "layer_norm", "require", "no_layers", "lazy_embeddings", "transpose",
     "summary", "unexpected_layer_tensors", "grouped_qkv", "outer_prefix", "present", "layer_count", "plain_ffn",
-    "DECODER_ROLES", "decoder_attention", "gated_ffn",
+    "DECODER_ROLES", "decoder_attention", "gated_ffn", "ATTENTION_BIASES", "MLP_BIASES", "without_roles",
+    "optional_role",
 ]
 
 # HF ``hidden_act`` strings -> the spec's activations (transformers/activations.py, ACT2CLS):
@@ -280,7 +281,8 @@ def separate_projections_layer(
     and LayerNorms: BERT (post-norm) and ViT (pre-norm) differ only in ``names`` and ``placement``.
 
     ``names`` maps the roles W_Q, W_K, W_V, W_O, b_Q, b_K, b_V, b_O, W_1, W_2, b_1, b_2,
-    norm_attn.weight/.bias, norm_ffn.weight/.bias to checkpoint tensor names.
+    norm_attn.weight/.bias, norm_ffn.weight/.bias to checkpoint tensor names; a bias role left out is a
+    bias the model does not have (Note [absent biases]).
     """
     k = names.__getitem__
     attn = AttentionSpec(
@@ -288,17 +290,13 @@ def separate_projections_layer(
         W_K=heads_in(linear_weight(src, k("W_K"), d, H * dh), H),
         W_V=heads_in(linear_weight(src, k("W_V"), d, H * dh), H),
         W_O=heads_out(linear_weight(src, k("W_O"), H * dh, d), H),
-        b_Q=heads_bias(src.get_optional(k("b_Q"), (H * dh,)), H),
-        b_K=heads_bias(src.get_optional(k("b_K"), (H * dh,)), H),
-        b_V=heads_bias(src.get_optional(k("b_V"), (H * dh,)), H),
-        b_O=src.get_optional(k("b_O"), (d,)),
+        b_Q=heads_bias(optional_role(src, names, "b_Q", (H * dh,)), H),
+        b_K=heads_bias(optional_role(src, names, "b_K", (H * dh,)), H),
+        b_V=heads_bias(optional_role(src, names, "b_V", (H * dh,)), H),
+        b_O=optional_role(src, names, "b_O", (d,)),
         causal=causal,
     )
-    ffn = FFNSpec(
-        W_1=linear_weight(src, k("W_1"), d, d_ff), W_2=linear_weight(src, k("W_2"), d_ff, d),
-        activation=act,
-        b_1=src.get_optional(k("b_1"), (d_ff,)), b_2=src.get_optional(k("b_2"), (d,)),
-    )
+    ffn = plain_ffn(src, names, d, d_ff, act)
     return LayerSpec(
         index=i, attention=attn, ffn=ffn,
         norm_attn=layer_norm(src, k("norm_attn.weight"), k("norm_attn.bias"), d, eps),
@@ -435,8 +433,7 @@ def plain_ffn(src: TensorSource, names: dict[str, str], d: int, d_ff: int, act: 
     """``act(x W_1 + b_1) W_2 + b_2`` from the ``nn.Linear`` roles W_1, W_2 (biases b_1, b_2 optional)."""
     return FFNSpec(
         W_1=linear_weight(src, names["W_1"], d, d_ff), W_2=linear_weight(src, names["W_2"], d_ff, d),
-        activation=act, b_1=src.get_optional(names["b_1"], (d_ff,)) if "b_1" in names else None,
-        b_2=src.get_optional(names["b_2"], (d,)) if "b_2" in names else None,
+        activation=act, b_1=optional_role(src, names, "b_1", (d_ff,)), b_2=optional_role(src, names, "b_2", (d,)),
     )
 
 
@@ -453,24 +450,48 @@ DECODER_ROLES = {
 }
 
 
-def _maybe(src: TensorSource, key: str, shape: tuple[int, ...], required: bool) -> Tensor | None:
-    return src.get(key, shape) if required else src.get_optional(key, shape)
+# Note [absent biases]: where the configuration (attention_bias, mlp_bias, qkv_bias, Falcon's bias, ...) or the
+# architecture (Qwen2's o_proj, Mistral's projections, every Gemma and OLMo MLP) gives a projection no bias,
+# transformers builds ``nn.Linear(..., bias=False)`` and a bias tensor in the checkpoint is an UNEXPECTED key it
+# never reads.  Such a tensor was read here as a real bias (red team 195: outputs 0.26-1.48 apart).  The adapter
+# leaves its role out of the layer's names (:func:`without_roles`): the spec has no bias there, and the tensor is
+# reported by :func:`unexpected_layer_tensors` ("ignores it"; ``--strict`` refuses), as for GPT-J and T5.
+ATTENTION_BIASES = ("b_Q", "b_K", "b_V", "b_O")
+MLP_BIASES = ("b_gate", "b_1", "b_2")
+
+
+def without_roles(roles: dict[str, str], absent: Iterable[str]) -> dict[str, str]:
+    """``roles`` less the ``absent`` ones: the biases the model does not have (Note [absent biases])."""
+    absent = set(absent)
+    return {role: key for role, key in roles.items() if role not in absent}
+
+
+def optional_role(src: TensorSource, names: dict[str, str], role: str, shape: tuple[int, ...]) -> Tensor | None:
+    """The tensor of ``role`` if the layer has that role and the checkpoint stores it, else None."""
+    return _maybe(src, names, role, shape, False)
+
+
+def _maybe(src: TensorSource, names: dict[str, str], role: str, shape: tuple[int, ...],
+           required: bool) -> Tensor | None:
+    if role not in names:  # a bias the model does not have (Note [absent biases])
+        return None
+    return src.get(names[role], shape) if required else src.get_optional(names[role], shape)
 
 
 def decoder_attention(src: TensorSource, names: dict[str, str], *, d: int, H: int, H_kv: int, dh: int,
                       bias: bool, **fields: Any) -> AttentionSpec:
     """Grouped-query attention from separate ``nn.Linear`` q/k/v/o projections (``names``: role ->
     tensor name, roles as in :data:`DECODER_ROLES`); biases required when ``bias``, else read if
-    present.  ``fields`` are the remaining :class:`AttentionSpec` fields (causal, rope, scale, ...)."""
+    present; a bias role missing from ``names`` is no bias (Note [absent biases]).  ``fields`` are the remaining :class:`AttentionSpec` fields (causal, rope, scale, ...)."""
     return AttentionSpec(
         W_Q=heads_in(linear_weight(src, names["W_Q"], d, H * dh), H),
         W_K=heads_in(linear_weight(src, names["W_K"], d, H_kv * dh), H_kv),
         W_V=heads_in(linear_weight(src, names["W_V"], d, H_kv * dh), H_kv),
         W_O=heads_out(linear_weight(src, names["W_O"], H * dh, d), H),
-        b_Q=heads_bias(_maybe(src, names["b_Q"], (H * dh,), bias), H),
-        b_K=heads_bias(_maybe(src, names["b_K"], (H_kv * dh,), bias), H_kv),
-        b_V=heads_bias(_maybe(src, names["b_V"], (H_kv * dh,), bias), H_kv),
-        b_O=_maybe(src, names["b_O"], (d,), bias),
+        b_Q=heads_bias(_maybe(src, names, "b_Q", (H * dh,), bias), H),
+        b_K=heads_bias(_maybe(src, names, "b_K", (H_kv * dh,), bias), H_kv),
+        b_V=heads_bias(_maybe(src, names, "b_V", (H_kv * dh,), bias), H_kv),
+        b_O=_maybe(src, names, "b_O", (d,), bias),
         **fields,
     )
 
@@ -481,6 +502,6 @@ def gated_ffn(src: TensorSource, names: dict[str, str], *, d: int, d_ff: int, ac
     return FFNSpec(
         W_1=linear_weight(src, names["W_1"], d, d_ff), W_2=linear_weight(src, names["W_2"], d_ff, d),
         W_gate=linear_weight(src, names["W_gate"], d, d_ff), activation=act,
-        b_1=_maybe(src, names["b_1"], (d_ff,), bias), b_2=_maybe(src, names["b_2"], (d,), bias),
-        b_gate=_maybe(src, names["b_gate"], (d_ff,), bias),
+        b_1=_maybe(src, names, "b_1", (d_ff,), bias), b_2=_maybe(src, names, "b_2", (d,), bias),
+        b_gate=_maybe(src, names, "b_gate", (d_ff,), bias),
     )

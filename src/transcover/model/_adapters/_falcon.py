@@ -29,7 +29,7 @@ from .._sources import TensorSource
 from .._spec import AttentionSpec, LayerSequence, LayerSpec, Placement, Residual, TransformerSpec
 from ._common import (
     activation_from_name, find_prefix, grouped_qkv, heads_out, layer_count, layer_norm, linear_weight, lm_embeddings,
-    plain_ffn, present, require, summary, unexpected_layer_tensors,
+    optional_role, plain_ffn, present, require, summary, unexpected_layer_tensors, without_roles,
 )
 
 __all__ = ["build_falcon", "ALIBI_REASON"]
@@ -97,16 +97,18 @@ def build_falcon(src: TensorSource, config: dict, name: str) -> TransformerSpec:
     found = find_prefix(src, ["h.0.self_attention.query_key_value.weight", "word_embeddings.weight"])
     prefix = found[0] if found else ""
     n = layer_count(config, "num_hidden_layers", src, prefix, "h", name)
-    roles = {**_ATTN, **_norm_keys(new, parallel, n_ln)}
+    # ``bias`` (default false) gives every projection its bias (Note [absent biases])
+    roles = without_roles({**_ATTN, **_norm_keys(new, parallel, n_ln)},
+                          () if config.get("bias", False) else ("b_QKV", "b_O", "b_1", "b_2"))
     width = (H + 2 * H_kv) * dh
 
     def layer(i: int) -> LayerSpec:
         names = {role: f"{prefix}h.{i}.{key}" for role, key in roles.items()}
         W = linear_weight(src, names["W_QKV"], d, width)
-        (Wq, bq), (Wk, bk), (Wv, bv) = grouped_qkv(W, src.get_optional(names["b_QKV"], (width,)), H_kv, dh)
+        (Wq, bq), (Wk, bk), (Wv, bv) = grouped_qkv(W, optional_role(src, names, "b_QKV", (width,)), H_kv, dh)
         attn = AttentionSpec(
             W_Q=Wq, W_K=Wk, W_V=Wv, W_O=heads_out(linear_weight(src, names["W_O"], d, d), H),
-            b_Q=bq, b_K=bk, b_V=bv, b_O=src.get_optional(names["b_O"], (d,)),
+            b_Q=bq, b_K=bk, b_V=bv, b_O=optional_role(src, names, "b_O", (d,)),
             causal=True, rope=rope, scale=None if score_factor == 1.0 else score_factor / dh ** 0.5,
         )
         norm_attn = layer_norm(src, names["norm_attn.weight"], names["norm_attn.bias"], d, eps)

@@ -36,8 +36,8 @@ from .._rope_scaling import rope_from_config
 from .._sources import TensorSource
 from .._spec import Activation, LayerSequence, LayerSpec, NormKind, NormSpec, Placement, TransformerSpec
 from ._common import (
-    DECODER_ROLES, activation_from_name, decoder_attention, decoder_dims, find_prefix, gated_ffn, layer_count,
-    lazy_embeddings, summary, unexpected_layer_tensors,
+    ATTENTION_BIASES, DECODER_ROLES, MLP_BIASES, activation_from_name, decoder_attention, decoder_dims, find_prefix,
+    gated_ffn, layer_count, lazy_embeddings, summary, unexpected_layer_tensors, without_roles,
 )
 from ._windows import sliding_windows
 
@@ -180,7 +180,9 @@ def build_gemma(src: TensorSource, config: dict, name: str) -> TransformerSpec:
     else:
         norms["norm_ffn"] = "post_attention_layernorm.weight"
     qk_roles = {"q_norm.weight": "self_attn.q_norm.weight", "k_norm.weight": "self_attn.k_norm.weight"} if qk_norm else {}
-    roles = {**DECODER_ROLES, **{f"{k}.weight": v for k, v in norms.items()}, **qk_roles}
+    # no MLP bias, attention biases only with attention_bias (Note [absent biases])
+    roles = without_roles({**DECODER_ROLES, **{f"{k}.weight": v for k, v in norms.items()}, **qk_roles},
+                          (*MLP_BIASES, *(() if attn_bias else ATTENTION_BIASES)))
 
     def layer(i: int) -> LayerSpec:
         names = {role: f"{prefix}layers.{i}.{key}" for role, key in roles.items()}

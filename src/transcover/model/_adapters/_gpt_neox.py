@@ -31,7 +31,8 @@ from .._sources import TensorSource
 from .._spec import AttentionSpec, LayerSequence, LayerSpec, Placement, Residual, TransformerSpec
 from ._common import (
     activation_from_name, find_prefix, grouped_qkv, heads_out, layer_count, layer_norm, lazy_embeddings,
-    linear_weight, outer_prefix, plain_ffn, present, require, summary, transpose, unexpected_layer_tensors,
+    linear_weight, optional_role, outer_prefix, plain_ffn, present, require, summary, transpose,
+    unexpected_layer_tensors, without_roles,
 )
 
 __all__ = ["build_gpt_neox"]
@@ -69,15 +70,17 @@ def build_gpt_neox(src: TensorSource, config: dict, name: str) -> TransformerSpe
     found = find_prefix(src, ["layers.0.attention.query_key_value.weight", "embed_in.weight"])
     prefix = found[0] if found else ""
     n = layer_count(config, "num_hidden_layers", src, prefix, "layers", name)
+    # attention_bias (default true) gives query_key_value and dense their biases (Note [absent biases])
+    roles = without_roles(_LAYER_KEYS, () if config.get("attention_bias", True) else ("b_QKV", "b_O"))
 
     def layer(i: int) -> LayerSpec:
-        names = {role: f"{prefix}layers.{i}.{key}" for role, key in _LAYER_KEYS.items()}
+        names = {role: f"{prefix}layers.{i}.{key}" for role, key in roles.items()}
         W = linear_weight(src, names["W_QKV"], d, 3 * d)
-        b = src.get_optional(names["b_QKV"], (3 * d,))
+        b = optional_role(src, names, "b_QKV", (3 * d,))
         (Wq, bq), (Wk, bk), (Wv, bv) = grouped_qkv(W, b, H, dh)  # interleaved (H, 3, d_head)
         attn = AttentionSpec(
             W_Q=Wq, W_K=Wk, W_V=Wv, W_O=heads_out(linear_weight(src, names["W_O"], d, d), H),
-            b_Q=bq, b_K=bk, b_V=bv, b_O=src.get_optional(names["b_O"], (d,)),
+            b_Q=bq, b_K=bk, b_V=bv, b_O=optional_role(src, names, "b_O", (d,)),
             causal=True, rope=rope, scale=None if score_factor == 1.0 else score_factor / dh ** 0.5,
         )
         return LayerSpec(
@@ -103,6 +106,6 @@ def build_gpt_neox(src: TensorSource, config: dict, name: str) -> TransformerSpe
         arch=arch, name=name, d_model=d, layers=LayerSequence(n, layer), final_norm=final_norm,
         embeddings=embeddings,  # type: ignore[arg-type]  # a read-on-access Mapping
         config=out,
-        warnings=unexpected_layer_tensors(src, prefix, "layers", n, _LAYER_KEYS.values(), _HARMLESS,
+        warnings=unexpected_layer_tensors(src, prefix, "layers", n, roles.values(), _HARMLESS,
                                           arch=arch, name=name),
     )

@@ -30,18 +30,50 @@ from .._rope_scaling import rope_from_config
 from .._sources import TensorSource
 from .._spec import LayerSequence, LayerSpec, NormKind, Placement, TransformerSpec
 from ._common import (
-    DECODER_ROLES, activation_from_name, decoder_attention, decoder_dims, find_prefix, gated_ffn, layer_count,
-    layer_norm, lm_embeddings, summary, unexpected_layer_tensors,
+    ATTENTION_BIASES, DECODER_ROLES, MLP_BIASES, activation_from_name, decoder_attention, decoder_dims, find_prefix,
+    gated_ffn, layer_count, layer_norm, lm_embeddings, summary, unexpected_layer_tensors, without_roles,
 )
 from ._windows import sliding_windows
 
-__all__ = ["build_llama"]
+__all__ = ["build_llama", "llama_family"]
 
 _ROLES = {
     **DECODER_ROLES,
     "norm_attn.weight": "input_layernorm.weight",
     "norm_ffn.weight": "post_attention_layernorm.weight",
 }
+
+
+# ``architectures`` class-name stems of the model types the adapter reads, for a config.json without model_type
+_STEMS = (("Mixtral", "mixtral"), ("Mistral", "mistral"), ("Qwen2Moe", "qwen2_moe"), ("Qwen3Moe", "qwen3_moe"),
+          ("Qwen2", "qwen2"), ("Qwen3", "qwen3"))
+
+
+def llama_family(config: dict) -> str:
+    """The model type whose transformers modules compute the checkpoint: ``model_type``, else the one its
+    ``architectures`` class names, else "llama"."""
+    model_type = config.get("model_type")
+    if isinstance(model_type, str):
+        return model_type
+    stems = " ".join(str(c) for c in config.get("architectures") or [])
+    return next((family for stem, family in _STEMS if stem in stems), "llama")
+
+
+def _biases(config: dict, family: str) -> tuple[bool, bool, tuple[str, ...]]:
+    """``(attention biases required, MLP biases required, the bias roles the model has not)``, as transformers
+    5.25's modules of ``family`` build their projections (Note [absent biases]): Llama's ``attention_bias`` and
+    ``mlp_bias``; Qwen3 (and Qwen3-MoE) ``attention_bias``, no MLP bias; Mistral and Mixtral no bias at all (their
+    modules ignore ``attention_bias``); Qwen2 q/k/v biases always (read where stored), none on ``o_proj`` or the MLP;
+    Qwen2-MoE the same with ``qkv_bias`` (default true) deciding the q/k/v ones."""
+    attn, mlp = bool(config.get("attention_bias", False)), bool(config.get("mlp_bias", False))
+    if family in ("mistral", "mixtral"):
+        return False, False, (*ATTENTION_BIASES, *MLP_BIASES)
+    if family in ("qwen2", "qwen2_moe"):
+        qkv = family == "qwen2" or bool(config.get("qkv_bias", True))
+        return False, False, ("b_O", *MLP_BIASES) if qkv else (*ATTENTION_BIASES, *MLP_BIASES)
+    if family in ("qwen3", "qwen3_moe"):
+        mlp = False
+    return attn, mlp, (*(() if attn else ATTENTION_BIASES), *(() if mlp else MLP_BIASES))
 
 
 def build_llama(src: TensorSource, config: dict, name: str) -> TransformerSpec:
@@ -60,17 +92,16 @@ def build_llama(src: TensorSource, config: dict, name: str) -> TransformerSpec:
             f"{arch}: q_norm of shape {src.shape(prefix + 'layers.0.self_attn.q_norm.weight')} normalises more than "
             f"one head (d_head={dh}); only per-head query/key normalisation (Qwen3) is supported")
     n = layer_count(config, "num_hidden_layers", src, prefix, "layers", name)
-    # attention_bias / mlp_bias say the biases must be there; Qwen2 stores q/k/v biases without a flag.
-    attn_bias = bool(config.get("attention_bias", False))
-    mlp_bias = bool(config.get("mlp_bias", False))
-
+    family = llama_family(config)
+    attn_bias, mlp_bias, absent = _biases(config, family)
+    roles = without_roles(_ROLES, absent)
     windows = sliding_windows(config, n, arch=arch, name=name)
 
     def qk_names(i: int) -> dict[str, str]:
         return {f"{s}_norm.weight": f"{prefix}layers.{i}.self_attn.{s}_norm.weight" for s in "qk"} if qk_norm else {}
 
     def layer(i: int) -> LayerSpec:
-        names = {role: f"{prefix}layers.{i}.{key}" for role, key in _ROLES.items()}
+        names = {role: f"{prefix}layers.{i}.{key}" for role, key in roles.items()}
         attn = decoder_attention(
             src, names, d=d, H=H, H_kv=H_kv, dh=dh, bias=attn_bias, causal=True, rope=rope, window=windows[i],
             scale=None if score_factor == 1.0 else score_factor / dh ** 0.5,
@@ -100,7 +131,7 @@ def build_llama(src: TensorSource, config: dict, name: str) -> TransformerSpec:
         embeddings=embeddings,  # type: ignore[arg-type]  # a read-on-access Mapping
         config=out,
         # older checkpoints store RoPE's inv_freq buffer; the spec recomputes it from rope_theta
-        warnings=unexpected_layer_tensors(src, prefix, "layers", n, [*_ROLES.values(), *(
+        warnings=unexpected_layer_tensors(src, prefix, "layers", n, [*roles.values(), *(
             ["self_attn.q_norm.weight", "self_attn.k_norm.weight"] if qk_norm else [])],
                                           (r"self_attn\.rotary_emb\.inv_freq",), arch=arch, name=name),
     )

@@ -18,8 +18,8 @@ from .._rope_scaling import rope_from_config
 from .._sources import TensorSource
 from .._spec import LayerSequence, LayerSpec, NormKind, NormSpec, Placement, TransformerSpec
 from ._common import (
-    DECODER_ROLES, activation_from_name, decoder_attention, decoder_dims, find_prefix, gated_ffn, layer_count,
-    layer_norm, lm_embeddings, summary, unexpected_layer_tensors,
+    ATTENTION_BIASES, DECODER_ROLES, MLP_BIASES, activation_from_name, decoder_attention, decoder_dims, find_prefix,
+    gated_ffn, layer_count, layer_norm, lm_embeddings, summary, unexpected_layer_tensors, without_roles,
 )
 
 __all__ = ["build_olmo2"]
@@ -41,7 +41,8 @@ def build_olmo2(src: TensorSource, config: dict, name: str) -> TransformerSpec:
     prefix = found[0] if found else ""
     n = layer_count(config, "num_hidden_layers", src, prefix, "layers", name)
     attn_bias = bool(config.get("attention_bias", False))
-    roles = {**DECODER_ROLES, **_NORMS}
+    # no MLP bias, attention biases only with attention_bias (Note [absent biases])
+    roles = without_roles({**DECODER_ROLES, **_NORMS}, (*MLP_BIASES, *(() if attn_bias else ATTENTION_BIASES)))
 
     def layer(i: int) -> LayerSpec:
         names = {role: f"{prefix}layers.{i}.{key}" for role, key in roles.items()}

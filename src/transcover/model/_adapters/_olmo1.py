@@ -27,8 +27,8 @@ from .._rope_scaling import rope_from_config
 from .._sources import TensorSource
 from .._spec import AttentionSpec, FFNSpec, LayerSequence, LayerSpec, NormKind, NormSpec, Placement, TransformerSpec
 from ._common import (
-    activation_from_name, decoder_dims, find_prefix, heads_bias, heads_in, heads_out, layer_count, linear_weight,
-    lm_embeddings, present, summary, unexpected_layer_tensors,
+    ATTENTION_BIASES, activation_from_name, decoder_dims, find_prefix, heads_bias, heads_in, heads_out, layer_count,
+    linear_weight, lm_embeddings, present, summary, unexpected_layer_tensors, without_roles,
 )
 
 __all__ = ["build_olmo1", "CLIP_QKV_REASON"]
@@ -61,9 +61,10 @@ def build_olmo1(src: TensorSource, config: dict, name: str) -> TransformerSpec:
     n = layer_count(config, "num_hidden_layers", src, prefix, "layers", name)
     bias = bool(config.get("attention_bias", False))
     norm = NormSpec(NormKind.LAYERNORM, None, None, _OLMO_EPS)  # no parameters: one spec serves every norm
+    roles = without_roles(_ROLES, () if bias else ATTENTION_BIASES)  # Note [absent biases]
 
     def layer(i: int) -> LayerSpec:
-        names = {role: f"{prefix}layers.{i}.{key}" for role, key in _ROLES.items()}
+        names = {role: f"{prefix}layers.{i}.{key}" for role, key in roles.items()}
 
         def b(role: str, shape: tuple[int, ...]):
             return src.get(names[role], shape) if bias else None
@@ -89,6 +90,6 @@ def build_olmo1(src: TensorSource, config: dict, name: str) -> TransformerSpec:
         arch=arch, name=name, d_model=d, layers=LayerSequence(n, layer), final_norm=norm,
         embeddings=embeddings,  # type: ignore[arg-type]  # a read-on-access Mapping
         config=out,
-        warnings=unexpected_layer_tensors(src, prefix, "layers", n, _ROLES.values(),
+        warnings=unexpected_layer_tensors(src, prefix, "layers", n, roles.values(),
                                           (r"self_attn\.rotary_emb\.inv_freq",), arch=arch, name=name),
     )

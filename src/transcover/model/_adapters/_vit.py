@@ -24,7 +24,7 @@ from .._spec import LayerSequence, LayerSpec, Placement, TransformerSpec
 from ._common import (
     separate_projections_layer,
     activation_from_name, find_prefix, count_layers, layer_norm,
-    lazy_embeddings, no_layers, require, summary, transpose, unexpected_layer_tensors,
+    lazy_embeddings, no_layers, require, summary, transpose, unexpected_layer_tensors, without_roles,
 )
 
 __all__ = ["build_vit"]
@@ -68,7 +68,8 @@ def build_vit(src: TensorSource, config: dict, name: str) -> TransformerSpec:
     if found is None:
         found = find_prefix(src, ["embeddings.patch_embeddings.projection.weight"])
     prefix = found[0] if found else ""
-    roles = {**roles, **_NORMS}
+    # qkv_bias (default true) gives q/k/v their biases; o and the MLP always have one (Note [absent biases])
+    roles = without_roles({**roles, **_NORMS}, () if config.get("qkv_bias", True) else ("b_Q", "b_K", "b_V"))
     n = config.get("num_hidden_layers")
     n = count_layers(src, prefix, container) if n is None else int(n)
     if n == 0:

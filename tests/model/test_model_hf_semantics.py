@@ -274,7 +274,7 @@ def test_qwen_sliding_windows_without_their_keys_read_as_transformers_does(tmp_p
     for model_type in ("qwen2_moe", "qwen3_moe"):
         with pytest.raises(InputError, match="transformers versions window different layers"):
             sliding_windows({"model_type": model_type, "use_sliding_window": True, "sliding_window": 16,
-                             "max_window_layers": 1}, 2, arch="moe", name="m")
+                             "max_window_layers": 1}, 2, family=model_type, arch="moe", name="m")
 
 
 def test_roberta_tokens_are_embedded_at_robertas_positions(tmp_path, transformers_mod):
@@ -368,3 +368,56 @@ def test_bias_tensors_the_model_does_not_have_are_ignored_with_a_warning(family,
         assert err <= 1e-6, f"layer {i}: relative error {err:.3e}"  # HF's RoPE and RMSNorm compute in float32
     with pytest.raises(InputError, match=r"refused \(strict\).*unexpected tensor"):
         load(d, strict=True)
+
+
+# -- 7. which layers are windowed, per model type (red team 195, B) -------------------------------------
+
+
+@pytest.mark.parametrize("family, edit, want", [
+    # LlamaModel and GemmaModel build only the causal mask: a sliding_window key is an attribute nothing reads
+    ("llama", {"sliding_window": 3}, [None, None]),
+    ("llama", {"sliding_window": 3, "use_sliding_window": True, "max_window_layers": 1,
+               "layer_types": ["sliding_attention", "sliding_attention"]}, [None, None]),
+    ("gemma", {"sliding_window": 3}, [None, None]),
+    # MistralModel windows every layer when sliding_window is set, whatever the Qwen-style keys say
+    ("mistral", {"sliding_window": 3, "use_sliding_window": False}, [3, 3]),
+    ("mistral", {"sliding_window": 3, "use_sliding_window": True, "max_window_layers": 1}, [3, 3]),
+    ("mistral", {"sliding_window": 3, "layer_types": ["full_attention", "sliding_attention"]}, [3, 3]),
+    ("mistral", {"sliding_window": None}, [None, None]),
+    ("qwen3", {"sliding_window": 3, "use_sliding_window": True, "layer_types": ["sliding_attention",
+                                                                                "full_attention"]}, [3, None]),
+])
+def test_sliding_windows_follow_each_model_type(family, edit, want, tmp_path, transformers_mod):
+    """Red team 195 (B): the Qwen2/Mistral window rules were applied to every model type the Llama and Gemma
+    adapters read; a Llama config.json with a sliding_window key was read as a windowed model (0.1-0.5 apart)."""
+    tm = transformers_mod
+    classes = {"llama": ("LlamaConfig", "LlamaModel"), "gemma": ("GemmaConfig", "GemmaModel"),
+               "mistral": ("MistralConfig", "MistralModel"), "qwen3": ("Qwen3Config", "Qwen3Model")}
+    cfg_cls, model_cls = (getattr(tm, c) for c in classes[family])
+    extra = {"head_dim": 8} if family in ("gemma", "qwen3") else {}
+    cfg = cfg_cls(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=64, **extra)
+    torch.manual_seed(0)
+    src = _save(randomize(model_cls(cfg), seed=10), tmp_path / "src")
+    d = _edit(src, tmp_path / "edited", **edit)
+    hf = model_cls.from_pretrained(d).double().eval()
+    spec = load(d)
+    assert [layer.attention.window for layer in spec.layers] == want
+    _check_layers(spec, hf, hf.layers, 1e-6)  # T = 7 tokens: a window of 3 changes every output row past the third
+
+
+def test_qwen3_moe_windows_every_layer_or_is_refused():
+    """transformers 5.25 windows every Qwen3-MoE layer when use_sliding_window is on (its config has no
+    layer_types; 4.x windowed the layers >= max_window_layers): all-sliding layer_types agree, others are refused."""
+    from transcover.model._adapters._windows import sliding_windows
+
+    cfg = {"model_type": "qwen3_moe", "use_sliding_window": True, "sliding_window": 16, "max_window_layers": 1}
+    assert sliding_windows({**cfg, "layer_types": ["sliding_attention"] * 2}, 2, family="qwen3_moe", arch="moe",
+                           name="m") == [16, 16]
+    with pytest.raises(InputError, match="5.25: every layer"):
+        sliding_windows({**cfg, "layer_types": ["full_attention", "sliding_attention"]}, 2, family="qwen3_moe",
+                        arch="moe", name="m")
+    assert sliding_windows({**cfg, "use_sliding_window": False}, 2, family="qwen3_moe", arch="moe",
+                           name="m") == [None, None]
+    with pytest.raises(InputError, match="sets a sliding window for model_type 'yi'"):
+        sliding_windows({"sliding_window": 4}, 2, family="yi", arch="llama", name="m")

@@ -482,7 +482,8 @@ def decoder_attention(src: TensorSource, names: dict[str, str], *, d: int, H: in
                       bias: bool, **fields: Any) -> AttentionSpec:
     """Grouped-query attention from separate ``nn.Linear`` q/k/v/o projections (``names``: role ->
     tensor name, roles as in :data:`DECODER_ROLES`); biases required when ``bias``, else read if
-    present; a bias role missing from ``names`` is no bias (Note [absent biases]).  ``fields`` are the remaining :class:`AttentionSpec` fields (causal, rope, scale, ...)."""
+    present; a bias role missing from ``names`` is no bias (Note [absent biases]).  ``fields`` are the
+    remaining :class:`AttentionSpec` fields (causal, rope, scale, ...)."""
     return AttentionSpec(
         W_Q=heads_in(linear_weight(src, names["W_Q"], d, H * dh), H),
         W_K=heads_in(linear_weight(src, names["W_K"], d, H_kv * dh), H_kv),

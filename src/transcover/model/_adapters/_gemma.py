@@ -165,7 +165,7 @@ def build_gemma(src: TensorSource, config: dict, name: str) -> TransformerSpec:
                          "layer 0: the checkpoint does not have the sandwich norms its configuration declares")
     qk_norm = f"{prefix}layers.0.self_attn.q_norm.weight" in src
     config = _layer_types(config, model_type, n)
-    windows = sliding_windows(config, n, arch=arch, name=name)
+    windows = sliding_windows(config, n, family=model_type, arch=arch, name=name)
     ropes = _ropes(config, model_type, dh)
     qpas = _positive_number(config, "query_pre_attn_scalar") if sandwich else None
     # Only Gemma 2's attention soft-caps its scores; Gemma 3's accepts attn_logit_softcapping in its

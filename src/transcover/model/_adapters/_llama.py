@@ -95,7 +95,7 @@ def build_llama(src: TensorSource, config: dict, name: str) -> TransformerSpec:
     family = llama_family(config)
     attn_bias, mlp_bias, absent = _biases(config, family)
     roles = without_roles(_ROLES, absent)
-    windows = sliding_windows(config, n, arch=arch, name=name)
+    windows = sliding_windows(config, n, family=family, arch=arch, name=name)
 
     def qk_names(i: int) -> dict[str, str]:
         return {f"{s}_norm.weight": f"{prefix}layers.{i}.self_attn.{s}_norm.weight" for s in "qk"} if qk_norm else {}

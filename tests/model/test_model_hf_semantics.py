@@ -421,3 +421,62 @@ def test_qwen3_moe_windows_every_layer_or_is_refused():
                            name="m") == [None, None]
     with pytest.raises(InputError, match="sets a sliding window for model_type 'yi'"):
         sliding_windows({"sliding_window": 4}, 2, family="yi", arch="llama", name="m")
+
+
+# -- 8. rope_scaling beside rope_parameters, and a top-level original length (red team 195, C and D) ----------
+
+
+def _drop_nested_theta(cfg):
+    for entry in cfg["rope_parameters"].values():
+        entry.pop("rope_theta")
+    cfg.update(rope_theta=5.0, rope_local_base_freq=7.0)
+
+
+_LLAMA3 = dict(rope_type="llama3", rope_theta=100.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+               original_max_position_embeddings=8)
+_YARN = dict(rope_type="yarn", rope_theta=100.0, factor=4.0, original_max_position_embeddings=64)
+
+
+@pytest.mark.parametrize("family, rope, edit", [
+    # transformers 5.25: ``rope_scaling or rope_parameters`` -- a legacy rope_scaling replaces the whole dict, its
+    # theta then the top-level rope_theta or the default (C)
+    ("llama", {"rope_type": "default", "rope_theta": 100.0}, {"rope_scaling": {"rope_type": "linear", "factor": 3.0}}),
+    ("gpt_neox", {"rope_type": "default", "rope_theta": 100.0, "partial_rotary_factor": 0.5},
+     {"rope_scaling": {"rope_type": "linear", "factor": 3.0}}),
+    ("phi", {"rope_type": "default", "rope_theta": 100.0, "partial_rotary_factor": 0.5},
+     {"rope_scaling": {"type": "linear", "factor": 3.0}, "rope_theta": 50.0}),
+    # Gemma 3 merges it into the full_attention entry, and takes an absent theta from the top level (C)
+    ("gemma3", None, {"rope_scaling": {"rope_type": "linear", "factor": 4.0}}),
+    ("gemma3", None, _drop_nested_theta),
+    # a top-level original_max_position_embeddings overrides the dict's for llama3 and yarn (D)
+    ("llama", _LLAMA3, {"original_max_position_embeddings": 2}),
+    ("llama", _YARN, {"original_max_position_embeddings": 2}),
+    ("gemma3", {"full_attention": _YARN, "sliding_attention": {"rope_type": "default", "rope_theta": 7.0}},
+     {"original_max_position_embeddings": 2}),  # not for a nested entry: HF keeps the entry's own
+])
+def test_rope_parameters_are_formed_as_transformers_does(family, rope, edit, tmp_path, transformers_mod):
+    tm = transformers_mod
+    dec = dict(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+               max_position_embeddings=16)
+    if rope is not None:
+        dec["rope_parameters"] = rope
+    if family == "llama":
+        model = tm.LlamaModel(tm.LlamaConfig(**dec, num_key_value_heads=2))
+    elif family == "gpt_neox":
+        model = tm.GPTNeoXModel(tm.GPTNeoXConfig(**dec))
+    elif family == "phi":
+        model = tm.PhiModel(tm.PhiConfig(**dec))
+    else:
+        model = tm.Gemma3TextModel(tm.Gemma3TextConfig(**dec, num_key_value_heads=2, head_dim=8, sliding_window=3,
+                                                       layer_types=["sliding_attention", "full_attention"]))
+    torch.manual_seed(0)
+    src = _save(randomize(model, seed=11), tmp_path / "src")
+    if callable(edit):
+        d = _edit(src, tmp_path / "edited")
+        cfg = json.loads((d / "config.json").read_text())
+        edit(cfg)
+        (d / "config.json").write_text(json.dumps(cfg))
+    else:
+        d = _edit(src, tmp_path / "edited", **edit)
+    hf = type(model).from_pretrained(d).double().eval()
+    _check_layers(load(d), hf, hf.layers, 1e-6)  # HF computes the frequencies and RMSNorm in float32

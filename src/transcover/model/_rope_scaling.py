@@ -45,21 +45,49 @@ _POSITION_DEPENDENT = {
 }
 
 
+_ORIGINAL_LENGTH = ("llama3", "yarn", "longrope")
+
+
 def _parameters(config: dict) -> dict:
-    """transformers 5 ``rope_parameters``, or the 4.x ``rope_theta``/``rope_scaling`` pair, merged."""
-    params = dict(config.get("rope_scaling") or {})
-    params.update(config.get("rope_parameters") or {})
-    if "type" in params and "rope_type" not in params:
-        params["rope_type"] = params["type"]
+    """The RoPE parameters as transformers 5.25's ``convert_rope_params_to_dict`` and ``standardize_rope_params``
+    form them from config.json (red team 195):
+
+    * a non-empty ``rope_scaling`` *replaces* ``rope_parameters`` (``rope_scaling or rope_parameters``);
+      ``rope_theta`` / ``partial_rotary_factor`` missing from the result come from the top level
+      (:func:`_number`), as HF's ``setdefault`` does;
+    * ``rope_type`` defaults to the 4.x ``type``, else "default";
+    * for llama3 and yarn a top-level ``original_max_position_embeddings`` *overrides* the dict's (HF's
+      exception for Phi-3-style configs), and the dict's value defaults to ``max_position_embeddings``.
+
+    A nested per-layer-type dict (Gemma 3) is formed by its adapter and passed here without the top-level keys.
+    """
+    params = dict(config.get("rope_scaling") or config.get("rope_parameters") or {})
+    params.setdefault("rope_type", params.get("type", "default"))
+    if params["rope_type"] in _ORIGINAL_LENGTH:
+        if "original_max_position_embeddings" in config:
+            params["original_max_position_embeddings"] = config["original_max_position_embeddings"]
+        elif config.get("max_position_embeddings") is not None:
+            params.setdefault("original_max_position_embeddings", config["max_position_embeddings"])
     return params
+
+
+def _original_length(p: dict, arch: str) -> float:
+    """``original_max_position_embeddings``: a number > 0 (UnsupportedArchitectureError where absent)."""
+    if "original_max_position_embeddings" not in p:
+        raise UnsupportedArchitectureError(
+            f"{arch}: rope_type {p['rope_type']!r} lacks 'original_max_position_embeddings'")
+    old = _number(p, {}, "original_max_position_embeddings", 0.0, arch)
+    if old <= 0:
+        raise InputError(f"{arch} configuration: original_max_position_embeddings must be > 0, but got {old!r}")
+    return old
 
 
 def _llama3(inv: np.ndarray, p: dict, arch: str) -> np.ndarray:
     try:
         factor, low, high = float(p["factor"]), float(p["low_freq_factor"]), float(p["high_freq_factor"])
-        old = float(p["original_max_position_embeddings"])
     except KeyError as e:
         raise UnsupportedArchitectureError(f"{arch}: rope_type 'llama3' lacks {e.args[0]!r}") from None
+    old = _original_length(p, arch)
     wavelen = 2 * math.pi / inv
     out = np.where(wavelen > old / low, inv / factor, inv)
     smooth = (old / wavelen - low) / (high - low)
@@ -68,10 +96,7 @@ def _llama3(inv: np.ndarray, p: dict, arch: str) -> np.ndarray:
 
 
 def _yarn(theta: float, r: int, p: dict, config: dict, arch: str) -> tuple[np.ndarray, float]:
-    try:
-        old = float(p["original_max_position_embeddings"])
-    except KeyError:
-        raise UnsupportedArchitectureError(f"{arch}: rope_type 'yarn' lacks 'original_max_position_embeddings'") from None
+    old = _original_length(p, arch)
     factor = p.get("factor")
     factor = float(config["max_position_embeddings"]) / old if factor is None else float(factor)
 

@@ -89,15 +89,24 @@ def _ropes(config: dict, model_type: str, dh: int) -> dict[str, tuple]:
     if not model_type.startswith("gemma3"):
         rope = rope_from_config(config, "gemma", dh)
         return {"full_attention": rope, "sliding_attention": rope}
-    params = config.get("rope_parameters") or {}
-    if "full_attention" in params or "sliding_attention" in params:
-        full = {"rope_type": "default", "rope_theta": 1_000_000.0, **(params.get("full_attention") or {})}
-        local = {"rope_type": "default", "rope_theta": 10_000.0, **(params.get("sliding_attention") or {})}
-    else:  # transformers 4 layout: rope_theta (+ rope_scaling) global, rope_local_base_freq local
-        full = {"rope_type": "default", **(config.get("rope_scaling") or {}),
-                "rope_theta": float(config.get("rope_theta") or 1_000_000.0)}
-        local = {"rope_type": "default", "rope_theta": float(config.get("rope_local_base_freq") or 10_000.0)}
-    bare = {k: v for k, v in config.items() if k not in ("rope_parameters", "rope_scaling", "rope_theta")}
+    # Gemma3TextConfig.convert_rope_params_to_dict (transformers 5.25): rope_parameters, else a default entry per
+    # layer type; a legacy rope_scaling is merged into the full_attention entry; an entry without rope_theta takes
+    # the top-level rope_theta (full) or rope_local_base_freq (sliding), else 1e6 / 1e4 (red team 195)
+    given = config.get("rope_parameters")
+    params = {k: dict(v) if isinstance(v, dict) else v for k, v in given.items()} if isinstance(given, dict) else {
+        "sliding_attention": {"rope_type": "default"}, "full_attention": {"rope_type": "default"}}
+    if config.get("rope_scaling") is not None:
+        if not isinstance(params.get("full_attention"), dict):
+            raise InputError(f"gemma: configuration gives rope_scaling and rope_parameters without a full_attention "
+                             "entry to merge it into (transformers fails on it); but got rope_parameters="
+                             f"{given!r}")
+        params["full_attention"].update(config["rope_scaling"])
+    full, local = (params.get(t) or {"rope_type": "default"} for t in ("full_attention", "sliding_attention"))
+    full.setdefault("rope_theta", config.get("rope_theta", 1_000_000.0))
+    local.setdefault("rope_theta", config.get("rope_local_base_freq", 10_000.0))
+    # standardize_rope_params on nested entries: a top-level original_max_position_embeddings is not used
+    bare = {k: v for k, v in config.items()
+            if k not in ("rope_parameters", "rope_scaling", "rope_theta", "original_max_position_embeddings")}
     ropes = {t: rope_from_config({**bare, "rope_parameters": p}, "gemma", dh)
              for t, p in (("full_attention", full), ("sliding_attention", local))}
     # Scaling only the global layers (e.g. dynamic NTK) lengthens their context; every layer's B_KQ

@@ -208,3 +208,24 @@ def test_a_model_without_a_finite_covering_bound_still_gets_its_page(tmp_path):
     html = out.read_text()
     assert "no covering bound: Lemma G.3" in html and "overflows float64" in html
     assert 'id="norms"' in html and 'id="lipschitz"' in html
+
+
+def test_a_norm_with_eps_0_is_reported_under_a_variance_floor(tmp_path, capsys):
+    """Red team 189: a BERT with ``layer_norm_eps = 0`` was refused with advice to give a variance floor, which
+    ``report`` had no option for.  ``--sigma-min`` reaches the Lipschitz and covering bounds, and the page lists it."""
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16,
+                                  vocab_size=50, max_position_embeddings=16, layer_norm_eps=0.0)
+    transformers.BertModel(cfg).save_pretrained(tmp_path / "eps0")
+    capsys.readouterr()
+    out = tmp_path / "r.html"
+    assert main(["report", str(tmp_path / "eps0"), "-o", str(out), "--quiet", "--lower-steps", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "--sigma-min" in err and len(err.strip().splitlines()) == 1 and not out.exists()
+    assert main(["report", str(tmp_path / "eps0"), "-o", str(out), "--quiet", "--lower-steps", "0",
+                 "--sigma-min", "0.04"]) == 0
+    html = out.read_text()
+    assert "std &gt;= 0.04" in html and "no covering bound" not in html
+    assert main(["report", str(tmp_path / "eps0"), "-o", str(tmp_path / "n.html"), "--sigma-min", "nan"]) == 2

@@ -36,6 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq-len", type=int, default=None,
                    help="sequence length T of the covering bound (default 128, or the model's longest sequence if "
                         "shorter)")
+    p.add_argument("--sigma-min", type=float, default=0.0,
+                   help="assume every LayerNorm input has std >= this (0: the global, eps-limited constant; needed "
+                        "for a norm with eps = 0)")
     p.add_argument("--no-lower", action="store_true", help="skip the empirical lower Lipschitz estimates")
     p.add_argument("--lower-samples", type=int, default=1, help="random starts per lower-estimate search")
     p.add_argument("--lower-steps", type=int, default=3, help="ascent steps per lower-estimate search")
@@ -56,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
     for flag, v in (("--radius", args.radius), ("--eps", args.eps)):
         if not (0 < v < float("inf")):
             raise InputError(f"{flag} must be a finite number > 0, but got {flag}={v}")
+    if not 0 <= args.sigma_min < float("inf"):
+        raise InputError(f"--sigma-min must be a finite number >= 0, but got --sigma-min={args.sigma_min}")
     if not args.n_samples >= 1:
         raise InputError(f"--n-samples must be >= 1, but got --n-samples={args.n_samples}")
     for flag, v, lo in (("--seq-len", 1 if args.seq_len is None else args.seq_len, 1), ("--lower-samples", args.lower_samples, 1),
@@ -74,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         local = _local_bounds(args)
     options = ReportOptions(radius=args.radius, eps=args.eps, n_samples=args.n_samples, seq_len=args.seq_len,
                             lower=not args.no_lower, lower_samples=args.lower_samples, lower_steps=args.lower_steps,
-                            lower_stages=args.lower_stages)
+                            lower_stages=args.lower_stages, sigma_min=args.sigma_min)
     with progress(quiet=args.quiet) as tracker:
         data = compute_report(args.model, **load_options(args), options=options, history=args.history, data=args.data,
                               local=local, tracker=tracker)

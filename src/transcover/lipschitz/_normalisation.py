@@ -72,7 +72,7 @@ def layernorm_lipschitz(gamma_max: float, eps: float, sigma_min: float = 0.0) ->
     if e == 0.0 and s0 == 0.0:
         # shared by RMSNorm, whose eps = 0 was refused in LayerNorm's words (red team 165)
         raise InputError("a LayerNorm or RMSNorm with eps=0 is not Lipschitz near constant (LayerNorm) or zero "
-                         "(RMSNorm) inputs; give a variance floor sigma_min > 0")
+                         "(RMSNorm) inputs; give a variance floor sigma_min > 0 (--sigma-min)")
     if g == 0.0:
         return 0.0  # exact
     # Note [outward rounding]: sqrt(sigma_0^2 + eps) = hypot(sigma_0, sqrt(eps)), formed without squaring

@@ -67,6 +67,18 @@ def test_mistyped_command_gets_a_suggestion(capsys):
     assert "did you mean 'analyze'?" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv", [["report", "--eps", "1e400"], ["bound", "--n-samples", "x"], ["lipschitz", "--nope"],
+                                  ["cover", "finite", "--q", "a"], ["analyze", "--seed"]])
+def test_a_parse_error_is_one_line(argv, capsys):
+    """Red team 189: argparse's own errors (a value beyond float64, an unknown option) printed the command's whole
+    usage block before the error, where every other refusal is one line."""
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "error:" in err[0] and "--help" in err[0], err
+
+
 def test_deprecated_alias_still_works_and_says_so(ref_file, capsys):
     assert main(["lipschitz", str(ref_file), "--ln-sigma-min", "-1"]) == 2
     err = capsys.readouterr().err

@@ -94,7 +94,9 @@ class _Parser(argparse.ArgumentParser):
             close = difflib.get_close_matches(m.group(1), choices, n=1, cutoff=0.6)
             if close:
                 message += f"; did you mean '{close[0]}'?"
-        super().error(message)
+        # one line, as every other refusal (red team 189: `report --eps 1e400` printed the 14-line usage block first);
+        # the usage is one --help away
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, object]]:

@@ -134,6 +134,10 @@ def test_report_prints_interval_ends_and_uppers_on_their_sides(report):
                 continue
             assert Decimal(cell) >= Decimal(iv.upper), (k, cell, iv.upper)
             below_if_nearest += Decimal(f"{iv.upper:.6g}") < Decimal(iv.upper)
+        # the last column bounds every interval's relative gap (red team 189: 5.012e-10 printed as 5.0e-10)
+        gap = max(getattr(layer, k).relative_gap for k in keys if getattr(layer, k) is not None)
+        assert Decimal(row[len(keys) + 1]) >= Decimal(gap), (row, gap)
+        below_if_nearest += Decimal(f"{gap:.1e}") < Decimal(gap)
     assert below_if_nearest > 0  # nearest rounding would have printed some below: the check can fail
     matrices = _table(tables, ["layer", "matrix", "tensor", "shape"])[1:]
     ivs = [(m.spectral, m.frobenius, m.l21) for layer in a.layers for m in layer.matrices.values()]

@@ -244,7 +244,7 @@ def _analysis(d: ReportData) -> str:
         ivs = [getattr(layer, k) for k in keys]
         gaps = [iv.relative_gap for iv in ivs if iv is not None]
         rows.append([str(layer.index)] + ["–" if iv is None else fmt(iv.upper, 6, "up") for iv in ivs]
-                    + [f"{max(gaps):.1e}"])
+                    + [fmt(max(gaps), 2, "up")])  # a bound on the gap: up (red team 189)
     layer_table = table(["layer"] + [("‖W_O‖₂" if k == "W_O" else k) for k in keys] + ["max rel. gap"], rows,
                         numeric=[True] * (len(keys) + 2), raw=True,
                         caption=f"per layer: upper ends of certified intervals {kind_badge(a.kind)} (the lower "

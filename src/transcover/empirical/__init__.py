@@ -37,6 +37,7 @@ from ._montecarlo import monte_carlo_covering as monte_carlo_covering
 from ._montecarlo import SEED_BLOCK as SEED_BLOCK
 from ._montecarlo import block_seed as block_seed
 from ._montecarlo import check_output_memory as check_output_memory
+from ._montecarlo import check_outputs_memory as check_outputs_memory
 from ._montecarlo import outputs_bytes as outputs_bytes
 from ._montecarlo import reference_block_outputs as reference_block_outputs
 from ._nets import CoveringEstimate as CoveringEstimate
@@ -61,7 +62,8 @@ __all__ = [
     "NormRadii", "RADIAL_LAWS", "ReferenceClassSample", "random_inputs", "sample_reference_class",
     "LOCAL_ROLES", "LocalClassSample", "sample_local_class",
     "MonteCarloCovering", "covering_of_outputs", "monte_carlo_covering",
-    "SEED_BLOCK", "block_seed", "reference_block_outputs", "check_output_memory", "outputs_bytes",
+    "SEED_BLOCK", "block_seed", "reference_block_outputs", "check_output_memory", "check_outputs_memory",
+    "outputs_bytes",
     "MAX_FUNCTIONS", "UniformSearchResult", "uniform_covering_search",
     "EpsGrowthFit", "LineFit", "fit_eps_growth", "fit_line", "fit_power_growth",
     "usable_points",

@@ -47,7 +47,7 @@ from ._nets import FORWARD_PAD_ASSUMPTION, FORWARD_REL_PAD, IncrementalNet, forw
 
 __all__ = ["FunctionSample", "MonteCarloCovering", "monte_carlo_covering", "covering_of_outputs",
            "default_checkpoints", "SEED_BLOCK", "block_seed", "reference_block_outputs", "check_output_memory",
-           "outputs_bytes"]
+           "check_outputs_memory", "outputs_bytes"]
 
 SEED_BLOCK = 256  # members per seed block (Note [seed blocks]); changing it changes every block draw
 
@@ -163,6 +163,13 @@ def outputs_bytes(M: int, rows: int, width: int) -> int:
     return 3 * 8 * int(M) * int(rows) * int(width)
 
 
+def check_outputs_memory(M: int, rows: int, width: int) -> None:
+    """``check_output_memory`` for the outputs of ``M`` sampled functions, ``rows x width`` values each."""
+    check_output_memory(outputs_bytes(M, rows, width),
+                        f"the outputs of {M} functions ({rows} x {width} values each, float64, up to three copies)",
+                        "--functions (or --samples)")
+
+
 def default_checkpoints(M: int) -> tuple[int, ...]:
     """Roughly geometric prefix sizes 10, 20, 50, 100, ... up to and including M."""
     out = []
@@ -234,10 +241,7 @@ def monte_carlo_covering(sample: FunctionSample, X: Tensor, eps: Sequence[float]
     qf = check_q(q)
     if hasattr(sample, "output_shape"):
         rows, width = sample.output_shape(X)
-        check_output_memory(outputs_bytes(sample.n_functions, rows, width),
-                            f"the outputs of {sample.n_functions} functions ({rows} x {width} values each, float64, "
-                            "up to three copies)",
-                            "--functions (or --samples)")
+        check_outputs_memory(sample.n_functions, rows, width)
     with torch_threads(workers):
         Y = sample.evaluate(X)
     res = covering_of_outputs(Y, eps_t, qf, checkpoints=checkpoints,

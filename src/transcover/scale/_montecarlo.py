@@ -125,17 +125,14 @@ def monte_carlo_reference(config, radii, X: torch.Tensor, n_functions: int, eps:
         InputError: bad options, or a chunk that failed (the message names it).
     """
     from ..empirical import SEED_BLOCK, covering_of_outputs, sample_reference_class
-    from ..empirical import check_output_memory, outputs_bytes
+    from ..empirical import check_outputs_memory
 
     # every class check (config, radii, radial law, output, memory) before any chunk runs
     probe = sample_reference_class(config, radii, 1, radial=radial, seed=seed, output=output)
     description = probe.description
     check_positive_int(n_functions, "n_functions")
     rows, width = probe.output_shape(X)
-    check_output_memory(outputs_bytes(n_functions, rows, width),
-                        f"the outputs of {n_functions} functions ({rows} x {width} values each, float64, "
-                        "up to three copies)",
-                        "--functions (or --samples)")
+    check_outputs_memory(n_functions, rows, width)
     items = reference_items(config, radii, X, n_functions, seed=seed, radial=radial, output=output,
                             chunk_blocks=chunk_blocks, threads=threads, block=block)
     report = sweep(items, montecarlo_chunk, store=store, backend=backend, workers=workers, threads=threads,
@@ -202,13 +199,10 @@ def monte_carlo_local(model: str, radii: dict[str, float], X: torch.Tensor, n_fu
     spec = load(model, arch=arch, strict=strict).to_torch()
     probe = sample_local_class(spec, radii, 1, radial=radial, seed=seed)  # checks radii
     description = probe.description
-    from ..empirical import check_output_memory, outputs_bytes
+    from ..empirical import check_outputs_memory
 
     rows, width = probe.output_shape(X)
-    check_output_memory(outputs_bytes(n_functions, rows, width),
-                        f"the outputs of {n_functions} functions ({rows} x {width} values each, float64, "
-                        "up to three copies)",
-                        "--functions (or --samples)")
+    check_outputs_memory(n_functions, rows, width)
     fp = fingerprint(model)
     Xb = np.ascontiguousarray(X.detach().to(torch.float64).numpy(), dtype="<f8")
     digest = hashlib.sha256(json.dumps({"model": fp, "radii": {k: float(v) for k, v in sorted(radii.items())},

@@ -41,6 +41,18 @@ def _config(cls, config, options: dict):
     return replace(config if config is not None else cls(), **options)
 
 
+def _shrunk(cfg, config, options: dict, *specs):
+    """``cfg`` with its default ``seq_len`` shrunk to what ``specs`` cover, as the CLI does (red team 197); a T given
+    in ``options`` or ``config`` is kept (and checked by the bounds)."""
+    from dataclasses import replace
+
+    from .model import default_sequence_length
+
+    if config is not None or "seq_len" in options:
+        return cfg
+    return replace(cfg, seq_len=default_sequence_length(cfg.seq_len, *specs))
+
+
 def _small_threads(d_model: int, seq_len: int):
     """One intra-op torch thread for small forwards, as the CLI runs them (Note [small problems] in
     ``transcover._threads``); the caller's setting is restored afterwards."""
@@ -177,6 +189,7 @@ def lipschitz(model=None, config=None, *, arch: str | None = None, allow_pickle:
                                 rho=rho, rho_relative=rho_relative, max_len=max_len, limit=limit, lower=lower,
                                 steps=cfg.steps, whole=whole_network)
     spec = _spec(model, arch=arch, allow_pickle=allow_pickle, strict=strict, roles=roles).to_torch()
+    cfg = _shrunk(cfg, config, options, spec)
     check_sequence_length(spec, cfg.seq_len, "seq_len")
     l2 = any(layer.attention.kind == "l2" for layer in spec.layers)
     with _small_threads(spec.d_model, cfg.seq_len):
@@ -245,6 +258,7 @@ def perturb(model_a, model_b, config=None, *, arch: str | None = None, allow_pic
     cfg = _config(PerturbConfig, config, options)
     a = _spec(model_a, arch=arch, allow_pickle=allow_pickle, strict=strict, roles=roles).to_torch()
     b = _spec(model_b, arch=arch, allow_pickle=allow_pickle, strict=strict, roles=roles).to_torch()
+    cfg = _shrunk(cfg, config, options, a, b)
     require_same_structure(a, b)  # Lemma G.3 charges weight distances only
     with _small_threads(a.d_model, cfg.seq_len):
         bound_ = perturbation_bound(a, b, **cfg.bound_options())
@@ -290,7 +304,7 @@ def bound(model=None, config=None, *, arch: str | None = None, allow_pickle: boo
         given = set(options) | ({"n_samples", "seq_len"} if config is not None else set())
         options = {**({} if "n_samples" in given else {"n_samples": (float(n_train),)}),
                    **({} if "seq_len" in given else {"seq_len": task_len}), **options}
-    cfg = _config(BoundConfig, config, options)
+    cfg = _shrunk(_config(BoundConfig, config, options), config, options, spec)
     ref = None if reference is None else _spec(reference, arch=arch, allow_pickle=allow_pickle, strict=strict,
                                                roles=roles).to_torch()
     return model_bound(spec.to_torch(), cfg, reference=ref)

@@ -97,6 +97,44 @@ def test_defaults_shrink_to_the_limit(llama_dir, tmp_path) -> None:  # noqa: ANN
     assert f"T = {P})" in html.read_text()
 
 
+def test_perturb_checks_both_models(llama_dir, tmp_path, capsys) -> None:  # noqa: ANN001
+    """Red team 197: ``perturb A B`` checked T against A only, so a B covering fewer tokens passed in one order."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(1)
+    cfg = transformers.LlamaConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                                   intermediate_size=64, vocab_size=64, max_position_embeddings=4 * P)
+    longer = tmp_path / "llama64"
+    transformers.LlamaForCausalLM(cfg).eval().save_pretrained(longer, safe_serialization=True)
+    capsys.readouterr()
+    for a, b in ((longer, llama_dir), (llama_dir, longer)):
+        assert main(["perturb", str(a), str(b), "--seq-len", str(2 * P), "--steps", "1", "--samples", "1",
+                     "--quiet"]) == 2
+        assert f"longer than the {P} tokens" in capsys.readouterr().err
+    with pytest.raises(Exception, match=f"longer than the {P} tokens"):
+        perturbation_lower(load(longer).to_torch(), load(llama_dir).to_torch(), seq_len=P + 1, n_samples=1,
+                           n_steps=0)
+
+
+def test_every_default_shrinks_to_a_short_model(tmp_path, capsys) -> None:  # noqa: ANN001
+    """Red team 197: with 3 positions, ``lipschitz`` (default 8 tokens) and ``report`` (its lower search's 4) were
+    refused for a T the user never gave, and ``transcover.bound()`` kept 128 where the CLI shrank it."""
+    import transcover
+
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    d = tmp_path / "gpt2_3"
+    transformers.GPT2Model(transformers.GPT2Config(n_embd=16, n_layer=1, n_head=2, n_positions=3,
+                                                   vocab_size=20)).save_pretrained(d, safe_serialization=True)
+    capsys.readouterr()
+    assert main(["lipschitz", str(d), "--steps", "1", "--samples", "1", "--quiet"]) == 0
+    assert main(["perturb", str(d), str(d), "--steps", "1", "--samples", "1", "--quiet"]) == 0
+    assert main(["report", str(d), "-o", str(tmp_path / "r.html"), "--quiet", "--lower-steps", "1"]) == 0
+    assert transcover.bound(d).seq_len == 3
+    assert transcover.lipschitz(d, samples=1, steps=1) is not None
+    with pytest.raises(Exception, match="longer than the 3 tokens"):
+        transcover.bound(d, seq_len=4)
+
+
 def test_api_refuses_longer_sequences(llama_dir) -> None:  # noqa: ANN001
     """The library functions that state a number for T tokens refuse T beyond the limit themselves."""
     spec = load(llama_dir).to_torch()

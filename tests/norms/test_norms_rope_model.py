@@ -146,7 +146,7 @@ def test_a_sequence_longer_than_the_rope_context_is_refused():
 
     spec = _spec(4)
     lipschitz_bounds(spec, seq_len=P)  # at the context length: fine
-    with pytest.raises(InputError, match=f"exceeds the RoPE model's max_position={P}"):
+    with pytest.raises(InputError, match=f"seq_len={P + 1} is longer than the {P} tokens the model covers \\(its RoPE"):
         lipschitz_bounds(spec, seq_len=P + 1)
     with pytest.raises(InputError, match="max_position"):
         perturbation_bound(spec, spec, radius=1.0, seq_len=P + 1)

@@ -25,8 +25,9 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
                    help="R: every input token (embedded, before the input norm) has l2 norm <= R")
     p.add_argument("--metric", choices=("2,inf", "fro"), default=_D.metric,
                    help="max over tokens of the l2 norm (T-independent) or Frobenius over --seq-len tokens")
-    p.add_argument("--seq-len", type=int, default=_D.seq_len,
-                   help="tokens per sampled input (and T for --metric fro)")
+    p.add_argument("--seq-len", type=int, default=None,
+                   help=f"tokens per sampled input (and T for --metric fro; default {_D.seq_len}, or the model's "
+                        "longest sequence if shorter)")
     p.add_argument("--c-sm", type=float, default=_D.c_sm,
                    help="softmax constant >= 1 (1 proven and tight; 2 Edelman et al.)")
     p.add_argument("--sigma-min", dest="ln_sigma_min", type=float, default=_D.sigma_min,
@@ -98,7 +99,7 @@ def check_common(args: argparse.Namespace) -> None:
     if not args.ln_sigma_min >= 0:
         raise InputError(f"--sigma-min must be >= 0, but got --sigma-min={args.ln_sigma_min}")
     for flag, v, lo in (("--seq-len", args.seq_len, 1), ("--samples", args.samples, 1), ("--steps", args.steps, 0)):
-        if v < lo:
+        if v is not None and v < lo:
             raise InputError(f"{flag} must be >= {lo}, but got {flag}={v}")
 
 
@@ -110,7 +111,7 @@ def _refuse_global_options(args: argparse.Namespace) -> None:
 
     d = LipschitzConfig()
     given = [flag for flag, v, dv in (("--radius", args.radius, d.radius), ("--metric", args.metric, d.metric),
-                                      ("--seq-len", args.seq_len, d.seq_len), ("--c-sm", args.c_sm, d.c_sm),
+                                      ("--seq-len", args.seq_len, None), ("--c-sm", args.c_sm, d.c_sm),
                                       ("--sigma-min", args.ln_sigma_min, d.sigma_min),
                                       ("--samples", args.samples, d.samples)) if v != dv]
     if given:
@@ -142,13 +143,14 @@ def run(args: argparse.Namespace) -> int:
     from ._scaleopts import refuse_scale_options
 
     refuse_scale_options(args, "the global bounds (no --data)", "the sequences of --data")
-    cfg = config_from_args(args)
     tracker = start_progress(quiet=args.quiet)
     tracker.step("loading the model")
     spec = load(args.model, **load_options(args)).to_torch()
-    from ..model import check_sequence_length
+    from ..model import check_sequence_length, default_sequence_length
 
-    check_sequence_length(spec, cfg.seq_len, "--seq-len")
+    args.seq_len = args.seq_len or default_sequence_length(_D.seq_len, spec)
+    check_sequence_length(spec, args.seq_len, "--seq-len")
+    cfg = config_from_args(args)
     tracker.step("certified upper bounds")
     small_threads(spec.d_model, cfg.seq_len)
     seq = cfg.seq_len if cfg.metric == "fro" or _needs_seq_len(spec) else None

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from .._errors import InputError
 from .._printed import up
 from .._results import Kind, Quantity
-from ..model import NormKind, Placement
+from ..model import NormKind, Placement, sequence_too_long
 from ._attention import (
     _check_metric,
     attention_lipschitz,
@@ -129,8 +129,7 @@ def _assumptions(metric: str, radius: float, c_sm: float, sigma_min: float, seq_
     P = min((L.rope_positions for L in layers if L.rope_positions is not None), default=None)
     if P is not None:  # B_KQ is the sup over the relative offsets of such sequences (THEORY F22)
         if seq_len is not None and seq_len > P:
-            raise InputError(f"seq_len={seq_len} exceeds the RoPE model's max_position={P}: its score-matrix "
-                             "bound covers relative offsets below max_position only")
+            raise InputError(sequence_too_long(seq_len, P, "the model", "seq_len", rope=True))
         out.append(f"RoPE: sequences of at most max_position={P} tokens")
     return tuple(out)
 

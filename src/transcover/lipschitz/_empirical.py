@@ -442,7 +442,7 @@ def perturbation_lower(spec_a: TransformerSpec, spec_b: TransformerSpec, *, radi
     """
     check_radius(radius)
     _check_sizes(n_samples, n_steps, seq_len)
-    check_sequence_length(spec_a, seq_len, "seq_len")  # a lower at T beside bounds for <= T (189)
+    check_sequence_length(spec_a, seq_len, "seq_len", spec_b)  # a lower at T beside bounds for <= T (189, 197)
     if spec_a.d_model != spec_b.d_model:
         raise InputError(f"the two models have different d_model: {spec_a.d_model} vs {spec_b.d_model}")
     fa = stage_functions(spec_a)[(-2, "network")]

@@ -66,25 +66,38 @@ def _max_positions(spec: TransformerSpec) -> int | None:
     return min(limits) if limits else None
 
 
-def max_sequence_length(spec: TransformerSpec) -> int | None:
-    """The longest sequence ``spec``'s bounds cover (its position table's rows, the smallest RoPE ``max_position``), or
-    None when nothing limits it."""
-    return _max_positions(spec)
+def max_sequence_length(*specs: TransformerSpec) -> int | None:
+    """The longest sequence the bounds of every one of ``specs`` cover (a position table's rows, the smallest RoPE
+    ``max_position``), or None when nothing limits it."""
+    limits = [p for p in map(_max_positions, specs) if p is not None]
+    return min(limits) if limits else None
 
 
-def check_sequence_length(spec: TransformerSpec, T: int, option: str = "seq_len") -> None:
+def default_sequence_length(default: int, *specs: TransformerSpec) -> int:
+    """A command's default T, shrunk to what ``specs`` cover (a 128-token default of a 16-position model is 16)."""
+    return min(default, max_sequence_length(*specs) or default)
+
+
+def sequence_too_long(T: int, limit: int, what: str, option: str, rope: bool) -> str:
+    """The one-line refusal of ``T`` tokens beyond ``limit`` (``check_sequence_length`` and the bounds' own check in
+    ``lipschitz._compose``)."""
+    why = ("its RoPE bounds are suprema over the offsets below max_position" if rope
+           else "its position table has no row beyond")
+    return f"{option}={T} is longer than the {limit} tokens {what} covers ({why}); use {option} <= {limit}"
+
+
+def check_sequence_length(spec: TransformerSpec, T: int, option: str = "seq_len", *others: TransformerSpec) -> None:
     """:class:`InputError` when sequences of ``T`` tokens are longer than ``spec``'s bounds cover (``_max_positions``:
     its position table, or the RoPE offsets B_KQ is the supremum over).  Every bound stated for T tokens (a covering
     number of n x T points, a Frobenius-metric constant, a lower search beside a certified upper) calls it: ``bound
     --seq-len 1000`` of a Llama with 64 positions printed a certified log N whose B_KQ (0.34, the sup over offsets
-    below 64) is 3.7x under the score matrix's norm at offset 999 (red team 189).  ``option`` names the setting."""
-    n_pos = _max_positions(spec)
-    if n_pos is not None and int(T) > n_pos:
-        rope = any(getattr(layer.attention, "rope", None) is not None for layer in spec.layers)
-        why = ("its RoPE bounds are suprema over the offsets below max_position" if rope
-               else "its position table has no row beyond")
-        raise InputError(f"{option}={T} is longer than the {n_pos} tokens {spec.name} covers ({why}); "
-                         f"use {option} <= {n_pos}")
+    below 64) is 3.7x under the score matrix's norm at offset 999 (red team 189).  ``option`` names the setting;
+    ``others``: further models the same T goes through (``perturb``'s second model, red team 197)."""
+    for s in (spec, *others):
+        n_pos = _max_positions(s)
+        if n_pos is not None and int(T) > n_pos:
+            rope = any(getattr(layer.attention, "rope", None) is not None for layer in s.layers)
+            raise InputError(sequence_too_long(T, n_pos, s.name, option, rope))
 
 
 def _need_token_table(spec: TransformerSpec) -> None:

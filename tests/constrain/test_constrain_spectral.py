@@ -196,3 +196,14 @@ def test_the_penalty_sees_a_weight_that_was_zero_when_tracked():
     assert float(sigmas["W2.0"]) == pytest.approx(float(_sigma(model.blocks[0].W_2)), rel=1e-3)
     assert float(sigmas["OV.0"].min()) > 0.5
     assert float(cons.penalty().detach()) > 0.0
+
+
+def test_the_restart_vector_has_no_zero_entry():
+    """Note [zero restart]'s vector is formed in float64: formed in float32 it had 117 zero entries at n = 2^16 (red
+    team 197), coordinates a restart could not reach.  Unit norm in the dtype asked for."""
+    from transcover.constrain._spectral import _seed_vector
+
+    for dtype in (torch.float32, torch.float64, torch.bfloat16):
+        s = _seed_vector(2**16, dtype, torch.device("cpu"))
+        assert s.dtype == dtype and bool((s != 0).all())
+        assert abs(float(s.double().norm()) - 1) <= torch.finfo(dtype).eps  # each entry within eps/2 relative

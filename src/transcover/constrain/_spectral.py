@@ -57,16 +57,18 @@ def _normalize(x: Tensor) -> Tensor:
 
 def _seed(x: Tensor) -> Tensor:
     """A deterministic unit vector of ``x``'s length, dtype and device: ``frac(k phi) - 1/2`` for k = 1..n
-    (golden-ratio points, no entry 0, so no coordinate direction is orthogonal to it), normalised.  Formed once per
-    length, dtype and device (it is read on every forward: formed each time it cost 1.5x the normalisation itself)."""
+    (golden-ratio points spread over (-1/2, 1/2)), normalised.  Formed in float64 on the CPU: no entry is 0 there for
+    n <= 2^22 (checked; the smallest |entry| before normalising is 6.4e-8, where float32 had 7 zeros at n = 2^14, red
+    team 197); a float16 copy may flush the smallest to 0, which only leaves those coordinates to the next step.
+    Formed once per length, dtype and device (formed on every forward it cost 1.5x the normalisation itself)."""
     return _seed_vector(x.shape[-1], x.dtype, x.device)
 
 
 @functools.lru_cache(maxsize=64)
 def _seed_vector(n: int, dtype: torch.dtype, device: torch.device) -> Tensor:
-    k = torch.arange(1, n + 1, dtype=torch.float32, device=device)
+    k = torch.arange(1, n + 1, dtype=torch.float64)
     s = torch.frac(k * 0.6180339887498949) - 0.5
-    return (s / s.norm()).to(dtype)
+    return (s / s.norm()).to(device=device, dtype=dtype)
 
 
 def _check_iterations(n_iter: int) -> int:

@@ -206,4 +206,5 @@ def test_the_restart_vector_has_no_zero_entry():
     for dtype in (torch.float32, torch.float64, torch.bfloat16):
         s = _seed_vector(2**16, dtype, torch.device("cpu"))
         assert s.dtype == dtype and bool((s != 0).all())
-        assert abs(float(s.double().norm()) - 1) <= torch.finfo(dtype).eps  # each entry within eps/2 relative
+        # each entry rounded within eps/2 relative; the float64 norms (forming it, checking it) within n u each
+        assert abs(float(s.double().norm()) - 1) <= torch.finfo(dtype).eps / 2 + 2.02 * 2**16 * 2.0**-53

@@ -124,7 +124,8 @@ def test_the_staged_tables_certified_columns_are_rounded_up():
 def test_a_log_axis_over_hundreds_of_decades_is_drawn(low):
     """Red team 189: lowers of 2.5e-78 beside a network upper of 2.0e264 (a float32 model at its dtype's edge) made
     matplotlib's tick formatter overflow, and ``report`` ended in an internal error.  The axes span at most
-    ``LOG_SPAN`` decades below the largest value (Note [log span]) and the figure is drawn; the largest bar is inside."""
+    ``LOG_SPAN`` decades below the largest value (Note [log span]) and the figure is drawn; the largest bar is
+    inside."""
     from transcover.report._displays import LOG_SPAN, LipschitzDisplay, PerturbationDisplay
 
     d = LipschitzDisplay(["0·attn", "layer 0", "network"], np.array([3.0, 1e100, 2.0e264]),

@@ -63,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--sigma-min must be a finite number >= 0, but got --sigma-min={args.sigma_min}")
     if not args.n_samples >= 1:
         raise InputError(f"--n-samples must be >= 1, but got --n-samples={args.n_samples}")
-    for flag, v, lo in (("--seq-len", 1 if args.seq_len is None else args.seq_len, 1), ("--lower-samples", args.lower_samples, 1),
+    for flag, v, lo in (("--seq-len", 1 if args.seq_len is None else args.seq_len, 1),
+                        ("--lower-samples", args.lower_samples, 1),
                         ("--lower-steps", args.lower_steps, 0)):
         if v < lo:
             raise InputError(f"{flag} must be >= {lo}, but got {flag}={v}")

@@ -28,8 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"training-set sizes n for the generalisation bound (default {_D.n_samples[0]:g}; a training "
                         "checkpoint: its n_train)")
     p.add_argument("--seq-len", type=int, default=None,
-                   help=f"sequence length T (enters as log(nT); default {_D.seq_len}, or the model's longest "
-                        "sequence if shorter; a training checkpoint: its task's)")
+                   help=f"sequence length T (enters as log(nT); default {_D.seq_len}; the model's longest sequence "
+                        "if shorter; a training checkpoint: its task's)")
     p.add_argument("--radius", type=float, default=_D.radius,
                    help="bound R on input token norms")
     p.add_argument("--c-sm", type=float, default=_D.c_sm,

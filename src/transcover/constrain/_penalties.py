@@ -129,12 +129,14 @@ def layer_lipschitz_factor(
         differentiable when they are.
 
     Raises:
-        InputError: ``L_act``, ``c_sm`` or ``R`` not a finite number >= 0 (``L_act = -5`` gave a
-            factor of -16, red team 190).
+        InputError: ``L_act`` or ``R`` not a finite number >= 0 (``L_act = -5`` gave a factor of -16, red team
+            190); ``c_sm`` not a finite number >= 1 (``check_c_sm``: F5's constant).
     """
-    for value, name in ((L_act, "L_act"), (c_sm, "c_sm"), (R, "R")):
+    for value, name in ((L_act, "L_act"), (R, "R")):
         check_number(value, name, low=0.0)
-    from ..lipschitz import attention_lipschitz
+    from ..lipschitz import attention_lipschitz, check_c_sm
+
+    check_c_sm(c_sm)
 
     attn = 1.0 + attention_lipschitz(list(B_OV.unbind()), list(B_KQ.unbind()), R, c_sm=c_sm)
     ffn = 1.0 + L_act * B_W1 * B_W2

@@ -432,6 +432,11 @@ def _drop_nested_theta(cfg):
     cfg.update(rope_theta=5.0, rope_local_base_freq=7.0)
 
 
+def _neox_top_level_only(cfg):
+    del cfg["rope_parameters"]
+    cfg.update(rope_theta=50.0, partial_rotary_factor=0.5)
+
+
 _LLAMA3 = dict(rope_type="llama3", rope_theta=100.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                original_max_position_embeddings=8)
 _YARN = dict(rope_type="yarn", rope_theta=100.0, factor=4.0, original_max_position_embeddings=64)
@@ -445,6 +450,11 @@ _YARN = dict(rope_type="yarn", rope_theta=100.0, factor=4.0, original_max_positi
      {"rope_scaling": {"rope_type": "linear", "factor": 3.0}}),
     ("phi", {"rope_type": "default", "rope_theta": 100.0, "partial_rotary_factor": 0.5},
      {"rope_scaling": {"type": "linear", "factor": 3.0}, "rope_theta": 50.0}),
+    # GPTNeoXConfig fills them from rotary_emb_base / rotary_pct, else 10000 / 0.25: never from the top level
+    # (red team 197: read there, 0.41 and 0.62 apart)
+    ("gpt_neox", {"rope_type": "default", "rope_theta": 100.0, "partial_rotary_factor": 0.5},
+     {"rope_scaling": {"rope_type": "linear", "factor": 3.0}, "rope_theta": 50.0, "partial_rotary_factor": 0.5}),
+    ("gpt_neox", None, _neox_top_level_only),
     # Gemma 3 merges it into the full_attention entry, and takes an absent theta from the top level (C)
     ("gemma3", None, {"rope_scaling": {"rope_type": "linear", "factor": 4.0}}),
     ("gemma3", None, _drop_nested_theta),

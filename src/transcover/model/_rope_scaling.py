@@ -54,7 +54,9 @@ def _parameters(config: dict) -> dict:
 
     * a non-empty ``rope_scaling`` *replaces* ``rope_parameters`` (``rope_scaling or rope_parameters``);
       ``rope_theta`` / ``partial_rotary_factor`` missing from the result come from the top level
-      (:func:`_number`), as HF's ``setdefault`` does;
+      (:func:`_number`), as the shared ``RotaryEmbeddingConfigMixin.convert_rope_params_to_dict`` fills them in;
+      a family whose config class fills them from elsewhere passes those values as the top-level ones
+      (GPT-NeoX: ``rotary_emb_base`` / ``rotary_pct``, else 10000 / 0.25; its top-level keys are ignored);
     * ``rope_type`` defaults to the 4.x ``type``, else "default";
     * for llama3 and yarn a top-level ``original_max_position_embeddings`` *overrides* the dict's (HF's
       exception for Phi-3-style configs), and the dict's value defaults to ``max_position_embeddings``.

@@ -60,12 +60,14 @@ def build_gpt_neox(src: TensorSource, config: dict, name: str) -> TransformerSpe
     eps = float(config.get("layer_norm_eps", 1e-5))
     act = activation_from_name(config.get("hidden_act", "gelu"), arch=arch)
     # transformers 4.x spells the rotary fraction and base rotary_pct / rotary_emb_base; 5.25's
-    # GPTNeoXConfig.convert_rope_params_to_dict reads rope_parameters' own values, else these, else 0.25 and
-    # 10000 (4.x's defaults too), before a top-level partial_rotary_factor / rope_theta (red team 168: a
-    # config.json without any of them rotated the whole head here, a quarter of it in the model)
-    legacy = {key: config[old] for key, old in (("partial_rotary_factor", "rotary_pct"),
-                                                ("rope_theta", "rotary_emb_base")) if old in config}
-    rope, score_factor = rope_from_config({**config, **legacy}, arch, dh, default_factor=0.25, partial=True)
+    # GPTNeoXConfig.convert_rope_params_to_dict fills what rope_parameters (or rope_scaling) lacks from these,
+    # else 0.25 and 10000 (4.x's defaults too), and never from a top-level partial_rotary_factor / rope_theta,
+    # which the model ignores (red team 197: they were read, 0.41-0.62 apart; red team 168: a config.json
+    # without any of them rotated the whole head here, a quarter of it in the model).  They stand in for the
+    # top-level values rope_from_config falls back to.
+    legacy = {"rope_theta": config.get("rotary_emb_base", 10000.0),
+              "partial_rotary_factor": config.get("rotary_pct", 0.25)}
+    rope, score_factor = rope_from_config({**config, **legacy}, arch, dh, partial=True)
     residual = Residual.PARALLEL if config.get("use_parallel_residual", True) else Residual.SEQUENTIAL
     found = find_prefix(src, ["layers.0.attention.query_key_value.weight", "embed_in.weight"])
     prefix = found[0] if found else ""

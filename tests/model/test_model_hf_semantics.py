@@ -490,3 +490,44 @@ def test_rope_parameters_are_formed_as_transformers_does(family, rope, edit, tmp
         d = _edit(src, tmp_path / "edited", **edit)
     hf = type(model).from_pretrained(d).double().eval()
     _check_layers(load(d), hf, hf.layers, 1e-6)  # HF computes the frequencies and RMSNorm in float32
+
+
+# -- 9. a model_type spelled otherwise than transformers' key (red team 197) ---------------------------------
+
+
+@pytest.mark.parametrize("family, spelling, edit", [
+    ("qwen2", "Qwen2", {}),  # q/k/v biases: Qwen2's rule, not Llama's (read as unexpected: 0.39 apart)
+    ("mistral", "Mistral", {"sliding_window": 3}),  # every layer windowed: Mistral's rule (was refused)
+    ("gemma2", "GEMMA2", "minimal"),  # Gemma 2's defaults: query_pre_attn_scalar 256, soft-cap 50, window 4096
+])
+def test_model_type_selects_its_rules_in_any_spelling(family, spelling, edit, tmp_path, transformers_mod):
+    """transcover's registry reads ``model_type`` in lower case with ``-`` as ``_`` (``"Qwen2"`` chooses the Qwen2
+    adapter) and the model class ignores its spelling; the rules chosen by model type (biases, windows, the config
+    class's defaults) followed the raw string and missed (red team 197)."""
+    tm = transformers_mod
+    classes = {"qwen2": ("Qwen2Config", "Qwen2Model"), "mistral": ("MistralConfig", "MistralModel"),
+               "gemma2": ("Gemma2Config", "Gemma2Model")}
+    cfg_cls, model_cls = (getattr(tm, c) for c in classes[family])
+    extra = {"head_dim": 8} if family == "gemma2" else {}
+    cfg = cfg_cls(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=64, **extra)
+    torch.manual_seed(0)
+    src = _save(randomize(model_cls(cfg), seed=5), tmp_path / "src")
+    if edit == "minimal":
+        keep = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "max_position_embeddings", "head_dim")
+        d = _edit(src, tmp_path / "edited")
+        cfg = json.loads((d / "config.json").read_text())
+        (d / "config.json").write_text(json.dumps({**{k: cfg[k] for k in keep}, "model_type": spelling}))
+    else:
+        d = _edit(src, tmp_path / "edited", model_type=spelling, **edit)
+    hf = model_cls.from_pretrained(d).double().eval()
+    spec = load(d)
+    attn = spec.layers[0].attention
+    if family == "qwen2":
+        assert attn.b_Q is not None and attn.b_O is None
+    elif family == "mistral":
+        assert [layer.attention.window for layer in spec.layers] == [3, 3]
+    else:
+        assert attn.scale == pytest.approx(256 ** -0.5) and attn.softcap == 50.0 and attn.window == 4096
+    _check_layers(spec, hf, hf.layers, 1e-6)

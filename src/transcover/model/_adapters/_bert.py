@@ -41,8 +41,9 @@ _ROLES = {
 }
 
 
-# model types whose position ids start after the padding index (transformers' create_position_ids_from_input_ids)
-_PAD_OFFSET_TYPES = ("roberta", "xlm-roberta", "xlm_roberta")
+# model types whose position ids start after the padding index (transformers' create_position_ids_from_input_ids),
+# spelled as with_hf_defaults spells them ("xlm-roberta" is "xlm_roberta")
+_PAD_OFFSET_TYPES = ("roberta", "xlm_roberta")
 
 
 def _position_padding(config: dict) -> dict:

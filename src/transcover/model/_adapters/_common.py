@@ -29,7 +29,7 @@ __all__ = [
     "linear_weight", "layer_norm", "require", "no_layers", "lazy_embeddings", "transpose",
     "summary", "unexpected_layer_tensors", "grouped_qkv", "outer_prefix", "present", "layer_count", "plain_ffn",
     "DECODER_ROLES", "decoder_attention", "gated_ffn", "ATTENTION_BIASES", "MLP_BIASES", "without_roles",
-    "optional_role",
+    "optional_role", "model_type_key",
 ]
 
 # HF ``hidden_act`` strings -> the spec's activations (transformers/activations.py, ACT2CLS):
@@ -146,14 +146,30 @@ HF_DEFAULTS: dict[str, dict[str, object]] = {
 }
 
 
-def with_hf_defaults(config: dict) -> dict:
-    """``config`` with the keys of :data:`HF_DEFAULTS` it lacks filled in for its ``model_type`` (also inside a
-    Gemma 3 ``text_config``); a key present (null included) is kept as it is (Note [HF defaults])."""
+def model_type_key(model_type: object) -> str:
+    """An HF ``model_type`` (or an ``arch=`` value) as the registry spells its keys: lower case, ``-`` as ``_``."""
+    return str(model_type).lower().replace("-", "_")
+
+
+def _keyed(config: dict) -> dict:
+    """``config`` with a textual ``model_type`` spelled as :func:`model_type_key` spells it."""
     model_type = config.get("model_type")
-    out = {**HF_DEFAULTS.get(model_type, {}), **config} if isinstance(model_type, str) else dict(config)
+    return {**config, "model_type": model_type_key(model_type)} if isinstance(model_type, str) else dict(config)
+
+
+def with_hf_defaults(config: dict) -> dict:
+    """``config`` with its ``model_type`` spelled as the registry's keys (also inside a Gemma 3 ``text_config``)
+    and the keys of :data:`HF_DEFAULTS` it lacks filled in for that model type; a key present (null included) is
+    kept as it is (Note [HF defaults]).
+
+    Every rule an adapter chooses by model type (biases, windows, defaults, RoPE) then sees the type that chose
+    the adapter: ``"Qwen2"`` was read by the Qwen2 adapter with Llama's bias rules (red team 197).
+    """
+    out = _keyed(config)
+    model_type = out.get("model_type")
+    out = {**HF_DEFAULTS.get(model_type, {}), **out} if isinstance(model_type, str) else out
     if model_type == "gemma3" and isinstance(config.get("text_config"), dict):
-        text = config["text_config"]
-        out["text_config"] = {**HF_DEFAULTS["gemma3_text"], **text}
+        out["text_config"] = {**HF_DEFAULTS["gemma3_text"], **_keyed(config["text_config"])}
     return out
 
 

@@ -50,8 +50,8 @@ _STEMS = (("Mixtral", "mixtral"), ("Mistral", "mistral"), ("Qwen2Moe", "qwen2_mo
 
 
 def llama_family(config: dict) -> str:
-    """The model type whose transformers modules compute the checkpoint: ``model_type``, else the one its
-    ``architectures`` class names, else "llama"."""
+    """The model type whose transformers modules compute the checkpoint: ``model_type`` (spelled as the registry's
+    keys by ``with_hf_defaults``), else the one its ``architectures`` class names, else "llama"."""
     model_type = config.get("model_type")
     if isinstance(model_type, str):
         return model_type

@@ -13,6 +13,7 @@ from ..._errors import UnsupportedArchitectureError
 from .._sources import TensorSource
 from .._spec import TransformerSpec
 from ._bert import build_bert
+from ._common import model_type_key
 from ._falcon import build_falcon
 from ._encoders import build_clip, build_clip_text, build_clip_vision, build_distilbert, build_whisper_encoder
 from ._gemma import build_gemma
@@ -110,7 +111,7 @@ def _unsupported(what: str) -> UnsupportedArchitectureError:
 
 def adapter_for(arch: str) -> tuple[str, Adapter]:
     """(canonical name, adapter) for an ``arch=`` value or an HF ``model_type``."""
-    key = str(arch).lower().replace("-", "_")
+    key = model_type_key(arch)
     key = ARCH_ALIASES.get(key, key)
     if key not in _ADAPTERS:
         raise _unsupported(repr(arch))

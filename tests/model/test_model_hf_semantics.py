@@ -531,3 +531,36 @@ def test_model_type_selects_its_rules_in_any_spelling(family, spelling, edit, tm
     else:
         assert attn.scale == pytest.approx(256 ** -0.5) and attn.softcap == 50.0 and attn.window == 4096
     _check_layers(spec, hf, hf.layers, 1e-6)
+
+
+# -- 10. Gemma 2/3 without a window: transformers still fills in sliding layers (red team 197) -------------------
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3"])
+@pytest.mark.parametrize("layer_types", [None, ["sliding_attention", "full_attention"]])
+def test_gemma_sliding_layers_without_a_window_are_refused(family, layer_types, tmp_path, transformers_mod):
+    """Gemma2Config / Gemma3TextConfig fill layer_types in (sliding, full, ...) whether or not sliding_window is set,
+    and their model then fails on a null window (TypeError in the mask): with layer_types given this was refused,
+    without them it loaded unwindowed (Gemma 3's sliding layers with the global base). Both are refused alike."""
+    tm = transformers_mod
+    cfg_cls, model_cls = ((tm.Gemma2Config, tm.Gemma2Model) if family == "gemma2" else
+                          (tm.Gemma3TextConfig, tm.Gemma3TextModel))
+    cfg = cfg_cls(vocab_size=V, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=8, max_position_embeddings=16, sliding_window=3,
+                  layer_types=["sliding_attention", "full_attention"])
+    src = _save(model_cls(cfg), tmp_path / "src")
+    changes = {"sliding_window": None, "sliding_window_pattern": 2}
+    d = _edit(src, tmp_path / "edited", **changes) if layer_types else _edit(src, tmp_path / "edited",
+                                                                             drop=("layer_types",), **changes)
+    hf = model_cls.from_pretrained(d).eval()
+    assert hf.config.layer_types == ["sliding_attention", "full_attention"]
+    with pytest.raises(TypeError):
+        hf(input_ids=torch.zeros(1, T, dtype=torch.long))
+    with pytest.raises(InputError, match="'sliding_attention' layers .* but no sliding_window"):
+        load(d)
+    if family == "gemma3":  # transformers fails on a pattern that is no positive integer, at the config already
+        bad = _edit(src, tmp_path / "bad", drop=("layer_types",), sliding_window_pattern=None)
+        with pytest.raises(TypeError):
+            model_cls.from_pretrained(bad)
+        with pytest.raises(InputError, match="sliding_window_pattern must be a positive integer"):
+            load(bad)

@@ -141,8 +141,9 @@ def test_windows_and_layer_types_default_as_hf(models):
     from transcover.model._adapters._gemma import _layer_types
 
     g2 = {"model_type": "gemma2", "sliding_window": 8}
-    assert _layer_types(g2, "gemma2", 4)["layer_types"] == ["sliding_attention", "full_attention"] * 2
-    g3 = _layer_types({"model_type": "gemma3_text", "sliding_window": 8}, "gemma3_text", 7)["layer_types"]
+    assert _layer_types(g2, "gemma2", 4, "gemma", "g2")["layer_types"] == ["sliding_attention", "full_attention"] * 2
+    g3 = _layer_types({"model_type": "gemma3_text", "sliding_window": 8}, "gemma3_text", 7, "gemma", "g3")
+    g3 = g3["layer_types"]
     assert g3 == ["sliding_attention"] * 5 + ["full_attention", "sliding_attention"]
 
 

@@ -75,11 +75,20 @@ def _gemma_norm(src: TensorSource, key: str, d: int, eps: float) -> NormSpec:
     return NormSpec(NormKind.RMSNORM, offset_gain(src.get(key, (d,))), None, float(eps))
 
 
-def _layer_types(config: dict, model_type: str, n: int) -> dict:
-    """The config with ``layer_types`` filled in as HF's config classes do when it is absent."""
-    if config.get("layer_types") or model_type not in _SANDWICH or config.get("sliding_window") is None:
+def _layer_types(config: dict, model_type: str, n: int, arch: str, name: str) -> dict:
+    """The config with ``layer_types`` filled in as HF's config classes do when it is absent: Gemma 2 alternates
+    sliding and full layers, Gemma 3 makes every ``sliding_window_pattern``-th layer full (default 6).
+
+    They do so whatever ``sliding_window`` is; a null window with sliding layers is a model transformers builds and
+    cannot run (a TypeError in its mask), refused by ``sliding_windows`` as with ``layer_types`` given (red team 197:
+    it loaded unwindowed, Gemma 3's sliding layers with the global base).
+    """
+    if config.get("layer_types") or model_type not in _SANDWICH:
         return config
-    pattern = 2 if model_type == "gemma2" else int(config.get("sliding_window_pattern") or 6)
+    pattern = 2 if model_type == "gemma2" else config.get("sliding_window_pattern", 6)
+    if isinstance(pattern, bool) or not isinstance(pattern, int) or pattern < 1:  # transformers fails on it
+        raise InputError(f"{arch} configuration of {name}: sliding_window_pattern must be a positive integer (every "
+                         f"how many layers one attends fully), but got sliding_window_pattern={pattern!r}")
     return {**config, "layer_types": ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n)]}
 
 
@@ -173,7 +182,7 @@ def build_gemma(src: TensorSource, config: dict, name: str) -> TransformerSpec:
         raise InputError(f"{arch}: {model_type} configuration of {name} but no pre_feedforward_layernorm in "
                          "layer 0: the checkpoint does not have the sandwich norms its configuration declares")
     qk_norm = f"{prefix}layers.0.self_attn.q_norm.weight" in src
-    config = _layer_types(config, model_type, n)
+    config = _layer_types(config, model_type, n, arch, name)
     windows = sliding_windows(config, n, family=model_type, arch=arch, name=name)
     ropes = _ropes(config, model_type, dh)
     qpas = _positive_number(config, "query_pre_attn_scalar") if sandwich else None

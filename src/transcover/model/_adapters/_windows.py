@@ -88,8 +88,9 @@ def sliding_windows(config: dict, n_layers: int, *, family: str, arch: str, name
             raise UnsupportedArchitectureError(
                 f"{arch}: layer {i} has attention type {t!r}; only full and sliding-window attention are supported")
         if t == "sliding_attention" and window is None:
-            raise InputError(f"{arch} configuration of {name} lists layer_types ['sliding_attention'] but no "
-                             "sliding_window" + (" (use_sliding_window is off)" if family.startswith("qwen") else ""))
+            raise InputError(f"{arch} configuration of {name} has 'sliding_attention' layers (its layer_types, "
+                             "as given or as transformers fills them in) but no sliding_window"
+                             + (" (use_sliding_window is off)" if family.startswith("qwen") else ""))
         out.append(_window(config, arch, name) if t == "sliding_attention" else None)
     return out
 

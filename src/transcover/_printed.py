@@ -16,7 +16,7 @@ from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal, localcontext
 # digits enough for any float64 written out in full (1e308 has 309 integer digits, a subnormal 767 significant ones)
 _PREC = 2000
 
-__all__ = ["up", "down", "near", "directed", "log10_up", "for_kind", "from_ln", "fixed"]
+__all__ = ["up", "down", "near", "directed", "log10_up", "for_kind", "from_ln", "fixed", "count_up"]
 
 
 def directed(x: float, digits: int, way: str) -> str:
@@ -64,6 +64,12 @@ def down(x: float, digits: int = 5) -> str:
 def near(x: float, digits: int = 5) -> str:
     """An estimate (or an exact value) to nearest."""
     return directed(x, digits, "near")
+
+
+def count_up(n: float, digits: int = 3) -> str:
+    """A sample size that meets a target, printed: the whole number ``ceil(n)`` rounded up to ``digits`` significant
+    digits (a rounded-down n may not meet the target, a fractional one is no sample size)."""
+    return up(math.ceil(n), digits) if math.isfinite(n) else f"{n}"
 
 
 def log10_up(ln_value: float, digits: int = 4, *, decimals: int | None = None) -> str:

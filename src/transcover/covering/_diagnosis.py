@@ -15,8 +15,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from .._printed import count_up
 from .._results import as_dict
-from ._generalisation import sample_size_for_gap
 
 __all__ = ["Diagnosis", "diagnose"]
 
@@ -28,8 +28,8 @@ class Diagnosis:
     ``dominant_term``: per sample size, ``"rademacher"`` (the covering term ``2R``) or
     ``"concentration"`` (``3b sqrt(ln(2/delta)/(2n))``).  ``top``: ``(matrix, layer, cover, share
     of log N, log10 c_i)`` of the largest contributions.  ``layers``: share of ``log N`` per layer.
-    ``routes``: ``log10 log N`` at eps per cover family.  ``n_non_vacuous``: the smallest n (to 1 %
-    in log10) whose certified gap is below the loss range, ``inf`` if none up to 1e300; ``None``
+    ``routes``: ``log10 log N`` at eps per cover family.  ``n_non_vacuous``: the smallest n (to 0.01
+    in log10, as printed) whose certified gap (:meth:`ModelBound.gap_at`) is below the loss range, ``inf`` if none up to 1e300; ``None``
     when the bound is not vacuous (nothing to search).
     ``suggestions``: advice, one line each (not certified claims).
     """
@@ -53,26 +53,18 @@ class Diagnosis:
         )
 
 
-def _n_up(n: float) -> str:
-    """A sample size that meets a target, printed rounded up (a rounded-down n may not meet it)."""
-    from .._printed import up
-
-    return up(n, 3)
-
-
 def _fmt(ln_value: float) -> str:
     from .._printed import log10_up
 
     return f"10^{log10_up(ln_value, decimals=2)}"
 
 
-def diagnose(result, *, top: int = 3, n_grid: int = 150) -> Diagnosis:
+def diagnose(result, *, top: int = 3) -> Diagnosis:
     """Read a :class:`~transcover.covering.ModelBound` for the terms that dominate it.
 
     Args:
         result: the output of :func:`~transcover.covering.model_bound`.
         top: how many matrices to name.
-        n_grid: Dudley quadrature points for the sample-size search.
     """
     gens = result.generalisation
     vacuous = any(g.vacuous for g in gens)
@@ -85,18 +77,16 @@ def diagnose(result, *, top: int = 3, n_grid: int = 150) -> Diagnosis:
     route = result.route or result.family
     b = gens[0].loss_bound
     opts = result.options
-    L_loss, delta = float(opts.get("loss_lipschitz", 1.0)), float(opts.get("delta", 0.05))
-    n_nv: float | None = None  # searched only for a vacuous bound (the search costs ~15 Dudley integrals)
+    n_nv: float | None = None  # searched only for a vacuous bound (the search costs ~16 Dudley integrals)
     if vacuous and result.curve is not None:
-        # just below b: the reported gap is min(raw, b), so "< b" means the formula itself is below b; the gaps'
-        # class and prior (THEORY F102)
-        n_nv = sample_size_for_gap(result.gap_curve or result.curve, b * (1.0 - 1e-6), loss_lipschitz=L_loss,
-                                   loss_bound=b, delta=delta, n_grid=n_grid, log_prior=result.log_prior)
+        # just below b: the reported gap is min(raw, b), so "< b" means the formula itself is below b; searched on
+        # the very gap the result reports (its class, prior and quadrature: THEORY F102, red team 198)
+        n_nv = result.n_for_gap(b * (1.0 - 1e-6))
     tips: list[str] = []
     if vacuous:
         n_max = max(g.n for g in gens)
         if n_nv is not None and math.isfinite(n_nv):
-            tips.append(f"more data: the same class has a non-vacuous certified gap from n ~ {_n_up(n_nv)} "
+            tips.append(f"more data: the same class has a non-vacuous certified gap from n ~ {count_up(n_nv)} "
                         f"(now n <= {n_max:.3g}); log N grows only as log(nT)")
         else:
             tips.append("more data alone does not help: no n up to 1e300 gives a gap below the loss range")

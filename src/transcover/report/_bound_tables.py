@@ -49,7 +49,7 @@ def render_bound(result, terms, n_needed: float, target: float, top: int, diagno
     from rich.table import Table
 
     from ..covering import CompositeCovering
-    from .._printed import directed, log10_up, up
+    from .._printed import count_up, directed, log10_up, up
 
     con = Console()
     cov = result.covering
@@ -89,7 +89,7 @@ def render_bound(result, terms, n_needed: float, target: float, top: int, diagno
     if any(g.vacuous for g in result.generalisation):
         con.print(f"vacuous: the bound's formula is >= the loss range b = {b_loss:g} (a [0, b] loss never has a "
                   f"larger gap), so the reported gap is the trivial b; the raw formula is shown for comparison only")
-    con.print(f"n needed for a gap <= {target:g}: {directed(n_needed, 3, 'up')}" if math.isfinite(n_needed)
+    con.print(f"n needed for a gap <= {target:g}: {count_up(n_needed)}" if math.isfinite(n_needed)
               else f"n needed for a gap <= {target:g}: more than 1e300")
     if diagnosis.vacuous:
         dom = ", ".join(f"n={g.n:.3g}: {d}" for g, d in zip(result.generalisation, diagnosis.dominant_term))

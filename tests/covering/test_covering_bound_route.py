@@ -108,3 +108,21 @@ def test_non_checkpoint_folder_is_one_line_exit_2(tmp_path, capsys):
     rc = main(["bound", str(tmp_path)])
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith("transcover: error:") and err.count("\n") == 1
+
+
+def test_diagnosis_ranks_the_mlp_head_with_the_transformer():
+    # red team 198: a checkpoint's head held 47 % of log N, the diagnosis named only the Transformer's terms, by
+    # their shares of the Transformer's part ("by layer: 0: 100.0%")
+    torch.manual_seed(1)
+    spec = reference_spec(ReferenceTransformer(ReferenceConfig(d_model=4, n_heads=1, n_layers=1, d_ff=4,
+                                                               head_hidden=(16,))))
+    mb = model_bound(spec, eps=0.1, n_samples=(100.0,), seq_len=4)
+    cov = mb.covering
+    d = diagnose(mb, top=100)
+    layers = dict(d.layers)
+    assert layers["head"] == pytest.approx(math.exp(cov.mlp.log_log_N - cov.log_log_N), rel=1e-9)
+    assert 0.05 < layers["head"] < 0.95 and sum(layers.values()) == pytest.approx(1.0, rel=1e-9)
+    everything = [c for c in (*mb.transformer.contributions, *cov.mlp.covering.contributions) if c.log_cost > -math.inf]
+    assert len(d.top) == len(everything)  # all ranked together, by their ln N_i (terms of ln N_i = 0 not named)
+    assert [r[3] for r in d.top] == sorted((math.exp(c.log_cost - cov.log_log_N) for c in everything), reverse=True)
+    assert {r[0] for r in d.top if r[1] == "head"} == {c.role for c in everything if c.role.startswith("head.")}

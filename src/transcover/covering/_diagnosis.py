@@ -27,17 +27,19 @@ class Diagnosis:
 
     ``dominant_term``: per sample size, ``"rademacher"`` (the covering term ``2R``) or
     ``"concentration"`` (``3b sqrt(ln(2/delta)/(2n))``).  ``top``: ``(matrix, layer, cover, share
-    of log N, log10 c_i)`` of the largest contributions.  ``layers``: share of ``log N`` per layer.
+    of log N, log10 c_i)`` of the largest contributions, the MLP head's matrices (``head.W_j``, layer
+    ``"head"``) ranked with the Transformer's; ``layers``: share of ``log N`` per layer and ``"head"``.
+    Shares are of the whole class's ``log N`` (Theorem G.5's sum of the head's and the Transformer's).
     ``routes``: ``log10 log N`` at eps per cover family.  ``n_non_vacuous``: the smallest n (to 0.01
-    in log10, as printed) whose certified gap (:meth:`ModelBound.gap_at`) is below the loss range, ``inf`` if none up to 1e300; ``None``
-    when the bound is not vacuous (nothing to search).
+    in log10, as printed) whose certified gap (:meth:`ModelBound.gap_at`) is below the loss range,
+    ``inf`` if none up to 1e300; ``None`` when the bound is not vacuous (nothing to search).
     ``suggestions``: advice, one line each (not certified claims).
     """
 
     vacuous: bool
     dominant_term: tuple[str, ...]
-    top: tuple[tuple[str, int, str, float, float], ...]
-    layers: tuple[tuple[int, float], ...]
+    top: tuple[tuple[str, int | str, str, float, float], ...]
+    layers: tuple[tuple[int | str, float], ...]
     routes: dict[str, float]
     route: str
     n_non_vacuous: float | None
@@ -59,6 +61,33 @@ def _fmt(ln_value: float) -> str:
     return f"10^{log10_up(ln_value, decimals=2)}"
 
 
+def _shares(result, top: int):
+    """The ``top`` largest terms and the per-layer split, as shares of the whole class's ``log N``: with an MLP head
+    (Theorem G.5) its matrices are ranked with the Transformer's and summed as layer ``"head"`` (red team 198: a
+    checkpoint's head held 47 % of log N and the diagnosis named only the Transformer's terms)."""
+    from ._composite import CompositeCovering
+
+    cov = result.covering
+    rows = [(c.name, c.layer, c) for c in result.transformer.contributions]
+    if isinstance(cov, CompositeCovering):
+        rows += [(c.role, "head", c) for c in cov.mlp.covering.contributions]
+    total = cov.log_log_N  # ln of the sum of every term's ln N_i (each term's log_cost is ln ln N_i)
+
+    def share(c) -> float:  # noqa: ANN001
+        return 0.0 if c.log_cost == -math.inf else math.exp(c.log_cost - total)
+
+    ranked = sorted((r for r in rows if r[2].log_cost > -math.inf), key=lambda r: r[2].log_cost, reverse=True)
+    top_rows = tuple((name, ly, c.cover, share(c), c.log_c / math.log(10)) for name, ly, c in ranked[:top])
+    by_layer: dict[int | str, float] = {}
+    for _, ly, c in rows:
+        by_layer[ly] = by_layer.get(ly, 0.0) + share(c)
+    return top_rows, tuple(sorted(by_layer.items(), key=lambda kv: kv[1], reverse=True))
+
+
+def _names(rows) -> str:  # noqa: ANN001
+    return ", ".join(f"{m} ({s:.0%})" for m, _, _, s, _ in rows)
+
+
 def diagnose(result, *, top: int = 3) -> Diagnosis:
     """Read a :class:`~transcover.covering.ModelBound` for the terms that dominate it.
 
@@ -70,9 +99,7 @@ def diagnose(result, *, top: int = 3) -> Diagnosis:
     vacuous = any(g.vacuous for g in gens)
     dom = tuple("rademacher" if 2.0 * g.rademacher.value >= g.concentration else "concentration" for g in gens)
     tf = result.transformer
-    cons = sorted(tf.contributions, key=lambda c: c.log_cost, reverse=True)[:top]
-    top_rows = tuple((c.name, c.layer, c.cover, c.share, c.log_c / math.log(10)) for c in cons)
-    layers = tuple(sorted(tf.by_layer().items(), key=lambda kv: kv[1], reverse=True))
+    top_rows, layers = _shares(result, top)
     routes = {k: v / math.log(10) for k, v in result.routes.items()}
     route = result.route or result.family
     b = gens[0].loss_bound
@@ -96,16 +123,16 @@ def diagnose(result, *, top: int = 3) -> Diagnosis:
     if routes and routes[best] < routes.get(route, math.inf):
         tips.append(f"family: --family {best} gives log N = {_fmt(result.routes[best])} instead of "
                     f"{_fmt(result.routes[route])}")
-    if cons:
-        names = ", ".join(f"{c.name} ({c.share:.0%})" for c in cons)
-        if all(c.cover.startswith("parametric") for c in cons):
-            tips.append(f"constraints / size: the largest terms {names} are parameter-count covers "
-                        "p ln(1 + 2B/eps_i): fewer parameters (smaller or sparser matrices) shrink them "
-                        "most; norm caps and smaller downstream constants act only through the log")
-        else:
-            tips.append(f"constraints: the largest terms {names} are norm-based covers ~ (c_i ||W||_(2,1))^2/eps^2: "
-                        "train under norm caps (transcover train --method project --radius GROUP=C) "
-                        "or lower the downstream constants c_i")
+    par = [r for r in top_rows if r[2].startswith("parametric")]
+    norm = [r for r in top_rows if not r[2].startswith("parametric")]
+    if par:
+        tips.append(f"constraints / size: the largest terms {_names(par)} are parameter-count covers "
+                    "p ln(1 + 2B/eps_i): fewer parameters (smaller or sparser matrices) shrink them "
+                    "most; norm caps and smaller downstream constants act only through the log")
+    if norm:
+        tips.append(f"constraints: the largest terms {_names(norm)} are norm-based covers ~ (c_i ||W||_(2,1))^2/eps^2: "
+                    "train under norm caps (transcover train --method project --radius GROUP=C) "
+                    "or lower the downstream constants c_i")
     if float(opts.get("sigma_min", 0.0)) == 0.0 and "LayerNorm: global" in " ".join(result.assumptions):
         worst = max((c.log_c for c in tf.contributions if c.log_c > -math.inf), default=-math.inf)
         tips.append("LayerNorm: every c_i carries the global constant max|gamma|/sqrt(eps) (largest c_i = "

@@ -25,7 +25,7 @@ def fmt_log(ln_value: float, way: str = "up") -> str:
     return from_ln(ln_value, way)
 
 
-def _layer_name(layer: int, n_layers: int) -> str:
+def _layer_name(layer: int | str, n_layers: int) -> str:
     """A layer index as the tables print it: the input norm at -1, the final norm at ``n_layers`` (it read as a layer
     "2" of a 2-layer model, where ``perturb`` says "out"; red team 185)."""
     return {-1: "input (embedding norm)", n_layers: "out (final norm)"}.get(layer, str(layer))
@@ -93,7 +93,7 @@ def render_bound(result, terms, n_needed: float, target: float, top: int, diagno
               else f"n needed for a gap <= {target:g}: more than 1e300")
     if diagnosis.vacuous:
         dom = ", ".join(f"n={g.n:.3g}: {d}" for g, d in zip(result.generalisation, diagnosis.dominant_term))
-        con.print(f"[bold]why vacuous[/bold]: dominant gap term ({dom}); largest shares of the Transformer's log N: "
+        con.print(f"[bold]why vacuous[/bold]: dominant gap term ({dom}); largest shares of log N: "
                   + ", ".join(f"{m} {s:.1%} ({c.split()[0]})" for m, _, c, s, _ in diagnosis.top)
                   + "; by layer: " + ", ".join(f"{_layer_name(ly, result.n_layers)}: {s:.1%}"
                                                for ly, s in diagnosis.layers[:3]))

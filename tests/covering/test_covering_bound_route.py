@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -126,3 +127,84 @@ def test_diagnosis_ranks_the_mlp_head_with_the_transformer():
     assert len(d.top) == len(everything)  # all ranked together, by their ln N_i (terms of ln N_i = 0 not named)
     assert [r[3] for r in d.top] == sorted((math.exp(c.log_cost - cov.log_log_N) for c in everything), reverse=True)
     assert {r[0] for r in d.top if r[1] == "head"} == {c.role for c in everything if c.role.startswith("head.")}
+
+
+def _flags_of(command: str) -> set[str]:
+    import argparse
+
+    from transcover.cli import build_parser
+
+    p = argparse.ArgumentParser()
+    build_parser()[1][command].add_arguments(p)
+    return set(p._option_string_actions)
+
+
+def test_advice_names_only_options_of_the_command_it_names():
+    # red team 198: the LayerNorm tip named "--data", which bound does not have ("unrecognized arguments")
+    import re
+
+    torch.manual_seed(1)
+    spec = reference_spec(ReferenceTransformer(ReferenceConfig(d_model=4, n_heads=1, n_layers=1, d_ff=4,
+                                                               head_hidden=(), norm="layernorm")))
+    d = diagnose(model_bound(spec, eps=0.1, n_samples=(100.0,), seq_len=4))
+    assert any(t.startswith("LayerNorm") and "--sigma-min" in t for t in d.suggestions)
+    for tip in d.suggestions:
+        for clause in re.split(r"[;:]", tip):  # a flag belongs to the nearest "transcover CMD" before it, else bound
+            command = "bound"
+            for word in re.findall(r"transcover \w+|--[a-z][a-z-]*", clause):
+                if word.startswith("transcover "):
+                    command = word.split()[1]
+                else:
+                    assert word in _flags_of(command), (command, word, tip)
+
+
+def test_concentration_tip_only_where_the_term_alone_reaches_b(small):
+    # red team 198: the tip fired whenever concentration > 2R (0.7978 < b = 1 here), and quoted the formula without
+    # the grid prior ln(1/prior) that made it large
+    from transcover._printed import up
+    from transcover.covering import model_terms
+
+    spec, mb = small
+    terms = model_terms(spec)
+    below = model_bound(spec, eps=0.1, n_samples=(514.0,), seq_len=4, terms=terms, loss_lipschitz=1e-5)
+    g = below.generalisation[0]
+    assert g.vacuous and 2 * g.rademacher.value < g.concentration < 1.0  # dominant, vacuous, yet below b
+    assert not any("concentration" in t for t in diagnose(below).suggestions)
+    above = model_bound(spec, eps=0.1, n_samples=(100.0, 514.0), seq_len=4, terms=terms, loss_lipschitz=1e-5)
+    tips = [t for t in diagnose(above).suggestions if "concentration" in t]
+    g = above.generalisation[0]
+    assert len(tips) == 1 and g.concentration >= 1.0 and above.log_prior > 0
+    assert "ln(1/prior)" in tips[0] and up(above.log_prior, 4) in tips[0] and up(g.concentration, 4) in tips[0]
+    assert "n = 514" not in tips[0]  # the tip names only the n where it holds
+
+
+def test_more_data_tip_says_which_given_n_are_vacuous(small):
+    # red team 198: "non-vacuous from n ~ 8.85e+07 (now n <= 1e+09)" where 1e9 was already non-vacuous
+    from transcover.covering import model_terms
+
+    spec, mb = small
+    n_nv = diagnose(mb).n_non_vacuous
+    both = model_bound(spec, eps=0.1, n_samples=(100.0, float(round(10 * n_nv))), seq_len=4, terms=model_terms(spec))
+    assert [g.vacuous for g in both.generalisation] == [True, False]
+    (tip,) = [t for t in diagnose(both).suggestions if t.startswith("more data")]
+    assert f"vacuous at n = 100, non-vacuous at n = {round(10 * n_nv):g}" in tip
+
+
+def test_a_single_point_class_gets_no_shrink_advice(capsys, monkeypatch):
+    # red team 198: bound M --reference M listed "largest terms (0%)" and said --sigma-min would shrink log N = 0
+    torch.manual_seed(1)
+    spec = reference_spec(ReferenceTransformer(ReferenceConfig(d_model=4, n_heads=1, n_layers=1, d_ff=4,
+                                                               head_hidden=(), norm="layernorm")))
+    spec = dataclasses.replace(spec, head=None)  # a head is covered by its own norms, never from a reference
+    mb = model_bound(spec, eps=0.1, n_samples=(100.0,), seq_len=4, reference=spec)
+    d = diagnose(mb)
+    assert mb.log_log_N == -math.inf and d.vacuous  # the concentration term alone at n = 100
+    assert d.top == () and d.layers == ()
+    assert any(t.startswith("log N = 0") for t in d.suggestions)
+    assert not any(t.startswith(("constraints", "LayerNorm", "family", "reference")) for t in d.suggestions)
+    from transcover.report import render_bound
+
+    monkeypatch.setenv("COLUMNS", "200")
+    render_bound(mb, list(mb.transformer.contributions), mb.n_for_gap(0.1), 0.1, 3, d)
+    out = capsys.readouterr().out
+    assert "log N = 0, no matrix contributes" in out and "largest shares" not in out

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .._printed import count_up
+from .._printed import count_up, up
 from .._results import as_dict
 
 __all__ = ["Diagnosis", "diagnose"]
@@ -26,7 +26,7 @@ class Diagnosis:
     """What dominates a covering/generalisation bound and what would tighten it.
 
     ``dominant_term``: per sample size, ``"rademacher"`` (the covering term ``2R``) or
-    ``"concentration"`` (``3b sqrt(ln(2/delta)/(2n))``).  ``top``: ``(matrix, layer, cover, share
+    ``"concentration"`` (``3b sqrt((ln(2/delta) + ln(1/prior))/(2n))``).  ``top``: ``(matrix, layer, cover, share
     of log N, log10 c_i)`` of the largest contributions, the MLP head's matrices (``head.W_j``, layer
     ``"head"``) ranked with the Transformer's; ``layers``: share of ``log N`` per layer and ``"head"``.
     Shares are of the whole class's ``log N`` (Theorem G.5's sum of the head's and the Transformer's).
@@ -81,11 +81,39 @@ def _shares(result, top: int):
     by_layer: dict[int | str, float] = {}
     for _, ly, c in rows:
         by_layer[ly] = by_layer.get(ly, 0.0) + share(c)
+    if total == -math.inf:  # log N = 0: no term and no layer has a share of it
+        return (), ()
     return top_rows, tuple(sorted(by_layer.items(), key=lambda kv: kv[1], reverse=True))
 
 
 def _names(rows) -> str:  # noqa: ANN001
     return ", ".join(f"{m} ({s:.0%})" for m, _, _, s, _ in rows)
+
+
+def _data_tips(gens, n_nv: float | None, log_prior: float) -> list[str]:  # noqa: ANN001
+    """Advice on n for a vacuous bound: from which n the class is non-vacuous, against each n given (red team 198:
+    "now n <= 1e9" where 1e9 already was), and the concentration term where it alone reaches b (checked, not
+    inferred from which term dominates), with the prior that is part of it."""
+    b = gens[0].loss_bound
+    vac, fine = [g.n for g in gens if g.vacuous], [g.n for g in gens if not g.vacuous]
+    given = f"vacuous at n = {_ns(vac)}" + (f", non-vacuous at n = {_ns(fine)}" if fine else "")
+    if n_nv is not None and math.isfinite(n_nv):
+        tips = [f"more data: the same class has a non-vacuous certified gap from n ~ {count_up(n_nv)} ({given}); "
+                "log N grows only as log(nT)"]
+    else:
+        tips = [f"more data alone does not help: no n up to 1e300 gives a gap below the loss range ({given})"]
+    over = [g for g in gens if g.concentration >= b]
+    if over:
+        form = ("3b sqrt((ln(2/delta) + ln(1/prior))/(2n)), ln(1/prior) = "
+                f"{up(log_prior, 4)} nats for the norm grid (F102)," if log_prior else "3b sqrt(ln(2/delta)/(2n))")
+        at = ", ".join(f"{up(g.concentration, 4)} at n = {g.n:g}" for g in over)
+        tips.append(f"concentration: the term {form} is {at}, alone >= the loss range b = {b:g}: "
+                    "more data lowers it as 1/sqrt(n)")
+    return tips
+
+
+def _ns(ns) -> str:  # noqa: ANN001
+    return ", ".join(f"{n:g}" for n in ns)
 
 
 def diagnose(result, *, top: int = 3) -> Diagnosis:
@@ -109,16 +137,12 @@ def diagnose(result, *, top: int = 3) -> Diagnosis:
         # just below b: the reported gap is min(raw, b), so "< b" means the formula itself is below b; searched on
         # the very gap the result reports (its class, prior and quadrature: THEORY F102, red team 198)
         n_nv = result.n_for_gap(b * (1.0 - 1e-6))
-    tips: list[str] = []
-    if vacuous:
-        n_max = max(g.n for g in gens)
-        if n_nv is not None and math.isfinite(n_nv):
-            tips.append(f"more data: the same class has a non-vacuous certified gap from n ~ {count_up(n_nv)} "
-                        f"(now n <= {n_max:.3g}); log N grows only as log(nT)")
-        else:
-            tips.append("more data alone does not help: no n up to 1e300 gives a gap below the loss range")
-        if all(d == "concentration" for d in dom):
-            tips.append("the concentration term 3b sqrt(ln(2/delta)/(2n)) alone exceeds the loss range: only n helps")
+    tips: list[str] = _data_tips(gens, n_nv, result.log_prior) if vacuous else []
+    if result.covering.log_log_N == -math.inf:  # red team 198: "largest terms (0%)" and "--sigma-min would shrink it"
+        tips.append("log N = 0: the class is a single function at this scale (every matrix it could vary is at "
+                    "distance 0 from the reference or has coefficient 0), so no option on the weights, norms or "
+                    "LayerNorm constants can shrink the covering term: the gap is the concentration term")
+        return Diagnosis(vacuous, dom, top_rows, layers, routes, route, n_nv, tuple(tips))
     best = min(routes, key=routes.get) if routes else route
     if routes and routes[best] < routes.get(route, math.inf):
         tips.append(f"family: --family {best} gives log N = {_fmt(result.routes[best])} instead of "
@@ -135,9 +159,12 @@ def diagnose(result, *, top: int = 3) -> Diagnosis:
                     "or lower the downstream constants c_i")
     if float(opts.get("sigma_min", 0.0)) == 0.0 and "LayerNorm: global" in " ".join(result.assumptions):
         worst = max((c.log_c for c in tf.contributions if c.log_c > -math.inf), default=-math.inf)
+        # bound has no --data (red team 198): the certified local constants are lipschitz's, not used here
         tips.append("LayerNorm: every c_i carries the global constant max|gamma|/sqrt(eps) (largest c_i = "
-                    f"{_fmt(worst) if math.isfinite(worst) else 'n/a'}); certified local constants at the data "
-                    "(--data, issue 12 item 1) or an assumed floor --sigma-min would shrink it")
+                    f"{_fmt(worst) if math.isfinite(worst) else 'n/a'}); --sigma-min S, an assumed floor S on every "
+                    "LayerNorm input's std (an assumption on the inputs, listed with the bound), would shrink it; "
+                    "certified local constants at given inputs are reported by `transcover lipschitz --data`, "
+                    "which bound does not use")
     if not opts.get("reference", False):
         tips.append("reference: --reference INIT measures distances from the initialisation instead of 0 "
                     "(a smaller ball when training moved the weights little)")

@@ -93,10 +93,11 @@ def render_bound(result, terms, n_needed: float, target: float, top: int, diagno
               else f"n needed for a gap <= {target:g}: more than 1e300")
     if diagnosis.vacuous:
         dom = ", ".join(f"n={g.n:.3g}: {d}" for g, d in zip(result.generalisation, diagnosis.dominant_term))
-        con.print(f"[bold]why vacuous[/bold]: dominant gap term ({dom}); largest shares of log N: "
-                  + ", ".join(f"{m} {s:.1%} ({c.split()[0]})" for m, _, c, s, _ in diagnosis.top)
-                  + "; by layer: " + ", ".join(f"{_layer_name(ly, result.n_layers)}: {s:.1%}"
-                                               for ly, s in diagnosis.layers[:3]))
+        con.print(f"[bold]why vacuous[/bold]: dominant gap term ({dom}); " + (
+            "largest shares of log N: " + ", ".join(f"{m} {s:.1%} ({c.split()[0]})" for m, _, c, s, _ in diagnosis.top)
+            + "; by layer: " + ", ".join(f"{_layer_name(ly, result.n_layers)}: {s:.1%}"
+                                         for ly, s in diagnosis.layers[:3])
+            if diagnosis.top else "log N = 0, no matrix contributes"))
         con.print("[bold]what would tighten it[/bold] (advice):")
         for tip in diagnosis.suggestions:
             con.print(f"  - {tip}")

@@ -208,3 +208,22 @@ def test_a_single_point_class_gets_no_shrink_advice(capsys, monkeypatch):
     render_bound(mb, list(mb.transformer.contributions), mb.n_for_gap(0.1), 0.1, 3, d)
     out = capsys.readouterr().out
     assert "log N = 0, no matrix contributes" in out and "largest shares" not in out
+
+
+@pytest.mark.parametrize("seed, head_hidden", [(0, (8,)), (1, ())])  # log_prior 101.7199..., 88.789922...
+def test_the_printed_prior_is_rounded_up(seed, head_hidden, capsys, monkeypatch):
+    # red team 198: ln(1/prior) is part of a certified gap; ":.4g" printed 364.015 as "364" (and ":.6g" 88.789922
+    # as "88.7899" in the assumptions)
+    import re
+
+    from transcover.report import render_bound
+
+    torch.manual_seed(seed)
+    spec = reference_spec(ReferenceTransformer(ReferenceConfig(d_model=4, n_heads=1, n_layers=1, d_ff=4,
+                                                               head_hidden=head_hidden)))
+    mb = model_bound(spec, eps=0.1, n_samples=(100.0,), seq_len=4)
+    monkeypatch.setenv("COLUMNS", "300")
+    render_bound(mb, list(mb.transformer.contributions), 1e9, 0.1, 3, diagnose(mb))
+    text = capsys.readouterr().out + "\n".join(mb.assumptions + mb.generalisation[0].assumptions)
+    printed = re.findall(r"ln\(1/prior\) = ([0-9.e+]+) nats", text)
+    assert len(printed) >= 3 and all(float(x) >= mb.log_prior for x in printed), printed

@@ -47,6 +47,8 @@ def test_bound_prints_json_and_plot(model_path, tmp_path, capsys, monkeypatch):
     (["--plot", "x.jpg"], "must end in .png"),
     (["--norm-grid", "-1"], "--norm-grid must be in"),
     (["--norm-grid", str(10**30)], "--norm-grid must be in"),
+    (["--target-gap", "inf"], "--target-gap must be a finite number"),  # not the API's "target_gap" (red team 198)
+    (["--sigma-min", "inf"], "--sigma-min must be a finite number"),
 ])
 def test_bad_arguments_one_line_exit_2(model_path, tmp_path, capsys, argv, needle):
     js = tmp_path / "never.json"

@@ -76,10 +76,11 @@ def _validate(args: argparse.Namespace) -> None:
         raise InputError(f"--seq-len must be >= 1, but got --seq-len={args.seq_len}")
     if not (0 < args.delta < 1):
         raise InputError(f"--delta must be in (0, 1), but got --delta={args.delta}")
-    if not (args.sigma_min >= 0):
-        raise InputError(f"--sigma-min must be >= 0, but got --sigma-min={args.sigma_min}")
-    if args.target_gap is not None and not (args.target_gap > 0):
-        raise InputError(f"--target-gap must be > 0, but got --target-gap={args.target_gap}")
+    # finite too: inf passed these checks and the API refused it by its own name ("sigma_min must be"; red team 198)
+    if not (0 <= args.sigma_min < float("inf")):
+        raise InputError(f"--sigma-min must be a finite number >= 0, but got --sigma-min={args.sigma_min}")
+    if args.target_gap is not None and not (0 < args.target_gap < float("inf")):
+        raise InputError(f"--target-gap must be a finite number > 0, but got --target-gap={args.target_gap}")
     from ..covering import NORM_GRID_MAX_STEPS as MAX_STEPS
 
     if not 0 <= args.norm_grid <= MAX_STEPS:

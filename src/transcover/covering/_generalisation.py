@@ -160,7 +160,7 @@ def generalisation_gap(rademacher: DudleyBound, n: float, *, loss_bound: float =
     else:  # beyond float64: the logs, logaddexp's rounding (a few ulps of its magnitude) padded
         x = float(np.logaddexp(math.log(2.0) + rademacher.log_value, math.log(conc)))
         raw, log_gap = None, math.nextafter(x + 8 * 2.0**-52 * (abs(x) + 1), math.inf)
-    prior = (f"the class chosen from a union fixed before the data: ln(1/prior) = {log_prior:.6g} nats added to "
+    prior = (f"the class chosen from a union fixed before the data: ln(1/prior) = {up(log_prior, 6)} nats added to "
              "ln(2/delta)",) if log_prior else ()
     return _clipped(n, log_gap, rademacher, conc, delta, loss_bound,
                     (f"loss in [0, {loss_bound:g}]", f"delta = {delta:g}", *prior,

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from .._errors import InputError, check_positive_int
-from .._printed import log10_up
+from .._printed import log10_up, up
 from .._results import Kind, as_dict, rounding_pad
 from ..model import TransformerSpec, check_sequence_length
 from ..norms import ModelNorms, measure_model
@@ -480,7 +480,7 @@ def model_bound(spec: TransformerSpec, config: BoundConfig | None = None, *, ref
         # with a union over a grid of norm levels (BFT 2017, Lemma A.9)
         ("log N: the class of all weights with norms <= this model's; the gaps: the class of its "
          f"{grid.count} norms rounded up to a grid of {grid.steps} levels per octave, the level vector paid for by "
-         f"a prior fixed before the data: ln(1/prior) = {log_prior:.6g} nats added to ln(2/delta) (F102, BFT 2017 "
+         f"a prior fixed before the data: ln(1/prior) = {up(log_prior, 6)} nats added to ln(2/delta) (F102, BFT 2017 "
          "Lemma A.9), so they hold for norms read off the trained weights"
          if grid is not None else
          "class = all weights with norms <= this model's, taken as fixed before the data (norm_grid = 0): the gap "

@@ -81,7 +81,7 @@ def render_bound(result, terms, n_needed: float, target: float, top: int, diagno
     con.print(t)
     if result.norm_grid:
         con.print(f"the gaps' class: {result.grid_norms} norms rounded up to a grid of {result.norm_grid} levels per "
-                  f"octave; the level vector costs ln(1/prior) = {result.log_prior:.4g} nats beside ln(2/delta) "
+                  f"octave; the level vector costs ln(1/prior) = {up(result.log_prior, 4)} nats beside ln(2/delta) "
                   "(F102), so the gaps hold for norms read off the trained weights")
     else:
         con.print("the gaps' class is taken as fixed before the data (--norm-grid 0): valid only if these norms were "

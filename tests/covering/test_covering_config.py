@@ -35,8 +35,11 @@ def test_lipschitz_and_perturb_cli_defaults_are_read_from_their_config(name):
     argv = [] if name == "lipschitz" else ["a", "b"]
     args = _sub(name).parse_args(argv)
     d = LipschitzConfig() if name == "lipschitz" else PerturbConfig()
-    assert (args.radius, args.metric, args.seq_len, args.c_sm, args.ln_sigma_min, args.samples, args.steps,
-            args.seed) == (d.radius, d.metric, d.seq_len, d.c_sm, d.sigma_min, d.samples, d.steps, d.seed)
+    assert (args.radius, args.metric, args.c_sm, args.ln_sigma_min, args.samples, args.steps,
+            args.seed) == (d.radius, d.metric, d.c_sm, d.sigma_min, d.samples, d.steps, d.seed)
+    # T is resolved against the model (the config's default, or the model's longest sequence if shorter): unset here,
+    # and the help names the config's default
+    assert args.seq_len is None and f"default {d.seq_len}," in " ".join(_sub(name).format_help().split())
 
 
 def test_config_keywords_and_measured_terms_give_the_same_bound():

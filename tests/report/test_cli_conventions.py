@@ -83,7 +83,10 @@ def test_deprecated_alias_still_works_and_says_so(ref_file, capsys):
     assert main(["lipschitz", str(ref_file), "--ln-sigma-min", "-1"]) == 2
     err = capsys.readouterr().err
     assert "--ln-sigma-min is deprecated; use --sigma-min" in err
-    assert "--sigma-min must be >= 0" in err
+    assert "--sigma-min must be a finite number >= 0" in err
+    for cmd in (["lipschitz", str(ref_file)], ["perturb", str(ref_file), str(ref_file)]):  # inf named by its flag
+        assert main(cmd + ["--sigma-min", "inf", "--quiet"]) == 2
+        assert "--sigma-min must be a finite number >= 0, but got --sigma-min=inf" in capsys.readouterr().err
 
 
 def test_output_folder_checked_before_computing(ref_file, tmp_path, capsys):

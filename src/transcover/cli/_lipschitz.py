@@ -96,8 +96,8 @@ def check_common(args: argparse.Namespace) -> None:
     from ..lipschitz import check_c_sm
 
     check_c_sm(args.c_sm, "--c-sm")
-    if not args.ln_sigma_min >= 0:
-        raise InputError(f"--sigma-min must be >= 0, but got --sigma-min={args.ln_sigma_min}")
+    if not 0 <= args.ln_sigma_min < float("inf"):  # inf reached the bounds and was refused in their words
+        raise InputError(f"--sigma-min must be a finite number >= 0, but got --sigma-min={args.ln_sigma_min}")
     for flag, v, lo in (("--seq-len", args.seq_len, 1), ("--samples", args.samples, 1), ("--steps", args.steps, 0)):
         if v is not None and v < lo:
             raise InputError(f"{flag} must be >= {lo}, but got {flag}={v}")

@@ -34,7 +34,7 @@ from .._sources import TensorSource
 from .._spec import LayerSequence, LayerSpec, Placement, TransformerSpec
 from ._common import (
     activation_from_name, count_layers, find_prefix, layer_norm, lazy_embeddings, no_layers, require,
-    separate_projections_layer, summary, transpose, unexpected_layer_tensors,
+    separate_projections_layer, summary, transpose, unexpected_layer_tensors, without_roles,
 )
 
 __all__ = ["build_distilbert", "build_clip_text", "build_clip_vision", "build_clip", "build_whisper_encoder",
@@ -59,10 +59,13 @@ _CLIP = {**_ATTN,
          "W_1": "mlp.fc1.weight", "b_1": "mlp.fc1.bias", "W_2": "mlp.fc2.weight", "b_2": "mlp.fc2.bias",
          "norm_attn.weight": "layer_norm1.weight", "norm_attn.bias": "layer_norm1.bias",
          "norm_ffn.weight": "layer_norm2.weight", "norm_ffn.bias": "layer_norm2.bias"}
-_WHISPER = {**_ATTN,
-            "W_1": "fc1.weight", "b_1": "fc1.bias", "W_2": "fc2.weight", "b_2": "fc2.bias",
-            "norm_attn.weight": "self_attn_layer_norm.weight", "norm_attn.bias": "self_attn_layer_norm.bias",
-            "norm_ffn.weight": "final_layer_norm.weight", "norm_ffn.bias": "final_layer_norm.bias"}
+# WhisperAttention builds k_proj without a bias (Note [absent biases]); every other bias is required
+_WHISPER = without_roles({**_ATTN,
+                          "W_1": "fc1.weight", "b_1": "fc1.bias", "W_2": "fc2.weight", "b_2": "fc2.bias",
+                          "norm_attn.weight": "self_attn_layer_norm.weight",
+                          "norm_attn.bias": "self_attn_layer_norm.bias",
+                          "norm_ffn.weight": "final_layer_norm.weight", "norm_ffn.bias": "final_layer_norm.bias"},
+                         ("b_K",))
 
 
 def check_layer_count(src: TensorSource, container: str, n: int, *, arch: str, name: str) -> None:

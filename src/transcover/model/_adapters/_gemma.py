@@ -207,12 +207,12 @@ def build_gemma(src: TensorSource, config: dict, name: str) -> TransformerSpec:
         rope, factor = ropes["sliding_attention" if windows[i] is not None else "full_attention"]
         base = dh ** -0.5 if qpas is None else qpas ** -0.5
         attn = decoder_attention(
-            src, names, d=d, H=H, H_kv=H_kv, dh=dh, bias=attn_bias, causal=True, rope=rope, window=windows[i],
+            src, names, d=d, H=H, H_kv=H_kv, dh=dh, causal=True, rope=rope, window=windows[i],
             scale=None if (qpas is None and factor == 1.0) else factor * base,
             softcap=softcap,
             q_norm=_gemma_norm(src, names["q_norm.weight"], dh, eps) if qk_norm else None,
             k_norm=_gemma_norm(src, names["k_norm.weight"], dh, eps) if qk_norm else None)
-        ffn = gated_ffn(src, names, d=d, d_ff=d_ff, act=act, bias=False)
+        ffn = gated_ffn(src, names, d=d, d_ff=d_ff, act=act)
         built = {k: _gemma_norm(src, names[f"{k}.weight"], d, eps) for k in norms}
         return LayerSpec(index=i, attention=attn, ffn=ffn, placement=Placement.PRE,
                          names={r: v for r, v in names.items() if v in src}, **built)

@@ -70,7 +70,7 @@ def build_gpt2(src: TensorSource, config: dict, name: str) -> TransformerSpec:
         p = f"{prefix}h.{i}."
         qkv_w, qkv_b = p + "attn.c_attn.weight", p + "attn.c_attn.bias"
         W = src.get(qkv_w, (d, 3 * d))  # (d, 3d) = [W_Q | W_K | W_V]
-        b = src.get_optional(qkv_b, (3 * d,))
+        b = src.get(qkv_b, (3 * d,))  # Conv1D always has its bias (Note [missing biases])
         parts, names = split_fused_qkv(W, b, H, w_name=qkv_w, b_name=qkv_b, stacked_rows=False)
         keys = {
             "W_O": p + "attn.c_proj.weight", "b_O": p + "attn.c_proj.bias",
@@ -79,17 +79,17 @@ def build_gpt2(src: TensorSource, config: dict, name: str) -> TransformerSpec:
             "norm_attn.weight": p + "ln_1.weight", "norm_attn.bias": p + "ln_1.bias",
             "norm_ffn.weight": p + "ln_2.weight", "norm_ffn.bias": p + "ln_2.bias",
         }
-        names.update({r: key for r, key in keys.items() if key in src})
+        names.update(keys)
         attn = AttentionSpec(
             W_Q=parts["Q"][0], W_K=parts["K"][0], W_V=parts["V"][0],
             W_O=heads_out(src.get(keys["W_O"], (d, d)), H),
             b_Q=parts["Q"][1], b_K=parts["K"][1], b_V=parts["V"][1],
-            b_O=src.get_optional(keys["b_O"], (d,)),
+            b_O=src.get(keys["b_O"], (d,)),
             scale=scale0 / (i + 1) if by_layer else scale0, causal=True,
         )
         ffn = FFNSpec(
             W_1=src.get(keys["W_1"], (d, d_ff)), W_2=src.get(keys["W_2"], (d_ff, d)), activation=act,
-            b_1=src.get_optional(keys["b_1"], (d_ff,)), b_2=src.get_optional(keys["b_2"], (d,)),
+            b_1=src.get(keys["b_1"], (d_ff,)), b_2=src.get(keys["b_2"], (d,)),
         )
         return LayerSpec(
             index=i, attention=attn, ffn=ffn,

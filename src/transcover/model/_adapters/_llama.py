@@ -59,21 +59,21 @@ def llama_family(config: dict) -> str:
     return next((family for stem, family in _STEMS if stem in stems), "llama")
 
 
-def _biases(config: dict, family: str) -> tuple[bool, bool, tuple[str, ...]]:
-    """``(attention biases required, MLP biases required, the bias roles the model has not)``, as transformers
-    5.25's modules of ``family`` build their projections (Note [absent biases]): Llama's ``attention_bias`` and
+def _absent_biases(config: dict, family: str) -> tuple[str, ...]:
+    """The bias roles the model has not, as transformers 5.25's modules of ``family`` build their projections
+    (Note [absent biases]); every other bias is required (Note [missing biases]): Llama's ``attention_bias`` and
     ``mlp_bias``; Qwen3 (and Qwen3-MoE) ``attention_bias``, no MLP bias; Mistral and Mixtral no bias at all (their
-    modules ignore ``attention_bias``); Qwen2 q/k/v biases always (read where stored), none on ``o_proj`` or the MLP;
-    Qwen2-MoE the same with ``qkv_bias`` (default true) deciding the q/k/v ones."""
+    modules ignore ``attention_bias``); Qwen2 q/k/v biases always, none on ``o_proj`` or the MLP; Qwen2-MoE the
+    same with ``qkv_bias`` (default true) deciding the q/k/v ones."""
     attn, mlp = bool(config.get("attention_bias", False)), bool(config.get("mlp_bias", False))
     if family in ("mistral", "mixtral"):
-        return False, False, (*ATTENTION_BIASES, *MLP_BIASES)
+        return (*ATTENTION_BIASES, *MLP_BIASES)
     if family in ("qwen2", "qwen2_moe"):
         qkv = family == "qwen2" or bool(config.get("qkv_bias", True))
-        return False, False, ("b_O", *MLP_BIASES) if qkv else (*ATTENTION_BIASES, *MLP_BIASES)
+        return ("b_O", *MLP_BIASES) if qkv else (*ATTENTION_BIASES, *MLP_BIASES)
     if family in ("qwen3", "qwen3_moe"):
         mlp = False
-    return attn, mlp, (*(() if attn else ATTENTION_BIASES), *(() if mlp else MLP_BIASES))
+    return (*(() if attn else ATTENTION_BIASES), *(() if mlp else MLP_BIASES))
 
 
 def build_llama(src: TensorSource, config: dict, name: str) -> TransformerSpec:
@@ -93,8 +93,7 @@ def build_llama(src: TensorSource, config: dict, name: str) -> TransformerSpec:
             f"one head (d_head={dh}); only per-head query/key normalisation (Qwen3) is supported")
     n = layer_count(config, "num_hidden_layers", src, prefix, "layers", name)
     family = llama_family(config)
-    attn_bias, mlp_bias, absent = _biases(config, family)
-    roles = without_roles(_ROLES, absent)
+    roles = without_roles(_ROLES, _absent_biases(config, family))
     windows = sliding_windows(config, n, family=family, arch=arch, name=name)
 
     def qk_names(i: int) -> dict[str, str]:
@@ -103,14 +102,14 @@ def build_llama(src: TensorSource, config: dict, name: str) -> TransformerSpec:
     def layer(i: int) -> LayerSpec:
         names = {role: f"{prefix}layers.{i}.{key}" for role, key in roles.items()}
         attn = decoder_attention(
-            src, names, d=d, H=H, H_kv=H_kv, dh=dh, bias=attn_bias, causal=True, rope=rope, window=windows[i],
+            src, names, d=d, H=H, H_kv=H_kv, dh=dh, causal=True, rope=rope, window=windows[i],
             scale=None if score_factor == 1.0 else score_factor / dh ** 0.5,
             q_norm=layer_norm(src, f"{prefix}layers.{i}.self_attn.q_norm.weight", None, dh, eps, NormKind.RMSNORM)
             if qk_norm else None,
             k_norm=layer_norm(src, f"{prefix}layers.{i}.self_attn.k_norm.weight", None, dh, eps, NormKind.RMSNORM)
             if qk_norm else None,
         )
-        ffn = gated_ffn(src, names, d=d, d_ff=d_ff, act=act, bias=mlp_bias)
+        ffn = gated_ffn(src, names, d=d, d_ff=d_ff, act=act)
         return LayerSpec(
             index=i, attention=attn, ffn=ffn,
             norm_attn=layer_norm(src, names["norm_attn.weight"], None, d, eps, NormKind.RMSNORM),

@@ -155,8 +155,8 @@ def build_moe(src: TensorSource, config: dict, name: str) -> TransformerSpec:
             shared = FFNSpec(W_1=linear_weight(src, s + "up_proj.weight", d, d_sh),
                              W_2=linear_weight(src, s + "down_proj.weight", d_sh, d),
                              W_gate=linear_weight(src, s + "gate_proj.weight", d, d_sh), activation=act)
-            g = src.get_optional(p + "mlp.shared_expert_gate.weight", (1, d))
-            shared_gate = None if g is None else g[0]
+            # Qwen2MoeSparseMoeBlock builds shared_expert_gate with every shared expert (Note [missing biases])
+            shared_gate = src.get(p + "mlp.shared_expert_gate.weight", (1, d))[0]
         return MoESpec(W_router=linear_weight(src, routers[i], d, E), W_gate=W_gate, W_1=W_1, W_2=W_2,
                        activation=act, top_k=top_k, normalize_topk=normalize, shared=shared, shared_gate=shared_gate)
 

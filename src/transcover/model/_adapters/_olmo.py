@@ -48,11 +48,11 @@ def build_olmo2(src: TensorSource, config: dict, name: str) -> TransformerSpec:
         names = {role: f"{prefix}layers.{i}.{key}" for role, key in roles.items()}
         rms = lambda role, width: layer_norm(src, names[role], None, width, eps, NormKind.RMSNORM)  # noqa: E731
         attn = decoder_attention(
-            src, names, d=d, H=H, H_kv=H_kv, dh=dh, bias=attn_bias, causal=True, rope=rope,
+            src, names, d=d, H=H, H_kv=H_kv, dh=dh, causal=True, rope=rope,
             scale=None if score_factor == 1.0 else score_factor / dh ** 0.5,
             q_norm=rms("q_norm.weight", H * dh), k_norm=rms("k_norm.weight", H_kv * dh), qk_norm_scope="all")
         return LayerSpec(
-            index=i, attention=attn, ffn=gated_ffn(src, names, d=d, d_ff=d_ff, act=act, bias=False),
+            index=i, attention=attn, ffn=gated_ffn(src, names, d=d, d_ff=d_ff, act=act),
             norm_attn=NormSpec(NormKind.NONE), norm_ffn=NormSpec(NormKind.NONE), placement=Placement.PRE,
             post_norm_attn=rms("post_norm_attn.weight", d), post_norm_ffn=rms("post_norm_ffn.weight", d),
             names={r: v for r, v in names.items() if v in src},

@@ -90,7 +90,7 @@ def build_phi(src: TensorSource, config: dict, name: str) -> TransformerSpec:
 
     def layer(i: int) -> LayerSpec:
         names = {role: f"{prefix}layers.{i}.{key}" for role, key in _LAYER_KEYS.items()}
-        attn = decoder_attention(src, names, d=d, H=H, H_kv=H_kv, dh=dh, bias=True, causal=True, rope=rope,
+        attn = decoder_attention(src, names, d=d, H=H, H_kv=H_kv, dh=dh, causal=True, rope=rope,
                                  scale=None if score_factor == 1.0 else score_factor / dh ** 0.5)
         return shared_norm_parallel_layer(src, names, i, attn, d=d, d_ff=d_ff, act=act, eps=eps)
 

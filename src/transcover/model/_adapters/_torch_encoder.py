@@ -24,11 +24,11 @@ from typing import TYPE_CHECKING
 from ..._errors import InputError, UnsupportedArchitectureError
 from .._sources import TensorSource
 from .._spec import (
-    Activation, AttentionSpec, FFNSpec, LayerSequence, LayerSpec, NormKind, NormSpec, Placement, TransformerSpec,
+    Activation, AttentionSpec, LayerSequence, LayerSpec, NormKind, NormSpec, Placement, TransformerSpec,
 )
 from ._common import (
     split_fused_qkv,
-    count_layers, heads_out, layer_norm, linear_weight, no_layers, require,
+    count_layers, heads_out, layer_norm, linear_weight, no_layers, optional_role, plain_ffn, require,
     summary, unexpected_layer_tensors,
 )
 
@@ -39,8 +39,11 @@ if TYPE_CHECKING:
 __all__ = ["build_torch_encoder", "torch_encoder_config"]
 
 _ARCH = "torch_encoder"
-_LAYER_KEYS = tuple(f"{m}.{p}" for m in ("self_attn.out_proj", "linear1", "linear2", "norm1", "norm2")
-                    for p in ("weight", "bias")) + ("self_attn.in_proj_weight", "self_attn.in_proj_bias")
+# role -> layer-relative parameter name (weights always, the rest where the layer has them)
+_ROLES = {"W_O": "self_attn.out_proj.weight", "b_O": "self_attn.out_proj.bias", "W_1": "linear1.weight",
+          "b_1": "linear1.bias", "W_2": "linear2.weight", "b_2": "linear2.bias",
+          "norm_attn.weight": "norm1.weight", "norm_attn.bias": "norm1.bias",
+          "norm_ffn.weight": "norm2.weight", "norm_ffn.bias": "norm2.bias"}
 
 
 def _activation(fn: object) -> Activation:
@@ -134,30 +137,55 @@ def torch_encoder_config(module: nn.Module) -> tuple[dict[str, torch.Tensor], di
             "n_heads": int(layer.self_attn.num_heads), "norm_first": bool(layer.norm_first),
             "activation": _activation(layer.activation).value,
             "layer_norm_eps": eps1, "layer_norm_eps_2": eps2, "norm_kind": kind1, "norm_kind_2": kind2,
+            "parameters": sorted(layer.state_dict()),  # Note [recorded parameters]
         })
     if any(p != per_layer[0] for p in per_layer):
-        raise UnsupportedArchitectureError(f"{_ARCH}: layers differ in heads, placement, activation or norms")
+        raise UnsupportedArchitectureError(f"{_ARCH}: layers differ in heads, placement, activation, norms or "
+                                           "parameters (biases)")
     config: dict[str, object] = dict(per_layer[0]) if per_layer else {}
     config["n_layers"] = len(layers)
     config["final_norm_eps"] = config["final_norm_kind"] = None
     if final is not None:
         dtype = layers[0].self_attn.in_proj_weight.dtype if layers else None
         config["final_norm_kind"], config["final_norm_eps"] = _norm(final, "norm", dtype)
+        config["final_norm_parameters"] = sorted(final.state_dict())
     return state, config
 
 
 _KINDS = {"LayerNorm": NormKind.LAYERNORM, "RMSNorm": NormKind.RMSNORM, "Identity": NormKind.NONE}
 
 
-def _norm_spec(src: TensorSource, key: str, kind: object, eps: object, d: int, field: str, name: str) -> NormSpec:
-    """The norm ``key`` (``layers.N.norm1``, ``norm``) of kind ``kind`` (a ``_KINDS`` name) and ``eps``."""
+# Note [recorded parameters]: nn.LayerNorm(elementwise_affine=False) has no weight and bias, and torch >= 2.1's
+# ``bias=False`` (TransformerEncoderLayer, nn.LayerNorm, nn.Linear) drops the biases, so the tensors alone cannot
+# tell a bias-free layer from a checkpoint whose biases were lost.  torch_encoder_config records the parameters a
+# layer (``parameters``) and the final norm (``final_norm_parameters``) have; each is then required (Note [missing
+# biases]: refused in one line when missing, not read as zero) and no other is read.  A file written before the
+# record: the parameters layer 0 stores (and those stored under ``norm.``), which every layer must then hold.
+
+
+def _parameters(src: TensorSource, config: dict, field: str, stored_under: str, name: str) -> frozenset[str]:
+    """The parameter names (relative to ``stored_under``) the configuration records in ``field``, else those
+    ``src`` stores under ``stored_under`` (Note [recorded parameters])."""
+    recorded = config.get(field)
+    if recorded is None:
+        return frozenset(k[len(stored_under):] for k in src.keys() if k.startswith(stored_under))
+    if not (isinstance(recorded, list) and all(isinstance(k, str) for k in recorded)):
+        raise InputError(f"{_ARCH} configuration of {name}: {field} must be a list of parameter names, "
+                         f"but got {field}={recorded!r}")
+    return frozenset(recorded)
+
+
+def _norm_spec(src: TensorSource, key: str, kind: object, eps: object, d: int, field: str, name: str,
+               have: frozenset[str], rel: str) -> NormSpec:
+    """The norm ``key`` (``layers.N.norm1``, ``norm``) of kind ``kind`` (a ``_KINDS`` name) and ``eps``; its
+    parameters are those of ``have``, where the norm is named ``rel`` ("" when ``have`` is the norm's own)."""
     if kind not in _KINDS:
         raise InputError(f"{_ARCH} configuration of {name}: {field} must be one of {sorted(_KINDS)}, "
                          f"but got {field}={kind!r}")
     if kind == "Identity":
         return NormSpec(NormKind.NONE)
-    bias = key + ".bias" if kind == "LayerNorm" else None
-    return layer_norm(src, key + ".weight", bias, d, eps, _KINDS[kind], affine=False)  # type: ignore[arg-type]
+    weight, bias = (f"{key}.{p}" if (f"{rel}.{p}" if rel else p) in have else None for p in ("weight", "bias"))
+    return layer_norm(src, weight, bias if kind == "LayerNorm" else None, d, eps, _KINDS[kind])  # type: ignore[arg-type]
 
 
 def build_torch_encoder(src: TensorSource, config: dict, name: str) -> TransformerSpec:
@@ -179,35 +207,26 @@ def build_torch_encoder(src: TensorSource, config: dict, name: str) -> Transform
     kind1 = config.get("norm_kind", "LayerNorm")
     kind2 = config.get("norm_kind_2", kind1)
 
+    have = _parameters(src, config, "parameters", "layers.0.", name)  # Note [recorded parameters]
+
     def layer(i: int) -> LayerSpec:
         p = f"layers.{i}."
         qkv_w, qkv_b = p + "self_attn.in_proj_weight", p + "self_attn.in_proj_bias"
         W = src.get(qkv_w, (3 * d, d))  # (3d, d) = [W_Q; W_K; W_V] as nn.Linear weights
-        b = src.get_optional(qkv_b, (3 * d,))
+        b = optional_role(src, {"b": qkv_b} if "self_attn.in_proj_bias" in have else {}, "b", (3 * d,))
         heads, names = split_fused_qkv(W, b, H, w_name=qkv_w, b_name=qkv_b, stacked_rows=True)
-        keys = {
-            "W_O": p + "self_attn.out_proj.weight", "b_O": p + "self_attn.out_proj.bias",
-            "W_1": p + "linear1.weight", "b_1": p + "linear1.bias",
-            "W_2": p + "linear2.weight", "b_2": p + "linear2.bias",
-            "norm_attn.weight": p + "norm1.weight", "norm_attn.bias": p + "norm1.bias",
-            "norm_ffn.weight": p + "norm2.weight", "norm_ffn.bias": p + "norm2.bias",
-        }
-        names.update({r: key for r, key in keys.items() if key in src})
+        keys = {role: p + rest for role, rest in _ROLES.items() if rest in have or role.startswith("W_")}
+        names.update(keys)
         attn = AttentionSpec(
             W_Q=heads["Q"][0], W_K=heads["K"][0], W_V=heads["V"][0],
             W_O=heads_out(linear_weight(src, keys["W_O"], d, d), H),
             b_Q=heads["Q"][1], b_K=heads["K"][1], b_V=heads["V"][1],
-            b_O=src.get_optional(keys["b_O"], (d,)),
-        )
-        ffn = FFNSpec(
-            W_1=linear_weight(src, keys["W_1"], d, d_ff), W_2=linear_weight(src, keys["W_2"], d_ff, d),
-            activation=act,
-            b_1=src.get_optional(keys["b_1"], (d_ff,)), b_2=src.get_optional(keys["b_2"], (d,)),
+            b_O=optional_role(src, keys, "b_O", (d,)),
         )
         return LayerSpec(
-            index=i, attention=attn, ffn=ffn,
-            norm_attn=_norm_spec(src, p + "norm1", kind1, eps1, d, "norm_kind", name),
-            norm_ffn=_norm_spec(src, p + "norm2", kind2, eps2, d, "norm_kind_2", name),
+            index=i, attention=attn, ffn=plain_ffn(src, keys, d, d_ff, act),
+            norm_attn=_norm_spec(src, p + "norm1", kind1, eps1, d, "norm_kind", name, have, "norm1"),
+            norm_ffn=_norm_spec(src, p + "norm2", kind2, eps2, d, "norm_kind_2", name, have, "norm2"),
             placement=placement, names=names,
         )
 
@@ -218,11 +237,12 @@ def build_torch_encoder(src: TensorSource, config: dict, name: str) -> Transform
     final_eps = config.get("final_norm_eps")
     final_eps = 1e-5 if final_eps is None else final_eps
     if kind is not None:
-        final_norm = _norm_spec(src, "norm", kind, final_eps, d, "final_norm_kind", name)
+        final_norm = _norm_spec(src, "norm", kind, final_eps, d, "final_norm_kind", name,
+                                _parameters(src, config, "final_norm_parameters", "norm.", name), "")
     elif "norm.weight" in src:
         final_norm = layer_norm(src, "norm.weight", "norm.bias", d, final_eps)
     return TransformerSpec(
         arch=_ARCH, name=name, d_model=d, layers=LayerSequence(n, layer), final_norm=final_norm,
         config=summary(config, src, n, H, H, dh, d_ff, act.value, "", {}),
-        warnings=unexpected_layer_tensors(src, "", "layers", n, _LAYER_KEYS, arch=_ARCH, name=name),
+        warnings=unexpected_layer_tensors(src, "", "layers", n, have, arch=_ARCH, name=name),
     )

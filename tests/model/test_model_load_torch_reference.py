@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from conftest import as_tensor, randomize, tensors_equal
@@ -98,3 +99,52 @@ def test_reference_model_from_file_and_module(norm, causal, tmp_path, assert_clo
             assert_close(transformer_forward(spec, X), model(X), 24 * 2, what="reference with head")
             assert_close(transformer_forward(spec, X, with_head=False), model.features(X), 24 * 2,
                          what="reference features")
+
+
+def _safetensors_in_order(tensors: dict[str, torch.Tensor], order: list[str], metadata: dict[str, str]) -> bytes:
+    """A safetensors file whose header lists ``order`` in that order (safetensors' own writer sorts them)."""
+    import struct
+
+    header, data, offset = {"__metadata__": metadata}, b"", 0
+    for k in order:
+        raw = tensors[k].contiguous().numpy().tobytes()
+        header[k] = {"dtype": {torch.float32: "F32", torch.float64: "F64"}[tensors[k].dtype],
+                     "shape": list(tensors[k].shape), "data_offsets": [offset, offset + len(raw)]}
+        data, offset = data + raw, offset + len(raw)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text + data
+
+
+@pytest.mark.parametrize("f32_first", [True, False])
+def test_reference_file_is_read_exactly_whatever_the_header_order(f32_first, tmp_path, monkeypatch):
+    """Red team 201: the adapter took the first floating tensor's dtype for all; a float64 model with one float32
+    tensor listed first was cast to float32 (2.7e-8 off, the certified B_W2 excluding the true value)."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    import transcover.model._adapters._reference as adapter
+
+    torch.manual_seed(0)
+    model = ReferenceTransformer(ReferenceConfig(d_model=8, n_heads=2, n_layers=2, d_ff=12)).double()
+    save_reference(model, tmp_path / "ref.safetensors")
+    with safe_open(str(tmp_path / "ref.safetensors"), "pt") as f:
+        meta = f.metadata()
+    tensors = load_file(str(tmp_path / "ref.safetensors"))
+    small = sorted(tensors)[0]
+    tensors[small] = tensors[small].float()
+    order = sorted(tensors, key=lambda k: (k != small) if f32_first else (k == small))
+    path = tmp_path / "mixed.safetensors"
+    path.write_bytes(_safetensors_in_order(tensors, order, meta))
+    read = {}
+
+    def spy(cfg, get, name, *args):
+        read.update({k: get(k) for k in tensors})
+        return build(cfg, get, name, *args)
+
+    build = adapter.build_reference_spec
+    monkeypatch.setattr(adapter, "build_reference_spec", spy)
+    load(path)
+    assert set(read) == set(tensors)
+    for k, t in load_file(str(path)).items():  # every value as stored, upcast to float64, bit for bit
+        assert read[k].dtype == np.float64 and read[k].tobytes() == t.double().numpy().tobytes(), k

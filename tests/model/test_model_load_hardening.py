@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import warnings
 
@@ -268,3 +269,28 @@ def test_refused_pickle_is_one_clean_line(tmp_path, capsys):
     rc = main(["analyze", str(bad), "--arch", "bert", "--allow-pickle"])
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and not any(ord(c) < 32 for c in err[:-1])
+
+
+# -- tensors without values in a pickle (red team 201) -------------------------------------------
+
+@pytest.mark.parametrize("how, said", [
+    ("sparse", r"is sparse \(sparse_coo\)"),
+    ("meta", "is on the meta device"),
+    ("complex", "has dtype complex64"),
+])
+def test_pickled_sparse_meta_or_complex_weights_are_refused_in_one_line(how, said, tmp_path, capsys):
+    """A sparse or meta tensor in a pickle ended in "internal error" (reshape / .item() not implemented), exit 1."""
+    from transcover.scale._synthetic import write_gpt2_checkpoint
+
+    d = write_gpt2_checkpoint(tmp_path / "gpt2", d=16, layers=2, heads=2, vocab=32, positions=16)
+    tensors = load_file(str(d / "model.safetensors"))
+    key = "h.1.mlp.c_fc.weight"
+    t = tensors[key]
+    tensors[key] = {"sparse": lambda: t.to_sparse(), "meta": lambda: t.to("meta"),
+                    "complex": lambda: t.to(torch.complex64)}[how]()
+    (d / "model.safetensors").unlink()
+    torch.save(tensors, d / "pytorch_model.bin")
+    code = main(["analyze", str(d), "--allow-pickle", "--fast"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert len(err.splitlines()) == 1 and re.search(rf"tensor '{re.escape(key)}' in .*pytorch_model\.bin {said}", err)

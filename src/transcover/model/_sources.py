@@ -5,7 +5,8 @@ where a tensor is checked before any later stage sees it:
 
 * missing -> :class:`~transcover.WeightError` naming the tensor and the file;
 * a shape other than the one the model's configuration implies -> ``WeightError`` with both shapes;
-* integer or boolean dtype where a weight is expected -> ``WeightError``;
+* integer, boolean, complex or quantized dtype where a weight is expected -> ``WeightError``;
+* a sparse tensor or one on the meta device (pickles, modules) -> ``WeightError``;
 * NaN or Inf -> ``WeightError`` naming the tensor and how many entries are non-finite;
 * bfloat16 and float16 are upcast to float32 (exact: every bf16/fp16 number is a float32 number);
   float32 and float64 are kept as they are.
@@ -41,6 +42,19 @@ __all__ = ["TensorSource", "SafetensorsSource", "StateDictSource", "LazyTensors"
 MAX_JSON_DEPTH = 64
 
 _FLOAT_NAMES = {"float64", "float32", "float16", "bfloat16"}
+
+def _no_values(t: Any) -> str | None:
+    """Why the torch tensor ``t`` is no dense array of values (sparse layout, meta device), else None."""
+    if not is_tensor(t):
+        return None
+    import torch
+
+    if t.layout != torch.strided:
+        return f"is sparse ({str(t.layout).removeprefix('torch.')})"
+    if t.is_meta:
+        return "is on the meta device (it holds no values)"
+    return None
+
 
 class TensorSource:
     """A named collection of tensors read one at a time, with validation (see the module docstring)."""
@@ -110,6 +124,10 @@ class TensorSource:
                 "but a floating-point weight is expected"
             )
         t = self._raw(key)
+        unread = _no_values(t)
+        if unread:  # sparse or meta: reshape / .item() failed later, "internal error" (red team 201)
+            raise WeightError(f"tensor {key!r} in {self.where(key)} {unread}; a dense weight holding its values "
+                              "is expected")
         if not is_floating(t):
             raise WeightError(
                 f"tensor {key!r} in {self.where(key)} has dtype {dtype_name(t)}, "

@@ -1,4 +1,5 @@
-"""Atomic output: a file is either written whole or not at all, with the permissions users expect.
+"""Atomic output: a file is either written whole or not at all, with the permissions users expect; and the
+machine's physical memory (:func:`physical_memory`), which reading a tensor and sizing an output are checked against.
 
 A ground-floor module: it imports no transcover package (except ``_errors``), so every package,
 ``model`` included, may write through it (``report._io`` re-exports it).
@@ -28,7 +29,7 @@ import threading
 import time
 from pathlib import Path
 
-__all__ = ["atomic_write_text", "atomic_write_bytes", "current_umask"]
+__all__ = ["atomic_write_text", "atomic_write_bytes", "current_umask", "physical_memory"]
 
 _UMASK_LOCK = threading.Lock()
 
@@ -160,3 +161,11 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def physical_memory() -> int:
+    """Bytes of this machine's memory (16 GiB where the system does not say)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):
+        return 16 << 30

@@ -294,3 +294,25 @@ def test_pickled_sparse_meta_or_complex_weights_are_refused_in_one_line(how, sai
     err = capsys.readouterr().err.strip()
     assert code == 2, err
     assert len(err.splitlines()) == 1 and re.search(rf"tensor '{re.escape(key)}' in .*pytorch_model\.bin {said}", err)
+
+
+# -- a tensor too large for this machine (red team 201) -------------------------------------------
+
+def test_a_tensor_larger_than_half_the_memory_is_refused_before_it_is_read(tmp_path, capsys, monkeypatch):
+    """A 119 GiB wte.weight ended in "internal error: MemoryError", exit 1. Its size is known from the header:
+    refused in one line naming it and its size, with --no-embeddings as the way round for an embedding."""
+    import transcover.model._sources as sources
+    from transcover.scale._synthetic import write_gpt2_checkpoint
+
+    d = write_gpt2_checkpoint(tmp_path / "gpt2", d=16, layers=1, heads=2, vocab=1024, positions=16)
+    monkeypatch.setattr(sources, "physical_memory", lambda: 64_000)  # wte: 1024 x 16 float32 = 65.5 kB
+    code = main(["analyze", str(d), "--fast"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert re.search(r"tensor 'wte\.weight' in .*model\.safetensors \(shape \[1024, 16\], float32\) needs 6\.55e-05 GB",
+                     err), err
+    assert "over half of this machine's memory" in err and "--no-embeddings" in err
+    assert main(["analyze", str(d), "--fast", "--no-embeddings"]) == 0, capsys.readouterr().err
+    monkeypatch.setattr(sources, "physical_memory", lambda: 4_000)  # c_fc.weight 16 x 64 float32: 4.1 kB
+    with pytest.raises(transcover.WeightError, match=r"tensor 'h\.0\.attn\.c_attn\.weight' .* needs .* over half"):
+        load(d).layers[0]

@@ -41,6 +41,7 @@ import torch
 from torch import Tensor
 
 from .._errors import InputError
+from .._io import physical_memory
 from .._results import Kind, Quantity
 from ._metrics import as_outputs, check_eps, check_q
 from ._nets import FORWARD_PAD_ASSUMPTION, FORWARD_REL_PAD, IncrementalNet, forward_pad, padded_radius, torch_threads
@@ -135,16 +136,6 @@ class MonteCarloCovering:
                 "forward_pad": self.forward_pad, "rel_pad": self.rel_pad, "rows": rows, **self.extra}
 
 
-def _physical_memory() -> int:
-    """Bytes of this machine's memory (16 GiB where the system does not say)."""
-    import os
-
-    try:
-        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
-    except (AttributeError, ValueError, OSError):
-        return 16 << 30
-
-
 def check_output_memory(n_bytes: int, what: str, lower: str) -> None:
     """Refuse up front a run whose arrays need more than a quarter of physical memory.
 
@@ -152,7 +143,7 @@ def check_output_memory(n_bytes: int, what: str, lower: str) -> None:
     times while the chunks are joined and the nets built); ``what`` names it, ``lower`` the options to lower.
     ``cover reference --functions 1000000000`` started and would have needed about 128 GB (red team 191).
     """
-    limit = _physical_memory() // 4
+    limit = physical_memory() // 4
     if n_bytes > limit:
         raise InputError(f"{what} need about {n_bytes / 1e9:.3g} GB, over the limit of {limit / 1e9:.3g} GB (a quarter "
                          f"of this machine's memory); lower {lower}")

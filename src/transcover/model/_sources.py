@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._errors import InputError, WeightError
+from .._io import physical_memory
 from ._arrays import dtype_name, is_floating, is_tensor
 
 if TYPE_CHECKING:
@@ -101,12 +102,18 @@ class TensorSource:
         """The stored dtype's name in torch's spelling ("float32", "bfloat16", "int64", ...)."""
         return None
 
-    def get(self, key: str, shape: tuple[int, ...] | None = None) -> Any:
+    def _read_bytes(self, key: str) -> int:
+        """Bytes :meth:`get` allocates to read ``key`` (0: already in memory)."""
+        return 0
+
+    def get(self, key: str, shape: tuple[int, ...] | None = None, *, too_large: str = "") -> Any:
         """The validated floating array ``key`` (bf16/fp16 upcast to float32): numpy from files, torch from a state dict.
+
+        ``too_large``: what to advise when the tensor cannot be held in memory (Note [tensor size]).
 
         Raises:
             WeightError: ``key`` is missing, has another shape than ``shape``, an integer dtype,
-                or holds NaN/Inf.
+                holds NaN/Inf, or would need more than half of this machine's memory once read.
         """
         if key not in self:
             raise WeightError(f"tensor {key!r} is missing from {self.where(key)}")
@@ -123,6 +130,15 @@ class TensorSource:
                 f"tensor {key!r} in {self.where(key)} has dtype {stored}, "
                 "but a floating-point weight is expected"
             )
+        # Note [tensor size]: the size is known from the header before anything is allocated; a tensor over half
+        # of the memory cannot be read and analysed here (a 119 GiB wte.weight ended in "internal error:
+        # MemoryError", exit 1; red team 201), so it is refused in one line naming it and its size.
+        need, memory = self._read_bytes(key), physical_memory()
+        if 2 * need > memory:
+            raise WeightError(
+                f"tensor {key!r} in {self.where(key)} (shape {list(self.shape(key))}, {stored}) needs "
+                f"{need / 1e9:.3g} GB once read, over half of this machine's memory ({memory / 1e9:.3g} GB)"
+                + (f"; {too_large}" if too_large else ""))
         t = self._raw(key)
         unread = _no_values(t)
         if unread:  # sparse or meta: reshape / .item() failed later, "internal error" (red team 201)
@@ -210,6 +226,9 @@ class SafetensorsSource(TensorSource):
 
     def _dtype(self, key: str) -> str | None:
         return self._handles[self._owner[key]].dtype_name(key)
+
+    def _read_bytes(self, key: str) -> int:
+        return self._handles[self._owner[key]].read_bytes(key)
 
     def _raw(self, key: str) -> Any:
         return self._handles[self._owner[key]].get(key)

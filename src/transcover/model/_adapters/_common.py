@@ -265,7 +265,8 @@ def lazy_embeddings(
 
     def reader(key: str, transform: Callable[[Tensor], Tensor] | None) -> Callable[[], Tensor]:
         def read() -> Tensor:
-            t = src.get(key)
+            t = src.get(key, too_large="it lies outside the decomposition: --no-embeddings (embeddings=False) "
+                                       "leaves the embeddings out")
             return t if transform is None else transform(t)
 
         return read

@@ -65,6 +65,9 @@ class _DenseStandIn(TensorSource):
             return torch.zeros((), dtype=torch.float32).expand(self.fake[key])
         return np.broadcast_to(np.float32(0.0), self.fake[key])
 
+    def _read_bytes(self, key: str) -> int:
+        return 0 if key in self.fake else self.inner._read_bytes(key)
+
     def metadata(self) -> dict[str, str]:
         return self.inner.metadata()
 

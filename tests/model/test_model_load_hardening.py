@@ -316,3 +316,24 @@ def test_a_tensor_larger_than_half_the_memory_is_refused_before_it_is_read(tmp_p
     monkeypatch.setattr(sources, "physical_memory", lambda: 4_000)  # c_fc.weight 16 x 64 float32: 4.1 kB
     with pytest.raises(transcover.WeightError, match=r"tensor 'h\.0\.attn\.c_attn\.weight' .* needs .* over half"):
         load(d).layers[0]
+
+
+def test_a_boolean_size_in_a_safetensors_header_is_refused(tmp_path):
+    """Red team 201: shape [true, 32] was accepted and printed as [True, 32]."""
+    import struct
+
+    header = json.dumps({"w": {"dtype": "F32", "shape": [True, 4], "data_offsets": [0, 16]}}).encode()
+    path = tmp_path / "m.safetensors"
+    path.write_bytes(struct.pack("<Q", len(header)) + header + bytes(16))
+    with pytest.raises(InputError, match=r"tensor 'w' has invalid shape \[True, 4\]"):
+        load(path, arch="gpt2")
+
+
+def test_a_truncated_pickle_says_so(tmp_path):
+    """Red team 201: a truncated zip pickle was reported as "[Errno 22] Invalid argument" alone."""
+    path = tmp_path / "pytorch_model.bin"
+    torch.save({"w": torch.ones(2000)}, path)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(InputError, match=r"cannot read pickled checkpoint .*: the file is truncated or corrupted"):
+        load(path, arch="gpt2", allow_pickle=True)

@@ -12,6 +12,7 @@ import it).  The CLI's start-up time depends on it.  Modules and pickles import 
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import os
 import sys
@@ -292,6 +293,10 @@ def _pickle_reason(err: BaseException) -> str:
     """
     lines = [clean_line(line) for line in str(err).splitlines()]
     lines = [line for line in lines if line]
+    # a truncated zip archive: torch seeks past its end ("[Errno 22] Invalid argument", red team 201) or finds no
+    # central directory
+    if (isinstance(err, OSError) and err.errno == errno.EINVAL) or "failed finding central directory" in str(err):
+        return f"the file is truncated or corrupted: its zip archive cannot be read ({lines[0][:120] if lines else err!r})"
     if not lines:
         return type(err).__name__
     # torch puts the cause after "WeightsUnpickler error:" on the same line (2.6) or on its own line after the

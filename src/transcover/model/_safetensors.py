@@ -113,10 +113,11 @@ class SafetensorsFile:
             dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
             if not isinstance(dtype, str) or dtype not in _DTYPES:  # a list was "unhashable": internal error (175)
                 raise ValueError(f"tensor {key!r} has unknown dtype {dtype!r}")
-            if not (isinstance(shape, list) and all(isinstance(s, int) and s >= 0 for s in shape)):
+            # a JSON true is a Python int too: [true, 32] was read as a shape [True, 32] (red team 201)
+            if not (isinstance(shape, list) and all(type(s) is int and s >= 0 for s in shape)):
                 raise ValueError(f"tensor {key!r} has invalid shape {shape!r}")
             if not (isinstance(offsets, list) and len(offsets) == 2
-                    and all(isinstance(o, int) and o >= 0 for o in offsets) and offsets[0] <= offsets[1]):
+                    and all(type(o) is int and o >= 0 for o in offsets) and offsets[0] <= offsets[1]):
                 raise ValueError(f"tensor {key!r} has invalid data_offsets {offsets!r}")
             np_dtype = _DTYPES[dtype][0]
             itemsize = _ITEMSIZE[dtype] if np_dtype is None else np.dtype(np_dtype).itemsize

@@ -296,7 +296,8 @@ def _pickle_reason(err: BaseException) -> str:
     # a truncated zip archive: torch seeks past its end ("[Errno 22] Invalid argument", red team 201) or finds no
     # central directory
     if (isinstance(err, OSError) and err.errno == errno.EINVAL) or "failed finding central directory" in str(err):
-        return f"the file is truncated or corrupted: its zip archive cannot be read ({lines[0][:120] if lines else err!r})"
+        said = lines[0][:120] if lines else repr(err)
+        return f"the file is truncated or corrupted: its zip archive cannot be read ({said})"
     if not lines:
         return type(err).__name__
     # torch puts the cause after "WeightsUnpickler error:" on the same line (2.6) or on its own line after the

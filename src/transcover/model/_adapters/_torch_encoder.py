@@ -185,7 +185,8 @@ def _norm_spec(src: TensorSource, key: str, kind: object, eps: object, d: int, f
     if kind == "Identity":
         return NormSpec(NormKind.NONE)
     weight, bias = (f"{key}.{p}" if (f"{rel}.{p}" if rel else p) in have else None for p in ("weight", "bias"))
-    return layer_norm(src, weight, bias if kind == "LayerNorm" else None, d, eps, _KINDS[kind])  # type: ignore[arg-type]
+    bias = bias if kind == "LayerNorm" else None
+    return layer_norm(src, weight, bias, d, eps, _KINDS[kind])  # type: ignore[arg-type]
 
 
 def build_torch_encoder(src: TensorSource, config: dict, name: str) -> TransformerSpec:

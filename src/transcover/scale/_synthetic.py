@@ -111,8 +111,8 @@ def write_llama_checkpoint(root: str | os.PathLike, *, hidden: int = 2048, inter
                            std: float = 0.02) -> dict[str, object]:
     """A Llama-shaped HF checkpoint (config.json, shards, index) with random weights, untied lm_head.
 
-    Returns a summary: total bytes, number of shards, and the largest tensor (name, stored bytes,
-    float32 bytes).
+    Returns a summary: total bytes, number of shards, the largest tensor (name, stored bytes, float32 bytes) and
+    the float32 bytes of one layer (all its tensors, which ``analyze`` holds together).
     """
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
@@ -146,8 +146,10 @@ def write_llama_checkpoint(root: str | os.PathLike, *, hidden: int = 2048, inter
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     atomic_write_text(root / "model.safetensors.index.json", json.dumps(index, indent=2))
     big = max(plans, key=lambda p: math.prod(p.shape))
+    layer0 = [p for p in plans if p.name.startswith("model.layers.0.")]
     return {"bytes": total, "shards": len(shards), "tensors": len(plans), "largest": big.name,
-            "largest_bytes": big.nbytes(dtype), "largest_f32_bytes": 4 * math.prod(big.shape)}
+            "largest_bytes": big.nbytes(dtype), "largest_f32_bytes": 4 * math.prod(big.shape),
+            "layer_f32_bytes": sum(4 * math.prod(p.shape) for p in layer0)}
 
 
 def write_gpt2_checkpoint(root: str | os.PathLike, *, d: int = 64, layers: int = 2, heads: int = 4,

@@ -330,7 +330,7 @@ def _layer_local_body(layer: LayerSpec, X: Tensor, rho: float, cache: dict, jaco
 def nan_as_inf(x: float) -> float:
     """``x``, or ``inf`` where it is NaN: a certified upper bound that could not be evaluated is no bound.  A softmax
     weight that overflowed in ``mixed_head_terms`` made the Jacobian route's ball NaN, which ``min`` kept and the
-    per-sequence ``max`` in ``local_table`` would have dropped (``max(0.0, nan)`` is 0.0; red team 192)."""
+    per-sequence ``max`` in ``local_table`` would have dropped (``max(0.0, nan)`` is 0.0; red team 192; THEORY F110)."""
     return math.inf if math.isnan(x) else x
 
 

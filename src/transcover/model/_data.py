@@ -91,8 +91,8 @@ def check_sequence_length(spec: TransformerSpec, T: int, option: str = "seq_len"
     its position table, or the RoPE offsets B_KQ is the supremum over).  Every bound stated for T tokens (a covering
     number of n x T points, a Frobenius-metric constant, a lower search beside a certified upper) calls it: ``bound
     --seq-len 1000`` of a Llama with 64 positions printed a certified log N whose B_KQ (0.34, the sup over offsets
-    below 64) is 3.7x under the score matrix's norm at offset 999 (red team 189).  ``option`` names the setting;
-    ``others``: further models the same T goes through (``perturb``'s second model, red team 197)."""
+    below 64) is 3.7x under the score matrix's norm at offset 999 (red team 189; THEORY F110).  ``option`` names the
+    setting; ``others``: further models the same T goes through (``perturb``'s second model, red team 197)."""
     for s in (spec, *others):
         n_pos = _max_positions(s)
         if n_pos is not None and int(T) > n_pos:

@@ -195,3 +195,11 @@ def test_cli_tables_print_uppers_up_and_lowers_down(tmp_path, capsys, monkeypatc
     assert len(heads) == len(per_head)
     for (lo, hi), iv in zip(heads, per_head):
         assert Decimal(lo) <= Decimal(iv["lower"]) and Decimal(hi) >= Decimal(iv["upper"]), (lo, hi, iv)
+
+
+def test_a_cell_without_a_number_prints_a_dash():
+    """Red team 203: the network row's domain column (not computed there, NaN) printed as "nan" in the local table."""
+    from transcover.report._lipschitz_tables import _fmt
+
+    assert _fmt(float("nan"), "up") == _fmt(None) == "-"
+    assert _fmt(1.00001, "up") == "1.001" and _fmt(float("inf"), "up") != "-"

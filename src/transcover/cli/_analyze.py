@@ -52,7 +52,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
                    help="reuse finished models from the store (default); --no-resume recomputes them")
     g.add_argument("--hash", choices=("quick", "full"), default="quick",
-                   help="input keys: quick = headers, sizes and mtimes of the weights; full = every byte")
+                   help="input keys: quick = paths, inodes, ctimes, headers, sizes and mtimes of the weights; "
+                        "full = every byte")
     g.add_argument("--figure", metavar="PATH", default=None, help="write the time-series figure (PNG/PDF/SVG)")
 
 

@@ -8,10 +8,12 @@ __all__ = ["lipschitz_rows", "render_lipschitz", "lipschitz_payload", "render_pe
 
 
 def _fmt(x: float | None, way: str = "near") -> str:
-    """4 significant digits, rounded ``way`` (Note [printed bounds]: uppers up, lowers down)."""
+    """4 significant digits, rounded ``way`` (Note [printed bounds]: uppers up, lowers down); "-" where there is no
+    number (None, or NaN: a column not computed for the row, e.g. the network row's domain column; it printed "nan",
+    red team 203)."""
     from .._printed import directed
 
-    return "-" if x is None else directed(x, 4, way)
+    return "-" if x is None or x != x else directed(x, 4, way)
 
 
 def lipschitz_rows(bounds, lower: dict, n_layers: int) -> list[tuple]:
@@ -130,7 +132,7 @@ def render_local(name: str, n_sequences: int, rows: list, rho_relative: bool) ->
     console.print("  certified upper bounds (THEORY F14, F17; rounding padded); local = on the ball of radius rho "
                   "around each sequence's hidden states" + (" (rho x median token norm)" if rho_relative else "")
                   + "; lower = (2,inf) Jacobian norm at the data point (the network row: the larger of it and a "
-                    "pair ascent inside the ball, so it may grow with rho)"
+                    "pair ascent inside the ball, so it may grow with rho); '-' = not computed for that row"
                   + ("; ball lower = the best of it and an ascent over centres and pairs inside the ball "
                      "(empirical, local/lower uses it)" if ball else ""))
 

@@ -7,10 +7,11 @@ exits non-zero; ``--debug`` shows the traceback.
 
 from __future__ import annotations
 
+import math
 import re
 
 __all__ = ["TranscoverError", "InputError", "UnsupportedArchitectureError", "WeightError", "TranscoverWarning",
-           "CertificateViolation", "check_radius", "check_positive_int"]
+           "CertificateViolation", "check_radius", "check_positive_int", "check_number"]
 
 
 class TranscoverError(ValueError):
@@ -108,3 +109,25 @@ def check_finite_tensor(t, name: str):  # noqa: ANN001, ANN201  (a torch.Tensor;
     if t.is_floating_point() and t.numel() and not bool(t.detach().isfinite().all()):
         raise InputError(f"{name} has NaN or infinite entries; a norm constraint cannot be enforced on it")
     return t
+
+
+def check_number(x: float, name: str, *, low: float = -math.inf, strict: bool = False) -> float:
+    """``float(x)``, or :class:`InputError` unless ``x`` is a finite real number ``>= low`` (``> low`` if ``strict``).
+
+    ``bool`` and strings are refused (``True`` is no factor; ``"2"`` failed later with a ``TypeError``).
+    """
+    v = _real(x)
+    if math.isfinite(v) and (v > low if strict else v >= low):
+        return v
+    bound = "" if low == -math.inf else f" {'>' if strict else '>='} {low:g}"
+    raise InputError(f"{name} must be a finite number{bound}, but got {name}={x!r}")
+
+
+def _real(x: object) -> float:
+    """``float(x)`` for a real number (a 0-d tensor or numpy scalar too); NaN for anything else."""
+    if isinstance(x, (bool, str, bytes)):
+        return math.nan
+    try:
+        return float(x)  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError, RuntimeError):
+        return math.nan

@@ -61,7 +61,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _validate(args: argparse.Namespace) -> None:
-    from .._errors import InputError
+    from .._errors import InputError, check_number
     from ..lipschitz import check_c_sm
 
     check_c_sm(args.c_sm, "--c-sm")
@@ -77,10 +77,9 @@ def _validate(args: argparse.Namespace) -> None:
     if not (0 < args.delta < 1):
         raise InputError(f"--delta must be in (0, 1), but got --delta={args.delta}")
     # finite too: inf passed these checks and the API refused it by its own name ("sigma_min must be"; red team 198)
-    if not (0 <= args.sigma_min < float("inf")):
-        raise InputError(f"--sigma-min must be a finite number >= 0, but got --sigma-min={args.sigma_min}")
-    if args.target_gap is not None and not (0 < args.target_gap < float("inf")):
-        raise InputError(f"--target-gap must be a finite number > 0, but got --target-gap={args.target_gap}")
+    check_number(args.sigma_min, "--sigma-min", low=0.0)
+    if args.target_gap is not None:
+        check_number(args.target_gap, "--target-gap", low=0.0, strict=True)
     from ..covering import NORM_GRID_MAX_STEPS as MAX_STEPS
 
     if not 0 <= args.norm_grid <= MAX_STEPS:

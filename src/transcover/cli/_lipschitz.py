@@ -90,14 +90,13 @@ def config_from_args(args: argparse.Namespace, cls: type = LipschitzConfig) -> L
 
 
 def check_common(args: argparse.Namespace) -> None:
-    from .._errors import InputError, check_radius
+    from .._errors import InputError, check_number, check_radius
 
     check_radius(args.radius, "--radius")
     from ..lipschitz import check_c_sm
 
     check_c_sm(args.c_sm, "--c-sm")
-    if not 0 <= args.ln_sigma_min < float("inf"):  # inf reached the bounds and was refused in their words
-        raise InputError(f"--sigma-min must be a finite number >= 0, but got --sigma-min={args.ln_sigma_min}")
+    check_number(args.ln_sigma_min, "--sigma-min", low=0.0)  # inf reached the bounds, refused in their words
     for flag, v, lo in (("--seq-len", args.seq_len, 1), ("--samples", args.samples, 1), ("--steps", args.steps, 0)):
         if v is not None and v < lo:
             raise InputError(f"{flag} must be >= {lo}, but got {flag}={v}")

@@ -50,7 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import sys
 
-    from .._errors import InputError
+    from .._errors import InputError, check_number
     from ..report import atomic_write_text, check_output_path, progress
     from ..report import ReportOptions, compute_report, render_report
     from ._conventions import load_options
@@ -59,8 +59,7 @@ def run(args: argparse.Namespace) -> int:
     for flag, v in (("--radius", args.radius), ("--eps", args.eps)):
         if not (0 < v < float("inf")):
             raise InputError(f"{flag} must be a finite number > 0, but got {flag}={v}")
-    if not 0 <= args.sigma_min < float("inf"):
-        raise InputError(f"--sigma-min must be a finite number >= 0, but got --sigma-min={args.sigma_min}")
+    check_number(args.sigma_min, "--sigma-min", low=0.0)
     if not args.n_samples >= 1:
         raise InputError(f"--n-samples must be >= 1, but got --n-samples={args.n_samples}")
     for flag, v, lo in (("--seq-len", 1 if args.seq_len is None else args.seq_len, 1),

@@ -12,9 +12,9 @@ import math
 
 from torch import Tensor
 
-from .._errors import InputError, check_finite_tensor
+from .._errors import InputError, _real, check_finite_tensor, check_number
 
-__all__ = ["check_weight", "check_number", "check_progress"]
+__all__ = ["check_weight", "check_number", "check_progress"]  # check_number: from _errors (the CLIs use it too)
 
 
 def check_weight(t: Tensor, name: str) -> Tensor:
@@ -28,18 +28,6 @@ def check_weight(t: Tensor, name: str) -> Tensor:
     return check_finite_tensor(t, name)
 
 
-def check_number(x: float, name: str, *, low: float = -math.inf, strict: bool = False) -> float:
-    """``float(x)``, or :class:`InputError` unless ``x`` is a finite real number ``>= low`` (``> low`` if ``strict``).
-
-    ``bool`` and strings are refused (``True`` is no factor; ``"2"`` failed later with a ``TypeError``).
-    """
-    v = _real(x)
-    if math.isfinite(v) and (v > low if strict else v >= low):
-        return v
-    bound = "" if low == -math.inf else f" {'>' if strict else '>='} {low:g}"
-    raise InputError(f"{name} must be a finite number{bound}, but got {name}={x!r}")
-
-
 def check_progress(progress: float) -> float:
     """Training progress as a float clamped to [0, 1] (``-inf`` -> 0, ``inf`` -> 1); NaN is refused.
 
@@ -49,13 +37,3 @@ def check_progress(progress: float) -> float:
     if math.isnan(p):
         raise InputError(f"progress must be a number (clamped to [0, 1]), but got progress={progress!r}")
     return min(max(p, 0.0), 1.0)
-
-
-def _real(x: object) -> float:
-    """``float(x)`` for a real number (a 0-d tensor or numpy scalar too); NaN for anything else."""
-    if isinstance(x, (bool, str, bytes)):
-        return math.nan
-    try:
-        return float(x)  # type: ignore[arg-type]
-    except (TypeError, ValueError, OverflowError, RuntimeError):
-        return math.nan

@@ -42,15 +42,14 @@ def _config(cls, config, options: dict):
 
 
 def _shrunk(cfg, config, options: dict, *specs):
-    """``cfg`` with its default ``seq_len`` shrunk to what ``specs`` cover, as the CLI does (red team 197); a T given
-    in ``options`` or ``config`` is kept (and checked by the bounds)."""
+    """``cfg`` with its ``seq_len`` resolved as the CLI resolves it (``model.sequence_length``, red team 197): a T
+    given in ``options`` or ``config`` checked against what ``specs`` cover, the default shrunk to it."""
     from dataclasses import replace
 
-    from .model import default_sequence_length
+    from .model import sequence_length
 
-    if config is not None or "seq_len" in options:
-        return cfg
-    return replace(cfg, seq_len=default_sequence_length(cfg.seq_len, *specs))
+    given = cfg.seq_len if config is not None or "seq_len" in options else None
+    return replace(cfg, seq_len=sequence_length(given, cfg.seq_len, "seq_len", *specs))
 
 
 def _small_threads(d_model: int, seq_len: int):
@@ -181,7 +180,6 @@ def lipschitz(model=None, config=None, *, arch: str | None = None, allow_pickle:
 
     from ._api_results import LipschitzResult
     from .lipschitz import LipschitzConfig, lipschitz_bounds, lipschitz_lower
-    from .model import check_sequence_length
 
     cfg = _config(LipschitzConfig, config, options)
     if data is not None:
@@ -190,7 +188,6 @@ def lipschitz(model=None, config=None, *, arch: str | None = None, allow_pickle:
                                 steps=cfg.steps, whole=whole_network)
     spec = _spec(model, arch=arch, allow_pickle=allow_pickle, strict=strict, roles=roles).to_torch()
     cfg = _shrunk(cfg, config, options, spec)
-    check_sequence_length(spec, cfg.seq_len, "seq_len")
     l2 = any(layer.attention.kind == "l2" for layer in spec.layers)
     with _small_threads(spec.d_model, cfg.seq_len):
         bounds = lipschitz_bounds(spec, radius=cfg.radius, c_sm=cfg.c_sm, metric=cfg.metric,

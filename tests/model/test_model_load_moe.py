@@ -121,7 +121,7 @@ def test_every_bound_route_refuses_moe_in_one_line(moe_models, tmp_path, capsys)
     model, path = moe_models["mixtral"]
     a, b = load(model).to_torch(torch.float64), load(path).to_torch(torch.float64)
     X = torch.randn(4, a.d_model, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    for call in (lambda: perturbation_bound(a, b), lambda: model_bound(a, reference=b),
+    for call in (lambda: perturbation_bound(a, b), lambda: model_bound(a, reference=b, seq_len=16),  # 16 positions
                  lambda: layer_local(a.layers[0], X, 1e-3), lambda: network_local(a, X, 1e-3)):
         with pytest.raises(UnsupportedArchitectureError, match="mixture of experts.*F25") as e:
             call()

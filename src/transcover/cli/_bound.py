@@ -119,10 +119,9 @@ def run(args: argparse.Namespace) -> int:
         args.n_samples = args.n_samples or [float(n_train)]
         args.seq_len = args.seq_len or seq_len
     args.n_samples = args.n_samples or list(_D.n_samples)
-    from ..model import check_sequence_length, max_sequence_length
+    from ..model import sequence_length
 
-    args.seq_len = args.seq_len or min(_D.seq_len, max_sequence_length(spec) or _D.seq_len)
-    check_sequence_length(spec, args.seq_len, "--seq-len")
+    args.seq_len = sequence_length(args.seq_len, _D.seq_len, "--seq-len", spec)
     reference = None if args.reference is None else load(args.reference, **load_options(args)).to_torch()
     tracker.step("covering number and generalisation bound")
     result = model_bound(spec, config_from_args(args), reference=reference)

@@ -145,10 +145,9 @@ def run(args: argparse.Namespace) -> int:
     tracker = start_progress(quiet=args.quiet)
     tracker.step("loading the model")
     spec = load(args.model, **load_options(args)).to_torch()
-    from ..model import check_sequence_length, default_sequence_length
+    from ..model import sequence_length
 
-    args.seq_len = args.seq_len or default_sequence_length(_D.seq_len, spec)
-    check_sequence_length(spec, args.seq_len, "--seq-len")
+    args.seq_len = sequence_length(args.seq_len, _D.seq_len, "--seq-len", spec)
     cfg = config_from_args(args)
     tracker.step("certified upper bounds")
     small_threads(spec.d_model, cfg.seq_len)

@@ -25,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
     from .._errors import InputError
     from .._results import check_certified
     from ..lipschitz import PerturbConfig, perturbation_bound, perturbation_lower
-    from ..model import check_sequence_length, default_sequence_length, require_same_structure
+    from ..model import require_same_structure, sequence_length
     from ..train import load_model as load
     from ..report import atomic_write_text, start_progress
     from ..report import perturb_payload, render_perturb
@@ -45,8 +45,7 @@ def run(args: argparse.Namespace) -> int:
     b = load(args.model_b, **load_options(args)).to_torch()
     # Lemma G.3 charges weight distances only: refuse before any search (Note [structural differences])
     require_same_structure(a, b)
-    args.seq_len = args.seq_len or default_sequence_length(PerturbConfig.seq_len, a, b)
-    check_sequence_length(a, args.seq_len, "--seq-len", b)  # both: the second may cover fewer (red team 197)
+    args.seq_len = sequence_length(args.seq_len, PerturbConfig.seq_len, "--seq-len", a, b)  # b may cover fewer (197)
     cfg = config_from_args(args, PerturbConfig)
     outside = _outside_g(a, b)
     small_threads(a.d_model, cfg.seq_len)

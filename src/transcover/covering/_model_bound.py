@@ -414,6 +414,7 @@ def model_bound(spec: TransformerSpec, config: BoundConfig | None = None, *, ref
     eps, n_samples, seq_len, radius, family = cfg.eps, cfg.n_samples, cfg.seq_len, cfg.radius, cfg.family
     loss_lipschitz, loss_bound, delta = cfg.loss_lipschitz, cfg.loss_bound, cfg.delta
     c_sm, sigma_min = cfg.c_sm, cfg.sigma_min
+    check_sequence_length(spec, seq_len, "seq_len")  # before measuring: a refusal costs nothing
     if norms is None and (terms is None or cfg.norm_grid):
         if reference is not None:  # the structural check first, with its own message (as model_terms words it)
             from ..model import require_same_structure
@@ -423,7 +424,6 @@ def model_bound(spec: TransformerSpec, config: BoundConfig | None = None, *, ref
     if terms is None:
         terms = model_terms(spec, radius=radius, c_sm=c_sm, sigma_min=sigma_min, reference=reference, norms=norms)
     terms, out_radius, bft_rows = terms
-    check_sequence_length(spec, seq_len, "seq_len")  # after the structural refusals (a mixture of experts: F25)
     n0 = max(1, int(round(n_samples[0] * seq_len)))
     head = None
     mlp = None

@@ -70,12 +70,13 @@ from ._data import inputs_from_array as inputs_from_array
 from ._data import check_sequence_length as check_sequence_length
 from ._data import default_sequence_length as default_sequence_length
 from ._data import max_sequence_length as max_sequence_length
+from ._data import sequence_length as sequence_length
 from ._data import sequence_too_long as sequence_too_long
 from ._data import load_inputs as load_inputs
 
 __all__ += ["SUPPORTED_ARCHITECTURES", "bundled_model_dir", "load", "spec_from_module", "load_inputs",
             "inputs_from_array", "check_sequence_length", "max_sequence_length", "default_sequence_length",
-            "sequence_too_long"]
+            "sequence_length", "sequence_too_long"]
 
 _TORCH_NAMES = ("ReferenceTransformer", "reference_spec", "save_reference")
 

@@ -78,6 +78,15 @@ def default_sequence_length(default: int, *specs: TransformerSpec) -> int:
     return min(default, max_sequence_length(*specs) or default)
 
 
+def sequence_length(given: int | None, default: int, option: str, spec: TransformerSpec,
+                    *others: TransformerSpec) -> int:
+    """The T a command runs at: ``given`` (checked, ``check_sequence_length``), or ``default`` shrunk to what the
+    models cover (``default_sequence_length``).  The one resolution of every command's and API function's T."""
+    T = given or default_sequence_length(default, spec, *others)
+    check_sequence_length(spec, T, option, *others)
+    return T
+
+
 def sequence_too_long(T: int, limit: int, what: str, option: str, rope: bool) -> str:
     """The one-line refusal of ``T`` tokens beyond ``limit`` (``check_sequence_length`` and the bounds' own check in
     ``lipschitz._compose``)."""

@@ -123,15 +123,14 @@ def compute_report(model=None, *, arch=None, allow_pickle=False, strict=False, r
     timings: dict[str, float] = {}
     t = time.perf_counter()
     tracker.step("loading the model")
-    from ..model import TransformerSpec, check_sequence_length, default_sequence_length
+    from ..model import TransformerSpec, default_sequence_length, sequence_length
 
     spec = model if isinstance(model, TransformerSpec) else load(model, arch=arch, allow_pickle=allow_pickle,
                                                                  strict=strict, roles=roles)
     # the defaults shrink to what the model covers: the lower search's 4 tokens too (red team 197: a 3-position
     # GPT-2 was refused for a T the user never gave)
-    options = replace(options, seq_len=options.seq_len or default_sequence_length(128, spec),
+    options = replace(options, seq_len=sequence_length(options.seq_len, 128, "seq_len", spec),
                       lower_seq_len=default_sequence_length(options.lower_seq_len, spec))
-    check_sequence_length(spec, options.seq_len, "seq_len")
     records, history_notes = None, []
     if history is None and isinstance(model, (str, os.PathLike)):
         history = _own_history(model)  # a training run reports its own monitor unasked

@@ -117,3 +117,20 @@ def test_config_and_api_refuse_what_the_cli_refuses():
     big = sample_local_class(spec, {"W_1": 0.1}, 3, seed=MAX_SEED)  # the largest seed still draws its members
     assert torch.isfinite(big.evaluate(random_inputs(2, 2, 4))).all()
 
+
+
+@pytest.mark.parametrize("k", [-40, 7, 40])
+@pytest.mark.parametrize("q", [1, 2, math.inf])
+def test_the_margin_is_homogeneous(k, q):
+    """F109's margin is relative: scaling the outputs and eps by 2^k (exact) scales the pad by exactly 2^k and leaves
+    every net and packing size unchanged."""
+    from transcover.empirical import covering_of_outputs
+
+    g = torch.Generator().manual_seed(5)
+    Y = torch.randn(300, 3, 4, generator=g, dtype=torch.float64)
+    eps = [0.3, 0.7, 1.5]
+    a = covering_of_outputs(Y, eps, q)
+    s = covering_of_outputs(torch.ldexp(Y, torch.tensor(k)), [math.ldexp(e, k) for e in eps], q)
+    assert a.forward_pad > 0 and s.forward_pad == math.ldexp(a.forward_pad, k)
+    assert s.net_sizes == a.net_sizes and s.packing_sizes == a.packing_sizes
+    assert any(n > 1 for row in a.net_sizes for n in row)

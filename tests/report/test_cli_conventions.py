@@ -226,3 +226,12 @@ def test_a_reader_leaving_early_does_not_lose_the_files(ref_file, tmp_path):
     assert proc.wait(timeout=300) == 0, err
     assert json.loads(out.read_text())["schema"] == "transcover.bound"
     assert "Traceback" not in err and "BrokenPipe" not in err and "Exception ignored" not in err, err
+
+
+def test_a_phase_of_unknown_size_draws_no_count():
+    """``cover reference`` drew ``0/None`` beside its pulsing bar: a phase without a total shows no count."""
+    from transcover.report._progress import count_text
+
+    assert count_text(0, None) == "" and count_text(3.0, 8.0) == "3/8"
+    out = _stderr_of(["cover", "reference", "--functions", "200", "--samples", "2", "--eps", "0.5"], terminal=True)
+    assert "Monte Carlo covering" in out and "None" not in out

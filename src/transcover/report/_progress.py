@@ -50,12 +50,22 @@ def _is_terminal(stream) -> bool:
         return False
 
 
+def count_text(completed: float, total: float | None) -> str:
+    """``done/total`` for a phase whose size is known, nothing for one that is not (its bar pulses): an open
+    phase drew ``0/None`` (stop 43's note)."""
+    return "" if total is None else f"{int(completed)}/{int(total)}"
+
+
 def _bar(stream):
     from rich.console import Console
-    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, Progress, ProgressColumn, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.text import Text
 
-    return Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                    TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
+    class _Count(ProgressColumn):
+        def render(self, task) -> Text:  # noqa: ANN001
+            return Text(count_text(task.completed, task.total))
+
+    return Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), _Count(), TimeElapsedColumn(),
                     console=Console(file=stream), transient=True)
 
 

@@ -15,7 +15,7 @@ import json
 import pytest
 import torch
 
-from transcover import UnsupportedArchitectureError
+from transcover import UnsupportedArchitectureError, WeightError
 from transcover.cli import main
 from transcover.model import MoESpec, load, transformer_forward
 from transcover.norms import analyze_spec
@@ -129,3 +129,27 @@ def test_every_bound_route_refuses_moe_in_one_line(moe_models, tmp_path, capsys)
     assert main(["perturb", str(path), str(path), "--quiet"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "mixture of experts" in err[0] and "internal error" not in err[0], err
+
+
+def test_a_shared_expert_without_its_gate_is_refused(moe_models, tmp_path, capsys):
+    """Qwen2-MoE builds ``shared_expert_gate`` with every shared expert and scales the shared expert's output by
+    ``sigmoid(gate(x))``: a checkpoint without it is another function, refused naming the tensor, not read with
+    the gate left out (stop 43's note: the now-required tensor had no test of its own)."""
+    from safetensors.torch import load_file, save_file
+
+    _, path = moe_models["qwen2_moe"]
+    spec = load(path)
+    assert spec.layers[0].ffn.shared_gate is not None  # read from the file: the forward test checks its effect
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    (cut / "config.json").write_text((path / "config.json").read_text())
+    tensors = load_file(str(path / "model.safetensors"))
+    key = next(k for k in tensors if k.endswith("layers.0.mlp.shared_expert_gate.weight"))
+    del tensors[key]
+    save_file(tensors, str(cut / "model.safetensors"))
+    with pytest.raises(WeightError, match="tensor '.*layers.0.mlp.shared_expert_gate.weight' is missing") as e:
+        load(cut).layers[0].ffn
+    assert "\n" not in str(e.value)
+    assert main(["analyze", str(cut), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "shared_expert_gate" in err[0] and "internal error" not in err[0], err

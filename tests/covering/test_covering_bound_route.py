@@ -205,7 +205,7 @@ def test_a_single_point_class_gets_no_shrink_advice(capsys, monkeypatch):
     from transcover.report import render_bound
 
     monkeypatch.setenv("COLUMNS", "200")
-    render_bound(mb, list(mb.transformer.contributions), mb.n_for_gap(0.1), 0.1, 3, d)
+    render_bound(mb, mb.n_for_gap(0.1), 0.1, 3, d)
     out = capsys.readouterr().out
     assert "log N = 0, no matrix contributes" in out and "largest shares" not in out
 
@@ -223,7 +223,45 @@ def test_the_printed_prior_is_rounded_up(seed, head_hidden, capsys, monkeypatch)
                                                                head_hidden=head_hidden)))
     mb = model_bound(spec, eps=0.1, n_samples=(100.0,), seq_len=4)
     monkeypatch.setenv("COLUMNS", "300")
-    render_bound(mb, list(mb.transformer.contributions), 1e9, 0.1, 3, diagnose(mb))
+    render_bound(mb, 1e9, 0.1, 3, diagnose(mb))
     text = capsys.readouterr().out + "\n".join(mb.assumptions + mb.generalisation[0].assumptions)
     printed = re.findall(r"ln\(1/prior\) = ([0-9.e+]+) nats", text)
     assert len(printed) >= 3 and all(float(x) >= mb.log_prior for x in printed), printed
+
+
+def test_the_tables_give_shares_of_the_whole_class_with_the_head(capsys, monkeypatch):
+    """Stop 43's note: ``bound``'s by-layer and contribution tables printed shares of the Transformer's part only, so
+    an MLP head holding a third of log N was missing from both while the diagnosis ranked it first.  Both now read
+    ``ModelBound.class_terms()``: the head's matrices with shares of the whole class's log N (Theorem G.5)."""
+    import re
+
+    from transcover.report import render_bound
+
+    torch.manual_seed(0)
+    spec = reference_spec(ReferenceTransformer(ReferenceConfig(d_model=4, n_heads=1, n_layers=1, d_ff=4,
+                                                               head_hidden=(8,))))
+    mb = model_bound(spec, eps=0.1, n_samples=(100.0,), seq_len=4)
+    rows = mb.class_terms()
+    head = sum(s for _, ly, _, s in rows if ly == "head")
+    total = math.fsum(s for *_, s in rows)
+    # every term is a summand of the class's ln N (G.5's leading term, where present, is the rest)
+    # (each share is one exp of a difference of float64 logs near 6: a few ulps of 6 each, 1e-13 for all)
+    tol = 1e-13 * len(rows)
+    assert 0.2 < head < 0.8 and 1 - math.exp(mb.covering.log_leading - mb.log_log_N) - tol <= total <= 1 + tol
+    for name, ly, c, s in rows:
+        own = mb.transformer if ly != "head" else mb.covering.mlp.covering
+        assert s == pytest.approx(c.share * math.exp(own.log_log_N - mb.log_log_N), rel=1e-12)
+    monkeypatch.setenv("COLUMNS", "200")
+    render_bound(mb, 1e9, 0.1, 20, diagnose(mb))
+    out = capsys.readouterr().out
+    table = out[out.index("share of log N by"):]
+    printed = dict(re.findall(r"│\s+(\d+|head) │\s+([0-9.]+)%", table))
+    assert float(printed["head"]) / 100 == pytest.approx(head, abs=5e-6)
+    assert sum(float(v) for v in printed.values()) / 100 == pytest.approx(total, abs=1e-4)
+    top = max((r for r in rows if r[1] == "head"), key=lambda r: r[3])
+    assert re.search(rf"{re.escape(top[0])}\s+head\s.*\s{top[3]:.3%}", out), out
+    from transcover.report import BoundDisplay
+
+    bd = BoundDisplay.from_result(mb)  # the figure of `bound --plot` and the HTML report reads the same terms
+    assert bd.layers[-1] == "head" and bd.shares[-1].sum() == pytest.approx(head, rel=1e-12)
+    assert top[0] in bd.top_names

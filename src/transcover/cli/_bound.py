@@ -143,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
     png = bound_png(result, n_needed, target) if args.plot else None
     tracker.close()
     if not args.quiet:
-        render_bound(result, list(result.transformer.contributions), n_needed, target, args.top, diagnosis)
+        render_bound(result, n_needed, target, args.top, diagnosis)
     for _, path, text in outputs:
         atomic_write_text(path, text)
         print(f"wrote {path}", file=sys.stderr)

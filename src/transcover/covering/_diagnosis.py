@@ -65,25 +65,20 @@ def _shares(result, top: int):
     """The ``top`` largest terms and the per-layer split, as shares of the whole class's ``log N``: with an MLP head
     (Theorem G.5) its matrices are ranked with the Transformer's and summed as layer ``"head"`` (red team 198: a
     checkpoint's head held 47 % of log N and the diagnosis named only the Transformer's terms)."""
-    from ._composite import CompositeCovering
-
-    cov = result.covering
-    rows = [(c.name, c.layer, c) for c in result.transformer.contributions]
-    if isinstance(cov, CompositeCovering):
-        rows += [(c.role, "head", c) for c in cov.mlp.covering.contributions]
-    total = cov.log_log_N  # ln of the sum of every term's ln N_i (each term's log_cost is ln ln N_i)
-
-    def share(c) -> float:  # noqa: ANN001
-        return 0.0 if c.log_cost == -math.inf else math.exp(c.log_cost - total)
-
-    ranked = sorted((r for r in rows if r[2].log_cost > -math.inf), key=lambda r: r[2].log_cost, reverse=True)
-    top_rows = tuple((name, ly, c.cover, share(c), c.log_c / math.log(10)) for name, ly, c in ranked[:top])
-    by_layer: dict[int | str, float] = {}
-    for _, ly, c in rows:
-        by_layer[ly] = by_layer.get(ly, 0.0) + share(c)
-    if total == -math.inf:  # log N = 0: no term and no layer has a share of it
+    rows = result.class_terms()
+    if result.covering.log_log_N == -math.inf:  # log N = 0: no term and no layer has a share of it
         return (), ()
-    return top_rows, tuple(sorted(by_layer.items(), key=lambda kv: kv[1], reverse=True))
+    ranked = sorted((r for r in rows if r[2].log_cost > -math.inf), key=lambda r: r[2].log_cost, reverse=True)
+    top_rows = tuple((name, ly, c.cover, s, c.log_c / math.log(10)) for name, ly, c, s in ranked[:top])
+    return top_rows, tuple(sorted(_layer_shares(rows).items(), key=lambda kv: kv[1], reverse=True))
+
+
+def _layer_shares(rows) -> dict[int | str, float]:  # noqa: ANN001
+    """``{layer: share}`` summed over :meth:`ModelBound.class_terms` rows."""
+    out: dict[int | str, float] = {}
+    for _, ly, _, s in rows:
+        out[ly] = out.get(ly, 0.0) + s
+    return out
 
 
 def _names(rows) -> str:  # noqa: ANN001

@@ -42,7 +42,10 @@ def bound_payload(result, diagnosis, n_needed: float, target: float, warnings: l
     return data
 
 
-def render_bound(result, terms, n_needed: float, target: float, top: int, diagnosis) -> None:
+def render_bound(result, n_needed: float, target: float, top: int, diagnosis) -> None:
+    """``transcover bound``'s text: the bound, its gaps, the diagnosis and where ``log N`` comes from.  The by-layer
+    and contribution tables give shares of the whole class's ``log N`` (``result.class_terms()``; with an MLP head its
+    matrices as layer "head"), as the diagnosis does."""
     import math
 
     from rich.console import Console
@@ -50,6 +53,7 @@ def render_bound(result, terms, n_needed: float, target: float, top: int, diagno
 
     from ..covering import CompositeCovering
     from .._printed import count_up, directed, log10_up, up
+    from ._displays import layer_order
 
     con = Console()
     cov = result.covering
@@ -106,10 +110,10 @@ def render_bound(result, terms, n_needed: float, target: float, top: int, diagno
     con.print(f"BFT spectral complexity R_A = {fmt_log(result.bft.log_R, 'near')} [{result.bft.kind.value}]; "
               f"BFT log N ~ A/eps^2 with A = {fmt_log(result.bft.log_A, 'near')}, "
               f"ours at eps: log N * eps^2 = {fmt_log(cov.log_log_N + 2 * math.log(result.eps))}")
-    lt = Table(title="share of the Transformer's log N by layer")
+    lt = Table(title="share of log N by layer")
     lt.add_column("layer", justify="right")
     lt.add_column("share", justify="right")
-    for layer, share in sorted(result.transformer.by_layer().items()):
+    for layer, share in sorted(diagnosis.layers, key=lambda kv: layer_order(kv[0])):
         lt.add_row(_layer_name(layer, result.n_layers), f"{share:.3%}")
     con.print(lt)
     from rich import box
@@ -120,12 +124,12 @@ def render_bound(result, terms, n_needed: float, target: float, top: int, diagno
     mt = Table(title=f"largest {top} contributions (cover: F1 parameter count, F2 (2,1)-norm)",
                box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True)
     rows = []
-    for c in sorted(terms, key=lambda c: c.log_cost, reverse=True)[:top]:
+    for name, _, c, share in sorted(result.class_terms(), key=lambda r: r[2].log_cost, reverse=True)[:top]:
         cover = c.cover[c.cover.rfind("(") + 1:].rstrip(")") if "(" in c.cover else c.cover
-        rows.append((c.name.replace("layer-1.", "input."), c.group, cover, log10_up(c.log_c, decimals=2),
+        rows.append((name.replace("layer-1.", "input."), c.group, cover, log10_up(c.log_c, decimals=2),
                      fmt_log(c.log_eps_i, "near")
                      if c.log_eps_i > -700 else f"10^{c.log_eps_i / math.log(10):.1f}", fmt_log(c.log_cost),
-                     f"{c.share:.3%}"))
+                     f"{share:.3%}"))
     for k, col in enumerate(("matrix", "group", "cover", "log10 c_i", "eps_i", "log N_i", "share")):
         cells = [col] + [r[k] for r in rows]
         if k == 0:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ._displays import (AnalysisDisplay, BoundDisplay, CoveringDisplay, HistoryDisplay, LipschitzDisplay,
-                        layer_label)
+                        layer_label, layer_order)
 from ._figures import figure_png, pyplot
 from ._html import fmt, kind_badge, page, plain, section, table, text
 from ._html import figure as html_figure
@@ -333,7 +333,6 @@ def _bound(d: ReportData) -> str:
     if r is None:
         return section("bound", "Covering number and generalisation bound",
                        f'<p class="note">{text(d.bound_note or "no covering bound")}</p>')
-    tf = r.transformer
     bd = BoundDisplay.from_result(r)
     bd.top_names = [plain(n, 40) for n in bd.top_names]
     bd.title = plain(bd.title)
@@ -343,14 +342,17 @@ def _bound(d: ReportData) -> str:
                                   "the summed log N_i with each layer's share of the total as text (left), and the "
                                   "largest terms log N_i (right)"),
             html_figure(_svg(cov), f"the certified covering bound against ε {kind_badge(r.kind)}")]
-    by_layer = sorted(tf.by_layer().items())
-    t_layers = table(("layer", "share of log N"), [(layer_label(k, r.n_layers), f"{100 * v:.3g} %")
-                                                   for k, v in by_layer],
-                     numeric=(False, True), caption="share of the Transformer's log N per layer")
-    top = sorted(tf.contributions, key=lambda c: c.log_cost, reverse=True)[:15]
+    terms = r.class_terms()  # shares of the whole class's log N, an MLP head's matrices as layer "head"
+    by_layer: dict = {}
+    for _, ly, _, share in terms:
+        by_layer[ly] = by_layer.get(ly, 0.0) + share
+    t_layers = table(("layer", "share of log N"), [(layer_label(k, r.n_layers), f"{100 * by_layer[k]:.3g} %")
+                                                   for k in sorted(by_layer, key=layer_order)],
+                     numeric=(False, True), caption="share of log N per layer")
+    top = sorted(terms, key=lambda row: row[2].log_cost, reverse=True)[:15]
     t_top = table(("matrix", "layer", "group", "cover", "log₁₀ log N_i", "share"),
-                  [(c.name, layer_label(c.layer, r.n_layers), c.group, c.cover, log10_up(c.log_cost, 5),
-                    f"{100 * c.share:.3g} %") for c in top],
+                  [(name, layer_label(ly, r.n_layers), c.group, c.cover, log10_up(c.log_cost, 5),
+                    f"{100 * share:.3g} %") for name, ly, c, share in top],
                   numeric=(False, True, False, False, True, True),
                   caption="largest 15 contributions")
     g_rows = [(f"{g.n:.3g}", up(g.gap, 4), log10_up(g.raw_log_gap, 5), g.vacuous) for g in r.generalisation]

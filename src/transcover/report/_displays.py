@@ -22,8 +22,16 @@ __all__ = ["AnalysisDisplay", "LipschitzDisplay", "PerturbationDisplay", "BoundD
            "HistoryDisplay", "layer_label"]
 
 
-def layer_label(layer: int, n_layers: int | None = None) -> str:
-    """Layer indices as people read them: -1 is the input (embedding) stage, n_layers the output."""
+def layer_order(layer: int | str) -> tuple[bool, int]:
+    """A sort key for layer indices and names: the indices in order, then the names (an MLP head's "head")."""
+    return (isinstance(layer, str), layer if isinstance(layer, int) else 0)
+
+
+def layer_label(layer: int | str, n_layers: int | None = None) -> str:
+    """Layer indices as people read them: -1 is the input (embedding) stage, n_layers the output; a name (an MLP
+    head's ``"head"``) as it is."""
+    if isinstance(layer, str):
+        return layer
     if layer == -1:
         return "input"
     if layer == -2:
@@ -251,18 +259,18 @@ class BoundDisplay:
 
     @classmethod
     def from_result(cls, result, top: int = 12) -> "BoundDisplay":
-        terms = list(result.transformer.contributions)
-        layer_ids = sorted({t.layer for t in terms})
-        groups = sorted({t.group for t in terms})
+        terms = result.class_terms()  # shares of the whole class's log N, an MLP head's matrices as layer "head"
+        layer_ids = sorted({ly for _, ly, _, _ in terms}, key=layer_order)
+        groups = sorted({t.group for _, _, t, _ in terms})
         shares = np.zeros((len(layer_ids), len(groups)))
         ln_parts = np.full((len(layer_ids), len(groups)), -np.inf)
-        for t in terms:
-            i, j = layer_ids.index(t.layer), groups.index(t.group)
-            shares[i, j] += t.share
+        for _, ly, t, share in terms:
+            i, j = layer_ids.index(ly), groups.index(t.group)
+            shares[i, j] += share
             ln_parts[i, j] = np.logaddexp(ln_parts[i, j], t.log_cost)
-        best = sorted(terms, key=lambda t: t.log_cost, reverse=True)[:top]
+        best = sorted(terms, key=lambda r: r[2].log_cost, reverse=True)[:top]
         return cls([layer_label(i, result.n_layers) for i in layer_ids], groups, shares, ln_parts / math.log(10),
-                   [t.name for t in best], np.array([t.log_cost / math.log(10) for t in best]),
+                   [name for name, *_ in best], np.array([t.log_cost / math.log(10) for _, _, t, _ in best]),
                    f"{result.model}, eps={result.eps:g}")
 
     def plot(self, ax=None) -> "BoundDisplay":

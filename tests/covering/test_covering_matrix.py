@@ -6,6 +6,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from transcover import InputError, Kind
 from transcover.covering import (
@@ -110,3 +112,38 @@ def test_bft_certified_complexity_is_rounded_up_against_mpmath():
         log_A = 2 * mpmath.log(exact(radius)) + mpmath.log(mpmath.log(2 * width * width)) + 2 * log_R
         for got, want in ((sc.log_R, log_R), (sc.log_A, log_A)):
             assert exact(got) >= want and exact(got) - want <= 1e-9 * (1 + abs(want)), (got, want)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(0.0, 1.0), min_size=2, max_size=40), st.integers(0, 12), st.floats(1e-3, 1e3))
+def test_f2_profile_union_covers_every_column_norm_profile(weights, log2c, a):
+    """THEORY F2, matrix version (red team 205: the cover was derived for the model's own column-norm profile, a
+    smaller class than the (2,1) ball it was used for).  Every profile of the ball rounds up to a grid profile
+    ``ñ_j = a m_j/K`` (``K = c k``) with ``ñ_j >= n_j``, ``sum ñ_j <= a(1 + 1/c)``, and the grid profiles number
+    ``C(K + 2k, k) <= (e(c + 2))^k``; the per-profile scales ``delta_j = eps sqrt(ñ_j/A')`` meet ``eps`` in l2."""
+    from fractions import Fraction
+
+    k, c = len(weights), 2**log2c
+    K = c * k
+    total = sum(weights)
+    assume(total > 0)
+    n = [Fraction(w) * Fraction(a) / Fraction(total) for w in weights]  # exact column norms, sum exactly a
+    n = [x * Fraction(1 - 1e-9) for x in n]  # strictly inside the ball
+    m = [math.ceil(K * x / Fraction(a)) for x in n]
+    tilde = [Fraction(a) * mj / K for mj in m]
+    assert all(t >= x for t, x in zip(tilde, n)) and sum(m) <= K + k
+    A = sum(tilde)
+    assert A <= Fraction(a) * (1 + Fraction(1, c))
+    assert math.log(math.comb(K + 2 * k, k)) <= k * (1 + math.log(c + 2))
+    assert sum(Fraction(1) * t / A for t in tilde) == 1  # sum_j delta_j^2 / eps^2
+    # each column's Zhang cost 36 ñ_j^2 b^2/delta_j^2 = 36 ñ_j A b^2/eps^2: summed, 36 A^2 b^2/eps^2
+    assert sum(36 * t * A for t in tilde) == 36 * A * A
+
+
+def test_f2_matrix_cover_pays_for_the_profiles():
+    """k columns cost more than the scalar cover of the same radius by at least the profiles' count (red team 205)."""
+    ab, n, k = 10.0, 1000, 16
+    L = 2 * math.ceil(4 * ab + 2) * n + 1
+    v = matrix_linf_log_covering(ab, 1.0, 1.0, n, k).value
+    assert v > (36 * ab * ab + k) * math.log(L) + math.log(k + 2)  # the union over profiles is paid
+    assert v <= (36 * (2 * ab) ** 2 + k) * math.log(2 * math.ceil(8 * ab + 2) * n + 1) + k * (1 + math.log(3))

@@ -99,6 +99,42 @@ def linear_linf_log_covering(a: float, b: float, eps: float, n_points: int) -> Q
                     (f"||w||_2 <= {a!r}, ||x||_2 <= {b!r}, n = {n_points}", "rounded up (exact rational arithmetic)"))
 
 
+PROFILE_C_MAX_EXP = 60  # the profile grid's K = c k levels, c a power of two up to 2^60
+
+
+def profile_multipliers(log_ab: float, log_L: float, n_cols: int) -> tuple[int, ...]:
+    """The grid multipliers ``c`` (``K = c k`` levels) at which F2's matrix version is evaluated: 1 and the two
+    powers of two around ``c* = 2B/k``, ``B = 36 (ab/eps)^2 ln L``, the minimiser of ``k ln(c + 2) + B(1 + 1/c)^2``
+    for large ``c``.  Any ``c`` gives a valid bound (THEORY F2); these only make it small.  ``()`` for one column
+    (no profile to pay for)."""
+    if n_cols == 1:
+        return ()
+    log2 = (math.log(72.0) + 2.0 * log_ab + math.log(max(log_L, 1e-300)) - math.log(n_cols)) / math.log(2.0)
+    if not log2 > 0.0:  # also NaN
+        return (1,)
+    lo = min(int(math.floor(log2)), PROFILE_C_MAX_EXP)
+    return tuple(sorted({1, 2**lo, 2 ** min(lo + 1, PROFILE_C_MAX_EXP)}))
+
+
+def _matrix_f2(ab: Enclosure, n_points: int, n_cols: int, c: int | None) -> Enclosure:
+    """THEORY F2's matrix bound at grid multiplier ``c`` (``None``: one column, no profile), enclosed:
+    ``k (1 + ln(c + 2)) + (36 A^2 + k) ln(2 ceil(4A + 2) n + 1)`` with ``A = (ab/eps)(1 + 1/c)``."""
+    prec = ab.prec
+    if c is None:
+        return (exact(36, prec) * ab * ab + exact(n_cols, prec)) * _zhang_log_arg(ab, n_points).ln()
+    A = ab * exact(Fraction(c + 1, c), prec)
+    union = exact(n_cols, prec) * (exact(1, prec) + exact(c + 2, prec).ln())
+    return union + (exact(36, prec) * A * A + exact(n_cols, prec)) * _zhang_log_arg(A, n_points).ln()
+
+
+def _f2_multipliers(log_ab: float, n_points: int, n_cols: int) -> tuple[int | None, ...]:
+    if n_cols == 1:
+        return (None,)
+    x = min(log_ab, 700.0)
+    log_L = math.log(2.0 * n_points * (4.0 * math.exp(x) + 3.0) + 1.0) if log_ab < 700.0 else log_ab + 2.1
+    return profile_multipliers(log_ab, log_L, n_cols)
+
+
 def matrix_linf_loglog(log_a: float, log_b: float, log_eps: float, n_points: int, n_cols: int) -> float:
     """``ln ln N`` of :func:`matrix_linf_log_covering`, from logs (never overflows), rounded up.
 
@@ -108,12 +144,14 @@ def matrix_linf_loglog(log_a: float, log_b: float, log_eps: float, n_points: int
     if log_a == -math.inf:
         return -math.inf
 
-    def evaluate(prec: int) -> Enclosure:
-        ab = (exact(log_a, prec) + exact(log_b, prec) - exact(log_eps, prec)).exp()
-        coef = exact(36, prec) * ab * ab + exact(n_cols, prec)
-        return coef.ln() + _zhang_log_arg(ab, n_points).ln().ln()
+    def at(c: int | None) -> float:
+        def evaluate(prec: int) -> Enclosure:
+            ab = (exact(log_a, prec) + exact(log_b, prec) - exact(log_eps, prec)).exp()
+            return _matrix_f2(ab, n_points, n_cols, c).ln()
 
-    return round_log(evaluate, "up")
+        return round_log(evaluate, "up")
+
+    return min(at(c) for c in _f2_multipliers(log_a + log_b - log_eps, n_points, n_cols))
 
 
 def matrix_linf_log_covering(a: float, b: float, eps: float, n_points: int, n_cols: int) -> Quantity:
@@ -121,19 +159,24 @@ def matrix_linf_log_covering(a: float, b: float, eps: float, n_points: int, n_co
 
     .. math::
 
-        \\ln N_\\infty\\big(\\{xW\\}, \\varepsilon, \\{x_t\\}_{t\\le n}, \\|\\cdot\\|_2\\big) \\le
-        \\Big(\\frac{36 a^2 b^2}{\\varepsilon^2} + k\\Big)\\ln\\big(2\\lceil 4ab/\\varepsilon+2\\rceil n + 1\\big)
+        \\ln N_\\infty \\le \\min_{c}\\; k\\big(1 + \\ln(c + 2)\\big) +
+        \\Big(\\frac{36 A_c^2 b^2}{\\varepsilon^2} + k\\Big)\\ln\\big(2\\lceil 4A_c b/\\varepsilon+2\\rceil n + 1\\big),
+        \\qquad A_c = a(1 + 1/c),
 
-    with ``||W||_{2,1} = sum_j ||W[:, j]||_2`` (THEORY section 2), ``k`` = number of columns and
-    the metric ``max_t ||x_t W - x_t W'||_2``.
+    over integers ``c >= 1`` (for one column: ``(36 a^2 b^2/eps^2 + 1) ln(...)``), with ``||W||_{2,1} =
+    sum_j ||W[:, j]||_2`` (THEORY section 2), ``k`` = number of columns and the metric
+    ``max_t ||x_t W - x_t W'||_2``.
 
-    Derivation (replaces the [M] matrix lemma of Edelman et al. 2022, App. A): write
-    ``n_j = ||W[:, j]||_2`` (``sum_j n_j <= a``; the class is the set of W with these column
-    norms or less, the model's own, as in every a-posteriori norm bound).  Cover column j's scalar
-    class with Zhang's Thm 4 at l_inf scale ``delta_j = eps sqrt(n_j / a)``.  Then
-    ``||x_t (W - W')||_2^2 = sum_j (x_t.(w_j - w'_j))^2 <= sum_j delta_j^2 = eps^2`` and the cost is
-    ``sum_j ceil(36 n_j^2 b^2/delta_j^2) log(...) <= (36 a b^2 sum_j n_j / eps^2 + k) log(...)``,
-    with each log argument ``b n_j/delta_j = b sqrt(n_j a)/eps <= ab/eps``.
+    Derivation (THEORY F2, matrix version; replaces the [M] matrix lemma of Edelman et al. 2022, App. A).
+    For column norms ``n_j`` (``sum_j n_j <= a``) and ``K = c k``, round each up to ``ñ_j = a m_j/K``,
+    ``m_j = ceil(K n_j/a)``: then ``sum_j m_j <= K + k``, so ``A' = sum_j ñ_j <= A_c``, and there are
+    ``C(K + 2k, k) <= (e(c + 2))^k`` such profiles.  For one profile, cover column j's scalar class
+    ``{||w|| <= ñ_j}`` with Zhang's Thm 4 at l_inf scale ``delta_j = eps sqrt(ñ_j/A')``: then
+    ``||x_t (W - W')||_2^2 <= sum_j delta_j^2 = eps^2``, the costs sum to ``<= (36 A'^2 b^2/eps^2 + k) ln(...)``
+    and each log argument has ``b ñ_j/delta_j = b sqrt(ñ_j A')/eps <= A_c b/eps``.  The union over the profiles
+    covers the whole (2,1) ball.  Before red team 205 the profile was the model's own column norms, i.e. the
+    cover was of a smaller class than the ball it was used for.  ``c`` is taken from
+    :func:`profile_multipliers`: any ``c`` is valid.
 
     Raises:
         InputError: non-positive ``a``, ``b``, ``eps``, ``n_points`` or ``n_cols``.
@@ -141,15 +184,13 @@ def matrix_linf_log_covering(a: float, b: float, eps: float, n_points: int, n_co
     _pos(a=a, b=b, eps=eps)
     _count(n_points=n_points, n_cols=n_cols)
     ab = Fraction(a) * Fraction(b) / Fraction(eps)
-
-    def evaluate(prec: int) -> Enclosure:
-        coef = exact(36 * ab * ab + n_cols, prec)
-        return coef * _zhang_log_arg(exact(ab, prec), n_points).ln()
-
-    value = round_log(evaluate, "up")
+    log_ab = math.log(a) + math.log(b) - math.log(eps)
+    value = min(round_log(lambda prec, c=c: _matrix_f2(exact(ab, prec), n_points, n_cols, c), "up")
+                for c in _f2_multipliers(log_ab, n_points, n_cols))
     return Quantity(value, Kind.CERTIFIED_UPPER,
-                    "derived from Zhang 2002 Thm 4 column by column (THEORY F2, matrix version)",
-                    (f"||W||_(2,1) <= {a!r} (per-column norms fixed), ||x||_2 <= {b!r}, n = {n_points}",
+                    "derived from Zhang 2002 Thm 4 column by column, a union over column-norm profiles "
+                    "(THEORY F2, matrix version)",
+                    (f"||W||_(2,1) <= {a!r} (every column-norm profile), ||x||_2 <= {b!r}, n = {n_points}",
                      "rounded up (exact rational arithmetic)"))
 
 

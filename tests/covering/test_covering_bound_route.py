@@ -265,3 +265,21 @@ def test_the_tables_give_shares_of_the_whole_class_with_the_head(capsys, monkeyp
     bd = BoundDisplay.from_result(mb)  # the figure of `bound --plot` and the HTML report reads the same terms
     assert bd.layers[-1] == "head" and bd.shares[-1].sum() == pytest.approx(head, rel=1e-12)
     assert top[0] in bd.top_names
+
+
+@pytest.mark.parametrize("kw, needle", [(dict(eps=3 * 2.0**-1074), "eps must be >= 4.45"),
+                                        (dict(eps=2.0**-1022), "eps must be >= 4.45"),
+                                        (dict(n_samples=(1e307,)), "n_samples must be <= 1e+300")])
+def test_eps_whose_half_rounds_and_n_that_overflows_are_refused(kw, needle):
+    """Red team 205: the head's cover at ``eps / 2`` rounded 1.5 x 2^-1074 up to 2 x 2^-1074 (the composed scale
+    then exceeds eps: a log N certified for a coarser scale), and ``n T`` overflowed to inf in ``int(round(n T))``."""
+    import re
+
+    from transcover import InputError
+
+    torch.manual_seed(0)
+    spec = reference_spec(ReferenceTransformer(ReferenceConfig(d_model=4, n_heads=1, n_layers=1, d_ff=4,
+                                                               head_hidden=(8,))))
+    with pytest.raises(InputError, match=re.escape(needle)):
+        model_bound(spec, **{"eps": 0.1, "n_samples": (100.0,), "seq_len": 4, **kw})
+    model_bound(spec, eps=4 * 2.0**-1022, n_samples=(1e300,), seq_len=4)  # the edges themselves run

@@ -49,6 +49,11 @@ def test_bound_prints_json_and_plot(model_path, tmp_path, capsys, monkeypatch):
     (["--norm-grid", str(10**30)], "--norm-grid must be in"),
     (["--target-gap", "inf"], "--target-gap must be a finite number"),  # not the API's "target_gap" (red team 198)
     (["--sigma-min", "inf"], "--sigma-min must be a finite number"),
+    # red team 205: a subnormal eps / 2 rounded up (3 x 2^-1074 certified at 4 x 2^-1074's log N), and n T = inf was
+    # an internal error (exit 1)
+    (["--eps", "5e-324"], "--eps must be >= 4.45"),
+    (["--eps", str(3 * 2.0**-1074)], "--eps must be >= 4.45"),
+    (["--n-samples", "1e307"], "--n-samples must be <= 1e+300"),
 ])
 def test_bad_arguments_one_line_exit_2(model_path, tmp_path, capsys, argv, needle):
     js = tmp_path / "never.json"

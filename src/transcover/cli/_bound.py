@@ -69,9 +69,16 @@ def _validate(args: argparse.Namespace) -> None:
                     ("--loss-lipschitz", args.loss_lipschitz), ("--loss-bound", args.loss_bound)):
         if not (v > 0 and v < float("inf")):
             raise InputError(f"{flag} must be a finite number > 0, but got {flag}={v}")
+    from ..covering import MAX_SAMPLES, MIN_EPS
+
+    if args.eps < MIN_EPS:  # the API's own check, in the option's name (red team 205)
+        raise InputError(f"--eps must be >= {MIN_EPS!r} (twice float64's smallest normal number: below it eps / 2 "
+                         f"may round), but got --eps={args.eps!r}")
     for n in args.n_samples or ():
         if not (n >= 1 and n < float("inf")) or n != int(n):  # 1.5 samples: the cover used round(nT) points (37j)
             raise InputError(f"--n-samples must be whole numbers >= 1, but got --n-samples={n:g}")
+        if n > MAX_SAMPLES:
+            raise InputError(f"--n-samples must be <= {MAX_SAMPLES:g}, but got --n-samples={n:g}")
     if args.seq_len is not None and args.seq_len < 1:
         raise InputError(f"--seq-len must be >= 1, but got --seq-len={args.seq_len}")
     if not (0 < args.delta < 1):

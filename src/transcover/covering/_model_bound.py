@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -81,6 +82,11 @@ class BoundConfig:
             raise InputError("give at least one sample size")
         for n in n_samples:
             _check("n_samples", n)
+            if n > MAX_SAMPLES:  # n T positions became inf in int(round(n T)): an internal error (red team 205)
+                raise InputError(f"n_samples must be <= {MAX_SAMPLES:g}, but got n_samples={n!r}")
+        if self.eps < MIN_EPS:  # below it the head's eps / 2 may round up (red team 205)
+            raise InputError(f"eps must be >= {MIN_EPS!r} (twice float64's smallest normal number: below it eps / 2 "
+                             f"may round), but got eps={self.eps!r}")
         check_positive_int(self.seq_len, "seq_len")
         if self.family not in MODEL_FAMILIES:
             raise InputError(f"family must be one of {MODEL_FAMILIES}, but got family={self.family!r}")
@@ -316,6 +322,10 @@ class ModelBound:
                  "kind": self.bft.kind.value, "source": self.bft.source,
                  "generalisation": [g.to_dict() for g in self.bft_generalisation]},
         )
+
+
+MAX_SAMPLES = 1e300  # n_samples above it are refused: n T must stay a float64 for the log factors
+MIN_EPS = 2.0 * sys.float_info.min  # eps below it is refused: a subnormal eps / 2 rounds, up as well as down
 
 
 def _check(name: str, v: float) -> None:

@@ -199,3 +199,78 @@ def test_covering_bound_end_to_end_and_bad_input():
         covering_margin_bound(ReferenceTransformer(ReferenceConfig(d_model=4, n_heads=1, n_layers=1, d_ff=4,
                                                                    d_input=1, max_len=6, n_outputs=2)), X, y,
                               menu_size=8, xi=1.0)
+
+
+def _one_line_input_error(call, text, kind=InputError):
+    """``call()`` raises ``kind`` whose message is one line containing ``text`` (literally)."""
+    with pytest.raises(kind) as info:
+        call()
+    message = str(info.value)
+    assert text in message and "\n" not in message, message
+    return message
+
+
+def test_covering_bound_refuses_bad_delta_menu_size_and_data_up_front():
+    # red team 204: delta >= 1 made ln(1/delta) negative (a *smaller* certified value), NaN returned 1.0, 0 divided
+    # by zero; menu_size < 1 was a math domain error or a smaller value; bad labels / shapes were raw RuntimeErrors
+    cfg = _cfg(d=4, T=6)
+    torch.manual_seed(0)
+    model = ReferenceTransformer(cfg).double()
+    X = torch.randint(0, 2, (200, 6, 1)).double() * 2 - 1
+    y = (X[:, :3, 0].sum(1) > 0).long()
+
+    def bound(**kw):
+        return covering_margin_bound(**{"model": model, "X": X, "y": y, "menu_size": 8, "xi": 1.0, **kw})
+
+    for delta, shown in ((1.0, "1.0"), (2, "2"), (1.5, "1.5"), (math.nan, "nan"), (0, "0"), (-0.1, "-0.1"),
+                         (math.inf, "inf"), (True, "True"), ("0.05", "'0.05'")):
+        _one_line_input_error(lambda: bound(delta=delta), f"delta must be a number in (0, 1), but got delta={shown}")
+    assert bound(delta=5e-324).value <= 1.0  # ln(1 / 5e-324) overflowed to inf; -ln(delta) = 744.4 does not
+    for size in (0, -3, 0.5, 8.0, True):
+        _one_line_input_error(lambda: bound(menu_size=size), f"menu_size must be a positive integer, but got "
+                                                             f"menu_size={size!r}")
+    _one_line_input_error(lambda: bound(y=y + 5), "labels must be class ids in [0, 1] (n_outputs=2), but got labels "
+                                                  "from 5 to 6")
+    _one_line_input_error(lambda: bound(y=y - 1), "labels must be class ids in [0, 1] (n_outputs=2), but got labels "
+                                                  "from -1 to 0")
+    _one_line_input_error(lambda: bound(y=y.double()), "y must be a 1-D tensor of integer class ids, but got "
+                                                       "torch.float64 of shape (200,)")
+    _one_line_input_error(lambda: bound(y=y[:, None]), "y must be a 1-D tensor of integer class ids")
+    _one_line_input_error(lambda: bound(X=X[:, :, 0]), "X must be a tensor of shape (n, T, d_input=1) with "
+                                                       "1 <= T <= max_len=6, but got (200, 6)")
+    _one_line_input_error(lambda: bound(X=torch.ones(200, 7, 1, dtype=torch.float64)),
+                          "X has T=7 tokens per sample, but the model takes (n, T, d_input=1) with 1 <= T <= max_len=6")
+    _one_line_input_error(lambda: bound(X=X[:, :0]), "X has T=0 tokens per sample")
+    assert bound(y=y.int()).value == bound().value  # int32 class ids are fine (made int64 for gather/scatter)
+    broken = ReferenceTransformer(cfg).double()
+    with torch.no_grad():
+        broken.blocks[0].W_Q[0, 0, 0] = math.nan
+    from transcover._errors import WeightError
+
+    _one_line_input_error(lambda: bound(model=broken), "model weight blocks.0.W_Q has NaN or infinite entries",
+                          WeightError)
+
+
+def test_margin_change_bound_refuses_bad_xi_and_norms():
+    # red team 204: a negative xi gave a negative bound (0.0 for -1 here) and NaN a NaN one, both "certified"
+    cfg = _cfg(d=4, T=5)
+    a, b = ReferenceTransformer(cfg).double(), ReferenceTransformer(cfg).double()
+    N, D = pair_norms(cfg, a.state_dict(), b.state_dict())
+    assert margin_change_bound(cfg, N, D, 1.0) > 0
+    for xi in (-1.0, -0.5, 0.0, math.nan, math.inf, True, "1"):
+        _one_line_input_error(lambda: margin_change_bound(cfg, N, D, xi),
+                              f"xi must be a finite number > 0, but got xi={xi!r}")
+    for bad in (-1.0, math.nan, math.inf):
+        _one_line_input_error(lambda: margin_change_bound(cfg, N, {**D, "embed": bad}, 1.0),
+                              f"D['embed'] must be a finite number >= 0, but got D['embed']={bad!r}")
+        _one_line_input_error(lambda: margin_change_bound(cfg, {**N, "head.w": bad}, D, 1.0),
+                              f"N['head.w'] must be a finite number >= 0, but got N['head.w']={bad!r}")
+
+
+def test_class_prior_refuses_a_menu_below_one():
+    # red team 204: ln(menu_size) of 0.5 is negative (a smaller prior cost), of 0 a math domain error
+    S = {"a": torch.tensor([True, False])}
+    assert class_prior_nats(1, S, {"a": 0}, 0) > 0
+    for size in (0, -1, 0.5, 2.0):
+        _one_line_input_error(lambda: class_prior_nats(size, S, {"a": 0}, 0),
+                              f"menu_size must be a positive integer, but got menu_size={size!r}")

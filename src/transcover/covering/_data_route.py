@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from .._errors import InputError
+from .._errors import InputError, WeightError, check_number, check_positive_int
 from .._results import Kind
 
 __all__ = [
@@ -89,7 +89,15 @@ def margin_change_bound(cfg, N: Mapping, D: Mapping, xi: float) -> float:  # noq
     ``||A_a - A_b||_2``), ``"head.b"`` (max over pairs of ``|c_a - c_b|``).  Missing keys are 0.
     Input tokens have l2 norm ``<= xi``.  Derivation: docs/theory.md F19 (residual stream radius
     ``R`` and deviation ``e`` per layer; softmax moves by ``||P' - P||_1 <= max_u |ds_u|``).
+
+    Checked (red team 204): ``xi`` a finite number > 0 and every ``N``/``D`` value a finite number >= 0, else
+    :class:`InputError`.  The recursion is a sum of products of these, so a negative ``xi`` gave a negative
+    "bound" and a NaN (the norms of NaN weights) a NaN one, both reported as certified.
     """
+    xi = check_number(xi, "xi", low=0.0, strict=True)
+    for which, norms in (("N", N), ("D", D)):
+        for key, value in norms.items():
+            check_number(value, f"{which}[{key!r}]", low=0.0)
     n = lambda k: float(N.get(k, 0.0))  # noqa: E731
     d = lambda k: float(D.get(k, 0.0))  # noqa: E731
     R = xi * n("embed") + n("pos")
@@ -238,8 +246,11 @@ def class_prior_nats(menu_size: int, supports: Mapping[str, Tensor], box_exponen
     """``ln(1/pi)``: the architecture, each tensor's non-zero count and pattern, the box exponents, the margin.
 
     ``pi = (1/|menu|) prod_W [1/(p_W + 1)] [1/C(p_W, s_W)] 2^{-gamma(b_W)} * 2^{-gamma(g)}`` sums to at
-    most 1 over the countable menu (each factor is a probability over its own choice)."""
-    nats = math.log(menu_size)
+    most 1 over the countable menu (each factor is a probability over its own choice).
+
+    ``menu_size`` must be an ``int`` >= 1 (:class:`InputError` otherwise; red team 204): a size below 1 made
+    ``ln |menu|`` negative (a smaller "certified" bound) or a math domain error, and a float size is no menu."""
+    nats = math.log(check_positive_int(menu_size, "menu_size"))
     for name, S in supports.items():
         p, s = S.numel(), int((S != 0).sum())
         nats += math.log(p + 1) + math.log(math.comb(p, s))
@@ -298,18 +309,50 @@ def covering_margin_bound(model, X: Tensor, y: Tensor, *, menu_size: int, xi: fl
     is chosen on the grid to minimise the bound (both paid in the prior).  Assumptions: samples
     i.i.d. and the menu fixed before them; input tokens of l2 norm ``<= xi``; the architecture
     passes :func:`check_supported`.
+
+    Checked up front, each refused with a one-line :class:`InputError` (red team 204): ``delta`` a number in
+    (0, 1) (``delta >= 1`` made ``ln(1/delta) <= 0`` and so a *smaller* "certified" value, NaN returned 1.0, 0
+    divided by zero); ``menu_size`` an ``int`` >= 1 (see :func:`class_prior_nats`); ``X`` of shape
+    ``(n, T, d_input)`` with ``1 <= T <= max_len`` and ``y`` integer class ids in ``[0, n_outputs)`` (these
+    failed as raw RuntimeErrors deep in the forward pass or :func:`margins`); finite weights (a NaN
+    weight gave NaN margins, read as a vacuous 1.0 rather than refused: :class:`WeightError`).
     """
     cfg = model.cfg
     check_supported(cfg)
-    if not (isinstance(xi, (int, float)) and math.isfinite(xi) and xi > 0):
-        raise InputError(f"xi must be a finite number > 0, but got xi={xi!r}")
+    xi = check_number(xi, "xi", low=0.0, strict=True)
+    try:
+        value = check_number(delta, "delta", low=0.0, strict=True)
+    except InputError:
+        value = math.nan
+    if not value < 1.0:
+        raise InputError(f"delta must be a number in (0, 1), but got delta={delta!r}")
+    delta = value
+    check_positive_int(menu_size, "menu_size")
+    shape = f"(n, T, d_input={cfg.d_input}) with 1 <= T <= max_len={cfg.max_len}"
+    if not isinstance(X, Tensor) or X.dim() != 3 or X.shape[2] != cfg.d_input:
+        got = tuple(X.shape) if isinstance(X, Tensor) else type(X).__name__
+        raise InputError(f"X must be a tensor of shape {shape}, but got {got}")
+    if not 1 <= X.shape[1] <= cfg.max_len:
+        raise InputError(f"X has T={X.shape[1]} tokens per sample, but the model takes {shape}")
+    if not isinstance(y, Tensor) or y.dim() != 1 or y.dtype.is_floating_point or y.dtype.is_complex \
+            or y.dtype == torch.bool:
+        got = f"{y.dtype} of shape {tuple(y.shape)}" if isinstance(y, Tensor) else type(y).__name__
+        raise InputError(f"y must be a 1-D tensor of integer class ids, but got {got}")
     n = int(X.shape[0])
     if n == 0 or y.shape[0] != n:
         raise InputError(f"need as many labels as samples (> 0), but got {n} samples and {y.shape[0]} labels")
+    low, high = int(y.min()), int(y.max())
+    if low < 0 or high >= cfg.n_outputs:
+        raise InputError(f"labels must be class ids in [0, {cfg.n_outputs - 1}] (n_outputs={cfg.n_outputs}), "
+                         f"but got labels from {low} to {high}")
+    y = y.long()
+    for name, v in model.state_dict().items():
+        if v.is_floating_point() and not bool(v.isfinite().all()):
+            raise WeightError(f"model weight {name} has NaN or infinite entries; the covering bound needs finite "
+                              "weights")
     # the sensitivities assume every token's norm <= xi; a sample that breaks it breaks the bound on the very
     # points it is stated for (tokens of norm 50 with xi = 1 certified 0.119 against 0.172; red team 37j)
     tokens = X.detach().double()
-    tokens = tokens[..., None] if tokens.dim() == 2 else tokens
     largest = float(tokens.norm(dim=-1).max())
     if not largest <= xi * (1 + 1e-12):  # the computed norm's rounding (digits' all-ones token is sqrt(8) = xi)
         raise InputError(f"a training token has l2 norm {largest:.6g} > xi={xi!r}: the data route's sensitivities "
@@ -329,7 +372,7 @@ def covering_margin_bound(model, X: Tensor, y: Tensor, *, menu_size: int, xi: fl
         ramp = float(torch.clamp(1.0 - m / gamma, 0.0, 1.0).sum()) / n * _PAD + _RAMP_PAD / gamma
         rad, J = chaining_rademacher(lambda eps: margin_log_cover(gamma * eps, kappa, p, boxes), n)
         prior = class_prior_nats(menu_size, supports, exps, g)
-        conc = math.sqrt((math.log(1.0 / delta) + prior) / (2 * n)) * _PAD
+        conc = math.sqrt((-math.log(delta) + prior) / (2 * n)) * _PAD  # 1 / 5e-324 overflowed to inf
         value = min(1.0, (ramp + 2 * rad + conc) * _PAD)
         if best is None or value < best.value:
             best = DataRouteBound(value, ramp, rad, conc, prior, gamma, J, sum(p.values()), n, delta, xi,

@@ -308,3 +308,42 @@ def test_bad_tensors_are_refused_at_the_door():
         with pytest.raises(ValueError, match="must be an integer"):
             QuantisedTensor("w", m, k, torch.zeros(2, dtype=torch.int64))
     assert QuantisedTensor("w", 3, -2, torch.tensor([-3, 0, 3])).m == 3
+
+
+def _refused(call, text):
+    """``call()`` raises InputError with a one-line message containing ``text``."""
+    from transcover import InputError
+
+    with pytest.raises(InputError) as info:
+        call()
+    message = str(info.value)
+    assert text in message and "\n" not in message, message
+
+
+def test_quantise_refuses_bad_levels_and_scale_indices():
+    """Red team 204: quantise(W, 1, 10**6) and dequantise(Q, 10**5) raised OverflowError, k = -10**6 gave scale 0 and
+    quantised every weight to +-m, best_scale_index(W, -1) was a "math domain error", and a negative or float m was
+    accepted (m = -1 clamped every weight to -1)."""
+    from transcover.compress import best_scale_index, scale_of
+
+    W = torch.tensor([0.3, -0.7], dtype=torch.float64)
+    Q = torch.tensor([1, -1])
+    k_text = "scale index k must be an integer in [-8176, 8191] (scale 2^(k/8) a normal float64), but got k="
+    for k in (10**6, -(10**6), 8192, -8177, 1.5, True, 10**400):
+        _refused(lambda: quantise(W, 1, k), k_text + repr(k))
+        _refused(lambda: dequantise(Q, k), k_text + repr(k))
+        _refused(lambda: scale_of(k), k_text + repr(k))
+        _refused(lambda: fake_quantise(W, 1, k), k_text + repr(k))
+    m_text = "level count m must be an integer in [0, 2**53] (2m + 1 levels, exact in float64), but got m="
+    for m in (-1, 1.5, True, 2**53 + 1):
+        _refused(lambda: quantise(W, m, 0), m_text + repr(m))
+        _refused(lambda: best_scale_index(W, m), m_text + repr(m))
+        _refused(lambda: fake_quantise(W, m, 0), m_text + repr(m))
+    _refused(lambda: best_scale_index(W, 1, span=-1), "span must be an integer >= 0, but got span=-1")
+    # the edges of the grid still work, and best_scale_index stays on it at the extremes of float64
+    assert scale_of(-8176) == 2.0**-1022 and math.isfinite(scale_of(8191))
+    assert torch.equal(quantise(W, 1, -8176), torch.tensor([1, -1])) and quantise(W, 2**53, 0).tolist() == [0, -1]
+    for top in (1e-320, 1e-300, 1e308, 1.7e308):
+        for m in (1, 7, 2**53):
+            k = best_scale_index(torch.tensor([top, -top / 3], dtype=torch.float64), m)
+            assert -8176 <= k <= 8191 and math.isfinite(scale_of(k))

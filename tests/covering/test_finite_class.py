@@ -236,3 +236,14 @@ def test_occam_bounds_show_the_bits_rounded_up():
     assert r.kl == kl_occam_bound(error_rate_upper(3, 1000), 1234.25, 1000, 0.05)
     with pytest.raises(InputError):
         occam_bounds(3, 1000, math.inf)
+
+
+def test_kl_inverse_refuses_a_complexity_beyond_float64_with_one_line():
+    # red team 204: c = 10**400 (an int) raised OverflowError in math.isnan instead of the InputError of a bad c
+    for c in (10**400, -(10**400), math.nan, -1e-300):
+        with pytest.raises(InputError) as info:
+            kl_inverse_upper(0.1, c)
+        message = str(info.value)
+        assert message.startswith("c must be a number >= 0 (within float64, or inf), but got c="), message
+        assert "\n" not in message
+    assert kl_inverse_upper(0.1, math.inf) == 1.0 and kl_inverse_upper(0.1, 10**300) == 1.0  # within float64: fine

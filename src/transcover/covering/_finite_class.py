@@ -157,15 +157,16 @@ def kl_inverse_upper(q: float, c: float) -> float:
         A float ``>= q``, ``<= 1``, ``>=`` the exact inverse; typically within 1e-12 of it.
 
     Raises:
-        InputError: q outside [0, 1] or c negative / not finite-or-inf.
+        InputError: q outside [0, 1] or c negative, NaN, or an int beyond float64 (red team 204).
 
     Example:
         >>> round(kl_inverse_upper(0.0, math.log(2)), 9)  # 1 - exp(-c) = 0.5
         0.5
     """
     q = _check_prob("q", q)
-    if not (_number(c) and not math.isnan(c) and c >= 0.0):
-        raise InputError(f"c must be a number >= 0, but got c={c!r}")
+    # _finite, not math.isnan: an int beyond float64 (c = 10**400) raised OverflowError there (red team 204)
+    if not (_number(c) and (c == math.inf or _finite(c)) and c >= 0.0):
+        raise InputError(f"c must be a number >= 0 (within float64, or inf), but got c={c!r}")
     if q >= 1.0 or c == math.inf:
         return 1.0
     lo, hi = _bits(q), _bits(1.0)

@@ -395,3 +395,58 @@ def test_the_split_bound_pays_the_recipe_code():
     assert sum(2.0 ** -_real_bits(x) for x in reals) + 2.0**-1 <= 1.0
     assert recipe_code_bits(replace(SPLIT, epochs=10**6)) > bits  # a longer spelling costs more
     assert {f.name for f in dataclasses.fields(SPLIT)} >= {"arch", "lr", "l1", "levels", "epochs"}
+
+def _one_error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("transcover: error:"), err
+    return err[0]
+
+
+def _no_training(monkeypatch):
+    """Make any training fail the test: the refusals below must come before it."""
+    import transcover.train as train_pkg
+
+    def fail(*a, **k):
+        raise AssertionError("trained before refusing the arguments")
+
+    monkeypatch.setattr(train_pkg, "nonvacuous_experiment", fail)
+
+
+def test_config_caps_the_samples_and_the_smallest_delta():
+    # red team 204: n_train=10**30 was accepted (the generator failed with a TypeError), and delta=5e-324 passed
+    # the config and was refused only after training, when Catoni's delta / 6 underflowed
+    import math
+    import sys
+
+    from transcover._errors import InputError
+
+    smallest = 6 * sys.float_info.min  # Catoni's share delta / 6 of it is the smallest normal float64
+    for kw in ({"n_train": 10**30}, {"n_test": 10**23}, {"n_train": 10**8 - 100_000 + 1}):
+        with pytest.raises(InputError) as info:
+            NonvacuousConfig(**kw)
+        n_train, n_test = kw.get("n_train", 10_000), kw.get("n_test", 100_000)
+        assert str(info.value) == ("n_train + n_test must be at most 100,000,000 (the samples a run may draw and hold "
+                                   f"in memory), but got n_train={n_train}, n_test={n_test}")
+    assert NonvacuousConfig(n_train=10**8 - 100_000).n_train == 10**8 - 100_000
+    for delta in (5e-324, 1e-307, math.nextafter(smallest, 0.0)):
+        with pytest.raises(InputError) as info:
+            NonvacuousConfig(delta=delta)
+        assert str(info.value) == ("delta must be at least 1.3350443151043208e-307 (Catoni's bound splits it in 6 and "
+                                   f"each share must be a normal float64), but got delta={delta!r}")
+    assert smallest / 6 == sys.float_info.min and NonvacuousConfig(delta=smallest).delta == smallest
+    from transcover.train._nonvacuous import MAX_SAMPLES, SMALLEST_DELTA
+
+    assert MAX_SAMPLES == 10**8 and SMALLEST_DELTA == smallest
+
+
+@pytest.mark.parametrize("argv, text", [
+    (["--quick", "--n", "99999999999999999999999"], "n_train + n_test must be at most 100,000,000"),
+    (["--quick", "--delta", "5e-324"], "delta must be at least 1.3350443151043208e-307"),
+])
+def test_cli_refuses_huge_n_and_tiny_delta_before_training(argv, text, tmp_path, monkeypatch, capsys):
+    _no_training(monkeypatch)
+    out = tmp_path / "nv"
+    assert main(["experiment", "nonvacuous", "--out", str(out), *argv]) == 2
+    assert text in _one_error_line(capsys)
+    assert not out.exists()
+

@@ -23,7 +23,9 @@ i.i.d. draws from the digits distribution, the usual assumption).
 
 from __future__ import annotations
 
+import inspect
 import math
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -43,7 +45,15 @@ from ..compress import (
     fixed_length_bits,
     materialise,
 )
-from ..covering import OccamBound, covering_margin_bound, margin_change_bound, margins, occam_bounds, pair_norms
+from ..covering import (
+    OccamBound,
+    catoni_occam_bound,
+    covering_margin_bound,
+    margin_change_bound,
+    margins,
+    occam_bounds,
+    pair_norms,
+)
 from ..model import ReferenceConfig, ReferenceTransformer
 from ._nonvacuous_search import CODES, describe, mistakes, search_align, search_greedy, search_prune, search_refine
 
@@ -57,6 +67,14 @@ NONVACUOUS_TASKS = ("majority", "majority-noise", "digits")
 _SEQ_LEN, _SPARSITY, _NOISE = 16, 3, 0.1
 # l2 norm bound of an input token, the covering route's domain: +-1 scalars; 8 pixels in [0, 1]
 INPUT_TOKEN_NORM = {"majority": 1.0, "majority-noise": 1.0, "digits": math.sqrt(8.0)}
+# The most samples a run may draw (n_train + n_test of a sparse task, one stream of 16-token float64 samples of 128
+# bytes: 12.8 GB here).  10**23 passed the config and failed deep in the generator with a TypeError (red team 204).
+MAX_SAMPLES = 10**8
+# The smallest delta the bounds split exactly: Catoni's bound gives each of its C values delta / |grid| (6), which
+# must be a normal float64.  5e-324 passed the config and was refused only after training, when delta / 6
+# underflowed to 0 (red team 204); below 6 * 2^-1022 the share is subnormal and loses its relative precision.
+_CATONI_SHARES = len(inspect.signature(catoni_occam_bound).parameters["C"].default)
+SMALLEST_DELTA = _CATONI_SHARES * sys.float_info.min
 
 
 def _menu(d_input: int, max_len: int, n_outputs: int) -> tuple[ReferenceConfig, ...]:
@@ -116,6 +134,9 @@ class NonvacuousConfig:
             raise InputError(f"task must be one of {', '.join(NONVACUOUS_TASKS)}, but got task={self.task!r}")
         for name in ("n_train", "n_test", "batch_size", "levels", "restarts", "search_samples", "finetune_candidates"):
             check_positive_int(getattr(self, name), name)
+        if self.n_train + self.n_test > MAX_SAMPLES:
+            raise InputError(f"n_train + n_test must be at most {MAX_SAMPLES:,} (the samples a run may draw and hold "
+                             f"in memory), but got n_train={self.n_train}, n_test={self.n_test}")
         # the seed too: Note [recipe code] codes integers >= 0, and a negative seed's codeword was shorter than the
         # codeword of seed=0 (-1: 0 bits, a Kraft sum of 2.22 over the seeds, red team 178)
         for name in ("epochs", "qat_epochs", "greedy_passes", "refine_passes", "prior_recipe_bits", "seed"):
@@ -128,6 +149,9 @@ class NonvacuousConfig:
             raise InputError(f"arch must be in [0, {len(ARCHITECTURE_MENUS[self.task]) - 1}], but got arch={self.arch}")
         if not (isinstance(self.delta, float) and 0.0 < self.delta < 1.0):
             raise InputError(f"delta must be in (0, 1), but got delta={self.delta!r}")
+        if self.delta < SMALLEST_DELTA:
+            raise InputError(f"delta must be at least {SMALLEST_DELTA!r} (Catoni's bound splits it in {_CATONI_SHARES} "
+                             f"and each share must be a normal float64), but got delta={self.delta!r}")
         if not (self.lr > 0 and math.isfinite(self.lr)) or not (self.l1 >= 0 and math.isfinite(self.l1)):
             raise InputError(f"lr must be > 0 and l1 >= 0, but got lr={self.lr!r}, l1={self.l1!r}")
         if self.qat_lr is not None and not (self.qat_lr > 0 and math.isfinite(self.qat_lr)):

@@ -450,3 +450,14 @@ def test_cli_refuses_huge_n_and_tiny_delta_before_training(argv, text, tmp_path,
     assert text in _one_error_line(capsys)
     assert not out.exists()
 
+
+def test_cli_refuses_an_out_that_is_or_lies_under_a_file_before_training(tmp_path, monkeypatch, capsys):
+    # red team 204: --out naming a file (or a folder under one) failed after all training with "[Errno 17] File exists"
+    _no_training(monkeypatch)
+    afile = tmp_path / "afile"
+    afile.write_text("keep")
+    for out, where in ((afile, "is"), (afile / "sub" / "nv", f"lies under {str(afile)!r}, which is")):
+        assert main(["experiment", "nonvacuous", "--quick", "--out", str(out)]) == 2
+        assert _one_error_line(capsys).endswith(f"cannot write to --out {str(out)!r}: it {where} a file, not a folder")
+    assert afile.read_text() == "keep" and not (afile.parent / "nv").exists()
+

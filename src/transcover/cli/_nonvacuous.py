@@ -61,6 +61,24 @@ def _plan(args):
     return plan
 
 
+def _check_out(out) -> None:  # noqa: ANN001  (a Path)
+    """Refuse, before any training, an ``--out`` that is a file, lies under one, or whose nearest existing folder is
+    not writable: it failed only after the whole run, with "[Errno 17] File exists" (red team 204).  ``--json`` is
+    checked up front by the CLI's own output check."""
+    import os
+
+    from .._errors import InputError
+
+    for folder in (out, *out.parents):  # the first that exists must be a writable folder (mkdir makes the rest)
+        if folder.exists() or folder.is_symlink():
+            if not folder.is_dir():
+                where = "is" if folder == out else f"lies under {str(folder)!r}, which is"
+                raise InputError(f"cannot write to --out {str(out)!r}: it {where} a file, not a folder")
+            if not os.access(folder, os.W_OK | os.X_OK):
+                raise InputError(f"cannot write to --out {str(out)!r}: folder {str(folder)!r} is not writable")
+            return
+
+
 def run_nonvacuous(args) -> int:
     from pathlib import Path
 
@@ -77,6 +95,7 @@ def run_nonvacuous(args) -> int:
         raise InputError(f"jobs must be a positive integer, but got jobs={args.jobs}")
     set_threads(args.threads)
     out = Path(args.out)
+    _check_out(out)
     if args.json and not Path(args.json).parent.exists():
         from .._errors import InputError
 

@@ -461,3 +461,27 @@ def test_cli_refuses_an_out_that_is_or_lies_under_a_file_before_training(tmp_pat
         assert _one_error_line(capsys).endswith(f"cannot write to --out {str(out)!r}: it {where} a file, not a folder")
     assert afile.read_text() == "keep" and not (afile.parent / "nv").exists()
 
+
+def test_the_table_title_states_the_runs_delta(tmp_path, monkeypatch, capsys):
+    # red team 204: the title said "delta = 0.05 per row and per bound" whatever --delta was
+    import transcover.train as train_pkg
+    from transcover.train import NonvacuousResult
+
+    tiny = NonvacuousConfig(task="majority", n_train=200, n_test=2000, epochs=2, qat_epochs=1, greedy_passes=1)
+    monkeypatch.setattr(train_pkg, "QUICK_PLAN", (tiny,))
+    argv = ["experiment", "nonvacuous", "--quick", "--out", str(tmp_path / "nv"), "--delta", "0.9999999999999999"]
+    assert main(argv) == 0
+    printed = " ".join(capsys.readouterr().out.split())  # the title may wrap
+    assert "delta = 0.9999999999999999 per row and per bound" in printed and "0.05" not in printed.split("(F19)")[0]
+    data = json.loads((tmp_path / "nv" / "nonvacuous.json").read_text())
+    assert data["cases"][0]["config"]["delta"] == 0.9999999999999999
+    assert NonvacuousResult((), 0.0)._delta_label() == "delta per row and per bound"
+
+
+def test_rows_with_different_deltas_list_each_in_the_title(case):
+    from transcover.train import NonvacuousResult
+
+    other = replace(case, bound=replace(case.bound, delta=1e-6))
+    title = NonvacuousResult((case, other, case), 0.0).table().title
+    assert "(delta per row and per bound: 1e-06, 0.05; every bit counted)" in title
+    assert "(delta = 0.05 per row and per bound; every bit counted)" in NonvacuousResult((case,), 0.0).table().title

@@ -83,12 +83,22 @@ class NonvacuousResult:
             "cpu_seconds": sum(c.cpu_seconds for c in self.cases),
         }
 
+    def _delta_label(self) -> str:
+        """The failure probability of the rows' bounds, each in ``repr`` (the float exactly, never rounded).
+
+        The title said "delta = 0.05" whatever ``--delta`` was: 0.9999999999999999 was printed as 0.05 (red team
+        204).  Rows with different deltas list them all."""
+        deltas = sorted({c.bound.delta for c in self.cases})
+        if len(deltas) == 1:
+            return f"delta = {deltas[0]!r} per row and per bound"
+        return "delta per row and per bound" + (": " + ", ".join(map(repr, deltas)) if deltas else "")
+
     def table(self):
         from rich.table import Table
 
         from .._printed import fixed, near
 
-        t = Table(title="certified bounds for trained Transformers (delta = 0.05 per row and per bound; every bit "
+        t = Table(title=f"certified bounds for trained Transformers ({self._delta_label()}; every bit "
                         "counted): finite-class (F18, F20 with a split) and covering/Dudley (F19)")
         for col in ("task", "variant", "n", "train err\n(exact)", "test err\n(measured)", "float model\ntest err (meas.)",
                     "bits total\n(row's code)", "bits\n(fixed-length)", "kl bound\n(certified)",

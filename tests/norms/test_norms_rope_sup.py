@@ -154,3 +154,37 @@ def test_one_certified_product_per_head_not_one_per_offset(monkeypatch):
 def test_offsets_stay_below_the_context(P):
     offs = rope_offsets(P)
     assert offs.min() == 0 and offs.max() < P and len(set(offs.tolist())) == offs.size
+
+
+def _brute_sup(Wq, Wk, rope, offsets, shift: int) -> float:
+    """The exact-scale reference: brute force on the weights times 2^-shift (exact), scaled back."""
+    every = _values(np.ldexp(Wq, -shift), np.ldexp(Wk, -shift), rope, 1.0, offsets)
+    return float(np.ldexp(every.max(), 2 * shift))
+
+
+@pytest.mark.parametrize("log2c", [-700, -400, 0, 255, 333, 505])
+def test_interval_encloses_the_sup_at_the_edges_of_float64(log2c):
+    """Red team 209: weights near 1e77 made the witness's ``||y||^2`` overflow; the inf witness was clamped to the
+    upper end, a lower end 74 % above the true sup (a false certificate, exit 0).  Near 1e100 the Grams overflowed
+    (an eigh that did not converge: exit 1), near 1e-200 they underflowed (a lower end of 0).  The estimate and the
+    witness now run on weights scaled by a power of two (Note [scaled witness])."""
+    d, d_head, P = 32, 8, 20
+    rng = np.random.default_rng(3)
+    u, w = rng.standard_normal(d), rng.standard_normal(d)
+    # the red team's head: one "flat" key direction, so U1 and U2 sit sqrt(2) above the sup
+    Wq, Wk = np.outer(u, np.eye(d_head)[0]), np.outer(w, np.ones(d_head))
+    Wq, Wk = np.ldexp(Wq, log2c), np.ldexp(Wk, log2c)
+    rope = RopeSpec(theta=1e4, max_position=P)
+    iv = rope_kq_interval(Wq, Wk, rope, 1.0)
+    true = _brute_sup(Wq, Wk, rope, range(-(P - 1), P), log2c)
+    tol = 20 * d * EPS
+    assert iv.lower <= true * (1 + tol) and true <= iv.upper * (1 + tol)
+    assert iv.lower >= 0.99 * true  # and the witness is not lost to under- or overflow
+
+
+def test_a_witness_above_its_upper_end_is_refused_not_clamped(monkeypatch):
+    """Both ends are certified, so ``lower > upper`` means one is wrong: an error, never ``min(lower, upper)``."""
+    Wq, Wk = _weights(0, 10, 8)
+    monkeypatch.setattr(_rope_sup, "_witness_lower", lambda *a: 1e300)
+    with pytest.raises(AssertionError, match="witness .* exceeds its upper bound"):
+        rope_kq_interval(Wq, Wk, RopeSpec(theta=50.0, max_position=12), 1.0)

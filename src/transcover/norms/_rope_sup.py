@@ -31,6 +31,7 @@ The estimate only *chooses* the offset; the witness and both upper bounds do not
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 
@@ -194,24 +195,52 @@ def rope_kq_interval(Wq: np.ndarray, Wk: np.ndarray, rope, scale: float, *,
         norms = (spectral_norm_interval(Wq, gram=None if grams is None else grams[:2]),
                  spectral_norm_interval(Wk, gram=None if grams is None else grams[2:]))
     q_up, k_up = norms[0].upper, norms[1].upper
+    if grams is not None and not all(np.isfinite(g).all() for g in (grams[0], grams[2])):
+        grams = None  # Grams that overflowed: every bound below forms its own, scaled
     upper = up(q_up * k_up) if dynamic else min(up(q_up * k_up), _split_upper(Wq, Wk, inv, P, grams))
-    G_Q = grams[0] if grams is not None else Wq.T @ Wq
-    G_K = grams[2] if grams is not None else Wk.T @ Wk
+    # Note [scaled witness]: the estimate and the witness run on 2^-e W with max|entry| in [1/2, 1): the Grams and
+    # ||y||^2 of weights near 1e77 overflowed (an eigh that did not converge, exit 1, or an inf witness that the
+    # final min(lower, upper) turned into a lower end 74 % above the true sup), those of weights near 1e-200
+    # underflowed (a lower end of 0); red team 209.  The scaling is exact unless it pushes an entry below 2^-1022,
+    # in which case the witness runs on the stored weights, and a witness that is not finite counts as 0.
+    eq, ek = _pow2_exponent(Wq), _pow2_exponent(Wk)
+    Sq, Sk = np.ldexp(Wq, -eq), np.ldexp(Wk, -ek)
     offsets = rope_offsets(P)
-    _, best, w = _core_estimates(G_Q, G_K, inv, offsets)
+    _, best, w = _core_estimates(Sq.T @ Sq, Sk.T @ Sk, inv, offsets)
     delta = int(offsets[best])
     cos, sin = _cos_sin(inv, np.array([delta]))
-    Wq_rot = rotate_columns(Wq, inv, cos[0], sin[0])
-    witness = _witness_lower(Wq_rot, np.ascontiguousarray(Wk.T), Wk @ w)
-    lower = max(0.0, down(witness - up(_rotation_slack(_fro_upper(Wq), q_up, inv, delta) * k_up)))
+    if not (np.array_equal(np.ldexp(Sq, eq), Wq) and np.array_equal(np.ldexp(Sk, ek), Wk)):
+        Sq, Sk, eq, ek = Wq, Wk, 0, 0
+    sq_up, sk_up = np.ldexp(q_up, -eq), np.ldexp(k_up, -ek)  # exact: the norms' upper ends scale as the weights
+    witness = _witness_lower(rotate_columns(Sq, inv, cos[0], sin[0]), np.ascontiguousarray(Sk.T), Sk @ w)
+    lower = down(witness - up(_rotation_slack(_fro_upper(Sq), sq_up, inv, delta) * sk_up))
+    lower = _ldexp_down(lower, eq + ek) if math.isfinite(lower) and lower > 0.0 else 0.0
     if math.frexp(scale)[0] != 0.5:  # a power of two (measure_model's unscaled 1.0) scales exactly
         lower, upper = down(lower * scale), up(upper * scale)
     else:
         lower, upper = lower * scale, upper * scale
+    if lower > upper:  # both ends are certified: one of them is wrong, and the interval is not reported
+        raise AssertionError(f"internal error: RoPE B_KQ's witness {lower!r} exceeds its upper bound {upper!r}")
     how = ("dynamic NTK, every length T <= P: upper s||W_Q||||W_K||" if dynamic
            else "upper min(s||W_Q||||W_K||, slow/fast split)")
-    return Interval(min(lower, upper), upper, Kind.CERTIFIED_INTERVAL,
+    return Interval(lower, upper, Kind.CERTIFIED_INTERVAL,
                     f"RoPE: sup over |delta| < {P}; {how}, lower a witness at delta={delta}")
+
+
+def _pow2_exponent(W: np.ndarray) -> int:
+    """``e`` with ``max|W| 2^-e`` in ``[1/2, 1)`` (0 for a zero or non-finite matrix): Note [scaled witness]."""
+    top = float(np.abs(W).max(initial=0.0))
+    return math.frexp(top)[1] if top > 0.0 and math.isfinite(top) else 0
+
+
+def _ldexp_down(x: float, e: int) -> float:
+    """``x 2^e`` rounded down, ``x >= 0``: exact in the normal range, one step down where it lands subnormal (rounded
+    to nearest there), the largest float where it overflows (the true value is larger still)."""
+    try:
+        v = math.ldexp(x, e)
+    except OverflowError:
+        return sys.float_info.max
+    return math.nextafter(v, 0.0) if 0.0 < v < sys.float_info.min else v
 
 
 def rope_kq_estimate(Wq: np.ndarray, Wk: np.ndarray, rope, scale: float) -> Interval:

@@ -90,6 +90,16 @@ def test_radius_per_step_and_target_reached_at_the_end(tmp_path):
     assert all(r == TARGET for r in cons.radii_in_force().values())
 
 
+def test_the_first_step_runs_on_projected_weights(tmp_path):
+    """Red team 207: ``project`` acts after each step, so the first step's forward and gradient used the
+    unprojected initialisation; ``on_train_begin`` of a fresh run now projects, as ``transcover.train`` does."""
+    _, cons, _, monitor, _ = _train(tmp_path, "bert", "project")
+    first = monitor.records[0]
+    assert first["step"] == 1 and first["radius.W1"] == cons.schedules["W1.0"](0.0)
+    ratios = {k: v for k, v in first.items() if k.startswith("ratio.") and v is not None}
+    assert ratios and max(ratios.values()) <= 1 + 1e-6, ratios
+
+
 @pytest.fixture(scope="module")
 def spectral_runs(tmp_path_factory):
     """One spectral Trainer run per architecture, shared by the saving tests (they do not train)."""

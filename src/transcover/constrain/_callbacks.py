@@ -71,6 +71,8 @@ def _callback_class():
             if self.constrainer is not None:
                 save_plain(self.constrainer.model)
                 self.constrainer.set_progress(step_progress(state.global_step, state.max_steps))
+                if state.global_step == 0:  # a fresh run: the first step's forward uses projected weights, as in
+                    self.constrainer.before_training()  # ``transcover.train`` (red team 207)
                 if state.global_step > 0:  # resumed: the weights were projected at the previous step's radius
                     self._restore_raw_state(args, state)
                     self.constrainer.resumed_after(step_progress(state.global_step - 1, state.max_steps))

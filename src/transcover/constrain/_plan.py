@@ -2,9 +2,10 @@
 
 :class:`ConstraintConfig` says *what* (method, radius per group selector, schedule); :func:`constrain`
 finds the model's slots (:func:`find_slots`), registers parametrizations or prepares projections,
-and returns a :class:`Constrainer` that a training loop drives with three calls::
+and returns a :class:`Constrainer` that a training loop drives with three calls (and one before the first step)::
 
     cons = constrain(model, ConstraintConfig(method="project", radii={"KQ": 2.0, "OV": 2.0}))
+    cons.before_training()                     # project / clip the initial weights (no-op otherwise)
     for step in ...:
         cons.set_progress(step / n_steps)      # the schedule moves every radius
         loss = task_loss + cons.penalty()      # 0 unless the method is a soft penalty
@@ -219,6 +220,21 @@ class Constrainer:
                 self._project_slot(s, c, clip=self.config.method == "clip")
                 projected[s.key] = c
         self._projected = projected
+
+    @torch.no_grad()
+    def before_training(self) -> None:
+        """Before the first step of a fresh run: project (``project``) or clip (``clip``) the initial weights at
+        the radius of progress 0; a no-op for the other methods.
+
+        The hard methods act after each step, so without this call step 1's forward and gradient used the
+        unprojected initialisation (red team 207: sigma_W1 = 2.46 at radius 0.5, reported as "exceeded its
+        target: max sigma/c = 4.93 at step 1").  Do not call it when resuming: the checkpoint's weights were
+        projected at their last step's radius (:meth:`resumed_after`), and projecting them again would change
+        their bits, so the resumed run would no longer be the uninterrupted one.
+        """
+        if self.config.method in ("project", "clip"):
+            self.set_progress(0.0)
+            self.after_step()
 
     @torch.no_grad()
     def finalize(self, forward_dtype: torch.dtype | None = None) -> dict[str, float]:

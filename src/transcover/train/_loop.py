@@ -175,16 +175,23 @@ def exact_group_norms(model: nn.Module) -> dict[str, float]:
 
 def constraint_report(model: nn.Module, cons: Constrainer, monitor: TrainingMonitor | None,
                       finalized: bool) -> dict[str, dict]:
-    """Per constrained group: ``target`` (the radius now), ``sigma`` (exact, float64), ``certified``
-    (upper end from ``transcover.norms.measure_model``, the monitor's certified columns' source) and ``ratio = certified / target`` of the final forward
-    weights, ``max_ratio`` / ``max_ratio_step`` (the largest exact ``sigma / c`` of the forward
-    weights during training, from the monitor), ``finalized`` (exact projection at the end ran),
-    ``kind``.  Ratios are given only when the radii bound sigma (not for entrywise clipping).
-    Per group the slot with the largest ratio is reported.
+    """Per constrained group, one row, every number of it from one slot: the slot with the largest
+    ``certified / radius`` (``slot``: its key, e.g. ``"W1.1"``; ``layer``: its layer).
+
+    ``radius`` is the radius in force on the final weights (the one they were last projected / capped at), and
+    ``target`` the requested final radius of that slot: the two differ in a run stopped before its schedule ends
+    (``--stop-after``), where the radius in force is still a loose one (red team 207: 3.4 was shown as the
+    "target" where 1 was asked for).  ``sigma`` (exact, float64 SVD), ``certified`` (upper end from
+    ``transcover.norms.measure_model``, the monitor's certified columns' source) and ``ratio = certified / radius``
+    describe that slot's forward weights; a row of the group's largest sigma beside another slot's radius read
+    as "2.0 certified <= 0.3" (red team 207), so the group maximum stays in ``TrainResult.norms`` only.
+    ``max_ratio`` / ``max_ratio_step``: the largest exact ``sigma / c`` of the group's forward weights during
+    training, over all its slots (from the monitor); ``finalized``: the exact projection at the end ran; ``kind``.
+    Ratios are given only when the radii bound sigma (not for entrywise clipping).
     """
     from ..constrain import certified_slot_uppers, exact_slot_norms, forward_weights
 
-    radii = cons.radii()
+    radii = cons.radii_in_force()  # after a resume with no step left, radii() is progress 0's loose radius
     seen = monitor.max_ratios() if monitor is not None else {}
     certified = certified_slot_uppers(model, cons.slots)  # one measure_model of the forward weights
     out: dict[str, dict] = {}
@@ -195,16 +202,23 @@ def constraint_report(model: nn.Module, cons: Constrainer, monitor: TrainingMoni
                 continue
             sigma = float(exact_slot_norms(s).max())
             cert = certified[s.key]
-            row = {"target": c, "sigma": sigma, "certified": cert,
-                   "ratio": cert / c if cons.bounds_sigma else None,
+            row = {"slot": s.key, "layer": s.layer, "radius": c, "target": float(cons.schedules[s.key].target),
+                   "sigma": sigma, "certified": cert, "ratio": cert / c if cons.bounds_sigma else None,
                    "max_ratio": seen.get(s.group, (None, None))[0], "max_ratio_step": seen.get(s.group, (None, None))[1],
                    "finalized": finalized,
-                   "kind": "sigma exact (float64 SVD), certified upper (transcover.norms.measure_model); "
-                           "ratio = certified / target"}
+                   "kind": "sigma exact (float64 SVD), certified upper (transcover.norms.measure_model) of slot; "
+                           "ratio = certified / radius (the radius in force); target = the requested final radius"}
             best = out.get(s.group)
-            if best is None or (row["ratio"] or 0.0) > (best["ratio"] or 0.0):
+            if best is None or _worse(row, best):
                 out[s.group] = row
     return out
+
+
+def _worse(row: dict, best: dict) -> bool:
+    """Whether ``row`` is the group's worse slot: the larger ratio (clipping, without ratios: the larger sigma)."""
+    if row["ratio"] is not None and best["ratio"] is not None:
+        return row["ratio"] > best["ratio"]
+    return row["sigma"] > best["sigma"]
 
 
 def _exact_capacity(model: ReferenceTransformer) -> Quantity:

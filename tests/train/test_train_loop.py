@@ -260,6 +260,21 @@ def test_an_experiment_output_path_that_is_a_file_is_one_line(tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("argv, needle", [
+    (["--ray-address", "foo:1"], "--ray-address needs --backend ray"),
+    (["--resume"], "--resume applies to the results store"),
+    (["--no-resume"], "--no-resume applies to the results store"),
+])
+def test_staged_refuses_scale_options_it_would_ignore(argv, needle, tmp_path, capsys):
+    """Red team 207: ``experiment staged`` took ``--ray-address`` without ``--backend ray`` and ``--resume`` /
+    ``--no-resume`` without ``--store`` and dropped them (exit 0); one line and exit 2, as the other commands,
+    before any training or output folder."""
+    assert main(["experiment", "staged", "--out", str(tmp_path / "o"), *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("transcover: error: ") and "\n" not in err and needle in err
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize("cut", range(1, 9))
 def test_an_interrupted_checkpoint_write_keeps_a_complete_checkpoint(tmp_path, monkeypatch, cut):
     """Red team 188: a SIGTERM between two of a checkpoint's files left a torn set, refused on --resume, and every

@@ -343,8 +343,8 @@ def train(config: TrainConfig, *, out_dir: str | Path | None = None, resume: boo
     total = steps_per_epoch * config.epochs
     if resume and step > 0:  # the checkpoint's weights were projected at the last step's radius
         cons.resumed_after((step - 1) / max(total - 1, 1))
-    if not resume:  # step 1's forward runs on weights within the first radius (red team 207); a resumed run's
-        cons.before_training()  # checkpoint is already projected (Note [exact resume])
+    if step == 0:  # step 1's forward runs on weights within the first radius (red team 207); a resumed run's
+        cons.before_training()  # checkpoint is already projected at its last step's radius (Note [exact resume])
     bar = _progress_bar(progress, total, step)
     model.train()
     try:

@@ -264,6 +264,24 @@ def test_texts_empty_missing_and_mismatched_tokenizer(tmp_path, minilm):
     assert len(seqs) == 2 and seqs[0].shape[1] == 384 and seqs[0].shape[0] < 20  # no padding to 128
 
 
+@pytest.mark.parametrize("max_len", [1, 2])
+def test_a_max_len_that_leaves_no_word_is_refused(minilm, capsys, tmp_path, max_len):
+    """Red team 213: below the special tokens' count the tokenizers library ignores the limit (``--max-len 1`` kept
+    all 6 tokens of a line and certified them); at it only ``[CLS] [SEP]`` is left, certified without a word."""
+    from transcover.cli import main
+    from transcover.model._data import tokenize_texts
+
+    with pytest.raises(InputError, match="leaves no token of a text beside the tokenizer's 2 special") as e:
+        tokenize_texts(minilm, ["Wine quality data."], max_len=max_len)
+    assert "\n" not in str(e.value)
+    assert [len(x) for x in tokenize_texts(minilm, ["Wine quality data."], max_len=3)] == [3]
+    (tmp_path / "t.txt").write_text("Wine quality data.\n")
+    out = tmp_path / "o.json"
+    assert main(["lipschitz", "--data", str(tmp_path / "t.txt"), "--max-len", str(max_len), "--json", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--max-len" in err and not out.exists()
+
+
 def test_limit_counts_sequences_for_one_sequence_arrays(tmp_path, minilm):
     """Stop 38 red team: a (T,) id array or a (T, d) embedding was cut to its first ``limit`` tokens, not sequences."""
     from transcover.model._data import load_inputs

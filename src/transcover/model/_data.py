@@ -189,8 +189,18 @@ def tokenize_texts(spec: TransformerSpec, texts: list[str], max_len: int | None 
     limit = max_len if max_len is not None else n_pos
     tok.no_padding()  # the checkpoint's tokenizer may pad to a fixed length; pads are not data
     if limit is not None:
+        # red team 213: below the special tokens' count the tokenizers library ignores the limit (--max-len 1 kept
+        # all 6 tokens of a line), and at it no word of a text is left ([CLS] [SEP] certified, no warning)
+        special = len(tok.encode("", add_special_tokens=True).ids)
+        if limit <= special:
+            raise InputError(f"max_len (--max-len) {limit} leaves no token of a text beside the tokenizer's {special} "
+                             f"special token(s): give at least {special + 1}")
         tok.enable_truncation(max_length=limit)
-    return [np.asarray(e.ids, dtype=np.int64) for e in tok.encode_batch(texts)]
+    out = [np.asarray(e.ids, dtype=np.int64) for e in tok.encode_batch(texts)]
+    longest = max(len(ids) for ids in out)
+    if limit is not None and longest > limit:  # the library's truncation did not hold: never certify more than asked
+        raise InputError(f"the tokenizer returned {longest} tokens for a text truncated to max_len={limit}")
+    return out
 
 
 def sklearn_sentences(min_words: int = 4) -> list[str]:

@@ -131,6 +131,8 @@ def render_local(name: str, n_sequences: int, rows: list, rho_relative: bool) ->
     console.print(table)
     console.print("  certified upper bounds (THEORY F14, F17; rounding padded); local = on the ball of radius rho "
                   "around each sequence's hidden states" + (" (rho x median token norm)" if rho_relative else "")
+                  + " (a layer and the network on that ball; a component on the ball its input reaches from it, "
+                    "a radius the layer's earlier components set)"
                   + "; lower = (2,inf) Jacobian norm at the data point (the network row: the larger of it and a "
                     "pair ascent inside the ball, so it may grow with rho); '-' = not computed for that row"
                   + ("; ball lower = the best of it and an ascent over centres and pairs inside the ball "

@@ -182,7 +182,7 @@ def _as_spec(model) -> TransformerSpec:
         if model.embed is not None or model.pos is not None:
             raise InputError("the local class evaluates embedded inputs; use a ReferenceTransformer "
                              "without d_input/max_len, or pass its TransformerSpec")
-        return reference_spec(model)
+        return reference_spec(model, snapshot=True)  # a fixed function, as load(module) gives (red team 210)
     try:
         from ..model import load
     except ImportError:

@@ -17,6 +17,7 @@ import importlib.util
 import os
 import sys
 import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,7 +26,10 @@ from ._adapters import SUPPORTED_ARCHITECTURES, adapter_for, arch_from_config
 from ._adapters._common import check_config, with_hf_defaults
 from ._adapters._mapped import build_mapped
 from ._adapters._refused import OutsideDecompositionError
+from ._adapters._torch_encoder import exact_type
+from ._module_checks import dropout_warning, refuse_rewritten_forward
 from ._adapters._registry import PARTS
+from ._arrays import is_tensor
 from ._sources import StateDictSource, TensorSource, open_safetensors, parse_json, shard_paths
 from ._spec import TransformerSpec
 
@@ -77,28 +81,55 @@ def load(
             a layout no adapter knows; a directory's ``transcover_roles.json`` is used when present.
 
     Returns:
-        The spec; ``spec.layers[i]`` reads and validates layer ``i``'s tensors when accessed.
+        The spec; ``spec.layers[i]`` reads and validates layer ``i``'s tensors when accessed.  From an
+        ``nn.Module`` the spec is a snapshot: its tensors are cloned at load time, so in-place training of the
+        module afterwards does not change it (red team 210), at the cost of holding the tensors twice in memory
+        while the spec lives (Note [module snapshot] in :func:`spec_from_module`, which also lists what a
+        module is refused for: parametrisations, pruning, hooks, subclasses of supported torch modules).
 
     Raises:
         InputError: missing path, unreadable or corrupted file, refused pickle, no layers, a shard
             index naming a file outside the model's folder, a config nested too deeply, unexpected
             layer tensors under ``strict``.
-        UnsupportedArchitectureError: no adapter for the architecture (the message lists them).
+        UnsupportedArchitectureError: no adapter for the architecture (the message lists them); a module
+            with parametrisations, pruning or forward hooks, or a subclass of a supported torch module.
         WeightError: (when a layer is read) a missing tensor, a wrong shape, NaN/Inf, integer dtype.
     """
     if roles is not None and arch is not None:
         raise InputError("pass either arch= or roles= (a roles mapping describes the architecture itself)")
-    return _finish(_load_any(source, arch, allow_pickle, _read_roles(roles)), strict)
+    spec = _load_any(source, arch, allow_pickle, _read_roles(roles))
+    return _finish(spec, strict, _training_notes(source) if _is_module(source) else ())
 
 
-def _finish(spec: TransformerSpec, strict: bool) -> TransformerSpec:
-    """Refuse (``strict``) or warn about what the adapter noticed but could represent."""
+def _finish(spec: TransformerSpec, strict: bool, notes: tuple[str, ...] = ()) -> TransformerSpec:
+    """Refuse (``strict``) or warn about what the adapter noticed but could represent; ``notes`` (a module in
+    training mode) are warned about and added to ``spec.warnings`` but never refused, ``strict`` or not."""
     if spec.warnings and strict:
         more = f"; and {len(spec.warnings) - 3} more" if len(spec.warnings) > 3 else ""
         raise InputError(f"refused (strict): {'; '.join(spec.warnings[:3])}{more}")
+    if notes:
+        spec = replace(spec, warnings=spec.warnings + tuple(notes))
     for line in spec.warnings:
         warnings.warn(line, TranscoverWarning, stacklevel=3)
     return spec
+
+
+def _training_notes(module: nn.Module) -> tuple[str, ...]:
+    """The dropout warning of a module in training mode (red team 210), as a tuple of lines."""
+    module = getattr(module, "_orig_mod", module)
+    line = dropout_warning(module, type(module).__name__)
+    return () if line is None else (line,)
+
+
+def _snapshot(state) -> dict[str, object]:  # noqa: ANN001  (a state dict)
+    """``state``'s tensors detached and cloned: a spec of an in-memory module is a fixed function.
+
+    ``state_dict()`` tensors share storage with the parameters and layers are rebuilt on each access, so a spec
+    loaded "before" fine-tuning followed the in-place updates (red team 210: ``perturb(before, after)``
+    certified 0.0 where the outputs differ by 33; a held ``LayerSpec`` mixed stale copies with live views).
+    The cost: the module's tensors are held twice while the spec lives.
+    """
+    return {k: (v.detach().clone() if is_tensor(v) else v) for k, v in state.items()}
 
 
 def _read_roles(roles) -> dict | None:
@@ -114,8 +145,9 @@ def _read_roles(roles) -> dict | None:
 def _load_any(source, arch: str | None, allow_pickle: bool, mapping: dict | None = None) -> TransformerSpec:
     if _is_module(source):
         if mapping is not None:
+            refuse_rewritten_forward(getattr(source, "_orig_mod", source))
             name = type(source).__name__
-            return build_mapped(StateDictSource(source.state_dict(), name), mapping, name)
+            return build_mapped(StateDictSource(_snapshot(source.state_dict()), name), mapping, name)
         return _spec_from_module(source, arch=arch)  # type: ignore[arg-type]
     if source is None or (isinstance(source, str) and source.lower() in _BUNDLED_ALIASES
                           and not Path(source).exists()):
@@ -142,10 +174,21 @@ def _load_any(source, arch: str | None, allow_pickle: bool, mapping: dict | None
 
 
 def spec_from_module(module: nn.Module, *, arch: str | None = None, strict: bool = False) -> TransformerSpec:
-    """The decomposition of a live module (its tensors are read from ``state_dict()``, detached).
+    """The decomposition of a live module: a snapshot of its tensors (``state_dict()``, detached and cloned).
 
     HF models are recognised by their ``config.model_type`` (transformers is never imported here);
     their ``state_dict()`` and ``config.to_dict()`` go through the same adapters as files.
+
+    Note [module snapshot]: the tensors are cloned when the module is loaded, so the spec is the function the
+    module computed then: in-place training afterwards does not change it (red team 210: a live view made
+    ``perturb(before, after)`` certify 0.0).  This holds the module's tensors twice in memory while the spec
+    lives (load a saved checkpoint instead where that does not fit).
+
+    What the stored tensors do not say is refused, in one line naming the submodule (red team 210):
+    parametrisations and pruning (remove them first with ``torch.nn.utils.parametrize.remove_parametrizations``
+    / ``torch.nn.utils.prune.remove``), forward hooks and pre-hooks, and subclasses of the supported torch
+    modules (their forward may differ).  A module in training mode with dropout is analysed as its eval-mode
+    function, with a warning (``spec.warnings``).
 
     Args:
         module: an HF BERT / GPT-2 / Llama / ViT model (base or with a task head),
@@ -154,14 +197,15 @@ def spec_from_module(module: nn.Module, *, arch: str | None = None, strict: bool
         strict: refuse unexpected tensors inside a layer (see :func:`load`) instead of warning.
 
     Returns:
-        The spec; tensors that need no reshaping share storage with the module's parameters.
+        The spec, a snapshot: no tensor shares storage with the module (Note [module snapshot]).
 
     Raises:
         UnsupportedArchitectureError: the module is none of the above, or uses a variant the spec
-            cannot represent exactly (e.g. scaled RoPE, relative position scores, cross-attention).
+            cannot represent exactly (e.g. scaled RoPE, relative position scores, cross-attention), a
+            subclass of a supported torch module, parametrisations, pruning or forward hooks.
         InputError: the module has no Transformer layers; unexpected layer tensors under ``strict``.
     """
-    return _finish(_spec_from_module(module, arch=arch), strict)
+    return _finish(_spec_from_module(module, arch=arch), strict, _training_notes(module))
 
 
 def _spec_from_module(module: nn.Module, *, arch: str | None = None) -> TransformerSpec:
@@ -172,20 +216,28 @@ def _spec_from_module(module: nn.Module, *, arch: str | None = None) -> Transfor
 
     module = getattr(module, "_orig_mod", module)  # torch.compile wrapper
     name = type(module).__name__
+    # the reference spec reads each parameter as the attribute the forward uses: a parametrised one (a
+    # transcover.constrain cap) is exact there
+    refuse_rewritten_forward(module, allow_parametrized=type(module) is ReferenceTransformer)
     if isinstance(module, ReferenceTransformer):
+        exact_type(module, ReferenceTransformer, "the module", "ReferenceTransformer")
         if arch is not None and adapter_for(arch)[0] != "reference":
             raise InputError(f"arch={arch!r} does not match the module, a ReferenceTransformer")
-        return reference_spec(module, name=name)
+        return reference_spec(module, name=name, snapshot=True)  # Note [module snapshot]
     if isinstance(module, (nn.TransformerEncoder, nn.TransformerEncoderLayer)):
+        # a subclass may override forward / _sa_block / _ff_block (red team 210: certified as its base)
+        for base in (nn.TransformerEncoder, nn.TransformerEncoderLayer):
+            if isinstance(module, base):
+                exact_type(module, base, "the module", f"nn.{base.__name__}")
         state, config = torch_encoder_config(module)
-        return build_torch_encoder(StateDictSource(state, name), config, name)
+        return build_torch_encoder(StateDictSource(_snapshot(state), name), config, name)
     hf_config = getattr(module, "config", None)
     to_dict = getattr(hf_config, "to_dict", None)
     if callable(to_dict):
         config = dict(to_dict())
         name_or_path = config.get("_name_or_path")
         label = f"{name} ({name_or_path})" if name_or_path else name
-        return _build(StateDictSource(module.state_dict(), label), config, arch, label, bare=None)
+        return _build(StateDictSource(_snapshot(module.state_dict()), label), config, arch, label, bare=None)
     raise OutsideDecompositionError(
         f"unsupported module {name}; supported: HF models of the families in `transcover analyze --list-archs`, "
         f"torch.nn.TransformerEncoder(Layer), ReferenceTransformer (archs: {', '.join(SUPPORTED_ARCHITECTURES)}); "

@@ -105,17 +105,39 @@ class ReferenceTransformer(nn.Module):
         return transformer_forward(self.functional_spec(), self.embed_inputs(X))
 
 
-def reference_spec(model: ReferenceTransformer, name: str = "reference") -> TransformerSpec:
+def reference_spec(model: ReferenceTransformer, name: str = "reference", *, snapshot: bool = False) -> TransformerSpec:
     """The decomposition of a :class:`ReferenceTransformer`: its parameters themselves, detached.
 
     Parameters are read as attributes (not from ``state_dict()``), so a parametrized weight
     (``transcover.constrain``) enters the spec as the value the module computes with.
+
+    ``snapshot``: every tensor (and eps) is read and cloned now, so the spec stays the function the module
+    computed when it was taken, whatever in-place training does afterwards (``load(module)``: Note [module
+    snapshot], red team 210); it holds the parameters twice.  Without it the spec's layers are read from the
+    live module on each access (the internal callers pass a private copy, or read at once).
     """
+    if not snapshot:
+        def get(key: str) -> Tensor:
+            return reduce(getattr, key.split("."), model).detach()
 
-    def get(key: str) -> Tensor:
-        return reduce(getattr, key.split("."), model).detach()
+        return build_reference_spec(model.cfg, get, name, model._eps)
+    read: dict[str, Tensor] = {}
+    eps_read: dict[tuple[int, str], float] = {}
 
-    return build_reference_spec(model.cfg, get, name, model._eps)
+    def get_once(key: str) -> Tensor:
+        if key not in read:
+            read[key] = reduce(getattr, key.split("."), model).detach().clone()
+        return read[key]
+
+    def eps_once(i: int, which: str) -> float:
+        if (i, which) not in eps_read:
+            eps_read[i, which] = model._eps(i, which)
+        return eps_read[i, which]
+
+    spec = build_reference_spec(model.cfg, get_once, name, eps_once)
+    for _ in spec.layers:  # reads every layer's tensors now
+        pass
+    return spec
 
 
 def save_reference(model: ReferenceTransformer, path: str | Path) -> Path:

@@ -46,6 +46,24 @@ _ROLES = {"W_O": "self_attn.out_proj.weight", "b_O": "self_attn.out_proj.bias", 
           "norm_ffn.weight": "norm2.weight", "norm_ffn.bias": "norm2.bias"}
 
 
+def exact_type(mod: object, base: type, where: str, base_name: str, *also: type) -> None:
+    """Refuse ``mod`` unless its type is exactly ``base`` (or one of ``also``): a subclass may compute something
+    else (red team 210: a LoRA ``nn.Linear`` subclass was certified as its base weight, 0.0 against 20.15)."""
+    kind = type(mod)
+    if kind is base or kind in also:
+        return
+    if "quantized" in kind.__module__:
+        raise UnsupportedArchitectureError(
+            f"{where} is a quantised {kind.__module__}.{kind.__qualname__}: its weights are packed integers, not "
+            f"the float {base_name} weights transcover reads; analyse the float model (before quantize_dynamic)")
+    raise UnsupportedArchitectureError(
+        f"{where}: a subclass of {base_name} ({kind.__qualname__}) may compute something else: transcover reads "
+        f"only {base_name} itself; rebuild the model with {base_name} or name its tensors' roles (roles=)")
+
+# every layer-relative tensor a role reads
+_READ = frozenset(_ROLES.values()) | {"self_attn.in_proj_weight", "self_attn.in_proj_bias"}
+
+
 def _activation(fn: object) -> Activation:
     """The spec activation of a ``TransformerEncoderLayer.activation`` (function, module or string)."""
     import torch
@@ -55,13 +73,13 @@ def _activation(fn: object) -> Activation:
         table = {"relu": Activation.RELU, "gelu": Activation.GELU}
         if fn in table:
             return table[fn]
-    elif fn in (torch.relu, nn.functional.relu) or isinstance(fn, nn.ReLU):
+    elif fn in (torch.relu, nn.functional.relu) or type(fn) is nn.ReLU:  # exact types: red team 210
         return Activation.RELU
     elif fn is nn.functional.gelu:
         return Activation.GELU
-    elif isinstance(fn, nn.GELU):
+    elif type(fn) is nn.GELU:
         return Activation.GELU_TANH if fn.approximate == "tanh" else Activation.GELU
-    elif fn is nn.functional.silu or isinstance(fn, nn.SiLU):
+    elif fn is nn.functional.silu or type(fn) is nn.SiLU:
         return Activation.SILU
     raise UnsupportedArchitectureError(
         f"{_ARCH}: activation {fn!r} has no exact counterpart; use relu, gelu or silu"
@@ -78,7 +96,7 @@ def _norm(mod: object, where: str, dtype: object) -> tuple[str, float]:
     import torch
     from torch import nn
 
-    if isinstance(mod, nn.Identity):
+    if type(mod) is nn.Identity:
         return "Identity", 0.0
     if type(mod) not in (nn.LayerNorm, nn.RMSNorm):
         raise UnsupportedArchitectureError(
@@ -94,10 +112,14 @@ def _check_submodules(layer: nn.Module, where: str) -> None:
     """Refuse, naming it, a submodule the decomposition does not read as the layer's forward uses it."""
     from torch import nn
 
+    from torch.nn.modules.linear import NonDynamicallyQuantizableLinear
+
+    exact_type(layer, nn.TransformerEncoderLayer, f"{_ARCH}: {where}", "nn.TransformerEncoderLayer")
     sa = layer.self_attn
     if not isinstance(sa, nn.MultiheadAttention):
         raise UnsupportedArchitectureError(f"{_ARCH}: {where}.self_attn is {type(sa).__name__}; supported: "
                                            "nn.MultiheadAttention")
+    exact_type(sa, nn.MultiheadAttention, f"{_ARCH}: {where}.self_attn", "nn.MultiheadAttention")
     if not sa._qkv_same_embed_dim or sa.in_proj_weight is None:
         raise UnsupportedArchitectureError(f"{_ARCH}: {where}.self_attn has separate q/k/v projections (kdim or vdim "
                                            "other than embed_dim); only the packed in_proj_weight is supported")
@@ -106,8 +128,10 @@ def _check_submodules(layer: nn.Module, where: str) -> None:
             f"{_ARCH}: MultiheadAttention with add_bias_kv or add_zero_attn adds a key; not supported"
         )
     for sub, mod in (("self_attn.out_proj", sa.out_proj), ("linear1", layer.linear1), ("linear2", layer.linear2)):
-        if not isinstance(mod, nn.Linear):
+        if not isinstance(mod, nn.Linear) and "quantized" not in type(mod).__module__:
             raise UnsupportedArchitectureError(f"{_ARCH}: {where}.{sub} is {type(mod).__name__}; supported: nn.Linear")
+        # MultiheadAttention's own out_proj is a NonDynamicallyQuantizableLinear: nn.Linear with another name
+        exact_type(mod, nn.Linear, f"{_ARCH}: {where}.{sub}", "nn.Linear", NonDynamicallyQuantizableLinear)
 
 
 def torch_encoder_config(module: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, object]]:
@@ -137,7 +161,9 @@ def torch_encoder_config(module: nn.Module) -> tuple[dict[str, torch.Tensor], di
             "n_heads": int(layer.self_attn.num_heads), "norm_first": bool(layer.norm_first),
             "activation": _activation(layer.activation).value,
             "layer_norm_eps": eps1, "layer_norm_eps_2": eps2, "norm_kind": kind1, "norm_kind_2": kind2,
-            "parameters": sorted(layer.state_dict()),  # Note [recorded parameters]
+            # only the tensors a role reads: any other (a LoRA factor) is an unexpected tensor (Note [recorded
+            # parameters]; red team 210: every key was recorded, so none was ever reported)
+            "parameters": sorted(k for k in layer.state_dict() if k in _READ),
         })
     if any(p != per_layer[0] for p in per_layer):
         raise UnsupportedArchitectureError(f"{_ARCH}: layers differ in heads, placement, activation, norms or "
@@ -158,8 +184,9 @@ _KINDS = {"LayerNorm": NormKind.LAYERNORM, "RMSNorm": NormKind.RMSNORM, "Identit
 # Note [recorded parameters]: nn.LayerNorm(elementwise_affine=False) has no weight and bias, and torch >= 2.1's
 # ``bias=False`` (TransformerEncoderLayer, nn.LayerNorm, nn.Linear) drops the biases, so the tensors alone cannot
 # tell a bias-free layer from a checkpoint whose biases were lost.  torch_encoder_config records the parameters a
-# layer (``parameters``) and the final norm (``final_norm_parameters``) have; each is then required (Note [missing
-# biases]: refused in one line when missing, not read as zero) and no other is read.  A file written before the
+# layer (``parameters``: those a role reads, so any other is reported as an unexpected tensor, red team 210) and the
+# final norm (``final_norm_parameters``) have; each is then required (Note [missing biases]: refused in one line
+# when missing, not read as zero) and no other is read.  A file written before the
 # record: the parameters layer 0 stores (and those stored under ``norm.``), which every layer must then hold.
 
 

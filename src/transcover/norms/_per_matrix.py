@@ -156,12 +156,17 @@ def per_matrix_norms(model, *, rtol: float = 1e-3, note: str | None = None) -> P
 
     Raises:
         InputError: no readable safetensors weights; WeightError for NaN/Inf or integer weights.
+        UnsupportedArchitectureError: a module with parametrisations, pruning or forward hooks (its stored
+            tensors are not the weights its forward uses).
     """
     t0 = time.perf_counter()
     rows: list[MatrixRow] = []
     if hasattr(model, "named_modules"):
-        from ..model import StateDictSource
+        from ..model import StateDictSource, refuse_rewritten_forward
 
+        # the stored tensors must be the weights: a parametrised or pruned weight is stored raw (weight_orig,
+        # parametrizations.weight.original) and was certified as such (red team 210)
+        refuse_rewritten_forward(model)
         entries, skipped = _module_entries(model)
         label = type(model).__name__
         src = StateDictSource({n: p for n, p, _ in entries}, label)

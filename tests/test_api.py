@@ -244,3 +244,24 @@ def test_result_views_come_from_report_without_an_upward_import():
     names = set(registered_views())
     assert {"analysis.plot", "analysis.repr", "analysis.repr_html", "analysis.matrices_dataframe",
             "analysis.layers_dataframe", "lipschitz.plot", "perturbation.plot", "bound.plot"} <= names
+
+
+def test_an_estimate_is_printed_with_approx_not_as_an_upper_bound(models):
+    """Red team 210: ``analyze(model, fast=True)``'s repr read ``B_KQ≤0.06035`` for a Lanczos estimate."""
+    a = models / "a.safetensors"
+    fast, certified = repr(transcover.analyze(a, fast=True)), repr(transcover.analyze(a))
+    assert "B_KQ≈" in fast and "≤" not in fast
+    assert "B_KQ≤" in certified and "≈" not in certified
+
+
+def test_to_dict_keeps_infinite_floats_and_the_envelope_writes_strings():
+    """``to_dict`` is Python floats (inf included, for computing); ``--json`` files are strict JSON (red team 210:
+    the envelope's docstring said the payloads already sanitised)."""
+    from transcover._results import Interval
+    from transcover.report._envelope import _safe
+
+    d = Interval(0.0, float("inf")).to_dict()
+    assert d["upper"] == float("inf")
+    doc = json.loads(envelope_json({"upper": d["upper"]}, schema="x", schema_version="1"))
+    assert doc["upper"] == "inf"
+    assert "already" not in _safe.__doc__ and "to_dict" in _safe.__doc__

@@ -38,6 +38,10 @@ def _plain(v: object) -> object:
 def as_dict(obj: object, *, exclude: tuple[str, ...] = (), **override: object) -> dict[str, object]:
     """The one serialiser of results: a dataclass's fields as a JSON-ready dict, ``kind`` always kept.
 
+    Numbers stay Python floats, ``±inf`` and NaN included (users compute with them), so a dict is not strict
+    JSON by itself: ``json.dumps(..., allow_nan=False)`` refuses it.  The CLI's envelope
+    (``report._envelope``) writes non-finite floats as the strings "inf", "-inf", "nan" (red team 210).
+
     Note [result dicts]: every result's ``to_dict`` goes through here, so a number never leaves
     without its kind (Note [result kinds]): a ``kind`` attribute (field or property) is written as
     its value even when it is not a field.  ``exclude`` drops fields; ``override`` replaces or adds

@@ -71,7 +71,11 @@ def input_hashes(*sources) -> list[dict[str, object]]:
 
 
 def _safe(obj):
-    """Strict JSON: non-finite floats become strings ("inf", "nan"), as the payloads already do."""
+    """Strict JSON: non-finite floats become strings ("inf", "-inf", "nan").
+
+    The payloads do not do it themselves: results' ``to_dict()`` keep Python floats, ``±inf`` and NaN
+    included, so users compute with them (red team 210: this docstring claimed otherwise); the envelope,
+    i.e. every ``--json`` file the CLI writes, is where they become strings."""
     if isinstance(obj, float) and not math.isfinite(obj):
         return str(obj)
     if isinstance(obj, dict):

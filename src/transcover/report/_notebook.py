@@ -14,8 +14,11 @@ def analysis_repr(result) -> str:
     """A few lines: the model, the mode, the maxima over layers, how to see more."""
     s = result.summary()
     from .._printed import for_kind
+    from .._results import Kind
 
-    maxima = ", ".join(f"{k}≤{for_kind(iv.upper, result.kind)}" for k, iv in s.items())
+    # an estimate (fast=True) is no upper bound: "≈", not "≤" (red team 210 read B_KQ≤0.06035 as certified)
+    sign = "≈" if result.kind is Kind.ESTIMATE else "≤"
+    maxima = ", ".join(f"{k}{sign}{for_kind(iv.upper, result.kind)}" for k, iv in s.items())
     n_matrices = sum(len(layer.matrices) for layer in result.layers) + len(result.embeddings)
     n_bias = 3 * len(result.layers)  # b_1, b_2, b_attn per layer: rows of to_dataframe() too (a count of 238 beside
     return (f"<AnalysisResult {result.model!r} ({result.arch}): {len(result.layers)} layers, "  # 256 rows misled)

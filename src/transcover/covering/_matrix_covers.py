@@ -17,6 +17,8 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
+import numpy as np
+
 from .._errors import InputError, check_positive_int
 from .._results import Kind, Quantity
 from ._ball import ball_log_covering
@@ -99,21 +101,21 @@ def linear_linf_log_covering(a: float, b: float, eps: float, n_points: int) -> Q
                     (f"||w||_2 <= {a!r}, ||x||_2 <= {b!r}, n = {n_points}", "rounded up (exact rational arithmetic)"))
 
 
-PROFILE_C_MAX_EXP = 60  # the profile grid's K = c k levels, c a power of two up to 2^60
+PROFILE_C_MAX = 2.0**60  # the largest grid multiplier c (K = c k profile levels) the bound takes
 
 
-def profile_multipliers(log_ab: float, log_L: float, n_cols: int) -> tuple[int, ...]:
-    """The grid multipliers ``c`` (``K = c k`` levels) at which F2's matrix version is evaluated: 1 and the two
-    powers of two around ``c* = 2B/k``, ``B = 36 (ab/eps)^2 ln L``, the minimiser of ``k ln(c + 2) + B(1 + 1/c)^2``
-    for large ``c``.  Any ``c`` gives a valid bound (THEORY F2); these only make it small.  ``()`` for one column
-    (no profile to pay for)."""
-    if n_cols == 1:
-        return ()
-    log2 = (math.log(72.0) + 2.0 * log_ab + math.log(max(log_L, 1e-300)) - math.log(n_cols)) / math.log(2.0)
-    if not log2 > 0.0:  # also NaN
-        return (1,)
-    lo = min(int(math.floor(log2)), PROFILE_C_MAX_EXP)
-    return tuple(sorted({1, 2**lo, 2 ** min(lo + 1, PROFILE_C_MAX_EXP)}))
+def profile_multiplier(log_ab, n_points: int, log_cols):  # noqa: ANN001, ANN201  (floats or numpy arrays)
+    """The profile grid's multiplier ``c`` (``K = c k`` levels) at which F2's matrix version is evaluated, per entry:
+    ``c = round(2B/k)`` clipped to ``[1, 2^60]``, ``B = 36 (ab/eps)^2 ln(2(4ab/eps + 2)n + 1)``, the minimiser of
+    ``k ln(c + 2) + B(1 + 1/c)^2`` for large ``c``.  Any integer ``c >= 1`` gives a valid bound (THEORY F2); this one
+    only makes it small, so floats suffice.  NaN for one column (no profile to pay for).  One function for the
+    exact and the vectorised evaluations, so both take the same ``c``."""
+    log_ab, log_cols = np.asarray(log_ab, dtype=np.float64), np.asarray(log_cols, dtype=np.float64)
+    with np.errstate(all="ignore"):
+        log_L = np.logaddexp(math.log(2.0 * n_points) + np.logaddexp(math.log(4.0) + log_ab, math.log(2.0)), 0.0)
+        log_c = np.nan_to_num(math.log(72.0) + 2.0 * log_ab + np.log(log_L) - log_cols, nan=0.0)
+        c = np.clip(np.rint(np.exp(np.minimum(log_c, math.log(PROFILE_C_MAX)))), 1.0, PROFILE_C_MAX)
+    return np.where(log_cols == 0.0, np.nan, c)
 
 
 def _matrix_f2(ab: Enclosure, n_points: int, n_cols: int, c: int | None) -> Enclosure:
@@ -127,12 +129,9 @@ def _matrix_f2(ab: Enclosure, n_points: int, n_cols: int, c: int | None) -> Encl
     return union + (exact(36, prec) * A * A + exact(n_cols, prec)) * _zhang_log_arg(A, n_points).ln()
 
 
-def _f2_multipliers(log_ab: float, n_points: int, n_cols: int) -> tuple[int | None, ...]:
-    if n_cols == 1:
-        return (None,)
-    x = min(log_ab, 700.0)
-    log_L = math.log(2.0 * n_points * (4.0 * math.exp(x) + 3.0) + 1.0) if log_ab < 700.0 else log_ab + 2.1
-    return profile_multipliers(log_ab, log_L, n_cols)
+def _f2_multiplier(log_ab: float, n_points: int, n_cols: int) -> int | None:
+    c = float(profile_multiplier(log_ab, n_points, math.log(n_cols)))
+    return None if math.isnan(c) else int(c)
 
 
 def matrix_linf_loglog(log_a: float, log_b: float, log_eps: float, n_points: int, n_cols: int) -> float:
@@ -144,14 +143,13 @@ def matrix_linf_loglog(log_a: float, log_b: float, log_eps: float, n_points: int
     if log_a == -math.inf:
         return -math.inf
 
-    def at(c: int | None) -> float:
-        def evaluate(prec: int) -> Enclosure:
-            ab = (exact(log_a, prec) + exact(log_b, prec) - exact(log_eps, prec)).exp()
-            return _matrix_f2(ab, n_points, n_cols, c).ln()
+    c = _f2_multiplier(log_a + log_b - log_eps, n_points, n_cols)
 
-        return round_log(evaluate, "up")
+    def evaluate(prec: int) -> Enclosure:
+        ab = (exact(log_a, prec) + exact(log_b, prec) - exact(log_eps, prec)).exp()
+        return _matrix_f2(ab, n_points, n_cols, c).ln()
 
-    return min(at(c) for c in _f2_multipliers(log_a + log_b - log_eps, n_points, n_cols))
+    return round_log(evaluate, "up")
 
 
 def matrix_linf_log_covering(a: float, b: float, eps: float, n_points: int, n_cols: int) -> Quantity:
@@ -176,7 +174,7 @@ def matrix_linf_log_covering(a: float, b: float, eps: float, n_points: int, n_co
     and each log argument has ``b ñ_j/delta_j = b sqrt(ñ_j A')/eps <= A_c b/eps``.  The union over the profiles
     covers the whole (2,1) ball.  Before red team 205 the profile was the model's own column norms, i.e. the
     cover was of a smaller class than the ball it was used for.  ``c`` is taken from
-    :func:`profile_multipliers`: any ``c`` is valid.
+    :func:`profile_multiplier`: any ``c`` is valid.
 
     Raises:
         InputError: non-positive ``a``, ``b``, ``eps``, ``n_points`` or ``n_cols``.
@@ -185,8 +183,8 @@ def matrix_linf_log_covering(a: float, b: float, eps: float, n_points: int, n_co
     _count(n_points=n_points, n_cols=n_cols)
     ab = Fraction(a) * Fraction(b) / Fraction(eps)
     log_ab = math.log(a) + math.log(b) - math.log(eps)
-    value = min(round_log(lambda prec, c=c: _matrix_f2(exact(ab, prec), n_points, n_cols, c), "up")
-                for c in _f2_multipliers(log_ab, n_points, n_cols))
+    c = _f2_multiplier(log_ab, n_points, n_cols)
+    value = round_log(lambda prec: _matrix_f2(exact(ab, prec), n_points, n_cols, c), "up")
     return Quantity(value, Kind.CERTIFIED_UPPER,
                     "derived from Zhang 2002 Thm 4 column by column, a union over column-norm profiles "
                     "(THEORY F2, matrix version)",

@@ -39,7 +39,7 @@ from .._errors import InputError
 from .._results import Kind
 from ._allocation import (CoverCost, _arrays, _log_eps_at_arrays, allocate_mixed, bisect_log_multiplier, fit_to_budget,
                           kkt_split)
-from ._matrix_covers import PROFILE_C_MAX_EXP, _zhang_log_factor
+from ._matrix_covers import _zhang_log_factor, profile_multiplier
 
 __all__ = ["MatrixTerm", "TermContribution", "TransformerCovering", "transformer_log_covering", "CoveringCurve",
            "NORM_FAMILIES"]
@@ -157,8 +157,16 @@ def _costs(terms: Sequence[MatrixTerm], par: Sequence[bool], log_eps_ref: Sequen
     """The per-matrix costs for :func:`allocate_mixed`, F2's log factor taken at ``log_eps_ref``;
     with ``slope``, F2's constant also carries the log factor's own slope there (Note [slope of
     the log factor])."""
+    # the F2 radius A_c = a(1 + 1/c) at each term's reference scale (the union's own cost does not depend on the
+    # split, so the allocation leaves it out; the certified costs of _exact_loglog include it)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_2a = np.log(np.array([max(t.l21, 0.0) for t in terms], dtype=np.float64)) + math.log(2.0)
+        le_arr = np.array(log_eps_ref, dtype=np.float64)
+        live = np.isfinite(log_2a) & np.isfinite(le_arr)
+        cols = np.log(np.array([t.shape[1] for t in terms], dtype=np.float64))
+        grow = np.where(live, _f2_profile(np.where(live, log_2a - le_arr, 0.0), cols, n_points)[0], 0.0)
     out = []
-    for t, pr, le in zip(terms, par, log_eps_ref):
+    for t, pr, le, g in zip(terms, par, log_eps_ref, grow):
         if pr:
             norm = t.l21 if t.vector else t.spectral  # a vector's l2 norm is stored in both fields
             p = t.shape[0] * t.shape[1]
@@ -170,7 +178,7 @@ def _costs(terms: Sequence[MatrixTerm], par: Sequence[bool], log_eps_ref: Sequen
                 continue
             # F2 at scale e/2 (Note [internal covers]): A = 144 a^2 ln(2 ceil(8a/e + 2) N + 1), the log
             # factor taken at the reference scale.
-            la = math.log(t.l21) + math.log(2.0) + _f2_grow(math.log(t.l21) + math.log(2.0), le, t.shape[1], n_points)
+            la = math.log(t.l21) + math.log(2.0) + float(g)
             log_A0 = math.log(36.0) + 2.0 * la
             if slope and math.isfinite(le):  # Note [slope of the log factor]: the smooth cost's KKT constant
                 x = la - le  # ln u, u = 2a/e
@@ -213,43 +221,21 @@ def _f2_main(log_A: np.ndarray, log_cols: np.ndarray, n_points: int) -> np.ndarr
     return log_k + np.log(factor)
 
 
-def _f2_grid(log_ab: np.ndarray, log_cols: np.ndarray, n_points: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """``(ln(1 + 1/c), ln(k (1 + ln(c + 2))))`` per term for three profile-grid multipliers ``c`` (THEORY F2, matrix
-    version): 1 and the powers of two around ``c* = 2B/k`` (``profile_multipliers``).  One column has no profile:
-    ``(0, -inf)``, the plain scalar cover."""
-    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        # ln ln L: the main cost's log factor, ln((36 A^2 + k) ln L) - ln(36 A^2 + k)
-        loglog_L = _f2_main(log_ab, log_cols, n_points) - np.logaddexp(math.log(36.0) + 2.0 * log_ab, log_cols)
-        log2 = (math.log(72.0) + 2.0 * log_ab + loglog_L - log_cols) / math.log(2.0)
-        lo = np.clip(np.floor(np.nan_to_num(log2, nan=0.0, posinf=PROFILE_C_MAX_EXP, neginf=0.0)), 0,
-                     PROFILE_C_MAX_EXP)
-    one = log_cols == 0.0
-    out = []
-    for e in (np.zeros_like(lo), lo, np.minimum(lo + 1.0, PROFILE_C_MAX_EXP)):
-        c = np.exp2(e)
-        grow = np.where(one, 0.0, np.log1p(1.0 / c))
-        union = np.where(one, -np.inf, log_cols + np.log1p(np.log(c + 2.0)))
-        out.append((grow, union))
-    return out
-
-
-def _f2_grow(log_2a: float, log_e: float, n_cols: int, n_points: int) -> float:
-    """``ln(1 + 1/c)`` for the profile-grid multiplier ``c`` (of :func:`_f2_grid`) cheapest at scale ``e``: the
-    allocation's F2 constant uses ``A_c = a(1 + 1/c)`` in place of ``a`` (the union's own cost does not depend on
-    the split).  It only chooses the split; the certified costs take the least over the grid (:func:`_exact_loglog`)."""
-    if not math.isfinite(log_e):
-        return 0.0
-    lab, lc = np.array([log_2a - log_e]), np.array([math.log(n_cols)])
-    grid = _f2_grid(lab, lc, n_points)
-    costs = [float(np.logaddexp(_f2_main(lab + g, lc, n_points), u)[0]) for g, u in grid]
-    return float(grid[int(np.argmin(costs))][0][0])
+def _f2_profile(log_ab: np.ndarray, log_cols: np.ndarray, n_points: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(ln(1 + 1/c), ln(k (1 + ln(c + 2))))`` per term at the profile grid's multiplier ``c`` (THEORY F2, matrix
+    version; ``profile_multiplier``, the one the exact evaluation takes): the radius ``A_c = a(1 + 1/c)`` and the
+    union's cost over ``C(ck + 2k, k)`` column-norm profiles.  One column has no profile: ``(0, -inf)``."""
+    c = profile_multiplier(log_ab, n_points, log_cols)
+    one = np.isnan(c)
+    c = np.where(one, 1.0, c)
+    return np.where(one, 0.0, np.log1p(1.0 / c)), np.where(one, -np.inf, log_cols + np.log1p(np.log(c + 2.0)))
 
 
 def _exact_loglog(ar: dict[str, np.ndarray], log_e: np.ndarray, n_points: int) -> np.ndarray:
     """``ln ln N_i(e_i)`` per term, vectorised: F2 (with its ``+k`` and log factor) or F1.
 
-    F2 at ``e/2`` (Note [internal covers]): ``min_c k(1 + ln(c + 2)) + (144 A_c^2/e^2 + k) ln(2 ceil(8A_c/e + 2) N + 1)``,
-    ``A_c = a(1 + 1/c)``, over three grid multipliers ``c`` (one column: ``a`` itself, no union);
+    F2 at ``e/2`` (Note [internal covers]): ``k(1 + ln(c + 2)) + (144 A_c^2/e^2 + k) ln(2 ceil(8A_c/e + 2) N + 1)``,
+    ``A_c = a(1 + 1/c)``, ``c`` the profile grid's multiplier (one column: ``a`` itself, no union);
     F1: ``p ln(1 + 2 r/e)`` (norm r).
     A term with norm 0 or coefficient 0 (or ``e = inf``) costs nothing.
     """
@@ -260,12 +246,11 @@ def _exact_loglog(ar: dict[str, np.ndarray], log_e: np.ndarray, n_points: int) -
         # where it was subnormal; red team of stop 35)
         z = math.log(2.0) + ln - log_e
         par = ar["log_p"] + np.where(z < -30.0, z, np.log(np.logaddexp(0.0, np.maximum(z, -30.0))))
-        # F2 (inverse square) at scale e/2: a = norm; the union over column-norm profiles at the grid multipliers
-        # of _f2_grid (THEORY F2, matrix version: any multiplier is valid, the least is kept)
+        # F2 (inverse square) at scale e/2: a = norm, with the union over column-norm profiles at the grid
+        # multiplier of _f2_profile (THEORY F2, matrix version)
         log_ab = ln + math.log(2.0) - log_e
-        inv = np.full_like(log_ab, np.inf)
-        for log_grow, log_union in _f2_grid(log_ab, ar["log_cols"], n_points):
-            inv = np.minimum(inv, np.logaddexp(_f2_main(log_ab + log_grow, ar["log_cols"], n_points), log_union))
+        log_grow, log_union = _f2_profile(log_ab, ar["log_cols"], n_points)
+        inv = np.logaddexp(_f2_main(log_ab + log_grow, ar["log_cols"], n_points), log_union)
     # each entry above carries a few ulps of error; 1e-12 (relative, plus absolute) moves it above
     # the true ln ln N_i (issue 10: rounding goes in the direction of the claim)
     out = np.where(ar["par"], par, inv)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import InputError
-from ._keys import fingerprint, item_key
+from ._keys import absolute_input, check_fingerprint, fingerprint, item_key
 from ._sweep import Item, SweepReport
 
 __all__ = ["analyze_item", "expand_models", "parse_step", "analysis_items", "sweep_rows", "failure_rows", "rows_csv",
@@ -31,6 +31,8 @@ def analyze_item(payload: dict[str, Any]) -> dict[str, Any]:
     from ..train import load_model as load
     from ..norms import analyze_spec
 
+    # the files must be those the driver keyed the item by (red team 214: a Ray worker opened another ./m)
+    check_fingerprint(payload["model"], payload.get("fingerprint"), payload.get("hash", "quick"))
     # a sweep row needs the layers: an architecture outside every adapter is refused (no per-matrix route)
     spec = load(payload["model"], arch=payload.get("arch"), allow_pickle=payload.get("allow_pickle", False),
                 strict=payload.get("strict", False))
@@ -72,16 +74,23 @@ def expand_models(models: list[str]) -> list[str]:
     return out
 
 
-def analysis_items(models: list[str], options: dict[str, Any], hash_mode: str = "quick") -> list[Item]:
-    """One item per model; the key covers the files (Note [quick fingerprint]) and the options."""
+def analysis_items(models: list[str], options: dict[str, Any], hash_mode: str = "quick",
+                   threads: int = 1) -> list[Item]:
+    """One item per model; the key covers the files (Note [quick fingerprint]), the options and ``threads``.
+
+    The payload names the model by its absolute path and carries the fingerprint, which the worker checks before it
+    loads anything (red team 214: relative paths were opened in a Ray worker's own folder).  ``threads`` (the BLAS
+    threads of each item) is in the key because a multi-threaded BLAS may split a reduction differently and change
+    the last bits (Note [bit for bit]; red team 214: a store filled at one thread count was reused at another)."""
     items = []
     for m in models:
+        path = absolute_input(m)
         try:
-            fp = fingerprint(m, hash_mode)
+            fp: str | None = fingerprint(path, hash_mode)
+            key = item_key("analyze", fp, {**options, "threads": int(threads)})
         except OSError as err:  # unreadable: the item gets a key of its own and fails when analysed
-            fp = f"unreadable:{m}:{err}"
-        key = item_key("analyze", fp, options)
-        items.append(Item(key, m, {"model": m, **options}))
+            fp, key = None, item_key("analyze", f"unreadable:{path}:{err}", {**options, "threads": int(threads)})
+        items.append(Item(key, m, {"model": path, **options, "fingerprint": fp, "hash": hash_mode}))
     return items
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from ..model import ROLES_FILE
 
-__all__ = ["fingerprint", "item_key", "model_files"]
+__all__ = ["fingerprint", "item_key", "model_files", "absolute_input", "check_fingerprint"]
 
 _PICKLES = (".bin", ".pt", ".pth", ".ckpt")
 _BESIDE = ("config.json", ROLES_FILE, "tokenizer.json")  # read beside the weights (model/_load, model/_data)
@@ -110,6 +110,44 @@ def fingerprint(model: str | os.PathLike | None, mode: str = "quick") -> str:
     for f in model_files(path.resolve()):
         _hash_file(h, f, mode)
     return h.hexdigest()
+
+
+def absolute_input(path: str | os.PathLike | None) -> str | None:
+    """``path`` as an absolute path when it names a file or folder here; otherwise (``None``, a bundled or hub model
+    name) as given.
+
+    Why: a payload travels to worker processes whose working folder need not be the driver's.  With ``--ray-address``
+    the workers of a ``ray start`` cluster opened a relative ``./m`` in *their* folder, another model, and its numbers
+    were reported and stored under the key of the driver's file (red team 214: lipschitz certified <= 110.8 where the
+    model's own lower estimate was 400.8).  Symbolic links are kept (``abspath``, not ``resolve``): the loader reads
+    what the user named."""
+    if path is None:
+        return None
+    p = Path(path).expanduser()
+    return os.path.abspath(p) if p.exists() else str(path)
+
+
+def check_fingerprint(model: str | os.PathLike | None, expected: str | None, mode: str = "quick") -> None:
+    """Refuse, in the worker, model files whose fingerprint differs from the one the driver keyed the item by.
+
+    Why (red team 214): an absolute path is not enough on a cluster whose nodes do not share one filesystem (or when
+    the files changed after the driver hashed them): the worker would compute on other bytes under the driver's key.
+    ``expected=None`` (an API payload without one, or a file the driver could not read) checks nothing.
+
+    Raises:
+        InputError: the fingerprints differ (one line naming the path, the host and the working folder).
+    """
+    if expected is None:
+        return
+    if fingerprint(model, mode) != expected:
+        import socket
+
+        from .._errors import InputError
+
+        raise InputError(f"the model files at {model} on worker host {socket.gethostname()} (working folder "
+                         f"{os.getcwd()}) are not the ones the driver fingerprinted: another filesystem or folder, "
+                         f"or files changed since; refused rather than computed under the driver's key (give a path "
+                         f"every node sees, with the same files)")
 
 
 @functools.lru_cache(maxsize=1)

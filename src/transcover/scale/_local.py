@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from .._errors import InputError
-from ._keys import fingerprint, item_key
+from ._keys import absolute_input, check_fingerprint, fingerprint, item_key
 from ._store import ResultStore
 from ._sweep import Item, sweep
 
@@ -58,6 +58,11 @@ def _spec(payload: dict[str, Any]):
            _roles_digest(roles))
     if key not in _SPECS:
         _SPECS.clear()  # one model per sweep: keep only the latest
+        # checked where the spec is loaded (once per process): the files and the mapping must be those the driver
+        # keyed the items by (red team 214: a Ray worker opened another ./m in its own working folder)
+        check_fingerprint(payload["model"], payload["fingerprint"], payload.get("hash", "quick"))
+        if "roles_digest" in payload and _roles_digest(roles) != payload["roles_digest"]:
+            raise InputError(f"the roles mapping {roles} on this worker is not the one the driver keyed the items by")
         _SPECS[key] = load(payload["model"], arch=payload["arch"], allow_pickle=payload["allow_pickle"],
                            strict=payload["strict"], roles=roles).to_torch(torch.float64)
     return _SPECS[key]
@@ -173,6 +178,9 @@ def local_items(model: str | None, seqs: Sequence[torch.Tensor], rhos: Sequence[
                 hash_mode: str = "quick") -> list[Item]:
     """One item per sequence; the key covers the model's files, the sequence's bytes, the options and the mapping file
     (``roles``: a path or a dict, as ``transcover.load``; its bytes, not its name)."""
+    model = absolute_input(model)  # the workers' working folder is not the driver's (red team 214)
+    if roles is not None and not isinstance(roles, dict):
+        roles = absolute_input(roles)
     fp = fingerprint(model, hash_mode)
     options = {"rhos": [_hex(f) for f in rhos], "relative": bool(relative), "lower": bool(lower),
                "lower_iter": int(lower_iter), "jacobian": bool(jacobian), "arch": arch,
@@ -185,6 +193,7 @@ def local_items(model: str | None, seqs: Sequence[torch.Tensor], rhos: Sequence[
         key = item_key("local", fp, {**options, "sequence": digest})
         items.append(Item(key, f"sequence {k} ({Xb.shape[0]} tokens)",
                           {**options, "rhos": [float(f) for f in rhos], "model": model, "fingerprint": fp,
+                           "hash": hash_mode, "roles_digest": options["roles"],
                            "roles": roles if roles is None or isinstance(roles, dict) else str(roles),
                            "X": Xb.tobytes().hex(), "shape": list(Xb.shape)}))
     return items

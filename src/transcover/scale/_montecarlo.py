@@ -11,8 +11,10 @@ net and packing sizes, bit for bit, whatever the backend, the number of workers,
 the chunks came back from the store.
 
 Keys: ``item_key("montecarlo", digest, ...)`` where the digest covers the class (config, radii,
-radial law, output), the samples' bytes, the seed, the block size and the chunk's member range; so
-a re-run resumes chunk by chunk, and any changed option recomputes.
+radial law, output), the samples' bytes, the seed, the block size, and the key the chunk's member range
+and the torch threads of the chunk (a multi-threaded matmul may split a reduction differently and change
+the last bits of the outputs, which the greedy compares exactly: red team 214 found ``threads`` left out);
+so a re-run resumes chunk by chunk, and any changed option recomputes.
 """
 
 from __future__ import annotations
@@ -93,7 +95,7 @@ def reference_items(config, radii, X: torch.Tensor, n_functions: int, *, seed: i
     items = []
     for c, start in enumerate(range(0, n_functions, step)):
         stop = min(n_functions, start + step)
-        key = item_key("montecarlo", digest, {"start": start, "stop": stop})
+        key = item_key("montecarlo", digest, {"start": start, "stop": stop, "threads": int(threads)})
         items.append(Item(key, f"chunk {c} (members {start}..{stop - 1})",
                           {"config": config, "radii": radii, "X": X64, "start": start, "stop": stop,
                            "seed": int(seed), "radial": radial, "output": output, "block": block,
@@ -163,10 +165,14 @@ def local_class_chunk(payload: dict[str, Any]) -> dict[str, Any]:
     from ..empirical import sample_local_class, torch_threads
     from ..model import transformer_forward
     from ..train import load_model as load
+    from ._keys import check_fingerprint
 
     key = (payload["fingerprint"], payload["model"], payload["arch"], payload["strict"])
     if key not in _SPECS:
         _SPECS.clear()
+        # the files must be those the driver keyed the chunks by (red team 214: a relative path was opened in a Ray
+        # worker's own working folder, another model under the driver's key)
+        check_fingerprint(payload["model"], payload["fingerprint"], payload.get("hash", "quick"))
         _SPECS[key] = load(payload["model"], arch=payload["arch"], strict=payload["strict"]).to_torch()
     sample = sample_local_class(_SPECS[key], payload["radii"], payload["stop"], radial=payload["radial"],
                                 seed=payload["seed"])
@@ -192,8 +198,9 @@ def monte_carlo_local(model: str, radii: dict[str, float], X: torch.Tensor, n_fu
     """
     from ..empirical import covering_of_outputs, sample_local_class
     from ..train import load_model as load
-    from ._keys import fingerprint
+    from ._keys import absolute_input, fingerprint
 
+    model = absolute_input(model)  # the workers' working folder is not the driver's (red team 214)
     for name, v in (("n_functions", n_functions), ("chunk", chunk), ("threads", threads)):
         check_positive_int(v, name)
     spec = load(model, arch=arch, strict=strict).to_torch()
@@ -212,9 +219,10 @@ def monte_carlo_local(model: str, radii: dict[str, float], X: torch.Tensor, n_fu
     items = []
     for c, start in enumerate(range(0, n_functions, chunk)):
         stop = min(n_functions, start + chunk)
-        items.append(Item(item_key("montecarlo-local", digest, {"start": start, "stop": stop}),
+        items.append(Item(item_key("montecarlo-local", digest, {"start": start, "stop": stop, "threads": int(threads)}),
                           f"chunk {c} (members {start}..{stop - 1})",
-                          {"model": model, "fingerprint": fp, "arch": arch, "strict": strict, "radii": dict(radii),
+                          {"model": model, "fingerprint": fp, "hash": "quick", "arch": arch, "strict": strict,
+                           "radii": dict(radii),
                            "radial": radial, "seed": int(seed), "X": X.detach(), "start": start, "stop": stop,
                            "threads": threads}))
     report = sweep(items, local_class_chunk, store=store, backend=backend, workers=workers, threads=threads,

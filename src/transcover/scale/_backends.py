@@ -126,12 +126,64 @@ def _check_reachable(address: str, timeout: float = 10.0) -> None:
         raise InputError(f"cannot reach the Ray cluster at {address}: {err.strerror or err}") from err
 
 
+# Note [joining a cluster]: ``ray.init(address=...)`` against a port that accepts TCP but is no Ray GCS retries for
+# 7+ minutes (20 tries of ~40 s each), printing a warning every few seconds and ignoring SIGTERM (red team 214).  The
+# join is therefore tried first in a child process with a deadline: it is killed when the deadline passes (and dies
+# with this process: PR_SET_PDEATHSIG), its warnings are kept out of the terminal, and the user gets one line.
+RAY_CONNECT_TIMEOUT = 30.0  # seconds; TRANSCOVER_RAY_CONNECT_TIMEOUT overrides it
+_PROBE = """
+import sys
+try:
+    import ctypes
+    ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG = SIGKILL: never outlive the driver
+except Exception:
+    pass
+import ray
+ray.init(address=sys.argv[1], include_dashboard=False, log_to_driver=False, logging_level=40)
+ray.shutdown()
+"""
+
+
+def _probe_cluster(address: str, timeout: float | None = None) -> None:
+    """Join ``address`` once in a child process with a deadline (Note [joining a cluster]); one line if it fails."""
+    import subprocess
+    import sys
+
+    if timeout is None:
+        try:
+            timeout = float(os.environ.get("TRANSCOVER_RAY_CONNECT_TIMEOUT") or RAY_CONNECT_TIMEOUT)
+        except ValueError:
+            raise InputError("TRANSCOVER_RAY_CONNECT_TIMEOUT must be a number of seconds") from None
+    try:
+        proc = subprocess.run([sys.executable, "-c", _PROBE, address], stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise InputError(f"cannot join the Ray cluster at {address}: no Ray answered within {timeout:g} s (the port "
+                         f"accepts connections; is it a Ray head's GCS port, 6379 by default? "
+                         f"TRANSCOVER_RAY_CONNECT_TIMEOUT sets the wait)") from None
+    if proc.returncode != 0:
+        lines = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()]
+        errors = [ln for ln in lines if ln.split(":")[0].endswith(("Error", "Exception"))]
+        last = (errors or lines or [f"exit status {proc.returncode}"])[-1]
+        raise InputError(f"cannot join the Ray cluster at {address}: {' '.join(last.split())[:400]}")
+
+
+def _private_temp_dir() -> str:
+    """A fresh 0700 folder for a local Ray instance's session files (red team 214: each run left a ~200 KB session
+    folder with drwxrwxrwx subfolders in /tmp/ray, whatever the umask).  Ray's socket paths must stay under the
+    107-byte limit of Unix sockets, so a long ``TMPDIR`` falls back to /tmp."""
+    import tempfile
+
+    base = tempfile.gettempdir()
+    return tempfile.mkdtemp(prefix="transcover-ray-", dir=base if len(base) <= 40 else "/tmp")
+
+
 def _ray(fn, jobs, workers, threads, options) -> Iterator[tuple[int, Outcome]]:
     try:
         import ray
     except ImportError as err:
         raise InputError(RAY_MISSING) from err
-    started = False
+    started, temp_dir = False, None
     if not ray.is_initialized():
         env = {var: str(threads) for var in _THREAD_VARS}
         if os.environ.get("PYTHONPATH"):
@@ -141,14 +193,19 @@ def _ray(fn, jobs, workers, threads, options) -> Iterator[tuple[int, Outcome]]:
         # an address from the option or from RAY_ADDRESS (which ray.init reads itself): connect, and pass no
         # num_cpus, which Ray refuses for an existing cluster (stop 38 red team: an internal ValueError)
         address = options.get("address") or os.environ.get("RAY_ADDRESS")
-        if address:
+        if address and address != "local":
             _check_reachable(address)
+            _probe_cluster(address, options.get("connect_timeout"))  # Note [joining a cluster]
             kwargs["address"] = address
         else:
-            kwargs["num_cpus"] = workers
+            # "local" said outright: without it ray.init joins any `ray start` cluster of the host (its address is
+            # in /tmp/ray/ray_current_cluster) and then refuses num_cpus (red team 214)
+            temp_dir = _private_temp_dir()
+            kwargs.update(address="local", num_cpus=workers, _temp_dir=temp_dir)
         try:
             ray.init(**kwargs)
         except (ConnectionError, ValueError, RuntimeError, TimeoutError) as err:
+            _remove_temp_dir(temp_dir)
             raise InputError(f"cannot start or join Ray (address {address or 'local'}): {_one_line(err)}") from err
         started = True
     try:
@@ -170,6 +227,15 @@ def _ray(fn, jobs, workers, threads, options) -> Iterator[tuple[int, Outcome]]:
     finally:
         if started:
             ray.shutdown()
+        _remove_temp_dir(temp_dir)
+
+
+def _remove_temp_dir(temp_dir: str | None) -> None:
+    """Remove the private session folder of a local Ray instance this run started (and shut down)."""
+    if temp_dir is not None:
+        import shutil
+
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 _RUNNERS = {"serial": _serial, "process": _process, "ray": _ray}

@@ -44,12 +44,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(pip install 'transcover[ray]')")
     g.add_argument("--ray-address", default=None, help="ray.init(address=...) of an existing cluster (default: a local Ray)")
     g.add_argument("--threads", type=int, default=None,
-                   help="BLAS threads per model (default 1 in a sweep, torch's own for one model; results do not "
-                        "depend on it)")
+                   help="BLAS threads per model (default 1 in a sweep, torch's own for one model; part of the "
+                        "store's key, since a multi-threaded BLAS may change the last bits)")
     g.add_argument("--store", default=None,
                    help="SQLite results store; finished models are committed one by one (default "
                         f"./{SWEEP_STORE})")
-    g.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
+    g.add_argument("--resume", action=argparse.BooleanOptionalAction, default=None,  # None: not given
                    help="reuse finished models from the store (default); --no-resume recomputes them")
     g.add_argument("--hash", choices=("quick", "full"), default="quick",
                    help="input keys: quick = paths, inodes, ctimes, headers, sizes and mtimes of the weights; "

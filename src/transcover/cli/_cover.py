@@ -184,7 +184,7 @@ def _scaled_result(args: argparse.Namespace, tracker):
     def on_result(r) -> None:
         counts["reused" if r.reused else "computed"] += r.ok
 
-    run = dict(backend=backend, workers=args.workers, threads=args.threads or 1, resume=args.resume,
+    run = dict(backend=backend, workers=args.workers, threads=args.threads or 1, resume=args.resume is not False,
                options={"address": args.ray_address}, on_result=on_result)
     warnings: tuple[str, ...] = ()
     if args.mode == "reference":

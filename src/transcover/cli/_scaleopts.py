@@ -21,9 +21,11 @@ def add_scale_arguments(p: argparse.ArgumentParser, items: str, *, threads: bool
     g.add_argument("--backend", choices=("local", "serial", "process", "ray"), default="local",
                    help="local: this process, or spawned processes with --workers > 1; ray: a Ray cluster "
                         "(pip install 'transcover[ray]'); the results are the same bit for bit")
-    g.add_argument("--ray-address", default=None, help="ray.init(address=...) (default: a local Ray)")
+    g.add_argument("--ray-address", default=None,
+                   help="ray.init(address=...) of an existing cluster, joined within 30 s or refused (default: a new "
+                        "local Ray, its session files in a private temp folder removed afterwards)")
     g.add_argument("--store", default=None, help=f"SQLite results store: finished {items} are kept and reused")
-    g.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
+    g.add_argument("--resume", action=argparse.BooleanOptionalAction, default=None,  # None: not given
                    help=f"with --store: reuse finished {items} (default); --no-resume recomputes them")
     if threads:
         g.add_argument("--threads", type=int, default=1, help="torch threads per worker (default 1)")
@@ -31,19 +33,23 @@ def add_scale_arguments(p: argparse.ArgumentParser, items: str, *, threads: bool
 
 
 def scale_requested(args: argparse.Namespace) -> bool:
-    return args.workers != 1 or args.backend != "local" or bool(args.store)
+    """Whether any parallel/store option was given; ``--resume``/``--no-resume`` count, so that
+    :func:`scale_backend` refuses them without ``--store`` (red team 214: accepted and ignored)."""
+    return args.workers != 1 or args.backend != "local" or bool(args.store) or args.resume is not None
 
 
 def refuse_scale_options(args: argparse.Namespace, where: str, applies: str) -> None:
     """One line naming every parallel/store option set away from its default where ``where`` (a single-model
     run) would ignore it; ``applies`` says what the options are for. A value equal to the default changes
-    nothing and passes (red team 167: they were dropped without a word)."""
+    nothing and passes (red team 167: they were dropped without a word); ``--resume`` given outright is named too,
+    as ``experiment staged`` names it (red team 214)."""
     from .._errors import InputError
 
     given = [flag for flag, on in (
         ("--workers", args.workers != 1), ("--backend", args.backend != "local"),
         ("--ray-address", bool(args.ray_address)), ("--store", bool(args.store)),
-        ("--no-resume", args.resume is False), ("--threads", getattr(args, "threads", None) not in (None, 1)),
+        ("--resume", args.resume is True), ("--no-resume", args.resume is False),
+        ("--threads", getattr(args, "threads", None) not in (None, 1)),
         ("--hash", getattr(args, "hash", "quick") != "quick")) if on]
     if given:
         raise InputError(f"{', '.join(given)} {'apply' if len(given) > 1 else 'applies'} to {applies}; "
@@ -58,6 +64,12 @@ def scale_backend(args: argparse.Namespace) -> str:
         raise InputError(f"--workers must be >= 1, but got --workers={args.workers}")
     if getattr(args, "threads", None) is not None and args.threads < 1:
         raise InputError(f"--threads must be >= 1, but got --threads={args.threads}")
+    if args.backend == "serial" and args.workers > 1:  # serial is one process: --workers was dropped (red team 214)
+        raise InputError(f"--backend serial runs every item in this process; --workers {args.workers} needs "
+                         f"--backend local or process")
+    if getattr(args, "resume", None) is not None and not args.store:
+        flag = "--resume" if args.resume else "--no-resume"  # accepted and ignored before (red team 214)
+        raise InputError(f"{flag} applies to the results store; without --store every item is computed anyway")
     backend = {"local": "process" if args.workers > 1 else "serial"}.get(args.backend, args.backend)
     if args.ray_address and backend != "ray":
         raise InputError("--ray-address needs --backend ray")
@@ -94,7 +106,7 @@ def local_rows_from_args(args: argparse.Namespace, spec, seqs: list, rhos: list[
         rows = local_rows(args.model, seqs, rhos, spec=spec, relative=args.rho_relative, lower=not args.no_lower,
                           lower_iter=max(args.steps // 2, 5), arch=args.arch, allow_pickle=args.allow_pickle,
                           strict=args.strict, roles=args.roles, store=store, backend=backend, workers=args.workers,
-                          threads=args.threads, resume=args.resume, options={"address": args.ray_address},
+                          threads=args.threads, resume=args.resume is not False, options={"address": args.ray_address},
                           on_result=on_result)
     finally:
         if store is not None:

@@ -42,7 +42,7 @@ def run_sweep(args: argparse.Namespace, models: list[str]) -> int:
             import ray  # noqa: F401
         except ImportError as err:
             raise InputError(RAY_MISSING) from err
-    items = analysis_items(models, options, args.hash)
+    items = analysis_items(models, options, args.hash, threads=args.threads)
     done = [0]
     # items with one key are computed (and reported) once: the count ran to [2/3] for "c100 c100 c200" (red team 184)
     distinct = len({it.key for it in items})
@@ -55,7 +55,7 @@ def run_sweep(args: argparse.Namespace, models: list[str]) -> int:
 
     with ResultStore(args.store) as store:
         report = sweep(items, analyze_item, store=store, backend=backend, workers=args.workers,
-                       threads=args.threads, resume=args.resume, options={"address": args.ray_address},
+                       threads=args.threads, resume=args.resume is not False, options={"address": args.ray_address},
                        on_result=on_result)
     rows = sweep_rows(report)
     outputs = []

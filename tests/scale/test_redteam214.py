@@ -53,7 +53,7 @@ def test_analyze_payload_is_absolute_and_a_foreign_file_is_refused(two_folders, 
     mine = analyze_item(items[0].payload)
     monkeypatch.chdir(worker)  # the worker's working folder: its own ./m is another model
     assert sweep(items, analyze_item).results[0].value == mine
-    assert analyze_item({**items[0].payload, "model": str(worker / "m"), "fingerprint": None}) != mine
+    assert analyze_item({**items[0].payload, "model": str(worker / "m"), "files": None}) != mine
     with pytest.raises(InputError, match=FOREIGN):
         analyze_item({**items[0].payload, "model": "m"})  # the path as typed, opened in the worker's folder
     report = sweep([Item(items[0].key, "m", {**items[0].payload, "model": "m"})], analyze_item)
@@ -86,6 +86,27 @@ def test_local_class_payload_is_absolute_and_a_foreign_file_is_refused(two_folde
     monkeypatch.chdir(worker)
     with pytest.raises(InputError, match=FOREIGN):
         local_class_chunk({**payload, "model": "m"})
+
+
+def test_the_worker_check_holds_for_one_file_seen_from_another_node(two_folders, monkeypatch):
+    """Note [worker check]: nodes that mount one shared file see other paths, devices and inodes, which the quick key
+    hashes; the worker compares the portable fingerprint (name, size, mtime, header), so the same bytes with the same
+    mtime elsewhere pass, and another model at the same path does not."""
+    import shutil
+
+    from transcover.scale._keys import fingerprint, worker_fingerprint
+
+    driver, worker = two_folders
+    monkeypatch.chdir(driver)
+    item = analysis_items(["m"], OPTIONS)[0]
+    mirror = worker / "mirror"
+    shutil.copytree(driver / "m", mirror, copy_function=shutil.copy2)  # same bytes and mtimes, another inode
+    assert fingerprint(str(mirror)) != item.payload["fingerprint"]
+    assert worker_fingerprint(str(mirror)) == item.payload["files"]
+    there, here = analyze_item({**item.payload, "model": str(mirror)}), analyze_item(item.payload)
+    assert {k: v for k, v in there.items() if k != "model"} == {k: v for k, v in here.items() if k != "model"}
+    with pytest.raises(InputError, match=FOREIGN):
+        analyze_item({**item.payload, "model": str(worker / "m")})
 
 
 def test_threads_are_part_of_the_keys():

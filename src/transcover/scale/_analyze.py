@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .._errors import InputError
-from ._keys import absolute_input, check_fingerprint, fingerprint, item_key
+from ._keys import absolute_input, check_fingerprint, fingerprint, item_key, worker_fingerprint
 from ._sweep import Item, SweepReport
 
 __all__ = ["analyze_item", "expand_models", "parse_step", "analysis_items", "sweep_rows", "failure_rows", "rows_csv",
@@ -32,7 +32,7 @@ def analyze_item(payload: dict[str, Any]) -> dict[str, Any]:
     from ..norms import analyze_spec
 
     # the files must be those the driver keyed the item by (red team 214: a Ray worker opened another ./m)
-    check_fingerprint(payload["model"], payload.get("fingerprint"), payload.get("hash", "quick"))
+    check_fingerprint(payload["model"], payload.get("files"), payload.get("hash", "quick"))
     # a sweep row needs the layers: an architecture outside every adapter is refused (no per-matrix route)
     spec = load(payload["model"], arch=payload.get("arch"), allow_pickle=payload.get("allow_pickle", False),
                 strict=payload.get("strict", False))
@@ -90,7 +90,8 @@ def analysis_items(models: list[str], options: dict[str, Any], hash_mode: str = 
             key = item_key("analyze", fp, {**options, "threads": int(threads)})
         except OSError as err:  # unreadable: the item gets a key of its own and fails when analysed
             fp, key = None, item_key("analyze", f"unreadable:{path}:{err}", {**options, "threads": int(threads)})
-        items.append(Item(key, m, {"model": path, **options, "fingerprint": fp, "hash": hash_mode}))
+        files = None if fp is None else (fp if hash_mode == "full" else worker_fingerprint(path, hash_mode))
+        items.append(Item(key, m, {"model": path, **options, "fingerprint": fp, "files": files, "hash": hash_mode}))
     return items
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 from ..model import ROLES_FILE
 
-__all__ = ["fingerprint", "item_key", "model_files", "absolute_input", "check_fingerprint"]
+__all__ = ["fingerprint", "item_key", "model_files", "absolute_input", "check_fingerprint", "worker_fingerprint"]
 
 _PICKLES = (".bin", ".pt", ".pth", ".ckpt")
 _BESIDE = ("config.json", ROLES_FILE, "tokenizer.json")  # read beside the weights (model/_load, model/_data)
@@ -83,8 +83,11 @@ def _hash_file(h: "hashlib._Hash", path: Path, mode: str) -> None:
     # Note [quick fingerprint]: which file this is (absolute path, device, inode) and when its contents or
     # metadata last changed (ctime, which utime cannot set back): two checkpoints with equal mtimes (tar and zip keep
     # whole seconds) shared one key and one result, and a weight rewritten in place with its old mtime restored was
-    # reused, with --no-resume too (red team 167); a copy or a chmod is recomputed, the safe direction
-    h.update(f"{st.st_mtime_ns}\0{path.resolve()}\0{st.st_dev}\0{st.st_ino}\0{st.st_ctime_ns}\0".encode())
+    # reused, with --no-resume too (red team 167); a copy or a chmod is recomputed, the safe direction.
+    # "portable" (Note [worker check]) leaves out what differs between the nodes that read one shared file.
+    h.update(f"{st.st_mtime_ns}\0".encode())
+    if mode != "portable":
+        h.update(f"{path.resolve()}\0{st.st_dev}\0{st.st_ino}\0{st.st_ctime_ns}\0".encode())
     if path.suffix == ".safetensors" and st.st_size >= 8:
         with open(path, "rb") as f:
             head = f.read(8)
@@ -127,19 +130,27 @@ def absolute_input(path: str | os.PathLike | None) -> str | None:
     return os.path.abspath(p) if p.exists() else str(path)
 
 
-def check_fingerprint(model: str | os.PathLike | None, expected: str | None, mode: str = "quick") -> None:
-    """Refuse, in the worker, model files whose fingerprint differs from the one the driver keyed the item by.
+def worker_fingerprint(model: str | os.PathLike | None, mode: str = "quick") -> str:
+    """The fingerprint a worker checks the files against (Note [worker check]): the key's own for ``"full"`` (every
+    byte: the same on every node), else ``"portable"`` (name, size, mtime and, for safetensors, the header)."""
+    return fingerprint(model, "full" if mode == "full" else "portable")
 
-    Why (red team 214): an absolute path is not enough on a cluster whose nodes do not share one filesystem (or when
-    the files changed after the driver hashed them): the worker would compute on other bytes under the driver's key.
-    ``expected=None`` (an API payload without one, or a file the driver could not read) checks nothing.
+
+def check_fingerprint(model: str | os.PathLike | None, expected: str | None, mode: str = "quick") -> None:
+    """Refuse, in the worker, model files whose :func:`worker_fingerprint` differs from the driver's.
+
+    Note [worker check]: an absolute path is not enough on a cluster whose nodes do not share one filesystem (or when
+    the files changed after the driver hashed them): the worker would compute on other bytes under the driver's key
+    (red team 214).  The quick key's path, device, inode and ctime differ between nodes that read one shared (NFS)
+    file, so the worker compares the portable fingerprint: another model at the same path has another size, header
+    or mtime.  ``expected=None`` (an API payload without one, or a file the driver could not read) checks nothing.
 
     Raises:
         InputError: the fingerprints differ (one line naming the path, the host and the working folder).
     """
     if expected is None:
         return
-    if fingerprint(model, mode) != expected:
+    if worker_fingerprint(model, mode) != expected:
         import socket
 
         from .._errors import InputError

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from .._errors import InputError
-from ._keys import absolute_input, check_fingerprint, fingerprint, item_key
+from ._keys import absolute_input, check_fingerprint, fingerprint, item_key, worker_fingerprint
 from ._store import ResultStore
 from ._sweep import Item, sweep
 
@@ -60,7 +60,7 @@ def _spec(payload: dict[str, Any]):
         _SPECS.clear()  # one model per sweep: keep only the latest
         # checked where the spec is loaded (once per process): the files and the mapping must be those the driver
         # keyed the items by (red team 214: a Ray worker opened another ./m in its own working folder)
-        check_fingerprint(payload["model"], payload["fingerprint"], payload.get("hash", "quick"))
+        check_fingerprint(payload["model"], payload.get("files"), payload.get("hash", "quick"))
         if "roles_digest" in payload and _roles_digest(roles) != payload["roles_digest"]:
             raise InputError(f"the roles mapping {roles} on this worker is not the one the driver keyed the items by")
         _SPECS[key] = load(payload["model"], arch=payload["arch"], allow_pickle=payload["allow_pickle"],
@@ -182,6 +182,7 @@ def local_items(model: str | None, seqs: Sequence[torch.Tensor], rhos: Sequence[
     if roles is not None and not isinstance(roles, dict):
         roles = absolute_input(roles)
     fp = fingerprint(model, hash_mode)
+    files = fp if hash_mode == "full" else worker_fingerprint(model, hash_mode)  # Note [worker check]
     options = {"rhos": [_hex(f) for f in rhos], "relative": bool(relative), "lower": bool(lower),
                "lower_iter": int(lower_iter), "jacobian": bool(jacobian), "arch": arch,
                "allow_pickle": bool(allow_pickle), "strict": bool(strict), "threads": int(threads),
@@ -193,6 +194,7 @@ def local_items(model: str | None, seqs: Sequence[torch.Tensor], rhos: Sequence[
         key = item_key("local", fp, {**options, "sequence": digest})
         items.append(Item(key, f"sequence {k} ({Xb.shape[0]} tokens)",
                           {**options, "rhos": [float(f) for f in rhos], "model": model, "fingerprint": fp,
+                           "files": files,
                            "hash": hash_mode, "roles_digest": options["roles"],
                            "roles": roles if roles is None or isinstance(roles, dict) else str(roles),
                            "X": Xb.tobytes().hex(), "shape": list(Xb.shape)}))

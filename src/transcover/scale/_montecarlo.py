@@ -172,7 +172,7 @@ def local_class_chunk(payload: dict[str, Any]) -> dict[str, Any]:
         _SPECS.clear()
         # the files must be those the driver keyed the chunks by (red team 214: a relative path was opened in a Ray
         # worker's own working folder, another model under the driver's key)
-        check_fingerprint(payload["model"], payload["fingerprint"], payload.get("hash", "quick"))
+        check_fingerprint(payload["model"], payload.get("files"), payload.get("hash", "quick"))
         _SPECS[key] = load(payload["model"], arch=payload["arch"], strict=payload["strict"]).to_torch()
     sample = sample_local_class(_SPECS[key], payload["radii"], payload["stop"], radial=payload["radial"],
                                 seed=payload["seed"])
@@ -198,7 +198,7 @@ def monte_carlo_local(model: str, radii: dict[str, float], X: torch.Tensor, n_fu
     """
     from ..empirical import covering_of_outputs, sample_local_class
     from ..train import load_model as load
-    from ._keys import absolute_input, fingerprint
+    from ._keys import absolute_input, fingerprint, worker_fingerprint
 
     model = absolute_input(model)  # the workers' working folder is not the driver's (red team 214)
     for name, v in (("n_functions", n_functions), ("chunk", chunk), ("threads", threads)):
@@ -211,6 +211,7 @@ def monte_carlo_local(model: str, radii: dict[str, float], X: torch.Tensor, n_fu
     rows, width = probe.output_shape(X)
     check_outputs_memory(n_functions, rows, width)
     fp = fingerprint(model)
+    files = worker_fingerprint(model)  # Note [worker check]
     Xb = np.ascontiguousarray(X.detach().to(torch.float64).numpy(), dtype="<f8")
     digest = hashlib.sha256(json.dumps({"model": fp, "radii": {k: float(v) for k, v in sorted(radii.items())},
                                         "radial": radial, "seed": int(seed), "arch": arch, "strict": strict,
@@ -221,7 +222,8 @@ def monte_carlo_local(model: str, radii: dict[str, float], X: torch.Tensor, n_fu
         stop = min(n_functions, start + chunk)
         items.append(Item(item_key("montecarlo-local", digest, {"start": start, "stop": stop, "threads": int(threads)}),
                           f"chunk {c} (members {start}..{stop - 1})",
-                          {"model": model, "fingerprint": fp, "hash": "quick", "arch": arch, "strict": strict,
+                          {"model": model, "fingerprint": fp, "files": files, "hash": "quick", "arch": arch,
+                           "strict": strict,
                            "radii": dict(radii),
                            "radial": radial, "seed": int(seed), "X": X.detach(), "start": start, "stop": stop,
                            "threads": threads}))

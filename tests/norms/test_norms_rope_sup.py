@@ -9,6 +9,8 @@ largest value over the offsets it samples; the upper end must never exceed the o
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -188,3 +190,14 @@ def test_a_witness_above_its_upper_end_is_refused_not_clamped(monkeypatch):
     monkeypatch.setattr(_rope_sup, "_witness_lower", lambda *a: 1e300)
     with pytest.raises(AssertionError, match="witness .* exceeds its upper bound"):
         rope_kq_interval(Wq, Wk, RopeSpec(theta=50.0, max_position=12), 1.0)
+
+
+@pytest.mark.parametrize("k", [-600, -300, -7, 7, 300, 500])
+def test_interval_is_exactly_homogeneous_in_powers_of_two(k):
+    """``W_Q -> 2^k W_Q`` scales the true supremum by exactly ``2^k``; with the witness on scaled weights (Note [scaled
+    witness]) both certified ends scale exactly too, from the scales where the Grams underflow to where they overflow."""
+    Wq, Wk = _weights(0, 10, 8)
+    rope = RopeSpec(theta=50.0, max_position=40)
+    base = rope_kq_interval(Wq, Wk, rope, 1.0)
+    iv = rope_kq_interval(np.ldexp(Wq, k), Wk, rope, 1.0)
+    assert (iv.lower, iv.upper) == (math.ldexp(base.lower, k), math.ldexp(base.upper, k))

@@ -53,6 +53,7 @@ def run(args) -> int:
     from ..constrain import parse_radii
     from ..report import atomic_write_text
     from ..train import StagedConfig, staged_experiment
+    from ._scaleopts import scale_backend
     from ._train import set_threads, train_config_from_args
 
     if getattr(args, "experiment", None) == "nonvacuous":
@@ -70,9 +71,9 @@ def run(args) -> int:
     config = StagedConfig(seeds=tuple(range(args.seeds)), base=base, method=args.method,
                           radii=parse_radii(_radii(args)), loose_factor=args.loose_factor,
                           start_fraction=args.start_fraction, end_fraction=args.end_fraction, schedule=args.schedule)
-    if args.workers < 1:  # every check before the folder is made (it was left empty behind a refusal; red team 188)
-        raise InputError(f"--workers must be >= 1, but got --workers={args.workers}")
-    _refuse_ignored_scale_options(args)
+    # every check before the folder is made (it was left empty behind a refusal; red team 188), the other commands'
+    # own: --workers, --threads, --ray-address without --backend ray, --resume without --store (red team 207)
+    backend = scale_backend(args)
     runner, store = None, None
     scaled = args.workers > 1 or args.backend == "ray" or bool(args.store)
     if scaled:
@@ -90,7 +91,6 @@ def run(args) -> int:
     if not console.is_terminal:  # keep the table readable in logs and pipes
         console = Console(width=190)
     if scaled:
-        backend = "ray" if args.backend == "ray" else ("process" if args.workers > 1 else "serial")
         runner = train_runner(store=store, backend=backend, workers=args.workers, threads=args.threads,
                               resume=args.resume is not False, options={"address": args.ray_address})
     try:
@@ -120,14 +120,3 @@ def _radii(args) -> str:
     return getattr(args, "radii", None) or _DEFAULT_RADII
 
 
-def _refuse_ignored_scale_options(args) -> None:
-    """One line, before any work, for an option this run would ignore, as the other commands refuse them
-    (``_scaleopts``): ``--ray-address`` without ``--backend ray``, ``--resume``/``--no-resume`` without ``--store``
-    (red team 207: both were accepted and dropped without a word, exit 0)."""
-    from .._errors import InputError
-
-    if args.ray_address and args.backend != "ray":
-        raise InputError("--ray-address needs --backend ray")
-    if args.resume is not None and not args.store:
-        flag = "--resume" if args.resume else "--no-resume"
-        raise InputError(f"{flag} applies to the results store; without --store every run is trained anyway")

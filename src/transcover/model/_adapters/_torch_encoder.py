@@ -60,6 +60,7 @@ def exact_type(mod: object, base: type, where: str, base_name: str, *also: type)
         f"{where}: a subclass of {base_name} ({kind.__qualname__}) may compute something else: transcover reads "
         f"only {base_name} itself; rebuild the model with {base_name} or name its tensors' roles (roles=)")
 
+
 # every layer-relative tensor a role reads
 _READ = frozenset(_ROLES.values()) | {"self_attn.in_proj_weight", "self_attn.in_proj_bias"}
 

@@ -111,15 +111,21 @@ def check_finite_tensor(t, name: str):  # noqa: ANN001, ANN201  (a torch.Tensor;
     return t
 
 
-def check_number(x: float, name: str, *, low: float = -math.inf, strict: bool = False) -> float:
-    """``float(x)``, or :class:`InputError` unless ``x`` is a finite real number ``>= low`` (``> low`` if ``strict``).
+def check_number(x: float, name: str, *, low: float = -math.inf, strict: bool = False,
+                 below: float = math.inf) -> float:
+    """``float(x)``, or :class:`InputError` unless ``x`` is a finite real number ``>= low`` (``> low`` if ``strict``)
+    and ``< below``.
 
     ``bool`` and strings are refused (``True`` is no factor; ``"2"`` failed later with a ``TypeError``).
     """
     v = _real(x)
-    if math.isfinite(v) and (v > low if strict else v >= low):
+    if math.isfinite(v) and (v > low if strict else v >= low) and v < below:
         return v
-    bound = "" if low == -math.inf else f" {'>' if strict else '>='} {low:g}"
+    if below < math.inf and low > -math.inf:
+        bound = f" in {'(' if strict else '['}{low:g}, {below:g})"
+    else:
+        bound = "" if low == -math.inf else f" {'>' if strict else '>='} {low:g}"
+        bound += "" if below == math.inf else f" < {below:g}"
     raise InputError(f"{name} must be a finite number{bound}, but got {name}={x!r}")
 
 

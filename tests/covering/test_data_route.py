@@ -224,7 +224,7 @@ def test_covering_bound_refuses_bad_delta_menu_size_and_data_up_front():
 
     for delta, shown in ((1.0, "1.0"), (2, "2"), (1.5, "1.5"), (math.nan, "nan"), (0, "0"), (-0.1, "-0.1"),
                          (math.inf, "inf"), (True, "True"), ("0.05", "'0.05'")):
-        _one_line_input_error(lambda: bound(delta=delta), f"delta must be a number in (0, 1), but got delta={shown}")
+        _one_line_input_error(lambda: bound(delta=delta), f"delta must be a finite number in (0, 1), but got delta={shown}")
     assert bound(delta=5e-324).value <= 1.0  # ln(1 / 5e-324) overflowed to inf; -ln(delta) = 744.4 does not
     for size in (0, -3, 0.5, 8.0, True):
         _one_line_input_error(lambda: bound(menu_size=size), f"menu_size must be a positive integer, but got "

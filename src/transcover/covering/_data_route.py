@@ -320,13 +320,7 @@ def covering_margin_bound(model, X: Tensor, y: Tensor, *, menu_size: int, xi: fl
     cfg = model.cfg
     check_supported(cfg)
     xi = check_number(xi, "xi", low=0.0, strict=True)
-    try:
-        value = check_number(delta, "delta", low=0.0, strict=True)
-    except InputError:
-        value = math.nan
-    if not value < 1.0:
-        raise InputError(f"delta must be a number in (0, 1), but got delta={delta!r}")
-    delta = value
+    delta = check_number(delta, "delta", low=0.0, strict=True, below=1.0)
     check_positive_int(menu_size, "menu_size")
     shape = f"(n, T, d_input={cfg.d_input}) with 1 <= T <= max_len={cfg.max_len}"
     if not isinstance(X, Tensor) or X.dim() != 3 or X.shape[2] != cfg.d_input:

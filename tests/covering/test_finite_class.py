@@ -247,3 +247,20 @@ def test_kl_inverse_refuses_a_complexity_beyond_float64_with_one_line():
         assert message.startswith("c must be a number >= 0 (within float64, or inf), but got c="), message
         assert "\n" not in message
     assert kl_inverse_upper(0.1, math.inf) == 1.0 and kl_inverse_upper(0.1, 10**300) == 1.0  # within float64: fine
+
+
+@pytest.mark.parametrize("delta", [0.0, 1.0, 1.5, -0.1, math.nan, math.inf, True, "0.05"])
+def test_every_delta_check_says_the_same_line(delta):
+    """The Occam, Catoni, concentration, Dudley and encoding-size functions refuse a delta outside (0, 1) (a bool or a
+    string too: ``"0.05"`` was a TypeError in ``random_sign_dimension``) with the one shared message."""
+    from transcover.approx._encodings import random_sign_dimension
+    from transcover.covering._generalisation import concentration_term
+
+    calls = [lambda: occam_complexity(10.0, 100, delta),
+             lambda: catoni_occam_bound(0.1, 10.0, 100, delta),
+             lambda: concentration_term(100.0, delta=delta),
+             lambda: random_sign_dimension(10, 0.5, failure_prob=delta),
+             lambda: random_sign_dimension(10, delta)]
+    for call in calls:
+        with pytest.raises(InputError, match=r"must be a finite number in \(0, 1\), but got"):
+            call()

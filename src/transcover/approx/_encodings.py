@@ -18,7 +18,7 @@ from fractions import Fraction
 import torch
 from torch import Tensor
 
-from .._errors import InputError, check_positive_int
+from .._errors import InputError, check_number, check_positive_int
 from .._results import Kind
 
 __all__ = [
@@ -229,10 +229,8 @@ def random_sign_dimension(n: int, delta: float, failure_prob: float = 0.01) -> i
     """
     if isinstance(n, bool) or not isinstance(n, int) or n < 2:
         raise InputError(f"n must be an integer >= 2, but got n={n!r}")
-    if not (0.0 < delta < 1.0):
-        raise InputError(f"delta must be in (0, 1), but got delta={delta!r}")
-    if not (0.0 < failure_prob < 1.0):
-        raise InputError(f"failure_prob must be in (0, 1), but got failure_prob={failure_prob!r}")
+    check_number(delta, "delta", low=0.0, strict=True, below=1.0)
+    check_number(failure_prob, "failure_prob", low=0.0, strict=True, below=1.0)
     return math.ceil(2.0 * math.log(n * n / failure_prob) / delta**2)
 
 

@@ -29,7 +29,7 @@ import struct
 from dataclasses import dataclass
 from fractions import Fraction
 
-from .._errors import InputError
+from .._errors import InputError, check_number
 from .._results import Kind
 
 __all__ = [
@@ -192,8 +192,7 @@ def occam_complexity(description_bits: float, n: int, delta: float) -> float:
         raise InputError(f"description_bits must be a finite number >= 0, but got {description_bits!r}")
     if not isinstance(n, int) or isinstance(n, bool) or n <= 0 or not _finite(n):
         raise InputError(f"n must be a positive integer (within float64), but got n={n!r}")
-    if not (_number(delta) and 0.0 < delta < 1.0):
-        raise InputError(f"delta must be in (0, 1), but got delta={delta!r}")
+    check_number(delta, "delta", low=0.0, strict=True, below=1.0)
     numerator = _up(_up(description_bits * math.log(2.0), 2) + _up(-math.log(delta), 1), 1)
     return _up(numerator / n, 1)
 
@@ -235,8 +234,7 @@ def catoni_occam_bound(train_error: float, description_bits: float, n: int, delt
     if not grid or any(not (_number(x) and _finite(x) and x > 0) for x in grid):
         raise InputError(f"C must be positive finite numbers, but got C={C!r}")
     q = _check_prob("train_error", train_error)
-    if not (_number(delta) and 0.0 < delta < 1.0):
-        raise InputError(f"delta must be in (0, 1), but got delta={delta!r}")
+    check_number(delta, "delta", low=0.0, strict=True, below=1.0)
     share = delta / len(grid)
     if Fraction(share) * len(grid) > Fraction(delta):  # each C's delta rounded down (it rounded up by up to half an
         share = math.nextafter(share, 0.0)             # ulp: far more than the log's margin where it is subnormal)

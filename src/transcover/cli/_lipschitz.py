@@ -56,8 +56,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", default=None,
                    help="local constants at real inputs: token ids (.npy int (n, T); -1 pads at row ends), "
                         "embeddings (.npy float (n, T, d); rows of NaN pad at sequence ends), a model's raw inputs "
-                        "when it has an input embedding "
-                        "(.npy float (n, T, d_in): digits rows), texts (.txt, one per line, the model's tokenizer), 'sklearn-descr' "
+                        "when it has an input embedding (.npy float (n, T, d_in): digits rows), texts (.txt, one per "
+                        "line, the model's tokenizer; blank lines are skipped, and sequences are numbered from 0 over "
+                        "the other lines), 'sklearn-descr' "
                         "(sentences of scikit-learn's dataset descriptions) or 'task' (a `transcover train` "
                         "run's own held-out inputs)")
     p.add_argument("--rho", default="1e-3",

@@ -159,9 +159,10 @@ def lipschitz(model=None, config=None, *, arch: str | None = None, allow_pickle:
             override single fields (``transcover.lipschitz(radius=4.1)``).
         lower: ``False`` skips the search (certified bounds only).
         data: token ids (.npy int (n, T)), embeddings (.npy float (n, T, d)), raw inputs of a model with
-            an input embedding (.npy float (n, T, d_in)), texts (.txt, the model's tokenizer),
+            an input embedding (.npy float (n, T, d_in)), or any of these arrays in memory (a numpy array, a torch
+            tensor or nested lists, read exactly as the .npy), texts (.txt, the model's tokenizer),
             ``"sklearn-descr"`` or ``"task"`` (a ``transcover train`` run's held-out inputs); ``rho`` one
-            radius or several (per token, l2; factors of each layer's median token norm with
+            radius or a non-empty sequence of them (per token, l2; factors of each layer's median token norm with
             ``rho_relative``), ``max_len`` truncates texts, ``limit`` keeps the first sequences;
             ``whole_network`` ("auto", "product" or "stack") adds the whole network's row per rho.
 
@@ -203,22 +204,17 @@ def lipschitz(model=None, config=None, *, arch: str | None = None, allow_pickle:
 def _lipschitz_local(model, data, *, arch, allow_pickle, strict, roles, rho, rho_relative, max_len, limit, lower, steps,
                      whole=None):
     """The ``data`` route of :func:`lipschitz`: every check (rho, data, tokenizer) before any work."""
-    import math
-
     import torch
 
     from ._api_results import LocalLipschitzResult
-    from ._errors import InputError
+    from ._errors import InputError, check_positive_int
     from .lipschitz import local_table
     from .train import load_data
 
-    rhos = [float(rho)] if isinstance(rho, (int, float)) else [float(r) for r in rho]
-    for r in rhos:
-        if not (r > 0 and math.isfinite(r)):
-            raise InputError(f"rho must be finite and > 0, but got rho={r}")
+    rhos = _radii(rho)
     for flag, v in (("max_len", max_len), ("limit", limit)):
-        if v is not None and v < 1:
-            raise InputError(f"{flag} must be >= 1, but got {flag}={v}")
+        if v is not None:
+            check_positive_int(v, flag)  # limit=1.5 failed deep in a slice (red team 216)
     if whole not in (None, "auto", "product", "stack"):
         raise InputError(f"whole_network must be 'auto', 'product' or 'stack', but got whole_network={whole!r}")
     spec = _spec(model, arch=arch, allow_pickle=allow_pickle, strict=strict, roles=roles).to_torch(torch.float64)
@@ -226,6 +222,20 @@ def _lipschitz_local(model, data, *, arch, allow_pickle, strict, roles, rho, rho
     rows = local_table(spec, seqs, rhos, lower=lower, relative=rho_relative, lower_iter=max(steps // 2, 5),
                        whole=whole)
     return LocalLipschitzResult(spec.name, len(seqs), tuple(rhos), bool(rho_relative), tuple(rows))
+
+
+def _radii(rho) -> list[float]:  # noqa: ANN001  (a number or a sequence of numbers)
+    """``rho`` as a non-empty list of finite radii > 0: one real number (a numpy scalar or 0-d tensor too) or a
+    non-empty sequence of them; a string, a bool or an empty sequence is refused in one line (red team 216: a
+    numpy scalar was "not iterable", "0.001" was read character by character, ``[]`` gave an empty table)."""
+    from ._errors import InputError, check_number
+
+    if not isinstance(rho, (str, bytes)) and (getattr(rho, "ndim", None) == 0 or not hasattr(rho, "__iter__")):
+        return [check_number(rho, "rho", low=0.0, strict=True)]
+    rhos = [] if isinstance(rho, (str, bytes)) else list(rho)
+    if not rhos:
+        raise InputError(f"rho must be a number > 0 or a non-empty sequence of them, but got rho={rho!r}")
+    return [check_number(r, "rho", low=0.0, strict=True) for r in rhos]
 
 
 def perturb(model_a, model_b, config=None, *, arch: str | None = None, allow_pickle: bool = False,

@@ -92,6 +92,41 @@ def test_lipschitz_at_the_data(models, tmp_path):
                                   "--steps", "2", "--quiet"]))
 
 
+def test_lipschitz_at_the_data_reads_any_real_rho_and_refuses_the_rest(models):
+    """Red team 216: a numpy scalar or 0-d tensor rho was "not iterable", "0.001" was read character by character,
+    ``[]`` gave an empty table and ``True`` was rho 1.0; ``limit=1.5`` failed in a slice.  Any real number (or a
+    non-empty sequence of them) is a radius; the rest is refused in one line."""
+    path, data = str(models / "ln.safetensors"), models / "emb216.npy"
+    np.save(data, np.random.default_rng(1).standard_normal((2, 3, 4)))
+    want = transcover.lipschitz(path, data=str(data), rho=1e-3, lower=False).rows
+    for rho in (np.float64(1e-3), torch.tensor(1e-3, dtype=torch.float64), [1e-3], np.array([1e-3])):
+        assert transcover.lipschitz(path, data=str(data), rho=rho, lower=False).rows == want, rho
+    for bad, needle in (("0.001", "rho must be a number > 0 or a non-empty sequence"), ([], "non-empty"),
+                        (True, "rho must be a finite number > 0"), ([1e-3, "x"], "rho must be a finite number")):
+        with pytest.raises(transcover.InputError, match=needle) as e:
+            transcover.lipschitz(path, data=str(data), rho=bad, lower=False)
+        assert "\n" not in str(e.value)
+    for bad in (1.5, True, 0):
+        with pytest.raises(transcover.InputError, match=r"limit must be a positive integer, but got limit="):
+            transcover.lipschitz(path, data=str(data), rho=1e-3, limit=bad, lower=False)
+
+
+def test_lipschitz_at_the_data_in_memory_is_the_npy(models):
+    """Red team 216: ``data=`` a numpy array failed in an elementwise comparison, a list in pathlib.  An array in
+    memory (numpy, torch, nested lists) is read exactly as the same array saved as a .npy, every check included."""
+    path, data = str(models / "ln.safetensors"), models / "emb216m.npy"
+    arr = np.random.default_rng(2).standard_normal((3, 3, 4))
+    np.save(data, arr)
+    want = transcover.lipschitz(path, data=str(data), rho=1e-3, limit=2, lower=False)
+    for given in (arr, torch.from_numpy(arr), arr.tolist()):
+        got = transcover.lipschitz(path, data=given, rho=1e-3, limit=2, lower=False)
+        assert got.rows == want.rows and got.n_sequences == want.n_sequences == 2, type(given)
+    for bad, needle in ((np.zeros((2, 3, 7)), "shape"), ([[1.0, 2.0], [3.0]], "different lengths"),
+                        (object(), "data must be a path")):
+        with pytest.raises(transcover.InputError, match=needle):
+            transcover.lipschitz(path, data=bad, rho=1e-3, lower=False)
+
+
 def test_perturb(models, tmp_path):
     a, b = str(models / "a.safetensors"), str(models / "b.safetensors")
     r = transcover.perturb(a, b, samples=1, steps=2)

@@ -41,7 +41,7 @@ def is_train_checkpoint(path: str | Path) -> bool:
 TASK_DATA = "task"
 
 
-def load_data(source, spec, data: str, *, max_len: int | None = None, limit: int | None = None) -> list:
+def load_data(source, spec, data, *, max_len: int | None = None, limit: int | None = None) -> list:
     """The sequences at which the local bounds are certified: :func:`transcover.model.load_inputs`'s
     sources, plus ``"task"``, the held-out inputs of a ``transcover train`` checkpoint's own task
     (digits test images, a sparse task's test sequences), embedded as the model embeds them.
@@ -51,7 +51,7 @@ def load_data(source, spec, data: str, *, max_len: int | None = None, limit: int
     """
     from ..model import inputs_from_array, load_inputs
 
-    if data != TASK_DATA:
+    if not (isinstance(data, str) and data == TASK_DATA):  # an array compared elementwise (red team 216)
         return load_inputs(spec, data, max_len=max_len, limit=limit)
     folder = None if source is None or not isinstance(source, (str, os.PathLike)) else checkpoint_folder(source)
     if folder is None:

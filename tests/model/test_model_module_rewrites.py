@@ -252,3 +252,49 @@ def _no_warning(fn, *args, **kwargs):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         return fn(*args, **kwargs)
+
+
+def test_a_float64_llama_or_vit_says_its_forward_rounds_to_float32_inside(transformers_mod):
+    """Red team 216: after ``.double()`` an HF Llama still casts to float32 in RMSNorm, its rotary tables and its eager
+    softmax, so ``module(x)`` is not the float64 function certified (a pair ratio of 6e9 beside a certified 8.9e6).
+    Loading such a module says so, naming the places; a float32 module, and a family without such casts, do not."""
+    tf = transformers_mod
+    cfg = tf.LlamaConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                         intermediate_size=32, attn_implementation="eager")
+    llama = tf.LlamaModel(cfg).eval()
+    with pytest.warns(TranscoverWarning, match=r"LlamaModel's own forward rounds to float32 inside \(.*LlamaRMSNorm"
+                                               r"\.forward.*\).*exact function of its weights") as got:
+        load(copy.deepcopy(llama).double())
+    assert "eager_attention_forward" in str(got[0].message) and "LlamaRotaryEmbedding" in str(got[0].message)
+    vit = tf.ViTModel(tf.ViTConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                                   image_size=8, patch_size=4, attn_implementation="eager")).double().eval()
+    with pytest.warns(TranscoverWarning, match=r"ViTModel's own forward rounds to float32 inside "
+                                               r"\(eager_attention_forward\)"):
+        load(vit)
+    assert not _no_warning(load, llama).warnings  # float32 weights: module(x) rounds at float32 everywhere anyway
+    bert = tf.BertModel(tf.BertConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                      intermediate_size=32), add_pooling_layer=False).double().eval()
+    assert not _no_warning(load, bert).warnings
+
+
+def test_a_tanh_gelu_encoder_says_torch_fast_path_computes_exact_gelu():
+    """Red team 216: in eval mode without gradients a batch_first encoder runs torch's fused fast path, which computes
+    ``nn.GELU(approximate='tanh')`` as exact GELU (outputs 2.7e-4 apart); the spec is the tanh GELU of its definition,
+    which the module computes with the fast path off."""
+    from transcover.model import transformer_forward
+
+    layer = nn.TransformerEncoderLayer(D, H, DFF, 0.0, activation=nn.GELU(approximate="tanh"), batch_first=True)
+    enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).double().eval()
+    with pytest.warns(TranscoverWarning, match=r"nn\.GELU\(approximate='tanh'\).*fast path.*exact GELU.*"
+                                               r"set_fastpath_enabled\(False\)"):
+        spec = load(enc)
+    X = torch.randn(1, 6, D, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        with torch.no_grad():
+            assert torch.allclose(enc(X)[0], transformer_forward(spec.to_torch(torch.float64), X[0]), atol=1e-12)
+    finally:
+        torch.backends.mha.set_fastpath_enabled(True)
+    slow = nn.TransformerEncoder(nn.TransformerEncoderLayer(D, H, DFF, 0.0, activation=nn.GELU(approximate="tanh")),
+                                 2, enable_nested_tensor=False).eval()  # batch_first=False: never the fast path
+    assert not _no_warning(load, slow).warnings

@@ -27,7 +27,7 @@ from ._adapters._common import check_config, with_hf_defaults
 from ._adapters._mapped import build_mapped
 from ._adapters._refused import OutsideDecompositionError
 from ._adapters._torch_encoder import exact_type
-from ._module_checks import dropout_warning, refuse_rewritten_forward
+from ._module_checks import dropout_warning, fast_path_warning, float32_warning, refuse_rewritten_forward
 from ._adapters._registry import PARTS
 from ._arrays import is_tensor
 from ._sources import StateDictSource, TensorSource, open_safetensors, parse_json, shard_paths
@@ -98,27 +98,38 @@ def load(
     if roles is not None and arch is not None:
         raise InputError("pass either arch= or roles= (a roles mapping describes the architecture itself)")
     spec = _load_any(source, arch, allow_pickle, _read_roles(roles))
-    return _finish(spec, strict, _training_notes(source) if _is_module(source) else ())
+    return _finish(spec, strict, *((_module_notes(source), _rounding_notes(source)) if _is_module(source) else ()))
 
 
-def _finish(spec: TransformerSpec, strict: bool, notes: tuple[str, ...] = ()) -> TransformerSpec:
+def _finish(spec: TransformerSpec, strict: bool, notes: tuple[str, ...] = (), said: tuple[str, ...] = ()) \
+        -> TransformerSpec:
     """Refuse (``strict``) or warn about what the adapter noticed but could represent; ``notes`` (a module in
-    training mode) are warned about and added to ``spec.warnings`` but never refused, ``strict`` or not."""
+    training mode) are warned about and added to ``spec.warnings`` but never refused, ``strict`` or not; ``said``
+    (:func:`_rounding_notes`) are only warned about."""
     if spec.warnings and strict:
         more = f"; and {len(spec.warnings) - 3} more" if len(spec.warnings) > 3 else ""
         raise InputError(f"refused (strict): {'; '.join(spec.warnings[:3])}{more}")
     if notes:
         spec = replace(spec, warnings=spec.warnings + tuple(notes))
-    for line in spec.warnings:
+    for line in spec.warnings + tuple(said):
         warnings.warn(line, TranscoverWarning, stacklevel=3)
     return spec
 
 
-def _training_notes(module: nn.Module) -> tuple[str, ...]:
+def _module_notes(module: nn.Module) -> tuple[str, ...]:
     """The dropout warning of a module in training mode (red team 210), as a tuple of lines."""
     module = getattr(module, "_orig_mod", module)
     line = dropout_warning(module, type(module).__name__)
     return () if line is None else (line,)
+
+
+def _rounding_notes(module: nn.Module) -> tuple[str, ...]:
+    """Where ``module(x)`` rounds differently from the function certified (red team 216): float32 casts inside a float64
+    module's forward, torch's encoder fast path computing a tanh GELU exactly.  Said when loaded, not recorded in
+    ``spec.warnings``: the spec is exactly the module's definition, only its evaluation differs."""
+    module = getattr(module, "_orig_mod", module)
+    lines = (check(module, type(module).__name__) for check in (float32_warning, fast_path_warning))
+    return tuple(line for line in lines if line is not None)
 
 
 def _snapshot(state) -> dict[str, object]:  # noqa: ANN001  (a state dict)
@@ -188,7 +199,8 @@ def spec_from_module(module: nn.Module, *, arch: str | None = None, strict: bool
     parametrisations and pruning (remove them first with ``torch.nn.utils.parametrize.remove_parametrizations``
     / ``torch.nn.utils.prune.remove``), forward hooks and pre-hooks, and subclasses of the supported torch
     modules (their forward may differ).  A module in training mode with dropout is analysed as its eval-mode
-    function, with a warning (``spec.warnings``).
+    function, with a warning (``spec.warnings``).  A float64 module whose forward rounds to float32 inside (HF RMSNorm,
+    rotary tables, eager softmax) and an encoder whose tanh GELU torch's fast path computes exactly are warned about.
 
     Args:
         module: an HF BERT / GPT-2 / Llama / ViT model (base or with a task head),
@@ -205,7 +217,7 @@ def spec_from_module(module: nn.Module, *, arch: str | None = None, strict: bool
             subclass of a supported torch module, parametrisations, pruning or forward hooks.
         InputError: the module has no Transformer layers; unexpected layer tensors under ``strict``.
     """
-    return _finish(_spec_from_module(module, arch=arch), strict, _training_notes(module))
+    return _finish(_spec_from_module(module, arch=arch), strict, _module_notes(module), _rounding_notes(module))
 
 
 def _spec_from_module(module: nn.Module, *, arch: str | None = None) -> TransformerSpec:

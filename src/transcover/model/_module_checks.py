@@ -13,11 +13,14 @@ invisible to it.  Red team 210 certified such modules as something else, silentl
 :func:`refuse_rewritten_forward` refuses each in one line, naming the first submodule and how to fix it; it runs
 on every path of ``load(module)`` and in the per-matrix route.  :func:`dropout_warning` is the one thing only
 warned about: a module in training mode with dropout (a fresh ``nn.TransformerEncoder`` is one) is certified as
-its eval-mode function.
+its eval-mode function; so are :func:`float32_warning` (a float64 module whose forward rounds to float32 inside)
+and :func:`fast_path_warning` (torch's encoder fast path computes a tanh GELU as exact GELU), red team 216.
 """
 
 from __future__ import annotations
 
+import inspect
+import re
 from typing import TYPE_CHECKING
 
 from .._errors import UnsupportedArchitectureError
@@ -25,7 +28,7 @@ from .._errors import UnsupportedArchitectureError
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = ["refuse_rewritten_forward", "dropout_warning"]
+__all__ = ["refuse_rewritten_forward", "dropout_warning", "float32_warning", "fast_path_warning"]
 
 # float attributes through which modules apply functional dropout in training mode (HF attention, MHA)
 _DROPOUT_ATTRS = ("dropout", "attention_dropout", "attn_dropout", "dropout_p", "dropout_prob")
@@ -116,4 +119,73 @@ def dropout_warning(module: nn.Module, name: str) -> str | None:
         if p > 0:
             return (f"{name} is in training mode with dropout p={p:g} ({sub_name or 'the module'}); what is certified "
                     "is its eval-mode function (dropout off): call .eval() to compare outputs with it")
+    return None
+
+
+# a cast to float32 inside a forward: ``.to(torch.float32)``, ``.float()``, ``softmax(..., dtype=torch.float32)``
+_TO_FLOAT32 = re.compile(r"\btorch\.float32\b|\.float\(\)|\bdtype=torch\.float\b")
+
+
+def _source(fn: object) -> str:
+    try:
+        return inspect.getsource(fn)  # type: ignore[arg-type]
+    except (OSError, TypeError):
+        return ""
+
+
+def float32_warning(module: nn.Module, name: str) -> str | None:
+    """One warning line when a float64 HF ``module``'s own forward rounds to float32 inside, naming the places.
+
+    Read from the installed transformers source of each submodule class's ``forward`` (and of its modelling file's
+    ``eager_attention_forward`` when the config runs eager attention): e.g. ``LlamaRMSNorm`` casts its input to
+    float32, ``LlamaRotaryEmbedding`` builds cos/sin in float32, eager attention takes its softmax in float32.  What
+    is certified is the exact function of the weights (red team 216: after ``.double()`` a pair of points rounding to
+    either side of a float32 number gave ``module(x)`` a ratio of 6e9 against a certified 8.9e6).
+    """
+    import sys
+
+    import torch
+
+    if not any(p.dtype == torch.float64 for p in module.parameters()):
+        return None  # float32 and lower-precision modules round at (or below) float32 everywhere anyway
+    places: list[str] = []
+    for cls in dict.fromkeys(type(m) for m in module.modules()):
+        if not cls.__module__.startswith("transformers."):
+            continue
+        forward = _source(cls.forward)
+        if _TO_FLOAT32.search(forward):
+            places.append(f"{cls.__name__}.forward")
+        eager = getattr(sys.modules.get(cls.__module__), "eager_attention_forward", None)
+        config = getattr(module, "config", None)
+        if ("eager_attention_forward" in forward and getattr(config, "_attn_implementation", None) == "eager"
+                and _TO_FLOAT32.search(_source(eager)) and "eager_attention_forward" not in places):
+            places.append("eager_attention_forward")
+    if not places:
+        return None
+    return (f"{name}'s own forward rounds to float32 inside ({', '.join(places)}) although its weights are float64; "
+            "what is certified is the exact function of its weights (its float64 evaluation, within the stated "
+            "rounding), so module(x) can differ from it by float32 rounding")
+
+
+def fast_path_warning(module: nn.Module, name: str) -> str | None:
+    """One warning line when an ``nn.TransformerEncoder(Layer)`` with ``nn.GELU(approximate="tanh")`` may take torch's
+    fused fast path, which computes exact GELU instead (Note [encoder fast path]; red team 216: outputs 2.7e-4 apart).
+
+    The conditions are those of ``TransformerEncoderLayer.forward``: batch_first, input projection biases, one
+    LayerNorm eps, an even number of heads; it then runs in eval mode without gradients.
+    """
+    from torch import nn
+
+    if not isinstance(module, (nn.TransformerEncoder, nn.TransformerEncoderLayer)):
+        return None
+    layers = [module] if isinstance(module, nn.TransformerEncoderLayer) else list(module.layers)
+    for i, layer in enumerate(layers):
+        attn = layer.self_attn
+        if (type(layer.activation) is nn.GELU and layer.activation.approximate == "tanh" and attn.batch_first
+                and attn.in_proj_bias is not None and attn._qkv_same_embed_dim and attn.num_heads % 2 == 0
+                and layer.norm1.eps == layer.norm2.eps):
+            where = "its layer" if layer is module else f"layers.{i}"
+            return (f"{name} ({where}) uses nn.GELU(approximate='tanh'), which torch's fused encoder fast path (eval "
+                    "mode, batch_first, no gradients) computes as exact GELU; what is certified is the tanh GELU of "
+                    "its definition: compare outputs with torch.backends.mha.set_fastpath_enabled(False)")
     return None

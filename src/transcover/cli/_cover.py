@@ -241,7 +241,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from ..report import (EmpiricalCoveringDisplay, atomic_write_bytes, atomic_write_text, cover_table,
-                          display_bytes, envelope_json, start_progress)
+                          display_bytes, envelope_json, print_table, start_progress)
 
     _check(args)
     tracker = start_progress(quiet=args.quiet)
@@ -253,7 +253,7 @@ def run(args: argparse.Namespace) -> int:
                           inputs=[source] if source else []) if args.json else None)
     png = display_bytes(EmpiricalCoveringDisplay.from_result(result).plot(), args.plot, fmt="png") if args.plot else None
     tracker.close()
-    Console().print(cover_table(result))
+    print_table(Console(), cover_table(result))
     if text is not None:
         atomic_write_text(args.json, text)
         print(f"wrote {args.json}", file=sys.stderr)

@@ -31,7 +31,7 @@ def finish_per_matrix(args: argparse.Namespace, result, console) -> int:
     from rich.table import Table
 
     from ..norms import PER_MATRIX_SCHEMA
-    from ..report import envelope_json, write_outputs
+    from ..report import envelope_json, print_table, write_outputs
     from ._conventions import model_inputs
 
     if args.plot or args.heads:
@@ -59,7 +59,7 @@ def finish_per_matrix(args: argparse.Namespace, result, console) -> int:
                           *(f"[{for_kind(getattr(m, k).lower, lower_kind, 5)}, "
                             f"{for_kind(getattr(m, k).upper, upper_kind, 5)}]"
                             for k in ("spectral", "frobenius", "l21")))
-        console.print(table)
+        print_table(console, table)
         if result.skipped:
             console.print(f"skipped {len(result.skipped)} tensors that are not 2-D weights (biases, norm scales, "
                           "kernels)", highlight=False, markup=False)

@@ -51,6 +51,7 @@ from ._envelope import envelope as envelope
 from ._envelope import envelope_json as envelope_json
 from ._envelope import file_sha256 as file_sha256
 from ._envelope import input_hashes as input_hashes
+from ._fit import print_table as print_table
 from ._paths import check_output_path as check_output_path
 from ._progress import close_all as close_progress_bars
 from ._progress import progress as progress
@@ -58,7 +59,7 @@ from ._progress import start_progress as start_progress
 
 __all__ += ["AnalysisDisplay", "BoundDisplay", "CoveringDisplay", "HistoryDisplay", "LipschitzDisplay",
             "PerturbationDisplay", "envelope", "envelope_json", "file_sha256", "input_hashes", "check_output_path",
-            "progress", "start_progress", "close_progress_bars"]
+            "print_table", "progress", "start_progress", "close_progress_bars"]
 
 from ._approx import AdviceDisplay as AdviceDisplay
 from ._approx import AttentionRateDisplay as AttentionRateDisplay

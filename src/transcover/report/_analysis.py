@@ -26,6 +26,8 @@ def render_analysis(result, console, *, heads: bool = False) -> None:
     from rich import box
     from rich.table import Table
 
+    from ._fit import print_table
+
     what = ("upper ends of certified intervals \\[lower, upper]" if result.mode == "certified"
             else "Lanczos ESTIMATES (--fast): not certified")
     hi, lo = ("up", "down") if result.mode == "certified" else ("near", "near")  # Note [printed bounds]
@@ -43,7 +45,7 @@ def render_analysis(result, console, *, heads: bool = False) -> None:
         table.add_column(head, justify="right", no_wrap=True, min_width=max(len(r[k]) for r in rows))
     for row in rows:
         table.add_row(*row)
-    console.print(table)
+    print_table(console, table)
     norms = Table(title="normalisation: max|γ|, ‖β‖ of the attention and FFN sub-layers' norms, "
                         "variance floor eps", box=box.SIMPLE_HEAD,
                   caption="kind: LN LayerNorm, RMS RMSNorm, Π row-wise unit-ball projection", caption_justify="left")
@@ -54,7 +56,7 @@ def render_analysis(result, console, *, heads: bool = False) -> None:
         norms.add_row(str(layer.index), layer.placement, _NORM_SHORT.get(n1.kind, n1.kind),
                       _fmt(n1.gamma_max_abs), _fmt(n1.beta_norm),
                       _fmt(n2.gamma_max_abs), _fmt(n2.beta_norm), f"{n1.eps:g}")
-    console.print(norms)
+    print_table(console, norms)
     if heads:
         for layer in result.layers:
             t = Table(title=f"layer {layer.index}: per head (lower … upper)")
@@ -69,7 +71,7 @@ def render_analysis(result, console, *, heads: bool = False) -> None:
                 if has_bias:
                     cells.append(_fmt(h.B_KQ_bias.upper, hi) if h.B_KQ_bias is not None else "")
                 t.add_row(*cells)
-            console.print(t)
+            print_table(console, t)
     if result.embeddings:
         t = Table(title="outside the decomposition (embeddings, un-embedding, heads)")
         for col in ("matrix", "shape", "‖·‖₂", "‖·‖_F", "max row ‖·‖₂"):
@@ -78,7 +80,7 @@ def render_analysis(result, console, *, heads: bool = False) -> None:
             t.add_row(e.name, "×".join(map(str, e.norms.shape)) if e.norms.shape[1] > 1 else str(e.norms.shape[0]),
                       _fmt(e.norms.spectral.upper, hi),
                       _fmt(e.norms.frobenius.upper, hi), _fmt(e.max_row_norm, hi))
-        console.print(t)
+        print_table(console, t)
     from rich.markup import escape
 
     for note in result.notes:

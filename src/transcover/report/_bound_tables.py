@@ -54,6 +54,7 @@ def render_bound(result, n_needed: float, target: float, top: int, diagnosis) ->
     from ..covering import CompositeCovering
     from .._printed import count_up, directed, log10_up, up
     from ._displays import layer_order
+    from ._fit import print_table
 
     con = Console()
     cov = result.covering
@@ -82,7 +83,7 @@ def render_bound(result, n_needed: float, target: float, top: int, diagnosis) ->
                   directed(g.rademacher.value, 4, "up") + (" (trivial 4b)" if g.rademacher.trivial else ""),
                   "yes" if g.vacuous else "no",
                   fmt_log(b.log_gap) + (f" (vacuous, raw {fmt_log(b.raw_log_gap)})" if b.vacuous else ""))
-    con.print(t)
+    print_table(con, t)
     if result.norm_grid:
         con.print(f"the gaps' class: {result.grid_norms} norms rounded up to a grid of {result.norm_grid} levels per "
                   f"octave; the level vector costs ln(1/prior) = {up(result.log_prior, 4)} nats beside ln(2/delta) "
@@ -115,7 +116,7 @@ def render_bound(result, n_needed: float, target: float, top: int, diagnosis) ->
     lt.add_column("share", justify="right")
     for layer, share in sorted(diagnosis.layers, key=lambda kv: layer_order(kv[0])):
         lt.add_row(_layer_name(layer, result.n_layers), f"{share:.3%}")
-    con.print(lt)
+    print_table(con, lt)
     from rich import box
 
     # 80 columns: light borders, the cover as its formula number.  A number is never cropped (rich

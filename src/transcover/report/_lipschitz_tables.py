@@ -39,6 +39,8 @@ def render_lipschitz(name: str, bounds, rows: list[tuple], n_layers: int) -> Non
     from rich.console import Console
     from rich.table import Table
 
+    from ._fit import print_table
+
     console = Console()
     table = Table(title=f"Lipschitz constants of {name} ({bounds.metric}, R={bounds.radius:g})")
     for col in ("layer", "component", "input radius", "certified upper", "empirical lower", "upper/lower"):
@@ -49,7 +51,7 @@ def render_lipschitz(name: str, bounds, rows: list[tuple], n_layers: int) -> Non
         table.add_row(label, comp if kind != "layer" else "[bold]whole layer[/bold]", _fmt(r, "up"), _fmt(up, "up"),
                       _fmt(lw, "down"),
                       _fmt(ratio))
-    console.print(table)
+    print_table(console, table)
     for a in bounds.upper.assumptions:
         console.print(f"  assumption: {a}")
     console.print("  upper: certified (THEORY F6/F7/F8/F14, rounding included); lower: attained by input "
@@ -75,6 +77,7 @@ def render_perturb(bound, metric: str, radius: float, samples: int, seq_len: int
     from rich.table import Table
 
     from .._printed import directed
+    from ._fit import print_table
 
     up = bound.total.value
     console = Console()
@@ -88,14 +91,14 @@ def render_perturb(bound, metric: str, radius: float, samples: int, seq_len: int
     per_layer.add_column("contribution", justify="right")
     for layer, c in bound.by_layer().items():
         per_layer.add_row({-1: "in", n_layers: "out"}.get(layer, str(layer)), directed(c, 4, "up"))
-    console.print(per_layer)
+    print_table(console, per_layer)
     if top:
         terms = Table(title=f"largest {top} terms")
         for col in ("layer", "matrix", "norm", "c_i", "||dW_i||", "c_i ||dW_i||"):
             terms.add_column(col, justify="right" if col not in ("matrix", "norm") else "left")
         for e, d, c in bound.terms()[:top]:
             terms.add_row(str(e.layer), e.role, e.norm, *(directed(v, 4, "up") for v in (e.coefficient, d, c)))
-        console.print(terms)
+        print_table(console, terms)
     for asm in bound.total.assumptions:
         console.print(f"  assumption: {asm}")
 
@@ -109,13 +112,18 @@ def perturb_payload(a, b, bound, low) -> dict[str, object]:
 
 def render_local(name: str, n_sequences: int, rows: list, rho_relative: bool) -> None:
     """The table of ``transcover lipschitz --data`` (local constants at real inputs, issue 12)."""
+    import math
+
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
-    import math
+    from ._fit import print_table
 
-    table = Table(title=f"Local Lipschitz constants of {name} at {n_sequences} sequences ((2,inf) metric)")
+    console = Console()
+    # light borders, one space between columns: the eight columns fit 80 (Note [uncropped tables])
+    table = Table(title=f"Local Lipschitz constants of {name} at {n_sequences} sequences ((2,inf) metric)",
+                  box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True)
     # with --ball-lower some rows carry the point lower beside the ball one: both are shown
     ball = any(not math.isnan(getattr(r, "point_lower", math.nan)) for r in rows)
     cols = ("rho", "layer", "component", "global (R)", "domain (sigma0)", "local (rho)",
@@ -128,7 +136,7 @@ def render_local(name: str, n_sequences: int, rows: list, rho_relative: bool) ->
         lows = ((_fmt(r.point_lower, "down"), lo) if has else (lo, "-")) if ball else (lo,)
         table.add_row(f"{r.rho_factor:g}", str(r.layer) if r.layer >= 0 else "all", r.component,
                       *(_fmt(v, "up") for v in (r.global_upper, r.domain_upper, r.local_upper)), *lows, _fmt(r.ratio))
-    console.print(table)
+    print_table(console, table)
     console.print("  certified upper bounds (THEORY F14, F17; rounding padded); local = on the ball of radius rho "
                   "around each sequence's hidden states" + (" (rho x median token norm)" if rho_relative else "")
                   + " (a layer and the network on that ball; a component on the ball its input reaches from it, "

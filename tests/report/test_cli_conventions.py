@@ -42,6 +42,24 @@ def test_every_option_has_a_help_line_and_one_spelling():
     assert "--sigma-min" in shown
 
 
+def _leaves(parser: argparse.ArgumentParser, path=()):
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subs:
+        yield path, parser
+    for action in subs:
+        for name, sub in action.choices.items():
+            yield from _leaves(sub, (*path, name))
+
+
+def test_debug_is_accepted_by_every_command_and_mode():
+    """red team 217: ``cover reference --debug`` was "unrecognized arguments: --debug" (the sub-commands below
+    a command had no --debug), while the README calls it general."""
+    parser, _ = build_parser()
+    without = [" ".join(p) for p, sub in _leaves(parser) if "--debug" not in sub._option_string_actions]
+    assert not without
+    assert len(list(_leaves(parser))) > 12  # cover's and approx's modes are among them
+
+
 def test_help_shows_defaults(capsys):
     with pytest.raises(SystemExit):
         main(["lipschitz", "--help"])

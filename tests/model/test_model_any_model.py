@@ -270,6 +270,32 @@ def test_list_archs_is_the_readme_table(capsys):
     assert block == table, "README table is stale: run PYTHONPATH=src python scripts/support_table.py"
 
 
+def test_support_table_says_how_each_family_is_selected(tmp_path, capsys):
+    """red team 217: the column read "family (`--arch`)" while `--arch mapped` and `--arch per-matrix` are refused
+    (and `--arch clip`, accepted, had no row); the refusal, printed by analyze, said "`transcover analyze` alone
+    reports per-matrix norms"."""
+    from transcover.model._adapters._registry import adapter_for
+    from transcover.model._adapters._support import families, support_table
+
+    assert support_table().startswith("| family | selected by |")
+    for fam in families():
+        row = next(line for line in support_table().splitlines() if line.startswith(f"| `{fam.name}` |"))
+        if f"`--arch {fam.name}`" in row:
+            assert adapter_for(fam.name)[0] == fam.name
+        else:
+            assert "not an `--arch` value" in row
+            with pytest.raises(UnsupportedArchitectureError):
+                adapter_for(fam.name)
+    assert "`--arch clip`" in support_table()
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.ones(2, 2)}, tmp_path / "m.safetensors")
+    assert main(["analyze", "--arch", "per-matrix", str(tmp_path / "m.safetensors")]) == 2
+    err = capsys.readouterr().err
+    assert "unsupported architecture 'per-matrix'" in err and "alone" not in err
+    assert "without --arch and --roles, `transcover analyze` reports per-matrix norms" in err
+
+
 def test_sliding_window_is_structural_and_bounds_hold_beyond_the_window(transformers_mod):
     from transcover.lipschitz import lipschitz_bounds, lipschitz_lower
     from transcover.model._compare import require_same_structure

@@ -105,7 +105,7 @@ def _unsupported(what: str) -> UnsupportedArchitectureError:
         f"unsupported architecture {what}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
         f" (also {', '.join(f'{k}->{v}' for k, v in ARCH_ALIASES.items())}); name the roles of its "
         "tensors in a mapping file (--roles roles.json, or transcover_roles.json beside the weights) "
-        "for the full analysis; `transcover analyze` alone reports per-matrix norms"
+        "for the full analysis; without --arch and --roles, `transcover analyze` reports per-matrix norms"
     )
 
 

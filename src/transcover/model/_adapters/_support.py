@@ -24,14 +24,17 @@ class Family:
     covered: str  # what of the model is inside the decomposition
     supported: list[str] = field(default_factory=list)
     refused: list[tuple[str, str]] = field(default_factory=list)  # (feature, what would be needed)
+    selected: str = ""  # how a run gets this family, where not ``--arch NAME`` (or the config's model_type)
 
 
 _FAMILIES: dict[str, Family] = {}
 
 
-def register_family(name: str, model_types: tuple[str, ...], covered: str) -> Family:
-    """Add (or return) a family; registering one twice keeps the first description."""
-    return _FAMILIES.setdefault(name, Family(name, tuple(model_types), covered))
+def register_family(name: str, model_types: tuple[str, ...], covered: str, selected: str = "") -> Family:
+    """Add (or return) a family; registering one twice keeps the first description.  ``selected``: how a run
+    gets it where ``--arch NAME`` does not (the README's column said ``--arch`` for ``mapped`` and
+    ``per-matrix``, which --arch refuses: red team 217)."""
+    return _FAMILIES.setdefault(name, Family(name, tuple(model_types), covered, selected=selected))
 
 
 def register_feature(family: str, feature: str, *, refused: str | None = None) -> None:
@@ -56,13 +59,14 @@ def _cell(text: str) -> str:
 
 def support_table() -> str:
     """The support table in Markdown: one row per family (supported features, refused features)."""
-    lines = ["| family (`--arch`) | HF `model_type` | covered by the decomposition | supported features | "
+    lines = ["| family | selected by | HF `model_type` | covered by the decomposition | supported features | "
              "refused (what would be needed) |",
-             "|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|"]
     for fam in families():
         refused = "; ".join(f"{f}: {r}" for f, r in fam.refused) or "-"
         lines.append(" | ".join([
-            f"| `{fam.name}`", ", ".join(fam.model_types) or "-", _cell(fam.covered),
+            f"| `{fam.name}`", _cell(fam.selected or f"`--arch {fam.name}` or the config's `model_type`"),
+            ", ".join(fam.model_types) or "-", _cell(fam.covered),
             _cell(", ".join(fam.supported) or "-"), _cell(refused) + " |",
         ]))
     return "\n".join(lines) + "\n"
@@ -72,6 +76,16 @@ def support_table() -> str:
 
 def _register_builtin() -> None:
     rope_scaling = "the scaled frequencies as B_KQ's supremum over relative positions"
+    # how a run gets a family other than by ``--arch NAME`` or its config's model_type
+    clip = ("`--arch {0}`, which picks this tower of a two-tower `clip` checkpoint (without it, or with `--arch "
+            "clip`, such a checkpoint is refused with this choice); a `{0}_model` config's `model_type`")
+    selected = {"clip_text": clip.format("clip_text"), "clip_vision": clip.format("clip_vision"),
+                "torch_encoder": "a `torch.nn.TransformerEncoder(Layer)` module (`load(module)`), or "
+                                 "`--arch torch_encoder`",
+                "reference": "transcover's own checkpoints (their metadata), or `--arch reference`",
+                "mapped": "`--roles FILE` (or `transcover_roles.json` beside the weights); not an `--arch` value",
+                "per-matrix": "automatic: `analyze` of a checkpoint no adapter reads and no `--roles` maps; "
+                              "not an `--arch` value"}
     for name, types, covered, yes, no in (
         ("bert", ("bert", "roberta", "xlm-roberta"), "all layers; embedding LayerNorm as input norm",
          ["post-norm LayerNorm", "q/k/v/o biases", "absolute positions (outside)", "encoder or is_decoder (causal)"],
@@ -170,7 +184,7 @@ def _register_builtin() -> None:
          ["certified spectral, Frobenius and (2,1) norms per matrix"],
          [("Lipschitz, G.3, covering bounds", "the architecture: name its roles with a mapping file")]),
     ):
-        register_family(name, types, covered)
+        register_family(name, types, covered, selected.get(name, ""))
         for feature in yes:
             register_feature(name, feature)
         for feature, need in no:

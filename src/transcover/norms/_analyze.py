@@ -112,13 +112,14 @@ class _Measurer:
                            scale_interval(fro, scale), scale_interval(l21, scale))
 
 
-def _embedding_norms(name: str, E, m: _Measurer) -> EmbeddingNorms:
-    """A matrix outside the decomposition; large numpy ones in row blocks (Note [large matrices])."""
+def _embedding_norms(name: str, E, m: _Measurer, tensor: str = "") -> EmbeddingNorms:
+    """A matrix outside the decomposition; large numpy ones in row blocks (Note [large matrices]).  ``tensor``:
+    the checkpoint tensor it comes from (the JSON's ``tensor`` was "" for every embedding: red team 217)."""
     if not m.fast and isinstance(E, np.ndarray) and E.size * 8 > BLOCK_BYTES:
         spec, fro, l21, max_row = blocked_matrix_norms(E, rtol=m.rtol)
-        return EmbeddingNorms(name, MatrixNorms(name, tuple(E.shape), spec, fro, l21), max_row)
+        return EmbeddingNorms(name, MatrixNorms(name, tuple(E.shape), spec, fro, l21, tensor), max_row)
     E = m.array(E)
-    return EmbeddingNorms(name, m.matrix(name, E), _max_row_norm(E))
+    return EmbeddingNorms(name, m.matrix(name, E, tensor), _max_row_norm(E))
 
 
 # Note [large matrices]: the token embedding (and an untied un-embedding) is the largest tensor of
@@ -418,11 +419,12 @@ def analyze_spec(
             progress(i + 1, n)
     embs = []
     if embeddings:
+        tensors = spec.config.get("embedding_names") or {}  # role -> checkpoint tensor, as --describe shows
         for name in list(spec.embeddings):
             E = spec.embeddings[name]  # read now, released after its norms
             if E.ndim != 2:
                 E = E.reshape(E.shape[0], -1)  # e.g. a patch-embedding convolution kernel
-            embs.append(_embedding_norms(name, E, m))
+            embs.append(_embedding_norms(name, E, m, str(tensors.get(name, ""))))
             del E
     if spec.head is not None:
         for j, W in enumerate(spec.head.weights):

@@ -26,12 +26,18 @@ def render_analysis(result, console, *, heads: bool = False) -> None:
     from rich import box
     from rich.table import Table
 
+    from .._results import Kind
     from ._fit import print_table
 
+    # --fast estimates the spectral norms only; the bias norms stay certified, and the gap printed is theirs
+    # (red team 217: "not certified; largest relative gap 6.8e-13" named no entry that gap belongs to)
+    kept = [k for k in _LAYER_KEYS if all(getattr(layer, k).kind is not Kind.ESTIMATE for layer in result.layers)]
     what = ("upper ends of certified intervals \\[lower, upper]" if result.mode == "certified"
-            else "Lanczos ESTIMATES (--fast): not certified")
+            else "Lanczos ESTIMATES (--fast): not certified" if not kept
+            else f"Lanczos ESTIMATES (--fast): not certified, except {', '.join(kept)}: certified intervals")
     hi, lo = ("up", "down") if result.mode == "certified" else ("near", "near")  # Note [printed bounds]
-    gaps = [getattr(layer, k).relative_gap for layer in result.layers for k in _LAYER_KEYS]
+    gap_keys = kept if kept and result.mode != "certified" else _LAYER_KEYS
+    gaps = [getattr(layer, k).relative_gap for layer in result.layers for k in gap_keys]
     gaps += [h.B_KQ.relative_gap for layer in result.layers for h in layer.heads]
     table = Table(title=f"{result.model}  ({result.arch}, {len(result.layers)} layers, "
                         f"{result.n_heads} heads x {result.d_head}, d={result.d_model})",
@@ -65,11 +71,13 @@ def render_analysis(result, console, *, heads: bool = False) -> None:
             has_bias = any(h.B_KQ_bias is not None for h in layer.heads)
             if has_bias:
                 t.add_column("B_KQ with b_Q", justify="right")
+            def ends(iv) -> str:
+                return f"{_fmt(iv.lower, lo)} … {_fmt(iv.upper, hi)}"
+
             for h in layer.heads:
-                cells = [str(h.head)] + [f"{_fmt(iv.lower, lo)} … {_fmt(iv.upper, hi)}"
-                                         for iv in (h.B_KQ, h.B_V, h.W_V)]
-                if has_bias:
-                    cells.append(_fmt(h.B_KQ_bias.upper, hi) if h.B_KQ_bias is not None else "")
+                cells = [str(h.head)] + [ends(iv) for iv in (h.B_KQ, h.B_V, h.W_V)]
+                if has_bias:  # both ends, as the title says (red team 217: the upper end alone was shown)
+                    cells.append(ends(h.B_KQ_bias) if h.B_KQ_bias is not None else "")
                 t.add_row(*cells)
             print_table(console, t)
     if result.embeddings:

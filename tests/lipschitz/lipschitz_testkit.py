@@ -369,3 +369,19 @@ def assert_stack_never_looser(new, old) -> None:  # noqa: ANN001
     assert all(bool((new.spans[k] <= old.spans[k]).all()) for k in old.spans)
     assert any(bool((new.spans[k] < old.spans[k]).any()) for k in old.spans if k[0] == 0)
     assert all(bool((a <= b).all()) for a, b in zip(new.token_radii, old.token_radii))
+
+
+def tiny_bert(path: Path, bias: float = 0.0) -> Path:
+    """A seeded random HF BERT (2 layers, hidden 64) saved at ``path``, its layer-0 attention output bias the constant
+    ``bias``: layer 0's ``norm_attn`` input then has mean ``bias`` and std about 1, the same real function (LayerNorm
+    is shift-invariant) evaluated with that much cancellation (red team 218's ``build_bias.py``)."""
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=128, max_position_embeddings=32)
+    m = BertModel(cfg, add_pooling_layer=False)
+    with torch.no_grad():
+        m.encoder.layer[0].attention.output.dense.bias.fill_(bias)
+    m.save_pretrained(path, safe_serialization=True)
+    return path

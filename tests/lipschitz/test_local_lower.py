@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -292,3 +293,62 @@ def test_ball_lower_witnesses_lie_in_the_ball_as_the_floats_hold_them(factor):
     r = ball_lower(lambda Z: layer_forward(layer, Z), X, rho, steps=6, restarts=2, pair_steps=3, pair_restarts=1)
     assert float((r.centre - X).norm(dim=-1).max()) <= rho
     assert r.value >= r.point  # the point X itself is always in the ball
+
+
+def _shifted_tokens(mean: float, T: int = 2, d: int = 64) -> torch.Tensor:
+    """Tokens of std exactly about 1 around a common offset ``mean`` (red team 218's ``t1_ln_pair.py``)."""
+    torch.manual_seed(0)
+    Z = torch.randn(T, d, dtype=torch.float64)
+    Z = Z - Z.mean(-1, keepdim=True)
+    return Z / Z.std(-1, unbiased=False, keepdim=True) + mean
+
+
+@pytest.mark.parametrize("mean, rel", [(1e7, 1e-14), (1e5, 3e-14)])
+@pytest.mark.parametrize("shadow", [False, True])
+def test_pair_noise_of_a_cancelling_layer_norm_is_no_slope(mean, rel, shadow):
+    """Red team 218: a LayerNorm of tokens with std 1 around a mean of 1e5-1e7 errs by about u |mean| in float64, and
+    the close pair (1e-2 rho apart) turned that noise into slopes of 2.24 (1e7) and 1.14 (1e5), the true constant on the
+    ball being at most 1 / (1 - rho / sqrt(d)) (the std moves by at most rho / sqrt(d)).  With a float32 shadow the
+    pairs' allowance sees the cancellation; without one, pairs this close do not count (Note [pair allowance])."""
+    d = 64
+    X = _shifted_tokens(mean, d=d)
+    fn = lambda Y: torch.nn.functional.layer_norm(Y, (d,), eps=1e-12)  # noqa: E731
+    rho = rel * float(X.norm(dim=-1).median())
+    r = ball_lower(fn, X, rho, steps=3, pair_steps=6, **({"shadow": fn} if shadow else {}))
+    assert r.value <= 1 / (1 - rho / math.sqrt(d))
+
+
+def test_the_shadow_allowance_keeps_an_ordinary_pair_value():
+    """Red team 218's allowance must not gut the pair search: on a random pre-norm layer at rho = 0.3 x the token
+    norm, where the pairs set the value, the recorded value is the pair's plain difference quotient (the points as
+    evaluated) to 1e-6, and the same as without the shadow (the separation is far above sqrt(u) there)."""
+    spec = random_spec(5, act="gelu", L=1, norm="layernorm", placement="pre", scale=1.5, d=8)
+    layer, layer32 = spec.to_torch(torch.float64).layers[0], spec.to_torch(torch.float32).layers[0]
+    X = torch.randn(5, 8, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    rho = 0.3 * float(X.norm(dim=-1).median())
+    fn = lambda Z: layer_forward(layer, Z)  # noqa: E731
+    kw = dict(steps=2, pair_steps=8, pair_restarts=2)
+    r = ball_lower(fn, X, rho, shadow=lambda Z: layer_forward(layer32, Z), **kw)
+    assert r.pair > 0 and r.method == "pair"
+    Y, Z = r.centre, r.direction
+    raw = float(((fn(Y) - fn(Z)).norm(dim=-1) / (Y - Z).norm(dim=-1).max()).max())
+    assert raw * (1 - 1e-6) <= r.pair <= raw
+    assert r.pair == pytest.approx(ball_lower(fn, X, rho, **kw).pair, rel=1e-6)
+
+
+def test_a_bias_1e6_bert_has_no_false_certificate(tmp_path):
+    """Red team 218: `transcover lipschitz bert_b6 --data ids --rho 1e-9 --rho-relative --ball-lower layers` (layer 0's
+    attention output bias 1e6: its norm's input has mean 1e6, std 1) raised the tool's own CertificateViolation, the
+    pair noise 4.02 above the certified 1.066.  Now every ball lower is at most its certified row."""
+    from lipschitz_testkit import tiny_bert
+    from transcover.lipschitz import local_table
+    from transcover.train import load_data, load_model
+
+    path = tiny_bert(tmp_path / "b6", bias=1e6)
+    np.save(tmp_path / "ids.npy", np.array([[1, 5, 7, 9]]))
+    spec = load_model(str(path)).to_torch(torch.float64)
+    seqs = load_data(str(path), spec, str(tmp_path / "ids.npy"))
+    rows = local_table(spec, seqs, [1e-9], relative=True, lower_iter=15,
+                       ball=dict(steps=3, restarts=0, pair_restarts=0, pair_steps=2, seed=0))
+    layers = [r for r in rows if r.component == "layer"]
+    assert len(layers) == 2 and all(0 < r.lower <= r.local_upper for r in layers)

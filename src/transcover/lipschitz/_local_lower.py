@@ -19,14 +19,34 @@ understates ``L`` on large balls.  Two searches attain values of ``L`` from belo
   with unit rows ``v_j`` at a point of the ball: attained.
 * (b) pairs: Adam ascent of ``||f(Y)_i - f(Z)_i|| / max_j ||Y_j - Z_j||`` over ``Y, Z`` in the ball
   (antipodal pairs along the best direction, a close pair at the best centre, random pairs), each
-  recorded ratio reduced by an allowance for the float64 error of the two evaluations
-  (``64 (T + d) u (||f(Y)_i|| + ||f(Z)_i||)`` over the separation), so tiny separations cannot pass
-  rounding noise off as slope.  By the mean-value inequality (b) never exceeds the sup in (a); it is a
-  second, derivative-free witness.
+  recorded ratio reduced by an allowance for the float64 error of the two evaluations (Note [pair
+  allowance]), so tiny separations cannot pass rounding noise off as slope.  By the mean-value
+  inequality (b) never exceeds the sup in (a); it is a second, derivative-free witness.
 
 Both are values attained by witnesses (kind: empirical lower bound); the caller compares them with a
 certified bound through ``check_certified``.  Points are kept at ``rho (1 - 1e-9)`` so that float
 rounding of the clipping never leaves the ball.
+
+Note [pair allowance] (red team 218; THEORY F30 item 7).  A recorded pair value is
+
+    max(0, ||f(Y)_i - f(Z)_i|| - a_i - e(Y)_i - e(Z)_i) / s,
+
+``s = max_j ||Y_j - Z_j||`` of the two points as evaluated (the floats ``fl(X + A)``, not the intended
+offsets), rounded up; ``a_i = 64 (T + d) u (||f(Y)_i|| + ||f(Z)_i||)`` the rounding of the output-sized
+values (the subtraction, the norms); ``e(Y)_i`` the float64 error of evaluating ``f`` at ``Y``, which an
+allowance on the output size cannot see: a LayerNorm whose input has mean 1e7 and std 1 errs by about
+``u 1e7`` times its amplification while its output has norm ``sqrt(d)``, and a close pair at 1e-2 rho
+turned that noise into slopes of 2.2 and 8 against true constants near 1.  ``e`` is measured by a float32
+shadow of the same function (``shadow``): ``e(Y)_i = 64 (u64 / u32) ||f32(Y)_i - f(Y)_i||``.  To first
+order the rounding error of an evaluation is the unit roundoff times a coefficient of the computation
+and the point, the same at both precisions; the shadow also rounds its inputs to float32, which only
+adds error (the safe side: the value gets smaller); 64 covers the spread of the coefficient between
+the two roundings.  Past first order the estimate means nothing: a shadow row that is not finite or
+errs by more than 1/16 of the row is given an infinite ``e`` (the row does not count).  Without a
+shadow, pairs closer than ``sqrt(u) (max_j ||Y_j|| + max_j ||Z_j||)`` do not count (a function whose
+float64 error is below ``sqrt(u)`` of its inputs' size times its slope cannot then double the slope).
+Search (a) differentiates in float64 (no difference quotient): on the red team's cases (LayerNorm at
+mean 1e5 and 1e7, the bias-1e6 BERT layer) its values stayed at or below the true constants.
 """
 
 from __future__ import annotations
@@ -47,6 +67,9 @@ __all__ = ["BallLower", "ball_lower", "ball_lower_sweep", "bilinear_lower", "poi
 Fn = Callable[[Tensor], Tensor]
 _U = 2.0**-53
 _SHRINK = 1 - 1e-9
+_U32 = 2.0**-24
+_SHADOW_K = 2.0**6  # Note [pair allowance]: the spread of the first-order error coefficient between two roundings
+_SHADOW_SAT = 2.0**-4  # a shadow row erring by more than this fraction of the row is past first order
 
 
 @dataclass
@@ -82,6 +105,43 @@ def _clip(D: Tensor, rho: float) -> Tensor:
 
 def _unit_rows(G: Tensor) -> Tensor:
     return G / G.norm(dim=-1, keepdim=True).clamp(min=1e-300)
+
+
+def _inner_radius(X: Tensor, rho: float) -> float:
+    """The radius for ``_clip`` inside ``B(X, rho)``: rho less what forming ``X + C`` can round by (``u (|X_j| + rho)``
+    per token), so every point searched lies in ``B(X, rho)`` as the floats hold it (red team 174: 1.000017 rho at
+    rho = 1.6e-13); 0 below the data's float resolution (only the point X itself is searched then)."""
+    return max(rho * _SHRINK - 2 * _U * (float(X.norm(dim=-1).max()) + rho), 0.0) / _SHRINK
+
+
+def _shadow_error(shadow: Fn, Y: Tensor, fY: Tensor) -> Tensor:
+    """Per output row: ``e(Y)_i``, the float64 error of ``fY = f(Y)`` estimated by the float32 ``shadow`` of ``f``
+    (Note [pair allowance]); infinite where the shadow is not finite or past first order."""
+    with torch.no_grad():
+        e = (shadow(Y.detach().float()).double() - fY).norm(dim=-1)
+    bad = ~torch.isfinite(e) | (e > _SHADOW_SAT * fY.norm(dim=-1))
+    return torch.where(bad, torch.full_like(e, math.inf), _SHADOW_K * (_U / _U32) * e)
+
+
+def _pair_quotients(Y: Tensor, Z: Tensor, fY: Tensor, fZ: Tensor, shadow: Fn | None) -> Tensor:
+    """Per output row ``i``: the recorded value of the pair ``(Y, Z)`` (the points as evaluated, ``fY = f(Y)``,
+    ``fZ = f(Z)``), an attained difference quotient less the float64 error of the two evaluations (Note [pair
+    allowance]); zeros where nothing counts.  ``shadow``: ``f`` in float32, or None."""
+    with torch.no_grad():
+        Y, Z, fY, fZ = Y.detach(), Z.detach(), fY.detach(), fZ.detach()
+        T, d = Y.shape[-2:]
+        zero = torch.zeros(fY.shape[:-1], dtype=torch.float64)
+        s = float((Y - Z).norm(dim=-1).max())  # the subtraction and the norm: (d + 3) u at most, rounded up
+        s = math.nextafter(s * (1 + (d + 6) * _U), math.inf)
+        if not (s > 0 and math.isfinite(s)):
+            return zero
+        allow = 64 * (T + d) * _U * (fY.norm(dim=-1) + fZ.norm(dim=-1))
+        if shadow is not None:
+            allow = allow + _shadow_error(shadow, Y, fY) + _shadow_error(shadow, Z, fZ)
+        elif s < math.sqrt(_U) * (float(Y.norm(dim=-1).max()) + float(Z.norm(dim=-1).max())):
+            return zero  # no shadow: a separation this small could be rounding noise (Note [pair allowance])
+        r = ((fY - fZ).norm(dim=-1) - allow).clamp(min=0.0) / s
+        return torch.where(torch.isfinite(r), r, zero)
 
 
 def _jac_step(fn: Fn, Xp: Tensor, i: int, u: Tensor, need_x: bool = True) -> tuple[Tensor, Tensor, Tensor | None]:
@@ -176,26 +236,28 @@ def _centre_ascent(fn: Fn, X: Tensor, rho: float, C: Tensor, i: int, u: Tensor, 
 
 
 def _pair_ascent(fn: Fn, X: Tensor, rho: float, A0: Tensor, B0: Tensor, i: int, steps: int, lr: float,
-                 best: list) -> None:
+                 best: list, shadow: Fn | None = None) -> None:
     """Search (b): Adam (Kingma & Ba 2015, beta = (0.9, 0.999); written out here, ``torch.optim``'s
     first step costs seconds of imports) on the ratio of row ``i`` over the pair ``(X + A, X + B)``,
-    each iterate clipped into the ball; ``best`` holds [value, token, Y, Z]."""
-    T, d = X.shape
+    each iterate clipped into the ball; ``best`` holds [value, token, Y, Z], each value recorded by
+    ``_pair_quotients`` (Note [pair allowance]; ``shadow``: ``fn`` in float32, or None)."""
     P = torch.stack([_clip(A0, rho), _clip(B0, rho)])
     m, v = torch.zeros_like(P), torch.zeros_like(P)
     for k in range(steps + 1):
         # the last pair is only evaluated (no gradient follows): no autograd graph, the same floats
         Pr = P.detach().clone().requires_grad_(k < steps)
-        fa, fb = fn(X + Pr[0]), fn(X + Pr[1])
+        Ya, Yb = X + Pr[0], X + Pr[1]
+        fa, fb = fn(Ya), fn(Yb)
         den = (Pr[0] - Pr[1]).norm(dim=-1).max()
         num = (fa - fb).norm(dim=-1)
         with torch.no_grad():
-            allow = 64 * (T + d) * _U * (fa.norm(dim=-1) + fb.norm(dim=-1))
-            r = (num - allow).clamp(min=0.0) / den
-            t = int(r.argmax())
-            val = float(r[t])
-            if math.isfinite(val) and float(den) > 0 and val > best[0]:
-                best[:] = [val, t, (X + Pr[0]).detach().clone(), (X + Pr[1]).detach().clone()]
+            # the quotient over the evaluated points bounds the recorded value: the shadow runs only where it could win
+            raw = float((num / (Ya - Yb).norm(dim=-1).max()).max())
+            if raw > best[0]:
+                r = _pair_quotients(Ya, Yb, fa, fb, shadow)
+                t = int(r.argmax())
+                if float(r[t]) > best[0]:
+                    best[:] = [float(r[t]), t, Ya.detach().clone(), Yb.detach().clone()]
         ratio = num[i] / den
         if k == steps or not bool(torch.isfinite(ratio)):
             return
@@ -208,7 +270,8 @@ def _pair_ascent(fn: Fn, X: Tensor, rho: float, A0: Tensor, B0: Tensor, i: int, 
 
 def ball_lower(fn: Fn, X: Tensor, rho: float, *, steps: int = 6, restarts: int = 1, pair_steps: int = 6,
                pair_restarts: int = 1, seed: int = 0, token: int | None = None, V: Tensor | None = None,
-               start: Tensor | None = None, point: float | None = None, image: Tensor | None = None) -> BallLower:
+               start: Tensor | None = None, point: float | None = None, image: Tensor | None = None,
+               shadow: Fn | None = None) -> BallLower:
     r"""An empirical lower bound on the (2,inf) Lipschitz constant of ``fn`` on ``B(X, rho)`` (Note
     [ball lower]):
 
@@ -220,7 +283,9 @@ def ball_lower(fn: Fn, X: Tensor, rho: float, *, steps: int = 6, restarts: int =
     a smaller ball), then ``restarts`` random points; ``token``/``V``: the point search's best row
     and direction (computed by :func:`point_lower` when not given; ``point``: its value).  ``steps``,
     ``pair_steps``: iterations per start (each about 11 and 4 forward evaluations of ``fn``); ``image``: the
-    unit vector ``(J(X) V)_token / ||.||`` of the search's first step, computed when None.  Kind:
+    unit vector ``(J(X) V)_token / ||.||`` of the search's first step, computed when None; ``shadow``: ``fn``
+    evaluated in float32 (the same weights cast), which measures the float64 error of the pairs' evaluations
+    (Note [pair allowance]; without it close pairs do not count).  Kind:
     empirical lower bound; never above a certified bound of the same quantity (callers run
     ``check_certified``).  Assumptions: ``fn`` maps (T, d) float64 to (T, d'), differentiable twice
     almost everywhere (ReLU kinks give a zero second derivative, search (b) still moves).
@@ -239,10 +304,7 @@ def ball_lower(fn: Fn, X: Tensor, rho: float, *, steps: int = 6, restarts: int =
         V = Vp if V is None else V
         point = p if point is None else point
     V = _unit_rows(V.detach().double())
-    # the search's ball: rho less what forming X + C can round by (u (|X_j| + rho) per token), so every centre and
-    # pair reported lies in B(X, rho) as the floats hold it (red team 174: 1.000017 rho at rho = 1.6e-13); below
-    # the data's float resolution only the point X itself is searched
-    inner = max(rho * _SHRINK - 2 * _U * (float(X.norm(dim=-1).max()) + rho), 0.0) / _SHRINK
+    inner = _inner_radius(X, rho)
     if inner == 0.0:
         steps = restarts = pair_steps = pair_restarts = 0
     g = torch.Generator().manual_seed(seed)
@@ -270,7 +332,7 @@ def ball_lower(fn: Fn, X: Tensor, rho: float, *, steps: int = 6, restarts: int =
             E = _unit_rows(torch.randn(X.shape, generator=g, dtype=torch.float64)) * inner
             pstarts.append((D, E, 0.05 * rho))
         for A0, B0, lr in pstarts:
-            _pair_ascent(fn, X, inner, A0, B0, tb, pair_steps, lr, pbest)
+            _pair_ascent(fn, X, inner, A0, B0, tb, pair_steps, lr, pbest, shadow)
     if pbest[0] > jbest[0]:
         value, method, tok, c, dr = pbest[0], "pair", pbest[1], pbest[2], pbest[3]
     else:

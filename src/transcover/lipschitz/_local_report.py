@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+import torch
 
 from .._results import check_certified
 from ..model import attention_forward, ffn_forward, layer_forward
@@ -156,6 +158,9 @@ def local_table(spec: TransformerSpec, seqs: list, rho_factors: list[float], *, 
     rows: list[LocalRow] = []
     cache: dict = {}
     witnesses: dict = {}  # (layer, stage, sequence) -> the point witness and the last ball's BallLower
+    # the float32 shadow of every layer the ball searches run on: it measures their pairs' float64 error (Note [pair
+    # allowance], red team 218); converted one layer at a time where it is used
+    shadow = replace(spec, layers=layers).to_torch(torch.float32) if lower and ball is not None else None
     for f in rho_factors:
         best: dict[tuple[int, str], float] = {}
         point: dict[int, float] = {}
@@ -174,9 +179,10 @@ def local_table(spec: TransformerSpec, seqs: list, rho_factors: list[float], *, 
                 if lower and ball is not None:
                     t1 = time.perf_counter()
                     names = ["layer", *(stage_functions(layer) if ball_components else ())]
+                    layer32 = shadow.layers[i]
                     for name in names:
                         r = rho if name == "layer" else ll.radii[_STAGE_BALL[layer.placement][name]]
-                        v = _ball_lower_at(layer, name, ins[name], r, ball, witnesses, (i, name, k))
+                        v = _ball_lower_at(layer, name, ins[name], r, ball, witnesses, (i, name, k), layer32)
                         balls[(i, name)] = max(balls.get((i, name), 0.0), v)
                     if timings is not None:
                         key = (f, i, "ball_lower")
@@ -262,14 +268,21 @@ def assemble_local_rows(rho_factor: float, best: dict, point: dict, lows: dict, 
     return rows
 
 
-def _ball_lower_at(layer, name: str, X, rho: float, kw: dict, witnesses: dict, key: tuple) -> float:  # noqa: ANN001
+def _stage_fn(layer, name: str):  # noqa: ANN001, ANN202
+    """The map of ``layer``'s stage ``name``, or of the whole layer (``"layer"``)."""
+    return (lambda Z: layer_forward(layer, Z)) if name == "layer" else stage_functions(layer)[name]
+
+
+def _ball_lower_at(layer, name: str, X, rho: float, kw: dict, witnesses: dict, key: tuple,  # noqa: ANN001
+                   layer32=None) -> float:  # noqa: ANN001
     """``ball_lower`` of ``layer``'s stage ``name`` (or the whole layer) on ``B(X, rho)``, started at
     the point witness of that stage and sequence (computed once) and at the best centre of the last,
     smaller ball of the same key stretched to this radius; never below that ball's value (nested
-    balls).  Returns the value (empirical lower)."""
+    balls).  ``layer32``: the same layer in float32, the pairs' shadow (Note [pair allowance]).
+    Returns the value (empirical lower)."""
     from ._local_lower import ball_lower, point_lower
 
-    fn = (lambda Z: layer_forward(layer, Z)) if name == "layer" else stage_functions(layer)[name]
+    fn = _stage_fn(layer, name)
     if not (rho > 0 and math.isfinite(rho)):
         return 0.0
     if key not in witnesses:
@@ -280,6 +293,7 @@ def _ball_lower_at(layer, name: str, X, rho: float, kw: dict, witnesses: dict, k
         floor = prev.value
         if prev.method == "jacobian":
             start = X + (rho / prev.rho) * (prev.centre - X)
-    r = ball_lower(fn, X, rho, token=tok, V=V, point=p, start=start, **kw)
+    shadow = None if layer32 is None else _stage_fn(layer32, name)
+    r = ball_lower(fn, X, rho, token=tok, V=V, point=p, start=start, shadow=shadow, **kw)
     witnesses[key] = ((p, tok, V), r if r.value >= floor or prev is None else prev)
     return max(r.value, floor)

@@ -469,3 +469,31 @@ def test_attention_sub_stage_refusal_is_reported(monkeypatch):
     assert all(math.isfinite(r.upper) for r in out)
     lines = out[0].refusals
     assert lines and all("attention at radius" in line and "LinAlgError: overflowed Gram" in line for line in lines)
+
+
+def test_stack_lower_at_a_rounding_sized_ball_stays_below_the_certificate(tmp_path, monkeypatch):
+    """Red team 218: at rho = 1e-15 x the median token norm `lipschitz --whole-network product` raised the tool's own
+    CertificateViolation (lower 22.86, certified 1.24): stack_lower divided by the intended offsets' distance while
+    fl(X + A), fl(X + B) were evaluated (a few ulps apart or equal), charged no rounding, and clipped to
+    rho (1 - 1e-12), which fl(X + A) can leave.  Now the lower is at most the certified bound and every point
+    evaluated is in the ball."""
+    import transcover.model as tm
+    from lipschitz_testkit import tiny_bert
+    from transcover.lipschitz._local import network_local
+    from transcover.model import load
+
+    spec = load(tiny_bert(tmp_path / "b0")).to_torch(torch.float64)
+    X = torch.randn(4, 64, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    rho = 1e-15 * float(X.norm(dim=-1).median())
+    seen, forward = [], tm.transformer_forward
+
+    def spy(sp, Z, **kw):  # noqa: ANN001, ANN202
+        if Z.dtype == torch.float64:
+            seen.append(Z.detach().clone())
+        return forward(sp, Z, **kw)
+
+    monkeypatch.setattr(tm, "transformer_forward", spy)
+    lo = stack_lower(spec, X, rho, restarts=2, steps=10, form_blocks=False)
+    monkeypatch.undo()
+    assert 0 < lo <= network_local(spec, X, rho, route="product").upper
+    assert seen and max(float((Z - X).norm(dim=-1).max()) for Z in seen) <= rho

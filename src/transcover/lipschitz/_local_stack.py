@@ -55,6 +55,7 @@ from ._local_attn_gram_rest import gram_factors, head_block_norms
 from ._local_attn_psd import PSD_MAX_TOKENS, KeyImages, form_rows, psd_rest_rows
 from ._local_attn_rest import attn_rest_data, joint_rest_rows, piecewise_rest_rows, segment_rest_heads
 from ._local_drift import hessian_ball_sup
+from ._local_lower import _clip, _inner_radius, _pair_quotients
 from ._local_rest_rows import ffn_rest_rows as f79_ffn_rows
 from ._local_rest_rows import norm_move_forms
 from ._local_rest_rows import norm_rest_rows as f79_norm_rows
@@ -973,7 +974,9 @@ def stack_lower(spec: TransformerSpec, X: Tensor, rho: float, *, restarts: int =
     """An empirical lower estimate of the whole stack's local constant on ``B(X, rho)``, (2,inf) metric:
     the larger of the attained (2,inf) norm of the exact Jacobian at X (``row_norm_lower`` on its
     blocks, alternating maximisation with restarts) and a float64 Adam ascent on the pair ratio
-    ``||f(a) - f(b)|| / ||a - b||`` over pairs in the ball (restarts).  Kind: empirical lower.
+    ``||f(a) - f(b)|| / ||a - b||`` over pairs in the ball (restarts), each pair's value that of the points as
+    evaluated less the float64 error of the two evaluations, measured by the network in float32 (Note [pair
+    allowance] in ``_local_lower``, red team 218), the pairs kept in ball's inner radius there.  Kind: empirical lower.
     ``blocks``: the Jacobian's blocks at X and their error, if the caller has them (the stack route's); without them
     they are formed by ``stack_jacobian`` (the stack route's machinery at a radius of 1e-300), or with
     ``form_blocks=False`` the Jacobian's norm is attained by autograd's power iteration instead (a product-route run
@@ -993,7 +996,12 @@ def stack_lower(spec: TransformerSpec, X: Tensor, rho: float, *, restarts: int =
     else:
         best = jacobian_operator_norm(fn, X, metric="2,inf", n_iter=iters, seed=seed)[0]
     n24 = lambda Z: Z.norm(dim=-1).max()  # noqa: E731
-    clip = lambda D: D * torch.clamp(rho * (1 - 1e-12) / pow2_norm(D, -1)[..., None].clamp(min=1e-300), max=1.0)  # noqa: E731
+    inner = _inner_radius(X, rho)  # fl(X + A) stays in the ball (red team 218: 1e-15 rho relative)
+    if inner == 0.0:
+        return best
+    clip = lambda D: _clip(D, inner)  # noqa: E731
+    spec32 = spec.to_torch(torch.float32)
+    shadow = lambda Z: transformer_forward(spec32, Z, with_head=False)  # noqa: E731
     g = torch.Generator().manual_seed(seed)
     for k in range(restarts):
         C = clip(torch.randn(X.shape, generator=g, dtype=torch.float64) * rho)
@@ -1005,10 +1013,14 @@ def stack_lower(spec: TransformerSpec, X: Tensor, rho: float, *, restarts: int =
             with torch.no_grad():
                 A.copy_(clip(A))
                 B.copy_(clip(B))
-            num, den = n24(fn(X + A) - fn(X + B)), n24(A - B)
+            Ya, Yb = X + A, X + B
+            fa, fb = fn(Ya), fn(Yb)
+            num, den = n24(fa - fb), n24(A - B)
             ratio = num / den
             if bool(torch.isfinite(ratio)) and float(den.detach()) > 1e-9 * rho:
-                best = max(best, float(ratio.detach()))
+                # the recorded value: the points as evaluated, less the evaluations' error (Note [pair allowance])
+                if float(num.detach()) / float(n24(Ya - Yb).detach()) > best:
+                    best = max(best, float(_pair_quotients(Ya, Yb, fa, fb, shadow).max()))
             opt.zero_grad()
             (-ratio).backward()
             opt.step()

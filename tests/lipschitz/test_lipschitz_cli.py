@@ -119,3 +119,29 @@ def test_an_empty_sigma_domain_is_named_and_a_huge_radius_is_no_crash(tmp_path):
     assert not any(a.startswith("EMPTY DOMAIN") for a in fine.upper.assumptions)
     huge = lipschitz_bounds(spec, radius=1e300)  # pre-norm: the norms bound every branch's input, R only the first
     assert huge.upper.value >= lipschitz_bounds(spec, radius=1.0).upper.value
+
+
+def test_an_empty_sigma_domain_has_no_empirical_lower(tmp_path):
+    """Red team 218: `lipschitz bert --radius 1 --sigma-min 0.5` (d = 64: std >= 0.5 needs norm >= 4) said EMPTY DOMAIN
+    beside the upper and still printed an empirical lower 1.99999999799602 for input_norm, from witnesses the
+    variance floor had stretched out of the radius.  A stage with an empty domain has no witness: no lower for it, its
+    layer or the network; the other stages keep theirs, every witness inside the ball and above the floor."""
+    from transcover.lipschitz import lipschitz_bounds, lipschitz_lower
+    from transcover.lipschitz._empirical import _lower, _sigma_floor_projection, stage_functions
+    from transcover.model import load
+    from transcover.scale._synthetic import write_gpt2_checkpoint
+
+    spec = load(write_gpt2_checkpoint(tmp_path / "g", d=16, layers=1, heads=2, vocab=32, positions=8)).to_torch()
+    bounds = lipschitz_bounds(spec, radius=1.0, sigma_min=0.5)  # std <= 1/4 at the first norm
+    low = lipschitz_lower(spec, bounds, seq_len=3, n_samples=2, n_steps=3)
+    assert (0, "attention") not in low and (0, "layer") not in low and (-2, "network") not in low
+    # a non-empty floor: the projection lands in both sets, and a witness outside the ball does not count
+    R, sig, d = 5.0, 0.6, 64
+    Z = torch.randn(3, 4, d, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    P = _sigma_floor_projection(sig, R)(Z / Z.norm(dim=-1, keepdim=True) * R + 3.0)  # a large mean: norm > R
+    assert float(P.norm(dim=-1).max()) <= R and float(P.std(-1, unbiased=False).min()) >= sig
+    fn = stage_functions(load(write_gpt2_checkpoint(tmp_path / "h", d=d, layers=1, heads=2, vocab=32,
+                                                    positions=8)).to_torch())[(1, "final_norm")]
+    out = lambda X: 2 * X  # noqa: E731  (every row leaves the ball of radius R)
+    assert _lower(fn, T=4, d=d, radius=R, metric="2,inf", sigma_min=sig, n_samples=2, n_steps=3, seed=0,
+                  project_extra=out) == 0.0

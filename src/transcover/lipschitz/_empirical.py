@@ -40,6 +40,7 @@ from ..model import (
     norm_forward,
     transformer_forward,
 )
+from ._compose import empty_domain_stages
 from ._weights import ROUNDING_PAD, check_radius
 
 __all__ = [
@@ -240,6 +241,8 @@ def _ascent(fn: Fn, X0: Tensor, D0: Tensor, *, radius: float, metric: str, sigma
         with torch.no_grad():
             ok = _valid(t0, sigma_min, X.shape[0]) & _valid(t1, sigma_min, X.shape[0]) & torch.isfinite(ratio)
             ok &= _metric_norm(D, metric) > 0
+            # both points in the ball as evaluated: an extra projection (the variance floor) can move rows out of it
+            ok &= (X.norm(dim=-1).amax(-1) <= radius) & ((X + D).norm(dim=-1).amax(-1) <= radius)
             if bool(ok.any()):
                 best = max(best, float(ratio[ok].max()))
         if step == n_steps:
@@ -321,12 +324,18 @@ def network_lipschitz_lower(spec: TransformerSpec, *, radius: float = 1.0, metri
     return LowerEstimate(_quantity(v, "network g_L", metric, radius, sigma_min), n_samples, n_steps)
 
 
-def _sigma_floor_projection(sigma_min: float) -> Callable[[Tensor], Tensor]:
+def _sigma_floor_projection(sigma_min: float, radius: float = math.inf) -> Callable[[Tensor], Tensor]:
+    """Rows onto ``{std >= sigma_min}`` (the centred part stretched), then their mean shrunk so that they stay in the
+    ball of ``radius`` (``||mu 1 + c||^2 = d mu^2 + ||c||^2`` for a centred ``c``; red team 218: stretched after the
+    ball's projection, witnesses left the ball).  A row whose centred part alone is outside (the floor above
+    ``radius / sqrt(d)``: no such input) stays outside, and ``_ascent`` does not count it."""
     def proj(Z: Tensor) -> Tensor:
         mu = Z.mean(-1, keepdim=True)
         s = Z.std(-1, unbiased=False, keepdim=True)
-        scale = torch.clamp(sigma_min * (1 + 1e-9) / torch.clamp(s, min=1e-300), min=1.0)
-        return mu + (Z - mu) * scale
+        C = (Z - mu) * torch.clamp(sigma_min * (1 + 1e-9) / torch.clamp(s, min=1e-300), min=1.0)
+        room = torch.clamp((radius * (1 - 1e-12)) ** 2 - C.pow(2).sum(-1, keepdim=True), min=0.0)
+        m = (room / Z.shape[-1]).sqrt()
+        return torch.maximum(torch.minimum(mu, m), -m) + C
     return proj
 
 
@@ -344,7 +353,8 @@ def lipschitz_lower(spec: TransformerSpec, bounds, *, metric: str | None = None,
 
     Returns:
         ``{(layer, name): LowerEstimate}`` with names as in ``bounds.stages``, plus
-        ``(i, "layer")`` and ``(-2, "network")``.
+        ``(i, "layer")`` and ``(-2, "network")``; none for a stage whose domain is empty (``EMPTY DOMAIN`` among the
+        upper's assumptions: no witness exists), for its layer or for the network.
 
     Raises:
         CertificateViolation: a lower estimate above its certified upper value (searched in the
@@ -357,18 +367,21 @@ def lipschitz_lower(spec: TransformerSpec, bounds, *, metric: str | None = None,
         seq_len = bounds.seq_len
     sig = bounds.sigma_min
     fns = stage_functions(spec)
+    # a stage whose domain is empty (EMPTY DOMAIN beside the upper) has no witness: no lower for it, for its layer,
+    # or for the network, whose domain it empties (red team 218: a lower 2.0 from witnesses outside the radius)
+    empty = {(st.layer, st.name) for st in empty_domain_stages(spec, bounds.stages, sig)}
     out: dict[tuple[int, str], LowerEstimate] = {}
     layer_radius = {}
     for k, st in enumerate(bounds.stages):
         layer_radius.setdefault(st.layer, st.radius_in)
         key = (st.layer, st.name)
-        if not stages or key not in fns:
+        if not stages or key not in fns or key in empty:
             continue
         norm = _stage_norm(spec, st)
-        extra = _sigma_floor_projection(sig) if (norm is not None and sig > 0
-                                                  and norm.kind is NormKind.LAYERNORM) else None
+        extra = _sigma_floor_projection(sig, st.radius_in) if (norm is not None and sig > 0
+                                                               and norm.kind is NormKind.LAYERNORM) else None
         common = dict(T=seq_len, d=spec.d_model, radius=st.radius_in, metric=metric, n_steps=n_steps,
-                      seed=seed + 17 * k, project_extra=extra, sigma_min=0.0 if extra is not None else sig)
+                      seed=seed + 17 * k, project_extra=extra, sigma_min=sig)
         v = _lower(fns[key], n_samples=n_samples, **common)
         if norm is not None and norm.kind in (NormKind.LAYERNORM, NormKind.RMSNORM):
             # Note [LayerNorm witnesses]: the constant max|gamma|/sqrt(sigma_0^2 + eps) is approached
@@ -383,13 +396,16 @@ def lipschitz_lower(spec: TransformerSpec, bounds, *, metric: str | None = None,
         out[key] = LowerEstimate(_quantity(v, f"stage {st.name} of layer {st.layer}", metric,
                                            st.radius_in, sig), n_samples, n_steps)
     for i in range(spec.n_layers):
+        if any(layer == i for layer, _ in empty):
+            continue
         v = _lower(fns[(i, "layer")], T=seq_len, d=spec.d_model, radius=layer_radius[i], metric=metric,
                    sigma_min=sig, n_samples=n_samples, n_steps=n_steps, seed=seed + 1000 + i)
         out[(i, "layer")] = LowerEstimate(_quantity(v, f"layer {i}", metric, layer_radius[i], sig),
                                           n_samples, n_steps)
-    out[(-2, "network")] = network_lipschitz_lower(spec, radius=bounds.radius, metric=metric,
-                                                   seq_len=seq_len, sigma_min=sig, n_samples=n_samples,
-                                                   n_steps=n_steps, seed=seed + 5000)
+    if not empty:
+        out[(-2, "network")] = network_lipschitz_lower(spec, radius=bounds.radius, metric=metric,
+                                                       seq_len=seq_len, sigma_min=sig, n_samples=n_samples,
+                                                       n_steps=n_steps, seed=seed + 5000)
     if metric == bounds.metric:
         _check_against(bounds, out)
     return out

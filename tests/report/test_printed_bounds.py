@@ -191,7 +191,9 @@ def test_cli_tables_print_uppers_up_and_lowers_down(tmp_path, capsys, monkeypatc
             strict += Decimal(f"{upper:.5g}") < Decimal(upper)
     assert strict > 0  # nearest would have printed some below
     heads = [c for line in printed.splitlines() for c in re.findall(r"([0-9.e+-]+) … ([0-9.e+-]+)", line)]
-    per_head = [iv for layer in layers for h in layer["heads"] for iv in (h["B_KQ"], h["B_V"], h["W_V"])]
+    # per head: B_KQ, B_V, W_V and, where the query has a bias, B_KQ with b_Q (both ends since red team 217)
+    per_head = [iv for layer in layers for h in layer["heads"]
+                for iv in (h["B_KQ"], h["B_V"], h["W_V"]) + ((h["B_KQ_bias"],) if "B_KQ_bias" in h else ())]
     assert len(heads) == len(per_head)
     for (lo, hi), iv in zip(heads, per_head):
         assert Decimal(lo) <= Decimal(iv["lower"]) and Decimal(hi) >= Decimal(iv["upper"]), (lo, hi, iv)

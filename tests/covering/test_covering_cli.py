@@ -31,9 +31,32 @@ def test_bound_prints_json_and_plot(model_path, tmp_path, capsys, monkeypatch):
     data = json.loads(js.read_text())
     assert data["with_mlp_head"] is True and math.isfinite(data["ln_log_N"])
     assert [g["n"] for g in data["generalisation"]] == [1e6, 1e9]
-    shares = [c["share"] for c in data["transformer"]["contributions"]]
+    shares = [c["share_of_transformer"] for c in data["transformer"]["contributions"]]
     assert sum(shares) == pytest.approx(1.0, rel=1e-9)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bound_json_carries_the_whole_class_terms_and_the_head(model_path, tmp_path, capsys):
+    """Red team 215: with an MLP head, ``transformer.contributions[].share`` summed to 1 over the Transformer alone
+    while the printed table and ``diagnosis.top`` gave shares of the whole class, and the head's terms, log N and C
+    were missing from the JSON.  Every ``share`` is now of the whole class; the Transformer's own is named so."""
+    js = tmp_path / "b.json"
+    assert main(["bound", str(model_path), "--seq-len", "16", "--json", str(js), "--quiet"]) == 0
+    data = json.loads(js.read_text())
+    assert data["schema_version"] == "2"
+    terms = data["class_terms"]
+    assert sum(t["share"] for t in terms) == pytest.approx(1.0, rel=1e-9)
+    head = [t for t in terms if t["layer"] == "head"]
+    assert head and all(t["log_cost"] > -math.inf for t in head)
+    share = {t["name"]: t["share"] for t in terms if t["layer"] != "head"}
+    for top in data["diagnosis"]["top"]:
+        if top["layer"] != "head":
+            assert share[top["matrix"]] == top["share"]
+    layers = {d["layer"]: d["share"] for d in data["diagnosis"]["layers"]}
+    assert sum(t["share"] for t in head) == pytest.approx(layers["head"], rel=1e-12)
+    assert math.isfinite(data["head"]["ln_log_N"]) and math.isfinite(data["head"]["ln_C"])
+    assert data["head"]["eps"] == data["eps"] / 2
+    assert all("share" not in c for c in data["transformer"]["contributions"])
 
 
 @pytest.mark.parametrize("argv, needle", [

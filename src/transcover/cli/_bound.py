@@ -142,7 +142,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         from ..report import envelope_json
 
-        outputs.append(("json", args.json, envelope_json(data, schema="transcover.bound", schema_version="1",
+        # version 2: class_terms and head added, transformer.contributions' share renamed (red team 215)
+        outputs.append(("json", args.json, envelope_json(data, schema="transcover.bound", schema_version="2",
                                                          inputs=model_inputs(args, args.model,
                                                                              *filter(None, [args.reference])))))
     if args.plot:

@@ -308,16 +308,31 @@ class ModelBound:
         return render("bound.plot", self, ax=ax)
 
     def to_dict(self) -> dict[str, object]:
-        tf = self.transformer
+        """The JSON payload of ``transcover bound`` (schema ``transcover.bound`` version 2).
+
+        Every ``share`` is of the whole class's ``log N``: ``class_terms`` lists every matrix term of it (an MLP
+        head's as layer ``"head"``, as the printed tables and ``diagnosis.top`` count them) with ``log_cost`` =
+        ln log N_i; ``head`` is Theorem G.5's MLP part (its ``ln_log_N`` at eps/2 and its Lipschitz ``ln_C``; null
+        without a head).  ``transformer.contributions`` are the Transformer's terms alone, their
+        ``share_of_transformer`` of its ``ln_log_N`` (version 1 called it ``share``: red team 215, the same key
+        meant two different shares)."""
+        tf, cov = self.transformer, self.covering
+        head = None
+        if isinstance(cov, CompositeCovering):
+            head = {"eps": cov.mlp.eps, "ln_log_N": cov.mlp.log_log_N, "ln_C": cov.log_C,
+                    "n_params": cov.mlp.n_params, "ln_leading": cov.log_leading, "kind": cov.mlp.kind.value}
         return as_dict(
             self, exclude=("covering", "bft_generalisation", "curve", "routes", "gap_curve"),
             route=self.route or self.family,
             routes_log10_log_N={k: v / math.log(10) for k, v in self.routes.items()},
             log10_log_N=self.log_log_N / math.log(10), ln_log_N=self.log_log_N,
-            with_mlp_head=isinstance(self.covering, CompositeCovering),
+            with_mlp_head=head is not None, head=head,
+            class_terms=[as_dict(c, name=name, layer=ly, share=share)
+                         for name, ly, c, share in self.class_terms()],
             transformer={"eps": tf.eps, "n_points": tf.n_points, "ln_log_N": tf.log_log_N,
                          "ln_gamma": tf.log_gamma, "ln_eta": tf.log_eta, "ln_eta_tilde": tf.log_eta_tilde,
-                         "contributions": [as_dict(c) for c in tf.contributions]},
+                         "contributions": [as_dict(c, exclude=("share",), share_of_transformer=c.share)
+                                           for c in tf.contributions]},
             bft={"log10_R_A": self.bft.log_R / math.log(10), "log10_A": self.bft.log_A / math.log(10),
                  "kind": self.bft.kind.value, "source": self.bft.source,
                  "generalisation": [g.to_dict() for g in self.bft_generalisation]},

@@ -253,3 +253,36 @@ def test_a_phase_of_unknown_size_draws_no_count():
     assert count_text(0, None) == "" and count_text(3.0, 8.0) == "3/8"
     out = _stderr_of(["cover", "reference", "--functions", "200", "--samples", "2", "--eps", "0.5"], terminal=True)
     assert "Monte Carlo covering" in out and "None" not in out
+
+
+@pytest.fixture(scope="module")
+def markup_file(ref_file, tmp_path_factory) -> Path:
+    """The reference model at a path that reads as rich markup: "[/b]" closes a tag never opened, "[red]" opens one."""
+    import shutil
+
+    folder = tmp_path_factory.mktemp("markup") / "a["
+    folder.mkdir()
+    return Path(shutil.copy(ref_file, folder / "b]m[red]z.safetensors"))
+
+
+@pytest.mark.parametrize("command", [["bound", "--json", "{tmp}/b.json"], ["analyze"], ["lipschitz", "--no-lower"]])
+def test_a_model_path_is_printed_as_written_never_read_as_markup(markup_file, tmp_path, capsys, monkeypatch, command):
+    """Red team 215: a model path "a[/b]" went into rich markup unescaped: ``bound``, ``analyze`` and ``lipschitz``
+    crashed with a MarkupError (exit 1, the JSON never written), and "m[red]z" was printed as "mz"."""
+    monkeypatch.setenv("COLUMNS", "300")
+    argv = [command[0], str(markup_file), *(a.format(tmp=tmp_path) for a in command[1:])]
+    assert main(argv) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert str(markup_file) in out
+    if command[0] == "bound":
+        assert json.loads((tmp_path / "b.json").read_text())["model"] == str(markup_file)
+
+
+def test_bound_prints_its_kind_labels(ref_file, capsys, monkeypatch):
+    """Red team 215: "<= x  [certified upper bound]" and "R_A = y [estimate]" were read as rich style tags: the labels
+    that say what the numbers are vanished from ``bound``'s text."""
+    monkeypatch.setenv("COLUMNS", "300")
+    assert main(["bound", str(ref_file)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [ln for ln in lines if "log N_inf(eps=" in ln][0].rstrip().endswith("[certified upper bound]")
+    assert "[estimate]; BFT log N" in [ln for ln in lines if "BFT spectral complexity R_A" in ln][0]

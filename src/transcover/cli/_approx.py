@@ -115,7 +115,7 @@ def _construct(args) -> int:
         from ..model import save_reference
 
         save_reference(res.construction.model, args.save)
-        console.print(f"saved {args.save}")
+        console.print(f"saved {args.save}", markup=False, highlight=False)  # a path (red team 215)
     _write_outputs(args, res.to_dict())
     return 0
 

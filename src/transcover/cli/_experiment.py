@@ -109,7 +109,7 @@ def run(args) -> int:
     atomic_write_text(out / "staged.json", data)
     if args.json:
         atomic_write_text(args.json, data)
-    console.print(f"figure: {fig}; data: {out / 'staged.json'}")
+    console.print(f"figure: {fig}; data: {out / 'staged.json'}", markup=False, highlight=False)  # paths (215)
     return 0
 
 

@@ -46,7 +46,11 @@ def finish_per_matrix(args: argparse.Namespace, result, console) -> int:
     if not args.quiet:
         for note in result.notes:
             console.print(f"note: {note}", highlight=False, markup=False)
-        table = Table(title=f"{result.model}: certified norms per matrix ({len(result.matrices)} matrices)")
+        from rich.markup import escape
+
+        # a model's path and its tensors' names are the user's text, never markup (red team 215)
+        table = Table(title=f"{escape(str(result.model))}: certified norms per matrix "
+                            f"({len(result.matrices)} matrices)")
         for col in ("matrix", "shape", "x @ W from", "‖W‖₂", "‖W‖_F", "‖W‖₂,₁"):
             table.add_column(col, justify="left" if col in ("matrix", "x @ W from") else "right")
         from .._printed import for_kind
@@ -55,8 +59,8 @@ def finish_per_matrix(args: argparse.Namespace, result, console) -> int:
         certified = "certified" in str(getattr(result.kind, "value", result.kind))
         lower_kind, upper_kind = ("certified lower bound", "certified upper bound") if certified else ("estimate",) * 2
         for m in result.matrices:
-            table.add_row(m.name, "x".join(map(str, m.shape)), m.orientation,
-                          *(f"[{for_kind(getattr(m, k).lower, lower_kind, 5)}, "
+            table.add_row(escape(m.name), "x".join(map(str, m.shape)), m.orientation,
+                          *(f"\\[{for_kind(getattr(m, k).lower, lower_kind, 5)}, "
                             f"{for_kind(getattr(m, k).upper, upper_kind, 5)}]"
                             for k in ("spectral", "frobenius", "l21")))
         print_table(console, table)

@@ -108,7 +108,7 @@ def run(args) -> int:
     for line in constraint_warnings(result):
         console.print(line, markup=False, highlight=False)
     console.print(f"history: {out / 'history.jsonl'}, {out / 'history.csv'}, {out / 'history.png'}; "
-                  f"checkpoint: {out / 'checkpoint'}")
+                  f"checkpoint: {out / 'checkpoint'}", markup=False, highlight=False)  # paths (red team 215)
     if args.json:
         atomic_write_text(args.json, envelope_json(result.to_dict(), schema="transcover.train", schema_version="1"))
     return 0

@@ -24,6 +24,7 @@ def _fmt(x: float, way: str = "near") -> str:
 def render_analysis(result, console, *, heads: bool = False) -> None:
     """Print the per-layer table (and per-head tables with ``heads=True``) to a rich console."""
     from rich import box
+    from rich.markup import escape
     from rich.table import Table
 
     from .._results import Kind
@@ -39,7 +40,8 @@ def render_analysis(result, console, *, heads: bool = False) -> None:
     gap_keys = kept if kept and result.mode != "certified" else _LAYER_KEYS
     gaps = [getattr(layer, k).relative_gap for layer in result.layers for k in gap_keys]
     gaps += [h.B_KQ.relative_gap for layer in result.layers for h in layer.heads]
-    table = Table(title=f"{result.model}  ({result.arch}, {len(result.layers)} layers, "
+    # a model's name, path or tensor name is the user's text, never markup: "a[/b]" crashed rich (red team 215)
+    table = Table(title=f"{escape(str(result.model))}  ({escape(str(result.arch))}, {len(result.layers)} layers, "
                         f"{result.n_heads} heads x {result.d_head}, d={result.d_model})",
                   caption=f"{what}; largest relative gap {max(gaps):.1e} (target {result.rtol:g}); "
                           f"{result.seconds:.2f} s",
@@ -85,12 +87,11 @@ def render_analysis(result, console, *, heads: bool = False) -> None:
         for col in ("matrix", "shape", "‖·‖₂", "‖·‖_F", "max row ‖·‖₂"):
             t.add_column(col, justify="right")
         for e in result.embeddings:
-            t.add_row(e.name, "×".join(map(str, e.norms.shape)) if e.norms.shape[1] > 1 else str(e.norms.shape[0]),
+            shape = "×".join(map(str, e.norms.shape)) if e.norms.shape[1] > 1 else str(e.norms.shape[0])
+            t.add_row(escape(e.name), shape,
                       _fmt(e.norms.spectral.upper, hi),
                       _fmt(e.norms.frobenius.upper, hi), _fmt(e.max_row_norm, hi))
         print_table(console, t)
-    from rich.markup import escape
-
     for note in result.notes:
         console.print(f"[dim]note: {escape(note)}[/dim]")
 
@@ -110,6 +111,7 @@ def analysis_csv(result) -> str:
 def analysis_sweep_table(rows: list[dict]):
     """An analyze sweep (``transcover analyze A B ...``): one row per model, the maxima over layers
     as ``[lower, upper]`` of their kind (a rich Table)."""
+    from rich.markup import escape
     from rich.table import Table
 
     kind = rows[0]["kind"]
@@ -120,8 +122,8 @@ def analysis_sweep_table(rows: list[dict]):
 
     hi, lo = ("near", "near") if kind == "estimate" else ("up", "down")  # Note [printed bounds]
     for row in rows:
-        table.add_row("" if row["step"] is None else str(row["step"]), row["model"],
-                      *(f"[{directed(row[k + '_lower'], 4, lo)}, {directed(row[k + '_upper'], 4, hi)}]"
+        table.add_row("" if row["step"] is None else str(row["step"]), escape(str(row["model"])),
+                      *(f"\\[{directed(row[k + '_lower'], 4, lo)}, {directed(row[k + '_upper'], 4, hi)}]"
                         for k in ("B_KQ", "B_V", "B_W1", "B_W2")))
     return table
 

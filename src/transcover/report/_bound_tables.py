@@ -49,6 +49,7 @@ def render_bound(result, n_needed: float, target: float, top: int, diagnosis) ->
     import math
 
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from ..covering import CompositeCovering
@@ -58,9 +59,11 @@ def render_bound(result, n_needed: float, target: float, top: int, diagnosis) ->
 
     con = Console()
     cov = result.covering
-    con.print(f"[bold]{result.model}[/bold] ({result.arch}, {result.n_layers} layers): "
+    # the model's name (a path: "a[/b]" crashed rich) and any text not ours go in escaped, and the kinds' brackets
+    # are literal: "[certified upper bound]" was read as a style tag and vanished (red team 215)
+    con.print(f"[bold]{escape(str(result.model))}[/bold] ({escape(str(result.arch))}, {result.n_layers} layers): "
               f"log N_inf(eps={result.eps!r}, n={result.transformer.n_points // result.seq_len:g} x T={result.seq_len}) "
-              f"<= {fmt_log(cov.log_log_N)}  [{result.kind.value}]")
+              f"<= {fmt_log(cov.log_log_N)}  \\[{result.kind.value}]")
     if result.routes:
         others = ", ".join(f"{k} {fmt_log(v)}" for k, v in result.routes.items())
         con.print(f"  route: {result.route}" + (" (family auto: the smallest certified log N of the routes "
@@ -98,17 +101,18 @@ def render_bound(result, n_needed: float, target: float, top: int, diagnosis) ->
               else f"n needed for a gap <= {target:g}: more than 1e300")
     if diagnosis.vacuous:
         dom = ", ".join(f"n={g.n:.3g}: {d}" for g, d in zip(result.generalisation, diagnosis.dominant_term))
-        con.print(f"[bold]why vacuous[/bold]: dominant gap term ({dom}); " + (
-            "largest shares of log N: " + ", ".join(f"{m} {s:.1%} ({c.split()[0]})" for m, _, c, s, _ in diagnosis.top)
+        con.print(f"[bold]why vacuous[/bold]: dominant gap term ({escape(dom)}); " + (
+            "largest shares of log N: "
+            + ", ".join(f"{escape(m)} {s:.1%} ({c.split()[0]})" for m, _, c, s, _ in diagnosis.top)
             + "; by layer: " + ", ".join(f"{_layer_name(ly, result.n_layers)}: {s:.1%}"
                                          for ly, s in diagnosis.layers[:3])
             if diagnosis.top else "log N = 0, no matrix contributes"))
         con.print("[bold]what would tighten it[/bold] (advice):")
         for tip in diagnosis.suggestions:
-            con.print(f"  - {tip}")
+            con.print(f"  - {escape(tip)}")
     con.print("BFT baseline (an estimate, not a bound here: BFT's theorem covers feed-forward chains; the "
               "Transformer's matrices are treated as one chain without residuals, LayerNorm or softmax)")
-    con.print(f"BFT spectral complexity R_A = {fmt_log(result.bft.log_R, 'near')} [{result.bft.kind.value}]; "
+    con.print(f"BFT spectral complexity R_A = {fmt_log(result.bft.log_R, 'near')} \\[{result.bft.kind.value}]; "
               f"BFT log N ~ A/eps^2 with A = {fmt_log(result.bft.log_A, 'near')}, "
               f"ours at eps: log N * eps^2 = {fmt_log(cov.log_log_N + 2 * math.log(result.eps))}")
     lt = Table(title="share of log N by layer")
@@ -127,7 +131,7 @@ def render_bound(result, n_needed: float, target: float, top: int, diagnosis) ->
     rows = []
     for name, _, c, share in sorted(result.class_terms(), key=lambda r: r[2].log_cost, reverse=True)[:top]:
         cover = c.cover[c.cover.rfind("(") + 1:].rstrip(")") if "(" in c.cover else c.cover
-        rows.append((name.replace("layer-1.", "input."), c.group, cover, log10_up(c.log_c, decimals=2),
+        rows.append((escape(name.replace("layer-1.", "input.")), c.group, cover, log10_up(c.log_c, decimals=2),
                      fmt_log(c.log_eps_i, "near")
                      if c.log_eps_i > -700 else f"10^{c.log_eps_i / math.log(10):.1f}", fmt_log(c.log_cost),
                      f"{share:.3%}"))
@@ -145,7 +149,7 @@ def render_bound(result, n_needed: float, target: float, top: int, diagnosis) ->
     (con if con.width >= need else Console(width=need)).print(mt)
     con.print("[bold]assumptions[/bold]")
     for a in result.assumptions:
-        con.print(f"  - {a}")
+        con.print(f"  - {escape(a)}")
 
 
 def bound_png(result, n_needed: float, target: float) -> bytes:

@@ -24,6 +24,7 @@ def _q(q: float) -> str:
 
 def cover_table(result):
     """A rich Table of ``result`` (one row per eps), caption included."""
+    from rich.markup import escape
     from rich.table import Table
 
     from .._printed import for_kind
@@ -31,12 +32,12 @@ def cover_table(result):
     r = result
     if r.mode == "finite":
         M, n, b = r.shape
-        table = Table(title=f"{r.source}: M={M} functions, n={n} samples, b={b} outputs, q={_q(r.q)}")
+        table = Table(title=f"{escape(str(r.source))}: M={M} functions, n={n} samples, b={b} outputs, q={_q(r.q)}")
         for c in ("eps", "packing (lower)", "net (upper)", "log N in") + (("exact N_int",) if r.exact is not None else ()):
             table.add_column(c, justify="right")
         for i, (e, est) in enumerate(zip(r.eps, r.estimates)):
             cells = [fmt_eps(e), str(est.packing_size), str(est.net_size),
-                     f"[{for_kind(est.lower.value, est.lower.kind, 4)}, "
+                     f"\\[{for_kind(est.lower.value, est.lower.kind, 4)}, "
                      f"{for_kind(est.upper.value, est.upper.kind, 4)}]"]
             if r.exact is not None:
                 cells.append(str(r.exact[i]))
@@ -44,7 +45,7 @@ def cover_table(result):
         return table
     if r.mode == "uniform":
         M, n, _ = r.shape
-        table = Table(title=f"{r.description}\nuniform search: n={n}, M={M}, q={_q(r.q)}")
+        table = Table(title=f"{escape(r.description)}\nuniform search: n={n}, M={M}, q={_q(r.q)}")
         for c in ("eps", "random-set packings", "greedy-set packings", "best (lower N_inf(F,eps,n))"):
             table.add_column(c, justify="right")
         for e, res in zip(r.eps, r.searches):
@@ -56,7 +57,7 @@ def cover_table(result):
         return table
     mc = r.monte_carlo
     _, n, T = r.shape
-    table = Table(title=f"{r.description}\nM={mc.n_functions}, n={n} x T={T}, q={_q(r.q)}")
+    table = Table(title=f"{escape(r.description)}\nM={mc.n_functions}, n={n} x T={T}, q={_q(r.q)}")
     for c in ("eps", "packing (lower N_ext)", "net (lower packing no.)", "log N estimate", "note"):
         table.add_column(c, justify="right")
     for e, eps in enumerate(mc.eps):

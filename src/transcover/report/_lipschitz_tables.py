@@ -37,12 +37,14 @@ def lipschitz_rows(bounds, lower: dict, n_layers: int) -> list[tuple]:
 
 def render_lipschitz(name: str, bounds, rows: list[tuple], n_layers: int) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from ._fit import print_table
 
     console = Console()
-    table = Table(title=f"Lipschitz constants of {name} ({bounds.metric}, R={bounds.radius:g})")
+    # the model's name is the user's text, never markup ("a[/b]" crashed rich; red team 215)
+    table = Table(title=f"Lipschitz constants of {escape(str(name))} ({bounds.metric}, R={bounds.radius:g})")
     for col in ("layer", "component", "input radius", "certified upper", "empirical lower", "upper/lower"):
         table.add_column(col, justify="right" if col not in ("component",) else "left")
     for kind, layer, comp, r, up, lw in rows:
@@ -53,7 +55,7 @@ def render_lipschitz(name: str, bounds, rows: list[tuple], n_layers: int) -> Non
                       _fmt(ratio))
     print_table(console, table)
     for a in bounds.upper.assumptions:
-        console.print(f"  assumption: {a}")
+        console.print(f"  assumption: {a}", markup=False, highlight=False)
     console.print("  upper: certified (THEORY F6/F7/F8/F14, rounding included); lower: attained by input "
                   "pairs inside the domain (each stage searched on its own certified input radius; a norm with a "
                   "floor on std >= sigma_0 instead, its constant being the same on every radius); "
@@ -100,7 +102,7 @@ def render_perturb(bound, metric: str, radius: float, samples: int, seq_len: int
             terms.add_row(str(e.layer), e.role, e.norm, *(directed(v, 4, "up") for v in (e.coefficient, d, c)))
         print_table(console, terms)
     for asm in bound.total.assumptions:
-        console.print(f"  assumption: {asm}")
+        console.print(f"  assumption: {asm}", markup=False, highlight=False)
 
 
 def perturb_payload(a, b, bound, low) -> dict[str, object]:
@@ -116,13 +118,14 @@ def render_local(name: str, n_sequences: int, rows: list, rho_relative: bool) ->
 
     from rich import box
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from ._fit import print_table
 
     console = Console()
     # light borders, one space between columns: the eight columns fit 80 (Note [uncropped tables])
-    table = Table(title=f"Local Lipschitz constants of {name} at {n_sequences} sequences ((2,inf) metric)",
+    table = Table(title=f"Local Lipschitz constants of {escape(str(name))} at {n_sequences} sequences ((2,inf) metric)",
                   box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True)
     # with --ball-lower some rows carry the point lower beside the ball one: both are shown
     ball = any(not math.isnan(getattr(r, "point_lower", math.nan)) for r in rows)

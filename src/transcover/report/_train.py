@@ -76,12 +76,13 @@ def train_table(result, task: str):
     The radius column is the radius in force; a run stopped before its schedule ended also gets a "final
     target" column with the requested radii (red team 207: the loose radius was shown as the target).
     """
+    from rich.markup import escape
     from rich.table import Table
 
     from .._printed import for_kind
 
     final = any(_radius(r) != r["target"] for r in result.constraints.values())
-    t = Table(title=f"transcover train: {task} ({result.task_source})")
+    t = Table(title=f"transcover train: {escape(str(task))} ({escape(str(result.task_source))})")
     t.add_column("quantity")
     t.add_column("value", justify="right")
     t.add_column("radius in force", justify="right")

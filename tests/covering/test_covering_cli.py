@@ -137,3 +137,16 @@ def test_the_final_norms_share_is_named(tmp_path, capsys, monkeypatch):
     assert 2 in {c["layer"] for c in json.loads(js.read_text())["transformer"]["contributions"]}
     assert "out (final norm)" in out and "│                2 │" not in out and ", 2: " not in out
     assert "│          1 (trivial) │" in out  # the trivial gap bound is b = 1 exactly (it printed 1.001; 188)
+
+
+def test_bound_plot_of_a_model_path_holding_mathtext(model_path, tmp_path, capsys):
+    """Red team 215: ``bound --plot`` put the model's path into the figure's title as mathtext: a path holding
+    "$\\nosuchcmd{$" was an internal error (exit 1, neither the PNG nor the JSON written)."""
+    import shutil
+
+    folder = tmp_path / "m$\\nosuchcmd{$"
+    folder.mkdir()
+    path = shutil.copy(model_path, folder / "ref.safetensors")
+    js, png = tmp_path / "b.json", tmp_path / "b.png"
+    assert main(["bound", str(path), "--seq-len", "16", "--plot", str(png), "--json", str(js), "--quiet"]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and json.loads(js.read_text())["model"] == str(path)

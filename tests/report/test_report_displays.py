@@ -59,6 +59,21 @@ def test_cover_display_from_a_finite_result():
     assert display_bytes(d, "x.png").startswith(PNG)
 
 
+def test_a_name_with_mathtext_is_drawn_as_written(tmp_path):
+    """Red team 215: a path holding "$\\nosuchcmd{$" reached matplotlib's mathtext unescaped and the figure raised
+    (``cover finite FILE --plot``'s legend, ``CoveringDisplay``'s title drawn outside the report)."""
+    from transcover.covering import model_bound
+    from transcover.model import ReferenceConfig, ReferenceTransformer, reference_spec
+    from transcover.report import CoveringDisplay
+
+    name = r"m$\nosuchcmd{$"
+    d = EmpiricalCoveringDisplay(np.array([0.5, 1.0]), np.array([2.0, 1.0]), np.array([1.0, 0.5]), name).plot()
+    assert display_bytes(d, "x.png").startswith(PNG)
+    spec = reference_spec(ReferenceTransformer(ReferenceConfig(d_model=8, n_heads=2, n_layers=1, d_ff=8)), name=name)
+    c = CoveringDisplay.from_result(model_bound(spec, seq_len=4)).plot()
+    assert display_bytes(c, "x.png").startswith(PNG)
+
+
 def test_training_display_draws_sigma_against_radius():
     records = [{"step": s, "loss": 1.0 / (s + 1), "grad_norm": 1.0, "capacity": 2.0, "sigma.KQ": 1.5 - 0.1 * s,
                 "radius.KQ": 1.0} for s in range(5)]

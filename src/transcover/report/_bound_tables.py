@@ -189,7 +189,10 @@ def bound_png(result, n_needed: float, target: float) -> bytes:
     a2.set_ylabel(r"$\log_{10}$ gap bound")
     a2.set_title("generalisation gap vs n")
     a2.legend()
-    fig.suptitle(f"{result.model} ({result.arch}, {result.n_layers} layers), family={result.family}")
+    from ._html import plain
+
+    # the model's path is no mathtext: "$\\nosuchcmd{$" crashed the plot (red team 215), as the other figures plain() it
+    fig.suptitle(f"{plain(result.model)} ({plain(result.arch)}, {result.n_layers} layers), family={result.family}")
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)

@@ -336,8 +336,7 @@ def _bound(d: ReportData) -> str:
     bd = BoundDisplay.from_result(r)
     bd.top_names = [plain(n, 40) for n in bd.top_names]
     bd.title = plain(bd.title)
-    cov = CoveringDisplay.from_result(r)
-    cov.title = plain(cov.title)
+    cov = CoveringDisplay.from_result(r)  # its plot escapes the title
     figs = [html_figure(_svg(bd), f"where log N comes from {kind_badge(r.kind)}: per layer and group, log10 of "
                                   "the summed log N_i with each layer's share of the total as text (left), and the "
                                   "largest terms log N_i (right)"),

@@ -114,12 +114,14 @@ class EmpiricalCoveringDisplay:
 
     def plot(self, ax=None) -> "EmpiricalCoveringDisplay":
         from ._displays import _axes
+        from ._html import plain
 
         fig, (a,) = _axes(ax, 1, (6.0, 4.0))
         import matplotlib.ticker
 
-        a.plot(self.eps, self.upper, "o-", label=f"{self.label}: net / best")
-        a.plot(self.eps, self.lower, "v--", label=f"{self.label}: packing / random")
+        label = plain(self.label)  # a file's path: no mathtext (red team 215)
+        a.plot(self.eps, self.upper, "o-", label=f"{label}: net / best")
+        a.plot(self.eps, self.lower, "v--", label=f"{label}: packing / random")
         a.set_xscale("log")
         a.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # labelled minor ticks overlap
         a.set_xticks(list(self.eps), [fmt_eps(e) for e in self.eps])

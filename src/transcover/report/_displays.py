@@ -332,7 +332,7 @@ class CoveringDisplay:
         a.set_xscale("log")
         a.set_xlabel(r"$\varepsilon$")
         a.set_ylabel(r"$\log_{10}\,\log \mathcal{N}_\infty(\varepsilon)$")
-        a.set_title(f"covering bound\n{self.title}", fontsize=10)
+        a.set_title(f"covering bound\n{plain(self.title)}", fontsize=10)  # a model's path: no mathtext (215)
         a.legend(fontsize=8)
         a.grid(alpha=0.3)
         self.figure_, self.ax_ = fig, a

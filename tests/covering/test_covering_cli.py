@@ -150,3 +150,11 @@ def test_bound_plot_of_a_model_path_holding_mathtext(model_path, tmp_path, capsy
     js, png = tmp_path / "b.json", tmp_path / "b.png"
     assert main(["bound", str(path), "--seq-len", "16", "--plot", str(png), "--json", str(js), "--quiet"]) == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and json.loads(js.read_text())["model"] == str(path)
+
+
+def test_bound_prints_the_sample_size_exactly(model_path, capsys, monkeypatch):
+    """Red team 215: n = 110384404 was printed as 1.1e+08 (``%.3g``) beside a gap certified at the exact n."""
+    monkeypatch.setenv("COLUMNS", "250")
+    assert main(["bound", str(model_path), "--n-samples", "110384404", "--seq-len", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "n=110,384,404 x T=16" in out and "│ 110,384,404 │" in out and "1.1e+08" not in out

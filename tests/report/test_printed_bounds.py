@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transcover._printed import directed, fixed, for_kind, from_ln, log10_up
+from transcover._printed import count_exact, directed, fixed, for_kind, from_ln, log10_up
 from transcover.model import ReferenceConfig, ReferenceTransformer, reference_spec
 from transcover.report._build import ReportOptions, compute_report, render_report
 
@@ -205,3 +205,12 @@ def test_a_cell_without_a_number_prints_a_dash():
 
     assert _fmt(float("nan"), "up") == _fmt(None) == "-"
     assert _fmt(1.00001, "up") == "1.001" and _fmt(float("inf"), "up") != "-"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.floats(min_value=1.0, max_value=1e300))
+def test_a_sample_size_is_printed_exactly(n):
+    """Red team 215: n was printed with ``%.3g``; whatever n is, its printed form reads back to the same float."""
+    shown = count_exact(n)
+    assert float(shown.replace(",", "")) == n
+    assert count_exact(110384404.0) == "110,384,404" and count_exact(1e300) == "1e+300"

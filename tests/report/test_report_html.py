@@ -229,3 +229,21 @@ def test_a_norm_with_eps_0_is_reported_under_a_variance_floor(tmp_path, capsys):
     html = out.read_text()
     assert "std &gt;= 0.04" in html and "no covering bound" not in html
     assert main(["report", str(tmp_path / "eps0"), "-o", str(tmp_path / "n.html"), "--sigma-min", "nan"]) == 2
+
+
+@pytest.fixture(scope="module")
+def head_report() -> str:
+    """A model with an MLP head, reported at an eps and n that rounding would change."""
+    torch.manual_seed(0)
+    spec = reference_spec(ReferenceTransformer(ReferenceConfig(d_model=8, n_heads=2, n_layers=1, d_ff=8,
+                                                               head_hidden=(8,), max_len=5)))
+    options = ReportOptions(lower=False, seq_len=4, eps=0.123454, n_samples=110384404.0)
+    return render_report(compute_report(spec, options=options))
+
+
+def test_the_bound_section_shows_eps_and_n_as_given(head_report):
+    """Red team 215: eps 0.123454 was shown to nearest as 0.12345 (a cover at a smaller eps than certified) and
+    n = 110384404 as 1.1e+08 beside a gap certified at the exact n."""
+    text = "".join(_parse(head_report).data)
+    assert "ε = 0.123454, n = 110,384,404 × T = 4" in text
+    assert "0.12345," not in text and "1.1e+08" not in text

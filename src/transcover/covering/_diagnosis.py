@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .._printed import count_up, up
+from .._printed import count_exact, count_up, up
 from .._results import as_dict
 
 __all__ = ["Diagnosis", "diagnose"]
@@ -101,14 +101,14 @@ def _data_tips(gens, n_nv: float | None, log_prior: float) -> list[str]:  # noqa
     if over:
         form = ("3b sqrt((ln(2/delta) + ln(1/prior))/(2n)), ln(1/prior) = "
                 f"{up(log_prior, 4)} nats for the norm grid (F102)," if log_prior else "3b sqrt(ln(2/delta)/(2n))")
-        at = ", ".join(f"{up(g.concentration, 4)} at n = {g.n:g}" for g in over)
+        at = ", ".join(f"{up(g.concentration, 4)} at n = {count_exact(g.n)}" for g in over)
         tips.append(f"concentration: the term {form} is {at}, alone >= the loss range b = {b:g}: "
                     "more data lowers it as 1/sqrt(n)")
     return tips
 
 
 def _ns(ns) -> str:  # noqa: ANN001
-    return ", ".join(f"{n:g}" for n in ns)
+    return ", ".join(count_exact(n) for n in ns)  # the n given, exactly (red team 215)
 
 
 def diagnose(result, *, top: int = 3) -> Diagnosis:

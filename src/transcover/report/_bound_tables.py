@@ -53,7 +53,7 @@ def render_bound(result, n_needed: float, target: float, top: int, diagnosis) ->
     from rich.table import Table
 
     from ..covering import CompositeCovering
-    from .._printed import count_up, directed, log10_up, up
+    from .._printed import count_exact, count_up, directed, log10_up, up
     from ._displays import layer_order
     from ._fit import print_table
 
@@ -62,7 +62,7 @@ def render_bound(result, n_needed: float, target: float, top: int, diagnosis) ->
     # the model's name (a path: "a[/b]" crashed rich) and any text not ours go in escaped, and the kinds' brackets
     # are literal: "[certified upper bound]" was read as a style tag and vanished (red team 215)
     con.print(f"[bold]{escape(str(result.model))}[/bold] ({escape(str(result.arch))}, {result.n_layers} layers): "
-              f"log N_inf(eps={result.eps!r}, n={result.transformer.n_points // result.seq_len:g} x T={result.seq_len}) "
+              f"log N_inf(eps={result.eps!r}, n={count_exact(result.generalisation[0].n)} x T={result.seq_len}) "
               f"<= {fmt_log(cov.log_log_N)}  \\[{result.kind.value}]")
     if result.routes:
         others = ", ".join(f"{k} {fmt_log(v)}" for k, v in result.routes.items())
@@ -81,7 +81,7 @@ def render_bound(result, n_needed: float, target: float, top: int, diagnosis) ->
     b_loss = result.generalisation[0].loss_bound
     for g, b in zip(result.generalisation, result.bft_generalisation):
         # the trivial bound is the loss range b exactly: from its log it printed as 1.001 (red team 188)
-        t.add_row(f"{g.n:.3g}", f"{up(g.gap, 4)} (trivial)" if g.vacuous else fmt_log(g.log_gap),
+        t.add_row(count_exact(g.n), f"{up(g.gap, 4)} (trivial)" if g.vacuous else fmt_log(g.log_gap),
                   fmt_log(g.raw_log_gap),
                   directed(g.rademacher.value, 4, "up") + (" (trivial 4b)" if g.rademacher.trivial else ""),
                   "yes" if g.vacuous else "no",
@@ -100,7 +100,7 @@ def render_bound(result, n_needed: float, target: float, top: int, diagnosis) ->
     con.print(f"n needed for a gap <= {target:g}: {count_up(n_needed)}" if math.isfinite(n_needed)
               else f"n needed for a gap <= {target:g}: more than 1e300")
     if diagnosis.vacuous:
-        dom = ", ".join(f"n={g.n:.3g}: {d}" for g, d in zip(result.generalisation, diagnosis.dominant_term))
+        dom = ", ".join(f"n={count_exact(g.n)}: {d}" for g, d in zip(result.generalisation, diagnosis.dominant_term))
         con.print(f"[bold]why vacuous[/bold]: dominant gap term ({escape(dom)}); " + (
             "largest shares of log N: "
             + ", ".join(f"{escape(m)} {s:.1%} ({c.split()[0]})" for m, _, c, s, _ in diagnosis.top)
@@ -163,6 +163,8 @@ def bound_png(result, n_needed: float, target: float) -> bytes:
     import matplotlib.pyplot as plt
     import numpy as np
 
+    from .._printed import count_exact
+
     loss_bound = result.options["loss_bound"]
     curve = result.curve
     n0 = result.generalisation[0].n
@@ -177,7 +179,7 @@ def bound_png(result, n_needed: float, target: float) -> bytes:
     a1.set_xscale("log")
     a1.set_xlabel(r"$\varepsilon$")
     a1.set_ylabel(r"$\log_{10}\,\log \mathcal{N}_\infty(\varepsilon)$")
-    a1.set_title(f"covering bound, $n$={n0:.3g}, $T$={result.seq_len}")
+    a1.set_title(f"covering bound, $n$={count_exact(n0)}, $T$={result.seq_len}")
     a1.axvline(result.eps, color="grey", ls=":", label=rf"$\varepsilon$={result.eps!r}")
     a1.legend()
     a2.plot(ns, reported, "o-", ms=3, label="certified gap bound (reported: min(formula, b))")

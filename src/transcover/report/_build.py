@@ -21,7 +21,8 @@ from ._figures import figure_png, pyplot
 from ._html import fmt, kind_badge, page, plain, section, table, text
 from ._html import figure as html_figure
 from ._lipschitz_tables import lipschitz_rows
-from .._printed import log10_up, up
+from .._printed import count_exact, log10_up, up
+from ._cover import fmt_eps
 from ._progress import Tracker
 
 __all__ = ["ReportOptions", "ReportData", "compute_report", "render_report"]
@@ -354,11 +355,13 @@ def _bound(d: ReportData) -> str:
                     f"{100 * share:.3g} %") for name, ly, c, share in top],
                   numeric=(False, True, False, False, True, True),
                   caption="largest 15 contributions")
-    g_rows = [(f"{g.n:.3g}", up(g.gap, 4), log10_up(g.raw_log_gap, 5), g.vacuous) for g in r.generalisation]
+    g_rows = [(count_exact(g.n), up(g.gap, 4), log10_up(g.raw_log_gap, 5), g.vacuous) for g in r.generalisation]
     t_gen = table(("n", "gap bound (reported)", "log₁₀ raw formula", "vacuous (≥ loss range b)"), g_rows,
                   numeric=(True, True, True, False),
                   caption=f"generalisation gap, w.p. ≥ 1 − δ {kind_badge(r.kind)}")
-    head = (f"<p>log N_∞(ε = {fmt(r.eps)}, n = {fmt(r.generalisation[0].n)} × T = {r.seq_len}) ≤ "
+    # eps and n as given, exactly: eps 0.123454 was shown to nearest as 0.12345, a cover at a smaller eps than
+    # certified, and n 110384404 as 1.1e+08 (red team 215)
+    head = (f"<p>log N_∞(ε = {fmt_eps(r.eps)}, n = {count_exact(r.generalisation[0].n)} × T = {r.seq_len}) ≤ "
             f"10^{log10_up(r.log_log_N, 4)} {kind_badge(r.kind)}, family {text(r.family)}"
             + (f" (route {text(r.route)}; every route: "
                + ", ".join(f"{text(k)} 10^{log10_up(v, 4)}" for k, v in sorted(r.routes.items()))

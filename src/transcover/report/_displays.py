@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .._printed import for_kind
+from .._printed import count_exact, for_kind
 from ._figures import pyplot
 from ._html import plain
 
@@ -271,7 +271,7 @@ class BoundDisplay:
         best = sorted(terms, key=lambda r: r[2].log_cost, reverse=True)[:top]
         return cls([layer_label(i, result.n_layers) for i in layer_ids], groups, shares, ln_parts / math.log(10),
                    [name for name, *_ in best], np.array([t.log_cost / math.log(10) for _, _, t, _ in best]),
-                   f"{result.model}, eps={result.eps:g}")
+                   f"{result.model}, eps={result.eps!r}")
 
     def plot(self, ax=None) -> "BoundDisplay":
         fig, (a1, a2) = _axes(ax, 2, (12.0, 4.2))
@@ -323,12 +323,13 @@ class CoveringDisplay:
         n0 = result.generalisation[0].n if result.generalisation else 1.0
         eps = np.logspace(*decades, num) * result.eps
         vals = np.array([result.curve(float(e), n0) for e in eps]) / math.log(10)
-        return cls(eps, vals, result.eps, f"{result.model}: n={n0:.3g}, T={result.seq_len}, family={result.family}")
+        return cls(eps, vals, result.eps,
+                   f"{result.model}: n={count_exact(n0)}, T={result.seq_len}, family={result.family}")
 
     def plot(self, ax=None) -> "CoveringDisplay":
         fig, (a,) = _axes(ax, 1, (6.0, 3.8))
         a.plot(self.eps, self.log10_log_N, "o-", ms=3, label="certified upper")
-        a.axvline(self.eps0, color="grey", ls=":", label=rf"$\varepsilon$ = {self.eps0:g}")
+        a.axvline(self.eps0, color="grey", ls=":", label=rf"$\varepsilon$ = {self.eps0!r}")
         a.set_xscale("log")
         a.set_xlabel(r"$\varepsilon$")
         a.set_ylabel(r"$\log_{10}\,\log \mathcal{N}_\infty(\varepsilon)$")

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from transcover.cli import main
-from transcover.model import ReferenceConfig, ReferenceTransformer, reference_spec
+from transcover.model import ReferenceConfig, ReferenceTransformer, reference_spec, save_reference
 from transcover.report._build import ReportOptions, compute_report, render_report
 
 HOSTILE = "<script>alert(1)</script>\"'&\x00\x07\x1b[31m<img src=x onerror=alert(2)>$\\mathbf{x}$</svg>"
@@ -247,3 +247,28 @@ def test_the_bound_section_shows_eps_and_n_as_given(head_report):
     text = "".join(_parse(head_report).data)
     assert "ε = 0.123454, n = 110,384,404 × T = 4" in text
     assert "0.12345," not in text and "1.1e+08" not in text
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--n-samples", "1.5"], "--n-samples must be whole numbers >= 1, but got --n-samples=1.5"),
+    (["--n-samples", "inf"], "--n-samples must be whole numbers >= 1"),
+    (["--n-samples", "1e301"], "--n-samples must be <= 1e+300"),
+    (["--eps", "1e-310"], "--eps must be >= 4.45"),
+    (["--eps", "nan"], "--eps must be a finite number > 0"),
+])
+def test_report_checks_the_bounds_options_as_bound_does_before_loading(tmp_path, capsys, argv, needle):
+    """Red team 215: ``report`` took --n-samples 1.5, and refused inf, 1e301 and --eps 1e-310 only after loading and
+    analysing the model, in the API's names ("n_samples must be").  It shares ``bound``'s check: a model that does
+    not exist is never reached."""
+    out = tmp_path / "r.html"
+    assert main(["report", str(tmp_path / "no-such-model"), "-o", str(out), "--quiet", *argv]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1 and not out.exists()
+
+
+def test_report_refuses_a_too_long_seq_len_by_its_flag(tmp_path, capsys):
+    torch.manual_seed(0)
+    path = save_reference(ReferenceTransformer(ReferenceConfig(d_model=8, n_heads=2, n_layers=1, d_ff=8, max_len=5)),
+                          tmp_path / "m.safetensors")
+    assert main(["report", str(path), "-o", str(tmp_path / "r.html"), "--quiet", "--seq-len", "9"]) == 2
+    assert "--seq-len=9 is longer than the 5 tokens" in capsys.readouterr().err

@@ -60,31 +60,43 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="print no tables and no progress")
 
 
+def check_cover_options(*, eps: float, n_samples, seq_len: int | None, radius: float, sigma_min: float) -> None:
+    """The covering bound's options, refused in their flags' names before anything is loaded: ``bound``'s and
+    ``report``'s one check (red team 215: ``report`` took --n-samples 1.5, inf and 1e301 and --eps 1e-310 and refused
+    the last three after loading and analysing, as "n_samples must be")."""
+    from .._errors import InputError, check_number
+
+    for flag, v in (("--eps", eps), ("--radius", radius)):
+        if not (v > 0 and v < float("inf")):
+            raise InputError(f"{flag} must be a finite number > 0, but got {flag}={v}")
+    from ..covering import MAX_SAMPLES, MIN_EPS
+
+    if eps < MIN_EPS:  # the API's own check, in the option's name (red team 205)
+        raise InputError(f"--eps must be >= {MIN_EPS!r} (twice float64's smallest normal number: below it eps / 2 "
+                         f"may round), but got --eps={eps!r}")
+    for n in n_samples:
+        if not (n >= 1 and n < float("inf")) or n != int(n):  # 1.5 samples: the cover used round(nT) points (37j)
+            raise InputError(f"--n-samples must be whole numbers >= 1, but got --n-samples={n:g}")
+        if n > MAX_SAMPLES:
+            raise InputError(f"--n-samples must be <= {MAX_SAMPLES:g}, but got --n-samples={n:g}")
+    if seq_len is not None and seq_len < 1:
+        raise InputError(f"--seq-len must be >= 1, but got --seq-len={seq_len}")
+    # finite too: inf passed these checks and the API refused it by its own name ("sigma_min must be"; red team 198)
+    check_number(sigma_min, "--sigma-min", low=0.0)
+
+
 def _validate(args: argparse.Namespace) -> None:
     from .._errors import InputError, check_number
     from ..lipschitz import check_c_sm
 
     check_c_sm(args.c_sm, "--c-sm")
-    for flag, v in (("--eps", args.eps), ("--radius", args.radius),
-                    ("--loss-lipschitz", args.loss_lipschitz), ("--loss-bound", args.loss_bound)):
+    check_cover_options(eps=args.eps, n_samples=args.n_samples or (), seq_len=args.seq_len, radius=args.radius,
+                        sigma_min=args.sigma_min)
+    for flag, v in (("--loss-lipschitz", args.loss_lipschitz), ("--loss-bound", args.loss_bound)):
         if not (v > 0 and v < float("inf")):
             raise InputError(f"{flag} must be a finite number > 0, but got {flag}={v}")
-    from ..covering import MAX_SAMPLES, MIN_EPS
-
-    if args.eps < MIN_EPS:  # the API's own check, in the option's name (red team 205)
-        raise InputError(f"--eps must be >= {MIN_EPS!r} (twice float64's smallest normal number: below it eps / 2 "
-                         f"may round), but got --eps={args.eps!r}")
-    for n in args.n_samples or ():
-        if not (n >= 1 and n < float("inf")) or n != int(n):  # 1.5 samples: the cover used round(nT) points (37j)
-            raise InputError(f"--n-samples must be whole numbers >= 1, but got --n-samples={n:g}")
-        if n > MAX_SAMPLES:
-            raise InputError(f"--n-samples must be <= {MAX_SAMPLES:g}, but got --n-samples={n:g}")
-    if args.seq_len is not None and args.seq_len < 1:
-        raise InputError(f"--seq-len must be >= 1, but got --seq-len={args.seq_len}")
     if not (0 < args.delta < 1):
         raise InputError(f"--delta must be in (0, 1), but got --delta={args.delta}")
-    # finite too: inf passed these checks and the API refused it by its own name ("sigma_min must be"; red team 198)
-    check_number(args.sigma_min, "--sigma-min", low=0.0)
     if args.target_gap is not None:
         check_number(args.target_gap, "--target-gap", low=0.0, strict=True)
     from ..covering import NORM_GRID_MAX_STEPS as MAX_STEPS

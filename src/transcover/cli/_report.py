@@ -50,20 +50,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import sys
 
-    from .._errors import InputError, check_number
+    from .._errors import InputError
     from ..report import atomic_write_text, check_output_path, progress
     from ..report import ReportOptions, compute_report, render_report
     from ._conventions import load_options
 
     check_output_path(args.output, "--output", (".html", ".htm"))
-    for flag, v in (("--radius", args.radius), ("--eps", args.eps)):
-        if not (0 < v < float("inf")):
-            raise InputError(f"{flag} must be a finite number > 0, but got {flag}={v}")
-    check_number(args.sigma_min, "--sigma-min", low=0.0)
-    if not args.n_samples >= 1:
-        raise InputError(f"--n-samples must be >= 1, but got --n-samples={args.n_samples}")
-    for flag, v, lo in (("--seq-len", 1 if args.seq_len is None else args.seq_len, 1),
-                        ("--lower-samples", args.lower_samples, 1),
+    from ._bound import check_cover_options
+
+    # the covering bound's options as `bound` checks them, before anything is loaded (red team 215)
+    check_cover_options(eps=args.eps, n_samples=(args.n_samples,), seq_len=args.seq_len, radius=args.radius,
+                        sigma_min=args.sigma_min)
+    for flag, v, lo in (("--lower-samples", args.lower_samples, 1),
                         ("--lower-steps", args.lower_steps, 0)):
         if v < lo:
             raise InputError(f"{flag} must be >= {lo}, but got {flag}={v}")
@@ -82,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
                             lower_stages=args.lower_stages, sigma_min=args.sigma_min)
     with progress(quiet=args.quiet) as tracker:
         data = compute_report(args.model, **load_options(args), options=options, history=args.history, data=args.data,
-                              local=local, tracker=tracker)
+                              local=local, tracker=tracker, seq_len_option="--seq-len")
         tracker.step("rendering the figures")
         html = render_report(data)
     atomic_write_text(args.output, html)

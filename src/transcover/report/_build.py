@@ -110,10 +110,12 @@ def _checked_history(history, spec, model) -> tuple[list, list[str]]:
 
 
 def compute_report(model=None, *, arch=None, allow_pickle=False, strict=False, roles=None, options=ReportOptions(),
-                   history=None, data=None, local=None, tracker: Tracker | None = None) -> ReportData:
+                   history=None, data=None, local=None, tracker: Tracker | None = None,
+                   seq_len_option: str = "seq_len") -> ReportData:
     """Everything the report shows, computed once (``tracker`` shows the phases on a terminal).  ``arch``,
     ``allow_pickle``, ``strict``, ``roles``: how ``model`` is read (:func:`transcover.load`); a mapping file given by
-    path is hashed with the model's files."""
+    path is hashed with the model's files.  ``seq_len_option``: the name a T longer than the model covers is refused
+    in (``report`` passes "--seq-len")."""
     from ..covering import BoundConfig, NoFiniteBound, model_bound
     from ..lipschitz import class_bounds, compose, lipschitz_lower
     from ..train import load_model as load
@@ -130,7 +132,7 @@ def compute_report(model=None, *, arch=None, allow_pickle=False, strict=False, r
                                                                  strict=strict, roles=roles)
     # the defaults shrink to what the model covers: the lower search's 4 tokens too (red team 197: a 3-position
     # GPT-2 was refused for a T the user never gave)
-    options = replace(options, seq_len=sequence_length(options.seq_len, 128, "seq_len", spec),
+    options = replace(options, seq_len=sequence_length(options.seq_len, 128, seq_len_option, spec),
                       lower_seq_len=default_sequence_length(options.lower_seq_len, spec))
     records, history_notes = None, []
     if history is None and isinstance(model, (str, os.PathLike)):

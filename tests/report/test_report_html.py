@@ -272,3 +272,29 @@ def test_report_refuses_a_too_long_seq_len_by_its_flag(tmp_path, capsys):
                           tmp_path / "m.safetensors")
     assert main(["report", str(path), "-o", str(tmp_path / "r.html"), "--quiet", "--seq-len", "9"]) == 2
     assert "--seq-len=9 is longer than the 5 tokens" in capsys.readouterr().err
+
+
+def test_the_head_is_filed_under_head(head_report):
+    """Red team 215: the "all matrices" table and ``to_dataframe()``'s ``where`` filed an MLP head's matrices
+    ``mlp_head.0``, ``mlp_head.1`` under "embeddings"."""
+    from transcover.norms import analyze_spec
+
+    assert re.search(r"<tr><td[^>]*>head</td><td[^>]*>mlp_head\.0</td>", head_report)
+    assert not re.search(r"<td[^>]*>embeddings</td><td[^>]*>mlp_head", head_report)
+    torch.manual_seed(0)
+    spec = reference_spec(ReferenceTransformer(ReferenceConfig(d_model=8, n_heads=2, n_layers=1, d_ff=8,
+                                                               head_hidden=(8,))))
+    df = analyze_spec(spec).to_dataframe()
+    assert set(df[df["matrix"].str.startswith("mlp_head.")]["where"]) == {"head"}
+    assert "embeddings" not in set(df[df["matrix"].str.startswith("mlp_head.")]["where"])
+
+
+def test_a_reference_files_stored_dtypes_reach_the_model_card(tmp_path):
+    """Red team 215: the model card said "stored dtype | ?" for transcover's own models (the reference adapter's
+    spec had no storage_dtype)."""
+    from transcover.model import load
+
+    torch.manual_seed(0)
+    m = ReferenceTransformer(ReferenceConfig(d_model=8, n_heads=2, n_layers=1, d_ff=8))
+    assert load(save_reference(m, tmp_path / "a.safetensors")).config["storage_dtype"] == "float32"
+    assert load(save_reference(m.double(), tmp_path / "b.safetensors")).config["storage_dtype"] == "float64"

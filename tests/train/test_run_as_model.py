@@ -41,6 +41,15 @@ def test_load_reads_the_run_and_its_checkpoint_folder_as_the_exported_model(run)
             assert torch.equal(torch.as_tensor(v), torch.as_tensor(_flat(ref)[k])), k
 
 
+def test_the_report_names_the_checkpoints_stored_dtype(run):
+    """Red team 215: the model card of a `train` checkpoint said "stored dtype | ?"."""
+    from transcover.report._build import ReportOptions, compute_report, render_report
+
+    assert checkpoint_spec(run / "checkpoint")[0].config["storage_dtype"] == "float32"
+    html = render_report(compute_report(str(run), options=ReportOptions(lower=False)))
+    assert "<td>stored dtype</td><td>float32</td>" in html
+
+
 @pytest.mark.parametrize("argv", [["analyze"], ["analyze", "--describe"], ["lipschitz", "--no-lower"]])
 def test_commands_take_a_run_folder(run, argv, capsys):
     assert main([*argv[:1], str(run), *argv[1:]]) == 0

@@ -90,6 +90,13 @@ class TensorSource:
             self._keys_cache = cached
         return cached
 
+    def stored_dtypes(self) -> str:
+        """Every floating tensor's dtype as stored, sorted and joined ("float32"; "bfloat16, float32"), "unknown"
+        where the source does not say (an in-memory state dict)."""
+        names = {dt for dt in map(self._dtype, self.keys()) if dt is not None and (dt in _FLOAT_NAMES
+                                                                                   or dt.startswith("float"))}
+        return ", ".join(sorted(names)) or "unknown"
+
     def storage_dtype(self) -> str:
         """The dtype of the first floating tensor as stored (e.g. "float32", "bfloat16")."""
         for k in self.keys():

@@ -86,6 +86,9 @@ class LayerNorms:
                        + (() if matrices else ("matrices",)))
 
 
+HEAD_PREFIX = "mlp_head."  # an MLP head's matrix j is named HEAD_PREFIX + str(j)
+
+
 @dataclass(frozen=True)
 class EmbeddingNorms:
     """A matrix outside the seed's decomposition (embedding, un-embedding, pooler, head)."""
@@ -96,6 +99,12 @@ class EmbeddingNorms:
 
     def to_dict(self) -> dict[str, object]:
         return as_dict(self, exclude=("norms",), **self.norms.to_dict())
+
+    @property
+    def where(self) -> str:
+        """"head" for an MLP head's matrix (``analyze_spec`` names them ``mlp_head.j``), else "embeddings": the
+        tables' and ``to_dataframe()``'s ``where`` (red team 215: the head was filed under "embeddings")."""
+        return "head" if self.name.startswith(HEAD_PREFIX) else "embeddings"
 
 
 @dataclass(frozen=True)

@@ -52,8 +52,8 @@ from ._blocked import BLOCK_BYTES, blocked_matrix_norms
 from ._floating import gamma
 from ._model import (HeadMeasure, LayerMeasure, ModelNorms, NormMeasure, layer_arrays, measure_layer,
                      output_bias_enclosure)
-from ._analysis_types import (SCHEMA_VERSION, AnalysisResult, EmbeddingNorms, HeadNorms, LayerNorms, MatrixNorms,
-                              NormParams)
+from ._analysis_types import (HEAD_PREFIX, SCHEMA_VERSION, AnalysisResult, EmbeddingNorms, HeadNorms, LayerNorms,
+                              MatrixNorms, NormParams)
 
 _ZERO = Interval(0.0, 0.0, Kind.EXACT, "absent")
 
@@ -429,7 +429,7 @@ def analyze_spec(
     if spec.head is not None:
         for j, W in enumerate(spec.head.weights):
             W = m.array(W)
-            embs.append(EmbeddingNorms(f"mlp_head.{j}", m.matrix(f"mlp_head.{j}", W), _max_row_norm(W)))
+            embs.append(EmbeddingNorms(f"{HEAD_PREFIX}{j}", m.matrix(f"{HEAD_PREFIX}{j}", W), _max_row_norm(W)))
     notes = []
     if first["rope"]:
         notes.append("RoPE: B_KQ is the sup over relative positions |delta| < max_position; its upper end is "

@@ -264,7 +264,7 @@ def _analysis(d: ReportData) -> str:
                           kind_badge(m.spectral.kind)))
     for e in a.embeddings:
         m = e.norms
-        mrows.append(("embeddings", text(e.name), "–", "×".join(map(str, m.shape)),
+        mrows.append((e.where, text(e.name), "–", "×".join(map(str, m.shape)),
                       *(f"{fmt(iv.lower, 5, 'down')} … {fmt(iv.upper, 5, 'up')}"
                         for iv in (m.spectral, m.frobenius, m.l21)),
                       kind_badge(m.spectral.kind)))

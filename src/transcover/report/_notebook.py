@@ -68,7 +68,7 @@ def matrices_dataframe(result):
             rows.append(_row(layer.index, "layer", role, "", (1, width), (iv, iv, None)))
     for e in result.embeddings:
         m = e.norms
-        rows.append(_row(pd.NA, "embeddings", e.name, m.tensor, m.shape, (m.spectral, m.frobenius, m.l21)))
+        rows.append(_row(pd.NA, e.where, e.name, m.tensor, m.shape, (m.spectral, m.frobenius, m.l21)))
     df = pd.DataFrame(rows)
     df["layer"] = df["layer"].astype("Int64")
     return df

@@ -10,7 +10,7 @@ bar, a checkpoint after every epoch, ``resume=True`` to continue from the last o
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -20,7 +20,7 @@ from .._errors import InputError
 from .._results import ClippedQuantity, Kind, Quantity
 from ..constrain import ConstraintConfig, Constrainer, TrainingMonitor, constrain, find_slots, grad_norm
 from .._errors import check_positive_int, check_radius
-from ..model import ReferenceConfig, ReferenceTransformer
+from ..model import ReferenceConfig, ReferenceTransformer, open_safetensors
 from ._checkpoint import load_checkpoint, save_checkpoint
 from ._tasks import Task, load_task
 
@@ -454,4 +454,7 @@ def checkpoint_spec(folder: str | Path):
     constrain(model, config.constraint)
     load_checkpoint(folder, model)
     spec = _plain_spec(model, name=str(folder))  # named by its folder in every table, JSON and report
+    # the weights' dtypes as the checkpoint stores them (the report's model card said "?": red team 215)
+    stored = open_safetensors(folder / "model.safetensors").stored_dtypes()
+    spec = replace(spec, config={**spec.config, "storage_dtype": stored})
     return spec, int(task.X_train.shape[0]), int(task.seq_len)

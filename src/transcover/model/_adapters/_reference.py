@@ -10,6 +10,7 @@ model's spec (shared with ``reference_spec(module)``); no module is built and to
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from ..._errors import InputError
@@ -41,4 +42,6 @@ def build_reference(src: TensorSource, config: dict, name: str) -> TransformerSp
     if extra:
         raise InputError(f"reference checkpoint {name} holds tensors its configuration does not define: "
                          f"{', '.join(extra[:5])}")
-    return build_reference_spec(cfg, tensors.__getitem__, name)
+    spec = build_reference_spec(cfg, tensors.__getitem__, name)
+    # the dtypes as stored, every one of them (the model card showed "stored dtype ?": red team 215)
+    return dataclasses.replace(spec, config={**spec.config, "storage_dtype": src.stored_dtypes()})

@@ -158,3 +158,13 @@ def test_bound_prints_the_sample_size_exactly(model_path, capsys, monkeypatch):
     assert main(["bound", str(model_path), "--n-samples", "110384404", "--seq-len", "16"]) == 0
     out = capsys.readouterr().out
     assert "n=110,384,404 x T=16" in out and "│ 110,384,404 │" in out and "1.1e+08" not in out
+
+
+def test_trivial_values_are_printed_as_they_are(model_path, capsys, monkeypatch):
+    """Red team 215: the BFT-baseline column printed its trivial gap b = 1 from its log, as 1.001 (red team 188 fixed
+    only the reported gap's column), and the trivial Rademacher term 4b as 4.001."""
+    monkeypatch.setenv("COLUMNS", "250")
+    assert main(["bound", str(model_path), "--n-samples", "10", "--seq-len", "16"]) == 0
+    row = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("│") and " 10 │" in ln][0]
+    cells = [c.strip() for c in row.strip("│").split("│")]
+    assert cells[1] == "1 (trivial)" and cells[3] == "4 (trivial 4b)" and cells[5].startswith("1 (vacuous, raw ")

@@ -31,6 +31,14 @@ def _layer_name(layer: int | str, n_layers: int) -> str:
     return {-1: "input (embedding norm)", n_layers: "out (final norm)"}.get(layer, str(layer))
 
 
+def _gap(g) -> str:  # noqa: ANN001
+    """A reported gap bound as printed: a vacuous one is the loss range b exactly, printed as b (from its log it was
+    1.001 for b = 1: red team 188's gap column, 215's BFT column), any other from its log, rounded up."""
+    from .._printed import up
+
+    return up(g.gap, 4) if g.vacuous else fmt_log(g.log_gap)
+
+
 def bound_payload(result, diagnosis, n_needed: float, target: float, warnings: list[str]) -> dict[str, object]:
     """The JSON body of ``transcover bound`` (strict JSON: non-finite floats as strings)."""
     import math
@@ -80,12 +88,13 @@ def render_bound(result, n_needed: float, target: float, top: int, diagnosis) ->
         t.add_column(col, justify="right")
     b_loss = result.generalisation[0].loss_bound
     for g, b in zip(result.generalisation, result.bft_generalisation):
-        # the trivial bound is the loss range b exactly: from its log it printed as 1.001 (red team 188)
-        t.add_row(count_exact(g.n), f"{up(g.gap, 4)} (trivial)" if g.vacuous else fmt_log(g.log_gap),
+        t.add_row(count_exact(g.n), _gap(g) + (" (trivial)" if g.vacuous else ""),
                   fmt_log(g.raw_log_gap),
-                  directed(g.rademacher.value, 4, "up") + (" (trivial 4b)" if g.rademacher.trivial else ""),
+                  # Dudley's infimum at alpha = b is 4b exactly, as the gap's trivial b is (it printed 4.001)
+                  f"{up(4 * b_loss, 4)} (trivial 4b)" if g.rademacher.trivial
+                  else directed(g.rademacher.value, 4, "up"),
                   "yes" if g.vacuous else "no",
-                  fmt_log(b.log_gap) + (f" (vacuous, raw {fmt_log(b.raw_log_gap)})" if b.vacuous else ""))
+                  _gap(b) + (f" (vacuous, raw {fmt_log(b.raw_log_gap)})" if b.vacuous else ""))
     print_table(con, t)
     if result.norm_grid:
         con.print(f"the gaps' class: {result.grid_norms} norms rounded up to a grid of {result.norm_grid} levels per "

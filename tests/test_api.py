@@ -300,3 +300,20 @@ def test_to_dict_keeps_infinite_floats_and_the_envelope_writes_strings():
     doc = json.loads(envelope_json({"upper": d["upper"]}, schema="x", schema_version="1"))
     assert doc["upper"] == "inf"
     assert "already" not in _safe.__doc__ and "to_dict" in _safe.__doc__
+
+
+def test_the_bound_examples_last_line_gives_what_it_shows():
+    """Red team 215: ``transcover.bound``'s example read ``b.generalisation[0].bound.kind.value``, an AttributeError
+    (the examples are skipped by doctest: loading the bundled model is slow).  Its lines run here on a small model."""
+    import torch
+
+    from transcover.model import ReferenceConfig, ReferenceTransformer, reference_spec
+
+    lines = [ln.strip() for ln in transcover._api.bound.__doc__.splitlines()]
+    last = max(i for i, ln in enumerate(lines) if ln.startswith(">>>"))
+    expression, shown = lines[last][3:].split("#")[0].strip(), lines[last + 1]
+    assert expression.startswith("b.")
+    torch.manual_seed(0)
+    spec = reference_spec(ReferenceTransformer(ReferenceConfig(d_model=8, n_heads=2, n_layers=1, d_ff=8)))
+    b = transcover.bound(spec, eps=0.1, n_samples=[1e6], seq_len=4)
+    assert repr(eval(expression, {"b": b})) == shown

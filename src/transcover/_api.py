@@ -295,7 +295,7 @@ def bound(model=None, config=None, *, arch: str | None = None, allow_pickle: boo
     Example:
         >>> import transcover
         >>> b = transcover.bound(eps=0.1, n_samples=[1e6])    # doctest: +SKIP
-        >>> b.generalisation[0].bound.kind.value              # doctest: +SKIP
+        >>> b.generalisation[0].kind.value                    # doctest: +SKIP
         'certified upper bound'
     """
     from .covering import BoundConfig, model_bound

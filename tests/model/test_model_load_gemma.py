@@ -301,3 +301,39 @@ def test_gemma2_refuses_a_soft_cap_or_score_scalar_that_is_not_positive(models, 
     with pytest.raises(InputError, match=f"{key} must be a finite number > 0") as e:
         build_gemma(StateDictSource(m.state_dict(), "g2"), {**m.config.to_dict(), key: bad}, "g2")
     assert "\n" not in str(e.value)
+
+
+def test_gemma_embedding_scale_in_the_embeddings_dtype(tmp_path, transformers_mod):
+    """sqrt(d) is rounded to the embedding table's dtype (HF: ``embed_scale.to(embed_tokens.weight.dtype)``), not to
+    the dtype of the first tensor in the header: float32 norms listed before a bfloat16 embedding made the scale
+    float32's and the certified interval of ||E sqrt(d)||_2 excluded the true value (red team 219).  A single file
+    (float32 first) and shards of the same tensors give one interval, containing the float64 reference."""
+    import transcover as tc
+    from transcover.model import open_safetensors
+
+    torch.manual_seed(0)
+    m = _model(transformers_mod, "gemma").eval()
+    for name, p in m.named_parameters():  # bf16 weights, float32 norms: a common mixed layout
+        if "norm" not in name:
+            p.data = p.data.to(torch.bfloat16)
+    single, sharded = tmp_path / "single", tmp_path / "sharded"
+    m.save_pretrained(single)
+    m.save_pretrained(sharded, max_shard_size="20KB")
+    assert (sharded / "model.safetensors.index.json").is_file()
+    assert open_safetensors(single / "model.safetensors").storage_dtype() == "float32"  # the case refuted
+    emb = m.model.embed_tokens
+    scale = emb.embed_scale.to(emb.weight.dtype)
+    truth = torch.linalg.matrix_norm(emb.weight.double() * scale.double(), 2).item()
+    ids = torch.arange(V)[None]
+    with torch.no_grad():
+        hf = emb(ids)[0]  # transformers' own embedding output, rounded to bfloat16
+    got = []
+    for path in (single, sharded):
+        spec = load(path)
+        assert spec.config["embedding_scale"] == scale.item() != math.sqrt(D)
+        table = torch.as_tensor(spec.embeddings["token_embedding"])
+        assert torch.equal(table.to(torch.bfloat16), hf)
+        iv = tc.analyze(path).to_dict()["embeddings"][0]["spectral"]
+        assert iv["lower"] <= truth <= iv["upper"], (path.name, iv, truth)
+        got.append((iv["lower"], iv["upper"]))
+    assert got[0] == got[1]

@@ -105,6 +105,14 @@ class TensorSource:
                 return dt
         return "unknown"
 
+    def stored_dtype(self, key: str) -> str:
+        """The dtype ``key`` is stored in ("float32", "bfloat16", ...; "unknown" where the source cannot say).
+
+        A constant that transformers casts to one tensor's dtype (Gemma's ``embed_scale.to(embed_tokens.weight.dtype)``)
+        must be rounded to *that* tensor's dtype, not :meth:`storage_dtype`'s first tensor: a checkpoint with float32
+        norms listed before its bfloat16 embedding certified an interval excluding the true norm (red team 219)."""
+        return (self._dtype(key) if key in self else None) or "unknown"
+
     def _dtype(self, key: str) -> str | None:
         """The stored dtype's name in torch's spelling ("float32", "bfloat16", "int64", ...)."""
         return None

@@ -8,8 +8,8 @@ transformers ``models/gemma*/modeling_gemma*.py``.  What differs from Llama's bl
 * the MLP is GeGLU: ``down(gelu_tanh(gate x) * up x)`` (``hidden_act`` in Gemma 1,
   ``hidden_activation`` in Gemma 2/3, both "gelu_pytorch_tanh"), the spec's gated FFN.
 * the embedded input is ``embed_tokens(ids) * sqrt(d)`` (the normaliser rounded to float32, HF's
-  buffer, then to the weights' dtype, as ``embed_scale.to(weight.dtype)``): ``token_embedding`` is the scaled table, so the
-  decomposition's input is the scaled embedding.
+  buffer, then to the embedding table's own stored dtype, as ``embed_scale.to(weight.dtype)``):
+  ``token_embedding`` is the scaled table, so the decomposition's input is the scaled embedding.
 * Gemma 2/3 ("sandwich" norms, THEORY F26): ``x + post_attention_layernorm(attn(input_layernorm x))``,
   then ``y + post_feedforward_layernorm(mlp(pre_feedforward_layernorm y))`` -- the spec's
   ``post_norm_attn``/``post_norm_ffn``.  In Gemma 1 ``post_attention_layernorm`` is the pre-FFN norm.
@@ -217,9 +217,11 @@ def build_gemma(src: TensorSource, config: dict, name: str) -> TransformerSpec:
         return LayerSpec(index=i, attention=attn, ffn=ffn, placement=Placement.PRE,
                          names={r: v for r, v in names.items() if v in src}, **built)
 
-    # HF keeps sqrt(d) in a float32 buffer and casts it to the weights' dtype before multiplying
-    storage = src.storage_dtype()
-    normaliser = round_to_dtype(round_to_dtype(d ** 0.5, "float32"), storage if storage in ("float16", "bfloat16") else "float32")
+    # HF keeps sqrt(d) in a float32 buffer and casts it to the embedding's dtype before multiplying
+    # (embed_scale.to(embed_tokens.weight.dtype)): that tensor's own dtype, not the header's first (red team 219)
+    storage = src.stored_dtype(prefix + "embed_tokens.weight")
+    normaliser = round_to_dtype(round_to_dtype(d ** 0.5, "float32"),
+                                storage if storage in ("float16", "bfloat16") else "float32")
 
     def scaled(E):  # noqa: ANN001, ANN202  (the embedded input is embed_tokens(ids) * sqrt(d))
         return (E.detach().double() if is_tensor(E) else np.asarray(E, np.float64)) * normaliser

@@ -217,6 +217,34 @@ def test_a_file_rewritten_in_place_with_its_mtime_put_back_is_refused(tmp_path):
         f.get("y")
 
 
+def test_a_write_landing_while_a_tensor_is_read_is_refused(tmp_path, monkeypatch):
+    """Red team 219: the identity was checked before a tensor's read, not after, so a rewrite landing during the read
+    of a tensor alone in its shard (as large tensors are) went unseen: half old, half new values, certified as one
+    matrix.  The read is split in two here and the shard rewritten in place between the halves (deterministic: the
+    writer sets a later mtime itself, whatever the clock's tick)."""
+    import os
+
+    path = tmp_path / "w.safetensors"
+    old = np.arange(64, dtype="<f4")
+    _header_file(path, {"x": {"dtype": "F32", "shape": [8, 8], "data_offsets": [0, 256]}}, old.tobytes())
+    f = SafetensorsFile(path)
+    read = SafetensorsFile._read_exact
+
+    def split_read(fh, buf):
+        half = len(buf) // 2
+        read(fh, buf[:half])
+        st = os.stat(path)
+        with path.open("r+b") as g:  # the concurrent writer: every value doubled, in place
+            g.seek(-256, 2)
+            g.write((2 * old).tobytes())
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+        read(fh, buf[half:])
+
+    monkeypatch.setattr(SafetensorsFile, "_read_exact", staticmethod(split_read))
+    with pytest.raises(InputError, match="cannot read tensor 'x' .*replaced or rewritten since it was opened"):
+        f.get("x")
+
+
 def test_one_shard_spelled_two_ways_in_an_index_is_one_shard(tmp_path):
     """Red team 175: "./s.safetensors" and "s.safetensors" in one index were two shards holding the same tensors,
     refused as "stored in two shards, s.safetensors and s.safetensors"."""

@@ -171,20 +171,27 @@ class SafetensorsFile:
                 with open(self.path, "rb") as f:
                     if self._size != f.seek(0, 2):
                         raise OSError("the file changed size since it was opened")
-                    if _identity(f) != self._identity:  # replaced (new inode) or rewritten (new mtime) mid-load
-                        raise OSError("the file was replaced or rewritten since it was opened; its tensors would "
-                                      "mix two checkpoints (rerun on a copy that does not change)")
+                    self._unchanged(f)
                     f.seek(self._start + begin)
                     if half:
                         self._read_widened(f, out, dtype)
                     else:
                         self._read_exact(f, out.view(np.uint8))
+                    # a write landing during the read itself (a tensor alone in its shard, read half old, half new,
+                    # was certified as one matrix; red team 219)
+                    self._unchanged(f)
             except OSError as err:
                 raise InputError(f"cannot read tensor {key!r} from {self.path}: {err}") from err
         out = out.reshape(shape)
         if not half and not out.dtype.isnative:  # big-endian machines
             out = out.astype(out.dtype.newbyteorder("="))
         return out
+
+    def _unchanged(self, f) -> None:  # noqa: ANN001
+        """OSError where the file read through ``f`` is no longer the one opened: replaced (new inode) or rewritten."""
+        if _identity(f) != self._identity:
+            raise OSError("the file was replaced or rewritten since it was opened; its tensors would "
+                          "mix two checkpoints (rerun on a copy that does not change)")
 
     @staticmethod
     def _read_exact(f, buf: np.ndarray) -> None:

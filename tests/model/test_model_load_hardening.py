@@ -105,6 +105,18 @@ def test_symlink_leaving_the_folder_is_refused(bert_dir, tmp_path):
         load(folder)
 
 
+def test_a_shard_that_is_a_symlink_loop_is_one_line_naming_it(bert_dir, tmp_path, capsys):
+    """Red team 219: ``resolve()`` raises RuntimeError on a symlink loop (Python < 3.13), which ended in "internal
+    error: RuntimeError", exit 1; now one InputError line naming the shard, exit 2."""
+    folder = _split(bert_dir, tmp_path, "b.safetensors", lambda t, f: os.symlink("b.safetensors", f / "b.safetensors"))
+    with pytest.raises(InputError, match=r"cannot follow shard 'b\.safetensors' .*b\.safetensors: it is a symlink "
+                                         "loop"):
+        load(folder)
+    rc = main(["analyze", str(folder), "--fast", "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "symlink loop" in err and "internal error" not in err
+
+
 def test_symlinks_inside_and_the_hf_cache_layout_are_followed(bert_dir, tmp_path):
     _, path = bert_dir
     reference = load(path)

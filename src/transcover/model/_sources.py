@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from torch import Tensor
 
 __all__ = ["TensorSource", "SafetensorsSource", "StateDictSource", "LazyTensors", "open_safetensors",
-           "parse_json", "shard_paths", "MAX_JSON_DEPTH"]
+           "parse_json", "shard_paths", "resolved_path", "MAX_JSON_DEPTH"]
 
 #: Deepest nesting accepted in a config / index / metadata JSON (HF configs nest 3-4 levels).  Deeper
 #: documents are refused: Python's parser and every later recursive walk (json.dumps of the config
@@ -217,9 +217,10 @@ class SafetensorsSource(TensorSource):
         for k, shard in (weight_map or {}).items():  # the index and the shards must agree
             # by the resolved path where the index's folder is known: two shards of one name in two subfolders were
             # taken for one (red team 184)
-            named = (base / str(shard)).resolve() if base is not None else None
+            named = resolved_path(base / str(shard), f"shard {shard!r} named by shard index {index_file}") \
+                if base is not None else None
             stored = self.files[self._owner[k]] if k in self._owner else None
-            if stored is not None and (stored.resolve() != named if named is not None
+            if stored is not None and (resolved_path(stored, "safetensors file") != named if named is not None
                                        else stored.name != Path(str(shard)).name):
                 raise InputError(f"shard index {index_file} puts tensor {k} in {shard}, but it is stored in "
                                  f"{self.files[self._owner[k]].name}")
@@ -296,6 +297,17 @@ def parse_json(text: str, where: str) -> Any:
     return data
 
 
+def resolved_path(path: Path, what: str) -> Path:
+    """``path.resolve()``, symlinks followed; a symlink loop (RuntimeError before Python 3.13) or an OSError is one
+    :class:`InputError` naming ``what`` and the file (red team 219: a shard that was a symlink loop ended in
+    "internal error: RuntimeError", exit 1)."""
+    try:
+        return path.resolve()
+    except (RuntimeError, OSError) as err:
+        why = "it is a symlink loop" if isinstance(err, RuntimeError) or "symbolic links" in str(err) else str(err)
+        raise InputError(f"cannot follow {what}, {path}: {why}") from None
+
+
 def shard_paths(index_file: Path, index: object) -> list[Path]:
     """The shard files a ``*.index.json`` names, each checked to stay inside the index's folder.
 
@@ -306,7 +318,8 @@ def shard_paths(index_file: Path, index: object) -> list[Path]:
     which is accepted as inside.
 
     Raises:
-        InputError: no ``weight_map`` object, no shards, a non-string shard name, or a shard outside.
+        InputError: no ``weight_map`` object, no shards, a non-string shard name, a shard outside, or one that
+            cannot be followed (a symlink loop).
     """
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not isinstance(weight_map, dict):
@@ -314,7 +327,7 @@ def shard_paths(index_file: Path, index: object) -> list[Path]:
     names = list(dict.fromkeys(weight_map.values()))
     if not names:
         raise InputError(f"shard index {index_file} lists no files")
-    folder = index_file.parent.resolve()
+    folder = resolved_path(index_file.parent, f"the folder of shard index {index_file}")
     roots = [folder]
     if folder.parent.name == "snapshots":
         roots.append(folder.parent.parent / "blobs")
@@ -325,7 +338,7 @@ def shard_paths(index_file: Path, index: object) -> list[Path]:
         rel = Path(name)
         if rel.is_absolute() or rel.drive or ".." in rel.parts or "\\" in name:
             raise InputError(f"shard index {index_file} names {name!r}, outside the model folder {folder}; refused")
-        resolved = (folder / rel).resolve()
+        resolved = resolved_path(folder / rel, f"shard {name!r} named by shard index {index_file}")
         if not any(resolved.is_relative_to(r) for r in roots):
             raise InputError(f"shard index {index_file} names {name!r}, which resolves to {resolved}, outside "
                              f"the model folder {folder}; refused")

@@ -343,3 +343,30 @@ def test_a_refused_pickle_names_the_cause_in_one_line(tmp_path, capsys):
     # torch 2.13's text starts with advice to disable weights_only; the cause is a later line (red team 37g)
     assert len(err) == 1 and "weights_only unpickling refused it (" in err[0] and "will likely succeed" not in err[0]
     assert "GLOBAL" in err[0] and not (tmp_path / "PWNED").exists()
+
+
+def test_shards_without_their_index_are_said_so(bert_dir, tmp_path):
+    """Red team 219: ten .safetensors shards without model.safetensors.index.json were "no model weights ... expected
+    model.safetensors, ..."; the message now says what is there and what is missing."""
+    d, _ = _sharded(bert_dir, tmp_path)
+    (d / "model.safetensors.index.json").unlink()
+    n = len(list(d.glob("*.safetensors")))
+    with pytest.raises(InputError, match=rf"{n} \.safetensors files \(model-0.*\) but no "
+                                         r"model\.safetensors\.index\.json naming them"):
+        load(d)
+
+
+def test_model_safetensors_beside_an_index_is_read_with_a_warning(bert_dir, tmp_path):
+    """Red team 219: with both model.safetensors and model.safetensors.index.json, model.safetensors is read (as
+    transformers does) without a word; now a warning says which and that the shards are not read."""
+    from transcover import TranscoverWarning
+    from transcover.model import files_read
+
+    model, path = bert_dir
+    d, _ = _sharded(bert_dir, tmp_path)
+    shutil.copy(path / "model.safetensors", d / "model.safetensors")
+    with pytest.warns(TranscoverWarning, match=r"both model\.safetensors and model\.safetensors\.index\.json: "
+                                              r"model\.safetensors is read .*the index and its shards are not"):
+        spec = load(d)
+    _layers_equal(spec, load(path))
+    assert files_read(d) == [d / "config.json", d / "model.safetensors"]

@@ -63,6 +63,9 @@ __all__ = [
 from ._load import ROLES_FILE as ROLES_FILE
 from ._load import SUPPORTED_ARCHITECTURES as SUPPORTED_ARCHITECTURES
 from ._load import bundled_model_dir as bundled_model_dir
+from ._load import files_read as files_read
+from ._files import identity as file_identity
+from ._files import identity_when_read as identity_when_read
 from ._load import load as load
 from ._load import spec_from_module as spec_from_module
 from ._module_checks import refuse_rewritten_forward as refuse_rewritten_forward
@@ -75,7 +78,8 @@ from ._data import sequence_length as sequence_length
 from ._data import sequence_too_long as sequence_too_long
 from ._data import load_inputs as load_inputs
 
-__all__ += ["SUPPORTED_ARCHITECTURES", "bundled_model_dir", "load", "spec_from_module", "refuse_rewritten_forward",
+__all__ += ["SUPPORTED_ARCHITECTURES", "bundled_model_dir", "files_read", "file_identity", "identity_when_read",
+            "load", "spec_from_module", "refuse_rewritten_forward",
             "load_inputs",
             "inputs_from_array", "check_sequence_length", "max_sequence_length", "default_sequence_length",
             "sequence_length", "sequence_too_long"]

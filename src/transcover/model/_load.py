@@ -30,13 +30,14 @@ from ._adapters._torch_encoder import exact_type
 from ._module_checks import dropout_warning, fast_path_warning, float32_warning, refuse_rewritten_forward
 from ._adapters._registry import PARTS
 from ._arrays import is_tensor
+from ._files import identity, record_read, read_text
 from ._sources import StateDictSource, TensorSource, open_safetensors, parse_json, shard_paths
 from ._spec import TransformerSpec
 
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = ["load", "spec_from_module", "bundled_model_dir", "SUPPORTED_ARCHITECTURES"]
+__all__ = ["load", "spec_from_module", "bundled_model_dir", "files_read", "SUPPORTED_ARCHITECTURES"]
 
 
 def _is_module(obj: object) -> bool:
@@ -262,7 +263,7 @@ def _spec_from_module(module: nn.Module, *, arch: str | None = None) -> Transfor
 
 def _read_json(path: Path) -> dict:
     try:
-        text = path.read_text()
+        text = read_text(path)  # recorded as read (Note [inputs read])
     except OSError as err:
         raise InputError(f"cannot read {path}: {err}") from err
     data = parse_json(text, str(path))
@@ -290,15 +291,16 @@ def _load_directory(path: Path, arch: str | None, allow_pickle: bool, name: str,
                     mapping: dict | None = None) -> TransformerSpec:
     mapping = _roles_beside(path, arch, mapping)
     config = _read_json(path / "config.json") if (path / "config.json").is_file() else None
-    for candidate in ("model.safetensors", "model.safetensors.index.json"):
-        if (path / candidate).is_file():
-            return _build(open_safetensors(path / candidate), config, arch, name, bare=None, mapping=mapping)
-    others = sorted(path.glob("*.safetensors"))
-    if len(others) == 1:
-        return _build(open_safetensors(others[0]), config, arch, name, bare=None, mapping=mapping)
-    if (path / "pytorch_model.bin.index.json").is_file():
-        index_file = path / "pytorch_model.bin.index.json"
-        shards = shard_paths(index_file, _read_json(index_file))
+    kind, weights = _weights_in(path)
+    if kind == "safetensors":
+        if weights.name == "model.safetensors" and (path / "model.safetensors.index.json").is_file():
+            # transformers reads model.safetensors too; the user may have meant the shards (red team 219)
+            warnings.warn(f"{path} holds both model.safetensors and model.safetensors.index.json: model.safetensors "
+                          "is read (as transformers does), the index and its shards are not", TranscoverWarning,
+                          stacklevel=4)
+        return _build(open_safetensors(weights), config, arch, name, bare=None, mapping=mapping)
+    if kind == "pickle index":
+        shards = shard_paths(weights, _read_json(weights))
         tensors: dict[str, object] = {}
         where: dict[str, str] = {}
         for shard in shards:
@@ -308,14 +310,63 @@ def _load_directory(path: Path, arch: str | None, allow_pickle: bool, name: str,
                                      "checkpoint holds each tensor once")
                 tensors[k], where[k] = v, shard.name
         return _build(StateDictSource(tensors, name), config, arch, name, bare=None, mapping=mapping)
+    return _build(_load_pickle(weights, allow_pickle), config, arch, name, bare=None, mapping=mapping)
+
+
+def _weights_in(path: Path) -> tuple[str, Path]:
+    """Which weights a load of the model folder ``path`` reads: ``("safetensors", file or index)``, ``("pickle
+    index", pytorch_model.bin.index.json)`` or ``("pickle", file)``.  One choice for the loader and for the files
+    the JSON envelope hashes (:func:`files_read`).
+
+    Raises:
+        InputError: none of these; several ``.safetensors`` files without an index naming them are said so.
+    """
+    for candidate in ("model.safetensors", "model.safetensors.index.json"):
+        if (path / candidate).is_file():
+            return "safetensors", path / candidate
+    others = sorted(path.glob("*.safetensors"))
+    if len(others) == 1:
+        return "safetensors", others[0]
+    if (path / "pytorch_model.bin.index.json").is_file():
+        return "pickle index", path / "pytorch_model.bin.index.json"
     pickles = [path / "pytorch_model.bin"] if (path / "pytorch_model.bin").is_file() else \
         sorted(p for p in path.iterdir() if p.suffix in _PICKLE_SUFFIXES)
     if len(pickles) == 1:
-        return _build(_load_pickle(pickles[0], allow_pickle), config, arch, name, bare=None, mapping=mapping)
+        return "pickle", pickles[0]
+    if len(others) > 1:  # shards whose index is missing: "no model weights" misled (red team 219)
+        listed = ", ".join(p.name for p in others[:3]) + (", ..." if len(others) > 3 else "")
+        raise InputError(f"no model weights in {path} that can be read: {len(others)} .safetensors files ({listed}) "
+                         "but no model.safetensors.index.json naming them (which file holds which tensor is not "
+                         "known without it)")
     raise InputError(
         f"no model weights in {path}: expected model.safetensors, model.safetensors.index.json, "
         "one *.safetensors file, or (with allow_pickle) pytorch_model.bin"
     )
+
+
+def files_read(source: str | os.PathLike[str]) -> list[Path]:
+    """The files a load of ``source`` (a model folder, a weights file or a shard index) reads: ``config.json`` and
+    ``transcover_roles.json`` where present, then the weights :func:`load` picks and, for an index, the shards it
+    names (in subfolders too).  A path that is no model (a data or mapping file) is itself.  What the JSON
+    envelope hashes (red team 219: every ``.json`` of the folder was listed, a model.safetensors beside an index
+    with all the unread shards, and a shard in a subfolder not at all).
+
+    Raises:
+        InputError: a folder without weights (see :func:`load`); an unreadable index.
+    """
+    path = Path(source).expanduser()
+    if path.is_dir() or path.name == "config.json":
+        folder = path if path.is_dir() else path.parent
+        kind, weights = _weights_in(folder)
+    elif path.name.endswith(".index.json") or path.suffix == ".safetensors" or path.suffix in _PICKLE_SUFFIXES:
+        folder, weights = path.parent, path
+    else:
+        return [path]
+    out = [f for f in (folder / "config.json", folder / ROLES_FILE) if f.is_file()]
+    out.append(weights)
+    if weights.name.endswith(".index.json"):
+        out += shard_paths(weights, _read_json(weights))
+    return out
 
 
 class _PickledSource(StateDictSource):
@@ -334,10 +385,17 @@ def _load_pickle(path: Path, allow_pickle: bool) -> _PickledSource:
     try:
         with warnings.catch_warnings():  # torch's protocol-4 UserWarning made the one error line three
             warnings.simplefilter("ignore", UserWarning)
+            read = identity(path)
             obj = torch.load(path, weights_only=True, map_location="cpu")
+        if identity(path) != read:
+            raise InputError(f"cannot read pickled checkpoint {path}: it changed while it was read; rerun on a "
+                             "copy that does not change")
+    except InputError:
+        raise
     except Exception as err:  # unpickling errors come in many types; all mean "unreadable file"
         raise InputError(f"cannot read pickled checkpoint {path}: {_pickle_reason(err)}; "
                          "convert it to .safetensors (safetensors.torch.save_file) to load it without pickle") from err
+    record_read(path, read)  # Note [inputs read]
     # Lightning / training-script checkpoints nest the weights one level down.
     for key in ("state_dict", "model", "module", "model_state_dict"):
         if isinstance(obj, dict) and isinstance(obj.get(key), dict):

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 
 import numpy as np
 
 from .._errors import InputError
+from ._files import identity, record_read
 
 __all__ = ["SafetensorsFile"]
 
@@ -62,14 +62,14 @@ def _unique_keys(pairs: list) -> dict:
     return out
 
 
-def _identity(f) -> tuple[int, int, int, int]:  # noqa: ANN001
-    """Which file an open handle reads, and its version: device, inode, modification and change times (ns).  Each
-    tensor is read through a new handle (Note [no mapping]), so a checkpoint replaced or rewritten between two
-    tensors mixed two models without a word (stop 38 red team: layer 0 from one file, layer 1 from the other).  The
-    change time is set by the kernel on every write and cannot be put back, as the mtime can (``os.utime``: a shard
-    rewritten in place at the same size with its mtime restored was read half old, half new; red team 175)."""
-    st = os.fstat(f.fileno())
-    return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns
+def _identity(f) -> tuple[int, ...]:  # noqa: ANN001
+    """Which file an open handle reads, and its version (``_files.identity``: device, inode, size, modification and
+    change times).  Each tensor is read through a new handle (Note [no mapping]), so a checkpoint replaced or rewritten
+    between two tensors mixed two models without a word (stop 38 red team: layer 0 from one file, layer 1 from the
+    other).  The change time is set by the kernel on every write and cannot be put back, as the mtime can
+    (``os.utime``: a shard rewritten in place at the same size with its mtime restored was read half old, half new;
+    red team 175)."""
+    return identity(f)
 
 
 class SafetensorsFile:
@@ -98,6 +98,7 @@ class SafetensorsFile:
                 self._start = 8 + n
                 self._entries = self._check(header, size - self._start)
                 self._size = size
+            record_read(self.path, self._identity)  # what the JSON envelope's checksum must match (Note [inputs read])
         except RecursionError:
             raise InputError(f"cannot read safetensors file {self.path}: its JSON header is nested too "
                              "deeply") from None

@@ -30,6 +30,7 @@ import numpy as np
 from .._errors import InputError, WeightError
 from .._io import physical_memory
 from ._arrays import dtype_name, is_floating, is_tensor
+from ._files import read_text
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -356,7 +357,7 @@ def open_safetensors(path: Path) -> SafetensorsSource:
     """
     if path.name.endswith(".index.json"):
         try:
-            text = path.read_text()
+            text = read_text(path)
         except OSError as err:
             raise InputError(f"cannot read shard index {path}: {err}") from err
         index = parse_json(text, f"shard index {path}")

@@ -286,3 +286,94 @@ def test_bound_prints_its_kind_labels(ref_file, capsys, monkeypatch):
     lines = capsys.readouterr().out.splitlines()
     assert [ln for ln in lines if "log N_inf(eps=" in ln][0].rstrip().endswith("[certified upper bound]")
     assert "[estimate]; BFT log N" in [ln for ln in lines if "BFT spectral complexity R_A" in ln][0]
+
+
+def _rewrite_in_place(path: Path, *, keep_mtime: bool) -> None:
+    """One byte of the data flipped in place, same size; rewritten until the kernel's clock shows a new change time
+    (a tick, without sleeping), then the mtime put back where ``keep_mtime``, else set one second later."""
+    import os
+
+    st = os.stat(path)
+    raw = bytearray(path.read_bytes())
+    raw[-1] ^= 0x01
+    while True:
+        with path.open("r+b") as fh:
+            fh.write(raw)
+        if os.stat(path).st_ctime_ns != st.st_ctime_ns:
+            break
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + (0 if keep_mtime else 10**9)))
+
+
+def test_a_weights_file_rewritten_after_it_was_read_is_refused_and_nothing_written(ref_file, tmp_path, capsys,
+                                                                                   monkeypatch):
+    """Red team 219: the JSON's checksums were computed after the analysis, so a file rewritten after the loader had
+    read it was listed with its new content's hash beside numbers from the old one.  The rewrite lands between the
+    analysis and the envelope here (deterministic: a hook on analyze); the command refuses in one line, exit 2, and
+    writes nothing."""
+    import shutil
+
+    from transcover import _api
+
+    model = tmp_path / "m.safetensors"
+    shutil.copy(ref_file, model)
+    analyze = _api.analyze
+
+    def then_rewrite(*args, **kwargs):
+        result = analyze(*args, **kwargs)
+        _rewrite_in_place(model, keep_mtime=False)
+        return result
+
+    monkeypatch.setattr(_api, "analyze", then_rewrite)
+    js, csv = tmp_path / "a.json", tmp_path / "a.csv"
+    assert main(["analyze", str(model), "--quiet", "--json", str(js), "--csv", str(csv)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "m.safetensors was replaced or rewritten after it was read" in err, err
+    assert not js.exists() and not csv.exists()
+    monkeypatch.setattr(_api, "analyze", analyze)  # unchanged since read: hashed as read
+    assert main(["analyze", str(model), "--quiet", "--json", str(js)]) == 0
+    import hashlib
+
+    assert json.loads(js.read_text())["inputs"][0]["sha256"] == hashlib.sha256(model.read_bytes()).hexdigest()
+
+
+def test_the_checksum_cache_sees_an_in_place_rewrite_with_the_mtime_put_back(ref_file, tmp_path):
+    """Red team 219: file_sha256 cached by (path, size, mtime), so a same-size rewrite in place with its mtime
+    restored returned the stale hash within one process; the key holds the inode and the change time too."""
+    import hashlib
+    import shutil
+
+    path = tmp_path / "w.safetensors"
+    shutil.copy(ref_file, path)
+    before = file_sha256(path)
+    _rewrite_in_place(path, keep_mtime=True)
+    assert file_sha256(path) == hashlib.sha256(path.read_bytes()).hexdigest() != before
+
+
+def test_the_inputs_are_the_files_read(ref_file, tmp_path):
+    """Red team 219: ``inputs`` listed every .json and .safetensors of the folder: with both model.safetensors and an
+    index, the unread shards too; and a shard in a subfolder named by the index not at all."""
+    import shutil
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from transcover.report import input_hashes
+
+    with safe_open(str(ref_file), "pt") as fh:
+        meta = fh.metadata()
+    tensors = load_file(str(ref_file))
+    keys = sorted(tensors)
+    d = tmp_path / "sharded"
+    (d / "sub").mkdir(parents=True)
+    weight_map = {}
+    for name, part in (("a.safetensors", keys[::2]), ("sub/b.safetensors", keys[1::2])):
+        save_file({k: tensors[k] for k in part}, str(d / name), metadata=meta)
+        weight_map.update({k: name for k in part})
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    transcover.load(d)
+    listed = [Path(i["path"]).relative_to(d).as_posix() for i in input_hashes(d)]
+    assert sorted(listed) == ["a.safetensors", "model.safetensors.index.json", "sub/b.safetensors"]
+    shutil.copy(ref_file, d / "model.safetensors")  # beside the index: read, and the shards are not
+    with pytest.warns(transcover.TranscoverWarning, match="model.safetensors is read"):
+        transcover.load(d)
+    assert [Path(i["path"]).name for i in input_hashes(d)] == ["model.safetensors"]

@@ -3,8 +3,9 @@
 The envelope *adds* keys around a command's payload (the payload's own keys stay where they
 were, so readers of the older files keep working): ``schema`` and ``schema_version`` name the
 payload's layout, ``tool`` and ``tool_version`` the program that wrote it, ``command_line`` how
-it was called and ``inputs`` the SHA-256 of every file read (a model directory lists its weight
-and config files), so a result can be traced to exactly the weights it measured.
+it was called and ``inputs`` the SHA-256 of every file read (a model directory lists the config, weight and
+shard files its load reads), so a result can be traced to exactly the weights it measured; a file changed since
+the loader read it is refused (Note [inputs read] in ``model._files``).
 """
 
 from __future__ import annotations
@@ -19,21 +20,39 @@ from pathlib import Path
 __all__ = ["envelope", "envelope_json", "input_hashes", "file_sha256"]
 
 _MODEL_FILES = (".safetensors", ".json", ".bin", ".pt", ".pth", ".index.json")
-_HASH_CACHE: dict[tuple[str, int, int], str] = {}
+_HASH_CACHE: dict[tuple, str] = {}
+
+
+def _sha256_read(path: Path) -> tuple[str, tuple[int, ...]]:
+    """``path``'s SHA-256 and the identity (``model.file_identity``) of the bytes hashed.
+
+    Cached per resolved path and identity: device, inode, size, modification and change times.  Keyed by size and
+    mtime alone, an in-place rewrite at the same size with its mtime put back got the stale hash (red team 219); the
+    change time cannot be put back.
+
+    Raises:
+        InputError: the file changed while it was hashed.
+    """
+    from .._errors import InputError
+    from ..model import file_identity
+
+    with open(path, "rb") as fh:
+        before = file_identity(fh)
+        key = (os.path.realpath(path), *before)
+        if key not in _HASH_CACHE:
+            h = hashlib.sha256()
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+            if file_identity(fh) != before:
+                raise InputError(f"{path} changed while its checksum was computed; rerun on a copy that does not "
+                                 "change")
+            _HASH_CACHE[key] = h.hexdigest()
+    return _HASH_CACHE[key], before
 
 
 def file_sha256(path: str | os.PathLike[str]) -> str:
-    """SHA-256 of a file's bytes (cached per path, size and mtime within a process)."""
-    p = Path(path)
-    st = p.stat()
-    key = (str(p.resolve()), st.st_size, st.st_mtime_ns)
-    if key not in _HASH_CACHE:
-        h = hashlib.sha256()
-        with open(p, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                h.update(block)
-        _HASH_CACHE[key] = h.hexdigest()
-    return _HASH_CACHE[key]
+    """SHA-256 of a file's bytes (cached per path, device, inode, size, mtime and ctime within a process)."""
+    return _sha256_read(Path(path))[0]
 
 
 def _model_path(source) -> Path | None:
@@ -49,12 +68,39 @@ def _model_path(source) -> Path | None:
     return None
 
 
+def _files(path: Path) -> list[Path]:
+    """The files of ``path`` to hash: those a load of it reads (``model.files_read``: config, weights, every shard an
+    index names, in subfolders too); a training checkpoint's folder, or one without model weights, its model files
+    (not sub-folders)."""
+    from .._errors import InputError
+    from ..model import files_read
+    from ..train import is_train_checkpoint
+
+    if not (path.is_dir() and is_train_checkpoint(path)):
+        try:
+            return files_read(path)
+        except InputError:
+            if not path.is_dir():
+                raise
+    return sorted(f for f in path.iterdir() if f.is_file() and f.name.endswith(_MODEL_FILES))
+
+
 def input_hashes(*sources) -> list[dict[str, object]]:
     """``[{"path", "sha256", "bytes"}]`` for each file a source names (``None``: the bundled model).
 
-    A directory contributes its model files (weights, configs; not sub-folders); a name that is
-    not a path (an in-memory model, a hub name) is listed with ``sha256: null``.
+    A model (folder, weights file, shard index) contributes the files its load reads (config, weights, every shard);
+    a name that is not a path (an in-memory model, a hub name) is listed with ``sha256: null``.
+
+    Note [inputs read] (``model._files``): a file the loader read in this process must still be what it read, or the
+    checksum would describe other bytes than those analysed (red team 219: a shard rewritten after it was read was
+    hashed as its new content).  Such a file is refused, so a command writes nothing.
+
+    Raises:
+        InputError: a file read by the loader has changed since (replaced, rewritten), or changed while hashed.
     """
+    from .._errors import InputError
+    from ..model import identity_when_read
+
     out: list[dict[str, object]] = []
     for src in sources:
         path = _model_path(src)
@@ -63,10 +109,13 @@ def input_hashes(*sources) -> list[dict[str, object]]:
                 name = src if isinstance(src, (str, os.PathLike)) else getattr(src, "name", type(src).__name__)
                 out.append({"path": str(name), "sha256": None, "bytes": None})
             continue
-        files = ([path] if path.is_file()
-                 else sorted(f for f in path.iterdir() if f.is_file() and f.name.endswith(_MODEL_FILES)))
-        for f in files:
-            out.append({"path": str(f), "sha256": file_sha256(f), "bytes": f.stat().st_size})
+        for f in _files(path):
+            digest, now = _sha256_read(f)
+            read = identity_when_read(f)
+            if read is not None and read != now:
+                raise InputError(f"{f} was replaced or rewritten after it was read: its checksum would not describe "
+                                 "the bytes analysed, so nothing is written (rerun on a copy that does not change)")
+            out.append({"path": str(f), "sha256": digest, "bytes": now[2]})
     return out
 
 

@@ -370,3 +370,28 @@ def test_model_safetensors_beside_an_index_is_read_with_a_warning(bert_dir, tmp_
         spec = load(d)
     _layers_equal(spec, load(path))
     assert files_read(d) == [d / "config.json", d / "model.safetensors"]
+
+
+def test_a_mixed_checkpoint_says_so_the_same_as_one_file_and_as_shards(bert_dir, tmp_path):
+    """Red team 219: "stored dtype" was the first floating tensor's dtype in header order, so one checkpoint of
+    float16, bfloat16 and float64 tensors was "float64" as one file and something else as shards.  Now every dtype
+    is counted, the same for both."""
+    model, path = bert_dir
+    tensors = load_file(str(path / "model.safetensors"))
+    dtypes = {k: torch.float16 if "layer.0.attention" in k else torch.bfloat16 if "layer." in k else torch.float64
+              for k in tensors}
+    mixed = {k: t.to(dtypes[k]) for k, t in tensors.items()}
+    single = _copy(path, tmp_path / "single", tensors=mixed)
+    sharded = tmp_path / "sharded"
+    sharded.mkdir()
+    shutil.copy(path / "config.json", sharded / "config.json")
+    keys = sorted(mixed, reverse=True)
+    half = {k: ("a.safetensors" if i % 2 else "b.safetensors") for i, k in enumerate(keys)}
+    for shard in ("a.safetensors", "b.safetensors"):
+        save_file({k: mixed[k] for k in keys if half[k] == shard}, str(sharded / shard), metadata={"format": "pt"})
+    (sharded / "model.safetensors.index.json").write_text(json.dumps({"weight_map": half}))
+    n = {dt: sum(1 for v in dtypes.values() if v == dt) for dt in (torch.float16, torch.bfloat16, torch.float64)}
+    said = ", ".join(f"{c} {str(dt).removeprefix('torch.')}" for dt, c in sorted(n.items(), key=lambda kv: -kv[1]))
+    assert len(set(n.values())) == 3  # the order by count is well defined
+    for folder in (single, sharded):
+        assert load(folder).config["storage_dtype"] == f"mixed: {said}", folder.name

@@ -286,7 +286,7 @@ def summary(config: dict, src: TensorSource, n: int, H: int, H_kv: int, dh: int,
     """The spec's ``config``: uniform keys every adapter fills, then the source configuration."""
     return {
         "n_layers": n, "n_heads": H, "n_kv_heads": H_kv, "d_head": dh, "d_ff": d_ff,
-        "activation": act, "storage_dtype": src.storage_dtype(), "prefix": prefix,
+        "activation": act, "storage_dtype": src.stored_dtypes(), "prefix": prefix,
         "embedding_names": embedding_names, "source_config": config,
     }
 

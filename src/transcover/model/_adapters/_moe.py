@@ -74,6 +74,9 @@ class _DenseStandIn(TensorSource):
     def storage_dtype(self) -> str:
         return self.inner.storage_dtype()
 
+    def stored_dtypes(self) -> str:
+        return self.inner.stored_dtypes()
+
 
 def _router_key(src: TensorSource, p: str) -> str | None:
     """Layer prefix ``p``'s router: ``mlp.gate.weight`` (Qwen-MoE; transformers 5 Mixtral modules) or

@@ -167,7 +167,9 @@ def test_the_lemma_form_is_certified_only_where_it_dominates(delta, leak, R):
     if b.lemma_attention.kind is Kind.CERTIFIED_UPPER:
         assert b.lemma_attention.value >= b.attention.value
     attained = decompose_construction(c, n_random=50).attention.value
-    assert attained <= b.attention.value
+    # the attained sup is the float64 network's (an estimate of the exact one's, red team 181); the bound is for exact
+    # arithmetic: the same allowance as test_measured_sup_error_within_lemma_bound's, float64 passes through O(1) values
+    assert attained <= b.attention.value * (1 + 1e-9) + 256 * EPS
     if delta > 0.49:
         assert b.lemma_attention.kind is Kind.ESTIMATE and b.lemma_attention.value < attained
 

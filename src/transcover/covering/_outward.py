@@ -22,12 +22,13 @@ from __future__ import annotations
 import decimal
 import functools
 import math
+import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
 from fractions import Fraction
 
-__all__ = ["Enclosure", "exact", "to_float", "round_log", "ROUNDINGS"]
+__all__ = ["Enclosure", "exact", "to_float", "round_log", "log_count", "ROUNDINGS"]
 
 ROUNDINGS = ("nearest", "up", "down")
 _PREC = 40  # decimal digits: ample for a float64 result, whose own precision is ~17 digits
@@ -150,3 +151,15 @@ def round_log(evaluate: Callable[[int], Enclosure], rounding: str) -> float:
             return f
         prec *= 2
     raise ValueError("the enclosure did not separate from a float64 rounding boundary")
+
+
+def log_count(n: int, rounding: str) -> float:
+    """``ln n`` of a count ``n >= 1`` (a net's or a packing's size) as a float64 rounded as asked: "up" for an upper
+    bound on a log covering number, "down" for a lower bound, "nearest" for an estimate (THEORY F112, logs of
+    counts).  ``math.log`` rounds to nearest, so about half the counts come out below ``ln n`` (``math.log(4)`` is
+    1 ulp under ``ln 4``): a certified upper bound under its own claim.  ``ln 1 = 0`` is exact.  ``n``: any integer
+    type (numpy's too)."""
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+        raise ValueError(f"log_count needs an integer n >= 1, but got n={n!r}")
+    k = int(n)
+    return round_log(lambda prec: exact(k, prec).ln(), rounding)

@@ -43,6 +43,7 @@ from torch import Tensor
 from .._errors import InputError
 from .._io import physical_memory
 from .._results import Kind, Quantity
+from ..covering import log_count
 from ._metrics import as_outputs, check_eps, check_q
 from ._nets import FORWARD_PAD_ASSUMPTION, FORWARD_REL_PAD, IncrementalNet, forward_pad, padded_radius, torch_threads
 
@@ -94,21 +95,24 @@ class MonteCarloCovering:
                 + ((FORWARD_PAD_ASSUMPTION,) if self.rel_pad > 0 else ()))
 
     def log_packing_lower(self, e: int) -> Quantity:
-        """log |net(eps)| at the largest M: a lower bound on the class's log eps-packing number."""
-        return Quantity(math.log(self.net_sizes[e][-1]), Kind.EMPIRICAL_LOWER,
+        """log |net(eps)| at the largest M, rounded down (THEORY F112, logs of counts): a lower bound on the class's
+        log eps-packing number."""
+        return Quantity(log_count(self.net_sizes[e][-1], "down"), Kind.EMPIRICAL_LOWER,
                         "greedy eps-net of M sampled members: lower bound on log P(F, eps) "
                         ">= log N_int(F, eps); Monte-Carlo estimate of log N(eps)", self._assumptions())
 
     def log_N_estimate(self, e: int) -> Quantity:
         """log |net(eps)| read as the Monte-Carlo *estimate* of log N(eps) (an estimate, not a bound: a greedy
-        net can exceed N_int and N_ext, e.g. values 0, 1, 2 at eps = 1 give a net of 2 where one centre covers)."""
-        return Quantity(math.log(self.net_sizes[e][-1]), Kind.ESTIMATE,
+        net can exceed N_int and N_ext, e.g. values 0, 1, 2 at eps = 1 give a net of 2 where one centre covers).
+        An estimate claims no side, so its log is rounded to nearest (THEORY F112, logs of counts)."""
+        return Quantity(log_count(self.net_sizes[e][-1], "nearest"), Kind.ESTIMATE,
                         "greedy eps-net of M sampled members: Monte-Carlo estimate of log N(F, eps)",
                         self._assumptions())
 
     def log_covering_lower(self, e: int) -> Quantity:
-        """log |packing(eps)| at the largest M: a lower bound on the class's log N_ext(eps)."""
-        return Quantity(math.log(self.packing_sizes[e][-1]), Kind.EMPIRICAL_LOWER,
+        """log |packing(eps)| at the largest M, rounded down (THEORY F112, logs of counts): a lower bound on the
+        class's log N_ext(eps)."""
+        return Quantity(log_count(self.packing_sizes[e][-1], "down"), Kind.EMPIRICAL_LOWER,
                         "strict 2eps-packing of M sampled members: lower bound on log N_ext(F, eps)",
                         self._assumptions())
 

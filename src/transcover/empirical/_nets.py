@@ -60,6 +60,7 @@ from torch import Tensor
 
 from .._errors import InputError, check_positive_int
 from .._results import Kind, Quantity
+from ..covering import log_count
 from ._metrics import DEFAULT_BLOCK_ELEMENTS, as_outputs, check_eps, check_q
 from ._predicates import _round_to, gram_filter, ieee_float32_matmul, within, within_rows
 
@@ -467,13 +468,15 @@ class CoveringEstimate:
 
     @property
     def upper(self) -> Quantity:
-        return Quantity(math.log(self.net_size), Kind.CERTIFIED_UPPER,
+        """``ln |net|`` rounded up (THEORY F112, logs of counts: ``math.log(4)`` is 1 ulp below ``ln 4``)."""
+        return Quantity(log_count(self.net_size, "up"), Kind.CERTIFIED_UPPER,
                         "greedy eps-net, centres from the set: log N_int(eps) <= log |net|",
                         ("closed balls", f"metric max_i ||f(x_i)-g(x_i)||_{_qname(self.q)}"))
 
     @property
     def lower(self) -> Quantity:
-        return Quantity(math.log(self.packing_size), Kind.EMPIRICAL_LOWER,
+        """``ln |packing|`` rounded down (THEORY F112, logs of counts)."""
+        return Quantity(log_count(self.packing_size, "down"), Kind.EMPIRICAL_LOWER,
                         "maximal strict 2eps-packing: log N_ext(eps) >= log |packing|",
                         ("closed balls", "free or internal centres"))
 

@@ -33,6 +33,7 @@ from torch import Tensor
 
 from .._errors import InputError, check_positive_int
 from .._results import Kind, Quantity
+from ..covering import log_count
 from ._metrics import as_outputs, check_eps, check_q, distance_matrix
 from ._classes import check_seed
 from ._montecarlo import FunctionSample, check_output_memory
@@ -62,7 +63,8 @@ class UniformSearchResult:
 
     @property
     def lower(self) -> Quantity:
-        return Quantity(math.log(self.best_packing), Kind.EMPIRICAL_LOWER,
+        """``ln best_packing`` rounded down (THEORY F112, logs of counts)."""
+        return Quantity(log_count(self.best_packing, "down"), Kind.EMPIRICAL_LOWER,
                         "strict 2eps-packing on the best sample set found: lower bound on "
                         "log N_inf(F, eps, n) (uniform covering number)",
                         (f"M={self.n_functions} sampled members", f"n={self.n} samples")

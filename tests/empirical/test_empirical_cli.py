@@ -67,7 +67,14 @@ def test_reference_and_uniform_modes(tmp_path):
     (["cover", "finite", "GRID", "--eps", "1", "--q", "3"], "q must be 1, 2 or inf"),
     (["cover", "finite", "BAD", "--eps", "1"], "must have shape"),
     (["cover", "reference", "--functions", "0"], "--functions must be a positive integer"),
-    (["cover", "reference", "--radius", "-1"], "radius scale must be > 0"),
+    (["cover", "reference", "--radius", "-1"], "radius scale must be a finite number > 0"),
+    # inf is no scale (red team 220: "must be > 0, but got scale=inf"); a product beyond float64 is named as one
+    (["cover", "reference", "--radius", "inf"], "radius scale must be a finite number > 0, but got scale=inf"),
+    (["cover", "uniform", "--radius", "nan"], "radius scale must be a finite number > 0, but got scale=nan"),
+    (["cover", "reference", "--radius", "1e308", "--B_KQ", "10"],
+     "radius scale x B_KQ overflows in float64: scale=1e+308 x B_KQ=10.0 = inf"),
+    (["cover", "uniform", "--radius", "1e-300", "--B_V", "1e-30"],
+     "radius scale x B_V underflows to 0 in float64: scale=1e-300 x B_V=1e-30 = 0.0"),
     (["cover", "reference", "--B_KQ", "0"], "B_KQ must be"),
     (["cover", "uniform", "--samples", "-3"], "--samples must be a positive integer"),
     (["cover", "finite", "GRID", "--eps", "1", "--key", "nope"], "holds one array, not named tensors"),  # red team 181

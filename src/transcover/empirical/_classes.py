@@ -89,10 +89,17 @@ class NormRadii:
                 raise InputError(f"radius {f.name} must be a finite number {need}, but got {f.name}={v!r}")
 
     def scaled(self, c: float) -> "NormRadii":
-        """All radii multiplied by ``c`` (the 'norm radius' axis of the asymptotics)."""
-        if not (c > 0 and math.isfinite(c)):
-            raise InputError(f"radius scale must be > 0, but got scale={c!r}")
-        return NormRadii(**{k: v * c for k, v in asdict(self).items()})
+        """All radii multiplied by ``c`` (the 'norm radius' axis of the asymptotics).  A product that leaves the float64
+        range is refused under both names (it was reported as the radius itself: "B_KQ=inf" for scale 1e308 x 10)."""
+        if not (isinstance(c, (int, float)) and not isinstance(c, bool) and math.isfinite(c) and c > 0):
+            raise InputError(f"radius scale must be a finite number > 0, but got scale={c!r}")
+        out = {}
+        for k, v in asdict(self).items():
+            out[k] = v * c
+            if not math.isfinite(out[k]) or (v > 0 and out[k] == 0):
+                what = "overflows" if not math.isfinite(out[k]) else "underflows to 0"
+                raise InputError(f"radius scale x {k} {what} in float64: scale={c!r} x {k}={v!r} = {out[k]!r}")
+        return NormRadii(**out)
 
     def to_dict(self) -> dict[str, float]:
         return asdict(self)

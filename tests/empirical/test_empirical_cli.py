@@ -24,6 +24,24 @@ def test_finite_mode_writes_json_and_plot(tmp_path, capsys):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_plot_is_written_in_the_format_its_suffix_names(tmp_path, capsys):
+    """Red team 220: ``--plot x.svg`` (or .pdf, .txt) wrote PNG bytes with exit 0; as ``perturb``, the suffix now picks
+    the format and any other suffix is refused in one line before any work."""
+    np.save(tmp_path / "grid.npy", np.arange(4.0)[:, None])
+    base = ["cover", "finite", str(tmp_path / "grid.npy"), "--eps", "1", "--quiet"]
+    for suffix, magic in ((".svg", b"<?xml"), (".PDF", b"%PDF-"), (".png", b"\x89PNG\r\n\x1a\n")):
+        path = tmp_path / f"x{suffix}"
+        assert main(base + ["--plot", str(path)]) == 0
+        assert path.read_bytes().startswith(magic), (suffix, path.read_bytes()[:8])
+        assert (b"<svg" in path.read_bytes()) == (suffix == ".svg")
+    capsys.readouterr()
+    json_path = tmp_path / "never.json"
+    assert main(base + ["--plot", str(tmp_path / "x.txt"), "--json", str(json_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"transcover: error: --plot must end in .png or .svg or .pdf, but got --plot={tmp_path / 'x.txt'}"]
+    assert not (tmp_path / "x.txt").exists() and not json_path.exists()
+
+
 @pytest.mark.parametrize("suffix", [".pt", ".safetensors"])
 def test_finite_mode_reads_torch_formats(tmp_path, suffix):
     Y = torch.arange(6.0).reshape(6, 1, 1)

@@ -24,7 +24,7 @@ def _common(p: argparse.ArgumentParser, *, eps_default: list[float] | None, scal
 
         add_deprecated_alias(p, "--workers", "--threads", "threads", type=int)
     p.add_argument("--json", metavar="PATH", default=None, help="write the result as JSON")
-    p.add_argument("--plot", metavar="PATH", default=None, help="write a PNG of log N against eps")
+    p.add_argument("--plot", metavar="PATH", default=None, help="write log N against eps (.png, .svg or .pdf)")
     p.add_argument("--quiet", action="store_true", help="no progress display")
 
 
@@ -119,6 +119,12 @@ def _check(args: argparse.Namespace) -> None:
 
         raise InputError(f"--pool must be >= --n (candidate inputs per restart, of which --n are kept), but got "
                          f"--pool={args.pool}, --n={args.n}")
+    from ..report import check_output_path
+
+    # before any work, and the format the suffix names (--plot x.svg wrote PNG bytes: red team 220)
+    for flag, path, suffixes in (("--json", args.json, ()), ("--plot", args.plot, (".png", ".svg", ".pdf"))):
+        if path is not None:
+            check_output_path(path, flag, suffixes)
 
 
 def _perturb_radii(items: list[str]) -> dict[str, float]:
@@ -251,13 +257,13 @@ def run(args: argparse.Namespace) -> int:
     source = getattr(args, "outputs", None) or getattr(args, "model", None)
     text = (envelope_json(result.to_dict(), schema=f"transcover.cover.{args.mode}", schema_version="1",
                           inputs=[source] if source else []) if args.json else None)
-    png = display_bytes(EmpiricalCoveringDisplay.from_result(result).plot(), args.plot, fmt="png") if args.plot else None
+    figure = display_bytes(EmpiricalCoveringDisplay.from_result(result).plot(), args.plot) if args.plot else None
     tracker.close()
     print_table(Console(), cover_table(result))
     if text is not None:
         atomic_write_text(args.json, text)
         print(f"wrote {args.json}", file=sys.stderr)
-    if png is not None:
-        atomic_write_bytes(args.plot, png)
+    if figure is not None:
+        atomic_write_bytes(args.plot, figure)
         print(f"wrote {args.plot}", file=sys.stderr)
     return 0

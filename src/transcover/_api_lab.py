@@ -43,7 +43,8 @@ def cover(source=None, *, mode: str | None = None, eps: Sequence[float] | float 
         all multiplied by ``radius``; ``functions`` members M (2000), ``samples`` inputs (16) of
         ``seq_len`` tokens).  ``"uniform"``: a lower estimate of the uniform covering number by a
         search over sample sets of size ``n``.  ``"local"``: a model ``source`` plus weight
-        perturbations of spectral radius ``perturb`` per role (default W_1, W_2: 0.05).
+        perturbations of spectral radius ``perturb`` per role in every layer (default W_1, W_2: 0.05); for W_Q,
+        W_K, W_V, W_O the radius bounds each head's block, not the whole matrix.
 
     Returns:
         :class:`transcover._api_results.CoverResult` (``.to_dict()``, ``.plot()``).

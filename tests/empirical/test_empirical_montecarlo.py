@@ -121,6 +121,30 @@ def test_local_class_member_zero_is_the_model_and_radii_hold():
     torch.testing.assert_close(Y[2], transformer_forward(pert, X.double()), rtol=0, atol=F64_TOL)
 
 
+def test_local_radii_are_described_per_head(capsys):
+    """Red team 220: ``--perturb W_Q=R`` bounds each head's block ``||dW_Q^h||_2 <= R``; the whole matrix reaches
+    ``sqrt(H) R``.  The behaviour stays (the module docstring's class); what the user reads says so."""
+    torch.manual_seed(0)
+    model = ReferenceTransformer(ReferenceConfig(d_model=8, n_heads=2, n_layers=1, d_ff=12, head_hidden=(4,)))
+    s = sample_local_class(model, {"W_Q": 0.2, "W_O": 0.2, "W_1": 0.1, "b_2": 0.05, "head": 0.1}, 3,
+                           radial="boundary", seed=3)
+    base, pert = reference_spec(model).layers[0].attention, s.member(1).layers[0].attention
+    dQ, dO = pert.W_Q.double() - base.W_Q.double(), pert.W_O.double() - base.W_O.double()  # (H, d, dh), (H, dh, d)
+    torch.testing.assert_close(torch.linalg.matrix_norm(dQ, 2), torch.full((2,), 0.2, dtype=torch.float64))
+    whole_Q = float(torch.linalg.matrix_norm(torch.cat(list(dQ), dim=1), 2))  # the layer's d x d query map
+    whole_O = float(torch.linalg.matrix_norm(torch.cat(list(dO), dim=0), 2))
+    assert whole_Q > 0.2 * (1 + 1e-3) and whole_O > 0.2 * (1 + 1e-3)  # a whole-matrix reading would be false
+    assert whole_Q <= math.sqrt(2) * 0.2 * (1 + 1e-12) and whole_O <= math.sqrt(2) * 0.2 * (1 + 1e-12)
+    d = s.description
+    assert "W_Q=0.2 (spectral, per head)" in d and "W_O=0.2 (spectral, per head)" in d, d
+    assert "W_1=0.1 (spectral)" in d and "b_2=0.05 (l2)" in d and "head=0.1 (spectral, per MLP-head matrix)" in d, d
+    from transcover.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["cover", "local", "--help"])
+    assert "(per head, not the whole matrix)" in " ".join(capsys.readouterr().out.split())
+
+
 def test_uniform_search_beats_or_matches_random_and_its_packing_is_real():
     s = sample_reference_class(SMALL, NormRadii(), 150, seed=5)
     sampler = lambda c, sd: random_inputs(c, 3, 8, seed=sd)  # noqa: E731

@@ -81,7 +81,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     lo.add_argument("--arch", default=None, help="architecture of a bare .safetensors file")
     lo.add_argument("--strict", action="store_true", help="refuse unexpected tensors inside a layer (default: warn)")
     lo.add_argument("--perturb", nargs="+", default=["W_1=0.05", "W_2=0.05"], metavar="ROLE=R",
-                    help="spectral radius per role (W_Q W_K W_V W_O W_1 W_2 b_1 b_2 head)")
+                    help="radius per role in every layer: spectral norm of each head's block for W_Q W_K W_V W_O "
+                         "(per head, not the whole matrix), of W_1 W_2 and each MLP-head matrix (head); l2 for b_1 b_2")
     lo.add_argument("--radial", default="volume", help="radial law of the perturbations: volume | uniform | boundary")
     lo.add_argument("--functions", type=int, default=500, help="sampled perturbed models M")
     lo.add_argument("--samples", type=int, default=8, help="input sequences n")

@@ -4,7 +4,8 @@
 
     F_{loc} = \\{ f_{\\theta + \\Delta} : \\|\\Delta_{role}\\|_2 \\le r_{role} \\text{ for every perturbed role} \\}
 
-Each perturbed tensor of every layer (per head for ``W_Q, W_K, W_V, W_O``) gets a Gaussian
+Each perturbed tensor of every layer (per head for ``W_Q, W_K, W_V, W_O``: the radius bounds each head's block
+``||Delta_Q^h||_2 <= r``, so the whole matrix's norm reaches ``sqrt(H) r``; each matrix of the MLP head) gets a Gaussian
 ``Delta`` rescaled to spectral norm ``r * rho`` (biases: l2 norm), ``rho`` the radial law of
 ``_classes`` ("volume", "uniform", "boundary").  Its covering number is the *local* covering number
 around the model, the quantity a generalisation argument localised at the trained weights uses;
@@ -31,6 +32,10 @@ from ._classes import _U, _check_radial, _matrix_on_sphere, _vector_on_sphere, c
 __all__ = ["LOCAL_ROLES", "LocalClassSample", "sample_local_class"]
 
 LOCAL_ROLES = ("W_Q", "W_K", "W_V", "W_O", "W_1", "W_2", "b_1", "b_2", "head")
+# what a radius bounds, per layer: the attention roles per head (the module docstring), the rest per tensor
+_RADIUS_OF = {**{role: "(spectral, per head)" for role in ("W_Q", "W_K", "W_V", "W_O")},
+              "W_1": "(spectral)", "W_2": "(spectral)", "b_1": "(l2)", "b_2": "(l2)",
+              "head": "(spectral, per MLP-head matrix)"}
 
 
 @dataclass(frozen=True)
@@ -49,8 +54,11 @@ class LocalClassSample:
 
     @property
     def description(self) -> str:
+        """The class in words, each radius with what it bounds: ``W_Q=0.05`` bounds every head's block
+        ``||dW_Q^h||_2``, not the whole matrix, whose norm reaches ``sqrt(H) 0.05`` (red team 220)."""
+        radii = ", ".join(f"{role}={v!r} {_RADIUS_OF[role]}" for role, v in self.radii.items())
         return (f"local class around {self.spec.name!r} ({self.spec.arch}, {self.spec.n_layers} layers), "
-                f"radii {self.radii}, radial={self.radial}")
+                f"radii (per layer) {radii}, radial={self.radial}")
 
     def member(self, j: int) -> TransformerSpec:
         """The spec of member ``j`` (deterministic in ``(seed, j)``)."""
@@ -134,7 +142,8 @@ def _inside_sum(W: Tensor, D: Tensor, radius: float, role: str) -> Tensor:
 def sample_local_class(model, radii: Mapping[str, float], n_functions: int, *,
                        radial: str = "volume", seed: int = 0,
                        include_center: bool = True) -> LocalClassSample:
-    """The class of ``model`` perturbed within the given spectral radii (module docstring).
+    """The class of ``model`` perturbed within the given spectral radii (module docstring): per head for ``W_Q, W_K,
+    W_V, W_O``, per matrix for ``W_1, W_2`` and each head matrix, l2 for ``b_1, b_2``, in every layer.
 
     Args:
         model: a :class:`~transcover.model.TransformerSpec` or a

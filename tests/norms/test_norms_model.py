@@ -159,3 +159,55 @@ def test_rounding_pad_dominates_the_sum_of_squares_error(n):
     if n <= 10**6:  # the vectors the covering pad was stated for
         assert _model_bound._PAD >= 2 * gamma
     assert math.isfinite(rounding_pad(np.float32)) and rounding_pad(np.float32) > rounding_pad()
+
+
+def _exact_product_difference(sa: float, Aa, Ba, sb: float, Ab, Bb):  # noqa: ANN001, ANN202
+    """``||sa Aa Ba - sb Ab Bb||_2`` in mpmath (320 bits, conftest) of the stored floats, and the balanced scale
+    ``||dA||_F ||B_a||_F + ||A_b||_F ||dB||_F`` of the scaled factors (Note [product differences])."""
+    import mpmath
+
+    def mat(x):  # noqa: ANN001, ANN202
+        return mpmath.matrix(torch.as_tensor(x).double().tolist())
+
+    A1, B1, A2, B2 = (mat(x) for x in (Aa, Ba, Ab, Bb))
+    A1, A2 = A1 * mpmath.mpf(sa), A2 * mpmath.mpf(sb)
+    exact = max(mpmath.svd_r(A1 * B1 - A2 * B2, compute_uv=False))
+    scale = mpmath.mnorm(A1 - A2, "f") * mpmath.mnorm(B1, "f") + mpmath.mnorm(A2, "f") * mpmath.mnorm(B1 - B2, "f")
+    return exact, scale
+
+
+@pytest.mark.parametrize("other_scale", [None, 0.4375])
+def test_product_distances_of_float32_models_an_ulp_apart_are_tight(other_scale):
+    """Red team 220: two float32 checkpoints 1e-7 apart got ||dW_KQ|| = 3.37e-6 against an exact 1.35e-8 (250x) and
+    ||dW_OV|| 6.79e-6 against 3.07e-9 (2200x): the certificate of the concatenated product [A_a, -A_b][B_a; B_b] errs
+    by about sqrt(r u) times the weights' size, not the change's.  The distance must lie above the exact one (320-bit
+    mpmath) and within the certificate's own terms of it: its rtol (1e-6 on the square) and the Gram floor
+    sqrt(64 r u) times the balanced factors' scale (err_K <= 4 gamma_r ||P||_F^2 ||Q||_F^2, charged a few times over,
+    with the power-of-two balance within 1.25 of the best), r = 2 d_head.  A scale that differs (0.4375 against
+    0.5) takes the route that forms the scaled factors."""
+    torch.manual_seed(3)
+    a = ReferenceTransformer(ReferenceConfig(d_model=8, n_heads=2, n_layers=1, d_ff=12))
+    b = copy.deepcopy(a)
+    with torch.no_grad():
+        for p in b.parameters():  # float32: about half the entries move by an ulp or two, the rest stay
+            p.add_(1e-7 * p.abs() * torch.randn_like(p))
+    sa, sb = reference_spec(a), reference_spec(b)
+    assert sa.layers[0].attention.W_Q.dtype == torch.float32
+    if other_scale is not None:
+        sb = dataclasses.replace(sb, layers=tuple(dataclasses.replace(
+            layer, attention=dataclasses.replace(layer.attention, scale=other_scale)) for layer in sb.layers))
+    m = measure_model(sa, reference=sb)
+    aa, ab = sa.layers[0].attention, sb.layers[0].attention
+    r = 2 * aa.d_head
+    tight = 0
+    for h in range(aa.n_heads):
+        qa, ka, va, oa = aa.head(h)
+        qb, kb, vb, ob = ab.head(h)
+        for role, args in ((f"W_KQ.{h}", (aa.softmax_scale, qa, ka.T, ab.softmax_scale, qb, kb.T)),
+                           (f"W_OV.{h}", (1.0, va, oa, 1.0, vb, ob))):
+            exact, scale = _exact_product_difference(*args)
+            got = m.distances[(0, role)].value
+            assert exact <= got, (role, got, exact)
+            assert got <= exact * (1 + 1e-6) + math.sqrt(64 * r * _U) * 1.25 * scale, (role, got, exact, scale)
+            tight += exact > 0 and got <= exact * (1 + 1e-6)
+    assert tight == 2 * aa.n_heads  # the changes are far above the certificate's floor: the distances are exact

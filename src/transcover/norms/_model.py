@@ -37,7 +37,9 @@ two models of a pair must then share the softmax scale and the norms' eps (refus
 Note [distances]: a matrix present in both models is compared directly; a bias or normalisation
 scale present in one model only is compared with zeros (ones for gamma), which is what the other
 model's forward pass uses (Note [structural differences] in ``model._compare``).  Differences of
-products are products of concatenated factors (rank <= 2 d_head), so no d x d matrix is formed.
+products are products of concatenated factors (rank <= 2 d_head), so no d x d matrix is formed: the
+factors' differences balanced against the factors (Note [product differences]), so that the certificate's
+error scales with the change, not with the weights.
 
 Note [one engine]: this module is the only place the certified norms of a model's matrices are
 measured.  Per layer, :func:`layer_arrays` makes one float64 copy of the attention weights and
@@ -452,9 +454,61 @@ def _kq_distance(aa: AttentionSpec, ab: AttentionSpec, h: int, entrywise: bool) 
         sp = (matrix_interval(s * qa - st * qb).upper * matrix_interval(ka).upper + st * matrix_interval(qb).upper * matrix_interval(ka - kb).upper)
         sp = _spectral.up(sp * (1 + 4 * 2.0**-52))
         return Distance("spectral", sp, _rope_l21(sp, qa.shape[0], 2 * qa.shape[1]) if entrywise else None)
+    if s == st:  # s (Q K^T - Q~ K~^T): the scale, a positive float, multiplied once and rounded up
+        sp = _spectral.up(abs(s) * product_difference_upper(qa, ka.T, qb, kb.T) * (1 + 4 * 2.0**-52))
+    else:  # the scaled factors as formed, plus their rounding (each entry within 2^-53 of itself, 2^-1075 below)
+        sqa, sqb = s * qa, st * qb
+        fro = _fro_upper
+        slack = (2.0**-52 * (fro(sqa) * fro(ka) + fro(sqb) * fro(kb))
+                 + 2.0**-1074 * math.sqrt(qa.numel()) * (fro(ka) + fro(kb)))
+        sp = _spectral.up((product_difference_upper(sqa, ka.T, sqb, kb.T) + slack) * (1 + 4 * 2.0**-52))
+    if not entrywise:
+        return Distance("spectral", sp, None)
     P, Q = torch.cat([s * qa, -st * qb], 1), torch.cat([ka, kb], 1).T
-    l21 = _entrywise.product_l21_interval(_np(P), _np(Q)).upper if entrywise else None
-    return Distance("spectral", product_interval(P, Q).upper, l21)
+    return Distance("spectral", sp, _entrywise.product_l21_interval(_np(P), _np(Q)).upper)
+
+
+# Note [product differences]: ``A_a B_a - A_b B_b`` (a head's ``W_Q W_K^T`` or ``W_V W_O`` in two models) was
+# certified as the product of the concatenations ``[A_a, -A_b] [B_a; B_b]``.  The Gram certificate of a product is
+# accurate to about ``sqrt(r u) ||[A_a, -A_b]|| ||[B_a; B_b]||`` in absolute terms, which is the size of the weights,
+# not of their change: two float32 checkpoints 1e-8 apart got 3.37e-6 for an exact 1.35e-8 (W_KQ) and 6.79e-6 for
+# 3.07e-9 (W_OV), red team 220.  The same matrix is ``dA B_a + A_b dB`` (``dA = A_a - A_b``, ``dB = B_a - B_b``), the
+# product of ``[dA t, A_b / t]`` and ``[B_a / t; dB t]`` for every ``t > 0``; ``t``, a power of two (exact; kept only
+# where it scales back exactly, else 1), balances the blocks: ``t^4 = ||A_b|| ||B_a|| / (||dA|| ||dB||)`` brings the
+# factors' Frobenius norms' product down to ``||dA|| ||B_a|| + ||A_b|| ||dB||``, so the certificate's error scales
+# with the change.  The subtractions round: ``|fl(x - y) - (x - y)| <= 2^-53 |x - y| <= 2^-52 |fl(x - y)|`` (exact
+# where the result is subnormal), so the exact matrix is within ``2^-52 (||dA||_F ||B_a||_F + ||A_b||_F ||dB||_F)``
+# of the computed factors' product in spectral norm, and that is added.
+def product_difference_upper(Aa, Ba, Ab, Bb) -> float:  # noqa: ANN001  (float64 torch)
+    """A certified upper bound on ``||A_a B_a - A_b B_b||_2`` for float64 factors taken as exact, through one
+    :func:`product_interval` of balanced factors (Note [product differences])."""
+    import torch
+
+    dA, dB = Aa - Ab, Ba - Bb
+    if not (bool(torch.isfinite(dA).all()) and bool(torch.isfinite(dB).all())):  # a difference beyond float64
+        return product_interval(torch.cat([Aa, -Ab], 1), torch.cat([Ba, Bb], 0)).upper
+    a, b, c, e = (_fro_upper(X) for X in (dA, Ab, Ba, dB))
+    if (a == 0.0 or c == 0.0) and (b == 0.0 or e == 0.0):  # both terms vanish (the subtractions were exact)
+        return 0.0
+    if a == 0.0 or c == 0.0:  # only A_b dB is left
+        P, Q = Ab, dB
+    elif b == 0.0 or e == 0.0:  # only dA B_a
+        P, Q = dA, Ba
+    else:
+        k = round((math.log2(b) + math.log2(c) - math.log2(a) - math.log2(e)) / 4)
+        k = max(-1000, min(1000, k))
+        t, it = 2.0**k, 2.0**-k
+        blocks = (dA * t, Ab * it, Ba * it, dB * t)
+        if not all(torch.equal(x * f, y) for x, f, y in zip(blocks, (it, t, t, it), (dA, Ab, Ba, dB))):
+            blocks = (dA, Ab, Ba, dB)  # a block under- or overflowed: unbalanced, still the same matrix
+        P, Q = torch.cat(blocks[:2], 1), torch.cat(blocks[2:], 0)
+    main = product_interval(P, Q).upper
+    return _spectral.up((main + 2.0**-52 * (a * c + b * e)) * (1 + 4 * 2.0**-52))
+
+
+def _fro_upper(X) -> float:  # noqa: ANN001
+    """An upper bound on ``||X||_F`` of a float64 torch matrix (0 for a zero one)."""
+    return _entrywise.frobenius_interval(_np(X)).upper if bool(X.any()) else 0.0
 
 
 def _attention_distances(aa: AttentionSpec, ab: AttentionSpec, i: int, entrywise: bool) -> dict:
@@ -473,9 +527,10 @@ def _attention_distances(aa: AttentionSpec, ab: AttentionSpec, i: int, entrywise
         if va.shape == vb.shape and torch.equal(va, vb) and torch.equal(oa, ob):
             out[(i, f"W_OV.{h}")] = Distance("spectral", 0.0, 0.0 if entrywise else None)
         else:
-            P, Q = torch.cat([va, -vb], 1), torch.cat([oa, ob], 0)
+            P, Q = torch.cat([va, -vb], 1), torch.cat([oa, ob], 0)  # V O - V~ O~ (the (2,1) norm's factors)
             out[(i, f"W_OV.{h}")] = Distance(
-                "spectral", product_interval(P, Q).upper, _entrywise.product_l21_interval(_np(P), _np(Q)).upper if entrywise else None)
+                "spectral", product_difference_upper(va, oa, vb, ob),
+                _entrywise.product_l21_interval(_np(P), _np(Q)).upper if entrywise else None)
         if not split and aa.rope is None and (aa.b_Q is not None or ab.b_Q is not None):
             # b_K cancels in the softmax; s b_Q W_K^T is the query bias's only effect (Note [attention biases])
             ba = torch.zeros(ka.shape[1], dtype=torch.float64) if aa.b_Q is None else _t(aa.b_Q[h])

@@ -377,3 +377,100 @@ def test_the_inputs_are_the_files_read(ref_file, tmp_path):
     with pytest.warns(transcover.TranscoverWarning, match="model.safetensors is read"):
         transcover.load(d)
     assert [Path(i["path"]).name for i in input_hashes(d)] == ["model.safetensors"]
+
+
+@pytest.fixture(scope="module")
+def worded_bert(tmp_path_factory) -> Path:
+    """A 1-layer BERT with a word-level ``tokenizer.json`` of its 100-token vocabulary, and two lines of text."""
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    d = tmp_path_factory.mktemp("worded") / "bert"
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=100, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                  intermediate_size=32, max_position_embeddings=32)
+    transformers.BertModel(cfg).save_pretrained(str(d), safe_serialization=True)
+    words = "the of and a to in is was it for on with as by at from".split()
+    vocab = {"[UNK]": 0, **{w: i + 1 for i, w in enumerate(words)}}
+    vocab.update({f"x{k}": k for k in range(len(vocab), 100)})
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(d / "tokenizer.json"))
+    (d.parent / "texts.txt").write_text("the of and a to in is was\nit for on with as by at from\n")
+    return d
+
+
+def _local_then(monkeypatch, change) -> None:
+    """``change()`` run right after ``lipschitz --data``'s local table is computed: after the data was read."""
+    import transcover.lipschitz as L
+
+    table = L.local_table
+
+    def then_change(*args, **kwargs):
+        rows = table(*args, **kwargs)
+        change()
+        return rows
+
+    monkeypatch.setattr(L, "local_table", then_change)
+
+
+def test_the_tokenizer_that_split_the_texts_is_an_input(worded_bert, tmp_path):
+    """Red team 222: the tokenizer.json that turned the texts into token ids was never listed, so two folders with
+    one set of weights and texts but different tokenizers certified different constants under identical inputs."""
+    js = tmp_path / "l.json"
+    texts = worded_bert.parent / "texts.txt"
+    assert main(["lipschitz", str(worded_bert), "--data", str(texts), "--limit", "1", "--no-lower", "--quiet",
+                 "--json", str(js)]) == 0
+    tok = worded_bert / "tokenizer.json"
+    listed = {i["path"]: i["sha256"] for i in json.loads(js.read_text())["inputs"]}
+    assert listed == {str(worded_bert / "config.json"): file_sha256(worded_bert / "config.json"),
+                      str(worded_bert / "model.safetensors"): file_sha256(worded_bert / "model.safetensors"),
+                      str(texts): file_sha256(texts), str(tok): file_sha256(tok)}
+
+
+@pytest.mark.parametrize("what", ["ids.npy", "texts.txt", "tokenizer.json"])
+def test_data_rewritten_after_it_was_read_is_refused_and_nothing_written(worded_bert, tmp_path, capsys, monkeypatch,
+                                                                         what):
+    """Red team 222: ``--data`` files were hashed at the end of the run, never compared with what was read: a data
+    file (or the tokenizer of its texts) rewritten after the read was listed with its new content's hash beside
+    constants certified at the old content, exit 0.  They are now held to their identity when read, as weights are."""
+    import shutil
+
+    import numpy as np
+
+    model = tmp_path / "bert"
+    shutil.copytree(worded_bert, model)
+    np.save(tmp_path / "ids.npy", np.array([[1, 2, 3, 4]], dtype=np.int64))
+    shutil.copy(worded_bert.parent / "texts.txt", tmp_path / "texts.txt")
+    data = tmp_path / ("texts.txt" if what == "tokenizer.json" else what)
+    target = model / what if what == "tokenizer.json" else data
+    _local_then(monkeypatch, lambda: _rewrite_in_place(target, keep_mtime=False))
+    js = tmp_path / "l.json"
+    assert main(["lipschitz", str(model), "--data", str(data), "--limit", "1", "--no-lower", "--quiet",
+                 "--json", str(js)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{target} was replaced or rewritten after it was read" in err, err
+    assert not js.exists()
+
+
+def test_a_history_appended_to_after_it_was_read_is_refused_and_nothing_written(ref_file, tmp_path, capsys,
+                                                                                 monkeypatch):
+    """Red team 222: ``report --history`` hashed the history at the end of the run: a training run appending a record
+    after the report had read it gave the new file's hash beside plots of the old records, exit 0."""
+    import transcover.norms as N
+
+    hist = tmp_path / "history.jsonl"
+    hist.write_text("".join(json.dumps({"step": k, "loss": 1.0 / (k + 1)}) + "\n" for k in range(3)))
+    analyze = N.analyze_spec
+
+    def then_append(*args, **kwargs):
+        with hist.open("a") as fh:  # as a running `transcover train` does
+            fh.write(json.dumps({"step": 3, "loss": 0.2}) + "\n")
+        return analyze(*args, **kwargs)
+
+    monkeypatch.setattr(N, "analyze_spec", then_append)
+    out = tmp_path / "r.html"
+    assert main(["report", str(ref_file), "--history", str(hist), "--no-lower", "--quiet", "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{hist} was replaced or rewritten after it was read" in err, err
+    assert not out.exists()

@@ -199,6 +199,38 @@ def test_a_state_json_that_does_not_fit_the_weights_is_one_line(run, tmp_path, c
     assert "does not fit the model its state.json describes" in err and len(err.strip().splitlines()) == 1
 
 
+def test_the_inputs_of_a_run_are_the_checkpoint_files_read(run, tmp_path, capsys):
+    """Red team 222: a run folder's JSON listed ``"inputs": []`` (the envelope globbed the folder given, which holds
+    no weights), and a checkpoint folder every file of a model suffix in it, read or not: optimizer.pt, a stray
+    notes.json, another model's stray.safetensors.  The inputs are the files the load reads: state.json (the model
+    and its task) and model.safetensors."""
+    from transcover.report import file_sha256, input_hashes
+
+    ck = _copy_run(run, tmp_path / "run") / "checkpoint"
+    (ck / "notes.json").write_text("{}")
+    (ck / "stray.safetensors").write_bytes((ck / "model.safetensors").read_bytes())
+    want = [{"path": str(ck / n), "sha256": file_sha256(ck / n), "bytes": (ck / n).stat().st_size}
+            for n in ("state.json", "model.safetensors")]
+    js = tmp_path / "a.json"
+    for source in (ck.parent, ck):
+        assert main(["analyze", str(source), "--quiet", "--json", str(js)]) == 0
+        assert json.loads(js.read_text())["inputs"] == want, source
+    assert input_hashes(ck.parent) == want
+
+
+def test_a_run_state_rewritten_after_it_was_read_is_refused(run, tmp_path):
+    """Red team 222: state.json, which rebuilds the model and its task, was hashed without being held to what the load
+    read; a state rewritten after the load was listed with its new content's hash."""
+    from transcover.report import input_hashes
+
+    ck = _copy_run(run, tmp_path / "run") / "checkpoint"
+    transcover.load(ck)
+    state = ck / "state.json"
+    state.write_text(state.read_text() + "\n")  # the same state, other bytes: the checksum would not be of the read
+    with pytest.raises(transcover.InputError, match="state.json was replaced or rewritten after it was read"):
+        input_hashes(ck)
+
+
 def test_a_model_folder_holding_a_run_is_read_as_the_model(run, tmp_path):
     from transcover.model import ReferenceConfig, ReferenceTransformer, save_reference
 

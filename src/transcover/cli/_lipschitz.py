@@ -273,7 +273,10 @@ def run_local(args: argparse.Namespace) -> int:
     outputs = []  # every output rendered before any is written
     if args.json:
         payload = local_payload(spec.name, len(seqs), rhos, bool(args.rho_relative), rows)
-        data_input = [args.data] if args.data not in ("sklearn-descr", "task") else []
+        from ..train import data_files
+
+        # the files read for the data: the file, the tokenizer of texts (red team 222); sklearn-descr by name
+        data_input = data_files(spec, args.data)
         outputs.append((args.json, envelope_json(payload, schema="transcover.lipschitz.local", schema_version="1",
                                                  inputs=[*model_inputs(args, args.model), *data_input]).encode()))
     if getattr(args, "csv", None):

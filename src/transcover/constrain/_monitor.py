@@ -45,6 +45,7 @@ from torch import nn
 
 from .._errors import InputError
 from .._io import atomic_write_text
+from ..model import read_recorded
 from ._measure import certified_model_norms, certified_slot_uppers, exact_slot_norms, forward_weights
 from ._penalties import capacity_proxy
 from ._slots import GROUPS, find_slots
@@ -227,8 +228,8 @@ def read_history(path: str | os.PathLike[str], *, torn_tail: bool = False) -> li
     path = Path(path)
     if not path.exists():
         raise InputError(f"history file {path} does not exist")
-    try:
-        lines = path.read_bytes().decode("utf-8").splitlines()
+    try:  # recorded with its identity when read: the JSON envelope refuses it changed since (Note [inputs read])
+        lines = read_recorded(path, lambda f: f.read()).decode("utf-8").splitlines()
     except UnicodeDecodeError:
         raise InputError(f"history file {path} is not UTF-8 text (a monitor's .jsonl)") from None
     except OSError as err:

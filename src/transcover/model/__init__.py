@@ -66,6 +66,8 @@ from ._load import bundled_model_dir as bundled_model_dir
 from ._load import files_read as files_read
 from ._files import identity as file_identity
 from ._files import identity_when_read as identity_when_read
+from ._files import read_recorded as read_recorded
+from ._files import read_text as read_text
 from ._load import load as load
 from ._load import spec_from_module as spec_from_module
 from ._module_checks import refuse_rewritten_forward as refuse_rewritten_forward
@@ -77,10 +79,12 @@ from ._data import max_sequence_length as max_sequence_length
 from ._data import sequence_length as sequence_length
 from ._data import sequence_too_long as sequence_too_long
 from ._data import load_inputs as load_inputs
+from ._data import data_files as data_files
+from ._data import BuiltinData as BuiltinData
 
 __all__ += ["SUPPORTED_ARCHITECTURES", "bundled_model_dir", "files_read", "file_identity", "identity_when_read",
-            "load", "spec_from_module", "refuse_rewritten_forward",
-            "load_inputs",
+            "read_recorded", "read_text", "load", "spec_from_module", "refuse_rewritten_forward",
+            "load_inputs", "data_files", "BuiltinData",
             "inputs_from_array", "check_sequence_length", "max_sequence_length", "default_sequence_length",
             "sequence_length", "sequence_too_long"]
 

@@ -26,14 +26,17 @@ from __future__ import annotations
 import math
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from .._errors import InputError
+from ._files import read_recorded, read_text
 from ._spec import TransformerSpec
 
-__all__ = ["load_inputs", "inputs_from_array", "sklearn_sentences", "tokenize_texts", "embed_ids", "SKLEARN_DESCR"]
+__all__ = ["load_inputs", "inputs_from_array", "sklearn_sentences", "tokenize_texts", "embed_ids", "SKLEARN_DESCR",
+           "data_files", "BuiltinData"]
 
 SKLEARN_DESCR = "sklearn-descr"
 PAD_ID = -1  # trailing entries of a token-id row that are not tokens
@@ -159,16 +162,45 @@ def embed_ids(spec: TransformerSpec, ids: np.ndarray) -> list:
     return out
 
 
-def _tokenizer_file(spec: TransformerSpec) -> Path:
+def _tokenizer_path(spec: TransformerSpec) -> Path:
+    """Where the model's ``tokenizer.json`` lies (beside its weights), whether or not it is there."""
     from ._load import BUNDLED_NAME, bundled_model_dir
 
     base = bundled_model_dir() if spec.name == BUNDLED_NAME else Path(spec.name)
     if base.is_file():
         base = base.parent
-    path = base / "tokenizer.json"
+    return base / "tokenizer.json"
+
+
+def _tokenizer_file(spec: TransformerSpec) -> Path:
+    path = _tokenizer_path(spec)
     if not path.exists():
         raise InputError(f"no tokenizer.json beside the model {spec.name}; give token ids or embeddings (.npy)")
     return path
+
+
+@dataclass(frozen=True)
+class BuiltinData:
+    """A data set that ships with an installed package (``sklearn-descr``), not a file the user gave: the JSON
+    envelope names it with ``sha256: null`` (``report.input_hashes`` lists an object that is no path by its name)."""
+
+    name: str
+
+
+def data_files(spec: TransformerSpec, source: object) -> list:
+    """What :func:`load_inputs` reads for ``spec`` from ``source``, for the JSON envelope's ``inputs``: the data file
+    and, for texts (``.txt``, ``sklearn-descr``), the model's ``tokenizer.json``, which chose the token ids as much
+    as the texts did (red team 222: two folders with one set of weights and texts but different tokenizers certified
+    different constants under identical input lists); ``sklearn-descr`` as a :class:`BuiltinData`; nothing for an
+    array in memory.  Each file was recorded with its identity when read (Note [inputs read] in ``_files``)."""
+    if not isinstance(source, (str, os.PathLike)):
+        return []
+    texts = source == SKLEARN_DESCR or str(source).endswith(".txt")
+    tok = _tokenizer_path(spec) if texts and "token_embedding" in spec.embeddings else None
+    tokenizer = [tok] if tok is not None and tok.is_file() else []
+    if source == SKLEARN_DESCR:
+        return [BuiltinData(SKLEARN_DESCR), *tokenizer]
+    return [source, *tokenizer]
 
 
 def tokenize_texts(spec: TransformerSpec, texts: list[str], max_len: int | None = None) -> list[np.ndarray]:
@@ -179,8 +211,12 @@ def tokenize_texts(spec: TransformerSpec, texts: list[str], max_len: int | None 
     if not texts:
         raise InputError("the data is empty (no non-blank line of text)")
     path = _tokenizer_file(spec)
+    try:  # read here, recorded with its identity: the envelope lists it (Note [inputs read] in ``_files``)
+        raw = read_text(path)
+    except (OSError, UnicodeDecodeError) as err:
+        raise InputError(f"cannot read {path}: {err}") from None
     try:
-        tok = Tokenizer.from_file(str(path))
+        tok = Tokenizer.from_str(raw)
     except Exception as err:  # the tokenizers library raises a bare Exception for a malformed file (stop 38)
         raise InputError(f"cannot read {path}: {' '.join(str(err).split())[:200]}") from None
     vocab = int(spec.embeddings["token_embedding"].shape[0]) if "token_embedding" in spec.embeddings else None
@@ -248,16 +284,16 @@ def load_inputs(spec: TransformerSpec, source: str, *, max_len: int | None = Non
     if not path.exists():
         raise InputError(f"--data: no such file: {source}")
     if path.suffix == ".txt":
-        try:
-            texts = path.read_text(encoding="utf-8").splitlines()
+        try:  # recorded with its identity when read (Note [inputs read] in ``_files``)
+            texts = read_text(path).splitlines()
         except UnicodeDecodeError:
             raise InputError(f"--data: {source} is not UTF-8 text") from None
         ids = tokenize_texts(spec, texts, max_len)
         return embed_ids(spec, ids[:limit] if limit else ids)
     if path.suffix != ".npy":
         raise InputError(f"--data must be a .npy array, a .txt file or {SKLEARN_DESCR}, but got {source}")
-    try:
-        arr = np.load(path, allow_pickle=False)
+    try:  # recorded with its identity when read (Note [inputs read] in ``_files``)
+        arr = read_recorded(path, lambda f: np.load(f, allow_pickle=False))
     except (ValueError, OSError, EOFError) as e:  # EOFError: a 0-byte file
         why = ("not a .npy array, or an object array, which is never unpickled" if "pickle" in str(e) else str(e))
         raise InputError(f"--data: cannot read {source} as a numpy array ({why})") from None

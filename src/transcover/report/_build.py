@@ -174,9 +174,12 @@ def compute_report(model=None, *, arch=None, allow_pickle=False, strict=False, r
     except NoFiniteBound as err:  # the other sections still hold; the page says why this one is missing (red team 169)
         bound, bound_note = None, f"no covering bound: {err}"
     timings["bound"] = time.perf_counter() - t
+    from ..train import data_files
+
+    # the data's files as read: the file, the tokenizer of texts (red team 222); a built-in set by name
     inputs = input_hashes(model, *([roles] if isinstance(roles, (str, os.PathLike)) else []),
                           *([history] if history is not None else []),
-                          *([data] if data is not None else []))
+                          *(data_files(spec, data) if data is not None else []))
     return ReportData(spec.name, model, analysis, bounds, lower, bound, dict(spec.config), inputs, options,
                       records, None if history is None else str(history), local,
                       None if data is None else str(data), timings, (*spec.warnings, *history_notes),

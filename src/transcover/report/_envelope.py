@@ -4,7 +4,8 @@ The envelope *adds* keys around a command's payload (the payload's own keys stay
 were, so readers of the older files keep working): ``schema`` and ``schema_version`` name the
 payload's layout, ``tool`` and ``tool_version`` the program that wrote it, ``command_line`` how
 it was called and ``inputs`` the SHA-256 of every file read (a model directory lists the config, weight and
-shard files its load reads), so a result can be traced to exactly the weights it measured; a file changed since
+shard files its load reads, a training run its ``state.json`` and weights; ``--data`` and ``--history`` files, and
+the tokenizer that split the texts), so a result can be traced to exactly the weights it measured; a file changed since
 the loader read it is refused (Note [inputs read] in ``model._files``).
 """
 
@@ -19,7 +20,6 @@ from pathlib import Path
 
 __all__ = ["envelope", "envelope_json", "input_hashes", "file_sha256"]
 
-_MODEL_FILES = (".safetensors", ".json", ".bin", ".pt", ".pth", ".index.json")
 _HASH_CACHE: dict[tuple, str] = {}
 
 
@@ -69,27 +69,23 @@ def _model_path(source) -> Path | None:
 
 
 def _files(path: Path) -> list[Path]:
-    """The files of ``path`` to hash: those a load of it reads (``model.files_read``: config, weights, every shard an
-    index names, in subfolders too); a training checkpoint's folder, or one without model weights, its model files
-    (not sub-folders)."""
-    from .._errors import InputError
+    """The files of ``path`` to hash: those a load of it reads (a training run: ``train.checkpoint_files``, its
+    checkpoint's ``state.json`` and ``model.safetensors``; any other model: ``model.files_read``, config, weights,
+    every shard an index names, in subfolders too; a data or history file: itself).  Never a folder's listing: a run
+    folder listed nothing, and a checkpoint folder every file of a model suffix in it, read or not (red team 222)."""
     from ..model import files_read
-    from ..train import is_train_checkpoint
+    from ..train import checkpoint_files
 
-    if not (path.is_dir() and is_train_checkpoint(path)):
-        try:
-            return files_read(path)
-        except InputError:
-            if not path.is_dir():
-                raise
-    return sorted(f for f in path.iterdir() if f.is_file() and f.name.endswith(_MODEL_FILES))
+    run = checkpoint_files(path) if path.is_dir() else None
+    return run if run is not None else files_read(path)
 
 
 def input_hashes(*sources) -> list[dict[str, object]]:
     """``[{"path", "sha256", "bytes"}]`` for each file a source names (``None``: the bundled model).
 
-    A model (folder, weights file, shard index) contributes the files its load reads (config, weights, every shard);
-    a name that is not a path (an in-memory model, a hub name) is listed with ``sha256: null``.
+    A model (folder, weights file, shard index, training run) contributes the files its load reads (config, weights,
+    every shard; a run's ``state.json`` and weights); a data or history file itself; a name that is not a path (an
+    in-memory model, a hub name, a built-in data set: ``model.BuiltinData``) is listed with ``sha256: null``.
 
     Note [inputs read] (``model._files``): a file the loader read in this process must still be what it read, or the
     checksum would describe other bytes than those analysed (red team 219: a shard rewritten after it was read was

@@ -74,12 +74,15 @@ def _sibling(folder: Path, suffix: str) -> Path:
     return folder.with_name(folder.name + suffix)
 
 
-def _torn(folder: Path, files: dict, names) -> str | None:  # noqa: ANN001
+def _torn(folder: Path, files: dict, names, read: dict | None = None) -> str | None:  # noqa: ANN001
     """The first of ``names`` whose bytes are not the file ``files`` (state.json's digests) names, else None (Note
-    [torn checkpoint])."""
+    [torn checkpoint]); ``read``: bytes already read, by name (checked as read, not read again)."""
+    read = read or {}
     for name, digest in files.items():
-        if name in names and hashlib.sha256((folder / name).read_bytes()).hexdigest() != digest:
-            return name
+        if name in names:
+            data = read[name] if name in read else (folder / name).read_bytes()
+            if hashlib.sha256(data).hexdigest() != digest:
+                return name
     return None
 
 
@@ -117,7 +120,9 @@ def load_checkpoint(folder: str | os.PathLike[str], model: nn.Module,
     Raises:
         InputError: a missing or unreadable file, or weights that do not fit ``model``.
     """
-    from safetensors.torch import load_file
+    from safetensors.torch import load as load_bytes
+
+    from ..model import read_recorded, read_text
 
     folder = Path(folder)
     recover_checkpoint(folder)  # Note [checkpoint swap]
@@ -126,19 +131,21 @@ def load_checkpoint(folder: str | os.PathLike[str], model: nn.Module,
     for name in needed:
         if not (folder / name).is_file():
             raise InputError(f"checkpoint file {folder / name} does not exist")
-    try:
-        state = json.loads((folder / "state.json").read_text())
+    try:  # state.json and the weights recorded with their identity when read (Note [inputs read] in model._files)
+        state = json.loads(read_text(folder / "state.json"))
     except json.JSONDecodeError as err:
         raise InputError(f"checkpoint state {folder / 'state.json'} is not valid JSON: {err}") from None
     files = state.get("files") if isinstance(state, dict) else None
     if files is not None and (not isinstance(files, dict) or not set(files) <= {"model.safetensors", "optimizer.pt"}):
         raise InputError(f"checkpoint state {folder / 'state.json'} has a malformed 'files' entry")
-    name = _torn(folder, files or {}, needed)  # Note [torn checkpoint]
+    # the weights are read once: the bytes checked against state.json's digest are the bytes loaded and recorded
+    raw = read_recorded(folder / "model.safetensors", lambda f: f.read())
+    name = _torn(folder, files or {}, needed, {"model.safetensors": raw})  # Note [torn checkpoint]
     if name is not None:
         raise InputError(f"checkpoint {folder} is torn: {name} is not the file its state.json was written "
                          "with (a write was interrupted); train again without --resume")
     try:
-        weights = load_file(str(folder / "model.safetensors"))
+        weights = load_bytes(raw)
     except Exception as err:  # safetensors raises its own error types for corrupt files
         raise InputError(f"cannot read {folder / 'model.safetensors'}: {err}") from None
     bad = [k for k, t in weights.items() if t.is_floating_point() and not bool(t.isfinite().all())]

@@ -20,7 +20,7 @@ from .._errors import InputError
 from .._results import ClippedQuantity, Kind, Quantity
 from ..constrain import ConstraintConfig, Constrainer, TrainingMonitor, constrain, find_slots, grad_norm
 from .._errors import check_positive_int, check_radius
-from ..model import ReferenceConfig, ReferenceTransformer, open_safetensors
+from ..model import ReferenceConfig, ReferenceTransformer, identity_when_read, open_safetensors
 from ._checkpoint import load_checkpoint, save_checkpoint
 from ._tasks import Task, load_task
 
@@ -421,8 +421,10 @@ def _checkpoint_task(folder: Path) -> tuple[TrainConfig, Task]:
     """The training config in ``folder``'s ``state.json`` and its task, rebuilt from the same seed."""
     import json
 
-    try:
-        state = json.loads((folder / "state.json").read_text())
+    from ..model import read_text
+
+    try:  # recorded with its identity when read (Note [inputs read] in model._files)
+        state = json.loads(read_text(folder / "state.json"))
         config = TrainConfig.from_dict(state["config"])
     except (OSError, json.JSONDecodeError, KeyError, TypeError) as err:
         raise InputError(f"{folder} is not a transcover training checkpoint (state.json: {err})") from None
@@ -454,7 +456,12 @@ def checkpoint_spec(folder: str | Path):
     constrain(model, config.constraint)
     load_checkpoint(folder, model)
     spec = _plain_spec(model, name=str(folder))  # named by its folder in every table, JSON and report
-    # the weights' dtypes as the checkpoint stores them (the report's model card said "?": red team 215)
-    stored = open_safetensors(folder / "model.safetensors").stored_dtypes()
+    # the weights' dtypes as the checkpoint stores them (the report's model card said "?": red team 215); their
+    # header is read again, so it must be the file loaded, whose identity the JSON envelope's checksum is held to
+    weights = folder / "model.safetensors"
+    loaded = identity_when_read(weights)
+    stored = open_safetensors(weights).stored_dtypes()
+    if identity_when_read(weights) != loaded:
+        raise InputError(f"{weights} changed while it was read; rerun on a copy that does not change")
     spec = replace(spec, config={**spec.config, "storage_dtype": stored})
     return spec, int(task.X_train.shape[0]), int(task.seq_len)

@@ -12,7 +12,8 @@ from pathlib import Path
 
 from .._errors import InputError
 
-__all__ = ["is_train_checkpoint", "checkpoint_folder", "load_model", "load_data", "TASK_DATA"]
+__all__ = ["is_train_checkpoint", "checkpoint_folder", "checkpoint_files", "load_model", "load_data", "data_files",
+           "TASK_DATA"]
 
 
 def _is_checkpoint(folder: Path) -> bool:
@@ -30,6 +31,21 @@ def checkpoint_folder(path: str | Path) -> Path | None:
     own = [q for q in p.iterdir() if q.is_file() and q.name.endswith((".safetensors", ".safetensors.index.json",
                                                                         ".bin", ".bin.index.json", ".pt", ".pth"))]
     return None if own else p / "checkpoint"
+
+
+# what :func:`load_model` reads of a checkpoint (``load_checkpoint`` without an optimiser; ``optimizer.pt`` is read
+# by ``train --resume`` alone), in the order read
+MODEL_FILES = ("state.json", "model.safetensors")
+
+
+def checkpoint_files(path: str | Path) -> list[Path] | None:
+    """The files :func:`load_model` reads of the run or checkpoint folder ``path`` (``state.json``, which rebuilds
+    the model and its task, and ``model.safetensors``), each recorded with its identity when read (Note [inputs
+    read] in ``model._files``); None when ``path`` is no training run.  What the JSON envelope lists for a run:
+    a run folder listed nothing, and a checkpoint folder every file of a model suffix in it, read or not
+    (``optimizer.pt``, a stray ``notes.json`` or another model's ``.safetensors``; red team 222)."""
+    folder = checkpoint_folder(path)
+    return None if folder is None else [folder / name for name in MODEL_FILES]
 
 
 def is_train_checkpoint(path: str | Path) -> bool:
@@ -61,6 +77,17 @@ def load_data(source, spec, data, *, max_len: int | None = None, limit: int | No
 
     X = _checkpoint_task(folder)[1].X_test
     return inputs_from_array(spec, X[:limit].detach().double().numpy() if limit else X.detach().double().numpy())
+
+
+def data_files(spec, data) -> list:
+    """What :func:`load_data` reads for ``data``, for the JSON envelope's ``inputs``: ``model.data_files`` (the data
+    file, the tokenizer of texts, ``sklearn-descr`` by name), and nothing for ``"task"``, which the checkpoint's
+    ``state.json`` rebuilds (listed with the model)."""
+    from ..model import data_files as files
+
+    if isinstance(data, str) and data == TASK_DATA:
+        return []
+    return files(spec, data)
 
 
 def load_model_task(source=None, *, arch: str | None = None, allow_pickle: bool = False, strict: bool = False,

@@ -27,6 +27,19 @@ def _rich(e: float, n: float) -> float:
     return 200 * math.log(10) - 2 * math.log(e)
 
 
+def test_the_note_says_what_the_gap_is():
+    """Red team 222: ``bound --json`` gave BFT's baseline gap ``"kind": "estimate"`` beside ``"note": "certified gap
+    bound 0.004075 < loss range b=1"``; the note follows the kind."""
+    from transcover._results import Kind
+    from transcover.covering._model_bound import _bft_gap
+
+    bft = _bft_gap(math.log(1e-6), 1e6, 1.0, 0.05)  # a small class at a large n: not vacuous
+    assert bft.kind is Kind.ESTIMATE and not bft.vacuous
+    assert "certified gap" not in bft.note and bft.note.startswith("estimate of the gap, not certified"), bft.note
+    ours = generalisation_bound(lambda e, n: math.log(1e-6) - 2 * math.log(e), 1e6)
+    assert ours.kind is Kind.CERTIFIED_UPPER and not ours.vacuous and ours.note.startswith("certified gap bound")
+
+
 @pytest.mark.parametrize("b", [1.0, 0.25, 7.0])
 def test_rich_class_reports_the_trivial_bound(b):
     g = generalisation_bound(_rich, 1e6, loss_bound=b)

@@ -71,9 +71,12 @@ class GeneralisationBound:
 
     @property
     def note(self) -> str:
-        """One line for tables and JSON: what the reported number means."""
+        """One line for tables and JSON: what the reported number means, by its ``kind`` (red team 222: BFT's
+        baseline, an estimate, was noted "certified gap bound")."""
         if not self.vacuous:
-            return f"certified gap bound {up(self.gap, 4)} < loss range b={self.loss_bound:g}"
+            if self.kind == Kind.CERTIFIED_UPPER:
+                return f"certified gap bound {up(self.gap, 4)} < loss range b={self.loss_bound:g}"
+            return f"{self.kind.value} of the gap, not certified: {up(self.gap, 4)} < loss range b={self.loss_bound:g}"
         why = (" (Dudley's infimum at alpha = D: the Rademacher term is its trivial 4b, independent of the "
                "weights)" if self.rademacher.trivial else "")
         return (f"vacuous: the formula gives {_fmt_raw(self.raw_log_gap)} >= loss range b={self.loss_bound:g}; "

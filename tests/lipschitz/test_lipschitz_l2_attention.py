@@ -292,3 +292,24 @@ def test_numpy_integers_are_integers_and_strings_are_not_numbers():
         l2_attention_lipschitz(**args, d_head=2, seq_len=3)
     with pytest.raises(InputError, match="phi_inverse"):
         phi_inverse("3")
+
+
+def test_no_covering_bound_for_l2_attention_says_why_and_the_report_keeps_the_rest(tmp_path, capsys):
+    """Red team 222: ``bound`` and ``report --seq-len 8`` of an L2-attention model stopped with "L2 attention's bound
+    depends on the sequence length: give seq_len", although it was given: the covering bound needs Lemma G.3, which
+    is not derived for L2 attention (THEORY F13), and its coefficients' chain asked for a T it never takes.  The
+    refusal says so, and the report keeps its norms and Lipschitz sections with the bound's absence explained."""
+    torch.manual_seed(0)
+    path = save_reference(ReferenceTransformer(ReferenceConfig(d_model=8, n_heads=2, n_layers=1, d_ff=16,
+                                                               attention="l2", head_hidden=())),
+                          tmp_path / "l2.safetensors")
+    assert main(["bound", str(path), "--seq-len", "8", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Lemma G.3" in err and "not derived for L2 attention" in err, err
+    assert "give seq_len" not in err
+    out = tmp_path / "l2.html"
+    assert main(["report", str(path), "-o", str(out), "--seq-len", "8", "--no-lower", "--quiet"]) == 0
+    page = out.read_text()
+    assert 'id="norms"' in page and 'id="lipschitz"' in page
+    bound = page[page.index('id="bound"'):]
+    assert "no covering bound: the covering bound needs Lemma G.3" in bound and "L2 attention" in bound

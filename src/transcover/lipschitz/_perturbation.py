@@ -279,6 +279,12 @@ def log_perturbation_coefficients(norms: ClassBounds | ModelNorms | TransformerS
         UnsupportedArchitectureError: L2 attention (its perturbation lemma is not derived).
     """
     bounds = norms if isinstance(norms, ClassBounds) else spec_norms(norms)
+    l2 = [k for k, L in enumerate(bounds.layers) if L.attention_kind == "l2"]
+    if l2:  # said before the chain, which asked for a seq_len the (2, inf) chain never takes (red team 222)
+        raise UnsupportedArchitectureError(
+            "the covering bound needs Lemma G.3 (parameter perturbation), which is not derived for L2 attention "
+            f"(Kim et al. 2021; layer {l2[0]}); its norms and input-Lipschitz bounds are available (analyze, "
+            "lipschitz)")
     stages = build_chain(bounds, radius=radius, c_sm=c_sm, metric="2,inf", seq_len=None, sigma_min=sigma_min)
     log_rho = [s.log_lipschitz for s in stages]
     tail = np.concatenate([np.cumsum(log_rho[::-1])[::-1][1:], [0.0]])  # sum over later stages

@@ -116,6 +116,7 @@ def compute_report(model=None, *, arch=None, allow_pickle=False, strict=False, r
     ``allow_pickle``, ``strict``, ``roles``: how ``model`` is read (:func:`transcover.load`); a mapping file given by
     path is hashed with the model's files.  ``seq_len_option``: the name a T longer than the model covers is refused
     in (``report`` passes "--seq-len")."""
+    from .._errors import UnsupportedArchitectureError
     from ..covering import BoundConfig, NoFiniteBound, model_bound
     from ..lipschitz import class_bounds, compose, lipschitz_lower
     from ..train import load_model as load
@@ -171,7 +172,9 @@ def compute_report(model=None, *, arch=None, allow_pickle=False, strict=False, r
     try:
         bound = model_bound(ts, BoundConfig(eps=options.eps, n_samples=(options.n_samples,), seq_len=options.seq_len,
                                             radius=options.radius, sigma_min=options.sigma_min), norms=norms)
-    except NoFiniteBound as err:  # the other sections still hold; the page says why this one is missing (red team 169)
+    # the other sections still hold; the page says why this one is missing: a constant that overflows (red team
+    # 169), or a lemma not derived for the architecture (L2 attention's G.3: the page was refused, red team 222)
+    except (NoFiniteBound, UnsupportedArchitectureError) as err:
         bound, bound_note = None, f"no covering bound: {err}"
     timings["bound"] = time.perf_counter() - t
     from ..train import data_files

@@ -231,6 +231,19 @@ def test_a_run_state_rewritten_after_it_was_read_is_refused(run, tmp_path):
         input_hashes(ck)
 
 
+def test_report_takes_the_runs_own_n_and_t_as_bound_does(run):
+    """Red team 222: ``report`` of a run certified the gap at n = 1e6 (and T = 128) while ``bound`` took the run's
+    n_train and its task's T; given values still win."""
+    from transcover.report._build import ReportOptions, compute_report
+
+    b = transcover.bound(run, eps=0.1)
+    d = compute_report(str(run), options=ReportOptions(lower=False))
+    assert d.bound.generalisation[0].n == b.generalisation[0].n == TINY.n_train
+    assert d.bound.seq_len == b.seq_len and d.options.n_samples == TINY.n_train
+    d = compute_report(str(run), options=ReportOptions(lower=False, n_samples=1e6, seq_len=4))
+    assert d.bound.generalisation[0].n == 1e6 and d.bound.seq_len == 4
+
+
 def test_a_model_folder_holding_a_run_is_read_as_the_model(run, tmp_path):
     from transcover.model import ReferenceConfig, ReferenceTransformer, save_reference
 

@@ -32,10 +32,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a training history.jsonl (from `transcover train`): adds the training-monitor plots")
     p.add_argument("--radius", type=float, default=1.0, help="bound R on input token norms")
     p.add_argument("--eps", type=float, default=0.1, help="covering scale eps")
-    p.add_argument("--n-samples", type=float, default=1e6, help="training-set size n of the generalisation bound")
+    p.add_argument("--n-samples", type=float, default=None,
+                   help="training-set size n of the generalisation bound (default 1e6; a training checkpoint: its "
+                        "n_train)")
     p.add_argument("--seq-len", type=int, default=None,
                    help="sequence length T of the covering bound (default 128, or the model's longest sequence if "
-                        "shorter)")
+                        "shorter; a training checkpoint: its task's T)")
     p.add_argument("--sigma-min", type=float, default=0.0,
                    help="assume every LayerNorm input has std >= this (0: the global, eps-limited constant; needed "
                         "for a norm with eps = 0)")
@@ -59,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
     from ._bound import check_cover_options
 
     # the covering bound's options as `bound` checks them, before anything is loaded (red team 215)
-    check_cover_options(eps=args.eps, n_samples=(args.n_samples,), seq_len=args.seq_len, radius=args.radius,
+    check_cover_options(eps=args.eps, n_samples=(args.n_samples,) if args.n_samples is not None else (),
+                        seq_len=args.seq_len, radius=args.radius,
                         sigma_min=args.sigma_min)
     for flag, v, lo in (("--lower-samples", args.lower_samples, 1),
                         ("--lower-steps", args.lower_steps, 0)):

@@ -32,8 +32,9 @@ __all__ = ["ReportOptions", "ReportData", "compute_report", "render_report"]
 class ReportOptions:
     radius: float = 1.0  # token-norm bound R of the global Lipschitz and covering bounds
     eps: float = 0.1
-    n_samples: float = 1e6
-    seq_len: int | None = None  # T of the covering bound (None: 128, or the model's longest sequence if shorter)
+    n_samples: float | None = None  # n of the gap bound (None: a training run's n_train, as `bound`; else 1e6)
+    seq_len: int | None = None  # T of the covering bound (None: a training run's T, else 128, or the model's longest
+    # sequence if shorter)
     lower: bool = True
     lower_samples: int = 1  # fast settings: the report is a first look, not a search campaign
     lower_steps: int = 3
@@ -119,7 +120,7 @@ def compute_report(model=None, *, arch=None, allow_pickle=False, strict=False, r
     from .._errors import UnsupportedArchitectureError
     from ..covering import BoundConfig, NoFiniteBound, model_bound
     from ..lipschitz import class_bounds, compose, lipschitz_lower
-    from ..train import load_model as load
+    from ..train import load_model_task
     from ..norms import analyze_spec
     from ._envelope import input_hashes
 
@@ -129,11 +130,14 @@ def compute_report(model=None, *, arch=None, allow_pickle=False, strict=False, r
     tracker.step("loading the model")
     from ..model import TransformerSpec, default_sequence_length, sequence_length
 
-    spec = model if isinstance(model, TransformerSpec) else load(model, arch=arch, allow_pickle=allow_pickle,
-                                                                 strict=strict, roles=roles)
+    spec, n_train, task_len = (model, None, None) if isinstance(model, TransformerSpec) else \
+        load_model_task(model, arch=arch, allow_pickle=allow_pickle, strict=strict, roles=roles)
+    if n_train is not None:  # a training run: its own n and T unless given, as `bound` takes them (red team 222)
+        options = replace(options, n_samples=options.n_samples or float(n_train), seq_len=options.seq_len or task_len)
     # the defaults shrink to what the model covers: the lower search's 4 tokens too (red team 197: a 3-position
     # GPT-2 was refused for a T the user never gave)
-    options = replace(options, seq_len=sequence_length(options.seq_len, 128, seq_len_option, spec),
+    options = replace(options, n_samples=options.n_samples or 1e6,
+                      seq_len=sequence_length(options.seq_len, 128, seq_len_option, spec),
                       lower_seq_len=default_sequence_length(options.lower_seq_len, spec))
     records, history_notes = None, []
     if history is None and isinstance(model, (str, os.PathLike)):

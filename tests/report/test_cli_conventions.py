@@ -474,3 +474,28 @@ def test_a_history_appended_to_after_it_was_read_is_refused_and_nothing_written(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"{hist} was replaced or rewritten after it was read" in err, err
     assert not out.exists()
+
+
+def test_built_in_sentences_are_named_alike_and_the_local_table_speaks_plainly(worded_bert, tmp_path):
+    """Red team 222: with ``--data sklearn-descr`` the report's card printed "None" as the SHA-256 of the built-in
+    sentences while the lipschitz JSON left them out; and its at-the-data table had the rows' JSON keys as headers
+    and a column of "nan" in every row (none is computed there with --no-lower)."""
+    import re
+
+    js, out = tmp_path / "l.json", tmp_path / "r.html"
+    common = [str(worded_bert), "--data", "sklearn-descr", "--limit", "1", "--no-lower", "--quiet"]
+    assert main(["lipschitz", *common, "--json", str(js)]) == 0
+    tok = str(worded_bert / "tokenizer.json")
+    inputs = json.loads(js.read_text())["inputs"]
+    assert {"path": "sklearn-descr", "sha256": None, "bytes": None} in inputs and tok in [i["path"] for i in inputs]
+    assert main(["report", *common, "-o", str(out), "--seq-len", "8"]) == 0
+    page = out.read_text()
+    card = page[page.index("files read"):page.index("</table>", page.index("files read"))]
+    assert "None" not in card and "<code>sklearn-descr</code>" in card and "built-in data set" in card
+    assert f"<code>{file_sha256(tok)}</code>" in card
+    local = page[page.index('id="local"'):page.index("</section>", page.index('id="local"'))]
+    headers = re.findall(r"<th>([^<]*)</th>", local)
+    assert headers and not [h for h in headers if "_" in h], headers  # no JSON key shown as a header
+    cells = [re.findall(r"<td[^>]*>([^<]*)</td>", row) for row in re.findall(r"<tr>(.*?)</tr>", local)[1:]]
+    assert all(len(r) == len(headers) for r in cells)
+    assert not [h for k, h in enumerate(headers) if all(r[k] == "nan" for r in cells)], headers

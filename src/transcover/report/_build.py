@@ -223,6 +223,15 @@ def _png_size(data: bytes) -> tuple[int, int]:
     return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
 
 
+def _sha_cell(entry: dict, data_path: str | None) -> str:
+    """The SHA-256 cell of an ``inputs`` entry; one without a file (``sha256`` null in the JSON) says why (red team
+    222: the card printed "None" for the built-in sklearn-descr sentences)."""
+    if entry["sha256"] is not None:
+        return f"<code>{text(entry['sha256'])}</code>"
+    return ("built-in data set, not a file: not hashed" if entry["path"] == data_path
+            else "not a file (a model in memory): not hashed")
+
+
 def _model_card(d: ReportData) -> str:
     a, cfg = d.analysis, d.spec_config
     rows = [("model", text(d.model)), ("architecture", text(a.arch)), ("layers", fmt(len(a.layers))),
@@ -235,7 +244,7 @@ def _model_card(d: ReportData) -> str:
     parts = [table(("property", "value"), rows, raw=True)]
     if d.inputs:
         parts.append(table(("input file", "bytes", "SHA-256"),
-                           [(f"<code>{text(i['path'])}</code>", fmt(i["bytes"]), f"<code>{text(i['sha256'])}</code>")
+                           [(f"<code>{text(i['path'])}</code>", fmt(i["bytes"]), _sha_cell(i, d.data_path))
                             for i in d.inputs], raw=True, numeric=(False, True, False),
                            caption="files read (hashes identify exactly the weights measured)"))
     for w in d.warnings:
@@ -321,6 +330,19 @@ def _way(header: str) -> str:
     return "up" if "upper" in h else ("down" if "lower" in h else "near")
 
 
+# the at-the-data table's headers, by the rows' JSON keys (LocalRow.to_dict), as `transcover lipschitz --data` prints
+# them; ratio is local/lower
+_LOCAL_HEADERS = {"rho_factor": "ρ", "layer": "layer", "component": "component",
+                  "global_upper": "global upper (R)", "domain_upper": "domain upper (σ₀)",
+                  "local_upper": "local upper (ρ)", "point_upper": "upper at the point", "lower": "lower",
+                  "point_lower": "point lower", "ratio": "local/lower"}
+
+
+def _missing(v: object) -> bool:
+    """Whether a table value is no number: None, NaN (or "nan" as the JSON writes it)."""
+    return v is None or (isinstance(v, float) and math.isnan(v)) or (isinstance(v, str) and v.lower() == "nan")
+
+
 def _local(d: ReportData) -> str:
     """The optional at-the-data block: rendered from ``local.to_dict()`` (``rows``, ``assumptions``)."""
     if d.local is None:
@@ -331,11 +353,13 @@ def _local(d: ReportData) -> str:
                        "bounds; the global bounds above hold on every input with token norms ≤ R.</p>")
     info = d.local.to_dict() if hasattr(d.local, "to_dict") else dict(d.local)
     rows = list(info.get("rows", []))
-    headers = list(rows[0]) if rows else []
-    shown = [[("all" if h == "layer" and r.get(h) == -1 else r.get(h)) for h in headers] for r in rows]  # the network
-    parts = [table(headers, shown,
-                   numeric=[isinstance(rows[0].get(h), (int, float)) for h in headers],
-                   ways=[_way(h) for h in headers],
+    # the rows' keys in their order, less a column with no number in any row (red team 222: point_upper, computed
+    # for whole layers only, was an all-"nan" column); rounded by the key, shown under a header for people
+    keys = [k for k in (rows[0] if rows else []) if not all(_missing(r.get(k)) for r in rows)]
+    shown = [[("all" if k == "layer" and r.get(k) == -1 else r.get(k)) for k in keys] for r in rows]  # the network
+    parts = [table([_LOCAL_HEADERS.get(k, k) for k in keys], shown,
+                   numeric=[isinstance(rows[0].get(k), (int, float)) for k in keys],
+                   ways=[_way(k) for k in keys],
                    caption=text(info.get("caption", "local bounds at the data")))]
     parts += [f"<p>assumption: {text(a)}</p>" for a in info.get("assumptions", [])]
     return section("local", "Lipschitz constants at the data", *parts)

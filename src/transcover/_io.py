@@ -29,7 +29,7 @@ import threading
 import time
 from pathlib import Path
 
-__all__ = ["atomic_write_text", "atomic_write_bytes", "current_umask", "physical_memory"]
+__all__ = ["atomic_write_text", "atomic_write_bytes", "current_umask", "physical_memory", "missing_folder"]
 
 _UMASK_LOCK = threading.Lock()
 
@@ -91,6 +91,19 @@ def _descriptor(path: Path) -> int | None:
     return None
 
 
+def missing_folder(folder: str | os.PathLike[str]) -> str:
+    """Why ``folder`` (not a folder) cannot hold a new file, in words: the first of it and its parents that exists is
+    a file, not a folder, or it does not exist (red team 222: ``-o notes.txt/r.html`` said "folder notes.txt does not
+    exist" beside an existing file)."""
+    folder = Path(folder)
+    for p in (folder, *folder.parents):
+        if os.path.lexists(p):
+            if not p.is_dir():
+                return f"{p} is a file, not a folder"
+            break
+    return f"folder {folder} does not exist"
+
+
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     """Write ``data`` to ``path`` through a temporary file in the same folder and a rename.
 
@@ -99,10 +112,10 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     file, the old file's permission bits when one is replaced.
     """
     path = Path(path)
-    if path.parent and not path.parent.exists():
+    if path.parent and not path.parent.is_dir():
         from ._errors import InputError
 
-        raise InputError(f"cannot write {path}: folder {path.parent} does not exist")
+        raise InputError(f"cannot write {path}: {missing_folder(path.parent)}")
     fd = _descriptor(path)
     if fd is not None:  # an open descriptor of this process: written through it, at its own offset
         import sys

@@ -114,6 +114,17 @@ def test_output_folder_checked_before_computing(ref_file, tmp_path, capsys):
     assert "folder" in err and "does not exist" in err and "B_KQ" not in err
     assert main(["report", str(ref_file), "-o", str(tmp_path / "nope" / "r.html")]) == 2
     assert "does not exist" in capsys.readouterr().err
+    # red team 222: under a FILE the folder "does not exist" misled; the file is named as not a folder
+    (tmp_path / "notes.txt").write_text("x")
+    for argv in (["report", str(ref_file), "-o", str(tmp_path / "notes.txt" / "r.html")],
+                 ["analyze", str(ref_file), "--json", str(tmp_path / "notes.txt" / "sub" / "a.json")]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert f"{tmp_path / 'notes.txt'} is a file, not a folder" in err and err.count("\n") == 1, err
+    from transcover._io import atomic_write_bytes
+
+    with pytest.raises(transcover.InputError, match="notes.txt is a file, not a folder"):
+        atomic_write_bytes(tmp_path / "notes.txt" / "b.json", b"{}")
 
 
 def test_json_envelope_names_the_tool_the_command_and_the_weights(ref_file, tmp_path):

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from .._errors import InputError
+from .._io import missing_folder
 
 __all__ = ["check_output_path"]
 
@@ -20,7 +21,7 @@ def check_output_path(path, flag: str, suffixes: tuple[str, ...] = ()) -> Path:
         raise InputError(f"{flag}={path} is a folder; give a file name")
     folder = p.parent if str(p.parent) else Path(".")
     if not folder.is_dir():
-        raise InputError(f"cannot write {flag}={path}: folder {folder} does not exist")
+        raise InputError(f"cannot write {flag}={path}: {missing_folder(folder)}")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise InputError(f"cannot write {flag}={path}: folder {folder} is not writable")
     return p

@@ -129,6 +129,39 @@ def test_fast_mode_is_labelled_and_close():
             assert abs(getattr(lf, key).mid - exact) <= 1e-3 * exact
 
 
+@pytest.mark.parametrize("rope", [False, True])
+@pytest.mark.parametrize("case", ["2^120", "2^-120", "one entry 3e38"])
+def test_fast_estimates_at_the_ends_of_the_float32_range(case, rope):
+    """``--fast`` formed float32 Grams of the raw matrices: one W_Q entry 3e38 (a finite bfloat16 weight) made them
+    inf and ``analyze --fast`` a LinAlgError, W_Q, W_K entries ~1e-38 printed B_KQ 0 for 2.345e-76, and the
+    Frobenius and (2,1) norms of a matrix with entries 2^100 were inf (red team 221).  Every estimate must be within
+    the Lanczos target ``rtol`` = 1e-3 of the certified value (which scales exactly; test_fast_mode_is_labelled_and_close)."""
+    from transcover.model import RopeSpec
+
+    spec = _random_spec(7, 12, 2, 4, 2, 10, True, False)
+    L = spec.layers[0]
+    f32 = {k: getattr(L.attention, k).float() for k in ("W_Q", "W_K", "W_V", "b_Q")}
+    if case == "one entry 3e38":
+        f32["W_Q"][1, 3, 2] = 3e38
+    else:
+        f32 = {k: v * 2.0 ** int(case[2:]) for k, v in f32.items()}  # exact: a power of two, float32 normal or not
+    attn = AttentionSpec(f32["W_Q"], f32["W_K"], f32["W_V"], L.attention.W_O.float(), b_Q=None if rope else f32["b_Q"],
+                         rope=RopeSpec(theta=10000.0, max_position=16) if rope else None)
+    ffn = FFNSpec(W_1=L.ffn.W_1.float() * (f32["W_V"].abs().max() / L.ffn.W_1.abs().max()), W_2=L.ffn.W_2.float(),
+                  activation=L.ffn.activation)
+    spec = TransformerSpec("handmade", case, 12, [LayerSpec(0, attn, ffn, L.norm_attn, L.norm_ffn, L.placement)])
+    cert, fast = analyze_spec(spec).layers[0], analyze_spec(spec, fast=True).layers[0]
+    pairs = [(getattr(cert.matrices[k], q), getattr(fast.matrices[k], q))
+             for k in cert.matrices for q in ("spectral", "frobenius", "l21")]
+    pairs += [(getattr(hc, q), getattr(hf, q)) for hc, hf in zip(cert.heads, fast.heads) for q in ("B_KQ", "B_V", "W_V")]
+    if not rope:
+        pairs += [(hc.B_KQ_bias, hf.B_KQ_bias) for hc, hf in zip(cert.heads, fast.heads)]
+    assert len(pairs) > 30 and all(f.kind is Kind.ESTIMATE for _, f in pairs)
+    for c, f in pairs:
+        assert 0.0 < c.lower and c.upper < math.inf  # the certified route holds every scale
+        assert abs(f.mid - c.mid) <= 1e-3 * c.mid + (c.upper - c.lower), (c, f)
+
+
 def test_rope_heads_are_a_supremum_over_relative_positions():
     from transcover.model import RopeSpec
     from transcover.model._functional import apply_rope

@@ -89,23 +89,27 @@ class _Measurer:
 
     def matrix(self, role: str, W, tensor: str = "", gram: tuple[np.ndarray, float] | None = None) -> MatrixNorms:
         Wn = self.array(W)  # float32 arrays from files must become float64 before certified sums
-        if self.fast:
-            col = np.sqrt(np.einsum("ij,ij->j", Wn, Wn))
+        if self.fast:  # the column sums of squares at unit scale (Note [float32 Grams])
+            Ws, (k,) = _unit_heads(Wn[None])
+            k = int(k)
+            col = np.sqrt(np.einsum("ij,ij->j", Ws[0], Ws[0]))
             return MatrixNorms(role, tuple(Wn.shape), spectral_norm_estimate(Wn, rtol=self.rtol),
-                               _estimate(float(np.sqrt((col * col).sum())), "float32"),
-                               _estimate(float(col.sum()), "float32"), tensor)
+                               _estimate(math.ldexp(float(np.sqrt((col * col).sum())), k), "float32"),
+                               _estimate(math.ldexp(float(col.sum()), k), "float32"), tensor)
         spec = spectral_norm_interval(Wn, rtol=self.rtol, gram=gram)
         return MatrixNorms(role, tuple(Wn.shape), spec, *frobenius_l21_intervals(Wn), tensor)
 
     def product(self, role: str, A: np.ndarray, B: np.ndarray, scale: float = 1.0,
                 grams: tuple[np.ndarray, float, np.ndarray, float] | None = None) -> MatrixNorms:
         shape = (A.shape[0], B.shape[1])
-        if self.fast:
-            G_A = A.T @ A
-            col = np.sqrt(np.clip(np.einsum("ij,ij->j", G_A @ B, B), 0.0, None))
+        if self.fast:  # the column norms at unit scale (Note [float32 Grams])
+            (As,), (ka,) = _unit_heads(A[None])
+            (Bs,), (kb,) = _unit_heads(B[None])
+            ka, kb = int(ka), int(kb)
+            col = np.sqrt(np.clip(np.einsum("ij,ij->j", (As.T @ As) @ Bs, Bs), 0.0, None))
             return MatrixNorms(role, shape, scale_interval(product_norm_estimate(A, B, rtol=self.rtol), scale),
-                               _estimate(float(np.sqrt((col * col).sum())) * scale, "float32"),
-                               _estimate(float(col.sum()) * scale, "float32"))
+                               _estimate(math.ldexp(float(np.sqrt((col * col).sum())), ka + kb) * scale, "float32"),
+                               _estimate(math.ldexp(float(col.sum()), ka + kb) * scale, "float32"))
         spec = product_norm_interval(A, B, rtol=self.rtol, grams=grams)
         fro, l21 = product_frobenius_l21(A, B, None if grams is None else grams[0])  # reuse A^T A
         return MatrixNorms(role, shape, scale_interval(spec, scale),
@@ -210,8 +214,34 @@ def _head_norms_fast_rope(attn: AttentionSpec, h: int, m: _Measurer, f64: dict[s
     return HeadNorms(h, B_KQ, ov.spectral, matrices[f"W_V.h{g}"].spectral, None)
 
 
-def _lowrank_estimates(G_A: np.ndarray, G_B: np.ndarray, B: np.ndarray, scale: float) -> tuple[np.ndarray, ...]:
-    """Batched over heads: ||A_h B_h||_2, ||.||_F, ||.||_{2,1} from G_A = A^T A, G_B = B B^T (estimates)."""
+def _unit_heads(W: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every head of ``W`` (heads first) times an exact power of two, ``W_h / 2^k_h`` with its largest |entry| in
+    [1/2, 1), and the exponents ``k`` (0 for an all-zero head); ``W`` itself, every ``k`` 0, when each head's largest
+    |entry| is in [2^-16, 2^16] (Note [float32 Grams]: nothing to gain there, and the copy cost MiniLM's
+    ``--fast`` ~15%)."""
+    axes = tuple(range(1, W.ndim))
+    k = np.frexp(np.maximum(W.max(axis=axes, initial=0.0), -W.min(axis=axes, initial=0.0)).astype(np.float64))[1]
+    if np.all(np.abs(k) <= 16):
+        return W, np.zeros_like(k)
+    return np.ldexp(W, -k.reshape((-1,) + (1,) * len(axes))), k
+
+
+# Note [float32 Grams]: ``--fast`` forms ``W^T W`` in float32, where a square overflows above ~1.8e19 and flushes
+# to zero below ~1e-19.  A bfloat16 checkpoint holds entries up to 3.4e38 and down to 9e-41: one W_Q entry 3e38 made
+# the Gram inf and ``analyze --fast`` an internal error (LinAlgError from eigvals), and W_Q, W_K entries ~1e-38 printed
+# B_KQ 0 for 2.345e-76 (red team 221).  Each head is scaled to unit size first (exact: a power of two) and the
+# estimates are scaled back in float64, where a product of two float32-range matrices neither overflows nor flushes.
+# Away from overflow and underflow, float32 arithmetic on ``W 2^-k`` is the arithmetic on ``W`` times 2^-k (binary
+# floating point), so scaling moves no estimate; it is skipped when every largest |entry| is in [2^-16, 2^16]: a
+# Gram entry is then at most d 2^32, ``G_A B``'s at most r d 2^48 and a column's sum of squares at most
+# r^2 d 2^64 (r, d <= 2^17: far below float32's 2^128), and the squares of the largest entries are at least 2^-32
+# (far above its 2^-126 normal floor; entries 2^-40 below the largest weigh < 2^-80 relative).
+
+
+def _lowrank_estimates(G_A: np.ndarray, G_B: np.ndarray, B: np.ndarray, scale: float,
+                       k: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Batched over heads: ||A_h B_h||_2, ||.||_F, ||.||_{2,1} from G_A = A^T A, G_B = B B^T (estimates), of
+    ``A_h B_h`` times ``scale 2^k_h`` (the inputs are unit-scaled heads, Note [float32 Grams])."""
     G_A64, G_B64 = G_A.astype(np.float64), G_B.astype(np.float64)
     try:  # lambda(G_A G_B) = lambda(L^T G_A L) with G_B = L L^T: a symmetric, cheaper eigen-problem
         L = np.linalg.cholesky(G_B64)
@@ -220,7 +250,9 @@ def _lowrank_estimates(G_A: np.ndarray, G_B: np.ndarray, B: np.ndarray, scale: f
         lam = np.linalg.eigvals(G_A64 @ G_B64).real.max(axis=-1)
     sq = np.clip(np.einsum("hij,hij->hj", G_A @ B, B), 0.0, None)  # squared column norms of A B
     col = np.sqrt(sq)
-    return (np.sqrt(np.clip(lam, 0.0, None)) * scale, np.sqrt(sq.sum(-1)) * scale, col.sum(-1) * scale)
+    c = np.ldexp(np.full(len(k), scale, np.float64), k)  # float64: 2^k of a float32-range head stays finite
+    return (np.sqrt(np.clip(lam, 0.0, None)) * c, np.sqrt(sq.sum(-1)).astype(np.float64) * c,
+            col.sum(-1).astype(np.float64) * c)
 
 
 def _heads_fast(attn: AttentionSpec, m: _Measurer, arr: dict[str, np.ndarray],
@@ -228,21 +260,22 @@ def _heads_fast(attn: AttentionSpec, m: _Measurer, arr: dict[str, np.ndarray],
     """``--fast``: every head of a layer at once (batched r x r problems), all labelled estimates."""
     H = attn.n_heads
     kv = [attn.kv_index(h) for h in range(H)]
-    WQ, WK, WV, WO = arr["W_Q"], arr["W_K"][kv], arr["W_V"], arr["W_O"]  # (H,d,r) (H,d,r) (Hkv,d,r) (H,r,d)
+    (WQ, eQ), (WK, eK), (WV, eV), (WO, eO) = (_unit_heads(W) for W in (arr["W_Q"], arr["W_K"], arr["W_V"], arr["W_O"]))
+    WK, eK = WK[kv], eK[kv]  # (H,d,r) (H,d,r) (Hkv,d,r) (H,r,d), each head at unit scale
     KT = WK.transpose(0, 2, 1)  # (H, r, d): B = W_K^T
     G_K = KT @ WK
     scale = attn.softmax_scale
-    kq = _lowrank_estimates(WQ.transpose(0, 2, 1) @ WQ, G_K, KT, scale)
+    kq = _lowrank_estimates(WQ.transpose(0, 2, 1) @ WQ, G_K, KT, scale, eQ + eK)
     kq_bias = None
-    if attn.b_Q is not None:
-        WQa = np.concatenate([WQ, m.array(attn.b_Q)[:, None, :]], axis=1)  # [W_Q; b_Q] (Note [attention biases])
-        kq_bias = _lowrank_estimates(WQa.transpose(0, 2, 1) @ WQa, G_K, KT, scale)[0]
+    if attn.b_Q is not None:  # [W_Q; b_Q] (Note [attention biases]), at its own scale
+        WQa, eQa = _unit_heads(np.concatenate([arr["W_Q"], m.array(attn.b_Q)[:, None, :]], axis=1))
+        kq_bias = _lowrank_estimates(WQa.transpose(0, 2, 1) @ WQa, G_K, KT, scale, eQa + eK)[0]
     G_V = WV.transpose(0, 2, 1) @ WV  # (Hkv, r, r)
-    ov = _lowrank_estimates(G_V[kv], WO @ WO.transpose(0, 2, 1), WO, 1.0)
-    v_norm = np.sqrt(np.clip(np.linalg.eigvalsh(G_V.astype(np.float64))[:, -1], 0.0, None))
+    ov = _lowrank_estimates(G_V[kv], WO @ WO.transpose(0, 2, 1), WO, 1.0, eV[kv] + eO)
+    v_norm = np.ldexp(np.sqrt(np.clip(np.linalg.eigvalsh(G_V.astype(np.float64))[:, -1], 0.0, None)), eV)
     d = attn.d_model
     for g in sorted(set(kv)):
-        matrices[f"W_V.h{g}"] = m.matrix(f"W_V.h{g}", WV[g], _value_label(names, attn, g))
+        matrices[f"W_V.h{g}"] = m.matrix(f"W_V.h{g}", arr["W_V"][g], _value_label(names, attn, g))
     heads = []
     for h in range(H):
         kq_h = [_estimate(float(x[h]), "batched low-rank") for x in kq]

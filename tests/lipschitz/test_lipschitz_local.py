@@ -369,7 +369,9 @@ def test_all_zero_embeddings_are_answered_and_no_lower_gives_no_ratio(minilm):
 def test_network_domain_column_covers_the_input_norm_and_huge_rho_gives_inf(minilm):
     """Stop 38 red team: the network row's domain column took sigma_0 from the layers' norms only; on text whose
     embedding LayerNorm inputs have std 0.03 it read 1.35 beside an empirical lower of 30.3 at the same data. And a
-    radius with no finite certificate ended in KeyError: 'attention' instead of inf rows."""
+    radius with no finite certificate ended in KeyError: 'attention' instead of inf rows.  A factor 1e6 has one since
+    red team 221 (every component's global constant on its ball, THEORY F112); 1e305 has none: its inner radii
+    overflow."""
     from transcover.lipschitz._local_report import local_table
 
     spec = dataclasses.replace(minilm, layers=list(minilm.layers)[:1])
@@ -379,6 +381,8 @@ def test_network_domain_column_covers_the_input_norm_and_huge_rho_gives_inf(mini
     net = [r for r in rows if r.layer == -1]
     assert net and net[0].lower <= net[0].domain_upper and net[0].lower <= net[0].local_upper
     huge = local_table(spec, [X], [1e6], lower=False)
+    assert huge and all(math.isfinite(r.local_upper) and r.local_from_global for r in huge)
+    huge = local_table(spec, [X], [1e305], lower=False)
     assert huge and all(r.local_upper == math.inf for r in huge)
 
 
@@ -432,3 +436,44 @@ def test_global_options_are_refused_with_data(extra, capsys):
     assert main(["lipschitz", "--data", "sklearn-descr", "--limit", "1", "--no-lower", "--quiet", *extra]) == 2
     err = capsys.readouterr().err.strip()
     assert f"{extra[0]} does not apply with --data" in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("norm,placement,act,gated", [("rmsnorm", "pre", "silu", True),
+                                                      ("layernorm", "post", "gelu", False)])
+def test_components_take_the_global_constant_where_its_domain_holds_their_ball(norm, placement, act, gated):
+    """Red team 221: a float16 Llama's layer 0 FFN read 1.328e11 local beside 1.5e7 global (a gated FFN's F107 constant
+    on a ball the inner radii had compounded), and a bfloat16 BERT's norm_attn 2468750.0027 local beside
+    2468750.000000002 global (no floor left, times the data pads).  A LayerNorm/RMSNorm's global constant holds
+    everywhere, and a pre-norm branch's, or a post-norm FFN's, on its norm's whole image: there the local value is at
+    most the global one (the same floats where it is taken), says so in ``local_from_global``, and the smaller value
+    flows into the layer's product and the network's product route.  The layer's constant stays sound (adversary)."""
+    from transcover.lipschitz import lipschitz_bounds, local_table
+
+    spec = random_spec(3, d=8, H=2, dh=4, dff=12, norm=norm, placement=placement, act=act, gated=gated, eps=1e-6,
+                       scale=2.0)
+    g = torch.Generator().manual_seed(0)
+    seqs = [torch.randn(5, 8, generator=g, dtype=torch.float64) for _ in range(2)]
+    rows = local_table(spec, seqs, [0.3], lower=False)
+    held = ("norm_attn", "ffn", "norm_ffn") if placement == "post" else ("attention", "ffn")  # everywhere
+    for r in rows:
+        if r.component in held:
+            assert r.local_upper <= r.global_upper, r
+    took = {(r.layer, r.component): r.local_from_global for r in rows}
+    assert took[(0, "ffn")] == ("ffn" if placement == "post" else "norm_ffn, ffn")
+    ffn0 = next(r for r in rows if (r.layer, r.component) == (0, "ffn"))
+    assert ffn0.local_upper == ffn0.global_upper
+    assert "ffn" in took[(0, "layer")] and all(r.to_dict()["local_from_global"] == r.local_from_global for r in rows)
+    # the network's product route composes the smaller constants
+    X = seqs[0]
+    nl = network_local(spec, X, 0.3, route="product")
+    glob = lipschitz_bounds(spec, radius=float(X.norm(dim=1).max()) + 0.3)
+    assert "layer 0 ffn" in nl.global_parts
+    if placement == "pre":  # every stage's global constant holds everywhere: so does their product
+        assert nl.product <= glob.upper.value * (1 + 1e-9)
+    # sound on the ball where the global constants were taken
+    layer = spec.layers[0]
+    Z = spec.input_norm(X)
+    ll = layer_local(layer, Z, 0.3)
+    assert "ffn" in ll.global_parts
+    lo = adversary(lambda W: layer_forward(layer, W), Z, 0.3, restarts=3, steps=30)
+    assert 0 < lo <= ll.upper, (lo, ll.upper)

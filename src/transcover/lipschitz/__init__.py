@@ -59,6 +59,8 @@ _LAZY = {
     "assemble_local_rows": "._local_report",
     "stage_functions": "._local_report",
     "stage_local_constants": "._local_report",
+    "stage_global_parts": "._local_report",
+    "keep_max": "._local_report",
     "StackLocal": "._local_stack",
     "stack_local": "._local_stack",
     "stack_lower": "._local_stack",
@@ -93,5 +95,6 @@ from .._entry import make_callable as _make_callable  # noqa: E402
 _make_callable(__name__)
 
 
-__all__ += ["LocalRow", "assemble_local_rows", "stage_functions", "stage_local_constants"]
+__all__ += ["LocalRow", "assemble_local_rows", "stage_functions", "stage_local_constants", "stage_global_parts",
+            "keep_max"]
 __all__ += ["StackLocal", "stack_local", "stack_lower"]

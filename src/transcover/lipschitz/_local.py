@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from .._errors import InputError
+from .._errors import InputError, TranscoverError
 from .._results import Kind, Quantity
 from ..model import to_tensor
 from ..model import QUICK_GELU_SLOPE, Activation, LayerSpec, MoESpec, NormKind, NormSpec, Placement, TransformerSpec
@@ -162,6 +162,9 @@ class LayerLocal:
     exact_point: float = math.inf  # exact-Jacobian route at X (certified block sums)
     exact_ball: float = math.inf  # exact-Jacobian route on the ball (point + drift)
     drift_parts: dict = field(default_factory=dict)  # where the exact route's drift sits
+    # the components whose global constant, on a domain holding their ball, replaced a larger local one in
+    # ``components`` (Note [global on a component's ball])
+    global_parts: tuple[str, ...] = ()
 
     @property
     def upper(self) -> float:
@@ -190,6 +193,81 @@ def _ffn_parts(ffn, Y: Tensor):  # noqa: ANN001, ANN202
 EXACT_ROUTE_MAX = 65536
 
 
+def ball_radius(X: Tensor, rho: float) -> float:
+    """A float ``>= max_t ||x_t|| + rho``: every token norm on the (2,inf) ball ``B(X, rho)`` (THEORY F104).  The formed
+    norm (d squares summed, one root, at powers of two) is within ``(d + 4) u`` of the exact one, relatively, and the
+    sum is rounded up by one ``2u``."""
+    return (float(pow2_norm(X.double(), 1).max()) * (1 + (X.shape[-1] + 4) * 2.0**-53) + rho) * (1 + 2.0**-52)
+
+
+# Note [global on a component's ball] (THEORY F112): the global chain (F8: F6, F7, F14 with no variance floor,
+# c_sm = 1, metric (2,inf)) bounds each component on a domain of its own: a LayerNorm/RMSNorm everywhere (eps
+# bounds it), an attention or FFN branch on inputs whose tokens have norm <= r (``_attention_block``,
+# ``_ffn_block`` at r; RoPE only for sequences of at most max_position tokens).  Where that domain holds every
+# point a component sees from the layer's ball, the global constant is a certified bound there too, and the smaller
+# of it and the local one is kept; the later inner radii, the layer's product and the network's product route
+# compose it.  The points a branch sees lie in its input ball (tokens <= ``ball_radius``) and, behind a norm, in
+# that norm's image (tokens <= ``norm_output_radius(n, d, inf)``: max|gamma| sqrt(d) + ||beta|| for LayerNorm and
+# RMSNorm, 1 for Pi_norm, no bound for the identity): the branch is bounded at the smaller radius.  A gated FFN's
+# local constant (F107) grows with its ball, which the inner radii compound (a float16 Llama at rho = 0.01: 1.3e11
+# for its layer 0 FFN beside the chain's 1.5e7, red team 221), and a norm's local constant with no floor left is
+# its global one times the data pads (a bfloat16 BERT: 2468750.0027 beside 2468750.000000002).
+
+
+def _layer_bounds(layer: LayerSpec, cache: dict):  # noqa: ANN202
+    """The layer's class bounds (the global chain's, ``_weights.layer_norms``), once per cache (``local_table``
+    seeds it with the global column's own); None where they cannot be measured."""
+    from ._weights import layer_norms
+
+    key = ("bounds", layer.index)
+    if key not in cache:
+        try:
+            cache[key] = layer_norms(layer)
+        except TranscoverError:  # an architecture the chain does not cover: the local constants stand alone
+            cache[key] = None
+    return cache[key]
+
+
+def _global_norm(n) -> float:  # noqa: ANN001  (NormBounds)
+    """F14's global constant of a norm (no floor), valid at every input; inf where there is none (eps = 0)."""
+    from ._normalisation import norm_lipschitz
+
+    try:
+        return norm_lipschitz(n, 0.0)
+    except TranscoverError:
+        return math.inf
+
+
+def _image_radius(n, d: int) -> float:  # noqa: ANN001  (NormBounds)
+    """A bound on every token a norm outputs, whatever its input (inf for the identity)."""
+    from ._normalisation import norm_output_radius
+
+    return norm_output_radius(n, d, math.inf)
+
+
+def _global_branch(L, block: str, r: float, T: int) -> float:  # noqa: ANN001  (LayerBounds)
+    """The chain's constant of the attention (``block="attn"``) or FFN branch on inputs of token norms <= r, with no
+    residual; inf where it does not hold (r not finite, a RoPE sequence longer than max_position) or is not derived."""
+    from ._compose import _attention_block, _ffn_block
+
+    if not r < math.inf or (block == "attn" and L.rope_positions is not None and T > L.rope_positions):
+        return math.inf
+    try:
+        if block == "attn":
+            return _attention_block(L, r, 1.0, "2,inf", None)[0]
+        return _ffn_block(L, r)[0]
+    except TranscoverError:
+        return math.inf
+
+
+def _smaller(local: float, glob: float, name: str, taken: list) -> float:
+    """The smaller of a component's local and global constants; ``name`` goes to ``taken`` when the global is."""
+    if glob < nan_as_inf(local):
+        taken.append(name)
+        return glob
+    return local
+
+
 def layer_local(layer: LayerSpec, X: Tensor, rho: float, *, cache: dict | None = None,
                 jacobian: bool = True, exact: bool | None = None) -> LayerLocal:
     r"""Certified local constants of one layer on ``B(X, rho)``: per component, product route and
@@ -198,6 +276,8 @@ def layer_local(layer: LayerSpec, X: Tensor, rho: float, *, cache: dict | None =
     .. math:: \mathrm{Lip}_{B(X,\rho)}(g) \le \min\Big(\prod_c L_c,\ \max_i\, \|M_i\| + \|M_i W_O^\top\| n_1
               \big(\textstyle\sum_h L_{h,i}^2\big)^{1/2} + \text{drift}\Big)
 
+    Each component's constant is the smaller of its local one and the global chain's where that holds on every point
+    the component sees (Note [global on a component's ball], THEORY F112; ``global_parts`` names those taken).
     Source: THEORY F14, F17; Notes [local norm floor], [local attention bound], [layer Jacobian
     route].  Assumptions: every token within ``rho`` of ``X``; dot attention.  Gated FFNs and RoPE attention take the
     product route only, with THEORY F107's local constants (``_local_gated``, ``_local_rope``).
@@ -268,14 +348,26 @@ def _layer_local_body(layer: LayerSpec, X: Tensor, rho: float, cache: dict, jaco
     jacobian = jacobian and not any(n is not None and n.kind is NormKind.BALL for n in (layer.norm_attn, layer.norm_ffn))
     # the Jacobian routes are not derived for gated FFNs or RoPE: such layers take the product route (THEORY F107)
     jacobian = jacobian and not ffn.gated and layer.attention.rope is None
+    # the global chain's constants where their domains hold the balls (Note [global on a component's ball])
+    L = _layer_bounds(layer, cache)
+    taken: list[str] = []
+    if L is None:
+        g_norm = g_branch = lambda *args: math.inf  # noqa: E731
+    else:
+        g_norm = lambda n: _global_norm(getattr(L, n))  # noqa: E731
+        g_branch = lambda block, r: _global_branch(L, block, r, T)  # noqa: E731
+    r_img = {n: math.inf if L is None else _image_radius(getattr(L, n), d) for n in ("norm_attn", "norm_ffn")}
     if layer.placement is Placement.POST:
         a = attention_local_bound(layer.attention, X, rho, norms=hn)
+        a_up = _smaller(a.upper, g_branch("attn", ball_radius(X, rho)), "attention", taken)
         X1 = X + attention_forward(layer.attention, X)
-        r1 = _pad((1 + a.upper) * rho, X1)
+        r1 = _pad((1 + a_up) * rho, X1)
         n1, s1 = norm_local(layer.norm_attn, X1, r1)
+        n1_up = _smaller(float(n1.max()), g_norm("norm_attn"), "norm_attn", taken)
         H = layer.norm_attn(X1)
-        rh = _pad(float(n1.max()) * r1, H)
-        Lffn = _ffn_local(ffn, H, rh, Lffn)
+        rh = _pad(n1_up * r1, H)
+        Lffn = _smaller(_ffn_local(ffn, H, rh, Lffn), g_branch("ffn", min(ball_radius(H, rh), r_img["norm_attn"])),
+                        "ffn", taken)
         X2 = H + ffn_forward(ffn, H)
         ffn_res = 1 + Lffn
         if jacobian:  # the FFN block's own point + drift constant (Note [layer Jacobian route])
@@ -284,29 +376,36 @@ def _layer_local_body(layer: LayerSpec, X: Tensor, rho: float, cache: dict, jaco
             colmax = float(pow2_norm(scratch["ffn"][0], 0).max())
             dF = nW1 * nW2 * second_derivative_sup(ffn.activation) * colmax * rh
             ffn_res = min(ffn_res, float(nIF.max()) + dF)
+            if ffn_res < 1 + Lffn and "ffn" in taken:  # the FFN block's own route won: no global constant in it
+                taken.remove("ffn")
         r2 = _pad(ffn_res * rh, X2)
         n2, s2 = norm_local(layer.norm_ffn, X2, r2)
         out = layer.norm_ffn(X2)
-        comps = {"attention": a.upper, "norm_attn": float(n1.max()), "ffn": Lffn, "norm_ffn": float(n2.max())}
+        comps = {"attention": a_up, "norm_attn": n1_up, "ffn": Lffn,
+                 "norm_ffn": _smaller(float(n2.max()), g_norm("norm_ffn"), "norm_ffn", taken)}
         radii = {"attention": rho, "norm_attn": r1, "ffn": rh, "norm_ffn": r2}
         comps["ffn_residual"] = ffn_res
-        product = (1 + a.upper) * comps["norm_attn"] * ffn_res * comps["norm_ffn"]
+        product = (1 + a_up) * comps["norm_attn"] * ffn_res * comps["norm_ffn"]
         att_in, att_rho, n_in = X, rho, 1.0
     else:
         n1, s1 = norm_local(layer.norm_attn, X, rho)
+        n1_up = _smaller(float(n1.max()), g_norm("norm_attn"), "norm_attn", taken)
         Y = layer.norm_attn(X)
-        ry = _pad(float(n1.max()) * rho, Y)
+        ry = _pad(n1_up * rho, Y)
         a = attention_local_bound(layer.attention, Y, ry, norms=hn)
+        a_up = _smaller(a.upper, g_branch("attn", min(ball_radius(Y, ry), r_img["norm_attn"])), "attention", taken)
         X1 = X + attention_forward(layer.attention, Y)
-        r1 = _pad((1 + a.upper * float(n1.max())) * rho, X1)
+        r1 = _pad((1 + a_up * n1_up) * rho, X1)
         n2, s2 = norm_local(layer.norm_ffn, X1, r1)
+        n2_up = _smaller(float(n2.max()), g_norm("norm_ffn"), "norm_ffn", taken)
         H = layer.norm_ffn(X1)
-        rh = _pad(float(n2.max()) * r1, H)
-        Lffn = _ffn_local(ffn, H, rh, Lffn)
+        rh = _pad(n2_up * r1, H)
+        Lffn = _smaller(_ffn_local(ffn, H, rh, Lffn), g_branch("ffn", min(ball_radius(H, rh), r_img["norm_ffn"])),
+                        "ffn", taken)
         out = X1 + ffn_forward(ffn, H)
-        comps = {"norm_attn": float(n1.max()), "attention": a.upper, "norm_ffn": float(n2.max()), "ffn": Lffn}
+        comps = {"norm_attn": n1_up, "attention": a_up, "norm_ffn": n2_up, "ffn": Lffn}
         radii = {"norm_attn": rho, "attention": ry, "norm_ffn": r1, "ffn": rh}
-        product = (1 + a.upper * comps["norm_attn"]) * (1 + Lffn * comps["norm_ffn"])
+        product = (1 + a_up * comps["norm_attn"]) * (1 + Lffn * comps["norm_ffn"])
         att_in, att_rho, n_in = Y, ry, comps["norm_attn"]
     product *= 1 + ROUNDING_PAD
     floors = []
@@ -324,7 +423,7 @@ def _layer_local_body(layer: LayerSpec, X: Tensor, rho: float, cache: dict, jaco
             ep, eb, parts = _exact_route(layer, X, rho, cache, hn)
     jp, jb, ep, eb = map(nan_as_inf, (jp, jb, ep, eb))  # Python's min(nan, x) is nan (red team 192)
     return LayerLocal(layer.index, rho, comps, radii, product, min(jp, ep), min(jb, eb), out.detach(), min_sigma,
-                      ep, eb, parts)
+                      ep, eb, parts, tuple(taken))
 
 
 def nan_as_inf(x: float) -> float:
@@ -458,6 +557,9 @@ class NetworkLocal:
     # (blocks (T, T, d, d) of the stack's Jacobian at X, their float64 error): kept by the stack route when asked
     # (``keep_jacobian``), for the lower estimate at the same point
     jacobian: tuple | None = field(default=None, repr=False)
+    # the product route's components that took their global constant (Note [global on a component's ball]):
+    # "input_norm", "layer 0 ffn", ..., "final_norm"
+    global_parts: tuple[str, ...] = ()
 
     @property
     def route(self) -> str:
@@ -505,9 +607,9 @@ def network_local(spec: TransformerSpec, X: Tensor, rho: float, *, cache: dict |
         except InputError:
             if route == "stack":
                 raise
-    lip_in, lip_out, layers = math.inf, math.inf, []
+    lip_in, lip_out, layers, taken = math.inf, math.inf, [], []
     try:
-        lip_in, lip_out, product = _product_route(spec, X, rho, cache, jacobian, layers)
+        lip_in, lip_out, product = _product_route(spec, X, rho, cache, jacobian, layers, taken)
     except InputError:
         # Note [either route]: a ball the product route refuses (a norm with eps = 0 whose stage ball
         # reaches a constant token, a softmax weight that underflows on its grown radius) may still be
@@ -516,18 +618,26 @@ def network_local(spec: TransformerSpec, X: Tensor, rho: float, *, cache: dict |
         if stack == math.inf:
             raise
         product = math.inf
-    return NetworkLocal(rho, lip_in, layers, lip_out, min(product, stack), product, stack, blocks)
+    taken = ([t for t in taken if t == "input_norm"]
+             + [f"layer {ll.index} {c}" for ll in layers for c in ll.global_parts]
+             + [t for t in taken if t == "final_norm"])
+    return NetworkLocal(rho, lip_in, layers, lip_out, min(product, stack), product, stack, blocks, tuple(taken))
 
 
 def _product_route(spec: TransformerSpec, X: Tensor, rho: float, cache: dict, jacobian: bool,
-                   layers: list) -> tuple[float, float, float]:
+                   layers: list, taken: list) -> tuple[float, float, float]:
     """``network_local``'s composition route: (input norm's, final norm's, whole) constants; the
-    per-layer results are appended to ``layers`` as they are certified."""
+    per-layer results are appended to ``layers`` as they are certified, and "input_norm", "final_norm" to ``taken``
+    where F14's global constant is the smaller (Note [global on a component's ball])."""
+    from ..norms import NormMeasure
+    from ._weights import _norm_bounds
+
     lip_in = 1.0
     r = rho
     if spec.input_norm is not None:
         n0, _ = norm_local(spec.input_norm, X, rho)
-        lip_in = float(n0.max())
+        lip_in = _smaller(float(n0.max()), _global_norm(_norm_bounds(NormMeasure.of(spec.input_norm))), "input_norm",
+                          taken)
         X = spec.input_norm(X)
         r = lip_in * rho * (1 + 1e-12) + f17_pad(X)
     total = lip_in
@@ -541,6 +651,7 @@ def _product_route(spec: TransformerSpec, X: Tensor, rho: float, cache: dict, ja
             return lip_in, math.inf, math.inf
     lip_out = 1.0
     if spec.final_norm is not None:
-        lip_out = float(norm_local(spec.final_norm, X, r)[0].max())
+        lip_out = _smaller(float(norm_local(spec.final_norm, X, r)[0].max()),
+                           _global_norm(_norm_bounds(NormMeasure.of(spec.final_norm))), "final_norm", taken)
         total *= lip_out
     return lip_in, lip_out, total * (1 + ROUNDING_PAD)

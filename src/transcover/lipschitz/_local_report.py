@@ -42,6 +42,10 @@ class LocalRow:
     lower: float
     point_upper: float = math.nan  # Jacobian route at the point (layers only)
     point_lower: float = math.nan  # the point lower estimate when ``lower`` is the ball one (else NaN)
+    # the components whose global constant (on a domain holding their ball) replaced a larger local one in
+    # ``local_upper``, at the sequence that gives the max: "ffn, norm_ffn"; "" for none (Note [global on a
+    # component's ball] in ``_local``)
+    local_from_global: str = ""
 
     @property
     def ratio(self) -> float:
@@ -54,7 +58,8 @@ class LocalRow:
         return {"rho_factor": self.rho_factor, "layer": self.layer, "component": self.component,
                 "global_upper": self.global_upper, "domain_upper": self.domain_upper,
                 "local_upper": self.local_upper, "point_upper": self.point_upper, "lower": self.lower,
-                "ratio": self.ratio, **({} if math.isnan(self.point_lower) else {"point_lower": self.point_lower})}
+                "ratio": self.ratio, **({} if math.isnan(self.point_lower) else {"point_lower": self.point_lower}),
+                "local_from_global": self.local_from_global}
 
 
 # the stage functions' input balls among ``LayerLocal.radii`` (pre-LN stages start at the norm before them)
@@ -96,6 +101,16 @@ def stage_local_constants(ll, placement: Placement) -> dict[str, float]:  # noqa
         return {"attention": 1 + c["attention"], "norm_attn": c["norm_attn"], "ffn": c.get("ffn_residual", 1 + c["ffn"]),
                 "norm_ffn": c["norm_ffn"]}
     return {"attention": 1 + c["attention"] * c["norm_attn"], "ffn": 1 + c["ffn"] * c["norm_ffn"]}
+
+
+def stage_global_parts(ll, placement: Placement) -> dict[str, str]:  # noqa: ANN001
+    """Per stage of :func:`stage_local_constants` (and "layer"), the components of ``ll`` behind it that took their
+    global constant (``LayerLocal.global_parts``), as the row's ``local_from_global`` text."""
+    parts = {"attention": ("attention",), "norm_attn": ("norm_attn",), "ffn": ("ffn",), "norm_ffn": ("norm_ffn",)}
+    if placement is not Placement.POST:
+        parts = {"attention": ("norm_attn", "attention"), "ffn": ("norm_ffn", "ffn")}
+    parts["layer"] = tuple(c for v in parts.values() for c in v)
+    return {k: ", ".join(c for c in v if c in ll.global_parts) for k, v in parts.items()}
 
 
 def local_table(spec: TransformerSpec, seqs: list, rho_factors: list[float], *, lower_iter: int = 15,
@@ -156,13 +171,15 @@ def local_table(spec: TransformerSpec, seqs: list, rho_factors: list[float], *, 
                 lows[(i, name)] = max(jacobian_operator_norm(fn, ins[name], metric="2,inf", n_iter=lower_iter)[0]
                                       for ins in stage_inputs[i])
     rows: list[LocalRow] = []
-    cache: dict = {}
+    # the global column's class bounds serve layer_local's global components (Note [global on a component's ball])
+    cache: dict = {("bounds", layer.index): L for layer, L in zip(layers, norms.layers)}
     witnesses: dict = {}  # (layer, stage, sequence) -> the point witness and the last ball's BallLower
     # the float32 shadow of every layer the ball searches run on: it measures their pairs' float64 error (Note [pair
     # allowance], red team 218); converted one layer at a time where it is used
     shadow = replace(spec, layers=layers).to_torch(torch.float32) if lower and ball is not None else None
     for f in rho_factors:
         best: dict[tuple[int, str], float] = {}
+        took: dict[tuple[int, str], str] = {}  # the local_from_global text at the sequence of the max
         point: dict[int, float] = {}
         balls: dict[tuple[int, str], float] = {}
         sig0 = math.inf
@@ -173,8 +190,9 @@ def local_table(spec: TransformerSpec, seqs: list, rho_factors: list[float], *, 
                 rho = _relative_rho(f, pow2_norm(X, 1), i, k) if relative else f
                 ll = layer_local(layer, X, rho, cache=cache, jacobian=jacobian)
                 sig0 = min(sig0, ll.min_sigma)
+                parts = stage_global_parts(ll, layer.placement)
                 for name, v in {**stage_local_constants(ll, layer.placement), "layer": ll.upper}.items():
-                    best[(i, name)] = max(best.get((i, name), 0.0), nan_as_inf(v))
+                    keep_max(best, took, (i, name), v, parts[name])
                 point[i] = max(point.get(i, 0.0), nan_as_inf(ll.jacobian_point))
                 if lower and ball is not None:
                     t1 = time.perf_counter()
@@ -190,10 +208,19 @@ def local_table(spec: TransformerSpec, seqs: list, rho_factors: list[float], *, 
             if timings is not None:
                 timings[(f, i)] = time.perf_counter() - t0 - timings.get((f, i, "ball_lower"), 0.0)
         dom = compose(norms, radius=R, sigma_min=max(sig0, 0.0)) if math.isfinite(sig0) else glob
-        rows += assemble_local_rows(f, best, point, lows, glob, dom, lower=lower, ball_lows=balls or None)
+        rows += assemble_local_rows(f, best, point, lows, glob, dom, lower=lower, ball_lows=balls or None, took=took)
         if whole is not None:
             rows.append(_network_row(spec, seqs, f, relative, whole, glob, (norms, R, sig0), lower, cache, move_rest))
     return rows
+
+
+def keep_max(best: dict, took: dict, key: tuple, v: float, parts: str) -> None:
+    """``best[key]`` the max over the sequences so far (NaN read as inf: no bound) and ``took[key]`` the
+    ``local_from_global`` text of the first sequence that gives it (``local_table`` and ``transcover.scale``'s merge
+    alike, in the same order)."""
+    v = nan_as_inf(v)
+    if key not in best or v > best[key]:
+        best[key], took[key] = v, parts
 
 
 def _network_row(spec, seqs, f, relative, whole, glob, domain, lower, cache,  # noqa: ANN001
@@ -206,11 +233,11 @@ def _network_row(spec, seqs, f, relative, whole, glob, domain, lower, cache,  # 
     taken here (``norm_local``); on a toy BERT's text it was 0.034 against the layers' floors, and the column read 1.35
     beside an empirical lower of 30.3 (stop 38 red team). A final norm's inputs have no ball certified here: with
     one, the column is not reported (nan)."""
-    from ._local import network_local, norm_local, variance_floor
+    from ._local import ball_radius, network_local, norm_local, variance_floor
     from ._local_stack import stack_lower
 
     norms, R, sig0 = domain
-    up, lo, routes = 0.0, 0.0, set()
+    up, lo, routes, took = 0.0, 0.0, set(), ""
     for X in seqs:
         norms_t = pow2_norm(X.double(), 1)
         rho = _relative_rho(f, norms_t, None, None) if relative else f
@@ -222,10 +249,10 @@ def _network_row(spec, seqs, f, relative, whole, glob, domain, lower, cache,  # 
         # Note [global on the ball] (THEORY F104): every token of B(X, rho) has norm <= max_t ||X_t|| + rho, so the
         # global chain (THEORY F8) at that radius is a certified bound on the ball too; it wins where the local
         # routes' radii compound past it (a Pi_norm model at rho = 0.1: 1e72 against 1785)
-        # R rounded up: the formed norm's error is below (d + 4) u of it (a sum of d squares and a root), the sum one u
-        R_ball = (float(norms_t.max()) * (1 + (X.shape[-1] + 4) * 2.0**-53) + rho) * (1 + 2.0**-52)
-        g = compose(norms, radius=R_ball).upper.value
+        g = compose(norms, radius=ball_radius(X, rho)).upper.value
         here, route = (g, "global") if g < nl.upper else (nl.upper, nl.route)
+        if here > up or not routes:  # the product route's global components at the sequence of the max
+            took = ", ".join(nl.global_parts) if route == "product" else ""
         up, routes = max(up, here), routes | {route}
         if lower:  # the stack route's Jacobian blocks where it ran; else autograd's (not the stack machinery again)
             blocks, err = nl.jacobian if nl.jacobian is not None else (None, 0.0)
@@ -237,17 +264,18 @@ def _network_row(spec, seqs, f, relative, whole, glob, domain, lower, cache,  # 
     dom = (math.nan if final or not math.isfinite(sig0)
            else compose(norms, radius=R, sigma_min=max(sig0, 0.0)).upper.value)
     return LocalRow(f, -1, f"network ({'/'.join(sorted(routes))})", glob.upper.value, dom, up,
-                    lo if lower else math.nan)
+                    lo if lower else math.nan, local_from_global=took)
 
 
 def assemble_local_rows(rho_factor: float, best: dict, point: dict, lows: dict, glob, dom, *,  # noqa: ANN001
-                        lower: bool, ball_lows: dict | None = None) -> list[LocalRow]:
+                        lower: bool, ball_lows: dict | None = None, took: dict | None = None) -> list[LocalRow]:
     """One rho's rows: each (layer, component)'s local constant (``best``, the max over sequences)
     beside the global (``glob``, radius R) and domain (``dom``, sigma >= sigma_0) constants and the
     lower estimate, which must not exceed it (``check_certified``).  Shared by :func:`local_table`
     and the per-sequence items of ``transcover.scale`` so both give the same rows.  ``ball_lows``:
     ball lower estimates of some (layer, component)s (max over sequences); their rows' ``lower`` is
-    the larger of the two and ``point_lower`` the point one."""
+    the larger of the two and ``point_lower`` the point one.  ``took``: each row's ``local_from_global`` text."""
+    took = {} if took is None else took
     gstage = {(s.layer, s.name): s.lipschitz for s in glob.stages}
     dstage = {(s.layer, s.name): s.lipschitz for s in dom.stages}
     rows = []
@@ -264,7 +292,7 @@ def assemble_local_rows(rho_factor: float, best: dict, point: dict, lows: dict, 
                 check_certified(f"local Lipschitz constant of {name} (layer {i}) on its ball", v, ball_lows[(i, name)])
                 plo, lo = lo, max(lo, ball_lows[(i, name)]) if not math.isnan(lo) else ball_lows[(i, name)]
         rows.append(LocalRow(rho_factor, i, name, g, dv, v, lo, point.get(i, math.nan) if name == "layer" else math.nan,
-                             plo))
+                             plo, took.get((i, name), "")))
     return rows
 
 

@@ -93,7 +93,7 @@ def local_example(payload: dict[str, Any]) -> dict[str, Any]:
     """One sequence's share of ``local_table`` (the item function; module docstring)."""
     from ..empirical import torch_threads
     from ..lipschitz import jacobian_operator_norm, layer_local
-    from ..lipschitz import stage_functions, stage_local_constants
+    from ..lipschitz import stage_functions, stage_global_parts, stage_local_constants
     from ..model import layer_forward
 
     with torch_threads(int(payload.get("threads", 1))):
@@ -117,8 +117,9 @@ def local_example(payload: dict[str, Any]) -> dict[str, Any]:
                 rho = f * float(Z.norm(dim=1).median()) if payload["relative"] else f
                 ll = layer_local(layer, Z, rho, cache=cache, jacobian=payload["jacobian"])
                 sigma = min(sigma, ll.min_sigma)
+                parts = stage_global_parts(ll, layer.placement)
                 for name, v in {**stage_local_constants(ll, layer.placement), "layer": ll.upper}.items():
-                    stages.append([i, name, _hex(v)])
+                    stages.append([i, name, _hex(v), parts[name]])
                 points.append(_hex(ll.jacobian_point))
             per_rho.append({"stages": stages, "points": points, "min_sigma": _hex(sigma)})
     return {"R": _hex(float(X.norm(dim=1).max())), "lows": lows, "per_rho": per_rho}
@@ -126,7 +127,7 @@ def local_example(payload: dict[str, Any]) -> dict[str, Any]:
 
 def merge_local(spec, parts: Sequence[dict[str, Any]], rhos: Sequence[float], *, lower: bool = True) -> list:
     """The rows of ``local_table`` from the items' values, in order (module docstring)."""
-    from ..lipschitz import assemble_local_rows, lipschitz_bounds
+    from ..lipschitz import assemble_local_rows, keep_max, lipschitz_bounds
 
     if not parts:
         raise InputError("the data is empty (no sequences)")
@@ -139,19 +140,20 @@ def merge_local(spec, parts: Sequence[dict[str, Any]], rhos: Sequence[float], *,
     rows = []
     for r, f in enumerate(rhos):
         best: dict[tuple[int, str], float] = {}
+        took: dict[tuple[int, str], str] = {}
         point: dict[int, float] = {}
         sig0 = math.inf
         for i in range(spec.n_layers):  # layer-major, then sequence: local_table's insertion order
             for p in parts:
                 pr = p["per_rho"][r]
-                for li, name, v in pr["stages"]:
+                for li, name, v, why in pr["stages"]:
                     if li == i:
-                        best[(i, name)] = max(best.get((i, name), 0.0), _unhex(v))
+                        keep_max(best, took, (i, name), _unhex(v), why)
                 point[i] = max(point.get(i, 0.0), _unhex(pr["points"][i]))
         for p in parts:
             sig0 = min(sig0, _unhex(p["per_rho"][r]["min_sigma"]))
         dom = lipschitz_bounds(spec, radius=R, sigma_min=max(sig0, 0.0)) if math.isfinite(sig0) else glob
-        rows += assemble_local_rows(f, best, point, lows, glob, dom, lower=lower)
+        rows += assemble_local_rows(f, best, point, lows, glob, dom, lower=lower, took=took)
     return rows
 
 

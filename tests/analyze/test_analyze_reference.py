@@ -130,24 +130,27 @@ def test_fast_mode_is_labelled_and_close():
 
 
 @pytest.mark.parametrize("rope", [False, True])
-@pytest.mark.parametrize("case", ["2^120", "2^-120", "one entry 3e38"])
+@pytest.mark.parametrize("case", ["float32 2^120", "float32 2^-120", "one entry 3e38", "float64 2^200",
+                                  "float64 2^-200"])
 def test_fast_estimates_at_the_ends_of_the_float32_range(case, rope):
     """``--fast`` formed float32 Grams of the raw matrices: one W_Q entry 3e38 (a finite bfloat16 weight) made them
     inf and ``analyze --fast`` a LinAlgError, W_Q, W_K entries ~1e-38 printed B_KQ 0 for 2.345e-76, and the
-    Frobenius and (2,1) norms of a matrix with entries 2^100 were inf (red team 221).  Every estimate must be within
-    the Lanczos target ``rtol`` = 1e-3 of the certified value (which scales exactly; test_fast_mode_is_labelled_and_close)."""
+    Frobenius and (2,1) norms of a matrix with entries 2^100 were inf; float64 weights past float32's range were
+    cast to inf or 0 first (red team 221).  Every estimate must be within the Lanczos target ``rtol`` = 1e-3 of the
+    certified value (which scales exactly; test_fast_mode_is_labelled_and_close), or inside its interval."""
     from transcover.model import RopeSpec
 
     spec = _random_spec(7, 12, 2, 4, 2, 10, True, False)
     L = spec.layers[0]
-    f32 = {k: getattr(L.attention, k).float() for k in ("W_Q", "W_K", "W_V", "b_Q")}
+    dt = torch.float64 if case.startswith("float64") else torch.float32
+    f32 = {k: getattr(L.attention, k).to(dt) for k in ("W_Q", "W_K", "W_V", "b_Q")}
     if case == "one entry 3e38":
         f32["W_Q"][1, 3, 2] = 3e38
-    else:
-        f32 = {k: v * 2.0 ** int(case[2:]) for k, v in f32.items()}  # exact: a power of two, float32 normal or not
-    attn = AttentionSpec(f32["W_Q"], f32["W_K"], f32["W_V"], L.attention.W_O.float(), b_Q=None if rope else f32["b_Q"],
+    else:  # exact: a power of two, float32 normal or not
+        f32 = {k: v * 2.0 ** int(case.split("^")[1]) for k, v in f32.items()}
+    attn = AttentionSpec(f32["W_Q"], f32["W_K"], f32["W_V"], L.attention.W_O.to(dt), b_Q=None if rope else f32["b_Q"],
                          rope=RopeSpec(theta=10000.0, max_position=16) if rope else None)
-    ffn = FFNSpec(W_1=L.ffn.W_1.float() * (f32["W_V"].abs().max() / L.ffn.W_1.abs().max()), W_2=L.ffn.W_2.float(),
+    ffn = FFNSpec(W_1=L.ffn.W_1.to(dt) * (f32["W_V"].abs().max() / L.ffn.W_1.abs().max()), W_2=L.ffn.W_2.to(dt),
                   activation=L.ffn.activation)
     spec = TransformerSpec("handmade", case, 12, [LayerSpec(0, attn, ffn, L.norm_attn, L.norm_ffn, L.placement)])
     cert, fast = analyze_spec(spec).layers[0], analyze_spec(spec, fast=True).layers[0]

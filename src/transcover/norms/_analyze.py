@@ -68,6 +68,15 @@ def _np(t, dtype=np.float64) -> np.ndarray:
     return as_array(t, dtype)
 
 
+def _past_float32(t) -> bool:  # noqa: ANN001  (numpy array or torch tensor)
+    """A float64 array with a nonzero entry outside [2^-100, 2^100], which float32 would lose or overflow (a
+    float64 W_Q entry 1e300 made ``analyze --fast`` a LinAlgError).  Narrower dtypes fit float32 as they are."""
+    if str(getattr(t, "dtype", "")).removeprefix("torch.") != "float64" or not getattr(t, "shape", ()):
+        return False
+    a = np.abs(_np(t))
+    return bool(a.max(initial=0.0) > 2.0**100 or a.min(where=a > 0, initial=np.inf) < 2.0**-100)
+
+
 def _estimate(value: float, method: str) -> Interval:
     return Interval(value, value, Kind.ESTIMATE, method)
 
@@ -85,6 +94,8 @@ class _Measurer:
         self.dtype = np.float32 if fast else np.float64
 
     def array(self, t) -> np.ndarray:
+        if self.fast and _past_float32(t):  # float32 would make it inf or 0: it stays float64 (Note [float32 Grams])
+            return _np(t)
         return _np(t, self.dtype)
 
     def matrix(self, role: str, W, tensor: str = "", gram: tuple[np.ndarray, float] | None = None) -> MatrixNorms:

@@ -484,6 +484,8 @@ def product_difference_upper(Aa, Ba, Ab, Bb) -> float:  # noqa: ANN001  (float64
     :func:`product_interval` of balanced factors (Note [product differences])."""
     import torch
 
+    if Aa.shape != Ab.shape or Ba.shape != Bb.shape:  # head dimensions differ: no factor-wise difference
+        return product_interval(torch.cat([Aa, -Ab], 1), torch.cat([Ba, Bb], 0)).upper
     dA, dB = Aa - Ab, Ba - Bb
     if not (bool(torch.isfinite(dA).all()) and bool(torch.isfinite(dB).all())):  # a difference beyond float64
         return product_interval(torch.cat([Aa, -Ab], 1), torch.cat([Ba, Bb], 0)).upper

@@ -335,7 +335,8 @@ def _way(header: str) -> str:
 _LOCAL_HEADERS = {"rho_factor": "ρ", "layer": "layer", "component": "component",
                   "global_upper": "global upper (R)", "domain_upper": "domain upper (σ₀)",
                   "local_upper": "local upper (ρ)", "point_upper": "upper at the point", "lower": "lower",
-                  "point_lower": "point lower", "ratio": "local/lower"}
+                  "point_lower": "point lower", "ratio": "local/lower",
+                  "local_from_global": "global constant taken in"}
 
 
 def _missing(v: object) -> bool:

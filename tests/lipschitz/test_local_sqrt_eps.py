@@ -141,5 +141,10 @@ def test_large_radii_give_inf_not_nan_or_a_refusal_of_rho():
         ll = layer_local(spec.layers[0], X, r).upper
         assert not math.isnan(a) and not math.isnan(ll) and a >= last  # grows with the radius, inf at the end
         last = a
-    assert last == math.inf and layer_local(spec.layers[0], X, 1e3).upper == math.inf
-    assert network_local(spec, X, 5.0).upper == math.inf
+    assert last == math.inf
+    # the layer's local attention bound is inf there; the layer may still be finite through the global constants of
+    # the sublayers behind the pre-norms (bounded outputs: they hold on every point, F112), never NaN
+    big = layer_local(spec.layers[0], X, 1e3)
+    assert not math.isnan(big.upper) and (big.upper == math.inf or "attention" in big.global_parts), big
+    net = network_local(spec, X, 5.0)
+    assert not math.isnan(net.upper) and (net.upper == math.inf or "layer 0 attention" in net.global_parts), net

@@ -26,6 +26,7 @@ On the ball ``M_i`` moves by at most (telescoping) ``dD2 (||I+F||+dF) sD1 + ||D2
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -214,6 +215,58 @@ def ball_radius(X: Tensor, rho: float) -> float:
 # its global one times the data pads (a bfloat16 BERT: 2468750.0027 beside 2468750.000000002).
 
 
+# Note [local cache binding]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~
+# ``layer_local``, ``network_local`` and ``local_table`` keep what depends on the weights alone (spectral norms, F17c's
+# kappa, F38's Hadamard Grams, the global chain's bounds: ~7 s a MiniLM layer) in the caller's ``cache``, keyed by the
+# layer's index, so a cache passed across sentences and radii computes them once.  Keyed by index alone, one cache
+# passed to two models (or kept across an in-place change of a weight) handed the second the first's norms: a false
+# certificate.  Each layer's entries are therefore stamped with the layer object and every tensor it holds with its
+# version counter (torch bumps it on every in-place write); a different stamp drops that index's entries first.
+# Numpy arrays carry no version: their identity is checked, not their contents.
+
+
+def _layer_stamp(layer: LayerSpec) -> tuple:
+    """The layer object and each array it holds (tensors with their version counters), in field order."""
+    out: list = [layer]
+
+    def walk(v) -> None:  # noqa: ANN001
+        if isinstance(v, Tensor):
+            out.append((v, v._version))
+        elif dataclasses.is_dataclass(v) and not isinstance(v, type):
+            for f in dataclasses.fields(v):
+                walk(getattr(v, f.name))
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                walk(x)
+        elif hasattr(v, "__array__"):
+            out.append((v, None))
+
+    for f in dataclasses.fields(layer):
+        walk(getattr(layer, f.name))
+    return tuple(out)
+
+
+def _same_stamp(a: tuple, b: tuple) -> bool:
+    return len(a) == len(b) and a[0] is b[0] and all(x[0] is y[0] and x[1] == y[1] for x, y in zip(a[1:], b[1:]))
+
+
+def bind_cache(cache: dict, layer: LayerSpec) -> None:
+    """Note [local cache binding]: drop ``cache``'s entries of ``layer.index`` unless they were made from this very
+    layer object with its tensors unchanged since; then stamp them as this layer's."""
+    key = ("owner", layer.index)
+    stamp, old = _layer_stamp(layer), cache.get(key)
+    if old is not None and _same_stamp(old, stamp):
+        return
+    if old is not None:
+        for k in [k for k in cache if isinstance(k, tuple) and len(k) == 2 and k[1] == layer.index]:
+            del cache[k]
+        stack = cache.get("stack_norms")
+        if isinstance(stack, dict):
+            stack.pop(layer.index, None)
+    cache[key] = stamp
+
+
 def _layer_bounds(layer: LayerSpec, cache: dict):  # noqa: ANN202
     """The layer's class bounds (the global chain's, ``_weights.layer_norms``), once per cache (``local_table``
     seeds it with the global column's own); None where they cannot be measured."""
@@ -281,7 +334,9 @@ def layer_local(layer: LayerSpec, X: Tensor, rho: float, *, cache: dict | None =
     Source: THEORY F14, F17; Notes [local norm floor], [local attention bound], [layer Jacobian
     route].  Assumptions: every token within ``rho`` of ``X``; dot attention.  Gated FFNs and RoPE attention take the
     product route only, with THEORY F107's local constants (``_local_gated``, ``_local_rope``).
-    ``exact``: also the exact-Jacobian route (THEORY F17; None: when T*d <= ``EXACT_ROUTE_MAX``,
+    ``cache``: a dict to pass again on later calls (other inputs, other radii) so the weight-only constants are computed
+    once (~7 s a MiniLM layer); its entries are bound to this layer object and its tensors' versions (Note [local cache
+    binding]).  ``exact``: also the exact-Jacobian route (THEORY F17; None: when T*d <= ``EXACT_ROUTE_MAX``,
     Note [exact route default]).
     Norms at powers of two (``pow2_norm``, THEORY F96).  ``rho`` finite and > 0, as ``network_local``'s (a rho of 0
     was certified here and refused there, stop 39's list)."""
@@ -300,6 +355,7 @@ def layer_local(layer: LayerSpec, X: Tensor, rho: float, *, cache: dict | None =
     X = X.detach().double()
     T, d = X.shape
     cache = {} if cache is None else cache
+    bind_cache(cache, layer)  # Note [local cache binding]
     key = ("norms", layer.index)
     if key not in cache:
         f, hn = layer.ffn, head_norms(layer.attention)
@@ -586,6 +642,7 @@ def network_local(spec: TransformerSpec, X: Tensor, rho: float, *, cache: dict |
     ``route``: ``"product"``, ``"stack"`` (both routes, the stack one forced), ``"auto"`` (the stack
     route too when T*d <= ``STACK_ROUTE_MAX``: it costs T^2 d^3 per layer).  ``move_rest``: the stack route's
     THEORY F77 switch (``stack_local(move_rest=)``: the move's rest by its own recursion, tighter at larger radii).
+    ``cache``: as ``layer_local``'s, for every layer of ``spec`` (Note [local cache binding]).
     ``keep_jacobian``: where the stack route runs, its Jacobian blocks at X and their error on the result
     (``jacobian``; ``stack_lower`` takes them instead of forming them again).
     Source: THEORY F8 (composition), F17, F30.  The head (if any) is not included.
@@ -597,6 +654,8 @@ def network_local(spec: TransformerSpec, X: Tensor, rho: float, *, cache: dict |
     rho = check_rho(rho)
     check_tokens(X, spec.d_model)  # an empty, 1-D or 3-D X, or the wrong width, was a traceback (stop 39 red team)
     cache = {} if cache is None else cache
+    for layer in spec.layers:  # before the stack route reads "stack_norms" (Note [local cache binding])
+        bind_cache(cache, layer)
     X = X.detach().double()
     stack, blocks = math.inf, None
     if route == "stack" or (route == "auto" and X.shape[-2] * X.shape[-1] <= STACK_ROUTE_MAX):

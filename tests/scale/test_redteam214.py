@@ -183,10 +183,11 @@ def silent_port():
 
 def test_an_address_that_is_not_ray_is_one_line_within_the_deadline(silent_port):
     """F2: ``ray.init`` retried such a port for 7+ minutes, a warning every few seconds, deaf to SIGTERM; now the join
-    is tried in a child process with a 30 s deadline and refused in one line (exit 2).  Bounded: <= 60 s."""
+    is tried in a child process with a deadline (30 s by default, here the variable's 6 s: what is tested is that the
+    deadline holds, not its length; the default's message is the same f-string) and refused in one line (exit 2)."""
     pytest.importorskip("ray")
     env = {"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-           "RAY_AUTH_MODE": "disabled", "HOME": os.environ.get("HOME", "/tmp")}
+           "RAY_AUTH_MODE": "disabled", "HOME": os.environ.get("HOME", "/tmp"), "TRANSCOVER_RAY_CONNECT_TIMEOUT": "6"}
     t0 = time.monotonic()
     try:
         proc = subprocess.run([sys.executable, "-m", "transcover", "cover", "reference", "--functions", "10",
@@ -196,7 +197,7 @@ def test_an_address_that_is_not_ray_is_one_line_within_the_deadline(silent_port)
         pytest.fail("the join did not give up within 60 s")
     assert time.monotonic() - t0 < 60
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr[-2000:]
-    assert f"cannot join the Ray cluster at 127.0.0.1:{silent_port}: no Ray answered within 30 s" in proc.stderr
+    assert f"cannot join the Ray cluster at 127.0.0.1:{silent_port}: no Ray answered within 6 s" in proc.stderr
 
 
 def test_local_ray_ignores_a_running_cluster_and_keeps_no_session_files(tmp_path, monkeypatch):

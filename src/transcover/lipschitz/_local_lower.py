@@ -445,18 +445,49 @@ def bilinear_lower(objective: Callable[[Tensor, Tensor], Tensor], shape, *, rest
     """Empirical lower estimate of ``sup objective(h, v)`` over ``h, v`` of ``shape`` with every token (last
     axis) on the unit sphere: Adam (lr 0.05) on unconstrained ``a, b`` through ``h = a / ||a||`` per token,
     ``restarts`` random starts of ``steps`` steps, the best value seen.  Used for the second-derivative
-    forms of F40 (``benchmarks/stack_aligned_probe.py``, ``tests/lipschitz/test_local_stack_aligned.py``)."""
+    forms of F40 (``benchmarks/stack_aligned_probe.py``, ``tests/lipschitz/test_local_stack_aligned.py``).
+    The restarts run as one batch (``torch.func.vmap`` of ``objective``; Adam is elementwise, so one optimiser on the
+    stacked starts takes each start's own steps) and one at a time where ``objective`` cannot be mapped."""
     g = torch.Generator().manual_seed(seed)
-    unit = lambda a: a / a.norm(dim=-1, keepdim=True)  # noqa: E731
+    starts = [(torch.randn(shape, generator=g, dtype=torch.float64), torch.randn(shape, generator=g, dtype=torch.float64))
+              for _ in range(restarts)]
+    if restarts > 1:
+        try:
+            return _bilinear_batched(objective, starts, steps)
+        except Exception:  # noqa: BLE001  (a data-dependent branch, .item(), an in-place write: not mappable)
+            pass
     best = 0.0
-    for _ in range(restarts):
-        a = torch.randn(shape, generator=g, dtype=torch.float64).requires_grad_(True)
-        b = torch.randn(shape, generator=g, dtype=torch.float64).requires_grad_(True)
+    for a0, b0 in starts:
+        a, b = a0.clone().requires_grad_(True), b0.clone().requires_grad_(True)
         opt = torch.optim.Adam([a, b], lr=0.05)
         for _ in range(steps):
-            val = objective(unit(a), unit(b))
+            val = objective(_on_sphere(a), _on_sphere(b))
             best = max(best, float(val.detach()))
             opt.zero_grad()
             (-val).backward()
             opt.step()
+    return best
+
+
+def _on_sphere(a: Tensor) -> Tensor:  # unclamped: the draws are never 0
+    return a / a.norm(dim=-1, keepdim=True)
+
+
+def _bilinear_batched(objective: Callable[[Tensor, Tensor], Tensor], starts: list, steps: int) -> float:
+    """``bilinear_lower``'s restarts at once: the same starts, steps and Adam, on (restarts, *shape) tensors."""
+    f = torch.func.vmap(objective)
+    a = torch.stack([a0 for a0, _ in starts]).requires_grad_(True)
+    b = torch.stack([b0 for _, b0 in starts]).requires_grad_(True)
+    opt = torch.optim.Adam([a, b], lr=0.05)
+    best = 0.0
+    for _ in range(steps):
+        vals = f(_on_sphere(a), _on_sphere(b))
+        if vals.shape != (len(starts),):
+            raise ValueError("objective is not a scalar")
+        seen = vals.detach()[~torch.isnan(vals.detach())]  # a nan start is skipped, as max(best, nan) skips it
+        if seen.numel():
+            best = max(best, float(seen.max()))
+        opt.zero_grad()
+        (-vals.sum()).backward()  # d(sum)/d(start k) is start k's own gradient
+        opt.step()
     return best

@@ -13,10 +13,8 @@ import math
 import pytest
 import torch
 
-from lipschitz_testkit import clip_rows, hetero_gamma, random_spec
-from test_local_remg18 import remg_maps
-from test_local_sharp import _stage_outputs
-from test_local_wts18 import _ascent as _row_ascent
+from lipschitz_testkit import hetero_gamma, random_spec
+from speed_speedB import jac_ascent, norm_ascent, pair_ascent, remainder_ascents, row_ascents, stage_ascent
 from test_local_wts18 import _blocks, _stage_maps
 from transcover._errors import InputError
 from transcover.lipschitz import _local_row_weights as rw
@@ -118,7 +116,7 @@ def test_f56_any_positive_weights_certify(monkeypatch, case):
     gram = stg.attention_row_gram(at)
     pt = stg.post_point(at, gram) if at.post else stg.pre_point(at, gram)
     maps = _stage_maps(layer) if at.post else {"point": lambda Z: layer_forward(layer, Z)}
-    lows = {name: _row_ascent(_blocks(f, X), starts=5, steps=120) for name, f in maps.items()}
+    lows = dict(zip(maps, row_ascents([_blocks(f, X) for f in maps.values()], starts=5, steps=120)))
     g = torch.Generator().manual_seed(5)
     for kind in ("own", "span", "tiny", "denormal", "huge", "diag"):
         w = rw.stage_weights(at, gram, pt) if kind == "own" else _weights(kind, T, g)
@@ -145,7 +143,7 @@ def test_f56_carried_gram_bounds_the_folded_map():
     gram2, pt2 = rw.reweighted(at, gram, pt)
     hn = stg.fold_at_x(at, gram2).hn_pt
     plain = dataclasses.replace(layer.norm_attn, weight=None)
-    lo = _row_ascent(_blocks(lambda Z: plain(Z + attention_forward(layer.attention, Z)), X), starts=6, steps=150)
+    lo = row_ascents([_blocks(lambda Z: plain(Z + attention_forward(layer.attention, Z)), X)], starts=6, steps=150)[0]
     assert bool((lo <= hn).all()), (lo, hn)
     assert bool((pt2.h_pt < pt.h_pt).any())  # the weights changed somewhere: the carried Gram is a mix
 
@@ -174,33 +172,8 @@ to F34c's), and the weighted-Gram bound with them is
 
 # -- F55a: the norm's remainder through (I + F) diag(gamma1) --------------------------------------------------------
 
-def _norm_ascent(norm, x: torch.Tensor, M: torch.Tensor, r: float, starts: int = 6, steps: int = 150) -> float:  # noqa: ANN001
-    """Adam (float64, projected, cosine-annealed) on ``||M(N(x + e) - N(x) - D(x) e)||`` over ``||e|| <= r``; starts
-    +- the centred point, +- its gamma-weighted image, and random ones."""
-    N = lambda v: norm(v[None])[0]  # noqa: E731
-    x0 = x[0]
-    D = torch.autograd.functional.jacobian(N, x0)
-    y0 = N(x0)
-    g = torch.Generator().manual_seed(0)
-    c = x0 - x0.mean()
-    cg = c * norm.weight.abs() + 1e-3 * c
-    dirs = [c, -c, cg, -cg] + [torch.randn(x0.shape, generator=g, dtype=torch.float64) for _ in range(starts - 4)]
-    best = 0.0
-    for e0 in dirs:
-        E = (e0 * r / e0.norm()).clone().requires_grad_(True)
-        opt = torch.optim.Adam([E], lr=0.05 * r)
-        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps)
-        for _ in range(steps):
-            with torch.no_grad():
-                E.copy_(clip_rows(E[None], r)[0])
-            v = (M @ (N(x0 + E) - y0 - D @ E)).norm()
-            if torch.isfinite(v):
-                best = max(best, float(v.detach()))
-            opt.zero_grad()
-            (-v).backward()
-            opt.step()
-            sched.step()
-    return best
+# the ascents of this file, batched over their starts (the same starts, steps and step sizes): speed_speedB
+_norm_ascent = norm_ascent
 
 
 @pytest.mark.parametrize("kind,gamma,eps", [
@@ -234,51 +207,7 @@ def test_f55a_norm_remainder_extreme_gamma_and_eps(kind, gamma, eps):
         assert got <= bound, (f, got, bound)
 
 
-def _remainder_ascent(layer, X: torch.Tensor, r: float, i: int, starts: int = 5, steps: int = 60) -> float:  # noqa: ANN001
-    """Adam ascent (float64, projected) on ``||(I + F_i)(LN1(S1(X + E)) - LN1(S1(X)) - D1 B E)_i||`` over ``||E_j|| <= r``
-    (what ``remG`` bounds); starts: +- each token's centred S1 direction, +- the top right singular vectors of row i's
-    map ``(I + F_i) D1_i B_i.``, random."""
-    rem, S1, MD1, Bi = remg_maps(layer, X, i)
-    top = torch.linalg.svd(torch.einsum("ab,btc->atc", MD1, Bi).reshape(X.shape[1], -1))[2][0].reshape(X.shape)
-    c = S1 - S1.mean(dim=1, keepdim=True)
-    g = torch.Generator().manual_seed(i)
-    best = 0.0
-    for s in range(starts):
-        E0 = [c, -c, top, -top][s] if s < 4 else torch.randn(X.shape, generator=g, dtype=torch.float64)
-        E = (E0 / E0.norm(dim=1, keepdim=True).clamp(min=1e-300) * r).requires_grad_(True)
-        opt = torch.optim.Adam([E], lr=0.1 * r)
-        for _ in range(steps):
-            with torch.no_grad():
-                E.copy_(clip_rows(E, r))
-            v = rem(E)
-            if torch.isfinite(v):
-                best = max(best, float(v.detach()))
-            opt.zero_grad()
-            (-v).backward()
-            opt.step()
-    return best
-
-
-def _stage_ascent(layer, X: torch.Tensor, r: float, starts: int = 4, steps: int = 60) -> dict:  # noqa: ANN001
-    """Per stage output (``_stage_outputs``) and token, Adam ascent (float64, batched starts on the sphere) of its move."""
-    ref = _stage_outputs(layer, X)
-    g = torch.Generator().manual_seed(3)
-    out = {}
-    for name in ref:
-        E = torch.randn(starts, *X.shape, generator=g, dtype=torch.float64)
-        E = (E / E.norm(dim=-1, keepdim=True) * r).requires_grad_(True)
-        opt = torch.optim.Adam([E], lr=0.1 * r)
-        best = torch.zeros(X.shape[0], dtype=torch.float64)
-        for _ in range(steps):
-            with torch.no_grad():
-                E.copy_(clip_rows(E, r))
-            val = torch.stack([(_stage_outputs(layer, X + E[s])[name] - ref[name]).norm(dim=-1) for s in range(starts)])
-            best = torch.maximum(best, torch.nan_to_num(val.detach(), nan=0.0).amax(0))
-            opt.zero_grad()
-            (-val.sum()).backward()
-            opt.step()
-        out[name] = best
-    return out
+_stage_ascent = stage_ascent
 
 
 def _rows_and_remg(monkeypatch, layer, X: torch.Tensor, r: float):  # noqa: ANN001, ANN202
@@ -306,67 +235,16 @@ def test_f55a_layer_remainder_extreme_gamma(monkeypatch, gamma, norm, eps, w2, f
     S1 = X + attention_forward(layer.attention, X)
     r = frac * float((S1 - S1.mean(dim=1, keepdim=True)).norm(dim=1).min())
     lj, remG = _rows_and_remg(monkeypatch, layer, X, r)
-    for i in range(X.shape[0]):
-        if math.isfinite(float(remG[i])):
-            got = _remainder_ascent(layer, X, r, i)
-            assert got <= float(remG[i]), (i, got, float(remG[i]))
+    tokens = [i for i in range(X.shape[0]) if math.isfinite(float(remG[i]))]
+    for i, got in zip(tokens, remainder_ascents(layer, X, r, tokens)):  # 5 starts x 60 steps per token, one batch
+        assert got <= float(remG[i]), (i, got, float(remG[i]))
     for name, best in _stage_ascent(layer, X, r).items():
         assert bool((best <= lj.stage_radii[name]).all()), (name, best, lj.stage_radii[name])
 
 
 # -- rounding: stored precisions and input scales -------------------------------------------------------------------
 
-def _jac_ascent(layer, X: torch.Tensor, r: float, starts: int = 3, steps: int = 60, tokens: list | None = None,  # noqa: ANN001
-                V0: torch.Tensor | None = None) -> torch.Tensor:
-    """Per output token in ``tokens`` (default all), Adam (float64) over moves ``E`` in the ball and unit rows ``V`` of
-    ``||sum_j J_ij(X + E) V_j||`` (the row's (2,inf) norm on the ball), the tokens in one batch (a ``V`` and ``E`` per
-    output token); with ``V0`` (T, d) the first two starts are ``V = V0``, ``E = +- r V0_j/||V0_j||``."""
-    T, d = X.shape
-    tokens = list(range(T)) if tokens is None else tokens
-    n, idx = len(tokens), torch.tensor(tokens)
-    g = torch.Generator().manual_seed(0)
-    f = lambda Z: layer_forward(layer, Z)  # noqa: E731
-    best = torch.zeros(n, dtype=torch.float64)
-    for s in range(starts):
-        if V0 is not None and s < 2:
-            V = V0.expand(n, T, d).clone()
-            E = (1 - 2 * s) * r * V / V.norm(dim=-1, keepdim=True)
-        else:
-            V = torch.randn(n, T, d, generator=g, dtype=torch.float64)
-            E = torch.randn(n, T, d, generator=g, dtype=torch.float64)
-            E = r * E / E.norm(dim=-1, keepdim=True)
-        E, V = E.requires_grad_(True), V.requires_grad_(True)
-        opt = torch.optim.Adam([{"params": [E], "lr": 0.1 * r}, {"params": [V], "lr": 0.05}])
-        for _ in range(steps):
-            with torch.no_grad():
-                E.copy_(clip_rows(E, r))
-            Vn = V / V.norm(dim=-1, keepdim=True)
-            out = torch.autograd.functional.jvp(f, X + E, Vn, create_graph=True)[1]  # (n, T, d): a batch of n
-            val = out[torch.arange(n), idx].norm(dim=-1)
-            best = torch.maximum(best, torch.nan_to_num(val.detach(), nan=0.0))
-            opt.zero_grad()
-            (-val.sum()).backward()
-            opt.step()
-    return best
-
-
-def _pair_ascent(layer, X: torch.Tensor, r: float, starts: int = 2, steps: int = 30) -> float:  # noqa: ANN001
-    """Adam (float64) over pairs in the ball of ``max_i ||f(X + E1)_i - f(X + E2)_i|| / max_j ||E1_j - E2_j||``."""
-    g = torch.Generator().manual_seed(1)
-    best = 0.0
-    for _ in range(starts):
-        E = clip_rows(torch.randn(2, *X.shape, generator=g, dtype=torch.float64) * r, r).requires_grad_(True)
-        opt = torch.optim.Adam([E], lr=0.05 * r)
-        for _ in range(steps):
-            with torch.no_grad():
-                E.copy_(clip_rows(E, r))
-            Y = layer_forward(layer, X + E)
-            ratio = (Y[0] - Y[1]).norm(dim=1).max() / (E[0] - E[1]).norm(dim=1).max()
-            best = max(best, float(ratio.detach()))
-            opt.zero_grad()
-            (-ratio).backward()
-            opt.step()
-    return best
+_jac_ascent, _pair_ascent = jac_ascent, pair_ascent
 
 
 def _stored(layer, dtype: torch.dtype):  # noqa: ANN001, ANN202

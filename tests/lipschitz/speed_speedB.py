@@ -1,0 +1,366 @@
+"""Batched forms of the red-team ascents (test helper, branch speedB): each runs the SAME starts (the same draws from
+the same generators, in the same order), the same number of Adam steps with the same step sizes and schedules, and
+reads the same values as the per-start loops it replaces -- only every start (and, where several independent ascents
+run side by side, every ascent) is one slice of one batched tensor.  Adam acts entrywise and the summed objective's
+gradient in one slice is that slice's own value's gradient, so each slice follows its own loop's trajectory (to the
+rounding of a batched matmul); one batched step costs about what one small unbatched step did."""
+
+from __future__ import annotations
+
+import torch
+
+from lipschitz_testkit import clip_rows
+
+F64 = torch.float64
+
+
+def row_ascents(Js: list, starts: int = 4, steps: int = 200, seed: int = 0) -> list:
+    """``test_local_wts18._ascent(J, starts, steps, seed)`` for every ``J`` (T, Tj, d, d') of ``Js`` (one shape), all
+    starts of all of them in one batch: per ``J`` the generator seeded ``seed`` draws its starts' ``V`` in turn (the same
+    draws for each ``J``, as each fresh call did), Adam (lr 0.05) on ``||sum_j J_ij Vp_j||``; per output token the larger
+    of ``row_norm_lower(J)`` and the starts' values at their last iterate."""
+    from transcover.lipschitz._local_jacobian import row_norm_lower
+
+    J = torch.stack(Js)  # (m, T, Tj, d, d')
+    m, T, Tj, d, _ = J.shape
+    g = torch.Generator().manual_seed(seed)
+    V0 = torch.stack([torch.randn(T, Tj, J.shape[-1], generator=g, dtype=F64) for _ in range(starts)])  # (s, T, Tj, d')
+    V = V0[None].expand(m, *V0.shape).clone().requires_grad_(True)  # (m, s, T, Tj, d')
+    opt = torch.optim.Adam([V], lr=0.05)
+
+    def val(V: torch.Tensor) -> torch.Tensor:
+        Vp = V / V.norm(dim=-1, keepdim=True).clamp(min=1.0)
+        return torch.einsum("mijab,msijb->msia", J, Vp).norm(dim=-1)  # (m, s, T)
+
+    for _ in range(steps):
+        v = val(V)
+        opt.zero_grad()
+        (-v.sum()).backward()
+        opt.step()
+    with torch.no_grad():
+        last = val(V).amax(dim=1)  # (m, T)
+    return [torch.maximum(row_norm_lower(Js[k]), last[k]) for k in range(m)]
+
+
+def norm_ascent(norm, x: torch.Tensor, M: torch.Tensor, r: float, starts: int = 6, steps: int = 150) -> float:  # noqa: ANN001
+    """``test_local_redteam19._norm_ascent``, its starts in one batch: Adam (float64, projected, cosine-annealed) on
+    ``||M(N(x + e) - N(x) - D(x) e)||`` over ``||e|| <= r``; starts +- the centred point, +- its gamma-weighted image,
+    and random ones (the same draws); the largest finite value seen."""
+    N = lambda v: norm(v[None])[0]  # noqa: E731
+    x0 = x[0]
+    D = torch.autograd.functional.jacobian(N, x0)
+    y0 = N(x0)
+    g = torch.Generator().manual_seed(0)
+    c = x0 - x0.mean()
+    cg = c * norm.weight.abs() + 1e-3 * c
+    dirs = [c, -c, cg, -cg] + [torch.randn(x0.shape, generator=g, dtype=F64) for _ in range(starts - 4)]
+    E = torch.stack([e0 * r / e0.norm() for e0 in dirs]).requires_grad_(True)  # (starts, d)
+    opt = torch.optim.Adam([E], lr=0.05 * r)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps)
+    best = torch.zeros(starts, dtype=F64)
+    for _ in range(steps):
+        with torch.no_grad():
+            E.copy_(clip_rows(E, r))
+        v = ((norm(x0 + E) - y0 - E @ D.T) @ M.T).norm(dim=-1)  # (starts,): row s is M (N(x0 + e_s) - y0 - D e_s)
+        vd = v.detach()
+        best = torch.where(torch.isfinite(vd), torch.maximum(best, vd), best)
+        opt.zero_grad()
+        (-v.sum()).backward()
+        opt.step()
+        sched.step()
+    return float(best.max())
+
+
+def remainder_ascents(layer, X: torch.Tensor, r: float, tokens: list, starts: int = 5, steps: int = 60) -> list:  # noqa: ANN001
+    """``test_local_redteam19._remainder_ascent(layer, X, r, i, starts, steps)`` for every token ``i`` of ``tokens``, all
+    tokens' starts in one batch: per token the maps of ``test_local_remg18.remg_maps`` (formed by the same calls), the
+    starts +- the centred S1 rows, +- the row map's top right singular vectors, then draws from the generator seeded
+    ``i``; Adam (float64, projected, lr 0.1 r) on ``||(I + F_i)(LN1(S1(X + E)) - LN1(S1(X)) - D1 B E)_i||``; per token
+    the largest finite value seen."""
+    from transcover.model import attention_forward, ffn_forward
+
+    jac = lambda f, x: torch.autograd.functional.jacobian(f, x, vectorize=True)  # noqa: E731
+    S1f = lambda Y: Y + attention_forward(layer.attention, Y)  # noqa: E731
+    S1 = S1f(X)
+    H = layer.norm_attn(S1)
+    c = S1 - S1.mean(dim=1, keepdim=True)
+    IFs, MD1s, Bis, E0s = [], [], [], []
+    for i in tokens:
+        IF = torch.eye(X.shape[1], dtype=F64) + jac(lambda h: ffn_forward(layer.ffn, h[None])[0], H[i])
+        MD1 = IF @ jac(lambda s: layer.norm_attn(s[None])[0], S1[i])
+        Bi = jac(lambda Y, i=i: S1f(Y)[i], X)
+        top = torch.linalg.svd(torch.einsum("ab,btc->atc", MD1, Bi).reshape(X.shape[1], -1))[2][0].reshape(X.shape)
+        g = torch.Generator().manual_seed(i)
+        E0 = [[c, -c, top, -top][s] if s < 4 else torch.randn(X.shape, generator=g, dtype=F64) for s in range(starts)]
+        IFs.append(IF)
+        MD1s.append(MD1)
+        Bis.append(Bi)
+        E0s.append(torch.stack([e / e.norm(dim=1, keepdim=True).clamp(min=1e-300) * r for e in E0]))
+    IF, MD1, B, idx = torch.stack(IFs), torch.stack(MD1s), torch.stack(Bis), torch.tensor(tokens)
+    E = torch.stack(E0s).requires_grad_(True)  # (n, starts, T, d)
+    opt = torch.optim.Adam([E], lr=0.1 * r)
+    n = len(tokens)
+    best = torch.zeros(n, starts, dtype=F64)
+    for _ in range(steps):
+        with torch.no_grad():
+            E.copy_(clip_rows(E, r))
+        Si = S1f(X + E)[torch.arange(n), :, idx]  # (n, starts, d): row i of S1 at X + E for token i's starts
+        moved = layer.norm_attn(Si) - H[idx][:, None]
+        v = (torch.einsum("nab,nsb->nsa", IF, moved) - torch.einsum("nab,nsb->nsa", MD1,
+                                                                     torch.einsum("natb,nstb->nsa", B, E))).norm(dim=-1)
+        vd = v.detach()
+        best = torch.where(torch.isfinite(vd), torch.maximum(best, vd), best)
+        opt.zero_grad()
+        (-v.sum()).backward()
+        opt.step()
+    return best.amax(dim=1).tolist()
+
+
+def stage_ascent(layer, X: torch.Tensor, r: float, starts: int = 4, steps: int = 60) -> dict:  # noqa: ANN001
+    """``test_local_redteam19._stage_ascent``: per stage output (``test_local_sharp._stage_outputs``) and token, Adam
+    (float64, projected, lr 0.1 r) of its move, from ``starts`` draws on the sphere per stage (the generator seeded 3
+    draws them stage after stage, as there); every stage's starts in one batch."""
+    from test_local_sharp import _stage_outputs
+
+    ref = _stage_outputs(layer, X)
+    names = list(ref)
+    g = torch.Generator().manual_seed(3)
+    E = torch.stack([torch.randn(starts, *X.shape, generator=g, dtype=F64) for _ in names])  # (stages, starts, T, d)
+    E = (E / E.norm(dim=-1, keepdim=True) * r).requires_grad_(True)
+    opt = torch.optim.Adam([E], lr=0.1 * r)
+    best = torch.zeros(len(names), X.shape[0], dtype=F64)
+    for _ in range(steps):
+        with torch.no_grad():
+            E.copy_(clip_rows(E, r))
+        out = _stage_outputs(layer, X + E)
+        val = torch.stack([(out[name][k] - ref[name]).norm(dim=-1) for k, name in enumerate(names)])  # (stages, s, T)
+        best = torch.maximum(best, torch.nan_to_num(val.detach(), nan=0.0).amax(1))
+        opt.zero_grad()
+        (-val.sum()).backward()
+        opt.step()
+    return {name: best[k] for k, name in enumerate(names)}
+
+
+def jac_ascent(layer, X: torch.Tensor, r: float, starts: int = 3, steps: int = 60, tokens: list | None = None,  # noqa: ANN001
+               V0: torch.Tensor | None = None) -> torch.Tensor:
+    """``test_local_redteam19._jac_ascent`` with its starts in one batch: per output token in ``tokens`` (default all),
+    Adam (float64; lr 0.1 r on E, 0.05 on V) over moves ``E`` in the ball and unit rows ``V`` of
+    ``||sum_j J_ij(X + E) V_j||``; with ``V0`` the first two starts ``V = V0``, ``E = +- r V0_j/||V0_j||``, the others
+    drawn (V, then E) from the generator seeded 0, start after start."""
+    from transcover.model._functional import layer_forward
+
+    T, d = X.shape
+    tokens = list(range(T)) if tokens is None else tokens
+    n, idx = len(tokens), torch.tensor(tokens)
+    g = torch.Generator().manual_seed(0)
+    f = lambda Z: layer_forward(layer, Z)  # noqa: E731
+    Vs, Es = [], []
+    for s in range(starts):
+        if V0 is not None and s < 2:
+            V = V0.expand(n, T, d).clone()
+            E = (1 - 2 * s) * r * V / V.norm(dim=-1, keepdim=True)
+        else:
+            V = torch.randn(n, T, d, generator=g, dtype=F64)
+            E = torch.randn(n, T, d, generator=g, dtype=F64)
+            E = r * E / E.norm(dim=-1, keepdim=True)
+        Vs.append(V)
+        Es.append(E)
+    E, V = torch.stack(Es).requires_grad_(True), torch.stack(Vs).requires_grad_(True)  # (starts, n, T, d)
+    opt = torch.optim.Adam([{"params": [E], "lr": 0.1 * r}, {"params": [V], "lr": 0.05}])
+    best = torch.zeros(n, dtype=F64)
+    for _ in range(steps):
+        with torch.no_grad():
+            E.copy_(clip_rows(E, r))
+        Vn = V / V.norm(dim=-1, keepdim=True)
+        out = torch.autograd.functional.jvp(f, X + E, Vn, create_graph=True)[1]  # (starts, n, T, d)
+        val = out[:, torch.arange(n), idx].norm(dim=-1)  # (starts, n)
+        best = torch.maximum(best, torch.nan_to_num(val.detach(), nan=0.0).amax(0))
+        opt.zero_grad()
+        (-val.sum()).backward()
+        opt.step()
+    return best
+
+
+def pair_ascent(layer, X: torch.Tensor, r: float, starts: int = 2, steps: int = 30) -> float:  # noqa: ANN001
+    """``test_local_redteam19._pair_ascent`` with its starts in one batch: Adam (float64, lr 0.05 r, projected) over
+    pairs in the ball of ``max_i ||f(X + E1)_i - f(X + E2)_i|| / max_j ||E1_j - E2_j||`` from the same draws (the
+    generator seeded 1); the largest value seen (a NaN never taken, as Python's ``max(best, nan)`` keeps ``best``)."""
+    from transcover.model._functional import layer_forward
+
+    g = torch.Generator().manual_seed(1)
+    E = torch.stack([clip_rows(torch.randn(2, *X.shape, generator=g, dtype=F64) * r, r) for _ in range(starts)])
+    E = E.requires_grad_(True)  # (starts, 2, T, d)
+    opt = torch.optim.Adam([E], lr=0.05 * r)
+    best = torch.zeros(starts, dtype=F64)
+    for _ in range(steps):
+        with torch.no_grad():
+            E.copy_(clip_rows(E, r))
+        Y = layer_forward(layer, X + E)
+        ratio = (Y[:, 0] - Y[:, 1]).norm(dim=-1).amax(-1) / (E[:, 0] - E[:, 1]).norm(dim=-1).amax(-1)
+        rd = ratio.detach()
+        best = torch.where(rd > best, rd, best)
+        opt.zero_grad()
+        (-ratio.sum()).backward()
+        opt.step()
+    return float(best.max())
+
+
+def ffn_remainder_ascent(ffn, h: torch.Tensor, Ls: torch.Tensor, r: float, remH: float, seed: int,  # noqa: ANN001
+                         starts: list | None = None, steps: int = 60, lr: float = 0.1) -> float:
+    """``test_local_layer17._ascent`` with its starts in one batch: ``max(projected_adam(...), sphere_adam(...))`` of
+    ``lipschitz_testkit`` (float64 Adam; the projected one at step ``lr`` times the larger radius, every row projected
+    before each step; the sphere one on ``V`` at step 0.3, every row at its full radius) on
+    ``||P(F(h + dh) - F(h) - J dh)||`` over ``dh = sum_j L_j d_j + rho``, ``||d_j|| <= r``, ``||rho|| <= remH``, from the
+    same starts (``starts``, else 3 drawn from ``seed`` as there); the largest value seen by either."""
+    from lipschitz_testkit import clip_rows
+    from transcover.model import ffn_forward
+
+    d = h.shape[0]
+    P = torch.eye(d, dtype=F64) - 1.0 / d
+    J = torch.autograd.functional.jacobian(lambda x: ffn_forward(ffn, x[None])[0], h)
+    y0 = ffn_forward(ffn, h[None])[0]
+    g = torch.Generator().manual_seed(seed)
+    if starts is None:
+        starts = [(torch.randn(Ls.shape[0], d, generator=g, dtype=F64) * r,
+                   torch.randn(d, generator=g, dtype=F64) * remH) for _ in range(3)]
+    D0 = torch.stack([D for D, _ in starts])  # (S, n_j, d)
+    R0 = torch.stack([R for _, R in starts])  # (S, d)
+
+    def rem(D: torch.Tensor, R: torch.Tensor) -> torch.Tensor:  # (S,)
+        dh = torch.einsum("jab,sjb->sa", Ls, D) + R
+        return ((ffn_forward(ffn, h + dh) - y0 - dh @ J.T) @ P.T).norm(dim=-1)
+
+    best = torch.zeros(len(starts), dtype=F64)
+    # projected_adam
+    ps = [clip_rows(D0, r).clone().requires_grad_(True), clip_rows(R0, remH).clone().requires_grad_(True)]
+    opt = torch.optim.Adam(ps, lr=lr * max(r, remH))
+    for _ in range(steps):
+        with torch.no_grad():
+            for p, c in zip(ps, (r, remH)):
+                p.copy_(clip_rows(p, c))
+        v = rem(*ps)
+        vd = v.detach()
+        best = torch.where(vd > best, vd, best)
+        opt.zero_grad()
+        (-v.sum()).backward()
+        opt.step()
+    # sphere_adam
+    Vs = [D0.clone().requires_grad_(True), R0.clone().requires_grad_(True)]
+    opt = torch.optim.Adam(Vs, lr=0.3)
+    for _ in range(steps):
+        v = rem(*(c * V / V.norm(dim=-1, keepdim=True).clamp(min=1e-300) for V, c in zip(Vs, (r, remH))))
+        vd = v.detach()
+        best = torch.where(vd > best, vd, best)
+        opt.zero_grad()
+        (-v.sum()).backward()
+        opt.step()
+    return float(best.max())
+
+
+def s2_ascent(layer, X: torch.Tensor, r: float, seed: int, starts: int = 4, steps: int = 60) -> torch.Tensor:  # noqa: ANN001
+    """``test_local_redteam18._s2_ascent`` with the starts' forward passes in one batch (there a loop over the starts in
+    each step): per token the largest ``||P(S2(X + E) - S2(X))||`` Adam (float64, projected, lr 0.1 r) sees from
+    ``starts`` draws on the sphere (the generator seeded ``seed``), less the float64 evaluation's own noise
+    ``64 d u (|S2| + |X| + 1)``."""
+    from transcover.model import attention_forward, ffn_forward
+
+    d = X.shape[1]
+    P = torch.eye(d, dtype=F64) - 1.0 / d
+
+    def s2(Z: torch.Tensor) -> torch.Tensor:
+        H = layer.norm_attn(Z + attention_forward(layer.attention, Z))
+        return (H + ffn_forward(layer.ffn, H)) @ P
+
+    ref = s2(X)
+    noise = 64 * d * 2.0**-53 * (ref.norm(dim=-1) + X.norm(dim=-1) + 1)
+    g = torch.Generator().manual_seed(seed)
+    E = torch.randn(starts, *X.shape, generator=g, dtype=F64)
+    E = (E / E.norm(dim=-1, keepdim=True) * r).requires_grad_(True)
+    opt = torch.optim.Adam([E], lr=0.1 * r)
+    best = torch.zeros(X.shape[0], dtype=F64)
+    for _ in range(steps):
+        with torch.no_grad():
+            E.mul_(torch.clamp(r / E.norm(dim=-1, keepdim=True).clamp(min=1e-300), max=1.0))
+        val = (s2(X + E) - ref).norm(dim=-1)  # (starts, T)
+        best = torch.maximum(best, val.detach().amax(dim=0))
+        opt.zero_grad()
+        (-val.sum()).backward()
+        opt.step()
+    return (best - noise).clamp(min=0.0)
+
+
+def unit_sup(ffn, Q: torch.Tensor, r: float, remH: float):  # noqa: ANN001, ANN201
+    """``test_local_redteam18._unit_sup`` (the exact ``sup ||P w2|| |e(s)|`` over the reachable ``s`` on its 201-point
+    grid, mpmath), the same operations in the same order, with ``GELU(z)`` and ``GELU'(z)`` at the fixed centre formed
+    once instead of at every grid point: the same mpf values."""
+    import mpmath
+
+    from test_local_redteam18 import _g1, _mp, _sig
+
+    w1 = [_mp(x) for x in ffn.W_1[:, 0]]
+    Qm = mpmath.matrix([[_mp(Q[a, b]) for b in range(Q.shape[0])] for a in range(Q.shape[0])])
+    wv = mpmath.matrix(w1)
+    R0 = _mp(r) * mpmath.sqrt((wv.T * Qm * wv)[0]) + mpmath.sqrt(mpmath.fsum(x * x for x in w1)) * _mp(remH)
+    w2 = [_mp(x) for x in ffn.W_2[0]]
+    mu = mpmath.fsum(w2) / len(w2)
+    nPw2 = mpmath.sqrt(mpmath.fsum((x - mu) ** 2 for x in w2))
+    z = _mp(ffn.b_1[0])
+    s0, g0 = _sig(z), _g1(z)
+    best = max(abs(_sig(z + s) - s0 - g0 * s) for s in (R0 * mpmath.mpf(k) / 100 for k in range(-100, 101)))
+    return nPw2 * best
+
+
+def adversary(fn, X: torch.Tensor, rho: float, *, restarts: int = 4, steps: int = 40, seed: int = 0) -> float:  # noqa: ANN001
+    """``test_lipschitz_local.adversary`` with its restarts' pair ascents in one batch: per restart the same draw ``C``
+    (the generator seeded ``seed``), the same ``jacobian_operator_norm`` at ``X + C`` (seed ``seed + k``), then Adam
+    (lr 0.05 rho, both ends clipped into the ball before each step) on the pair ratio from ``A = C``,
+    ``B = clip(C + 1e-3 rho V)``; the best Jacobian norm and finite ratio (denominator above 1e-9 rho) seen."""
+    from test_lipschitz_local import _clip, _n24
+    from transcover.lipschitz._empirical import jacobian_operator_norm
+
+    g = torch.Generator().manual_seed(seed)
+    best = 0.0
+    As, Bs = [], []
+    for k in range(restarts):
+        C = _clip(torch.randn(X.shape, generator=g, dtype=F64) * rho, rho)
+        jn, V = jacobian_operator_norm(fn, X + C, metric="2,inf", n_iter=10, seed=seed + k)
+        best = max(best, jn)
+        As.append(C.clone())
+        Bs.append(_clip(C + 1e-3 * rho * V, rho).clone())
+    A, B = torch.stack(As).requires_grad_(True), torch.stack(Bs).requires_grad_(True)  # (restarts, T, d)
+    opt = torch.optim.Adam([A, B], lr=0.05 * rho)
+    top = torch.full((restarts,), best, dtype=F64)
+    for _ in range(steps):
+        with torch.no_grad():
+            A.copy_(_clip(A, rho))
+            B.copy_(_clip(B, rho))
+        num = _n24(fn(X + A) - fn(X + B))
+        den = _n24(A - B)
+        r = num / den  # (restarts,)
+        rd = r.detach()
+        ok = torch.isfinite(rd) & (den.detach() > 1e-9 * rho) & (rd > top)
+        top = torch.where(ok, rd, top)
+        opt.zero_grad()
+        (-r.sum()).backward()
+        opt.step()
+    return float(top.max())
+
+
+def network_below(spec, X: torch.Tensor, rho: float, res, *, seed: int) -> float:  # noqa: ANN001
+    """``test_local_stack15.assert_network_below`` with each ascent's starts in one batch (``adversary`` above; the
+    Jacobian-row ascent ``jvp_ascent`` as ``jvp_ascents`` with a batched objective): the network's pair ratios and a
+    float64 Adam ascent of its Jacobian's (2,inf) rows on ``B(X, rho)`` (2 restarts x 15 steps, 2 starts x 40 steps, the
+    same draws) stay below ``res.upper`` and its point plus middle-product drift; returns the lower."""
+    from lipschitz_testkit import jvp_ascents
+    from transcover.model._functional import transformer_forward
+
+    f = lambda Z: transformer_forward(spec, Z, with_head=False)  # noqa: E731
+    lo = adversary(f, X, rho, restarts=2, steps=15, seed=seed)
+
+    def jv(E: torch.Tensor, V: torch.Tensor) -> torch.Tensor:  # (starts, 1, T, d) -> (starts, 1)
+        out = torch.autograd.functional.jvp(f, X + E[:, 0], V[:, 0], create_graph=True)[1]
+        return out.norm(dim=-1).amax(dim=-1)[:, None]
+
+    lo = max(lo, jvp_ascents(jv, X, rho, [seed], starts=2, steps=40)[0])
+    assert lo <= res.upper and lo <= (res.point + res.parts["(middle products)"]) * (1 + 1e-12), (lo, res.upper)
+    return lo

@@ -11,8 +11,11 @@ import mpmath
 import pytest
 import torch
 
-from test_local_layer17 import _ascent, _bound, _case
-from test_local_redteam18 import _every_token, _one_unit, _reach_bound, _s2_ascent, _stress_layer, _unit_starts, _unit_sup
+from speed_speedB import ffn_remainder_ascent as _ascent  # layer17's ascent, its starts in one batch
+from speed_speedB import s2_ascent as _s2_ascent  # redteam18's, its starts' forward passes in one batch
+from test_local_layer17 import _bound, _case
+from speed_speedB import unit_sup as _unit_sup  # redteam18's mpmath sup, the centre's terms formed once
+from test_local_redteam18 import _every_token, _one_unit, _reach_bound, _stress_layer, _unit_starts
 from transcover.lipschitz import _local_ffn_reach, _local_stages
 from transcover.lipschitz._local_ffn_reach import nested_beta
 from transcover.lipschitz._local_jacobian import GELU2_ABS_ERR, gelu_second
@@ -38,10 +41,11 @@ def _exact_beta(z0: float, R: float, n: int = 400) -> float:
     sig = lambda x: x * mpmath.ncdf(x)  # noqa: E731
     g1 = mpmath.ncdf(z) + z * phi(z)
     g2 = phi(z) * (2 - z * z)
+    s0 = sig(z)  # (formed once: the same mpf at every grid point)
     best = mpmath.mpf(0)
     for k in range(1, n + 1):
         for s in (mpmath.mpf(R) * k / n, -mpmath.mpf(R) * k / n):
-            best = max(best, abs((sig(z + s) - sig(z) - g1 * s) / (s * s) - g2 / 2))
+            best = max(best, abs((sig(z + s) - s0 - g1 * s) / (s * s) - g2 / 2))
     return float(best)
 
 

@@ -17,7 +17,7 @@ import torch
 
 import transcover.lipschitz._local_stack as ls
 from lipschitz_testkit import jvp_ascents, last_norm_doubled, random_spec
-from test_local_stack15 import assert_network_below
+from speed_speedB import network_below as assert_network_below  # test_local_stack15's, its ascents batched
 from transcover.lipschitz._local_stack import stack_local
 from transcover.model import attention_forward, ffn_forward
 
@@ -43,15 +43,15 @@ def _moves_ascent(spec, X: torch.Tensor, rho: float, seed: int, *, starts: int =
     base = [x.detach() for x in _stage_inputs(spec, X)]
     n, T = len(base), X.shape[0]
 
+    kk = torch.arange(n * T)
+    st, tok = kk // T, kk % T  # ascent k: stage st[k], token tok[k]
+    ref = torch.stack(base)[st, tok]  # (n T, d)
+
     def value(E, V):  # noqa: ANN001, ANN202
-        rows = []
-        for s in range(E.shape[0]):
-            row = []
-            for k in range(n * T):
-                st, i = divmod(k, T)
-                row.append((_stage_inputs(spec, X + E[s, k])[st][i] - base[st][i]).norm())
-            rows.append(torch.stack(row))
-        return torch.stack(rows)
+        # every (start, ascent) pair's forward pass in one batch, entry (s, k) the stage input of ascent k at X + E[s, k]
+        # (the per-pair loop's values, one _stage_inputs call per step instead of starts x n x T)
+        moved = torch.stack(_stage_inputs(spec, X + E), dim=2)  # (starts, n T, stages, T, d)
+        return (moved[:, kk, st, tok] - ref).norm(dim=-1)
 
     return torch.tensor(jvp_ascents(value, X, rho, [seed + k for k in range(n * T)], starts=starts,
                                     steps=steps), dtype=torch.float64).reshape(n, T)

@@ -10,7 +10,8 @@ import math
 import pytest
 import torch
 
-from lipschitz_testkit import hetero_gamma, projected_adam, random_spec, sphere_adam
+from lipschitz_testkit import hetero_gamma, random_spec
+from speed_speedC import projected_adam_batched, sphere_adam_batched
 from transcover.lipschitz._local_jacobian import GRAM_PAD, _norm_parts
 from transcover.lipschitz._local_remg import gamma_free_norm_remainder, if_gamma_norm
 from transcover.lipschitz._local_rows import _gamma_vec
@@ -38,7 +39,8 @@ def _bound(norm, x: torch.Tensor, M: torch.Tensor, r: float) -> float:  # noqa: 
 
 def _ascent(norm, x: torch.Tensor, M: torch.Tensor, r: float, seed: int, starts: int = 4, steps: int = 120) -> float:  # noqa: ANN001
     """Adam ascent (float64, projected, restarts incl. +- the point's centred direction) on ``||M(N(x + e) - N(x) -
-    D(x) e)||`` over ``||e|| <= r``; the max with ``sphere_adam`` from the same starts (THEORY F57)."""
+    D(x) e)||`` over ``||e|| <= r``; the max with ``sphere_adam`` from the same starts (THEORY F57).  The starts in one
+    batch (``speed_speedC``: each start's own ascent, to rounding)."""
     N = lambda v: norm(v[None])[0]  # noqa: E731
     x0 = x[0]
     D = torch.autograd.functional.jacobian(N, x0)
@@ -48,8 +50,9 @@ def _ascent(norm, x: torch.Tensor, M: torch.Tensor, r: float, seed: int, starts:
     starts_ = [((c if k == 0 else -c if k == 1 else torch.randn(x0.shape, generator=g, dtype=torch.float64))
                 + 0.3 * torch.randn(x0.shape, generator=g, dtype=torch.float64) * c.norm(),) for k in range(starts)]
     starts_ = [(e0 * r / e0.norm(),) for (e0,) in starts_]
-    rem = lambda E: (M @ (N(x0 + E) - y0 - D @ E)).norm()  # noqa: E731
-    return max(projected_adam(rem, starts_, (r,), 0.05 * r, steps), sphere_adam(rem, starts_, (r,), steps))
+    rem = lambda E: ((norm(x0 + E) - y0 - E @ D.T) @ M.T).norm(dim=-1)  # noqa: E731  (S, d) -> (S,): each start's
+    return max(float(projected_adam_batched(rem, starts_, (r,), 0.05 * r, steps).max()),
+               float(sphere_adam_batched(rem, starts_, (r,), steps).max()))
 
 
 @pytest.mark.parametrize("kind,gamma,eps,frac", [
@@ -105,9 +108,9 @@ def _post_layer(gamma: str, seed: int, causal: bool, sharp: float, eps: float): 
     return dataclasses.replace(layer, attention=attn, norm_attn=n1)
 
 
-def remg_maps(layer, X: torch.Tensor, i: int) -> tuple:  # noqa: ANN001
-    """For token i of a post-LN layer: ``E -> ||(I + F_i)(LN1(S1(X + E)) - LN1(S1(X)) - D1 B E)_i||`` (what ``remG``
-    bounds), ``S1(X)``, ``M = (I + F_i) D1_i`` and row i of the sublayer's Jacobian at X, ``B_i`` (d, T, d)."""
+def _remg_parts(layer, X: torch.Tensor, i: int) -> tuple:  # noqa: ANN001
+    """For token i of a post-LN layer: ``S1f`` (``Y -> Y + Attn(Y)``), ``S1(X)``, ``H = LN1(S1)``, ``I + F_i``,
+    ``M = (I + F_i) D1_i`` and row i of the sublayer's Jacobian at X, ``B_i`` (d, T, d)."""
     jac = lambda f, x: torch.autograd.functional.jacobian(f, x, vectorize=True)  # noqa: E731
     S1f = lambda Y: Y + attention_forward(layer.attention, Y)  # noqa: E731
     S1 = S1f(X)
@@ -115,17 +118,42 @@ def remg_maps(layer, X: torch.Tensor, i: int) -> tuple:  # noqa: ANN001
     IF = torch.eye(X.shape[1], dtype=torch.float64) + jac(lambda h: ffn_forward(layer.ffn, h[None])[0], H[i])
     MD1 = IF @ jac(lambda s: layer.norm_attn(s[None])[0], S1[i])
     Bi = jac(lambda Y: S1f(Y)[i], X)
+    return S1f, S1, H, IF, MD1, Bi
+
+
+def remg_maps(layer, X: torch.Tensor, i: int) -> tuple:  # noqa: ANN001
+    """For token i of a post-LN layer: ``E -> ||(I + F_i)(LN1(S1(X + E)) - LN1(S1(X)) - D1 B E)_i||`` (what ``remG``
+    bounds), ``S1(X)``, ``M = (I + F_i) D1_i`` and row i of the sublayer's Jacobian at X, ``B_i`` (d, T, d)."""
+    S1f, S1, H, IF, MD1, Bi = _remg_parts(layer, X, i)
     rem = lambda E: (IF @ (layer.norm_attn(S1f(X + E)[i:i + 1])[0] - H[i]) - MD1 @ torch.einsum("atb,tb->a", Bi, E)).norm()  # noqa: E731
     return rem, S1, MD1, Bi
 
 
-def _remainder_ascent(layer, X: torch.Tensor, r: float, i: int, seed: int, starts: int = 3, steps: int = 80) -> float:  # noqa: ANN001
-    """Adam ascent on ``remg_maps``' quantity over ``||E_j|| <= r`` (what ``remG`` bounds), float64, projected; the max
-    with ``sphere_adam`` from the same starts (THEORY F57)."""
-    rem = remg_maps(layer, X, i)[0]
+def _remainder_ascents(layer, X: torch.Tensor, r: float, tokens: list, seed: int, starts: int = 3,  # noqa: ANN001
+                       steps: int = 80) -> list:
+    """Per token i of ``tokens``, Adam ascent on ``remg_maps``' quantity over ``||E_j|| <= r`` (what ``remG`` bounds),
+    float64, projected, from ``starts`` draws of a generator seeded ``seed``; the max with ``sphere_adam`` from the same
+    starts (THEORY F57).  Every (token, start) ascent one slice of one batch (``speed_speedC``: each its own ascent, to
+    rounding; ``remg_maps``' objective, the token's row of the batch)."""
+    parts = [_remg_parts(layer, X, i) for i in tokens]
+    S1f, H = parts[0][0], parts[0][2]
+    IF, MD1, B = (torch.stack([p[k] for p in parts]) for k in (3, 4, 5))
     g = torch.Generator().manual_seed(seed)
-    starts_ = [(torch.randn(X.shape, generator=g, dtype=torch.float64) * r,) for _ in range(starts)]
-    return max(projected_adam(rem, starts_, (r,), 0.1 * r, steps), sphere_adam(rem, starts_, (r,), steps))
+    one = [(torch.randn(X.shape, generator=g, dtype=torch.float64) * r,) for _ in range(starts)]
+    n = len(tokens)
+    tok = torch.tensor(tokens).repeat_interleave(starts)  # slice b: token tokens[b // starts], start b % starts
+    rows = torch.arange(n * starts)
+    own = torch.arange(n).repeat_interleave(starts)
+
+    def rem(E: torch.Tensor) -> torch.Tensor:  # (n starts, T, d) -> (n starts,)
+        dN = layer.norm_attn(S1f(X + E)[rows, tok]) - H[tok]
+        lin = torch.einsum("bac,bc->ba", MD1[own], torch.einsum("batc,btc->ba", B[own], E))
+        return (torch.einsum("bac,bc->ba", IF[own], dN) - lin).norm(dim=-1)
+
+    starts_ = one * n
+    best = torch.maximum(projected_adam_batched(rem, starts_, (r,), 0.1 * r, steps),
+                         sphere_adam_batched(rem, starts_, (r,), steps))
+    return best.reshape(n, starts).amax(dim=1).tolist()
 
 
 def _rows_on_off(monkeypatch, layer, X: torch.Tensor, r: float):  # noqa: ANN001, ANN202
@@ -162,8 +190,7 @@ def test_layer_remainder_and_stage_radii_hold(monkeypatch, gamma, seed, causal, 
     (on, remG), (off, remG0) = _rows_on_off(monkeypatch, layer, X, r)
     assert bool((remG <= remG0).all()) and bool((remG < remG0).any()), (remG, remG0)
     assert bool((on.stage_radii["ffn"] <= off.stage_radii["ffn"]).all()) and on.ball <= off.ball
-    for i in range(X.shape[0]):
-        got = _remainder_ascent(layer, X, r, i, seed)
+    for i, got in enumerate(_remainder_ascents(layer, X, r, list(range(X.shape[0])), seed)):
         assert got <= float(remG[i]), (i, got, float(remG[i]))
     assert_stage_radii_hold(layer, X, [r])
 
@@ -188,4 +215,4 @@ def test_minilm_remg_never_above_old(monkeypatch):
     assert bool((remG <= remG0).all()) and float(remG.max()) * 1.4 <= float(remG0.max()), (remG, remG0)
     assert bool((on.stage_radii["ffn"] <= off.stage_radii["ffn"]).all()) and on.ball <= off.ball
     i = int(remG.argmax())
-    assert _remainder_ascent(L, X, r, i, 0, starts=2, steps=40) <= float(remG[i])
+    assert _remainder_ascents(L, X, r, [i], 0, starts=2, steps=40)[0] <= float(remG[i])

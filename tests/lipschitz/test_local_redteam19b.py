@@ -19,9 +19,9 @@ import pytest
 import torch
 
 import transcover.lipschitz._local_stack as ls
-from lipschitz_testkit import hetero_gamma, random_spec, sphere_ascent
+from lipschitz_testkit import hetero_gamma, random_spec
 from test_local_stack15 import assert_network_below
-from test_local_stack19 import _moves_ascent, _stage_inputs
+from speed_speedC import moves_ascent, sphere_moves
 from transcover.lipschitz._local_ffn2 import centre_gelu2_err
 from transcover.lipschitz._local_ffn_reach import gelu2_range, nested_beta
 from transcover.lipschitz._local_jacobian import GELU2_ABS_ERR, gelu_second
@@ -121,14 +121,9 @@ def _stack_spec(seed: int, *, eps: float = 1e-5, qscale: float = 1.0, causal: bo
 
 def _sphere_moves(spec, X: torch.Tensor, rho: float, seed: int, *, starts: int = 3, steps: int = 30) -> torch.Tensor:  # noqa: ANN001
     """(stages, T) per sub-stage input (a LayerNorm's centred, ``_stage_inputs``) the largest per-token move the sphere
-    ascent (``sphere_ascent``: every input row on the sphere of radius rho) finds, one ascent per stage."""
-    base = [x.detach() for x in _stage_inputs(spec, X)]
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for st in range(len(base)):
-        val = lambda Y, st=st: torch.stack([(_stage_inputs(spec, y)[st] - base[st]).norm(dim=-1) for y in Y])  # noqa: E731
-        out.append(sphere_ascent(val, X, rho, g, starts=starts, steps=steps))
-    return torch.stack(out)
+    ascent (``sphere_ascent``: every input row on the sphere of radius rho) finds, one ascent per stage (the stages'
+    ascents in one batch, ``speed_speedC.sphere_moves``: the same draws from one generator, stage after stage)."""
+    return sphere_moves(spec, X, rho, seed, starts=starts, steps=steps)
 
 
 # (case, T, rho / median token norm): each binds (some capped radius below the one without F59a)
@@ -148,7 +143,7 @@ def test_capped_radii_and_network_never_beaten(case, T, frac, monkeypatch):
     new = stack_local(spec, X, [rho])[0]
     rad = torch.stack(list(new.token_radii))
     got = torch.maximum(_sphere_moves(spec, X, rho, case["seed"]),
-                        _moves_ascent(spec, X, rho, case["seed"], starts=1, steps=20))
+                        moves_ascent(spec, X, rho, case["seed"], starts=1, steps=20))
     assert bool((got <= rad).all()), (got / rad)
     capped = [k for k in range(2, rad.shape[0]) if k % 4 != 1]  # each layer's S1, H, S2 (stages 0, 1: X, input norm)
     assert float((got / rad)[capped].max()) >= 0.5, (got / rad)  # the attack reaches the capped radii's scale

@@ -25,7 +25,7 @@ import transcover.lipschitz._local_stack as ls
 from lipschitz_testkit import sphere_ascent
 from test_local_redteam19b import _sphere_moves, _stack_spec
 from test_local_stack15 import assert_network_below
-from test_local_stack19 import _moves_ascent
+from speed_speedC import moves_ascent
 from transcover.model import attention_forward, ffn_forward
 
 F64 = torch.float64
@@ -118,7 +118,7 @@ def _assert_hybrid_holds(spec, X: torch.Tensor, rho: float, seed: int, monkeypat
     rad, orad = torch.stack(new[0].token_radii), torch.stack(old[0].token_radii)
     got = _sphere_moves(spec, X, rho, seed, starts=starts, steps=steps)
     if projected:
-        got = torch.maximum(got, _moves_ascent(spec, X, rho, seed + 1, starts=1, steps=10))
+        got = torch.maximum(got, moves_ascent(spec, X, rho, seed + 1, starts=1, steps=10))
     assert bool((got <= rad).all()), got / rad
     assert bool((got <= hyb[0]).all()), got / hyb[0]
     binds = rad < orad
@@ -172,10 +172,10 @@ def test_remainders_on_the_stacks_own_ball(monkeypatch):
         base = [v.detach() for v in _layer_outputs(ly, x)]
         for k in range(3):
             def val(Y, k=k):  # noqa: ANN001, ANN202
-                lin = lambda y: torch.autograd.functional.jvp(lambda V: _layer_outputs(ly, V)[k], x, y - x,  # noqa: E731
-                                                              create_graph=True)[1]
-                out = [_layer_outputs(ly, y)[k] - base[k] - lin(y) for y in Y]
-                return torch.stack(out).norm(dim=-1)
+                # the starts in one batch (each (T, d) slice of Y on its own)
+                lin = torch.autograd.functional.jvp(lambda V: _layer_outputs(ly, V)[k], x.expand_as(Y), Y - x,
+                                                    create_graph=True)[1]
+                return (_layer_outputs(ly, Y)[k] - base[k] - lin).norm(dim=-1)
             got = sphere_ascent(val, x, rs[0], torch.Generator().manual_seed(k), starts=2, steps=30)
             assert bool((got <= bound[k] + 1e-13 * base[k].norm(dim=-1)).all()), (ly.index, k, got, bound[k])
             ratios.append(float((got / bound[k]).max()) if k else 0.0)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import transcover.lipschitz._local_stack_stages as stages_mod
-from lipschitz_testkit import jvp_ascent, random_spec
+from lipschitz_testkit import jvp_ascents, random_spec
 from test_lipschitz_local import adversary
 from test_local_sphere import _centred_ascent, _norm_case, _worst_angle_moves
 from transcover.lipschitz._local_jacobian import _norm_parts
@@ -122,8 +122,10 @@ def assert_network_below(spec, X: torch.Tensor, rho: float, res, *, seed: int) -
     ``B(X, rho)`` stay below ``stack_local``'s ``res.upper`` and its point plus middle-product drift; the lower."""
     f = lambda Z: transformer_forward(spec, Z, with_head=False)  # noqa: E731
     lo = adversary(f, X, rho, restarts=2, steps=15, seed=seed)
-    jv = lambda E, V: torch.autograd.functional.jvp(f, X + E, V, create_graph=True)[1].norm(dim=-1).max()  # noqa: E731
-    lo = max(lo, jvp_ascent(jv, X, rho, seed=seed, starts=2, steps=40))
+    # jvp_ascent's two starts in one batch (jvp_ascents with one seed: the same draws and steps; each (T, d) slice of
+    # the batch its own network evaluation): value (starts, 1, T, d) -> (starts, 1), the (2,inf) row norm of J V
+    jv = lambda E, V: torch.autograd.functional.jvp(f, X + E, V, create_graph=True)[1].norm(dim=-1).amax(dim=-1)  # noqa: E731
+    lo = max(lo, jvp_ascents(jv, X, rho, [seed], starts=2, steps=40)[0])
     assert lo <= res.upper and lo <= (res.point + res.parts["(middle products)"]) * (1 + 1e-12), (lo, res.upper)
     return lo
 

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lipschitz_testkit import random_spec
+from speed_speedA import batched_jvp, token_lowers
 from test_lipschitz_local import adversary
 from transcover.lipschitz._local_attention import head_norms
 from transcover.lipschitz._local_drift import head_second_derivative
@@ -52,8 +53,8 @@ def _aligned(layer, X: torch.Tensor, P: torch.Tensor) -> AttentionAligned:  # no
 
 
 def _rows(P: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-    """The rows (P h)_k = sum_j P_kj h_j."""
-    return torch.einsum("kjab,jb->ka", P, h)
+    """The rows (P h)_k = sum_j P_kj h_j (h of shape (..., T, d): per leading batch entry)."""
+    return torch.einsum("kjab,...jb->...ka", P, h)
 
 
 @settings(max_examples=5, **_SETTINGS)
@@ -98,12 +99,12 @@ def test_reach_is_never_beaten_behind_a_linear_prefix(seed, rho, qscale):
     nu = certified_rows(P)
     reach = al.reach(rho * nu * (1 + 1e-12), nu, rho, torch.zeros_like(nu), 0.0, 0.0)
     A = lambda Z: attention_forward(attn, Z)  # noqa: E731
-    dA = lambda Z, E: torch.autograd.functional.jvp(A, Z, E, create_graph=True)[1]  # noqa: E731
-    for k in range(X.shape[0]):
-        def obj(h, v, k=k):  # noqa: ANN001, ANN202
-            E = _rows(P, v)
-            return (dA(X + _rows(P, rho * h), E) - dA(X, E))[k].norm()
-        lo = bilinear_lower(obj, X.shape, restarts=2, steps=50, seed=seed + k)
+
+    def F(h, v):  # noqa: ANN001, ANN202 -- on batches of pairs (R, K, T, d): E = P v, the move P (rho h)
+        E = _rows(P, v)
+        return batched_jvp(A, X + _rows(P, rho * h), E) - batched_jvp(A, X, E)
+    # per token k, bilinear_lower of ||F(h, v)_k|| (2 restarts x 50 steps, seed seed + k), every k in one batch
+    for k, lo in enumerate(token_lowers(F, X.shape, [seed + k for k in range(X.shape[0])], restarts=2, steps=50)):
         assert 0 < lo <= float(reach[k]), (k, lo, reach)
 
 
@@ -114,10 +115,9 @@ def assert_drift_rows_hold(al, attn, X: torch.Tensor, P: torch.Tensor, rho: floa
     dZ = torch.full((len(al.proj), X.shape[0]), math.inf, dtype=torch.float64)
     rows, _ = al.drift(rho * nu * (1 + 1e-12), rho, torch.zeros_like(nu), 0.0, 0.0, (dZ, 1.0, 0.0))
     A = lambda Z: attention_forward(attn, Z)  # noqa: E731
-    dA = lambda Z, E: torch.autograd.functional.jvp(A, Z, E, create_graph=True)[1]  # noqa: E731
-    for k in range(X.shape[0]):
-        lo = bilinear_lower(lambda h, E, k=k: (dA(X + _rows(P, rho * h), E) - dA(X, E))[k].norm(), X.shape,
-                            restarts=2, steps=50, seed=seed + k)
+    F = lambda h, E: batched_jvp(A, X + _rows(P, rho * h), E) - batched_jvp(A, X, E)  # noqa: E731
+    # per query k, bilinear_lower of ||F(h, E)_k|| (2 restarts x 50 steps, seed seed + k), every k in one batch
+    for k, lo in enumerate(token_lowers(F, X.shape, [seed + k for k in range(X.shape[0])], restarts=2, steps=50)):
         assert 0 < lo <= float(rows[k]), (k, lo, rows)
     return rows
 
@@ -245,10 +245,10 @@ def test_prefix_span_drifts_are_never_beaten(seed, rho):
             for f in fs[:n]:
                 Z = f(Z)
             return Z
-        dJ = lambda y, v: torch.autograd.functional.jvp(pre, y, v, create_graph=True)[1]  # noqa: E731
-        for i in range(X.shape[0]):
-            lo = bilinear_lower(lambda h, v, i=i: (dJ(X + rho * h, v) - dJ(X, v))[i].norm(), X.shape, restarts=2,
-                                steps=25, seed=seed + i)
+        F = lambda h, v, pre=pre: batched_jvp(pre, X + rho * h, v) - batched_jvp(pre, X, v)  # noqa: E731
+        # per token i, bilinear_lower of ||F(h, v)_i|| (2 restarts x 25 steps, seed seed + i), every i in one batch
+        for i, lo in enumerate(token_lowers(F, X.shape, [seed + i for i in range(X.shape[0])], restarts=2,
+                                            steps=25)):
             assert lo <= float(r.spans[(0, b)][i]), (b, i, lo, r.spans[(0, b)])
 
 
@@ -284,13 +284,15 @@ def test_reach_and_drift_behind_a_nonlinear_prefix_are_never_beaten(monkeypatch,
     fs = _sub_stages(spec)
     pre = lambda Z: fs[4](fs[3](fs[2](fs[1](fs[0](Z)))))  # noqa: E731
     att = lambda Z: fs[5](Z)  # noqa: E731
-    dA = lambda Z, E: torch.autograd.functional.jvp(att, Z, E, create_graph=True)[1]  # noqa: E731
-    dP = lambda v: torch.autograd.functional.jvp(pre, X, v, create_graph=True)[1]  # noqa: E731
+    dP = lambda v: batched_jvp(pre, X, v)  # noqa: E731
     xs = pre(X).detach()
-    for k in range(X.shape[0]):
-        lo = bilinear_lower(lambda h, v, k=k: (dA(pre(X + rho * h), dP(v)) - dA(xs, dP(v)))[k].norm(), X.shape,
-                            restarts=2, steps=30, seed=k)
-        assert 0 < lo <= float(seen["reach"][1][k]), (k, lo, seen["reach"][1])
-        lo = bilinear_lower(lambda h, E, k=k: (dA(pre(X + rho * h), E) - dA(xs, E))[k].norm(), X.shape,
-                            restarts=2, steps=30, seed=k)
-        assert 0 < lo <= float(seen["drift"][1][k]), (k, lo, seen["drift"][1])
+    # per token k, bilinear_lower (2 restarts x 30 steps, seed k) of the reach's and of the drift's objective, every
+    # k of each in one batch
+    seeds = list(range(X.shape[0]))
+    reach = token_lowers(lambda h, v: batched_jvp(att, pre(X + rho * h), dP(v)) - batched_jvp(att, xs, dP(v)),
+                         X.shape, seeds, restarts=2, steps=30)
+    drift = token_lowers(lambda h, E: batched_jvp(att, pre(X + rho * h), E) - batched_jvp(att, xs, E), X.shape, seeds,
+                         restarts=2, steps=30)
+    for k in seeds:
+        assert 0 < reach[k] <= float(seen["reach"][1][k]), (k, reach[k], seen["reach"][1])
+        assert 0 < drift[k] <= float(seen["drift"][1][k]), (k, drift[k], seen["drift"][1])

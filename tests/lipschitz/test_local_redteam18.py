@@ -236,7 +236,7 @@ def _s2_ascent(layer, X: torch.Tensor, r: float, seed: int, starts: int = 4, ste
     for _ in range(steps):
         with torch.no_grad():
             E.mul_(torch.clamp(r / E.norm(dim=-1, keepdim=True).clamp(min=1e-300), max=1.0))
-        val = torch.stack([(s2(X + E[s]) - ref).norm(dim=-1) for s in range(starts)])
+        val = (s2(X + E) - ref).norm(dim=-1)  # (starts, T): s2 acts on the leading batch axis, start by start
         best = torch.maximum(best, val.detach().amax(dim=0))
         opt.zero_grad()
         (-val.sum()).backward()
@@ -296,9 +296,8 @@ def test_f53a_centred_max_on_adversarial_heads(kind, rho, mixed):
     tangent (prefix ellipsoid rows or the unit ball) of the largest visible centred score change never exceeds
     ``centred_max`` (THEORY F53a): one key (the change is 0), equal scores, a one-hot softmax, all heads equal."""
     import transcover.lipschitz._local_stack_attn as stack_attn
-    from test_local_stack17 import score_change
+    from speed_speedA import bilinear_lowers, score_changes
     from test_local_stack_attn import _aligned
-    from transcover.lipschitz._local_lower import bilinear_lower
 
     layer, attn, X, P = _f53_case(kind, 5)
     al = _aligned(layer, X, P)
@@ -310,8 +309,11 @@ def test_f53a_centred_max_on_adversarial_heads(kind, rho, mixed):
                                    al.p["scale"])
         chat = hs.one[1]
         assert bool(torch.isfinite(chat).all()), chat
-        for i in range(T):
-            lo = bilinear_lower(score_change(attn, X, P, rho, mixed, h, i), (T, d), restarts=2, steps=50, seed=11 + i)
+        # per query i, bilinear_lower of score_change(attn, X, P, rho, mixed, h, i) (2 restarts x 50 steps, seed
+        # 11 + i): every query's ascent in one batch, the same draws and steps
+        los = bilinear_lowers(score_changes(attn, X, P, rho, mixed, h), (T, d), [11 + i for i in range(T)],
+                              restarts=2, steps=50)
+        for i, lo in enumerate(los):
             assert lo <= float(chat[i]) + 1e-12 * float(chat.max()), (kind, h, i, lo, chat)
 
 

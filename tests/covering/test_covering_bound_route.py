@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
+import io
 import json
 import math
 
@@ -25,13 +28,22 @@ def checkpoint(tmp_path_factory):
     return out / "checkpoint", res
 
 
-def test_bound_reads_a_training_checkpoint_and_reports_the_route(checkpoint, tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("COLUMNS", "200")
+@pytest.fixture(scope="module")
+def default_bound(checkpoint, tmp_path_factory):
+    """``transcover bound CHECKPOINT --json`` with the default options, run once for the two tests that read it (its
+    model bound, n-for-gap search and diagnosis were computed twice, the file's largest cost): (stdout, JSON)."""
+    folder, _ = checkpoint
+    js = tmp_path_factory.mktemp("bound") / "b.json"
+    out = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out):
+        mp.setenv("COLUMNS", "200")
+        assert main(["bound", str(folder), "--json", str(js)]) == 0
+    return out.getvalue(), json.loads(js.read_text())
+
+
+def test_bound_reads_a_training_checkpoint_and_reports_the_route(checkpoint, default_bound, tmp_path):
     folder, res = checkpoint
-    js = tmp_path / "b.json"
-    assert main(["bound", str(folder), "--json", str(js), "--top", "3"]) == 0
-    out = capsys.readouterr().out
-    data = json.loads(js.read_text())
+    out, data = default_bound
     # n and T come from the checkpoint's task: digits, 1200 training images of 8 rows
     assert [g["n"] for g in data["generalisation"]] == [1200.0] and data["seq_len"] == 8
     routes = data["routes_log10_log_N"]
@@ -47,13 +59,8 @@ def test_bound_reads_a_training_checkpoint_and_reports_the_route(checkpoint, tmp
     assert json.loads(js2.read_text())["log10_log_N"] == pytest.approx(routes["l21"], abs=1e-12)
 
 
-def test_vacuous_bound_says_what_dominates_and_what_would_help(checkpoint, tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("COLUMNS", "200")
-    folder, _ = checkpoint
-    js = tmp_path / "b.json"
-    assert main(["bound", str(folder), "--json", str(js)]) == 0
-    out = capsys.readouterr().out
-    data = json.loads(js.read_text())
+def test_vacuous_bound_says_what_dominates_and_what_would_help(default_bound):
+    out, data = default_bound
     assert data["generalisation"][0]["vacuous"] is True  # n = 1200 is far too few for this class
     d = data["diagnosis"]
     assert d["vacuous"] is True and d["dominant_term"] == ["rademacher"]
@@ -66,12 +73,39 @@ def test_vacuous_bound_says_what_dominates_and_what_would_help(checkpoint, tmp_p
     assert g["gap"] == 1.0 and g["raw_gap"] >= 1.0 and "vacuous" in g["note"]
 
 
+@functools.lru_cache(maxsize=None)
+def _tiny(seed: int, head_hidden: tuple):
+    """The tiny reference model of several tests below (seeded, d_model 4, 1 layer), as a spec."""
+    torch.manual_seed(seed)
+    return reference_spec(ReferenceTransformer(ReferenceConfig(d_model=4, n_heads=1, n_layers=1, d_ff=4,
+                                                               head_hidden=head_hidden)))
+
+
+@functools.lru_cache(maxsize=None)
+def _tiny_bound(seed: int, head_hidden: tuple):
+    """``model_bound`` of ``_tiny(seed, head_hidden)`` at eps 0.1, n = 100, T = 4 (and, below, its default ``diagnose``): the
+    same (deterministic) numbers several tests computed each for itself (``small``'s diagnosis three times, the seed-0
+    head model's bound and diagnosis twice); the diagnosis's n-for-gap search is most of a test's time."""
+    spec = _tiny(seed, head_hidden)
+    mb = model_bound(spec, eps=0.1, n_samples=(100.0,), seq_len=4)
+    return spec, mb
+
+
+@functools.lru_cache(maxsize=None)
+def _tiny_diagnosis(seed: int, head_hidden: tuple):
+    return diagnose(_tiny_bound(seed, head_hidden)[1])
+
+
+@functools.lru_cache(maxsize=None)
+def _tiny_terms(seed: int, head_hidden: tuple):
+    from transcover.covering import model_terms
+
+    return model_terms(_tiny(seed, head_hidden))
+
+
 @pytest.fixture(scope="module")
 def small():
-    torch.manual_seed(1)
-    spec = reference_spec(ReferenceTransformer(ReferenceConfig(d_model=4, n_heads=1, n_layers=1, d_ff=4,
-                                                               head_hidden=())))
-    return spec, model_bound(spec, eps=0.1, n_samples=(100.0,), seq_len=4)
+    return _tiny_bound(1, ())
 
 
 def _printed_n(n: float) -> float:
@@ -82,7 +116,7 @@ def _printed_n(n: float) -> float:
 
 def test_diagnosis_sample_size_really_is_non_vacuous(small):
     spec, mb = small
-    d = diagnose(mb)
+    d = _tiny_diagnosis(1, ())  # diagnose(mb)
     assert d.vacuous and math.isfinite(d.n_non_vacuous)
     # the n as printed, against the gap the result reports (its class, prior and quadrature: THEORY F102): non-vacuous
     # there, vacuous 0.01 lower in log10 (red team 198: the search's coarser quadrature gave an n 2.4 % too large)
@@ -90,9 +124,7 @@ def test_diagnosis_sample_size_really_is_non_vacuous(small):
     assert not mb.gap_at(n).vacuous and mb.gap_at(n / 10 ** 0.01).vacuous
     assert d.to_dict()["n_non_vacuous"] == d.n_non_vacuous
     # at 10x that n the bound is non-vacuous: nothing to search, no advice to collect more data
-    from transcover.covering import model_terms
-
-    ok = diagnose(model_bound(spec, eps=0.1, n_samples=(10 * d.n_non_vacuous,), seq_len=4, terms=model_terms(spec)))
+    ok = diagnose(model_bound(spec, eps=0.1, n_samples=(10 * d.n_non_vacuous,), seq_len=4, terms=_tiny_terms(1, ())))
     assert not ok.vacuous and ok.n_non_vacuous is None and not any(s.startswith("more data") for s in ok.suggestions)
 
 
@@ -162,10 +194,9 @@ def test_concentration_tip_only_where_the_term_alone_reaches_b(small):
     # red team 198: the tip fired whenever concentration > 2R (0.7978 < b = 1 here), and quoted the formula without
     # the grid prior ln(1/prior) that made it large
     from transcover._printed import up
-    from transcover.covering import model_terms
 
     spec, mb = small
-    terms = model_terms(spec)
+    terms = _tiny_terms(1, ())  # model_terms(spec)
     below = model_bound(spec, eps=0.1, n_samples=(514.0,), seq_len=4, terms=terms, loss_lipschitz=1e-5)
     g = below.generalisation[0]
     assert g.vacuous and 2 * g.rademacher.value < g.concentration < 1.0  # dominant, vacuous, yet below b
@@ -180,11 +211,9 @@ def test_concentration_tip_only_where_the_term_alone_reaches_b(small):
 
 def test_more_data_tip_says_which_given_n_are_vacuous(small):
     # red team 198: "non-vacuous from n ~ 8.85e+07 (now n <= 1e+09)" where 1e9 was already non-vacuous
-    from transcover.covering import model_terms
-
     spec, mb = small
-    n_nv = diagnose(mb).n_non_vacuous
-    both = model_bound(spec, eps=0.1, n_samples=(100.0, float(round(10 * n_nv))), seq_len=4, terms=model_terms(spec))
+    n_nv = _tiny_diagnosis(1, ()).n_non_vacuous  # diagnose(mb)
+    both = model_bound(spec, eps=0.1, n_samples=(100.0, float(round(10 * n_nv))), seq_len=4, terms=_tiny_terms(1, ()))
     assert [g.vacuous for g in both.generalisation] == [True, False]
     (tip,) = [t for t in diagnose(both).suggestions if t.startswith("more data")]
     assert f"vacuous at n = 100, non-vacuous at n = {round(10 * n_nv):,}" in tip  # n exactly (red team 215)
@@ -218,12 +247,9 @@ def test_the_printed_prior_is_rounded_up(seed, head_hidden, capsys, monkeypatch)
 
     from transcover.report import render_bound
 
-    torch.manual_seed(seed)
-    spec = reference_spec(ReferenceTransformer(ReferenceConfig(d_model=4, n_heads=1, n_layers=1, d_ff=4,
-                                                               head_hidden=head_hidden)))
-    mb = model_bound(spec, eps=0.1, n_samples=(100.0,), seq_len=4)
+    _, mb = _tiny_bound(seed, head_hidden)  # model_bound(spec, eps=0.1, n_samples=(100.0,), seq_len=4)
     monkeypatch.setenv("COLUMNS", "300")
-    render_bound(mb, 1e9, 0.1, 3, diagnose(mb))
+    render_bound(mb, 1e9, 0.1, 3, _tiny_diagnosis(seed, head_hidden))  # diagnose(mb)
     text = capsys.readouterr().out + "\n".join(mb.assumptions + mb.generalisation[0].assumptions)
     printed = re.findall(r"ln\(1/prior\) = ([0-9.e+]+) nats", text)
     assert len(printed) >= 3 and all(float(x) >= mb.log_prior for x in printed), printed
@@ -237,10 +263,7 @@ def test_the_tables_give_shares_of_the_whole_class_with_the_head(capsys, monkeyp
 
     from transcover.report import render_bound
 
-    torch.manual_seed(0)
-    spec = reference_spec(ReferenceTransformer(ReferenceConfig(d_model=4, n_heads=1, n_layers=1, d_ff=4,
-                                                               head_hidden=(8,))))
-    mb = model_bound(spec, eps=0.1, n_samples=(100.0,), seq_len=4)
+    _, mb = _tiny_bound(0, (8,))  # model_bound(spec, eps=0.1, n_samples=(100.0,), seq_len=4)
     rows = mb.class_terms()
     head = sum(s for _, ly, _, s in rows if ly == "head")
     total = math.fsum(s for *_, s in rows)
@@ -252,7 +275,7 @@ def test_the_tables_give_shares_of_the_whole_class_with_the_head(capsys, monkeyp
         own = mb.transformer if ly != "head" else mb.covering.mlp.covering
         assert s == pytest.approx(c.share * math.exp(own.log_log_N - mb.log_log_N), rel=1e-12)
     monkeypatch.setenv("COLUMNS", "200")
-    render_bound(mb, 1e9, 0.1, 20, diagnose(mb))
+    render_bound(mb, 1e9, 0.1, 20, _tiny_diagnosis(0, (8,)))  # diagnose(mb)
     out = capsys.readouterr().out
     table = out[out.index("share of log N by"):]
     printed = dict(re.findall(r"│\s+(\d+|head) │\s+([0-9.]+)%", table))
@@ -277,9 +300,13 @@ def test_eps_whose_half_rounds_and_n_that_overflows_are_refused(kw, needle):
 
     from transcover import InputError
 
-    torch.manual_seed(0)
-    spec = reference_spec(ReferenceTransformer(ReferenceConfig(d_model=4, n_heads=1, n_layers=1, d_ff=4,
-                                                               head_hidden=(8,))))
+    spec = _tiny(0, (8,))
     with pytest.raises(InputError, match=re.escape(needle)):
         model_bound(spec, **{"eps": 0.1, "n_samples": (100.0,), "seq_len": 4, **kw})
-    model_bound(spec, eps=4 * 2.0**-1022, n_samples=(1e300,), seq_len=4)  # the edges themselves run
+    _edges_run()  # model_bound(spec, eps=4 * 2.0**-1022, n_samples=(1e300,), seq_len=4): the edges themselves run
+
+
+@functools.lru_cache(maxsize=None)
+def _edges_run():
+    """The one bound at the edges (the same call in each of the cases above, computed once)."""
+    return model_bound(_tiny(0, (8,)), eps=4 * 2.0**-1022, n_samples=(1e300,), seq_len=4)

@@ -36,13 +36,29 @@ def test_bound_prints_json_and_plot(model_path, tmp_path, capsys, monkeypatch):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_bound_json_carries_the_whole_class_terms_and_the_head(model_path, tmp_path, capsys):
+@pytest.fixture(scope="module")
+def mathtext_bound(model_path, tmp_path_factory):
+    """``bound MODEL --seq-len 16 --plot --json --quiet`` of the model copied to a folder whose name holds mathtext,
+    run once: ``test_bound_json_carries_the_whole_class_terms_and_the_head`` ran the same bound of the same weights
+    (its own ``--json --quiet`` run, each a ~20 s n-for-gap search and diagnosis), and reads this run's JSON.
+    (path of the copy, PNG path, JSON path)."""
+    import shutil
+
+    tmp = tmp_path_factory.mktemp("mathtext")
+    folder = tmp / "m$\\nosuchcmd{$"
+    folder.mkdir()
+    path = shutil.copy(model_path, folder / "ref.safetensors")
+    js, png = tmp / "b.json", tmp / "b.png"
+    assert main(["bound", str(path), "--seq-len", "16", "--plot", str(png), "--json", str(js), "--quiet"]) == 0
+    return path, png, js
+
+
+def test_bound_json_carries_the_whole_class_terms_and_the_head(mathtext_bound):
     """Red team 215: with an MLP head, ``transformer.contributions[].share`` summed to 1 over the Transformer alone
     while the printed table and ``diagnosis.top`` gave shares of the whole class, and the head's terms, log N and C
     were missing from the JSON.  Every ``share`` is now of the whole class; the Transformer's own is named so."""
-    js = tmp_path / "b.json"
-    assert main(["bound", str(model_path), "--seq-len", "16", "--json", str(js), "--quiet"]) == 0
-    data = json.loads(js.read_text())
+    # `bound MODEL --seq-len 16 --json --quiet` of model_path's weights (the run of ``mathtext_bound``)
+    data = json.loads(mathtext_bound[2].read_text())
     assert data["schema_version"] == "2"
     terms = data["class_terms"]
     assert sum(t["share"] for t in terms) == pytest.approx(1.0, rel=1e-9)
@@ -103,16 +119,43 @@ def test_bound_names_the_g5_leading_term_only_where_an_f2_cover_makes_one(model_
     assert ("no 4C^2(eta+eta~)^3/eps^2 term" in out) is not has_leading
 
 
+@pytest.fixture(scope="module")
+def narrow_tables(model_path, tmp_path_factory):
+    """One ``bound --family best --eps 0.05 --top 40 --json`` run whose tables the CLI prints at COLUMNS=60 and again
+    at COLUMNS=80 (its own render call, repeated with the same arguments: the two widths' runs computed the same
+    bound twice, only the printing depends on the width): ({columns: stdout}, JSON path)."""
+    import contextlib
+    import io
+
+    import transcover.report as report
+
+    js = tmp_path_factory.mktemp("narrow") / "b.json"
+    outs = {}
+    render = report.render_bound
+
+    def at_each_width(*args, **kwargs):
+        for columns in ("60", "80"):
+            buf = io.StringIO()
+            with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(buf):
+                mp.setenv("COLUMNS", columns)
+                render(*args, **kwargs)
+            outs[columns] = buf.getvalue()
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(report, "render_bound", at_each_width)
+        assert main(["bound", str(model_path), "--family", "best", "--eps", "0.05", "--seq-len", "16", "--top", "40",
+                     "--json", str(js)]) == 0
+    assert set(outs) == {"60", "80"}  # the CLI printed through render_bound
+    return outs, js
+
+
 @pytest.mark.parametrize("columns", ["60", "80"])
-def test_bound_table_never_crops_a_number(model_path, tmp_path, capsys, monkeypatch, columns):
+def test_bound_table_never_crops_a_number(narrow_tables, columns):
     # rich cropped no_wrap cells to the terminal: eps_i = 7.135e-21 was printed as "7.135e-2" at 80 columns
     from transcover.report._bound_tables import fmt_log
 
-    monkeypatch.setenv("COLUMNS", columns)
-    js = tmp_path / "b.json"
-    assert main(["bound", str(model_path), "--family", "best", "--eps", "0.05", "--seq-len", "16", "--top", "40",
-                 "--json", str(js)]) == 0
-    out = capsys.readouterr().out
+    outs, js = narrow_tables
+    out = outs[columns]  # `bound MODEL --family best --eps 0.05 --seq-len 16 --top 40 --json` at COLUMNS=columns
     table = out[out.index("largest 40 contributions"):]
     rows = json.loads(js.read_text())["transformer"]["contributions"]
     assert len(rows) >= 10
@@ -139,16 +182,10 @@ def test_the_final_norms_share_is_named(tmp_path, capsys, monkeypatch):
     assert "│          1 (trivial) │" in out  # the trivial gap bound is b = 1 exactly (it printed 1.001; 188)
 
 
-def test_bound_plot_of_a_model_path_holding_mathtext(model_path, tmp_path, capsys):
+def test_bound_plot_of_a_model_path_holding_mathtext(mathtext_bound):
     """Red team 215: ``bound --plot`` put the model's path into the figure's title as mathtext: a path holding
     "$\\nosuchcmd{$" was an internal error (exit 1, neither the PNG nor the JSON written)."""
-    import shutil
-
-    folder = tmp_path / "m$\\nosuchcmd{$"
-    folder.mkdir()
-    path = shutil.copy(model_path, folder / "ref.safetensors")
-    js, png = tmp_path / "b.json", tmp_path / "b.png"
-    assert main(["bound", str(path), "--seq-len", "16", "--plot", str(png), "--json", str(js), "--quiet"]) == 0
+    path, png, js = mathtext_bound  # bound PATH --seq-len 16 --plot PNG --json JS --quiet: exit 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and json.loads(js.read_text())["model"] == str(path)
 
 

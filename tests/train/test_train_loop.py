@@ -275,19 +275,30 @@ def test_staged_refuses_scale_options_it_would_ignore(argv, needle, tmp_path, ca
     assert not (tmp_path / "o").exists()
 
 
+@pytest.fixture(scope="module")
+def three_epoch_runs(tmp_path_factory):
+    """``replace(TINY, epochs=3)`` trained whole, and a run of it stopped after its first epoch: the same two runs (no
+    patch active) each case below trained for itself; a case resumes a copy of the stopped run's folder."""
+    cfg = replace(TINY, epochs=3)
+    base = tmp_path_factory.mktemp("three")
+    whole = train(cfg, out_dir=base / "whole")
+    train(cfg, out_dir=base / "a", stop_after=1)
+    return cfg, whole, base
+
+
 @pytest.mark.parametrize("cut", range(1, 9))
-def test_an_interrupted_checkpoint_write_keeps_a_complete_checkpoint(tmp_path, monkeypatch, cut):
+def test_an_interrupted_checkpoint_write_keeps_a_complete_checkpoint(three_epoch_runs, tmp_path, monkeypatch, cut):
     """Red team 188: a SIGTERM between two of a checkpoint's files left a torn set, refused on --resume, and every
     earlier epoch was lost.  A new set is written whole beside the old one and swapped in by renames (Note
     [checkpoint swap]); an interrupt at any of the writes and renames leaves the previous checkpoint or the new one,
     and the resumed run ends bit for bit where an uninterrupted one does."""
     import os as os_mod
+    import shutil
 
     from transcover.train import _checkpoint as ckpt
 
-    cfg = replace(TINY, epochs=3)
-    whole = train(cfg, out_dir=tmp_path / "whole")
-    train(cfg, out_dir=tmp_path / "a", stop_after=1)
+    cfg, whole, base = three_epoch_runs  # whole = train(cfg, out_dir=base / "whole")
+    shutil.copytree(base / "a", tmp_path / "a")  # train(cfg, out_dir=tmp_path / "a", stop_after=1)
     calls = [0]
     real_replace, real_write = os_mod.replace, ckpt.atomic_write_bytes
 
@@ -307,7 +318,7 @@ def test_an_interrupted_checkpoint_write_keeps_a_complete_checkpoint(tmp_path, m
     resumed = train(cfg, out_dir=tmp_path / "a", resume=True)
     assert resumed.test_acc == whole.test_acc and resumed.test_loss == whole.test_loss
     a = ckpt.load_checkpoint(tmp_path / "a" / "checkpoint", build_model_for(cfg))
-    b = ckpt.load_checkpoint(tmp_path / "whole" / "checkpoint", build_model_for(cfg))
+    b = ckpt.load_checkpoint(base / "whole" / "checkpoint", build_model_for(cfg))
     assert a["epoch"] == b["epoch"] == 3
     assert not (tmp_path / "a" / "checkpoint.new").exists() and not (tmp_path / "a" / "checkpoint.prev").exists()
 

@@ -317,7 +317,7 @@ def test_data_of_huge_norm_is_not_blamed_on_a_radius(run, tmp_path, capsys):
     assert rc == 0 and "radius=inf" not in capsys.readouterr().err
 
 
-def test_a_run_whose_task_cannot_be_rebuilt_is_refused(tmp_path):
+def test_a_run_whose_task_cannot_be_rebuilt_is_refused(run, tmp_path):
     """Stop 39's list: ``--data task`` and ``bound`` rebuild a run's split from ``state.json``'s seed, which nothing
     protected: an edited seed certified at another split, and a run trained on a task given through the API was
     read as the standard task's, silently.  Every checkpoint now records its task's digest (Note [task digest])."""
@@ -325,8 +325,7 @@ def test_a_run_whose_task_cannot_be_rebuilt_is_refused(tmp_path):
 
     from transcover import InputError
 
-    run = tmp_path / "run"
-    train(TINY, out_dir=run)
+    run = _copy_run(run, tmp_path / "run")  # train(TINY, out_dir=run): the module's run, trained alike
     spec = transcover.load(run)
     assert len(load_data(run, spec, "task", limit=2)) == 2
     state = json.loads((run / "checkpoint" / "state.json").read_text())

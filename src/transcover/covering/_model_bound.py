@@ -265,14 +265,20 @@ class ModelBound:
     grid_norms: int = 0
     log_prior: float = 0.0
     gap_curve: Callable[[float, float], float] | None = field(default=None, repr=False, compare=False)
+    # (n, n_grid) -> gap_at's result: the sample-size searches (``n_for_gap`` for the printed target and again for
+    # ``diagnose``'s) bisect over the same first midpoints; the bound is a pure function of n on a frozen result
+    _gaps: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def gap_at(self, n: float, *, n_grid: int = N_GRID) -> GeneralisationBound:
         """The certified gap at ``n`` samples for the same class, loss, delta and quadrature as
-        :attr:`generalisation`."""
-        o = self.options
-        return generalisation_bound(self.gap_curve or self.curve, float(n), loss_lipschitz=o["loss_lipschitz"],
-                                    loss_bound=o["loss_bound"], delta=o["delta"], n_grid=n_grid,
-                                    log_prior=self.log_prior)
+        :attr:`generalisation` (computed once per ``(n, n_grid)``)."""
+        key = (float(n), n_grid)
+        if key not in self._gaps:
+            o = self.options
+            self._gaps[key] = generalisation_bound(self.gap_curve or self.curve, float(n),
+                                                   loss_lipschitz=o["loss_lipschitz"], loss_bound=o["loss_bound"],
+                                                   delta=o["delta"], n_grid=n_grid, log_prior=self.log_prior)
+        return self._gaps[key]
 
     def n_for_gap(self, target: float) -> float:
         """The smallest n (to 0.01 in log10, as printed by ``_printed.count_up``) whose :meth:`gap_at` is

@@ -85,8 +85,8 @@ def _tiny(seed: int, head_hidden: tuple):
 def _tiny_bound(seed: int, head_hidden: tuple):
     """``model_bound`` of ``_tiny(seed, head_hidden)`` at eps 0.1, n = 100, T = 4 (and, below, its default
     ``diagnose``): the same (deterministic) numbers several tests computed each for itself (``small``'s diagnosis three
-    times, the seed-0 head model's bound and diagnosis twice); the diagnosis's n-for-gap search is most of a test's
-    time."""
+    times, the bound and diagnosis of the head model with seed=0 twice); the diagnosis's n-for-gap search is most of a
+    test's time."""
     spec = _tiny(seed, head_hidden)
     mb = model_bound(spec, eps=0.1, n_samples=(100.0,), seq_len=4)
     return spec, mb

@@ -328,7 +328,7 @@ class ModelBound:
             head = {"eps": cov.mlp.eps, "ln_log_N": cov.mlp.log_log_N, "ln_C": cov.log_C,
                     "n_params": cov.mlp.n_params, "ln_leading": cov.log_leading, "kind": cov.mlp.kind.value}
         return as_dict(
-            self, exclude=("covering", "bft_generalisation", "curve", "routes", "gap_curve"),
+            self, exclude=("covering", "bft_generalisation", "curve", "routes", "gap_curve", "_gaps"),
             route=self.route or self.family,
             routes_log10_log_N={k: v / math.log(10) for k, v in self.routes.items()},
             log10_log_N=self.log_log_N / math.log(10), ln_log_N=self.log_log_N,

@@ -55,10 +55,15 @@ def test_side_dominates_the_exact_sups(seed, qscale, causal, mscale):
     C, E = _images(aa, M, R, Rw)
     keys = head_key_data(aa.p["heads"], X, aa.p["Wqa"], aa.p["scale"])
     sc = aa.p["scale"]
+    heads = aa.p["heads"]
+    Gys = [sc * (Y @ Wk) @ Wq.T for (_, Y, _, Wq, Wk, _, _) in heads]
+    # every head's, key's and row's Adam ascents in one batch each (the same starts and steps as one at a time)
+    norms = _adam_norms(torch.stack([W for hd in heads for W in hd[3:6]]), M, R, Rw, b, seed).reshape(len(heads), 3, t)
+    squares = _adam_square_sums(torch.stack(Gys), torch.stack([hd[0] for hd in heads]), M, R, Rw, b, seed)
     reached = 0.0
-    for h, ((P, Y, q, Wq, Wk, Wv, _), m) in enumerate(zip(aa.p["heads"], aa.p["mom"].rows)):
+    for h, ((P, Y, q, Wq, Wk, Wv, _), m) in enumerate(zip(heads, aa.p["mom"].rows)):
         side = image_side(C[:, h], keys[h], m, float(aa.nQ[h]), float(aa.nK[h]), aa.p["norms"]["V"][h], sc, E, b)
-        Gy = sc * (Y @ Wk) @ Wq.T
+        Gy = Gys[h]
         for i in range(t):
             for j in range(t):
                 om = _sup_linear(q[i], M, j, R, Rw, b)
@@ -67,53 +72,63 @@ def test_side_dominates_the_exact_sups(seed, qscale, causal, mscale):
                 for v, key in ((om, "om2"), (gg, "g2")):
                     if float(side[key][i, j]) > 0:
                         reached = max(reached, v / float(side[key][i, j]) ** 0.5)
-        for key, W in (("mQ2", Wq), ("mK2", Wk), ("mV2", Wv)):
+        for n, key in enumerate(("mQ2", "mK2", "mV2")):
             for j in range(t):
-                assert _adam_norm(W, M, j, R, Rw, b, seed) <= float(side[key][j]) ** 0.5, (h, key, j)
+                assert float(norms[h, n, j]) <= float(side[key][j]) ** 0.5, (h, key, j)
         for i in range(t):
-            assert _adam_square_sum(Gy[i], P[i], M, i, R, Rw, b, seed) <= float(side["lG"][i]) * (1 + 1e-12), (h, i)
+            assert float(squares[h, i]) <= float(side["lG"][i]) * (1 + 1e-12), (h, i)
     assert reached > 0.1, reached
 
 
-def _adam_norm(W: torch.Tensor, M: torch.Tensor, j: int, R: torch.Tensor, Rw: torch.Tensor, b: float,
-               seed: int) -> float:
-    """Adam over unit ``a`` of ``sup_e (W a) . e_j`` (= ``sup ||W^T e_j||`` over the images' set, in closed form for
-    each ``a``)."""
+def _adam_norms(Ws: torch.Tensor, M: torch.Tensor, R: torch.Tensor, Rw: torch.Tensor, b: float,
+                seed: int) -> torch.Tensor:
+    """(K, t): per ``W = Ws[k]`` and ``j``, Adam over unit ``a`` of ``sup_e (W a) . e_j`` (= ``sup ||W^T e_j||`` over the
+    images' set, in closed form for each ``a``): 3 starts (drawn from ``seed``, the same for every ``W`` and ``j``) x 60
+    steps, every ascent in one batch -- Adam acts entrywise and each entry's gradient of the summed values is its own
+    ascent's, so entry (k, j, s) takes the steps start s of the one-at-a-time ascent of ``(W_k, j)`` took."""
     g = torch.Generator().manual_seed(seed)
-    best = 0.0
-    for _ in range(3):
-        a = torch.randn(W.shape[1], generator=g, dtype=F64).requires_grad_(True)
-        opt = torch.optim.Adam([a], lr=0.05)
-        for _ in range(60):
-            u = W @ (a / a.norm())
-            val = (torch.linalg.vector_norm(torch.einsum("kab,a->kb", M[j], u), dim=1) * R).sum() + u.norm() * (Rw[j] + b)
-            best = max(best, float(val.detach()))
-            opt.zero_grad()
-            (-val).backward()
-            opt.step()
+    K, n, t = Ws.shape[0], Ws.shape[2], M.shape[0]
+    starts = torch.stack([torch.randn(n, generator=g, dtype=F64) for _ in range(3)])  # one draw per start, in order
+    a = starts[None, None].expand(K, t, 3, n).clone().requires_grad_(True)
+    opt = torch.optim.Adam([a], lr=0.05)
+    best = torch.zeros(K, t, dtype=F64)
+    for _ in range(60):
+        u = torch.einsum("Kdn,Kjsn->Kjsd", Ws, a / a.norm(dim=-1, keepdim=True))
+        val = ((torch.linalg.vector_norm(torch.einsum("jkab,Kjsa->Kjskb", M, u), dim=-1) * R).sum(-1)
+               + u.norm(dim=-1) * (Rw + b)[None, :, None])
+        best = torch.maximum(best, val.detach().amax(dim=-1))
+        opt.zero_grad()
+        (-val.sum()).backward()
+        opt.step()
     return best
 
 
-def _adam_square_sum(Gy: torch.Tensor, P: torch.Tensor, M: torch.Tensor, i: int, R: torch.Tensor, Rw: torch.Tensor,
-                     b: float, seed: int) -> float:
-    """Projected Adam of ``sum_j P_j (e_i . Gy_j)^2`` over ``e_i = sum_k M_ik v_k + w'_i + w_i``."""
-    t, d = M.shape[1], M.shape[2]
+def _adam_square_sums(Gys: torch.Tensor, Ps: torch.Tensor, M: torch.Tensor, R: torch.Tensor, Rw: torch.Tensor,
+                      b: float, seed: int) -> torch.Tensor:
+    """(H, t): per head ``h`` and row ``i``, projected Adam of ``sum_j P_ij (e_i . Gy_ij)^2`` over ``e_i = sum_k M_ik v_k
+    + w'_i + w_i`` (``Gys`` (H, t, t, d), ``Ps`` (H, t, t)): 3 starts (drawn from ``seed + 1``, the same for every head
+    and row) x 80 steps, every ascent in one batch (entrywise Adam: each entry takes its own ascent's steps)."""
+    H, t, d = Gys.shape[0], M.shape[1], M.shape[2]
     g = torch.Generator().manual_seed(seed + 1)
-    best = 0.0
-    for _ in range(3):
-        v = _clip(torch.randn(t, d, generator=g, dtype=F64), R).requires_grad_(True)
-        w = torch.randn(d, generator=g, dtype=F64).requires_grad_(True)
-        opt = torch.optim.Adam([v, w], lr=0.02)
-        for _ in range(80):
-            with torch.no_grad():
-                v.copy_(_clip(v, R))
-                w.mul_(min(1.0, float(Rw[i] + b) / max(float(w.norm()), 1e-300)))
-            e = torch.einsum("kab,kb->a", M[i], v) + w
-            val = (P * (Gy @ e) ** 2).sum()
-            best = max(best, float(val.detach()))
-            opt.zero_grad()
-            (-val).backward()
-            opt.step()
+    v0, w0 = [], []
+    for _ in range(3):  # per start v, then w, as drawn one start at a time
+        v0.append(_clip(torch.randn(t, d, generator=g, dtype=F64), R))
+        w0.append(torch.randn(d, generator=g, dtype=F64))
+    v = torch.stack(v0)[None, None].expand(H, t, 3, t, d).clone().requires_grad_(True)
+    w = torch.stack(w0)[None, None].expand(H, t, 3, d).clone().requires_grad_(True)
+    cap = (Rw + b)[None, :, None]  # row i's ball for w' + w
+    opt = torch.optim.Adam([v, w], lr=0.02)
+    best = torch.zeros(H, t, dtype=F64)
+    for _ in range(80):
+        with torch.no_grad():
+            v.copy_(_clip(v, R))
+            w.mul_(torch.clamp(cap / w.norm(dim=-1).clamp(min=1e-300), max=1.0)[..., None])
+        e = torch.einsum("ikab,Hiskb->Hisa", M, v) + w
+        val = (Ps[:, :, None, :] * torch.einsum("Hijd,Hisd->Hisj", Gys, e) ** 2).sum(-1)
+        best = torch.maximum(best, val.detach().amax(dim=-1))
+        opt.zero_grad()
+        (-val.sum()).backward()
+        opt.step()
     return best
 
 
@@ -123,39 +138,42 @@ def _jac(attn, Z: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
 
 
 def _rows(D: torch.Tensor) -> torch.Tensor:
-    """(T,) ``nu_k`` of blocks ``D[k, :, j, :]``: the sum over ``j`` of their spectral norms."""
-    return torch.linalg.matrix_norm(D.permute(0, 2, 1, 3), ord=2).sum(dim=1)
+    """(..., T) ``nu_k`` of blocks ``D[..., k, :, j, :]``: the sum over ``j`` of their spectral norms."""
+    return torch.linalg.matrix_norm(D.transpose(-3, -2), ord=2).sum(dim=-1)
 
 
 def _adam_drift(attn, X: torch.Tensor, P: torch.Tensor, M: torch.Tensor, R: torch.Tensor, Rw: torch.Tensor,  # noqa: ANN001
                 rho: float, through: bool, seed: int) -> torch.Tensor:
     """(T,) per row the largest ``nu_k(J(X + D) - J(X))`` (or, ``through``, of ``(J(X + D) - J(X)) P``) float64 projected
-    Adam finds over ``D = P delta + M v + w`` (2 starts x 25 steps per row)."""
+    Adam finds over ``D = P delta + M v + w`` (2 starts x 25 steps per row).  The rows' ascents run in one batch (each
+    start's draws in the one-at-a-time order, row by row; Adam acts entrywise and each entry's gradient of the summed
+    values is its own ascent's, so every ascent takes the steps it took alone)."""
     t, d = X.shape
     J0 = _jac(attn, X).detach()
-    out = torch.zeros(t, dtype=F64)
     g = torch.Generator().manual_seed(seed)
     full = torch.full((t,), rho, dtype=F64)
-    for k in range(t):
-        for _ in range(2):
-            dl = _clip(torch.randn(t, d, generator=g, dtype=F64), full).requires_grad_(True)
-            v = _clip(torch.randn(t, d, generator=g, dtype=F64), R).requires_grad_(True)
-            w = _clip(torch.randn(t, d, generator=g, dtype=F64), Rw).requires_grad_(True)
-            opt = torch.optim.Adam([dl, v, w], lr=0.1 * float(max(rho, R.max())))
-            for _ in range(25):
-                with torch.no_grad():
-                    dl.copy_(_clip(dl, full))
-                    v.copy_(_clip(v, R))
-                    w.copy_(_clip(w, Rw))
-                D = torch.einsum("kjab,jb->ka", P, dl) + torch.einsum("kjab,jb->ka", M, v) + w
-                dJ = _jac(attn, X + D) - J0
-                if through:
-                    dJ = torch.einsum("kamb,mjbc->kajc", dJ, P)
-                val = _rows(dJ)[k]
-                out[k] = max(float(out[k]), float(val.detach()))
-                opt.zero_grad()
-                (-val).backward()
-                opt.step()
+    draws = [[[_clip(torch.randn(t, d, generator=g, dtype=F64), r) for r in (full, R, Rw)] for _ in range(2)]
+             for _ in range(t)]  # [row k][start][delta, v, w]
+    dl, v, w = (torch.stack([torch.stack([draws[k][s][n] for s in range(2)]) for k in range(t)]).requires_grad_(True)
+                for n in range(3))  # each (t rows, 2 starts, t, d)
+    opt = torch.optim.Adam([dl, v, w], lr=0.1 * float(max(rho, R.max())))
+    jac = torch.func.vmap(torch.func.vmap(lambda U: _jac(attn, U)))
+    out = torch.zeros(t, dtype=F64)
+    k = torch.arange(t)
+    for _ in range(25):
+        with torch.no_grad():
+            dl.copy_(_clip(dl, full))
+            v.copy_(_clip(v, R))
+            w.copy_(_clip(w, Rw))
+        D = torch.einsum("kjab,rsjb->rska", P, dl) + torch.einsum("kjab,rsjb->rska", M, v) + w
+        dJ = jac(X + D) - J0
+        if through:
+            dJ = torch.einsum("rskamb,mjbc->rskajc", dJ, P)
+        val = _rows(dJ)[k, :, k]  # (rows, starts): ascent (k, s) maximises row k
+        out = torch.maximum(out, val.detach().amax(dim=1))
+        opt.zero_grad()
+        (-val.sum()).backward()
+        opt.step()
     return out
 
 

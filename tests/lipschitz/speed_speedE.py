@@ -34,3 +34,17 @@ def grouped_ascents(value, X: torch.Tensor, r: float, draws: list, groups: int, 
         opt.step()
     sph = sphere_ascent(value, X, r, torch.Generator().manual_seed(seed + 1), starts=n, steps=steps)
     return [torch.maximum(best[c * n:(c + 1) * n].amax(dim=0), sph) for c in range(groups)]
+
+
+def batched_jvp_ascent(f, X: torch.Tensor, rho: float, *, seed: int, starts: int = 3, steps: int = 100) -> float:  # noqa: ANN001
+    """``jvp_ascent(jvp_row_norm(f, X), X, rho, seed=seed, starts=starts, steps=steps)`` with every start's Jacobian-
+    vector product in one call (``f`` must act on leading batch axes): the same objective per start, ``max_t ||(J_f(X +
+    E) V)_t||``, the same draws and Adam steps (``jvp_ascents``, one seed), where ``jvp_ascent`` evaluates the starts
+    one after another."""
+    from lipschitz_testkit import jvp_ascents
+
+    def value(E: torch.Tensor, V: torch.Tensor) -> torch.Tensor:  # (starts, 1, T, d) -> (starts, 1)
+        _, out = torch.autograd.functional.jvp(f, (X + E,), (V,), create_graph=True)
+        return out.norm(dim=-1).amax(dim=-1)
+
+    return jvp_ascents(value, X, rho, [seed], starts=starts, steps=steps)[0]

@@ -11,7 +11,7 @@ from hypothesis import given, reject, settings
 from hypothesis import strategies as st
 
 from _attack import Domain, attack_pairs, violates
-from lipschitz_testkit import jvp_ascent, jvp_row_norm
+from speed_speedE import batched_jvp_ascent
 from transcover._errors import InputError
 from transcover.lipschitz._local_attention import attention_local_bound, certified_weights
 from transcover.lipschitz._local_rope import rotate_dd
@@ -133,7 +133,7 @@ def test_rope_attention_sound(seed: int, kw: dict, scale: float, rho: float, rep
     w = attack_pairs(lambda Z, s: attention_forward(attn, X + Z), T=T, d=8, dom=Domain(rho), metric="2,inf",
                      restarts=6, steps=30, seed=seed, n_jacobian=2)
     assert not violates(w, cert), (w, cert)
-    jv = jvp_ascent(jvp_row_norm(lambda Z: attention_forward(attn, Z), X), X, rho, seed=seed, starts=2, steps=40)
+    jv = batched_jvp_ascent(lambda Z: attention_forward(attn, Z), X, rho, seed=seed, starts=2, steps=40)
     assert jv <= cert * (1 + 1e-9), (jv, cert)
 
 
@@ -144,7 +144,7 @@ def test_rope_attention_monotone_limit_homogeneous() -> None:
     X = torch.randn(6, 8, generator=torch.Generator().manual_seed(3), dtype=F64)
     ups = [attention_local_bound(attn, X, r).upper for r in (0.0, 1e-9, 1e-6, 1e-3, 1e-2, 0.1)]
     assert all(a <= b for a, b in zip(ups, ups[1:])), ups
-    jv = jvp_ascent(jvp_row_norm(lambda Z: attention_forward(attn, Z), X), X, 1e-9, seed=0, starts=3, steps=80)
+    jv = batched_jvp_ascent(lambda Z: attention_forward(attn, Z), X, 1e-9, seed=0, starts=3, steps=80)
     assert jv <= ups[1] <= 5 * jv, (jv, ups[1])
     for c in (0.25, 10.0):
         sc = AttentionSpec(W_Q=attn.W_Q, W_K=attn.W_K, W_V=attn.W_V * c, W_O=attn.W_O, causal=True, rope=attn.rope)

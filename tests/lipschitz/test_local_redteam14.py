@@ -110,20 +110,23 @@ def _drift_ascent(value, X: torch.Tensor, r: float, *, starts: int = 3, steps: i
     projected) and per-token unit ``V``; the first start on the sphere."""
     T, d = X.shape
     g = torch.Generator().manual_seed(0)
-    best = torch.zeros(T, dtype=torch.float64)
+    # the starts as one batch (starts, T, d), each start's E then V drawn in turn: Adam acts entrywise and each start's
+    # gradient of the summed values is its own, so every start takes the steps it took alone
+    E0, V0 = [], []
     for s in range(starts):
-        E = _clip(torch.randn(T, d, generator=g, dtype=torch.float64) * (r * (1e6 if s == 0 else 1.0)), r)
-        E.requires_grad_(True)
-        V = torch.randn(T, d, generator=g, dtype=torch.float64).requires_grad_(True)
-        opt = torch.optim.Adam([{"params": [E], "lr": 0.08 * r}, {"params": [V], "lr": 0.05}])
-        for _ in range(steps):
-            with torch.no_grad():
-                E.copy_(_clip(E, r))
-            val = value(X + E, V / V.norm(dim=-1, keepdim=True))
-            best = torch.maximum(best, torch.nan_to_num(val.detach(), nan=0.0))
-            opt.zero_grad()
-            (-val.sum()).backward()
-            opt.step()
+        E0.append(_clip(torch.randn(T, d, generator=g, dtype=torch.float64) * (r * (1e6 if s == 0 else 1.0)), r))
+        V0.append(torch.randn(T, d, generator=g, dtype=torch.float64))
+    E, V = torch.stack(E0).requires_grad_(True), torch.stack(V0).requires_grad_(True)
+    opt = torch.optim.Adam([{"params": [E], "lr": 0.08 * r}, {"params": [V], "lr": 0.05}])
+    best = torch.zeros(T, dtype=torch.float64)
+    for _ in range(steps):
+        with torch.no_grad():
+            E.copy_(_clip(E, r))
+        val = value(X + E, V / V.norm(dim=-1, keepdim=True))
+        best = torch.maximum(best, torch.nan_to_num(val.detach(), nan=0.0).amax(dim=0))
+        opt.zero_grad()
+        (-val.sum()).backward()
+        opt.step()
     return best
 
 
@@ -153,7 +156,8 @@ def test_norm_drift_at_every_call_site_is_never_beaten(seed, placement, kind, ep
 
         def value(Z, V, name=name, norm=norm, S0=S0):  # noqa: ANN001, ANN202
             S = _norm_inputs(L, Z)[name][1]
-            return (jvp(norm, S, V, create_graph=True)[1] - jvp(norm, S0.detach(), V, create_graph=True)[1]).norm(dim=-1)
+            S0b = S0.detach().expand_as(V).contiguous()  # the centre's, once per start of the batch
+            return (jvp(norm, S, V, create_graph=True)[1] - jvp(norm, S0b, V, create_graph=True)[1]).norm(dim=-1)
 
         best = _drift_ascent(value, X, r)
         bound = float(norm.weight.abs().max()) * e

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from lipschitz_testkit import random_spec, weight_underflows
-from speed_speedE import grouped_ascents
+from batched_grouped_ascents import grouped_ascents
 from test_local_joint import _remainder
 from test_local_sharp import _ascent, assert_stage_radii_hold
 from transcover.lipschitz._local_attention import head_norms

@@ -21,7 +21,7 @@ import torch
 from lipschitz_testkit import clip_rows, hetero_gamma, minilm_layer0_rows, random_spec
 from test_local_attn_joint import _parts
 from test_local_joint import _remainder
-from speed_speedA import stage_ascents
+from batched_stage_ascents import stage_ascents
 from test_local_sharp import _ascent, _stage_outputs
 from transcover.lipschitz._local_attn_joint import joint_remainder
 from transcover.lipschitz._local_joint import head_remainder_terms

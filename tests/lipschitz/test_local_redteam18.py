@@ -296,7 +296,7 @@ def test_f53a_centred_max_on_adversarial_heads(kind, rho, mixed):
     tangent (prefix ellipsoid rows or the unit ball) of the largest visible centred score change never exceeds
     ``centred_max`` (THEORY F53a): one key (the change is 0), equal scores, a one-hot softmax, all heads equal."""
     import transcover.lipschitz._local_stack_attn as stack_attn
-    from speed_speedA import bilinear_lowers, score_changes
+    from batched_stage_ascents import bilinear_lowers, score_changes
     from test_local_stack_attn import _aligned
 
     layer, attn, X, P = _f53_case(kind, 5)

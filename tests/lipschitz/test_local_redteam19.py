@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from lipschitz_testkit import hetero_gamma, random_spec
-from speed_speedB import jac_ascent, norm_ascent, pair_ascent, remainder_ascents, row_ascents, stage_ascent
+from batched_redteam_ascents import jac_ascent, norm_ascent, pair_ascent, remainder_ascents, row_ascents, stage_ascent
 from test_local_wts18 import _blocks, _stage_maps
 from transcover._errors import InputError
 from transcover.lipschitz import _local_row_weights as rw
@@ -172,7 +172,7 @@ to F34c's), and the weighted-Gram bound with them is
 
 # -- F55a: the norm's remainder through (I + F) diag(gamma1) --------------------------------------------------------
 
-# the ascents of this file, batched over their starts (the same starts, steps and step sizes): speed_speedB
+# the ascents of this file, batched over their starts (the same starts, steps and step sizes): batched_redteam_ascents
 _norm_ascent = norm_ascent
 
 

@@ -21,7 +21,7 @@ import torch
 import transcover.lipschitz._local_stack as ls
 from lipschitz_testkit import hetero_gamma, random_spec
 from test_local_stack15 import assert_network_below
-from speed_speedC import moves_ascent, sphere_moves
+from batched_projected_ascents import moves_ascent, sphere_moves
 from transcover.lipschitz._local_ffn2 import centre_gelu2_err
 from transcover.lipschitz._local_ffn_reach import gelu2_range, nested_beta
 from transcover.lipschitz._local_jacobian import GELU2_ABS_ERR, gelu_second
@@ -122,7 +122,7 @@ def _stack_spec(seed: int, *, eps: float = 1e-5, qscale: float = 1.0, causal: bo
 def _sphere_moves(spec, X: torch.Tensor, rho: float, seed: int, *, starts: int = 3, steps: int = 30) -> torch.Tensor:  # noqa: ANN001
     """(stages, T) per sub-stage input (a LayerNorm's centred, ``_stage_inputs``) the largest per-token move the sphere
     ascent (``sphere_ascent``: every input row on the sphere of radius rho) finds, one ascent per stage (the stages'
-    ascents in one batch, ``speed_speedC.sphere_moves``: the same draws from one generator, stage after stage)."""
+    ascents in one batch, ``batched_projected_ascents.sphere_moves``: the same draws from one generator, stage after stage)."""
     return sphere_moves(spec, X, rho, seed, starts=starts, steps=steps)
 
 

@@ -25,7 +25,7 @@ import transcover.lipschitz._local_stack as ls
 from lipschitz_testkit import sphere_ascent
 from test_local_redteam19b import _sphere_moves, _stack_spec
 from test_local_stack15 import assert_network_below
-from speed_speedC import moves_ascent
+from batched_projected_ascents import moves_ascent
 from transcover.model import attention_forward, ffn_forward
 
 F64 = torch.float64

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from lipschitz_testkit import hetero_gamma, random_spec
-from speed_speedC import projected_adam_batched, sphere_adam_batched
+from batched_projected_ascents import projected_adam_batched, sphere_adam_batched
 from transcover.lipschitz._local_jacobian import GRAM_PAD, _norm_parts
 from transcover.lipschitz._local_remg import gamma_free_norm_remainder, if_gamma_norm
 from transcover.lipschitz._local_rows import _gamma_vec
@@ -40,7 +40,7 @@ def _bound(norm, x: torch.Tensor, M: torch.Tensor, r: float) -> float:  # noqa: 
 def _ascent(norm, x: torch.Tensor, M: torch.Tensor, r: float, seed: int, starts: int = 4, steps: int = 120) -> float:  # noqa: ANN001
     """Adam ascent (float64, projected, restarts incl. +- the point's centred direction) on ``||M(N(x + e) - N(x) -
     D(x) e)||`` over ``||e|| <= r``; the max with ``sphere_adam`` from the same starts (THEORY F57).  The starts in one
-    batch (``speed_speedC``: each start's own ascent, to rounding)."""
+    batch (``batched_projected_ascents``: each start's own ascent, to rounding)."""
     N = lambda v: norm(v[None])[0]  # noqa: E731
     x0 = x[0]
     D = torch.autograd.functional.jacobian(N, x0)
@@ -133,7 +133,7 @@ def _remainder_ascents(layer, X: torch.Tensor, r: float, tokens: list, seed: int
                        steps: int = 80) -> list:
     """Per token i of ``tokens``, Adam ascent on ``remg_maps``' quantity over ``||E_j|| <= r`` (what ``remG`` bounds),
     float64, projected, from ``starts`` draws of a generator seeded ``seed``; the max with ``sphere_adam`` from the same
-    starts (THEORY F57).  Every (token, start) ascent one slice of one batch (``speed_speedC``: each its own ascent, to
+    starts (THEORY F57).  Every (token, start) ascent one slice of one batch (``batched_projected_ascents``: each its own ascent, to
     rounding; ``remg_maps``' objective, the token's row of the batch)."""
     parts = [_remg_parts(layer, X, i) for i in tokens]
     S1f, H = parts[0][0], parts[0][2]

@@ -11,7 +11,7 @@ from hypothesis import given, reject, settings
 from hypothesis import strategies as st
 
 from _attack import Domain, attack_pairs, violates
-from speed_speedE import batched_jvp_ascent
+from batched_grouped_ascents import batched_jvp_ascent
 from transcover._errors import InputError
 from transcover.lipschitz._local_attention import attention_local_bound, certified_weights
 from transcover.lipschitz._local_rope import rotate_dd

@@ -17,7 +17,7 @@ import torch
 
 import transcover.lipschitz._local_stack as ls
 from lipschitz_testkit import jvp_ascents
-from speed_speedC import moves_ascent
+from batched_projected_ascents import moves_ascent
 from test_local_stack19 import CASES, _case, _stage_inputs
 from transcover.lipschitz._local_jacobian import layer_jacobians
 from transcover.lipschitz._local_stack import stack_local

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lipschitz_testkit import random_spec
-from speed_speedA import batched_jvp, token_lowers
+from batched_stage_ascents import batched_jvp, token_lowers
 from test_lipschitz_local import adversary
 from transcover.lipschitz._local_attention import head_norms
 from transcover.lipschitz._local_drift import head_second_derivative

@@ -1,4 +1,4 @@
-"""Batched forms of attacks the speedC test files share (test helper): the same starts, steps, step sizes and draws as
+"""Batched forms of attacks several test files share (test helper): the same starts, steps, step sizes and draws as
 the per-start loops they replace (``lipschitz_testkit.projected_adam``, ``sphere_adam``, ``sphere_ascent``,
 ``test_local_stack19._moves_ascent``), every start (and every independent ascent) one slice of one batch.
 

@@ -1,4 +1,4 @@
-"""Batched forms of test ascents (test helper of the speedA branch): the same starts, steps, step sizes and draws as
+"""Batched forms of test ascents (test helper): the same starts, steps, step sizes and draws as
 the loops they replace, every start of every ascent in one tensor computation per step.
 
 Why this is the same attack: Adam acts entrywise (each parameter tensor its own moments, each param group its own

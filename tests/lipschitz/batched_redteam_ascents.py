@@ -1,4 +1,4 @@
-"""Batched forms of the red-team ascents (test helper, branch speedB): each runs the SAME starts (the same draws from
+"""Batched forms of the red-team ascents (test helper): each runs the SAME starts (the same draws from
 the same generators, in the same order), the same number of Adam steps with the same step sizes and schedules, and
 reads the same values as the per-start loops it replaces -- only every start (and, where several independent ascents
 run side by side, every ascent) is one slice of one batched tensor.  Adam acts entrywise and the summed objective's

@@ -1,4 +1,4 @@
-"""Batched forms of test references that several ascents share (branch speedE): the same draws and the same Adam
+"""Batched forms of test references that several ascents share: the same draws and the same Adam
 steps as the one-call-per-ascent forms they replace, to rounding (Adam acts entrywise, and each entry's gradient of
 the summed values is that entry's own)."""
 

@@ -17,7 +17,7 @@ import torch
 import transcover.lipschitz._local_stack_attn as stack_attn
 import transcover.lipschitz._local_stack_joint as joint_mod
 from lipschitz_testkit import random_spec
-from batched_redteam_ascents import network_below as assert_network_below  # test_local_stack15's, its ascents batched
+from test_local_stack15 import assert_network_below
 from test_local_redteam14_stack import aligned_reach_case
 from test_local_stack_attn import _aligned, _case, _rows, assert_drift_rows_hold
 from transcover.lipschitz._local_drift import head_second_derivative

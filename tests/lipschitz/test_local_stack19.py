@@ -17,7 +17,7 @@ import torch
 
 import transcover.lipschitz._local_stack as ls
 from lipschitz_testkit import jvp_ascents, last_norm_doubled, random_spec
-from batched_redteam_ascents import network_below as assert_network_below  # test_local_stack15's, its ascents batched
+from test_local_stack15 import assert_network_below
 from transcover.lipschitz._local_stack import stack_local
 from transcover.model import attention_forward, ffn_forward
 

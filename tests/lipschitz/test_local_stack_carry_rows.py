@@ -22,7 +22,7 @@ from hypothesis import strategies as hs
 
 import transcover.lipschitz._local_stack as ls
 from test_local_move26 import CASES, _case
-from batched_redteam_ascents import network_below as assert_network_below  # test_local_stack15's, its ascents batched
+from test_local_stack15 import assert_network_below
 from transcover.lipschitz._local_stack import certified_block_norms
 from transcover.lipschitz._local_stack_aligned import block_norms_and_rows, gram_rows
 from transcover.lipschitz._local_stack_move import carried_rows, layer_rest_rows, radii_over

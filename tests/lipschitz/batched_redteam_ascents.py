@@ -257,38 +257,6 @@ def ffn_remainder_ascent(ffn, h: torch.Tensor, Ls: torch.Tensor, r: float, remH:
     return float(best.max())
 
 
-def s2_ascent(layer, X: torch.Tensor, r: float, seed: int, starts: int = 4, steps: int = 60) -> torch.Tensor:  # noqa: ANN001
-    """``test_local_redteam18._s2_ascent`` with the starts' forward passes in one batch (there a loop over the starts in
-    each step): per token the largest ``||P(S2(X + E) - S2(X))||`` Adam (float64, projected, lr 0.1 r) sees from
-    ``starts`` draws on the sphere (the generator seeded ``seed``), less the float64 evaluation's own noise
-    ``64 d u (|S2| + |X| + 1)``."""
-    from transcover.model import attention_forward, ffn_forward
-
-    d = X.shape[1]
-    P = torch.eye(d, dtype=F64) - 1.0 / d
-
-    def s2(Z: torch.Tensor) -> torch.Tensor:
-        H = layer.norm_attn(Z + attention_forward(layer.attention, Z))
-        return (H + ffn_forward(layer.ffn, H)) @ P
-
-    ref = s2(X)
-    noise = 64 * d * 2.0**-53 * (ref.norm(dim=-1) + X.norm(dim=-1) + 1)
-    g = torch.Generator().manual_seed(seed)
-    E = torch.randn(starts, *X.shape, generator=g, dtype=F64)
-    E = (E / E.norm(dim=-1, keepdim=True) * r).requires_grad_(True)
-    opt = torch.optim.Adam([E], lr=0.1 * r)
-    best = torch.zeros(X.shape[0], dtype=F64)
-    for _ in range(steps):
-        with torch.no_grad():
-            E.mul_(torch.clamp(r / E.norm(dim=-1, keepdim=True).clamp(min=1e-300), max=1.0))
-        val = (s2(X + E) - ref).norm(dim=-1)  # (starts, T)
-        best = torch.maximum(best, val.detach().amax(dim=0))
-        opt.zero_grad()
-        (-val.sum()).backward()
-        opt.step()
-    return (best - noise).clamp(min=0.0)
-
-
 def unit_sup(ffn, Q: torch.Tensor, r: float, remH: float):  # noqa: ANN001, ANN201
     """``test_local_redteam18._unit_sup`` (the exact ``sup ||P w2|| |e(s)|`` over the reachable ``s`` on its 201-point
     grid, mpmath), the same operations in the same order, with ``GELU(z)`` and ``GELU'(z)`` at the fixed centre formed

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from batched_redteam_ascents import ffn_remainder_ascent as _ascent  # layer17's ascent, its starts in one batch
-from batched_redteam_ascents import s2_ascent as _s2_ascent  # redteam18's, its starts' forward passes in one batch
+from test_local_redteam18 import _s2_ascent  # its starts' forward passes in one batch (37b974a)
 from test_local_layer17 import _bound, _case
 from batched_redteam_ascents import unit_sup as _unit_sup  # redteam18's mpmath sup, the centre's terms formed once
 from test_local_redteam18 import _every_token, _one_unit, _reach_bound, _stress_layer, _unit_starts

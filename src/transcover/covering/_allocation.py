@@ -179,6 +179,31 @@ def _arrays(costs: Sequence[CoverCost]) -> dict[str, np.ndarray]:
     }
 
 
+class _ScalesAt:
+    """``log_lam -> _log_eps_at_arrays(ar, log_lam)``, the same floats, with what does not depend on ``lambda``
+    (which terms are dead, each form's leading sums) computed once: the multiplier's bisection evaluates it some
+    fifty times per split (Note [budget in floats] has the other half of the allocations' cost)."""
+
+    def __init__(self, ar: dict[str, np.ndarray]):
+        lc, inv = ar["log_c"], ar["inv"]
+        dead = np.where(inv, ar["log_A"] == -math.inf, (ar["log_p"] == -math.inf) | (ar["log_k"] == -math.inf))
+        self.base = np.where(lc == -math.inf, math.inf, np.where(dead, -math.inf, 0.0))
+        keep = ~dead & (lc != -math.inf)
+        self.i, self.p = np.flatnonzero(keep & inv), np.flatnonzero(keep & ~inv)
+        # the first sum of each form's expression, as _log_eps_at_arrays evaluates it (left to right)
+        self.a_inv, self.lc_i = math.log(2.0) + ar["log_A"][self.i], lc[self.i]
+        self.a_par, self.lc_p, self.lk_p = math.log(4.0) + ar["log_p"][self.p], lc[self.p], ar["log_k"][self.p]
+
+    def __call__(self, log_lam: float) -> np.ndarray:
+        out = self.base.copy()
+        with np.errstate(invalid="ignore"):
+            out[self.i] = (self.a_inv - log_lam - self.lc_i) / 3.0
+            log_u = self.a_par - log_lam - self.lc_p - self.lk_p
+            log_sqrt1pu = 0.5 * np.logaddexp(0.0, log_u)
+            out[self.p] = self.lk_p + log_u - math.log(2.0) - np.logaddexp(0.0, log_sqrt1pu)
+        return out
+
+
 def _log_eps_at_arrays(ar: dict[str, np.ndarray], log_lam: float) -> np.ndarray:
     lc, inv = ar["log_c"], ar["inv"]
     with np.errstate(invalid="ignore"):
@@ -241,12 +266,13 @@ def kkt_split(costs: Sequence[CoverCost], eps: float) -> np.ndarray:
     log_eps = math.log(eps)
     lc = np.array([t.log_c for t in costs])
     live = lc > -math.inf  # a term with c_i = 0 cannot move the output and takes no budget
-    ar = _arrays(costs)
+    scales = _ScalesAt(_arrays(costs))
+    lc_live = lc[live]
 
     def excess(log_lam: float) -> float:  # log(sum c_i e_i) - log eps, decreasing in lambda
-        return _logsumexp(lc[live] + _log_eps_at_arrays(ar, log_lam)[live]) - log_eps
+        return _logsumexp(lc_live + scales(log_lam)[live]) - log_eps
 
-    return _log_eps_at_arrays(ar, bisect_log_multiplier(excess)[1])
+    return scales(bisect_log_multiplier(excess)[1])
 
 
 def bisect_log_multiplier(excess: Callable[[float], float]) -> tuple[float, float]:
@@ -282,6 +308,8 @@ def budget_holds(log_c: Sequence[float], log_eps_i: Sequence[float], eps: float)
     le = [float(v) for v in log_eps_i]
     if len(lc) != len(le):
         raise InputError(f"log_c and log_eps_i must have equal lengths, but got {len(lc)} and {len(le)}")
+    if _float_sum_below(lc, le, eps):
+        return True
     total = exact(0)
     for c, e in zip(lc, le):
         if c == -math.inf or e == -math.inf:
@@ -290,6 +318,34 @@ def budget_holds(log_c: Sequence[float], log_eps_i: Sequence[float], eps: float)
             return False
         total = total + (exact(c) + exact(e)).exp()
     return total.hi <= exact(eps).lo
+
+
+def _float_sum_below(lc: list[float], le: list[float], eps: float) -> bool:
+    """``True`` only where ``sum_i exp(lc_i + le_i) <= eps`` holds for the real numbers; ``False`` means undecided.
+
+    Note [budget in floats]: the exact check costs a 40-digit decimal exp per term (0.4 ms), and the allocations
+    run it for every anchor and every split they keep.  Most splits meet the budget with room, which floats can
+    certify: ``x = fl(c + e)`` errs by ``<= u|x|`` (u = 2^-53), so ``exp`` of the real sum is at most
+    ``exp(x) e^{u|x|}``; libm's ``exp`` is within one ulp (``<= 2u`` relative; an underflow to 0 loses at most
+    2^-1074 absolute); ``math.fsum`` rounds the float terms' sum correctly (``<= u``).  The factor
+    ``1 + 32u + 4u max|x|`` and ``n 2^-1073`` cover all of that and the few roundings of the comparison itself.
+    Where the room is smaller, or a term is non-finite or overflows, the exact check decides, so
+    :func:`budget_holds` answers as the exact check does wherever that check's 40-digit enclosure is tighter than
+    the room this one needs (always, at 40 digits).
+    """
+    u = 2.0**-53
+    terms = []
+    big = 0.0
+    for c, e in zip(lc, le):
+        if c == -math.inf or e == -math.inf:
+            continue
+        x = c + e
+        if not math.isfinite(x) or x > 700.0 or math.isnan(c) or math.isnan(e):
+            return False
+        terms.append(math.exp(x))
+        big = max(big, abs(x))
+    bound = math.fsum(terms) * (1.0 + 32.0 * u + 4.0 * u * big) + len(terms) * 2.0**-1073
+    return bound <= eps * (1.0 - 8.0 * u)
 
 
 def fit_to_budget(log_c: Sequence[float], log_eps_i: Sequence[float], eps: float) -> np.ndarray:

@@ -203,11 +203,23 @@ def generalisation_bound(
     """
     _pos(n=n, loss_lipschitz=loss_lipschitz, loss_bound=loss_bound)
     check_number(delta, "delta", low=0.0, strict=True, below=1.0)
-    rad = dudley_entropy_integral(lambda e: loglog_covering(e / loss_lipschitz, n), n, loss_bound, n_grid=n_grid)
+    rad = dudley_entropy_integral(_AtSize(loglog_covering, n, loss_lipschitz), n, loss_bound, n_grid=n_grid)
     out = generalisation_gap(rad, n, loss_bound=loss_bound, delta=delta, log_prior=log_prior)
     return _clipped(out.n, out.raw_log_gap, out.rademacher, out.concentration, delta, loss_bound,
                     out.assumptions + (f"loss {loss_lipschitz:g}-Lipschitz in the output",), raw_gap=out.raw_gap,
                     log_prior=log_prior)
+
+
+class _AtSize:
+    """``eps -> loglog_covering(eps / L, n)``, with ``many`` where the curve has one (Note [curve on a grid])."""
+
+    def __init__(self, curve: Callable[[float, float], float], n: float, loss_lipschitz: float):
+        self.curve, self.n, self.L = curve, n, loss_lipschitz
+        if hasattr(curve, "many"):
+            self.many = lambda eps: curve.many(np.asarray(eps, dtype=np.float64) / loss_lipschitz, n)
+
+    def __call__(self, e: float) -> float:
+        return self.curve(e / self.L, self.n)
 
 
 def sample_size_for_gap(

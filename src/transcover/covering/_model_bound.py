@@ -396,25 +396,70 @@ def model_covering_curve(terms: Sequence[MatrixTerm], *, family: str, seq_len: i
     With a head ``(shapes, spectral, biases, L_act, input_radius)`` it is Theorem G.5's
     ``log N_MLP(eps/2) + log N_TF(eps/(2C))``.  ``family="auto"``: the pointwise minimum of the
     three families' curves (Note [routes]: each bounds the covering number of the same class).
+    The curve's ``many(eps_array, n)`` gives the same floats on a whole grid at once (Note [curve on a grid]).
     """
     if family == "auto":
-        curves = [model_covering_curve(terms, family=f, seq_len=seq_len, head=head) for f in NORM_FAMILIES]
-        return lambda eps, n: min(c(eps, n) for c in curves)
+        return _MinCurve([model_covering_curve(terms, family=f, seq_len=seq_len, head=head) for f in NORM_FAMILIES])
     tf = CoveringCurve(terms, family=family)
     if head is None:
-        return lambda eps, n: tf(eps, max(1, int(round(n * seq_len))))
+        return _SequenceCurve(tf, seq_len)
     shapes, spectral, biases, act_l, r0 = head
     hterms, log_C = mlp_terms(shapes, spectral, biases, input_radius=r0, act_lipschitz=act_l)
-    mlp = CoveringCurve(hterms, family="spectral")
+    return _HeadCurve(_SequenceCurve(tf, seq_len), CoveringCurve(hterms, family="spectral"), log_C)
 
-    def curve(eps: float, n: float) -> float:
+
+class _SequenceCurve:
+    """A Transformer's curve on ``n`` sequences: its :class:`CoveringCurve` on ``round(n T)`` token positions."""
+
+    def __init__(self, tf: CoveringCurve, seq_len: int):
+        self.tf, self.seq_len = tf, seq_len
+
+    def _points(self, n: float) -> int:
+        return max(1, int(round(n * self.seq_len)))
+
+    def __call__(self, eps: float, n: float) -> float:
+        return self.tf(eps, self._points(n))
+
+    def many(self, eps: np.ndarray, n: float) -> np.ndarray:
+        return self.tf.many(eps, self._points(n))
+
+
+class _HeadCurve:
+    """Theorem G.5's ``log N_MLP(eps/2) + log N_TF(eps/(2C))`` (as ``ln log N``, rounded up)."""
+
+    def __init__(self, tf: _SequenceCurve, mlp: CoveringCurve, log_C: float):
+        self.tf, self.mlp, self.log_C = tf, mlp, log_C
+
+    def _tf_scale(self, eps: float) -> float:
         # rounded down (a smaller scale only enlarges the Transformer's log N); capped inside float64 where a tiny
         # head constant C made eps / (2C) overflow
-        e_tf = math.nextafter(math.exp(min(math.log(eps) - math.log(2.0) - log_C, 709.0)) * (1.0 - 1e-15), 0.0)
-        v = float(np.logaddexp(mlp(eps / 2.0, 1), tf(e_tf, max(1, int(round(n * seq_len))))))
-        return math.nextafter(v + (abs(v) + 1.0) * 1e-15, math.inf)  # rounded up, as in composite_log_covering
+        return math.nextafter(math.exp(min(math.log(eps) - math.log(2.0) - self.log_C, 709.0)) * (1.0 - 1e-15), 0.0)
 
-    return curve
+    @staticmethod
+    def _up(v):  # noqa: ANN001, ANN205  (a float or an array)
+        return np.nextafter(v + (np.abs(v) + 1.0) * 1e-15, np.inf)  # rounded up, as in composite_log_covering
+
+    def __call__(self, eps: float, n: float) -> float:
+        v = float(np.logaddexp(self.mlp(eps / 2.0, 1), self.tf(self._tf_scale(eps), n)))
+        return float(self._up(v))
+
+    def many(self, eps: np.ndarray, n: float) -> np.ndarray:
+        eps = np.asarray(eps, dtype=np.float64).reshape(-1)
+        e_tf = np.array([self._tf_scale(float(e)) for e in eps], dtype=np.float64)
+        return self._up(np.logaddexp(self.mlp.many(eps / 2.0, 1), self.tf.many(e_tf, n)))
+
+
+class _MinCurve:
+    """The pointwise minimum of curves of the same class (Note [routes])."""
+
+    def __init__(self, curves: list):
+        self.curves = curves
+
+    def __call__(self, eps: float, n: float) -> float:
+        return min(c(eps, n) for c in self.curves)
+
+    def many(self, eps: np.ndarray, n: float) -> np.ndarray:
+        return np.minimum.reduce([c.many(eps, n) for c in self.curves])
 
 
 def model_bound(spec: TransformerSpec, config: BoundConfig | None = None, *, reference: TransformerSpec | None = None,

@@ -37,7 +37,7 @@ import numpy as np
 
 from .._errors import InputError
 from .._results import Kind
-from ._allocation import (CoverCost, _arrays, _log_eps_at_arrays, allocate_mixed, bisect_log_multiplier, fit_to_budget,
+from ._allocation import (CoverCost, _arrays, _ScalesAt, allocate_mixed, bisect_log_multiplier, fit_to_budget,
                           kkt_split)
 from ._matrix_covers import _zhang_log_factor, profile_multiplier
 
@@ -145,6 +145,27 @@ def _lse_up(x: Sequence[float]) -> float:
         return v
     k = len(x)
     return math.nextafter(v + (abs(v) + 1.0) * (k + 4) * 2.3e-16, math.inf)
+
+
+def _lse_up_rows(X: np.ndarray) -> np.ndarray:
+    """:func:`_lse_up` of each row of ``X``, the same floats: numpy's max, exp and sum of a contiguous row (the sum
+    over the last axis of a C-ordered array sums each row as the 1-D sum does), ``math.log`` and the pad per row."""
+    X = np.ascontiguousarray(X, dtype=np.float64)
+    if X.shape[1] == 0:
+        return np.full(X.shape[0], -math.inf)
+    m = X.max(axis=1)
+    plain = np.isfinite(m)
+    out = np.empty(X.shape[0], dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        sums = np.sum(np.exp(X - np.where(plain, m, 0.0)[:, None]), axis=1)
+    k = X.shape[1]
+    for i in range(X.shape[0]):
+        if not plain[i]:  # -inf (every term dead), or the scalar rule's own handling of +inf / NaN
+            out[i] = _lse_up(X[i])
+            continue
+        v = float(m[i]) + math.log(float(sums[i]))
+        out[i] = v if not math.isfinite(v) else math.nextafter(v + (abs(v) + 1.0) * (k + 4) * 2.3e-16, math.inf)
+    return out
 
 
 def _parametric(terms: Sequence[MatrixTerm], family: str) -> list[bool]:
@@ -304,14 +325,14 @@ def _dual_forms(terms: Sequence[MatrixTerm], eps: float, n_points: int,
     frees budget for the others.  Costs as :func:`_costs` at ``log_eps_ref`` (with the slope).
     """
     par1, par2 = _parametric(terms, "spectral"), [t.vector for t in terms]
-    c1, c2 = (_arrays(_costs(terms, p, log_eps_ref, n_points, slope=True)) for p in (par1, par2))
+    s1, s2 = (_ScalesAt(_arrays(_costs(terms, p, log_eps_ref, n_points, slope=True))) for p in (par1, par2))
     a1, a2 = _term_arrays(terms, par1), _term_arrays(terms, par2)
     lc = a1["log_c"]
     live = lc > -math.inf
     vec = np.array([t.vector for t in terms])
 
     def at(log_lam: float) -> tuple[np.ndarray, float]:
-        e1, e2 = _log_eps_at_arrays(c1, log_lam), _log_eps_at_arrays(c2, log_lam)
+        e1, e2 = s1(log_lam), s2(log_lam)
         with np.errstate(invalid="ignore", over="ignore"):
             g1 = np.logaddexp(_exact_loglog(a1, e1, n_points), log_lam + lc + e1)
             g2 = np.logaddexp(_exact_loglog(a2, e2, n_points), log_lam + lc + e2)
@@ -446,6 +467,12 @@ def transformer_log_covering(
     )
 
 
+def _anchor_key(log_eps: float) -> float:
+    """The half-decade of ``eps`` whose anchor allocation :class:`CoveringCurve` uses, kept inside float64's range
+    (10^key of a scale such as eps / (2C) with a tiny C overflowed: stop 38 red team)."""
+    return min(max(round(log_eps / math.log(10.0) * 2.0) / 2.0, -300.0), 300.0)
+
+
 class CoveringCurve:
     """``eps -> ln ln N(eps)`` for many ``eps`` and sample sizes, fast and still certified.
 
@@ -467,9 +494,8 @@ class CoveringCurve:
         self._anchors: dict[float, tuple[np.ndarray, dict[str, np.ndarray]]] = {}
 
     def _anchor(self, log_eps: float) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        # the anchor only picks the split (any split inside the certified budget is valid): kept inside float64's
-        # range, where 10^key of a scale such as eps / (2C) with a tiny C overflowed (stop 38 red team)
-        key = min(max(round(log_eps / math.log(10.0) * 2.0) / 2.0, -300.0), 300.0)
+        # the anchor only picks the split (any split inside the certified budget is valid)
+        key = _anchor_key(log_eps)
         if key not in self._anchors:
             eps_anchor = 10.0 ** key
             cov = transformer_log_covering(self.terms, eps_anchor, self._anchor_n, family=self.family)
@@ -492,3 +518,27 @@ class CoveringCurve:
         with np.errstate(invalid="ignore"):  # a dead term's -inf fraction: NaN here, "dead" in _exact_loglog
             le = le - (np.abs(le) + 1.0) * 1e-15
         return _lse_up(_exact_loglog(ar, le, n_points))
+
+    def many(self, eps: np.ndarray, n_points: int) -> np.ndarray:
+        """``[self(e, n_points) for e in eps]``, the same floats, for a whole grid of scales at once.
+
+        Note [curve on a grid]: Dudley's quadrature and every sample-size search evaluate the curve on
+        hundreds of scales, each call a handful of numpy operations on arrays of one entry per matrix:
+        the calls' overhead was most of the suite's covering time.  Here the scales sharing an anchor
+        are one ``(scales, terms)`` array through :func:`_exact_loglog`, whose operations are all
+        elementwise (a row gets the very operations the single call gives its vector), and each row
+        is summed by :func:`_lse_up` as in ``__call__``; ``log eps`` by ``math.log``, as there.
+        """
+        eps = np.asarray(eps, dtype=np.float64).reshape(-1)
+        log_eps = np.array([math.log(float(e)) for e in eps], dtype=np.float64)
+        out = np.empty(eps.shape, dtype=np.float64)
+        groups: dict[float, list[int]] = {}
+        for i, le in enumerate(log_eps):
+            groups.setdefault(_anchor_key(float(le)), []).append(i)
+        for idx in groups.values():
+            fractions, ar = self._anchor(float(log_eps[idx[0]]))
+            le = log_eps[idx][:, None] + fractions[None, :]
+            with np.errstate(invalid="ignore"):  # as in __call__
+                le = le - (np.abs(le) + 1.0) * 1e-15
+            out[idx] = _lse_up_rows(_exact_loglog(ar, le, n_points))
+        return out

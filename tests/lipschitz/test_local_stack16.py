@@ -16,13 +16,14 @@ import torch
 
 import transcover.lipschitz._local_stack_attn as stack_attn
 import transcover.lipschitz._local_stack_joint as joint_mod
+from batched_stage_ascents import bilinear_lowers
 from lipschitz_testkit import random_spec
+from speed_speed1 import checked, reach_lowers, reach_values, value_side_values
 from test_local_stack15 import assert_network_below
 from test_local_redteam14_stack import aligned_reach_case
 from test_local_stack_attn import _aligned, _case, _rows, assert_drift_rows_hold
 from transcover.lipschitz._local_drift import head_second_derivative
 from transcover.lipschitz._local_jacobian import _head_data
-from transcover.lipschitz._local_lower import bilinear_lower
 from transcover.lipschitz._local_rows import _head_output_norms
 from transcover.lipschitz._local_stack import certified_rows, stack_local
 from transcover.model import attention_forward
@@ -60,8 +61,12 @@ def test_joint_reach_is_never_beaten(seed, qscale, causal, aligned, rho, drift, 
     X, P = _case(seed)
     _joint_as_reach(monkeypatch)
     reach, obj = aligned_reach_case(layer, X, P, rho, drift, eP)
-    for k in range(X.shape[0]):
-        lo = bilinear_lower(obj(k), (2 * X.shape[0], X.shape[1]), restarts=2, steps=40, seed=seed + k)
+    T = X.shape[0]
+    # per token k, bilinear_lower(obj(k), (2T, d), restarts=2, steps=40, seed=seed + k): every token's ascent in one
+    # batch, the same draws and steps (speed_speed1.reach_lowers; its values checked against obj(k) on every k)
+    los = reach_lowers(reach_values(layer, X, P, rho, drift, eP), [obj(k) for k in range(T)], (2 * T, X.shape[1]),
+                       [seed + k for k in range(T)], restarts=2, steps=40)
+    for k, lo in enumerate(los):
         assert lo <= float(reach[k]), (k, lo, reach)
         if qscale == 1.0 and not causal and drift == 0:
             assert lo >= 0.005 * float(reach[k]), (k, lo, reach)
@@ -85,11 +90,17 @@ def test_joint_reach_through_a_token_map_is_never_beaten(seed, qscale, aligned, 
     assert bool((through <= torch.linalg.matrix_norm(M, ord=2) * plain * (1 + 1e-6)).all()), (through, plain)
     A = lambda Z: attention_forward(attn, Z)  # noqa: E731
     dA = lambda Z, E: torch.autograd.functional.jvp(A, Z, E, create_graph=True)[1]  # noqa: E731
-    for k in range(T):
-        def obj(h, v, k=k):  # noqa: ANN001, ANN202
+
+    def obj(k):  # noqa: ANN001, ANN202
+        def f(h, v):  # noqa: ANN001, ANN202
             E = _rows(P, v)
             return (M[k] @ (dA(X + _rows(P, rho * h), E) - dA(X, E))[k]).norm()
-        lo = bilinear_lower(obj, X.shape, restarts=2, steps=50, seed=seed + k)
+        return f
+
+    # per token k, bilinear_lower(obj(k), X.shape, restarts=2, steps=50, seed=seed + k), every token's in one batch
+    los = reach_lowers(reach_values(layer, X, P, rho, 0.0, 0.0, M), [obj(k) for k in range(T)], X.shape,
+                       [seed + k for k in range(T)], restarts=2, steps=50)
+    for k, lo in enumerate(los):
         assert 0 < lo <= float(through[k]), (k, lo, through)
 
 
@@ -120,11 +131,12 @@ def test_value_side_terms_are_never_beaten(seed, qscale, causal, rho, mixed):
         m, pj = al.p["mom"].rows[h], al.proj[h]
         c = joint_mod.aligned_hessian_terms(al.ball[h] if mixed else pj, pj, m, rho, w["G"][h], w["V"][h],
                                             float(al.nQ[h]), float(al.nK[h]), al.p["scale"], mixed, False)
+        Ks, objs = [], []
         for i in range(T):
             K = {k: cores[k][h, 0 if k == "N" else i] + cores["err"][k][h, 0 if k == "N" else i] * torch.eye(
                 cores[k].shape[-1], dtype=torch.float64) for k in joint_mod.KINDS}
 
-            def obj(hz, v, i=i, h=h, K=K):  # noqa: ANN001, ANN202
+            def obj(hz, v, i=i, h=h, K=K, c=c):  # noqa: ANN001, ANN202
                 Z = X + rho * hz[T:]
                 Pz, Y, q, Wq, Wk, Wv, _ = _head_data(attn, Z)[h]
                 G = attn.softmax_scale * Wq @ Wk.T
@@ -134,7 +146,14 @@ def test_value_side_terms_are_never_beaten(seed, qscale, causal, rho, mixed):
                 bound = sum(c[k][i] * torch.sqrt(u @ K[k] @ u + 1e-300) for k in joint_mod.KINDS) + c["1"][i] * u.norm()
                 return val - bound
 
-            lo = bilinear_lower(obj, (2 * T, d), restarts=2, steps=40, seed=seed + i)
+            Ks.append(K)
+            objs.append(obj)
+        # per query i, bilinear_lower(obj_i, (2T, d), restarts=2, steps=40, seed=seed + i): every query's ascent in one
+        # batch, the same draws and steps (obj_i's values batched: speed_speed1.value_side_values, checked against it)
+        scale = max([float(c[k][c[k].isfinite()].max()) for k in c if bool(c[k].isfinite().any())] + [1.0])
+        los = bilinear_lowers(checked(value_side_values(attn, X, P, rho, mixed, h, c, Ks), objs, 1e-12 * scale),
+                              (2 * T, d), [seed + i for i in range(T)], restarts=2, steps=40)
+        for i, lo in enumerate(los):
             assert lo <= 1e-9 * float(sum(c[k][i] for k in c)), (h, i, lo)
 
 

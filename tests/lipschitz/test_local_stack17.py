@@ -16,13 +16,14 @@ import pytest
 import torch
 
 import transcover.lipschitz._local_stack_attn as stack_attn
+from batched_stage_ascents import bilinear_lowers, score_changes
 from lipschitz_testkit import random_spec
+from speed_speed1 import checked, reach_lowers, reach_values
 from test_local_redteam14_stack import aligned_reach_case
 from test_local_stack15 import assert_network_below
 from test_local_stack16 import _layer
 from test_local_stack_attn import _aligned, _case, _rows
 from transcover.lipschitz._local_jacobian import _head_data
-from transcover.lipschitz._local_lower import bilinear_lower
 from transcover.lipschitz._local_rows import _head_output_norms
 from transcover.lipschitz._local_stack import certified_rows, stack_local
 from transcover.lipschitz._local_stack_query import joint_query_lmax, value_lmax
@@ -79,8 +80,13 @@ def test_centred_score_change_is_never_beaten(seed, qscale, causal, rho, mixed):
         hs = stack_attn.head_sides(side, pj, m, rho, w["G"][h], w["V"][h], float(al.nQ[h]), float(al.nK[h]),
                                    al.p["scale"])
         chat = hs.one[1]
-        for i in range(T):
-            lo = bilinear_lower(score_change(attn, X, P, rho, mixed, h, i), (T, d), restarts=2, steps=40, seed=seed + i)
+        # per query i, bilinear_lower(score_change(attn, X, P, rho, mixed, h, i), (T, d), restarts=2, steps=40,
+        # seed=seed + i): every query's ascent in one batch, the same draws and steps (``score_changes``, its values
+        # checked against ``score_change`` on every query)
+        objs = [score_change(attn, X, P, rho, mixed, h, i) for i in range(T)]
+        los = bilinear_lowers(checked(score_changes(attn, X, P, rho, mixed, h), objs, 1e-12 * float(chat.max())),
+                              (T, d), [seed + i for i in range(T)], restarts=2, steps=40)
+        for i, lo in enumerate(los):
             assert lo <= float(chat[i]), (h, i, lo, chat)
             if rho == 0 and qscale == 1.0 and (m["P"][i] > 0).sum() > 1:
                 assert lo >= 0.3 * float(chat[i]), (h, i, lo, chat)
@@ -166,8 +172,11 @@ def test_f53_reach_is_never_beaten(seed, qscale, causal, aligned, rho, drift, eP
     X, P = _case(seed)
     _f53_as_reach(monkeypatch)
     reach, obj = aligned_reach_case(layer, X, P, rho, drift, eP)
-    for k in range(X.shape[0]):
-        lo = bilinear_lower(obj(k), (2 * X.shape[0], X.shape[1]), restarts=2, steps=25, seed=seed + k)
+    T = X.shape[0]
+    # per token k, bilinear_lower(obj(k), (2T, d), restarts=2, steps=25, seed=seed + k), every token's in one batch
+    los = reach_lowers(reach_values(layer, X, P, rho, drift, eP), [obj(k) for k in range(T)], (2 * T, X.shape[1]),
+                       [seed + k for k in range(T)], restarts=2, steps=25)
+    for k, lo in enumerate(los):
         assert lo <= float(reach[k]), (k, lo, reach)
 
 
@@ -190,11 +199,17 @@ def test_f53_through_a_token_map_and_homogeneity():
     plain, through = run(layer)
     A = lambda Z: attention_forward(attn, Z)  # noqa: E731
     dA = lambda Z, E: torch.autograd.functional.jvp(A, Z, E, create_graph=True)[1]  # noqa: E731
-    for k in range(T):
-        def obj(h, v, k=k):  # noqa: ANN001, ANN202
+
+    def obj(k):  # noqa: ANN001, ANN202
+        def f(h, v):  # noqa: ANN001, ANN202
             E = _rows(P, v)
             return (M[k] @ (dA(X + _rows(P, rho * h), E) - dA(X, E))[k]).norm()
-        lo = bilinear_lower(obj, X.shape, restarts=2, steps=25, seed=12 + k)
+        return f
+
+    # per token k, bilinear_lower(obj(k), X.shape, restarts=2, steps=25, seed=12 + k), every token's in one batch
+    los = reach_lowers(reach_values(layer, X, P, rho, 0.0, 0.0, M), [obj(k) for k in range(T)], X.shape,
+                       [12 + k for k in range(T)], restarts=2, steps=25)
+    for k, lo in enumerate(los):
         assert 0 < lo <= float(through[k]), (k, lo, through)
     for name in ("W_V", "W_O"):
         a = dataclasses.replace(attn, **{name: 2.0 * getattr(attn, name)})

@@ -171,27 +171,39 @@ def jacobian_operator_norm(fn: Callable[[Tensor], Tensor], X: Tensor, *, metric:
     Returns:
         (estimate, direction V of shape (T, d)).
     """
-    # torch.autograd.functional (double-backward jvp) rather than torch.func: the latter's forward
-    # mode loads TorchScript decompositions that warn on this torch version.
-    from torch.autograd.functional import jvp as _jvp
-    from torch.autograd.functional import vjp as _vjp
-
-    X = X.detach().double()
+    # Note [one forward graph]: the double-backward jvp of torch.autograd.functional, on one forward graph.  The
+    # forward (and the first backward, J^T w0 as a function of a zero w0) are built once; each step is then one
+    # backward of that backward (J V, linear in w0 and so independent of its value) and one plain backward (the
+    # pullback): the same operations on the same saved tensors as functional.jvp / vjp make anew per step, so
+    # the same floats (checked in tests/lipschitz/test_lipschitz_power_graph.py), at about a third of the passes.
+    # (torch.func's forward mode would load TorchScript decompositions that warn on this torch version.)
+    X = X.detach().double().requires_grad_(True)
     g = torch.Generator().manual_seed(seed)
     V = torch.randn(X.shape, generator=g, dtype=torch.float64)
+    with torch.enable_grad():
+        Y = fn(X)
+        w0 = torch.zeros_like(Y, requires_grad=True)
+        gX = torch.autograd.grad(Y, X, w0, create_graph=True, allow_unused=True)[0] if Y.requires_grad else None
 
-    def jvp(f, xs, vs):
-        return _jvp(f, xs[0], vs[0])
+    def jvp(V: Tensor) -> Tensor:
+        if gX is None or not gX.requires_grad:  # fn does not depend on X: J = 0
+            return torch.zeros_like(Y)
+        (JV,) = torch.autograd.grad(gX, w0, V, retain_graph=True, allow_unused=True)
+        return torch.zeros_like(Y) if JV is None else JV
 
-    def pullback(w):
-        return (_vjp(fn, X, w)[1],)
+    def pullback(w: Tensor) -> Tensor:
+        if not Y.requires_grad:
+            return torch.zeros_like(X)
+        (G,) = torch.autograd.grad(Y, X, w, retain_graph=True, allow_unused=True)
+        return torch.zeros_like(X) if G is None else G
+
     best = 0.0
     if metric == "fro":
         V = V / V.norm()
         for _ in range(n_iter):
-            _, JV = jvp(fn, (X,), (V,))
+            JV = jvp(V)
             best = max(best, float(JV.norm()))
-            (V,) = pullback(JV)
+            V = pullback(JV)
             nv = V.norm()
             if nv == 0:
                 break
@@ -199,13 +211,13 @@ def jacobian_operator_norm(fn: Callable[[Tensor], Tensor], X: Tensor, *, metric:
         return best, V
     V = V / V.norm(dim=-1, keepdim=True)
     for _ in range(n_iter):
-        _, JV = jvp(fn, (X,), (V,))
+        JV = jvp(V)
         rows = JV.norm(dim=-1)
         t = int(rows.argmax())
         best = max(best, float(rows[t]))
         w = torch.zeros_like(JV)
         w[t] = JV[t] / max(float(rows[t]), 1e-300)
-        (G,) = pullback(w)
+        G = pullback(w)
         V = G / torch.clamp(G.norm(dim=-1, keepdim=True), min=1e-300)
     return best, V
 

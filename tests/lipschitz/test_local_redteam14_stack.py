@@ -18,11 +18,11 @@ import pytest
 import torch
 from torch.autograd.functional import jvp
 
+from batched_stage_ascents import batched_jvp, bilinear_lowers
 from lipschitz_testkit import random_spec, token_ascents
 from transcover.lipschitz import _local_stack_attn
 from transcover.lipschitz._local_attention import head_norms
 from transcover.lipschitz._local_jacobian import _weight_norms
-from transcover.lipschitz._local_lower import bilinear_lower
 from transcover.lipschitz._local_stack import certified_rows, stack_local
 from transcover.lipschitz._local_stack_stages import _attn_stage
 from transcover.lipschitz import _local_stack_aligned
@@ -52,15 +52,28 @@ def _prefix(spec, q: int):  # noqa: ANN001, ANN202
     return f
 
 
+def _jacobian(f, x: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+    """``f``'s Jacobian at the fixed point ``x`` (T, d) -> (T, m), as (T, m, T, d): the ascents' terms at the centre
+    are linear in their direction, ``Df(x)[V] = _apply(J, V)``, computed once instead of a jvp per step."""
+    return torch.autograd.functional.jacobian(f, x).detach()
+
+
+def _apply(J: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
+    """``Df(x)[V]`` for every (T, d) slice of ``V`` (leading batch axes), ``J`` from ``_jacobian``."""
+    return torch.einsum("iajb,...jb->...ia", J, V)
+
+
 def _reach_ascents(spec, q: int, X: torch.Tensor, rho: float) -> list:  # noqa: ANN001
     """Per token k, ``sup ||[(DA(y_s) - DA(x_s)) (P_s(x) v)]_k||`` by Adam from seed k (the tokens in one batch)."""
     f, attn = _prefix(spec, q), spec.layers[q].attention
     A = lambda Z: attention_forward(attn, Z)  # noqa: E731
     xs = f(X).detach()
 
+    Jf, JA = _jacobian(f, X), _jacobian(A, xs)
+
     def out(E, V):  # noqa: ANN001, ANN202
-        _, b = jvp(f, X.expand_as(V), V, create_graph=True)
-        return jvp(A, f(X + E), b, create_graph=True)[1] - jvp(A, xs.expand_as(b), b, create_graph=True)[1]
+        b = _apply(Jf, V)  # P_s(x) v: the prefix's Jacobian at X, linear in v
+        return jvp(A, f(X + E), b, create_graph=True)[1] - _apply(JA, b)
 
     return token_ascents(out, X, rho)
 
@@ -72,8 +85,10 @@ def _drift_ascents(spec, q: int, X: torch.Tensor, rho: float) -> list:  # noqa: 
     A = lambda Z: attention_forward(attn, Z)  # noqa: E731
     xs = f(X).detach()
 
+    JA = _jacobian(A, xs)
+
     def out(E, V):  # noqa: ANN001, ANN202
-        return jvp(A, f(X + E), V, create_graph=True)[1] - jvp(A, xs.expand_as(V), V, create_graph=True)[1]
+        return jvp(A, f(X + E), V, create_graph=True)[1] - _apply(JA, V)
 
     return token_ascents(out, X, rho)
 
@@ -167,10 +182,10 @@ def test_ffn_drift_rows_inside_the_stack_are_never_beaten(seed, eps, w1, rho, at
     for q, dj in enumerate(seen):
         f, ffn = _ffn_input(spec, q), spec.layers[q].ffn
         F = lambda h, ffn=ffn: ffn_forward(ffn, h)  # noqa: E731
-        hx = f(X).detach()
+        JF = _jacobian(F, f(X).detach())
 
-        def out(E, V, f=f, F=F, hx=hx):  # noqa: ANN001, ANN202
-            return jvp(F, f(X + E), V, create_graph=True)[1] - jvp(F, hx.expand_as(V), V, create_graph=True)[1]
+        def out(E, V, f=f, F=F, JF=JF):  # noqa: ANN001, ANN202
+            return jvp(F, f(X + E), V, create_graph=True)[1] - _apply(JF, V)
 
         for k, lo in enumerate(token_ascents(out, X, rho, starts=2, steps=80)):
             assert lo <= float(dj[k]), (q, k, lo, dj)
@@ -199,17 +214,20 @@ def test_reach_with_a_large_prefix_drift_and_rounding_is_never_beaten(seed, qsca
     if thin:
         u = torch.randn(d, generator=g, dtype=torch.float64)
         P = torch.randn(T, T, 1, 1, generator=g, dtype=torch.float64) * torch.outer(u, u) / (T * float(u @ u))
-    reach, obj = aligned_reach_case(layer, X, P, rho, drift, eP)
-    for k in range(T):
-        lo = bilinear_lower(obj(k), (2 * T, d), restarts=2, steps=60, seed=seed + k)
+    reach, values = aligned_reach_case(layer, X, P, rho, drift, eP, batched=True)
+    # per token k, bilinear_lower(obj(k), (2T, d), restarts=2, steps=60, seed=seed + k), the T ascents in one batch
+    for k, lo in enumerate(bilinear_lowers(values, (2 * T, d), [seed + k for k in range(T)], restarts=2, steps=60)):
         assert lo <= float(reach[k]), (k, lo, reach)
 
 
-def aligned_reach_case(layer, X: torch.Tensor, P: torch.Tensor, rho: float, drift: float, eP: float):  # noqa: ANN001, ANN201
+def aligned_reach_case(layer, X: torch.Tensor, P: torch.Tensor, rho: float, drift: float, eP: float, *,  # noqa: ANN001, ANN201
+                       batched: bool = False):
     """F44c's ``reach(r, nu, rho, dP, eP, 0)`` of ``layer``'s attention behind the linear prefix ``P`` (T, T, d, d) with
     prefix drift rows ``dP = drift x nu`` and rounding ``eP``, and ``obj(k)``: the function of ``(h|e, v|eps)``
     (``(2T, d)`` each) whose value is ``||[(DA(X + Delta) - DA(X)) E]_k||`` for the move ``Delta = rho P h + e``
-    (``||e_j|| <= emax``) and the tangent ``E = P v + eps`` -- the worst the reach's arguments allow."""
+    (``||e_j|| <= emax``) and the tangent ``E = P v + eps`` -- the worst the reach's arguments allow.  ``batched``:
+    instead of ``obj``, ``values`` for ``bilinear_lowers`` (K = T objectives): ``(h|e, v|eps)`` of shape (R, T, 2T, d)
+    to (R, T), entry (s, k) ``obj(k)`` at its own pair."""
     attn = layer.attention
     T = X.shape[0]
     st_, _ = _attn_stage("a", 0, layer, X, None, {"w": _weight_norms(layer), "h": head_norms(attn)})
@@ -219,7 +237,7 @@ def aligned_reach_case(layer, X: torch.Tensor, P: torch.Tensor, rho: float, drif
     emax = rho * float((dP + eP).max())
     reach = al.reach((rho * nu + emax) * (1 + 1e-12), nu, rho, dP, eP, 0.0)
     A = lambda Z: attention_forward(attn, Z)  # noqa: E731
-    rows = lambda B, h: torch.einsum("kjab,jb->ka", B, h)  # noqa: E731
+    rows = lambda B, h: torch.einsum("kjab,...jb->...ka", B, h)  # noqa: E731
 
     def obj(k: int):  # noqa: ANN202
         def f(he, vs):  # noqa: ANN001, ANN202
@@ -229,7 +247,13 @@ def aligned_reach_case(layer, X: torch.Tensor, P: torch.Tensor, rho: float, drif
                     - torch.autograd.functional.jvp(A, X, E, create_graph=True)[1])[k].norm()
         return f
 
-    return reach, obj
+    def values(he, vs):  # noqa: ANN001, ANN202
+        Delta = rho * rows(P, he[..., :T, :]) + emax * he[..., T:, :]
+        E = rows(P, vs[..., :T, :]) + eP * vs[..., T:, :]
+        k = torch.arange(T)
+        return (batched_jvp(A, X + Delta, E) - batched_jvp(A, X, E))[:, k, k].norm(dim=-1)
+
+    return reach, (values if batched else obj)
 
 
 @pytest.mark.slow

@@ -88,6 +88,11 @@ def _attained(spec, X: torch.Tensor, rho: float, layer: int, seed: int, kind: st
     W1 = ffn.W_1
     hx = pre(X).detach()
     eye = torch.eye(T, dtype=torch.float64)
+    # the terms at the centre are linear in their direction: read from the Jacobians of pre at X and of F at H(X),
+    # computed once, instead of a double-backward jvp per step
+    Jpre = torch.autograd.functional.jacobian(pre, X).detach() if kind != "drift" else None
+    JF = torch.autograd.functional.jacobian(F, hx).detach() if kind == "reach" else None
+    lin = lambda J, V: torch.einsum("iajb,...jb->...ia", J, V)  # noqa: E731
 
     def value(E, W):  # noqa: ANN001, ANN202
         if sphere:
@@ -99,14 +104,14 @@ def _attained(spec, X: torch.Tensor, rho: float, layer: int, seed: int, kind: st
             dG = _gelu1(hy @ W1 + ffn.b_1) - _gelu1(hx @ W1 + ffn.b_1)
             return ((dG * (W @ W1)) @ ffn.W_2)[:, k, k].norm(dim=-1)
         if kind == "rest":
-            b = _jvp(pre, X.expand(S, K, T, d).contiguous(), W) @ W1
+            b = lin(Jpre, W) @ W1
             z, dz = hx @ W1 + ffn.b_1, (hy - hx) @ W1
             R = (_gelu1(z + dz) - _gelu1(z) - gelu_second(z) * dz) * b
             return (R @ ffn.W_2)[:, k, k].norm(dim=-1)
         U = eye[None, None, :, :, None] * W[:, :, :, None, :]  # (S, K, m, T, d): w_m at token m
-        PU = _jvp(pre, X.expand(S, K, T, T, d).contiguous(), U)
+        PU = lin(Jpre, U)
         hy5 = hy[:, :, None].expand(S, K, T, T, d).contiguous()
-        dd = _jvp(F, hy5, PU) - _jvp(F, hx.expand(S, K, T, T, d).contiguous(), PU)
+        dd = _jvp(F, hy5, PU) - lin(JF, PU)
         return dd.transpose(2, 3)[:, k, k].norm(dim=-1).sum(dim=-1)  # (S, K, m, d) rows k
 
     return torch.tensor(jvp_ascents(value, X, rho, [seed + k for k in range(T)], starts=2, steps=20),

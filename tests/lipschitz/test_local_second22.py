@@ -69,14 +69,19 @@ def _attained(spec, X: torch.Tensor, rho: float, layer: int, far: bool) -> torch
         return Z
 
     mid = lambda Z: layer_forward(ly[layer], Z)  # noqa: E731
+    nxt = (lambda Z: layer_forward(ly[layer + 1], Z)) if layer + 1 < len(ly) else spec.final_norm
+    # the terms at the fixed points x, x1 = pre(x), mid(x1) are linear in their direction: read from Jacobians
+    # computed once instead of a double-backward jvp per step
+    jac = lambda f, x: torch.autograd.functional.jacobian(f, x).detach()  # noqa: E731
+    lin = lambda J, V: torch.einsum("iajb,...jb->...ia", J, V)  # noqa: E731
+    x1 = pre(X).detach()
+    Jpre, Jmid = jac(pre, X), jac(mid, x1)
+    Jnxt = jac(nxt, mid(x1).detach()) if far else None
 
     def out(E, V):  # noqa: ANN001, ANN202
-        x0 = X.expand_as(E).contiguous()
-        D = _jvp(pre, X + E, V) - _jvp(pre, x0, V)
-        x1 = pre(x0)
-        w = _jvp(mid, pre(X + E), D) - _jvp(mid, x1, D)
-        nxt = (lambda Z: layer_forward(ly[layer + 1], Z)) if layer + 1 < len(ly) else spec.final_norm
-        return _jvp(nxt, mid(x1), w) if far else w
+        D = _jvp(pre, X + E, V) - lin(Jpre, V)
+        w = _jvp(mid, pre(X + E), D) - lin(Jmid, D)
+        return lin(Jnxt, w) if far else w
 
     return torch.tensor(token_ascents(out, X, rho, starts=2, steps=6), dtype=torch.float64)
 

@@ -23,6 +23,7 @@ from transcover.lipschitz._local_rows import ffn_drift_constant
 from transcover.lipschitz._local_sharp import unit_slope_moves
 from transcover.model import Activation
 from transcover.model._spec import FFNSpec
+from speed_speed2 import drift_ascents  # _drift_ascent's ascents of one test in one batch
 
 F64 = torch.float64
 ROOT2 = 1.4142135623730956  # 2 ulps above fl(sqrt 2): float64's GELU'' there is 1.15x below the exact value
@@ -235,7 +236,7 @@ def test_f50a_value_side_form_against_block_ascent(seed, qscale, causal, aligned
     from test_local_stack_attn import _aligned, _case, _rows
     import transcover.lipschitz._local_stack_joint as joint_mod
     from transcover.lipschitz._local_drift import head_second_derivative
-    from transcover.lipschitz._local_jacobian import _head_data
+    from transcover.lipschitz._local_jacobian import _f64, _head_data
 
     layer, attn = _layer(seed, qscale, causal, aligned)
     if rank1:
@@ -247,6 +248,26 @@ def test_f50a_value_side_form_against_block_ascent(seed, qscale, causal, aligned
     c = joint_mod.aligned_hessian_terms(al.ball[0] if mixed else pj, pj, m, rho, w["G"][0], w["V"][0],
                                         float(al.nQ[0]), float(al.nK[0]), al.p["scale"], mixed, False)
     unit_rows = lambda a: a / a.norm(dim=-1, keepdim=True)  # noqa: E731
+    _, _, _, Wq, Wk, Wv, _ = _head_data(attn, X)[0]  # (weights only)
+    Wqa, ones = _f64(attn.W_Q_augmented(0)), torch.ones(T, 1, dtype=F64)
+    memo: dict = {}
+
+    def head0(z):  # noqa: ANN001, ANN202
+        """``_head_data(attn, X + rho z)[0]``'s ``P, Y, q``, formed once per point: ``_block_ascent`` evaluates ``val``
+        at one ``z`` (detached) for every exact block step, then at the same values with ``z``'s graph for Adam.  There
+        ``Y`` and ``q`` are formed again as ``_head_data`` forms them (``P`` is detached there too) and must be the same
+        floats."""
+        zd = z.detach()
+        if "z" not in memo or not torch.equal(memo["z"], zd):
+            memo["z"], memo["hd"] = zd, _head_data(attn, X + rho * zd)[0]
+        Pz, Y, q = memo["hd"][:3]
+        if z.requires_grad:
+            Xin = X + rho * z
+            Y = Xin[None, :, :] - (Pz @ Xin)[:, None, :]
+            q = attn.softmax_scale * (torch.cat([Xin, ones], dim=1) @ Wqa) @ Wk.T
+            assert torch.equal(Y.detach(), memo["hd"][1]) and torch.equal(q.detach(), memo["hd"][2])
+        return Pz, Y, q
+
     best = 0.0
     for i in range(T):
         K = {k: cores[k][0, 0 if k == "N" else i] + cores["err"][k][0, 0 if k == "N" else i] * torch.eye(
@@ -254,7 +275,7 @@ def test_f50a_value_side_form_against_block_ascent(seed, qscale, causal, aligned
 
         def val(z, ts, i=i, K=K):  # noqa: ANN001, ANN202
             hd, hv, u = ts
-            Pz, Y, q, Wq, Wk, Wv, _ = _head_data(attn, X + rho * z)[0]
+            Pz, Y, q = head0(z)
             G = attn.softmax_scale * Wq @ Wk.T
             H = head_second_derivative(Pz[i], Y[i], q[i], G, Wv, i, hd if mixed else _rows(P, hd), _rows(P, hv))
             bound = sum(c[k][i] * torch.sqrt(u @ K[k] @ u + 1e-300) for k in joint_mod.KINDS) + c["1"][i] * u.norm()
@@ -316,8 +337,8 @@ def test_f50d_drift_rows_on_minilm_layer0(monkeypatch):
     dZ = torch.full((len(aa.proj), T), math.inf, dtype=F64)
     rows = aa.drift(rho * nu * (1 + 1e-12), rho, z, 0.0, 0.0, (dZ, 1.0, 0.0))[0]
     assert bool(torch.isfinite(rows).all()), rows
-    for k in range(0, T, 2):
-        lo = _drift_ascent(f, X, rho, k, seed=k, restarts=1, outer=6)
+    ks = list(range(0, T, 2))
+    for k, lo in zip(ks, drift_ascents(f, X, rho, ks, ks, restarts=1, outer=6)):  # _drift_ascent(.., k, seed=k, ..)
         assert 0.015 * float(rows[k]) <= lo <= float(rows[k]), (k, lo, rows)
 
 
@@ -408,8 +429,7 @@ def test_whole_network_and_its_drift_rows_on_more_norms(case):
     rows = res.spans[(0, len(res.cuts) - 1)]
     f = lambda Z: transformer_forward(spec, Z, with_head=False)  # noqa: E731
     share = 0.0
-    for k in (0, 1):
-        lo = _drift_ascent(f, X, rho, k, seed=k, restarts=1, outer=6)
+    for k, lo in zip((0, 1), drift_ascents(f, X, rho, [0, 1], [0, 1], restarts=1, outer=6)):  # _drift_ascent's
         assert lo <= float(rows[k]), (k, lo, rows)
         share = max(share, lo / float(rows[k]))
     assert share >= want, share

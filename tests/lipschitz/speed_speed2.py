@@ -1,0 +1,66 @@
+"""Batched forms of attacks of test_local_redteam17 and test_local_layer16 (test helper, branch speed2): the same starts,
+steps, step sizes and draws as the loops they replace, every independent ascent one slice of one batch.
+
+Adam acts entrywise and the gradient of a sum of independent objectives in one slice is that slice's own, so each slice
+follows the ascent it replaces, to rounding; a batched step costs about what one single step did."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+F64 = torch.float64
+
+
+def _unit_rows(a: torch.Tensor) -> torch.Tensor:
+    return a / a.norm(dim=-1, keepdim=True)
+
+
+def drift_ascents(f, X: torch.Tensor, rho: float, ks: list, seeds: list, restarts: int = 2, outer: int = 8) -> list:  # noqa: ANN001
+    """``[test_local_redteam17._drift_ascent(f, X, rho, k, seed, restarts, outer) for k, seed in zip(ks, seeds)]`` in
+    one batch: per ascent and restart (in that order, each ascent's draws from its own generator ``seed``, as
+    ``_block_ascent`` draws them: the point ``az`` (0 at restart 0), then ``E``, then ``u``) one slice; per outer step
+    twice ``E``'s rows then ``u`` set to their exact maximisers (the rows of the gradient, normalised; rows with a zero
+    gradient kept) at the point ``z`` (rows clipped to the unit ball), then one Adam step (lr 0.1) on ``az``; each
+    ascent's best value ``u . [(Df(X + rho z) - Df(X)) E]_k`` at the Adam steps' points.  ``f`` acts on leading batch
+    axes."""
+    shape = X.shape
+    azs, Es, us = [], [], []
+    for s in seeds:
+        g = torch.Generator().manual_seed(s)
+        for rs in range(restarts):
+            azs.append(torch.randn(shape, generator=g, dtype=F64) * (0.0 if rs == 0 else 1.0))
+            Es.append(_unit_rows(torch.randn(shape, generator=g, dtype=F64)))
+            us.append(_unit_rows(torch.randn((shape[1],), generator=g, dtype=F64)))
+    B = len(azs)
+    rows = torch.arange(B)
+    kk = torch.tensor([k for k in ks for _ in range(restarts)])
+    X0 = X.expand(B, *shape).clone()
+    jv = lambda Z, E: torch.autograd.functional.jvp(f, Z, E, create_graph=True)[1][rows, kk]  # noqa: E731
+
+    def val(z: torch.Tensor, E: torch.Tensor, u: torch.Tensor) -> torch.Tensor:  # (B,): slice b's own value
+        return (u[:, None, :] @ (jv(X + rho * z, E) - jv(X0, E))[:, :, None])[:, 0, 0]
+
+    def exact(t: torch.Tensor, value) -> torch.Tensor:  # noqa: ANN001
+        t = t.clone().requires_grad_(True)
+        (gr,) = torch.autograd.grad(value(t).sum(), t)
+        live = gr.norm(dim=-1, keepdim=True) > 0
+        return torch.where(live, _unit_rows(torch.where(live, gr, t.detach())), t.detach())
+
+    az = torch.stack(azs).requires_grad_(True)
+    E, u = torch.stack(Es), torch.stack(us)
+    opt = torch.optim.Adam([az], lr=0.1)
+    best = torch.full((B,), -math.inf, dtype=F64)
+    for _ in range(outer):
+        z = az.detach() / az.detach().norm(dim=-1, keepdim=True).clamp(min=1.0)
+        for _ in range(2):
+            E = exact(E, lambda t: val(z, t, u))  # noqa: B023
+            u = exact(u, lambda t: val(z, E, t))  # noqa: B023
+        v = val(az / az.norm(dim=-1, keepdim=True).clamp(min=1.0), E, u)
+        vd = v.detach()
+        best = torch.where(vd > best, vd, best)
+        opt.zero_grad()
+        (-v.sum()).backward()
+        opt.step()
+    return [float(b) for b in best.reshape(len(seeds), restarts).amax(dim=1)]

@@ -13,6 +13,7 @@ network's adversary; homogeneity in the last norm; the products' rounding carrie
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import pytest
 import torch
@@ -51,6 +52,22 @@ def _captured(spec, X: torch.Tensor, rho: float, monkeypatch) -> tuple:  # noqa:
     return res, torch.stack(E), torch.stack(R), P[0]
 
 
+@functools.lru_cache(maxsize=None)
+def _shared_captured(k: int) -> tuple:
+    """``_captured`` of ``CASES[k]``, computed once per worker (several tests read it; nothing mutates it), under its own
+    pass-through recorders only (no test patches anything else before calling it)."""
+    spec, X, rho, _ = _case(CASES[k])
+    with pytest.MonkeyPatch.context() as mp:
+        return _captured(spec, X, rho, mp)
+
+
+@functools.lru_cache(maxsize=None)
+def _shared_stack(k: int, move_rest: bool):  # noqa: ANN202
+    """``stack_local(spec, X, [rho], move_rest=move_rest)[0]`` of ``CASES[k]``, unpatched, computed once per worker."""
+    spec, X, rho, _ = _case(CASES[k])
+    return stack_local(spec, X, [rho], move_rest=move_rest)[0]
+
+
 def _attained(spec, X: torch.Tensor, rho: float, seed: int, *, starts: int = 2, steps: int = 30) -> tuple:  # noqa: ANN001
     """(stages, T) the largest ``||e_{s,i}||`` and ``||R_{s,i}||`` float64 projected Adam finds over network moves
     (every row within rho), one ascent per (quantity, stage, token) and start, all in one batch; each ascent maximises
@@ -87,12 +104,12 @@ def _attained(spec, X: torch.Tensor, rho: float, seed: int, *, starts: int = 2, 
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_move_and_stage_rests_are_never_beaten(case, monkeypatch):
+def test_move_and_stage_rests_are_never_beaten(case):
     """Per sub-stage input and token, Adam's ``||e_{s,i}||`` stays below ``E_s`` (``E_0 = 0``: the input moves by
     ``delta``), and per stage its own rest ``||R_{s,i}||`` below its rows; both attacks reach at least 0.1 % of the
     rows somewhere (they are not idle)."""
     spec, X, rho, seed = _case(case)
-    _, E, R, _ = _captured(spec, X, rho, monkeypatch)
+    _, E, R, _ = _shared_captured(CASES.index(case))
     e, r = _attained(spec, X, rho, seed)
     assert E.shape == R.shape == e.shape and bool((E[0] == 0).all())
     assert bool((e[1:] <= E[1:]).all()), (e, E)
@@ -110,7 +127,7 @@ def test_bound_is_never_above_main_nor_below_the_adversary():
     prefix drift row strictly smaller), every radius at most the old; and never below the network's adversary
     (near-flat tokens, eps = 1e-12: the bound 1.1e11 -> 7.2e4 at 5e-3)."""
     spec, X, rho, seed = _case(CASES[1])
-    new, old = stack_local(spec, X, [rho], move_rest=True)[0], stack_local(spec, X, [rho], move_rest=False)[0]
+    new, old = _shared_stack(1, True), _shared_stack(1, False)
     assert_stack_never_looser(new, old)
     assert new.upper < old.upper, (new.upper, old.upper)
     assert_network_below(spec, X, rho, new, seed=seed)
@@ -135,7 +152,7 @@ def test_homogeneity_in_the_last_norm(monkeypatch):
     unchanged, the last stage's rest rows and the network output's rows ``E_n`` (the products to the end, degree 1)
     x 2."""
     spec, X, rho, _ = _case(CASES[0])
-    (_, Ea, Ra, Pa), (_, Eb, Rb, Pb) = (_captured(s, X, rho, monkeypatch) for s in (spec, last_norm_doubled(spec)))
+    (_, Ea, Ra, Pa), (_, Eb, Rb, Pb) = _shared_captured(0), _captured(last_norm_doubled(spec), X, rho, monkeypatch)
     assert torch.equal(Ea, Eb) and torch.equal(Ra[:-1], Rb[:-1])
     assert torch.allclose(Rb[-1], 2.0 * Ra[-1], rtol=1e-12, atol=0.0)
     outa, outb = (ls.move_rest_rows(p, list(R), len(R), X.shape[0]) for p, R in ((Pa, Ra), (Pb, Rb)))
@@ -171,5 +188,5 @@ def test_table_plumbs_the_switch():
     spec, X, rho, _ = _case(CASES[1])
     rows = local_table(spec, [X], [rho / float(X.norm(dim=1).median())], lower=False, whole="stack", move_rest=True)
     on = next(r for r in rows if r.layer == -1).local_upper
-    new, old = stack_local(spec, X, [rho], move_rest=True)[0].upper, stack_local(spec, X, [rho])[0].upper
+    new, old = _shared_stack(1, True).upper, _shared_stack(1, ls.MOVE_REST).upper  # (the default: off)
     assert on == pytest.approx(new, rel=1e-9) and new < old, (on, new, old)

@@ -64,3 +64,51 @@ def drift_ascents(f, X: torch.Tensor, rho: float, ks: list, seeds: list, restart
         (-v.sum()).backward()
         opt.step()
     return [float(b) for b in best.reshape(len(seeds), restarts).amax(dim=1)]
+
+
+def slope_jacobian(ffn, h: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+    """``test_local_ffn2._slope_jacobian(ffn, h)`` (the FFN Jacobian at ``h``, output x input, differentiable in ``h``)
+    in closed form, ``W_2^T diag(act'(u)) W_1^T`` with ``u = h W_1 + b_1`` formed as ``ffn_forward`` forms it and
+    ``act'(u)`` by one autograd pass through the activation itself (elementwise: the diagonal of its Jacobian), instead
+    of one pass per output: the same entries to rounding."""
+    u = h @ ffn.W_1.double()
+    if ffn.b_1 is not None:
+        u = u + ffn.b_1.double()
+    if not u.requires_grad:
+        u = u.requires_grad_(True)
+    (s,) = torch.autograd.grad(ffn.activation(u).sum(), u, create_graph=True)
+    return ffn.W_2.double().T @ (s[:, None] * ffn.W_1.double().T)
+
+
+def ffn_ascent(ffn, h: torch.Tensor, r: float, centred: bool, g: torch.Generator) -> tuple[float, float]:  # noqa: ANN001
+    """``test_local_ffn2._ascent(ffn, h, r, centred, g)`` (the same draws, starts, steps, step sizes and objective, the
+    starts in turn: its objective is normalised by the running maxima) with the FFN Jacobian in closed form
+    (``slope_jacobian``) instead of ``torch.autograd.functional.jacobian``."""
+    from test_local_ffn2 import _clip
+    from transcover.model import ffn_forward
+
+    d = h.shape[0]
+    P = torch.eye(d, dtype=F64) - (1.0 / d if centred else 0.0)
+    J0 = slope_jacobian(ffn, h).detach()
+    y0 = ffn_forward(ffn, h[None])[0]
+    bd, bh = 0.0, 0.0
+    for sphere in (False, True):
+        gen = torch.Generator().manual_seed(g.initial_seed() + 1) if sphere else g
+        for _ in range(2):
+            D = _clip(torch.randn(d, generator=gen, dtype=F64) * r, r).requires_grad_(True)
+            opt = torch.optim.Adam([D], lr=0.3 * r if sphere else 0.1 * r)
+            for _ in range(25):
+                if sphere:
+                    dh = r * D / D.norm()
+                else:
+                    with torch.no_grad():
+                        D.copy_(_clip(D, r))
+                    dh = D
+                h1 = h + dh
+                drift = torch.linalg.matrix_norm(P @ (slope_jacobian(ffn, h1) - J0), ord=2)
+                rem = (P @ (ffn_forward(ffn, h1[None])[0] - y0 - J0 @ dh)).norm() / dh.norm()
+                bd, bh = max(bd, float(drift.detach())), max(bh, float(rem.detach()))
+                opt.zero_grad()
+                (-(drift / (bd + 1e-300) + rem / (bh + 1e-300))).backward()
+                opt.step()
+    return bd, bh

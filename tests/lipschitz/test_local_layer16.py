@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lipschitz_testkit import minilm_layer0_rows, random_spec
-from speed_speed2 import ffn_ascent
+from batched_drift_ascents import ffn_ascent
 from test_local_ffn2 import _ffn
 from transcover.lipschitz._local_ffn2 import ffn_curvature_drift, ffn_hadamard
 from transcover.lipschitz._local_jacobian import gelu2_sup

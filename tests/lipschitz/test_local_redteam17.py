@@ -23,7 +23,7 @@ from transcover.lipschitz._local_rows import ffn_drift_constant
 from transcover.lipschitz._local_sharp import unit_slope_moves
 from transcover.model import Activation
 from transcover.model._spec import FFNSpec
-from speed_speed2 import drift_ascents  # _drift_ascent's ascents of one test in one batch
+from batched_drift_ascents import drift_ascents  # one test's block ascents on the Jacobian's drift, in one batch
 
 F64 = torch.float64
 ROOT2 = 1.4142135623730956  # 2 ulps above fl(sqrt 2): float64's GELU'' there is 1.15x below the exact value
@@ -297,20 +297,6 @@ def _minilm_s14():  # noqa: ANN202
     return spec, load_inputs(spec, "sklearn-descr", max_len=32, limit=20)[14].double()
 
 
-def _drift_ascent(f, X: torch.Tensor, rho: float, k: int, seed: int, restarts: int = 2, outer: int = 8) -> float:
-    """Block ascent on ``||[(Df(X + h) - Df(X)) E]_k||`` over ``||h_j|| <= rho`` and (2,inf)-unit ``E``: ``E``'s rows
-    and the output direction ``u`` set to their exact maximisers for the current ``h`` (linear in each), Adam on
-    ``h``."""
-    jv = lambda Z, E: torch.autograd.functional.jvp(f, Z, E, create_graph=True)[1][k]  # noqa: E731
-    unit_rows = lambda a: a / a.norm(dim=-1, keepdim=True)  # noqa: E731
-
-    def val(z, ts):  # noqa: ANN001, ANN202
-        E, u = ts
-        return u @ (jv(X + rho * z, E) - jv(X, E))
-
-    return _block_ascent(val, [X.shape, X.shape, (X.shape[1],)], unit_rows, restarts, outer, seed)[0]
-
-
 @pytest.mark.slow
 def test_f50d_drift_rows_on_minilm_layer0(monkeypatch):
     """MiniLM layer 0's attention (after the input norm, identity prefix; sentence 14, T = 7) at rho = 1e-5 x the median
@@ -338,7 +324,7 @@ def test_f50d_drift_rows_on_minilm_layer0(monkeypatch):
     rows = aa.drift(rho * nu * (1 + 1e-12), rho, z, 0.0, 0.0, (dZ, 1.0, 0.0))[0]
     assert bool(torch.isfinite(rows).all()), rows
     ks = list(range(0, T, 2))
-    for k, lo in zip(ks, drift_ascents(f, X, rho, ks, ks, restarts=1, outer=6)):  # _drift_ascent(.., k, seed=k, ..)
+    for k, lo in zip(ks, drift_ascents(f, X, rho, ks, ks, restarts=1, outer=6)):  # seed k for token k
         assert 0.015 * float(rows[k]) <= lo <= float(rows[k]), (k, lo, rows)
 
 
@@ -429,7 +415,7 @@ def test_whole_network_and_its_drift_rows_on_more_norms(case):
     rows = res.spans[(0, len(res.cuts) - 1)]
     f = lambda Z: transformer_forward(spec, Z, with_head=False)  # noqa: E731
     share = 0.0
-    for k, lo in zip((0, 1), drift_ascents(f, X, rho, [0, 1], [0, 1], restarts=1, outer=6)):  # _drift_ascent's
+    for k, lo in zip((0, 1), drift_ascents(f, X, rho, [0, 1], [0, 1], restarts=1, outer=6)):  # seed k for token k
         assert lo <= float(rows[k]), (k, lo, rows)
         share = max(share, lo / float(rows[k]))
     assert share >= want, share

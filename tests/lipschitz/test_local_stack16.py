@@ -18,7 +18,7 @@ import transcover.lipschitz._local_stack_attn as stack_attn
 import transcover.lipschitz._local_stack_joint as joint_mod
 from batched_stage_ascents import bilinear_lowers
 from lipschitz_testkit import random_spec
-from speed_speed1 import checked, reach_lowers, reach_values, value_side_values
+from batched_bilinear_ascents import checked, reach_lowers, reach_values, value_side_values
 from test_local_stack15 import assert_network_below
 from test_local_redteam14_stack import aligned_reach_case
 from test_local_stack_attn import _aligned, _case, _rows, assert_drift_rows_hold
@@ -63,7 +63,7 @@ def test_joint_reach_is_never_beaten(seed, qscale, causal, aligned, rho, drift, 
     reach, obj = aligned_reach_case(layer, X, P, rho, drift, eP)
     T = X.shape[0]
     # per token k, bilinear_lower(obj(k), (2T, d), restarts=2, steps=40, seed=seed + k): every token's ascent in one
-    # batch, the same draws and steps (speed_speed1.reach_lowers; its values checked against obj(k) on every k)
+    # batch, the same draws and steps (batched_bilinear_ascents.reach_lowers; its values checked against obj(k) on every k)
     los = reach_lowers(reach_values(layer, X, P, rho, drift, eP), [obj(k) for k in range(T)], (2 * T, X.shape[1]),
                        [seed + k for k in range(T)], restarts=2, steps=40)
     for k, lo in enumerate(los):
@@ -149,7 +149,7 @@ def test_value_side_terms_are_never_beaten(seed, qscale, causal, rho, mixed):
             Ks.append(K)
             objs.append(obj)
         # per query i, bilinear_lower(obj_i, (2T, d), restarts=2, steps=40, seed=seed + i): every query's ascent in one
-        # batch, the same draws and steps (obj_i's values batched: speed_speed1.value_side_values, checked against it)
+        # batch, the same draws and steps (obj_i's values batched: batched_bilinear_ascents.value_side_values, checked against it)
         scale = max([float(c[k][c[k].isfinite()].max()) for k in c if bool(c[k].isfinite().any())] + [1.0])
         los = bilinear_lowers(checked(value_side_values(attn, X, P, rho, mixed, h, c, Ks), objs, 1e-12 * scale),
                               (2 * T, d), [seed + i for i in range(T)], restarts=2, steps=40)

@@ -18,7 +18,7 @@ import torch
 import transcover.lipschitz._local_stack_attn as stack_attn
 from batched_stage_ascents import bilinear_lowers, score_changes
 from lipschitz_testkit import random_spec
-from speed_speed1 import checked, reach_lowers, reach_values
+from batched_bilinear_ascents import checked, reach_lowers, reach_values
 from test_local_redteam14_stack import aligned_reach_case
 from test_local_stack15 import assert_network_below
 from test_local_stack16 import _layer

@@ -18,8 +18,8 @@ def _unit_rows(a: torch.Tensor) -> torch.Tensor:
 
 
 def drift_ascents(f, X: torch.Tensor, rho: float, ks: list, seeds: list, restarts: int = 2, outer: int = 8) -> list:  # noqa: ANN001
-    """``[test_local_redteam17._drift_ascent(f, X, rho, k, seed, restarts, outer) for k, seed in zip(ks, seeds)]`` in
-    one batch: per ascent and restart (in that order, each ascent's draws from its own generator ``seed``, as
+    """Block ascents on ``||[(Df(X + h) - Df(X)) E]_k||`` over ``||h_j|| <= rho`` and (2,inf)-unit ``E``, one per
+    ``(k, seed)`` of ``zip(ks, seeds)``, in one batch (test_local_redteam17's per-token loop before f56ba88): per ascent and restart (in that order, each ascent's draws from its own generator ``seed``, as
     ``_block_ascent`` draws them: the point ``az`` (0 at restart 0), then ``E``, then ``u``) one slice; per outer step
     twice ``E``'s rows then ``u`` set to their exact maximisers (the rows of the gradient, normalised; rows with a zero
     gradient kept) at the point ``z`` (rows clipped to the unit ball), then one Adam step (lr 0.1) on ``az``; each

@@ -67,8 +67,8 @@ def drift_ascents(f, X: torch.Tensor, rho: float, ks: list, seeds: list, restart
 
 
 def slope_jacobian(ffn, h: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
-    """``test_local_ffn2._slope_jacobian(ffn, h)`` (the FFN Jacobian at ``h``, output x input, differentiable in ``h``)
-    in closed form, ``W_2^T diag(act'(u)) W_1^T`` with ``u = h W_1 + b_1`` formed as ``ffn_forward`` forms it and
+    """The FFN Jacobian at ``h`` (output x input, differentiable in ``h``; an elementwise activation, no gate) in closed
+    form, ``W_2^T diag(act'(u)) W_1^T`` with ``u = h W_1 + b_1`` formed as ``ffn_forward`` forms it and
     ``act'(u)`` by one autograd pass through the activation itself (elementwise: the diagonal of its Jacobian), instead
     of one pass per output: the same entries to rounding."""
     u = h @ ffn.W_1.double()
@@ -81,9 +81,12 @@ def slope_jacobian(ffn, h: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
 
 
 def ffn_ascent(ffn, h: torch.Tensor, r: float, centred: bool, g: torch.Generator) -> tuple[float, float]:  # noqa: ANN001
-    """``test_local_ffn2._ascent(ffn, h, r, centred, g)`` (the same draws, starts, steps, step sizes and objective, the
-    starts in turn: its objective is normalised by the running maxima) with the FFN Jacobian in closed form
-    (``slope_jacobian``) instead of ``torch.autograd.functional.jacobian``."""
+    """Adam ascent over ``||dh|| <= r`` (2 starts x 25 steps projected, then 2 x 25 on the sphere ``dh = r V/||V||``,
+    Adam on V (THEORY F57; 1.0-1.8x more on F38's and F51a's cases, sphere19) from a generator seeded by ``g``'s, so
+    ``g``'s draws are unchanged): the largest ``||P(J(h + dh) - J(h))||_2`` (the sup over unit v) and
+    ``||P(FFN(h + dh) - FFN(h) - J(h) dh)|| / ||dh||`` seen.  The starts run in turn (the objective is normalised by
+    the running maxima); the FFN Jacobian in closed form (``slope_jacobian``: an elementwise activation, no gate), not
+    by ``torch.autograd.functional.jacobian`` as test_local_ffn2 had it before f56ba88."""
     from test_local_ffn2 import _clip
     from transcover.model import ffn_forward
 

@@ -10,9 +10,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from batched_drift_ascents import ffn_ascent
 from lipschitz_testkit import random_spec
 from transcover.lipschitz._local_ffn2 import ffn_hadamard, ffn_second_norms, ffn_taylor_drift, gelu3_sup
-from transcover.model import ffn_forward
 
 
 def _clip(E: torch.Tensor, r: float) -> torch.Tensor:
@@ -50,43 +50,6 @@ def _ffn(seed: int, d: int, dff: int, scale: float):  # noqa: ANN202
     return random_spec(seed, act="gelu", norm="layernorm", d=d, dff=dff, scale=scale, biases=True).layers[0].ffn
 
 
-def _slope_jacobian(ffn, h: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
-    """The FFN Jacobian at ``h`` (output x input), by autograd through the FFN itself."""
-    return torch.autograd.functional.jacobian(lambda x: ffn_forward(ffn, x[None])[0], h, create_graph=True)
-
-
-def _ascent(ffn, h: torch.Tensor, r: float, centred: bool, g: torch.Generator) -> tuple[float, float]:  # noqa: ANN001
-    """Adam ascent over ``||dh|| <= r`` (2 starts x 25 steps projected, then 2 x 25 on the sphere ``dh = r V/||V||``,
-    Adam on V (THEORY F57; 1.0-1.8x more on F38's and F51a's cases, sphere19) from a generator seeded by ``g``'s, so
-    ``g``'s draws are unchanged): the largest ``||P(J(h + dh) - J(h))||_2`` (the sup over unit v) and
-    ``||P(FFN(h + dh) - FFN(h) - J(h) dh)|| / ||dh||`` seen."""
-    d = h.shape[0]
-    P = torch.eye(d, dtype=torch.float64) - (1.0 / d if centred else 0.0)
-    J0 = _slope_jacobian(ffn, h).detach()
-    y0 = ffn_forward(ffn, h[None])[0]
-    bd, bh = 0.0, 0.0
-    for sphere in (False, True):
-        gen = torch.Generator().manual_seed(g.initial_seed() + 1) if sphere else g
-        for _ in range(2):
-            D = _clip(torch.randn(d, generator=gen, dtype=torch.float64) * r, r).requires_grad_(True)
-            opt = torch.optim.Adam([D], lr=0.3 * r if sphere else 0.1 * r)
-            for _ in range(25):
-                if sphere:
-                    dh = r * D / D.norm()
-                else:
-                    with torch.no_grad():
-                        D.copy_(_clip(D, r))
-                    dh = D
-                h1 = h + dh
-                drift = torch.linalg.matrix_norm(P @ (_slope_jacobian(ffn, h1) - J0), ord=2)
-                rem = (P @ (ffn_forward(ffn, h1[None])[0] - y0 - J0 @ dh)).norm() / dh.norm()
-                bd, bh = max(bd, float(drift.detach())), max(bh, float(rem.detach()))
-                opt.zero_grad()
-                (-(drift / (bd + 1e-300) + rem / (bh + 1e-300))).backward()
-                opt.step()
-    return bd, bh
-
-
 def _bounds(ffn, z: torch.Tensor, r: float, centred: bool) -> tuple[torch.Tensor, torch.Tensor]:  # noqa: ANN001
     const = ffn_hadamard(ffn, centred=centred)
     return ffn_taylor_drift(const, ffn_second_norms(const, z), z, ffn.W_1.double().norm(dim=0),
@@ -106,7 +69,7 @@ def test_taylor_drift_and_remainder_are_never_beaten(seed, d, dff, scale, centre
     for r in (0.05, 0.5):
         dF, half = _bounds(ffn, z, r, centred)
         for t in range(2):
-            bd, bh = _ascent(ffn, Hs[t], r, centred, g)
+            bd, bh = ffn_ascent(ffn, Hs[t], r, centred, g)
             assert bd <= float(dF[t]) and bh <= float(half[t]), (r, t, bd, dF[t], bh, half[t])
 
 
@@ -166,7 +129,7 @@ def test_small_ffn_within_twice_the_ascent(centred):
     ffn = _ffn(11, 8, 32, 2.0)
     h = torch.randn(1, 8, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     dF, half = _bounds(ffn, h @ ffn.W_1.double() + ffn.b_1.double(), 0.2, centred)
-    bd, bh = _ascent(ffn, h[0], 0.2, centred, torch.Generator().manual_seed(3))
+    bd, bh = ffn_ascent(ffn, h[0], 0.2, centred, torch.Generator().manual_seed(3))
     assert bd <= float(dF[0]) <= 2.0 * bd and bh <= float(half[0]) <= 2.0 * bh
 
 

@@ -45,7 +45,7 @@ def test_curvature_drift_is_never_beaten(seed, d, dff, scale, bias, centred):
     for r in (0.05, 0.5, 2.0):
         dF, half = _bound(ffn, z, r, centred)
         for t in range(2):
-            bd, bh = ffn_ascent(ffn, Hs[t], r, centred, g)  # test_local_ffn2._ascent, its Jacobian in closed form
+            bd, bh = ffn_ascent(ffn, Hs[t], r, centred, g)
             assert bd <= float(dF[t]) and bh <= float(half[t]), (r, t, bd, dF[t], bh, half[t])
 
 

@@ -9,8 +9,9 @@ import math
 import pytest
 import torch
 
+from batched_drift_ascents import ffn_ascent as _ascent
 from lipschitz_testkit import hetero_gamma, random_spec, refine_every_token
-from test_local_ffn2 import _ascent, _ffn
+from test_local_ffn2 import _ffn
 from transcover.lipschitz import _local_rows
 from transcover.lipschitz import _local_stages as st
 from transcover.lipschitz._local_ffn2 import (
@@ -82,7 +83,7 @@ def test_skip_keeps_every_minimum_and_the_attack():
     """With ``above`` the tokens whose certificate can win get F51a's floats, the others ``inf`` only where F51a's
     values are at least ``above`` (both halves), so ``min(above, .)`` is the same float; some tokens of each kind.
     With ``above`` F38's bounds (as in the route), ``min(above, .)`` stays above float64 Adam's ascent on the drift
-    and on the remainder (``test_local_ffn2._ascent``) inside the ball."""
+    and on the remainder (``batched_drift_ascents.ffn_ascent``) inside the ball."""
     ffn, Hs, z = _centres(11)
     const = ffn_hadamard(ffn, centred=True)
     n1 = ffn.W_1.double().norm(dim=0)

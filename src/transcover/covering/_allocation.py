@@ -266,13 +266,13 @@ def kkt_split(costs: Sequence[CoverCost], eps: float) -> np.ndarray:
     log_eps = math.log(eps)
     lc = np.array([t.log_c for t in costs])
     live = lc > -math.inf  # a term with c_i = 0 cannot move the output and takes no budget
-    scales = _ScalesAt(_arrays(costs))
+    ar = _arrays(costs)
+    scales = _ScalesAt(ar)
     lc_live = lc[live]
 
     def excess(log_lam: float) -> float:  # log(sum c_i e_i) - log eps, decreasing in lambda
         return _logsumexp(lc_live + scales(log_lam)[live]) - log_eps
 
-    ar = _arrays(costs)
     size = [np.abs(v[live & np.isfinite(v)]).max(initial=0.0) for k, v in ar.items() if k != "inv"]
     return scales(replayed_bisection(excess, max(size) + abs(log_eps), int(live.sum()))[1])
 
@@ -284,13 +284,14 @@ def replayed_bisection(excess: Callable[[float], float], size: float, n_terms: i
     ``ln e_i`` falls with ``ln lambda`` at slope 1/3 (an ``A/e^2`` cost) or between 1/2 and 1 (a parametric one), so
     the exact excess falls by at least ``|dx|/3``.  Its float value errs by at most ``delta = 64 u (size + n)``
     (``size``: the largest magnitude among the terms' logs and ``ln eps``, plus the bracket's ``|ln lambda|``; a few
-    roundings of that size per term, the sum's ``n u``).  Regula falsi (Illinois) first brackets the float sign change to a few ``delta``:
-    ``a`` (last evaluated with excess ``> 0``) and ``b`` (``<= 0``).  Then the bisection is replayed step by step:
-    a midpoint ``6 delta`` or more below ``a`` has exact excess ``> -delta + 2 delta`` and so float excess ``> 0``,
-    one ``6 delta`` above ``b`` has float excess ``< 0``; any other midpoint is evaluated.  So every step takes the
-    branch the plain bisection takes, and the result is its result.  The bracket's own expansion is the plain one.
-    Nothing certified depends on this split (``allocate_mixed`` checks the budget exactly); the replay only saves
-    evaluations (each a dozen numpy operations: the allocations' cost in every covering curve's anchors).
+    roundings of that size per term, the sum's ``n u``).  Regula falsi (Illinois) first brackets the float sign change
+    to a few ``delta``: ``a`` (last evaluated with excess ``> 0``) and ``b`` (``<= 0``).  Then the bisection is
+    replayed step by step: a midpoint ``6 delta`` or more below ``a`` has exact excess ``> -delta + 2 delta`` and so
+    float excess ``> 0``, one ``6 delta`` above ``b`` has float excess ``< 0``; any other midpoint is evaluated.  So
+    every step takes the branch the plain bisection takes, and the result is its result.  The bracket's own
+    expansion is the plain one.  Nothing certified depends on this split (``allocate_mixed`` checks the budget
+    exactly); the replay only saves evaluations (each a dozen numpy operations: the allocations' cost in every
+    covering curve's anchors).
     """
     lo, hi = -50.0, 50.0
     e_lo = excess(lo)
@@ -408,7 +409,7 @@ def _float_sum_below(lc: list[float], le: list[float], eps: float) -> bool:
         if c == -math.inf or e == -math.inf:
             continue
         x = c + e
-        if not math.isfinite(x) or x > 700.0 or math.isnan(c) or math.isnan(e):
+        if not math.isfinite(x) or x > 700.0:  # NaN, +inf or an exp that may overflow: undecided
             return False
         terms.append(math.exp(x))
         big = max(big, abs(x))

@@ -258,7 +258,9 @@ def ffn_remainder_ascent(ffn, h: torch.Tensor, Ls: torch.Tensor, r: float, remH:
 
 
 def unit_sup(ffn, Q: torch.Tensor, r: float, remH: float):  # noqa: ANN001, ANN201
-    """``test_local_redteam18._unit_sup`` (the exact ``sup ||P w2|| |e(s)|`` over the reachable ``s`` on its 201-point
+    """The exact ``sup ||P w2|| |e(s)|``, ``e(s) = GELU(z + s) - GELU(z) - GELU'(z) s``, over the reachable
+    ``s = w1 . (a + rho)``: ``|s| <= R0 = r (w1^T Q w1)^{1/2} + ||w1|| remH`` (a lower bound of the sup: grid points are
+    attained; ``|e|`` is smooth at the grid's scale), as test_local_redteam18 had it (on its 201-point
     grid, mpmath), the same operations in the same order, with ``GELU(z)`` and ``GELU'(z)`` at the fixed centre formed
     once instead of at every grid point: the same mpf values."""
     import mpmath

@@ -22,6 +22,7 @@ import mpmath
 import pytest
 import torch
 
+from batched_redteam_ascents import unit_sup
 from lipschitz_testkit import hetero_gamma, random_spec
 from transcover.lipschitz import _local_stages
 from transcover.lipschitz._local_ffn2 import ffn_hadamard, ffn_second_norms, ffn_taylor_drift
@@ -136,23 +137,6 @@ def _one_unit(z0: float, d: int, seed: int):  # noqa: ANN202
     return ffn, L @ L.T
 
 
-def _unit_sup(ffn: FFNSpec, Q: torch.Tensor, r: float, remH: float):  # noqa: ANN202
-    """The exact ``sup ||P w2|| |e(s)|``, ``e(s) = GELU(z + s) - GELU(z) - GELU'(z) s``, over the reachable
-    ``s = w1 . (a + rho)``: ``|s| <= R0 = r (w1^T Q w1)^{1/2} + ||w1|| remH`` (attained, and the move's norm stays
-    within ``rh = r lambda_max(Q)^{1/2} + remH``); mpmath on a 201-point grid of ``[-R0, R0]`` plus its ends (a
-    grid point is attained, so this is a lower bound of the sup; ``|e|`` is smooth at the grid's scale)."""
-    w1 = [_mp(x) for x in ffn.W_1[:, 0]]
-    Qm = mpmath.matrix([[_mp(Q[a, b]) for b in range(Q.shape[0])] for a in range(Q.shape[0])])
-    wv = mpmath.matrix(w1)
-    R0 = _mp(r) * mpmath.sqrt((wv.T * Qm * wv)[0]) + mpmath.sqrt(mpmath.fsum(x * x for x in w1)) * _mp(remH)
-    w2 = [_mp(x) for x in ffn.W_2[0]]
-    mu = mpmath.fsum(w2) / len(w2)
-    nPw2 = mpmath.sqrt(mpmath.fsum((x - mu) ** 2 for x in w2))
-    z = _mp(ffn.b_1[0])
-    best = max(abs(_sig(z + s) - _sig(z) - _g1(z) * s) for s in (R0 * mpmath.mpf(k) / 100 for k in range(-100, 101)))
-    return nPw2 * best
-
-
 def _reach_bound(ffn: FFNSpec, Q: torch.Tensor, r: float, remH: float) -> float:
     const = ffn_hadamard(ffn, centred=True)
     z, ez = pre_activations(ffn, torch.zeros(1, Q.shape[0], dtype=F64))
@@ -165,7 +149,7 @@ def _reach_bound(ffn: FFNSpec, Q: torch.Tensor, r: float, remH: float) -> float:
 @pytest.mark.parametrize("z0", [0.0, math.sqrt(2), -2.0, 0.7922876485147344, 2.524257372700608, 6.0, -9.0])
 def test_f54_single_unit_exact_supremum(z0):
     """One unit (every Cauchy-Schwarz of F54b tight): the exact sup of the centred remainder over the reachable set
-    (``_unit_sup``) is never above F54b, for the pre-activation at GELU''s peak (0), zero (sqrt 2), trough (-2), at
+    (``batched_redteam_ascents.unit_sup``) is never above F54b, for the pre-activation at GELU''s peak (0), zero (sqrt 2), trough (-2), at
     GELU'''s extrema, saturated (6, -9), reaches ``R0`` from 1e-14 to 1e3, with and without ``remH``.  On the small
     reaches (r 1e-9 and 1e-4, the Taylor regime) it is within 0.5 of it wherever GELU'' or GELU''' is away from 0 (the
     bound is then the second- or third-order term itself): a bound 2x loose fails."""
@@ -173,7 +157,7 @@ def test_f54_single_unit_exact_supremum(z0):
     ffn, Q = _one_unit(z0, 4, 7)
     for r in (1e-14, 1e-9, 1e-4, 0.3, 3.0, 1e3):
         for remH in (0.0, 0.5 * r):
-            exact = float(_unit_sup(ffn, Q, r, remH))
+            exact = float(unit_sup(ffn, Q, r, remH))
             cert = _reach_bound(ffn, Q, r, remH)
             assert exact <= cert, (z0, r, remH, exact, cert)
             if 1e-9 <= r <= 1e-4 and abs(z0) < 5:

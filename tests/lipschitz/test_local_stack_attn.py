@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lipschitz_testkit import random_spec
-from batched_stage_ascents import batched_jvp, token_lowers
+from batched_stage_ascents import batched_jvp, bilinear_lowers, token_lowers
 from test_lipschitz_local import adversary
 from transcover.lipschitz._local_attention import head_norms
 from transcover.lipschitz._local_drift import head_second_derivative
@@ -27,7 +27,7 @@ from transcover.lipschitz._local_stack_aligned import FFNAligned, ellipsoid_gram
 from transcover.lipschitz._local_rows import _HeadMoments
 from transcover.lipschitz._local_stack_attn import AttentionAligned, head_projections
 from transcover.lipschitz._local_stack_stages import _attn_stage
-from transcover.model import attention_forward, ffn_forward
+from transcover.model import attention_forward, attention_scores, ffn_forward
 from transcover.model._functional import transformer_forward
 
 _SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -57,6 +57,57 @@ def _rows(P: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
     return torch.einsum("kjab,...jb->...ka", P, h)
 
 
+def _second_derivatives(attn, X: torch.Tensor, P: torch.Tensor, rho: float, mixed: bool, h: int):  # noqa: ANN001, ANN202
+    """``values`` of ``bilinear_lowers`` (K = T objectives, objective i query i's): ``||H_i(Z)[Delta, E]||`` of head
+    ``h`` (``head_second_derivative``, F35a) at ``Z = X + rho hz[T:]``, ``Delta = P hz[:T]`` (the unit rows themselves:
+    ``mixed``), ``E = P v[:T]``, for points (R, T, 2T, d).  The softmax row at Z is read without gradient, as
+    ``_head_data`` reads it (``certified_weights`` detaches Z): here the plain softmax of the same scores
+    (``attention_scores``), equal to rounding; the rest is ``head_second_derivative``'s algebra on batches."""
+    Wq, Wk, Wv, _ = attn.head(h)
+    G = attn.softmax_scale * Wq @ Wk.T
+    Wqa = attn.W_Q_augmented(h)
+    T = X.shape[0]
+    i = torch.arange(T)
+
+    def values(hz: torch.Tensor, v: torch.Tensor) -> torch.Tensor:  # (R, T, 2T, d) each: [s, i] objective i's
+        Z = X + rho * hz[..., T:, :]
+        Pz = torch.softmax(attention_scores(attn, Z.detach(), h), dim=-1)[:, i, i]  # (R, T, T): query i's row
+        Zi = Z[:, i, i]
+        Y = Z - (Pz[..., None, :] @ Z)  # y_j = z_j - sum_k P_ik z_k
+        q = attn.softmax_scale * (torch.cat([Zi, torch.ones_like(Zi[..., :1])], dim=-1) @ Wqa) @ Wk.T
+        D = hz[..., :T, :] if mixed else _rows(P, hz[..., :T, :])
+        E = _rows(P, v[..., :T, :])
+        Di, Ei = D[:, i, i], E[:, i, i]
+        dt, et = D - Pz[..., None, :] @ D, E - Pz[..., None, :] @ E
+        Gy = Y @ G.T
+        a = (Gy @ Di[..., None])[..., 0] + (dt @ q[..., None])[..., 0]
+        c = (Gy @ Ei[..., None])[..., 0] + (et @ q[..., None])[..., 0]
+        cross = (dt @ (Ei @ G)[..., None])[..., 0] + (et @ (Di @ G)[..., None])[..., 0]
+        inner = ((Pz * a)[..., None, :] @ et + (Pz * c)[..., None, :] @ dt + (Pz * (a * c + cross))[..., None, :] @ Y)
+        return (inner[..., 0, :] @ Wv).norm(dim=-1)
+    return values
+
+
+@pytest.mark.parametrize("seed,mixed,causal", [(3, False, False), (8, True, True)])
+def test_batched_second_derivative_is_the_librarys(seed, mixed, causal):
+    """``_second_derivatives`` (the batched objective of the ascent below) is ``head_second_derivative`` at the point's
+    ``_head_data`` (certified weights), per head, query and random point, to float64 rounding."""
+    layer, attn = _layer(seed, 1.0, causal)
+    X, P = _case(seed)
+    T, d = X.shape
+    g = torch.Generator().manual_seed(seed)
+    hz, v = (torch.randn(2, T, 2 * T, d, generator=g, dtype=torch.float64) for _ in range(2))
+    for h in range(attn.n_heads):
+        got = _second_derivatives(attn, X, P, 0.3, mixed, h)(hz, v)
+        for s in range(2):
+            for i in range(T):
+                Pz, Y, q, Wq, Wk, Wv, _ = _head_data(attn, X + 0.3 * hz[s, i, T:])[h]
+                D = hz[s, i, :T] if mixed else _rows(P, hz[s, i, :T])
+                ref = head_second_derivative(Pz[i], Y[i], q[i], attn.softmax_scale * Wq @ Wk.T, Wv, i, D,
+                                             _rows(P, v[s, i, :T])).norm()
+                assert torch.isclose(got[s, i], ref, rtol=1e-12, atol=0.0), (h, s, i, got[s, i], ref)
+
+
 @settings(max_examples=5, **_SETTINGS)
 @given(seed=st.integers(0, 10_000), qscale=st.sampled_from([1.0, 5.0]), causal=st.booleans(),
        rho=st.sampled_from([0.0, 0.05, 0.5]), mixed=st.booleans())
@@ -72,14 +123,9 @@ def test_projected_second_derivative_is_never_beaten(seed, qscale, causal, rho, 
     sup = al.sup(max(rho, 1e-300), mixed)
     shares = []
     for h in range(len(al.proj)):
-        for i in range(T):
-            def obj(hz, v, i=i, h=h):  # noqa: ANN001, ANN202
-                Z = X + rho * hz[T:]
-                Pz, Y, q, Wq, Wk, Wv, _ = _head_data(attn, Z)[h]
-                G = attn.softmax_scale * Wq @ Wk.T
-                D = hz[:T] if mixed else _rows(P, hz[:T])
-                return head_second_derivative(Pz[i], Y[i], q[i], G, Wv, i, D, _rows(P, v[:T])).norm()
-            lo = bilinear_lower(obj, (2 * T, d), restarts=2, steps=30, seed=seed + i)
+        values = _second_derivatives(attn, X, P, rho, mixed, h)
+        # per query i, bilinear_lower of ||H_i(Z)[Delta, E]|| (2 restarts x 30 steps, seed seed + i), every i in one batch
+        for i, lo in enumerate(bilinear_lowers(values, (2 * T, d), [seed + i for i in range(T)], restarts=2, steps=30)):
             assert lo <= float(sup[h, i]), (h, i, lo, sup)
             if rho == 0 and qscale == 1.0 and (al.p["mom"].rows[h]["P"][i] > 0).sum() > 1:
                 shares.append(lo / float(sup[h, i]))

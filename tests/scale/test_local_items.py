@@ -13,6 +13,7 @@ import torch
 
 from test_kill_resume import _committed, _kill_when  # the kill/resume harness of the analyze sweep
 
+from transcover.cli import main
 from transcover.lipschitz._local_report import local_table
 from transcover.model import load
 from transcover.scale import ResultStore
@@ -82,7 +83,7 @@ def test_resume_reuses_sequences_and_keys_follow_options(models, tmp_path):
         assert not base & {it.key for it in other}
 
 
-def test_cli_killed_half_way_and_resumed_equals_the_serial_table(models, tmp_path):
+def test_cli_killed_half_way_and_resumed_equals_the_serial_table(models, tmp_path, capsys):
     n = 8  # killed after 3 committed: the rest (and the resume) still outnumber the 2 workers
     np.save(tmp_path / "emb.npy", np.random.default_rng(5).standard_normal((n, 6, 32)))
     env = dict(os.environ, PYTHONPATH=SRC, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
@@ -105,9 +106,10 @@ def test_cli_killed_half_way_and_resumed_equals_the_serial_table(models, tmp_pat
     db.close()
     assert len(after) == n and set(after) == _committed(store)  # 0 lost
     assert {k: after[k] for k in before} == before  # 0 repeated
-    ref = subprocess.run([*base, "--json", str(tmp_path / "b.json")], env=env, capture_output=True, text=True)
-    assert ref.returncode == 0, ref.stderr  # the serial run: local_table in one process, no store
-    assert ref.stdout == out.stdout  # the same table
+    capsys.readouterr()
+    # the serial run: local_table in one process (this one: no interpreter and torch import of its own), no store
+    assert main([*base[3:], "--json", str(tmp_path / "b.json")]) == 0, capsys.readouterr().err
+    assert capsys.readouterr().out == out.stdout  # the same table
 
     def body(path):
         d = json.loads(path.read_text())

@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from lipschitz_testkit import random_spec, weight_underflows
+from speed_mixed import drift_lower_batched
 from transcover import InputError
 from transcover.lipschitz._local_drift import (
     attention_drift_hessian, head_second_derivative, heads_joint, output_block_norms,
@@ -98,9 +99,25 @@ def test_attention_drift_is_never_beaten(seed, causal, qscale, rho, H):
         assert weight_underflows(attn, X)
         return
     assert not weight_underflows(attn, X)
-    low, _ = drift_lower(lambda Z: attention_forward(attn, Z), X, rho, tokens=range(X.shape[0]), restarts=2,
-                         steps=12, seed=seed)
+    low, _ = drift_lower_batched(lambda Z: attention_forward(attn, Z), X, rho, tokens=range(X.shape[0]), restarts=2,
+                                 steps=12, seed=seed)
     assert bool((low <= bound * (1 + 1e-9)).all()), (low, bound)
+
+
+@pytest.mark.parametrize("which", ["attention", "layer"])
+def test_the_batched_drift_ascent_is_the_library_loop(which):
+    """The two attacks below run ``drift_lower``'s starts in one batch (``speed_mixed.drift_lower_batched``): on a
+    sharp causal attention and a pre-LN layer it attains ``drift_lower``'s rows (one start at a time) to rounding, and
+    its witness is the loop's (the same token, point and unit rows)."""
+    layer = _attn_layer(3, qscale=8.0, causal=True, placement="pre", H=4)
+    X = _X(3)
+    fn = (lambda Z: attention_forward(layer.attention, Z)) if which == "attention" else (lambda Z: layer_forward(layer, Z))
+    kw = dict(tokens=(1, 4), restarts=2, steps=3, seed=3)
+    low, best = drift_lower(fn, X, 0.05, **kw)
+    got, gbest = drift_lower_batched(fn, X, 0.05, **kw)
+    assert bool((low > 0).any()) and torch.allclose(got, low, rtol=1e-9, atol=0.0), (got, low)
+    assert gbest[1] == best[1] and gbest[0] == pytest.approx(best[0], rel=1e-9)
+    assert torch.allclose(gbest[2], best[2], rtol=0.0, atol=1e-12) and torch.allclose(gbest[3], best[3], atol=1e-9)
 
 
 @pytest.mark.parametrize("placement", ["post", "pre"])
@@ -113,7 +130,7 @@ def test_layer_drift_rows_are_never_beaten(placement, qscale):
     X = _X(5)
     for r in (1e-2, 0.1):
         lj = layer_rows(layer, X, [r])[0]
-        low, best = drift_lower(lambda Z: layer_forward(layer, Z), X, r, tokens=(0, 3), restarts=2, steps=12)
+        low, best = drift_lower_batched(lambda Z: layer_forward(layer, Z), X, r, tokens=(0, 3), restarts=2, steps=12)
         assert bool((low <= lj.drift_rows * (1 + 1e-9)).all()), (low, lj.drift_rows)
         Jy = torch.autograd.functional.jvp(lambda Z: layer_forward(layer, Z), best[2], best[3])[1]
         assert float(Jy[best[1]].norm()) <= float(lj.ball_rows[best[1]]) * (1 + 1e-9)
@@ -132,18 +149,18 @@ def test_heads_joint_is_never_beaten_and_exact_for_orthogonal_heads(orthogonal):
     heads = [(None,) * 6 + (Wo[h],) for h in range(H)]
     b = torch.rand(H, 1, generator=g, dtype=torch.float64) + 0.1
     bound = float(heads_joint(output_block_norms(heads), b)[0])
+    # the 4 restarts in one batch: their draws in the loop's order, each its own Adam steps (entrywise) on its value
+    z = torch.stack([torch.randn(H, dh, generator=g, dtype=torch.float64) for _ in range(4)]).requires_grad_(True)
+    opt = torch.optim.Adam([z], lr=0.05)
     best = 0.0
-    for _ in range(4):
-        z = torch.randn(H, dh, generator=g, dtype=torch.float64).requires_grad_(True)
-        opt = torch.optim.Adam([z], lr=0.05)
-        for _ in range(200):
-            with torch.no_grad():
-                z.mul_(torch.clamp(b / z.norm(dim=1, keepdim=True), max=1.0))
-            val = torch.einsum("ha,had->d", z, Wo).norm()
-            best = max(best, float(val.detach()))
-            opt.zero_grad()
-            (-val).backward()
-            opt.step()
+    for _ in range(200):
+        with torch.no_grad():
+            z.mul_(torch.clamp(b / z.norm(dim=2, keepdim=True), max=1.0))
+        val = torch.einsum("rha,had->rd", z, Wo).norm(dim=-1)
+        best = max(best, float(val.detach().max()))
+        opt.zero_grad()
+        (-val.sum()).backward()
+        opt.step()
     assert best <= bound * (1 + 1e-12), (best, bound)
     if orthogonal:
         exact = float(torch.sqrt(sum(b[h, 0] ** 2 * torch.linalg.matrix_norm(Wo[h], 2) ** 2 for h in range(H))))

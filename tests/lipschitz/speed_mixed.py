@@ -82,3 +82,14 @@ def drift_lower_batched(fn, X: torch.Tensor, rho: float, *, tokens=(0,), restart
     k = int(torch.nonzero(bval == bval.max())[0]) if bool(torch.isfinite(bval).all()) else int(bval.argmax())
     best = [float(bval[k]), int(btok[k]), bY[k].clone(), bV[k]] if float(bval[k]) > -1.0 else [-1.0, 0, X, None]
     return vals, best
+
+
+def gelu_ffn_jacobians(ffn, h: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+    """``jacobian(lambda u: gelu(u @ W_1 + b_1) @ W_2, h_t, create_graph=True)`` (output x input) for every row
+    ``h_t`` of ``h`` (..., d) at once, in closed form ``W_2^T diag(gelu'(u_t)) W_1^T`` with ``gelu'`` by one autograd
+    pass through the elementwise GELU (its Jacobian's diagonal): the same entries to rounding, differentiable in h."""
+    u = h @ ffn.W_1 + ffn.b_1
+    if not u.requires_grad:
+        u = u.requires_grad_(True)
+    (s,) = torch.autograd.grad(torch.nn.functional.gelu(u).sum(), u, create_graph=True)
+    return ffn.W_2.T @ (s[..., :, None] * ffn.W_1.T)

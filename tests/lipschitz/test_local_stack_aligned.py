@@ -13,9 +13,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from batched_bilinear_ascents import reach_lowers
 from lipschitz_testkit import random_spec
+from speed_mixed import gelu_ffn_jacobians
 from test_lipschitz_local import adversary
-from transcover.lipschitz._local_lower import bilinear_lower
 from transcover.lipschitz._local_stack import certified_rows, stack_local
 from transcover.lipschitz._local_stack_aligned import FFNAligned, ellipsoid_gram
 from transcover.model import Activation, FFNSpec
@@ -63,11 +64,18 @@ def test_aligned_norm_is_never_beaten(seed, pscale):
     T = H.shape[0]
     al = FFNAligned(ffn, H, P, {})
     D = torch.exp(-0.5 * al.z**2) / math.sqrt(2 * math.pi) * (2 - al.z**2)
-    for k in range(T):
-        def obj(h, v, k=k):  # noqa: ANN001, ANN202
-            a, b = torch.einsum("jab,jb->a", P[k], h), torch.einsum("jab,jb->a", P[k], v)
-            return (((a @ ffn.W_1) * (b @ ffn.W_1) * D[k]) @ ffn.W_2).norm()
-        lo = bilinear_lower(obj, H.shape, steps=150, seed=seed + k)
+
+    def obj(h, v, k):  # noqa: ANN001, ANN202
+        a, b = torch.einsum("jab,jb->a", P[k], h), torch.einsum("jab,jb->a", P[k], v)
+        return (((a @ ffn.W_1) * (b @ ffn.W_1) * D[k]) @ ffn.W_2).norm()
+
+    def values(h, v):  # noqa: ANN001, ANN202  (R, T, T, d) each -> (R, T): entry (s, k) obj(., ., k) alone
+        a, b = torch.einsum("kjab,rkjb->rka", P, h), torch.einsum("kjab,rkjb->rka", P, v)
+        return (((a @ ffn.W_1) * (b @ ffn.W_1) * D) @ ffn.W_2).norm(dim=-1)
+    # bilinear_lower(obj k, H.shape, steps=150, seed=seed + k) (3 restarts) for every token k, in one batch
+    los = reach_lowers(values, [lambda h, v, k=k: obj(h, v, k) for k in range(T)], H.shape,
+                       [seed + k for k in range(T)], restarts=3, steps=150)
+    for k, lo in enumerate(los):
         assert lo <= float(al.nq[k]), (k, lo, al.nq)
         assert lo >= 0.05 * float(al.nq[k]), (k, lo, al.nq)
 
@@ -81,13 +89,24 @@ def test_reach_is_never_beaten_behind_a_linear_prefix(seed, rho):
     al = FFNAligned(ffn, H, P, {})
     nu = certified_rows(P)
     reach = al.reach(rho * nu * (1 + 1e-12), nu, rho, torch.zeros_like(nu), 0.0, 0.0)
+    objs = []
     for k in range(H.shape[0]):
         J0 = _jac(ffn, H[k]).detach()
 
         def obj(h, v, k=k, J0=J0):  # noqa: ANN001, ANN202
             move = torch.einsum("jab,jb->a", P[k], rho * h)
             return ((_jac(ffn, H[k] + move) - J0) @ torch.einsum("jab,jb->a", P[k], v)).norm()
-        lo = bilinear_lower(obj, H.shape, restarts=2, steps=60, seed=seed + k)
+        objs.append(obj)
+    J0s = gelu_ffn_jacobians(ffn, H).detach()  # (T, d, d): _jac at every H[k]
+
+    def values(h, v):  # noqa: ANN001, ANN202  (R, T, T, d) each -> (R, T): entry (s, k) objs[k] alone
+        move = torch.einsum("kjab,rkjb->rka", P, rho * h)
+        Pv = torch.einsum("kjab,rkjb->rka", P, v)
+        return ((gelu_ffn_jacobians(ffn, H + move) - J0s) @ Pv[..., None])[..., 0].norm(dim=-1)
+    # bilinear_lower(objs[k], H.shape, restarts=2, steps=60, seed=seed + k) for every token k, in one batch (checked
+    # against objs on the first step)
+    los = reach_lowers(values, objs, H.shape, [seed + k for k in range(H.shape[0])], restarts=2, steps=60)
+    for k, lo in enumerate(los):
         assert lo <= float(reach[k]), (k, lo, reach)
         assert lo > 0
 

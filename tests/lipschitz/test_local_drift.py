@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from lipschitz_testkit import random_spec, weight_underflows
-from speed_mixed import drift_lower_batched
+from batched_drift_ascents import drift_lower_batched
 from transcover import InputError
 from transcover.lipschitz._local_drift import (
     attention_drift_hessian, head_second_derivative, heads_joint, output_block_norms,
@@ -106,7 +106,7 @@ def test_attention_drift_is_never_beaten(seed, causal, qscale, rho, H):
 
 @pytest.mark.parametrize("which", ["attention", "layer"])
 def test_the_batched_drift_ascent_is_the_library_loop(which):
-    """The two attacks below run ``drift_lower``'s starts in one batch (``speed_mixed.drift_lower_batched``): on a
+    """The two attacks below run ``drift_lower``'s starts in one batch (``batched_drift_ascents.drift_lower_batched``): on a
     sharp causal attention and a pre-LN layer it attains ``drift_lower``'s rows (one start at a time) to rounding, and
     its witness is the loop's (the same token, point and unit rows)."""
     layer = _attn_layer(3, qscale=8.0, causal=True, placement="pre", H=4)

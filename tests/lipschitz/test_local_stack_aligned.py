@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from batched_bilinear_ascents import reach_lowers
 from lipschitz_testkit import random_spec
-from speed_mixed import gelu_ffn_jacobians
+from batched_drift_ascents import slope_jacobian
 from test_lipschitz_local import adversary
 from transcover.lipschitz._local_stack import certified_rows, stack_local
 from transcover.lipschitz._local_stack_aligned import FFNAligned, ellipsoid_gram
@@ -97,12 +97,12 @@ def test_reach_is_never_beaten_behind_a_linear_prefix(seed, rho):
             move = torch.einsum("jab,jb->a", P[k], rho * h)
             return ((_jac(ffn, H[k] + move) - J0) @ torch.einsum("jab,jb->a", P[k], v)).norm()
         objs.append(obj)
-    J0s = gelu_ffn_jacobians(ffn, H).detach()  # (T, d, d): _jac at every H[k]
+    J0s = slope_jacobian(ffn, H).detach()  # (T, d, d): _jac at every H[k]
 
     def values(h, v):  # noqa: ANN001, ANN202  (R, T, T, d) each -> (R, T): entry (s, k) objs[k] alone
         move = torch.einsum("kjab,rkjb->rka", P, rho * h)
         Pv = torch.einsum("kjab,rkjb->rka", P, v)
-        return ((gelu_ffn_jacobians(ffn, H + move) - J0s) @ Pv[..., None])[..., 0].norm(dim=-1)
+        return ((slope_jacobian(ffn, H + move) - J0s) @ Pv[..., None])[..., 0].norm(dim=-1)
     # bilinear_lower(objs[k], H.shape, restarts=2, steps=60, seed=seed + k) for every token k, in one batch (checked
     # against objs on the first step)
     los = reach_lowers(values, objs, H.shape, [seed + k for k in range(H.shape[0])], restarts=2, steps=60)

@@ -116,6 +116,47 @@ def _adversary_batched(fn, X: torch.Tensor, C: torch.Tensor, rho: float, *, step
     return best
 
 
+def adversaries(fn, X: torch.Tensor, rhos, *, restarts: int = 4, steps: int = 40, seed: int = 0) -> list:  # noqa: ANN001
+    """``[adversary(fn, X, rho, restarts=, steps=, seed=) for rho in rhos]``, every restart of every radius in one
+    batch where ``fn`` acts on a leading batch axis: per radius the same starts (a fresh generator seeded ``seed``),
+    the same power iterations (seeds ``seed + k``) and the same Adam steps (each radius its own param group, lr
+    ``0.05 rho``; Adam acts entrywise, each pair's ratio depends on its own entries only), and the two points of every
+    pair through ``fn`` in one call; ``adversary``'s loop one radius after another otherwise."""
+    rhos = [float(r) for r in rhos]
+    Cs = []
+    for rho in rhos:
+        g = torch.Generator().manual_seed(seed)
+        Cs.append(torch.stack([_clip(torch.randn(X.shape, generator=g, dtype=torch.float64) * rho, rho)
+                               for _ in range(restarts)]))
+    C = torch.cat(Cs)
+    if restarts < 2 or not _acts_batched(fn, X + C):
+        return [adversary(fn, X, rho, restarts=restarts, steps=steps, seed=seed) for rho in rhos]
+    m, K = len(rhos), restarts
+    jn, V = _power_2inf_batched(fn, X + C, [seed + k for k in range(K)] * m, 10)
+    best = jn.reshape(m, K).amax(dim=1).tolist()
+    As = [c.clone().requires_grad_(True) for c in Cs]
+    Bs = [_clip(c + 1e-3 * rho * v, rho).clone().requires_grad_(True) for c, v, rho in zip(Cs, V.split(K), rhos)]
+    opt = torch.optim.Adam([{"params": [a, b], "lr": 0.05 * rho} for a, b, rho in zip(As, Bs, rhos)])
+    rho_t = torch.tensor(rhos, dtype=torch.float64).repeat_interleave(K)
+    for _ in range(steps):
+        with torch.no_grad():
+            for a, b, rho in zip(As, Bs, rhos):
+                a.copy_(_clip(a, rho))
+                b.copy_(_clip(b, rho))
+        A, B = torch.cat(As), torch.cat(Bs)
+        Y = fn(X + torch.cat([A, B]))
+        num = _n24(Y[: m * K] - Y[m * K:])
+        den = _n24(A - B)
+        r = num / den
+        ok = torch.isfinite(r) & (den > 1e-9 * rho_t)
+        rr = torch.where(ok, r.detach(), -torch.inf).reshape(m, K).amax(dim=1).tolist()
+        best = [max(b, v) for b, v in zip(best, rr)]
+        opt.zero_grad()
+        (-r.sum()).backward()
+        opt.step()
+    return best
+
+
 def _adversary_loop(fn, X: torch.Tensor, rho: float, *, restarts: int = 4, steps: int = 40, seed: int = 0) -> float:  # noqa: ANN001
     """``adversary`` one restart after another (the reference of the batched form; maps that do not batch)."""
     g = torch.Generator().manual_seed(seed)
@@ -151,9 +192,10 @@ def test_attention_local_bound_is_never_beaten(case):
     spec = random_spec(3, act="gelu", scale=1.5, **case)
     att = spec.layers[0].attention
     X = torch.randn(4, 6, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    for rho in (1e-3, 0.3):
+    rhos = (1e-3, 0.3)
+    los = adversaries(lambda Z: attention_forward(att, Z), X, rhos)  # both radii's adversaries in one batch
+    for rho, lo in zip(rhos, los):
         ub = attention_local_bound(att, X, rho).upper
-        lo = adversary(lambda Z: attention_forward(att, Z), X, rho)
         assert 0 < lo <= ub, (case, rho, lo, ub)
 
 
@@ -164,7 +206,7 @@ def test_layer_local_bound_is_never_beaten(seed, case, rho):
     layer = spec.layers[0]
     X = torch.randn(4, 6, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     ll = layer_local(layer, X, rho)
-    lo = adversary(lambda Z: layer_forward(layer, Z), X, rho, restarts=3, steps=30, seed=seed)
+    (lo,) = adversaries(lambda Z: layer_forward(layer, Z), X, [rho], restarts=3, steps=30, seed=seed)
     assert lo <= ll.product * (1 + 1e-12), (lo, ll)
     assert lo <= ll.jacobian_ball * (1 + 1e-12), (lo, ll)
     assert ll.jacobian_point <= ll.jacobian_ball
@@ -179,7 +221,7 @@ def test_network_local_bound_is_never_beaten():
     spec = random_spec(5, act="gelu", norm="layernorm", placement="post", L=2)
     X = torch.randn(4, 6, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     nl = network_local(spec, X, 1e-2)
-    lo = adversary(lambda Z: transformer_forward(spec, Z, with_head=False), X, 1e-2, restarts=3)
+    (lo,) = adversaries(lambda Z: transformer_forward(spec, Z, with_head=False), X, [1e-2], restarts=3)
     assert lo <= nl.upper
 
 
@@ -189,7 +231,7 @@ def test_norm_local_floor_matches_the_exact_jacobian_and_is_sound():
     X = torch.randn(5, 6, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     rho = 0.2
     lip, _ = norm_local(n, X, rho)
-    lo = adversary(lambda Z: n(Z), X, rho)
+    (lo,) = adversaries(lambda Z: n(Z), X, [rho])
     assert lo <= float(lip.max())
     # rho -> 0 with constant gamma: the floor bound is the exact Jacobian norm 1/s (F14)
     n1 = dataclasses.replace(n, weight=torch.ones(6, dtype=torch.float64))
@@ -420,7 +462,7 @@ def test_real_minilm_sentences_one_layer_sound(minilm):
         Y = spec.input_norm(X)
         rho = 1e-4 * float(Y.norm(dim=1).median())
         ll = layer_local(layer, Y, rho, cache=cache)
-        lo = adversary(lambda Z: layer_forward(layer, Z), Y, rho, restarts=2, steps=15)
+        (lo,) = adversaries(lambda Z: layer_forward(layer, Z), Y, [rho], restarts=2, steps=15)
         assert lo > 1.0  # the search found a real slope on real text
         assert lo <= ll.upper  # and the certified local bound holds against it
         assert ll.jacobian_point < 30 * lo  # the Jacobian route at the point is within ~10x on real text
@@ -552,5 +594,5 @@ def test_components_take_the_global_constant_where_its_domain_holds_their_ball(n
     Z = spec.input_norm(X)
     ll = layer_local(layer, Z, 0.3)
     assert "ffn" in ll.global_parts
-    lo = adversary(lambda W: layer_forward(layer, W), Z, 0.3, restarts=3, steps=30)
+    (lo,) = adversaries(lambda W: layer_forward(layer, W), Z, [0.3], restarts=3, steps=30)
     assert 0 < lo <= ll.upper, (lo, ll.upper)

@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from lipschitz_testkit import hetero_gamma, minilm_layer0_rows, random_spec
-from test_lipschitz_local import adversary
+from test_lipschitz_local import adversaries
 from transcover.lipschitz import _local_gamma_fold
+from transcover.lipschitz._local_attention import head_norms
 from transcover.lipschitz._local_gamma_fold import FoldedFfnDrift, folded_layer
 from transcover.lipschitz._local_jacobian import _weight_norms
 from transcover.lipschitz._local_rows import layer_rows
@@ -73,22 +74,35 @@ def _gelu1(z: torch.Tensor) -> torch.Tensor:
 def _ascent(value, rn: float, seed: int, starts: int = 3, steps: int = 120) -> torch.Tensor:  # noqa: ANN001
     """(T,) float64 Adam ascent of ``value(v, u, w)`` (..., T) over per-token ``||v_i|| <= rn`` and unit ``u_i``, ``w_i``;
     the starts run as one batch (leading axis; each start's own draws and Adam steps: Adam acts entrywise)."""
-    g = torch.Generator().manual_seed(seed)
-    draws = torch.stack([torch.stack([torch.randn(T, D, generator=g, dtype=torch.float64) for _ in "vuw"])
-                         for _ in range(starts)])  # (starts, 3, T, D), per start v, u, w
-    v = (draws[:, 0] / draws[:, 0].norm(dim=-1, keepdim=True) * rn).requires_grad_(True)
-    u, w = draws[:, 1].clone().requires_grad_(True), draws[:, 2].clone().requires_grad_(True)
-    opt = torch.optim.Adam([{"params": [v], "lr": 0.1 * rn}, {"params": [u, w], "lr": 0.05}])
-    best = torch.zeros(T, dtype=torch.float64)
+    return _ascents(value, [rn], [seed], starts, steps)[0]
+
+
+def _ascents(value, rns: list, seeds: list, starts: int = 3, steps: int = 120) -> list:  # noqa: ANN001
+    """``[_ascent(value, rn, seed, starts, steps) for rn, seed in zip(rns, seeds)]``, every radius's starts in one batch
+    (leading axes (radius, start)): per radius the same draws (its own generator), its own Adam param groups (lr
+    ``0.1 rn`` on ``v``, 0.05 on ``u``, ``w``; Adam acts entrywise) and projection, so each ascent takes its own steps."""
+    vs, us, ws = [], [], []
+    for rn, seed in zip(rns, seeds):
+        g = torch.Generator().manual_seed(seed)
+        draws = torch.stack([torch.stack([torch.randn(T, D, generator=g, dtype=torch.float64) for _ in "vuw"])
+                             for _ in range(starts)])  # (starts, 3, T, D), per start v, u, w
+        vs.append((draws[:, 0] / draws[:, 0].norm(dim=-1, keepdim=True) * rn).requires_grad_(True))
+        us.append(draws[:, 1].clone().requires_grad_(True))
+        ws.append(draws[:, 2].clone().requires_grad_(True))
+    opt = torch.optim.Adam([{"params": [v], "lr": 0.1 * rn} for v, rn in zip(vs, rns)]
+                           + [{"params": [u, w], "lr": 0.05} for u, w in zip(us, ws)])
+    best = torch.zeros(len(rns), T, dtype=torch.float64)
     for _ in range(steps):
         with torch.no_grad():
-            v.mul_(torch.clamp(rn / v.norm(dim=-1, keepdim=True).clamp(min=1e-300), max=1.0))
-        val = value(v, u / u.norm(dim=-1, keepdim=True), w / w.norm(dim=-1, keepdim=True))
-        best = torch.maximum(best, val.detach().amax(dim=0))
+            for v, rn in zip(vs, rns):
+                v.mul_(torch.clamp(rn / v.norm(dim=-1, keepdim=True).clamp(min=1e-300), max=1.0))
+        u, w = torch.stack(us), torch.stack(ws)
+        val = value(torch.stack(vs), u / u.norm(dim=-1, keepdim=True), w / w.norm(dim=-1, keepdim=True))
+        best = torch.maximum(best, val.detach().amax(dim=1))
         opt.zero_grad()
         (-val.sum()).backward()
         opt.step()
-    return best
+    return list(best)
 
 
 @pytest.mark.parametrize("placement", ["post", "pre"])
@@ -117,11 +131,13 @@ def test_folded_drift_and_remainder_are_never_beaten(placement, kind, saturate):
         dh = gam * v
         return ((F(h + dh) - F(h) - (s0 * (dh @ W1)) @ W2) @ P).norm(dim=-1)
 
-    for k, rn in enumerate((0.03, 0.4, 3.0)):
+    rns = (0.03, 0.4, 3.0)
+    # the three radii's ascents in one batch each (_ascents: every ascent its own draws and steps, seeds k and k + 50)
+    los = _ascents(drift, list(rns), [0, 1, 2])
+    los_r = _ascents(rem, list(rns), [50, 51, 52])
+    for rn, lo, lo_r in zip(rns, los, los_r):
         dG, dGh = _fold_drifts(layer, z, torch.full((T,), rn, dtype=torch.float64))
-        lo = _ascent(drift, rn, seed=k)
         assert bool((lo > 0).all()) and bool((lo <= dG).all()), (kind, saturate, rn, lo, dG)
-        lo_r = _ascent(rem, rn, seed=k + 50)
         assert bool((lo_r <= dGh * rn).all()), (kind, saturate, rn, lo_r, dGh * rn)
 
 
@@ -142,9 +158,13 @@ def test_layer_rows_with_the_fold_are_never_beaten(case, kind):
     assert folded_layer(layer) is not None
     X = torch.randn(4, D, generator=g, dtype=torch.float64)
     out = layer_forward(layer, X)
-    for rho in (1e-3, 3e-2, 0.2):
-        lj = layer_rows(layer, X, [rho])[0]
-        lo = adversary(lambda Z: layer_forward(layer, Z), X, rho, restarts=3, steps=30, seed=5)
+    rhos = (1e-3, 3e-2, 0.2)
+    # the layer's weight-only norms once for the three balls (as layer_local's cache passes them; no patch here), and
+    # the three radii's adversaries in one batch (adversaries: each radius adversary's own starts and steps)
+    norms, hn = _weight_norms(layer), head_norms(layer.attention)
+    los = adversaries(lambda Z: layer_forward(layer, Z), X, rhos, restarts=3, steps=30, seed=5)
+    for rho, lo in zip(rhos, los):
+        lj = layer_rows(layer, X, [rho], norms=norms, head_norms_=hn)[0]
         assert lo <= lj.ball * (1 + 1e-12), (rho, lo, lj.ball, lj.parts)
         for _ in range(5):
             E = torch.randn(X.shape, generator=g, dtype=torch.float64)
@@ -179,28 +199,39 @@ def test_post_fold_ball_is_never_beaten(norm, kind):
     pt, dd = st.post_point(at, gram), st.drift_at_x(at)
     fx = st.fold_at_x(at, gram)
     n0 = n(X)
-    for r in (1e-3, 3e-2, 0.2):
+    radii = (1e-3, 3e-2, 0.2)
+    # every radius's 3 starts and 3 random points drawn from g in the original order (per radius: the starts in turn,
+    # then the points; the ascents draw nothing)
+    starts, rand = [], []
+    for r in radii:
+        starts.append(torch.stack([clip_rows(torch.randn(X.shape, generator=g, dtype=torch.float64) * r, r)
+                                   for _ in range(3)]))
+        rand.append(torch.stack([clip_rows(torch.randn(X.shape, generator=g, dtype=torch.float64) * r, r)
+                                 for _ in range(3)]))
+    # the 3 radii x 3 starts as one batch: each start its own Adam steps (Adam acts entrywise; a radius's starts are
+    # one param group, lr 0.1 r), n acts on the leading batch axes
+    Es = [E0.clone().requires_grad_(True) for E0 in starts]
+    opt = torch.optim.Adam([{"params": [E], "lr": 0.1 * r} for E, r in zip(Es, radii)])
+    best = torch.zeros(len(radii), 4, dtype=torch.float64)
+    for _ in range(80):
+        with torch.no_grad():
+            for E, r in zip(Es, radii):
+                E.copy_(clip_rows(E, r))
+        mv = (n(X + torch.stack(Es)) - n0).norm(dim=-1)  # (radius, start, T)
+        best = torch.maximum(best, mv.detach().amax(dim=1))
+        opt.zero_grad()
+        (-mv.sum()).backward()
+        opt.step()
+    # per point (the ascents' last iterates, then the random points) the exact Jacobian of n, all 18 points in one:
+    # n maps each point on its own, so the Jacobian of the batch's sum in one point is that point's Jacobian
+    pts = torch.stack([torch.cat([clip_rows(E.detach(), r), R]) for E, R, r in zip(Es, rand, radii)])  # (3, 6, T, d)
+    Jb = torch.autograd.functional.jacobian(lambda Z: n(Z).sum(dim=(0, 1)), X + pts)  # (T, d, 3, 6, T, d)
+    for k, r in enumerate(radii):
         att = st.post_attention(at, pt, dd, norms, r, [])
         fb = st.post_fold(at, dd, att, fx, r, [])
-        best = torch.zeros(4, dtype=torch.float64)
-        # the 3 starts as one batch (each its own draw from g in turn and its own Adam steps: Adam acts entrywise;
-        # n acts on the leading batch axis)
-        E = torch.stack([clip_rows(torch.randn(X.shape, generator=g, dtype=torch.float64) * r, r)
-                         for _ in range(3)]).requires_grad_(True)
-        opt = torch.optim.Adam([E], lr=0.1 * r)
-        for _ in range(80):
-            with torch.no_grad():
-                E.copy_(clip_rows(E, r))
-            mv = (n(X + E) - n0).norm(dim=-1)
-            best = torch.maximum(best, mv.detach().amax(dim=0))
-            opt.zero_grad()
-            (-mv.sum()).backward()
-            opt.step()
-        pts = list(clip_rows(E.detach(), r))
-        assert bool((best > 0).all()) and bool((best <= fb.rn).all()), (r, best, fb.rn)
-        pts += [clip_rows(torch.randn(X.shape, generator=g, dtype=torch.float64) * r, r) for _ in range(3)]
-        for E in pts:
-            J = torch.autograd.functional.jacobian(n, X + E)  # (T, d, T, d)
+        assert bool((best[k] > 0).all()) and bool((best[k] <= fb.rn).all()), (r, best[k], fb.rn)
+        for p in range(pts.shape[1]):
+            J = Jb[:, :, k, p]  # (T, d, T, d)
             assert bool((row_norm_lower(J.permute(0, 2, 1, 3)) <= fb.Ns).all()), (r, fb.Ns)
 
 

@@ -1,0 +1,121 @@
+"""Test helper (branch speed-cli): an exact memo of ``transcover.covering.model_bound``.
+
+``model_bound`` is a deterministic function of its arguments (a spec's weights and fields, the BoundConfig's numbers,
+the reference), and it is most of the CPU of every ``train`` call (its final generalisation bound), of ``bound`` and of
+``report``.  Several tests of a file compute it on bit-identical inputs: a resumed run ends with the weights of the
+uninterrupted one (so its final bound is the same computation), ``bound RUN`` and ``report RUN`` of one run.  The memo
+keys a call on a SHA-256 of every argument, every tensor's dtype, shape and raw bytes, every dataclass field, enum and
+number (``repr`` of a float is exact); a call with anything it cannot key (``terms=``, ``norms=``, an unknown type) goes
+to the real function.  A hit returns a deep copy of the stored result, so no caller sees another's object.  Exceptions
+are not stored: a refused call is refused again by the real function.
+
+``SPEED_CLI_VERIFY=1`` recomputes every hit and asserts it equals the stored result (``to_dict()``, compared as JSON):
+the check that the key misses nothing the result depends on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import enum
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+
+import numpy as np
+import pytest
+import torch
+
+
+class _Unkeyable(TypeError):
+    pass
+
+
+def _feed(h, obj) -> None:  # noqa: ANN001, C901
+    if obj is None or isinstance(obj, (bool, int, str, bytes)):
+        h.update(f"{type(obj).__name__}:{obj!r};".encode())
+    elif isinstance(obj, float):
+        h.update(f"float:{obj!r};".encode())
+    elif isinstance(obj, enum.Enum):
+        h.update(f"enum:{type(obj).__qualname__}.{obj.name};".encode())
+        _feed(h, obj.value)
+    elif isinstance(obj, torch.Tensor):
+        t = obj.detach().cpu().contiguous()
+        h.update(f"tensor:{t.dtype}:{tuple(t.shape)}:{t.layout}:{t.requires_grad};".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    elif isinstance(obj, np.ndarray):
+        a = np.ascontiguousarray(obj)
+        h.update(f"ndarray:{a.dtype.str}:{a.shape};".encode())
+        h.update(a.tobytes())
+    elif isinstance(obj, np.generic):
+        h.update(f"npscalar:{obj.dtype.str}:{obj.item()!r};".encode())
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        h.update(f"dc:{type(obj).__module__}.{type(obj).__qualname__}(".encode())
+        for f in dataclasses.fields(obj):
+            h.update(f"{f.name}=".encode())
+            _feed(h, getattr(obj, f.name))
+        h.update(b");")
+    elif isinstance(obj, Mapping):
+        h.update(f"map:{type(obj).__qualname__}:{len(obj)}(".encode())
+        for k, v in obj.items():
+            _feed(h, k)
+            _feed(h, v)
+        h.update(b");")
+    elif isinstance(obj, (list, tuple)):
+        h.update(f"seq:{type(obj).__qualname__}:{len(obj)}(".encode())
+        for v in obj:
+            _feed(h, v)
+        h.update(b");")
+    else:
+        raise _Unkeyable(type(obj))
+
+
+def fingerprint(obj) -> str | None:  # noqa: ANN001
+    """SHA-256 of everything in ``obj`` (None if some part cannot be keyed exactly)."""
+    h = hashlib.sha256()
+    try:
+        _feed(h, obj)
+    except _Unkeyable:
+        return None
+    return h.hexdigest()
+
+
+def _as_json(result) -> str:  # noqa: ANN001
+    return json.dumps(result.to_dict(), sort_keys=True, default=repr)
+
+
+class ModelBoundMemo:
+    """``model_bound`` computed once per distinct argument set (see the module docstring)."""
+
+    def __init__(self, real):  # noqa: ANN001
+        self.real, self.store, self.hits, self.misses = real, {}, 0, 0
+        self.verify = os.environ.get("SPEED_CLI_VERIFY") == "1"
+
+    def __call__(self, spec, config=None, *, reference=None, terms=None, norms=None, **options):  # noqa: ANN001, ANN003, ANN204
+        key = None
+        if terms is None and norms is None:
+            key = fingerprint(("model_bound", spec, config, reference, sorted(options.items())))
+        if key is None:
+            return self.real(spec, config, reference=reference, terms=terms, norms=norms, **options)
+        if key not in self.store:
+            self.misses += 1
+            self.store[key] = self.real(spec, config, reference=reference, **options)
+        else:
+            self.hits += 1
+            if self.verify:
+                again = self.real(spec, config, reference=reference, **options)
+                assert _as_json(again) == _as_json(self.store[key]), "model_bound memo: a hit differs"
+        return copy.deepcopy(self.store[key])
+
+
+@contextlib.contextmanager
+def model_bound_once():
+    """``transcover.covering.model_bound`` (which train, bound, report and the CLI import at call time) memoised."""
+    import transcover.covering as covering
+
+    memo = ModelBoundMemo(covering.model_bound)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(covering, "model_bound", memo)
+        yield memo

@@ -6,7 +6,9 @@ weights", "cannot tell the architecture"), and the local routes refused its Pi_n
 """
 
 import json
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,8 +18,20 @@ import transcover
 from transcover.cli import main
 from transcover.train import TrainConfig, checkpoint_spec, load_data, load_task, train
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from speed_cli import model_bound_once  # noqa: E402
+
 TINY = TrainConfig(task="digits", n_train=120, epochs=1, batch_size=40, lr=3e-2, d_model=12, n_heads=2,
                    n_layers=1, d_ff=8, head_hidden=(8,))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _bounds_once():
+    """``bound RUN``, ``report RUN`` (and ``train``'s final bound) of the module's one run compute the same
+    ``model_bound`` several times: memoised on the exact spec and options (tests/speed_cli.py); no test of this file
+    patches anything the bound reads."""
+    with model_bound_once() as memo:
+        yield memo
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,10 @@ number (``repr`` of a float is exact); a call with anything it cannot key (``ter
 to the real function.  A hit returns a deep copy of the stored result, so no caller sees another's object.  Exceptions
 are not stored: a refused call is refused again by the real function.
 
+The spec's ``name`` (a label: the result's ``model``, taken from each call) and ``config`` (the loader's notes, e.g.
+the stored dtype, which ``model_bound`` never reads) are left out of the key, and the options are keyed as the
+BoundConfig ``model_bound`` forms from them: ``train``'s final bound of a run and ``bound RUN`` are one computation.
+
 ``SPEED_CLI_VERIFY=1`` recomputes every hit and asserts it equals the stored result (``to_dict()``, compared as JSON):
 the check that the key misses nothing the result depends on.
 """
@@ -22,7 +26,8 @@ import enum
 import hashlib
 import json
 import os
-from collections.abc import Mapping
+import sys
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pytest
@@ -57,14 +62,14 @@ def _feed(h, obj) -> None:  # noqa: ANN001, C901
             h.update(f"{f.name}=".encode())
             _feed(h, getattr(obj, f.name))
         h.update(b");")
-    elif isinstance(obj, Mapping):
-        h.update(f"map:{type(obj).__qualname__}:{len(obj)}(".encode())
+    elif isinstance(obj, Mapping):  # a dict or a lazy mapping (embeddings read on demand): keyed by its items
+        h.update(f"map:{len(obj)}(".encode())
         for k, v in obj.items():
             _feed(h, k)
             _feed(h, v)
         h.update(b");")
-    elif isinstance(obj, (list, tuple)):
-        h.update(f"seq:{type(obj).__qualname__}:{len(obj)}(".encode())
+    elif isinstance(obj, Sequence):  # a list, tuple or lazy LayerSequence (layers built on demand): by its items
+        h.update(f"seq:{len(obj)}(".encode())
         for v in obj:
             _feed(h, v)
         h.update(b");")
@@ -96,18 +101,36 @@ class ModelBoundMemo:
     def __call__(self, spec, config=None, *, reference=None, terms=None, norms=None, **options):  # noqa: ANN001, ANN003, ANN204
         key = None
         if terms is None and norms is None:
-            key = fingerprint(("model_bound", spec, config, reference, sorted(options.items())))
+            key = self._key(spec, config, reference, options)
         if key is None:
             return self.real(spec, config, reference=reference, terms=terms, norms=norms, **options)
         if key not in self.store:
             self.misses += 1
             self.store[key] = self.real(spec, config, reference=reference, **options)
-        else:
-            self.hits += 1
-            if self.verify:
-                again = self.real(spec, config, reference=reference, **options)
-                assert _as_json(again) == _as_json(self.store[key]), "model_bound memo: a hit differs"
-        return copy.deepcopy(self.store[key])
+            return copy.deepcopy(self.store[key])
+        self.hits += 1
+        hit = dataclasses.replace(copy.deepcopy(self.store[key]), model=spec.name)
+        if self.verify:
+            again = self.real(spec, config, reference=reference, **options)
+            assert _as_json(again) == _as_json(hit), "model_bound memo: a hit differs"
+        return hit
+
+    @staticmethod
+    def _key(spec, config, reference, options):  # noqa: ANN001, ANN205
+        """The key: the spec without its label (``name``, which the result carries as ``model`` and a hit takes from
+        the call, and ``config``, the loader's notes, which the bound never reads) and the BoundConfig as
+        ``model_bound`` forms it first (``replace(config or BoundConfig(), **options).checked()``): a config passed
+        whole and the same numbers passed as options are one computation.  None where that cannot be formed (the real
+        function then refuses the call itself)."""
+        from transcover.covering import BoundConfig
+
+        if not (dataclasses.is_dataclass(spec) and {"name", "config"} <= {f.name for f in dataclasses.fields(spec)}):
+            return None
+        try:
+            cfg = dataclasses.replace(config or BoundConfig(), **options).checked()
+        except Exception:  # noqa: BLE001
+            return None
+        return fingerprint(("model_bound", dataclasses.replace(spec, name="", config={}), cfg, reference))
 
 
 @contextlib.contextmanager
@@ -119,3 +142,5 @@ def model_bound_once():
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(covering, "model_bound", memo)
         yield memo
+    if memo.verify:  # seen with -s: how many calls the memo served, each recomputed and compared above
+        print(f"\nmodel_bound memo: {memo.hits} hits (verified), {memo.misses} misses", file=sys.stderr)

@@ -9,6 +9,8 @@ import functools
 import io
 import json
 import math
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,22 +19,29 @@ from transcover.cli import main
 from transcover.covering import diagnose, model_bound
 from transcover.model import ReferenceConfig, ReferenceTransformer, reference_spec
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from speed_cli import model_bound_once  # noqa: E402
+
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
+    """The run, and ``transcover bound`` of it with the default options in ``default_bound``: train's final bound and
+    the command's are one ``model_bound`` (the same weights, eps 0.1, n = 1200, T = 8; only the spec's label differs),
+    computed once (the exact-spec memo of tests/speed_cli.py, held while both run; nothing is patched then)."""
     from transcover.train import TrainConfig, train
 
     out = tmp_path_factory.mktemp("run")
     cfg = TrainConfig(task="digits", epochs=1, d_model=8, n_heads=2, n_layers=1, d_ff=16, head_hidden=(8,))
-    res = train(cfg, out_dir=out)
-    return out / "checkpoint", res
+    with model_bound_once() as memo:
+        res = train(cfg, out_dir=out)
+        yield out / "checkpoint", res, memo
 
 
 @pytest.fixture(scope="module")
 def default_bound(checkpoint, tmp_path_factory):
     """``transcover bound CHECKPOINT --json`` with the default options, run once for the two tests that read it (its
     model bound, n-for-gap search and diagnosis were computed twice, the file's largest cost): (stdout, JSON)."""
-    folder, _ = checkpoint
+    folder, _, _ = checkpoint
     js = tmp_path_factory.mktemp("bound") / "b.json"
     out = io.StringIO()
     with pytest.MonkeyPatch.context() as mp, contextlib.redirect_stdout(out):
@@ -42,7 +51,7 @@ def default_bound(checkpoint, tmp_path_factory):
 
 
 def test_bound_reads_a_training_checkpoint_and_reports_the_route(checkpoint, default_bound, tmp_path):
-    folder, res = checkpoint
+    folder, res, _ = checkpoint
     out, data = default_bound
     # n and T come from the checkpoint's task: digits, 1200 training images of 8 rows
     assert [g["n"] for g in data["generalisation"]] == [1200.0] and data["seq_len"] == 8

@@ -24,7 +24,7 @@ from transcover.model import ReferenceConfig, ReferenceTransformer, save_referen
 from transcover.report import envelope_json
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from speed_cli import model_bound_once  # noqa: E402
+from bound_memo import model_bound_once  # noqa: E402
 
 _ENVELOPE = ("schema", "schema_version", "tool", "tool_version", "command_line", "inputs")
 _VOLATILE = ("elapsed", "seconds", "wall", "time_s", "duration")
@@ -33,7 +33,7 @@ _VOLATILE = ("elapsed", "seconds", "wall", "time_s", "duration")
 @pytest.fixture(scope="module", autouse=True)
 def _bounds_once():
     """An API call and its command on the same model and options compute one ``model_bound`` (``bound``, and the
-    final bound of ``train``'s identical runs): memoised on the exact spec and BoundConfig (tests/speed_cli.py), so
+    final bound of ``train``'s identical runs): memoised on the exact spec and BoundConfig (tests/bound_memo.py), so
     each is computed once; a command that read another spec or option would miss and compute its own.  No test of
     this file patches anything the bound reads."""
     with model_bound_once() as memo:

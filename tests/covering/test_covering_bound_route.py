@@ -20,14 +20,14 @@ from transcover.covering import diagnose, model_bound
 from transcover.model import ReferenceConfig, ReferenceTransformer, reference_spec
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from speed_cli import model_bound_once  # noqa: E402
+from bound_memo import model_bound_once  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     """The run, and ``transcover bound`` of it with the default options in ``default_bound``: train's final bound and
     the command's are one ``model_bound`` (the same weights, eps 0.1, n = 1200, T = 8; only the spec's label differs),
-    computed once (the exact-spec memo of tests/speed_cli.py, held while both run; nothing is patched then)."""
+    computed once (the exact-spec memo of tests/bound_memo.py, held while both run; nothing is patched then)."""
     from transcover.train import TrainConfig, train
 
     out = tmp_path_factory.mktemp("run")

@@ -19,7 +19,7 @@ from transcover.cli import main
 from transcover.train import TrainConfig, checkpoint_spec, load_data, load_task, train
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from speed_cli import model_bound_once  # noqa: E402
+from bound_memo import model_bound_once  # noqa: E402
 
 TINY = TrainConfig(task="digits", n_train=120, epochs=1, batch_size=40, lr=3e-2, d_model=12, n_heads=2,
                    n_layers=1, d_ff=8, head_hidden=(8,))
@@ -28,7 +28,7 @@ TINY = TrainConfig(task="digits", n_train=120, epochs=1, batch_size=40, lr=3e-2,
 @pytest.fixture(scope="module", autouse=True)
 def _bounds_once():
     """``bound RUN``, ``report RUN`` (and ``train``'s final bound) of the module's one run compute the same
-    ``model_bound`` several times: memoised on the exact spec and options (tests/speed_cli.py); no test of this file
+    ``model_bound`` several times: memoised on the exact spec and options (tests/bound_memo.py); no test of this file
     patches anything the bound reads."""
     with model_bound_once() as memo:
         yield memo

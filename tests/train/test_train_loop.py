@@ -14,7 +14,7 @@ from transcover.constrain import ConstraintConfig
 from transcover.train import StagedConfig, TrainConfig, load_task, staged_experiment, train
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from speed_cli import model_bound_once  # noqa: E402
+from bound_memo import model_bound_once  # noqa: E402
 
 TINY = TrainConfig(task="digits", n_train=200, epochs=4, batch_size=25, lr=3e-2, d_model=16, n_heads=2,
                    n_layers=1, d_ff=16, head_hidden=(16,))
@@ -25,7 +25,7 @@ def _final_bounds_once():
     """Every ``train`` ends with ``model_bound`` of its model (most of its CPU); a resumed run's model is the
     uninterrupted one's bit for bit, so that bound is one computation several times here (each case of
     ``test_an_interrupted_checkpoint_write_keeps_a_complete_checkpoint``, each resume-equals-whole test).  Memoised
-    on the exact spec and options (tests/speed_cli.py); no test of this file patches anything the bound reads."""
+    on the exact spec and options (tests/bound_memo.py); no test of this file patches anything the bound reads."""
     with model_bound_once() as memo:
         yield memo
 

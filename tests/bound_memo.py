@@ -1,4 +1,4 @@
-"""Test helper (branch speed-cli): an exact memo of ``transcover.covering.model_bound``.
+"""Test helper: an exact memo of ``transcover.covering.model_bound``.
 
 ``model_bound`` is a deterministic function of its arguments (a spec's weights and fields, the BoundConfig's numbers,
 the reference), and it is most of the CPU of every ``train`` call (its final generalisation bound), of ``bound`` and of
@@ -13,7 +13,7 @@ The spec's ``name`` (a label: the result's ``model``, taken from each call) and 
 the stored dtype, which ``model_bound`` never reads) are left out of the key, and the options are keyed as the
 BoundConfig ``model_bound`` forms from them: ``train``'s final bound of a run and ``bound RUN`` are one computation.
 
-``SPEED_CLI_VERIFY=1`` recomputes every hit and asserts it equals the stored result (``to_dict()``, compared as JSON):
+``BOUND_MEMO_VERIFY=1`` recomputes every hit and asserts it equals the stored result (``to_dict()``, compared as JSON):
 the check that the key misses nothing the result depends on.
 """
 
@@ -96,7 +96,7 @@ class ModelBoundMemo:
 
     def __init__(self, real):  # noqa: ANN001
         self.real, self.store, self.hits, self.misses = real, {}, 0, 0
-        self.verify = os.environ.get("SPEED_CLI_VERIFY") == "1"
+        self.verify = os.environ.get("BOUND_MEMO_VERIFY") == "1"
 
     def __call__(self, spec, config=None, *, reference=None, terms=None, norms=None, **options):  # noqa: ANN001, ANN003, ANN204
         key = None

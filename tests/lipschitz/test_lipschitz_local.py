@@ -45,12 +45,9 @@ def adversary(fn, X: torch.Tensor, rho: float, *, restarts: int = 4, steps: int 
     from the seeded generator, the (2,inf) power iteration at X + C_k (``jacobian_operator_norm``, 10 iterations, seed
     ``seed + k``), then Adam on the pair (A, B) from (C_k, C_k + 1e-3 rho V_k).  The restarts run as one batch where
     ``fn`` acts on a leading batch axis (checked on the starts: each its own value), one after another otherwise;
-    the same starts, iterations and steps either way (``_adversary_loop``, the reference)."""
-    g = torch.Generator().manual_seed(seed)
-    C = torch.stack([_clip(torch.randn(X.shape, generator=g, dtype=torch.float64) * rho, rho) for _ in range(restarts)])
-    if restarts > 1 and _acts_batched(fn, X + C):
-        return _adversary_batched(fn, X, C, rho, steps=steps, seed=seed)
-    return _adversary_loop(fn, X, rho, restarts=restarts, steps=steps, seed=seed)
+    the same starts, iterations and steps either way (``_adversary_loop``, the reference): ``adversaries`` of the one
+    radius."""
+    return adversaries(fn, X, [rho], restarts=restarts, steps=steps, seed=seed)[0]
 
 
 def _acts_batched(fn, Xs: torch.Tensor) -> bool:  # noqa: ANN001
@@ -91,37 +88,12 @@ def _power_2inf_batched(fn, Xs: torch.Tensor, seeds: list, n_iter: int) -> tuple
     return best, V
 
 
-def _adversary_batched(fn, X: torch.Tensor, C: torch.Tensor, rho: float, *, steps: int, seed: int) -> float:  # noqa: ANN001
-    """``_adversary_loop`` with its K restarts as one batch (starts C (K, T, d)); Adam acts entrywise and each pair's
-    ratio depends on its own entries only, so restart k takes the steps it took alone."""
-    K = C.shape[0]
-    jn, V = _power_2inf_batched(fn, X + C, [seed + k for k in range(K)], 10)
-    best = float(jn.max())
-    A = C.clone().requires_grad_(True)
-    B = _clip(C + 1e-3 * rho * V, rho).clone().requires_grad_(True)
-    opt = torch.optim.Adam([A, B], lr=0.05 * rho)
-    for _ in range(steps):
-        with torch.no_grad():
-            A.copy_(_clip(A, rho))
-            B.copy_(_clip(B, rho))
-        num = _n24(fn(X + A) - fn(X + B))
-        den = _n24(A - B)
-        r = num / den
-        ok = torch.isfinite(r) & (den > 1e-9 * rho)
-        if bool(ok.any()):
-            best = max(best, float(r.detach()[ok].max()))
-        opt.zero_grad()
-        (-r.sum()).backward()
-        opt.step()
-    return best
-
-
 def adversaries(fn, X: torch.Tensor, rhos, *, restarts: int = 4, steps: int = 40, seed: int = 0) -> list:  # noqa: ANN001
     """``[adversary(fn, X, rho, restarts=, steps=, seed=) for rho in rhos]``, every restart of every radius in one
     batch where ``fn`` acts on a leading batch axis: per radius the same starts (a fresh generator seeded ``seed``),
     the same power iterations (seeds ``seed + k``) and the same Adam steps (each radius its own param group, lr
     ``0.05 rho``; Adam acts entrywise, each pair's ratio depends on its own entries only), and the two points of every
-    pair through ``fn`` in one call; ``adversary``'s loop one radius after another otherwise."""
+    pair through ``fn`` in one call; ``_adversary_loop`` one radius after another otherwise."""
     rhos = [float(r) for r in rhos]
     Cs = []
     for rho in rhos:
@@ -130,7 +102,7 @@ def adversaries(fn, X: torch.Tensor, rhos, *, restarts: int = 4, steps: int = 40
                                for _ in range(restarts)]))
     C = torch.cat(Cs)
     if restarts < 2 or not _acts_batched(fn, X + C):
-        return [adversary(fn, X, rho, restarts=restarts, steps=steps, seed=seed) for rho in rhos]
+        return [_adversary_loop(fn, X, rho, restarts=restarts, steps=steps, seed=seed) for rho in rhos]
     m, K = len(rhos), restarts
     jn, V = _power_2inf_batched(fn, X + C, [seed + k for k in range(K)] * m, 10)
     best = jn.reshape(m, K).amax(dim=1).tolist()

@@ -327,21 +327,8 @@ def replayed_bisection(excess: Callable[[float], float], size: float, n_terms: i
                 a = (a[0], 0.5 * a[1])
             side = -1
     a_x, b_x = a[0], b[0]
-    for _ in range(200):  # the plain bisection, replayed
-        mid = 0.5 * (lo + hi)
-        if mid <= a_x - 6.0 * delta:
-            positive = True
-        elif mid >= b_x + 6.0 * delta:
-            positive = False
-        else:
-            positive = excess(mid) > 0
-        if positive:
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo < 1e-12 * max(1.0, abs(hi)):
-            break
-    return lo, hi
+    # the plain bisection, replayed: a midpoint 6 delta or more outside the bracket takes the side the slope fixes
+    return _bisect(lo, hi, lambda mid: mid <= a_x - 6.0 * delta or (mid < b_x + 6.0 * delta and excess(mid) > 0))
 
 
 def bisect_log_multiplier(excess: Callable[[float], float]) -> tuple[float, float]:
@@ -352,9 +339,16 @@ def bisect_log_multiplier(excess: Callable[[float], float]) -> tuple[float, floa
         lo *= 2
     while excess(hi) > 0 and hi < 1e5:
         hi *= 2
+    return _bisect(lo, hi, lambda mid: excess(mid) > 0)
+
+
+def _bisect(lo: float, hi: float, overspends: Callable[[float], bool]) -> tuple[float, float]:
+    """The bisection both searches run: halve ``[lo, hi]`` toward the sign change (``overspends(mid)``: ``mid`` is the
+    new ``lo``), at most 200 times, until ``hi - lo < 1e-12 max(1, |hi|)``; ``replayed_bisection`` reproduces the
+    midpoints of ``bisect_log_multiplier``'s because both halve through this loop."""
     for _ in range(200):
         mid = 0.5 * (lo + hi)
-        if excess(mid) > 0:
+        if overspends(mid):
             lo = mid
         else:
             hi = mid

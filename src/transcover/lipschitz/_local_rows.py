@@ -98,7 +98,7 @@ def check_data_range(at, norms: dict) -> None:  # noqa: ANN001
                          f"{float(at.nD2[i]):.3g}; rescale the input or the norms' gains")
 
 
-def ffn_drift_constant(ffn, *, centred: bool = False) -> float:  # noqa: ANN001
+def ffn_drift_constant(ffn, *, centred: bool = False, shared: dict | None = None) -> float:  # noqa: ANN001
     r"""Certified ``kappa`` with ``||F(h') - F(h)||_2 <= kappa ||h' - h||`` for every pair (Note [FFN drift
     by the Hadamard Gram]): the smaller of the two pairings of Cauchy-Schwarz,
 
@@ -109,6 +109,9 @@ def ffn_drift_constant(ffn, *, centred: bool = False) -> float:  # noqa: ANN001
     ``P w2_k``), what a following LayerNorm sees.  ``kappa`` has degree 2 in ``W_1`` and 1 in ``W_2``, so it is
     computed on the weights scaled by powers of two to a largest entry in [1/2, 1) (exact) and scaled back, rounded
     up: the Grams' rounding pads are relative to their mass and would not cover underflow at tiny weights.
+    ``shared``: a dict kept across the calls for one FFN (``drift_kappa``): the factors that do not depend on ``W_2``
+    (``||W_1||``, the Hadamard square's certified ``lambda_max``) are computed by the first call and read by the others,
+    the same floats.
     Source: THEORY F17c.  Assumptions: non-gated FFN, ``sup|sigma''|`` finite (inf for ReLU)."""
     from ._local import second_derivative_sup
 
@@ -118,7 +121,17 @@ def ffn_drift_constant(ffn, *, centred: bool = False) -> float:  # noqa: ANN001
     if s2 == 0.0:
         return 0.0
     (W1, e1), (W2, e2) = _pow2_unit(_f64(ffn.W_1)), _pow2_unit(_f64(ffn.W_2))
-    return _scale_up(_kappa_unit(W1, W2, centred, s2), 2 * e1 + e2)
+    return _scale_up(_kappa_unit(W1, W2, centred, s2, {} if shared is None else shared), 2 * e1 + e2)
+
+
+def drift_kappa(ffn, norms: dict, centred: bool) -> float:  # noqa: ANN001
+    """F17c's ``kappa`` of ``ffn`` kept in ``norms`` (a layer's weight-constant cache): ``norms["kappaP"]``, the
+    centred constant (``P (F(h') - F(h))``), when ``centred``, else ``norms["kappa"]``; each computed on its first use
+    (``ffn_drift_constant``), the ``W_1`` factors the two share once (``norms["kappa_w1"]``)."""
+    key = "kappaP" if centred else "kappa"
+    if key not in norms:
+        norms[key] = ffn_drift_constant(ffn, centred=centred, shared=norms.setdefault("kappa_w1", {}))
+    return norms[key]
 
 
 def _pow2_unit(W: Tensor) -> tuple[Tensor, int]:
@@ -140,8 +153,8 @@ def _scale_up(x: float, e: int) -> float:
     return math.nextafter(y, math.inf) if 0.0 < x and y < 2.2250738585072014e-308 else y
 
 
-def _kappa_unit(W1: Tensor, W2: Tensor, centred: bool, s2: float) -> float:
-    """``ffn_drift_constant`` on weights of unit scale (F17c)."""
+def _kappa_unit(W1: Tensor, W2: Tensor, centred: bool, s2: float, shared: dict) -> float:
+    """``ffn_drift_constant`` on weights of unit scale (F17c); ``shared`` holds the ``W_1`` factors (filled here)."""
     if centred:
         W2 = W2 - W2.mean(dim=1, keepdim=True)  # rows P w2_k (the rounding is inside the pads below)
     G1, G2 = W1.T @ W1, W2 @ W2.T
@@ -151,9 +164,12 @@ def _kappa_unit(W1: Tensor, W2: Tensor, centred: bool, s2: float) -> float:
         # centring add a few u more: 4 (d + 8) u of the Frobenius mass of the factors' squares
         return float(certified_lmax(K[None])[0]) + 4 * (W1.shape[0] + 8) * _U * pad_mass
 
-    f1, f2 = float((W1 * W1).sum()), float((W2 * W2).sum())
-    a = float(certified_spectral(W1[None])[0]) * math.sqrt(lam(G2 * G1, f1 * f2))
-    b = float(certified_spectral(W2[None])[0]) * (1 + 8 * W2.shape[1] * _U) * math.sqrt(lam(G1 * G1, f1 * f1))
+    if not shared:
+        f1 = float((W1 * W1).sum())
+        shared.update(f1=f1, n1=float(certified_spectral(W1[None])[0]), l11=lam(G1 * G1, f1 * f1))
+    f1, f2 = shared["f1"], float((W2 * W2).sum())
+    a = shared["n1"] * math.sqrt(lam(G2 * G1, f1 * f2))
+    b = float(certified_spectral(W2[None])[0]) * (1 + 8 * W2.shape[1] * _U) * math.sqrt(shared["l11"])
     return s2 * min(a, b) * (1 + ROUNDING_PAD)
 
 
@@ -548,10 +564,7 @@ class FfnDrift:
         ffn = layer.ffn
         post = layer.placement is Placement.POST
         centring = layer.norm_ffn is not None and layer.norm_ffn.kind.value == "layernorm"
-        if "kappa" not in norms:
-            norms["kappa"] = ffn_drift_constant(ffn)
-            norms["kappaP"] = ffn_drift_constant(ffn, centred=True) if centring else norms["kappa"]
-        self.kappa = norms["kappaP"] if post else norms["kappa"]  # post-LN the second norm sees P dF
+        self.kappa = drift_kappa(ffn, norms, post and centring)  # post-LN the second norm sees P dF
         self.curv = second_derivative_sup(ffn.activation) * norms["ffn_curv"]
         self.cap = (GELU_SLOPE_RANGE if Activation(ffn.activation) is Activation.GELU
                     else 2 * activation_lipschitz(ffn.activation)) * norms["W1"] * norms["W2"] * (1 + ROUNDING_PAD)

@@ -99,7 +99,7 @@ def _ffn_parts(layer, H: Tensor, cache: dict) -> dict:  # noqa: ANN001
     Norms at powers of two (``pow2_norm``, THEORY F96)."""
     from ._activations import activation_lipschitz
     from ._local import second_derivative_sup
-    from ._local_rows import ffn_drift_constant
+    from ._local_rows import drift_kappa
 
     ffn = layer.ffn
     W1, W2 = _f64(ffn.W_1), _f64(ffn.W_2)
@@ -112,12 +112,9 @@ def _ffn_parts(layer, H: Tensor, cache: dict) -> dict:  # noqa: ANN001
     w = cache["w"]  # eF: the rounding and the slope's move from the exact z (F51a, red17-2; spectral norms)
     eF = (4 * (W1.shape[1] + 8) * _U * float(pow2_norm(W1) * pow2_norm(W2)) * (slope.abs().max(dim=1).values + 1.0)
           + point_slope_err(ffn.activation, z.detach(), ez) * w["W1"] * w["W2"] * (1 + 1e-12))
-    # stored where ``layer_rows`` looks for them (the same semantics: ``kappaP`` is the centred
-    # constant only when a LayerNorm follows the FFN), so the per-layer route does not recompute them
-    if "kappa" not in w:
-        w["kappa"] = ffn_drift_constant(ffn)
-        lay = layer.norm_ffn is not None and layer.norm_ffn.kind is NormKind.LAYERNORM
-        w["kappaP"] = ffn_drift_constant(ffn, centred=True) if lay else w["kappa"]
+    # kept where ``layer_rows`` looks for them (``drift_kappa``), so the per-layer route does not recompute them; the
+    # centred constant only when a LayerNorm follows the FFN
+    lay = layer.norm_ffn is not None and layer.norm_ffn.kind is NormKind.LAYERNORM
     s2 = second_derivative_sup(ffn.activation)
     gelu_range = (math.erf(1.0) + 2 * math.sqrt(2) * math.exp(-1.0) / math.sqrt(2 * math.pi)) * (1 + 1e-9)
     cap = (gelu_range if Activation(ffn.activation) is Activation.GELU
@@ -125,7 +122,7 @@ def _ffn_parts(layer, H: Tensor, cache: dict) -> dict:  # noqa: ANN001
     lffn = activation_lipschitz(ffn.activation) * w["W1"] * w["W2"] * (1 + ROUNDING_PAD) ** 2
 
     def dF(rh: Tensor, centred: bool) -> Tensor:
-        kap = w["kappaP"] if centred else w["kappa"]
+        kap = drift_kappa(ffn, w, centred and lay)
         return torch.minimum(torch.minimum(kap * rh, s2 * w["ffn_curv"] * rh), torch.full_like(rh, cap))
 
     return {"F": F, "Fa": Fa, "eF": eF, "dF": dF, "lffn": lffn, "dff": W1.shape[1]}

@@ -21,7 +21,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from _attack import Domain, attack_gap, attack_pairs, fuzz_spec, ref_attention, ref_ffn, ref_norm, ref_stage, violates
+from _attack import Domain, attack_gap, fuzz_spec, ref_attention, ref_ffn, ref_norm, ref_stage, violates
+from speed_props import attack_pairs  # _attack's search in fewer passes (its Jacobian restarts all tried)
 from transcover.lipschitz import (
     attention_lipschitz, attention_perturbation_coefficients, ffn_lipschitz, ffn_perturbation_coefficients,
     head_lipschitz, l2_attention_lipschitz, layernorm_lipschitz, lipschitz_bounds, perturbation_bound,
@@ -81,10 +82,10 @@ def test_attention_is_degree_one_in_W_V_and_W_O(case):
     T, R, lam = 3, 1.5, 4.0
     metric = "fro" if len(case) % 2 else "2,inf"
     attn = fuzz_spec(7, scale=1.5, **case).layers[0].attention
+    w1 = _measure(lambda X, s: ref_attention(attn, X), T, 6, R, metric, 1)  # the unscaled map: one attack for both
     for factors in (dict(W_V=lam), dict(W_O=lam)):
         big = _scaled(attn, **factors)
         b1, bl = _attention_bound(attn, R, metric, T), _attention_bound(big, R, metric, T)
-        w1 = _measure(lambda X, s: ref_attention(attn, X), T, 6, R, metric, 1)
         wl = _measure(lambda X, s: ref_attention(big, X), T, 6, R, metric, 2)
         _check(b1, bl, w1, wl, lam, exact_norms=2)
 
@@ -159,11 +160,11 @@ def test_ffn_bound_is_degree_one_in_W_1_and_W_2(act):
     n = lambda m: layer_norms(replace(fuzz_spec(0).layers[0], ffn=m))  # noqa: E731
     bound = lambda m: ffn_lipschitz(n(m).B_W1, n(m).B_W2, act)  # noqa: E731
     homogeneous = act in ("relu", "identity")  # sigma(lambda t) = lambda sigma(t): the map scales exactly
+    w1 = _measure(lambda X, s: ref_ffn(ffn, X), T, 6, R, "2,inf", 7)  # the unscaled map: one attack for both
     for scaled, power_exact in ((replace(ffn, W_2=lam * ffn.W_2), True),
                                 (replace(ffn, W_1=lam * ffn.W_1, b_1=lam * ffn.b_1), homogeneous)):
         b1, bl = bound(ffn), bound(scaled)
         assert _close(bl / b1, lam, 2)  # a product formula: exact degree 1 for every activation
-        w1 = _measure(lambda X, s: ref_ffn(ffn, X), T, 6, R, "2,inf", 7)
         wl = _measure(lambda X, s: ref_ffn(scaled, X), T, 6, R, "2,inf", 8)
         if power_exact:
             _check(b1, bl, w1, wl, lam, exact_norms=2)
@@ -186,8 +187,8 @@ def test_gated_ffn_bound_exponents(act):
     cases = [replace(ffn, W_1=lam * ffn.W_1, b_1=lam * ffn.b_1), replace(ffn, W_2=lam * ffn.W_2)]
     if act == "relu":
         cases.append(replace(ffn, W_gate=lam * ffn.W_gate, b_gate=lam * ffn.b_gate))
+    w1 = _measure(lambda X, s: ref_ffn(ffn, X), T, 6, r, "2,inf", 9)  # the unscaled map: one attack for every case
     for scaled in cases:
-        w1 = _measure(lambda X, s: ref_ffn(ffn, X), T, 6, r, "2,inf", 9)
         wl = _measure(lambda X, s: ref_ffn(scaled, X), T, 6, r, "2,inf", 10)
         _check(bound(ffn, r), bound(scaled, r), w1, wl, lam, exact_norms=3)
     if act == "relu":

@@ -13,7 +13,9 @@ Written independently of ``transcover.lipschitz._empirical`` and of the project'
   so one run moves freely between the Jacobian regime and far pairs; restarts from near pairs,
   far pairs, repeated tokens, small tokens; then full-Jacobian power iteration in the metric
   ((2,inf): alternating row-block maximisation; Frobenius: the exact top singular vector), whose
-  direction is turned into an explicit pair.  Every reported value is a ratio at an explicit pair
+  directions are turned into explicit pairs.  Both points of a pair go through the map in one batch (one forward and
+  one backward a step), and the Jacobians of all points come from one batched backward: the map must act on each
+  batch element alone, which the first step checks.  Every reported value is a ratio at an explicit pair
   of points of the domain -- a true lower bound up to the float64 rounding of two forward passes,
   which :func:`slack` accounts for.
 * :func:`attack_gap`: the same ascent for ``sup_X ||g_A(X) - g_B(X)||`` (Lemma G.3).
@@ -266,18 +268,38 @@ def _starts(g: torch.Generator, n: int, T: int, d: int, dom: Domain) -> tuple[Te
     return dom.project(X), U, logd.to(F64)
 
 
-def _ratio(f, X: Tensor, Y: Tensor, dom: Domain, metric: str):  # noqa: ANN001, ANN202
-    sx: list = []
-    sy: list = []
-    fx, fy = f(X, sx), f(Y, sy)
+def _check_batched(f, Z: Tensor, out: Tensor) -> None:  # noqa: ANN001
+    """``f`` on the last element alone gives the batch's last output: the pairs' two points go through ``f`` as one
+    batch (a map that mixed the batch elements would be attacked at the wrong points)."""
+    with torch.no_grad():
+        alone = f(Z[-1:].detach(), None)
+    ref, got = alone[0], out[-1].detach()
+    both = torch.isfinite(ref) & torch.isfinite(got)
+    assert torch.equal(torch.isfinite(ref), torch.isfinite(got)), "not batched"
+    assert torch.allclose(got[both], ref[both], rtol=1e-9, atol=1e-12 * float(ref[both].abs().max() if both.any()
+                                                                              else 0.0) + 1e-300), "not batched"
+
+
+def _ratio(f, X: Tensor, Y: Tensor, dom: Domain, metric: str, check: bool = False):  # noqa: ANN001, ANN202
+    """(ratio, slack, valid) per pair, ``f`` evaluated once on ``X`` and ``Y`` stacked (each spread split back per
+    point); ``check``: first ``_check_batched``."""
+    B = X.shape[0]
+    sp: list = []
+    Z = torch.cat([X, Y])
+    out = f(Z, sp)
+    if check:
+        _check_batched(f, Z, out)
+    fx, fy = out[:B], out[B:]
+    sx, sy = [t[:B] for t in sp], [t[B:] for t in sp]
     dist = mnorm(Y - X, metric)
     ratio = mnorm(fy - fx, metric) / dist
     ok = dom.valid(X, sx) & dom.valid(Y, sy) & (dist > 0)
     return ratio, slack(fx.detach(), fy.detach(), dist.detach(), metric), ok
 
 
-def _jacobian_directions(f, X: Tensor, metric: str, g: torch.Generator, n_iter: int = 30) -> Tensor:  # noqa: ANN001
-    """For each X[b]: the input direction V (T, d) maximising ||J V|| / ||V|| in the metric."""
+def _jacobian_directions_loop(f, X: Tensor, metric: str, g: torch.Generator, n_iter: int = 30) -> Tensor:  # noqa: ANN001
+    """For each X[b]: the input direction V (T, d) maximising ||J V|| / ||V|| in the metric, one point and restart at
+    a time (``jacobian_directions``' fallback where an iterate is NaN)."""
     B, T, d = X.shape
     out = []
     for b in range(B):
@@ -308,6 +330,76 @@ def _jacobian_directions(f, X: Tensor, metric: str, g: torch.Generator, n_iter: 
     return torch.stack(out)
 
 
+def jacobians(f, X: Tensor) -> Tensor:  # noqa: ANN001
+    """``J[b] = torch.autograd.functional.jacobian(lambda Z: f(Z[None], None)[0], X[b])`` for every b, shape
+    (B, Tout, dout, T, d), from one forward and one backward of ``B * Tout * dout`` copies of the points."""
+    B, T, d = X.shape
+    with torch.no_grad():
+        shape = f(X[:1].detach(), None).shape[1:]
+    K = math.prod(shape)
+    Z = X.detach()[:, None].expand(B, K, T, d).reshape(B * K, T, d).clone().requires_grad_(True)
+    with torch.enable_grad():
+        Y = f(Z, None).reshape(B, K, K)
+        eye = torch.eye(K, dtype=Y.dtype).expand(B, K, K)
+        (G,) = torch.autograd.grad(Y, Z, eye)
+    return G.reshape(B, *shape, T, d)
+
+
+def jacobian_directions(f, X: Tensor, metric: str, g: torch.Generator, n_iter: int = 30) -> tuple[Tensor, Tensor]:  # noqa: ANN001
+    """(point index, direction) pairs, each direction V (T, d) an ascent of ``||J V|| / ||V||`` in the metric at its
+    point: Frobenius, the exact top singular vector; (2,inf), the alternating row-block maximisation (monotone, like
+    power iteration) from three random unit starts per point, 30 steps, the best iterate of *each* start kept (which
+    of the starts wins turns on the last bit where they converge to the same value: all three are tried).  The
+    points' Jacobians come from one forward and one backward (``jacobians``) and every start is iterated in one
+    batch; where an iterate is NaN the loop (``_jacobian_directions_loop``) runs instead, from the same draws."""
+    B, T, d = X.shape
+    state = g.get_state()
+    J = jacobians(f, X.detach())
+    Tout, dout = J.shape[1], J.shape[2]
+    Jt = J.reshape(B, Tout, dout, T * d)
+    finite = [bool(torch.isfinite(J[b]).all()) for b in range(B)]
+    idx, out, starts, who = [], [], [], []
+    for b in range(B):  # the draws in _attack's order
+        if not finite[b]:
+            idx.append(b)
+            out.append(torch.randn(T, d, generator=g, dtype=F64))
+        elif metric == "fro":
+            idx.append(b)
+            out.append(torch.linalg.svd(Jt[b].reshape(Tout * dout, T * d), full_matrices=False)[2][0].reshape(T, d))
+        else:
+            for _ in range(3):
+                V = torch.randn(T, d, generator=g, dtype=F64)
+                starts.append(V / torch.linalg.vector_norm(V, dim=-1, keepdim=True))
+            who.append(b)
+    if who:
+        P = len(who)
+        Jw = Jt[torch.tensor(who)][:, None].expand(P, 3, Tout, dout, T * d)
+        V = torch.stack(starts).reshape(P, 3, T, d)
+        vals, Vs = [], []
+        for _ in range(n_iter):
+            JV = (Jw @ V.reshape(P, 3, 1, T * d, 1))[..., 0]  # (P, 3, Tout, dout)
+            rows = torch.linalg.vector_norm(JV, dim=-1)
+            t = rows.argmax(dim=-1)  # (P, 3)
+            top = rows.gather(-1, t[..., None])[..., 0]
+            vals.append(top)
+            Vs.append(V)
+            w = JV.gather(2, t[..., None, None].expand(-1, -1, 1, dout))[:, :, 0] / top.clamp_min(1e-300)[..., None]
+            Jrow = Jw.gather(2, t[..., None, None, None].expand(-1, -1, 1, dout, T * d))[:, :, 0]  # (P, 3, dout, n)
+            V = (w[:, :, None, :] @ Jrow)[:, :, 0].reshape(P, 3, T, d)
+            V = V / torch.linalg.vector_norm(V, dim=-1, keepdim=True).clamp_min(1e-300)
+        vals_t = torch.stack(vals, dim=2)  # (P, 3, n_iter)
+        if bool(torch.isnan(vals_t).any()):  # the loop's NaN handling (and its fallback draw): run it as it is
+            g.set_state(state)
+            return torch.arange(B), _jacobian_directions_loop(f, X, metric, g, n_iter)
+        k = vals_t.argmax(dim=-1)  # per restart the first largest value, as a strict > keeps it
+        Vs_t = torch.stack(Vs, dim=2)  # (P, 3, n_iter, T, d)
+        for j, b in enumerate(who):
+            for r in range(3):
+                idx.append(b)
+                out.append(Vs_t[j, r, int(k[j, r])])
+    return torch.tensor(idx), torch.stack(out)
+
+
 def attack_pairs(f, *, T: int, d: int, dom: Domain, metric: str, restarts: int = 12, steps: int = 60,  # noqa: ANN001
                  seed: int = 0, n_jacobian: int = 4) -> Witness:
     """Largest ``||f(X) - f(Y)|| / ||X - Y||`` found over pairs of the domain (see module docstring)."""
@@ -324,7 +416,7 @@ def attack_pairs(f, *, T: int, d: int, dom: Domain, metric: str, restarts: int =
             U.copy_(U / torch.linalg.vector_norm(U.flatten(-2), dim=-1).clamp_min(1e-300)[:, None, None])
             s.clamp_(math.log(1e-7 * R), math.log(4 * R))
         Y = dom.project(X + torch.exp(s)[:, None, None] * U)
-        ratio, sl, ok = _ratio(f, X, Y, dom, metric)
+        ratio, sl, ok = _ratio(f, X, Y, dom, metric, check=step == 0)
         w.offer(ratio.detach(), sl, ok, f"ascent step {step}")
         if step == steps:
             break
@@ -339,7 +431,8 @@ def attack_pairs(f, *, T: int, d: int, dom: Domain, metric: str, restarts: int =
         Xa = dom.project(X.detach())
     Xj = torch.cat([Xa[: n_jacobian // 2], _starts(g, n_jacobian - n_jacobian // 2, T, d, dom)[0]])
     if Xj.shape[0]:
-        V = _jacobian_directions(f, Xj, metric, g)
+        at, V = jacobian_directions(f, Xj, metric, g)
+        Xj = Xj[at]
         with torch.no_grad():
             for h in (1e-5, 1e-3):
                 Y = dom.project(Xj + h * R * V / mnorm(V, metric)[:, None, None])

@@ -16,8 +16,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from _attack import Domain, attack_gap, attack_output_radius, fuzz_spec, ref_attention, ref_ffn, ref_stage
-from speed_props import attack_pairs  # _attack's search in fewer passes (its Jacobian restarts all tried)
+from _attack import Domain, attack_gap, attack_output_radius, attack_pairs, fuzz_spec, ref_attention, ref_ffn, ref_stage
 from transcover import UnsupportedArchitectureError
 from transcover.lipschitz import lipschitz_bounds, perturbation_bound
 

@@ -17,8 +17,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from _attack import Domain, attack_gap, fuzz_spec, ref_network, ref_stage, violates
-from speed_props import attack_pairs  # _attack's search in fewer passes (its Jacobian restarts all tried)
+from _attack import Domain, attack_gap, attack_pairs, fuzz_spec, ref_network, ref_stage, violates
 from _fuzzcase import Case, perturbed, run_case, violations
 from transcover.lipschitz import lipschitz_bounds, network_lipschitz_lower, perturbation_bound
 from transcover.lipschitz._weights import spec_norms

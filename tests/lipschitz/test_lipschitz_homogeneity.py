@@ -21,8 +21,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from _attack import Domain, attack_gap, fuzz_spec, ref_attention, ref_ffn, ref_norm, ref_stage, violates
-from speed_props import attack_pairs  # _attack's search in fewer passes (its Jacobian restarts all tried)
+from _attack import Domain, attack_gap, attack_pairs, fuzz_spec, ref_attention, ref_ffn, ref_norm, ref_stage, violates
 from transcover.lipschitz import (
     attention_lipschitz, attention_perturbation_coefficients, ffn_lipschitz, ffn_perturbation_coefficients,
     head_lipschitz, l2_attention_lipschitz, layernorm_lipschitz, lipschitz_bounds, perturbation_bound,

@@ -10,8 +10,7 @@ import torch
 from hypothesis import given, reject, settings
 from hypothesis import strategies as st
 
-from _attack import Domain, violates
-from speed_props import attack_pairs  # _attack's search in fewer passes (its Jacobian restarts all tried)
+from _attack import Domain, attack_pairs, violates
 from batched_grouped_ascents import batched_jvp_ascent
 from transcover._errors import InputError
 from transcover.lipschitz._local_attention import attention_local_bound, certified_weights

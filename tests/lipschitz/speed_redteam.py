@@ -1,0 +1,98 @@
+"""Batched forms of ascents of test_local_redteam15b (test helper, branch speed-redteam): several independent ascents
+of one test -- the same starts (the same draws from the same generators, in the same order), steps, step sizes --
+run as slices of one batch, one forward and one backward per step for all of them instead of one per ascent.
+
+Why this is the same attack: Adam acts entrywise (each parameter group its own step size), and the gradient of a
+sum of per-slice values in one slice's entries is that slice's own gradient (the maps act on leading batch axes); so
+every slice takes exactly the steps it took in its own loop (to the rounding of a batched forward).  Each helper
+checks at its first step that a slice's batched value is its value alone.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lipschitz_testkit import clip_rows
+
+F64 = torch.float64
+
+
+def _same(batched: torch.Tensor, alone: torch.Tensor) -> None:
+    batched, alone = batched.detach(), alone.detach()
+    assert torch.allclose(batched, alone, rtol=1e-6, atol=1e-9 * float(alone.abs().max())), "not batched"
+
+
+def directional_ascents(f, X: torch.Tensor, jobs: list, g: torch.Generator, *, starts: int = 3,  # noqa: ANN001
+                        steps: int = 60) -> list:
+    """``[test_local_redteam15b._directional_ascent(f, X, r, g, J0, starts=starts, steps=steps) for r, J0 in jobs]``
+    (the calls made in ``jobs``' order from the same ``g``) in one batch: per job ``starts`` draws of (E clipped into
+    the ball of radius r, then V) from ``g`` in turn; Adam at ``0.05 r`` on E and 0.05 on V; per output token the
+    largest ``||sum_j J_ij(X + E) v_j||`` (``J0`` given: of ``(J(X + E) - J0) v``) seen, per job.  ``f`` acts on
+    leading batch axes."""
+    Es, Vs, groups = [], [], []
+    for r, _ in jobs:
+        draws = [(clip_rows(torch.randn(X.shape, generator=g, dtype=F64) * r, r),
+                  torch.randn(X.shape, generator=g, dtype=F64)) for _ in range(starts)]
+        E = torch.stack([e for e, _ in draws]).requires_grad_(True)
+        V = torch.stack([v for _, v in draws]).requires_grad_(True)
+        Es.append(E)
+        Vs.append(V)
+        groups += [{"params": [E], "lr": 0.05 * r}, {"params": [V], "lr": 0.05}]
+    opt = torch.optim.Adam(groups)
+    best = [torch.zeros(X.shape[0], dtype=F64) for _ in jobs]
+
+    def values(Z: torch.Tensor, v: torch.Tensor, J0s: list) -> list:
+        out = torch.autograd.functional.jvp(f, Z, v, create_graph=True)[1].split(starts)
+        return [(o if J0 is None else o - torch.einsum("imjd,...jd->...im", J0, vj)).norm(dim=-1)
+                for o, vj, J0 in zip(out, v.split(starts), J0s)]
+
+    J0s = [J0 for _, J0 in jobs]
+    for step in range(steps):
+        with torch.no_grad():
+            for E, (r, _) in zip(Es, jobs):
+                E.copy_(clip_rows(E, r))
+        v = torch.cat([V / V.norm(dim=-1, keepdim=True) for V in Vs])
+        vals = values(X + torch.cat(Es), v, J0s)
+        if step == 0:  # the last job's last start alone
+            _same(vals[-1][-1], values(X + Es[-1][-1:].detach(), v[-1:].detach(), J0s[-1:])[0][0])
+        best = [torch.maximum(b, val.detach().amax(dim=0)) for b, val in zip(best, vals)]
+        opt.zero_grad()
+        (-sum(val.sum() for val in vals)).backward()
+        opt.step()
+    return best
+
+
+def ascents(value, X: torch.Tensor, jobs: list, g: torch.Generator, *, starts: int = 2, steps: int = 30) -> list:  # noqa: ANN001
+    """``[test_local_sharp._ascent(lambda Z: value(Z, key), X, r, g, starts=starts, steps=steps) for r, key in jobs]``
+    (the calls made in ``jobs``' order from the same ``g``) in one batch: per job the projected ascent's ``starts``
+    draws of E from ``g`` in turn (clipped into the ball), Adam at ``0.1 r``; the sphere ascent's starts from its own
+    generator seeded ``g.initial_seed() + 1`` (as ``_ascent`` seeds it at every call: the same draws for every job),
+    Adam at 0.3 on the directions; ``steps`` steps of both; per job and token the max of both.  ``value(Z, keys)``
+    maps moves ``Z`` (N, T, d) and one key per slice to (N, T), each slice its own value."""
+    Es, Vs, groups = [], [], []
+    for r, _ in jobs:
+        E = torch.stack([clip_rows(torch.randn(X.shape, generator=g, dtype=F64) * r, r) for _ in range(starts)])
+        gs = torch.Generator().manual_seed(g.initial_seed() + 1)
+        V = torch.randn((starts, *X.shape), generator=gs, dtype=F64)
+        Es.append(E.requires_grad_(True))
+        Vs.append(V.requires_grad_(True))
+        groups += [{"params": [Es[-1]], "lr": 0.1 * r}, {"params": [Vs[-1]], "lr": 0.3}]
+    opt = torch.optim.Adam(groups)
+    keys = [k for _, k in jobs for _ in range(starts)] * 2
+    n = len(jobs)
+    best = [torch.zeros(X.shape[0], dtype=F64) for _ in range(2 * n)]
+    for step in range(steps):
+        with torch.no_grad():
+            for E, (r, _) in zip(Es, jobs):
+                E.copy_(clip_rows(E, r))
+        Z = torch.cat([X + E for E in Es] + [X + r * V / V.norm(dim=-1, keepdim=True) for V, (r, _) in zip(Vs, jobs)])
+        val = value(Z, keys)
+        if step == 0:  # the last projected start and the last sphere start, each alone
+            for s in (n * starts - 1, 2 * n * starts - 1):
+                _same(val[s], value(Z[s:s + 1].detach(), keys[s:s + 1])[0])
+        vals = val.split(starts)
+        best = [torch.maximum(b, v.detach().amax(dim=0)) for b, v in zip(best, vals)]
+        opt.zero_grad()
+        (-val.sum()).backward()
+        opt.step()
+    return [torch.maximum(p, s) for p, s in zip(best[:n], best[n:])]

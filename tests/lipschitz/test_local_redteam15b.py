@@ -23,7 +23,7 @@ from test_local_attn_joint import _parts
 from test_local_joint import _remainder
 from batched_stage_ascents import stage_ascents
 from test_local_sharp import _stage_outputs
-from speed_redteam import ascents, check_attention, directional_ascents, headwise_attention
+from batched_redteam_ascents import ascents, check_attention, directional_ascents, headwise_attention
 from transcover.lipschitz._local_attn_joint import joint_remainder
 from transcover.lipschitz._local_joint import head_remainder_terms
 from transcover.lipschitz._local_jacobian import row_norm_lower
@@ -323,7 +323,7 @@ def test_minilm_stage_radii_hold_under_ascent(shared_tmp, monkeypatch):
     g = torch.Generator().manual_seed(0)
     top = 0.0
     jobs = [(r, name, rad) for r, lj in zip(radii, rows) for name, rad in lj.stage_radii.items()]
-    # the ascent's attention all heads at once (speed_redteam.headwise_attention: the same map, 5x cheaper at d = 384;
+    # the ascent's attention all heads at once (batched_redteam_ascents.headwise_attention: the same map, 5x cheaper at d = 384;
     # checked against attention_forward here, values and gradients, on X and moves at both radii); the references and
     # stage_ascents' own first-step check stay the library's.  Patched for the ascent alone, after the rows.
     check_attention(layer.attention, X + torch.cat([clip_rows(torch.randn((3, *X.shape), dtype=torch.float64,

@@ -25,7 +25,7 @@ from transcover.lipschitz._local_rows import _gamma_vec, layer_rows
 from transcover.model import NormKind, NormSpec, attention_forward
 from transcover.model import _functional
 from transcover.model._functional import layer_forward
-from speed_redteam import check_attention, headwise_attention
+from batched_redteam_ascents import check_attention, headwise_attention
 
 
 def _extreme_gamma(kind: str, d: int, g: torch.Generator) -> torch.Tensor:
@@ -316,7 +316,7 @@ def test_minilm_layer_ball_end_to_end(sentence, L, monkeypatch):
     r = 1e-3 * float(X.norm(dim=1).median())
     lj = layer_rows(layer, X, [r], lower=3)[0]
     top = lj.point_rows.topk(3).indices.tolist()
-    # the ascents' layer forwards take the attention all heads at once (speed_redteam.headwise_attention: the same map,
+    # the ascents' layer forwards take the attention all heads at once (batched_redteam_ascents.headwise_attention: the same map,
     # 5x cheaper at d = 384; checked against attention_forward here, values and gradients, on X and moves in the ball),
     # patched after the rows, for the ascents alone
     check_attention(layer.attention, X + r * torch.randn((4, *X.shape), dtype=torch.float64,

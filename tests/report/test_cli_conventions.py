@@ -179,29 +179,62 @@ def test_notebook_views(ref_file):
 
 
 def _stderr_of(argv: list[str], *, terminal: bool) -> str:
-    """stderr of ``python -m transcover ARGV``, attached to a pseudo-terminal or to a pipe."""
+    """stderr of the command ``transcover ARGV`` run in a child process, its stderr (fd 2) a pseudo-terminal or a pipe,
+    stdin and stdout /dev/null.  The child is forked from this one and runs ``main(ARGV)`` (what ``python -m
+    transcover`` runs), then exits with its code (checked 0): a fresh interpreter spent ~3.5 s CPU re-importing torch
+    for each run.  Nothing the parent (pytest, a pipe on stderr) set up decides the child's terminal: its
+    ``sys.stdout``/``sys.stderr`` are new files on its own fds 1 and 2, and ``isatty`` is asked of those (the terminal
+    run of every caller shows the bar, so no state inherited from here can hide it)."""
     import os
-    import subprocess
-    import sys
+    import select
+    import signal
+    import time
 
-    cmd = [sys.executable, "-m", "transcover", *argv]
-    if not terminal:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=300).stderr
-    master, slave = os.openpty()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=slave, stdin=subprocess.DEVNULL)
-    os.close(slave)
-    chunks = []
-    while True:
+    master, slave = os.openpty() if terminal else os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 70
         try:
-            data = os.read(master, 4096)
-        except OSError:  # the child closed the terminal
-            break
-        if not data:
-            break
-        chunks.append(data)
-    proc.wait(timeout=300)
-    os.close(master)
-    return b"".join(chunks).decode("utf-8", "replace")
+            os.close(master)
+            null = os.open(os.devnull, os.O_RDWR)
+            os.dup2(null, 0)
+            os.dup2(null, 1)
+            os.dup2(slave, 2)
+            sys.stdin = open(0, closefd=False)  # noqa: SIM115
+            sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115
+            sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+            code = main(argv)
+        except BaseException:  # noqa: BLE001 -- reported on the child's stderr, exit 70
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            try:
+                sys.stdout.flush()
+                sys.stderr.flush()
+            finally:
+                os._exit(code if isinstance(code, int) else 70)
+    os.close(slave)
+    chunks, deadline = [], time.monotonic() + 300
+    try:
+        while True:
+            ready, _, _ = select.select([master], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                os.kill(pid, signal.SIGKILL)
+                raise TimeoutError(f"transcover {' '.join(argv)} ran past 300 s")
+            try:
+                data = os.read(master, 4096)
+            except OSError:  # the child closed the terminal
+                break
+            if not data:
+                break
+            chunks.append(data)
+    finally:
+        os.close(master)
+        _, status = os.waitpid(pid, 0)
+    err = b"".join(chunks).decode("utf-8", "replace")
+    assert os.waitstatus_to_exitcode(status) == 0, err
+    return err
 
 
 def test_approx_shows_progress_on_a_terminal_only():

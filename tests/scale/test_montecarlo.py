@@ -102,7 +102,7 @@ def _cli(*extra):
             "0.2", "--quiet", *extra]
 
 
-def test_cli_killed_half_way_and_resumed_loses_and_repeats_no_chunk(tmp_path):
+def test_cli_killed_half_way_and_resumed_loses_and_repeats_no_chunk(tmp_path, capsys):
     env = dict(os.environ, PYTHONPATH=SRC, OMP_NUM_THREADS="1")
     store = tmp_path / "mc.sqlite"
     proc = subprocess.Popen(_cli("--store", str(store), "--workers", "2"), env=env, start_new_session=True,
@@ -112,10 +112,13 @@ def test_cli_killed_half_way_and_resumed_loses_and_repeats_no_chunk(tmp_path):
     db = sqlite3.connect(store)
     before = dict(db.execute("SELECT key, run FROM results"))
     db.close()
-    out = subprocess.run(_cli("--store", str(store), "--workers", "2", "--json", str(tmp_path / "a.json")),
-                         env=env, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    assert f"chunks: {12 - len(finished)} computed, {len(finished)} reused" in out.stderr
+    # the resumed run: the same command (its 2 worker processes too) from this process, where a fresh interpreter only
+    # re-imported torch; what it reads of the killed run is the store
+    capsys.readouterr()
+    code = main(_cli("--store", str(store), "--workers", "2", "--json", str(tmp_path / "a.json"))[3:])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert f"chunks: {12 - len(finished)} computed, {len(finished)} reused" in err
     db = sqlite3.connect(store)
     after = dict(db.execute("SELECT key, run FROM results"))
     db.close()
@@ -131,13 +134,16 @@ def test_cli_killed_half_way_and_resumed_loses_and_repeats_no_chunk(tmp_path):
     assert body(tmp_path / "a.json") == body(tmp_path / "b.json")  # the same as one serial run
 
 
-def test_cli_ray_missing_is_one_line_and_old_workers_flag_still_means_threads(tmp_path, capsys):
-    env = {"PYTHONPATH": SRC, "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
-    hide_ray = "import sys; sys.modules['ray'] = None; from transcover.cli import main; sys.exit(main(sys.argv[1:]))"
-    proc = subprocess.run([sys.executable, "-c", hide_ray, "cover", "reference", "--backend", "ray"],
-                          env=env, capture_output=True, text=True)
-    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
-    assert "pip install 'transcover[ray]'" in proc.stderr
+def test_cli_ray_missing_is_one_line_and_old_workers_flag_still_means_threads(tmp_path, capsys, monkeypatch):
+    # ray hidden in this process (an import of it fails, whether or not an earlier test imported it): what the fresh
+    # interpreter this ran in did, without re-importing torch
+    monkeypatch.setitem(sys.modules, "ray", None)
+    capsys.readouterr()
+    code = main(["cover", "reference", "--backend", "ray"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert "pip install 'transcover[ray]'" in err
+    monkeypatch.undo()
     np.save(tmp_path / "grid.npy", np.arange(4.0)[:, None])
     capsys.readouterr()  # in this process: the flag is read by the parser, no fresh interpreter (and torch) needed
     assert main(["cover", "finite", str(tmp_path / "grid.npy"), "--eps", "1", "--workers", "1", "--quiet"]) == 0

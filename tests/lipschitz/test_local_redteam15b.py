@@ -323,9 +323,10 @@ def test_minilm_stage_radii_hold_under_ascent(shared_tmp, monkeypatch):
     g = torch.Generator().manual_seed(0)
     top = 0.0
     jobs = [(r, name, rad) for r, lj in zip(radii, rows) for name, rad in lj.stage_radii.items()]
-    # the ascent's attention all heads at once (batched_redteam_ascents.headwise_attention: the same map, 5x cheaper at d = 384;
-    # checked against attention_forward here, values and gradients, on X and moves at both radii); the references and
-    # stage_ascents' own first-step check stay the library's.  Patched for the ascent alone, after the rows.
+    # the ascent's attention all heads at once (batched_redteam_ascents.headwise_attention: the same map, 5x cheaper
+    # at d = 384; checked against attention_forward here, values and gradients, on X and moves at both radii); the
+    # references and stage_ascents' own first-step check stay the library's.  Patched for the ascent alone, after the
+    # rows.
     check_attention(layer.attention, X + torch.cat([clip_rows(torch.randn((3, *X.shape), dtype=torch.float64,
                     generator=torch.Generator().manual_seed(1)) * r, r) for r in radii]))
     monkeypatch.setattr(transcover.model, "attention_forward", headwise_attention)

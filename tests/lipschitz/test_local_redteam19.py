@@ -316,9 +316,9 @@ def test_minilm_layer_ball_end_to_end(sentence, L, monkeypatch):
     r = 1e-3 * float(X.norm(dim=1).median())
     lj = layer_rows(layer, X, [r], lower=3)[0]
     top = lj.point_rows.topk(3).indices.tolist()
-    # the ascents' layer forwards take the attention all heads at once (batched_redteam_ascents.headwise_attention: the same map,
-    # 5x cheaper at d = 384; checked against attention_forward here, values and gradients, on X and moves in the ball),
-    # patched after the rows, for the ascents alone
+    # the ascents' layer forwards take the attention all heads at once (batched_redteam_ascents.headwise_attention:
+    # the same map, 5x cheaper at d = 384; checked against attention_forward here, values and gradients, on X and moves
+    # in the ball), patched after the rows, for the ascents alone
     check_attention(layer.attention, X + r * torch.randn((4, *X.shape), dtype=torch.float64,
                                                          generator=torch.Generator().manual_seed(1)))
     monkeypatch.setattr(_functional, "attention_forward", headwise_attention)

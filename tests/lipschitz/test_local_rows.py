@@ -19,7 +19,7 @@ from test_lipschitz_local import adversary
 from transcover.lipschitz._local import layer_local
 from transcover.lipschitz._local_jacobian import _head_data, _weight_norms, layer_jacobian, row_norm_lower
 from transcover.lipschitz._local_rows import (
-    _HeadMoments, attention_drift_rows, ffn_drift_constant, layer_rows, row_weights,
+    _HeadMoments, attention_drift_rows, drift_kappa, ffn_drift_constant, layer_rows, row_weights,
 )
 from transcover.model._functional import layer_forward
 
@@ -86,6 +86,26 @@ def test_ffn_drift_constant_is_never_beaten(seed, centred):
             (-ratio).backward()
             opt.step()
     assert best <= kappa, (best, kappa)
+
+
+@pytest.mark.parametrize("first", [False, True])
+def test_drift_kappa_reads_the_shared_w1_factors_as_fresh_calls(first):
+    """``drift_kappa`` computes each of kappa, kappaP on first use and shares the ``W_1`` factors between them
+    (``norms["kappa_w1"]``): whichever comes first, both equal fresh ``ffn_drift_constant`` calls exactly, a second
+    read computes nothing, and through the shared factors the constant keeps F17c's exact power-of-two degrees (2 in
+    ``W_1``, 1 in ``W_2``); two layers in turn, so a factor kept from another layer would show."""
+    two = lambda W, e: torch.ldexp(W.double(), torch.tensor(e))  # noqa: E731
+    for seed, a, b in ((5, 0, 0), (5, 3, -5), (6, 0, 0), (5, -40, 20), (6, 7, 1)):
+        ffn = random_spec(seed, act="gelu", norm="layernorm", d=6, dff=10, scale=2.0).layers[0].ffn
+        f = dataclasses.replace(ffn, W_1=two(ffn.W_1, a), W_2=two(ffn.W_2, b))
+        norms: dict = {}
+        got = {c: drift_kappa(f, norms, c) for c in (first, not first)}
+        assert set(norms) == {"kappa", "kappaP", "kappa_w1"}
+        for c in (False, True):
+            fresh = ffn_drift_constant(f, centred=c)
+            assert got[c] == fresh == drift_kappa(f, norms, c), (seed, a, b, c, got[c], fresh)
+            assert fresh == math.ldexp(ffn_drift_constant(ffn, centred=c), 2 * a + b), (seed, a, b, c)
+        assert got[True] != got[False]  # the centred constant is its own (P w2_k), not the shared one
 
 
 @pytest.mark.parametrize("seed", [1, 7])

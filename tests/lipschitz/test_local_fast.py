@@ -88,6 +88,100 @@ def test_certified_lmax_is_homogeneous(lam):
         assert torch.allclose(scaled, lam * base, rtol=1e-6, atol=0.0)
 
 
+@pytest.mark.parametrize("d", [70, 150])
+@pytest.mark.parametrize("rank", [1, 2, 5, 7, 10, 13, 20, 31, 32, 33, 45])
+def test_certified_lmax_is_tight_at_every_rank(d, rank):
+    """Below the Krylov space's width (8 blocks of 4) the space becomes invariant; the reorthogonalised blocks are then
+    rounding noise, and unless they are made orthogonal to the space again the Ritz values exceed ``lambda_max`` (rank 5
+    at d = 150: every rung failed and the trace, 3.9x ``lambda_max``, was returned).  Within ``1e-6`` of the float64
+    eigvalsh value at every rank, never below it."""
+    g = torch.Generator().manual_seed(rank + 1000 * d)
+    A = torch.randn(3, d, rank, generator=g, dtype=torch.float64)
+    G = A @ A.transpose(1, 2)
+    lam = torch.linalg.eigvalsh(G)[:, -1]
+    c = certified_lmax(G)
+    slack = 4 * (d + 1) * _U * G.norm(dim=(1, 2))
+    assert bool((c >= lam - slack).all()) and bool((c <= lam * (1 + 1e-6) + slack).all()), (c / lam - 1)
+
+
+def _cluster(seed: int, n: int, d: int, gap: float, scale: float = 1.0) -> torch.Tensor:
+    """PSD matrices with eigenvalues ``1 - k gap`` (clamped at 0) in a random basis: evenly spaced below the top, the
+    slow case of the block Krylov candidate (at ``d = 200``, gaps ``1e-4``, ``1e-3``, it stops ``1e-5`` to ``1e-4``
+    short of ``lambda_max``, so the first rungs of the ladder fail)."""
+    g = torch.Generator().manual_seed(seed)
+    Q, _ = torch.linalg.qr(torch.randn(n, d, d, generator=g, dtype=torch.float64))
+    ev = (1.0 - gap * torch.arange(d, dtype=torch.float64)).clamp(min=0.0)
+    return scale * (Q * ev) @ Q.transpose(1, 2)
+
+
+def _factorised(monkeypatch) -> list:  # noqa: ANN001
+    """Every Cholesky test's batch size, recorded (the factorisations the ladder runs)."""
+    seen = []
+    chol = torch.linalg.cholesky_ex
+
+    def counted(A, *a, **k):  # noqa: ANN001
+        seen.append(A.shape[0])
+        return chol(A, *a, **k)
+
+    monkeypatch.setattr(torch.linalg, "cholesky_ex", counted)
+    return seen
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10**6), d=st.sampled_from([70, 130, 200]), gap=st.sampled_from([1e-6, 1e-4, 1e-3, 1e-2]),
+       e=st.integers(-60, 60))
+def test_skipped_rungs_change_no_result(seed, d, gap, e):
+    """F32 item 7: with the rungs that must fail skipped, every certificate and candidate vector is the same float as
+    with every rung tested (``_rung_floor`` patched to ``-inf``), on near-ties at the top at scales ``2^e``."""
+    from transcover.lipschitz import _local_jacobian
+
+    G = _cluster(seed, 3, d, gap, 2.0**e)
+    lam, x = certified_lmax_vec(G)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(_local_jacobian, "_rung_floor", lambda G, lam, *a: torch.full_like(lam, -math.inf))
+        lam0, x0 = certified_lmax_vec(G)
+    assert torch.equal(lam, lam0) and torch.equal(x, x0)
+    assert bool((lam >= torch.linalg.eigvalsh(G)[:, -1]).all())
+
+
+def test_skipped_rungs_save_factorisations(monkeypatch):
+    """The point of F32 item 7: on matrices whose candidate stops short of ``lambda_max``, fewer factorisations
+    than with every rung tested (measured here, not assumed), for the same results."""
+    from transcover.lipschitz import _local_jacobian
+
+    G = torch.cat([_cluster(s, 3, 200, gap) for s, gap in ((1, 1e-4), (1, 1e-3))])
+    seen = _factorised(monkeypatch)
+    lam = certified_lmax(G)
+    skipped = sum(seen)
+    seen.clear()
+    monkeypatch.setattr(_local_jacobian, "_rung_floor", lambda G, lam, *a: torch.full_like(lam, -math.inf))
+    assert torch.equal(certified_lmax(G), lam)
+    assert sum(seen) > skipped >= G.shape[0], (sum(seen), skipped)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10**6), d=st.sampled_from([70, 130]), gap=st.sampled_from([1e-8, 1e-5, 1e-3, 1e-1]),
+       e=st.integers(-300, 300), lowrank=st.booleans())
+def test_rung_floor_is_never_above_lambda_max(seed, d, gap, e, lowrank):
+    """``_rung_floor`` is a lower bound on ``lambda_max`` as stored: below the float64 eigvalsh value plus its backward
+    error, at scales from ``2^-300`` to ``2^300`` (exactly homogeneous in powers of two), also on rank-deficient
+    matrices with a near-tie at the top."""
+    from transcover.lipschitz._local_jacobian import _candidate, _rung_floor
+
+    G = _cluster(seed, 3, d, gap)
+    if lowrank:
+        ev, V = torch.linalg.eigh(G)
+        G = (V[:, :, -8:] * ev[:, None, -8:]) @ V[:, :, -8:].transpose(1, 2)
+    th, res, x = _candidate(G, None, 8)
+    res = torch.maximum(res, 1e-6 * th)  # sought for every matrix, converged or not
+    low = _rung_floor(G, th, res, x, 8)
+    top = torch.linalg.eigvalsh(G)[:, -1]
+    assert bool((low <= top + 4 * (d + 1) * _U * G.norm(dim=(1, 2))).all()), (low - top)
+    assert bool((low >= th * (1 - 1e-6)).all())  # not vacuous: about the candidate, or above it
+    s = 2.0**e
+    assert torch.equal(_rung_floor(s * G, s * th, s * res, x, 8), s * low)
+
+
 @pytest.mark.parametrize("shape", [(3, 100, 20), (3, 20, 100), (2, 80, 80)])
 def test_certified_spectral_either_side(shape):
     B = torch.randn(*shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64)

@@ -15,6 +15,13 @@ BoundConfig ``model_bound`` forms from them: ``train``'s final bound of a run an
 
 ``BOUND_MEMO_VERIFY=1`` recomputes every hit and asserts it equals the stored result (``to_dict()``, compared as JSON):
 the check that the key misses nothing the result depends on.
+
+``local_table_once`` does the same for ``transcover.lipschitz.local_table`` (stop 51): ``lipschitz RUN --data``
+computes it on bit-identical inputs when one run is read through two ``--data`` forms that give the same sequences, or
+when two tests ask for the same table with other outputs (``--json`` / ``--csv`` / ``--plot``).  Its key is the
+fingerprint of every argument (the whole spec, ``name`` included; every sequence's dtype, shape and bytes; the radii;
+every keyword); a call with ``timings=`` (a dict the function fills) goes to the real function.
+``BOUND_MEMO_VERIFY=1`` checks its hits as JSON of the rows, any clock field left out.
 """
 
 from __future__ import annotations
@@ -144,3 +151,50 @@ def model_bound_once():
         yield memo
     if memo.verify:  # seen with -s: how many calls the memo served, each recomputed and compared above
         print(f"\nmodel_bound memo: {memo.hits} hits (verified), {memo.misses} misses", file=sys.stderr)
+
+
+_CLOCK = ("seconds", "time", "wall_s", "cpu_s")  # none in LocalRow.to_dict today; a clock there would never match
+
+
+def _rows_json(rows) -> str:  # noqa: ANN001
+    return json.dumps([{k: v for k, v in r.to_dict().items() if k not in _CLOCK} for r in rows], sort_keys=True,
+                      default=repr)
+
+
+class LocalTableMemo:
+    """``local_table`` computed once per distinct argument set (the module docstring's last paragraph)."""
+
+    def __init__(self, real):  # noqa: ANN001
+        self.real, self.store, self.hits, self.misses = real, {}, 0, 0
+        self.verify = os.environ.get("BOUND_MEMO_VERIFY") == "1"
+
+    def __call__(self, spec, seqs, rho_factors, **kw):  # noqa: ANN001, ANN003, ANN204
+        key = None if kw.get("timings") is not None else fingerprint(("local_table", spec, list(seqs),
+                                                                      [float(r) for r in rho_factors],
+                                                                      sorted(kw.items())))
+        if key is None:
+            return self.real(spec, seqs, rho_factors, **kw)
+        if key not in self.store:
+            self.misses += 1
+            self.store[key] = self.real(spec, seqs, rho_factors, **kw)
+            return copy.deepcopy(self.store[key])
+        self.hits += 1
+        hit = copy.deepcopy(self.store[key])
+        if self.verify:
+            again = self.real(spec, seqs, rho_factors, **kw)
+            assert _rows_json(again) == _rows_json(hit), "local_table memo: a hit differs"
+        return hit
+
+
+@contextlib.contextmanager
+def local_table_once():
+    """``transcover.lipschitz.local_table`` (which ``lipschitz --data`` imports at call time) memoised (module
+    docstring, last paragraph)."""
+    import transcover.lipschitz as lipschitz
+
+    memo = LocalTableMemo(lipschitz.local_table)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(lipschitz, "local_table", memo)
+        yield memo
+    if memo.verify:
+        print(f"\nlocal_table memo: {memo.hits} hits (verified), {memo.misses} misses", file=sys.stderr)

@@ -19,7 +19,7 @@ from transcover.cli import main
 from transcover.train import TrainConfig, checkpoint_spec, load_data, load_task, train
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bound_memo import model_bound_once  # noqa: E402
+from bound_memo import local_table_once, model_bound_once  # noqa: E402
 
 TINY = TrainConfig(task="digits", n_train=120, epochs=1, batch_size=40, lr=3e-2, d_model=12, n_heads=2,
                    n_layers=1, d_ff=8, head_hidden=(8,))
@@ -31,6 +31,16 @@ def _bounds_once():
     ``model_bound`` several times: memoised on the exact spec and options (tests/bound_memo.py); no test of this file
     patches anything the bound reads."""
     with model_bound_once() as memo:
+        yield memo
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _local_tables_once():
+    """``lipschitz RUN --data X.npy`` and ``--data task`` read the same sequences (the task's first held-out rows,
+    ``test_raw_inputs_are_embedded_as_the_model_embeds_them``), and the CSV/plot test asks for the same table again:
+    ``local_table`` memoised on the exact spec, sequences, radii and options (tests/bound_memo.py); no test of this
+    file patches anything the table reads."""
+    with local_table_once() as memo:
         yield memo
 
 

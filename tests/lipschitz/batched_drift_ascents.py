@@ -20,14 +20,28 @@ def _unit_rows(a: torch.Tensor) -> torch.Tensor:
     return a / a.norm(dim=-1, keepdim=True)
 
 
+def _exact(gr: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """``t``'s rows set to the unit rows of the gradient ``gr``; rows with a zero gradient kept (as the original)."""
+    live = gr.norm(dim=-1, keepdim=True) > 0
+    return torch.where(live, _unit_rows(torch.where(live, gr, t)), t)
+
+
 def drift_ascents(f, X: torch.Tensor, rho: float, ks: list, seeds: list, restarts: int = 2, outer: int = 8) -> list:  # noqa: ANN001
     """Block ascents on ``||[(Df(X + h) - Df(X)) E]_k||`` over ``||h_j|| <= rho`` and (2,inf)-unit ``E``, one per
-    ``(k, seed)`` of ``zip(ks, seeds)``, in one batch (test_local_redteam17's per-token loop before f56ba88): per ascent and restart (in that order, each ascent's draws from its own generator ``seed``, as
-    ``_block_ascent`` draws them: the point ``az`` (0 at restart 0), then ``E``, then ``u``) one slice; per outer step
-    twice ``E``'s rows then ``u`` set to their exact maximisers (the rows of the gradient, normalised; rows with a zero
-    gradient kept) at the point ``z`` (rows clipped to the unit ball), then one Adam step (lr 0.1) on ``az``; each
-    ascent's best value ``u . [(Df(X + rho z) - Df(X)) E]_k`` at the Adam steps' points.  ``f`` acts on leading batch
-    axes."""
+    ``(k, seed)`` of ``zip(ks, seeds)``, in one batch (test_local_redteam17's per-token loop before f56ba88): per
+    ascent and restart (in that order, each ascent's draws from its own generator ``seed``, as ``_block_ascent`` draws
+    them: the point ``az`` (0 at restart 0), then ``E``, then ``u``) one slice; per outer step twice ``E``'s rows then
+    ``u`` set to their exact maximisers (the rows of the gradient, normalised; rows with a zero gradient kept) at the
+    point ``z`` (rows clipped to the unit ball), then one Adam step (lr 0.1) on ``az``; each ascent's best value
+    ``u . [(Df(X + rho z) - Df(X)) E]_k`` at the Adam steps' points.  ``f`` acts on leading batch axes.
+
+    The objective is linear in ``E`` and in ``u``, so each exact maximiser is the unit rows of a gradient that needs
+    no double backward (stop 51, helper speed-red; before, autograd through two differentiable jvps): in ``E`` the
+    vjp ``(Df(Z) - Df(X))^T w`` (``w``: ``u`` on row ``k``; one backward on ``Z`` and ``X`` stacked), in ``u`` the jvp
+    ``[(Df(Z) - Df(X)) E]_k`` (one jvp on the stacked pair); the Adam step's value ``<Df(Z)^T w, E> - u . [Df(X) E]_k``
+    (the same number, ``<Df(Z)^T w, E> = u . [Df(Z) E]_k``) is differentiated in the point through one vjp with its
+    graph, ``[Df(X) E]_k`` from the last exact step (``E`` unchanged since).  Every quantity is the loop's to rounding
+    (about 1e-12 relative); about 3x faster."""
     shape = X.shape
     azs, Es, us = [], [], []
     for s in seeds:
@@ -39,28 +53,37 @@ def drift_ascents(f, X: torch.Tensor, rho: float, ks: list, seeds: list, restart
     B = len(azs)
     rows = torch.arange(B)
     kk = torch.tensor([k for k in ks for _ in range(restarts)])
-    X0 = X.expand(B, *shape).clone()
-    jv = lambda Z, E: torch.autograd.functional.jvp(f, Z, E, create_graph=True)[1][rows, kk]  # noqa: E731
+    X0 = X.detach().expand(B, *shape)
 
-    def val(z: torch.Tensor, E: torch.Tensor, u: torch.Tensor) -> torch.Tensor:  # (B,): slice b's own value
-        return (u[:, None, :] @ (jv(X + rho * z, E) - jv(X0, E))[:, :, None])[:, 0, 0]
+    def on_row(u: torch.Tensor) -> torch.Tensor:  # w: u on row k of each slice, 0 elsewhere
+        w = torch.zeros(B, *shape, dtype=F64)
+        w[rows, kk] = u
+        return w
 
-    def exact(t: torch.Tensor, value) -> torch.Tensor:  # noqa: ANN001
-        t = t.clone().requires_grad_(True)
-        (gr,) = torch.autograd.grad(value(t).sum(), t)
-        live = gr.norm(dim=-1, keepdim=True) > 0
-        return torch.where(live, _unit_rows(torch.where(live, gr, t.detach())), t.detach())
+    def grad_E(Z: torch.Tensor, u: torch.Tensor) -> torch.Tensor:  # (Df(Z) - Df(X))^T w: Z and X in one batch
+        Zs = torch.cat([Z, X0]).requires_grad_(True)
+        w = on_row(u)
+        (gr,) = torch.autograd.grad(f(Zs), Zs, torch.cat([w, w]))
+        return gr[:B] - gr[B:]
+
+    def grad_u(Z: torch.Tensor, E: torch.Tensor) -> tuple:  # [(Df(Z) - Df(X)) E]_k and [Df(X) E]_k
+        out = torch.autograd.functional.jvp(f, torch.cat([Z, X0]), torch.cat([E, E]))[1]
+        a, b = out[:B][rows, kk], out[B:][rows, kk]
+        return a - b, b
 
     az = torch.stack(azs).requires_grad_(True)
     E, u = torch.stack(Es), torch.stack(us)
     opt = torch.optim.Adam([az], lr=0.1)
     best = torch.full((B,), -math.inf, dtype=F64)
     for _ in range(outer):
-        z = az.detach() / az.detach().norm(dim=-1, keepdim=True).clamp(min=1.0)
+        Z = X + rho * (az.detach() / az.detach().norm(dim=-1, keepdim=True).clamp(min=1.0))
         for _ in range(2):
-            E = exact(E, lambda t: val(z, t, u))  # noqa: B023
-            u = exact(u, lambda t: val(z, E, t))  # noqa: B023
-        v = val(az / az.norm(dim=-1, keepdim=True).clamp(min=1.0), E, u)
+            E = _exact(grad_E(Z, u), E)
+            gu, J0E = grad_u(Z, E)
+            u = _exact(gu, u)
+        Zg = X + rho * (az / az.norm(dim=-1, keepdim=True).clamp(min=1.0))
+        (gZ,) = torch.autograd.grad(f(Zg), Zg, on_row(u), create_graph=True)
+        v = (gZ * E).sum(dim=(1, 2)) - (u * J0E).sum(dim=-1)
         vd = v.detach()
         best = torch.where(vd > best, vd, best)
         opt.zero_grad()

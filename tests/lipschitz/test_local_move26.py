@@ -53,12 +53,20 @@ def _captured(spec, X: torch.Tensor, rho: float, monkeypatch) -> tuple:  # noqa:
 
 
 @functools.lru_cache(maxsize=None)
-def _shared_captured(k: int) -> tuple:
-    """``_captured`` of ``CASES[k]``, computed once per worker (several tests read it; nothing mutates it), under its own
-    pass-through recorders only (no test patches anything else before calling it)."""
+def _shared_run(k: int) -> tuple:
+    """``_captured`` of ``CASES[k]`` and every ``norm_rest_rows`` call's pair (its rows, F73c's ``stage_rest_rows`` of
+    the same arguments), computed once per worker (several tests read them; nothing mutates them), under pass-through
+    recorders only (each returns the recorded function's own value; no test patches anything else before reading)."""
     spec, X, rho, _ = _case(CASES[k])
+    seen, own = [], ls.norm_rest_rows
     with pytest.MonkeyPatch.context() as mp:
-        return _captured(spec, X, rho, mp)
+        mp.setattr(ls, "norm_rest_rows", lambda *a: seen.append((own(*a), ls.stage_rest_rows(*a[:4], True))) or seen[-1][0])
+        return _captured(spec, X, rho, mp), seen
+
+
+def _shared_captured(k: int) -> tuple:
+    """``_captured`` of ``CASES[k]`` (``_shared_run``)."""
+    return _shared_run(k)[0]
 
 
 @functools.lru_cache(maxsize=None)
@@ -138,9 +146,7 @@ def test_norm_curvature_rest_halves_f73c(monkeypatch):
     and the radius ``r <= rho nu + E`` up to the centre pad, so ``1/2 dj r`` is about half of it; THEORY F76b), with
     every ``E_s`` at most what F73c's norm rows alone give, and some norm row strictly below that."""
     spec, X, rho, _ = _case(CASES[0])
-    seen, own = [], ls.norm_rest_rows
-    monkeypatch.setattr(ls, "norm_rest_rows", lambda *a: seen.append((own(*a), ls.stage_rest_rows(*a[:4], True))) or seen[-1][0])
-    _, E, _, _ = _captured(spec, X, rho, monkeypatch)
+    (_, E, _, _), seen = _shared_run(0)  # recorded there: each norm_rest_rows call's (rows, F73c's rows)
     assert len(seen) == 5 and all(bool((R <= 0.5 * R0 * (1 + 1e-9)).all()) for R, R0 in seen), seen
     monkeypatch.setattr(ls, "norm_rest_rows", lambda rho, reach, dj, E, r: ls.stage_rest_rows(rho, reach, dj, E, True))
     _, Eo, _, _ = _captured(spec, X, rho, monkeypatch)

@@ -207,19 +207,11 @@ def certified_lmax_vec(G: Tensor, *, start: Tensor | None = None, steps: int = K
     fro2 = fro2 * (1 + 4 * d * _U)
     out = fro2.clone()
     todo = torch.ones(n, dtype=torch.bool)
-    low = _rung_floor(G, lam, res, x, steps)
     for k, delta in enumerate((1e-9,) + _LADDER):
         idx = todo.nonzero()[:, 0]
         if idx.numel() == 0:
             break
         mu = lam[idx] * (1 + delta) + (torch.minimum(res[idx], 1e-6 * lam[idx]) if k == 0 else 0.0) + 1e-300
-        # a rung whose mu a certified lower bound on lambda_max already exceeds by more than the test's pad cannot
-        # pass (F32 item 1, contrapositive): its factorisation is skipped, every result the same float (F32 item 7)
-        can = ~(low[idx] > mu * (1 + 4 * (d + 1) * d * _U))
-        if not bool(can.all()):
-            idx, mu = idx[can], mu[can]
-            if idx.numel() == 0:
-                continue
         A = -(G if idx.numel() == n else G[idx])
         A.diagonal(dim1=1, dim2=2).add_(mu[:, None])
         _, info = torch.linalg.cholesky_ex(A)
@@ -227,35 +219,6 @@ def certified_lmax_vec(G: Tensor, *, start: Tensor | None = None, steps: int = K
         out[idx[ok]] = torch.minimum(mu[ok] * (1 + 2 * (d + 1) * d * _U), fro2[idx[ok]])
         todo[idx[ok]] = False
     return out, x
-
-
-def _rung_floor(G: Tensor, lam: Tensor, res: Tensor, x: Tensor, steps: int) -> Tensor:
-    """(n,) certified lower bounds on ``lambda_max`` of each stored ``G`` (``-inf`` where none is sought), only to skip
-    the Cholesky rungs that must fail (F32 item 7).  Sought where the Krylov candidate has not converged (pad above
-    ``1e-9 theta``, so its first rungs are likely to fail): one more block Krylov pass of ``2 steps`` blocks from its
-    Ritz vector, then the Rayleigh quotient of the new top Ritz vector ``y`` as evaluated, less its rounding:
-    ``|fl(y.fl(Gy)) - y^T G y| <= gamma_{d+1} (|y|^T |G| |y| + |y|^T |fl(Gy)|)`` and ``fl(y.y) >= (1 - gamma_d) y.y``
-    (Higham 3.5), each ``gamma`` taken as ``2 (d + 2) u``.  Nothing certified rests on it: a rung it skips by mistake
-    only moves the result up to a larger rung, which is still tested."""
-    d = G.shape[-1]
-    low = torch.full_like(lam, -math.inf)
-    want = (res > 1e-9 * lam).nonzero()[:, 0]
-    if d <= 64 or want.numel() == 0:
-        return low
-    Gw = G[want]
-    b = KRYLOV_BLOCK
-    V = torch.randn(d, b, generator=torch.Generator().manual_seed(1), dtype=G.dtype).expand(len(want), d, b).clone()
-    V[:, :, 0] = x[want]
-    _, _, top = _block_krylov(Gw, V, 2 * steps)
-    y = top[:, :, -1:]
-    w = Gw @ y
-    g = 2 * (d + 2) * _U
-    err = g * ((y.abs().transpose(1, 2) @ (Gw.abs() @ y.abs())) + y.abs().transpose(1, 2) @ w.abs())[:, 0, 0]
-    num = (y.transpose(1, 2) @ w)[:, 0, 0]
-    den = (y.transpose(1, 2) @ y)[:, 0, 0]
-    q = (num - err * (1 + 1e-6)) / den * (1 - g) * (1 - 1e-12)
-    low[want] = torch.where(torch.isfinite(q) & (den > 0), q, torch.full_like(q, -math.inf))
-    return low
 
 
 def sphere_ascent(step, z: Tensor, steps: int, tol: float) -> Tensor:  # noqa: ANN001

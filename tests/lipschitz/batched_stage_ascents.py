@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 
 from lipschitz_testkit import clip_rows
+from test_lipschitz_local import _clip
+from test_local_sphere import _centre
 
 
 def stage_values(layer, ref: dict, names: list, Zs: list) -> list:  # noqa: ANN001
@@ -160,3 +162,60 @@ def batched_jvp(f, Z: torch.Tensor, E: torch.Tensor) -> torch.Tensor:  # noqa: A
     """``D f(Z)[E]`` (double-backward jvp, differentiable) of a map acting on leading batch axes, ``Z`` broadcast to
     ``E``'s shape (each batch entry its own point and direction)."""
     return torch.autograd.functional.jvp(f, Z.expand_as(E).contiguous(), E, create_graph=True)[1]
+
+
+# test_local_stack15's norm-stage attack (stop 51, helper speed-stack): ``centred_ascents`` is
+# ``test_local_sphere._centred_ascent`` (``unit_v=True``) for several objectives at once, every start of every objective
+# (projected and on the sphere) one entry of one batch; ``norm_jacobians`` the m points' norm Jacobians in one call.
+
+
+def norm_jacobians(norm, X: torch.Tensor, E: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+    """``torch.stack([_norm_parts(norm, X + E[k])[0] for k in range(m)])`` (m, T, d, d) for moves E (m, T, d), the m
+    points' tokens through one ``_norm_parts`` call: every quantity it forms is per token (row means, row norms, the
+    token's own ``D``), so each token's Jacobian is the one of its own point."""
+    from transcover.lipschitz._local_jacobian import _norm_parts
+
+    m, T, d = E.shape
+    return _norm_parts(norm, (X[None] + E).reshape(m * T, d))[0].reshape(m, T, d, d)
+
+
+def centred_ascents(values: list, kind: str, shape: tuple, r: float, gen: torch.Generator, *, starts: int, steps: int,
+                    lr: float) -> list:
+    """``[_centred_ascent(value, kind, shape, r, gen, starts=, steps=, lr=, unit_v=True) for value in values]``, every
+    ascent in one batch, the same draws in the same order: each objective's projected starts (E then V per start) from
+    ``gen`` after the previous objective's, its sphere starts from a fresh generator seeded ``gen.initial_seed() + 1``
+    (the same ones for every objective, as each call draws them); the same projection, steps and learning rates (four
+    Adam parameter groups: projected E and V at ``lr``, sphere E at ``0.3 r`` and V at ``0.3``).  Adam acts entrywise
+    and each (objective, start)'s value depends on its own rows alone, so the summed loss gives each the gradient and
+    update it has alone.  ``values[k]`` maps moves and unit rows (m, T, d) to (m, T); per objective the largest value
+    seen per token."""
+    K = len(values)
+    pE, pV, sE, sV = [], [], [], []
+    for _ in range(K):
+        for _ in range(starts):
+            pE.append(_clip(_centre(kind, torch.randn(*shape, generator=gen, dtype=torch.float64)) * r, r))
+            pV.append(torch.randn(*shape, generator=gen, dtype=torch.float64))
+        g = torch.Generator().manual_seed(gen.initial_seed() + 1)
+        for _ in range(starts):
+            sE.append(_clip(_centre(kind, torch.randn(*shape, generator=g, dtype=torch.float64)) * r, r))
+            sV.append(torch.randn(*shape, generator=g, dtype=torch.float64))
+    pE, pV, sE, sV = (torch.stack(t).requires_grad_(True) for t in (pE, pV, sE, sV))  # (K starts, T, d), k-major
+    opt = torch.optim.Adam([{"params": [pE], "lr": lr}, {"params": [pV], "lr": lr},
+                            {"params": [sE], "lr": 0.3 * r}, {"params": [sV], "lr": 0.3}])
+    best = torch.zeros(K, shape[0], dtype=torch.float64)
+    unit = lambda V: V / V.norm(dim=-1, keepdim=True)  # noqa: E731
+    for _ in range(steps):
+        with torch.no_grad():
+            pE.copy_(_clip(_centre(kind, pE), r))
+        C = _centre(kind, sE)
+        sM = r * C / C.norm(dim=-1, keepdim=True)
+        vals = []
+        for k, value in enumerate(values):
+            sl = slice(k * starts, (k + 1) * starts)
+            vals.append(value(torch.cat([pE[sl], sM[sl]]), torch.cat([unit(pV[sl]), unit(sV[sl])])))  # (2 starts, T)
+        val = torch.stack(vals)  # (K, 2 starts, T)
+        best = torch.maximum(best, val.detach().amax(dim=1))
+        opt.zero_grad()
+        (-val.sum()).backward()
+        opt.step()
+    return list(best)

@@ -16,7 +16,8 @@ import torch
 import transcover.lipschitz._local_stack_stages as stages_mod
 from lipschitz_testkit import jvp_ascents, random_spec
 from test_lipschitz_local import adversary
-from test_local_sphere import _centred_ascent, _norm_case, _worst_angle_moves
+from batched_stage_ascents import centred_ascents, norm_jacobians
+from test_local_sphere import _norm_case, _worst_angle_moves
 from transcover.lipschitz._local_jacobian import _norm_parts
 from transcover.lipschitz._local_rows import _ln_drift
 from transcover.lipschitz._local_stack import stack_local
@@ -43,8 +44,8 @@ def test_norm_stage_rows_are_never_beaten(seed, kind, eps, small):
     st = norm_stage("n", 0, norm, X)
     gen = torch.Generator().manual_seed(seed)
 
-    def jac(E: torch.Tensor) -> torch.Tensor:  # (m, T, d, d) for moves (m, T, d)
-        return torch.stack([_norm_parts(norm, X + E[k])[0] for k in range(E.shape[0])])
+    def jac(E: torch.Tensor) -> torch.Tensor:  # (m, T, d, d) for moves (m, T, d): each point's _norm_parts, one call
+        return norm_jacobians(norm, X, E)
 
     def drift(E: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return torch.einsum("mtij,mtj->mti", jac(E) - D0[None], v).norm(dim=-1)
@@ -67,10 +68,12 @@ def test_norm_stage_rows_are_never_beaten(seed, kind, eps, small):
             for w in (U, c):
                 assert bool((drift(r[None, :, None] * U, w) <= dj[None]).all()), (frac, "adversarial")
                 assert bool((ball(r[None, :, None] * U, w) <= b[None]).all()), (frac, "adversarial ball")
-        # Adam at the smallest token radius (a move within it is within every token's)
+        # Adam at the smallest token radius (a move within it is within every token's): _centred_ascent(value, ...,
+        # starts=2, steps=40, lr=0.05 rm, unit_v=True) of the drift, then of the ball, both in one batch (the same draws
+        # from gen in the same order, the same starts, steps and Adam: batched_stage_ascents.centred_ascents)
         rm = float(r.min())
-        for value, bound in ((drift, dj), (ball, b)):
-            best = _centred_ascent(value, kind, (T, d), rm, gen, starts=2, steps=40, lr=0.05 * rm, unit_v=True)
+        bests = centred_ascents([drift, ball], kind, (T, d), rm, gen, starts=2, steps=40, lr=0.05 * rm)
+        for best, bound in zip(bests, (dj, b)):
             assert bool((best <= bound).all()), (frac, best, bound)
 
 

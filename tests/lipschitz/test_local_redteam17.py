@@ -305,10 +305,8 @@ def test_f50d_drift_rows_on_minilm_layer0(monkeypatch):
     never above, and above 1.5 % of the rows (measured 2.6-6.8 % on all seven tokens, at 1e-5 and 1e-6, two starts of
     8 steps: F44b's per-head slack)."""
     import transcover.lipschitz._local_stack_attn as stack_attn
-    from transcover.lipschitz._local_attention import check_layer_range, head_norms
-    from transcover.lipschitz._local_jacobian import _weight_norms
     from transcover.lipschitz._local_stack import certified_rows
-    from transcover.lipschitz._local_stack_stages import _attn_stage, check_stack_layer
+    from transcover.lipschitz._local_stack_stages import _attn_stage, layer_cache
     from transcover.model import attention_forward
 
     spec, X0 = _minilm_s14()
@@ -317,11 +315,7 @@ def test_f50d_drift_rows_on_minilm_layer0(monkeypatch):
     # ``layer_stages(layer, X, {})[0][0]`` (its checks and weight caches, then the attention stage first) without the
     # layer's norm and FFN stages, which this test does not read
     layer = spec.layers[0]
-    check_stack_layer(layer)
-    cache = {"h": head_norms(layer.attention)}
-    check_layer_range(layer, {"O": cache["h"]["O"]})
-    cache["w"] = _weight_norms(layer)
-    att = _attn_stage("layer 0 attention", 0, layer, X.detach().double(), None, cache)[0]
+    att = _attn_stage("layer 0 attention", 0, layer, X.detach().double(), None, layer_cache(layer, {}))[0]
     eye = torch.eye(T * d, dtype=F64).reshape(T, d, T, d).permute(0, 2, 1, 3).contiguous()
     aa = stack_attn.AttentionAligned(att.attn, eye)
     monkeypatch.setattr(stack_attn.AttentionAligned, "combined", lambda self, b: torch.full_like(b[0], math.inf))

@@ -222,19 +222,27 @@ def _ffn_stage(name: str, group: int, layer, S: Tensor, n2: _NormLin | None, cen
     return st, S + ffn_forward(layer.ffn, H)
 
 
+def layer_cache(layer, cache: dict) -> dict:  # noqa: ANN001
+    """``cache`` with the layer's weight-only constants (``"h"``: ``head_norms``, ``"w"``: ``_weight_norms``) after the
+    layer's checks (``check_stack_layer``; Note [local weight range] before ``_weight_norms`` can raise), as
+    ``layer_stages`` reads them."""
+    from ._local_attention import check_layer_range, head_norms
+
+    check_stack_layer(layer)
+    if "w" not in cache:
+        cache["h"] = head_norms(layer.attention)
+        check_layer_range(layer, {"O": cache["h"]["O"]})
+        cache["w"] = _weight_norms(layer)
+    return cache
+
+
 def layer_stages(layer, X: Tensor, cache: dict) -> tuple[list[_Stage], Tensor, Tensor]:  # noqa: ANN001
     """The sub-stages of one layer at X (Note [sub-stages] in ``_local_stack_maps``: the attention
     first, then the token-local ones), the layer's output, and (T,) a certified ``m_i >= ||M_i(X)||``
     for the product ``M_i`` of the token-local sub-stages' Jacobians (post-LN ``D2_i (I + F_i) D1_i``,
     taken exactly rather than as a product of norms), so ``nu_i(J_L) <= m_i nu_i(I + A)``.
     Norms at powers of two (``pow2_norm``, THEORY F96)."""
-    from ._local_attention import check_layer_range, head_norms
-
-    check_stack_layer(layer)
-    if "w" not in cache:
-        cache["h"] = head_norms(layer.attention)
-        check_layer_range(layer, {"O": cache["h"]["O"]})  # Note [local weight range], before _weight_norms can raise
-        cache["w"] = _weight_norms(layer)
+    layer_cache(layer, cache)
     X = X.detach().double()
     T, d = X.shape
     g = layer.index

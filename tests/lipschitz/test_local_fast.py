@@ -102,6 +102,9 @@ def test_certified_lmax_is_tight_at_every_rank(d, rank):
     c = certified_lmax(G)
     slack = 4 * (d + 1) * _U * G.norm(dim=(1, 2))
     assert bool((c >= lam - slack).all()) and bool((c <= lam * (1 + 1e-6) + slack).all()), (c / lam - 1)
+    for e in (-40, 40):  # homogeneous of degree 1: the breakdown test (a pivot against the block's norm) scales too
+        s = 2.0**e
+        assert torch.allclose(certified_lmax(s * G), s * c, rtol=1e-6, atol=0.0), (e, certified_lmax(s * G) / (s * c))
 
 
 @pytest.mark.parametrize("shape", [(3, 100, 20), (3, 20, 100), (2, 80, 80)])
